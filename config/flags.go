@@ -1,0 +1,77 @@
+package config
+
+import (
+	"fmt"
+	"time"
+)
+
+// Serve holds the process-level flags of `infera serve`.
+// Precedence: flag > env > default. Dynamic settings live in the JSON config.
+type Serve struct {
+	Host string `help:"Address to listen on." default:"0.0.0.0" env:"INFERA_HOST"`
+	Port int    `help:"Port to listen on." default:"8000" env:"INFERA_PORT"`
+
+	Config       string        `help:"Hot-reloadable JSON config file (reloaded on change and on SIGHUP)." env:"INFERA_CONFIG" type:"path"`
+	ConfigPoll   time.Duration `help:"How often the config file is checked for changes." default:"1s" env:"INFERA_CONFIG_POLL"`
+	MaxBodyBytes int           `help:"Largest accepted request body; larger bodies get 413." default:"33554432" env:"INFERA_MAX_BODY_BYTES"`
+	APIKey       string        `help:"If set, clients must send 'Authorization: Bearer <key>'." env:"INFERA_API_KEY"`
+
+	RouterTokenizerPath string `help:"Directory with tokenizer.json and tokenizer_config.json used for KV-aware routing." env:"INFERA_ROUTER_TOKENIZER_PATH"`
+
+	DiscoveryBackend string   `help:"How workers are discovered: static, etcd or kubernetes (the production default is kubernetes)." default:"static" enum:"static,etcd,kubernetes" env:"INFERA_DISCOVERY_BACKEND"`
+	Workers          []string `help:"Static workers: URL or id=URL, comma-separated (with --discovery-backend static)." env:"INFERA_WORKERS" sep:","`
+	WorkerModel      []string `help:"Models served by static workers given by --workers (default: asked from each worker's /v1/models)." env:"INFERA_WORKER_MODEL" sep:","`
+	EtcdEndpoint     string   `help:"etcd endpoint(s), comma-separated host:port." default:"127.0.0.1:2379" env:"INFERA_ETCD_ENDPOINT"`
+	K8sLabelSelector string   `help:"Pod label selector for --discovery-backend kubernetes." default:"app.kubernetes.io/component=infera-worker" env:"INFERA_K8S_LABEL_SELECTOR"`
+
+	RequestTransport string `help:"How requests reach workers: http or nats (the production default is nats)." default:"http" enum:"http,nats" env:"INFERA_REQUEST_TRANSPORT"`
+	KVEventTransport string `help:"How KV events flow: zmq or nats (the production default is nats)." default:"zmq" enum:"zmq,nats" env:"INFERA_KV_EVENT_TRANSPORT"`
+	NatsURL          string `help:"NATS broker URL (also NATS_SERVER / NATS_URL)." env:"INFERA_NATS_URL,NATS_SERVER,NATS_URL"`
+
+	RouterMode        string  `help:"auto: select in-process; direct: trust x-worker-instance-id." default:"auto" enum:"auto,direct" env:"INFERA_ROUTER_MODE"`
+	RouterPolicy      string  `help:"kv-aware or a load-balancing policy (round-robin, least-requests, least-tokens, config: use the config file's load_balancing)." default:"kv-aware" enum:"kv-aware,round-robin,least-requests,least-tokens,config" env:"INFERA_ROUTER_POLICY"`
+	KVOverlapWeight   float64 `help:"Weight of prefill cost against decode cost in the kv-aware cost function." default:"1.0" env:"INFERA_KV_OVERLAP_WEIGHT"`
+	RouterTemperature float64 `help:"If > 0, kv-aware samples from a softmax over normalised costs." default:"0" env:"INFERA_ROUTER_TEMPERATURE"`
+
+	NatsReqIdleTimeout      time.Duration `help:"Max wait for the next reply chunk over NATS (reset per chunk); 0 = forever." default:"900s" env:"INFERA_NATS_REQ_IDLE_TIMEOUT"`
+	NatsReqMaxDuration      time.Duration `help:"Hard wall-clock cap on a NATS request; 0 = off." default:"0" env:"INFERA_NATS_REQ_MAX_DURATION"`
+	NatsReqMaxPending       int           `help:"Per-worker admission limit over NATS; backlog at the cap gives 429; 0 = off." default:"0" env:"INFERA_NATS_REQ_MAX_PENDING"`
+	RequestMaxRetries       int           `help:"Retries on an alternate worker before the first response byte; 0 = fail fast." default:"1" env:"INFERA_REQUEST_MAX_RETRIES"`
+	BreakerFailureThreshold int           `help:"Consecutive faults before a worker is removed from candidates; 0 disables." default:"3" env:"INFERA_BREAKER_FAILURE_THRESHOLD"`
+	BreakerCooldownS        float64       `help:"Exclusion window before a probe, seconds." default:"5" env:"INFERA_BREAKER_COOLDOWN_S"`
+	BreakerMaxCooldownS     float64       `help:"Cap on the doubling cooldown, seconds." default:"60" env:"INFERA_BREAKER_MAX_COOLDOWN_S"`
+
+	MaxConnsPerWorker int           `help:"Max upstream connections per worker (each live stream holds one)." default:"4096" env:"INFERA_MAX_CONNS_PER_WORKER"`
+	ConnectTimeout    time.Duration `help:"Upstream dial timeout." default:"3s" env:"INFERA_CONNECT_TIMEOUT"`
+	LogLevel          string        `help:"debug, info, warn, error." default:"info" enum:"debug,info,warn,error" env:"INFERA_LOG_LEVEL"`
+}
+
+// BreakerCooldown returns the cooldown as a Duration.
+func (s *Serve) BreakerCooldown() time.Duration {
+	return time.Duration(s.BreakerCooldownS * float64(time.Second))
+}
+
+// BreakerMaxCooldown returns the max cooldown as a Duration.
+func (s *Serve) BreakerMaxCooldown() time.Duration {
+	return time.Duration(s.BreakerMaxCooldownS * float64(time.Second))
+}
+
+// Validate checks cross-flag consistency.
+func (s *Serve) Validate() error {
+	if s.Port < 0 || s.Port > 65535 {
+		return fmt.Errorf("--port %d out of range", s.Port)
+	}
+	if s.MaxBodyBytes <= 0 {
+		return fmt.Errorf("--max-body-bytes must be positive")
+	}
+	if s.RequestMaxRetries < 0 {
+		return fmt.Errorf("--request-max-retries must be >= 0")
+	}
+	if s.BreakerFailureThreshold < 0 || s.BreakerCooldownS < 0 || s.BreakerMaxCooldownS < s.BreakerCooldownS {
+		return fmt.Errorf("breaker: threshold >= 0 and 0 <= cooldown <= max cooldown")
+	}
+	if s.KVOverlapWeight < 0 {
+		return fmt.Errorf("--kv-overlap-weight must be >= 0")
+	}
+	return nil
+}

@@ -1,0 +1,34 @@
+package engine
+
+import "fmt"
+
+// KVEventSink receives the simulated engine's KV cache changes, in order,
+// from the goroutine that owns the cache. The publisher behind
+// --kv-events-endpoint implements it (owned by the KV-events work).
+type KVEventSink interface {
+	// BlockStored reports newly cached full blocks of one chain: their engine
+	// hashes, the parent block's engine hash (hasParent false for the first
+	// block of a sequence), the concatenated token ids of these blocks and the
+	// block size.
+	BlockStored(hashes []uint64, parent uint64, hasParent bool, tokens []uint32, blockSize int)
+	// BlockRemoved reports evicted blocks by engine hash.
+	BlockRemoved(hashes []uint64)
+	// AllCleared reports that the whole cache was dropped.
+	AllCleared()
+	// Close stops the publisher.
+	Close() error
+}
+
+// KVEventsOptions configures the KV event publisher.
+type KVEventsOptions struct {
+	Endpoint       string // ZMQ PUB bind address, e.g. tcp://*:5557
+	ReplayEndpoint string // ZMQ ROUTER bind address for replay, optional
+	Layout         string // legacy or map
+	Topic          string
+}
+
+// NewKVEventSink starts the KV event publisher. It is replaced by the real
+// ZMQ publisher; until then it refuses, so the flag never silently does nothing.
+var NewKVEventSink = func(o KVEventsOptions) (KVEventSink, error) {
+	return nil, fmt.Errorf("KV event publishing (%s) is not built into this binary yet", o.Endpoint)
+}

@@ -1,0 +1,91 @@
+// Package tokenizer turns prompts into token ids for KV-aware routing and for
+// the simulated engine's KV cache.
+//
+// Two implementations share one interface: the Hugging Face byte-level BPE
+// tokenizer with its Jinja chat template (loaded from a model directory), and
+// Simple, a dependency-free fallback used when no tokenizer is configured.
+// Router and engine must use the same one, or their block hashes disagree.
+package tokenizer
+
+import "encoding/binary"
+
+// Message is one chat message (OpenAI shape, content flattened to text).
+type Message struct {
+	Role       string     `json:"role"`
+	Content    string     `json:"content"`
+	Name       string     `json:"name,omitempty"`
+	ToolCallID string     `json:"tool_call_id,omitempty"`
+	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
+	// ReasoningContent is rendered by templates that know it (Qwen3).
+	ReasoningContent string `json:"reasoning_content,omitempty"`
+}
+
+// ToolCall is an assistant's function call.
+type ToolCall struct {
+	ID       string `json:"id,omitempty"`
+	Type     string `json:"type,omitempty"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+// Tokenizer encodes text and renders chat conversations.
+// Implementations are safe for concurrent use.
+type Tokenizer interface {
+	// Encode appends the token ids of text to dst. Special tokens written
+	// literally in text are recognised.
+	Encode(dst []uint32, text []byte) []uint32
+	// RenderChat appends the prompt text of a chat conversation to dst.
+	// tools is the raw JSON array of tool definitions, or nil.
+	RenderChat(dst []byte, msgs []Message, tools []byte, addGenerationPrompt bool) ([]byte, error)
+}
+
+// Simple is the fallback tokenizer: every 4 bytes of text are one token whose
+// id is those bytes read little-endian (a short tail is zero-padded). It is
+// prefix-stable: texts sharing their first 4k bytes share their first k tokens.
+type Simple struct{}
+
+var _ Tokenizer = Simple{}
+
+// Encode implements Tokenizer.
+func (Simple) Encode(dst []uint32, text []byte) []uint32 {
+	for len(text) >= 4 {
+		dst = append(dst, binary.LittleEndian.Uint32(text))
+		text = text[4:]
+	}
+	if len(text) > 0 {
+		var b [4]byte
+		copy(b[:], text)
+		dst = append(dst, binary.LittleEndian.Uint32(b[:]))
+	}
+	return dst
+}
+
+// RenderChat implements Tokenizer with a ChatML-like layout.
+func (Simple) RenderChat(dst []byte, msgs []Message, tools []byte, addGenerationPrompt bool) ([]byte, error) {
+	if len(tools) > 0 {
+		dst = append(dst, "<|im_start|>tools\n"...)
+		dst = append(dst, tools...)
+		dst = append(dst, "<|im_end|>\n"...)
+	}
+	for i := range msgs {
+		m := &msgs[i]
+		dst = append(dst, "<|im_start|>"...)
+		dst = append(dst, m.Role...)
+		dst = append(dst, '\n')
+		dst = append(dst, m.Content...)
+		for j := range m.ToolCalls {
+			dst = append(dst, "\n<tool_call>"...)
+			dst = append(dst, m.ToolCalls[j].Function.Name...)
+			dst = append(dst, ' ')
+			dst = append(dst, m.ToolCalls[j].Function.Arguments...)
+			dst = append(dst, "</tool_call>"...)
+		}
+		dst = append(dst, "<|im_end|>\n"...)
+	}
+	if addGenerationPrompt {
+		dst = append(dst, "<|im_start|>assistant\n"...)
+	}
+	return dst, nil
+}
