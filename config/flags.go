@@ -31,6 +31,7 @@ type Serve struct {
 	RouterMode        string  `help:"auto: select in-process; direct: trust x-worker-instance-id." default:"auto" enum:"auto,direct" env:"INFERA_ROUTER_MODE"`
 	RouterPolicy      string  `help:"kv-aware or a load-balancing policy (round-robin, least-requests, least-tokens, config: use the config file's load_balancing)." default:"kv-aware" enum:"kv-aware,round-robin,least-requests,least-tokens,config" env:"INFERA_ROUTER_POLICY"`
 	KVOverlapWeight   float64 `help:"Weight of prefill cost against decode cost in the kv-aware cost function." default:"1.0" env:"INFERA_KV_OVERLAP_WEIGHT"`
+	KVBlockSize       int     `help:"Engine KV block size in tokens, for workers whose record does not say." default:"16" env:"INFERA_KV_BLOCK_SIZE"`
 	RouterTemperature float64 `help:"If > 0, kv-aware samples from a softmax over normalised costs." default:"0" env:"INFERA_ROUTER_TEMPERATURE"`
 
 	NatsReqIdleTimeout      time.Duration `help:"Max wait for the next reply chunk over NATS (reset per chunk); 0 = forever." default:"900s" env:"INFERA_NATS_REQ_IDLE_TIMEOUT"`

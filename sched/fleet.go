@@ -1,0 +1,262 @@
+package sched
+
+import (
+	"fmt"
+	"log/slog"
+	"net/url"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// Hook is told about workers joining and leaving the fleet. WorkerAdded runs
+// before the worker becomes routable; WorkerRemoved after it stopped being
+// routable (in-flight requests may still hold it). Hooks run under the
+// fleet's lock: keep them short and never call back into the Fleet.
+type Hook interface {
+	WorkerAdded(w *Worker) error
+	WorkerRemoved(w *Worker)
+}
+
+// View is an immutable snapshot of the fleet, swapped atomically on change.
+type View struct {
+	// All holds every live worker, draining ones included, ordered by ID.
+	All []*Worker
+	// Routable holds ACTIVE workers, ordered by ID.
+	Routable []*Worker
+	// ByModel maps a served model name to its routable workers.
+	ByModel map[string][]*Worker
+	// ByService maps a service name to its routable workers.
+	ByService map[string][]*Worker
+	// Models is the sorted union of routable workers' models.
+	Models []string
+	// MaxIdx is one more than the largest Worker.Idx in All.
+	MaxIdx int
+}
+
+// Fleet is the set of known workers. Discovery backends call Sync, Upsert
+// and Remove; the request path reads View.
+type Fleet struct {
+	breaker BreakerConfig
+
+	mu    sync.Mutex
+	byID  map[string]*Worker
+	free  []int
+	next  int
+	hooks []Hook
+	view  atomic.Pointer[View]
+
+	ms *metrics.Set
+}
+
+// NewFleet returns an empty fleet whose workers use breaker settings bc.
+func NewFleet(bc BreakerConfig) *Fleet {
+	f := &Fleet{breaker: bc, byID: map[string]*Worker{}, ms: metrics.NewSet()}
+	metrics.RegisterSet(f.ms)
+	f.view.Store(&View{ByModel: map[string][]*Worker{}, ByService: map[string][]*Worker{}})
+	metrics.NewGauge(`infera_router_workers{state="routable"}`, func() float64 { return float64(len(f.View().Routable)) })
+	metrics.NewGauge(`infera_router_workers{state="all"}`, func() float64 { return float64(len(f.View().All)) })
+	return f
+}
+
+// Close unregisters the fleet's metrics.
+func (f *Fleet) Close() { metrics.UnregisterSet(f.ms, true) }
+
+// AddHook registers h and replays WorkerAdded for existing workers.
+func (f *Fleet) AddHook(h Hook) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hooks = append(f.hooks, h)
+	for _, w := range f.byID {
+		if err := h.WorkerAdded(w); err != nil {
+			slog.Error("fleet hook rejected existing worker", "worker", w.ID, "err", err)
+		}
+	}
+}
+
+// View returns the current snapshot.
+func (f *Fleet) View() *View { return f.view.Load() }
+
+// Get returns the live worker with id, or nil.
+func (f *Fleet) Get(id string) *Worker {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.byID[id]
+}
+
+// Upsert adds or updates the worker described by r.
+func (f *Fleet) Upsert(r Record) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.upsertLocked(r); err != nil {
+		return err
+	}
+	f.publishLocked()
+	return nil
+}
+
+// Remove drops the worker with id (no-op when unknown).
+func (f *Fleet) Remove(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if w := f.byID[id]; w != nil {
+		f.removeLocked(w)
+		f.publishLocked()
+	}
+}
+
+// Sync makes the fleet exactly rs: unknown workers are added, changed ones
+// updated, missing ones removed. Invalid records are skipped and returned
+// as errors.
+func (f *Fleet) Sync(rs []Record) []error {
+	var errs []error
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	keep := make(map[string]bool, len(rs))
+	for _, r := range rs {
+		if err := r.Validate(); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := f.upsertLocked(r); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		keep[r.ID] = true
+	}
+	for id, w := range f.byID {
+		if !keep[id] {
+			f.removeLocked(w)
+		}
+	}
+	f.publishLocked()
+	return errs
+}
+
+func (f *Fleet) upsertLocked(r Record) error {
+	if old := f.byID[r.ID]; old != nil {
+		if sameEndpoint(&old.Record, &r) {
+			old.draining.Store(r.Status == StatusDraining)
+			old.Record.Status, old.Record.Version = r.Status, r.Version
+			return nil
+		}
+		f.removeLocked(old)
+	}
+	w, err := f.newWorker(r)
+	if err != nil {
+		return err
+	}
+	for i, h := range f.hooks {
+		if err := h.WorkerAdded(w); err != nil {
+			for _, h := range f.hooks[:i] {
+				h.WorkerRemoved(w)
+			}
+			f.releaseIdx(w)
+			return fmt.Errorf("cannot add worker %q: %w", r.ID, err)
+		}
+	}
+	f.byID[r.ID] = w
+	slog.Info("worker added", "id", w.ID, "url", w.URL, "models", w.Models, "role", w.Role.String())
+	return nil
+}
+
+func (f *Fleet) newWorker(r Record) (*Worker, error) {
+	u, err := url.Parse(r.URL)
+	if err != nil {
+		return nil, fmt.Errorf("worker %q: bad url %q: %w", r.ID, r.URL, err)
+	}
+	role, _ := ParseRole(r.Role)
+	w := &Worker{
+		ID:               r.ID,
+		URL:              r.URL,
+		Addr:             u.Host,
+		TLS:              u.Scheme == "https",
+		Models:           append([]string(nil), r.Models...),
+		Service:          r.Service,
+		Role:             role,
+		KVEventsEndpoint: r.KVEventsEndpoint,
+		KVReplayEndpoint: r.KVReplayEndpoint,
+		BlockSize:        r.BlockSize,
+		Record:           r,
+	}
+	if u.Port() == "" {
+		if w.TLS {
+			w.Addr += ":443"
+		} else {
+			w.Addr += ":80"
+		}
+	}
+	if w.Service == "" && len(w.Models) > 0 {
+		w.Service = w.Models[0]
+	}
+	w.draining.Store(r.Status == StatusDraining)
+	w.Breaker.init(&f.breaker)
+	if n := len(f.free); n > 0 {
+		w.Idx = f.free[n-1]
+		f.free = f.free[:n-1]
+	} else {
+		w.Idx = f.next
+		f.next++
+	}
+	lbl := fmt.Sprintf(`{worker=%q}`, w.ID)
+	w.mRequests = f.ms.GetOrCreateCounter(`infera_router_worker_requests_total` + lbl)
+	w.mFailures = f.ms.GetOrCreateCounter(`infera_router_worker_failures_total` + lbl)
+	f.ms.GetOrCreateGauge(`infera_router_worker_breaker_state`+lbl, func() float64 { return float64(w.Breaker.State()) })
+	f.ms.GetOrCreateGauge(`infera_router_worker_breaker_trips_total`+lbl, func() float64 { return float64(w.Breaker.Trips()) })
+	f.ms.GetOrCreateGauge(`infera_router_worker_active_requests`+lbl, func() float64 { return float64(w.Load.Requests.Load()) })
+	f.ms.GetOrCreateGauge(`infera_router_worker_active_tokens`+lbl, func() float64 { return float64(w.Load.Tokens.Load()) })
+	return w, nil
+}
+
+func (f *Fleet) releaseIdx(w *Worker) {
+	f.free = append(f.free, w.Idx)
+}
+
+func (f *Fleet) removeLocked(w *Worker) {
+	delete(f.byID, w.ID)
+	w.removed.Store(true)
+	f.releaseIdx(w)
+	for _, h := range f.hooks {
+		h.WorkerRemoved(w)
+	}
+	lbl := fmt.Sprintf(`{worker=%q}`, w.ID)
+	for _, name := range []string{"requests_total", "failures_total", "breaker_state", "breaker_trips_total", "active_requests", "active_tokens"} {
+		f.ms.UnregisterMetric("infera_router_worker_"+name+lbl)
+	}
+	slog.Info("worker removed", "id", w.ID, "url", w.URL)
+}
+
+func (f *Fleet) publishLocked() {
+	v := &View{ByModel: map[string][]*Worker{}, ByService: map[string][]*Worker{}}
+	for _, w := range f.byID {
+		v.All = append(v.All, w)
+		if w.Idx >= v.MaxIdx {
+			v.MaxIdx = w.Idx + 1
+		}
+	}
+	sort.Slice(v.All, func(i, j int) bool { return v.All[i].ID < v.All[j].ID })
+	models := map[string]bool{}
+	for _, w := range v.All {
+		if w.Draining() {
+			continue
+		}
+		v.Routable = append(v.Routable, w)
+		for _, m := range w.Models {
+			v.ByModel[m] = append(v.ByModel[m], w)
+			if !models[m] {
+				models[m] = true
+				v.Models = append(v.Models, m)
+			}
+		}
+		if w.Service != "" {
+			v.ByService[w.Service] = append(v.ByService[w.Service], w)
+		}
+	}
+	sort.Strings(v.Models)
+	f.view.Store(v)
+}

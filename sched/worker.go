@@ -1,0 +1,152 @@
+package sched
+
+import (
+	"strings"
+	"sync/atomic"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// Role is a worker's part in PD disaggregation.
+type Role uint8
+
+// Roles.
+const (
+	RoleMixed Role = iota
+	RolePrefill
+	RoleDecode
+)
+
+// ParseRole maps mixed/prefill/decode to a Role (unknown -> mixed, false).
+func ParseRole(s string) (Role, bool) {
+	switch strings.ToLower(s) {
+	case "", "mixed":
+		return RoleMixed, true
+	case "prefill":
+		return RolePrefill, true
+	case "decode":
+		return RoleDecode, true
+	}
+	return RoleMixed, false
+}
+
+func (r Role) String() string {
+	switch r {
+	case RolePrefill:
+		return "prefill"
+	case RoleDecode:
+		return "decode"
+	}
+	return "mixed"
+}
+
+// Status values a worker record may carry.
+const (
+	StatusActive   = "ACTIVE"
+	StatusDraining = "DRAINING"
+)
+
+// Load holds a worker's live load counters. All fields are updated with
+// atomics on the request path; the struct is padded so two workers' counters
+// never share a cache line.
+type Load struct {
+	// Requests is the number of requests dispatched and not yet finished.
+	Requests atomic.Int64
+	// Tokens is the sum over active requests of prompt estimate + max_tokens.
+	Tokens atomic.Int64
+	// PrefillTokens is the sum of prompt tokens of requests that have not yet
+	// produced their first token.
+	PrefillTokens atomic.Int64
+	// Blocks is the sum of KV blocks (prompt + output) of active requests.
+	Blocks atomic.Int64
+	// Pending counts requests dispatched that have not produced a first byte.
+	Pending atomic.Int64
+	_       [24]byte
+}
+
+// Worker is one routable engine instance. Fields other than the atomics are
+// immutable after the worker is added to a Fleet; a changed record replaces
+// the Worker.
+type Worker struct {
+	// Idx is a small integer id, unique among live workers, reused after removal.
+	Idx int
+	// ID is the instance id from discovery (or the URL for static workers).
+	ID string
+	// URL is the engine base URL, e.g. http://127.0.0.1:8100.
+	URL string
+	// Addr is host:port taken from URL.
+	Addr string
+	// TLS is true for https URLs.
+	TLS bool
+	// Models served by the worker (as reported by discovery or /v1/models).
+	Models []string
+	// Service names the group this worker belongs to for model routing and
+	// canary rules (defaults to its first model).
+	Service string
+	Role    Role
+	// KV event endpoints (ZMQ) and the engine's block size in tokens.
+	KVEventsEndpoint string
+	KVReplayEndpoint string
+	BlockSize        int
+	// Record is the discovery record the worker was built from.
+	Record Record
+
+	// Client is the transport's per-worker client (e.g. *fasthttp.HostClient),
+	// set by a fleet hook before the worker becomes routable.
+	Client any
+
+	Load    Load
+	Breaker Breaker
+
+	draining atomic.Bool
+	removed  atomic.Bool
+
+	// metrics resolved once at registration.
+	mRequests *metrics.Counter
+	mFailures *metrics.Counter
+}
+
+// Draining reports whether the worker is draining (no new requests).
+func (w *Worker) Draining() bool { return w.draining.Load() }
+
+// Removed reports whether the worker has left the fleet.
+func (w *Worker) Removed() bool { return w.removed.Load() }
+
+// Serves reports whether the worker serves model (exact match).
+func (w *Worker) Serves(model []byte) bool {
+	for _, m := range w.Models {
+		if m == string(model) {
+			return true
+		}
+	}
+	return false
+}
+
+// Acquire accounts a dispatched request: tokens is prompt estimate + max
+// output, prompt the prompt tokens, blocks the KV blocks it will occupy.
+func (w *Worker) Acquire(tokens, prompt, blocks int64) {
+	w.Load.Requests.Add(1)
+	w.Load.Tokens.Add(tokens)
+	w.Load.PrefillTokens.Add(prompt)
+	w.Load.Blocks.Add(blocks)
+	w.Load.Pending.Add(1)
+	if w.mRequests != nil {
+		w.mRequests.Inc()
+	}
+}
+
+// FirstToken releases the prefill share of a request (call once).
+func (w *Worker) FirstToken(prompt int64) {
+	w.Load.PrefillTokens.Add(-prompt)
+	w.Load.Pending.Add(-1)
+}
+
+// Release undoes Acquire. firstTokenSeen tells whether FirstToken was called.
+func (w *Worker) Release(tokens, prompt, blocks int64, firstTokenSeen bool) {
+	if !firstTokenSeen {
+		w.FirstToken(prompt)
+	}
+	w.Load.Requests.Add(-1)
+	w.Load.Tokens.Add(-tokens)
+	w.Load.Blocks.Add(-blocks)
+}
