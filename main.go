@@ -1,0 +1,49 @@
+// Command infera is a single-binary LLM inference router and gateway.
+//
+//	infera serve     the router (OpenAI-compatible front door)
+//	infera engine    a simulated inference engine
+//	infera version   print the version
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/debug"
+
+	"github.com/alecthomas/kong"
+)
+
+var version = "dev"
+
+type versionCmd struct{}
+
+func (versionCmd) Run() error {
+	v := version
+	if bi, ok := debug.ReadBuildInfo(); ok && v == "dev" {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				v = "dev-" + s.Value[:12]
+			}
+		}
+	}
+	fmt.Println("infera", v)
+	return nil
+}
+
+var cli struct {
+	Serve   serveCmd   `cmd:"" help:"Run the router in front of a fleet of inference engines."`
+	Version versionCmd `cmd:"" help:"Print the version."`
+}
+
+func main() {
+	ctx := kong.Parse(&cli,
+		kong.Name("infera"),
+		kong.Description("High-performance LLM inference router and gateway."),
+		kong.UsageOnError(),
+	)
+	if err := ctx.Run(); err != nil {
+		slog.Error("fatal", "err", err)
+		os.Exit(1)
+	}
+}

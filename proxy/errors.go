@@ -1,0 +1,53 @@
+package proxy
+
+import (
+	"github.com/valyala/fasthttp"
+)
+
+// OpenAI error types.
+const (
+	typeInvalidRequest = "invalid_request_error"
+	typeNotFound       = "not_found_error"
+	typeRateLimit      = "rate_limit_error"
+	typeServer         = "server_error"
+	typeUnavailable    = "service_unavailable"
+	typeTimeout        = "timeout_error"
+	typeAuth           = "authentication_error"
+)
+
+// writeError writes an OpenAI-shaped error body:
+// {"error":{"message":...,"type":...,"param":...,"code":...}}.
+func writeError(ctx *fasthttp.RequestCtx, status int, typ, msg, param, code string) {
+	ctx.Response.Reset()
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	b := ctx.Response.BodyWriter()
+	buf := make([]byte, 0, 96+len(msg))
+	buf = append(buf, `{"error":{"message":`...)
+	buf = appendJSONString(buf, msg)
+	buf = append(buf, `,"type":`...)
+	buf = appendJSONString(buf, typ)
+	buf = append(buf, `,"param":`...)
+	buf = appendNullable(buf, param)
+	buf = append(buf, `,"code":`...)
+	buf = appendNullable(buf, code)
+	buf = append(buf, "}}"...)
+	b.Write(buf)
+}
+
+func appendNullable(b []byte, s string) []byte {
+	if s == "" {
+		return append(b, "null"...)
+	}
+	return appendJSONString(b, s)
+}
+
+// sseError is the event a stream ends with when it fails after the first byte.
+func appendSSEError(b []byte, typ, msg string) []byte {
+	b = append(b, `data: {"error":{"message":`...)
+	b = appendJSONString(b, msg)
+	b = append(b, `,"type":`...)
+	b = appendJSONString(b, typ)
+	b = append(b, `,"param":null,"code":null}}`+"\n\ndata: [DONE]\n\n"...)
+	return b
+}

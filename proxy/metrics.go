@@ -1,0 +1,60 @@
+package proxy
+
+import "github.com/VictoriaMetrics/metrics"
+
+// Series resolved once; never GetOrCreate on the request path.
+var (
+	mReqChat       = metrics.NewCounter(`infera_requests_total{endpoint="chat"}`)
+	mReqCompletion = metrics.NewCounter(`infera_requests_total{endpoint="completions"}`)
+	mResp2xx       = metrics.NewCounter(`infera_responses_total{class="2xx"}`)
+	mResp4xx       = metrics.NewCounter(`infera_responses_total{class="4xx"}`)
+	mResp5xx       = metrics.NewCounter(`infera_responses_total{class="5xx"}`)
+	mRetries       = metrics.NewCounter(`infera_request_retries_total`)
+	mUpstreamErr   = metrics.NewCounter(`infera_upstream_errors_total`)
+	mTimeouts      = metrics.NewCounter(`infera_upstream_timeouts_total`)
+	mMidStreamErr  = metrics.NewCounter(`infera_stream_errors_total{phase="mid_stream"}`)
+	mClientGone    = metrics.NewCounter(`infera_stream_client_disconnects_total`)
+	mPromptTokens  = metrics.NewCounter(`infera_usage_tokens_total{kind="prompt"}`)
+	mOutputTokens  = metrics.NewCounter(`infera_usage_tokens_total{kind="completion"}`)
+	mCachedTokens  = metrics.NewCounter(`infera_usage_tokens_total{kind="cached"}`)
+	mTTFT          = metrics.NewHistogram(`infera_time_to_first_byte_seconds`)
+	mDuration      = metrics.NewHistogram(`infera_request_duration_seconds`)
+	mBadRequests   = metrics.NewCounter(`infera_bad_requests_total`)
+	mLayerDirect   = metrics.NewCounter(`infera_route_decisions_total{layer="direct"}`)
+	mLayerAffinity = metrics.NewCounter(`infera_route_decisions_total{layer="affinity"}`)
+	mLayerPrefix   = metrics.NewCounter(`infera_route_decisions_total{layer="prefix"}`)
+	mLayerKV       = metrics.NewCounter(`infera_route_decisions_total{layer="kv"}`)
+	mLayerLB       = metrics.NewCounter(`infera_route_decisions_total{layer="lb"}`)
+	mLayerFallback = metrics.NewCounter(`infera_route_decisions_total{layer="fallback"}`)
+	mLayerOther    = metrics.NewCounter(`infera_route_decisions_total{layer="other"}`)
+)
+
+func countLayer(layer string) {
+	switch layer {
+	case "direct":
+		mLayerDirect.Inc()
+	case "affinity":
+		mLayerAffinity.Inc()
+	case "prefix":
+		mLayerPrefix.Inc()
+	case "kv":
+		mLayerKV.Inc()
+	case "lb":
+		mLayerLB.Inc()
+	case "fallback":
+		mLayerFallback.Inc()
+	default:
+		mLayerOther.Inc()
+	}
+}
+
+func countStatus(code int) {
+	switch {
+	case code >= 500:
+		mResp5xx.Inc()
+	case code >= 400:
+		mResp4xx.Inc()
+	default:
+		mResp2xx.Inc()
+	}
+}

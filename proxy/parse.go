@@ -1,0 +1,284 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Kinds of endpoint bodies.
+const (
+	kindChat = iota
+	kindCompletion
+)
+
+// reqBody holds what routing needs from a request body. Byte slices point
+// into the request body or into the reqBody's own buffers; a reqBody is
+// reused across requests (pooled with the request context).
+type reqBody struct {
+	model        []byte
+	modelBuf     []byte
+	stream       bool
+	includeUsage bool
+	maxTokens    int // -1 when absent
+	// text is the prompt text: the completion prompt, or the chat messages'
+	// text contents joined with '\n'.
+	text []byte
+	// promptTokens counts token ids when the prompt is given as ids.
+	promptTokens int
+	// tokenIDs holds a token-id prompt (completions) for kv-aware hashing.
+	tokenIDs []uint32
+	// messages and prompt are the raw value spans ([start, end) in the body).
+	msgStart, msgEnd       int
+	promptStart, promptEnd int
+	toolsStart, toolsEnd   int
+	nMessages              int
+}
+
+func (b *reqBody) reset() {
+	*b = reqBody{modelBuf: b.modelBuf[:0], text: b.text[:0], tokenIDs: b.tokenIDs[:0], maxTokens: -1}
+}
+
+// badRequestError is a client error with an OpenAI param name.
+type badRequestError struct {
+	msg   string
+	param string
+}
+
+func (e *badRequestError) Error() string { return e.msg }
+
+var (
+	errNotObject     = &badRequestError{msg: "request body must be a JSON object"}
+	errNoModel       = &badRequestError{msg: "you must provide a model parameter", param: "model"}
+	errModelType     = &badRequestError{msg: "model must be a string", param: "model"}
+	errStreamType    = &badRequestError{msg: "stream must be a boolean", param: "stream"}
+	errMaxTokens     = &badRequestError{msg: "max_tokens must be a non-negative integer", param: "max_tokens"}
+	errNoMessages    = &badRequestError{msg: "messages is required and must be a non-empty array", param: "messages"}
+	errMessages      = &badRequestError{msg: "messages must be an array of objects", param: "messages"}
+	errNoPrompt      = &badRequestError{msg: "prompt is required", param: "prompt"}
+	errPromptType    = &badRequestError{msg: "prompt must be a string, an array of strings, or an array of token ids", param: "prompt"}
+	errMalformedJSON = &badRequestError{msg: "malformed JSON in request body"}
+)
+
+// parse extracts the routing fields of a chat (kind 0) or completion body.
+func (b *reqBody) parse(d []byte, kind int) error {
+	b.reset()
+	i := skipSpace(d, 0)
+	if i >= len(d) || d[i] != '{' {
+		if _, err := skipValue(d, i, 0); err != nil {
+			return errMalformedJSON
+		}
+		return errNotObject
+	}
+	var perr error
+	end, err := forEachField(d, i, func(key []byte, vs, ve int) error {
+		v := d[vs:ve]
+		switch string(key) {
+		case "model":
+			if v[0] != '"' {
+				perr = errModelType
+				return nil
+			}
+			raw := v[1 : len(v)-1]
+			if hasEscape(raw) {
+				b.modelBuf = unescape(b.modelBuf[:0], raw)
+				b.model = b.modelBuf
+			} else {
+				b.model = raw
+			}
+		case "stream":
+			switch v[0] {
+			case 't':
+				b.stream = true
+			case 'f', 'n':
+				b.stream = false
+			default:
+				perr = errStreamType
+			}
+		case "max_tokens", "max_completion_tokens":
+			if v[0] == 'n' {
+				return nil
+			}
+			n, ok := parseInt(v)
+			if !ok {
+				perr = errMaxTokens
+				return nil
+			}
+			b.maxTokens = n
+		case "stream_options":
+			if v[0] == '{' {
+				forEachField(d, vs, func(k []byte, s, e int) error {
+					if string(k) == "include_usage" && d[s] == 't' {
+						b.includeUsage = true
+					}
+					return nil
+				})
+			}
+		case "messages":
+			b.msgStart, b.msgEnd = vs, ve
+		case "prompt":
+			b.promptStart, b.promptEnd = vs, ve
+		case "tools":
+			if v[0] == '[' {
+				b.toolsStart, b.toolsEnd = vs, ve
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return errMalformedJSON
+	}
+	if j := skipSpace(d, end); j != len(d) {
+		return errMalformedJSON
+	}
+	if perr != nil {
+		return perr
+	}
+	if b.model == nil {
+		return errNoModel
+	}
+	if kind == kindChat {
+		return b.parseMessages(d)
+	}
+	return b.parsePrompt(d)
+}
+
+func hasEscape(raw []byte) bool {
+	for _, c := range raw {
+		if c == '\\' {
+			return true
+		}
+	}
+	return false
+}
+
+func (b *reqBody) parseMessages(d []byte) error {
+	if b.msgEnd == 0 || d[b.msgStart] != '[' {
+		return errNoMessages
+	}
+	_, err := forEachElem(d, b.msgStart, func(vs, ve int) error {
+		if d[vs] != '{' {
+			return errMessages
+		}
+		b.nMessages++
+		_, err := forEachField(d, vs, func(key []byte, s, e int) error {
+			if string(key) != "content" {
+				return nil
+			}
+			return b.appendContent(d, s, e)
+		})
+		return err
+	})
+	if err != nil {
+		var br *badRequestError
+		if errors.As(err, &br) {
+			return err
+		}
+		return errMessages
+	}
+	if b.nMessages == 0 {
+		return errNoMessages
+	}
+	return nil
+}
+
+// appendContent appends a message content (string or array of parts) to text.
+func (b *reqBody) appendContent(d []byte, s, e int) error {
+	switch d[s] {
+	case '"':
+		if len(b.text) > 0 {
+			b.text = append(b.text, '\n')
+		}
+		b.text = unescape(b.text, d[s+1:e-1])
+	case '[':
+		_, err := forEachElem(d, s, func(ps, pe int) error {
+			if d[ps] != '{' {
+				return nil
+			}
+			_, err := forEachField(d, ps, func(k []byte, ks, ke int) error {
+				if string(k) == "text" && d[ks] == '"' {
+					if len(b.text) > 0 {
+						b.text = append(b.text, '\n')
+					}
+					b.text = unescape(b.text, d[ks+1:ke-1])
+				}
+				return nil
+			})
+			return err
+		})
+		return err
+	}
+	return nil
+}
+
+func (b *reqBody) parsePrompt(d []byte) error {
+	if b.promptEnd == 0 {
+		return errNoPrompt
+	}
+	switch d[b.promptStart] {
+	case '"':
+		b.text = unescape(b.text, d[b.promptStart+1:b.promptEnd-1])
+		return nil
+	case '[':
+	default:
+		return errPromptType
+	}
+	first := true
+	isIDs := false
+	_, err := forEachElem(d, b.promptStart, func(vs, ve int) error {
+		c := d[vs]
+		if first {
+			isIDs = c != '"' && c != '['
+			first = false
+		}
+		switch {
+		case c == '"' && !isIDs:
+			if len(b.text) > 0 {
+				b.text = append(b.text, '\n')
+			}
+			b.text = unescape(b.text, d[vs+1:ve-1])
+		case c == '[' && !isIDs:
+			// batch of token-id arrays: count them
+			_, err := forEachElem(d, vs, func(s, e int) error {
+				n, ok := parseInt(d[s:e])
+				if !ok {
+					return errPromptType
+				}
+				b.tokenIDs = append(b.tokenIDs, uint32(n))
+				b.promptTokens++
+				return nil
+			})
+			return err
+		case isIDs && (c >= '0' && c <= '9'):
+			n, ok := parseInt(d[vs:ve])
+			if !ok {
+				return errPromptType
+			}
+			b.tokenIDs = append(b.tokenIDs, uint32(n))
+			b.promptTokens++
+		default:
+			return errPromptType
+		}
+		return nil
+	})
+	if err != nil {
+		var br *badRequestError
+		if errors.As(err, &br) {
+			return err
+		}
+		return errPromptType
+	}
+	return nil
+}
+
+// estimateTokens returns the prompt length estimate in tokens.
+func (b *reqBody) estimateTokens() int {
+	if b.promptTokens > 0 {
+		return b.promptTokens
+	}
+	// ~4 bytes per token for English text, plus a few per chat message.
+	return (len(b.text)+3)/4 + 4*b.nMessages
+}
+
+func (b *reqBody) String() string {
+	return fmt.Sprintf("model=%q stream=%v max_tokens=%d text=%dB", b.model, b.stream, b.maxTokens, len(b.text))
+}

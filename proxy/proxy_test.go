@@ -1,0 +1,681 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/sched"
+	"github.com/valyala/fasthttp"
+)
+
+// upstream is a real fasthttp server on a loopback port standing in for an
+// engine; each test scripts its behaviour.
+type upstream struct {
+	url  string
+	ln   net.Listener
+	hits atomic.Int64
+	srv  *fasthttp.Server
+}
+
+func startUpstream(t testing.TB, h fasthttp.RequestHandler) *upstream {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &upstream{url: "http://" + ln.Addr().String(), ln: ln}
+	u.srv = &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		u.hits.Add(1)
+		h(ctx)
+	}, CloseOnShutdown: true}
+	go u.srv.Serve(ln)
+	t.Cleanup(func() { u.srv.Shutdown() })
+	return u
+}
+
+// deadURL returns a loopback URL that refuses connections.
+func deadURL(t testing.TB) string {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return "http://" + addr
+}
+
+const okJSON = `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":7,"completion_tokens":1,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":3}}}`
+
+func okHandler(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("application/json")
+	ctx.SetBodyString(okJSON)
+}
+
+type testRouter struct {
+	url   string
+	srv   *Server
+	fleet *sched.Fleet
+	store *config.Store
+	flags *config.Serve
+}
+
+func defaultFlags() *config.Serve {
+	return &config.Serve{
+		MaxBodyBytes: 1 << 20, RouterMode: "auto", RouterPolicy: "round-robin",
+		RequestMaxRetries: 1, BreakerFailureThreshold: 3, BreakerCooldownS: 5, BreakerMaxCooldownS: 60,
+		MaxConnsPerWorker: 512, ConnectTimeout: time.Second, KVBlockSize: 16,
+	}
+}
+
+// startRouter starts a proxy Server on a loopback port in front of urls.
+func startRouter(t testing.TB, f *config.Serve, cfg *config.Config, urls ...string) *testRouter {
+	t.Helper()
+	if f == nil {
+		f = defaultFlags()
+	}
+	if cfg == nil {
+		cfg = config.Default()
+	}
+	fleet := sched.NewFleet(sched.BreakerConfig{Threshold: f.BreakerFailureThreshold, Cooldown: f.BreakerCooldown(), MaxCooldown: f.BreakerMaxCooldown()})
+	t.Cleanup(fleet.Close)
+	fleet.AddHook(HTTPHook(f))
+	var rs []sched.Record
+	for i, u := range urls {
+		rs = append(rs, sched.Record{ID: fmt.Sprintf("w%d", i), URL: u, Models: []string{"m"}})
+	}
+	if errs := fleet.Sync(rs); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	store := config.NewStore("", cfg)
+	sc := sched.NewScheduler(fleet, f.RouterPolicy)
+	srv := New(Options{Flags: f, Store: store, Sched: sc, BlockSize: 16})
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown() })
+	return &testRouter{url: "http://" + ln.Addr().String(), srv: srv, fleet: fleet, store: store, flags: f}
+}
+
+const chatBody = `{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":4}`
+
+func post(t *testing.T, url, body string) (int, string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// checkOpenAIError asserts an OpenAI-shaped error body.
+func checkOpenAIError(t *testing.T, body string) {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Message string  `json:"message"`
+			Type    string  `json:"type"`
+			Param   *string `json:"param"`
+			Code    *string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Message == "" || e.Error.Type == "" {
+		t.Fatalf("not an OpenAI error body: %q (%v)", body, err)
+	}
+}
+
+func TestNonStreamForwardsBodyUntouched(t *testing.T) {
+	var got atomic.Value
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		got.Store(string(ctx.PostBody()) + "|" + string(ctx.Path()) + "|" + string(ctx.Request.Header.Peek("x-worker-instance-id")))
+		okHandler(ctx)
+	})
+	r := startRouter(t, nil, nil, up.url)
+	body := `{"model":"m", "messages":[{"role":"user","content":"h\u00e9llo"}], "extra":{"keep":[1,2,3]}}`
+	req, _ := http.NewRequest("POST", r.url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("x-worker-instance-id", "w0")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != okJSON {
+		t.Fatalf("status %d body %q", resp.StatusCode, b)
+	}
+	if want := body + "|/v1/chat/completions|"; got.Load() != want {
+		t.Fatalf("upstream got %q, want %q", got.Load(), want)
+	}
+	if resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("content type %q", resp.Header.Get("Content-Type"))
+	}
+	for _, w := range r.fleet.View().All {
+		if n := w.Load.Requests.Load(); n != 0 {
+			t.Fatalf("worker %s still has %d active requests", w.ID, n)
+		}
+	}
+}
+
+func TestCompletionsAndModels(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, up.url)
+	if code, b := post(t, r.url+"/v1/completions", `{"model":"m","prompt":[1,2,3],"max_tokens":2}`); code != 200 {
+		t.Fatalf("completions: %d %s", code, b)
+	}
+	resp, err := http.Get(r.url + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `"id":"m"`) || !strings.Contains(string(b), `"object":"list"`) {
+		t.Fatalf("models: %s", b)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.MaxBodyBytes = 4096
+	r := startRouter(t, f, nil, up.url)
+	check := func(path, body string, want int) {
+		t.Helper()
+		code, b := post(t, r.url+path, body)
+		if code != want {
+			t.Fatalf("%s %q: status %d, want %d (%s)", path, trunc(body), code, want, b)
+		}
+		checkOpenAIError(t, b)
+	}
+	check("/v1/chat/completions", `{"model":"m","messages":[`, 400)
+	check("/v1/chat/completions", `not json`, 400)
+	check("/v1/chat/completions", `[1,2]`, 400)
+	check("/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`, 400)
+	check("/v1/chat/completions", `{"model":3,"messages":[{"role":"user","content":"x"}]}`, 400)
+	check("/v1/chat/completions", `{"model":"m"}`, 400)
+	check("/v1/chat/completions", `{"model":"m","messages":[]}`, 400)
+	check("/v1/chat/completions", `{"model":"m","messages":"x"}`, 400)
+	check("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"}`, 400)
+	check("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":-1}`, 400)
+	check("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}]} trailing`, 400)
+	check("/v1/completions", `{"model":"m"}`, 400)
+	check("/v1/completions", `{"model":"m","prompt":{}}`, 400)
+	check("/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`, 404)
+	check("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"`+strings.Repeat("x", 5000)+`"}]}`, 413)
+	check("/v1/nothing", `{}`, 404)
+	resp, err := http.Get(r.url + "/v1/chat/completions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 405 {
+		t.Fatalf("GET chat: %d", resp.StatusCode)
+	}
+	if up.hits.Load() != 0 {
+		t.Fatalf("bad input reached the engine %d times", up.hits.Load())
+	}
+	// The server keeps serving.
+	if code, _ := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 {
+		t.Fatalf("after bad input: %d", code)
+	}
+}
+
+func trunc(s string) string {
+	if len(s) > 60 {
+		return s[:60] + "..."
+	}
+	return s
+}
+
+func TestAPIKey(t *testing.T) {
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if len(ctx.Request.Header.Peek("Authorization")) != 0 {
+			ctx.SetStatusCode(500) // the router's key must not leak to engines
+			return
+		}
+		okHandler(ctx)
+	})
+	f := defaultFlags()
+	f.APIKey = "sekret"
+	r := startRouter(t, f, nil, up.url)
+	if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 401 {
+		t.Fatalf("no key: %d %s", code, b)
+	}
+	req, _ := http.NewRequest("POST", r.url+"/v1/chat/completions", strings.NewReader(chatBody))
+	req.Header.Set("Authorization", "Bearer sekret")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("with key: %d", resp.StatusCode)
+	}
+}
+
+// sseUpstream streams n events; before event i (i >= 1) it waits on gate
+// when gate is non-nil. It records whether a write to the client failed.
+type sseUpstream struct {
+	n         int
+	gate      chan struct{}
+	delay     time.Duration
+	preDelay  time.Duration
+	written   atomic.Int64
+	writeErrs atomic.Int64
+	finished  atomic.Int64
+}
+
+func (s *sseUpstream) handler(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("text/event-stream")
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		time.Sleep(s.preDelay)
+		for i := 0; i < s.n; i++ {
+			if i > 0 && s.gate != nil {
+				<-s.gate
+			}
+			if i > 0 && s.delay > 0 {
+				time.Sleep(s.delay)
+			}
+			fmt.Fprintf(w, "data: {\"i\":%d}\n\n", i)
+			if err := w.Flush(); err != nil {
+				s.writeErrs.Add(1)
+				return
+			}
+			s.written.Add(1)
+		}
+		fmt.Fprintf(w, "data: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":%d}}\n\ndata: [DONE]\n\n", s.n)
+		if err := w.Flush(); err != nil {
+			s.writeErrs.Add(1)
+			return
+		}
+		s.finished.Add(1)
+	})
+}
+
+const streamBody = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}],"max_tokens":8}`
+
+func TestStreamFirstEventBeforeUpstreamFinishes(t *testing.T) {
+	su := &sseUpstream{n: 3, gate: make(chan struct{})}
+	up := startUpstream(t, su.handler)
+	r := startRouter(t, nil, nil, up.url)
+	resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(streamBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("content type %q", ct)
+	}
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The upstream is blocked on the gate: it cannot have finished.
+	if line != "data: {\"i\":0}\n" || su.finished.Load() != 0 {
+		t.Fatalf("first line %q finished=%d", line, su.finished.Load())
+	}
+	close(su.gate)
+	rest, _ := io.ReadAll(br)
+	if !strings.HasSuffix(string(rest), "data: [DONE]\n\n") || !strings.Contains(string(rest), `{"i":2}`) {
+		t.Fatalf("rest %q", rest)
+	}
+	waitFor(t, func() bool { return r.fleet.View().All[0].Load.Requests.Load() == 0 }, "load released")
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	for i := 0; i < 300; i++ {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+func TestClientDisconnectStopsUpstream(t *testing.T) {
+	su := &sseUpstream{n: 10000, delay: 2 * time.Millisecond}
+	up := startUpstream(t, su.handler)
+	r := startRouter(t, nil, nil, up.url)
+	conn, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(streamBody), streamBody)
+	br := bufio.NewReader(conn)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(line, `"i":3`) {
+			break
+		}
+	}
+	conn.Close()
+	waitFor(t, func() bool { return su.writeErrs.Load() == 1 }, "the engine to see its client go away")
+	if su.finished.Load() != 0 || su.written.Load() >= 10000 {
+		t.Fatalf("engine kept generating: written=%d", su.written.Load())
+	}
+	waitFor(t, func() bool { return r.fleet.View().All[0].Load.Requests.Load() == 0 }, "load released")
+}
+
+func TestFailoverOnRefusedConnection(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	dead := deadURL(t)
+	r := startRouter(t, nil, nil, dead, up.url)
+	for i := 0; i < 10; i++ {
+		if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, b)
+		}
+	}
+	// retries 0: fail fast, some requests see 502.
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	f.BreakerFailureThreshold = 0
+	r0 := startRouter(t, f, nil, dead, up.url)
+	var bad int
+	for i := 0; i < 10; i++ {
+		code, b := post(t, r0.url+"/v1/chat/completions", chatBody)
+		if code == 502 {
+			checkOpenAIError(t, b)
+			bad++
+		} else if code != 200 {
+			t.Fatalf("unexpected %d %s", code, b)
+		}
+	}
+	if bad != 5 {
+		t.Fatalf("round-robin over a dead and a live worker with no retries: %d failures, want 5", bad)
+	}
+}
+
+func TestRetryOn429And5xxNotMidStream(t *testing.T) {
+	var busy atomic.Bool
+	busy.Store(true)
+	full := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(429)
+		ctx.SetBodyString(`{"error":{"message":"full","type":"rate_limit_error"}}`)
+	})
+	up := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, full.url, up.url)
+	for i := 0; i < 6; i++ {
+		if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 {
+			t.Fatalf("%d %s", code, b)
+		}
+	}
+	// 429 never trips the breaker.
+	for _, w := range r.fleet.View().All {
+		if w.Breaker.State() != sched.BreakerClosed {
+			t.Fatalf("429 tripped the breaker of %s", w.ID)
+		}
+	}
+	// When the only worker answers 429 the client gets that answer.
+	r1 := startRouter(t, nil, nil, full.url)
+	if code, b := post(t, r1.url+"/v1/chat/completions", chatBody); code != 429 || !strings.Contains(b, "full") {
+		t.Fatalf("%d %s", code, b)
+	}
+}
+
+func TestBreaker(t *testing.T) {
+	var failing atomic.Bool
+	failing.Store(true)
+	bad := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if failing.Load() {
+			ctx.SetStatusCode(500)
+			ctx.SetBodyString(`{"error":{"message":"boom"}}`)
+			return
+		}
+		okHandler(ctx)
+	})
+	good := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	f.BreakerCooldownS = 0.2
+	f.BreakerMaxCooldownS = 0.5
+	r := startRouter(t, f, nil, bad.url, good.url)
+	w := r.fleet.Get("w0")
+	for i := 0; i < 6; i++ { // round-robin: 3 go to the bad worker
+		post(t, r.url+"/v1/chat/completions", chatBody)
+	}
+	if w.Breaker.State() != sched.BreakerOpen || w.Breaker.Trips() != 1 {
+		t.Fatalf("after 3 faults: state %d trips %d", w.Breaker.State(), w.Breaker.Trips())
+	}
+	hits := bad.hits.Load()
+	for i := 0; i < 10; i++ {
+		if code, _ := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 {
+			t.Fatalf("open worker not excluded: %d", code)
+		}
+	}
+	if bad.hits.Load() != hits {
+		t.Fatalf("open worker received traffic")
+	}
+	// After the cooldown one probe is admitted; it fails: the cooldown doubles.
+	time.Sleep(250 * time.Millisecond)
+	for i := 0; i < 4; i++ {
+		post(t, r.url+"/v1/chat/completions", chatBody)
+	}
+	if bad.hits.Load() != hits+1 || w.Breaker.Trips() != 2 {
+		t.Fatalf("probe: hits %d (want %d) trips %d", bad.hits.Load(), hits+1, w.Breaker.Trips())
+	}
+	time.Sleep(250 * time.Millisecond) // doubled cooldown (0.4 s) not over
+	for i := 0; i < 4; i++ {
+		post(t, r.url+"/v1/chat/completions", chatBody)
+	}
+	if bad.hits.Load() != hits+1 {
+		t.Fatalf("probe admitted before the doubled cooldown")
+	}
+	failing.Store(false)
+	time.Sleep(200 * time.Millisecond)
+	for i := 0; i < 4; i++ {
+		post(t, r.url+"/v1/chat/completions", chatBody)
+	}
+	if w.Breaker.State() != sched.BreakerClosed || bad.hits.Load() < hits+3 {
+		t.Fatalf("successful probe did not restore: state %d hits %d", w.Breaker.State(), bad.hits.Load()-hits)
+	}
+}
+
+func TestBreaker4xxDoesNotTripAndAllOpenDispatches(t *testing.T) {
+	var status atomic.Int64
+	status.Store(400)
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(int(status.Load()))
+		ctx.SetBodyString(`{"error":{"message":"x"}}`)
+	})
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startRouter(t, f, nil, up.url)
+	w := r.fleet.Get("w0")
+	for i := 0; i < 10; i++ {
+		if code, _ := post(t, r.url+"/v1/chat/completions", chatBody); code != 400 {
+			t.Fatalf("got %d", code)
+		}
+	}
+	if w.Breaker.State() != sched.BreakerClosed {
+		t.Fatal("4xx tripped the breaker")
+	}
+	status.Store(503)
+	for i := 0; i < 3; i++ {
+		post(t, r.url+"/v1/chat/completions", chatBody)
+	}
+	if w.Breaker.State() != sched.BreakerOpen {
+		t.Fatal("5xx did not trip the breaker")
+	}
+	hits := up.hits.Load()
+	status.Store(200)
+	// The only candidate is open: the router dispatches anyway.
+	if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 || up.hits.Load() != hits+1 {
+		t.Fatalf("all-open: %d %s", code, b)
+	}
+}
+
+func TestTimeouts(t *testing.T) {
+	hang := startUpstream(t, func(ctx *fasthttp.RequestCtx) { time.Sleep(2 * time.Second) })
+	cfg := config.Default()
+	cfg.Timeouts.NonStreamTotalSeconds = 0.2
+	cfg.Timeouts.StreamFirstPacketSeconds = 0.2
+	cfg.Timeouts.StreamIdleSeconds = 0.2
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startRouter(t, f, cfg, hang.url)
+	t0 := time.Now()
+	code, b := post(t, r.url+"/v1/chat/completions", chatBody)
+	if code != 504 || time.Since(t0) > time.Second {
+		t.Fatalf("non-stream total: %d after %v: %s", code, time.Since(t0), b)
+	}
+	checkOpenAIError(t, b)
+	code, b = post(t, r.url+"/v1/chat/completions", streamBody)
+	if code != 504 {
+		t.Fatalf("first packet: %d %s", code, b)
+	}
+
+	// Idle: first event, then silence longer than the idle timeout.
+	stall := &sseUpstream{n: 2, gate: make(chan struct{})}
+	defer close(stall.gate)
+	su := startUpstream(t, stall.handler)
+	r2 := startRouter(t, f, cfg, su.url)
+	t0 = time.Now()
+	code, b = post(t, r2.url+"/v1/chat/completions", streamBody)
+	if code != 200 || !strings.HasPrefix(b, "data: {\"i\":0}\n\n") || !strings.Contains(b, "timed out") || !strings.HasSuffix(b, "data: [DONE]\n\n") {
+		t.Fatalf("idle: %d %q", code, b)
+	}
+	if el := time.Since(t0); el > time.Second {
+		t.Fatalf("idle timeout took %v", el)
+	}
+
+	// Total: events keep flowing but the whole stream is capped.
+	slow := &sseUpstream{n: 50, delay: 20 * time.Millisecond}
+	su2 := startUpstream(t, slow.handler)
+	cfg2 := config.Default()
+	cfg2.Timeouts.StreamTotalSeconds = 0.3
+	r3 := startRouter(t, f, cfg2, su2.url)
+	t0 = time.Now()
+	code, b = post(t, r3.url+"/v1/chat/completions", streamBody)
+	if code != 200 || !strings.Contains(b, "timed out") || strings.Contains(b, `"i":49`) {
+		t.Fatalf("total: %d %q", code, trunc(b))
+	}
+	if el := time.Since(t0); el > 900*time.Millisecond {
+		t.Fatalf("total timeout took %v", el)
+	}
+
+	// Slow first packet but in time: the stream is fine (deadline cleared).
+	okSlow := &sseUpstream{n: 3, preDelay: 50 * time.Millisecond, delay: 100 * time.Millisecond}
+	su3 := startUpstream(t, okSlow.handler)
+	r4 := startRouter(t, f, cfg, su3.url)
+	for i := 0; i < 2; i++ { // second run reuses the pooled connection
+		code, b = post(t, r4.url+"/v1/chat/completions", streamBody)
+		if code != 200 || !strings.HasSuffix(b, "data: [DONE]\n\n") || strings.Contains(b, "error") {
+			t.Fatalf("in-time stream: %d %q", code, b)
+		}
+	}
+}
+
+func TestMidStreamFailureIsNotRetried(t *testing.T) {
+	// The upstream sends one event, then drops the connection.
+	drop := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			w.WriteString("data: {\"i\":0}\n\n")
+			w.Flush()
+			time.Sleep(20 * time.Millisecond)
+			ctx.Conn().Close()
+		})
+	})
+	other := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, drop.url, other.url)
+	r.srv.sched.Policy = "round-robin"
+	var sawDrop bool
+	for i := 0; i < 2; i++ {
+		code, b := post(t, r.url+"/v1/chat/completions", streamBody)
+		if strings.HasPrefix(b, "data: {\"i\":0}") {
+			sawDrop = true
+			if code != 200 || !strings.Contains(b, `"error"`) || !strings.HasSuffix(b, "data: [DONE]\n\n") {
+				t.Fatalf("mid-stream failure: %d %q", code, b)
+			}
+		}
+	}
+	if !sawDrop || other.hits.Load() != 1 {
+		t.Fatalf("sawDrop=%v other hits=%d", sawDrop, other.hits.Load())
+	}
+}
+
+func TestLeastRequestsSpreadsLoad(t *testing.T) {
+	var mu sync.Mutex
+	perWorker := map[string]int{}
+	gate := make(chan struct{})
+	mk := func(name string) *upstream {
+		return startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+			mu.Lock()
+			perWorker[name]++
+			mu.Unlock()
+			<-gate
+			okHandler(ctx)
+		})
+	}
+	a, b2 := mk("a"), mk("b")
+	cfg := config.Default()
+	cfg.LoadBalancing.Algorithm = "least-requests"
+	f := defaultFlags()
+	f.RouterPolicy = "config"
+	r := startRouter(t, f, cfg, a.url, b2.url)
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); post(t, r.url+"/v1/chat/completions", chatBody) }()
+	}
+	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return perWorker["a"]+perWorker["b"] == 8 }, "dispatch")
+	close(gate)
+	wg.Wait()
+	if perWorker["a"] != 4 || perWorker["b"] != 4 {
+		t.Fatalf("least-requests split %v", perWorker)
+	}
+}
+
+func TestHealthAndMetrics(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, up.url)
+	post(t, r.url+"/v1/chat/completions", chatBody)
+	resp, err := http.Get(r.url + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !json.Valid(b) || !bytes.Contains(b, []byte(`"routable":1`)) {
+		t.Fatalf("health %d %s", resp.StatusCode, b)
+	}
+	resp, err = http.Get(r.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`infera_router_worker_breaker_state{worker="w0"} 0`, `infera_usage_tokens_total{kind="cached"}`, `infera_requests_total{endpoint="chat"}`} {
+		if !bytes.Contains(b, []byte(want)) {
+			t.Fatalf("metrics lack %q", want)
+		}
+	}
+	// No routable worker: 503.
+	r0 := startRouter(t, nil, nil)
+	resp, _ = http.Get(r0.url + "/health")
+	resp.Body.Close()
+	if resp.StatusCode != 503 {
+		t.Fatalf("empty fleet health %d", resp.StatusCode)
+	}
+	if code, b := post(t, r0.url+"/v1/chat/completions", chatBody); code != 503 {
+		t.Fatalf("empty fleet: %d %s", code, b)
+	}
+}

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/goccy/go-json"
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/proxy"
+	"github.com/infera/infera/sched"
+	"github.com/valyala/fasthttp"
+)
+
+type serveCmd struct {
+	config.Serve
+}
+
+func setupLogging(level string) {
+	var l slog.Level
+	l.UnmarshalText([]byte(level))
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})))
+}
+
+func (c *serveCmd) Run() error {
+	f := &c.Serve
+	setupLogging(f.LogLevel)
+	if err := f.Validate(); err != nil {
+		return err
+	}
+	store, err := config.Open(f.Config)
+	if err != nil {
+		return err
+	}
+	if err := checkBackends(f); err != nil {
+		return err
+	}
+
+	fleet := sched.NewFleet(sched.BreakerConfig{
+		Threshold:   f.BreakerFailureThreshold,
+		Cooldown:    f.BreakerCooldown(),
+		MaxCooldown: f.BreakerMaxCooldown(),
+	})
+	fleet.AddHook(proxy.HTTPHook(f))
+	sc := sched.NewScheduler(fleet, f.RouterPolicy)
+
+	stop := make(chan struct{})
+	defer close(stop)
+	if f.DiscoveryBackend == "static" {
+		syncStatic(fleet, f, store.Load())
+		store.OnChange(func(old, cur *config.Config) { syncStatic(fleet, f, cur) })
+		go resyncStatic(fleet, f, store, stop)
+	}
+	go store.Watch(f.ConfigPoll, stop)
+
+	srv := proxy.New(proxy.Options{
+		Flags:     f,
+		Store:     store,
+		Sched:     sc,
+		BlockSize: f.KVBlockSize,
+	})
+	addr := net.JoinHostPort(f.Host, strconv.Itoa(f.Port))
+	ln, err := net.Listen("tcp4", addr)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s: %w", addr, err)
+	}
+	slog.Info("infera serving", "addr", ln.Addr().String(), "workers", len(fleet.View().All),
+		"policy", f.RouterPolicy, "mode", f.RouterMode, "discovery", f.DiscoveryBackend,
+		"request_transport", f.RequestTransport, "kv_event_transport", f.KVEventTransport)
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	select {
+	case err := <-errc:
+		return err
+	case s := <-sig:
+		slog.Info("shutting down", "signal", s.String())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- srv.Shutdown() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return nil
+	}
+}
+
+// checkBackends refuses flag values whose backend is not built in, naming
+// the alternative, so that a flag never silently does nothing.
+func checkBackends(f *config.Serve) error {
+	if f.DiscoveryBackend != "static" {
+		return fmt.Errorf("--discovery-backend %s is not available in this build yet; use --discovery-backend static --workers URL,...", f.DiscoveryBackend)
+	}
+	if f.RequestTransport != "http" {
+		return fmt.Errorf("--request-transport %s is not available in this build yet; use --request-transport http", f.RequestTransport)
+	}
+	if f.RouterTokenizerPath != "" {
+		return fmt.Errorf("--router-tokenizer-path is not available in this build yet; leave it empty")
+	}
+	return nil
+}
+
+// staticRecords builds worker records from --workers and the config file.
+func staticRecords(f *config.Serve, cfg *config.Config) []sched.Record {
+	var rs []sched.Record
+	seen := map[string]bool{}
+	for _, spec := range f.Workers {
+		spec = strings.TrimSpace(spec)
+		if spec == "" {
+			continue
+		}
+		id, u := spec, spec
+		if i := strings.Index(spec, "="); i > 0 && !strings.Contains(spec[:i], "/") {
+			id, u = spec[:i], spec[i+1:]
+		}
+		if !strings.Contains(u, "://") {
+			u = "http://" + u
+		}
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		rs = append(rs, sched.Record{ID: id, URL: strings.TrimRight(u, "/"), Models: f.WorkerModel, Status: sched.StatusActive})
+	}
+	for _, w := range cfg.Workers {
+		id := w.ID
+		if id == "" {
+			id = w.URL
+		}
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		rs = append(rs, sched.Record{
+			ID: id, URL: strings.TrimRight(w.URL, "/"), Models: w.Models, Service: w.Service, Role: w.Role,
+			KVEventsEndpoint: w.KVEventsEndpoint, KVReplayEndpoint: w.KVReplayEndpoint, BlockSize: w.BlockSize,
+			Status: sched.StatusActive,
+		})
+	}
+	return rs
+}
+
+// syncStatic applies the static worker list. Workers without a model list
+// are asked for their /v1/models.
+func syncStatic(fleet *sched.Fleet, f *config.Serve, cfg *config.Config) {
+	rs := staticRecords(f, cfg)
+	for i := range rs {
+		if len(rs[i].Models) == 0 {
+			rs[i].Models = fetchModels(rs[i].URL)
+		}
+	}
+	for _, err := range fleet.Sync(rs) {
+		slog.Error("static worker skipped", "err", err)
+	}
+}
+
+// fetchModels asks a worker for its model ids (empty on failure).
+func fetchModels(base string) []string {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(base + "/v1/models")
+	if err := fasthttp.DoTimeout(req, resp, 3*time.Second); err != nil || resp.StatusCode() != 200 {
+		slog.Warn("cannot list worker models; pass --worker-model", "url", base, "err", err)
+		return nil
+	}
+	return parseModelList(resp.Body())
+}
+
+func parseModelList(b []byte) []string {
+	var v struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return nil
+	}
+	var out []string
+	for _, m := range v.Data {
+		if m.ID != "" {
+			out = append(out, m.ID)
+		}
+	}
+	return out
+}
+
+// resyncStatic retries static workers whose models could not be listed.
+func resyncStatic(fleet *sched.Fleet, f *config.Serve, store *config.Store, stop <-chan struct{}) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		missing := false
+		for _, w := range fleet.View().All {
+			if len(w.Models) == 0 {
+				missing = true
+			}
+		}
+		if missing {
+			syncStatic(fleet, f, store.Load())
+		}
+	}
+}
