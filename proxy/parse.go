@@ -64,7 +64,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 	b.reset()
 	i := skipSpace(d, 0)
 	if i >= len(d) || d[i] != '{' {
-		if _, err := skipValue(d, i, 0); err != nil {
+		if j, err := skipValue(d, i, 0); err != nil || skipSpace(d, j) != len(d) {
 			return errMalformedJSON
 		}
 		return errNotObject

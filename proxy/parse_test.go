@@ -1,0 +1,135 @@
+package proxy
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestParseBody(t *testing.T) {
+	f := func(kind int, in string, model string, stream bool, maxTok int, text string) {
+		t.Helper()
+		var b reqBody
+		if err := b.parse([]byte(in), kind); err != nil {
+			t.Fatalf("parse(%q): %v", in, err)
+		}
+		if string(b.model) != model || b.stream != stream || b.maxTokens != maxTok || string(b.text) != text {
+			t.Fatalf("parse(%q) = model %q stream %v max %d text %q", in, b.model, b.stream, b.maxTokens, b.text)
+		}
+	}
+	f(kindChat, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, "m", false, -1, "hi")
+	f(kindChat, ` {"messages":[{"role":"system","content":"a\nb"},{"role":"user","content":[{"type":"text","text":"c"},{"type":"image_url","image_url":{"url":"x"}}]}],"stream":true,"model":"q\/w\u00e9","max_completion_tokens":7} `, "q/wé", true, 7, "a\nb\nc")
+	f(kindChat, `{"model":"m","messages":[{"role":"user","content":null}],"stream":null,"max_tokens":null}`, "m", false, -1, "")
+	f(kindChat, `{"model":"m","messages":[{"role":"user","content":"\ud83d\ude00"}]}`, "m", false, -1, "😀")
+	f(kindCompletion, `{"model":"m","prompt":"once upon","max_tokens":0}`, "m", false, 0, "once upon")
+	f(kindCompletion, `{"model":"m","prompt":["a","b"]}`, "m", false, -1, "a\nb")
+	f(kindCompletion, `{"model":"m","prompt":[1,2,3]}`, "m", false, -1, "")
+
+	var b reqBody
+	if err := b.parse([]byte(`{"model":"m","prompt":[5,6,7,8]}`), kindCompletion); err != nil || len(b.tokenIDs) != 4 || b.estimateTokens() != 4 {
+		t.Fatalf("token prompt: %v %v", err, b.tokenIDs)
+	}
+	if err := b.parse([]byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"prompt":"x"}`), kindCompletion); err != nil || !b.includeUsage {
+		t.Fatalf("include_usage: %v", err)
+	}
+
+	bad := func(kind int, in string, want error) {
+		t.Helper()
+		var b reqBody
+		if err := b.parse([]byte(in), kind); err != want {
+			t.Fatalf("parse(%q) = %v, want %v", in, err, want)
+		}
+	}
+	bad(kindChat, ``, errMalformedJSON)
+	bad(kindChat, `{"model":"m",}`, errMalformedJSON)
+	bad(kindChat, `{"model":"m" "x":1}`, errMalformedJSON)
+	bad(kindChat, `{"model":"\x"}`, errMalformedJSON)
+	bad(kindChat, "{\"model\":\"a\x01\"}", errMalformedJSON)
+	bad(kindChat, `{"model":"m","n":01}`, errMalformedJSON)
+	bad(kindChat, `{"model":"m","n":1.}`, errMalformedJSON)
+	bad(kindChat, `{"model":"m","n":tru}`, errMalformedJSON)
+	bad(kindChat, `{"model":"m"}{}`, errMalformedJSON)
+	bad(kindChat, strings.Repeat("[", 300)+strings.Repeat("]", 300), errMalformedJSON)
+	bad(kindChat, `"str"`, errNotObject)
+	bad(kindChat, `{"messages":[{"role":"user","content":"x"}]}`, errNoModel)
+	bad(kindChat, `{"model":null,"messages":[]}`, errModelType)
+	bad(kindChat, `{"model":"m","messages":[1]}`, errMessages)
+	bad(kindChat, `{"model":"m","messages":{}}`, errNoMessages)
+	bad(kindChat, `{"model":"m","max_tokens":1.5,"messages":[{}]}`, errMaxTokens)
+	bad(kindChat, `{"model":"m","stream":1,"messages":[{}]}`, errStreamType)
+	bad(kindCompletion, `{"model":"m","prompt":[1,"a"]}`, errPromptType)
+	bad(kindCompletion, `{"model":"m","prompt":[-1]}`, errPromptType)
+	bad(kindCompletion, `{"model":"m","prompt":true}`, errPromptType)
+}
+
+func TestAppendJSONString(t *testing.T) {
+	for _, s := range []string{"", "plain", "q\"b\\s", "ctl\x00\x1f\n\t\r", "é😀", "bad\xff utf8"} {
+		out := appendJSONString(nil, s)
+		var back string
+		if err := json.Unmarshal(out, &back); err != nil {
+			t.Fatalf("%q -> %s: %v", s, out, err)
+		}
+		if want := strings.ToValidUTF8(s, "\ufffd"); back != want {
+			t.Fatalf("%q round-tripped to %q", s, back)
+		}
+	}
+}
+
+// FuzzParseBody checks the hand-written scanner against encoding/json: it
+// never panics, accepts exactly the valid JSON documents (up to its depth
+// limit), and extracts the same model string.
+func FuzzParseBody(f *testing.F) {
+	for _, s := range []string{
+		chatBody, streamBody,
+		`{"model":"m","prompt":[1,2,3]}`,
+		`{"model":"m\u00e9","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`,
+		`{"model":"m","messages":[{"content":"\ud83d\ude00"}],"max_tokens":5,"stream":false}`,
+		`{"a":[1,-2.5e+3,true,false,null,{"b":"c"}]}`,
+		`{"model":"m",}`, `[`, `"`, `{"model":"\u12"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var b reqBody
+		for _, kind := range []int{kindChat, kindCompletion} {
+			err := b.parse(data, kind)
+			// We also reject invalid UTF-8, which encoding/json tolerates.
+			valid := json.Valid(data) && utf8.Valid(data)
+			if err == errMalformedJSON {
+				if valid && !strings.Contains(string(data), strings.Repeat("[", 200)) && !deep(data) {
+					t.Fatalf("valid JSON rejected as malformed: %q", data)
+				}
+				continue
+			}
+			if !valid {
+				t.Fatalf("invalid JSON accepted (err=%v): %q", err, data)
+			}
+			if err == nil {
+				var v struct {
+					Model string `json:"model"`
+				}
+				if json.Unmarshal(data, &v) == nil && v.Model != string(b.model) {
+					// encoding/json keeps the last duplicate key; so do we.
+					t.Fatalf("model %q, encoding/json says %q", b.model, v.Model)
+				}
+			}
+		}
+	})
+}
+
+func deep(d []byte) bool {
+	depth, max := 0, 0
+	for _, c := range d {
+		switch c {
+		case '[', '{':
+			depth++
+			if depth > max {
+				max = depth
+			}
+		case ']', '}':
+			depth--
+		}
+	}
+	return max >= maxDepth
+}
