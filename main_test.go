@@ -1,0 +1,63 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"github.com/infera/infera/config"
+)
+
+// parseServe parses `infera serve args...` with a fresh CLI value.
+func parseServe(t *testing.T, args ...string) *config.Serve {
+	t.Helper()
+	var c struct {
+		Serve serveCmd `cmd:""`
+	}
+	p, err := kong.New(&c, kong.Name("infera"), kong.Exit(func(int) { t.Fatal("exit") }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Parse(append([]string{"serve"}, args...)); err != nil {
+		t.Fatalf("parse %v: %v", args, err)
+	}
+	return &c.Serve.Serve
+}
+
+func TestServeFlagDefaults(t *testing.T) {
+	f := parseServe(t)
+	if f.Port != 8000 || f.DiscoveryBackend != "static" || f.RequestTransport != "http" || f.KVEventTransport != "zmq" ||
+		f.RouterMode != "auto" || f.RouterPolicy != "kv-aware" || f.KVOverlapWeight != 1.0 ||
+		f.NatsReqIdleTimeout != 900*time.Second || f.NatsReqMaxDuration != 0 || f.NatsReqMaxPending != 0 ||
+		f.RequestMaxRetries != 1 || f.BreakerFailureThreshold != 3 || f.BreakerCooldownS != 5 || f.BreakerMaxCooldownS != 60 {
+		t.Fatalf("defaults: %+v", f)
+	}
+}
+
+func TestServeFlagPrecedence(t *testing.T) {
+	t.Setenv("INFERA_REQUEST_MAX_RETRIES", "4")
+	t.Setenv("INFERA_BREAKER_COOLDOWN_S", "7.5")
+	t.Setenv("INFERA_NATS_REQ_IDLE_TIMEOUT", "30s")
+	t.Setenv("NATS_URL", "nats://127.0.0.1:4222")
+	f := parseServe(t)
+	if f.RequestMaxRetries != 4 || f.BreakerCooldownS != 7.5 || f.NatsReqIdleTimeout != 30*time.Second || f.NatsURL != "nats://127.0.0.1:4222" {
+		t.Fatalf("env: %+v", f)
+	}
+	f = parseServe(t, "--request-max-retries", "0")
+	if f.RequestMaxRetries != 0 {
+		t.Fatalf("flag must beat env: %d", f.RequestMaxRetries)
+	}
+}
+
+func TestStaticRecords(t *testing.T) {
+	f := parseServe(t, "--workers", "a=http://127.0.0.1:1,127.0.0.1:2/", "--worker-model", "m")
+	cfg, err := config.Parse([]byte(`{"workers":[{"id":"c","url":"http://127.0.0.1:3","models":["x"],"role":"prefill"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := staticRecords(f, cfg)
+	if len(rs) != 3 || rs[0].ID != "a" || rs[0].URL != "http://127.0.0.1:1" || rs[1].URL != "http://127.0.0.1:2" ||
+		rs[1].Models[0] != "m" || rs[2].ID != "c" || rs[2].Role != "prefill" {
+		t.Fatalf("%+v", rs)
+	}
+}
