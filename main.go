@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 
 	"github.com/alecthomas/kong"
+	"github.com/infera/infera/engine"
 )
 
 var version = "dev"
@@ -33,6 +34,7 @@ func (versionCmd) Run() error {
 
 var cli struct {
 	Serve   serveCmd   `cmd:"" help:"Run the router in front of a fleet of inference engines."`
+	Engine  engine.Cmd `cmd:"" help:"Run a simulated OpenAI-compatible inference engine."`
 	Version versionCmd `cmd:"" help:"Print the version."`
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -12,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/goccy/go-json"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/proxy"
 	"github.com/infera/infera/sched"
@@ -32,51 +32,22 @@ func setupLogging(level string) {
 func (c *serveCmd) Run() error {
 	f := &c.Serve
 	setupLogging(f.LogLevel)
-	if err := f.Validate(); err != nil {
-		return err
-	}
-	store, err := config.Open(f.Config)
+	rt, err := newRouter(f)
 	if err != nil {
 		return err
 	}
-	if err := checkBackends(f); err != nil {
-		return err
-	}
-
-	fleet := sched.NewFleet(sched.BreakerConfig{
-		Threshold:   f.BreakerFailureThreshold,
-		Cooldown:    f.BreakerCooldown(),
-		MaxCooldown: f.BreakerMaxCooldown(),
-	})
-	fleet.AddHook(proxy.HTTPHook(f))
-	sc := sched.NewScheduler(fleet, f.RouterPolicy)
-
-	stop := make(chan struct{})
-	defer close(stop)
-	if f.DiscoveryBackend == "static" {
-		syncStatic(fleet, f, store.Load())
-		store.OnChange(func(old, cur *config.Config) { syncStatic(fleet, f, cur) })
-		go resyncStatic(fleet, f, store, stop)
-	}
-	go store.Watch(f.ConfigPoll, stop)
-
-	srv := proxy.New(proxy.Options{
-		Flags:     f,
-		Store:     store,
-		Sched:     sc,
-		BlockSize: f.KVBlockSize,
-	})
+	defer rt.close()
 	addr := net.JoinHostPort(f.Host, strconv.Itoa(f.Port))
-	ln, err := net.Listen("tcp4", addr)
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("cannot listen on %s: %w", addr, err)
 	}
-	slog.Info("infera serving", "addr", ln.Addr().String(), "workers", len(fleet.View().All),
+	slog.Info("infera serving", "addr", ln.Addr().String(), "workers", len(rt.fleet.View().All),
 		"policy", f.RouterPolicy, "mode", f.RouterMode, "discovery", f.DiscoveryBackend,
 		"request_transport", f.RequestTransport, "kv_event_transport", f.KVEventTransport)
 
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- rt.srv.Serve(ln) }()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	select {
@@ -88,13 +59,66 @@ func (c *serveCmd) Run() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- srv.Shutdown() }()
+	go func() { done <- rt.srv.Shutdown() }()
 	select {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
 		return nil
 	}
+}
+
+// router is everything `infera serve` runs, wired together.
+type router struct {
+	flags *config.Serve
+	store *config.Store
+	fleet *sched.Fleet
+	sched *sched.Scheduler
+	srv   *proxy.Server
+	stop  chan struct{}
+}
+
+// newRouter builds the router from flags: config store, fleet and its
+// transports, discovery, scheduler and the HTTP front door.
+func newRouter(f *config.Serve) (*router, error) {
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	store, err := config.Open(f.Config)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkBackends(f); err != nil {
+		return nil, err
+	}
+	rt := &router{flags: f, store: store, stop: make(chan struct{})}
+	rt.fleet = sched.NewFleet(sched.BreakerConfig{
+		Threshold:   f.BreakerFailureThreshold,
+		Cooldown:    f.BreakerCooldown(),
+		MaxCooldown: f.BreakerMaxCooldown(),
+	})
+	rt.fleet.AddHook(proxy.HTTPHook(f))
+	rt.sched = sched.NewScheduler(rt.fleet, f.RouterPolicy)
+
+	if f.DiscoveryBackend == "static" {
+		syncStatic(rt.fleet, f, store.Load())
+		store.OnChange(func(old, cur *config.Config) { syncStatic(rt.fleet, f, cur) })
+		go resyncStatic(rt.fleet, f, store, rt.stop)
+	}
+	go store.Watch(f.ConfigPoll, rt.stop)
+
+	rt.srv = proxy.New(proxy.Options{
+		Flags:     f,
+		Store:     store,
+		Sched:     rt.sched,
+		BlockSize: f.KVBlockSize,
+	})
+	return rt, nil
+}
+
+func (rt *router) close() {
+	close(rt.stop)
+	rt.fleet.Close()
 }
 
 // checkBackends refuses flag values whose backend is not built in, naming

@@ -2,11 +2,10 @@ package config
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
-
-	"github.com/goccy/go-json"
 )
 
 // Config is the hot-reloadable configuration: one immutable, validated value.

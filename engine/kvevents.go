@@ -1,6 +1,10 @@
 package engine
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/infera/infera/kv"
+)
 
 // KVEventSink receives the simulated engine's KV cache changes, in order,
 // from the goroutine that owns the cache. The publisher behind
@@ -27,8 +31,15 @@ type KVEventsOptions struct {
 	Topic          string
 }
 
-// NewKVEventSink starts the KV event publisher. It is replaced by the real
-// ZMQ publisher; until then it refuses, so the flag never silently does nothing.
+// NewKVEventSink starts the KV event publisher: a ZMQ PUB socket bound at
+// o.Endpoint emitting vLLM's wire format (kv.Publisher), plus a ROUTER replay
+// server at o.ReplayEndpoint when set. It is a variable so tests can swap it.
 var NewKVEventSink = func(o KVEventsOptions) (KVEventSink, error) {
-	return nil, fmt.Errorf("KV event publishing (%s) is not built into this binary yet", o.Endpoint)
+	p, err := kv.NewPublisher(kv.PublisherConfig{
+		Endpoint: o.Endpoint, ReplayEndpoint: o.ReplayEndpoint, Layout: o.Layout, Topic: o.Topic,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot start KV event publisher: %w", err)
+	}
+	return p, nil
 }

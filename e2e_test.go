@@ -1,0 +1,271 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"github.com/infera/infera/engine"
+)
+
+// startEngine runs a simulated engine in-process on a loopback port, built
+// from the same flags as `infera engine`.
+func startEngine(t *testing.T, args ...string) (*engine.Server, string) {
+	t.Helper()
+	var c struct {
+		Engine engine.Cmd `cmd:""`
+	}
+	p, err := kong.New(&c, kong.Name("infera"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Parse(append([]string{"engine"}, args...)); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := c.Engine.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ID == "" || strings.HasPrefix(cfg.ID, "engine-") {
+		cfg.ID = "engine-" + ln.Addr().String()
+	}
+	s, err := engine.NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(ln)
+	t.Cleanup(func() { s.Close() })
+	return s, "http://" + ln.Addr().String()
+}
+
+// startServe runs the router exactly as `infera serve args...` wires it.
+func startServe(t *testing.T, args ...string) (*router, string) {
+	t.Helper()
+	f := parseServe(t, args...)
+	rt, err := newRouter(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go rt.srv.Serve(ln)
+	t.Cleanup(func() { rt.srv.Shutdown(); rt.close() })
+	return rt, "http://" + ln.Addr().String()
+}
+
+type chatResp struct {
+	Choices []struct {
+		Message struct {
+			Content string `json:"content"`
+		} `json:"message"`
+		Text string `json:"text"`
+	} `json:"choices"`
+	Usage struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+func doPost(t *testing.T, url, body string) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, b
+}
+
+func TestE2EStreamingAndNonStreaming(t *testing.T) {
+	_, e1 := startEngine(t, "--speedup", "50")
+	_, e2 := startEngine(t, "--speedup", "50")
+	_, r := startServe(t, "--workers", "a="+e1+",b="+e2, "--router-policy", "round-robin")
+
+	seen := map[string]int{}
+	for i := 0; i < 4; i++ {
+		resp, b := doPost(t, r+"/v1/chat/completions", `{"model":"sim-model","max_tokens":5,"messages":[{"role":"user","content":"Hello, how are you today?"}]}`)
+		var cr chatResp
+		if resp.StatusCode != 200 || json.Unmarshal(b, &cr) != nil || cr.Usage.CompletionTokens != 5 || cr.Usage.PromptTokens == 0 {
+			t.Fatalf("chat: %d %s", resp.StatusCode, b)
+		}
+		seen[resp.Header.Get("X-Infera-Engine-Id")]++
+	}
+	if len(seen) != 2 || seen[""] != 0 {
+		t.Fatalf("round-robin over two engines served by %v", seen)
+	}
+
+	resp, b := doPost(t, r+"/v1/completions", `{"model":"sim-model","max_tokens":3,"prompt":"Once upon a time"}`)
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"completion_tokens":3`) {
+		t.Fatalf("completions: %d %s", resp.StatusCode, b)
+	}
+
+	resp, err := http.Post(r+"/v1/chat/completions", "application/json", strings.NewReader(
+		`{"model":"sim-model","stream":true,"stream_options":{"include_usage":true},"max_tokens":6,"messages":[{"role":"user","content":"Stream please"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("stream content type %q", resp.Header.Get("Content-Type"))
+	}
+	sc := bufio.NewScanner(resp.Body)
+	var events, content int
+	var done, usage bool
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "data: ") {
+			continue
+		}
+		events++
+		if line == "data: [DONE]" {
+			done = true
+			continue
+		}
+		if strings.Contains(line, `"content":" `) {
+			content++
+		}
+		if strings.Contains(line, `"completion_tokens":6`) {
+			usage = true
+		}
+	}
+	if !done || !usage || content != 6 {
+		t.Fatalf("stream: events=%d content=%d done=%v usage=%v", events, content, done, usage)
+	}
+}
+
+func TestE2EClientDisconnectStopsGeneration(t *testing.T) {
+	eng, e1 := startEngine(t, "--speedup", "5")
+	_, r := startServe(t, "--workers", e1)
+	body := `{"model":"sim-model","stream":true,"max_tokens":4000,"messages":[{"role":"user","content":"long story"}]}`
+	conn, err := net.Dial("tcp4", strings.TrimPrefix(r, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	br := bufio.NewReader(conn)
+	for n := 0; n < 5; {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(line, "data: ") {
+			n++
+		}
+	}
+	conn.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for eng.Stats().Aborted != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("engine never aborted: %+v", eng.Stats())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := eng.Stats(); st.GeneratedTokens >= 4000 || st.Completed != 0 || st.Active != 0 {
+		t.Fatalf("engine kept generating: %+v", st)
+	}
+}
+
+func TestE2EFailoverAndBreakerWithFaultInjection(t *testing.T) {
+	bad, e1 := startEngine(t, "--speedup", "50", "--fault", "error", "--fault-status", "500")
+	good, e2 := startEngine(t, "--speedup", "50")
+	ln, _ := net.Listen("tcp4", "127.0.0.1:0")
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	rt, r := startServe(t, "--workers", "bad="+e1+",good="+e2+",dead="+dead, "--worker-model", "sim-model",
+		"--router-policy", "round-robin", "--request-max-retries", "2", "--breaker-cooldown-s", "0.3", "--breaker-max-cooldown-s", "1")
+	req := `{"model":"sim-model","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
+	for i := 0; i < 12; i++ {
+		if resp, b := doPost(t, r+"/v1/chat/completions", req); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
+		}
+	}
+	wb, wd := rt.fleet.Get("bad"), rt.fleet.Get("dead")
+	if wb.Breaker.State() != 2 || wd.Breaker.State() != 2 {
+		t.Fatalf("breakers: bad=%d dead=%d, want open", wb.Breaker.State(), wd.Breaker.State())
+	}
+	before := bad.Stats().RequestsTotal
+	for i := 0; i < 5; i++ {
+		doPost(t, r+"/v1/chat/completions", req)
+	}
+	if bad.Stats().RequestsTotal != before {
+		t.Fatal("open worker still received requests")
+	}
+	// Heal the engine; after the cooldown the probe restores it.
+	if err := bad.SetFault(engine.Fault{Mode: "none"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(350 * time.Millisecond)
+	for i := 0; i < 6; i++ {
+		doPost(t, r+"/v1/chat/completions", req)
+	}
+	if wb.Breaker.State() != 0 || bad.Stats().Completed == 0 {
+		t.Fatalf("healed worker not restored: state %d stats %+v", wb.Breaker.State(), bad.Stats())
+	}
+	if good.Stats().Completed == 0 {
+		t.Fatal("good engine served nothing")
+	}
+}
+
+func TestE2ETimeoutsAndConfigReload(t *testing.T) {
+	_, e1 := startEngine(t, "--speedup", "50", "--fault", "hang")
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "infera.json")
+	write := func(s string) {
+		t.Helper()
+		tmp := cfgPath + ".tmp"
+		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		os.Rename(tmp, cfgPath)
+	}
+	write(`{"timeouts":{"non_stream_total_s":0.2,"stream_first_packet_s":0.2}}`)
+	rt, r := startServe(t, "--workers", e1, "--config", cfgPath, "--config-poll", "20ms", "--request-max-retries", "0")
+	req := `{"model":"sim-model","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
+	t0 := time.Now()
+	resp, b := doPost(t, r+"/v1/chat/completions", req)
+	if resp.StatusCode != 504 || time.Since(t0) > 2*time.Second {
+		t.Fatalf("non-stream timeout: %d after %v: %s", resp.StatusCode, time.Since(t0), b)
+	}
+	resp, _ = doPost(t, r+"/v1/chat/completions", strings.Replace(req, `"max_tokens"`, `"stream":true,"max_tokens"`, 1))
+	if resp.StatusCode != 504 {
+		t.Fatalf("first-packet timeout: %d", resp.StatusCode)
+	}
+	// An invalid file is rejected; the old config keeps serving.
+	write(`{"timeouts":{"non_stream_total_s":-5}}`)
+	time.Sleep(100 * time.Millisecond)
+	if rt.store.Load().Timeouts.NonStreamTotalSeconds != 0.2 {
+		t.Fatal("invalid config was applied")
+	}
+	// A valid change applies without restart.
+	write(`{"timeouts":{"non_stream_total_s":0.6}}`)
+	for i := 0; rt.store.Load().Timeouts.NonStreamTotalSeconds != 0.6; i++ {
+		if i > 200 {
+			t.Fatal("valid config never applied")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t0 = time.Now()
+	resp, _ = doPost(t, r+"/v1/chat/completions", req)
+	if el := time.Since(t0); resp.StatusCode != 504 || el < 500*time.Millisecond {
+		t.Fatalf("reloaded timeout: %d after %v", resp.StatusCode, el)
+	}
+}

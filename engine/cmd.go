@@ -1,0 +1,154 @@
+package engine
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/infera/infera/tokenizer"
+)
+
+// loadTokenizer loads a Hugging Face tokenizer directory (a variable so
+// tests can replace it).
+var loadTokenizer = func(dir string) (tokenizer.Tokenizer, error) {
+	h, err := tokenizer.Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// Cmd is `infera engine`: a simulated OpenAI-compatible inference engine.
+type Cmd struct {
+	Host  string   `help:"Listen address." default:"127.0.0.1" env:"INFERA_ENGINE_HOST"`
+	Port  int      `help:"Listen port." default:"8100" env:"INFERA_ENGINE_PORT"`
+	ID    string   `name:"id" help:"Engine instance id (X-Infera-Engine-Id); empty means engine-<port>." default:"" env:"INFERA_ENGINE_ID"`
+	Model []string `help:"Served model names (repeatable or comma-separated); the first is the default." default:"sim-model" env:"INFERA_ENGINE_MODEL" sep:","`
+
+	BlockSize        int `name:"block-size" help:"KV block size in tokens." default:"16" env:"INFERA_ENGINE_BLOCK_SIZE"`
+	KVCapacityBlocks int `name:"kv-capacity-blocks" help:"KV cache capacity in blocks." default:"8192" env:"INFERA_ENGINE_KV_CAPACITY_BLOCKS"`
+	MaxBatch         int `name:"max-batch" help:"Maximum concurrently running sequences; more requests queue." default:"64" env:"INFERA_ENGINE_MAX_BATCH"`
+	MaxPrefillTokens int `name:"max-prefill-tokens" help:"Uncached prompt tokens admitted per step (0 = no cap)." default:"8192" env:"INFERA_ENGINE_MAX_PREFILL_TOKENS"`
+
+	Speedup         float64       `help:"Divide every simulated duration by this." default:"1" env:"INFERA_ENGINE_SPEEDUP"`
+	PrefillBase     time.Duration `name:"prefill-base" help:"Fixed cost of a step that prefills." default:"8ms" env:"INFERA_ENGINE_PREFILL_BASE"`
+	PrefillPerToken time.Duration `name:"prefill-per-token" help:"Prefill cost per uncached prompt token." default:"80us" env:"INFERA_ENGINE_PREFILL_PER_TOKEN"`
+	PrefillPerSeq   time.Duration `name:"prefill-per-seq" help:"Prefill cost per sequence prefilled in a step." default:"250us" env:"INFERA_ENGINE_PREFILL_PER_SEQ"`
+	DecodeBase      time.Duration `name:"decode-base" help:"Fixed cost of a decode step." default:"12ms" env:"INFERA_ENGINE_DECODE_BASE"`
+	DecodePerSeq    time.Duration `name:"decode-per-seq" help:"Decode step cost per running sequence." default:"150us" env:"INFERA_ENGINE_DECODE_PER_SEQ"`
+
+	DefaultMaxTokens int    `name:"default-max-tokens" help:"Tokens generated when a request sets no max_tokens." default:"256" env:"INFERA_ENGINE_DEFAULT_MAX_TOKENS"`
+	Tokenizer        string `help:"Hugging Face tokenizer directory; empty uses the built-in Simple tokenizer." default:"" env:"INFERA_ENGINE_TOKENIZER"`
+
+	KVEventsEndpoint string `name:"kv-events-endpoint" help:"ZMQ PUB bind address for KV cache events, e.g. tcp://*:5557; empty disables." default:"" env:"INFERA_ENGINE_KV_EVENTS_ENDPOINT"`
+	KVReplayEndpoint string `name:"kv-replay-endpoint" help:"ZMQ ROUTER bind address for KV event replay; empty disables." default:"" env:"INFERA_ENGINE_KV_REPLAY_ENDPOINT"`
+	KVEventsLayout   string `name:"kv-events-layout" help:"KV event wire layout." enum:"legacy,map" default:"legacy" env:"INFERA_ENGINE_KV_EVENTS_LAYOUT"`
+	KVEventsTopic    string `name:"kv-events-topic" help:"KV event topic prefix." default:"" env:"INFERA_ENGINE_KV_EVENTS_TOPIC"`
+
+	Fault            string  `help:"Injected fault at start." enum:"none,error,hang,close-mid-stream,slow,health-fail" default:"none" env:"INFERA_ENGINE_FAULT"`
+	FaultStatus      int     `name:"fault-status" help:"HTTP status of --fault=error." default:"500" env:"INFERA_ENGINE_FAULT_STATUS"`
+	FaultAfterTokens int     `name:"fault-after-tokens" help:"Tokens sent before --fault=close-mid-stream closes the connection." default:"1" env:"INFERA_ENGINE_FAULT_AFTER_TOKENS"`
+	FaultFactor      float64 `name:"fault-factor" help:"Step time multiplier of --fault=slow." default:"2" env:"INFERA_ENGINE_FAULT_FACTOR"`
+	FaultRate        float64 `name:"fault-rate" help:"Fraction (0,1] of requests hit by per-request faults (0 means 1)." default:"1" env:"INFERA_ENGINE_FAULT_RATE"`
+	FaultSeed        uint64  `name:"fault-seed" help:"Seed of the --fault-rate choice." default:"1" env:"INFERA_ENGINE_FAULT_SEED"`
+}
+
+// Config turns the flags into a server configuration, loading the tokenizer
+// and starting the KV event publisher when configured. The caller owns
+// cfg.Sink (Server.Close closes it).
+func (c *Cmd) Config() (Config, error) {
+	var models []string
+	for _, m := range c.Model {
+		for _, p := range strings.Split(m, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				models = append(models, p)
+			}
+		}
+	}
+	id := c.ID
+	if id == "" {
+		id = "engine-" + strconv.Itoa(c.Port)
+	}
+	tm := TimeModel{
+		PrefillBase: c.PrefillBase, PrefillPerToken: c.PrefillPerToken, PrefillPerSeq: c.PrefillPerSeq,
+		DecodeBase: c.DecodeBase, DecodePerSeq: c.DecodePerSeq, Speedup: c.Speedup,
+	}
+	if !(c.Speedup > 0) {
+		return Config{}, fmt.Errorf("--speedup must be positive, got %v", c.Speedup)
+	}
+	fault, err := Fault{Mode: c.Fault, Status: c.FaultStatus, AfterTokens: c.FaultAfterTokens,
+		Factor: c.FaultFactor, Rate: c.FaultRate, Seed: c.FaultSeed}.normalize()
+	if err != nil {
+		return Config{}, fmt.Errorf("invalid --fault flags: %w", err)
+	}
+	cfg := Config{
+		ID:     id,
+		Models: models,
+		Core: CoreConfig{
+			BlockSize: c.BlockSize, CapacityBlocks: c.KVCapacityBlocks,
+			MaxBatch: c.MaxBatch, MaxPrefillTokens: c.MaxPrefillTokens, Time: tm,
+		},
+		DefaultMaxTokens: c.DefaultMaxTokens,
+		Fault:            fault,
+	}
+	if c.Tokenizer != "" {
+		tok, err := loadTokenizer(c.Tokenizer)
+		if err != nil {
+			return Config{}, fmt.Errorf("cannot load tokenizer from %q: %w", c.Tokenizer, err)
+		}
+		cfg.Tokenizer = tok
+	}
+	if c.KVEventsEndpoint != "" {
+		sink, err := NewKVEventSink(KVEventsOptions{
+			Endpoint: c.KVEventsEndpoint, ReplayEndpoint: c.KVReplayEndpoint,
+			Layout: c.KVEventsLayout, Topic: c.KVEventsTopic,
+		})
+		if err != nil {
+			return Config{}, fmt.Errorf("cannot start KV event publisher: %w", err)
+		}
+		cfg.Sink = sink
+	}
+	return cfg, nil
+}
+
+// Run starts the engine and serves until SIGINT or SIGTERM.
+func (c *Cmd) Run() error {
+	cfg, err := c.Config()
+	if err != nil {
+		return err
+	}
+	srv, err := NewServer(cfg)
+	if err != nil {
+		if cfg.Sink != nil {
+			_ = cfg.Sink.Close()
+		}
+		return fmt.Errorf("cannot start engine: %w", err)
+	}
+	addr := net.JoinHostPort(c.Host, strconv.Itoa(c.Port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("cannot listen on %s: %w", addr, err)
+	}
+	slog.Info("infera engine listening", "addr", ln.Addr().String(), "id", cfg.ID, "models", cfg.Models,
+		"speedup", c.Speedup, "max_batch", c.MaxBatch, "kv_blocks", c.KVCapacityBlocks, "fault", cfg.Fault.Mode)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	select {
+	case err = <-errc:
+		_ = srv.Close()
+		return err
+	case s := <-sig:
+		slog.Info("infera engine stopping", "signal", s.String())
+	}
+	return srv.Close()
+}

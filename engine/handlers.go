@@ -1,0 +1,265 @@
+package engine
+
+import (
+	"net"
+	"strconv"
+	"time"
+
+	"encoding/json"
+	"github.com/valyala/fasthttp"
+)
+
+const headerEngineID = "X-Infera-Engine-Id"
+
+// Handler is the engine's fasthttp request handler.
+func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
+	ctx.Response.Header.Set(headerEngineID, s.cfg.ID)
+	path := string(ctx.Path())
+	switch path {
+	case "/v1/chat/completions", "/v1/completions":
+		if !ctx.IsPost() {
+			s.writeError(ctx, fasthttp.StatusMethodNotAllowed, "use POST", "invalid_request_error")
+			return
+		}
+		s.handleGenerate(ctx, path == "/v1/chat/completions")
+	case "/v1/models":
+		ctx.SetContentType("application/json")
+		ctx.SetBody(s.modelList)
+	case "/health":
+		ctx.SetContentType("application/json")
+		if s.currentFault().Mode == FaultHealthFail {
+			ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
+			ctx.SetBodyString(`{"status":"unhealthy"}`)
+			return
+		}
+		ctx.SetBodyString(`{"status":"ok"}`)
+	case "/admin/stats":
+		b, _ := json.Marshal(s.Stats())
+		ctx.SetContentType("application/json")
+		ctx.SetBody(b)
+	case "/metrics":
+		s.handleMetrics(ctx)
+	case "/admin/fault":
+		s.handleFault(ctx)
+	case "/admin/clear-cache", "/reset_prefix_cache":
+		if !ctx.IsPost() {
+			s.writeError(ctx, fasthttp.StatusMethodNotAllowed, "use POST", "invalid_request_error")
+			return
+		}
+		s.ClearCache()
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"status":"ok"}`)
+	default:
+		s.writeError(ctx, fasthttp.StatusNotFound, "unknown path "+strconv.Quote(path), "invalid_request_error")
+	}
+}
+
+func (s *Server) writeError(ctx *fasthttp.RequestCtx, status int, msg, typ string) {
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(appendError(nil, msg, typ))
+}
+
+func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
+	st := s.Stats()
+	id := strconv.Quote(st.ID)
+	id = id[1 : len(id)-1]
+	b := make([]byte, 0, 1024)
+	for _, m := range [...]struct {
+		name string
+		v    uint64
+	}{
+		{"requests_total", st.RequestsTotal},
+		{"bad_requests_total", st.BadRequests},
+		{"faults_injected_total", st.FaultsInjected},
+		{"hung_requests", uint64(st.Hung)},
+		{"active_requests", uint64(st.Active)},
+		{"running_requests", uint64(st.Running)},
+		{"queued_requests", uint64(st.Queued)},
+		{"completed_total", st.Completed},
+		{"aborted_total", st.Aborted},
+		{"generated_tokens_total", st.GeneratedTokens},
+		{"prompt_tokens_total", st.PromptTokens},
+		{"cached_prompt_tokens_total", st.CachedPromptTokens},
+		{"steps_total", st.Steps},
+		{"kv_blocks_used", uint64(st.CacheBlocksUsed)},
+		{"kv_blocks_cached", uint64(st.CacheBlocksCached)},
+		{"kv_blocks_capacity", uint64(st.CacheBlocksCap)},
+		{"kv_evictions_total", st.Evictions},
+	} {
+		b = appendPromMetric(b, m.name, id, m.v)
+	}
+	ctx.SetContentType("text/plain; version=0.0.4")
+	ctx.SetBody(b)
+}
+
+func (s *Server) handleFault(ctx *fasthttp.RequestCtx) {
+	ctx.SetContentType("application/json")
+	switch {
+	case ctx.IsGet():
+	case ctx.IsPost():
+		f, err := ParseFault(ctx.PostBody())
+		if err != nil {
+			s.writeError(ctx, fasthttp.StatusBadRequest, err.Error(), "invalid_request_error")
+			return
+		}
+		s.setFault(f)
+	default:
+		s.writeError(ctx, fasthttp.StatusMethodNotAllowed, "use GET or POST", "invalid_request_error")
+		return
+	}
+	b, _ := json.Marshal(s.currentFault().Fault)
+	ctx.SetBody(b)
+}
+
+func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
+	s.requests.Add(1)
+	sq := newSeq()
+	var (
+		g   genRequest
+		err error
+	)
+	if chat {
+		g, sq.req.Prompt, _, err = parseChat(ctx.PostBody(), s.tok, nil, nil)
+	} else {
+		g, sq.req.Prompt, err = parseCompletion(ctx.PostBody(), s.tok, nil)
+	}
+	if err != nil {
+		s.badRequests.Add(1)
+		s.writeError(ctx, fasthttp.StatusBadRequest, err.Error(), "invalid_request_error")
+		return
+	}
+	model := g.model
+	if model == "" {
+		model = s.cfg.Models[0]
+	}
+	modelJSON, ok := s.models[model]
+	if !ok {
+		s.badRequests.Add(1)
+		s.writeError(ctx, fasthttp.StatusNotFound, "The model `"+model+"` does not exist.", "invalid_request_error")
+		return
+	}
+	if len(sq.req.Prompt) == 0 {
+		s.badRequests.Add(1)
+		s.writeError(ctx, fasthttp.StatusBadRequest, "prompt encodes to zero tokens", "invalid_request_error")
+		return
+	}
+	sq.req.MaxTokens = g.maxTokens
+	if sq.req.MaxTokens == 0 {
+		sq.req.MaxTokens = s.cfg.DefaultMaxTokens
+	}
+
+	closeAfter := -1
+	if f := s.currentFault(); f.Mode == FaultError || f.Mode == FaultHang || f.Mode == FaultCloseMidStream {
+		if f.hits() {
+			s.faultsInjected.Add(1)
+			switch f.Mode {
+			case FaultError:
+				s.writeError(ctx, f.Status, "fault injection: engine error", "server_error")
+				return
+			case FaultHang:
+				if !s.hang(ctx, f) {
+					return // client left or shutdown
+				}
+			case FaultCloseMidStream:
+				closeAfter = f.AfterTokens
+			}
+		}
+	}
+
+	sq.everyToken = g.stream || closeAfter >= 0
+	if err := s.submit(sq); err != nil {
+		s.badRequests.Add(1)
+		s.writeError(ctx, fasthttp.StatusBadRequest, err.Error(), "invalid_request_error")
+		return
+	}
+
+	id := s.idBase + s.idSeq.Add(1)
+	idPrefix, object := "cmpl-", "text_completion"
+	if chat {
+		idPrefix, object = "chatcmpl-", "chat.completion"
+	}
+	created := time.Now().Unix()
+
+	if g.stream {
+		if chat {
+			object = "chat.completion.chunk"
+		}
+		t := &tokenStream{
+			srv: s, sq: sq, chat: chat,
+			head:         appendHead(nil, idPrefix, id, object, created, modelJSON),
+			includeUsage: g.includeUsage,
+			promptTokens: len(sq.req.Prompt),
+			closeAfter:   closeAfter,
+			conn:         ctx.Conn(),
+		}
+		ctx.SetContentType("text/event-stream")
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
+		ctx.Response.ImmediateHeaderFlush = true
+		ctx.SetBodyStream(t, -1)
+		return
+	}
+
+	// Non-streaming: wait for the end (or the close-mid-stream point),
+	// dropping the request if the client closes its connection meanwhile.
+	conn := ctx.Conn()
+	check := time.NewTicker(peerCheckInterval)
+	defer check.Stop()
+	for {
+		n := int(sq.tokens.Load())
+		if sq.done.Load() {
+			break
+		}
+		if closeAfter >= 0 && n >= closeAfter {
+			s.abort(sq)
+			ctx.HijackSetNoResponse(true)
+			ctx.Hijack(func(c net.Conn) { _ = c.Close() })
+			return
+		}
+		select {
+		case <-sq.notify:
+		case <-check.C:
+			if peerClosed(conn) {
+				s.abort(sq)
+				ctx.SetConnectionClose()
+				return
+			}
+		case <-s.stop:
+			s.abort(sq)
+			s.writeError(ctx, fasthttp.StatusServiceUnavailable, "engine shutting down", "server_error")
+			return
+		}
+	}
+	n := int(sq.tokens.Load())
+	head := appendHead(nil, idPrefix, id, object, created, modelJSON)
+	body := appendFullResponse(make([]byte, 0, 384+n*8), chat, head, n, len(sq.req.Prompt), sq.req.CachedTokens)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(body)
+}
+
+// hang holds a request without answering until the hang fault is replaced
+// (true: go on serving it) or the client goes away or the engine stops
+// (false: drop it).
+func (s *Server) hang(ctx *fasthttp.RequestCtx, f *faultState) bool {
+	s.hung.Add(1)
+	defer s.hung.Add(-1)
+	conn := ctx.Conn()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+		case <-s.stop:
+			ctx.SetConnectionClose()
+			return false
+		}
+		if s.currentFault() != f {
+			return true
+		}
+		if peerClosed(conn) {
+			ctx.HijackSetNoResponse(true)
+			ctx.Hijack(func(c net.Conn) { _ = c.Close() })
+			return false
+		}
+	}
+}

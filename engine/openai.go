@@ -1,0 +1,228 @@
+package engine
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+
+	"encoding/json"
+
+	"github.com/infera/infera/tokenizer"
+)
+
+// genRequest is what the engine needs from an OpenAI request.
+type genRequest struct {
+	chat         bool
+	model        string
+	stream       bool
+	includeUsage bool
+	maxTokens    int // 0: not given
+}
+
+type chatWire struct {
+	Model               string          `json:"model"`
+	Messages            []messageWire   `json:"messages"`
+	Tools               json.RawMessage `json:"tools"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *streamOptions  `json:"stream_options"`
+	MaxTokens           *int64          `json:"max_tokens"`
+	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
+}
+
+type completionWire struct {
+	Model         string          `json:"model"`
+	Prompt        json.RawMessage `json:"prompt"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *streamOptions  `json:"stream_options"`
+	MaxTokens     *int64          `json:"max_tokens"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type messageWire struct {
+	Role             string               `json:"role"`
+	Content          json.RawMessage      `json:"content"`
+	Name             string               `json:"name"`
+	ToolCallID       string               `json:"tool_call_id"`
+	ToolCalls        []tokenizer.ToolCall `json:"tool_calls"`
+	ReasoningContent string               `json:"reasoning_content"`
+}
+
+type contentPart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+// errBadRequest marks client errors (400).
+type badRequestError struct{ msg string }
+
+func (e *badRequestError) Error() string { return e.msg }
+
+func badRequest(format string, args ...any) error {
+	return &badRequestError{msg: fmt.Sprintf(format, args...)}
+}
+
+func isNull(b []byte) bool {
+	b = bytes.TrimSpace(b)
+	return len(b) == 0 || string(b) == "null"
+}
+
+func maxTokensOf(v ...*int64) (int, error) {
+	for _, p := range v {
+		if p == nil {
+			continue
+		}
+		if *p < 1 || *p > math.MaxInt32 {
+			return 0, badRequest("max_tokens must be in [1, %d], got %d", math.MaxInt32, *p)
+		}
+		return int(*p), nil
+	}
+	return 0, nil
+}
+
+// parseChat decodes a chat completion request and appends its prompt tokens
+// to dst. text is a scratch buffer for the rendered prompt.
+func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) (genRequest, []uint32, []byte, error) {
+	var w chatWire
+	if err := json.Unmarshal(body, &w); err != nil {
+		return genRequest{}, dst, text, badRequest("cannot parse chat completion request: %s", err)
+	}
+	if len(w.Messages) == 0 {
+		return genRequest{}, dst, text, badRequest("messages must be a non-empty array")
+	}
+	msgs := make([]tokenizer.Message, len(w.Messages))
+	for i := range w.Messages {
+		m := &w.Messages[i]
+		if m.Role == "" {
+			return genRequest{}, dst, text, badRequest("messages[%d].role is required", i)
+		}
+		content, err := flattenContent(m.Content)
+		if err != nil {
+			return genRequest{}, dst, text, badRequest("messages[%d].content: %s", i, err)
+		}
+		msgs[i] = tokenizer.Message{
+			Role: m.Role, Content: content, Name: m.Name, ToolCallID: m.ToolCallID,
+			ToolCalls: m.ToolCalls, ReasoningContent: m.ReasoningContent,
+		}
+	}
+	var tools []byte
+	if !isNull(w.Tools) {
+		tools = w.Tools
+	}
+	text, err := tok.RenderChat(text[:0], msgs, tools, true)
+	if err != nil {
+		return genRequest{}, dst, text, badRequest("cannot render chat prompt: %s", err)
+	}
+	dst = tok.Encode(dst, text)
+	mt, err := maxTokensOf(w.MaxCompletionTokens, w.MaxTokens)
+	if err != nil {
+		return genRequest{}, dst, text, err
+	}
+	g := genRequest{chat: true, model: w.Model, stream: w.Stream, maxTokens: mt}
+	if w.StreamOptions != nil {
+		g.includeUsage = w.StreamOptions.IncludeUsage
+	}
+	return g, dst, text, nil
+}
+
+// flattenContent turns a message content (string, null, or array of parts)
+// into text; only text parts contribute.
+func flattenContent(raw json.RawMessage) (string, error) {
+	if isNull(raw) {
+		return "", nil
+	}
+	b := bytes.TrimSpace(raw)
+	switch b[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return "", err
+		}
+		return s, nil
+	case '[':
+		var parts []contentPart
+		if err := json.Unmarshal(b, &parts); err != nil {
+			return "", err
+		}
+		var sb []byte
+		for _, p := range parts {
+			if p.Type == "text" || (p.Type == "" && p.Text != "") {
+				sb = append(sb, p.Text...)
+			}
+		}
+		return string(sb), nil
+	}
+	return "", errors.New("must be a string or an array of content parts")
+}
+
+// parseCompletion decodes a completion request and appends its prompt tokens
+// to dst.
+func parseCompletion(body []byte, tok tokenizer.Tokenizer, dst []uint32) (genRequest, []uint32, error) {
+	var w completionWire
+	if err := json.Unmarshal(body, &w); err != nil {
+		return genRequest{}, dst, badRequest("cannot parse completion request: %s", err)
+	}
+	if isNull(w.Prompt) {
+		return genRequest{}, dst, badRequest("prompt is required")
+	}
+	dst, err := promptTokens(dst, w.Prompt, tok, 0)
+	if err != nil {
+		return genRequest{}, dst, err
+	}
+	mt, err := maxTokensOf(w.MaxTokens)
+	if err != nil {
+		return genRequest{}, dst, err
+	}
+	g := genRequest{model: w.Model, stream: w.Stream, maxTokens: mt}
+	if w.StreamOptions != nil {
+		g.includeUsage = w.StreamOptions.IncludeUsage
+	}
+	return g, dst, nil
+}
+
+// promptTokens handles "text", ["text", ...] (first used), [1,2,3] and
+// [[1,2,3], ...] (first used).
+func promptTokens(dst []uint32, raw json.RawMessage, tok tokenizer.Tokenizer, depth int) ([]uint32, error) {
+	b := bytes.TrimSpace(raw)
+	if len(b) == 0 {
+		return dst, badRequest("prompt is required")
+	}
+	switch b[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return dst, badRequest("cannot parse prompt: %s", err)
+		}
+		return tok.Encode(dst, []byte(s)), nil
+	case '[':
+		var items []json.RawMessage
+		if err := json.Unmarshal(b, &items); err != nil {
+			return dst, badRequest("cannot parse prompt: %s", err)
+		}
+		if len(items) == 0 {
+			return dst, badRequest("prompt must not be empty")
+		}
+		first := bytes.TrimSpace(items[0])
+		if len(first) > 0 && (first[0] == '"' || first[0] == '[') {
+			if depth > 0 {
+				return dst, badRequest("prompt nests too deeply")
+			}
+			return promptTokens(dst, first, tok, depth+1)
+		}
+		for i, it := range items {
+			var v int64
+			if err := json.Unmarshal(it, &v); err != nil {
+				return dst, badRequest("prompt[%d] must be a token id: %s", i, err)
+			}
+			if v < 0 || v > math.MaxUint32 {
+				return dst, badRequest("prompt[%d] token id %d out of range", i, v)
+			}
+			dst = append(dst, uint32(v))
+		}
+		return dst, nil
+	}
+	return dst, badRequest("prompt must be a string, an array of strings or an array of token ids")
+}

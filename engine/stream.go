@@ -1,0 +1,186 @@
+package engine
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync/atomic"
+	"time"
+)
+
+// peerCheckInterval is how often a request that has nothing to write looks
+// whether its client closed the connection.
+const peerCheckInterval = 100 * time.Millisecond
+
+// seq is the server side of one request in the Core.
+type seq struct {
+	req    Request
+	notify chan struct{} // cap 1; poked by the scheduler on every event
+	tokens atomic.Int32  // tokens generated so far
+	done   atomic.Bool   // finished normally (stored after tokens)
+	ended  atomic.Bool   // finished or aborted: the Core no longer holds req
+	// everyToken asks for a poke on every token, not just the last one.
+	everyToken bool
+}
+
+func newSeq() *seq {
+	s := &seq{notify: make(chan struct{}, 1)}
+	s.req.Tag = s
+	return s
+}
+
+func (s *seq) poke() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+var errInjectedClose = errors.New("fault injection: connection closed mid-stream")
+
+// tokenStream is the SSE body of a streaming response. fasthttp reads it from
+// the connection's goroutine and writes each Read as one flushed chunk; a
+// failed write (client gone) ends in CloseWithError, which aborts the
+// sequence. It renders chunks into one reused buffer.
+type tokenStream struct {
+	srv  *Server
+	sq   *seq
+	chat bool
+	head []byte // `{"id":...,"model":...,` shared by every chunk
+
+	includeUsage bool
+	promptTokens int
+
+	closeAfter int      // -1: no close-mid-stream fault
+	conn       net.Conn // closed by the close-mid-stream fault
+
+	sent    int // tokens rendered
+	buf     []byte
+	pending []byte
+	eof     bool
+	closed  bool
+	idle    *time.Timer // peer-close checks before the first token
+}
+
+func (t *tokenStream) Read(p []byte) (int, error) {
+	for len(t.pending) == 0 {
+		if t.eof {
+			return 0, io.EOF
+		}
+		if t.closeAfter >= 0 && t.sent >= t.closeAfter {
+			t.srv.abort(t.sq)
+			t.closed = true
+			if t.conn != nil {
+				_ = t.conn.Close()
+			}
+			return 0, errInjectedClose
+		}
+		done := t.sq.done.Load()
+		n := int(t.sq.tokens.Load())
+		if t.closeAfter >= 0 && n > t.closeAfter {
+			n = t.closeAfter
+		}
+		if n > t.sent {
+			t.render(n, done)
+			continue
+		}
+		if done {
+			t.render(n, true)
+			continue
+		}
+		if t.sq.ended.Load() { // aborted elsewhere (shutdown)
+			return 0, errors.New("generation aborted")
+		}
+		if t.sent > 0 {
+			// Tokens flow: a gone client shows up as a write error.
+			select {
+			case <-t.sq.notify:
+			case <-t.srv.stop:
+				t.srv.abort(t.sq)
+				return 0, errors.New("engine shutting down")
+			}
+			continue
+		}
+		// Queued or prefilling: nothing is written, so look at the socket.
+		if t.idle == nil {
+			t.idle = time.NewTimer(peerCheckInterval)
+		} else {
+			t.idle.Reset(peerCheckInterval)
+		}
+		select {
+		case <-t.sq.notify:
+			t.idle.Stop()
+		case <-t.idle.C:
+			if t.conn != nil && peerClosed(t.conn) {
+				t.srv.abort(t.sq)
+				return 0, errors.New("client went away before the first token")
+			}
+		case <-t.srv.stop:
+			t.idle.Stop()
+			t.srv.abort(t.sq)
+			return 0, errors.New("engine shutting down")
+		}
+	}
+	n := copy(p, t.pending)
+	t.pending = t.pending[n:]
+	return n, nil
+}
+
+// render prepares the chunks of tokens t.sent..n and, when final, the
+// closing chunks.
+func (t *tokenStream) render(n int, final bool) {
+	b := t.buf[:0]
+	if t.sent == 0 && n > 0 && t.chat {
+		b = append(b, "data: "...)
+		b = append(b, t.head...)
+		b = append(b, chatRoleChunk...)
+	}
+	prefix, suffix := cmplTokenPrefix, cmplTokenSuffix
+	if t.chat {
+		prefix, suffix = chatTokenPrefix, chatTokenSuffix
+	}
+	for i := t.sent; i < n; i++ {
+		b = append(b, "data: "...)
+		b = append(b, t.head...)
+		b = append(b, prefix...)
+		b = append(b, fillerWords[i%len(fillerWords)]...)
+		b = append(b, suffix...)
+	}
+	t.sent = n
+	if final {
+		b = append(b, "data: "...)
+		b = append(b, t.head...)
+		if t.chat {
+			b = append(b, chatFinalChunk...)
+		} else {
+			b = append(b, cmplFinalChunk...)
+		}
+		if t.includeUsage {
+			b = append(b, "data: "...)
+			b = append(b, t.head...)
+			b = append(b, usagePrefix...)
+			b = appendUsage(b, t.promptTokens, n, t.sq.req.CachedTokens)
+			b = append(b, "}\n\n"...)
+		}
+		b = append(b, doneChunk...)
+		t.eof = true
+	}
+	t.buf = b
+	t.pending = b
+}
+
+// CloseWithError implements fasthttp.ReadCloserWithError: fasthttp calls it
+// when the response ends, with the write error if the client went away.
+func (t *tokenStream) CloseWithError(err error) error {
+	if t.closed {
+		return nil
+	}
+	t.closed = true
+	if t.idle != nil {
+		t.idle.Stop()
+	}
+	if !t.sq.done.Load() {
+		t.srv.abort(t.sq)
+	}
+	return nil
+}
