@@ -43,6 +43,13 @@ func TestServeFlagPrecedence(t *testing.T) {
 	if f.RequestMaxRetries != 4 || f.BreakerCooldownS != 7.5 || f.NatsReqIdleTimeout != 30*time.Second || f.NatsURL != "nats://127.0.0.1:4222" {
 		t.Fatalf("env: %+v", f)
 	}
+	t.Setenv("INFERA_K8S_LABEL_SELECTOR", "app=x")
+	if f := parseServe(t); f.K8sLabelSelector != "app=x" {
+		t.Fatalf("k8s selector env: %q", f.K8sLabelSelector)
+	}
+	if f := parseServe(t, "--k8s-label-selector", "app=y"); f.K8sLabelSelector != "app=y" {
+		t.Fatalf("k8s selector flag: %q", f.K8sLabelSelector)
+	}
 	f = parseServe(t, "--request-max-retries", "0")
 	if f.RequestMaxRetries != 0 {
 		t.Fatalf("flag must beat env: %d", f.RequestMaxRetries)

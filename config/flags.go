@@ -22,7 +22,7 @@ type Serve struct {
 	Workers          []string `help:"Static workers: URL or id=URL, comma-separated (with --discovery-backend static)." env:"INFERA_WORKERS" sep:","`
 	WorkerModel      []string `help:"Models served by static workers given by --workers (default: asked from each worker's /v1/models)." env:"INFERA_WORKER_MODEL" sep:","`
 	EtcdEndpoint     string   `help:"etcd endpoint(s), comma-separated host:port." default:"127.0.0.1:2379" env:"INFERA_ETCD_ENDPOINT"`
-	K8sLabelSelector string   `help:"Pod label selector for --discovery-backend kubernetes." default:"app.kubernetes.io/component=infera-worker" env:"INFERA_K8S_LABEL_SELECTOR"`
+	K8sLabelSelector string   `name:"k8s-label-selector" help:"Pod label selector for --discovery-backend kubernetes." default:"app.kubernetes.io/component=infera-worker" env:"INFERA_K8S_LABEL_SELECTOR"`
 
 	RequestTransport string `help:"How requests reach workers: http or nats (the production default is nats)." default:"http" enum:"http,nats" env:"INFERA_REQUEST_TRANSPORT"`
 	KVEventTransport string `help:"How KV events flow: zmq or nats (the production default is nats)." default:"zmq" enum:"zmq,nats" env:"INFERA_KV_EVENT_TRANSPORT"`
