@@ -2,11 +2,11 @@
 GO       ?= go
 BIN      := bin/infera
 PKGS     := ./...
-RACEPKGS := ./config/... ./proxy/... ./sched/... ./radix/... ./kv/...
+RACEPKGS := ./config/... ./proxy/... ./sched/... ./radix/... ./kv/... ./tokenizer/... ./jinja/...
 TOKDIR   := testdata/tokenizers/qwen3
 APT_PKGS := libzmq3-dev pkg-config etcd-server nats-server redis-server nginx-light wrk
 
-.PHONY: all deps deps-apt tokenizer build test test-race bench bench-proxy demo fmt vet fuzz clean
+.PHONY: all deps deps-apt tokenizer tokref build test test-race bench bench-proxy demo fmt vet fuzz clean
 
 all: build
 
@@ -33,6 +33,10 @@ tokenizer: $(TOKDIR)/tokenizer.json
 $(TOKDIR)/tokenizer.json:
 	bash scripts/fetch-tokenizer.sh $(TOKDIR)
 
+## tokref: regenerate the tokenizer/jinja reference outputs (Node 20 + npm)
+tokref:
+	cd scripts/tokref && npm ci --no-audit --no-fund && node gen.mjs
+
 build:
 	$(GO) build -o $(BIN) .
 
@@ -53,6 +57,9 @@ vet:
 ## fuzz: a short run of every fuzz target
 fuzz:
 	$(GO) test -run XXX -fuzz FuzzParseBody -fuzztime 30s ./proxy/
+	$(GO) test -run XXX -fuzz FuzzTemplate -fuzztime 30s ./jinja/
+	$(GO) test -run XXX -fuzz FuzzSplitWords -fuzztime 15s ./tokenizer/
+	$(GO) test -run XXX -fuzz FuzzEncode -fuzztime 15s ./tokenizer/
 
 bench:
 	$(GO) test -run XXX -bench . -benchmem -benchtime 2s ./proxy/ ./sched/ ./radix/ ./kv/ ./tokenizer/

@@ -13,6 +13,7 @@ import (
 
 	"github.com/alecthomas/kong"
 	"github.com/infera/infera/engine"
+	"github.com/infera/infera/tokenizer"
 )
 
 var version = "dev"
@@ -33,9 +34,10 @@ func (versionCmd) Run() error {
 }
 
 var cli struct {
-	Serve   serveCmd   `cmd:"" help:"Run the router in front of a fleet of inference engines."`
-	Engine  engine.Cmd `cmd:"" help:"Run a simulated OpenAI-compatible inference engine."`
-	Version versionCmd `cmd:"" help:"Print the version."`
+	Serve    serveCmd      `cmd:"" help:"Run the router in front of a fleet of inference engines."`
+	Engine   engine.Cmd    `cmd:"" help:"Run a simulated OpenAI-compatible inference engine."`
+	Tokenize tokenizer.Cmd `cmd:"" help:"Print the token ids of stdin (debugging the router's tokenizer)."`
+	Version  versionCmd    `cmd:"" help:"Print the version."`
 }
 
 func main() {

@@ -1,0 +1,26 @@
+// Package jinja renders the Jinja2 subset that Hugging Face chat templates
+// use (tokenizer_config.json's chat_template).
+//
+// Semantics follow @huggingface/jinja, the reference renderer for chat
+// templates, rather than Python's Jinja2 wherever the two differ, so that
+// rendered prompts are byte-identical to it. The notable differences from
+// Python Jinja2, all deliberate:
+//
+//   - The template is preprocessed as transformers does (trim_blocks and
+//     lstrip_blocks on, one trailing newline removed).
+//   - None and undefined values print as nothing; booleans print as
+//     "true"/"false"; floats with an integral value print as "1.0".
+//   - str.strip/lstrip/rstrip ignore their argument and strip whitespace.
+//   - Arrays and objects print as JSON (tojson without indent).
+//   - A break or continue discards the output of the current iteration.
+//   - Object key order is insertion order (array-index-like keys first, as in
+//     JavaScript objects).
+//
+// The package owns parsing, evaluation and value conversion. It knows nothing
+// about tokenizers or chat messages: callers pass variables as Values.
+//
+// Templates are immutable after Parse and safe for concurrent Render calls.
+// Bad templates and bad input return errors; evaluation is bounded in
+// recursion depth, steps and output size so hostile templates cannot hang or
+// crash the process.
+package jinja

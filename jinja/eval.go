@@ -1,0 +1,1185 @@
+package jinja
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Template is a parsed template. It is immutable and safe for concurrent use.
+type Template struct {
+	body []node
+	opts Options
+}
+
+// Options tunes rendering. The zero value matches @huggingface/jinja.
+type Options struct {
+	// PythonStrip makes str.strip/lstrip/rstrip honour their chars argument
+	// as Python does. @huggingface/jinja ignores the argument and strips
+	// whitespace, which is the default here.
+	PythonStrip bool
+	// MaxOutput bounds the rendered output and every intermediate string,
+	// in bytes. Zero means 16 MiB.
+	MaxOutput int
+	// MaxSteps bounds the number of evaluated nodes. Zero means 10 million.
+	MaxSteps int
+	// Now returns the time for strftime_now. Nil means time.Now.
+	Now func() time.Time
+}
+
+// Parse parses a template with default options.
+func Parse(src string) (*Template, error) { return ParseWithOptions(src, Options{}) }
+
+// ParseWithOptions parses a template.
+func ParseWithOptions(src string, opts Options) (*Template, error) {
+	toks, err := tokenize(src)
+	if err != nil {
+		return nil, fmt.Errorf("cannot tokenize template: %w", err)
+	}
+	body, err := parse(toks)
+	if err != nil {
+		return nil, fmt.Errorf("cannot parse template: %w", err)
+	}
+	if opts.MaxOutput <= 0 || opts.MaxOutput > 32<<20 {
+		opts.MaxOutput = min(max(opts.MaxOutput, 16<<20), 32<<20)
+	}
+	if opts.MaxSteps <= 0 {
+		opts.MaxSteps = 10_000_000
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Template{body: body, opts: opts}, nil
+}
+
+// Error is a template runtime error, including raise_exception.
+type Error struct{ Msg string }
+
+func (e *Error) Error() string { return e.Msg }
+
+func errorf(format string, args ...any) error { return &Error{Msg: fmt.Sprintf(format, args...)} }
+
+var (
+	errBreak    = errors.New("break outside loop")
+	errContinue = errors.New("continue outside loop")
+)
+
+const maxCallDepth = 64
+
+type state struct {
+	opts   *Options
+	steps  int
+	depth  int
+	strBud int // bytes that string-building operations may still allocate
+}
+
+func (st *state) step() error {
+	st.steps++
+	if st.steps > st.opts.MaxSteps {
+		return errorf("template exceeded %d evaluation steps", st.opts.MaxSteps)
+	}
+	return nil
+}
+
+// charge counts n units of work against the step budget.
+func (st *state) charge(n int) error {
+	st.steps += n
+	if st.steps > st.opts.MaxSteps {
+		return errorf("template exceeded %d evaluation steps", st.opts.MaxSteps)
+	}
+	return nil
+}
+
+// spend charges n bytes of string building to the budget.
+func (st *state) spend(n int) error {
+	if n > st.opts.MaxOutput {
+		return errorf("template string exceeds %d bytes", st.opts.MaxOutput)
+	}
+	st.strBud -= n
+	if st.strBud < 0 {
+		return errorf("template built more than %d bytes of strings", 16*st.opts.MaxOutput)
+	}
+	return nil
+}
+
+type env struct {
+	parent *env
+	names  []string
+	vals   []Value
+}
+
+func (e *env) lookup(name string) Value {
+	for s := e; s != nil; s = s.parent {
+		for i := len(s.names) - 1; i >= 0; i-- {
+			if s.names[i] == name {
+				return s.vals[i]
+			}
+		}
+	}
+	return Value{}
+}
+
+func (e *env) set(name string, v Value) {
+	for i := range e.names {
+		if e.names[i] == name {
+			e.vals[i] = v
+			return
+		}
+	}
+	e.names = append(e.names, name)
+	e.vals = append(e.vals, v)
+}
+
+// Render appends the template rendered with vars (which may be nil) to dst.
+func (t *Template) Render(dst []byte, vars *Object) ([]byte, error) {
+	st := &state{opts: &t.opts, strBud: 16 * t.opts.MaxOutput}
+	root := &env{parent: globals}
+	if vars != nil {
+		root.names = append(make([]string, 0, vars.Len()+4), vars.keys...)
+		root.vals = append(make([]Value, 0, vars.Len()+4), vars.vals...)
+	}
+	start := len(dst)
+	out, err := st.block(dst, t.body, root)
+	if err != nil {
+		if errors.Is(err, errBreak) || errors.Is(err, errContinue) {
+			err = errorf("%v", err)
+		}
+		return dst[:start], err
+	}
+	return out, nil
+}
+
+func (st *state) block(dst []byte, body []node, e *env) ([]byte, error) {
+	start := len(dst)
+	for _, n := range body {
+		var err error
+		if dst, err = st.stmt(dst, n, e); err != nil {
+			return dst, err
+		}
+		if len(dst)-start > st.opts.MaxOutput {
+			return dst, errorf("template output exceeds %d bytes", st.opts.MaxOutput)
+		}
+	}
+	return dst, nil
+}
+
+func (st *state) blockString(body []node, e *env) (string, error) {
+	b, err := st.block(nil, body, e)
+	if err != nil {
+		return "", err
+	}
+	if err := st.spend(len(b)); err != nil {
+		return "", err
+	}
+	return string(b), nil
+}
+
+func (st *state) stmt(dst []byte, n node, e *env) ([]byte, error) {
+	if err := st.step(); err != nil {
+		return dst, err
+	}
+	switch n := n.(type) {
+	case *textNode:
+		return append(dst, n.s...), nil
+	case *commentNode, *macroNode, *setNode:
+		_, err := st.eval(n, e)
+		return dst, err
+	case *ifNode:
+		test, err := st.eval(n.test, e)
+		if err != nil {
+			return dst, err
+		}
+		if test.Truth() {
+			return st.block(dst, n.body, e)
+		}
+		return st.block(dst, n.alt, e)
+	case *forNode:
+		return st.forLoop(dst, n, e)
+	case *breakNode:
+		return dst, errBreak
+	case *continueNode:
+		return dst, errContinue
+	}
+	v, err := st.eval(n, e)
+	if err != nil {
+		return dst, err
+	}
+	switch v.kind {
+	case KindNull, KindUndefined:
+		return dst, nil
+	case KindArray, KindTuple, KindObject, KindKwargs, KindNamespace:
+		if err := checkJSON(v, 0); err != nil {
+			return dst, err
+		}
+	}
+	return appendString(dst, v), nil
+}
+
+func (st *state) eval(n node, e *env) (Value, error) {
+	if err := st.step(); err != nil {
+		return Value{}, err
+	}
+	switch n := n.(type) {
+	case nil:
+		return Value{}, nil
+	case *textNode:
+		return String(n.s), nil
+	case *strLit:
+		return String(n.s), nil
+	case *intLit:
+		return Value{kind: KindInt, num: n.v}, nil
+	case *floatLit:
+		return Value{kind: KindFloat, num: n.v}, nil
+	case *commentNode:
+		return Null(), nil
+	case *ident:
+		return e.lookup(n.name), nil
+	case *arrayLit, *tupleLit:
+		var src []node
+		kind := KindArray
+		if a, ok := n.(*arrayLit); ok {
+			src = a.items
+		} else {
+			src, kind = n.(*tupleLit).items, KindTuple
+		}
+		items := make([]Value, len(src))
+		for i, x := range src {
+			v, err := st.eval(x, e)
+			if err != nil {
+				return Value{}, err
+			}
+			items[i] = v
+		}
+		return Value{kind: kind, arr: &arrayData{items: items}}, nil
+	case *objectLit:
+		o := NewObject(len(n.keys))
+		for i := range n.keys {
+			k, err := st.eval(n.keys[i], e)
+			if err != nil {
+				return Value{}, err
+			}
+			if k.kind != KindString {
+				return Value{}, errorf("object keys must be strings: got %s", k.kind)
+			}
+			v, err := st.eval(n.vals[i], e)
+			if err != nil {
+				return Value{}, err
+			}
+			o.Set(k.str, v)
+		}
+		return ObjectValue(o), nil
+	case *memberExpr:
+		return st.member(n, e)
+	case *callExpr:
+		return st.call(n, e)
+	case *unaryExpr:
+		return st.unary(n, e)
+	case *binaryExpr:
+		return st.binary(n, e)
+	case *filterExpr:
+		operand, err := st.eval(n.operand, e)
+		if err != nil {
+			return Value{}, err
+		}
+		return st.applyFilter(operand, n.filter, e)
+	case *testExpr:
+		operand, err := st.eval(n.operand, e)
+		if err != nil {
+			return Value{}, err
+		}
+		test, ok := tests[n.test]
+		if !ok {
+			return Value{}, errorf("unknown test: %s", n.test)
+		}
+		r, err := test(operand, Value{})
+		if err != nil {
+			return Value{}, err
+		}
+		return Bool(r != n.negate), nil
+	case *selectExpr:
+		pred, err := st.eval(n.test, e)
+		if err != nil {
+			return Value{}, err
+		}
+		if !pred.Truth() {
+			return Value{}, nil
+		}
+		return st.eval(n.lhs, e)
+	case *ternary:
+		c, err := st.eval(n.cond, e)
+		if err != nil {
+			return Value{}, err
+		}
+		if c.Truth() {
+			return st.eval(n.trueExpr, e)
+		}
+		return st.eval(n.falseExpr, e)
+	case *setNode:
+		return Null(), st.set(n, e)
+	case *macroNode:
+		e.set(n.name, st.macroFunc(n))
+		return Null(), nil
+	case *callStmt:
+		return st.callStatement(n, e)
+	case *filterStmt:
+		s, err := st.blockString(n.body, e)
+		if err != nil {
+			return Value{}, err
+		}
+		return st.applyFilter(String(s), n.filter, e)
+	case *ifNode, *forNode:
+		s, err := st.block(nil, []node{n}, e)
+		if err != nil {
+			return Value{}, err
+		}
+		return String(string(s)), nil
+	case *breakNode:
+		return Value{}, errBreak
+	case *continueNode:
+		return Value{}, errContinue
+	case *sliceExpr, *kwArg, *spreadExpr, *kwSpreadExpr:
+		return Value{}, errorf("unexpected %T outside a call", n)
+	}
+	return Value{}, errorf("unknown node type %T", n)
+}
+
+func (st *state) set(n *setNode, e *env) error {
+	var rhs Value
+	var err error
+	if n.value != nil {
+		rhs, err = st.eval(n.value, e)
+	} else {
+		var s string
+		s, err = st.blockString(n.body, e)
+		rhs = String(s)
+	}
+	if err != nil {
+		return err
+	}
+	switch t := n.target.(type) {
+	case *ident:
+		e.set(t.name, rhs)
+	case *tupleLit:
+		if !rhs.isArray() {
+			return errorf("cannot unpack non-iterable type in set: %s", rhs.kind)
+		}
+		if len(rhs.arr.items) != len(t.items) {
+			return errorf("wrong number of items to unpack in set")
+		}
+		for i, it := range t.items {
+			id, ok := it.(*ident)
+			if !ok {
+				return errorf("cannot unpack to non-identifier in set")
+			}
+			e.set(id.name, rhs.arr.items[i])
+		}
+	case *memberExpr:
+		obj, err := st.eval(t.object, e)
+		if err != nil {
+			return err
+		}
+		if obj.kind != KindNamespace {
+			return errorf("cannot assign attribute on non-namespace object")
+		}
+		id, ok := t.property.(*ident)
+		if !ok || t.computed {
+			return errorf("cannot assign to member with non-identifier property")
+		}
+		obj.obj.Set(id.name, rhs)
+	default:
+		return errorf("invalid left-hand side in set")
+	}
+	return nil
+}
+
+func (st *state) forLoop(dst []byte, n *forNode, e *env) ([]byte, error) {
+	scope := &env{parent: e}
+	var test node
+	var iterable Value
+	var err error
+	if sel, ok := n.iterable.(*selectExpr); ok {
+		iterable, err = st.eval(sel.lhs, scope)
+		test = sel.test
+	} else {
+		iterable, err = st.eval(n.iterable, scope)
+	}
+	if err != nil {
+		return dst, err
+	}
+	var items []Value
+	switch {
+	case iterable.isArray():
+		items = iterable.arr.items
+	case iterable.isObject():
+		items = make([]Value, len(iterable.obj.keys))
+		for i, k := range iterable.obj.keys {
+			items[i] = String(k)
+		}
+	default:
+		return dst, errorf("expected iterable or object type in for loop: got %s", iterable.kind)
+	}
+	bind := func(s *env, cur Value) error {
+		switch lv := n.loopvar.(type) {
+		case *ident:
+			s.set(lv.name, cur)
+		case *tupleLit:
+			if cur.kind != KindArray {
+				return errorf("cannot unpack non-iterable type: %s", cur.kind)
+			}
+			if len(lv.items) != len(cur.arr.items) {
+				return errorf("wrong number of items to unpack")
+			}
+			for j, it := range lv.items {
+				id, ok := it.(*ident)
+				if !ok {
+					return errorf("cannot unpack non-identifier type")
+				}
+				s.set(id.name, cur.arr.items[j])
+			}
+		}
+		return nil
+	}
+	if test != nil {
+		kept := make([]Value, 0, len(items))
+		for _, cur := range items {
+			ls := &env{parent: scope}
+			if err := bind(ls, cur); err != nil {
+				return dst, err
+			}
+			tv, err := st.eval(test, ls)
+			if err != nil {
+				return dst, err
+			}
+			if tv.Truth() {
+				kept = append(kept, cur)
+			}
+		}
+		items = kept
+	}
+	noIteration := true
+	var loop *Object
+	for i, cur := range items {
+		if err := st.step(); err != nil {
+			return dst, err
+		}
+		prev, next := Value{}, Value{}
+		if i > 0 {
+			prev = items[i-1]
+		}
+		if i < len(items)-1 {
+			next = items[i+1]
+		}
+		// A fresh loop object per iteration: templates may keep references.
+		loop = &Object{
+			keys: loopKeys,
+			vals: []Value{Int(int64(i + 1)), Int(int64(i)), Int(int64(len(items) - i)), Int(int64(len(items) - i - 1)),
+				Bool(i == 0), Bool(i == len(items)-1), Int(int64(len(items))), prev, next},
+		}
+		scope.set("loop", ObjectValue(loop))
+		if err := bind(scope, cur); err != nil {
+			return dst, err
+		}
+		mark := len(dst)
+		dst, err = st.block(dst, n.body, scope)
+		if err != nil {
+			dst = dst[:mark] // the reference discards a broken iteration's output
+			if errors.Is(err, errContinue) {
+				continue
+			}
+			if errors.Is(err, errBreak) {
+				break
+			}
+			return dst, err
+		}
+		noIteration = false
+	}
+	if noIteration {
+		return st.block(dst, n.elseBody, scope)
+	}
+	return dst, nil
+}
+
+var loopKeys = []string{"index", "index0", "revindex", "revindex0", "first", "last", "length", "previtem", "nextitem"}
+
+func (st *state) member(n *memberExpr, e *env) (Value, error) {
+	obj, err := st.eval(n.object, e)
+	if err != nil {
+		return Value{}, err
+	}
+	var prop Value
+	switch {
+	case n.computed:
+		if s, ok := n.property.(*sliceExpr); ok {
+			return st.slice(obj, s, e)
+		}
+		if prop, err = st.eval(n.property, e); err != nil {
+			return Value{}, err
+		}
+	default:
+		switch p := n.property.(type) {
+		case *intLit:
+			prop = Value{kind: KindInt, num: p.v}
+		case *ident:
+			prop = String(p.name)
+		}
+	}
+	if obj.kind == KindString {
+		if err := st.charge(len(obj.str) / 8); err != nil {
+			return Value{}, err
+		}
+	}
+	return getMember(obj, prop, &st.opts.PythonStrip)
+}
+
+func getMember(obj, prop Value, pyStrip *bool) (Value, error) {
+	switch {
+	case obj.isAttrContainer():
+		if prop.kind != KindString {
+			return Value{}, errorf("cannot access property with non-string: got %s", prop.kind)
+		}
+		if v, ok := obj.obj.Get(prop.str); ok {
+			return v, nil
+		}
+		if obj.kind != KindNamespace {
+			return builtin(obj, prop.str, pyStrip), nil
+		}
+		return Value{}, nil
+	case obj.isArray() || obj.kind == KindString:
+		switch prop.kind {
+		case KindInt:
+			i := int(prop.num)
+			if obj.kind == KindString {
+				rs := []rune(obj.str)
+				if i < 0 {
+					i += len(rs)
+				}
+				if i < 0 || i >= len(rs) {
+					return Value{}, nil
+				}
+				return String(string(rs[i])), nil
+			}
+			items := obj.arr.items
+			if i < 0 {
+				i += len(items)
+			}
+			if i < 0 || i >= len(items) {
+				return Value{}, nil
+			}
+			return items[i], nil
+		case KindString:
+			return builtin(obj, prop.str, pyStrip), nil
+		}
+		return Value{}, errorf("cannot access property with non-string/non-number: got %s", prop.kind)
+	}
+	if prop.kind != KindString {
+		return Value{}, errorf("cannot access property with non-string: got %s", prop.kind)
+	}
+	return Value{}, nil
+}
+
+func (st *state) slice(obj Value, s *sliceExpr, e *env) (Value, error) {
+	if !obj.isArray() && obj.kind != KindString {
+		return Value{}, errorf("slice object must be an array or string")
+	}
+	if err := st.charge(len(obj.Items()) + len(obj.str)/8); err != nil {
+		return Value{}, err
+	}
+	var bounds [3]Value
+	for i, x := range []node{s.start, s.stop, s.step} {
+		v, err := st.eval(x, e)
+		if err != nil {
+			return Value{}, err
+		}
+		if v.kind != KindInt && v.kind != KindUndefined {
+			return Value{}, errorf("slice bounds must be integers or undefined")
+		}
+		bounds[i] = v
+	}
+	if obj.isArray() {
+		idx := sliceIndexes(len(obj.arr.items), bounds)
+		out := make([]Value, len(idx))
+		for i, j := range idx {
+			out[i] = obj.arr.items[j]
+		}
+		return Array(out...), nil
+	}
+	rs := []rune(obj.str)
+	idx := sliceIndexes(len(rs), bounds)
+	out := make([]rune, len(idx))
+	for i, j := range idx {
+		out[i] = rs[j]
+	}
+	return String(string(out)), nil
+}
+
+// sliceIndexes ports @huggingface/jinja's slice helper.
+func sliceIndexes(n int, b [3]Value) []int {
+	step := 1
+	if b[2].kind == KindInt {
+		step = int(b[2].num)
+	}
+	var start, stop int
+	if step >= 0 {
+		start, stop = 0, n
+		if b[0].kind == KindInt {
+			start = int(b[0].num)
+			if start < 0 {
+				start = max(n+start, 0)
+			} else {
+				start = min(start, n)
+			}
+		}
+		if b[1].kind == KindInt {
+			stop = int(b[1].num)
+			if stop < 0 {
+				stop = max(n+stop, 0)
+			} else {
+				stop = min(stop, n)
+			}
+		}
+	} else {
+		start, stop = n-1, -1
+		if b[0].kind == KindInt {
+			start = int(b[0].num)
+			if start < 0 {
+				start = max(n+start, -1)
+			} else {
+				start = min(start, n-1)
+			}
+		}
+		if b[1].kind == KindInt {
+			stop = int(b[1].num)
+			if stop < -1 {
+				stop = max(n+stop, -1)
+			} else {
+				stop = min(stop, n-1)
+			}
+		}
+	}
+	var out []int
+	switch {
+	case step > 0:
+		for i := start; i < stop; i += step {
+			out = append(out, i)
+		}
+	case step < 0:
+		for i := start; i > stop; i += step {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func (st *state) args(nodes []node, e *env) ([]Value, *Object, error) {
+	var pos []Value
+	var kw *Object
+	for _, a := range nodes {
+		switch a := a.(type) {
+		case *spreadExpr:
+			v, err := st.eval(a.arg, e)
+			if err != nil {
+				return nil, nil, err
+			}
+			if !v.isArray() {
+				return nil, nil, errorf("cannot unpack non-iterable type: %s", v.kind)
+			}
+			pos = append(pos, v.arr.items...)
+		case *kwArg, *kwSpreadExpr:
+		default:
+			v, err := st.eval(a, e)
+			if err != nil {
+				return nil, nil, err
+			}
+			pos = append(pos, v)
+		}
+	}
+	add := func(k string, v Value) error {
+		if kw == nil {
+			kw = NewObject(2)
+		}
+		if _, dup := kw.Get(k); dup {
+			return errorf("got multiple values for keyword argument '%s'", k)
+		}
+		kw.Set(k, v)
+		return nil
+	}
+	for _, a := range nodes {
+		switch a := a.(type) {
+		case *kwArg:
+			v, err := st.eval(a.value, e)
+			if err != nil {
+				return nil, nil, err
+			}
+			if err := add(a.key, v); err != nil {
+				return nil, nil, err
+			}
+		case *kwSpreadExpr:
+			v, err := st.eval(a.arg, e)
+			if err != nil {
+				return nil, nil, err
+			}
+			if !v.isObject() {
+				return nil, nil, errorf("argument after ** must be a mapping, not %s", v.kind)
+			}
+			for i, k := range v.obj.keys {
+				if err := add(k, v.obj.vals[i]); err != nil {
+					return nil, nil, err
+				}
+			}
+		}
+	}
+	return pos, kw, nil
+}
+
+func (st *state) call(n *callExpr, e *env) (Value, error) {
+	pos, kw, err := st.args(n.args, e)
+	if err != nil {
+		return Value{}, err
+	}
+	if kw != nil {
+		pos = append(pos, Value{kind: KindKwargs, obj: kw})
+	}
+	// Fast path for method calls on strings, objects and arrays: no bound
+	// function value is allocated.
+	if m, ok := n.callee.(*memberExpr); ok && !m.computed {
+		if id, ok := m.property.(*ident); ok {
+			obj, err := st.eval(m.object, e)
+			if err != nil {
+				return Value{}, err
+			}
+			if obj.kind == KindString || (obj.isObject() && !obj.obj.has(id.name)) {
+				if v, ok, err := callMethod(st, obj, id.name, pos); ok {
+					return v, err
+				}
+			}
+			fn, err := getMember(obj, String(id.name), &st.opts.PythonStrip)
+			if err != nil {
+				return Value{}, err
+			}
+			return st.invoke(fn, e, pos)
+		}
+	}
+	fn, err := st.eval(n.callee, e)
+	if err != nil {
+		return Value{}, err
+	}
+	return st.invoke(fn, e, pos)
+}
+
+func (o *Object) has(k string) bool { return o.find(k) >= 0 }
+
+func (st *state) invoke(fn Value, e *env, args []Value) (Value, error) {
+	if fn.kind != KindFunc {
+		return Value{}, errorf("cannot call something that is not a function: got %s", fn.kind)
+	}
+	st.depth++
+	defer func() { st.depth-- }()
+	if st.depth > maxCallDepth {
+		return Value{}, errorf("maximum call depth %d exceeded", maxCallDepth)
+	}
+	return fn.fn.call(st, e, args)
+}
+
+func (st *state) macroFunc(n *macroNode) Value {
+	special := specialArgs(n.body)
+	return Value{kind: KindFunc, fn: &function{name: n.name, call: func(st *state, caller *env, args []Value) (Value, error) {
+		scope := &env{parent: caller}
+		if err := st.bindArgs("'"+n.name+"'", n.args, special, args, scope); err != nil {
+			return Value{}, err
+		}
+		s, err := st.blockString(n.body, scope)
+		return String(s), err
+	}}}
+}
+
+func (st *state) callStatement(n *callStmt, e *env) (Value, error) {
+	special := specialArgs(n.body)
+	callerFn := Value{kind: KindFunc, fn: &function{name: "caller", call: func(st *state, _ *env, args []Value) (Value, error) {
+		scope := &env{parent: e}
+		if err := st.bindArgs("None", n.callerArgs, special, args, scope); err != nil {
+			return Value{}, err
+		}
+		s, err := st.blockString(n.body, scope)
+		return String(s), err
+	}}}
+	pos, kw, err := st.args(n.call.args, e)
+	if err != nil {
+		return Value{}, err
+	}
+	if kw == nil {
+		kw = NewObject(0)
+	}
+	pos = append(pos, Value{kind: KindKwargs, obj: kw})
+	fn, err := st.eval(n.call.callee, e)
+	if err != nil {
+		return Value{}, err
+	}
+	scope := &env{parent: e}
+	scope.set("caller", callerFn)
+	return st.invoke(fn, scope, pos)
+}
+
+// specialArgs reports which of kwargs/varargs a macro body refers to.
+func specialArgs(body []node) map[string]bool {
+	out := map[string]bool{}
+	var walk func(n node)
+	walk = func(n node) {
+		switch n := n.(type) {
+		case *ident:
+			if n.name == "kwargs" || n.name == "varargs" {
+				out[n.name] = true
+			}
+		case *memberExpr:
+			walk(n.object)
+			if n.computed {
+				walk(n.property)
+			}
+		case *callExpr:
+			walk(n.callee)
+			for _, a := range n.args {
+				walk(a)
+			}
+		case *binaryExpr:
+			walk(n.left)
+			walk(n.right)
+		case *unaryExpr:
+			walk(n.arg)
+		case *filterExpr:
+			walk(n.operand)
+			walk(n.filter)
+		case *testExpr:
+			walk(n.operand)
+		case *selectExpr:
+			walk(n.lhs)
+			walk(n.test)
+		case *ternary:
+			walk(n.cond)
+			walk(n.trueExpr)
+			walk(n.falseExpr)
+		case *kwArg:
+			walk(n.value)
+		case *spreadExpr:
+			walk(n.arg)
+		case *kwSpreadExpr:
+			walk(n.arg)
+		case *arrayLit:
+			for _, x := range n.items {
+				walk(x)
+			}
+		case *tupleLit:
+			for _, x := range n.items {
+				walk(x)
+			}
+		case *objectLit:
+			for i := range n.keys {
+				walk(n.keys[i])
+				walk(n.vals[i])
+			}
+		case *ifNode:
+			walk(n.test)
+			for _, x := range n.body {
+				walk(x)
+			}
+			for _, x := range n.alt {
+				walk(x)
+			}
+		case *forNode:
+			walk(n.iterable)
+			for _, x := range n.body {
+				walk(x)
+			}
+			for _, x := range n.elseBody {
+				walk(x)
+			}
+		case *setNode:
+			walk(n.value)
+			for _, x := range n.body {
+				walk(x)
+			}
+		case *filterStmt:
+			for _, x := range n.body {
+				walk(x)
+			}
+		}
+	}
+	for _, n := range body {
+		walk(n)
+	}
+	return out
+}
+
+func (st *state) bindArgs(name string, params []node, special map[string]bool, args []Value, scope *env) error {
+	pos := args
+	var kw *Object
+	if len(pos) > 0 && pos[len(pos)-1].kind == KindKwargs {
+		kw = pos[len(pos)-1].obj.clone()
+		pos = pos[:len(pos)-1]
+	} else {
+		kw = NewObject(0)
+	}
+	type pending struct {
+		name string
+		def  node
+	}
+	var defaults []pending
+	for i, p := range params {
+		var pname string
+		var def node
+		switch p := p.(type) {
+		case *ident:
+			pname = p.name
+		case *kwArg:
+			pname, def = p.key, p.value
+		}
+		var v Value
+		have := false
+		if i < len(pos) {
+			v, have = pos[i], true
+		} else if kv, ok := kw.Get(pname); ok {
+			v, have = kv, true
+			kw.remove(pname)
+		}
+		if !have && def != nil {
+			defaults = append(defaults, pending{pname, def})
+		}
+		scope.set(pname, v)
+	}
+	if special["kwargs"] {
+		scope.set("kwargs", ObjectValue(kw))
+	} else if kw.Len() > 0 {
+		return errorf("macro %s takes no keyword argument '%s'", name, kw.keys[0])
+	}
+	if special["varargs"] {
+		var rest []Value
+		if len(pos) > len(params) {
+			rest = append(rest, pos[len(params):]...)
+		}
+		scope.set("varargs", Array(rest...))
+	} else if len(pos) > len(params) {
+		return errorf("macro %s takes not more than %d argument(s)", name, len(params))
+	}
+	for _, d := range defaults {
+		v, err := st.eval(d.def, scope)
+		if err != nil {
+			return err
+		}
+		scope.set(d.name, v)
+	}
+	return nil
+}
+
+func (o *Object) remove(k string) {
+	i := o.find(k)
+	if i < 0 {
+		return
+	}
+	o.keys = append(o.keys[:i:i], o.keys[i+1:]...)
+	o.vals = append(o.vals[:i:i], o.vals[i+1:]...)
+	if o.index != nil {
+		o.index = make(map[string]int, len(o.keys))
+		for j, key := range o.keys {
+			o.index[key] = j
+		}
+	}
+}
+
+func (st *state) unary(n *unaryExpr, e *env) (Value, error) {
+	v, err := st.eval(n.arg, e)
+	if err != nil {
+		return Value{}, err
+	}
+	switch n.op {
+	case "not":
+		return Bool(!v.Truth()), nil
+	case "+", "-":
+		if v.isNumericLike() {
+			r := v.num
+			if n.op == "-" {
+				r = -r
+			}
+			if v.kind == KindFloat {
+				return Float(r), nil
+			}
+			return Value{kind: KindInt, num: r}, nil
+		}
+		return Value{}, errorf("unknown operator %q for %s", n.op, v.kind)
+	}
+	return Value{}, errorf("unknown operator %q", n.op)
+}
+
+// jsValueString renders v as JavaScript's String(v.value) does, which is
+// what + and ~ concatenate.
+func jsValueString(dst []byte, v Value) []byte {
+	switch v.kind {
+	case KindInt, KindFloat:
+		return jsNumber(dst, v.num)
+	case KindArray, KindTuple:
+		for i, it := range v.arr.items {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = appendString(dst, it)
+		}
+		return dst
+	case KindObject, KindKwargs, KindNamespace:
+		return append(dst, "[object Map]"...)
+	}
+	return appendString(dst, v)
+}
+
+func (st *state) concat(a, b Value) (Value, error) {
+	for _, v := range [2]Value{a, b} {
+		if v.isArray() {
+			if err := checkJSON(v, 0); err != nil {
+				return Value{}, err
+			}
+		}
+	}
+	buf := jsValueString(nil, a)
+	buf = jsValueString(buf, b)
+	if err := st.spend(len(buf)); err != nil {
+		return Value{}, err
+	}
+	return String(string(buf)), nil
+}
+
+func (st *state) binary(n *binaryExpr, e *env) (Value, error) {
+	left, err := st.eval(n.left, e)
+	if err != nil {
+		return Value{}, err
+	}
+	switch n.op {
+	case "and":
+		if !left.Truth() {
+			return left, nil
+		}
+		return st.eval(n.right, e)
+	case "or":
+		if left.Truth() {
+			return left, nil
+		}
+		return st.eval(n.right, e)
+	}
+	right, err := st.eval(n.right, e)
+	if err != nil {
+		return Value{}, err
+	}
+	op := n.op
+	switch op {
+	case "==":
+		return Bool(looseEqual(left, right)), nil
+	case "!=":
+		return Bool(!looseEqual(left, right)), nil
+	}
+	switch {
+	case left.kind == KindUndefined || right.kind == KindUndefined:
+		if right.kind == KindUndefined && (op == "in" || op == "not in") {
+			return Bool(op == "not in"), nil
+		}
+		return Value{}, errorf("cannot perform operation %s on undefined values", op)
+	case left.kind == KindNull || right.kind == KindNull:
+		return Value{}, errorf("cannot perform operation on null values")
+	case op == "~":
+		return st.concat(left, right)
+	case op == "**" && left.isNumericLike() && right.isNumericLike():
+		a, b := left.num, right.num
+		if a == 0 && b < 0 {
+			return Value{}, errorf("0.0 cannot be raised to a negative power")
+		}
+		r := math.Pow(a, b)
+		if math.IsInf(r, 0) || math.IsNaN(r) {
+			return Value{}, errorf("exponentiation result is not a finite real number")
+		}
+		if left.kind == KindFloat || right.kind == KindFloat || b < 0 {
+			return Float(r), nil
+		}
+		return Value{kind: KindInt, num: r}, nil
+	case left.isNumber() && right.isNumber():
+		a, b := left.num, right.num
+		isFloat := left.kind == KindFloat || right.kind == KindFloat
+		num := func(r float64) Value {
+			if isFloat {
+				return Float(r)
+			}
+			return Value{kind: KindInt, num: r}
+		}
+		switch op {
+		case "+":
+			return num(a + b), nil
+		case "-":
+			return num(a - b), nil
+		case "*":
+			return num(a * b), nil
+		case "/":
+			return Float(a / b), nil
+		case "//":
+			return num(math.Floor(a / b)), nil
+		case "%":
+			return num(math.Mod(a, b)), nil
+		case "<":
+			return Bool(a < b), nil
+		case ">":
+			return Bool(a > b), nil
+		case ">=":
+			return Bool(a >= b), nil
+		case "<=":
+			return Bool(a <= b), nil
+		}
+	case left.isArray() && right.isArray():
+		if op == "+" {
+			if err := st.charge(len(left.arr.items) + len(right.arr.items)); err != nil {
+				return Value{}, err
+			}
+			if len(left.arr.items)+len(right.arr.items) > st.opts.MaxOutput {
+				return Value{}, errorf("array too large")
+			}
+			if err := st.spend(8 * (len(left.arr.items) + len(right.arr.items))); err != nil {
+				return Value{}, err
+			}
+			out := make([]Value, 0, len(left.arr.items)+len(right.arr.items))
+			out = append(append(out, left.arr.items...), right.arr.items...)
+			return Array(out...), nil
+		}
+	case right.isArray():
+		if err := st.charge(len(right.arr.items)); err != nil {
+			return Value{}, err
+		}
+		member := false
+		for _, x := range right.arr.items {
+			if strictEqual(x, left) {
+				member = true
+				break
+			}
+		}
+		switch op {
+		case "in":
+			return Bool(member), nil
+		case "not in":
+			return Bool(!member), nil
+		}
+	}
+	if (left.kind == KindString || right.kind == KindString) && op == "+" {
+		return st.concat(left, right)
+	}
+	if left.kind == KindString && right.kind == KindString {
+		if err := st.charge(len(right.str) / 8); err != nil {
+			return Value{}, err
+		}
+		switch op {
+		case "in":
+			return Bool(stringsContains(right.str, left.str)), nil
+		case "not in":
+			return Bool(!stringsContains(right.str, left.str)), nil
+		}
+	}
+	if left.kind == KindString && right.isObject() {
+		switch op {
+		case "in":
+			return Bool(right.obj.has(left.str)), nil
+		case "not in":
+			return Bool(!right.obj.has(left.str)), nil
+		}
+	}
+	return Value{}, errorf("unknown operator %q between %s and %s", op, left.kind, right.kind)
+}

@@ -1,0 +1,90 @@
+package jinja
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+)
+
+const maxJSONDepth = 128
+
+// FromJSON converts a JSON document to a Value, keeping object key order
+// (array-index-like keys first, as JavaScript's JSON.parse does). Numbers
+// with an integral value become integers, others floats.
+func FromJSON(data []byte) (Value, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	v, err := decodeValue(dec, 0)
+	if err != nil {
+		return Value{}, fmt.Errorf("cannot decode JSON: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return Value{}, errors.New("cannot decode JSON: trailing data")
+	}
+	return v, nil
+}
+
+func decodeValue(dec *json.Decoder, depth int) (Value, error) {
+	if depth > maxJSONDepth {
+		return Value{}, errors.New("nested too deeply")
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return Value{}, err
+	}
+	switch t := tok.(type) {
+	case nil:
+		return Null(), nil
+	case bool:
+		return Bool(t), nil
+	case string:
+		return String(t), nil
+	case json.Number:
+		f, err := strconv.ParseFloat(string(t), 64)
+		if err != nil && !errors.Is(err, strconv.ErrRange) { // JSON.parse overflows to ±Infinity
+			return Value{}, fmt.Errorf("bad number %q: %w", t, err)
+		}
+		return Number(f), nil
+	case json.Delim:
+		switch t {
+		case '[':
+			var items []Value
+			for dec.More() {
+				v, err := decodeValue(dec, depth+1)
+				if err != nil {
+					return Value{}, err
+				}
+				items = append(items, v)
+			}
+			if _, err := dec.Token(); err != nil {
+				return Value{}, err
+			}
+			return Array(items...), nil
+		case '{':
+			o := NewObject(4)
+			for dec.More() {
+				kt, err := dec.Token()
+				if err != nil {
+					return Value{}, err
+				}
+				k, ok := kt.(string)
+				if !ok {
+					return Value{}, errors.New("object key is not a string")
+				}
+				v, err := decodeValue(dec, depth+1)
+				if err != nil {
+					return Value{}, err
+				}
+				o.Set(k, v)
+			}
+			if _, err := dec.Token(); err != nil {
+				return Value{}, err
+			}
+			return ObjectValue(o), nil
+		}
+	}
+	return Value{}, fmt.Errorf("unexpected JSON token %v", tok)
+}

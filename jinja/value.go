@@ -1,0 +1,656 @@
+package jinja
+
+import (
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// Kind is the runtime type of a Value.
+type Kind uint8
+
+// Value kinds, mirroring @huggingface/jinja's runtime value classes.
+const (
+	KindUndefined Kind = iota
+	KindNull
+	KindBool
+	KindInt
+	KindFloat
+	KindString
+	KindArray
+	KindTuple
+	KindObject
+	KindKwargs
+	KindNamespace
+	KindFunc
+)
+
+var kindNames = [...]string{
+	KindUndefined: "UndefinedValue",
+	KindNull:      "NullValue",
+	KindBool:      "BooleanValue",
+	KindInt:       "IntegerValue",
+	KindFloat:     "FloatValue",
+	KindString:    "StringValue",
+	KindArray:     "ArrayValue",
+	KindTuple:     "TupleValue",
+	KindObject:    "ObjectValue",
+	KindKwargs:    "KeywordArgumentsValue",
+	KindNamespace: "NamespaceValue",
+	KindFunc:      "FunctionValue",
+}
+
+func (k Kind) String() string {
+	if int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Value is a template runtime value. The zero Value is undefined.
+// Numbers are float64, as in JavaScript; KindInt marks integral ones.
+type Value struct {
+	kind Kind
+	num  float64
+	str  string
+	arr  *arrayData
+	obj  *Object
+	fn   *function
+}
+
+type arrayData struct {
+	items []Value
+}
+
+type function struct {
+	name string
+	call func(st *state, e *env, args []Value) (Value, error)
+}
+
+// Undefined returns the undefined value.
+func Undefined() Value { return Value{} }
+
+// Null returns none.
+func Null() Value { return Value{kind: KindNull} }
+
+// Bool returns a boolean value.
+func Bool(b bool) Value {
+	v := Value{kind: KindBool}
+	if b {
+		v.num = 1
+	}
+	return v
+}
+
+// Int returns an integer value.
+func Int(i int64) Value { return Value{kind: KindInt, num: float64(i)} }
+
+// Float returns a float value. Integral floats print as "1.0".
+func Float(f float64) Value { return Value{kind: KindFloat, num: f} }
+
+// Number returns an integer value when f is integral and a float otherwise,
+// as @huggingface/jinja converts JavaScript numbers.
+func Number(f float64) Value {
+	if f == math.Trunc(f) && !math.IsInf(f, 0) {
+		return Value{kind: KindInt, num: f}
+	}
+	return Value{kind: KindFloat, num: f}
+}
+
+// String returns a string value.
+func String(s string) Value { return Value{kind: KindString, str: s} }
+
+// Array returns an array value holding items (not copied).
+func Array(items ...Value) Value { return Value{kind: KindArray, arr: &arrayData{items: items}} }
+
+// ObjectValue wraps o as a mapping value.
+func ObjectValue(o *Object) Value { return Value{kind: KindObject, obj: o} }
+
+// Kind returns v's kind.
+func (v Value) Kind() Kind { return v.kind }
+
+// Str returns the string of a KindString value and "" otherwise.
+func (v Value) Str() string { return v.str }
+
+// Items returns the elements of an array or tuple value.
+func (v Value) Items() []Value {
+	if v.arr == nil {
+		return nil
+	}
+	return v.arr.items
+}
+
+// Object returns the mapping of an object, kwargs or namespace value.
+func (v Value) Object() *Object { return v.obj }
+
+// IsUndefined reports whether v is undefined.
+func (v Value) IsUndefined() bool { return v.kind == KindUndefined }
+
+func (v Value) isArray() bool  { return v.kind == KindArray || v.kind == KindTuple }
+func (v Value) isNumber() bool { return v.kind == KindInt || v.kind == KindFloat }
+func (v Value) isNumericLike() bool {
+	return v.kind == KindInt || v.kind == KindFloat || v.kind == KindBool
+}
+func (v Value) isAttrContainer() bool {
+	return v.kind == KindObject || v.kind == KindKwargs || v.kind == KindNamespace
+}
+func (v Value) isObject() bool { return v.kind == KindObject || v.kind == KindKwargs }
+
+// Truth reports v's truthiness as @huggingface/jinja defines it.
+func (v Value) Truth() bool {
+	switch v.kind {
+	case KindBool, KindInt, KindFloat:
+		return v.num != 0 && !math.IsNaN(v.num)
+	case KindString:
+		return v.str != ""
+	case KindArray, KindTuple:
+		return len(v.arr.items) > 0
+	case KindObject, KindKwargs:
+		return v.obj.Len() > 0
+	case KindNamespace, KindFunc:
+		return true
+	}
+	return false
+}
+
+// Object is an insertion-ordered string-keyed mapping. Keys that look like
+// array indexes come first in ascending numeric order, as in JavaScript
+// objects, so that tojson output matches the reference renderer.
+type Object struct {
+	keys  []string
+	vals  []Value
+	index map[string]int
+}
+
+// NewObject returns an empty object with room for n entries.
+func NewObject(n int) *Object {
+	return &Object{keys: make([]string, 0, n), vals: make([]Value, 0, n)}
+}
+
+// Len returns the number of entries.
+func (o *Object) Len() int {
+	if o == nil {
+		return 0
+	}
+	return len(o.keys)
+}
+
+// Keys returns the keys in order. The slice must not be modified.
+func (o *Object) Keys() []string { return o.keys }
+
+func (o *Object) find(k string) int {
+	if o.index != nil {
+		if i, ok := o.index[k]; ok {
+			return i
+		}
+		return -1
+	}
+	for i := range o.keys {
+		if o.keys[i] == k {
+			return i
+		}
+	}
+	return -1
+}
+
+// Get returns the value stored under k.
+func (o *Object) Get(k string) (Value, bool) {
+	if o == nil {
+		return Value{}, false
+	}
+	if i := o.find(k); i >= 0 {
+		return o.vals[i], true
+	}
+	return Value{}, false
+}
+
+// Set stores v under k, keeping the position of an existing key.
+func (o *Object) Set(k string, v Value) {
+	if i := o.find(k); i >= 0 {
+		o.vals[i] = v
+		return
+	}
+	pos := len(o.keys)
+	if n, ok := arrayIndex(k); ok {
+		// Array-index keys precede all others, in numeric order.
+		pos = sort.Search(len(o.keys), func(i int) bool {
+			m, isIdx := arrayIndex(o.keys[i])
+			return !isIdx || m > n
+		})
+	}
+	o.keys = append(o.keys, "")
+	o.vals = append(o.vals, Value{})
+	copy(o.keys[pos+1:], o.keys[pos:])
+	copy(o.vals[pos+1:], o.vals[pos:])
+	o.keys[pos] = k
+	o.vals[pos] = v
+	if o.index != nil || len(o.keys) > 8 {
+		if pos != len(o.keys)-1 || o.index == nil {
+			o.index = make(map[string]int, len(o.keys))
+			for i, key := range o.keys {
+				o.index[key] = i
+			}
+		} else {
+			o.index[k] = pos
+		}
+	}
+}
+
+func (o *Object) clone() *Object {
+	c := &Object{keys: append([]string(nil), o.keys...), vals: append([]Value(nil), o.vals...)}
+	if o.index != nil {
+		c.index = make(map[string]int, len(o.index))
+		for k, i := range o.index {
+			c.index[k] = i
+		}
+	}
+	return c
+}
+
+// arrayIndex reports whether k is a canonical JavaScript array index.
+func arrayIndex(k string) (uint32, bool) {
+	if k == "" || len(k) > 10 || (len(k) > 1 && k[0] == '0') {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(k, 10, 32)
+	if err != nil || n == math.MaxUint32 {
+		return 0, false
+	}
+	return uint32(n), true
+}
+
+// jsNumber formats f as JavaScript's Number.prototype.toString does.
+func jsNumber(dst []byte, f float64) []byte {
+	switch {
+	case math.IsNaN(f):
+		return append(dst, "NaN"...)
+	case math.IsInf(f, 1):
+		return append(dst, "Infinity"...)
+	case math.IsInf(f, -1):
+		return append(dst, "-Infinity"...)
+	case f == 0:
+		return append(dst, '0')
+	}
+	a := math.Abs(f)
+	if a >= 1e-6 && a < 1e21 {
+		return strconv.AppendFloat(dst, f, 'f', -1, 64)
+	}
+	start := len(dst)
+	dst = strconv.AppendFloat(dst, f, 'e', -1, 64)
+	// Go writes e-07 / e+21; JavaScript writes e-7 / e+21.
+	s := dst[start:]
+	if i := strings.IndexByte(string(s), 'e'); i >= 0 && i+2 < len(s) && s[i+2] == '0' {
+		j := start + i + 2
+		for j < len(dst)-1 && dst[j] == '0' {
+			dst = append(dst[:j], dst[j+1:]...)
+		}
+	}
+	return dst
+}
+
+// appendString appends v as @huggingface/jinja's toString renders it.
+func appendString(dst []byte, v Value) []byte {
+	switch v.kind {
+	case KindString:
+		return append(dst, v.str...)
+	case KindInt:
+		return jsNumber(dst, v.num)
+	case KindFloat:
+		if v.num == 0 && math.Signbit(v.num) {
+			return append(dst, "-0.0"...)
+		}
+		if v.num == math.Trunc(v.num) && math.Abs(v.num) < 1e21 {
+			return strconv.AppendFloat(dst, v.num, 'f', 1, 64)
+		}
+		return jsNumber(dst, v.num)
+	case KindBool:
+		if v.num != 0 {
+			return append(dst, "true"...)
+		}
+		return append(dst, "false"...)
+	case KindArray, KindTuple, KindObject, KindKwargs, KindNamespace:
+		return appendJSON(dst, v, jsonOptions{}, 0, false)
+	case KindFunc:
+		return append(dst, "function"...)
+	}
+	return append(dst, "undefined"...)
+}
+
+func toString(v Value) string {
+	if v.kind == KindString {
+		return v.str
+	}
+	return string(appendString(nil, v))
+}
+
+// jsPrimitiveString renders v as JavaScript's String(v.value) would, for
+// join and similar helpers that see raw values.
+func jsPrimitiveString(dst []byte, v Value) []byte {
+	switch v.kind {
+	case KindUndefined, KindNull:
+		return dst
+	case KindInt, KindFloat:
+		return jsNumber(dst, v.num)
+	}
+	return appendString(dst, v)
+}
+
+type jsonOptions struct {
+	indent      int
+	ensureASCII bool
+	sortKeys    bool
+	itemSep     string
+	keySep      string
+	haveSeps    bool
+}
+
+// jsonHardLimit stops JSON rendering of huge (for example self-sharing)
+// structures early; callers then fail their own size checks.
+const jsonHardLimit = 64 << 20
+
+// appendJSON implements @huggingface/jinja's toJSON.
+func appendJSON(dst []byte, v Value, o jsonOptions, depth int, undefinedToNull bool) []byte {
+	if len(dst) > jsonHardLimit || depth > maxJSONDepth {
+		return dst
+	}
+	itemSep, keySep := ", ", ": "
+	if o.haveSeps {
+		itemSep, keySep = o.itemSep, o.keySep
+	} else if o.indent > 0 {
+		itemSep = ","
+	}
+	switch v.kind {
+	case KindNull:
+		return append(dst, "null"...)
+	case KindUndefined:
+		if undefinedToNull {
+			return append(dst, "null"...)
+		}
+		return append(dst, "undefined"...)
+	case KindInt, KindFloat:
+		if math.IsNaN(v.num) || math.IsInf(v.num, 0) {
+			return append(dst, "null"...)
+		}
+		return jsNumber(dst, v.num)
+	case KindBool:
+		return appendString(dst, v)
+	case KindString:
+		return appendJSONString(dst, v.str, o.ensureASCII)
+	case KindArray, KindTuple, KindObject, KindKwargs, KindNamespace:
+		pad := func(d []byte, n int) []byte {
+			d = append(d, '\n')
+			for i := 0; i < n*o.indent; i++ {
+				d = append(d, ' ')
+			}
+			return d
+		}
+		if v.isArray() {
+			items := v.arr.items
+			dst = append(dst, '[')
+			for i, it := range items {
+				if i > 0 {
+					dst = append(dst, itemSep...)
+				}
+				if o.indent > 0 {
+					dst = pad(dst, depth+1)
+				}
+				dst = appendJSON(dst, it, o, depth+1, undefinedToNull)
+			}
+			if o.indent > 0 && len(items) > 0 {
+				dst = pad(dst, depth)
+			}
+			return append(dst, ']')
+		}
+		keys, vals := v.obj.keys, v.obj.vals
+		var order []int
+		if o.sortKeys {
+			order = make([]int, len(keys))
+			for i := range order {
+				order[i] = i
+			}
+			sort.SliceStable(order, func(a, b int) bool { return keys[order[a]] < keys[order[b]] })
+		}
+		dst = append(dst, '{')
+		for n := range keys {
+			i := n
+			if order != nil {
+				i = order[n]
+			}
+			if n > 0 {
+				dst = append(dst, itemSep...)
+			}
+			if o.indent > 0 {
+				dst = pad(dst, depth+1)
+			}
+			dst = appendJSONString(dst, keys[i], o.ensureASCII)
+			dst = append(dst, keySep...)
+			dst = appendJSON(dst, vals[i], o, depth+1, undefinedToNull)
+		}
+		if o.indent > 0 && len(keys) > 0 {
+			dst = pad(dst, depth)
+		}
+		return append(dst, '}')
+	}
+	return append(dst, "null"...)
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString quotes s as JSON.stringify does (no HTML escaping),
+// optionally escaping every UTF-16 unit at or above 0x7f.
+func appendJSONString(dst []byte, s string, ensureASCII bool) []byte {
+	dst = append(dst, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			i++
+			switch c {
+			case '"':
+				dst = append(dst, '\\', '"')
+			case '\\':
+				dst = append(dst, '\\', '\\')
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				if c < 0x20 || (ensureASCII && c == 0x7f) {
+					dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&15])
+				} else {
+					dst = append(dst, c)
+				}
+			}
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		i += size
+		if !ensureASCII {
+			dst = utf8.AppendRune(dst, r)
+			continue
+		}
+		if r > 0xffff {
+			r -= 0x10000
+			dst = appendU4(dst, 0xd800+(r>>10))
+			dst = appendU4(dst, 0xdc00+(r&0x3ff))
+		} else {
+			dst = appendU4(dst, r)
+		}
+	}
+	return append(dst, '"')
+}
+
+func appendU4(dst []byte, r rune) []byte {
+	return append(dst, '\\', 'u', hexDigits[r>>12&15], hexDigits[r>>8&15], hexDigits[r>>4&15], hexDigits[r&15])
+}
+
+// looseEqual implements JavaScript's == on the values' payloads, which is
+// what @huggingface/jinja's == and != compare.
+func looseEqual(a, b Value) bool {
+	an, bn := a.kind == KindUndefined || a.kind == KindNull, b.kind == KindUndefined || b.kind == KindNull
+	if an || bn {
+		return an && bn
+	}
+	if a.kind == KindBool {
+		a = Value{kind: KindFloat, num: a.num}
+	}
+	if b.kind == KindBool {
+		b = Value{kind: KindFloat, num: b.num}
+	}
+	switch {
+	case a.isNumber() && b.isNumber():
+		return a.num == b.num
+	case a.kind == KindString && b.kind == KindString:
+		return a.str == b.str
+	case a.isNumber() && b.kind == KindString:
+		return a.num == jsToNumber(b.str)
+	case a.kind == KindString && b.isNumber():
+		return jsToNumber(a.str) == b.num
+	}
+	return sameRef(a, b)
+}
+
+// strictEqual implements JavaScript's === on the values' payloads.
+func strictEqual(a, b Value) bool {
+	an, bn := a.kind == KindUndefined || a.kind == KindNull, b.kind == KindUndefined || b.kind == KindNull
+	if an || bn {
+		return an && bn
+	}
+	switch {
+	case a.isNumber() && b.isNumber():
+		return a.num == b.num
+	case a.kind == KindBool && b.kind == KindBool:
+		return a.num == b.num
+	case a.kind == KindString && b.kind == KindString:
+		return a.str == b.str
+	}
+	return sameRef(a, b)
+}
+
+func sameRef(a, b Value) bool {
+	switch {
+	case a.isArray() && b.isArray():
+		return a.arr == b.arr
+	case a.obj != nil && b.obj != nil:
+		return a.obj == b.obj
+	case a.kind == KindFunc && b.kind == KindFunc:
+		return a.fn == b.fn
+	}
+	return false
+}
+
+// jsToNumber implements JavaScript's ToNumber on strings.
+func jsToNumber(s string) float64 {
+	s = jsTrim(s)
+	if s == "" {
+		return 0
+	}
+	switch s {
+	case "Infinity", "+Infinity":
+		return math.Inf(1)
+	case "-Infinity":
+		return math.Inf(-1)
+	}
+	if len(s) > 2 && s[0] == '0' {
+		base := 0
+		switch s[1] {
+		case 'x', 'X':
+			base = 16
+		case 'o', 'O':
+			base = 8
+		case 'b', 'B':
+			base = 2
+		}
+		if base != 0 {
+			n, err := strconv.ParseUint(s[2:], base, 64)
+			if err != nil {
+				return math.NaN()
+			}
+			return float64(n)
+		}
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= '0' && c <= '9' || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-') {
+			return math.NaN()
+		}
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return math.NaN()
+	}
+	return f
+}
+
+// isJSSpace reports whether r is whitespace for JavaScript's \s and trim.
+func isJSSpace(r rune) bool {
+	switch r {
+	case '\t', '\n', '\v', '\f', '\r', ' ', 0xa0, 0x1680, 0x2028, 0x2029, 0x202f, 0x205f, 0x3000, 0xfeff:
+		return true
+	}
+	return r >= 0x2000 && r <= 0x200a
+}
+
+func jsTrim(s string) string      { return jsTrimRight(jsTrimLeft(s)) }
+func jsTrimLeft(s string) string  { return strings.TrimLeftFunc(s, isJSSpace) }
+func jsTrimRight(s string) string { return strings.TrimRightFunc(s, isJSSpace) }
+
+// utf16Len returns the length of s in UTF-16 code units (JavaScript's
+// String.prototype.length).
+func utf16Len(s string) int {
+	n := 0
+	for _, r := range s {
+		if r > 0xffff {
+			n += 2
+		} else {
+			n++
+		}
+	}
+	return n
+}
+
+// checkJSON reports the error @huggingface/jinja raises when converting v to
+// JSON: tuples have no JSON form there.
+func checkJSON(v Value, depth int) error {
+	budget := 1 << 20
+	return checkJSONBudget(v, depth, &budget)
+}
+
+func checkJSONBudget(v Value, depth int, budget *int) error {
+	*budget--
+	if *budget < 0 {
+		return errorf("value too large to convert to JSON")
+	}
+	switch v.kind {
+	case KindTuple:
+		return errorf("cannot convert to JSON: TupleValue")
+	case KindArray:
+		if depth > maxJSONDepth {
+			return errorf("value nested too deeply")
+		}
+		for _, it := range v.arr.items {
+			if err := checkJSONBudget(it, depth+1, budget); err != nil {
+				return err
+			}
+		}
+	case KindObject, KindKwargs, KindNamespace:
+		if depth > maxJSONDepth {
+			return errorf("value nested too deeply")
+		}
+		for _, it := range v.obj.vals {
+			if err := checkJSONBudget(it, depth+1, budget); err != nil {
+				return err
+			}
+		}
+	case KindFunc:
+		return errorf("cannot convert to JSON: FunctionValue")
+	}
+	return nil
+}

@@ -1,0 +1,577 @@
+package tokenizer
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"unicode/utf8"
+
+	gojson "github.com/goccy/go-json"
+	"golang.org/x/text/unicode/norm"
+
+	"github.com/infera/infera/jinja"
+)
+
+// HF is a Hugging Face byte-level BPE tokenizer with its chat template,
+// loaded from a model directory by Load. It is safe for concurrent use.
+type HF struct {
+	model     bpe
+	maxDigits int  // 1 for the Qwen2 split pattern, 3 for cl100k
+	nfc       bool // normalizer is NFC
+
+	vocab  map[string]uint32 // raw token bytes -> id (model vocab)
+	tokens [][]byte          // id -> raw bytes (model vocab and added tokens)
+
+	added      []addedToken // sorted by content length, longest first
+	addedFirst [256]bool    // first bytes of added tokens
+
+	chat     *jinja.Template
+	chatSrc  string
+	bosToken string
+	eosToken string
+}
+
+type addedToken struct {
+	content []byte
+	id      uint32
+	special bool
+}
+
+var _ Tokenizer = (*HF)(nil)
+
+type hfJSON struct {
+	AddedTokens []struct {
+		ID         uint32 `json:"id"`
+		Content    string `json:"content"`
+		SingleWord bool   `json:"single_word"`
+		LStrip     bool   `json:"lstrip"`
+		RStrip     bool   `json:"rstrip"`
+		Normalized bool   `json:"normalized"`
+		Special    bool   `json:"special"`
+	} `json:"added_tokens"`
+	Normalizer    json.RawMessage `json:"normalizer"`
+	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
+	Decoder       json.RawMessage `json:"decoder"`
+	PostProcessor json.RawMessage `json:"post_processor"`
+	Model         struct {
+		Type                    string            `json:"type"`
+		Vocab                   map[string]uint32 `json:"vocab"`
+		Merges                  json.RawMessage   `json:"merges"`
+		ByteFallback            bool              `json:"byte_fallback"`
+		ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
+		EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
+		Dropout                 *float64          `json:"dropout"`
+		IgnoreMerges            bool              `json:"ignore_merges"`
+	} `json:"model"`
+}
+
+type component struct {
+	Type           string          `json:"type"`
+	Pattern        json.RawMessage `json:"pattern"`
+	Behavior       string          `json:"behavior"`
+	Invert         bool            `json:"invert"`
+	AddPrefixSpace bool            `json:"add_prefix_space"`
+	UseRegex       *bool           `json:"use_regex"`
+	Normalizers    []component     `json:"normalizers"`
+	Pretokenizers  []component     `json:"pretokenizers"`
+}
+
+// Load reads tokenizer.json and tokenizer_config.json from dir. It fails on
+// any tokenizer feature it does not implement exactly rather than encoding
+// differently from the reference.
+func Load(dir string) (*HF, error) {
+	path := filepath.Join(dir, "tokenizer.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read tokenizer: %w", err)
+	}
+	var tj hfJSON
+	if err := gojson.Unmarshal(data, &tj); err != nil {
+		return nil, fmt.Errorf("cannot parse %q: %w", path, err)
+	}
+	h := &HF{}
+	if err := h.loadModel(&tj); err != nil {
+		return nil, fmt.Errorf("unsupported tokenizer %q: %w", path, err)
+	}
+	cfgPath := filepath.Join(dir, "tokenizer_config.json")
+	cfg, err := os.ReadFile(cfgPath)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return h, nil
+		}
+		return nil, fmt.Errorf("cannot read tokenizer config: %w", err)
+	}
+	if err := h.loadConfig(cfg); err != nil {
+		return nil, fmt.Errorf("cannot load %q: %w", cfgPath, err)
+	}
+	return h, nil
+}
+
+func (h *HF) loadModel(tj *hfJSON) error {
+	m := &tj.Model
+	if m.Type != "BPE" && m.Type != "" {
+		return fmt.Errorf("model type %q (only BPE is supported)", m.Type)
+	}
+	if m.ByteFallback {
+		return errors.New("byte_fallback BPE is not supported")
+	}
+	if m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "" {
+		return errors.New("continuing_subword_prefix is not supported")
+	}
+	if m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "" {
+		return errors.New("end_of_word_suffix is not supported")
+	}
+	if m.Dropout != nil && *m.Dropout != 0 {
+		return errors.New("BPE dropout is not supported")
+	}
+	if m.IgnoreMerges {
+		return errors.New("ignore_merges is not supported")
+	}
+	if err := h.checkNormalizer(tj.Normalizer); err != nil {
+		return err
+	}
+	if err := h.checkPreTokenizer(tj.PreTokenizer); err != nil {
+		return err
+	}
+	if err := checkByteLevel(tj.Decoder, "decoder"); err != nil {
+		return err
+	}
+
+	_, dec := byteLevelAlphabet()
+	toBytes := func(tok string) ([]byte, error) {
+		b := make([]byte, 0, len(tok))
+		for _, r := range tok {
+			c, ok := dec[r]
+			if !ok {
+				return nil, fmt.Errorf("token %q is not byte-level encoded", tok)
+			}
+			b = append(b, c)
+		}
+		return b, nil
+	}
+	maxID := uint32(0)
+	for _, id := range m.Vocab {
+		maxID = max(maxID, id)
+	}
+	for _, at := range tj.AddedTokens {
+		maxID = max(maxID, at.ID)
+	}
+	if maxID > 1<<24 {
+		return fmt.Errorf("token id %d too large", maxID)
+	}
+	h.tokens = make([][]byte, maxID+1)
+	h.vocab = make(map[string]uint32, len(m.Vocab))
+	for tok, id := range m.Vocab {
+		b, err := toBytes(tok)
+		if err != nil {
+			return err
+		}
+		h.vocab[string(b)] = id
+		h.tokens[id] = b
+	}
+	for b := 0; b < 256; b++ {
+		id, ok := h.vocab[string([]byte{byte(b)})]
+		if !ok {
+			return fmt.Errorf("vocab lacks byte 0x%02x", b)
+		}
+		h.model.byteID[b] = id
+	}
+
+	merges, err := parseMerges(m.Merges)
+	if err != nil {
+		return err
+	}
+	h.model.merges = make(map[uint64]merge, len(merges))
+	for rank, p := range merges {
+		a, err := toBytes(p[0])
+		if err != nil {
+			return err
+		}
+		b, err := toBytes(p[1])
+		if err != nil {
+			return err
+		}
+		ia, okA := h.vocab[string(a)]
+		ib, okB := h.vocab[string(b)]
+		im, okM := h.vocab[string(a)+string(b)]
+		if !okA || !okB || !okM {
+			return fmt.Errorf("merge %d (%q %q) refers to tokens missing from the vocab", rank, p[0], p[1])
+		}
+		k := pairKey(ia, ib)
+		if _, dup := h.model.merges[k]; !dup {
+			h.model.merges[k] = merge{rank: uint32(rank), id: im}
+		}
+	}
+
+	for _, at := range tj.AddedTokens {
+		if at.Content == "" {
+			continue
+		}
+		if at.LStrip || at.RStrip || at.SingleWord {
+			return fmt.Errorf("added token %q: lstrip/rstrip/single_word are not supported", at.Content)
+		}
+		if at.Normalized && h.nfc && !norm.NFC.IsNormalString(at.Content) {
+			return fmt.Errorf("added token %q changes under normalization", at.Content)
+		}
+		h.added = append(h.added, addedToken{content: []byte(at.Content), id: at.ID, special: at.Special})
+		h.tokens[at.ID] = []byte(at.Content)
+		h.addedFirst[at.Content[0]] = true
+	}
+	sort.SliceStable(h.added, func(i, j int) bool { return len(h.added[i].content) > len(h.added[j].content) })
+	return nil
+}
+
+func parseMerges(raw json.RawMessage) ([][2]string, error) {
+	var pairs [][2]string
+	if err := gojson.Unmarshal(raw, &pairs); err == nil {
+		return pairs, nil
+	}
+	var strs []string
+	if err := gojson.Unmarshal(raw, &strs); err != nil {
+		return nil, fmt.Errorf("cannot parse merges: %w", err)
+	}
+	pairs = make([][2]string, len(strs))
+	for i, s := range strs {
+		a, b, ok := strings.Cut(s, " ")
+		if !ok {
+			return nil, fmt.Errorf("merge %d %q has no space", i, s)
+		}
+		pairs[i] = [2]string{a, b}
+	}
+	return pairs, nil
+}
+
+func (h *HF) checkNormalizer(raw json.RawMessage) error {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	var c component
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return fmt.Errorf("cannot parse normalizer: %w", err)
+	}
+	switch {
+	case c.Type == "NFC":
+		h.nfc = true
+	case c.Type == "Sequence" && len(c.Normalizers) == 0:
+	case c.Type == "Sequence" && len(c.Normalizers) == 1 && c.Normalizers[0].Type == "NFC":
+		h.nfc = true
+	default:
+		return fmt.Errorf("normalizer %s is not supported", raw)
+	}
+	return nil
+}
+
+func (h *HF) checkPreTokenizer(raw json.RawMessage) error {
+	var c component
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return fmt.Errorf("cannot parse pre_tokenizer: %w", err)
+	}
+	if c.Type != "Sequence" || len(c.Pretokenizers) != 2 {
+		return fmt.Errorf("pre_tokenizer %s is not supported (want Sequence[Split, ByteLevel])", raw)
+	}
+	split, bl := c.Pretokenizers[0], c.Pretokenizers[1]
+	var pat struct {
+		Regex *string `json:"Regex"`
+	}
+	if split.Type != "Split" || json.Unmarshal(split.Pattern, &pat) != nil || pat.Regex == nil {
+		return fmt.Errorf("pre_tokenizer %s is not supported (want a Split with a Regex)", raw)
+	}
+	switch *pat.Regex {
+	case qwen2Pattern:
+		h.maxDigits = 1
+	case cl100kPattern:
+		h.maxDigits = 3
+	default:
+		return fmt.Errorf("pre_tokenizer split pattern %q is not supported", *pat.Regex)
+	}
+	if split.Behavior != "Isolated" || split.Invert {
+		return fmt.Errorf("pre_tokenizer split behavior %q invert=%v is not supported", split.Behavior, split.Invert)
+	}
+	if bl.Type != "ByteLevel" || bl.AddPrefixSpace || (bl.UseRegex != nil && *bl.UseRegex) {
+		return fmt.Errorf("pre_tokenizer %s is not supported (want ByteLevel without prefix space or regex)", raw)
+	}
+	return nil
+}
+
+func checkByteLevel(raw json.RawMessage, what string) error {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	var c component
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return fmt.Errorf("cannot parse %s: %w", what, err)
+	}
+	if c.Type != "ByteLevel" {
+		return fmt.Errorf("%s %s is not supported", what, raw)
+	}
+	return nil
+}
+
+func (h *HF) loadConfig(data []byte) error {
+	var cfg struct {
+		ChatTemplate json.RawMessage `json:"chat_template"`
+		BOS          json.RawMessage `json:"bos_token"`
+		EOS          json.RawMessage `json:"eos_token"`
+	}
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return err
+	}
+	h.bosToken = tokenString(cfg.BOS)
+	h.eosToken = tokenString(cfg.EOS)
+	src, err := chatTemplateSource(cfg.ChatTemplate)
+	if err != nil {
+		return err
+	}
+	if src == "" {
+		return nil
+	}
+	if h.chat, err = jinja.Parse(src); err != nil {
+		return fmt.Errorf("cannot parse chat_template: %w", err)
+	}
+	h.chatSrc = src
+	return nil
+}
+
+// tokenString accepts "tok", {"content": "tok"} or null.
+func tokenString(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var o struct {
+		Content string `json:"content"`
+	}
+	if json.Unmarshal(raw, &o) == nil {
+		return o.Content
+	}
+	return ""
+}
+
+// chatTemplateSource accepts a template string or a list of named
+// templates, choosing "default".
+func chatTemplateSource(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var named []struct {
+		Name     string `json:"name"`
+		Template string `json:"template"`
+	}
+	if err := json.Unmarshal(raw, &named); err != nil {
+		return "", fmt.Errorf("cannot parse chat_template: %w", err)
+	}
+	for _, n := range named {
+		if n.Name == "default" {
+			return n.Template, nil
+		}
+	}
+	return "", errors.New("chat_template list has no \"default\" entry")
+}
+
+// VocabSize returns the number of token ids (model vocab plus added tokens).
+func (h *HF) VocabSize() int { return len(h.tokens) }
+
+// TokenID returns the id of a token given as raw text (for example
+// "<|im_end|>").
+func (h *HF) TokenID(tok string) (uint32, bool) {
+	for _, at := range h.added {
+		if string(at.content) == tok {
+			return at.id, true
+		}
+	}
+	id, ok := h.vocab[tok]
+	return id, ok
+}
+
+// EOSToken returns tokenizer_config.json's eos_token.
+func (h *HF) EOSToken() string { return h.eosToken }
+
+// ChatTemplate returns the chat template source, or "" if there is none.
+func (h *HF) ChatTemplate() string { return h.chatSrc }
+
+// Encode implements Tokenizer. Added tokens written literally in text are
+// matched (leftmost, longest first) before normalization and
+// pre-tokenization, as the reference does.
+func (h *HF) Encode(dst []uint32, text []byte) []uint32 {
+	sc := scratchPool.Get().(*scratch)
+	start := 0
+	for i := 0; i < len(text); i++ {
+		if !h.addedFirst[text[i]] {
+			continue
+		}
+		at := h.matchAdded(text[i:])
+		if at == nil {
+			continue
+		}
+		dst = h.encodeSection(dst, text[start:i], sc)
+		dst = append(dst, at.id)
+		i += len(at.content) - 1
+		start = i + 1
+	}
+	dst = h.encodeSection(dst, text[start:], sc)
+	scratchPool.Put(sc)
+	return dst
+}
+
+func (h *HF) matchAdded(s []byte) *addedToken {
+	for k := range h.added {
+		if bytes.HasPrefix(s, h.added[k].content) {
+			return &h.added[k]
+		}
+	}
+	return nil
+}
+
+func (h *HF) encodeSection(dst []uint32, s []byte, sc *scratch) []uint32 {
+	if len(s) == 0 {
+		return dst
+	}
+	if h.nfc && !isASCII(s) && !norm.NFC.IsNormal(s) {
+		sc.norm = norm.NFC.Append(sc.norm[:0], s...)
+		s = sc.norm
+	}
+	for i := 0; i < len(s); {
+		n := matchAt(s, i, h.maxDigits)
+		dst = h.model.encodeWord(dst, s[i:i+n], sc)
+		i += n
+	}
+	return dst
+}
+
+func isASCII(s []byte) bool {
+	for _, c := range s {
+		if c >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
+// AppendDecode appends the text of ids to dst. Unknown ids are skipped.
+func (h *HF) AppendDecode(dst []byte, ids []uint32) []byte {
+	for _, id := range ids {
+		if int(id) < len(h.tokens) {
+			dst = append(dst, h.tokens[id]...)
+		}
+	}
+	return dst
+}
+
+// Decode returns the text of ids (invalid UTF-8 is kept as is).
+func (h *HF) Decode(ids []uint32) string { return string(h.AppendDecode(nil, ids)) }
+
+// ErrNoChatTemplate is returned when rendering a chat without a template.
+var ErrNoChatTemplate = errors.New("tokenizer has no chat_template")
+
+// RenderChat implements Tokenizer. Messages become objects with role and
+// content always set, and name, tool_call_id, tool_calls and
+// reasoning_content set only when non-empty; tool call arguments are passed
+// as the JSON string they are.
+func (h *HF) RenderChat(dst []byte, msgs []Message, tools []byte, addGenerationPrompt bool) ([]byte, error) {
+	arr := make([]jinja.Value, len(msgs))
+	for i := range msgs {
+		arr[i] = messageValue(&msgs[i])
+	}
+	var toolsV jinja.Value
+	if len(bytes.TrimSpace(tools)) > 0 {
+		v, err := jinja.FromJSON(tools)
+		if err != nil {
+			return dst, fmt.Errorf("cannot parse tools: %w", err)
+		}
+		toolsV = v
+	}
+	return h.render(dst, jinja.Array(arr...), toolsV, addGenerationPrompt, nil)
+}
+
+// RenderChatJSON renders a conversation given as a raw JSON messages array
+// (any shape the template understands, for example tool call arguments as
+// objects) and optional raw JSON tools. extra holds further template
+// variables such as enable_thinking; it may be nil.
+func (h *HF) RenderChatJSON(dst []byte, messages, tools []byte, addGenerationPrompt bool, extra *jinja.Object) ([]byte, error) {
+	msgs, err := jinja.FromJSON(messages)
+	if err != nil {
+		return dst, fmt.Errorf("cannot parse messages: %w", err)
+	}
+	if msgs.Kind() != jinja.KindArray {
+		return dst, errors.New("messages must be a JSON array")
+	}
+	var toolsV jinja.Value
+	if len(bytes.TrimSpace(tools)) > 0 {
+		if toolsV, err = jinja.FromJSON(tools); err != nil {
+			return dst, fmt.Errorf("cannot parse tools: %w", err)
+		}
+		if toolsV.Kind() == jinja.KindNull {
+			toolsV = jinja.Undefined()
+		}
+	}
+	return h.render(dst, msgs, toolsV, addGenerationPrompt, extra)
+}
+
+func (h *HF) render(dst []byte, msgs, tools jinja.Value, addGen bool, extra *jinja.Object) ([]byte, error) {
+	if h.chat == nil {
+		return dst, ErrNoChatTemplate
+	}
+	vars := jinja.NewObject(8)
+	vars.Set("messages", msgs)
+	if !tools.IsUndefined() {
+		vars.Set("tools", tools)
+	}
+	vars.Set("add_generation_prompt", jinja.Bool(addGen))
+	vars.Set("bos_token", jinja.String(h.bosToken))
+	vars.Set("eos_token", jinja.String(h.eosToken))
+	if extra != nil {
+		for _, k := range extra.Keys() {
+			v, _ := extra.Get(k)
+			vars.Set(k, v)
+		}
+	}
+	out, err := h.chat.Render(dst, vars)
+	if err != nil {
+		return dst, fmt.Errorf("cannot render chat template: %w", err)
+	}
+	return out, nil
+}
+
+func messageValue(m *Message) jinja.Value {
+	o := jinja.NewObject(6)
+	o.Set("role", jinja.String(m.Role))
+	o.Set("content", jinja.String(m.Content))
+	if m.Name != "" {
+		o.Set("name", jinja.String(m.Name))
+	}
+	if m.ToolCallID != "" {
+		o.Set("tool_call_id", jinja.String(m.ToolCallID))
+	}
+	if len(m.ToolCalls) > 0 {
+		calls := make([]jinja.Value, len(m.ToolCalls))
+		for i := range m.ToolCalls {
+			tc := &m.ToolCalls[i]
+			c := jinja.NewObject(3)
+			if tc.ID != "" {
+				c.Set("id", jinja.String(tc.ID))
+			}
+			if tc.Type != "" {
+				c.Set("type", jinja.String(tc.Type))
+			}
+			f := jinja.NewObject(2)
+			f.Set("name", jinja.String(tc.Function.Name))
+			f.Set("arguments", jinja.String(tc.Function.Arguments))
+			c.Set("function", jinja.ObjectValue(f))
+			calls[i] = jinja.ObjectValue(c)
+		}
+		o.Set("tool_calls", jinja.Array(calls...))
+	}
+	if m.ReasoningContent != "" {
+		o.Set("reasoning_content", jinja.String(m.ReasoningContent))
+	}
+	return jinja.ObjectValue(o)
+}

@@ -1,0 +1,248 @@
+package tokenizer
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/infera/infera/jinja"
+)
+
+const qwen3Dir = "../testdata/tokenizers/qwen3"
+
+var (
+	qwen3Once sync.Once
+	qwen3     *HF
+	qwen3Err  error
+)
+
+// loadQwen3 returns the Qwen3 tokenizer fetched by scripts/fetch-tokenizer.sh.
+// Without it the test is skipped, unless INFERA_REQUIRE_TOKENIZER=1 (set by
+// make test after fetching), in which case it fails.
+func loadQwen3(tb testing.TB) *HF {
+	tb.Helper()
+	if _, err := os.Stat(qwen3Dir + "/tokenizer.json"); err != nil {
+		if os.Getenv("INFERA_REQUIRE_TOKENIZER") == "1" {
+			tb.Fatalf("Qwen3 tokenizer missing in %s (run scripts/fetch-tokenizer.sh): %v", qwen3Dir, err)
+		}
+		tb.Skipf("Qwen3 tokenizer missing in %s; run scripts/fetch-tokenizer.sh", qwen3Dir)
+	}
+	qwen3Once.Do(func() { qwen3, qwen3Err = Load(qwen3Dir) })
+	if qwen3Err != nil {
+		tb.Fatalf("cannot load Qwen3 tokenizer: %v", qwen3Err)
+	}
+	return qwen3
+}
+
+func readJSONL(tb testing.TB, path string, each func(line []byte)) int {
+	tb.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<24)
+	n := 0
+	for sc.Scan() {
+		each(sc.Bytes())
+		n++
+	}
+	if err := sc.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}
+
+func TestQwen3EncodeReference(t *testing.T) {
+	h := loadQwen3(t)
+	fails := 0
+	n := readJSONL(t, "testdata/qwen3_encode_ref.jsonl", func(line []byte) {
+		var rec struct {
+			Text string   `json:"text"`
+			IDs  []uint32 `json:"ids"`
+		}
+		if err := json.Unmarshal(line, &rec); err != nil {
+			t.Fatal(err)
+		}
+		got := h.Encode(nil, []byte(rec.Text))
+		if !slices.Equal(got, rec.IDs) {
+			fails++
+			if fails <= 10 {
+				t.Errorf("Encode(%q):\n got %v\nwant %v", rec.Text, got, rec.IDs)
+			}
+		}
+	})
+	if n < 500 {
+		t.Fatalf("only %d reference strings", n)
+	}
+	if fails > 0 {
+		t.Fatalf("%d of %d strings differ", fails, n)
+	}
+}
+
+type chatRecord struct {
+	Messages            json.RawMessage `json:"messages"`
+	Tools               json.RawMessage `json:"tools"`
+	AddGenerationPrompt bool            `json:"add_generation_prompt"`
+	EnableThinking      *bool           `json:"enable_thinking"`
+	Representable       bool            `json:"representable"`
+	Text                string          `json:"text"`
+	IDs                 []uint32        `json:"ids"`
+}
+
+func TestQwen3ChatReference(t *testing.T) {
+	h := loadQwen3(t)
+	viaMessages := 0
+	n := readJSONL(t, "testdata/qwen3_chat_ref.jsonl", func(line []byte) {
+		var rec chatRecord
+		if err := json.Unmarshal(line, &rec); err != nil {
+			t.Fatal(err)
+		}
+		var extra *jinja.Object
+		if rec.EnableThinking != nil {
+			extra = jinja.NewObject(1)
+			extra.Set("enable_thinking", jinja.Bool(*rec.EnableThinking))
+		}
+		tools := rec.Tools
+		if string(tools) == "null" {
+			tools = nil
+		}
+		got, err := h.RenderChatJSON(nil, rec.Messages, tools, rec.AddGenerationPrompt, extra)
+		if err != nil {
+			t.Fatalf("RenderChatJSON: %v", err)
+		}
+		if string(got) != rec.Text {
+			t.Fatalf("RenderChatJSON differs:\n got %q\nwant %q", got, rec.Text)
+		}
+		if ids := h.Encode(nil, got); !slices.Equal(ids, rec.IDs) {
+			t.Fatalf("Encode(rendered %q):\n got %v\nwant %v", got, ids, rec.IDs)
+		}
+		// The typed Message path must agree wherever the conversation fits
+		// the Message struct (and enable_thinking is unset: RenderChat has
+		// no knob for it).
+		if rec.Representable && rec.EnableThinking == nil {
+			var msgs []Message
+			if err := json.Unmarshal(rec.Messages, &msgs); err != nil {
+				t.Fatal(err)
+			}
+			got2, err := h.RenderChat(nil, msgs, tools, rec.AddGenerationPrompt)
+			if err != nil {
+				t.Fatalf("RenderChat: %v", err)
+			}
+			if string(got2) != rec.Text {
+				t.Fatalf("RenderChat differs:\n got %q\nwant %q", got2, rec.Text)
+			}
+			viaMessages++
+		}
+	})
+	if n < 50 {
+		t.Fatalf("only %d reference conversations", n)
+	}
+	if viaMessages < 20 {
+		t.Fatalf("only %d conversations exercised RenderChat", viaMessages)
+	}
+	t.Logf("%d conversations, %d also through RenderChat", n, viaMessages)
+}
+
+func TestEncodeConcurrent(t *testing.T) {
+	h := loadQwen3(t)
+	var texts [][]byte
+	var want [][]uint32
+	readJSONL(t, "testdata/qwen3_encode_ref.jsonl", func(line []byte) {
+		var rec struct {
+			Text string   `json:"text"`
+			IDs  []uint32 `json:"ids"`
+		}
+		if err := json.Unmarshal(line, &rec); err != nil {
+			t.Fatal(err)
+		}
+		texts, want = append(texts, []byte(rec.Text)), append(want, rec.IDs)
+	})
+	h.model.cache.reset()
+	var wg sync.WaitGroup
+	errs := make(chan string, 4)
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			var dst []uint32
+			for i := range texts {
+				k := (i*7 + g*131) % len(texts)
+				if dst = h.Encode(dst[:0], texts[k]); !slices.Equal(dst, want[k]) {
+					errs <- string(texts[k])
+					return
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	for s := range errs {
+		t.Errorf("concurrent Encode(%q) differs", s)
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	f := func(name, tokJSON string) {
+		t.Helper()
+		dir := t.TempDir()
+		if err := os.WriteFile(dir+"/tokenizer.json", []byte(tokJSON), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Load(dir); err == nil {
+			t.Errorf("%s: Load succeeded, want error", name)
+		}
+	}
+	if _, err := Load(t.TempDir()); err == nil {
+		t.Error("Load of an empty directory succeeded")
+	}
+	f("not json", "{")
+	f("wordpiece", `{"model": {"type": "WordPiece", "vocab": {}}}`)
+	f("gpt2 regex", `{"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}, "model": {"type": "BPE", "vocab": {}, "merges": []}}`)
+	f("unknown split", `{"pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "\\w+"}, "behavior": "Isolated"}, {"type": "ByteLevel", "use_regex": false}]}, "model": {"type": "BPE", "vocab": {}, "merges": []}}`)
+	f("nfkc", `{"normalizer": {"type": "NFKC"}, "model": {"type": "BPE", "vocab": {}, "merges": []}}`)
+	f("byte fallback", `{"model": {"type": "BPE", "byte_fallback": true, "vocab": {}, "merges": []}}`)
+}
+
+// TestLoadSmall loads a tiny hand-written tokenizer: merges in "a b" string
+// form, a cl100k split pattern and a list-form chat template.
+func TestLoadSmall(t *testing.T) {
+	enc, _ := byteLevelAlphabet()
+	vocab := map[string]int{}
+	for b := 0; b < 256; b++ {
+		vocab[string(enc[b])] = b
+	}
+	vocab["ab"], vocab["abc"], vocab["12"] = 256, 257, 258
+	tj := map[string]any{
+		"added_tokens": []any{map[string]any{"id": 300, "content": "<s>", "special": true}},
+		"normalizer":   nil,
+		"pre_tokenizer": map[string]any{"type": "Sequence", "pretokenizers": []any{
+			map[string]any{"type": "Split", "pattern": map[string]any{"Regex": cl100kPattern}, "behavior": "Isolated", "invert": false},
+			map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+		}},
+		"decoder": map[string]any{"type": "ByteLevel"},
+		"model":   map[string]any{"type": "BPE", "vocab": vocab, "merges": []string{"a b", "ab c", "1 2"}},
+	}
+	dir := t.TempDir()
+	data, _ := json.Marshal(tj)
+	os.WriteFile(dir+"/tokenizer.json", data, 0o644)
+	os.WriteFile(dir+"/tokenizer_config.json", []byte(`{"eos_token": {"content": "<s>"}, "chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "{% for m in messages %}{{ m.role }}:{{ m.content }}{{ eos_token }}{% endfor %}"}]}`), 0o644)
+	h, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := h.Encode(nil, []byte("abc<s>1234ab")), []uint32{257, 300, 258, '3', '4', 256}; !slices.Equal(got, want) {
+		t.Fatalf("Encode = %v, want %v", got, want)
+	}
+	out, err := h.RenderChat(nil, []Message{{Role: "user", Content: "hi"}}, nil, false)
+	if err != nil || string(out) != "user:hi<s>" {
+		t.Fatalf("RenderChat = %q, %v", out, err)
+	}
+	if id, ok := h.TokenID("<s>"); !ok || id != 300 || h.EOSToken() != "<s>" {
+		t.Fatalf("TokenID/EOSToken = %d %v %q", id, ok, h.EOSToken())
+	}
+}
