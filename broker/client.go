@@ -1,0 +1,500 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+	"github.com/puzpuzpuz/xsync/v3"
+)
+
+var (
+	mCancelsSent   = metrics.NewCounter(`infera_nats_cancels_sent_total`)
+	mReqRejected   = metrics.NewCounter(`infera_nats_requests_rejected_total{reason="max_pending"}`)
+	mReqSent       = metrics.NewCounter(`infera_nats_requests_total`)
+	mStreamOverrun = metrics.NewCounter(`infera_nats_stream_overflows_total`)
+)
+
+// ClientConfig configures the router side of the NATS request transport.
+type ClientConfig struct {
+	// Conn is the router's NATS connection (shared; not closed by Client).
+	Conn *nats.Conn
+	// IdleTimeout is the longest wait for the next reply message, reset per
+	// message (--nats-req-idle-timeout). 0 waits forever.
+	IdleTimeout time.Duration
+	// MaxDuration caps a whole request from Do to the last chunk
+	// (--nats-req-max-duration). 0 is off.
+	MaxDuration time.Duration
+	// MaxPending is the per-worker admission limit (--nats-req-max-pending):
+	// with MaxPending requests outstanding at a worker Do returns
+	// ErrMaxPending without sending. 0 is off.
+	MaxPending int
+	// MaxQueued bounds reply messages buffered per stream when the reader
+	// is slower than the engine; beyond it the stream fails with ErrBroken.
+	// Default 8192.
+	MaxQueued int
+}
+
+// Request is one HTTP request to forward. Body is sent as is; Header holds
+// the request headers to forward (hop-by-hop and Infera-* ones are dropped).
+type Request struct {
+	Method string
+	// Path is the path with query, e.g. "/v1/chat/completions".
+	Path   string
+	Header http.Header
+	Body   []byte
+}
+
+// Client sends requests to workers over NATS and streams their replies.
+// It is safe for concurrent use.
+type Client struct {
+	cfg    ClientConfig
+	nc     *nats.Conn
+	prefix string
+	sub    *nats.Subscription
+
+	mu      sync.Mutex
+	streams map[string]*Stream
+
+	pending *xsync.MapOf[string, *atomic.Int64]
+}
+
+// NewClient subscribes the client's reply inbox and returns the client.
+func NewClient(cfg ClientConfig) (*Client, error) {
+	if cfg.Conn == nil {
+		return nil, fmt.Errorf("broker: ClientConfig.Conn is nil")
+	}
+	if cfg.MaxQueued <= 0 {
+		cfg.MaxQueued = 8192
+	}
+	c := &Client{
+		cfg:     cfg,
+		nc:      cfg.Conn,
+		prefix:  cfg.Conn.NewRespInbox() + ".",
+		streams: map[string]*Stream{},
+		pending: xsync.NewMapOf[string, *atomic.Int64](),
+	}
+	sub, err := c.nc.Subscribe(c.prefix+"*", c.dispatch)
+	if err != nil {
+		return nil, fmt.Errorf("cannot subscribe reply inbox: %w", err)
+	}
+	// Replies can be bursty; never let the NATS client drop them.
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		sub.Unsubscribe()
+		return nil, fmt.Errorf("cannot set reply inbox limits: %w", err)
+	}
+	c.sub = sub
+	return c, nil
+}
+
+// Close unsubscribes the reply inbox; open streams fail with ErrBroken.
+func (c *Client) Close() error {
+	err := c.sub.Unsubscribe()
+	c.mu.Lock()
+	ss := c.streams
+	c.streams = map[string]*Stream{}
+	c.mu.Unlock()
+	for _, s := range ss {
+		s.fail(wrap(ErrBroken, "client closed"))
+	}
+	return err
+}
+
+// Disconnected fails every open stream with ErrBroken: replies sent while
+// the connection was down are lost (core NATS), so waiting for them would
+// only end at the idle timeout. Call it from the connection's disconnect
+// handler: nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+// client.Disconnected(err) }).
+func (c *Client) Disconnected(err error) {
+	c.mu.Lock()
+	ss := make([]*Stream, 0, len(c.streams))
+	for _, s := range c.streams {
+		ss = append(ss, s)
+	}
+	c.mu.Unlock()
+	detail := "NATS connection lost"
+	if err != nil {
+		detail += ": " + err.Error()
+	}
+	for _, s := range ss {
+		s.fail(wrap(ErrBroken, detail))
+	}
+}
+
+// Pending returns the requests outstanding at workerID (for metrics).
+func (c *Client) Pending(workerID string) int {
+	if p, ok := c.pending.Load(workerID); ok {
+		return int(p.Load())
+	}
+	return 0
+}
+
+// Forget drops the pending counter of a removed worker.
+func (c *Client) Forget(workerID string) { c.pending.Delete(workerID) }
+
+func (c *Client) dispatch(m *nats.Msg) {
+	id := m.Subject[len(c.prefix):]
+	c.mu.Lock()
+	s := c.streams[id]
+	c.mu.Unlock()
+	if s != nil {
+		s.push(m)
+	}
+}
+
+// Do publishes req to workerID and waits for the first reply message. On
+// success the caller owns the Stream and must Close it. Every error from Do
+// happens before the first response byte: Retryable(err) says whether
+// another worker may take the request and HTTPStatus(err) what to answer.
+// ctx bounds the wait for the first reply (and every later Next).
+func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream, error) {
+	if !ValidWorkerID(workerID) {
+		return nil, fmt.Errorf("broker: invalid worker id %q", workerID)
+	}
+	if !strings.HasPrefix(req.Path, "/") || !validHeaderValue(req.Path) {
+		return nil, fmt.Errorf("broker: invalid request path %q", req.Path)
+	}
+	var ctr *atomic.Int64
+	if c.cfg.MaxPending > 0 {
+		ctr, _ = c.pending.LoadOrCompute(workerID, func() *atomic.Int64 { return new(atomic.Int64) })
+		if ctr.Add(1) > int64(c.cfg.MaxPending) {
+			ctr.Add(-1)
+			mReqRejected.Inc()
+			return nil, wrap(ErrMaxPending, workerID)
+		}
+	}
+	id := nuid.Next()
+	m := nats.NewMsg(ReqSubject(workerID))
+	m.Reply = c.prefix + id
+	m.Data = req.Body
+	hsize := 0
+	for k, vs := range req.Header {
+		if skipHeader(k) {
+			continue
+		}
+		for _, v := range vs {
+			if validHeaderValue(v) {
+				m.Header.Add(k, v)
+				hsize += len(k) + len(v) + 4
+			}
+		}
+	}
+	method := req.Method
+	if method == "" {
+		method = http.MethodPost
+	}
+	m.Header.Set(HdrID, id)
+	m.Header.Set(HdrMethod, method)
+	m.Header.Set(HdrPath, req.Path)
+	if int64(len(req.Body)+hsize+len(req.Path)+128) > c.nc.MaxPayload() {
+		if ctr != nil {
+			ctr.Add(-1)
+		}
+		return nil, wrap(ErrTooLarge, fmt.Sprintf("%d bytes, max %d", len(req.Body), c.nc.MaxPayload()))
+	}
+	s := &Stream{
+		c: c, worker: workerID, id: id, ctx: ctx, ctr: ctr,
+		sig:  make(chan struct{}, 1),
+		idle: c.cfg.IdleTimeout,
+	}
+	if c.cfg.MaxDuration > 0 {
+		s.deadline = time.Now().Add(c.cfg.MaxDuration)
+	}
+	c.mu.Lock()
+	c.streams[id] = s
+	c.mu.Unlock()
+	if err := c.nc.PublishMsg(m); err != nil {
+		s.release()
+		return nil, wrap(ErrNATS, err.Error())
+	}
+	mReqSent.Inc()
+	first, err := s.wait()
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	switch first.Header.Get(HdrKind) {
+	case KindHead:
+		st, err := strconv.Atoi(first.Header.Get(HdrStatus))
+		if err != nil || st < 100 || st > 999 {
+			s.Close()
+			return nil, wrap(ErrBroken, "bad status in head")
+		}
+		s.status = st
+		s.header = make(http.Header, len(first.Header))
+		for k, vs := range first.Header {
+			if !reserved(k) {
+				s.header[k] = vs
+			}
+		}
+		s.pendingData = first.Data
+		if first.Header.Get(HdrLast) == "1" {
+			s.finished, s.err = true, io.EOF
+			s.release()
+		}
+		return s, nil
+	case KindError:
+		s.finished = true
+		s.Close()
+		reason := first.Header.Get(HdrError)
+		if first.Header.Get(HdrStatus) == "429" {
+			return nil, wrap(ErrWorkerBusy, reason)
+		}
+		return nil, wrap(ErrEngine, reason)
+	default:
+		s.Close()
+		return nil, wrap(ErrBroken, "first reply is not head")
+	}
+}
+
+// Stream is one request's reply. Status and Header are valid after Do; Next
+// returns body chunks. A Stream is used by one goroutine.
+type Stream struct {
+	c        *Client
+	worker   string
+	id       string
+	ctx      context.Context
+	ctr      *atomic.Int64
+	idle     time.Duration
+	deadline time.Time
+	timer    *time.Timer
+
+	mu       sync.Mutex
+	q        []*nats.Msg
+	qhead    int
+	failErr  error
+	sig      chan struct{}
+	released bool
+
+	status      int
+	header      http.Header
+	pendingData []byte
+	seq         uint64
+	finished    bool // end or error message seen
+	canceled    bool
+	err         error
+}
+
+// Status returns the engine's HTTP status.
+func (s *Stream) Status() int { return s.status }
+
+// Header returns the engine's response headers (hop-by-hop ones removed).
+func (s *Stream) Header() http.Header { return s.header }
+
+// ID returns the request id (as sent in cancel notices).
+func (s *Stream) ID() string { return s.id }
+
+func (s *Stream) push(m *nats.Msg) {
+	s.mu.Lock()
+	if s.failErr == nil {
+		if len(s.q)-s.qhead >= s.c.cfg.MaxQueued {
+			mStreamOverrun.Inc()
+			s.failErr = wrap(ErrBroken, "reply queue overflow (reader too slow)")
+		} else {
+			s.q = append(s.q, m)
+		}
+	}
+	s.mu.Unlock()
+	select {
+	case s.sig <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Stream) fail(err error) {
+	s.mu.Lock()
+	if s.failErr == nil {
+		s.failErr = err
+	}
+	s.mu.Unlock()
+	select {
+	case s.sig <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Stream) pop() (*nats.Msg, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.qhead < len(s.q) {
+		m := s.q[s.qhead]
+		s.q[s.qhead] = nil
+		s.qhead++
+		if s.qhead == len(s.q) {
+			s.q, s.qhead = s.q[:0], 0
+		}
+		return m, nil
+	}
+	return nil, s.failErr
+}
+
+// wait returns the next reply message in order, enforcing the timeouts.
+func (s *Stream) wait() (*nats.Msg, error) {
+	for {
+		m, err := s.pop()
+		if m != nil {
+			if m.Header.Get("Status") == "503" && len(m.Data) == 0 && m.Header.Get(HdrKind) == "" {
+				return nil, wrap(ErrNoResponders, s.worker)
+			}
+			seq, perr := strconv.ParseUint(m.Header.Get(HdrSeq), 10, 64)
+			if perr != nil || seq != s.seq {
+				s.canceled = true // the worker may still be sending; stop it
+				s.sendCancel()
+				return nil, wrap(ErrBroken, fmt.Sprintf("reply out of order: got seq %q, want %d", m.Header.Get(HdrSeq), s.seq))
+			}
+			s.seq++
+			return m, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		var tc <-chan time.Time
+		d := s.idle
+		isDeadline := false
+		if !s.deadline.IsZero() {
+			if left := time.Until(s.deadline); d == 0 || left < d {
+				d, isDeadline = left, true
+			}
+		}
+		if d > 0 || isDeadline {
+			if d <= 0 {
+				d = 1
+			}
+			if s.timer == nil {
+				s.timer = time.NewTimer(d)
+			} else {
+				s.timer.Reset(d)
+			}
+			tc = s.timer.C
+		}
+		var done <-chan struct{}
+		if s.ctx != nil {
+			done = s.ctx.Done()
+		}
+		select {
+		case <-s.sig:
+			if s.timer != nil {
+				s.timer.Stop()
+			}
+		case <-tc:
+			s.sendCancel()
+			if isDeadline {
+				return nil, wrap(ErrMaxDuration, s.worker)
+			}
+			return nil, wrap(ErrIdleTimeout, s.worker)
+		case <-done:
+			if s.timer != nil {
+				s.timer.Stop()
+			}
+			s.sendCancel()
+			return nil, fmt.Errorf("request to worker %q: %w", s.worker, s.ctx.Err())
+		}
+	}
+}
+
+// Next returns the next body chunk; io.EOF after the last one. The chunk is
+// the caller's (never reused). Any other error ends the stream mid-way;
+// timeouts have already sent a cancel to the worker.
+func (s *Stream) Next() ([]byte, error) {
+	if s.pendingData != nil {
+		b := s.pendingData
+		s.pendingData = nil
+		if len(b) > 0 {
+			return b, nil
+		}
+	}
+	if s.err != nil {
+		return nil, s.err
+	}
+	for {
+		m, err := s.wait()
+		if err != nil {
+			s.err = err
+			return nil, err
+		}
+		switch m.Header.Get(HdrKind) {
+		case KindData:
+			if len(m.Data) == 0 {
+				continue
+			}
+			return m.Data, nil
+		case KindEnd:
+			s.finished = true
+			if e := m.Header.Get(HdrError); e != "" {
+				s.err = wrap(ErrBroken, "engine: "+e)
+			} else {
+				s.err = io.EOF
+			}
+			s.release()
+			return nil, s.err
+		default:
+			s.sendCancel()
+			s.err = wrap(ErrBroken, "unexpected reply kind "+strconv.Quote(m.Header.Get(HdrKind)))
+			return nil, s.err
+		}
+	}
+}
+
+// Read implements io.Reader over Next (copying), for relays that want one.
+func (s *Stream) Read(p []byte) (int, error) {
+	if len(s.pendingData) == 0 {
+		b, err := s.Next()
+		if err != nil {
+			return 0, err
+		}
+		s.pendingData = b
+	}
+	n := copy(p, s.pendingData)
+	s.pendingData = s.pendingData[n:]
+	if len(s.pendingData) == 0 {
+		s.pendingData = nil
+	}
+	return n, nil
+}
+
+// sendCancel publishes the cancel notice once.
+func (s *Stream) sendCancel() {
+	if s.finished || s.canceled {
+		return
+	}
+	s.canceled = true
+	if err := s.c.nc.Publish(CancelSubject(s.worker), []byte(s.id)); err == nil {
+		mCancelsSent.Inc()
+	}
+}
+
+// Close ends the stream: if the reply has not finished, it publishes a
+// cancel notice so the worker aborts the engine request. Idempotent.
+func (s *Stream) Close() error {
+	s.sendCancel()
+	s.release()
+	if s.err == nil {
+		s.err = wrap(ErrBroken, "stream closed")
+	}
+	return nil
+}
+
+func (s *Stream) release() {
+	if s.released {
+		return
+	}
+	s.released = true
+	s.c.mu.Lock()
+	delete(s.c.streams, s.id)
+	s.c.mu.Unlock()
+	if s.ctr != nil {
+		s.ctr.Add(-1)
+	}
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+}

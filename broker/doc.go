@@ -1,0 +1,52 @@
+// Package broker holds all of infera's NATS code: the request transport
+// (router-side Client, worker-side Server), the KV-event relay (engine ZMQ
+// PUB -> NATS, worker side) and the fleet-wide KV-event subscription (router
+// side).
+//
+// It knows nothing about HTTP routing, the scheduler's policies or the KV
+// index: the proxy calls Client.Do, the KV manager receives events through a
+// callback. All cgo (zmq4) lives in kvzmq.go.
+//
+// # Subjects
+//
+//	infera.req.<workerID>        requests to one worker instance
+//	infera.cancel.<workerID>     cancel notices (data = request id)
+//	infera.kv.events.<workerID>  KV events relayed from the engine
+//
+// # Request framing
+//
+// A request is one NATS message on infera.req.<workerID> whose reply subject
+// is the router's inbox for that request. Data is the HTTP request body,
+// untouched. Headers:
+//
+//	Infera-Id      request id (unique; used by cancel notices)
+//	Infera-Method  HTTP method (default POST)
+//	Infera-Path    HTTP path with query, e.g. /v1/chat/completions
+//	<other>        forwarded HTTP request headers (names starting with
+//	               "Infera-" are reserved and never forwarded)
+//
+// The worker answers with a sequence of messages on the reply subject, each
+// carrying Infera-Kind and Infera-Seq (0, 1, 2, ... so a dropped message is
+// detected):
+//
+//	Infera-Kind: head   first message: Infera-Status is the engine's HTTP
+//	                    status; other headers are the engine's response
+//	                    headers (hop-by-hop ones removed). Data may be empty.
+//	                    With Infera-Last: 1, Data is the whole body and no
+//	                    more messages follow (small fixed-length responses).
+//	Infera-Kind: data   one body chunk, exactly as the engine wrote it.
+//	Infera-Kind: end    end of body. If Infera-Error is set the engine
+//	                    stream broke mid-way (the client sees an error).
+//	Infera-Kind: error  instead of head: the request was not forwarded.
+//	                    Infera-Status says why (429 = worker at
+//	                    --nats-req-max-pending, 502 = engine unreachable),
+//	                    Infera-Error has the reason.
+//
+// # KV-event framing
+//
+// The relay publishes each ZMQ multipart frame [topic, seq(8 bytes,
+// big-endian), payload] as one message on infera.kv.events.<workerID>: Data
+// is the payload bytes as the engine produced them (never re-encoded),
+// header Infera-Topic is the topic and Infera-Seq the sequence number in
+// decimal.
+package broker

@@ -1,0 +1,87 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"net/http"
+)
+
+// Error is a transport failure with the HTTP status the proxy should answer
+// and whether the request may be retried on another worker (only ever before
+// the first response byte). Match kinds with errors.Is(err, ErrIdleTimeout).
+type Error struct {
+	// Status is the HTTP status for the client.
+	Status int
+	// Retryable is true when the request was not served and an alternate
+	// worker may take it.
+	Retryable bool
+	msg       string
+}
+
+func (e *Error) Error() string { return e.msg }
+
+// Kinds of transport errors. Errors returned by Client.Do and Stream.Next
+// wrap one of these.
+var (
+	// ErrMaxPending: the router already has --nats-req-max-pending requests
+	// outstanding at this worker; nothing was sent. 429, retryable.
+	ErrMaxPending = &Error{Status: http.StatusTooManyRequests, Retryable: true, msg: "router-side max pending reached for worker"}
+	// ErrWorkerBusy: the worker rejected the request at its own
+	// max-pending cap. 429, retryable.
+	ErrWorkerBusy = &Error{Status: http.StatusTooManyRequests, Retryable: true, msg: "worker at max pending"}
+	// ErrNoResponders: nobody serves the worker's request subject (worker
+	// gone or not on NATS). 503, retryable.
+	ErrNoResponders = &Error{Status: http.StatusServiceUnavailable, Retryable: true, msg: "no responders on worker subject"}
+	// ErrEngine: the worker could not reach its engine. 502, retryable.
+	ErrEngine = &Error{Status: http.StatusBadGateway, Retryable: true, msg: "worker could not reach engine"}
+	// ErrIdleTimeout: no reply chunk within --nats-req-idle-timeout. 504;
+	// retryable only when it happens before the first reply (Do).
+	ErrIdleTimeout = &Error{Status: http.StatusGatewayTimeout, Retryable: true, msg: "idle timeout waiting for reply"}
+	// ErrMaxDuration: the request ran past --nats-req-max-duration. 504,
+	// not retryable (the request's budget is spent).
+	ErrMaxDuration = &Error{Status: http.StatusGatewayTimeout, Retryable: false, msg: "max request duration exceeded"}
+	// ErrBroken: the reply stream broke mid-way (engine error, lost or
+	// overflowing chunks, NATS connection lost). 502, not retryable.
+	ErrBroken = &Error{Status: http.StatusBadGateway, Retryable: false, msg: "reply stream broken"}
+	// ErrTooLarge: the request does not fit one NATS message. 413.
+	ErrTooLarge = &Error{Status: http.StatusRequestEntityTooLarge, Retryable: false, msg: "request larger than NATS max payload"}
+	// ErrNATS: publishing failed (connection closed or reconnecting). 503,
+	// retryable.
+	ErrNATS = &Error{Status: http.StatusServiceUnavailable, Retryable: true, msg: "NATS publish failed"}
+)
+
+// wrapped is a kind plus detail; errors.Is matches the kind.
+type wrapped struct {
+	kind   *Error
+	detail string
+}
+
+func (w *wrapped) Error() string {
+	if w.detail == "" {
+		return w.kind.msg
+	}
+	return w.kind.msg + ": " + w.detail
+}
+func (w *wrapped) Unwrap() error { return w.kind }
+
+func wrap(kind *Error, detail string) error { return &wrapped{kind: kind, detail: detail} }
+
+// HTTPStatus returns the HTTP status the proxy should answer for err:
+// the kind's status, 499 for a canceled context, 502 otherwise.
+func HTTPStatus(err error) int {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Status
+	}
+	if errors.Is(err, context.Canceled) {
+		return 499
+	}
+	return http.StatusBadGateway
+}
+
+// Retryable reports whether a failed Client.Do may be retried on another
+// worker. Stream errors (after the first reply) are never retried.
+func Retryable(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Retryable
+}

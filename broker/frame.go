@@ -1,0 +1,79 @@
+package broker
+
+import (
+	"net/http"
+	"strings"
+)
+
+// Subject prefixes (see the package doc).
+const (
+	ReqPrefix      = "infera.req."
+	CancelPrefix   = "infera.cancel."
+	KVEventsPrefix = "infera.kv.events."
+)
+
+// Framing headers (see the package doc).
+const (
+	HdrID     = "Infera-Id"
+	HdrMethod = "Infera-Method"
+	HdrPath   = "Infera-Path"
+	HdrKind   = "Infera-Kind"
+	HdrSeq    = "Infera-Seq"
+	HdrStatus = "Infera-Status"
+	HdrError  = "Infera-Error"
+	HdrTopic  = "Infera-Topic"
+	HdrLast   = "Infera-Last"
+
+	KindHead  = "head"
+	KindData  = "data"
+	KindEnd   = "end"
+	KindError = "error"
+)
+
+// ReqSubject returns the request subject of worker id.
+func ReqSubject(id string) string { return ReqPrefix + id }
+
+// CancelSubject returns the cancel subject of worker id.
+func CancelSubject(id string) string { return CancelPrefix + id }
+
+// KVEventsSubject returns the KV-event subject of worker id.
+func KVEventsSubject(id string) string { return KVEventsPrefix + id }
+
+// ValidWorkerID reports whether id can be one NATS subject token.
+func ValidWorkerID(id string) bool {
+	if id == "" {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		switch c := id[i]; c {
+		case '.', '*', '>', ' ', '\t', '\r', '\n':
+			return false
+		default:
+			if c < 0x20 || c == 0x7f {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// reserved reports whether header name k belongs to the framing.
+func reserved(k string) bool {
+	return len(k) >= 7 && strings.EqualFold(k[:7], "infera-")
+}
+
+// hopByHop lists headers never forwarded across the transport.
+var hopByHop = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true,
+	"Transfer-Encoding": true, "Te": true, "Trailer": true, "Upgrade": true,
+	"Content-Length": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
+}
+
+func skipHeader(k string) bool {
+	return reserved(k) || hopByHop[http.CanonicalHeaderKey(k)]
+}
+
+// validHeaderValue reports whether v can travel as a NATS header value.
+func validHeaderValue(v string) bool {
+	return strings.IndexByte(v, '\r') < 0 && strings.IndexByte(v, '\n') < 0
+}

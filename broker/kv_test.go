@@ -1,0 +1,120 @@
+//go:build cgo
+
+package broker
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/internal/testsrv"
+	zmq "github.com/pebbe/zmq4"
+)
+
+type kvFrame struct {
+	worker  string
+	topic   []byte
+	seq     uint64
+	payload []byte
+}
+
+func TestKVRelay(t *testing.T) {
+	ns := testsrv.StartNATS(t)
+	wnc, rnc := connect(t, ns.URL), connect(t, ns.URL)
+
+	pub, err := zmq.NewSocket(zmq.PUB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	pub.SetLinger(0)
+	port := testsrv.FreePort(t)
+	if err := pub.Bind(fmt.Sprintf("tcp://127.0.0.1:%d", port)); err != nil {
+		t.Fatal(err)
+	}
+
+	var mu sync.Mutex
+	var got []kvFrame
+	sub, err := SubscribeKVEvents(rnc, func(id string, topic []byte, seq uint64, payload []byte) {
+		mu.Lock()
+		got = append(got, kvFrame{id, topic, seq, payload})
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	rnc.Flush()
+
+	relay, err := StartKVRelay(KVRelayConfig{Conn: wnc, WorkerID: "w-7", Endpoint: fmt.Sprintf("tcp://*:%d", port)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Close()
+
+	send := func(topic string, seq uint64, payload []byte) {
+		var sb [8]byte
+		binary.BigEndian.PutUint64(sb[:], seq)
+		if _, err := pub.SendMessage([]byte(topic), sb[:], payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(got) }
+	// ZMQ slow joiner: probe until the relay's subscription is live.
+	deadline := time.Now().Add(5 * time.Second)
+	for count() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("relay never delivered a probe frame")
+		}
+		send("probe", 0, []byte("p"))
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	mu.Lock()
+	got = got[:0]
+	mu.Unlock()
+
+	// Payloads with bytes a re-encoder would mangle (msgpack-ish, NUL, high bytes).
+	want := []kvFrame{
+		{"w-7", []byte("kv-events"), 1, []byte{0x93, 0xcb, 0x41, 0xd9, 0x00, 0xff, 0x0a, 0x0d}},
+		{"w-7", []byte(""), 2, bytes.Repeat([]byte{0, 1, 2, 0xfe}, 50000)},
+		{"w-7", []byte("kv-events"), 1<<63 + 5, []byte{}},
+	}
+	send("bad", 9, nil) // will be valid: 3 parts; keep a malformed one too
+	pub.SendMessage([]byte("two-parts-only"), []byte("x"))
+	mu.Lock()
+	got = got[:0]
+	mu.Unlock()
+	for _, f := range want {
+		send(string(f.topic), f.seq, f.payload)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		// drop a late "bad" frame if it raced the reset
+		var fs []kvFrame
+		for _, f := range got {
+			if string(f.topic) != "bad" {
+				fs = append(fs, f)
+			}
+		}
+		mu.Unlock()
+		if len(fs) >= len(want) {
+			for i, w := range want {
+				g := fs[i]
+				if g.worker != w.worker || !bytes.Equal(g.topic, w.topic) || g.seq != w.seq || !bytes.Equal(g.payload, w.payload) {
+					t.Fatalf("frame %d: got worker %q topic %q seq %d payload %d bytes; want %q %q %d %d bytes",
+						i, g.worker, g.topic, g.seq, len(g.payload), w.worker, w.topic, w.seq, len(w.payload))
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("got %d frames, want %d", len(fs), len(want))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,332 @@
+package broker
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/nats-io/nats.go"
+)
+
+var (
+	mSrvRequests = metrics.NewCounter(`infera_worker_nats_requests_total`)
+	mSrvRejected = metrics.NewCounter(`infera_worker_nats_requests_rejected_total`)
+	mSrvCanceled = metrics.NewCounter(`infera_worker_nats_requests_canceled_total`)
+)
+
+// ServerConfig configures the worker side of the NATS request transport.
+type ServerConfig struct {
+	// Conn is the worker's NATS connection (not closed by Server).
+	Conn *nats.Conn
+	// WorkerID is this instance's id; the server subscribes
+	// infera.req.<WorkerID> and infera.cancel.<WorkerID>.
+	WorkerID string
+	// EngineURL is the engine's base URL, e.g. http://127.0.0.1:8100.
+	EngineURL string
+	// MaxPending caps requests in flight at this worker; at the cap a
+	// request is answered with an error reply, status 429. 0 is off.
+	MaxPending int
+	// HTTPClient talks to the engine. Default: a client with no overall
+	// timeout (streams are long) and keep-alive connections.
+	HTTPClient *http.Client
+	// ChunkSize is the read buffer per engine response read (one NATS
+	// message per read). Default 32 KiB, capped below the NATS max payload.
+	ChunkSize int
+}
+
+// Server serves one worker's request subject by forwarding each request to
+// the engine's HTTP API and streaming the response back.
+type Server struct {
+	cfg       ServerConfig
+	nc        *nats.Conn
+	engine    string
+	hc        *http.Client
+	chunk     int
+	subReq    *nats.Subscription
+	subCancel *nats.Subscription
+
+	inflight atomic.Int64
+	wg       sync.WaitGroup
+	bufs     sync.Pool
+
+	mu      sync.Mutex
+	cancels map[string]context.CancelFunc
+	stopped bool
+}
+
+// NewServer validates cfg and returns a server; Start subscribes.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if cfg.Conn == nil {
+		return nil, fmt.Errorf("broker: ServerConfig.Conn is nil")
+	}
+	if !ValidWorkerID(cfg.WorkerID) {
+		return nil, fmt.Errorf("broker: worker id %q is not a valid NATS subject token", cfg.WorkerID)
+	}
+	if !strings.HasPrefix(cfg.EngineURL, "http://") && !strings.HasPrefix(cfg.EngineURL, "https://") {
+		return nil, fmt.Errorf("broker: engine url %q must be http(s)://", cfg.EngineURL)
+	}
+	s := &Server{
+		cfg:     cfg,
+		nc:      cfg.Conn,
+		engine:  strings.TrimRight(cfg.EngineURL, "/"),
+		hc:      cfg.HTTPClient,
+		chunk:   cfg.ChunkSize,
+		cancels: map[string]context.CancelFunc{},
+	}
+	if s.hc == nil {
+		s.hc = &http.Client{Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 1024,
+			IdleConnTimeout:     90 * time.Second,
+			DisableCompression:  true,
+		}}
+	}
+	if s.chunk <= 0 {
+		s.chunk = 32 << 10
+	}
+	if max := int(s.nc.MaxPayload()) - 1024; max > 0 && s.chunk > max {
+		s.chunk = max
+	}
+	s.bufs.New = func() any { b := make([]byte, s.chunk); return &b }
+	return s, nil
+}
+
+// Start subscribes the request and cancel subjects.
+func (s *Server) Start() error {
+	var err error
+	if s.subCancel, err = s.nc.Subscribe(CancelSubject(s.cfg.WorkerID), s.onCancel); err != nil {
+		return fmt.Errorf("cannot subscribe %s: %w", CancelSubject(s.cfg.WorkerID), err)
+	}
+	if s.subReq, err = s.nc.Subscribe(ReqSubject(s.cfg.WorkerID), s.onRequest); err != nil {
+		s.subCancel.Unsubscribe()
+		return fmt.Errorf("cannot subscribe %s: %w", ReqSubject(s.cfg.WorkerID), err)
+	}
+	s.subReq.SetPendingLimits(-1, -1)
+	// Make sure the server knows the subscriptions before we advertise.
+	if err := s.nc.Flush(); err != nil {
+		return fmt.Errorf("cannot flush NATS subscriptions: %w", err)
+	}
+	return nil
+}
+
+// InFlight returns the requests being served now.
+func (s *Server) InFlight() int { return int(s.inflight.Load()) }
+
+// StopAccepting unsubscribes the request subject: requests already
+// received keep streaming, new ones get "no responders".
+func (s *Server) StopAccepting() {
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
+	if s.subReq != nil {
+		s.subReq.Unsubscribe()
+	}
+}
+
+// Close stops accepting, aborts every in-flight request and waits for their
+// goroutines.
+func (s *Server) Close() {
+	s.StopAccepting()
+	s.mu.Lock()
+	for _, c := range s.cancels {
+		c()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	if s.subCancel != nil {
+		s.subCancel.Unsubscribe()
+	}
+}
+
+// Wait waits until no request is in flight or ctx ends.
+func (s *Server) Wait(ctx context.Context) error {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for s.inflight.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+func (s *Server) onCancel(m *nats.Msg) {
+	s.mu.Lock()
+	c := s.cancels[string(m.Data)]
+	s.mu.Unlock()
+	if c != nil {
+		mSrvCanceled.Inc()
+		c()
+	}
+}
+
+func (s *Server) reply(to string, seq uint64, kind string, status int, errMsg string, hdr http.Header, data []byte) error {
+	m := nats.NewMsg(to)
+	for k, vs := range hdr {
+		if skipHeader(k) {
+			continue
+		}
+		for _, v := range vs {
+			if validHeaderValue(v) {
+				m.Header.Add(k, v)
+			}
+		}
+	}
+	m.Header.Set(HdrKind, kind)
+	m.Header.Set(HdrSeq, strconv.FormatUint(seq, 10))
+	if status != 0 {
+		m.Header.Set(HdrStatus, strconv.Itoa(status))
+	}
+	if errMsg != "" {
+		m.Header.Set(HdrError, sanitize(errMsg))
+	}
+	m.Data = data
+	return s.nc.PublishMsg(m)
+}
+
+func (s *Server) replyLast(to string, resp *http.Response, body []byte) {
+	m := nats.NewMsg(to)
+	for k, vs := range resp.Header {
+		if skipHeader(k) {
+			continue
+		}
+		for _, v := range vs {
+			if validHeaderValue(v) {
+				m.Header.Add(k, v)
+			}
+		}
+	}
+	m.Header.Set(HdrKind, KindHead)
+	m.Header.Set(HdrSeq, "0")
+	m.Header.Set(HdrStatus, strconv.Itoa(resp.StatusCode))
+	m.Header.Set(HdrLast, "1")
+	m.Data = body
+	s.nc.PublishMsg(m)
+}
+
+func sanitize(s string) string {
+	s = strings.ReplaceAll(s, "\r", " ")
+	return strings.ReplaceAll(s, "\n", " ")
+}
+
+func (s *Server) onRequest(m *nats.Msg) {
+	if m.Reply == "" {
+		return
+	}
+	mSrvRequests.Inc()
+	n := s.inflight.Add(1)
+	if s.cfg.MaxPending > 0 && n > int64(s.cfg.MaxPending) {
+		s.inflight.Add(-1)
+		mSrvRejected.Inc()
+		s.reply(m.Reply, 0, KindError, http.StatusTooManyRequests, fmt.Sprintf("worker %s at max pending %d", s.cfg.WorkerID, s.cfg.MaxPending), nil, nil)
+		return
+	}
+	id := m.Header.Get(HdrID)
+	ctx, cancel := context.WithCancel(context.Background())
+	s.mu.Lock()
+	if id != "" {
+		s.cancels[id] = cancel
+	}
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer s.inflight.Add(-1)
+		defer func() {
+			s.mu.Lock()
+			delete(s.cancels, id)
+			s.mu.Unlock()
+			cancel()
+		}()
+		s.serve(ctx, m)
+	}()
+}
+
+func (s *Server) serve(ctx context.Context, m *nats.Msg) {
+	method := m.Header.Get(HdrMethod)
+	if method == "" {
+		method = http.MethodPost
+	}
+	path := m.Header.Get(HdrPath)
+	if !strings.HasPrefix(path, "/") {
+		s.reply(m.Reply, 0, KindError, http.StatusBadRequest, fmt.Sprintf("bad path %q", path), nil, nil)
+		return
+	}
+	req, err := http.NewRequestWithContext(ctx, method, s.engine+path, bytes.NewReader(m.Data))
+	if err != nil {
+		s.reply(m.Reply, 0, KindError, http.StatusBadRequest, err.Error(), nil, nil)
+		return
+	}
+	for k, vs := range m.Header {
+		if !skipHeader(k) {
+			req.Header[k] = vs
+		}
+	}
+	req.ContentLength = int64(len(m.Data))
+	resp, err := s.hc.Do(req)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.reply(m.Reply, 0, KindError, http.StatusBadGateway, err.Error(), nil, nil)
+		}
+		return
+	}
+	defer resp.Body.Close()
+	bp := s.bufs.Get().(*[]byte)
+	defer s.bufs.Put(bp)
+	buf := *bp
+	if resp.ContentLength >= 0 && resp.ContentLength <= int64(len(buf)) {
+		// Small fixed-length body: head and body in one message.
+		n, err := io.ReadFull(resp.Body, buf[:resp.ContentLength])
+		if err == nil {
+			s.replyLast(m.Reply, resp, buf[:n])
+			return
+		}
+		if ctx.Err() == nil {
+			s.reply(m.Reply, 0, KindError, http.StatusBadGateway, "cannot read engine response: "+err.Error(), nil, nil)
+		}
+		return
+	}
+	if err := s.reply(m.Reply, 0, KindHead, resp.StatusCode, "", resp.Header, nil); err != nil {
+		return
+	}
+	seq := uint64(1)
+	// One reused message for data chunks: PublishMsg encodes synchronously.
+	dm := nats.NewMsg(m.Reply)
+	dm.Header.Set(HdrKind, KindData)
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			dm.Header.Set(HdrSeq, strconv.FormatUint(seq, 10))
+			dm.Data = buf[:n]
+			if err := s.nc.PublishMsg(dm); err != nil {
+				return // NATS gone: nobody to tell
+			}
+			seq++
+		}
+		if rerr == io.EOF {
+			s.reply(m.Reply, seq, KindEnd, 0, "", nil, nil)
+			return
+		}
+		if rerr != nil {
+			if ctx.Err() != nil || errors.Is(rerr, context.Canceled) {
+				return // canceled by the router: it is not listening
+			}
+			slog.Warn("engine stream broke", "worker", s.cfg.WorkerID, "path", path, "err", rerr)
+			s.reply(m.Reply, seq, KindEnd, 0, rerr.Error(), nil, nil)
+			return
+		}
+	}
+}

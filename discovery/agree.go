@@ -1,0 +1,41 @@
+package discovery
+
+import (
+	"fmt"
+
+	"github.com/infera/infera/sched"
+)
+
+// Agrees reports whether a worker's record is reachable by a server using
+// requestTransport (http|nats) and kvTransport (zmq|nats). An empty field in
+// the record means "whatever the server uses". On false, reason says what
+// disagrees; the proxy excludes the worker and logs reason once.
+func Agrees(rec sched.Record, requestTransport, kvTransport string) (ok bool, reason string) {
+	if rec.RequestTransport != "" && requestTransport != "" && rec.RequestTransport != requestTransport {
+		return false, fmt.Sprintf("worker %q serves requests over %s but the server uses --request-transport %s", rec.ID, rec.RequestTransport, requestTransport)
+	}
+	if rec.KVEventTransport != "" && kvTransport != "" && rec.KVEventTransport != kvTransport {
+		return false, fmt.Sprintf("worker %q publishes KV events over %s but the server uses --kv-event-transport %s", rec.ID, rec.KVEventTransport, kvTransport)
+	}
+	if requestTransport == "nats" && !validSubjectToken(rec.ID) {
+		return false, fmt.Sprintf("worker id %q cannot be a NATS subject token", rec.ID)
+	}
+	if kvTransport == "zmq" && rec.KVEventTransport == "zmq" && rec.KVEventsEndpoint == "" {
+		return false, fmt.Sprintf("worker %q uses zmq KV events but advertises no kv_events_endpoint", rec.ID)
+	}
+	return true, ""
+}
+
+// validSubjectToken mirrors broker.ValidWorkerID (kept here so discovery
+// does not import the NATS code).
+func validSubjectToken(id string) bool {
+	if id == "" {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c <= 0x20 || c == 0x7f || c == '.' || c == '*' || c == '>' {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,140 @@
+package discovery
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/sched"
+)
+
+// Sink receives the worker list. *sched.Fleet implements it.
+type Sink interface {
+	// Sync replaces the whole list (after a (re)list).
+	Sync(rs []sched.Record) []error
+	// Upsert adds or updates one worker (watch event).
+	Upsert(r sched.Record) error
+	// Remove drops one worker (watch event).
+	Remove(id string)
+}
+
+var _ Sink = (*sched.Fleet)(nil)
+
+// Backend names used in metric labels.
+const (
+	BackendEtcd       = "etcd"
+	BackendKubernetes = "kubernetes"
+)
+
+// backendStats holds the process-wide metric state of one backend kind.
+// With one watcher per process (the server) the gauges describe it; tests
+// that run several watchers see the last writer.
+type backendStats struct {
+	name    string
+	bad     *metrics.Counter
+	relists *metrics.Counter
+	healthy atomic.Int64
+	workers atomic.Int64
+	log     throttle
+}
+
+var (
+	statsMu sync.Mutex
+	stats   = map[string]*backendStats{}
+)
+
+func statsFor(backend string) *backendStats {
+	statsMu.Lock()
+	defer statsMu.Unlock()
+	if s := stats[backend]; s != nil {
+		return s
+	}
+	s := &backendStats{name: backend, log: throttle{every: 5 * time.Second}}
+	lbl := fmt.Sprintf(`{backend=%q}`, backend)
+	s.bad = metrics.GetOrCreateCounter(`infera_discovery_bad_records_total` + lbl)
+	s.relists = metrics.GetOrCreateCounter(`infera_discovery_relists_total` + lbl)
+	metrics.GetOrCreateGauge(`infera_discovery_healthy`+lbl, func() float64 { return float64(s.healthy.Load()) })
+	metrics.GetOrCreateGauge(`infera_discovery_workers`+lbl, func() float64 { return float64(s.workers.Load()) })
+	stats[backend] = s
+	return s
+}
+
+// badRecord counts and logs (rate-limited) a record that was skipped.
+func (s *backendStats) badRecord(where string, err error) {
+	s.bad.Inc()
+	s.log.log("discovery: skipping bad worker record", "backend", s.name, "source", where, "err", err)
+}
+
+// throttle logs at most once per interval, counting what it suppressed.
+type throttle struct {
+	every      time.Duration
+	last       atomic.Int64
+	suppressed atomic.Int64
+}
+
+func (t *throttle) log(msg string, args ...any) {
+	now := time.Now().UnixNano()
+	last := t.last.Load()
+	if now-last < int64(t.every) || !t.last.CompareAndSwap(last, now) {
+		t.suppressed.Add(1)
+		return
+	}
+	if n := t.suppressed.Swap(0); n > 0 {
+		args = append(args, "suppressed", n)
+	}
+	slog.Warn(msg, args...)
+}
+
+// health is a backend's connectivity state for Health().
+type health struct {
+	mu      sync.Mutex
+	ok      bool
+	since   time.Time
+	lastErr string
+	synced  bool
+	syncCh  chan struct{}
+}
+
+func newHealth() *health { return &health{syncCh: make(chan struct{})} }
+
+// set records a state change; it returns true when the state flipped.
+func (h *health) set(ok bool, err error) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	// The first success is a start, not a recovery.
+	flipped := h.ok != ok && (h.synced || !ok)
+	if flipped || h.since.IsZero() {
+		h.since = time.Now()
+	}
+	h.ok = ok
+	if err != nil {
+		h.lastErr = err.Error()
+	} else {
+		h.lastErr = ""
+	}
+	if ok && !h.synced {
+		h.synced = true
+		close(h.syncCh)
+	}
+	return flipped
+}
+
+func (h *health) get() (ok bool, since time.Time, lastErr string, synced bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ok, h.since, h.lastErr, h.synced
+}
+
+// backoff returns the next retry delay, doubling from 200ms up to max.
+func backoff(prev, max time.Duration) time.Duration {
+	if prev <= 0 {
+		return 200 * time.Millisecond
+	}
+	if prev *= 2; prev > max {
+		prev = max
+	}
+	return prev
+}

@@ -1,0 +1,405 @@
+package discovery
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/infera/infera/sched"
+)
+
+// DefaultAnnotation is the Pod annotation holding the worker record.
+const DefaultAnnotation = "infera.io/worker"
+
+// KubeWatcherConfig configures Kubernetes discovery.
+type KubeWatcherConfig struct {
+	// Namespace to watch; empty watches all namespaces.
+	Namespace string
+	// LabelSelector selects worker Pods (--k8s-label-selector).
+	LabelSelector string
+	// Annotation holds the record; default DefaultAnnotation.
+	Annotation string
+	// WatchTimeout is the server-side timeout of one watch request (the
+	// watch is then resumed from the last resource version); default 5m.
+	WatchTimeout time.Duration
+	// RequestTimeout bounds a list; default 30s.
+	RequestTimeout time.Duration
+}
+
+// KubeWatcher lists and watches worker Pods and keeps a Sink in step. A
+// Pod is routed only when it is Running, Ready, not terminating and
+// carries a valid record in its annotation.
+type KubeWatcher struct {
+	cfg  KubeWatcherConfig
+	c    *kubeClient
+	sink Sink
+	st   *backendStats
+	h    *health
+
+	byPod map[string]string // namespace/name -> record id routed; loop only
+	rv    string
+
+	workers atomic.Int64
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// NewKubeWatcher returns a watcher using kc; Start runs it.
+func NewKubeWatcher(kc *KubeConfig, cfg KubeWatcherConfig, sink Sink) (*KubeWatcher, error) {
+	c, err := newKubeClient(kc)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Annotation == "" {
+		cfg.Annotation = DefaultAnnotation
+	}
+	if cfg.WatchTimeout <= 0 {
+		cfg.WatchTimeout = 5 * time.Minute
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = 30 * time.Second
+	}
+	return &KubeWatcher{cfg: cfg, c: c, sink: sink, st: statsFor(BackendKubernetes), h: newHealth(), byPod: map[string]string{}}, nil
+}
+
+// Start runs the list/watch loop in the background.
+func (w *KubeWatcher) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	w.wg.Add(1)
+	go func() { defer w.wg.Done(); w.loop(ctx) }()
+}
+
+// WaitSynced waits for the first successful list.
+func (w *KubeWatcher) WaitSynced(ctx context.Context) error {
+	select {
+	case <-w.h.syncCh:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("kubernetes discovery not synced: %w", ctx.Err())
+	}
+}
+
+// Close stops the watcher.
+func (w *KubeWatcher) Close() {
+	if w.cancel != nil {
+		w.cancel()
+	}
+	w.wg.Wait()
+}
+
+// Health reports whether the API server answers; detail says what is served.
+func (w *KubeWatcher) Health() (ok bool, detail string) {
+	ok, since, lastErr, synced := w.h.get()
+	n := w.workers.Load()
+	switch {
+	case ok:
+		return true, fmt.Sprintf("kubernetes: watching pods %q in %s (%d workers)", w.cfg.LabelSelector, w.nsName(), n)
+	case !synced:
+		return false, fmt.Sprintf("kubernetes: API never reached (%s); no workers known", lastErr)
+	default:
+		return false, fmt.Sprintf("kubernetes API unreachable since %s (%s); serving last known list of %d workers",
+			since.UTC().Format(time.RFC3339), lastErr, n)
+	}
+}
+
+func (w *KubeWatcher) nsName() string {
+	if w.cfg.Namespace == "" {
+		return "all namespaces"
+	}
+	return "namespace " + w.cfg.Namespace
+}
+
+func (w *KubeWatcher) setHealth(ok bool, err error) {
+	if ok {
+		w.st.healthy.Store(1)
+	} else {
+		w.st.healthy.Store(0)
+	}
+	if w.h.set(ok, err) {
+		if ok {
+			slog.Info("kubernetes discovery: API reachable again")
+		} else {
+			slog.Warn("kubernetes discovery: API unreachable, serving last known workers", "workers", w.workers.Load(), "err", err)
+		}
+	}
+}
+
+var errGone = errors.New("resource version too old (410 Gone)")
+
+func (w *KubeWatcher) loop(ctx context.Context) {
+	var delay time.Duration
+	needList := true
+	for ctx.Err() == nil {
+		if needList {
+			if err := w.list(ctx); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				w.setHealth(false, err)
+				delay = backoff(delay, 10*time.Second)
+				sleep(ctx, delay)
+				continue
+			}
+			w.setHealth(true, nil)
+			needList = false
+		}
+		err := w.watch(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err == nil:
+			delay = 0 // server closed the watch normally: resume from rv
+		case errors.Is(err, errGone):
+			w.st.relists.Inc()
+			slog.Info("kubernetes discovery: relisting", "reason", err)
+			needList, delay = true, 0
+		default:
+			w.st.relists.Inc()
+			slog.Warn("kubernetes discovery: watch failed, relisting", "err", err)
+			needList = true
+			delay = backoff(delay, 10*time.Second)
+			sleep(ctx, delay)
+		}
+	}
+}
+
+func (w *KubeWatcher) podsURL(q url.Values) string {
+	p := "/api/v1/pods"
+	if w.cfg.Namespace != "" {
+		p = "/api/v1/namespaces/" + url.PathEscape(w.cfg.Namespace) + "/pods"
+	}
+	if w.cfg.LabelSelector != "" {
+		q.Set("labelSelector", w.cfg.LabelSelector)
+	}
+	return w.c.base + p + "?" + q.Encode()
+}
+
+// Pod is the part of a Kubernetes Pod discovery reads.
+type kubePod struct {
+	Metadata struct {
+		Name              string            `json:"name"`
+		Namespace         string            `json:"namespace"`
+		ResourceVersion   string            `json:"resourceVersion"`
+		DeletionTimestamp *string           `json:"deletionTimestamp"`
+		Annotations       map[string]string `json:"annotations"`
+	} `json:"metadata"`
+	Status struct {
+		Phase      string `json:"phase"`
+		Conditions []struct {
+			Type   string `json:"type"`
+			Status string `json:"status"`
+		} `json:"conditions"`
+	} `json:"status"`
+}
+
+type kubePodList struct {
+	Metadata struct {
+		ResourceVersion string `json:"resourceVersion"`
+	} `json:"metadata"`
+	Items []kubePod `json:"items"`
+}
+
+type kubeStatus struct {
+	Kind    string `json:"kind"`
+	Code    int    `json:"code"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+type kubeEvent struct {
+	Type   string          `json:"type"`
+	Object json.RawMessage `json:"object"`
+}
+
+func (p *kubePod) key() string { return p.Metadata.Namespace + "/" + p.Metadata.Name }
+
+// record returns the Pod's record and whether it is routable; bad is set
+// when an annotation is present but invalid.
+func (w *KubeWatcher) record(p *kubePod) (rec sched.Record, routable bool, bad error) {
+	raw, has := p.Metadata.Annotations[w.cfg.Annotation]
+	if !has {
+		return rec, false, nil
+	}
+	rec, err := sched.ParseRecord([]byte(raw))
+	if err != nil {
+		return rec, false, err
+	}
+	if p.Metadata.DeletionTimestamp != nil || p.Status.Phase != "Running" {
+		return rec, false, nil
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == "Ready" {
+			return rec, c.Status == "True", nil
+		}
+	}
+	return rec, false, nil
+}
+
+func apiError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	var st kubeStatus
+	if json.Unmarshal(b, &st) == nil && st.Message != "" {
+		if resp.StatusCode == http.StatusGone {
+			return fmt.Errorf("%w: %s", errGone, st.Message)
+		}
+		return fmt.Errorf("kubernetes API %s: %s (%s)", resp.Status, st.Message, st.Reason)
+	}
+	if resp.StatusCode == http.StatusGone {
+		return errGone
+	}
+	return fmt.Errorf("kubernetes API %s", resp.Status)
+}
+
+func (w *KubeWatcher) list(ctx context.Context) error {
+	lctx, cancel := context.WithTimeout(ctx, w.cfg.RequestTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(lctx, http.MethodGet, w.podsURL(url.Values{}), nil)
+	if err != nil {
+		return fmt.Errorf("cannot build list request: %w", err)
+	}
+	resp, err := w.c.hc.Do(w.c.newRequest(req))
+	if err != nil {
+		return fmt.Errorf("cannot list pods: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("cannot list pods: %w", apiError(resp))
+	}
+	var pl kubePodList
+	if err := json.NewDecoder(resp.Body).Decode(&pl); err != nil {
+		return fmt.Errorf("cannot decode pod list: %w", err)
+	}
+	recs := make([]sched.Record, 0, len(pl.Items))
+	clear(w.byPod)
+	for i := range pl.Items {
+		p := &pl.Items[i]
+		rec, ok, bad := w.record(p)
+		if bad != nil {
+			w.st.badRecord(p.key(), bad)
+		}
+		if ok {
+			recs = append(recs, rec)
+			w.byPod[p.key()] = rec.ID
+		}
+	}
+	for _, err := range w.sink.Sync(recs) {
+		w.st.badRecord("sync", err)
+	}
+	w.rv = pl.Metadata.ResourceVersion
+	w.setWorkers()
+	return nil
+}
+
+func (w *KubeWatcher) setWorkers() {
+	w.workers.Store(int64(len(w.byPod)))
+	w.st.workers.Store(int64(len(w.byPod)))
+}
+
+// watch streams events from w.rv until the server ends the watch (nil),
+// the resource version expires (errGone) or the stream fails.
+func (w *KubeWatcher) watch(ctx context.Context) error {
+	q := url.Values{}
+	q.Set("watch", "1")
+	q.Set("resourceVersion", w.rv)
+	q.Set("allowWatchBookmarks", "true")
+	q.Set("timeoutSeconds", fmt.Sprint(int(w.cfg.WatchTimeout/time.Second)))
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Client-side watchdog: a silent stream (partition) is cut after the
+	// server-side timeout plus a margin.
+	dog := time.AfterFunc(w.cfg.WatchTimeout+30*time.Second, cancel)
+	defer dog.Stop()
+	req, err := http.NewRequestWithContext(wctx, http.MethodGet, w.podsURL(q), nil)
+	if err != nil {
+		return fmt.Errorf("cannot build watch request: %w", err)
+	}
+	resp, err := w.c.hc.Do(w.c.newRequest(req))
+	if err != nil {
+		w.setHealth(false, err)
+		return fmt.Errorf("cannot watch pods: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("cannot watch pods: %w", apiError(resp))
+	}
+	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
+	for {
+		var ev kubeEvent
+		if err := dec.Decode(&ev); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if ctx.Err() == nil && wctx.Err() != nil {
+				return errors.New("watch stream silent for too long")
+			}
+			return fmt.Errorf("watch stream: %w", err)
+		}
+		if err := w.apply(&ev); err != nil {
+			return err
+		}
+	}
+}
+
+func (w *KubeWatcher) apply(ev *kubeEvent) error {
+	switch ev.Type {
+	case "ERROR":
+		var st kubeStatus
+		if err := json.Unmarshal(ev.Object, &st); err != nil {
+			return fmt.Errorf("watch error event: %w", err)
+		}
+		if st.Code == http.StatusGone {
+			return fmt.Errorf("%w: %s", errGone, st.Message)
+		}
+		return fmt.Errorf("watch error %d %s: %s", st.Code, st.Reason, st.Message)
+	case "ADDED", "MODIFIED", "DELETED", "BOOKMARK":
+	default:
+		w.st.log.log("kubernetes discovery: ignoring unknown watch event", "type", ev.Type)
+		return nil
+	}
+	var p kubePod
+	if err := json.Unmarshal(ev.Object, &p); err != nil {
+		w.st.badRecord("watch event", fmt.Errorf("cannot decode pod: %w", err))
+		return nil
+	}
+	if p.Metadata.ResourceVersion != "" {
+		w.rv = p.Metadata.ResourceVersion
+	}
+	if ev.Type == "BOOKMARK" {
+		return nil
+	}
+	key := p.key()
+	old, had := w.byPod[key]
+	var rec sched.Record
+	routable := false
+	if ev.Type != "DELETED" {
+		var bad error
+		rec, routable, bad = w.record(&p)
+		if bad != nil {
+			w.st.badRecord(key, bad)
+		}
+	}
+	if had && (!routable || rec.ID != old) {
+		delete(w.byPod, key)
+		w.sink.Remove(old)
+	}
+	if routable {
+		if err := w.sink.Upsert(rec); err != nil {
+			w.st.badRecord(key, err)
+		} else {
+			w.byPod[key] = rec.ID
+		}
+	}
+	w.setWorkers()
+	return nil
+}

@@ -1,0 +1,551 @@
+package discovery
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fakeKube speaks the Kubernetes list/watch wire format for Pods: a PodList
+// for GET .../pods, and for ?watch=1 a chunked stream of {"type","object"}
+// JSON events, ERROR events carrying a Status (410 for an expired resource
+// version) and BOOKMARKs.
+type fakeKube struct {
+	token string
+
+	mu       sync.Mutex
+	rv       int
+	pods     map[string]map[string]any
+	hist     []fakeEv
+	minRV    int
+	httpGone bool
+	notify   chan struct{}
+	kill     chan struct{}
+
+	lists, watches atomic.Int64
+}
+
+type fakeEv struct {
+	rv  int
+	typ string
+	obj map[string]any
+}
+
+func newFakeKube(token string) *fakeKube {
+	return &fakeKube{token: token, rv: 100, pods: map[string]map[string]any{}, notify: make(chan struct{}), kill: make(chan struct{})}
+}
+
+type podSpec struct {
+	ns, name string
+	labels   map[string]string
+	phase    string
+	ready    bool
+	ann      *string
+	deleting bool
+}
+
+func strp(s string) *string { return &s }
+
+func (f *fakeKube) podObj(p podSpec) map[string]any {
+	md := map[string]any{"name": p.name, "namespace": p.ns, "uid": "uid-" + p.name,
+		"resourceVersion": strconv.Itoa(f.rv), "labels": p.labels}
+	if p.ann != nil {
+		md["annotations"] = map[string]string{DefaultAnnotation: *p.ann, "other": "x"}
+	}
+	if p.deleting {
+		md["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+	}
+	ready := "False"
+	if p.ready {
+		ready = "True"
+	}
+	return map[string]any{"kind": "Pod", "apiVersion": "v1", "metadata": md,
+		"spec": map[string]any{"containers": []any{map[string]any{"name": "engine", "image": "x"}}},
+		"status": map[string]any{"phase": p.phase, "podIP": "10.0.0.1", "conditions": []any{
+			map[string]any{"type": "PodScheduled", "status": "True"},
+			map[string]any{"type": "Ready", "status": ready},
+		}}}
+}
+
+// set adds or changes a pod; silent changes emit no watch event (as if the
+// history had been compacted), so only a relist can see them.
+func (f *fakeKube) set(p podSpec, silent bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rv++
+	key := p.ns + "/" + p.name
+	typ := "MODIFIED"
+	if f.pods[key] == nil {
+		typ = "ADDED"
+	}
+	obj := f.podObj(p)
+	f.pods[key] = obj
+	if !silent {
+		f.emitLocked(typ, obj)
+	}
+}
+
+func (f *fakeKube) del(ns, name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rv++
+	key := ns + "/" + name
+	obj := f.pods[key]
+	delete(f.pods, key)
+	obj["metadata"].(map[string]any)["resourceVersion"] = strconv.Itoa(f.rv)
+	f.emitLocked("DELETED", obj)
+}
+
+func (f *fakeKube) emitLocked(typ string, obj map[string]any) {
+	f.hist = append(f.hist, fakeEv{f.rv, typ, obj})
+	close(f.notify)
+	f.notify = make(chan struct{})
+}
+
+// expire makes every resource version so far too old and breaks open
+// watches with an ERROR 410 event (or HTTP 410 on the next watch).
+func (f *fakeKube) expire(httpGone bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rv++
+	f.minRV = f.rv
+	f.httpGone = httpGone
+	close(f.kill)
+	f.kill = make(chan struct{})
+}
+
+func matches(sel string, labels map[string]string) bool {
+	if sel == "" {
+		return true
+	}
+	for _, term := range strings.Split(sel, ",") {
+		k, v, _ := strings.Cut(term, "=")
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func objMatches(obj map[string]any, ns, sel string) bool {
+	md := obj["metadata"].(map[string]any)
+	if ns != "" && md["namespace"] != ns {
+		return false
+	}
+	l, _ := md["labels"].(map[string]string)
+	return matches(sel, l)
+}
+
+func writeStatus(w http.ResponseWriter, code int, reason, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]any{"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason, "message": msg})
+}
+
+func (f *fakeKube) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Authorization") != "Bearer "+f.token {
+		writeStatus(w, 401, "Unauthorized", "bad token")
+		return
+	}
+	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+	var ns string
+	switch {
+	case len(parts) == 3 && parts[0] == "api" && parts[2] == "pods":
+	case len(parts) == 5 && parts[2] == "namespaces" && parts[4] == "pods":
+		ns = parts[3]
+	case len(parts) == 6 && parts[2] == "namespaces" && parts[4] == "pods" && r.Method == http.MethodPatch:
+		f.patch(w, r, parts[3], parts[5])
+		return
+	default:
+		writeStatus(w, 404, "NotFound", r.URL.Path)
+		return
+	}
+	sel := r.URL.Query().Get("labelSelector")
+	if r.URL.Query().Get("watch") == "1" || r.URL.Query().Get("watch") == "true" {
+		f.watch(w, r, ns, sel)
+		return
+	}
+	f.lists.Add(1)
+	f.mu.Lock()
+	items := []any{}
+	for _, obj := range f.pods {
+		if objMatches(obj, ns, sel) {
+			items = append(items, obj)
+		}
+	}
+	rv := f.rv
+	f.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"kind": "PodList", "apiVersion": "v1",
+		"metadata": map[string]any{"resourceVersion": strconv.Itoa(rv)}, "items": items})
+}
+
+func (f *fakeKube) patch(w http.ResponseWriter, r *http.Request, ns, name string) {
+	if r.Header.Get("Content-Type") != "application/merge-patch+json" {
+		writeStatus(w, 415, "UnsupportedMediaType", r.Header.Get("Content-Type"))
+		return
+	}
+	var p struct {
+		Metadata struct {
+			Annotations map[string]*string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&p); err != nil {
+		writeStatus(w, 400, "BadRequest", err.Error())
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	obj := f.pods[ns+"/"+name]
+	if obj == nil {
+		writeStatus(w, 404, "NotFound", name)
+		return
+	}
+	f.rv++
+	md := obj["metadata"].(map[string]any)
+	anns, _ := md["annotations"].(map[string]string)
+	if anns == nil {
+		anns = map[string]string{}
+	}
+	for k, v := range p.Metadata.Annotations {
+		if v == nil {
+			delete(anns, k)
+		} else {
+			anns[k] = *v
+		}
+	}
+	md["annotations"] = anns
+	md["resourceVersion"] = strconv.Itoa(f.rv)
+	f.emitLocked("MODIFIED", obj)
+	json.NewEncoder(w).Encode(obj)
+}
+
+func (f *fakeKube) watch(w http.ResponseWriter, r *http.Request, ns, sel string) {
+	f.watches.Add(1)
+	from, err := strconv.Atoi(r.URL.Query().Get("resourceVersion"))
+	if err != nil {
+		writeStatus(w, 400, "BadRequest", "resourceVersion")
+		return
+	}
+	timeout, _ := strconv.Atoi(r.URL.Query().Get("timeoutSeconds"))
+	f.mu.Lock()
+	gone, httpGone := from < f.minRV, f.httpGone
+	f.mu.Unlock()
+	if gone && httpGone {
+		writeStatus(w, 410, "Expired", fmt.Sprintf("too old resource version: %d (%d)", from, f.minRV))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Transfer-Encoding", "chunked")
+	w.WriteHeader(200)
+	fl := w.(http.Flusher)
+	send := func(typ string, obj any) {
+		b, _ := json.Marshal(map[string]any{"type": typ, "object": obj})
+		w.Write(append(b, '\n'))
+		fl.Flush()
+	}
+	gone410 := map[string]any{"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410, "reason": "Expired", "message": "too old resource version"}
+	if gone {
+		send("ERROR", gone410)
+		return
+	}
+	f.mu.Lock()
+	send("BOOKMARK", map[string]any{"kind": "Pod", "apiVersion": "v1", "metadata": map[string]any{"resourceVersion": strconv.Itoa(from)}})
+	f.mu.Unlock()
+	end := time.After(time.Duration(timeout) * time.Second)
+	for {
+		f.mu.Lock()
+		var evs []fakeEv
+		for _, ev := range f.hist {
+			if ev.rv > from && objMatches(ev.obj, ns, sel) {
+				evs = append(evs, ev)
+			}
+		}
+		if n := len(f.hist); n > 0 && f.hist[n-1].rv > from {
+			from = f.hist[n-1].rv
+		}
+		// Encode under the lock: objects are mutated by patch.
+		lines := make([][]byte, 0, len(evs))
+		for _, ev := range evs {
+			b, _ := json.Marshal(map[string]any{"type": ev.typ, "object": ev.obj})
+			lines = append(lines, append(b, '\n'))
+		}
+		notify, kill := f.notify, f.kill
+		f.mu.Unlock()
+		for _, l := range lines {
+			w.Write(l)
+			fl.Flush()
+		}
+		select {
+		case <-notify:
+		case <-kill:
+			send("ERROR", gone410)
+			return
+		case <-end:
+			return
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+func startFakeKube(t *testing.T, f *fakeKube) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(f)
+	t.Cleanup(s.Close)
+	return s
+}
+
+func recJSON(id string) string {
+	return fmt.Sprintf(`{"id":%q,"url":"http://10.0.0.1:8100","models":["m"],"role":"mixed","status":"ACTIVE"}`, id)
+}
+
+var workerLabels = map[string]string{"app": "infera", "tier": "worker"}
+
+func TestKubeListWatch(t *testing.T) {
+	f := newFakeKube("s3cret")
+	srv := startFakeKube(t, f)
+	ready := func(name string, ann *string) podSpec {
+		return podSpec{ns: "infera", name: name, labels: workerLabels, phase: "Running", ready: true, ann: ann}
+	}
+	f.set(ready("p1", strp(recJSON("w1"))), false)
+	f.set(podSpec{ns: "infera", name: "p2", labels: workerLabels, phase: "Pending", ann: strp(recJSON("w2"))}, false)
+	f.set(ready("p3", strp(`{"id":"w3","url":"nope"}`)), false)
+	f.set(ready("p4", nil), false)
+	f.set(podSpec{ns: "infera", name: "p5", labels: map[string]string{"app": "other"}, phase: "Running", ready: true, ann: strp(recJSON("w5"))}, false)
+	f.set(podSpec{ns: "elsewhere", name: "p6", labels: workerLabels, phase: "Running", ready: true, ann: strp(recJSON("w6"))}, false)
+
+	sink := newMemSink()
+	bad0 := statsFor(BackendKubernetes).bad.Get()
+	w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "s3cret"}, KubeWatcherConfig{Namespace: "infera", LabelSelector: "app=infera,tier=worker"}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := sink.get("w1"); !ok || sink.len() != 1 {
+		t.Fatalf("after list: %v", sink.m)
+	}
+	if got := statsFor(BackendKubernetes).bad.Get() - bad0; got != 1 {
+		t.Fatalf("bad records %d, want 1 (p3)", got)
+	}
+	has := func(id string) func() bool { return func() bool { _, ok := sink.get(id); return ok } }
+	not := func(c func() bool) func() bool { return func() bool { return !c() } }
+
+	f.set(ready("p2", strp(recJSON("w2"))), false)
+	waitFor(t, 5*time.Second, "p2 turning ready adds w2", has("w2"))
+
+	p1 := ready("p1", strp(recJSON("w1")))
+	p1.ready = false
+	f.set(p1, false)
+	waitFor(t, 5*time.Second, "p1 NotReady removes w1", not(has("w1")))
+
+	f.set(ready("p7", strp(recJSON("w7"))), false)
+	waitFor(t, 5*time.Second, "p7 added", has("w7"))
+	p7 := ready("p7", strp(recJSON("w7")))
+	p7.deleting = true
+	f.set(p7, false)
+	waitFor(t, 5*time.Second, "terminating p7 removed", not(has("w7")))
+
+	// Record id changes on the same pod.
+	f.set(ready("p2", strp(recJSON("w2b"))), false)
+	waitFor(t, 5*time.Second, "p2 renamed", func() bool { return has("w2b")() && !has("w2")() })
+	f.del("infera", "p2")
+	waitFor(t, 5*time.Second, "p2 deleted", not(has("w2b")))
+
+	// 410 as an ERROR event: changes made while the history is gone are
+	// only seen by relisting.
+	lists := f.lists.Load()
+	f.set(ready("p8", strp(recJSON("w8"))), true)
+	f.expire(false)
+	waitFor(t, 5*time.Second, "relist after ERROR 410 finds w8", has("w8"))
+	if f.lists.Load() == lists {
+		t.Fatal("no relist happened")
+	}
+
+	// 410 as an HTTP status on the watch request.
+	lists = f.lists.Load()
+	p8 := ready("p8", strp(recJSON("w8")))
+	p8.ready = false
+	f.set(p8, true)
+	f.expire(true)
+	waitFor(t, 5*time.Second, "relist after HTTP 410 drops NotReady w8", not(has("w8")))
+	if f.lists.Load() == lists {
+		t.Fatal("no relist happened")
+	}
+	if ok, detail := w.Health(); !ok {
+		t.Fatalf("health: %s", detail)
+	}
+
+	// API outage: the last list is kept and health degrades.
+	f.set(ready("p9", strp(recJSON("w9"))), false)
+	waitFor(t, 5*time.Second, "w9", has("w9"))
+	n := sink.len()
+	srv.CloseClientConnections()
+	srv.Close()
+	waitFor(t, 5*time.Second, "health degraded", func() bool { ok, _ := w.Health(); return !ok })
+	if _, detail := w.Health(); !strings.Contains(detail, fmt.Sprintf("last known list of %d workers", n)) {
+		t.Fatalf("detail %q", detail)
+	}
+	if sink.len() != n {
+		t.Fatal("fleet changed during the outage")
+	}
+}
+
+func TestKubeUnauthorized(t *testing.T) {
+	f := newFakeKube("right")
+	srv := startFakeKube(t, f)
+	w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "wrong"}, KubeWatcherConfig{}, newMemSink())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Close()
+	waitFor(t, 5*time.Second, "unhealthy", func() bool { _, d := w.Health(); return strings.Contains(d, "401") })
+}
+
+func TestKubeconfigTLSAndRegistrar(t *testing.T) {
+	f := newFakeKube("tok")
+	srv := httptest.NewTLSServer(f)
+	defer srv.Close()
+	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "token"), []byte("tok\n"), 0o600)
+	kcfg := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- cluster:
+    certificate-authority-data: %s
+    server: %s   # the fake API
+  name: fake
+contexts:
+- context:
+    cluster: fake
+    namespace: infera
+    user: "me"
+  name: ctx
+current-context: ctx
+preferences: {}
+users:
+- name: me
+  user:
+    tokenFile: token
+`, base64.StdEncoding.EncodeToString(ca), srv.URL)
+	path := filepath.Join(dir, "kubeconfig")
+	os.WriteFile(path, []byte(kcfg), 0o600)
+	kc, err := LoadKubeconfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kc.Namespace != "infera" || kc.Server != srv.URL || kc.TokenFile != filepath.Join(dir, "token") {
+		t.Fatalf("parsed %+v", kc)
+	}
+	f.set(podSpec{ns: "infera", name: "p1", labels: workerLabels, phase: "Running", ready: true}, false)
+	sink := newMemSink()
+	w, err := NewKubeWatcher(kc, KubeWatcherConfig{Namespace: kc.Namespace, LabelSelector: "app=infera"}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := NewKubeRegistrar(kc, "infera", "p1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rec("w1", "http://10.0.0.1:8100")
+	if err := reg.Register(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "registered via annotation", func() bool { _, ok := sink.get("w1"); return ok })
+	r.Status = "DRAINING"
+	if err := reg.Update(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "draining", func() bool { g, _ := sink.get("w1"); return g.Status == "DRAINING" })
+	if err := reg.Deregister(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "deregistered", func() bool { _, ok := sink.get("w1"); return !ok })
+	if _, err := NewKubeRegistrar(kc, "infera", "", ""); err == nil {
+		t.Fatal("want error without pod name")
+	}
+}
+
+func TestParseKubeconfig(t *testing.T) {
+	f := func(doc string, want KubeConfig, wantErr string) {
+		t.Helper()
+		kc, err := ParseKubeconfig([]byte(doc), "/d")
+		if wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), wantErr) {
+				t.Fatalf("err %v, want %q", err, wantErr)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kc.Server != want.Server || kc.Token != want.Token || kc.TokenFile != want.TokenFile ||
+			kc.Namespace != want.Namespace || kc.Insecure != want.Insecure || string(kc.CAData) != string(want.CAData) {
+			t.Fatalf("got %+v, want %+v", kc, want)
+		}
+	}
+	f(`
+clusters:
+  - name: a
+    cluster:
+      server: https://a:6443/
+      insecure-skip-tls-verify: true
+  - name: b
+    cluster: {server: x}
+contexts:
+- name: c
+  context:
+    cluster: 'a'
+    user: u
+current-context: "c"
+users:
+- name: u
+  user:
+    token: abc#not-a-comment
+`, KubeConfig{Server: "https://a:6443", Token: "abc#not-a-comment", Insecure: true}, "")
+	f(`{"clusters":[{"name":"a","cluster":{"server":"https://j","certificate-authority-data":"`+base64.StdEncoding.EncodeToString([]byte("CA"))+`"}}],
+	   "contexts":[{"name":"c","context":{"cluster":"a","user":"u","namespace":"ns"}}],"current-context":"c",
+	   "users":[{"name":"u","user":{"tokenFile":"t"}}]}`, KubeConfig{Server: "https://j", CAData: []byte("CA"), Namespace: "ns", TokenFile: "/d/t"}, "")
+	f("clusters:\n- name: a\n  cluster:\n    server: https://only\nusers:\n- name: u\n  user:\n    token: t\n", KubeConfig{Server: "https://only", Token: "t"}, "")
+	f("current-context: nope\n", KubeConfig{}, `current-context "nope" not found`)
+	f("clusters:\n- name: a\n  cluster:\n    server: s\ncontexts:\n- name: c\n  context:\n    cluster: a\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user:\n    exec:\n      command: aws\n", KubeConfig{}, "not supported")
+	f("a: b\n   c: d\n", KubeConfig{}, "yaml line 2")
+	f("- just\n- a list\n", KubeConfig{}, "not a mapping")
+	f("key: |\n  block\n", KubeConfig{}, "block scalars")
+}
+
+func FuzzParseKubeconfig(f *testing.F) {
+	f.Add([]byte("clusters:\n- name: a\n  cluster:\n    server: https://a\n"))
+	f.Add([]byte(`{"clusters":[]}`))
+	f.Add([]byte("a:\n- b: c\n  d:\n  - 'e''f'\n  - \"g\\n\"\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ParseKubeconfig(data, "")
+	})
+}

@@ -1,0 +1,79 @@
+package discovery
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/sched"
+)
+
+// memSink is a Sink that records the current list.
+type memSink struct {
+	mu    sync.Mutex
+	m     map[string]sched.Record
+	syncs int
+}
+
+func newMemSink() *memSink { return &memSink{m: map[string]sched.Record{}} }
+
+func (s *memSink) Sync(rs []sched.Record) []error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.syncs++
+	s.m = map[string]sched.Record{}
+	var errs []error
+	for _, r := range rs {
+		if err := r.Validate(); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		s.m[r.ID] = r
+	}
+	return errs
+}
+
+func (s *memSink) Upsert(r sched.Record) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.m[r.ID] = r
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *memSink) Remove(id string) {
+	s.mu.Lock()
+	delete(s.m, id)
+	s.mu.Unlock()
+}
+
+func (s *memSink) get(id string) (sched.Record, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.m[id]
+	return r, ok
+}
+
+func (s *memSink) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.m)
+}
+
+// waitFor polls cond for up to d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func rec(id, url string) sched.Record {
+	return sched.Record{ID: id, URL: url, Models: []string{"m"}, Role: "mixed", Status: sched.StatusActive}
+}

@@ -1,0 +1,265 @@
+// Package testsrv starts real etcd and NATS servers for tests.
+//
+// StartEtcd and StartNATS launch /usr/bin/etcd and /usr/sbin/nats-server on
+// free loopback ports with temporary data directories, wait until they
+// answer, and stop them in t.Cleanup. Stop and Restart simulate outages.
+// When a binary is missing the test is skipped, unless INFERA_REQUIRE_SERVERS
+// is 1, in which case it fails.
+//
+// This package is only for tests; it knows nothing about infera itself.
+package testsrv
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Paths of the server binaries; overridable with INFERA_ETCD_BIN and
+// INFERA_NATS_SERVER_BIN.
+var (
+	EtcdBin = envOr("INFERA_ETCD_BIN", "/usr/bin/etcd")
+	NATSBin = envOr("INFERA_NATS_SERVER_BIN", "/usr/sbin/nats-server")
+)
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func need(t testing.TB, bin string) {
+	t.Helper()
+	if _, err := os.Stat(bin); err == nil {
+		return
+	}
+	if os.Getenv("INFERA_REQUIRE_SERVERS") == "1" {
+		t.Fatalf("%s is not installed and INFERA_REQUIRE_SERVERS=1 (run make deps)", bin)
+	}
+	t.Skipf("%s is not installed (install it or run make deps; set INFERA_REQUIRE_SERVERS=1 to fail instead)", bin)
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("cannot find a free port: %v", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// proc is one server process that can be stopped and started again with the
+// same arguments (and so the same ports and data).
+type proc struct {
+	t    testing.TB
+	name string
+	bin  string
+	args []string
+	log  string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (p *proc) start(ready func() error) {
+	p.t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		return
+	}
+	lf, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		p.t.Fatalf("cannot open %s log: %v", p.name, err)
+	}
+	cmd := exec.Command(p.bin, p.args...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		lf.Close()
+		p.t.Fatalf("cannot start %s: %v", p.name, err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); lf.Close(); close(done) }()
+	p.cmd, p.done = cmd, done
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		err := ready()
+		if err == nil {
+			return
+		}
+		select {
+		case <-done:
+			b, _ := os.ReadFile(p.log)
+			p.cmd = nil
+			p.t.Fatalf("%s exited before it was ready: %s", p.name, tail(b, 2000))
+		default:
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(p.log)
+			p.t.Fatalf("%s not ready after 15s: %v\n%s", p.name, err, tail(b, 2000))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (p *proc) stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+	p.cmd = nil
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// Etcd is a running etcd server.
+type Etcd struct {
+	// Endpoint is host:port of the client listener.
+	Endpoint string
+	p        *proc
+	certs    *Certs
+}
+
+// StartEtcd starts a single-member etcd on free loopback ports.
+func StartEtcd(t testing.TB) *Etcd { t.Helper(); return StartEtcdTLS(t, nil) }
+
+// StartEtcdTLS starts etcd serving clients over TLS with certs (client
+// certificates required) when certs is not nil.
+func StartEtcdTLS(t testing.TB, certs *Certs) *Etcd {
+	t.Helper()
+	need(t, EtcdBin)
+	dir := t.TempDir()
+	cport, pport := FreePort(t), FreePort(t)
+	scheme := "http"
+	if certs != nil {
+		scheme = "https"
+	}
+	curl := fmt.Sprintf("%s://127.0.0.1:%d", scheme, cport)
+	purl := fmt.Sprintf("http://127.0.0.1:%d", pport)
+	e := &Etcd{Endpoint: fmt.Sprintf("127.0.0.1:%d", cport), certs: certs}
+	args := []string{
+		"--name", "default",
+		"--data-dir", filepath.Join(dir, "data"),
+		"--listen-client-urls", curl, "--advertise-client-urls", curl,
+		"--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+		"--initial-cluster", "default=" + purl,
+		"--log-level", "warn",
+	}
+	if certs != nil {
+		args = append(args, "--cert-file", certs.ServerCert, "--key-file", certs.ServerKey,
+			"--trusted-ca-file", certs.CA, "--client-cert-auth")
+	}
+	e.p = &proc{t: t, name: "etcd", bin: EtcdBin, log: filepath.Join(dir, "etcd.log"), args: args}
+	e.Start()
+	t.Cleanup(e.Stop)
+	return e
+}
+
+// Start starts a stopped server again with the same ports and data.
+func (e *Etcd) Start() {
+	e.p.t.Helper()
+	hc := &http.Client{Timeout: time.Second}
+	scheme := "http"
+	if e.certs != nil {
+		scheme = "https"
+		pool := x509.NewCertPool()
+		ca, _ := os.ReadFile(e.certs.CA)
+		pool.AppendCertsFromPEM(ca)
+		cert, err := tls.LoadX509KeyPair(e.certs.ClientCert, e.certs.ClientKey)
+		if err != nil {
+			e.p.t.Fatalf("cannot load client cert: %v", err)
+		}
+		hc.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}
+	}
+	e.p.start(func() error {
+		resp, err := hc.Get(scheme + "://" + e.Endpoint + "/health")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("health: %s", resp.Status)
+		}
+		return nil
+	})
+}
+
+// Stop stops the server (an outage); Start brings it back.
+func (e *Etcd) Stop() { e.p.stop() }
+
+// Restart stops and starts the server.
+func (e *Etcd) Restart() { e.Stop(); e.Start() }
+
+// NATS is a running nats-server.
+type NATS struct {
+	// URL is nats://127.0.0.1:port.
+	URL  string
+	addr string
+	p    *proc
+}
+
+// StartNATS starts a nats-server on a free loopback port.
+func StartNATS(t testing.TB) *NATS {
+	t.Helper()
+	need(t, NATSBin)
+	dir := t.TempDir()
+	port := FreePort(t)
+	n := &NATS{URL: fmt.Sprintf("nats://127.0.0.1:%d", port), addr: "127.0.0.1:" + strconv.Itoa(port)}
+	n.p = &proc{t: t, name: "nats-server", bin: NATSBin, log: filepath.Join(dir, "nats.log"),
+		args: []string{"-a", "127.0.0.1", "-p", strconv.Itoa(port)}}
+	n.Start()
+	t.Cleanup(n.Stop)
+	return n
+}
+
+// Start starts a stopped server again on the same port.
+func (n *NATS) Start() {
+	n.p.t.Helper()
+	n.p.start(func() error {
+		c, err := net.DialTimeout("tcp", n.addr, time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		buf := make([]byte, 4)
+		if _, err := c.Read(buf); err != nil || string(buf) != "INFO" {
+			return fmt.Errorf("no INFO banner: %v", err)
+		}
+		return nil
+	})
+}
+
+// Stop stops the server.
+func (n *NATS) Stop() { n.p.stop() }
+
+// Restart stops and starts the server.
+func (n *NATS) Restart() { n.Stop(); n.Start() }

@@ -1,0 +1,430 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"github.com/infera/infera/broker"
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/internal/testsrv"
+	"github.com/infera/infera/sched"
+	"github.com/nats-io/nats.go"
+)
+
+// fakeEngine is a loopback engine: /health (200 once healthy), /v1/models,
+// /stream?n=&every= (SSE), and /admin/stats {"active": n} when stats is on.
+type fakeEngine struct {
+	healthy atomic.Bool
+	stats   bool
+	active  atomic.Int64
+}
+
+func (e *fakeEngine) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
+		if !e.healthy.Load() {
+			w.WriteHeader(503)
+			return
+		}
+		w.Write([]byte("ok"))
+	})
+	mux.HandleFunc("/v1/models", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"object":"list","data":[{"id":"llama-3","object":"model"},{"id":"llama-3-lora"}]}`))
+	})
+	mux.HandleFunc("/admin/stats", func(w http.ResponseWriter, r *http.Request) {
+		if !e.stats {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintf(w, `{"active":%d,"queued":0}`, e.active.Load())
+	})
+	mux.HandleFunc("/stream", func(w http.ResponseWriter, r *http.Request) {
+		e.active.Add(1)
+		defer e.active.Add(-1)
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		every, _ := time.ParseDuration(r.URL.Query().Get("every"))
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			w.(http.Flusher).Flush()
+			select {
+			case <-time.After(every):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+	})
+	return mux
+}
+
+func serveEngine(t testing.TB, e *fakeEngine) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: e.handler()}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// TestMain doubles as a launchable engine: with INFERA_TEST_ENGINE_ADDR
+// set the binary serves a fake engine there (healthy once the file named by
+// INFERA_TEST_ENGINE_READY exists) until SIGTERM.
+func TestMain(m *testing.M) {
+	if addr := os.Getenv("INFERA_TEST_ENGINE_ADDR"); addr != "" {
+		e := &fakeEngine{}
+		ready := os.Getenv("INFERA_TEST_ENGINE_READY")
+		go func() {
+			for i := 0; i < 6000 && !e.healthy.Load(); i++ {
+				if _, err := os.Stat(ready); err == nil {
+					e.healthy.Store(true)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}()
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			os.Exit(3)
+		}
+		go http.Serve(ln, e.handler())
+		ch := make(chan os.Signal, 1)
+		signal.Notify(ch, syscall.SIGTERM)
+		select {
+		case <-ch:
+		case <-time.After(60 * time.Second):
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+type memSink struct {
+	mu sync.Mutex
+	m  map[string]sched.Record
+}
+
+func (s *memSink) Sync(rs []sched.Record) []error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m = map[string]sched.Record{}
+	for _, r := range rs {
+		s.m[r.ID] = r
+	}
+	return nil
+}
+func (s *memSink) Upsert(r sched.Record) error {
+	s.mu.Lock()
+	s.m[r.ID] = r
+	s.mu.Unlock()
+	return nil
+}
+func (s *memSink) Remove(id string) { s.mu.Lock(); delete(s.m, id); s.mu.Unlock() }
+func (s *memSink) get(id string) (sched.Record, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.m[id]
+	return r, ok
+}
+
+func watchEtcd(t *testing.T, ep string) *memSink {
+	t.Helper()
+	sink := &memSink{m: map[string]sched.Record{}}
+	w, err := discovery.NewEtcdWatcher(discovery.EtcdConfig{Endpoints: []string{ep}}, nil, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	t.Cleanup(w.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return sink
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// parse runs kong over args like `infera worker ...` would.
+func parse(t *testing.T, args ...string) *Cmd {
+	t.Helper()
+	var c Cmd
+	p, err := kong.New(&c, kong.Exit(func(int) { t.Fatal("kong exited") }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Parse(args); err != nil {
+		t.Fatalf("parse %v: %v", args, err)
+	}
+	return &c
+}
+
+func TestFlags(t *testing.T) {
+	t.Setenv("NATS_SERVER", "nats://127.0.0.1:1")
+	t.Setenv("INFERA_DRAIN_TIMEOUT", "7s")
+	c := parse(t, "--id", "w1", "--request-transport", "nats", "--models", "a,b", "--", "python", "-m", "engine", "--port", "30000")
+	if c.ID != "w1" || c.RequestTransport != "nats" || c.NatsURL != "nats://127.0.0.1:1" || c.DrainTimeout != 7*time.Second {
+		t.Fatalf("parsed %+v", c)
+	}
+	if err := c.validate(); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Models) != 2 || len(c.Engine) != 5 || c.Engine[0] != "python" || c.Engine[4] != "30000" {
+		t.Fatalf("models %q engine %q", c.Models, c.Engine)
+	}
+	d := parse(t)
+	if d.EngineURL != "http://127.0.0.1:8100" || d.DiscoveryBackend != "etcd" || d.LeaseTTL != 10*time.Second || len(d.Engine) != 0 {
+		t.Fatalf("defaults %+v", d)
+	}
+	if err := (&Cmd{EngineURL: "ftp://x"}).validate(); err == nil {
+		t.Fatal("want bad engine url error")
+	}
+	if err := (&Cmd{EngineURL: "http://x:1", RequestTransport: "nats"}).validate(); err == nil {
+		t.Fatal("want missing nats url error")
+	}
+	for _, tc := range [][3]string{
+		{"tcp://*:5557", "10.1.2.3", "tcp://10.1.2.3:5557"},
+		{"tcp://127.0.0.1:5557", "10.1.2.3", "tcp://127.0.0.1:5557"},
+		{"", "h", ""},
+	} {
+		if got := advertiseEndpoint(tc[0], tc[1]); got != tc[2] {
+			t.Fatalf("advertiseEndpoint(%q, %q) = %q, want %q", tc[0], tc[1], got, tc[2])
+		}
+	}
+	if id := DefaultID("http://127.0.0.1:8100"); id == "" || !broker.ValidWorkerID(id) {
+		t.Fatalf("default id %q", id)
+	}
+}
+
+// TestDrainOverNATS: a long stream in flight when DRAINING is set completes,
+// the record shows DRAINING meanwhile, and the worker is then deregistered.
+func TestDrainOverNATS(t *testing.T) {
+	e := testsrv.StartEtcd(t)
+	ns := testsrv.StartNATS(t)
+	eng := &fakeEngine{}
+	eng.healthy.Store(true)
+	url := serveEngine(t, eng)
+	sink := watchEtcd(t, e.Endpoint)
+
+	c := parse(t, "--id", "wn1", "--engine-url", url, "--etcd-endpoint", e.Endpoint,
+		"--request-transport", "nats", "--nats-url", ns.URL, "--lease-ttl", "3s",
+		"--drain-timeout", "10s", "--drain-propagation", "200ms")
+	s, err := c.Start(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "registered", func() bool { _, ok := sink.get("wn1"); return ok })
+	r, _ := sink.get("wn1")
+	if len(r.Models) != 2 || r.Models[0] != "llama-3" || r.RequestTransport != "nats" || r.Status != sched.StatusActive {
+		t.Fatalf("record %+v", r)
+	}
+
+	nc, err := nats.Connect(ns.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cli, err := broker.NewClient(broker.ClientConfig{Conn: nc, IdleTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	st, err := cli.Do(context.Background(), "wn1", &broker.Request{Path: "/stream?n=15&every=60ms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.Next(); err != nil {
+		t.Fatal(err)
+	}
+
+	drained := make(chan error, 1)
+	go func() { drained <- s.Drain(context.Background()) }()
+	waitFor(t, 5*time.Second, "DRAINING", func() bool { r, _ := sink.get("wn1"); return r.Status == sched.StatusDraining })
+	chunks := 1
+	var body []byte
+	for {
+		b, err := st.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("stream broke during drain after %d chunks: %v", chunks, err)
+		}
+		select {
+		case err := <-drained:
+			t.Fatalf("drain finished with a stream in flight: %v", err)
+		default:
+		}
+		chunks++
+		body = append(body, b...)
+	}
+	if chunks < 15 || string(body[len(body)-14:]) != "data: [DONE]\n\n" {
+		t.Fatalf("stream incomplete: %d chunks, tail %q", chunks, body)
+	}
+	select {
+	case err := <-drained:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("drain did not finish after the stream ended")
+	}
+	waitFor(t, 5*time.Second, "deregistered", func() bool { _, ok := sink.get("wn1"); return !ok })
+	// New requests now find nobody (retryable elsewhere).
+	if _, err := cli.Do(context.Background(), "wn1", &broker.Request{Path: "/stream?n=1"}); !errors.Is(err, broker.ErrNoResponders) {
+		t.Fatalf("after drain: %v", err)
+	}
+}
+
+// TestDrainHTTPStats: over HTTP the sidecar polls /admin/stats "active".
+func TestDrainHTTPStats(t *testing.T) {
+	e := testsrv.StartEtcd(t)
+	eng := &fakeEngine{stats: true}
+	eng.healthy.Store(true)
+	url := serveEngine(t, eng)
+	sink := watchEtcd(t, e.Endpoint)
+	c := parse(t, "--id", "wh1", "--engine-url", url, "--etcd-endpoint", e.Endpoint, "--models", "m",
+		"--drain-propagation", "0s", "--drain-timeout", "10s")
+	s, err := c.Start(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "registered", func() bool { _, ok := sink.get("wh1"); return ok })
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err := http.Get(url + "/stream?n=10&every=50ms")
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, 5*time.Second, "request active", func() bool { return eng.active.Load() == 1 })
+	start := time.Now()
+	if err := s.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	default:
+		t.Fatal("drain returned before the in-flight request finished")
+	}
+	if d := time.Since(start); d < 200*time.Millisecond {
+		t.Fatalf("drain took only %v", d)
+	}
+	waitFor(t, 5*time.Second, "deregistered", func() bool { _, ok := sink.get("wh1"); return !ok })
+}
+
+// TestLaunchedEngine: the engine command after -- is launched, the worker
+// registers only once /health answers 200, and Drain stops the engine.
+func TestLaunchedEngine(t *testing.T) {
+	e := testsrv.StartEtcd(t)
+	sink := watchEtcd(t, e.Endpoint)
+	port := testsrv.FreePort(t)
+	ready := filepath.Join(t.TempDir(), "ready")
+	t.Setenv("INFERA_TEST_ENGINE_ADDR", fmt.Sprintf("127.0.0.1:%d", port))
+	t.Setenv("INFERA_TEST_ENGINE_READY", ready)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := parse(t, "--id", "wl1", "--engine-url", fmt.Sprintf("http://127.0.0.1:%d", port), "--etcd-endpoint", e.Endpoint,
+		"--drain-propagation", "0s", "--drain-grace", "0s", "--engine-stop-timeout", "5s", "--", self, "-test.run=^$")
+	type res struct {
+		s   *Sidecar
+		err error
+	}
+	started := make(chan res, 1)
+	go func() { s, err := c.Start(context.Background()); started <- res{s, err} }()
+	time.Sleep(700 * time.Millisecond)
+	if _, ok := sink.get("wl1"); ok {
+		t.Fatal("registered before the engine was healthy")
+	}
+	select {
+	case r := <-started:
+		t.Fatalf("Start returned before the engine was healthy: %v", r.err)
+	default:
+	}
+	os.WriteFile(ready, nil, 0o644)
+	var r res
+	select {
+	case r = <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Start did not return after the engine became healthy")
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	waitFor(t, 5*time.Second, "registered", func() bool { _, ok := sink.get("wl1"); return ok })
+	pid := r.s.engine.Process.Pid
+	if err := r.s.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-r.s.EngineExited():
+	default:
+		t.Fatalf("engine pid %d still running after drain", pid)
+	}
+	waitFor(t, 5*time.Second, "deregistered", func() bool { _, ok := sink.get("wl1"); return !ok })
+}
+
+// TestRegisterWaitsForEtcd: a worker started before etcd registers once
+// etcd comes up.
+func TestRegisterWaitsForEtcd(t *testing.T) {
+	e := testsrv.StartEtcd(t)
+	e.Stop()
+	eng := &fakeEngine{}
+	eng.healthy.Store(true)
+	url := serveEngine(t, eng)
+	c := parse(t, "--id", "late1", "--engine-url", url, "--etcd-endpoint", e.Endpoint, "--models", "m",
+		"--drain-propagation", "0s", "--drain-grace", "0s")
+	started := make(chan error, 1)
+	var s *Sidecar
+	go func() {
+		var err error
+		s, err = c.Start(context.Background())
+		started <- err
+	}()
+	time.Sleep(500 * time.Millisecond)
+	e.Start()
+	select {
+	case err := <-started:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("worker did not register after etcd came up")
+	}
+	sink := watchEtcd(t, e.Endpoint)
+	waitFor(t, 5*time.Second, "registered", func() bool { _, ok := sink.get("late1"); return ok })
+	if err := s.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
