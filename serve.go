@@ -13,9 +13,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/infera/infera/broker"
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/proxy"
 	"github.com/infera/infera/sched"
+	"github.com/nats-io/nats.go"
 	"github.com/valyala/fasthttp"
 )
 
@@ -76,6 +79,11 @@ type router struct {
 	sched *sched.Scheduler
 	srv   *proxy.Server
 	stop  chan struct{}
+
+	discovery  discovery.Backend
+	nc         *nats.Conn
+	natsClient *broker.Client
+	health     map[string]proxy.HealthCheck
 }
 
 // newRouter builds the router from flags: config store, fleet and its
@@ -91,19 +99,59 @@ func newRouter(f *config.Serve) (*router, error) {
 	if err := checkBackends(f); err != nil {
 		return nil, err
 	}
-	rt := &router{flags: f, store: store, stop: make(chan struct{})}
+	rt := &router{flags: f, store: store, stop: make(chan struct{}), health: map[string]proxy.HealthCheck{}}
+	ok := false
+	defer func() {
+		if !ok {
+			rt.close()
+		}
+	}()
 	rt.fleet = sched.NewFleet(sched.BreakerConfig{
 		Threshold:   f.BreakerFailureThreshold,
 		Cooldown:    f.BreakerCooldown(),
 		MaxCooldown: f.BreakerMaxCooldown(),
 	})
-	rt.fleet.AddHook(proxy.HTTPHook(f))
+	rt.fleet.AddHook(&agreement{requestTransport: f.RequestTransport, kvTransport: f.KVEventTransport, logged: map[string]bool{}})
+	if f.RequestTransport == "nats" || f.KVEventTransport == "nats" {
+		if err := rt.connectNATS(); err != nil {
+			return nil, err
+		}
+	}
+	if f.RequestTransport == "http" {
+		rt.fleet.AddHook(proxy.HTTPHook(f))
+	} else {
+		rt.fleet.AddHook(forgetHook{rt.natsClient})
+	}
 	rt.sched = sched.NewScheduler(rt.fleet, f.RouterPolicy)
 
-	if f.DiscoveryBackend == "static" {
+	switch f.DiscoveryBackend {
+	case "static":
 		syncStatic(rt.fleet, f, store.Load())
 		store.OnChange(func(old, cur *config.Config) { syncStatic(rt.fleet, f, cur) })
 		go resyncStatic(rt.fleet, f, store, rt.stop)
+	default:
+		b, err := discovery.StartSynced(discovery.Options{
+			Backend:          f.DiscoveryBackend,
+			EtcdEndpoints:    []string{f.EtcdEndpoint},
+			EtcdPrefix:       f.EtcdPrefix,
+			EtcdCAFile:       f.EtcdCAFile,
+			EtcdCertFile:     f.EtcdCertFile,
+			EtcdKeyFile:      f.EtcdKeyFile,
+			EtcdUsername:     f.EtcdUsername,
+			EtcdPassword:     f.EtcdPassword,
+			Kubeconfig:       f.Kubeconfig,
+			K8sNamespace:     f.K8sNamespace,
+			K8sLabelSelector: f.K8sLabelSelector,
+			K8sAnnotation:    f.K8sAnnotation,
+		}, rt.fleet, 10*time.Second)
+		if b == nil {
+			return nil, fmt.Errorf("cannot start %s discovery: %w", f.DiscoveryBackend, err)
+		}
+		rt.discovery = b
+		rt.health["discovery"] = b.Health
+		if err != nil {
+			slog.Warn("discovery not synced yet; serving and retrying", "backend", f.DiscoveryBackend, "err", err)
+		}
 	}
 	go store.Watch(f.ConfigPoll, rt.stop)
 
@@ -112,26 +160,95 @@ func newRouter(f *config.Serve) (*router, error) {
 		Store:     store,
 		Sched:     rt.sched,
 		BlockSize: f.KVBlockSize,
+		NATS:      rt.natsClient,
+		Health:    rt.health,
 	})
+	ok = true
 	return rt, nil
+}
+
+// connectNATS connects to the broker (--nats-url, NATS_SERVER, NATS_URL).
+func (rt *router) connectNATS() error {
+	f := rt.flags
+	if f.NatsURL == "" {
+		return fmt.Errorf("--request-transport nats / --kv-event-transport nats need a broker: set --nats-url (or NATS_SERVER / NATS_URL), or use --request-transport http --kv-event-transport zmq")
+	}
+	nc, err := nats.Connect(f.NatsURL, nats.Name("infera-serve"), nats.MaxReconnects(-1),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if rt.natsClient != nil {
+				rt.natsClient.Disconnected(err)
+			}
+		}))
+	if err != nil {
+		return fmt.Errorf("cannot connect to NATS at %s: %w", f.NatsURL, err)
+	}
+	rt.nc = nc
+	rt.health["nats"] = func() (bool, string) { return nc.IsConnected(), nc.Status().String() }
+	if f.RequestTransport == "nats" {
+		bc, err := broker.NewClient(broker.ClientConfig{Conn: nc, IdleTimeout: f.NatsReqIdleTimeout,
+			MaxDuration: f.NatsReqMaxDuration, MaxPending: f.NatsReqMaxPending})
+		if err != nil {
+			return err
+		}
+		rt.natsClient = bc
+	}
+	return nil
+}
+
+// agreement excludes workers whose record advertises a transport this
+// server does not use (logged once per worker): they would be unreachable.
+type agreement struct {
+	requestTransport, kvTransport string
+	logged                        map[string]bool // under the fleet lock
+}
+
+func (a *agreement) WorkerAdded(w *sched.Worker) error {
+	if ok, reason := discovery.Agrees(w.Record, a.requestTransport, a.kvTransport); !ok {
+		if !a.logged[w.ID] {
+			a.logged[w.ID] = true
+			slog.Error("worker excluded: transports disagree with this server (match the flags fleet-wide)", "worker", w.ID, "reason", reason)
+		}
+		return fmt.Errorf("transport mismatch: %s", reason)
+	}
+	return nil
+}
+
+func (a *agreement) WorkerRemoved(w *sched.Worker) {}
+
+// forgetHook drops a removed worker's NATS admission counter.
+type forgetHook struct{ bc *broker.Client }
+
+func (h forgetHook) WorkerAdded(w *sched.Worker) error { return nil }
+func (h forgetHook) WorkerRemoved(w *sched.Worker) {
+	if h.bc != nil {
+		h.bc.Forget(w.ID)
+	}
 }
 
 func (rt *router) close() {
 	close(rt.stop)
-	rt.fleet.Close()
+	if rt.discovery != nil {
+		rt.discovery.Close()
+	}
+	if rt.natsClient != nil {
+		rt.natsClient.Close()
+	}
+	if rt.nc != nil {
+		rt.nc.Close()
+	}
+	if rt.fleet != nil {
+		rt.fleet.Close()
+	}
 }
 
-// checkBackends refuses flag values whose backend is not built in, naming
-// the alternative, so that a flag never silently does nothing.
+// checkBackends refuses flag combinations that cannot work, naming the
+// alternative, so that a flag never silently does nothing.
 func checkBackends(f *config.Serve) error {
-	if f.DiscoveryBackend != "static" {
-		return fmt.Errorf("--discovery-backend %s is not available in this build yet; use --discovery-backend static --workers URL,...", f.DiscoveryBackend)
+	if f.DiscoveryBackend == "static" && len(f.Workers) == 0 && f.Config == "" {
+		slog.Warn("no workers: pass --workers URL,... or a config file with workers, or use --discovery-backend etcd|kubernetes")
 	}
-	if f.RequestTransport != "http" {
-		return fmt.Errorf("--request-transport %s is not available in this build yet; use --request-transport http", f.RequestTransport)
-	}
-	if f.RouterTokenizerPath != "" {
-		return fmt.Errorf("--router-tokenizer-path is not available in this build yet; leave it empty")
+	if f.DiscoveryBackend != "static" && len(f.Workers) > 0 {
+		return fmt.Errorf("--workers is for --discovery-backend static; with %s workers register themselves (infera worker)", f.DiscoveryBackend)
 	}
 	return nil
 }

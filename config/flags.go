@@ -22,6 +22,15 @@ type Serve struct {
 	Workers          []string `help:"Static workers: URL or id=URL, comma-separated (with --discovery-backend static)." env:"INFERA_WORKERS" sep:","`
 	WorkerModel      []string `help:"Models served by static workers given by --workers (default: asked from each worker's /v1/models)." env:"INFERA_WORKER_MODEL" sep:","`
 	EtcdEndpoint     string   `help:"etcd endpoint(s), comma-separated host:port." default:"127.0.0.1:2379" env:"INFERA_ETCD_ENDPOINT"`
+	EtcdPrefix       string   `help:"etcd key prefix of worker records." default:"/infera/workers/" env:"INFERA_ETCD_PREFIX"`
+	EtcdCAFile       string   `help:"etcd TLS CA file." env:"INFERA_ETCD_CA_FILE"`
+	EtcdCertFile     string   `help:"etcd TLS client certificate." env:"INFERA_ETCD_CERT_FILE"`
+	EtcdKeyFile      string   `help:"etcd TLS client key." env:"INFERA_ETCD_KEY_FILE"`
+	EtcdUsername     string   `help:"etcd auth user." env:"INFERA_ETCD_USERNAME"`
+	EtcdPassword     string   `help:"etcd auth password." env:"INFERA_ETCD_PASSWORD"`
+	Kubeconfig       string   `help:"kubeconfig file for --discovery-backend kubernetes (empty: in-cluster service account)." env:"INFERA_KUBECONFIG,KUBECONFIG"`
+	K8sNamespace     string   `name:"k8s-namespace" help:"Namespace to watch (empty: the service account's or kubeconfig's; all: every namespace)." env:"INFERA_K8S_NAMESPACE"`
+	K8sAnnotation    string   `name:"k8s-annotation" help:"Pod annotation holding the worker record." default:"infera.io/worker" env:"INFERA_K8S_ANNOTATION"`
 	K8sLabelSelector string   `name:"k8s-label-selector" help:"Pod label selector for --discovery-backend kubernetes." default:"app.kubernetes.io/component=infera-worker" env:"INFERA_K8S_LABEL_SELECTOR"`
 
 	RequestTransport string `help:"How requests reach workers: http or nats (the production default is nats)." default:"http" enum:"http,nats" env:"INFERA_REQUEST_TRANSPORT"`

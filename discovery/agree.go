@@ -20,9 +20,8 @@ func Agrees(rec sched.Record, requestTransport, kvTransport string) (ok bool, re
 	if requestTransport == "nats" && !validSubjectToken(rec.ID) {
 		return false, fmt.Sprintf("worker id %q cannot be a NATS subject token", rec.ID)
 	}
-	if kvTransport == "zmq" && rec.KVEventTransport == "zmq" && rec.KVEventsEndpoint == "" {
-		return false, fmt.Sprintf("worker %q uses zmq KV events but advertises no kv_events_endpoint", rec.ID)
-	}
+	// A worker without a KV-event endpoint is still routable: it simply
+	// contributes nothing to the KV index.
 	return true, ""
 }
 

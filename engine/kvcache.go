@@ -277,8 +277,18 @@ func (c *KVCache) Allocate(a *KVAlloc, hashes []uint64, tokens []uint32, totalBl
 		}
 		a.blocks = append(a.blocks, b) // nil when missing
 	}
-	if short := need - len(c.free); short > 0 {
-		c.evict(short)
+	// Blocks still to take: everything not pinned above. (need counts
+	// pinned blocks that left the LRU, which is right for the admission
+	// check but would over-evict here.) Repeated missing hashes share one
+	// block, so this may overestimate; never evict more than the LRU holds.
+	pinned := 0
+	for _, b := range a.blocks {
+		if b != nil {
+			pinned++
+		}
+	}
+	if short := totalBlocks - pinned - len(c.free); short > 0 {
+		c.evict(min(short, c.lru.n))
 	}
 	// Insert missing prompt blocks, reporting each contiguous run of new
 	// blocks as one chain.

@@ -298,3 +298,30 @@ func (s *lockedSink) Close() error {
 	defer s.mu.Unlock()
 	return s.fakeSink.Close()
 }
+
+// Reusing a cached prefix under pressure must not over-evict (regression:
+// Allocate evicted one extra block per reused LRU block and panicked on an
+// empty LRU).
+func TestKVCacheReuseUnderPressure(t *testing.T) {
+	c, err := NewKVCache(16, 4, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := make([]uint32, 32)
+	for i := range toks {
+		toks[i] = uint32(i + 1)
+	}
+	hashes := HashBlocks(nil, toks, 16)
+	var a KVAlloc
+	if !c.Allocate(&a, hashes, toks, 2, 2) {
+		t.Fatal("first allocation failed")
+	}
+	c.Free(&a)
+	var b KVAlloc
+	if !c.Allocate(&b, hashes, toks, 4, 1) {
+		t.Fatal("reuse allocation failed")
+	}
+	if b.CachedBlocks() != 1 || c.Used() != 4 {
+		t.Fatalf("cached %d used %d", b.CachedBlocks(), c.Used())
+	}
+}

@@ -61,7 +61,11 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 		if cfg.Debug.DecisionHeader {
 			ctx.Response.Header.Set("X-Infera-Route", d.Layer)
 		}
-		if s.forward(ctx, cfg, rs, d, start, attempt == attempts-1, &fail) == outDone {
+		fwd := s.forward
+		if s.o.NATS != nil {
+			fwd = s.forwardNATS
+		}
+		if fwd(ctx, cfg, rs, d, start, attempt == attempts-1, &fail) == outDone {
 			countStatus(ctx.Response.StatusCode())
 			return
 		}
@@ -298,9 +302,16 @@ func readSome(r io.Reader, p []byte) (int, error) {
 	return 0, io.ErrNoProgress
 }
 
+var errEOF = io.EOF
+
+// closeStream closes an upstream body: fasthttp streams take the error
+// (non-nil discards the connection), other streams (NATS) are closed.
 func closeStream(r io.Reader, err error) {
-	if c, ok := r.(fasthttp.ReadCloserWithError); ok {
+	switch c := r.(type) {
+	case fasthttp.ReadCloserWithError:
 		c.CloseWithError(err)
+	case io.Closer:
+		c.Close()
 	}
 }
 
@@ -472,7 +483,9 @@ func (t *tap) CloseWithError(err error) error {
 	t.usage.record()
 	t.w.Release(t.tokens, t.prompt, t.blocks, true)
 	mDuration.Update(time.Since(t.start).Seconds())
-	fasthttp.ReleaseResponse(t.up)
+	if t.up != nil {
+		fasthttp.ReleaseResponse(t.up)
+	}
 	releaseTap(t)
 	return nil
 }

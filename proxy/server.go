@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/broker"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/sched"
 	"github.com/infera/infera/tokenizer"
@@ -38,6 +39,9 @@ type Options struct {
 	Health map[string]HealthCheck
 	// Extra registers additional routes (path -> handler), e.g. /tokenize.
 	Extra map[string]fasthttp.RequestHandler
+
+	// NATS, when set, carries every request (--request-transport nats).
+	NATS *broker.Client
 
 	// DefaultMaxTokens is the output estimate for requests without max_tokens.
 	DefaultMaxTokens int
