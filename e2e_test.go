@@ -269,3 +269,97 @@ func TestE2ETimeoutsAndConfigReload(t *testing.T) {
 		t.Fatalf("reloaded timeout: %d after %v", resp.StatusCode, el)
 	}
 }
+
+// The configuration center's scheduling features through the real router:
+// each changes behaviour on a live reload.
+func TestE2ESchedulingConfigReload(t *testing.T) {
+	engA, eA := startEngine(t, "--speedup", "50", "--model", "Qwen2.5-72B-Instruct")
+	engB, eB := startEngine(t, "--speedup", "50", "--model", "Qwen2.5-72B-Instruct")
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "infera.json")
+	write := func(s string) {
+		t.Helper()
+		tmp := cfgPath + ".tmp"
+		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		os.Rename(tmp, cfgPath)
+	}
+	write(`{"debug":{"decision_header":true},"model_routing":{"enabled":true,"fuzzy_match":true}}`)
+	rt, r := startServe(t, "--workers", "a="+eA+",b="+eB, "--config", cfgPath, "--config-poll", "20ms",
+		"--router-policy", "config", "--router-mode", "direct")
+	waitCfg := func(cond func() bool) {
+		t.Helper()
+		for i := 0; !cond(); i++ {
+			if i > 300 {
+				t.Fatal("config never applied")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	// Fuzzy model name: the engine receives its own name.
+	resp, b := doPost(t, r+"/v1/chat/completions", `{"model":"qwen2.5_72b_instruct","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"model":"Qwen2.5-72B-Instruct"`) {
+		t.Fatalf("fuzzy: %d %s", resp.StatusCode, b)
+	}
+	if route := resp.Header.Get("X-Infera-Route"); !strings.Contains(route, "layer=") {
+		t.Fatalf("decision header %q", route)
+	}
+	resp, b = doPost(t, r+"/v1/chat/completions", `{"model":"qwen2.5-72b-instrct","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != 404 || !strings.Contains(string(b), "Qwen2.5-72B-Instruct") {
+		t.Fatalf("unknown model: %d %s", resp.StatusCode, b)
+	}
+
+	// Direct mode: the named worker serves it.
+	for i := 0; i < 3; i++ {
+		req, _ := http.NewRequest("POST", r+"/v1/chat/completions", strings.NewReader(`{"model":"Qwen2.5-72B-Instruct","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("x-worker-instance-id", "b")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Worker") != "b" {
+			t.Fatalf("direct: %d worker %q", resp.StatusCode, resp.Header.Get("X-Infera-Worker"))
+		}
+	}
+
+	// Reload: require a session id, and a mapping alias.
+	write(`{"session_affinity":{"enabled":true,"mode":"strong","require_session_id":true},
+		"model_routing":{"enabled":true,"mappings":[{"pattern":"gpt-4*","services":["Qwen2.5-72B-Instruct"]}]},
+		"debug":{"decision_header":true}}`)
+	waitCfg(func() bool { return rt.store.Load().SessionAffinity.RequireSessionID })
+	before := engA.Stats().RequestsTotal + engB.Stats().RequestsTotal
+	resp, b = doPost(t, r+"/v1/chat/completions", `{"model":"gpt-4o","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != 400 || engA.Stats().RequestsTotal+engB.Stats().RequestsTotal != before {
+		t.Fatalf("require session: %d %s", resp.StatusCode, b)
+	}
+	served := map[string]int{}
+	for i := 0; i < 6; i++ {
+		req, _ := http.NewRequest("POST", r+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-4o","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("X-Session-Id", "s-42")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), `"model":"Qwen2.5-72B-Instruct"`) {
+			t.Fatalf("mapped+session: %d %s", resp.StatusCode, body)
+		}
+		served[resp.Header.Get("X-Infera-Worker")]++
+	}
+	if len(served) != 1 {
+		t.Fatalf("strong affinity spread one session over %v", served)
+	}
+	resp, err := http.Get(r + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `"Qwen2.5-72B-Instruct"`) {
+		t.Fatalf("models: %s", b)
+	}
+}

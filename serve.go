@@ -84,6 +84,8 @@ type router struct {
 	nc         *nats.Conn
 	natsClient *broker.Client
 	health     map[string]proxy.HealthCheck
+	ctx        context.Context
+	cancel     context.CancelFunc
 }
 
 // newRouter builds the router from flags: config store, fleet and its
@@ -100,6 +102,7 @@ func newRouter(f *config.Serve) (*router, error) {
 		return nil, err
 	}
 	rt := &router{flags: f, store: store, stop: make(chan struct{}), health: map[string]proxy.HealthCheck{}}
+	rt.ctx, rt.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
 		if !ok {
@@ -123,6 +126,8 @@ func newRouter(f *config.Serve) (*router, error) {
 		rt.fleet.AddHook(forgetHook{rt.natsClient})
 	}
 	rt.sched = sched.NewScheduler(rt.fleet, f.RouterPolicy)
+	rt.sched.Mode = f.RouterMode
+	go rt.sched.Run(rt.ctx, store.Load)
 
 	switch f.DiscoveryBackend {
 	case "static":
@@ -227,6 +232,10 @@ func (h forgetHook) WorkerRemoved(w *sched.Worker) {
 
 func (rt *router) close() {
 	close(rt.stop)
+	rt.cancel()
+	if rt.sched != nil {
+		rt.sched.Close()
+	}
 	if rt.discovery != nil {
 		rt.discovery.Close()
 	}

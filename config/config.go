@@ -48,35 +48,61 @@ type LoadBalancing struct {
 	Algorithm string `json:"algorithm"`
 }
 
-// SessionAffinity is layer 1 of the primary scheduling policy.
+// SessionAffinity is layer 1 of the primary scheduling policy: requests
+// carrying the same session header value go to the same worker.
 type SessionAffinity struct {
 	Enabled bool `json:"enabled"`
-	// Mode is strong or soft.
-	Mode             string  `json:"mode"`
-	Header           string  `json:"header"`
-	TTLSeconds       float64 `json:"ttl_s"`
-	MaxEntries       int     `json:"max_entries"`
+	// Mode is strong (always the bound worker while it is routable) or soft
+	// (skip it while its load exceeds the average x SoftMaxLoadRatio).
+	// Default soft.
+	Mode string `json:"mode"`
+	// Header names the request header holding the session id. Default
+	// X-Session-Id. Claude Code sends X-Claude-Code-Session-Id (one per
+	// session) on its own; other clients must inject a header explicitly.
+	Header string `json:"header"`
+	// TTLSeconds is how long an unused binding lives. Default 1800.
+	TTLSeconds float64 `json:"ttl_s"`
+	// MaxEntries bounds the bindings; the least recently used go first.
+	// Default 100000.
+	MaxEntries int `json:"max_entries"`
+	// SoftMaxLoadRatio applies in soft mode. Default 1.5.
 	SoftMaxLoadRatio float64 `json:"soft_max_load_ratio"`
-	RequireSessionID bool    `json:"require_session_id"`
+	// RequireSessionID rejects requests without the header with 400 before
+	// they are queued (only when Enabled).
+	RequireSessionID bool `json:"require_session_id"`
 }
 
-// PrefixCache is layer 2 of the primary scheduling policy.
+// PrefixCache is layer 2 of the primary scheduling policy: prefer the worker
+// that has already seen the longest prefix of the prompt (prefix index).
 type PrefixCache struct {
-	Enabled                 bool    `json:"enabled"`
-	LoadToleranceFactor     float64 `json:"load_tolerance_factor"`
-	PendingRequestThreshold int     `json:"pending_request_threshold"`
-	HitRateThreshold        float64 `json:"hit_rate_threshold"`
+	Enabled bool `json:"enabled"`
+	// LoadToleranceFactor: a hit worker whose load exceeds the average x
+	// (1 + factor) is skipped. Default 0.3.
+	LoadToleranceFactor float64 `json:"load_tolerance_factor"`
+	// PendingRequestThreshold: a hit worker with more requests waiting for
+	// their first token is skipped. Default 2.
+	PendingRequestThreshold int `json:"pending_request_threshold"`
+	// HitRateThreshold: a match shorter than this share of the prompt is a
+	// miss. Default 0.50.
+	HitRateThreshold float64 `json:"hit_rate_threshold"`
 }
 
-// PrefixIndex bounds the persistent prompt-prefix index.
+// PrefixIndex bounds the persistent prompt-prefix index (always fed; it
+// also yields the theoretical hit-rate ceiling metric).
 type PrefixIndex struct {
-	TTLSeconds                 float64 `json:"ttl_s"`
+	// TTLSeconds is how long an unused block stays indexed. Default 259200.
+	TTLSeconds float64 `json:"ttl_s"`
+	// MaintenanceIntervalSeconds is the sweep period. Default 60.
 	MaintenanceIntervalSeconds float64 `json:"maintenance_interval_s"`
-	// MemoryThresholdRatio: 0 means the default 0.70.
+	// MemoryThresholdRatio: evict (LRU) when process memory exceeds the
+	// container memory x ratio. 0 means the default 0.70.
 	MemoryThresholdRatio float64 `json:"memory_threshold_ratio"`
-	// ReservedMemoryGB: 0 means the default 1.5.
+	// ReservedMemoryGB: evict when process memory exceeds the container
+	// memory minus this. 0 means the default 1.5. The lower trigger wins.
 	ReservedMemoryGB float64 `json:"reserved_memory_gb"`
-	BlockSize        int     `json:"block_size"`
+	// BlockSize is the block length in bytes (default 128). Changing it
+	// starts a fresh index; prompts shorter than a block are not indexed.
+	BlockSize int `json:"block_size"`
 }
 
 // PD configures prefill/decode disaggregation scheduling.
@@ -88,28 +114,47 @@ type PD struct {
 
 // SchedTimeout is the scheduling wait timeout and scheduling circuit breaker.
 type SchedTimeout struct {
-	BreakerEnabled   bool    `json:"breaker_enabled"`
-	WaitTimeoutMS    float64 `json:"wait_timeout_ms"`
+	// BreakerEnabled: off keeps only the wait timeout. Default true.
+	BreakerEnabled bool `json:"breaker_enabled"`
+	// WaitTimeoutMS: a decision taking longer falls back to local
+	// round-robin; 0 means no limit. Default 50.
+	WaitTimeoutMS float64 `json:"wait_timeout_ms"`
+	// TripFailureRatio: timeouts / decisions over a 10 s rolling window (at
+	// least 10 samples) at or above it open the breaker. Default 0.5.
 	TripFailureRatio float64 `json:"trip_failure_ratio"`
-	CooldownSeconds  float64 `json:"cooldown_s"`
-	ProbeWaitMS      float64 `json:"probe_wait_ms"`
+	// CooldownSeconds the breaker stays open before a probe. Default 10.
+	CooldownSeconds float64 `json:"cooldown_s"`
+	// ProbeWaitMS is the probe decision's time limit. Default 100.
+	ProbeWaitMS float64 `json:"probe_wait_ms"`
 }
 
-// ModelRouting routes by the request's model field.
+// ModelRouting routes by the request's model field. Disabled, a request
+// goes to the workers serving exactly its model.
 type ModelRouting struct {
-	Enabled      bool           `json:"enabled"`
-	DefaultModel string         `json:"default_model"`
-	FuzzyMatch   bool           `json:"fuzzy_match"`
-	Mappings     []ModelMapping `json:"mappings"`
+	Enabled bool `json:"enabled"`
+	// DefaultModel serves requests without a model or with an unmatched one.
+	DefaultModel string `json:"default_model"`
+	// FuzzyMatch: org prefix ignored, abbreviations and '*' wildcards match
+	// served models. Off (strict), only case and separator variants of the
+	// exact name match. Default true.
+	FuzzyMatch bool `json:"fuzzy_match"`
+	// Mappings are tried top to bottom before model matching; the first
+	// match routes only to its services.
+	Mappings []ModelMapping `json:"mappings"`
 }
 
-// ModelMapping maps a model name pattern (with *) to services.
+// ModelMapping maps a model name pattern to services. The pattern is
+// anchored and case-insensitive; '*' matches any run of characters, a plain
+// string is an exact name.
 type ModelMapping struct {
 	Pattern  string   `json:"pattern"`
 	Services []string `json:"services"`
 }
 
-// Canary distributes traffic across services by weight.
+// Canary distributes traffic across services by weight: rules are tried
+// top to bottom, the first whose model pattern matches picks a service by
+// deterministic smooth weighted round-robin (exact over every
+// sum(weights)/gcd requests).
 type Canary struct {
 	Enabled bool         `json:"enabled"`
 	Rules   []CanaryRule `json:"rules"`
@@ -246,6 +291,11 @@ func (c *Config) Validate() error {
 	if sa.Header == "" {
 		return fmt.Errorf("session_affinity.header must not be empty")
 	}
+	for i := 0; i < len(sa.Header); i++ {
+		if c := sa.Header[i]; c <= ' ' || c >= 0x7f || strings.IndexByte("()<>@,;:\\\"/[]?={}", c) >= 0 {
+			return fmt.Errorf("session_affinity.header %q is not a valid header name", sa.Header)
+		}
+	}
 	if sa.TTLSeconds <= 0 || sa.MaxEntries <= 0 || sa.SoftMaxLoadRatio <= 0 {
 		return fmt.Errorf("session_affinity: ttl_s, max_entries and soft_max_load_ratio must be positive")
 	}
@@ -275,6 +325,11 @@ func (c *Config) Validate() error {
 	for i, m := range c.ModelRouting.Mappings {
 		if m.Pattern == "" || len(m.Services) == 0 {
 			return fmt.Errorf("model_routing.mappings[%d]: pattern and services are required", i)
+		}
+		for j, svc := range m.Services {
+			if svc == "" {
+				return fmt.Errorf("model_routing.mappings[%d].services[%d] is empty", i, j)
+			}
 		}
 	}
 	for i, r := range c.Canary.Rules {

@@ -15,11 +15,13 @@ const (
 // into the request body or into the reqBody's own buffers; a reqBody is
 // reused across requests (pooled with the request context).
 type reqBody struct {
-	model        []byte
-	modelBuf     []byte
-	stream       bool
-	includeUsage bool
-	maxTokens    int // -1 when absent
+	model    []byte
+	modelBuf []byte
+	// modelStart and modelEnd span the model value (quotes included).
+	modelStart, modelEnd int
+	stream               bool
+	includeUsage         bool
+	maxTokens            int // -1 when absent
 	// text is the prompt text: the completion prompt, or the chat messages'
 	// text contents joined with '\n'.
 	text []byte
@@ -78,6 +80,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 				perr = errModelType
 				return nil
 			}
+			b.modelStart, b.modelEnd = vs, ve
 			raw := v[1 : len(v)-1]
 			if hasEscape(raw) {
 				b.modelBuf = unescape(b.modelBuf[:0], raw)

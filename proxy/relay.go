@@ -44,7 +44,8 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 	if n := len(s.sched.Fleet.View().All); cap(rs.scratch) < n {
 		rs.scratch = make([]*sched.Worker, 0, 2*n)
 	}
-	var fail failure
+	fail := &rs.fail
+	fail.set(0, "", "", "")
 	for attempt := 0; attempt < attempts; attempt++ {
 		d, err := s.sched.Pick(cfg, r, rs.scratch[:0])
 		if err != nil {
@@ -58,14 +59,19 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 			mRetries.Inc()
 		}
 		countLayer(d.Layer)
+		rs.fwd = ctx.PostBody()
+		if d.Rewrite {
+			rs.fwd = rs.rewriteModel(rs.fwd, d.Model)
+		}
 		if cfg.Debug.DecisionHeader {
-			ctx.Response.Header.Set("X-Infera-Route", d.Layer)
+			rs.route = d.AppendRoute(rs.route[:0])
+			ctx.Response.Header.SetBytesV("X-Infera-Route", rs.route)
 		}
 		fwd := s.forward
 		if s.o.NATS != nil {
 			fwd = s.forwardNATS
 		}
-		if fwd(ctx, cfg, rs, d, start, attempt == attempts-1, &fail) == outDone {
+		if fwd(ctx, cfg, rs, d, start, attempt == attempts-1, fail) == outDone {
 			countStatus(ctx.Response.StatusCode())
 			return
 		}
@@ -122,6 +128,18 @@ func (s *Server) writeSchedError(ctx *fasthttp.RequestCtx, r *sched.Request, err
 	}
 }
 
+// rewriteModel returns body with its model value replaced by model.
+func (rs *reqState) rewriteModel(body []byte, model string) []byte {
+	b := &rs.body
+	if b.modelEnd <= b.modelStart || b.modelEnd > len(body) {
+		return body
+	}
+	rs.rewrite = append(rs.rewrite[:0], body[:b.modelStart]...)
+	rs.rewrite = appendJSONString(rs.rewrite, model)
+	rs.rewrite = append(rs.rewrite, body[b.modelEnd:]...)
+	return rs.rewrite
+}
+
 func secs(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
 
 // forward sends the request to d.Worker over HTTP and commits the answer, or
@@ -142,7 +160,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 		req.Header.Del("Authorization")
 	}
 	req.Header.SetHost(w.Addr)
-	req.SetBodyRaw(ctx.PostBody())
+	req.SetBodyRaw(rs.fwd)
 
 	prompt := int64(r.PromptTokens)
 	tokens := prompt + int64(r.MaxTokens)

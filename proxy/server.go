@@ -160,7 +160,7 @@ func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
 
 func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
 	v := s.sched.Fleet.View()
-	models := v.Models
+	models := s.sched.Models(s.store.Load(), v)
 	b := make([]byte, 0, 64+64*len(models))
 	b = append(b, `{"object":"list","data":[`...)
 	for i, m := range models {
@@ -244,6 +244,12 @@ type reqState struct {
 	scratch []*sched.Worker
 	tokens  []uint32
 	render  []byte
+	// fwd is the body forwarded to the engine: the client's bytes, or a
+	// copy with the model rewritten (model routing resolved an alias).
+	fwd     []byte
+	rewrite []byte
+	route   []byte
+	fail    failure
 	msgs    []tokenizer.Message
 }
 
@@ -281,6 +287,10 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	r.Prompt = rs.body.text
 	if cfg.SessionAffinity.Enabled {
 		r.SessionID = ctx.Request.Header.Peek(cfg.SessionAffinity.Header)
+		if err := s.sched.CheckSession(cfg, r); err != nil {
+			s.writeSchedError(ctx, r, err)
+			return
+		}
 	}
 	if s.flags.RouterMode == "direct" {
 		r.DirectWorker = ctx.Request.Header.Peek(hdrWorkerID)

@@ -34,7 +34,7 @@ func (s *Server) forwardNATS(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *r
 	w.Acquire(tokens, prompt, blocks)
 
 	st, err := s.o.NATS.Do(context.Background(), w.ID, &broker.Request{
-		Method: "POST", Path: string(ctx.RequestURI()), Header: hdr, Body: ctx.PostBody(),
+		Method: "POST", Path: string(ctx.RequestURI()), Header: hdr, Body: rs.fwd,
 	})
 	if err != nil {
 		w.Release(tokens, prompt, blocks, false)

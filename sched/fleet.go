@@ -34,6 +34,8 @@ type View struct {
 	Models []string
 	// MaxIdx is one more than the largest Worker.Idx in All.
 	MaxIdx int
+	// ByIdx maps Worker.Idx to the live worker (nil for free ids); len MaxIdx.
+	ByIdx []*Worker
 }
 
 // Fleet is the set of known workers. Discovery backends call Sync, Upsert
@@ -41,12 +43,13 @@ type View struct {
 type Fleet struct {
 	breaker BreakerConfig
 
-	mu    sync.Mutex
-	byID  map[string]*Worker
-	free  []int
-	next  int
-	hooks []Hook
-	view  atomic.Pointer[View]
+	mu     sync.Mutex
+	byID   map[string]*Worker
+	free   []int
+	next   int
+	serial uint32
+	hooks  []Hook
+	view   atomic.Pointer[View]
 
 	ms *metrics.Set
 }
@@ -56,8 +59,10 @@ func NewFleet(bc BreakerConfig) *Fleet {
 	f := &Fleet{breaker: bc, byID: map[string]*Worker{}, ms: metrics.NewSet()}
 	metrics.RegisterSet(f.ms)
 	f.view.Store(&View{ByModel: map[string][]*Worker{}, ByService: map[string][]*Worker{}})
-	metrics.NewGauge(`infera_router_workers{state="routable"}`, func() float64 { return float64(len(f.View().Routable)) })
-	metrics.NewGauge(`infera_router_workers{state="all"}`, func() float64 { return float64(len(f.View().All)) })
+	// In the fleet's own set (not the default one) so that several fleets
+	// (tests) do not panic on duplicate registration.
+	f.ms.NewGauge(`infera_router_workers{state="routable"}`, func() float64 { return float64(len(f.View().Routable)) })
+	f.ms.NewGauge(`infera_router_workers{state="all"}`, func() float64 { return float64(len(f.View().All)) })
 	return f
 }
 
@@ -196,6 +201,8 @@ func (f *Fleet) newWorker(r Record) (*Worker, error) {
 	}
 	w.draining.Store(r.Status == StatusDraining)
 	w.Breaker.init(&f.breaker)
+	f.serial++
+	w.Serial = f.serial
 	if n := len(f.free); n > 0 {
 		w.Idx = f.free[n-1]
 		f.free = f.free[:n-1]
@@ -226,7 +233,7 @@ func (f *Fleet) removeLocked(w *Worker) {
 	}
 	lbl := fmt.Sprintf(`{worker=%q}`, w.ID)
 	for _, name := range []string{"requests_total", "failures_total", "breaker_state", "breaker_trips_total", "active_requests", "active_tokens"} {
-		f.ms.UnregisterMetric("infera_router_worker_"+name+lbl)
+		f.ms.UnregisterMetric("infera_router_worker_" + name + lbl)
 	}
 	slog.Info("worker removed", "id", w.ID, "url", w.URL)
 }
@@ -240,6 +247,10 @@ func (f *Fleet) publishLocked() {
 		}
 	}
 	sort.Slice(v.All, func(i, j int) bool { return v.All[i].ID < v.All[j].ID })
+	v.ByIdx = make([]*Worker, v.MaxIdx)
+	for _, w := range v.All {
+		v.ByIdx[w.Idx] = w
+	}
 	models := map[string]bool{}
 	for _, w := range v.All {
 		if w.Draining() {

@@ -2,6 +2,9 @@ package sched
 
 import (
 	"errors"
+	"fmt"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -10,7 +13,8 @@ import (
 
 // Request is what the scheduler knows about one request. The proxy fills it
 // from the parsed body; byte slices alias request memory that is only valid
-// until the request handler returns.
+// until the request handler returns. Reuse Requests (Reset) to keep Pick
+// allocation-free: the prefix index keeps its block hashes in r.
 type Request struct {
 	Model     []byte
 	Stream    bool
@@ -20,23 +24,35 @@ type Request struct {
 	// Prompt is the prompt text (completion prompt, or chat message contents
 	// concatenated) used for prefix matching.
 	Prompt []byte
-	// SessionID is the session header's value, if any.
+	// SessionID is the value of the header named by
+	// config.SessionAffinity.Header, if any.
 	SessionID []byte
 	// DirectWorker and DirectPrefill are x-worker-instance-id and
 	// x-prefill-instance-id (router mode direct).
 	DirectWorker  []byte
 	DirectPrefill []byte
+	// PrefillLeg selects the PD prefill leg: DirectPrefill is the direct-mode
+	// header consulted and only prefill workers are candidates.
+	PrefillLeg bool
 	// BlockHashes are the router's block hashes of the prompt tokens
 	// (kv-aware routing); nil when unknown.
 	BlockHashes []uint64
 	// Tried lists Worker.Idx values already tried by this request (failover).
 	Tried []int
+
+	// phash holds the chained hashes of the prompt's full blocks (prefix
+	// index); its capacity is kept by Reset.
+	phash []uint64
+	// hashed is set once the prompt went through the prefix index; pdepth
+	// is how many leading blocks were indexed then.
+	hashed bool
+	pdepth int
 }
 
 // Reset clears r for reuse, keeping capacity.
 func (r *Request) Reset() {
-	tried, hashes := r.Tried[:0], r.BlockHashes[:0]
-	*r = Request{Tried: tried, BlockHashes: hashes}
+	tried, hashes, ph := r.Tried[:0], r.BlockHashes[:0], r.phash[:0]
+	*r = Request{Tried: tried, BlockHashes: hashes, phash: ph}
 }
 
 func (r *Request) tried(w *Worker) bool {
@@ -48,50 +64,218 @@ func (r *Request) tried(w *Worker) bool {
 	return false
 }
 
+// Layers a Decision may name.
+const (
+	LayerDirect   = "direct"   // router mode direct: the header named the worker
+	LayerAffinity = "affinity" // layer 1: session affinity
+	LayerKV       = "kv"       // layer 2 with the KV index as match basis (kv-aware)
+	LayerPrefix   = "prefix"   // layer 2: prefix caching over the prefix index
+	LayerLB       = "lb"       // layer 3: load balancing
+	LayerFallback = "fallback" // local round-robin / forced dispatch
+)
+
+// Reasons a Decision may carry. They are constants, so a Decision never
+// allocates.
+const (
+	ReasonHeader            = "header"              // direct: worker named by header
+	ReasonAffinityHit       = "affinity-hit"        // bound worker reused
+	ReasonPrefixHit         = "prefix-hit"          // prefix hit, see Decision.Ratio
+	ReasonKVHit             = "kv-hit"              // KV scorer chose
+	ReasonNoSession         = "no-session"          // affinity on, request without session id
+	ReasonAffinityNew       = "affinity-new"        // session not bound yet (bound now)
+	ReasonAffinityRebind    = "affinity-rebind"     // bound worker left, is open or not a candidate
+	ReasonAffinityOverload  = "affinity-overloaded" // soft mode: bound worker above avg x ratio
+	ReasonPrefixMiss        = "prefix-miss"         // no indexed prefix
+	ReasonPrefixBelow       = "prefix-below-threshold"
+	ReasonPrefixOverload    = "prefix-overloaded" // every hit worker failed a load guard
+	ReasonSchedTimeout      = "sched-timeout"     // decision exceeded the wait timeout
+	ReasonSchedBreakerOpen  = "sched-breaker-open"
+	ReasonAllBreakersOpen   = "all-breakers-open" // every candidate's breaker is open
+	ReasonWorkerBreakerBusy = "worker-probe-busy" // chosen worker's probe slot was taken
+)
+
 // Decision is the scheduler's answer.
 type Decision struct {
 	Worker *Worker
 	// Probe is true when this request is the worker's half-open breaker probe.
 	Probe bool
-	// Layer names what chose the worker: direct, affinity, prefix, kv, lb, fallback.
+	// Layer names what chose the worker (Layer* constants).
 	Layer string
+	// Reason says why (Reason* constants): the hit for the choosing layer,
+	// or for lb/fallback what made the earlier layers pass.
+	Reason string
+	// Ratio is the prefix hit ratio (matched bytes / prompt bytes) of the
+	// chosen worker when Layer is prefix.
+	Ratio float64
+	// Model is the model name the chosen worker serves for this request. It
+	// differs from Request.Model when routing resolved an alias (fuzzy match,
+	// default model, mapping or canary): see Rewrite.
+	Model string
+	// Rewrite is true when the proxy should replace the body's model field
+	// with Model before forwarding (the engine does not know the requested
+	// name).
+	Rewrite bool
+	// Service is the canary service chosen, if a canary rule matched.
+	Service string
+
+	// rebind tells finish to (re)bind the session to Worker.
+	rebind bool
 }
 
-// Errors returned by Pick.
+// AppendRoute appends a compact description of d for a debug header, e.g.
+// "layer=prefix; reason=prefix-hit; ratio=0.83".
+func (d *Decision) AppendRoute(dst []byte) []byte {
+	dst = append(dst, "layer="...)
+	dst = append(dst, d.Layer...)
+	if d.Reason != "" {
+		dst = append(dst, "; reason="...)
+		dst = append(dst, d.Reason...)
+	}
+	if d.Layer == LayerPrefix {
+		dst = append(dst, "; ratio="...)
+		dst = appendRatio(dst, d.Ratio)
+	}
+	if d.Service != "" {
+		dst = append(dst, "; service="...)
+		dst = append(dst, d.Service...)
+	}
+	return dst
+}
+
+// appendRatio appends x in [0,1] with two decimals.
+func appendRatio(dst []byte, x float64) []byte {
+	if x < 0 {
+		x = 0
+	}
+	if x > 1 {
+		x = 1
+	}
+	n := int(x*100 + 0.5)
+	return append(dst, byte('0'+n/100), '.', byte('0'+n/10%10), byte('0'+n%10))
+}
+
+// Errors returned by Pick. Proxy mapping: ErrSessionRequired -> 400,
+// ErrUnknownModel (an *UnknownModelError) -> 404, ErrNoWorkers and
+// ErrExhausted -> 503.
 var (
-	ErrNoWorkers    = errors.New("no workers available")
-	ErrUnknownModel = errors.New("model not served by any worker")
-	ErrExhausted    = errors.New("all candidate workers were tried")
+	ErrNoWorkers       = errors.New("no workers available")
+	ErrUnknownModel    = errors.New("model not served by any worker")
+	ErrExhausted       = errors.New("all candidate workers were tried")
+	ErrSessionRequired = errors.New("session id header is required")
 )
 
+// UnknownModelError is returned when no worker may serve the requested
+// model. errors.Is(err, ErrUnknownModel) matches it.
+type UnknownModelError struct {
+	Model string
+	// Close lists model names a client may ask for that resemble Model,
+	// closest first (at most 5).
+	Close []string
+}
+
+func (e *UnknownModelError) Error() string {
+	if len(e.Close) == 0 {
+		return fmt.Sprintf("model %q not served by any worker", e.Model)
+	}
+	return fmt.Sprintf("model %q not served by any worker; did you mean %s?", e.Model, strings.Join(e.Close, ", "))
+}
+
+// Is makes errors.Is(err, ErrUnknownModel) true.
+func (e *UnknownModelError) Is(target error) bool { return target == ErrUnknownModel }
+
+// Suggestions returns the close names (the proxy lists them in the 404).
+func (e *UnknownModelError) Suggestions() []string { return e.Close }
+
+// HTTPStatus is 404.
+func (e *UnknownModelError) HTTPStatus() int { return 404 }
+
+// SessionRequiredError is returned when session_affinity.require_session_id
+// is on and the request lacks the header. errors.Is(err,
+// ErrSessionRequired) matches it; the proxy answers 400.
+type SessionRequiredError struct{ Header string }
+
+func (e *SessionRequiredError) Error() string {
+	return fmt.Sprintf("%s: send the %s header", ErrSessionRequired, e.Header)
+}
+
+// Is makes errors.Is(err, ErrSessionRequired) true.
+func (e *SessionRequiredError) Is(target error) bool { return target == ErrSessionRequired }
+
+// HTTPStatus is 400.
+func (e *SessionRequiredError) HTTPStatus() int { return 400 }
+
 // KVScorer chooses among candidates by KV cache overlap (kv-aware policy).
-// It returns nil to defer to load balancing.
+// It returns nil to defer (no KV events for these candidates, no overlap).
 type KVScorer interface {
 	PickKV(cands []*Worker, r *Request) *Worker
 }
 
-// Scheduler picks workers. Policy is process-level (--router-policy);
-// everything else comes from the config snapshot passed to Pick.
+// KVRatioScorer may be implemented by a KVScorer to report the share of the
+// prompt the chosen worker has cached, so that the prefix layer's hit rate
+// threshold applies to KV matches too.
+type KVRatioScorer interface {
+	PickKVRatio(cands []*Worker, r *Request) (*Worker, float64)
+}
+
+// Router modes (--router-mode).
+const (
+	ModeAuto   = "auto"
+	ModeDirect = "direct"
+)
+
+// Scheduler picks workers. Mode, Policy and KV are process-level
+// (--router-mode, --router-policy); everything else comes from the config
+// snapshot passed to Pick, so a reload takes effect on the next request.
+//
+// Create it with NewScheduler, start Run for the maintenance sweep, and Close
+// it to unregister its metrics.
 type Scheduler struct {
 	Fleet *Fleet
+	// Mode is auto or direct (direct: trust x-worker-instance-id).
+	Mode string
 	// Policy is kv-aware, round-robin, least-requests, least-tokens, or
-	// config (use the config's load_balancing.algorithm).
+	// config (use the config's load_balancing.algorithm). kv-aware uses KV as
+	// the prefix layer's match basis and the config's algorithm for layer 3.
 	Policy string
-	// KV is consulted under the kv-aware policy; nil falls back to the
-	// config's load balancing.
+	// KV is consulted under the kv-aware policy; nil leaves layer 2 to the
+	// prefix index.
 	KV KVScorer
 	// Now returns unix nanoseconds (time.Now by default; tests override it).
 	Now func() int64
+	// Memory reports the process memory and the container memory limit in
+	// bytes for the prefix index's eviction (ReadMemory by default; tests
+	// inject a fake).
+	Memory func() (process, limit uint64, err error)
 
-	rr atomic.Uint64
+	rr      atomic.Uint64
+	comp    atomic.Pointer[compiled]
+	compMu  sync.Mutex
+	retired [8]*compiled
+	aff     atomic.Pointer[affinityTable]
+	pidx    atomic.Pointer[prefixIndex]
+	mi      atomic.Pointer[modelIndex]
+	sb      schedBreaker
+	m       *schedMetrics
 }
 
-// NewScheduler returns a scheduler over f.
+// NewScheduler returns a scheduler over f in auto mode.
 func NewScheduler(f *Fleet, policy string) *Scheduler {
-	return &Scheduler{Fleet: f, Policy: policy, Now: func() int64 { return time.Now().UnixNano() }}
+	s := &Scheduler{
+		Fleet:  f,
+		Mode:   ModeAuto,
+		Policy: policy,
+		Now:    func() int64 { return time.Now().UnixNano() },
+		Memory: ReadMemory,
+	}
+	s.m = newSchedMetrics(s)
+	return s
 }
 
-// Candidates appends to dst the routable workers that may serve r's model.
+// Close unregisters the scheduler's metrics.
+func (s *Scheduler) Close() { s.m.close() }
+
+// Candidates appends to dst the routable workers that serve r's model
+// exactly (no model routing rules).
 func (s *Scheduler) Candidates(dst []*Worker, v *View, r *Request) ([]*Worker, error) {
 	ws := v.ByModel[string(r.Model)]
 	if len(ws) == 0 {
@@ -103,15 +287,46 @@ func (s *Scheduler) Candidates(dst []*Worker, v *View, r *Request) ([]*Worker, e
 	return append(dst, ws...), nil
 }
 
-// Pick chooses a worker for r. scratch is reused to avoid allocations.
+// CheckSession returns ErrSessionRequired when cfg requires a session id and
+// r has none. The proxy calls it right after parsing (HTTP 400, before the
+// request is queued); Pick checks it too.
+func (s *Scheduler) CheckSession(cfg *config.Config, r *Request) error {
+	sa := &cfg.SessionAffinity
+	if sa.Enabled && sa.RequireSessionID && len(r.SessionID) == 0 {
+		return &SessionRequiredError{Header: sa.Header}
+	}
+	return nil
+}
+
+// Pick chooses a worker for r under cfg. scratch is reused to avoid
+// allocations (pass a slice with capacity for the fleet).
+//
+// The pipeline: require-session check; router mode direct; model routing and
+// canary (candidate set); per-worker breakers; then, unless the scheduling
+// breaker is open, the three layers (session affinity, prefix caching or
+// KV, load balancing) under the scheduling wait timeout, falling back to
+// local round-robin. The dispatch is then recorded in the session table and
+// the prefix index.
 func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*Worker) (Decision, error) {
-	v := s.Fleet.View()
-	all, err := s.Candidates(scratch[:0], v, r)
-	if err != nil {
+	now := s.Now()
+	if err := s.CheckSession(cfg, r); err != nil {
+		s.m.errSession.Inc()
 		return Decision{}, err
 	}
-	now := s.Now()
-	// Drop tried workers; keep breaker-open ones at the tail in case every
+	v := s.Fleet.View()
+	c := s.compiled(cfg)
+	if s.Mode == ModeDirect {
+		if d, ok := s.direct(v, r, now); ok {
+			s.finish(cfg, c, r, &d, now)
+			return d, nil
+		}
+	}
+	all, model, svc, err := s.route(c, v, r, scratch[:0])
+	if err != nil {
+		s.m.countErr(err)
+		return Decision{}, err
+	}
+	// Drop tried workers; keep breaker-open ones aside in case every
 	// candidate is open (then the router dispatches anyway).
 	avail := all[:0]
 	var open []*Worker
@@ -127,33 +342,212 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*Worker) (Dec
 			open = append(open, w)
 		}
 	}
-	if len(avail) == 0 {
-		if len(open) == 0 {
-			return Decision{}, ErrExhausted
+	var d Decision
+	switch {
+	case len(avail) == 0 && len(open) == 0:
+		s.m.errExhausted.Inc()
+		return Decision{}, ErrExhausted
+	case len(avail) == 0:
+		d = Decision{Worker: s.roundRobin(open), Layer: LayerFallback, Reason: ReasonAllBreakersOpen}
+	default:
+		d = s.decide(cfg, c, v, avail, r, now)
+		if ok, probe := d.Worker.Breaker.Admit(now); ok {
+			d.Probe = probe
+		} else {
+			// Another request took the chosen worker's probe slot.
+			d = s.readmit(cfg, avail, d.Worker, now)
 		}
-		// Every untried candidate is open: dispatch anyway.
-		w := s.balancer(cfg).Pick(open, &s.rr)
-		return Decision{Worker: w, Layer: "fallback"}, nil
 	}
+	d.Service = svc
+	d.Model = modelFor(d.Worker, model, r.Model)
+	d.Rewrite = d.Model != "" && d.Model != string(r.Model)
+	s.finish(cfg, c, r, &d, now)
+	return d, nil
+}
+
+// decide runs the layers under the scheduling breaker and wait timeout.
+func (s *Scheduler) decide(cfg *config.Config, c *compiled, v *View, avail []*Worker, r *Request, now int64) Decision {
+	st := &cfg.SchedTimeout
+	mode := s.sb.enter(st, now)
+	if mode == sbSkip {
+		s.m.fbBreaker.Inc()
+		// The session table was not consulted: leave bindings alone.
+		return Decision{Worker: s.roundRobin(avail), Layer: LayerFallback, Reason: ReasonSchedBreakerOpen}
+	}
+	limit := st.WaitTimeoutMS
+	if mode == sbProbe {
+		limit = st.ProbeWaitMS
+	}
+	var deadline int64
+	if limit > 0 {
+		deadline = now + int64(limit*float64(time.Millisecond))
+	}
+	d, end := s.layers(cfg, c, v, avail, r, now, deadline)
+	failed := d.Reason == ReasonSchedTimeout
+	if failed {
+		s.m.timeouts.Inc()
+	}
+	s.sb.done(st, end, failed, mode == sbProbe, s.m)
+	return d
+}
+
+// readmit picks again by load balancing when the chosen worker could not be
+// admitted (its half-open probe slot was taken by a concurrent request).
+func (s *Scheduler) readmit(cfg *config.Config, avail []*Worker, skip *Worker, now int64) Decision {
+	first := avail[0]
+	avail = without(avail, skip)
+	b := s.balancer(cfg)
 	for len(avail) > 0 {
-		w, layer := s.choose(cfg, avail, r)
-		ok, probe := w.Breaker.Admit(now)
-		if ok {
-			return Decision{Worker: w, Probe: probe, Layer: layer}, nil
+		w := b.Pick(avail, &s.rr)
+		if ok, probe := w.Breaker.Admit(now); ok {
+			return Decision{Worker: w, Probe: probe, Layer: LayerLB, Reason: ReasonWorkerBreakerBusy, rebind: true}
 		}
 		avail = without(avail, w)
 	}
-	w := s.balancer(cfg).Pick(all[:1], &s.rr)
-	return Decision{Worker: w, Layer: "fallback"}, nil
+	return Decision{Worker: first, Layer: LayerFallback, Reason: ReasonAllBreakersOpen, rebind: true}
 }
 
-func (s *Scheduler) choose(cfg *config.Config, cands []*Worker, r *Request) (*Worker, string) {
-	if s.Policy == "kv-aware" && s.KV != nil {
-		if w := s.KV.PickKV(cands, r); w != nil {
-			return w, "kv"
+// layers runs session affinity, prefix caching (or KV) and load balancing,
+// first hit wins. deadline (unix ns, 0 = none) is checked between layers
+// and inside the prefix walk; past it, local round-robin decides. It returns
+// the decision and the time of the last clock read.
+func (s *Scheduler) layers(cfg *config.Config, c *compiled, v *View, avail []*Worker, r *Request, now, deadline int64) (Decision, int64) {
+	var ls loadStats
+	reason := ""
+	rebind := false
+	sa := &cfg.SessionAffinity
+	if sa.Enabled {
+		if len(r.SessionID) == 0 {
+			reason = ReasonNoSession
+		} else {
+			w, why := s.affinityLookup(c, avail, r, now, &ls)
+			if w != nil {
+				return Decision{Worker: w, Layer: LayerAffinity, Reason: ReasonAffinityHit}, now
+			}
+			reason = why
+			rebind = why != ReasonAffinityOverload
 		}
 	}
-	return s.balancer(cfg).Pick(cands, &s.rr), "lb"
+	if deadline != 0 {
+		if now = s.Now(); now > deadline {
+			return s.timedOut(avail, rebind), now
+		}
+	}
+	if s.Policy == "kv-aware" && s.KV != nil {
+		if d, ok := s.kvLayer(cfg, avail, r, &ls); ok {
+			d.rebind = rebind
+			return d, now
+		}
+	}
+	p, depth, late := s.indexPrompt(c, r, now, deadline)
+	if late {
+		return s.timedOut(avail, rebind), s.Now()
+	}
+	if cfg.PrefixCache.Enabled {
+		if p != nil && depth > 0 {
+			d, why := s.prefixLayer(cfg, p, v, avail, r, depth, &ls)
+			if d.Worker != nil {
+				d.rebind = rebind
+				return d, now
+			}
+			reason = why
+		} else if len(r.Prompt) > 0 {
+			reason = ReasonPrefixMiss
+		}
+	}
+	if deadline != 0 {
+		if now = s.Now(); now > deadline {
+			return s.timedOut(avail, rebind), now
+		}
+	}
+	return Decision{Worker: s.balancer(cfg).Pick(avail, &s.rr), Layer: LayerLB, Reason: reason, rebind: rebind}, now
+}
+
+// indexPrompt hashes r's prompt into blocks and matches it against the
+// prefix index (once per request), accounting the hit-rate ceiling. depth
+// is how many leading blocks some worker has seen; late is true when the
+// deadline passed while hashing.
+func (s *Scheduler) indexPrompt(c *compiled, r *Request, now, deadline int64) (p *prefixIndex, depth int, late bool) {
+	if r.hashed || len(r.Prompt) == 0 {
+		return nil, 0, false
+	}
+	r.hashed = true
+	p = s.prefix(c, now)
+	if p == nil || len(r.Prompt) < p.blockSize {
+		s.m.observeCeiling(0, len(r.Prompt))
+		return p, 0, false
+	}
+	depth, late = p.hashAndMatch(r, now, deadline, s.Now)
+	if !late {
+		s.m.observeCeiling(depth*p.blockSize, len(r.Prompt))
+	}
+	return p, depth, late
+}
+
+func (s *Scheduler) timedOut(avail []*Worker, rebind bool) Decision {
+	return Decision{Worker: s.roundRobin(avail), Layer: LayerFallback, Reason: ReasonSchedTimeout, rebind: rebind}
+}
+
+// roundRobin is the local round-robin fallback.
+func (s *Scheduler) roundRobin(ws []*Worker) *Worker {
+	return RoundRobin.Pick(ws, &s.rr)
+}
+
+// finish records the dispatch: session binding, prefix index, metrics.
+func (s *Scheduler) finish(cfg *config.Config, c *compiled, r *Request, d *Decision, now int64) {
+	s.m.countLayer(d.Layer)
+	if d.rebind && cfg.SessionAffinity.Enabled && len(r.SessionID) > 0 {
+		s.affinityBind(c, r, d.Worker, now)
+	}
+	// Layers that decided before the prefix layer leave the prompt unhashed.
+	s.indexPrompt(c, r, now, 0)
+	if p := s.pidx.Load(); p != nil && p.blockSize == cfg.PrefixIndex.BlockSize && len(r.phash) > 0 {
+		if p.record(r.phash, r.pdepth, d.Worker, now) {
+			s.checkMemory(cfg, p, now)
+		}
+	}
+}
+
+// direct resolves router mode direct: the worker named by the header, if it
+// is live and routable. The breaker is not consulted (the upstream picker
+// decides), except that a probe-eligible worker is marked as the probe.
+func (s *Scheduler) direct(v *View, r *Request, now int64) (Decision, bool) {
+	id := r.DirectWorker
+	if r.PrefillLeg {
+		id = r.DirectPrefill
+	}
+	if len(id) == 0 {
+		return Decision{}, false
+	}
+	w := v.byID(id)
+	if w == nil || w.Draining() || r.tried(w) {
+		s.m.directMiss.Inc()
+		return Decision{}, false
+	}
+	d := Decision{Worker: w, Layer: LayerDirect, Reason: ReasonHeader, rebind: true}
+	if ok, probe := w.Breaker.Admit(now); ok {
+		d.Probe = probe
+	}
+	d.Model = modelFor(w, "", r.Model)
+	d.Rewrite = d.Model != "" && d.Model != string(r.Model)
+	return d, true
+}
+
+// byID returns the worker with id from All (sorted by ID), or nil.
+func (v *View) byID(id []byte) *Worker {
+	lo, hi := 0, len(v.All)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if v.All[m].ID < string(id) {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(v.All) && v.All[lo].ID == string(id) {
+		return v.All[lo]
+	}
+	return nil
 }
 
 func (s *Scheduler) balancer(cfg *config.Config) Balancer {
@@ -176,4 +570,33 @@ func without(ws []*Worker, w *Worker) []*Worker {
 		}
 	}
 	return ws
+}
+
+// loadStats caches the candidates' average load for one decision.
+type loadStats struct {
+	done bool
+	avg  float64
+}
+
+// average returns the mean in-flight request count over cands.
+func (ls *loadStats) average(cands []*Worker) float64 {
+	if !ls.done {
+		var sum int64
+		for _, w := range cands {
+			sum += w.Load.Requests.Load()
+		}
+		ls.avg = float64(sum) / float64(len(cands))
+		ls.done = true
+	}
+	return ls.avg
+}
+
+// overloaded reports whether load exceeds avg*factor. A worker with at most
+// one in-flight request is never overloaded: at near-zero load the ratio is
+// meaningless (one request on one of eight idle workers is 8x the average).
+func overloaded(load int64, avg, factor float64) bool {
+	if load <= 1 {
+		return false
+	}
+	return float64(load) > avg*factor
 }

@@ -70,6 +70,9 @@ type Load struct {
 type Worker struct {
 	// Idx is a small integer id, unique among live workers, reused after removal.
 	Idx int
+	// Serial is unique over the fleet's lifetime (never reused), so indexes
+	// keyed by Idx can tell a new worker from a removed one with the same Idx.
+	Serial uint32
 	// ID is the instance id from discovery (or the URL for static workers).
 	ID string
 	// URL is the engine base URL, e.g. http://127.0.0.1:8100.

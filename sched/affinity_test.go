@@ -1,0 +1,197 @@
+package sched
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/config"
+)
+
+func affCfg(t *testing.T, f func(sa *config.SessionAffinity)) *config.Config {
+	return cfgWith(t, func(c *config.Config) {
+		c.SessionAffinity.Enabled = true
+		if f != nil {
+			f(&c.SessionAffinity)
+		}
+	})
+}
+
+func sess(id string) *Request { return &Request{Model: []byte("m"), SessionID: []byte(id)} }
+
+func TestAffinityBindsAndHits(t *testing.T) {
+	s, _ := newTestSched(t, workers(4, "m")...)
+	cfg := affCfg(t, nil)
+	d := pick(t, s, cfg, sess("a"))
+	if d.Layer != LayerLB || d.Reason != ReasonAffinityNew {
+		t.Fatalf("first request: %s %s", d.Layer, d.Reason)
+	}
+	home := d.Worker
+	// One in-flight request: least-requests would move the session, soft
+	// affinity (default) keeps it (at most one request is never overloaded).
+	home.Acquire(1, 1, 1)
+	for i := 0; i < 10; i++ {
+		d := pick(t, s, cfg, sess("a"))
+		if d.Worker != home || d.Layer != LayerAffinity || d.Reason != ReasonAffinityHit {
+			t.Fatalf("request %d: %s by %s/%s, want %s by affinity", i, d.Worker.ID, d.Layer, d.Reason, home.ID)
+		}
+	}
+	// Affinity disabled by a reload: the same session is load balanced.
+	off := config.Default()
+	if d := pick(t, s, off, sess("a")); d.Layer != LayerLB || d.Worker == home {
+		t.Fatalf("disabled affinity: %s by %s", d.Worker.ID, d.Layer)
+	}
+	// No session header: normal scheduling.
+	if d := pick(t, s, cfg, &Request{Model: []byte("m")}); d.Reason != ReasonNoSession {
+		t.Fatalf("no session: %s", d.Reason)
+	}
+}
+
+func TestAffinityStrongVsSoftSkewedLoad(t *testing.T) {
+	f := func(mode string, ratio float64, load int, wantSticky bool) {
+		t.Helper()
+		s, _ := newTestSched(t, workers(4, "m")...)
+		cfg := affCfg(t, func(sa *config.SessionAffinity) {
+			sa.Mode = mode
+			sa.SoftMaxLoadRatio = ratio
+		})
+		home := pick(t, s, cfg, sess("x")).Worker
+		for i := 0; i < load; i++ {
+			home.Acquire(1, 1, 1)
+		}
+		// Other workers carry one request each.
+		for _, w := range s.Fleet.View().Routable {
+			if w != home {
+				w.Acquire(1, 1, 1)
+			}
+		}
+		d := pick(t, s, cfg, sess("x"))
+		if sticky := d.Worker == home; sticky != wantSticky {
+			t.Fatalf("%s ratio %.1f load %d: sticky=%v (%s %s)", mode, ratio, load, sticky, d.Layer, d.Reason)
+		}
+		if !wantSticky && d.Reason != ReasonAffinityOverload {
+			t.Fatalf("reason %s", d.Reason)
+		}
+		if wantSticky {
+			return
+		}
+		// Soft skip does not rebind: with load gone the session returns home.
+		for i := 0; i < load; i++ {
+			home.Release(1, 1, 1, false)
+		}
+		if d := pick(t, s, cfg, sess("x")); d.Worker != home {
+			t.Fatalf("soft skip rebound the session")
+		}
+	}
+	// avg over 4 workers with home at 10, others at 1: (10+3)/4 = 3.25.
+	f("strong", 1.5, 10, true)
+	f("soft", 1.5, 10, false) // 10 > 3.25*1.5
+	f("soft", 4, 10, true)    // 10 <= 3.25*4 = 13 (changed ratio)
+	f("soft", 1.5, 2, false)  // avg (2+3)/4 = 1.25; 2 > 1.875
+}
+
+func TestAffinityRebind(t *testing.T) {
+	s, _ := newTestSched(t, workers(3, "m")...)
+	cfg := affCfg(t, func(sa *config.SessionAffinity) { sa.Mode = "strong" })
+	home := pick(t, s, cfg, sess("x")).Worker
+	// Breaker open: re-bound, not failed.
+	for i := 0; i < 3; i++ {
+		home.Breaker.Failure(s.Now())
+	}
+	d := pick(t, s, cfg, sess("x"))
+	if d.Worker == home || d.Reason != ReasonAffinityRebind {
+		t.Fatalf("open breaker: %s %s", d.Worker.ID, d.Reason)
+	}
+	newHome := d.Worker
+	if d := pick(t, s, cfg, sess("x")); d.Worker != newHome || d.Layer != LayerAffinity {
+		t.Fatalf("not rebound to %s: %s %s", newHome.ID, d.Worker.ID, d.Layer)
+	}
+	// Worker leaves the fleet: re-bound.
+	s.Fleet.Remove(newHome.ID)
+	d = pick(t, s, cfg, sess("x"))
+	if d.Worker == newHome || d.Reason != ReasonAffinityRebind {
+		t.Fatalf("removed worker: %s %s", d.Worker.ID, d.Reason)
+	}
+	// Same ID re-registered is a new Worker: the old pointer is stale.
+	if err := s.Fleet.Upsert(rec(newHome.ID, "", "m")); err != nil {
+		t.Fatal(err)
+	}
+	if d := pick(t, s, cfg, sess("x")); d.Layer != LayerAffinity {
+		t.Fatalf("binding lost: %s %s", d.Layer, d.Reason)
+	}
+}
+
+func TestAffinityTTL(t *testing.T) {
+	f := func(ttl float64, idle time.Duration, wantHit bool) {
+		t.Helper()
+		s, c := newTestSched(t, workers(4, "m")...)
+		cfg := affCfg(t, func(sa *config.SessionAffinity) { sa.TTLSeconds = ttl })
+		pick(t, s, cfg, sess("x"))
+		c.add(idle)
+		d := pick(t, s, cfg, sess("x"))
+		if hit := d.Layer == LayerAffinity; hit != wantHit {
+			t.Fatalf("ttl %v idle %v: hit=%v", ttl, idle, hit)
+		}
+	}
+	f(1800, 1799*time.Second, true) // default
+	f(1800, 1801*time.Second, false)
+	f(10, 9*time.Second, true) // changed
+	f(10, 11*time.Second, false)
+
+	// The sweep removes idle bindings.
+	s, c := newTestSched(t, workers(2, "m")...)
+	cfg := affCfg(t, func(sa *config.SessionAffinity) { sa.TTLSeconds = 10 })
+	for i := 0; i < 5; i++ {
+		pick(t, s, cfg, sess(fmt.Sprint(i)))
+	}
+	if n := s.Stats().AffinityEntries; n != 5 {
+		t.Fatalf("entries %d", n)
+	}
+	c.add(5 * time.Second)
+	pick(t, s, cfg, sess("0")) // refreshed
+	c.add(6 * time.Second)
+	s.Maintain(cfg)
+	if n := s.Stats().AffinityEntries; n != 1 {
+		t.Fatalf("after sweep %d entries, want 1", n)
+	}
+}
+
+func TestAffinityMaxEntries(t *testing.T) {
+	s, c := newTestSched(t, workers(4, "m")...)
+	cfg := affCfg(t, func(sa *config.SessionAffinity) { sa.MaxEntries = 3 })
+	for _, id := range []string{"a", "b", "c"} {
+		pick(t, s, cfg, sess(id))
+		c.add(time.Second)
+	}
+	pick(t, s, cfg, sess("a")) // a is now the most recent
+	pick(t, s, cfg, sess("d")) // evicts b, the oldest
+	if n := s.Stats().AffinityEntries; n != 3 {
+		t.Fatalf("entries %d want 3", n)
+	}
+	hit := func(id string) bool { return pick(t, s, cfg, sess(id)).Layer == LayerAffinity }
+	if !hit("a") || !hit("c") || !hit("d") {
+		t.Fatalf("recent sessions evicted")
+	}
+	if hit("b") {
+		t.Fatalf("oldest session b was not evicted")
+	}
+	// Default max entries: 100000 fit (64 shards).
+	s2, _ := newTestSched(t, workers(2, "m")...)
+	def := affCfg(t, nil)
+	tab := s2.affinity(s2.compiled(def))
+	if len(tab.shards) != 64 || tab.perShard.Load()*64 < 100000 {
+		t.Fatalf("default table: %d shards x %d", len(tab.shards), tab.perShard.Load())
+	}
+	w := s2.Fleet.View().Routable[0]
+	for i := 0; i < 150000; i++ {
+		tab.bind(uint64(i)*0x9E3779B97F4A7C15, w, 1)
+	}
+	if n := tab.count.Load(); n > 100000+64 || n < 99000 {
+		t.Fatalf("default max entries: %d bindings", n)
+	}
+	// A reload with a larger limit keeps the table and raises the cap.
+	big := affCfg(t, func(sa *config.SessionAffinity) { sa.MaxEntries = 200000 })
+	if s2.affinity(s2.compiled(big)) != tab {
+		t.Fatalf("same shard layout must keep bindings")
+	}
+}

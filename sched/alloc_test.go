@@ -1,0 +1,63 @@
+//go:build !race
+
+package sched
+
+import (
+	"testing"
+
+	"github.com/infera/infera/config"
+)
+
+func TestAffinityHitNoAlloc(t *testing.T) {
+	s, _ := newTestSched(t, workers(8, "m")...)
+	cfg := affCfg(t, nil)
+	r := sess("abc")
+	scratch := make([]*Worker, 0, 8)
+	if _, err := s.Pick(cfg, r, scratch); err != nil {
+		t.Fatal(err)
+	}
+	n := testing.AllocsPerRun(100, func() {
+		d, _ := s.Pick(cfg, r, scratch)
+		if d.Layer != LayerAffinity {
+			t.Fatalf("layer %s", d.Layer)
+		}
+	})
+	if n != 0 {
+		t.Fatalf("affinity hit allocates %.1f/op", n)
+	}
+}
+
+func TestPickNoAlloc(t *testing.T) {
+	for _, layer := range []string{"lb", "prefix", "three-layer"} {
+		t.Run(layer, func(t *testing.T) {
+			s, _ := newTestSched(t, workers(8, "Qwen2.5-72B-Instruct")...)
+			cfg := cfgWith(t, func(c *config.Config) {
+				c.PrefixCache.Enabled = layer != "lb"
+				c.SessionAffinity.Enabled = layer == "three-layer"
+				c.ModelRouting.Enabled = layer == "three-layer"
+			})
+			r := &Request{Model: []byte("qwen2.5-72b"), Prompt: prompt("alloc test ", 1024)}
+			if layer != "three-layer" {
+				r.Model = []byte("Qwen2.5-72B-Instruct")
+			} else {
+				r.SessionID = []byte("sess")
+			}
+			scratch := make([]*Worker, 0, 8)
+			for i := 0; i < 3; i++ { // warm: index entries, session binding
+				r.hashed = false
+				if _, err := s.Pick(cfg, r, scratch); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n := testing.AllocsPerRun(200, func() {
+				r.hashed = false
+				if _, err := s.Pick(cfg, r, scratch); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if n != 0 {
+				t.Fatalf("%s: %.1f allocs/op", layer, n)
+			}
+		})
+	}
+}

@@ -1,0 +1,138 @@
+package sched
+
+import (
+	"testing"
+	"time"
+
+	"github.com/infera/infera/config"
+)
+
+func newBreaker(threshold int, cd, maxCD time.Duration) *Breaker {
+	b := &Breaker{}
+	b.init(&BreakerConfig{Threshold: threshold, Cooldown: cd, MaxCooldown: maxCD})
+	return b
+}
+
+func TestBreakerTripsAfterThreshold(t *testing.T) {
+	f := func(threshold, faults int, wantOpen bool) {
+		t.Helper()
+		b := newBreaker(threshold, time.Second, 4*time.Second)
+		for i := 0; i < faults; i++ {
+			b.Failure(0)
+		}
+		if open := b.State() == BreakerOpen; open != wantOpen {
+			t.Fatalf("threshold %d faults %d: open=%v", threshold, faults, open)
+		}
+		if b.Available(0) == wantOpen {
+			t.Fatalf("available while open")
+		}
+	}
+	f(3, 2, false)
+	f(3, 3, true)
+	f(1, 1, true)
+	f(0, 100, false) // disabled
+	// A success in between resets the consecutive count.
+	b := newBreaker(3, time.Second, 4*time.Second)
+	b.Failure(0)
+	b.Failure(0)
+	b.Success()
+	b.Failure(0)
+	b.Failure(0)
+	if b.State() != BreakerClosed {
+		t.Fatalf("non-consecutive faults opened the breaker")
+	}
+}
+
+func TestBreakerProbeCycle(t *testing.T) {
+	s := int64(time.Second)
+	b := newBreaker(1, time.Second, 4*time.Second)
+	b.Failure(0)
+	if b.Available(s / 2) {
+		t.Fatalf("available within cooldown")
+	}
+	if ok, _ := b.Admit(s / 2); ok {
+		t.Fatalf("admitted within cooldown")
+	}
+	// After the cooldown one probe is admitted, a second request is not.
+	if !b.Available(s) {
+		t.Fatalf("not probe-eligible after cooldown")
+	}
+	ok, probe := b.Admit(s)
+	if !ok || !probe || b.State() != BreakerHalfOpen {
+		t.Fatalf("probe: ok=%v probe=%v state=%d", ok, probe, b.State())
+	}
+	if ok, _ := b.Admit(s); ok || b.Available(s) {
+		t.Fatalf("second request admitted during the probe")
+	}
+	// Failed probe doubles the cooldown: 2s, then 4s, capped at 4s.
+	now := s
+	for _, want := range []int64{2 * s, 4 * s, 4 * s} {
+		b.Failure(now)
+		if b.Available(now+want-1) || !b.Available(now+want) {
+			t.Fatalf("cooldown after failed probe at %d: want %d", now, want)
+		}
+		now += want
+		if ok, probe := b.Admit(now); !ok || !probe {
+			t.Fatalf("no probe at %d", now)
+		}
+	}
+	// Success restores the worker and resets the cooldown.
+	b.Success()
+	if b.State() != BreakerClosed || !b.Available(now) {
+		t.Fatalf("not restored")
+	}
+	b.Failure(now)
+	if !b.Available(now + s) {
+		t.Fatalf("cooldown not reset to 1s after success")
+	}
+	// An abandoned probe lets the next request probe again.
+	b.Admit(now + s)
+	b.Abandon(true)
+	if ok, probe := b.Admit(now + s); !ok || !probe {
+		t.Fatalf("abandoned probe not re-admitted")
+	}
+	if b.Trips() != 5 {
+		t.Fatalf("trips %d", b.Trips())
+	}
+}
+
+func TestBreakerInPick(t *testing.T) {
+	s, c := newTestSched(t, workers(3, "m")...)
+	cfg := config.Default()
+	v := s.Fleet.View()
+	bad := v.Routable[0]
+	for i := 0; i < 3; i++ {
+		bad.Breaker.Failure(s.Now())
+	}
+	// Excluded while open.
+	for i := 0; i < 30; i++ {
+		if d := pick(t, s, cfg, &Request{Model: []byte("m")}); d.Worker == bad {
+			t.Fatalf("open worker chosen")
+		}
+	}
+	// After the cooldown, it is a candidate again and its dispatch is the probe.
+	c.add(time.Second)
+	probes := 0
+	for i := 0; i < 30; i++ {
+		if d := pick(t, s, cfg, &Request{Model: []byte("m")}); d.Worker == bad {
+			if !d.Probe {
+				t.Fatalf("dispatch to a half-open worker is not marked as probe")
+			}
+			probes++
+		}
+	}
+	if probes != 1 {
+		t.Fatalf("%d probes, want exactly 1 while half-open", probes)
+	}
+	bad.Breaker.Success()
+	// All open: still dispatches (fallback), no error.
+	for _, w := range v.Routable {
+		for i := 0; i < 3; i++ {
+			w.Breaker.Failure(s.Now())
+		}
+	}
+	d := pick(t, s, cfg, &Request{Model: []byte("m")})
+	if d.Layer != LayerFallback || d.Reason != ReasonAllBreakersOpen {
+		t.Fatalf("all open: %s %s", d.Layer, d.Reason)
+	}
+}

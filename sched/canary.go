@@ -1,0 +1,104 @@
+package sched
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/infera/infera/config"
+)
+
+// maxCanarySeq bounds the precomputed weighted round-robin sequence; rules
+// whose reduced weights sum higher run the smooth algorithm under a mutex.
+const maxCanarySeq = 4096
+
+// canaryRule is one compiled canary rule.
+//
+// The split is a deterministic smooth weighted round-robin (nginx's
+// algorithm): every turn each target gains its weight, the target with the
+// highest current value is chosen and loses the total. Over any window of
+// sum(weights)/gcd(weights) consecutive requests matched by the rule, each
+// service receives exactly weight/gcd of them, interleaved rather than in
+// bursts. The sequence of one period is precomputed at compile time and read
+// with one atomic counter, so concurrent requests never lock. The state
+// restarts when the config is reloaded.
+type canaryRule struct {
+	pat      string // lower-cased glob
+	services []string
+	seq      []uint16 // indexes into services, one period
+	ctr      atomic.Uint64
+
+	// For weights too large to precompute (sum/gcd > maxCanarySeq).
+	mu      sync.Mutex
+	weights []int
+	current []int
+	total   int
+}
+
+func newCanaryRule(r config.CanaryRule) *canaryRule {
+	cr := &canaryRule{pat: lowerASCII(strings.TrimSpace(r.Model))}
+	g := 0
+	for _, t := range r.Targets {
+		if t.Weight > 0 {
+			cr.services = append(cr.services, t.Service)
+			cr.weights = append(cr.weights, t.Weight)
+			g = gcd(g, t.Weight)
+		}
+	}
+	if len(cr.services) == 0 {
+		// Validation forbids it; never divide by zero on bad input.
+		for _, t := range r.Targets {
+			cr.services = append(cr.services, t.Service)
+			cr.weights = append(cr.weights, 1)
+		}
+		g = 1
+	}
+	for i := range cr.weights {
+		cr.weights[i] /= g
+		cr.total += cr.weights[i]
+	}
+	cr.current = make([]int, len(cr.weights))
+	if cr.total <= maxCanarySeq {
+		cr.seq = make([]uint16, cr.total)
+		for i := range cr.seq {
+			cr.seq[i] = uint16(cr.smooth())
+		}
+		clear(cr.current)
+	}
+	return cr
+}
+
+// next returns the service for the next matched request.
+func (cr *canaryRule) next() string {
+	if len(cr.services) == 0 {
+		return ""
+	}
+	if cr.seq != nil {
+		n := cr.ctr.Add(1) - 1
+		return cr.services[cr.seq[n%uint64(len(cr.seq))]]
+	}
+	cr.mu.Lock()
+	i := cr.smooth()
+	cr.mu.Unlock()
+	return cr.services[i]
+}
+
+// smooth runs one turn of smooth weighted round-robin.
+func (cr *canaryRule) smooth() int {
+	best := 0
+	for i, w := range cr.weights {
+		cr.current[i] += w
+		if cr.current[i] > cr.current[best] {
+			best = i
+		}
+	}
+	cr.current[best] -= cr.total
+	return best
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}

@@ -1,0 +1,71 @@
+package sched
+
+import (
+	"context"
+	"time"
+
+	"github.com/infera/infera/config"
+)
+
+// Run performs the maintenance sweep every prefix_index.maintenance_interval_s
+// of the current config (load returns it, e.g. config.Store.Load) until ctx
+// is done: expired prefix index blocks and session bindings are removed and
+// the index's memory budget is re-checked. Start it once per Scheduler.
+func (s *Scheduler) Run(ctx context.Context, load func() *config.Config) {
+	for {
+		cfg := load()
+		d := time.Duration(cfg.PrefixIndex.MaintenanceIntervalSeconds * float64(time.Second))
+		if d <= 0 {
+			d = time.Minute
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		s.Maintain(load())
+	}
+}
+
+// Maintain runs one maintenance pass under cfg (Run calls it; tests call it
+// directly with an injected clock).
+func (s *Scheduler) Maintain(cfg *config.Config) {
+	now := s.Now()
+	if p := s.pidx.Load(); p != nil {
+		p.sweep(now, cfg.PrefixIndex.TTLSeconds)
+		s.checkMemory(cfg, p, now)
+	}
+	if t := s.aff.Load(); t != nil {
+		t.sweep(now, int64(cfg.SessionAffinity.TTLSeconds*float64(time.Second)))
+	}
+}
+
+// Stats is a snapshot of the scheduler's state for tests and debugging.
+type Stats struct {
+	PrefixBlocks     int64
+	PrefixBytes      int64
+	PrefixBudget     int64 // -1: unlimited
+	PrefixEvictions  uint64
+	AffinityEntries  int64
+	HitRateCeiling   float64
+	SchedBreaker     int32
+	SchedBreakerTrip uint64
+}
+
+// Stats returns current counters.
+func (s *Scheduler) Stats() Stats {
+	st := Stats{PrefixBudget: -1, HitRateCeiling: s.m.Ceiling(), SchedBreaker: s.sb.state.Load(), SchedBreakerTrip: s.sb.trips.Load()}
+	if p := s.pidx.Load(); p != nil {
+		st.PrefixBlocks, st.PrefixBytes = p.Len(), p.Bytes()
+		if b := p.budget.Load(); b < 1<<62 {
+			st.PrefixBudget = b
+		}
+		st.PrefixEvictions = p.evictMem.Load() + p.evictTTL.Load()
+	}
+	if t := s.aff.Load(); t != nil {
+		st.AffinityEntries = t.count.Load()
+	}
+	return st
+}

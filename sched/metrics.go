@@ -1,0 +1,161 @@
+package sched
+
+import (
+	"errors"
+	"sync/atomic"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// schedMetrics are the scheduler's series, resolved once in NewScheduler
+// (one metrics.Set per scheduler, so tests may build many).
+type schedMetrics struct {
+	set *metrics.Set
+
+	layerDirect, layerAffinity, layerKV, layerPrefix, layerLB, layerFallback *metrics.Counter
+
+	fbBreaker  *metrics.Counter
+	timeouts   *metrics.Counter
+	trips      *metrics.Counter
+	probeOK    *metrics.Counter
+	probeFail  *metrics.Counter
+	directMiss *metrics.Counter
+
+	affRebind, affOverload *metrics.Counter
+	prefixOverload         *metrics.Counter
+	canaryEmpty            *metrics.Counter
+
+	errSession, errUnknown, errNoWorkers, errExhausted *metrics.Counter
+
+	promptBytes atomic.Uint64
+	seenBytes   atomic.Uint64
+	mPrompt     *metrics.Counter
+	mSeen       *metrics.Counter
+}
+
+func newSchedMetrics(s *Scheduler) *schedMetrics {
+	set := metrics.NewSet()
+	m := &schedMetrics{set: set}
+	layer := func(l string) *metrics.Counter {
+		return set.NewCounter(`infera_sched_decisions_total{layer="` + l + `"}`)
+	}
+	m.layerDirect = layer(LayerDirect)
+	m.layerAffinity = layer(LayerAffinity)
+	m.layerKV = layer(LayerKV)
+	m.layerPrefix = layer(LayerPrefix)
+	m.layerLB = layer(LayerLB)
+	m.layerFallback = layer(LayerFallback)
+	m.fbBreaker = set.NewCounter(`infera_sched_fallback_total{reason="sched_breaker_open"}`)
+	m.timeouts = set.NewCounter(`infera_sched_fallback_total{reason="sched_timeout"}`)
+	m.trips = set.NewCounter(`infera_sched_breaker_trips_total`)
+	m.probeOK = set.NewCounter(`infera_sched_breaker_probes_total{result="ok"}`)
+	m.probeFail = set.NewCounter(`infera_sched_breaker_probes_total{result="timeout"}`)
+	m.directMiss = set.NewCounter(`infera_sched_direct_fallback_total`)
+	m.affRebind = set.NewCounter(`infera_sched_affinity_skipped_total{reason="rebind"}`)
+	m.affOverload = set.NewCounter(`infera_sched_affinity_skipped_total{reason="overloaded"}`)
+	m.prefixOverload = set.NewCounter(`infera_sched_prefix_skipped_total{reason="overloaded"}`)
+	m.canaryEmpty = set.NewCounter(`infera_sched_canary_unavailable_total`)
+	m.errSession = set.NewCounter(`infera_sched_errors_total{kind="session_required"}`)
+	m.errUnknown = set.NewCounter(`infera_sched_errors_total{kind="unknown_model"}`)
+	m.errNoWorkers = set.NewCounter(`infera_sched_errors_total{kind="no_workers"}`)
+	m.errExhausted = set.NewCounter(`infera_sched_errors_total{kind="exhausted"}`)
+	m.mPrompt = set.NewCounter(`infera_prefix_prompt_bytes_total`)
+	m.mSeen = set.NewCounter(`infera_prefix_seen_bytes_total`)
+
+	set.NewGauge(`infera_sched_breaker_state`, func() float64 { return float64(s.sb.state.Load()) })
+	set.NewGauge(`infera_prefix_hit_rate_ceiling`, func() float64 { return m.Ceiling() })
+	set.NewGauge(`infera_prefix_index_blocks`, func() float64 {
+		if p := s.pidx.Load(); p != nil {
+			return float64(p.Len())
+		}
+		return 0
+	})
+	set.NewGauge(`infera_prefix_index_bytes`, func() float64 {
+		if p := s.pidx.Load(); p != nil {
+			return float64(p.Bytes())
+		}
+		return 0
+	})
+	set.NewGauge(`infera_prefix_index_budget_bytes`, func() float64 {
+		if p := s.pidx.Load(); p != nil {
+			if b := p.budget.Load(); b >= 0 && b < 1<<62 {
+				return float64(b)
+			}
+		}
+		return -1
+	})
+	set.NewGauge(`infera_prefix_index_evictions_total{reason="ttl"}`, func() float64 {
+		if p := s.pidx.Load(); p != nil {
+			return float64(p.evictTTL.Load())
+		}
+		return 0
+	})
+	set.NewGauge(`infera_prefix_index_evictions_total{reason="memory"}`, func() float64 {
+		if p := s.pidx.Load(); p != nil {
+			return float64(p.evictMem.Load())
+		}
+		return 0
+	})
+	set.NewGauge(`infera_session_affinity_entries`, func() float64 {
+		if t := s.aff.Load(); t != nil {
+			return float64(t.count.Load())
+		}
+		return 0
+	})
+	set.NewGauge(`infera_session_affinity_evictions_total`, func() float64 {
+		if t := s.aff.Load(); t != nil {
+			return float64(t.evictions.Load())
+		}
+		return 0
+	})
+	metrics.RegisterSet(set)
+	return m
+}
+
+func (m *schedMetrics) close() { metrics.UnregisterSet(m.set, true) }
+
+func (m *schedMetrics) countLayer(l string) {
+	switch l {
+	case LayerDirect:
+		m.layerDirect.Inc()
+	case LayerAffinity:
+		m.layerAffinity.Inc()
+	case LayerKV:
+		m.layerKV.Inc()
+	case LayerPrefix:
+		m.layerPrefix.Inc()
+	case LayerLB:
+		m.layerLB.Inc()
+	default:
+		m.layerFallback.Inc()
+	}
+}
+
+func (m *schedMetrics) countErr(err error) {
+	switch {
+	case errors.Is(err, ErrUnknownModel):
+		m.errUnknown.Inc()
+	case errors.Is(err, ErrNoWorkers):
+		m.errNoWorkers.Inc()
+	}
+}
+
+// observeCeiling accounts one prompt for the theoretical hit-rate ceiling:
+// seen bytes any worker had already been sent, out of the prompt's bytes.
+func (m *schedMetrics) observeCeiling(seen, total int) {
+	seen = min(seen, total)
+	m.promptBytes.Add(uint64(total))
+	m.seenBytes.Add(uint64(seen))
+	m.mPrompt.Add(total)
+	m.mSeen.Add(seen)
+}
+
+// Ceiling returns the share of prompt bytes seen so far that some worker had
+// already been sent (the theoretical prefix cache hit-rate ceiling).
+func (m *schedMetrics) Ceiling() float64 {
+	t := m.promptBytes.Load()
+	if t == 0 {
+		return 0
+	}
+	return float64(m.seenBytes.Load()) / float64(t)
+}

@@ -1,0 +1,529 @@
+package sched
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync/atomic"
+
+	"github.com/infera/infera/config"
+)
+
+// compiled is what Pick needs from one config snapshot, built once per
+// *config.Config (configs are immutable) and cached behind an atomic pointer.
+type compiled struct {
+	cfg *config.Config
+	// stale is set once a newer config was seen (see Scheduler.compiled).
+	stale        atomic.Bool
+	mappings     []compiledMapping
+	canary       []*canaryRule
+	defaultModel []byte
+}
+
+type compiledMapping struct {
+	pat      string // lower-cased glob
+	services []string
+}
+
+// compiled returns the compiled form of cfg, building it on first use.
+//
+// A config pointer never seen before is the newest: it becomes current and
+// the previous one is retired. A retired pointer (a request that loaded the
+// config before a reload, e.g. a failover retry) gets its compiled form
+// marked stale: its rules apply to that request, but it never replaces the
+// shared state (prefix index, session table) that the newest config shaped.
+func (s *Scheduler) compiled(cfg *config.Config) *compiled {
+	if c := s.comp.Load(); c != nil && c.cfg == cfg {
+		return c
+	}
+	s.compMu.Lock()
+	defer s.compMu.Unlock()
+	cur := s.comp.Load()
+	if cur != nil && cur.cfg == cfg {
+		return cur
+	}
+	for _, r := range s.retired {
+		if r != nil && r.cfg == cfg {
+			return r
+		}
+	}
+	c := compile(cfg)
+	if cur != nil {
+		cur.stale.Store(true)
+		copy(s.retired[1:], s.retired[:])
+		s.retired[0] = cur
+	}
+	s.comp.Store(c)
+	return c
+}
+
+func compile(cfg *config.Config) *compiled {
+	c := &compiled{cfg: cfg}
+	for _, m := range cfg.ModelRouting.Mappings {
+		c.mappings = append(c.mappings, compiledMapping{pat: lowerASCII(m.Pattern), services: m.Services})
+	}
+	for _, r := range cfg.Canary.Rules {
+		c.canary = append(c.canary, newCanaryRule(r))
+	}
+	if cfg.ModelRouting.DefaultModel != "" {
+		c.defaultModel = []byte(cfg.ModelRouting.DefaultModel)
+	}
+	return c
+}
+
+// maxModelNameLen is the longest model name accepted; longer ones are
+// unknown models (bounds the work of pattern matching on client input).
+const maxModelNameLen = 1024
+
+// maxModelName bounds the model names matched without allocation; longer
+// names are matched through a heap copy.
+const maxModelName = 256
+
+// route appends to dst the candidate workers for r: canary rule, model
+// mapping, exact / fuzzy model match, default model. It returns the model
+// name resolved (may be "" when a service decided) and the canary service.
+func (s *Scheduler) route(c *compiled, v *View, r *Request, dst []*Worker) ([]*Worker, string, string, error) {
+	if len(v.Routable) == 0 {
+		return dst, "", "", ErrNoWorkers
+	}
+	cfg := c.cfg
+	mr := &cfg.ModelRouting
+	name := r.Model
+	if len(name) > maxModelNameLen {
+		return dst, "", "", &UnknownModelError{Model: string(name[:64]) + "..."}
+	}
+	if len(name) == 0 && mr.Enabled && len(c.defaultModel) > 0 {
+		name = c.defaultModel
+	}
+	var buf [maxModelName]byte
+	var lower []byte
+	lowered := false
+	lowerName := func() []byte {
+		if !lowered {
+			lowered = true
+			if len(name) <= len(buf) {
+				lower = appendLower(buf[:0], name)
+			} else {
+				lower = appendLower(nil, name)
+			}
+		}
+		return lower
+	}
+	if cfg.Canary.Enabled {
+		for _, rule := range c.canary {
+			if !globMatch(rule.pat, lowerName()) {
+				continue
+			}
+			svc := rule.next()
+			n := len(dst)
+			dst = appendRole(dst, v.ByService[svc], r)
+			if len(dst) > n {
+				return dst, "", svc, nil
+			}
+			s.m.canaryEmpty.Inc()
+			break
+		}
+	}
+	if !mr.Enabled {
+		if len(name) == 0 {
+			return appendRole(dst, v.Routable, r), "", "", nil
+		}
+		if ws := v.ByModel[string(name)]; len(ws) > 0 {
+			return appendRole(dst, ws, r), "", "", nil
+		}
+		return dst, "", "", s.unknownModel(c, v, name)
+	}
+	for i := range c.mappings {
+		m := &c.mappings[i]
+		if !globMatch(m.pat, lowerName()) {
+			continue
+		}
+		for _, svc := range m.services {
+			dst = appendRole(dst, v.ByService[svc], r)
+		}
+		if len(dst) == 0 {
+			return dst, "", "", fmt.Errorf("%w: model %q is mapped to services %v, none has a routable worker", ErrNoWorkers, name, m.services)
+		}
+		return dst, "", "", nil
+	}
+	if len(name) == 0 {
+		return appendRole(dst, v.Routable, r), "", "", nil
+	}
+	mi := s.modelIndex(v)
+	if model := mi.resolve(name, mr.FuzzyMatch); model != "" {
+		return appendRole(dst, v.ByModel[model], r), model, "", nil
+	}
+	if len(c.defaultModel) > 0 && string(name) != mr.DefaultModel {
+		if model := mi.resolve(c.defaultModel, mr.FuzzyMatch); model != "" {
+			return appendRole(dst, v.ByModel[model], r), model, "", nil
+		}
+	}
+	return dst, "", "", s.unknownModel(c, v, name)
+}
+
+// appendRole appends ws, keeping only prefill workers for the prefill leg.
+func appendRole(dst, ws []*Worker, r *Request) []*Worker {
+	if !r.PrefillLeg {
+		return append(dst, ws...)
+	}
+	for _, w := range ws {
+		if w.Role == RolePrefill {
+			dst = append(dst, w)
+		}
+	}
+	return dst
+}
+
+func (s *Scheduler) unknownModel(c *compiled, v *View, name []byte) error {
+	return &UnknownModelError{Model: string(name), Close: closeNames(s.Models(c.cfg, v), string(name), 5)}
+}
+
+// Models returns what a client may ask for under cfg, sorted: the models
+// routable workers serve, the default model, and the plain (wildcard-free)
+// names of model mappings and canary rules whose services have routable
+// workers. GET /v1/models lists these.
+func (s *Scheduler) Models(cfg *config.Config, v *View) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(m string) {
+		if m != "" && !seen[m] {
+			seen[m] = true
+			out = append(out, m)
+		}
+	}
+	for _, m := range v.Models {
+		add(m)
+	}
+	hasWorkers := func(svcs []string) bool {
+		for _, svc := range svcs {
+			if len(v.ByService[svc]) > 0 {
+				return true
+			}
+		}
+		return false
+	}
+	if cfg.ModelRouting.Enabled {
+		if dm := cfg.ModelRouting.DefaultModel; dm != "" && s.modelIndex(v).resolve([]byte(dm), cfg.ModelRouting.FuzzyMatch) != "" {
+			add(dm)
+		}
+		for _, m := range cfg.ModelRouting.Mappings {
+			if !strings.Contains(m.Pattern, "*") && hasWorkers(m.Services) {
+				add(m.Pattern)
+			}
+		}
+	}
+	if cfg.Canary.Enabled {
+		for _, r := range cfg.Canary.Rules {
+			svcs := make([]string, 0, len(r.Targets))
+			for _, t := range r.Targets {
+				if t.Weight > 0 {
+					svcs = append(svcs, t.Service)
+				}
+			}
+			if !strings.Contains(r.Model, "*") && hasWorkers(svcs) {
+				add(r.Model)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// modelFor returns the name the chosen worker serves for this request:
+// resolved when w serves it, the requested name (exactly or in another
+// notation), or the worker's only model; "" when unknown.
+func modelFor(w *Worker, resolved string, req []byte) string {
+	if resolved != "" {
+		for _, m := range w.Models {
+			if m == resolved {
+				return m
+			}
+		}
+	}
+	for _, m := range w.Models {
+		if m == string(req) {
+			return m
+		}
+	}
+	if len(req) > 0 && len(req) <= maxModelName {
+		var a, b [maxModelName]byte
+		rq := appendCollapsed(a[:0], req, true)
+		for _, m := range w.Models {
+			if len(m) <= maxModelName && string(appendCollapsed(b[:0], m, true)) == string(rq) {
+				return m
+			}
+		}
+	}
+	if len(w.Models) == 1 {
+		return w.Models[0]
+	}
+	return ""
+}
+
+// modelIndex holds normalized forms of a view's models, built once per view.
+type modelIndex struct {
+	v *View
+	// strict maps the case/separator-insensitive form to a model.
+	strict map[string]string
+	// loose maps the form that also ignores an org prefix to a model.
+	loose map[string]string
+	// canon holds each model's org-stripped canonical form (lower case,
+	// separator runs as '-') for abbreviation matching, sorted like v.Models.
+	canon []string
+}
+
+func (s *Scheduler) modelIndex(v *View) *modelIndex {
+	if mi := s.mi.Load(); mi != nil && mi.v == v {
+		return mi
+	}
+	mi := &modelIndex{v: v, strict: map[string]string{}, loose: map[string]string{}}
+	for _, m := range v.Models { // sorted: the first model wins a collision
+		k := string(appendCollapsed(nil, m, false))
+		if _, ok := mi.strict[k]; !ok {
+			mi.strict[k] = m
+		}
+		k = string(appendCollapsed(nil, m, true))
+		if _, ok := mi.loose[k]; !ok {
+			mi.loose[k] = m
+		}
+		mi.canon = append(mi.canon, string(appendCanon(nil, stripOrg(m))))
+	}
+	s.mi.Store(mi)
+	return mi
+}
+
+// resolve maps a requested model name to a served model, or "".
+//
+// Always: exact name, then the same name in another notation (case and
+// separators '-', '_', ' ' ignored). With fuzzy on, also: ① an org prefix
+// ("Qwen/") is ignored, ② an abbreviation matches the full deployment name
+// when its tokens are a leading run of the deployment's tokens (qwen2.5-72b
+// -> Qwen2.5-72B-Instruct; the shortest such name wins, then the first in
+// sort order), ③ a name with '*' is an anchored, case-insensitive wildcard
+// (the first matching model in sort order).
+func (mi *modelIndex) resolve(name []byte, fuzzy bool) string {
+	if ws := mi.v.ByModel[string(name)]; len(ws) > 0 {
+		return firstServed(ws, name)
+	}
+	if len(name) > maxModelName {
+		return ""
+	}
+	var buf [maxModelName]byte
+	if m, ok := mi.strict[string(appendCollapsed(buf[:0], name, false))]; ok {
+		return m
+	}
+	if !fuzzy {
+		return ""
+	}
+	if m, ok := mi.loose[string(appendCollapsed(buf[:0], name, true))]; ok {
+		return m
+	}
+	if hasStar(name) {
+		low := appendLower(buf[:0], name)
+		for _, m := range mi.v.Models {
+			if globMatchString(low, m) || globMatchString(low, stripOrg(m)) {
+				return m
+			}
+		}
+		return ""
+	}
+	cn := appendCanon(buf[:0], stripOrgBytes(name))
+	if len(cn) == 0 {
+		return ""
+	}
+	best := -1
+	for i, c := range mi.canon {
+		if len(c) > len(cn) && c[len(cn)] == '-' && c[:len(cn)] == string(cn) {
+			if best < 0 || len(c) < len(mi.canon[best]) {
+				best = i
+			}
+		}
+	}
+	if best >= 0 {
+		return mi.v.Models[best]
+	}
+	return ""
+}
+
+func firstServed(ws []*Worker, name []byte) string {
+	for _, m := range ws[0].Models {
+		if m == string(name) {
+			return m
+		}
+	}
+	return ""
+}
+
+func hasStar(b []byte) bool {
+	for _, c := range b {
+		if c == '*' {
+			return true
+		}
+	}
+	return false
+}
+
+func isSep(c byte) bool { return c == '-' || c == '_' || c == ' ' }
+
+func lowerByte(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+func lowerASCII(s string) string { return string(appendLower(nil, []byte(s))) }
+
+func appendLower[T string | []byte](dst []byte, s T) []byte {
+	for i := 0; i < len(s); i++ {
+		dst = append(dst, lowerByte(s[i]))
+	}
+	return dst
+}
+
+// appendCollapsed appends s lower-cased without separators; with org it
+// drops everything up to the last '/'.
+func appendCollapsed[T string | []byte](dst []byte, s T, org bool) []byte {
+	start := 0
+	if org {
+		for i := len(s) - 1; i >= 0; i-- {
+			if s[i] == '/' {
+				start = i + 1
+				break
+			}
+		}
+	}
+	for i := start; i < len(s); i++ {
+		if !isSep(s[i]) {
+			dst = append(dst, lowerByte(s[i]))
+		}
+	}
+	return dst
+}
+
+// appendCanon appends s lower-cased with every separator run as one '-',
+// trimmed.
+func appendCanon[T string | []byte](dst []byte, s T) []byte {
+	n0 := len(dst)
+	sep := false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if isSep(c) {
+			sep = true
+			continue
+		}
+		if sep && len(dst) > n0 {
+			dst = append(dst, '-')
+		}
+		sep = false
+		dst = append(dst, lowerByte(c))
+	}
+	return dst
+}
+
+func stripOrg(s string) string {
+	if i := strings.LastIndexByte(s, '/'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+func stripOrgBytes(b []byte) []byte {
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] == '/' {
+			return b[i+1:]
+		}
+	}
+	return b
+}
+
+// globMatch reports whether the lower-cased pattern p ('*' matches any run,
+// anchored at both ends) matches the lower-cased s.
+func globMatch(p string, s []byte) bool {
+	pi, si := 0, 0
+	star, mark := -1, 0
+	for si < len(s) {
+		switch {
+		case pi < len(p) && p[pi] == '*':
+			star, mark = pi, si
+			pi++
+		case pi < len(p) && p[pi] == s[si]:
+			pi++
+			si++
+		case star >= 0:
+			pi = star + 1
+			mark++
+			si = mark
+		default:
+			return false
+		}
+	}
+	for pi < len(p) && p[pi] == '*' {
+		pi++
+	}
+	return pi == len(p)
+}
+
+// globMatchString matches the lower-cased pattern p against s, folding s's
+// ASCII case.
+func globMatchString(p []byte, s string) bool {
+	var buf [maxModelName]byte
+	if len(s) > len(buf) {
+		return globMatch(string(p), appendLower(nil, s))
+	}
+	return globMatch(string(p), appendLower(buf[:0], s))
+}
+
+// closeNames returns up to n names resembling name, closest first: same
+// collapsed form, one containing the other, or a small edit distance.
+func closeNames(names []string, name string, n int) []string {
+	q := string(appendCollapsed(nil, name, true))
+	if len(q) > 512 {
+		q = q[:512]
+	}
+	type cand struct {
+		name string
+		dist int
+	}
+	var cs []cand
+	for _, m := range names {
+		c := string(appendCollapsed(nil, m, true))
+		if len(c) > 512 {
+			c = c[:512]
+		}
+		d := editDistance(q, c)
+		if strings.Contains(c, q) || strings.Contains(q, c) {
+			d = min(d, 1)
+		}
+		if d <= max(3, len(q)/3) {
+			cs = append(cs, cand{m, d})
+		}
+	}
+	sort.SliceStable(cs, func(i, j int) bool { return cs[i].dist < cs[j].dist })
+	out := make([]string, 0, min(n, len(cs)))
+	for i := 0; i < len(cs) && i < n; i++ {
+		out = append(out, cs[i].name)
+	}
+	return out
+}
+
+// editDistance is the Levenshtein distance between a and b (bytes).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

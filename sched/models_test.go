@@ -1,0 +1,328 @@
+package sched
+
+import (
+	"errors"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/infera/infera/config"
+)
+
+func routeCfg(t *testing.T, f func(mr *config.ModelRouting)) *config.Config {
+	return cfgWith(t, func(c *config.Config) {
+		c.ModelRouting.Enabled = true
+		if f != nil {
+			f(&c.ModelRouting)
+		}
+	})
+}
+
+func modelFleet(t *testing.T) *Scheduler {
+	s, _ := newTestSched(t,
+		rec("q72", "qwen72", "Qwen2.5-72B-Instruct"),
+		rec("q7", "qwen7", "Qwen/Qwen2.5-7B-Instruct"),
+		rec("q7b", "qwen7-base", "Qwen2.5-7B"),
+		rec("ll", "llama", "Llama-3.1-8B-Instruct"),
+		rec("ds", "deepseek", "deepseek-v3"),
+		rec("ds2", "deepseek-canary", "deepseek-v3.1"),
+	)
+	return s
+}
+
+func TestModelMatching(t *testing.T) {
+	s := modelFleet(t)
+	fuzzy := routeCfg(t, nil)
+	strict := routeCfg(t, func(mr *config.ModelRouting) { mr.FuzzyMatch = false })
+	f := func(cfg *config.Config, model, wantWorker, wantModel string) {
+		t.Helper()
+		d, err := s.Pick(cfg, &Request{Model: []byte(model)}, nil)
+		if wantWorker == "" {
+			if !errors.Is(err, ErrUnknownModel) {
+				t.Fatalf("%q: want unknown model, got %v (%v)", model, err, d.Worker)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("%q: %s", model, err)
+		}
+		if d.Worker.ID != wantWorker || d.Model != wantModel {
+			t.Fatalf("%q: %s/%s, want %s/%s", model, d.Worker.ID, d.Model, wantWorker, wantModel)
+		}
+		if d.Rewrite != (wantModel != model) {
+			t.Fatalf("%q: rewrite %v", model, d.Rewrite)
+		}
+	}
+	// Exact.
+	f(fuzzy, "Qwen2.5-72B-Instruct", "q72", "Qwen2.5-72B-Instruct")
+	f(strict, "Qwen2.5-72B-Instruct", "q72", "Qwen2.5-72B-Instruct")
+	// ① notation: case and separators (both modes), org prefix (fuzzy only).
+	f(fuzzy, "qwen2.5_72b_instruct", "q72", "Qwen2.5-72B-Instruct")
+	f(strict, "qwen2.5_72b_instruct", "q72", "Qwen2.5-72B-Instruct")
+	f(fuzzy, "QWEN2.5 72B INSTRUCT", "q72", "Qwen2.5-72B-Instruct")
+	f(fuzzy, "Qwen/Qwen2.5-72B-Instruct", "q72", "Qwen2.5-72B-Instruct")
+	f(strict, "Qwen/Qwen2.5-72B-Instruct", "", "")
+	f(fuzzy, "qwen2.5-7b-instruct", "q7", "Qwen/Qwen2.5-7B-Instruct")
+	f(strict, "qwen/qwen2.5_7b_instruct", "q7", "Qwen/Qwen2.5-7B-Instruct")
+	// ② abbreviation: a leading run of tokens; the shortest full name wins.
+	f(fuzzy, "qwen2.5-72b", "q72", "Qwen2.5-72B-Instruct")
+	f(strict, "qwen2.5-72b", "", "")
+	f(fuzzy, "llama-3.1-8b", "ll", "Llama-3.1-8B-Instruct")
+	f(fuzzy, "qwen2.5", "q7b", "Qwen2.5-7B") // Qwen2.5-7B (2 tokens) is the shortest
+	f(fuzzy, "qwen2.5-7", "", "")            // not at a token boundary
+	f(fuzzy, "llama-3.1-8b-instruct-extra", "", "")
+	// ③ wildcard.
+	f(fuzzy, "llama*", "ll", "Llama-3.1-8B-Instruct")
+	f(fuzzy, "*72B*", "q72", "Qwen2.5-72B-Instruct")
+	f(fuzzy, "deepseek-v3*", "ds", "deepseek-v3") // first in sort order
+	f(strict, "llama*", "", "")
+	f(fuzzy, "*mistral*", "", "")
+	// Model routing disabled (the default): exact names only.
+	f(config.Default(), "Qwen2.5-72B-Instruct", "q72", "Qwen2.5-72B-Instruct")
+	f(config.Default(), "qwen2.5-72b", "", "")
+}
+
+func TestModelMappingOrderAndWildcards(t *testing.T) {
+	s := modelFleet(t)
+	cfg := routeCfg(t, func(mr *config.ModelRouting) {
+		mr.Mappings = []config.ModelMapping{
+			{Pattern: "gpt-4o", Services: []string{"qwen72"}},             // plain = exact
+			{Pattern: "GPT-*-MINI", Services: []string{"qwen7"}},          // case-insensitive
+			{Pattern: "gpt-*", Services: []string{"llama"}},               // after the more specific one
+			{Pattern: "deepseek*", Services: []string{"deepseek-canary"}}, // mapping beats model match
+			{Pattern: "empty", Services: []string{"nobody"}},
+		}
+	})
+	f := func(model string, wantSvc string) {
+		t.Helper()
+		d, err := s.Pick(cfg, &Request{Model: []byte(model)}, nil)
+		if err != nil {
+			t.Fatalf("%q: %s", model, err)
+		}
+		if d.Worker.Service != wantSvc {
+			t.Fatalf("%q -> %s, want %s", model, d.Worker.Service, wantSvc)
+		}
+	}
+	f("gpt-4o", "qwen72")
+	f("GPT-4O", "qwen72")
+	f("gpt-4o-mini", "qwen7")
+	f("gpt-4.1-mini", "qwen7")
+	f("gpt-4.1", "llama")
+	f("deepseek-v3", "deepseek-canary") // served by ds, but the mapping wins
+	// Anchored: "xgpt-4o" and "gpt-4o2" do not match "gpt-4o" (the second
+	// matches gpt-*).
+	if _, err := s.Pick(cfg, &Request{Model: []byte("xgpt-4o")}, nil); !errors.Is(err, ErrUnknownModel) {
+		t.Fatalf("xgpt-4o: %v", err)
+	}
+	f("gpt-4o2", "llama")
+	// A mapping whose services have no workers: no fallback to model match.
+	if _, err := s.Pick(cfg, &Request{Model: []byte("empty")}, nil); !errors.Is(err, ErrNoWorkers) {
+		t.Fatalf("empty mapping: %v", err)
+	}
+	// Mapped models are listed.
+	got := s.Models(cfg, s.Fleet.View())
+	for _, want := range []string{"gpt-4o", "Qwen2.5-72B-Instruct"} {
+		if !contains2(got, want) {
+			t.Fatalf("Models %v lacks %s", got, want)
+		}
+	}
+	if contains2(got, "gpt-*") || contains2(got, "empty") {
+		t.Fatalf("Models %v lists a wildcard or a dead mapping", got)
+	}
+}
+
+func contains2(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func TestDefaultModelAndCloseNames(t *testing.T) {
+	s := modelFleet(t)
+	cfg := routeCfg(t, func(mr *config.ModelRouting) { mr.DefaultModel = "llama-3.1-8b-instruct" })
+	f := func(model, want string) {
+		t.Helper()
+		d, err := s.Pick(cfg, &Request{Model: []byte(model)}, nil)
+		if err != nil {
+			t.Fatalf("%q: %s", model, err)
+		}
+		if d.Model != want {
+			t.Fatalf("%q -> %s want %s", model, d.Model, want)
+		}
+	}
+	f("", "Llama-3.1-8B-Instruct")
+	f("unknown-model", "Llama-3.1-8B-Instruct")
+	f("qwen2.5-72b", "Qwen2.5-72B-Instruct")
+	// Without a default model: 404 with close names.
+	_, err := s.Pick(routeCfg(t, nil), &Request{Model: []byte("qwen2.5-72b-instrct")}, nil)
+	var ue *UnknownModelError
+	if !errors.As(err, &ue) || len(ue.Close) == 0 || ue.Close[0] != "Qwen2.5-72B-Instruct" {
+		t.Fatalf("close names: %v", err)
+	}
+	if !strings.Contains(err.Error(), "Qwen2.5-72B-Instruct") {
+		t.Fatalf("message lacks suggestion: %s", err)
+	}
+	_, err = s.Pick(routeCfg(t, nil), &Request{Model: []byte("zzzzzzzzzzzzzz")}, nil)
+	if !errors.As(err, &ue) || len(ue.Close) != 0 {
+		t.Fatalf("unrelated name got suggestions: %v", err)
+	}
+	// /v1/models includes the default model.
+	if got := s.Models(cfg, s.Fleet.View()); !contains2(got, "llama-3.1-8b-instruct") || !contains2(got, "deepseek-v3") {
+		t.Fatalf("Models %v", got)
+	}
+}
+
+func TestCanarySplit(t *testing.T) {
+	s := modelFleet(t)
+	cfg := cfgWith(t, func(c *config.Config) {
+		c.Canary.Enabled = true
+		c.Canary.Rules = []config.CanaryRule{
+			{Model: "deepseek-*", Targets: []config.CanaryTarget{{Service: "deepseek", Weight: 90}, {Service: "deepseek-canary", Weight: 10}}},
+			{Model: "*", Targets: []config.CanaryTarget{{Service: "llama", Weight: 1}}},
+		}
+	})
+	count := func(cfg *config.Config, model string, n int) map[string]int {
+		got := map[string]int{}
+		for i := 0; i < n; i++ {
+			d, err := s.Pick(cfg, &Request{Model: []byte(model)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[d.Worker.Service]++
+			if d.Service != "" && d.Service != d.Worker.Service {
+				t.Fatalf("Decision.Service %q", d.Service)
+			}
+		}
+		return got
+	}
+	// Exact over every window of 10 (weights 90:10 reduce to 9:1).
+	for _, n := range []int{10, 1000, 1230} {
+		cfg2 := cfgWith(t, func(c *config.Config) { *c = *cfg }) // fresh state
+		got := count(cfg2, "deepseek-v3", n)
+		if got["deepseek"] != n*9/10 || got["deepseek-canary"] != n/10 {
+			t.Fatalf("n=%d split %v", n, got)
+		}
+	}
+	// Smooth: the canary never gets two requests in a row at 9:1.
+	cfg3 := cfgWith(t, func(c *config.Config) { *c = *cfg })
+	prev := ""
+	for i := 0; i < 100; i++ {
+		d, _ := s.Pick(cfg3, &Request{Model: []byte("deepseek-v3")}, nil)
+		if d.Worker.Service == "deepseek-canary" && prev == "deepseek-canary" {
+			t.Fatalf("burst at %d", i)
+		}
+		prev = d.Worker.Service
+	}
+	// First match wins: everything else goes to llama.
+	if got := count(cfg, "Qwen2.5-72B-Instruct", 20); got["llama"] != 20 {
+		t.Fatalf("catch-all %v", got)
+	}
+	// A reload changing the weights applies at once.
+	cfg4 := cfgWith(t, func(c *config.Config) {
+		*c = *cfg
+		c.Canary.Rules = []config.CanaryRule{{Model: "deepseek-*", Targets: []config.CanaryTarget{{Service: "deepseek", Weight: 1}, {Service: "deepseek-canary", Weight: 1}}}}
+	})
+	if got := count(cfg4, "deepseek-v3", 100); got["deepseek"] != 50 || got["deepseek-canary"] != 50 {
+		t.Fatalf("50/50 %v", got)
+	}
+	// Large weights use the locked smooth round-robin: still exact.
+	cr := newCanaryRule(config.CanaryRule{Model: "*", Targets: []config.CanaryTarget{{Service: "a", Weight: 7001}, {Service: "b", Weight: 2999}}})
+	if cr.seq != nil {
+		t.Fatalf("expected no precomputed sequence")
+	}
+	ab := map[string]int{}
+	for i := 0; i < 10000; i++ {
+		ab[cr.next()]++
+	}
+	if ab["a"] != 7001 || ab["b"] != 2999 {
+		t.Fatalf("large weights %v", ab)
+	}
+	// Disabled canary: model routing decides.
+	if got := count(config.Default(), "deepseek-v3", 10); got["deepseek"] != 10 {
+		t.Fatalf("disabled canary %v", got)
+	}
+}
+
+func TestGlobMatch(t *testing.T) {
+	f := func(p, s string, want bool) {
+		t.Helper()
+		if got := globMatch(lowerASCII(p), appendLower(nil, s)); got != want {
+			t.Fatalf("%q ~ %q = %v", p, s, got)
+		}
+	}
+	f("", "", true)
+	f("*", "", true)
+	f("*", "anything", true)
+	f("abc", "ABC", true)
+	f("abc", "abcd", false)
+	f("a*c", "abbbc", true)
+	f("a*c", "abbbcd", false)
+	f("*a*b*", "xxaxxbxx", true)
+	f("*a*b", "xxaxxbxxb", true)
+	f("a**b", "ab", true)
+	f("qwen-*", "Qwen-72B", true)
+}
+
+// FuzzModelMatch checks the glob matcher against a regexp on ASCII input
+// and that resolving arbitrary names never panics.
+func FuzzModelMatch(f *testing.F) {
+	f.Add("qwen*", "Qwen2.5-72B-Instruct")
+	f.Add("*-72b-*", "qwen2.5_72b_instruct")
+	f.Add("a*b*c", "aXbYc")
+	f.Add("", "x")
+	f.Add("**", "")
+	s := &Scheduler{}
+	v := &View{Models: []string{"Qwen2.5-72B-Instruct", "Qwen/Qwen2.5-7B", "llama-3", "a-b_c d"}, ByModel: map[string][]*Worker{}}
+	mi := s.modelIndex(v)
+	f.Fuzz(func(t *testing.T, pat, name string) {
+		for _, fuzzy := range []bool{false, true} {
+			mi.resolve([]byte(name), fuzzy)
+			mi.resolve([]byte(pat), fuzzy)
+		}
+		closeNames(v.Models, name, 5)
+		// The regexp oracle is O(len(pat) x len(name)): keep inputs short.
+		if !isASCII(pat) || !isASCII(name) || len(pat) > 256 || len(name) > 1024 {
+			return
+		}
+		parts := strings.Split(lowerASCII(pat), "*")
+		for i := range parts {
+			parts[i] = regexp.QuoteMeta(parts[i])
+		}
+		re := regexp.MustCompile(`(?s)^` + strings.Join(parts, ".*") + `$`)
+		want := re.MatchString(lowerASCII(name))
+		if got := globMatch(lowerASCII(pat), appendLower(nil, name)); got != want {
+			t.Fatalf("glob %q ~ %q = %v, regexp says %v", pat, name, got, want)
+		}
+	})
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
+func TestNormalForms(t *testing.T) {
+	f := func(in, collapsed, canon string) {
+		t.Helper()
+		if got := string(appendCollapsed(nil, in, true)); got != collapsed {
+			t.Fatalf("collapsed(%q) = %q", in, got)
+		}
+		if got := string(appendCanon(nil, in)); got != canon {
+			t.Fatalf("canon(%q) = %q", in, got)
+		}
+	}
+	f("Qwen/Qwen2.5-72B-Instruct", "qwen2.572binstruct", "qwen/qwen2.5-72b-instruct")
+	f("__a--b  c__", "abc", "a-b-c")
+	f("", "", "")
+	if got := closeNames([]string{"abc-def", "xyz"}, "abcdef", 5); !reflect.DeepEqual(got, []string{"abc-def"}) {
+		t.Fatalf("closeNames %v", got)
+	}
+}

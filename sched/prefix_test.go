@@ -1,0 +1,361 @@
+package sched
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/config"
+)
+
+func prefixCfg(t *testing.T, f func(c *config.Config)) *config.Config {
+	return cfgWith(t, func(c *config.Config) {
+		c.PrefixCache.Enabled = true
+		if f != nil {
+			f(c)
+		}
+	})
+}
+
+func prompt(seed string, n int) []byte {
+	b := bytes.Repeat([]byte(seed), n/len(seed)+1)
+	return b[:n]
+}
+
+func TestPrefixIndexBasics(t *testing.T) {
+	p := newPrefixIndex(128, 0)
+	f := func(promptLen, wantBlocks int) {
+		t.Helper()
+		r := &Request{Prompt: prompt("abc", promptLen)}
+		p.hashAndMatch(r, 0, 0, nil)
+		if len(r.phash) != wantBlocks {
+			t.Fatalf("len %d: %d blocks, want %d", promptLen, len(r.phash), wantBlocks)
+		}
+	}
+	f(0, 0)
+	f(127, 0) // shorter than a block: not indexed
+	f(128, 1)
+	f(300, 2)
+	f(1024, 8)
+
+	w := &Worker{Idx: 3, Serial: 7}
+	r := &Request{Prompt: prompt("xyz", 1024)}
+	if d, _ := p.hashAndMatch(r, 0, 0, nil); d != 0 {
+		t.Fatalf("empty index matched %d", d)
+	}
+	p.record(r.phash, 0, w, 0)
+	if p.Len() != 8 {
+		t.Fatalf("len %d", p.Len())
+	}
+	// Same prefix, different tail: 4 blocks match.
+	r2 := &Request{Prompt: append(prompt("xyz", 512), prompt("different", 512)...)}
+	if d, _ := p.hashAndMatch(r2, 0, 0, nil); d != 4 {
+		t.Fatalf("shared half matched %d, want 4", d)
+	}
+	var idx, ser [prefixSlots]uint16
+	if n := p.slots(r.phash[7], &idx, &ser); n != 1 || idx[0] != 3 || ser[0] != 7 {
+		t.Fatalf("slots %d %v %v", n, idx, ser)
+	}
+	// Recording again adds no blocks; other workers share the entries.
+	p.record(r.phash, 0, w, 0)
+	for i := 0; i < prefixSlots+2; i++ {
+		p.record(r.phash, 8, &Worker{Idx: 10 + i, Serial: uint32(10 + i)}, 0)
+	}
+	if p.Len() != 8 {
+		t.Fatalf("len %d after re-record", p.Len())
+	}
+	if n := p.slots(r.phash[0], &idx, &ser); n != prefixSlots || idx[prefixSlots-1] != uint16(10+prefixSlots+1) {
+		t.Fatalf("slot overflow keeps the newest: %d %v", n, idx)
+	}
+}
+
+func TestPrefixLayerHitAndThreshold(t *testing.T) {
+	s, _ := newTestSched(t, workers(4, "m")...)
+	cfg := prefixCfg(t, nil)
+	base := prompt("system prompt. ", 1024)
+	first := pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: base})
+	if first.Layer != LayerLB || first.Reason != ReasonPrefixMiss {
+		t.Fatalf("first: %s %s", first.Layer, first.Reason)
+	}
+	home := first.Worker
+	home.Acquire(1, 1, 1) // least-requests would avoid it
+	d := pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: base})
+	if d.Worker != home || d.Layer != LayerPrefix || d.Ratio != 1 {
+		t.Fatalf("repeat: %s by %s ratio %.2f", d.Worker.ID, d.Layer, d.Ratio)
+	}
+	calls := 0
+	f := func(c *config.Config, shared, total int, wantHit bool, wantReason string) {
+		t.Helper()
+		calls++
+		p := append(append([]byte{}, base[:shared]...), prompt(fmt.Sprintf("tail %d %d %d ", calls, shared, total), total-shared)...)
+		d := pick(t, s, c, &Request{Model: []byte("m"), Prompt: p})
+		if hit := d.Layer == LayerPrefix; hit != wantHit || d.Reason != wantReason {
+			t.Fatalf("shared %d/%d: hit=%v (%s %s ratio %.2f), want hit=%v %s", shared, total, hit, d.Layer, d.Reason, d.Ratio, wantHit, wantReason)
+		}
+	}
+	// Default threshold 0.50.
+	f(cfg, 640, 1024, true, ReasonPrefixHit)    // 5 blocks = 0.625
+	f(cfg, 512, 1024, true, ReasonPrefixHit)    // 4 blocks = 0.50
+	f(cfg, 384, 1024, false, ReasonPrefixBelow) // 3 blocks = 0.375
+	f(cfg, 100, 1024, false, ReasonPrefixMiss)  // less than a block
+	high := prefixCfg(t, func(c *config.Config) { c.PrefixCache.HitRateThreshold = 0.7 })
+	f(high, 640, 1024, false, ReasonPrefixBelow) // changed threshold
+	low := prefixCfg(t, func(c *config.Config) { c.PrefixCache.HitRateThreshold = 0.2 })
+	f(low, 384, 1024, true, ReasonPrefixHit)
+	// Disabled layer (the default config): load balancing, index still fed.
+	if d := pick(t, s, config.Default(), &Request{Model: []byte("m"), Prompt: base}); d.Layer != LayerLB || d.Reason != "" {
+		t.Fatalf("disabled: %s %s", d.Layer, d.Reason)
+	}
+}
+
+func TestPrefixGuards(t *testing.T) {
+	setup := func(t *testing.T) (*Scheduler, *Worker, []byte) {
+		s, _ := newTestSched(t, workers(4, "m")...)
+		p := prompt("guarded prompt ", 2048)
+		home := pick(t, s, prefixCfg(t, nil), &Request{Model: []byte("m"), Prompt: p}).Worker
+		return s, home, p
+	}
+	f := func(name string, cfg *config.Config, load func(home *Worker, all []*Worker), wantHit bool) {
+		t.Run(name, func(t *testing.T) {
+			s, home, p := setup(t)
+			load(home, s.Fleet.View().Routable)
+			d := pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: p})
+			if hit := d.Worker == home && d.Layer == LayerPrefix; hit != wantHit {
+				t.Fatalf("hit=%v (%s %s %s) want %v", hit, d.Worker.ID, d.Layer, d.Reason, wantHit)
+			}
+			if !wantHit && d.Reason != ReasonPrefixOverload {
+				t.Fatalf("reason %s", d.Reason)
+			}
+		})
+	}
+	// Others carry 3 active requests past their first token, so the load
+	// tolerance guard passes and only pending decides.
+	pending := func(n int) func(*Worker, []*Worker) {
+		return func(h *Worker, all []*Worker) {
+			for i := 0; i < n; i++ {
+				h.Acquire(1, 1, 1) // dispatched, no first token yet: pending
+			}
+			for _, w := range all {
+				if w != h {
+					for i := 0; i < 3; i++ {
+						w.Acquire(1, 1, 1)
+						w.FirstToken(1)
+					}
+				}
+			}
+		}
+	}
+	// Pending request threshold: default 2.
+	f("pending-2", prefixCfg(t, nil), pending(2), true)
+	f("pending-3", prefixCfg(t, nil), pending(3), false)
+	f("pending-3-threshold-5", prefixCfg(t, func(c *config.Config) { c.PrefixCache.PendingRequestThreshold = 5 }), pending(3), true)
+	// Load tolerance: home 6 active (first tokens seen), others 2 each:
+	// avg (6+6)/4 = 3; default 3*1.3 = 3.9 < 6 -> skipped; factor 1.5: 7.5 -> hit.
+	skew := func(h *Worker, all []*Worker) {
+		for i := 0; i < 6; i++ {
+			h.Acquire(1, 1, 1)
+			h.FirstToken(1)
+		}
+		for _, w := range all {
+			if w != h {
+				w.Acquire(1, 1, 1)
+				w.Acquire(1, 1, 1)
+				w.FirstToken(1)
+				w.FirstToken(1)
+			}
+		}
+	}
+	f("tolerance-default", prefixCfg(t, nil), skew, false)
+	f("tolerance-1.5", prefixCfg(t, func(c *config.Config) { c.PrefixCache.LoadToleranceFactor = 1.5 }), skew, true)
+}
+
+func TestPrefixBlockSizeChange(t *testing.T) {
+	s, _ := newTestSched(t, workers(4, "m")...)
+	p := prompt("block size ", 1024)
+	cfg := prefixCfg(t, nil)
+	pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: p})
+	if d := pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: p}); d.Layer != LayerPrefix {
+		t.Fatalf("not a hit: %s", d.Layer)
+	}
+	bs64 := prefixCfg(t, func(c *config.Config) { c.PrefixIndex.BlockSize = 64 })
+	d := pick(t, s, bs64, &Request{Model: []byte("m"), Prompt: p})
+	if d.Layer != LayerLB || d.Reason != ReasonPrefixMiss {
+		t.Fatalf("new block size must start a fresh index: %s %s", d.Layer, d.Reason)
+	}
+	if n := s.Stats().PrefixBlocks; n != 16 {
+		t.Fatalf("fresh index holds %d blocks, want 16", n)
+	}
+	// A request still holding the old config (e.g. a failover retry after
+	// the reload) does not throw the new index away.
+	if d := pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: p}); d.Layer == LayerPrefix {
+		t.Fatalf("stale config used the new index")
+	}
+	if got := s.pidx.Load().blockSize; got != 64 {
+		t.Fatalf("stale config replaced the index: block size %d", got)
+	}
+	// 1 block of 64 out of 100 bytes = 0.64: a hit at block size 64.
+	if d := pick(t, s, bs64, &Request{Model: []byte("m"), Prompt: p[:100]}); d.Layer != LayerPrefix || d.Ratio != 0.64 {
+		t.Fatalf("short prompt: %s %s %.2f", d.Layer, d.Reason, d.Ratio)
+	}
+}
+
+func TestPrefixTTL(t *testing.T) {
+	f := func(ttl float64, idle time.Duration, wantBlocks int64) {
+		t.Helper()
+		s, c := newTestSched(t, workers(2, "m")...)
+		cfg := prefixCfg(t, func(cf *config.Config) { cf.PrefixIndex.TTLSeconds = ttl })
+		pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: prompt("ttl ", 512)})
+		c.add(idle)
+		s.Maintain(cfg)
+		if n := s.Stats().PrefixBlocks; n != wantBlocks {
+			t.Fatalf("ttl %v idle %v: %d blocks, want %d", ttl, idle, n, wantBlocks)
+		}
+	}
+	f(259200, 259000*time.Second, 4) // default: 3 days
+	f(259200, 259300*time.Second, 0)
+	f(3600, 3500*time.Second, 4) // changed
+	f(3600, 3700*time.Second, 0)
+
+	// A touched block survives; an untouched one is swept.
+	s, c := newTestSched(t, workers(2, "m")...)
+	cfg := prefixCfg(t, func(cf *config.Config) { cf.PrefixIndex.TTLSeconds = 100 })
+	pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: prompt("keep ", 256)})
+	pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: prompt("drop ", 256)})
+	c.add(60 * time.Second)
+	pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: prompt("keep ", 256)})
+	c.add(60 * time.Second)
+	s.Maintain(cfg)
+	if n := s.Stats().PrefixBlocks; n != 2 {
+		t.Fatalf("%d blocks left, want the 2 touched", n)
+	}
+}
+
+func TestPrefixMemoryBound(t *testing.T) {
+	const gb = 1 << 30
+	s, c := newTestSched(t, workers(4, "m")...)
+	limit := uint64(4 * gb) // thr = min(4*0.7, 4-1.5) = 2.5 GB (reserved first)
+	headroom := uint64(2 << 20)
+	base := uint64(2.5*gb) - headroom
+	s.Memory = func() (uint64, uint64, error) {
+		return base + uint64(s.Stats().PrefixBytes), limit, nil
+	}
+	cfg := prefixCfg(t, nil)
+	rng := rand.New(rand.NewPCG(1, 2))
+	buf := make([]byte, 1024)
+	var r Request
+	maxBytes := int64(0)
+	n := 30000
+	if testing.Short() {
+		n = 10000
+	}
+	for i := 0; i < n; i++ {
+		for j := range buf {
+			buf[j] = byte(rng.Uint32())
+		}
+		r.Reset()
+		r.Model, r.Prompt = []byte("m"), buf
+		if _, err := s.Pick(cfg, &r, nil); err != nil {
+			t.Fatal(err)
+		}
+		if i%100 == 0 {
+			c.add(time.Second / 10)
+		}
+		maxBytes = max(maxBytes, s.Stats().PrefixBytes)
+	}
+	st := s.Stats()
+	// One check may let memCheckEvery blocks in before it evicts.
+	slack := int64(memCheckEvery) * prefixEntryBytes
+	if maxBytes > int64(headroom)+slack {
+		t.Fatalf("index grew to %d bytes, bound %d (+%d slack)", maxBytes, headroom, slack)
+	}
+	if st.PrefixEvictions == 0 || st.PrefixBlocks == 0 {
+		t.Fatalf("no eviction or empty index: %+v", st)
+	}
+	if want := int64(8 * n); st.PrefixBlocks >= want {
+		t.Fatalf("flood not bounded: %d blocks", st.PrefixBlocks)
+	}
+	// Thresholds: the smaller of ratio and reserved wins, and reloads apply.
+	p := s.pidx.Load()
+	g := func(ratio, reservedGB float64, limit uint64, want int64) {
+		t.Helper()
+		s.Memory = func() (uint64, uint64, error) { return 0, limit, nil }
+		s.checkMemory(prefixCfg(t, func(c *config.Config) {
+			c.PrefixIndex.MemoryThresholdRatio = ratio
+			c.PrefixIndex.ReservedMemoryGB = reservedGB
+		}), p, s.Now())
+		if got := p.lastLimit.Load(); got != want {
+			t.Fatalf("ratio %.2f reserved %.1f limit %d: threshold %d want %d", ratio, reservedGB, limit, got, want)
+		}
+	}
+	g(0.70, 1.5, 10*gb, 7*gb)   // ratio first
+	g(0.90, 1.5, 10*gb, 8.5*gb) // reserved first
+	g(0.70, 1.5, 4*gb, 2.5*gb)  // reserved first
+	g(0.50, 0.5, 4*gb, 2*gb)    // ratio first
+	g(0.70, 1.5, 1*gb, 0)       // tiny container: clamp at 0
+}
+
+func TestHitRateCeiling(t *testing.T) {
+	s, _ := newTestSched(t, workers(2, "m")...)
+	p := prompt("ceiling ", 1024)
+	pick(t, s, config.Default(), &Request{Model: []byte("m"), Prompt: p}) // unseen
+	pick(t, s, config.Default(), &Request{Model: []byte("m"), Prompt: p}) // all seen
+	if c := s.Stats().HitRateCeiling; c != 0.5 {
+		t.Fatalf("ceiling %.3f want 0.5", c)
+	}
+	// A half-shared prompt adds 512 seen bytes of 1024.
+	q := append(append([]byte{}, p[:512]...), prompt("other ", 512)...)
+	pick(t, s, config.Default(), &Request{Model: []byte("m"), Prompt: q})
+	if c := s.Stats().HitRateCeiling; c != 1536.0/3072 {
+		t.Fatalf("ceiling %.3f want 0.5", c)
+	}
+}
+
+type fakeKV struct {
+	pick  string
+	ratio float64
+	saw   []string
+}
+
+func (f *fakeKV) PickKV(cands []*Worker, r *Request) *Worker {
+	w, _ := f.PickKVRatio(cands, r)
+	return w
+}
+
+func (f *fakeKV) PickKVRatio(cands []*Worker, r *Request) (*Worker, float64) {
+	f.saw = f.saw[:0]
+	var got *Worker
+	for _, w := range cands {
+		f.saw = append(f.saw, w.ID)
+		if w.ID == f.pick {
+			got = w
+		}
+	}
+	return got, f.ratio
+}
+
+func TestKVLayer(t *testing.T) {
+	s, _ := newTestSched(t, workers(3, "m")...)
+	kv := &fakeKV{pick: "w001", ratio: 0.9}
+	s.KV, s.Policy = kv, "kv-aware"
+	cfg := config.Default() // kv-aware works without prefix_cache.enabled
+	d := pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: prompt("kv ", 256)})
+	if d.Layer != LayerKV || d.Worker.ID != "w001" {
+		t.Fatalf("kv: %s by %s", d.Worker.ID, d.Layer)
+	}
+	// Below the hit rate threshold: falls through.
+	kv.ratio = 0.3
+	if d := pick(t, s, cfg, &Request{Model: []byte("m")}); d.Layer != LayerLB {
+		t.Fatalf("low ratio: %s", d.Layer)
+	}
+	// Guards: an overloaded worker is not offered to the scorer.
+	kv.ratio = 0.9
+	for i := 0; i < 3; i++ {
+		s.Fleet.View().Routable[1].Acquire(1, 1, 1)
+	}
+	d = pick(t, s, cfg, &Request{Model: []byte("m")})
+	if d.Layer == LayerKV || len(kv.saw) != 2 {
+		t.Fatalf("guarded candidates %v, layer %s", kv.saw, d.Layer)
+	}
+}

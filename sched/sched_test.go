@@ -1,0 +1,413 @@
+package sched
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/config"
+)
+
+func TestMain(m *testing.M) {
+	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	os.Exit(m.Run())
+}
+
+// clock is an injectable Scheduler.Now.
+type clock struct{ ns atomic.Int64 }
+
+func (c *clock) now() int64          { return c.ns.Load() }
+func (c *clock) add(d time.Duration) { c.ns.Add(int64(d)) }
+func newClock() *clock               { c := &clock{}; c.ns.Store(1_700_000_000 * int64(time.Second)); return c }
+func cfgWith(t testing.TB, f func(c *config.Config)) *config.Config {
+	t.Helper()
+	c := config.Default()
+	if f != nil {
+		f(c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("invalid test config: %s", err)
+	}
+	return c
+}
+
+// rec describes worker id serving models in service svc (svc "" = first model).
+func rec(id, svc string, models ...string) Record {
+	return Record{ID: id, URL: "http://127.0.0.1:1/" + id, Service: svc, Models: models}
+}
+
+func newTestSched(t testing.TB, recs ...Record) (*Scheduler, *clock) {
+	t.Helper()
+	f := NewFleet(BreakerConfig{Threshold: 3, Cooldown: time.Second, MaxCooldown: 8 * time.Second})
+	for _, r := range recs {
+		if err := f.Upsert(r); err != nil {
+			t.Fatalf("upsert %s: %s", r.ID, err)
+		}
+	}
+	s := NewScheduler(f, "config")
+	c := newClock()
+	s.Now = c.now
+	s.Memory = func() (uint64, uint64, error) { return 1 << 20, 1 << 40, nil }
+	t.Cleanup(func() { s.Close(); f.Close() })
+	return s, c
+}
+
+func workers(n int, model string) []Record {
+	rs := make([]Record, n)
+	for i := range rs {
+		rs[i] = rec(fmt.Sprintf("w%03d", i), "", model)
+	}
+	return rs
+}
+
+func pick(t testing.TB, s *Scheduler, cfg *config.Config, r *Request) Decision {
+	t.Helper()
+	d, err := s.Pick(cfg, r, make([]*Worker, 0, 8))
+	if err != nil {
+		t.Fatalf("Pick: %s", err)
+	}
+	return d
+}
+
+func TestPickDefaultsLoadBalancing(t *testing.T) {
+	s, _ := newTestSched(t, workers(3, "m")...)
+	cfg := config.Default()
+	// least-requests (default) picks the idle worker.
+	v := s.Fleet.View()
+	v.Routable[0].Acquire(10, 5, 1)
+	v.Routable[1].Acquire(10, 5, 1)
+	for i := 0; i < 5; i++ {
+		d := pick(t, s, cfg, &Request{Model: []byte("m")})
+		if d.Worker != v.Routable[2] || d.Layer != LayerLB {
+			t.Fatalf("want w002 by lb, got %s by %s", d.Worker.ID, d.Layer)
+		}
+	}
+	// A reload to round-robin spreads evenly, ignoring load.
+	rr := cfgWith(t, func(c *config.Config) { c.LoadBalancing.Algorithm = "round-robin" })
+	seen := map[string]int{}
+	for i := 0; i < 30; i++ {
+		seen[pick(t, s, rr, &Request{Model: []byte("m")}).Worker.ID]++
+	}
+	for _, w := range v.Routable {
+		if seen[w.ID] != 10 {
+			t.Fatalf("round-robin split %v", seen)
+		}
+	}
+	// least-tokens follows tokens, not requests.
+	lt := cfgWith(t, func(c *config.Config) { c.LoadBalancing.Algorithm = "least-tokens" })
+	v.Routable[2].Acquire(1000, 5, 1)
+	if d := pick(t, s, lt, &Request{Model: []byte("m")}); d.Worker == v.Routable[2] {
+		t.Fatalf("least-tokens chose the worker with most tokens")
+	}
+	// Process-level policy forces the algorithm over the config.
+	s.Policy = "round-robin"
+	seen = map[string]int{}
+	for i := 0; i < 30; i++ {
+		seen[pick(t, s, cfg, &Request{Model: []byte("m")}).Worker.ID]++
+	}
+	if len(seen) != 3 {
+		t.Fatalf("forced round-robin split %v", seen)
+	}
+}
+
+func TestDirectMode(t *testing.T) {
+	s, _ := newTestSched(t, rec("a", "", "m"), rec("b", "", "m"), Record{ID: "p", URL: "http://127.0.0.1:2", Models: []string{"m"}, Role: "prefill"})
+	s.Mode = ModeDirect
+	cfg := config.Default()
+	f := func(r *Request, wantID, wantLayer string) {
+		t.Helper()
+		d := pick(t, s, cfg, r)
+		if d.Worker.ID != wantID && wantID != "*" {
+			t.Fatalf("worker %s, want %s", d.Worker.ID, wantID)
+		}
+		if d.Layer != wantLayer {
+			t.Fatalf("layer %s, want %s", d.Layer, wantLayer)
+		}
+	}
+	s.Fleet.View().Routable[0].Acquire(1, 1, 1) // a is busier: lb would not choose it
+	f(&Request{Model: []byte("m"), DirectWorker: []byte("a")}, "a", LayerDirect)
+	f(&Request{Model: []byte("m"), DirectWorker: []byte("nope")}, "*", LayerLB)
+	f(&Request{Model: []byte("m")}, "*", LayerLB)
+	f(&Request{Model: []byte("m"), PrefillLeg: true, DirectPrefill: []byte("p"), DirectWorker: []byte("a")}, "p", LayerDirect)
+	// Prefill leg without header: only prefill workers are candidates.
+	f(&Request{Model: []byte("m"), PrefillLeg: true}, "p", LayerLB)
+	// Auto mode ignores the header.
+	s.Mode = ModeAuto
+	for i := 0; i < 4; i++ {
+		if d := pick(t, s, cfg, &Request{Model: []byte("m"), DirectWorker: []byte("a")}); d.Layer == LayerDirect {
+			t.Fatalf("auto mode honoured the direct header")
+		}
+	}
+	// Draining worker named directly falls back.
+	s.Mode = ModeDirect
+	r := rec("a", "", "m")
+	r.Status = StatusDraining
+	if err := s.Fleet.Upsert(r); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		if d := pick(t, s, cfg, &Request{Model: []byte("m"), DirectWorker: []byte("a")}); d.Worker.ID == "a" || d.Layer != LayerLB {
+			t.Fatalf("draining direct worker: %s by %s", d.Worker.ID, d.Layer)
+		}
+	}
+}
+
+func TestErrors(t *testing.T) {
+	s, _ := newTestSched(t)
+	cfg := config.Default()
+	if _, err := s.Pick(cfg, &Request{Model: []byte("m")}, nil); !errors.Is(err, ErrNoWorkers) {
+		t.Fatalf("empty fleet: %v", err)
+	}
+	if err := s.Fleet.Upsert(rec("a", "", "m")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Pick(cfg, &Request{Model: []byte("x")}, nil)
+	var ue *UnknownModelError
+	if !errors.Is(err, ErrUnknownModel) || !errors.As(err, &ue) || ue.Model != "x" {
+		t.Fatalf("unknown model: %v", err)
+	}
+	var hint interface{ Suggestions() []string }
+	if !errors.As(err, &hint) || ue.HTTPStatus() != 404 {
+		t.Fatalf("unknown model error lacks Suggestions/HTTPStatus")
+	}
+	r := &Request{Model: []byte("m"), Tried: []int{s.Fleet.View().Routable[0].Idx}}
+	if _, err := s.Pick(cfg, r, nil); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("all tried: %v", err)
+	}
+}
+
+func TestRequireSession(t *testing.T) {
+	s, _ := newTestSched(t, workers(2, "m")...)
+	off := config.Default()
+	on := cfgWith(t, func(c *config.Config) {
+		c.SessionAffinity.Enabled = true
+		c.SessionAffinity.RequireSessionID = true
+	})
+	notEnabled := cfgWith(t, func(c *config.Config) { c.SessionAffinity.RequireSessionID = true })
+	r := &Request{Model: []byte("m")}
+	if _, err := s.Pick(off, r, nil); err != nil {
+		t.Fatalf("default config: %s", err)
+	}
+	if _, err := s.Pick(notEnabled, r, nil); err != nil {
+		t.Fatalf("require without affinity enabled must not reject: %s", err)
+	}
+	_, err := s.Pick(on, r, nil)
+	if !errors.Is(err, ErrSessionRequired) || !strings.Contains(err.Error(), "X-Session-Id") {
+		t.Fatalf("want ErrSessionRequired naming the header, got %v", err)
+	}
+	if err := s.CheckSession(on, r); !errors.Is(err, ErrSessionRequired) {
+		t.Fatalf("CheckSession: %v", err)
+	}
+	var st interface{ HTTPStatus() int }
+	if !errors.As(err, &st) || st.HTTPStatus() != 400 {
+		t.Fatalf("session error must carry HTTP 400: %v", err)
+	}
+	r.SessionID = []byte("s1")
+	if _, err := s.Pick(on, r, nil); err != nil {
+		t.Fatalf("with session: %s", err)
+	}
+}
+
+// slowClock advances by step on every read, so each deadline check sees
+// time passing.
+type slowClock struct {
+	ns   atomic.Int64
+	step atomic.Int64
+}
+
+func (c *slowClock) now() int64 { return c.ns.Add(c.step.Load()) }
+
+func TestSchedTimeoutAndBreaker(t *testing.T) {
+	s, _ := newTestSched(t, workers(4, "m")...)
+	sc := &slowClock{}
+	sc.ns.Store(1_700_000_000 * int64(time.Second))
+	s.Now = sc.now
+	cfg := cfgWith(t, func(c *config.Config) {
+		c.SchedTimeout.WaitTimeoutMS = 5
+		c.SchedTimeout.CooldownSeconds = 2
+		c.SchedTimeout.ProbeWaitMS = 5
+	})
+	r := &Request{Model: []byte("m")}
+	// Fast clock: no timeouts, layers decide.
+	sc.step.Store(int64(time.Microsecond))
+	for i := 0; i < 20; i++ {
+		if d := pick(t, s, cfg, r); d.Layer != LayerLB {
+			t.Fatalf("fast decision fell back: %s %s", d.Layer, d.Reason)
+		}
+	}
+	// Each clock read costs 10ms: every decision exceeds the 5ms timeout.
+	sc.step.Store(int64(10 * time.Millisecond))
+	d := pick(t, s, cfg, r)
+	if d.Layer != LayerFallback || d.Reason != ReasonSchedTimeout {
+		t.Fatalf("want timeout fallback, got %s %s", d.Layer, d.Reason)
+	}
+	if s.SchedBreakerState() != sbClosed {
+		t.Fatalf("breaker opened under 10 samples")
+	}
+	// The window holds 20 ok + timeouts; trips when timeouts/attempts >= 0.5.
+	trippedAt := 0
+	for i := 2; i <= 40 && trippedAt == 0; i++ {
+		pick(t, s, cfg, r)
+		if s.SchedBreakerState() == sbOpen {
+			trippedAt = i
+		}
+	}
+	if trippedAt != 20 {
+		t.Fatalf("breaker tripped after %d timeouts, want 20 (20 ok + 20 timeouts = 0.5)", trippedAt)
+	}
+	// Open: straight to round-robin, no layers (timeout reason absent).
+	sc.step.Store(int64(time.Microsecond))
+	if d := pick(t, s, cfg, r); d.Reason != ReasonSchedBreakerOpen {
+		t.Fatalf("open breaker: %s %s", d.Layer, d.Reason)
+	}
+	// After the cooldown a probe decides; a slow probe reopens.
+	sc.ns.Add(int64(3 * time.Second))
+	sc.step.Store(int64(10 * time.Millisecond))
+	if d := pick(t, s, cfg, r); d.Reason != ReasonSchedTimeout || s.SchedBreakerState() != sbOpen {
+		t.Fatalf("failed probe: %s state %d", d.Reason, s.SchedBreakerState())
+	}
+	// A fast probe closes it.
+	sc.ns.Add(int64(3 * time.Second))
+	sc.step.Store(int64(time.Microsecond))
+	if d := pick(t, s, cfg, r); d.Layer != LayerLB || s.SchedBreakerState() != sbClosed {
+		t.Fatalf("ok probe: %s state %d", d.Layer, s.SchedBreakerState())
+	}
+	// Disabled breaker: timeouts still fall back but never trip.
+	off := cfgWith(t, func(c *config.Config) {
+		c.SchedTimeout.BreakerEnabled = false
+		c.SchedTimeout.WaitTimeoutMS = 5
+	})
+	sc.step.Store(int64(10 * time.Millisecond))
+	for i := 0; i < 50; i++ {
+		if d := pick(t, s, off, r); d.Reason != ReasonSchedTimeout {
+			t.Fatalf("disabled breaker: want timeout fallback, got %s", d.Reason)
+		}
+	}
+	if s.SchedBreakerState() != sbClosed {
+		t.Fatalf("disabled breaker tripped")
+	}
+	// Wait timeout 0 disables the limit.
+	nolimit := cfgWith(t, func(c *config.Config) { c.SchedTimeout.WaitTimeoutMS = 0 })
+	if d := pick(t, s, nolimit, r); d.Layer != LayerLB {
+		t.Fatalf("no limit: %s %s", d.Layer, d.Reason)
+	}
+}
+
+func TestBreakerWindowRolls(t *testing.T) {
+	var b schedBreaker
+	m := newSchedMetrics(&Scheduler{})
+	defer m.close()
+	st := &config.SchedTimeout{BreakerEnabled: true, TripFailureRatio: 0.5, CooldownSeconds: 1}
+	now := int64(100 * time.Second)
+	// 9 failures in one second: under 10 samples, no judgment.
+	for i := 0; i < 9; i++ {
+		b.done(st, now, true, false, m)
+	}
+	if b.state.Load() != sbClosed {
+		t.Fatalf("tripped under 10 samples")
+	}
+	// 11 seconds later the old failures left the window.
+	now += int64(11 * time.Second)
+	for i := 0; i < 9; i++ {
+		b.done(st, now, false, false, m)
+	}
+	b.done(st, now, true, false, m)
+	if b.state.Load() != sbClosed {
+		t.Fatalf("stale failures counted")
+	}
+}
+
+func TestConcurrentPick(t *testing.T) {
+	s, c := newTestSched(t, workers(8, "m")...)
+	cfg := cfgWith(t, func(c *config.Config) {
+		c.SessionAffinity.Enabled = true
+		c.SessionAffinity.MaxEntries = 64
+		c.PrefixCache.Enabled = true
+		c.PrefixIndex.BlockSize = 16
+	})
+	cfg2 := cfgWith(t, func(c *config.Config) {
+		c.SessionAffinity.Enabled = true
+		c.SessionAffinity.Mode = "strong"
+		c.PrefixCache.Enabled = true
+		c.PrefixIndex.BlockSize = 32
+		c.Canary.Enabled = true
+		c.Canary.Rules = []config.CanaryRule{{Model: "*", Targets: []config.CanaryTarget{{Service: "m", Weight: 1}}}}
+	})
+	var wg sync.WaitGroup
+	// Reloads: fresh config pointers while requests flow.
+	stop := make(chan struct{})
+	var reloaded atomic.Pointer[config.Config]
+	reloaded.Store(cfg)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			nc := *cfg
+			nc.PrefixIndex.BlockSize = 16 + 16*(i%2)
+			nc.SessionAffinity.MaxEntries = 64 << (i % 8)
+			reloaded.Store(&nc)
+		}
+	}()
+	var pickers sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		pickers.Add(1)
+		go func(g int) {
+			defer pickers.Done()
+			scratch := make([]*Worker, 0, 8)
+			var r Request
+			for i := 0; i < 2000; i++ {
+				r.Reset()
+				r.Model = []byte("m")
+				r.SessionID = fmt.Appendf(nil, "s%d", i%100)
+				r.Prompt = []byte(strings.Repeat(fmt.Sprintf("prompt %d ", i%17), 20))
+				use := reloaded.Load()
+				if i%3 == 0 {
+					use = cfg2
+				}
+				d, err := s.Pick(use, &r, scratch)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				d.Worker.Acquire(1, 1, 1)
+				d.Worker.Release(1, 1, 1, false)
+				if i%500 == 0 {
+					c.add(time.Second)
+					s.Maintain(use)
+				}
+				if g == 0 && i%700 == 0 {
+					s.Fleet.Remove("w007")
+					_ = s.Fleet.Upsert(rec("w007", "", "m"))
+				}
+			}
+		}(g)
+	}
+	pickers.Wait()
+	close(stop)
+	wg.Wait()
+}
+
+func TestDecisionAppendRoute(t *testing.T) {
+	f := func(d Decision, want string) {
+		t.Helper()
+		if got := string(d.AppendRoute(nil)); got != want {
+			t.Fatalf("got %q want %q", got, want)
+		}
+	}
+	f(Decision{Layer: LayerLB}, "layer=lb")
+	f(Decision{Layer: LayerPrefix, Reason: ReasonPrefixHit, Ratio: 0.834}, "layer=prefix; reason=prefix-hit; ratio=0.83")
+	f(Decision{Layer: LayerPrefix, Reason: ReasonPrefixHit, Ratio: 1}, "layer=prefix; reason=prefix-hit; ratio=1.00")
+	f(Decision{Layer: LayerFallback, Reason: ReasonSchedTimeout, Service: "b"}, "layer=fallback; reason=sched-timeout; service=b")
+}
