@@ -12,8 +12,10 @@ import (
 	"runtime/debug"
 
 	"github.com/alecthomas/kong"
+	"github.com/infera/infera/bench"
 	"github.com/infera/infera/engine"
 	"github.com/infera/infera/tokenizer"
+	"github.com/infera/infera/worker"
 )
 
 var version = "dev"
@@ -36,6 +38,8 @@ func (versionCmd) Run() error {
 var cli struct {
 	Serve    serveCmd      `cmd:"" help:"Run the router in front of a fleet of inference engines."`
 	Engine   engine.Cmd    `cmd:"" help:"Run a simulated OpenAI-compatible inference engine."`
+	Worker   worker.Cmd    `cmd:"" help:"Run the sidecar beside one engine: register, heartbeat, relay KV events, drain."`
+	Bench    bench.Cmd     `cmd:"" help:"Benchmarks: replay, compare, simulate, gen, proxy."`
 	Tokenize tokenizer.Cmd `cmd:"" help:"Print the token ids of stdin (debugging the router's tokenizer)."`
 	Version  versionCmd    `cmd:"" help:"Print the version."`
 }

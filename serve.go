@@ -16,8 +16,11 @@ import (
 	"github.com/infera/infera/broker"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/kv"
 	"github.com/infera/infera/proxy"
+	"github.com/infera/infera/radix"
 	"github.com/infera/infera/sched"
+	"github.com/infera/infera/tokenizer"
 	"github.com/nats-io/nats.go"
 	"github.com/valyala/fasthttp"
 )
@@ -86,6 +89,11 @@ type router struct {
 	health     map[string]proxy.HealthCheck
 	ctx        context.Context
 	cancel     context.CancelFunc
+
+	tok     tokenizer.Tokenizer
+	kvm     *kv.Manager
+	kvSub   *nats.Subscription
+	kvAware *sched.KVAware
 }
 
 // newRouter builds the router from flags: config store, fleet and its
@@ -128,6 +136,11 @@ func newRouter(f *config.Serve) (*router, error) {
 	rt.sched = sched.NewScheduler(rt.fleet, f.RouterPolicy)
 	rt.sched.Mode = f.RouterMode
 	go rt.sched.Run(rt.ctx, store.Load)
+	if f.RouterPolicy == "kv-aware" {
+		if err := rt.setupKV(); err != nil {
+			return nil, err
+		}
+	}
 
 	switch f.DiscoveryBackend {
 	case "static":
@@ -160,16 +173,63 @@ func newRouter(f *config.Serve) (*router, error) {
 	}
 	go store.Watch(f.ConfigPoll, rt.stop)
 
-	rt.srv = proxy.New(proxy.Options{
+	opts := proxy.Options{
 		Flags:     f,
 		Store:     store,
 		Sched:     rt.sched,
 		BlockSize: f.KVBlockSize,
 		NATS:      rt.natsClient,
 		Health:    rt.health,
-	})
+		Tokenizer: rt.tok,
+	}
+	if rt.kvAware != nil {
+		opts.HashBlocks = kv.HashBlocks
+		opts.Explain = func(cands []*sched.Worker, r *sched.Request) any { return rt.kvAware.Explain(cands, r) }
+	}
+	rt.srv = proxy.New(opts)
 	ok = true
 	return rt, nil
+}
+
+// setupKV builds the KV-aware path: the router's tokenizer, the radix index
+// fed by KV events (ZMQ per worker, or one NATS subscription), and the cost
+// function. It must run before workers are added (the manager is a hook).
+func (rt *router) setupKV() error {
+	f := rt.flags
+	if f.RouterTokenizerPath != "" {
+		t, err := tokenizer.Load(f.RouterTokenizerPath)
+		if err != nil {
+			return fmt.Errorf("--router-tokenizer-path: %w", err)
+		}
+		rt.tok = t
+	} else {
+		rt.tok = tokenizer.Simple{}
+	}
+	idx := radix.New()
+	m, err := kv.NewManager(kv.ManagerConfig{Index: idx, Transport: f.KVEventTransport, BlockSize: f.KVBlockSize})
+	if err != nil {
+		return err
+	}
+	rt.kvm = m
+	rt.fleet.AddHook(m)
+	if f.KVEventTransport == "nats" {
+		sub, err := broker.SubscribeKVEvents(rt.nc, func(id string, topic []byte, seq uint64, payload []byte) {
+			m.Feed(id, topic, seq, payload)
+		})
+		if err != nil {
+			return fmt.Errorf("cannot subscribe to KV events on NATS: %w", err)
+		}
+		rt.kvSub = sub
+	}
+	rt.kvAware = sched.NewKVAware(sched.KVAwareConfig{
+		Index:         idx,
+		OverlapWeight: f.KVOverlapWeight,
+		BlockSize:     f.KVBlockSize,
+		Temperature:   f.RouterTemperature,
+		Seed:          uint64(time.Now().UnixNano()),
+	})
+	rt.sched.KV = rt.kvAware
+	return nil
 }
 
 // connectNATS connects to the broker (--nats-url, NATS_SERVER, NATS_URL).
@@ -238,6 +298,12 @@ func (rt *router) close() {
 	}
 	if rt.discovery != nil {
 		rt.discovery.Close()
+	}
+	if rt.kvSub != nil {
+		rt.kvSub.Unsubscribe()
+	}
+	if rt.kvm != nil {
+		rt.kvm.Close()
 	}
 	if rt.natsClient != nil {
 		rt.natsClient.Close()

@@ -25,6 +25,6 @@ func TestAgrees(t *testing.T) {
 	f("w1", "http", "", "", "nats", "zmq", false)
 	f("w1", "", "nats", "", "http", "zmq", false)
 	f("w1", "", "zmq", "", "http", "zmq", true) // zmq without an endpoint: routable, no KV events
-	f("a.b", "", "", "", "nats", "zmq", false)   // id cannot be a subject token
+	f("a.b", "", "", "", "nats", "zmq", false)  // id cannot be a subject token
 	f("a.b", "", "", "", "http", "zmq", true)
 }

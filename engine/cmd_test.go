@@ -54,10 +54,16 @@ func TestCmdDefaultsAndFlags(t *testing.T) {
 			t.Fatalf("%q accepted", bad)
 		}
 	}
-	// The KV event flags reach NewKVEventSink; its refusal is an error.
-	if _, err := parseCmd(t, "--kv-events-endpoint=tcp://127.0.0.1:0").Config(); err == nil {
-		t.Fatal("KV events endpoint accepted without a publisher")
+	// The KV event flags reach the publisher: an endpoint it cannot bind is
+	// an error at start-up, a good one starts it.
+	if _, err := parseCmd(t, "--kv-events-endpoint=bogus://x").Config(); err == nil {
+		t.Fatal("unbindable KV events endpoint accepted")
 	}
+	cfg, err = parseCmd(t, "--kv-events-endpoint=tcp://127.0.0.1:0").Config()
+	if err != nil || cfg.Sink == nil {
+		t.Fatalf("KV events publisher not started: %v", err)
+	}
+	cfg.Sink.Close()
 }
 
 func TestCmdTokenizerIndirection(t *testing.T) {

@@ -40,6 +40,9 @@ type Options struct {
 	// Extra registers additional routes (path -> handler), e.g. /tokenize.
 	Extra map[string]fasthttp.RequestHandler
 
+	// Explain backs POST /debug/route (kv-aware cost terms); optional.
+	Explain RouteExplainer
+
 	// NATS, when set, carries every request (--request-transport nats).
 	NATS *broker.Client
 
@@ -131,6 +134,18 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case "/metrics":
 		ctx.SetContentType("text/plain; version=0.0.4")
 		metrics.WritePrometheus(ctx, true)
+		return
+	}
+	switch string(path) {
+	case "/tokenize":
+		if s.authorized(ctx) {
+			s.handleTokenize(ctx)
+		}
+		return
+	case "/debug/route":
+		if s.authorized(ctx) {
+			s.handleDebugRoute(ctx)
+		}
 		return
 	}
 	if h := s.o.Extra[string(path)]; h != nil {
@@ -307,6 +322,17 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 
 // hashPrompt fills r.BlockHashes from the rendered, tokenized prompt.
 func (s *Server) hashPrompt(rs *reqState, body []byte, kind int) error {
+	if err := s.tokenize(rs, body, kind); err != nil {
+		return err
+	}
+	rs.sreq.PromptTokens = len(rs.tokens)
+	rs.sreq.BlockHashes = s.o.HashBlocks(rs.sreq.BlockHashes[:0], rs.tokens, s.o.BlockSize, "")
+	return nil
+}
+
+// tokenize fills rs.tokens with the prompt's token ids: a token-id prompt
+// as is, a chat rendered with the chat template, or the prompt text.
+func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 	b := &rs.body
 	rs.tokens = rs.tokens[:0]
 	switch {
@@ -330,8 +356,6 @@ func (s *Server) hashPrompt(rs *reqState, body []byte, kind int) error {
 	default:
 		rs.tokens = s.o.Tokenizer.Encode(rs.tokens, b.text)
 	}
-	rs.sreq.PromptTokens = len(rs.tokens)
-	rs.sreq.BlockHashes = s.o.HashBlocks(rs.sreq.BlockHashes[:0], rs.tokens, s.o.BlockSize, "")
 	return nil
 }
 

@@ -1,0 +1,386 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/infera/infera/engine"
+)
+
+// Cmd is `infera bench`.
+type Cmd struct {
+	Replay   ReplayCmd   `cmd:"" help:"Replay a trace or synthetic workload against one OpenAI-compatible endpoint."`
+	Compare  CompareCmd  `cmd:"" help:"Start engines and one router per policy, replay the same workload against each, compare."`
+	Simulate SimulateCmd `cmd:"" help:"Discrete-event simulation of a fleet with the engine's time model and the router's scheduler."`
+	Gen      GenCmd      `cmd:"" help:"Generate a synthetic workload as a Mooncake JSONL trace."`
+	Proxy    ProxyCmd    `cmd:"" help:"Measure proxy overhead: direct vs infera serve vs nginx, plain and streaming."`
+}
+
+// GenFlags parameterise the synthetic generators.
+type GenFlags struct {
+	Workload       string  `help:"Synthetic workload (when no --trace): shared-prefix, chat, agent or unique." default:"shared-prefix" enum:"shared-prefix,chat,agent,unique" env:"INFERA_BENCH_WORKLOAD"`
+	Requests       int     `help:"Requests to generate." default:"200" env:"INFERA_BENCH_REQUESTS"`
+	Rate           float64 `help:"Mean arrival rate of generated requests (sessions for chat/agent) per second; also the --arrival poisson rate." default:"20" env:"INFERA_BENCH_RATE"`
+	Seed           uint64  `help:"Random seed of generators and Poisson arrivals." default:"1" env:"INFERA_BENCH_SEED"`
+	SystemPrompts  int     `help:"shared-prefix: number of distinct system prompts." default:"16" env:"INFERA_BENCH_SYSTEM_PROMPTS"`
+	SystemTokens   int     `help:"shared-prefix: tokens per system prompt." default:"2048" env:"INFERA_BENCH_SYSTEM_TOKENS"`
+	Users          int     `help:"shared-prefix: distinct users (each sticks to one system prompt)." default:"64" env:"INFERA_BENCH_USERS"`
+	QuestionTokens int     `help:"Mean tokens of each new user message (0: workload default)." default:"0" env:"INFERA_BENCH_QUESTION_TOKENS"`
+	Turns          int     `help:"chat/agent: turns per session (0: workload default)." default:"0" env:"INFERA_BENCH_TURNS"`
+	ThinkMs        float64 `help:"chat/agent: mean pause between turns in ms (<0: workload default)." default:"-1" env:"INFERA_BENCH_THINK_MS"`
+	OutputTokens   int     `help:"Mean output tokens (0: workload default)." default:"0" env:"INFERA_BENCH_OUTPUT_TOKENS"`
+	PromptTokens   int     `help:"unique: mean prompt tokens." default:"1024" env:"INFERA_BENCH_PROMPT_TOKENS"`
+	TokensPerBlock int     `help:"Tokens one trace hash id stands for (512 in Mooncake traces)." default:"512" env:"INFERA_BENCH_TOKENS_PER_BLOCK"`
+}
+
+func (g *GenFlags) config() GenConfig {
+	c := DefaultGenConfig(g.Workload)
+	c.Requests, c.Rate, c.Seed = g.Requests, g.Rate, g.Seed
+	c.SystemPrompts, c.SystemTokens, c.Users, c.PromptTokens = g.SystemPrompts, g.SystemTokens, g.Users, g.PromptTokens
+	c.BlockTokens = g.TokensPerBlock
+	if g.QuestionTokens > 0 {
+		c.QuestionTokens = g.QuestionTokens
+	}
+	if g.Turns > 0 {
+		c.Turns = g.Turns
+	}
+	if g.ThinkMs >= 0 {
+		c.ThinkMS = g.ThinkMs
+	}
+	if g.OutputTokens > 0 {
+		c.OutputTokens = g.OutputTokens
+	}
+	return c
+}
+
+// WorkloadFlags select and shape the workload.
+type WorkloadFlags struct {
+	Trace         string        `help:"Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids); empty uses --workload." default:"" env:"INFERA_BENCH_TRACE" type:"path"`
+	Speedup       float64       `help:"Divide trace timestamps by this (time scaling)." default:"1" env:"INFERA_BENCH_SPEEDUP"`
+	MaxRequests   int           `help:"Use at most this many requests (0: all)." default:"0" env:"INFERA_BENCH_MAX_REQUESTS"`
+	Duration      time.Duration `help:"Stop issuing requests after this long (0: no limit)." default:"0" env:"INFERA_BENCH_DURATION"`
+	BytesPerToken int           `help:"Bytes of prompt text per token under the engines' tokenizer (4 for the built-in Simple tokenizer)." default:"4" env:"INFERA_BENCH_BYTES_PER_TOKEN"`
+	GenFlags
+}
+
+// Build loads or generates the workload, scaled and capped. It returns the
+// requests and a short description.
+func (w *WorkloadFlags) Build(stderr io.Writer) ([]TraceRequest, string, error) {
+	var reqs []TraceRequest
+	name := w.Workload
+	if w.Trace != "" {
+		rs, bad, err := ReadTraceFile(w.Trace)
+		if err != nil {
+			return nil, "", err
+		}
+		for i, b := range bad {
+			if i == 5 {
+				fmt.Fprintf(stderr, "trace %s: ... %d bad lines skipped in total\n", w.Trace, len(bad))
+				break
+			}
+			fmt.Fprintf(stderr, "trace %s: skipped %v\n", w.Trace, b)
+		}
+		reqs, name = rs, w.Trace
+	} else {
+		rs, err := Generate(w.config())
+		if err != nil {
+			return nil, "", err
+		}
+		reqs = rs
+	}
+	if !(w.Speedup > 0) {
+		return nil, "", fmt.Errorf("--speedup must be > 0")
+	}
+	reqs = ScaleTrace(reqs, w.Speedup, w.MaxRequests, w.Duration.Milliseconds())
+	if len(reqs) == 0 {
+		return nil, "", fmt.Errorf("workload %s has no requests", name)
+	}
+	return reqs, name, nil
+}
+
+func (w *WorkloadFlags) prompt() PromptConfig {
+	return PromptConfig{TokensPerBlock: w.TokensPerBlock, BytesPerToken: w.BytesPerToken}
+}
+
+// LoadFlags shape how requests are sent.
+type LoadFlags struct {
+	Arrival      string        `help:"trace: open loop at the workload's timestamps; poisson: open loop at --rate; closed: --concurrency in flight." default:"trace" enum:"trace,poisson,closed" env:"INFERA_BENCH_ARRIVAL"`
+	Concurrency  int           `help:"Closed-loop requests in flight." default:"16" env:"INFERA_BENCH_CONCURRENCY"`
+	MaxInFlight  int           `help:"Open-loop cap on requests in flight; arrivals beyond it count as errors." default:"4096" env:"INFERA_BENCH_MAX_IN_FLIGHT"`
+	Timeout      time.Duration `help:"Per-request timeout." default:"5m" env:"INFERA_BENCH_TIMEOUT"`
+	API          string        `help:"OpenAI API to call." default:"chat" enum:"chat,completions" env:"INFERA_BENCH_API"`
+	TokenPrompts bool          `help:"With --api completions, send prompts as token-id arrays." default:"false" env:"INFERA_BENCH_TOKEN_PROMPTS"`
+	Stream       bool          `help:"Stream responses (SSE) to measure TTFT and inter-token latency." default:"true" negatable:"" env:"INFERA_BENCH_STREAM"`
+	Model        string        `help:"Model name to request." default:"sim-model" env:"INFERA_BENCH_MODEL"`
+	SloTTFT      time.Duration `name:"slo-ttft" help:"Goodput SLO on time to first token (0: not checked)." default:"0" env:"INFERA_BENCH_SLO_TTFT"`
+	SloTPOT      time.Duration `name:"slo-tpot" help:"Goodput SLO on time per output token (0: not checked)." default:"0" env:"INFERA_BENCH_SLO_TPOT"`
+}
+
+func (l *LoadFlags) config(w *WorkloadFlags) LoadConfig {
+	return LoadConfig{Arrival: l.Arrival, Rate: w.Rate, Concurrency: l.Concurrency, MaxInFlight: l.MaxInFlight,
+		Duration: w.Duration, Timeout: l.Timeout, API: l.API, TokenPrompts: l.TokenPrompts, Stream: l.Stream,
+		Model: l.Model, Prompt: w.prompt(), Seed: w.Seed}
+}
+
+func (l *LoadFlags) slo() SLO { return SLO{TTFT: l.SloTTFT, TPOT: l.SloTPOT} }
+
+// OutputFlags name result files.
+type OutputFlags struct {
+	JSON string `name:"json" help:"Write results as JSON to this file (empty: none)." default:"" env:"INFERA_BENCH_JSON"`
+}
+
+func writeJSONFile(path string, v any) error {
+	if path == "" {
+		return nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("cannot create %s: %w", path, err)
+	}
+	if err := WriteJSON(f, v); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// ReplayCmd is `infera bench replay`.
+type ReplayCmd struct {
+	URL     string `help:"Base URL of the router or engine." default:"http://127.0.0.1:8000" env:"INFERA_BENCH_URL"`
+	Workers int    `help:"Fleet size for the load imbalance (0: workers seen in X-Infera-Worker)." default:"0" env:"INFERA_BENCH_WORKERS"`
+	WorkloadFlags
+	LoadFlags
+	OutputFlags
+}
+
+// Run implements the command.
+func (c *ReplayCmd) Run() error {
+	reqs, name, err := c.Build(os.Stderr)
+	if err != nil {
+		return err
+	}
+	cl, err := NewClient(c.URL, c.MaxInFlight, true)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	fmt.Fprintf(os.Stderr, "replaying %d requests of %s against %s\n", len(reqs), name, c.URL)
+	run, err := RunLoad(ctx, cl, reqs, c.config(&c.WorkloadFlags))
+	if err != nil {
+		return err
+	}
+	s := Summarize(c.URL, run.Results, run.ITLs, run.Wall, c.slo(), c.Workers)
+	if err := WriteTable(os.Stdout, []Summary{s}); err != nil {
+		return err
+	}
+	return writeJSONFile(c.JSON, struct {
+		Workload string  `json:"workload"`
+		Summary  Summary `json:"summary"`
+	}{name, s})
+}
+
+// EngineFlags mirror `infera engine`'s model flags.
+type EngineFlags struct {
+	BlockSize        int           `help:"Engine KV block size in tokens." default:"16" env:"INFERA_BENCH_BLOCK_SIZE"`
+	KVCapacityBlocks int           `name:"kv-capacity-blocks" help:"Engine KV cache capacity in blocks." default:"1024" env:"INFERA_BENCH_KV_CAPACITY_BLOCKS"`
+	MaxBatch         int           `help:"Engine max running sequences." default:"64" env:"INFERA_BENCH_MAX_BATCH"`
+	MaxPrefillTokens int           `help:"Engine uncached prompt tokens per step (0: no cap)." default:"8192" env:"INFERA_BENCH_MAX_PREFILL_TOKENS"`
+	EngineSpeedup    float64       `help:"Engine time model speed-up (divides every simulated duration)." default:"2" env:"INFERA_BENCH_ENGINE_SPEEDUP"`
+	PrefillBase      time.Duration `help:"Engine fixed cost of a prefill step." default:"8ms" env:"INFERA_BENCH_PREFILL_BASE"`
+	PrefillPerToken  time.Duration `help:"Engine prefill cost per uncached token." default:"80us" env:"INFERA_BENCH_PREFILL_PER_TOKEN"`
+	PrefillPerSeq    time.Duration `help:"Engine prefill cost per sequence." default:"250us" env:"INFERA_BENCH_PREFILL_PER_SEQ"`
+	DecodeBase       time.Duration `help:"Engine fixed cost of a decode step." default:"12ms" env:"INFERA_BENCH_DECODE_BASE"`
+	DecodePerSeq     time.Duration `help:"Engine decode cost per running sequence." default:"150us" env:"INFERA_BENCH_DECODE_PER_SEQ"`
+}
+
+func (e *EngineFlags) timeModel() engine.TimeModel {
+	return engine.TimeModel{PrefillBase: e.PrefillBase, PrefillPerToken: e.PrefillPerToken, PrefillPerSeq: e.PrefillPerSeq,
+		DecodeBase: e.DecodeBase, DecodePerSeq: e.DecodePerSeq, Speedup: e.EngineSpeedup}
+}
+
+func (e *EngineFlags) coreConfig() engine.CoreConfig {
+	return engine.CoreConfig{BlockSize: e.BlockSize, CapacityBlocks: e.KVCapacityBlocks, MaxBatch: e.MaxBatch,
+		MaxPrefillTokens: e.MaxPrefillTokens, Time: e.timeModel()}
+}
+
+func (e *EngineFlags) engineConfig() EngineConfig {
+	d := func(v time.Duration) string { return v.String() }
+	return EngineConfig{BlockSize: e.BlockSize, KVCapacityBlocks: e.KVCapacityBlocks, MaxBatch: e.MaxBatch,
+		MaxPrefillTokens: e.MaxPrefillTokens, Speedup: e.EngineSpeedup,
+		Extra: []string{"--prefill-base", d(e.PrefillBase), "--prefill-per-token", d(e.PrefillPerToken),
+			"--prefill-per-seq", d(e.PrefillPerSeq), "--decode-base", d(e.DecodeBase), "--decode-per-seq", d(e.DecodePerSeq)}}
+}
+
+func splitList(vs []string) []string {
+	var out []string
+	for _, v := range vs {
+		for _, p := range strings.Split(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// CompareCmd is `infera bench compare`.
+type CompareCmd struct {
+	Policies   []string `help:"Policies to compare, one router each: kv-aware, round-robin, least-requests, least-tokens, prefix (the router's prefix index over least-requests) or POLICY+prefix." default:"round-robin,least-requests,prefix,kv-aware" sep:"," env:"INFERA_BENCH_POLICIES"`
+	Engines    int      `help:"Engines to start." default:"4" env:"INFERA_BENCH_ENGINES"`
+	EngineURLs []string `name:"engine-urls" help:"Reuse running engines instead of starting them (their caches are cleared between policies)." sep:"," env:"INFERA_BENCH_ENGINE_URLS"`
+	InferaBin  string   `name:"infera-bin" help:"infera binary to run engines and routers with (default: this executable)." default:"" env:"INFERA_BENCH_INFERA_BIN"`
+	KVEvents   bool     `name:"kv-events" help:"Connect kv-aware routers to the engines' ZMQ KV event streams." default:"true" negatable:"" env:"INFERA_BENCH_KV_EVENTS"`
+	ServeArg   []string `name:"serve-arg" help:"Extra flag for infera serve (repeatable)." env:"INFERA_BENCH_SERVE_ARG"`
+	LogDir     string   `help:"Directory for child process logs (default: a new temp dir)." default:"" env:"INFERA_BENCH_LOG_DIR"`
+	SVG        string   `name:"svg" help:"Write the TTFT CDF and hit-rate chart here (empty: none)." default:"bench-compare.svg" env:"INFERA_BENCH_SVG"`
+	JSON       string   `name:"json" help:"Write results as JSON here (empty: none)." default:"bench-compare.json" env:"INFERA_BENCH_JSON"`
+	EngineFlags
+	WorkloadFlags
+	LoadFlags
+}
+
+// Run implements the command.
+func (c *CompareCmd) Run() error {
+	bin, err := ResolveBin(c.InferaBin)
+	if err != nil {
+		return err
+	}
+	reqs, name, err := c.Build(os.Stderr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	cc := CompareConfig{Bin: bin, Policies: splitList(c.Policies), Engines: c.Engines, EngineURLs: splitList(c.EngineURLs),
+		Engine: c.engineConfig(), KVEvents: c.KVEvents, ServeArgs: c.ServeArg, Model: c.Model,
+		Load: c.config(&c.WorkloadFlags), SLO: c.slo(), LogDir: c.LogDir, Log: os.Stderr}
+	fmt.Fprintf(os.Stderr, "comparing %s on %d requests of %s\n", strings.Join(cc.Policies, ", "), len(reqs), name)
+	res, err := Compare(ctx, reqs, name, cc)
+	if res != nil && len(res.Summaries) > 0 {
+		if werr := WriteTable(os.Stdout, res.Summaries); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	if err != nil {
+		if res != nil {
+			fmt.Fprintf(os.Stderr, "child logs: %s\n", res.LogDir)
+		}
+		return err
+	}
+	if c.LogDir == "" {
+		_ = os.RemoveAll(res.LogDir) // a temp dir of a successful run
+		res.LogDir = ""
+	}
+	if err := writeJSONFile(c.JSON, res); err != nil {
+		return err
+	}
+	if c.SVG != "" {
+		f, err := os.Create(c.SVG)
+		if err != nil {
+			return fmt.Errorf("cannot create %s: %w", c.SVG, err)
+		}
+		title := fmt.Sprintf("%s: %d requests, %d engines", name, len(reqs), res.Engines)
+		if err := WriteSVG(f, title, res.Summaries); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(os.Stderr, "wrote %s %s\n", c.JSON, c.SVG)
+	return nil
+}
+
+// SimulateCmd is `infera bench simulate`.
+type SimulateCmd struct {
+	Policies        []string `help:"Policies to simulate side by side (as in compare)." default:"round-robin,least-requests,prefix,kv-aware" sep:"," env:"INFERA_BENCH_POLICIES"`
+	Engines         int      `help:"Simulated engines." default:"16" env:"INFERA_BENCH_ENGINES"`
+	SVG             string   `name:"svg" help:"Write the TTFT CDF and hit-rate chart here (empty: none)." default:"" env:"INFERA_BENCH_SVG"`
+	KVOverlapWeight float64  `name:"kv-overlap-weight" help:"kv-aware cost weight of prefill against decode (as infera serve)." default:"1.0" env:"INFERA_BENCH_KV_OVERLAP_WEIGHT"`
+	EngineFlags
+	WorkloadFlags
+	LoadFlags
+	OutputFlags
+}
+
+// Run implements the command.
+func (c *SimulateCmd) Run() error {
+	// The simulated fleet logs every worker joining; keep the output readable.
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	reqs, name, err := c.Build(os.Stderr)
+	if err != nil {
+		return err
+	}
+	var sums []Summary
+	for _, pol := range splitList(c.Policies) {
+		r, err := Simulate(reqs, SimConfig{Engines: c.Engines, Core: c.coreConfig(), Policy: pol, Model: c.Model, Load: c.config(&c.WorkloadFlags), KVOverlapWeight: c.KVOverlapWeight})
+		if err != nil {
+			return fmt.Errorf("policy %s: %w", pol, err)
+		}
+		fmt.Fprintf(os.Stderr, "simulated %s: %d requests on %d engines, %.1fs virtual in %.2fs real (%.0fx); decisions by layer %v\n",
+			pol, len(r.Run.Results), c.Engines, r.Virtual.Seconds(), r.Real.Seconds(), r.Virtual.Seconds()/max(r.Real.Seconds(), 1e-9), r.Layers)
+		s := Summarize(pol, r.Run.Results, r.Run.ITLs, r.Run.Wall, c.slo(), c.Engines)
+		s.Layers = r.Layers
+		sums = append(sums, s)
+	}
+	if err := WriteTable(os.Stdout, sums); err != nil {
+		return err
+	}
+	if c.SVG != "" {
+		f, err := os.Create(c.SVG)
+		if err != nil {
+			return fmt.Errorf("cannot create %s: %w", c.SVG, err)
+		}
+		if err := WriteSVG(f, fmt.Sprintf("simulated %s: %d requests, %d engines", name, len(reqs), c.Engines), sums); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	return writeJSONFile(c.JSON, struct {
+		Workload  string    `json:"workload"`
+		Engines   int       `json:"engines"`
+		Summaries []Summary `json:"summaries"`
+	}{name, c.Engines, sums})
+}
+
+// GenCmd is `infera bench gen`.
+type GenCmd struct {
+	Out string `help:"Output file (- for stdout)." default:"-" env:"INFERA_BENCH_OUT"`
+	GenFlags
+}
+
+// Run implements the command.
+func (c *GenCmd) Run() error {
+	reqs, err := Generate(c.config())
+	if err != nil {
+		return err
+	}
+	if c.Out == "-" || c.Out == "" {
+		return WriteTrace(os.Stdout, reqs)
+	}
+	f, err := os.Create(c.Out)
+	if err != nil {
+		return fmt.Errorf("cannot create %s: %w", c.Out, err)
+	}
+	if err := WriteTrace(f, reqs); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

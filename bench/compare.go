@@ -1,0 +1,300 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// EngineConfig is how compare mode starts each `infera engine`.
+type EngineConfig struct {
+	BlockSize        int
+	KVCapacityBlocks int
+	MaxBatch         int
+	MaxPrefillTokens int
+	Speedup          float64
+	// Extra are additional engine flags passed verbatim.
+	Extra []string
+}
+
+// CompareConfig configures compare mode.
+type CompareConfig struct {
+	// Bin is the infera binary (subcommands engine and serve).
+	Bin string
+	// Policies are router policies, one router each.
+	Policies []string
+	// Engines is the number of engines to start (ignored with EngineURLs).
+	Engines int
+	// EngineURLs reuses running engines (their caches are cleared between
+	// policies via POST /admin/clear-cache).
+	EngineURLs []string
+	Engine     EngineConfig
+	// KVEvents gives kv-aware routers the engines' ZMQ KV event streams.
+	KVEvents bool
+	// ServeArgs are extra `infera serve` flags.
+	ServeArgs []string
+	// Model is the served model name.
+	Model string
+	Load  LoadConfig
+	SLO   SLO
+	// LogDir receives child process logs (a temp dir when empty).
+	LogDir string
+	// ReadyTimeout bounds process start-up.
+	ReadyTimeout time.Duration
+	// Log receives progress lines (nil: discarded).
+	Log io.Writer
+}
+
+// CompareResult is compare mode's output.
+type CompareResult struct {
+	Workload  string    `json:"workload"`
+	Requests  int       `json:"requests"`
+	Engines   int       `json:"engines"`
+	Summaries []Summary `json:"summaries"`
+	LogDir    string    `json:"log_dir"`
+	// Runs holds each policy's raw results, in Summaries order.
+	Runs []*Run `json:"-"`
+}
+
+func (c *CompareConfig) logf(format string, args ...any) {
+	if c.Log != nil {
+		fmt.Fprintf(c.Log, format+"\n", args...)
+	}
+}
+
+// Compare replays reqs once per policy against fresh engines (or cleared
+// external ones) behind a fresh `infera serve`, and summarises each run.
+func Compare(ctx context.Context, reqs []TraceRequest, workload string, c CompareConfig) (*CompareResult, error) {
+	if len(c.Policies) == 0 {
+		return nil, fmt.Errorf("no policies to compare")
+	}
+	if len(c.EngineURLs) == 0 && (c.Engines <= 0 || c.Engines > 256) {
+		return nil, fmt.Errorf("engines must be in [1, 256], got %d", c.Engines)
+	}
+	if err := c.Load.Validate(); err != nil {
+		return nil, err
+	}
+	if c.ReadyTimeout <= 0 {
+		c.ReadyTimeout = 20 * time.Second
+	}
+	if c.Model == "" {
+		c.Model = "sim-model"
+	}
+	c.Load.Model = c.Model
+	if c.LogDir == "" {
+		d, err := os.MkdirTemp("", "infera-bench-")
+		if err != nil {
+			return nil, fmt.Errorf("cannot create log dir: %w", err)
+		}
+		c.LogDir = d
+	}
+	n := c.Engines
+	if len(c.EngineURLs) > 0 {
+		n = len(c.EngineURLs)
+	}
+	out := &CompareResult{Workload: workload, Requests: len(reqs), Engines: n, LogDir: c.LogDir}
+	for _, pol := range c.Policies {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		s, run, err := c.runPolicy(ctx, reqs, pol, c.KVEvents)
+		if err != nil && errors.Is(err, errNoKVPublisher) {
+			c.logf("WARNING: this infera binary cannot publish KV events; running %s without them (the router falls back to its other layers)", pol)
+			s, run, err = c.runPolicy(ctx, reqs, pol, false)
+			s.Name += " (no kv events)"
+		}
+		if err != nil {
+			return out, fmt.Errorf("policy %s: %w", pol, err)
+		}
+		out.Summaries = append(out.Summaries, s)
+		out.Runs = append(out.Runs, run)
+	}
+	return out, nil
+}
+
+type engineProc struct {
+	id, url, kvEndpoint string
+}
+
+// errNoKVPublisher is returned when an engine refuses --kv-events-endpoint.
+var errNoKVPublisher = errors.New("engine cannot publish KV events")
+
+func (c *CompareConfig) runPolicy(ctx context.Context, reqs []TraceRequest, pol string, kvEvents bool) (Summary, *Run, error) {
+	routerPolicy, prefixOn, err := ParsePolicy(pol)
+	if err != nil {
+		return Summary{}, nil, err
+	}
+	var g Group
+	defer g.StopAll()
+	kvEvents = kvEvents && routerPolicy == "kv-aware"
+	var engines []engineProc
+	if len(c.EngineURLs) > 0 {
+		for i, u := range c.EngineURLs {
+			u = strings.TrimRight(u, "/")
+			if err := postJSON(u+"/admin/clear-cache", []byte("{}")); err != nil {
+				return Summary{}, nil, fmt.Errorf("cannot clear engine cache: %w", err)
+			}
+			engines = append(engines, engineProc{id: "engine-" + strconv.Itoa(i), url: u})
+		}
+	} else {
+		for i := range c.Engines {
+			port, err := FreePort()
+			if err != nil {
+				return Summary{}, nil, err
+			}
+			e := engineProc{id: "engine-" + strconv.Itoa(i), url: "http://127.0.0.1:" + strconv.Itoa(port)}
+			args := []string{"engine", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--id", e.id,
+				"--model", c.Model, "--block-size", strconv.Itoa(c.Engine.BlockSize),
+				"--kv-capacity-blocks", strconv.Itoa(c.Engine.KVCapacityBlocks),
+				"--max-batch", strconv.Itoa(c.Engine.MaxBatch),
+				"--max-prefill-tokens", strconv.Itoa(c.Engine.MaxPrefillTokens),
+				"--speedup", strconv.FormatFloat(c.Engine.Speedup, 'g', -1, 64)}
+			if kvEvents {
+				kp, err := FreePort()
+				if err != nil {
+					return Summary{}, nil, err
+				}
+				e.kvEndpoint = "tcp://127.0.0.1:" + strconv.Itoa(kp)
+				args = append(args, "--kv-events-endpoint", e.kvEndpoint)
+			}
+			args = append(args, c.Engine.Extra...)
+			p, err := StartProc(pol+"-"+e.id, c.LogDir, c.Bin, args...)
+			if err != nil {
+				return Summary{}, nil, err
+			}
+			g.Add(p)
+			p.URL = e.url
+			engines = append(engines, e)
+		}
+		for _, p := range g.procs {
+			if err := WaitHTTP(ctx, p, p.URL+"/health", c.ReadyTimeout, nil); err != nil {
+				if kvEvents && strings.Contains(err.Error(), "KV event publish") {
+					return Summary{}, nil, fmt.Errorf("%w: %v", errNoKVPublisher, err)
+				}
+				return Summary{}, nil, err
+			}
+		}
+	}
+	// The router gets its workers from a config file so each can carry
+	// its KV event endpoint and block size.
+	type wspec struct {
+		ID               string   `json:"id"`
+		URL              string   `json:"url"`
+		Models           []string `json:"models"`
+		KVEventsEndpoint string   `json:"kv_events_endpoint,omitempty"`
+		BlockSize        int      `json:"block_size,omitempty"`
+	}
+	type prefixCache struct {
+		Enabled bool `json:"enabled"`
+	}
+	var cfgFile struct {
+		Workers     []wspec      `json:"workers"`
+		PrefixCache *prefixCache `json:"prefix_cache,omitempty"`
+	}
+	if prefixOn {
+		cfgFile.PrefixCache = &prefixCache{Enabled: true}
+	}
+	for _, e := range engines {
+		cfgFile.Workers = append(cfgFile.Workers, wspec{ID: e.id, URL: e.url, Models: []string{c.Model},
+			KVEventsEndpoint: e.kvEndpoint, BlockSize: c.Engine.BlockSize})
+	}
+	cfgPath := filepath.Join(c.LogDir, pol+"-router.json")
+	b, _ := json.MarshalIndent(cfgFile, "", "  ")
+	if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
+		return Summary{}, nil, fmt.Errorf("cannot write router config: %w", err)
+	}
+	port, err := FreePort()
+	if err != nil {
+		return Summary{}, nil, err
+	}
+	routerURL := "http://127.0.0.1:" + strconv.Itoa(port)
+	args := []string{"serve", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--discovery-backend", "static", "--config", cfgPath, "--router-policy", routerPolicy,
+		"--kv-block-size", strconv.Itoa(c.Engine.BlockSize)}
+	args = append(args, c.ServeArgs...)
+	rp, err := StartProc(pol+"-router", c.LogDir, c.Bin, args...)
+	if err != nil {
+		return Summary{}, nil, err
+	}
+	g.Add(rp)
+	model := []byte(`"` + c.Model + `"`)
+	if err := WaitHTTP(ctx, rp, routerURL+"/v1/models", c.ReadyTimeout, func(b []byte) bool { return bytes.Contains(b, model) }); err != nil {
+		return Summary{}, nil, err
+	}
+	c.logf("policy %-15s router %s, %d engines ready; sending %d requests", pol, routerURL, len(engines), len(reqs))
+	cl, err := NewClient(routerURL, 4096, true)
+	if err != nil {
+		return Summary{}, nil, err
+	}
+	defer cl.CloseIdle()
+	run, err := RunLoad(ctx, cl, reqs, c.Load)
+	if err != nil {
+		return Summary{}, nil, err
+	}
+	s := Summarize(pol, run.Results, run.ITLs, run.Wall, c.SLO, len(engines))
+	if layers, err := scrapeLayers(routerURL + "/metrics"); err == nil {
+		s.Layers = layers
+		if routerPolicy == "kv-aware" && layers["kv"] == 0 {
+			c.logf("WARNING: the kv-aware router made no KV decisions (is its KV index fed? see %s)", rp.log)
+		}
+	}
+	c.logf("policy %-15s done in %.1fs: %d ok, %d errors, hit rate %.3f, TTFT p50 %.1f ms",
+		pol, run.Wall.Seconds(), s.OK, s.Errors, s.HitRate, s.TTFT.P50)
+	if s.OK == 0 && s.Requests > 0 {
+		return s, run, fmt.Errorf("every request failed (first error: %s); router log tail:\n%s", firstErr(run.Results), rp.LogTail(1500))
+	}
+	return s, run, nil
+}
+
+func firstErr(rs []Result) string {
+	for i := range rs {
+		if rs[i].Err != "" {
+			return rs[i].Err
+		}
+	}
+	return ""
+}
+
+// layerMetric is the router's decision counter by scheduling layer.
+var layerMetric = []byte(`infera_sched_decisions_total{layer="`)
+
+// scrapeLayers reads the router's decision counts by layer from /metrics.
+func scrapeLayers(url string) (map[string]int, error) {
+	status, body, err := fasthttp.GetTimeout(nil, url, 5*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("cannot scrape %s: %w", url, err)
+	}
+	if status != 200 {
+		return nil, fmt.Errorf("cannot scrape %s: status %d", url, status)
+	}
+	out := map[string]int{}
+	for _, line := range bytes.Split(body, []byte("\n")) {
+		rest, ok := bytes.CutPrefix(line, layerMetric)
+		if !ok {
+			continue
+		}
+		name, val, ok := bytes.Cut(rest, []byte(`"} `))
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseFloat(string(bytes.TrimSpace(val)), 64)
+		if err != nil {
+			continue
+		}
+		out[string(name)] = int(n)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no decision counters at %s", url)
+	}
+	return out, nil
+}

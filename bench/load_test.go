@@ -1,0 +1,164 @@
+package bench
+
+import (
+	"context"
+	"math"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/engine"
+)
+
+// startEngine runs a real in-process simulated engine on a loopback port.
+func startEngine(t *testing.T, id string, core engine.CoreConfig) string {
+	t.Helper()
+	srv, err := engine.NewServer(engine.Config{ID: id, Models: []string{"sim-model"}, Core: core, DefaultMaxTokens: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+func testCore(speedup float64) engine.CoreConfig {
+	tm := engine.DefaultTimeModel()
+	tm.Speedup = speedup
+	return engine.CoreConfig{BlockSize: 16, CapacityBlocks: 4096, MaxBatch: 32, MaxPrefillTokens: 8192, Time: tm}
+}
+
+func smallShared(n int) []TraceRequest {
+	c := DefaultGenConfig(WorkloadShared)
+	c.Requests, c.Rate, c.SystemPrompts, c.SystemTokens, c.Users, c.OutputTokens = n, 40, 2, 1024, 8, 16
+	reqs, err := Generate(c)
+	if err != nil {
+		panic(err)
+	}
+	return reqs
+}
+
+func TestRunLoadAgainstEngine(t *testing.T) {
+	url := startEngine(t, "e0", testCore(4))
+	reqs := smallShared(30)
+	for _, api := range []struct {
+		api    string
+		tokens bool
+		stream bool
+	}{{"chat", false, true}, {"completions", true, true}, {"completions", false, false}} {
+		t.Run(api.api+strconv.FormatBool(api.tokens)+strconv.FormatBool(api.stream), func(t *testing.T) {
+			if err := postJSON(url+"/admin/clear-cache", []byte("{}")); err != nil {
+				t.Fatal(err)
+			}
+			cl, err := NewClient(url, 64, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lc := DefaultLoadConfig()
+			lc.API, lc.TokenPrompts, lc.Stream = api.api, api.tokens, api.stream
+			lc.Timeout = 20 * time.Second
+			run, err := RunLoad(context.Background(), cl, reqs, lc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := Summarize("e", run.Results, run.ITLs, run.Wall, SLO{}, 1)
+			if s.OK != len(reqs) {
+				t.Fatalf("%d/%d ok, first error %q", s.OK, len(reqs), firstErr(run.Results))
+			}
+			if s.PerWorker["e0"] != len(reqs) {
+				t.Fatalf("worker header not read: %v", s.PerWorker)
+			}
+			if s.HitRate < 0.5 {
+				t.Fatalf("shared prefixes should hit the prefix cache, hit rate %.3f", s.HitRate)
+			}
+			for _, r := range run.Results {
+				if r.OutputTokens != reqs[r.Index].OutputLength {
+					t.Fatalf("request %d: %d output tokens, want %d", r.Index, r.OutputTokens, reqs[r.Index].OutputLength)
+				}
+				if api.stream && (r.TTFT <= 0 || r.TTFT > r.E2E || r.TPOT() <= 0) {
+					t.Fatalf("bad timings %+v", r)
+				}
+			}
+		})
+	}
+}
+
+func TestClosedAndPoissonArrivals(t *testing.T) {
+	url := startEngine(t, "e0", testCore(8))
+	reqs := smallShared(20)
+	for _, arr := range []string{ArrivalClosed, ArrivalPoisson} {
+		cl, _ := NewClient(url, 64, false)
+		lc := DefaultLoadConfig()
+		lc.Arrival, lc.Concurrency, lc.Rate = arr, 4, 50
+		run, err := RunLoad(context.Background(), cl, reqs, lc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(run.Results) != len(reqs) {
+			t.Fatalf("%s: %d results", arr, len(run.Results))
+		}
+		for _, r := range run.Results {
+			if !r.OK() {
+				t.Fatalf("%s: %+v", arr, r)
+			}
+		}
+	}
+	// Duration cap stops issuing.
+	cl, _ := NewClient(url, 64, false)
+	lc := DefaultLoadConfig()
+	lc.Duration = 30 * time.Millisecond
+	slow := append([]TraceRequest(nil), reqs...)
+	for i := range slow {
+		slow[i].Timestamp = int64(i) * 100
+	}
+	run, err := RunLoad(context.Background(), cl, slow, lc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(run.Results) != 1 {
+		t.Fatalf("duration cap: %d requests sent, want 1", len(run.Results))
+	}
+}
+
+// TestSimulatorMatchesEngine replays the same workload against one real
+// in-process engine and against the simulator with the same core config,
+// using the real run's observed send times as the simulator's arrivals (so
+// load-generator lateness on a busy machine is not counted as model error).
+// Stated tolerance: mean TTFT within 25% + 3 ms (HTTP, SSE and timer jitter
+// at this speed-up), mean E2E within 15% + 3 ms, hit rate within 0.05.
+func TestSimulatorMatchesEngine(t *testing.T) {
+	core := testCore(2)
+	url := startEngine(t, "e0", core)
+	reqs := smallShared(40)
+	lc := DefaultLoadConfig()
+	cl, _ := NewClient(url, 64, true)
+	run, err := RunLoad(context.Background(), cl, reqs, lc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := Summarize("real", run.Results, run.ITLs, run.Wall, SLO{}, 1)
+	sim, err := Simulate(ObservedArrivals(reqs, run.Results), SimConfig{Engines: 1, Core: core, Policy: "round-robin", Load: lc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	simS := Summarize("sim", sim.Run.Results, sim.Run.ITLs, sim.Run.Wall, SLO{}, 1)
+	t.Logf("real: TTFT mean %.1f p50 %.1f E2E mean %.1f hit %.3f | sim: TTFT mean %.1f p50 %.1f E2E mean %.1f hit %.3f",
+		real.TTFT.Mean, real.TTFT.P50, real.E2E.Mean, real.HitRate, simS.TTFT.Mean, simS.TTFT.P50, simS.E2E.Mean, simS.HitRate)
+	if real.OK != len(reqs) || simS.OK != len(reqs) {
+		t.Fatalf("ok: real %d sim %d of %d", real.OK, simS.OK, len(reqs))
+	}
+	if d := math.Abs(real.TTFT.Mean - simS.TTFT.Mean); d > 0.25*simS.TTFT.Mean+3 {
+		t.Fatalf("mean TTFT differs too much: real %.2f sim %.2f", real.TTFT.Mean, simS.TTFT.Mean)
+	}
+	if d := math.Abs(real.E2E.Mean - simS.E2E.Mean); d > 0.15*simS.E2E.Mean+3 {
+		t.Fatalf("mean E2E differs too much: real %.2f sim %.2f", real.E2E.Mean, simS.E2E.Mean)
+	}
+	if d := math.Abs(real.HitRate - simS.HitRate); d > 0.05 {
+		t.Fatalf("hit rate differs: real %.3f sim %.3f", real.HitRate, simS.HitRate)
+	}
+}

@@ -1,0 +1,126 @@
+package bench
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"testing"
+)
+
+func TestParseTrace(t *testing.T) {
+	f := func(in string, wantReqs int, wantBadLines []int) {
+		t.Helper()
+		reqs, bad, err := ParseTrace(strings.NewReader(in))
+		if err != nil {
+			t.Fatalf("unexpected error: %v", err)
+		}
+		if len(reqs) != wantReqs {
+			t.Fatalf("got %d requests, want %d", len(reqs), wantReqs)
+		}
+		if len(bad) != len(wantBadLines) {
+			t.Fatalf("got bad lines %v, want lines %v", bad, wantBadLines)
+		}
+		for i, b := range bad {
+			if b.Line != wantBadLines[i] {
+				t.Fatalf("bad[%d] is line %d (%v), want line %d", i, b.Line, b.Err, wantBadLines[i])
+			}
+		}
+	}
+	good := `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}`
+	f("", 0, nil)
+	f(good, 1, nil)
+	f(good+"\n\n"+good+"\n", 2, nil)
+	f(good+"\n{bad json\n"+good, 2, []int{2})
+	f(`{"timestamp": 1}`+"\n"+good, 1, []int{1})
+	f(good+"\n"+`{"timestamp": 5, "input_length": -3, "output_length": 5, "hash_ids": []}`, 1, []int{2})
+	f(`{"timestamp": 5, "input_length": 3, "output_length": 0, "hash_ids": []}`, 0, []int{1})
+	f(`{"timestamp": 5, "input_length": 3, "output_length": 1, "hash_ids": [-1]}`, 0, []int{1})
+	f(`{"timestamp": "x", "input_length": 3, "output_length": 1}`, 0, []int{1})
+	f("[]\nnull\n"+good, 1, []int{1, 2})
+	// CRLF and a very long line.
+	f(good+"\r\n"+good+"\r\n", 2, nil)
+	f(strings.Repeat("x", 200_000)+"\n"+good, 1, []int{1})
+}
+
+func TestParseTraceSortsAndScales(t *testing.T) {
+	in := `{"timestamp": 300, "input_length": 10, "output_length": 1, "hash_ids": [2]}
+{"timestamp": 100, "input_length": 10, "output_length": 1, "hash_ids": [1]}
+{"timestamp": 200, "input_length": 10, "output_length": 1, "hash_ids": [3]}`
+	reqs, _, err := ParseTrace(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reqs[0].Timestamp != 100 || reqs[2].Timestamp != 300 {
+		t.Fatalf("not sorted: %+v", reqs)
+	}
+	s := ScaleTrace(reqs, 2, 0, 0)
+	if s[0].Timestamp != 0 || s[1].Timestamp != 50 || s[2].Timestamp != 100 {
+		t.Fatalf("bad scaling: %+v", s)
+	}
+	if reqs[1].Timestamp != 200 {
+		t.Fatalf("input modified")
+	}
+	if n := len(ScaleTrace(reqs, 1, 2, 0)); n != 2 {
+		t.Fatalf("max requests: got %d", n)
+	}
+	if n := len(ScaleTrace(reqs, 1, 0, 150)); n != 2 {
+		t.Fatalf("duration: got %d", n)
+	}
+}
+
+func TestWriteTraceRoundTrip(t *testing.T) {
+	for _, w := range Workloads {
+		c := DefaultGenConfig(w)
+		c.Requests = 50
+		reqs, err := Generate(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		if err := WriteTrace(&buf, reqs); err != nil {
+			t.Fatal(err)
+		}
+		back, bad, err := ParseTrace(&buf)
+		if err != nil || len(bad) > 0 {
+			t.Fatalf("%s: err %v bad %v", w, err, bad)
+		}
+		if len(back) != len(reqs) {
+			t.Fatalf("%s: %d != %d", w, len(back), len(reqs))
+		}
+		for i := range back {
+			if back[i].InputLength != reqs[i].InputLength || len(back[i].HashIDs) != len(reqs[i].HashIDs) {
+				t.Fatalf("%s: request %d differs", w, i)
+			}
+		}
+	}
+}
+
+func TestRealTraceParses(t *testing.T) {
+	const path = "/work/shared/traces/mooncake_conversation_trace.jsonl"
+	if _, err := os.Stat(path); err != nil {
+		t.Skip("shared Mooncake trace not present")
+	}
+	reqs, bad, err := ReadTraceFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) < 10000 || len(bad) != 0 {
+		t.Fatalf("got %d requests, %d bad lines", len(reqs), len(bad))
+	}
+}
+
+func FuzzParseTrace(f *testing.F) {
+	f.Add([]byte(`{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}`))
+	f.Add([]byte("{bad\n\n{\"timestamp\":1}"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		reqs, _, err := ParseTrace(bytes.NewReader(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range reqs {
+			if r.InputLength <= 0 || r.OutputLength <= 0 {
+				t.Fatalf("invalid request accepted: %+v", r)
+			}
+		}
+	})
+}

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/internal/testsrv"
+)
+
+// With 4 simulated engines publishing real KV events over ZMQ and a
+// shared-prefix workload, kv-aware routing sends each conversation's
+// follow-up turn to the engine holding its prefix, and the engines' reported
+// cached tokens confirm it.
+func TestE2EKVAwareRouting(t *testing.T) {
+	var workers []string
+	for i := 0; i < 4; i++ {
+		ep := fmt.Sprintf("tcp://127.0.0.1:%d", testsrv.FreePort(t))
+		_, url := startEngine(t, "--speedup", "50", "--kv-events-endpoint", ep, "--block-size", "16")
+		workers = append(workers, fmt.Sprintf(`{"id":"e%d","url":%q,"models":["sim-model"],"kv_events_endpoint":%q,"block_size":16}`, i, url, ep))
+	}
+	cfgPath := filepath.Join(t.TempDir(), "infera.json")
+	os.WriteFile(cfgPath, []byte(`{"workers":[`+strings.Join(workers, ",")+`],"debug":{"decision_header":true}}`), 0o644)
+	rt, r := startServe(t, "--config", cfgPath, "--router-policy", "kv-aware", "--kv-event-transport", "zmq", "--kv-block-size", "16")
+	waitRoutable(t, rt, 4)
+	time.Sleep(200 * time.Millisecond) // SUB sockets connect
+
+	type turn struct {
+		worker string
+		cached int
+		prompt int
+	}
+	send := func(body string) turn {
+		t.Helper()
+		resp, b := doPost(t, r+"/v1/chat/completions", body)
+		var cr chatResp
+		if resp.StatusCode != 200 || json.Unmarshal(b, &cr) != nil {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		return turn{resp.Header.Get("X-Infera-Worker"), cr.Usage.PromptTokensDetails.CachedTokens, cr.Usage.PromptTokens}
+	}
+	msg := func(role, content string) string {
+		b, _ := json.Marshal(map[string]string{"role": role, "content": content})
+		return string(b)
+	}
+	const convs = 8
+	first := make([]turn, convs)
+	for c := 0; c < convs; c++ {
+		sys := fmt.Sprintf("You are assistant %d. %s", c, strings.Repeat(fmt.Sprintf("Rule %d: be precise and kind. ", c), 40))
+		first[c] = send(`{"model":"sim-model","max_tokens":4,"messages":[` + msg("system", sys) + `,` + msg("user", "first question") + `]}`)
+	}
+	time.Sleep(300 * time.Millisecond) // events flushed and applied
+	hits := 0
+	for c := 0; c < convs; c++ {
+		sys := fmt.Sprintf("You are assistant %d. %s", c, strings.Repeat(fmt.Sprintf("Rule %d: be precise and kind. ", c), 40))
+		second := send(`{"model":"sim-model","max_tokens":4,"messages":[` + msg("system", sys) + `,` + msg("user", "first question") +
+			`,` + msg("assistant", "an answer") + `,` + msg("user", "a follow-up question") + `]}`)
+		if second.worker == first[c].worker {
+			hits++
+		}
+		if second.worker == first[c].worker && second.cached < second.prompt/2 {
+			t.Errorf("conversation %d: same engine but only %d of %d prompt tokens cached", c, second.cached, second.prompt)
+		}
+	}
+	if hits != convs {
+		t.Fatalf("kv-aware sent %d of %d follow-up turns to the engine holding their prefix", hits, convs)
+	}
+	resp, err := http.Get(r + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sb strings.Builder
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := resp.Body.Read(buf)
+		sb.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	if !strings.Contains(sb.String(), "infera_kv_events_applied_total") {
+		t.Fatal("no KV event metrics")
+	}
+
+	// /debug/route explains a decision without sending it; /tokenize answers in vLLM's shape.
+	before := 0
+	for _, w := range rt.fleet.View().All {
+		before += int(w.Load.Requests.Load())
+	}
+	resp2, b := doPost(t, r+"/debug/route", `{"model":"sim-model","messages":[{"role":"user","content":"`+strings.Repeat("hello ", 50)+`"}]}`)
+	if resp2.StatusCode != 200 || !strings.Contains(string(b), `"block_hashes"`) || !strings.Contains(string(b), `"kv"`) {
+		t.Fatalf("debug/route: %d %s", resp2.StatusCode, b)
+	}
+	resp2, b = doPost(t, r+"/tokenize", `{"model":"sim-model","prompt":"abcdefgh"}`)
+	if resp2.StatusCode != 200 || !strings.Contains(string(b), `"count":2`) {
+		t.Fatalf("tokenize: %d %s", resp2.StatusCode, b)
+	}
+}

@@ -1,0 +1,122 @@
+package kv
+
+import (
+	"testing"
+
+	"github.com/infera/infera/radix"
+	"github.com/infera/infera/sched"
+)
+
+// BenchmarkDecode decodes a legacy batch of 32 BlockStored events of one
+// 16-token block each and reports events/s and MB/s.
+func BenchmarkDecode(b *testing.B) {
+	for _, layout := range []string{LayoutLegacy, LayoutMap} {
+		b.Run(layout, func(b *testing.B) {
+			isMap := layout == LayoutMap
+			const events = 32
+			p := appendBatchHeader(nil, isMap, 1, events)
+			toks := make([]uint32, 16)
+			for i := range toks {
+				toks[i] = uint32(1000 + i*37)
+			}
+			for i := 0; i < events; i++ {
+				p = appendStored(p, isMap, []uint64{uint64(i) * 0x9e3779b97f4a7c15}, uint64(i), i > 0, toks, 16)
+			}
+			p = appendBatchTrailer(p, isMap, 0)
+			var d Decoder
+			b.SetBytes(int64(len(p)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := d.Decode(p); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N*events)/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}
+
+func BenchmarkHashBlocks(b *testing.B) {
+	toks := make([]uint32, 8192)
+	for i := range toks {
+		toks[i] = uint32(i * 7)
+	}
+	dst := make([]uint64, 0, 512)
+	b.SetBytes(int64(4 * len(toks)))
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		dst = HashBlocks(dst[:0], toks, 16, "")
+	}
+}
+
+// BenchmarkPublisherEncode queues BlockStored events of one 16-token block
+// (the engine side; no sockets) and cuts a batch every 256 events.
+func BenchmarkPublisherEncode(b *testing.B) {
+	p, err := newPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:*"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	toks := make([]uint32, 16)
+	for i := range toks {
+		toks[i] = uint32(1000 + i*37)
+	}
+	hs := []uint64{0}
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		hs[0] = uint64(i)
+		p.BlockStored(hs, uint64(i-1), i > 0, toks, 16)
+		if i%256 == 255 {
+			p.takeBatch(1)
+		}
+	}
+}
+
+// BenchmarkApply runs the whole ingest path without sockets (decode, router
+// hashing, engine-to-router map, index store) on batches of 32 BlockStored
+// events of one 16-token block each, chained into 32-block sequences.
+func BenchmarkApply(b *testing.B) {
+	const events, nbatches = 32, 512
+	payloads := make([][]byte, nbatches)
+	for i := range payloads {
+		p := appendBatchHeader(nil, false, 1, events)
+		for j := 0; j < events; j++ {
+			toks := make([]uint32, 16)
+			for k := range toks {
+				toks[k] = uint32(i*100000 + j*16 + k)
+			}
+			h := uint64(i*events + j + 1)
+			p = appendStored(p, false, []uint64{h}, h-1, j > 0, toks, 16)
+		}
+		payloads[i] = appendBatchTrailer(p, false, 0)
+	}
+	var m *Manager
+	var ws *workerState
+	reset := func() {
+		if m != nil {
+			ws.unregisterMetrics()
+			m.Close()
+		}
+		var err error
+		if m, err = NewManager(ManagerConfig{Index: radix.New()}); err != nil {
+			b.Fatal(err)
+		}
+		ws = m.newWorkerState(&sched.Worker{Idx: 0, ID: "bench", BlockSize: 16})
+	}
+	reset()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i%nbatches == 0 && i > 0 {
+			b.StopTimer()
+			reset()
+			b.StartTimer()
+		}
+		ws.handle(uint64(i), payloads[i%nbatches])
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N*events)/b.Elapsed().Seconds(), "blocks/s")
+	if ws.mMalformed.Get() != 0 || ws.mDropped.Get() != 0 || ws.mApplied.Get() == 0 {
+		b.Fatalf("malformed %d dropped %d applied %d", ws.mMalformed.Get(), ws.mDropped.Get(), ws.mApplied.Get())
+	}
+}

@@ -1,0 +1,546 @@
+package kv
+
+import (
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/zeebo/xxh3"
+
+	"github.com/infera/infera/radix"
+	"github.com/infera/infera/sched"
+)
+
+// ManagerConfig configures a Manager. Zero fields take the defaults noted.
+type ManagerConfig struct {
+	// Index receives the updates (required).
+	Index *radix.Index
+	// Transport is "zmq" to open one SUB socket per worker that advertises
+	// a KV events endpoint; anything else means events arrive through Feed.
+	Transport string
+	// QueueSize bounds the per-worker queue of frames delivered by Feed
+	// (default 4096); frames beyond it are dropped and counted.
+	QueueSize int
+	// RcvHWM is the ZMQ receive high-water mark per SUB socket, in messages
+	// (default 100000); ZMQ drops beyond it and the gap is recovered.
+	RcvHWM int
+	// PollInterval bounds how long a subscriber waits before checking for
+	// shutdown (default 100ms).
+	PollInterval time.Duration
+	// ReplayTimeout bounds one replay request (default 2s).
+	ReplayTimeout time.Duration
+	// ReconnectDelay is the pause after a socket error (default 1s).
+	ReconnectDelay time.Duration
+	// BlockSize is used when neither the event nor the worker record gives
+	// one (default 16).
+	BlockSize int
+}
+
+// Manager keeps the index in step with every worker's KV events. It is a
+// sched.Hook: WorkerAdded starts one goroutine per worker (owning its ZMQ
+// socket when Transport is zmq), WorkerRemoved stops it and purges the
+// worker's entries before returning.
+type Manager struct {
+	cfg ManagerConfig
+	ms  *metrics.Set
+
+	mu   sync.RWMutex
+	byID map[string]*workerState
+	wg   sync.WaitGroup
+}
+
+var _ sched.Hook = (*Manager)(nil)
+
+// NewManager returns a manager writing to cfg.Index and registers its
+// metrics (per worker, plus infera_kv_index_{blocks,entries,bytes}).
+func NewManager(cfg ManagerConfig) (*Manager, error) {
+	if cfg.Index == nil {
+		return nil, fmt.Errorf("kv: ManagerConfig.Index is required")
+	}
+	if cfg.QueueSize <= 0 {
+		cfg.QueueSize = 4096
+	}
+	if cfg.RcvHWM <= 0 {
+		cfg.RcvHWM = 100000
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = 100 * time.Millisecond
+	}
+	if cfg.ReplayTimeout <= 0 {
+		cfg.ReplayTimeout = 2 * time.Second
+	}
+	if cfg.ReconnectDelay <= 0 {
+		cfg.ReconnectDelay = time.Second
+	}
+	if cfg.BlockSize <= 0 {
+		cfg.BlockSize = 16
+	}
+	m := &Manager{cfg: cfg, ms: metrics.NewSet(), byID: map[string]*workerState{}}
+	idx := cfg.Index
+	var statsMu sync.Mutex
+	var stats radix.Stats
+	var statsAt time.Time
+	snap := func() radix.Stats { // one walk serves the three gauges of a scrape
+		statsMu.Lock()
+		defer statsMu.Unlock()
+		if time.Since(statsAt) > time.Second {
+			stats, statsAt = idx.Stats(), time.Now()
+		}
+		return stats
+	}
+	m.ms.NewGauge(`infera_kv_index_blocks`, func() float64 { return float64(snap().Blocks) })
+	m.ms.NewGauge(`infera_kv_index_entries`, func() float64 { return float64(snap().Entries) })
+	m.ms.NewGauge(`infera_kv_index_bytes`, func() float64 { return float64(snap().Bytes) })
+	metrics.RegisterSet(m.ms)
+	return m, nil
+}
+
+// Close stops every subscriber, waits for them and unregisters metrics.
+// Index entries are left in place.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	for id, ws := range m.byID {
+		ws.stop()
+		delete(m.byID, id)
+	}
+	m.mu.Unlock()
+	m.wg.Wait()
+	metrics.UnregisterSet(m.ms, true)
+}
+
+// WorkerAdded starts following w's KV events.
+func (m *Manager) WorkerAdded(w *sched.Worker) error {
+	if w.Idx < 0 || w.Idx >= radix.MaxWorkers {
+		// Still routable, just not KV-aware: never refuse a worker here.
+		slog.Error("worker id beyond the KV index capacity; its KV events are ignored",
+			"worker", w.ID, "idx", w.Idx, "max", radix.MaxWorkers)
+		return nil
+	}
+	ws := m.newWorkerState(w)
+	m.mu.Lock()
+	if old := m.byID[w.ID]; old != nil {
+		old.stop()
+	}
+	m.byID[w.ID] = ws
+	m.mu.Unlock()
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		if m.cfg.Transport == "zmq" && w.KVEventsEndpoint != "" {
+			ws.runZMQ()
+		} else {
+			ws.runFeed()
+		}
+	}()
+	return nil
+}
+
+// WorkerRemoved stops following w and removes all its index entries before
+// returning, so w.Idx may be reused at once.
+func (m *Manager) WorkerRemoved(w *sched.Worker) {
+	m.mu.Lock()
+	ws := m.byID[w.ID]
+	if ws != nil && ws.w == w {
+		delete(m.byID, w.ID)
+	} else {
+		ws = nil
+	}
+	m.mu.Unlock()
+	if ws != nil {
+		ws.stop() // waits for an in-flight apply, then no more writes
+		ws.unregisterMetrics()
+	}
+	m.cfg.Index.RemoveWorker(w.Idx)
+}
+
+// Feed delivers one frame received by a non-ZMQ transport (the NATS relay):
+// workerID is sched.Worker.ID, topic/seq/payload the three ZMQ frames. It
+// never blocks: when the worker's queue is full the frame is dropped and
+// counted (the sequence gap is then recovered or resynced). Feed copies
+// payload. It reports whether the frame was queued.
+func (m *Manager) Feed(workerID string, topic []byte, seq uint64, payload []byte) bool {
+	m.mu.RLock()
+	ws := m.byID[workerID]
+	m.mu.RUnlock()
+	if ws == nil {
+		return false
+	}
+	f := frame{seq: seq, payload: append([]byte(nil), payload...)}
+	select {
+	case ws.feed <- f:
+		return true
+	default:
+		ws.mDropped.Inc()
+		return false
+	}
+}
+
+// WorkerStats are one worker's event counters.
+type WorkerStats struct {
+	Applied, Dropped, Malformed, Unknown, Stale, Gaps, Recoveries, Resyncs uint64
+}
+
+// Stats returns the counters of the worker with id (zero when unknown).
+func (m *Manager) Stats(workerID string) WorkerStats {
+	m.mu.RLock()
+	ws := m.byID[workerID]
+	m.mu.RUnlock()
+	if ws == nil {
+		return WorkerStats{}
+	}
+	return WorkerStats{
+		Applied: ws.mApplied.Get(), Dropped: ws.mDropped.Get(), Malformed: ws.mMalformed.Get(),
+		Unknown: ws.mUnknown.Get(), Stale: ws.mStale.Get(), Gaps: ws.mGaps.Get(),
+		Recoveries: ws.mRecoveries.Get(), Resyncs: ws.mResyncs.Get(),
+	}
+}
+
+type frame struct {
+	seq     uint64
+	payload []byte
+}
+
+// blockRef maps an engine hash to the router's hash and its chain's root.
+type blockRef struct{ hash, root uint64 }
+
+type rankState struct {
+	started bool
+	next    uint64
+	blocks  map[uint64]blockRef // engine hash -> router hash
+}
+
+// workerState follows one worker. Everything below mu is owned by the
+// worker's goroutine; mu is held while a batch is applied so that stop can
+// wait for the last write.
+type workerState struct {
+	m         *Manager
+	w         *sched.Worker
+	idx       int
+	blockSize int
+	feed      chan frame
+	done      chan struct{}
+
+	mu      sync.Mutex
+	stopped atomic.Bool
+
+	dec     Decoder
+	ranks   map[int]*rankState
+	scratch []uint64
+	lastLog atomic.Int64
+
+	labels                                                  string
+	mApplied, mDropped, mMalformed, mUnknown, mStale, mGaps *metrics.Counter
+	mRecoveries, mResyncs                                   *metrics.Counter
+	replayFn                                                func(start uint64, fn func(seq uint64, payload []byte)) error
+	metricNames                                             []string
+}
+
+func (m *Manager) newWorkerState(w *sched.Worker) *workerState {
+	ws := &workerState{
+		m: m, w: w, idx: w.Idx, blockSize: w.BlockSize,
+		feed: make(chan frame, m.cfg.QueueSize), done: make(chan struct{}),
+		ranks: map[int]*rankState{},
+	}
+	if ws.blockSize <= 0 {
+		ws.blockSize = m.cfg.BlockSize
+	}
+	ws.labels = fmt.Sprintf(`{worker=%q}`, w.ID)
+	c := func(name string) *metrics.Counter {
+		full := name + ws.labels
+		ws.metricNames = append(ws.metricNames, full)
+		return m.ms.GetOrCreateCounter(full)
+	}
+	ws.mApplied = c("infera_kv_events_applied_total")
+	ws.mDropped = c("infera_kv_events_dropped_total")
+	ws.mMalformed = c("infera_kv_events_malformed_total")
+	ws.mUnknown = c("infera_kv_events_unknown_total")
+	ws.mStale = c("infera_kv_batches_stale_total")
+	ws.mGaps = c("infera_kv_seq_gaps_total")
+	ws.mRecoveries = c("infera_kv_seq_recoveries_total")
+	ws.mResyncs = c("infera_kv_resyncs_total")
+	if w.KVReplayEndpoint != "" {
+		ep, timeout := w.KVReplayEndpoint, m.cfg.ReplayTimeout
+		ws.replayFn = func(start uint64, fn func(uint64, []byte)) error {
+			return Replay(ep, start, timeout, fn)
+		}
+	}
+	return ws
+}
+
+func (ws *workerState) unregisterMetrics() {
+	for _, n := range ws.metricNames {
+		ws.m.ms.UnregisterMetric(n)
+	}
+}
+
+// stop makes the goroutine exit and waits for any batch being applied.
+func (ws *workerState) stop() {
+	if ws.stopped.Swap(true) {
+		return
+	}
+	ws.mu.Lock()
+	ws.mu.Unlock() //nolint:staticcheck // a barrier: the in-flight apply is done
+	close(ws.done)
+}
+
+// logf logs at most once per 10 seconds per worker.
+func (ws *workerState) logf(msg string, args ...any) {
+	now := time.Now().UnixNano()
+	last := ws.lastLog.Load()
+	if now-last < int64(10*time.Second) || !ws.lastLog.CompareAndSwap(last, now) {
+		return
+	}
+	slog.Warn(msg, append([]any{"worker", ws.w.ID}, args...)...)
+}
+
+func (ws *workerState) runFeed() {
+	for {
+		select {
+		case <-ws.done:
+			return
+		case f := <-ws.feed:
+			ws.handle(f.seq, f.payload)
+		}
+	}
+}
+
+// drainFeed handles frames queued by Feed without blocking.
+func (ws *workerState) drainFeed() {
+	for {
+		select {
+		case f := <-ws.feed:
+			ws.handle(f.seq, f.payload)
+		default:
+			return
+		}
+	}
+}
+
+// handleFrames handles one ZMQ multipart message.
+func (ws *workerState) handleFrames(msg [][]byte) {
+	if len(msg) != 3 || len(msg[1]) != 8 {
+		ws.mMalformed.Inc()
+		ws.logf("malformed KV event message", "frames", len(msg))
+		return
+	}
+	ws.handle(binary.BigEndian.Uint64(msg[1]), msg[2])
+}
+
+func (ws *workerState) rank(r int) *rankState {
+	rs := ws.ranks[r]
+	if rs == nil {
+		rs = &rankState{blocks: map[uint64]blockRef{}}
+		ws.ranks[r] = rs
+	}
+	return rs
+}
+
+// handle runs the sequence logic for one batch.
+func (ws *workerState) handle(seq uint64, payload []byte) {
+	b, err := ws.dec.Decode(payload)
+	if err != nil {
+		ws.mMalformed.Inc()
+		ws.logf("cannot decode KV event batch", "seq", seq, "err", err)
+		return
+	}
+	rs := ws.rank(b.DPRank)
+	switch {
+	case !rs.started || seq == rs.next:
+		rs.started = true
+		ws.apply(b, rs)
+		rs.next = seq + 1
+		return
+	case seq < rs.next:
+		if seq == 0 {
+			// The publisher restarted: its cache is new.
+			ws.logf("KV event publisher restarted, resyncing", "rank", b.DPRank)
+			ws.resync(b.DPRank, rs)
+			ws.apply(b, rs)
+			rs.next = 1
+			return
+		}
+		ws.mStale.Inc()
+		return
+	}
+	// Gap: [rs.next, seq) is missing.
+	ws.mGaps.Inc()
+	rank := b.DPRank
+	if ws.replayFn != nil && !ws.stopped.Load() {
+		err := ws.replayFn(rs.next, func(s uint64, p []byte) {
+			if s < rs.next || s >= seq {
+				return
+			}
+			rb, err := ws.dec.Decode(p)
+			if err != nil {
+				ws.mMalformed.Inc()
+				return
+			}
+			if rb.DPRank != rank || s != rs.next {
+				return
+			}
+			ws.apply(rb, rs)
+			rs.next = s + 1
+		})
+		if err != nil {
+			ws.logf("KV event replay failed", "from", rs.next, "err", err)
+		}
+		if rs.next == seq {
+			ws.mRecoveries.Inc()
+			if b, err = ws.dec.Decode(payload); err == nil { // the decoder was reused
+				ws.apply(b, rs)
+				rs.next = seq + 1
+			}
+			return
+		}
+	}
+	ws.logf("KV event gap without replay, resyncing", "rank", rank, "want", rs.next, "got", seq)
+	ws.resync(rank, rs)
+	if b, err = ws.dec.Decode(payload); err == nil {
+		ws.apply(b, rs)
+	}
+	rs.next = seq + 1
+}
+
+// resync forgets everything the worker's rank had cached: the index is
+// rebuilt from the events that follow.
+func (ws *workerState) resync(rank int, rs *rankState) {
+	ws.mResyncs.Inc()
+	ws.mu.Lock()
+	if !ws.stopped.Load() {
+		ws.m.cfg.Index.Clear(ws.idx, rank)
+	}
+	ws.mu.Unlock()
+	clear(rs.blocks)
+}
+
+// apply writes one batch to the index.
+func (ws *workerState) apply(b *Batch, rs *rankState) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.stopped.Load() {
+		return
+	}
+	if b.Unknown > 0 {
+		ws.mUnknown.Add(b.Unknown)
+	}
+	idx := ws.m.cfg.Index
+	rank := b.DPRank
+	for i := range b.Events {
+		e := &b.Events[i]
+		if !e.IsGPU() || e.GroupIdx != 0 {
+			continue // other tiers and KV cache groups are not routed on
+		}
+		switch e.Kind {
+		case KindBlockStored:
+			ws.applyStored(e, rank, rs)
+		case KindBlockRemoved:
+			ws.applyRemoved(e, rank, rs)
+		case KindAllBlocksCleared:
+			idx.Clear(ws.idx, rank)
+			clear(rs.blocks)
+			ws.mApplied.Inc()
+		}
+	}
+}
+
+func (ws *workerState) applyStored(e *Event, rank int, rs *rankState) {
+	bs := e.BlockSize
+	if bs <= 0 {
+		bs = ws.blockSize
+	}
+	if len(e.Hashes) == 0 || len(e.Tokens) != len(e.Hashes)*bs {
+		ws.mMalformed.Inc()
+		ws.logf("BlockStored with inconsistent token count", "blocks", len(e.Hashes), "tokens", len(e.Tokens), "block_size", bs)
+		return
+	}
+	var seed, root uint64
+	if e.HasParent {
+		ref, ok := rs.blocks[e.Parent]
+		if !ok {
+			// The parent was never seen (we joined mid-stream): the prefix of
+			// these blocks is unknown, so they can never match a prompt.
+			ws.mDropped.Inc()
+			return
+		}
+		seed, root = ref.hash, ref.root
+	} else if len(e.LoraName) > 0 {
+		seed = xxh3.Hash(e.LoraName)
+	}
+	ws.scratch = HashBlocksSeed(ws.scratch[:0], e.Tokens, bs, seed)
+	if !e.HasParent {
+		root = ws.scratch[0]
+	}
+	for i, h := range e.Hashes {
+		rs.blocks[h] = blockRef{hash: ws.scratch[i], root: root}
+	}
+	if err := ws.m.cfg.Index.Store(ws.idx, rank, root, seed, e.HasParent, ws.scratch); err != nil {
+		ws.mDropped.Inc()
+		ws.logf("cannot index stored blocks", "err", err)
+		return
+	}
+	ws.mApplied.Inc()
+}
+
+func (ws *workerState) applyRemoved(e *Event, rank int, rs *rankState) {
+	idx := ws.m.cfg.Index
+	run := ws.scratch[:0]
+	var root uint64
+	for _, eh := range e.Hashes {
+		ref, ok := rs.blocks[eh]
+		if !ok {
+			continue
+		}
+		delete(rs.blocks, eh)
+		if len(run) > 0 && ref.root != root {
+			idx.Remove(ws.idx, rank, root, run)
+			run = run[:0]
+		}
+		root = ref.root
+		run = append(run, ref.hash)
+	}
+	if len(run) > 0 {
+		idx.Remove(ws.idx, rank, root, run)
+	}
+	ws.scratch = run
+	ws.mApplied.Inc()
+}
+
+// connectEndpoint turns an advertised bind address (tcp://*:5557,
+// tcp://0.0.0.0:5557) into one the router can connect to, using the host of
+// the worker's HTTP address.
+func connectEndpoint(ep, workerAddr string) string {
+	const tcp = "tcp://"
+	if len(ep) <= len(tcp) || ep[:len(tcp)] != tcp {
+		return ep
+	}
+	hostport := ep[len(tcp):]
+	i := lastColon(hostport)
+	if i < 0 {
+		return ep
+	}
+	host := hostport[:i]
+	if host != "*" && host != "0.0.0.0" && host != "[::]" && host != "::" {
+		return ep
+	}
+	wh := workerAddr
+	if j := lastColon(wh); j >= 0 {
+		wh = wh[:j]
+	}
+	if wh == "" {
+		wh = "127.0.0.1"
+	}
+	return tcp + wh + hostport[i:]
+}
+
+func lastColon(s string) int {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == ':' {
+			return i
+		}
+	}
+	return -1
+}

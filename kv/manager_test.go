@@ -1,0 +1,327 @@
+//go:build cgo
+
+package kv
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/radix"
+	"github.com/infera/infera/sched"
+)
+
+const bs = 4
+
+// tokensFor returns n blocks of tokens unique to tag.
+func tokensFor(tag, n int) []uint32 {
+	ts := make([]uint32, n*bs)
+	for i := range ts {
+		ts[i] = uint32(tag*1000 + i)
+	}
+	return ts
+}
+
+// engineHashes returns fake engine hashes (opaque to the router).
+func engineHashes(tag, n int) []uint64 {
+	hs := make([]uint64, n)
+	for i := range hs {
+		hs[i] = uint64(tag)<<32 | uint64(i) | 1<<63 // "negative" when seen as int64
+	}
+	return hs
+}
+
+func newTestManager(t *testing.T, transport string) (*Manager, *radix.Index) {
+	t.Helper()
+	x := radix.New()
+	m, err := NewManager(ManagerConfig{Index: x, Transport: transport, PollInterval: 20 * time.Millisecond,
+		ReplayTimeout: time.Second, ReconnectDelay: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	return m, x
+}
+
+func newTestPublisher(t *testing.T, replay bool, layout string) *Publisher {
+	t.Helper()
+	cfg := PublisherConfig{Endpoint: "tcp://127.0.0.1:*", Layout: layout, FlushInterval: time.Millisecond}
+	if replay {
+		cfg.ReplayEndpoint = "tcp://127.0.0.1:*"
+	}
+	p, err := NewPublisher(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// overlap returns how many leading blocks of tokens worker idx caches.
+func overlap(x *radix.Index, idx int, tokens []uint32) int {
+	for _, o := range x.Match(nil, HashBlocks(nil, tokens, bs, "")) {
+		if o.Worker == idx {
+			return o.Blocks
+		}
+	}
+	return 0
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// connect publishes a probe chain until the subscriber has seen it (ZMQ
+// drops messages sent before the SUB connection is up).
+func connect(t *testing.T, p *Publisher, x *radix.Index, idx int) {
+	t.Helper()
+	probe := tokensFor(999, 1)
+	deadline := time.Now().Add(5 * time.Second)
+	for overlap(x, idx, probe) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("subscriber never received the probe")
+		}
+		p.BlockStored(engineHashes(999, 1), 0, false, probe, bs)
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// quiesce waits until the publisher has sent everything queued so far.
+func quiesce(p *Publisher) {
+	time.Sleep(10 * time.Millisecond)
+}
+
+func TestSubscribeLayouts(t *testing.T) {
+	for i, layout := range []string{LayoutLegacy, LayoutMap} {
+		t.Run(layout, func(t *testing.T) {
+			m, x := newTestManager(t, "zmq")
+			p := newTestPublisher(t, false, layout)
+			w := &sched.Worker{Idx: i, ID: "w" + layout, KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
+			if err := m.WorkerAdded(w); err != nil {
+				t.Fatal(err)
+			}
+			connect(t, p, x, w.Idx)
+			a := tokensFor(1, 3)
+			ha := engineHashes(1, 3)
+			// Stored in two events: the second continues the first's chain.
+			p.BlockStored(ha[:1], 0, false, a[:bs], bs)
+			p.BlockStored(ha[1:], ha[0], true, a[bs:], bs)
+			waitFor(t, "3 blocks", func() bool { return overlap(x, w.Idx, a) == 3 })
+			p.BlockRemoved(ha[2:])
+			waitFor(t, "removal", func() bool { return overlap(x, w.Idx, a) == 2 })
+			p.AllCleared()
+			waitFor(t, "clear", func() bool { return overlap(x, w.Idx, a) == 0 && x.WorkerBlocks(w.Idx) == 0 })
+			if st := m.Stats(w.ID); st.Applied < 4 || st.Malformed != 0 || st.Gaps != 0 {
+				t.Fatalf("stats %+v", st)
+			}
+			var buf bytes.Buffer
+			m.ms.WritePrometheus(&buf)
+			for _, want := range []string{`infera_kv_events_applied_total{worker="` + w.ID + `"}`, "infera_kv_seq_gaps_total", "infera_kv_index_blocks", "infera_kv_index_bytes"} {
+				if !strings.Contains(buf.String(), want) {
+					t.Fatalf("metrics lack %s:\n%s", want, buf.String())
+				}
+			}
+		})
+	}
+}
+
+func TestGapRecoveredByReplay(t *testing.T) {
+	m, x := newTestManager(t, "zmq")
+	p := newTestPublisher(t, true, LayoutLegacy)
+	w := &sched.Worker{Idx: 3, ID: "w", KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
+	if err := m.WorkerAdded(w); err != nil {
+		t.Fatal(err)
+	}
+	connect(t, p, x, w.Idx)
+	quiesce(p)
+	a, b := tokensFor(1, 2), tokensFor(2, 2)
+	p.skipSend.Store(1) // the next batch is buffered for replay but never sent
+	p.BlockStored(engineHashes(1, 2), 0, false, a, bs)
+	waitFor(t, "skipped batch", func() bool { return p.skipSend.Load() == 0 })
+	p.BlockStored(engineHashes(2, 2), 0, false, b, bs)
+	waitFor(t, "both chains", func() bool { return overlap(x, w.Idx, a) == 2 && overlap(x, w.Idx, b) == 2 })
+	st := m.Stats(w.ID)
+	if st.Gaps != 1 || st.Recoveries != 1 || st.Resyncs != 0 {
+		t.Fatalf("stats %+v, want one gap recovered", st)
+	}
+}
+
+func TestGapWithoutReplay(t *testing.T) {
+	m, x := newTestManager(t, "zmq")
+	p := newTestPublisher(t, false, LayoutLegacy)
+	w := &sched.Worker{Idx: 1, ID: "w", KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
+	if err := m.WorkerAdded(w); err != nil {
+		t.Fatal(err)
+	}
+	connect(t, p, x, w.Idx)
+	quiesce(p)
+	a, b := tokensFor(1, 2), tokensFor(2, 2)
+	p.BlockStored(engineHashes(1, 2), 0, false, a, bs)
+	waitFor(t, "chain a", func() bool { return overlap(x, w.Idx, a) == 2 })
+	p.skipSend.Store(1) // lost: a removal the router never sees
+	p.BlockRemoved(engineHashes(1, 2))
+	waitFor(t, "skipped batch", func() bool { return p.skipSend.Load() == 0 })
+	p.BlockStored(engineHashes(2, 2), 0, false, b, bs)
+	waitFor(t, "chain b", func() bool { return overlap(x, w.Idx, b) == 2 })
+	// The gap forced a resync: chain a (and the probe) are gone.
+	if got := overlap(x, w.Idx, a); got != 0 {
+		t.Fatalf("chain a still indexed (%d blocks) after a gap without replay", got)
+	}
+	if got := x.WorkerBlocks(w.Idx); got != 2 {
+		t.Fatalf("worker holds %d blocks, want 2", got)
+	}
+	if st := m.Stats(w.ID); st.Gaps != 1 || st.Resyncs != 1 || st.Recoveries != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestWorkerRemovalPurges(t *testing.T) {
+	m, x := newTestManager(t, "zmq")
+	p := newTestPublisher(t, false, LayoutMap)
+	w := &sched.Worker{Idx: 2, ID: "w", KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
+	other := &sched.Worker{Idx: 5, ID: "other", BlockSize: bs}
+	for _, x := range []*sched.Worker{w, other} {
+		if err := m.WorkerAdded(x); err != nil {
+			t.Fatal(err)
+		}
+	}
+	connect(t, p, x, w.Idx)
+	a := tokensFor(1, 4)
+	p.BlockStored(engineHashes(1, 4), 0, false, a, bs)
+	waitFor(t, "chain", func() bool { return overlap(x, w.Idx, a) == 4 })
+	// The other worker gets the same chain through Feed.
+	payload := appendBatchHeader(nil, false, 1, 1)
+	payload = appendStored(payload, false, engineHashes(1, 4), 0, false, a, bs)
+	payload = appendBatchTrailer(payload, false, 0)
+	m.Feed(other.ID, nil, 0, payload)
+	waitFor(t, "fed chain", func() bool { return overlap(x, other.Idx, a) == 4 })
+
+	m.WorkerRemoved(w)
+	if got := overlap(x, w.Idx, a); got != 0 || x.WorkerBlocks(w.Idx) != 0 {
+		t.Fatalf("removed worker still indexed: %d blocks", got)
+	}
+	// Events published after removal never reach the index.
+	p.BlockStored(engineHashes(3, 1), 0, false, tokensFor(3, 1), bs)
+	time.Sleep(50 * time.Millisecond)
+	if got := x.WorkerBlocks(w.Idx); got != 0 {
+		t.Fatalf("removed worker got %d blocks after removal", got)
+	}
+	if got := overlap(x, other.Idx, a); got != 4 {
+		t.Fatalf("other worker lost its blocks: %d", got)
+	}
+}
+
+func TestFeedSequencing(t *testing.T) {
+	m, x := newTestManager(t, "nats")
+	w := &sched.Worker{Idx: 0, ID: "w", BlockSize: bs}
+	if err := m.WorkerAdded(w); err != nil {
+		t.Fatal(err)
+	}
+	batch := func(rank int, evs ...func([]byte) []byte) []byte {
+		b := appendBatchHeader(nil, false, 1, len(evs))
+		for _, e := range evs {
+			b = e(b)
+		}
+		return appendBatchTrailer(b, false, rank)
+	}
+	stored := func(tag, n int) func([]byte) []byte {
+		return func(b []byte) []byte {
+			return appendStored(b, false, engineHashes(tag, n), 0, false, tokensFor(tag, n), bs)
+		}
+	}
+	var seq atomic.Uint64
+	feed := func(s uint64, p []byte) {
+		t.Helper()
+		if !m.Feed(w.ID, nil, s, p) {
+			t.Fatalf("Feed(%d) refused", s)
+		}
+		seq.Store(s)
+	}
+	feed(10, batch(0, stored(1, 2))) // first batch: accepted at any seq
+	feed(11, batch(1, stored(2, 1))) // rank 1 has its own sequence
+	feed(10, batch(0, stored(3, 1))) // stale: dropped
+	feed(11, []byte{0x93, 0x01})     // malformed: counted, skipped
+	feed(11, batch(0, stored(4, 1))) // in order
+	feed(0, batch(0, stored(5, 1)))  // publisher restart: resync
+	waitFor(t, "restart batch", func() bool { return overlap(x, w.Idx, tokensFor(5, 1)) == 1 })
+	want := map[int]int{1: 0, 2: 1, 3: 0, 4: 0, 5: 1}
+	for tag, n := range want {
+		if got := overlap(x, w.Idx, tokensFor(tag, max(n, 1))); got != n {
+			t.Fatalf("chain %d: overlap %d, want %d", tag, got, n)
+		}
+	}
+	st := m.Stats(w.ID)
+	if st.Stale != 1 || st.Malformed != 1 || st.Resyncs != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	if m.Feed("nobody", nil, 0, nil) {
+		t.Fatalf("Feed to an unknown worker succeeded")
+	}
+}
+
+func TestReplayProtocol(t *testing.T) {
+	p := newTestPublisher(t, true, LayoutLegacy)
+	for i := range 5 {
+		p.BlockStored([]uint64{uint64(i)}, 0, false, tokensFor(i, 1), bs)
+		waitFor(t, fmt.Sprintf("batch %d", i), func() bool { return p.Sent() == uint64(i+1) })
+	}
+	var got []uint64
+	var d Decoder
+	err := Replay(p.ReplayEndpoint(), 2, time.Second, func(seq uint64, payload []byte) {
+		got = append(got, seq)
+		if _, err := d.Decode(payload); err != nil {
+			t.Errorf("replayed payload %d: %s", seq, err)
+		}
+	})
+	if err != nil || !slices.Equal(got, []uint64{2, 3, 4}) {
+		t.Fatalf("Replay = %v, %v; want [2 3 4]", got, err)
+	}
+	got = nil
+	if err := Replay(p.ReplayEndpoint(), 100, time.Second, func(seq uint64, _ []byte) { got = append(got, seq) }); err != nil || len(got) != 0 {
+		t.Fatalf("Replay past the end = %v, %v; want only the end marker", got, err)
+	}
+}
+
+// TestRoutesToCachingEngine: two publishing engines; the one that reported
+// the prompt's prefix wins the kv-aware pick for a prompt extending it.
+func TestRoutesToCachingEngine(t *testing.T) {
+	m, x := newTestManager(t, "zmq")
+	var ws []*sched.Worker
+	var pubs []*Publisher
+	for i := range 2 {
+		p := newTestPublisher(t, true, []string{LayoutLegacy, LayoutMap}[i])
+		w := &sched.Worker{Idx: i, ID: fmt.Sprintf("engine%d", i), KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
+		if err := m.WorkerAdded(w); err != nil {
+			t.Fatal(err)
+		}
+		connect(t, p, x, i)
+		ws, pubs = append(ws, w), append(pubs, p)
+	}
+	conv := tokensFor(7, 6)
+	pubs[1].BlockStored(engineHashes(7, 6), 0, false, conv, bs)
+	waitFor(t, "conversation cached on engine1", func() bool { return overlap(x, 1, conv) == 6 })
+	// Follow-up turn: the cached conversation plus 3 new blocks.
+	prompt := append(append([]uint32(nil), conv...), tokensFor(8, 3)...)
+	k := sched.NewKVAware(sched.KVAwareConfig{Index: x, OverlapWeight: 1, BlockSize: bs})
+	r := &sched.Request{BlockHashes: HashBlocks(nil, prompt, bs, "")}
+	if w, ratio := k.PickKVRatio(ws, r); w != ws[1] || ratio != 6.0/9 {
+		t.Fatalf("picked %v with ratio %v, want engine1 with 6/9", w, ratio)
+	}
+	// Engine1 evicts the conversation: the prompt no longer has a home.
+	pubs[1].BlockRemoved(engineHashes(7, 6))
+	waitFor(t, "eviction", func() bool { return overlap(x, 1, conv) == 0 })
+	if w := k.PickKV(ws, r); w != nil {
+		t.Fatalf("picked %s after eviction, want nil (defer)", w.ID)
+	}
+}

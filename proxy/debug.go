@@ -1,0 +1,111 @@
+package proxy
+
+import (
+	"encoding/json"
+	"strconv"
+
+	"github.com/infera/infera/sched"
+	"github.com/valyala/fasthttp"
+)
+
+// Introspection endpoints: POST /tokenize (vLLM's shape) and POST
+// /debug/route. Neither is on the hot path; both sit behind --api-key.
+
+// kindOf guesses the endpoint of a body: chat when it has messages.
+func kindOf(rs *reqState, body []byte) int {
+	if err := rs.body.parse(body, kindChat); err == nil {
+		return kindChat
+	}
+	return kindCompletion
+}
+
+// handleTokenize answers {"tokens":[...],"count":N,"max_model_len":0}.
+func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsPost() {
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use POST", "", "")
+		return
+	}
+	if s.o.Tokenizer == nil {
+		writeError(ctx, fasthttp.StatusNotImplemented, typeInvalidRequest, "the router has no tokenizer (use --router-policy kv-aware)", "", "")
+		return
+	}
+	rs := s.pool.Get().(*reqState)
+	defer s.pool.Put(rs)
+	body := ctx.PostBody()
+	kind := kindOf(rs, body)
+	if err := rs.body.parse(body, kind); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "", "")
+		return
+	}
+	if err := s.tokenize(rs, body, kind); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "messages", "")
+		return
+	}
+	b := make([]byte, 0, 32+8*len(rs.tokens))
+	b = append(b, `{"tokens":[`...)
+	for i, t := range rs.tokens {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, uint64(t), 10)
+	}
+	b = append(b, `],"count":`...)
+	b = strconv.AppendInt(b, int64(len(rs.tokens)), 10)
+	b = append(b, `,"max_model_len":0}`...)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// RouteExplainer explains a kv-aware decision (sched.KVAware.Explain).
+type RouteExplainer func(cands []*sched.Worker, r *sched.Request) any
+
+// handleDebugRoute parses a normal request body and returns, without
+// sending it, its block hashes, each candidate's overlap, load terms and
+// cost, and the choice.
+func (s *Server) handleDebugRoute(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsPost() {
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use POST", "", "")
+		return
+	}
+	rs := s.pool.Get().(*reqState)
+	defer s.pool.Put(rs)
+	body := ctx.PostBody()
+	kind := kindOf(rs, body)
+	if err := rs.body.parse(body, kind); err != nil {
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "", "")
+		return
+	}
+	r := &rs.sreq
+	r.Reset()
+	r.Model = rs.body.model
+	r.PromptTokens = rs.body.estimateTokens()
+	if s.o.Tokenizer != nil && s.o.HashBlocks != nil {
+		if err := s.hashPrompt(rs, body, kind); err != nil {
+			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "messages", "")
+			return
+		}
+	}
+	v := s.sched.Fleet.View()
+	cands := v.ByModel[string(r.Model)]
+	out := struct {
+		Model       string   `json:"model"`
+		Policy      string   `json:"policy"`
+		BlockSize   int      `json:"block_size"`
+		Tokens      int      `json:"tokens"`
+		BlockHashes []string `json:"block_hashes"`
+		Candidates  []string `json:"candidates"`
+		KV          any      `json:"kv,omitempty"`
+	}{Model: string(r.Model), Policy: s.flags.RouterPolicy, BlockSize: s.o.BlockSize, Tokens: len(rs.tokens)}
+	for _, h := range r.BlockHashes {
+		out.BlockHashes = append(out.BlockHashes, strconv.FormatUint(h, 16))
+	}
+	for _, w := range cands {
+		out.Candidates = append(out.Candidates, w.ID)
+	}
+	if s.o.Explain != nil && len(cands) > 0 {
+		out.KV = s.o.Explain(cands, r)
+	}
+	b, _ := json.Marshal(out)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}

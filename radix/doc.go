@@ -1,0 +1,18 @@
+// Package radix is the router's KV cache index: a sharded concurrent radix
+// tree keyed by the router's chained block hashes, each node holding the
+// sorted set of (worker, dp rank) members that cache its blocks plus a
+// bitset of their workers, so that a match costs one AND per 64 workers per
+// node. A worker caches a block when any of its dp ranks does.
+//
+// A fixed power-of-two array of cache-line-padded shards splits the tree by
+// the first block of each chain, so one longest-prefix Match takes one read
+// lock and never waits for writers of other shards. Inside a shard the tree
+// is single-threaded, path compressed (a node holds a run of blocks cached by
+// the same members) and sized by fan-out (children in a small slice, a map
+// beyond eight). Because block hashes are chained, a hash identifies its
+// whole prefix; a per-shard map from hash to (node, offset) locates blocks
+// for stores below an existing parent and for removals.
+//
+// The package knows nothing about events, engines or scheduling: kv feeds
+// it, sched reads it. Workers are the small integers sched.Worker.Idx.
+package radix
