@@ -102,3 +102,48 @@ func TestE2EKVAwareRouting(t *testing.T) {
 		t.Fatalf("tokenize: %d %s", resp2.StatusCode, b)
 	}
 }
+
+// KV events relayed by the worker sidecars over NATS change routing exactly
+// as over ZMQ: follow-up turns reach the engine holding their prefix.
+func TestE2EKVEventsOverNATS(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	for i := 0; i < 3; i++ {
+		ep := fmt.Sprintf("tcp://127.0.0.1:%d", testsrv.FreePort(t))
+		_, url := startEngine(t, "--speedup", "50", "--kv-events-endpoint", ep)
+		startWorker(t, "--id", fmt.Sprintf("n%d", i), "--engine-url", url, "--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
+			"--request-transport", "http", "--kv-event-transport", "nats", "--nats-url", nsrv.URL, "--kv-events-endpoint", ep, "--block-size", "16")
+	}
+	cfgPath := filepath.Join(t.TempDir(), "infera.json")
+	os.WriteFile(cfgPath, []byte(`{"debug":{"decision_header":true}}`), 0o644)
+	rt, r := startServe(t, "--config", cfgPath, "--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
+		"--request-transport", "http", "--kv-event-transport", "nats", "--nats-url", nsrv.URL, "--router-policy", "kv-aware")
+	waitRoutable(t, rt, 3)
+	time.Sleep(300 * time.Millisecond)
+	body := func(c int, followUp bool) string {
+		sys := fmt.Sprintf("System prompt %d. %s", c, strings.Repeat(fmt.Sprintf("Rule %d applies. ", c), 40))
+		m := fmt.Sprintf(`{"role":"system","content":%q},{"role":"user","content":"q1"}`, sys)
+		if followUp {
+			m += `,{"role":"assistant","content":"a1"},{"role":"user","content":"q2"}`
+		}
+		return `{"model":"sim-model","max_tokens":3,"messages":[` + m + `]}`
+	}
+	const convs = 6
+	first := make([]string, convs)
+	for c := 0; c < convs; c++ {
+		resp, b := doPost(t, r+"/v1/chat/completions", body(c, false))
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		first[c] = resp.Header.Get("X-Infera-Worker")
+	}
+	time.Sleep(300 * time.Millisecond)
+	for c := 0; c < convs; c++ {
+		resp, b := doPost(t, r+"/v1/chat/completions", body(c, true))
+		var cr chatResp
+		json.Unmarshal(b, &cr)
+		if w := resp.Header.Get("X-Infera-Worker"); w != first[c] || cr.Usage.PromptTokensDetails.CachedTokens == 0 {
+			t.Fatalf("conversation %d: follow-up went to %s (first turn on %s), cached %d", c, w, first[c], cr.Usage.PromptTokensDetails.CachedTokens)
+		}
+	}
+}
