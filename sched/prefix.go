@@ -514,6 +514,15 @@ func (s *Scheduler) passesGuards(pc *config.PrefixCache, w *Worker, avail []*Wor
 // when it reports a ratio, the hit rate threshold applies.
 func (s *Scheduler) kvLayer(cfg *config.Config, avail []*Worker, r *Request, ls *loadStats) (Decision, bool) {
 	pc := &cfg.PrefixCache
+	if !pc.Enabled {
+		// Plain kv-aware policy: the cost function weighs overlap against
+		// load over every candidate by itself; the prefix-caching layer's
+		// guards apply only when that layer is enabled.
+		if w := s.KV.PickKV(avail, r); w != nil {
+			return Decision{Worker: w, Layer: LayerKV, Reason: ReasonKVHit}, true
+		}
+		return Decision{}, false
+	}
 	ls.average(avail) // before partitioning
 	// Partition guarded workers to the front (the order of avail only
 	// affects this decision).

@@ -344,8 +344,15 @@ func TestKVLayer(t *testing.T) {
 	if d.Layer != LayerKV || d.Worker.ID != "w001" {
 		t.Fatalf("kv: %s by %s", d.Worker.ID, d.Layer)
 	}
-	// Below the hit rate threshold: falls through.
+	// Plain kv-aware: the cost function decides even for a low overlap.
 	kv.ratio = 0.3
+	if d := pick(t, s, cfg, &Request{Model: []byte("m")}); d.Layer != LayerKV {
+		t.Fatalf("plain kv-aware, low ratio: %s", d.Layer)
+	}
+	// With the prefix-caching layer enabled, KV is its match basis and its
+	// guards apply: below the hit rate threshold falls through.
+	cfg = config.Default()
+	cfg.PrefixCache.Enabled = true
 	if d := pick(t, s, cfg, &Request{Model: []byte("m")}); d.Layer != LayerLB {
 		t.Fatalf("low ratio: %s", d.Layer)
 	}
