@@ -56,6 +56,7 @@ func (c *serveCmd) Run() error {
 	go func() { errc <- rt.srv.Serve(ln) }()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
 	select {
 	case err := <-errc:
 		return err
@@ -70,7 +71,7 @@ func (c *serveCmd) Run() error {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
-		return nil
+		return fmt.Errorf("shutdown: requests still open after 30s; exiting anyway")
 	}
 }
 
@@ -140,6 +141,17 @@ func newRouter(f *config.Serve) (*router, error) {
 		if err := rt.setupKV(); err != nil {
 			return nil, err
 		}
+	} else if f.RouterTokenizerPath != "" {
+		// Without kv-aware routing the tokenizer still serves /tokenize.
+		t, err := tokenizer.Load(f.RouterTokenizerPath)
+		if err != nil {
+			return nil, fmt.Errorf("--router-tokenizer-path: %w", err)
+		}
+		rt.tok = t
+		slog.Info("tokenizer loaded for /tokenize; prompts are not hashed (--router-policy is not kv-aware)")
+	}
+	if f.KVEventTransport == "nats" && f.RouterPolicy != "kv-aware" {
+		slog.Warn("--kv-event-transport nats has no effect without --router-policy kv-aware")
 	}
 
 	switch f.DiscoveryBackend {
@@ -238,12 +250,7 @@ func (rt *router) connectNATS() error {
 	if f.NatsURL == "" {
 		return fmt.Errorf("--request-transport nats / --kv-event-transport nats need a broker: set --nats-url (or NATS_SERVER / NATS_URL), or use --request-transport http --kv-event-transport zmq")
 	}
-	nc, err := nats.Connect(f.NatsURL, nats.Name("infera-serve"), nats.MaxReconnects(-1),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if rt.natsClient != nil {
-				rt.natsClient.Disconnected(err)
-			}
-		}))
+	nc, err := nats.Connect(f.NatsURL, nats.Name("infera-serve"), nats.MaxReconnects(-1))
 	if err != nil {
 		return fmt.Errorf("cannot connect to NATS at %s: %w", f.NatsURL, err)
 	}
@@ -256,6 +263,9 @@ func (rt *router) connectNATS() error {
 			return err
 		}
 		rt.natsClient = bc
+		// Fail open streams at once when the broker connection drops,
+		// instead of waiting for their idle timeout.
+		nc.SetDisconnectErrHandler(func(_ *nats.Conn, err error) { bc.Disconnected(err) })
 	}
 	return nil
 }
@@ -374,6 +384,12 @@ func syncStatic(fleet *sched.Fleet, f *config.Serve, cfg *config.Config) {
 	rs := staticRecords(f, cfg)
 	for i := range rs {
 		if len(rs[i].Models) == 0 {
+			// Keep what a live worker already learned: a transient /v1/models
+			// failure must not replace a routable worker.
+			if w := fleet.Get(rs[i].ID); w != nil && w.URL == rs[i].URL && len(w.Models) > 0 {
+				rs[i].Models = w.Models
+				continue
+			}
 			rs[i].Models = fetchModels(rs[i].URL)
 		}
 	}

@@ -132,15 +132,19 @@ func (s *Store) Watch(interval time.Duration, stop <-chan struct{}) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	t := time.NewTicker(interval)
-	defer t.Stop()
+	var tick <-chan time.Time // interval <= 0: reload on SIGHUP only
+	if interval > 0 {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		select {
 		case <-stop:
 			return
 		case <-hup:
 			s.Reload()
-		case <-t.C:
+		case <-tick:
 			fi, err := os.Stat(s.path)
 			if err != nil {
 				continue

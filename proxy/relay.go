@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/infera/infera/broker"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/sched"
 	"github.com/valyala/fasthttp"
@@ -149,6 +150,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 	r := &rs.sreq
 	hc, ok := w.Client.(*fasthttp.HostClient)
 	if !ok {
+		w.Breaker.Abandon(d.Probe)
 		fail.set(fasthttp.StatusBadGateway, typeServer, "worker "+w.ID+" is not reachable over HTTP", "")
 		return outRetry
 	}
@@ -160,6 +162,9 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 		req.Header.Del("Authorization")
 	}
 	req.Header.SetHost(w.Addr)
+	if w.TLS {
+		req.URI().SetScheme("https") // HostClient{IsTLS} refuses an http URI
+	}
 	req.SetBodyRaw(rs.fwd)
 
 	prompt := int64(r.PromptTokens)
@@ -184,6 +189,16 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 		deadline = start.Add(secs(t.NonStreamTotalSeconds))
 	}
 
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		// The request's budget was spent by earlier attempts: the worker
+		// was never contacted, so it gets no breaker fault.
+		fasthttp.ReleaseRequest(req)
+		w.Release(tokens, prompt, blocks, false)
+		w.Breaker.Abandon(d.Probe)
+		mTimeouts.Inc()
+		fail.set(fasthttp.StatusGatewayTimeout, typeTimeout, "request deadline passed before worker "+w.ID+" was tried", "timeout")
+		return outRetry
+	}
 	resp := fasthttp.AcquireResponse()
 	resp.StreamBody = r.Stream // non-stream bodies are read whole inside Do
 	var err error
@@ -210,7 +225,11 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 			w.Breaker.Abandon(d.Probe)
 		}
 		if !final {
-			fail.set(status, typeServer, "worker "+w.ID+" answered "+strconv.Itoa(status), "")
+			typ := typeServer
+			if status == fasthttp.StatusTooManyRequests {
+				typ = typeRateLimit
+			}
+			fail.set(status, typ, "worker "+w.ID+" answered "+strconv.Itoa(status), "")
 			if stream == nil {
 				fail.body = append(fail.body, resp.Body()...)
 				fail.contentType = append(fail.contentType, resp.Header.ContentType()...)
@@ -227,7 +246,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 	if stream == nil {
 		// Whole body already read (fixed length): copy and finish.
 		if status < 400 {
-			w.Breaker.Success()
+			w.Breaker.Success(d.Probe)
 		}
 		copyResponseHeaders(ctx, resp)
 		ctx.Response.SetBodyRaw(nil)
@@ -266,7 +285,8 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 	tp.conn = connOf(resp)
 	tp.sse = r.Stream
 	tp.start, tp.total = start, total
-	tp.tokens, tp.prompt, tp.blocks, tp.probe = tokens, prompt, blocks, d.Probe
+	// For status >= 400 the breaker was told above; the probe is settled.
+	tp.tokens, tp.prompt, tp.blocks, tp.probe = tokens, prompt, blocks, d.Probe && status < 400
 	tp.ok = status < 400
 	if r.Stream {
 		tp.idle = secs(t.StreamIdleSeconds)
@@ -458,17 +478,23 @@ func (t *tap) Read(p []byte) (int, error) {
 	// with an error event; other bodies are cut (the client sees a short body).
 	t.upErr = err
 	mMidStreamErr.Inc()
-	msg := "upstream stream from worker " + t.w.ID + " failed"
+	msg, typ := "upstream stream from worker "+t.w.ID+" failed", typeServer
 	if isTimeout(err) {
+		typ = typeTimeout
 		mTimeouts.Inc()
 		msg = "upstream stream from worker " + t.w.ID + " timed out"
 	}
-	t.w.Breaker.Failure(time.Now().UnixNano())
+	if (isTimeout(err) && !t.total.IsZero() && !time.Now().Before(t.total)) || errors.Is(err, broker.ErrMaxDuration) {
+		// The configured wall-clock cap, not a worker fault.
+		t.w.Breaker.Abandon(t.probe)
+	} else {
+		t.w.Breaker.Failure(time.Now().UnixNano())
+	}
 	logUpstreamError(t.w, err)
 	if !t.sse {
 		return n, err
 	}
-	t.tail = appendSSEError(t.tail[:0], typeTimeout, msg)
+	t.tail = appendSSEError(t.tail[:0], typ, msg)
 	return n, nil
 }
 
@@ -485,7 +511,7 @@ func (t *tap) CloseWithError(err error) error {
 		closeStream(t.body, t.upErr)
 	default:
 		if t.ok && t.upEOF {
-			t.w.Breaker.Success()
+			t.w.Breaker.Success(t.probe)
 		} else {
 			t.w.Breaker.Abandon(t.probe)
 		}

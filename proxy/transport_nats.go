@@ -40,7 +40,10 @@ func (s *Server) forwardNATS(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *r
 		w.Release(tokens, prompt, blocks, false)
 		code := broker.HTTPStatus(err)
 		switch {
-		case errors.Is(err, broker.ErrMaxPending), errors.Is(err, broker.ErrWorkerBusy), errors.Is(err, broker.ErrTooLarge):
+		case errors.Is(err, broker.ErrMaxPending), errors.Is(err, broker.ErrWorkerBusy), errors.Is(err, broker.ErrTooLarge),
+			errors.Is(err, broker.ErrMaxDuration):
+			// Admission, size and the request's own wall-clock cap are not
+			// the worker's fault.
 			w.Breaker.Abandon(d.Probe)
 		default:
 			if code == fasthttp.StatusGatewayTimeout {
@@ -94,10 +97,19 @@ func (s *Server) forwardNATS(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *r
 		releaseTap(tp)
 		w.Release(tokens, prompt, blocks, false)
 		code := broker.HTTPStatus(rerr)
-		w.Breaker.Failure(time.Now().UnixNano())
-		fail.set(code, typeServer, "worker "+w.ID+": "+rerr.Error(), "")
+		typ := typeServer
+		if code == fasthttp.StatusGatewayTimeout {
+			typ = typeTimeout
+			mTimeouts.Inc()
+		}
+		if errors.Is(rerr, broker.ErrMaxDuration) {
+			w.Breaker.Abandon(d.Probe)
+		} else {
+			w.Breaker.Failure(time.Now().UnixNano())
+		}
+		fail.set(code, typ, "worker "+w.ID+": "+rerr.Error(), "")
 		if !broker.Retryable(rerr) {
-			writeError(ctx, code, typeServer, fail.msg, "", "")
+			writeError(ctx, code, typ, fail.msg, "", "")
 			return outDone
 		}
 		return outRetry

@@ -78,19 +78,26 @@ func (b *Breaker) Admit(now int64) (ok, probe bool) {
 	return false, false
 }
 
-// Success records a successful request: it resets the fault count and
-// closes the breaker (a successful probe restores the worker).
-func (b *Breaker) Success() {
+// Success records a successful request: it resets the fault count; when
+// probe is true (the half-open probe succeeded) it closes the breaker. A
+// non-probe success (a request dispatched before the trip, or a forced
+// dispatch) never closes a tripped breaker: only the probe restores it.
+func (b *Breaker) Success(probe bool) {
 	if b.state.Load() == BreakerClosed {
 		if b.fails.Load() != 0 {
 			b.fails.Store(0)
 		}
 		return
 	}
+	if !probe {
+		return
+	}
 	b.mu.Lock()
-	b.fails.Store(0)
-	b.cooldown = b.cfg.Cooldown
-	b.state.Store(BreakerClosed)
+	if b.state.Load() == BreakerHalfOpen {
+		b.fails.Store(0)
+		b.cooldown = b.cfg.Cooldown
+		b.state.Store(BreakerClosed)
+	}
 	b.mu.Unlock()
 }
 

@@ -35,7 +35,7 @@ func TestBreakerTripsAfterThreshold(t *testing.T) {
 	b := newBreaker(3, time.Second, 4*time.Second)
 	b.Failure(0)
 	b.Failure(0)
-	b.Success()
+	b.Success(false)
 	b.Failure(0)
 	b.Failure(0)
 	if b.State() != BreakerClosed {
@@ -77,7 +77,7 @@ func TestBreakerProbeCycle(t *testing.T) {
 		}
 	}
 	// Success restores the worker and resets the cooldown.
-	b.Success()
+	b.Success(true)
 	if b.State() != BreakerClosed || !b.Available(now) {
 		t.Fatalf("not restored")
 	}
@@ -124,7 +124,7 @@ func TestBreakerInPick(t *testing.T) {
 	if probes != 1 {
 		t.Fatalf("%d probes, want exactly 1 while half-open", probes)
 	}
-	bad.Breaker.Success()
+	bad.Breaker.Success(true)
 	// All open: still dispatches (fallback), no error.
 	for _, w := range v.Routable {
 		for i := 0; i < 3; i++ {
