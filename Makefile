@@ -2,7 +2,6 @@
 GO       ?= go
 BIN      := bin/infera
 PKGS     := ./...
-RACEPKGS := ./config/... ./proxy/... ./sched/... ./radix/... ./kv/... ./tokenizer/... ./jinja/...
 TOKDIR   := testdata/tokenizers/qwen3
 APT_PKGS := libzmq3-dev pkg-config etcd-server nats-server redis-server nginx-light wrk
 
@@ -43,10 +42,10 @@ build:
 ## test: everything, against real etcd/NATS/ZMQ/tokenizer (installed by deps)
 test: deps
 	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 $(GO) test -count=1 -timeout 15m $(PKGS)
-	$(GO) test -count=1 -race -timeout 10m $(RACEPKGS)
+	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 $(GO) test -count=1 -race -timeout 15m $(PKGS)
 
 test-race: deps
-	$(GO) test -count=1 -race -timeout 20m $(PKGS)
+	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 $(GO) test -count=1 -race -timeout 15m $(PKGS)
 
 fmt:
 	gofmt -l -w .
@@ -60,9 +59,13 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzTemplate -fuzztime 30s ./jinja/
 	$(GO) test -run XXX -fuzz FuzzSplitWords -fuzztime 15s ./tokenizer/
 	$(GO) test -run XXX -fuzz FuzzEncode -fuzztime 15s ./tokenizer/
+	$(GO) test -run XXX -fuzz FuzzDecode -fuzztime 20s ./kv/
+	$(GO) test -run XXX -fuzz FuzzModelMatch -fuzztime 15s ./sched/
+	$(GO) test -run XXX -fuzz FuzzParseTrace -fuzztime 15s ./bench/
+	$(GO) test -run XXX -fuzz FuzzParseKubeconfig -fuzztime 15s ./discovery/
 
 bench:
-	$(GO) test -run XXX -bench . -benchmem -benchtime 2s ./proxy/ ./sched/ ./radix/ ./kv/ ./tokenizer/
+	$(GO) test -run XXX -bench . -benchmem -benchtime 1s ./proxy/ ./sched/ ./radix/ ./kv/ ./tokenizer/ ./engine/ ./broker/
 
 ## bench-proxy: router overhead vs direct vs nginx, one run
 bench-proxy: deps build
