@@ -5,12 +5,12 @@ PKGS     := ./...
 TOKDIR   := testdata/tokenizers/qwen3
 APT_PKGS := libzmq3-dev pkg-config etcd-server nats-server redis-server nginx-light wrk
 
-.PHONY: all deps deps-apt tokenizer tokref build test test-race bench bench-proxy demo fmt vet fuzz clean
+.PHONY: all deps deps-apt tokenizer sdk tokref build test test-race bench bench-proxy demo fmt vet fuzz clean
 
 all: build
 
 ## deps: install system packages (Debian), Go modules and the reference tokenizer
-deps: deps-apt tokenizer
+deps: deps-apt tokenizer sdk
 	$(GO) mod download
 
 deps-apt:
@@ -32,6 +32,12 @@ tokenizer: $(TOKDIR)/tokenizer.json
 $(TOKDIR)/tokenizer.json:
 	bash scripts/fetch-tokenizer.sh $(TOKDIR)
 
+## sdk: the official OpenAI Node SDK used by TestOpenAISDK
+sdk: scripts/sdk/node_modules/openai/package.json
+
+scripts/sdk/node_modules/openai/package.json: scripts/sdk/package-lock.json
+	cd scripts/sdk && npm ci --no-audit --no-fund --loglevel=error
+
 ## tokref: regenerate the tokenizer/jinja reference outputs (Node 20 + npm)
 tokref:
 	cd scripts/tokref && npm ci --no-audit --no-fund && node gen.mjs
@@ -41,11 +47,11 @@ build:
 
 ## test: everything, against real etcd/NATS/ZMQ/tokenizer (installed by deps)
 test: deps
-	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 $(GO) test -count=1 -timeout 15m $(PKGS)
-	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 $(GO) test -count=1 -race -timeout 15m $(PKGS)
+	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 INFERA_REQUIRE_SDK=1 $(GO) test -count=1 -timeout 15m $(PKGS)
+	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 INFERA_REQUIRE_SDK=1 $(GO) test -count=1 -race -timeout 15m $(PKGS)
 
 test-race: deps
-	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 $(GO) test -count=1 -race -timeout 15m $(PKGS)
+	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 INFERA_REQUIRE_SDK=1 $(GO) test -count=1 -race -timeout 15m $(PKGS)
 
 fmt:
 	gofmt -l -w .
