@@ -2,13 +2,13 @@ package broker
 
 import (
 	"fmt"
-	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/internal/logx"
 	"github.com/nats-io/nats.go"
 )
 
@@ -23,6 +23,8 @@ var (
 // one goroutine, in arrival order (so per worker in order); keep it short.
 type KVFunc func(workerID string, topic []byte, seq uint64, payload []byte)
 
+var badKVLog = &logx.Throttle{Every: 5 * time.Second}
+
 // SubscribeKVEvents subscribes infera.kv.events.> once for the whole fleet
 // and calls fn for every well-formed frame. Malformed ones are counted in
 // infera_nats_kv_events_bad_total and logged (rate-limited).
@@ -33,7 +35,7 @@ func SubscribeKVEvents(nc *nats.Conn, fn KVFunc) (*nats.Subscription, error) {
 		seq, err := strconv.ParseUint(seqStr, 10, 64)
 		if err != nil || !ValidWorkerID(id) {
 			mKVBad.Inc()
-			badKVLog.log("dropping malformed KV event", "subject", m.Subject, "seq", seqStr)
+			badKVLog.Warn("dropping malformed KV event", "subject", m.Subject, "seq", seqStr)
 			return
 		}
 		mKVRecv.Inc()
@@ -44,28 +46,6 @@ func SubscribeKVEvents(nc *nats.Conn, fn KVFunc) (*nats.Subscription, error) {
 	}
 	sub.SetPendingLimits(-1, 256<<20)
 	return sub, nil
-}
-
-// throttle logs at most once per interval, counting what it suppressed.
-type throttle struct {
-	every      time.Duration
-	last       atomic.Int64
-	suppressed atomic.Int64
-}
-
-var badKVLog = &throttle{every: 5 * time.Second}
-
-func (t *throttle) log(msg string, args ...any) {
-	now := time.Now().UnixNano()
-	last := t.last.Load()
-	if now-last < int64(t.every) || !t.last.CompareAndSwap(last, now) {
-		t.suppressed.Add(1)
-		return
-	}
-	if n := t.suppressed.Swap(0); n > 0 {
-		args = append(args, "suppressed", n)
-	}
-	slog.Warn(msg, args...)
 }
 
 // KVRelayConfig configures the worker-side KV-event relay.

@@ -81,14 +81,14 @@ func (r *KVRelay) run(sock *zmq.Socket) {
 			}
 			if len(parts) != 3 || len(parts[1]) != 8 || !validHeaderValue(string(parts[0])) {
 				mRelayBad.Inc()
-				badKVLog.log("KV relay dropping malformed ZMQ frame", "worker", r.cfg.WorkerID, "parts", len(parts))
+				badKVLog.Warn("KV relay dropping malformed ZMQ frame", "worker", r.cfg.WorkerID, "parts", len(parts))
 				continue
 			}
 			m.Header.Set(HdrTopic, string(parts[0]))
 			m.Header.Set(HdrSeq, strconv.FormatUint(binary.BigEndian.Uint64(parts[1]), 10))
 			m.Data = parts[2]
 			if err := r.cfg.Conn.PublishMsg(m); err != nil {
-				badKVLog.log("KV relay cannot publish to NATS", "worker", r.cfg.WorkerID, "err", err)
+				badKVLog.Warn("KV relay cannot publish to NATS", "worker", r.cfg.WorkerID, "err", err)
 				continue
 			}
 			mRelayFrames.Inc()

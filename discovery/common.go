@@ -2,12 +2,12 @@ package discovery
 
 import (
 	"fmt"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/internal/logx"
 	"github.com/infera/infera/sched"
 )
 
@@ -38,7 +38,7 @@ type backendStats struct {
 	relists *metrics.Counter
 	healthy atomic.Int64
 	workers atomic.Int64
-	log     throttle
+	log     logx.Throttle
 }
 
 var (
@@ -52,7 +52,7 @@ func statsFor(backend string) *backendStats {
 	if s := stats[backend]; s != nil {
 		return s
 	}
-	s := &backendStats{name: backend, log: throttle{every: 5 * time.Second}}
+	s := &backendStats{name: backend, log: logx.Throttle{Every: 5 * time.Second}}
 	lbl := fmt.Sprintf(`{backend=%q}`, backend)
 	s.bad = metrics.GetOrCreateCounter(`infera_discovery_bad_records_total` + lbl)
 	s.relists = metrics.GetOrCreateCounter(`infera_discovery_relists_total` + lbl)
@@ -65,27 +65,7 @@ func statsFor(backend string) *backendStats {
 // badRecord counts and logs (rate-limited) a record that was skipped.
 func (s *backendStats) badRecord(where string, err error) {
 	s.bad.Inc()
-	s.log.log("discovery: skipping bad worker record", "backend", s.name, "source", where, "err", err)
-}
-
-// throttle logs at most once per interval, counting what it suppressed.
-type throttle struct {
-	every      time.Duration
-	last       atomic.Int64
-	suppressed atomic.Int64
-}
-
-func (t *throttle) log(msg string, args ...any) {
-	now := time.Now().UnixNano()
-	last := t.last.Load()
-	if now-last < int64(t.every) || !t.last.CompareAndSwap(last, now) {
-		t.suppressed.Add(1)
-		return
-	}
-	if n := t.suppressed.Swap(0); n > 0 {
-		args = append(args, "suppressed", n)
-	}
-	slog.Warn(msg, args...)
+	s.log.Warn("discovery: skipping bad worker record", "backend", s.name, "source", where, "err", err)
 }
 
 // health is a backend's connectivity state for Health().

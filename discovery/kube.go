@@ -364,7 +364,7 @@ func (w *KubeWatcher) apply(ev *kubeEvent) error {
 		return fmt.Errorf("watch error %d %s: %s", st.Code, st.Reason, st.Message)
 	case "ADDED", "MODIFIED", "DELETED", "BOOKMARK":
 	default:
-		w.st.log.log("kubernetes discovery: ignoring unknown watch event", "type", ev.Type)
+		w.st.log.Warn("kubernetes discovery: ignoring unknown watch event", "type", ev.Type)
 		return nil
 	}
 	var p kubePod

@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"errors"
-	"log/slog"
 	"net"
 	"sort"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/broker"
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/logx"
 	"github.com/infera/infera/sched"
 	"github.com/infera/infera/tokenizer"
 	"github.com/valyala/fasthttp"
@@ -376,30 +376,8 @@ func isHopHeader(k []byte) bool {
 	return false
 }
 
-var logLimiter = newLimiter(time.Second)
-
-// limiter lets one log line through per interval.
-type limiter struct {
-	mu    sync.Mutex
-	every time.Duration
-	last  time.Time
-}
-
-func newLimiter(every time.Duration) *limiter { return &limiter{every: every} }
-
-func (l *limiter) allow() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := time.Now()
-	if now.Sub(l.last) < l.every {
-		return false
-	}
-	l.last = now
-	return true
-}
+var upstreamLog = &logx.Throttle{Every: time.Second}
 
 func logUpstreamError(w *sched.Worker, err error) {
-	if logLimiter.allow() {
-		slog.Warn("upstream request failed", "worker", w.ID, "err", err)
-	}
+	upstreamLog.Warn("upstream request failed", "worker", w.ID, "err", err)
 }

@@ -26,19 +26,19 @@ type affinityTable struct {
 }
 
 type affShard struct {
-	mu         sync.Mutex
-	m          map[uint64]uint32 // key -> slab index
-	ents       []affEntry        // ents[0] is the nil sentinel
-	head, tail uint32
-	free       uint32 // free list through next
-	_          [64]byte
+	mu   sync.Mutex
+	m    map[uint64]uint32 // key -> slab index
+	ents []affEntry        // ents[0] is the nil sentinel
+	lruList
+	free uint32 // free list through next
+	_    [64]byte
 }
 
 type affEntry struct {
-	key        uint64
-	w          *Worker
-	last       int64 // unix ns of the last use
-	prev, next uint32
+	key  uint64
+	w    *Worker
+	last int64 // unix ns of the last use
+	links
 }
 
 func affinityShards(maxEntries int) int {
@@ -160,45 +160,14 @@ func (t *affinityTable) sweep(now, ttl int64) int {
 
 // Lock must be held for the list operations below.
 
-func (sh *affShard) unlink(i uint32) {
-	e := &sh.ents[i]
-	if e.prev != 0 {
-		sh.ents[e.prev].next = e.next
-	} else {
-		sh.head = e.next
-	}
-	if e.next != 0 {
-		sh.ents[e.next].prev = e.prev
-	} else {
-		sh.tail = e.prev
-	}
-	e.prev, e.next = 0, 0
-}
-
-func (sh *affShard) pushFront(i uint32) {
-	e := &sh.ents[i]
-	e.prev, e.next = 0, sh.head
-	if sh.head != 0 {
-		sh.ents[sh.head].prev = i
-	}
-	sh.head = i
-	if sh.tail == 0 {
-		sh.tail = i
-	}
-}
-
-func (sh *affShard) moveFront(i uint32) {
-	if sh.head == i {
-		return
-	}
-	sh.unlink(i)
-	sh.pushFront(i)
-}
+func (sh *affShard) unlink(i uint32)    { lruUnlink(&sh.lruList, sh.ents, i) }
+func (sh *affShard) pushFront(i uint32) { lruPushFront(&sh.lruList, sh.ents, i) }
+func (sh *affShard) moveFront(i uint32) { lruMoveFront(&sh.lruList, sh.ents, i) }
 
 func (sh *affShard) remove(i uint32) {
 	sh.unlink(i)
 	delete(sh.m, sh.ents[i].key)
-	sh.ents[i] = affEntry{next: sh.free}
+	sh.ents[i] = affEntry{links: links{next: sh.free}}
 	sh.free = i
 }
 

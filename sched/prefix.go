@@ -63,22 +63,22 @@ type prefixIndex struct {
 }
 
 type pshard struct {
-	mu         sync.RWMutex
-	m          map[uint64]uint32
-	ents       []pentry // ents[0] is the nil sentinel
-	head, tail uint32
-	free       uint32
-	_          [64]byte
+	mu   sync.RWMutex
+	m    map[uint64]uint32
+	ents []pentry // ents[0] is the nil sentinel
+	lruList
+	free uint32
+	_    [64]byte
 }
 
 type pentry struct {
-	key        uint64
-	last       uint32 // seconds since epoch of the last access (atomic)
-	listed     uint32 // seconds since epoch when moved to the list head
-	prev, next uint32
-	n          uint8 // used slots
-	idx        [prefixSlots]uint16
-	ser        [prefixSlots]uint16
+	key    uint64
+	last   uint32 // seconds since epoch of the last access (atomic)
+	listed uint32 // seconds since epoch when moved to the list head
+	links
+	n   uint8 // used slots
+	idx [prefixSlots]uint16
+	ser [prefixSlots]uint16
 }
 
 func newPrefixIndex(blockSize int, now int64) *prefixIndex {
@@ -388,45 +388,14 @@ func (sh *pshard) alloc() uint32 {
 	return uint32(len(sh.ents) - 1)
 }
 
-func (sh *pshard) unlink(i uint32) {
-	e := &sh.ents[i]
-	if e.prev != 0 {
-		sh.ents[e.prev].next = e.next
-	} else {
-		sh.head = e.next
-	}
-	if e.next != 0 {
-		sh.ents[e.next].prev = e.prev
-	} else {
-		sh.tail = e.prev
-	}
-	e.prev, e.next = 0, 0
-}
-
-func (sh *pshard) pushFront(i uint32) {
-	e := &sh.ents[i]
-	e.prev, e.next = 0, sh.head
-	if sh.head != 0 {
-		sh.ents[sh.head].prev = i
-	}
-	sh.head = i
-	if sh.tail == 0 {
-		sh.tail = i
-	}
-}
-
-func (sh *pshard) moveFront(i uint32) {
-	if sh.head == i {
-		return
-	}
-	sh.unlink(i)
-	sh.pushFront(i)
-}
+func (sh *pshard) unlink(i uint32)    { lruUnlink(&sh.lruList, sh.ents, i) }
+func (sh *pshard) pushFront(i uint32) { lruPushFront(&sh.lruList, sh.ents, i) }
+func (sh *pshard) moveFront(i uint32) { lruMoveFront(&sh.lruList, sh.ents, i) }
 
 func (sh *pshard) remove(i uint32) {
 	sh.unlink(i)
 	delete(sh.m, sh.ents[i].key)
-	sh.ents[i] = pentry{next: sh.free}
+	sh.ents[i] = pentry{links: links{next: sh.free}}
 	sh.free = i
 }
 
