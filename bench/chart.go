@@ -80,7 +80,8 @@ func WriteSVG(w io.Writer, title string, sums []Summary) error {
 			x := float64(bx) + slot*float64(i) + slot*0.15
 			fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`, x, float64(ly+lh)-h, slot*0.7, h, col)
 			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%.3f</text>`, x+slot*0.35, float64(ly+lh)-h-4, s.HitRate)
-			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x+slot*0.35, ly+lh+16, html.EscapeString(s.Name))
+			// Names alternate between two rows so neighbours never overlap.
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" font-size="11">%s</text>`+"\n", x+slot*0.35, ly+lh+14+14*(i%2), html.EscapeString(s.Name))
 		}
 	}
 	b.WriteString("</svg>\n")
