@@ -147,3 +147,57 @@ func TestE2EKVEventsOverNATS(t *testing.T) {
 		}
 	}
 }
+
+// With the real Qwen3 tokenizer and chat template on both sides (router
+// --router-tokenizer-path, engine --tokenizer), the router's block hashes
+// match the engines' KV events: follow-up turns land where their prefix is.
+func TestE2EKVAwareWithHFTokenizer(t *testing.T) {
+	dir := filepath.Join("testdata", "tokenizers", "qwen3")
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		if os.Getenv("INFERA_REQUIRE_TOKENIZER") == "1" {
+			t.Fatalf("tokenizer missing (make tokenizer): %v", err)
+		}
+		t.Skip("tokenizer not fetched; run make tokenizer")
+	}
+	var workers []string
+	for i := 0; i < 2; i++ {
+		ep := fmt.Sprintf("tcp://127.0.0.1:%d", testsrv.FreePort(t))
+		_, url := startEngine(t, "--speedup", "50", "--kv-events-endpoint", ep, "--tokenizer", dir)
+		workers = append(workers, fmt.Sprintf(`{"id":"q%d","url":%q,"models":["sim-model"],"kv_events_endpoint":%q,"block_size":16}`, i, url, ep))
+	}
+	cfgPath := filepath.Join(t.TempDir(), "infera.json")
+	os.WriteFile(cfgPath, []byte(`{"workers":[`+strings.Join(workers, ",")+`],"debug":{"decision_header":true}}`), 0o644)
+	rt, r := startServe(t, "--config", cfgPath, "--router-policy", "kv-aware", "--router-tokenizer-path", dir)
+	waitRoutable(t, rt, 2)
+	time.Sleep(200 * time.Millisecond)
+	sys := strings.Repeat("You are a meticulous assistant who answers in French. ", 30)
+	for c := 0; c < 4; c++ {
+		first := fmt.Sprintf(`{"model":"sim-model","max_tokens":3,"messages":[{"role":"system","content":%q},{"role":"user","content":"Question %d?"}]}`, sys+fmt.Sprint(c), c)
+		resp, b := doPost(t, r+"/v1/chat/completions", first)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		w1 := resp.Header.Get("X-Infera-Worker")
+		time.Sleep(150 * time.Millisecond)
+		follow := strings.Replace(first, `}]}`, `},{"role":"assistant","content":"Réponse."},{"role":"user","content":"Et ensuite ?"}]}`, 1)
+		resp, b = doPost(t, r+"/v1/chat/completions", follow)
+		var cr chatResp
+		json.Unmarshal(b, &cr)
+		if w2 := resp.Header.Get("X-Infera-Worker"); w2 != w1 || cr.Usage.PromptTokensDetails.CachedTokens < cr.Usage.PromptTokens/2 {
+			t.Fatalf("conversation %d: first on %s, follow-up on %s with %d/%d cached", c, w1, w2, cr.Usage.PromptTokensDetails.CachedTokens, cr.Usage.PromptTokens)
+		}
+	}
+	// /tokenize agrees with the engine's prompt token count.
+	resp, b := doPost(t, r+"/tokenize", `{"model":"sim-model","messages":[{"role":"user","content":"Hello"}]}`)
+	var tk struct {
+		Count int `json:"count"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal(b, &tk) != nil || tk.Count == 0 {
+		t.Fatalf("tokenize: %d %s", resp.StatusCode, b)
+	}
+	resp, b = doPost(t, r+"/v1/chat/completions", `{"model":"sim-model","max_tokens":1,"messages":[{"role":"user","content":"Hello"}]}`)
+	var cr chatResp
+	if json.Unmarshal(b, &cr) != nil || cr.Usage.PromptTokens != tk.Count {
+		t.Fatalf("router counts %d prompt tokens, engine %d (%s)", tk.Count, cr.Usage.PromptTokens, b)
+	}
+}
