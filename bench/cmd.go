@@ -261,6 +261,7 @@ func (c *CompareCmd) Run() error {
 	if err != nil {
 		return err
 	}
+	warnOversized(os.Stderr, reqs, c.BlockSize, c.KVCapacityBlocks)
 	ctx, cancel := signalContext()
 	defer cancel()
 	cc := CompareConfig{Bin: bin, Policies: splitList(c.Policies), Engines: c.Engines, EngineURLs: splitList(c.EngineURLs),
@@ -324,6 +325,7 @@ func (c *SimulateCmd) Run() error {
 	if err != nil {
 		return err
 	}
+	warnOversized(os.Stderr, reqs, c.BlockSize, c.KVCapacityBlocks)
 	var sums []Summary
 	for _, pol := range splitList(c.Policies) {
 		r, err := Simulate(reqs, SimConfig{Engines: c.Engines, Core: c.coreConfig(), Policy: pol, Model: c.Model, Load: c.config(&c.WorkloadFlags), KVOverlapWeight: c.KVOverlapWeight})
@@ -383,4 +385,21 @@ func (c *GenCmd) Run() error {
 		return err
 	}
 	return f.Close()
+}
+
+// warnOversized tells the user when requests can never fit one engine's KV
+// cache (they get 400 from the engine), naming the flag to raise.
+func warnOversized(w io.Writer, reqs []TraceRequest, blockSize, capacityBlocks int) {
+	n, largest := 0, 0
+	for _, r := range reqs {
+		need := (r.InputLength + r.OutputLength + blockSize - 1) / blockSize
+		if need > capacityBlocks {
+			n++
+		}
+		largest = max(largest, need)
+	}
+	if n > 0 {
+		fmt.Fprintf(w, "warning: %d of %d requests need more KV blocks than an engine has (largest %d > --kv-capacity-blocks %d); engines will reject them with 400: raise --kv-capacity-blocks to at least %d\n",
+			n, len(reqs), largest, capacityBlocks, largest)
+	}
 }

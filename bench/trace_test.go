@@ -124,3 +124,17 @@ func FuzzParseTrace(f *testing.F) {
 		}
 	})
 }
+
+func TestWarnOversized(t *testing.T) {
+	var b strings.Builder
+	reqs := []TraceRequest{{InputLength: 100, OutputLength: 28}, {InputLength: 1000, OutputLength: 24}}
+	warnOversized(&b, reqs, 16, 8) // 8 and 64 blocks needed
+	if !strings.Contains(b.String(), "1 of 2 requests") || !strings.Contains(b.String(), "at least 64") {
+		t.Fatalf("warning %q", b.String())
+	}
+	b.Reset()
+	warnOversized(&b, reqs, 16, 64)
+	if b.Len() != 0 {
+		t.Fatalf("unexpected warning %q", b.String())
+	}
+}
