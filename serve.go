@@ -371,7 +371,7 @@ func staticRecords(f *config.Serve, cfg *config.Config) []sched.Record {
 		seen[id] = true
 		rs = append(rs, sched.Record{
 			ID: id, URL: strings.TrimRight(w.URL, "/"), Models: w.Models, Service: w.Service, Role: w.Role,
-			KVEventsEndpoint: w.KVEventsEndpoint, KVReplayEndpoint: w.KVReplayEndpoint, BlockSize: w.BlockSize,
+			KVEventsEndpoint: w.KVEventsEndpoint, KVReplayEndpoint: w.KVReplayEndpoint, BlockSize: w.BlockSize, DPSize: w.DPSize,
 			Status: sched.StatusActive,
 		})
 	}

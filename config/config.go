@@ -40,6 +40,7 @@ type WorkerSpec struct {
 	KVEventsEndpoint string   `json:"kv_events_endpoint"`
 	KVReplayEndpoint string   `json:"kv_replay_endpoint"`
 	BlockSize        int      `json:"block_size"`
+	DPSize           int      `json:"dp_size"`
 }
 
 // LoadBalancing is layer 3 of the primary scheduling policy.

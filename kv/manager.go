@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -235,7 +236,7 @@ type workerState struct {
 	labels                                                  string
 	mApplied, mDropped, mMalformed, mUnknown, mStale, mGaps *metrics.Counter
 	mRecoveries, mResyncs                                   *metrics.Counter
-	replayFn                                                func(start uint64, fn func(seq uint64, payload []byte)) error
+	replayFn                                                func(rank int, start uint64, fn func(seq uint64, payload []byte)) error
 	metricNames                                             []string
 }
 
@@ -264,8 +265,8 @@ func (m *Manager) newWorkerState(w *sched.Worker) *workerState {
 	ws.mResyncs = c("infera_kv_resyncs_total")
 	if w.KVReplayEndpoint != "" {
 		ep, timeout := w.KVReplayEndpoint, m.cfg.ReplayTimeout
-		ws.replayFn = func(start uint64, fn func(uint64, []byte)) error {
-			return Replay(ep, start, timeout, fn)
+		ws.replayFn = func(rank int, start uint64, fn func(uint64, []byte)) error {
+			return Replay(rankEndpoint(ep, rank), start, timeout, fn)
 		}
 	}
 	return ws
@@ -370,7 +371,7 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 	ws.mGaps.Inc()
 	rank := b.DPRank
 	if ws.replayFn != nil && !ws.stopped.Load() {
-		err := ws.replayFn(rs.next, func(s uint64, p []byte) {
+		err := ws.replayFn(rank, rs.next, func(s uint64, p []byte) {
 			if s < rs.next || s >= seq {
 				return
 			}
@@ -534,6 +535,23 @@ func connectEndpoint(ep, workerAddr string) string {
 		wh = "127.0.0.1"
 	}
 	return tcp + wh + hostport[i:]
+}
+
+// rankEndpoint returns the endpoint of data-parallel rank r: vLLM binds
+// rank r's publisher (and replay socket) on the base port + r.
+func rankEndpoint(ep string, r int) string {
+	if r == 0 {
+		return ep
+	}
+	i := lastColon(ep)
+	if i < 0 {
+		return ep
+	}
+	port, err := strconv.Atoi(ep[i+1:])
+	if err != nil {
+		return ep
+	}
+	return ep[:i+1] + strconv.Itoa(port+r)
 }
 
 func lastColon(s string) int {

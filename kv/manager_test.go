@@ -325,3 +325,52 @@ func TestRoutesToCachingEngine(t *testing.T) {
 		t.Fatalf("picked %s after eviction, want nil (defer)", w.ID)
 	}
 }
+
+// A data-parallel engine publishes rank r on the base port + r; one worker
+// with dp_size 2 follows both ranks.
+func TestDataParallelRanks(t *testing.T) {
+	m, x := newTestManager(t, "zmq")
+	var pubs [2]*Publisher
+	for try := 0; pubs[1] == nil; try++ {
+		if try > 20 {
+			t.Fatal("no two consecutive free ports")
+		}
+		base := 20000 + int(time.Now().UnixNano()%30000)
+		var err error
+		for r := 0; r < 2; r++ {
+			pubs[r], err = NewPublisher(PublisherConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+r), DPRank: r, FlushInterval: time.Millisecond})
+			if err != nil {
+				if r == 1 {
+					pubs[0].Close()
+				}
+				pubs[0], pubs[1] = nil, nil
+				break
+			}
+		}
+	}
+	for _, p := range pubs {
+		p := p
+		t.Cleanup(func() { _ = p.Close() })
+	}
+	if got := rankEndpoint(pubs[0].Endpoint(), 1); got != pubs[1].Endpoint() {
+		t.Fatalf("rank 1 endpoint %q, want %q", got, pubs[1].Endpoint())
+	}
+	w := &sched.Worker{Idx: 3, ID: "dp", KVEventsEndpoint: pubs[0].Endpoint(), BlockSize: bs, DPSize: 2}
+	if err := m.WorkerAdded(w); err != nil {
+		t.Fatal(err)
+	}
+	for r, p := range pubs {
+		a := tokensFor(10+r, 2)
+		deadline := time.Now().Add(5 * time.Second)
+		for overlap(x, w.Idx, a) != 2 {
+			if time.Now().After(deadline) {
+				t.Fatalf("rank %d's events never reached the index", r)
+			}
+			p.BlockStored(engineHashes(10+r, 2), 0, false, a, bs)
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if st := m.Stats(w.ID); st.Gaps != 0 || st.Malformed != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}

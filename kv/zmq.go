@@ -49,8 +49,12 @@ func (ws *workerState) subscribeOnce(ep string) error {
 	if err := sock.SetSubscribe(""); err != nil {
 		return fmt.Errorf("cannot subscribe: %w", err)
 	}
-	if err := sock.Connect(ep); err != nil {
-		return fmt.Errorf("cannot connect SUB to %q: %w", ep, err)
+	// One SUB socket follows every data-parallel rank: rank r publishes on
+	// the base port + r; batches carry their rank, tracked separately.
+	for r := 0; r < max(1, ws.w.DPSize); r++ {
+		if err := sock.Connect(rankEndpoint(ep, r)); err != nil {
+			return fmt.Errorf("cannot connect SUB to %q: %w", rankEndpoint(ep, r), err)
+		}
 	}
 	poller := zmq.NewPoller()
 	poller.Add(sock, zmq.POLLIN)

@@ -187,6 +187,7 @@ func (f *Fleet) newWorker(r Record) (*Worker, error) {
 		KVEventsEndpoint: r.KVEventsEndpoint,
 		KVReplayEndpoint: r.KVReplayEndpoint,
 		BlockSize:        r.BlockSize,
+		DPSize:           r.DPSize,
 		Record:           r,
 	}
 	if u.Port() == "" {

@@ -20,6 +20,9 @@ type Record struct {
 	KVEventsEndpoint string `json:"kv_events_endpoint,omitempty"`
 	KVReplayEndpoint string `json:"kv_replay_endpoint,omitempty"`
 	BlockSize        int    `json:"block_size,omitempty"`
+	// DPSize is the engine's data-parallel size: vLLM publishes rank r's KV
+	// events on the endpoint's port + r (and replays on the replay port + r).
+	DPSize int `json:"dp_size,omitempty"`
 	// RequestTransport and KVEventTransport are what the worker speaks
 	// (http|nats, zmq|nats); empty means "whatever the server uses".
 	RequestTransport string `json:"request_transport,omitempty"`
@@ -52,6 +55,9 @@ func (r *Record) Validate() error {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("worker record %q: url %q must be http(s)://host:port", r.ID, r.URL)
 	}
+	if r.DPSize < 0 || r.DPSize > 1024 {
+		return fmt.Errorf("worker record %q: dp_size %d out of range", r.ID, r.DPSize)
+	}
 	if _, ok := ParseRole(r.Role); !ok {
 		return fmt.Errorf("worker record %q: role %q: want mixed, prefill or decode", r.ID, r.Role)
 	}
@@ -68,7 +74,7 @@ func (r *Record) Validate() error {
 func sameEndpoint(a, b *Record) bool {
 	if a.URL != b.URL || a.Service != b.Service || a.Role != b.Role ||
 		a.KVEventsEndpoint != b.KVEventsEndpoint || a.KVReplayEndpoint != b.KVReplayEndpoint ||
-		a.BlockSize != b.BlockSize || len(a.Models) != len(b.Models) ||
+		a.BlockSize != b.BlockSize || a.DPSize != b.DPSize || len(a.Models) != len(b.Models) ||
 		a.RequestTransport != b.RequestTransport || a.KVEventTransport != b.KVEventTransport {
 		return false
 	}

@@ -91,6 +91,8 @@ type Worker struct {
 	KVEventsEndpoint string
 	KVReplayEndpoint string
 	BlockSize        int
+	// DPSize is the engine's data-parallel size (KV events per rank).
+	DPSize int
 	// Record is the discovery record the worker was built from.
 	Record Record
 

@@ -38,6 +38,7 @@ type Cmd struct {
 	KVEventsEndpoint string `help:"The engine's ZMQ KV-event PUB endpoint (advertised for zmq; relayed for nats), e.g. tcp://127.0.0.1:5557." env:"INFERA_KV_EVENTS_ENDPOINT"`
 	KVReplayEndpoint string `help:"The engine's ZMQ KV-event replay endpoint, advertised in the record." env:"INFERA_KV_REPLAY_ENDPOINT"`
 	BlockSize        int    `help:"Engine KV block size in tokens (0: unknown, the server's --kv-block-size applies)." default:"0" env:"INFERA_BLOCK_SIZE"`
+	DPSize           int    `name:"dp-size" help:"Engine data-parallel size: rank r publishes KV events on the endpoint's port + r." default:"1" env:"INFERA_DP_SIZE"`
 
 	DiscoveryBackend string        `help:"Where to register: etcd or kubernetes." default:"etcd" enum:"etcd,kubernetes" env:"INFERA_DISCOVERY_BACKEND"`
 	EtcdEndpoint     []string      `help:"etcd endpoint(s), comma-separated host:port." default:"127.0.0.1:2379" env:"INFERA_ETCD_ENDPOINT" sep:","`
@@ -302,7 +303,7 @@ func (s *Sidecar) buildRecord(ctx context.Context) error {
 	s.rec = sched.Record{
 		ID: id, URL: strings.TrimRight(adv, "/"), Models: models, Service: c.Service, Role: c.Role,
 		KVEventsEndpoint: advertiseEndpoint(c.KVEventsEndpoint, advHost),
-		KVReplayEndpoint: advertiseEndpoint(c.KVReplayEndpoint, advHost), BlockSize: c.BlockSize,
+		KVReplayEndpoint: advertiseEndpoint(c.KVReplayEndpoint, advHost), BlockSize: c.BlockSize, DPSize: c.DPSize,
 		RequestTransport: c.RequestTransport, KVEventTransport: c.KVEventTransport,
 		Status: sched.StatusActive, Version: c.Version,
 	}
