@@ -12,8 +12,18 @@ import (
 // (client -> router -> upstream -> router -> client, all in this process)
 // allocates nothing per request.
 func TestNonStreamZeroAlloc(t *testing.T) {
+	for _, policy := range []string{"round-robin", "kv-aware"} {
+		t.Run(policy, func(t *testing.T) { testZeroAlloc(t, policy) })
+	}
+}
+
+// testZeroAlloc: under kv-aware (the default policy) the chat prompt is also
+// decoded, rendered, tokenized, hashed and matched against the KV index.
+func testZeroAlloc(t *testing.T, policy string) {
 	up := startUpstream(t, okHandler)
-	r := startRouter(t, nil, nil, up.url)
+	f := defaultFlags()
+	f.RouterPolicy = policy
+	r := startRouter(t, f, nil, up.url)
 	hc, req := benchClient(t, r.url, false)
 	resp := fasthttp.AcquireResponse()
 	do := func() {

@@ -1,13 +1,32 @@
 package proxy
 
 import (
+	"unsafe"
+
 	"github.com/infera/infera/tokenizer"
 )
 
 // decodeMessages decodes a chat messages array into msgs for template
 // rendering. It runs only when the router tokenizes prompts (kv-aware).
-func decodeMessages(msgs []tokenizer.Message, d []byte) ([]tokenizer.Message, error) {
-	var text []byte
+//
+// The messages' strings live in arena, which is reused by the next request:
+// they are valid only until the request handler returns (RenderChat does not
+// retain them). Decoded JSON strings are never longer than their encoding,
+// so an arena of len(d) bytes never reallocates and the strings stay put.
+// Steady state: no allocations unless messages carry tool calls.
+func decodeMessages(msgs []tokenizer.Message, d []byte, arena *[]byte) ([]tokenizer.Message, error) {
+	if cap(*arena) < len(d) {
+		*arena = make([]byte, 0, len(d)+len(d)/4)
+	}
+	a := (*arena)[:0]
+	str := func(v []byte) string { // v is a JSON value
+		if len(v) < 2 || v[0] != '"' {
+			return ""
+		}
+		start := len(a)
+		a = unescape(a, v[1:len(v)-1])
+		return arenaString(a[start:])
+	}
 	_, err := forEachElem(d, 0, func(vs, ve int) error {
 		if d[vs] != '{' {
 			return errMessages
@@ -16,31 +35,31 @@ func decodeMessages(msgs []tokenizer.Message, d []byte) ([]tokenizer.Message, er
 		_, err := forEachField(d, vs, func(key []byte, s, e int) error {
 			switch string(key) {
 			case "role":
-				m.Role = jsonStr(d[s:e], &text)
+				m.Role = str(d[s:e])
 			case "content":
 				if d[s] == '[' {
-					text = text[:0]
+					start := len(a)
 					forEachElem(d, s, func(ps, pe int) error {
 						if d[ps] == '{' {
 							forEachField(d, ps, func(k []byte, ks, ke int) error {
 								if string(k) == "text" && d[ks] == '"' {
-									text = unescape(text, d[ks+1:ke-1])
+									a = unescape(a, d[ks+1:ke-1])
 								}
 								return nil
 							})
 						}
 						return nil
 					})
-					m.Content = string(text)
+					m.Content = arenaString(a[start:])
 				} else {
-					m.Content = jsonStr(d[s:e], &text)
+					m.Content = str(d[s:e])
 				}
 			case "name":
-				m.Name = jsonStr(d[s:e], &text)
+				m.Name = str(d[s:e])
 			case "tool_call_id":
-				m.ToolCallID = jsonStr(d[s:e], &text)
+				m.ToolCallID = str(d[s:e])
 			case "reasoning_content":
-				m.ReasoningContent = jsonStr(d[s:e], &text)
+				m.ReasoningContent = str(d[s:e])
 			case "tool_calls":
 				if d[s] != '[' {
 					return nil
@@ -53,19 +72,21 @@ func decodeMessages(msgs []tokenizer.Message, d []byte) ([]tokenizer.Message, er
 					forEachField(d, cs, func(k []byte, ks, ke int) error {
 						switch string(k) {
 						case "id":
-							tc.ID = jsonStr(d[ks:ke], &text)
+							tc.ID = str(d[ks:ke])
 						case "type":
-							tc.Type = jsonStr(d[ks:ke], &text)
+							tc.Type = str(d[ks:ke])
 						case "function":
 							forEachField(d, ks, func(fk []byte, fs, fe int) error {
 								switch string(fk) {
 								case "name":
-									tc.Function.Name = jsonStr(d[fs:fe], &text)
+									tc.Function.Name = str(d[fs:fe])
 								case "arguments":
 									if d[fs] == '"' {
-										tc.Function.Arguments = jsonStr(d[fs:fe], &text)
+										tc.Function.Arguments = str(d[fs:fe])
 									} else {
-										tc.Function.Arguments = string(d[fs:fe])
+										start := len(a)
+										a = append(a, d[fs:fe]...)
+										tc.Function.Arguments = arenaString(a[start:])
 									}
 								}
 								return nil
@@ -85,15 +106,15 @@ func decodeMessages(msgs []tokenizer.Message, d []byte) ([]tokenizer.Message, er
 		msgs = append(msgs, m)
 		return nil
 	})
+	*arena = a
 	return msgs, err
 }
 
-// jsonStr returns the decoded string value v (a JSON string), or "" for
-// other kinds. buf is scratch space.
-func jsonStr(v []byte, buf *[]byte) string {
-	if len(v) < 2 || v[0] != '"' {
+// arenaString views b as a string without copying. b must not change while
+// the string is in use (see decodeMessages).
+func arenaString(b []byte) string {
+	if len(b) == 0 {
 		return ""
 	}
-	*buf = unescape((*buf)[:0], v[1:len(v)-1])
-	return string(*buf)
+	return unsafe.String(unsafe.SliceData(b), len(b))
 }

@@ -15,7 +15,10 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/kv"
+	"github.com/infera/infera/radix"
 	"github.com/infera/infera/sched"
+	"github.com/infera/infera/tokenizer"
 	"github.com/valyala/fasthttp"
 )
 
@@ -99,7 +102,14 @@ func startRouter(t testing.TB, f *config.Serve, cfg *config.Config, urls ...stri
 	}
 	store := config.NewStore("", cfg)
 	sc := sched.NewScheduler(fleet, f.RouterPolicy)
-	srv := New(Options{Flags: f, Store: store, Sched: sc, BlockSize: 16})
+	opts := Options{Flags: f, Store: store, Sched: sc, BlockSize: 16}
+	if f.RouterPolicy == "kv-aware" {
+		// The kv-aware request path: render, tokenize and hash every prompt.
+		idx := radix.New()
+		sc.KV = sched.NewKVAware(sched.KVAwareConfig{Index: idx, OverlapWeight: 1, BlockSize: 16})
+		opts.Tokenizer, opts.HashBlocks = tokenizer.Simple{}, kv.HashBlocks
+	}
+	srv := New(opts)
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -39,6 +39,24 @@ func BenchmarkProxyNonStream(b *testing.B) {
 	}
 }
 
+// BenchmarkProxyNonStreamKV is the same through the kv-aware path (the
+// default policy): the chat prompt is rendered, tokenized and hashed.
+func BenchmarkProxyNonStreamKV(b *testing.B) {
+	up := startUpstream(b, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy = "kv-aware"
+	r := startRouter(b, f, nil, up.url)
+	hc, req := benchClient(b, r.url, false)
+	resp := fasthttp.AcquireResponse()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+			b.Fatal(err, resp.StatusCode())
+		}
+	}
+}
+
 // BenchmarkDirectNonStream is the same load straight to the upstream.
 func BenchmarkDirectNonStream(b *testing.B) {
 	up := startUpstream(b, okHandler)

@@ -1,8 +1,12 @@
 package proxy
 
-import "testing"
+import (
+	"testing"
 
-func FuzzReviewDecode(f *testing.F) {
+	"github.com/infera/infera/tokenizer"
+)
+
+func FuzzDecodeMessages(f *testing.F) {
 	for _, s := range []string{
 		chatBody, streamBody,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x\ud83d\ude00"}],"tool_calls":[{"id":"1","function":{"name":"f","arguments":{"a":1}}}]}]}`,
@@ -18,7 +22,17 @@ func FuzzReviewDecode(f *testing.F) {
 			}
 			rs.rewriteModel(data, "other")
 			if kind == kindChat {
-				decodeMessages(nil, data[rs.body.msgStart:rs.body.msgEnd])
+				span := data[rs.body.msgStart:rs.body.msgEnd]
+				msgs, err := decodeMessages(nil, span, &rs.arena)
+				if err == nil {
+					// Every decoded string lives in the arena, which never
+					// outgrows the span: nothing was reallocated under them.
+					if len(rs.arena) > len(span) {
+						t.Fatalf("arena %d bytes > span %d", len(rs.arena), len(span))
+					}
+					// Rendering works on the decoded messages.
+					tokenizer.Simple{}.RenderChat(nil, msgs, nil, true)
+				}
 			}
 			rs.body.estimateTokens()
 		}

@@ -266,6 +266,7 @@ type reqState struct {
 	route   []byte
 	fail    failure
 	msgs    []tokenizer.Message
+	arena   []byte // backs msgs' strings (see decodeMessages)
 }
 
 func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
@@ -339,7 +340,7 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 	case len(b.tokenIDs) > 0:
 		rs.tokens = append(rs.tokens, b.tokenIDs...)
 	case kind == kindChat:
-		msgs, err := decodeMessages(rs.msgs[:0], body[b.msgStart:b.msgEnd])
+		msgs, err := decodeMessages(rs.msgs[:0], body[b.msgStart:b.msgEnd], &rs.arena)
 		rs.msgs = msgs
 		if err != nil {
 			return err

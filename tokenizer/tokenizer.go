@@ -37,7 +37,8 @@ type Tokenizer interface {
 	// literally in text are recognised.
 	Encode(dst []uint32, text []byte) []uint32
 	// RenderChat appends the prompt text of a chat conversation to dst.
-	// tools is the raw JSON array of tool definitions, or nil.
+	// tools is the raw JSON array of tool definitions, or nil. It must not
+	// retain msgs or their strings after returning (callers reuse them).
 	RenderChat(dst []byte, msgs []Message, tools []byte, addGenerationPrompt bool) ([]byte, error)
 }
 
