@@ -37,5 +37,5 @@
 // frees its blocks.
 //
 // The engine knows nothing of the router, discovery or transports; KV event
-// publishing is behind KVEventSink (kvevents.go, owned by the KV-events work).
+// publishing is behind KVEventSink (kvevents.go: kv.Publisher).
 package engine

@@ -8,7 +8,7 @@ import (
 
 // KVEventSink receives the simulated engine's KV cache changes, in order,
 // from the goroutine that owns the cache. The publisher behind
-// --kv-events-endpoint implements it (owned by the KV-events work).
+// --kv-events-endpoint implements it (kv.Publisher).
 type KVEventSink interface {
 	// BlockStored reports newly cached full blocks of one chain: their engine
 	// hashes, the parent block's engine hash (hasParent false for the first
