@@ -314,6 +314,10 @@ func (c *Config) Validate() error {
 	if pi.BlockSize < 1 || pi.BlockSize > 1<<20 {
 		return fmt.Errorf("prefix_index.block_size %d: want 1..1048576", pi.BlockSize)
 	}
+	if c.PD.Mode != "" || c.PD.SGLangIndependentPairing {
+		// Refuse rather than accept a setting that would do nothing.
+		return fmt.Errorf("pd: PD disaggregation is not supported by this build yet; remove pd.mode and pd.sglang_independent_pairing (workers with role prefill/decode are routed as mixed)")
+	}
 	switch c.PD.DecodePolicy {
 	case "round-robin", "least-requests", "least-tokens":
 	default:

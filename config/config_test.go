@@ -46,6 +46,7 @@ func TestParse(t *testing.T) {
 	bad(`{"workers":[{"url":"http://a"},{"url":"http://a"}]}`, "duplicate")
 	bad(`{"canary":{"rules":[{"model":"*","targets":[{"service":"a","weight":0}]}]}}`, "weights")
 	bad(`{"session_affinity":{"mode":"sticky"}}`, "session_affinity.mode")
+	bad(`{"pd":{"mode":"mooncake"}}`, "not supported")
 }
 
 func TestStoreReload(t *testing.T) {
