@@ -64,6 +64,7 @@ type simReq struct {
 	eng     int
 	tokens  int64 // Acquire accounting
 	blocks  int64
+	prefill int64 // uncached prompt tokens, the prefill load accounted
 	first   bool
 	lastTok time.Duration
 	res     *Result
@@ -244,6 +245,7 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 		sq.core = engine.Request{Prompt: prompt, MaxTokens: r.OutputLength, Tag: sq}
 		sq.tokens = int64(len(prompt) + r.OutputLength)
 		sq.blocks = int64((len(prompt) + r.OutputLength + bs - 1) / bs)
+		sq.prefill = d.PrefillTokens(&sr) // as the proxy accounts it
 		layers[d.Layer]++
 		res.Worker = d.Worker.ID
 		res.PromptTokens = len(prompt)
@@ -253,7 +255,7 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 			res.Status = 400
 			return
 		}
-		d.Worker.Acquire(sq.tokens, int64(len(prompt)), sq.blocks)
+		d.Worker.Acquire(sq.tokens, sq.prefill, sq.blocks)
 		inflight++
 		var nx time.Duration
 		// A step ending exactly at t finishes here.
@@ -272,7 +274,7 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 			res := sq.res
 			if ev.Tokens == 1 {
 				res.TTFT = ev.At - sq.arrival
-				sq.worker.FirstToken(int64(len(sq.core.Prompt)))
+				sq.worker.FirstToken(sq.prefill)
 				sq.first = true
 				res.CachedTokens = ev.Req.CachedTokens
 			} else {
@@ -289,7 +291,7 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 				res.E2E = ev.At - sq.arrival
 				res.OutputTokens = ev.Tokens
 				res.Status = 200
-				sq.worker.Release(sq.tokens, int64(len(sq.core.Prompt)), sq.blocks, sq.first)
+				sq.worker.Release(sq.tokens, sq.prefill, sq.blocks, sq.first)
 				sq.core.Prompt = nil
 				inflight--
 			}

@@ -27,8 +27,8 @@ func (s *Server) forwardNATS(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *r
 		}
 		hdr.Add(string(k), string(v))
 	}
-	prompt := int64(r.PromptTokens)
-	tokens := prompt + int64(r.MaxTokens)
+	prompt := d.PrefillTokens(r) // prefill load: the uncached part
+	tokens := int64(r.PromptTokens) + int64(r.MaxTokens)
 	bs := int64(s.o.BlockSize)
 	blocks := (tokens + bs - 1) / bs
 	w.Acquire(tokens, prompt, blocks)

@@ -487,6 +487,12 @@ func (s *Scheduler) kvLayer(cfg *config.Config, avail []*Worker, r *Request, ls 
 		// Plain kv-aware policy: the cost function weighs overlap against
 		// load over every candidate by itself; the prefix-caching layer's
 		// guards apply only when that layer is enabled.
+		if rs, ok := s.KV.(KVRatioScorer); ok {
+			if w, ratio := rs.PickKVRatio(avail, r); w != nil {
+				return Decision{Worker: w, Layer: LayerKV, Reason: ReasonKVHit, Ratio: ratio}, true
+			}
+			return Decision{}, false
+		}
 		if w := s.KV.PickKV(avail, r); w != nil {
 			return Decision{Worker: w, Layer: LayerKV, Reason: ReasonKVHit}, true
 		}

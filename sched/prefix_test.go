@@ -366,3 +366,25 @@ func TestKVLayer(t *testing.T) {
 		t.Fatalf("guarded candidates %v, layer %s", kv.saw, d.Layer)
 	}
 }
+
+// The prefill load a decision accounts is the prompt's uncached part.
+func TestDecisionPrefillTokens(t *testing.T) {
+	f := func(ratio float64, prompt int, want int64) {
+		t.Helper()
+		d := Decision{Ratio: ratio}
+		if got := d.PrefillTokens(&Request{PromptTokens: prompt}); got != want {
+			t.Fatalf("ratio %v prompt %d: %d, want %d", ratio, prompt, got, want)
+		}
+	}
+	f(0, 1000, 1000)
+	f(0.75, 1000, 250)
+	f(1, 1000, 0)
+	f(1.5, 1000, 1000) // out of range: ignored
+	// Plain kv-aware reports the chosen worker's overlap ratio.
+	s, _ := newTestSched(t, workers(2, "m")...)
+	s.KV, s.Policy = &fakeKV{pick: "w001", ratio: 0.4}, "kv-aware"
+	d := pick(t, s, config.Default(), &Request{Model: []byte("m")})
+	if d.Layer != LayerKV || d.Ratio != 0.4 {
+		t.Fatalf("kv decision %s ratio %v", d.Layer, d.Ratio)
+	}
+}

@@ -94,6 +94,19 @@ const (
 	ReasonWorkerBreakerBusy = "worker-probe-busy" // chosen worker's probe slot was taken
 )
 
+// PrefillTokens is the prefill work r puts on d.Worker: the prompt tokens
+// not covered by the cache hit the decision counted on (Ratio). Load
+// accounting uses it for Worker.Acquire/FirstToken/Release, so a worker busy
+// prefilling mostly cached prompts does not look as loaded as one computing
+// them from scratch.
+func (d *Decision) PrefillTokens(r *Request) int64 {
+	p := int64(r.PromptTokens)
+	if d.Ratio > 0 && d.Ratio <= 1 {
+		p -= int64(d.Ratio * float64(p))
+	}
+	return p
+}
+
 // Decision is the scheduler's answer.
 type Decision struct {
 	Worker *Worker
