@@ -58,6 +58,7 @@ fmt:
 
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
 
 ## fuzz: a short run of every fuzz target
 fuzz:

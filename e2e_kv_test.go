@@ -197,7 +197,7 @@ func TestE2EKVAwareWithHFTokenizer(t *testing.T) {
 	}
 	resp, b = doPost(t, r+"/v1/chat/completions", `{"model":"sim-model","max_tokens":1,"messages":[{"role":"user","content":"Hello"}]}`)
 	var cr chatResp
-	if json.Unmarshal(b, &cr) != nil || cr.Usage.PromptTokens != tk.Count {
+	if resp.StatusCode != 200 || json.Unmarshal(b, &cr) != nil || cr.Usage.PromptTokens != tk.Count {
 		t.Fatalf("router counts %d prompt tokens, engine %d (%s)", tk.Count, cr.Usage.PromptTokens, b)
 	}
 }

@@ -148,7 +148,6 @@ type Core struct {
 	stepStart time.Duration
 	stepEnd   time.Duration
 
-	slow float64
 	nseq uint64
 
 	stats CoreStats

@@ -98,11 +98,10 @@ func (h *candHeap) pop() candidate {
 
 // scratch holds per-call buffers, pooled to avoid steady-state allocations.
 type scratch struct {
-	syms  []symbol
-	heap  candHeap
-	ids   []uint32
-	norm  []byte
-	words [][]byte
+	syms []symbol
+	heap candHeap
+	ids  []uint32
+	norm []byte
 }
 
 var scratchPool = sync.Pool{New: func() any { return &scratch{} }}
