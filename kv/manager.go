@@ -283,8 +283,8 @@ func (ws *workerState) stop() {
 	if ws.stopped.Swap(true) {
 		return
 	}
-	//lint:ignore SA2001 a barrier: once we hold mu, the in-flight apply is done
 	ws.mu.Lock()
+	//lint:ignore SA2001 a barrier: once we hold mu, the in-flight apply is done
 	ws.mu.Unlock()
 	close(ws.done)
 }
