@@ -54,6 +54,14 @@ func TestReadSSE(t *testing.T) {
 	if err := c.readSSE(st, time.Now(), &res); err == nil {
 		t.Fatal("error event not reported")
 	}
+	// A stream cut by the gateway (tokens, then an error event) is an error
+	// too, and a content chunk quoting "error": is not.
+	st.br.Reset(strings.NewReader("data: {\"choices\":[{\"text\":\"say \\\"error\\\": no\"}]}\n\ndata: {\"error\":{\"message\":\"timed out\"}}\n\ndata: [DONE]\n\n"))
+	res = Result{}
+	err := c.readSSE(st, time.Now(), &res)
+	if err == nil || !strings.Contains(err.Error(), "after 1 chunks") {
+		t.Fatalf("mid-stream error event: %v", err)
+	}
 }
 
 func BenchmarkReadSSE(b *testing.B) {

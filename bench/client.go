@@ -234,9 +234,14 @@ func (c *Client) readSSE(st *sseState, start time.Time, res *Result) error {
 			}
 			if parseUsage(data, res) {
 				gotUsage = true
-			} else if bytes.Contains(data, keyErrorObj) && chunks == 0 {
+			} else if bytes.Contains(data, keyErrorObj) {
+				// An error event: before any token the request failed; after,
+				// the stream was cut (a gateway ends it cleanly this way).
 				res.E2E = time.Since(start)
-				return fmt.Errorf("error event: %.200s", data)
+				if chunks == 0 {
+					return fmt.Errorf("error event: %.200s", data)
+				}
+				return fmt.Errorf("stream ended by an error event after %d chunks: %.200s", chunks, data)
 			}
 		}
 		if err != nil {

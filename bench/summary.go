@@ -134,7 +134,11 @@ func Summarize(name string, results []Result, itls []time.Duration, wall time.Du
 			if s.ErrorsByStatus == nil {
 				s.ErrorsByStatus = map[string]int{}
 			}
-			s.ErrorsByStatus[strconv.Itoa(r.Status)]++
+			key := strconv.Itoa(r.Status)
+			if r.Status == 200 {
+				key = "stream-error" // 200 OK, then an error event or a cut stream
+			}
+			s.ErrorsByStatus[key]++
 			continue
 		}
 		s.OK++
