@@ -38,63 +38,12 @@ func skipValue(d []byte, i, depth int) (int, error) {
 		if depth >= maxDepth {
 			return i, errJSON
 		}
-		i = skipSpace(d, i+1)
-		if i < len(d) && d[i] == '}' {
-			return i + 1, nil
-		}
-		for {
-			i = skipSpace(d, i)
-			if i >= len(d) || d[i] != '"' {
-				return i, errJSON
-			}
-			_, j, err := scanString(d, i)
-			if err != nil {
-				return j, err
-			}
-			i = skipSpace(d, j)
-			if i >= len(d) || d[i] != ':' {
-				return i, errJSON
-			}
-			if i, err = skipValue(d, i+1, depth+1); err != nil {
-				return i, err
-			}
-			i = skipSpace(d, i)
-			if i >= len(d) {
-				return i, errJSON
-			}
-			if d[i] == '}' {
-				return i + 1, nil
-			}
-			if d[i] != ',' {
-				return i, errJSON
-			}
-			i++
-		}
+		return walkObject(d, i, depth, nil)
 	case c == '[':
 		if depth >= maxDepth {
 			return i, errJSON
 		}
-		i = skipSpace(d, i+1)
-		if i < len(d) && d[i] == ']' {
-			return i + 1, nil
-		}
-		for {
-			var err error
-			if i, err = skipValue(d, i, depth+1); err != nil {
-				return i, err
-			}
-			i = skipSpace(d, i)
-			if i >= len(d) {
-				return i, errJSON
-			}
-			if d[i] == ']' {
-				return i + 1, nil
-			}
-			if d[i] != ',' {
-				return i, errJSON
-			}
-			i++
-		}
+		return walkArray(d, i, depth, nil)
 	case c == 't':
 		return lit(d, i, "true")
 	case c == 'f':
@@ -272,6 +221,17 @@ func unescape(dst, raw []byte) []byte {
 // forEachField calls f for each member of the object at d[i]; f gets the raw
 // key and the value's [start, end) span. It validates the whole object.
 func forEachField(d []byte, i int, f func(key []byte, vs, ve int) error) (int, error) {
+	return walkObject(d, i, 0, f)
+}
+
+// forEachElem calls f for each element span of the array at d[i].
+func forEachElem(d []byte, i int, f func(vs, ve int) error) (int, error) {
+	return walkArray(d, i, 0, f)
+}
+
+// walkObject validates the object at d[i] (nested depth deep), calling f, when
+// non-nil, for each member. It returns the index after the object.
+func walkObject(d []byte, i, depth int, f func(key []byte, vs, ve int) error) (int, error) {
 	i = skipSpace(d, i)
 	if i >= len(d) || d[i] != '{' {
 		return i, errJSON
@@ -294,12 +254,14 @@ func forEachField(d []byte, i int, f func(key []byte, vs, ve int) error) (int, e
 			return i, errJSON
 		}
 		vs := skipSpace(d, i+1)
-		ve, err := skipValue(d, vs, 1)
+		ve, err := skipValue(d, vs, depth+1)
 		if err != nil {
 			return ve, err
 		}
-		if err := f(key, vs, ve); err != nil {
-			return ve, err
+		if f != nil {
+			if err := f(key, vs, ve); err != nil {
+				return ve, err
+			}
 		}
 		i = skipSpace(d, ve)
 		if i >= len(d) {
@@ -315,8 +277,8 @@ func forEachField(d []byte, i int, f func(key []byte, vs, ve int) error) (int, e
 	}
 }
 
-// forEachElem calls f for each element span of the array at d[i].
-func forEachElem(d []byte, i int, f func(vs, ve int) error) (int, error) {
+// walkArray is walkObject for arrays.
+func walkArray(d []byte, i, depth int, f func(vs, ve int) error) (int, error) {
 	i = skipSpace(d, i)
 	if i >= len(d) || d[i] != '[' {
 		return i, errJSON
@@ -327,12 +289,14 @@ func forEachElem(d []byte, i int, f func(vs, ve int) error) (int, error) {
 	}
 	for {
 		vs := skipSpace(d, i)
-		ve, err := skipValue(d, vs, 1)
+		ve, err := skipValue(d, vs, depth+1)
 		if err != nil {
 			return ve, err
 		}
-		if err := f(vs, ve); err != nil {
-			return ve, err
+		if f != nil {
+			if err := f(vs, ve); err != nil {
+				return ve, err
+			}
 		}
 		i = skipSpace(d, ve)
 		if i >= len(d) {
