@@ -363,3 +363,68 @@ func TestE2ESchedulingConfigReload(t *testing.T) {
 		t.Fatalf("models: %s", b)
 	}
 }
+
+// Static workers in the config file follow reloads: added and removed
+// without a restart, and a stream on a removed worker still completes.
+func TestE2EConfigReloadWorkers(t *testing.T) {
+	engA, eA := startEngine(t, "--speedup", "20")
+	_, eB := startEngine(t, "--speedup", "20")
+	cfgPath := filepath.Join(t.TempDir(), "infera.json")
+	write := func(s string) {
+		t.Helper()
+		tmp := cfgPath + ".tmp"
+		os.WriteFile(tmp, []byte(s), 0o644)
+		os.Rename(tmp, cfgPath)
+	}
+	wa := fmt.Sprintf(`{"id":"a","url":%q,"models":["sim-model"]}`, eA)
+	wb := fmt.Sprintf(`{"id":"b","url":%q,"models":["sim-model"]}`, eB)
+	write(`{"workers":[` + wa + `]}`)
+	rt, r := startServe(t, "--config", cfgPath, "--config-poll", "20ms", "--router-policy", "round-robin")
+	if n := len(rt.fleet.View().Routable); n != 1 {
+		t.Fatalf("routable %d", n)
+	}
+	write(`{"workers":[` + wa + `,` + wb + `]}`)
+	for i := 0; len(rt.fleet.View().Routable) != 2; i++ {
+		if i > 300 {
+			t.Fatal("added worker never routable")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// A long stream, pinned to a (the only worker until b's turn comes).
+	var streamed string
+	done := make(chan struct{})
+	before := engA.Stats().Submitted
+	go func() {
+		defer close(done)
+		for i := 0; i < 4; i++ {
+			resp, err := http.Post(r+"/v1/chat/completions", "application/json", strings.NewReader(
+				`{"model":"sim-model","stream":true,"max_tokens":40,"messages":[{"role":"user","content":"long"}]}`))
+			if err != nil {
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if engA.Stats().Submitted > before {
+				streamed = string(b)
+				return
+			}
+		}
+	}()
+	for engA.Stats().Active == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	write(`{"workers":[` + wb + `]}`)
+	for i := 0; rt.fleet.Get("a") != nil; i++ {
+		if i > 300 {
+			t.Fatal("removed worker still in the fleet")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	<-done
+	if !strings.HasSuffix(streamed, "data: [DONE]\n\n") || strings.Contains(streamed, `"error"`) {
+		t.Fatalf("stream on the removed worker was cut: %q", streamed)
+	}
+	if resp, b := doPost(t, r+"/v1/chat/completions", `{"model":"sim-model","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`); resp.StatusCode != 200 || resp.Header.Get("X-Infera-Engine-Id") == "" {
+		t.Fatalf("after removal: %d %s", resp.StatusCode, b)
+	}
+}
