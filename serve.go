@@ -216,6 +216,8 @@ func (rt *router) setupKV() error {
 		rt.tok = t
 	} else {
 		rt.tok = tokenizer.Simple{}
+		slog.Info("kv-aware routing tokenizes with the built-in Simple tokenizer (as infera engine does); " +
+			"in front of vLLM or SGLang pass --router-tokenizer-path <model dir>, or prompts will never match their KV events")
 	}
 	idx := radix.New()
 	m, err := kv.NewManager(kv.ManagerConfig{Index: idx, Transport: f.KVEventTransport, BlockSize: f.KVBlockSize})
