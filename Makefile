@@ -42,8 +42,10 @@ scripts/sdk/node_modules/openai/package.json: scripts/sdk/package-lock.json
 tokref:
 	cd scripts/tokref && npm ci --no-audit --no-fund && node gen.mjs
 
+VERSION  := $(shell git describe --always --dirty 2>/dev/null || echo dev)
+
 build:
-	$(GO) build -o $(BIN) .
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) .
 
 ## test: everything, against real etcd/NATS/ZMQ/tokenizer (installed by deps)
 test: deps
