@@ -59,6 +59,9 @@ type KVRelayConfig struct {
 	Endpoint string
 	// Topic is the ZMQ subscription prefix; empty takes everything.
 	Topic string
+	// DPSize is the engine's data-parallel size: rank r publishes on the
+	// endpoint's port + r, and every rank is relayed (batches carry their rank).
+	DPSize int
 }
 
 // KVRelay subscribes to the engine's ZMQ KV-event PUB socket and publishes

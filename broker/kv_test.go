@@ -118,3 +118,77 @@ func TestKVRelay(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A data-parallel engine publishes rank r on port + r: the relay forwards
+// every rank.
+func TestKVRelayDataParallel(t *testing.T) {
+	ns := testsrv.StartNATS(t)
+	wnc, rnc := connect(t, ns.URL), connect(t, ns.URL)
+	var pubs [2]*zmq.Socket
+	var base int
+	for try := 0; ; try++ {
+		if try > 20 {
+			t.Fatal("no two consecutive free ports")
+		}
+		base = 20000 + int(time.Now().UnixNano()%30000)
+		ok := true
+		for r := 0; r < 2; r++ {
+			s, err := zmq.NewSocket(zmq.PUB)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.SetLinger(0)
+			if err := s.Bind(fmt.Sprintf("tcp://127.0.0.1:%d", base+r)); err != nil {
+				s.Close()
+				ok = false
+				break
+			}
+			pubs[r] = s
+		}
+		if ok {
+			break
+		}
+		for r := range pubs {
+			if pubs[r] != nil {
+				pubs[r].Close()
+				pubs[r] = nil
+			}
+		}
+	}
+	defer pubs[0].Close()
+	defer pubs[1].Close()
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	sub, err := SubscribeKVEvents(rnc, func(id string, topic []byte, seq uint64, payload []byte) {
+		mu.Lock()
+		seen[string(payload)] = true
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	rnc.Flush()
+	relay, err := StartKVRelay(KVRelayConfig{Conn: wnc, WorkerID: "dp", Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base), DPSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer relay.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		both := seen["rank0"] && seen["rank1"]
+		mu.Unlock()
+		if both {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("relayed %v, want both ranks", seen)
+		}
+		var sb [8]byte
+		for r, p := range pubs {
+			p.SendMessage([]byte(""), sb[:], []byte(fmt.Sprintf("rank%d", r)))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -41,9 +41,12 @@ func StartKVRelay(cfg KVRelayConfig) (*KVRelay, error) {
 	}
 	sock.SetLinger(0)
 	sock.SetRcvhwm(100000)
-	if err := sock.Connect(ep); err != nil {
-		sock.Close()
-		return nil, fmt.Errorf("cannot connect ZMQ SUB to %q: %w", ep, err)
+	for rank := 0; rank < max(1, cfg.DPSize); rank++ {
+		rep := rankEndpoint(ep, rank)
+		if err := sock.Connect(rep); err != nil {
+			sock.Close()
+			return nil, fmt.Errorf("cannot connect ZMQ SUB to %q: %w", rep, err)
+		}
 	}
 	r := &KVRelay{cfg: cfg, subject: KVEventsSubject(cfg.WorkerID), stop: make(chan struct{}), done: make(chan struct{})}
 	go r.run(sock)
@@ -95,4 +98,17 @@ func (r *KVRelay) run(sock *zmq.Socket) {
 			r.published.Add(1)
 		}
 	}
+}
+
+// rankEndpoint returns data-parallel rank r's endpoint: the port + r.
+func rankEndpoint(ep string, r int) string {
+	i := strings.LastIndexByte(ep, ':')
+	if r == 0 || i < 0 {
+		return ep
+	}
+	port, err := strconv.Atoi(ep[i+1:])
+	if err != nil {
+		return ep
+	}
+	return ep[:i+1] + strconv.Itoa(port+r)
 }

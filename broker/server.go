@@ -62,8 +62,18 @@ type Server struct {
 
 	mu      sync.Mutex
 	cancels map[string]context.CancelFunc
+	// early holds cancels that arrived before their request: the request
+	// and cancel subjects are separate subscriptions whose callbacks race.
+	early   map[string]time.Time
 	stopped bool
 }
+
+// maxEarlyCancels bounds Server.early; entries older than earlyCancelTTL
+// are pruned when it is full.
+const (
+	maxEarlyCancels = 4096
+	earlyCancelTTL  = 30 * time.Second
+)
 
 // NewServer validates cfg and returns a server; Start subscribes.
 func NewServer(cfg ServerConfig) (*Server, error) {
@@ -83,6 +93,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		hc:      cfg.HTTPClient,
 		chunk:   cfg.ChunkSize,
 		cancels: map[string]context.CancelFunc{},
+		early:   map[string]time.Time{},
 	}
 	if s.hc == nil {
 		s.hc = &http.Client{Transport: &http.Transport{
@@ -127,10 +138,24 @@ func (s *Server) InFlight() int { return int(s.inflight.Load()) }
 // received keep streaming, new ones get "no responders".
 func (s *Server) StopAccepting() {
 	s.mu.Lock()
+	already := s.stopped
 	s.stopped = true
 	s.mu.Unlock()
-	if s.subReq != nil {
+	if s.subReq == nil || already {
+		return
+	}
+	// Drain, not Unsubscribe: a request the NATS server routed to us before
+	// it processed the UNSUB (or still queued in the client) must be served;
+	// Unsubscribe would drop it and the router would only notice at the idle
+	// timeout. After the drain, new requests get "no responders".
+	closed := s.subReq.StatusChanged(nats.SubscriptionClosed)
+	if err := s.subReq.Drain(); err != nil {
 		s.subReq.Unsubscribe()
+		return
+	}
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
 	}
 }
 
@@ -164,13 +189,33 @@ func (s *Server) Wait(ctx context.Context) error {
 }
 
 func (s *Server) onCancel(m *nats.Msg) {
+	id := string(m.Data)
 	s.mu.Lock()
-	c := s.cancels[string(m.Data)]
+	c := s.cancels[id]
+	if c == nil && id != "" {
+		s.rememberEarlyLocked(id)
+	}
 	s.mu.Unlock()
 	if c != nil {
 		mSrvCanceled.Inc()
 		c()
 	}
+}
+
+// rememberEarlyLocked records a cancel for a request not seen yet. s.mu held.
+func (s *Server) rememberEarlyLocked(id string) {
+	now := time.Now()
+	if len(s.early) >= maxEarlyCancels {
+		for k, t := range s.early {
+			if now.Sub(t) > earlyCancelTTL {
+				delete(s.early, k)
+			}
+		}
+		if len(s.early) >= maxEarlyCancels {
+			return
+		}
+	}
+	s.early[id] = now
 }
 
 func (s *Server) reply(to string, seq uint64, kind string, status int, errMsg string, hdr http.Header, data []byte) error {
@@ -237,6 +282,15 @@ func (s *Server) onRequest(m *nats.Msg) {
 	id := m.Header.Get(HdrID)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.mu.Lock()
+	if _, gone := s.early[id]; gone && id != "" {
+		// The router canceled before we got here: do not start the engine.
+		delete(s.early, id)
+		s.mu.Unlock()
+		cancel()
+		s.inflight.Add(-1)
+		mSrvCanceled.Inc()
+		return
+	}
 	if id != "" {
 		s.cancels[id] = cancel
 	}

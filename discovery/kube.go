@@ -45,7 +45,7 @@ type KubeWatcher struct {
 	st   *backendStats
 	h    *health
 
-	byPod map[string]string // namespace/name -> record id routed; loop only
+	byPod map[string]sched.Record // namespace/name -> record routed; loop only
 	rv    string
 
 	workers atomic.Int64
@@ -68,7 +68,7 @@ func NewKubeWatcher(kc *KubeConfig, cfg KubeWatcherConfig, sink Sink) (*KubeWatc
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 30 * time.Second
 	}
-	return &KubeWatcher{cfg: cfg, c: c, sink: sink, st: statsFor(BackendKubernetes), h: newHealth(), byPod: map[string]string{}}, nil
+	return &KubeWatcher{cfg: cfg, c: c, sink: sink, st: statsFor(BackendKubernetes), h: newHealth(), byPod: map[string]sched.Record{}}, nil
 }
 
 // Start runs the list/watch loop in the background.
@@ -290,7 +290,7 @@ func (w *KubeWatcher) list(ctx context.Context) error {
 		}
 		if ok {
 			recs = append(recs, rec)
-			w.byPod[p.key()] = rec.ID
+			w.byPod[p.key()] = rec
 		}
 	}
 	for _, err := range w.sink.Sync(recs) {
@@ -299,6 +299,16 @@ func (w *KubeWatcher) list(ctx context.Context) error {
 	w.rv = pl.Metadata.ResourceVersion
 	w.setWorkers()
 	return nil
+}
+
+// podWithID returns the record of a routed Pod advertising id.
+func (w *KubeWatcher) podWithID(id string) (sched.Record, bool) {
+	for _, r := range w.byPod {
+		if r.ID == id {
+			return r, true
+		}
+	}
+	return sched.Record{}, false
 }
 
 func (w *KubeWatcher) setWorkers() {
@@ -389,15 +399,23 @@ func (w *KubeWatcher) apply(ev *kubeEvent) error {
 			w.st.badRecord(key, bad)
 		}
 	}
-	if had && (!routable || rec.ID != old) {
+	if had && (!routable || rec.ID != old.ID) {
 		delete(w.byPod, key)
-		w.sink.Remove(old)
+		// Another routable Pod may advertise the same id (a rollout with a
+		// fixed --id): it keeps the worker, so hand it back to the sink.
+		if other, ok := w.podWithID(old.ID); ok {
+			if err := w.sink.Upsert(other); err != nil {
+				w.st.badRecord(key, err)
+			}
+		} else {
+			w.sink.Remove(old.ID)
+		}
 	}
 	if routable {
 		if err := w.sink.Upsert(rec); err != nil {
 			w.st.badRecord(key, err)
 		} else {
-			w.byPod[key] = rec.ID
+			w.byPod[key] = rec
 		}
 	}
 	w.setWorkers()

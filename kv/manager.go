@@ -263,7 +263,10 @@ func (m *Manager) newWorkerState(w *sched.Worker) *workerState {
 	ws.mGaps = c("infera_kv_seq_gaps_total")
 	ws.mRecoveries = c("infera_kv_seq_recoveries_total")
 	ws.mResyncs = c("infera_kv_resyncs_total")
-	if w.KVReplayEndpoint != "" {
+	// Replay reaches the engine's ROUTER socket directly, so only when the
+	// events themselves come over ZMQ; over NATS a gap resyncs instead of
+	// blocking the feed on an engine the router may not reach.
+	if w.KVReplayEndpoint != "" && m.cfg.Transport == "zmq" {
 		ep, timeout := w.KVReplayEndpoint, m.cfg.ReplayTimeout
 		ws.replayFn = func(rank int, start uint64, fn func(uint64, []byte)) error {
 			return Replay(rankEndpoint(ep, rank), start, timeout, fn)
@@ -357,12 +360,15 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 		rs.next = seq + 1
 		return
 	case seq < rs.next:
-		if seq == 0 {
-			// The publisher restarted: its cache is new.
-			ws.logf("KV event publisher restarted, resyncing", "rank", b.DPRank)
+		// PUB/SUB and the NATS relay never reorder or redeliver, and replayed
+		// batches are filtered below: a backward sequence means the publisher
+		// restarted, whether or not its batch 0 reached us (slow joiner,
+		// relay reconnect). Only a repeat of the last batch counts as stale.
+		if seq != rs.next-1 {
+			ws.logf("KV event publisher restarted, resyncing", "rank", b.DPRank, "seq", seq, "want", rs.next)
 			ws.resync(b.DPRank, rs)
 			ws.apply(b, rs)
-			rs.next = 1
+			rs.next = seq + 1
 			return
 		}
 		ws.mStale.Inc()
@@ -416,7 +422,7 @@ func (ws *workerState) resync(rank int, rs *rankState) {
 		ws.m.cfg.Index.Clear(ws.idx, rank)
 	}
 	ws.mu.Unlock()
-	clear(rs.blocks)
+	rs.blocks = map[uint64]blockRef{} // clear() would keep the peak size
 }
 
 // apply writes one batch to the index.
@@ -443,7 +449,7 @@ func (ws *workerState) apply(b *Batch, rs *rankState) {
 			ws.applyRemoved(e, rank, rs)
 		case KindAllBlocksCleared:
 			idx.Clear(ws.idx, rank)
-			clear(rs.blocks)
+			rs.blocks = map[uint64]blockRef{} // clear() would keep the peak size
 			ws.mApplied.Inc()
 		}
 	}

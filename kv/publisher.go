@@ -61,6 +61,10 @@ type Publisher struct {
 
 	// Sent and Dropped count batches sent and events dropped.
 	sent, dropped atomic.Uint64
+	// lost is set when an event was dropped: the next batch skips a
+	// sequence number, leaving a gap no replay can fill, so subscribers
+	// clear this engine's entries and rebuild instead of drifting.
+	lost atomic.Bool
 
 	// owned by the publisher goroutine
 	seq  uint64
@@ -137,6 +141,7 @@ func (p *Publisher) begin() bool {
 	if p.n >= p.cfg.MaxPendingEvents {
 		p.mu.Unlock()
 		p.dropped.Add(1)
+		p.lost.Store(true)
 		return false
 	}
 	return true

@@ -177,6 +177,9 @@ func (p *Publisher) run(ready chan<- error) {
 		}
 		defer rep.Close()
 		_ = rep.SetLinger(0)
+		// A ROUTER silently drops what exceeds its send HWM (default 1000):
+		// make room for one full replay (the ring plus the end marker).
+		_ = rep.SetSndhwm(p.cfg.BufferSteps + 1)
 		if err := rep.Bind(p.cfg.ReplayEndpoint); err != nil {
 			ready <- fmt.Errorf("cannot bind KV replay ROUTER to %q: %w", p.cfg.ReplayEndpoint, err)
 			return
@@ -189,6 +192,9 @@ func (p *Publisher) run(ready chan<- error) {
 		payload := p.takeBatch(float64(time.Now().UnixNano()) / 1e9)
 		if payload == nil {
 			return
+		}
+		if p.lost.Swap(false) {
+			p.seq++ // an unfillable hole: subscribers resync
 		}
 		var seq [8]byte
 		binary.BigEndian.PutUint64(seq[:], p.seq)

@@ -377,7 +377,7 @@ func (s *Sidecar) startNATS() error {
 		s.srv = srv
 	}
 	if c.KVEventTransport == "nats" {
-		relay, err := broker.StartKVRelay(broker.KVRelayConfig{Conn: nc, WorkerID: s.rec.ID, Endpoint: c.KVEventsEndpoint})
+		relay, err := broker.StartKVRelay(broker.KVRelayConfig{Conn: nc, WorkerID: s.rec.ID, Endpoint: c.KVEventsEndpoint, DPSize: c.DPSize})
 		if err != nil {
 			return err
 		}
