@@ -123,7 +123,8 @@ func newRouter(f *config.Serve) (*router, error) {
 		Cooldown:    f.BreakerCooldown(),
 		MaxCooldown: f.BreakerMaxCooldown(),
 	})
-	rt.fleet.AddHook(&agreement{requestTransport: f.RequestTransport, kvTransport: f.KVEventTransport, logged: map[string]bool{}})
+	rt.fleet.AddHook(&agreement{requestTransport: f.RequestTransport, kvTransport: f.KVEventTransport,
+		kvAware: f.RouterPolicy == "kv-aware", blockSize: f.KVBlockSize, logged: map[string]bool{}})
 	if f.RequestTransport == "nats" || f.KVEventTransport == "nats" {
 		if err := rt.connectNATS(); err != nil {
 			return nil, err
@@ -276,6 +277,8 @@ func (rt *router) connectNATS() error {
 // server does not use (logged once per worker): they would be unreachable.
 type agreement struct {
 	requestTransport, kvTransport string
+	kvAware                       bool
+	blockSize                     int
 	logged                        map[string]bool // under the fleet lock
 }
 
@@ -286,6 +289,12 @@ func (a *agreement) WorkerAdded(w *sched.Worker) error {
 			slog.Error("worker excluded: transports disagree with this server (match the flags fleet-wide)", "worker", w.ID, "reason", reason)
 		}
 		return fmt.Errorf("transport mismatch: %s", reason)
+	}
+	if a.kvAware && w.BlockSize > 0 && w.BlockSize != a.blockSize && !a.logged[w.ID+"/bs"] {
+		// Still routable; its KV events just cannot match prompt hashes.
+		a.logged[w.ID+"/bs"] = true
+		slog.Warn("worker's KV block size differs from --kv-block-size: its cache will never match prompts",
+			"worker", w.ID, "worker_block_size", w.BlockSize, "kv_block_size", a.blockSize)
 	}
 	return nil
 }
