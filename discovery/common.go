@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -79,6 +80,16 @@ type health struct {
 }
 
 func newHealth() *health { return &health{syncCh: make(chan struct{})} }
+
+// waitSynced waits for the first successful list of backend.
+func (h *health) waitSynced(ctx context.Context, backend string) error {
+	select {
+	case <-h.syncCh:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%s discovery not synced: %w", backend, ctx.Err())
+	}
+}
 
 // set records a state change; it returns true when the state flipped.
 func (h *health) set(ok bool, err error) bool {

@@ -193,12 +193,7 @@ func (w *EtcdWatcher) Start() {
 
 // WaitSynced waits for the first successful list.
 func (w *EtcdWatcher) WaitSynced(ctx context.Context) error {
-	select {
-	case <-w.h.syncCh:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("etcd discovery not synced: %w", ctx.Err())
-	}
+	return w.h.waitSynced(ctx, "etcd")
 }
 
 // Close stops the watcher (and closes the client if it made it).

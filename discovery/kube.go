@@ -81,12 +81,7 @@ func (w *KubeWatcher) Start() {
 
 // WaitSynced waits for the first successful list.
 func (w *KubeWatcher) WaitSynced(ctx context.Context) error {
-	select {
-	case <-w.h.syncCh:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("kubernetes discovery not synced: %w", ctx.Err())
-	}
+	return w.h.waitSynced(ctx, "kubernetes")
 }
 
 // Close stops the watcher.

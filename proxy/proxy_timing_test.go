@@ -22,13 +22,9 @@ func benchClient(b testing.TB, url string, stream bool) (*fasthttp.HostClient, *
 	return hc, req
 }
 
-// BenchmarkProxyNonStream measures one non-streaming request through the
-// router, client, router and upstream all in this process: allocs/op counts
-// all three (the fasthttp client and server are zero-alloc themselves).
-func BenchmarkProxyNonStream(b *testing.B) {
-	up := startUpstream(b, okHandler)
-	r := startRouter(b, nil, nil, up.url)
-	hc, req := benchClient(b, r.url, false)
+// benchNonStream sends b.N small chat requests to url, reporting allocs.
+func benchNonStream(b *testing.B, url string) {
+	hc, req := benchClient(b, url, false)
 	resp := fasthttp.AcquireResponse()
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -37,6 +33,15 @@ func BenchmarkProxyNonStream(b *testing.B) {
 			b.Fatal(err, resp.StatusCode())
 		}
 	}
+}
+
+// BenchmarkProxyNonStream measures one non-streaming request through the
+// router, client, router and upstream all in this process: allocs/op counts
+// all three (the fasthttp client and server are zero-alloc themselves).
+func BenchmarkProxyNonStream(b *testing.B) {
+	up := startUpstream(b, okHandler)
+	r := startRouter(b, nil, nil, up.url)
+	benchNonStream(b, r.url)
 }
 
 // BenchmarkProxyNonStreamKV is the same through the kv-aware path (the
@@ -46,29 +51,13 @@ func BenchmarkProxyNonStreamKV(b *testing.B) {
 	f := defaultFlags()
 	f.RouterPolicy = "kv-aware"
 	r := startRouter(b, f, nil, up.url)
-	hc, req := benchClient(b, r.url, false)
-	resp := fasthttp.AcquireResponse()
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-			b.Fatal(err, resp.StatusCode())
-		}
-	}
+	benchNonStream(b, r.url)
 }
 
 // BenchmarkDirectNonStream is the same load straight to the upstream.
 func BenchmarkDirectNonStream(b *testing.B) {
 	up := startUpstream(b, okHandler)
-	hc, req := benchClient(b, up.url, false)
-	resp := fasthttp.AcquireResponse()
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-			b.Fatal(err, resp.StatusCode())
-		}
-	}
+	benchNonStream(b, up.url)
 }
 
 // BenchmarkSSERelay relays a long stream of small events.
