@@ -27,6 +27,17 @@ type Config struct {
 	Canary          Canary          `json:"canary"`
 	Timeouts        Timeouts        `json:"timeouts"`
 	Debug           Debug           `json:"debug"`
+
+	// Gateway sections, each in a file of its own in this package:
+	// governance.go, protocol.go, upstreams.go.
+	RateLimit           RateLimit           `json:"rate_limit"`
+	UserLimit           UserLimit           `json:"user_limit"`
+	Users               []User              `json:"users"`
+	Protocol            Protocol            `json:"protocol"`
+	SplitProxy          SplitProxy          `json:"split_proxy"`
+	Mirror              Mirror              `json:"mirror"`
+	GlobalScheduling    GlobalScheduling    `json:"global_scheduling"`
+	SmartModelSelection SmartModelSelection `json:"smart_model_selection"`
 }
 
 // WorkerSpec describes one worker given statically (config file or --workers).
@@ -104,13 +115,6 @@ type PrefixIndex struct {
 	// BlockSize is the block length in bytes (default 128). Changing it
 	// starts a fresh index; prompts shorter than a block are not indexed.
 	BlockSize int `json:"block_size"`
-}
-
-// PD configures prefill/decode disaggregation scheduling.
-type PD struct {
-	Mode                     string `json:"mode"`
-	DecodePolicy             string `json:"decode_policy"`
-	SGLangIndependentPairing bool   `json:"sglang_independent_pairing"`
 }
 
 // SchedTimeout is the scheduling wait timeout and scheduling circuit breaker.
@@ -231,15 +235,25 @@ func Default() *Config {
 
 // Parse decodes data over the defaults and validates the result.
 // Unknown fields are rejected so that a typo never silently does nothing.
+// The document must be exactly one JSON object: an empty file (as a
+// non-atomic writer leaves it mid-write), null, another type, or anything
+// after the object is refused, so a reload never silently empties the fleet.
 func Parse(data []byte) (*Config, error) {
 	c := Default()
 	data = bytes.TrimSpace(data)
-	if len(data) > 0 {
-		dec := json.NewDecoder(bytes.NewReader(data))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(c); err != nil {
-			return nil, fmt.Errorf("cannot parse config: %w", err)
-		}
+	if len(data) == 0 {
+		return nil, &FieldError{Msg: "config is empty (an interrupted write?): want a JSON object, {} for all defaults"}
+	}
+	if data[0] != '{' {
+		return nil, &FieldError{Msg: "config must be a JSON object"}
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(c); err != nil {
+		return nil, decodeError(err)
+	}
+	if dec.More() || dec.InputOffset() != int64(len(data)) {
+		return nil, &FieldError{Msg: fmt.Sprintf("unexpected data after the JSON object at byte %d", dec.InputOffset())}
 	}
 	c.normalize()
 	if err := c.Validate(); err != nil {
@@ -278,105 +292,160 @@ func (c *Config) normalize() {
 	}
 }
 
-// Validate reports the first invalid setting.
+// Validate reports the first invalid setting as a *FieldError naming its
+// JSON path (for example session_affinity.ttl_s).
 func (c *Config) Validate() error {
 	switch c.LoadBalancing.Algorithm {
 	case "round-robin", "least-requests", "least-tokens":
 	default:
-		return fmt.Errorf("load_balancing.algorithm %q: want round-robin, least-requests or least-tokens", c.LoadBalancing.Algorithm)
+		return fieldErr("load_balancing.algorithm", "%q: want round-robin, least-requests or least-tokens", c.LoadBalancing.Algorithm)
 	}
 	sa := c.SessionAffinity
 	if sa.Mode != "strong" && sa.Mode != "soft" {
-		return fmt.Errorf("session_affinity.mode %q: want strong or soft", sa.Mode)
+		return fieldErr("session_affinity.mode", "%q: want strong or soft", sa.Mode)
 	}
 	if sa.Header == "" {
-		return fmt.Errorf("session_affinity.header must not be empty")
+		return fieldErr("session_affinity.header", "must not be empty")
 	}
-	for i := 0; i < len(sa.Header); i++ {
-		if c := sa.Header[i]; c <= ' ' || c >= 0x7f || strings.IndexByte("()<>@,;:\\\"/[]?={}", c) >= 0 {
-			return fmt.Errorf("session_affinity.header %q is not a valid header name", sa.Header)
-		}
+	if !ValidHeaderName(sa.Header) {
+		return fieldErr("session_affinity.header", "%q is not a valid header name", sa.Header)
 	}
-	if sa.TTLSeconds <= 0 || sa.MaxEntries <= 0 || sa.SoftMaxLoadRatio <= 0 {
-		return fmt.Errorf("session_affinity: ttl_s, max_entries and soft_max_load_ratio must be positive")
+	if err := seconds("session_affinity.ttl_s", sa.TTLSeconds, true); err != nil {
+		return err
+	}
+	if sa.MaxEntries <= 0 {
+		return fieldErr("session_affinity.max_entries", "must be positive")
+	}
+	if sa.SoftMaxLoadRatio <= 0 || sa.SoftMaxLoadRatio > 1e6 {
+		return fieldErr("session_affinity.soft_max_load_ratio", "must be in (0, 1e6]")
 	}
 	pc := c.PrefixCache
-	if pc.LoadToleranceFactor < 0 || pc.PendingRequestThreshold < 0 || pc.HitRateThreshold < 0 || pc.HitRateThreshold > 1 {
-		return fmt.Errorf("prefix_cache: load_tolerance_factor and pending_request_threshold must be >= 0, hit_rate_threshold in [0,1]")
+	if pc.LoadToleranceFactor < 0 || pc.LoadToleranceFactor > 1e6 {
+		return fieldErr("prefix_cache.load_tolerance_factor", "must be in [0, 1e6]")
+	}
+	if pc.PendingRequestThreshold < 0 {
+		return fieldErr("prefix_cache.pending_request_threshold", "must be >= 0")
+	}
+	if pc.HitRateThreshold < 0 || pc.HitRateThreshold > 1 {
+		return fieldErr("prefix_cache.hit_rate_threshold", "must be in [0, 1]")
 	}
 	pi := c.PrefixIndex
-	if pi.TTLSeconds <= 0 || pi.MaintenanceIntervalSeconds <= 0 {
-		return fmt.Errorf("prefix_index: ttl_s and maintenance_interval_s must be positive")
+	if err := seconds("prefix_index.ttl_s", pi.TTLSeconds, true); err != nil {
+		return err
 	}
-	if pi.MemoryThresholdRatio <= 0 || pi.MemoryThresholdRatio > 1 || pi.ReservedMemoryGB < 0 {
-		return fmt.Errorf("prefix_index: memory_threshold_ratio must be in (0,1], reserved_memory_gb >= 0")
+	if err := seconds("prefix_index.maintenance_interval_s", pi.MaintenanceIntervalSeconds, true); err != nil {
+		return err
+	}
+	if pi.MemoryThresholdRatio <= 0 || pi.MemoryThresholdRatio > 1 {
+		return fieldErr("prefix_index.memory_threshold_ratio", "must be in (0, 1]")
+	}
+	if pi.ReservedMemoryGB < 0 || pi.ReservedMemoryGB > 1<<20 {
+		return fieldErr("prefix_index.reserved_memory_gb", "must be in [0, 1048576]")
 	}
 	if pi.BlockSize < 1 || pi.BlockSize > 1<<20 {
-		return fmt.Errorf("prefix_index.block_size %d: want 1..1048576", pi.BlockSize)
+		return fieldErr("prefix_index.block_size", "%d: want 1..1048576", pi.BlockSize)
 	}
-	if c.PD.Mode != "" || c.PD.SGLangIndependentPairing {
-		// Refuse rather than accept a setting that would do nothing.
-		return fmt.Errorf("pd: PD disaggregation is not supported by this build yet; remove pd.mode and pd.sglang_independent_pairing (workers with role prefill/decode are routed as mixed)")
-	}
-	switch c.PD.DecodePolicy {
-	case "round-robin", "least-requests", "least-tokens":
-	default:
-		return fmt.Errorf("pd.decode_policy %q: want round-robin, least-requests or least-tokens", c.PD.DecodePolicy)
+	if err := c.PD.validate(); err != nil {
+		return err
 	}
 	st := c.SchedTimeout
-	if st.WaitTimeoutMS < 0 || st.CooldownSeconds < 0 || st.ProbeWaitMS < 0 || st.TripFailureRatio <= 0 || st.TripFailureRatio > 1 {
-		return fmt.Errorf("sched_timeout: wait_timeout_ms, cooldown_s, probe_wait_ms must be >= 0 and trip_failure_ratio in (0,1]")
+	if err := millis("sched_timeout.wait_timeout_ms", st.WaitTimeoutMS); err != nil {
+		return err
+	}
+	if err := millis("sched_timeout.probe_wait_ms", st.ProbeWaitMS); err != nil {
+		return err
+	}
+	if err := seconds("sched_timeout.cooldown_s", st.CooldownSeconds, false); err != nil {
+		return err
+	}
+	if st.TripFailureRatio <= 0 || st.TripFailureRatio > 1 {
+		return fieldErr("sched_timeout.trip_failure_ratio", "must be in (0, 1]")
 	}
 	for i, m := range c.ModelRouting.Mappings {
-		if m.Pattern == "" || len(m.Services) == 0 {
-			return fmt.Errorf("model_routing.mappings[%d]: pattern and services are required", i)
+		p := fmt.Sprintf("model_routing.mappings[%d]", i)
+		if m.Pattern == "" {
+			return fieldErr(p+".pattern", "is required")
+		}
+		if len(m.Services) == 0 {
+			return fieldErr(p+".services", "at least one service is required")
 		}
 		for j, svc := range m.Services {
 			if svc == "" {
-				return fmt.Errorf("model_routing.mappings[%d].services[%d] is empty", i, j)
+				return fieldErr(fmt.Sprintf("%s.services[%d]", p, j), "is empty")
 			}
 		}
 	}
 	for i, r := range c.Canary.Rules {
-		if r.Model == "" || len(r.Targets) == 0 {
-			return fmt.Errorf("canary.rules[%d]: model and targets are required", i)
+		p := fmt.Sprintf("canary.rules[%d]", i)
+		if r.Model == "" {
+			return fieldErr(p+".model", "is required")
+		}
+		if len(r.Targets) == 0 {
+			return fieldErr(p+".targets", "at least one target is required")
 		}
 		sum := 0
 		for j, t := range r.Targets {
-			if t.Service == "" || t.Weight < 0 {
-				return fmt.Errorf("canary.rules[%d].targets[%d]: service required and weight >= 0", i, j)
+			tp := fmt.Sprintf("%s.targets[%d]", p, j)
+			if t.Service == "" {
+				return fieldErr(tp+".service", "is required")
+			}
+			if t.Weight < 0 || t.Weight > 1<<20 {
+				return fieldErr(tp+".weight", "must be in [0, 1048576]")
 			}
 			sum += t.Weight
 		}
 		if sum == 0 {
-			return fmt.Errorf("canary.rules[%d]: weights sum to 0", i)
+			return fieldErr(p+".targets", "weights sum to 0")
 		}
 	}
 	t := c.Timeouts
-	if t.StreamFirstPacketSeconds < 0 || t.StreamIdleSeconds < 0 || t.StreamTotalSeconds < 0 || t.NonStreamTotalSeconds < 0 {
-		return fmt.Errorf("timeouts must be >= 0")
+	for _, f := range []struct {
+		path string
+		v    float64
+	}{
+		{"timeouts.stream_first_packet_s", t.StreamFirstPacketSeconds},
+		{"timeouts.stream_idle_s", t.StreamIdleSeconds},
+		{"timeouts.stream_total_s", t.StreamTotalSeconds},
+		{"timeouts.non_stream_total_s", t.NonStreamTotalSeconds},
+	} {
+		if err := seconds(f.path, f.v, false); err != nil {
+			return err
+		}
 	}
 	seen := map[string]bool{}
 	for i, w := range c.Workers {
+		p := fmt.Sprintf("workers[%d]", i)
 		if w.URL == "" {
-			return fmt.Errorf("workers[%d]: url is required", i)
+			return fieldErr(p+".url", "is required")
 		}
 		if !strings.HasPrefix(w.URL, "http://") && !strings.HasPrefix(w.URL, "https://") {
-			return fmt.Errorf("workers[%d]: url %q must start with http:// or https://", i, w.URL)
+			return fieldErr(p+".url", "%q must start with http:// or https://", w.URL)
 		}
 		switch w.Role {
 		case "mixed", "prefill", "decode":
 		default:
-			return fmt.Errorf("workers[%d]: role %q: want mixed, prefill or decode", i, w.Role)
+			return fieldErr(p+".role", "%q: want mixed, prefill or decode", w.Role)
 		}
 		id := w.ID
 		if id == "" {
 			id = w.URL
 		}
 		if seen[id] {
-			return fmt.Errorf("workers[%d]: duplicate id %q", i, id)
+			return fieldErr(p+".id", "duplicate id %q", id)
 		}
 		seen[id] = true
+	}
+	if err := c.RateLimit.validate(); err != nil {
+		return err
+	}
+	if err := c.UserLimit.validate(c); err != nil {
+		return err
+	}
+	if err := c.Protocol.validate(); err != nil {
+		return err
+	}
+	if err := c.validateUpstreams(); err != nil {
+		return err
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,7 +28,7 @@ func TestParse(t *testing.T) {
 			t.Fatalf("Parse(%q): err %v, want it to mention %q", in, err, want)
 		}
 	}
-	ok(``, func(c *Config) bool {
+	ok(`{}`, func(c *Config) bool {
 		return c.Timeouts.StreamFirstPacketSeconds == 300 && c.Timeouts.StreamIdleSeconds == 300 &&
 			c.Timeouts.StreamTotalSeconds == 0 && c.Timeouts.NonStreamTotalSeconds == 900 &&
 			c.SessionAffinity.TTLSeconds == 1800 && c.SessionAffinity.MaxEntries == 100000 &&
@@ -47,6 +48,20 @@ func TestParse(t *testing.T) {
 	bad(`{"canary":{"rules":[{"model":"*","targets":[{"service":"a","weight":0}]}]}}`, "weights")
 	bad(`{"session_affinity":{"mode":"sticky"}}`, "session_affinity.mode")
 	bad(`{"pd":{"mode":"mooncake"}}`, "not supported")
+	// Documents that are not exactly one object (hardening: a reload of any
+	// of these used to remove every worker).
+	bad(``, "empty")
+	bad("  \n", "empty")
+	bad(`null`, "JSON object")
+	bad(`[]`, "JSON object")
+	bad(`"x"`, "JSON object")
+	bad(`{} {}`, "after the JSON object")
+	bad(`{"workers":[]}garbage`, "after the JSON object")
+	// Durations that would overflow time.Duration.
+	bad(`{"timeouts":{"stream_idle_s":1e10}}`, "timeouts.stream_idle_s")
+	bad(`{"timeouts":{"non_stream_total_s":9.3e9}}`, "too large")
+	bad(`{"session_affinity":{"ttl_s":1e300}}`, "session_affinity.ttl_s")
+	bad(`{"sched_timeout":{"wait_timeout_ms":1e300}}`, "sched_timeout.wait_timeout_ms")
 }
 
 func TestStoreReload(t *testing.T) {
@@ -120,4 +135,46 @@ func TestWatchFileAndSIGHUP(t *testing.T) {
 	os.WriteFile(path, []byte(`{"load_balancing":{"algorithm":"least-tokens"}}`), 0o644)
 	syscall.Kill(os.Getpid(), syscall.SIGHUP)
 	wait("least-tokens")
+}
+
+func TestFieldErrorNamesThePath(t *testing.T) {
+	f := func(in, path string) {
+		t.Helper()
+		_, err := Parse([]byte(in))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Path != path {
+			t.Fatalf("Parse(%s): err %v, want a FieldError at %q", in, err, path)
+		}
+	}
+	f(`{"session_affinity":{"ttl_s":0}}`, "session_affinity.ttl_s")
+	f(`{"session_affinity":{"ttl_s":"x"}}`, "session_affinity.ttl_s")
+	f(`{"workers":[{"url":"http://a"},{"url":"ftp://b"}]}`, "workers[1].url")
+	f(`{"canary":{"rules":[{"model":"*","targets":[{"service":"","weight":1}]}]}}`, "canary.rules[0].targets[0].service")
+	f(`{"bogus":1}`, "bogus")
+}
+
+// A reload with a bad document (empty as a non-atomic writer leaves it,
+// null, trailing garbage, an overflowing timeout) is refused and the old
+// snapshot keeps serving, workers included.
+func TestReloadRefusesBadDocumentsAndKeepsServing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.json")
+	good := `{"workers":[{"id":"a","url":"http://127.0.0.1:1","models":["m"]}]}`
+	if err := os.WriteFile(path, []byte(good), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"", "null", good + "garbage", `{"timeouts":{"stream_idle_s":1e12}}`, "{\"workers\":[{\"id\":\"a\""} {
+		if err := os.WriteFile(path, []byte(bad), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := s.Reload(); ok || err == nil {
+			t.Fatalf("reload of %q: swapped=%v err=%v, want refused", bad, ok, err)
+		}
+		if n := len(s.Load().Workers); n != 1 {
+			t.Fatalf("after refused reload of %q: %d workers, want the old 1", bad, n)
+		}
+	}
 }

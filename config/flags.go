@@ -54,6 +54,22 @@ type Serve struct {
 	MaxConnsPerWorker int           `help:"Max upstream connections per worker (each live stream holds one)." default:"4096" env:"INFERA_MAX_CONNS_PER_WORKER"`
 	ConnectTimeout    time.Duration `help:"Upstream dial timeout." default:"3s" env:"INFERA_CONNECT_TIMEOUT"`
 	LogLevel          string        `help:"debug, info, warn, error." default:"info" enum:"debug,info,warn,error" env:"INFERA_LOG_LEVEL"`
+
+	// Client-side limits (hardening).
+	MaxConns             int           `help:"Max concurrent client connections; 0 = three quarters of the open-file limit." default:"0" env:"INFERA_MAX_CONNS"`
+	HeaderTimeout        time.Duration `help:"Time a client has to send its request headers (slowloris bound)." default:"10s" env:"INFERA_HEADER_TIMEOUT"`
+	BodyTimeout          time.Duration `help:"Time a client has to send its request body once headers are in." default:"60s" env:"INFERA_BODY_TIMEOUT"`
+	ClientIdleTimeout    time.Duration `help:"Idle keep-alive client connections are closed after this." default:"60s" env:"INFERA_CLIENT_IDLE_TIMEOUT"`
+	ClientWriteTimeout   time.Duration `help:"A client that accepts no response bytes for this long is disconnected (not the worker's fault)." default:"60s" env:"INFERA_CLIENT_WRITE_TIMEOUT"`
+	MaxInflightBodyBytes int64         `help:"Bound on request body memory held by all requests at once; beyond it requests get 503." default:"268435456" env:"INFERA_MAX_INFLIGHT_BODY_BYTES"`
+	ShutdownTimeout      time.Duration `help:"On SIGTERM, how long in-flight requests and streams may take to finish." default:"30s" env:"INFERA_SHUTDOWN_TIMEOUT"`
+
+	// Gateway state and administration.
+	State              string `help:"Where counters and management data live: empty for in-process, or redis://[:password@]host:port[/db]." env:"INFERA_STATE"`
+	AdminHost          string `help:"Admin API and console listen address (loopback by default)." default:"127.0.0.1" env:"INFERA_ADMIN_HOST"`
+	AdminPort          int    `help:"Admin API and console port; 0 disables the admin listener." default:"8081" env:"INFERA_ADMIN_PORT"`
+	AdminKey           string `help:"Key for the admin API ('Authorization: Bearer <key>'); defaults to --api-key. Without either the admin listener stays off." env:"INFERA_ADMIN_KEY"`
+	PersistSnapshotDir string `help:"Directory for periodic snapshots of management data (config, users, templates); restored on start. Not used with --state redis." env:"INFERA_PERSIST_SNAPSHOT_DIR" type:"path"`
 }
 
 // BreakerCooldown returns the cooldown as a Duration.
@@ -82,6 +98,12 @@ func (s *Serve) Validate() error {
 	}
 	if s.KVOverlapWeight < 0 {
 		return fmt.Errorf("--kv-overlap-weight must be >= 0")
+	}
+	if s.MaxConns < 0 || s.MaxInflightBodyBytes <= 0 {
+		return fmt.Errorf("--max-conns must be >= 0 and --max-inflight-body-bytes positive")
+	}
+	if s.AdminPort < 0 || s.AdminPort > 65535 {
+		return fmt.Errorf("--admin-port %d out of range", s.AdminPort)
 	}
 	return nil
 }
