@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/infera/infera/config"
-	"github.com/infera/infera/sched"
+	"github.com/infera/infera/fleet"
 	"github.com/valyala/fasthttp"
 )
 
@@ -29,16 +29,16 @@ func TestReviewSyncStaticDropsWorkerOnTransientModelsFailure(t *testing.T) {
 	}}
 	go srv.Serve(ln)
 	defer srv.Shutdown()
-	fleet := sched.NewFleet(sched.BreakerConfig{Threshold: 3})
-	defer fleet.Close()
+	fl := fleet.NewFleet(fleet.BreakerConfig{Threshold: 3})
+	defer fl.Close()
 	f := &config.Serve{Workers: []string{"a=http://" + ln.Addr().String()}}
-	syncStatic(fleet, f, config.Default())
-	w1 := fleet.Get("a")
-	if w1 == nil || len(fleet.View().ByModel["m"]) != 1 {
+	syncStatic(fl, f, config.Default())
+	w1 := fl.Get("a")
+	if w1 == nil || len(fl.View().ByModel["m"]) != 1 {
 		t.Fatalf("setup: %v", w1)
 	}
-	syncStatic(fleet, f, config.Default()) // e.g. a config reload
-	if w2 := fleet.Get("a"); w2 != w1 || len(fleet.View().ByModel["m"]) != 1 {
-		t.Fatalf("worker replaced (same=%v) and routable for model m: %d", w2 == w1, len(fleet.View().ByModel["m"]))
+	syncStatic(fl, f, config.Default()) // e.g. a config reload
+	if w2 := fl.Get("a"); w2 != w1 || len(fl.View().ByModel["m"]) != 1 {
+		t.Fatalf("worker replaced (same=%v) and routable for model m: %d", w2 == w1, len(fl.View().ByModel["m"]))
 	}
 }

@@ -16,7 +16,9 @@ import (
 	"github.com/infera/infera/broker"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/kv"
+	"github.com/infera/infera/kvroute"
 	"github.com/infera/infera/proxy"
 	"github.com/infera/infera/radix"
 	"github.com/infera/infera/sched"
@@ -79,7 +81,7 @@ func (c *serveCmd) Run() error {
 type router struct {
 	flags *config.Serve
 	store *config.Store
-	fleet *sched.Fleet
+	fleet *fleet.Fleet
 	sched *sched.Scheduler
 	srv   *proxy.Server
 	stop  chan struct{}
@@ -94,7 +96,7 @@ type router struct {
 	tok     tokenizer.Tokenizer
 	kvm     *kv.Manager
 	kvSub   *nats.Subscription
-	kvAware *sched.KVAware
+	kvAware *kvroute.KVAware
 }
 
 // newRouter builds the router from flags: config store, fleet and its
@@ -118,7 +120,7 @@ func newRouter(f *config.Serve) (*router, error) {
 			rt.close()
 		}
 	}()
-	rt.fleet = sched.NewFleet(sched.BreakerConfig{
+	rt.fleet = fleet.NewFleet(fleet.BreakerConfig{
 		Threshold:   f.BreakerFailureThreshold,
 		Cooldown:    f.BreakerCooldown(),
 		MaxCooldown: f.BreakerMaxCooldown(),
@@ -197,7 +199,7 @@ func newRouter(f *config.Serve) (*router, error) {
 	}
 	if rt.kvAware != nil {
 		opts.HashBlocks = kv.HashBlocks
-		opts.Explain = func(cands []*sched.Worker, r *sched.Request) any { return rt.kvAware.Explain(cands, r) }
+		opts.Explain = func(cands []*fleet.Worker, r *sched.Request) any { return rt.kvAware.Explain(cands, r) }
 	}
 	rt.srv = proxy.New(opts)
 	ok = true
@@ -236,7 +238,7 @@ func (rt *router) setupKV() error {
 		}
 		rt.kvSub = sub
 	}
-	rt.kvAware = sched.NewKVAware(sched.KVAwareConfig{
+	rt.kvAware = kvroute.NewKVAware(kvroute.KVAwareConfig{
 		Index:         idx,
 		OverlapWeight: f.KVOverlapWeight,
 		BlockSize:     f.KVBlockSize,
@@ -282,7 +284,7 @@ type agreement struct {
 	logged                        map[string]bool // under the fleet lock
 }
 
-func (a *agreement) WorkerAdded(w *sched.Worker) error {
+func (a *agreement) WorkerAdded(w *fleet.Worker) error {
 	if ok, reason := discovery.Agrees(w.Record, a.requestTransport, a.kvTransport); !ok {
 		if !a.logged[w.ID] {
 			a.logged[w.ID] = true
@@ -299,13 +301,13 @@ func (a *agreement) WorkerAdded(w *sched.Worker) error {
 	return nil
 }
 
-func (a *agreement) WorkerRemoved(w *sched.Worker) {}
+func (a *agreement) WorkerRemoved(w *fleet.Worker) {}
 
 // forgetHook drops a removed worker's NATS admission counter.
 type forgetHook struct{ bc *broker.Client }
 
-func (h forgetHook) WorkerAdded(w *sched.Worker) error { return nil }
-func (h forgetHook) WorkerRemoved(w *sched.Worker) {
+func (h forgetHook) WorkerAdded(w *fleet.Worker) error { return nil }
+func (h forgetHook) WorkerRemoved(w *fleet.Worker) {
 	if h.bc != nil {
 		h.bc.Forget(w.ID)
 	}
@@ -350,8 +352,8 @@ func checkBackends(f *config.Serve) error {
 }
 
 // staticRecords builds worker records from --workers and the config file.
-func staticRecords(f *config.Serve, cfg *config.Config) []sched.Record {
-	var rs []sched.Record
+func staticRecords(f *config.Serve, cfg *config.Config) []fleet.Record {
+	var rs []fleet.Record
 	seen := map[string]bool{}
 	for _, spec := range f.Workers {
 		spec = strings.TrimSpace(spec)
@@ -369,7 +371,7 @@ func staticRecords(f *config.Serve, cfg *config.Config) []sched.Record {
 			continue
 		}
 		seen[id] = true
-		rs = append(rs, sched.Record{ID: id, URL: strings.TrimRight(u, "/"), Models: f.WorkerModel, Status: sched.StatusActive})
+		rs = append(rs, fleet.Record{ID: id, URL: strings.TrimRight(u, "/"), Models: f.WorkerModel, Status: fleet.StatusActive})
 	}
 	for _, w := range cfg.Workers {
 		id := w.ID
@@ -380,10 +382,10 @@ func staticRecords(f *config.Serve, cfg *config.Config) []sched.Record {
 			continue
 		}
 		seen[id] = true
-		rs = append(rs, sched.Record{
+		rs = append(rs, fleet.Record{
 			ID: id, URL: strings.TrimRight(w.URL, "/"), Models: w.Models, Service: w.Service, Role: w.Role,
 			KVEventsEndpoint: w.KVEventsEndpoint, KVReplayEndpoint: w.KVReplayEndpoint, BlockSize: w.BlockSize, DPSize: w.DPSize,
-			Status: sched.StatusActive,
+			Status: fleet.StatusActive,
 		})
 	}
 	return rs
@@ -391,7 +393,7 @@ func staticRecords(f *config.Serve, cfg *config.Config) []sched.Record {
 
 // syncStatic applies the static worker list. Workers without a model list
 // are asked for their /v1/models.
-func syncStatic(fleet *sched.Fleet, f *config.Serve, cfg *config.Config) {
+func syncStatic(fleet *fleet.Fleet, f *config.Serve, cfg *config.Config) {
 	rs := staticRecords(f, cfg)
 	for i := range rs {
 		if len(rs[i].Models) == 0 {
@@ -442,7 +444,7 @@ func parseModelList(b []byte) []string {
 }
 
 // resyncStatic retries static workers whose models could not be listed.
-func resyncStatic(fleet *sched.Fleet, f *config.Serve, store *config.Store, stop <-chan struct{}) {
+func resyncStatic(fleet *fleet.Fleet, f *config.Serve, store *config.Store, stop <-chan struct{}) {
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
 	for {

@@ -20,6 +20,6 @@
 //
 // It must not know router or engine internals beyond their exported APIs:
 // it talks to `infera serve` and `infera engine` over HTTP, and the simulator
-// only calls sched.Scheduler.Pick, sched.Worker load accounting and the
+// only calls sched.Scheduler.Pick, fleet.Worker load accounting and the
 // engine package's exported clock-free types.
 package bench

@@ -13,7 +13,9 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/engine"
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/kv"
+	"github.com/infera/infera/kvroute"
 	"github.com/infera/infera/radix"
 	"github.com/infera/infera/sched"
 	"github.com/infera/infera/tokenizer"
@@ -44,14 +46,14 @@ type SimConfig struct {
 
 var (
 	simMu    sync.Mutex // one simulation at a time: the fleet is shared
-	simFleet *sched.Fleet
+	simFleet *fleet.Fleet
 )
 
-// sharedSimFleet returns the process's simulation fleet. sched.NewFleet
+// sharedSimFleet returns the process's simulation fleet. fleet.NewFleet
 // registers process-global metrics, so a process may create only one.
-func sharedSimFleet() *sched.Fleet {
+func sharedSimFleet() *fleet.Fleet {
 	if simFleet == nil {
-		simFleet = sched.NewFleet(sched.BreakerConfig{})
+		simFleet = fleet.NewFleet(fleet.BreakerConfig{})
 	}
 	return simFleet
 }
@@ -60,7 +62,7 @@ type simReq struct {
 	core    engine.Request
 	idx     int
 	arrival time.Duration
-	worker  *sched.Worker
+	worker  *fleet.Worker
 	eng     int
 	tokens  int64 // Acquire accounting
 	blocks  int64
@@ -112,10 +114,10 @@ type SimResult struct {
 }
 
 // Simulate runs the workload reqs against a simulated fleet: arrivals are
-// routed by sched.Scheduler.Pick over a sched.Fleet of simulated workers
+// routed by sched.Scheduler.Pick over a fleet.Fleet of simulated workers
 // (with Acquire/FirstToken/Release as the router does), each engine is an
 // engine.Core driven in virtual time, and under kv-aware the router's
-// sched.KVAware scorer reads a radix index fed from the engines' KV events
+// kvroute.KVAware scorer reads a radix index fed from the engines' KV events
 // (delivered instantly: event transport delay is not modelled). Network and router overheads are
 // not modelled. It is deterministic for a given input.
 func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
@@ -137,28 +139,28 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 	defer simMu.Unlock()
 	realStart := time.Now()
 
-	fleet := sharedSimFleet()
-	recs := make([]sched.Record, cfg.Engines)
+	fl := sharedSimFleet()
+	recs := make([]fleet.Record, cfg.Engines)
 	for i := range recs {
-		recs[i] = sched.Record{
+		recs[i] = fleet.Record{
 			ID:        "sim-" + strconv.Itoa(i),
 			URL:       "http://10." + strconv.Itoa(i>>8&255) + "." + strconv.Itoa(i&255) + ".1:8100",
 			Models:    []string{cfg.Model},
 			BlockSize: cfg.Core.BlockSize,
 		}
 	}
-	if errs := fleet.Sync(recs); len(errs) > 0 {
+	if errs := fl.Sync(recs); len(errs) > 0 {
 		return nil, fmt.Errorf("cannot build simulated fleet: %w", errors.Join(errs...))
 	}
-	defer fleet.Sync(nil)
-	view := fleet.View()
+	defer fl.Sync(nil)
+	view := fl.View()
 	byIdx := make([]int, view.MaxIdx)
 	for _, w := range view.All {
 		n, _ := strconv.Atoi(w.ID[len("sim-"):])
 		byIdx[w.Idx] = n
 	}
 	var ix *radix.Index
-	s := sched.NewScheduler(fleet, routerPolicy)
+	s := sched.NewScheduler(fl, routerPolicy)
 	defer s.Close()
 	if kvAware {
 		ix = radix.New()
@@ -166,7 +168,7 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 		if w <= 0 {
 			w = 1
 		}
-		s.KV = sched.NewKVAware(sched.KVAwareConfig{Index: ix, OverlapWeight: w, BlockSize: cfg.Core.BlockSize, Seed: 1})
+		s.KV = kvroute.NewKVAware(kvroute.KVAwareConfig{Index: ix, OverlapWeight: w, BlockSize: cfg.Core.BlockSize, Seed: 1})
 	}
 	var now time.Duration
 	base := time.Unix(1_700_000_000, 0).UnixNano()
@@ -200,7 +202,7 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 		maxITL = 4 << 20
 	}
 	var q evQueue
-	scratch := make([]*sched.Worker, 0, cfg.Engines)
+	scratch := make([]*fleet.Worker, 0, cfg.Engines)
 	var text []byte
 	var sr sched.Request
 	lc := cfg.Load

@@ -41,7 +41,7 @@ type Config struct {
 }
 
 // WorkerSpec describes one worker given statically (config file or --workers).
-// Discovery backends produce the same shape (see sched.Record).
+// Discovery backends produce the same shape (see fleet.Record).
 type WorkerSpec struct {
 	ID               string   `json:"id"`
 	URL              string   `json:"url"`

@@ -3,14 +3,14 @@ package discovery
 import (
 	"fmt"
 
-	"github.com/infera/infera/sched"
+	"github.com/infera/infera/fleet"
 )
 
 // Agrees reports whether a worker's record is reachable by a server using
 // requestTransport (http|nats) and kvTransport (zmq|nats). An empty field in
 // the record means "whatever the server uses". On false, reason says what
 // disagrees; the proxy excludes the worker and logs reason once.
-func Agrees(rec sched.Record, requestTransport, kvTransport string) (ok bool, reason string) {
+func Agrees(rec fleet.Record, requestTransport, kvTransport string) (ok bool, reason string) {
 	if rec.RequestTransport != "" && requestTransport != "" && rec.RequestTransport != requestTransport {
 		return false, fmt.Sprintf("worker %q serves requests over %s but the server uses --request-transport %s", rec.ID, rec.RequestTransport, requestTransport)
 	}

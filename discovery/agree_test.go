@@ -3,13 +3,13 @@ package discovery
 import (
 	"testing"
 
-	"github.com/infera/infera/sched"
+	"github.com/infera/infera/fleet"
 )
 
 func TestAgrees(t *testing.T) {
 	f := func(id, reqT, kvT, kvEP, srvReq, srvKV string, want bool) {
 		t.Helper()
-		r := sched.Record{ID: id, URL: "http://127.0.0.1:1", RequestTransport: reqT, KVEventTransport: kvT, KVEventsEndpoint: kvEP}
+		r := fleet.Record{ID: id, URL: "http://127.0.0.1:1", RequestTransport: reqT, KVEventTransport: kvT, KVEventsEndpoint: kvEP}
 		ok, reason := Agrees(r, srvReq, srvKV)
 		if ok != want {
 			t.Fatalf("Agrees(%s %s/%s vs %s/%s) = %v (%s), want %v", id, reqT, kvT, srvReq, srvKV, ok, reason, want)

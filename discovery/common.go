@@ -8,21 +8,21 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/internal/logx"
-	"github.com/infera/infera/sched"
 )
 
-// Sink receives the worker list. *sched.Fleet implements it.
+// Sink receives the worker list. *fleet.Fleet implements it.
 type Sink interface {
 	// Sync replaces the whole list (after a (re)list).
-	Sync(rs []sched.Record) []error
+	Sync(rs []fleet.Record) []error
 	// Upsert adds or updates one worker (watch event).
-	Upsert(r sched.Record) error
+	Upsert(r fleet.Record) error
 	// Remove drops one worker (watch event).
 	Remove(id string)
 }
 
-var _ Sink = (*sched.Fleet)(nil)
+var _ Sink = (*fleet.Fleet)(nil)
 
 // Backend names used in metric labels.
 const (

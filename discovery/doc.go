@@ -1,9 +1,9 @@
-// Package discovery keeps a sched.Fleet in step with where workers say they
+// Package discovery keeps a fleet.Fleet in step with where workers say they
 // are: etcd (EtcdWatcher, with EtcdRegistrar on the worker side) and
 // Kubernetes (KubeWatcher, with KubeRegistrar on the worker side). The static
 // backend lives with the server's wiring.
 //
-// Every backend carries the same worker record (sched.Record as JSON): the
+// Every backend carries the same worker record (fleet.Record as JSON): the
 // value of /infera/workers/<id> in etcd, the infera.io/worker annotation of
 // the worker's Pod in Kubernetes. A record that does not parse is skipped
 // with a rate-limited log line and counted in

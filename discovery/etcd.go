@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/infera/infera/sched"
+	"github.com/infera/infera/fleet"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -304,7 +304,7 @@ func (w *EtcdWatcher) list(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("cannot list %s: %w", w.cfg.Prefix, err)
 	}
-	recs := make([]sched.Record, 0, len(resp.Kvs))
+	recs := make([]fleet.Record, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		if rec, ok := w.parse(kv.Key, kv.Value); ok {
 			recs = append(recs, rec)
@@ -327,9 +327,9 @@ func (w *EtcdWatcher) setWorkers() {
 	w.st.workers.Store(int64(len(w.known)))
 }
 
-func (w *EtcdWatcher) parse(key, val []byte) (sched.Record, bool) {
+func (w *EtcdWatcher) parse(key, val []byte) (fleet.Record, bool) {
 	id := string(key[len(w.cfg.Prefix):])
-	rec, err := sched.ParseRecord(val)
+	rec, err := fleet.ParseRecord(val)
 	if err == nil && rec.ID != id {
 		err = fmt.Errorf("record id %q does not match key id %q", rec.ID, id)
 	}

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/infera/infera/sched"
+	"github.com/infera/infera/fleet"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -22,7 +22,7 @@ type EtcdRegistrar struct {
 	timeout time.Duration
 
 	mu     sync.Mutex
-	rec    sched.Record
+	rec    fleet.Record
 	key    string
 	lease  clientv3.LeaseID
 	cancel context.CancelFunc
@@ -44,7 +44,7 @@ func NewEtcdRegistrar(cli *clientv3.Client, prefix string, ttl time.Duration) *E
 
 // Register grants a lease, puts rec and starts the heartbeat. It fails if
 // etcd cannot be reached within the request timeout.
-func (r *EtcdRegistrar) Register(ctx context.Context, rec sched.Record) error {
+func (r *EtcdRegistrar) Register(ctx context.Context, rec fleet.Record) error {
 	if err := rec.Validate(); err != nil {
 		return err
 	}
@@ -114,7 +114,7 @@ func (r *EtcdRegistrar) keepAlive(ctx context.Context, lease clientv3.LeaseID, d
 }
 
 // Update re-puts rec (e.g. Status DRAINING) under the current lease.
-func (r *EtcdRegistrar) Update(ctx context.Context, rec sched.Record) error {
+func (r *EtcdRegistrar) Update(ctx context.Context, rec fleet.Record) error {
 	if err := rec.Validate(); err != nil {
 		return err
 	}
@@ -165,7 +165,7 @@ func (r *EtcdRegistrar) Deregister(ctx context.Context) error {
 }
 
 // Record returns the record last written.
-func (r *EtcdRegistrar) Record() sched.Record {
+func (r *EtcdRegistrar) Record() fleet.Record {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.rec

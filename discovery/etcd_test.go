@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/internal/testsrv"
-	"github.com/infera/infera/sched"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -51,11 +51,11 @@ func TestEtcdRegisterDiscover(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "w1 discovered", func() bool { _, ok := sink.get("w1"); return ok })
 
-	r1.Status = sched.StatusDraining
+	r1.Status = fleet.StatusDraining
 	if err := reg.Update(ctx, r1); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "w1 draining", func() bool { r, _ := sink.get("w1"); return r.Status == sched.StatusDraining })
+	waitFor(t, 5*time.Second, "w1 draining", func() bool { r, _ := sink.get("w1"); return r.Status == fleet.StatusDraining })
 
 	// Bad records never break the watcher.
 	bad0 := statsFor(BackendEtcd).bad.Get()
@@ -164,7 +164,7 @@ func TestEtcdOutage(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	if _, ok := sink.get("w1"); !ok || sink.len() != 1 {
-		t.Fatal("fleet changed during the outage")
+		t.Fatal("fl changed during the outage")
 	}
 
 	e.Start()
@@ -228,24 +228,24 @@ func TestEtcdCompactionRelists(t *testing.T) {
 func TestEtcdFeedsFleet(t *testing.T) {
 	e := testsrv.StartEtcd(t)
 	ctx := context.Background()
-	fleet := sched.NewFleet(sched.BreakerConfig{})
-	defer fleet.Close()
-	startWatcher(t, EtcdConfig{Endpoints: []string{e.Endpoint}}, fleet)
+	fl := fleet.NewFleet(fleet.BreakerConfig{})
+	defer fl.Close()
+	startWatcher(t, EtcdConfig{Endpoints: []string{e.Endpoint}}, fl)
 	cli := etcdClient(t, e.Endpoint)
 	reg := NewEtcdRegistrar(cli, "", 5*time.Second)
 	r := rec("f1", "http://127.0.0.1:8100")
 	if err := reg.Register(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "routable", func() bool { return len(fleet.View().Routable) == 1 })
-	r.Status = sched.StatusDraining
+	waitFor(t, 5*time.Second, "routable", func() bool { return len(fl.View().Routable) == 1 })
+	r.Status = fleet.StatusDraining
 	reg.Update(ctx, r)
 	waitFor(t, 5*time.Second, "draining not routable", func() bool {
-		v := fleet.View()
+		v := fl.View()
 		return len(v.Routable) == 0 && len(v.All) == 1
 	})
 	reg.Deregister(ctx)
-	waitFor(t, 5*time.Second, "gone", func() bool { return len(fleet.View().All) == 0 })
+	waitFor(t, 5*time.Second, "gone", func() bool { return len(fl.View().All) == 0 })
 }
 
 func TestNewBackend(t *testing.T) {

@@ -14,7 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/infera/infera/sched"
+	"github.com/infera/infera/fleet"
 )
 
 // DefaultAnnotation is the Pod annotation holding the worker record.
@@ -45,7 +45,7 @@ type KubeWatcher struct {
 	st   *backendStats
 	h    *health
 
-	byPod map[string]sched.Record // namespace/name -> record routed; loop only
+	byPod map[string]fleet.Record // namespace/name -> record routed; loop only
 	rv    string
 
 	workers atomic.Int64
@@ -68,7 +68,7 @@ func NewKubeWatcher(kc *KubeConfig, cfg KubeWatcherConfig, sink Sink) (*KubeWatc
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 30 * time.Second
 	}
-	return &KubeWatcher{cfg: cfg, c: c, sink: sink, st: statsFor(BackendKubernetes), h: newHealth(), byPod: map[string]sched.Record{}}, nil
+	return &KubeWatcher{cfg: cfg, c: c, sink: sink, st: statsFor(BackendKubernetes), h: newHealth(), byPod: map[string]fleet.Record{}}, nil
 }
 
 // Start runs the list/watch loop in the background.
@@ -221,12 +221,12 @@ func (p *kubePod) key() string { return p.Metadata.Namespace + "/" + p.Metadata.
 
 // record returns the Pod's record and whether it is routable; bad is set
 // when an annotation is present but invalid.
-func (w *KubeWatcher) record(p *kubePod) (rec sched.Record, routable bool, bad error) {
+func (w *KubeWatcher) record(p *kubePod) (rec fleet.Record, routable bool, bad error) {
 	raw, has := p.Metadata.Annotations[w.cfg.Annotation]
 	if !has {
 		return rec, false, nil
 	}
-	rec, err := sched.ParseRecord([]byte(raw))
+	rec, err := fleet.ParseRecord([]byte(raw))
 	if err != nil {
 		return rec, false, err
 	}
@@ -275,7 +275,7 @@ func (w *KubeWatcher) list(ctx context.Context) error {
 	if err := json.NewDecoder(resp.Body).Decode(&pl); err != nil {
 		return fmt.Errorf("cannot decode pod list: %w", err)
 	}
-	recs := make([]sched.Record, 0, len(pl.Items))
+	recs := make([]fleet.Record, 0, len(pl.Items))
 	clear(w.byPod)
 	for i := range pl.Items {
 		p := &pl.Items[i]
@@ -297,13 +297,13 @@ func (w *KubeWatcher) list(ctx context.Context) error {
 }
 
 // podWithID returns the record of a routed Pod advertising id.
-func (w *KubeWatcher) podWithID(id string) (sched.Record, bool) {
+func (w *KubeWatcher) podWithID(id string) (fleet.Record, bool) {
 	for _, r := range w.byPod {
 		if r.ID == id {
 			return r, true
 		}
 	}
-	return sched.Record{}, false
+	return fleet.Record{}, false
 }
 
 func (w *KubeWatcher) setWorkers() {
@@ -385,7 +385,7 @@ func (w *KubeWatcher) apply(ev *kubeEvent) error {
 	}
 	key := p.key()
 	old, had := w.byPod[key]
-	var rec sched.Record
+	var rec fleet.Record
 	routable := false
 	if ev.Type != "DELETED" {
 		var bad error

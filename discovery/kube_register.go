@@ -9,7 +9,7 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/infera/infera/sched"
+	"github.com/infera/infera/fleet"
 )
 
 // KubeRegistrar writes one worker's record into the annotation of its own
@@ -39,7 +39,7 @@ func NewKubeRegistrar(kc *KubeConfig, namespace, pod, annotation string) (*KubeR
 }
 
 // Register writes rec into the Pod annotation.
-func (r *KubeRegistrar) Register(ctx context.Context, rec sched.Record) error {
+func (r *KubeRegistrar) Register(ctx context.Context, rec fleet.Record) error {
 	if err := rec.Validate(); err != nil {
 		return err
 	}
@@ -52,7 +52,7 @@ func (r *KubeRegistrar) Register(ctx context.Context, rec sched.Record) error {
 }
 
 // Update rewrites the record (e.g. Status DRAINING).
-func (r *KubeRegistrar) Update(ctx context.Context, rec sched.Record) error {
+func (r *KubeRegistrar) Update(ctx context.Context, rec fleet.Record) error {
 	return r.Register(ctx, rec)
 }
 

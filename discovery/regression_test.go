@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/infera/infera/sched"
+	"github.com/infera/infera/fleet"
 )
 
 func review2Pod(name, id, url string) kubeEvent {
@@ -25,7 +25,7 @@ func review2Pod(name, id, url string) kubeEvent {
 func TestReview2KubeDuplicateID(t *testing.T) {
 	sink := newMemSink()
 	w := &KubeWatcher{cfg: KubeWatcherConfig{Annotation: DefaultAnnotation}, sink: sink,
-		st: statsFor(BackendKubernetes), h: newHealth(), byPod: map[string]sched.Record{}}
+		st: statsFor(BackendKubernetes), h: newHealth(), byPod: map[string]fleet.Record{}}
 	if err := w.apply(ptr(review2Pod("old", "w", "http://10.0.0.1:8100"))); err != nil {
 		t.Fatal(err)
 	}

@@ -5,23 +5,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infera/infera/sched"
+	"github.com/infera/infera/fleet"
 )
 
 // memSink is a Sink that records the current list.
 type memSink struct {
 	mu    sync.Mutex
-	m     map[string]sched.Record
+	m     map[string]fleet.Record
 	syncs int
 }
 
-func newMemSink() *memSink { return &memSink{m: map[string]sched.Record{}} }
+func newMemSink() *memSink { return &memSink{m: map[string]fleet.Record{}} }
 
-func (s *memSink) Sync(rs []sched.Record) []error {
+func (s *memSink) Sync(rs []fleet.Record) []error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.syncs++
-	s.m = map[string]sched.Record{}
+	s.m = map[string]fleet.Record{}
 	var errs []error
 	for _, r := range rs {
 		if err := r.Validate(); err != nil {
@@ -33,7 +33,7 @@ func (s *memSink) Sync(rs []sched.Record) []error {
 	return errs
 }
 
-func (s *memSink) Upsert(r sched.Record) error {
+func (s *memSink) Upsert(r fleet.Record) error {
 	if err := r.Validate(); err != nil {
 		return err
 	}
@@ -49,7 +49,7 @@ func (s *memSink) Remove(id string) {
 	s.mu.Unlock()
 }
 
-func (s *memSink) get(id string) (sched.Record, bool) {
+func (s *memSink) get(id string) (fleet.Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.m[id]
@@ -74,6 +74,6 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-func rec(id, url string) sched.Record {
-	return sched.Record{ID: id, URL: url, Models: []string{"m"}, Role: "mixed", Status: sched.StatusActive}
+func rec(id, url string) fleet.Record {
+	return fleet.Record{ID: id, URL: url, Models: []string{"m"}, Role: "mixed", Status: fleet.StatusActive}
 }

@@ -5,10 +5,10 @@
 // msgpack payload], legacy positional or map-tagged events), the router's
 // own block hashing (HashBlocks, shared by event ingestion and prompt
 // matching), per-worker subscription with sequence tracking and replay
-// (Manager, a sched.Hook), and the publisher used by the simulated engine.
+// (Manager, a fleet.Hook), and the publisher used by the simulated engine.
 //
 // All cgo (github.com/pebbe/zmq4) lives in zmq.go; decoding, hashing and the
 // manager's sequence logic build and test without cgo. kv writes to the
-// radix index and reads sched.Worker; it must not know about HTTP or the
+// radix index and reads fleet.Worker; it must not know about HTTP or the
 // engine package.
 package kv

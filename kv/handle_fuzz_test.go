@@ -3,8 +3,8 @@ package kv
 import (
 	"testing"
 
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/radix"
-	"github.com/infera/infera/sched"
 )
 
 // FuzzHandle feeds arbitrary payloads and sequence numbers through the
@@ -21,7 +21,7 @@ func FuzzHandle(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer m.Close()
-		ws := m.newWorkerState(&sched.Worker{Idx: 1, ID: "fuzz", BlockSize: 1})
+		ws := m.newWorkerState(&fleet.Worker{Idx: 1, ID: "fuzz", BlockSize: 1})
 		defer ws.unregisterMetrics()
 		ws.handle(seq, payload)
 		ws.handle(seq+1, payload)

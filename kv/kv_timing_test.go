@@ -3,8 +3,8 @@ package kv
 import (
 	"testing"
 
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/radix"
-	"github.com/infera/infera/sched"
 )
 
 // BenchmarkDecode decodes a legacy batch of 32 BlockStored events of one
@@ -101,7 +101,7 @@ func BenchmarkApply(b *testing.B) {
 		if m, err = NewManager(ManagerConfig{Index: radix.New()}); err != nil {
 			b.Fatal(err)
 		}
-		ws = m.newWorkerState(&sched.Worker{Idx: 0, ID: "bench", BlockSize: 16})
+		ws = m.newWorkerState(&fleet.Worker{Idx: 0, ID: "bench", BlockSize: 16})
 	}
 	reset()
 	b.ReportAllocs()

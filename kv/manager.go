@@ -12,8 +12,8 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/zeebo/xxh3"
 
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/radix"
-	"github.com/infera/infera/sched"
 )
 
 // ManagerConfig configures a Manager. Zero fields take the defaults noted.
@@ -42,7 +42,7 @@ type ManagerConfig struct {
 }
 
 // Manager keeps the index in step with every worker's KV events. It is a
-// sched.Hook: WorkerAdded starts one goroutine per worker (owning its ZMQ
+// fleet.Hook: WorkerAdded starts one goroutine per worker (owning its ZMQ
 // socket when Transport is zmq), WorkerRemoved stops it and purges the
 // worker's entries before returning.
 type Manager struct {
@@ -54,7 +54,7 @@ type Manager struct {
 	wg   sync.WaitGroup
 }
 
-var _ sched.Hook = (*Manager)(nil)
+var _ fleet.Hook = (*Manager)(nil)
 
 // NewManager returns a manager writing to cfg.Index and registers its
 // metrics (per worker, plus infera_kv_index_{blocks,entries,bytes}).
@@ -114,7 +114,7 @@ func (m *Manager) Close() {
 }
 
 // WorkerAdded starts following w's KV events.
-func (m *Manager) WorkerAdded(w *sched.Worker) error {
+func (m *Manager) WorkerAdded(w *fleet.Worker) error {
 	if w.Idx < 0 || w.Idx >= radix.MaxWorkers {
 		// Still routable, just not KV-aware: never refuse a worker here.
 		slog.Error("worker id beyond the KV index capacity; its KV events are ignored",
@@ -142,7 +142,7 @@ func (m *Manager) WorkerAdded(w *sched.Worker) error {
 
 // WorkerRemoved stops following w and removes all its index entries before
 // returning, so w.Idx may be reused at once.
-func (m *Manager) WorkerRemoved(w *sched.Worker) {
+func (m *Manager) WorkerRemoved(w *fleet.Worker) {
 	m.mu.Lock()
 	ws := m.byID[w.ID]
 	if ws != nil && ws.w == w {
@@ -159,7 +159,7 @@ func (m *Manager) WorkerRemoved(w *sched.Worker) {
 }
 
 // Feed delivers one frame received by a non-ZMQ transport (the NATS relay):
-// workerID is sched.Worker.ID, topic/seq/payload the three ZMQ frames. It
+// workerID is fleet.Worker.ID, topic/seq/payload the three ZMQ frames. It
 // never blocks: when the worker's queue is full the frame is dropped and
 // counted (the sequence gap is then recovered or resynced). Feed copies
 // payload. It reports whether the frame was queued.
@@ -219,7 +219,7 @@ type rankState struct {
 // wait for the last write.
 type workerState struct {
 	m         *Manager
-	w         *sched.Worker
+	w         *fleet.Worker
 	idx       int
 	blockSize int
 	feed      chan frame
@@ -240,7 +240,7 @@ type workerState struct {
 	metricNames                                             []string
 }
 
-func (m *Manager) newWorkerState(w *sched.Worker) *workerState {
+func (m *Manager) newWorkerState(w *fleet.Worker) *workerState {
 	ws := &workerState{
 		m: m, w: w, idx: w.Idx, blockSize: w.BlockSize,
 		feed: make(chan frame, m.cfg.QueueSize), done: make(chan struct{}),

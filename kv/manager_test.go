@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/kvroute"
 	"github.com/infera/infera/radix"
 	"github.com/infera/infera/sched"
 )
@@ -107,7 +109,7 @@ func TestSubscribeLayouts(t *testing.T) {
 		t.Run(layout, func(t *testing.T) {
 			m, x := newTestManager(t, "zmq")
 			p := newTestPublisher(t, false, layout)
-			w := &sched.Worker{Idx: i, ID: "w" + layout, KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
+			w := &fleet.Worker{Idx: i, ID: "w" + layout, KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
 			if err := m.WorkerAdded(w); err != nil {
 				t.Fatal(err)
 			}
@@ -139,7 +141,7 @@ func TestSubscribeLayouts(t *testing.T) {
 func TestGapRecoveredByReplay(t *testing.T) {
 	m, x := newTestManager(t, "zmq")
 	p := newTestPublisher(t, true, LayoutLegacy)
-	w := &sched.Worker{Idx: 3, ID: "w", KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
+	w := &fleet.Worker{Idx: 3, ID: "w", KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +162,7 @@ func TestGapRecoveredByReplay(t *testing.T) {
 func TestGapWithoutReplay(t *testing.T) {
 	m, x := newTestManager(t, "zmq")
 	p := newTestPublisher(t, false, LayoutLegacy)
-	w := &sched.Worker{Idx: 1, ID: "w", KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
+	w := &fleet.Worker{Idx: 1, ID: "w", KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}
@@ -189,9 +191,9 @@ func TestGapWithoutReplay(t *testing.T) {
 func TestWorkerRemovalPurges(t *testing.T) {
 	m, x := newTestManager(t, "zmq")
 	p := newTestPublisher(t, false, LayoutMap)
-	w := &sched.Worker{Idx: 2, ID: "w", KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
-	other := &sched.Worker{Idx: 5, ID: "other", BlockSize: bs}
-	for _, x := range []*sched.Worker{w, other} {
+	w := &fleet.Worker{Idx: 2, ID: "w", KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
+	other := &fleet.Worker{Idx: 5, ID: "other", BlockSize: bs}
+	for _, x := range []*fleet.Worker{w, other} {
 		if err := m.WorkerAdded(x); err != nil {
 			t.Fatal(err)
 		}
@@ -224,7 +226,7 @@ func TestWorkerRemovalPurges(t *testing.T) {
 
 func TestFeedSequencing(t *testing.T) {
 	m, x := newTestManager(t, "nats")
-	w := &sched.Worker{Idx: 0, ID: "w", BlockSize: bs}
+	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}
@@ -297,11 +299,11 @@ func TestReplayProtocol(t *testing.T) {
 // the prompt's prefix wins the kv-aware pick for a prompt extending it.
 func TestRoutesToCachingEngine(t *testing.T) {
 	m, x := newTestManager(t, "zmq")
-	var ws []*sched.Worker
+	var ws []*fleet.Worker
 	var pubs []*Publisher
 	for i := range 2 {
 		p := newTestPublisher(t, true, []string{LayoutLegacy, LayoutMap}[i])
-		w := &sched.Worker{Idx: i, ID: fmt.Sprintf("engine%d", i), KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
+		w := &fleet.Worker{Idx: i, ID: fmt.Sprintf("engine%d", i), KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
 		if err := m.WorkerAdded(w); err != nil {
 			t.Fatal(err)
 		}
@@ -313,7 +315,7 @@ func TestRoutesToCachingEngine(t *testing.T) {
 	waitFor(t, "conversation cached on engine1", func() bool { return overlap(x, 1, conv) == 6 })
 	// Follow-up turn: the cached conversation plus 3 new blocks.
 	prompt := append(append([]uint32(nil), conv...), tokensFor(8, 3)...)
-	k := sched.NewKVAware(sched.KVAwareConfig{Index: x, OverlapWeight: 1, BlockSize: bs})
+	k := kvroute.NewKVAware(kvroute.KVAwareConfig{Index: x, OverlapWeight: 1, BlockSize: bs})
 	r := &sched.Request{BlockHashes: HashBlocks(nil, prompt, bs, "")}
 	if w, ratio := k.PickKVRatio(ws, r); w != ws[1] || ratio != 6.0/9 {
 		t.Fatalf("picked %v with ratio %v, want engine1 with 6/9", w, ratio)
@@ -355,7 +357,7 @@ func TestDataParallelRanks(t *testing.T) {
 	if got := rankEndpoint(pubs[0].Endpoint(), 1); got != pubs[1].Endpoint() {
 		t.Fatalf("rank 1 endpoint %q, want %q", got, pubs[1].Endpoint())
 	}
-	w := &sched.Worker{Idx: 3, ID: "dp", KVEventsEndpoint: pubs[0].Endpoint(), BlockSize: bs, DPSize: 2}
+	w := &fleet.Worker{Idx: 3, ID: "dp", KVEventsEndpoint: pubs[0].Endpoint(), BlockSize: bs, DPSize: 2}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}

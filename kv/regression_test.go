@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/radix"
-	"github.com/infera/infera/sched"
 )
 
 // TestReview2RestartWithoutSeqZero: a publisher restart whose first batches
@@ -17,7 +17,7 @@ import (
 // old one, and the old engine's blocks stay in the index.
 func TestReview2RestartWithoutSeqZero(t *testing.T) {
 	m, x := newTestManager(t, "nats")
-	w := &sched.Worker{Idx: 0, ID: "w", BlockSize: bs}
+	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestReview2ClearedMapShrinks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	w := &sched.Worker{Idx: 0, ID: "w", BlockSize: bs}
+	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
 	ws := m.newWorkerState(w)
 	const n = 200000
 	b := appendBatchHeader(nil, false, 1, 1)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strconv"
 
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/sched"
 	"github.com/valyala/fasthttp"
 )
@@ -56,8 +57,8 @@ func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
 	ctx.SetBody(b)
 }
 
-// RouteExplainer explains a kv-aware decision (sched.KVAware.Explain).
-type RouteExplainer func(cands []*sched.Worker, r *sched.Request) any
+// RouteExplainer explains a kv-aware decision (kvroute.KVAware.Explain).
+type RouteExplainer func(cands []*fleet.Worker, r *sched.Request) any
 
 // handleDebugRoute parses a normal request body and returns, without
 // sending it, its block hashes, each candidate's overlap, load terms and

@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/kv"
+	"github.com/infera/infera/kvroute"
 	"github.com/infera/infera/radix"
 	"github.com/infera/infera/sched"
 	"github.com/infera/infera/tokenizer"
@@ -68,7 +70,7 @@ func okHandler(ctx *fasthttp.RequestCtx) {
 type testRouter struct {
 	url   string
 	srv   *Server
-	fleet *sched.Fleet
+	fl    *fleet.Fleet
 	store *config.Store
 	flags *config.Serve
 }
@@ -90,23 +92,23 @@ func startRouter(t testing.TB, f *config.Serve, cfg *config.Config, urls ...stri
 	if cfg == nil {
 		cfg = config.Default()
 	}
-	fleet := sched.NewFleet(sched.BreakerConfig{Threshold: f.BreakerFailureThreshold, Cooldown: f.BreakerCooldown(), MaxCooldown: f.BreakerMaxCooldown()})
-	t.Cleanup(fleet.Close)
-	fleet.AddHook(HTTPHook(f))
-	var rs []sched.Record
+	fl := fleet.NewFleet(fleet.BreakerConfig{Threshold: f.BreakerFailureThreshold, Cooldown: f.BreakerCooldown(), MaxCooldown: f.BreakerMaxCooldown()})
+	t.Cleanup(fl.Close)
+	fl.AddHook(HTTPHook(f))
+	var rs []fleet.Record
 	for i, u := range urls {
-		rs = append(rs, sched.Record{ID: fmt.Sprintf("w%d", i), URL: u, Models: []string{"m"}})
+		rs = append(rs, fleet.Record{ID: fmt.Sprintf("w%d", i), URL: u, Models: []string{"m"}})
 	}
-	if errs := fleet.Sync(rs); len(errs) > 0 {
+	if errs := fl.Sync(rs); len(errs) > 0 {
 		t.Fatal(errs)
 	}
 	store := config.NewStore("", cfg)
-	sc := sched.NewScheduler(fleet, f.RouterPolicy)
+	sc := sched.NewScheduler(fl, f.RouterPolicy)
 	opts := Options{Flags: f, Store: store, Sched: sc, BlockSize: 16}
 	if f.RouterPolicy == "kv-aware" {
 		// The kv-aware request path: render, tokenize and hash every prompt.
 		idx := radix.New()
-		sc.KV = sched.NewKVAware(sched.KVAwareConfig{Index: idx, OverlapWeight: 1, BlockSize: 16})
+		sc.KV = kvroute.NewKVAware(kvroute.KVAwareConfig{Index: idx, OverlapWeight: 1, BlockSize: 16})
 		opts.Tokenizer, opts.HashBlocks = tokenizer.Simple{}, kv.HashBlocks
 	}
 	srv := New(opts)
@@ -116,7 +118,7 @@ func startRouter(t testing.TB, f *config.Serve, cfg *config.Config, urls ...stri
 	}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Shutdown() })
-	return &testRouter{url: "http://" + ln.Addr().String(), srv: srv, fleet: fleet, store: store, flags: f}
+	return &testRouter{url: "http://" + ln.Addr().String(), srv: srv, fl: fl, store: store, flags: f}
 }
 
 const chatBody = `{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":4}`
@@ -173,7 +175,7 @@ func TestNonStreamForwardsBodyUntouched(t *testing.T) {
 	if resp.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("content type %q", resp.Header.Get("Content-Type"))
 	}
-	for _, w := range r.fleet.View().All {
+	for _, w := range r.fl.View().All {
 		if n := w.Load.Requests.Load(); n != 0 {
 			t.Fatalf("worker %s still has %d active requests", w.ID, n)
 		}
@@ -343,7 +345,7 @@ func TestStreamFirstEventBeforeUpstreamFinishes(t *testing.T) {
 	if !strings.HasSuffix(string(rest), "data: [DONE]\n\n") || !strings.Contains(string(rest), `{"i":2}`) {
 		t.Fatalf("rest %q", rest)
 	}
-	waitFor(t, func() bool { return r.fleet.View().All[0].Load.Requests.Load() == 0 }, "load released")
+	waitFor(t, func() bool { return r.fl.View().All[0].Load.Requests.Load() == 0 }, "load released")
 }
 
 func waitFor(t *testing.T, cond func() bool, what string) {
@@ -381,7 +383,7 @@ func TestClientDisconnectStopsUpstream(t *testing.T) {
 	if su.finished.Load() != 0 || su.written.Load() >= 10000 {
 		t.Fatalf("engine kept generating: written=%d", su.written.Load())
 	}
-	waitFor(t, func() bool { return r.fleet.View().All[0].Load.Requests.Load() == 0 }, "load released")
+	waitFor(t, func() bool { return r.fl.View().All[0].Load.Requests.Load() == 0 }, "load released")
 }
 
 func TestFailoverOnRefusedConnection(t *testing.T) {
@@ -428,8 +430,8 @@ func TestRetryOn429And5xxNotMidStream(t *testing.T) {
 		}
 	}
 	// 429 never trips the breaker.
-	for _, w := range r.fleet.View().All {
-		if w.Breaker.State() != sched.BreakerClosed {
+	for _, w := range r.fl.View().All {
+		if w.Breaker.State() != fleet.BreakerClosed {
 			t.Fatalf("429 tripped the breaker of %s", w.ID)
 		}
 	}
@@ -457,11 +459,11 @@ func TestBreaker(t *testing.T) {
 	f.BreakerCooldownS = 0.2
 	f.BreakerMaxCooldownS = 0.5
 	r := startRouter(t, f, nil, bad.url, good.url)
-	w := r.fleet.Get("w0")
+	w := r.fl.Get("w0")
 	for i := 0; i < 6; i++ { // round-robin: 3 go to the bad worker
 		post(t, r.url+"/v1/chat/completions", chatBody)
 	}
-	if w.Breaker.State() != sched.BreakerOpen || w.Breaker.Trips() != 1 {
+	if w.Breaker.State() != fleet.BreakerOpen || w.Breaker.Trips() != 1 {
 		t.Fatalf("after 3 faults: state %d trips %d", w.Breaker.State(), w.Breaker.Trips())
 	}
 	hits := bad.hits.Load()
@@ -493,7 +495,7 @@ func TestBreaker(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		post(t, r.url+"/v1/chat/completions", chatBody)
 	}
-	if w.Breaker.State() != sched.BreakerClosed || bad.hits.Load() < hits+3 {
+	if w.Breaker.State() != fleet.BreakerClosed || bad.hits.Load() < hits+3 {
 		t.Fatalf("successful probe did not restore: state %d hits %d", w.Breaker.State(), bad.hits.Load()-hits)
 	}
 }
@@ -508,20 +510,20 @@ func TestBreaker4xxDoesNotTripAndAllOpenDispatches(t *testing.T) {
 	f := defaultFlags()
 	f.RequestMaxRetries = 0
 	r := startRouter(t, f, nil, up.url)
-	w := r.fleet.Get("w0")
+	w := r.fl.Get("w0")
 	for i := 0; i < 10; i++ {
 		if code, _ := post(t, r.url+"/v1/chat/completions", chatBody); code != 400 {
 			t.Fatalf("got %d", code)
 		}
 	}
-	if w.Breaker.State() != sched.BreakerClosed {
+	if w.Breaker.State() != fleet.BreakerClosed {
 		t.Fatal("4xx tripped the breaker")
 	}
 	status.Store(503)
 	for i := 0; i < 3; i++ {
 		post(t, r.url+"/v1/chat/completions", chatBody)
 	}
-	if w.Breaker.State() != sched.BreakerOpen {
+	if w.Breaker.State() != fleet.BreakerOpen {
 		t.Fatal("5xx did not trip the breaker")
 	}
 	hits := up.hits.Load()
@@ -683,9 +685,9 @@ func TestHealthAndMetrics(t *testing.T) {
 	resp, _ = http.Get(r0.url + "/health")
 	resp.Body.Close()
 	if resp.StatusCode != 503 {
-		t.Fatalf("empty fleet health %d", resp.StatusCode)
+		t.Fatalf("empty fl health %d", resp.StatusCode)
 	}
 	if code, b := post(t, r0.url+"/v1/chat/completions", chatBody); code != 503 {
-		t.Fatalf("empty fleet: %d %s", code, b)
+		t.Fatalf("empty fl: %d %s", code, b)
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
-	"github.com/infera/infera/sched"
+	"github.com/infera/infera/fleet"
 	"github.com/valyala/fasthttp"
 )
 
@@ -43,7 +43,7 @@ func TestReviewExpiredDeadlineBlamesAlternateWorker(t *testing.T) {
 	f.RequestMaxRetries = 1
 	f.BreakerFailureThreshold = 1
 	r := startRouter(t, f, cfg, slow.url, fast.url)
-	wFast := r.fleet.Get("w1")
+	wFast := r.fl.Get("w1")
 	for i := 0; i < 3 && slow.hits.Load() == 0; i++ {
 		post(t, r.url+"/v1/chat/completions", chatBody)
 	}
@@ -95,9 +95,9 @@ func TestReviewDoubleAbandonClobbersNewProbe(t *testing.T) {
 	f.BreakerCooldownS = 0.05
 	f.BreakerMaxCooldownS = 1
 	r := startRouter(t, f, nil, up.url)
-	w := r.fleet.Get("w0")
+	w := r.fl.Get("w0")
 	post(t, r.url+"/v1/chat/completions", chatBody)
-	if w.Breaker.State() != sched.BreakerOpen {
+	if w.Breaker.State() != fleet.BreakerOpen {
 		t.Fatalf("not open: %d", w.Breaker.State())
 	}
 	time.Sleep(80 * time.Millisecond)
@@ -117,7 +117,7 @@ func TestReviewDoubleAbandonClobbersNewProbe(t *testing.T) {
 	if _, err := br.ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
-	if w.Breaker.State() != sched.BreakerHalfOpen {
+	if w.Breaker.State() != fleet.BreakerHalfOpen {
 		t.Fatalf("probe 2 in flight: state %d", w.Breaker.State())
 	}
 	close(release4xx)
@@ -128,7 +128,7 @@ func TestReviewDoubleAbandonClobbersNewProbe(t *testing.T) {
 	close(release2)
 	io.ReadAll(br)
 	resp2.Body.Close()
-	if st != sched.BreakerHalfOpen {
+	if st != fleet.BreakerHalfOpen {
 		t.Fatalf("probe 1's stream end reopened the probe slot while probe 2 is in flight: state %d", st)
 	}
 }
@@ -145,14 +145,14 @@ func TestReviewStreamTotalCapTripsHealthyWorker(t *testing.T) {
 	f.BreakerFailureThreshold = 2
 	f.RequestMaxRetries = 0
 	r := startRouter(t, f, cfg, up.url)
-	w := r.fleet.Get("w0")
+	w := r.fl.Get("w0")
 	for i := 0; i < 2; i++ {
 		_, body := post(t, r.url+"/v1/chat/completions", streamBody)
 		if i == 0 {
 			t.Logf("body tail: %q", body[max(0, len(body)-200):])
 		}
 	}
-	if w.Breaker.State() != sched.BreakerClosed {
+	if w.Breaker.State() != fleet.BreakerClosed {
 		t.Fatalf("stream_total_s cap tripped a healthy worker: state %d", w.Breaker.State())
 	}
 }
@@ -185,7 +185,7 @@ func TestReviewStaleSuccessClosesOpenBreaker(t *testing.T) {
 	f.BreakerCooldownS = 30
 	f.BreakerMaxCooldownS = 60
 	r := startRouter(t, f, nil, up.url)
-	w := r.fleet.Get("w0")
+	w := r.fl.Get("w0")
 	resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(streamBody))
 	if err != nil {
 		t.Fatal(err)
@@ -195,14 +195,14 @@ func TestReviewStaleSuccessClosesOpenBreaker(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		post(t, r.url+"/v1/chat/completions", chatBody)
 	}
-	if w.Breaker.State() != sched.BreakerOpen {
+	if w.Breaker.State() != fleet.BreakerOpen {
 		t.Fatalf("not tripped: %d", w.Breaker.State())
 	}
 	close(gate)
 	io.ReadAll(br)
 	resp.Body.Close()
 	waitFor(t, func() bool { return w.Load.Requests.Load() == 0 }, "stream closed")
-	if st := w.Breaker.State(); st != sched.BreakerOpen {
+	if st := w.Breaker.State(); st != fleet.BreakerOpen {
 		t.Fatalf("an old stream's success closed the open breaker (state %d) 0 s into a 30 s cooldown, without a probe", st)
 	}
 }
@@ -265,7 +265,7 @@ func TestReviewStressLoadCounters(t *testing.T) {
 		<-done
 	}
 	waitFor(t, func() bool {
-		for _, w := range r.fleet.View().All {
+		for _, w := range r.fl.View().All {
 			if w.Load.Requests.Load() != 0 || w.Load.Pending.Load() != 0 || w.Load.Tokens.Load() != 0 {
 				return false
 			}

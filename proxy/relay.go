@@ -11,6 +11,7 @@ import (
 
 	"github.com/infera/infera/broker"
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/sched"
 	"github.com/valyala/fasthttp"
 )
@@ -43,7 +44,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 	start := s.now()
 	attempts := 1 + s.flags.RequestMaxRetries
 	if n := len(s.sched.Fleet.View().All); cap(rs.scratch) < n {
-		rs.scratch = make([]*sched.Worker, 0, 2*n)
+		rs.scratch = make([]*fleet.Worker, 0, 2*n)
 	}
 	fail := &rs.fail
 	fail.set(0, "", "", "")
@@ -303,7 +304,7 @@ func (s *Server) forward(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 }
 
 // upstreamFailed classifies a transport error before the first byte.
-func (s *Server) upstreamFailed(w *sched.Worker, probe bool, err error, fail *failure) {
+func (s *Server) upstreamFailed(w *fleet.Worker, probe bool, err error, fail *failure) {
 	switch {
 	case errors.Is(err, fasthttp.ErrNoFreeConns):
 		// Local connection limit: not the worker's fault.
@@ -398,7 +399,7 @@ func eqFold(b []byte, s string) bool {
 // from the same goroutine when the response is done or the client is gone.
 type tap struct {
 	s     *Server
-	w     *sched.Worker
+	w     *fleet.Worker
 	up    *fasthttp.Response
 	body  io.Reader
 	conn  *dconn

@@ -12,6 +12,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/broker"
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/internal/logx"
 	"github.com/infera/infera/sched"
 	"github.com/infera/infera/tokenizer"
@@ -63,7 +64,7 @@ type Server struct {
 
 // HTTPHook returns the fleet hook that gives each worker a HostClient.
 // Register it on the fleet before workers are added.
-func HTTPHook(f *config.Serve) sched.Hook {
+func HTTPHook(f *config.Serve) fleet.Hook {
 	return &httpTransport{maxConns: f.MaxConnsPerWorker, connectTimeout: f.ConnectTimeout}
 }
 
@@ -256,7 +257,7 @@ func (s *Server) handleHealth(ctx *fasthttp.RequestCtx) {
 type reqState struct {
 	body    reqBody
 	sreq    sched.Request
-	scratch []*sched.Worker
+	scratch []*fleet.Worker
 	tokens  []uint32
 	render  []byte
 	// fwd is the body forwarded to the engine: the client's bytes, or a
@@ -379,6 +380,6 @@ func isHopHeader(k []byte) bool {
 
 var upstreamLog = &logx.Throttle{Every: time.Second}
 
-func logUpstreamError(w *sched.Worker, err error) {
+func logUpstreamError(w *fleet.Worker, err error) {
 	upstreamLog.Warn("upstream request failed", "worker", w.ID, "err", err)
 }

@@ -5,7 +5,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/infera/infera/sched"
+	"github.com/infera/infera/fleet"
 	"github.com/valyala/fasthttp"
 )
 
@@ -15,10 +15,10 @@ type httpTransport struct {
 	connectTimeout time.Duration
 }
 
-var _ sched.Hook = (*httpTransport)(nil)
+var _ fleet.Hook = (*httpTransport)(nil)
 
-// WorkerAdded implements sched.Hook.
-func (t *httpTransport) WorkerAdded(w *sched.Worker) error {
+// WorkerAdded implements fleet.Hook.
+func (t *httpTransport) WorkerAdded(w *fleet.Worker) error {
 	d := &net.Dialer{Timeout: t.connectTimeout, KeepAlive: 30 * time.Second}
 	hc := &fasthttp.HostClient{
 		Addr:                          w.Addr,
@@ -50,9 +50,9 @@ func (t *httpTransport) WorkerAdded(w *sched.Worker) error {
 	return nil
 }
 
-// WorkerRemoved implements sched.Hook. Idle connections are closed; live
+// WorkerRemoved implements fleet.Hook. Idle connections are closed; live
 // streams keep theirs until they end.
-func (t *httpTransport) WorkerRemoved(w *sched.Worker) {
+func (t *httpTransport) WorkerRemoved(w *fleet.Worker) {
 	if hc, ok := w.Client.(*fasthttp.HostClient); ok {
 		hc.CloseIdleConnections()
 	}

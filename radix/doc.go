@@ -14,5 +14,5 @@
 // for stores below an existing parent and for removals.
 //
 // The package knows nothing about events, engines or scheduling: kv feeds
-// it, sched reads it. Workers are the small integers sched.Worker.Idx.
+// it, sched reads it. Workers are the small integers fleet.Worker.Idx.
 package radix

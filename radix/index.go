@@ -11,7 +11,7 @@ import (
 // NumShards is the number of shards (a power of two).
 const NumShards = 64
 
-// MaxWorkers bounds Worker ids (sched.Worker.Idx); MaxRanks bounds dp ranks.
+// MaxWorkers bounds Worker ids (fleet.Worker.Idx); MaxRanks bounds dp ranks.
 const (
 	MaxWorkers = 4096
 	MaxRanks   = 1 << 16

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/infera/infera/fleet"
 	"github.com/zeebo/xxh3"
 )
 
@@ -36,7 +37,7 @@ type affShard struct {
 
 type affEntry struct {
 	key  uint64
-	w    *Worker
+	w    *fleet.Worker
 	last int64 // unix ns of the last use
 	links
 }
@@ -87,7 +88,7 @@ func (t *affinityTable) shard(key uint64) *affShard {
 
 // get returns the worker bound to key if the binding is younger than ttl,
 // refreshing it; an expired binding is removed.
-func (t *affinityTable) get(key uint64, now, ttl int64) *Worker {
+func (t *affinityTable) get(key uint64, now, ttl int64) *fleet.Worker {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	i, ok := sh.m[key]
@@ -111,7 +112,7 @@ func (t *affinityTable) get(key uint64, now, ttl int64) *Worker {
 
 // bind binds key to w, evicting the shard's least recently used entry when
 // the shard is full.
-func (t *affinityTable) bind(key uint64, w *Worker, now int64) {
+func (t *affinityTable) bind(key uint64, w *fleet.Worker, now int64) {
 	sh := t.shard(key)
 	sh.mu.Lock()
 	if i, ok := sh.m[key]; ok {
@@ -173,7 +174,7 @@ func (sh *affShard) remove(i uint32) {
 
 // affinityLookup is layer 1. It returns the bound worker when the binding is
 // usable, else nil and the reason it fell through.
-func (s *Scheduler) affinityLookup(c *compiled, avail []*Worker, r *Request, now int64, ls *loadStats) (*Worker, string) {
+func (s *Scheduler) affinityLookup(c *compiled, avail []*fleet.Worker, r *Request, now int64, ls *loadStats) (*fleet.Worker, string) {
 	sa := &c.cfg.SessionAffinity
 	t := s.affinity(c)
 	w := t.get(xxh3.Hash(r.SessionID), now, int64(sa.TTLSeconds*float64(time.Second)))
@@ -194,11 +195,11 @@ func (s *Scheduler) affinityLookup(c *compiled, avail []*Worker, r *Request, now
 	return w, ""
 }
 
-func (s *Scheduler) affinityBind(c *compiled, r *Request, w *Worker, now int64) {
+func (s *Scheduler) affinityBind(c *compiled, r *Request, w *fleet.Worker, now int64) {
 	s.affinity(c).bind(xxh3.Hash(r.SessionID), w, now)
 }
 
-func contains(ws []*Worker, w *Worker) bool {
+func contains(ws []*fleet.Worker, w *fleet.Worker) bool {
 	for _, x := range ws {
 		if x == w {
 			return true

@@ -6,13 +6,14 @@ import (
 	"testing"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 )
 
 func TestAffinityHitNoAlloc(t *testing.T) {
 	s, _ := newTestSched(t, workers(8, "m")...)
 	cfg := affCfg(t, nil)
 	r := sess("abc")
-	scratch := make([]*Worker, 0, 8)
+	scratch := make([]*fleet.Worker, 0, 8)
 	if _, err := s.Pick(cfg, r, scratch); err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +43,7 @@ func TestPickNoAlloc(t *testing.T) {
 			} else {
 				r.SessionID = []byte("sess")
 			}
-			scratch := make([]*Worker, 0, 8)
+			scratch := make([]*fleet.Worker, 0, 8)
 			for i := 0; i < 3; i++ { // warm: index entries, session binding
 				r.hashed = false
 				if _, err := s.Pick(cfg, r, scratch); err != nil {

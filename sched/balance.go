@@ -1,6 +1,10 @@
 package sched
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/infera/infera/fleet"
+)
 
 // Balancer picks one worker among candidates (len(cands) > 0).
 type Balancer uint8
@@ -38,7 +42,7 @@ func (b Balancer) String() string {
 // Pick returns the chosen candidate. rr is a shared rotation counter: ties in
 // the least-* algorithms are broken by rotating the scan start so equal
 // workers share load evenly.
-func (b Balancer) Pick(cands []*Worker, rr *atomic.Uint64) *Worker {
+func (b Balancer) Pick(cands []*fleet.Worker, rr *atomic.Uint64) *fleet.Worker {
 	n := len(cands)
 	if n == 1 {
 		return cands[0]
@@ -58,7 +62,7 @@ func (b Balancer) Pick(cands []*Worker, rr *atomic.Uint64) *Worker {
 	return best
 }
 
-func (b Balancer) value(w *Worker) int64 {
+func (b Balancer) value(w *fleet.Worker) int64 {
 	if b == LeastTokens {
 		return w.Load.Tokens.Load()
 	}

@@ -1,8 +1,7 @@
 // Package sched decides which worker serves a request.
 //
-// It owns the fleet's routable view (Fleet, Worker), the per-worker atomic
-// load counters, the per-worker circuit breaker and the scheduling pipeline
-// of Scheduler.Pick:
+// It owns the scheduling pipeline of Scheduler.Pick over the workers of a
+// fleet.Fleet:
 //
 //   - require-session check (ErrSessionRequired -> 400);
 //   - router mode direct (x-worker-instance-id / x-prefill-instance-id);
@@ -20,6 +19,6 @@
 // per snapshot pointer.
 //
 // It knows nothing about HTTP, NATS or ZMQ: transports attach their client
-// to Worker.Client through fleet hooks, and the KV index is reached through
-// the KVScorer interface.
+// to fleet.Worker.Client through fleet hooks, and the KV cost function
+// (package kvroute) is reached through the KVScorer interface.
 package sched

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 )
 
 // compiled is what Pick needs from one config snapshot, built once per
@@ -82,7 +83,7 @@ const maxModelName = 256
 // route appends to dst the candidate workers for r: canary rule, model
 // mapping, exact / fuzzy model match, default model. It returns the model
 // name resolved (may be "" when a service decided) and the canary service.
-func (s *Scheduler) route(c *compiled, v *View, r *Request, dst []*Worker) ([]*Worker, string, string, error) {
+func (s *Scheduler) route(c *compiled, v *fleet.View, r *Request, dst []*fleet.Worker) ([]*fleet.Worker, string, string, error) {
 	if len(v.Routable) == 0 {
 		return dst, "", "", ErrNoWorkers
 	}
@@ -162,19 +163,19 @@ func (s *Scheduler) route(c *compiled, v *View, r *Request, dst []*Worker) ([]*W
 }
 
 // appendRole appends ws, keeping only prefill workers for the prefill leg.
-func appendRole(dst, ws []*Worker, r *Request) []*Worker {
+func appendRole(dst, ws []*fleet.Worker, r *Request) []*fleet.Worker {
 	if !r.PrefillLeg {
 		return append(dst, ws...)
 	}
 	for _, w := range ws {
-		if w.Role == RolePrefill {
+		if w.Role == fleet.RolePrefill {
 			dst = append(dst, w)
 		}
 	}
 	return dst
 }
 
-func (s *Scheduler) unknownModel(c *compiled, v *View, name []byte) error {
+func (s *Scheduler) unknownModel(c *compiled, v *fleet.View, name []byte) error {
 	return &UnknownModelError{Model: string(name), Close: closeNames(s.Models(c.cfg, v), string(name), 5)}
 }
 
@@ -182,7 +183,7 @@ func (s *Scheduler) unknownModel(c *compiled, v *View, name []byte) error {
 // routable workers serve, the default model, and the plain (wildcard-free)
 // names of model mappings and canary rules whose services have routable
 // workers. GET /v1/models lists these.
-func (s *Scheduler) Models(cfg *config.Config, v *View) []string {
+func (s *Scheduler) Models(cfg *config.Config, v *fleet.View) []string {
 	seen := map[string]bool{}
 	var out []string
 	add := func(m string) {
@@ -232,7 +233,7 @@ func (s *Scheduler) Models(cfg *config.Config, v *View) []string {
 // modelFor returns the name the chosen worker serves for this request:
 // resolved when w serves it, the requested name (exactly or in another
 // notation), or the worker's only model; "" when unknown.
-func modelFor(w *Worker, resolved string, req []byte) string {
+func modelFor(w *fleet.Worker, resolved string, req []byte) string {
 	if resolved != "" {
 		for _, m := range w.Models {
 			if m == resolved {
@@ -262,7 +263,7 @@ func modelFor(w *Worker, resolved string, req []byte) string {
 
 // modelIndex holds normalized forms of a view's models, built once per view.
 type modelIndex struct {
-	v *View
+	v *fleet.View
 	// strict maps the case/separator-insensitive form to a model.
 	strict map[string]string
 	// loose maps the form that also ignores an org prefix to a model.
@@ -272,7 +273,7 @@ type modelIndex struct {
 	canon []string
 }
 
-func (s *Scheduler) modelIndex(v *View) *modelIndex {
+func (s *Scheduler) modelIndex(v *fleet.View) *modelIndex {
 	if mi := s.mi.Load(); mi != nil && mi.v == v {
 		return mi
 	}
@@ -345,7 +346,7 @@ func (mi *modelIndex) resolve(name []byte, fuzzy bool) string {
 	return ""
 }
 
-func firstServed(ws []*Worker, name []byte) string {
+func firstServed(ws []*fleet.Worker, name []byte) string {
 	for _, m := range ws[0].Models {
 		if m == string(name) {
 			return m

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 )
 
 func routeCfg(t *testing.T, f func(mr *config.ModelRouting)) *config.Config {
@@ -276,7 +277,7 @@ func FuzzModelMatch(f *testing.F) {
 	f.Add("", "x")
 	f.Add("**", "")
 	s := &Scheduler{}
-	v := &View{Models: []string{"Qwen2.5-72B-Instruct", "Qwen/Qwen2.5-7B", "llama-3", "a-b_c d"}, ByModel: map[string][]*Worker{}}
+	v := &fleet.View{Models: []string{"Qwen2.5-72B-Instruct", "Qwen/Qwen2.5-7B", "llama-3", "a-b_c d"}, ByModel: map[string][]*fleet.Worker{}}
 	mi := s.modelIndex(v)
 	f.Fuzz(func(t *testing.T, pat, name string) {
 		for _, fuzzy := range []bool{false, true} {

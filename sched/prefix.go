@@ -10,6 +10,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 )
 
 const (
@@ -196,7 +197,7 @@ func (p *prefixIndex) slots(h uint64, idx, ser *[prefixSlots]uint16) int {
 // record notes that w was sent the prompt with block keys hs, of which the
 // first depth were indexed at match time (the rest skip the read-locked
 // pre-check). It reports whether a memory check is due.
-func (p *prefixIndex) record(hs []uint64, depth int, w *Worker, now int64) bool {
+func (p *prefixIndex) record(hs []uint64, depth int, w *fleet.Worker, now int64) bool {
 	t := p.sec(now)
 	idx, ser := uint16(w.Idx), uint16(w.Serial)
 	var added int64
@@ -409,7 +410,7 @@ func (b *idxSet) has(i int) bool { return b[i>>6]&(1<<(i&63)) != 0 }
 // seen at least hit_rate_threshold of the prompt, the deepest match that
 // passes the load guards (pending requests, load tolerance) wins; ties go
 // to the least loaded.
-func (s *Scheduler) prefixLayer(cfg *config.Config, p *prefixIndex, v *View, avail []*Worker, r *Request, depth int, ls *loadStats) (Decision, string) {
+func (s *Scheduler) prefixLayer(cfg *config.Config, p *prefixIndex, v *fleet.View, avail []*fleet.Worker, r *Request, depth int, ls *loadStats) (Decision, string) {
 	if depth == 0 {
 		return Decision{}, ReasonPrefixMiss
 	}
@@ -431,7 +432,7 @@ func (s *Scheduler) prefixLayer(cfg *config.Config, p *prefixIndex, v *View, ava
 	anyHit := false
 	for d := depth; d >= minDepth; d-- {
 		n := p.slots(r.phash[d-1], &idx, &ser)
-		var best *Worker
+		var best *fleet.Worker
 		var bestLoad int64
 		for k := 0; k < n; k++ {
 			i := int(idx[k])
@@ -471,7 +472,7 @@ func (s *Scheduler) prefixLayer(cfg *config.Config, p *prefixIndex, v *View, ava
 }
 
 // passesGuards applies the prefix layer's load guards to a hit worker.
-func (s *Scheduler) passesGuards(pc *config.PrefixCache, w *Worker, avail []*Worker, ls *loadStats) bool {
+func (s *Scheduler) passesGuards(pc *config.PrefixCache, w *fleet.Worker, avail []*fleet.Worker, ls *loadStats) bool {
 	if w.Load.Pending.Load() > int64(pc.PendingRequestThreshold) {
 		return false
 	}
@@ -481,7 +482,7 @@ func (s *Scheduler) passesGuards(pc *config.PrefixCache, w *Worker, avail []*Wor
 // kvLayer is layer 2 with the KV index as match basis (kv-aware policy): the
 // scorer sees only candidates that pass the prefix layer's load guards, and
 // when it reports a ratio, the hit rate threshold applies.
-func (s *Scheduler) kvLayer(cfg *config.Config, avail []*Worker, r *Request, ls *loadStats) (Decision, bool) {
+func (s *Scheduler) kvLayer(cfg *config.Config, avail []*fleet.Worker, r *Request, ls *loadStats) (Decision, bool) {
 	pc := &cfg.PrefixCache
 	if !pc.Enabled {
 		// Plain kv-aware policy: the cost function weighs overlap against

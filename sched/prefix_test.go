@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 )
 
 func prefixCfg(t *testing.T, f func(c *config.Config)) *config.Config {
@@ -40,7 +41,7 @@ func TestPrefixIndexBasics(t *testing.T) {
 	f(300, 2)
 	f(1024, 8)
 
-	w := &Worker{Idx: 3, Serial: 7}
+	w := &fleet.Worker{Idx: 3, Serial: 7}
 	r := &Request{Prompt: prompt("xyz", 1024)}
 	if d, _ := p.hashAndMatch(r, 0, 0, nil); d != 0 {
 		t.Fatalf("empty index matched %d", d)
@@ -61,7 +62,7 @@ func TestPrefixIndexBasics(t *testing.T) {
 	// Recording again adds no blocks; other workers share the entries.
 	p.record(r.phash, 0, w, 0)
 	for i := 0; i < prefixSlots+2; i++ {
-		p.record(r.phash, 8, &Worker{Idx: 10 + i, Serial: uint32(10 + i)}, 0)
+		p.record(r.phash, 8, &fleet.Worker{Idx: 10 + i, Serial: uint32(10 + i)}, 0)
 	}
 	if p.Len() != 8 {
 		t.Fatalf("len %d after re-record", p.Len())
@@ -111,13 +112,13 @@ func TestPrefixLayerHitAndThreshold(t *testing.T) {
 }
 
 func TestPrefixGuards(t *testing.T) {
-	setup := func(t *testing.T) (*Scheduler, *Worker, []byte) {
+	setup := func(t *testing.T) (*Scheduler, *fleet.Worker, []byte) {
 		s, _ := newTestSched(t, workers(4, "m")...)
 		p := prompt("guarded prompt ", 2048)
 		home := pick(t, s, prefixCfg(t, nil), &Request{Model: []byte("m"), Prompt: p}).Worker
 		return s, home, p
 	}
-	f := func(name string, cfg *config.Config, load func(home *Worker, all []*Worker), wantHit bool) {
+	f := func(name string, cfg *config.Config, load func(home *fleet.Worker, all []*fleet.Worker), wantHit bool) {
 		t.Run(name, func(t *testing.T) {
 			s, home, p := setup(t)
 			load(home, s.Fleet.View().Routable)
@@ -132,8 +133,8 @@ func TestPrefixGuards(t *testing.T) {
 	}
 	// Others carry 3 active requests past their first token, so the load
 	// tolerance guard passes and only pending decides.
-	pending := func(n int) func(*Worker, []*Worker) {
-		return func(h *Worker, all []*Worker) {
+	pending := func(n int) func(*fleet.Worker, []*fleet.Worker) {
+		return func(h *fleet.Worker, all []*fleet.Worker) {
 			for i := 0; i < n; i++ {
 				h.Acquire(1, 1, 1) // dispatched, no first token yet: pending
 			}
@@ -153,7 +154,7 @@ func TestPrefixGuards(t *testing.T) {
 	f("pending-3-threshold-5", prefixCfg(t, func(c *config.Config) { c.PrefixCache.PendingRequestThreshold = 5 }), pending(3), true)
 	// Load tolerance: home 6 active (first tokens seen), others 2 each:
 	// avg (6+6)/4 = 3; default 3*1.3 = 3.9 < 6 -> skipped; factor 1.5: 7.5 -> hit.
-	skew := func(h *Worker, all []*Worker) {
+	skew := func(h *fleet.Worker, all []*fleet.Worker) {
 		for i := 0; i < 6; i++ {
 			h.Acquire(1, 1, 1)
 			h.FirstToken(1)
@@ -318,14 +319,14 @@ type fakeKV struct {
 	saw   []string
 }
 
-func (f *fakeKV) PickKV(cands []*Worker, r *Request) *Worker {
+func (f *fakeKV) PickKV(cands []*fleet.Worker, r *Request) *fleet.Worker {
 	w, _ := f.PickKVRatio(cands, r)
 	return w
 }
 
-func (f *fakeKV) PickKVRatio(cands []*Worker, r *Request) (*Worker, float64) {
+func (f *fakeKV) PickKVRatio(cands []*fleet.Worker, r *Request) (*fleet.Worker, float64) {
 	f.saw = f.saw[:0]
-	var got *Worker
+	var got *fleet.Worker
 	for _, w := range cands {
 		f.saw = append(f.saw, w.ID)
 		if w.ID == f.pick {

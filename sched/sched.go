@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 )
 
 // Request is what the scheduler knows about one request. The proxy fills it
@@ -55,7 +56,7 @@ func (r *Request) Reset() {
 	*r = Request{Tried: tried, BlockHashes: hashes, phash: ph}
 }
 
-func (r *Request) tried(w *Worker) bool {
+func (r *Request) tried(w *fleet.Worker) bool {
 	for _, i := range r.Tried {
 		if i == w.Idx {
 			return true
@@ -109,7 +110,7 @@ func (d *Decision) PrefillTokens(r *Request) int64 {
 
 // Decision is the scheduler's answer.
 type Decision struct {
-	Worker *Worker
+	Worker *fleet.Worker
 	// Probe is true when this request is the worker's half-open breaker probe.
 	Probe bool
 	// Layer names what chose the worker (Layer* constants).
@@ -220,14 +221,14 @@ func (e *SessionRequiredError) HTTPStatus() int { return 400 }
 // KVScorer chooses among candidates by KV cache overlap (kv-aware policy).
 // It returns nil to defer (no KV events for these candidates, no overlap).
 type KVScorer interface {
-	PickKV(cands []*Worker, r *Request) *Worker
+	PickKV(cands []*fleet.Worker, r *Request) *fleet.Worker
 }
 
 // KVRatioScorer may be implemented by a KVScorer to report the share of the
 // prompt the chosen worker has cached, so that the prefix layer's hit rate
 // threshold applies to KV matches too.
 type KVRatioScorer interface {
-	PickKVRatio(cands []*Worker, r *Request) (*Worker, float64)
+	PickKVRatio(cands []*fleet.Worker, r *Request) (*fleet.Worker, float64)
 }
 
 // Router modes (--router-mode).
@@ -243,7 +244,7 @@ const (
 // Create it with NewScheduler, start Run for the maintenance sweep, and Close
 // it to unregister its metrics.
 type Scheduler struct {
-	Fleet *Fleet
+	Fleet *fleet.Fleet
 	// Mode is auto or direct (direct: trust x-worker-instance-id).
 	Mode string
 	// Policy is kv-aware, round-robin, least-requests, least-tokens, or
@@ -272,7 +273,7 @@ type Scheduler struct {
 }
 
 // NewScheduler returns a scheduler over f in auto mode.
-func NewScheduler(f *Fleet, policy string) *Scheduler {
+func NewScheduler(f *fleet.Fleet, policy string) *Scheduler {
 	s := &Scheduler{
 		Fleet:  f,
 		Mode:   ModeAuto,
@@ -289,7 +290,7 @@ func (s *Scheduler) Close() { s.m.close() }
 
 // Candidates appends to dst the routable workers that serve r's model
 // exactly (no model routing rules).
-func (s *Scheduler) Candidates(dst []*Worker, v *View, r *Request) ([]*Worker, error) {
+func (s *Scheduler) Candidates(dst []*fleet.Worker, v *fleet.View, r *Request) ([]*fleet.Worker, error) {
 	ws := v.ByModel[string(r.Model)]
 	if len(ws) == 0 {
 		if len(v.Routable) == 0 {
@@ -320,7 +321,7 @@ func (s *Scheduler) CheckSession(cfg *config.Config, r *Request) error {
 // KV, load balancing) under the scheduling wait timeout, falling back to
 // local round-robin. The dispatch is then recorded in the session table and
 // the prefix index.
-func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*Worker) (Decision, error) {
+func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker) (Decision, error) {
 	now := s.Now()
 	if err := s.CheckSession(cfg, r); err != nil {
 		s.m.errSession.Inc()
@@ -342,7 +343,7 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*Worker) (Dec
 	// Drop tried workers; keep breaker-open ones aside in case every
 	// candidate is open (then the router dispatches anyway).
 	avail := all[:0]
-	var open []*Worker
+	var open []*fleet.Worker
 	for _, w := range all {
 		if r.tried(w) {
 			continue
@@ -350,7 +351,7 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*Worker) (Dec
 		if w.Breaker.Available(now) {
 			avail = append(avail, w)
 		} else if open == nil {
-			open = w.openMark()
+			open = openMark(w)
 		} else {
 			open = append(open, w)
 		}
@@ -379,7 +380,7 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*Worker) (Dec
 }
 
 // decide runs the layers under the scheduling breaker and wait timeout.
-func (s *Scheduler) decide(cfg *config.Config, c *compiled, v *View, avail []*Worker, r *Request, now int64) Decision {
+func (s *Scheduler) decide(cfg *config.Config, c *compiled, v *fleet.View, avail []*fleet.Worker, r *Request, now int64) Decision {
 	st := &cfg.SchedTimeout
 	mode := s.sb.enter(st, now)
 	if mode == sbSkip {
@@ -406,7 +407,7 @@ func (s *Scheduler) decide(cfg *config.Config, c *compiled, v *View, avail []*Wo
 
 // readmit picks again by load balancing when the chosen worker could not be
 // admitted (its half-open probe slot was taken by a concurrent request).
-func (s *Scheduler) readmit(cfg *config.Config, avail []*Worker, skip *Worker, now int64) Decision {
+func (s *Scheduler) readmit(cfg *config.Config, avail []*fleet.Worker, skip *fleet.Worker, now int64) Decision {
 	first := avail[0]
 	avail = without(avail, skip)
 	b := s.balancer(cfg)
@@ -424,7 +425,7 @@ func (s *Scheduler) readmit(cfg *config.Config, avail []*Worker, skip *Worker, n
 // first hit wins. deadline (unix ns, 0 = none) is checked between layers
 // and inside the prefix walk; past it, local round-robin decides. It returns
 // the decision and the time of the last clock read.
-func (s *Scheduler) layers(cfg *config.Config, c *compiled, v *View, avail []*Worker, r *Request, now, deadline int64) (Decision, int64) {
+func (s *Scheduler) layers(cfg *config.Config, c *compiled, v *fleet.View, avail []*fleet.Worker, r *Request, now, deadline int64) (Decision, int64) {
 	var ls loadStats
 	reason := ""
 	rebind := false
@@ -497,12 +498,12 @@ func (s *Scheduler) indexPrompt(c *compiled, r *Request, now, deadline int64) (p
 	return p, depth, late
 }
 
-func (s *Scheduler) timedOut(avail []*Worker, rebind bool) Decision {
+func (s *Scheduler) timedOut(avail []*fleet.Worker, rebind bool) Decision {
 	return Decision{Worker: s.roundRobin(avail), Layer: LayerFallback, Reason: ReasonSchedTimeout, rebind: rebind}
 }
 
 // roundRobin is the local round-robin fallback.
-func (s *Scheduler) roundRobin(ws []*Worker) *Worker {
+func (s *Scheduler) roundRobin(ws []*fleet.Worker) *fleet.Worker {
 	return RoundRobin.Pick(ws, &s.rr)
 }
 
@@ -524,7 +525,7 @@ func (s *Scheduler) finish(cfg *config.Config, c *compiled, r *Request, d *Decis
 // direct resolves router mode direct: the worker named by the header, if it
 // is live and routable. The breaker is not consulted (the upstream picker
 // decides), except that a probe-eligible worker is marked as the probe.
-func (s *Scheduler) direct(v *View, r *Request, now int64) (Decision, bool) {
+func (s *Scheduler) direct(v *fleet.View, r *Request, now int64) (Decision, bool) {
 	id := r.DirectWorker
 	if r.PrefillLeg {
 		id = r.DirectPrefill
@@ -532,7 +533,7 @@ func (s *Scheduler) direct(v *View, r *Request, now int64) (Decision, bool) {
 	if len(id) == 0 {
 		return Decision{}, false
 	}
-	w := v.byID(id)
+	w := v.ByID(id)
 	if w == nil || w.Draining() || r.tried(w) {
 		s.m.directMiss.Inc()
 		return Decision{}, false
@@ -546,23 +547,6 @@ func (s *Scheduler) direct(v *View, r *Request, now int64) (Decision, bool) {
 	return d, true
 }
 
-// byID returns the worker with id from All (sorted by ID), or nil.
-func (v *View) byID(id []byte) *Worker {
-	lo, hi := 0, len(v.All)
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if v.All[m].ID < string(id) {
-			lo = m + 1
-		} else {
-			hi = m
-		}
-	}
-	if lo < len(v.All) && v.All[lo].ID == string(id) {
-		return v.All[lo]
-	}
-	return nil
-}
-
 func (s *Scheduler) balancer(cfg *config.Config) Balancer {
 	if b, ok := ParseBalancer(s.Policy); ok {
 		return b
@@ -573,9 +557,9 @@ func (s *Scheduler) balancer(cfg *config.Config) Balancer {
 
 // openMark returns a one-element slice holding w. Open workers are rare, so
 // this small allocation stays off the steady-state path.
-func (w *Worker) openMark() []*Worker { return []*Worker{w} }
+func openMark(w *fleet.Worker) []*fleet.Worker { return []*fleet.Worker{w} }
 
-func without(ws []*Worker, w *Worker) []*Worker {
+func without(ws []*fleet.Worker, w *fleet.Worker) []*fleet.Worker {
 	for i, x := range ws {
 		if x == w {
 			ws[i] = ws[len(ws)-1]
@@ -592,7 +576,7 @@ type loadStats struct {
 }
 
 // average returns the mean in-flight request count over cands.
-func (ls *loadStats) average(cands []*Worker) float64 {
+func (ls *loadStats) average(cands []*fleet.Worker) float64 {
 	if !ls.done {
 		var sum int64
 		for _, w := range cands {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 )
 
 func TestMain(m *testing.M) {
@@ -39,13 +40,13 @@ func cfgWith(t testing.TB, f func(c *config.Config)) *config.Config {
 }
 
 // rec describes worker id serving models in service svc (svc "" = first model).
-func rec(id, svc string, models ...string) Record {
-	return Record{ID: id, URL: "http://127.0.0.1:1/" + id, Service: svc, Models: models}
+func rec(id, svc string, models ...string) fleet.Record {
+	return fleet.Record{ID: id, URL: "http://127.0.0.1:1/" + id, Service: svc, Models: models}
 }
 
-func newTestSched(t testing.TB, recs ...Record) (*Scheduler, *clock) {
+func newTestSched(t testing.TB, recs ...fleet.Record) (*Scheduler, *clock) {
 	t.Helper()
-	f := NewFleet(BreakerConfig{Threshold: 3, Cooldown: time.Second, MaxCooldown: 8 * time.Second})
+	f := fleet.NewFleet(fleet.BreakerConfig{Threshold: 3, Cooldown: time.Second, MaxCooldown: 8 * time.Second})
 	for _, r := range recs {
 		if err := f.Upsert(r); err != nil {
 			t.Fatalf("upsert %s: %s", r.ID, err)
@@ -59,8 +60,8 @@ func newTestSched(t testing.TB, recs ...Record) (*Scheduler, *clock) {
 	return s, c
 }
 
-func workers(n int, model string) []Record {
-	rs := make([]Record, n)
+func workers(n int, model string) []fleet.Record {
+	rs := make([]fleet.Record, n)
 	for i := range rs {
 		rs[i] = rec(fmt.Sprintf("w%03d", i), "", model)
 	}
@@ -69,7 +70,7 @@ func workers(n int, model string) []Record {
 
 func pick(t testing.TB, s *Scheduler, cfg *config.Config, r *Request) Decision {
 	t.Helper()
-	d, err := s.Pick(cfg, r, make([]*Worker, 0, 8))
+	d, err := s.Pick(cfg, r, make([]*fleet.Worker, 0, 8))
 	if err != nil {
 		t.Fatalf("Pick: %s", err)
 	}
@@ -118,7 +119,7 @@ func TestPickDefaultsLoadBalancing(t *testing.T) {
 }
 
 func TestDirectMode(t *testing.T) {
-	s, _ := newTestSched(t, rec("a", "", "m"), rec("b", "", "m"), Record{ID: "p", URL: "http://127.0.0.1:2", Models: []string{"m"}, Role: "prefill"})
+	s, _ := newTestSched(t, rec("a", "", "m"), rec("b", "", "m"), fleet.Record{ID: "p", URL: "http://127.0.0.1:2", Models: []string{"m"}, Role: "prefill"})
 	s.Mode = ModeDirect
 	cfg := config.Default()
 	f := func(r *Request, wantID, wantLayer string) {
@@ -148,7 +149,7 @@ func TestDirectMode(t *testing.T) {
 	// Draining worker named directly falls back.
 	s.Mode = ModeDirect
 	r := rec("a", "", "m")
-	r.Status = StatusDraining
+	r.Status = fleet.StatusDraining
 	if err := s.Fleet.Upsert(r); err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +366,7 @@ func TestConcurrentPick(t *testing.T) {
 		pickers.Add(1)
 		go func(g int) {
 			defer pickers.Done()
-			scratch := make([]*Worker, 0, 8)
+			scratch := make([]*fleet.Worker, 0, 8)
 			var r Request
 			for i := 0; i < 2000; i++ {
 				r.Reset()
@@ -410,4 +411,45 @@ func TestDecisionAppendRoute(t *testing.T) {
 	f(Decision{Layer: LayerPrefix, Reason: ReasonPrefixHit, Ratio: 0.834}, "layer=prefix; reason=prefix-hit; ratio=0.83")
 	f(Decision{Layer: LayerPrefix, Reason: ReasonPrefixHit, Ratio: 1}, "layer=prefix; reason=prefix-hit; ratio=1.00")
 	f(Decision{Layer: LayerFallback, Reason: ReasonSchedTimeout, Service: "b"}, "layer=fallback; reason=sched-timeout; service=b")
+}
+
+func TestBreakerInPick(t *testing.T) {
+	s, c := newTestSched(t, workers(3, "m")...)
+	cfg := config.Default()
+	v := s.Fleet.View()
+	bad := v.Routable[0]
+	for i := 0; i < 3; i++ {
+		bad.Breaker.Failure(s.Now())
+	}
+	// Excluded while open.
+	for i := 0; i < 30; i++ {
+		if d := pick(t, s, cfg, &Request{Model: []byte("m")}); d.Worker == bad {
+			t.Fatalf("open worker chosen")
+		}
+	}
+	// After the cooldown, it is a candidate again and its dispatch is the probe.
+	c.add(time.Second)
+	probes := 0
+	for i := 0; i < 30; i++ {
+		if d := pick(t, s, cfg, &Request{Model: []byte("m")}); d.Worker == bad {
+			if !d.Probe {
+				t.Fatalf("dispatch to a half-open worker is not marked as probe")
+			}
+			probes++
+		}
+	}
+	if probes != 1 {
+		t.Fatalf("%d probes, want exactly 1 while half-open", probes)
+	}
+	bad.Breaker.Success(true)
+	// All open: still dispatches (fallback), no error.
+	for _, w := range v.Routable {
+		for i := 0; i < 3; i++ {
+			w.Breaker.Failure(s.Now())
+		}
+	}
+	d := pick(t, s, cfg, &Request{Model: []byte("m")})
+	if d.Layer != LayerFallback || d.Reason != ReasonAllBreakersOpen {
+		t.Fatalf("all open: %s %s", d.Layer, d.Reason)
+	}
 }

@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 )
 
 // benchSched builds n workers serving "Qwen2.5-72B-Instruct", with the
 // clock and memory reader of the tests.
 func benchSched(b *testing.B, n int) *Scheduler {
-	recs := make([]Record, n)
+	recs := make([]fleet.Record, n)
 	for i := range recs {
 		recs[i] = rec(fmt.Sprintf("w%04d", i), "", "Qwen2.5-72B-Instruct")
 	}
@@ -65,7 +66,7 @@ func benchPick(b *testing.B, layer string, n, size int) {
 	if layer == "three-layer" {
 		r.Model = []byte("qwen2.5-72b") // abbreviation: fuzzy rule 2
 	}
-	scratch := make([]*Worker, 0, n)
+	scratch := make([]*fleet.Worker, 0, n)
 	d, err := s.Pick(cfg, r, scratch)
 	if err != nil {
 		b.Fatal(err)
@@ -102,7 +103,7 @@ func benchPick(b *testing.B, layer string, n, size int) {
 // case) and reports the heap bytes per indexed block.
 func BenchmarkPrefixIndexInsert(b *testing.B) {
 	p := newPrefixIndex(128, 0)
-	w := &Worker{Idx: 1, Serial: 1}
+	w := &fleet.Worker{Idx: 1, Serial: 1}
 	buf := make([]byte, 1024)
 	r := &Request{}
 	var before, after runtime.MemStats
@@ -131,7 +132,7 @@ func BenchmarkPrefixIndexInsert(b *testing.B) {
 // parallel goroutines.
 func BenchmarkPrefixIndexMatch(b *testing.B) {
 	p := newPrefixIndex(128, 0)
-	w := &Worker{Idx: 1, Serial: 1}
+	w := &fleet.Worker{Idx: 1, Serial: 1}
 	prompts := make([][]byte, 1024)
 	for i := range prompts {
 		prompts[i] = make([]byte, 1024)
@@ -159,7 +160,7 @@ func BenchmarkPrefixIndexMatch(b *testing.B) {
 // BenchmarkAffinity measures a session lookup hit.
 func BenchmarkAffinity(b *testing.B) {
 	t := newAffinityTable(100000)
-	w := &Worker{}
+	w := &fleet.Worker{}
 	for i := 0; i < 100000; i++ {
 		t.bind(uint64(i)*0x9E3779B97F4A7C15, w, 1)
 	}
@@ -177,7 +178,7 @@ func BenchmarkAffinity(b *testing.B) {
 // BenchmarkResolveModel measures fuzzy model resolution (abbreviation, the
 // slowest rule) over a view of 64 models.
 func BenchmarkResolveModel(b *testing.B) {
-	v := &View{ByModel: map[string][]*Worker{}}
+	v := &fleet.View{ByModel: map[string][]*fleet.Worker{}}
 	for i := 0; i < 64; i++ {
 		v.Models = append(v.Models, fmt.Sprintf("Org/Model%d-%dB-Instruct", i, i))
 	}

@@ -20,7 +20,7 @@ import (
 
 	"github.com/infera/infera/broker"
 	"github.com/infera/infera/discovery"
-	"github.com/infera/infera/sched"
+	"github.com/infera/infera/fleet"
 	"github.com/nats-io/nats.go"
 )
 
@@ -71,8 +71,8 @@ type Cmd struct {
 
 // registrar is what the discovery backends offer a worker.
 type registrar interface {
-	Register(ctx context.Context, rec sched.Record) error
-	Update(ctx context.Context, rec sched.Record) error
+	Register(ctx context.Context, rec fleet.Record) error
+	Update(ctx context.Context, rec fleet.Record) error
 	Deregister(ctx context.Context) error
 }
 
@@ -80,7 +80,7 @@ type registrar interface {
 type Sidecar struct {
 	c   *Cmd
 	hc  *http.Client
-	rec sched.Record
+	rec fleet.Record
 	reg registrar
 	// closers run at the end of Drain (etcd client).
 	closers []func()
@@ -213,7 +213,7 @@ func (c *Cmd) Start(ctx context.Context) (*Sidecar, error) {
 }
 
 // Record returns the advertised record.
-func (s *Sidecar) Record() sched.Record { return s.rec }
+func (s *Sidecar) Record() fleet.Record { return s.rec }
 
 // EngineExited is closed when a launched engine exits (never otherwise).
 func (s *Sidecar) EngineExited() <-chan struct{} { return s.engineDone }
@@ -300,12 +300,12 @@ func (s *Sidecar) buildRecord(ctx context.Context) error {
 			return err
 		}
 	}
-	s.rec = sched.Record{
+	s.rec = fleet.Record{
 		ID: id, URL: strings.TrimRight(adv, "/"), Models: models, Service: c.Service, Role: c.Role,
 		KVEventsEndpoint: advertiseEndpoint(c.KVEventsEndpoint, advHost),
 		KVReplayEndpoint: advertiseEndpoint(c.KVReplayEndpoint, advHost), BlockSize: c.BlockSize, DPSize: c.DPSize,
 		RequestTransport: c.RequestTransport, KVEventTransport: c.KVEventTransport,
-		Status: sched.StatusActive, Version: c.Version,
+		Status: fleet.StatusActive, Version: c.Version,
 	}
 	if c.Bootstrap != "" {
 		s.rec.Bootstrap = json.RawMessage(c.Bootstrap)
@@ -437,7 +437,7 @@ func (s *Sidecar) drain(ctx context.Context) error {
 	var errs []error
 	start := time.Now()
 	rec := s.rec
-	rec.Status = sched.StatusDraining
+	rec.Status = fleet.StatusDraining
 	if err := s.reg.Update(ctx, rec); err != nil {
 		errs = append(errs, fmt.Errorf("cannot mark DRAINING: %w", err))
 	} else {

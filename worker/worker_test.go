@@ -20,8 +20,8 @@ import (
 	"github.com/alecthomas/kong"
 	"github.com/infera/infera/broker"
 	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/internal/testsrv"
-	"github.com/infera/infera/sched"
 	"github.com/nats-io/nats.go"
 )
 
@@ -117,26 +117,26 @@ func TestMain(m *testing.M) {
 
 type memSink struct {
 	mu sync.Mutex
-	m  map[string]sched.Record
+	m  map[string]fleet.Record
 }
 
-func (s *memSink) Sync(rs []sched.Record) []error {
+func (s *memSink) Sync(rs []fleet.Record) []error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.m = map[string]sched.Record{}
+	s.m = map[string]fleet.Record{}
 	for _, r := range rs {
 		s.m[r.ID] = r
 	}
 	return nil
 }
-func (s *memSink) Upsert(r sched.Record) error {
+func (s *memSink) Upsert(r fleet.Record) error {
 	s.mu.Lock()
 	s.m[r.ID] = r
 	s.mu.Unlock()
 	return nil
 }
 func (s *memSink) Remove(id string) { s.mu.Lock(); delete(s.m, id); s.mu.Unlock() }
-func (s *memSink) get(id string) (sched.Record, bool) {
+func (s *memSink) get(id string) (fleet.Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.m[id]
@@ -145,7 +145,7 @@ func (s *memSink) get(id string) (sched.Record, bool) {
 
 func watchEtcd(t *testing.T, ep string) *memSink {
 	t.Helper()
-	sink := &memSink{m: map[string]sched.Record{}}
+	sink := &memSink{m: map[string]fleet.Record{}}
 	w, err := discovery.NewEtcdWatcher(discovery.EtcdConfig{Endpoints: []string{ep}}, nil, sink)
 	if err != nil {
 		t.Fatal(err)
@@ -241,7 +241,7 @@ func TestDrainOverNATS(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "registered", func() bool { _, ok := sink.get("wn1"); return ok })
 	r, _ := sink.get("wn1")
-	if len(r.Models) != 2 || r.Models[0] != "llama-3" || r.RequestTransport != "nats" || r.Status != sched.StatusActive {
+	if len(r.Models) != 2 || r.Models[0] != "llama-3" || r.RequestTransport != "nats" || r.Status != fleet.StatusActive {
 		t.Fatalf("record %+v", r)
 	}
 
@@ -266,7 +266,7 @@ func TestDrainOverNATS(t *testing.T) {
 
 	drained := make(chan error, 1)
 	go func() { drained <- s.Drain(context.Background()) }()
-	waitFor(t, 5*time.Second, "DRAINING", func() bool { r, _ := sink.get("wn1"); return r.Status == sched.StatusDraining })
+	waitFor(t, 5*time.Second, "DRAINING", func() bool { r, _ := sink.get("wn1"); return r.Status == fleet.StatusDraining })
 	chunks := 1
 	var body []byte
 	for {

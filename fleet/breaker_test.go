@@ -1,10 +1,8 @@
-package sched
+package fleet
 
 import (
 	"testing"
 	"time"
-
-	"github.com/infera/infera/config"
 )
 
 func newBreaker(threshold int, cd, maxCD time.Duration) *Breaker {
@@ -93,46 +91,5 @@ func TestBreakerProbeCycle(t *testing.T) {
 	}
 	if b.Trips() != 5 {
 		t.Fatalf("trips %d", b.Trips())
-	}
-}
-
-func TestBreakerInPick(t *testing.T) {
-	s, c := newTestSched(t, workers(3, "m")...)
-	cfg := config.Default()
-	v := s.Fleet.View()
-	bad := v.Routable[0]
-	for i := 0; i < 3; i++ {
-		bad.Breaker.Failure(s.Now())
-	}
-	// Excluded while open.
-	for i := 0; i < 30; i++ {
-		if d := pick(t, s, cfg, &Request{Model: []byte("m")}); d.Worker == bad {
-			t.Fatalf("open worker chosen")
-		}
-	}
-	// After the cooldown, it is a candidate again and its dispatch is the probe.
-	c.add(time.Second)
-	probes := 0
-	for i := 0; i < 30; i++ {
-		if d := pick(t, s, cfg, &Request{Model: []byte("m")}); d.Worker == bad {
-			if !d.Probe {
-				t.Fatalf("dispatch to a half-open worker is not marked as probe")
-			}
-			probes++
-		}
-	}
-	if probes != 1 {
-		t.Fatalf("%d probes, want exactly 1 while half-open", probes)
-	}
-	bad.Breaker.Success(true)
-	// All open: still dispatches (fallback), no error.
-	for _, w := range v.Routable {
-		for i := 0; i < 3; i++ {
-			w.Breaker.Failure(s.Now())
-		}
-	}
-	d := pick(t, s, cfg, &Request{Model: []byte("m")})
-	if d.Layer != LayerFallback || d.Reason != ReasonAllBreakersOpen {
-		t.Fatalf("all open: %s %s", d.Layer, d.Reason)
 	}
 }

@@ -1,4 +1,4 @@
-package sched
+package fleet
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package sched
+package fleet
 
 import (
 	"fmt"
@@ -271,4 +271,21 @@ func (f *Fleet) publishLocked() {
 	}
 	sort.Strings(v.Models)
 	f.view.Store(v)
+}
+
+// ByID returns the worker with id from All (sorted by ID), or nil.
+func (v *View) ByID(id []byte) *Worker {
+	lo, hi := 0, len(v.All)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if v.All[m].ID < string(id) {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(v.All) && v.All[lo].ID == string(id) {
+		return v.All[lo]
+	}
+	return nil
 }

@@ -1,10 +1,12 @@
-package sched
+package kvroute
 
 import (
 	"fmt"
 	"testing"
 
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/radix"
+	"github.com/infera/infera/sched"
 )
 
 // BenchmarkPickKV scores a 512-block (8k tokens at block size 16) prompt
@@ -17,16 +19,16 @@ func BenchmarkPickKV(b *testing.B) {
 			for i := range hashes {
 				hashes[i] = uint64(i+1) * 0x9e3779b97f4a7c15
 			}
-			ws := make([]*Worker, n)
+			ws := make([]*fleet.Worker, n)
 			for i := range ws {
-				ws[i] = &Worker{Idx: i, ID: fmt.Sprint(i)}
+				ws[i] = &fleet.Worker{Idx: i, ID: fmt.Sprint(i)}
 				ws[i].Load.Blocks.Store(int64(i % 7))
 				if err := x.Store(i, 0, 0, 0, false, hashes[:1+i*37%512]); err != nil {
 					b.Fatal(err)
 				}
 			}
 			k := NewKVAware(KVAwareConfig{Index: x})
-			r := &Request{BlockHashes: hashes}
+			r := &sched.Request{BlockHashes: hashes}
 			b.ReportAllocs()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {

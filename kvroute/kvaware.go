@@ -1,4 +1,4 @@
-package sched
+package kvroute
 
 import (
 	"math"
@@ -7,7 +7,9 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/radix"
+	"github.com/infera/infera/sched"
 )
 
 // KVAwareConfig configures the kv-aware cost function.
@@ -50,8 +52,8 @@ type KVAware struct {
 }
 
 var (
-	_ KVScorer      = (*KVAware)(nil)
-	_ KVRatioScorer = (*KVAware)(nil)
+	_ sched.KVScorer      = (*KVAware)(nil)
+	_ sched.KVRatioScorer = (*KVAware)(nil)
 )
 
 // NewKVAware returns the cost function over cfg.Index.
@@ -111,7 +113,7 @@ const (
 
 // score fills s.overlap and s.cost for cands and returns the chosen index
 // (-1 to defer) and the reason.
-func (k *KVAware) score(cands []*Worker, hashes []uint64, s *kvScratch) (int, string) {
+func (k *KVAware) score(cands []*fleet.Worker, hashes []uint64, s *kvScratch) (int, string) {
 	if len(hashes) == 0 || len(cands) == 0 {
 		return -1, ReasonNoHashes
 	}
@@ -205,17 +207,17 @@ func (k *KVAware) score(cands []*Worker, hashes []uint64, s *kvScratch) (int, st
 // PickKV implements KVScorer: it returns the lowest-cost candidate, or nil
 // (defer to load balancing) when the request has no block hashes or no
 // candidate caches its first block.
-func (k *KVAware) PickKV(cands []*Worker, r *Request) *Worker {
+func (k *KVAware) PickKV(cands []*fleet.Worker, r *sched.Request) *fleet.Worker {
 	w, _ := k.PickKVRatio(cands, r)
 	return w
 }
 
 // PickKVRatio implements KVRatioScorer: PickKV plus the share of the
 // prompt's blocks the chosen worker caches.
-func (k *KVAware) PickKVRatio(cands []*Worker, r *Request) (*Worker, float64) {
+func (k *KVAware) PickKVRatio(cands []*fleet.Worker, r *sched.Request) (*fleet.Worker, float64) {
 	s := k.pool.Get().(*kvScratch)
 	i, _ := k.score(cands, r.BlockHashes, s)
-	var w *Worker
+	var w *fleet.Worker
 	var ratio float64
 	if i >= 0 {
 		w = cands[i]
@@ -262,7 +264,7 @@ type KVExplanation struct {
 
 // Explain computes what PickKV would decide for r and why, without
 // updating metrics (with a temperature the sample is a fresh draw).
-func (k *KVAware) Explain(cands []*Worker, r *Request) KVExplanation {
+func (k *KVAware) Explain(cands []*fleet.Worker, r *sched.Request) KVExplanation {
 	s := &kvScratch{}
 	i, reason := k.score(cands, r.BlockHashes, s)
 	e := KVExplanation{

@@ -1,8 +1,12 @@
 //go:build !race
 
-package sched
+package kvroute
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/infera/infera/sched"
+)
 
 func TestKVAwarePickAllocs(t *testing.T) {
 	fx := newKVFixture(t, 8)
@@ -10,7 +14,7 @@ func TestKVAwarePickAllocs(t *testing.T) {
 		fx.cache(t, i, 0, i%5)
 	}
 	k := NewKVAware(KVAwareConfig{Index: fx.x})
-	r := &Request{BlockHashes: fx.hashes}
+	r := &sched.Request{BlockHashes: fx.hashes}
 	k.PickKV(fx.ws, r)
 	if n := testing.AllocsPerRun(200, func() { k.PickKV(fx.ws, r) }); n != 0 {
 		t.Fatalf("PickKV allocates %.1f times per call, want 0", n)

@@ -1,4 +1,4 @@
-package sched
+package kvroute
 
 import (
 	"encoding/json"
@@ -6,13 +6,15 @@ import (
 	"math"
 	"testing"
 
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/radix"
+	"github.com/infera/infera/sched"
 )
 
 // kvFixture builds an index and workers; hashes is an 8-block prompt.
 type kvFixture struct {
 	x      *radix.Index
-	ws     []*Worker
+	ws     []*fleet.Worker
 	hashes []uint64
 }
 
@@ -20,7 +22,7 @@ func newKVFixture(t testing.TB, n int) *kvFixture {
 	t.Helper()
 	f := &kvFixture{x: radix.New()}
 	for i := range n {
-		f.ws = append(f.ws, &Worker{Idx: i, ID: fmt.Sprintf("w%d", i)})
+		f.ws = append(f.ws, &fleet.Worker{Idx: i, ID: fmt.Sprintf("w%d", i)})
 	}
 	for i := range 8 {
 		f.hashes = append(f.hashes, uint64(i+1)*0x9e3779b97f4a7c15)
@@ -64,9 +66,9 @@ func TestKVAwareCost(t *testing.T) {
 			}
 		}
 		k := NewKVAware(KVAwareConfig{Index: fx.x, OverlapWeight: weight, BlockSize: 16})
-		got := k.PickKV(fx.ws, &Request{BlockHashes: fx.hashes})
+		got := k.PickKV(fx.ws, &sched.Request{BlockHashes: fx.hashes})
 		if got == nil || got.Idx != want {
-			e := k.Explain(fx.ws, &Request{BlockHashes: fx.hashes})
+			e := k.Explain(fx.ws, &sched.Request{BlockHashes: fx.hashes})
 			t.Fatalf("%s: picked %v, want w%d; explain %+v", name, got, want, e)
 		}
 	}
@@ -94,7 +96,7 @@ func TestKVAwareTies(t *testing.T) {
 	fx.junk(t, 0, 10)
 	fx.junk(t, 2, 3)
 	k := NewKVAware(KVAwareConfig{Index: fx.x, OverlapWeight: 1, BlockSize: 16, Seed: 1})
-	r := &Request{BlockHashes: fx.hashes}
+	r := &sched.Request{BlockHashes: fx.hashes}
 	for range 20 {
 		if got := k.PickKV(fx.ws, r); got != fx.ws[1] {
 			t.Fatalf("tie: picked %s, want w1 (smallest cache)", got.ID)
@@ -120,21 +122,21 @@ func TestKVAwareTies(t *testing.T) {
 func TestKVAwareDefersAndRanks(t *testing.T) {
 	fx := newKVFixture(t, 2)
 	k := NewKVAware(KVAwareConfig{Index: fx.x})
-	if w := k.PickKV(fx.ws, &Request{}); w != nil {
+	if w := k.PickKV(fx.ws, &sched.Request{}); w != nil {
 		t.Fatalf("no hashes: picked %s, want nil", w.ID)
 	}
-	if e := k.Explain(fx.ws, &Request{}); e.Choice != "" || e.Reason != ReasonNoHashes {
+	if e := k.Explain(fx.ws, &sched.Request{}); e.Choice != "" || e.Reason != ReasonNoHashes {
 		t.Fatalf("no hashes: explain %+v", e)
 	}
 	// Nobody caches the prompt: defer.
-	if w := k.PickKV(fx.ws, &Request{BlockHashes: fx.hashes}); w != nil {
+	if w := k.PickKV(fx.ws, &sched.Request{BlockHashes: fx.hashes}); w != nil {
 		t.Fatalf("no overlap: picked %s, want nil", w.ID)
 	}
 	// Worker 1 caches 2 blocks on rank 0 and 6 on rank 3: overlap is 6.
 	fx.cache(t, 0, 0, 5)
 	fx.cache(t, 1, 0, 2)
 	fx.cache(t, 1, 3, 6)
-	w, ratio := k.PickKVRatio(fx.ws, &Request{BlockHashes: fx.hashes})
+	w, ratio := k.PickKVRatio(fx.ws, &sched.Request{BlockHashes: fx.hashes})
 	if w != fx.ws[1] || ratio != 6.0/8 {
 		t.Fatalf("dp ranks: picked %v ratio %v, want w1 0.75", w, ratio)
 	}
@@ -149,7 +151,7 @@ func TestKVAwareTemperature(t *testing.T) {
 	fx.ws[1].Load.Blocks.Store(5)
 	fx.ws[2].Load.Blocks.Store(10)
 	k := NewKVAware(KVAwareConfig{Index: fx.x, OverlapWeight: 1, Temperature: 0.5, Seed: 42})
-	r := &Request{BlockHashes: fx.hashes}
+	r := &sched.Request{BlockHashes: fx.hashes}
 	// Normalised costs 0, 0.5, 1 at T=0.5: weights e^0, e^-1, e^-2.
 	z := 1 + math.Exp(-1) + math.Exp(-2)
 	want := []float64{1 / z, math.Exp(-1) / z, math.Exp(-2) / z}
@@ -177,7 +179,7 @@ func TestKVAwareExplain(t *testing.T) {
 	fx.ws[0].Load.PrefillTokens.Store(32)
 	fx.ws[0].Load.Blocks.Store(3)
 	k := NewKVAware(KVAwareConfig{Index: fx.x, OverlapWeight: 2, BlockSize: 16})
-	r := &Request{BlockHashes: fx.hashes}
+	r := &sched.Request{BlockHashes: fx.hashes}
 	e := k.Explain(fx.ws, r)
 	c0, c1 := e.Candidates[0], e.Candidates[1]
 	// w0: p = 32/16 + 2 = 4, d = 3 + 2 = 5, cost = 2*4 + 5 = 13.
