@@ -2,9 +2,12 @@ package config
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -16,31 +19,64 @@ import (
 var (
 	reloadsOK     = metrics.NewCounter(`infera_config_reloads_total{result="ok"}`)
 	reloadsFailed = metrics.NewCounter(`infera_config_reloads_total{result="error"}`)
+	appliesOK     = metrics.NewCounter(`infera_config_applies_total{result="ok"}`)
+	appliesFailed = metrics.NewCounter(`infera_config_applies_total{result="error"}`)
 )
 
-// Store holds the current Config behind an atomic pointer.
+// Store holds the current Config behind an atomic pointer, with a version
+// that grows by one on every change.
 //
-// The request path calls Load once per request. Reload builds a new Config
-// from the file and swaps it in only when it is valid.
+// The request path calls Load once per request. Every change, whether a
+// file reload (Reload, Watch), an admin API write (Apply) or a replica
+// catching up with shared storage (Replace), builds a new Config and swaps
+// the pointer under one lock, then runs the OnChange hooks.
+//
+// When the store has a path, Apply writes the new config back to the file
+// atomically (temp file, fsync, rename, fsync of the directory), so a
+// restart keeps it and the file stays the single source of truth. A hand
+// edit of the file that has not been reloaded yet is picked up first, which
+// bumps the version: the API write then carries a stale version and gets a
+// *VersionConflict, so a hand edit is never overwritten silently.
 type Store struct {
 	path string
 	cur  atomic.Pointer[Config]
+	ver  atomic.Uint64
 
-	mu       sync.Mutex // serializes reloads
-	lastData []byte
+	mu       sync.Mutex // serializes every change
+	lastData []byte     // the file bytes the current config came from or was written as
 	lastMod  time.Time
 	lastSize int64
 	onChange []func(old, cur *Config)
+	// sink, when set, receives configs read from the file instead of a local
+	// swap (shared storage: the change comes back through Replace).
+	sink func(c *Config) error
 }
 
-// NewStore returns a store serving c (Default() when nil).
-// path may be empty: then Reload is a no-op.
+// VersionConflict is returned by Apply when the caller's version is not
+// the current one: someone else changed the config in between.
+type VersionConflict struct {
+	Want, Have uint64
+	// Reason says what happened (for example a hand edit of the file).
+	Reason string
+}
+
+func (e *VersionConflict) Error() string {
+	msg := fmt.Sprintf("config changed since version %d (now %d): reload and retry", e.Want, e.Have)
+	if e.Reason != "" {
+		msg += "; " + e.Reason
+	}
+	return msg
+}
+
+// NewStore returns a store serving c (Default() when nil) at version 1.
+// path may be empty: then Reload is a no-op and Apply writes no file.
 func NewStore(path string, c *Config) *Store {
 	if c == nil {
 		c = Default()
 	}
 	s := &Store{path: path}
 	s.cur.Store(c)
+	s.ver.Store(1)
 	return s
 }
 
@@ -71,55 +107,230 @@ func (s *Store) Load() *Config { return s.cur.Load() }
 // Path returns the config file path.
 func (s *Store) Path() string { return s.path }
 
-// Set swaps in c (already validated) and runs change hooks.
+// Version returns the version of the current snapshot.
+func (s *Store) Version() uint64 { return s.ver.Load() }
+
+// Current returns the current snapshot and its version as one consistent pair.
+func (s *Store) Current() (*Config, uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur.Load(), s.ver.Load()
+}
+
+// Set swaps in c (already validated), bumps the version and runs change
+// hooks. It writes no file; admin writes go through Apply.
 func (s *Store) Set(c *Config) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.swap(c)
+	s.swap(c, s.ver.Load()+1)
 }
 
-func (s *Store) swap(c *Config) {
+// Replace swaps in c at the given version (a replica adopting a change made
+// elsewhere, or a restored snapshot). It writes no file.
+func (s *Store) Replace(c *Config, version uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.swap(c, version)
+}
+
+// Lock must be held.
+func (s *Store) swap(c *Config, version uint64) {
 	old := s.cur.Swap(c)
+	s.ver.Store(version)
 	for _, f := range s.onChange {
 		f(old, c)
 	}
 }
 
-// OnChange registers f to run after every successful swap (under the reload lock).
+// OnChange registers f to run after every successful swap (under the store lock).
 func (s *Store) OnChange(f func(old, cur *Config)) {
 	s.mu.Lock()
 	s.onChange = append(s.onChange, f)
 	s.mu.Unlock()
 }
 
+// SetReloadSink makes file reloads hand the parsed config to f instead of
+// swapping it in: with shared storage (Redis) a hand edit of the file
+// becomes a write to the storage, and comes back to every replica through
+// Replace. nil restores local swaps.
+func (s *Store) SetReloadSink(f func(c *Config) error) {
+	s.mu.Lock()
+	s.sink = f
+	s.mu.Unlock()
+}
+
+// Apply validates c and swaps it in when ifVersion is the current version
+// (ifVersion 0 skips the check), writing it back to the config file first
+// when the store has one. It returns the new version.
+//
+// A file edited by hand since the last reload is reloaded before the
+// version check (so the caller's version is stale and it gets a
+// *VersionConflict); a hand-edited file that does not parse refuses the
+// write, since overwriting it would destroy someone's edit.
+func (s *Store) Apply(c *Config, ifVersion uint64) (uint64, error) {
+	if err := c.Validate(); err != nil {
+		appliesFailed.Inc()
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.path != "" && s.sink == nil {
+		if err := s.pickUpHandEditLocked(); err != nil {
+			appliesFailed.Inc()
+			return 0, &VersionConflict{Want: ifVersion, Have: s.ver.Load(), Reason: err.Error()}
+		}
+	}
+	if have := s.ver.Load(); ifVersion != 0 && ifVersion != have {
+		appliesFailed.Inc()
+		return 0, &VersionConflict{Want: ifVersion, Have: have}
+	}
+	if s.path != "" && s.sink == nil {
+		data, err := MarshalFile(c)
+		if err != nil {
+			appliesFailed.Inc()
+			return 0, err
+		}
+		if err := WriteFileAtomic(s.path, data, 0o644); err != nil {
+			appliesFailed.Inc()
+			return 0, fmt.Errorf("cannot write config back to %q (the change was not applied): %w", s.path, err)
+		}
+		s.lastData = data
+		if fi, err := os.Stat(s.path); err == nil {
+			s.lastMod, s.lastSize = fi.ModTime(), fi.Size()
+		}
+	}
+	v := s.ver.Load() + 1
+	s.swap(c, v)
+	appliesOK.Inc()
+	return v, nil
+}
+
+// pickUpHandEditLocked reloads the file if its bytes differ from the last
+// ones seen. Lock must be held.
+func (s *Store) pickUpHandEditLocked() error {
+	data, err := os.ReadFile(s.path)
+	if err != nil {
+		return fmt.Errorf("cannot read config file %q: %v", s.path, err)
+	}
+	if bytes.Equal(data, s.lastData) {
+		return nil
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return fmt.Errorf("the config file %q was edited by hand and does not parse (%v): fix or revert it first", s.path, err)
+	}
+	s.lastData = data
+	if fi, err := os.Stat(s.path); err == nil {
+		s.lastMod, s.lastSize = fi.ModTime(), fi.Size()
+	}
+	s.swap(c, s.ver.Load()+1)
+	reloadsOK.Inc()
+	slog.Info("config reloaded (hand edit found before an admin write)", "path", s.path, "version", s.ver.Load())
+	return nil
+}
+
+// MarshalFile renders c as the config file Apply writes: indented JSON
+// with every setting spelled out, ending in a newline.
+func MarshalFile(c *Config) ([]byte, error) {
+	data, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("cannot encode config: %w", err)
+	}
+	return append(data, '\n'), nil
+}
+
+// WriteFileAtomic writes data to path so that readers see either the old
+// file or the whole new one, also after a crash: a temporary file in the
+// same directory is written and fsynced, renamed over path, and the
+// directory is fsynced so the rename itself is durable. An existing file
+// keeps its permissions; a new one gets perm.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
+	dir := filepath.Dir(path)
+	if fi, err := os.Stat(path); err == nil {
+		perm = fi.Mode().Perm()
+	}
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if _, err = f.Write(data); err != nil {
+		return err
+	}
+	if err = f.Chmod(perm); err != nil {
+		return err
+	}
+	if err = f.Sync(); err != nil {
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	if err = os.Rename(tmp, path); err != nil {
+		return err
+	}
+	d, derr := os.Open(dir)
+	if derr != nil {
+		return nil // renamed; durability of the rename is best effort here
+	}
+	d.Sync()
+	d.Close()
+	return nil
+}
+
 // Reload re-reads the file. An invalid file is rejected with a logged reason
 // and the previous config keeps serving. It returns true when a new config
-// was swapped in.
+// was swapped in (or handed to the reload sink).
 func (s *Store) Reload() (bool, error) {
 	if s.path == "" {
 		return false, nil
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	data, err := os.ReadFile(s.path)
 	if err != nil {
+		s.mu.Unlock()
 		reloadsFailed.Inc()
 		slog.Error("config reload rejected; keeping previous config", "path", s.path, "err", err)
 		return false, err
 	}
 	if bytes.Equal(data, s.lastData) {
+		s.mu.Unlock()
 		return false, nil
 	}
 	s.lastData = data
 	c, err := Parse(data)
 	if err != nil {
+		s.mu.Unlock()
 		reloadsFailed.Inc()
 		slog.Error("config reload rejected; keeping previous config", "path", s.path, "err", err)
 		return false, err
 	}
-	s.swap(c)
+	if sink := s.sink; sink != nil {
+		// The sink writes to shared storage and comes back through Replace,
+		// which takes the lock.
+		s.mu.Unlock()
+		if err := sink(c); err != nil {
+			reloadsFailed.Inc()
+			slog.Error("config file changed but cannot be stored; keeping previous config", "path", s.path, "err", err)
+			s.mu.Lock()
+			s.lastData = nil // try again on the next poll or SIGHUP
+			s.mu.Unlock()
+			return false, err
+		}
+		reloadsOK.Inc()
+		slog.Info("config file changed; stored", "path", s.path)
+		return true, nil
+	}
+	s.swap(c, s.ver.Load()+1)
+	s.mu.Unlock()
 	reloadsOK.Inc()
-	slog.Info("config reloaded", "path", s.path)
+	slog.Info("config reloaded", "path", s.path, "version", s.ver.Load())
 	return true, nil
 }
 
@@ -158,4 +369,39 @@ func (s *Store) Watch(interval time.Duration, stop <-chan struct{}) {
 			}
 		}
 	}
+}
+
+// Backup is the "Data backup" section: how often the management data
+// (this whole config, users and quota templates included, API keys only as
+// hashes) is snapshotted into --persist-snapshot-dir, and how many
+// snapshots are kept. Changes take effect after the next backup cycle.
+// Not used with --state redis (Redis keeps its own persistence).
+type Backup struct {
+	// IntervalSeconds between two automatic snapshots. A snapshot is written
+	// only when the data changed since the newest one. Default 300.
+	IntervalSeconds float64 `json:"interval_s"`
+	// Keep is how many automatic snapshots are kept (older ones are
+	// deleted); manual ones (Export-side "snapshot now", pre-import) are
+	// rotated separately with the same count. Default 20.
+	Keep int `json:"keep"`
+}
+
+// DefaultBackup returns the documented defaults of the backup section.
+func DefaultBackup() Backup { return Backup{IntervalSeconds: 300, Keep: 20} }
+
+// MaxBackupKeep bounds backup.keep.
+const MaxBackupKeep = 10000
+
+// Validate reports an invalid backup setting as a *FieldError.
+func (b *Backup) Validate() error {
+	if err := seconds("backup.interval_s", b.IntervalSeconds, true); err != nil {
+		return err
+	}
+	if b.IntervalSeconds < 1 {
+		return fieldErr("backup.interval_s", "must be at least 1 s")
+	}
+	if b.Keep < 1 || b.Keep > MaxBackupKeep {
+		return fieldErr("backup.keep", "%d: want 1..%d", b.Keep, MaxBackupKeep)
+	}
+	return nil
 }

@@ -1,0 +1,206 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func openTemp(t *testing.T, doc string) (*Store, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "c.json")
+	if err := os.WriteFile(path, []byte(doc), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, path
+}
+
+func withAlg(c *Config, alg string) *Config {
+	n := *c
+	n.LoadBalancing.Algorithm = alg
+	return &n
+}
+
+func TestApplyWritesFileBackAndRestartKeepsIt(t *testing.T) {
+	s, path := openTemp(t, `{"load_balancing":{"algorithm":"round-robin"}}`)
+	cfg, v := s.Current()
+	if v != 1 {
+		t.Fatalf("initial version %d", v)
+	}
+	var hooks int
+	s.OnChange(func(old, cur *Config) { hooks++ })
+	nv, err := s.Apply(withAlg(cfg, "least-tokens"), v)
+	if err != nil || nv != 2 || s.Version() != 2 {
+		t.Fatalf("apply: v=%d err=%v", nv, err)
+	}
+	if s.Load().LoadBalancing.Algorithm != "least-tokens" || hooks != 1 {
+		t.Fatalf("not swapped: %q hooks=%d", s.Load().LoadBalancing.Algorithm, hooks)
+	}
+	// Our own write is not seen as a change by the watcher or SIGHUP.
+	if ok, err := s.Reload(); ok || err != nil {
+		t.Fatalf("reload after own write: %v %v", ok, err)
+	}
+	if s.Version() != 2 {
+		t.Fatalf("version moved to %d", s.Version())
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o640 {
+		t.Fatalf("permissions not kept: %v %v", fi.Mode(), err)
+	}
+	ents, _ := os.ReadDir(filepath.Dir(path))
+	if len(ents) != 1 {
+		t.Fatalf("temporary files left behind: %v", ents)
+	}
+	s2, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(s2.Load(), s.Load()) {
+		t.Fatalf("restart lost the write:\n%+v\n%+v", s2.Load(), s.Load())
+	}
+}
+
+func TestApplyStaleVersionConflicts(t *testing.T) {
+	s, path := openTemp(t, `{}`)
+	cfg, v := s.Current()
+	if _, err := s.Apply(withAlg(cfg, "round-robin"), v); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(path)
+	_, err := s.Apply(withAlg(cfg, "least-tokens"), v)
+	var vc *VersionConflict
+	if !errors.As(err, &vc) || vc.Want != 1 || vc.Have != 2 {
+		t.Fatalf("stale write: %v", err)
+	}
+	after, _ := os.ReadFile(path)
+	if string(before) != string(after) || s.Load().LoadBalancing.Algorithm != "round-robin" {
+		t.Fatal("a refused write changed something")
+	}
+	// Version 0 is an unconditional write.
+	if _, err := s.Apply(withAlg(cfg, "least-tokens"), 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestApplyRefusesInvalidConfig(t *testing.T) {
+	s, _ := openTemp(t, `{}`)
+	cfg, v := s.Current()
+	_, err := s.Apply(withAlg(cfg, "fastest"), v)
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Path != "load_balancing.algorithm" {
+		t.Fatalf("invalid config: %v", err)
+	}
+	if s.Version() != v {
+		t.Fatal("version moved")
+	}
+}
+
+func TestHandEditBeatsConcurrentAPIWrite(t *testing.T) {
+	s, path := openTemp(t, `{}`)
+	cfg, v := s.Current()
+	// The operator edits the file; the poll has not noticed yet.
+	if err := os.WriteFile(path, []byte(`{"load_balancing":{"algorithm":"round-robin"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Apply(withAlg(cfg, "least-tokens"), v)
+	var vc *VersionConflict
+	if !errors.As(err, &vc) {
+		t.Fatalf("API write over an unseen hand edit: %v", err)
+	}
+	if s.Load().LoadBalancing.Algorithm != "round-robin" || s.Version() != 2 {
+		t.Fatalf("hand edit not picked up: %q v%d", s.Load().LoadBalancing.Algorithm, s.Version())
+	}
+	data, _ := os.ReadFile(path)
+	if !strings.Contains(string(data), "round-robin") {
+		t.Fatal("hand edit overwritten")
+	}
+	// A broken hand edit refuses API writes even unconditional ones.
+	if err := os.WriteFile(path, []byte(`{"load_balancing":`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Apply(withAlg(cfg, "least-tokens"), 0)
+	if !errors.As(err, &vc) || !strings.Contains(err.Error(), "does not parse") {
+		t.Fatalf("write over a broken hand edit: %v", err)
+	}
+	if data, _ := os.ReadFile(path); string(data) != `{"load_balancing":` {
+		t.Fatal("broken hand edit overwritten")
+	}
+}
+
+func TestReloadSinkReceivesFileChanges(t *testing.T) {
+	s, path := openTemp(t, `{}`)
+	var got []*Config
+	fail := true
+	s.SetReloadSink(func(c *Config) error {
+		if fail {
+			return errors.New("storage down")
+		}
+		got = append(got, c)
+		return nil
+	})
+	os.WriteFile(path, []byte(`{"load_balancing":{"algorithm":"round-robin"}}`), 0o644)
+	if ok, err := s.Reload(); ok || err == nil {
+		t.Fatalf("failed sink reported success: %v %v", ok, err)
+	}
+	fail = false
+	if ok, err := s.Reload(); !ok || err != nil {
+		t.Fatalf("retry after a failed sink: %v %v", ok, err)
+	}
+	if len(got) != 1 || got[0].LoadBalancing.Algorithm != "round-robin" {
+		t.Fatalf("sink got %v", got)
+	}
+	if s.Load().LoadBalancing.Algorithm != "least-requests" || s.Version() != 1 {
+		t.Fatal("a sink reload swapped locally")
+	}
+	s.Replace(got[0], 7)
+	if c, v := s.Current(); v != 7 || c != got[0] {
+		t.Fatalf("replace: v%d", v)
+	}
+}
+
+func TestMarshalFileRoundTrips(t *testing.T) {
+	// Every setting must survive write-back: a type that does not marshal
+	// to what Parse reads would corrupt the config file on the first admin
+	// write.
+	c := Default()
+	c.Workers = []WorkerSpec{{ID: "a", URL: "http://127.0.0.1:1", Models: []string{"m"}, Role: "mixed"}}
+	c.Canary = Canary{Enabled: true, Rules: []CanaryRule{{Model: "*", Targets: []CanaryTarget{{Service: "s", Weight: 3}}}}}
+	data, err := MarshalFile(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Parse(data)
+	if err != nil {
+		t.Fatalf("written config does not parse: %v\n%s", err, data)
+	}
+	if !reflect.DeepEqual(c, back) {
+		t.Fatalf("round trip changed the config:\n%+v\n%+v", c, back)
+	}
+}
+
+func TestBackupValidate(t *testing.T) {
+	f := func(b Backup, path string) {
+		t.Helper()
+		err := b.Validate()
+		var fe *FieldError
+		switch {
+		case path == "" && err != nil:
+			t.Fatalf("%+v: %v", b, err)
+		case path != "" && (!errors.As(err, &fe) || fe.Path != path):
+			t.Fatalf("%+v: got %v, want error at %s", b, err, path)
+		}
+	}
+	f(DefaultBackup(), "")
+	f(Backup{IntervalSeconds: 0, Keep: 1}, "backup.interval_s")
+	f(Backup{IntervalSeconds: 0.5, Keep: 1}, "backup.interval_s")
+	f(Backup{IntervalSeconds: 1e300, Keep: 1}, "backup.interval_s")
+	f(Backup{IntervalSeconds: 60, Keep: 0}, "backup.keep")
+	f(Backup{IntervalSeconds: 60, Keep: MaxBackupKeep + 1}, "backup.keep")
+}
