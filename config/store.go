@@ -8,6 +8,9 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -230,13 +233,189 @@ func (s *Store) pickUpHandEditLocked() error {
 }
 
 // MarshalFile renders c as the config file Apply writes: indented JSON
-// with every setting spelled out, ending in a newline.
+// with every setting spelled out in field order, literal secrets in clear
+// (the file is where they came from; references such as env:NAME stay
+// references), ending in a newline.
 func MarshalFile(c *Config) ([]byte, error) {
-	data, err := json.MarshalIndent(c, "", "  ")
+	data, err := EncodeJSON(c, nil)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, data, "", "  "); err != nil {
+		return nil, fmt.Errorf("BUG: cannot indent encoded config: %w", err)
+	}
+	out.WriteByte('\n')
+	return out.Bytes(), nil
+}
+
+var (
+	secretType    = reflect.TypeFor[Secret]()
+	marshalerType = reflect.TypeFor[json.Marshaler]()
+)
+
+// EncodeJSON encodes c as compact JSON, fields in declaration order, as
+// encoding/json would except for literal secrets: a Secret holding a key
+// (not an env:/file: reference) is written as literal(path, key), where
+// path is the setting's JSON path (split_proxy.proxies[1].api_key); nil
+// literal writes the key itself. json.Marshal(c) writes "***" instead,
+// which Parse refuses, so use EncodeJSON for anything that is parsed back.
+func EncodeJSON(c *Config, literal func(path, key string) (string, error)) ([]byte, error) {
+	b, err := encodeValue(nil, reflect.ValueOf(c).Elem(), "", literal)
 	if err != nil {
 		return nil, fmt.Errorf("cannot encode config: %w", err)
 	}
-	return append(data, '\n'), nil
+	return b, nil
+}
+
+func encodeValue(b []byte, v reflect.Value, path string, literal func(path, key string) (string, error)) ([]byte, error) {
+	t := v.Type()
+	if t == secretType {
+		s := v.Interface().(Secret)
+		out := s.String()
+		if out == RedactedSecret {
+			out = s.Reveal()
+			if literal != nil {
+				var err error
+				if out, err = literal(path, out); err != nil {
+					return nil, err
+				}
+			}
+		}
+		return appendJSON(b, out)
+	}
+	if t.Implements(marshalerType) || reflect.PointerTo(t).Implements(marshalerType) && v.CanAddr() {
+		return appendJSON(b, v.Interface())
+	}
+	switch v.Kind() {
+	case reflect.Struct:
+		b = append(b, '{')
+		first := true
+		var err error
+		if b, err = encodeFields(b, v, path, literal, &first); err != nil {
+			return nil, err
+		}
+		return append(b, '}'), nil
+	case reflect.Slice:
+		if v.IsNil() {
+			return append(b, "null"...), nil
+		}
+		if t.Elem().Kind() == reflect.Uint8 {
+			return appendJSON(b, v.Interface())
+		}
+		fallthrough
+	case reflect.Array:
+		b = append(b, '[')
+		for i := 0; i < v.Len(); i++ {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			var err error
+			if b, err = encodeValue(b, v.Index(i), fmt.Sprintf("%s[%d]", path, i), literal); err != nil {
+				return nil, err
+			}
+		}
+		return append(b, ']'), nil
+	case reflect.Pointer, reflect.Interface:
+		if v.IsNil() {
+			return append(b, "null"...), nil
+		}
+		return encodeValue(b, v.Elem(), path, literal)
+	case reflect.Map:
+		if v.IsNil() {
+			return append(b, "null"...), nil
+		}
+		if t.Key().Kind() != reflect.String {
+			return appendJSON(b, v.Interface())
+		}
+		keys := v.MapKeys()
+		sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
+		b = append(b, '{')
+		for i, k := range keys {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			var err error
+			if b, err = appendJSON(b, k.String()); err != nil {
+				return nil, err
+			}
+			b = append(b, ':')
+			if b, err = encodeValue(b, v.MapIndex(k), joinPath(path, k.String()), literal); err != nil {
+				return nil, err
+			}
+		}
+		return append(b, '}'), nil
+	}
+	return appendJSON(b, v.Interface())
+}
+
+// encodeFields writes the exported fields of struct v (embedded structs
+// without a tag inline) as encoding/json names them.
+func encodeFields(b []byte, v reflect.Value, path string, literal func(path, key string) (string, error), first *bool) ([]byte, error) {
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		sf := t.Field(i)
+		tag := sf.Tag.Get("json")
+		if tag == "-" {
+			continue
+		}
+		name, opts, _ := strings.Cut(tag, ",")
+		fv := v.Field(i)
+		if sf.Anonymous && name == "" && sf.Type.Kind() == reflect.Struct {
+			var err error
+			if b, err = encodeFields(b, fv, path, literal, first); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if !sf.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = sf.Name
+		}
+		if strings.Contains(opts, "omitempty") && isEmptyValue(fv) {
+			continue
+		}
+		if !*first {
+			b = append(b, ',')
+		}
+		*first = false
+		var err error
+		if b, err = appendJSON(b, name); err != nil {
+			return nil, err
+		}
+		b = append(b, ':')
+		if b, err = encodeValue(b, fv, joinPath(path, name), literal); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+func isEmptyValue(v reflect.Value) bool {
+	switch v.Kind() {
+	case reflect.Array, reflect.Map, reflect.Slice, reflect.String:
+		return v.Len() == 0
+	case reflect.Struct:
+		return false
+	}
+	return v.IsZero()
+}
+
+func joinPath(path, name string) string {
+	if path == "" {
+		return name
+	}
+	return path + "." + name
+}
+
+func appendJSON(b []byte, v any) ([]byte, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return append(b, data...), nil
 }
 
 // WriteFileAtomic writes data to path so that readers see either the old

@@ -204,3 +204,37 @@ func TestBackupValidate(t *testing.T) {
 	f(Backup{IntervalSeconds: 60, Keep: 0}, "backup.keep")
 	f(Backup{IntervalSeconds: 60, Keep: MaxBackupKeep + 1}, "backup.keep")
 }
+
+func TestMarshalFileKeepsLiteralSecretsAndReferences(t *testing.T) {
+	t.Setenv("INFERA_TEST_MIRROR_TOKEN", "tok-from-env")
+	doc := `{"mirror":{"enabled":true,"target_address":"http://127.0.0.1:9","sampling_ratio":5,"timeout_ms":1000,"queue_size":8,"concurrency":2,"auth_token":"env:INFERA_TEST_MIRROR_TOKEN"},
+	  "split_proxy":{"enabled":true,"strategy":"weight","proxies":[{"local":true,"weight":1},{"name":"ext","address":"http://127.0.0.1:10","api_key":"sk-literal-1","weight":1}]}}`
+	c, err := Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := MarshalFile(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `"sk-literal-1"`) || !strings.Contains(string(data), `"env:INFERA_TEST_MIRROR_TOKEN"`) {
+		t.Fatalf("secrets not written as given:\n%s", data)
+	}
+	back, err := Parse(data)
+	if err != nil {
+		t.Fatalf("written config does not parse: %v", err)
+	}
+	if !reflect.DeepEqual(c, back) {
+		t.Fatal("round trip changed the config")
+	}
+	var paths []string
+	if _, err := EncodeJSON(c, func(path, key string) (string, error) {
+		paths = append(paths, path+"="+key)
+		return "sealed", nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(paths) != 1 || paths[0] != "split_proxy.proxies[1].api_key=sk-literal-1" {
+		t.Fatalf("literal callback saw %v", paths)
+	}
+}
