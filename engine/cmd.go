@@ -107,7 +107,7 @@ func (c *Cmd) Config() (Config, error) {
 	if c.KVEventsEndpoint != "" {
 		sink, err := NewKVEventSink(KVEventsOptions{
 			Endpoint: c.KVEventsEndpoint, ReplayEndpoint: c.KVReplayEndpoint,
-			Layout: c.KVEventsLayout, Topic: c.KVEventsTopic,
+			Layout: EventLayout(c.KVEventsLayout), Topic: c.KVEventsTopic,
 		})
 		if err != nil {
 			return Config{}, fmt.Errorf("cannot start KV event publisher: %w", err)

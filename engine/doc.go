@@ -37,5 +37,7 @@
 // frees its blocks.
 //
 // The engine knows nothing of the router, discovery or transports; KV event
-// publishing is behind KVEventSink (kvevents.go: kv.Publisher).
+// publishing is behind KVEventSink (kvevents.go); the Publisher (publisher.go,
+// kvwire.go, and zmq.go, the package's only cgo file) emits vLLM's ZMQ wire
+// format. It imports nothing of the router.
 package engine

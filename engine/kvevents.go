@@ -2,13 +2,11 @@ package engine
 
 import (
 	"fmt"
-
-	"github.com/infera/infera/kv"
 )
 
 // KVEventSink receives the simulated engine's KV cache changes, in order,
 // from the goroutine that owns the cache. The publisher behind
-// --kv-events-endpoint implements it (kv.Publisher).
+// --kv-events-endpoint implements it (Publisher).
 type KVEventSink interface {
 	// BlockStored reports newly cached full blocks of one chain: their engine
 	// hashes, the parent block's engine hash (hasParent false for the first
@@ -25,17 +23,17 @@ type KVEventSink interface {
 
 // KVEventsOptions configures the KV event publisher.
 type KVEventsOptions struct {
-	Endpoint       string // ZMQ PUB bind address, e.g. tcp://*:5557
-	ReplayEndpoint string // ZMQ ROUTER bind address for replay, optional
-	Layout         string // legacy or map
+	Endpoint       string      // ZMQ PUB bind address, e.g. tcp://*:5557
+	ReplayEndpoint string      // ZMQ ROUTER bind address for replay, optional
+	Layout         EventLayout // legacy or map
 	Topic          string
 }
 
 // NewKVEventSink starts the KV event publisher: a ZMQ PUB socket bound at
-// o.Endpoint emitting vLLM's wire format (kv.Publisher), plus a ROUTER replay
+// o.Endpoint emitting vLLM's wire format (Publisher), plus a ROUTER replay
 // server at o.ReplayEndpoint when set. It is a variable so tests can swap it.
 var NewKVEventSink = func(o KVEventsOptions) (KVEventSink, error) {
-	p, err := kv.NewPublisher(kv.PublisherConfig{
+	p, err := NewPublisher(PublisherConfig{
 		Endpoint: o.Endpoint, ReplayEndpoint: o.ReplayEndpoint, Layout: o.Layout, Topic: o.Topic,
 	})
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"encoding/json"
+
 	"github.com/valyala/fasthttp"
 	"github.com/zeebo/xxh3"
 

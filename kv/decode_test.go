@@ -158,8 +158,9 @@ func TestDecodeVectors(t *testing.T) {
 	})
 }
 
-// TestEncodeMatchesVectors checks the publisher's encoder against the
-// hand-encoded bytes (modulo ts).
+// TestEncodeMatchesVectors checks the test encoder (encode_test.go) against
+// the hand-encoded bytes; engine/kvwire_test.go pins the engine publisher's
+// encoder to the same bytes.
 func TestEncodeMatchesVectors(t *testing.T) {
 	b := appendBatchHeader(nil, false, 1.5, 1)
 	b = appendStored(b, false, []uint64{1, math.MaxUint64}, 0, false, []uint32{1, 2, 3, 4}, 2)

@@ -5,7 +5,9 @@
 // msgpack payload], legacy positional or map-tagged events), the router's
 // own block hashing (HashBlocks, shared by event ingestion and prompt
 // matching), per-worker subscription with sequence tracking and replay
-// (Manager, a fleet.Hook), and the publisher used by the simulated engine.
+// (Manager, a fleet.Hook). The publisher side of the wire format belongs to
+// the simulated engine (engine/publisher.go); kv's tests run it against the
+// subscriber.
 //
 // All cgo (github.com/pebbe/zmq4) lives in zmq.go; decoding, hashing and the
 // manager's sequence logic build and test without cgo. kv writes to the

@@ -10,9 +10,9 @@ import (
 // BenchmarkDecode decodes a legacy batch of 32 BlockStored events of one
 // 16-token block each and reports events/s and MB/s.
 func BenchmarkDecode(b *testing.B) {
-	for _, layout := range []string{LayoutLegacy, LayoutMap} {
+	for _, layout := range []string{layoutLegacy, layoutMap} {
 		b.Run(layout, func(b *testing.B) {
-			isMap := layout == LayoutMap
+			isMap := layout == layoutMap
 			const events = 32
 			p := appendBatchHeader(nil, isMap, 1, events)
 			toks := make([]uint32, 16)
@@ -47,28 +47,6 @@ func BenchmarkHashBlocks(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		dst = HashBlocks(dst[:0], toks, 16, "")
-	}
-}
-
-// BenchmarkPublisherEncode queues BlockStored events of one 16-token block
-// (the engine side; no sockets) and cuts a batch every 256 events.
-func BenchmarkPublisherEncode(b *testing.B) {
-	p, err := newPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:*"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	toks := make([]uint32, 16)
-	for i := range toks {
-		toks[i] = uint32(1000 + i*37)
-	}
-	hs := []uint64{0}
-	b.ReportAllocs()
-	for i := 0; i < b.N; i++ {
-		hs[0] = uint64(i)
-		p.BlockStored(hs, uint64(i-1), i > 0, toks, 16)
-		if i%256 == 255 {
-			p.takeBatch(1)
-		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/engine"
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/kvroute"
 	"github.com/infera/infera/radix"
@@ -49,13 +50,15 @@ func newTestManager(t *testing.T, transport string) (*Manager, *radix.Index) {
 	return m, x
 }
 
-func newTestPublisher(t *testing.T, replay bool, layout string) *Publisher {
+// newTestPublisher starts the simulated engine's real publisher on an
+// ephemeral loopback port.
+func newTestPublisher(t *testing.T, replay bool, layout engine.EventLayout) *engine.Publisher {
 	t.Helper()
-	cfg := PublisherConfig{Endpoint: "tcp://127.0.0.1:*", Layout: layout, FlushInterval: time.Millisecond}
+	cfg := engine.PublisherConfig{Endpoint: "tcp://127.0.0.1:*", Layout: layout, FlushInterval: time.Millisecond}
 	if replay {
 		cfg.ReplayEndpoint = "tcp://127.0.0.1:*"
 	}
-	p, err := NewPublisher(cfg)
+	p, err := engine.NewPublisher(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +89,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 // connect publishes a probe chain until the subscriber has seen it (ZMQ
 // drops messages sent before the SUB connection is up).
-func connect(t *testing.T, p *Publisher, x *radix.Index, idx int) {
+func connect(t *testing.T, p *engine.Publisher, x *radix.Index, idx int) {
 	t.Helper()
 	probe := tokensFor(999, 1)
 	deadline := time.Now().Add(5 * time.Second)
@@ -100,16 +103,16 @@ func connect(t *testing.T, p *Publisher, x *radix.Index, idx int) {
 }
 
 // quiesce waits until the publisher has sent everything queued so far.
-func quiesce(p *Publisher) {
+func quiesce(p *engine.Publisher) {
 	time.Sleep(10 * time.Millisecond)
 }
 
 func TestSubscribeLayouts(t *testing.T) {
-	for i, layout := range []string{LayoutLegacy, LayoutMap} {
-		t.Run(layout, func(t *testing.T) {
+	for i, layout := range []engine.EventLayout{engine.LayoutLegacy, engine.LayoutMap} {
+		t.Run(string(layout), func(t *testing.T) {
 			m, x := newTestManager(t, "zmq")
 			p := newTestPublisher(t, false, layout)
-			w := &fleet.Worker{Idx: i, ID: "w" + layout, KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
+			w := &fleet.Worker{Idx: i, ID: "w" + string(layout), KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
 			if err := m.WorkerAdded(w); err != nil {
 				t.Fatal(err)
 			}
@@ -140,7 +143,7 @@ func TestSubscribeLayouts(t *testing.T) {
 
 func TestGapRecoveredByReplay(t *testing.T) {
 	m, x := newTestManager(t, "zmq")
-	p := newTestPublisher(t, true, LayoutLegacy)
+	p := newTestPublisher(t, true, engine.LayoutLegacy)
 	w := &fleet.Worker{Idx: 3, ID: "w", KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
@@ -148,9 +151,9 @@ func TestGapRecoveredByReplay(t *testing.T) {
 	connect(t, p, x, w.Idx)
 	quiesce(p)
 	a, b := tokensFor(1, 2), tokensFor(2, 2)
-	p.skipSend.Store(1) // the next batch is buffered for replay but never sent
+	p.DropNext(1) // the next batch is buffered for replay but never sent
 	p.BlockStored(engineHashes(1, 2), 0, false, a, bs)
-	waitFor(t, "skipped batch", func() bool { return p.skipSend.Load() == 0 })
+	waitFor(t, "skipped batch", func() bool { return p.Pending() == 0 })
 	p.BlockStored(engineHashes(2, 2), 0, false, b, bs)
 	waitFor(t, "both chains", func() bool { return overlap(x, w.Idx, a) == 2 && overlap(x, w.Idx, b) == 2 })
 	st := m.Stats(w.ID)
@@ -161,7 +164,7 @@ func TestGapRecoveredByReplay(t *testing.T) {
 
 func TestGapWithoutReplay(t *testing.T) {
 	m, x := newTestManager(t, "zmq")
-	p := newTestPublisher(t, false, LayoutLegacy)
+	p := newTestPublisher(t, false, engine.LayoutLegacy)
 	w := &fleet.Worker{Idx: 1, ID: "w", KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
@@ -171,9 +174,9 @@ func TestGapWithoutReplay(t *testing.T) {
 	a, b := tokensFor(1, 2), tokensFor(2, 2)
 	p.BlockStored(engineHashes(1, 2), 0, false, a, bs)
 	waitFor(t, "chain a", func() bool { return overlap(x, w.Idx, a) == 2 })
-	p.skipSend.Store(1) // lost: a removal the router never sees
+	p.DropNext(1) // lost: a removal the router never sees
 	p.BlockRemoved(engineHashes(1, 2))
-	waitFor(t, "skipped batch", func() bool { return p.skipSend.Load() == 0 })
+	waitFor(t, "skipped batch", func() bool { return p.Pending() == 0 })
 	p.BlockStored(engineHashes(2, 2), 0, false, b, bs)
 	waitFor(t, "chain b", func() bool { return overlap(x, w.Idx, b) == 2 })
 	// The gap forced a resync: chain a (and the probe) are gone.
@@ -190,7 +193,7 @@ func TestGapWithoutReplay(t *testing.T) {
 
 func TestWorkerRemovalPurges(t *testing.T) {
 	m, x := newTestManager(t, "zmq")
-	p := newTestPublisher(t, false, LayoutMap)
+	p := newTestPublisher(t, false, engine.LayoutMap)
 	w := &fleet.Worker{Idx: 2, ID: "w", KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
 	other := &fleet.Worker{Idx: 5, ID: "other", BlockSize: bs}
 	for _, x := range []*fleet.Worker{w, other} {
@@ -273,7 +276,7 @@ func TestFeedSequencing(t *testing.T) {
 }
 
 func TestReplayProtocol(t *testing.T) {
-	p := newTestPublisher(t, true, LayoutLegacy)
+	p := newTestPublisher(t, true, engine.LayoutLegacy)
 	for i := range 5 {
 		p.BlockStored([]uint64{uint64(i)}, 0, false, tokensFor(i, 1), bs)
 		waitFor(t, fmt.Sprintf("batch %d", i), func() bool { return p.Sent() == uint64(i+1) })
@@ -300,9 +303,9 @@ func TestReplayProtocol(t *testing.T) {
 func TestRoutesToCachingEngine(t *testing.T) {
 	m, x := newTestManager(t, "zmq")
 	var ws []*fleet.Worker
-	var pubs []*Publisher
+	var pubs []*engine.Publisher
 	for i := range 2 {
-		p := newTestPublisher(t, true, []string{LayoutLegacy, LayoutMap}[i])
+		p := newTestPublisher(t, true, []engine.EventLayout{engine.LayoutLegacy, engine.LayoutMap}[i])
 		w := &fleet.Worker{Idx: i, ID: fmt.Sprintf("engine%d", i), KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
 		if err := m.WorkerAdded(w); err != nil {
 			t.Fatal(err)
@@ -332,7 +335,7 @@ func TestRoutesToCachingEngine(t *testing.T) {
 // with dp_size 2 follows both ranks.
 func TestDataParallelRanks(t *testing.T) {
 	m, x := newTestManager(t, "zmq")
-	var pubs [2]*Publisher
+	var pubs [2]*engine.Publisher
 	for try := 0; pubs[1] == nil; try++ {
 		if try > 20 {
 			t.Fatal("no two consecutive free ports")
@@ -340,7 +343,7 @@ func TestDataParallelRanks(t *testing.T) {
 		base := 20000 + int(time.Now().UnixNano()%30000)
 		var err error
 		for r := 0; r < 2; r++ {
-			pubs[r], err = NewPublisher(PublisherConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+r), DPRank: r, FlushInterval: time.Millisecond})
+			pubs[r], err = engine.NewPublisher(engine.PublisherConfig{Endpoint: fmt.Sprintf("tcp://127.0.0.1:%d", base+r), DPRank: r, FlushInterval: time.Millisecond})
 			if err != nil {
 				if r == 1 {
 					pubs[0].Close()

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/engine"
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/radix"
 )
@@ -45,17 +46,22 @@ func TestReview2RestartWithoutSeqZero(t *testing.T) {
 // TestReview2ReplayLargeRing: a replay of more batches than the ROUTER's
 // default send HWM (1000) must deliver every batch and the end marker.
 func TestReview2ReplayLargeRing(t *testing.T) {
-	p := newTestPublisher(t, true, LayoutLegacy)
+	// One event per batch: each event is sent as soon as it is queued.
+	p, err := engine.NewPublisher(engine.PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*",
+		FlushInterval: time.Millisecond, MaxBatchEvents: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
 	const n = 3000
 	for i := 0; i < n; i++ {
 		p.BlockStored(engineHashes(i, 1), 0, false, tokensFor(i, 1), bs)
-		p.kick <- struct{}{}
-		for p.sent.Load() < uint64(i+1) {
+		for p.Sent() < uint64(i+1) {
 			time.Sleep(50 * time.Microsecond)
 		}
 	}
 	got := 0
-	err := Replay(p.ReplayEndpoint(), 0, 3*time.Second, func(seq uint64, payload []byte) { got++ })
+	err = Replay(p.ReplayEndpoint(), 0, 3*time.Second, func(seq uint64, payload []byte) { got++ })
 	t.Logf("replayed %d of %d, err=%v", got, n, err)
 	if err != nil || got != n {
 		t.Fatalf("replay delivered %d of %d batches (err %v)", got, n, err)

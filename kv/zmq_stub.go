@@ -21,6 +21,3 @@ func (ws *workerState) runZMQ() {
 func Replay(endpoint string, start uint64, timeout time.Duration, fn func(seq uint64, payload []byte)) error {
 	return errNoZMQ
 }
-
-// NewPublisher is unavailable without cgo.
-func NewPublisher(cfg PublisherConfig) (*Publisher, error) { return nil, errNoZMQ }

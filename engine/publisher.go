@@ -1,4 +1,4 @@
-package kv
+package engine
 
 import (
 	"fmt"
@@ -7,18 +7,21 @@ import (
 	"time"
 )
 
+// EventLayout is the msgpack shape of published KV event batches.
+type EventLayout string
+
 // Layouts of published events.
 const (
 	// LayoutLegacy encodes the batch as [ts, events, dp_rank] and events as
 	// positional arrays (vLLM's array_like structs).
-	LayoutLegacy = "legacy"
+	LayoutLegacy EventLayout = "legacy"
 	// LayoutMap encodes the batch as {"ts", "events", "data_parallel_rank"}
 	// and events as maps tagged with "type" (vLLM since mid-2026).
-	LayoutMap = "map"
+	LayoutMap EventLayout = "map"
 )
 
-// EndSeq is the replay end marker: the all-ones 8-byte sequence.
-const EndSeq = ^uint64(0)
+// endSeq is the replay end marker: the all-ones 8-byte sequence.
+const endSeq = ^uint64(0)
 
 // PublisherConfig configures a Publisher.
 type PublisherConfig struct {
@@ -27,8 +30,8 @@ type PublisherConfig struct {
 	Endpoint string
 	// ReplayEndpoint is the optional ROUTER bind address for replay.
 	ReplayEndpoint string
-	// Layout is legacy (default) or map.
-	Layout string
+	// Layout is LayoutLegacy (default when empty) or LayoutMap.
+	Layout EventLayout
 	// Topic is the first frame of every message (default empty).
 	Topic string
 	// DPRank is the data-parallel rank stamped on every batch.
@@ -44,9 +47,11 @@ type PublisherConfig struct {
 	MaxPendingEvents int
 }
 
-// Publisher emits KV cache events in vLLM's wire format. Its methods match
-// the engine's KVEventSink and may be called from one goroutine at a time
-// (the cache owner); a background goroutine owns the sockets.
+// Publisher emits KV cache events in vLLM's wire format (ZMQ PUB multipart
+// [topic, 8-byte big-endian seq, msgpack batch], plus a ROUTER replay
+// server). Its event methods implement KVEventSink and may be called from
+// one goroutine at a time (the cache owner); a background goroutine owns
+// the sockets (zmq.go).
 type Publisher struct {
 	cfg    PublisherConfig
 	topic  []byte
@@ -59,7 +64,7 @@ type Publisher struct {
 	exited chan struct{}
 	closed atomic.Bool
 
-	// Sent and Dropped count batches sent and events dropped.
+	// sent and dropped count batches sent and events dropped.
 	sent, dropped atomic.Uint64
 	// lost is set when an event was dropped: the next batch skips a
 	// sequence number, leaving a gap no replay can fill, so subscribers
@@ -73,10 +78,12 @@ type Publisher struct {
 
 	endpoint, replayEndpoint string
 
-	// skipSend > 0 makes the next batches go to the replay ring without
-	// being published (tests use it to create sequence gaps).
-	skipSend atomic.Int32
+	// dropNext > 0 makes the next batches go to the replay ring without
+	// being published (DropNext).
+	dropNext atomic.Int32
 }
+
+var _ KVEventSink = (*Publisher)(nil)
 
 type batchRec struct {
 	seq     uint64
@@ -130,6 +137,15 @@ func (p *Publisher) Sent() uint64 { return p.sent.Load() }
 
 // Dropped returns the number of events dropped because the queue was full.
 func (p *Publisher) Dropped() uint64 { return p.dropped.Load() }
+
+// DropNext is fault injection for subscribers: the next n batches keep
+// their sequence numbers and stay in the replay ring but never reach the
+// PUB socket, as if the network lost them. A subscriber sees a sequence gap
+// and must replay it (or resync when there is no replay endpoint).
+func (p *Publisher) DropNext(n int) { p.dropNext.Add(int32(n)) }
+
+// Pending returns how many batches DropNext still has to drop.
+func (p *Publisher) Pending() int { return int(p.dropNext.Load()) }
 
 // begin locks p for appending one event; it returns false (unlocked) when
 // the event must be dropped.
@@ -228,107 +244,4 @@ func (p *Publisher) replayFrom(start uint64, fn func(seq uint64, payload []byte)
 			fn(r.seq, r.payload)
 		}
 	}
-}
-
-// Encoding helpers (also used by tests to build vectors).
-
-func appendBatchHeader(dst []byte, isMap bool, ts float64, n int) []byte {
-	if isMap {
-		dst = mpAppendMap(dst, 3)
-		dst = mpAppendStr(dst, "ts")
-		dst = mpAppendFloat(dst, ts)
-		dst = mpAppendStr(dst, "events")
-		return mpAppendArray(dst, n)
-	}
-	dst = mpAppendArray(dst, 3)
-	dst = mpAppendFloat(dst, ts)
-	return mpAppendArray(dst, n)
-}
-
-func appendBatchTrailer(dst []byte, isMap bool, rank int) []byte {
-	if isMap {
-		dst = mpAppendStr(dst, "data_parallel_rank")
-	}
-	return mpAppendUint(dst, uint64(rank))
-}
-
-func appendHashes(dst []byte, hs []uint64) []byte {
-	dst = mpAppendArray(dst, len(hs))
-	for _, h := range hs {
-		dst = mpAppendUint(dst, h)
-	}
-	return dst
-}
-
-func appendParent(dst []byte, parent uint64, hasParent bool) []byte {
-	if hasParent {
-		return mpAppendUint(dst, parent)
-	}
-	return mpAppendNil(dst)
-}
-
-func appendTokens(dst []byte, tokens []uint32) []byte {
-	dst = mpAppendArray(dst, len(tokens))
-	for _, t := range tokens {
-		dst = mpAppendUint(dst, uint64(t))
-	}
-	return dst
-}
-
-func appendStored(dst []byte, isMap bool, hashes []uint64, parent uint64, hasParent bool, tokens []uint32, blockSize int) []byte {
-	if isMap {
-		// msgspec omit_defaults keeps fields without defaults, even None.
-		dst = mpAppendMap(dst, 8)
-		dst = mpAppendStr(dst, "type")
-		dst = mpAppendStr(dst, "BlockStored")
-		dst = mpAppendStr(dst, "block_hashes")
-		dst = appendHashes(dst, hashes)
-		dst = mpAppendStr(dst, "parent_block_hash")
-		dst = appendParent(dst, parent, hasParent)
-		dst = mpAppendStr(dst, "token_ids")
-		dst = appendTokens(dst, tokens)
-		dst = mpAppendStr(dst, "block_size")
-		dst = mpAppendUint(dst, uint64(blockSize))
-		dst = mpAppendStr(dst, "lora_id")
-		dst = mpAppendNil(dst)
-		dst = mpAppendStr(dst, "medium")
-		dst = mpAppendStr(dst, "GPU")
-		dst = mpAppendStr(dst, "lora_name")
-		return mpAppendNil(dst)
-	}
-	dst = mpAppendArray(dst, 8)
-	dst = mpAppendStr(dst, "BlockStored")
-	dst = appendHashes(dst, hashes)
-	dst = appendParent(dst, parent, hasParent)
-	dst = appendTokens(dst, tokens)
-	dst = mpAppendUint(dst, uint64(blockSize))
-	dst = mpAppendNil(dst) // lora_id
-	dst = mpAppendStr(dst, "GPU")
-	return mpAppendNil(dst) // lora_name
-}
-
-func appendRemoved(dst []byte, isMap bool, hashes []uint64) []byte {
-	if isMap {
-		dst = mpAppendMap(dst, 3)
-		dst = mpAppendStr(dst, "type")
-		dst = mpAppendStr(dst, "BlockRemoved")
-		dst = mpAppendStr(dst, "block_hashes")
-		dst = appendHashes(dst, hashes)
-		dst = mpAppendStr(dst, "medium")
-		return mpAppendStr(dst, "GPU")
-	}
-	dst = mpAppendArray(dst, 3)
-	dst = mpAppendStr(dst, "BlockRemoved")
-	dst = appendHashes(dst, hashes)
-	return mpAppendStr(dst, "GPU")
-}
-
-func appendCleared(dst []byte, isMap bool) []byte {
-	if isMap {
-		dst = mpAppendMap(dst, 1)
-		dst = mpAppendStr(dst, "type")
-		return mpAppendStr(dst, "AllBlocksCleared")
-	}
-	dst = mpAppendArray(dst, 1)
-	return mpAppendStr(dst, "AllBlocksCleared")
 }
