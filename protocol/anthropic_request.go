@@ -1,0 +1,1053 @@
+package protocol
+
+import (
+	"fmt"
+)
+
+// AnthropicToChat converts an Anthropic Messages request body
+// (POST /v1/messages) to a chat completions request body appended to dst.
+// m is reset and filled with what the response conversion needs. Errors
+// are *Error (status 400) naming the offending field in Param.
+//
+// Duplicate keys: the last one wins, as in the engines' JSON decoders.
+func AnthropicToChat(dst, body []byte, opt *Options, m *Meta) ([]byte, error) {
+	return anthropicToChat(dst, body, opt, m, false)
+}
+
+// AnthropicCountTokensToChat converts a count_tokens request body
+// (POST /v1/messages/count_tokens: a Messages body without max_tokens) to
+// a chat body whose messages and tools are the prompt the engine would
+// see. Render and tokenize it (ChatMessages) and answer with
+// AppendCountTokens.
+func AnthropicCountTokensToChat(dst, body []byte, opt *Options, m *Meta) ([]byte, error) {
+	return anthropicToChat(dst, body, opt, m, true)
+}
+
+// AppendCountTokens appends the count_tokens answer {"input_tokens":n}.
+func AppendCountTokens(dst []byte, n int) []byte {
+	dst = append(dst, `{"input_tokens":`...)
+	dst = appendInt(dst, int64(n))
+	return append(dst, '}')
+}
+
+type span struct{ s, e int }
+
+func (sp span) ok() bool { return sp.e > sp.s }
+
+type anthropicReq struct {
+	model, messages, system, maxTokens, stopSeqs, stream span
+	temperature, topP, topK, metadata, tools, toolChoice span
+	thinking, outputConfig                               span
+}
+
+// conv is the output state of one request conversion.
+type conv struct {
+	d    []byte
+	out  []byte
+	opt  *Options
+	m    *Meta
+	nMsg int
+	// lastAssistant: the last message written is the assistant's.
+	lastAssistant bool
+}
+
+func (c *conv) v(sp span) []byte { return c.d[sp.s:sp.e] }
+
+// beginMsg writes the separator and the start of a message object.
+func (c *conv) beginMsg(role string) {
+	if c.nMsg > 0 {
+		c.out = append(c.out, ',')
+	}
+	c.nMsg++
+	c.out = append(c.out, `{"role":"`...)
+	c.out = append(c.out, role...)
+	c.out = append(c.out, `"`...)
+	c.lastAssistant = role == "assistant"
+}
+
+// at locates a content value for error messages: a message index, or -1
+// for the top-level system field. Messages are built only on error.
+type at int
+
+func (a at) err(msg string) *Error {
+	if a < 0 {
+		return badRequest("system", "system"+msg)
+	}
+	return badRequest("messages", fmt.Sprintf("messages[%d].content%s", int(a), msg))
+}
+
+func msgErr(i int, msg string) *Error {
+	return badRequest("messages", fmt.Sprintf("messages[%d]%s", i, msg))
+}
+
+func pathErr(format string, args ...any) string { return fmt.Sprintf(format, args...) }
+
+func anthropicToChat(dst, body []byte, opt *Options, m *Meta, countOnly bool) ([]byte, error) {
+	m.start(Anthropic, "msg_")
+	start := skipSpace(body, 0)
+	if start >= len(body) || body[start] != '{' {
+		if j, err := skipValue(body, start, 0); err != nil || skipSpace(body, j) != len(body) {
+			return dst, errMalformedBody
+		}
+		return dst, errNotObject
+	}
+	var r anthropicReq
+	end, err := walkObject(body, start, 0, func(key []byte, vs, ve int) error {
+		sp := span{vs, ve}
+		switch string(key) {
+		case "model":
+			r.model = sp
+		case "messages":
+			r.messages = sp
+		case "system":
+			r.system = sp
+		case "max_tokens":
+			r.maxTokens = sp
+		case "stop_sequences":
+			r.stopSeqs = sp
+		case "stream":
+			r.stream = sp
+		case "temperature":
+			r.temperature = sp
+		case "top_p":
+			r.topP = sp
+		case "top_k":
+			r.topK = sp
+		case "metadata":
+			r.metadata = sp
+		case "tools":
+			r.tools = sp
+		case "tool_choice":
+			r.toolChoice = sp
+		case "thinking":
+			r.thinking = sp
+		case "output_config":
+			r.outputConfig = sp
+		}
+		return nil
+	})
+	if err != nil || skipSpace(body, end) != len(body) {
+		return dst, errMalformedBody
+	}
+	c := conv{d: body, out: dst, opt: opt, m: m}
+	mark := len(dst)
+
+	if !r.model.ok() || isNull(c.v(r.model)) {
+		return dst, badRequest("model", "model: field required")
+	}
+	modelRaw, ok := rawStr(c.v(r.model))
+	if !ok {
+		return dst, badRequest("model", "model must be a string")
+	}
+	m.Model = unescape(m.Model, modelRaw)
+	if !countOnly {
+		if !r.maxTokens.ok() {
+			return dst, badRequest("max_tokens", "max_tokens: field required")
+		}
+		n, ok := intVal(c.v(r.maxTokens))
+		if !ok || n < 1 {
+			return dst, badRequest("max_tokens", "max_tokens must be an integer >= 1")
+		}
+		m.MaxTokens = n
+	}
+	if r.stream.ok() && !countOnly {
+		switch v := c.v(r.stream); v[0] {
+		case 't':
+			m.Stream = true
+		case 'f', 'n':
+		default:
+			return dst, badRequest("stream", "stream must be a boolean")
+		}
+	}
+	if !r.messages.ok() || c.d[r.messages.s] != '[' {
+		return dst, badRequest("messages", "messages: field required (an array of messages)")
+	}
+
+	c.out = append(c.out, `{"model":`...)
+	c.out = append(c.out, c.v(r.model)...)
+	c.out = append(c.out, `,"messages":[`...)
+	if err := c.anthropicMessages(r); err != nil {
+		return dst[:mark], err
+	}
+	c.out = append(c.out, ']')
+	if !countOnly {
+		c.out = append(c.out, `,"max_tokens":`...)
+		c.out = appendInt(c.out, m.MaxTokens)
+		if m.Stream {
+			c.out = append(c.out, `,"stream":true,"stream_options":{"include_usage":true}`...)
+		}
+		for _, f := range [...]struct {
+			sp   span
+			name string
+		}{{r.temperature, "temperature"}, {r.topP, "top_p"}, {r.topK, "top_k"}} {
+			if !f.sp.ok() || isNull(c.v(f.sp)) {
+				continue
+			}
+			if !isNumber(c.v(f.sp)) {
+				return dst[:mark], badRequest(f.name, f.name+" must be a number")
+			}
+			c.out = append(c.out, `,"`...)
+			c.out = append(c.out, f.name...)
+			c.out = append(c.out, `":`...)
+			c.out = append(c.out, c.v(f.sp)...)
+		}
+		if err := c.stopSequences(r.stopSeqs); err != nil {
+			return dst[:mark], err
+		}
+		if r.metadata.ok() && c.d[r.metadata.s] == '{' {
+			md := c.v(r.metadata)
+			var uid []byte
+			fields(md, func(k []byte, vs, ve int) error {
+				if string(k) == "user_id" {
+					uid = md[vs:ve]
+				}
+				return nil
+			})
+			if uid != nil && !isNull(uid) {
+				if _, ok := rawStr(uid); !ok {
+					return dst[:mark], badRequest("metadata.user_id", "metadata.user_id must be a string")
+				}
+				c.out = append(c.out, `,"user":`...)
+				c.out = append(c.out, uid...)
+			}
+		}
+	}
+	if err := c.anthropicTools(r, countOnly); err != nil {
+		return dst[:mark], err
+	}
+	if !countOnly {
+		rs, err := c.anthropicReasoning(r)
+		if err != nil {
+			return dst[:mark], err
+		}
+		c.out = opt.Reasoning.appendFields(c.out, rs)
+	}
+	if c.lastAssistant {
+		// Anthropic continues a final assistant message (prefill); chat
+		// engines (vLLM, SGLang) do so when asked.
+		c.out = append(c.out, `,"add_generation_prompt":false,"continue_final_message":true`...)
+	}
+	c.out = append(c.out, '}')
+	return c.out, nil
+}
+
+func (c *conv) stopSequences(sp span) error {
+	if !sp.ok() || isNull(c.v(sp)) {
+		return nil
+	}
+	v := c.v(sp)
+	if v[0] != '[' {
+		return badRequest("stop_sequences", "stop_sequences must be an array of strings")
+	}
+	mark := len(c.out)
+	c.out = append(c.out, `,"stop":[`...)
+	n := 0
+	err := elems(v, func(vs, ve int) error {
+		raw, ok := rawStr(v[vs:ve])
+		if !ok {
+			return badRequest("stop_sequences", "stop_sequences must be an array of strings")
+		}
+		if n > 0 {
+			c.out = append(c.out, ',')
+		}
+		n++
+		c.out = append(c.out, v[vs:ve]...)
+		c.m.addStop(raw)
+		return nil
+	})
+	if err != nil {
+		return jsonErr(err)
+	}
+	if n == 0 {
+		c.out = c.out[:mark]
+		return nil
+	}
+	c.out = append(c.out, ']')
+	return nil
+}
+
+// anthropicMessages writes the system content and the messages.
+func (c *conv) anthropicMessages(r anthropicReq) error {
+	preserve := c.opt.PreserveSystemPosition
+	msgs := c.v(r.messages)
+	// System content: the top-level field, then (unless preserved in
+	// place) every in-array system message, as one message at the front.
+	sysOpen := false
+	addSys := func(v []byte, a at) error {
+		if isNull(v) {
+			return nil
+		}
+		if !sysOpen {
+			c.beginMsg("system")
+			c.out = append(c.out, `,"content":"`...)
+			sysOpen = true
+		} else {
+			c.out = append(c.out, `\n`...)
+		}
+		return c.textContent(v, a)
+	}
+	if r.system.ok() {
+		if err := addSys(c.v(r.system), -1); err != nil {
+			return err
+		}
+		if preserve && sysOpen {
+			c.out = append(c.out, `"}`...)
+			sysOpen = false
+		}
+	}
+	if !preserve {
+		i := 0
+		err := elems(msgs, func(vs, ve int) error {
+			defer func() { i++ }()
+			msg := msgs[vs:ve]
+			if msg[0] != '{' {
+				return msgErr(i, " must be an object")
+			}
+			role, content := msgFields(msg)
+			if role != nil && strIs(role, "system") {
+				if content == nil {
+					return msgErr(i, ".content: field required")
+				}
+				return addSys(content, at(i))
+			}
+			return nil
+		})
+		if err != nil {
+			return jsonErr(err)
+		}
+	}
+	if sysOpen {
+		c.out = append(c.out, `"}`...)
+	}
+	i := 0
+	err := elems(msgs, func(vs, ve int) error {
+		defer func() { i++ }()
+		msg := msgs[vs:ve]
+		if msg[0] != '{' {
+			return msgErr(i, " must be an object")
+		}
+		role, content := msgFields(msg)
+		if role == nil {
+			return msgErr(i, ".role: field required")
+		}
+		if content == nil || isNull(content) {
+			return msgErr(i, ".content: field required")
+		}
+		switch {
+		case strIs(role, "user"):
+			return c.anthropicUser(content, i)
+		case strIs(role, "assistant"):
+			return c.anthropicAssistant(content, i)
+		case strIs(role, "system"):
+			if preserve {
+				c.beginMsg("system")
+				c.out = append(c.out, `,"content":"`...)
+				if err := c.textContent(content, at(i)); err != nil {
+					return err
+				}
+				c.out = append(c.out, `"}`...)
+			}
+			return nil
+		}
+		return msgErr(i, ".role must be user, assistant or system")
+	})
+	if err != nil {
+		return jsonErr(err)
+	}
+	if c.nMsg == 0 {
+		return badRequest("messages", "messages: at least one message is required")
+	}
+	return nil
+}
+
+// msgFields returns the role and content values of a message object.
+func msgFields(msg []byte) (role, content []byte) {
+	fields(msg, func(k []byte, vs, ve int) error {
+		switch string(k) {
+		case "role":
+			role = msg[vs:ve]
+		case "content":
+			content = msg[vs:ve]
+		}
+		return nil
+	})
+	return
+}
+
+// textContent writes the text of v (a string, or an array of text blocks)
+// as the body of an open JSON string; blocks are joined with '\n'.
+func (c *conv) textContent(v []byte, a at) error {
+	if raw, ok := rawStr(v); ok {
+		c.out = append(c.out, raw...)
+		return nil
+	}
+	if v[0] != '[' {
+		return a.err(" must be a string or an array of text blocks")
+	}
+	n := 0
+	err := elems(v, func(vs, ve int) error {
+		b := v[vs:ve]
+		if b[0] != '{' {
+			return a.err(" must be a string or an array of text blocks")
+		}
+		typ, text := blockTypeText(b)
+		if !strIs(typ, "text") {
+			return a.err(": only text blocks are supported here")
+		}
+		raw, ok := rawStr(text)
+		if !ok {
+			return a.err(": a text block needs a string text")
+		}
+		if n > 0 {
+			c.out = append(c.out, `\n`...)
+		}
+		n++
+		c.out = append(c.out, raw...)
+		return nil
+	})
+	return jsonErr2(err)
+}
+
+// jsonErr2 is jsonErr that keeps nil nil.
+func jsonErr2(err error) error {
+	if err == nil {
+		return nil
+	}
+	return jsonErr(err)
+}
+
+func blockTypeText(b []byte) (typ, text []byte) {
+	fields(b, func(k []byte, vs, ve int) error {
+		switch string(k) {
+		case "type":
+			typ = b[vs:ve]
+		case "text":
+			text = b[vs:ve]
+		}
+		return nil
+	})
+	return
+}
+
+// anthropicUser writes a user message: tool_result blocks become tool
+// messages (first, in order, as chat requires them right after the
+// assistant's calls), the other blocks one user message after them.
+func (c *conv) anthropicUser(content []byte, i int) error {
+	a := at(i)
+	if raw, ok := rawStr(content); ok {
+		c.beginMsg("user")
+		c.out = append(c.out, `,"content":"`...)
+		c.out = append(c.out, raw...)
+		c.out = append(c.out, `"}`...)
+		return nil
+	}
+	if content[0] != '[' {
+		return a.err(" must be a string or an array of content blocks")
+	}
+	// Pass 1: tool results; classify the rest.
+	nOther, images := 0, false
+	err := elems(content, func(vs, ve int) error {
+		b := content[vs:ve]
+		if b[0] != '{' {
+			return a.err(" must be an array of content blocks")
+		}
+		var typ, toolID, inner []byte
+		fields(b, func(k []byte, s, e int) error {
+			switch string(k) {
+			case "type":
+				typ = b[s:e]
+			case "tool_use_id":
+				toolID = b[s:e]
+			case "content":
+				inner = b[s:e]
+			}
+			return nil
+		})
+		switch {
+		case strIs(typ, "tool_result"):
+			idRaw, ok := rawStr(toolID)
+			if !ok {
+				return a.err(": tool_result needs a string tool_use_id")
+			}
+			c.beginMsg("tool")
+			c.out = append(c.out, `,"tool_call_id":"`...)
+			c.out = append(c.out, idRaw...)
+			c.out = append(c.out, `","content":"`...)
+			has, err := c.toolResultText(inner, a)
+			if err != nil {
+				return err
+			}
+			images = images || has
+			c.out = append(c.out, `"}`...)
+		case strIs(typ, "text"), strIs(typ, "document"):
+			nOther++
+		case strIs(typ, "image"):
+			nOther++
+			images = true
+		case strIs(typ, "thinking"), strIs(typ, "redacted_thinking"):
+			// not meaningful in a user turn; dropped
+		default:
+			return a.err(": unsupported content block type")
+		}
+		return nil
+	})
+	if err != nil {
+		return jsonErr(err)
+	}
+	if nOther == 0 && !images {
+		return nil
+	}
+	// Pass 2: the user message with text, documents and images (including
+	// images returned inside tool results, which chat tool messages cannot
+	// carry).
+	c.beginMsg("user")
+	if !images {
+		c.out = append(c.out, `,"content":"`...)
+		n := 0
+		err = elems(content, func(vs, ve int) error {
+			b := content[vs:ve]
+			typ, text := blockTypeText(b)
+			var raw []byte
+			switch {
+			case strIs(typ, "text"):
+				var ok bool
+				if raw, ok = rawStr(text); !ok {
+					return a.err(": a text block needs a string text")
+				}
+			case strIs(typ, "document"):
+				var err error
+				if raw, err = documentText(b, a); err != nil {
+					return err
+				}
+			default:
+				return nil
+			}
+			if n > 0 {
+				c.out = append(c.out, `\n`...)
+			}
+			n++
+			c.out = append(c.out, raw...)
+			return nil
+		})
+		if err != nil {
+			return jsonErr(err)
+		}
+		c.out = append(c.out, `"}`...)
+		return nil
+	}
+	c.out = append(c.out, `,"content":[`...)
+	n := 0
+	err = elems(content, func(vs, ve int) error {
+		b := content[vs:ve]
+		typ, text := blockTypeText(b)
+		switch {
+		case strIs(typ, "text"):
+			raw, ok := rawStr(text)
+			if !ok {
+				return a.err(": a text block needs a string text")
+			}
+			c.textPart(&n, raw)
+		case strIs(typ, "document"):
+			raw, err := documentText(b, a)
+			if err != nil {
+				return err
+			}
+			c.textPart(&n, raw)
+		case strIs(typ, "image"):
+			return c.imagePart(&n, b, a)
+		case strIs(typ, "tool_result"):
+			var inner []byte
+			fields(b, func(k []byte, s, e int) error {
+				if string(k) == "content" {
+					inner = b[s:e]
+				}
+				return nil
+			})
+			if inner == nil || inner[0] != '[' {
+				return nil
+			}
+			return elems(inner, func(s, e int) error {
+				ib := inner[s:e]
+				if t, _ := blockTypeText(ib); strIs(t, "image") {
+					return c.imagePart(&n, ib, a)
+				}
+				return nil
+			})
+		}
+		return nil
+	})
+	if err != nil {
+		return jsonErr(err)
+	}
+	c.out = append(c.out, "]}"...)
+	return nil
+}
+
+func (c *conv) textPart(n *int, raw []byte) {
+	if *n > 0 {
+		c.out = append(c.out, ',')
+	}
+	*n++
+	c.out = append(c.out, `{"type":"text","text":"`...)
+	c.out = append(c.out, raw...)
+	c.out = append(c.out, `"}`...)
+}
+
+// imagePart writes an image block as an image_url part: base64 sources
+// become data: URLs, url sources stay URLs.
+func (c *conv) imagePart(n *int, b []byte, a at) error {
+	var src []byte
+	fields(b, func(k []byte, s, e int) error {
+		if string(k) == "source" {
+			src = b[s:e]
+		}
+		return nil
+	})
+	if src == nil || src[0] != '{' {
+		return a.err(": an image block needs a source object")
+	}
+	var typ, mediaType, data, url []byte
+	fields(src, func(k []byte, s, e int) error {
+		switch string(k) {
+		case "type":
+			typ = src[s:e]
+		case "media_type":
+			mediaType = src[s:e]
+		case "data":
+			data = src[s:e]
+		case "url":
+			url = src[s:e]
+		}
+		return nil
+	})
+	if *n > 0 {
+		c.out = append(c.out, ',')
+	}
+	*n++
+	switch {
+	case strIs(typ, "base64"):
+		mt, ok1 := rawStr(mediaType)
+		dt, ok2 := rawStr(data)
+		if !ok1 || !ok2 {
+			return a.err(": a base64 image source needs media_type and data strings")
+		}
+		c.out = append(c.out, `{"type":"image_url","image_url":{"url":"data:`...)
+		c.out = append(c.out, mt...)
+		c.out = append(c.out, `;base64,`...)
+		c.out = append(c.out, dt...)
+		c.out = append(c.out, `"}}`...)
+	case strIs(typ, "url"):
+		u, ok := rawStr(url)
+		if !ok {
+			return a.err(": a url image source needs a url string")
+		}
+		c.out = append(c.out, `{"type":"image_url","image_url":{"url":"`...)
+		c.out = append(c.out, u...)
+		c.out = append(c.out, `"}}`...)
+	default:
+		return a.err(": image source type must be base64 or url")
+	}
+	return nil
+}
+
+// documentText returns the raw text of a plain-text document block
+// (source type "text"); other documents (PDF, files) are refused.
+func documentText(b []byte, a at) ([]byte, error) {
+	var src []byte
+	fields(b, func(k []byte, s, e int) error {
+		if string(k) == "source" {
+			src = b[s:e]
+		}
+		return nil
+	})
+	var typ, data []byte
+	if src != nil && src[0] == '{' {
+		fields(src, func(k []byte, s, e int) error {
+			switch string(k) {
+			case "type":
+				typ = src[s:e]
+			case "data":
+				data = src[s:e]
+			}
+			return nil
+		})
+	}
+	raw, ok := rawStr(data)
+	if !strIs(typ, "text") || !ok {
+		return nil, a.err(": only plain-text documents (source type text) are supported")
+	}
+	return raw, nil
+}
+
+// toolResultText writes the text of a tool_result's content (a string or
+// text blocks joined with '\n') into an open JSON string and reports
+// whether it holds images (written later, in the user message).
+func (c *conv) toolResultText(v []byte, a at) (images bool, err error) {
+	if v == nil || isNull(v) {
+		return false, nil
+	}
+	if raw, ok := rawStr(v); ok {
+		c.out = append(c.out, raw...)
+		return false, nil
+	}
+	if v[0] != '[' {
+		return false, a.err(": tool_result content must be a string or an array of blocks")
+	}
+	n := 0
+	err = elems(v, func(vs, ve int) error {
+		b := v[vs:ve]
+		if b[0] != '{' {
+			return a.err(": tool_result content must be an array of blocks")
+		}
+		typ, text := blockTypeText(b)
+		var raw []byte
+		switch {
+		case strIs(typ, "text"):
+			var ok bool
+			if raw, ok = rawStr(text); !ok {
+				return a.err(": a text block needs a string text")
+			}
+		case strIs(typ, "document"):
+			var err error
+			if raw, err = documentText(b, a); err != nil {
+				return err
+			}
+		case strIs(typ, "image"):
+			images = true
+			return nil
+		default:
+			return a.err(": unsupported block type in tool_result content")
+		}
+		if n > 0 {
+			c.out = append(c.out, `\n`...)
+		}
+		n++
+		c.out = append(c.out, raw...)
+		return nil
+	})
+	return images, jsonErr2(err)
+}
+
+// anthropicAssistant writes an assistant message: text blocks joined as
+// content, thinking blocks as reasoning_content, tool_use blocks as
+// tool_calls.
+func (c *conv) anthropicAssistant(content []byte, i int) error {
+	a := at(i)
+	c.beginMsg("assistant")
+	if raw, ok := rawStr(content); ok {
+		c.out = append(c.out, `,"content":"`...)
+		c.out = append(c.out, raw...)
+		c.out = append(c.out, `"}`...)
+		return nil
+	}
+	if content[0] != '[' {
+		return a.err(" must be a string or an array of content blocks")
+	}
+	// content
+	c.out = append(c.out, `,"content":"`...)
+	n, nThink, nTools := 0, 0, 0
+	err := elems(content, func(vs, ve int) error {
+		b := content[vs:ve]
+		if b[0] != '{' {
+			return a.err(" must be an array of content blocks")
+		}
+		typ, text := blockTypeText(b)
+		switch {
+		case strIs(typ, "text"):
+			raw, ok := rawStr(text)
+			if !ok {
+				return a.err(": a text block needs a string text")
+			}
+			if n > 0 {
+				c.out = append(c.out, `\n`...)
+			}
+			n++
+			c.out = append(c.out, raw...)
+		case strIs(typ, "thinking"):
+			nThink++
+		case strIs(typ, "tool_use"):
+			nTools++
+		case strIs(typ, "redacted_thinking"):
+		default:
+			return a.err(": unsupported content block type in an assistant message")
+		}
+		return nil
+	})
+	if err != nil {
+		return jsonErr(err)
+	}
+	c.out = append(c.out, '"')
+	if nThink > 0 {
+		c.out = append(c.out, `,"reasoning_content":"`...)
+		n := 0
+		elems(content, func(vs, ve int) error {
+			b := content[vs:ve]
+			var typ, th []byte
+			fields(b, func(k []byte, s, e int) error {
+				switch string(k) {
+				case "type":
+					typ = b[s:e]
+				case "thinking":
+					th = b[s:e]
+				}
+				return nil
+			})
+			if raw, ok := rawStr(th); ok && strIs(typ, "thinking") {
+				if n > 0 {
+					c.out = append(c.out, `\n`...)
+				}
+				n++
+				c.out = append(c.out, raw...)
+			}
+			return nil
+		})
+		c.out = append(c.out, '"')
+	}
+	if nTools > 0 {
+		c.out = append(c.out, `,"tool_calls":[`...)
+		n := 0
+		err := elems(content, func(vs, ve int) error {
+			b := content[vs:ve]
+			var typ, id, name, input []byte
+			fields(b, func(k []byte, s, e int) error {
+				switch string(k) {
+				case "type":
+					typ = b[s:e]
+				case "id":
+					id = b[s:e]
+				case "name":
+					name = b[s:e]
+				case "input":
+					input = b[s:e]
+				}
+				return nil
+			})
+			if !strIs(typ, "tool_use") {
+				return nil
+			}
+			idRaw, ok1 := rawStr(id)
+			nameRaw, ok2 := rawStr(name)
+			if !ok1 || !ok2 {
+				return a.err(": tool_use needs string id and name")
+			}
+			if input == nil || input[0] != '{' {
+				return a.err(": tool_use input must be an object")
+			}
+			if n > 0 {
+				c.out = append(c.out, ',')
+			}
+			n++
+			c.out = append(c.out, `{"id":"`...)
+			c.out = append(c.out, idRaw...)
+			c.out = append(c.out, `","type":"function","function":{"name":"`...)
+			c.out = append(c.out, nameRaw...)
+			c.out = append(c.out, `","arguments":"`...)
+			c.out = appendJSONAsString(c.out, input)
+			c.out = append(c.out, `"}}`...)
+			return nil
+		})
+		if err != nil {
+			return jsonErr(err)
+		}
+		c.out = append(c.out, ']')
+	}
+	c.out = append(c.out, '}')
+	return nil
+}
+
+// appendJSONAsString appends the validated JSON value v, compacted, as the
+// body of a JSON string (the chat "arguments" encoding).
+func appendJSONAsString(dst, v []byte) []byte {
+	in := false
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		switch {
+		case in && c == '\\':
+			// an escape inside a string: both bytes, each escaped
+			dst = append(dst, '\\', '\\')
+			i++
+			if v[i] == '"' || v[i] == '\\' {
+				dst = append(dst, '\\')
+			}
+			dst = append(dst, v[i])
+		case c == '"':
+			in = !in
+			dst = append(dst, '\\', '"')
+		case !in && isSpace(c):
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return dst
+}
+
+// anthropicTools writes tools and tool_choice.
+func (c *conv) anthropicTools(r anthropicReq, countOnly bool) error {
+	if !r.tools.ok() || isNull(c.v(r.tools)) {
+		return nil
+	}
+	tools := c.v(r.tools)
+	if tools[0] != '[' {
+		return badRequest("tools", "tools must be an array")
+	}
+	mark := len(c.out)
+	c.out = append(c.out, `,"tools":[`...)
+	n := 0
+	err := elems(tools, func(vs, ve int) error {
+		t := tools[vs:ve]
+		if t[0] != '{' {
+			return badRequest("tools", pathErr("tools[%d] must be an object", n))
+		}
+		var typ, name, desc, schema []byte
+		fields(t, func(k []byte, s, e int) error {
+			switch string(k) {
+			case "type":
+				typ = t[s:e]
+			case "name":
+				name = t[s:e]
+			case "description":
+				desc = t[s:e]
+			case "input_schema":
+				schema = t[s:e]
+			}
+			return nil
+		})
+		if typ != nil && !isNull(typ) && !strIs(typ, "custom") {
+			return badRequest("tools", pathErr("tools[%d]: server tools are not supported (only client tools with an input_schema)", n))
+		}
+		nameRaw, ok := rawStr(name)
+		if !ok || len(nameRaw) == 0 {
+			return badRequest("tools", pathErr("tools[%d].name: a non-empty string is required", n))
+		}
+		if n > 0 {
+			c.out = append(c.out, ',')
+		}
+		c.out = append(c.out, `{"type":"function","function":{"name":"`...)
+		c.out = append(c.out, nameRaw...)
+		c.out = append(c.out, '"')
+		if _, ok := rawStr(desc); ok {
+			c.out = append(c.out, `,"description":`...)
+			c.out = append(c.out, desc...)
+		}
+		c.out = append(c.out, `,"parameters":`...)
+		if schema != nil && schema[0] == '{' {
+			c.out = append(c.out, schema...)
+		} else if schema == nil || isNull(schema) {
+			c.out = append(c.out, `{"type":"object","properties":{}}`...)
+		} else {
+			return badRequest("tools", pathErr("tools[%d].input_schema must be an object", n))
+		}
+		c.out = append(c.out, "}}"...)
+		n++
+		return nil
+	})
+	if err != nil {
+		return jsonErr(err)
+	}
+	if n == 0 {
+		c.out = c.out[:mark]
+		return nil
+	}
+	c.out = append(c.out, ']')
+	if countOnly || !r.toolChoice.ok() || isNull(c.v(r.toolChoice)) {
+		return nil
+	}
+	tc := c.v(r.toolChoice)
+	if tc[0] != '{' {
+		return badRequest("tool_choice", "tool_choice must be an object")
+	}
+	var typ, name, dpu []byte
+	fields(tc, func(k []byte, s, e int) error {
+		switch string(k) {
+		case "type":
+			typ = tc[s:e]
+		case "name":
+			name = tc[s:e]
+		case "disable_parallel_tool_use":
+			dpu = tc[s:e]
+		}
+		return nil
+	})
+	switch {
+	case strIs(typ, "auto"):
+		c.out = append(c.out, `,"tool_choice":"auto"`...)
+	case strIs(typ, "any"):
+		c.out = append(c.out, `,"tool_choice":"required"`...)
+	case strIs(typ, "none"):
+		c.out = append(c.out, `,"tool_choice":"none"`...)
+	case strIs(typ, "tool"):
+		raw, ok := rawStr(name)
+		if !ok {
+			return badRequest("tool_choice", "tool_choice.name is required for type tool")
+		}
+		c.out = append(c.out, `,"tool_choice":{"type":"function","function":{"name":"`...)
+		c.out = append(c.out, raw...)
+		c.out = append(c.out, `"}}`...)
+	default:
+		return badRequest("tool_choice", "tool_choice.type must be auto, any, tool or none")
+	}
+	if dpu != nil && dpu[0] == 't' {
+		c.out = append(c.out, `,"parallel_tool_calls":false`...)
+	}
+	return nil
+}
+
+// anthropicReasoning reads thinking and output_config.effort.
+func (c *conv) anthropicReasoning(r anthropicReq) (reasoning, error) {
+	var rs reasoning
+	if r.thinking.ok() && !isNull(c.v(r.thinking)) {
+		th := c.v(r.thinking)
+		if th[0] != '{' {
+			return rs, badRequest("thinking", "thinking must be an object")
+		}
+		var typ, budget []byte
+		fields(th, func(k []byte, s, e int) error {
+			switch string(k) {
+			case "type":
+				typ = th[s:e]
+			case "budget_tokens":
+				budget = th[s:e]
+			}
+			return nil
+		})
+		switch {
+		case strIs(typ, "enabled"):
+			n, ok := intVal(budget)
+			if !ok {
+				return rs, badRequest("thinking", "thinking.budget_tokens must be a non-negative integer")
+			}
+			rs.level = c.opt.Reasoning.budgetEffort(n)
+		case strIs(typ, "disabled"):
+			rs.level = effOff
+		case strIs(typ, "adaptive"):
+			rs.level = effOn
+		default:
+			return rs, badRequest("thinking", "thinking.type must be enabled, disabled or adaptive")
+		}
+	}
+	if r.outputConfig.ok() && c.d[r.outputConfig.s] == '{' && rs.level != effOff {
+		oc := c.v(r.outputConfig)
+		var eff []byte
+		fields(oc, func(k []byte, s, e int) error {
+			if string(k) == "effort" {
+				eff = oc[s:e]
+			}
+			return nil
+		})
+		if raw, ok := rawStr(eff); ok {
+			switch string(raw) {
+			case "low":
+				rs.level = effLow
+			case "medium":
+				rs.level = effMedium
+			case "high":
+				rs.level = effHigh
+			case "max":
+				rs.level = effXHigh
+			default:
+				return rs, badRequest("output_config", "output_config.effort must be low, medium, high or max")
+			}
+		}
+	}
+	return rs, nil
+}

@@ -1,0 +1,157 @@
+package protocol
+
+// Anthropic Messages streaming, as documented ("Streaming Messages") and
+// parsed by @anthropic-ai/sdk's MessageStream: every event has an event:
+// line naming its type, and data whose "type" repeats it.
+//
+//	message_start                 (message with empty content, usage)
+//	content_block_start index=0   (text, thinking or tool_use)
+//	ping
+//	content_block_delta index=0   (text_delta, thinking_delta, input_json_delta) ...
+//	content_block_stop  index=0
+//	... more blocks, indexes 1, 2, ...
+//	message_delta                 (stop_reason, stop_sequence, cumulative usage)
+//	message_stop
+
+func (c *StreamConverter) aStart() {
+	m := c.m
+	c.event("message_start")
+	c.out = append(c.out, `{"type":"message_start","message":{"id":"`...)
+	c.out = append(c.out, m.ID...)
+	c.out = append(c.out, `","type":"message","role":"assistant","model":`...)
+	c.out = appendBytesStr(c.out, m.Model)
+	c.out = append(c.out, `,"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":`...)
+	c.out = appendInt(c.out, int64(m.PromptTokens))
+	c.out = append(c.out, `,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}}`...)
+	c.endEvent()
+}
+
+// aOpen closes the open block and starts a new one; the caller writes the
+// content_block object and calls aOpened.
+func (c *StreamConverter) aOpen() int {
+	c.aClose()
+	idx := c.nBlocks
+	c.nBlocks++
+	c.event("content_block_start")
+	c.out = append(c.out, `{"type":"content_block_start","index":`...)
+	c.out = appendInt(c.out, int64(idx))
+	c.out = append(c.out, `,"content_block":`...)
+	return idx
+}
+
+func (c *StreamConverter) aOpened() {
+	c.out = append(c.out, '}')
+	c.endEvent()
+	if !c.pingSent {
+		c.pingSent = true
+		c.event("ping")
+		c.out = append(c.out, `{"type":"ping"}`...)
+		c.endEvent()
+	}
+}
+
+func (c *StreamConverter) aClose() {
+	if c.cur == blockNone {
+		return
+	}
+	c.event("content_block_stop")
+	c.out = append(c.out, `{"type":"content_block_stop","index":`...)
+	c.out = appendInt(c.out, int64(c.nBlocks-1))
+	c.out = append(c.out, '}')
+	c.endEvent()
+	c.cur = blockNone
+}
+
+func (c *StreamConverter) aDelta(idx int) {
+	c.event("content_block_delta")
+	c.out = append(c.out, `{"type":"content_block_delta","index":`...)
+	c.out = appendInt(c.out, int64(idx))
+	c.out = append(c.out, `,"delta":{"type":"`...)
+}
+
+func (c *StreamConverter) aText(raw []byte) {
+	if c.cur != blockText {
+		c.aOpen()
+		c.out = append(c.out, `{"type":"text","text":""}`...)
+		c.aOpened()
+		c.cur = blockText
+	}
+	c.aDelta(c.nBlocks - 1)
+	c.out = append(c.out, `text_delta","text":"`...)
+	c.out = append(c.out, raw...)
+	c.out = append(c.out, `"}}`...)
+	c.endEvent()
+}
+
+func (c *StreamConverter) aThinking(raw []byte) {
+	if c.cur != blockThinking {
+		c.aOpen()
+		c.out = append(c.out, `{"type":"thinking","thinking":"","signature":""}`...)
+		c.aOpened()
+		c.cur = blockThinking
+	}
+	c.aDelta(c.nBlocks - 1)
+	c.out = append(c.out, `thinking_delta","thinking":"`...)
+	c.out = append(c.out, raw...)
+	c.out = append(c.out, `"}}`...)
+	c.endEvent()
+}
+
+func (c *StreamConverter) aOpenTool(i int) {
+	t := &c.tools[i]
+	t.block = c.aOpen()
+	c.out = append(c.out, `{"type":"tool_use","id":"`...)
+	c.out = append(c.out, t.id...)
+	c.out = append(c.out, `","name":"`...)
+	c.out = append(c.out, t.name...)
+	c.out = append(c.out, `","input":{}}`...)
+	c.aOpened()
+	c.cur = blockTool
+}
+
+// aToolArgs emits an arguments fragment as input_json_delta. A fragment
+// for a call whose block is no longer the open one (engines stream calls
+// one after another, so this is rare) still goes to that call's index.
+func (c *StreamConverter) aToolArgs(i int, raw []byte) {
+	c.aDelta(c.tools[i].block)
+	c.out = append(c.out, `input_json_delta","partial_json":"`...)
+	c.out = append(c.out, raw...)
+	c.out = append(c.out, `"}}`...)
+	c.endEvent()
+}
+
+func (c *StreamConverter) aEnd() {
+	c.aClose()
+	reason, seq := anthropicStop(c.finish, c.stopReason, c.nTools > 0, c.m)
+	c.event("message_delta")
+	c.out = append(c.out, `{"type":"message_delta","delta":{"stop_reason":"`...)
+	c.out = append(c.out, reason...)
+	c.out = append(c.out, `","stop_sequence":`...)
+	if seq != nil {
+		c.out = append(c.out, '"')
+		c.out = append(c.out, seq...)
+		c.out = append(c.out, '"')
+	} else {
+		c.out = append(c.out, "null"...)
+	}
+	c.out = append(c.out, `},"usage":`...)
+	u := c.usage
+	if !u.Seen {
+		u.PromptTokens = int64(c.m.PromptTokens)
+		u.CompletionTokens = c.outputTokens()
+	}
+	c.out = appendAnthropicUsage(c.out, &u)
+	c.out = append(c.out, '}')
+	c.endEvent()
+	c.event("message_stop")
+	c.out = append(c.out, `{"type":"message_stop"}`...)
+	c.endEvent()
+}
+
+// aError emits Anthropic's error event:
+// event: error / data: {"type":"error","error":{"type":...,"message":...}}.
+func (c *StreamConverter) aError(status int, msg string) {
+	c.event("error")
+	c.out = AppendError(c.out, Anthropic, status, "", "", msg)
+	c.endEvent()
+}

@@ -1,0 +1,133 @@
+package protocol
+
+import "github.com/infera/infera/tokenizer"
+
+// ChatMessages decodes the messages of a chat completions body (for
+// example one produced by AnthropicCountTokensToChat) for
+// tokenizer.Tokenizer.RenderChat, appending them to msgs, and returns the
+// raw tools array (nil when absent; it points into chat).
+//
+// The messages' strings live in *arena, which is grown to len(chat) and
+// reused by the next call: they are valid until then. Content given as an
+// array of parts contributes its text parts joined with '\n'.
+func ChatMessages(msgs []tokenizer.Message, chat []byte, arena *[]byte) ([]tokenizer.Message, []byte, error) {
+	if cap(*arena) < len(chat) {
+		*arena = make([]byte, 0, len(chat))
+	}
+	a := (*arena)[:0]
+	str := func(v []byte) string {
+		raw, ok := rawStr(v)
+		if !ok {
+			return ""
+		}
+		s := len(a)
+		a = unescape(a, raw)
+		return bytesString(a[s:])
+	}
+	i := skipSpace(chat, 0)
+	if i >= len(chat) || chat[i] != '{' {
+		return msgs, nil, errNotObject
+	}
+	var messages, tools []byte
+	if _, err := walkObject(chat, i, 0, func(k []byte, s, e int) error {
+		switch string(k) {
+		case "messages":
+			messages = chat[s:e]
+		case "tools":
+			if chat[s] == '[' {
+				tools = chat[s:e]
+			}
+		}
+		return nil
+	}); err != nil {
+		return msgs, nil, errMalformedBody
+	}
+	if messages == nil || messages[0] != '[' {
+		return msgs, nil, badRequest("messages", "messages must be an array")
+	}
+	err := elems(messages, func(s, e int) error {
+		mv := messages[s:e]
+		if mv[0] != '{' {
+			return badRequest("messages", "messages must be an array of objects")
+		}
+		var m tokenizer.Message
+		fields(mv, func(k []byte, s, e int) error {
+			v := mv[s:e]
+			switch string(k) {
+			case "role":
+				m.Role = str(v)
+			case "content":
+				if v[0] != '[' {
+					m.Content = str(v)
+					return nil
+				}
+				start, n := len(a), 0
+				elems(v, func(ps, pe int) error {
+					p := v[ps:pe]
+					if p[0] != '{' {
+						return nil
+					}
+					typ, text := blockTypeText(p)
+					if raw, ok := rawStr(text); ok && strIs(typ, "text") {
+						if n > 0 {
+							a = append(a, '\n')
+						}
+						n++
+						a = unescape(a, raw)
+					}
+					return nil
+				})
+				m.Content = bytesString(a[start:])
+			case "name":
+				m.Name = str(v)
+			case "tool_call_id":
+				m.ToolCallID = str(v)
+			case "reasoning_content":
+				m.ReasoningContent = str(v)
+			case "tool_calls":
+				if v[0] != '[' {
+					return nil
+				}
+				elems(v, func(cs, ce int) error {
+					cv := v[cs:ce]
+					if cv[0] != '{' {
+						return nil
+					}
+					var tc tokenizer.ToolCall
+					fields(cv, func(k []byte, s, e int) error {
+						fv := cv[s:e]
+						switch string(k) {
+						case "id":
+							tc.ID = str(fv)
+						case "type":
+							tc.Type = str(fv)
+						case "function":
+							if fv[0] == '{' {
+								fields(fv, func(k []byte, s, e int) error {
+									switch string(k) {
+									case "name":
+										tc.Function.Name = str(fv[s:e])
+									case "arguments":
+										tc.Function.Arguments = str(fv[s:e])
+									}
+									return nil
+								})
+							}
+						}
+						return nil
+					})
+					m.ToolCalls = append(m.ToolCalls, tc)
+					return nil
+				})
+			}
+			return nil
+		})
+		msgs = append(msgs, m)
+		return nil
+	})
+	*arena = a
+	if err != nil {
+		return msgs, tools, jsonErr(err)
+	}
+	return msgs, tools, nil
+}

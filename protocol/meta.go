@@ -1,0 +1,124 @@
+package protocol
+
+import (
+	"math/rand/v2"
+	"time"
+)
+
+// Meta is what request conversion learns and response conversion needs:
+// the client protocol, the model the client named, the stream flag, stop
+// sequences, and (Responses) the request settings a Response object echoes.
+// It owns copies of everything it keeps, so it outlives the request body.
+// Reuse one per request (Reset); a zero Meta is ready to use.
+type Meta struct {
+	API API
+	// Stream is the client's stream flag.
+	Stream bool
+	// Model is the model the client named (decoded). Answers echo it.
+	Model []byte
+	// MaxTokens is the client's output limit, -1 when it gave none.
+	MaxTokens int64
+	// PromptTokens may be set by the caller after tokenizing the converted
+	// chat: Anthropic's message_start reports it as input_tokens (the
+	// engine's own count arrives with the final message_delta). 0: unknown.
+	PromptTokens int
+	// ID is the answer's id (msg_... or resp_...), Created its Unix time.
+	ID      []byte
+	Created int64
+
+	// stops holds the decoded stop sequences back to back; stopEnds their
+	// end offsets.
+	stops    []byte
+	stopEnds []int
+	// echo holds raw JSON values of request settings (Responses), spans
+	// indexed by echoField.
+	echo      []byte
+	echoSpans [nEcho][2]int32
+}
+
+// Responses settings echoed in the Response object.
+type echoField uint8
+
+const (
+	echoInstructions echoField = iota
+	echoMaxOutputTokens
+	echoMetadata
+	echoParallelToolCalls
+	echoReasoning
+	echoTemperature
+	echoText
+	echoToolChoice
+	echoTools
+	echoTopP
+	echoUser
+	echoTruncation
+	nEcho
+)
+
+// Reset clears m for another request, keeping its buffers.
+func (m *Meta) Reset() {
+	*m = Meta{
+		Model:     m.Model[:0],
+		ID:        m.ID[:0],
+		stops:     m.stops[:0],
+		stopEnds:  m.stopEnds[:0],
+		echo:      m.echo[:0],
+		MaxTokens: -1,
+	}
+}
+
+func (m *Meta) start(api API, prefix string) {
+	m.Reset()
+	m.API = api
+	m.ID = appendID(m.ID, prefix)
+	m.Created = time.Now().Unix()
+}
+
+const idChars = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+// appendID appends prefix and 24 random base62 characters.
+func appendID(dst []byte, prefix string) []byte {
+	dst = append(dst, prefix...)
+	for k := 0; k < 24; k += 8 {
+		x := rand.Uint64() // 8 base62 digits use 48 of its bits
+		for j := 0; j < 8; j++ {
+			dst = append(dst, idChars[x%62])
+			x /= 62
+		}
+	}
+	return dst
+}
+
+func (m *Meta) addStop(raw []byte) {
+	m.stops = unescape(m.stops, raw)
+	m.stopEnds = append(m.stopEnds, len(m.stops))
+}
+
+// isStop reports whether s (decoded) is one of the request's stop sequences.
+func (m *Meta) isStop(s []byte) bool {
+	start := 0
+	for _, e := range m.stopEnds {
+		if string(m.stops[start:e]) == string(s) {
+			return true
+		}
+		start = e
+	}
+	return false
+}
+
+func (m *Meta) setEcho(f echoField, v []byte) {
+	s := len(m.echo)
+	m.echo = append(m.echo, v...)
+	m.echoSpans[f] = [2]int32{int32(s), int32(len(m.echo))}
+}
+
+// appendEcho appends the echoed raw value of f, or def when the request
+// did not set it.
+func (m *Meta) appendEcho(dst []byte, f echoField, def string) []byte {
+	sp := m.echoSpans[f]
+	if sp[1] <= sp[0] {
+		return append(dst, def...)
+	}
+	return append(dst, m.echo[sp[0]:sp[1]]...)
+}
+

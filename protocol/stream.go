@@ -1,0 +1,499 @@
+package protocol
+
+import (
+	"sync"
+)
+
+// maxStreamTools bounds the tool calls of one streamed answer.
+const maxStreamTools = 256
+
+var errTooManyTools = &Error{Status: 502, Type: TypeServer, Message: "the engine streamed more than 256 tool calls"}
+
+// block kinds of the client-side output (Anthropic content blocks,
+// Responses output items).
+type blockKind uint8
+
+const (
+	blockNone blockKind = iota
+	blockText
+	blockThinking
+	blockTool
+)
+
+// streamTool is one tool call being streamed.
+type streamTool struct {
+	id, name, args []byte // raw string bodies
+	opened         bool
+	block          int // Anthropic block index / Responses output index
+	itemID         []byte
+}
+
+// outItem is a finished-or-open Responses output item.
+type outItem struct {
+	kind blockKind
+	id   []byte
+	s, e int // text span in acc (text, thinking)
+	tool int // tool index (blockTool)
+}
+
+// StreamConverter turns an engine's chat completions SSE stream into the
+// client protocol's SSE stream (Anthropic Messages or OpenAI Responses).
+//
+// Feed it the upstream bytes as they arrive, in any pieces (an event may
+// be split across reads); each call appends the client bytes ready so far
+// to dst. Finish ends the stream when the upstream body ended; Fail ends it
+// with an error event when the upstream failed mid-stream. Acquire one per
+// stream (AcquireStreamConverter) and release it when the response is done;
+// it keeps its buffers across uses. Not safe for concurrent use.
+type StreamConverter struct {
+	m   *Meta
+	sse sseReader
+	err error // the first conversion error; the stream is over
+
+	started, finished bool
+	gotFinish         bool // a finish_reason arrived
+	finish            []byte
+	stopReason        []byte
+	usage             Usage
+	deltas            int64 // content deltas seen (output token fallback)
+
+	cur      blockKind
+	nBlocks  int // Anthropic block indexes / Responses output indexes used
+	pingSent bool
+	tools    []streamTool
+	nTools   int
+
+	// Responses only
+	seq   int64
+	items []outItem
+	acc   []byte // accumulated raw text of text and reasoning items
+
+	out []byte // dst while an event is processed
+}
+
+var streamPool = sync.Pool{New: func() any { return new(StreamConverter) }}
+
+// AcquireStreamConverter returns a converter for a stream whose request
+// was converted into m. m must stay valid until the converter is released.
+func AcquireStreamConverter(m *Meta) *StreamConverter {
+	c := streamPool.Get().(*StreamConverter)
+	c.Reset(m)
+	return c
+}
+
+// ReleaseStreamConverter returns c to the pool; c must not be used after.
+func ReleaseStreamConverter(c *StreamConverter) {
+	c.Reset(nil)
+	streamPool.Put(c)
+}
+
+// Reset prepares c for a new stream of the request converted into m.
+func (c *StreamConverter) Reset(m *Meta) {
+	tools := c.tools[:cap(c.tools)]
+	for i := range tools {
+		t := &tools[i]
+		*t = streamTool{id: t.id[:0], name: t.name[:0], args: t.args[:0], itemID: t.itemID[:0]}
+	}
+	items := c.items[:cap(c.items)]
+	for i := range items {
+		items[i] = outItem{id: items[i].id[:0]}
+	}
+	c.sse.reset()
+	*c = StreamConverter{
+		m:          m,
+		sse:        c.sse,
+		finish:     c.finish[:0],
+		stopReason: c.stopReason[:0],
+		tools:      c.tools[:0],
+		items:      c.items[:0],
+		acc:        c.acc[:0],
+	}
+}
+
+// Usage returns the usage the engine reported so far.
+func (c *StreamConverter) Usage() Usage { return c.usage }
+
+// Done reports whether the client stream has ended (completed, failed, or
+// stopped by a conversion error); later Feed calls append nothing.
+func (c *StreamConverter) Done() bool { return c.finished }
+
+// Feed consumes a piece of the upstream chat SSE stream and appends the
+// client SSE bytes it yields to dst. The first call also writes the
+// stream's opening events. A malformed engine stream ends the client stream
+// with an error event (Err reports it).
+func (c *StreamConverter) Feed(dst, src []byte) []byte {
+	if c.finished {
+		return dst
+	}
+	c.out = dst
+	if !c.started {
+		c.start()
+	}
+	if err := c.sse.feed(src, c.onData); err != nil {
+		c.failWith(err)
+	}
+	dst = c.out
+	c.out = nil
+	return dst
+}
+
+// Finish ends the stream after the upstream body ended (with or without
+// "data: [DONE]"), appending the closing events. An upstream that ended
+// before its answer finished (no finish_reason) ends the client stream with
+// an error event. Calling Finish on a finished stream appends nothing.
+func (c *StreamConverter) Finish(dst []byte) []byte {
+	if c.finished {
+		return dst
+	}
+	c.out = dst
+	if !c.started {
+		c.start()
+	}
+	if err := c.sse.flush(c.onData); err != nil {
+		c.failWith(err)
+	}
+	if !c.finished {
+		if c.gotFinish {
+			c.end()
+		} else {
+			c.fail(502, TypeServer, "the engine's stream ended before the answer was complete")
+		}
+	}
+	dst = c.out
+	c.out = nil
+	return dst
+}
+
+// Fail ends the stream with an error event in the client protocol (for an
+// upstream that failed or timed out after the first byte). status and typ
+// (an OpenAI error type) classify it; msg is the client-facing message.
+func (c *StreamConverter) Fail(dst []byte, status int, typ, msg string) []byte {
+	if c.finished {
+		return dst
+	}
+	c.out = dst
+	c.fail(status, typ, msg)
+	dst = c.out
+	c.out = nil
+	return dst
+}
+
+// Err returns the conversion error that ended the stream, if any.
+func (c *StreamConverter) Err() error { return c.err }
+
+func (c *StreamConverter) failWith(err error) {
+	c.err = err
+	if e, ok := err.(*Error); ok {
+		c.fail(e.Status, e.Type, e.Message)
+		return
+	}
+	c.fail(502, TypeServer, "the engine sent a malformed stream")
+}
+
+// onData handles one upstream event's data.
+func (c *StreamConverter) onData(data []byte) error {
+	if c.finished {
+		return nil
+	}
+	if string(data) == "[DONE]" {
+		if c.gotFinish {
+			c.end()
+			return nil
+		}
+		c.fail(502, TypeServer, "the engine's stream ended before the answer was complete")
+		return nil
+	}
+	i := skipSpace(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		return errBadChunk
+	}
+	var choices, errObj []byte
+	flatErr := false
+	end, err := walkObject(data, i, 0, func(k []byte, s, e int) error {
+		switch string(k) {
+		case "choices":
+			choices = data[s:e]
+		case "usage":
+			if data[s] == '{' {
+				c.usage.read(data[s:e])
+			}
+		case "error":
+			if !isNull(data[s:e]) {
+				errObj = data[s:e]
+			}
+		case "object":
+			flatErr = strIs(data[s:e], "error")
+		}
+		return nil
+	})
+	if err != nil || skipSpace(data, end) != len(data) {
+		return errBadChunk
+	}
+	if errObj != nil || flatErr {
+		// The engine reported an error inside the stream.
+		c.fail(502, TypeServer, engineErrorMessage(data))
+		return nil
+	}
+	if choices == nil || choices[0] != '[' {
+		return nil
+	}
+	first := true
+	return elems(choices, func(s, e int) error {
+		ch := choices[s:e]
+		if !first || ch[0] != '{' {
+			return nil
+		}
+		first = false
+		return c.onChoice(ch)
+	})
+}
+
+var errBadChunk = &Error{Status: 502, Type: TypeServer, Message: "the engine sent a malformed stream chunk"}
+
+// engineErrorMessage extracts the message of an error chunk (the engine's
+// words, re-encoded), or a generic one.
+func engineErrorMessage(data []byte) string {
+	var b [512]byte
+	out := ConvertError(b[:0], Chat, 502, data)
+	var msg []byte
+	fields(out, func(k []byte, s, e int) error {
+		if string(k) == "error" {
+			inner := out[s:e]
+			fields(inner, func(k []byte, s, e int) error {
+				if string(k) == "message" {
+					msg = decodeStr(nil, inner[s:e])
+				}
+				return nil
+			})
+		}
+		return nil
+	})
+	if msg == nil {
+		return "the engine reported an error"
+	}
+	return "the engine reported an error: " + string(msg)
+}
+
+func (c *StreamConverter) onChoice(ch []byte) error {
+	var delta, finish, stop []byte
+	fields(ch, func(k []byte, s, e int) error {
+		switch string(k) {
+		case "delta":
+			delta = ch[s:e]
+		case "finish_reason":
+			finish = ch[s:e]
+		case "stop_reason":
+			stop = ch[s:e]
+		}
+		return nil
+	})
+	if delta != nil && delta[0] == '{' {
+		var content, reasoning, calls []byte
+		fields(delta, func(k []byte, s, e int) error {
+			v := delta[s:e]
+			switch string(k) {
+			case "content":
+				content, _ = rawStr(v)
+			case "reasoning_content", "reasoning":
+				if raw, ok := rawStr(v); ok && len(raw) > 0 {
+					reasoning = raw
+				}
+			case "tool_calls":
+				if v[0] == '[' {
+					calls = v
+				}
+			}
+			return nil
+		})
+		if len(reasoning) > 0 {
+			c.deltas++
+			c.emitThinking(reasoning)
+		}
+		if len(content) > 0 {
+			c.deltas++
+			c.emitText(content)
+		}
+		if calls != nil {
+			if err := c.onToolCalls(calls); err != nil {
+				return err
+			}
+		}
+	}
+	if raw, ok := rawStr(finish); ok {
+		c.gotFinish = true
+		c.finish = append(c.finish[:0], raw...)
+	}
+	if raw, ok := rawStr(stop); ok {
+		c.stopReason = append(c.stopReason[:0], raw...)
+	}
+	return nil
+}
+
+func (c *StreamConverter) onToolCalls(calls []byte) error {
+	return elems(calls, func(s, e int) error {
+		tc := calls[s:e]
+		if tc[0] != '{' {
+			return nil
+		}
+		idx := int64(-1)
+		var id, name, args []byte
+		fields(tc, func(k []byte, s, e int) error {
+			v := tc[s:e]
+			switch string(k) {
+			case "index":
+				if n, ok := intVal(v); ok {
+					idx = n
+				}
+			case "id":
+				id, _ = rawStr(v)
+			case "function":
+				if v[0] == '{' {
+					fields(v, func(k []byte, s, e int) error {
+						switch string(k) {
+						case "name":
+							name, _ = rawStr(v[s:e])
+						case "arguments":
+							args, _ = rawStr(v[s:e])
+						}
+						return nil
+					})
+				}
+			}
+			return nil
+		})
+		if idx < 0 { // engines that omit the index stream one call at a time
+			idx = int64(c.nTools) - 1
+			if id != nil || idx < 0 {
+				idx++
+			}
+		}
+		if idx >= maxStreamTools {
+			return errTooManyTools
+		}
+		for int(idx) >= len(c.tools) {
+			if len(c.tools) < cap(c.tools) {
+				c.tools = c.tools[:len(c.tools)+1]
+			} else {
+				c.tools = append(c.tools, streamTool{})
+			}
+		}
+		if int(idx) >= c.nTools {
+			c.nTools = int(idx) + 1
+		}
+		t := &c.tools[idx]
+		if len(id) > 0 && len(t.id) == 0 {
+			t.id = append(t.id, id...)
+		}
+		if !t.opened {
+			t.name = append(t.name, name...)
+			t.args = append(t.args, args...)
+			if len(t.name) > 0 {
+				c.openTool(int(idx))
+			}
+			return nil
+		}
+		if len(args) > 0 {
+			c.deltas++
+			c.emitToolArgs(int(idx), args)
+		}
+		return nil
+	})
+}
+
+// ---- dispatch to the protocol emitters ----
+
+func (c *StreamConverter) start() {
+	c.started = true
+	if c.m.API == Responses {
+		c.rStart()
+	} else {
+		c.aStart()
+	}
+}
+
+func (c *StreamConverter) emitText(raw []byte) {
+	if c.m.API == Responses {
+		c.rText(raw)
+	} else {
+		c.aText(raw)
+	}
+}
+
+func (c *StreamConverter) emitThinking(raw []byte) {
+	if c.m.API == Responses {
+		c.rThinking(raw)
+	} else {
+		c.aThinking(raw)
+	}
+}
+
+func (c *StreamConverter) openTool(i int) {
+	t := &c.tools[i]
+	t.opened = true
+	if len(t.id) == 0 {
+		t.id = appendID(t.id, "call_")
+	}
+	if c.m.API == Responses {
+		c.rOpenTool(i)
+	} else {
+		c.aOpenTool(i)
+	}
+	if len(t.args) > 0 { // arguments that came before the name
+		c.emitToolArgsBuffered(i)
+	}
+}
+
+func (c *StreamConverter) emitToolArgs(i int, raw []byte) {
+	if c.m.API == Responses {
+		t := &c.tools[i]
+		t.args = append(t.args, raw...)
+		c.rToolArgs(i, raw)
+	} else {
+		c.aToolArgs(i, raw)
+	}
+}
+
+// emitToolArgsBuffered emits the arguments already held in the tool.
+func (c *StreamConverter) emitToolArgsBuffered(i int) {
+	if c.m.API == Responses {
+		c.rToolArgs(i, c.tools[i].args)
+	} else {
+		c.aToolArgs(i, c.tools[i].args)
+	}
+}
+
+func (c *StreamConverter) end() {
+	c.finished = true
+	if c.m.API == Responses {
+		c.rEnd()
+	} else {
+		c.aEnd()
+	}
+}
+
+func (c *StreamConverter) fail(status int, typ, msg string) {
+	c.finished = true
+	if c.m.API == Responses {
+		c.rError(status, typ, msg)
+	} else {
+		c.aError(status, msg)
+	}
+}
+
+// outputTokens is the engine's count, or the number of deltas when the
+// engine reported no usage.
+func (c *StreamConverter) outputTokens() int64 {
+	if c.usage.Seen {
+		return c.usage.CompletionTokens
+	}
+	return c.deltas
+}
+
+// event starts an SSE event with the given name.
+func (c *StreamConverter) event(name string) {
+	c.out = append(c.out, "event: "...)
+	c.out = append(c.out, name...)
+	c.out = append(c.out, "\ndata: "...)
+}
+
+func (c *StreamConverter) endEvent() { c.out = append(c.out, "\n\n"...) }

@@ -1,0 +1,243 @@
+package protocol
+
+import "bytes"
+
+// EnsureStreamUsage makes a streaming chat completions body ask the engine
+// for usage (stream_options.include_usage: true), so the router always
+// sees the token counts of a stream. clientAsked reports whether the
+// client asked itself; if it did not, relay the stream through a
+// UsageFilter unless the force-streaming-usage switch is on.
+//
+// out is body itself when nothing changes (not a stream, or the client
+// asked), else the rewritten body appended to dst (no allocation when dst
+// has room for len(body)+40 bytes). The engine reads the last of duplicate
+// keys, so the last stream, stream_options and include_usage count and the
+// last one is the one rewritten. A body that is not a JSON object is
+// returned unchanged with an *Error.
+func EnsureStreamUsage(dst, body []byte) (out []byte, clientAsked bool, err error) {
+	start := skipSpace(body, 0)
+	if start >= len(body) || body[start] != '{' {
+		return body, false, errNotObject
+	}
+	var stream, opts span
+	end, werr := walkObject(body, start, 0, func(k []byte, s, e int) error {
+		switch string(k) {
+		case "stream":
+			stream = span{s, e}
+		case "stream_options":
+			opts = span{s, e}
+		}
+		return nil
+	})
+	if werr != nil || skipSpace(body, end) != len(body) {
+		return body, false, errMalformedBody
+	}
+	if !stream.ok() || body[stream.s] != 't' {
+		return body, false, nil
+	}
+	const add = `"stream_options":{"include_usage":true}`
+	if !opts.ok() {
+		out = append(dst, body[:start+1]...)
+		out = append(out, add...)
+		out = append(out, ',')
+		return append(out, body[start+1:]...), false, nil
+	}
+	switch body[opts.s] {
+	case 'n': // null
+		out = append(dst, body[:opts.s]...)
+		out = append(out, `{"include_usage":true}`...)
+		return append(out, body[opts.e:]...), false, nil
+	case '{':
+	default:
+		return body, false, nil // the engine refuses it as it would have
+	}
+	o := body[opts.s:opts.e]
+	var inc span
+	fields(o, func(k []byte, s, e int) error {
+		if string(k) == "include_usage" {
+			inc = span{opts.s + s, opts.s + e}
+		}
+		return nil
+	})
+	if inc.ok() {
+		if body[inc.s] == 't' {
+			return body, true, nil
+		}
+		out = append(dst, body[:inc.s]...)
+		out = append(out, "true"...)
+		return append(out, body[inc.e:]...), false, nil
+	}
+	out = append(dst, body[:opts.s+1]...)
+	out = append(out, `"include_usage":true`...)
+	if j := skipSpace(body, opts.s+1); body[j] != '}' {
+		out = append(out, ',')
+	}
+	return append(out, body[opts.s+1:]...), false, nil
+}
+
+// UsageFilter relays a chat completions SSE stream minus its usage-only
+// chunk (the {"choices":[],"usage":{...}} event an engine sends last when
+// asked for usage), for clients that did not ask for it. The usage it
+// removes is kept in Usage. Bytes are relayed as they came, except that an
+// event split across reads is held until its end arrives. Reuse with
+// Reset; the zero value is ready. Not safe for concurrent use.
+type UsageFilter struct {
+	// Usage is the usage of the removed chunk.
+	Usage   Usage
+	carry   []byte // the incomplete event at the end of the last feed
+	scanned int    // carry bytes already searched for an event end
+	scratch []byte
+}
+
+// Reset clears f for another stream, keeping its buffers.
+func (f *UsageFilter) Reset() {
+	*f = UsageFilter{carry: f.carry[:0], scratch: f.scratch[:0]}
+}
+
+var keyUsage = []byte(`"usage"`)
+
+// Filter appends the bytes of src that the client should get to dst.
+// Steady state (each read holding whole events with no usage key): one
+// copy, no allocation.
+func (f *UsageFilter) Filter(dst, src []byte) []byte {
+	if len(f.carry) == 0 {
+		end := lastEventEnd(src)
+		whole := src[:end]
+		if !bytes.Contains(whole, keyUsage) {
+			dst = append(dst, whole...)
+		} else {
+			dst = f.events(dst, whole)
+		}
+		if end < len(src) {
+			f.carry = append(f.carry, src[end:]...)
+			f.scanned = 0
+		}
+		return dst
+	}
+	f.carry = append(f.carry, src...)
+	end := lastEventEnd(f.carry[f.scanned:])
+	if end == 0 {
+		// no event end yet; search only new bytes next time (minus 2 for
+		// an end straddling the boundary)
+		if f.scanned = len(f.carry) - 2; f.scanned < 0 {
+			f.scanned = 0
+		}
+		if len(f.carry) > MaxEventBytes {
+			// Not an SSE stream we can frame: relay as is.
+			dst = append(dst, f.carry...)
+			f.carry, f.scanned = f.carry[:0], 0
+		}
+		return dst
+	}
+	end += f.scanned
+	dst = f.events(dst, f.carry[:end])
+	n := copy(f.carry, f.carry[end:])
+	f.carry, f.scanned = f.carry[:n], 0
+	return dst
+}
+
+// Flush appends what is held back at the end of the stream.
+func (f *UsageFilter) Flush(dst []byte) []byte {
+	if len(f.carry) > 0 && !f.usageOnly(f.carry) {
+		dst = append(dst, f.carry...)
+	}
+	f.carry, f.scanned = f.carry[:0], 0
+	return dst
+}
+
+// events relays the whole events in b, dropping usage-only ones.
+func (f *UsageFilter) events(dst, b []byte) []byte {
+	for len(b) > 0 {
+		n := nextEventEnd(b)
+		if n == 0 {
+			n = len(b)
+		}
+		ev := b[:n]
+		if !bytes.Contains(ev, keyUsage) || !f.usageOnly(ev) {
+			dst = append(dst, ev...)
+		}
+		b = b[n:]
+	}
+	return dst
+}
+
+// usageOnly reports whether the SSE event ev is a chat chunk with no
+// choices and a usage object, recording the usage.
+func (f *UsageFilter) usageOnly(ev []byte) bool {
+	d := f.scratch[:0]
+	n := 0
+	for len(ev) > 0 {
+		line := ev
+		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
+			line, ev = ev[:i], ev[i+1:]
+		} else {
+			ev = nil
+		}
+		line = bytes.TrimSuffix(line, []byte{'\r'})
+		if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
+			if n > 0 {
+				d = append(d, '\n')
+			}
+			n++
+			d = append(d, bytes.TrimPrefix(v, []byte{' '})...)
+		}
+	}
+	f.scratch = d
+	i := skipSpace(d, 0)
+	if i >= len(d) || d[i] != '{' {
+		return false
+	}
+	emptyChoices, usage := false, []byte(nil)
+	end, err := walkObject(d, i, 0, func(k []byte, s, e int) error {
+		switch string(k) {
+		case "choices":
+			v := d[s:e]
+			emptyChoices = v[0] == '[' && skipSpace(v, 1) == len(v)-1
+		case "usage":
+			usage = d[s:e]
+		}
+		return nil
+	})
+	if err != nil || skipSpace(d, end) != len(d) || !emptyChoices || usage == nil || usage[0] != '{' {
+		return false
+	}
+	f.Usage.read(usage)
+	return true
+}
+
+// lastEventEnd returns the index after the last event end (a blank line:
+// "\n\n" or "\n\r\n") in b, 0 when there is none.
+func lastEventEnd(b []byte) int {
+	j := len(b)
+	for j > 0 {
+		i := bytes.LastIndexByte(b[:j], '\n')
+		if i < 1 {
+			return 0
+		}
+		if b[i-1] == '\n' || (b[i-1] == '\r' && i >= 2 && b[i-2] == '\n') {
+			return i + 1
+		}
+		j = i
+	}
+	return 0
+}
+
+// nextEventEnd returns the index after the first event end in b, 0 when
+// there is none.
+func nextEventEnd(b []byte) int {
+	off := 0
+	for {
+		i := bytes.IndexByte(b[off:], '\n')
+		if i < 0 {
+			return 0
+		}
+		i += off
+		if i+1 < len(b) && b[i+1] == '\n' {
+			return i + 2
+		}
+		if i+2 < len(b) && b[i+1] == '\r' && b[i+2] == '\n' {
+			return i + 3
+		}
+		off = i + 1
+	}
+}
