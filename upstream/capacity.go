@@ -1,0 +1,117 @@
+package upstream
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// Global scheduling wire contract between gateways of different regions.
+const (
+	// CapacityPath is the capacity endpoint every gateway serves (GET),
+	// behind the same authentication as its inference endpoints
+	// ("Authorization: Bearer <key>"). It answers 200 with a Capacity.
+	CapacityPath = "/infera/v1/capacity"
+
+	// HopHeader marks a request forwarded by another region's gateway: the
+	// forwarding gateway sets it (value "1") on every request it forwards,
+	// and a gateway never forwards a request that carries it, whatever its
+	// value (loop prevention). A client sending it only opts out of being
+	// forwarded.
+	HopHeader = "X-Infera-Hop"
+
+	// MaxCapacityBytes bounds a capacity answer read by the Poller.
+	MaxCapacityBytes = 1 << 20
+	// MaxCapacityModels bounds the models of one report.
+	MaxCapacityModels = 4096
+)
+
+// Capacity is a gateway's report of how much more work it can take now.
+//
+// Free is the number of requests it would start now without queueing:
+// over its routable workers, the sum of (concurrency limit - requests in
+// flight), floored at 0; 0 means saturated. Models lists the model names
+// a client may ask it for (those of GET /v1/models: served models and
+// routing aliases; a name may hold '*', an anchored wildcard, when the
+// gateway accepts any model, e.g. with a default model) with the free
+// capacity of the workers serving each. Inflight, Queued and Workers are
+// informational.
+//
+//	{"free":12,"inflight":52,"queued":0,"workers":3,
+//	 "models":[{"name":"qwen2.5-72b-instruct","free":12},{"name":"*","free":12}]}
+//
+// Unknown fields are ignored (a newer gateway may report more).
+type Capacity struct {
+	Free     int             `json:"free"`
+	Inflight int             `json:"inflight"`
+	Queued   int             `json:"queued"`
+	Workers  int             `json:"workers"`
+	Models   []ModelCapacity `json:"models"`
+}
+
+// ModelCapacity is the free capacity for one model name.
+type ModelCapacity struct {
+	Name string `json:"name"`
+	Free int    `json:"free"`
+}
+
+// FreeFor returns the free capacity for model: the largest Free among the
+// model entries whose name matches it (MatchGlob: anchored, ASCII case
+// ignored, '*' wildcard), or -1 when the gateway does not serve it.
+func (c *Capacity) FreeFor(model []byte) int {
+	best := -1
+	for i := range c.Models {
+		m := &c.Models[i]
+		if m.Free > best && MatchGlob(m.Name, model) {
+			best = m.Free
+		}
+	}
+	return best
+}
+
+// AppendJSON appends c as JSON (the capacity endpoint's body).
+func (c *Capacity) AppendJSON(dst []byte) []byte {
+	b, err := json.Marshal(c)
+	if err != nil {
+		panic(fmt.Sprintf("BUG: cannot encode capacity: %v", err))
+	}
+	return append(dst, b...)
+}
+
+// ParseCapacity decodes and checks a capacity report: one JSON object,
+// counts that are non-negative integers, at most MaxCapacityModels named
+// models. Error messages never quote the input.
+func ParseCapacity(b []byte) (Capacity, error) {
+	var c Capacity
+	if len(b) > MaxCapacityBytes {
+		return c, errors.New("capacity report larger than 1 MiB")
+	}
+	b = bytes.TrimLeft(b, " \t\r\n") // JSON whitespace only
+	if len(b) == 0 || b[0] != '{' {
+		return Capacity{}, errors.New("capacity report is not a JSON object")
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return Capacity{}, fmt.Errorf("capacity report: field %q has the wrong type", te.Field)
+		}
+		return Capacity{}, errors.New("capacity report is not valid JSON")
+	}
+	if c.Free < 0 || c.Inflight < 0 || c.Queued < 0 || c.Workers < 0 {
+		return Capacity{}, errors.New("capacity report has a negative count")
+	}
+	if len(c.Models) > MaxCapacityModels {
+		return Capacity{}, fmt.Errorf("capacity report lists more than %d models", MaxCapacityModels)
+	}
+	for i := range c.Models {
+		m := &c.Models[i]
+		if m.Name == "" || len(m.Name) > 256 {
+			return Capacity{}, fmt.Errorf("capacity report: models[%d] has an empty or overlong name", i)
+		}
+		if m.Free < 0 {
+			return Capacity{}, fmt.Errorf("capacity report: models[%d] has a negative free count", i)
+		}
+	}
+	return c, nil
+}

@@ -1,0 +1,20 @@
+// Package upstream holds what the request path needs to send a request
+// somewhere other than the local fleet, as pure data and small components
+// the dispatch plugs in as transports:
+//
+//   - Endpoint: an upstream base URL (split proxy address, member URL,
+//     mirror target) parsed once, joined with a request path without
+//     doubling "/v1".
+//   - Plan and Splitter (split proxy): which proxies of
+//     config.SplitProxy to try for a request, in order: the weighted or
+//     model-rule choice, then the failover targets in list order.
+//   - Capacity, CapacityPath, HopHeader (global scheduling): the JSON a
+//     gateway reports on its authenticated capacity endpoint, and the header
+//     that marks a request already forwarded by another region.
+//   - Poller (global scheduling): polls every member's capacity endpoint
+//     and keeps its last report; Pick names the member with the most free
+//     capacity for a model.
+//
+// It knows nothing of the proxy, the scheduler or the transports that will
+// carry the requests: it depends on config only.
+package upstream

@@ -1,0 +1,334 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/logx"
+)
+
+// Poller keeps the last capacity report of every member of
+// config.GlobalScheduling: one goroutine per member GETs its CapacityPath
+// every poll_interval_ms (with 10% jitter), authenticated with the
+// member's API key, bounded by poll_timeout_ms. A failed poll (network
+// error, non-200 answer, invalid report) clears the member's report, so a
+// member that went down stops being a candidate at once rather than after
+// stale_after_ms.
+//
+// Pick runs on the request path (only when the local fleet is saturated):
+// it reads atomics and allocates nothing.
+//
+// Metrics (one series per member, resolved when the member is added):
+//
+//	infera_global_capacity_polls_total{member,result="ok"|"error"}
+//	infera_global_member_free{member}       free capacity as Pick sees it (-1: no fresh report)
+//	infera_global_forwarded_total{member}   requests the dispatch forwarded to it
+type Poller struct {
+	client *http.Client
+	set    *metrics.Set
+
+	mu      sync.Mutex // serializes Update and Close; Lock must be held to write members
+	closed  bool
+	members atomic.Pointer[[]*Member]
+	cfg     atomic.Pointer[config.GlobalScheduling]
+	wg      sync.WaitGroup
+}
+
+// Member is one member gateway as the Poller knows it.
+type Member struct {
+	name string
+	url  string
+	key  config.Secret
+	ep   Endpoint
+
+	report    atomic.Pointer[report]
+	forwarded atomic.Int64 // forwarded since the last report
+
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	pollsOK, pollsErr, forwardedTotal *metrics.Counter
+	gaugeName                         string
+	logThrottle                       logx.Throttle
+}
+
+type report struct {
+	at  time.Time
+	cap Capacity
+}
+
+// NewPoller returns a Poller with no members; call Update with the config,
+// and again on every reload.
+func NewPoller() *Poller {
+	p := &Poller{
+		client: &http.Client{
+			Transport: &http.Transport{
+				Proxy:               nil, // members are addressed directly
+				DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+				MaxIdleConnsPerHost: 2,
+				IdleConnTimeout:     90 * time.Second,
+				ForceAttemptHTTP2:   true,
+			},
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+		set: metrics.NewSet(),
+	}
+	empty := []*Member{}
+	p.members.Store(&empty)
+	metrics.RegisterSet(p.set)
+	return p
+}
+
+// Update applies a config snapshot: members added start being polled,
+// removed ones stop, and a member whose URL or key changed starts afresh
+// (no report until its first poll). Intervals, timeouts and thresholds
+// apply from the next poll and the next Pick. A disabled section stops
+// every poll.
+func (p *Poller) Update(g *config.GlobalScheduling) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return errors.New("poller is closed")
+	}
+	old := *p.members.Load()
+	var want []config.Member
+	if g.Enabled {
+		want = g.Members
+	}
+	// Check the whole list before changing anything (config validation
+	// already did; a bad list must not leave the poller half updated).
+	eps := make([]Endpoint, len(want))
+	seen := make(map[string]bool, len(want))
+	for i := range want {
+		if seen[want[i].Name] {
+			return fmt.Errorf("duplicate member name %q", want[i].Name)
+		}
+		seen[want[i].Name] = true
+		ep, err := ParseEndpoint(want[i].URL)
+		if err != nil {
+			return fmt.Errorf("member %q: %w", want[i].Name, err)
+		}
+		eps[i] = ep
+	}
+	keep := make(map[*Member]bool, len(old))
+	next := make([]*Member, len(want))
+	for i := range want {
+		cm := &want[i]
+		for _, o := range old {
+			if o.name == cm.Name && o.url == cm.URL && o.key == cm.APIKey {
+				next[i] = o
+				keep[o] = true
+				break
+			}
+		}
+	}
+	for _, o := range old {
+		if !keep[o] {
+			o.cancel()
+			p.set.UnregisterMetric(o.gaugeName)
+		}
+	}
+	fresh := make(map[*Member]bool, len(want))
+	for i := range want {
+		if next[i] == nil {
+			next[i] = p.newMember(&want[i], eps[i])
+			fresh[next[i]] = true
+		}
+	}
+	p.cfg.Store(g)
+	p.members.Store(&next)
+	for _, m := range next {
+		if fresh[m] {
+			p.wg.Add(1)
+			go p.loop(m)
+		}
+	}
+	return nil
+}
+
+func (p *Poller) newMember(cm *config.Member, ep Endpoint) *Member {
+	m := &Member{name: cm.Name, url: cm.URL, key: cm.APIKey, ep: ep}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.logThrottle.Every = 30 * time.Second
+	lbl := fmt.Sprintf(`{member=%q`, cm.Name)
+	m.pollsOK = p.set.GetOrCreateCounter(`infera_global_capacity_polls_total` + lbl + `,result="ok"}`)
+	m.pollsErr = p.set.GetOrCreateCounter(`infera_global_capacity_polls_total` + lbl + `,result="error"}`)
+	m.forwardedTotal = p.set.GetOrCreateCounter(`infera_global_forwarded_total` + lbl + `}`)
+	m.gaugeName = `infera_global_member_free` + lbl + `}`
+	p.set.NewGauge(m.gaugeName, func() float64 {
+		g := p.cfg.Load()
+		if g == nil {
+			return -1
+		}
+		r := m.report.Load()
+		if r == nil || time.Since(r.at) > ms(g.StaleAfterMS) {
+			return -1
+		}
+		return float64(int64(r.cap.Free) - m.forwarded.Load())
+	})
+	return m
+}
+
+// Close stops every poll and unregisters the metrics.
+func (p *Poller) Close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	for _, m := range *p.members.Load() {
+		m.cancel()
+	}
+	empty := []*Member{}
+	p.members.Store(&empty)
+	p.mu.Unlock()
+	p.wg.Wait()
+	metrics.UnregisterSet(p.set, true)
+	p.client.CloseIdleConnections()
+}
+
+func (p *Poller) loop(m *Member) {
+	defer p.wg.Done()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		g := p.cfg.Load()
+		p.poll(m, g)
+		iv := ms(g.PollIntervalMS)
+		t.Reset(iv - iv/10 + rand.N(iv/5+1))
+	}
+}
+
+// poll fetches one report and stores it, or clears the member's report.
+func (p *Poller) poll(m *Member, g *config.GlobalScheduling) {
+	c, err := p.fetch(m, ms(g.PollTimeoutMS))
+	if m.ctx.Err() != nil {
+		return // removed meanwhile
+	}
+	if err != nil {
+		m.pollsErr.Inc()
+		m.report.Store(nil)
+		m.logThrottle.Warn("global scheduling: capacity poll failed", "member", m.name, "err", err)
+		return
+	}
+	m.pollsOK.Inc()
+	m.report.Store(&report{at: time.Now(), cap: c})
+	m.forwarded.Store(0)
+}
+
+func (p *Poller) fetch(m *Member, timeout time.Duration) (Capacity, error) {
+	ctx, cancel := context.WithTimeout(m.ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.ep.URL(CapacityPath), nil)
+	if err != nil {
+		return Capacity{}, fmt.Errorf("cannot build capacity request: %w", err)
+	}
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", "infera-global-scheduling")
+	if m.key.IsSet() {
+		req.Header.Set("Authorization", string(m.key.AppendBearer(nil)))
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		if ctx.Err() == context.DeadlineExceeded {
+			return Capacity{}, fmt.Errorf("capacity poll timed out after %v", timeout)
+		}
+		return Capacity{}, fmt.Errorf("cannot reach member: %w", errors.Unwrap(err))
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxCapacityBytes+1))
+	if err != nil {
+		return Capacity{}, fmt.Errorf("cannot read capacity report: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return Capacity{}, fmt.Errorf("capacity endpoint answered status %d", resp.StatusCode)
+	}
+	return ParseCapacity(body)
+}
+
+// Pick returns the member to forward a request for model to: among the
+// members with a report younger than stale_after_ms that serve model, the
+// one with the most free capacity for it (its report's, less the requests
+// forwarded to it since), provided that is at least min_free; ties go to
+// the first in list order. It returns nil when global scheduling is
+// disabled or no member qualifies. The caller must not forward a request
+// that carries HopHeader.
+func (p *Poller) Pick(model []byte) *Member {
+	g := p.cfg.Load()
+	if g == nil || !g.Enabled {
+		return nil
+	}
+	now := time.Now()
+	stale := ms(g.StaleAfterMS)
+	var best *Member
+	bestFree := int64(0)
+	for _, m := range *p.members.Load() {
+		r := m.report.Load()
+		if r == nil || now.Sub(r.at) > stale {
+			continue
+		}
+		f := r.cap.FreeFor(model)
+		if f < 0 {
+			continue
+		}
+		free := int64(f) - m.forwarded.Load()
+		if free < int64(g.MinFree) || best != nil && free <= bestFree {
+			continue
+		}
+		best, bestFree = m, free
+	}
+	return best
+}
+
+// Members returns the members in config order (for the capacity view of
+// an admin page or a test).
+func (p *Poller) Members() []*Member { return *p.members.Load() }
+
+// Name returns the member's configured name.
+func (m *Member) Name() string { return m.name }
+
+// Endpoint returns the member's parsed base URL.
+func (m *Member) Endpoint() *Endpoint { return &m.ep }
+
+// APIKey returns the key to send the member as "Authorization: Bearer".
+func (m *Member) APIKey() config.Secret { return m.key }
+
+// Forwarded records that a request was forwarded to the member: Pick
+// counts it against the member's free capacity until the next report.
+func (m *Member) Forwarded() {
+	m.forwarded.Add(1)
+	m.forwardedTotal.Inc()
+}
+
+// Failed records that the member could not take a forwarded request
+// (unreachable, or an error before the first byte): it is no candidate
+// until its next successful poll.
+func (m *Member) Failed() { m.report.Store(nil) }
+
+// Report returns the member's last report and its age, ok false when there
+// is none (never polled, or the last poll failed).
+func (m *Member) Report() (c Capacity, age time.Duration, ok bool) {
+	r := m.report.Load()
+	if r == nil {
+		return Capacity{}, 0, false
+	}
+	return r.cap, time.Since(r.at), true
+}
+
+func ms(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
