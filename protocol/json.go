@@ -443,3 +443,25 @@ func appendBytesStr(dst, b []byte) []byte {
 
 // appendInt appends n in decimal.
 func appendInt(dst []byte, n int64) []byte { return strconv.AppendInt(dst, n, 10) }
+
+// compactJSON appends the validated JSON value v without insignificant
+// whitespace (so it fits on one SSE data line).
+func compactJSON(dst, v []byte) []byte {
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if isSpace(c) {
+			continue
+		}
+		if c != '"' {
+			dst = append(dst, c)
+			continue
+		}
+		_, j, err := scanString(v, i)
+		if err != nil {
+			return append(dst, v[i:]...)
+		}
+		dst = append(dst, v[i:j]...)
+		i = j - 1
+	}
+	return dst
+}

@@ -108,7 +108,7 @@ func (m *Meta) isStop(s []byte) bool {
 
 func (m *Meta) setEcho(f echoField, v []byte) {
 	s := len(m.echo)
-	m.echo = append(m.echo, v...)
+	m.echo = compactJSON(m.echo, v) // raw newlines would break SSE data lines
 	m.echoSpans[f] = [2]int32{int32(s), int32(len(m.echo))}
 }
 

@@ -1,0 +1,39 @@
+package protocol
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// TestOfficialSDKsParseConvertedAnswers runs the official Anthropic and
+// OpenAI Node SDKs (scripts/sdk, installed by make deps) against a front
+// door built on this package and a simulated chat engine: every answer and
+// stream the SDKs accept here went through the conversion.
+func TestOfficialSDKsParseConvertedAnswers(t *testing.T) {
+	node, err := exec.LookPath("node")
+	dir := filepath.Join("..", "scripts", "sdk")
+	_, e1 := os.Stat(filepath.Join(dir, "node_modules", "@anthropic-ai", "sdk"))
+	_, e2 := os.Stat(filepath.Join(dir, "node_modules", "openai"))
+	if err != nil || e1 != nil || e2 != nil {
+		if os.Getenv("INFERA_REQUIRE_SDK") == "1" {
+			t.Fatalf("node or scripts/sdk/node_modules missing (run make deps): %v %v %v", err, e1, e2)
+		}
+		t.Skip("node or the SDKs are not installed; run make deps")
+	}
+	opts := DefaultOptions()
+	opts.Reasoning.Mode = ReasoningMap // exercise thinking blocks and reasoning items
+	base := startGateway(t, opts)
+	for _, script := range []string{"anthropic.mjs", "responses.mjs"} {
+		t.Run(script, func(t *testing.T) {
+			cmd := exec.Command(node, filepath.Join(dir, script))
+			cmd.Env = append(os.Environ(), "INFERA_BASE_URL="+base, "INFERA_MODEL=claude-sim", "INFERA_API_KEY=test-key")
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("%s failed: %v\n%s", script, err, out)
+			}
+			t.Logf("%s", out)
+		})
+	}
+}

@@ -1,0 +1,119 @@
+// Drives an infera router's /v1/messages with the official Anthropic Node
+// SDK, as a Claude-style client would: a plain message, a streamed one
+// (MessageStream's event sequence and final message), tool use over two
+// turns, token counting and the error shape.
+//
+// Environment: INFERA_BASE_URL (http://127.0.0.1:PORT, no /v1),
+// INFERA_API_KEY (sent as x-api-key), INFERA_MODEL. Exits non-zero with a
+// message on the first mismatch.
+import Anthropic from "@anthropic-ai/sdk";
+import assert from "node:assert/strict";
+
+const baseURL = process.env.INFERA_BASE_URL;
+const model = process.env.INFERA_MODEL;
+if (!baseURL || !model) {
+  console.error("anthropic sdk check: set INFERA_BASE_URL and INFERA_MODEL");
+  process.exit(2);
+}
+const client = new Anthropic({ baseURL, apiKey: process.env.INFERA_API_KEY || "unused", maxRetries: 0 });
+
+async function step(name, fn) {
+  try {
+    await fn();
+  } catch (e) {
+    console.error(`anthropic sdk check: ${name}: ${e?.stack || e}`);
+    process.exit(1);
+  }
+}
+
+await step("messages.create", async () => {
+  const m = await client.messages.create({
+    model, max_tokens: 8,
+    system: "be brief",
+    messages: [{ role: "user", content: "hello there" }],
+  });
+  assert.equal(m.type, "message");
+  assert.equal(m.role, "assistant");
+  assert.equal(m.model, model);
+  assert.match(m.id, /^msg_/);
+  const text = m.content.filter((b) => b.type === "text").map((b) => b.text).join("");
+  assert.ok(text.length > 0, "no text block");
+  assert.ok(["end_turn", "max_tokens", "stop_sequence"].includes(m.stop_reason), `stop_reason ${m.stop_reason}`);
+  assert.ok(m.usage.input_tokens + (m.usage.cache_read_input_tokens ?? 0) > 0, "no input tokens");
+  assert.ok(m.usage.output_tokens > 0, "no output tokens");
+});
+
+await step("messages.stream", async () => {
+  const seen = [];
+  let text = "";
+  const stream = client.messages
+    .stream({
+      model, max_tokens: 16,
+      system: [{ type: "text", text: "be brief" }],
+      messages: [{ role: "user", content: [{ type: "text", text: "stream please" }] }],
+    })
+    .on("streamEvent", (e) => seen.push(e.type))
+    .on("text", (delta) => { text += delta; });
+  const final = await stream.finalMessage();
+  assert.equal(seen[0], "message_start");
+  assert.equal(seen.at(-1), "message_stop");
+  assert.equal(seen.at(-2), "message_delta");
+  for (const t of ["content_block_start", "content_block_delta", "content_block_stop"]) {
+    assert.ok(seen.includes(t), `no ${t} event`);
+  }
+  assert.ok(text.length > 0, "no text deltas");
+  const finalText = final.content.filter((b) => b.type === "text").map((b) => b.text).join("");
+  assert.equal(finalText, text);
+  assert.ok(final.stop_reason, "no stop_reason in the final message");
+  assert.ok(final.usage.output_tokens > 0, "no output tokens in the final usage");
+});
+
+const tools = [{
+  name: "get_weather",
+  description: "Weather of a city",
+  input_schema: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+}];
+
+await step("tool use", async () => {
+  const ask = { role: "user", content: "What is the weather in Paris?" };
+  const m = await client.messages.create({ model, max_tokens: 64, tools, tool_choice: { type: "any" }, messages: [ask] });
+  assert.equal(m.stop_reason, "tool_use");
+  const call = m.content.find((b) => b.type === "tool_use");
+  assert.ok(call, "no tool_use block");
+  assert.equal(call.name, "get_weather");
+  assert.equal(typeof call.input, "object");
+  assert.ok(call.id.length > 0);
+
+  // the same through a stream: the SDK rebuilds input from input_json_delta
+  const s = await client.messages.stream({ model, max_tokens: 64, tools, messages: [ask] }).finalMessage();
+  const scall = s.content.find((b) => b.type === "tool_use");
+  assert.ok(scall, "no streamed tool_use block");
+  assert.deepEqual(scall.input, call.input);
+  assert.equal(s.stop_reason, "tool_use");
+
+  const m2 = await client.messages.create({
+    model, max_tokens: 16, tools,
+    messages: [ask, { role: "assistant", content: m.content },
+      { role: "user", content: [{ type: "tool_result", tool_use_id: call.id, content: "sunny, 21C" }] }],
+  });
+  assert.ok(m2.content.some((b) => b.type === "text" && b.text.length > 0), "no answer after the tool result");
+});
+
+await step("messages.countTokens", async () => {
+  const short = await client.messages.countTokens({ model, messages: [{ role: "user", content: "hi" }] });
+  const long = await client.messages.countTokens({
+    model, system: "You are a helpful assistant.", tools,
+    messages: [{ role: "user", content: "hi ".repeat(200) }],
+  });
+  assert.ok(short.input_tokens > 0, "no tokens counted");
+  assert.ok(long.input_tokens > short.input_tokens, `${long.input_tokens} <= ${short.input_tokens}`);
+});
+
+await step("error shape", async () => {
+  await assert.rejects(
+    client.messages.create({ model, max_tokens: 8, messages: [{ role: "robot", content: "x" }] }),
+    (e) => e.status === 400 && e.error?.type === "error" && e.error?.error?.type === "invalid_request_error",
+  );
+});
+
+console.log("anthropic sdk check: ok");
