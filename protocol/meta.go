@@ -121,4 +121,3 @@ func (m *Meta) appendEcho(dst []byte, f echoField, def string) []byte {
 	}
 	return append(dst, m.echo[sp[0]:sp[1]]...)
 }
-
