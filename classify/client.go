@@ -1,0 +1,256 @@
+package classify
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/logx"
+	"github.com/infera/infera/upstream"
+	"github.com/valyala/fasthttp"
+)
+
+// Outcome is how a classification went.
+type Outcome uint8
+
+// Outcomes; everything but OutcomeOK used the fallback tier.
+const (
+	OutcomeOK        Outcome = iota // the classifier answered a tier
+	OutcomeTimeout                  // no answer within timeout_ms
+	OutcomeError                    // the classifier could not be reached, or the connection failed
+	OutcomeBadStatus                // it answered a status other than 200
+	OutcomeBadAnswer                // it answered 200 with something else than a tier
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{"ok", "timeout", "error", "bad_status", "bad_answer"}
+
+// String returns the outcome's metric label.
+func (o Outcome) String() string {
+	if o >= numOutcomes {
+		return "unknown"
+	}
+	return outcomeNames[o]
+}
+
+// Result is a classification: the tier to use and its model.
+type Result struct {
+	// Tier is the classifier's tier, or the fallback tier.
+	Tier Tier
+	// Model is the model configured for Tier: the request's new model.
+	Model string
+	// Outcome says whether the classifier answered (OutcomeOK) or why the
+	// fallback tier was used.
+	Outcome Outcome
+	// Latency is the time spent classifying.
+	Latency time.Duration
+}
+
+// Fallback reports whether the fallback tier was used.
+func (r Result) Fallback() bool { return r.Outcome != OutcomeOK }
+
+// Metrics, resolved once.
+var (
+	mRequests [numOutcomes]*metrics.Counter
+	// mTiers[tier][0] counts the classifier's tiers, [1] the fallbacks.
+	mTiers   [numTiers][2]*metrics.Counter
+	mLatency = metrics.NewHistogram(`infera_classifier_duration_seconds`)
+)
+
+func init() {
+	for o := Outcome(0); o < numOutcomes; o++ {
+		mRequests[o] = metrics.NewCounter(fmt.Sprintf(`infera_classifier_requests_total{result=%q}`, o))
+	}
+	for t := TierL1; t < numTiers; t++ {
+		mTiers[t][0] = metrics.NewCounter(fmt.Sprintf(`infera_smart_selection_total{tier=%q,source="classifier"}`, t))
+		mTiers[t][1] = metrics.NewCounter(fmt.Sprintf(`infera_smart_selection_total{tier=%q,source="fallback"}`, t))
+	}
+}
+
+var logThrottle = logx.Throttle{Every: 10 * time.Second}
+
+// Applies reports whether smart model selection applies to a request for
+// model: the section is enabled and model matches one of match_models
+// (all models when the list is empty). It does not allocate.
+func Applies(cfg *config.SmartModelSelection, model []byte) bool {
+	if !cfg.Enabled {
+		return false
+	}
+	if len(cfg.MatchModels) == 0 {
+		return true
+	}
+	for _, p := range cfg.MatchModels {
+		if upstream.MatchGlob(p, model) {
+			return true
+		}
+	}
+	return false
+}
+
+// Client calls the classifier named by the config snapshot it is given.
+// It keeps one keep-alive connection pool for the current classifier URL
+// and replaces it when a reload changes the URL. Safe for concurrent use;
+// the zero value is ready. Close releases idle connections.
+type Client struct {
+	mu  sync.Mutex // serializes target changes
+	cur atomic.Pointer[target]
+}
+
+type target struct {
+	url  string
+	hc   *fasthttp.HostClient
+	host string
+	uri  string // path and query
+}
+
+var scratchPool = sync.Pool{New: func() any { return new([]byte) }}
+
+// Classify asks the classifier for the tier of a request for model with
+// prompt text (see the package documentation for the contract) and
+// returns the tier and its model, using cfg.FallbackTier when the
+// classifier fails, times out (cfg.TimeoutMS) or answers something else
+// than a tier. It never returns an error: smart model selection never fails
+// a request. Call it only when Applies.
+//
+// Metrics: infera_classifier_requests_total{result},
+// infera_classifier_duration_seconds, infera_smart_selection_total{tier,source}.
+func (c *Client) Classify(cfg *config.SmartModelSelection, model, text []byte) Result {
+	start := time.Now()
+	tier, out, status := c.call(cfg, model, text, start)
+	lat := time.Since(start)
+	mLatency.Update(lat.Seconds())
+	mRequests[out].Inc()
+	src := 0
+	if out != OutcomeOK {
+		src = 1
+		tier = ParseTier(cfg.FallbackTier)
+		if tier == TierUnknown {
+			tier = TierL2 // validation requires a fallback tier; never index out of range
+		}
+		logThrottle.Warn("smart model selection: classifier failed, using the fallback tier",
+			"outcome", out.String(), "status", status, "fallback", tier.String(), "latency", lat)
+	}
+	mTiers[tier][src].Inc()
+	return Result{Tier: tier, Model: cfg.Tiers.Model(tier.String()), Outcome: out, Latency: lat}
+}
+
+func (c *Client) call(cfg *config.SmartModelSelection, model, text []byte, start time.Time) (Tier, Outcome, int) {
+	t, err := c.target(cfg.ClassifierURL)
+	if err != nil {
+		return TierUnknown, OutcomeError, 0
+	}
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	buf := scratchPool.Get().(*[]byte)
+	defer func() {
+		fasthttp.ReleaseRequest(req)
+		fasthttp.ReleaseResponse(resp)
+		if cap(*buf) <= 1<<20 {
+			scratchPool.Put(buf)
+		}
+	}()
+	maxText := cfg.MaxTextBytes
+	if maxText <= 0 {
+		maxText = 8192
+	}
+	body := AppendRequest((*buf)[:0], model, text, maxText)
+	if cfg.ClassifierAPIKey.IsSet() {
+		// The header value is built after the body in the same scratch
+		// buffer (SetBytesV copies it).
+		n := len(body)
+		all := cfg.ClassifierAPIKey.AppendBearer(body)
+		req.Header.SetBytesV(fasthttp.HeaderAuthorization, all[n:])
+		body = all[:n]
+	}
+	*buf = body
+	req.SetBodyRaw(body)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.SetRequestURI(t.uri)
+	req.Header.SetHost(t.host)
+	req.Header.SetContentType("application/json")
+	req.Header.Set(fasthttp.HeaderAccept, "application/json")
+	req.Header.Set(fasthttp.HeaderUserAgent, "infera-smart-selection")
+	timeout := time.Duration(cfg.TimeoutMS * float64(time.Millisecond))
+	if timeout <= 0 {
+		timeout = 300 * time.Millisecond
+	}
+	err = t.hc.DoDeadline(req, resp, start.Add(timeout))
+	switch {
+	case err == nil:
+	case errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) || isNetTimeout(err):
+		return TierUnknown, OutcomeTimeout, 0
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		return TierUnknown, OutcomeBadAnswer, 0
+	default:
+		return TierUnknown, OutcomeError, 0
+	}
+	if code := resp.StatusCode(); code != fasthttp.StatusOK {
+		return TierUnknown, OutcomeBadStatus, code
+	}
+	tier, err := ParseAnswer(resp.Body())
+	if err != nil {
+		return TierUnknown, OutcomeBadAnswer, fasthttp.StatusOK
+	}
+	return tier, OutcomeOK, fasthttp.StatusOK
+}
+
+func isNetTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// target returns the connection pool for rawURL, building it when the URL
+// changed.
+func (c *Client) target(rawURL string) (*target, error) {
+	if t := c.cur.Load(); t != nil && t.url == rawURL {
+		return t, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t := c.cur.Load(); t != nil && t.url == rawURL {
+		return t, nil
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" {
+		return nil, errors.New("invalid classifier URL")
+	}
+	ep, err := upstream.ParseEndpoint((&url.URL{Scheme: u.Scheme, Host: u.Host}).String())
+	if err != nil {
+		return nil, err
+	}
+	t := &target{url: rawURL, host: ep.Host, uri: u.RequestURI()}
+	t.hc = &fasthttp.HostClient{
+		Addr:                          ep.Addr,
+		Name:                          "infera",
+		IsTLS:                         ep.TLS,
+		MaxConns:                      4096,
+		MaxConnWaitTimeout:            50 * time.Millisecond,
+		MaxIdleConnDuration:           30 * time.Second,
+		MaxResponseBodySize:           MaxAnswerBytes,
+		MaxIdemponentCallAttempts:     1,
+		NoDefaultUserAgentHeader:      true,
+		DisableHeaderNamesNormalizing: true,
+		DisablePathNormalizing:        true,
+	}
+	if ep.TLS {
+		t.hc.TLSConfig = &tls.Config{ServerName: u.Hostname()}
+	}
+	if old := c.cur.Swap(t); old != nil {
+		old.hc.CloseIdleConnections()
+	}
+	return t, nil
+}
+
+// Close closes the idle connections to the classifier.
+func (c *Client) Close() {
+	if t := c.cur.Load(); t != nil {
+		t.hc.CloseIdleConnections()
+	}
+}
