@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"bytes"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -123,6 +124,13 @@ func scanString(d []byte, i int) (raw []byte, next int, err error) {
 	i++
 	start := i
 	for i < len(d) {
+		// fast path: runs of plain ASCII
+		for i < len(d) && plainASCII[d[i]] {
+			i++
+		}
+		if i >= len(d) {
+			break
+		}
 		c := d[i]
 		switch {
 		case c == '"':
@@ -157,6 +165,14 @@ func scanString(d []byte, i int) (raw []byte, next int, err error) {
 	}
 	return nil, i, errMalformed
 }
+
+// plainASCII marks the bytes a string can hold as themselves.
+var plainASCII = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return
+}()
 
 func isHex4(b []byte) bool {
 	for _, c := range b[:4] {
@@ -325,17 +341,175 @@ func walkArray(d []byte, i, depth int, f func(vs, ve int) error) (int, error) {
 	}
 }
 
-// fields walks the object value v (already validated as part of its parent)
-// calling f for each member.
+// fields walks the object value v, which must lie inside a document
+// already validated (by walkObject, walkArray or skipValue), calling f for
+// each member. It skips values without validating them again, so nested
+// walks cost little.
 func fields(v []byte, f func(key []byte, vs, ve int) error) error {
-	_, err := walkObject(v, 0, 0, f)
-	return err
+	i := skipSpace(v, 0)
+	if i >= len(v) || v[i] != '{' {
+		return errMalformed
+	}
+	i = skipSpace(v, i+1)
+	if i < len(v) && v[i] == '}' {
+		return nil
+	}
+	for i < len(v) {
+		if v[i] != '"' {
+			return errMalformed
+		}
+		ke := fastString(v, i)
+		if ke < 0 {
+			return errMalformed
+		}
+		key := v[i+1 : ke-1]
+		i = skipSpace(v, ke)
+		if i >= len(v) || v[i] != ':' {
+			return errMalformed
+		}
+		vs := skipSpace(v, i+1)
+		ve := fastValue(v, vs, 0)
+		if ve < 0 {
+			return errMalformed
+		}
+		if hasEscape(key) {
+			key = unescape(nil, key)
+		}
+		if err := f(key, vs, ve); err != nil {
+			return err
+		}
+		i = skipSpace(v, ve)
+		if i >= len(v) {
+			return errMalformed
+		}
+		if v[i] == '}' {
+			return nil
+		}
+		if v[i] != ',' {
+			return errMalformed
+		}
+		i = skipSpace(v, i+1)
+	}
+	return errMalformed
 }
 
-// elems walks the array value v calling f for each element.
+// elems walks the validated array value v calling f for each element.
 func elems(v []byte, f func(vs, ve int) error) error {
-	_, err := walkArray(v, 0, 0, f)
-	return err
+	i := skipSpace(v, 0)
+	if i >= len(v) || v[i] != '[' {
+		return errMalformed
+	}
+	i = skipSpace(v, i+1)
+	if i < len(v) && v[i] == ']' {
+		return nil
+	}
+	for i < len(v) {
+		ve := fastValue(v, i, 0)
+		if ve < 0 {
+			return errMalformed
+		}
+		if err := f(i, ve); err != nil {
+			return err
+		}
+		i = skipSpace(v, ve)
+		if i >= len(v) {
+			return errMalformed
+		}
+		if v[i] == ']' {
+			return nil
+		}
+		if v[i] != ',' {
+			return errMalformed
+		}
+		i = skipSpace(v, i+1)
+	}
+	return errMalformed
+}
+
+// fastString returns the index after the string whose quote is d[i] in a
+// validated document, -1 if there is none.
+func fastString(d []byte, i int) int {
+	i++
+	for {
+		j := bytes.IndexByte(d[i:], '"')
+		if j < 0 {
+			return -1
+		}
+		i += j
+		// an escaped quote has an odd run of backslashes before it
+		n := 0
+		for k := i - 1; k >= 0 && d[k] == '\\'; k-- {
+			n++
+		}
+		i++
+		if n%2 == 0 {
+			return i
+		}
+	}
+}
+
+// fastValue returns the index after the value at d[i] in a validated
+// document (-1 when the bytes are not what validation left).
+func fastValue(d []byte, i, depth int) int {
+	if i >= len(d) || depth > maxDepth {
+		return -1
+	}
+	switch c := d[i]; c {
+	case '"':
+		return fastString(d, i)
+	case '{', '[':
+		close := byte('}')
+		if c == '[' {
+			close = ']'
+		}
+		i = skipSpace(d, i+1)
+		if i < len(d) && d[i] == close {
+			return i + 1
+		}
+		for i < len(d) {
+			if c == '{' {
+				if d[i] != '"' {
+					return -1
+				}
+				if i = fastString(d, i); i < 0 {
+					return -1
+				}
+				i = skipSpace(d, i)
+				if i >= len(d) || d[i] != ':' {
+					return -1
+				}
+				i = skipSpace(d, i+1)
+			}
+			if i = fastValue(d, i, depth+1); i < 0 {
+				return -1
+			}
+			i = skipSpace(d, i)
+			if i >= len(d) {
+				return -1
+			}
+			if d[i] == close {
+				return i + 1
+			}
+			if d[i] != ',' {
+				return -1
+			}
+			i = skipSpace(d, i+1)
+		}
+		return -1
+	}
+	// number or literal: up to the next delimiter
+	j := i
+	for j < len(d) {
+		c := d[j]
+		if c == ',' || c == '}' || c == ']' || isSpace(c) {
+			break
+		}
+		j++
+	}
+	if j == i {
+		return -1
+	}
+	return j
 }
 
 // rawStr returns the raw contents of a JSON string value (quotes stripped)

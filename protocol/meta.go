@@ -74,13 +74,16 @@ func (m *Meta) start(api API, prefix string) {
 	m.Created = time.Now().Unix()
 }
 
+// idSource yields the randomness of ids (tests make it deterministic).
+var idSource = rand.Uint64
+
 const idChars = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 // appendID appends prefix and 24 random base62 characters.
 func appendID(dst []byte, prefix string) []byte {
 	dst = append(dst, prefix...)
 	for k := 0; k < 24; k += 8 {
-		x := rand.Uint64() // 8 base62 digits use 48 of its bits
+		x := idSource() // 8 base62 digits use 48 of its bits
 		for j := 0; j < 8; j++ {
 			dst = append(dst, idChars[x%62])
 			x /= 62

@@ -1,0 +1,151 @@
+package protocol
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func jsonEqual(a, b []byte) bool {
+	var x, y any
+	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
+		return false
+	}
+	return reflect.DeepEqual(x, y)
+}
+
+func TestAnthropicRequestFieldsConvertToChat(t *testing.T) {
+	opt := DefaultOptions()
+	f := func(name string, opt Options, in, want string) {
+		t.Helper()
+		var m Meta
+		got, err := AnthropicToChat(nil, []byte(in), &opt, &m)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			return
+		}
+		if !jsonEqual(got, []byte(want)) {
+			t.Errorf("%s:\n got %s\nwant %s", name, got, want)
+		}
+	}
+	f("minimal", opt, `{"model":"claude","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"claude","messages":[{"role":"user","content":"hi"}],"max_tokens":10}`)
+	f("system string", opt, `{"model":"m","max_tokens":1,"system":"be brief","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"max_tokens":1}`)
+	f("system blocks joined", opt, `{"model":"m","max_tokens":1,"system":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}},{"type":"text","text":"b"}],"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","messages":[{"role":"system","content":"a\nb"},{"role":"user","content":"hi"}],"max_tokens":1}`)
+	moved := `{"model":"m","max_tokens":1,"system":"top","messages":[{"role":"user","content":"a"},{"role":"system","content":"mid"},{"role":"user","content":"b"}]}`
+	f("in-array system moved to the front", opt, moved,
+		`{"model":"m","messages":[{"role":"system","content":"top\nmid"},{"role":"user","content":"a"},{"role":"user","content":"b"}],"max_tokens":1}`)
+	keep := opt
+	keep.PreserveSystemPosition = true
+	f("in-array system kept in place", keep, moved,
+		`{"model":"m","messages":[{"role":"system","content":"top"},{"role":"user","content":"a"},{"role":"system","content":"mid"},{"role":"user","content":"b"}],"max_tokens":1}`)
+	f("text blocks, base64 and url images", opt, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"text","text":"look"},{"type":"image","source":{"type":"base64","media_type":"image/jpeg","data":"/9j/"}},{"type":"image","source":{"type":"url","url":"https://e.x/a.png"}}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"data:image/jpeg;base64,/9j/"}},{"type":"image_url","image_url":{"url":"https://e.x/a.png"}}]}],"max_tokens":1}`)
+	f("text-only blocks become a string", opt, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"document","source":{"type":"text","media_type":"text/plain","data":"doc"}}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"a\ndoc"}],"max_tokens":1}`)
+	f("assistant tool_use, thinking; user tool_result first", opt, `{"model":"m","max_tokens":1,"messages":[
+		{"role":"user","content":"weather?"},
+		{"role":"assistant","content":[{"type":"thinking","thinking":"need tool","signature":"x"},{"type":"redacted_thinking","data":"zz"},{"type":"text","text":"checking"},{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city": "Paris", "q": "a\"b"}}]},
+		{"role":"user","content":[{"type":"text","text":"also"},{"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"sunny"},{"type":"image","source":{"type":"url","url":"u"}}],"is_error":false}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"weather?"},
+		{"role":"assistant","content":"checking","reasoning_content":"need tool","tool_calls":[{"id":"toolu_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\",\"q\":\"a\\\"b\"}"}}]},
+		{"role":"tool","tool_call_id":"toolu_1","content":"sunny"},
+		{"role":"user","content":[{"type":"text","text":"also"},{"type":"image_url","image_url":{"url":"u"}}]}],"max_tokens":1}`)
+	f("tools, tool_choice any, disable_parallel_tool_use", opt, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"t","description":"d","input_schema":{"type":"object","properties":{"a":{"type":"string"}}},"cache_control":{"type":"ephemeral"}},{"name":"u","input_schema":{"type":"object"},"type":"custom"}],"tool_choice":{"type":"any","disable_parallel_tool_use":true}}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":1,"tools":[{"type":"function","function":{"name":"t","description":"d","parameters":{"type":"object","properties":{"a":{"type":"string"}}}}},{"type":"function","function":{"name":"u","parameters":{"type":"object"}}}],"tool_choice":"required","parallel_tool_calls":false}`)
+	for choice, want := range map[string]string{
+		`{"type":"auto"}`:            `"auto"`,
+		`{"type":"none"}`:            `"none"`,
+		`{"type":"tool","name":"t"}`: `{"type":"function","function":{"name":"t"}}`,
+	} {
+		f("tool_choice "+choice, opt, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"t","input_schema":{}}],"tool_choice":`+choice+`}`,
+			`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":1,"tools":[{"type":"function","function":{"name":"t","parameters":{}}}],"tool_choice":`+want+`}`)
+	}
+	f("sampling, stop, user, stream", opt, `{"model":"m","max_tokens":7,"stream":true,"temperature":0.3,"top_p":0.9,"top_k":20,"stop_sequences":["END","\n\nHuman:"],"metadata":{"user_id":"user-1"},"messages":[{"role":"user","content":"x"}],"service_tier":"auto"}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":7,"stream":true,"stream_options":{"include_usage":true},"temperature":0.3,"top_p":0.9,"top_k":20,"stop":["END","\n\nHuman:"],"user":"user-1"}`)
+	f("assistant prefill continues the final message", opt, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"{"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","content":"{"}],"max_tokens":1,"add_generation_prompt":false,"continue_final_message":true}`)
+	f("last duplicate key wins, escapes decoded", opt, `{"model":"a","m\u006fdel":"b","max_tokens":1,"messages":[{"role":"us\u0065r","content":"x"}]}`,
+		`{"model":"b","messages":[{"role":"user","content":"x"}],"max_tokens":1}`)
+}
+
+func TestAnthropicRequestMeta(t *testing.T) {
+	opt := DefaultOptions()
+	var m Meta
+	_, err := AnthropicToChat(nil, []byte(`{"model":"claude-\u00e9","max_tokens":42,"stream":true,"stop_sequences":["A\nB","C"],"messages":[{"role":"user","content":"x"}]}`), &opt, &m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(m.Model) != "claude-é" || !m.Stream || m.MaxTokens != 42 || m.API != Anthropic || !strings.HasPrefix(string(m.ID), "msg_") || len(m.ID) != 28 {
+		t.Errorf("meta %+v", m)
+	}
+	if !m.isStop([]byte("A\nB")) || !m.isStop([]byte("C")) || m.isStop([]byte("A")) {
+		t.Errorf("stop sequences %q %v", m.stops, m.stopEnds)
+	}
+}
+
+func TestAnthropicRequestErrorsNameTheField(t *testing.T) {
+	opt := DefaultOptions()
+	f := func(in, param, msg string) {
+		t.Helper()
+		var m Meta
+		out, err := AnthropicToChat([]byte("keep"), []byte(in), &opt, &m)
+		e, ok := err.(*Error)
+		if !ok || e.Status != 400 || e.Type != TypeInvalidRequest || e.Param != param || !strings.Contains(e.Message, msg) {
+			t.Errorf("%s: got %#v, want param %q message ~%q", in, err, param, msg)
+		}
+		if string(out) != "keep" {
+			t.Errorf("%s: dst changed on error: %q", in, out)
+		}
+	}
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}]`, "", "malformed JSON")
+	f(`[1]`, "", "must be a JSON object")
+	f(`{"max_tokens":1,"messages":[]}`, "model", "model: field required")
+	f(`{"model":7,"max_tokens":1,"messages":[]}`, "model", "must be a string")
+	f(`{"model":"m","messages":[{"role":"user","content":"x"}]}`, "max_tokens", "field required")
+	f(`{"model":"m","max_tokens":0,"messages":[{"role":"user","content":"x"}]}`, "max_tokens", ">= 1")
+	f(`{"model":"m","max_tokens":1}`, "messages", "field required")
+	f(`{"model":"m","max_tokens":1,"messages":[]}`, "messages", "at least one")
+	f(`{"model":"m","max_tokens":1,"stream":"yes","messages":[{"role":"user","content":"x"}]}`, "stream", "boolean")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"robot","content":"x"}]}`, "messages", "messages[0].role")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user"}]}`, "messages", "messages[0].content: field required")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"video"}]}]}`, "messages", "messages[1].content: unsupported content block type")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"file","file_id":"f"}}]}]}`, "messages", "base64 or url")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"x"}}]}]}`, "messages", "plain-text documents")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"b","input":"s"}]}]}`, "messages", "input must be an object")
+	f(`{"model":"m","max_tokens":1,"system":[{"type":"image"}],"messages":[{"role":"user","content":"x"}]}`, "system", "only text blocks")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"web_search_20250305","name":"web_search"}]}`, "tools", "server tools")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"t"}],"tool_choice":{"type":"sometimes"}}`, "tool_choice", "auto, any, tool or none")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"temperature":"hot"}`, "temperature", "number")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"stop_sequences":[1]}`, "stop_sequences", "array of strings")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"enabled"}}`, "thinking", "budget_tokens")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"metadata":{"user_id":5}}`, "metadata.user_id", "string")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"x":`+strings.Repeat("[", 200)+strings.Repeat("]", 200)+`}`, "", "malformed JSON")
+}
+
+func TestCountTokensNeedsNoMaxTokensAndRendersThePrompt(t *testing.T) {
+	opt := DefaultOptions()
+	var m Meta
+	chat, err := AnthropicCountTokensToChat(nil, []byte(`{"model":"m","system":"sys","messages":[{"role":"user","content":"hello"},{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"ok"}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"auto"},"thinking":{"type":"enabled","budget_tokens":10}}`), &opt, &m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"hello"},{"role":"assistant","content":"","tool_calls":[{"id":"t1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"t1","content":"ok"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}`
+	if !jsonEqual(chat, []byte(want)) {
+		t.Fatalf("got %s", chat)
+	}
+	var arena []byte
+	msgs, tools, err := ChatMessages(nil, chat, &arena)
+	if err != nil || len(msgs) != 4 || string(tools) != `[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]` {
+		t.Fatalf("ChatMessages: %v %+v %s", err, msgs, tools)
+	}
+	if msgs[2].ToolCalls[0].Function.Arguments != `{"a":1}` || msgs[3].ToolCallID != "t1" || msgs[0].Content != "sys" {
+		t.Errorf("messages %+v", msgs)
+	}
+	if got := string(AppendCountTokens(nil, 123)); got != `{"input_tokens":123}` {
+		t.Errorf("count answer %s", got)
+	}
+}

@@ -1,0 +1,84 @@
+package protocol
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestResponsesRequestFieldsConvertToChat(t *testing.T) {
+	opt := DefaultOptions()
+	f := func(name, in, want string) {
+		t.Helper()
+		var m Meta
+		got, err := ResponsesToChat(nil, []byte(in), &opt, &m)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			return
+		}
+		if !jsonEqual(got, []byte(want)) {
+			t.Errorf("%s:\n got %s\nwant %s", name, got, want)
+		}
+	}
+	f("string input", `{"model":"gpt","input":"hi"}`, `{"model":"gpt","messages":[{"role":"user","content":"hi"}]}`)
+	f("instructions first, developer as system", `{"model":"g","instructions":"be nice","input":[{"role":"developer","content":"dev"},{"role":"user","content":"hi"}]}`,
+		`{"model":"g","messages":[{"role":"system","content":"be nice"},{"role":"system","content":"dev"},{"role":"user","content":"hi"}]}`)
+	f("parts and images", `{"model":"g","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"look"},{"type":"input_image","image_url":"https://e.x/i.png","detail":"high"}]}]}`,
+		`{"model":"g","messages":[{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"https://e.x/i.png","detail":"high"}}]}]}`)
+	f("function calls join the assistant message; outputs become tool messages; reasoning dropped", `{"model":"g","input":[
+		{"role":"user","content":"weather?"},
+		{"type":"reasoning","id":"rs_1","summary":[]},
+		{"type":"message","role":"assistant","content":[{"type":"output_text","text":"checking","annotations":[]}]},
+		{"type":"function_call","call_id":"c1","name":"w","arguments":"{\"city\":\"Paris\"}"},
+		{"type":"function_call","call_id":"c2","name":"w","arguments":"{}"},
+		{"type":"function_call_output","call_id":"c1","output":"sunny"},
+		{"type":"function_call_output","call_id":"c2","output":[{"type":"input_text","text":"rain"}]},
+		{"type":"function_call","call_id":"c3","name":"w","arguments":"{}"}]}`,
+		`{"model":"g","messages":[{"role":"user","content":"weather?"},
+		{"role":"assistant","content":"checking","tool_calls":[{"id":"c1","type":"function","function":{"name":"w","arguments":"{\"city\":\"Paris\"}"}},{"id":"c2","type":"function","function":{"name":"w","arguments":"{}"}}]},
+		{"role":"tool","tool_call_id":"c1","content":"sunny"},{"role":"tool","tool_call_id":"c2","content":"rain"},
+		{"role":"assistant","content":"","tool_calls":[{"id":"c3","type":"function","function":{"name":"w","arguments":"{}"}}]}]}`)
+	f("settings", `{"model":"g","input":"x","max_output_tokens":64,"temperature":0.1,"top_p":0.5,"stream":true,"parallel_tool_calls":false,"user":"u","store":true,"truncation":"auto","include":["reasoning.encrypted_content"],"metadata":{"a":"b"},"service_tier":"auto","prompt_cache_key":"k"}`,
+		`{"model":"g","messages":[{"role":"user","content":"x"}],"max_tokens":64,"stream":true,"stream_options":{"include_usage":true},"temperature":0.1,"top_p":0.5,"parallel_tool_calls":false,"user":"u"}`)
+	f("safety_identifier as user", `{"model":"g","input":"x","safety_identifier":"s"}`, `{"model":"g","messages":[{"role":"user","content":"x"}],"user":"s"}`)
+	f("function tools and choices", `{"model":"g","input":"x","tools":[{"type":"function","name":"w","description":"d","parameters":{"type":"object"},"strict":true}],"tool_choice":{"type":"function","name":"w"}}`,
+		`{"model":"g","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"w","description":"d","parameters":{"type":"object"},"strict":true}}],"tool_choice":{"type":"function","function":{"name":"w"}}}`)
+	f("tool_choice string", `{"model":"g","input":"x","tools":[{"type":"function","name":"w"}],"tool_choice":"required"}`,
+		`{"model":"g","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"w"}}],"tool_choice":"required"}`)
+	f("json_schema format", `{"model":"g","input":"x","text":{"format":{"type":"json_schema","name":"s","schema":{"type":"object"},"strict":true,"description":"d"},"verbosity":"low"}}`,
+		`{"model":"g","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{"type":"object"},"strict":true,"description":"d"}}}`)
+	f("json_object format", `{"model":"g","input":"x","text":{"format":{"type":"json_object"}}}`,
+		`{"model":"g","messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}`)
+	f("reasoning effort (passthrough)", `{"model":"g","input":"x","reasoning":{"effort":"high","summary":"auto"}}`,
+		`{"model":"g","messages":[{"role":"user","content":"x"}],"reasoning_effort":"high"}`)
+	f("empty previous_response_id is no reference", `{"model":"g","input":"x","previous_response_id":null}`, `{"model":"g","messages":[{"role":"user","content":"x"}]}`)
+}
+
+func TestResponsesRequestRefusals(t *testing.T) {
+	opt := DefaultOptions()
+	f := func(in, param, msg string) {
+		t.Helper()
+		var m Meta
+		_, err := ResponsesToChat(nil, []byte(in), &opt, &m)
+		e, ok := err.(*Error)
+		if !ok || e.Status != 400 || e.Param != param || !strings.Contains(e.Message, msg) {
+			t.Errorf("%s: got %#v, want param %q ~%q", in, err, param, msg)
+		}
+	}
+	f(`{"model":"g","input":"x","previous_response_id":"resp_1"}`, "previous_response_id", "does not store responses")
+	f(`{"model":"g","input":"x","conversation":"conv_1"}`, "conversation", "does not store")
+	f(`{"model":"g","input":"x","prompt":{"id":"p"}}`, "prompt", "not supported")
+	f(`{"model":"g","input":"x","background":true}`, "background", "not supported")
+	f(`{"input":"x"}`, "model", "field required")
+	f(`{"model":"g"}`, "input", "field required")
+	f(`{"model":"g","input":[]}`, "input", "at least one")
+	f(`{"model":"g","input":[{"type":"item_reference","id":"msg_1"}]}`, "input", "input[0]: item_reference")
+	f(`{"model":"g","input":[{"role":"user","content":"a"},{"type":"web_search_call"}]}`, "input", "input[1]: unsupported item type")
+	f(`{"model":"g","input":[{"role":"user","content":[{"type":"input_file","file_id":"f"}]}]}`, "input", "unsupported content part")
+	f(`{"model":"g","input":[{"role":"tool","content":"a"}]}`, "input", "role must be")
+	f(`{"model":"g","input":[{"type":"function_call","name":"f"}]}`, "input", "call_id, name and arguments")
+	f(`{"model":"g","input":"x","tools":[{"type":"web_search"}]}`, "tools", "only function tools")
+	f(`{"model":"g","input":"x","tool_choice":{"type":"file_search"}}`, "tool_choice", "only")
+	f(`{"model":"g","input":"x","text":{"format":{"type":"yaml"}}}`, "text", "text.format.type")
+	f(`{"model":"g","input":"x","max_output_tokens":0}`, "max_output_tokens", ">= 1")
+	f(`{"model":"g","input":"x","reasoning":{"effort":3}}`, "reasoning", "must be a string")
+}

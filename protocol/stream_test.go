@@ -1,0 +1,259 @@
+package protocol
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+func chunkLine(delta, finish string) string {
+	return "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":" + delta + ",\"finish_reason\":" + finish + "}]}\n\n"
+}
+
+const usageLine = "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":7,\"prompt_tokens_details\":{\"cached_tokens\":4},\"completion_tokens_details\":{\"reasoning_tokens\":2}}}\n\n"
+
+// upstreamAll is a vLLM-style stream with reasoning, text and two tool calls.
+var upstreamAll = chunkLine(`{"role":"assistant","content":""}`, "null") +
+	chunkLine(`{"reasoning_content":"Let me "}`, "null") + chunkLine(`{"reasoning_content":"think."}`, "null") +
+	chunkLine(`{"content":"Hel"}`, "null") + chunkLine(`{"content":"lo \"w\"\n"}`, "null") +
+	chunkLine(`{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"get","arguments":""}}]}`, "null") +
+	chunkLine(`{"tool_calls":[{"index":0,"function":{"arguments":"{\"c\":"}}]}`, "null") +
+	chunkLine(`{"tool_calls":[{"index":0,"function":{"arguments":"1}"}}]}`, "null") +
+	chunkLine(`{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"put","arguments":"{}"}}]}`, "null") +
+	chunkLine(`{}`, `"tool_calls"`) + usageLine + "data: [DONE]\n\n"
+
+// convertStream converts upstream whole and in 40 random splits (pieces
+// of 1 to 40 bytes), checks every output is identical, and returns it.
+func convertStream(t *testing.T, m *Meta, upstream string) []byte {
+	t.Helper()
+	reseed, restore := deterministicIDs()
+	defer restore()
+	c := AcquireStreamConverter(m)
+	defer ReleaseStreamConverter(c)
+	whole := c.Finish(c.Feed(nil, []byte(upstream)))
+	for seed := uint64(0); seed < 40; seed++ {
+		reseed()
+		c.Reset(m)
+		c2 := c
+		got := feedSplit(c2, []byte(upstream), rand.New(rand.NewPCG(seed, 3)), 1+int(seed))
+		reseed()
+		c.Reset(m)
+		want := c.Finish(c.Feed(nil, []byte(upstream)))
+		if !bytes.Equal(got, want) {
+			t.Fatalf("split %d changes the output:\n got %s\nwant %s", seed, got, want)
+		}
+		whole = want
+	}
+	return whole
+}
+
+func eventSummary(evs []sseEvent) string {
+	var b strings.Builder
+	for _, ev := range evs {
+		b.WriteString(ev.name)
+		if d, ok := ev.data["delta"].(map[string]any); ok {
+			if typ, ok := d["type"].(string); ok { // anthropic
+				b.WriteString("(" + typ + ")")
+			}
+		}
+		if cb, ok := ev.data["content_block"].(map[string]any); ok {
+			b.WriteString("(" + cb["type"].(string) + ")")
+		}
+		if it, ok := ev.data["item"].(map[string]any); ok {
+			b.WriteString("(" + it["type"].(string) + ")")
+		}
+		b.WriteByte(' ')
+	}
+	return strings.TrimSpace(b.String())
+}
+
+func TestAnthropicStreamEventSequence(t *testing.T) {
+	m := anthropicMeta(t, `{"model":"claude-client","max_tokens":50,"stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	m.PromptTokens = 11
+	out := convertStream(t, m, upstreamAll)
+	evs, err := checkAnthropicSSE(out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	want := "message_start content_block_start(thinking) ping content_block_delta(thinking_delta) content_block_delta(thinking_delta) content_block_stop " +
+		"content_block_start(text) content_block_delta(text_delta) content_block_delta(text_delta) content_block_stop " +
+		"content_block_start(tool_use) content_block_delta(input_json_delta) content_block_delta(input_json_delta) content_block_stop " +
+		"content_block_start(tool_use) content_block_delta(input_json_delta) content_block_stop message_delta message_stop"
+	if got := eventSummary(evs); got != want {
+		t.Fatalf("events\n got %s\nwant %s", got, want)
+	}
+	for _, s := range []string{
+		`{"type":"message_start","message":{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":11,`,
+		`"index":1,"delta":{"type":"text_delta","text":"lo \"w\"\n"}}`,
+		`{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"call_a","name":"get","input":{}}}`,
+		`"index":2,"delta":{"type":"input_json_delta","partial_json":"{\"c\":"}}`,
+		`{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"input_tokens":8,"cache_creation_input_tokens":0,"cache_read_input_tokens":4,"output_tokens":7}}`,
+	} {
+		if !bytes.Contains(out, []byte(s)) {
+			t.Errorf("missing %s", s)
+		}
+	}
+}
+
+func TestAnthropicStreamStopReasons(t *testing.T) {
+	m := anthropicMeta(t, `{"model":"c","max_tokens":5,"stream":true,"stop_sequences":["END"],"messages":[{"role":"user","content":"x"}]}`)
+	f := func(finish, extra, want string) {
+		t.Helper()
+		up := chunkLine(`{"content":"a"}`, "null") + strings.Replace(chunkLine(`{}`, finish), "}]}", extra+"}]}", 1) + "data: [DONE]\n\n"
+		out := convertStream(t, m, up)
+		if _, err := checkAnthropicSSE(out); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(out, []byte(want)) {
+			t.Errorf("%s: want %s in\n%s", finish, want, out)
+		}
+	}
+	f(`"stop"`, "", `"stop_reason":"end_turn","stop_sequence":null`)
+	f(`"stop"`, `,"stop_reason":"END"`, `"stop_reason":"stop_sequence","stop_sequence":"END"`)
+	f(`"stop"`, `,"stop_reason":151645`, `"stop_reason":"end_turn"`)
+	f(`"length"`, "", `"stop_reason":"max_tokens"`)
+	f(`"content_filter"`, "", `"stop_reason":"refusal"`)
+	// no usage from the engine: output tokens fall back to the delta count
+	f(`"stop"`, "", `"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":1}`)
+}
+
+func TestResponsesStreamEventSequence(t *testing.T) {
+	m := responsesMeta(t, `{"model":"gpt-client","stream":true,"input":"x","instructions":"i","tools":[{"type":"function","name":"get"}]}`)
+	out := convertStream(t, m, upstreamAll)
+	evs, err := checkResponsesSSE(out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	want := "response.created response.in_progress " +
+		"response.output_item.added(reasoning) response.content_part.added response.reasoning_text.delta response.reasoning_text.delta response.reasoning_text.done response.content_part.done response.output_item.done(reasoning) " +
+		"response.output_item.added(message) response.content_part.added response.output_text.delta response.output_text.delta response.output_text.done response.content_part.done response.output_item.done(message) " +
+		"response.output_item.added(function_call) response.function_call_arguments.delta response.function_call_arguments.delta response.function_call_arguments.done response.output_item.done(function_call) " +
+		"response.output_item.added(function_call) response.function_call_arguments.delta response.function_call_arguments.done response.output_item.done(function_call) " +
+		"response.completed"
+	if got := eventSummary(evs); got != want {
+		t.Fatalf("events\n got %s\nwant %s", got, want)
+	}
+	final := evs[len(evs)-1].raw
+	for _, s := range []string{
+		`"status":"completed"`, `"instructions":"i"`, `"model":"gpt-client"`,
+		`"content":[{"type":"reasoning_text","text":"Let me think."}]`,
+		`"content":[{"type":"output_text","text":"Hello \"w\"\n","annotations":[],"logprobs":[]}]`,
+		`"type":"function_call","call_id":"call_a","name":"get","arguments":"{\"c\":1}","status":"completed"`,
+		`"type":"function_call","call_id":"call_b","name":"put","arguments":"{}","status":"completed"`,
+		`"usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":4},"output_tokens":7,"output_tokens_details":{"reasoning_tokens":2},"total_tokens":19}`,
+	} {
+		if !strings.Contains(final, s) {
+			t.Errorf("response.completed lacks %s:\n%s", s, final)
+		}
+	}
+	out = convertStream(t, m, chunkLine(`{"content":"a"}`, "null")+chunkLine(`{}`, `"length"`)+"data: [DONE]\n\n")
+	if evs, err := checkResponsesSSE(out); err != nil || evs[len(evs)-1].name != "response.incomplete" || !bytes.Contains(out, []byte(`"incomplete_details":{"reason":"max_output_tokens"}`)) {
+		t.Errorf("length: %v\n%s", err, out)
+	}
+}
+
+func TestStreamEndingsAndFailures(t *testing.T) {
+	am := anthropicMeta(t, `{"model":"c","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	rm := responsesMeta(t, `{"model":"g","stream":true,"input":"x"}`)
+	for _, tc := range []struct {
+		name, upstream string
+		last           string // the last event's name
+		contains       string
+	}{
+		{"finish without [DONE] (Finish ends it)", chunkLine(`{"content":"a"}`, `"stop"`) + usageLine, "", ""},
+		{"cut before finish_reason", chunkLine(`{"content":"a"}`, "null"), "error", "ended before the answer was complete"},
+		{"[DONE] before finish_reason", chunkLine(`{"content":"a"}`, "null") + "data: [DONE]\n\n", "error", "ended before the answer was complete"},
+		{"engine error chunk", chunkLine(`{"content":"a"}`, "null") + `data: {"error":{"message":"out of KV","type":"internal_error"}}` + "\n\n", "error", "out of KV"},
+		{"malformed chunk", "data: {\"choices\":[\n\n", "error", "malformed stream chunk"},
+		{"comments, event names and CRLF are skipped", ": keepalive\r\nevent: chunk\r\nid: 7\r\n" + strings.ReplaceAll(chunkLine(`{"content":"a"}`, `"stop"`), "\n", "\r\n") + "data: [DONE]\r\n\r\n", "", ""},
+		{"last event without its blank line", chunkLine(`{"content":"a"}`, `"stop"`) + "data: [DONE]", "", ""},
+		{"tool arguments before the name", chunkLine(`{"tool_calls":[{"index":0,"function":{"arguments":"{\"a\":1}"}}]}`, "null") + chunkLine(`{"tool_calls":[{"index":0,"id":"x","function":{"name":"n"}}]}`, `"tool_calls"`) + "data: [DONE]\n\n", "", `{\"a\":1}`},
+	} {
+		for _, api := range []API{Anthropic, Responses} {
+			m, check, end := am, checkAnthropicSSE, "message_stop"
+			if api == Responses {
+				m, check, end = rm, checkResponsesSSE, "response.completed"
+			}
+			out := convertStream(t, m, tc.upstream)
+			evs, err := check(out)
+			if err != nil {
+				t.Errorf("%s/%v: %v\n%s", tc.name, api, err, out)
+				continue
+			}
+			want := tc.last
+			if want == "" {
+				want = end
+			}
+			if got := evs[len(evs)-1].name; got != want || !bytes.Contains(out, []byte(tc.contains)) {
+				t.Errorf("%s/%v: last event %s (want %s), contains %q?\n%s", tc.name, api, got, want, tc.contains, out)
+			}
+		}
+	}
+}
+
+func TestStreamFailAfterFirstByte(t *testing.T) {
+	m := anthropicMeta(t, `{"model":"c","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	c := AcquireStreamConverter(m)
+	defer ReleaseStreamConverter(c)
+	out := c.Feed(nil, []byte(chunkLine(`{"content":"a"}`, "null")))
+	out = c.Fail(out, 504, TypeTimeout, "upstream stream from worker w1 timed out")
+	if !bytes.HasSuffix(out, []byte("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"timeout_error\",\"message\":\"upstream stream from worker w1 timed out\"}}\n\n")) {
+		t.Errorf("anthropic: %s", out)
+	}
+	if !c.Done() || len(c.Feed(nil, []byte(usageLine))) != 0 || len(c.Finish(nil)) != 0 || len(c.Fail(nil, 500, "", "x")) != 0 {
+		t.Error("a failed stream must stay silent")
+	}
+	rm := responsesMeta(t, `{"model":"g","stream":true,"input":"x"}`)
+	c.Reset(rm)
+	out = c.Feed(nil, []byte(chunkLine(`{"content":"a"}`, "null")))
+	out = c.Fail(out, 502, TypeServer, "boom")
+	evs, err := checkResponsesSSE(out)
+	if err != nil || evs[len(evs)-1].name != "error" || !strings.Contains(evs[len(evs)-1].raw, `"code":"server_error","message":"boom","param":null`) {
+		t.Errorf("responses: %v\n%s", err, out)
+	}
+}
+
+func TestStreamConverterReuseAndUsage(t *testing.T) {
+	m := anthropicMeta(t, `{"model":"c","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	c := AcquireStreamConverter(m)
+	first := c.Finish(c.Feed(nil, []byte(upstreamAll)))
+	if u := c.Usage(); !u.Seen || u.PromptTokens != 12 || u.CompletionTokens != 7 || u.CachedTokens != 4 || u.ReasoningTokens != 2 {
+		t.Errorf("usage %+v", u)
+	}
+	for i := 0; i < 3; i++ {
+		c.Reset(m)
+		again := c.Finish(c.Feed(nil, []byte(upstreamAll)))
+		// ids of tool calls come from the engine, so the bytes repeat
+		if !bytes.Equal(first, again) {
+			t.Fatalf("reuse %d differs:\n%s\n%s", i, first, again)
+		}
+	}
+	ReleaseStreamConverter(c)
+}
+
+func TestStreamBoundsHostileUpstreams(t *testing.T) {
+	m := anthropicMeta(t, `{"model":"c","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	c := AcquireStreamConverter(m)
+	defer ReleaseStreamConverter(c)
+	// an endless line
+	big := bytes.Repeat([]byte("a"), 1<<20)
+	var out []byte
+	for i := 0; i < 9 && !c.Done(); i++ {
+		out = c.Feed(out, big)
+	}
+	if !c.Done() || !bytes.Contains(out, []byte("larger than 8 MiB")) {
+		t.Errorf("an endless line must fail the stream: %s", tail(string(out)))
+	}
+	// too many tool calls
+	c.Reset(m)
+	var up strings.Builder
+	for i := 0; i < 300; i++ {
+		fmt.Fprintf(&up, "%s", chunkLine(fmt.Sprintf(`{"tool_calls":[{"index":%d,"id":"c%d","function":{"name":"f","arguments":"{}"}}]}`, i, i), "null"))
+	}
+	out = c.Feed(nil, []byte(up.String()))
+	if evs, err := checkAnthropicSSE(out); err != nil || evs[len(evs)-1].name != "error" {
+		t.Errorf("too many tools: %v %s", err, tail(string(out)))
+	}
+}

@@ -1,0 +1,62 @@
+package protocol
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+func TestEnsureStreamUsageAsksTheEngine(t *testing.T) {
+	f := func(in, want string, asked bool) {
+		t.Helper()
+		out, gotAsked, err := EnsureStreamUsage(make([]byte, 0, 256), []byte(in))
+		if err != nil || string(out) != want || gotAsked != asked {
+			t.Errorf("%s:\n got %s asked=%v err=%v\nwant %s asked=%v", in, out, gotAsked, err, want, asked)
+		}
+	}
+	f(`{"model":"m","messages":[]}`, `{"model":"m","messages":[]}`, false)
+	f(`{"stream":false,"messages":[]}`, `{"stream":false,"messages":[]}`, false)
+	f(`{"stream":true,"messages":[]}`, `{"stream_options":{"include_usage":true},"stream":true,"messages":[]}`, false)
+	f(`{"stream":true,"stream_options":null}`, `{"stream":true,"stream_options":{"include_usage":true}}`, false)
+	f(`{"stream":true,"stream_options":{}}`, `{"stream":true,"stream_options":{"include_usage":true}}`, false)
+	f(`{"stream":true,"stream_options":{"continuous_usage_stats":false}}`, `{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":false}}`, false)
+	f(`{"stream":true,"stream_options":{"include_usage":false}}`, `{"stream":true,"stream_options":{"include_usage":true}}`, false)
+	f(`{"stream":true,"stream_options":{"include_usage":true}}`, `{"stream":true,"stream_options":{"include_usage":true}}`, true)
+	// the engine reads the last duplicate: so do we
+	f(`{"stream":true,"stream_options":{"include_usage":true,"include_usage":false}}`, `{"stream":true,"stream_options":{"include_usage":true,"include_usage":true}}`, false)
+	f(`{"stream":false,"stream":true}`, `{"stream_options":{"include_usage":true},"stream":false,"stream":true}`, false)
+	if _, _, err := EnsureStreamUsage(nil, []byte(`{"stream":true`)); err == nil {
+		t.Error("malformed body accepted")
+	}
+}
+
+func TestUsageFilterRemovesOnlyTheUsageChunk(t *testing.T) {
+	content := chunkLine(`{"content":"the \"usage\": is"}`, "null") + "data: {\"choices\":[{\"delta\":{}}],\"usage\":null}\n\n" + chunkLine(`{}`, `"stop"`)
+	in := content + usageLine + "data: [DONE]\n\n"
+	want := content + "data: [DONE]\n\n"
+	for seed := uint64(0); seed < 50; seed++ {
+		var f UsageFilter
+		var out []byte
+		for _, p := range splitRandom(rand.New(rand.NewPCG(seed, 9)), []byte(in), 1+int(seed)) {
+			out = f.Filter(out, p)
+		}
+		out = f.Flush(out)
+		if string(out) != want {
+			t.Fatalf("split %d:\n got %q\nwant %q", seed, out, want)
+		}
+		if u := f.Usage; !u.Seen || u.PromptTokens != 12 || u.CompletionTokens != 7 || u.CachedTokens != 4 {
+			t.Fatalf("usage %+v", u)
+		}
+	}
+	// CRLF framing and a usage chunk carrying choices (continuous usage) stay
+	var f UsageFilter
+	crlf := strings.ReplaceAll(usageLine, "\n", "\r\n")
+	keep := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":{\"prompt_tokens\":1}}\n\n"
+	if out := f.Flush(f.Filter(nil, []byte(keep+crlf+"data: [DONE]\r\n\r\n"))); string(out) != keep+"data: [DONE]\r\n\r\n" {
+		t.Errorf("crlf: %q", out)
+	}
+	f.Reset()
+	if f.Usage.Seen {
+		t.Error("Reset keeps usage")
+	}
+}
