@@ -1,0 +1,391 @@
+package admin
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/infera/infera/config"
+)
+
+// Options configures the configuration center. Fields map to `infera
+// serve` flags (see OptionsFromFlags).
+type Options struct {
+	// Store is the router's config store (required). Every change is
+	// applied through it.
+	Store *config.Store
+	// Addr is the admin listener's host:port; empty keeps the listener off.
+	Addr string
+	// Key authenticates admin requests ("Authorization: Bearer <key>").
+	// Empty keeps the listener off. It also seals the secrets of snapshots
+	// and of Redis (all replicas and restores must use the same key).
+	Key string
+	// KeyLabel names the key in the audit log (which flag gave it).
+	KeyLabel string
+	// State is "" (management data in the config file or in memory) or a
+	// redis:// or rediss:// URL (management data in Redis).
+	State string
+	// SnapshotDir is --persist-snapshot-dir: periodic snapshots, restored on
+	// start. With State redis it only seeds an empty Redis.
+	SnapshotDir string
+	// Backup returns the backup settings of a config (frequency and
+	// rotation). nil: config.DefaultBackup().
+	Backup func(*config.Config) config.Backup
+	// Fleet is the router's view for the fleet page; may be set later with
+	// SetFleet.
+	Fleet Fleet
+	// RedisPrefix prefixes every Redis key and channel. Default "infera:admin:".
+	RedisPrefix string
+	// SyncInterval is how often a replica checks the Redis version in case
+	// a pub/sub message was lost. Default 1s.
+	SyncInterval time.Duration
+	// AuditSize bounds the in-memory audit log. Default 1000.
+	AuditSize int
+}
+
+// OptionsFromFlags maps `infera serve` flags to Options.
+func OptionsFromFlags(f *config.Serve, store *config.Store) Options {
+	o := Options{Store: store, State: f.State, SnapshotDir: f.PersistSnapshotDir}
+	switch {
+	case f.AdminKey != "":
+		o.Key, o.KeyLabel = f.AdminKey, "admin-key"
+	case f.APIKey != "":
+		o.Key, o.KeyLabel = f.APIKey, "api-key"
+	}
+	if f.AdminPort != 0 {
+		o.Addr = net.JoinHostPort(f.AdminHost, strconv.Itoa(f.AdminPort))
+	}
+	return o
+}
+
+// Admin is the configuration center of one router process.
+type Admin struct {
+	o       Options
+	store   *config.Store
+	seal    *sealer
+	st      storage
+	keySum  [32]byte
+	fleet   atomic.Value // Fleet
+	audit   *auditLog
+	snaps   *snapshots // nil without a snapshot dir, or with Redis
+	started time.Time
+
+	mu      sync.Mutex // serializes changes made through the admin
+	pending atomic.Pointer[pendingChange]
+
+	ln   net.Listener
+	srv  *http.Server
+	stop chan struct{}
+	wg   sync.WaitGroup
+	once sync.Once
+}
+
+// pendingChange tells the store's change hook who made the change it sees.
+type pendingChange struct {
+	cfg    *config.Config
+	who    actor
+	action string
+}
+
+// actor is who made a change.
+type actor struct {
+	Who    string `json:"who"`
+	Remote string `json:"remote,omitempty"`
+}
+
+// storage is where management data lives: the config file or memory
+// (local), or Redis.
+type storage interface {
+	// commit stores c when the current version is ifVersion (0: any) and
+	// returns the new version. The store serves c when commit returns.
+	commit(c *config.Config, ifVersion uint64, who actor) (uint64, error)
+	// kind is file, memory or redis.
+	kind() string
+	start(a *Admin)
+	close()
+}
+
+// local keeps management data in the config file (written back
+// atomically) or in memory.
+type local struct{ store *config.Store }
+
+func (l local) commit(c *config.Config, ifVersion uint64, _ actor) (uint64, error) {
+	return l.store.Apply(c, ifVersion)
+}
+
+func (l local) kind() string {
+	if l.store.Path() != "" {
+		return "file"
+	}
+	return "memory"
+}
+func (local) start(*Admin) {}
+func (local) close()       {}
+
+// New builds the configuration center and brings the store up to date:
+// with Redis it loads (or seeds) the management data there; with a
+// snapshot directory and no config file it restores the newest good
+// snapshot. Call it right after config.Open, before anything reads the
+// store, then Start.
+func New(o Options) (*Admin, error) {
+	if o.Store == nil {
+		panic("BUG: admin.Options.Store is nil")
+	}
+	if o.Backup == nil {
+		o.Backup = func(*config.Config) config.Backup { return config.DefaultBackup() }
+	}
+	if o.RedisPrefix == "" {
+		o.RedisPrefix = "infera:admin:"
+	}
+	if o.SyncInterval <= 0 {
+		o.SyncInterval = time.Second
+	}
+	if o.AuditSize <= 0 {
+		o.AuditSize = 1000
+	}
+	if o.KeyLabel == "" {
+		o.KeyLabel = "admin-key"
+	}
+	a := &Admin{
+		o:       o,
+		store:   o.Store,
+		seal:    newSealer(o.Key),
+		audit:   newAuditLog(o.AuditSize),
+		started: time.Now(),
+		stop:    make(chan struct{}),
+	}
+	a.keySum = sha256.Sum256([]byte(o.Key))
+	if o.Fleet != nil {
+		a.fleet.Store(fleetBox{o.Fleet})
+	} else {
+		a.fleet.Store(fleetBox{noFleet{}})
+	}
+	if o.Key == "" && o.Addr != "" {
+		slog.Warn("admin API off: no --admin-key and no --api-key")
+	}
+	if o.Key == "" {
+		slog.Warn("no admin key: upstream keys in snapshots are stored in clear (set --admin-key to seal them)")
+	}
+	a.store.OnChange(a.onStoreChange)
+	switch {
+	case strings.HasPrefix(o.State, "redis://") || strings.HasPrefix(o.State, "rediss://"):
+		r, err := newRedisStorage(a)
+		if err != nil {
+			return nil, err
+		}
+		a.st = r
+		if o.SnapshotDir != "" {
+			slog.Info("periodic snapshots are off with --state redis (Redis keeps its own persistence); --persist-snapshot-dir only seeded an empty Redis", "dir", o.SnapshotDir)
+		}
+	case o.State != "":
+		return nil, fmt.Errorf("--state %q: want empty or redis://host:port[/db]", o.State)
+	default:
+		a.st = local{store: a.store}
+		if o.SnapshotDir != "" {
+			s, err := newSnapshots(o.SnapshotDir, a.seal)
+			if err != nil {
+				return nil, err
+			}
+			a.snaps = s
+			if a.store.Path() == "" {
+				if err := a.restoreNewest(); err != nil {
+					return nil, err
+				}
+			} else {
+				slog.Info("the config file is the source of truth at start; snapshots are backups (import one to restore it)", "config", a.store.Path(), "dir", o.SnapshotDir)
+			}
+		}
+	}
+	return a, nil
+}
+
+type fleetBox struct{ Fleet }
+
+// SetFleet gives the console the router's fleet view.
+func (a *Admin) SetFleet(f Fleet) {
+	if f == nil {
+		f = noFleet{}
+	}
+	a.fleet.Store(fleetBox{f})
+}
+
+func (a *Admin) fleetView() Fleet { return a.fleet.Load().(fleetBox).Fleet }
+
+// Start opens the admin listener (when an address and a key are set) and
+// starts the backup loop or the Redis sync.
+func (a *Admin) Start() error {
+	a.st.start(a)
+	if a.snaps != nil {
+		a.wg.Add(1)
+		go a.backupLoop()
+	}
+	if a.o.Addr == "" || a.o.Key == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", a.o.Addr)
+	if err != nil {
+		return fmt.Errorf("cannot listen on admin address %s: %w", a.o.Addr, err)
+	}
+	a.ln = ln
+	a.srv = &http.Server{
+		Handler:           a.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       60 * time.Second,
+		WriteTimeout:      60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          nil,
+	}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := a.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			slog.Error("admin listener stopped", "err", err)
+		}
+	}()
+	slog.Info("admin API and console listening", "addr", "http://"+ln.Addr().String()+"/", "storage", a.st.kind())
+	return nil
+}
+
+// Addr returns the listener's address (nil when off).
+func (a *Admin) Addr() net.Addr {
+	if a.ln == nil {
+		return nil
+	}
+	return a.ln.Addr()
+}
+
+// Close stops the listener and the loops, writing a last snapshot when the
+// data changed since the newest one.
+func (a *Admin) Close() error {
+	a.once.Do(func() {
+		close(a.stop)
+		if a.srv != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			a.srv.Shutdown(ctx)
+			cancel()
+		}
+		a.wg.Wait()
+		if a.snaps != nil {
+			if _, err := a.snapshot(kindAuto); err != nil {
+				slog.Error("cannot write the last snapshot at shutdown", "err", err)
+			}
+		}
+		a.st.close()
+	})
+	return nil
+}
+
+// checkKey compares a presented key with the admin key in constant time
+// (over fixed-length digests, so the length does not leak either).
+func (a *Admin) checkKey(k string) bool {
+	if a.o.Key == "" {
+		return false
+	}
+	sum := sha256.Sum256([]byte(k))
+	return subtle.ConstantTimeCompare(sum[:], a.keySum[:]) == 1
+}
+
+// etag is the version and a digest of the content, so a version number
+// from before a restart never matches a different config.
+func etag(c *config.Config, v uint64) string {
+	data, err := encodeRedacted(c)
+	if err != nil {
+		panic("BUG: " + err.Error())
+	}
+	sum := sha256.Sum256(data)
+	return `"` + strconv.FormatUint(v, 10) + "-" + hex.EncodeToString(sum[:6]) + `"`
+}
+
+// errConflict is a stale If-Match: someone changed the config in between.
+type errConflict struct {
+	have uint64
+	msg  string
+}
+
+func (e *errConflict) Error() string { return e.msg }
+
+// errUnavailable is a storage that cannot be reached.
+type errUnavailable struct{ err error }
+
+func (e *errUnavailable) Error() string { return "management storage unavailable: " + e.err.Error() }
+func (e *errUnavailable) Unwrap() error { return e.err }
+
+// change builds a new config from the current one with mutate and commits
+// it. ifVersion 0 bases the change on whatever is current (retrying when a
+// concurrent change lands first); otherwise a different current version is
+// a conflict. A change that changes nothing commits nothing.
+func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(doc map[string]any) error) (*config.Config, uint64, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		cur, ver := a.store.Current()
+		if ifVersion != 0 && ifVersion != ver {
+			return nil, 0, &errConflict{have: ver, msg: fmt.Sprintf("the config changed since version %d (now %d): reload and apply your change again", ifVersion, ver)}
+		}
+		clear, err := encodeClear(cur)
+		if err != nil {
+			return nil, 0, err
+		}
+		doc, err := decodeDoc(clear)
+		if err != nil {
+			return nil, 0, fmt.Errorf("BUG: current config does not decode: %w", err)
+		}
+		if err := mutate(doc); err != nil {
+			return nil, 0, err
+		}
+		next, err := a.seal.parseDoc(doc, cur)
+		if err != nil {
+			return nil, 0, err
+		}
+		if same(cur, next) {
+			return cur, ver, nil
+		}
+		a.pending.Store(&pendingChange{cfg: next, who: who, action: action})
+		nv, err := a.st.commit(next, ver, who)
+		a.pending.Store(nil)
+		var vc *config.VersionConflict
+		if errors.As(err, &vc) {
+			if ifVersion == 0 && attempt < 3 {
+				continue
+			}
+			return nil, 0, &errConflict{have: vc.Have, msg: vc.Error()}
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		return next, nv, nil
+	}
+}
+
+// same reports whether two configs encode identically.
+func same(x, y *config.Config) bool {
+	a, err1 := encodeClear(x)
+	b, err2 := encodeClear(y)
+	return err1 == nil && err2 == nil && bytes.Equal(a, b)
+}
+
+// onStoreChange runs under the store lock after every swap: it writes the
+// audit entry, naming the admin actor when the change came from here and
+// the file or another replica otherwise.
+func (a *Admin) onStoreChange(old, cur *config.Config) {
+	who, action := actor{Who: "config file"}, "reload"
+	if p := a.pending.Load(); p != nil && p.cfg == cur {
+		who, action = p.who, p.action
+	} else if a.st != nil && a.st.kind() == "redis" {
+		who, action = actor{Who: "another replica (redis)"}, "sync"
+	}
+	a.audit.record(who, action, a.store.Version(), old, cur)
+}

@@ -1,0 +1,556 @@
+package admin
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/infera/infera/config"
+)
+
+const maxBodyBytes = 4 << 20
+
+// Handler returns the admin API and console handler. Every /api/ path
+// needs "Authorization: Bearer <admin key>"; the console's static files do
+// not (they hold no data).
+func (a *Admin) Handler() http.Handler {
+	mux := http.NewServeMux()
+	api := func(pattern string, h func(w http.ResponseWriter, r *http.Request) error) {
+		mux.Handle(pattern, a.authed(h))
+	}
+	api("GET /api/version", a.getVersion)
+	api("GET /api/schema", a.getSchema)
+	api("GET /api/config", a.getConfig)
+	api("PUT /api/config", a.putConfig)
+	api("GET /api/config/{section}", a.getSection)
+	api("PUT /api/config/{section}", a.writeSection)
+	api("PATCH /api/config/{section}", a.writeSection)
+	api("GET /api/fleet", a.getFleet)
+	api("GET /api/rules", a.getRules)
+	api("GET /api/audit", a.getAudit)
+	api("GET /api/backup", a.getBackup)
+	api("POST /api/backup", a.postBackup)
+	api("GET /api/backup/export", a.getExport)
+	api("GET /api/backup/snapshots/{name}", a.getSnapshot)
+	api("POST /api/backup/import", a.postImport)
+	a.userRoutes(api)
+	mux.Handle("/api/", a.authed(func(w http.ResponseWriter, r *http.Request) error {
+		return &httpError{status: http.StatusNotFound, msg: "no such endpoint: " + r.Method + " " + r.URL.Path}
+	}))
+	mux.Handle("/", consoleHandler())
+	return securityHeaders(mux)
+}
+
+// httpError is an error with its status.
+type httpError struct {
+	status int
+	msg    string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tok, ok := bearer(r.Header.Get("Authorization"))
+		if !ok || !a.checkKey(tok) {
+			// The presented key is never logged or echoed.
+			slog.Warn("admin request refused: bad or missing key", "remote", r.RemoteAddr, "path", r.URL.Path)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="infera admin"`)
+			writeJSON(w, http.StatusUnauthorized, errBody("", "missing or wrong admin key: send Authorization: Bearer <admin key>"))
+			return
+		}
+		if err := h(w, r); err != nil {
+			a.writeErr(w, err)
+		}
+	})
+}
+
+func bearer(h string) (string, bool) {
+	const p = "bearer "
+	if len(h) < len(p) || !strings.EqualFold(h[:len(p)], p) {
+		return "", false
+	}
+	return strings.TrimSpace(h[len(p):]), true
+}
+
+func (a *Admin) who(r *http.Request) actor {
+	return actor{Who: a.o.KeyLabel, Remote: r.RemoteAddr}
+}
+
+func securityHeaders(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hd := w.Header()
+		hd.Set("X-Content-Type-Options", "nosniff")
+		hd.Set("X-Frame-Options", "DENY")
+		hd.Set("Referrer-Policy", "no-referrer")
+		hd.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'")
+		if strings.HasPrefix(r.URL.Path, "/api/") {
+			hd.Set("Cache-Control", "no-store")
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+type errorJSON struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Path    string `json:"path,omitempty"`
+	Message string `json:"message"`
+	// Version is the current version on a 409.
+	Version uint64 `json:"version,omitempty"`
+}
+
+func errBody(path, msg string) errorJSON {
+	return errorJSON{Error: errorDetail{Path: path, Message: msg}}
+}
+
+func (a *Admin) writeErr(w http.ResponseWriter, err error) {
+	var fe *config.FieldError
+	var he *httpError
+	var ce *errConflict
+	var ue *errUnavailable
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &ce):
+		cur, ver := a.store.Current()
+		w.Header().Set("ETag", etag(cur, ver))
+		b := errBody("", ce.msg)
+		b.Error.Version = ce.have
+		writeJSON(w, http.StatusConflict, b)
+	case errors.As(err, &fe):
+		writeJSON(w, http.StatusBadRequest, errBody(fe.Path, fe.Msg))
+	case errors.As(err, &he):
+		writeJSON(w, he.status, errBody("", he.msg))
+	case errors.As(err, &mbe):
+		writeJSON(w, http.StatusRequestEntityTooLarge, errBody("", fmt.Sprintf("body larger than %d bytes", mbe.Limit)))
+	case errors.As(err, &ue):
+		writeJSON(w, http.StatusServiceUnavailable, errBody("", ue.Error()))
+	default:
+		slog.Error("admin request failed", "err", err)
+		writeJSON(w, http.StatusInternalServerError, errBody("", err.Error()))
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		status, data = http.StatusInternalServerError, []byte(`{"error":{"message":"cannot encode the answer"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(data, '\n'))
+}
+
+func writeRaw(w http.ResponseWriter, status int, data []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(data, '\n'))
+}
+
+// readBody reads a bounded request body.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	return io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+}
+
+// decodeAny decodes one JSON value keeping numbers exact.
+func decodeAny(data []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, &config.FieldError{Msg: "cannot parse the body as JSON: " + err.Error()}
+	}
+	if dec.More() {
+		return nil, &config.FieldError{Msg: "unexpected data after the JSON value"}
+	}
+	return v, nil
+}
+
+// ifMatch checks the request's If-Match against the current version and
+// returns the version the write is based on (0: no precondition, only with
+// required false). A stale ETag is a conflict; a missing one on a required
+// write is 428.
+func (a *Admin) ifMatch(r *http.Request, required bool) (uint64, error) {
+	h := strings.TrimSpace(r.Header.Get("If-Match"))
+	if h == "" {
+		if required {
+			return 0, &httpError{status: http.StatusPreconditionRequired, msg: "send If-Match with the ETag of your last GET (or If-Match: * to overwrite whatever is current)"}
+		}
+		return 0, nil
+	}
+	if h == "*" {
+		return 0, nil
+	}
+	cur, ver := a.store.Current()
+	for _, t := range strings.Split(h, ",") {
+		if strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(t), "W/")) == etag(cur, ver) {
+			return ver, nil
+		}
+	}
+	want := uint64(0)
+	if v, _, ok := strings.Cut(strings.Trim(strings.TrimSpace(h), `"`), "-"); ok {
+		want, _ = strconv.ParseUint(v, 10, 64)
+	}
+	msg := fmt.Sprintf("the config changed since your version (now %d): reload and apply your change again", ver)
+	if want == ver {
+		msg = fmt.Sprintf("your ETag is for a different config with the same version number %d (a restart in between?): reload and apply your change again", ver)
+	}
+	return 0, &errConflict{have: ver, msg: msg}
+}
+
+func setVersionHeaders(w http.ResponseWriter, c *config.Config, v uint64) {
+	w.Header().Set("ETag", etag(c, v))
+	w.Header().Set("X-Config-Version", strconv.FormatUint(v, 10))
+}
+
+// sections returns the JSON names of config.Config's fields, in order.
+func sections() []string {
+	t := reflect.TypeFor[config.Config]()
+	var out []string
+	for i := 0; i < t.NumField(); i++ {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		if name != "" && name != "-" {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+func isSection(name string) bool {
+	for _, s := range sections() {
+		if s == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Version is the answer of GET /api/version.
+type Version struct {
+	Version uint64 `json:"version"`
+	ETag    string `json:"etag"`
+	// Storage is file, memory or redis.
+	Storage    string `json:"storage"`
+	ConfigPath string `json:"config_path,omitempty"`
+	// Snapshots is true with --persist-snapshot-dir (and no Redis).
+	Snapshots bool      `json:"snapshots"`
+	Started   time.Time `json:"started"`
+	KeyLabel  string    `json:"key_label"`
+}
+
+func (a *Admin) getVersion(w http.ResponseWriter, r *http.Request) error {
+	c, v := a.store.Current()
+	setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusOK, Version{Version: v, ETag: etag(c, v), Storage: a.st.kind(), ConfigPath: a.store.Path(),
+		Snapshots: a.snaps != nil, Started: a.started, KeyLabel: a.o.KeyLabel})
+	return nil
+}
+
+func (a *Admin) getConfig(w http.ResponseWriter, r *http.Request) error {
+	c, v := a.store.Current()
+	data, err := encodeRedacted(c)
+	if err != nil {
+		return err
+	}
+	setVersionHeaders(w, c, v)
+	writeRaw(w, http.StatusOK, data)
+	return nil
+}
+
+func (a *Admin) putConfig(w http.ResponseWriter, r *http.Request) error {
+	base, err := a.ifMatch(r, true)
+	if err != nil {
+		return err
+	}
+	body, err := readBody(w, r, maxBodyBytes)
+	if err != nil {
+		return err
+	}
+	in, err := decodeDoc(body)
+	if err != nil {
+		return err
+	}
+	c, v, err := a.change(a.who(r), "PUT config", base, func(doc map[string]any) error {
+		clear(doc)
+		for k, val := range in {
+			doc[k] = val
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	data, err := encodeRedacted(c)
+	if err != nil {
+		return err
+	}
+	setVersionHeaders(w, c, v)
+	writeRaw(w, http.StatusOK, data)
+	return nil
+}
+
+// sectionOf returns section name of c's redacted encoding.
+func sectionOf(c *config.Config, name string) (json.RawMessage, error) {
+	data, err := encodeRedacted(c)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, err
+	}
+	return m[name], nil
+}
+
+func (a *Admin) getSection(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("section")
+	if !isSection(name) {
+		return &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no config section %q (sections: %s)", name, strings.Join(sections(), ", "))}
+	}
+	c, v := a.store.Current()
+	sec, err := sectionOf(c, name)
+	if err != nil {
+		return err
+	}
+	setVersionHeaders(w, c, v)
+	writeRaw(w, http.StatusOK, sec)
+	return nil
+}
+
+// writeSection is PUT (replace the section: omitted settings take their
+// defaults) and PATCH (JSON merge patch, RFC 7386: only the settings given
+// change; null removes a setting, which restores its default).
+func (a *Admin) writeSection(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("section")
+	if !isSection(name) {
+		return &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no config section %q (sections: %s)", name, strings.Join(sections(), ", "))}
+	}
+	base, err := a.ifMatch(r, true)
+	if err != nil {
+		return err
+	}
+	body, err := readBody(w, r, maxBodyBytes)
+	if err != nil {
+		return err
+	}
+	in, err := decodeAny(body)
+	if err != nil {
+		return err
+	}
+	c, v, err := a.change(a.who(r), r.Method+" "+name, base, func(doc map[string]any) error {
+		if r.Method == http.MethodPatch {
+			doc[name] = mergePatch(doc[name], in)
+		} else {
+			doc[name] = in
+		}
+		if doc[name] == nil {
+			delete(doc, name)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	sec, err := sectionOf(c, name)
+	if err != nil {
+		return err
+	}
+	setVersionHeaders(w, c, v)
+	writeRaw(w, http.StatusOK, sec)
+	return nil
+}
+
+// mergePatch applies an RFC 7386 JSON merge patch.
+func mergePatch(target, patch any) any {
+	p, ok := patch.(map[string]any)
+	if !ok {
+		return patch
+	}
+	t, ok := target.(map[string]any)
+	if !ok {
+		t = map[string]any{}
+	}
+	for k, v := range p {
+		if v == nil {
+			delete(t, k)
+			continue
+		}
+		t[k] = mergePatch(t[k], v)
+	}
+	return t
+}
+
+func (a *Admin) getFleet(w http.ResponseWriter, r *http.Request) error {
+	ws := a.fleetView().Workers()
+	if ws == nil {
+		ws = []WorkerInfo{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"workers": ws, "time": time.Now().UTC()})
+	return nil
+}
+
+func (a *Admin) getRules(w http.ResponseWriter, r *http.Request) error {
+	rs := a.fleetView().RuleHits()
+	if rs == nil {
+		rs = []RuleHit{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"rules": rs, "time": time.Now().UTC()})
+	return nil
+}
+
+func (a *Admin) getAudit(w http.ResponseWriter, r *http.Request) error {
+	limit := 100
+	if s := r.URL.Query().Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			return &httpError{status: http.StatusBadRequest, msg: "limit: want a positive number"}
+		}
+		limit = n
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"entries": a.audit.list(limit)})
+	return nil
+}
+
+// Backup is the answer of GET /api/backup.
+type Backup struct {
+	// Mode is snapshots (--persist-snapshot-dir), redis, or off.
+	Mode      string         `json:"mode"`
+	Dir       string         `json:"dir,omitempty"`
+	Settings  config.Backup  `json:"settings"`
+	Snapshots []SnapshotInfo `json:"snapshots"`
+}
+
+func (a *Admin) getBackup(w http.ResponseWriter, r *http.Request) error {
+	b := Backup{Mode: "off", Settings: a.o.Backup(a.store.Load()), Snapshots: []SnapshotInfo{}}
+	switch {
+	case a.st.kind() == "redis":
+		b.Mode = "redis"
+	case a.snaps != nil:
+		b.Mode, b.Dir = "snapshots", a.snaps.dir
+		list, err := a.snaps.list()
+		if err != nil {
+			return err
+		}
+		b.Snapshots = append(b.Snapshots, list...)
+	}
+	writeJSON(w, http.StatusOK, b)
+	return nil
+}
+
+func (a *Admin) postBackup(w http.ResponseWriter, r *http.Request) error {
+	if a.snaps == nil {
+		return &httpError{status: http.StatusConflict, msg: "no snapshot directory (start with --persist-snapshot-dir; with --state redis, Redis keeps the data): use Export to download a snapshot"}
+	}
+	info, err := a.snapshot(kindManual)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, info)
+	return nil
+}
+
+func (a *Admin) getExport(w http.ResponseWriter, r *http.Request) error {
+	c, v := a.store.Current()
+	now := time.Now().UTC()
+	data, err := a.seal.encodeSnapshot(c, v, kindExport, now)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Disposition", `attachment; filename="infera-snapshot-`+now.Format(snapshotTimeLayout)+`.json"`)
+	setVersionHeaders(w, c, v)
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(data)
+	return nil
+}
+
+func (a *Admin) getSnapshot(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	if a.snaps == nil || !snapshotName.MatchString(name) {
+		return &httpError{status: http.StatusNotFound, msg: "no such snapshot"}
+	}
+	http.ServeFile(w, r, a.snaps.dir+"/"+name)
+	return nil
+}
+
+// postImport restores an uploaded snapshot: it is checked whole (format,
+// checksum, every setting) before anything changes; with a snapshot
+// directory the current data is first saved as a manual snapshot. With
+// --state redis this is "Import to Redis": every replica takes it.
+// ?dry_run=1 only validates and lists what would change.
+func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
+	base, err := a.ifMatch(r, false)
+	if err != nil {
+		return err
+	}
+	body, err := readBody(w, r, maxSnapshotBytes)
+	if err != nil {
+		return err
+	}
+	in, f, err := decodeSnapshot(body)
+	if err != nil {
+		return err
+	}
+	cur, _ := a.store.Current()
+	next, err := a.seal.parseDoc(in, cur)
+	if err != nil {
+		var fe *config.FieldError
+		if errors.As(err, &fe) {
+			fe.Path = join("config", fe.Path)
+		}
+		return err
+	}
+	if r.URL.Query().Get("dry_run") == "1" {
+		writeJSON(w, http.StatusOK, map[string]any{"valid": true, "snapshot_version": f.Version, "changes": diff(cur, next)})
+		return nil
+	}
+	if a.snaps != nil {
+		if _, err := a.snapshot(kindManual); err != nil {
+			return fmt.Errorf("cannot save the current data before the import (nothing changed): %w", err)
+		}
+	}
+	// Import the exact document checked above (sealed secrets opened).
+	clearDoc, err := encodeClear(next)
+	if err != nil {
+		return err
+	}
+	nd, err := decodeDoc(clearDoc)
+	if err != nil {
+		return err
+	}
+	c, v, err := a.change(a.who(r), "import", base, func(doc map[string]any) error {
+		clear(doc)
+		for k, val := range nd {
+			doc[k] = val
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusOK, map[string]any{"version": v, "etag": etag(c, v), "storage": a.st.kind()})
+	return nil
+}
+
+// decodeStrictInto decodes a JSON object into v, refusing unknown fields.
+func decodeStrictInto(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			return &config.FieldError{Path: strings.Trim(f, `"`), Msg: "unknown field " + f}
+		}
+		return &config.FieldError{Msg: "cannot parse the body: " + err.Error()}
+	}
+	return nil
+}

@@ -1,0 +1,388 @@
+package admin
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/infera/infera/config"
+)
+
+func TestAdminKeyRequiredAndNeverLogged(t *testing.T) {
+	logs := captureLogs(t)
+	e := newEnv(t, envOpts{})
+	for _, auth := range []string{"", "Bearer wrong-key", "Bearer " + testKey + "x", "Basic " + testKey, testKey} {
+		r := e.do("GET", "/api/config", "", "Authorization", auth)
+		if r.status != http.StatusUnauthorized {
+			t.Fatalf("auth %q: got %d", auth, r.status)
+		}
+		if strings.Contains(string(r.body), "wrong-key") {
+			t.Fatal("presented key echoed")
+		}
+	}
+	if r := e.do("GET", "/api/config", ""); r.status != 200 {
+		t.Fatalf("right key: %d %s", r.status, r.body)
+	}
+	if r := e.do("GET", "/api/config", "", "Authorization", "bearer "+testKey); r.status != 200 {
+		t.Fatalf("scheme is case-insensitive: %d", r.status)
+	}
+	if strings.Contains(logs.String(), testKey) || strings.Contains(logs.String(), "wrong-key") {
+		t.Fatal("a key reached the log")
+	}
+	// The console's files need no key (they hold no data).
+	res, err := http.Get(e.srv.URL + "/")
+	if err != nil || res.StatusCode != 200 {
+		t.Fatalf("console: %v %v", res, err)
+	}
+	res.Body.Close()
+	if r := e.do("GET", "/api/nope", ""); r.status != 404 {
+		t.Fatalf("unknown endpoint: %d", r.status)
+	}
+}
+
+func TestListenerOffWithoutKey(t *testing.T) {
+	a, err := New(Options{Store: config.NewStore("", nil), Addr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if a.Addr() != nil {
+		t.Fatal("admin listener started without a key")
+	}
+	if a.checkKey("") {
+		t.Fatal("empty key accepted")
+	}
+}
+
+func TestListenerServesOnItsAddress(t *testing.T) {
+	a, err := New(Options{Store: config.NewStore("", nil), Addr: "127.0.0.1:0", Key: testKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	req, _ := http.NewRequest("GET", "http://"+a.Addr().String()+"/api/version", nil)
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil || res.StatusCode != 200 {
+		t.Fatalf("%v %v", res, err)
+	}
+	res.Body.Close()
+}
+
+func TestGetWholeConfigAndEachSection(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	r := e.do("GET", "/api/config", "")
+	if r.status != 200 || r.etag == "" || r.hdr.Get("X-Config-Version") != "1" {
+		t.Fatalf("%d %q %s", r.status, r.etag, r.body)
+	}
+	whole := r.json(t)
+	for _, s := range sections() {
+		r := e.do("GET", "/api/config/"+s, "")
+		if r.status != 200 {
+			t.Fatalf("section %s: %d %s", s, r.status, r.body)
+		}
+		if _, ok := whole[s]; !ok {
+			t.Fatalf("section %s missing from the whole config", s)
+		}
+	}
+	if r := e.do("GET", "/api/config/nope", ""); r.status != 404 {
+		t.Fatalf("unknown section: %d", r.status)
+	}
+	sa := e.do("GET", "/api/config/session_affinity", "").json(t)
+	if sa["ttl_s"] != float64(1800) || sa["header"] != "X-Session-Id" {
+		t.Fatalf("defaults: %v", sa)
+	}
+}
+
+func TestValidationErrorsPointAtTheField(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	f := func(section, body, wantPath string) {
+		t.Helper()
+		r := e.put(section, body, http.StatusBadRequest)
+		if p, msg := r.errPath(t); p != wantPath || msg == "" {
+			t.Fatalf("%s %s: error at %q (%s), want %q", section, body, p, msg, wantPath)
+		}
+	}
+	f("session_affinity", `{"enabled":true,"ttl_s":-5}`, "session_affinity.ttl_s")
+	f("session_affinity", `{"mode":"sticky"}`, "session_affinity.mode")
+	f("session_affinity", `{"bogus":1}`, "session_affinity.bogus")
+	f("session_affinity", `{"ttl_s":"long"}`, "session_affinity.ttl_s")
+	f("session_affinity", `[1]`, "session_affinity")
+	f("session_affinity", `{"max_entries":1.5}`, "session_affinity.max_entries")
+	f("canary", `{"enabled":true,"rules":[{"model":"*","targets":[{"service":"a","weight":1},{"service":"b","weight":"x"}]}]}`, "canary.rules[0].targets[1].weight")
+	f("canary", `{"rules":[{"model":"*","targets":[{"service":"a","weight":1,"colour":2}]}]}`, "canary.rules[0].targets[0].colour")
+	f("canary", `{"rules":[{"model":"","targets":[{"service":"a","weight":1}]}]}`, "canary.rules[0].model")
+	f("workers", `[{"url":"ftp://x"}]`, "workers[0].url")
+	r := e.put("session_affinity", `{"ttl_s":`, http.StatusBadRequest)
+	if _, msg := r.errPath(t); !strings.Contains(msg, "JSON") {
+		t.Fatalf("syntax error: %s", msg)
+	}
+	if v := e.a.store.Version(); v != 1 {
+		t.Fatalf("refused writes changed the version to %d", v)
+	}
+}
+
+func TestSectionWriteAppliesAtomically(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	before := e.store.Load()
+	r := e.put("session_affinity", `{"enabled":true,"require_session_id":true,"ttl_s":60}`, 200)
+	got := e.store.Load()
+	if !got.SessionAffinity.Enabled || !got.SessionAffinity.RequireSessionID || got.SessionAffinity.TTLSeconds != 60 {
+		t.Fatalf("not applied: %+v", got.SessionAffinity)
+	}
+	// PUT replaces the section: omitted settings take their defaults.
+	if got.SessionAffinity.MaxEntries != 100000 || got.SessionAffinity.Header != "X-Session-Id" {
+		t.Fatalf("omitted settings: %+v", got.SessionAffinity)
+	}
+	if before == got || before.SessionAffinity.Enabled {
+		t.Fatal("the old snapshot was mutated instead of swapped")
+	}
+	if r.hdr.Get("X-Config-Version") != "2" {
+		t.Fatalf("version %q", r.hdr.Get("X-Config-Version"))
+	}
+	// PATCH changes only what it names.
+	r = e.do("PATCH", "/api/config/session_affinity", `{"ttl_s":90}`, "If-Match", e.etag())
+	if r.status != 200 {
+		t.Fatalf("patch: %d %s", r.status, r.body)
+	}
+	sa := e.store.Load().SessionAffinity
+	if sa.TTLSeconds != 90 || !sa.RequireSessionID {
+		t.Fatalf("patch: %+v", sa)
+	}
+	// A write that changes nothing makes no version.
+	v := e.store.Version()
+	e.do("PATCH", "/api/config/session_affinity", `{"ttl_s":90}`, "If-Match", e.etag())
+	if e.store.Version() != v {
+		t.Fatal("a no-op write made a version")
+	}
+	// The whole document can be replaced too.
+	r = e.do("PUT", "/api/config", `{"load_balancing":{"algorithm":"round-robin"}}`, "If-Match", e.etag())
+	if r.status != 200 || e.store.Load().LoadBalancing.Algorithm != "round-robin" || e.store.Load().SessionAffinity.Enabled {
+		t.Fatalf("whole PUT: %d %s", r.status, r.body)
+	}
+}
+
+func TestStaleVersionConflicts(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	old := e.etag()
+	if r := e.do("PUT", "/api/config/load_balancing", `{"algorithm":"round-robin"}`, "If-Match", old); r.status != 200 {
+		t.Fatalf("first write: %d %s", r.status, r.body)
+	}
+	// The second operator still holds the old ETag.
+	r := e.do("PUT", "/api/config/load_balancing", `{"algorithm":"least-tokens"}`, "If-Match", old)
+	if r.status != http.StatusConflict {
+		t.Fatalf("stale write: %d %s", r.status, r.body)
+	}
+	if r.etag == "" || r.json(t)["error"].(map[string]any)["version"] != float64(2) {
+		t.Fatalf("conflict answer lacks the current version: %s", r.body)
+	}
+	if e.store.Load().LoadBalancing.Algorithm != "round-robin" {
+		t.Fatal("the stale write was applied")
+	}
+	if r := e.do("PUT", "/api/config/load_balancing", `{"algorithm":"least-tokens"}`); r.status != http.StatusPreconditionRequired {
+		t.Fatalf("write without If-Match: %d", r.status)
+	}
+	// An ETag of the same version number but other content (a restart in
+	// between) does not match either.
+	fake := `"2-000000000000"`
+	if r := e.do("PUT", "/api/config/load_balancing", `{"algorithm":"least-tokens"}`, "If-Match", fake); r.status != http.StatusConflict {
+		t.Fatalf("same version, other content: %d", r.status)
+	}
+	if r := e.do("PUT", "/api/config/load_balancing", `{"algorithm":"least-tokens"}`, "If-Match", "*"); r.status != 200 {
+		t.Fatalf("If-Match *: %d", r.status)
+	}
+}
+
+func TestAPIWriteGoesBackToTheConfigFile(t *testing.T) {
+	e := newEnv(t, envOpts{file: `{"load_balancing":{"algorithm":"round-robin"}}`})
+	e.put("session_affinity", `{"enabled":true,"ttl_s":42}`, 200)
+	s2, err := config.Open(e.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := s2.Load()
+	if !c.SessionAffinity.Enabled || c.SessionAffinity.TTLSeconds != 42 || c.LoadBalancing.Algorithm != "round-robin" {
+		t.Fatalf("restart lost the write: %+v %+v", c.SessionAffinity, c.LoadBalancing)
+	}
+	fi, _ := os.Stat(e.path)
+	if fi.Mode().Perm() != 0o600 {
+		t.Fatalf("file permissions changed to %v", fi.Mode())
+	}
+}
+
+func TestHandEditMakesAStaleAPIWriteConflict(t *testing.T) {
+	e := newEnv(t, envOpts{file: `{}`})
+	tag := e.etag()
+	if err := os.WriteFile(e.path, []byte(`{"load_balancing":{"algorithm":"least-tokens"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := e.do("PUT", "/api/config/session_affinity", `{"enabled":true}`, "If-Match", tag)
+	if r.status != http.StatusConflict {
+		t.Fatalf("API write over an unseen hand edit: %d %s", r.status, r.body)
+	}
+	if e.store.Load().LoadBalancing.Algorithm != "least-tokens" || e.store.Load().SessionAffinity.Enabled {
+		t.Fatal("hand edit lost or API write applied")
+	}
+	// With the fresh ETag the write goes through and keeps the hand edit.
+	e.put("session_affinity", `{"enabled":true}`, 200)
+	c, _ := config.ReadFile(e.path)
+	if c.LoadBalancing.Algorithm != "least-tokens" || !c.SessionAffinity.Enabled {
+		t.Fatal("file does not hold both changes")
+	}
+	// A reload of a hand edit is audited as the file's doing.
+	entries := e.a.audit.list(10)
+	found := false
+	for _, en := range entries {
+		if en.Who == "config file" && len(en.Changes) > 0 && en.Changes[0].Path == "load_balancing.algorithm" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("hand edit not audited: %+v", entries)
+	}
+}
+
+const proxiesDoc = `{"split_proxy":{"enabled":true,"strategy":"weight","proxies":[
+	{"name":"local","local":true,"weight":3},
+	{"name":"ext-a","address":"http://127.0.0.1:9","api_key":"sk-secret-a-111","weight":1},
+	{"name":"ext-b","address":"http://127.0.0.1:10","api_key":"sk-secret-b-222","weight":1}]}}`
+
+func TestSecretsAreRedactedAndKeptByFingerprint(t *testing.T) {
+	logs := captureLogs(t)
+	e := newEnv(t, envOpts{file: proxiesDoc})
+	r := e.do("GET", "/api/config/split_proxy", "")
+	if strings.Contains(string(r.body), "sk-secret") {
+		t.Fatalf("secret in an API answer: %s", r.body)
+	}
+	var sp struct {
+		Proxies []map[string]any `json:"proxies"`
+	}
+	json.Unmarshal(r.body, &sp)
+	keyA := sp.Proxies[1]["api_key"].(string)
+	if !strings.HasPrefix(keyA, "***") || len(keyA) != 11 {
+		t.Fatalf("redacted form %q", keyA)
+	}
+	// The operator swaps the two external proxies and changes a weight,
+	// sending the redacted keys back: each key follows its proxy.
+	sp.Proxies[1], sp.Proxies[2] = sp.Proxies[2], sp.Proxies[1]
+	sp.Proxies[0]["weight"] = 5
+	body, _ := json.Marshal(map[string]any{"enabled": true, "strategy": "weight", "proxies": sp.Proxies})
+	e.put("split_proxy", string(body), 200)
+	got := e.store.Load().SplitProxy.Proxies
+	if got[1].Name != "ext-b" || got[1].APIKey.Reveal() != "sk-secret-b-222" || got[2].APIKey.Reveal() != "sk-secret-a-111" {
+		t.Fatalf("keys did not follow their proxies: %s=%s %s=%s", got[1].Name, got[1].APIKey.Reveal(), got[2].Name, got[2].APIKey.Reveal())
+	}
+	// A new key in clear replaces; a fingerprint matching nothing is refused.
+	sp.Proxies[1]["api_key"] = "sk-new-333"
+	body, _ = json.Marshal(map[string]any{"enabled": true, "strategy": "weight", "proxies": sp.Proxies})
+	e.put("split_proxy", string(body), 200)
+	if e.store.Load().SplitProxy.Proxies[1].APIKey.Reveal() != "sk-new-333" {
+		t.Fatal("new key not applied")
+	}
+	sp.Proxies[2]["api_key"] = "***deadbeef"
+	body, _ = json.Marshal(map[string]any{"enabled": true, "strategy": "weight", "proxies": sp.Proxies})
+	r = e.put("split_proxy", string(body), 400)
+	if p, _ := r.errPath(t); p != "split_proxy.proxies[2].api_key" {
+		t.Fatalf("unknown fingerprint error at %q", p)
+	}
+	// The file keeps the keys (it is where they live); the audit log and
+	// the log lines never show them.
+	data, _ := os.ReadFile(e.path)
+	if !strings.Contains(string(data), "sk-new-333") || !strings.Contains(string(data), "sk-secret-a-111") {
+		t.Fatalf("config file lost a key:\n%s", data)
+	}
+	audit := e.do("GET", "/api/audit", "")
+	for _, s := range []string{"sk-new-333", "sk-secret-a-111", "sk-secret-b-222"} {
+		if strings.Contains(string(audit.body), s) || strings.Contains(logs.String(), s) {
+			t.Fatalf("secret %s in the audit log or a log line", s)
+		}
+	}
+	if !strings.Contains(string(audit.body), "split_proxy.proxies[1].api_key") {
+		t.Fatalf("key change not audited: %s", audit.body)
+	}
+}
+
+func TestAuditRecordsWhoWhenWhat(t *testing.T) {
+	logs := captureLogs(t)
+	e := newEnv(t, envOpts{})
+	e.put("session_affinity", `{"enabled":true,"ttl_s":60}`, 200)
+	r := e.do("GET", "/api/audit?limit=5", "")
+	var out struct {
+		Entries []AuditEntry `json:"entries"`
+	}
+	json.Unmarshal(r.body, &out)
+	if len(out.Entries) != 1 {
+		t.Fatalf("entries: %s", r.body)
+	}
+	en := out.Entries[0]
+	if en.Who != "admin-key" || !strings.HasPrefix(en.Remote, "127.0.0.1:") || en.Action != "PUT session_affinity" || en.Version != 2 || en.Time.IsZero() {
+		t.Fatalf("entry: %+v", en)
+	}
+	want := map[string][2]string{"session_affinity.enabled": {"false", "true"}, "session_affinity.ttl_s": {"1800", "60"}}
+	if len(en.Changes) != 2 {
+		t.Fatalf("changes: %+v", en.Changes)
+	}
+	for _, c := range en.Changes {
+		if w := want[c.Path]; w[0] != c.Old || w[1] != c.New {
+			t.Fatalf("change %+v", c)
+		}
+	}
+	if !strings.Contains(logs.String(), `msg="config changed" who=admin-key`) {
+		t.Fatalf("no structured audit line:\n%s", logs.String())
+	}
+	if r := e.do("GET", "/api/audit?limit=x", ""); r.status != 400 {
+		t.Fatalf("bad limit: %d", r.status)
+	}
+}
+
+func TestAuditLogIsBounded(t *testing.T) {
+	l := newAuditLog(3)
+	a, b := config.Default(), config.Default()
+	b.Debug.DecisionHeader = true
+	for i := 0; i < 5; i++ {
+		l.record(actor{Who: "x"}, "a", uint64(i), a, b)
+	}
+	got := l.list(0)
+	if len(got) != 3 || got[0].Version != 4 || got[2].Version != 2 {
+		t.Fatalf("ring: %+v", got)
+	}
+}
+
+func TestFleetAndRuleHits(t *testing.T) {
+	ff := &fakeFleet{
+		workers: []WorkerInfo{{ID: "w1", URL: "http://127.0.0.1:1", Role: "mixed", Status: "routable", Breaker: "closed", ActiveRequests: 3, KVBlocks: 12, HitRate: 0.5}},
+		rules:   []RuleHit{{Rule: "user_limit.templates[gold].rate.rpm", Result: "would_block", DryRun: true, Count: 7}},
+	}
+	e := newEnv(t, envOpts{})
+	if r := e.do("GET", "/api/fleet", ""); r.status != 200 || !strings.Contains(string(r.body), `"workers":[]`) {
+		t.Fatalf("fleet before the router gives one: %d %s", r.status, r.body)
+	}
+	e.a.SetFleet(ff)
+	var fl struct{ Workers []WorkerInfo }
+	json.Unmarshal(e.do("GET", "/api/fleet", "").body, &fl)
+	if len(fl.Workers) != 1 || fl.Workers[0].KVBlocks != 12 || fl.Workers[0].HitRate != 0.5 {
+		t.Fatalf("fleet: %+v", fl)
+	}
+	var rh struct{ Rules []RuleHit }
+	json.Unmarshal(e.do("GET", "/api/rules", "").body, &rh)
+	if len(rh.Rules) != 1 || rh.Rules[0].Count != 7 || !rh.Rules[0].DryRun {
+		t.Fatalf("rules: %+v", rh)
+	}
+}
+
+func TestBodyLimits(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	big := `{"header":"` + strings.Repeat("a", maxBodyBytes) + `"}`
+	r := e.do("PUT", "/api/config/session_affinity", big, "If-Match", "*")
+	if r.status != http.StatusRequestEntityTooLarge {
+		t.Fatalf("oversized body: %d", r.status)
+	}
+}

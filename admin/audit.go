@@ -1,0 +1,175 @@
+package admin
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/infera/infera/config"
+)
+
+// Bounds of one audit entry.
+const (
+	maxAuditChanges = 200
+	maxAuditValue   = 512
+)
+
+// AuditEntry is one change of the management data.
+type AuditEntry struct {
+	Time time.Time `json:"time"`
+	// Who is the admin key's label (admin-key or api-key), "config file"
+	// for a hand edit, or "another replica (redis)".
+	Who    string `json:"who"`
+	Remote string `json:"remote,omitempty"`
+	// Action says what was done: "PUT session_affinity", "create user
+	// alice", "import snapshot-....json", "reload", "sync".
+	Action  string   `json:"action"`
+	Version uint64   `json:"version"`
+	Changes []Change `json:"changes"`
+	// More counts changes left out of Changes.
+	More int `json:"more,omitempty"`
+}
+
+// Change is one setting that changed. Secrets appear only in redacted
+// form (***fingerprint) and user key hashes by key id.
+type Change struct {
+	Path string `json:"path"`
+	Old  string `json:"old"`
+	New  string `json:"new"`
+}
+
+// auditLog is a bounded ring of the latest entries.
+type auditLog struct {
+	mu      sync.Mutex
+	entries []AuditEntry
+	next    int
+	full    bool
+}
+
+func newAuditLog(n int) *auditLog { return &auditLog{entries: make([]AuditEntry, n)} }
+
+func (l *auditLog) record(who actor, action string, version uint64, old, cur *config.Config) {
+	changes := diff(old, cur)
+	e := AuditEntry{Time: time.Now().UTC(), Who: who.Who, Remote: who.Remote, Action: action, Version: version}
+	if len(changes) > maxAuditChanges {
+		e.More = len(changes) - maxAuditChanges
+		changes = changes[:maxAuditChanges]
+	}
+	e.Changes = changes
+	logged := make([]string, 0, min(len(changes), 20))
+	for _, c := range changes[:min(len(changes), 20)] {
+		logged = append(logged, c.Path+": "+c.Old+" -> "+c.New)
+	}
+	slog.Info("config changed", "who", e.Who, "remote", e.Remote, "action", e.Action, "version", version,
+		"changed", len(changes)+e.More, "changes", logged)
+	l.mu.Lock()
+	l.entries[l.next] = e
+	l.next = (l.next + 1) % len(l.entries)
+	if l.next == 0 {
+		l.full = true
+	}
+	l.mu.Unlock()
+}
+
+// list returns up to limit entries, newest first.
+func (l *auditLog) list(limit int) []AuditEntry {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.next
+	if l.full {
+		n = len(l.entries)
+	}
+	if limit <= 0 || limit > n {
+		limit = n
+	}
+	out := make([]AuditEntry, 0, limit)
+	for i := 0; i < limit; i++ {
+		idx := (l.next - 1 - i + len(l.entries)) % len(l.entries)
+		out = append(out, l.entries[idx])
+	}
+	return out
+}
+
+// diff lists the settings that differ between two configs, by JSON path,
+// with secrets redacted.
+func diff(old, cur *config.Config) []Change {
+	a, b := flatten(old), flatten(cur)
+	var out []Change
+	for p, nv := range b {
+		if ov, ok := a[p]; !ok || ov != nv {
+			if !ok {
+				ov = "(none)"
+			}
+			out = append(out, Change{Path: p, Old: ov, New: nv})
+		}
+	}
+	for p, ov := range a {
+		if _, ok := b[p]; !ok {
+			out = append(out, Change{Path: p, Old: ov, New: "(none)"})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out
+}
+
+func flatten(c *config.Config) map[string]string {
+	m := map[string]string{}
+	if c == nil {
+		return m
+	}
+	data, err := encodeRedacted(c)
+	if err != nil {
+		return m
+	}
+	doc, err := decodeDoc(data)
+	if err != nil {
+		return m
+	}
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch t := v.(type) {
+		case map[string]any:
+			if len(t) == 0 {
+				m[path] = "{}"
+			}
+			for k, e := range t {
+				walk(join(path, k), e)
+			}
+		case []any:
+			if len(t) == 0 {
+				m[path] = "[]"
+			}
+			for i, e := range t {
+				walk(fmt.Sprintf("%s[%d]", path, i), e)
+			}
+		case string:
+			m[path] = auditString(t)
+		default:
+			data, _ := json.Marshal(t)
+			m[path] = string(data)
+		}
+	}
+	walk("", doc)
+	return m
+}
+
+// auditString quotes a value for the audit log: a user key hash shows only
+// its key id, and long values are cut.
+func auditString(s string) string {
+	if rest, ok := strings.CutPrefix(s, keyHashPrefix); ok {
+		id, _, _ := strings.Cut(rest, "$")
+		return "key " + id
+	}
+	if len(s) > maxAuditValue {
+		s = s[:maxAuditValue] + "..."
+	}
+	data, _ := json.Marshal(s)
+	return string(data)
+}
+
+// keyHashPrefix starts a stored user key hash (config.KeyHashPrefix).
+const keyHashPrefix = "ifr1$"

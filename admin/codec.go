@@ -1,0 +1,395 @@
+package admin
+
+import (
+	"bytes"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/hkdf"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+
+	"github.com/infera/infera/config"
+)
+
+// Literal secrets of the config (upstream API keys, the mirror's token)
+// take three forms here:
+//   - in clear, in the config file (the operator wrote them there) and in
+//     the working copy a change is built from;
+//   - sealed ("enc:v1:..."), AES-256-GCM under a key derived from the admin
+//     key, in snapshots, exports and Redis, so a backup on shared storage
+//     does not hold them in clear;
+//   - redacted ("***" and 8 hex digits of a fingerprint) in API answers,
+//     the console and the audit log. A write that sends a redacted secret
+//     back keeps the secret with that fingerprint, wherever it moved in a
+//     list; a fingerprint that matches nothing is refused at its path.
+// User API keys are never in the config at all, only their salted hashes.
+
+const (
+	sealedPrefix = "enc:v1:"
+	redactPrefix = config.RedactedSecret
+)
+
+var secretType = reflect.TypeFor[config.Secret]()
+
+// fingerprint identifies a secret without revealing it: 32 bits of a hash
+// of a high-entropy key.
+func fingerprint(clear string) string {
+	sum := sha256.Sum256([]byte("infera secret fingerprint\x00" + clear))
+	return hex.EncodeToString(sum[:4])
+}
+
+func redacted(clear string) string { return redactPrefix + fingerprint(clear) }
+
+// isRedacted reports whether v is a redacted form, and its fingerprint
+// ("" for the bare placeholder).
+func isRedacted(v string) (fp string, ok bool) {
+	rest, ok := strings.CutPrefix(v, redactPrefix)
+	if !ok {
+		return "", false
+	}
+	if rest == "" {
+		return "", true
+	}
+	if len(rest) != 8 {
+		return "", false
+	}
+	if _, err := hex.DecodeString(rest); err != nil {
+		return "", false
+	}
+	return rest, true
+}
+
+// sealer encrypts literal secrets at rest. A nil *sealer (no admin key)
+// leaves them in clear.
+type sealer struct{ aead cipher.AEAD }
+
+func newSealer(adminKey string) *sealer {
+	if adminKey == "" {
+		return nil
+	}
+	key, err := hkdf.Key(sha256.New, []byte(adminKey), nil, "infera admin sealed secrets v1", 32)
+	if err != nil {
+		panic("BUG: hkdf: " + err.Error())
+	}
+	blk, err := aes.NewCipher(key)
+	if err != nil {
+		panic("BUG: aes: " + err.Error())
+	}
+	aead, err := cipher.NewGCM(blk)
+	if err != nil {
+		panic("BUG: gcm: " + err.Error())
+	}
+	return &sealer{aead: aead}
+}
+
+func (s *sealer) seal(_, clear string) (string, error) {
+	if s == nil {
+		return clear, nil
+	}
+	nonce := make([]byte, s.aead.NonceSize(), s.aead.NonceSize()+len(clear)+s.aead.Overhead())
+	if _, err := rand.Read(nonce); err != nil {
+		return "", err
+	}
+	out := s.aead.Seal(nonce, nonce, []byte(clear), nil)
+	return sealedPrefix + base64.RawURLEncoding.EncodeToString(out), nil
+}
+
+func (s *sealer) open(v string) (string, error) {
+	if s == nil {
+		return "", errors.New("is sealed (enc:v1:...) but this gateway has no admin key to open it: start it with the --admin-key (or --api-key) the snapshot was made with")
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(v, sealedPrefix))
+	ns := s.aead.NonceSize()
+	if err != nil || len(raw) < ns+s.aead.Overhead() {
+		return "", errors.New("is a malformed sealed secret")
+	}
+	clear, err := s.aead.Open(nil, raw[:ns], raw[ns:], nil)
+	if err != nil {
+		return "", errors.New("cannot be opened: it was sealed with another admin key (start with the --admin-key the snapshot was made with, or enter the key again)")
+	}
+	return string(clear), nil
+}
+
+func encodeClear(c *config.Config) ([]byte, error) { return config.EncodeJSON(c, nil) }
+
+func encodeRedacted(c *config.Config) ([]byte, error) {
+	return config.EncodeJSON(c, func(_, key string) (string, error) { return redacted(key), nil })
+}
+
+// encodeSealed is the form of snapshots and of Redis.
+func (s *sealer) encodeSealed(c *config.Config) ([]byte, error) {
+	return config.EncodeJSON(c, s.seal)
+}
+
+// literalSecrets maps the fingerprints of c's literal secrets to the keys.
+func literalSecrets(c *config.Config) map[string]string {
+	m := map[string]string{}
+	config.EncodeJSON(c, func(_, key string) (string, error) {
+		m[fingerprint(key)] = key
+		return "", nil
+	})
+	return m
+}
+
+// decodeDoc decodes a JSON object keeping numbers exact.
+func decodeDoc(data []byte) (map[string]any, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var doc map[string]any
+	if err := dec.Decode(&doc); err != nil {
+		return nil, &config.FieldError{Msg: "cannot parse JSON: " + err.Error()}
+	}
+	if dec.More() {
+		return nil, &config.FieldError{Msg: "unexpected data after the JSON object"}
+	}
+	if doc == nil {
+		return nil, &config.FieldError{Msg: "want a JSON object"}
+	}
+	return doc, nil
+}
+
+// parseDoc turns a working document into a validated Config: sealed and
+// redacted secrets are resolved (redacted ones against cur), then
+// config.Parse validates. Errors are *config.FieldError with the most
+// precise path known.
+func (s *sealer) parseDoc(doc map[string]any, cur *config.Config) (*config.Config, error) {
+	var known map[string]string
+	resolved, err := walkDoc(doc, reflect.TypeFor[config.Config](), "", func(path string, t reflect.Type, v any) (any, error) {
+		str, ok := v.(string)
+		if t != secretType || !ok {
+			return v, nil
+		}
+		if strings.HasPrefix(str, sealedPrefix) {
+			clear, err := s.open(str)
+			if err != nil {
+				return nil, &config.FieldError{Path: path, Msg: err.Error()}
+			}
+			return clear, nil
+		}
+		fp, ok := isRedacted(str)
+		if !ok {
+			return v, nil
+		}
+		if known == nil {
+			known = map[string]string{}
+			if cur != nil {
+				known = literalSecrets(cur)
+			}
+		}
+		if fp == "" {
+			return nil, &config.FieldError{Path: path, Msg: "is the bare redacted placeholder \"***\": enter the key (or keep the ***xxxxxxxx form the API gave you to keep the current key)"}
+		}
+		clear, ok := known[fp]
+		if !ok {
+			return nil, &config.FieldError{Path: path, Msg: "is a redacted secret that matches no current key: enter the key again"}
+		}
+		return clear, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	data, err := json.Marshal(resolved)
+	if err != nil {
+		return nil, fmt.Errorf("BUG: cannot re-encode a decoded document: %w", err)
+	}
+	c, err := config.Parse(data)
+	if err != nil {
+		return nil, refineError(resolved, err)
+	}
+	return c, nil
+}
+
+// refineError replaces a decoding error whose path encoding/json could not
+// tell precisely (unknown fields name no parent; type errors name no list
+// index) by the first misfit a typed walk of the document finds.
+func refineError(doc any, err error) error {
+	var fe *config.FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	if !strings.HasPrefix(fe.Msg, "unknown field") && !strings.HasPrefix(fe.Msg, "cannot use") {
+		return err
+	}
+	if _, werr := walkDoc(doc, reflect.TypeFor[config.Config](), "", nil); werr != nil {
+		return werr
+	}
+	return err
+}
+
+var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+
+// walkDoc walks a decoded JSON value along Go type t as encoding/json
+// would decode it, calling f (when non-nil) at every Secret and leaf and
+// replacing the value with what f returns. It reports the first unknown
+// field or JSON type that t cannot hold as a *config.FieldError.
+func walkDoc(v any, t reflect.Type, path string, f func(path string, t reflect.Type, v any) (any, error)) (any, error) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if v == nil { // null leaves a Go value as it was
+		return nil, nil
+	}
+	if t == secretType {
+		if _, ok := v.(string); !ok {
+			return nil, &config.FieldError{Path: path, Msg: "want a string (the key, env:NAME or file:PATH)"}
+		}
+		return leaf(f, path, t, v)
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		if reflect.PointerTo(t).Implements(unmarshalerType) && !structLike(t) {
+			return leaf(f, path, t, v)
+		}
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil, typeErr(path, "an object", v)
+		}
+		for k, fv := range m {
+			ft, ok := fieldType(t, k)
+			if !ok {
+				return nil, &config.FieldError{Path: join(path, k), Msg: fmt.Sprintf("unknown field %q", k)}
+			}
+			nv, err := walkDoc(fv, ft, join(path, k), f)
+			if err != nil {
+				return nil, err
+			}
+			m[k] = nv
+		}
+		return m, nil
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 {
+			return leaf(f, path, t, v)
+		}
+		l, ok := v.([]any)
+		if !ok {
+			return nil, typeErr(path, "a list", v)
+		}
+		for i, ev := range l {
+			nv, err := walkDoc(ev, t.Elem(), fmt.Sprintf("%s[%d]", path, i), f)
+			if err != nil {
+				return nil, err
+			}
+			l[i] = nv
+		}
+		return l, nil
+	case reflect.Map:
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil, typeErr(path, "an object", v)
+		}
+		for k, ev := range m {
+			nv, err := walkDoc(ev, t.Elem(), join(path, k), f)
+			if err != nil {
+				return nil, err
+			}
+			m[k] = nv
+		}
+		return m, nil
+	case reflect.Bool:
+		if _, ok := v.(bool); !ok {
+			return nil, typeErr(path, "true or false", v)
+		}
+	case reflect.String:
+		if _, ok := v.(string); !ok {
+			return nil, typeErr(path, "a string", v)
+		}
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		n, ok := v.(json.Number)
+		if !ok {
+			return nil, typeErr(path, "a whole number", v)
+		}
+		if strings.ContainsAny(n.String(), ".eE") {
+			return nil, &config.FieldError{Path: path, Msg: fmt.Sprintf("%s: want a whole number", n)}
+		}
+	case reflect.Float32, reflect.Float64:
+		if _, ok := v.(json.Number); !ok {
+			return nil, typeErr(path, "a number", v)
+		}
+	}
+	return leaf(f, path, t, v)
+}
+
+// structLike reports whether a struct with its own UnmarshalJSON still
+// decodes as its fields (the config's types that only apply defaults).
+func structLike(t reflect.Type) bool {
+	return t.NumField() > 0 && t.Field(0).IsExported()
+}
+
+func leaf(f func(string, reflect.Type, any) (any, error), path string, t reflect.Type, v any) (any, error) {
+	if f == nil {
+		return v, nil
+	}
+	return f(path, t, v)
+}
+
+func typeErr(path, want string, v any) error {
+	got := "null"
+	switch v.(type) {
+	case bool:
+		got = "a boolean"
+	case string:
+		got = "a string"
+	case json.Number:
+		got = "a number"
+	case []any:
+		got = "a list"
+	case map[string]any:
+		got = "an object"
+	}
+	return &config.FieldError{Path: path, Msg: fmt.Sprintf("want %s, got %s", want, got)}
+}
+
+// fieldType finds the field of struct t that JSON key k decodes into:
+// an exact name first, then a case-insensitive one, as encoding/json does.
+func fieldType(t reflect.Type, k string) (reflect.Type, bool) {
+	var fold reflect.Type
+	var found bool
+	var visit func(t reflect.Type) bool
+	visit = func(t reflect.Type) bool {
+		for i := 0; i < t.NumField(); i++ {
+			sf := t.Field(i)
+			tag := sf.Tag.Get("json")
+			if tag == "-" {
+				continue
+			}
+			name, _, _ := strings.Cut(tag, ",")
+			if sf.Anonymous && name == "" && sf.Type.Kind() == reflect.Struct {
+				if visit(sf.Type) {
+					return true
+				}
+				continue
+			}
+			if !sf.IsExported() {
+				continue
+			}
+			if name == "" {
+				name = sf.Name
+			}
+			if name == k {
+				fold, found = sf.Type, true
+				return true
+			}
+			if !found && strings.EqualFold(name, k) {
+				fold, found = sf.Type, true
+			}
+		}
+		return false
+	}
+	visit(t)
+	return fold, found
+}
+
+func join(path, k string) string {
+	if path == "" {
+		return k
+	}
+	return path + "." + k
+}

@@ -1,0 +1,59 @@
+package admin
+
+// Fleet is what the console shows of the running router. The router
+// implements it; every method is called on an admin request (at most a few
+// times a second per open console), never on the request path, and must be
+// safe for concurrent use.
+type Fleet interface {
+	// Workers returns one entry per known worker, in a stable order.
+	Workers() []WorkerInfo
+	// RuleHits returns the hit counters of rules (rate limits, quotas,
+	// canary and split rules), dry-run ones included.
+	RuleHits() []RuleHit
+}
+
+// WorkerInfo is one worker as the fleet page shows it.
+type WorkerInfo struct {
+	ID      string   `json:"id"`
+	URL     string   `json:"url"`
+	Models  []string `json:"models"`
+	Service string   `json:"service"`
+	// Role is mixed, prefill or decode.
+	Role string `json:"role"`
+	// Status is routable, draining, excluded (for example a transport
+	// mismatch) or down.
+	Status string `json:"status"`
+	// Breaker is closed, open or half-open.
+	Breaker string `json:"breaker"`
+	// ActiveRequests and ActiveTokens are the worker's load as the
+	// scheduler counts it; PendingRequests wait for their first token.
+	ActiveRequests  int64 `json:"active_requests"`
+	ActiveTokens    int64 `json:"active_tokens"`
+	PendingRequests int64 `json:"pending_requests"`
+	// KVBlocks is how many KV blocks of the worker the prefix index holds.
+	KVBlocks int64 `json:"kv_blocks"`
+	// HitRate is the share (0..1) of prompt blocks routed to this worker
+	// that were already cached there; -1 when unknown.
+	HitRate float64 `json:"hit_rate"`
+	// Requests and Failures count since the worker joined.
+	Requests uint64 `json:"requests"`
+	Failures uint64 `json:"failures"`
+}
+
+// RuleHit is one rule's counters.
+type RuleHit struct {
+	// Rule names the rule, for example "user_limit.templates[gold].rate.rpm"
+	// or "canary.rules[0]".
+	Rule string `json:"rule"`
+	// Result is what the rule decided: pass, block, or would_block (dry run).
+	Result string `json:"result"`
+	// DryRun is true when the rule was evaluated without blocking.
+	DryRun bool   `json:"dry_run"`
+	Count  uint64 `json:"count"`
+}
+
+// noFleet answers when the router has not given a Fleet (yet).
+type noFleet struct{}
+
+func (noFleet) Workers() []WorkerInfo { return nil }
+func (noFleet) RuleHits() []RuleHit   { return nil }

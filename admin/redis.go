@@ -1,0 +1,350 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/infera/infera/config"
+)
+
+// Redis layout (prefix default "infera:admin:"):
+//
+//	<prefix>data     hash: doc (the config, secrets sealed), version,
+//	                 updated_at (RFC 3339), by (who made the change)
+//	<prefix>changes  pub/sub channel: the new version after every change
+//
+// Writes are compare-and-set on the version in one Lua script, which also
+// publishes; replicas adopt a new version on the message, and every
+// SyncInterval compare versions in case a message was lost (for example
+// while their connection was down).
+
+var casScript = redis.NewScript(`
+local cur = redis.call('HGET', KEYS[1], 'version')
+if not cur or redis.call('HEXISTS', KEYS[1], 'doc') == 0 then cur = '0' end
+if ARGV[1] ~= '' and ARGV[1] ~= cur then return {0, cur} end
+local v = tonumber(cur) + 1
+redis.call('HSET', KEYS[1], 'doc', ARGV[2], 'version', v, 'updated_at', ARGV[3], 'by', ARGV[4])
+redis.call('PUBLISH', KEYS[2], v)
+return {1, tostring(v)}
+`)
+
+// seedScript stores a document only when there is none (first start, or a
+// Redis that lost its data).
+var seedScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[1], 'doc') == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'doc', ARGV[2], 'version', ARGV[1], 'updated_at', ARGV[3], 'by', ARGV[4])
+redis.call('PUBLISH', KEYS[2], ARGV[1])
+return 1
+`)
+
+type redisStorage struct {
+	a       *Admin
+	client  *redis.Client
+	key     string
+	channel string
+	addr    string
+
+	// mu orders adoptions of versions into the store; commit holds it from
+	// the script to the swap, so this replica's own change is never
+	// adopted first as if it came from another replica.
+	mu sync.Mutex
+
+	checkMu   sync.Mutex
+	badVer    uint64 // version whose document failed to parse (logged once)
+	connected bool
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+const redisOpTimeout = 3 * time.Second
+
+func newRedisStorage(a *Admin) (*redisStorage, error) {
+	opts, err := redis.ParseURL(a.o.State)
+	if err != nil {
+		return nil, fmt.Errorf("--state: %w", err)
+	}
+	opts.DialTimeout = 2 * time.Second
+	opts.ReadTimeout = redisOpTimeout
+	opts.WriteTimeout = redisOpTimeout
+	r := &redisStorage{
+		a:       a,
+		client:  redis.NewClient(opts),
+		key:     a.o.RedisPrefix + "data",
+		channel: a.o.RedisPrefix + "changes",
+		addr:    opts.Addr,
+	}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	ok := false
+	defer func() {
+		if !ok {
+			r.client.Close()
+		}
+	}()
+	// Wait a little for Redis: starting with other data than the shared
+	// one would serve the wrong users and limits.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(r.ctx, redisOpTimeout)
+		err = r.client.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("cannot reach Redis at %s for the management data (--state): %w", r.addr, err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if err := r.loadOrSeed(); err != nil {
+		return nil, err
+	}
+	a.store.SetReloadSink(func(c *config.Config) error {
+		// A hand edit of the config file is a write to the shared data.
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		a.pending.Store(&pendingChange{cfg: c, who: actor{Who: "config file"}, action: "reload"})
+		defer a.pending.Store(nil)
+		_, err := r.commit(c, 0, actor{Who: "config file"})
+		return err
+	})
+	ok = true
+	return r, nil
+}
+
+func (r *redisStorage) kind() string { return "redis" }
+
+// loadOrSeed adopts the data in Redis, or seeds an empty Redis with the
+// newest snapshot of --persist-snapshot-dir (migration to Redis) or else
+// what the store serves (the config file or the defaults).
+func (r *redisStorage) loadOrSeed() error {
+	ctx, cancel := context.WithTimeout(r.ctx, redisOpTimeout)
+	defer cancel()
+	vals, err := r.client.HMGet(ctx, r.key, "doc", "version").Result()
+	if err != nil {
+		return fmt.Errorf("cannot read management data from Redis at %s: %w", r.addr, err)
+	}
+	if doc, ok := vals[0].(string); ok {
+		v, _ := strconv.ParseUint(fmt.Sprint(vals[1]), 10, 64)
+		c, err := r.parse(doc)
+		if err != nil {
+			return fmt.Errorf("the management data in Redis at %s does not load: %w", r.addr, err)
+		}
+		r.adopt(c, v, actor{Who: "startup"}, "load from redis")
+		slog.Info("management data loaded from Redis", "addr", r.addr, "version", v)
+		return nil
+	}
+	c, from := r.a.store.Load(), "the config file or defaults"
+	if r.a.store.Path() == "" {
+		from = "defaults"
+	}
+	if dir := r.a.o.SnapshotDir; dir != "" {
+		s, err := newSnapshots(dir, r.a.seal)
+		if err != nil {
+			return err
+		}
+		list, _ := s.list()
+		for _, info := range list {
+			sc, _, err := s.read(info.Name)
+			if err != nil {
+				slog.Error("snapshot unusable for seeding Redis; trying the previous one", "name", info.Name, "reason", err)
+				continue
+			}
+			c, from = sc, "snapshot "+info.Name
+			break
+		}
+	}
+	seeded, err := r.seed(c, 1, actor{Who: "startup"})
+	if err != nil {
+		return err
+	}
+	if !seeded { // another replica seeded first
+		return r.loadOrSeed()
+	}
+	r.adopt(c, 1, actor{Who: "startup"}, "seed redis from "+from)
+	slog.Info("Redis had no management data; seeded it", "addr", r.addr, "from", from)
+	return nil
+}
+
+func (r *redisStorage) parse(doc string) (*config.Config, error) {
+	m, err := decodeDoc([]byte(doc))
+	if err != nil {
+		return nil, err
+	}
+	return r.a.seal.parseDoc(m, nil)
+}
+
+func (r *redisStorage) seed(c *config.Config, version uint64, who actor) (bool, error) {
+	data, err := r.a.seal.encodeSealed(c)
+	if err != nil {
+		return false, err
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, redisOpTimeout)
+	defer cancel()
+	n, err := seedScript.Run(ctx, r.client, []string{r.key, r.channel},
+		version, string(data), time.Now().UTC().Format(time.RFC3339), who.Who).Int()
+	if err != nil {
+		return false, &errUnavailable{err: err}
+	}
+	return n == 1, nil
+}
+
+func (r *redisStorage) commit(c *config.Config, ifVersion uint64, who actor) (uint64, error) {
+	data, err := r.a.seal.encodeSealed(c)
+	if err != nil {
+		return 0, err
+	}
+	expect := ""
+	if ifVersion != 0 {
+		expect = strconv.FormatUint(ifVersion, 10)
+	}
+	by := who.Who
+	if who.Remote != "" {
+		by += " " + who.Remote
+	}
+	for attempt := 0; ; attempt++ {
+		v, retry, err := r.cas(c, data, expect, by)
+		if !retry || attempt > 0 {
+			return v, err
+		}
+	}
+}
+
+// cas runs the compare-and-set script; retry is true when Redis had lost
+// the data and this replica put its copy back.
+func (r *redisStorage) cas(c *config.Config, data []byte, expect, by string) (uint64, bool, error) {
+	ifVersion, _ := strconv.ParseUint(expect, 10, 64)
+	ctx, cancel := context.WithTimeout(r.ctx, redisOpTimeout)
+	defer cancel()
+	r.mu.Lock()
+	res, err := casScript.Run(ctx, r.client, []string{r.key, r.channel},
+		expect, string(data), time.Now().UTC().Format(time.RFC3339), by).Slice()
+	if err != nil {
+		r.mu.Unlock()
+		return 0, false, &errUnavailable{err: err}
+	}
+	if len(res) != 2 {
+		r.mu.Unlock()
+		return 0, false, fmt.Errorf("BUG: unexpected answer from the CAS script: %v", res)
+	}
+	v, _ := strconv.ParseUint(fmt.Sprint(res[1]), 10, 64)
+	if fmt.Sprint(res[0]) != "1" {
+		r.mu.Unlock()
+		if v == 0 {
+			// Redis lost the data: put ours back and try once more.
+			r.check()
+			return 0, true, &config.VersionConflict{Want: ifVersion, Have: v, Reason: "Redis had lost the data"}
+		}
+		return 0, false, &config.VersionConflict{Want: ifVersion, Have: v, Reason: "changed in Redis by another replica"}
+	}
+	r.a.store.Replace(c, v)
+	r.mu.Unlock()
+	return v, false, nil
+}
+
+func (r *redisStorage) adopt(c *config.Config, v uint64, who actor, action string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.a.pending.Store(&pendingChange{cfg: c, who: who, action: action})
+	r.a.store.Replace(c, v)
+	r.a.pending.Store(nil)
+}
+
+func (r *redisStorage) start(a *Admin) {
+	r.wg.Add(2)
+	go r.subscribe()
+	go r.poll()
+}
+
+func (r *redisStorage) subscribe() {
+	defer r.wg.Done()
+	ps := r.client.Subscribe(r.ctx, r.channel)
+	defer ps.Close()
+	ch := ps.Channel() // go-redis reconnects and resubscribes on its own
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+			r.check()
+		}
+	}
+}
+
+func (r *redisStorage) poll() {
+	defer r.wg.Done()
+	t := time.NewTicker(r.a.o.SyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+			r.check()
+		}
+	}
+}
+
+// check compares the version in Redis with ours and adopts Redis's data
+// when they differ. A Redis without data (restarted without persistence,
+// or flushed) is seeded back with what this replica serves.
+func (r *redisStorage) check() {
+	r.checkMu.Lock()
+	defer r.checkMu.Unlock()
+	ctx, cancel := context.WithTimeout(r.ctx, redisOpTimeout)
+	defer cancel()
+	vals, err := r.client.HMGet(ctx, r.key, "doc", "version").Result()
+	if err != nil {
+		if r.connected && !errors.Is(err, context.Canceled) {
+			slog.Warn("lost Redis; serving the last management data until it is back", "addr", r.addr, "err", err)
+		}
+		r.connected = false
+		return
+	}
+	if !r.connected {
+		r.connected = true
+	}
+	doc, ok := vals[0].(string)
+	if !ok {
+		c, v := r.a.store.Current()
+		seeded, err := r.seed(c, v, actor{Who: "replica"})
+		if err == nil && seeded {
+			slog.Warn("Redis had lost the management data; put this replica's copy back", "addr", r.addr, "version", v)
+		}
+		return
+	}
+	v, err := strconv.ParseUint(fmt.Sprint(vals[1]), 10, 64)
+	if err != nil || v == r.a.store.Version() {
+		return
+	}
+	c, err := r.parse(doc)
+	if err != nil {
+		if r.badVer != v {
+			r.badVer = v
+			slog.Error("management data in Redis does not load; keeping the current config", "addr", r.addr, "version", v, "err", err)
+		}
+		return
+	}
+	r.mu.Lock()
+	if v != r.a.store.Version() {
+		r.a.store.Replace(c, v)
+	}
+	r.mu.Unlock()
+}
+
+func (r *redisStorage) close() {
+	r.cancel()
+	r.wg.Wait()
+	r.client.Close()
+}

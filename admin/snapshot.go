@@ -1,0 +1,309 @@
+package admin
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/infera/infera/config"
+)
+
+// Snapshot kinds. Automatic snapshots are taken by the backup loop (and at
+// shutdown); manual ones on request and before every import. Each kind is
+// rotated separately, keeping backup.keep files.
+const (
+	kindAuto   = "auto"
+	kindManual = "manual"
+	kindExport = "export" // a download, never stored
+)
+
+const (
+	snapshotFormat        = "infera-snapshot"
+	snapshotFormatVersion = 1
+	maxSnapshotBytes      = 16 << 20
+)
+
+// snapshotFile is the on-disk and export format: the whole management data
+// (the config with users and quota templates; user keys as salted hashes;
+// upstream secrets sealed under the admin key) with a checksum.
+type snapshotFile struct {
+	Format        string    `json:"format"`
+	FormatVersion int       `json:"format_version"`
+	CreatedAt     time.Time `json:"created_at"`
+	Kind          string    `json:"kind"`
+	// Version is the config version the snapshot was taken at.
+	Version uint64 `json:"version"`
+	// SHA256 is the hex digest of Config's bytes exactly as stored.
+	SHA256 string          `json:"sha256"`
+	Config json.RawMessage `json:"config"`
+}
+
+// SnapshotInfo describes a stored snapshot.
+type SnapshotInfo struct {
+	Name    string    `json:"name"`
+	Kind    string    `json:"kind"`
+	Time    time.Time `json:"time"`
+	Size    int64     `json:"size"`
+	Version uint64    `json:"version,omitempty"`
+}
+
+var snapshotName = regexp.MustCompile(`^snapshot-(\d{8}T\d{6}\.\d{3}Z)-(auto|manual)(-\d+)?\.json$`)
+
+const snapshotTimeLayout = "20060102T150405.000Z"
+
+// snapshots is the --persist-snapshot-dir directory.
+type snapshots struct {
+	dir  string
+	seal *sealer
+
+	mu      sync.Mutex
+	lastSum [32]byte // clear encoding of the newest snapshot's config
+}
+
+func newSnapshots(dir string, seal *sealer) (*snapshots, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("cannot create snapshot directory %q: %w", dir, err)
+	}
+	return &snapshots{dir: dir, seal: seal}, nil
+}
+
+// list returns the stored snapshots, newest first.
+func (s *snapshots) list() ([]SnapshotInfo, error) {
+	ents, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("cannot list snapshot directory %q: %w", s.dir, err)
+	}
+	var out []SnapshotInfo
+	for _, e := range ents {
+		m := snapshotName.FindStringSubmatch(e.Name())
+		if m == nil || !e.Type().IsRegular() {
+			continue
+		}
+		t, err := time.Parse(snapshotTimeLayout, m[1])
+		if err != nil {
+			continue
+		}
+		info := SnapshotInfo{Name: e.Name(), Kind: m[2], Time: t}
+		if fi, err := e.Info(); err == nil {
+			info.Size = fi.Size()
+		}
+		out = append(out, info)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].Time.Equal(out[j].Time) {
+			return out[i].Time.After(out[j].Time)
+		}
+		return out[i].Name > out[j].Name
+	})
+	return out, nil
+}
+
+// encode builds a snapshot file of c.
+func (s *sealer) encodeSnapshot(c *config.Config, version uint64, kind string, now time.Time) ([]byte, error) {
+	body, err := s.encodeSealed(c)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(body)
+	f := snapshotFile{
+		Format: snapshotFormat, FormatVersion: snapshotFormatVersion,
+		CreatedAt: now.UTC(), Kind: kind, Version: version,
+		SHA256: hex.EncodeToString(sum[:]), Config: body,
+	}
+	data, err := json.MarshalIndent(f, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(data, '\n'), nil
+}
+
+// decodeSnapshot checks a snapshot file and returns its config document
+// (secrets still sealed) and header. It changes nothing.
+func decodeSnapshot(data []byte) (map[string]any, *snapshotFile, error) {
+	if len(data) == 0 {
+		return nil, nil, &config.FieldError{Msg: "the snapshot is empty"}
+	}
+	var f snapshotFile
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, nil, &config.FieldError{Msg: "not a snapshot: cannot parse JSON (" + err.Error() + ")"}
+	}
+	if f.Format != snapshotFormat {
+		return nil, nil, &config.FieldError{Path: "format", Msg: fmt.Sprintf("want %q: this is not an infera snapshot (export one from the console or GET /api/backup/export)", snapshotFormat)}
+	}
+	if f.FormatVersion != snapshotFormatVersion {
+		return nil, nil, &config.FieldError{Path: "format_version", Msg: fmt.Sprintf("%d: this build reads version %d", f.FormatVersion, snapshotFormatVersion)}
+	}
+	if len(f.Config) == 0 {
+		return nil, nil, &config.FieldError{Path: "config", Msg: "is missing"}
+	}
+	if f.SHA256 != "" {
+		sum := sha256.Sum256(f.Config)
+		if hex.EncodeToString(sum[:]) != strings.ToLower(f.SHA256) {
+			return nil, nil, &config.FieldError{Path: "sha256", Msg: "does not match the config: the file is damaged or was edited (remove sha256 to import an edited file on purpose)"}
+		}
+	}
+	doc, err := decodeDoc(f.Config)
+	if err != nil {
+		var fe *config.FieldError
+		if errors.As(err, &fe) {
+			fe.Path = join("config", fe.Path)
+		}
+		return nil, nil, err
+	}
+	return doc, &f, nil
+}
+
+// read loads and validates a stored snapshot.
+func (s *snapshots) read(name string) (*config.Config, *snapshotFile, error) {
+	data, err := os.ReadFile(filepath.Join(s.dir, name))
+	if err != nil {
+		return nil, nil, err
+	}
+	doc, f, err := decodeSnapshot(data)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := s.seal.parseDoc(doc, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, f, nil
+}
+
+// write stores a snapshot of c (temp file, fsync, rename) and rotates the
+// snapshots of its kind down to keep. Lock must be held.
+func (s *snapshots) write(c *config.Config, version uint64, kind string, keep int) (SnapshotInfo, error) {
+	now := time.Now().UTC()
+	data, err := s.seal.encodeSnapshot(c, version, kind, now)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	base := "snapshot-" + now.Format(snapshotTimeLayout) + "-" + kind
+	name := base + ".json"
+	for i := 1; ; i++ {
+		if _, err := os.Lstat(filepath.Join(s.dir, name)); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		name = fmt.Sprintf("%s-%d.json", base, i)
+	}
+	if err := config.WriteFileAtomic(filepath.Join(s.dir, name), data, 0o600); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("cannot write snapshot %q: %w", name, err)
+	}
+	if clear, err := encodeClear(c); err == nil {
+		s.lastSum = sha256.Sum256(clear)
+	}
+	s.rotate(kind, keep)
+	return SnapshotInfo{Name: name, Kind: kind, Time: now, Size: int64(len(data)), Version: version}, nil
+}
+
+// rotate deletes the oldest snapshots of kind beyond keep.
+func (s *snapshots) rotate(kind string, keep int) {
+	if keep < 1 {
+		keep = 1
+	}
+	list, err := s.list()
+	if err != nil {
+		slog.Error("cannot rotate snapshots", "err", err)
+		return
+	}
+	n := 0
+	for _, info := range list {
+		if info.Kind != kind {
+			continue
+		}
+		n++
+		if n > keep {
+			if err := os.Remove(filepath.Join(s.dir, info.Name)); err != nil {
+				slog.Error("cannot delete an old snapshot", "name", info.Name, "err", err)
+			}
+		}
+	}
+}
+
+// snapshot stores the current config. An automatic snapshot is skipped
+// (ok false) when nothing changed since the newest snapshot.
+func (a *Admin) snapshot(kind string) (info SnapshotInfo, err error) {
+	s := a.snaps
+	if s == nil {
+		return info, errors.New("no snapshot directory: start with --persist-snapshot-dir")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, v := a.store.Current()
+	if kind == kindAuto {
+		clear, err := encodeClear(c)
+		if err != nil {
+			return info, err
+		}
+		if sha256.Sum256(clear) == s.lastSum {
+			return info, nil
+		}
+	}
+	info, err = s.write(c, v, kind, a.o.Backup(c).Keep)
+	if err == nil {
+		slog.Info("snapshot written", "name", info.Name, "kind", kind, "version", v)
+	}
+	return info, err
+}
+
+// restoreNewest swaps in the newest snapshot that reads back whole and
+// valid, falling back to older ones with a logged reason.
+func (a *Admin) restoreNewest() error {
+	s := a.snaps
+	list, err := s.list()
+	if err != nil {
+		return err
+	}
+	for _, info := range list {
+		c, f, err := s.read(info.Name)
+		if err != nil {
+			slog.Error("snapshot unusable; trying the previous one", "name", info.Name, "reason", err)
+			continue
+		}
+		if clear, err := encodeClear(c); err == nil {
+			s.lastSum = sha256.Sum256(clear)
+		}
+		a.pending.Store(&pendingChange{cfg: c, who: actor{Who: "startup"}, action: "restore " + info.Name})
+		a.store.Replace(c, max(f.Version, 1))
+		a.pending.Store(nil)
+		slog.Info("management data restored from snapshot", "name", info.Name, "kind", info.Kind, "version", f.Version)
+		return nil
+	}
+	if len(list) > 0 {
+		slog.Error("no usable snapshot; starting from defaults", "dir", s.dir, "tried", len(list))
+	}
+	return nil
+}
+
+// backupLoop takes an automatic snapshot every backup.interval_s (read
+// again after each cycle, so a new interval applies from the next one).
+func (a *Admin) backupLoop() {
+	defer a.wg.Done()
+	for {
+		b := a.o.Backup(a.store.Load())
+		d := time.Duration(b.IntervalSeconds * float64(time.Second))
+		if d < time.Second {
+			d = time.Second
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-a.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if _, err := a.snapshot(kindAuto); err != nil {
+			slog.Error("automatic snapshot failed", "err", err)
+		}
+	}
+}

@@ -1,0 +1,458 @@
+package admin
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/infera/infera/config"
+)
+
+// Users and quota templates live in the config (users, and
+// user_limit.templates); these endpoints are conveniences over the same
+// versioned document, validated by the same rules, with one thing the
+// section endpoints cannot do: mint an API key, whose clear form is
+// answered once and never stored (only its salted hash is).
+
+// UserView is a user as the API shows it: keys by id only.
+type UserView struct {
+	Name     string   `json:"name"`
+	Template string   `json:"template"`
+	Enabled  bool     `json:"enabled"`
+	KeyIDs   []string `json:"key_ids"`
+}
+
+func (a *Admin) userRoutes(api func(string, func(http.ResponseWriter, *http.Request) error)) {
+	api("GET /api/users", a.listUsers)
+	api("POST /api/users", a.createUser)
+	api("GET /api/users/{name}", a.getUser)
+	api("PUT /api/users/{name}", a.putUser)
+	api("DELETE /api/users/{name}", a.deleteUser)
+	api("POST /api/users/{name}/keys", a.addKey)
+	api("DELETE /api/users/{name}/keys/{id}", a.deleteKey)
+	api("GET /api/templates", a.listTemplates)
+	api("POST /api/templates", a.createTemplate)
+	api("GET /api/templates/{name}", a.getTemplate)
+	api("PUT /api/templates/{name}", a.putTemplate)
+	api("DELETE /api/templates/{name}", a.deleteTemplate)
+}
+
+func viewOf(u config.User) UserView {
+	v := UserView{Name: u.Name, Template: u.Template, Enabled: u.Enabled, KeyIDs: []string{}}
+	for _, k := range u.Keys {
+		if h, err := config.ParseKeyHash(k); err == nil {
+			v.KeyIDs = append(v.KeyIDs, h.ID)
+		}
+	}
+	return v
+}
+
+func (a *Admin) listUsers(w http.ResponseWriter, r *http.Request) error {
+	c, v := a.store.Current()
+	out := make([]UserView, 0, len(c.Users))
+	for _, u := range c.Users {
+		out = append(out, viewOf(u))
+	}
+	setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusOK, map[string]any{"users": out})
+	return nil
+}
+
+func findUser(c *config.Config, name string) (config.User, bool) {
+	for _, u := range c.Users {
+		if u.Name == name {
+			return u, true
+		}
+	}
+	return config.User{}, false
+}
+
+func (a *Admin) getUser(w http.ResponseWriter, r *http.Request) error {
+	c, v := a.store.Current()
+	u, ok := findUser(c, r.PathValue("name"))
+	if !ok {
+		return &httpError{status: http.StatusNotFound, msg: "no such user"}
+	}
+	setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusOK, viewOf(u))
+	return nil
+}
+
+// userInput is the body of POST /api/users and PUT /api/users/{name}.
+type userInput struct {
+	Name     string `json:"name"`
+	Template string `json:"template"`
+	Enabled  *bool  `json:"enabled"`
+}
+
+func readUserInput(w http.ResponseWriter, r *http.Request) (userInput, error) {
+	var in userInput
+	body, err := readBody(w, r, 64<<10)
+	if err != nil {
+		return in, err
+	}
+	if err := decodeStrictInto(body, &in); err != nil {
+		return in, err
+	}
+	return in, nil
+}
+
+// users returns the users list of a working document.
+func users(doc map[string]any) []any {
+	l, _ := doc["users"].([]any)
+	return l
+}
+
+// userIndex finds a user in a working document.
+func userIndex(doc map[string]any, name string) int {
+	for i, u := range users(doc) {
+		if m, ok := u.(map[string]any); ok && m["name"] == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func (a *Admin) createUser(w http.ResponseWriter, r *http.Request) error {
+	base, err := a.ifMatch(r, false)
+	if err != nil {
+		return err
+	}
+	in, err := readUserInput(w, r)
+	if err != nil {
+		return err
+	}
+	key, hash, err := newKey()
+	if err != nil {
+		return err
+	}
+	enabled := in.Enabled == nil || *in.Enabled
+	c, v, err := a.change(a.who(r), "create user "+in.Name, base, func(doc map[string]any) error {
+		if in.Name != "" && userIndex(doc, in.Name) >= 0 {
+			return &httpError{status: http.StatusConflict, msg: fmt.Sprintf("user %q exists", in.Name)}
+		}
+		doc["users"] = append(users(doc), map[string]any{
+			"name": in.Name, "template": in.Template, "enabled": enabled, "keys": []any{hash},
+		})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	u, _ := findUser(c, in.Name)
+	setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusCreated, map[string]any{
+		"user": viewOf(u),
+		"key":  key,
+		"note": "the key is shown this once: only its salted hash is stored",
+	})
+	return nil
+}
+
+func (a *Admin) putUser(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	base, err := a.ifMatch(r, true)
+	if err != nil {
+		return err
+	}
+	in, err := readUserInput(w, r)
+	if err != nil {
+		return err
+	}
+	if in.Name != "" && in.Name != name {
+		return &config.FieldError{Path: "name", Msg: "renaming a user is not supported: create the new user and delete the old one"}
+	}
+	c, v, err := a.change(a.who(r), "update user "+name, base, func(doc map[string]any) error {
+		i := userIndex(doc, name)
+		if i < 0 {
+			return &httpError{status: http.StatusNotFound, msg: "no such user"}
+		}
+		m := users(doc)[i].(map[string]any)
+		m["template"] = in.Template
+		if in.Enabled != nil {
+			m["enabled"] = *in.Enabled
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	u, _ := findUser(c, name)
+	setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusOK, viewOf(u))
+	return nil
+}
+
+func (a *Admin) deleteUser(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	base, err := a.ifMatch(r, true)
+	if err != nil {
+		return err
+	}
+	c, v, err := a.change(a.who(r), "delete user "+name, base, func(doc map[string]any) error {
+		i := userIndex(doc, name)
+		if i < 0 {
+			return &httpError{status: http.StatusNotFound, msg: "no such user"}
+		}
+		l := users(doc)
+		doc["users"] = append(l[:i:i], l[i+1:]...)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	setVersionHeaders(w, c, v)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (a *Admin) addKey(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	base, err := a.ifMatch(r, false)
+	if err != nil {
+		return err
+	}
+	key, hash, err := newKey()
+	if err != nil {
+		return err
+	}
+	c, v, err := a.change(a.who(r), "add key for user "+name, base, func(doc map[string]any) error {
+		i := userIndex(doc, name)
+		if i < 0 {
+			return &httpError{status: http.StatusNotFound, msg: "no such user"}
+		}
+		m := users(doc)[i].(map[string]any)
+		keys, _ := m["keys"].([]any)
+		m["keys"] = append(keys, hash)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	u, _ := findUser(c, name)
+	setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusCreated, map[string]any{
+		"user": viewOf(u),
+		"key":  key,
+		"note": "the key is shown this once: only its salted hash is stored",
+	})
+	return nil
+}
+
+func (a *Admin) deleteKey(w http.ResponseWriter, r *http.Request) error {
+	name, id := r.PathValue("name"), r.PathValue("id")
+	base, err := a.ifMatch(r, true)
+	if err != nil {
+		return err
+	}
+	c, v, err := a.change(a.who(r), "revoke key "+id+" of user "+name, base, func(doc map[string]any) error {
+		i := userIndex(doc, name)
+		if i < 0 {
+			return &httpError{status: http.StatusNotFound, msg: "no such user"}
+		}
+		m := users(doc)[i].(map[string]any)
+		keys, _ := m["keys"].([]any)
+		out := keys[:0:0]
+		for _, k := range keys {
+			s, _ := k.(string)
+			if h, err := config.ParseKeyHash(s); err == nil && h.ID == id {
+				continue
+			}
+			out = append(out, k)
+		}
+		if len(out) == len(keys) {
+			return &httpError{status: http.StatusNotFound, msg: "the user has no key with that id"}
+		}
+		m["keys"] = out
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	u, _ := findUser(c, name)
+	setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusOK, viewOf(u))
+	return nil
+}
+
+// templates returns user_limit.templates of a working document.
+func templates(doc map[string]any) (map[string]any, []any) {
+	ul, _ := doc["user_limit"].(map[string]any)
+	if ul == nil {
+		ul = map[string]any{}
+		doc["user_limit"] = ul
+	}
+	l, _ := ul["templates"].([]any)
+	return ul, l
+}
+
+func templateIndex(l []any, name string) int {
+	for i, t := range l {
+		if m, ok := t.(map[string]any); ok && m["name"] == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func (a *Admin) listTemplates(w http.ResponseWriter, r *http.Request) error {
+	c, v := a.store.Current()
+	ts := c.UserLimit.Templates
+	if ts == nil {
+		ts = []config.QuotaTemplate{}
+	}
+	setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusOK, map[string]any{"templates": ts})
+	return nil
+}
+
+func findTemplate(c *config.Config, name string) (config.QuotaTemplate, bool) {
+	for _, t := range c.UserLimit.Templates {
+		if t.Name == name {
+			return t, true
+		}
+	}
+	return config.QuotaTemplate{}, false
+}
+
+func (a *Admin) getTemplate(w http.ResponseWriter, r *http.Request) error {
+	c, v := a.store.Current()
+	t, ok := findTemplate(c, r.PathValue("name"))
+	if !ok {
+		return &httpError{status: http.StatusNotFound, msg: "no such quota template"}
+	}
+	setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusOK, t)
+	return nil
+}
+
+func readTemplate(w http.ResponseWriter, r *http.Request) (map[string]any, error) {
+	body, err := readBody(w, r, 1<<20)
+	if err != nil {
+		return nil, err
+	}
+	return decodeDoc(body)
+}
+
+// templateErr points a validation error of templates[i] at the body.
+func templateErr(err error, i int) error {
+	if fe, ok := err.(*config.FieldError); ok {
+		p := fmt.Sprintf("user_limit.templates[%d]", i)
+		if rest, ok := strings.CutPrefix(fe.Path, p); ok {
+			return &config.FieldError{Path: strings.TrimPrefix(rest, "."), Msg: fe.Msg}
+		}
+	}
+	return err
+}
+
+func (a *Admin) createTemplate(w http.ResponseWriter, r *http.Request) error {
+	base, err := a.ifMatch(r, false)
+	if err != nil {
+		return err
+	}
+	in, err := readTemplate(w, r)
+	if err != nil {
+		return err
+	}
+	name, _ := in["name"].(string)
+	idx := -1
+	c, v, err := a.change(a.who(r), "create template "+name, base, func(doc map[string]any) error {
+		ul, l := templates(doc)
+		if name != "" && templateIndex(l, name) >= 0 {
+			return &httpError{status: http.StatusConflict, msg: fmt.Sprintf("quota template %q exists", name)}
+		}
+		idx = len(l)
+		ul["templates"] = append(l, in)
+		return nil
+	})
+	if err != nil {
+		return templateErr(err, idx)
+	}
+	t, _ := findTemplate(c, name)
+	setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusCreated, t)
+	return nil
+}
+
+func (a *Admin) putTemplate(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	base, err := a.ifMatch(r, true)
+	if err != nil {
+		return err
+	}
+	in, err := readTemplate(w, r)
+	if err != nil {
+		return err
+	}
+	if n, ok := in["name"]; ok && n != name {
+		return &config.FieldError{Path: "name", Msg: "renaming a template is not supported: create the new one, rebind users, delete the old one"}
+	}
+	in["name"] = name
+	idx := -1
+	c, v, err := a.change(a.who(r), "update template "+name, base, func(doc map[string]any) error {
+		_, l := templates(doc)
+		idx = templateIndex(l, name)
+		if idx < 0 {
+			return &httpError{status: http.StatusNotFound, msg: "no such quota template"}
+		}
+		l[idx] = in
+		return nil
+	})
+	if err != nil {
+		return templateErr(err, idx)
+	}
+	t, _ := findTemplate(c, name)
+	setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusOK, t)
+	return nil
+}
+
+func (a *Admin) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
+	name := r.PathValue("name")
+	base, err := a.ifMatch(r, true)
+	if err != nil {
+		return err
+	}
+	c, v, err := a.change(a.who(r), "delete template "+name, base, func(doc map[string]any) error {
+		ul, l := templates(doc)
+		i := templateIndex(l, name)
+		if i < 0 {
+			return &httpError{status: http.StatusNotFound, msg: "no such quota template"}
+		}
+		ul["templates"] = append(l[:i:i], l[i+1:]...)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	setVersionHeaders(w, c, v)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// newKey mints an API key and its stored hash in the format config
+// documents (KeyPrefix, key id, secret; KeyHashPrefix, id, salt,
+// SHA-256(salt || key)), as govern.NewKey does; it moves to govern.NewKey
+// once that package builds on its own.
+func newKey() (key, hash string, err error) {
+	var id [config.KeyIDLen / 2]byte
+	var secret, salt [32]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return "", "", err
+	}
+	if _, err := rand.Read(secret[:]); err != nil {
+		return "", "", err
+	}
+	if _, err := rand.Read(salt[:config.KeySaltBytes]); err != nil {
+		return "", "", err
+	}
+	key = config.KeyPrefix + hex.EncodeToString(id[:]) + "_" + base64.RawURLEncoding.EncodeToString(secret[:])
+	sum := sha256.Sum256(append(append([]byte{}, salt[:config.KeySaltBytes]...), key...))
+	hash = config.KeyHashPrefix + hex.EncodeToString(id[:]) + "$" +
+		base64.RawURLEncoding.EncodeToString(salt[:config.KeySaltBytes]) + "$" + base64.RawURLEncoding.EncodeToString(sum[:])
+	return key, hash, nil
+}
