@@ -294,7 +294,7 @@ func (c *conv) responsesInput(in []byte) error {
 				closeAsst()
 				c.beginMsg("assistant")
 				c.out = append(c.out, `,"content":"`...)
-				if err := c.responsesText2(content, it); err != nil {
+				if err := c.textParts(content, it); err != nil {
 					return err
 				}
 				c.out = append(c.out, '"')
@@ -306,7 +306,7 @@ func (c *conv) responsesInput(in []byte) error {
 				closeAsst()
 				c.beginMsg("system")
 				c.out = append(c.out, `,"content":"`...)
-				if err := c.responsesText2(content, it); err != nil {
+				if err := c.textParts(content, it); err != nil {
 					return err
 				}
 				c.out = append(c.out, `"}`...)
@@ -351,7 +351,7 @@ func (c *conv) responsesInput(in []byte) error {
 			if output == nil || isNull(output) {
 				return it.err(".output: field required")
 			}
-			if err := c.responsesText2(output, it); err != nil {
+			if err := c.textParts(output, it); err != nil {
 				return err
 			}
 			c.out = append(c.out, `"}`...)
@@ -372,9 +372,9 @@ func (c *conv) responsesInput(in []byte) error {
 	return nil
 }
 
-// responsesText2 writes the text of a content value (a string or an array
+// textParts writes the text of a content value (a string or an array
 // of input_text/output_text/refusal parts) into an open JSON string.
-func (c *conv) responsesText2(v []byte, it item) error {
+func (c *conv) textParts(v []byte, it item) error {
 	if raw, ok := rawStr(v); ok {
 		c.out = append(c.out, raw...)
 		return nil
@@ -455,7 +455,7 @@ func (c *conv) responsesUser(content []byte, it item) error {
 	}
 	if !images {
 		c.out = append(c.out, `,"content":"`...)
-		if err := c.responsesText2(content, it); err != nil {
+		if err := c.textParts(content, it); err != nil {
 			return err
 		}
 		c.out = append(c.out, `"}`...)
