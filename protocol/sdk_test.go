@@ -14,6 +14,9 @@ import (
 func TestOfficialSDKsParseConvertedAnswers(t *testing.T) {
 	node, err := exec.LookPath("node")
 	dir := filepath.Join("..", "scripts", "sdk")
+	if d := os.Getenv("INFERA_SDK_DIR"); d != "" { // to try other SDK versions
+		dir = d
+	}
 	_, e1 := os.Stat(filepath.Join(dir, "node_modules", "@anthropic-ai", "sdk"))
 	_, e2 := os.Stat(filepath.Join(dir, "node_modules", "openai"))
 	if err != nil || e1 != nil || e2 != nil {
@@ -28,7 +31,7 @@ func TestOfficialSDKsParseConvertedAnswers(t *testing.T) {
 	for _, script := range []string{"anthropic.mjs", "responses.mjs"} {
 		t.Run(script, func(t *testing.T) {
 			cmd := exec.Command(node, filepath.Join(dir, script))
-			cmd.Env = append(os.Environ(), "INFERA_BASE_URL="+base, "INFERA_MODEL=claude-sim", "INFERA_API_KEY=test-key")
+			cmd.Env = append(os.Environ(), "INFERA_BASE_URL="+base, "INFERA_MODEL=claude-sim", "INFERA_API_KEY=test-key", "INFERA_EXPECT_THINKING=1")
 			out, err := cmd.CombinedOutput()
 			if err != nil {
 				t.Fatalf("%s failed: %v\n%s", script, err, out)

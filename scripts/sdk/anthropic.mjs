@@ -4,8 +4,9 @@
 // turns, token counting and the error shape.
 //
 // Environment: INFERA_BASE_URL (http://127.0.0.1:PORT, no /v1),
-// INFERA_API_KEY (sent as x-api-key), INFERA_MODEL. Exits non-zero with a
-// message on the first mismatch.
+// INFERA_API_KEY (sent as x-api-key), INFERA_MODEL; INFERA_EXPECT_THINKING=1
+// also requires thinking blocks when thinking is enabled (an engine that
+// reasons). Exits non-zero with a message on the first mismatch.
 import Anthropic from "@anthropic-ai/sdk";
 import assert from "node:assert/strict";
 
@@ -97,6 +98,22 @@ await step("tool use", async () => {
       { role: "user", content: [{ type: "tool_result", tool_use_id: call.id, content: "sunny, 21C" }] }],
   });
   assert.ok(m2.content.some((b) => b.type === "text" && b.text.length > 0), "no answer after the tool result");
+});
+
+await step("thinking", async () => {
+  const params = { model, max_tokens: 32, thinking: { type: "enabled", budget_tokens: 1024 },
+    messages: [{ role: "user", content: "think first" }] };
+  const m = await client.messages.create(params);
+  let thinking = "";
+  const final = await client.messages.stream(params).on("thinking", (d) => { thinking += d; }).finalMessage();
+  if (process.env.INFERA_EXPECT_THINKING === "1") {
+    const block = m.content.find((b) => b.type === "thinking");
+    assert.ok(block && block.thinking.length > 0, "no thinking block");
+    assert.equal(m.content[0].type, "thinking", "thinking must come first");
+    assert.ok(thinking.length > 0, "no thinking_delta events");
+    assert.equal(final.content.find((b) => b.type === "thinking")?.thinking, thinking);
+  }
+  assert.ok(final.content.some((b) => b.type === "text"), "no text after thinking");
 });
 
 await step("messages.countTokens", async () => {

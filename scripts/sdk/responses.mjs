@@ -3,8 +3,9 @@
 // turns, and the refusal of previous_response_id.
 //
 // Environment: INFERA_BASE_URL (http://127.0.0.1:PORT, no /v1),
-// INFERA_API_KEY, INFERA_MODEL. Exits non-zero with a message on the first
-// mismatch.
+// INFERA_API_KEY, INFERA_MODEL; INFERA_EXPECT_THINKING=1 also requires
+// reasoning items when reasoning is asked for (an engine that reasons).
+// Exits non-zero with a message on the first mismatch.
 import OpenAI from "openai";
 import assert from "node:assert/strict";
 
@@ -100,6 +101,17 @@ await step("function tools", async () => {
     input: [...input, call, { type: "function_call_output", call_id: call.call_id, output: "sunny, 21C" }],
   });
   assert.ok(textOf(r2).length > 0, "no answer after the function output");
+});
+
+await step("reasoning", async () => {
+  const r = await client.responses.create({ model, input: "think first", reasoning: { effort: "high" }, max_output_tokens: 32 });
+  if (process.env.INFERA_EXPECT_THINKING === "1") {
+    const item = r.output.find((o) => o.type === "reasoning");
+    assert.ok(item, "no reasoning item");
+    assert.equal(r.output[0].type, "reasoning", "reasoning must come first");
+    assert.ok(item.content?.[0]?.text?.length > 0, "empty reasoning text");
+  }
+  assert.ok(textOf(r).length > 0, "no output text after reasoning");
 });
 
 await step("previous_response_id refused", async () => {
