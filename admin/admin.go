@@ -53,6 +53,8 @@ type Options struct {
 	SyncInterval time.Duration
 	// AuditSize bounds the in-memory audit log. Default 1000.
 	AuditSize int
+	// RedisStartTimeout is how long New waits for Redis. Default 10s.
+	RedisStartTimeout time.Duration
 }
 
 // OptionsFromFlags maps `infera serve` flags to Options.
@@ -151,6 +153,9 @@ func New(o Options) (*Admin, error) {
 	}
 	if o.SyncInterval <= 0 {
 		o.SyncInterval = time.Second
+	}
+	if o.RedisStartTimeout <= 0 {
+		o.RedisStartTimeout = 10 * time.Second
 	}
 	if o.AuditSize <= 0 {
 		o.AuditSize = 1000

@@ -391,5 +391,8 @@ func join(path, k string) string {
 	if path == "" {
 		return k
 	}
+	if k == "" {
+		return path
+	}
 	return path + "." + k
 }

@@ -191,3 +191,5 @@ func (f *fakeFleet) RuleHits() []RuleHit {
 	defer f.mu.Unlock()
 	return append([]RuleHit(nil), f.rules...)
 }
+
+func newEnvStore() *config.Store { return config.NewStore("", nil) }

@@ -91,7 +91,7 @@ func newRedisStorage(a *Admin) (*redisStorage, error) {
 	}()
 	// Wait a little for Redis: starting with other data than the shared
 	// one would serve the wrong users and limits.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(a.o.RedisStartTimeout)
 	for {
 		ctx, cancel := context.WithTimeout(r.ctx, redisOpTimeout)
 		err = r.client.Ping(ctx).Err()

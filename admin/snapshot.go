@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -147,7 +148,13 @@ func decodeSnapshot(data []byte) (map[string]any, *snapshotFile, error) {
 		return nil, nil, &config.FieldError{Path: "config", Msg: "is missing"}
 	}
 	if f.SHA256 != "" {
-		sum := sha256.Sum256(f.Config)
+		// The digest is over the compact form: indentation (MarshalIndent
+		// of the file, an editor) does not matter, any other change does.
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, f.Config); err != nil {
+			return nil, nil, &config.FieldError{Path: "config", Msg: "is not valid JSON"}
+		}
+		sum := sha256.Sum256(compact.Bytes())
 		if hex.EncodeToString(sum[:]) != strings.ToLower(f.SHA256) {
 			return nil, nil, &config.FieldError{Path: "sha256", Msg: "does not match the config: the file is damaged or was edited (remove sha256 to import an edited file on purpose)"}
 		}

@@ -1,0 +1,256 @@
+package admin
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/config"
+)
+
+func snapshotNames(t *testing.T, dir string) []string {
+	t.Helper()
+	s := &snapshots{dir: dir}
+	list, err := s.list()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, i := range list {
+		out = append(out, i.Name)
+	}
+	return out
+}
+
+func TestSnapshotsRotateAndRestoreNewestOnStart(t *testing.T) {
+	dir := t.TempDir()
+	keep := config.Backup{IntervalSeconds: 3600, Keep: 2}
+	e := newEnv(t, envOpts{snapshotDir: dir, backup: &keep})
+	for i, alg := range []string{"round-robin", "least-tokens", "least-requests"} {
+		e.put("load_balancing", `{"algorithm":"`+alg+`"}`, 200)
+		if _, err := e.a.snapshot(kindAuto); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond) // distinct names
+		if n := len(snapshotNames(t, dir)); n != min(i+1, 2) {
+			t.Fatalf("after %d snapshots: %d kept", i+1, n)
+		}
+	}
+	// Unchanged data: no new automatic snapshot.
+	before := snapshotNames(t, dir)
+	if info, err := e.a.snapshot(kindAuto); err != nil || info.Name != "" {
+		t.Fatalf("unchanged snapshot written: %+v %v", info, err)
+	}
+	if got := snapshotNames(t, dir); strings.Join(got, ",") != strings.Join(before, ",") {
+		t.Fatalf("snapshots changed: %v -> %v", before, got)
+	}
+	// A manual snapshot is rotated on its own.
+	if r := e.do("POST", "/api/backup", ""); r.status != 201 {
+		t.Fatalf("manual snapshot: %d %s", r.status, r.body)
+	}
+	e.put("debug", `{"decision_header":true}`, 200)
+	e.a.Close() // a last snapshot at shutdown
+	if n := len(snapshotNames(t, dir)); n != 3 {
+		t.Fatalf("want 2 auto + 1 manual, got %v", snapshotNames(t, dir))
+	}
+	for _, n := range snapshotNames(t, dir) {
+		fi, _ := os.Stat(filepath.Join(dir, n))
+		if fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s has mode %v", n, fi.Mode())
+		}
+	}
+	// A new process restores the newest one.
+	e2 := newEnv(t, envOpts{snapshotDir: dir, backup: &keep})
+	c := e2.store.Load()
+	if c.LoadBalancing.Algorithm != "least-requests" || !c.Debug.DecisionHeader {
+		t.Fatalf("restored %+v %+v", c.LoadBalancing, c.Debug)
+	}
+	if e2.store.Version() < 5 {
+		t.Fatalf("version did not continue: %d", e2.store.Version())
+	}
+}
+
+func TestCorruptNewestSnapshotFallsBackToThePreviousOne(t *testing.T) {
+	logs := captureLogs(t)
+	dir := t.TempDir()
+	e := newEnv(t, envOpts{snapshotDir: dir})
+	e.put("load_balancing", `{"algorithm":"round-robin"}`, 200)
+	good, err := e.a.snapshot(kindAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.put("load_balancing", `{"algorithm":"least-tokens"}`, 200)
+	time.Sleep(2 * time.Millisecond)
+	bad, err := e.a.snapshot(kindAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.a.snaps = nil // no shutdown snapshot
+	e.a.Close()
+	// A torn write (what a crash without the rename would leave) and a
+	// flipped byte (the checksum catches it) both fall back.
+	data, _ := os.ReadFile(filepath.Join(dir, bad.Name))
+	for _, corrupt := range [][]byte{data[:len(data)/2], []byte(strings.Replace(string(data), "least-tokens", "least-tokenz", 1)), {}} {
+		if err := os.WriteFile(filepath.Join(dir, bad.Name), corrupt, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		e2 := newEnv(t, envOpts{snapshotDir: dir})
+		if alg := e2.store.Load().LoadBalancing.Algorithm; alg != "round-robin" {
+			t.Fatalf("restored %q, want the previous snapshot %s", alg, good.Name)
+		}
+		e2.a.snaps = nil
+	}
+	if !strings.Contains(logs.String(), "snapshot unusable; trying the previous one") || !strings.Contains(logs.String(), bad.Name) {
+		t.Fatal("fallback reason not logged")
+	}
+}
+
+func TestConfigFileWinsOverSnapshotsAtStart(t *testing.T) {
+	dir := t.TempDir()
+	e := newEnv(t, envOpts{snapshotDir: dir})
+	e.put("load_balancing", `{"algorithm":"round-robin"}`, 200)
+	e.a.Close()
+	e2 := newEnv(t, envOpts{snapshotDir: dir, file: `{"load_balancing":{"algorithm":"least-tokens"}}`})
+	if alg := e2.store.Load().LoadBalancing.Algorithm; alg != "least-tokens" {
+		t.Fatalf("with a config file, a snapshot replaced it: %q", alg)
+	}
+}
+
+func TestBackupLoopTakesSnapshotsAtTheConfiguredInterval(t *testing.T) {
+	dir := t.TempDir()
+	b := config.Backup{IntervalSeconds: 1, Keep: 5}
+	e := newEnv(t, envOpts{snapshotDir: dir, backup: &b})
+	e.put("load_balancing", `{"algorithm":"round-robin"}`, 200)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(snapshotNames(t, dir)) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no automatic snapshot within 5 s at interval 1 s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestExportImportRoundTrip(t *testing.T) {
+	e := newEnv(t, envOpts{file: proxiesDoc, snapshotDir: t.TempDir()})
+	e.put("session_affinity", `{"enabled":true}`, 200)
+	exp := e.do("GET", "/api/backup/export", "")
+	if exp.status != 200 || !strings.Contains(exp.hdr.Get("Content-Disposition"), "attachment") {
+		t.Fatalf("export: %d %v", exp.status, exp.hdr)
+	}
+	if strings.Contains(string(exp.body), "sk-secret") {
+		t.Fatal("an upstream key in clear in the export")
+	}
+	if !strings.Contains(string(exp.body), sealedPrefix) {
+		t.Fatal("upstream keys not sealed in the export")
+	}
+	// Restore it on another gateway with the same admin key.
+	e2 := newEnv(t, envOpts{snapshotDir: t.TempDir()})
+	dry := e2.do("POST", "/api/backup/import?dry_run=1", string(exp.body))
+	if dry.status != 200 || !strings.Contains(string(dry.body), "session_affinity.enabled") || e2.store.Version() != 1 {
+		t.Fatalf("dry run: %d %s", dry.status, dry.body)
+	}
+	r := e2.do("POST", "/api/backup/import", string(exp.body))
+	if r.status != 200 {
+		t.Fatalf("import: %d %s", r.status, r.body)
+	}
+	c := e2.store.Load()
+	if !c.SessionAffinity.Enabled || c.SplitProxy.Proxies[1].APIKey.Reveal() != "sk-secret-a-111" {
+		t.Fatalf("imported %+v", c.SessionAffinity)
+	}
+	// The data before the import was saved as a manual snapshot.
+	var b Backup
+	json.Unmarshal(e2.do("GET", "/api/backup", "").body, &b)
+	if b.Mode != "snapshots" || len(b.Snapshots) != 1 || b.Snapshots[0].Kind != kindManual {
+		t.Fatalf("pre-import snapshot: %+v", b)
+	}
+	if got := e2.do("GET", "/api/backup/snapshots/"+b.Snapshots[0].Name, ""); got.status != 200 || !strings.Contains(string(got.body), snapshotFormat) {
+		t.Fatalf("download snapshot: %d", got.status)
+	}
+	if got := e2.do("GET", "/api/backup/snapshots/..%2f..%2fetc%2fpasswd", ""); got.status != 404 {
+		t.Fatalf("path traversal: %d", got.status)
+	}
+	// Another admin key cannot open the sealed secrets: refused whole.
+	e3 := newEnv(t, envOpts{key: "another-admin-key-42"})
+	req, _ := http.NewRequest("POST", e3.srv.URL+"/api/backup/import", strings.NewReader(string(exp.body)))
+	req.Header.Set("Authorization", "Bearer another-admin-key-42")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var eb errorJSON
+	json.NewDecoder(res.Body).Decode(&eb)
+	res.Body.Close()
+	if res.StatusCode != 400 || eb.Error.Path != "config.split_proxy.proxies[1].api_key" || e3.store.Version() != 1 {
+		t.Fatalf("import with another key: %d %+v", res.StatusCode, eb)
+	}
+}
+
+func TestBadImportChangesNothing(t *testing.T) {
+	e := newEnv(t, envOpts{snapshotDir: t.TempDir()})
+	e.put("load_balancing", `{"algorithm":"round-robin"}`, 200)
+	exp := string(e.do("GET", "/api/backup/export", "").body)
+	var f snapshotFile
+	json.Unmarshal([]byte(exp), &f)
+	withConfig := func(cfg string, keepSum bool) string {
+		g := f
+		g.Config = json.RawMessage(cfg)
+		if !keepSum {
+			g.SHA256 = ""
+		}
+		data, _ := json.Marshal(g)
+		return string(data)
+	}
+	cases := []struct{ body, path string }{
+		{"", ""},
+		{"not json", ""},
+		{`{"format":"something-else"}`, "format"},
+		{`{"format":"infera-snapshot","format_version":99,"config":{}}`, "format_version"},
+		{`{"format":"infera-snapshot","format_version":1}`, "config"},
+		{exp[:len(exp)/2], ""},
+		{strings.Replace(exp, "round-robin", "least-tokens", 1), "sha256"},
+		{withConfig(`{"load_balancing":{"algorithm":"fastest"}}`, false), "config.load_balancing.algorithm"},
+		{withConfig(`{"session_affinity":{"ttl_s":-1}}`, false), "config.session_affinity.ttl_s"},
+		{withConfig(`{"nope":1}`, false), "config.nope"},
+		{withConfig(`[]`, false), "config"},
+	}
+	v := e.store.Version()
+	before, _ := encodeClear(e.store.Load())
+	for _, c := range cases {
+		r := e.do("POST", "/api/backup/import", c.body)
+		if r.status != 400 {
+			t.Fatalf("bad import %.60q: %d %s", c.body, r.status, r.body)
+		}
+		if p, _ := r.errPath(t); p != c.path {
+			t.Fatalf("bad import %.60q: error at %q, want %q", c.body, p, c.path)
+		}
+	}
+	after, _ := encodeClear(e.store.Load())
+	if e.store.Version() != v || string(before) != string(after) {
+		t.Fatal("a bad import changed the config")
+	}
+	var b Backup
+	json.Unmarshal(e.do("GET", "/api/backup", "").body, &b)
+	if len(b.Snapshots) != 0 {
+		t.Fatalf("a bad import wrote a snapshot: %+v", b.Snapshots)
+	}
+	// An edited file without its checksum imports on purpose.
+	if r := e.do("POST", "/api/backup/import", withConfig(`{"load_balancing":{"algorithm":"least-tokens"}}`, false)); r.status != 200 {
+		t.Fatalf("edited import: %d %s", r.status, r.body)
+	}
+}
+
+func TestManualSnapshotNeedsADirectory(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	if r := e.do("POST", "/api/backup", ""); r.status != http.StatusConflict {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	var b Backup
+	json.Unmarshal(e.do("GET", "/api/backup", "").body, &b)
+	if b.Mode != "off" || b.Settings != config.DefaultBackup() {
+		t.Fatalf("%+v", b)
+	}
+}

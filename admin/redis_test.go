@@ -1,0 +1,244 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// redisServer is a real redis-server on a free loopback port, without
+// persistence (a restart loses everything: the hardest case).
+type redisServer struct {
+	t    *testing.T
+	port int
+	cmd  *exec.Cmd
+}
+
+func startRedis(t *testing.T) *redisServer {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("INFERA_REQUIRE_SERVERS") == "1" {
+			t.Fatal("redis-server not installed (apt-get install -y redis-server)")
+		}
+		t.Skip("redis-server not installed (apt-get install -y redis-server); INFERA_REQUIRE_SERVERS=1 makes this a failure")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &redisServer{t: t, port: ln.Addr().(*net.TCPAddr).Port}
+	ln.Close()
+	r.start(bin)
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *redisServer) start(bin string) {
+	r.t.Helper()
+	r.cmd = exec.Command(bin, "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", r.t.TempDir())
+	if err := r.cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: r.addr()})
+	defer c.Close()
+	for i := 0; ; i++ {
+		if c.Ping(context.Background()).Err() == nil {
+			return
+		}
+		if i > 100 {
+			r.t.Fatal("redis-server did not start")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (r *redisServer) stop() {
+	if r.cmd != nil && r.cmd.Process != nil {
+		r.cmd.Process.Kill()
+		r.cmd.Wait()
+		r.cmd = nil
+	}
+}
+
+func (r *redisServer) restart() {
+	r.stop()
+	bin, _ := exec.LookPath("redis-server")
+	r.start(bin)
+}
+
+func (r *redisServer) addr() string { return fmt.Sprintf("127.0.0.1:%d", r.port) }
+func (r *redisServer) url() string  { return "redis://" + r.addr() + "/0" }
+
+// eventually polls cond for up to d.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > d {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func TestRedisReplicasConverge(t *testing.T) {
+	rs := startRedis(t)
+	a := newEnv(t, envOpts{state: rs.url(), file: proxiesDoc})
+	b := newEnv(t, envOpts{state: rs.url()})
+	// B started against a seeded Redis: it serves A's data, not defaults.
+	if len(b.store.Load().SplitProxy.Proxies) != 3 || b.store.Load().SplitProxy.Proxies[1].APIKey.Reveal() != "sk-secret-a-111" {
+		t.Fatalf("replica B did not load the shared data: %+v", b.store.Load().SplitProxy)
+	}
+	// Secrets are sealed in Redis.
+	c := redis.NewClient(&redis.Options{Addr: rs.addr()})
+	defer c.Close()
+	doc, err := c.HGet(context.Background(), "infera:admin:data", "doc").Result()
+	if err != nil || strings.Contains(doc, "sk-secret") || !strings.Contains(doc, sealedPrefix) {
+		t.Fatalf("Redis holds %q (%v)", doc, err)
+	}
+	// A write on A reaches B within a second, through pub/sub.
+	a.put("session_affinity", `{"enabled":true,"require_session_id":true}`, 200)
+	eventually(t, time.Second, "replica B adopts A's write", func() bool { return b.store.Load().SessionAffinity.RequireSessionID })
+	if a.store.Version() != b.store.Version() || a.etag() != b.etag() {
+		t.Fatalf("versions differ: %d %d", a.store.Version(), b.store.Version())
+	}
+	// B's audit names the other replica.
+	if en := b.a.audit.list(1); len(en) != 1 || en[0].Who != "another replica (redis)" {
+		t.Fatalf("B's audit: %+v", en)
+	}
+	// An operator on B with an ETag from before A's next write conflicts.
+	tagB := b.etag()
+	a.put("load_balancing", `{"algorithm":"round-robin"}`, 200)
+	eventually(t, time.Second, "B adopts", func() bool { return b.store.Load().LoadBalancing.Algorithm == "round-robin" })
+	if r := b.do("PUT", "/api/config/load_balancing", `{"algorithm":"least-tokens"}`, "If-Match", tagB); r.status != 409 {
+		t.Fatalf("stale write on B: %d %s", r.status, r.body)
+	}
+	// A write that lands in Redis between B's read and B's commit is a
+	// conflict too (the compare-and-set is in Redis, not in B's memory).
+	cfg, v := b.store.Current()
+	a.put("debug", `{"decision_header":true}`, 200)
+	if _, err := b.a.st.commit(cfg, v, actor{Who: "test"}); err == nil {
+		t.Fatal("commit on a stale version succeeded in Redis")
+	}
+	// Users created on one replica authenticate on the other's config.
+	if r := b.do("POST", "/api/users", `{"name":"dave"}`); r.status != 201 {
+		t.Fatalf("create user on B: %d %s", r.status, r.body)
+	}
+	eventually(t, time.Second, "A sees B's user", func() bool { return len(a.store.Load().Users) == 1 })
+}
+
+func TestRedisLostMessagesAreCaughtByTheVersionCheck(t *testing.T) {
+	rs := startRedis(t)
+	a := newEnv(t, envOpts{state: rs.url()})
+	b := newEnv(t, envOpts{state: rs.url()})
+	// Change the data behind the replicas' backs, without a message.
+	cfg, v := a.store.Current()
+	next := *cfg
+	next.Debug.DecisionHeader = true
+	data, _ := a.a.seal.encodeSealed(&next)
+	c := redis.NewClient(&redis.Options{Addr: rs.addr()})
+	defer c.Close()
+	if err := c.HSet(context.Background(), "infera:admin:data", "doc", string(data), "version", v+1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []*env{a, b} {
+		eventually(t, 2*time.Second, "periodic version check", func() bool { return e.store.Load().Debug.DecisionHeader })
+	}
+}
+
+func TestRedisRestartWithoutPersistence(t *testing.T) {
+	rs := startRedis(t)
+	a := newEnv(t, envOpts{state: rs.url()})
+	b := newEnv(t, envOpts{state: rs.url()})
+	a.put("load_balancing", `{"algorithm":"round-robin"}`, 200)
+	eventually(t, time.Second, "B adopts", func() bool { return b.store.Load().LoadBalancing.Algorithm == "round-robin" })
+
+	rs.stop()
+	// While Redis is down, writes fail cleanly and both keep serving.
+	if r := a.do("PUT", "/api/config/debug", `{"decision_header":true}`, "If-Match", a.etag()); r.status != 503 {
+		t.Fatalf("write without Redis: %d %s", r.status, r.body)
+	}
+	if a.store.Load().LoadBalancing.Algorithm != "round-robin" || a.store.Load().Debug.DecisionHeader {
+		t.Fatal("data changed while Redis was down")
+	}
+	rs.restart() // empty: no persistence
+	c := redis.NewClient(&redis.Options{Addr: rs.addr()})
+	defer c.Close()
+	eventually(t, 5*time.Second, "a replica puts its copy back", func() bool {
+		doc, err := c.HGet(context.Background(), "infera:admin:data", "doc").Result()
+		return err == nil && strings.Contains(doc, "round-robin")
+	})
+	// Writes work again and still converge (pub/sub resubscribed).
+	eventually(t, 5*time.Second, "write after the restart", func() bool {
+		return a.do("PUT", "/api/config/debug", `{"decision_header":true}`, "If-Match", a.etag()).status == 200
+	})
+	eventually(t, 2*time.Second, "B converges after the restart", func() bool { return b.store.Load().Debug.DecisionHeader })
+	if b.store.Load().LoadBalancing.Algorithm != "round-robin" {
+		t.Fatal("B lost earlier data")
+	}
+}
+
+func TestHandEditWithRedisBecomesASharedWrite(t *testing.T) {
+	rs := startRedis(t)
+	a := newEnv(t, envOpts{state: rs.url(), file: `{}`})
+	b := newEnv(t, envOpts{state: rs.url()})
+	if err := os.WriteFile(a.path, []byte(`{"load_balancing":{"algorithm":"least-tokens"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := a.store.Reload(); !ok || err != nil {
+		t.Fatalf("reload: %v %v", ok, err)
+	}
+	eventually(t, time.Second, "A serves its hand edit", func() bool { return a.store.Load().LoadBalancing.Algorithm == "least-tokens" })
+	eventually(t, time.Second, "B gets A's hand edit", func() bool { return b.store.Load().LoadBalancing.Algorithm == "least-tokens" })
+	// API writes with Redis do not touch the file.
+	a.put("debug", `{"decision_header":true}`, 200)
+	data, _ := os.ReadFile(a.path)
+	if strings.Contains(string(data), "decision_header") {
+		t.Fatal("an API write with Redis rewrote the config file")
+	}
+}
+
+func TestImportToRedisFromASnapshotDirectory(t *testing.T) {
+	// Built-in storage with snapshots...
+	dir := t.TempDir()
+	e := newEnv(t, envOpts{snapshotDir: dir})
+	e.put("load_balancing", `{"algorithm":"round-robin"}`, 200)
+	exp := string(e.do("GET", "/api/backup/export", "").body)
+	e.a.Close()
+	// ...migrates into an empty Redis at start...
+	rs := startRedis(t)
+	a := newEnv(t, envOpts{state: rs.url(), snapshotDir: dir})
+	if a.store.Load().LoadBalancing.Algorithm != "round-robin" || a.a.snaps != nil {
+		t.Fatal("Redis not seeded from the newest snapshot, or snapshots still on")
+	}
+	// ...or through Import to Redis, which every replica takes.
+	b := newEnv(t, envOpts{state: rs.url()})
+	a.put("load_balancing", `{"algorithm":"least-tokens"}`, 200)
+	if r := a.do("POST", "/api/backup/import", exp); r.status != 200 || !strings.Contains(string(r.body), `"storage":"redis"`) {
+		t.Fatalf("import to redis: %d %s", r.status, r.body)
+	}
+	eventually(t, time.Second, "B takes the import", func() bool { return b.store.Load().LoadBalancing.Algorithm == "round-robin" })
+}
+
+func TestRedisUnreachableAtStartFailsClearly(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	_, err := New(Options{Store: newEnvStore(), State: "redis://" + addr, RedisStartTimeout: 300 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "cannot reach Redis") {
+		t.Fatalf("got %v", err)
+	}
+	if _, err := New(Options{Store: newEnvStore(), State: "mysql://x"}); err == nil {
+		t.Fatal("unknown state URL accepted")
+	}
+}

@@ -1,0 +1,154 @@
+package admin
+
+import (
+	"crypto/sha256"
+	"encoding/json"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/infera/infera/config"
+)
+
+// verifyKey checks a key against a stored hash as config documents it.
+func verifyKey(t *testing.T, key, stored string) bool {
+	t.Helper()
+	h, err := config.ParseKeyHash(stored)
+	if err != nil {
+		t.Fatalf("stored hash does not parse: %v", err)
+	}
+	id, ok := config.KeyID(key)
+	return ok && id == h.ID && sha256.Sum256(append(append([]byte{}, h.Salt...), key...)) == h.Sum
+}
+
+func TestCreateUserShowsTheKeyOnceAndStoresItsHash(t *testing.T) {
+	logs := captureLogs(t)
+	e := newEnv(t, envOpts{file: `{}`})
+	r := e.do("POST", "/api/users", `{"name":"alice"}`)
+	if r.status != http.StatusCreated {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	var out struct {
+		User UserView `json:"user"`
+		Key  string   `json:"key"`
+	}
+	json.Unmarshal(r.body, &out)
+	if !config.LooksLikeKey(out.Key) || out.User.Name != "alice" || !out.User.Enabled || len(out.User.KeyIDs) != 1 {
+		t.Fatalf("create answer: %s", r.body)
+	}
+	users := e.store.Load().Users
+	if len(users) != 1 || len(users[0].Keys) != 1 || !verifyKey(t, out.Key, users[0].Keys[0]) {
+		t.Fatalf("stored user: %+v", users)
+	}
+	// The key never appears again: not in reads, the file, the audit log,
+	// an export or a log line.
+	data, _ := os.ReadFile(e.path)
+	for name, body := range map[string]string{
+		"users":  string(e.do("GET", "/api/users", "").body),
+		"user":   string(e.do("GET", "/api/users/alice", "").body),
+		"config": string(e.do("GET", "/api/config", "").body),
+		"audit":  string(e.do("GET", "/api/audit", "").body),
+		"export": string(e.do("GET", "/api/backup/export", "").body),
+		"file":   string(data),
+		"logs":   logs.String(),
+	} {
+		if strings.Contains(body, out.Key) {
+			t.Fatalf("the key appears in %s", name)
+		}
+	}
+	if !strings.Contains(string(e.do("GET", "/api/audit", "").body), "key "+out.User.KeyIDs[0]) {
+		t.Fatal("the audit log does not name the key by id")
+	}
+	// A second key, then revoke the first.
+	r = e.do("POST", "/api/users/alice/keys", "")
+	var k2 struct {
+		Key string `json:"key"`
+	}
+	json.Unmarshal(r.body, &k2)
+	if r.status != 201 || !config.LooksLikeKey(k2.Key) || len(e.store.Load().Users[0].Keys) != 2 {
+		t.Fatalf("add key: %d %s", r.status, r.body)
+	}
+	r = e.do("DELETE", "/api/users/alice/keys/"+out.User.KeyIDs[0], "", "If-Match", e.etag())
+	if r.status != 200 || len(e.store.Load().Users[0].Keys) != 1 || !verifyKey(t, k2.Key, e.store.Load().Users[0].Keys[0]) {
+		t.Fatalf("revoke: %d %s", r.status, r.body)
+	}
+	if r := e.do("DELETE", "/api/users/alice/keys/0123456789abcdef", "", "If-Match", e.etag()); r.status != 404 {
+		t.Fatalf("revoke unknown key: %d", r.status)
+	}
+}
+
+func TestUserValidationAndConflicts(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	if r := e.do("POST", "/api/users", `{"name":"bad name!"}`); r.status != 400 {
+		t.Fatalf("bad name: %d %s", r.status, r.body)
+	} else if p, _ := r.errPath(t); p != "users[0].name" {
+		t.Fatalf("bad name error at %q", p)
+	}
+	if r := e.do("POST", "/api/users", `{"name":"bob","template":"gold"}`); r.status != 400 {
+		t.Fatalf("unknown template: %d", r.status)
+	} else if p, _ := r.errPath(t); p != "users[0].template" {
+		t.Fatalf("unknown template error at %q", p)
+	}
+	if r := e.do("POST", "/api/users", `{"name":"bob","keys":["x"]}`); r.status != 400 {
+		t.Fatalf("keys in the body: %d", r.status)
+	}
+	if r := e.do("POST", "/api/users", `{"name":"bob"}`); r.status != 201 {
+		t.Fatal(r.status)
+	}
+	if r := e.do("POST", "/api/users", `{"name":"bob"}`); r.status != 409 {
+		t.Fatalf("duplicate user: %d", r.status)
+	}
+	if r := e.do("PUT", "/api/users/bob", `{"enabled":false}`); r.status != 428 {
+		t.Fatalf("update without If-Match: %d", r.status)
+	}
+	if r := e.do("PUT", "/api/users/bob", `{"enabled":false}`, "If-Match", e.etag()); r.status != 200 || e.store.Load().Users[0].Enabled {
+		t.Fatalf("disable: %d %s", r.status, r.body)
+	}
+	if r := e.do("PUT", "/api/users/nobody", `{}`, "If-Match", e.etag()); r.status != 404 {
+		t.Fatalf("update unknown: %d", r.status)
+	}
+	if r := e.do("DELETE", "/api/users/bob", "", "If-Match", e.etag()); r.status != 204 || len(e.store.Load().Users) != 0 {
+		t.Fatalf("delete: %d", r.status)
+	}
+}
+
+func TestQuotaTemplatesCRUD(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	r := e.do("POST", "/api/templates", `{"name":"gold","default":true,"rate":{"enabled":true,"rpm":60}}`)
+	if r.status != 201 {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	ts := e.store.Load().UserLimit.Templates
+	if len(ts) != 1 || ts[0].Rate.RPM != 60 || !ts[0].Default || ts[0].Rate.DefaultOutputTokens != 1024 {
+		t.Fatalf("stored: %+v", ts)
+	}
+	if r := e.do("POST", "/api/templates", `{"name":"silver","rate":{"rpm":-1}}`); r.status != 400 {
+		t.Fatalf("bad template: %d", r.status)
+	} else if p, _ := r.errPath(t); p != "rate.rpm" {
+		t.Fatalf("error at %q", p)
+	}
+	if r := e.do("POST", "/api/users", `{"name":"carol","template":"gold"}`); r.status != 201 {
+		t.Fatal(r.status)
+	}
+	if r := e.do("PUT", "/api/templates/gold", `{"rate":{"enabled":true,"rpm":120}}`, "If-Match", e.etag()); r.status != 200 {
+		t.Fatalf("update: %d %s", r.status, r.body)
+	}
+	if e.store.Load().UserLimit.Templates[0].Rate.RPM != 120 {
+		t.Fatal("update not applied")
+	}
+	// A template in use cannot go: the error names the user binding it.
+	r = e.do("DELETE", "/api/templates/gold", "", "If-Match", e.etag())
+	if p, _ := r.errPath(t); r.status != 400 || p != "users[0].template" {
+		t.Fatalf("delete in use: %d %s", r.status, r.body)
+	}
+	e.do("DELETE", "/api/users/carol", "", "If-Match", e.etag())
+	if r := e.do("DELETE", "/api/templates/gold", "", "If-Match", e.etag()); r.status != 204 {
+		t.Fatalf("delete: %d %s", r.status, r.body)
+	}
+	var list struct{ Templates []any }
+	json.Unmarshal(e.do("GET", "/api/templates", "").body, &list)
+	if list.Templates == nil || len(list.Templates) != 0 {
+		t.Fatalf("list: %+v", list)
+	}
+}
