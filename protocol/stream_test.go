@@ -257,3 +257,18 @@ func TestStreamBoundsHostileUpstreams(t *testing.T) {
 		t.Errorf("too many tools: %v %s", err, tail(string(out)))
 	}
 }
+
+// Echoed request settings are compacted: a client that pretty-prints its
+// tools (the OpenAI SDK sends them as given) must not break the data lines
+// of response.created and response.completed.
+func TestResponsesStreamEchoesPrettyPrintedSettingsOnOneLine(t *testing.T) {
+	m := responsesMeta(t, "{\"model\":\"g\",\"stream\":true,\"input\":\"x\",\"tools\":[\n  {\n    \"type\": \"function\",\n    \"name\": \"f\",\n    \"description\": \"a b\\nc\"\n  }\n],\"metadata\":{\n\"k\": \"v w\"}}")
+	out := convertStream(t, m, chunkLine(`{"content":"a"}`, `"stop"`)+"data: [DONE]\n\n")
+	evs, err := checkResponsesSSE(out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(evs[0].raw, `"tools":[{"type":"function","name":"f","description":"a b\nc"}]`) || !strings.Contains(evs[0].raw, `"metadata":{"k":"v w"}`) {
+		t.Errorf("echo not compacted as expected: %s", evs[0].raw)
+	}
+}
