@@ -36,12 +36,22 @@ type Cmd struct {
 	MaxBatch         int `name:"max-batch" help:"Maximum concurrently running sequences; more requests queue." default:"64" env:"INFERA_ENGINE_MAX_BATCH"`
 	MaxPrefillTokens int `name:"max-prefill-tokens" help:"Uncached prompt tokens admitted per step (0 = no cap)." default:"8192" env:"INFERA_ENGINE_MAX_PREFILL_TOKENS"`
 
-	Speedup         float64       `help:"Divide every simulated duration by this." default:"1" env:"INFERA_ENGINE_SPEEDUP"`
-	PrefillBase     time.Duration `name:"prefill-base" help:"Fixed cost of a step that prefills." default:"8ms" env:"INFERA_ENGINE_PREFILL_BASE"`
-	PrefillPerToken time.Duration `name:"prefill-per-token" help:"Prefill cost per uncached prompt token." default:"80us" env:"INFERA_ENGINE_PREFILL_PER_TOKEN"`
-	PrefillPerSeq   time.Duration `name:"prefill-per-seq" help:"Prefill cost per sequence prefilled in a step." default:"250us" env:"INFERA_ENGINE_PREFILL_PER_SEQ"`
-	DecodeBase      time.Duration `name:"decode-base" help:"Fixed cost of a decode step." default:"12ms" env:"INFERA_ENGINE_DECODE_BASE"`
-	DecodePerSeq    time.Duration `name:"decode-per-seq" help:"Decode step cost per running sequence." default:"150us" env:"INFERA_ENGINE_DECODE_PER_SEQ"`
+	Speedup          float64       `help:"Divide every simulated duration by this." default:"1" env:"INFERA_ENGINE_SPEEDUP"`
+	PrefillBase      time.Duration `name:"prefill-base" help:"Fixed cost of a step that prefills." default:"8ms" env:"INFERA_ENGINE_PREFILL_BASE"`
+	PrefillPerToken  time.Duration `name:"prefill-per-token" help:"Prefill cost per uncached prompt token." default:"80us" env:"INFERA_ENGINE_PREFILL_PER_TOKEN"`
+	PrefillPerSeq    time.Duration `name:"prefill-per-seq" help:"Prefill cost per sequence prefilled in a step." default:"250us" env:"INFERA_ENGINE_PREFILL_PER_SEQ"`
+	DecodeBase       time.Duration `name:"decode-base" help:"Fixed cost of a decode step." default:"12ms" env:"INFERA_ENGINE_DECODE_BASE"`
+	DecodePerSeq     time.Duration `name:"decode-per-seq" help:"Decode step cost per running sequence." default:"150us" env:"INFERA_ENGINE_DECODE_PER_SEQ"`
+	TransferBase     time.Duration `name:"transfer-base" help:"Fixed latency of one prefill-to-decode KV transfer." default:"1ms" env:"INFERA_ENGINE_TRANSFER_BASE"`
+	TransferPerBlock time.Duration `name:"transfer-per-block" help:"Prefill-to-decode KV transfer time per block." default:"40us" env:"INFERA_ENGINE_TRANSFER_PER_BLOCK"`
+
+	Role                  string        `help:"Disaggregation role: mixed serves whole requests; prefill computes prompts and hands their KV to decode engines; decode receives the KV and generates." default:"mixed" enum:"mixed,prefill,decode" env:"INFERA_ENGINE_ROLE"`
+	PDMode                string        `name:"pd-mode" help:"KV connector of --role prefill|decode: sglang (Mooncake push: bootstrap_host/port/room) or vllm (NixlConnector pull: kv_transfer_params)." default:"" env:"INFERA_ENGINE_PD_MODE"`
+	BootstrapPort         int           `name:"bootstrap-port" help:"Prefill engine's KV server port: SGLang's bootstrap server or vLLM's NIXL side channel; -1 means 8998 (sglang) or 5600 (vllm), 0 an ephemeral port." default:"-1" env:"INFERA_ENGINE_BOOTSTRAP_PORT"`
+	BootstrapHost         string        `name:"bootstrap-host" help:"Host decode engines reach the prefill engine's KV server at (vLLM remote_host); empty means --host, or 127.0.0.1 when --host is a wildcard." default:"" env:"INFERA_ENGINE_BOOTSTRAP_HOST"`
+	PDWaitingTimeout      time.Duration `name:"pd-waiting-timeout" help:"Decode engine: longest wait for a request's KV transfer (SGLANG_DISAGGREGATION_WAITING_TIMEOUT)." default:"300s" env:"INFERA_ENGINE_PD_WAITING_TIMEOUT"`
+	PDBootstrapTimeout    time.Duration `name:"pd-bootstrap-timeout" help:"SGLang prefill engine: longest wait for the decode engine of a bootstrap_room to connect (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)." default:"300s" env:"INFERA_ENGINE_PD_BOOTSTRAP_TIMEOUT"`
+	PDAbortRequestTimeout time.Duration `name:"pd-abort-request-timeout" help:"vLLM prefill engine: how long a finished prefill keeps its blocks for the decode engine's read (VLLM_NIXL_ABORT_REQUEST_TIMEOUT)." default:"480s" env:"INFERA_ENGINE_PD_ABORT_REQUEST_TIMEOUT"`
 
 	DefaultMaxTokens int    `name:"default-max-tokens" help:"Tokens generated when a request sets no max_tokens." default:"256" env:"INFERA_ENGINE_DEFAULT_MAX_TOKENS"`
 	Tokenizer        string `help:"Hugging Face tokenizer directory; empty uses the built-in Simple tokenizer." default:"" env:"INFERA_ENGINE_TOKENIZER"`
@@ -59,9 +69,10 @@ type Cmd struct {
 	FaultSeed        uint64  `name:"fault-seed" help:"Seed of the --fault-rate choice." default:"1" env:"INFERA_ENGINE_FAULT_SEED"`
 }
 
-// Config turns the flags into a server configuration, loading the tokenizer
-// and starting the KV event publisher when configured. The caller owns
-// cfg.Sink (Server.Close closes it).
+// Config turns the flags into a server configuration, loading the tokenizer,
+// starting the KV event publisher and opening a prefill engine's KV server
+// listener when configured. The caller owns cfg.Sink and cfg.PD.Listener
+// (Server.Close closes them).
 func (c *Cmd) Config() (Config, error) {
 	var models []string
 	for _, m := range c.Model {
@@ -78,6 +89,7 @@ func (c *Cmd) Config() (Config, error) {
 	tm := TimeModel{
 		PrefillBase: c.PrefillBase, PrefillPerToken: c.PrefillPerToken, PrefillPerSeq: c.PrefillPerSeq,
 		DecodeBase: c.DecodeBase, DecodePerSeq: c.DecodePerSeq, Speedup: c.Speedup,
+		TransferBase: c.TransferBase, TransferPerBlock: c.TransferPerBlock,
 	}
 	if !(c.Speedup > 0) {
 		return Config{}, fmt.Errorf("--speedup must be positive, got %v", c.Speedup)
@@ -97,6 +109,26 @@ func (c *Cmd) Config() (Config, error) {
 		DefaultMaxTokens: c.DefaultMaxTokens,
 		Fault:            fault,
 	}
+	role, err := ParseRole(c.Role)
+	if err != nil {
+		return Config{}, fmt.Errorf("invalid --role: %w", err)
+	}
+	mode, err := ParsePDMode(c.PDMode)
+	if err != nil {
+		return Config{}, fmt.Errorf("invalid --pd-mode: %w", err)
+	}
+	switch {
+	case role == RoleMixed && mode != PDNone:
+		return Config{}, fmt.Errorf("--pd-mode %s needs --role prefill or decode", mode)
+	case role != RoleMixed && mode == PDNone:
+		return Config{}, fmt.Errorf("--role %s needs --pd-mode sglang or vllm", role)
+	case c.BootstrapPort < -1 || c.BootstrapPort > 65535:
+		return Config{}, fmt.Errorf("--bootstrap-port must be -1 (the mode's default), 0 (ephemeral) or a port, got %d", c.BootstrapPort)
+	case c.PDWaitingTimeout <= 0 || c.PDBootstrapTimeout <= 0 || c.PDAbortRequestTimeout <= 0:
+		return Config{}, fmt.Errorf("--pd-waiting-timeout, --pd-bootstrap-timeout and --pd-abort-request-timeout must be positive")
+	}
+	cfg.PD = PDConfig{Role: role, Mode: mode, AdvertiseHost: c.BootstrapHost, WaitingTimeout: c.PDWaitingTimeout,
+		BootstrapTimeout: c.PDBootstrapTimeout, AbortRequestTimeout: c.PDAbortRequestTimeout}
 	if c.Tokenizer != "" {
 		tok, err := loadTokenizer(c.Tokenizer)
 		if err != nil {
@@ -104,17 +136,37 @@ func (c *Cmd) Config() (Config, error) {
 		}
 		cfg.Tokenizer = tok
 	}
+	if role == RolePrefill {
+		addr := net.JoinHostPort(c.Host, strconv.Itoa(kvServerPort(c.BootstrapPort, mode)))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return Config{}, fmt.Errorf("cannot listen for the KV server (--bootstrap-port) on %s: %w", addr, err)
+		}
+		cfg.PD.Listener = ln
+	}
 	if c.KVEventsEndpoint != "" {
 		sink, err := NewKVEventSink(KVEventsOptions{
 			Endpoint: c.KVEventsEndpoint, ReplayEndpoint: c.KVReplayEndpoint,
 			Layout: EventLayout(c.KVEventsLayout), Topic: c.KVEventsTopic,
 		})
 		if err != nil {
+			cfg.closeResources()
 			return Config{}, fmt.Errorf("cannot start KV event publisher: %w", err)
 		}
 		cfg.Sink = sink
 	}
 	return cfg, nil
+}
+
+// closeResources closes what Cmd.Config opened, for when no Server took
+// ownership of it.
+func (cfg *Config) closeResources() {
+	if cfg.Sink != nil {
+		_ = cfg.Sink.Close()
+	}
+	if cfg.PD.Listener != nil {
+		_ = cfg.PD.Listener.Close()
+	}
 }
 
 // Run starts the engine and serves until SIGINT or SIGTERM.
@@ -125,9 +177,7 @@ func (c *Cmd) Run() error {
 	}
 	srv, err := NewServer(cfg)
 	if err != nil {
-		if cfg.Sink != nil {
-			_ = cfg.Sink.Close()
-		}
+		cfg.closeResources()
 		return fmt.Errorf("cannot start engine: %w", err)
 	}
 	addr := net.JoinHostPort(c.Host, strconv.Itoa(c.Port))
@@ -137,7 +187,12 @@ func (c *Cmd) Run() error {
 		return fmt.Errorf("cannot listen on %s: %w", addr, err)
 	}
 	slog.Info("infera engine listening", "addr", ln.Addr().String(), "id", cfg.ID, "models", cfg.Models,
-		"speedup", c.Speedup, "max_batch", c.MaxBatch, "kv_blocks", c.KVCapacityBlocks, "fault", cfg.Fault.Mode)
+		"speedup", c.Speedup, "max_batch", c.MaxBatch, "kv_blocks", c.KVCapacityBlocks, "fault", cfg.Fault.Mode,
+		"role", cfg.PD.Role.String(), "pd_mode", cfg.PD.Mode.String())
+	if b := srv.BootstrapInfo(); b != nil {
+		slog.Info("infera engine KV server listening; register this worker with these flags",
+			"addr", cfg.PD.Listener.Addr().String(), "worker_flags", "--role prefill --bootstrap '"+string(b)+"'")
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	sig := make(chan os.Signal, 1)
@@ -151,4 +206,16 @@ func (c *Cmd) Run() error {
 		slog.Info("infera engine stopping", "signal", s.String())
 	}
 	return srv.Close()
+}
+
+// kvServerPort resolves --bootstrap-port: -1 is the real engine's default
+// (SGLang's bootstrap server 8998, vLLM's NIXL side channel 5600).
+func kvServerPort(flag int, mode PDMode) int {
+	if flag != -1 {
+		return flag
+	}
+	if mode == PDVLLM {
+		return DefaultNixlSideChannelPort
+	}
+	return DefaultSGLangBootstrapPort
 }

@@ -41,6 +41,12 @@ type Request struct {
 	MaxTokens int
 	// Tag is opaque caller data, returned untouched in Events.
 	Tag any
+	// Transfer says where the prompt's KV comes from: computed here
+	// (TransferNone) or transferred from a prefill engine (PD decode role).
+	Transfer Transfer
+	// HoldKV keeps the request's blocks after its last token until Release
+	// (PD prefill role: the KV waits for its transfer to the decode engine).
+	HoldKV bool
 
 	// Output, set by the Core.
 
@@ -60,25 +66,51 @@ type Request struct {
 	seq    uint64 // submission order, for determinism checks
 }
 
+// Transfer is how a request's prompt KV reaches the Core.
+type Transfer uint8
+
+const (
+	// TransferNone: the Core prefills the prompt itself.
+	TransferNone Transfer = iota
+	// TransferPush is SGLang's decode side: the prefill engine writes the
+	// prompt's KV and its first output token into blocks the Core reserved;
+	// the request then only decodes (tokens 2..MaxTokens).
+	TransferPush
+	// TransferPull is vLLM's decode side (NixlConnector): the Core reads the
+	// prompt's KV from the prefill engine into blocks it reserved, then
+	// recomputes the last prompt token in a decode step, which yields the
+	// first output token.
+	TransferPull
+)
+
 type reqState uint8
 
 const (
 	stateNew reqState = iota
 	stateQueued
+	stateWaitingKV // blocks reserved, KV transfer under way (not in the batch)
+	stateReady     // KV arrived, waiting for a batch slot
 	stateRunning
+	stateHeld // finished, blocks kept for a transfer (HoldKV) until Release
 	stateDone
 	stateAborted
 )
 
 // Event reports progress of one request at the end of a step: a new token, and
-// whether the request is done.
+// whether the request is done. A request with a Transfer also gets one
+// WaitingKV event when it is admitted.
 type Event struct {
 	Req *Request
 	// Tokens is the number of tokens generated so far (== Req.Generated).
 	Tokens int
-	// Done is true on the request's last token; its blocks are freed.
+	// Done is true on the request's last token; its blocks are freed (or
+	// held, with HoldKV).
 	Done bool
-	// At is the step's end time.
+	// WaitingKV is true (with Tokens 0) when a request with a Transfer was
+	// admitted: its blocks are reserved and its KV may now be transferred;
+	// report the end with TransferDone, or give up with Abort.
+	WaitingKV bool
+	// At is the step's end time (the admission time for WaitingKV).
 	At time.Duration
 }
 
@@ -89,8 +121,12 @@ type CoreStats struct {
 	GeneratedTokens                         uint64
 	Steps                                   uint64
 	Running, Queued                         int
-	BlocksUsed, BlocksCached, BlocksCap     int
-	Evictions                               uint64
+	// WaitingKV counts requests whose KV transfer is under way, ReadyKV
+	// those whose KV arrived and that wait for a batch slot, Held finished
+	// requests whose blocks wait for their transfer (HoldKV).
+	WaitingKV, ReadyKV, Held            int
+	BlocksUsed, BlocksCached, BlocksCap int
+	Evictions                           uint64
 }
 
 // Core is the clock-free continuous-batching scheduler of the simulated
@@ -143,6 +179,11 @@ type Core struct {
 	qhead   int
 	running []*Request
 	inStep  int // running[:inStep] take part in the current step
+
+	// ready holds requests whose transferred KV arrived, FIFO; they join
+	// the batch before queued requests are admitted.
+	ready           []*Request
+	waitingKV, held int
 
 	busy      bool
 	stepStart time.Duration
@@ -220,11 +261,25 @@ func (c *Core) Submit(req *Request, now time.Duration) error {
 	return nil
 }
 
-// Abort removes a queued or running request at time now and frees its
-// blocks. It returns false when req is not queued or running. A running
-// request leaves the current step without shortening it.
+// Abort removes a queued, waiting, ready or running request at time now
+// and frees its blocks. It returns false when req is none of these. A
+// running request leaves the current step without shortening it. Aborting a
+// held request releases it (see Release).
 func (c *Core) Abort(req *Request, now time.Duration) bool {
 	switch req.state {
+	case stateHeld:
+		return c.Release(req)
+	case stateWaitingKV:
+		c.waitingKV--
+		c.cache.Free(&req.alloc)
+	case stateReady:
+		for i, r := range c.ready {
+			if r == req {
+				c.ready = append(c.ready[:i], c.ready[i+1:]...)
+				break
+			}
+		}
+		c.cache.Free(&req.alloc)
 	case stateQueued:
 		for i := c.qhead; i < len(c.queue); i++ {
 			if c.queue[i] == req {
@@ -256,6 +311,69 @@ func (c *Core) Abort(req *Request, now time.Duration) bool {
 	return true
 }
 
+// TransferDone reports at time now that the KV of req, admitted with a
+// Transfer (its WaitingKV event came), has arrived. A TransferPush request
+// gets its first token now (appended to dst, with Done when MaxTokens is 1)
+// and decodes from the next step on; a TransferPull request takes part in
+// the next step as one more decoding sequence, which gives its first token.
+// Either waits for a batch slot first. It returns false, changing nothing,
+// when req is not waiting for its KV. After it, call Step(now) if the Core
+// was idle.
+func (c *Core) TransferDone(req *Request, now time.Duration, dst []Event) ([]Event, bool) {
+	if req.state != stateWaitingKV {
+		return dst, false
+	}
+	c.waitingKV--
+	if req.Transfer == TransferPush {
+		req.Generated = 1
+		req.FirstTokenAt = now
+		c.stats.GeneratedTokens++
+		done := req.Generated >= req.MaxTokens
+		dst = append(dst, Event{Req: req, Tokens: 1, Done: done, At: now})
+		if done {
+			c.finish(req, now)
+			return dst, true
+		}
+	}
+	req.state = stateReady
+	c.ready = append(c.ready, req)
+	return dst, true
+}
+
+// Release frees the blocks of a held request (HoldKV, finished): its
+// transfer is over. It returns false when req is not held.
+func (c *Core) Release(req *Request) bool {
+	if req.state != stateHeld {
+		return false
+	}
+	c.held--
+	c.cache.Free(&req.alloc)
+	req.state = stateDone
+	return true
+}
+
+// BlockIDs appends the ids of the first n blocks req holds (its prompt's
+// blocks: a prefill engine reports them as vLLM's remote_block_ids). Block
+// ids index the cache's physical blocks. It returns dst unchanged when req
+// holds no blocks.
+func (c *Core) BlockIDs(dst []int, req *Request, n int) []int {
+	return req.alloc.appendIDs(dst, n)
+}
+
+// finish ends a request that produced its last token at time at: its
+// blocks are freed, or kept until Release with HoldKV.
+func (c *Core) finish(r *Request, at time.Duration) {
+	r.FinishAt = at
+	c.stats.Completed++
+	if r.HoldKV {
+		r.state = stateHeld
+		c.held++
+		return
+	}
+	r.state = stateDone
+	c.cache.Free(&r.alloc)
+}
+
 // Step advances the Core to time now: it finishes the current step if it
 // ended at or before now, appending its events to dst, and starts the next
 // step when there is work. It returns dst and the time of the next event
@@ -269,7 +387,7 @@ func (c *Core) Step(now time.Duration, dst []Event) ([]Event, time.Duration) {
 		dst = c.finishStep(dst)
 		start = c.stepEnd
 	}
-	c.startStep(start)
+	dst = c.startStep(start, dst)
 	if !c.busy {
 		return dst, Never
 	}
@@ -305,10 +423,7 @@ func (c *Core) finishStep(dst []Event) []Event {
 		done := r.Generated >= r.MaxTokens
 		dst = append(dst, Event{Req: r, Tokens: r.Generated, Done: done, At: at})
 		if done {
-			r.state = stateDone
-			r.FinishAt = at
-			c.cache.Free(&r.alloc)
-			c.stats.Completed++
+			c.finish(r, at)
 			continue
 		}
 		kept = append(kept, r)
@@ -321,33 +436,66 @@ func (c *Core) finishStep(dst []Event) []Event {
 	return dst
 }
 
-func (c *Core) startStep(now time.Duration) {
+func (c *Core) startStep(now time.Duration, dst []Event) []Event {
 	decode := len(c.running)
+	// Transferred requests take free batch slots first, in arrival order:
+	// they only decode (a pulled one recomputes its last prompt token,
+	// which costs what one more decoding sequence costs).
+	n := 0
+	for _, r := range c.ready {
+		if len(c.running) >= c.cfg.MaxBatch {
+			break
+		}
+		r.state = stateRunning
+		r.AdmitAt = max(now, r.SubmitAt)
+		c.running = append(c.running, r)
+		n++
+	}
+	if n > 0 {
+		clear(c.ready[:n])
+		c.ready = append(c.ready[:0], c.ready[n:]...)
+		decode += n
+	}
 	prefillSeqs, prefillTokens := 0, 0
 	bs := c.cache.BlockSize()
-	for c.qhead < len(c.queue) && len(c.running) < c.cfg.MaxBatch {
+	for c.qhead < len(c.queue) {
 		r := c.queue[c.qhead]
+		remote := r.Transfer != TransferNone
+		if !remote && len(c.running) >= c.cfg.MaxBatch {
+			break
+		}
 		p := len(r.Prompt)
 		// The last prompt token is always computed, so at most
 		// (p-1)/bs blocks can be hits (as in vLLM).
 		maxHit := (p - 1) / bs
-		hit := c.cache.MatchHashes(r.hashes)
-		if hit > maxHit {
-			hit = maxHit
-		}
-		uncached := p - hit*bs
-		if prefillSeqs > 0 && c.cfg.MaxPrefillTokens > 0 && prefillTokens+uncached > c.cfg.MaxPrefillTokens {
-			break
+		uncached := 0
+		if !remote {
+			hit := c.cache.MatchHashes(r.hashes)
+			if hit > maxHit {
+				hit = maxHit
+			}
+			uncached = p - hit*bs
+			if prefillSeqs > 0 && c.cfg.MaxPrefillTokens > 0 && prefillTokens+uncached > c.cfg.MaxPrefillTokens {
+				break
+			}
 		}
 		if !c.cache.Allocate(&r.alloc, r.hashes, r.Prompt, c.cache.BlocksFor(p+r.MaxTokens), maxHit) {
 			break // FIFO: wait for blocks
 		}
 		c.queue[c.qhead] = nil
 		c.qhead++
-		r.state = stateRunning
-		r.AdmitAt = max(now, r.SubmitAt)
 		r.CachedTokens = r.alloc.CachedBlocks() * bs
 		c.stats.CachedPromptTokens += uint64(r.CachedTokens)
+		if remote {
+			// Blocks reserved; the KV transfer may start.
+			r.state = stateWaitingKV
+			r.AdmitAt = max(now, r.SubmitAt)
+			c.waitingKV++
+			dst = append(dst, Event{Req: r, WaitingKV: true, At: r.AdmitAt})
+			continue
+		}
+		r.state = stateRunning
+		r.AdmitAt = max(now, r.SubmitAt)
 		c.running = append(c.running, r)
 		prefillSeqs++
 		prefillTokens += p - r.CachedTokens
@@ -357,7 +505,7 @@ func (c *Core) startStep(now time.Duration) {
 	}
 	c.inStep = len(c.running)
 	if c.inStep == 0 {
-		return
+		return dst
 	}
 	c.busy = true
 	c.stepStart = now
@@ -366,6 +514,7 @@ func (c *Core) startStep(now time.Duration) {
 		d = 1 // keep time moving even with a degenerate model
 	}
 	c.stepEnd = now + d
+	return dst
 }
 
 // Stats returns the Core's counters and gauges.
@@ -373,6 +522,7 @@ func (c *Core) Stats() CoreStats {
 	s := c.stats
 	s.Running = len(c.running)
 	s.Queued = len(c.queue) - c.qhead
+	s.WaitingKV, s.ReadyKV, s.Held = c.waitingKV, len(c.ready), c.held
 	s.BlocksUsed = c.cache.Used()
 	s.BlocksCached = c.cache.Cached()
 	s.BlocksCap = c.cache.Capacity()

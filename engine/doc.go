@@ -36,6 +36,18 @@
 // fasthttp pulls from; a failed write (client gone) aborts the sequence and
 // frees its blocks.
 //
+// Prefill-decode disaggregation (pd.go, pdparse.go, pdserve.go): with
+// --role prefill|decode and --pd-mode sglang|vllm an engine plays one half
+// of a pair and speaks the real engines' request fields: SGLang's
+// bootstrap_host/bootstrap_port/bootstrap_room (push: both engines get the
+// request; the prefill engine's KV server hands the room's KV to the decode
+// engine that joined it) or vLLM's kv_transfer_params (pull: the prefill
+// engine answers with them, the decode engine reads the blocks from its
+// side channel). The transfer runs over loopback HTTP and takes
+// TimeModel.TransferTime; the Core reserves a decode request's blocks before
+// it (Transfer, TransferDone) and keeps a prefill's blocks until it is over
+// (HoldKV, Release). docs/pd.md is the reference.
+//
 // The engine knows nothing of the router, discovery or transports; KV event
 // publishing is behind KVEventSink (kvevents.go); the Publisher (publisher.go,
 // kvwire.go, and zmq.go, the package's only cgo file) emits vLLM's ZMQ wire

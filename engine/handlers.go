@@ -149,6 +149,14 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 	if sq.req.MaxTokens == 0 {
 		sq.req.MaxTokens = s.cfg.DefaultMaxTokens
 	}
+	var pdf pdFields
+	if s.pd != nil {
+		if pdf, err = s.pdRequest(sq, g, ctx.PostBody()); err != nil {
+			s.badRequests.Add(1)
+			s.writeError(ctx, fasthttp.StatusBadRequest, err.Error(), "invalid_request_error")
+			return
+		}
+	}
 
 	closeAfter := -1
 	if f := s.currentFault(); f.Mode == FaultError || f.Mode == FaultHang || f.Mode == FaultCloseMidStream {
@@ -169,10 +177,19 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 	}
 
 	sq.everyToken = g.stream || closeAfter >= 0
-	if err := s.submit(sq); err != nil {
-		s.badRequests.Add(1)
-		s.writeError(ctx, fasthttp.StatusBadRequest, err.Error(), "invalid_request_error")
-		return
+	if s.pd != nil && s.pd.cfg.Role == RolePrefill && s.pd.cfg.Mode == PDSGLang {
+		if !s.prefillSGLang(ctx, sq, pdf) {
+			return
+		}
+	} else {
+		if err := s.submit(sq); err != nil {
+			s.badRequests.Add(1)
+			s.writeError(ctx, fasthttp.StatusBadRequest, err.Error(), "invalid_request_error")
+			return
+		}
+		if sq.req.Transfer != TransferNone && !s.receiveKV(ctx, sq, pdf) {
+			return
+		}
 	}
 
 	id := s.idBase + s.idSeq.Add(1)
@@ -234,6 +251,13 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 	n := int(sq.tokens.Load())
 	head := appendHead(nil, idPrefix, id, object, created, modelJSON)
 	body := appendFullResponse(make([]byte, 0, 384+n*8), chat, head, n, len(sq.req.Prompt), sq.req.CachedTokens)
+	if sq.req.HoldKV && s.pd.cfg.Mode == PDVLLM {
+		// A vLLM prefill: its blocks wait for the decode engine's read.
+		if body = s.holdForRead(sq, body, idPrefix, id); body == nil {
+			s.writeError(ctx, fasthttp.StatusServiceUnavailable, "engine shutting down", "server_error")
+			return
+		}
+	}
 	ctx.SetContentType("application/json")
 	ctx.SetBody(body)
 }

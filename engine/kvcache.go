@@ -41,7 +41,8 @@ type KVCache struct {
 type kvBlock struct {
 	hash       uint64
 	refs       int32
-	hashed     bool // in table
+	id         int32 // index in KVCache.blocks, never changes
+	hashed     bool  // in table
 	prev, next *kvBlock
 }
 
@@ -93,6 +94,15 @@ func (a *KVAlloc) Blocks() int { return len(a.blocks) }
 // when the allocation was made.
 func (a *KVAlloc) CachedBlocks() int { return a.cached }
 
+// appendIDs appends the physical ids of the first n blocks held (all when
+// fewer are held).
+func (a *KVAlloc) appendIDs(dst []int, n int) []int {
+	for _, b := range a.blocks[:min(n, len(a.blocks))] {
+		dst = append(dst, int(b.id))
+	}
+	return dst
+}
+
 // NewKVCache returns an empty cache of capacityBlocks blocks of blockSize
 // tokens. sink may be nil.
 func NewKVCache(blockSize, capacityBlocks int, sink KVEventSink) (*KVCache, error) {
@@ -114,6 +124,7 @@ func NewKVCache(blockSize, capacityBlocks int, sink KVEventSink) (*KVCache, erro
 	c.lru.init()
 	// Free list is a stack; push in reverse so blocks are used in index order.
 	for i := capacityBlocks - 1; i >= 0; i-- {
+		c.blocks[i].id = int32(i)
 		c.free = append(c.free, &c.blocks[i])
 	}
 	return c, nil
@@ -382,7 +393,7 @@ func (c *KVCache) evict(n int) {
 }
 
 func (c *KVCache) release(b *kvBlock) {
-	*b = kvBlock{}
+	*b = kvBlock{id: b.id}
 	c.free = append(c.free, b)
 }
 

@@ -37,6 +37,9 @@ type Config struct {
 	Fault Fault
 	// Sink receives KV cache events; nil for none. The Server closes it.
 	Sink KVEventSink
+	// PD makes the engine a prefill or decode engine of a disaggregated
+	// pair; the zero value is the mixed role.
+	PD PDConfig
 }
 
 // Server is the simulated engine's HTTP server. One scheduler goroutine
@@ -65,6 +68,8 @@ type Server struct {
 	requests, badRequests, faultsInjected atomic.Uint64
 	hung                                  atomic.Int64
 
+	pd *pd // nil for the mixed role
+
 	closeOnce sync.Once
 }
 
@@ -82,6 +87,9 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	fault, err := cfg.Fault.normalize()
 	if err != nil {
+		return nil, err
+	}
+	if err := cfg.PD.normalize(cfg.ID); err != nil {
 		return nil, err
 	}
 	cfg.Core.Sink = cfg.Sink
@@ -137,6 +145,9 @@ func NewServer(cfg Config) (*Server, error) {
 		CloseOnShutdown:               true,
 		Logger:                        debugLogger{},
 	}
+	if cfg.PD.Role != RoleMixed {
+		s.pd = newPD(s, cfg.PD)
+	}
 	go s.run()
 	return s, nil
 }
@@ -156,6 +167,9 @@ func (s *Server) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
 		<-s.done
+		if s.pd != nil {
+			s.pd.close()
+		}
 		err = s.srv.Shutdown()
 		if s.cfg.Sink != nil {
 			if cerr := s.cfg.Sink.Close(); cerr != nil && err == nil {
@@ -195,19 +209,7 @@ func (s *Server) run() {
 			evs, next = s.core.Step(now, evs)
 		}
 		s.mu.Unlock()
-		for i := range evs {
-			ev := &evs[i]
-			sq := ev.Req.Tag.(*seq)
-			sq.tokens.Store(int32(ev.Tokens))
-			if ev.Done {
-				sq.done.Store(true)
-				sq.ended.Store(true)
-				sq.poke()
-			} else if sq.everyToken {
-				sq.poke()
-			}
-			ev.Req = nil
-		}
+		s.deliver(evs)
 		if next != Never {
 			d := next - s.now()
 			if d <= 0 {
@@ -231,6 +233,46 @@ func (s *Server) run() {
 			return
 		}
 	}
+}
+
+// deliver hands the Core's events to the waiting handlers.
+func (s *Server) deliver(evs []Event) {
+	for i := range evs {
+		ev := &evs[i]
+		sq := ev.Req.Tag.(*seq)
+		ev.Req = nil
+		if ev.WaitingKV {
+			close(sq.admitted)
+			continue
+		}
+		sq.storeTokens(int32(ev.Tokens))
+		if ev.Done {
+			sq.done.Store(true)
+			if !sq.req.HoldKV {
+				sq.ended.Store(true)
+			}
+			if sq.doneCh != nil {
+				close(sq.doneCh)
+			}
+			sq.poke()
+		} else if sq.everyToken {
+			sq.poke()
+		}
+	}
+}
+
+// transferDone tells the Core that sq's KV arrived. It returns false when
+// sq no longer waits for it (aborted).
+func (s *Server) transferDone(sq *seq) bool {
+	var evs [1]Event
+	s.mu.Lock()
+	got, ok := s.core.TransferDone(&sq.req, s.now(), evs[:0])
+	s.mu.Unlock()
+	if ok {
+		s.deliver(got)
+		s.kick()
+	}
+	return ok
 }
 
 func (s *Server) submit(sq *seq) error {
@@ -311,6 +353,30 @@ type Stats struct {
 	CacheBlocksCap     int    `json:"cache_blocks_capacity"`
 	Evictions          uint64 `json:"evictions"`
 	Fault              string `json:"fault"`
+
+	// Disaggregation: the role (mixed, prefill, decode), the PD mode
+	// (sglang, vllm; empty when mixed) and, for a prefill engine, its
+	// BootstrapInfo.
+	Role      string          `json:"role"`
+	PDMode    string          `json:"pd_mode,omitempty"`
+	Bootstrap json.RawMessage `json:"bootstrap,omitempty"`
+	// KVWaiting: requests whose KV transfer is under way; KVReady: KV
+	// arrived, waiting for a batch slot; KVHeld: finished prefills whose
+	// blocks wait for their transfer.
+	KVWaiting int `json:"kv_waiting"`
+	KVReady   int `json:"kv_ready"`
+	KVHeld    int `json:"kv_held"`
+	// PDRooms: SGLang bootstrap rooms open on a prefill engine;
+	// PDHeldRequests: vLLM prefills whose blocks wait for a read.
+	PDRooms        int `json:"pd_rooms"`
+	PDHeldRequests int `json:"pd_held_requests"`
+	// Transfers completed (served by a prefill engine, received by a
+	// decode engine), requests failed by a transfer (timeouts included),
+	// timeouts alone, and blocks moved.
+	Transfers         uint64 `json:"transfers"`
+	TransferFailures  uint64 `json:"transfer_failures"`
+	TransferTimeouts  uint64 `json:"transfer_timeouts"`
+	BlocksTransferred uint64 `json:"blocks_transferred"`
 }
 
 // Stats returns a snapshot of the counters.
@@ -318,7 +384,7 @@ func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	cs := s.core.Stats()
 	s.mu.Unlock()
-	return Stats{
+	st := Stats{
 		ID:                 s.cfg.ID,
 		RequestsTotal:      s.requests.Load(),
 		BadRequests:        s.badRequests.Load(),
@@ -339,7 +405,32 @@ func (s *Server) Stats() Stats {
 		CacheBlocksCap:     cs.BlocksCap,
 		Evictions:          cs.Evictions,
 		Fault:              s.currentFault().Mode,
+		Role:               s.cfg.PD.Role.String(),
+		PDMode:             s.cfg.PD.Mode.String(),
+		KVWaiting:          cs.WaitingKV,
+		KVReady:            cs.ReadyKV,
+		KVHeld:             cs.Held,
 	}
+	// Requests waiting for their KV and finished prefills whose KV waits for
+	// its decode engine are in flight too: a draining prefill engine must
+	// wait for its transfers.
+	st.Active += cs.WaitingKV + cs.ReadyKV + cs.Held
+	if p := s.pd; p != nil {
+		st.Bootstrap = p.info
+		st.PDRooms, st.PDHeldRequests = p.counts()
+		st.Transfers, st.TransferFailures = p.transfers.Load(), p.failures.Load()
+		st.TransferTimeouts, st.BlocksTransferred = p.timeouts.Load(), p.blocks.Load()
+	}
+	return st
+}
+
+// BootstrapInfo returns the JSON a prefill engine advertises in its worker
+// record's "bootstrap" field, or nil for other roles.
+func (s *Server) BootstrapInfo() []byte {
+	if s.pd == nil {
+		return nil
+	}
+	return s.pd.info
 }
 
 // debugLogger sends fasthttp's connection errors (mostly clients that went

@@ -21,6 +21,21 @@ type seq struct {
 	ended  atomic.Bool   // finished or aborted: the Core no longer holds req
 	// everyToken asks for a poke on every token, not just the last one.
 	everyToken bool
+	// admitted is closed when a request with a Transfer got its blocks;
+	// doneCh, when non-nil, is closed on the last token. Both exist only for
+	// PD requests.
+	admitted, doneCh chan struct{}
+}
+
+// storeTokens raises the token count to n (never lowers it: a transfer's
+// first token and the scheduler's steps are delivered by two goroutines).
+func (s *seq) storeTokens(n int32) {
+	for {
+		cur := s.tokens.Load()
+		if n <= cur || s.tokens.CompareAndSwap(cur, n) {
+			return
+		}
+	}
 }
 
 func newSeq() *seq {

@@ -21,6 +21,13 @@ import (
 // uncached token) plus a fixed 8 ms forward-pass floor and 0.25 ms per
 // prefilled sequence; a decode step costs 12 ms plus 0.15 ms per running
 // sequence (about 80 tokens/s for one sequence, 22 ms per step at a batch of 64).
+//
+// A step that both prefills and decodes costs the sum: the running
+// sequences' next tokens wait for the whole prefill, as when prefill and
+// decode run as separate forward passes. This is the interference that
+// prefill-decode disaggregation removes: on a prefill engine every step only
+// prefills, on a decode engine every step only decodes, and the KV moves
+// between them in TransferTime.
 type TimeModel struct {
 	// PrefillBase is the floor of any step that prefills: one forward pass,
 	// even when the whole prompt is cached (the last token is always computed).
@@ -34,6 +41,11 @@ type TimeModel struct {
 	// DecodePerSeq is the extra cost of each sequence in a decode step
 	// (attention over its KV, sampling).
 	DecodePerSeq time.Duration
+	// TransferBase is the fixed latency of one KV transfer between a
+	// prefill and a decode engine (handshake and completion notice).
+	TransferBase time.Duration
+	// TransferPerBlock is the transfer time of one KV block.
+	TransferPerBlock time.Duration
 	// Speedup divides every duration; values <= 0 mean 1.
 	Speedup float64
 	// Slow multiplies every duration (fault injection); values <= 0 mean 1.
@@ -48,13 +60,19 @@ func DefaultTimeModel() TimeModel {
 		PrefillPerSeq:   250 * time.Microsecond,
 		DecodeBase:      12 * time.Millisecond,
 		DecodePerSeq:    150 * time.Microsecond,
-		Speedup:         1,
+		// 16 tokens of an 8B model's KV (32 layers x 8 KV heads x 128 dims
+		// x K and V x 2 bytes = 128 KiB per token) are 2 MiB: 42 µs at
+		// 50 GB/s, one 400 Gb/s RDMA NIC.
+		TransferBase:     time.Millisecond,
+		TransferPerBlock: 40 * time.Microsecond,
+		Speedup:          1,
 	}
 }
 
 // Validate reports a model that cannot produce sensible times.
 func (m TimeModel) Validate() error {
-	if m.PrefillBase < 0 || m.PrefillPerToken < 0 || m.PrefillPerSeq < 0 || m.DecodeBase < 0 || m.DecodePerSeq < 0 {
+	if m.PrefillBase < 0 || m.PrefillPerToken < 0 || m.PrefillPerSeq < 0 || m.DecodeBase < 0 || m.DecodePerSeq < 0 ||
+		m.TransferBase < 0 || m.TransferPerBlock < 0 {
 		return fmt.Errorf("time model durations must not be negative: %+v", m)
 	}
 	if m.PrefillBase+m.PrefillPerSeq+m.PrefillPerToken <= 0 || m.DecodeBase+m.DecodePerSeq <= 0 {
@@ -98,6 +116,13 @@ func (m TimeModel) DecodeStepTime(batch int) time.Duration {
 		return 0
 	}
 	return m.scale(m.DecodeBase + time.Duration(batch)*m.DecodePerSeq)
+}
+
+// TransferTime is the duration of moving blocks KV blocks from a prefill
+// engine to a decode engine: TransferBase + blocks*TransferPerBlock (only
+// TransferBase when blocks <= 0: the completion notice still travels).
+func (m TimeModel) TransferTime(blocks int) time.Duration {
+	return m.scale(m.TransferBase + time.Duration(max(blocks, 0))*m.TransferPerBlock)
 }
 
 // StepTime is the duration of a step that prefills prefillSeqs sequences with
