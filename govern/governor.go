@@ -1,0 +1,392 @@
+package govern
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/config"
+)
+
+// Options are the process-level settings of a Governor (not hot-reloadable).
+type Options struct {
+	// State is "" for in-process counters, or redis://[:password@]host:port[/db]
+	// (rediss:// for TLS) for counters shared by every router using it.
+	State string
+	// Now is the clock; nil means time.Now. Tests pass a fake clock.
+	Now func() time.Time
+	// LeaseTTL is how long a concurrency seat held in Redis outlives the
+	// last heartbeat of the router holding it (a crashed router's seats are
+	// free after at most this). Heartbeats run every LeaseTTL/3. Default 15s.
+	LeaseTTL time.Duration
+	// PollInterval is how often requests queued for a seat re-check Redis,
+	// besides the release notifications routers publish. Default 100ms.
+	PollInterval time.Duration
+	// RedisPrefix prefixes every Redis key and channel. Default "infera:".
+	RedisPrefix string
+}
+
+// Governor identifies users and admits their requests. It is safe for
+// concurrent use; Apply swaps its configuration at any time.
+type Governor struct {
+	now  func() time.Time
+	opts Options
+	snap atomic.Pointer[snapshot]
+
+	mu     sync.Mutex // serializes Apply; guards states
+	states map[string]*userState
+	cals   map[string]*calendar
+
+	seats seatLimiter
+	rds   *redisState // nil: in-process counters
+
+	userSet *metrics.Set // per-user series (bounded)
+
+	ticketPool sync.Pool
+	seatPool   sync.Pool
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// New returns a Governor serving an empty configuration (no users, no
+// limits) until Apply. With Options.State it connects to Redis and checks
+// that it answers.
+func New(o Options) (*Governor, error) {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = 15 * time.Second
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = 100 * time.Millisecond
+	}
+	if o.RedisPrefix == "" {
+		o.RedisPrefix = "infera:"
+	}
+	g := &Governor{
+		now:     o.Now,
+		opts:    o,
+		states:  map[string]*userState{},
+		cals:    map[string]*calendar{},
+		userSet: metrics.NewSet(),
+		stop:    make(chan struct{}),
+	}
+	g.ticketPool.New = func() any { return &ticketState{g: g} }
+	g.seatPool.New = func() any { return &seatState{g: g} }
+	g.seats.init(g)
+	if o.State != "" {
+		r, err := newRedisState(g, o)
+		if err != nil {
+			return nil, err
+		}
+		g.rds = r
+	}
+	if err := g.Apply(&config.Config{}); err != nil {
+		panic("BUG: the empty config does not apply: " + err.Error())
+	}
+	metrics.RegisterSet(g.userSet)
+	g.wg.Add(1)
+	go g.maintain()
+	return g, nil
+}
+
+// Close stops background work and closes the Redis connection. Seats and
+// tickets still held are not returned (in Redis their leases expire).
+func (g *Governor) Close() error {
+	select {
+	case <-g.stop:
+		return nil
+	default:
+	}
+	close(g.stop)
+	g.wg.Wait()
+	metrics.UnregisterSet(g.userSet, true)
+	if g.rds != nil {
+		return g.rds.close()
+	}
+	return nil
+}
+
+// maintain sweeps idle seat counters and, with Redis, renews leases and
+// serves queues.
+func (g *Governor) maintain() {
+	defer g.wg.Done()
+	sweep := time.NewTicker(time.Minute)
+	defer sweep.Stop()
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-sweep.C:
+			g.seats.sweep()
+		}
+	}
+}
+
+// snapshot is one compiled configuration; immutable once stored.
+type snapshot struct {
+	keys      map[string]*keyRecord // by key id
+	users     map[string]*User
+	authUsers bool // users are configured: requests must carry a user key
+	cal       *calendar
+	userDry   bool
+	userOpen  bool // admit when the state store fails
+	rl        rlConf
+}
+
+// rlConf is request rate limiting, compiled.
+type rlConf struct {
+	limited   bool
+	scope     scopeKind
+	queue     bool
+	queueSize int
+	timeout   time.Duration
+	dry       bool
+	open      bool
+	lim       [3]int // overall, prefill, decode; 0 = no limit
+}
+
+// User is an identified API user (a value of the current configuration).
+type User struct {
+	name    string
+	enabled bool
+	tmpl    *template // nil: no limits
+	st      *userState
+	m       *userMetrics // nil: beyond user_limit.metrics_max_users
+}
+
+// Name returns the user's name.
+func (u *User) Name() string { return u.name }
+
+// template is a quota template, compiled.
+type template struct {
+	name string
+	dry  bool
+	any  bool // some capability is on
+
+	periods *minuteMask // nil: always allowed
+
+	quota                       bool
+	wIn, wOut, wCached, wPrompt float64 // wPrompt = max(wIn, wCached): the estimate's prompt weight
+	win                         [numPeriods]winLimit
+	concLimit                   int // 0: off
+	concQueue                   bool
+	concQueueSize               int
+	concTimeout                 time.Duration
+	rpm, tpm                    int64 // 0: off
+	defOut                      int64
+}
+
+type winLimit struct {
+	on             bool
+	maxReq, maxTok int64 // maxTok in milli-tokens; 0: no limit
+}
+
+// Apply compiles c and makes it current. Counters of users and scopes
+// that still exist carry over; in-flight tickets and seats return to the
+// counters they were taken from. c must be valid (config.Validate).
+func (g *Governor) Apply(c *config.Config) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	s := &snapshot{keys: map[string]*keyRecord{}, users: map[string]*User{}}
+	ul := c.UserLimit
+	tz := ul.Timezone
+	if tz == "" {
+		tz = "UTC"
+	}
+	cal := g.cals[tz]
+	if cal == nil {
+		loc, err := time.LoadLocation(tz)
+		if err != nil {
+			return fmt.Errorf("cannot load timezone %q: %w", tz, err)
+		}
+		cal = newCalendar(loc)
+		g.cals[tz] = cal
+	}
+	s.cal = cal
+	s.userDry = ul.DryRun
+	s.userOpen = ul.OnStateError != config.StateErrorClosed
+	tmpls := map[string]*template{}
+	var def *template
+	for i := range ul.Templates {
+		t, err := compileTemplate(&ul.Templates[i])
+		if err != nil {
+			return fmt.Errorf("user_limit.templates[%d]: %w", i, err)
+		}
+		tmpls[t.name] = t
+		if ul.Templates[i].Default {
+			def = t
+		}
+	}
+	maxUsers := ul.MetricsMaxUsers
+	if maxUsers == 0 {
+		maxUsers = 100
+	}
+	states := make(map[string]*userState, len(c.Users))
+	for i := range c.Users {
+		cu := &c.Users[i]
+		st := g.states[cu.Name]
+		if st == nil {
+			st = newUserState(cu.Name)
+		}
+		states[cu.Name] = st
+		u := &User{name: cu.Name, enabled: cu.Enabled, tmpl: def, st: st}
+		if cu.Template != "" {
+			u.tmpl = tmpls[cu.Template]
+			if u.tmpl == nil {
+				return fmt.Errorf("users[%d].template: no template %q", i, cu.Template)
+			}
+		}
+		if u.tmpl != nil && !u.tmpl.any {
+			u.tmpl = nil
+		}
+		s.users[u.name] = u
+		for j, k := range cu.Keys {
+			h, err := config.ParseKeyHash(k)
+			if err != nil {
+				return fmt.Errorf("users[%d].keys[%d]: %w", i, j, err)
+			}
+			if s.keys[h.ID] != nil {
+				return fmt.Errorf("users[%d].keys[%d]: key id %s is used twice", i, j, h.ID)
+			}
+			s.keys[h.ID] = &keyRecord{salt: h.Salt, sum: h.Sum, user: u}
+		}
+	}
+	s.authUsers = len(c.Users) > 0
+	// Nothing fails from here on.
+	for i := range c.Users {
+		st := states[c.Users[i].Name]
+		switch {
+		case i < maxUsers && st.m == nil:
+			st.m = newUserMetrics(g.userSet, st.name)
+		case i >= maxUsers && st.m != nil:
+			st.m.unregister(g.userSet)
+			st.m = nil
+		}
+		s.users[st.name].m = st.m
+	}
+	for name, st := range g.states {
+		if states[name] == nil && st.m != nil {
+			st.m.unregister(g.userSet)
+			st.m = nil
+		}
+	}
+	g.states = states
+	s.rl = compileRateLimit(&c.RateLimit)
+	g.snap.Store(s)
+	// Limits may have grown or a user's template changed: serve the queues.
+	g.seats.reloaded()
+	for _, st := range states {
+		g.userReloaded(st)
+	}
+	return nil
+}
+
+func compileRateLimit(r *config.RateLimit) rlConf {
+	rl := rlConf{
+		limited:   r.Limited(),
+		queue:     r.Overlimit == config.OverlimitQueue,
+		queueSize: r.QueueSize,
+		timeout:   time.Duration(r.QueueTimeoutMS * float64(time.Millisecond)),
+		dry:       r.DryRun,
+		open:      r.OnStateError != config.StateErrorClosed,
+		lim:       [3]int{r.OverallConcurrency, r.PrefillConcurrency, r.DecodeConcurrency},
+	}
+	switch r.Scope {
+	case config.ScopeService:
+		rl.scope = scopeService
+	case config.ScopeGateway:
+		rl.scope = scopeGateway
+	default:
+		rl.scope = scopeInstance
+	}
+	return rl
+}
+
+func compileTemplate(ct *config.QuotaTemplate) (*template, error) {
+	t := &template{name: ct.Name, dry: ct.DryRun}
+	if ct.Periods.Enabled {
+		m, err := compileSegments(ct.Periods.Segments)
+		if err != nil {
+			return nil, err
+		}
+		t.periods = m
+		t.any = t.any || m != nil
+	}
+	if q := ct.Quota; q.Enabled {
+		t.wIn, t.wOut, t.wCached = q.Weights.Input, q.Weights.Output, q.Weights.Cached
+		t.wPrompt = max(t.wIn, t.wCached)
+		for _, w := range q.Windows {
+			p, ok := parsePeriod(w.Period)
+			if !ok {
+				return nil, fmt.Errorf("bad period %q", w.Period)
+			}
+			if w.MaxRequests > 0 || w.MaxTokens > 0 {
+				t.win[p] = winLimit{on: true, maxReq: w.MaxRequests, maxTok: w.MaxTokens * 1000}
+				t.quota = true
+			}
+		}
+		t.any = t.any || t.quota
+	}
+	if cc := ct.Concurrency; cc.Enabled && cc.Limit > 0 {
+		t.concLimit = cc.Limit
+		t.concQueue = cc.Overlimit == config.OverlimitQueue
+		t.concQueueSize = cc.QueueSize
+		t.concTimeout = time.Duration(cc.QueueTimeoutMS * float64(time.Millisecond))
+		t.any = true
+	}
+	if r := ct.Rate; r.Enabled && (r.RPM > 0 || r.TPM > 0) {
+		t.rpm, t.tpm = r.RPM, r.TPM
+		t.any = true
+	}
+	t.defOut = ct.Rate.DefaultOutputTokens
+	return t, nil
+}
+
+// AuthRequired reports whether users are configured, so that every
+// request must carry a user's key (or the global --api-key, which the
+// proxy checks itself).
+func (g *Governor) AuthRequired() bool { return g.snap.Load().authUsers }
+
+// Identify finds the user of an API key (the bearer token). An unknown
+// or malformed key is a 401 rejection, a disabled user's key 403. The
+// key's record is found by its key id; its secret is checked by a salted
+// SHA-256 compared in constant time. It does not allocate, and never logs
+// or returns the key.
+func (g *Governor) Identify(key []byte) (*User, *Rejection) {
+	s := g.snap.Load()
+	id, ok := config.KeyID(unsafeString(key))
+	if !ok {
+		mAuthUnknown.Inc()
+		return nil, rejInvalidKey
+	}
+	rec := s.keys[id]
+	if rec == nil || !rec.matches(key) {
+		mAuthUnknown.Inc()
+		return nil, rejInvalidKey
+	}
+	if !rec.user.enabled {
+		mAuthDisabled.Inc()
+		return nil, rejUserDisabled
+	}
+	return rec.user, nil
+}
+
+// waitCtx waits for ch, ctx or the timeout; it reports which ended it.
+func waitCtx(ctx context.Context, ch <-chan struct{}, timeout time.Duration) (granted, timedOut bool) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true, false
+	case <-ctx.Done():
+		return false, false
+	case <-t.C:
+		return false, true
+	}
+}

@@ -1,0 +1,115 @@
+package govern
+
+import (
+	"sync/atomic"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// Hit results.
+const (
+	resRejected = iota
+	resDryRun
+	resQueued
+	numResults
+)
+
+var resultNames = [numResults]string{"rejected", "dry_run", "queued"}
+
+// hitCounters[code][result], resolved once: infera_user_limit_hits_total
+// for user rules, infera_rate_limit_hits_total for seats.
+var hitCounters [numCodes][numResults]*metrics.Counter
+
+var (
+	mAuthUnknown  = metrics.NewCounter(`infera_user_auth_failures_total{reason="unknown_key"}`)
+	mAuthDisabled = metrics.NewCounter(`infera_user_auth_failures_total{reason="disabled"}`)
+
+	userQueued    atomic.Int64
+	seatQueued    atomic.Int64
+	userQueueWait = metrics.NewHistogram(`infera_user_limit_queue_wait_seconds`)
+	seatQueueWait = metrics.NewHistogram(`infera_rate_limit_queue_wait_seconds`)
+
+	mStateErrors   = metrics.NewCounter(`infera_governance_state_errors_total`)
+	mStateFailOpen = metrics.NewCounter(`infera_governance_state_fail_total{mode="open"}`)
+	mStateFailShut = metrics.NewCounter(`infera_governance_state_fail_total{mode="closed"}`)
+
+	heldSeats [3]atomic.Int64 // all governors of the process
+)
+
+func init() {
+	for c := CodeOutsidePeriod; c < CodeStateUnavailable; c++ {
+		family := "infera_user_limit_hits_total"
+		if c >= CodeConcurrencyOverall {
+			family = "infera_rate_limit_hits_total"
+		}
+		for r := range numResults {
+			hitCounters[c][r] = metrics.NewCounter(family + `{rule="` + c.String() + `",result="` + resultNames[r] + `"}`)
+		}
+	}
+	metrics.NewGauge(`infera_user_limit_queue_length`, func() float64 { return float64(userQueued.Load()) })
+	metrics.NewGauge(`infera_rate_limit_queue_length`, func() float64 { return float64(seatQueued.Load()) })
+	for i, ph := range []string{"overall", "prefill", "decode"} {
+		metrics.NewGauge(`infera_rate_limit_seats{counter="`+ph+`"}`, func() float64 { return float64(heldSeats[i].Load()) })
+	}
+}
+
+// hit counts a rule that would refuse a request.
+func hit(c Code, dry bool) {
+	if c == CodeNone || c >= numCodes || hitCounters[c][0] == nil {
+		return
+	}
+	if dry {
+		hitCounters[c][resDryRun].Inc()
+	} else {
+		hitCounters[c][resRejected].Inc()
+	}
+}
+
+// hits counts every rule of f.
+func hits(f failures, dry bool) {
+	for c := Code(0); f != 0 && c < numCodes; c++ {
+		if f.has(c) {
+			hit(c, dry)
+			f &^= 1 << c
+		}
+	}
+}
+
+func hitQueued(c Code) {
+	if c < numCodes && hitCounters[c][resQueued] != nil {
+		hitCounters[c][resQueued].Inc()
+	}
+}
+
+// userMetrics are the per-user series (for the first
+// user_limit.metrics_max_users users).
+type userMetrics struct {
+	names    [3]string
+	requests *metrics.Counter
+	rejects  *metrics.Counter
+	tokens   *metrics.FloatCounter
+}
+
+func newUserMetrics(s *metrics.Set, name string) *userMetrics {
+	m := &userMetrics{names: [3]string{
+		`infera_user_requests_total{user="` + name + `"}`,
+		`infera_user_rejections_total{user="` + name + `"}`,
+		`infera_user_quota_tokens_total{user="` + name + `"}`,
+	}}
+	m.requests = s.NewCounter(m.names[0])
+	m.rejects = s.NewCounter(m.names[1])
+	m.tokens = s.NewFloatCounter(m.names[2])
+	return m
+}
+
+func (m *userMetrics) unregister(s *metrics.Set) {
+	for _, n := range m.names {
+		s.UnregisterMetric(n)
+	}
+}
+
+func (u *User) rejected() {
+	if u.m != nil {
+		u.m.rejects.Inc()
+	}
+}

@@ -1,0 +1,294 @@
+package govern
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var prefixSeq atomic.Int64
+
+// redisOptions returns Options on rs under a key prefix of its own.
+func redisOptions(t *testing.T, rs *redisServer) Options {
+	t.Helper()
+	return Options{State: rs.url(), RedisPrefix: fmt.Sprintf("t%d:", prefixSeq.Add(1)), PollInterval: 20 * time.Millisecond}
+}
+
+func TestRedisTwoRoutersEnforceOneUserQuota(t *testing.T) {
+	rs := startRedis(t)
+	key, hash := mintKey(t)
+	for _, tc := range []struct {
+		window         string
+		maxReq, maxTok int
+	}{{"day", 50, 0}, {"week", 0, 5050}} {
+		o := redisOptions(t, rs)
+		c := userConfig(t, hash, fmt.Sprintf(`{"name":"t","quota":{"enabled":true,"windows":[{"period":%q,"max_requests":%d,"max_tokens":%d}]}}`, tc.window, tc.maxReq, tc.maxTok), "")
+		g1, g2 := newGov(t, o, c), newGov(t, o, c)
+		u1, u2 := identify(t, g1, key), identify(t, g2, key)
+		var n atomic.Int64
+		checkNoOvershoot(t, func() (Ticket, *Rejection) {
+			if n.Add(1)%2 == 0 {
+				return g1.Admit(context.Background(), u1, Request{PromptTokens: 30, MaxTokens: 70})
+			}
+			return g2.Admit(context.Background(), u2, Request{PromptTokens: 30, MaxTokens: 70})
+		}, tc.maxReq, tc.maxTok, 100)
+	}
+}
+
+func TestRedisTwoRoutersShareSeatsAndQueue(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.PollInterval = time.Hour // only release notifications wake the queue
+	c := parseConfig(t, `{"rate_limit":{"overall_concurrency":2,"overlimit":"queue","queue_size":10,"queue_timeout_ms":5000}}`)
+	g1, g2 := newGov(t, o, c), newGov(t, o, c)
+	a := acquireOK(t, g1, []Target{w1, w2}, PhaseMixed, 0)
+	b := acquireOK(t, g2, []Target{w1, w2}, PhaseMixed, 0)
+	x := acquireOK(t, g2, []Target{w1, w2}, PhaseMixed, 1)
+	acquireRejected(t, g1, []Target{w1}, PhaseMixed, CodeConcurrencyOverall)
+	got := make(chan Seat)
+	go func() {
+		s, i, rej := g2.Acquire(context.Background(), []Target{w1}, PhaseMixed)
+		if rej != nil || i != 0 {
+			t.Errorf("queued acquire: %d %v", i, rej)
+		}
+		got <- s
+	}()
+	waitFor(t, func() bool { g2.seats.mu.Lock(); defer g2.seats.mu.Unlock(); return g2.seats.q.n == 1 })
+	start := time.Now()
+	a.Done() // released on the other router: the notification wakes g2's queue
+	s := <-got
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("woken after %v", d)
+	}
+	acquireRejected(t, g1, []Target{w1}, PhaseMixed, CodeConcurrencyOverall)
+	s.Done()
+	b.Done()
+	x.Done()
+	acquireOK(t, g1, []Target{w1}, PhaseMixed, 0).Done()
+}
+
+func TestRedisSeatsOfACrashedRouterExpire(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.LeaseTTL = 300 * time.Millisecond
+	key, hash := mintKey(t)
+	c := userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":1}}`, `"rate_limit":{"prefill_concurrency":1}`)
+	crashed, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := crashed.Apply(c); err != nil {
+		t.Fatal(err)
+	}
+	g := newGov(t, o, c)
+	acquireOK(t, crashed, []Target{w1}, PhaseMixed, 0)
+	admitOK(t, crashed, identify(t, crashed, key), Request{})
+	// Heartbeats keep the leases alive past their TTL.
+	time.Sleep(2 * o.LeaseTTL)
+	acquireRejected(t, g, []Target{w1}, PhaseMixed, CodeConcurrencyPrefill)
+	admitRejected(t, g, identify(t, g, key), Request{}, CodeConcurrencyUser)
+	crashed.Close() // no Done: the router died
+	time.Sleep(o.LeaseTTL + 100*time.Millisecond)
+	acquireOK(t, g, []Target{w1}, PhaseMixed, 0).Done()
+	admitOK(t, g, identify(t, g, key), Request{}).Done(Usage{})
+}
+
+// countingHook counts the commands a client sends.
+type countingHook struct{ n atomic.Int64 }
+
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) { return next(ctx, network, addr) }
+}
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+func TestRedisOneRoundTripPerAdmission(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.PollInterval, o.LeaseTTL = time.Hour, time.Hour
+	key, hash := mintKey(t)
+	c := userConfig(t, hash, `{"name":"t","rate":{"enabled":true,"rpm":1000,"tpm":1000000},"concurrency":{"enabled":true,"limit":10},
+		"quota":{"enabled":true,"windows":[{"period":"5h","max_requests":1000},{"period":"day","max_tokens":1000000},{"period":"week","max_requests":1000},{"period":"month","max_tokens":10000000}]}}`,
+		`"rate_limit":{"overall_concurrency":10,"prefill_concurrency":10}`)
+	g := newGov(t, o, c)
+	h := &countingHook{}
+	g.rds.c.AddHook(h)
+	u := identify(t, g, key)
+	step := func(name string, f func()) {
+		t.Helper()
+		before := h.n.Load()
+		f()
+		if n := h.n.Load() - before; n != 1 {
+			t.Fatalf("%s: %d commands, want 1", name, n)
+		}
+	}
+	var tk Ticket
+	var s Seat
+	step("admit", func() { tk = admitOK(t, g, u, Request{PromptTokens: 10, MaxTokens: 10}) })
+	step("seat", func() { s = acquireOK(t, g, []Target{w1, w2, w3}, PhaseMixed, 0) })
+	tk.FirstToken() // local only
+	step("first token", s.FirstToken)
+	step("seat done", s.Done)
+	step("ticket done", func() { tk.Done(Usage{PromptTokens: 10, CompletionTokens: 5, Known: true}) })
+}
+
+func TestRedisTPMReconcilesFromRealUsage(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	clk := newFakeClock(t0)
+	o.Now = clk.Now
+	key, hash := mintKey(t)
+	g := newGov(t, o, userConfig(t, hash, `{"name":"t","rate":{"enabled":true,"tpm":6000,"default_output_tokens":1000}}`, ""))
+	u := identify(t, g, key)
+	cl := rs.client(t)
+	level := func() float64 {
+		v, err := cl.HGet(context.Background(), o.RedisPrefix+"{u:alice}", "tl").Float64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	a := admitOK(t, g, u, Request{PromptTokens: 500})
+	if l := level(); l != 4500 {
+		t.Fatalf("level %v, want 4500", l)
+	}
+	b := admitOK(t, g, u, Request{PromptTokens: 500, MaxTokens: 3000})
+	admitRejected(t, g, u, Request{PromptTokens: 500, MaxTokens: 1000}, CodeTPM)
+	a.FirstToken()
+	a.Done(Usage{PromptTokens: 500, CompletionTokens: 20, Known: true})
+	if l := level(); l != 1980 {
+		t.Fatalf("level %v after refund, want 1980", l)
+	}
+	b.FirstToken()
+	b.Done(Usage{PromptTokens: 500, CompletionTokens: 3500, Known: true})
+	if l := level(); l != 1480 {
+		t.Fatalf("level %v after charge, want 1480", l)
+	}
+	clk.Advance(10 * time.Second) // +1000
+	admitOK(t, g, u, Request{PromptTokens: 480, MaxTokens: 2000}).Done(Usage{})
+	if l := level(); l != 2480 {
+		t.Fatalf("level %v after a refunded failure, want 2480", l)
+	}
+}
+
+func TestRedisUserQueueAcrossRoutersDropsLeavers(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	key, hash := mintKey(t)
+	c := userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":1,"overlimit":"queue","queue_size":5,"queue_timeout_ms":5000}}`, "")
+	g1, g2 := newGov(t, o, c), newGov(t, o, c)
+	u1, u2 := identify(t, g1, key), identify(t, g2, key)
+	holder := admitOK(t, g1, u1, Request{})
+	ctx, cancel := context.WithCancel(context.Background())
+	left := make(chan *Rejection)
+	go func() { _, rej := g2.Admit(ctx, u2, Request{}); left <- rej }()
+	waitFor(t, func() bool { u2.st.mu.Lock(); defer u2.st.mu.Unlock(); return u2.st.q.n == 1 })
+	served := make(chan Ticket)
+	go func() {
+		tk, rej := g2.Admit(context.Background(), u2, Request{})
+		if rej != nil {
+			t.Error(rej)
+		}
+		served <- tk
+	}()
+	waitFor(t, func() bool { u2.st.mu.Lock(); defer u2.st.mu.Unlock(); return u2.st.q.n == 2 })
+	cancel()
+	if rej := <-left; rej == nil {
+		t.Fatal("the leaving client was admitted")
+	}
+	waitFor(t, func() bool { u2.st.mu.Lock(); defer u2.st.mu.Unlock(); return u2.st.q.n == 1 })
+	holder.Done(Usage{})
+	tk := <-served
+	short, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel2()
+	if _, rej := g1.Admit(short, u1, Request{}); rej == nil || rej.Code != CodeConcurrencyUser {
+		t.Fatalf("the slot is held on the other router: %v", rej)
+	}
+	tk.Done(Usage{})
+	admitOK(t, g1, u1, Request{}).Done(Usage{})
+}
+
+func TestRedisRestartFailsOpenOrClosedAndRecovers(t *testing.T) {
+	rs := startRedis(t)
+	key, hash := mintKey(t)
+	for _, mode := range []string{"open", "closed"} {
+		o := redisOptions(t, rs)
+		c := userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":2}]}}`,
+			fmt.Sprintf(`"rate_limit":{"overall_concurrency":1,"on_state_error":%q}`, mode))
+		c.UserLimit.OnStateError = mode
+		g := newGov(t, o, c)
+		u := identify(t, g, key)
+		tk := admitOK(t, g, u, Request{})
+		tk.FirstToken()
+		tk.Done(Usage{})
+		rs.stop()
+		tk, rej := g.Admit(context.Background(), u, Request{})
+		s, _, srej := g.TryAcquire([]Target{w1}, PhaseMixed)
+		switch mode {
+		case "open":
+			if rej != nil || srej != nil {
+				t.Fatalf("fail open refused: %v %v", rej, srej)
+			}
+		case "closed":
+			if rej == nil || rej.Code != CodeStateUnavailable || rej.Status != 503 || srej == nil || srej.Code != CodeStateUnavailable {
+				t.Fatalf("fail closed: %v %v", rej, srej)
+			}
+		}
+		tk.Done(Usage{})
+		s.Done()
+		rs.start()
+		waitFor(t, func() bool { return g.rds.c.Ping(context.Background()).Err() == nil })
+		// Redis ran without persistence: the day's count restarted at 0.
+		for range 2 {
+			tk := admitOK(t, g, u, Request{})
+			tk.FirstToken()
+			tk.Done(Usage{})
+		}
+		admitRejected(t, g, u, Request{}, CodeQuotaRequestsDay)
+		acquireOK(t, g, []Target{w1}, PhaseMixed, 0).Done()
+	}
+}
+
+func TestRedisDryRunCountsButAdmits(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	key, hash := mintKey(t)
+	c := userConfig(t, hash, `{"name":"t","dry_run":true,"quota":{"enabled":true,"windows":[{"period":"day","max_requests":1}]}}`, `"rate_limit":{"overall_concurrency":1,"dry_run":true}`)
+	g := newGov(t, o, c)
+	u := identify(t, g, key)
+	qBefore := hitCounters[CodeQuotaRequestsDay][resDryRun].Get()
+	sBefore := hitCounters[CodeConcurrencyOverall][resDryRun].Get()
+	for range 3 {
+		admitOK(t, g, u, Request{})
+		acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	}
+	if d := hitCounters[CodeQuotaRequestsDay][resDryRun].Get() - qBefore; d != 2 {
+		t.Fatalf("quota dry-run hits %d, want 2", d)
+	}
+	if d := hitCounters[CodeConcurrencyOverall][resDryRun].Get() - sBefore; d != 2 {
+		t.Fatalf("seat dry-run hits %d, want 2", d)
+	}
+}
+
+func TestRedisURLErrorsNeverEchoThePassword(t *testing.T) {
+	_, err := New(Options{State: "redis://:s3cret@127.0.0.1:1/0"})
+	if err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("%v", err)
+	}
+}

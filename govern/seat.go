@@ -1,0 +1,472 @@
+package govern
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Phase is the part of a request's life a seat counts.
+type Phase uint8
+
+// Phases.
+const (
+	// PhaseMixed is a request on a PD-integrated instance: it holds an
+	// overall seat from dispatch to Done and a prefill seat from dispatch
+	// to FirstToken.
+	PhaseMixed Phase = iota
+	// PhasePrefill is a request on a PD-disaggregated prefill instance: a
+	// prefill seat from dispatch to FirstToken (or Done).
+	PhasePrefill
+	// PhaseDecode is a request on a PD-disaggregated decode instance: a
+	// decode seat from its dispatch (the first token) to Done.
+	PhaseDecode
+)
+
+// Target is a candidate engine instance: Instance is its id, Service the
+// service it belongs to. The scope (rate_limit.scope) picks which of the
+// two, or neither (gateway), names the counter a seat takes.
+type Target struct {
+	Instance string
+	Service  string
+}
+
+type scopeKind uint8
+
+const (
+	scopeInstance scopeKind = iota
+	scopeService
+	scopeGateway
+)
+
+// Counter indexes of a scope.
+const (
+	cOverall = iota
+	cPrefill
+	cDecode
+)
+
+var counterCodes = [3]Code{CodeConcurrencyOverall, CodeConcurrencyPrefill, CodeConcurrencyDecode}
+
+// counters are the seats of one scope (an instance, a service or the
+// gateway). In-process, n counts them; with Redis the counts live there and
+// keys name them. waiting counts queued requests that list this scope.
+// Guarded by seatLimiter.mu.
+type counters struct {
+	n       [3]int
+	waiting int
+	keys    [3]string // Redis sorted sets of the scope's seats
+}
+
+// parts are the counters a phase holds.
+func parts(ph Phase) uint64 {
+	switch ph {
+	case PhasePrefill:
+		return 1 << cPrefill
+	case PhaseDecode:
+		return 1 << cDecode
+	}
+	return 1<<cOverall | 1<<cPrefill
+}
+
+// full returns the code of the first counter of ph at its limit, or CodeNone.
+func (c *counters) full(ph Phase, lim *[3]int) Code {
+	p := parts(ph)
+	for i := range 3 {
+		if p&(1<<i) != 0 && lim[i] > 0 && c.n[i] >= lim[i] {
+			return counterCodes[i]
+		}
+	}
+	return CodeNone
+}
+
+// phaseCode is the code reported for ph when no counter says which.
+func phaseCode(ph Phase, lim *[3]int) Code {
+	switch ph {
+	case PhasePrefill:
+		return CodeConcurrencyPrefill
+	case PhaseDecode:
+		return CodeConcurrencyDecode
+	}
+	if lim[cOverall] == 0 {
+		return CodeConcurrencyPrefill
+	}
+	return CodeConcurrencyOverall
+}
+
+func (c *counters) take(ph Phase, l *seatLimiter) {
+	p := parts(ph)
+	for i := range 3 {
+		if p&(1<<i) != 0 {
+			c.n[i]++
+			heldSeats[i].Add(1)
+		}
+	}
+}
+
+// seatLimiter is request rate limiting's seats and FIFO queue.
+type seatLimiter struct {
+	g    *Governor
+	mu   sync.Mutex
+	inst map[string]*counters
+	svc  map[string]*counters
+	gw   *counters
+	q    seatWaitList
+}
+
+func (l *seatLimiter) init(g *Governor) {
+	l.g = g
+	l.inst = map[string]*counters{}
+	l.svc = map[string]*counters{}
+	l.gw = l.newCounters(scopeGateway, "")
+}
+
+func (l *seatLimiter) newCounters(k scopeKind, name string) *counters {
+	c := &counters{}
+	if l.g.rds != nil || l.g.opts.State != "" {
+		base := l.g.opts.RedisPrefix + "{rl}:" + [...]string{"i:", "s:", "g"}[k] + name
+		c.keys = [3]string{base + ":overall", base + ":prefill", base + ":decode"}
+	}
+	return c
+}
+
+// counter returns the counters of t's scope. Lock must be held.
+func (l *seatLimiter) counter(k scopeKind, t *Target) *counters {
+	var m map[string]*counters
+	var name string
+	switch k {
+	case scopeGateway:
+		return l.gw
+	case scopeService:
+		m, name = l.svc, t.Service
+	default:
+		m, name = l.inst, t.Instance
+	}
+	c := m[name]
+	if c == nil {
+		c = l.newCounters(k, name)
+		m[name] = c
+	}
+	return c
+}
+
+// sweep forgets idle scopes (removed instances and services).
+func (l *seatLimiter) sweep() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, m := range []map[string]*counters{l.inst, l.svc} {
+		for k, c := range m {
+			if c.n == [3]int{} && c.waiting == 0 {
+				delete(m, k)
+			}
+		}
+	}
+}
+
+// Seat is a concurrency seat on one engine instance for one dispatch
+// attempt. The zero Seat (no limit applies) is valid and its methods do
+// nothing. FirstToken and Done are idempotent and safe from any
+// goroutine, also concurrently; calls after Done do nothing.
+type Seat struct {
+	ss  *seatState
+	gen uint64
+}
+
+// seatState is pooled; state = gen<<seatFlags | held counters | flags.
+type seatState struct {
+	state atomic.Uint64
+
+	g      *Governor
+	c      *counters // in process
+	keys   [3]string // Redis: the scope's sets
+	member string
+	remote bool
+}
+
+const (
+	ssActive   = 1 << 3 // bits 0..2 are the held counters
+	ssFTBusy   = 1 << 4 // FirstToken is returning the prefill seat
+	ssDoneBusy = 1 << 5 // Done is returning the rest
+	ssFlags    = 6
+	ssHeld     = 7
+)
+
+// unbusy clears bit; the call that leaves the state inactive and idle
+// recycles it.
+func (ss *seatState) unbusy(bit uint64) {
+	for {
+		st := ss.state.Load()
+		n := st &^ bit
+		if ss.state.CompareAndSwap(st, n) {
+			if n&(ssActive|ssFTBusy|ssDoneBusy) == 0 {
+				ss.g.seatPool.Put(ss)
+			}
+			return
+		}
+	}
+}
+
+func (g *Governor) newSeat(c *counters, ph Phase) (*seatState, Seat) {
+	ss := g.seatPool.Get().(*seatState)
+	ss.c = c
+	ss.keys = c.keys
+	ss.member, ss.remote = "", false
+	gen := ss.state.Load()>>ssFlags + 1
+	ss.state.Store(gen<<ssFlags | ssActive | parts(ph))
+	return ss, Seat{ss: ss, gen: gen}
+}
+
+// FirstToken returns the prefill seat (PhaseMixed, PhasePrefill): the
+// request's first token has arrived.
+func (s Seat) FirstToken() {
+	ss := s.ss
+	if ss == nil {
+		return
+	}
+	for {
+		st := ss.state.Load()
+		if st>>ssFlags != s.gen || st&ssActive == 0 || st&(1<<cPrefill) == 0 {
+			return
+		}
+		if ss.state.CompareAndSwap(st, st&^(1<<cPrefill)|ssFTBusy) {
+			break
+		}
+	}
+	ss.g.releaseSeat(ss, 1<<cPrefill)
+	ss.unbusy(ssFTBusy)
+}
+
+// Done returns every seat still held.
+func (s Seat) Done() {
+	ss := s.ss
+	if ss == nil {
+		return
+	}
+	var st uint64
+	for {
+		st = ss.state.Load()
+		if st>>ssFlags != s.gen || st&ssActive == 0 {
+			return
+		}
+		if ss.state.CompareAndSwap(st, s.gen<<ssFlags|st&ssFTBusy|ssDoneBusy) {
+			break
+		}
+	}
+	if held := st & ssHeld; held != 0 {
+		ss.g.releaseSeat(ss, held)
+	}
+	ss.unbusy(ssDoneBusy)
+}
+
+func (g *Governor) releaseSeat(ss *seatState, held uint64) {
+	if ss.remote {
+		g.rds.releaseSeat(ss, held)
+		return
+	}
+	if ss.c == nil {
+		return // fail-open seat
+	}
+	l := &g.seats
+	l.mu.Lock()
+	for i := range 3 {
+		if held&(1<<i) != 0 {
+			ss.c.n[i]--
+			heldSeats[i].Add(-1)
+		}
+	}
+	if ss.c.waiting > 0 {
+		l.pumpLocked()
+	}
+	l.mu.Unlock()
+}
+
+// Acquire takes a seat on the first of targets (in the caller's order of
+// preference) that has one free for phase ph, and returns it with the
+// target's index. When none has: in reject mode (or dry run) it answers at
+// once (a 429 rejection, or in dry run a seat on targets[0] over the
+// limit); in queue mode it waits in one FIFO queue, served in arrival order
+// whenever a seat of one of its targets' scopes frees, until the queue
+// timeout or until ctx ends (the client left: removed at once). With no
+// limit configured it returns the zero Seat and index 0. targets must not
+// be empty.
+func (g *Governor) Acquire(ctx context.Context, targets []Target, ph Phase) (Seat, int, *Rejection) {
+	return g.acquire(ctx, targets, ph, true)
+}
+
+// TryAcquire is Acquire that never waits: when no target has a free seat
+// it returns the rejection at once, whatever the over-limit handling.
+func (g *Governor) TryAcquire(targets []Target, ph Phase) (Seat, int, *Rejection) {
+	return g.acquire(context.Background(), targets, ph, false)
+}
+
+func (g *Governor) acquire(ctx context.Context, targets []Target, ph Phase, wait bool) (Seat, int, *Rejection) {
+	s := g.snap.Load()
+	rl := &s.rl
+	if !rl.limited || len(targets) == 0 {
+		return Seat{}, 0, nil
+	}
+	if g.rds != nil {
+		return g.acquireRemote(ctx, rl, targets, ph, wait)
+	}
+	l := &g.seats
+	l.mu.Lock()
+	code := CodeNone
+	for i := range targets {
+		c := l.counter(rl.scope, &targets[i])
+		f := c.full(ph, &rl.lim)
+		if f == CodeNone && c.waiting > 0 && !rl.dry {
+			f = phaseCode(ph, &rl.lim) // no overtaking the queue
+		}
+		if f != CodeNone {
+			if code == CodeNone {
+				code = f
+			}
+			continue
+		}
+		c.take(ph, l)
+		l.mu.Unlock()
+		_, seat := g.newSeat(c, ph)
+		return seat, i, nil
+	}
+	hit(code, rl.dry)
+	if rl.dry {
+		c := l.counter(rl.scope, &targets[0])
+		c.take(ph, l)
+		l.mu.Unlock()
+		_, seat := g.newSeat(c, ph)
+		return seat, 0, nil
+	}
+	if !wait || !rl.queue {
+		l.mu.Unlock()
+		return Seat{}, -1, reject(code, 0, false)
+	}
+	if l.q.n >= rl.queueSize {
+		l.mu.Unlock()
+		return Seat{}, -1, reject(code, 0, true)
+	}
+	w := &seatWaiter{ch: make(chan struct{}, 1), ph: ph, code: code, since: time.Now(), cs: make([]*counters, len(targets))}
+	for i := range targets {
+		c := l.counter(rl.scope, &targets[i])
+		w.cs[i] = c
+		c.waiting++
+	}
+	l.q.push(w)
+	seatQueued.Add(1)
+	l.mu.Unlock()
+	hitQueued(code)
+	return g.waitSeat(ctx, w, rl.timeout)
+}
+
+// waitSeat waits for w to be granted (both backends).
+func (g *Governor) waitSeat(ctx context.Context, w *seatWaiter, timeout time.Duration) (Seat, int, *Rejection) {
+	l := &g.seats
+	granted, _ := waitCtx(ctx, w.ch, timeout)
+	l.mu.Lock()
+	if w.state == waiting {
+		l.dequeueLocked(w)
+		l.mu.Unlock()
+		seatQueued.Add(-1)
+		seatQueueWait.UpdateDuration(w.since)
+		return Seat{}, -1, reject(w.code, 0, true)
+	}
+	l.mu.Unlock()
+	seatQueued.Add(-1)
+	seatQueueWait.UpdateDuration(w.since)
+	if w.state == rejected {
+		return Seat{}, -1, w.rej
+	}
+	if !granted { // granted as the wait ended: give it back
+		w.seat.Done()
+		return Seat{}, -1, reject(w.code, 0, true)
+	}
+	return w.seat, w.idx, nil
+}
+
+// dequeueLocked removes w from the queue. Lock must be held.
+func (l *seatLimiter) dequeueLocked(w *seatWaiter) {
+	l.q.remove(w)
+	for _, c := range w.cs {
+		c.waiting--
+	}
+}
+
+// pumpLocked grants seats to queued requests in arrival order (in
+// process). Lock must be held.
+func (l *seatLimiter) pumpLocked() {
+	rl := &l.g.snap.Load().rl
+	for w := l.q.head; w != nil; {
+		next := w.next
+		for i, c := range w.cs {
+			if c.full(w.ph, &rl.lim) != CodeNone && rl.limited {
+				continue
+			}
+			l.dequeueLocked(w)
+			c.take(w.ph, l)
+			_, w.seat = l.g.newSeat(c, w.ph)
+			w.idx, w.state = i, granted
+			w.ch <- struct{}{}
+			break
+		}
+		w = next
+	}
+}
+
+// reloaded serves the queue after a configuration change (limits may have
+// grown, or been removed).
+func (l *seatLimiter) reloaded() {
+	if l.g.rds != nil {
+		l.g.rds.kickSeats()
+		return
+	}
+	l.mu.Lock()
+	if l.q.n > 0 {
+		l.pumpLocked()
+	}
+	l.mu.Unlock()
+}
+
+// seatWaiter is a request queued for a seat.
+type seatWaiter struct {
+	prev, next *seatWaiter
+	ch         chan struct{}
+	ph         Phase
+	code       Code
+	cs         []*counters
+	since      time.Time
+	state      waitState
+	rej        *Rejection
+	seat       Seat
+	idx        int
+}
+
+type seatWaitList struct {
+	head, tail *seatWaiter
+	n          int
+}
+
+func (l *seatWaitList) push(w *seatWaiter) {
+	w.prev, w.next = l.tail, nil
+	if l.tail != nil {
+		l.tail.next = w
+	} else {
+		l.head = w
+	}
+	l.tail = w
+	l.n++
+}
+
+func (l *seatWaitList) remove(w *seatWaiter) {
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		l.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		l.tail = w.prev
+	}
+	w.prev, w.next = nil, nil
+	l.n--
+}

@@ -1,0 +1,233 @@
+package govern
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+func rlConfig(t testing.TB, js string) *Governor {
+	t.Helper()
+	return newGov(t, Options{}, parseConfig(t, `{"rate_limit":`+js+`}`))
+}
+
+var (
+	w1 = Target{Instance: "w1", Service: "svc-a"}
+	w2 = Target{Instance: "w2", Service: "svc-a"}
+	w3 = Target{Instance: "w3", Service: "svc-b"}
+)
+
+func acquireOK(t testing.TB, g *Governor, ts []Target, ph Phase, wantIdx int) Seat {
+	t.Helper()
+	s, i, rej := g.TryAcquire(ts, ph)
+	if rej != nil || i != wantIdx {
+		t.Fatalf("acquire: index %d (want %d), %v", i, wantIdx, rej)
+	}
+	return s
+}
+
+func acquireRejected(t testing.TB, g *Governor, ts []Target, ph Phase, code Code) {
+	t.Helper()
+	s, _, rej := g.TryAcquire(ts, ph)
+	if rej == nil {
+		s.Done()
+		t.Fatalf("acquired, want %s", code)
+	}
+	if rej.Code != code || rej.Status != 429 {
+		t.Fatalf("rejected %s/%d, want %s", rej.Code, rej.Status, code)
+	}
+}
+
+func TestNoLimitsGiveZeroSeats(t *testing.T) {
+	g := rlConfig(t, `{}`)
+	s, i, rej := g.Acquire(context.Background(), []Target{w1, w2}, PhaseMixed)
+	if rej != nil || i != 0 || s.ss != nil {
+		t.Fatalf("%v %d %v", s, i, rej)
+	}
+	s.FirstToken()
+	s.Done()
+}
+
+func TestSeatsPerInstanceTakeTheFirstFreeCandidate(t *testing.T) {
+	g := rlConfig(t, `{"scope":"instance","overall_concurrency":2}`)
+	a := acquireOK(t, g, []Target{w1, w2}, PhaseMixed, 0)
+	b := acquireOK(t, g, []Target{w1, w2}, PhaseMixed, 0)
+	c := acquireOK(t, g, []Target{w1, w2}, PhaseMixed, 1) // w1 full
+	acquireOK(t, g, []Target{w2}, PhaseMixed, 0).Done()
+	d := acquireOK(t, g, []Target{w2}, PhaseMixed, 0)
+	acquireRejected(t, g, []Target{w1, w2}, PhaseMixed, CodeConcurrencyOverall)
+	a.Done()
+	a.Done() // idempotent
+	acquireOK(t, g, []Target{w2, w1}, PhaseMixed, 1).Done()
+	b.Done()
+	c.Done()
+	d.Done()
+}
+
+func TestSeatScopesServiceAndGateway(t *testing.T) {
+	g := rlConfig(t, `{"scope":"service","overall_concurrency":1}`)
+	a := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	acquireRejected(t, g, []Target{w2}, PhaseMixed, CodeConcurrencyOverall) // same service
+	b := acquireOK(t, g, []Target{w2, w3}, PhaseMixed, 1)
+	a.Done()
+	b.Done()
+	g = rlConfig(t, `{"scope":"gateway","overall_concurrency":1}`)
+	a = acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	acquireRejected(t, g, []Target{w3}, PhaseMixed, CodeConcurrencyOverall)
+	a.Done()
+}
+
+func TestPrefillSeatIsReturnedAtTheFirstToken(t *testing.T) {
+	g := rlConfig(t, `{"prefill_concurrency":1,"overall_concurrency":2,"decode_concurrency":1}`)
+	a := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	acquireRejected(t, g, []Target{w1}, PhaseMixed, CodeConcurrencyPrefill)
+	a.FirstToken()
+	a.FirstToken()
+	b := acquireOK(t, g, []Target{w1}, PhaseMixed, 0) // prefill free, overall 2/2
+	b.FirstToken()
+	acquireRejected(t, g, []Target{w1}, PhaseMixed, CodeConcurrencyOverall)
+	// PD-disaggregated: prefill and decode instances count their own phase.
+	p := acquireOK(t, g, []Target{w3}, PhasePrefill, 0)
+	acquireRejected(t, g, []Target{w3}, PhasePrefill, CodeConcurrencyPrefill)
+	p.Done()
+	d := acquireOK(t, g, []Target{w2}, PhaseDecode, 0)
+	acquireRejected(t, g, []Target{w2}, PhaseDecode, CodeConcurrencyDecode)
+	d.FirstToken() // decode seats last until Done
+	acquireRejected(t, g, []Target{w2}, PhaseDecode, CodeConcurrencyDecode)
+	d.Done()
+	a.Done()
+	b.Done()
+	g.seats.mu.Lock()
+	defer g.seats.mu.Unlock()
+	for _, c := range g.seats.inst {
+		if c.n != [3]int{} {
+			t.Fatalf("counters left %v", c.n)
+		}
+	}
+}
+
+func TestSeatFirstTokenAndDoneRaceSafely(t *testing.T) {
+	g := rlConfig(t, `{"prefill_concurrency":1000,"overall_concurrency":1000}`)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 500 {
+				s := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+				var inner sync.WaitGroup
+				inner.Add(3)
+				go func() { defer inner.Done(); s.FirstToken() }()
+				go func() { defer inner.Done(); s.Done() }()
+				go func() { defer inner.Done(); s.FirstToken(); s.Done() }()
+				inner.Wait()
+			}
+		}()
+	}
+	wg.Wait()
+	g.seats.mu.Lock()
+	defer g.seats.mu.Unlock()
+	if n := g.seats.inst["w1"].n; n != [3]int{} {
+		t.Fatalf("counters left %v", n)
+	}
+}
+
+func TestSeatQueueServesInArrivalOrderAndDropsLeavers(t *testing.T) {
+	g := rlConfig(t, `{"overall_concurrency":1,"overlimit":"queue","queue_size":3,"queue_timeout_ms":5000}`)
+	holder := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	type res struct {
+		i    int
+		seat Seat
+		rej  *Rejection
+	}
+	out := make(chan res, 4)
+	cancels := make([]context.CancelFunc, 3)
+	for i := range 3 {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels[i] = cancel
+		go func() {
+			s, _, rej := g.Acquire(ctx, []Target{w1}, PhaseMixed)
+			out <- res{i, s, rej}
+		}()
+		waitFor(t, func() bool { g.seats.mu.Lock(); defer g.seats.mu.Unlock(); return g.seats.q.n == i+1 })
+	}
+	if _, _, rej := g.Acquire(context.Background(), []Target{w1}, PhaseMixed); rej == nil || rej.Code != CodeConcurrencyOverall {
+		t.Fatalf("a full queue must refuse: %v", rej)
+	}
+	// A request for another instance is not held up by w1's queue.
+	acquireOK(t, g, []Target{w2}, PhaseMixed, 0).Done()
+	if got := seatQueued.Load(); got != 3 {
+		t.Fatalf("queue length metric %d", got)
+	}
+	cancels[0]()
+	if r := <-out; r.i != 0 || r.rej == nil {
+		t.Fatalf("%+v", r)
+	}
+	waitFor(t, func() bool { g.seats.mu.Lock(); defer g.seats.mu.Unlock(); return g.seats.q.n == 2 })
+	// No overtaking: a new TryAcquire for w1 is refused while requests wait.
+	acquireRejected(t, g, []Target{w1}, PhaseMixed, CodeConcurrencyOverall)
+	holder.Done()
+	r := <-out
+	if r.i != 1 || r.rej != nil {
+		t.Fatalf("%+v", r)
+	}
+	r.seat.Done()
+	r = <-out
+	if r.i != 2 || r.rej != nil {
+		t.Fatalf("%+v", r)
+	}
+	r.seat.Done()
+	for _, c := range cancels {
+		c()
+	}
+}
+
+func TestSeatQueueTimesOutAndReloadRaisingTheLimitServesIt(t *testing.T) {
+	g := rlConfig(t, `{"overall_concurrency":1,"overlimit":"queue","queue_size":10,"queue_timeout_ms":40}`)
+	holder := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	start := time.Now()
+	if _, _, rej := g.Acquire(context.Background(), []Target{w1}, PhaseMixed); rej == nil || time.Since(start) < 40*time.Millisecond {
+		t.Fatalf("%v after %v", rej, time.Since(start))
+	}
+	c := parseConfig(t, `{"rate_limit":{"overall_concurrency":1,"overlimit":"queue","queue_size":10,"queue_timeout_ms":5000}}`)
+	if err := g.Apply(c); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan Seat)
+	go func() {
+		s, _, rej := g.Acquire(context.Background(), []Target{w1}, PhaseMixed)
+		if rej != nil {
+			t.Error(rej)
+		}
+		done <- s
+	}()
+	waitFor(t, func() bool { g.seats.mu.Lock(); defer g.seats.mu.Unlock(); return g.seats.q.n == 1 })
+	c.RateLimit.OverallConcurrency = 2
+	if err := g.Apply(c); err != nil {
+		t.Fatal(err)
+	}
+	s := <-done
+	// Lowering the limit below what is held: seats still return correctly.
+	c.RateLimit.OverallConcurrency = 1
+	if err := g.Apply(c); err != nil {
+		t.Fatal(err)
+	}
+	acquireRejected(t, g, []Target{w1}, PhaseMixed, CodeConcurrencyOverall)
+	s.Done()
+	acquireRejected(t, g, []Target{w1}, PhaseMixed, CodeConcurrencyOverall)
+	holder.Done()
+	acquireOK(t, g, []Target{w1}, PhaseMixed, 0).Done()
+}
+
+func TestSeatDryRunCountsButAdmits(t *testing.T) {
+	g := rlConfig(t, `{"overall_concurrency":1,"dry_run":true}`)
+	before := hitCounters[CodeConcurrencyOverall][resDryRun].Get()
+	a := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	b := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	if d := hitCounters[CodeConcurrencyOverall][resDryRun].Get() - before; d != 1 {
+		t.Fatalf("dry-run hits %d", d)
+	}
+	a.Done()
+	b.Done()
+}

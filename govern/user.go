@@ -1,0 +1,445 @@
+package govern
+
+import (
+	"context"
+	"math"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// Request is what admission needs to know of a request.
+type Request struct {
+	// PromptTokens is the router's estimate of the prompt's tokens (exact
+	// when it tokenizes; 0 when unknown). It is pre-deducted from TPM and
+	// the token quotas.
+	PromptTokens int
+	// MaxTokens is the request's max_tokens / max_completion_tokens; 0
+	// when absent (the template's default output estimate is used).
+	MaxTokens int
+}
+
+// Usage is the token usage an engine reported for a request.
+type Usage struct {
+	// PromptTokens includes CachedTokens (OpenAI's usage.prompt_tokens).
+	PromptTokens int
+	// CachedTokens is usage.prompt_tokens_details.cached_tokens.
+	CachedTokens int
+	// CompletionTokens is usage.completion_tokens.
+	CompletionTokens int
+	// Known: the engine reported usage. Without it a served request keeps
+	// its pre-deducted estimate.
+	Known bool
+}
+
+// estimate is what an admission pre-deducts.
+type estimate struct {
+	tpm   int64 // tokens
+	quota int64 // milli weighted tokens
+}
+
+func (t *template) estimate(r Request) estimate {
+	out := int64(r.MaxTokens)
+	if out <= 0 {
+		out = t.defOut
+	}
+	p := int64(max(r.PromptTokens, 0))
+	return estimate{
+		tpm:   p + out,
+		quota: milli(float64(p)*t.wPrompt + float64(out)*t.wOut),
+	}
+}
+
+func (t *template) weighted(u Usage) int64 {
+	prompt := max(u.PromptTokens, 0)
+	cached := min(max(u.CachedTokens, 0), prompt)
+	return milli(float64(prompt-cached)*t.wIn + float64(cached)*t.wCached + float64(max(u.CompletionTokens, 0))*t.wOut)
+}
+
+func milli(x float64) int64 { return int64(math.Ceil(x * 1000)) }
+
+// userState is a user's counters (in process) and admission queue. It
+// outlives reloads while the user exists.
+type userState struct {
+	name string
+	m    *userMetrics // guarded by Governor.mu
+
+	mu     sync.Mutex
+	active int // requests holding a concurrency slot
+	rpm    bucket
+	tpm    bucket
+	win    [numPeriods]winCount
+	q      waitList // admission queue (concurrency overlimit queue)
+}
+
+type winCount struct{ start, req, tok int64 }
+
+func newUserState(name string) *userState { return &userState{name: name} }
+
+// bucket is a token bucket refilled continuously at capacity per minute.
+type bucket struct {
+	level float64
+	last  int64 // ns; 0: never used (full)
+}
+
+// refill brings the bucket to now; capacity may have changed by a reload.
+func (b *bucket) refill(capacity int64, now int64) {
+	c := float64(capacity)
+	if b.last == 0 {
+		b.level, b.last = c, now
+		return
+	}
+	if now > b.last {
+		b.level += float64(now-b.last) * c / 60e9
+		b.last = now
+	}
+	if b.level > c {
+		b.level = c
+	}
+}
+
+// wait is the time until level reaches need.
+func (b *bucket) wait(capacity int64, need float64) int64 {
+	if b.level >= need {
+		return 0
+	}
+	return int64((need - b.level) * 60e9 / float64(capacity))
+}
+
+// failures is a set of codes.
+type failures uint64
+
+func (f failures) has(c Code) bool { return f&(1<<c) != 0 }
+
+// first is the code reported for a set: the lowest (quotas before RPM,
+// TPM and concurrency).
+func (f failures) first() Code {
+	for c := Code(0); c < numCodes; c++ {
+		if f.has(c) {
+			return c
+		}
+	}
+	return CodeNone
+}
+
+// checkLocked evaluates the rules with counters (all but periods) and
+// returns the failing ones and the longest known wait. Lock must be held.
+func (st *userState) checkLocked(t *template, cs *calState, now int64, e estimate) (f failures, retry int64) {
+	sec := now / 1e9
+	if t.quota {
+		for p := range numPeriods {
+			w := &t.win[p]
+			if !w.on {
+				continue
+			}
+			c := &st.win[p]
+			if c.start != cs.win[p].start {
+				*c = winCount{start: cs.win[p].start}
+			}
+			hit := false
+			if w.maxReq > 0 && c.req+1 > w.maxReq {
+				f |= 1 << quotaRequestsCode(p)
+				hit = true
+			}
+			if w.maxTok > 0 && c.tok+e.quota > w.maxTok {
+				f |= 1 << quotaTokensCode(p)
+				hit = true
+			}
+			if hit {
+				retry = max(retry, (cs.win[p].end-sec)*1e9)
+			}
+		}
+	}
+	if t.rpm > 0 {
+		st.rpm.refill(t.rpm, now)
+		if st.rpm.level < 1 {
+			f |= 1 << CodeRPM
+			retry = max(retry, st.rpm.wait(t.rpm, 1))
+		}
+	}
+	if t.tpm > 0 {
+		st.tpm.refill(t.tpm, now)
+		need := float64(min(e.tpm, t.tpm))
+		if st.tpm.level < need {
+			f |= 1 << CodeTPM
+			retry = max(retry, st.tpm.wait(t.tpm, need))
+		}
+	}
+	if t.concLimit > 0 && st.active >= t.concLimit {
+		f |= 1 << CodeConcurrencyUser
+	}
+	return f, retry
+}
+
+// takeLocked pre-deducts e and records what was taken in ts. Lock must be held.
+func (st *userState) takeLocked(t *template, cs *calState, e estimate, ts *ticketState) {
+	if t.quota {
+		for p := range numPeriods {
+			if !t.win[p].on {
+				continue
+			}
+			c := &st.win[p]
+			c.req++
+			c.tok += e.quota
+			ts.win[p] = takenWin{on: true, start: c.start}
+		}
+		ts.quotaEst = e.quota
+	}
+	if t.rpm > 0 {
+		st.rpm.level--
+		ts.rpm = true
+	}
+	if t.tpm > 0 {
+		st.tpm.level -= float64(e.tpm)
+		ts.tpm = true
+	}
+	ts.tpmEst = e.tpm
+	if t.concLimit > 0 {
+		st.active++
+		ts.conc = true
+	}
+}
+
+// finishLocked reconciles ts with the usage (or refunds it when nothing
+// was served) and returns its concurrency slot. Lock must be held.
+func (st *userState) finishLocked(ts *ticketState, served bool, u Usage, now int64) {
+	t := ts.t
+	var tpmCharge, quotaCharge int64 // what replaces the estimates
+	switch {
+	case !served:
+	case u.Known:
+		tpmCharge = int64(max(u.PromptTokens, 0) + max(u.CompletionTokens, 0))
+		quotaCharge = t.weighted(u)
+	default:
+		tpmCharge, quotaCharge = ts.tpmEst, ts.quotaEst
+	}
+	if ts.rpm && !served && t.rpm > 0 {
+		st.rpm.refill(t.rpm, now)
+		st.rpm.level = min(st.rpm.level+1, float64(t.rpm))
+	}
+	if ts.tpm && t.tpm > 0 {
+		st.tpm.refill(t.tpm, now)
+		st.tpm.level = min(st.tpm.level-float64(tpmCharge-ts.tpmEst), float64(t.tpm))
+	}
+	for p := range numPeriods {
+		w := &ts.win[p]
+		if !w.on || st.win[p].start != w.start {
+			continue // the window rolled: the reservation stays in the old one
+		}
+		if !served {
+			st.win[p].req--
+		}
+		st.win[p].tok += quotaCharge - ts.quotaEst
+	}
+	if ts.conc {
+		st.active--
+	}
+}
+
+// Admit admits a request of user u (nil: an anonymous or admin request,
+// always admitted with a zero Ticket). Every enabled rule of the user's
+// template is checked and the pre-deduction taken atomically: either all
+// counters move or none. A request over the concurrency limit in queue
+// mode waits in the user's FIFO queue until a slot frees, its queue
+// timeout passes or ctx ends (the client left: it is removed at once).
+// The returned Ticket must be Done once the request ends.
+func (g *Governor) Admit(ctx context.Context, u *User, r Request) (Ticket, *Rejection) {
+	if u == nil {
+		return Ticket{}, nil
+	}
+	t := u.tmpl
+	if t == nil {
+		if u.m != nil {
+			u.m.requests.Inc()
+		}
+		return Ticket{}, nil
+	}
+	s := g.snap.Load()
+	dry := s.userDry || t.dry
+	now := g.now().UnixNano()
+	cs := s.cal.state(now / 1e9)
+	if t.periods != nil {
+		minute, wd := cs.local(now / 1e9)
+		if !t.periods.has(wd, minute) {
+			hit(CodeOutsidePeriod, dry)
+			if !dry {
+				u.rejected()
+				return Ticket{}, g.outsidePeriod(s.cal, t.periods, now)
+			}
+		}
+	}
+	e := t.estimate(r)
+	ts := g.getTicket(u, t)
+	if g.rds != nil {
+		return g.admitRemote(ctx, s, u, t, ts, cs, e, dry, now)
+	}
+	st := u.st
+	st.mu.Lock()
+	f, retry := st.checkLocked(t, cs, now, e)
+	if t.concQueue && st.q.n > 0 {
+		f |= 1 << CodeConcurrencyUser // no overtaking the queue
+	}
+	if f != 0 {
+		hits(f, dry)
+		if !dry {
+			if f == 1<<CodeConcurrencyUser && t.concQueue {
+				return g.queueUser(ctx, u, t, ts, e) // unlocks
+			}
+			st.mu.Unlock()
+			g.putTicket(ts)
+			u.rejected()
+			return Ticket{}, reject(f.first(), retry, false)
+		}
+	}
+	st.takeLocked(t, cs, e, ts)
+	st.mu.Unlock()
+	return ts.handle(u), nil
+}
+
+func (g *Governor) outsidePeriod(cal *calendar, m *minuteMask, now int64) *Rejection {
+	next := cal.nextAllowed(m, now/1e9)
+	msg := "requests are not allowed at this time"
+	retry := int64(0)
+	if !next.IsZero() {
+		msg += "; next allowed at " + next.Format("2006-01-02 15:04 MST") + " (" + cal.loc.String() + ")"
+		retry = next.UnixNano() - now
+	}
+	return &Rejection{Code: CodeOutsidePeriod, Status: 403, Message: msg, RetryAfter: retrySeconds(retry)}
+}
+
+// queueUser waits in st's queue. st.mu is held on entry and released.
+func (g *Governor) queueUser(ctx context.Context, u *User, t *template, ts *ticketState, e estimate) (Ticket, *Rejection) {
+	st := u.st
+	if st.q.n >= t.concQueueSize {
+		st.mu.Unlock()
+		g.putTicket(ts)
+		u.rejected()
+		return Ticket{}, reject(CodeConcurrencyUser, 0, true)
+	}
+	w := &waiter{ch: make(chan struct{}, 1), ts: ts, t: t, e: e, since: time.Now()}
+	st.q.push(w)
+	userQueued.Add(1)
+	st.mu.Unlock()
+	hitQueued(CodeConcurrencyUser)
+	if g.rds != nil {
+		g.rds.kickUser(st)
+	}
+	granted, _ := waitCtx(ctx, w.ch, t.concTimeout)
+	st.mu.Lock()
+	left := !granted && w.state == waiting
+	if left {
+		st.q.remove(w)
+	}
+	st.mu.Unlock()
+	userQueued.Add(-1)
+	userQueueWait.UpdateDuration(w.since)
+	if left {
+		if g.rds == nil { // with Redis the queue loop may still be using ts
+			g.putTicket(ts)
+		}
+		u.rejected()
+		return Ticket{}, reject(CodeConcurrencyUser, 0, true)
+	}
+	if w.state == rejected {
+		if g.rds == nil {
+			g.putTicket(ts)
+		}
+		u.rejected()
+		return Ticket{}, w.rej
+	}
+	h := ts.handle(u)
+	if !granted { // granted as the wait ended: give it back
+		h.Done(Usage{})
+		u.rejected()
+		return Ticket{}, reject(CodeConcurrencyUser, 0, true)
+	}
+	return h, nil
+}
+
+// pumpLocal serves st's queue head while slots are free. Lock must be held.
+func (g *Governor) pumpLocal(st *userState) {
+	if st.q.n == 0 {
+		return
+	}
+	s := g.snap.Load()
+	now := g.now().UnixNano()
+	cs := s.cal.state(now / 1e9)
+	for w := st.q.head; w != nil; w = st.q.head {
+		f, retry := st.checkLocked(w.t, cs, now, w.e)
+		if f == 1<<CodeConcurrencyUser {
+			return
+		}
+		st.q.remove(w)
+		if f != 0 && !(s.userDry || w.t.dry) {
+			w.state, w.rej = rejected, reject(f.first(), retry, false)
+		} else {
+			st.takeLocked(w.t, cs, w.e, w.ts)
+			w.state = granted
+		}
+		w.ch <- struct{}{}
+	}
+}
+
+func (g *Governor) userReloaded(st *userState) {
+	if g.rds != nil {
+		g.rds.kickUser(st)
+		return
+	}
+	st.mu.Lock()
+	g.pumpLocal(st)
+	st.mu.Unlock()
+}
+
+// waiter is a request queued for a user's concurrency slot.
+type waiter struct {
+	prev, next *waiter
+	ch         chan struct{}
+	state      waitState
+	rej        *Rejection
+	ts         *ticketState
+	t          *template
+	e          estimate
+	since      time.Time
+}
+
+type waitState uint8
+
+const (
+	waiting waitState = iota
+	granted
+	rejected
+)
+
+// waitList is an intrusive FIFO.
+type waitList struct {
+	head, tail *waiter
+	n          int
+}
+
+func (l *waitList) push(w *waiter) {
+	w.prev, w.next = l.tail, nil
+	if l.tail != nil {
+		l.tail.next = w
+	} else {
+		l.head = w
+	}
+	l.tail = w
+	l.n++
+}
+
+func (l *waitList) remove(w *waiter) {
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		l.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		l.tail = w.prev
+	}
+	w.prev, w.next = nil, nil
+	l.n--
+}

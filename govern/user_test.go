@@ -1,0 +1,454 @@
+package govern
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/config"
+)
+
+var t0 = time.Date(2025, 6, 4, 12, 0, 0, 0, time.UTC) // a Wednesday
+
+func admitOK(t testing.TB, g *Governor, u *User, r Request) Ticket {
+	t.Helper()
+	tk, rej := g.Admit(context.Background(), u, r)
+	if rej != nil {
+		t.Fatalf("admit: %v", rej)
+	}
+	return tk
+}
+
+func admitRejected(t testing.TB, g *Governor, u *User, r Request, code Code) *Rejection {
+	t.Helper()
+	tk, rej := g.Admit(context.Background(), u, r)
+	if rej == nil {
+		tk.Done(Usage{})
+		t.Fatalf("admitted, want %s", code)
+	}
+	if rej.Code != code {
+		t.Fatalf("rejected with %s (%s), want %s", rej.Code, rej.Message, code)
+	}
+	return rej
+}
+
+func TestRPMBucketRefillsAndSaysWhenToRetry(t *testing.T) {
+	key, hash := mintKey(t)
+	clk := newFakeClock(t0)
+	g := newGov(t, Options{Now: clk.Now}, userConfig(t, hash, `{"name":"t","rate":{"enabled":true,"rpm":3}}`, ""))
+	u := identify(t, g, key)
+	for range 3 {
+		tk := admitOK(t, g, u, Request{})
+		tk.FirstToken()
+		tk.Done(Usage{})
+	}
+	rej := admitRejected(t, g, u, Request{}, CodeRPM)
+	if rej.Status != 429 || rej.RetryAfter != 20 { // one request per 20 s
+		t.Fatalf("status %d retry %d", rej.Status, rej.RetryAfter)
+	}
+	clk.Advance(20 * time.Second)
+	admitOK(t, g, u, Request{}).Done(Usage{})
+	// A request that failed before its first byte was refunded: the bucket
+	// is as before.
+	admitOK(t, g, u, Request{}).Done(Usage{})
+}
+
+func TestTPMPreDeductsMaxTokensOrTheDefaultAndReconcilesWithUsage(t *testing.T) {
+	key, hash := mintKey(t)
+	clk := newFakeClock(t0)
+	g := newGov(t, Options{Now: clk.Now}, userConfig(t, hash, `{"name":"t","rate":{"enabled":true,"tpm":6000,"default_output_tokens":1000}}`, ""))
+	u := identify(t, g, key)
+	level := func() float64 {
+		u.st.mu.Lock()
+		defer u.st.mu.Unlock()
+		u.st.tpm.refill(6000, clk.Now().UnixNano())
+		return u.st.tpm.level
+	}
+	// No max_tokens: 500 prompt + 1000 default output pre-deducted.
+	a := admitOK(t, g, u, Request{PromptTokens: 500})
+	if l := level(); l != 4500 {
+		t.Fatalf("level %v after pre-deduction, want 4500", l)
+	}
+	b := admitOK(t, g, u, Request{PromptTokens: 500, MaxTokens: 3000})
+	if l := level(); l != 1000 {
+		t.Fatalf("level %v, want 1000", l)
+	}
+	admitRejected(t, g, u, Request{PromptTokens: 500, MaxTokens: 1000}, CodeTPM)
+	// Real usage: a used 520 (refund 980), b used 4000 (charge 500).
+	a.FirstToken()
+	a.Done(Usage{PromptTokens: 500, CompletionTokens: 20, Known: true})
+	if l := level(); l != 1980 {
+		t.Fatalf("level %v after refund, want 1980", l)
+	}
+	if !b.active() {
+		t.Fatal("b is in flight")
+	}
+	b.FirstToken()
+	b.Done(Usage{PromptTokens: 500, CompletionTokens: 3500, Known: true})
+	if l := level(); l != 1480 {
+		t.Fatalf("level %v after charge, want 1480", l)
+	}
+	if b.active() {
+		t.Fatal("b is done")
+	}
+	// Done twice does nothing.
+	b.Done(Usage{PromptTokens: 500, CompletionTokens: 3500, Known: true})
+	if l := level(); l != 1480 {
+		t.Fatalf("level %v after a second Done", l)
+	}
+	// Served without reported usage: the estimate stays charged.
+	c := admitOK(t, g, u, Request{PromptTokens: 100, MaxTokens: 100})
+	c.FirstToken()
+	c.Done(Usage{})
+	if l := level(); l != 1280 {
+		t.Fatalf("level %v, want 1280", l)
+	}
+	// A request larger than the bucket passes only when the bucket is full.
+	clk.Advance(time.Minute)
+	admitOK(t, g, u, Request{MaxTokens: 10000}).Done(Usage{})
+}
+
+func TestQuotaWindowsCountRequestsAndWeightedTokensAndResetAtBoundaries(t *testing.T) {
+	key, hash := mintKey(t)
+	clk := newFakeClock(time.Date(2025, 6, 4, 23, 0, 0, 0, time.UTC))
+	g := newGov(t, Options{Now: clk.Now}, userConfig(t, hash, `{"name":"t","quota":{"enabled":true,
+		"weights":{"input":1,"output":2,"cached":0.5},
+		"windows":[{"period":"day","max_requests":3,"max_tokens":0},{"period":"week","max_requests":0,"max_tokens":5000}]}}`, ""))
+	u := identify(t, g, key)
+	for range 3 {
+		tk := admitOK(t, g, u, Request{PromptTokens: 100, MaxTokens: 100})
+		tk.FirstToken()
+		// 100 prompt (60 cached): 40*1 + 60*0.5 + 50*2 = 170
+		tk.Done(Usage{PromptTokens: 100, CachedTokens: 60, CompletionTokens: 50, Known: true})
+	}
+	rej := admitRejected(t, g, u, Request{}, CodeQuotaRequestsDay)
+	if rej.RetryAfter != 3600 {
+		t.Fatalf("retry after %d, want 3600 (midnight)", rej.RetryAfter)
+	}
+	if w := u.st.win[periodWeek].tok; w != 3*170_000 {
+		t.Fatalf("week tokens %d milli, want %d", w, 3*170_000)
+	}
+	clk.Advance(time.Hour) // Thursday: a new day, the same week
+	// 4490 tokens left this week; the estimate of 1000 prompt + 2000 output
+	// x2 = 5000 does not fit.
+	admitRejected(t, g, u, Request{PromptTokens: 1000, MaxTokens: 2000}, CodeQuotaTokensWeek)
+	tk := admitOK(t, g, u, Request{PromptTokens: 1000, MaxTokens: 1000}) // 3000
+	tk.FirstToken()
+	tk.Done(Usage{PromptTokens: 1000, CompletionTokens: 1745, Known: true}) // 4490
+	admitRejected(t, g, u, Request{MaxTokens: 1}, CodeQuotaTokensWeek)
+	clk.Set(time.Date(2025, 6, 9, 0, 0, 0, 0, time.UTC)) // Monday: a new week
+	admitOK(t, g, u, Request{MaxTokens: 1}).Done(Usage{})
+}
+
+func TestQuotaWindowsFollowTheTimezoneAcrossDST(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal := newCalendar(ny)
+	// 2025-03-09: clocks spring forward at 02:00, the day is 23 hours.
+	at := time.Date(2025, 3, 9, 12, 0, 0, 0, ny).Unix()
+	s := cal.state(at)
+	day := s.win[periodDay]
+	if day.end-day.start != 23*3600 || time.Unix(day.start, 0).In(ny).Hour() != 0 {
+		t.Fatalf("DST day %v..%v", time.Unix(day.start, 0).In(ny), time.Unix(day.end, 0).In(ny))
+	}
+	five := s.win[period5h]
+	if a, b := time.Unix(five.start, 0).In(ny), time.Unix(five.end, 0).In(ny); a.Hour() != 10 || b.Hour() != 15 {
+		t.Fatalf("5h window %v..%v", a, b)
+	}
+	last := cal.state(time.Date(2025, 3, 9, 22, 0, 0, 0, ny).Unix()).win[period5h]
+	if a, b := time.Unix(last.start, 0).In(ny), time.Unix(last.end, 0).In(ny); a.Hour() != 20 || b.Day() != 10 || b.Hour() != 0 {
+		t.Fatalf("last 5h window %v..%v, want 20:00..00:00", a, b)
+	}
+	week := s.win[periodWeek]
+	if a := time.Unix(week.start, 0).In(ny); a.Weekday() != time.Monday || a.Day() != 3 {
+		t.Fatalf("week starts %v", a)
+	}
+	month := s.win[periodMonth]
+	if a, b := time.Unix(month.start, 0).In(ny), time.Unix(month.end, 0).In(ny); a.Day() != 1 || b.Month() != time.April {
+		t.Fatalf("month %v..%v", a, b)
+	}
+	minute, wd := s.local(at)
+	if minute != 12*60 || wd != time.Sunday {
+		t.Fatalf("local %d %v", minute, wd)
+	}
+	// After the jump the offset is -4h: 03:30 EDT is minute 210.
+	if m, _ := cal.state(time.Date(2025, 3, 9, 3, 30, 0, 0, ny).Unix()).local(time.Date(2025, 3, 9, 3, 30, 0, 0, ny).Unix()); m != 210 {
+		t.Fatalf("03:30 EDT is minute %d", m)
+	}
+}
+
+func TestAllowedPeriodsAcrossMidnightAndDSTName403AndTheNextTime(t *testing.T) {
+	key, hash := mintKey(t)
+	ber, _ := time.LoadLocation("Europe/Berlin")
+	// 2025-03-28 is a Friday; DST starts Sunday 2025-03-30 at 02:00.
+	clk := newFakeClock(time.Date(2025, 3, 28, 21, 59, 0, 0, ber))
+	c := parseConfig(t, fmt.Sprintf(`{
+		"user_limit": {"timezone": "Europe/Berlin", "templates": [{"name":"t","default":true,"periods":{"enabled":true,"segments":[
+			{"days":["fri"],"start":"22:00","end":"23:59"},
+			{"days":["sat"],"start":"00:00","end":"02:00"},
+			{"days":["sun"],"start":"02:00","end":"04:00"}]}}]},
+		"users": [{"name": "alice", "keys": [%q]}]}`, hash))
+	g := newGov(t, Options{Now: clk.Now}, c)
+	u := identify(t, g, key)
+	rej := admitRejected(t, g, u, Request{}, CodeOutsidePeriod)
+	if rej.Status != 403 || !strings.Contains(rej.Message, "2025-03-28 22:00") || rej.RetryAfter != 60 {
+		t.Fatalf("%d %q retry %d", rej.Status, rej.Message, rej.RetryAfter)
+	}
+	for _, at := range []time.Time{
+		time.Date(2025, 3, 28, 22, 0, 0, 0, ber),
+		time.Date(2025, 3, 28, 23, 59, 59, 0, ber), // inclusive to the end of the minute
+		time.Date(2025, 3, 29, 0, 0, 0, 0, ber),
+		time.Date(2025, 3, 29, 2, 0, 59, 0, ber),
+		time.Date(2025, 3, 30, 3, 0, 0, 0, ber), // 02:00-02:59 does not exist that day
+	} {
+		clk.Set(at)
+		admitOK(t, g, u, Request{}).Done(Usage{})
+	}
+	clk.Set(time.Date(2025, 3, 29, 2, 1, 0, 0, ber))
+	rej = admitRejected(t, g, u, Request{}, CodeOutsidePeriod)
+	// Next: Sunday 02:00 does not exist; the first allowed minute is 03:00 CEST.
+	if !strings.Contains(rej.Message, "2025-03-30 03:00 CEST") {
+		t.Fatalf("%q", rej.Message)
+	}
+	clk.Set(time.Date(2025, 3, 30, 4, 1, 0, 0, ber))
+	rej = admitRejected(t, g, u, Request{}, CodeOutsidePeriod)
+	if !strings.Contains(rej.Message, "2025-04-04 22:00") {
+		t.Fatalf("%q", rej.Message)
+	}
+	// Switching the capability off keeps its settings and allows all.
+	c2 := *c
+	c2.UserLimit.Templates = append([]config.QuotaTemplate(nil), c.UserLimit.Templates...)
+	c2.UserLimit.Templates[0].Periods.Enabled = false
+	if err := g.Apply(&c2); err != nil {
+		t.Fatal(err)
+	}
+	admitOK(t, g, identify(t, g, key), Request{}).Done(Usage{})
+}
+
+func TestUserConcurrencyRejectsOverTheLimit(t *testing.T) {
+	key, hash := mintKey(t)
+	g := newGov(t, Options{}, userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":2}}`, ""))
+	u := identify(t, g, key)
+	a, b := admitOK(t, g, u, Request{}), admitOK(t, g, u, Request{})
+	rej := admitRejected(t, g, u, Request{}, CodeConcurrencyUser)
+	if rej.Status != 429 || rej.RetryAfter != 0 {
+		t.Fatalf("%+v", rej)
+	}
+	a.Done(Usage{})
+	a.Done(Usage{}) // idempotent: frees one slot only
+	c := admitOK(t, g, u, Request{})
+	admitRejected(t, g, u, Request{}, CodeConcurrencyUser)
+	b.Done(Usage{})
+	c.Done(Usage{})
+}
+
+func TestUserQueueIsFIFOAndClientsThatLeaveAreRemovedAtOnce(t *testing.T) {
+	key, hash := mintKey(t)
+	g := newGov(t, Options{}, userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":1,"overlimit":"queue","queue_size":3,"queue_timeout_ms":5000}}`, ""))
+	u := identify(t, g, key)
+	holder := admitOK(t, g, u, Request{})
+	type result struct {
+		i   int
+		tk  Ticket
+		rej *Rejection
+	}
+	results := make(chan result, 4)
+	ctxs := make([]context.CancelFunc, 3)
+	for i := range 3 {
+		ctx, cancel := context.WithCancel(context.Background())
+		ctxs[i] = cancel
+		go func() {
+			tk, rej := g.Admit(ctx, u, Request{})
+			results <- result{i, tk, rej}
+		}()
+		waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == i+1 })
+	}
+	// The queue is full: the next is refused at once.
+	rej := admitRejected(t, g, u, Request{}, CodeConcurrencyUser)
+	if !strings.Contains(rej.Message, "queue") {
+		t.Fatalf("%q", rej.Message)
+	}
+	// The second waiter's client leaves: removed at once.
+	ctxs[1]()
+	if r := <-results; r.i != 1 || r.rej == nil {
+		t.Fatalf("%+v", r)
+	}
+	waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 2 })
+	holder.Done(Usage{})
+	r := <-results
+	if r.i != 0 || r.rej != nil {
+		t.Fatalf("first served %+v", r)
+	}
+	r.tk.Done(Usage{})
+	r = <-results
+	if r.i != 2 || r.rej != nil {
+		t.Fatalf("then %+v", r)
+	}
+	r.tk.Done(Usage{})
+	for _, c := range ctxs {
+		c()
+	}
+	if userQueued.Load() != 0 {
+		t.Fatalf("queue gauge %d", userQueued.Load())
+	}
+}
+
+func TestUserQueueTimesOut(t *testing.T) {
+	key, hash := mintKey(t)
+	g := newGov(t, Options{}, userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":1,"overlimit":"queue","queue_size":3,"queue_timeout_ms":50}}`, ""))
+	u := identify(t, g, key)
+	holder := admitOK(t, g, u, Request{})
+	start := time.Now()
+	admitRejected(t, g, u, Request{}, CodeConcurrencyUser)
+	if d := time.Since(start); d < 50*time.Millisecond {
+		t.Fatalf("returned after %v", d)
+	}
+	holder.Done(Usage{})
+	admitOK(t, g, u, Request{}).Done(Usage{})
+}
+
+func TestDryRunCountsHitsButBlocksNothing(t *testing.T) {
+	key, hash := mintKey(t)
+	for _, global := range []bool{false, true} {
+		tmpl := `{"name":"t","dry_run":true,"rate":{"enabled":true,"rpm":1},"concurrency":{"enabled":true,"limit":1}}`
+		extra := ""
+		c := userConfig(t, hash, tmpl, extra)
+		if global {
+			c.UserLimit.Templates[0].DryRun = false
+			c.UserLimit.DryRun = true
+		}
+		g := newGov(t, Options{Now: newFakeClock(t0).Now}, c)
+		u := identify(t, g, key)
+		rpmHits := hitCounters[CodeRPM][resDryRun].Get()
+		concHits := hitCounters[CodeConcurrencyUser][resDryRun].Get()
+		rejected := hitCounters[CodeRPM][resRejected].Get()
+		var tks []Ticket
+		for range 5 {
+			tks = append(tks, admitOK(t, g, u, Request{}))
+		}
+		if d := hitCounters[CodeRPM][resDryRun].Get() - rpmHits; d != 4 {
+			t.Fatalf("global=%v: rpm dry-run hits %d, want 4", global, d)
+		}
+		if d := hitCounters[CodeConcurrencyUser][resDryRun].Get() - concHits; d != 4 {
+			t.Fatalf("concurrency dry-run hits %d, want 4", d)
+		}
+		if hitCounters[CodeRPM][resRejected].Get() != rejected {
+			t.Fatal("dry run counted a rejection")
+		}
+		for _, tk := range tks {
+			tk.FirstToken()
+			tk.Done(Usage{})
+		}
+		// Enforcing again: the counters were kept.
+		c.UserLimit.DryRun = false
+		c.UserLimit.Templates[0].DryRun = false
+		if err := g.Apply(c); err != nil {
+			t.Fatal(err)
+		}
+		admitRejected(t, g, identify(t, g, key), Request{}, CodeRPM)
+	}
+}
+
+func TestReloadKeepsCountersOfRulesThatStillExist(t *testing.T) {
+	key, hash := mintKey(t)
+	clk := newFakeClock(t0)
+	c := userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":2},"quota":{"enabled":true,"windows":[{"period":"day","max_requests":3}]}}`, "")
+	g := newGov(t, Options{Now: clk.Now}, c)
+	u := identify(t, g, key)
+	a := admitOK(t, g, u, Request{})
+	a.FirstToken()
+	b := admitOK(t, g, u, Request{})
+	b.FirstToken()
+	// New template object, a renamed template, lower concurrency limit, a new user.
+	key2, hash2 := mintKey(t)
+	c2 := parseConfig(t, fmt.Sprintf(`{"user_limit":{"templates":[{"name":"t2","concurrency":{"enabled":true,"limit":1},"quota":{"enabled":true,"windows":[{"period":"day","max_requests":3}]}}]},
+		"users":[{"name":"alice","keys":[%q],"template":"t2"},{"name":"bob","keys":[%q],"template":"t2"}]}`, hash, hash2))
+	if err := g.Apply(c2); err != nil {
+		t.Fatal(err)
+	}
+	u2 := identify(t, g, key)
+	admitRejected(t, g, u2, Request{}, CodeConcurrencyUser) // 2 in flight > 1
+	a.Done(Usage{})                                         // returns to the same counters
+	b.Done(Usage{})
+	tk := admitOK(t, g, u2, Request{}) // third of the day
+	tk.FirstToken()
+	tk.Done(Usage{})
+	admitRejected(t, g, u2, Request{}, CodeQuotaRequestsDay)
+	admitOK(t, g, identify(t, g, key2), Request{}).Done(Usage{})
+	// Removing the user: its key is unknown.
+	if err := g.Apply(parseConfig(t, fmt.Sprintf(`{"users":[{"name":"bob","keys":[%q]}]}`, hash2))); err != nil {
+		t.Fatal(err)
+	}
+	if _, rej := g.Identify([]byte(key)); rej == nil || rej.Status != 401 {
+		t.Fatal("a removed user's key still works")
+	}
+}
+
+// TestNoOvershootUnderConcurrency: 200 goroutines of one user against a
+// quota of N requests and T tokens: at most N admitted, and tokens within
+// T when every estimate covers the real usage.
+func TestNoOvershootUnderConcurrency(t *testing.T) {
+	key, hash := mintKey(t)
+	for _, tc := range []struct {
+		window         string
+		maxReq, maxTok int
+	}{{"day", 50, 0}, {"month", 0, 5050}} {
+		g := newGov(t, Options{}, userConfig(t, hash, fmt.Sprintf(`{"name":"t","quota":{"enabled":true,"windows":[{"period":%q,"max_requests":%d,"max_tokens":%d}]}}`, tc.window, tc.maxReq, tc.maxTok), ""))
+		u := identify(t, g, key)
+		checkNoOvershoot(t, func() (Ticket, *Rejection) {
+			return g.Admit(context.Background(), u, Request{PromptTokens: 30, MaxTokens: 70})
+		}, tc.maxReq, tc.maxTok, 100)
+	}
+}
+
+// checkNoOvershoot runs 200 concurrent requests of 100 estimated tokens
+// each (really using est-1..est) and checks the admitted count and the
+// charged tokens.
+func checkNoOvershoot(t *testing.T, admit func() (Ticket, *Rejection), maxReq, maxTok, est int) {
+	t.Helper()
+	var admitted, tokens atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			tk, rej := admit()
+			if rej != nil {
+				return
+			}
+			admitted.Add(1)
+			tk.FirstToken()
+			used := est - i%2
+			tokens.Add(int64(used))
+			tk.Done(Usage{PromptTokens: 30, CompletionTokens: used - 30, Known: true})
+		}()
+	}
+	close(start)
+	wg.Wait()
+	n, tok := admitted.Load(), tokens.Load()
+	if maxReq > 0 && n != int64(maxReq) {
+		t.Fatalf("admitted %d of 200 against a quota of %d requests", n, maxReq)
+	}
+	if maxTok > 0 && (tok > int64(maxTok) || n < int64(maxTok/est)) {
+		t.Fatalf("admitted %d consuming %d tokens against a quota of %d", n, tok, maxTok)
+	}
+}
+
+func waitFor(t testing.TB, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 5 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
