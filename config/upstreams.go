@@ -126,6 +126,22 @@ type Mirror struct {
 	// Concurrency bounds mirrored requests in flight. Default 64, at most
 	// MaxMirrorConcurrency.
 	Concurrency int `json:"concurrency"`
+	// MaxBufferBytes bounds the bytes of request copies the mirror holds
+	// (queued and in flight); a sampled request that would exceed it is
+	// dropped as for a full queue. 0 means the default, 268435456
+	// (256 MiB); see BufferBytes.
+	MaxBufferBytes int64 `json:"max_buffer_bytes"`
+}
+
+// DefaultMirrorBufferBytes is mirror.max_buffer_bytes when 0.
+const DefaultMirrorBufferBytes = 256 << 20
+
+// BufferBytes returns MaxBufferBytes, or its default when 0.
+func (m *Mirror) BufferBytes() int64 {
+	if m.MaxBufferBytes <= 0 {
+		return DefaultMirrorBufferBytes
+	}
+	return m.MaxBufferBytes
 }
 
 // Bounds of the mirror's queue and concurrency (the queue's buffer is
@@ -216,7 +232,7 @@ func (t *TierModels) Model(tier string) string {
 func defaultSplitProxy() SplitProxy { return SplitProxy{Strategy: SplitWeight} }
 
 func defaultMirror() Mirror {
-	return Mirror{TimeoutMS: 60000, QueueSize: 1024, Concurrency: 64}
+	return Mirror{TimeoutMS: 60000, QueueSize: 1024, Concurrency: 64, MaxBufferBytes: DefaultMirrorBufferBytes}
 }
 
 func defaultGlobalScheduling() GlobalScheduling {
@@ -354,6 +370,9 @@ func (m *Mirror) validate() error {
 	}
 	if m.Concurrency < 0 || m.Concurrency > MaxMirrorConcurrency {
 		return fieldErr("mirror.concurrency", "must be in [1, %d]", MaxMirrorConcurrency)
+	}
+	if m.MaxBufferBytes < 0 || m.MaxBufferBytes > 1<<40 {
+		return fieldErr("mirror.max_buffer_bytes", "must be in [0, %d] (0: the default)", int64(1)<<40)
 	}
 	if m.Enabled {
 		if m.TimeoutMS == 0 {

@@ -116,6 +116,10 @@ func TestUpstreamSectionsValidation(t *testing.T) {
 	bad(`{"mirror":{"enabled":true,"target_address":"http://x","timeout_ms":0}}`, "mirror.timeout_ms", "positive")
 	bad(`{"mirror":{"queue_size":70000}}`, "mirror.queue_size", "65536")
 	bad(`{"mirror":{"enabled":true,"target_address":"http://x","concurrency":0}}`, "mirror.concurrency", "4096")
+	bad(`{"mirror":{"max_buffer_bytes":-1}}`, "mirror.max_buffer_bytes", "[0, ")
+	if c := ok(`{"mirror":{"enabled":true,"target_address":"http://x","max_buffer_bytes":0}}`); c.Mirror.BufferBytes() != DefaultMirrorBufferBytes {
+		t.Fatalf("max_buffer_bytes 0: %d", c.Mirror.BufferBytes())
+	}
 	bad(`{"mirror":{"auth_token":"has space"}}`, "mirror.auth_token", "not allowed")
 	bad(`{"mirror":{"auth_token":"line\r\nX-Evil: 1"}}`, "mirror.auth_token", "not allowed")
 
