@@ -224,7 +224,7 @@ func (p *Poller) poll(m *Member, g *config.GlobalScheduling) {
 	if err != nil {
 		m.pollsErr.Inc()
 		m.report.Store(nil)
-		m.logThrottle.Warn("global scheduling: capacity poll failed", "member", m.name, "err", err)
+		m.logThrottle.Warn("global scheduling: capacity poll failed", "member", m.name, "err", err.Error())
 		return
 	}
 	m.pollsOK.Inc()
@@ -249,12 +249,12 @@ func (p *Poller) fetch(m *Member, timeout time.Duration) (Capacity, error) {
 		if ctx.Err() == context.DeadlineExceeded {
 			return Capacity{}, fmt.Errorf("capacity poll timed out after %v", timeout)
 		}
-		return Capacity{}, fmt.Errorf("cannot reach member: %w", errors.Unwrap(err))
+		return Capacity{}, fmt.Errorf("cannot reach member: %s", DescribeError(err))
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxCapacityBytes+1))
 	if err != nil {
-		return Capacity{}, fmt.Errorf("cannot read capacity report: %w", err)
+		return Capacity{}, fmt.Errorf("cannot read capacity report: %s", DescribeError(err))
 	}
 	if resp.StatusCode != http.StatusOK {
 		return Capacity{}, fmt.Errorf("capacity endpoint answered status %d", resp.StatusCode)
