@@ -1,0 +1,544 @@
+package mirror
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/config"
+	"github.com/valyala/fasthttp"
+)
+
+// target is a real HTTP server on loopback playing the mirror target: it
+// records every request it receives and answers as told.
+type target struct {
+	url string
+	srv *http.Server
+
+	mu   sync.Mutex
+	reqs []received
+
+	// answer writes the response; default: a JSON completion with usage.
+	answer func(w http.ResponseWriter, r *http.Request)
+	hits   atomic.Int64
+}
+
+type received struct {
+	method, uri string
+	header      http.Header
+	body        []byte
+	ctxErr      error // the request context's error after the answer (cancelled by the client?)
+}
+
+func startTarget(t testing.TB, answer func(w http.ResponseWriter, r *http.Request)) *target {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg := &target{url: "http://" + ln.Addr().String(), answer: answer}
+	if tg.answer == nil {
+		tg.answer = func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"id":"x","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":11,"completion_tokens":7,"total_tokens":18}}`)
+		}
+	}
+	tg.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		tg.answer(w, r)
+		tg.mu.Lock()
+		tg.reqs = append(tg.reqs, received{method: r.Method, uri: r.RequestURI, header: r.Header.Clone(), body: body, ctxErr: r.Context().Err()})
+		tg.mu.Unlock()
+		tg.hits.Add(1)
+	})}
+	go tg.srv.Serve(ln)
+	t.Cleanup(func() { tg.srv.Close() })
+	return tg
+}
+
+func (tg *target) received() []received {
+	tg.mu.Lock()
+	defer tg.mu.Unlock()
+	return append([]received(nil), tg.reqs...)
+}
+
+func mirrorCfg(addr string) *config.Mirror {
+	return &config.Mirror{Enabled: true, TargetAddress: addr, SamplingRatio: 100, TimeoutMS: 5000, QueueSize: 1024, Concurrency: 16}
+}
+
+// logBuf is a concurrency-safe log sink.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) lines(t testing.TB) []map[string]any {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, ln := range bytes.Split(bytes.TrimSpace(l.b.Bytes()), []byte("\n")) {
+		if len(ln) == 0 {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal(ln, &m); err != nil {
+			t.Fatalf("log line %q: %v", ln, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func newMirror(t testing.TB) (*Mirror, *logBuf) {
+	lb := &logBuf{}
+	m := New(Options{Logger: slog.New(slog.NewJSONHandler(lb, nil))})
+	t.Cleanup(m.Close)
+	return m, lb
+}
+
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for i := 0; i < 500; i++ {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+// The proxy calls Offer from a fasthttp handler with the request's path
+// and body, which fasthttp reuses once the handler returns. Requests full
+// of client credentials go through a real fasthttp front server; the
+// target receives the exact bodies, only the mirror's token, and none of
+// the client's identifying headers.
+func TestMirrorForwardsCopiesWithItsTokenAndNoClientCredentials(t *testing.T) {
+	tg := startTarget(t, nil)
+	m, _ := newMirror(t)
+	cfg := mirrorCfg(tg.url)
+	cfg.AuthToken = config.NewSecret("mirror-token-123")
+
+	front := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		m.Offer(cfg, ctx.Path(), ctx.PostBody(), false)
+		ctx.SetBodyString("ok")
+	}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go front.Serve(ln)
+	defer front.Shutdown()
+
+	clientSecrets := []string{"client-key-SECRET", "sess-SECRET", "cookie-SECRET", "org-SECRET", "proxy-SECRET", "ip-SECRET", "user-SECRET"}
+	const n = 50
+	hc := &fasthttp.Client{}
+	for i := 0; i < n; i++ {
+		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+		req.SetRequestURI(fmt.Sprintf("http://%s/v1/chat/completions?api-key=q-SECRET", ln.Addr()))
+		req.Header.SetMethod("POST")
+		req.Header.Set("Authorization", "Bearer client-key-SECRET")
+		req.Header.Set("X-Session-Id", "sess-SECRET")
+		req.Header.Set("Cookie", "sid=cookie-SECRET")
+		req.Header.Set("OpenAI-Organization", "org-SECRET")
+		req.Header.Set("Proxy-Authorization", "Basic proxy-SECRET")
+		req.Header.Set("X-Forwarded-For", "ip-SECRET")
+		req.Header.Set("X-Api-Key", "client-key-SECRET")
+		req.Header.Set("X-User", "user-SECRET")
+		req.SetBodyString(fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"request %d"}]}`, i))
+		if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+			t.Fatalf("front: %v %d", err, resp.StatusCode())
+		}
+		fasthttp.ReleaseRequest(req)
+		fasthttp.ReleaseResponse(resp)
+	}
+	eventually(t, "all mirrored", func() bool { return tg.hits.Load() == n })
+	seen := map[string]bool{}
+	for _, r := range tg.received() {
+		if r.method != "POST" || r.uri != "/v1/chat/completions" {
+			t.Fatalf("target got %s %s", r.method, r.uri)
+		}
+		if got := r.header.Get("Authorization"); got != "Bearer mirror-token-123" {
+			t.Fatalf("target got Authorization %q, want the mirror's token", got)
+		}
+		for k, vs := range r.header {
+			switch k {
+			case "Authorization", "Content-Type", "Accept", "User-Agent", "X-Infera-Mirror", "Content-Length":
+			default:
+				t.Fatalf("target got header %s: %v, outside the mirror's list", k, vs)
+			}
+			for _, v := range vs {
+				for _, s := range clientSecrets {
+					if strings.Contains(v, s) {
+						t.Fatalf("client credential %q reached the target in %s", s, k)
+					}
+				}
+			}
+		}
+		if strings.Contains(r.uri, "SECRET") {
+			t.Fatalf("query string reached the target: %s", r.uri)
+		}
+		var body struct {
+			Model    string `json:"model"`
+			Messages []struct{ Content string }
+		}
+		if err := json.Unmarshal(r.body, &body); err != nil || body.Model != "m" || len(body.Messages) != 1 {
+			t.Fatalf("target got body %q (%v)", r.body, err)
+		}
+		seen[body.Messages[0].Content] = true
+	}
+	for i := 0; i < n; i++ {
+		if !seen[fmt.Sprintf("request %d", i)] {
+			t.Fatalf("request %d never reached the target intact (got %d distinct)", i, len(seen))
+		}
+	}
+	eventually(t, "the ok counter to reach n", func() bool { return m.m.ok.Get() == n })
+}
+
+func TestMirrorSubstitutesTheTargetModel(t *testing.T) {
+	f := func(body, want string) {
+		t.Helper()
+		if got := string(replaceModel(nil, []byte(body), "canary-v2")); got != want {
+			t.Fatalf("replaceModel(%s)\n got %s\nwant %s", body, got, want)
+		}
+	}
+	f(`{"model":"m","stream":true}`, `{"model":"canary-v2","stream":true}`)
+	f(`{ "stream" : true , "model" :  "m" ,"x":1}`, `{ "stream" : true , "model" :  "canary-v2" ,"x":1}`)
+	f(`{"messages":[{"role":"user","content":"{\"model\":\"m\"}"}],"metadata":{"model":"keep"},"model":"m"}`,
+		`{"messages":[{"role":"user","content":"{\"model\":\"m\"}"}],"metadata":{"model":"keep"},"model":"canary-v2"}`)
+	f(`{"model":"a","model":"b"}`, `{"model":"canary-v2","model":"canary-v2"}`)
+	f(`{"mod\u0065l":"a"}`, `{"mod\u0065l":"canary-v2"}`)
+	f(`{"model":null}`, `{"model":"canary-v2"}`)
+	f(`{"x":1}`, `{"x":1}`)
+	f(`[1]`, `[1]`)
+	f(`{"model":`, `{"model":`)
+	if got := string(replaceModel(nil, []byte(`{"model":"m"}`), "a\"b")); got != `{"model":"a\"b"}` {
+		t.Fatalf("model not escaped: %s", got)
+	}
+
+	tg := startTarget(t, nil)
+	m, _ := newMirror(t)
+	cfg := mirrorCfg(tg.url)
+	cfg.TargetModel = "canary-v2"
+	body := []byte(`{"model":"prod","messages":[{"role":"user","content":"hi"}]}`)
+	m.Offer(cfg, []byte("/v1/chat/completions"), body, false)
+	eventually(t, "mirrored", func() bool { return tg.hits.Load() == 1 })
+	if got := string(tg.received()[0].body); got != `{"model":"canary-v2","messages":[{"role":"user","content":"hi"}]}` {
+		t.Fatalf("target got %s", got)
+	}
+	if string(body) != `{"model":"prod","messages":[{"role":"user","content":"hi"}]}` {
+		t.Fatal("the client's body was modified")
+	}
+}
+
+func TestMirrorSamplingRatio(t *testing.T) {
+	m, _ := newMirror(t)
+	m.send = func(*job) {}
+	cfg := mirrorCfg("http://127.0.0.1:1")
+	count := func(ratio float64, n int) int {
+		c := *cfg
+		c.SamplingRatio = ratio
+		before := m.m.sampled.Get()
+		for i := 0; i < n; i++ {
+			m.Offer(&c, []byte("/v1/completions"), []byte(`{}`), false)
+		}
+		// Sampled, whether queued or dropped for a full queue.
+		return int(m.m.sampled.Get() - before)
+	}
+	if k := count(0, 1000); k != 0 {
+		t.Fatalf("0%%: %d sampled", k)
+	}
+	if k := count(100, 500); k != 500 {
+		t.Fatalf("100%%: %d of 500 sampled", k)
+	}
+	// 25% of 4000: mean 1000, sd 27; allow 6 sd.
+	if k := count(25, 4000); k < 1000-165 || k > 1000+165 {
+		t.Fatalf("25%%: %d of 4000 sampled", k)
+	}
+	if k := count(0.5, 4000); k < 2 || k > 60 {
+		t.Fatalf("0.5%%: %d of 4000 sampled", k)
+	}
+	off := *cfg
+	off.Enabled = false
+	if m.Offer(&off, []byte("/v1/completions"), []byte(`{}`), false) {
+		t.Fatal("disabled mirror sampled")
+	}
+}
+
+// A full queue drops (counted) at once instead of blocking the request.
+func TestMirrorQueueFullDrops(t *testing.T) {
+	release := make(chan struct{})
+	tg := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(200)
+	})
+	defer close(release)
+	m, _ := newMirror(t)
+	cfg := mirrorCfg(tg.url)
+	cfg.QueueSize = 3
+	cfg.Concurrency = 1
+	// One in flight, then the dispatcher holds one waiting for a slot,
+	// then the queue holds 3: at most 5 accepted of 20.
+	accepted := 0
+	for i := 0; i < 20; i++ {
+		if m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false) {
+			accepted++
+		}
+		if i == 0 {
+			eventually(t, "first request at the target", func() bool { return m.active.Load() == 1 })
+		}
+	}
+	if accepted < 3 || accepted > 5 {
+		t.Fatalf("accepted %d with queue_size 3 and concurrency 1, want 3..5", accepted)
+	}
+	if got := m.m.droppedFull.Get(); int(got) != 20-accepted {
+		t.Fatalf("queue_full counter %d, want %d", got, 20-accepted)
+	}
+	if got := m.m.sampled.Get(); got != 20 {
+		t.Fatalf("sampled counter %d, want 20", got)
+	}
+}
+
+// The bytes held by request copies are bounded by max_buffer_bytes, and
+// every byte is given back when the jobs end.
+func TestMirrorByteBudgetDropsAndIsGivenBack(t *testing.T) {
+	release := make(chan struct{})
+	tg := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(200)
+	})
+	m, _ := newMirror(t)
+	cfg := mirrorCfg(tg.url)
+	body := []byte(`{"model":"m","prompt":"` + strings.Repeat("x", 1000) + `"}`)
+	path := []byte("/v1/completions")
+	per := int64(len(body) + len(path))
+	cfg.MaxBufferBytes = 3*per + per/2 // room for 3 copies
+	accepted := 0
+	for i := 0; i < 10; i++ {
+		if m.Offer(cfg, path, body, false) {
+			accepted++
+		}
+	}
+	if accepted != 3 || m.m.droppedFull.Get() != 7 {
+		t.Fatalf("accepted %d, dropped %d; want 3 and 7", accepted, m.m.droppedFull.Get())
+	}
+	if got := m.held.Load(); got != 3*per {
+		t.Fatalf("held %d bytes, want %d", got, 3*per)
+	}
+	close(release)
+	eventually(t, "the budget given back", func() bool { return m.held.Load() == 0 && m.m.ok.Get() == 3 })
+	if !m.Offer(cfg, path, body, false) {
+		t.Fatal("offer refused once the budget was free")
+	}
+}
+
+// The timeout covers queueing and sending: a slow target's request is
+// cancelled, and jobs that expire while waiting for a sender are dropped
+// without being sent.
+func TestMirrorTimeoutDropsExpiredRequests(t *testing.T) {
+	tg := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(5 * time.Second):
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(200)
+	})
+	m, lb := newMirror(t)
+	cfg := mirrorCfg(tg.url)
+	cfg.TimeoutMS = 100
+	cfg.Concurrency = 1
+	cfg.LogRecording = true
+	for i := 0; i < 4; i++ {
+		if !m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false) {
+			t.Fatalf("offer %d refused", i)
+		}
+	}
+	eventually(t, "all four accounted for", func() bool {
+		return m.m.timeout.Get()+m.m.droppedExpired.Get() == 4
+	})
+	if m.m.timeout.Get() < 1 || m.m.droppedExpired.Get() < 1 {
+		t.Fatalf("timeouts %d, expired in queue %d: want both", m.m.timeout.Get(), m.m.droppedExpired.Get())
+	}
+	// The target saw its request(s) cancelled, not answered after 5 s.
+	eventually(t, "the target's handlers to end", func() bool { return int(tg.hits.Load()) == int(m.m.timeout.Get()) })
+	for _, r := range tg.received() {
+		if r.ctxErr == nil {
+			t.Fatal("the timed-out request was not cancelled at the target")
+		}
+	}
+	lines := lb.lines(t)
+	if len(lines) != int(m.m.timeout.Get()) {
+		t.Fatalf("%d log lines, want one per sent request (%d)", len(lines), m.m.timeout.Get())
+	}
+	if lines[0]["result"] != "timeout" {
+		t.Fatalf("log line %v", lines[0])
+	}
+	if m.active.Load() != 0 {
+		t.Fatal("a sender is still running")
+	}
+}
+
+// A mirrored stream is read to its end by the mirror; the log line has the
+// status, the timings, the number of events and the usage of the last
+// chunk, and nothing secret.
+func TestMirrorConsumesStreamsToTheEndAndLogsThem(t *testing.T) {
+	var wroteAll atomic.Bool
+	const events = 40
+	tg := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		for i := 0; i < events; i++ {
+			if _, err := fmt.Fprintf(w, "data: {\"choices\":[{\"delta\":{\"content\":\"tok%d\"}}]}\n\n", i); err != nil {
+				return
+			}
+			fl.Flush()
+			time.Sleep(time.Millisecond)
+		}
+		io.WriteString(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":21,\"completion_tokens\":40}}\n\n")
+		// A long event: longer than the reader's buffer.
+		fmt.Fprintf(w, "data: {\"pad\":%q}\n\n", strings.Repeat("p", 40000))
+		io.WriteString(w, "data: [DONE]\n\n")
+		fl.Flush()
+		wroteAll.Store(true)
+	})
+	m, lb := newMirror(t)
+	cfg := mirrorCfg(tg.url)
+	cfg.LogRecording = true
+	cfg.AuthToken = config.NewSecret("tok-SECRET")
+	cfg.TargetModel = "v2"
+	m.Offer(cfg, []byte("/v1/chat/completions"), []byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true}}`), true)
+	eventually(t, "the log line", func() bool { return len(lb.lines(t)) == 1 })
+	if !wroteAll.Load() {
+		t.Fatal("the target could not write its whole stream")
+	}
+	l := lb.lines(t)[0]
+	want := map[string]any{"msg": "mirror", "status": 200.0, "result": "ok", "stream": true, "events": float64(events + 3),
+		"usage": true, "prompt_tokens": 21.0, "completion_tokens": 40.0, "path": "/v1/chat/completions", "target_model": "v2"}
+	for k, v := range want {
+		if l[k] != v {
+			t.Fatalf("log %s = %v, want %v (line %v)", k, l[k], v, l)
+		}
+	}
+	for _, k := range []string{"latency_ms", "first_event_ms", "queue_ms", "response_bytes", "id"} {
+		if _, ok := l[k].(float64); !ok {
+			t.Fatalf("log line lacks %s: %v", k, l)
+		}
+	}
+	if l["first_event_ms"].(float64) > l["latency_ms"].(float64) || l["response_bytes"].(float64) < 40000 {
+		t.Fatalf("timings or size wrong: %v", l)
+	}
+	if strings.Contains(lb.String(), "SECRET") {
+		t.Fatalf("the token reached the log: %s", lb.String())
+	}
+	eventually(t, "the target's record", func() bool { return tg.hits.Load() == 1 })
+	if got := tg.received()[0].header.Get("Accept"); got != "text/event-stream" {
+		t.Fatalf("Accept %q", got)
+	}
+	if m.m.promptTokens.Get() != 21 || m.m.completionTokens.Get() != 40 {
+		t.Fatalf("token counters %d %d", m.m.promptTokens.Get(), m.m.completionTokens.Get())
+	}
+}
+
+// Non-streamed answers are logged with the usage; error statuses and an
+// unreachable target are counted and logged without failing anything.
+func TestMirrorRecordsErrorsAndFollowsReloads(t *testing.T) {
+	a := startTarget(t, nil)
+	b := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(503)
+		io.WriteString(w, `{"error":{"message":"overloaded"}}`)
+	})
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+
+	m, lb := newMirror(t)
+	offer := func(addr string) {
+		cfg := mirrorCfg(addr) // a new snapshot per call, as reloads make
+		cfg.LogRecording = true
+		if !m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m","prompt":"x"}`), false) {
+			t.Fatal("offer refused")
+		}
+	}
+	offer(a.url)
+	offer(b.url + "/v1")
+	offer(dead)
+	eventually(t, "three log lines", func() bool { return len(lb.lines(t)) == 3 })
+	byResult := map[string]map[string]any{}
+	for _, l := range lb.lines(t) {
+		byResult[l["result"].(string)] = l
+	}
+	if l := byResult["ok"]; l == nil || l["prompt_tokens"] != 11.0 || l["completion_tokens"] != 7.0 || l["status"] != 200.0 {
+		t.Fatalf("ok line %v", l)
+	}
+	if l := byResult["http_error"]; l == nil || l["status"] != 503.0 || l["usage"] != false {
+		t.Fatalf("http_error line %v", l)
+	}
+	if l := byResult["error"]; l == nil || !strings.Contains(l["err"].(string), "refused") || strings.Contains(l["err"].(string), "completions") {
+		t.Fatalf("error line %v", l)
+	}
+	eventually(t, "each snapshot's target to get its request", func() bool { return a.hits.Load() == 1 && b.hits.Load() == 1 })
+	if got := b.received()[0].uri; got != "/v1/completions" {
+		t.Fatalf("base URL with /v1: target got %s", got)
+	}
+	eventually(t, "the counters", func() bool { return m.m.ok.Get()+m.m.httpError.Get()+m.m.failed.Get() == 3 })
+	if m.m.ok.Get() != 1 || m.m.httpError.Get() != 1 || m.m.failed.Get() != 1 {
+		t.Fatalf("counters ok %d http_error %d error %d", m.m.ok.Get(), m.m.httpError.Get(), m.m.failed.Get())
+	}
+}
+
+// Close cancels what is in flight, drops what is queued, and refuses
+// new offers.
+func TestMirrorCloseCancelsAndRefuses(t *testing.T) {
+	started := make(chan struct{}, 10)
+	tg := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-r.Context().Done()
+	})
+	m := New(Options{Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+	cfg := mirrorCfg(tg.url)
+	cfg.Concurrency = 1
+	for i := 0; i < 3; i++ {
+		m.Offer(cfg, []byte("/v1/completions"), []byte(`{}`), false)
+	}
+	<-started
+	done := make(chan struct{})
+	go func() { m.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	if m.Offer(cfg, []byte("/v1/completions"), []byte(`{}`), false) {
+		t.Fatal("offer accepted after Close")
+	}
+	if got := m.m.droppedClose.Get(); got != 2 {
+		t.Fatalf("dropped at shutdown %d, want 2", got)
+	}
+	m.Close()
+}
