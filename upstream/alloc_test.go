@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/infera/infera/config"
+	"github.com/valyala/fasthttp"
 )
 
 // The split plan and the member pick run on the request path: no
@@ -34,5 +35,23 @@ func TestPlanAndPickAllocateNothing(t *testing.T) {
 		}
 	}); n != 0 {
 		t.Fatalf("Pick: %v allocs/op, want 0", n)
+	}
+}
+
+func TestPrepareRequestAllocatesNothing(t *testing.T) {
+	ep, _ := ParseEndpoint("https://api.example.com/v1")
+	var in fasthttp.RequestHeader
+	in.Set("Content-Type", "application/json")
+	in.Set("Authorization", "Bearer client")
+	in.Set("X-Session-Id", "s")
+	req := fasthttp.AcquireRequest()
+	body := []byte(`{"model":"m"}`)
+	path := []byte("/v1/chat/completions")
+	key := config.NewSecret("sk-upstream-key-0123456789")
+	if n := testing.AllocsPerRun(1000, func() {
+		req.Reset()
+		PrepareRequest(req, &in, &ep, path, body, key, true, "X-Session-Id")
+	}); n != 0 {
+		t.Fatalf("PrepareRequest: %v allocs/op, want 0", n)
 	}
 }
