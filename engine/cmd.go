@@ -47,7 +47,7 @@ type Cmd struct {
 
 	Role                  string        `help:"Disaggregation role: mixed serves whole requests; prefill computes prompts and hands their KV to decode engines; decode receives the KV and generates." default:"mixed" enum:"mixed,prefill,decode" env:"INFERA_ENGINE_ROLE"`
 	PDMode                string        `name:"pd-mode" help:"KV connector of --role prefill|decode: sglang (Mooncake push: bootstrap_host/port/room) or vllm (NixlConnector pull: kv_transfer_params)." default:"" env:"INFERA_ENGINE_PD_MODE"`
-	BootstrapPort         int           `name:"bootstrap-port" help:"Prefill engine's KV server port: SGLang's bootstrap server or vLLM's NIXL side channel; -1 means 8998 (sglang) or 5600 (vllm), 0 an ephemeral port." default:"-1" env:"INFERA_ENGINE_BOOTSTRAP_PORT"`
+	BootstrapPort         int           `name:"bootstrap-port" help:"Prefill engine's KV server port: SGLang's bootstrap server or vLLM's NIXL side channel; -1 means 8998 (sglang) or 5600 (vllm), 0 an ephemeral port. An SGLang decode engine contacts this port when a request's bootstrap_port is null." default:"-1" env:"INFERA_ENGINE_BOOTSTRAP_PORT"`
 	BootstrapHost         string        `name:"bootstrap-host" help:"Host decode engines reach the prefill engine's KV server at (vLLM remote_host); empty means --host, or 127.0.0.1 when --host is a wildcard." default:"" env:"INFERA_ENGINE_BOOTSTRAP_HOST"`
 	PDWaitingTimeout      time.Duration `name:"pd-waiting-timeout" help:"Decode engine: longest wait for a request's KV transfer (SGLANG_DISAGGREGATION_WAITING_TIMEOUT)." default:"300s" env:"INFERA_ENGINE_PD_WAITING_TIMEOUT"`
 	PDBootstrapTimeout    time.Duration `name:"pd-bootstrap-timeout" help:"SGLang prefill engine: longest wait for the decode engine of a bootstrap_room to connect (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)." default:"300s" env:"INFERA_ENGINE_PD_BOOTSTRAP_TIMEOUT"`
@@ -129,6 +129,9 @@ func (c *Cmd) Config() (Config, error) {
 	}
 	cfg.PD = PDConfig{Role: role, Mode: mode, AdvertiseHost: c.BootstrapHost, WaitingTimeout: c.PDWaitingTimeout,
 		BootstrapTimeout: c.PDBootstrapTimeout, AbortRequestTimeout: c.PDAbortRequestTimeout}
+	if role == RoleDecode && mode == PDSGLang {
+		cfg.PD.NullBootstrapPort = kvServerPort(c.BootstrapPort, mode) // 0 (ephemeral) keeps the default
+	}
 	if c.Tokenizer != "" {
 		tok, err := loadTokenizer(c.Tokenizer)
 		if err != nil {

@@ -87,6 +87,14 @@ func (s *Server) handleMetrics(ctx *fasthttp.RequestCtx) {
 		{"kv_blocks_cached", uint64(st.CacheBlocksCached)},
 		{"kv_blocks_capacity", uint64(st.CacheBlocksCap)},
 		{"kv_evictions_total", st.Evictions},
+		{"kv_waiting_requests", uint64(st.KVWaiting)},
+		{"kv_ready_requests", uint64(st.KVReady)},
+		{"kv_held_requests", uint64(st.KVHeld)},
+		{"pd_rooms", uint64(st.PDRooms)},
+		{"pd_transfers_total", st.Transfers},
+		{"pd_transfer_failures_total", st.TransferFailures},
+		{"pd_transfer_timeouts_total", st.TransferTimeouts},
+		{"pd_blocks_transferred_total", st.BlocksTransferred},
 	} {
 		b = appendPromMetric(b, m.name, id, m.v)
 	}

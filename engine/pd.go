@@ -97,8 +97,7 @@ func ParsePDMode(s string) (PDMode, error) {
 // Default ports of the real engines' KV servers.
 const (
 	// DefaultSGLangBootstrapPort is SGLang's --disaggregation-bootstrap-port
-	// default (and sgl-router's DEFAULT_BOOTSTRAP_PORT, used when a request's
-	// bootstrap_port is null).
+	// default.
 	DefaultSGLangBootstrapPort = 8998
 	// DefaultNixlSideChannelPort is vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default.
 	DefaultNixlSideChannelPort = 5600
@@ -121,6 +120,10 @@ type PDConfig struct {
 	AdvertiseHost string
 	// EngineID is vLLM's remote_engine_id; empty means the Server's ID.
 	EngineID string
+	// NullBootstrapPort is the port an SGLang decode engine contacts when a
+	// request's bootstrap_port is null: SGLang's scheduler substitutes its
+	// own --disaggregation-bootstrap-port (default 8998, the default here).
+	NullBootstrapPort int
 	// WaitingTimeout bounds a decode engine's wait for a request's KV
 	// (SGLang's SGLANG_DISAGGREGATION_WAITING_TIMEOUT, default 300s).
 	WaitingTimeout time.Duration
@@ -171,6 +174,9 @@ func (c *PDConfig) normalize(serverID string) error {
 	}
 	if c.EngineID == "" {
 		c.EngineID = serverID
+	}
+	if c.NullBootstrapPort == 0 {
+		c.NullBootstrapPort = DefaultSGLangBootstrapPort
 	}
 	if c.Listener != nil && c.AdvertiseHost == "" {
 		c.AdvertiseHost = "127.0.0.1"

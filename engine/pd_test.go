@@ -177,6 +177,13 @@ func TestSGLangPairServesNonStreamingAndStreaming(t *testing.T) {
 	if ds.Role != "decode" || ds.Transfers != 2 || ds.GeneratedTokens != 11 || ds.Completed != 2 || ds.Bootstrap != nil {
 		t.Fatalf("decode stats %+v", ds)
 	}
+	_, m := p.get(t, "/metrics")
+	for _, want := range []string{`infera_engine_pd_transfers_total{engine="p0"} 2`, fmt.Sprintf(`infera_engine_pd_blocks_transferred_total{engine="p0"} %d`, blocks),
+		`infera_engine_kv_held_requests{engine="p0"} 0`} {
+		if !strings.Contains(string(m), want) {
+			t.Fatalf("prefill metrics lack %s:\n%s", want, m)
+		}
+	}
 }
 
 // A decode engine whose room never gets a prefill request gives up after
@@ -579,5 +586,17 @@ func TestPDFirstTokenWaitsForPrefillAndTransfer(t *testing.T) {
 				t.Fatalf("prefill sent %d blocks, want %d", ps.BlocksTransferred, (n+15)/16)
 			}
 		})
+	}
+}
+
+// A null bootstrap_port means the decode engine's own configured port, as
+// SGLang's scheduler substitutes --disaggregation-bootstrap-port.
+func TestSGLangNullBootstrapPortUsesOwnPort(t *testing.T) {
+	p := startCmdEngine(t, "--role=prefill", "--pd-mode=sglang")
+	d := startCmdEngine(t, "--role=decode", "--pd-mode=sglang", fmt.Sprintf("--bootstrap-port=%d", p.kvPort(t)))
+	body := chatBody(false, 3, `,"bootstrap_host":["127.0.0.1"],"bootstrap_port":[null],"bootstrap_room":[8]`)
+	pl, dl := both(t, "/v1/chat/completions", p, body, d, body)
+	if r := decodeResponse(t, "decode", dl); pl.code != 200 || r.Usage.CompletionTokens != 3 {
+		t.Fatalf("null port: prefill %d %s, decode %s", pl.code, pl.body, dl.body)
 	}
 }

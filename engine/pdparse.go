@@ -13,7 +13,7 @@ import (
 type pdFields struct {
 	// SGLang. hasRoom etc. say whether the field was present and not null.
 	host                      string
-	port                      int // DefaultSGLangBootstrapPort when null
+	port                      int // 0 when absent or null
 	room                      int64
 	hasHost, hasPort, hasRoom bool
 
@@ -56,7 +56,6 @@ func parsePDFields(body []byte, mode PDMode) (pdFields, error) {
 			}
 			f.hasHost = true
 		}
-		f.port = DefaultSGLangBootstrapPort
 		if raw, ok := top["bootstrap_port"]; ok {
 			f.hasPort = true
 			if raw = one(raw); !isNull(raw) {

@@ -31,7 +31,7 @@ func FuzzParsePD(f *testing.F) {
 				}
 				continue
 			}
-			if p.hasRoom && p.room < 0 || p.hasHost && p.host == "" || mode == PDSGLang && (p.port < 1 || p.port > math.MaxUint16) {
+			if p.hasRoom && p.room < 0 || p.hasHost && p.host == "" || p.port < 0 || p.port > math.MaxUint16 {
 				t.Fatalf("%s: accepted out-of-range fields %+v", mode, p)
 			}
 			if kv := p.kv; kv != nil {
@@ -62,12 +62,12 @@ func TestParsePDFields(t *testing.T) {
 	}
 	f(`{"bootstrap_host":"h","bootstrap_port":7,"bootstrap_room":3}`, PDSGLang,
 		pdFields{host: "h", port: 7, room: 3, hasHost: true, hasPort: true, hasRoom: true})
-	// Batch forms of one element, a null port (the default), duplicates
+	// Batch forms of one element, a null port (the engine's own), duplicates
 	// (the last wins, as in Python) and keys that differ in case (not ours).
 	f(`{"bootstrap_host":["h"],"bootstrap_port":[null],"bootstrap_room":[4],"bootstrap_room":5,"Bootstrap_Room":6}`, PDSGLang,
-		pdFields{host: "h", port: DefaultSGLangBootstrapPort, room: 5, hasHost: true, hasPort: true, hasRoom: true})
-	f(`{"bootstrap_room":null}`, PDSGLang, pdFields{port: DefaultSGLangBootstrapPort})
-	f(`{"bootstrap_room":9223372036854775807}`, PDSGLang, pdFields{port: DefaultSGLangBootstrapPort, room: math.MaxInt64, hasRoom: true})
+		pdFields{host: "h", room: 5, hasHost: true, hasPort: true, hasRoom: true})
+	f(`{"bootstrap_room":null}`, PDSGLang, pdFields{})
+	f(`{"bootstrap_room":9223372036854775807}`, PDSGLang, pdFields{room: math.MaxInt64, hasRoom: true})
 	if _, err := parsePDFields([]byte(`{"bootstrap_room":9223372036854775808}`), PDSGLang); err == nil {
 		t.Fatal("room 2^63 accepted")
 	}

@@ -46,6 +46,9 @@ func (s *Server) pdRequest(sq *seq, g genRequest, body []byte) (pdFields, error)
 		case !f.hasHost:
 			return f, badRequest("decode engine (sglang): bootstrap_host is required")
 		}
+		if f.port == 0 {
+			f.port = cfg.NullBootstrapPort
+		}
 		sq.req.Transfer = TransferPush
 		sq.admitted = make(chan struct{})
 	case cfg.Role == RoleDecode && cfg.Mode == PDVLLM:
