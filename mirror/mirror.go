@@ -116,6 +116,16 @@ type mirrorMetrics struct {
 //	infera_mirror_prompt_tokens_total, infera_mirror_completion_tokens_total (from the target's usage)
 //	infera_mirror_queue_length, infera_mirror_inflight, infera_mirror_buffered_bytes
 func New(o Options) *Mirror {
+	m := newMirror(o)
+	metrics.RegisterSet(m.m.set)
+	m.wg.Add(1)
+	go m.dispatch()
+	return m
+}
+
+// newMirror builds a Mirror without starting its dispatcher or
+// registering its metrics.
+func newMirror(o Options) *Mirror {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -167,9 +177,6 @@ func New(o Options) *Mirror {
 	s.NewGauge(`infera_mirror_queue_length`, func() float64 { return float64(len(m.q)) })
 	s.NewGauge(`infera_mirror_inflight`, func() float64 { return float64(m.active.Load()) })
 	s.NewGauge(`infera_mirror_buffered_bytes`, func() float64 { return float64(m.held.Load()) })
-	metrics.RegisterSet(s)
-	m.wg.Add(1)
-	go m.dispatch()
 	return m
 }
 

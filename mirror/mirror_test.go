@@ -110,7 +110,7 @@ func (l *logBuf) String() string {
 	return l.b.String()
 }
 
-func newMirror(t testing.TB) (*Mirror, *logBuf) {
+func startMirror(t testing.TB) (*Mirror, *logBuf) {
 	lb := &logBuf{}
 	m := New(Options{Logger: slog.New(slog.NewJSONHandler(lb, nil))})
 	t.Cleanup(m.Close)
@@ -135,7 +135,7 @@ func eventually(t testing.TB, what string, cond func() bool) {
 // the client's identifying headers.
 func TestMirrorForwardsCopiesWithItsTokenAndNoClientCredentials(t *testing.T) {
 	tg := startTarget(t, nil)
-	m, _ := newMirror(t)
+	m, _ := startMirror(t)
 	cfg := mirrorCfg(tg.url)
 	cfg.AuthToken = config.NewSecret("mirror-token-123")
 
@@ -237,7 +237,7 @@ func TestMirrorSubstitutesTheTargetModel(t *testing.T) {
 	}
 
 	tg := startTarget(t, nil)
-	m, _ := newMirror(t)
+	m, _ := startMirror(t)
 	cfg := mirrorCfg(tg.url)
 	cfg.TargetModel = "canary-v2"
 	body := []byte(`{"model":"prod","messages":[{"role":"user","content":"hi"}]}`)
@@ -252,7 +252,7 @@ func TestMirrorSubstitutesTheTargetModel(t *testing.T) {
 }
 
 func TestMirrorSamplingRatio(t *testing.T) {
-	m, _ := newMirror(t)
+	m, _ := startMirror(t)
 	m.send = func(*job) {}
 	cfg := mirrorCfg("http://127.0.0.1:1")
 	count := func(ratio float64, n int) int {
@@ -296,7 +296,7 @@ func TestMirrorQueueFullDrops(t *testing.T) {
 		w.WriteHeader(200)
 	})
 	defer close(release)
-	m, _ := newMirror(t)
+	m, _ := startMirror(t)
 	cfg := mirrorCfg(tg.url)
 	cfg.QueueSize = 3
 	cfg.Concurrency = 1
@@ -333,7 +333,7 @@ func TestMirrorByteBudgetDropsAndIsGivenBack(t *testing.T) {
 		}
 		w.WriteHeader(200)
 	})
-	m, _ := newMirror(t)
+	m, _ := startMirror(t)
 	cfg := mirrorCfg(tg.url)
 	body := []byte(`{"model":"m","prompt":"` + strings.Repeat("x", 1000) + `"}`)
 	path := []byte("/v1/completions")
@@ -369,7 +369,7 @@ func TestMirrorTimeoutDropsExpiredRequests(t *testing.T) {
 		}
 		w.WriteHeader(200)
 	})
-	m, lb := newMirror(t)
+	m, lb := startMirror(t)
 	cfg := mirrorCfg(tg.url)
 	cfg.TimeoutMS = 100
 	cfg.Concurrency = 1
@@ -427,7 +427,7 @@ func TestMirrorConsumesStreamsToTheEndAndLogsThem(t *testing.T) {
 		fl.Flush()
 		wroteAll.Store(true)
 	})
-	m, lb := newMirror(t)
+	m, lb := startMirror(t)
 	cfg := mirrorCfg(tg.url)
 	cfg.LogRecording = true
 	cfg.AuthToken = config.NewSecret("tok-SECRET")
@@ -477,7 +477,7 @@ func TestMirrorRecordsErrorsAndFollowsReloads(t *testing.T) {
 	dead := "http://" + ln.Addr().String()
 	ln.Close()
 
-	m, lb := newMirror(t)
+	m, lb := startMirror(t)
 	offer := func(addr string) {
 		cfg := mirrorCfg(addr) // a new snapshot per call, as reloads make
 		cfg.LogRecording = true

@@ -42,3 +42,27 @@ func BenchmarkOffer(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkOfferRequestPath is Offer at 100% alone, as the request path
+// pays it: sampling, the budget, the copy of path and body into a pooled
+// job, the enqueue. The benchmark loop takes the job off the queue itself
+// (no dispatcher, no sender competing for the CPU).
+func BenchmarkOfferRequestPath(b *testing.B) {
+	for _, size := range []int{1 << 10, 32 << 10} {
+		b.Run(fmt.Sprintf("body=%dKiB", size>>10), func(b *testing.B) {
+			m := newMirror(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			cfg := &config.Mirror{Enabled: true, TargetAddress: "http://127.0.0.1:1", SamplingRatio: 100,
+				TimeoutMS: 60000, QueueSize: config.MaxMirrorQueue, Concurrency: 1}
+			body := benchBody(size)
+			path := []byte("/v1/chat/completions")
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if !m.Offer(cfg, path, body, false) {
+					b.Fatal("not queued")
+				}
+				m.release(<-m.q)
+			}
+		})
+	}
+}

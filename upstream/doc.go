@@ -14,7 +14,11 @@
 //   - Poller (global scheduling): polls every member's capacity endpoint
 //     and keeps its last report; Pick names the member with the most free
 //     capacity for a model.
+//   - NewHostClient and PrepareRequest: the connection pool of an external
+//     upstream and the outbound request to it (its key instead of the
+//     client's credentials, client headers from a fixed list, HopHeader).
+//   - DescribeError: transport failures in fixed words for log lines.
 //
-// It knows nothing of the proxy, the scheduler or the transports that will
-// carry the requests: it depends on config only.
+// It knows nothing of the proxy, the scheduler or the dispatch that will
+// carry the requests: it depends on config and fasthttp only.
 package upstream
