@@ -534,8 +534,8 @@ func (p *pd) serveRead(w http.ResponseWriter, req *http.Request) {
 	h := p.take(m.RequestID)
 	if h == nil {
 		writeReply(w, http.StatusGone, transferReply{Error: fmt.Sprintf(
-			"no KV is held for remote_request_id %s: never prefilled here, already read, or freed after %s unread",
-			strconv.Quote(m.RequestID), p.cfg.AbortRequestTimeout)})
+			"no KV is held for the remote_request_id: never prefilled here, already read, or freed after %s unread",
+			p.cfg.AbortRequestTimeout)})
 		return
 	}
 	defer p.srv.abort(h.sq) // the read frees the blocks, whatever its outcome

@@ -275,7 +275,8 @@ func TestSGLangRequestFieldErrors(t *testing.T) {
 	f(p, `,"bootstrap_room":1,"bootstrap_port":70000`, "bootstrap_port must be an integer")
 	f(d, `,"bootstrap_room":1,"bootstrap_port":9`, "bootstrap_host is required")
 	f(d, `,"bootstrap_host":"127.0.0.1","bootstrap_port":9`, "bootstrap_room is required")
-	f(d, `,"bootstrap_host":5,"bootstrap_room":1`, "bootstrap_host must be a non-empty string")
+	f(d, `,"bootstrap_host":5,"bootstrap_room":1`, "bootstrap_host must be a host name")
+	f(d, `,"bootstrap_host":"evil\nline","bootstrap_room":1`, "bootstrap_host must be a host name")
 
 	// A second prefill request for a room in use is refused.
 	first := make(chan int, 1)
@@ -396,7 +397,8 @@ func TestVLLMDecodeRefusesMissingInvalidOrStaleParams(t *testing.T) {
 	f(strings.Replace(valid, `[[0,1,2]]`, `[0,-1]`, 1), 400, "block ids in")
 	f(strings.Replace(valid, `"do_remote_prefill":true`, `"do_remote_prefill":"yes"`, 1), 400, "do_remote_prefill must be a boolean")
 	f(strings.Replace(valid, p.srv.ID(), "other-engine", 1), 500, "remote_engine_id does not name this engine")
-	f(valid, 500, "no KV is held for remote_request_id")
+	f(strings.Replace(valid, `"127.0.0.1"`, `"a b"`, 1), 400, "remote_host must be a host name")
+	f(valid, 500, "no KV is held for the remote_request_id")
 
 	// Blocks not read within --pd-abort-request-timeout are freed.
 	code, body, _ := p.post(t, "/v1/chat/completions", chatBody(false, 1, `,"kv_transfer_params":{"do_remote_decode":true}`))

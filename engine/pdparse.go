@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"net"
 )
 
 // pdFields are the disaggregation fields of a request body, as SGLang's
@@ -51,8 +52,8 @@ func parsePDFields(body []byte, mode PDMode) (pdFields, error) {
 			f.room, f.hasRoom = v, true
 		}
 		if raw := one(top["bootstrap_host"]); !isNull(raw) {
-			if json.Unmarshal(raw, &f.host) != nil || f.host == "" {
-				return f, badRequest("bootstrap_host must be a non-empty string (or a one-element list of one)")
+			if json.Unmarshal(raw, &f.host) != nil || !validHost(f.host) {
+				return f, badRequest("bootstrap_host must be a host name or an IP address (or a one-element list of one)")
 			}
 			f.hasHost = true
 		}
@@ -91,6 +92,9 @@ func parsePDFields(body []byte, mode PDMode) (pdFields, error) {
 			if v := m[s.name]; !isNull(v) && json.Unmarshal(v, s.dst) != nil {
 				return f, badRequest("kv_transfer_params.%s must be a string or null", s.name)
 			}
+		}
+		if kv.host != "" && !validHost(kv.host) {
+			return f, badRequest("kv_transfer_params.remote_host must be a host name or an IP address")
 		}
 		if v := m["remote_port"]; !isNull(v) {
 			var p int64
@@ -153,4 +157,23 @@ func checkIDs(ids []int) ([]int, error) {
 		ids = []int{}
 	}
 	return ids, nil
+}
+
+// validHost accepts an IP address (IPv6 optionally in brackets, as SGLang's
+// maybe_wrap_ipv6_address writes it) or a DNS host name, so that an address
+// that reaches an error message is a host, not arbitrary request bytes.
+func validHost(h string) bool {
+	if ip := net.ParseIP(trimBrackets(h)); ip != nil {
+		return true
+	}
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_') {
+			return false
+		}
+	}
+	return true
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -31,11 +32,11 @@ func FuzzParsePD(f *testing.F) {
 				}
 				continue
 			}
-			if p.hasRoom && p.room < 0 || p.hasHost && p.host == "" || p.port < 0 || p.port > math.MaxUint16 {
+			if p.hasRoom && p.room < 0 || p.hasHost && !validHost(p.host) || p.port < 0 || p.port > math.MaxUint16 {
 				t.Fatalf("%s: accepted out-of-range fields %+v", mode, p)
 			}
 			if kv := p.kv; kv != nil {
-				if kv.port < 0 || kv.port > math.MaxUint16 || kv.hasBlockIDs && kv.blockIDs == nil {
+				if kv.port < 0 || kv.port > math.MaxUint16 || kv.hasBlockIDs && kv.blockIDs == nil || kv.host != "" && !validHost(kv.host) {
 					t.Fatalf("accepted out-of-range kv_transfer_params %+v", kv)
 				}
 				for _, id := range kv.blockIDs {
@@ -74,6 +75,16 @@ func TestParsePDFields(t *testing.T) {
 	p, err := parsePDFields([]byte(`{"kv_transfer_params":{"remote_block_ids":[3,4],"remote_port":1,"do_remote_prefill":true}}`), PDVLLM)
 	if err != nil || p.kv == nil || !p.kv.doRemotePrefill || p.kv.port != 1 || len(p.kv.blockIDs) != 2 || p.kv.blockIDs[1] != 4 {
 		t.Fatalf("flat block ids: %+v %v", p.kv, err)
+	}
+	for _, h := range []string{"10.0.0.1", "[::1]", "::1", "prefill-0.svc.cluster.local"} {
+		if !validHost(h) {
+			t.Fatalf("host %q refused", h)
+		}
+	}
+	for _, h := range []string{"", "a b", "x/y", "h\n", "[not-ip]", strings.Repeat("a", 254)} {
+		if validHost(h) {
+			t.Fatalf("host %q accepted", h)
+		}
 	}
 	p, err = parsePDFields([]byte(`{"kv_transfer_params":{"remote_block_ids":[[]]}}`), PDVLLM)
 	if err != nil || !p.kv.hasBlockIDs || p.kv.blockIDs == nil || len(p.kv.blockIDs) != 0 {
