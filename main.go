@@ -2,18 +2,26 @@
 //
 //	infera serve     the router (OpenAI-compatible front door)
 //	infera engine    a simulated inference engine
+//	infera worker    the sidecar beside an engine
+//	infera bench     benchmarks
+//	infera tokenize  the router's tokenizer on stdin
 //	infera version   print the version
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"runtime/debug"
+	"strconv"
 
 	"github.com/alecthomas/kong"
 	"github.com/infera/infera/bench"
+	"github.com/infera/infera/config"
 	"github.com/infera/infera/engine"
+	"github.com/infera/infera/gateway"
 	"github.com/infera/infera/tokenizer"
 	"github.com/infera/infera/worker"
 )
@@ -35,6 +43,35 @@ func (versionCmd) Run() error {
 	return nil
 }
 
+type serveCmd struct {
+	config.Serve
+}
+
+func (c *serveCmd) Run() error {
+	f := &c.Serve
+	setupLogging(f.LogLevel)
+	g, err := gateway.New(f)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	addr := net.JoinHostPort(f.Host, strconv.Itoa(f.Port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s: %w", addr, err)
+	}
+	slog.Info("infera serving", "addr", ln.Addr().String(), "workers", g.Workers(),
+		"policy", f.RouterPolicy, "mode", f.RouterMode, "discovery", f.DiscoveryBackend,
+		"request_transport", f.RequestTransport, "kv_event_transport", f.KVEventTransport)
+	return g.Run(context.Background(), ln)
+}
+
+func setupLogging(level string) {
+	var l slog.Level
+	l.UnmarshalText([]byte(level))
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})))
+}
+
 var cli struct {
 	Serve    serveCmd      `cmd:"" help:"Run the router in front of a fleet of inference engines."`
 	Engine   engine.Cmd    `cmd:"" help:"Run a simulated OpenAI-compatible inference engine."`
@@ -45,11 +82,20 @@ var cli struct {
 }
 
 func main() {
-	ctx := kong.Parse(&cli,
+	parser, err := kong.New(&cli, append(config.KongOptions(),
 		kong.Name("infera"),
 		kong.Description("High-performance LLM inference router and gateway."),
-		kong.UsageOnError(),
-	)
+	)...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "infera:", err)
+		os.Exit(2)
+	}
+	ctx, err := parser.Parse(os.Args[1:])
+	if err != nil {
+		// One line, not the whole usage: the flag or variable and why.
+		fmt.Fprintf(os.Stderr, "infera: %v (see infera --help)\n", err)
+		os.Exit(2)
+	}
 	if err := ctx.Run(); err != nil {
 		slog.Error("fatal", "err", err)
 		os.Exit(1)

@@ -14,7 +14,7 @@ func parseServe(t *testing.T, args ...string) *config.Serve {
 	var c struct {
 		Serve serveCmd `cmd:""`
 	}
-	p, err := kong.New(&c, kong.Name("infera"), kong.Exit(func(int) { t.Fatal("exit") }))
+	p, err := kong.New(&c, append(config.KongOptions(), kong.Name("infera"), kong.Exit(func(int) { t.Fatal("exit") }))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,15 +56,16 @@ func TestServeFlagPrecedence(t *testing.T) {
 	}
 }
 
-func TestStaticRecords(t *testing.T) {
-	f := parseServe(t, "--workers", "a=http://127.0.0.1:1,127.0.0.1:2/", "--worker-model", "m")
-	cfg, err := config.Parse([]byte(`{"workers":[{"id":"c","url":"http://127.0.0.1:3","models":["x"],"role":"prefill"}]}`))
-	if err != nil {
-		t.Fatal(err)
+// The routing doc writes duration variables in plain seconds.
+func TestDurationFlagsAcceptPlainSeconds(t *testing.T) {
+	t.Setenv("INFERA_NATS_REQ_IDLE_TIMEOUT", "900")
+	if f := parseServe(t); f.NatsReqIdleTimeout != 900*time.Second {
+		t.Fatalf("INFERA_NATS_REQ_IDLE_TIMEOUT=900: %v", f.NatsReqIdleTimeout)
 	}
-	rs := staticRecords(f, cfg)
-	if len(rs) != 3 || rs[0].ID != "a" || rs[0].URL != "http://127.0.0.1:1" || rs[1].URL != "http://127.0.0.1:2" ||
-		rs[1].Models[0] != "m" || rs[2].ID != "c" || rs[2].Role != "prefill" {
-		t.Fatalf("%+v", rs)
+	if f := parseServe(t, "--nats-req-max-duration", "2.5"); f.NatsReqMaxDuration != 2500*time.Millisecond {
+		t.Fatalf("--nats-req-max-duration 2.5: %v", f.NatsReqMaxDuration)
+	}
+	if f := parseServe(t, "--header-timeout", "15s"); f.HeaderTimeout != 15*time.Second {
+		t.Fatalf("--header-timeout 15s: %v", f.HeaderTimeout)
 	}
 }

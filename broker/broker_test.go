@@ -283,7 +283,7 @@ func TestTransport(t *testing.T) {
 				break
 			}
 		}
-		if !errors.Is(err, ErrBroken) || time.Since(start) > time.Second {
+		if !errors.Is(err, ErrConnLost) || time.Since(start) > time.Second {
 			t.Fatalf("err %v after %v", err, time.Since(start))
 		}
 		s.Close()

@@ -52,6 +52,16 @@ type Request struct {
 	Path   string
 	Header http.Header
 	Body   []byte
+	// Idle, when positive, bounds the wait for each reply message of this
+	// request (the smaller of it and ClientConfig.IdleTimeout applies).
+	Idle time.Duration
+	// Deadline, when set, caps the whole request like MaxDuration (the
+	// earlier of the two applies); past it the stream fails with
+	// ErrMaxDuration and the worker is told to cancel.
+	Deadline time.Time
+	// FirstByte, when set, bounds the wait for the head and the first body
+	// chunk: past it Do (or the first Next) fails with ErrIdleTimeout.
+	FirstByte time.Time
 }
 
 // Client sends requests to workers over NATS and streams their replies.
@@ -109,7 +119,7 @@ func (c *Client) Close() error {
 	return err
 }
 
-// Disconnected fails every open stream with ErrBroken: replies sent while
+// Disconnected fails every open stream with ErrConnLost: replies sent while
 // the connection was down are lost (core NATS), so waiting for them would
 // only end at the idle timeout. Call it from the connection's disconnect
 // handler: nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -121,12 +131,12 @@ func (c *Client) Disconnected(err error) {
 		ss = append(ss, s)
 	}
 	c.mu.Unlock()
-	detail := "NATS connection lost"
+	detail := ""
 	if err != nil {
-		detail += ": " + err.Error()
+		detail = err.Error()
 	}
 	for _, s := range ss {
-		s.fail(wrap(ErrBroken, detail))
+		s.fail(wrap(ErrConnLost, detail))
 	}
 }
 
@@ -209,6 +219,13 @@ func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream
 	if c.cfg.MaxDuration > 0 {
 		s.deadline = time.Now().Add(c.cfg.MaxDuration)
 	}
+	if !req.Deadline.IsZero() && (s.deadline.IsZero() || req.Deadline.Before(s.deadline)) {
+		s.deadline = req.Deadline
+	}
+	if req.Idle > 0 && (s.idle == 0 || req.Idle < s.idle) {
+		s.idle = req.Idle
+	}
+	s.firstByte = req.FirstByte
 	c.mu.Lock()
 	c.streams[id] = s
 	c.mu.Unlock()
@@ -259,14 +276,15 @@ func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream
 // Stream is one request's reply. Status and Header are valid after Do; Next
 // returns body chunks. A Stream is used by one goroutine.
 type Stream struct {
-	c        *Client
-	worker   string
-	id       string
-	ctx      context.Context
-	ctr      *atomic.Int64
-	idle     time.Duration
-	deadline time.Time
-	timer    *time.Timer
+	c         *Client
+	worker    string
+	id        string
+	ctx       context.Context
+	ctr       *atomic.Int64
+	idle      time.Duration
+	deadline  time.Time
+	firstByte time.Time
+	timer     *time.Timer
 
 	mu       sync.Mutex
 	q        []*nats.Msg
@@ -359,13 +377,19 @@ func (s *Stream) wait() (*nats.Msg, error) {
 		}
 		var tc <-chan time.Time
 		d := s.idle
-		isDeadline := false
+		isDeadline, isFirst := false, false
 		if !s.deadline.IsZero() {
 			if left := time.Until(s.deadline); d == 0 || left < d {
 				d, isDeadline = left, true
 			}
 		}
-		if d > 0 || isDeadline {
+		if !s.firstByte.IsZero() && s.seq <= 1 {
+			// Waiting for the head or the first body chunk.
+			if left := time.Until(s.firstByte); (d == 0 && !isDeadline) || left < d {
+				d, isDeadline, isFirst = left, false, true
+			}
+		}
+		if d > 0 || isDeadline || isFirst {
 			if d <= 0 {
 				d = 1
 			}
@@ -387,6 +411,9 @@ func (s *Stream) wait() (*nats.Msg, error) {
 			}
 		case <-tc:
 			s.sendCancel()
+			if isFirst {
+				return nil, wrap(ErrIdleTimeout, s.worker+": no first reply before the first-packet deadline")
+			}
 			if isDeadline {
 				return nil, wrap(ErrMaxDuration, s.worker)
 			}

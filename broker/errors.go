@@ -43,6 +43,10 @@ var (
 	// ErrBroken: the reply stream broke mid-way (engine error, lost or
 	// overflowing chunks, NATS connection lost). 502, not retryable.
 	ErrBroken = &Error{Status: http.StatusBadGateway, Retryable: false, msg: "reply stream broken"}
+	// ErrConnLost: the router's broker connection dropped (a broker restart,
+	// a network cut): replies in flight are lost. Not the worker's fault.
+	// 503; retryable before the first reply.
+	ErrConnLost = &Error{Status: http.StatusServiceUnavailable, Retryable: true, msg: "NATS connection lost"}
 	// ErrTooLarge: the request does not fit one NATS message. 413.
 	ErrTooLarge = &Error{Status: http.StatusRequestEntityTooLarge, Retryable: false, msg: "request larger than NATS max payload"}
 	// ErrNATS: publishing failed (connection closed or reconnecting). 503,

@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"fmt"
+	"log/slog"
 
 	"github.com/infera/infera/fleet"
 )
@@ -38,3 +39,39 @@ func validSubjectToken(id string) bool {
 	}
 	return true
 }
+
+// AgreementHook is the fleet hook that excludes workers whose record
+// advertises a transport this server does not use (they would be
+// unreachable), and warns once about a KV block size that differs from the
+// router's (such a worker stays routable, its cache never matches).
+type AgreementHook struct {
+	RequestTransport, KVTransport string
+	KVAware                       bool
+	BlockSize                     int
+	logged                        map[string]bool // under the fleet lock
+}
+
+var _ fleet.Hook = (*AgreementHook)(nil)
+
+// WorkerAdded implements fleet.Hook.
+func (a *AgreementHook) WorkerAdded(w *fleet.Worker) error {
+	if a.logged == nil {
+		a.logged = map[string]bool{}
+	}
+	if ok, reason := Agrees(w.Record, a.RequestTransport, a.KVTransport); !ok {
+		if !a.logged[w.ID] {
+			a.logged[w.ID] = true
+			slog.Error("worker excluded: transports disagree with this server (match the flags fleet-wide)", "worker", w.ID, "reason", reason)
+		}
+		return fmt.Errorf("transport mismatch: %s", reason)
+	}
+	if a.KVAware && w.BlockSize > 0 && w.BlockSize != a.BlockSize && !a.logged[w.ID+"/bs"] {
+		a.logged[w.ID+"/bs"] = true
+		slog.Warn("worker's KV block size differs from --kv-block-size: its cache will never match prompts",
+			"worker", w.ID, "worker_block_size", w.BlockSize, "kv_block_size", a.BlockSize)
+	}
+	return nil
+}
+
+// WorkerRemoved implements fleet.Hook.
+func (a *AgreementHook) WorkerRemoved(w *fleet.Worker) {}

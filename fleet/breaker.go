@@ -151,3 +151,14 @@ func (b *Breaker) open(now int64) {
 	b.fails.Store(0)
 	b.trips.Add(1)
 }
+
+// BreakerStateName names a breaker state: closed, half-open or open.
+func BreakerStateName(s int32) string {
+	switch s {
+	case BreakerHalfOpen:
+		return "half-open"
+	case BreakerOpen:
+		return "open"
+	}
+	return "closed"
+}

@@ -155,3 +155,12 @@ func (w *Worker) Release(tokens, prompt, blocks int64, firstTokenSeen bool) {
 	w.Load.Tokens.Add(-tokens)
 	w.Load.Blocks.Add(-blocks)
 }
+
+// Fault records a worker fault at now (unix ns): the breaker counts it and
+// infera_router_worker_failures_total moves.
+func (w *Worker) Fault(now int64) {
+	if w.mFailures != nil {
+		w.mFailures.Inc()
+	}
+	w.Breaker.Failure(now)
+}

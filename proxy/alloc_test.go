@@ -10,7 +10,11 @@ import (
 
 // TestNonStreamZeroAlloc proves the steady-state non-streaming request path
 // (client -> router -> upstream -> router -> client, all in this process)
-// allocates nothing per request.
+// allocates nothing per request in infera's code. The one allocation the
+// bound allows is fasthttp's own: with StreamRequestBody (bodies are read
+// incrementally, after authentication) its connection loop discards the
+// rest of every request body through io.CopyN, which allocates one 24-byte
+// io.LimitedReader (fasthttp v1.78 server.go, requestStream.discard).
 func TestNonStreamZeroAlloc(t *testing.T) {
 	for _, policy := range []string{"round-robin", "kv-aware"} {
 		t.Run(policy, func(t *testing.T) { testZeroAlloc(t, policy) })
@@ -34,7 +38,7 @@ func testZeroAlloc(t *testing.T, policy string) {
 	for i := 0; i < 200; i++ { // warm pools and connections
 		do()
 	}
-	if n := testing.AllocsPerRun(2000, do); n > 0.05 {
-		t.Fatalf("%.2f allocs per proxied request, want 0", n)
+	if n := testing.AllocsPerRun(2000, do); n > 1.05 {
+		t.Fatalf("%.2f allocs per proxied request, want at most fasthttp's 1", n)
 	}
 }

@@ -14,7 +14,7 @@ import (
 
 // kindOf guesses the endpoint of a body: chat when it has messages.
 func kindOf(rs *reqState, body []byte) int {
-	if err := rs.body.parse(body, kindChat); err == nil {
+	if err := rs.parsed.parse(body, kindChat); err == nil {
 		return kindChat
 	}
 	return kindCompletion
@@ -30,11 +30,16 @@ func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusNotImplemented, typeInvalidRequest, "the router has no tokenizer (use --router-policy kv-aware)", "", "")
 		return
 	}
-	rs := s.pool.Get().(*reqState)
-	defer s.pool.Put(rs)
-	body := ctx.PostBody()
+	rs := s.acquireState()
+	defer s.releaseState(rs)
+	if err := s.readBody(ctx, rs); err != nil {
+		ctx.SetConnectionClose()
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "request body not accepted", "", "")
+		return
+	}
+	body := rs.body
 	kind := kindOf(rs, body)
-	if err := rs.body.parse(body, kind); err != nil {
+	if err := rs.parsed.parse(body, kind); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "", "")
 		return
 	}
@@ -68,18 +73,23 @@ func (s *Server) handleDebugRoute(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use POST", "", "")
 		return
 	}
-	rs := s.pool.Get().(*reqState)
-	defer s.pool.Put(rs)
-	body := ctx.PostBody()
+	rs := s.acquireState()
+	defer s.releaseState(rs)
+	if err := s.readBody(ctx, rs); err != nil {
+		ctx.SetConnectionClose()
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "request body not accepted", "", "")
+		return
+	}
+	body := rs.body
 	kind := kindOf(rs, body)
-	if err := rs.body.parse(body, kind); err != nil {
+	if err := rs.parsed.parse(body, kind); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "", "")
 		return
 	}
 	r := &rs.sreq
 	r.Reset()
-	r.Model = rs.body.model
-	r.PromptTokens = rs.body.estimateTokens()
+	r.Model = rs.parsed.model
+	r.PromptTokens = rs.parsed.estimateTokens()
 	if s.o.Tokenizer != nil && s.o.HashBlocks != nil {
 		if err := s.hashPrompt(rs, body, kind); err != nil {
 			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "messages", "")
@@ -96,7 +106,7 @@ func (s *Server) handleDebugRoute(ctx *fasthttp.RequestCtx) {
 		BlockHashes []string `json:"block_hashes"`
 		Candidates  []string `json:"candidates"`
 		KV          any      `json:"kv,omitempty"`
-	}{Model: string(r.Model), Policy: s.flags.RouterPolicy, BlockSize: s.o.BlockSize, Tokens: len(rs.tokens)}
+	}{Model: string(r.Model), Policy: s.policy.String(), BlockSize: s.o.BlockSize, Tokens: len(rs.tokens)}
 	for _, h := range r.BlockHashes {
 		out.BlockHashes = append(out.BlockHashes, strconv.FormatUint(h, 16))
 	}

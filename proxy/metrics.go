@@ -20,33 +20,7 @@ var (
 	mTTFT          = metrics.NewHistogram(`infera_time_to_first_byte_seconds`)
 	mDuration      = metrics.NewHistogram(`infera_request_duration_seconds`)
 	mBadRequests   = metrics.NewCounter(`infera_bad_requests_total`)
-	mLayerDirect   = metrics.NewCounter(`infera_route_decisions_total{layer="direct"}`)
-	mLayerAffinity = metrics.NewCounter(`infera_route_decisions_total{layer="affinity"}`)
-	mLayerPrefix   = metrics.NewCounter(`infera_route_decisions_total{layer="prefix"}`)
-	mLayerKV       = metrics.NewCounter(`infera_route_decisions_total{layer="kv"}`)
-	mLayerLB       = metrics.NewCounter(`infera_route_decisions_total{layer="lb"}`)
-	mLayerFallback = metrics.NewCounter(`infera_route_decisions_total{layer="fallback"}`)
-	mLayerOther    = metrics.NewCounter(`infera_route_decisions_total{layer="other"}`)
 )
-
-func countLayer(layer string) {
-	switch layer {
-	case "direct":
-		mLayerDirect.Inc()
-	case "affinity":
-		mLayerAffinity.Inc()
-	case "prefix":
-		mLayerPrefix.Inc()
-	case "kv":
-		mLayerKV.Inc()
-	case "lb":
-		mLayerLB.Inc()
-	case "fallback":
-		mLayerFallback.Inc()
-	default:
-		mLayerOther.Inc()
-	}
-}
 
 func countStatus(code int) {
 	switch {
@@ -58,3 +32,11 @@ func countStatus(code int) {
 		mResp2xx.Inc()
 	}
 }
+
+var (
+	mUnauthorized      = metrics.NewCounter(`infera_unauthorized_total`)
+	mBodyBudget        = metrics.NewCounter(`infera_body_budget_rejections_total`)
+	mAcceptErrors      = metrics.NewCounter(`infera_accept_errors_total`)
+	mClientGoneWaiting = metrics.NewCounter(`infera_client_disconnects_waiting_total`)
+	mClientErrors      = metrics.NewCounter(`infera_http_client_errors_total`)
+)

@@ -103,7 +103,7 @@ func startRouter(t testing.TB, f *config.Serve, cfg *config.Config, urls ...stri
 		t.Fatal(errs)
 	}
 	store := config.NewStore("", cfg)
-	sc := sched.NewScheduler(fl, f.RouterPolicy)
+	sc := sched.NewScheduler(fl, mustPolicy(f.RouterPolicy))
 	opts := Options{Flags: f, Store: store, Sched: sc, BlockSize: 16}
 	if f.RouterPolicy == "kv-aware" {
 		// The kv-aware request path: render, tokenize and hash every prompt.
@@ -608,7 +608,7 @@ func TestMidStreamFailureIsNotRetried(t *testing.T) {
 	})
 	other := startUpstream(t, okHandler)
 	r := startRouter(t, nil, nil, drop.url, other.url)
-	r.srv.sched.Policy = "round-robin"
+	r.srv.sched.Policy = sched.PolicyRoundRobin
 	var sawDrop bool
 	for i := 0; i < 2; i++ {
 		code, b := post(t, r.url+"/v1/chat/completions", streamBody)
@@ -690,4 +690,12 @@ func TestHealthAndMetrics(t *testing.T) {
 	if code, b := post(t, r0.url+"/v1/chat/completions", chatBody); code != 503 {
 		t.Fatalf("empty fl: %d %s", code, b)
 	}
+}
+
+func mustPolicy(s string) sched.Policy {
+	p, ok := sched.ParsePolicy(s)
+	if !ok {
+		panic("bad policy " + s)
+	}
+	return p
 }

@@ -17,12 +17,12 @@ func FuzzDecodeMessages(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rs := &reqState{}
 		for _, kind := range []int{kindChat, kindCompletion} {
-			if rs.body.parse(data, kind) != nil {
+			if rs.parsed.parse(data, kind) != nil {
 				continue
 			}
 			rs.rewriteModel(data, "other")
 			if kind == kindChat {
-				span := data[rs.body.msgStart:rs.body.msgEnd]
+				span := data[rs.parsed.msgStart:rs.parsed.msgEnd]
 				msgs, err := decodeMessages(nil, span, &rs.arena)
 				if err == nil {
 					// Every decoded string lives in the arena, which never
@@ -34,7 +34,7 @@ func FuzzDecodeMessages(f *testing.F) {
 					tokenizer.Simple{}.RenderChat(nil, msgs, nil, true)
 				}
 			}
-			rs.body.estimateTokens()
+			rs.parsed.estimateTokens()
 		}
 	})
 }

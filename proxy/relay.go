@@ -1,536 +1,235 @@
 package proxy
 
 import (
-	"errors"
 	"io"
 	"net"
-	"os"
-	"strconv"
 	"sync"
 	"time"
 
-	"github.com/infera/infera/broker"
-	"github.com/infera/infera/config"
-	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/sched"
-	"github.com/valyala/fasthttp"
 )
 
-type outcome uint8
+// relay streams an upstream body to the client after the response head
+// was committed. fasthttp drives it from the connection's goroutine: it
+// calls WriteTo (each Write is one flushed chunk to the client) and then
+// CloseWithError, with a non-nil error when writing to the client failed.
+// The relay owns the request's state from the moment it is attached and
+// releases it in CloseWithError, so the lease ends exactly once, there.
+type relay struct {
+	s  *Server
+	rs *reqState
+	up upResponse
 
-const (
-	outDone  outcome = iota // a response (or stream) was committed to the client
-	outRetry                // failed before the first byte; rs.fail says why
-)
-
-// failure is why the last attempt failed before its first byte.
-type failure struct {
-	status int
-	typ    string
-	msg    string
-	code   string
-	// body and contentType hold an upstream error response to relay as-is.
-	body        []byte
-	contentType []byte
-}
-
-func (f *failure) set(status int, typ, msg, code string) {
-	f.status, f.typ, f.msg, f.code = status, typ, msg, code
-	f.body, f.contentType = f.body[:0], f.contentType[:0]
-}
-
-func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState) {
-	r := &rs.sreq
-	start := s.now()
-	attempts := 1 + s.flags.RequestMaxRetries
-	if n := len(s.sched.Fleet.View().All); cap(rs.scratch) < n {
-		rs.scratch = make([]*fleet.Worker, 0, 2*n)
-	}
-	fail := &rs.fail
-	fail.set(0, "", "", "")
-	for attempt := 0; attempt < attempts; attempt++ {
-		d, err := s.sched.Pick(cfg, r, rs.scratch[:0])
-		if err != nil {
-			if attempt > 0 {
-				break // report the last upstream failure
-			}
-			s.writeSchedError(ctx, r, err)
-			return
-		}
-		if attempt > 0 {
-			mRetries.Inc()
-		}
-		countLayer(d.Layer)
-		rs.fwd = ctx.PostBody()
-		if d.Rewrite {
-			rs.fwd = rs.rewriteModel(rs.fwd, d.Model)
-		}
-		if cfg.Debug.DecisionHeader {
-			rs.route = d.AppendRoute(rs.route[:0])
-			ctx.Response.Header.SetBytesV("X-Infera-Route", rs.route)
-		}
-		fwd := s.forward
-		if s.o.NATS != nil {
-			fwd = s.forwardNATS
-		}
-		if fwd(ctx, cfg, rs, d, start, attempt == attempts-1, fail) == outDone {
-			countStatus(ctx.Response.StatusCode())
-			return
-		}
-		r.Tried = append(r.Tried, d.Worker.Idx)
-	}
-	countStatus(fail.status)
-	if len(fail.body) > 0 {
-		ctx.Response.Reset()
-		ctx.SetStatusCode(fail.status)
-		ctx.Response.Header.SetContentTypeBytes(fail.contentType)
-		ctx.SetBody(fail.body)
-		return
-	}
-	writeError(ctx, fail.status, fail.typ, fail.msg, "", fail.code)
-}
-
-func (s *Server) writeSchedError(ctx *fasthttp.RequestCtx, r *sched.Request, err error) {
-	switch {
-	case errors.Is(err, sched.ErrUnknownModel):
-		countStatus(404)
-		msg := "The model `" + string(r.Model) + "` does not exist or is not served by any worker"
-		var hint interface{ Suggestions() []string }
-		if errors.As(err, &hint) {
-			if names := hint.Suggestions(); len(names) > 0 {
-				msg += "; close names: "
-				for i, n := range names {
-					if i > 0 {
-						msg += ", "
-					}
-					msg += n
-				}
-			}
-		}
-		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, msg, "model", "model_not_found")
-	case errors.Is(err, sched.ErrNoWorkers), errors.Is(err, sched.ErrExhausted):
-		countStatus(503)
-		writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable, err.Error(), "", "no_workers")
-	default:
-		var st interface{ HTTPStatus() int }
-		if errors.As(err, &st) {
-			code := st.HTTPStatus()
-			countStatus(code)
-			typ := typeInvalidRequest
-			if code >= 500 {
-				typ = typeServer
-			} else if code == 429 {
-				typ = typeRateLimit
-			}
-			writeError(ctx, code, typ, err.Error(), "", "")
-			return
-		}
-		countStatus(503)
-		writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable, err.Error(), "", "")
-	}
-}
-
-// rewriteModel returns body with its model value replaced by model.
-func (rs *reqState) rewriteModel(body []byte, model string) []byte {
-	b := &rs.body
-	if b.modelEnd <= b.modelStart || b.modelEnd > len(body) {
-		return body
-	}
-	rs.rewrite = append(rs.rewrite[:0], body[:b.modelStart]...)
-	rs.rewrite = appendJSONString(rs.rewrite, model)
-	rs.rewrite = append(rs.rewrite, body[b.modelEnd:]...)
-	return rs.rewrite
-}
-
-func secs(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
-
-// forward sends the request to d.Worker over HTTP and commits the answer, or
-// reports a failure before the first response byte.
-func (s *Server) forward(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, d sched.Decision, start time.Time, final bool, fail *failure) outcome {
-	w := d.Worker
-	r := &rs.sreq
-	hc, ok := w.Client.(*fasthttp.HostClient)
-	if !ok {
-		w.Breaker.Abandon(d.Probe)
-		fail.set(fasthttp.StatusBadGateway, typeServer, "worker "+w.ID+" is not reachable over HTTP", "")
-		return outRetry
-	}
-	req := fasthttp.AcquireRequest()
-	ctx.Request.Header.CopyTo(&req.Header)
-	req.Header.Del(hdrWorkerID)
-	req.Header.Del(hdrPrefillID)
-	if s.flags.APIKey != "" {
-		req.Header.Del("Authorization")
-	}
-	req.Header.SetHost(w.Addr)
-	if w.TLS {
-		req.URI().SetScheme("https") // HostClient{IsTLS} refuses an http URI
-	}
-	req.SetBodyRaw(rs.fwd)
-
-	prompt := d.PrefillTokens(r) // prefill load: the uncached part
-	tokens := int64(r.PromptTokens) + int64(r.MaxTokens)
-	bs := int64(s.o.BlockSize)
-	blocks := (tokens + bs - 1) / bs
-	w.Acquire(tokens, prompt, blocks)
-
-	t := &cfg.Timeouts
-	var deadline, total time.Time
-	if r.Stream {
-		if t.StreamTotalSeconds > 0 {
-			total = start.Add(secs(t.StreamTotalSeconds))
-		}
-		if t.StreamFirstPacketSeconds > 0 {
-			deadline = time.Now().Add(secs(t.StreamFirstPacketSeconds))
-		}
-		if !total.IsZero() && (deadline.IsZero() || total.Before(deadline)) {
-			deadline = total
-		}
-	} else if t.NonStreamTotalSeconds > 0 {
-		deadline = start.Add(secs(t.NonStreamTotalSeconds))
-	}
-
-	if !deadline.IsZero() && !time.Now().Before(deadline) {
-		// The request's budget was spent by earlier attempts: the worker
-		// was never contacted, so it gets no breaker fault.
-		fasthttp.ReleaseRequest(req)
-		w.Release(tokens, prompt, blocks, false)
-		w.Breaker.Abandon(d.Probe)
-		mTimeouts.Inc()
-		fail.set(fasthttp.StatusGatewayTimeout, typeTimeout, "request deadline passed before worker "+w.ID+" was tried", "timeout")
-		return outRetry
-	}
-	resp := fasthttp.AcquireResponse()
-	resp.StreamBody = r.Stream // non-stream bodies are read whole inside Do
-	var err error
-	if deadline.IsZero() {
-		err = hc.Do(req, resp)
-	} else {
-		err = hc.DoDeadline(req, resp, deadline)
-	}
-	fasthttp.ReleaseRequest(req)
-	if err != nil {
-		w.Release(tokens, prompt, blocks, false)
-		fasthttp.ReleaseResponse(resp)
-		s.upstreamFailed(w, d.Probe, err, fail)
-		return outRetry
-	}
-
-	status := resp.StatusCode()
-	stream := resp.BodyStream()
-	if status >= 500 || status == fasthttp.StatusTooManyRequests {
-		if status >= 500 {
-			w.Breaker.Failure(time.Now().UnixNano())
-			mUpstreamErr.Inc()
-		} else {
-			w.Breaker.Abandon(d.Probe)
-		}
-		if !final {
-			typ := typeServer
-			if status == fasthttp.StatusTooManyRequests {
-				typ = typeRateLimit
-			}
-			fail.set(status, typ, "worker "+w.ID+" answered "+strconv.Itoa(status), "")
-			if stream == nil {
-				fail.body = append(fail.body, resp.Body()...)
-				fail.contentType = append(fail.contentType, resp.Header.ContentType()...)
-			}
-			resp.CloseBodyStream()
-			w.Release(tokens, prompt, blocks, false)
-			fasthttp.ReleaseResponse(resp)
-			return outRetry
-		}
-	} else if status >= 400 {
-		w.Breaker.Abandon(d.Probe)
-	}
-
-	if stream == nil {
-		// Whole body already read (fixed length): copy and finish.
-		if status < 400 {
-			w.Breaker.Success(d.Probe)
-		}
-		copyResponseHeaders(ctx, resp)
-		ctx.Response.SetBodyRaw(nil)
-		ctx.Response.SetBody(resp.Body())
-		var u usage
-		u.scan(resp.Body())
-		u.record()
-		w.Release(tokens, prompt, blocks, false)
-		fasthttp.ReleaseResponse(resp)
-		el := time.Since(start).Seconds()
-		mTTFT.Update(el)
-		mDuration.Update(el)
-		if cfg.Debug.DecisionHeader {
-			ctx.Response.Header.Set("X-Infera-Worker", w.ID)
-		}
-		return outDone
-	}
-
-	// Streamed body: read the first chunk before committing, so a failure
-	// before the first byte can still go to another worker.
-	tp := acquireTap()
-	n, rerr := readSome(stream, tp.buf[:cap(tp.buf)])
-	if n == 0 && rerr != nil && rerr != io.EOF {
-		closeStream(stream, rerr)
-		releaseTap(tp)
-		w.Release(tokens, prompt, blocks, false)
-		fasthttp.ReleaseResponse(resp)
-		s.upstreamFailed(w, d.Probe, rerr, fail)
-		return outRetry
-	}
-	w.FirstToken(prompt)
-	mTTFT.Update(time.Since(start).Seconds())
-	tp.pending = tp.buf[:n]
-	tp.upEOF = rerr == io.EOF
-	tp.s, tp.w, tp.up, tp.body = s, w, resp, stream
-	tp.conn = connOf(resp)
-	tp.sse = r.Stream
-	tp.start, tp.total = start, total
-	// For status >= 400 the breaker was told above; the probe is settled.
-	tp.tokens, tp.prompt, tp.blocks, tp.probe = tokens, prompt, blocks, d.Probe && status < 400
-	tp.ok = status < 400
-	if r.Stream {
-		tp.idle = secs(t.StreamIdleSeconds)
-		tp.refresh()
-	}
-	tp.usage.scan(tp.pending)
-	copyResponseHeaders(ctx, resp)
-	if cfg.Debug.DecisionHeader {
-		ctx.Response.Header.Set("X-Infera-Worker", w.ID)
-	}
-	ctx.Response.SetBodyStream(tp, -1)
-	ctx.Response.ImmediateHeaderFlush = true
-	return outDone
-}
-
-// upstreamFailed classifies a transport error before the first byte.
-func (s *Server) upstreamFailed(w *fleet.Worker, probe bool, err error, fail *failure) {
-	switch {
-	case errors.Is(err, fasthttp.ErrNoFreeConns):
-		// Local connection limit: not the worker's fault.
-		w.Breaker.Abandon(probe)
-		fail.set(fasthttp.StatusServiceUnavailable, typeUnavailable, "too many concurrent requests to worker "+w.ID, "")
-	case isTimeout(err):
-		mTimeouts.Inc()
-		w.Breaker.Failure(time.Now().UnixNano())
-		fail.set(fasthttp.StatusGatewayTimeout, typeTimeout, "worker "+w.ID+" did not answer in time", "timeout")
-	default:
-		mUpstreamErr.Inc()
-		w.Breaker.Failure(time.Now().UnixNano())
-		fail.set(fasthttp.StatusBadGateway, typeServer, "cannot reach worker "+w.ID+": "+err.Error(), "upstream_error")
-	}
-	logUpstreamError(w, err)
-}
-
-func isTimeout(err error) bool {
-	if errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded) {
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
-}
-
-// readSome reads at least one byte unless the stream fails or ends.
-func readSome(r io.Reader, p []byte) (int, error) {
-	for i := 0; i < 100; i++ {
-		n, err := r.Read(p)
-		if n > 0 || err != nil {
-			return n, err
-		}
-	}
-	return 0, io.ErrNoProgress
-}
-
-var errEOF = io.EOF
-
-// closeStream closes an upstream body: fasthttp streams take the error
-// (non-nil discards the connection), other streams (NATS) are closed.
-func closeStream(r io.Reader, err error) {
-	switch c := r.(type) {
-	case fasthttp.ReadCloserWithError:
-		c.CloseWithError(err)
-	case io.Closer:
-		c.Close()
-	}
-}
-
-func copyResponseHeaders(ctx *fasthttp.RequestCtx, resp *fasthttp.Response) {
-	h := &ctx.Response.Header
-	h.SetStatusCode(resp.StatusCode())
-	h.SetContentTypeBytes(resp.Header.ContentType())
-	for k, v := range resp.Header.All() {
-		if isHopHeader(k) || isSkippedRespHeader(k) {
-			continue
-		}
-		h.AddBytesKV(k, v)
-	}
-}
-
-func isSkippedRespHeader(k []byte) bool {
-	switch len(k) {
-	case 4:
-		return eqFold(k, "Date")
-	case 6:
-		return eqFold(k, "Server")
-	case 12:
-		return eqFold(k, "Content-Type")
-	case 14:
-		return eqFold(k, "Content-Length")
-	}
-	return false
-}
-
-func eqFold(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := 0; i < len(b); i++ {
-		c, d := b[i]|0x20, s[i]|0x20
-		if c != d {
-			return false
-		}
-	}
-	return true
-}
-
-// tap relays an upstream body stream to the client: each Read returns what
-// the upstream delivered (one flushed chunk to the client), refreshes the
-// streaming idle deadline, and scans for usage. fasthttp calls CloseWithError
-// from the same goroutine when the response is done or the client is gone.
-type tap struct {
-	s     *Server
-	w     *fleet.Worker
-	up    *fasthttp.Response
-	body  io.Reader
-	conn  *dconn
-	buf   []byte
-	tail  []byte
-	usage usage
-
-	pending []byte // first chunk, read before committing
-	start   time.Time
-	total   time.Time
-	idle    time.Duration
-	sse     bool
-	ok      bool // status < 400
+	buf     []byte // rs.rbuf: free once pending is written
+	pending []byte // the first chunk (in rs.rbuf), read before the head was committed
 	upEOF   bool
-	upErr   error
-
-	tokens, prompt, blocks int64
-	probe                  bool
+	failed  *failure
+	sse     bool
+	idle    time.Duration
+	total   time.Time
+	client  net.Conn
+	wto     time.Duration
+	outcome sched.Outcome // at a clean end of the body
+	tail    [2]byte       // the last two bytes sent (SSE framing)
+	ntail   int
 }
 
-var tapPool = sync.Pool{New: func() any { return &tap{buf: make([]byte, 0, 16<<10)} }}
+var relayPool = sync.Pool{New: func() any { return &relay{} }}
 
-func acquireTap() *tap { return tapPool.Get().(*tap) }
+// relayBufSize is the response read buffer: one client write at most.
+const relayBufSize = 32 << 10
 
-func releaseTap(t *tap) {
-	buf, tail := t.buf[:0], t.tail[:0]
-	*t = tap{buf: buf, tail: tail}
-	tapPool.Put(t)
+// SupportsBodyWriteTo makes fasthttp call WriteTo (fasthttp.BodyWriterTo).
+func (r *relay) SupportsBodyWriteTo() bool { return true }
+
+// WriteTo relays the body: every upstream read (a burst of whatever
+// arrived) becomes one write to the client.
+func (r *relay) WriteTo(w io.Writer) (int64, error) {
+	var total int64
+	if len(r.pending) > 0 {
+		p := r.pending
+		r.pending = nil
+		n, err := r.write(w, p)
+		total += int64(n)
+		if err != nil {
+			return total, err
+		}
+	}
+	for !r.upEOF && r.failed == nil {
+		r.armRead()
+		n, err := r.up.read(r.buf)
+		if n > 0 {
+			r.rs.usage.scan(r.buf[:n])
+			m, werr := r.write(w, r.buf[:n])
+			total += int64(m)
+			if werr != nil {
+				return total, werr
+			}
+		}
+		if err == io.EOF {
+			r.upEOF = true
+			break
+		}
+		if err != nil {
+			r.upstreamFailed(err)
+			if !r.sse {
+				// A plain body cannot carry an error: cut it, so the client
+				// sees a short body rather than a complete-looking one.
+				return total, err
+			}
+			ev := r.errorEvent()
+			m, werr := r.write(w, ev)
+			total += int64(m)
+			return total, werr
+		}
+	}
+	return total, nil
 }
 
-// refresh sets the read deadline for the next chunk: idle from now, capped by
-// the stream's total deadline; no deadline when both are off.
-func (t *tap) refresh() {
-	if t.conn == nil {
-		return
-	}
-	var dl time.Time
-	if t.idle > 0 {
-		dl = time.Now().Add(t.idle)
-	}
-	if !t.total.IsZero() && (dl.IsZero() || t.total.Before(dl)) {
-		dl = t.total
-	}
-	t.conn.setReadDeadline(dl)
-}
-
-// Read implements io.Reader.
-func (t *tap) Read(p []byte) (int, error) {
-	if len(t.pending) > 0 {
-		n := copy(p, t.pending)
-		t.pending = t.pending[n:]
+// Read implements io.Reader for fasthttp paths that do not use WriteTo.
+func (r *relay) Read(p []byte) (int, error) {
+	if len(r.pending) > 0 {
+		n := copy(p, r.pending)
+		r.pending = r.pending[n:]
+		r.noteTail(p[:n])
 		return n, nil
 	}
-	if len(t.tail) > 0 {
-		n := copy(p, t.tail)
-		t.tail = t.tail[n:]
-		return n, nil
-	}
-	if t.upEOF || t.upErr != nil {
+	if r.upEOF || r.failed != nil {
 		return 0, io.EOF
 	}
-	n, err := t.body.Read(p)
+	r.armRead()
+	n, err := r.up.read(p)
 	if n > 0 {
-		if t.sse {
-			t.refresh()
-		}
-		t.usage.scan(p[:n])
+		r.rs.usage.scan(p[:n])
+		r.noteTail(p[:n])
+		r.armWrite()
 	}
-	if err == nil {
+	switch {
+	case err == nil:
 		return n, nil
-	}
-	if err == io.EOF {
-		t.upEOF = true
+	case err == io.EOF:
+		r.upEOF = true
 		return n, io.EOF
 	}
-	// The upstream failed mid-stream: never retried. SSE streams end cleanly
-	// with an error event; other bodies are cut (the client sees a short body).
-	t.upErr = err
-	mMidStreamErr.Inc()
-	msg, typ := "upstream stream from worker "+t.w.ID+" failed", typeServer
-	if isTimeout(err) {
-		typ = typeTimeout
-		mTimeouts.Inc()
-		msg = "upstream stream from worker " + t.w.ID + " timed out"
-	}
-	if (isTimeout(err) && !t.total.IsZero() && !time.Now().Before(t.total)) || errors.Is(err, broker.ErrMaxDuration) {
-		// The configured wall-clock cap, not a worker fault.
-		t.w.Breaker.Abandon(t.probe)
-	} else {
-		t.w.Breaker.Failure(time.Now().UnixNano())
-	}
-	logUpstreamError(t.w, err)
-	if !t.sse {
+	r.upstreamFailed(err)
+	if !r.sse {
 		return n, err
 	}
-	t.tail = appendSSEError(t.tail[:0], typ, msg)
+	r.pending = r.errorEvent()
 	return n, nil
 }
 
-// CloseWithError implements fasthttp.ReadCloserWithError. err is non-nil when
-// writing to the client failed (client gone): the upstream connection is then
-// closed so the engine stops generating.
-func (t *tap) CloseWithError(err error) error {
+// armRead bounds the next upstream read. For a stream the idle timeout
+// starts now, when the relay is ready for more, so time spent blocked on a
+// slow client never counts against the worker; the total cap still does.
+func (r *relay) armRead() {
+	if !r.sse {
+		return // non-streaming: the total deadline set before the head holds
+	}
+	var dl time.Time
+	if r.idle > 0 {
+		dl = time.Now().Add(r.idle)
+	}
+	if !r.total.IsZero() && (dl.IsZero() || r.total.Before(dl)) {
+		dl = r.total
+	}
+	r.up.setReadDeadline(dl)
+}
+
+// armWrite gives the client its own write timeout for what comes next: a
+// client that stops reading is disconnected, and that is not the worker's
+// fault.
+func (r *relay) armWrite() {
+	if r.client != nil && r.wto > 0 {
+		r.client.SetWriteDeadline(time.Now().Add(r.wto))
+	}
+}
+
+func (r *relay) write(w io.Writer, p []byte) (int, error) {
+	r.armWrite()
+	r.noteTail(p)
+	return w.Write(p)
+}
+
+func (r *relay) noteTail(p []byte) {
+	switch {
+	case len(p) >= 2:
+		r.tail[0], r.tail[1], r.ntail = p[len(p)-2], p[len(p)-1], 2
+	case len(p) == 1:
+		r.tail[0], r.tail[1] = r.tail[1], p[0]
+		r.ntail = min(r.ntail+1, 2)
+	}
+}
+
+// upstreamFailed records a mid-stream failure: never retried.
+func (r *relay) upstreamFailed(err error) {
+	f := r.up.readFailure(err, true)
+	if f.kind != failCanceled && !r.total.IsZero() && isTimeout(err) && !time.Now().Before(r.total) {
+		f = fail(failWallClock, err) // the configured cap, not the worker
+	}
+	r.failed = f
+	mMidStreamErr.Inc()
+	if f.kind == failWallClock || f.kind == failBroken && isTimeout(err) {
+		mTimeouts.Inc()
+	}
+	logUpstreamError(r.rs.lease.Worker, f)
+}
+
+// errorEvent is the event a failed stream ends with. When the stream
+// stopped inside an event, the partial line and event are terminated first,
+// so SSE parsers see the error event on its own.
+func (r *relay) errorEvent() []byte {
+	b := r.rs.scratchOut[:0]
+	switch {
+	case r.ntail == 0:
+	case r.tail[1] != '\n':
+		b = append(b, "\n\n"...)
+	case r.ntail < 2 || r.tail[0] != '\n':
+		b = append(b, '\n')
+	}
+	c := r.failed.class()
+	typ, msg := c.typ, c.msg
+	if r.failed.kind == failBroken {
+		msg = "the worker's response stream broke"
+		if isTimeout(r.failed.cause) {
+			typ, msg = typeTimeout, "the worker's stream timed out (no data within the idle timeout)"
+		}
+	}
+	b = appendSSEError(b, typ, msg)
+	r.rs.scratchOut = b
+	return b
+}
+
+// CloseWithError implements fasthttp.ReadCloserWithError: the response is
+// over. err != nil means writing to the client failed (the client left or
+// stalled past its write timeout): the upstream is closed so the engine
+// stops generating, and the worker is not blamed.
+func (r *relay) CloseWithError(err error) error {
+	rs := r.rs
+	outcome := r.outcome
 	switch {
 	case err != nil:
 		mClientGone.Inc()
-		t.w.Breaker.Abandon(t.probe)
-		closeStream(t.body, err)
-	case t.upErr != nil:
-		closeStream(t.body, t.upErr)
+		r.up.finish(false)
+		outcome = sched.OutcomeNeutral
+	case r.failed != nil:
+		r.up.finish(false)
+		outcome = r.failed.outcome()
+	case r.upEOF:
+		r.up.finish(true)
 	default:
-		if t.ok && t.upEOF {
-			t.w.Breaker.Success(t.probe)
-		} else {
-			t.w.Breaker.Abandon(t.probe)
-		}
-		if t.conn != nil {
-			t.conn.clearDeadline()
-		}
-		var cerr error
-		if !t.upEOF {
-			cerr = io.ErrUnexpectedEOF
-		}
-		closeStream(t.body, cerr)
+		r.up.finish(false)
+		outcome = sched.OutcomeNeutral
 	}
-	t.usage.record()
-	t.w.Release(t.tokens, t.prompt, t.blocks, true)
-	mDuration.Update(time.Since(t.start).Seconds())
-	if t.up != nil {
-		fasthttp.ReleaseResponse(t.up)
+	if r.client != nil && r.wto > 0 {
+		r.client.SetWriteDeadline(time.Time{})
 	}
-	releaseTap(t)
+	s := r.s
+	mDuration.Update(time.Since(rs.start).Seconds())
+	rs.usage.record()
+	rs.lease.Done(outcome)
+	s.releaseState(rs)
+	*r = relay{}
+	relayPool.Put(r)
 	return nil
 }

@@ -1,7 +1,8 @@
 package proxy
 
 import (
-	"bytes"
+	"context"
+	"crypto/subtle"
 	"errors"
 	"net"
 	"sort"
@@ -13,7 +14,6 @@ import (
 	"github.com/infera/infera/broker"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
-	"github.com/infera/infera/internal/logx"
 	"github.com/infera/infera/sched"
 	"github.com/infera/infera/tokenizer"
 	"github.com/valyala/fasthttp"
@@ -38,7 +38,7 @@ type Options struct {
 
 	// Health lists named component checks shown in /health.
 	Health map[string]HealthCheck
-	// Extra registers additional routes (path -> handler), e.g. /tokenize.
+	// Extra registers additional routes (path -> handler), behind the API key.
 	Extra map[string]fasthttp.RequestHandler
 
 	// Explain backs POST /debug/route (kv-aware cost terms); optional.
@@ -46,9 +46,9 @@ type Options struct {
 
 	// NATS, when set, carries every request (--request-transport nats).
 	NATS *broker.Client
-
-	// DefaultMaxTokens is the output estimate for requests without max_tokens.
-	DefaultMaxTokens int
+	// NATSConnected reports the broker connection state (for classifying
+	// "no responders" during a broker restart); optional.
+	NATSConnected func() bool
 }
 
 // Server is the OpenAI-compatible front door.
@@ -59,57 +59,124 @@ type Server struct {
 	sched *sched.Scheduler
 	srv   *fasthttp.Server
 	pool  sync.Pool // *reqState
-	now   func() time.Time
+	tr    transport
+	nats  *natsTransport
+	live  *liveness
+
+	policy    sched.Policy
+	mode      sched.Mode
+	authBytes []byte // "Bearer <key>", nil when no key is set
+	keyBytes  []byte
+	bodies    bodyBudget
 }
 
-// HTTPHook returns the fleet hook that gives each worker a HostClient.
-// Register it on the fleet before workers are added.
+// HTTPHook returns the fleet hook that gives each worker an HTTP connection
+// pool. Register it on the fleet before workers are added.
 func HTTPHook(f *config.Serve) fleet.Hook {
-	return &httpTransport{maxConns: f.MaxConnsPerWorker, connectTimeout: f.ConnectTimeout}
+	return &httpHook{maxConns: f.MaxConnsPerWorker, connectTimeout: f.ConnectTimeout}
 }
 
 // New returns a Server.
 func New(o Options) *Server {
-	if o.DefaultMaxTokens <= 0 {
-		o.DefaultMaxTokens = 1024
-	}
 	if o.BlockSize <= 0 {
 		o.BlockSize = 16
 	}
-	s := &Server{o: o, flags: o.Flags, store: o.Store, sched: o.Sched, now: time.Now}
-	s.pool.New = func() any { return &reqState{} }
+	f := o.Flags
+	s := &Server{o: o, flags: f, store: o.Store, sched: o.Sched, live: newLiveness()}
+	s.policy, _ = sched.ParsePolicy(f.RouterPolicy)
+	s.mode, _ = sched.ParseMode(f.RouterMode)
+	if f.APIKey != "" {
+		s.keyBytes = []byte(f.APIKey)
+		s.authBytes = []byte("Bearer " + f.APIKey)
+	}
+	s.bodies.limit = f.MaxInflightBodyBytes
+	if s.bodies.limit <= 0 {
+		s.bodies.limit = 256 << 20
+	}
+	s.pool.New = func() any { return &reqState{rbuf: make([]byte, relayBufSize)} }
+	if o.NATS != nil {
+		s.nats = &natsTransport{bc: o.NATS, connected: o.NATSConnected}
+		s.tr = s.nats
+	} else {
+		s.tr = httpTransport{}
+	}
+	header := f.HeaderTimeout
+	if header <= 0 {
+		header = 10 * time.Second
+	}
+	idle := f.ClientIdleTimeout
+	if idle <= 0 {
+		idle = 60 * time.Second
+	}
 	s.srv = &fasthttp.Server{
-		Handler:               s.handle,
-		Name:                  "infera",
-		MaxRequestBodySize:    o.Flags.MaxBodyBytes,
-		ReadTimeout:           5 * time.Minute,
-		WriteTimeout:          0, // streams may last for hours; idle/first-packet are ours
-		IdleTimeout:           2 * time.Minute,
+		Handler: s.handle,
+		Name:    "infera",
+		// Bodies are streamed to the handler, which authenticates first and
+		// reads them incrementally under the in-flight memory bound.
+		StreamRequestBody:  true,
+		MaxRequestBodySize: f.MaxBodyBytes,
+		// ReadTimeout covers the request line and headers (slowloris); the
+		// handler gives the body its own deadline.
+		ReadTimeout:           header,
+		IdleTimeout:           idle,
+		WriteTimeout:          0, // streams may last for hours; the relay sets per-write deadlines
+		Concurrency:           maxConns(f.MaxConns),
 		NoDefaultServerHeader: true,
-		NoDefaultDate:         false,
-		ReduceMemoryUsage:     false,
+		NoDefaultContentType:  true,
+		SecureErrorLogMessage: true,
+		Logger:                serverLogger{},
 		ErrorHandler:          s.handleServerError,
 		CloseOnShutdown:       true,
 	}
 	return s
 }
 
-// Serve serves connections from ln until Shutdown.
-func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
+// Serve serves connections from ln until Shutdown. Temporary accept errors
+// (out of file descriptors above all) are retried with backoff; they never
+// stop the server.
+func (s *Server) Serve(ln net.Listener) error {
+	go s.live.run()
+	return s.srv.Serve(&listener{Listener: ln})
+}
 
-// Shutdown stops accepting and waits for open requests.
-func (s *Server) Shutdown() error { return s.srv.Shutdown() }
+// Shutdown stops accepting, closes idle connections and waits for open
+// requests (streams included) until ctx ends.
+func (s *Server) Shutdown() error { return s.ShutdownContext(context.Background()) }
+
+// ShutdownContext is Shutdown bounded by ctx.
+func (s *Server) ShutdownContext(ctx context.Context) error {
+	err := s.srv.ShutdownWithContext(ctx)
+	s.live.close()
+	return err
+}
 
 // Handler returns the request handler (for tests and embedding).
 func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 
+// OpenConnections is the number of client connections being served.
+func (s *Server) OpenConnections() int32 { return s.srv.GetOpenConnectionsCount() }
+
+// BrokerReconnected tells the NATS transport the broker connection is back.
+func (s *Server) BrokerReconnected() {
+	if s.nats != nil {
+		s.nats.Reconnected()
+	}
+}
+
+// handleServerError answers requests fasthttp could not parse. The error
+// text is never echoed: it can hold raw request bytes (credentials).
 func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+	mBadRequests.Inc()
+	var to interface{ Timeout() bool }
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, typeInvalidRequest,
 			"request body exceeds --max-body-bytes ("+strconv.Itoa(s.flags.MaxBodyBytes)+" bytes)", "", "request_too_large")
-		return
+	case errors.As(err, &to) && to.Timeout():
+		writeError(ctx, fasthttp.StatusRequestTimeout, typeInvalidRequest, "request not received in time", "", "request_timeout")
+	default:
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "malformed HTTP request", "", "bad_request")
 	}
-	writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "cannot parse HTTP request: "+err.Error(), "", "")
 }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
@@ -124,10 +191,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.handleInference(ctx, kindCompletion)
 		return
 	case "/v1/models":
-		if !s.authorized(ctx) {
-			return
+		if s.authorized(ctx) {
+			s.handleModels(ctx)
 		}
-		s.handleModels(ctx)
 		return
 	case "/health", "/healthz", "/readyz":
 		s.handleHealth(ctx)
@@ -136,8 +202,6 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("text/plain; version=0.0.4")
 		metrics.WritePrometheus(ctx, true)
 		return
-	}
-	switch string(path) {
 	case "/tokenize":
 		if s.authorized(ctx) {
 			s.handleTokenize(ctx)
@@ -150,26 +214,29 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if h := s.o.Extra[string(path)]; h != nil {
-		if !s.authorized(ctx) {
-			return
+		if s.authorized(ctx) {
+			h(ctx)
 		}
-		h(ctx)
 		return
 	}
-	writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "unknown path "+string(path), "", "")
+	writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "unknown path", "", "unknown_path")
 }
 
-// authorized checks the API key; on failure it writes 401 and returns false.
+// authorized checks the API key (Authorization: Bearer <key>, or x-api-key
+// as Anthropic clients send it) in constant time; on failure it writes 401.
 func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
-	key := s.flags.APIKey
-	if key == "" {
+	if s.authBytes == nil {
 		return true
 	}
-	auth := ctx.Request.Header.Peek("Authorization")
-	const p = "Bearer "
-	if len(auth) == len(p)+len(key) && string(auth[:len(p)]) == p && string(auth[len(p):]) == key {
+	h := &ctx.Request.Header
+	if auth := h.Peek("Authorization"); len(auth) > 0 {
+		if subtle.ConstantTimeCompare(auth, s.authBytes) == 1 {
+			return true
+		}
+	} else if k := h.Peek("x-api-key"); len(k) > 0 && subtle.ConstantTimeCompare(k, s.keyBytes) == 1 {
 		return true
 	}
+	mUnauthorized.Inc()
 	writeError(ctx, fasthttp.StatusUnauthorized, typeAuth, "invalid or missing API key", "", "invalid_api_key")
 	return false
 }
@@ -192,34 +259,33 @@ func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
 	ctx.SetBody(b)
 }
 
+// handleHealth answers 200 "ok" when some worker is routable and its
+// breaker lets requests through, 200 "degraded" when every routable
+// worker's breaker is open (requests are still dispatched, to probably bad
+// workers), and 503 when no worker is routable.
 func (s *Server) handleHealth(ctx *fasthttp.RequestCtx) {
 	v := s.sched.Fleet.View()
-	ok := len(v.Routable) > 0
+	now := time.Now().UnixNano()
+	healthy := 0
+	for _, w := range v.Routable {
+		if w.Breaker.Available(now) || w.Breaker.State() == fleet.BreakerClosed {
+			healthy++
+		}
+	}
+	status := "ok"
+	switch {
+	case len(v.Routable) == 0:
+		status = "unavailable"
+	case healthy == 0:
+		status = "degraded"
+	}
 	b := make([]byte, 0, 256)
-	b = append(b, `{"status":`...)
-	names := make([]string, 0, len(s.o.Health))
-	for n := range s.o.Health {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	var detail []byte
-	for _, n := range names {
-		cok, d := s.o.Health[n]()
-		detail = append(detail, ',')
-		detail = appendJSONString(detail, n)
-		detail = append(detail, `:{"ok":`...)
-		detail = strconv.AppendBool(detail, cok)
-		detail = append(detail, `,"detail":`...)
-		detail = appendJSONString(detail, d)
-		detail = append(detail, '}')
-	}
-	if ok {
-		b = append(b, `"ok"`...)
-	} else {
-		b = append(b, `"unavailable"`...)
-	}
-	b = append(b, `,"workers":{"routable":`...)
+	b = append(b, `{"status":"`...)
+	b = append(b, status...)
+	b = append(b, `","workers":{"routable":`...)
 	b = strconv.AppendInt(b, int64(len(v.Routable)), 10)
+	b = append(b, `,"healthy":`...)
+	b = strconv.AppendInt(b, int64(healthy), 10)
 	b = append(b, `,"total":`...)
 	b = strconv.AppendInt(b, int64(len(v.All)), 10)
 	b = append(b, `,"list":[`...)
@@ -229,157 +295,42 @@ func (s *Server) handleHealth(ctx *fasthttp.RequestCtx) {
 		}
 		b = append(b, `{"id":`...)
 		b = appendJSONString(b, w.ID)
-		b = append(b, `,"url":`...)
-		b = appendJSONString(b, w.URL)
+		b = append(b, `,"role":`...)
+		b = appendJSONString(b, w.Role.String())
 		b = append(b, `,"draining":`...)
 		b = strconv.AppendBool(b, w.Draining())
 		b = append(b, `,"breaker":`...)
-		b = strconv.AppendInt(b, int64(w.Breaker.State()), 10)
+		b = appendJSONString(b, fleet.BreakerStateName(w.Breaker.State()))
 		b = append(b, `,"active_requests":`...)
 		b = strconv.AppendInt(b, w.Load.Requests.Load(), 10)
 		b = append(b, '}')
 	}
 	b = append(b, "]}"...)
-	if len(detail) > 0 {
+	names := make([]string, 0, len(s.o.Health))
+	for n := range s.o.Health {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	if len(names) > 0 {
 		b = append(b, `,"components":{`...)
-		b = append(b, detail[1:]...)
+		for i, n := range names {
+			cok, d := s.o.Health[n]()
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, n)
+			b = append(b, `:{"ok":`...)
+			b = strconv.AppendBool(b, cok)
+			b = append(b, `,"detail":`...)
+			b = appendJSONString(b, d)
+			b = append(b, '}')
+		}
 		b = append(b, '}')
 	}
 	b = append(b, '}')
-	if !ok {
+	if len(v.Routable) == 0 {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 	}
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
-}
-
-// reqState is the per-request scratch space, pooled.
-type reqState struct {
-	body    reqBody
-	sreq    sched.Request
-	scratch []*fleet.Worker
-	tokens  []uint32
-	render  []byte
-	// fwd is the body forwarded to the engine: the client's bytes, or a
-	// copy with the model rewritten (model routing resolved an alias).
-	fwd     []byte
-	rewrite []byte
-	route   []byte
-	fail    failure
-	msgs    []tokenizer.Message
-	arena   []byte // backs msgs' strings (see decodeMessages)
-}
-
-func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
-	if !ctx.IsPost() {
-		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use POST", "", "")
-		return
-	}
-	if !s.authorized(ctx) {
-		return
-	}
-	cfg := s.store.Load()
-	rs := s.pool.Get().(*reqState)
-	defer s.pool.Put(rs)
-	body := ctx.PostBody()
-	if err := rs.body.parse(body, kind); err != nil {
-		mBadRequests.Inc()
-		var br *badRequestError
-		if errors.As(err, &br) {
-			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, br.msg, br.param, "")
-		} else {
-			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "", "")
-		}
-		return
-	}
-	r := &rs.sreq
-	r.Reset()
-	r.Model = rs.body.model
-	r.Stream = rs.body.stream
-	r.MaxTokens = rs.body.maxTokens
-	if r.MaxTokens < 0 {
-		r.MaxTokens = s.o.DefaultMaxTokens
-	}
-	r.PromptTokens = rs.body.estimateTokens()
-	r.Prompt = rs.body.text
-	if cfg.SessionAffinity.Enabled {
-		r.SessionID = ctx.Request.Header.Peek(cfg.SessionAffinity.Header)
-		if err := s.sched.CheckSession(cfg, r); err != nil {
-			s.writeSchedError(ctx, r, err)
-			return
-		}
-	}
-	if s.flags.RouterMode == "direct" {
-		r.DirectWorker = ctx.Request.Header.Peek(hdrWorkerID)
-		r.DirectPrefill = ctx.Request.Header.Peek(hdrPrefillID)
-	}
-	if s.o.HashBlocks != nil && s.o.Tokenizer != nil && s.flags.RouterPolicy == "kv-aware" {
-		if err := s.hashPrompt(rs, body, kind); err != nil {
-			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "messages", "")
-			return
-		}
-	}
-	s.dispatch(ctx, cfg, rs)
-}
-
-// hashPrompt fills r.BlockHashes from the rendered, tokenized prompt.
-func (s *Server) hashPrompt(rs *reqState, body []byte, kind int) error {
-	if err := s.tokenize(rs, body, kind); err != nil {
-		return err
-	}
-	rs.sreq.PromptTokens = len(rs.tokens)
-	rs.sreq.BlockHashes = s.o.HashBlocks(rs.sreq.BlockHashes[:0], rs.tokens, s.o.BlockSize, "")
-	return nil
-}
-
-// tokenize fills rs.tokens with the prompt's token ids: a token-id prompt
-// as is, a chat rendered with the chat template, or the prompt text.
-func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
-	b := &rs.body
-	rs.tokens = rs.tokens[:0]
-	switch {
-	case len(b.tokenIDs) > 0:
-		rs.tokens = append(rs.tokens, b.tokenIDs...)
-	case kind == kindChat:
-		msgs, err := decodeMessages(rs.msgs[:0], body[b.msgStart:b.msgEnd], &rs.arena)
-		rs.msgs = msgs
-		if err != nil {
-			return err
-		}
-		var tools []byte
-		if b.toolsEnd > 0 {
-			tools = body[b.toolsStart:b.toolsEnd]
-		}
-		rs.render, err = s.o.Tokenizer.RenderChat(rs.render[:0], msgs, tools, true)
-		if err != nil {
-			return err
-		}
-		rs.tokens = s.o.Tokenizer.Encode(rs.tokens, rs.render)
-	default:
-		rs.tokens = s.o.Tokenizer.Encode(rs.tokens, b.text)
-	}
-	return nil
-}
-
-// Headers consumed by the router and never forwarded.
-const (
-	hdrWorkerID  = "x-worker-instance-id"
-	hdrPrefillID = "x-prefill-instance-id"
-)
-
-var hopHeaders = [...]string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer", "Proxy-Authenticate", "Proxy-Authorization"}
-
-func isHopHeader(k []byte) bool {
-	for _, h := range hopHeaders {
-		if len(k) == len(h) && bytes.EqualFold(k, []byte(h)) {
-			return true
-		}
-	}
-	return false
-}
-
-var upstreamLog = &logx.Throttle{Every: time.Second}
-
-func logUpstreamError(w *fleet.Worker, err error) {
-	upstreamLog.Warn("upstream request failed", "worker", w.ID, "err", err)
 }

@@ -1,108 +1,186 @@
 package proxy
 
 import (
-	"crypto/tls"
+	"errors"
+	"io"
 	"net"
+	"os"
+	"syscall"
 	"time"
 
 	"github.com/infera/infera/fleet"
 	"github.com/valyala/fasthttp"
 )
 
-// httpTransport gives every worker one keep-alive fasthttp.HostClient.
-type httpTransport struct {
+// httpHook gives every worker a connection pool (--request-transport http).
+type httpHook struct {
 	maxConns       int
 	connectTimeout time.Duration
 }
 
-var _ fleet.Hook = (*httpTransport)(nil)
+var _ fleet.Hook = (*httpHook)(nil)
 
 // WorkerAdded implements fleet.Hook.
-func (t *httpTransport) WorkerAdded(w *fleet.Worker) error {
-	d := &net.Dialer{Timeout: t.connectTimeout, KeepAlive: 30 * time.Second}
-	hc := &fasthttp.HostClient{
-		Addr:                          w.Addr,
-		Name:                          "infera",
-		IsTLS:                         w.TLS,
-		MaxConns:                      t.maxConns,
-		MaxConnWaitTimeout:            50 * time.Millisecond,
-		MaxIdleConnDuration:           60 * time.Second,
-		ReadTimeout:                   0, // per-request deadlines; see dconn
-		WriteTimeout:                  30 * time.Second,
-		StreamResponseBody:            false, // set per response for streams
-		MaxResponseBodySize:           64 << 20,
-		MaxIdemponentCallAttempts:     1,
-		DisablePathNormalizing:        true,
-		DisableHeaderNamesNormalizing: true,
-		NoDefaultUserAgentHeader:      true,
-		Dial: func(addr string) (net.Conn, error) {
-			c, err := d.Dial("tcp", addr)
-			if err != nil {
-				return nil, err
-			}
-			return &dconn{Conn: c}, nil
-		},
-	}
-	if w.TLS {
-		hc.TLSConfig = &tls.Config{ServerName: hostOnly(w.Addr)}
-	}
-	w.Client = hc
+func (h *httpHook) WorkerAdded(w *fleet.Worker) error {
+	w.Client = newHTTPPool(w, h.maxConns, h.connectTimeout)
 	return nil
 }
 
 // WorkerRemoved implements fleet.Hook. Idle connections are closed; live
-// streams keep theirs until they end.
-func (t *httpTransport) WorkerRemoved(w *fleet.Worker) {
-	if hc, ok := w.Client.(*fasthttp.HostClient); ok {
-		hc.CloseIdleConnections()
+// streams keep theirs until they end, then close them.
+func (h *httpHook) WorkerRemoved(w *fleet.Worker) {
+	if p, ok := w.Client.(*httpPool); ok {
+		p.closeIdle(true)
 	}
 }
 
-func hostOnly(addr string) string {
-	h, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return addr
+// httpTransport sends requests to workers over HTTP/1.1 (upstream.go).
+type httpTransport struct{}
+
+var errNotHTTP = errors.New("worker has no HTTP connection pool")
+
+func (httpTransport) roundTrip(c *call) (upResponse, *failure) {
+	p, ok := c.lease.Worker.Client.(*httpPool)
+	if !ok {
+		return nil, fail(failConnect, errNotHTTP)
 	}
-	return h
-}
-
-// dconn wraps an upstream connection so the relay can find it after Do:
-// fasthttp records the connection's LocalAddr in the response, and dconn
-// returns itself (as *dconnAddr) there. The relay then refreshes the read
-// deadline per chunk (streaming idle timeout) on the live connection.
-type dconn struct {
-	net.Conn
-	deadlineSet bool // touched only by the goroutine that owns the connection
-}
-
-// dconnAddr is dconn seen as a net.Addr.
-type dconnAddr dconn
-
-func (a *dconnAddr) Network() string { return a.Conn.LocalAddr().Network() }
-func (a *dconnAddr) String() string  { return a.Conn.LocalAddr().String() }
-
-// LocalAddr returns the connection itself, so the relay can recover it.
-func (c *dconn) LocalAddr() net.Addr { return (*dconnAddr)(c) }
-
-// connOf returns the upstream connection that served resp, or nil.
-func connOf(resp *fasthttp.Response) *dconn {
-	if a, ok := resp.LocalAddr().(*dconnAddr); ok {
-		return (*dconn)(a)
+	deadline := c.firstByte
+	if !deadline.IsZero() && !time.Now().Before(deadline) {
+		// The request's budget was spent by earlier attempts: the worker
+		// was never contacted, so it gets no fault.
+		return nil, failureSpent
 	}
-	return nil
-}
-
-// setReadDeadline sets the deadline on the live connection.
-func (c *dconn) setReadDeadline(t time.Time) {
-	c.deadlineSet = !t.IsZero()
-	c.Conn.SetReadDeadline(t)
-}
-
-// clearDeadline removes a deadline the relay set, before the connection goes
-// back to the pool (fasthttp does not know about it).
-func (c *dconn) clearDeadline() {
-	if c.deadlineSet {
-		c.deadlineSet = false
-		c.Conn.SetReadDeadline(time.Time{})
+	for try := 0; ; try++ {
+		uc, reused, err := p.get(deadline)
+		if err != nil {
+			switch {
+			case errors.Is(err, errUpNoConns):
+				return nil, fail(failLocalConns, err)
+			case isTimeout(err):
+				return nil, c.timeoutFailure(deadline, err)
+			}
+			return nil, fail(failConnect, err)
+		}
+		c.cancel.set(uc)
+		if !deadline.IsZero() {
+			uc.setDeadline(deadline)
+		}
+		err = uc.writeRequest(c.method, c.path, c.hdr, c.body)
+		if err == nil {
+			err = uc.readHead()
+		}
+		if err == nil {
+			return (*httpUpstream)(uc), nil
+		}
+		aborted := uc.wasAborted()
+		c.cancel.set(nil)
+		uc.closeConn()
+		switch {
+		case aborted || c.cancel.wasAborted():
+			return nil, failureCanceled
+		case reused && try == 0 && isStale(err):
+			// The engine closed the idle keep-alive connection as we
+			// reused it: nothing was processed; try a fresh connection.
+			continue
+		case isTimeout(err):
+			return nil, c.timeoutFailure(deadline, err)
+		case errors.Is(err, errUpMalformed), errors.Is(err, errUpUpgrade), errors.Is(err, errUpHeaderSize):
+			return nil, fail(failProtocol, err)
+		}
+		return nil, fail(failConnect, err)
 	}
+}
+
+// timeoutFailure classifies a deadline that fired before the first byte:
+// the wall-clock cap of the request is not the worker's fault, the first
+// packet timeout is.
+func (c *call) timeoutFailure(deadline time.Time, err error) *failure {
+	if !c.total.IsZero() && !deadline.Before(c.total) {
+		return fail(failWallClock, err)
+	}
+	return fail(failTimeout, err)
+}
+
+// isStale reports an error a reused keep-alive connection gives when the
+// peer had closed it: nothing of the response was read.
+func isStale(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// httpUpstream is an upConn seen as an upstream.
+type httpUpstream upConn
+
+var _ upResponse = (*httpUpstream)(nil)
+
+func (u *httpUpstream) conn() *upConn { return (*upConn)(u) }
+
+func (u *httpUpstream) status() int { return u.conn().code }
+
+func (u *httpUpstream) contentType() []byte {
+	c := u.conn()
+	return c.hbuf[c.ctype[0]:c.ctype[1]]
+}
+
+func (u *httpUpstream) contentLength() int64 {
+	c := u.conn()
+	if c.chunked {
+		return -1
+	}
+	return c.clen
+}
+
+func (u *httpUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
+	c := u.conn()
+	for i := range c.hdrs {
+		k, v := c.header(i)
+		if isHopHeader(k) || isFramingOrOwnHeader(k) || c.namedByConnection(k) {
+			continue
+		}
+		h.AddBytesKV(k, v)
+	}
+}
+
+func (u *httpUpstream) read(p []byte) (int, error) { return u.conn().read(p) }
+
+func (u *httpUpstream) setReadDeadline(t time.Time) {
+	c := u.conn()
+	if t.Equal(c.deadline) {
+		return
+	}
+	c.deadline = t
+	c.nc.SetReadDeadline(t)
+}
+
+func (u *httpUpstream) finish(ok bool) {
+	c := u.conn()
+	if ok {
+		c.finish()
+		return
+	}
+	c.closeConn()
+}
+
+func (u *httpUpstream) readFailure(err error, afterFirstByte bool) *failure {
+	c := u.conn()
+	switch {
+	case c.wasAborted():
+		return failureCanceled
+	case isTimeout(err):
+		if !afterFirstByte {
+			return fail(failTimeout, err)
+		}
+		return fail(failBroken, err)
+	case afterFirstByte:
+		return fail(failBroken, err)
+	}
+	return fail(failConnect, err)
 }

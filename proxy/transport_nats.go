@@ -4,149 +4,181 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/infera/infera/broker"
-	"github.com/infera/infera/config"
-	"github.com/infera/infera/sched"
 	"github.com/valyala/fasthttp"
 )
 
-// forwardNATS sends the request to d.Worker over NATS (--request-transport
-// nats) with the same failover, breaker and relay semantics as HTTP. The
-// NATS request controls (idle timeout, max duration, max pending) are the
-// broker client's.
-func (s *Server) forwardNATS(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, d sched.Decision, start time.Time, final bool, fail *failure) outcome {
-	w := d.Worker
-	r := &rs.sreq
+// natsTransport sends requests over NATS (--request-transport nats): the
+// broker client publishes to the worker's subject and streams the reply.
+type natsTransport struct {
+	bc *broker.Client
+	// reconnected is when the broker connection last came back (unix ns):
+	// for a grace period after it, workers that have not re-subscribed yet
+	// are not blamed for "no responders".
+	reconnected atomic.Int64
+	connected   func() bool
+}
+
+// natsGrace is how long after a broker reconnect missing responders are
+// the broker's fault, not the workers'.
+const natsGrace = 10 * time.Second
+
+func (t *natsTransport) roundTrip(c *call) (upResponse, *failure) {
+	if !c.firstByte.IsZero() && !time.Now().Before(c.firstByte) {
+		return nil, failureSpent
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	nu := &natsUpstream{cancel: cancel, t: t}
+	c.cancel.set(nu)
 	hdr := make(http.Header, 8)
-	for k, v := range ctx.Request.Header.All() {
-		if isHopHeader(k) || eqFold(k, hdrWorkerID) || eqFold(k, hdrPrefillID) || eqFold(k, "Host") ||
-			eqFold(k, "Content-Length") || (s.flags.APIKey != "" && eqFold(k, "Authorization")) {
-			continue
-		}
-		hdr.Add(string(k), string(v))
+	forEachHeaderLine(c.hdr, func(k, v []byte) { hdr.Add(string(k), string(v)) })
+	req := &broker.Request{
+		Method: string(c.method), Path: string(c.path), Header: hdr, Body: c.body,
+		FirstByte: c.firstByte, Deadline: c.total,
 	}
-	prompt := d.PrefillTokens(r) // prefill load: the uncached part
-	tokens := int64(r.PromptTokens) + int64(r.MaxTokens)
-	bs := int64(s.o.BlockSize)
-	blocks := (tokens + bs - 1) / bs
-	w.Acquire(tokens, prompt, blocks)
-
-	st, err := s.o.NATS.Do(context.Background(), w.ID, &broker.Request{
-		Method: "POST", Path: string(ctx.RequestURI()), Header: hdr, Body: rs.fwd,
-	})
+	if c.stream {
+		req.Idle = c.idle
+	}
+	st, err := t.bc.Do(ctx, c.lease.Worker.ID, req)
 	if err != nil {
-		w.Release(tokens, prompt, blocks, false)
-		code := broker.HTTPStatus(err)
-		switch {
-		case errors.Is(err, broker.ErrMaxPending), errors.Is(err, broker.ErrWorkerBusy), errors.Is(err, broker.ErrTooLarge),
-			errors.Is(err, broker.ErrMaxDuration):
-			// Admission, size and the request's own wall-clock cap are not
-			// the worker's fault.
-			w.Breaker.Abandon(d.Probe)
-		default:
-			if code == fasthttp.StatusGatewayTimeout {
-				mTimeouts.Inc()
-			} else {
-				mUpstreamErr.Inc()
-			}
-			w.Breaker.Failure(time.Now().UnixNano())
-		}
-		typ := typeServer
-		switch code {
-		case fasthttp.StatusTooManyRequests:
-			typ = typeRateLimit
-		case fasthttp.StatusGatewayTimeout:
-			typ = typeTimeout
-		case fasthttp.StatusRequestEntityTooLarge:
-			typ = typeInvalidRequest
-		case fasthttp.StatusServiceUnavailable:
-			typ = typeUnavailable
-		}
-		fail.set(code, typ, "worker "+w.ID+": "+err.Error(), "")
-		logUpstreamError(w, err)
-		if !broker.Retryable(err) {
-			writeError(ctx, code, typ, fail.msg, "", "")
-			return outDone
-		}
-		return outRetry
+		cancel()
+		c.cancel.set(nil)
+		return nil, t.failure(err, false, c.cancel.wasAborted())
 	}
-	status := st.Status()
-	if status >= 500 || status == fasthttp.StatusTooManyRequests {
-		if status >= 500 {
-			w.Breaker.Failure(time.Now().UnixNano())
-			mUpstreamErr.Inc()
-		} else {
-			w.Breaker.Abandon(d.Probe)
-		}
-		if !final {
-			fail.set(status, typeServer, "worker "+w.ID+" answered an error", "")
-			st.Close()
-			w.Release(tokens, prompt, blocks, false)
-			return outRetry
-		}
-	} else if status >= 400 {
-		w.Breaker.Abandon(d.Probe)
-	}
+	nu.st = st
+	return nu, nil
+}
 
-	tp := acquireTap()
-	n, rerr := readSome(st, tp.buf[:cap(tp.buf)])
-	if n == 0 && rerr != nil && rerr != errEOF {
-		st.Close()
-		releaseTap(tp)
-		w.Release(tokens, prompt, blocks, false)
-		code := broker.HTTPStatus(rerr)
-		typ := typeServer
-		if code == fasthttp.StatusGatewayTimeout {
-			typ = typeTimeout
-			mTimeouts.Inc()
+// failure classifies a broker error.
+func (t *natsTransport) failure(err error, afterFirstByte, aborted bool) *failure {
+	switch {
+	case aborted || errors.Is(err, context.Canceled):
+		return failureCanceled
+	case errors.Is(err, broker.ErrMaxPending), errors.Is(err, broker.ErrWorkerBusy):
+		return fail(failBusy, err)
+	case errors.Is(err, broker.ErrNoResponders):
+		if t.inGrace() {
+			return fail(failBroker, err)
 		}
-		if errors.Is(rerr, broker.ErrMaxDuration) {
-			w.Breaker.Abandon(d.Probe)
-		} else {
-			w.Breaker.Failure(time.Now().UnixNano())
+		return fail(failNoResponder, err)
+	case errors.Is(err, broker.ErrEngine):
+		return fail(failEngine, err)
+	case errors.Is(err, broker.ErrIdleTimeout):
+		if afterFirstByte {
+			return fail(failBroken, err)
 		}
-		fail.set(code, typ, "worker "+w.ID+": "+rerr.Error(), "")
-		if !broker.Retryable(rerr) {
-			writeError(ctx, code, typ, fail.msg, "", "")
-			return outDone
+		return fail(failTimeout, err)
+	case errors.Is(err, broker.ErrMaxDuration):
+		return fail(failWallClock, err)
+	case errors.Is(err, broker.ErrConnLost), errors.Is(err, broker.ErrNATS):
+		return fail(failBroker, err)
+	case errors.Is(err, broker.ErrTooLarge):
+		return fail(failTooLarge, err)
+	case errors.Is(err, broker.ErrBroken):
+		if afterFirstByte {
+			return fail(failBroken, err)
 		}
-		return outRetry
+		return fail(failProtocol, err)
 	}
-	w.FirstToken(prompt)
-	mTTFT.Update(time.Since(start).Seconds())
-	tp.pending = tp.buf[:n]
-	tp.upEOF = rerr == errEOF
-	tp.s, tp.w, tp.body = s, w, st
-	tp.sse = r.Stream
-	tp.start = start
-	tp.tokens, tp.prompt, tp.blocks, tp.probe = tokens, prompt, blocks, d.Probe
-	tp.ok = status < 400
-	tp.usage.scan(tp.pending)
+	if afterFirstByte {
+		return fail(failBroken, err)
+	}
+	return fail(failConnect, err)
+}
 
-	h := &ctx.Response.Header
-	h.SetStatusCode(status)
-	for k, vs := range st.Header() {
+func (t *natsTransport) inGrace() bool {
+	if t.connected != nil && !t.connected() {
+		return true
+	}
+	at := t.reconnected.Load()
+	return at != 0 && time.Since(time.Unix(0, at)) < natsGrace
+}
+
+// Reconnected tells the transport the broker connection came back.
+func (t *natsTransport) Reconnected() { t.reconnected.Store(time.Now().UnixNano()) }
+
+// natsUpstream is a broker stream seen as an upstream.
+type natsUpstream struct {
+	t      *natsTransport
+	st     *broker.Stream
+	cancel context.CancelFunc
+	ctype  []byte
+}
+
+func (u *natsUpstream) abort() { u.cancel() }
+
+func (u *natsUpstream) status() int { return u.st.Status() }
+
+func (u *natsUpstream) contentType() []byte {
+	if u.ctype == nil {
+		u.ctype = []byte(u.st.Header().Get("Content-Type"))
+	}
+	return u.ctype
+}
+
+func (u *natsUpstream) contentLength() int64 {
+	if v := u.st.Header().Get("Content-Length"); v != "" {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+			return n
+		}
+	}
+	return -1
+}
+
+func (u *natsUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
+	var conn []byte
+	if v := u.st.Header().Get("Connection"); v != "" {
+		conn = []byte(v)
+	}
+	for k, vs := range u.st.Header() {
 		kb := []byte(k)
-		if isHopHeader(kb) || isSkippedRespHeader(kb) {
-			if eqFold(kb, "Content-Type") && len(vs) > 0 {
-				h.SetContentType(vs[0])
-			}
+		if isHopHeader(kb) || isFramingOrOwnHeader(kb) || (conn != nil && namedIn(conn, kb)) {
 			continue
 		}
 		for _, v := range vs {
-			h.Add(k, v)
+			if validHeaderValue([]byte(v)) {
+				h.Add(k, v)
+			}
 		}
 	}
-	if cfg.Debug.DecisionHeader {
-		h.Set("X-Infera-Worker", w.ID)
+}
+
+func (u *natsUpstream) read(p []byte) (int, error) { return u.st.Read(p) }
+
+func (u *natsUpstream) setReadDeadline(time.Time) {} // the broker stream enforces idle and total
+
+func (u *natsUpstream) finish(ok bool) {
+	u.st.Close() // publishes a cancel unless the reply finished
+	u.cancel()
+}
+
+func (u *natsUpstream) readFailure(err error, afterFirstByte bool) *failure {
+	return u.t.failure(err, afterFirstByte, false)
+}
+
+// forEachHeaderLine calls f for each "Name: value\r\n" line of a header
+// block built by appendForwardHeaders.
+func forEachHeaderLine(b []byte, f func(k, v []byte)) {
+	for len(b) > 0 {
+		i := 0
+		for i+1 < len(b) && !(b[i] == '\r' && b[i+1] == '\n') {
+			i++
+		}
+		line := b[:i]
+		if i+2 <= len(b) {
+			b = b[i+2:]
+		} else {
+			b = nil
+		}
+		for j := 0; j+1 < len(line); j++ {
+			if line[j] == ':' && line[j+1] == ' ' {
+				f(line[:j], line[j+2:])
+				break
+			}
+		}
 	}
-	if r.Stream {
-		ctx.Response.SetBodyStream(tp, -1)
-		ctx.Response.ImmediateHeaderFlush = true
-	} else {
-		ctx.Response.SetBodyStream(tp, -1)
-	}
-	return outDone
 }

@@ -174,7 +174,7 @@ func (sh *affShard) remove(i uint32) {
 
 // affinityLookup is layer 1. It returns the bound worker when the binding is
 // usable, else nil and the reason it fell through.
-func (s *Scheduler) affinityLookup(c *compiled, avail []*fleet.Worker, r *Request, now int64, ls *loadStats) (*fleet.Worker, string) {
+func (s *Scheduler) affinityLookup(c *compiled, avail []*fleet.Worker, r *Request, now int64, ls *loadStats) (*fleet.Worker, Reason) {
 	sa := &c.cfg.SessionAffinity
 	t := s.affinity(c)
 	w := t.get(xxh3.Hash(r.SessionID), now, int64(sa.TTLSeconds*float64(time.Second)))
@@ -192,7 +192,7 @@ func (s *Scheduler) affinityLookup(c *compiled, avail []*fleet.Worker, r *Reques
 		s.m.affOverload.Inc()
 		return nil, ReasonAffinityOverload
 	}
-	return w, ""
+	return w, ReasonNone
 }
 
 func (s *Scheduler) affinityBind(c *compiled, r *Request, w *fleet.Worker, now int64) {

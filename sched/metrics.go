@@ -12,7 +12,7 @@ import (
 type schedMetrics struct {
 	set *metrics.Set
 
-	layerDirect, layerAffinity, layerKV, layerPrefix, layerLB, layerFallback *metrics.Counter
+	layers [numLayers]*metrics.Counter
 
 	fbBreaker  *metrics.Counter
 	timeouts   *metrics.Counter
@@ -36,15 +36,9 @@ type schedMetrics struct {
 func newSchedMetrics(s *Scheduler) *schedMetrics {
 	set := metrics.NewSet()
 	m := &schedMetrics{set: set}
-	layer := func(l string) *metrics.Counter {
-		return set.NewCounter(`infera_sched_decisions_total{layer="` + l + `"}`)
+	for l := LayerDirect; l < numLayers; l++ {
+		m.layers[l] = set.NewCounter(`infera_route_decisions_total{layer="` + l.String() + `"}`)
 	}
-	m.layerDirect = layer(LayerDirect)
-	m.layerAffinity = layer(LayerAffinity)
-	m.layerKV = layer(LayerKV)
-	m.layerPrefix = layer(LayerPrefix)
-	m.layerLB = layer(LayerLB)
-	m.layerFallback = layer(LayerFallback)
 	m.fbBreaker = set.NewCounter(`infera_sched_fallback_total{reason="sched_breaker_open"}`)
 	m.timeouts = set.NewCounter(`infera_sched_fallback_total{reason="sched_timeout"}`)
 	m.trips = set.NewCounter(`infera_sched_breaker_trips_total`)
@@ -114,21 +108,11 @@ func newSchedMetrics(s *Scheduler) *schedMetrics {
 
 func (m *schedMetrics) close() { metrics.UnregisterSet(m.set, true) }
 
-func (m *schedMetrics) countLayer(l string) {
-	switch l {
-	case LayerDirect:
-		m.layerDirect.Inc()
-	case LayerAffinity:
-		m.layerAffinity.Inc()
-	case LayerKV:
-		m.layerKV.Inc()
-	case LayerPrefix:
-		m.layerPrefix.Inc()
-	case LayerLB:
-		m.layerLB.Inc()
-	default:
-		m.layerFallback.Inc()
+func (m *schedMetrics) countLayer(l Layer) {
+	if l < LayerDirect || l >= numLayers {
+		l = LayerFallback
 	}
+	m.layers[l].Inc()
 }
 
 func (m *schedMetrics) countErr(err error) {

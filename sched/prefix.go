@@ -410,7 +410,7 @@ func (b *idxSet) has(i int) bool { return b[i>>6]&(1<<(i&63)) != 0 }
 // seen at least hit_rate_threshold of the prompt, the deepest match that
 // passes the load guards (pending requests, load tolerance) wins; ties go
 // to the least loaded.
-func (s *Scheduler) prefixLayer(cfg *config.Config, p *prefixIndex, v *fleet.View, avail []*fleet.Worker, r *Request, depth int, ls *loadStats) (Decision, string) {
+func (s *Scheduler) prefixLayer(cfg *config.Config, p *prefixIndex, v *fleet.View, avail []*fleet.Worker, r *Request, depth int, ls *loadStats) (Decision, Reason) {
 	if depth == 0 {
 		return Decision{}, ReasonPrefixMiss
 	}
@@ -461,7 +461,7 @@ func (s *Scheduler) prefixLayer(cfg *config.Config, p *prefixIndex, v *fleet.Vie
 		}
 		if best != nil {
 			ratio := float64(d*bs) / float64(plen)
-			return Decision{Worker: best, Layer: LayerPrefix, Reason: ReasonPrefixHit, Ratio: ratio}, ""
+			return Decision{Worker: best, Layer: LayerPrefix, Reason: ReasonPrefixHit, Ratio: ratio}, ReasonNone
 		}
 	}
 	if anyHit {

@@ -87,7 +87,7 @@ func TestPrefixLayerHitAndThreshold(t *testing.T) {
 		t.Fatalf("repeat: %s by %s ratio %.2f", d.Worker.ID, d.Layer, d.Ratio)
 	}
 	calls := 0
-	f := func(c *config.Config, shared, total int, wantHit bool, wantReason string) {
+	f := func(c *config.Config, shared, total int, wantHit bool, wantReason Reason) {
 		t.Helper()
 		calls++
 		p := append(append([]byte{}, base[:shared]...), prompt(fmt.Sprintf("tail %d %d %d ", calls, shared, total), total-shared)...)
@@ -106,7 +106,7 @@ func TestPrefixLayerHitAndThreshold(t *testing.T) {
 	low := prefixCfg(t, func(c *config.Config) { c.PrefixCache.HitRateThreshold = 0.2 })
 	f(low, 384, 1024, true, ReasonPrefixHit)
 	// Disabled layer (the default config): load balancing, index still fed.
-	if d := pick(t, s, config.Default(), &Request{Model: []byte("m"), Prompt: base}); d.Layer != LayerLB || d.Reason != "" {
+	if d := pick(t, s, config.Default(), &Request{Model: []byte("m"), Prompt: base}); d.Layer != LayerLB || d.Reason != ReasonNone {
 		t.Fatalf("disabled: %s %s", d.Layer, d.Reason)
 	}
 }
@@ -339,7 +339,7 @@ func (f *fakeKV) PickKVRatio(cands []*fleet.Worker, r *Request) (*fleet.Worker, 
 func TestKVLayer(t *testing.T) {
 	s, _ := newTestSched(t, workers(3, "m")...)
 	kv := &fakeKV{pick: "w001", ratio: 0.9}
-	s.KV, s.Policy = kv, "kv-aware"
+	s.KV, s.Policy = kv, PolicyKVAware
 	cfg := config.Default() // kv-aware works without prefix_cache.enabled
 	d := pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: prompt("kv ", 256)})
 	if d.Layer != LayerKV || d.Worker.ID != "w001" {
@@ -383,7 +383,7 @@ func TestDecisionPrefillTokens(t *testing.T) {
 	f(1.5, 1000, 1000) // out of range: ignored
 	// Plain kv-aware reports the chosen worker's overlap ratio.
 	s, _ := newTestSched(t, workers(2, "m")...)
-	s.KV, s.Policy = &fakeKV{pick: "w001", ratio: 0.4}, "kv-aware"
+	s.KV, s.Policy = &fakeKV{pick: "w001", ratio: 0.4}, PolicyKVAware
 	d := pick(t, s, config.Default(), &Request{Model: []byte("m")})
 	if d.Layer != LayerKV || d.Ratio != 0.4 {
 		t.Fatalf("kv decision %s ratio %v", d.Layer, d.Ratio)

@@ -65,36 +65,6 @@ func (r *Request) tried(w *fleet.Worker) bool {
 	return false
 }
 
-// Layers a Decision may name.
-const (
-	LayerDirect   = "direct"   // router mode direct: the header named the worker
-	LayerAffinity = "affinity" // layer 1: session affinity
-	LayerKV       = "kv"       // layer 2 with the KV index as match basis (kv-aware)
-	LayerPrefix   = "prefix"   // layer 2: prefix caching over the prefix index
-	LayerLB       = "lb"       // layer 3: load balancing
-	LayerFallback = "fallback" // local round-robin / forced dispatch
-)
-
-// Reasons a Decision may carry. They are constants, so a Decision never
-// allocates.
-const (
-	ReasonHeader            = "header"              // direct: worker named by header
-	ReasonAffinityHit       = "affinity-hit"        // bound worker reused
-	ReasonPrefixHit         = "prefix-hit"          // prefix hit, see Decision.Ratio
-	ReasonKVHit             = "kv-hit"              // KV scorer chose
-	ReasonNoSession         = "no-session"          // affinity on, request without session id
-	ReasonAffinityNew       = "affinity-new"        // session not bound yet (bound now)
-	ReasonAffinityRebind    = "affinity-rebind"     // bound worker left, is open or not a candidate
-	ReasonAffinityOverload  = "affinity-overloaded" // soft mode: bound worker above avg x ratio
-	ReasonPrefixMiss        = "prefix-miss"         // no indexed prefix
-	ReasonPrefixBelow       = "prefix-below-threshold"
-	ReasonPrefixOverload    = "prefix-overloaded" // every hit worker failed a load guard
-	ReasonSchedTimeout      = "sched-timeout"     // decision exceeded the wait timeout
-	ReasonSchedBreakerOpen  = "sched-breaker-open"
-	ReasonAllBreakersOpen   = "all-breakers-open" // every candidate's breaker is open
-	ReasonWorkerBreakerBusy = "worker-probe-busy" // chosen worker's probe slot was taken
-)
-
 // PrefillTokens is the prefill work r puts on d.Worker: the prompt tokens
 // not covered by the cache hit the decision counted on (Ratio). Load
 // accounting uses it for Worker.Acquire/FirstToken/Release, so a worker busy
@@ -113,11 +83,11 @@ type Decision struct {
 	Worker *fleet.Worker
 	// Probe is true when this request is the worker's half-open breaker probe.
 	Probe bool
-	// Layer names what chose the worker (Layer* constants).
-	Layer string
-	// Reason says why (Reason* constants): the hit for the choosing layer,
-	// or for lb/fallback what made the earlier layers pass.
-	Reason string
+	// Layer names what chose the worker.
+	Layer Layer
+	// Reason says why: the hit for the choosing layer, or for lb/fallback
+	// what made the earlier layers pass.
+	Reason Reason
 	// Ratio is the prefix hit ratio (matched bytes / prompt bytes) of the
 	// chosen worker when Layer is prefix.
 	Ratio float64
@@ -140,10 +110,10 @@ type Decision struct {
 // "layer=prefix; reason=prefix-hit; ratio=0.83".
 func (d *Decision) AppendRoute(dst []byte) []byte {
 	dst = append(dst, "layer="...)
-	dst = append(dst, d.Layer...)
-	if d.Reason != "" {
+	dst = append(dst, d.Layer.String()...)
+	if d.Reason != ReasonNone {
 		dst = append(dst, "; reason="...)
-		dst = append(dst, d.Reason...)
+		dst = append(dst, d.Reason.String()...)
 	}
 	if d.Layer == LayerPrefix {
 		dst = append(dst, "; ratio="...)
@@ -231,12 +201,6 @@ type KVRatioScorer interface {
 	PickKVRatio(cands []*fleet.Worker, r *Request) (*fleet.Worker, float64)
 }
 
-// Router modes (--router-mode).
-const (
-	ModeAuto   = "auto"
-	ModeDirect = "direct"
-)
-
 // Scheduler picks workers. Mode, Policy and KV are process-level
 // (--router-mode, --router-policy); everything else comes from the config
 // snapshot passed to Pick, so a reload takes effect on the next request.
@@ -246,11 +210,17 @@ const (
 type Scheduler struct {
 	Fleet *fleet.Fleet
 	// Mode is auto or direct (direct: trust x-worker-instance-id).
-	Mode string
+	Mode Mode
 	// Policy is kv-aware, round-robin, least-requests, least-tokens, or
 	// config (use the config's load_balancing.algorithm). kv-aware uses KV as
 	// the prefix layer's match basis and the config's algorithm for layer 3.
-	Policy string
+	Policy Policy
+	// BlockSize is the engines' KV block size in tokens, for the KV blocks a
+	// lease accounts (default 16).
+	BlockSize int
+	// DefaultMaxTokens is the output estimate of a request without
+	// max_tokens (default 1024).
+	DefaultMaxTokens int
 	// KV is consulted under the kv-aware policy; nil leaves layer 2 to the
 	// prefix index.
 	KV KVScorer
@@ -273,13 +243,15 @@ type Scheduler struct {
 }
 
 // NewScheduler returns a scheduler over f in auto mode.
-func NewScheduler(f *fleet.Fleet, policy string) *Scheduler {
+func NewScheduler(f *fleet.Fleet, policy Policy) *Scheduler {
 	s := &Scheduler{
-		Fleet:  f,
-		Mode:   ModeAuto,
-		Policy: policy,
-		Now:    func() int64 { return time.Now().UnixNano() },
-		Memory: ReadMemory,
+		Fleet:            f,
+		Mode:             ModeAuto,
+		Policy:           policy,
+		BlockSize:        16,
+		DefaultMaxTokens: 1024,
+		Now:              func() int64 { return time.Now().UnixNano() },
+		Memory:           ReadMemory,
 	}
 	s.m = newSchedMetrics(s)
 	return s
@@ -312,8 +284,34 @@ func (s *Scheduler) CheckSession(cfg *config.Config, r *Request) error {
 	return nil
 }
 
-// Pick chooses a worker for r under cfg. scratch is reused to avoid
-// allocations (pass a slice with capacity for the fleet).
+// Acquire chooses a worker for r under cfg (Pick) and fills l, which then
+// holds the worker's load units and, when the worker is half-open, its
+// probe slot until l.Done. scratch is reused to avoid allocations (pass a
+// slice with capacity for the fleet). On error l holds nothing.
+func (s *Scheduler) Acquire(cfg *config.Config, r *Request, scratch []*fleet.Worker, l *Lease) error {
+	l.Reset()
+	d, err := s.Pick(cfg, r, scratch)
+	if err != nil {
+		return err
+	}
+	maxTokens := r.MaxTokens
+	if maxTokens < 0 {
+		maxTokens = s.DefaultMaxTokens
+	}
+	tokens := int64(r.PromptTokens) + int64(maxTokens)
+	bs := int64(max(1, s.BlockSize))
+	var obs FirstTokenObserver
+	if o, ok := s.KV.(FirstTokenObserver); ok {
+		obs = o
+	}
+	l.acquire(d, tokens, d.PrefillTokens(r), (tokens+bs-1)/bs, obs, s.Now)
+	return nil
+}
+
+// Pick runs the scheduling pipeline and returns the decision without
+// taking the worker's load units (Acquire does; the fleet simulator
+// accounts load itself). When d.Probe is set the decision holds the
+// worker's half-open probe slot, which Acquire's lease hands back.
 //
 // The pipeline: require-session check; router mode direct; model routing and
 // canary (candidate set); per-worker breakers; then, unless the scheduling
@@ -427,7 +425,7 @@ func (s *Scheduler) readmit(cfg *config.Config, avail []*fleet.Worker, skip *fle
 // the decision and the time of the last clock read.
 func (s *Scheduler) layers(cfg *config.Config, c *compiled, v *fleet.View, avail []*fleet.Worker, r *Request, now, deadline int64) (Decision, int64) {
 	var ls loadStats
-	reason := ""
+	reason := ReasonNone
 	rebind := false
 	sa := &cfg.SessionAffinity
 	if sa.Enabled {
@@ -447,7 +445,7 @@ func (s *Scheduler) layers(cfg *config.Config, c *compiled, v *fleet.View, avail
 			return s.timedOut(avail, rebind), now
 		}
 	}
-	if s.Policy == "kv-aware" && s.KV != nil {
+	if s.Policy == PolicyKVAware && s.KV != nil {
 		if d, ok := s.kvLayer(cfg, avail, r, &ls); ok {
 			d.rebind = rebind
 			return d, now
@@ -548,7 +546,7 @@ func (s *Scheduler) direct(v *fleet.View, r *Request, now int64) (Decision, bool
 }
 
 func (s *Scheduler) balancer(cfg *config.Config) Balancer {
-	if b, ok := ParseBalancer(s.Policy); ok {
+	if b, ok := s.Policy.balancer(); ok {
 		return b
 	}
 	b, _ := ParseBalancer(cfg.LoadBalancing.Algorithm)

@@ -52,7 +52,7 @@ func newTestSched(t testing.TB, recs ...fleet.Record) (*Scheduler, *clock) {
 			t.Fatalf("upsert %s: %s", r.ID, err)
 		}
 	}
-	s := NewScheduler(f, "config")
+	s := NewScheduler(f, PolicyConfig)
 	c := newClock()
 	s.Now = c.now
 	s.Memory = func() (uint64, uint64, error) { return 1 << 20, 1 << 40, nil }
@@ -108,7 +108,7 @@ func TestPickDefaultsLoadBalancing(t *testing.T) {
 		t.Fatalf("least-tokens chose the worker with most tokens")
 	}
 	// Process-level policy forces the algorithm over the config.
-	s.Policy = "round-robin"
+	s.Policy = PolicyRoundRobin
 	seen = map[string]int{}
 	for i := 0; i < 30; i++ {
 		seen[pick(t, s, cfg, &Request{Model: []byte("m")}).Worker.ID]++
@@ -122,7 +122,7 @@ func TestDirectMode(t *testing.T) {
 	s, _ := newTestSched(t, rec("a", "", "m"), rec("b", "", "m"), fleet.Record{ID: "p", URL: "http://127.0.0.1:2", Models: []string{"m"}, Role: "prefill"})
 	s.Mode = ModeDirect
 	cfg := config.Default()
-	f := func(r *Request, wantID, wantLayer string) {
+	f := func(r *Request, wantID string, wantLayer Layer) {
 		t.Helper()
 		d := pick(t, s, cfg, r)
 		if d.Worker.ID != wantID && wantID != "*" {

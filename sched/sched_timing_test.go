@@ -82,7 +82,7 @@ func benchPick(b *testing.B, layer string, n, size int) {
 		}
 		s.pidx.Load().record(r.phash, len(r.phash), other, s.Now())
 	}
-	want := map[string]string{"lb": LayerLB, "affinity": LayerAffinity, "prefix": LayerPrefix, "three-layer": LayerPrefix}[layer]
+	want := map[string]Layer{"lb": LayerLB, "affinity": LayerAffinity, "prefix": LayerPrefix, "three-layer": LayerPrefix}[layer]
 	r.hashed = false
 	if d, _ := s.Pick(cfg, r, scratch); d.Layer != want {
 		b.Fatalf("layer %s (%s), want %s", d.Layer, d.Reason, want)

@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"encoding/json"
@@ -152,7 +152,7 @@ func TestE2EKVEventsOverNATS(t *testing.T) {
 // --router-tokenizer-path, engine --tokenizer), the router's block hashes
 // match the engines' KV events: follow-up turns land where their prefix is.
 func TestE2EKVAwareWithHFTokenizer(t *testing.T) {
-	dir := filepath.Join("testdata", "tokenizers", "qwen3")
+	dir := filepath.Join("..", "testdata", "tokenizers", "qwen3")
 	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
 		if os.Getenv("INFERA_REQUIRE_TOKENIZER") == "1" {
 			t.Fatalf("tokenizer missing (make tokenizer): %v", err)

@@ -1,7 +1,8 @@
-package main
+package gateway
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -52,10 +53,10 @@ func startEngine(t *testing.T, args ...string) (*engine.Server, string) {
 }
 
 // startServe runs the router exactly as `infera serve args...` wires it.
-func startServe(t *testing.T, args ...string) (*router, string) {
+func startServe(t *testing.T, args ...string) (*Gateway, string) {
 	t.Helper()
 	f := parseServe(t, args...)
-	rt, err := newRouter(f)
+	rt, err := New(f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,8 +64,8 @@ func startServe(t *testing.T, args ...string) (*router, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go rt.srv.Serve(ln)
-	t.Cleanup(func() { rt.srv.Shutdown(); rt.close() })
+	go rt.Serve(ln)
+	t.Cleanup(func() { rt.Shutdown(context.Background()); rt.Close() })
 	return rt, "http://" + ln.Addr().String()
 }
 

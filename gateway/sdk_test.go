@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"os"
@@ -11,7 +11,7 @@ import (
 // make deps) against the router in front of two simulated engines.
 func TestOpenAISDK(t *testing.T) {
 	node, err := exec.LookPath("node")
-	_, modErr := os.Stat(filepath.Join("scripts", "sdk", "node_modules", "openai"))
+	_, modErr := os.Stat(filepath.Join("..", "scripts", "sdk", "node_modules", "openai"))
 	if err != nil || modErr != nil {
 		if os.Getenv("INFERA_REQUIRE_SDK") == "1" {
 			t.Fatalf("node or scripts/sdk/node_modules missing (run make deps): %v %v", err, modErr)
@@ -21,7 +21,7 @@ func TestOpenAISDK(t *testing.T) {
 	_, e1 := startEngine(t, "--speedup", "50")
 	_, e2 := startEngine(t, "--speedup", "50")
 	_, r := startServe(t, "--workers", e1+","+e2)
-	cmd := exec.Command(node, filepath.Join("scripts", "sdk", "check.mjs"), r+"/v1", "sim-model")
+	cmd := exec.Command(node, filepath.Join("..", "scripts", "sdk", "check.mjs"), r+"/v1", "sim-model")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("OpenAI SDK check failed: %v\n%s", err, out)

@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"bufio"
@@ -41,7 +41,7 @@ func startWorker(t *testing.T, args ...string) *worker.Sidecar {
 	return s
 }
 
-func waitRoutable(t *testing.T, rt *router, n int) {
+func waitRoutable(t *testing.T, rt *Gateway, n int) {
 	t.Helper()
 	for i := 0; i < 500; i++ {
 		if len(rt.fleet.View().Routable) == n {

@@ -1,0 +1,57 @@
+package discovery
+
+import (
+	"net"
+	"sync/atomic"
+	"testing"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
+	"github.com/valyala/fasthttp"
+)
+
+// Every static sync (each config reload; every 5 s while any worker lacks
+// models) re-asks /v1/models of every --workers entry without --worker-model.
+// A worker that already learned its models keeps them through a transient
+// /v1/models failure: it stays the same routable worker, with its breaker,
+// load and KV index entries.
+func TestStaticWorkerKeepsModelsThroughTransientModelsFailure(t *testing.T) {
+	var calls atomic.Int64
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if calls.Add(1) > 1 {
+			ctx.SetStatusCode(503) // one transient hiccup
+			return
+		}
+		ctx.SetBodyString(`{"data":[{"id":"m"}]}`)
+	}}
+	go srv.Serve(ln)
+	defer srv.Shutdown()
+	fl := fleet.NewFleet(fleet.BreakerConfig{Threshold: 3})
+	defer fl.Close()
+	st := NewStatic(fl, []string{"a=http://" + ln.Addr().String()}, nil)
+	st.Apply(config.Default())
+	w1 := fl.Get("a")
+	if w1 == nil || len(fl.View().ByModel["m"]) != 1 {
+		t.Fatalf("setup: %v", w1)
+	}
+	st.Apply(config.Default()) // e.g. a config reload
+	if w2 := fl.Get("a"); w2 != w1 || len(fl.View().ByModel["m"]) != 1 {
+		t.Fatalf("worker replaced (same=%v) and routable for model m: %d", w2 == w1, len(fl.View().ByModel["m"]))
+	}
+}
+
+func TestStaticRecordsMergeFlagsAndConfig(t *testing.T) {
+	cfg, err := config.Parse([]byte(`{"workers":[{"id":"c","url":"http://127.0.0.1:3","models":["x"],"role":"prefill"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := StaticRecords([]string{"a=http://127.0.0.1:1", "127.0.0.1:2/"}, []string{"m"}, cfg)
+	if len(rs) != 3 || rs[0].ID != "a" || rs[0].URL != "http://127.0.0.1:1" || rs[1].URL != "http://127.0.0.1:2" ||
+		rs[1].Models[0] != "m" || rs[2].ID != "c" || rs[2].Role != "prefill" {
+		t.Fatalf("%+v", rs)
+	}
+}

@@ -1,0 +1,307 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/infera/infera/broker"
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/discovery"
+	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/kv"
+	"github.com/infera/infera/kvroute"
+	"github.com/infera/infera/proxy"
+	"github.com/infera/infera/radix"
+	"github.com/infera/infera/sched"
+	"github.com/infera/infera/tokenizer"
+	"github.com/nats-io/nats.go"
+)
+
+// Gateway is everything `infera serve` runs, wired together.
+type Gateway struct {
+	flags *config.Serve
+	store *config.Store
+	fleet *fleet.Fleet
+	sched *sched.Scheduler
+	srv   *proxy.Server
+	stop  chan struct{}
+
+	discovery  discovery.Backend
+	nc         *nats.Conn
+	natsClient *broker.Client
+	health     map[string]proxy.HealthCheck
+	ctx        context.Context
+	cancel     context.CancelFunc
+
+	tok     tokenizer.Tokenizer
+	kvm     *kv.Manager
+	kvSub   *nats.Subscription
+	kvAware *kvroute.KVAware
+}
+
+// New builds the gateway from flags: config store, fleet and its
+// transports, discovery (synced, or serving the last known list with a
+// warning), scheduler and the HTTP front door. Serve or Run it next.
+func New(f *config.Serve) (*Gateway, error) {
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	policy, ok := sched.ParsePolicy(f.RouterPolicy)
+	if !ok {
+		return nil, fmt.Errorf("--router-policy %q: want kv-aware, round-robin, least-requests, least-tokens or config", f.RouterPolicy)
+	}
+	mode, ok := sched.ParseMode(f.RouterMode)
+	if !ok {
+		return nil, fmt.Errorf("--router-mode %q: want auto or direct", f.RouterMode)
+	}
+	store, err := config.Open(f.Config)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkBackends(f); err != nil {
+		return nil, err
+	}
+	g := &Gateway{flags: f, store: store, stop: make(chan struct{}), health: map[string]proxy.HealthCheck{}}
+	g.ctx, g.cancel = context.WithCancel(context.Background())
+	ok = false
+	defer func() {
+		if !ok {
+			g.Close()
+		}
+	}()
+	g.fleet = fleet.NewFleet(fleet.BreakerConfig{
+		Threshold:   f.BreakerFailureThreshold,
+		Cooldown:    f.BreakerCooldown(),
+		MaxCooldown: f.BreakerMaxCooldown(),
+	})
+	g.fleet.AddHook(&discovery.AgreementHook{RequestTransport: f.RequestTransport, KVTransport: f.KVEventTransport,
+		KVAware: policy == sched.PolicyKVAware, BlockSize: f.KVBlockSize})
+	if f.RequestTransport == "nats" || f.KVEventTransport == "nats" {
+		if err := g.connectNATS(); err != nil {
+			return nil, err
+		}
+	}
+	if f.RequestTransport == "http" {
+		g.fleet.AddHook(proxy.HTTPHook(f))
+	} else {
+		g.fleet.AddHook(forgetHook{g.natsClient})
+	}
+	g.sched = sched.NewScheduler(g.fleet, policy)
+	g.sched.Mode = mode
+	g.sched.BlockSize = f.KVBlockSize
+	go g.sched.Run(g.ctx, store.Load)
+	if policy == sched.PolicyKVAware {
+		if err := g.setupKV(); err != nil {
+			return nil, err
+		}
+	} else if f.RouterTokenizerPath != "" {
+		// Without kv-aware routing the tokenizer still serves /tokenize.
+		t, err := tokenizer.Load(f.RouterTokenizerPath)
+		if err != nil {
+			return nil, fmt.Errorf("--router-tokenizer-path: %w", err)
+		}
+		g.tok = t
+		slog.Info("tokenizer loaded for /tokenize; prompts are not hashed (--router-policy is not kv-aware)")
+	}
+	if f.KVEventTransport == "nats" && policy != sched.PolicyKVAware {
+		slog.Warn("--kv-event-transport nats has no effect without --router-policy kv-aware")
+	}
+
+	switch f.DiscoveryBackend {
+	case discovery.BackendStatic:
+		st := discovery.NewStatic(g.fleet, f.Workers, f.WorkerModel)
+		st.Apply(store.Load())
+		store.OnChange(func(old, cur *config.Config) { st.Apply(cur) })
+		go st.Run(store.Load)
+		g.discovery = st
+	default:
+		b, err := discovery.StartSynced(discovery.Options{
+			Backend:          f.DiscoveryBackend,
+			EtcdEndpoints:    []string{f.EtcdEndpoint},
+			EtcdPrefix:       f.EtcdPrefix,
+			EtcdCAFile:       f.EtcdCAFile,
+			EtcdCertFile:     f.EtcdCertFile,
+			EtcdKeyFile:      f.EtcdKeyFile,
+			EtcdUsername:     f.EtcdUsername,
+			EtcdPassword:     f.EtcdPassword,
+			Kubeconfig:       f.Kubeconfig,
+			K8sNamespace:     f.K8sNamespace,
+			K8sLabelSelector: f.K8sLabelSelector,
+			K8sAnnotation:    f.K8sAnnotation,
+		}, g.fleet, 10*time.Second)
+		if b == nil {
+			return nil, fmt.Errorf("cannot start %s discovery: %w", f.DiscoveryBackend, err)
+		}
+		g.discovery = b
+		g.health["discovery"] = b.Health
+		if err != nil {
+			slog.Warn("discovery not synced yet; serving and retrying", "backend", f.DiscoveryBackend, "err", err)
+		}
+	}
+	go store.Watch(f.ConfigPoll, g.stop)
+
+	opts := proxy.Options{
+		Flags:     f,
+		Store:     store,
+		Sched:     g.sched,
+		BlockSize: f.KVBlockSize,
+		NATS:      g.natsClient,
+		Health:    g.health,
+		Tokenizer: g.tok,
+	}
+	if g.nc != nil {
+		opts.NATSConnected = g.nc.IsConnected
+	}
+	if g.kvAware != nil {
+		opts.HashBlocks = kv.HashBlocks
+		opts.Explain = func(cands []*fleet.Worker, r *sched.Request) any { return g.kvAware.Explain(cands, r) }
+	}
+	g.srv = proxy.New(opts)
+	if g.nc != nil {
+		g.nc.SetReconnectHandler(func(*nats.Conn) { g.srv.BrokerReconnected() })
+	}
+	ok = true
+	return g, nil
+}
+
+// Serve serves the front door on ln until Shutdown.
+func (g *Gateway) Serve(ln net.Listener) error { return g.srv.Serve(ln) }
+
+// Shutdown stops accepting and waits for in-flight requests and streams
+// until ctx ends.
+func (g *Gateway) Shutdown(ctx context.Context) error { return g.srv.ShutdownContext(ctx) }
+
+// Store returns the config store.
+func (g *Gateway) Store() *config.Store { return g.store }
+
+// Fleet returns the worker fleet.
+func (g *Gateway) Fleet() *fleet.Fleet { return g.fleet }
+
+// Workers returns the number of workers known (for the startup log).
+func (g *Gateway) Workers() int { return len(g.fleet.View().All) }
+
+// setupKV builds the KV-aware path: the router's tokenizer, the radix index
+// fed by KV events (ZMQ per worker, or one NATS subscription), and the cost
+// function. It must run before workers are added (the manager is a hook).
+func (g *Gateway) setupKV() error {
+	f := g.flags
+	if f.RouterTokenizerPath != "" {
+		t, err := tokenizer.Load(f.RouterTokenizerPath)
+		if err != nil {
+			return fmt.Errorf("--router-tokenizer-path: %w", err)
+		}
+		g.tok = t
+	} else {
+		g.tok = tokenizer.Simple{}
+		slog.Info("kv-aware routing tokenizes with the built-in Simple tokenizer (as infera engine does); " +
+			"in front of vLLM or SGLang pass --router-tokenizer-path <model dir>, or prompts will never match their KV events")
+	}
+	idx := radix.New()
+	m, err := kv.NewManager(kv.ManagerConfig{Index: idx, Transport: f.KVEventTransport, BlockSize: f.KVBlockSize})
+	if err != nil {
+		return err
+	}
+	g.kvm = m
+	g.fleet.AddHook(m)
+	if f.KVEventTransport == "nats" {
+		sub, err := broker.SubscribeKVEvents(g.nc, func(id string, topic []byte, seq uint64, payload []byte) {
+			m.Feed(id, topic, seq, payload)
+		})
+		if err != nil {
+			return fmt.Errorf("cannot subscribe to KV events on NATS: %w", err)
+		}
+		g.kvSub = sub
+	}
+	g.kvAware = kvroute.NewKVAware(kvroute.KVAwareConfig{
+		Index:         idx,
+		OverlapWeight: f.KVOverlapWeight,
+		BlockSize:     f.KVBlockSize,
+		Temperature:   f.RouterTemperature,
+		Seed:          uint64(time.Now().UnixNano()),
+	})
+	g.sched.KV = g.kvAware
+	return nil
+}
+
+// connectNATS connects to the broker (--nats-url, NATS_SERVER, NATS_URL).
+func (g *Gateway) connectNATS() error {
+	f := g.flags
+	if f.NatsURL == "" {
+		return fmt.Errorf("--request-transport nats / --kv-event-transport nats need a broker: set --nats-url (or NATS_SERVER / NATS_URL), or use --request-transport http --kv-event-transport zmq")
+	}
+	nc, err := nats.Connect(f.NatsURL, nats.Name("infera-serve"), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("cannot connect to NATS: %w", err)
+	}
+	g.nc = nc
+	g.health["nats"] = func() (bool, string) { return nc.IsConnected(), nc.Status().String() }
+	if f.RequestTransport == "nats" {
+		bc, err := broker.NewClient(broker.ClientConfig{Conn: nc, IdleTimeout: f.NatsReqIdleTimeout,
+			MaxDuration: f.NatsReqMaxDuration, MaxPending: f.NatsReqMaxPending})
+		if err != nil {
+			return err
+		}
+		g.natsClient = bc
+		// Fail open streams at once when the broker connection drops,
+		// instead of waiting for their idle timeout.
+		nc.SetDisconnectErrHandler(func(_ *nats.Conn, err error) { bc.Disconnected(err) })
+	}
+	return nil
+}
+
+// forgetHook drops a removed worker's NATS admission counter.
+type forgetHook struct{ bc *broker.Client }
+
+func (h forgetHook) WorkerAdded(w *fleet.Worker) error { return nil }
+func (h forgetHook) WorkerRemoved(w *fleet.Worker) {
+	if h.bc != nil {
+		h.bc.Forget(w.ID)
+	}
+}
+
+// Close releases everything New built (after Shutdown).
+func (g *Gateway) Close() {
+	select {
+	case <-g.stop:
+		return
+	default:
+	}
+	close(g.stop)
+	g.cancel()
+	if g.sched != nil {
+		g.sched.Close()
+	}
+	if g.discovery != nil {
+		g.discovery.Close()
+	}
+	if g.kvSub != nil {
+		g.kvSub.Unsubscribe()
+	}
+	if g.kvm != nil {
+		g.kvm.Close()
+	}
+	if g.natsClient != nil {
+		g.natsClient.Close()
+	}
+	if g.nc != nil {
+		g.nc.Close()
+	}
+	if g.fleet != nil {
+		g.fleet.Close()
+	}
+}
+
+// checkBackends refuses flag combinations that cannot work, naming the
+// alternative, so that a flag never silently does nothing.
+func checkBackends(f *config.Serve) error {
+	if f.DiscoveryBackend == discovery.BackendStatic && len(f.Workers) == 0 && f.Config == "" {
+		slog.Warn("no workers: pass --workers URL,... or a config file with workers, or use --discovery-backend etcd|kubernetes")
+	}
+	if f.DiscoveryBackend != discovery.BackendStatic && len(f.Workers) > 0 {
+		return fmt.Errorf("--workers is for --discovery-backend static; with %s workers register themselves (infera worker)", f.DiscoveryBackend)
+	}
+	return nil
+}

@@ -1,0 +1,100 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"golang.org/x/sys/unix"
+)
+
+// Run serves on ln until ctx ends or SIGINT/SIGTERM arrives, then drains:
+// new connections are refused, in-flight requests and streams get up to
+// --shutdown-timeout to finish.
+//
+// Under systemd (Type=notify: NOTIFY_SOCKET set) it speaks sd_notify:
+// READY=1 once the listener is up and the fleet had its first sync;
+// RELOADING=1 with MONOTONIC_USEC, then READY=1, around each SIGHUP reload;
+// WATCHDOG=1 every half WatchdogSec while the server is serving; STOPPING=1
+// when the drain starts.
+func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- g.Serve(ln) }()
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(sig)
+
+	notify("READY=1\nSTATUS=serving " + strconv.Itoa(g.Workers()) + " workers")
+	var watchdog <-chan time.Time
+	if d, err := daemon.SdWatchdogEnabled(false); err == nil && d > 0 {
+		t := time.NewTicker(d / 2)
+		defer t.Stop()
+		watchdog = t.C
+	}
+	for {
+		select {
+		case err := <-errc:
+			if err == nil {
+				return nil
+			}
+			return fmt.Errorf("serve: %w", err)
+		case <-watchdog:
+			notify("WATCHDOG=1")
+		case s := <-sig:
+			if s == syscall.SIGHUP {
+				notify("RELOADING=1\nMONOTONIC_USEC=" + strconv.FormatInt(monotonicUsec(), 10))
+				if _, err := g.store.Reload(); err != nil {
+					notify("READY=1\nSTATUS=config reload rejected; previous config serving")
+				} else {
+					notify("READY=1\nSTATUS=serving")
+				}
+				continue
+			}
+			slog.Info("shutting down", "signal", s.String(), "drain_timeout", g.flags.ShutdownTimeout.String())
+			return g.drain()
+		case <-ctx.Done():
+			return g.drain()
+		}
+	}
+}
+
+func (g *Gateway) drain() error {
+	notify("STOPPING=1")
+	timeout := g.flags.ShutdownTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err := g.Shutdown(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("shutdown: requests still open after %s; exiting anyway", timeout)
+	}
+	return err
+}
+
+// notify sends an sd_notify message when NOTIFY_SOCKET is set (a no-op
+// otherwise).
+func notify(state string) {
+	if _, err := daemon.SdNotify(false, state); err != nil {
+		slog.Warn("sd_notify failed", "err", err)
+	}
+}
+
+// monotonicUsec is CLOCK_MONOTONIC in microseconds, as systemd expects in
+// MONOTONIC_USEC.
+func monotonicUsec() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0
+	}
+	return ts.Sec*1_000_000 + ts.Nsec/1000
+}

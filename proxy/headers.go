@@ -1,0 +1,133 @@
+package proxy
+
+import (
+	"github.com/valyala/fasthttp"
+)
+
+// Headers consumed by the router and never forwarded.
+const (
+	hdrWorkerID  = "x-worker-instance-id"
+	hdrPrefillID = "x-prefill-instance-id"
+)
+
+// isHopHeader reports the hop-by-hop headers of RFC 9110 section 7.6.1 (and
+// their common relatives): meaningful for one connection only, so never
+// forwarded in either direction.
+func isHopHeader(k []byte) bool {
+	switch len(k) {
+	case 2:
+		return eqFold(k, "TE")
+	case 7:
+		return eqFold(k, "Upgrade") || eqFold(k, "Trailer")
+	case 10:
+		return eqFold(k, "Connection") || eqFold(k, "Keep-Alive")
+	case 16:
+		return eqFold(k, "Proxy-Connection")
+	case 17:
+		return eqFold(k, "Transfer-Encoding")
+	case 18:
+		return eqFold(k, "Proxy-Authenticate")
+	case 19:
+		return eqFold(k, "Proxy-Authorization")
+	}
+	return false
+}
+
+// isFramingOrOwnHeader reports response headers the router writes itself.
+func isFramingOrOwnHeader(k []byte) bool {
+	switch len(k) {
+	case 4:
+		return eqFold(k, "Date")
+	case 6:
+		return eqFold(k, "Server")
+	case 12:
+		return eqFold(k, "Content-Type")
+	case 14:
+		return eqFold(k, "Content-Length")
+	}
+	return false
+}
+
+// isSecretHeader reports headers that carry credentials: never logged, and
+// never forwarded when the router consumed them.
+func isSecretHeader(k []byte) bool {
+	switch len(k) {
+	case 9:
+		return eqFold(k, "x-api-key")
+	case 13:
+		return eqFold(k, "Authorization")
+	case 19:
+		return eqFold(k, "Proxy-Authorization")
+	}
+	return false
+}
+
+func eqFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		if b[i]|0x20 != s[i]|0x20 {
+			return false
+		}
+	}
+	return true
+}
+
+// appendForwardHeaders appends the client's request headers that go to the
+// engine, as "Name: value\r\n" lines. Left out: hop-by-hop headers and the
+// headers the client's Connection header names; Host, Content-Length and
+// Expect (the transport writes its own framing; the body is already read);
+// the router's own x-worker-instance-id / x-prefill-instance-id; and the
+// client's credentials when the router consumed them (stripAuth).
+func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, stripAuth bool) []byte {
+	conn := h.Peek("Connection")
+	for k, v := range h.All() {
+		switch {
+		case isHopHeader(k), eqFold(k, "Host"), eqFold(k, "Content-Length"), eqFold(k, "Expect"),
+			eqFold(k, hdrWorkerID), eqFold(k, hdrPrefillID):
+			continue
+		case stripAuth && isSecretHeader(k):
+			continue
+		case len(conn) > 0 && namedIn(conn, k):
+			continue
+		}
+		if !validHeaderValue(v) {
+			continue
+		}
+		dst = append(dst, k...)
+		dst = append(dst, ": "...)
+		dst = append(dst, v...)
+		dst = append(dst, "\r\n"...)
+	}
+	return dst
+}
+
+// namedIn reports whether k is one of the comma-separated tokens of v.
+func namedIn(v, k []byte) bool {
+	for len(v) > 0 {
+		i := 0
+		for i < len(v) && v[i] != ',' {
+			i++
+		}
+		if eqFoldBytes(trimOWS(v[:i]), k) {
+			return true
+		}
+		if i == len(v) {
+			break
+		}
+		v = v[i+1:]
+	}
+	return false
+}
+
+// validHeaderValue refuses control characters (fasthttp already refuses
+// bare CR/LF; this keeps NUL and friends from reaching engines).
+func validHeaderValue(v []byte) bool {
+	for _, c := range v {
+		if (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,69 @@
+package proxy
+
+import (
+	"errors"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/infera/infera/internal/logx"
+)
+
+// listener keeps the server accepting through temporary accept errors:
+// running out of file descriptors (EMFILE, ENFILE), aborted handshakes,
+// memory pressure. fasthttp's Serve returns on any such error, which would
+// stop the process; here Accept backs off (5 ms doubling to 1 s), logs
+// (throttled), and tries again until the listener is closed.
+type listener struct {
+	net.Listener
+}
+
+var acceptLog = &logx.Throttle{Every: 5 * time.Second}
+
+func (l *listener) Accept() (net.Conn, error) {
+	delay := 5 * time.Millisecond
+	for {
+		c, err := l.Listener.Accept()
+		if err == nil {
+			return &clientConn{Conn: c, fd: sockFD(c)}, nil
+		}
+		if errors.Is(err, net.ErrClosed) {
+			return nil, err
+		}
+		mAcceptErrors.Inc()
+		reason := "accept failed"
+		if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+			reason = "out of file descriptors (raise the limit or lower --max-conns)"
+		}
+		acceptLog.Warn("cannot accept connection; retrying", "reason", reason, "err", err.Error(), "retry_in", delay.String())
+		time.Sleep(delay)
+		delay = min(2*delay, time.Second)
+	}
+}
+
+// clientConn is an accepted client connection with its socket descriptor
+// kept for the liveness watchdog.
+type clientConn struct {
+	net.Conn
+	fd int
+}
+
+// maxConns resolves --max-conns: 0 means half of the open-file limit (the
+// other half is for upstream connections, files and the runtime).
+func maxConns(n int) int {
+	if n > 0 {
+		return n
+	}
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == 0 {
+		return 256 * 1024
+	}
+	c := rl.Cur / 2
+	if c > 256*1024 {
+		c = 256 * 1024
+	}
+	if c < 16 {
+		c = 16
+	}
+	return int(c)
+}

@@ -1,0 +1,323 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/sched"
+	"github.com/infera/infera/tokenizer"
+	"github.com/valyala/fasthttp"
+)
+
+// reqState is everything one request holds, pooled (fasthttp's
+// Acquire/Release discipline): it is taken when an inference request
+// arrives and released exactly once, by the handler when the response is
+// written in full, or by the relay when a streamed body ends.
+type reqState struct {
+	body     []byte // the request body, read by readBody
+	reserved int64  // body bytes reserved in the in-flight budget
+	parsed   reqBody
+	sreq     sched.Request
+	lease    sched.Lease
+	call     call
+	scratch  []*fleet.Worker
+	start    time.Time
+	usage    usage
+
+	// kv-aware prompt rendering.
+	tokens []uint32
+	render []byte
+	msgs   []tokenizer.Message
+	arena  []byte // backs msgs' strings (see decodeMessages)
+
+	// fwd is the body forwarded to the engine: the client's bytes, or a copy
+	// with the model rewritten (model routing resolved an alias).
+	fwd     []byte
+	rewrite []byte
+	route   []byte
+	hdr     []byte // forwarded header block
+	path    []byte // canonical path + query
+
+	rbuf       []byte // response read buffer (first chunk, then the relay's)
+	scratchOut []byte
+	// The last error answer of a worker the request was retried away from.
+	errStatus        int
+	errBody, errType []byte
+
+	clientFD  int  // for the liveness watchdog; -1 unknown
+	liveIdx   int  // index in the watchdog's list (under its lock)
+	watched   bool // in the watchdog's list (the request goroutine's view)
+	handedOff bool
+}
+
+// Reset clears rs for reuse, keeping buffers. Large request bodies are not
+// kept: they would pin memory after a burst of big requests.
+func (rs *reqState) Reset() {
+	if cap(rs.body) > 256<<10 {
+		rs.body = nil
+	}
+	rs.body = rs.body[:0]
+	rs.reserved = 0
+	rs.parsed.reset()
+	rs.sreq.Reset()
+	rs.lease.Reset()
+	rs.call = call{}
+	rs.scratch = rs.scratch[:0]
+	rs.usage = usage{}
+	rs.tokens, rs.render, rs.msgs = rs.tokens[:0], rs.render[:0], rs.msgs[:0]
+	rs.fwd, rs.rewrite, rs.route, rs.hdr, rs.path = nil, rs.rewrite[:0], rs.route[:0], rs.hdr[:0], rs.path[:0]
+	rs.scratchOut = rs.scratchOut[:0]
+	rs.errStatus, rs.errBody, rs.errType = 0, rs.errBody[:0], rs.errType[:0]
+	rs.clientFD, rs.liveIdx, rs.watched, rs.handedOff = -1, -1, false, false
+}
+
+func (s *Server) acquireState() *reqState {
+	rs := s.pool.Get().(*reqState)
+	rs.clientFD, rs.liveIdx = -1, -1
+	return rs
+}
+
+// releaseState returns rs: its body memory goes back to the budget.
+func (s *Server) releaseState(rs *reqState) {
+	if rs.lease.Held() {
+		panic("BUG: request state released while its lease is held")
+	}
+	s.bodies.release(rs.reserved)
+	rs.Reset()
+	s.pool.Put(rs)
+}
+
+// bodyBudget bounds the request body memory held by all requests at once
+// (--max-inflight-body-bytes). Bytes are reserved as they arrive, never
+// from an announced Content-Length, so a client that announces a large
+// body and sends nothing holds nothing.
+type bodyBudget struct {
+	limit int64
+	used  atomic.Int64
+}
+
+func (b *bodyBudget) reserve(n int64) bool {
+	if b.used.Add(n) > b.limit {
+		b.used.Add(-n)
+		return false
+	}
+	return true
+}
+
+func (b *bodyBudget) release(n int64) {
+	if n != 0 {
+		b.used.Add(-n)
+	}
+}
+
+var (
+	errBodyTooLarge = errors.New("request body too large")
+	errBodyBudget   = errors.New("in-flight request body memory exhausted")
+)
+
+// readBody reads the request body into rs.body incrementally: memory grows
+// with the bytes that actually arrive, within --max-body-bytes and the
+// in-flight budget, and a client that stops sending is cut at
+// --body-timeout.
+func (s *Server) readBody(ctx *fasthttp.RequestCtx, rs *reqState) error {
+	h := &ctx.Request.Header
+	cl := h.ContentLength() // -1 chunked, -2 none
+	limit := int64(s.flags.MaxBodyBytes)
+	if cl == -2 || cl == 0 {
+		return nil
+	}
+	if int64(cl) > limit {
+		return errBodyTooLarge
+	}
+	r := ctx.RequestBodyStream()
+	if r == nil {
+		b := ctx.Request.Body()
+		if int64(len(b)) > limit {
+			return errBodyTooLarge
+		}
+		if !s.bodies.reserve(int64(len(b))) {
+			return errBodyBudget
+		}
+		rs.reserved += int64(len(b))
+		rs.body = append(rs.body[:0], b...)
+		return nil
+	}
+	if cl < 0 || cl > 8<<10 {
+		// More than fasthttp pre-read: the rest comes from the client now.
+		if t := s.flags.BodyTimeout; t > 0 {
+			ctx.Conn().SetReadDeadline(time.Now().Add(t))
+		}
+	}
+	const step = 32 << 10
+	buf := rs.body[:0]
+	for {
+		if len(buf) == cap(buf) {
+			// Grow by what may still arrive (one byte more than allowed or
+			// announced, to notice a longer body), reserving it first.
+			want := int64(step)
+			if cl > 0 {
+				want = min(want, int64(cl)+1-int64(len(buf)))
+			}
+			if cap(buf) == 0 {
+				want = max(want, 16<<10) // one size serves most requests: no growth later
+			}
+			want = max(1, min(want, limit+1-int64(len(buf))))
+			if !s.bodies.reserve(want) {
+				rs.body = buf
+				return errBodyBudget
+			}
+			rs.reserved += want
+			nb := make([]byte, len(buf), cap(buf)+int(want))
+			copy(nb, buf)
+			buf = nb
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if int64(len(buf)) > limit || (cl > 0 && len(buf) > cl) {
+			rs.body = buf
+			return errBodyTooLarge
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			rs.body = buf
+			return err
+		}
+	}
+	rs.body = buf
+	return nil
+}
+
+func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
+	if !ctx.IsPost() {
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use POST", "", "method_not_allowed")
+		return
+	}
+	if !s.authorized(ctx) {
+		ctx.SetConnectionClose() // the body was not read
+		return
+	}
+	rs := s.acquireState()
+	rs.start = time.Now()
+	defer func() {
+		if !rs.handedOff {
+			s.releaseState(rs)
+		}
+	}()
+	if err := s.readBody(ctx, rs); err != nil {
+		ctx.SetConnectionClose()
+		switch err {
+		case errBodyTooLarge:
+			mBadRequests.Inc()
+			writeError(ctx, fasthttp.StatusRequestEntityTooLarge, typeInvalidRequest, "request body exceeds --max-body-bytes", "", "request_too_large")
+		case errBodyBudget:
+			mBodyBudget.Inc()
+			writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable, "the router is out of request body memory; retry later", "", "overloaded")
+		default:
+			mBadRequests.Inc()
+			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "request body not received", "", "bad_request")
+		}
+		return
+	}
+	cfg := s.store.Load()
+	body := rs.body
+	if err := rs.parsed.parse(body, kind); err != nil {
+		mBadRequests.Inc()
+		var br *badRequestError
+		if errors.As(err, &br) {
+			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, br.msg, br.param, "")
+		} else {
+			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "malformed request body", "", "")
+		}
+		return
+	}
+	r := &rs.sreq
+	r.Model = rs.parsed.model
+	r.Stream = rs.parsed.stream
+	r.MaxTokens = rs.parsed.maxTokens
+	r.PromptTokens = rs.parsed.estimateTokens()
+	r.Prompt = rs.parsed.text
+	if cfg.SessionAffinity.Enabled {
+		r.SessionID = ctx.Request.Header.Peek(cfg.SessionAffinity.Header)
+		if err := s.sched.CheckSession(cfg, r); err != nil {
+			s.writeSchedError(ctx, r, err)
+			return
+		}
+	}
+	if s.mode == sched.ModeDirect {
+		r.DirectWorker = ctx.Request.Header.Peek(hdrWorkerID)
+		r.DirectPrefill = ctx.Request.Header.Peek(hdrPrefillID)
+	}
+	if s.o.HashBlocks != nil && s.o.Tokenizer != nil && s.policy == sched.PolicyKVAware {
+		if err := s.hashPrompt(rs, body, kind); err != nil {
+			mBadRequests.Inc()
+			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "messages", "")
+			return
+		}
+	}
+	rs.path = appendCanonicalPath(rs.path[:0], kind, ctx.URI().QueryString())
+	s.dispatch(ctx, cfg, rs)
+}
+
+// appendCanonicalPath appends the endpoint's canonical path plus the query:
+// the engine never sees the client's raw request target.
+func appendCanonicalPath(dst []byte, kind int, query []byte) []byte {
+	switch kind {
+	case kindChat:
+		dst = append(dst, "/v1/chat/completions"...)
+	default:
+		dst = append(dst, "/v1/completions"...)
+	}
+	if len(query) > 0 {
+		dst = append(dst, '?')
+		for _, c := range query {
+			if c > ' ' && c < 0x7f && c != '#' {
+				dst = append(dst, c)
+			}
+		}
+	}
+	return dst
+}
+
+// hashPrompt fills r.BlockHashes from the rendered, tokenized prompt.
+func (s *Server) hashPrompt(rs *reqState, body []byte, kind int) error {
+	if err := s.tokenize(rs, body, kind); err != nil {
+		return err
+	}
+	rs.sreq.PromptTokens = len(rs.tokens)
+	rs.sreq.BlockHashes = s.o.HashBlocks(rs.sreq.BlockHashes[:0], rs.tokens, s.o.BlockSize, "")
+	return nil
+}
+
+// tokenize fills rs.tokens with the prompt's token ids: a token-id prompt
+// as is, a chat rendered with the chat template, or the prompt text.
+func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
+	b := &rs.parsed
+	rs.tokens = rs.tokens[:0]
+	switch {
+	case len(b.tokenIDs) > 0:
+		rs.tokens = append(rs.tokens, b.tokenIDs...)
+	case kind == kindChat:
+		msgs, err := decodeMessages(rs.msgs[:0], body[b.msgStart:b.msgEnd], &rs.arena)
+		rs.msgs = msgs
+		if err != nil {
+			return err
+		}
+		var tools []byte
+		if b.toolsEnd > 0 {
+			tools = body[b.toolsStart:b.toolsEnd]
+		}
+		rs.render, err = s.o.Tokenizer.RenderChat(rs.render[:0], msgs, tools, true)
+		if err != nil {
+			return err
+		}
+		rs.tokens = s.o.Tokenizer.Encode(rs.tokens, rs.render)
+	default:
+		rs.tokens = s.o.Tokenizer.Encode(rs.tokens, b.text)
+	}
+	return nil
+}

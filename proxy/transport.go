@@ -1,0 +1,112 @@
+package proxy
+
+import (
+	"sync"
+	"time"
+
+	"github.com/infera/infera/sched"
+	"github.com/valyala/fasthttp"
+)
+
+// transport sends one dispatch attempt to its worker and returns once the
+// response head is in. HTTP and NATS are transports; external upstreams
+// and PD legs will be too. Every error a transport returns is a *failure
+// (classified: whose fault, whether another worker may take the request,
+// what the client is told), so the dispatch loop never inspects transport
+// specific errors.
+type transport interface {
+	roundTrip(c *call) (upResponse, *failure)
+}
+
+// upResponse is a response being received: its head, and its body as a
+// stream. read returns everything already received (one client write per
+// burst); finish ends the body exactly once, from the goroutine that reads.
+type upResponse interface {
+	status() int
+	// copyHeaders adds the response headers a client may see to h:
+	// hop-by-hop headers, those named by the response's Connection header,
+	// framing headers, Date and Server are left out.
+	copyHeaders(h *fasthttp.ResponseHeader)
+	contentType() []byte
+	// contentLength is the body length, -1 when unknown.
+	contentLength() int64
+	// read reads body bytes; io.EOF at the end. A failure is returned as is
+	// (classify it with readFailure).
+	read(p []byte) (int, error)
+	// setReadDeadline bounds the next read (zero: none).
+	setReadDeadline(t time.Time)
+	// finish ends the response. ok=false means the body was not read to its
+	// end or the client left: the connection is not reused, and the engine
+	// request is cancelled.
+	finish(ok bool)
+	// readFailure classifies an error returned by read.
+	readFailure(err error, afterFirstByte bool) *failure
+}
+
+// call is one dispatch attempt as the transports see it. It lives in the
+// pooled per-request state; transports must not keep it after roundTrip
+// returns (except through the upstream they return).
+type call struct {
+	lease *sched.Lease
+	// method and path are the request line: the canonical path of the
+	// endpoint (never the client's raw request target) plus its query.
+	method, path []byte
+	// hdr is the forwarded header block ("Name: value\r\n" lines), rendered
+	// once per request (forwardHeaders).
+	hdr  []byte
+	body []byte
+	// stream is true for SSE responses (the client asked "stream": true).
+	stream bool
+	// firstByte bounds the wait for the response head and first body bytes;
+	// total is the wall-clock cap of the whole response (zero: none); idle
+	// bounds each wait for more of a stream (0: none).
+	firstByte, total time.Time
+	idle             time.Duration
+
+	cancel abortSlot
+}
+
+// abortSlot lets the client-liveness watchdog abort an attempt in flight
+// from another goroutine: the transport registers what to abort once it
+// has it (a connection, a broker request).
+type abortSlot struct {
+	mu      sync.Mutex
+	aborted bool
+	target  interface{ abort() }
+}
+
+// set registers t; if the attempt was already aborted, t is aborted now.
+func (a *abortSlot) set(t interface{ abort() }) {
+	a.mu.Lock()
+	a.target = t
+	aborted := a.aborted
+	a.mu.Unlock()
+	if aborted && t != nil {
+		t.abort()
+	}
+}
+
+// abort aborts the registered target, and any registered later.
+func (a *abortSlot) abort() {
+	a.mu.Lock()
+	a.aborted = true
+	t := a.target
+	a.mu.Unlock()
+	if t != nil {
+		t.abort()
+	}
+}
+
+// wasAborted reports whether abort was called (the client left).
+func (a *abortSlot) wasAborted() bool {
+	a.mu.Lock()
+	v := a.aborted
+	a.mu.Unlock()
+	return v
+}
+
+func (a *abortSlot) reset() {
+	a.mu.Lock()
+	a.aborted, a.target = false, nil
+	a.mu.Unlock()
+}

@@ -1,0 +1,741 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/infera/infera/fleet"
+)
+
+// The HTTP/1.1 upstream client. It is ours rather than fasthttp.HostClient
+// because the relay needs what HostClient does not offer: a body reader that
+// returns everything already buffered in one Read (one client write per
+// burst of SSE events, as nginx does with proxy_buffering off), a pooled
+// connection that is never reused when anything but exactly one complete
+// response arrived on it (no 1xx other than 100, no upgraded tunnel, no
+// unsolicited bytes, whether they came with the response or while the
+// connection was idle), and access to the live connection for per-read
+// deadlines and aborts.
+
+const (
+	upReadBufSize  = 16 << 10
+	upMaxHeaderLen = 64 << 10
+	upMaxHeaders   = 100
+	upIdleMax      = 55 * time.Second // engines close idle keep-alives; stay below common 60 s
+)
+
+var (
+	errUpMalformed  = errors.New("malformed response from worker")
+	errUpUpgrade    = errors.New("worker switched protocols (1xx other than 100)")
+	errUpHeaderSize = errors.New("response header from worker too large")
+	errUpNoConns    = errors.New("too many connections to worker")
+	errUpAborted    = errors.New("request aborted")
+)
+
+// httpPool is the per-worker connection pool (fleet.Worker.Client).
+type httpPool struct {
+	addr     string
+	tlsCfg   *tls.Config
+	dialer   net.Dialer
+	maxConns int
+
+	mu   sync.Mutex
+	idle []*upConn // LIFO
+	open int
+	dead bool
+}
+
+func newHTTPPool(w *fleet.Worker, maxConns int, connectTimeout time.Duration) *httpPool {
+	p := &httpPool{addr: w.Addr, maxConns: maxConns}
+	p.dialer = net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
+	if w.TLS {
+		p.tlsCfg = &tls.Config{ServerName: hostOnly(w.Addr)}
+	}
+	return p
+}
+
+func hostOnly(addr string) string {
+	h, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return h
+}
+
+// get returns a pooled connection checked for unsolicited bytes, or a new
+// one. reused tells whether the connection served a request before.
+func (p *httpPool) get(deadline time.Time) (c *upConn, reused bool, err error) {
+	now := time.Now()
+	p.mu.Lock()
+	for n := len(p.idle); n > 0; n = len(p.idle) {
+		c = p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
+		if now.Sub(c.idleSince) < upIdleMax && c.quiet() {
+			return c, true, nil
+		}
+		c.closeConn()
+		p.mu.Lock()
+	}
+	if p.maxConns > 0 && p.open >= p.maxConns {
+		p.mu.Unlock()
+		return nil, false, errUpNoConns
+	}
+	p.open++
+	p.mu.Unlock()
+	c, err = p.dial(deadline)
+	if err != nil {
+		p.mu.Lock()
+		p.open--
+		p.mu.Unlock()
+		return nil, false, err
+	}
+	return c, false, nil
+}
+
+func (p *httpPool) dial(deadline time.Time) (*upConn, error) {
+	d := p.dialer
+	if !deadline.IsZero() {
+		d.Deadline = deadline
+	}
+	nc, err := d.Dial("tcp", p.addr)
+	if err != nil {
+		return nil, err
+	}
+	if p.tlsCfg != nil {
+		tc := tls.Client(nc, p.tlsCfg)
+		if !deadline.IsZero() {
+			tc.SetDeadline(deadline)
+		}
+		if err := tc.Handshake(); err != nil {
+			nc.Close()
+			return nil, err
+		}
+		tc.SetDeadline(time.Time{})
+		nc = tc
+	}
+	c := acquireUpConn()
+	c.nc, c.pool = nc, p
+	c.fd = sockFD(nc)
+	c.br.Reset(nc)
+	return c, nil
+}
+
+// put returns a connection whose response was read completely.
+func (p *httpPool) put(c *upConn) {
+	c.idleSince = time.Now()
+	p.mu.Lock()
+	if !p.dead {
+		p.idle = append(p.idle, c)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	c.closeConn()
+}
+
+// closeIdle closes idle connections; with dead set, connections in use are
+// closed when their response ends (the worker left the fleet).
+func (p *httpPool) closeIdle(dead bool) {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = nil
+	p.dead = p.dead || dead
+	p.mu.Unlock()
+	for _, c := range idle {
+		c.closeConn()
+	}
+}
+
+// upConn is one upstream connection and, while a request is in flight, the
+// state of its response.
+type upConn struct {
+	nc        net.Conn
+	fd        int // socket descriptor for idle checks; -1 when unknown (TLS)
+	br        *bufio.Reader
+	wbuf      []byte
+	pool      *httpPool
+	idleSince time.Time
+
+	// Response head.
+	code       int
+	hbuf       []byte    // the header block, copied out of br
+	hdrs       [][4]int  // key start, key end, value start, value end in hbuf
+	ctype      [2]int    // Content-Type value span (0,0 = none)
+	connTokens [8][2]int // spans of the tokens of Connection headers
+	nconn      int
+	clen       int64 // -1 unknown
+	chunked    bool
+	closeAfter bool // Connection: close, or no framing (read to EOF)
+
+	// Body state.
+	st       bodyState
+	remain   int64 // bytes left in the body (Content-Length) or current chunk
+	eof      bool
+	bodyErr  error
+	deadline time.Time // current read deadline
+	aborted  bool      // closed by abort (client gone)
+	abortMu  sync.Mutex
+}
+
+var upConnPool = sync.Pool{New: func() any {
+	return &upConn{br: bufio.NewReaderSize(nil, upReadBufSize), wbuf: make([]byte, 0, 4096)}
+}}
+
+func acquireUpConn() *upConn { return upConnPool.Get().(*upConn) }
+
+func (c *upConn) closeConn() {
+	c.abortMu.Lock()
+	if c.nc != nil {
+		c.nc.Close()
+	}
+	c.abortMu.Unlock()
+	p := c.pool
+	if p != nil {
+		p.mu.Lock()
+		p.open--
+		p.mu.Unlock()
+	}
+	c.release()
+}
+
+func (c *upConn) release() {
+	c.abortMu.Lock()
+	c.nc, c.pool = nil, nil
+	c.aborted = false
+	c.abortMu.Unlock()
+	c.br.Reset(nil)
+	c.wbuf = c.wbuf[:0]
+	c.resetResponse()
+	upConnPool.Put(c)
+}
+
+func (c *upConn) resetResponse() {
+	c.code = 0
+	c.hbuf = c.hbuf[:0]
+	c.hdrs = c.hdrs[:0]
+	c.ctype = [2]int{}
+	c.nconn = 0
+	c.clen = -1
+	c.chunked, c.closeAfter = false, false
+	c.st, c.remain, c.eof, c.bodyErr = stSize, 0, false, nil
+	c.deadline = time.Time{}
+}
+
+// quiet reports whether an idle connection is still open and nothing
+// arrived on it since its last response (an engine that sends an extra,
+// unsolicited response poisons the connection: it is closed, never reused).
+func (c *upConn) quiet() bool {
+	return c.br.Buffered() == 0 && peek(c.fd) == peekEmpty
+}
+
+// abort closes the connection from another goroutine (the client left):
+// a blocked read or write returns at once.
+func (c *upConn) abort() {
+	c.abortMu.Lock()
+	if c.nc != nil && !c.aborted {
+		c.aborted = true
+		c.nc.Close()
+	}
+	c.abortMu.Unlock()
+}
+
+func (c *upConn) wasAborted() bool {
+	c.abortMu.Lock()
+	a := c.aborted
+	c.abortMu.Unlock()
+	return a
+}
+
+// setDeadline sets the connection's read and write deadline, skipping the
+// call when it would not change anything.
+func (c *upConn) setDeadline(t time.Time) {
+	if t.Equal(c.deadline) {
+		return
+	}
+	c.deadline = t
+	c.nc.SetDeadline(t)
+}
+
+// writeRequest writes one request: the request line, Host (the worker's),
+// the given header block, Content-Length, and the body.
+func (c *upConn) writeRequest(method, path []byte, hdr []byte, body []byte) error {
+	b := c.wbuf[:0]
+	b = append(b, method...)
+	b = append(b, ' ')
+	b = append(b, path...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, c.pool.addr...)
+	b = append(b, "\r\n"...)
+	b = append(b, hdr...)
+	b = append(b, "Content-Length: "...)
+	b = strconv.AppendInt(b, int64(len(body)), 10)
+	b = append(b, "\r\n\r\n"...)
+	var err error
+	if len(b)+len(body) <= 64<<10 {
+		b = append(b, body...)
+		_, err = c.nc.Write(b)
+	} else {
+		bufs := net.Buffers{b, body}
+		_, err = bufs.WriteTo(c.nc)
+	}
+	c.wbuf = b[:0]
+	return err
+}
+
+// readHead reads the response status line and headers. 100 Continue is
+// skipped; any other 1xx (101 Switching Protocols above all) is an error and
+// the connection is not reused.
+func (c *upConn) readHead() error {
+	c.resetResponse()
+	for {
+		line, err := c.br.ReadSlice('\n')
+		if err != nil {
+			if err == bufio.ErrBufferFull {
+				return errUpHeaderSize
+			}
+			return err
+		}
+		st, http10, ok := parseStatusLine(line)
+		if !ok {
+			return errUpMalformed
+		}
+		if err := c.readHeaders(); err != nil {
+			return err
+		}
+		if st == 100 {
+			c.hbuf, c.hdrs, c.nconn, c.ctype = c.hbuf[:0], c.hdrs[:0], 0, [2]int{}
+			continue
+		}
+		if st < 200 {
+			return errUpUpgrade
+		}
+		c.code = st
+		if err := c.frame(); err != nil {
+			return err
+		}
+		if http10 {
+			c.closeAfter = true
+		}
+		return nil
+	}
+}
+
+// parseStatusLine parses "HTTP/1.x NNN reason".
+func parseStatusLine(line []byte) (status int, http10, ok bool) {
+	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || (line[7] != '0' && line[7] != '1') || line[8] != ' ' {
+		return 0, false, false
+	}
+	d := line[9:12]
+	if d[0] < '1' || d[0] > '9' || d[1] < '0' || d[1] > '9' || d[2] < '0' || d[2] > '9' {
+		return 0, false, false
+	}
+	if len(line) > 12 && line[12] != ' ' && line[12] != '\r' && line[12] != '\n' {
+		return 0, false, false
+	}
+	return int(d[0]-'0')*100 + int(d[1]-'0')*10 + int(d[2]-'0'), line[7] == '0', true
+}
+
+func (c *upConn) readHeaders() error {
+	for {
+		line, err := c.br.ReadSlice('\n')
+		if err != nil {
+			if err == bufio.ErrBufferFull {
+				return errUpHeaderSize
+			}
+			return err
+		}
+		line = trimCRLF(line)
+		if len(line) == 0 {
+			return nil
+		}
+		if len(c.hdrs) >= upMaxHeaders || len(c.hbuf)+len(line) > upMaxHeaderLen {
+			return errUpHeaderSize
+		}
+		colon := bytes.IndexByte(line, ':')
+		if colon <= 0 || line[0] == ' ' || line[0] == '\t' {
+			return errUpMalformed // no name, or obsolete line folding
+		}
+		name := line[:colon]
+		for _, ch := range name {
+			if ch <= ' ' || ch >= 0x7f {
+				return errUpMalformed
+			}
+		}
+		val := trimOWS(line[colon+1:])
+		for _, ch := range val {
+			if (ch < ' ' && ch != '\t') || ch == 0x7f {
+				return errUpMalformed
+			}
+		}
+		off := len(c.hbuf)
+		c.hbuf = append(c.hbuf, name...)
+		vs := len(c.hbuf)
+		c.hbuf = append(c.hbuf, val...)
+		c.hdrs = append(c.hdrs, [4]int{off, vs, vs, len(c.hbuf)})
+	}
+}
+
+func trimCRLF(b []byte) []byte {
+	if n := len(b); n > 0 && b[n-1] == '\n' {
+		b = b[:n-1]
+		if n := len(b); n > 0 && b[n-1] == '\r' {
+			b = b[:n-1]
+		}
+	}
+	return b
+}
+
+func trimOWS(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
+		b = b[1:]
+	}
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// frame reads the framing headers: Content-Length, Transfer-Encoding,
+// Connection (and the headers it names), Content-Type.
+func (c *upConn) frame() error {
+	c.clen = -1
+	teSeen := false
+	for _, h := range c.hdrs {
+		k, v := c.hbuf[h[0]:h[1]], c.hbuf[h[2]:h[3]]
+		switch {
+		case eqFold(k, "Content-Length"):
+			n, ok := parseContentLength(v)
+			if !ok || (c.clen >= 0 && c.clen != n) {
+				return errUpMalformed
+			}
+			c.clen = n
+		case eqFold(k, "Transfer-Encoding"):
+			teSeen = true
+			if !eqFold(trimOWS(lastToken(v)), "chunked") {
+				return errUpMalformed // only chunked is relayable framing
+			}
+			c.chunked = true
+		case eqFold(k, "Connection"):
+			forEachToken(v, func(t []byte) {
+				if eqFold(t, "close") {
+					c.closeAfter = true
+				}
+			})
+			c.addConnTokens(h[2], h[3])
+		case eqFold(k, "Content-Type"):
+			c.ctype = [2]int{h[2], h[3]}
+		}
+	}
+	if teSeen && c.clen >= 0 {
+		return errUpMalformed // both framings: refuse (smuggling)
+	}
+	switch {
+	case c.code == 204 || c.code == 304:
+		c.clen, c.chunked = 0, false
+	case c.chunked:
+	case c.clen >= 0:
+	default:
+		c.closeAfter = true // body ends when the connection closes
+	}
+	switch {
+	case c.chunked:
+		c.st = stSize
+	case c.clen >= 0:
+		c.st, c.remain = stData, c.clen
+		c.eof = c.clen == 0
+	default:
+		c.st, c.remain = stData, -1
+	}
+	return nil
+}
+
+// addConnTokens records the spans of the comma-separated tokens of a
+// Connection header value at hbuf[vs:ve].
+func (c *upConn) addConnTokens(vs, ve int) {
+	i := vs
+	for i < ve && c.nconn < len(c.connTokens) {
+		j := i
+		for j < ve && c.hbuf[j] != ',' {
+			j++
+		}
+		s, e := i, j
+		for s < e && (c.hbuf[s] == ' ' || c.hbuf[s] == '\t') {
+			s++
+		}
+		for e > s && (c.hbuf[e-1] == ' ' || c.hbuf[e-1] == '\t') {
+			e--
+		}
+		if e > s {
+			c.connTokens[c.nconn] = [2]int{s, e}
+			c.nconn++
+		}
+		i = j + 1
+	}
+}
+
+// namedByConnection reports whether header k is named by the response's
+// Connection header (and so hop-by-hop).
+func (c *upConn) namedByConnection(k []byte) bool {
+	for i := 0; i < c.nconn; i++ {
+		t := c.connTokens[i]
+		if eqFoldBytes(k, c.hbuf[t[0]:t[1]]) {
+			return true
+		}
+	}
+	return false
+}
+
+func lastToken(v []byte) []byte {
+	if i := bytes.LastIndexByte(v, ','); i >= 0 {
+		return v[i+1:]
+	}
+	return v
+}
+
+func forEachToken(v []byte, f func(t []byte)) {
+	for len(v) > 0 {
+		i := bytes.IndexByte(v, ',')
+		var t []byte
+		if i < 0 {
+			t, v = v, nil
+		} else {
+			t, v = v[:i], v[i+1:]
+		}
+		if t = trimOWS(t); len(t) > 0 {
+			f(t)
+		}
+	}
+}
+
+func parseContentLength(v []byte) (int64, bool) {
+	if len(v) == 0 || len(v) > 18 {
+		return 0, false
+	}
+	var n int64
+	for _, ch := range v {
+		if ch < '0' || ch > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(ch-'0')
+	}
+	return n, true
+}
+
+// bodyState is where the body reader is in the response framing.
+type bodyState uint8
+
+const (
+	stSize     bodyState = iota // chunked: expecting a chunk-size line
+	stData                      // reading data (remain bytes; -1: until close)
+	stCRLF                      // chunked: expecting the CRLF after a chunk
+	stTrailers                  // chunked: reading the trailer section
+)
+
+// read reads body bytes into p. The first step may block; further bytes are
+// added only while the connection's buffer already holds them, so one call
+// returns a whole burst of events without waiting for more.
+func (c *upConn) read(p []byte) (int, error) {
+	if c.eof {
+		return 0, io.EOF
+	}
+	if c.bodyErr != nil {
+		return 0, c.bodyErr
+	}
+	n := 0
+	for n < len(p) {
+		m, progressed, err := c.step(p[n:], n == 0)
+		n += m
+		if err != nil {
+			if err == io.EOF {
+				c.eof = true
+				return n, io.EOF // n may be > 0: the caller knows the body is complete
+			}
+			c.bodyErr = err
+			if n > 0 {
+				return n, nil // the error comes with the next read
+			}
+			return 0, err
+		}
+		if !progressed {
+			break
+		}
+	}
+	return n, nil
+}
+
+// step performs one action of the body reader. With block false it only
+// uses what is already buffered and reports progressed=false when it would
+// have to wait.
+func (c *upConn) step(p []byte, block bool) (n int, progressed bool, err error) {
+	switch c.st {
+	case stSize:
+		if !block && !c.bufferedLine() {
+			return 0, false, nil
+		}
+		size, err := c.readChunkSize()
+		if err != nil {
+			return 0, true, err
+		}
+		if size == 0 {
+			c.st = stTrailers
+		} else {
+			c.st, c.remain = stData, size
+		}
+		return 0, true, nil
+	case stTrailers:
+		if !block && !c.bufferedLine() {
+			return 0, false, nil
+		}
+		line, err := c.br.ReadSlice('\n')
+		if err != nil {
+			return 0, true, unexpected(err)
+		}
+		if len(trimCRLF(line)) == 0 {
+			return 0, true, io.EOF
+		}
+		if c.remain--; c.remain < -upMaxHeaders {
+			return 0, true, errUpHeaderSize
+		}
+		return 0, true, nil
+	case stCRLF:
+		if !block && !c.bufferedLine() {
+			return 0, false, nil
+		}
+		if err := c.readCRLF(); err != nil {
+			return 0, true, err
+		}
+		c.st = stSize
+		return 0, true, nil
+	}
+	// stData
+	if !block && c.br.Buffered() == 0 {
+		return 0, false, nil
+	}
+	if c.remain < 0 { // until the connection closes
+		m, err := c.br.Read(p)
+		return m, true, err
+	}
+	if int64(len(p)) > c.remain {
+		p = p[:c.remain]
+	}
+	m, err := c.br.Read(p)
+	c.remain -= int64(m)
+	if m == 0 {
+		if err == nil {
+			err = io.ErrNoProgress
+		}
+		return 0, true, unexpected(err)
+	}
+	if c.remain == 0 {
+		if !c.chunked {
+			return m, true, io.EOF
+		}
+		c.st, c.remain = stCRLF, 0
+	}
+	return m, true, nil
+}
+
+func unexpected(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// bufferedLine reports whether a complete line is buffered.
+func (c *upConn) bufferedLine() bool {
+	n := c.br.Buffered()
+	if n == 0 {
+		return false
+	}
+	b, _ := c.br.Peek(n)
+	return bytes.IndexByte(b, '\n') >= 0
+}
+
+func (c *upConn) readCRLF() error {
+	line, err := c.br.ReadSlice('\n')
+	if err != nil {
+		return unexpected(err)
+	}
+	if len(trimCRLF(line)) != 0 {
+		return errUpMalformed
+	}
+	return nil
+}
+
+func (c *upConn) readChunkSize() (int64, error) {
+	line, err := c.br.ReadSlice('\n')
+	if err != nil {
+		if err == bufio.ErrBufferFull {
+			return 0, errUpMalformed
+		}
+		return 0, unexpected(err)
+	}
+	line = trimCRLF(line)
+	if i := bytes.IndexByte(line, ';'); i >= 0 {
+		line = line[:i]
+	}
+	line = trimOWS(line)
+	if len(line) == 0 || len(line) > 15 {
+		return 0, errUpMalformed
+	}
+	var n int64
+	for _, ch := range line {
+		var d byte
+		switch {
+		case ch >= '0' && ch <= '9':
+			d = ch - '0'
+		case ch >= 'a' && ch <= 'f':
+			d = ch - 'a' + 10
+		case ch >= 'A' && ch <= 'F':
+			d = ch - 'A' + 10
+		default:
+			return 0, errUpMalformed
+		}
+		n = n<<4 | int64(d)
+	}
+	return n, nil
+}
+
+// finish ends the response on this connection: back to the pool when the
+// body was read to its end and nothing else arrived, closed otherwise.
+func (c *upConn) finish() {
+	if c.eof && c.bodyErr == nil && !c.closeAfter && c.br.Buffered() == 0 && !c.wasAborted() {
+		if !c.deadline.IsZero() {
+			c.deadline = time.Time{}
+			c.nc.SetDeadline(time.Time{})
+		}
+		p := c.pool
+		c.resetResponse()
+		p.put(c)
+		return
+	}
+	c.closeConn()
+}
+
+// header returns the i-th header's key and value.
+func (c *upConn) header(i int) ([]byte, []byte) {
+	h := c.hdrs[i]
+	return c.hbuf[h[0]:h[1]], c.hbuf[h[2]:h[3]]
+}
+
+func eqFoldBytes(a, b []byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i]|0x20 != b[i]|0x20 {
+			return false
+		}
+	}
+	return true
+}

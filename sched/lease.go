@@ -1,0 +1,211 @@
+package sched
+
+import (
+	"sync"
+	"time"
+
+	"github.com/infera/infera/fleet"
+)
+
+// Outcome is how a dispatch attempt ended, as far as the worker's circuit
+// breaker is concerned.
+type Outcome uint8
+
+// Outcomes.
+const (
+	// OutcomeSuccess: the worker served the request (any status below 400).
+	OutcomeSuccess Outcome = iota + 1
+	// OutcomeFault: the worker failed: unreachable, 5xx, timed out while the
+	// router waited on it, or its stream broke.
+	OutcomeFault
+	// OutcomeNeutral: not the worker's fault: a 4xx or 429 answer, the client
+	// left, the request's own deadline or wall-clock cap, a local limit, or
+	// the broker restarting. The breaker does not count it; a probe is
+	// handed back.
+	OutcomeNeutral
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeSuccess:
+		return "success"
+	case OutcomeFault:
+		return "fault"
+	case OutcomeNeutral:
+		return "neutral"
+	}
+	return "none"
+}
+
+// Seat is something a dispatch attempt holds besides the worker's load
+// units (a concurrency seat, a quota pre-deduction): the lease tells it when
+// the first token arrives and when the attempt ends. Both calls come at most
+// once each, FirstToken before Done, possibly from another goroutine than
+// the one that attached the seat.
+type Seat interface {
+	FirstToken()
+	Done(o Outcome)
+}
+
+const maxSeats = 4
+
+// Lease is one dispatch attempt. Scheduler.Pick fills it: the chosen worker
+// and why (Decision), the worker's load units (requests, tokens, prefill
+// tokens, KV blocks) and, when the worker's breaker is half-open, its probe
+// slot. It has exactly one way to end: Done, called once (later calls do
+// nothing), from any goroutine. FirstToken releases the prefill share.
+//
+// A Lease is reused (embedded in pooled per-request state): Pick resets it,
+// and it must have ended before the next Pick.
+type Lease struct {
+	Decision
+
+	tokens, prefill, blocks int64
+	start                   time.Time
+	// mu serializes FirstToken, Done and Attach (they may come from the
+	// handler and from the relay or a watchdog); uncontended in practice.
+	mu sync.Mutex
+	// state: 0 free, 1 held, 2 first token seen, 3 done.
+	state uint8
+	// settled: the breaker already has its verdict (Verdict).
+	settled bool
+	seats   [maxSeats]Seat
+	nseat   int
+	obs     FirstTokenObserver
+	now     func() int64 // the scheduler's clock (unix ns)
+}
+
+// FirstTokenObserver learns from first-token latencies (the kv-aware cost
+// function may learn engine speed from them).
+type FirstTokenObserver interface {
+	ObserveFirstToken(w *fleet.Worker, prefillTokens int64, ttft time.Duration)
+}
+
+// Held reports whether the lease holds a worker (Pick succeeded and Done
+// was not called yet).
+func (l *Lease) Held() bool {
+	l.mu.Lock()
+	s := l.state
+	l.mu.Unlock()
+	return s == 1 || s == 2
+}
+
+// acquire takes the worker's load units. Pick calls it once the decision
+// is final (the probe slot, if any, is already in d.Probe).
+func (l *Lease) acquire(d Decision, tokens, prefill, blocks int64, obs FirstTokenObserver, now func() int64) {
+	l.now = now
+	l.Decision = d
+	l.tokens, l.prefill, l.blocks = tokens, prefill, blocks
+	l.start = time.Now()
+	l.nseat = 0
+	l.obs = obs
+	d.Worker.Acquire(tokens, prefill, blocks)
+	l.mu.Lock()
+	l.state = 1
+	l.mu.Unlock()
+}
+
+// Attach makes the lease end s with itself. It returns false (and does not
+// attach) when the lease is not held or has no room; the caller then owns s.
+func (l *Lease) Attach(s Seat) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if (l.state != 1 && l.state != 2) || l.nseat == maxSeats {
+		return false
+	}
+	l.seats[l.nseat] = s
+	l.nseat++
+	if l.state == 2 {
+		s.FirstToken()
+	}
+	return true
+}
+
+// FirstToken records that the worker produced its first byte: the prefill
+// share of the load is released and attached seats are told. Idempotent;
+// a no-op once Done.
+func (l *Lease) FirstToken() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != 1 {
+		return
+	}
+	l.state = 2
+	w := l.Worker
+	w.FirstToken(l.prefill)
+	if l.obs != nil {
+		l.obs.ObserveFirstToken(w, l.prefill, time.Since(l.start))
+	}
+	for i := 0; i < l.nseat; i++ {
+		l.seats[i].FirstToken()
+	}
+}
+
+// Done ends the attempt: the load units return, the breaker learns the
+// outcome (a fault counts toward tripping; success closes a half-open
+// breaker only when this lease held the probe; neutral hands the probe
+// back), and attached seats end. Only the first call has an effect.
+func (l *Lease) Done(o Outcome) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.state
+	if s != 1 && s != 2 {
+		return
+	}
+	l.state = 3
+	w := l.Worker
+	w.Release(l.tokens, l.prefill, l.blocks, s == 2)
+	if !l.settled {
+		l.settled = true
+		l.tellBreaker(o)
+	}
+	for i := 0; i < l.nseat; i++ {
+		if s != 2 {
+			l.seats[i].FirstToken()
+		}
+		l.seats[i].Done(o)
+		l.seats[i] = nil
+	}
+	l.nseat = 0
+}
+
+// Verdict tells the worker's breaker the attempt's outcome before the
+// attempt ends, when the response head already decided it (a 4xx or 5xx
+// answer that is still being relayed): a half-open probe is settled at once
+// instead of blocking other probes for as long as the body takes. Done then
+// only returns the load. Only the first Verdict (or Done) counts.
+func (l *Lease) Verdict(o Outcome) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if (l.state != 1 && l.state != 2) || l.settled {
+		return
+	}
+	l.settled = true
+	l.tellBreaker(o)
+}
+
+// tellBreaker must be called with l.mu held.
+func (l *Lease) tellBreaker(o Outcome) {
+	w := l.Worker
+	switch o {
+	case OutcomeSuccess:
+		w.Breaker.Success(l.Probe)
+	case OutcomeFault:
+		w.Fault(l.now())
+	default:
+		w.Breaker.Abandon(l.Probe)
+	}
+}
+
+// Reset clears a lease that has ended (or was never held) for reuse.
+func (l *Lease) Reset() {
+	if l.Held() {
+		panic("BUG: Lease.Reset on a held lease")
+	}
+	l.Decision = Decision{}
+	l.tokens, l.prefill, l.blocks = 0, 0, 0
+	l.obs = nil
+	l.mu.Lock()
+	l.state, l.settled = 0, false
+	l.mu.Unlock()
+}
