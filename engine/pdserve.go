@@ -115,8 +115,9 @@ func (s *Server) await(conn net.Conn, ok, fail <-chan struct{}, timeout time.Dur
 	}
 }
 
-// failPD answers a request that a PD wait ended, and reports whether the
-// handler may go on (never: it is the end of the request).
+// failPD ends a request whose PD wait did not succeed: nothing more for a
+// client that left, 503 when the engine stops, else 500 with err (a
+// *transferError).
 func (s *Server) failPD(ctx *fasthttp.RequestCtx, res awaitResult, err error) {
 	switch res {
 	case awaitGone:
