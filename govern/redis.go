@@ -256,10 +256,12 @@ func (r *redisState) userKeys(st *userState) (string, string) {
 // failed records a state store error and reports whether to admit (open).
 func (r *redisState) failed(op string, err error, open bool) bool {
 	mStateErrors.Inc()
-	if open {
-		mStateFailOpen.Inc()
-	} else {
-		mStateFailShut.Inc()
+	if op == "admit" || op == "seat" {
+		if open {
+			mStateFailOpen.Inc()
+		} else {
+			mStateFailShut.Inc()
+		}
 	}
 	r.log.Warn("state store error", "op", op, "err", err, "fail_open", open)
 	return open
@@ -301,6 +303,7 @@ func (r *redisState) admitUser(st *userState, t *template, ts *ticketState, cs *
 		}
 	}
 	if f == 0 || dry {
+		ts.at = now
 		ts.remote = true
 		ts.member = member
 		ts.conc = t.concLimit > 0

@@ -29,6 +29,7 @@ type ticketState struct {
 	// tpmEst and quotaEst are the pre-deductions (tokens, milli weighted tokens).
 	tpmEst, quotaEst int64
 	win              [numPeriods]takenWin
+	at               int64 // admission time, ns
 
 	// Redis: the member of the user's seat set, and whether the remote
 	// counters were touched (false after a fail-open admission).
@@ -50,6 +51,7 @@ const (
 func (g *Governor) getTicket(u *User, t *template) *ticketState {
 	ts := g.ticketPool.Get().(*ticketState)
 	ts.u, ts.t = u, t
+	ts.at = 0
 	ts.conc, ts.rpm, ts.tpm, ts.remote = false, false, false, false
 	ts.tpmEst, ts.quotaEst = 0, 0
 	ts.win = [numPeriods]takenWin{}
@@ -112,7 +114,9 @@ func (t Ticket) Done(u Usage) {
 	}
 	served := s&tkServed != 0
 	g := ts.g
-	now := g.now().UnixNano()
+	// Buckets are refilled lazily: reconciling at the admission time (a
+	// no-op refill when the bucket moved since) spares a clock read.
+	now := ts.at
 	if m := ts.u.m; m != nil && served {
 		var w int64
 		if u.Known {

@@ -272,6 +272,7 @@ func (g *Governor) Admit(ctx context.Context, u *User, r Request) (Ticket, *Reje
 	}
 	e := t.estimate(r)
 	ts := g.getTicket(u, t)
+	ts.at = now
 	if g.rds != nil {
 		return g.admitRemote(ctx, s, u, t, ts, cs, e, dry, now)
 	}
@@ -376,6 +377,7 @@ func (g *Governor) pumpLocal(st *userState) {
 			w.state, w.rej = rejected, reject(f.first(), retry, false)
 		} else {
 			st.takeLocked(w.t, cs, w.e, w.ts)
+			w.ts.at = now
 			w.state = granted
 		}
 		w.ch <- struct{}{}
