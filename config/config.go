@@ -230,6 +230,11 @@ func Default() *Config {
 			StreamTotalSeconds:       0,
 			NonStreamTotalSeconds:    900,
 		},
+		Protocol:            defaultProtocol(),
+		SplitProxy:          defaultSplitProxy(),
+		Mirror:              defaultMirror(),
+		GlobalScheduling:    defaultGlobalScheduling(),
+		SmartModelSelection: defaultSmartModelSelection(),
 	}
 }
 
