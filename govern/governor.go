@@ -165,9 +165,10 @@ func (u *User) Name() string { return u.name }
 
 // template is a quota template, compiled.
 type template struct {
-	name string
-	dry  bool
-	any  bool // some capability is on
+	name    string
+	dry     bool
+	any     bool // some capability is on
+	counted bool // some rule keeps counters (all but periods)
 
 	periods *minuteMask // nil: always allowed
 
@@ -345,6 +346,7 @@ func compileTemplate(ct *config.QuotaTemplate) (*template, error) {
 		t.any = true
 	}
 	t.defOut = ct.Rate.DefaultOutputTokens
+	t.counted = t.quota || t.concLimit > 0 || t.rpm > 0 || t.tpm > 0
 	return t, nil
 }
 

@@ -98,7 +98,6 @@ func identify(t testing.TB, g *Governor, key string) *User {
 	return u
 }
 
-
 // redisServer is a real redis-server on a free loopback port.
 type redisServer struct {
 	t    testing.TB

@@ -270,6 +270,12 @@ func (g *Governor) Admit(ctx context.Context, u *User, r Request) (Ticket, *Reje
 			}
 		}
 	}
+	if !t.counted {
+		if u.m != nil {
+			u.m.requests.Inc()
+		}
+		return Ticket{}, nil
+	}
 	e := t.estimate(r)
 	ts := g.getTicket(u, t)
 	ts.at = now
