@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/alecthomas/kong"
 	"github.com/infera/infera/config"
 )
 
@@ -196,4 +197,26 @@ func FuzzParseClock(f *testing.F) {
 			t.Fatalf("%q -> %d", s, m)
 		}
 	})
+}
+
+func TestKeyCommandMountsInKong(t *testing.T) {
+	var cli struct {
+		Key KeyCmd `cmd:"" help:"API keys."`
+	}
+	var out bytes.Buffer
+	cli.Key.New.Stdout = &out
+	p, err := kong.New(&cli, kong.Name("infera"), kong.Exit(func(int) { t.Fatal("exit") }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, err := p.Parse([]string{"key", "new", "--json", "--user", "erin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctx.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), `"name":"erin"`) {
+		t.Fatalf("%q", out.String())
+	}
 }
