@@ -386,3 +386,21 @@ func TestBodyLimits(t *testing.T) {
 		t.Fatalf("oversized body: %d", r.status)
 	}
 }
+
+func TestAuditDiffOfAListThatGainsItems(t *testing.T) {
+	a := config.Default()
+	b := config.Default()
+	b.Canary = config.Canary{Enabled: true, Rules: []config.CanaryRule{{Model: "*", Targets: []config.CanaryTarget{{Service: "s", Weight: 1}}}}}
+	got := diff(a, b)
+	for _, c := range got {
+		if c.Path == "canary.rules" {
+			t.Fatalf("the list itself reported as removed: %+v", got)
+		}
+	}
+	if len(got) != 4 {
+		t.Fatalf("changes: %+v", got)
+	}
+	if back := diff(b, a); len(back) != 4 {
+		t.Fatalf("reverse changes: %+v", back)
+	}
+}

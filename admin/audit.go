@@ -112,8 +112,30 @@ func diff(old, cur *config.Config) []Change {
 			out = append(out, Change{Path: p, Old: ov, New: "(none)"})
 		}
 	}
+	// An empty or null list or object that gained (or lost) its members is
+	// told by the members' changes alone.
+	kept := out[:0]
+	for _, c := range out {
+		if (c.New == "(none)" && isEmptyJSON(c.Old) && hasChildren(b, c.Path)) ||
+			(c.Old == "(none)" && isEmptyJSON(c.New) && hasChildren(a, c.Path)) {
+			continue
+		}
+		kept = append(kept, c)
+	}
+	out = kept
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out
+}
+
+func isEmptyJSON(v string) bool { return v == "null" || v == "[]" || v == "{}" }
+
+func hasChildren(m map[string]string, path string) bool {
+	for p := range m {
+		if strings.HasPrefix(p, path+".") || strings.HasPrefix(p, path+"[") {
+			return true
+		}
+	}
+	return false
 }
 
 func flatten(c *config.Config) map[string]string {

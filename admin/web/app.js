@@ -128,10 +128,9 @@ function nav(active) {
   const link = ([href, label]) => h('a', { href: '#/' + href, class: active === href ? 'active' : null, 'data-nav': href, text: label });
   const side = h('nav', { class: 'side' },
     h('div', { class: 'brand' }, 'infera', h('small', { text: 'configuration center' })),
-    h('div', { class: 'nav-group', text: 'Overview' }), PAGES[0].items.map(link),
+    h('div', { class: 'nav-group', text: 'Overview' }), PAGES[0].items.map(link), link(['backup', 'Backup & restore']),
     h('div', { class: 'nav-group', text: 'Users' }), link(['users', 'Users & keys']), link(['section/user_limit', 'Quota templates']),
     order.filter((g) => groups[g]).map((g) => [h('div', { class: 'nav-group', text: g }), groups[g].map(link)]),
-    h('div', { class: 'nav-group', text: 'Data' }), link(['backup', 'Backup & restore']),
     h('div', { class: 'foot' },
       h('div', { id: 'ver', text: S.version ? 'config v' + S.version : '' }),
       h('div', { text: 'storage: ' + (S.info ? S.info.storage : '') }),
@@ -327,7 +326,7 @@ function fieldBox(f, obj, path, ctx) {
     h('label', { for: 'f-' + path.replace(/[^a-zA-Z0-9_-]/g, '_'), text: f.label }), input,
     f.percent ? h('div', { class: 'pct', 'data-pct': path }) : null,
     f.help ? h('div', { class: 'help', text: f.help }) : null,
-    fmtDefault(f) ? h('div', { class: 'def', text: fmtDefault(f) }) : null,
+    fmtDefault(f) && !path.includes('[') ? h('div', { class: 'def', text: fmtDefault(f) }) : null,
     h('div', { class: 'err' }));
   return box;
 }
@@ -372,7 +371,7 @@ function listBox(f, obj, path, ctx) {
         h('div', { class: 'grid' }, f.fields.map((sub) => fieldBox(sub, it, p + '.' + sub.key, { updatePct }))),
         h('div', { class: 'err' }));
     });
-    wrap.replaceChildren(
+    wrap.replaceChildren(...[
       h('label', { text: f.label }),
       f.help ? h('div', { class: 'help', text: f.help }) : null,
       h('div', { class: 'list' }, items.length ? items : h('div', { class: 'empty', text: 'None.' })),
@@ -380,7 +379,7 @@ function listBox(f, obj, path, ctx) {
       h('div', { class: 'actions' }, h('button', {
         type: 'button', class: 'small', 'data-add': path,
         onclick: () => { arr.push(clone(f.item) || {}); markDirty(); render(); }, text: '+ Add ' + f.label.replace(/s$/, '').toLowerCase(),
-      })));
+      }))].filter(Boolean));
     updatePct();
   };
   render();
