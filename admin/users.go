@@ -1,15 +1,12 @@
 package admin
 
 import (
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"fmt"
 	"net/http"
 	"strings"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/govern"
 )
 
 // Users and quota templates live in the config (users, and
@@ -126,7 +123,7 @@ func (a *Admin) createUser(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	key, hash, err := newKey()
+	key, hash, err := govern.NewKey()
 	if err != nil {
 		return err
 	}
@@ -216,7 +213,7 @@ func (a *Admin) addKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	key, hash, err := newKey()
+	key, hash, err := govern.NewKey()
 	if err != nil {
 		return err
 	}
@@ -432,27 +429,4 @@ func (a *Admin) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
 	setVersionHeaders(w, c, v)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
-}
-
-// newKey mints an API key and its stored hash in the format config
-// documents (KeyPrefix, key id, secret; KeyHashPrefix, id, salt,
-// SHA-256(salt || key)), as govern.NewKey does; it moves to govern.NewKey
-// once that package builds on its own.
-func newKey() (key, hash string, err error) {
-	var id [config.KeyIDLen / 2]byte
-	var secret, salt [32]byte
-	if _, err := rand.Read(id[:]); err != nil {
-		return "", "", err
-	}
-	if _, err := rand.Read(secret[:]); err != nil {
-		return "", "", err
-	}
-	if _, err := rand.Read(salt[:config.KeySaltBytes]); err != nil {
-		return "", "", err
-	}
-	key = config.KeyPrefix + hex.EncodeToString(id[:]) + "_" + base64.RawURLEncoding.EncodeToString(secret[:])
-	sum := sha256.Sum256(append(append([]byte{}, salt[:config.KeySaltBytes]...), key...))
-	hash = config.KeyHashPrefix + hex.EncodeToString(id[:]) + "$" +
-		base64.RawURLEncoding.EncodeToString(salt[:config.KeySaltBytes]) + "$" + base64.RawURLEncoding.EncodeToString(sum[:])
-	return key, hash, nil
 }
