@@ -14,9 +14,13 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/logx"
 )
 
 const maxBodyBytes = 4 << 20
+
+// authLog throttles refused-key lines: a scanner must not flood the log.
+var authLog = logx.Throttle{Every: time.Second}
 
 // Handler returns the admin API and console handler. Every /api/ path
 // needs "Authorization: Bearer <admin key>"; the console's static files do
@@ -62,7 +66,7 @@ func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) htt
 		tok, ok := bearer(r.Header.Get("Authorization"))
 		if !ok || !a.checkKey(tok) {
 			// The presented key is never logged or echoed.
-			slog.Warn("admin request refused: bad or missing key", "remote", r.RemoteAddr, "path", r.URL.Path)
+			authLog.Warn("admin request refused: bad or missing key", "remote", r.RemoteAddr, "path", r.URL.Path)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="infera admin"`)
 			writeJSON(w, http.StatusUnauthorized, errBody("", "missing or wrong admin key: send Authorization: Bearer <admin key>"))
 			return

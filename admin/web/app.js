@@ -145,6 +145,10 @@ function layout(active, ...content) {
 }
 
 function route() {
+  if (document.body.classList.contains('dirty') && location.hash !== S.hash) {
+    if (!confirm('Discard your unsaved changes?')) { history.replaceState(null, '', S.hash || '#/fleet'); return; }
+  }
+  S.hash = location.hash;
   clearTimers();
   document.body.classList.remove('dirty');
   const hash = location.hash.replace(/^#\//, '') || 'fleet';
@@ -417,6 +421,7 @@ function showError(root, banner, e) {
 }
 
 async function sectionPage(key) {
+  document.body.classList.remove('dirty');
   const f = S.schema.find((s) => s.key === key);
   if (!f) return layout('', h('div', { class: 'banner error', text: 'No section ' + key }));
   const r = await api('GET', '/api/config/' + key);
