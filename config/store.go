@@ -498,7 +498,8 @@ func (s *Store) Reload() (bool, error) {
 			reloadsFailed.Inc()
 			slog.Error("config file changed but cannot be stored; keeping previous config", "path", s.path, "err", err)
 			s.mu.Lock()
-			s.lastData = nil // try again on the next poll or SIGHUP
+			// Try again on the next poll (or SIGHUP).
+			s.lastData, s.lastMod, s.lastSize = nil, time.Time{}, -1
 			s.mu.Unlock()
 			return false, err
 		}
