@@ -36,14 +36,16 @@ type Field struct {
 	Percent bool `json:"percent,omitempty"`
 	// Fields of an object, or of the items of a list.
 	Fields []Field `json:"fields,omitempty"`
-	// Item is the default of a new list item.
-	Item any `json:"item,omitempty"`
+	// Item is the default of a new list item; ItemLabel names one.
+	Item      any    `json:"item,omitempty"`
+	ItemLabel string `json:"item_label,omitempty"`
 	// Group places a section in the console's navigation.
 	Group string `json:"group,omitempty"`
 }
 
 type meta struct {
 	label, help, unit string
+	item              string // the name of one item of a list
 	options           []string
 	percent           bool
 	group             string
@@ -109,7 +111,7 @@ var fieldMeta = map[string]meta{
 	"model_routing.enabled":             {label: "Enabled"},
 	"model_routing.default_model":       {label: "Default model", help: "Serves requests without a model or with an unmatched one; empty: unmatched requests get 404."},
 	"model_routing.fuzzy_match":         {label: "Fuzzy match", help: "Different notations match (case, separators, org prefix), abbreviations match the full name, and * is a wildcard. Off: only case and separator variants of the exact name."},
-	"model_routing.mappings":            {label: "Model mapping", help: "Tried top to bottom; the first match routes only to its services. Anchored, case-insensitive, * wildcard."},
+	"model_routing.mappings":            {label: "Model mapping", item: "Mapping", help: "Tried top to bottom; the first match routes only to its services. Anchored, case-insensitive, * wildcard."},
 	"model_routing.mappings[].pattern":  {label: "Model pattern"},
 	"model_routing.mappings[].services": {label: "Services"},
 
@@ -124,7 +126,7 @@ var fieldMeta = map[string]meta{
 	"split_proxy":                       {label: "Split proxy", group: "Routing", help: "Forward part of the traffic to external upstream APIs next to the local service, with failover. Not counted by request rate limiting."},
 	"split_proxy.enabled":               {label: "Enabled"},
 	"split_proxy.strategy":              {label: "Splitting strategy", options: []string{"weight", "prefix"}, help: "weight: by the proxies' weights, whatever the model. prefix: the first proxy whose model rules match."},
-	"split_proxy.proxies":               {label: "Proxy list", help: "Exactly one local service entry plus any external upstreams; list order is the order of prefix matching and failover."},
+	"split_proxy.proxies":               {label: "Proxy list", item: "Proxy", help: "Exactly one local service entry plus any external upstreams; list order is the order of prefix matching and failover."},
 	"split_proxy.proxies[].name":        {label: "Name"},
 	"split_proxy.proxies[].local":       {label: "Local service", help: "The gateway's own fleet."},
 	"split_proxy.proxies[].status":      {label: "Status", options: []string{"enabled", "disabled"}},
@@ -312,7 +314,7 @@ func structFields(t reflect.Type, path string, defs map[string]any) []Field {
 
 func describe(t reflect.Type, key, path string, def any) Field {
 	m := fieldMeta[path]
-	f := Field{Key: key, Path: path, Label: m.label, Help: m.help, Unit: m.unit, Options: m.options, Percent: m.percent, Group: m.group}
+	f := Field{Key: key, Path: path, Label: m.label, Help: m.help, Unit: m.unit, Options: m.options, Percent: m.percent, Group: m.group, ItemLabel: m.item}
 	if f.Label == "" {
 		f.Label = humanize(key)
 	}

@@ -348,6 +348,7 @@ function listBox(f, obj, path, ctx) {
   const arr = obj[f.key];
   const wrap = h('div', { class: 'field wide', 'data-path': path });
   const pctField = f.fields.find((x) => x.percent);
+  const itemName = f.item_label || f.label.replace(/s$/, '') || 'Item';
   const updatePct = () => {
     if (!pctField) return;
     const sum = arr.reduce((a, it) => a + (Number(it[pctField.key]) > 0 ? Number(it[pctField.key]) : 0), 0);
@@ -368,7 +369,7 @@ function listBox(f, obj, path, ctx) {
       const move = (d) => { const j = i + d; if (j < 0 || j >= arr.length) return; [arr[i], arr[j]] = [arr[j], arr[i]]; markDirty(); render(); };
       return h('div', { class: 'item', 'data-path': p, 'data-item': i },
         h('div', { class: 'item-head' },
-          h('span', { class: 'title', text: (f.label.replace(/s$/, '') || 'Item') + ' ' + (i + 1) + (title ? ' · ' + title : '') }),
+          h('span', { class: 'title', text: itemName + ' ' + (i + 1) + (title ? ' · ' + title : '') }),
           h('button', { type: 'button', class: 'small', title: 'Move up', disabled: i === 0, onclick: () => move(-1), text: '↑' }),
           h('button', { type: 'button', class: 'small', title: 'Move down', disabled: i === arr.length - 1, onclick: () => move(1), text: '↓' }),
           h('button', { type: 'button', class: 'small danger', onclick: () => { arr.splice(i, 1); markDirty(); render(); }, text: 'Remove' })),
@@ -382,7 +383,7 @@ function listBox(f, obj, path, ctx) {
       h('div', { class: 'err' }),
       h('div', { class: 'actions' }, h('button', {
         type: 'button', class: 'small', 'data-add': path,
-        onclick: () => { arr.push(clone(f.item) || {}); markDirty(); render(); }, text: '+ Add ' + f.label.replace(/s$/, '').toLowerCase(),
+        onclick: () => { arr.push(clone(f.item) || {}); markDirty(); render(); }, text: '+ Add ' + itemName.toLowerCase(),
       }))].filter(Boolean));
     updatePct();
   };
