@@ -37,7 +37,8 @@ func findChromium(t *testing.T) string {
 // operator would: sign in, edit a section (a bad value shows its error next
 // to the field, a good one applies), read canary weights as percentages,
 // create a user and get its key once, export a backup and import it back.
-// It saves docs/img/console.png.
+// It saves docs/img/console.png (and docs/img/console-fleet.png with
+// INFERA_UPDATE_SCREENSHOTS=1).
 func TestConsoleInBrowser(t *testing.T) {
 	bin := findChromium(t)
 	ff := &fakeFleet{
@@ -114,6 +115,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	saveShot := func(name string) {
 		t.Helper()
+		// No caret and no transition in flight: the same page gives the
+		// same picture.
+		step("settle", chromedp.Evaluate[chromedp.Void](`document.activeElement && document.activeElement.blur(); document.getElementById("toast")?.classList.remove("show")`), chromedp.Sleep(400*time.Millisecond))
 		shot, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
 		if err != nil {
 			t.Fatal(err)
@@ -125,7 +129,9 @@ func TestConsoleInBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	saveShot("console-fleet.png")
+	if os.Getenv("INFERA_UPDATE_SCREENSHOTS") == "1" { // it shows the time of day
+		saveShot("console-fleet.png")
+	}
 	// The fleet page refreshes by itself.
 	ff.mu.Lock()
 	ff.workers[1].Breaker = "open"
