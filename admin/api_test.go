@@ -404,3 +404,24 @@ func TestAuditDiffOfAListThatGainsItems(t *testing.T) {
 		t.Fatalf("reverse changes: %+v", back)
 	}
 }
+
+func TestOptionsFromFlags(t *testing.T) {
+	st := config.NewStore("", nil)
+	f := &config.Serve{AdminHost: "127.0.0.1", AdminPort: 8081, APIKey: "client-key"}
+	o := OptionsFromFlags(f, st)
+	if o.Addr != "127.0.0.1:8081" || o.Key != "client-key" || o.KeyLabel != "api-key" {
+		t.Fatalf("api-key fallback: %+v", o)
+	}
+	f.AdminKey = "admin"
+	if o = OptionsFromFlags(f, st); o.Key != "admin" || o.KeyLabel != "admin-key" {
+		t.Fatalf("admin key: %+v", o)
+	}
+	f.AdminPort = 0
+	if o = OptionsFromFlags(f, st); o.Addr != "" {
+		t.Fatalf("--admin-port 0 keeps the listener off: %+v", o)
+	}
+	f.AdminHost, f.AdminPort = "::1", 9000
+	if o = OptionsFromFlags(f, st); o.Addr != "[::1]:9000" {
+		t.Fatalf("IPv6 host: %q", o.Addr)
+	}
+}
