@@ -177,7 +177,9 @@ func (c *ReplayCmd) Run() error {
 	ctx, cancel := signalContext()
 	defer cancel()
 	fmt.Fprintf(os.Stderr, "replaying %d requests of %s against %s\n", len(reqs), name, c.URL)
-	run, err := RunLoad(ctx, cl, reqs, c.config(&c.WorkloadFlags))
+	lc := c.config(&c.WorkloadFlags)
+	lc.Progress = NewProgress(os.Stderr, "replay")
+	run, err := RunLoad(ctx, cl, reqs, lc)
 	if err != nil {
 		return err
 	}
@@ -246,6 +248,8 @@ type CompareCmd struct {
 	LogDir     string   `help:"Directory for child process logs (default: a new temp dir)." default:"" env:"INFERA_BENCH_LOG_DIR"`
 	SVG        string   `name:"svg" help:"Write the TTFT CDF and hit-rate chart here (empty: none)." default:"bench-compare.svg" env:"INFERA_BENCH_SVG"`
 	JSON       string   `name:"json" help:"Write results as JSON here (empty: none)." default:"bench-compare.json" env:"INFERA_BENCH_JSON"`
+	Ceiling    bool     `help:"Compute the pooled-cache hit-rate ceiling (one LRU cache of engines x --kv-capacity-blocks, no timing) and each policy's share of it." default:"true" negatable:"" env:"INFERA_BENCH_CEILING"`
+	SimCheck   bool     `name:"sim-check" help:"Replay each policy's observed arrivals in the simulator with the same engine flags and check agreement (mean TTFT within 30% + 5 ms, mean E2E within 15% + 5 ms, hit rate within 0.05)." default:"false" env:"INFERA_BENCH_SIM_CHECK"`
 	EngineFlags
 	WorkloadFlags
 	LoadFlags
@@ -266,12 +270,29 @@ func (c *CompareCmd) Run() error {
 	defer cancel()
 	cc := CompareConfig{Bin: bin, Policies: splitList(c.Policies), Engines: c.Engines, EngineURLs: splitList(c.EngineURLs),
 		Engine: c.engineConfig(), KVEvents: c.KVEvents, ServeArgs: c.ServeArg, Model: c.Model,
-		Load: c.config(&c.WorkloadFlags), SLO: c.slo(), LogDir: c.LogDir, Log: os.Stderr}
+		Load: c.config(&c.WorkloadFlags), SLO: c.slo(), LogDir: c.LogDir, Log: os.Stderr, Ceiling: c.Ceiling,
+		Progress: func(label string) *Progress { return NewProgress(os.Stderr, label) }}
+	if c.SimCheck {
+		core := c.coreConfig()
+		cc.SimCheck = &core
+	}
 	fmt.Fprintf(os.Stderr, "comparing %s on %d requests of %s\n", strings.Join(cc.Policies, ", "), len(reqs), name)
 	res, err := Compare(ctx, reqs, name, cc)
 	if res != nil && len(res.Summaries) > 0 {
 		if werr := WriteTable(os.Stdout, res.Summaries); werr != nil && err == nil {
 			err = werr
+		}
+	}
+	if res != nil && len(res.Simulated) > 0 {
+		fmt.Fprintln(os.Stdout, "\nthe same arrivals in the simulator:")
+		if werr := WriteTable(os.Stdout, res.Simulated); werr != nil && err == nil {
+			err = werr
+		}
+		if len(res.Disagreements) == 0 {
+			fmt.Fprintln(os.Stdout, "every policy agrees with the simulator within the tolerance")
+		}
+		for _, d := range res.Disagreements {
+			fmt.Fprintf(os.Stdout, "DISAGREES: %s\n", d)
 		}
 	}
 	if err != nil {
@@ -307,10 +328,14 @@ func (c *CompareCmd) Run() error {
 
 // SimulateCmd is `infera bench simulate`.
 type SimulateCmd struct {
-	Policies        []string `help:"Policies to simulate side by side (as in compare)." default:"round-robin,least-requests,prefix,kv-aware" sep:"," env:"INFERA_BENCH_POLICIES"`
-	Engines         int      `help:"Simulated engines." default:"16" env:"INFERA_BENCH_ENGINES"`
-	SVG             string   `name:"svg" help:"Write the TTFT CDF and hit-rate chart here (empty: none)." default:"" env:"INFERA_BENCH_SVG"`
-	KVOverlapWeight float64  `name:"kv-overlap-weight" help:"kv-aware cost weight of prefill against decode (as infera serve)." default:"1.0" env:"INFERA_BENCH_KV_OVERLAP_WEIGHT"`
+	Policies        []string  `help:"Policies to simulate side by side (as in compare)." default:"round-robin,least-requests,prefix,kv-aware" sep:"," env:"INFERA_BENCH_POLICIES"`
+	Engines         int       `help:"Simulated engines." default:"16" env:"INFERA_BENCH_ENGINES"`
+	SVG             string    `name:"svg" help:"Write the TTFT CDF and hit-rate chart here (empty: none)." default:"" env:"INFERA_BENCH_SVG"`
+	KVOverlapWeight float64   `name:"kv-overlap-weight" help:"kv-aware duplicate-cost weight (as infera serve): 1 is the calibrated default, 0 routes on predicted TTFT alone." default:"1.0" env:"INFERA_BENCH_KV_OVERLAP_WEIGHT"`
+	KVLoadBound     float64   `name:"kv-load-bound" help:"kv-aware bounded load: requests in flight a worker may carry above the mean, as a fraction, before it costs (as infera serve; < 0 disables)." default:"0.2" env:"INFERA_BENCH_KV_LOAD_BOUND"`
+	KVLearnSpeed    bool      `name:"kv-learn-speed" help:"kv-aware learns each engine's prefill speed from first tokens (as infera serve)." default:"false" env:"INFERA_BENCH_KV_LEARN_SPEED"`
+	EngineSlow      []float64 `name:"engine-slow" help:"Slow-down factor per simulated engine, cycled over the fleet (e.g. 1,2: every other engine at half speed)." sep:"," env:"INFERA_BENCH_ENGINE_SLOW"`
+	Ceiling         bool      `help:"Compute the pooled-cache hit-rate ceiling (one LRU cache of engines x --kv-capacity-blocks, no timing) and each policy's share of it." default:"true" negatable:"" env:"INFERA_BENCH_CEILING"`
 	EngineFlags
 	WorkloadFlags
 	LoadFlags
@@ -326,9 +351,20 @@ func (c *SimulateCmd) Run() error {
 		return err
 	}
 	warnOversized(os.Stderr, reqs, c.BlockSize, c.KVCapacityBlocks)
+	lc := c.config(&c.WorkloadFlags)
+	var ceil *Ceiling
+	if c.Ceiling {
+		cl, err := computeCeiling(os.Stderr, reqs, c.Engines, c.KVCapacityBlocks, c.BlockSize, lc)
+		if err != nil {
+			return err
+		}
+		ceil = &cl
+	}
 	var sums []Summary
 	for _, pol := range splitList(c.Policies) {
-		r, err := Simulate(reqs, SimConfig{Engines: c.Engines, Core: c.coreConfig(), Policy: pol, Model: c.Model, Load: c.config(&c.WorkloadFlags), KVOverlapWeight: c.KVOverlapWeight})
+		r, err := Simulate(reqs, SimConfig{Engines: c.Engines, Core: c.coreConfig(), Policy: pol, Model: c.Model, Load: lc,
+			KVOverlapWeight: c.KVOverlapWeight, KVLoadBound: kvLoadBound(c.KVLoadBound), KVLearnSpeed: c.KVLearnSpeed,
+			EngineSlow: c.EngineSlow, Progress: NewProgress(os.Stderr, "simulate "+pol)})
 		if err != nil {
 			return fmt.Errorf("policy %s: %w", pol, err)
 		}
@@ -336,6 +372,9 @@ func (c *SimulateCmd) Run() error {
 			pol, len(r.Run.Results), c.Engines, r.Virtual.Seconds(), r.Real.Seconds(), r.Virtual.Seconds()/max(r.Real.Seconds(), 1e-9), r.Layers)
 		s := Summarize(pol, r.Run.Results, r.Run.ITLs, r.Run.Wall, c.slo(), c.Engines)
 		s.Layers = r.Layers
+		if ceil != nil {
+			s.SetCeiling(ceil.HitRate)
+		}
 		sums = append(sums, s)
 	}
 	if err := WriteTable(os.Stdout, sums); err != nil {
@@ -357,8 +396,36 @@ func (c *SimulateCmd) Run() error {
 	return writeJSONFile(c.JSON, struct {
 		Workload  string    `json:"workload"`
 		Engines   int       `json:"engines"`
+		Ceiling   *Ceiling  `json:"ceiling,omitempty"`
 		Summaries []Summary `json:"summaries"`
-	}{name, c.Engines, sums})
+	}{name, c.Engines, ceil, sums})
+}
+
+// kvLoadBound maps the flag (0 is a real bound of 0% over the mean) to
+// kvroute.KVAwareConfig.LoadBound (where 0 means the default).
+func kvLoadBound(v float64) float64 {
+	if v == 0 {
+		return 1e-9
+	}
+	return v
+}
+
+// computeCeiling computes the pooled-cache ceiling with a progress line and
+// reports it on log.
+func computeCeiling(log io.Writer, reqs []TraceRequest, engines, blocks, blockSize int, lc LoadConfig) (Ceiling, error) {
+	start := time.Now()
+	p := NewProgress(os.Stderr, "pooled-cache ceiling")
+	cl, err := PooledCeiling(reqs, CeilingConfig{Engines: engines, EngineBlocks: blocks, BlockSize: blockSize, Load: lc,
+		Progress: func(done, total int, cached, prompt int64) {
+			p.Update(done, total, "elapsed", time.Since(start), cached, prompt)
+		}})
+	p.Done()
+	if err != nil {
+		return cl, err
+	}
+	fmt.Fprintf(log, "pooled-cache ceiling: hit rate %.3f (one LRU cache of %d x %d = %d blocks of %d tokens, %d requests in order, no timing; %d skipped) in %.1fs\n",
+		cl.HitRate, engines, blocks, cl.Blocks, blockSize, cl.Requests, cl.Skipped, time.Since(start).Seconds())
+	return cl, nil
 }
 
 // GenCmd is `infera bench gen`.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/infera/infera/engine"
 )
 
 // EngineConfig is how compare mode starts each `infera engine`.
@@ -53,6 +56,16 @@ type CompareConfig struct {
 	ReadyTimeout time.Duration
 	// Log receives progress lines (nil: discarded).
 	Log io.Writer
+	// Ceiling computes the pooled-cache ceiling for Engines (or
+	// len(EngineURLs)) x Engine.KVCapacityBlocks blocks and sets every
+	// summary's share of it.
+	Ceiling bool
+	// Progress, if set, returns a progress line for a run label.
+	Progress func(label string) *Progress
+	// SimCheck, if set, replays every policy's observed arrivals in the
+	// simulator with these engines (as started: Engine's flags) and checks
+	// the real run against it (Agree).
+	SimCheck *engine.CoreConfig
 }
 
 // CompareResult is compare mode's output.
@@ -62,6 +75,13 @@ type CompareResult struct {
 	Engines   int       `json:"engines"`
 	Summaries []Summary `json:"summaries"`
 	LogDir    string    `json:"log_dir"`
+	// Ceiling is the pooled-cache ceiling (nil unless computed).
+	Ceiling *Ceiling `json:"ceiling,omitempty"`
+	// Simulated holds, with SimCheck, each policy's simulation of the same
+	// arrivals, and Disagreements what fell outside the tolerance (empty:
+	// every policy agrees).
+	Simulated     []Summary `json:"simulated,omitempty"`
+	Disagreements []string  `json:"disagreements,omitempty"`
 	// Runs holds each policy's raw results, in Summaries order.
 	Runs []*Run `json:"-"`
 }
@@ -103,6 +123,17 @@ func Compare(ctx context.Context, reqs []TraceRequest, workload string, c Compar
 		n = len(c.EngineURLs)
 	}
 	out := &CompareResult{Workload: workload, Requests: len(reqs), Engines: n, LogDir: c.LogDir}
+	if c.Ceiling {
+		log := c.Log
+		if log == nil {
+			log = io.Discard
+		}
+		cl, err := computeCeiling(log, reqs, n, c.Engine.KVCapacityBlocks, c.Engine.BlockSize, c.Load)
+		if err != nil {
+			return out, err
+		}
+		out.Ceiling = &cl
+	}
 	for _, pol := range c.Policies {
 		if err := ctx.Err(); err != nil {
 			return out, err
@@ -116,10 +147,62 @@ func Compare(ctx context.Context, reqs []TraceRequest, workload string, c Compar
 		if err != nil {
 			return out, fmt.Errorf("policy %s: %w", pol, err)
 		}
+		if out.Ceiling != nil {
+			s.SetCeiling(out.Ceiling.HitRate)
+		}
 		out.Summaries = append(out.Summaries, s)
 		out.Runs = append(out.Runs, run)
+		if c.SimCheck != nil {
+			ss, err := c.simulate(reqs, pol, run, n)
+			if err != nil {
+				return out, fmt.Errorf("policy %s: simulator check: %w", pol, err)
+			}
+			if out.Ceiling != nil {
+				ss.SetCeiling(out.Ceiling.HitRate)
+			}
+			out.Simulated = append(out.Simulated, ss)
+			if err := Agree(s, ss); err != nil {
+				out.Disagreements = append(out.Disagreements, err.Error())
+				c.logf("policy %-15s DISAGREES with the simulator: %v", pol, err)
+			} else {
+				c.logf("policy %-15s agrees with the simulator (TTFT mean %.1f vs %.1f ms, hit rate %.3f vs %.3f)", pol, s.TTFT.Mean, ss.TTFT.Mean, s.HitRate, ss.HitRate)
+			}
+		}
 	}
 	return out, nil
+}
+
+// simulate replays run's observed arrivals in the simulator.
+func (c *CompareConfig) simulate(reqs []TraceRequest, pol string, run *Run, engines int) (Summary, error) {
+	sim, err := Simulate(ObservedArrivals(reqs, run.Results), SimConfig{Engines: engines, Core: *c.SimCheck, Policy: pol, Model: c.Model, Load: c.Load})
+	if err != nil {
+		return Summary{}, err
+	}
+	ss := Summarize(pol+" (sim)", sim.Run.Results, sim.Run.ITLs, sim.Run.Wall, c.SLO, engines)
+	ss.Layers = sim.Layers
+	return ss, nil
+}
+
+// Agree checks a real run against its simulation with the same arrivals,
+// within the stated tolerance: mean TTFT within 30% + 5 ms, mean E2E within
+// 15% + 5 ms, prefix hit rate within 0.05 (absolute). Real processes add
+// network, event-transport and scheduling delays the simulator does not
+// model; the tolerance covers them on loopback.
+func Agree(real, sim Summary) error {
+	var errs []string
+	if d := math.Abs(real.TTFT.Mean - sim.TTFT.Mean); d > 0.30*sim.TTFT.Mean+5 {
+		errs = append(errs, fmt.Sprintf("mean TTFT %.1f ms real vs %.1f simulated", real.TTFT.Mean, sim.TTFT.Mean))
+	}
+	if d := math.Abs(real.E2E.Mean - sim.E2E.Mean); d > 0.15*sim.E2E.Mean+5 {
+		errs = append(errs, fmt.Sprintf("mean E2E %.1f ms real vs %.1f simulated", real.E2E.Mean, sim.E2E.Mean))
+	}
+	if d := math.Abs(real.HitRate - sim.HitRate); d > 0.05 {
+		errs = append(errs, fmt.Sprintf("hit rate %.3f real vs %.3f simulated", real.HitRate, sim.HitRate))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s: %s", real.Name, strings.Join(errs, "; "))
+	}
+	return nil
 }
 
 type engineProc struct {
@@ -237,7 +320,11 @@ func (c *CompareConfig) runPolicy(ctx context.Context, reqs []TraceRequest, pol 
 		return Summary{}, nil, err
 	}
 	defer cl.CloseIdle()
-	run, err := RunLoad(ctx, cl, reqs, c.Load)
+	lc := c.Load
+	if c.Progress != nil {
+		lc.Progress = c.Progress("compare " + pol)
+	}
+	run, err := RunLoad(ctx, cl, reqs, lc)
 	if err != nil {
 		return Summary{}, nil, err
 	}
@@ -266,7 +353,7 @@ func firstErr(rs []Result) string {
 }
 
 // layerMetric is the router's decision counter by scheduling layer.
-var layerMetric = []byte(`infera_sched_decisions_total{layer="`)
+var layerMetric = []byte(`infera_route_decisions_total{layer="`)
 
 // scrapeLayers reads the router's decision counts by layer from /metrics.
 func scrapeLayers(url string) (map[string]int, error) {

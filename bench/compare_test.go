@@ -3,8 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -69,14 +67,17 @@ func compareEndToEnd(t *testing.T, bin string) error {
 	lc := DefaultLoadConfig()
 	lc.Timeout = 20 * time.Second
 	var logBuf bytes.Buffer
-	cc := CompareConfig{Bin: bin, Policies: []string{"round-robin", "prefix"}, Engines: 2, Engine: ec,
-		Load: lc, LogDir: t.TempDir(), Log: &logBuf, ReadyTimeout: 15 * time.Second}
+	cc := CompareConfig{Bin: bin, Policies: []string{"round-robin", "prefix", "kv-aware"}, Engines: 2, Engine: ec, KVEvents: true,
+		Load: lc, LogDir: t.TempDir(), Log: &logBuf, ReadyTimeout: 15 * time.Second, Ceiling: true}
 	res, err := Compare(context.Background(), reqs, "tiny", cc)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, logBuf.String())
 	}
-	if len(res.Summaries) != 2 || len(res.Runs) != 2 {
+	if len(res.Summaries) != 3 || len(res.Runs) != 3 {
 		t.Fatalf("got %d summaries", len(res.Summaries))
+	}
+	if res.Ceiling == nil || res.Ceiling.HitRate <= 0 || res.Ceiling.Blocks != 2*2048 {
+		t.Fatalf("no pooled-cache ceiling: %+v", res.Ceiling)
 	}
 	for _, s := range res.Summaries {
 		if s.OK != len(reqs) || s.Errors != 0 {
@@ -89,9 +90,12 @@ func compareEndToEnd(t *testing.T, bin string) error {
 		if total != len(reqs) || len(s.PerWorker) != 2 {
 			t.Fatalf("%s: X-Infera-Worker not seen on every response: %v", s.Name, s.PerWorker)
 		}
-		if s.HitRate <= 0 || s.TTFT.P50 <= 0 {
+		if s.HitRate <= 0 || s.TTFT.P50 <= 0 || s.CeilingHitRate != res.Ceiling.HitRate || s.CeilingShare != s.HitRate/s.CeilingHitRate {
 			t.Fatalf("%s: implausible summary %+v", s.Name, s)
 		}
+	}
+	if l := res.Summaries[2].Layers; l["kv"] == 0 {
+		t.Fatalf("kv-aware policy: router /metrics shows no KV decisions: %v", l)
 	}
 	if l := res.Summaries[1].Layers; l["prefix"] == 0 {
 		t.Fatalf("prefix policy: router /metrics shows no prefix-layer decisions: %v", l)
@@ -104,25 +108,46 @@ func compareEndToEnd(t *testing.T, bin string) error {
 		t.Fatal(err)
 	}
 
-	// Cross-check round-robin against the simulator.
-	rr := res.Summaries[0]
+	// Cross-check round-robin and kv-aware against the simulator.
+	for _, i := range []int{0, 2} {
+		if err := agreesWithSimulator(t, reqs, res.Summaries[i], res.Runs[i], lc, 2, 2048); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// agreesWithSimulator replays a real run's arrivals in the simulator (same
+// policy, same engines) and checks the stated tolerance: mean TTFT within
+// 30% + 5 ms, mean E2E within 15% + 5 ms, prefix hit rate within 0.05.
+func agreesWithSimulator(t *testing.T, reqs []TraceRequest, real Summary, run *Run, lc LoadConfig, engines, blocks int) error {
+	t.Helper()
 	core := testCore(2)
-	core.CapacityBlocks = 2048
-	sim, err := Simulate(ObservedArrivals(reqs, res.Runs[0].Results), SimConfig{Engines: 2, Core: core, Policy: "round-robin", Load: lc})
+	core.CapacityBlocks = blocks
+	sim, err := Simulate(ObservedArrivals(reqs, run.Results), SimConfig{Engines: engines, Core: core, Policy: real.Name, Load: lc})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ss := Summarize("sim", sim.Run.Results, sim.Run.ITLs, sim.Run.Wall, SLO{}, 2)
-	t.Logf("real RR: TTFT mean %.1f E2E mean %.1f hit %.3f workers %v | sim: TTFT mean %.1f E2E mean %.1f hit %.3f workers %v",
-		rr.TTFT.Mean, rr.E2E.Mean, rr.HitRate, rr.PerWorker, ss.TTFT.Mean, ss.E2E.Mean, ss.HitRate, ss.PerWorker)
-	if d := math.Abs(rr.TTFT.Mean - ss.TTFT.Mean); d > 0.30*ss.TTFT.Mean+5 {
-		return fmt.Errorf("mean TTFT: real %.1f sim %.1f", rr.TTFT.Mean, ss.TTFT.Mean)
+	ss := Summarize("sim", sim.Run.Results, sim.Run.ITLs, sim.Run.Wall, SLO{}, engines)
+	t.Logf("real %s: TTFT mean %.1f E2E mean %.1f hit %.3f workers %v | sim: TTFT mean %.1f E2E mean %.1f hit %.3f workers %v",
+		real.Name, real.TTFT.Mean, real.E2E.Mean, real.HitRate, real.PerWorker, ss.TTFT.Mean, ss.E2E.Mean, ss.HitRate, ss.PerWorker)
+	return Agree(real, ss)
+}
+
+func TestAgreeTolerance(t *testing.T) {
+	s := func(ttft, e2e, hit float64) Summary {
+		return Summary{Name: "p", TTFT: Stats{Mean: ttft}, E2E: Stats{Mean: e2e}, HitRate: hit}
 	}
-	if d := math.Abs(rr.E2E.Mean - ss.E2E.Mean); d > 0.15*ss.E2E.Mean+5 {
-		return fmt.Errorf("mean E2E: real %.1f sim %.1f", rr.E2E.Mean, ss.E2E.Mean)
+	f := func(real, sim Summary, ok bool) {
+		t.Helper()
+		if err := Agree(real, sim); (err == nil) != ok {
+			t.Fatalf("Agree(%+v, %+v) = %v, want ok=%v", real, sim, err, ok)
+		}
 	}
-	if d := math.Abs(rr.HitRate - ss.HitRate); d > 0.05 {
-		return fmt.Errorf("hit rate: real %.3f sim %.3f", rr.HitRate, ss.HitRate)
-	}
-	return nil
+	f(s(100, 1000, 0.5), s(100, 1000, 0.5), true)
+	f(s(135, 1155, 0.549), s(100, 1000, 0.5), true) // all at the edge
+	f(s(136, 1000, 0.5), s(100, 1000, 0.5), false)  // TTFT 30% + 5 ms
+	f(s(100, 1156, 0.5), s(100, 1000, 0.5), false)  // E2E 15% + 5 ms
+	f(s(100, 1000, 0.56), s(100, 1000, 0.5), false) // hit rate 0.05
+	f(s(64, 1000, 0.5), s(100, 1000, 0.5), false)   // both directions
 }

@@ -44,6 +44,8 @@ type LoadConfig struct {
 	Prompt PromptConfig
 	// Seed drives Poisson arrivals.
 	Seed uint64
+	// Progress, if set, shows requests done, elapsed time and hit rate.
+	Progress *Progress
 }
 
 // DefaultLoadConfig returns trace-driven streaming chat requests.
@@ -157,6 +159,7 @@ func RunLoad(ctx context.Context, cl *Client, reqs []TraceRequest, cfg LoadConfi
 	sent := make([]bool, len(reqs))
 	path := cfg.Path()
 	t0 := time.Now()
+	var done, cached, prompt atomic.Int64
 	one := func(i int) {
 		bb := bodyPool.Get().(*bodyBuf)
 		bb.body, bb.scratch = cfg.AppendBody(bb.body[:0], bb.scratch, &reqs[i], i)
@@ -165,6 +168,14 @@ func RunLoad(ctx context.Context, cl *Client, reqs []TraceRequest, cfg LoadConfi
 		res.Start = time.Since(t0)
 		cl.Do(path, bb.body, cfg.Stream, res)
 		bodyPool.Put(bb)
+		if cfg.Progress != nil {
+			n := done.Add(1)
+			if res.OK() {
+				cached.Add(int64(res.CachedTokens))
+				prompt.Add(int64(res.PromptTokens))
+			}
+			cfg.Progress.Update(int(n), len(reqs), "elapsed", time.Since(t0), cached.Load(), prompt.Load())
+		}
 	}
 	var wg sync.WaitGroup
 	dropped := 0
@@ -230,6 +241,7 @@ func RunLoad(ctx context.Context, cl *Client, reqs []TraceRequest, cfg LoadConfi
 		}
 	}
 	wg.Wait()
+	cfg.Progress.Done()
 	run := &Run{Wall: time.Since(t0), Dropped: dropped, ITLs: cl.TakeITLs()}
 	run.Results = results[:0]
 	for i := range results {

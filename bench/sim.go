@@ -39,9 +39,26 @@ type SimConfig struct {
 	Load LoadConfig
 	// MaxITLSamples caps the recorded inter-token gaps (0: 4 million).
 	MaxITLSamples int
-	// KVOverlapWeight is the kv-aware cost weight (--kv-overlap-weight of
-	// infera serve; 0 means its default 1.0).
+	// KVOverlapWeight is the kv-aware duplicate-cost weight
+	// (--kv-overlap-weight of infera serve; 0 means its default 1.0, < 0
+	// means 0).
 	KVOverlapWeight float64
+	// KVLoadBound is the kv-aware bounded-load epsilon
+	// (kvroute.KVAwareConfig.LoadBound: 0 default, < 0 off).
+	KVLoadBound float64
+	// KVLearnSpeed turns on the kv-aware scorer's speed learning from first
+	// tokens (kvroute.KVAwareConfig.LearnSpeed).
+	KVLearnSpeed bool
+	// EngineSlow, if set, multiplies engine i's step durations by
+	// EngineSlow[i % len(EngineSlow)] (a heterogeneous fleet; values <= 0
+	// mean 1).
+	EngineSlow []float64
+	// Progress, if set, shows requests done, virtual time and hit rate.
+	Progress *Progress
+	// Scorer, if set, builds the kv-aware scorer over the simulation's KV
+	// index and virtual clock (unix ns) instead of kvroute.NewKVAware
+	// (experiments and tests).
+	Scorer func(ix *radix.Index, clock func() int64) sched.KVScorer
 }
 
 var (
@@ -160,19 +177,35 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 		byIdx[w.Idx] = n
 	}
 	var ix *radix.Index
-	s := sched.NewScheduler(fl, routerPolicy)
+	policy, ok := sched.ParsePolicy(routerPolicy)
+	if !ok {
+		return nil, fmt.Errorf("unknown router policy %q", routerPolicy)
+	}
+	s := sched.NewScheduler(fl, policy)
 	defer s.Close()
 	if kvAware {
 		ix = radix.New()
-		w := cfg.KVOverlapWeight
-		if w <= 0 {
-			w = 1
-		}
-		s.KV = kvroute.NewKVAware(kvroute.KVAwareConfig{Index: ix, OverlapWeight: w, BlockSize: cfg.Core.BlockSize, Seed: 1})
 	}
 	var now time.Duration
 	base := time.Unix(1_700_000_000, 0).UnixNano()
 	s.Now = func() int64 { return base + int64(now) }
+	var observer firstTokenObserver
+	if kvAware {
+		w := cfg.KVOverlapWeight
+		switch {
+		case w == 0:
+			w = 1
+		case w < 0:
+			w = 0
+		}
+		if cfg.Scorer != nil {
+			s.KV = cfg.Scorer(ix, s.Now)
+		} else {
+			s.KV = kvroute.NewKVAware(kvroute.KVAwareConfig{Index: ix, OverlapWeight: w, BlockSize: cfg.Core.BlockSize, Seed: 1,
+				LoadBound: cfg.KVLoadBound, LearnSpeed: cfg.KVLearnSpeed, Clock: s.Now})
+		}
+		observer, _ = s.KV.(firstTokenObserver)
+	}
 	engines := make([]simEngine, cfg.Engines)
 	for i := range engines {
 		cc := cfg.Core
@@ -184,6 +217,9 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 				}
 			}
 			cc.Sink = newSimKVSink(ix, w.Idx)
+		}
+		if len(cfg.EngineSlow) > 0 {
+			cc.Time.Slow = cfg.EngineSlow[i%len(cfg.EngineSlow)]
 		}
 		c, err := engine.NewCore(cc)
 		if err != nil {
@@ -203,14 +239,13 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 	}
 	var q evQueue
 	scratch := make([]*fleet.Worker, 0, cfg.Engines)
-	var text []byte
 	var sr sched.Request
 	lc := cfg.Load
 	bs := cfg.Core.BlockSize
-	tok := tokenizer.Simple{}
-	msgs := make([]tokenizer.Message, 1)
+	pr := newPromptRenderer(&lc)
 	issued := 0
 	inflight := 0
+	var promptSum, cachedSum int64
 	var rngAt time.Duration
 	rng := newPoisson(lc.Seed, lc.Rate)
 
@@ -219,15 +254,7 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 		r := &reqs[i]
 		res := &results[i]
 		res.Index, res.Start = i, t
-		text = lc.Prompt.AppendPrompt(text[:0], r.HashIDs, r.InputLength, uint64(i)+1)
-		var prompt []uint32
-		if lc.API == "chat" {
-			msgs[0] = tokenizer.Message{Role: "user", Content: string(text)}
-			rendered, _ := tok.RenderChat(nil, msgs, nil, true)
-			prompt = tok.Encode(make([]uint32, 0, len(rendered)/4+1), rendered)
-		} else {
-			prompt = tok.Encode(make([]uint32, 0, len(text)/4+1), text)
-		}
+		text, prompt := pr.render(i, r)
 		sr.Reset()
 		sr.Model = []byte(cfg.Model)
 		sr.Stream = lc.Stream
@@ -248,7 +275,7 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 		sq.tokens = int64(len(prompt) + r.OutputLength)
 		sq.blocks = int64((len(prompt) + r.OutputLength + bs - 1) / bs)
 		sq.prefill = d.PrefillTokens(&sr) // as the proxy accounts it
-		layers[d.Layer]++
+		layers[d.Layer.String()]++
 		res.Worker = d.Worker.ID
 		res.PromptTokens = len(prompt)
 		e := &engines[sq.eng]
@@ -277,8 +304,13 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 			if ev.Tokens == 1 {
 				res.TTFT = ev.At - sq.arrival
 				sq.worker.FirstToken(sq.prefill)
+				if observer != nil {
+					observer.ObserveFirstToken(sq.worker, sq.prefill, res.TTFT)
+				}
 				sq.first = true
 				res.CachedTokens = ev.Req.CachedTokens
+				promptSum += int64(len(ev.Req.Prompt))
+				cachedSum += int64(ev.Req.CachedTokens)
 			} else {
 				gap := ev.At - sq.lastTok
 				res.ITLSum += gap
@@ -331,6 +363,9 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 			now = max(now, at)
 			arrive(issued, now)
 			issued++
+			if issued&63 == 0 {
+				cfg.Progress.Update(issued, len(reqs), "virtual", now, cachedSum, promptSum)
+			}
 			if lc.Arrival == ArrivalPoisson {
 				rngAt += rng.next()
 			}
@@ -350,6 +385,7 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 			heap.Push(&q, evItem{at: nx, eng: it.eng})
 		}
 	}
+	cfg.Progress.Done()
 	run.Results = results[:issued]
 	run.Wall = now
 	out := &SimResult{Run: run, Virtual: now, Real: time.Since(realStart), Workers: cfg.Engines, Layers: layers}
@@ -357,6 +393,39 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 		out.IndexBlocks = ix.Stats().Blocks
 	}
 	return out, nil
+}
+
+// firstTokenObserver is implemented by scorers that learn from first
+// tokens (kvroute.KVAware.ObserveFirstToken); the simulator calls it where
+// the proxy calls fleet.Worker.FirstToken.
+type firstTokenObserver interface {
+	ObserveFirstToken(w *fleet.Worker, prefillTokens int64, ttft time.Duration)
+}
+
+// promptRenderer turns workload requests into the prompt token ids the
+// engines see, exactly as a client request of the load's API is rendered by
+// the engine (chat: the built-in chat template around one user message).
+type promptRenderer struct {
+	lc   *LoadConfig
+	tok  tokenizer.Simple
+	text []byte
+	msgs []tokenizer.Message
+}
+
+func newPromptRenderer(lc *LoadConfig) *promptRenderer {
+	return &promptRenderer{lc: lc, msgs: make([]tokenizer.Message, 1)}
+}
+
+// render returns request i's prompt text (what the proxy matches on; valid
+// until the next call) and its token ids (a new slice the caller keeps).
+func (p *promptRenderer) render(i int, r *TraceRequest) ([]byte, []uint32) {
+	p.text = p.lc.Prompt.AppendPrompt(p.text[:0], r.HashIDs, r.InputLength, uint64(i)+1)
+	if p.lc.API == "chat" {
+		p.msgs[0] = tokenizer.Message{Role: "user", Content: string(p.text)}
+		rendered, _ := p.tok.RenderChat(nil, p.msgs, nil, true)
+		return p.text, p.tok.Encode(make([]uint32, 0, len(rendered)/4+1), rendered)
+	}
+	return p.text, p.tok.Encode(make([]uint32, 0, len(p.text)/4+1), p.text)
 }
 
 // poisson yields exponential inter-arrival gaps.

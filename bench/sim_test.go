@@ -3,6 +3,11 @@ package bench
 import (
 	"testing"
 	"time"
+
+	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/kvroute"
+	"github.com/infera/infera/radix"
+	"github.com/infera/infera/sched"
 )
 
 func TestSimulateBasics(t *testing.T) {
@@ -106,4 +111,100 @@ func TestSimulateTooLong(t *testing.T) {
 	if r.Run.Results[0].OK() || r.Run.Results[0].Status != 400 {
 		t.Fatalf("oversized request should fail with 400: %+v", r.Run.Results[0])
 	}
+}
+
+// On a generated chat workload kv-aware keeps conversations where their
+// prefixes are: it reaches 95% of the pooled-cache ceiling with requests
+// per engine within 1.2 x the mean, and beats round-robin's TTFT.
+func TestSimulateKVAwareNearCeiling(t *testing.T) {
+	for _, wl := range []string{WorkloadChat, WorkloadAgent} {
+		gc := DefaultGenConfig(wl)
+		gc.Requests, gc.Rate = 1200, 10
+		reqs, err := Generate(gc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		core := testCore(1)
+		core.CapacityBlocks, core.MaxBatch = 1024, 64
+		lc := DefaultLoadConfig()
+		ceil, err := PooledCeiling(reqs, CeilingConfig{Engines: 8, EngineBlocks: core.CapacityBlocks, BlockSize: core.BlockSize, Load: lc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := map[string]Summary{}
+		for _, pol := range []string{"round-robin", "kv-aware"} {
+			r, err := Simulate(reqs, SimConfig{Engines: 8, Core: core, Policy: pol, Load: lc})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := Summarize(pol, r.Run.Results, r.Run.ITLs, r.Run.Wall, SLO{}, 8)
+			s.SetCeiling(ceil.HitRate)
+			if s.OK != len(reqs) {
+				t.Fatalf("%s %s: %d/%d ok", wl, pol, s.OK, len(reqs))
+			}
+			sum[pol] = s
+		}
+		kv, rr := sum["kv-aware"], sum["round-robin"]
+		t.Logf("%s: ceiling %.3f; kv-aware hit %.3f (%.1f%%) imbalance %.2f TTFT %.1f/%.1f ms; round-robin hit %.3f TTFT %.1f/%.1f ms",
+			wl, ceil.HitRate, kv.HitRate, 100*kv.CeilingShare, kv.Imbalance, kv.TTFT.Mean, kv.TTFT.P99, rr.HitRate, rr.TTFT.Mean, rr.TTFT.P99)
+		if kv.CeilingShare < 0.95 || kv.Imbalance > 1.2 || kv.TTFT.Mean >= rr.TTFT.Mean || kv.TTFT.P99 >= rr.TTFT.P99 {
+			t.Fatalf("%s: kv-aware %+v vs round-robin TTFT %+v", wl, kv, rr.TTFT)
+		}
+	}
+}
+
+// Simulate feeds the kv-aware scorer's speed learning with first tokens
+// on the virtual clock, and slow engines are slow.
+func TestSimulateHeterogeneousFleet(t *testing.T) {
+	gc := DefaultGenConfig(WorkloadChat)
+	gc.Requests, gc.Rate = 300, 1
+	reqs, err := Generate(gc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core := testCore(1)
+	core.CapacityBlocks, core.MaxBatch = 4096, 64
+	var obs *countingObserver
+	r, err := Simulate(reqs, SimConfig{Engines: 2, Core: core, Policy: "kv-aware", Load: DefaultLoadConfig(), EngineSlow: []float64{1, 3},
+		Scorer: func(ix *radix.Index, clock func() int64) sched.KVScorer {
+			obs = &countingObserver{KVAware: kvroute.NewKVAware(kvroute.KVAwareConfig{Index: ix, LearnSpeed: true, Clock: clock}), clock: clock}
+			return obs
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if obs.n != len(reqs) || obs.badClock {
+		t.Fatalf("first tokens observed %d of %d (clock ok: %v)", obs.n, len(reqs), !obs.badClock)
+	}
+	var tt [2]time.Duration
+	var n [2]int
+	for _, x := range r.Run.Results {
+		i := 0
+		if x.Worker == "sim-1" {
+			i = 1
+		}
+		tt[i] += x.TTFT
+		n[i]++
+	}
+	if n[0] == 0 || n[1] == 0 || tt[1]/time.Duration(n[1]) < 2*tt[0]/time.Duration(n[0]) {
+		t.Fatalf("slow engine not slower: TTFT sums %v over %v requests", tt, n)
+	}
+}
+
+type countingObserver struct {
+	*kvroute.KVAware
+	clock    func() int64
+	n        int
+	last     int64
+	badClock bool
+}
+
+func (c *countingObserver) ObserveFirstToken(w *fleet.Worker, prefill int64, ttft time.Duration) {
+	c.n++
+	now := c.clock()
+	if now < c.last || ttft <= 0 {
+		c.badClock = true
+	}
+	c.last = now
+	c.KVAware.ObserveFirstToken(w, prefill, ttft)
 }

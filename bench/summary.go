@@ -107,6 +107,11 @@ type Summary struct {
 	PromptTokens int64   `json:"prompt_tokens"`
 	CachedTokens int64   `json:"cached_tokens"`
 	HitRate      float64 `json:"hit_rate"`
+	// CeilingHitRate is the workload's pooled-cache ceiling for the fleet
+	// (see Ceiling) and CeilingShare is HitRate / CeilingHitRate; both 0
+	// when not computed.
+	CeilingHitRate float64 `json:"ceiling_hit_rate,omitempty"`
+	CeilingShare   float64 `json:"ceiling_share,omitempty"`
 	// PerWorker counts successful requests per worker; Imbalance is max/mean
 	// over Workers workers (those that served nothing count as 0).
 	PerWorker map[string]int `json:"per_worker,omitempty"`
@@ -182,6 +187,15 @@ func Summarize(name string, results []Result, itls []time.Duration, wall time.Du
 	return s
 }
 
+// SetCeiling records the pooled-cache ceiling hit rate c and s's share of it.
+func (s *Summary) SetCeiling(c float64) {
+	s.CeilingHitRate = c
+	s.CeilingShare = 0
+	if c > 0 {
+		s.CeilingShare = s.HitRate / c
+	}
+}
+
 // Imbalance returns max/mean of per-worker request counts over n workers
 // (n <= 0: the workers present in counts). 1 is perfectly even; 0 when
 // nothing was served.
@@ -237,6 +251,20 @@ func WriteTable(w io.Writer, sums []Summary) error {
 	row("goodput req/s", func(s *Summary) string { return strconv.FormatFloat(s.Goodput, 'f', 2, 64) })
 	row("goodput fraction", func(s *Summary) string { return strconv.FormatFloat(s.GoodputFrac, 'f', 3, 64) })
 	row("prefix hit rate", func(s *Summary) string { return strconv.FormatFloat(s.HitRate, 'f', 3, 64) })
+	if slices.ContainsFunc(sums, func(s Summary) bool { return s.CeilingHitRate > 0 }) {
+		row("pooled-cache ceiling", func(s *Summary) string {
+			if s.CeilingHitRate <= 0 {
+				return "-"
+			}
+			return strconv.FormatFloat(s.CeilingHitRate, 'f', 3, 64)
+		})
+		row("share of ceiling", func(s *Summary) string {
+			if s.CeilingHitRate <= 0 {
+				return "-"
+			}
+			return strconv.FormatFloat(100*s.CeilingShare, 'f', 1, 64) + "%"
+		})
+	}
 	row("imbalance max/mean", func(s *Summary) string { return strconv.FormatFloat(s.Imbalance, 'f', 2, 64) })
 	row("routed kv/prefix/lb", func(s *Summary) string {
 		if s.Layers == nil {
