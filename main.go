@@ -11,6 +11,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -81,23 +82,28 @@ var cli struct {
 	Version  versionCmd    `cmd:"" help:"Print the version."`
 }
 
-func main() {
+func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
+
+// run parses args and runs the command; it returns the exit status.
+func run(args []string, stderr io.Writer) int {
 	parser, err := kong.New(&cli, append(config.KongOptions(),
 		kong.Name("infera"),
 		kong.Description("High-performance LLM inference router and gateway."),
+		kong.Writers(os.Stdout, stderr),
 	)...)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "infera:", err)
-		os.Exit(2)
+		fmt.Fprintln(stderr, "infera:", err)
+		return 2
 	}
-	ctx, err := parser.Parse(os.Args[1:])
+	ctx, err := parser.Parse(args)
 	if err != nil {
 		// One line, not the whole usage: the flag or variable and why.
-		fmt.Fprintf(os.Stderr, "infera: %v (see infera --help)\n", err)
-		os.Exit(2)
+		fmt.Fprintf(stderr, "infera: %v (see infera --help)\n", err)
+		return 2
 	}
 	if err := ctx.Run(); err != nil {
 		slog.Error("fatal", "err", err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }

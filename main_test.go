@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,5 +69,33 @@ func TestDurationFlagsAcceptPlainSeconds(t *testing.T) {
 	}
 	if f := parseServe(t, "--header-timeout", "15s"); f.HeaderTimeout != 15*time.Second {
 		t.Fatalf("--header-timeout 15s: %v", f.HeaderTimeout)
+	}
+}
+
+// A bad flag or environment value prints one line naming it, not the
+// whole usage.
+func TestBadFlagPrintsOneLine(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{[]string{"serve", "--port", "eighty"}, "", "--port"},
+		{[]string{"serve", "--router-policy", "fastest"}, "", "router-policy"},
+		{[]string{"serve"}, "INFERA_NATS_REQ_IDLE_TIMEOUT=forever", "duration"},
+		{[]string{"serve", "--no-such-flag"}, "", "no-such-flag"},
+	} {
+		if tc.env != "" {
+			k, v, _ := strings.Cut(tc.env, "=")
+			t.Setenv(k, v)
+		}
+		var out bytes.Buffer
+		if code := run(tc.args, &out); code != 2 {
+			t.Fatalf("%v %s: exit %d", tc.args, tc.env, code)
+		}
+		s := strings.TrimRight(out.String(), "\n")
+		if strings.Count(s, "\n") != 0 || !strings.Contains(s, tc.want) {
+			t.Fatalf("%v %s: printed %q, want one line naming %q", tc.args, tc.env, s, tc.want)
+		}
 	}
 }

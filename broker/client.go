@@ -173,6 +173,11 @@ func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream
 	if !strings.HasPrefix(req.Path, "/") || !validHeaderValue(req.Path) {
 		return nil, fmt.Errorf("broker: invalid request path %q", req.Path)
 	}
+	if !c.nc.IsConnected() {
+		// While reconnecting nats.go would buffer the request and the reply
+		// could only time out: fail now, nothing was sent.
+		return nil, wrap(ErrNATS, "not connected to the broker")
+	}
 	var ctr *atomic.Int64
 	if c.cfg.MaxPending > 0 {
 		ctr, _ = c.pending.LoadOrCompute(workerID, func() *atomic.Int64 { return new(atomic.Int64) })

@@ -128,7 +128,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 		ctx.SetBody(rs.errBody)
 		return
 	}
-	s.writeFailure(ctx, last, allConnect && fleetDown)
+	s.writeFailure(ctx, last, allConnect && (fleetDown || s.healthyWorkers() == 0))
 }
 
 // stashAnswer keeps a small, complete error answer of a worker that is

@@ -218,8 +218,9 @@ func unescape(dst, raw []byte) []byte {
 	return dst
 }
 
-// forEachField calls f for each member of the object at d[i]; f gets the raw
-// key and the value's [start, end) span. It validates the whole object.
+// forEachField calls f for each member of the object at d[i]; f gets the
+// decoded key and the value's [start, end) span. It validates the whole
+// object.
 func forEachField(d []byte, i int, f func(key []byte, vs, ve int) error) (int, error) {
 	return walkObject(d, i, 0, f)
 }
@@ -259,6 +260,11 @@ func walkObject(d []byte, i, depth int, f func(key []byte, vs, ve int) error) (i
 			return ve, err
 		}
 		if f != nil {
+			if hasEscape(key) {
+				// Compare keys as the engine's JSON decoder sees them:
+				// "mod\u0065l" is "model". Rare (hostile) input: allocate.
+				key = unescape(nil, key)
+			}
 			if err := f(key, vs, ve); err != nil {
 				return ve, err
 			}

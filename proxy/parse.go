@@ -59,7 +59,23 @@ var (
 	errNoPrompt      = &badRequestError{msg: "prompt is required", param: "prompt"}
 	errPromptType    = &badRequestError{msg: "prompt must be a string, an array of strings, or an array of token ids", param: "prompt"}
 	errMalformedJSON = &badRequestError{msg: "malformed JSON in request body"}
+	errEmptyModel    = &badRequestError{msg: "model must not be empty", param: "model"}
 )
+
+// Routing keys: a body that names one twice is refused, since engines
+// disagree with each other (and maybe with us) on which one counts.
+const (
+	rkModel = 1 << iota
+	rkStream
+	rkMaxTokens
+	rkMaxCompletionTokens
+	rkMessages
+	rkPrompt
+)
+
+func duplicateKey(name string) error {
+	return &badRequestError{msg: "duplicate key " + name + " in request body", param: name}
+}
 
 // parse extracts the routing fields of a chat (kind 0) or completion body.
 func (b *reqBody) parse(d []byte, kind int) error {
@@ -72,10 +88,25 @@ func (b *reqBody) parse(d []byte, kind int) error {
 		return errNotObject
 	}
 	var perr error
+	var seen uint
+	maxCompletion := -2
+	once := func(bit uint, name string) bool {
+		if seen&bit != 0 {
+			if perr == nil {
+				perr = duplicateKey(name)
+			}
+			return false
+		}
+		seen |= bit
+		return true
+	}
 	end, err := forEachField(d, i, func(key []byte, vs, ve int) error {
 		v := d[vs:ve]
 		switch string(key) {
 		case "model":
+			if !once(rkModel, "model") {
+				return nil
+			}
 			if v[0] != '"' {
 				perr = errModelType
 				return nil
@@ -89,6 +120,9 @@ func (b *reqBody) parse(d []byte, kind int) error {
 				b.model = raw
 			}
 		case "stream":
+			if !once(rkStream, "stream") {
+				return nil
+			}
 			switch v[0] {
 			case 't':
 				b.stream = true
@@ -98,6 +132,11 @@ func (b *reqBody) parse(d []byte, kind int) error {
 				perr = errStreamType
 			}
 		case "max_tokens", "max_completion_tokens":
+			completion := len(key) == len("max_completion_tokens")
+			if completion && !once(rkMaxCompletionTokens, "max_completion_tokens") ||
+				!completion && !once(rkMaxTokens, "max_tokens") {
+				return nil
+			}
 			if v[0] == 'n' {
 				return nil
 			}
@@ -106,7 +145,11 @@ func (b *reqBody) parse(d []byte, kind int) error {
 				perr = errMaxTokens
 				return nil
 			}
-			b.maxTokens = n
+			if completion {
+				maxCompletion = n // wins over max_tokens, as in vLLM and OpenAI
+			} else {
+				b.maxTokens = n
+			}
 		case "stream_options":
 			if v[0] == '{' {
 				forEachField(d, vs, func(k []byte, s, e int) error {
@@ -117,9 +160,13 @@ func (b *reqBody) parse(d []byte, kind int) error {
 				})
 			}
 		case "messages":
-			b.msgStart, b.msgEnd = vs, ve
+			if once(rkMessages, "messages") {
+				b.msgStart, b.msgEnd = vs, ve
+			}
 		case "prompt":
-			b.promptStart, b.promptEnd = vs, ve
+			if once(rkPrompt, "prompt") {
+				b.promptStart, b.promptEnd = vs, ve
+			}
 		case "tools":
 			if v[0] == '[' {
 				b.toolsStart, b.toolsEnd = vs, ve
@@ -136,8 +183,14 @@ func (b *reqBody) parse(d []byte, kind int) error {
 	if perr != nil {
 		return perr
 	}
+	if maxCompletion >= 0 {
+		b.maxTokens = maxCompletion
+	}
 	if b.model == nil {
 		return errNoModel
+	}
+	if len(b.model) == 0 {
+		return errEmptyModel
 	}
 	if kind == kindChat {
 		return b.parseMessages(d)

@@ -259,19 +259,26 @@ func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
 	ctx.SetBody(b)
 }
 
+// healthyWorkers counts routable workers whose breaker is closed (or due
+// for a probe).
+func (s *Server) healthyWorkers() int {
+	now := time.Now().UnixNano()
+	n := 0
+	for _, w := range s.sched.Fleet.View().Routable {
+		if w.Breaker.State() == fleet.BreakerClosed || w.Breaker.Available(now) {
+			n++
+		}
+	}
+	return n
+}
+
 // handleHealth answers 200 "ok" when some worker is routable and its
 // breaker lets requests through, 200 "degraded" when every routable
 // worker's breaker is open (requests are still dispatched, to probably bad
 // workers), and 503 when no worker is routable.
 func (s *Server) handleHealth(ctx *fasthttp.RequestCtx) {
 	v := s.sched.Fleet.View()
-	now := time.Now().UnixNano()
-	healthy := 0
-	for _, w := range v.Routable {
-		if w.Breaker.Available(now) || w.Breaker.State() == fleet.BreakerClosed {
-			healthy++
-		}
-	}
+	healthy := s.healthyWorkers()
 	status := "ok"
 	switch {
 	case len(v.Routable) == 0:

@@ -36,7 +36,6 @@ var (
 	errUpUpgrade    = errors.New("worker switched protocols (1xx other than 100)")
 	errUpHeaderSize = errors.New("response header from worker too large")
 	errUpNoConns    = errors.New("too many connections to worker")
-	errUpAborted    = errors.New("request aborted")
 )
 
 // httpPool is the per-worker connection pool (fleet.Worker.Client).

@@ -1,0 +1,736 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
+	"github.com/valyala/fasthttp"
+)
+
+// Attacks on the router with real sockets: each test reproduces one way a
+// hostile client or a faulty engine used to break it.
+
+// rawUpstream is a TCP server that answers each request with whatever the
+// test scripts, byte for byte; it records requests and counts connections.
+type rawUpstream struct {
+	ln    net.Listener
+	url   string
+	conns atomic.Int64
+}
+
+func startRaw(t *testing.T, answer func(n int, req string, c net.Conn)) *rawUpstream {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &rawUpstream{ln: ln, url: "http://" + ln.Addr().String()}
+	var n atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u.conns.Add(1)
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := readRawRequest(br)
+					if err != nil {
+						return
+					}
+					answer(int(n.Add(1)), req, c)
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return u
+}
+
+// readRawRequest reads one request with a Content-Length body.
+func readRawRequest(br *bufio.Reader) (string, error) {
+	var sb strings.Builder
+	cl := 0
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return "", err
+		}
+		sb.WriteString(line)
+		if line == "\r\n" {
+			break
+		}
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.EqualFold(k, "Content-Length") {
+			cl, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	body := make([]byte, cl)
+	if _, err := io.ReadFull(br, body); err != nil {
+		return "", err
+	}
+	sb.Write(body)
+	return sb.String(), nil
+}
+
+func jsonAnswer(body string) string {
+	return "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+}
+
+// rawClient sends raw bytes to the router and returns what it answered
+// before closing or the deadline.
+func rawClient(t *testing.T, url, req string, wait time.Duration) string {
+	t.Helper()
+	c, err := net.Dial("tcp4", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(wait))
+	if _, err := c.Write([]byte(req)); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(c)
+	return string(b)
+}
+
+// captureLogs routes slog to a buffer for the test.
+func captureLogs(t *testing.T) *syncBuffer {
+	t.Helper()
+	var buf syncBuffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	return &buf
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// 1. Running out of file descriptors must not stop the server: Accept
+// errors are retried, and the server serves again once descriptors free up.
+func TestAcceptSurvivesFileDescriptorExhaustion(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, up.url)
+	post(t, r.url+"/v1/chat/completions", chatBody) // warm: upstream connection open
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Skip(err)
+	}
+	// Allow only a few more descriptors than are open now.
+	open := countFDs(t)
+	lim := old
+	lim.Cur = uint64(open + 24)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Skip(err)
+	}
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old)
+		}
+	}
+	defer restore()
+	// Each idle client connection costs the process two descriptors (the
+	// client's and the accepted one) until the limit is hit; accept then
+	// fails with EMFILE while the kernel keeps queueing connections.
+	var conns []net.Conn
+	for i := 0; i < 40; i++ {
+		c, err := net.DialTimeout("tcp4", strings.TrimPrefix(r.url, "http://"), time.Second)
+		if err != nil {
+			break
+		}
+		conns = append(conns, c)
+	}
+	time.Sleep(200 * time.Millisecond)
+	for _, c := range conns {
+		c.Close()
+	}
+	restore()
+	// The server is still serving.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server does not serve after descriptors freed up: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func countFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := readDirNames("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	return len(ents)
+}
+
+// 1. --max-conns caps concurrent client connections; connections beyond it
+// are refused at once, and slowloris clients are cut at --header-timeout.
+func TestMaxConnsAndSlowHeadersAreBounded(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.MaxConns = 4
+	f.HeaderTimeout = 300 * time.Millisecond
+	r := startRouter(t, f, nil, up.url)
+	addr := strings.TrimPrefix(r.url, "http://")
+	// Four slowloris connections: half a header line each.
+	var slow []net.Conn
+	for i := 0; i < 4; i++ {
+		c, err := net.Dial("tcp4", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: "))
+		slow = append(slow, c)
+	}
+	time.Sleep(100 * time.Millisecond)
+	// A fifth connection is over the cap: answered 503 and closed.
+	if got := rawClient(t, r.url, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 2*time.Second); !strings.Contains(got, "503") {
+		t.Fatalf("connection over --max-conns: %q, want a 503", got)
+	}
+	// The slow clients are cut at the header timeout, freeing their slots.
+	start := time.Now()
+	for _, c := range slow {
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		io.ReadAll(c)
+		c.Close()
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("slowloris connections held for %v; --header-timeout is 300ms", el)
+	}
+	if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 {
+		t.Fatalf("after the slow clients were cut: %d %s", code, b)
+	}
+}
+
+// 2. A large announced Content-Length is not allocated: unauthenticated
+// clients that announce 32 MB and send one byte hold almost no memory, and
+// authenticated bodies are bounded by --max-inflight-body-bytes.
+func TestAnnouncedBodiesAreNotAllocated(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.APIKey = "sk-test-key"
+	f.MaxBodyBytes = 64 << 20
+	f.HeaderTimeout = 2 * time.Second
+	r := startRouter(t, f, nil, up.url)
+	addr := strings.TrimPrefix(r.url, "http://")
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var conns []net.Conn
+	for i := 0; i < 10; i++ {
+		c, err := net.Dial("tcp4", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", 32<<20)
+		conns = append(conns, c)
+	}
+	time.Sleep(300 * time.Millisecond)
+	var during runtime.MemStats
+	runtime.ReadMemStats(&during)
+	for _, c := range conns {
+		c.Close()
+	}
+	if grew := int64(during.HeapAlloc) - int64(before.HeapAlloc); grew > 8<<20 {
+		t.Fatalf("10 connections announcing 32 MB grew the heap by %d MB", grew>>20)
+	}
+	// Unauthenticated with a body: 401 without reading it.
+	got := rawClient(t, r.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 3*time.Second)
+	if !strings.HasPrefix(got, "HTTP/1.1 401") {
+		t.Fatalf("unauthenticated: %q", trunc(got))
+	}
+}
+
+func TestInflightBodyBudgetRefusesWhenExhausted(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.MaxInflightBodyBytes = 256 << 10
+	f.MaxBodyBytes = 8 << 20
+	r := startRouter(t, f, nil, up.url)
+	addr := strings.TrimPrefix(r.url, "http://")
+	// Four authenticated clients each send 200 KB of a 1 MB body, then stall.
+	var conns []net.Conn
+	for i := 0; i < 4; i++ {
+		c, err := net.Dial("tcp4", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", 1<<20)
+		c.Write(bytes.Repeat([]byte(" "), 200<<10))
+		conns = append(conns, c)
+	}
+	refused := 0
+	for _, c := range conns {
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		b, _ := io.ReadAll(c)
+		if bytes.Contains(b, []byte(" 503 ")) && bytes.Contains(b, []byte("overloaded")) {
+			refused++
+		}
+		c.Close()
+	}
+	if refused == 0 {
+		t.Fatal("no client was refused although their bodies exceed the in-flight budget")
+	}
+	if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 {
+		t.Fatalf("budget not released after the clients left: %d %s", code, b)
+	}
+	if used := r.srv.bodies.used.Load(); used != 0 {
+		t.Fatalf("body budget still holds %d bytes", used)
+	}
+}
+
+// 3. Secrets never reach logs or error bodies, whatever the client sends.
+func TestSecretsNeverLoggedOrEchoed(t *testing.T) {
+	logs := captureLogs(t)
+	const secret = "sk-SECRET-0123456789abcdef"
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nbroken-extra-bytes")) // malformed for the router
+	})
+	f := defaultFlags()
+	f.APIKey = secret
+	r := startRouter(t, f, nil, up.url)
+	cases := []string{
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + "\r\nContent-Length: nope\r\n\r\n",
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + "\r\nTransfer-Encoding: gzip\r\n\r\n",
+		"GARBAGE /\x00 HTTP/9\r\nAuthorization: Bearer " + secret + "\r\n\r\n",
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + "x\r\nContent-Length: 2\r\n\r\n{}",
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-api-key: " + secret + "\r\nContent-Length: 1\r\n\r\n{",
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + secret + "\r\nContent-Length: " + strconv.Itoa(len(chatBody)) + "\r\n\r\n" + chatBody,
+	}
+	for _, req := range cases {
+		got := rawClient(t, r.url, req, 3*time.Second)
+		if strings.Contains(got, secret) || strings.Contains(got, "SECRET") {
+			t.Fatalf("response echoes the secret: %q", got)
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	if l := logs.String(); strings.Contains(l, "SECRET") {
+		t.Fatalf("logs contain the secret:\n%s", l)
+	}
+}
+
+// 5. Hop-by-hop headers (RFC 9110 7.6.1) and the headers the client's
+// Connection header names never reach the engine; the same holds for the
+// engine's response; the engine's Host is always its own.
+func TestHopByHopHeadersStrippedBothWays(t *testing.T) {
+	var got atomic.Pointer[string]
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		got.Store(&req)
+		body := okJSON
+		c.Write([]byte("HTTP/1.1 200 OK\r\nConnection: X-Engine-Private\r\nX-Engine-Private: 1\r\nKeep-Alive: timeout=5\r\nProxy-Authenticate: Basic\r\nTrailer: X-T\r\nX-Kept: yes\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body))
+	})
+	r := startRouter(t, nil, nil, up.url)
+	req := "POST /v1/chat/completions HTTP/1.1\r\nHost: client.example\r\nConnection: keep-alive, X-Client-Private\r\nX-Client-Private: 1\r\n" +
+		"Keep-Alive: 300\r\nUpgrade: websocket\r\nTE: trailers\r\nTrailer: X-T\r\nProxy-Authorization: Basic Zm9vOmJhcg==\r\nProxy-Connection: keep-alive\r\n" +
+		"X-Worker-Instance-Id: w9\r\nX-Forwarded-Keep: yes\r\nContent-Length: " + strconv.Itoa(len(chatBody)) + "\r\n\r\n" + chatBody
+	resp := rawClient(t, r.url, req, 2*time.Second)
+	seen := got.Load()
+	if seen == nil {
+		t.Fatalf("engine never got the request; client saw %q", resp)
+	}
+	head, _, _ := strings.Cut(*seen, "\r\n\r\n")
+	for _, h := range []string{"x-client-private", "keep-alive:", "upgrade", "te:", "trailer", "proxy-authorization", "proxy-connection", "x-worker-instance-id", "client.example"} {
+		if strings.Contains(strings.ToLower(head), h) {
+			t.Fatalf("engine received %q:\n%s", h, head)
+		}
+	}
+	if !strings.Contains(head, "Host: "+strings.TrimPrefix(up.url, "http://")) || !strings.Contains(head, "X-Forwarded-Keep: yes") {
+		t.Fatalf("engine's Host or an end-to-end header is wrong:\n%s", head)
+	}
+	rhead, _, _ := strings.Cut(resp, "\r\n\r\n")
+	for _, h := range []string{"x-engine-private", "keep-alive:", "proxy-authenticate", "trailer"} {
+		if strings.Contains(strings.ToLower(rhead), h) {
+			t.Fatalf("client received %q:\n%s", h, rhead)
+		}
+	}
+	if !strings.Contains(rhead, "X-Kept: yes") {
+		t.Fatalf("end-to-end response header dropped:\n%s", rhead)
+	}
+}
+
+// 5. An engine that honours Upgrade and answers 101 does not get its
+// tunnel pooled: the client gets 502 and the next request goes out on a
+// fresh connection.
+func TestUpgradeAnswerIsRefusedAndNotPooled(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		if n == 1 {
+			c.Write([]byte("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"))
+			return
+		}
+		c.Write([]byte(jsonAnswer(okJSON)))
+	})
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startRouter(t, f, nil, up.url)
+	code, b := post(t, r.url+"/v1/chat/completions", chatBody)
+	if code != 502 {
+		t.Fatalf("101 from the engine: %d %s", code, b)
+	}
+	checkOpenAIError(t, b)
+	if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 || !strings.Contains(b, `"hi"`) {
+		t.Fatalf("next request: %d %s", code, b)
+	}
+	if n := up.conns.Load(); n != 2 {
+		t.Fatalf("upstream connections: %d, want 2 (the upgraded one must not be reused)", n)
+	}
+}
+
+// 6. An unsolicited extra response, sent with the answer or later while the
+// connection idles in the pool, never reaches the next client.
+func TestUnsolicitedResponseNeverReachesNextClient(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		t.Run(fmt.Sprintf("late=%v", late), func(t *testing.T) {
+			evil := jsonAnswer(`{"evil":true}`)
+			up := startRaw(t, func(n int, req string, c net.Conn) {
+				c.Write([]byte(jsonAnswer(okJSON)))
+				if n == 1 {
+					if late {
+						time.Sleep(100 * time.Millisecond)
+					}
+					c.Write([]byte(evil))
+				}
+			})
+			r := startRouter(t, nil, nil, up.url)
+			if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 || strings.Contains(b, "evil") {
+				t.Fatalf("first: %d %s", code, b)
+			}
+			time.Sleep(200 * time.Millisecond)
+			for i := 0; i < 3; i++ {
+				if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 || strings.Contains(b, "evil") {
+					t.Fatalf("request %d got the unsolicited answer: %d %s", i, code, b)
+				}
+			}
+		})
+	}
+}
+
+// 7. The router reads the fields the engine reads: keys are compared
+// decoded, routing keys may not repeat, and the model may not be empty.
+func TestRouterAndEngineReadTheSameFields(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, up.url)
+	for _, body := range []string{
+		`{"model":"m","mod\u0065l":"x","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","stream":false,"str\u0065am":true,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","max_tokens":1,"max_tok\u0065ns":100000,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"messages":[]}`,
+		`{"model":"","messages":[{"role":"user","content":"hi"}]}`,
+	} {
+		code, b := post(t, r.url+"/v1/chat/completions", body)
+		if code != 400 {
+			t.Fatalf("%s: %d %s, want 400", body, code, b)
+		}
+		checkOpenAIError(t, b)
+	}
+	// An escaped key that is unique is read as its decoded name.
+	if code, b := post(t, r.url+"/v1/chat/completions", `{"mod\u0065l":"m","messages":[{"role":"user","content":"hi"}]}`); code != 200 {
+		t.Fatalf("escaped model key: %d %s", code, b)
+	}
+}
+
+// 8. A client that stops reading is not the worker's fault: the idle
+// timeout measures the engine, not time spent blocked writing to the
+// client; a client that stalls past --client-write-timeout is cut, and the
+// worker's breaker records nothing.
+func TestSlowClientIsNotBlamedOnWorker(t *testing.T) {
+	event := "data: " + strings.Repeat("x", 16<<10) + "\n\n"
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			for i := 0; i < 1024; i++ { // 16 MB, more than the socket buffers hold
+				w.WriteString(event)
+				if w.Flush() != nil {
+					return
+				}
+			}
+			w.WriteString("data: [DONE]\n\n")
+			w.Flush()
+		})
+	})
+	cfg := config.Default()
+	cfg.Timeouts.StreamIdleSeconds = 0.3
+	f := defaultFlags()
+	f.BreakerFailureThreshold = 1
+	f.ClientWriteTimeout = 10 * time.Second
+	r := startRouter(t, f, cfg, up.url)
+	w := r.fl.Get("w0")
+	readPaused := func(pause time.Duration) (string, error) {
+		c, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(streamBody), streamBody)
+		head := make([]byte, 512)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err := c.Read(head)
+		if err != nil {
+			return "", err
+		}
+		time.Sleep(pause) // the router's writes block on us meanwhile
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		rest, err := io.ReadAll(c)
+		return string(head[:n]) + string(rest), err
+	}
+	t0 := time.Now()
+	got, _ := readPaused(1500 * time.Millisecond) // 5x the idle timeout
+	t.Logf("paused read took %v", time.Since(t0))
+	if !strings.Contains(got, "data: [DONE]") || strings.Contains(got, `"error"`) {
+		t.Fatalf("paused client got a broken stream (%d bytes, tail %q)", len(got), got[max(0, len(got)-200):])
+	}
+	if w.Breaker.State() != fleet.BreakerClosed {
+		t.Fatal("a slow client tripped the worker's breaker")
+	}
+	// Past the client's own write timeout: the client is cut, the worker is fine.
+	f2 := defaultFlags()
+	f2.BreakerFailureThreshold = 1
+	f2.ClientWriteTimeout = 300 * time.Millisecond
+	r2 := startRouter(t, f2, cfg, up.url)
+	r = r2
+	t0 = time.Now()
+	got, _ = readPaused(2 * time.Second)
+	t.Logf("stalled read took %v", time.Since(t0))
+	if strings.Contains(got, "data: [DONE]") {
+		t.Fatal("a client stalled past --client-write-timeout was not cut")
+	}
+	if st := r2.fl.Get("w0").Breaker.State(); st != fleet.BreakerClosed {
+		t.Fatalf("client write timeout tripped the worker's breaker: state %d", st)
+	}
+}
+
+// 9. The router's error event never glues onto a partial SSE line.
+func TestMidStreamErrorEventStartsOnItsOwnLine(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+		part := "data: {\"i\":0}\n\ndata: {\"partial"
+		fmt.Fprintf(c, "%x\r\n%s\r\n", len(part), part)
+		time.Sleep(50 * time.Millisecond)
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close() // dies mid-event
+	})
+	r := startRouter(t, nil, nil, up.url)
+	code, b := post(t, r.url+"/v1/chat/completions", streamBody)
+	if code != 200 || !strings.Contains(b, "data: {\"partial\n\ndata: {\"error\"") || !strings.HasSuffix(b, "data: [DONE]\n\n") {
+		t.Fatalf("%d %q", code, b)
+	}
+}
+
+// 10. An absolute-form request target neither sets the engine's Host nor
+// reaches it: the engine sees the canonical path and its own Host.
+func TestAbsoluteFormTargetDoesNotReachTheEngine(t *testing.T) {
+	var got atomic.Pointer[string]
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		got.Store(&req)
+		c.Write([]byte(jsonAnswer(okJSON)))
+	})
+	r := startRouter(t, nil, nil, up.url)
+	resp := rawClient(t, r.url, "POST http://evil.example/v1/chat/completions?x=1 HTTP/1.1\r\nHost: evil.example\r\nContent-Length: "+
+		strconv.Itoa(len(chatBody))+"\r\nConnection: close\r\n\r\n"+chatBody, 2*time.Second)
+	if !strings.HasPrefix(resp, "HTTP/1.1 200") {
+		t.Fatalf("%q", trunc(resp))
+	}
+	seen := got.Load()
+	if seen == nil || !strings.HasPrefix(*seen, "POST /v1/chat/completions?x=1 HTTP/1.1\r\n") ||
+		strings.Contains(*seen, "evil") || !strings.Contains(*seen, "Host: "+strings.TrimPrefix(up.url, "http://")) {
+		t.Fatalf("engine saw:\n%v", *seen)
+	}
+}
+
+// 11. Worker faults are counted in infera_router_worker_failures_total.
+func TestWorkerFailuresAreCounted(t *testing.T) {
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startRouter(t, f, nil, deadURL(t))
+	for i := 0; i < 2; i++ {
+		post(t, r.url+"/v1/chat/completions", chatBody)
+	}
+	var buf bytes.Buffer
+	metrics.WritePrometheus(&buf, false)
+	if !regexpMatch(`infera_router_worker_failures_total\{worker="w0"\} [1-9]`, buf.String()) {
+		t.Fatalf("failures not counted:\n%s", grepLines(buf.String(), "worker_failures"))
+	}
+}
+
+// 12. Every worker down: 503 and /health says so; error messages carry no
+// internal address.
+func TestFleetDownAnswers503WithoutAddresses(t *testing.T) {
+	f := defaultFlags()
+	f.BreakerFailureThreshold = 1
+	dead1, dead2 := deadURL(t), deadURL(t)
+	r := startRouter(t, f, nil, dead1, dead2)
+	for i := 0; i < 3; i++ {
+		code, b := post(t, r.url+"/v1/chat/completions", chatBody)
+		if code != 503 {
+			t.Fatalf("request %d with every worker down: %d %s", i, code, b)
+		}
+		if strings.Contains(b, "127.0.0.1") || strings.Contains(b, strings.TrimPrefix(dead1, "http://")) {
+			t.Fatalf("error names an internal address: %s", b)
+		}
+	}
+	resp, err := http.Get(r.url + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `"status":"degraded"`) {
+		t.Fatalf("/health with every breaker open: %d %s", resp.StatusCode, b)
+	}
+}
+
+// 12. A non-streaming client that leaves cancels the engine request.
+func TestNonStreamingClientLeavingCancelsEngine(t *testing.T) {
+	closed := make(chan time.Time, 1)
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		// Never answer; notice when the router closes the connection.
+		b := make([]byte, 1)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Read(b); err != nil {
+			closed <- time.Now()
+		}
+	})
+	r := startRouter(t, nil, nil, up.url)
+	c, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+	time.Sleep(300 * time.Millisecond)
+	left := time.Now()
+	c.Close()
+	select {
+	case at := <-closed:
+		if d := at.Sub(left); d > 2*time.Second {
+			t.Fatalf("engine connection closed %v after the client left", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the engine request was not cancelled when the client left")
+	}
+	waitFor(t, func() bool { return r.fl.Get("w0").Load.Requests.Load() == 0 }, "load released")
+	if st := r.fl.Get("w0").Breaker.State(); st != fleet.BreakerClosed {
+		t.Fatal("a leaving client was blamed on the worker")
+	}
+}
+
+// 12. Large non-streaming answers are streamed through, not buffered whole.
+func TestLargeNonStreamingAnswerIsNotBuffered(t *testing.T) {
+	const size = 48 << 20
+	chunk := bytes.Repeat([]byte("a"), 64<<10)
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			for n := 0; n < size; n += len(chunk) {
+				w.Write(chunk)
+				w.Flush()
+			}
+		})
+	})
+	r := startRouter(t, nil, nil, up.url)
+	runtime.GC()
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	go func() {
+		var ms runtime.MemStats
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			runtime.ReadMemStats(&ms)
+			if ms.HeapAlloc > peak.Load() {
+				peak.Store(ms.HeapAlloc)
+			}
+		}
+	}()
+	var base runtime.MemStats
+	runtime.ReadMemStats(&base)
+	var wg sync.WaitGroup
+	for i := 0; i < 3; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			n, _ := io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if n != size {
+				t.Errorf("got %d bytes, want %d", n, size)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	if grew := int64(peak.Load()) - int64(base.HeapAlloc); grew > 40<<20 {
+		t.Fatalf("three 48 MB answers grew the heap by %d MB: buffered, not streamed", grew>>20)
+	}
+}
+
+func readDirNames(dir string) ([]string, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.Readdirnames(-1)
+}
+
+func regexpMatch(pat, s string) bool { return regexp.MustCompile(pat).MatchString(s) }
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
