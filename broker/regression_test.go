@@ -9,11 +9,11 @@ import (
 	"time"
 )
 
-// TestReview2StopAcceptingLosesRequests: requests published while the worker
+// TestStopAcceptingAnswersEveryPublishedRequest: requests published while the worker
 // unsubscribes must each get an answer or "no responders"; none may be
 // silently dropped (the router would wait for the idle timeout, 900s by
 // default).
-func TestReview2StopAcceptingLosesRequests(t *testing.T) {
+func TestStopAcceptingAnswersEveryPublishedRequest(t *testing.T) {
 	r := newRig(t, ClientConfig{IdleTimeout: 1500 * time.Millisecond}, ServerConfig{})
 	var ok, noResp, idle, other atomic.Int64
 	var wg sync.WaitGroup
@@ -57,10 +57,10 @@ func TestReview2StopAcceptingLosesRequests(t *testing.T) {
 	}
 }
 
-// TestReview2EarlyCancelLost: a cancel that reaches the worker before its
+// TestCancelBeforeHandlerRegistersStillCancels: a cancel that reaches the worker before its
 // request handler registered the id is ignored, and the engine request runs
 // to completion with nobody listening.
-func TestReview2EarlyCancelLost(t *testing.T) {
+func TestCancelBeforeHandlerRegistersStillCancels(t *testing.T) {
 	r := newRig(t, ClientConfig{}, ServerConfig{})
 	const n = 200
 	for i := 0; i < n; i++ {

@@ -8,7 +8,7 @@ import (
 
 // R5: --config-poll 0 passes Validate, and Store.Watch then panics in
 // time.NewTicker (in serve.go it runs in a goroutine: the process dies).
-func TestReviewWatchZeroPollPanics(t *testing.T) {
+func TestWatchWithZeroPollDoesNotPanic(t *testing.T) {
 	f := &Serve{Port: 8000, MaxBodyBytes: 1, BreakerCooldownS: 1, BreakerMaxCooldownS: 2, ConfigPoll: 0}
 	if err := f.Validate(); err != nil {
 		t.Skipf("rejected by Validate: %v", err)

@@ -19,10 +19,10 @@ func review2Pod(name, id, url string) kubeEvent {
 	return kubeEvent{Type: "ADDED", Object: b}
 }
 
-// TestReview2KubeDuplicateID: two Pods advertising the same worker id (e.g.
+// TestKubeDuplicateWorkerIDStaysRoutableWhenOldPodLeaves: two Pods advertising the same worker id (e.g.
 // INFERA_WORKER_ID set in a Deployment template during a rollout). When the
 // old Pod goes away the new, still Ready Pod must stay routable.
-func TestReview2KubeDuplicateID(t *testing.T) {
+func TestKubeDuplicateWorkerIDStaysRoutableWhenOldPodLeaves(t *testing.T) {
 	sink := newMemSink()
 	w := &KubeWatcher{cfg: KubeWatcherConfig{Annotation: DefaultAnnotation}, sink: sink,
 		st: statsFor(BackendKubernetes), h: newHealth(), byPod: map[string]fleet.Record{}}

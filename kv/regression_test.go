@@ -12,11 +12,11 @@ import (
 	"github.com/infera/infera/radix"
 )
 
-// TestReview2RestartWithoutSeqZero: a publisher restart whose first batches
+// TestPublisherRestartWithoutSeqZeroIsDetected: a publisher restart whose first batches
 // (0..2) were lost (ZMQ slow joiner / relay reconnect) is treated as "stale"
 // forever: the new engine's blocks are ignored until its sequence passes the
 // old one, and the old engine's blocks stay in the index.
-func TestReview2RestartWithoutSeqZero(t *testing.T) {
+func TestPublisherRestartWithoutSeqZeroIsDetected(t *testing.T) {
 	m, x := newTestManager(t, "nats")
 	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
@@ -43,9 +43,9 @@ func TestReview2RestartWithoutSeqZero(t *testing.T) {
 	}
 }
 
-// TestReview2ReplayLargeRing: a replay of more batches than the ROUTER's
+// TestReplayBeyondSendHWMDeliversEveryBatch: a replay of more batches than the ROUTER's
 // default send HWM (1000) must deliver every batch and the end marker.
-func TestReview2ReplayLargeRing(t *testing.T) {
+func TestReplayBeyondSendHWMDeliversEveryBatch(t *testing.T) {
 	// One event per batch: each event is sent as soon as it is queued.
 	p, err := engine.NewPublisher(engine.PublisherConfig{Endpoint: "tcp://127.0.0.1:*", ReplayEndpoint: "tcp://127.0.0.1:*",
 		FlushInterval: time.Millisecond, MaxBatchEvents: 1})
@@ -68,9 +68,9 @@ func TestReview2ReplayLargeRing(t *testing.T) {
 	}
 }
 
-// TestReview2ClearedMapShrinks: after AllBlocksCleared the per-rank engine
+// TestClearedEngineMapReleasesItsPeakSize: after AllBlocksCleared the per-rank engine
 // hash map must not keep its peak size (clear() keeps a Go map's buckets).
-func TestReview2ClearedMapShrinks(t *testing.T) {
+func TestClearedEngineMapReleasesItsPeakSize(t *testing.T) {
 	x := radix.New()
 	m, err := NewManager(ManagerConfig{Index: x})
 	if err != nil {

@@ -15,9 +15,9 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// R1: an https worker can never be reached: the forwarded request keeps the
+// Regression: an https worker can never be reached: the forwarded request keeps the
 // client's http scheme and HostClient{IsTLS:true} refuses it before dialing.
-func TestReviewHTTPSWorkerUnreachable(t *testing.T) {
+func TestHTTPSWorkerIsReachable(t *testing.T) {
 	// Nothing listens on this port: a correct router fails with a dial error.
 	u := strings.Replace(deadURL(t), "http://", "https://", 1)
 	f := defaultFlags()
@@ -30,11 +30,11 @@ func TestReviewHTTPSWorkerUnreachable(t *testing.T) {
 	}
 }
 
-// R2: a retry whose request deadline already passed (non_stream_total_s is
+// Regression: a retry whose request deadline already passed (non_stream_total_s is
 // measured from the request start, shared by all attempts) returns ErrTimeout
 // from DoDeadline without contacting the worker, and the innocent alternate
 // worker gets a breaker fault.
-func TestReviewExpiredDeadlineBlamesAlternateWorker(t *testing.T) {
+func TestSpentDeadlineDoesNotBlameAlternateWorker(t *testing.T) {
 	slow := startUpstream(t, func(ctx *fasthttp.RequestCtx) { time.Sleep(600 * time.Millisecond); okHandler(ctx) })
 	fast := startUpstream(t, okHandler)
 	cfg := config.Default()
@@ -56,10 +56,10 @@ func TestReviewExpiredDeadlineBlamesAlternateWorker(t *testing.T) {
 	}
 }
 
-// R3: a streamed 4xx answer to the half-open probe calls Abandon twice: once
+// Regression: a streamed 4xx answer to the half-open probe calls Abandon twice: once
 // in forward, once when the stream closes. The second Abandon frees the probe
 // slot of a *newer* probe still in flight, so two probes run at once.
-func TestReviewDoubleAbandonClobbersNewProbe(t *testing.T) {
+func TestStreamed4xxProbeEndDoesNotFreeNewerProbe(t *testing.T) {
 	var hit atomic.Int64
 	release4xx := make(chan struct{})
 	release2 := make(chan struct{})
@@ -133,10 +133,10 @@ func TestReviewDoubleAbandonClobbersNewProbe(t *testing.T) {
 	}
 }
 
-// R4: with StreamTotalSeconds, the wall-clock cap of a healthy, long
+// Regression: with StreamTotalSeconds, the wall-clock cap of a healthy, long
 // generation is reported as a worker fault (Breaker.Failure) and, on
 // threshold, trips a healthy worker.
-func TestReviewStreamTotalCapTripsHealthyWorker(t *testing.T) {
+func TestStreamTotalCapIsNotAWorkerFault(t *testing.T) {
 	su := &sseUpstream{n: 20, delay: 30 * time.Millisecond}
 	up := startUpstream(t, su.handler)
 	cfg := config.Default()
@@ -159,10 +159,10 @@ func TestReviewStreamTotalCapTripsHealthyWorker(t *testing.T) {
 
 var _ = fmt.Sprint
 
-// R6: a request dispatched before the trip that ends successfully later
+// Regression: a request dispatched before the trip that ends successfully later
 // calls Breaker.Success, which closes an open breaker (and resets the
 // doubling cooldown) although no probe ran.
-func TestReviewStaleSuccessClosesOpenBreaker(t *testing.T) {
+func TestStaleSuccessDoesNotCloseOpenBreaker(t *testing.T) {
 	var hit atomic.Int64
 	gate := make(chan struct{})
 	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
@@ -207,10 +207,10 @@ func TestReviewStaleSuccessClosesOpenBreaker(t *testing.T) {
 	}
 }
 
-// R8: a stream request answered 429 by the only worker (retries=1, so the
+// Regression: a stream request answered 429 by the only worker (retries=1, so the
 // first attempt is not final): the engine body is dropped (stream != nil) and
 // the client gets 429 with type server_error instead of rate_limit_error.
-func TestReview429TypeOnStream(t *testing.T) {
+func TestStream429AnswerKeepsRateLimitType(t *testing.T) {
 	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
 		ctx.SetStatusCode(429)
 		ctx.SetContentType("application/json")
@@ -224,9 +224,9 @@ func TestReview429TypeOnStream(t *testing.T) {
 	}
 }
 
-// Stress: concurrent streams, half abandoned by the client, one flaky worker;
+// Regression: concurrent streams, half abandoned by the client, one flaky worker;
 // load counters must return to 0 and -race must stay quiet.
-func TestReviewStressLoadCounters(t *testing.T) {
+func TestLoadCountersReturnToZeroUnderStress(t *testing.T) {
 	su := &sseUpstream{n: 5, delay: 5 * time.Millisecond}
 	good := startUpstream(t, su.handler)
 	var k atomic.Int64

@@ -322,6 +322,9 @@ func (c *upConn) readHead() error {
 			return err
 		}
 		if http10 {
+			if c.chunked {
+				return errUpMalformed // chunked framing does not exist in HTTP/1.0: ambiguous, refuse
+			}
 			c.closeAfter = true
 		}
 		return nil
