@@ -218,6 +218,12 @@ func (f *Fleet) newWorker(r Record) (*Worker, error) {
 	f.ms.GetOrCreateGauge(`infera_router_worker_breaker_trips_total`+lbl, func() float64 { return float64(w.Breaker.Trips()) })
 	f.ms.GetOrCreateGauge(`infera_router_worker_active_requests`+lbl, func() float64 { return float64(w.Load.Requests.Load()) })
 	f.ms.GetOrCreateGauge(`infera_router_worker_active_tokens`+lbl, func() float64 { return float64(w.Load.Tokens.Load()) })
+	f.ms.GetOrCreateGauge(`infera_router_worker_routable`+lbl, func() float64 {
+		if w.Draining() || w.Removed() {
+			return 0
+		}
+		return 1 // ACTIVE as far as discovery is concerned
+	})
 	return w, nil
 }
 
@@ -233,7 +239,7 @@ func (f *Fleet) removeLocked(w *Worker) {
 		h.WorkerRemoved(w)
 	}
 	lbl := fmt.Sprintf(`{worker=%q}`, w.ID)
-	for _, name := range []string{"requests_total", "failures_total", "breaker_state", "breaker_trips_total", "active_requests", "active_tokens"} {
+	for _, name := range []string{"requests_total", "failures_total", "breaker_state", "breaker_trips_total", "active_requests", "active_tokens", "routable"} {
 		f.ms.UnregisterMetric("infera_router_worker_" + name + lbl)
 	}
 	slog.Info("worker removed", "id", w.ID, "url", w.URL)

@@ -2,6 +2,14 @@ package proxy
 
 import "github.com/VictoriaMetrics/metrics"
 
+// Bucket upper bounds in seconds: first byte (a cached prefill is
+// milliseconds, a long prompt behind a queue is tens of seconds) and whole
+// requests (up to long generations).
+var (
+	latencyBuckets  = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}
+	durationBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800}
+)
+
 // Series resolved once; never GetOrCreate on the request path.
 var (
 	mReqChat       = metrics.NewCounter(`infera_requests_total{endpoint="chat"}`)
@@ -17,9 +25,11 @@ var (
 	mPromptTokens  = metrics.NewCounter(`infera_usage_tokens_total{kind="prompt"}`)
 	mOutputTokens  = metrics.NewCounter(`infera_usage_tokens_total{kind="completion"}`)
 	mCachedTokens  = metrics.NewCounter(`infera_usage_tokens_total{kind="cached"}`)
-	mTTFT          = metrics.NewHistogram(`infera_time_to_first_byte_seconds`)
-	mDuration      = metrics.NewHistogram(`infera_request_duration_seconds`)
-	mBadRequests   = metrics.NewCounter(`infera_bad_requests_total`)
+	// Prometheus-style (le) buckets, so histogram_quantile works in
+	// Prometheus and Grafana.
+	mTTFT        = metrics.NewPrometheusHistogramExt(`infera_time_to_first_byte_seconds`, latencyBuckets)
+	mDuration    = metrics.NewPrometheusHistogramExt(`infera_request_duration_seconds`, durationBuckets)
+	mBadRequests = metrics.NewCounter(`infera_bad_requests_total`)
 )
 
 func countStatus(code int) {

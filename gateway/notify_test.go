@@ -1,0 +1,156 @@
+package gateway
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The router speaks sd_notify on a real NOTIFY_SOCKET datagram socket:
+// READY=1 when serving, RELOADING=1 with MONOTONIC_USEC then READY=1 around
+// a SIGHUP reload, WATCHDOG=1 at half WatchdogSec, STOPPING=1 at shutdown.
+func TestSystemdNotifyMessages(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	t.Setenv("NOTIFY_SOCKET", sock)
+	t.Setenv("WATCHDOG_USEC", "400000") // 0.4 s: pings every 0.2 s
+	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
+
+	_, e1 := startEngine(t, "--speedup", "50")
+	cfgPath := filepath.Join(dir, "infera.json")
+	os.WriteFile(cfgPath, []byte(`{}`), 0o644)
+	f := parseServe(t, "--workers", "a="+e1, "--config", cfgPath, "--config-poll", "0", "--router-policy", "round-robin")
+	g, err := New(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx, ln) }()
+
+	msgs := make(chan string, 64)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, _, err := conn.ReadFromUnix(buf)
+			if err != nil {
+				close(msgs)
+				return
+			}
+			msgs <- string(buf[:n])
+		}
+	}()
+	next := func(want string) string {
+		t.Helper()
+		deadline := time.After(5 * time.Second)
+		for {
+			select {
+			case m, ok := <-msgs:
+				if !ok {
+					t.Fatalf("socket closed waiting for %q", want)
+				}
+				if strings.Contains(m, want) {
+					return m
+				}
+			case <-deadline:
+				t.Fatalf("no %q message", want)
+			}
+		}
+	}
+	next("READY=1")
+	// The listener is up when READY=1 arrives.
+	if resp, b := doPost(t, "http://"+ln.Addr().String()+"/v1/chat/completions", e2eChat); resp.StatusCode != 200 {
+		t.Fatalf("after READY: %d %s", resp.StatusCode, b)
+	}
+	next("WATCHDOG=1")
+	os.WriteFile(cfgPath, []byte(`{"debug":{"decision_header":true}}`), 0o644)
+	syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	m := next("RELOADING=1")
+	if !strings.Contains(m, "MONOTONIC_USEC=") {
+		t.Fatalf("RELOADING without MONOTONIC_USEC: %q", m)
+	}
+	next("READY=1")
+	if !g.Store().Load().Debug.DecisionHeader {
+		t.Fatal("SIGHUP did not reload the config")
+	}
+	cancel()
+	next("STOPPING=1")
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// Shutdown drains: a stream in flight when SIGTERM (here: ctx) arrives
+// completes, new connections are refused, and Run returns after the stream.
+func TestShutdownDrainsInFlightStreams(t *testing.T) {
+	_, e1 := startEngine(t, "--speedup", "5")
+	f := parseServe(t, "--workers", "a="+e1, "--router-policy", "round-robin", "--shutdown-timeout", "20s")
+	g, err := New(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx, ln) }()
+	type result struct {
+		body string
+		at   time.Time
+	}
+	body := make(chan result, 1)
+	go func() {
+		resp, b := doPost(t, url+"/v1/chat/completions", `{"model":"sim-model","stream":true,"max_tokens":200,"messages":[{"role":"user","content":"drain me"}]}`)
+		if resp.StatusCode != 200 {
+			body <- result{"status " + strconv.Itoa(resp.StatusCode), time.Now()}
+			return
+		}
+		body <- result{string(b), time.Now()}
+	}()
+	time.Sleep(300 * time.Millisecond) // the stream is running
+	cancel()
+	var runErr error
+	var returned time.Time
+	select {
+	case runErr = <-done:
+		returned = time.Now()
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	r := <-body
+	if !strings.HasSuffix(r.body, "data: [DONE]\n\n") || strings.Contains(r.body, `"error"`) {
+		t.Fatalf("stream cut by the shutdown: %q", r.body[max(0, len(r.body)-200):])
+	}
+	if returned.Before(r.at.Add(-100 * time.Millisecond)) {
+		t.Fatalf("Run returned %v before the stream ended", r.at.Sub(returned))
+	}
+	if runErr != nil {
+		t.Fatalf("Run: %v", runErr)
+	}
+	// Nothing is served any more.
+	if resp, err := http.Get(url + "/health"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("served after shutdown: %d", resp.StatusCode)
+	}
+}
