@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/engine"
+	"github.com/infera/infera/kvroute"
 )
 
 // Cmd is `infera bench`.
@@ -363,7 +364,7 @@ func (c *SimulateCmd) Run() error {
 	var sums []Summary
 	for _, pol := range splitList(c.Policies) {
 		r, err := Simulate(reqs, SimConfig{Engines: c.Engines, Core: c.coreConfig(), Policy: pol, Model: c.Model, Load: lc,
-			KVOverlapWeight: c.KVOverlapWeight, KVLoadBound: kvLoadBound(c.KVLoadBound), KVLearnSpeed: c.KVLearnSpeed,
+			KVOverlapWeight: overlapWeightFromFlag(c.KVOverlapWeight), KVLoadBound: kvroute.LoadBoundFromFlag(c.KVLoadBound), KVLearnSpeed: c.KVLearnSpeed,
 			EngineSlow: c.EngineSlow, Progress: NewProgress(os.Stderr, "simulate "+pol)})
 		if err != nil {
 			return fmt.Errorf("policy %s: %w", pol, err)
@@ -401,11 +402,12 @@ func (c *SimulateCmd) Run() error {
 	}{name, c.Engines, ceil, sums})
 }
 
-// kvLoadBound maps the flag (0 is a real bound of 0% over the mean) to
-// kvroute.KVAwareConfig.LoadBound (where 0 means the default).
-func kvLoadBound(v float64) float64 {
+// overlapWeightFromFlag maps --kv-overlap-weight, where 0 is a real
+// setting, to SimConfig.KVOverlapWeight, where 0 means the default and a
+// negative value 0.
+func overlapWeightFromFlag(v float64) float64 {
 	if v == 0 {
-		return 1e-9
+		return -1
 	}
 	return v
 }

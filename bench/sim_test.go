@@ -208,3 +208,9 @@ func (c *countingObserver) ObserveFirstToken(w *fleet.Worker, prefill int64, ttf
 	c.last = now
 	c.KVAware.ObserveFirstToken(w, prefill, ttft)
 }
+
+func TestSimulateFlagMappings(t *testing.T) {
+	if overlapWeightFromFlag(0) >= 0 || overlapWeightFromFlag(2.5) != 2.5 {
+		t.Fatal("--kv-overlap-weight 0 must reach the scorer as 0, not as the default")
+	}
+}

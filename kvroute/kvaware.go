@@ -178,6 +178,16 @@ func NewKVAware(cfg KVAwareConfig) *KVAware {
 	return k
 }
 
+// LoadBoundFromFlag maps a --kv-load-bound value, where 0 is a real setting
+// (no tolerance above the mean), to KVAwareConfig.LoadBound, where 0 means
+// the default.
+func LoadBoundFromFlag(v float64) float64 {
+	if v == 0 {
+		return math.SmallestNonzeroFloat64
+	}
+	return v
+}
+
 // kvScratch holds one decision's working set (pooled: PickKV does not
 // allocate in steady state).
 type kvScratch struct {

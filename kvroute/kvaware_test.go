@@ -523,6 +523,10 @@ func TestKVAwareConfigDefaults(t *testing.T) {
 	if d.eps != DefaultLoadBound || d.slack != DefaultLoadSlack || d.dup != DuplicateCost {
 		t.Fatalf("defaults: %+v", d)
 	}
+	z := NewKVAware(KVAwareConfig{Index: radix.New(), LoadBound: LoadBoundFromFlag(0)})
+	if z.eps <= 0 || z.eps > 1e-300 || LoadBoundFromFlag(0.3) != 0.3 || LoadBoundFromFlag(-1) != -1 {
+		t.Fatalf("flag 0 maps to %v", z.eps)
+	}
 }
 
 // Decisions, explanations and first-token observations run concurrently
