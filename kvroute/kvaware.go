@@ -93,7 +93,7 @@ const (
 //	d_w  = BusyStepTokens + RunningSeqTokens*running_w if w is decoding, else 0
 //	ttft_w = speed_w * (q_w + u_w + d_w)
 //	x_w  = (o_max - o_w) * block_size: cached tokens w would duplicate
-//	p_w  = w's cache size / the largest cache size seen (0 cold .. 1 full)
+//	p_w  = w's cache size / the largest any candidate was seen to hold (0 cold .. 1 full)
 //	e_w  = max(0, inflight_w + 1 - ((1+LoadBound) * mean inflight + LoadSlack))
 //	cost_w = ttft_w + speed * (DuplicateCost*weight * p_w * x_w + N * e_w)
 //
@@ -120,9 +120,9 @@ type KVAware struct {
 	clock  func() int64
 	rng    atomic.Uint64
 	pool   sync.Pool
-	// hwm is the largest indexed cache size seen on any worker: the
-	// estimate of a full cache.
-	hwm atomic.Int64
+	// hwms holds each worker's largest indexed cache size seen, by
+	// Worker.Idx; the largest among the candidates estimates a full cache.
+	hwms []hwmSlot
 	// speeds holds learned prefill speeds by Worker.Idx.
 	speeds []speedSlot
 
@@ -170,12 +170,42 @@ func NewKVAware(cfg KVAwareConfig) *KVAware {
 		mKV:      metrics.GetOrCreateCounter(`infera_router_kv_decisions_total{result="kv"}`),
 		mDefer:   metrics.GetOrCreateCounter(`infera_router_kv_decisions_total{result="defer"}`),
 	}
+	k.hwms = make([]hwmSlot, radix.MaxWorkers)
 	if k.learn {
 		k.speeds = make([]speedSlot, radix.MaxWorkers)
 	}
 	k.rng.Store(cfg.Seed)
 	k.pool.New = func() any { return &kvScratch{} }
 	return k
+}
+
+// hwmSlot is one worker's largest indexed cache size seen.
+type hwmSlot struct {
+	serial atomic.Uint32
+	blocks atomic.Int64
+}
+
+// highWater records that w caches cb blocks now and returns the most it has
+// been seen to cache (a new worker on a reused Idx starts over).
+func (k *KVAware) highWater(w *fleet.Worker, cb int64) int64 {
+	if w.Idx < 0 || w.Idx >= len(k.hwms) {
+		return cb
+	}
+	sl := &k.hwms[w.Idx]
+	if sl.serial.Load() != w.Serial {
+		sl.serial.Store(w.Serial)
+		sl.blocks.Store(cb)
+		return cb
+	}
+	for {
+		h := sl.blocks.Load()
+		if cb <= h {
+			return h
+		}
+		if sl.blocks.CompareAndSwap(h, cb) {
+			return cb
+		}
+	}
 }
 
 // LoadBoundFromFlag maps a --kv-load-bound value, where 0 is a real setting
@@ -283,7 +313,7 @@ func (k *KVAware) score(cands []*fleet.Worker, r *sched.Request, s *kvScratch) (
 	s.queued, s.running, s.inflight, s.uncached = s.queued[:0], s.running[:0], s.inflight[:0], s.uncached[:0]
 	s.dupTok, s.pressure, s.speed, s.decode = s.dupTok[:0], s.pressure[:0], s.speed[:0], s.decode[:0]
 	s.ttft, s.excess, s.cost = s.ttft[:0], s.excess[:0], s.cost[:0]
-	hwm := k.hwm.Load()
+	var hwm int64
 	var sumR int64
 	var sumSpd float64
 	known := 0
@@ -292,10 +322,7 @@ func (k *KVAware) score(cands []*fleet.Worker, r *sched.Request, s *kvScratch) (
 		sumR += inf
 		s.inflight = append(s.inflight, inf)
 		cb := k.idx.WorkerBlocks(w.Idx)
-		for cb > hwm && !k.hwm.CompareAndSwap(hwm, cb) {
-			hwm = k.hwm.Load()
-		}
-		hwm = max(hwm, cb)
+		hwm = max(hwm, k.highWater(w, cb))
 		s.pressure = append(s.pressure, float64(cb))
 		spd := k.speedOf(w)
 		s.speed = append(s.speed, spd)

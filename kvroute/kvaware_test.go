@@ -431,7 +431,6 @@ func TestKVAwareMatchesModel(t *testing.T) {
 		weight := []float64{0, 0.5, 1, 2}[rng.IntN(4)]
 		pt := rng.IntN(200)
 		k := NewKVAware(KVAwareConfig{Index: fx.x, OverlapWeight: weight, BlockSize: bs})
-		k.hwm.Store(0) // the high-water mark is this fleet's largest cache
 		r := fx.req(pt)
 		e := k.Explain(fx.ws, r)
 		got := k.PickKV(fx.ws, r)
@@ -567,4 +566,43 @@ func TestKVAwareConcurrent(t *testing.T) {
 			t.Fatalf("load counters leaked: %+v", &w.Load)
 		}
 	}
+}
+
+// Cache pressure is a worker's indexed cache over the largest any candidate
+// was seen to hold: a worker that evicted or was cleared has room again, and
+// a new worker on a reused Idx starts over.
+func TestKVAwareCachePressure(t *testing.T) {
+	fx := newKVFixture(t, 2)
+	fx.cache(t, 0, 0, 1)
+	fx.cache(t, 1, 0, 1)
+	fx.junk(t, 0, 9) // w0: 10 blocks
+	fx.junk(t, 1, 4) // w1: 5 blocks
+	k := NewKVAware(KVAwareConfig{Index: fx.x, BlockSize: bs})
+	pressures := func(ws []*fleet.Worker) []float64 {
+		t.Helper()
+		e := k.Explain(ws, fx.req(0))
+		var out []float64
+		for _, c := range e.Candidates {
+			out = append(out, c.CachePressure)
+		}
+		return out
+	}
+	f := func(name string, ws []*fleet.Worker, want ...float64) {
+		t.Helper()
+		got := pressures(ws)
+		for i := range want {
+			if math.Abs(got[i]-want[i]) > 1e-9 {
+				t.Fatalf("%s: pressures %v, want %v", name, got, want)
+			}
+		}
+	}
+	f("initial", fx.ws, 1, 0.5)
+	hs := make([]uint64, 9)
+	for j := range hs {
+		hs[j] = uint64(1)<<40 | uint64(j+1)
+	}
+	fx.x.Remove(0, 0, hs[0], hs[3:]) // w0 evicts 6 of its 10
+	f("after eviction", fx.ws, 0.4, 0.5)
+	fresh := &fleet.Worker{Idx: 0, ID: "w0-new", Serial: 99}
+	f("new worker on a reused Idx", []*fleet.Worker{fresh, fx.ws[1]}, 0.8, 1)
 }
