@@ -72,6 +72,11 @@ func WriteSVG(w io.Writer, title string, sums []Summary) error {
 		y := float64(ly+lh) - float64(lh)*float64(i)/4
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#eee"/><text x="%d" y="%.1f" text-anchor="end">%.2f</text>`+"\n", bx, y, bx+bw, y, bx-6, y+4, float64(i)/4)
 	}
+	if c := ceilingOf(sums); c > 0 {
+		y := float64(ly+lh) - float64(lh)*math.Min(1, c)
+		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#333" stroke-dasharray="6,4"/><text x="%d" y="%.1f" text-anchor="end" font-size="11">pooled-cache ceiling %.3f</text>`+"\n",
+			bx, y, bx+bw, y, bx+bw, y-4, c)
+	}
 	if len(sums) > 0 {
 		slot := float64(bw) / float64(len(sums))
 		for i, s := range sums {
@@ -89,6 +94,16 @@ func WriteSVG(w io.Writer, title string, sums []Summary) error {
 		return fmt.Errorf("cannot write chart: %w", err)
 	}
 	return nil
+}
+
+// ceilingOf returns the pooled-cache ceiling the summaries share (0: none).
+func ceilingOf(sums []Summary) float64 {
+	for _, s := range sums {
+		if s.CeilingHitRate > 0 {
+			return s.CeilingHitRate
+		}
+	}
+	return 0
 }
 
 func niceCeil(v float64) float64 {

@@ -83,3 +83,32 @@ func TestImbalance(t *testing.T) {
 	f(map[string]int{"a": 5, "b": 5}, 4, 2)
 	f(map[string]int{"a": 9, "b": 1}, 2, 1.8)
 }
+
+func TestCeilingInTableAndChart(t *testing.T) {
+	a := Summary{Name: "a", HitRate: 0.3, TTFTCDF: []float64{1, 2}}
+	b := Summary{Name: "b", HitRate: 0.36, TTFTCDF: []float64{1, 3}}
+	var plain strings.Builder
+	if err := WriteTable(&plain, []Summary{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(plain.String(), "ceiling") {
+		t.Fatalf("ceiling rows without a ceiling:\n%s", plain.String())
+	}
+	a.SetCeiling(0.4)
+	b.SetCeiling(0.4)
+	if math.Abs(a.CeilingShare-0.75) > 1e-12 || math.Abs(b.CeilingShare-0.9) > 1e-12 {
+		t.Fatalf("shares %v %v", a.CeilingShare, b.CeilingShare)
+	}
+	var tab, svg strings.Builder
+	if err := WriteTable(&tab, []Summary{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"pooled-cache ceiling", "0.400", "share of ceiling", "75.0%", "90.0%"} {
+		if !strings.Contains(tab.String(), want) {
+			t.Fatalf("table lacks %q:\n%s", want, tab.String())
+		}
+	}
+	if err := WriteSVG(&svg, "t", []Summary{a, b}); err != nil || !strings.Contains(svg.String(), "pooled-cache ceiling 0.400") {
+		t.Fatalf("chart: %v", err)
+	}
+}
