@@ -283,6 +283,62 @@ func walkObject(d []byte, i, depth int, f func(key []byte, vs, ve int) error) (i
 	}
 }
 
+// walkObjectInline is walkObject for callers that parse some values
+// themselves, so that a large value is scanned once, not validated first
+// and parsed again: f gets the decoded key and the value's start; it returns
+// the value's end, or -1 to let the walker skip (and validate) the value.
+func walkObjectInline(d []byte, i int, f func(key []byte, vs int) (int, error)) (int, error) {
+	i = skipSpace(d, i)
+	if i >= len(d) || d[i] != '{' {
+		return i, errJSON
+	}
+	i = skipSpace(d, i+1)
+	if i < len(d) && d[i] == '}' {
+		return i + 1, nil
+	}
+	for {
+		i = skipSpace(d, i)
+		if i >= len(d) || d[i] != '"' {
+			return i, errJSON
+		}
+		key, j, err := scanString(d, i)
+		if err != nil {
+			return j, err
+		}
+		if hasEscape(key) {
+			key = unescape(nil, key)
+		}
+		i = skipSpace(d, j)
+		if i >= len(d) || d[i] != ':' {
+			return i, errJSON
+		}
+		vs := skipSpace(d, i+1)
+		if vs >= len(d) {
+			return vs, errJSON
+		}
+		ve, err := f(key, vs)
+		if err != nil {
+			return ve, err
+		}
+		if ve < 0 {
+			if ve, err = skipValue(d, vs, 1); err != nil {
+				return ve, err
+			}
+		}
+		i = skipSpace(d, ve)
+		if i >= len(d) {
+			return i, errJSON
+		}
+		if d[i] == '}' {
+			return i + 1, nil
+		}
+		if d[i] != ',' {
+			return i, errJSON
+		}
+		i++
+	}
+}
+
 // walkArray is walkObject for arrays.
 func walkArray(d []byte, i, depth int, f func(vs, ve int) error) (int, error) {
 	i = skipSpace(d, i)

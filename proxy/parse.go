@@ -34,6 +34,7 @@ type reqBody struct {
 	promptStart, promptEnd int
 	toolsStart, toolsEnd   int
 	nMessages              int
+	msgErr                 error
 }
 
 func (b *reqBody) reset() {
@@ -100,16 +101,34 @@ func (b *reqBody) parse(d []byte, kind int) error {
 		seen |= bit
 		return true
 	}
-	end, err := forEachField(d, i, func(key []byte, vs, ve int) error {
+	end, err := walkObjectInline(d, i, func(key []byte, vs int) (int, error) {
+		switch string(key) {
+		case "messages":
+			if kind != kindChat || !once(rkMessages, "messages") || d[vs] != '[' {
+				return -1, nil // not an array: validated by the walker, refused below
+			}
+			// Parsed in the same pass that validates it.
+			b.msgStart = vs
+			ve, err := b.parseMessagesAt(d, vs)
+			b.msgEnd = ve
+			return ve, err
+		case "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "prompt", "tools":
+		default:
+			return -1, nil
+		}
+		ve, err := skipValue(d, vs, 1)
+		if err != nil {
+			return ve, err
+		}
 		v := d[vs:ve]
 		switch string(key) {
 		case "model":
 			if !once(rkModel, "model") {
-				return nil
+				return ve, nil
 			}
 			if v[0] != '"' {
 				perr = errModelType
-				return nil
+				return ve, nil
 			}
 			b.modelStart, b.modelEnd = vs, ve
 			raw := v[1 : len(v)-1]
@@ -121,7 +140,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			}
 		case "stream":
 			if !once(rkStream, "stream") {
-				return nil
+				return ve, nil
 			}
 			switch v[0] {
 			case 't':
@@ -135,15 +154,15 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			completion := len(key) == len("max_completion_tokens")
 			if completion && !once(rkMaxCompletionTokens, "max_completion_tokens") ||
 				!completion && !once(rkMaxTokens, "max_tokens") {
-				return nil
+				return ve, nil
 			}
 			if v[0] == 'n' {
-				return nil
+				return ve, nil
 			}
 			n, ok := parseInt(v)
 			if !ok {
 				perr = errMaxTokens
-				return nil
+				return ve, nil
 			}
 			if completion {
 				maxCompletion = n // wins over max_tokens, as in vLLM and OpenAI
@@ -159,10 +178,6 @@ func (b *reqBody) parse(d []byte, kind int) error {
 					return nil
 				})
 			}
-		case "messages":
-			if once(rkMessages, "messages") {
-				b.msgStart, b.msgEnd = vs, ve
-			}
 		case "prompt":
 			if once(rkPrompt, "prompt") {
 				b.promptStart, b.promptEnd = vs, ve
@@ -172,9 +187,13 @@ func (b *reqBody) parse(d []byte, kind int) error {
 				b.toolsStart, b.toolsEnd = vs, ve
 			}
 		}
-		return nil
+		return ve, nil
 	})
 	if err != nil {
+		var br *badRequestError
+		if errors.As(err, &br) {
+			return err
+		}
 		return errMalformedJSON
 	}
 	if j := skipSpace(d, end); j != len(d) {
@@ -193,7 +212,13 @@ func (b *reqBody) parse(d []byte, kind int) error {
 		return errEmptyModel
 	}
 	if kind == kindChat {
-		return b.parseMessages(d)
+		if b.msgErr != nil {
+			return b.msgErr
+		}
+		if b.msgEnd == 0 || b.nMessages == 0 {
+			return errNoMessages
+		}
+		return nil
 	}
 	return b.parsePrompt(d)
 }
@@ -207,16 +232,18 @@ func hasEscape(raw []byte) bool {
 	return false
 }
 
-func (b *reqBody) parseMessages(d []byte) error {
-	if b.msgEnd == 0 || d[b.msgStart] != '[' {
-		return errNoMessages
-	}
-	_, err := forEachElem(d, b.msgStart, func(vs, ve int) error {
-		if d[vs] != '{' {
-			return errMessages
+// parseMessagesAt walks (and validates) the messages array at d[vs],
+// collecting the text of the contents, and returns the index after it. A
+// message that is not an object is recorded (b.msgErr) rather than
+// returned, so that malformed JSON later in the body is reported as such.
+func (b *reqBody) parseMessagesAt(d []byte, vs int) (int, error) {
+	return walkArray(d, vs, 1, func(ms, me int) error {
+		if d[ms] != '{' {
+			b.msgErr = errMessages
+			return nil
 		}
 		b.nMessages++
-		_, err := forEachField(d, vs, func(key []byte, s, e int) error {
+		_, err := forEachField(d, ms, func(key []byte, s, e int) error {
 			if string(key) != "content" {
 				return nil
 			}
@@ -224,17 +251,6 @@ func (b *reqBody) parseMessages(d []byte) error {
 		})
 		return err
 	})
-	if err != nil {
-		var br *badRequestError
-		if errors.As(err, &br) {
-			return err
-		}
-		return errMessages
-	}
-	if b.nMessages == 0 {
-		return errNoMessages
-	}
-	return nil
 }
 
 // appendContent appends a message content (string or array of parts) to text.
