@@ -16,6 +16,7 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
+	"runtime/pprof"
 	"strconv"
 
 	"github.com/alecthomas/kong"
@@ -51,6 +52,17 @@ type serveCmd struct {
 func (c *serveCmd) Run() error {
 	f := &c.Serve
 	setupLogging(f.LogLevel)
+	if path := os.Getenv("INFERA_CPU_PROFILE"); path != "" {
+		// Profiling aid: a CPU profile of the whole run, written at exit.
+		pf, err := os.Create(path)
+		if err != nil {
+			return fmt.Errorf("INFERA_CPU_PROFILE: %w", err)
+		}
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return fmt.Errorf("INFERA_CPU_PROFILE: %w", err)
+		}
+		defer func() { pprof.StopCPUProfile(); pf.Close() }()
+	}
 	g, err := gateway.New(f)
 	if err != nil {
 		return err

@@ -186,3 +186,30 @@ func ResolveBin(explicit string) (string, error) {
 	}
 	return exe, nil
 }
+
+// Pid returns the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// StartProcEnv is StartProc with extra environment variables (KEY=VALUE).
+func StartProcEnv(name, logDir string, env []string, bin string, args ...string) (*Proc, error) {
+	logPath := filepath.Join(logDir, name+".log")
+	lf, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("cannot create log for %s: %w", name, err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = procAttr()
+	if err := cmd.Start(); err != nil {
+		lf.Close()
+		return nil, fmt.Errorf("cannot start %s (%s): %w", name, bin, err)
+	}
+	p := &Proc{Name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		lf.Close()
+		close(p.done)
+	}()
+	return p, nil
+}

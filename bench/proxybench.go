@@ -14,8 +14,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -90,125 +88,6 @@ func (b *FixedBackend) handle(ctx *fasthttp.RequestCtx) {
 // Close stops the backend.
 func (b *FixedBackend) Close() error { return b.srv.Shutdown() }
 
-// ProxyPathResult is one path's measurement.
-type ProxyPathResult struct {
-	Name        string  `json:"name"`
-	Stream      bool    `json:"stream"`
-	Concurrency int     `json:"concurrency"`
-	Requests    int     `json:"requests"`
-	Errors      int     `json:"errors"`
-	RPS         float64 `json:"rps"`
-	P50         float64 `json:"p50_ms"`
-	P99         float64 `json:"p99_ms"`
-	TTFTP50     float64 `json:"ttft_p50_ms,omitempty"`
-	Generator   string  `json:"generator"`
-}
-
-// hammer runs a closed loop of conc clients against url for d and returns
-// the measurement (after a short warm-up).
-func hammer(url string, body []byte, stream bool, conc int, d, warm time.Duration) (ProxyPathResult, error) {
-	cl, err := NewClient(url, conc*2, false)
-	if err != nil {
-		return ProxyPathResult{}, err
-	}
-	defer cl.CloseIdle()
-	cl.Timeout = 30 * time.Second
-	path := "/v1/chat/completions"
-	var (
-		wg        sync.WaitGroup
-		mu        sync.Mutex
-		lat, ttft []float64
-		errs      atomic.Int64
-		n         atomic.Int64
-	)
-	start := time.Now()
-	measureFrom := start.Add(warm)
-	stop := measureFrom.Add(d)
-	for range conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var l, t []float64
-			for {
-				now := time.Now()
-				if now.After(stop) {
-					break
-				}
-				var res Result
-				cl.Do(path, body, stream, &res)
-				if now.Before(measureFrom) {
-					continue
-				}
-				if !res.OK() {
-					errs.Add(1)
-					continue
-				}
-				n.Add(1)
-				l = append(l, ms(res.E2E))
-				t = append(t, ms(res.TTFT))
-			}
-			mu.Lock()
-			lat = append(lat, l...)
-			ttft = append(ttft, t...)
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	sort.Float64s(lat)
-	sort.Float64s(ttft)
-	r := ProxyPathResult{Stream: stream, Concurrency: conc, Requests: int(n.Load()), Errors: int(errs.Load()),
-		RPS: float64(n.Load()) / d.Seconds(), P50: Percentile(lat, 0.5), P99: Percentile(lat, 0.99), Generator: "fasthttp"}
-	if stream {
-		r.TTFTP50 = Percentile(ttft, 0.5)
-	}
-	return r, nil
-}
-
-var (
-	wrkRPS = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
-	wrkPct = regexp.MustCompile(`(?m)^\s+(50|99)(?:\.000)?%\s+([0-9.]+)(us|ms|s)`)
-	wrkReq = regexp.MustCompile(`(\d+) requests in`)
-)
-
-// wrkRun runs wrk with a POST Lua script and parses throughput and latency.
-func wrkRun(wrk, url string, body []byte, conc int, d time.Duration, dir string) (ProxyPathResult, error) {
-	script := filepath.Join(dir, "post.lua")
-	lua := "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = " + strconv.Quote(string(body)) + "\n"
-	if err := os.WriteFile(script, []byte(lua), 0o644); err != nil {
-		return ProxyPathResult{}, fmt.Errorf("cannot write wrk script: %w", err)
-	}
-	secs := max(1, int(d.Seconds()))
-	out, err := exec.Command(wrk, "-t", "1", "-c", strconv.Itoa(conc), "-d", strconv.Itoa(secs)+"s", "--latency", "-s", script, url+"/v1/chat/completions").CombinedOutput()
-	if err != nil {
-		return ProxyPathResult{}, fmt.Errorf("wrk failed: %w: %s", err, out)
-	}
-	r := ProxyPathResult{Concurrency: conc, Generator: "wrk"}
-	if m := wrkRPS.FindSubmatch(out); m != nil {
-		r.RPS, _ = strconv.ParseFloat(string(m[1]), 64)
-	}
-	if m := wrkReq.FindSubmatch(out); m != nil {
-		r.Requests, _ = strconv.Atoi(string(m[1]))
-	}
-	for _, m := range wrkPct.FindAllSubmatch(out, -1) {
-		v, _ := strconv.ParseFloat(string(m[2]), 64)
-		switch string(m[3]) {
-		case "us":
-			v /= 1000
-		case "s":
-			v *= 1000
-		}
-		if string(m[1]) == "50" {
-			r.P50 = v
-		} else {
-			r.P99 = v
-		}
-	}
-	if r.RPS == 0 {
-		return r, fmt.Errorf("cannot parse wrk output: %s", out)
-	}
-	return r, nil
-}
-
 // startNginx runs nginx as a child with a temp prefix, proxying to backend
 // over an upstream keepalive pool, without buffering (so SSE streams).
 func startNginx(nginx, dir, backendAddr string, workers int) (*Proc, string, error) {
@@ -257,27 +136,53 @@ http {
 	return p, "http://127.0.0.1:" + strconv.Itoa(port), nil
 }
 
-// ProxyCmd is `infera bench proxy`.
+// ProxyCmd is `infera bench proxy`: the cost of the proxy hop, measured
+// side by side in one run against nginx and the direct path, as CPU per
+// request of the proxy process (utime+stime from /proc, the fairest figure
+// on a shared machine) and as throughput.
 type ProxyCmd struct {
-	Concurrency  int           `help:"Closed-loop connections/requests in flight." default:"64" env:"INFERA_BENCH_CONCURRENCY"`
-	Duration     time.Duration `help:"Measurement time per path." default:"4s" env:"INFERA_BENCH_DURATION"`
-	Warmup       time.Duration `help:"Warm-up time per path (not measured)." default:"500ms" env:"INFERA_BENCH_WARMUP"`
-	StreamChunks int           `help:"SSE chunks per streaming response." default:"16" env:"INFERA_BENCH_STREAM_CHUNKS"`
-	InferaBin    string        `name:"infera-bin" help:"infera binary for 'infera serve' (default: this executable)." default:"" env:"INFERA_BENCH_INFERA_BIN"`
-	Nginx        string        `help:"nginx binary (empty: skip nginx)." default:"/usr/sbin/nginx" env:"INFERA_BENCH_NGINX"`
-	NginxWorkers int           `help:"nginx worker processes." default:"2" env:"INFERA_BENCH_NGINX_WORKERS"`
-	Generator    string        `help:"Load generator: fasthttp (ours) or wrk (non-streaming paths only)." default:"fasthttp" enum:"fasthttp,wrk" env:"INFERA_BENCH_GENERATOR"`
-	Wrk          string        `help:"wrk binary for --generator wrk." default:"/usr/bin/wrk" env:"INFERA_BENCH_WRK"`
-	ServeArg     []string      `name:"serve-arg" help:"Extra flag for infera serve (repeatable)." env:"INFERA_BENCH_SERVE_ARG"`
+	Concurrency   int           `help:"Connections held by the load generator." default:"64" env:"INFERA_BENCH_CONCURRENCY"`
+	Duration      time.Duration `help:"Measurement time per target and round." default:"8s" env:"INFERA_BENCH_DURATION"`
+	Rounds        int           `help:"Interleaved rounds over all targets; medians are reported." default:"3" env:"INFERA_BENCH_ROUNDS"`
+	Warmup        time.Duration `help:"Warm-up per target before the first round (not measured)." default:"1s" env:"INFERA_BENCH_WARMUP"`
+	StreamChunks  int           `help:"SSE events per streaming response (each flushed on its own), plus [DONE]." default:"20" env:"INFERA_BENCH_STREAM_CHUNKS"`
+	PromptBytes   int           `help:"Size of the chat request body." default:"1024" env:"INFERA_BENCH_PROMPT_BYTES"`
+	InferaBin     string        `name:"infera-bin" help:"infera binary for 'infera serve' (default: this executable)." default:"" env:"INFERA_BENCH_INFERA_BIN"`
+	GoMaxProcs    int           `help:"GOMAXPROCS of the infera processes (0: Go's default)." default:"2" env:"INFERA_BENCH_GOMAXPROCS"`
+	Nginx         string        `help:"nginx binary (empty: skip nginx)." default:"/usr/sbin/nginx" env:"INFERA_BENCH_NGINX"`
+	NginxWorkers  int           `help:"nginx worker processes." default:"1" env:"INFERA_BENCH_NGINX_WORKERS"`
+	Wrk           string        `help:"wrk binary (the load generator)." default:"/usr/bin/wrk" env:"INFERA_BENCH_WRK"`
+	WrkThreads    int           `help:"wrk threads." default:"2" env:"INFERA_BENCH_WRK_THREADS"`
+	TokenizerPath string        `help:"Also measure kv-aware with this tokenizer and chat template (e.g. testdata/tokenizers/qwen3)." default:"" env:"INFERA_BENCH_TOKENIZER_PATH"`
+	Kinds         []string      `help:"Upstream answer kinds: json, sse." default:"json,sse" env:"INFERA_BENCH_KINDS"`
+	ServeArg      []string      `name:"serve-arg" help:"Extra flag for every infera serve (repeatable)." env:"INFERA_BENCH_SERVE_ARG"`
 	OutputFlags
+}
+
+// ProxyTarget is one (target, upstream kind) measurement: medians over the
+// rounds.
+type ProxyTarget struct {
+	Target string `json:"target"`
+	Kind   string `json:"kind"`
+	// RPS is requests per second (wrk).
+	RPS float64 `json:"rps"`
+	// CPUPer10k is the proxy process's CPU seconds (user+system) per 10,000
+	// requests completed; 0 for the direct path.
+	CPUPer10k float64 `json:"cpu_s_per_10k"`
+	P50       float64 `json:"p50_ms"`
+	P99       float64 `json:"p99_ms"`
+	Requests  int     `json:"requests"`
+	Errors    int     `json:"errors"`
+	// Runs holds every round's CPU per 10k and req/s.
+	Runs [][2]float64 `json:"runs"`
 }
 
 // ProxyReport is the proxy benchmark's output.
 type ProxyReport struct {
-	Paths []ProxyPathResult `json:"paths"`
-	// Saturation is direct-path throughput at 2x concurrency divided by the
-	// throughput at 1x: near 1 means the direct path is saturated.
-	Saturation float64 `json:"direct_saturation_ratio"`
+	Concurrency int           `json:"concurrency"`
+	Duration    float64       `json:"duration_s"`
+	Rounds      int           `json:"rounds"`
+	Targets     []ProxyTarget `json:"targets"`
 }
 
 // Run implements the command.
@@ -292,10 +197,39 @@ func (c *ProxyCmd) Run() error {
 	return writeJSONFile(c.JSON, rep)
 }
 
-// RunProxyBench runs every path in one process run.
+type proxyTarget struct {
+	name string
+	url  string
+	pid  int // 0: not measured (the direct path)
+}
+
+// chatBody returns a chat request of about n bytes.
+func chatBody(n int, stream bool) []byte {
+	head := `{"model":"sim-model","max_tokens":32,`
+	if stream {
+		head += `"stream":true,"stream_options":{"include_usage":true},`
+	}
+	head += `"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"`
+	tail := `"}]}`
+	fill := max(0, n-len(head)-len(tail))
+	words := "Summarise the following notes about the routing of inference requests across a fleet of engines. "
+	var b strings.Builder
+	b.WriteString(head)
+	for b.Len() < len(head)+fill {
+		b.WriteString(words)
+	}
+	s := b.String()[:len(head)+fill]
+	return []byte(s + tail)
+}
+
+// RunProxyBench starts the upstream, nginx and the infera targets, then
+// runs every (target, kind) for each round, interleaved.
 func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyReport, error) {
-	if c.Concurrency <= 0 || c.Duration <= 0 {
-		return nil, fmt.Errorf("concurrency and duration must be positive")
+	if c.Concurrency <= 0 || c.Duration <= 0 || c.Rounds <= 0 {
+		return nil, fmt.Errorf("concurrency, duration and rounds must be positive")
+	}
+	if _, err := os.Stat(c.Wrk); err != nil {
+		return nil, fmt.Errorf("wrk not found at %s (make deps installs it): %w", c.Wrk, err)
 	}
 	dir, err := os.MkdirTemp("", "infera-bench-proxy-")
 	if err != nil {
@@ -309,27 +243,11 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 	defer be.Close()
 	var g Group
 	defer g.StopAll()
-
 	bin, err := ResolveBin(c.InferaBin)
 	if err != nil {
 		return nil, err
 	}
-	port, err := FreePort()
-	if err != nil {
-		return nil, err
-	}
-	inferaURL := "http://127.0.0.1:" + strconv.Itoa(port)
-	args := append([]string{"serve", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--discovery-backend", "static",
-		"--workers", "fixed=" + be.URL, "--worker-model", "sim-model", "--router-policy", "round-robin"}, c.ServeArg...)
-	rp, err := StartProc("infera-serve", dir, bin, args...)
-	if err != nil {
-		return nil, err
-	}
-	g.Add(rp)
-	if err := WaitHTTP(ctx, rp, inferaURL+"/v1/models", 20*time.Second, func(b []byte) bool { return bytes.Contains(b, []byte("sim-model")) }); err != nil {
-		return nil, err
-	}
-	var nginxURL string
+	targets := []proxyTarget{{name: "direct", url: be.URL}}
 	if c.Nginx != "" {
 		np, u, err := startNginx(c.Nginx, filepath.Join(dir, "nginx"), strings.TrimPrefix(be.URL, "http://"), c.NginxWorkers)
 		if err != nil {
@@ -339,80 +257,202 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 		if err := WaitHTTP(ctx, np, u+"/health", 10*time.Second, nil); err != nil {
 			return nil, err
 		}
-		nginxURL = u
+		targets = append(targets, proxyTarget{name: "nginx", url: u, pid: np.Pid()})
 	}
-	plain := []byte(`{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":8}`)
-	streamBody := []byte(`{"model":"sim-model","messages":[{"role":"user","content":"hello"}],"max_tokens":8,"stream":true,"stream_options":{"include_usage":true}}`)
-	rep := &ProxyReport{}
-	run := func(name, url string, stream bool, conc int) error {
-		var r ProxyPathResult
-		var err error
-		if c.Generator == "wrk" && !stream {
-			r, err = wrkRun(c.Wrk, url, plain, conc, c.Duration, dir)
-		} else {
-			body := plain
-			if stream {
-				body = streamBody
-			}
-			r, err = hammer(url, body, stream, conc, c.Duration, c.Warmup)
-		}
+	var env []string
+	if c.GoMaxProcs > 0 {
+		env = append(env, "GOMAXPROCS="+strconv.Itoa(c.GoMaxProcs))
+	}
+	serve := func(name string, extra ...string) error {
+		port, err := FreePort()
 		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
+			return err
 		}
-		r.Name, r.Stream = name, stream
-		fmt.Fprintf(log, "%-22s c=%-4d %9.0f req/s  p50 %.3f ms  p99 %.3f ms  errors %d\n", name, conc, r.RPS, r.P50, r.P99, r.Errors)
-		rep.Paths = append(rep.Paths, r)
+		u := "http://127.0.0.1:" + strconv.Itoa(port)
+		args := append([]string{"serve", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--discovery-backend", "static",
+			"--workers", "fixed=" + be.URL, "--worker-model", "sim-model", "--admin-port", "0", "--log-level", "warn"}, extra...)
+		args = append(args, c.ServeArg...)
+		p, err := StartProcEnv(name, dir, env, bin, args...)
+		if err != nil {
+			return err
+		}
+		g.Add(p)
+		if err := WaitHTTP(ctx, p, u+"/v1/models", 20*time.Second, func(b []byte) bool { return bytes.Contains(b, []byte("sim-model")) }); err != nil {
+			return err
+		}
+		targets = append(targets, proxyTarget{name: name, url: u, pid: p.Pid()})
 		return nil
 	}
-	if err := run("direct", be.URL, false, c.Concurrency); err != nil {
-		return rep, err
+	if err := serve("infera round-robin", "--router-policy", "round-robin"); err != nil {
+		return nil, err
 	}
-	if err := run("direct (2x conc)", be.URL, false, 2*c.Concurrency); err != nil {
-		return rep, err
+	if err := serve("infera kv-aware", "--router-policy", "kv-aware"); err != nil {
+		return nil, err
 	}
-	if rep.Paths[0].RPS > 0 {
-		rep.Saturation = rep.Paths[1].RPS / rep.Paths[0].RPS
-	}
-	if err := run("infera", inferaURL, false, c.Concurrency); err != nil {
-		return rep, err
-	}
-	if nginxURL != "" {
-		if err := run("nginx", nginxURL, false, c.Concurrency); err != nil {
-			return rep, err
+	if c.TokenizerPath != "" {
+		if err := serve("infera kv-aware qwen3", "--router-policy", "kv-aware", "--router-tokenizer-path", c.TokenizerPath); err != nil {
+			return nil, err
 		}
 	}
-	if err := run("direct stream", be.URL, true, c.Concurrency); err != nil {
-		return rep, err
-	}
-	if err := run("infera stream", inferaURL, true, c.Concurrency); err != nil {
-		return rep, err
-	}
-	if nginxURL != "" {
-		if err := run("nginx stream", nginxURL, true, c.Concurrency); err != nil {
-			return rep, err
+	rep := &ProxyReport{Concurrency: c.Concurrency, Duration: c.Duration.Seconds(), Rounds: c.Rounds}
+	type key struct{ target, kind string }
+	runs := map[key][]proxyRun{}
+	var order []key
+	for _, kind := range c.Kinds {
+		if kind != "json" && kind != "sse" {
+			return nil, fmt.Errorf("--kinds: %q: want json or sse", kind)
 		}
+		body := chatBody(c.PromptBytes, kind == "sse")
+		for _, t := range targets {
+			order = append(order, key{t.name, kind})
+			if c.Warmup > 0 {
+				if _, err := wrkCPU(c, t, body, c.Warmup, dir); err != nil {
+					return rep, fmt.Errorf("%s (%s) warm-up: %w", t.name, kind, err)
+				}
+			}
+		}
+		for round := 0; round < c.Rounds; round++ {
+			for _, t := range targets {
+				r, err := wrkCPU(c, t, body, c.Duration, dir)
+				if err != nil {
+					return rep, fmt.Errorf("%s (%s): %w", t.name, kind, err)
+				}
+				fmt.Fprintf(log, "round %d %-22s %-4s %9.0f req/s  cpu %.3f s/10k  p50 %.3f ms  p99 %.3f ms  errors %d\n",
+					round+1, t.name, kind, r.rps, r.cpu10k, r.p50, r.p99, r.errors)
+				runs[key{t.name, kind}] = append(runs[key{t.name, kind}], r)
+			}
+		}
+	}
+	for _, k := range order {
+		rs := runs[k]
+		pt := ProxyTarget{Target: k.target, Kind: k.kind}
+		var rps, cpu, p50, p99 []float64
+		for _, r := range rs {
+			rps, cpu, p50, p99 = append(rps, r.rps), append(cpu, r.cpu10k), append(p50, r.p50), append(p99, r.p99)
+			pt.Requests += r.requests
+			pt.Errors += r.errors
+			pt.Runs = append(pt.Runs, [2]float64{r.cpu10k, r.rps})
+		}
+		pt.RPS, pt.CPUPer10k, pt.P50, pt.P99 = median(rps), median(cpu), median(p50), median(p99)
+		rep.Targets = append(rep.Targets, pt)
 	}
 	return rep, nil
 }
 
-// WriteProxyTable prints each path with ratios against its direct baseline.
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+type proxyRun struct {
+	rps, cpu10k, p50, p99 float64
+	requests, errors      int
+}
+
+var (
+	wrkRPS    = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
+	wrkPct    = regexp.MustCompile(`(?m)^\s+(50|99)(?:\.000)?%\s+([0-9.]+)(us|ms|s)`)
+	wrkReq    = regexp.MustCompile(`(\d+) requests in`)
+	wrkErrors = regexp.MustCompile(`Non-2xx or 3xx responses: (\d+)|Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)`)
+)
+
+// wrkCPU runs wrk against t for d and measures the target's CPU time.
+func wrkCPU(c *ProxyCmd, t proxyTarget, body []byte, d time.Duration, dir string) (proxyRun, error) {
+	script := filepath.Join(dir, "post.lua")
+	lua := "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = " + strconv.Quote(string(body)) + "\n"
+	if err := os.WriteFile(script, []byte(lua), 0o644); err != nil {
+		return proxyRun{}, fmt.Errorf("cannot write wrk script: %w", err)
+	}
+	var cpu0 float64
+	if t.pid != 0 {
+		var err error
+		if cpu0, err = procCPU(t.pid); err != nil {
+			return proxyRun{}, err
+		}
+	}
+	secs := max(1, int(d.Round(time.Second).Seconds()))
+	out, err := exec.Command(c.Wrk, "-t", strconv.Itoa(c.WrkThreads), "-c", strconv.Itoa(c.Concurrency), "-d", strconv.Itoa(secs)+"s",
+		"--latency", "-s", script, t.url+"/v1/chat/completions").CombinedOutput()
+	if err != nil {
+		return proxyRun{}, fmt.Errorf("wrk failed: %w: %s", err, out)
+	}
+	var r proxyRun
+	if t.pid != 0 {
+		cpu1, err := procCPU(t.pid)
+		if err != nil {
+			return proxyRun{}, err
+		}
+		if m := wrkReq.FindSubmatch(out); m != nil {
+			r.requests, _ = strconv.Atoi(string(m[1]))
+		}
+		if r.requests > 0 {
+			r.cpu10k = (cpu1 - cpu0) / float64(r.requests) * 10000
+		}
+	} else if m := wrkReq.FindSubmatch(out); m != nil {
+		r.requests, _ = strconv.Atoi(string(m[1]))
+	}
+	if m := wrkRPS.FindSubmatch(out); m != nil {
+		r.rps, _ = strconv.ParseFloat(string(m[1]), 64)
+	}
+	for _, m := range wrkPct.FindAllSubmatch(out, -1) {
+		v, _ := strconv.ParseFloat(string(m[2]), 64)
+		switch string(m[3]) {
+		case "us":
+			v /= 1000
+		case "s":
+			v *= 1000
+		}
+		if string(m[1]) == "50" {
+			r.p50 = v
+		} else {
+			r.p99 = v
+		}
+	}
+	for _, m := range wrkErrors.FindAllSubmatch(out, -1) {
+		for _, g := range m[1:] {
+			if n, err := strconv.Atoi(string(g)); err == nil {
+				r.errors += n
+			}
+		}
+	}
+	if r.rps == 0 {
+		return r, fmt.Errorf("cannot parse wrk output: %s", out)
+	}
+	return r, nil
+}
+
+// WriteProxyTable prints the medians with ratios against nginx.
 func WriteProxyTable(w io.Writer, rep *ProxyReport) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "path\tconc\treq/s\tvs direct\tp50 ms\tp99 ms\tadded p50 ms\tadded p99 ms\tp50 ratio\tp99 ratio\terrors\t")
-	var base ProxyPathResult
-	for _, p := range rep.Paths {
-		if p.Name == "direct" || p.Name == "direct stream" {
-			base = p
+	fmt.Fprintf(tw, "medians of %d interleaved %.0f s runs, %d connections\t\n", rep.Rounds, rep.Duration, rep.Concurrency)
+	fmt.Fprintln(tw, "kind\ttarget\treq/s\treq/s vs nginx\tCPU-s per 10k\tCPU vs nginx\tp50 ms\tp99 ms\terrors\t")
+	nginx := map[string]ProxyTarget{}
+	for _, t := range rep.Targets {
+		if t.Target == "nginx" {
+			nginx[t.Kind] = t
 		}
-		ratio := func(a, b float64) string {
-			if b <= 0 {
-				return "-"
-			}
-			return strconv.FormatFloat(a/b, 'f', 2, 64)
-		}
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%.3f\t%.3f\t%.3f\t%.3f\t%s\t%s\t%d\t\n", p.Name, p.Concurrency, p.RPS, ratio(p.RPS, base.RPS),
-			p.P50, p.P99, p.P50-base.P50, p.P99-base.P99, ratio(p.P50, base.P50), ratio(p.P99, base.P99), p.Errors)
 	}
-	fmt.Fprintf(tw, "direct saturation (req/s at 2x conc / at 1x): %.2f\n", rep.Saturation)
+	ratio := func(a, b float64) string {
+		if b <= 0 || a <= 0 {
+			return "-"
+		}
+		return strconv.FormatFloat(a/b, 'f', 2, 64) + "x"
+	}
+	for _, t := range rep.Targets {
+		n := nginx[t.Kind]
+		cpu := "-"
+		if t.CPUPer10k > 0 {
+			cpu = strconv.FormatFloat(t.CPUPer10k, 'f', 3, 64)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%s\t%.3f\t%.3f\t%d\t\n", t.Kind, t.Target, t.RPS, ratio(t.RPS, n.RPS),
+			cpu, ratio(t.CPUPer10k, n.CPUPer10k), t.P50, t.P99, t.Errors)
+	}
 	return tw.Flush()
 }

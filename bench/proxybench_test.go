@@ -1,36 +1,72 @@
 package bench
 
 import (
+	"context"
+	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
 )
 
-func TestFixedBackendAndHammer(t *testing.T) {
-	be, err := StartFixedBackend("sim-model", 8)
+func TestProcCPUReadsThisProcess(t *testing.T) {
+	before, err := procCPU(os.Getpid())
+	if err != nil {
+		t.Skip(err)
+	}
+	end := time.Now().Add(150 * time.Millisecond)
+	x := 0
+	for time.Now().Before(end) {
+		x++
+	}
+	after, err := procCPU(os.Getpid())
+	if err != nil || after <= before {
+		t.Fatalf("CPU %v -> %v (%v) after 150 ms of spinning", before, after, err)
+	}
+}
+
+func TestChatBodySize(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		b := chatBody(1024, stream)
+		if len(b) != 1024 || !strings.HasSuffix(string(b), `"}]}`) || strings.Contains(string(b), `"stream":true`) != stream {
+			t.Fatalf("stream=%v: %d bytes: %s", stream, len(b), b)
+		}
+	}
+}
+
+// A short end-to-end run of the proxy benchmark: the direct path and an
+// infera target, both kinds, CPU measured for infera.
+func TestProxyBenchShortRun(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/wrk"); err != nil {
+		if os.Getenv("INFERA_REQUIRE_SERVERS") != "" {
+			t.Fatal("wrk not installed (make deps)")
+		}
+		t.Skip("wrk not installed")
+	}
+	bin := inferaBin(t)
+	c := &ProxyCmd{Concurrency: 8, Duration: time.Second, Rounds: 1, StreamChunks: 4, PromptBytes: 512,
+		InferaBin: bin, GoMaxProcs: 2, Nginx: "", Wrk: "/usr/bin/wrk", WrkThreads: 1, Kinds: []string{"json", "sse"}}
+	rep, err := RunProxyBench(context.Background(), c, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer be.Close()
-	for _, stream := range []bool{false, true} {
-		body := []byte(`{"model":"sim-model","messages":[{"role":"user","content":"hi"}]}`)
-		if stream {
-			body = []byte(`{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"stream":true}`)
+	seen := 0
+	for _, tg := range rep.Targets {
+		if tg.RPS <= 0 || tg.Errors != 0 {
+			t.Fatalf("%+v", tg)
 		}
-		r, err := hammer(be.URL, body, stream, 4, 200*time.Millisecond, 50*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.Requests == 0 || r.Errors != 0 || r.RPS <= 0 || r.P50 <= 0 || r.P99 < r.P50 {
-			t.Fatalf("stream=%v: %+v", stream, r)
-		}
-		if stream && r.TTFTP50 <= 0 {
-			t.Fatalf("stream TTFT not measured: %+v", r)
+		if strings.HasPrefix(tg.Target, "infera") {
+			seen++
+			if tg.CPUPer10k <= 0 {
+				t.Fatalf("no CPU measured: %+v", tg)
+			}
 		}
 	}
-	rep := &ProxyReport{Paths: []ProxyPathResult{{Name: "direct", RPS: 100, P50: 1, P99: 2}, {Name: "infera", RPS: 80, P50: 1.5, P99: 3}}}
+	if seen != 4 {
+		t.Fatalf("%d infera measurements, want 4 (2 policies x 2 kinds)", seen)
+	}
 	var b strings.Builder
-	if err := WriteProxyTable(&b, rep); err != nil || !strings.Contains(b.String(), "0.80") {
-		t.Fatalf("table: %v\n%s", err, b.String())
+	if err := WriteProxyTable(&b, rep); err != nil || !strings.Contains(b.String(), "CPU-s per 10k") {
+		t.Fatalf("%v\n%s", err, b.String())
 	}
 }
