@@ -39,7 +39,9 @@ type Serve struct {
 
 	RouterMode        string  `help:"auto: select in-process; direct: trust x-worker-instance-id." default:"auto" enum:"auto,direct" env:"INFERA_ROUTER_MODE"`
 	RouterPolicy      string  `help:"kv-aware or a load-balancing policy (round-robin, least-requests, least-tokens, config: use the config file's load_balancing)." default:"kv-aware" enum:"kv-aware,round-robin,least-requests,least-tokens,config" env:"INFERA_ROUTER_POLICY"`
-	KVOverlapWeight   float64 `help:"Weight of prefill cost against decode cost in the kv-aware cost function." default:"1.0" env:"INFERA_KV_OVERLAP_WEIGHT"`
+	KVOverlapWeight   float64 `help:"kv-aware: weight of the duplicate-prefix cost (each cached token recomputed on another worker costs 7 x this many prefill tokens on a full cache); 0 routes on predicted time to first token alone." default:"1.0" env:"INFERA_KV_OVERLAP_WEIGHT"`
+	KVLoadBound       float64 `name:"kv-load-bound" help:"kv-aware bounded load: a worker may carry (1 + this) x the mean requests in flight + 2 before each further request costs a full prefill; < 0 disables." default:"0.2" env:"INFERA_KV_LOAD_BOUND"`
+	KVLearnSpeed      bool    `name:"kv-learn-speed" help:"kv-aware learns each worker's prefill speed from first tokens (fleets of unequal engines)." default:"false" env:"INFERA_KV_LEARN_SPEED"`
 	KVBlockSize       int     `help:"Engine KV block size in tokens, for workers whose record does not say." default:"16" env:"INFERA_KV_BLOCK_SIZE"`
 	RouterTemperature float64 `help:"If > 0, kv-aware samples from a softmax over normalised costs." default:"0" env:"INFERA_ROUTER_TEMPERATURE"`
 

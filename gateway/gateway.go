@@ -221,6 +221,8 @@ func (g *Gateway) setupKV() error {
 		BlockSize:     f.KVBlockSize,
 		Temperature:   f.RouterTemperature,
 		Seed:          uint64(time.Now().UnixNano()),
+		LoadBound:     kvroute.LoadBoundFromFlag(f.KVLoadBound),
+		LearnSpeed:    f.KVLearnSpeed,
 	})
 	g.sched.KV = g.kvAware
 	return nil
