@@ -87,3 +87,7 @@ func (k *KVAware) speedOf(w *fleet.Worker) float64 {
 	}
 	return v
 }
+
+// Observing reports whether ObserveFirstToken learns anything (LearnSpeed):
+// callers skip timing first tokens for it otherwise.
+func (k *KVAware) Observing() bool { return k.learn }

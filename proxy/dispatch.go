@@ -68,8 +68,13 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 		c.body = rs.fwd
 		c.lease = &rs.lease
 		c.firstByte = c.total
+		now := rs.start
+		if attempt > 0 {
+			now = time.Now()
+		}
+		c.now = now.UnixNano()
 		if r.Stream && t.StreamFirstPacketSeconds > 0 {
-			fb := time.Now().Add(secs(t.StreamFirstPacketSeconds))
+			fb := now.Add(secs(t.StreamFirstPacketSeconds))
 			if c.total.IsZero() || fb.Before(c.total) {
 				c.firstByte = fb
 			}
@@ -96,7 +101,8 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 			if n > 0 || rerr == nil || rerr == io.EOF {
 				s.live.remove(rs)
 				rs.lease.FirstToken()
-				mTTFT.Update(time.Since(rs.start).Seconds())
+				rs.ttft = time.Since(rs.start)
+				mTTFT.Update(rs.ttft.Seconds())
 				s.commit(ctx, cfg, rs, up, status, n, rerr == io.EOF)
 				return
 			}
@@ -174,7 +180,7 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		up.finish(true)
 		rs.lease.Done(outcome)
 		rs.usage.record()
-		mDuration.Update(time.Since(rs.start).Seconds())
+		mDuration.Update(rs.ttft.Seconds()) // the whole answer came with the first read
 		return
 	}
 	rl := relayPool.Get().(*relay)

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -67,9 +68,18 @@ func (l *liveness) run() {
 			return
 		case <-t.C:
 		}
-		l.check(time.Now().UnixNano())
+		now := time.Now().UnixNano()
+		coarseNow.Store(now)
+		l.check(now)
 	}
 }
+
+// coarseNow is the time in unix nanoseconds, refreshed every livenessTick:
+// for bookkeeping that needs no precision (idle connection ages), so the
+// request path does not read the clock for it.
+var coarseNow atomic.Int64
+
+func init() { coarseNow.Store(time.Now().UnixNano()) }
 
 func (l *liveness) check(now int64) {
 	l.mu.Lock()

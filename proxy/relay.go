@@ -126,14 +126,15 @@ func (r *relay) armRead() {
 	if !r.sse {
 		return // non-streaming: the total deadline set before the head holds
 	}
+	now := time.Now()
 	var dl time.Time
 	if r.idle > 0 {
-		dl = time.Now().Add(r.idle)
+		dl = now.Add(r.idle)
 	}
 	if !r.total.IsZero() && (dl.IsZero() || r.total.Before(dl)) {
 		dl = r.total
 	}
-	r.up.setReadDeadline(dl)
+	r.up.setReadDeadline(dl, now.UnixNano())
 }
 
 // armWrite gives the client its own write timeout for what comes next: a

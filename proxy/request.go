@@ -25,6 +25,7 @@ type reqState struct {
 	call     call
 	scratch  []*fleet.Worker
 	start    time.Time
+	ttft     time.Duration // request start to the first response bytes
 	usage    usage
 
 	// kv-aware prompt rendering.

@@ -33,8 +33,9 @@ type upResponse interface {
 	// read reads body bytes; io.EOF at the end. A failure is returned as is
 	// (classify it with readFailure).
 	read(p []byte) (int, error)
-	// setReadDeadline bounds the next read (zero: none).
-	setReadDeadline(t time.Time)
+	// setReadDeadline bounds the next read (zero: none); now is the time
+	// in unix nanoseconds (a deadline may be kept if it is already close).
+	setReadDeadline(t time.Time, now int64)
 	// finish ends the response. ok=false means the body was not read to its
 	// end or the client left: the connection is not reused, and the engine
 	// request is cancelled.
@@ -62,6 +63,8 @@ type call struct {
 	// bounds each wait for more of a stream (0: none).
 	firstByte, total time.Time
 	idle             time.Duration
+	// now is when the attempt started (unix ns).
+	now int64
 
 	cancel abortSlot
 }

@@ -45,7 +45,7 @@ func (httpTransport) roundTrip(c *call) (upResponse, *failure) {
 		return nil, fail(failConnect, errNotHTTP)
 	}
 	deadline := c.firstByte
-	if !deadline.IsZero() && !time.Now().Before(deadline) {
+	if !deadline.IsZero() && deadline.UnixNano() <= c.now {
 		// The request's budget was spent by earlier attempts: the worker
 		// was never contacted, so it gets no fault.
 		return nil, failureSpent
@@ -62,9 +62,7 @@ func (httpTransport) roundTrip(c *call) (upResponse, *failure) {
 			return nil, fail(failConnect, err)
 		}
 		c.cancel.set(uc)
-		if !deadline.IsZero() {
-			uc.setDeadline(deadline)
-		}
+		uc.setDeadline(deadline, c.now)
 		err = uc.writeRequest(c.method, c.path, c.hdr, c.body)
 		if err == nil {
 			err = uc.readHead()
@@ -151,13 +149,8 @@ func (u *httpUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
 
 func (u *httpUpstream) read(p []byte) (int, error) { return u.conn().read(p) }
 
-func (u *httpUpstream) setReadDeadline(t time.Time) {
-	c := u.conn()
-	if t.Equal(c.deadline) {
-		return
-	}
-	c.deadline = t
-	c.nc.SetReadDeadline(t)
+func (u *httpUpstream) setReadDeadline(t time.Time, now int64) {
+	u.conn().setDeadline(t, now) // no write happens while the body is read
 }
 
 func (u *httpUpstream) finish(ok bool) {

@@ -71,14 +71,14 @@ func hostOnly(addr string) string {
 // get returns a pooled connection checked for unsolicited bytes, or a new
 // one. reused tells whether the connection served a request before.
 func (p *httpPool) get(deadline time.Time) (c *upConn, reused bool, err error) {
-	now := time.Now()
+	now := coarseNow.Load()
 	p.mu.Lock()
 	for n := len(p.idle); n > 0; n = len(p.idle) {
 		c = p.idle[n-1]
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		if now.Sub(c.idleSince) < upIdleMax && c.quiet() {
+		if now-c.idleSince < int64(upIdleMax) && c.quiet() {
 			return c, true, nil
 		}
 		c.closeConn()
@@ -130,7 +130,7 @@ func (p *httpPool) dial(deadline time.Time) (*upConn, error) {
 
 // put returns a connection whose response was read completely.
 func (p *httpPool) put(c *upConn) {
-	c.idleSince = time.Now()
+	c.idleSince = coarseNow.Load()
 	p.mu.Lock()
 	if !p.dead {
 		p.idle = append(p.idle, c)
@@ -162,7 +162,7 @@ type upConn struct {
 	br        *bufio.Reader
 	wbuf      []byte
 	pool      *httpPool
-	idleSince time.Time
+	idleSince int64 // coarseNow when it went back to the pool
 
 	// Response head.
 	code       int
@@ -213,6 +213,7 @@ func (c *upConn) release() {
 	c.abortMu.Unlock()
 	c.br.Reset(nil)
 	c.wbuf = c.wbuf[:0]
+	c.deadline = time.Time{}
 	c.resetResponse()
 	upConnPool.Put(c)
 }
@@ -226,7 +227,6 @@ func (c *upConn) resetResponse() {
 	c.clen = -1
 	c.chunked, c.closeAfter = false, false
 	c.st, c.remain, c.eof, c.bodyErr = stSize, 0, false, nil
-	c.deadline = time.Time{}
 }
 
 // quiet reports whether an idle connection is still open and nothing
@@ -254,11 +254,21 @@ func (c *upConn) wasAborted() bool {
 	return a
 }
 
-// setDeadline sets the connection's read and write deadline, skipping the
-// call when it would not change anything.
-func (c *upConn) setDeadline(t time.Time) {
+// setDeadline sets the connection's read and write deadline. Setting a
+// deadline costs timer work in the runtime, so a deadline already armed that
+// falls a little before t (by at most a tenth of the time left, and at most
+// a second) and is still in the future is kept: it fires at most that much
+// early. A zero t always clears.
+func (c *upConn) setDeadline(t time.Time, now int64) {
 	if t.Equal(c.deadline) {
 		return
+	}
+	if !t.IsZero() && !c.deadline.IsZero() && !c.deadline.After(t) {
+		left := t.UnixNano() - now
+		slack := min(left/10, int64(time.Second))
+		if d := c.deadline.UnixNano(); d > now && t.UnixNano()-d <= slack {
+			return
+		}
 	}
 	c.deadline = t
 	c.nc.SetDeadline(t)
@@ -712,10 +722,8 @@ func (c *upConn) readChunkSize() (int64, error) {
 // body was read to its end and nothing else arrived, closed otherwise.
 func (c *upConn) finish() {
 	if c.eof && c.bodyErr == nil && !c.closeAfter && c.br.Buffered() == 0 && !c.wasAborted() {
-		if !c.deadline.IsZero() {
-			c.deadline = time.Time{}
-			c.nc.SetDeadline(time.Time{})
-		}
+		// An armed deadline stays: the next request sets its own (or
+		// clears it), and an idle connection has no read pending.
 		p := c.pool
 		c.resetResponse()
 		p.put(c)

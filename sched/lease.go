@@ -96,7 +96,9 @@ func (l *Lease) acquire(d Decision, tokens, prefill, blocks int64, obs FirstToke
 	l.now = now
 	l.Decision = d
 	l.tokens, l.prefill, l.blocks = tokens, prefill, blocks
-	l.start = time.Now()
+	if obs != nil {
+		l.start = time.Now() // only observers need the dispatch time
+	}
 	l.nseat = 0
 	l.obs = obs
 	d.Worker.Acquire(tokens, prefill, blocks)

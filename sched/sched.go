@@ -302,7 +302,9 @@ func (s *Scheduler) Acquire(cfg *config.Config, r *Request, scratch []*fleet.Wor
 	bs := int64(max(1, s.BlockSize))
 	var obs FirstTokenObserver
 	if o, ok := s.KV.(FirstTokenObserver); ok {
-		obs = o
+		if q, ok := o.(interface{ Observing() bool }); !ok || q.Observing() {
+			obs = o
+		}
 	}
 	l.acquire(d, tokens, d.PrefillTokens(r), (tokens+bs-1)/bs, obs, s.Now)
 	return nil
