@@ -5,7 +5,7 @@ PKGS     := ./...
 TOKDIR   := testdata/tokenizers/qwen3
 APT_PKGS := libzmq3-dev pkg-config etcd-server nats-server nginx-light wrk
 
-.PHONY: all deps deps-apt tokenizer sdk tokref build test test-race bench bench-proxy demo fmt vet fuzz clean
+.PHONY: all deps deps-apt tokenizer sdk tokref build test test-race bench bench-proxy demo soak fmt vet fuzz clean
 
 all: build
 
@@ -79,6 +79,12 @@ bench:
 ## bench-proxy: router overhead vs direct vs nginx, one run
 bench-proxy: deps build
 	$(BIN) bench proxy
+
+## soak: 30 minutes of mixed streaming load through a real router over NATS
+## and etcd, with engine kills, hangs, 500 storms, config reloads and a NATS
+## restart; fails if a request is lost or duplicated or memory grows
+soak: deps build
+	$(BIN) soak --duration 30m --json soak-report.json
 
 ## demo: a router in front of simulated engines, a short workload and its report
 demo: deps build

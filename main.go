@@ -24,6 +24,7 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/engine"
 	"github.com/infera/infera/gateway"
+	"github.com/infera/infera/soak"
 	"github.com/infera/infera/tokenizer"
 	"github.com/infera/infera/worker"
 )
@@ -91,6 +92,7 @@ var cli struct {
 	Worker   worker.Cmd    `cmd:"" help:"Run the sidecar beside one engine: register, heartbeat, relay KV events, drain."`
 	Bench    bench.Cmd     `cmd:"" help:"Benchmarks: replay, compare, simulate, gen, proxy."`
 	Tokenize tokenizer.Cmd `cmd:"" help:"Print the token ids of stdin (debugging the router's tokenizer)."`
+	Soak     soak.Cmd      `cmd:"" help:"Soak and chaos run: mixed load through a real router while engines die, hang and fail, configs reload and NATS restarts."`
 	Version  versionCmd    `cmd:"" help:"Print the version."`
 }
 

@@ -1,0 +1,442 @@
+// Package soak is `infera soak`: a long run of mixed streaming and
+// non-streaming load through a real router, over NATS with etcd
+// discovery, while chaos is applied to the fleet: engines killed and
+// restarted, engines hung (SIGSTOP), 500 storms, streams cut mid-way,
+// config reloads, and a NATS broker restart. It reports every request's
+// outcome (none may be lost or duplicated: each must end in a complete
+// answer or a clean error), and the router's memory and goroutines at the
+// start and the end (they must be flat).
+package soak
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/infera/infera/bench"
+)
+
+// Cmd is `infera soak`.
+type Cmd struct {
+	Duration    time.Duration `help:"Length of the run." default:"30m" env:"INFERA_SOAK_DURATION"`
+	Engines     int           `help:"Simulated engines (each behind an infera worker sidecar)." default:"4" env:"INFERA_SOAK_ENGINES"`
+	Clients     int           `help:"Concurrent clients (closed loop)." default:"24" env:"INFERA_SOAK_CLIENTS"`
+	StreamPct   int           `help:"Share of streaming requests, percent." default:"70" env:"INFERA_SOAK_STREAM_PCT"`
+	ChaosEvery  time.Duration `help:"Time between chaos events." default:"40s" env:"INFERA_SOAK_CHAOS_EVERY"`
+	ReloadEvery time.Duration `help:"Time between config reloads." default:"15s" env:"INFERA_SOAK_RELOAD_EVERY"`
+	InferaBin   string        `name:"infera-bin" help:"infera binary (default: this executable)." default:"" env:"INFERA_SOAK_INFERA_BIN"`
+	Etcd        string        `help:"etcd binary." default:"/usr/bin/etcd" env:"INFERA_ETCD_BIN"`
+	NATS        string        `name:"nats-server" help:"nats-server binary." default:"/usr/sbin/nats-server" env:"INFERA_NATS_SERVER_BIN"`
+	JSON        string        `name:"json" help:"Write the report as JSON to this file." default:"" env:"INFERA_SOAK_JSON"`
+	Seed        uint64        `help:"Seed of the chaos schedule and the request mix." default:"1" env:"INFERA_SOAK_SEED"`
+}
+
+// Report is the soak's result.
+type Report struct {
+	Duration float64 `json:"duration_s"`
+	Requests int64   `json:"requests"`
+	// OK: complete answers. CleanErrors: an error answer (HTTP error in the
+	// OpenAI shape, or a stream ending with an error event and [DONE]).
+	OK          int64 `json:"ok"`
+	CleanErrors int64 `json:"clean_errors"`
+	// Lost: no complete answer and no error (connection cut, truncated or
+	// malformed body, client timeout). Duplicated: an answer that carries
+	// more than one [DONE] or more than one response.
+	Lost       int64            `json:"lost"`
+	Duplicated int64            `json:"duplicated"`
+	Statuses   map[string]int64 `json:"statuses"`
+	Chaos      []string         `json:"chaos"`
+	// Router memory (RSS, MB) and goroutines after warm-up and at the end.
+	RSSStartMB  float64 `json:"rss_start_mb"`
+	RSSEndMB    float64 `json:"rss_end_mb"`
+	GoroutStart int     `json:"goroutines_start"`
+	GoroutEnd   int     `json:"goroutines_end"`
+	Flat        bool    `json:"memory_flat"`
+	Pass        bool    `json:"pass"`
+}
+
+// Run implements the command.
+func (c *Cmd) Run() error {
+	rep, err := c.run(context.Background(), os.Stderr)
+	if rep != nil {
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		fmt.Println(string(b))
+		if c.JSON != "" {
+			os.WriteFile(c.JSON, b, 0o644)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if !rep.Pass {
+		return errors.New("soak failed: requests lost or duplicated, or memory not flat")
+	}
+	return nil
+}
+
+type engineProc struct {
+	id     string
+	port   int
+	eng    *bench.Proc
+	worker *bench.Proc
+}
+
+func (c *Cmd) run(ctx context.Context, log io.Writer) (*Report, error) {
+	if c.Engines < 2 || c.Clients < 1 || c.Duration <= 0 {
+		return nil, fmt.Errorf("need at least 2 engines, 1 client and a positive duration")
+	}
+	bin, err := bench.ResolveBin(c.InferaBin)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "infera-soak-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	var g bench.Group
+	defer g.StopAll()
+
+	// etcd and NATS.
+	cport, _ := bench.FreePort()
+	pport, _ := bench.FreePort()
+	etcdURL := "http://127.0.0.1:" + strconv.Itoa(cport)
+	etcd, err := bench.StartProc("etcd", dir, c.Etcd, "--name", "soak", "--data-dir", filepath.Join(dir, "etcd"),
+		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
+		"--listen-peer-urls", "http://127.0.0.1:"+strconv.Itoa(pport), "--initial-advertise-peer-urls", "http://127.0.0.1:"+strconv.Itoa(pport),
+		"--initial-cluster", "soak=http://127.0.0.1:"+strconv.Itoa(pport), "--log-level", "warn")
+	if err != nil {
+		return nil, err
+	}
+	g.Add(etcd)
+	if err := bench.WaitHTTP(ctx, etcd, etcdURL+"/health", 20*time.Second, nil); err != nil {
+		return nil, err
+	}
+	nport, _ := bench.FreePort()
+	natsURL := "nats://127.0.0.1:" + strconv.Itoa(nport)
+	startNATS := func() (*bench.Proc, error) {
+		p, err := bench.StartProc("nats", dir, c.NATS, "-a", "127.0.0.1", "-p", strconv.Itoa(nport))
+		if err != nil {
+			return nil, err
+		}
+		time.Sleep(300 * time.Millisecond)
+		return p, nil
+	}
+	nats, err := startNATS()
+	if err != nil {
+		return nil, err
+	}
+	var natsMu sync.Mutex
+	etcdEP := "127.0.0.1:" + strconv.Itoa(cport)
+	common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcdEP, "--request-transport", "nats",
+		"--kv-event-transport", "zmq", "--nats-url", natsURL}
+
+	// Engines, each behind a worker sidecar.
+	engines := make([]*engineProc, c.Engines)
+	startEngine := func(i int) error {
+		e := engines[i]
+		p, err := bench.StartProc(e.id, dir, bin, "engine", "--port", strconv.Itoa(e.port), "--id", e.id, "--speedup", "20")
+		if err != nil {
+			return err
+		}
+		if err := bench.WaitHTTP(ctx, p, "http://127.0.0.1:"+strconv.Itoa(e.port)+"/health", 20*time.Second, nil); err != nil {
+			return err
+		}
+		w, err := bench.StartProc(e.id+"-worker", dir, bin, append([]string{"worker", "--id", e.id,
+			"--engine-url", "http://127.0.0.1:" + strconv.Itoa(e.port), "--lease-ttl", "3s"}, common...)...)
+		if err != nil {
+			p.Stop()
+			return err
+		}
+		e.eng, e.worker = p, w
+		return nil
+	}
+	for i := range engines {
+		port, _ := bench.FreePort()
+		engines[i] = &engineProc{id: "soak-" + strconv.Itoa(i), port: port}
+		if err := startEngine(i); err != nil {
+			return nil, err
+		}
+	}
+	defer func() {
+		for _, e := range engines {
+			e.worker.Stop()
+			e.eng.Stop()
+		}
+		natsMu.Lock()
+		nats.Stop()
+		natsMu.Unlock()
+	}()
+
+	// The router, with a config file the soak rewrites.
+	cfgPath := filepath.Join(dir, "infera.json")
+	writeCfg := func(i int) {
+		cfg := fmt.Sprintf(`{"timeouts":{"stream_first_packet_s":%d,"stream_idle_s":%d,"non_stream_total_s":60},"debug":{"decision_header":%v}}`,
+			20+i%3, 10+i%2, i%2 == 0)
+		tmp := cfgPath + ".tmp"
+		os.WriteFile(tmp, []byte(cfg), 0o644)
+		os.Rename(tmp, cfgPath)
+	}
+	writeCfg(0)
+	rport, _ := bench.FreePort()
+	routerURL := "http://127.0.0.1:" + strconv.Itoa(rport)
+	router, err := bench.StartProc("router", dir, bin, append([]string{"serve", "--host", "127.0.0.1", "--port", strconv.Itoa(rport),
+		"--config", cfgPath, "--config-poll", "500ms", "--admin-port", "0", "--router-policy", "kv-aware",
+		"--breaker-cooldown-s", "2", "--request-max-retries", "2", "--nats-req-idle-timeout", "15s"}, common...)...)
+	if err != nil {
+		return nil, err
+	}
+	g.Add(router)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var h struct {
+			Workers struct {
+				Routable int `json:"routable"`
+			} `json:"workers"`
+		}
+		resp, err := http.Get(routerURL + "/health")
+		if err == nil {
+			json.NewDecoder(resp.Body).Decode(&h)
+			resp.Body.Close()
+			if h.Workers.Routable == c.Engines {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("router never saw %d routable workers: %s", c.Engines, router.LogTail(2000))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	rep := &Report{Statuses: map[string]int64{}}
+	var mu sync.Mutex
+	note := func(s string) {
+		mu.Lock()
+		rep.Chaos = append(rep.Chaos, time.Now().Format("15:04:05")+" "+s)
+		mu.Unlock()
+		fmt.Fprintln(log, "chaos:", s)
+	}
+	runCtx, stop := context.WithTimeout(ctx, c.Duration)
+	defer stop()
+	var wg sync.WaitGroup
+	var seq atomic.Int64
+	hc := &http.Client{Timeout: 120 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: c.Clients}}
+	for i := 0; i < c.Clients; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(c.Seed, uint64(i)))
+			for runCtx.Err() == nil {
+				n := seq.Add(1)
+				stream := rng.IntN(100) < c.StreamPct
+				outcome, status := oneRequest(hc, routerURL, n, stream, 4+rng.IntN(40))
+				mu.Lock()
+				rep.Requests++
+				rep.Statuses[status]++
+				switch outcome {
+				case outOK:
+					rep.OK++
+				case outCleanError:
+					rep.CleanErrors++
+				case outDuplicated:
+					rep.Duplicated++
+				default:
+					rep.Lost++
+				}
+				mu.Unlock()
+			}
+		}(i)
+	}
+
+	// Memory after warm-up.
+	time.Sleep(min(c.Duration/10, 60*time.Second))
+	rep.RSSStartMB, rep.GoroutStart = routerMemory(router.Pid(), routerURL)
+
+	// Chaos and reloads.
+	rng := rand.New(rand.NewPCG(c.Seed, 99))
+	chaos := time.NewTicker(c.ChaosEvery)
+	reload := time.NewTicker(c.ReloadEvery)
+	defer chaos.Stop()
+	defer reload.Stop()
+	natsRestarted := false
+	half := time.Now().Add(c.Duration / 2)
+	for k, r := 0, 1; runCtx.Err() == nil; {
+		select {
+		case <-runCtx.Done():
+		case <-reload.C:
+			writeCfg(r)
+			r++
+		case <-chaos.C:
+			if !natsRestarted && time.Now().After(half) {
+				natsRestarted = true
+				note("NATS broker restart")
+				natsMu.Lock()
+				nats.Stop()
+				time.Sleep(2 * time.Second)
+				nats, err = startNATS()
+				natsMu.Unlock()
+				if err != nil {
+					return rep, err
+				}
+				continue
+			}
+			i := rng.IntN(len(engines))
+			e := engines[i]
+			switch k % 4 {
+			case 0:
+				note("kill -9 " + e.id + ", restart in 8 s")
+				syscall.Kill(e.eng.Pid(), syscall.SIGKILL)
+				syscall.Kill(e.worker.Pid(), syscall.SIGKILL)
+				go func(i int) {
+					time.Sleep(8 * time.Second)
+					if err := startEngine(i); err != nil {
+						fmt.Fprintln(log, "restart failed:", err)
+					}
+				}(i)
+			case 1:
+				note("hang " + e.id + " (SIGSTOP) for 15 s")
+				syscall.Kill(e.eng.Pid(), syscall.SIGSTOP)
+				go func(p int) { time.Sleep(15 * time.Second); syscall.Kill(p, syscall.SIGCONT) }(e.eng.Pid())
+			case 2:
+				note("500 storm on " + e.id + " for 20 s")
+				setFault(e.port, `{"mode":"error","status":500,"rate":0.7}`)
+				go func(port int) { time.Sleep(20 * time.Second); setFault(port, `{"mode":"none"}`) }(e.port)
+			case 3:
+				note("streams cut mid-way on " + e.id + " for 20 s")
+				setFault(e.port, `{"mode":"close-mid-stream","after_tokens":3,"rate":0.5}`)
+				go func(port int) { time.Sleep(20 * time.Second); setFault(port, `{"mode":"none"}`) }(e.port)
+			}
+			k++
+		}
+	}
+	wg.Wait()
+	// Let the router settle (streams end, idle connections expire).
+	time.Sleep(5 * time.Second)
+	rep.RSSEndMB, rep.GoroutEnd = routerMemory(router.Pid(), routerURL)
+	rep.Duration = c.Duration.Seconds()
+	rep.Flat = rep.RSSEndMB <= rep.RSSStartMB*1.25+16 && rep.GoroutEnd <= rep.GoroutStart+64
+	rep.Pass = rep.Lost == 0 && rep.Duplicated == 0 && rep.Flat && rep.OK > 0
+	if router.Exited() {
+		rep.Pass = false
+		return rep, fmt.Errorf("the router exited: %s", router.LogTail(2000))
+	}
+	return rep, nil
+}
+
+type outcome int
+
+const (
+	outOK outcome = iota
+	outCleanError
+	outLost
+	outDuplicated
+)
+
+// oneRequest sends request n and classifies its answer.
+func oneRequest(hc *http.Client, url string, n int64, stream bool, maxTokens int) (outcome, string) {
+	body := fmt.Sprintf(`{"model":"sim-model","max_tokens":%d,"stream":%v,"messages":[{"role":"system","content":"soak %d"},{"role":"user","content":"request %d: tell me about routing"}]}`,
+		maxTokens, stream, n%7, n)
+	resp, err := hc.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return outLost, "transport-error"
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	status := strconv.Itoa(resp.StatusCode)
+	if err != nil {
+		return outLost, status + "-truncated"
+	}
+	if resp.StatusCode != 200 {
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
+			return outCleanError, status
+		}
+		return outLost, status + "-malformed"
+	}
+	if !stream {
+		var r struct {
+			Choices []json.RawMessage `json:"choices"`
+		}
+		if json.Unmarshal(b, &r) != nil || len(r.Choices) == 0 {
+			return outLost, status + "-malformed"
+		}
+		return outOK, status
+	}
+	done := bytes.Count(b, []byte("data: [DONE]"))
+	switch {
+	case done > 1:
+		return outDuplicated, status
+	case done == 0 || !bytes.HasSuffix(b, []byte("data: [DONE]\n\n")):
+		return outLost, status + "-stream-cut"
+	}
+	// Every event must be a complete JSON object.
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 1<<16), 1<<20)
+	errEvent := false
+	for sc.Scan() {
+		line := sc.Bytes()
+		if !bytes.HasPrefix(line, []byte("data: ")) || bytes.Equal(line, []byte("data: [DONE]")) {
+			continue
+		}
+		if !json.Valid(line[6:]) {
+			return outLost, status + "-bad-event"
+		}
+		if bytes.HasPrefix(line, []byte(`data: {"error"`)) {
+			errEvent = true
+		}
+	}
+	if errEvent {
+		return outCleanError, status + "-error-event"
+	}
+	return outOK, status
+}
+
+func setFault(port int, f string) {
+	resp, err := http.Post("http://127.0.0.1:"+strconv.Itoa(port)+"/admin/fault", "application/json", strings.NewReader(f))
+	if err == nil {
+		resp.Body.Close()
+	}
+}
+
+// routerMemory returns the router's RSS in MB (from /proc) and its
+// goroutine count (from /metrics).
+func routerMemory(pid int, url string) (float64, int) {
+	var rss float64
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+				kb, _ := strconv.ParseFloat(f[1], 64)
+				rss = kb / 1024
+			}
+		}
+	}
+	g := 0
+	if resp, err := http.Get(url + "/metrics"); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "go_goroutines ") {
+				g, _ = strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(l, "go_goroutines ")))
+			}
+		}
+	}
+	return rss, g
+}
