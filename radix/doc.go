@@ -10,8 +10,11 @@
 // is single-threaded, path compressed (a node holds a run of blocks cached by
 // the same members) and sized by fan-out (children in a small slice, a map
 // beyond eight). Because block hashes are chained, a hash identifies its
-// whole prefix; a per-shard map from hash to (node, offset) locates blocks
-// for stores below an existing parent and for removals.
+// whole prefix; a per-shard hash table from hash to (node id, offset)
+// locates blocks for stores below an existing parent and for removals. That
+// table (loc.go) is an extendible hash of small pointer-free open-addressing
+// tables: one probe per stored block, growth rehashes one small table at a
+// time under the shard lock, and the GC never scans it.
 //
 // The package knows nothing about events, engines or scheduling: kv feeds
 // it, sched reads it. Workers are the small integers fleet.Worker.Idx.

@@ -45,16 +45,17 @@ type paddedShard struct {
 type shard struct {
 	mu    sync.RWMutex
 	roots kids
-	loc   map[uint64]ref
-	nodes int
+	loc   locMap
+	// nodeTab resolves node ids (chunks of nodeChunk, so growing it never
+	// copies the table); free holds the ids of deleted nodes for reuse.
+	nodeTab [][]*node
+	free    []uint32
+	nodes   int
 	// entries counts (block, member) pairs.
 	entries int64
 }
 
-type ref struct {
-	n *node
-	i int
-}
+const nodeChunk = 1024
 
 type node struct {
 	keys    []uint64
@@ -64,16 +65,17 @@ type node struct {
 	mask   []uint64
 	parent *node
 	kids   kids
-	dead   bool // removed from the tree (purge skips it)
+	id     uint32 // index in shard.nodeTab, for refs
+	dead   bool   // removed from the tree (purge skips it)
+	// Inline storage for the common case of one member of one of the first
+	// 64 workers: a new node costs one allocation less for each.
+	member1 [1]uint32
+	mask1   [1]uint64
 }
 
 // New returns an empty index.
 func New() *Index {
-	x := &Index{}
-	for i := range x.shards {
-		x.shards[i].loc = make(map[uint64]ref)
-	}
-	return x
+	return &Index{}
 }
 
 func (x *Index) shardFor(root uint64) *shard {
@@ -194,7 +196,7 @@ func (x *Index) Stats() Stats {
 	for i := range x.shards {
 		s := &x.shards[i].shard
 		s.mu.RLock()
-		st.Blocks += len(s.loc)
+		st.Blocks += s.loc.len()
 		st.Entries += s.entries
 		st.Nodes += s.nodes
 		st.Bytes += s.bytes()
@@ -203,16 +205,12 @@ func (x *Index) Stats() Stats {
 	return st
 }
 
-// Approximate sizes for Stats.Bytes: a node struct, and one swiss-map slot of
-// loc (key, ref, control byte) at the 7/8 load factor.
-const (
-	nodeBytes    = int64(unsafe.Sizeof(node{}))
-	locSlotBytes = int64((8+unsafe.Sizeof(ref{}))*8/7 + 1)
-)
+// nodeBytes is the size of a node struct, for Stats.Bytes.
+const nodeBytes = int64(unsafe.Sizeof(node{}))
 
 // bytes estimates shard memory. s.mu must be held.
 func (s *shard) bytes() int64 {
-	b := int64(len(s.loc)) * locSlotBytes
+	b := s.loc.bytes() + int64(len(s.nodeTab))*nodeChunk*8 + int64(cap(s.free))*4
 	var walk func(n *node)
 	walk = func(n *node) {
 		b += nodeBytes + int64(cap(n.keys))*8 + int64(cap(n.members))*4 + n.kids.bytes()

@@ -14,13 +14,13 @@ func (s *shard) store(m uint32, parent uint64, hasParent bool, hashes []uint64) 
 	var cur *node
 	off := -1
 	if hasParent {
-		r, ok := s.loc[parent]
+		r, ok := s.loc.get(parent)
 		if !ok {
 			return 0, ErrUnknownParent
 		}
-		cur, off = r.n, r.i
+		cur, off = s.node(r.node), int(r.off)
 	}
-	for _, h := range hashes {
+	for hi, h := range hashes {
 		if cur != nil && off+1 < len(cur.keys) {
 			if cur.keys[off+1] == h {
 				off++
@@ -28,54 +28,48 @@ func (s *shard) store(m uint32, parent uint64, hasParent bool, hashes []uint64) 
 			}
 			s.split(cur, off+1)
 		}
-		var k *node
-		if cur == nil {
-			k = s.roots.get(h)
-		} else {
-			k = cur.kids.get(h)
-		}
-		if k != nil {
-			cur, off = k, 0
-			continue
-		}
-		if r, ok := s.loc[h]; ok {
-			// The engine reported a parent that disagrees with the hash
-			// chain (a collision or a buggy engine): trust the hash.
-			cur, off = r.n, r.i
+		// One probe finds the block (a child of cur, or anywhere when the
+		// engine's parent disagrees with the hash chain: trust the hash)
+		// or reserves its slot.
+		p, found := s.loc.insert(h)
+		if found {
+			cur, off = s.node(p.node), int(p.off)
 			continue
 		}
 		if cur != nil && cur.kids.len() == 0 && len(cur.members) == 1 && cur.members[0] == m {
 			cur.keys = append(cur.keys, h)
 			off = len(cur.keys) - 1
-			s.loc[h] = ref{cur, off}
+			*p = ref{cur.id, uint32(off)}
 			s.entries++
 			continue
 		}
-		n := &node{keys: make([]uint64, 1, 4), members: []uint32{m}, parent: cur}
-		n.keys[0] = h
+		n := s.newNode(cur) // touches no slot of s.loc: p stays valid
+		// The rest of the event usually extends this new run.
+		n.keys = append(make([]uint64, 0, max(4, len(hashes)-hi)), h)
+		n.members = append(n.members, m)
 		n.setBit(int(m >> 16))
 		if cur == nil {
 			s.roots.put(n)
 		} else {
 			cur.kids.put(n)
 		}
-		s.loc[h] = ref{n, 0}
-		s.nodes++
+		*p = ref{n.id, 0}
 		s.entries++
 		cur, off = n, 0
 	}
 	// Phase 2: add m to every run of blocks it does not hold yet.
 	for i := 0; i < len(hashes); {
-		r, ok := s.loc[hashes[i]]
+		r, ok := s.loc.get(hashes[i])
 		if !ok {
 			panic("BUG: radix: stored block vanished")
 		}
-		to, j := r.i+1, i+1
-		for j < len(hashes) && to < len(r.n.keys) && r.n.keys[to] == hashes[j] {
+		n, from := s.node(r.node), int(r.off)
+		to, j := from+1, i+1
+		for j < len(hashes) && to < len(n.keys) && n.keys[to] == hashes[j] {
 			to++
 			j++
 		}
-		s.addRange(r.n, r.i, to, m)
+		s.addRange(n, from, to, m)
 		i = j
 	}
 	return s.entries - before, nil
@@ -85,17 +79,18 @@ func (s *shard) store(m uint32, parent uint64, hasParent bool, hashes []uint64) 
 func (s *shard) remove(m uint32, hashes []uint64) int64 {
 	before := s.entries
 	for i := 0; i < len(hashes); {
-		r, ok := s.loc[hashes[i]]
+		r, ok := s.loc.get(hashes[i])
 		if !ok {
 			i++
 			continue
 		}
-		to, j := r.i+1, i+1
-		for j < len(hashes) && to < len(r.n.keys) && r.n.keys[to] == hashes[j] {
+		n, from := s.node(r.node), int(r.off)
+		to, j := from+1, i+1
+		for j < len(hashes) && to < len(n.keys) && n.keys[to] == hashes[j] {
 			to++
 			j++
 		}
-		s.removeRange(r.n, r.i, to, m)
+		s.removeRange(n, from, to, m)
 		i = j
 	}
 	return before - s.entries
@@ -139,15 +134,18 @@ func (s *shard) purge(drop func(uint32) bool) int64 {
 // split cuts n before keys[i] (0 < i < len(n.keys)); the tail becomes n's
 // only child, holding n's children and a copy of its members.
 func (s *shard) split(n *node, i int) {
-	c := &node{keys: n.keys[i:], members: append([]uint32(nil), n.members...), mask: append([]uint64(nil), n.mask...), parent: n, kids: n.kids}
+	c := s.newNode(n)
+	c.keys = n.keys[i:]
+	c.members = append(c.members, n.members...)
+	c.mask = append(c.mask, n.mask...)
+	c.kids = n.kids
 	n.keys = n.keys[:i:i]
 	c.kids.each(func(g *node) { g.parent = c })
 	n.kids = kids{}
 	n.kids.put(c)
 	for j, h := range c.keys {
-		s.loc[h] = ref{c, j}
+		s.loc.set(h, ref{c.id, uint32(j)})
 	}
-	s.nodes++
 }
 
 func contains(ms []uint32, m uint32) (int, bool) {
@@ -222,15 +220,14 @@ func (s *shard) tidy(n *node) {
 	for n != nil && len(n.members) == 0 && n.kids.len() == 0 {
 		p := n.parent
 		for _, h := range n.keys {
-			delete(s.loc, h)
+			s.loc.del(h)
 		}
 		if p == nil {
 			s.roots.del(n.keys[0])
 		} else {
 			p.kids.del(n.keys[0])
 		}
-		s.nodes--
-		n.dead = true
+		s.freeNode(n)
 		n = p
 	}
 	if n == nil {
@@ -254,11 +251,40 @@ func (s *shard) absorb(n *node) {
 	base := len(n.keys)
 	n.keys = append(n.keys, c.keys...)
 	for j, h := range c.keys {
-		s.loc[h] = ref{n, base + j}
+		s.loc.set(h, ref{n.id, uint32(base + j)})
 	}
 	n.kids = c.kids
 	n.kids.each(func(g *node) { g.parent = n })
-	c.dead = true
+	s.freeNode(c)
+}
+
+// node resolves a node id.
+func (s *shard) node(id uint32) *node { return s.nodeTab[id/nodeChunk][id%nodeChunk] }
+
+// newNode returns an empty node below parent with a fresh id.
+func (s *shard) newNode(parent *node) *node {
+	n := &node{parent: parent}
+	n.members, n.mask = n.member1[:0], n.mask1[:0]
+	if k := len(s.free); k > 0 {
+		n.id = s.free[k-1]
+		s.free = s.free[:k-1]
+	} else {
+		total := len(s.nodeTab) * nodeChunk
+		if s.nodes+len(s.free) >= total {
+			s.nodeTab = append(s.nodeTab, make([]*node, nodeChunk))
+		}
+		n.id = uint32(s.nodes)
+	}
+	s.nodeTab[n.id/nodeChunk][n.id%nodeChunk] = n
+	s.nodes++
+	return n
+}
+
+// freeNode marks n deleted and releases its id.
+func (s *shard) freeNode(n *node) {
+	n.dead = true
+	s.nodeTab[n.id/nodeChunk][n.id%nodeChunk] = nil
+	s.free = append(s.free, n.id)
 	s.nodes--
 }
 
