@@ -14,9 +14,10 @@
 //   - Poller (global scheduling): polls every member's capacity endpoint
 //     and keeps its last report; Pick names the member with the most free
 //     capacity for a model.
-//   - NewHostClient and PrepareRequest: the connection pool of an external
-//     upstream and the outbound request to it (its key instead of the
-//     client's credentials, client headers from a fixed list, HopHeader).
+//   - AppendHeaders: the header block of a request to an external upstream
+//     (its key instead of the client's credentials, client headers from a
+//     fixed list, HopHeader). The proxy sends it over its own HTTP/1.1
+//     client, the one it uses for local engines.
 //   - DescribeError: transport failures in fixed words for log lines.
 //
 // It knows nothing of the proxy, the scheduler or the dispatch that will

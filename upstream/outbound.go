@@ -1,69 +1,9 @@
 package upstream
 
 import (
-	"crypto/tls"
-	"net"
-	"time"
-
 	"github.com/infera/infera/config"
 	"github.com/valyala/fasthttp"
 )
-
-// ClientOptions configure the connection pool of one external upstream
-// (a split proxy entry or a global scheduling member).
-type ClientOptions struct {
-	// MaxConns bounds connections; each live stream holds one. Default 4096.
-	MaxConns int
-	// ConnectTimeout bounds dialing. Default 3 s.
-	ConnectTimeout time.Duration
-	// Dial, when set, replaces the TCP dialer (a deadline-refreshing
-	// connection for idle timeouts, an in-memory listener in tests).
-	Dial fasthttp.DialFunc
-}
-
-// NewHostClient returns the keep-alive client for an external upstream,
-// set up as the local workers' are (STYLE.md): ReadTimeout 0 (streams are
-// bounded by the dispatch's own first-packet and idle timeouts),
-// responses streamed when the caller sets StreamResponseBody per request,
-// no path or header-name normalization, no retries of its own. Make one
-// per upstream when a config is compiled; keep it while the address stays
-// the same.
-func NewHostClient(ep *Endpoint, o ClientOptions) *fasthttp.HostClient {
-	if o.MaxConns <= 0 {
-		o.MaxConns = 4096
-	}
-	if o.ConnectTimeout <= 0 {
-		o.ConnectTimeout = 3 * time.Second
-	}
-	hc := &fasthttp.HostClient{
-		Addr:                          ep.Addr,
-		Name:                          "infera",
-		IsTLS:                         ep.TLS,
-		MaxConns:                      o.MaxConns,
-		MaxConnWaitTimeout:            50 * time.Millisecond,
-		MaxIdleConnDuration:           60 * time.Second,
-		ReadTimeout:                   0,
-		WriteTimeout:                  30 * time.Second,
-		MaxResponseBodySize:           64 << 20,
-		MaxIdemponentCallAttempts:     1,
-		DisablePathNormalizing:        true,
-		DisableHeaderNamesNormalizing: true,
-		NoDefaultUserAgentHeader:      true,
-		Dial:                          o.Dial,
-	}
-	if hc.Dial == nil {
-		d := &net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 30 * time.Second}
-		hc.Dial = func(addr string) (net.Conn, error) { return d.Dial("tcp", addr) }
-	}
-	if ep.TLS {
-		h, _, err := net.SplitHostPort(ep.Addr)
-		if err != nil {
-			h = ep.Addr
-		}
-		hc.TLSConfig = &tls.Config{ServerName: h}
-	}
-	return hc
-}
 
 // forwardedHeaders are the client headers an external upstream receives;
 // everything else (credentials, cookies, hop-by-hop headers, client
@@ -73,53 +13,110 @@ var forwardedHeaders = [...]string{
 	"OpenAI-Beta", "Anthropic-Version", "Anthropic-Beta",
 }
 
-// PrepareRequest fills out, a reset request, for an external
-// OpenAI-compatible upstream: POST to the endpoint's prefix + path (the
-// client's query string is dropped), Host the upstream's, the client's
-// headers from a fixed list (Content-Type, Accept, User-Agent,
-// X-Request-Id, OpenAI-Beta, Anthropic-Version, Anthropic-Beta) plus the
-// extra names given (e.g. the session affinity header for a member
-// gateway), "Authorization: Bearer <key>" when key is set (the client's
-// Authorization never passes), HopHeader "1" when hop is true (global
-// scheduling), and body. The client's Authorization, Cookie, API-key
-// headers, Forwarded/X-Forwarded-*, and hop-by-hop headers never pass.
-// It does not allocate once out's buffers have grown.
-func PrepareRequest(out *fasthttp.Request, in *fasthttp.RequestHeader, ep *Endpoint, path, body []byte, key config.Secret, hop bool, extra ...string) {
-	out.Header.SetMethod(fasthttp.MethodPost)
-	var ub [256]byte
-	out.Header.SetRequestURIBytes(ep.AppendPath(ub[:0], path))
-	out.Header.SetHost(ep.Host)
+// AppendHeaders appends the header block ("Name: value\r\n" lines) of a
+// request to an external OpenAI-compatible upstream (a split proxy entry, a
+// member gateway) and returns it. The request line, Host (the upstream's:
+// Endpoint.Host) and Content-Length are the transport's. The block holds:
+//
+//   - the client's headers from a fixed list (Content-Type, Accept,
+//     User-Agent, X-Request-Id, OpenAI-Beta, Anthropic-Version,
+//     Anthropic-Beta), and the header named by extra when it is not a
+//     credential, hop-by-hop or framing header (e.g. the session affinity
+//     header for a member gateway); "Content-Type: application/json" when
+//     the client sent none (the body is JSON);
+//   - "Authorization: Bearer <key>" when key is set;
+//   - HopHeader "1" when hop is true (global scheduling).
+//
+// The client's Authorization, Cookie, API-key headers,
+// Forwarded/X-Forwarded-*, hop-by-hop headers and everything else never
+// pass. A value holding a control character is left out. It does not
+// allocate when dst has room.
+func AppendHeaders(dst []byte, in *fasthttp.RequestHeader, key config.Secret, hop bool, extra string) []byte {
 	for _, h := range forwardedHeaders {
-		if v := in.Peek(h); len(v) > 0 {
-			out.Header.SetBytesV(h, v)
+		v := in.Peek(h)
+		if len(v) == 0 && h == "Content-Type" {
+			v = jsonType
 		}
+		dst = appendHeader(dst, h, v)
 	}
-	for _, h := range extra {
-		if isCredentialHeader(h) {
-			continue
-		}
-		if v := in.Peek(h); len(v) > 0 {
-			out.Header.SetBytesV(h, v)
-		}
+	if extra != "" && !isCredentialHeader(extra) && !isForwarded(extra) {
+		dst = appendHeader(dst, extra, in.Peek(extra))
 	}
 	if key.IsSet() {
-		var buf [512]byte
-		out.Header.SetBytesV(fasthttp.HeaderAuthorization, key.AppendBearer(buf[:0]))
+		dst = append(dst, "Authorization: "...)
+		dst = key.AppendBearer(dst)
+		dst = append(dst, "\r\n"...)
 	}
 	if hop {
-		out.Header.Set(HopHeader, "1")
+		dst = append(dst, HopHeader+": 1\r\n"...)
 	}
-	out.SetBodyRaw(body)
+	return dst
+}
+
+var jsonType = []byte("application/json")
+
+func appendHeader(dst []byte, name string, v []byte) []byte {
+	if len(v) == 0 || !validHeaderName(name) {
+		return dst
+	}
+	for _, c := range v {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return dst
+		}
+	}
+	dst = append(dst, name...)
+	dst = append(dst, ": "...)
+	dst = append(dst, v...)
+	return append(dst, "\r\n"...)
+}
+
+// validHeaderName reports an RFC 9110 token.
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || c == ':' || c == '(' || c == ')' || c == ',' || c == '/' || c == ';' ||
+			c == '<' || c == '=' || c == '>' || c == '?' || c == '@' || c == '[' || c == '\\' || c == ']' ||
+			c == '{' || c == '}' || c == '"' {
+			return false
+		}
+	}
+	return true
+}
+
+// isForwarded reports the fixed-list names (already appended).
+func isForwarded(h string) bool {
+	for _, f := range forwardedHeaders {
+		if equalFoldString(f, h) {
+			return true
+		}
+	}
+	return false
 }
 
 // isCredentialHeader reports the headers extra may not name.
 func isCredentialHeader(h string) bool {
 	for _, c := range [...]string{"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key",
 		"Connection", "Keep-Alive", "Transfer-Encoding", "Upgrade", "Te", "Trailer", "Host", "Content-Length",
-		"Forwarded", "X-Forwarded-For", HopHeader} {
-		if len(c) == len(h) && equalFold(c, []byte(h)) {
+		"Expect", "Proxy-Connection", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto",
+		"X-Real-Ip", HopHeader} {
+		if equalFoldString(c, h) {
 			return true
 		}
 	}
 	return false
+}
+
+func equalFoldString(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		if lower(a[i]) != lower(b[i]) {
+			return false
+		}
+	}
+	return true
 }

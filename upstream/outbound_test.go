@@ -1,26 +1,30 @@
 package upstream
 
 import (
+	"bufio"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/infera/infera/config"
 	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/fasthttputil"
 )
 
 // An external upstream gets the body, its own key, and none of the
-// client's credentials or addresses, over a real (in-memory) connection.
-func TestPrepareRequestSendsOnlyAllowedHeadersAndTheUpstreamKey(t *testing.T) {
-	ln := fasthttputil.NewInmemoryListener()
-	defer ln.Close()
+// client's credentials or addresses: the header block is sent over a real
+// loopback connection and parsed by a real HTTP server.
+func TestAppendHeadersSendsOnlyAllowedHeadersAndTheUpstreamKey(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	type got struct {
 		uri, host, body string
 		headers         map[string]string
 	}
 	gotc := make(chan got, 1)
-	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+	srv := &fasthttp.Server{DisableHeaderNamesNormalizing: true, Handler: func(ctx *fasthttp.RequestCtx) {
 		g := got{uri: string(ctx.RequestURI()), host: string(ctx.Host()), body: string(ctx.PostBody()), headers: map[string]string{}}
 		for k, v := range ctx.Request.Header.All() {
 			g.headers[string(k)] = string(v)
@@ -35,9 +39,6 @@ func TestPrepareRequestSendsOnlyAllowedHeadersAndTheUpstreamKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hc := NewHostClient(&ep, ClientOptions{Dial: func(string) (net.Conn, error) { return ln.Dial() }})
-	hc.IsTLS = false // the in-memory server speaks plain HTTP
-
 	var in fasthttp.RequestHeader
 	in.SetMethod("POST")
 	in.SetRequestURI("/v1/chat/completions?key=q-SECRET")
@@ -49,17 +50,27 @@ func TestPrepareRequestSendsOnlyAllowedHeadersAndTheUpstreamKey(t *testing.T) {
 	} {
 		in.Set(k, v)
 	}
-	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	body := []byte(`{"model":"gpt-4o","stream":true}`)
-	PrepareRequest(req, &in, &ep, []byte("/v1/chat/completions"), body, config.NewSecret("sk-upstream"), true,
-		"X-Session-Id", "Authorization", "cookie")
-	if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-		t.Fatalf("do: %v %d", err, resp.StatusCode())
+	body := `{"model":"gpt-4o","stream":true}`
+	send := func(hdr []byte, path string) got {
+		t.Helper()
+		c, err := net.Dial("tcp4", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		req := "POST " + string(ep.AppendPath(nil, []byte(path))) + " HTTP/1.1\r\nHost: " + ep.Host + "\r\n" + string(hdr) +
+			"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+		if _, err := c.Write([]byte(req)); err != nil {
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil || !strings.Contains(line, " 200 ") {
+			t.Fatalf("answer %q %v", line, err)
+		}
+		return <-gotc
 	}
-	g := <-gotc
-	if g.uri != "/compatible/v1/chat/completions" || g.host != "api.example.com:8443" || g.body != string(body) {
+	g := send(AppendHeaders(nil, &in, config.NewSecret("sk-upstream"), true, "X-Session-Id"), "/v1/chat/completions")
+	if g.uri != "/compatible/v1/chat/completions" || g.host != "api.example.com:8443" || g.body != body {
 		t.Fatalf("upstream got %s host %s body %s", g.uri, g.host, g.body)
 	}
 	want := map[string]string{
@@ -67,23 +78,46 @@ func TestPrepareRequestSendsOnlyAllowedHeadersAndTheUpstreamKey(t *testing.T) {
 		"User-Agent": "sdk/1.0", "X-Request-Id": "req-1", "X-Session-Id": "sess-1", HopHeader: "1",
 		"Content-Length": "32", "Host": "api.example.com:8443",
 	}
-	for k, v := range want {
-		if g.headers[k] != v {
-			t.Fatalf("upstream header %s = %q, want %q (all: %v)", k, g.headers[k], v, g.headers)
+	check := func(g got, want map[string]string) {
+		t.Helper()
+		for k, v := range want {
+			if g.headers[k] != v {
+				t.Fatalf("upstream header %s = %q, want %q (all: %v)", k, g.headers[k], v, g.headers)
+			}
+		}
+		for k, v := range g.headers {
+			if _, ok := want[k]; !ok {
+				t.Fatalf("upstream got unexpected header %s: %s", k, v)
+			}
+			if strings.Contains(v, "SECRET") {
+				t.Fatalf("client credential reached the upstream in %s", k)
+			}
 		}
 	}
-	for k, v := range g.headers {
-		if _, ok := want[k]; !ok {
-			t.Fatalf("upstream got unexpected header %s: %s", k, v)
+	check(g, want)
+
+	// extra may not name a credential; without a key and without hop: no
+	// Authorization and no hop header; a missing Content-Type is JSON.
+	for _, extra := range []string{"Authorization", "cookie", "x-api-key", "Host", "X-Infera-Hop", "Content-Length", "bad name"} {
+		in.Del("Content-Type")
+		g = send(AppendHeaders(nil, &in, config.Secret{}, false, extra), "/v1/completions")
+		if g.uri != "/compatible/v1/completions" {
+			t.Fatalf("uri %s", g.uri)
 		}
-		if strings.Contains(v, "SECRET") {
-			t.Fatalf("client credential reached the upstream in %s", k)
-		}
+		check(g, map[string]string{"Content-Type": "application/json", "Accept": "text/event-stream",
+			"User-Agent": "sdk/1.0", "X-Request-Id": "req-1", "Content-Length": "32", "Host": "api.example.com:8443"})
 	}
-	// Without a key and without hop: no Authorization at all.
-	req.Reset()
-	PrepareRequest(req, &in, &ep, []byte("/v1/completions"), body, config.Secret{}, false)
-	if len(req.Header.Peek("Authorization")) != 0 || len(req.Header.Peek(HopHeader)) != 0 {
-		t.Fatalf("unexpected headers: %s", req.Header.String())
+}
+
+// A client header value with a control character is left out rather than
+// forwarded (fasthttp refuses CR and LF; NUL and friends are ours to stop).
+func TestAppendHeadersDropsControlCharacters(t *testing.T) {
+	var in fasthttp.RequestHeader
+	in.DisableNormalizing()
+	in.Set("User-Agent", "a\x00b")
+	in.Set("X-Request-Id", "ok")
+	got := string(AppendHeaders(nil, &in, config.Secret{}, false, ""))
+	if strings.Contains(got, "User-Agent") || !strings.Contains(got, "X-Request-Id: ok\r\n") {
+		t.Fatalf("block %q", got)
 	}
 }

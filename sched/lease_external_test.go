@@ -1,0 +1,53 @@
+package sched
+
+import (
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/fleet"
+)
+
+// A lease on a standalone worker counts one request, follows its breaker
+// (faults trip it, the cooldown admits one probe, a successful probe closes
+// it) and ends like any lease.
+func TestAcquireExternalFollowsTheWorkersBreaker(t *testing.T) {
+	bc := fleet.BreakerConfig{Threshold: 2, Cooldown: time.Second, MaxCooldown: time.Minute}
+	set := metrics.NewSet()
+	reqs, fails := set.NewCounter("reqs"), set.NewCounter("fails")
+	w := fleet.NewStandalone("split:ext", &bc, reqs, fails)
+	now := int64(1000)
+	clock := func() int64 { return now }
+	var l Lease
+	for i := 0; i < 2; i++ {
+		if !l.AcquireExternal(w, clock) {
+			t.Fatalf("attempt %d refused with a closed breaker", i)
+		}
+		if got := loadOf(w); got != [5]int64{1, 0, 0, 0, 1} {
+			t.Fatalf("held: load %v", got)
+		}
+		l.Done(OutcomeFault)
+		if got := loadOf(w); got != [5]int64{} {
+			t.Fatalf("done: load %v", got)
+		}
+	}
+	if w.Breaker.State() != fleet.BreakerOpen || reqs.Get() != 2 || fails.Get() != 2 || w.Idx != -1 {
+		t.Fatalf("after two faults: state %d, requests %d, failures %d, idx %d", w.Breaker.State(), reqs.Get(), fails.Get(), w.Idx)
+	}
+	if l.AcquireExternal(w, clock) || l.Held() {
+		t.Fatal("an open breaker admitted an attempt")
+	}
+	now += int64(time.Second)
+	if !l.AcquireExternal(w, clock) || !l.Probe {
+		t.Fatal("the cooldown passed: the attempt should be the probe")
+	}
+	var other Lease
+	if other.AcquireExternal(w, clock) {
+		t.Fatal("a second attempt took the probe slot")
+	}
+	l.FirstToken()
+	l.Done(OutcomeSuccess)
+	if w.Breaker.State() != fleet.BreakerClosed {
+		t.Fatalf("a successful probe left the breaker %d", w.Breaker.State())
+	}
+}
