@@ -17,18 +17,19 @@ var methodPOST = []byte("POST")
 // dispatch is the one request path for every transport: pick a worker
 // (a lease), send, and either commit the answer to the client or, when the
 // attempt failed before the first byte, end the lease with the failure's
-// outcome and try another worker. Error-to-status mapping is failure's.
+// outcome and try another worker. With the split proxy on, the plan's
+// entries (the local fleet, external upstreams) are tried in order the same
+// way (split.go); global scheduling forwards to another region when the
+// local fleet is saturated (global.go). Error-to-status mapping is
+// failure's.
 func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState) {
 	r := &rs.sreq
-	attempts := 1 + s.flags.RequestMaxRetries
 	if n := len(s.sched.Fleet.View().All); cap(rs.scratch) < n {
 		rs.scratch = make([]*fleet.Worker, 0, 2*n)
 	}
 	c := &rs.call
 	c.method = methodPOST
-	c.path = rs.path
 	rs.hdr = appendForwardHeaders(rs.hdr[:0], &ctx.Request.Header, s.authBytes != nil)
-	c.hdr = rs.hdr
 	c.stream = r.Stream
 	t := &cfg.Timeouts
 	if r.Stream {
@@ -42,16 +43,53 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 	if rs.clientFD = clientFD(ctx); rs.clientFD >= 0 {
 		s.live.add(rs)
 	}
-	var last *failure
-	allConnect, fleetDown := true, false
+	res := tries{allConnect: true}
+	if cfg.SplitProxy.Enabled {
+		s.dispatchSplit(ctx, cfg, rs, &res)
+	} else {
+		s.dispatchLocal(ctx, cfg, rs, &res, false)
+	}
+	if res.committed {
+		return
+	}
+	s.live.remove(rs)
+	s.answerFailed(ctx, rs, &res)
+}
+
+// tries is how a request's attempts went.
+type tries struct {
+	committed bool     // an answer was committed to the client
+	stop      bool     // the last failure may not be retried anywhere (client gone, deadline)
+	last      *failure // the last attempt's failure
+	// schedErr is the scheduler's refusal before any local attempt (no
+	// worker for the model, ...).
+	schedErr error
+	// allConnect: every failure was a connection failure; fleetDown: no
+	// candidate is left (every one tried, or every breaker open).
+	allConnect, fleetDown bool
+}
+
+// dispatchLocal tries the local fleet: up to 1+--request-max-retries
+// workers. more tells that other upstreams follow (split proxy failover),
+// so the last worker's 5xx or 429 answer is kept aside rather than relayed.
+func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries, more bool) {
+	r := &rs.sreq
+	c := &rs.call
+	if s.globalOn(cfg) && s.localSaturated(cfg, r) && s.forwardGlobal(ctx, cfg, rs, res) {
+		return
+	}
+	attempts := 1 + s.flags.RequestMaxRetries
+	failed := false
 	for attempt := 0; attempt < attempts; attempt++ {
 		if err := s.sched.Acquire(cfg, r, rs.scratch[:0], &rs.lease); err != nil {
-			if last != nil {
-				fleetDown = true // every candidate was tried
-				break            // report the last worker failure
+			if failed {
+				res.fleetDown = true // every candidate was tried
+				return               // report the last worker failure
 			}
-			s.live.remove(rs)
-			s.writeSchedError(ctx, r, err)
+			res.schedErr = err
+			if noWorker(err) && s.globalOn(cfg) {
+				s.forwardGlobal(ctx, cfg, rs, res)
+			}
 			return
 		}
 		if attempt > 0 {
@@ -59,70 +97,111 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 		}
 		d := &rs.lease.Decision
 		if d.Reason == sched.ReasonAllBreakersOpen {
-			fleetDown = true
+			res.fleetDown = true
 		}
-		rs.fwd = rs.body
-		if d.Rewrite {
-			rs.fwd = rs.rewriteModel(rs.fwd, d.Model)
+		rs.ext.cur = nil
+		c.path, c.hdr = rs.path, rs.hdr
+		switch s.attempt(ctx, cfg, rs, s.tr, attempt < attempts-1 || more, res) {
+		case attemptCommitted, attemptStop:
+			return
 		}
-		c.body = rs.fwd
-		c.lease = &rs.lease
-		c.firstByte = c.total
-		now := rs.start
-		if attempt > 0 {
-			now = time.Now()
-		}
-		c.now = now.UnixNano()
-		if r.Stream && t.StreamFirstPacketSeconds > 0 {
-			fb := now.Add(secs(t.StreamFirstPacketSeconds))
-			if c.total.IsZero() || fb.Before(c.total) {
-				c.firstByte = fb
-			}
-		}
-		up, f := s.tr.roundTrip(c)
-		if f == nil {
-			status := up.status()
-			if (status >= 500 || status == fasthttp.StatusTooManyRequests) && attempt < attempts-1 {
-				rs.stashAnswer(up, status)
-				f = &failure{kind: failStatus, status: status}
-				if status == fasthttp.StatusTooManyRequests {
-					rs.lease.Done(sched.OutcomeNeutral)
-				} else {
-					rs.lease.Done(sched.OutcomeFault)
-					mUpstreamErr.Inc()
-				}
-				last, allConnect = f, false
-				r.Tried = append(r.Tried, d.Worker.Idx)
-				continue
-			}
-			// Read the first bytes before committing, so a failure before
-			// the first byte can still go to another worker.
-			n, rerr := up.read(rs.rbuf)
-			if n > 0 || rerr == nil || rerr == io.EOF {
-				s.live.remove(rs)
-				rs.lease.FirstToken()
-				rs.ttft = time.Since(rs.start)
-				mTTFT.Update(rs.ttft.Seconds())
-				s.commit(ctx, cfg, rs, up, status, n, rerr == io.EOF)
-				return
-			}
-			f = up.readFailure(rerr, false)
-			up.finish(false)
-		}
-		rs.lease.Done(f.outcome())
-		s.countFailure(d.Worker, f)
-		last = f
-		if f.kind != failConnect {
-			allConnect = false
-		}
-		if !f.retryable() || c.cancel.wasAborted() {
-			break
-		}
+		failed = true
 		r.Tried = append(r.Tried, d.Worker.Idx)
-		c.cancel.reset()
 	}
-	s.live.remove(rs)
-	if last != nil && last.kind == failStatus && rs.errStatus != 0 {
+}
+
+// attemptResult is how one attempt ended.
+type attemptResult uint8
+
+const (
+	attemptCommitted attemptResult = iota // the answer went to the client
+	attemptFailed                         // failed before the first byte: another upstream may take it
+	attemptStop                           // failed, and nothing else may be tried
+)
+
+// attempt sends the request on the held lease through tr, reads the first
+// bytes and commits the answer; or ends the lease with the failure's
+// outcome and records the failure in res. mayRetry tells that another
+// attempt may follow: a 5xx or 429 answer is then kept aside as a failure.
+func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, tr transport, mayRetry bool, res *tries) attemptResult {
+	r := &rs.sreq
+	c := &rs.call
+	t := &cfg.Timeouts
+	d := &rs.lease.Decision
+	rs.fwd = rs.forwardBody()
+	c.body = rs.fwd
+	c.lease = &rs.lease
+	c.firstByte = c.total
+	now := rs.start
+	if res.last != nil {
+		now = time.Now() // a retry
+	}
+	c.now = now.UnixNano()
+	if r.Stream && t.StreamFirstPacketSeconds > 0 {
+		fb := now.Add(secs(t.StreamFirstPacketSeconds))
+		if c.total.IsZero() || fb.Before(c.total) {
+			c.firstByte = fb
+		}
+	}
+	up, f := tr.roundTrip(c)
+	if f == nil {
+		status := up.status()
+		if (status >= 500 || status == fasthttp.StatusTooManyRequests) && mayRetry {
+			rs.stashAnswer(up, status)
+			f = &failure{kind: failStatus, status: status}
+			if status == fasthttp.StatusTooManyRequests {
+				rs.lease.Done(sched.OutcomeNeutral)
+			} else {
+				rs.lease.Done(sched.OutcomeFault)
+				mUpstreamErr.Inc()
+			}
+			res.last, res.allConnect = f, false
+			return attemptFailed
+		}
+		// Read the first bytes before committing, so a failure before
+		// the first byte can still go to another worker.
+		n, rerr := up.read(rs.rbuf)
+		if n > 0 || rerr == nil || rerr == io.EOF {
+			s.live.remove(rs)
+			rs.lease.FirstToken()
+			rs.ttft = time.Since(rs.start)
+			mTTFT.Update(rs.ttft.Seconds())
+			s.commit(ctx, cfg, rs, up, status, n, rerr == io.EOF)
+			res.committed = true
+			return attemptCommitted
+		}
+		f = up.readFailure(rerr, false)
+		up.finish(false)
+	}
+	rs.lease.Done(f.outcome())
+	s.countFailure(d.Worker, f)
+	res.last = f
+	if f.kind != failConnect {
+		res.allConnect = false
+	}
+	if !f.retryable() || c.cancel.wasAborted() {
+		res.stop = true
+		return attemptStop
+	}
+	c.cancel.reset()
+	return attemptFailed
+}
+
+// answerFailed answers a request no attempt committed an answer for.
+func (s *Server) answerFailed(ctx *fasthttp.RequestCtx, rs *reqState, res *tries) {
+	last := res.last
+	if last == nil {
+		if res.schedErr != nil {
+			s.writeSchedError(ctx, &rs.sreq, res.schedErr)
+			return
+		}
+		// Nothing could be tried: every upstream of the split plan is
+		// disabled or its breaker is open.
+		countStatus(fasthttp.StatusServiceUnavailable)
+		writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable, "no upstream available for this request", "", "no_upstreams")
+		return
+	}
+	if last.kind == failStatus && rs.errStatus != 0 {
 		// Every worker tried answered an error: relay the last answer, as a
 		// proxy does with an upstream's response.
 		countStatus(rs.errStatus)
@@ -134,7 +213,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 		ctx.SetBody(rs.errBody)
 		return
 	}
-	s.writeFailure(ctx, last, allConnect && (fleetDown || s.healthyWorkers() == 0))
+	s.writeFailure(ctx, last, res.allConnect && (res.fleetDown || s.healthyWorkers() == 0))
 }
 
 // stashAnswer keeps a small, complete error answer of a worker that is
@@ -165,9 +244,16 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	up.copyHeaders(h)
 	d := &rs.lease.Decision
 	if cfg.Debug.DecisionHeader {
-		h.Set("X-Infera-Worker", d.Worker.ID)
-		rs.route = d.AppendRoute(rs.route[:0])
-		h.SetBytesV("X-Infera-Route", rs.route)
+		if u := rs.ext.cur; u != nil {
+			h.Set("X-Infera-Upstream", u.label) // external.go
+		} else {
+			h.Set("X-Infera-Worker", d.Worker.ID)
+			rs.route = d.AppendRoute(rs.route[:0])
+			h.SetBytesV("X-Infera-Route", rs.route)
+		}
+		if rs.ext.tier != 0 {
+			h.Set("X-Infera-Tier", rs.ext.tier.String()) // smart.go
+		}
 	}
 	outcome := statusOutcome(status)
 	if status >= 400 {

@@ -48,6 +48,9 @@ type reqState struct {
 	errStatus        int
 	errBody, errType []byte
 
+	// Split proxy, global scheduling, smart model selection (external.go).
+	ext extState
+
 	clientFD  int  // for the liveness watchdog; -1 unknown
 	liveIdx   int  // index in the watchdog's list (under its lock)
 	watched   bool // in the watchdog's list (the request goroutine's view)
@@ -72,6 +75,7 @@ func (rs *reqState) Reset() {
 	rs.fwd, rs.rewrite, rs.route, rs.hdr, rs.path = nil, rs.rewrite[:0], rs.route[:0], rs.hdr[:0], rs.path[:0]
 	rs.scratchOut = rs.scratchOut[:0]
 	rs.errStatus, rs.errBody, rs.errType = 0, rs.errBody[:0], rs.errType[:0]
+	rs.ext.reset()
 	rs.clientFD, rs.liveIdx, rs.watched, rs.handedOff = -1, -1, false, false
 }
 
@@ -260,8 +264,28 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 			return
 		}
 	}
+	if cfg.SmartModelSelection.Enabled {
+		s.selectModel(cfg, rs) // smart.go: may change r.Model before model routing
+	}
+	if cfg.Mirror.Enabled && s.o.Mirror != nil {
+		// The client's body as it came (smart selection rewrites a copy).
+		s.o.Mirror.Offer(&cfg.Mirror, canonicalPath(kind), body, r.Stream)
+	}
 	rs.path = appendCanonicalPath(rs.path[:0], kind, ctx.URI().QueryString())
 	s.dispatch(ctx, cfg, rs)
+}
+
+var (
+	pathChat       = []byte("/v1/chat/completions")
+	pathCompletion = []byte("/v1/completions")
+)
+
+// canonicalPath is the endpoint's path.
+func canonicalPath(kind int) []byte {
+	if kind == kindChat {
+		return pathChat
+	}
+	return pathCompletion
 }
 
 // appendCanonicalPath appends the endpoint's canonical path plus the query:

@@ -12,10 +12,13 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/broker"
+	"github.com/infera/infera/classify"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/mirror"
 	"github.com/infera/infera/sched"
 	"github.com/infera/infera/tokenizer"
+	upstreams "github.com/infera/infera/upstream"
 	"github.com/valyala/fasthttp"
 )
 
@@ -49,6 +52,28 @@ type Options struct {
 	// NATSConnected reports the broker connection state (for classifying
 	// "no responders" during a broker restart); optional.
 	NATSConnected func() bool
+
+	// Beyond the local fleet (docs/upstream.md). The split proxy needs
+	// nothing here: its external upstreams are built from the config.
+	//
+	// Mirror copies sampled requests (traffic mirroring); nil: none.
+	Mirror *mirror.Mirror
+	// Classifier asks smart model selection's classifier; nil: a client
+	// of the server's own.
+	Classifier *classify.Client
+	// Poller knows the member gateways' capacity (global scheduling); nil:
+	// requests are never forwarded.
+	Poller *upstreams.Poller
+	// Saturated, when set, reports whether the local fleet cannot take r
+	// now: request rate limiting would refuse or queue it at once (every
+	// candidate over its concurrency limit under overlimit reject, or the
+	// queue full under overlimit queue). Global scheduling then forwards
+	// r. nil: the proxy's own estimate from rate_limit and the fleet's load
+	// counters (global.go, localSaturated).
+	Saturated func(cfg *config.Config, r *sched.Request) bool
+	// QueueLength reports the requests waiting for a concurrency seat (the
+	// capacity endpoint's "queued"); nil: 0.
+	QueueLength func() int
 }
 
 // Server is the OpenAI-compatible front door.
@@ -68,6 +93,10 @@ type Server struct {
 	authBytes []byte // "Bearer <key>", nil when no key is set
 	keyBytes  []byte
 	bodies    bodyBudget
+
+	ext        *externals         // split proxy entries and member gateways (external.go)
+	splitter   upstreams.Splitter // weight strategy draws
+	classifier *classify.Client
 }
 
 // HTTPHook returns the fleet hook that gives each worker an HTTP connection
@@ -94,6 +123,10 @@ func New(o Options) *Server {
 		s.bodies.limit = 256 << 20
 	}
 	s.pool.New = func() any { return &reqState{rbuf: make([]byte, relayBufSize)} }
+	s.ext = newExternals(f)
+	if s.classifier = o.Classifier; s.classifier == nil {
+		s.classifier = &classify.Client{}
+	}
 	if o.NATS != nil {
 		s.nats = &natsTransport{bc: o.NATS, connected: o.NATSConnected}
 		s.tr = s.nats
@@ -147,6 +180,7 @@ func (s *Server) Shutdown() error { return s.ShutdownContext(context.Background(
 func (s *Server) ShutdownContext(ctx context.Context) error {
 	err := s.srv.ShutdownWithContext(ctx)
 	s.live.close()
+	s.ext.close()
 	return err
 }
 
@@ -210,6 +244,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	case "/debug/route":
 		if s.authorized(ctx) {
 			s.handleDebugRoute(ctx)
+		}
+		return
+	case upstreams.CapacityPath:
+		if s.authorized(ctx) {
+			s.handleCapacity(ctx) // global.go
 		}
 		return
 	}

@@ -41,6 +41,7 @@ var (
 // httpPool is the per-worker connection pool (fleet.Worker.Client).
 type httpPool struct {
 	addr     string
+	host     string // the Host header: addr for workers, the URL's host for external upstreams
 	tlsCfg   *tls.Config
 	dialer   net.Dialer
 	maxConns int
@@ -52,7 +53,7 @@ type httpPool struct {
 }
 
 func newHTTPPool(w *fleet.Worker, maxConns int, connectTimeout time.Duration) *httpPool {
-	p := &httpPool{addr: w.Addr, maxConns: maxConns}
+	p := &httpPool{addr: w.Addr, host: w.Addr, maxConns: maxConns}
 	p.dialer = net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
 	if w.TLS {
 		p.tlsCfg = &tls.Config{ServerName: hostOnly(w.Addr)}
@@ -274,7 +275,7 @@ func (c *upConn) setDeadline(t time.Time, now int64) {
 	c.nc.SetDeadline(t)
 }
 
-// writeRequest writes one request: the request line, Host (the worker's),
+// writeRequest writes one request: the request line, Host (the pool's),
 // the given header block, Content-Length, and the body.
 func (c *upConn) writeRequest(method, path []byte, hdr []byte, body []byte) error {
 	b := c.wbuf[:0]
@@ -282,7 +283,7 @@ func (c *upConn) writeRequest(method, path []byte, hdr []byte, body []byte) erro
 	b = append(b, ' ')
 	b = append(b, path...)
 	b = append(b, " HTTP/1.1\r\nHost: "...)
-	b = append(b, c.pool.addr...)
+	b = append(b, c.pool.host...)
 	b = append(b, "\r\n"...)
 	b = append(b, hdr...)
 	b = append(b, "Content-Length: "...)

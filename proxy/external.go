@@ -1,0 +1,318 @@
+package proxy
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/classify"
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
+	upstreams "github.com/infera/infera/upstream"
+)
+
+// External upstreams: a split proxy's external APIs and the member gateways
+// of global scheduling. Each is a worker outside the fleet
+// (fleet.NewStandalone) with its own breaker, load counters and one of our
+// HTTP/1.1 connection pools (upstream.go, TLS included), so an attempt on it
+// is a lease like any other, sent by httpTransport and relayed by the relay:
+// timeouts, breaker, failure classification, metrics and streaming are the
+// local path's. Only the request differs: its path is the upstream's base
+// path plus the endpoint's, its Host the upstream's, and its headers a fixed
+// list with the upstream's key (upstream.AppendHeaders).
+
+// extKind says what an external upstream is.
+type extKind uint8
+
+const (
+	extSplit  extKind = iota // a split proxy entry
+	extMember                // a global scheduling member gateway
+)
+
+// extUpstream is one external upstream. Immutable once published; a config
+// change to its address or key makes a new one.
+type extUpstream struct {
+	kind  extKind
+	name  string // the entry's or member's name
+	label string // "split:<name>" or "global:<name>": worker ID, logs, X-Infera-Upstream
+	raw   string // the configured address, to notice changes
+	ep    upstreams.Endpoint
+	key   config.Secret
+	w     *fleet.Worker
+	pool  *httpPool
+	// series names registered for this upstream (unregistered when it goes)
+	series []string
+}
+
+// extTable is the external upstreams of one config snapshot's section,
+// aligned with its list (nil for the split proxy's local entry).
+type extTable struct {
+	src any // *config.SplitProxy or *config.GlobalScheduling it was built from
+	ups []*extUpstream
+}
+
+// externals keeps the external upstreams across reloads: an entry whose
+// name, address and key stay the same keeps its connections and breaker.
+type externals struct {
+	bc             fleet.BreakerConfig
+	maxConns       int
+	connectTimeout time.Duration
+	set            *metrics.Set
+
+	mu      sync.Mutex // serializes rebuilds
+	split   atomic.Pointer[extTable]
+	members atomic.Pointer[extTable]
+	closed  bool
+}
+
+func newExternals(f *config.Serve) *externals {
+	e := &externals{
+		bc: fleet.BreakerConfig{Threshold: f.BreakerFailureThreshold, Cooldown: f.BreakerCooldown(),
+			MaxCooldown: f.BreakerMaxCooldown()},
+		maxConns:       f.MaxConnsPerWorker,
+		connectTimeout: f.ConnectTimeout,
+		set:            metrics.NewSet(),
+	}
+	if e.connectTimeout <= 0 {
+		e.connectTimeout = 3 * time.Second
+	}
+	e.split.Store(&extTable{})
+	e.members.Store(&extTable{})
+	metrics.RegisterSet(e.set)
+	return e
+}
+
+// splitTable returns the external upstreams of sp (the request's snapshot),
+// building them when the snapshot changed.
+func (e *externals) splitTable(sp *config.SplitProxy) *extTable {
+	if t := e.split.Load(); t.src == sp {
+		return t
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if t := e.split.Load(); t.src == sp {
+		return t
+	}
+	want := make([]extSpec, len(sp.Proxies))
+	for i := range sp.Proxies {
+		p := &sp.Proxies[i]
+		if p.Local {
+			continue
+		}
+		want[i] = extSpec{name: p.Label(), raw: p.Address, key: p.APIKey}
+	}
+	t := &extTable{src: sp, ups: e.rebuild(extSplit, e.split.Load().ups, want)}
+	e.split.Store(t)
+	return t
+}
+
+// memberTable returns the member gateways of g (the request's snapshot),
+// building them when the snapshot changed.
+func (e *externals) memberTable(g *config.GlobalScheduling) *extTable {
+	if t := e.members.Load(); t.src == g {
+		return t
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if t := e.members.Load(); t.src == g {
+		return t
+	}
+	want := make([]extSpec, len(g.Members))
+	for i := range g.Members {
+		m := &g.Members[i]
+		want[i] = extSpec{name: m.Name, raw: m.URL, key: m.APIKey}
+	}
+	t := &extTable{src: g, ups: e.rebuild(extMember, e.members.Load().ups, want)}
+	e.members.Store(t)
+	return t
+}
+
+// member returns the upstream of the member named name, or nil.
+func (t *extTable) member(name string) *extUpstream {
+	for _, u := range t.ups {
+		if u != nil && u.name == name {
+			return u
+		}
+	}
+	return nil
+}
+
+type extSpec struct {
+	name, raw string // raw "" for the local entry
+	key       config.Secret
+}
+
+// rebuild returns the upstreams for want, reusing old ones whose name,
+// address and key are unchanged. Old ones not reused are retired: their
+// idle connections close now, their busy ones when their response ends,
+// and their series disappear. An address that cannot be parsed (config
+// validation refuses those) leaves a nil entry, which is never tried.
+// Lock must be held.
+func (e *externals) rebuild(kind extKind, old []*extUpstream, want []extSpec) []*extUpstream {
+	out := make([]*extUpstream, len(want))
+	kept := make(map[*extUpstream]bool, len(old))
+	for i, w := range want {
+		if w.raw == "" {
+			continue
+		}
+		for _, o := range old {
+			if o != nil && !kept[o] && o.name == w.name && o.raw == w.raw && o.key == w.key {
+				out[i] = o
+				kept[o] = true
+				break
+			}
+		}
+	}
+	for _, o := range old {
+		if o != nil && !kept[o] {
+			e.retire(o)
+		}
+	}
+	if e.closed {
+		return make([]*extUpstream, len(want))
+	}
+	for i, w := range want {
+		if w.raw == "" || out[i] != nil {
+			continue
+		}
+		u, err := e.newUpstream(kind, w)
+		if err != nil {
+			upstreamLog.Warn("external upstream not usable", "name", w.name, "err", err.Error())
+			continue
+		}
+		out[i] = u
+	}
+	return out
+}
+
+func (e *externals) newUpstream(kind extKind, w extSpec) (*extUpstream, error) {
+	ep, err := upstreams.ParseEndpoint(w.raw)
+	if err != nil {
+		return nil, err
+	}
+	u := &extUpstream{kind: kind, name: w.name, raw: w.raw, ep: ep, key: w.key}
+	var requests, failures *metrics.Counter
+	switch kind {
+	case extSplit:
+		u.label = "split:" + w.name
+		lbl := fmt.Sprintf(`{proxy=%q}`, w.name)
+		requests = e.counter(u, `infera_split_proxy_requests_total`+lbl)
+		failures = e.counter(u, `infera_split_proxy_failures_total`+lbl)
+		e.gauge(u, `infera_split_proxy_breaker_state`+lbl, func() float64 { return float64(u.w.Breaker.State()) })
+		e.gauge(u, `infera_split_proxy_active_requests`+lbl, func() float64 { return float64(u.w.Load.Requests.Load()) })
+	default:
+		// Forwarded requests are counted by the poller
+		// (infera_global_forwarded_total{member}).
+		u.label = "global:" + w.name
+		lbl := fmt.Sprintf(`{member=%q}`, w.name)
+		failures = e.counter(u, `infera_global_forward_failures_total`+lbl)
+		e.gauge(u, `infera_global_member_breaker_state`+lbl, func() float64 { return float64(u.w.Breaker.State()) })
+		e.gauge(u, `infera_global_forward_active_requests`+lbl, func() float64 { return float64(u.w.Load.Requests.Load()) })
+	}
+	u.w = fleet.NewStandalone(u.label, &e.bc, requests, failures)
+	u.w.URL, u.w.Addr, u.w.TLS = w.raw, ep.Addr, ep.TLS
+	u.pool = newExtPool(&ep, e.maxConns, e.connectTimeout)
+	u.w.Client = u.pool
+	return u, nil
+}
+
+func (e *externals) counter(u *extUpstream, name string) *metrics.Counter {
+	u.series = append(u.series, name)
+	return e.set.GetOrCreateCounter(name)
+}
+
+func (e *externals) gauge(u *extUpstream, name string, f func() float64) {
+	u.series = append(u.series, name)
+	e.set.GetOrCreateGauge(name, f)
+}
+
+// retire stops using u: idle connections close now, busy ones when their
+// response ends. Lock must be held.
+func (e *externals) retire(u *extUpstream) {
+	u.pool.closeIdle(true)
+	for _, name := range u.series {
+		e.set.UnregisterMetric(name)
+	}
+}
+
+// close retires every upstream and unregisters the metrics.
+func (e *externals) close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return
+	}
+	e.closed = true
+	for _, p := range []*atomic.Pointer[extTable]{&e.split, &e.members} {
+		for _, u := range p.Load().ups {
+			if u != nil {
+				e.retire(u)
+			}
+		}
+		p.Store(&extTable{})
+	}
+	metrics.UnregisterSet(e.set, true)
+}
+
+// newExtPool returns the connection pool of an external upstream: our
+// HTTP/1.1 client (the relay's reader, pooled connections checked for
+// unsolicited bytes, per-read deadlines, aborts), with the upstream's Host
+// and TLS server name.
+func newExtPool(ep *upstreams.Endpoint, maxConns int, connectTimeout time.Duration) *httpPool {
+	p := &httpPool{addr: ep.Addr, host: ep.Host, maxConns: maxConns}
+	p.dialer = net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
+	if ep.TLS {
+		p.tlsCfg = newTLSConfig(hostOnly(ep.Addr))
+	}
+	return p
+}
+
+// extRootCAs verifies external upstreams' certificates; nil means the
+// system's roots (tests set their own CA).
+var extRootCAs *x509.CertPool
+
+func newTLSConfig(serverName string) *tls.Config {
+	return &tls.Config{ServerName: serverName, RootCAs: extRootCAs, MinVersion: tls.VersionTLS12}
+}
+
+// extState is what the features beyond the local fleet keep per request
+// (split.go, global.go, smart.go); part of the pooled reqState.
+type extState struct {
+	// cur is the external upstream of the attempt in flight; nil while a
+	// local worker is tried.
+	cur *extUpstream
+	// plan is the split proxy's entries to try (indexes into the list).
+	plan []int
+	// path and hdr are the request path and header block of the external
+	// attempt (rs.path and rs.hdr serve local workers).
+	path, hdr []byte
+	// tier is smart model selection's tier (0: not applied); model the
+	// tier's model the request is forwarded as; modelBuf backs
+	// sched.Request.Model once rewritten.
+	tier     classify.Tier
+	model    string
+	modelBuf []byte
+}
+
+func (e *extState) reset() {
+	*e = extState{plan: e.plan[:0], path: e.path[:0], hdr: e.hdr[:0], modelBuf: e.modelBuf[:0]}
+}
+
+// forwardBody is the body of the attempt in flight: the client's, with the
+// model replaced by the one the chosen worker serves (model routing) or by
+// smart model selection's.
+func (rs *reqState) forwardBody() []byte {
+	d := &rs.lease.Decision
+	switch {
+	case rs.ext.cur == nil && d.Rewrite:
+		return rs.rewriteModel(rs.body, d.Model)
+	case rs.ext.model != "":
+		return rs.rewriteModel(rs.body, rs.ext.model)
+	}
+	return rs.body
+}

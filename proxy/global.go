@@ -1,0 +1,270 @@
+package proxy
+
+import (
+	"strings"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/sched"
+	upstreams "github.com/infera/infera/upstream"
+	"github.com/valyala/fasthttp"
+)
+
+// Global scheduling: when the local fleet is saturated for a request (no
+// routable worker for its model, or every candidate at its concurrency
+// limit), the request is forwarded to the member gateway that reports the
+// most free capacity (upstream.Poller.Pick), through the same lease,
+// transport and relay as any upstream, with upstream.HopHeader set. A
+// request that carries the hop header is never forwarded again.
+
+var (
+	mGlobalSaturated = metrics.NewCounter(`infera_global_saturated_total`)
+	mGlobalNoMember  = metrics.NewCounter(`infera_global_no_member_total`)
+	mGlobalHopKept   = metrics.NewCounter(`infera_global_hop_kept_total`)
+	mGlobalFailed    = metrics.NewCounter(`infera_global_forward_failed_total`)
+)
+
+// UnlimitedWorkerSlots is the concurrency a worker counts for in the
+// capacity report when request rate limiting sets no limit.
+const UnlimitedWorkerSlots = 256
+
+// globalOn reports whether global scheduling may forward requests.
+func (s *Server) globalOn(cfg *config.Config) bool {
+	return cfg.GlobalScheduling.Enabled && s.o.Poller != nil
+}
+
+// forwardGlobal forwards a request the local fleet cannot take now to the
+// member with the most free capacity for its model, trying each member at
+// most once (a member that fails before the first byte is dropped until its
+// next capacity report). It returns true when the request is settled: an
+// answer was committed, or the client left. Otherwise (a forwarded request,
+// no member qualifies, every member failed) the caller answers as it would
+// without global scheduling; when the local fleet had no worker at all
+// (res.schedErr set), the last member's failure is what the client gets.
+//
+// Request rate limiting calls it too, when every candidate is over its
+// concurrency limit or its queue is full (see Options.Saturated).
+func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries) bool {
+	if hasHeader(&ctx.Request.Header, upstreams.HopHeader) {
+		mGlobalHopKept.Inc()
+		return false
+	}
+	tbl := s.ext.memberTable(&cfg.GlobalScheduling)
+	fr := tries{allConnect: true}
+	picked := false
+	for range tbl.ups {
+		m := s.o.Poller.Pick(rs.sreq.Model)
+		if m == nil {
+			break
+		}
+		picked = true
+		u := tbl.member(m.Name())
+		if u == nil {
+			m.Failed() // the poller has a newer member list than this request's snapshot
+			continue
+		}
+		m.Forwarded()
+		switch s.attemptExternal(ctx, cfg, rs, u, true, true, &fr) {
+		case attemptCommitted:
+			res.committed = true
+			return true
+		case attemptStop:
+			res.stop, res.last = true, fr.last
+			return true
+		}
+		mGlobalFailed.Inc()
+		m.Failed()
+	}
+	if !picked {
+		mGlobalNoMember.Inc()
+	}
+	if res.schedErr != nil && fr.last != nil {
+		res.last, res.allConnect, res.fleetDown = fr.last, fr.allConnect, true
+	}
+	return false
+}
+
+// hasHeader reports whether the request carries header k, whatever its
+// value (an empty one included).
+func hasHeader(h *fasthttp.RequestHeader, k string) bool {
+	return len(h.PeekAll(k)) > 0
+}
+
+// localSaturated reports whether the local fleet cannot take r now:
+// Options.Saturated when set (request rate limiting: every candidate over
+// its concurrency limit, or the queue full); otherwise, when rate_limit
+// sets a concurrency limit, whether every routable worker serving r's
+// model exactly is at its limit (free capacity 0, as the capacity endpoint
+// computes it). Only called with global scheduling on.
+func (s *Server) localSaturated(cfg *config.Config, r *sched.Request) bool {
+	var sat bool
+	if f := s.o.Saturated; f != nil {
+		sat = f(cfg, r)
+	} else {
+		if !cfg.RateLimit.Limited() {
+			return false
+		}
+		v := s.sched.Fleet.View()
+		ws := v.ByModel[string(r.Model)]
+		sat = len(ws) > 0 && freeOf(&cfg.RateLimit, v, ws, s.sched.Now()) == 0
+	}
+	if sat {
+		mGlobalSaturated.Inc()
+	}
+	return sat
+}
+
+// handleCapacity answers GET upstream.CapacityPath: how much more work this
+// gateway takes now (upstream.Capacity), for the other regions' pollers.
+func (s *Server) handleCapacity(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsGet() {
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use GET", "", "method_not_allowed")
+		return
+	}
+	cfg := s.store.Load()
+	v := s.sched.Fleet.View()
+	c := capacityOf(cfg, v, s.sched.Now())
+	if s.o.QueueLength != nil {
+		c.Queued = max(0, s.o.QueueLength())
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(c.AppendJSON(make([]byte, 0, 256)))
+}
+
+// capacityOf is the capacity report of fleet view v under cfg at now (unix
+// ns). Free counts the workers that take client requests (mixed and
+// prefill) whose breaker lets requests through; models are the served
+// models, and the names model routing and canary rules accept (wildcards
+// included; a default model accepts any name: "*").
+func capacityOf(cfg *config.Config, v *fleet.View, now int64) upstreams.Capacity {
+	rl := &cfg.RateLimit
+	c := upstreams.Capacity{Workers: len(v.Routable), Models: []upstreams.ModelCapacity{}}
+	for _, w := range v.Routable {
+		c.Inflight += int(w.Load.Requests.Load())
+	}
+	c.Free = freeOf(rl, v, v.Routable, now)
+	add := func(name string, ws []*fleet.Worker) {
+		if name == "" || len(ws) == 0 {
+			return
+		}
+		for i := range c.Models {
+			if strings.EqualFold(c.Models[i].Name, name) {
+				return
+			}
+		}
+		c.Models = append(c.Models, upstreams.ModelCapacity{Name: name, Free: freeOf(rl, v, ws, now)})
+	}
+	for _, m := range v.Models {
+		add(m, v.ByModel[m])
+	}
+	byServices := func(svcs []string) []*fleet.Worker {
+		var ws []*fleet.Worker
+		for _, svc := range svcs {
+			ws = append(ws, v.ByService[svc]...)
+		}
+		return ws
+	}
+	if mr := &cfg.ModelRouting; mr.Enabled {
+		for _, m := range mr.Mappings {
+			add(m.Pattern, byServices(m.Services))
+		}
+		if dm := mr.DefaultModel; dm != "" {
+			ws := v.ByModel[dm]
+			if len(ws) == 0 {
+				ws = v.ByService[dm]
+			}
+			add("*", ws)
+		}
+	}
+	if cfg.Canary.Enabled {
+		for _, r := range cfg.Canary.Rules {
+			svcs := make([]string, 0, len(r.Targets))
+			for _, t := range r.Targets {
+				if t.Weight > 0 {
+					svcs = append(svcs, t.Service)
+				}
+			}
+			add(r.Model, byServices(svcs))
+		}
+	}
+	return c
+}
+
+// freeOf is the free capacity of workers ws (a subset of v.Routable):
+// requests they would start now without queueing under request rate
+// limiting rl. Per instance: the sum of (limit - in flight) over the
+// workers; per service: the same per service, its workers sharing one
+// limit; per gateway: one limit for the whole fleet. The limit is
+// overall_concurrency (in flight: requests not finished), else
+// prefill_concurrency (in flight: requests before their first token), else
+// UnlimitedWorkerSlots per worker. Decode workers and workers whose breaker
+// is open count for nothing; negative terms count as 0.
+func freeOf(rl *config.RateLimit, v *fleet.View, ws []*fleet.Worker, now int64) int {
+	limit, prefill := int64(rl.OverallConcurrency), false
+	if limit <= 0 && rl.PrefillConcurrency > 0 {
+		limit, prefill = int64(rl.PrefillConcurrency), true
+	}
+	inflight := func(w *fleet.Worker) int64 {
+		if prefill {
+			return w.Load.Pending.Load()
+		}
+		return w.Load.Requests.Load()
+	}
+	usable := func(w *fleet.Worker) bool {
+		return w.Role != fleet.RoleDecode && w.Breaker.Available(now)
+	}
+	var free int64
+	switch {
+	case limit <= 0:
+		for _, w := range ws {
+			if usable(w) {
+				free += max(0, UnlimitedWorkerSlots-w.Load.Requests.Load())
+			}
+		}
+	case rl.Scope == config.ScopeGateway:
+		any := false
+		for _, w := range ws {
+			any = any || usable(w)
+		}
+		if any {
+			var used int64
+			for _, w := range v.Routable {
+				if w.Role != fleet.RoleDecode {
+					used += inflight(w)
+				}
+			}
+			free = max(0, limit-used)
+		}
+	case rl.Scope == config.ScopeService:
+		for i, w := range ws {
+			if !usable(w) || seenService(ws[:i], w.Service, now) {
+				continue
+			}
+			var used int64
+			for _, sw := range v.ByService[w.Service] {
+				if sw.Role != fleet.RoleDecode {
+					used += inflight(sw)
+				}
+			}
+			free += max(0, limit-used)
+		}
+	default: // instance
+		for _, w := range ws {
+			if usable(w) {
+				free += max(0, limit-inflight(w))
+			}
+		}
+	}
+	return int(min(free, 1<<31-1))
+}
+
+// seenService reports whether a usable worker of svc is among ws.
+func seenService(ws []*fleet.Worker, svc string, now int64) bool {
+	for _, w := range ws {
+		if w.Service == svc && w.Role != fleet.RoleDecode && w.Breaker.Available(now) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,254 @@
+package proxy
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
+	upstreams "github.com/infera/infera/upstream"
+	"github.com/valyala/fasthttp"
+)
+
+func globalConfig(members ...config.Member) *config.Config {
+	cfg := config.Default()
+	cfg.Debug.DecisionHeader = true
+	cfg.GlobalScheduling = config.GlobalScheduling{Enabled: true, Members: members,
+		PollIntervalMS: 20, PollTimeoutMS: 500, StaleAfterMS: 2000, MinFree: 1}
+	return cfg
+}
+
+func startPoller(t *testing.T, g *config.GlobalScheduling) *upstreams.Poller {
+	t.Helper()
+	p := upstreams.NewPoller()
+	t.Cleanup(p.Close)
+	if err := p.Update(g); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func metricValue(t *testing.T, url, series string) string {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, series+" ") {
+			return strings.TrimPrefix(line, series+" ")
+		}
+	}
+	return ""
+}
+
+// A gateway with no routable worker for the model forwards the request to
+// the member reporting free capacity for it, with the member's key and the
+// hop header; the member, seeing the hop header, never forwards it back.
+func TestGlobalForwardsWhenNoLocalWorkerAndNeverLoops(t *testing.T) {
+	var gotAuth, gotHop string
+	engB := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		gotAuth = string(ctx.Request.Header.Peek("Authorization"))
+		gotHop = string(ctx.Request.Header.Peek(upstreams.HopHeader))
+		okHandler(ctx)
+	})
+	// B serves "m"; A serves nothing. Each lists the other.
+	fb := defaultFlags()
+	fb.APIKey = "key-b"
+	pb := upstreams.NewPoller() // B's members are set once A exists
+	t.Cleanup(pb.Close)
+	b := startRouterWith(t, fb, config.Default(), func(o *Options) { o.Poller = pb }, engB.url)
+	fa := defaultFlags()
+	fa.APIKey = "key-a"
+	cfgA := globalConfig(config.Member{Name: "b", URL: b.url, APIKey: config.NewSecret("key-b")})
+	pa := startPoller(t, &cfgA.GlobalScheduling)
+	a := startRouterWith(t, fa, cfgA, func(o *Options) { o.Poller = pa }, deadURL(t))
+	// A serves only "a-only", B only "m".
+	engA := startUpstream(t, okHandler)
+	a.fl.Remove("w0")
+	if err := a.fl.Upsert(fleet.Record{ID: "wa", URL: engA.url, Models: []string{"a-only"}}); err != nil {
+		t.Fatal(err)
+	}
+	// B lists A back (its poller sees A's report: no models).
+	cfgB2 := globalConfig(config.Member{Name: "a", URL: a.url, APIKey: config.NewSecret("key-a")})
+	if err := pb.Update(&cfgB2.GlobalScheduling); err != nil {
+		t.Fatal(err)
+	}
+	b.store.Set(cfgB2)
+	waitFor(t, func() bool { _, _, ok := pa.Members()[0].Report(); return ok }, "A's report of B")
+	waitFor(t, func() bool { _, _, ok := pb.Members()[0].Report(); return ok }, "B's report of A")
+
+	resp, body := postWith(t, a.url+"/v1/chat/completions", chatBody, map[string]string{"Authorization": "Bearer key-a"})
+	if resp.StatusCode != 200 || body != okJSON || resp.Header.Get("X-Infera-Upstream") != "global:b" {
+		t.Fatalf("forward: %d %s %v", resp.StatusCode, body, resp.Header)
+	}
+	if engB.hits.Load() != 1 || gotHop != "1" || gotAuth != "" {
+		t.Fatalf("B's engine: hits %d, hop %q, auth %q", engB.hits.Load(), gotHop, gotAuth)
+	}
+	if v := metricValue(t, a.url, `infera_global_forwarded_total{member="b"}`); v != "1" {
+		t.Fatalf("A forwarded %q", v)
+	}
+	// A request carrying the hop header (whatever its value) is not
+	// forwarded again: B has no worker for "a-only" and answers 404 itself
+	// instead of sending it to A, which reports serving it.
+	aOnly := strings.Replace(chatBody, `"m"`, `"a-only"`, 1)
+	resp, body = postWith(t, b.url+"/v1/chat/completions", aOnly,
+		map[string]string{"Authorization": "Bearer key-b", upstreams.HopHeader: "0"})
+	if resp.StatusCode != 404 || engA.hits.Load() != 0 {
+		t.Fatalf("hop request: %d %s (A's engine %d)", resp.StatusCode, body, engA.hits.Load())
+	}
+	if v := metricValue(t, b.url, `infera_global_forwarded_total{member="a"}`); v != "0" {
+		t.Fatalf("B forwarded %q", v)
+	}
+	// Without the hop header B forwards it to A.
+	resp, body = postWith(t, b.url+"/v1/chat/completions", aOnly, map[string]string{"Authorization": "Bearer key-b"})
+	if resp.StatusCode != 200 || engA.hits.Load() != 1 || resp.Header.Get("X-Infera-Upstream") != "global:a" {
+		t.Fatalf("B to A: %d %s (A's engine %d)", resp.StatusCode, body, engA.hits.Load())
+	}
+	// No member serves the model: answered as without global scheduling.
+	resp, body = postWith(t, a.url+"/v1/chat/completions", strings.Replace(chatBody, `"m"`, `"x"`, 1), map[string]string{"Authorization": "Bearer key-a"})
+	if resp.StatusCode != 404 {
+		t.Fatalf("unserved model: %d %s", resp.StatusCode, body)
+	}
+	checkOpenAIError(t, body)
+}
+
+// When every local candidate is at its concurrency limit the request goes
+// to the member with the most free capacity.
+func TestGlobalForwardsWhenSaturatedToTheMostFreeMember(t *testing.T) {
+	su := &sseUpstream{n: 2, gate: make(chan struct{})}
+	engA := startUpstream(t, su.handler)
+	eng1, eng2 := startUpstream(t, okHandler), startUpstream(t, okHandler)
+	limit := func(cfg *config.Config, n int) *config.Config {
+		cfg.RateLimit.OverallConcurrency = n
+		return cfg
+	}
+	m1 := startRouterWith(t, nil, limit(config.Default(), 2), nil, eng1.url)
+	m2 := startRouterWith(t, nil, limit(config.Default(), 5), nil, eng2.url)
+	cfgA := limit(globalConfig(config.Member{Name: "m1", URL: m1.url}, config.Member{Name: "m2", URL: m2.url}), 1)
+	pa := startPoller(t, &cfgA.GlobalScheduling)
+	a := startRouterWith(t, nil, cfgA, func(o *Options) { o.Poller = pa }, engA.url)
+	waitFor(t, func() bool {
+		_, _, ok1 := pa.Members()[0].Report()
+		_, _, ok2 := pa.Members()[1].Report()
+		return ok1 && ok2
+	}, "member reports")
+	// Occupy A's only seat with a stream held open.
+	held, err := http.Post(a.url+"/v1/chat/completions", "application/json", strings.NewReader(streamBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Body.Close()
+	resp, body := postWith(t, a.url+"/v1/chat/completions", chatBody, nil)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != "global:m2" || eng2.hits.Load() != 1 || eng1.hits.Load() != 0 {
+		t.Fatalf("saturated: %d %s %v (m1 %d, m2 %d)", resp.StatusCode, body, resp.Header, eng1.hits.Load(), eng2.hits.Load())
+	}
+	close(su.gate)
+	io.ReadAll(held.Body)
+	waitFor(t, func() bool { return a.fl.View().All[0].Load.Requests.Load() == 0 }, "A's seat free")
+	resp, _ = postWith(t, a.url+"/v1/chat/completions", chatBody, nil)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Worker") != "w0" {
+		t.Fatalf("not saturated any more: %d %v", resp.StatusCode, resp.Header)
+	}
+}
+
+// The capacity endpoint: authenticated like inference, free capacity per
+// rate limiting scope, served models and routing aliases.
+func TestCapacityEndpoint(t *testing.T) {
+	f := defaultFlags()
+	f.APIKey = "k"
+	cfg := config.Default()
+	cfg.RateLimit.OverallConcurrency = 4
+	cfg.ModelRouting.Enabled = true
+	cfg.ModelRouting.DefaultModel = "m"
+	cfg.ModelRouting.Mappings = []config.ModelMapping{{Pattern: "gpt-4*", Services: []string{"m"}}}
+	up := startUpstream(t, okHandler)
+	r := startRouterWith(t, f, cfg, nil, up.url, up.url)
+	get := func(key string) (int, upstreams.Capacity) {
+		req, _ := http.NewRequest("GET", r.url+upstreams.CapacityPath, nil)
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return resp.StatusCode, upstreams.Capacity{}
+		}
+		c, err := upstreams.ParseCapacity(b)
+		if err != nil {
+			t.Fatalf("%s: %v", b, err)
+		}
+		return 200, c
+	}
+	if code, _ := get(""); code != 401 {
+		t.Fatalf("no key: %d", code)
+	}
+	if code, _ := get("wrong"); code != 401 {
+		t.Fatalf("wrong key: %d", code)
+	}
+	w := r.fl.View().All[0]
+	w.Acquire(0, 0, 0)
+	defer w.Release(0, 0, 0, true)
+	code, c := get("k")
+	if code != 200 || c.Free != 7 || c.Inflight != 1 || c.Workers != 2 {
+		t.Fatalf("capacity %d %+v", code, c)
+	}
+	want := map[string]int{"m": 7, "gpt-4*": 7, "*": 7}
+	if len(c.Models) != len(want) {
+		t.Fatalf("models %+v", c.Models)
+	}
+	for _, m := range c.Models {
+		if want[m.Name] != m.Free {
+			t.Fatalf("models %+v", c.Models)
+		}
+	}
+	b, _ := json.Marshal(c)
+	if !strings.Contains(string(b), `"queued":0`) {
+		t.Fatalf("%s", b)
+	}
+}
+
+func TestFreeOfByScope(t *testing.T) {
+	fl := fleet.NewFleet(fleet.BreakerConfig{Threshold: 1})
+	defer fl.Close()
+	fl.Sync([]fleet.Record{
+		{ID: "a1", URL: "http://127.0.0.1:1", Models: []string{"m"}, Service: "a"},
+		{ID: "a2", URL: "http://127.0.0.1:2", Models: []string{"m"}, Service: "a"},
+		{ID: "b1", URL: "http://127.0.0.1:3", Models: []string{"m"}, Service: "b"},
+		{ID: "d1", URL: "http://127.0.0.1:4", Models: []string{"m"}, Service: "b", Role: "decode"},
+	})
+	v := fl.View()
+	busy := func(id string, n int) {
+		w := fl.Get(id)
+		for i := 0; i < n; i++ {
+			w.Acquire(0, 0, 0)
+		}
+	}
+	busy("a1", 3) // 3 in flight, all before their first token
+	busy("b1", 1)
+	busy("d1", 9)
+	f := func(rl config.RateLimit, want int) {
+		t.Helper()
+		if got := freeOf(&rl, v, v.Routable, 0); got != want {
+			t.Fatalf("%+v: free %d, want %d", rl, got, want)
+		}
+	}
+	f(config.RateLimit{Scope: config.ScopeInstance, OverallConcurrency: 2}, 0+2+1)
+	f(config.RateLimit{Scope: config.ScopeService, OverallConcurrency: 5}, (5-3)+(5-1))
+	f(config.RateLimit{Scope: config.ScopeGateway, OverallConcurrency: 10}, 10-4)
+	f(config.RateLimit{Scope: config.ScopeInstance, PrefillConcurrency: 4}, 1+4+3)
+	f(config.RateLimit{Scope: config.ScopeInstance}, 3*UnlimitedWorkerSlots-4)
+	fl.Get("a1").FirstToken(0) // one of a1's requests is decoding now
+	f(config.RateLimit{Scope: config.ScopeInstance, PrefillConcurrency: 4}, 2+4+3)
+	fl.Get("b1").Fault(1) // threshold 1: b1's breaker opens
+	f(config.RateLimit{Scope: config.ScopeInstance, OverallConcurrency: 4}, 1+4)
+}

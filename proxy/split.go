@@ -1,0 +1,94 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/sched"
+	upstreams "github.com/infera/infera/upstream"
+	"github.com/valyala/fasthttp"
+)
+
+var (
+	mSplitFailovers   = metrics.NewCounter(`infera_split_proxy_failovers_total`)
+	mSplitUnavailable = metrics.NewCounter(`infera_split_proxy_unavailable_total`)
+)
+
+// dispatchSplit tries the split proxy's plan for the request
+// (upstream.Plan): the primary entry (by weight, or by model rules), then
+// the failover-flagged external entries in list order, moving on when an
+// entry is unavailable (disabled upstream, breaker open) or fails before
+// the first response byte. The local entry is the local fleet, with its own
+// retries across workers and global scheduling; an external entry is one
+// attempt through httpTransport, and takes no request rate limiting seat
+// (external upstreams follow their own limits).
+func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries) {
+	sp := &cfg.SplitProxy
+	tbl := s.ext.splitTable(sp)
+	var rnd uint64
+	if sp.Strategy != config.SplitPrefix {
+		rnd = s.splitter.Next()
+	}
+	rs.ext.plan = upstreams.Plan(rs.ext.plan[:0], sp, rs.sreq.Model, rnd)
+	plan := rs.ext.plan
+	for i, idx := range plan {
+		if i > 0 {
+			mSplitFailovers.Inc()
+		}
+		more := i < len(plan)-1
+		u := tbl.ups[idx]
+		if sp.Proxies[idx].Local {
+			s.dispatchLocal(ctx, cfg, rs, res, more)
+			if res.committed || res.stop || res.schedErr != nil && !noWorker(res.schedErr) {
+				return
+			}
+			continue
+		}
+		if u == nil {
+			continue // an address config validation should have refused
+		}
+		switch s.attemptExternal(ctx, cfg, rs, u, false, more, res) {
+		case attemptCommitted, attemptStop:
+			return
+		}
+	}
+	res.fleetDown = true // every entry of the plan was tried
+}
+
+// attemptExternal sends one attempt to an external upstream: a lease on its
+// standalone worker (refused while its breaker is open), the request path
+// under its base URL (the client's query is dropped), the header block of
+// upstream.AppendHeaders (its key, never the client's credentials; the hop
+// header when forwarding to a member gateway), our HTTP/1.1 transport.
+// An unavailable upstream returns attemptFailed without a failure.
+func (s *Server) attemptExternal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, u *extUpstream, hop, mayRetry bool, res *tries) attemptResult {
+	if !rs.lease.AcquireExternal(u.w, s.sched.Now) {
+		if u.kind == extSplit {
+			mSplitUnavailable.Inc()
+		}
+		return attemptFailed
+	}
+	c := &rs.call
+	rs.ext.cur = u
+	path := rs.path
+	if i := bytes.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	rs.ext.path = u.ep.AppendPath(rs.ext.path[:0], path)
+	extra := ""
+	if hop && cfg.SessionAffinity.Enabled {
+		extra = cfg.SessionAffinity.Header // the member gateway keeps the session's affinity
+	}
+	rs.ext.hdr = upstreams.AppendHeaders(rs.ext.hdr[:0], &ctx.Request.Header, u.key, hop, extra)
+	c.path, c.hdr = rs.ext.path, rs.ext.hdr
+	return s.attempt(ctx, cfg, rs, httpTransport{}, mayRetry, res)
+}
+
+// noWorker reports the scheduler errors that mean the local fleet has no
+// worker for the request (as opposed to a client error): the split proxy
+// fails over and global scheduling forwards on them.
+func noWorker(err error) bool {
+	return errors.Is(err, sched.ErrNoWorkers) || errors.Is(err, sched.ErrUnknownModel) || errors.Is(err, sched.ErrExhausted)
+}

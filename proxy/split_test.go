@@ -1,0 +1,361 @@
+package proxy
+
+import (
+	"bufio"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/sched"
+	"github.com/valyala/fasthttp"
+)
+
+// startRouterWith is startRouter with Options adjusted by opt (a mirror, a
+// poller, ...) and workers serving model "m" at urls.
+func startRouterWith(t testing.TB, f *config.Serve, cfg *config.Config, opt func(*Options), urls ...string) *testRouter {
+	t.Helper()
+	if f == nil {
+		f = defaultFlags()
+	}
+	if cfg == nil {
+		cfg = config.Default()
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("test config: %v", err)
+	}
+	fl := fleet.NewFleet(fleet.BreakerConfig{Threshold: f.BreakerFailureThreshold, Cooldown: f.BreakerCooldown(), MaxCooldown: f.BreakerMaxCooldown()})
+	t.Cleanup(fl.Close)
+	fl.AddHook(HTTPHook(f))
+	var rs []fleet.Record
+	for i, u := range urls {
+		rs = append(rs, fleet.Record{ID: fmt.Sprintf("w%d", i), URL: u, Models: []string{"m"}})
+	}
+	if errs := fl.Sync(rs); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	store := config.NewStore("", cfg)
+	sc := sched.NewScheduler(fl, mustPolicy(f.RouterPolicy))
+	opts := Options{Flags: f, Store: store, Sched: sc, BlockSize: 16}
+	if opt != nil {
+		opt(&opts)
+	}
+	srv := New(opts)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown() })
+	return &testRouter{url: "http://" + ln.Addr().String(), srv: srv, fl: fl, store: store, flags: f}
+}
+
+// recorder is an external upstream that records what it received.
+type recorder struct {
+	mu   sync.Mutex
+	reqs []recorded
+}
+
+type recorded struct {
+	uri, host, body string
+	header          http.Header
+}
+
+func (rc *recorder) record(ctx *fasthttp.RequestCtx) {
+	r := recorded{uri: string(ctx.RequestURI()), host: string(ctx.Host()), body: string(ctx.PostBody()), header: http.Header{}}
+	for k, v := range ctx.Request.Header.All() {
+		r.header.Add(string(k), string(v))
+	}
+	rc.mu.Lock()
+	rc.reqs = append(rc.reqs, r)
+	rc.mu.Unlock()
+}
+
+func (rc *recorder) all() []recorded {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return append([]recorded(nil), rc.reqs...)
+}
+
+func splitConfig(strategy config.SplitStrategy, proxies ...config.Proxy) *config.Config {
+	cfg := config.Default()
+	cfg.Debug.DecisionHeader = true
+	cfg.SplitProxy = config.SplitProxy{Enabled: true, Strategy: strategy, Proxies: proxies}
+	return cfg
+}
+
+func postWith(t *testing.T, url, body string, hdr map[string]string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(b)
+}
+
+const gptBody = `{"model":"gpt-4o","messages":[{"role":"user","content":"hello there"}],"max_tokens":4}`
+
+// Prefix rules pick the proxy; a failing primary fails over to the
+// failover-flagged entries in list order; the external upstream gets its
+// own key and base path, never the client's credentials.
+func TestSplitPrefixFailsOverInListOrderWithTheUpstreamKey(t *testing.T) {
+	local := startUpstream(t, okHandler)
+	var rec1, rec2 recorder
+	fail1 := false
+	var mu sync.Mutex
+	ext1 := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		rec1.record(ctx)
+		mu.Lock()
+		f := fail1
+		mu.Unlock()
+		if f {
+			ctx.SetStatusCode(503)
+			ctx.SetBodyString(`{"error":{"message":"ext1 down"}}`)
+			return
+		}
+		okHandler(ctx)
+	})
+	ext2 := startUpstream(t, func(ctx *fasthttp.RequestCtx) { rec2.record(ctx); okHandler(ctx) })
+	f := defaultFlags()
+	f.APIKey = "client-key"
+	cfg := splitConfig(config.SplitPrefix,
+		config.Proxy{Name: "bad", Address: deadURL(t), ModelRules: []string{"gpt-*"}},
+		config.Proxy{Local: true, ModelRules: []string{"m"}},
+		config.Proxy{Name: "ext1", Address: ext1.url + "/compat/v1", APIKey: config.NewSecret("sk-ext1"), Failover: true},
+		config.Proxy{Name: "ext2", Address: ext2.url, APIKey: config.NewSecret("sk-ext2"), Failover: true},
+	)
+	r := startRouterWith(t, f, cfg, nil, local.url)
+	client := map[string]string{"Authorization": "Bearer client-key", "Cookie": "session=c-secret",
+		"X-Forwarded-For": "10.1.2.3", "OpenAI-Organization": "org-secret", "X-Request-Id": "req-7"}
+
+	resp, b := postWith(t, r.url+"/v1/chat/completions?debug=1", gptBody, client)
+	if resp.StatusCode != 200 || b != okJSON || resp.Header.Get("X-Infera-Upstream") != "split:ext1" {
+		t.Fatalf("gpt via bad->ext1: %d %q upstream %q", resp.StatusCode, b, resp.Header.Get("X-Infera-Upstream"))
+	}
+	got := rec1.all()
+	if len(got) != 1 || len(rec2.all()) != 0 || local.hits.Load() != 0 {
+		t.Fatalf("ext1 %d ext2 %d local %d", len(got), len(rec2.all()), local.hits.Load())
+	}
+	g := got[0]
+	if g.uri != "/compat/v1/chat/completions" || g.body != gptBody || g.host != strings.TrimPrefix(ext1.url, "http://") {
+		t.Fatalf("ext1 got uri %q host %q body %q", g.uri, g.host, g.body)
+	}
+	if g.header.Get("Authorization") != "Bearer sk-ext1" || g.header.Get("X-Request-Id") != "req-7" {
+		t.Fatalf("ext1 headers %v", g.header)
+	}
+	for k, vs := range g.header {
+		for _, v := range vs {
+			if strings.Contains(v, "secret") || strings.Contains(v, "client-key") || strings.Contains(v, "10.1.2.3") {
+				t.Fatalf("client credential reached the external upstream: %s: %s", k, v)
+			}
+		}
+	}
+
+	// ext1 answers 503: the next failover entry in list order takes it.
+	mu.Lock()
+	fail1 = true
+	mu.Unlock()
+	resp, b = postWith(t, r.url+"/v1/chat/completions", gptBody, client)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != "split:ext2" || len(rec2.all()) != 1 {
+		t.Fatalf("gpt via bad->ext1(503)->ext2: %d %q upstream %q ext2 %d", resp.StatusCode, b, resp.Header.Get("X-Infera-Upstream"), len(rec2.all()))
+	}
+	if rec2.all()[0].header.Get("Authorization") != "Bearer sk-ext2" {
+		t.Fatalf("ext2 key: %v", rec2.all()[0].header)
+	}
+
+	// A model the local rules match stays local; the local entry is never a
+	// failover target.
+	resp, b = postWith(t, r.url+"/v1/chat/completions", chatBody, client)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != "" || resp.Header.Get("X-Infera-Worker") != "w0" {
+		t.Fatalf("local: %d %q %v", resp.StatusCode, b, resp.Header)
+	}
+	if local.hits.Load() != 1 {
+		t.Fatalf("local hits %d", local.hits.Load())
+	}
+
+	// Every entry fails: the last upstream answer is relayed.
+	ext2.srv.Shutdown()
+	resp, b = postWith(t, r.url+"/v1/chat/completions", gptBody, client)
+	if resp.StatusCode != 502 && resp.StatusCode != 503 {
+		t.Fatalf("all failed: %d %s", resp.StatusCode, b)
+	}
+	checkOpenAIError(t, b)
+}
+
+// The local fleet failing before the first byte fails over to an external
+// upstream; a local scheduler refusal (unknown model) does too.
+func TestSplitLocalFailureFailsOverToExternal(t *testing.T) {
+	var rec recorder
+	ext := startUpstream(t, func(ctx *fasthttp.RequestCtx) { rec.record(ctx); okHandler(ctx) })
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true, Weight: 1},
+		config.Proxy{Name: "ext", Address: ext.url, Failover: true},
+	)
+	r := startRouterWith(t, nil, cfg, nil, deadURL(t))
+	resp, b := postWith(t, r.url+"/v1/chat/completions", chatBody, nil)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != "split:ext" {
+		t.Fatalf("dead local -> ext: %d %s %v", resp.StatusCode, b, resp.Header)
+	}
+	resp, b = postWith(t, r.url+"/v1/chat/completions", gptBody, nil)
+	if resp.StatusCode != 200 || len(rec.all()) != 2 {
+		t.Fatalf("unknown model locally -> ext: %d %s (ext saw %d)", resp.StatusCode, b, len(rec.all()))
+	}
+	// A client error is answered, never failed over.
+	resp, b = postWith(t, r.url+"/v1/chat/completions", `{"model":"m","messages":[]}`, nil)
+	if resp.StatusCode != 400 || len(rec.all()) != 2 {
+		t.Fatalf("bad request: %d %s", resp.StatusCode, b)
+	}
+}
+
+// Under the weight strategy any window of requests is split by the weights.
+func TestSplitWeightSharesTraffic(t *testing.T) {
+	local := startUpstream(t, okHandler)
+	a := startUpstream(t, okHandler)
+	b := startUpstream(t, okHandler)
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true, Weight: 1},
+		config.Proxy{Name: "a", Address: a.url, Weight: 3},
+		config.Proxy{Name: "b", Address: b.url, Weight: 6, Status: config.ProxyEnabled},
+		config.Proxy{Name: "off", Address: deadURL(t), Weight: 50, Status: config.ProxyDisabled},
+	)
+	r := startRouterWith(t, nil, cfg, nil, local.url)
+	for i := 0; i < 100; i++ {
+		if code, body := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, body)
+		}
+	}
+	near := func(got int64, want int64) bool { return got >= want-3 && got <= want+3 }
+	if !near(local.hits.Load(), 10) || !near(a.hits.Load(), 30) || !near(b.hits.Load(), 60) {
+		t.Fatalf("split 1:3:6 over 100: local %d a %d b %d", local.hits.Load(), a.hits.Load(), b.hits.Load())
+	}
+}
+
+// An external upstream has its own breaker: after --breaker-failure-threshold
+// failures it receives nothing until its cooldown passes, and the request
+// goes straight to the failover entry.
+func TestSplitExternalBreakerSkipsAFailingUpstream(t *testing.T) {
+	bad := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(500) })
+	good := startUpstream(t, okHandler)
+	cfg := splitConfig(config.SplitPrefix,
+		config.Proxy{Local: true},
+		config.Proxy{Name: "bad", Address: bad.url, ModelRules: []string{"gpt"}},
+		config.Proxy{Name: "good", Address: good.url, Failover: true},
+	)
+	r := startRouterWith(t, nil, cfg, nil, deadURL(t))
+	for i := 0; i < 6; i++ {
+		if code, b := post(t, r.url+"/v1/chat/completions", gptBody); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, b)
+		}
+	}
+	if bad.hits.Load() != 3 || good.hits.Load() != 6 {
+		t.Fatalf("bad saw %d (want the threshold, 3), good %d", bad.hits.Load(), good.hits.Load())
+	}
+	u := r.srv.ext.splitTable(&r.store.Load().SplitProxy).ups[1]
+	if u.w.Breaker.State() != fleet.BreakerOpen || u.w.Load.Requests.Load() != 0 {
+		t.Fatalf("bad breaker %d, in flight %d", u.w.Breaker.State(), u.w.Load.Requests.Load())
+	}
+}
+
+// Streams from an external upstream are relayed as from a local engine:
+// the first event before the upstream finishes, the end intact.
+func TestSplitStreamsThroughExternal(t *testing.T) {
+	su := &sseUpstream{n: 3, gate: make(chan struct{})}
+	ext := startUpstream(t, su.handler)
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true, Weight: 0},
+		config.Proxy{Name: "ext", Address: ext.url + "/v1", Weight: 1},
+	)
+	r := startRouterWith(t, nil, cfg, nil, deadURL(t))
+	resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(streamBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.Header.Get("Content-Type") != "text/event-stream" || resp.Header.Get("X-Infera-Upstream") != "split:ext" {
+		t.Fatalf("headers %v", resp.Header)
+	}
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil || line != "data: {\"i\":0}\n" || su.finished.Load() != 0 {
+		t.Fatalf("first line %q %v finished=%d", line, err, su.finished.Load())
+	}
+	close(su.gate)
+	rest, _ := io.ReadAll(br)
+	if !strings.HasSuffix(string(rest), "data: [DONE]\n\n") || !strings.Contains(string(rest), `{"i":2}`) {
+		t.Fatalf("rest %q", rest)
+	}
+	u := r.srv.ext.splitTable(&r.store.Load().SplitProxy).ups[1]
+	waitFor(t, func() bool { return u.w.Load.Requests.Load() == 0 }, "external lease ended")
+}
+
+// An https upstream is reached over TLS (certificate verified against the
+// upstream's host, Host the upstream's).
+func TestSplitExternalOverTLS(t *testing.T) {
+	var host string
+	ts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host = r.Host
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, okJSON)
+	}))
+	defer ts.Close()
+	pool := x509.NewCertPool()
+	pool.AddCert(ts.Certificate())
+	extRootCAs = pool
+	defer func() { extRootCAs = nil }()
+	addr := ts.URL // the test certificate names 127.0.0.1
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true},
+		config.Proxy{Name: "tls", Address: addr, Weight: 1},
+	)
+	r := startRouterWith(t, nil, cfg, nil, deadURL(t))
+	for i := 0; i < 3; i++ {
+		resp, b := postWith(t, r.url+"/v1/chat/completions", chatBody, nil)
+		if resp.StatusCode != 200 || b != okJSON {
+			t.Fatalf("tls: %d %s", resp.StatusCode, b)
+		}
+	}
+	if host != strings.TrimPrefix(addr, "https://") {
+		t.Fatalf("Host %q", host)
+	}
+}
+
+// A reload that changes an entry's address starts a new upstream (and
+// breaker); an unchanged entry keeps its connections and breaker.
+func TestSplitReloadKeepsUnchangedUpstreams(t *testing.T) {
+	a := startUpstream(t, okHandler)
+	b := startUpstream(t, okHandler)
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true},
+		config.Proxy{Name: "a", Address: a.url, Weight: 1},
+		config.Proxy{Name: "b", Address: b.url, Failover: true},
+	)
+	r := startRouterWith(t, nil, cfg, nil, deadURL(t))
+	post(t, r.url+"/v1/chat/completions", chatBody)
+	t1 := r.srv.ext.splitTable(&r.store.Load().SplitProxy)
+	c := *cfg
+	c.SplitProxy.Proxies = append([]config.Proxy(nil), cfg.SplitProxy.Proxies...)
+	c.SplitProxy.Proxies[2].Address = a.url + "/v1"
+	r.store.Set(&c)
+	post(t, r.url+"/v1/chat/completions", chatBody)
+	t2 := r.srv.ext.splitTable(&r.store.Load().SplitProxy)
+	if t1 == t2 || t1.ups[1] != t2.ups[1] || t1.ups[2] == t2.ups[2] || t2.ups[0] != nil {
+		t.Fatalf("reload: a kept %v, b replaced %v", t1.ups[1] == t2.ups[1], t1.ups[2] != t2.ups[2])
+	}
+	if a.hits.Load() != 2 {
+		t.Fatalf("a hits %d", a.hits.Load())
+	}
+}
