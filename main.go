@@ -4,6 +4,7 @@
 //	infera engine    a simulated inference engine
 //	infera worker    the sidecar beside an engine
 //	infera bench     benchmarks
+//	infera classify  the reference classifier of smart model selection
 //	infera tokenize  the router's tokenizer on stdin
 //	infera version   print the version
 package main
@@ -21,6 +22,7 @@ import (
 
 	"github.com/alecthomas/kong"
 	"github.com/infera/infera/bench"
+	"github.com/infera/infera/classify"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/engine"
 	"github.com/infera/infera/gateway"
@@ -91,6 +93,7 @@ var cli struct {
 	Engine   engine.Cmd    `cmd:"" help:"Run a simulated OpenAI-compatible inference engine."`
 	Worker   worker.Cmd    `cmd:"" help:"Run the sidecar beside one engine: register, heartbeat, relay KV events, drain."`
 	Bench    bench.Cmd     `cmd:"" help:"Benchmarks: replay, compare, simulate, gen, proxy."`
+	Classify classify.Cmd  `cmd:"" help:"Run the reference classifier of smart model selection (prompt length and keywords to L1/L2/L3)."`
 	Tokenize tokenizer.Cmd `cmd:"" help:"Print the token ids of stdin (debugging the router's tokenizer)."`
 	Soak     soak.Cmd      `cmd:"" help:"Soak and chaos run: mixed load through a real router while engines die, hang and fail, configs reload and NATS restarts."`
 	Version  versionCmd    `cmd:"" help:"Print the version."`

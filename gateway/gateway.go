@@ -8,15 +8,18 @@ import (
 	"time"
 
 	"github.com/infera/infera/broker"
+	"github.com/infera/infera/classify"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/kv"
 	"github.com/infera/infera/kvroute"
+	"github.com/infera/infera/mirror"
 	"github.com/infera/infera/proxy"
 	"github.com/infera/infera/radix"
 	"github.com/infera/infera/sched"
 	"github.com/infera/infera/tokenizer"
+	"github.com/infera/infera/upstream"
 	"github.com/nats-io/nats.go"
 )
 
@@ -40,6 +43,11 @@ type Gateway struct {
 	kvm     *kv.Manager
 	kvSub   *nats.Subscription
 	kvAware *kvroute.KVAware
+
+	// Beyond the local fleet (docs/upstreams.md).
+	mirror     *mirror.Mirror
+	classifier *classify.Client
+	poller     *upstream.Poller
 }
 
 // New builds the gateway from flags: config store, fleet and its
@@ -141,6 +149,9 @@ func New(f *config.Serve) (*Gateway, error) {
 			slog.Warn("discovery not synced yet; serving and retrying", "backend", f.DiscoveryBackend, "err", err)
 		}
 	}
+	if err := g.setupUpstreams(); err != nil {
+		return nil, err
+	}
 	go store.Watch(f.ConfigPoll, g.stop)
 
 	opts := proxy.Options{
@@ -151,6 +162,10 @@ func New(f *config.Serve) (*Gateway, error) {
 		NATS:      g.natsClient,
 		Health:    g.health,
 		Tokenizer: g.tok,
+
+		Mirror:     g.mirror,
+		Classifier: g.classifier,
+		Poller:     g.poller,
 	}
 	if g.nc != nil {
 		opts.NATSConnected = g.nc.IsConnected
@@ -228,6 +243,24 @@ func (g *Gateway) setupKV() error {
 	return nil
 }
 
+// setupUpstreams builds what the request path needs beyond the local
+// fleet: the traffic mirror, the smart model selection classifier client,
+// and the global scheduling poller, which follows every config change.
+func (g *Gateway) setupUpstreams() error {
+	g.mirror = mirror.New(mirror.Options{})
+	g.classifier = &classify.Client{}
+	g.poller = upstream.NewPoller()
+	if err := g.poller.Update(&g.store.Load().GlobalScheduling); err != nil {
+		return fmt.Errorf("global_scheduling: %w", err)
+	}
+	g.store.OnChange(func(_, cur *config.Config) {
+		if err := g.poller.Update(&cur.GlobalScheduling); err != nil {
+			slog.Warn("global scheduling: members not updated", "err", err)
+		}
+	})
+	return nil
+}
+
 // connectNATS connects to the broker (--nats-url, NATS_SERVER, NATS_URL).
 func (g *Gateway) connectNATS() error {
 	f := g.flags
@@ -293,6 +326,15 @@ func (g *Gateway) Close() {
 	}
 	if g.fleet != nil {
 		g.fleet.Close()
+	}
+	if g.mirror != nil {
+		g.mirror.Close()
+	}
+	if g.poller != nil {
+		g.poller.Close()
+	}
+	if g.classifier != nil {
+		g.classifier.Close()
 	}
 }
 
