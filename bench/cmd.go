@@ -22,6 +22,7 @@ type Cmd struct {
 	Simulate SimulateCmd `cmd:"" help:"Discrete-event simulation of a fleet with the engine's time model and the router's scheduler."`
 	Gen      GenCmd      `cmd:"" help:"Generate a synthetic workload as a Mooncake JSONL trace."`
 	Proxy    ProxyCmd    `cmd:"" help:"Measure proxy overhead: direct vs infera serve vs nginx, plain and streaming."`
+	Mirror   MirrorCmd   `cmd:"" help:"Measure traffic mirroring's CPU cost in the router: off, copy only, sent, per 10k requests."`
 }
 
 // GenFlags parameterise the synthetic generators.
