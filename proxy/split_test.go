@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
@@ -357,5 +358,33 @@ func TestSplitReloadKeepsUnchangedUpstreams(t *testing.T) {
 	}
 	if a.hits.Load() != 2 {
 		t.Fatalf("a hits %d", a.hits.Load())
+	}
+}
+
+// The timeouts section applies to external upstreams as to engines: a
+// stream whose first packet does not come within stream_first_packet_s
+// fails over to the next entry; the hung upstream's breaker counts it.
+func TestSplitExternalFirstPacketTimeoutFailsOver(t *testing.T) {
+	hang := make(chan struct{})
+	defer close(hang)
+	slow := startUpstream(t, func(ctx *fasthttp.RequestCtx) { <-hang })
+	su := &sseUpstream{n: 2}
+	good := startUpstream(t, su.handler)
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true},
+		config.Proxy{Name: "slow", Address: slow.url, Weight: 1},
+		config.Proxy{Name: "good", Address: good.url, Failover: true},
+	)
+	cfg.Timeouts.StreamFirstPacketSeconds = 0.2
+	r := startRouterWith(t, nil, cfg, nil, deadURL(t))
+	t0 := time.Now()
+	resp, b := postWith(t, r.url+"/v1/chat/completions", streamBody, nil)
+	if el := time.Since(t0); resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != "split:good" ||
+		!strings.HasSuffix(b, "data: [DONE]\n\n") || el > 2*time.Second {
+		t.Fatalf("%d after %v: %q %v", resp.StatusCode, el, b, resp.Header)
+	}
+	u := r.srv.ext.splitTable(&r.store.Load().SplitProxy).ups[1]
+	if slow.hits.Load() != 1 || u.w.Load.Requests.Load() != 0 {
+		t.Fatalf("slow hits %d, in flight %d", slow.hits.Load(), u.w.Load.Requests.Load())
 	}
 }
