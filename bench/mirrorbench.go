@@ -259,8 +259,8 @@ func mirrorPhase(ctx context.Context, c *MirrorCmd, url string, cl *Client, body
 	}
 	sort.Float64s(lat)
 	ph.Requests, ph.Errors = c.Requests, errs
-	ph.CPUms = float64(u1-u0+s1-s0) * 1000 / clockTicks
-	ph.SysMS = float64(s1-s0) * 1000 / clockTicks
+	ph.CPUms = float64(u1-u0+s1-s0) * 1000 / clkTck
+	ph.SysMS = float64(s1-s0) * 1000 / clkTck
 	ph.Per10k = ph.CPUms * 10000 / float64(c.Requests)
 	ph.RPS = float64(c.Requests) / el.Seconds()
 	ph.P50, ph.P99 = Percentile(lat, 0.5), Percentile(lat, 0.99)
@@ -303,16 +303,6 @@ func closedLoop(cl *Client, body []byte, n, conc int) ([]float64, int, error) {
 		return lat, e, fmt.Errorf("%d of %d requests failed", e, n)
 	}
 	return lat, int(errs.Load()), nil
-}
-
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat times (100 on Linux
-// whatever the kernel's HZ).
-const clockTicks = 100
-
-// procCPU returns utime+stime of process pid in clock ticks.
-func procCPU(pid int) (int64, error) {
-	u, s, err := procTimes(pid)
-	return u + s, err
 }
 
 // procTimes returns utime and stime of process pid in clock ticks.

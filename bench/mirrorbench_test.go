@@ -6,9 +6,10 @@ import (
 	"time"
 )
 
-// procCPU reads this process's own CPU time, and it grows with work.
-func TestProcCPUGrowsWithWork(t *testing.T) {
-	a, err := procCPU(os.Getpid())
+// procTimes reads this process's own CPU time, and it grows with work.
+func TestProcTimesGrowWithWork(t *testing.T) {
+	au, as, err := procTimes(os.Getpid())
+	a := au + as
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -18,11 +19,12 @@ func TestProcCPUGrowsWithWork(t *testing.T) {
 			x += i
 		}
 	}
-	b, err := procCPU(os.Getpid())
+	bu, bs, err := procTimes(os.Getpid())
+	b := bu + bs
 	if err != nil || b <= a || x == 0 {
 		t.Fatalf("cpu %d -> %d (%v)", a, b, err)
 	}
-	if _, err := procCPU(-1); err == nil {
+	if _, _, err := procTimes(-1); err == nil {
 		t.Fatal("no error for a missing process")
 	}
 }
