@@ -10,6 +10,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/memlimit"
 )
 
 // Request is what the scheduler knows about one request. The proxy fills it
@@ -227,7 +228,7 @@ type Scheduler struct {
 	// Now returns unix nanoseconds (time.Now by default; tests override it).
 	Now func() int64
 	// Memory reports the process memory and the container memory limit in
-	// bytes for the prefix index's eviction (ReadMemory by default; tests
+	// bytes for the prefix index's eviction (memlimit.Read by default; tests
 	// inject a fake).
 	Memory func() (process, limit uint64, err error)
 
@@ -251,7 +252,7 @@ func NewScheduler(f *fleet.Fleet, policy Policy) *Scheduler {
 		BlockSize:        16,
 		DefaultMaxTokens: 1024,
 		Now:              func() int64 { return time.Now().UnixNano() },
-		Memory:           ReadMemory,
+		Memory:           memlimit.Read,
 	}
 	s.m = newSchedMetrics(s)
 	return s

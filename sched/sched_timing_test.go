@@ -9,6 +9,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/memlimit"
 )
 
 // benchSched builds n workers serving "Qwen2.5-72B-Instruct", with the
@@ -200,7 +201,7 @@ func BenchmarkResolveModel(b *testing.B) {
 func BenchmarkReadMemory(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
-		if _, _, err := ReadMemory(); err != nil {
+		if _, _, err := memlimit.Read(); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -1,4 +1,7 @@
-package sched
+// Package memlimit reads the process memory and the container memory limit
+// (cgroup v2 or v1, else the host) for bounds that must hold inside a
+// container, such as the prefix index's memory threshold.
+package memlimit
 
 import (
 	"bytes"
@@ -10,12 +13,12 @@ import (
 	"time"
 )
 
-// ReadMemory returns the process memory (Go runtime memory mapped and not
+// Read returns the process memory (Go runtime memory mapped and not
 // released to the OS, which tracks RSS for a Go process) and the memory
 // limit of the container: cgroup v2 memory.max, else cgroup v1
 // memory.limit_in_bytes, capped by the host's MemTotal (the fallback when
 // no cgroup limit is set). The limit is cached for a minute.
-func ReadMemory() (process, limit uint64, err error) {
+func Read() (process, limit uint64, err error) {
 	process = processMemory()
 	limit, err = containerLimit()
 	return process, limit, err

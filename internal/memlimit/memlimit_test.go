@@ -1,4 +1,4 @@
-package sched
+package memlimit
 
 import (
 	"os"
@@ -66,8 +66,8 @@ func TestReadLimit(t *testing.T) {
 	write("big/memory.max", "17179869184\n") // above host: host wins
 	f(filepath.Join(dir, "big"), 8<<30)
 	// The real reader works on this machine.
-	proc, limit, err := ReadMemory()
+	proc, limit, err := Read()
 	if err != nil || proc == 0 || limit == 0 {
-		t.Fatalf("ReadMemory: %d %d %v", proc, limit, err)
+		t.Fatalf("Read: %d %d %v", proc, limit, err)
 	}
 }
