@@ -5,7 +5,7 @@ PKGS     := ./...
 TOKDIR   := testdata/tokenizers/qwen3
 APT_PKGS := libzmq3-dev pkg-config etcd-server nats-server nginx-light wrk
 
-.PHONY: all deps deps-apt tokenizer sdk tokref build test test-race bench bench-proxy demo soak fmt vet fuzz clean
+.PHONY: all deps deps-apt tokenizer sdk tokref build test test-race bench bench-proxy demo soak fmt vet fuzz fuzz-long clean
 
 all: build
 
@@ -62,16 +62,13 @@ vet:
 	$(GO) vet $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
 
-## fuzz: a short run of every fuzz target
+## fuzz: a short run of every fuzz target (20,000 executions each)
 fuzz:
-	$(GO) test -run XXX -fuzz FuzzParseBody -fuzztime 30s ./proxy/
-	$(GO) test -run XXX -fuzz FuzzTemplate -fuzztime 30s ./jinja/
-	$(GO) test -run XXX -fuzz FuzzSplitWords -fuzztime 15s ./tokenizer/
-	$(GO) test -run XXX -fuzz FuzzEncode -fuzztime 15s ./tokenizer/
-	$(GO) test -run XXX -fuzz FuzzDecode -fuzztime 20s ./kv/
-	$(GO) test -run XXX -fuzz FuzzModelMatch -fuzztime 15s ./sched/
-	$(GO) test -run XXX -fuzz FuzzParseTrace -fuzztime 15s ./bench/
-	$(GO) test -run XXX -fuzz FuzzParseKubeconfig -fuzztime 15s ./discovery/
+	bash scripts/fuzz-all.sh 20000
+
+## fuzz-long: every fuzz target for a million executions, with a table of the counts
+fuzz-long:
+	bash scripts/fuzz-all.sh 1000000
 
 bench:
 	$(GO) test -run XXX -bench . -benchmem -benchtime 1s ./proxy/ ./sched/ ./radix/ ./kv/ ./tokenizer/ ./engine/ ./broker/
