@@ -2,10 +2,11 @@ package jinja
 
 import (
 	"math"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -22,7 +23,7 @@ func newGlobals() *env {
 	g.set("raise_exception", fn("raise_exception", func(_ *state, _ *env, args []Value) (Value, error) {
 		msg := "raise_exception called"
 		if len(args) > 0 {
-			msg = toString(args[0])
+			msg = strings.Clone(toString(args[0])) // may be a view into the render's arena
 		}
 		return Value{}, &Error{Msg: msg}
 	}))
@@ -31,7 +32,9 @@ func newGlobals() *env {
 		if len(args) == 0 || args[0].kind != KindString {
 			return Value{}, errorf("strftime_now expects a format string")
 		}
-		return String(strftime(st.opts.Now(), args[0].str)), nil
+		mark := len(st.strs)
+		st.strs = appendStrftime(st.strs, st.opts.Now(), args[0].str)
+		return String(st.view(mark)), nil
 	}))
 	g.set("namespace", fn("namespace", builtinNamespace))
 	return g
@@ -70,20 +73,26 @@ func builtinRange(st *state, _ *env, args []Value) (Value, error) {
 	if step == 0 {
 		return Value{}, errorf("range() step must not be zero")
 	}
-	var out []Value
+	count := 0
 	for i := start; (step > 0 && i < stop) || (step < 0 && i > stop); i += step {
-		if len(out) >= maxRange {
+		if count >= maxRange {
 			return Value{}, errorf("range too large")
 		}
-		out = append(out, Number(i))
+		count++
 	}
-	if err := st.charge(len(out)); err != nil {
+	if err := st.charge(count); err != nil {
 		return Value{}, err
 	}
-	return Array(out...), nil
+	out := st.values(count)
+	i := start
+	for k := range out {
+		out[k] = Number(i)
+		i += step
+	}
+	return st.array(KindArray, out), nil
 }
 
-func builtinNamespace(_ *state, _ *env, args []Value) (Value, error) {
+func builtinNamespace(st *state, _ *env, args []Value) (Value, error) {
 	pos := args
 	var kw *Object
 	if len(pos) > 0 && pos[len(pos)-1].kind == KindKwargs {
@@ -93,7 +102,7 @@ func builtinNamespace(_ *state, _ *env, args []Value) (Value, error) {
 	if len(pos) > 1 {
 		return Value{}, errorf("namespace expected at most 1 argument, got %d", len(pos))
 	}
-	o := NewObject(4)
+	o := st.newObject()
 	if len(pos) == 1 {
 		src := pos[0]
 		switch {
@@ -134,44 +143,43 @@ func builtinNamespace(_ *state, _ *env, args []Value) (Value, error) {
 
 var monthNames = [...]string{"January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"}
 
-// strftime supports the directives @huggingface/jinja does.
-func strftime(t time.Time, format string) string {
-	var b strings.Builder
+// appendStrftime appends t formatted with the directives @huggingface/jinja
+// supports.
+func appendStrftime(b []byte, t time.Time, format string) []byte {
 	pad2 := func(n int) {
 		if n < 10 {
-			b.WriteByte('0')
+			b = append(b, '0')
 		}
-		b.WriteString(strconv.Itoa(n))
+		b = strconv.AppendInt(b, int64(n), 10)
 	}
 	for i := 0; i < len(format); i++ {
 		if format[i] != '%' || i+1 == len(format) {
-			b.WriteByte(format[i])
+			b = append(b, format[i])
 			continue
 		}
 		i++
 		switch format[i] {
 		case 'Y':
-			b.WriteString(strconv.Itoa(t.Year()))
+			b = strconv.AppendInt(b, int64(t.Year()), 10)
 		case 'm':
 			pad2(int(t.Month()))
 		case 'd':
 			pad2(t.Day())
 		case 'b':
-			b.WriteString(monthNames[t.Month()-1][:3])
+			b = append(b, monthNames[t.Month()-1][:3]...)
 		case 'B':
-			b.WriteString(monthNames[t.Month()-1])
+			b = append(b, monthNames[t.Month()-1]...)
 		case 'H':
 			pad2(t.Hour())
 		case 'M':
 			pad2(t.Minute())
 		case '%':
-			b.WriteByte('%')
+			b = append(b, '%')
 		default:
-			b.WriteByte('%')
-			b.WriteByte(format[i])
+			b = append(b, '%', format[i])
 		}
 	}
-	return b.String()
+	return b
 }
 
 type testFunc func(a, b Value) (bool, error)
@@ -206,10 +214,10 @@ func init() {
 			return a.isArray() || a.isObject() || a.kind == KindString, nil
 		},
 		"lower": func(a, _ Value) (bool, error) {
-			return a.kind == KindString && a.str == strings.ToLower(a.str), nil
+			return a.kind == KindString && !hasCase(a.str, 'A', 'Z', strings.ToLower), nil
 		},
 		"upper": func(a, _ Value) (bool, error) {
-			return a.kind == KindString && a.str == strings.ToUpper(a.str), nil
+			return a.kind == KindString && !hasCase(a.str, 'a', 'z', strings.ToUpper), nil
 		},
 		"defined":   func(a, _ Value) (bool, error) { return a.kind != KindUndefined, nil },
 		"undefined": func(a, _ Value) (bool, error) { return a.kind == KindUndefined, nil },
@@ -219,6 +227,24 @@ func init() {
 }
 
 func stringsContains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// hasCase reports whether conv changes s; for ASCII s, whether s holds a
+// byte in [lo, hi] (without converting).
+func hasCase(s string, lo, hi byte, conv func(string) string) bool {
+	if !isASCII(s) {
+		return conv(s) != s
+	}
+	return hasByteIn(s, lo, hi)
+}
+
+func hasByteIn(s string, lo, hi byte) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= lo && s[i] <= hi {
+			return true
+		}
+	}
+	return false
+}
 
 var stringMethods = map[string]bool{"upper": true, "lower": true, "strip": true, "title": true, "capitalize": true,
 	"rstrip": true, "lstrip": true, "startswith": true, "endswith": true, "split": true, "replace": true}
@@ -268,7 +294,7 @@ func callMethod(st *state, obj Value, name string, args []Value) (v Value, ok bo
 		if !objectMethods[name] {
 			return Value{}, false, nil
 		}
-		v, err = objectMethod(obj.obj, name, args)
+		v, err = objectMethod(st, obj.obj, name, args)
 		return v, true, err
 	}
 	return Value{}, false, nil
@@ -300,9 +326,9 @@ func stringMethod(st *state, s, name string, args []Value) (Value, error) {
 	}
 	switch name {
 	case "upper":
-		return String(strings.ToUpper(s)), nil
+		return String(st.mapCase(s, 'a', 'z', unicode.ToUpper)), nil
 	case "lower":
-		return String(strings.ToLower(s)), nil
+		return String(st.mapCase(s, 'A', 'Z', unicode.ToLower)), nil
 	case "strip":
 		return String(stripChars(st, s, args, true, true)), nil
 	case "lstrip":
@@ -310,13 +336,16 @@ func stringMethod(st *state, s, name string, args []Value) (Value, error) {
 	case "rstrip":
 		return String(stripChars(st, s, args, false, true)), nil
 	case "title":
-		return String(titleCase(s)), nil
+		return String(st.titleCase(s)), nil
 	case "capitalize":
 		if s == "" {
 			return String(""), nil
 		}
 		r, size := utf8.DecodeRuneInString(s)
-		return String(strings.ToUpper(string(r)) + s[size:]), nil
+		mark := len(st.strs)
+		st.strs = utf8.AppendRune(st.strs, unicode.ToUpper(r))
+		st.strs = append(st.strs, s[size:]...)
+		return String(st.view(mark)), nil
 	case "startswith", "endswith":
 		if len(args) == 0 {
 			return Value{}, errorf("%s() requires at least one argument", name)
@@ -353,40 +382,55 @@ func stringMethod(st *state, s, name string, args []Value) (Value, error) {
 			}
 			maxsplit = int(args[1].num)
 		}
-		var parts []string
+		var parts []Value
 		switch sep.kind {
 		case KindNull:
+			parts = st.scratch[:0]
 			text := jsTrimLeft(s)
 			for text != "" {
 				i := strings.IndexFunc(text, isJSSpace)
 				if maxsplit != -1 && len(parts) >= maxsplit {
-					parts = append(parts, text)
+					parts = append(parts, String(text))
 					break
 				}
 				if i < 0 {
-					parts = append(parts, text)
+					parts = append(parts, String(text))
 					break
 				}
-				parts = append(parts, text[:i])
+				parts = append(parts, String(text[:i]))
 				text = jsTrimLeft(text[i:])
 			}
+			st.scratch = parts[:0]
 		case KindString:
 			if sep.str == "" {
 				return Value{}, errorf("empty separator")
 			}
-			parts = strings.Split(s, sep.str)
-			if maxsplit != -1 && len(parts) > maxsplit {
-				rest := strings.Join(parts[maxsplit:], sep.str)
-				parts = append(parts[:maxsplit:maxsplit], rest)
+			// JavaScript: split all, then splice(maxsplit) the tail back
+			// together (a negative maxsplit counts from the end).
+			total := strings.Count(s, sep.str) + 1
+			k := total
+			if maxsplit != -1 && total > maxsplit {
+				k = maxsplit
+				if k < 0 {
+					k = max(total+maxsplit, 0)
+				}
 			}
+			cuts := min(k, total-1)
+			parts = st.values(cuts + 1)
+			rest := s
+			for i := 0; i < cuts; i++ {
+				j := strings.Index(rest, sep.str)
+				parts[i] = String(rest[:j])
+				rest = rest[j+len(sep.str):]
+			}
+			parts[cuts] = String(rest)
+			return st.array(KindArray, parts), nil
 		default:
 			return Value{}, errorf("sep argument must be a string or null")
 		}
-		out := make([]Value, len(parts))
-		for i, p := range parts {
-			out[i] = String(p)
-		}
-		return Array(out...), nil
+		out := st.values(len(parts))
+		copy(out, parts)
+		return st.array(KindArray, out), nil
 	case "replace":
 		if len(args) < 2 {
 			return Value{}, errorf("replace() requires at least two arguments")
@@ -412,47 +456,88 @@ func stringMethod(st *state, s, name string, args []Value) (Value, error) {
 		if count.kind == KindInt && count.num >= 0 {
 			n = int(count.num)
 		}
-		var out string
+		mark := len(st.strs)
 		if oldV.str == "" {
-			out = replaceEmpty(s, newV.str, n)
+			st.strs = appendReplaceEmpty(st.strs, s, newV.str, n)
 		} else {
-			out = strings.Replace(s, oldV.str, newV.str, n)
+			st.strs = appendReplace(st.strs, s, oldV.str, newV.str, n)
 		}
-		if err := st.spend(len(out)); err != nil {
+		if err := st.spend(len(st.strs) - mark); err != nil {
 			return Value{}, err
 		}
-		return String(out), nil
+		return String(st.view(mark)), nil
 	}
 	return Value{}, errorf("unknown string method %s", name)
 }
 
-// replaceEmpty inserts repl at every code point boundary, as replacing the
-// empty pattern does in JavaScript (with the u flag).
-func replaceEmpty(s, repl string, n int) string {
-	if n == 0 {
-		return s
+// appendReplace appends s with the first n (all if n < 0) occurrences of
+// old replaced by repl, as strings.Replace does.
+func appendReplace(dst []byte, s, old, repl string, n int) []byte {
+	for n != 0 {
+		i := strings.Index(s, old)
+		if i < 0 {
+			break
+		}
+		dst = append(dst, s[:i]...)
+		dst = append(dst, repl...)
+		s = s[i+len(old):]
+		if n > 0 {
+			n--
+		}
 	}
-	var b strings.Builder
-	for i, r := range s {
-		_ = i
+	return append(dst, s...)
+}
+
+// appendReplaceEmpty inserts repl at every code point boundary, as
+// replacing the empty pattern does in JavaScript (with the u flag).
+func appendReplaceEmpty(dst []byte, s, repl string, n int) []byte {
+	if n == 0 {
+		return append(dst, s...)
+	}
+	for _, r := range s {
 		if n != 0 {
-			b.WriteString(repl)
+			dst = append(dst, repl...)
 			if n > 0 {
 				n--
 			}
 		}
-		b.WriteRune(r)
+		dst = utf8.AppendRune(dst, r)
 	}
 	if n != 0 {
-		b.WriteString(repl)
+		dst = append(dst, repl...)
 	}
-	return b.String()
+	return dst
+}
+
+// mapCase returns s with every code point mapped by conv, as strings.ToUpper
+// and strings.ToLower do; for ASCII s, changing only bytes in [lo, hi].
+func (st *state) mapCase(s string, lo, hi byte, conv func(rune) rune) string {
+	mark := len(st.strs)
+	if isASCII(s) {
+		if !hasByteIn(s, lo, hi) {
+			return s
+		}
+		st.strs = append(st.strs, s...)
+		b := st.strs[mark:]
+		for i, c := range b {
+			if c >= lo && c <= hi {
+				b[i] = c ^ 0x20
+			}
+		}
+		return st.view(mark)
+	}
+	for _, r := range s {
+		st.strs = utf8.AppendRune(st.strs, conv(r))
+	}
+	return st.view(mark)
 }
 
 // titleCase upper-cases every ASCII word character that follows a non-word
 // character, as /\b\w/g does.
-func titleCase(s string) string {
-	b := []byte(s)
+func (st *state) titleCase(s string) string {
+	mark := len(st.strs)
+	st.strs = append(st.strs, s...)
+	b := st.strs[mark:]
 	prevWord := false
 	for i, c := range b {
 		w := isWordByte(c)
@@ -461,18 +546,21 @@ func titleCase(s string) string {
 		}
 		prevWord = w
 	}
-	return string(b)
+	return st.view(mark)
 }
 
-func objectItems(o *Object) Value {
-	out := make([]Value, len(o.keys))
+func (st *state) objectItems(o *Object) Value {
+	out := st.values(len(o.keys))
+	pairs := st.values(2 * len(o.keys))
 	for i, k := range o.keys {
-		out[i] = Array(String(k), o.vals[i])
+		pair := pairs[2*i : 2*i+2 : 2*i+2]
+		pair[0], pair[1] = String(k), o.vals[i]
+		out[i] = st.array(KindArray, pair)
 	}
-	return Array(out...)
+	return st.array(KindArray, out)
 }
 
-func objectMethod(o *Object, name string, args []Value) (Value, error) {
+func objectMethod(st *state, o *Object, name string, args []Value) (Value, error) {
 	switch name {
 	case "get":
 		if len(args) == 0 || args[0].kind != KindString {
@@ -486,18 +574,20 @@ func objectMethod(o *Object, name string, args []Value) (Value, error) {
 		}
 		return Null(), nil
 	case "items":
-		return objectItems(o), nil
+		return st.objectItems(o), nil
 	case "keys":
-		out := make([]Value, len(o.keys))
+		out := st.values(len(o.keys))
 		for i, k := range o.keys {
 			out[i] = String(k)
 		}
-		return Array(out...), nil
+		return st.array(KindArray, out), nil
 	case "values":
-		return Array(append([]Value(nil), o.vals...)...), nil
+		out := st.values(len(o.vals))
+		copy(out, o.vals)
+		return st.array(KindArray, out), nil
 	case "dictsort":
 		var kw *Object
-		var pos []Value
+		pos := st.values(len(args))[:0]
 		for _, a := range args {
 			if a.kind == KindKwargs {
 				kw = a.obj
@@ -520,26 +610,27 @@ func objectMethod(o *Object, name string, args []Value) (Value, error) {
 		if cs.kind != KindBool || rev.kind != KindBool || by.kind != KindString || (by.str != "key" && by.str != "value") {
 			return Value{}, errorf("bad dictsort arguments")
 		}
-		items := objectItems(o).arr.items
+		all := st.objectItems(o)
+		items := all.arr.items
 		idx := 0
 		if by.str == "value" {
 			idx = 1
 		}
 		var cmpErr error
-		sort.SliceStable(items, func(a, b int) bool {
-			r, err := compareValues(items[a].arr.items[idx], items[b].arr.items[idx], cs.num != 0)
+		slices.SortStableFunc(items, func(a, b Value) int {
+			r, err := compareValues(a.arr.items[idx], b.arr.items[idx], cs.num != 0)
 			if err != nil {
 				cmpErr = err
 			}
 			if rev.num != 0 {
 				r = -r
 			}
-			return r < 0
+			return r
 		})
 		if cmpErr != nil {
 			return Value{}, cmpErr
 		}
-		return Array(items...), nil
+		return all, nil
 	}
 	return Value{}, errorf("unknown object method %s", name)
 }
@@ -577,7 +668,9 @@ func compareValues(a, b Value, caseSensitive bool) (int, error) {
 // attrPath ports getAttributeValue.
 func attrPath(item Value, path string) Value {
 	v := item
-	for _, part := range strings.Split(path, ".") {
+	for more := true; more; {
+		var part string
+		part, path, more = strings.Cut(path, ".")
 		switch {
 		case v.isAttrContainer():
 			x, ok := v.obj.Get(part)
@@ -638,25 +731,26 @@ func (st *state) simpleFilter(v Value, name string) (Value, error) {
 		case "length":
 			return Int(int64(len(items))), nil
 		case "reverse":
-			out := make([]Value, len(items))
+			out := st.values(len(items))
 			for i, x := range items {
 				out[len(items)-1-i] = x
 			}
-			return Array(out...), nil
+			return st.array(KindArray, out), nil
 		case "sort":
 			return st.sortValues(items, false, false, Null())
 		case "join":
-			var b []byte
+			mark := len(st.strs)
 			for _, x := range items {
-				b = jsPrimitiveString(b, x)
+				st.strs = jsPrimitiveString(st.strs, x)
 			}
-			return String(string(b)), st.spend(len(b))
+			return String(st.view(mark)), st.spend(len(st.strs) - mark)
 		case "string":
 			if err := checkJSON(v, 0); err != nil {
 				return Value{}, err
 			}
-			b := appendJSON(nil, v, jsonOptions{}, 0, false)
-			return String(string(b)), st.spend(len(b))
+			mark := len(st.strs)
+			st.strs = appendJSON(st.strs, v, jsonOptions{}, 0, false)
+			return String(st.view(mark)), st.spend(len(st.strs) - mark)
 		case "unique":
 			if err := st.charge(len(items)); err != nil {
 				return Value{}, err
@@ -668,7 +762,7 @@ func (st *state) simpleFilter(v Value, name string) (Value, error) {
 				ref   any
 			}
 			seen := make(map[key]bool, len(items))
-			var out []Value
+			out := st.values(len(items))[:0]
 			for _, x := range items {
 				var k key
 				switch {
@@ -695,7 +789,7 @@ func (st *state) simpleFilter(v Value, name string) (Value, error) {
 					out = append(out, x)
 				}
 			}
-			return Array(out...), nil
+			return st.array(KindArray, out), nil
 		}
 		return Value{}, errorf("unknown ArrayValue filter: %s", name)
 	case v.kind == KindString:
@@ -707,7 +801,7 @@ func (st *state) simpleFilter(v Value, name string) (Value, error) {
 		case "trim":
 			return String(jsTrim(v.str)), nil
 		case "indent":
-			return String(indent(v.str, 4, false, false)), nil
+			return String(st.indent(v.str, 4, false, false)), nil
 		case "join", "string":
 			return v, nil
 		case "int":
@@ -732,18 +826,18 @@ func (st *state) simpleFilter(v Value, name string) (Value, error) {
 		case "float":
 			return Float(v.num), nil
 		case "string":
-			return String(toString(v)), nil
+			return String(st.toString(v)), nil
 		}
 		return Value{}, errorf("unknown NumericValue filter: %s", name)
 	case v.isObject():
 		switch name {
 		case "items":
-			return objectItems(v.obj), nil
+			return st.objectItems(v.obj), nil
 		case "length":
 			return Int(int64(v.obj.Len())), nil
 		}
 		if objectMethods[name] {
-			return objectMethod(v.obj, name, nil)
+			return objectMethod(st, v.obj, name, nil)
 		}
 		return Value{}, errorf("unknown ObjectValue filter: %s", name)
 	case v.kind == KindBool:
@@ -755,7 +849,7 @@ func (st *state) simpleFilter(v Value, name string) (Value, error) {
 		case "float":
 			return Float(v.num), nil
 		case "string":
-			return String(toString(v)), nil
+			return String(st.toString(v)), nil
 		}
 		return Value{}, errorf("unknown BooleanValue filter: %s", name)
 	}
@@ -766,23 +860,43 @@ func (st *state) jsonString(v Value, o jsonOptions) (Value, error) {
 	if err := checkJSON(v, 0); err != nil {
 		return Value{}, err
 	}
-	b := appendJSON(nil, v, o, 0, true)
-	if err := st.spend(len(b)); err != nil {
+	mark := len(st.strs)
+	st.strs = appendJSON(st.strs, v, o, 0, true)
+	if err := st.spend(len(st.strs) - mark); err != nil {
 		return Value{}, err
 	}
-	return String(string(b)), nil
+	return String(st.view(mark)), nil
 }
 
-func indent(s string, width int, first, blank bool) string {
-	lines := strings.Split(s, "\n")
-	pad := strings.Repeat(" ", max(width, 0))
-	for i, l := range lines {
-		if (!first && i == 0) || (!blank && l == "") {
-			continue
-		}
-		lines[i] = pad + l
+// toString returns v as @huggingface/jinja's toString renders it.
+func (st *state) toString(v Value) string {
+	if v.kind == KindString {
+		return v.str
 	}
-	return strings.Join(lines, "\n")
+	mark := len(st.strs)
+	st.strs = appendString(st.strs, v)
+	return st.view(mark)
+}
+
+// indent indents the lines of s by width spaces: the first line only when
+// first is set, empty lines only when blank is set.
+func (st *state) indent(s string, width int, first, blank bool) string {
+	mark := len(st.strs)
+	for i := 0; ; i++ {
+		line, rest, more := strings.Cut(s, "\n")
+		if (first || i > 0) && (blank || line != "") {
+			for k := 0; k < width; k++ {
+				st.strs = append(st.strs, ' ')
+			}
+		}
+		st.strs = append(st.strs, line...)
+		if !more {
+			break
+		}
+		st.strs = append(st.strs, '\n')
+		s = rest
+	}
+	return st.view(mark)
 }
 
 // parseIntPrefix implements parseInt(s, 10) with NaN mapped to 0.
@@ -835,31 +949,33 @@ func (st *state) sortValues(items []Value, reverse, caseSensitive bool, attr Val
 	if err := st.charge(len(items) * 16); err != nil {
 		return Value{}, err
 	}
-	out := append([]Value(nil), items...)
+	out := st.values(len(items))
+	copy(out, items)
+	path, byPath := attr.str, attr.kind == KindString
+	if attr.kind == KindInt {
+		path, byPath = strconv.Itoa(int(attr.num)), true
+	}
 	key := func(v Value) Value {
-		switch attr.kind {
-		case KindString:
-			return attrPath(v, attr.str)
-		case KindInt:
-			return attrPath(v, strconv.Itoa(int(attr.num)))
+		if byPath {
+			return attrPath(v, path)
 		}
 		return v
 	}
 	var cmpErr error
-	sort.SliceStable(out, func(a, b int) bool {
-		r, err := compareValues(key(out[a]), key(out[b]), caseSensitive)
+	slices.SortStableFunc(out, func(a, b Value) int {
+		r, err := compareValues(key(a), key(b), caseSensitive)
 		if err != nil {
 			cmpErr = err
 		}
 		if reverse {
 			r = -r
 		}
-		return r < 0
+		return r
 	})
 	if cmpErr != nil {
 		return Value{}, cmpErr
 	}
-	return Array(out...), nil
+	return st.array(KindArray, out), nil
 }
 
 func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Value, error) {
@@ -909,29 +1025,32 @@ func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Valu
 		}
 		return st.jsonString(v, o)
 	case "join":
-		var parts []Value
-		switch {
-		case v.kind == KindString:
-			for _, r := range v.str {
-				parts = append(parts, String(string(r)))
-			}
-		case v.isArray():
-			parts = v.arr.items
-		default:
+		if v.kind != KindString && !v.isArray() {
 			return Value{}, errorf("cannot apply filter \"join\" to type: %s", v.kind)
 		}
 		sep := arg(0, "separator", String(""))
 		if sep.kind != KindString {
 			return Value{}, errorf("separator must be a string")
 		}
-		var b []byte
-		for i, x := range parts {
-			if i > 0 {
-				b = append(b, sep.str...)
+		mark := len(st.strs)
+		if v.kind == KindString { // the code points, joined
+			first := true
+			for _, r := range v.str {
+				if !first {
+					st.strs = append(st.strs, sep.str...)
+				}
+				first = false
+				st.strs = utf8.AppendRune(st.strs, r)
 			}
-			b = jsPrimitiveString(b, x)
+			return String(st.view(mark)), st.spend(len(st.strs) - mark)
 		}
-		return String(string(b)), st.spend(len(b))
+		for i, x := range v.arr.items {
+			if i > 0 {
+				st.strs = append(st.strs, sep.str...)
+			}
+			st.strs = jsPrimitiveString(st.strs, x)
+		}
+		return String(st.view(mark)), st.spend(len(st.strs) - mark)
 	case "int", "float":
 		def := Int(0)
 		if name == "float" {
@@ -1023,7 +1142,7 @@ func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Valu
 			if len(pos) > 2 {
 				val = pos[2]
 			}
-			var out []Value
+			out := st.values(len(items))[:0]
 			for _, it := range items {
 				r := false
 				if a, ok := it.obj.Get(attr.str); ok {
@@ -1035,7 +1154,7 @@ func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Valu
 					out = append(out, it)
 				}
 			}
-			return Array(out...), nil
+			return st.array(KindArray, out), nil
 		case "map":
 			attr, ok := kwGet("attribute")
 			if !ok {
@@ -1045,7 +1164,7 @@ func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Valu
 				return Value{}, errorf("attribute must be a string")
 			}
 			def, _ := kwGet("default")
-			out := make([]Value, len(items))
+			out := st.values(len(items))
 			for i, it := range items {
 				if !it.isAttrContainer() {
 					return Value{}, errorf("items in map must be an object")
@@ -1056,7 +1175,7 @@ func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Valu
 				}
 				out[i] = x
 			}
-			return Array(out...), nil
+			return st.array(KindArray, out), nil
 		}
 		return Value{}, errorf("unknown ArrayValue filter: %s", name)
 	case v.kind == KindString:
@@ -1071,14 +1190,14 @@ func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Valu
 			}
 			first := arg(1, "first", Bool(false))
 			blank := arg(2, "blank", Bool(false))
-			out := indent(v.str, int(w.num), first.Truth(), blank.Truth())
+			out := st.indent(v.str, int(w.num), first.Truth(), blank.Truth())
 			return String(out), st.spend(len(out))
 		case "replace":
 			args := pos
 			if kw != nil {
 				args = append(args, Value{kind: KindKwargs, obj: kw})
 			} else {
-				args = append(args, Value{kind: KindKwargs, obj: NewObject(0)})
+				args = append(args, Value{kind: KindKwargs, obj: st.newObject()})
 			}
 			return stringMethod(st, v.str, "replace", args)
 		}
@@ -1088,7 +1207,7 @@ func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Valu
 			if kw != nil {
 				pos = append(pos, Value{kind: KindKwargs, obj: kw})
 			}
-			return objectMethod(v.obj, name, pos)
+			return objectMethod(st, v.obj, name, pos)
 		}
 		return Value{}, errorf("unknown ObjectValue filter: %s", name)
 	}

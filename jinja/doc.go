@@ -20,6 +20,11 @@
 // about tokenizers or chat messages: callers pass variables as Values.
 //
 // Templates are immutable after Parse and safe for concurrent Render calls.
+// Each Template pools its render states: strings, arrays, objects and scopes
+// built while rendering live in arenas that are reset, not freed, so a warm
+// render allocates nothing (arena.go explains why that is safe). Callers
+// that build variables for every render can do the same with Object.Reset
+// and List.
 // Bad templates and bad input return errors; evaluation is bounded in
 // recursion depth, steps and output size so hostile templates cannot hang or
 // crash the process.

@@ -4,13 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // Template is a parsed template. It is immutable and safe for concurrent use.
 type Template struct {
 	body []node
 	opts Options
+	pool sync.Pool // *state, see arena.go
 }
 
 // Options tunes rendering. The zero value matches @huggingface/jinja.
@@ -72,6 +75,22 @@ type state struct {
 	steps  int
 	depth  int
 	strBud int // bytes that string-building operations may still allocate
+
+	// Arenas, reset between renders (arena.go).
+	strs  []byte
+	vals  []Value
+	nvals int
+	objs  []*Object
+	nobjs int
+	arrs  []*arrayData
+	narrs int
+	envs  []*env
+	nenvs int
+	bufs  [][]byte
+	nbufs int
+	// scratch collects values of unknown count before they are copied to
+	// the arena; not reentrant.
+	scratch []Value
 }
 
 func (st *state) step() error {
@@ -132,12 +151,15 @@ func (e *env) set(name string, v Value) {
 }
 
 // Render appends the template rendered with vars (which may be nil) to dst.
+// A warm render (same template, no growth of its pooled arenas) allocates
+// nothing beyond what dst needs to grow.
 func (t *Template) Render(dst []byte, vars *Object) ([]byte, error) {
-	st := &state{opts: &t.opts, strBud: 16 * t.opts.MaxOutput}
-	root := &env{parent: globals}
+	st := t.acquireState()
+	defer t.releaseState(st)
+	root := st.newEnv(globals)
 	if vars != nil {
-		root.names = append(make([]string, 0, vars.Len()+4), vars.keys...)
-		root.vals = append(make([]Value, 0, vars.Len()+4), vars.vals...)
+		root.names = append(root.names, vars.keys...)
+		root.vals = append(root.vals, vars.vals...)
 	}
 	start := len(dst)
 	out, err := st.block(dst, t.body, root)
@@ -164,15 +186,17 @@ func (st *state) block(dst []byte, body []node, e *env) ([]byte, error) {
 	return dst, nil
 }
 
+// blockString renders body to an arena string.
 func (st *state) blockString(body []node, e *env) (string, error) {
-	b, err := st.block(nil, body, e)
+	b, err := st.block(st.buf(), body, e)
+	defer st.putBuf(b)
 	if err != nil {
 		return "", err
 	}
 	if err := st.spend(len(b)); err != nil {
 		return "", err
 	}
-	return string(b), nil
+	return st.strBytes(b), nil
 }
 
 func (st *state) stmt(dst []byte, n node, e *env) ([]byte, error) {
@@ -243,7 +267,7 @@ func (st *state) eval(n node, e *env) (Value, error) {
 		} else {
 			src, kind = n.(*tupleLit).items, KindTuple
 		}
-		items := make([]Value, len(src))
+		items := st.values(len(src))
 		for i, x := range src {
 			v, err := st.eval(x, e)
 			if err != nil {
@@ -251,9 +275,9 @@ func (st *state) eval(n node, e *env) (Value, error) {
 			}
 			items[i] = v
 		}
-		return Value{kind: kind, arr: &arrayData{items: items}}, nil
+		return st.array(kind, items), nil
 	case *objectLit:
-		o := NewObject(len(n.keys))
+		o := st.newObject()
 		for i := range n.keys {
 			k, err := st.eval(n.keys[i], e)
 			if err != nil {
@@ -318,7 +342,7 @@ func (st *state) eval(n node, e *env) (Value, error) {
 	case *setNode:
 		return Null(), st.set(n, e)
 	case *macroNode:
-		e.set(n.name, st.macroFunc(n))
+		e.set(n.name, n.fn)
 		return Null(), nil
 	case *callStmt:
 		return st.callStatement(n, e)
@@ -329,11 +353,15 @@ func (st *state) eval(n node, e *env) (Value, error) {
 		}
 		return st.applyFilter(String(s), n.filter, e)
 	case *ifNode, *forNode:
-		s, err := st.block(nil, []node{n}, e)
+		b, err := st.stmt(st.buf(), n, e)
+		defer st.putBuf(b)
 		if err != nil {
 			return Value{}, err
 		}
-		return String(string(s)), nil
+		if len(b) > st.opts.MaxOutput {
+			return Value{}, errorf("template output exceeds %d bytes", st.opts.MaxOutput)
+		}
+		return String(st.strBytes(b)), nil
 	case *breakNode:
 		return Value{}, errBreak
 	case *continueNode:
@@ -394,7 +422,7 @@ func (st *state) set(n *setNode, e *env) error {
 }
 
 func (st *state) forLoop(dst []byte, n *forNode, e *env) ([]byte, error) {
-	scope := &env{parent: e}
+	scope := st.newEnv(e)
 	var test node
 	var iterable Value
 	var err error
@@ -412,7 +440,7 @@ func (st *state) forLoop(dst []byte, n *forNode, e *env) ([]byte, error) {
 	case iterable.isArray():
 		items = iterable.arr.items
 	case iterable.isObject():
-		items = make([]Value, len(iterable.obj.keys))
+		items = st.values(len(iterable.obj.keys))
 		for i, k := range iterable.obj.keys {
 			items[i] = String(k)
 		}
@@ -441,9 +469,9 @@ func (st *state) forLoop(dst []byte, n *forNode, e *env) ([]byte, error) {
 		return nil
 	}
 	if test != nil {
-		kept := make([]Value, 0, len(items))
+		kept := st.values(len(items))[:0]
 		for _, cur := range items {
-			ls := &env{parent: scope}
+			ls := st.newEnv(scope)
 			if err := bind(ls, cur); err != nil {
 				return dst, err
 			}
@@ -471,11 +499,10 @@ func (st *state) forLoop(dst []byte, n *forNode, e *env) ([]byte, error) {
 			next = items[i+1]
 		}
 		// A fresh loop object per iteration: templates may keep references.
-		loop = &Object{
-			keys: loopKeys,
-			vals: []Value{Int(int64(i + 1)), Int(int64(i)), Int(int64(len(items) - i)), Int(int64(len(items) - i - 1)),
-				Bool(i == 0), Bool(i == len(items)-1), Int(int64(len(items))), prev, next},
-		}
+		loop = st.newObject()
+		loop.keys = append(loop.keys, loopKeys...)
+		loop.vals = append(loop.vals, Int(int64(i+1)), Int(int64(i)), Int(int64(len(items)-i)), Int(int64(len(items)-i-1)),
+			Bool(i == 0), Bool(i == len(items)-1), Int(int64(len(items))), prev, next)
 		scope.set("loop", ObjectValue(loop))
 		if err := bind(scope, cur); err != nil {
 			return dst, err
@@ -550,14 +577,7 @@ func getMember(obj, prop Value, pyStrip *bool) (Value, error) {
 		case KindInt:
 			i := int(prop.num)
 			if obj.kind == KindString {
-				rs := []rune(obj.str)
-				if i < 0 {
-					i += len(rs)
-				}
-				if i < 0 || i >= len(rs) {
-					return Value{}, nil
-				}
-				return String(string(rs[i])), nil
+				return runeAt(obj.str, i), nil
 			}
 			items := obj.arr.items
 			if i < 0 {
@@ -596,30 +616,45 @@ func (st *state) slice(obj Value, s *sliceExpr, e *env) (Value, error) {
 		}
 		bounds[i] = v
 	}
+	start, stop, step := sliceBounds(len(obj.Items()), bounds)
 	if obj.isArray() {
-		idx := sliceIndexes(len(obj.arr.items), bounds)
-		out := make([]Value, len(idx))
-		for i, j := range idx {
+		out := st.values(sliceLen(start, stop, step))
+		for i, j := 0, start; i < len(out); i, j = i+1, j+step {
 			out[i] = obj.arr.items[j]
 		}
-		return Array(out...), nil
+		return st.array(KindArray, out), nil
 	}
-	rs := []rune(obj.str)
-	idx := sliceIndexes(len(rs), bounds)
-	out := make([]rune, len(idx))
-	for i, j := range idx {
-		out[i] = rs[j]
+	n := utf8.RuneCountInString(obj.str)
+	start, stop, step = sliceBounds(n, bounds)
+	if step == 1 && isASCII(obj.str) {
+		if start >= stop {
+			return String(""), nil
+		}
+		return String(obj.str[start:stop]), nil // ASCII: a substring
 	}
-	return String(string(out)), nil
+	var rbuf []rune
+	if n <= 256 {
+		var arr [256]rune
+		rbuf = arr[:0]
+	}
+	rs := rbuf
+	for _, r := range obj.str {
+		rs = append(rs, r)
+	}
+	mark := len(st.strs)
+	for i, k := 0, sliceLen(start, stop, step); i < k; i++ {
+		st.strs = utf8.AppendRune(st.strs, rs[start+i*step])
+	}
+	return String(st.view(mark)), nil
 }
 
-// sliceIndexes ports @huggingface/jinja's slice helper.
-func sliceIndexes(n int, b [3]Value) []int {
-	step := 1
+// sliceBounds ports @huggingface/jinja's slice helper: the first index,
+// the bound and the step of a slice of n items.
+func sliceBounds(n int, b [3]Value) (start, stop, step int) {
+	step = 1
 	if b[2].kind == KindInt {
 		step = int(b[2].num)
 	}
-	var start, stop int
 	if step >= 0 {
 		start, stop = 0, n
 		if b[0].kind == KindInt {
@@ -657,22 +692,57 @@ func sliceIndexes(n int, b [3]Value) []int {
 			}
 		}
 	}
-	var out []int
-	switch {
-	case step > 0:
-		for i := start; i < stop; i += step {
-			out = append(out, i)
-		}
-	case step < 0:
-		for i := start; i > stop; i += step {
-			out = append(out, i)
-		}
-	}
-	return out
+	return start, stop, step
 }
 
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
+// sliceLen returns how many indexes start, start+step, ... lie before stop.
+func sliceLen(start, stop, step int) int {
+	switch {
+	case step > 0 && start < stop:
+		return (stop - start + step - 1) / step
+	case step < 0 && start > stop:
+		return (start - stop - step - 1) / -step
+	}
+	return 0
+}
+
+// runeAt returns the i-th code point of s (negative i counts from the end)
+// as a string, or undefined when out of range.
+func runeAt(s string, i int) Value {
+	if i < 0 {
+		i += utf8.RuneCountInString(s)
+		if i < 0 {
+			return Value{}
+		}
+	}
+	for pos, r := range s {
+		if i == 0 {
+			if r == utf8.RuneError {
+				if _, size := utf8.DecodeRuneInString(s[pos:]); size == 1 {
+					return String("\uFFFD") // an invalid byte reads as U+FFFD
+				}
+			}
+			_, size := utf8.DecodeRuneInString(s[pos:])
+			return String(s[pos : pos+size])
+		}
+		i--
+	}
+	return Value{}
+}
+
+// args evaluates call arguments. pos has room for one more value (the
+// keyword arguments callers append).
 func (st *state) args(nodes []node, e *env) ([]Value, *Object, error) {
-	var pos []Value
+	pos := st.values(len(nodes) + 1)[:0]
 	var kw *Object
 	for _, a := range nodes {
 		switch a := a.(type) {
@@ -696,7 +766,7 @@ func (st *state) args(nodes []node, e *env) ([]Value, *Object, error) {
 	}
 	add := func(k string, v Value) error {
 		if kw == nil {
-			kw = NewObject(2)
+			kw = st.newObject()
 		}
 		if _, dup := kw.Get(k); dup {
 			return errorf("got multiple values for keyword argument '%s'", k)
@@ -781,11 +851,14 @@ func (st *state) invoke(fn Value, e *env, args []Value) (Value, error) {
 	return fn.fn.call(st, e, args)
 }
 
-func (st *state) macroFunc(n *macroNode) Value {
+// macroFunc returns the function value of a macro definition. It depends
+// on the node only, so the parser builds it once.
+func macroFunc(n *macroNode) Value {
 	special := specialArgs(n.body)
+	quoted := "'" + n.name + "'"
 	return Value{kind: KindFunc, fn: &function{name: n.name, call: func(st *state, caller *env, args []Value) (Value, error) {
-		scope := &env{parent: caller}
-		if err := st.bindArgs("'"+n.name+"'", n.args, special, args, scope); err != nil {
+		scope := st.newEnv(caller)
+		if err := st.bindArgs(quoted, n.args, special, args, scope); err != nil {
 			return Value{}, err
 		}
 		s, err := st.blockString(n.body, scope)
@@ -796,7 +869,7 @@ func (st *state) macroFunc(n *macroNode) Value {
 func (st *state) callStatement(n *callStmt, e *env) (Value, error) {
 	special := specialArgs(n.body)
 	callerFn := Value{kind: KindFunc, fn: &function{name: "caller", call: func(st *state, _ *env, args []Value) (Value, error) {
-		scope := &env{parent: e}
+		scope := st.newEnv(e)
 		if err := st.bindArgs("None", n.callerArgs, special, args, scope); err != nil {
 			return Value{}, err
 		}
@@ -808,14 +881,14 @@ func (st *state) callStatement(n *callStmt, e *env) (Value, error) {
 		return Value{}, err
 	}
 	if kw == nil {
-		kw = NewObject(0)
+		kw = st.newObject()
 	}
 	pos = append(pos, Value{kind: KindKwargs, obj: kw})
 	fn, err := st.eval(n.call.callee, e)
 	if err != nil {
 		return Value{}, err
 	}
-	scope := &env{parent: e}
+	scope := st.newEnv(e)
 	scope.set("caller", callerFn)
 	return st.invoke(fn, scope, pos)
 }
@@ -911,12 +984,13 @@ func specialArgs(body []node) map[string]bool {
 
 func (st *state) bindArgs(name string, params []node, special map[string]bool, args []Value, scope *env) error {
 	pos := args
-	var kw *Object
+	kw := st.newObject()
 	if len(pos) > 0 && pos[len(pos)-1].kind == KindKwargs {
-		kw = pos[len(pos)-1].obj.clone()
+		src := pos[len(pos)-1].obj
+		kw.keys = append(kw.keys, src.keys...)
+		kw.vals = append(kw.vals, src.vals...)
+		kw.rebuildIndex()
 		pos = pos[:len(pos)-1]
-	} else {
-		kw = NewObject(0)
 	}
 	type pending struct {
 		name string
@@ -953,9 +1027,10 @@ func (st *state) bindArgs(name string, params []node, special map[string]bool, a
 	if special["varargs"] {
 		var rest []Value
 		if len(pos) > len(params) {
-			rest = append(rest, pos[len(params):]...)
+			rest = st.values(len(pos) - len(params))
+			copy(rest, pos[len(params):])
 		}
-		scope.set("varargs", Array(rest...))
+		scope.set("varargs", st.array(KindArray, rest))
 	} else if len(pos) > len(params) {
 		return errorf("macro %s takes not more than %d argument(s)", name, len(params))
 	}
@@ -974,14 +1049,11 @@ func (o *Object) remove(k string) {
 	if i < 0 {
 		return
 	}
-	o.keys = append(o.keys[:i:i], o.keys[i+1:]...)
-	o.vals = append(o.vals[:i:i], o.vals[i+1:]...)
-	if o.index != nil {
-		o.index = make(map[string]int, len(o.keys))
-		for j, key := range o.keys {
-			o.index[key] = j
-		}
-	}
+	copy(o.keys[i:], o.keys[i+1:])
+	copy(o.vals[i:], o.vals[i+1:])
+	o.keys[len(o.keys)-1], o.vals[len(o.vals)-1] = "", Value{}
+	o.keys, o.vals = o.keys[:len(o.keys)-1], o.vals[:len(o.vals)-1]
+	o.rebuildIndex()
 }
 
 func (st *state) unary(n *unaryExpr, e *env) (Value, error) {
@@ -1036,12 +1108,19 @@ func (st *state) concat(a, b Value) (Value, error) {
 			}
 		}
 	}
-	buf := jsValueString(nil, a)
-	buf = jsValueString(buf, b)
-	if err := st.spend(len(buf)); err != nil {
+	// A chain a + b + c builds each partial result at the top of the string
+	// arena: when a is the latest string, extend it in place.
+	mark := len(st.strs)
+	if a.kind == KindString && st.atTop(a.str) {
+		mark -= len(a.str)
+	} else {
+		st.strs = jsValueString(st.strs, a)
+	}
+	st.strs = jsValueString(st.strs, b)
+	if err := st.spend(len(st.strs) - mark); err != nil {
 		return Value{}, err
 	}
-	return String(string(buf)), nil
+	return String(st.view(mark)), nil
 }
 
 func (st *state) binary(n *binaryExpr, e *env) (Value, error) {
@@ -1137,9 +1216,9 @@ func (st *state) binary(n *binaryExpr, e *env) (Value, error) {
 			if err := st.spend(8 * (len(left.arr.items) + len(right.arr.items))); err != nil {
 				return Value{}, err
 			}
-			out := make([]Value, 0, len(left.arr.items)+len(right.arr.items))
-			out = append(append(out, left.arr.items...), right.arr.items...)
-			return Array(out...), nil
+			out := st.values(len(left.arr.items) + len(right.arr.items))
+			copy(out[copy(out, left.arr.items):], right.arr.items)
+			return st.array(KindArray, out), nil
 		}
 	case right.isArray():
 		if err := st.charge(len(right.arr.items)); err != nil {

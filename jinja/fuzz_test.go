@@ -3,6 +3,7 @@ package jinja
 import (
 	"os"
 	"testing"
+	"time"
 )
 
 // FuzzTemplate checks that parsing and rendering arbitrary templates never
@@ -25,13 +26,19 @@ func FuzzTemplate(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, src string) {
-		tpl, err := ParseWithOptions(src, Options{MaxSteps: 100_000, MaxOutput: 1 << 20})
+		tpl, err := ParseWithOptions(src, Options{MaxSteps: 100_000, MaxOutput: 1 << 20, Now: func() time.Time { return time.Unix(0, 0) }})
 		if err != nil {
 			return
 		}
 		out, err := tpl.Render(nil, vars.Object())
 		if err == nil && len(out) > 1<<20 {
 			t.Fatalf("output of %d bytes exceeds MaxOutput", len(out))
+		}
+		// A second render reuses the arena the first one filled: it must
+		// not see any of it.
+		out2, err2 := tpl.Render(nil, vars.Object())
+		if string(out2) != string(out) || (err == nil) != (err2 == nil) || (err != nil && err.Error() != err2.Error()) {
+			t.Fatalf("second render differs: %q, %v; first %q, %v", out2, err2, out, err)
 		}
 	})
 }

@@ -41,6 +41,7 @@ type (
 		name string
 		args []node // *ident or *kwArg
 		body []node
+		fn   Value // the macro as a function, built once by the parser
 	}
 	callStmt struct {
 		call       *callExpr
@@ -286,7 +287,9 @@ func (p *parser) parseStatement() (node, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &macroNode{name: id.name, args: args, body: body}, p.endStmt("endmacro")
+		m := &macroNode{name: id.name, args: args, body: body}
+		m.fn = macroFunc(m)
+		return m, p.endStmt("endmacro")
 	case "for":
 		n, err := p.parseFor()
 		if err != nil {

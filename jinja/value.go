@@ -1,7 +1,9 @@
 package jinja
 
 import (
+	"bytes"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -105,6 +107,24 @@ func String(s string) Value { return Value{kind: KindString, str: s} }
 // Array returns an array value holding items (not copied).
 func Array(items ...Value) Value { return Value{kind: KindArray, arr: &arrayData{items: items}} }
 
+// List is a reusable array for callers that build the variables of every
+// render: its Value shares the List's storage, so a pooled List (and its
+// items' capacity) serves render after render without allocating.
+type List struct{ data arrayData }
+
+// Reset empties l, keeping its storage. Values that held l must not be used
+// afterwards.
+func (l *List) Reset() {
+	clear(l.data.items)
+	l.data.items = l.data.items[:0]
+}
+
+// Append adds v to l.
+func (l *List) Append(v Value) { l.data.items = append(l.data.items, v) }
+
+// Value returns l as an array value (not a copy: it sees later appends).
+func (l *List) Value() Value { return Value{kind: KindArray, arr: &l.data} }
+
 // ObjectValue wraps o as a mapping value.
 func ObjectValue(o *Object) Value { return Value{kind: KindObject, obj: o} }
 
@@ -159,15 +179,26 @@ func (v Value) Truth() bool {
 // array indexes come first in ascending numeric order, as in JavaScript
 // objects, so that tojson output matches the reference renderer.
 type Object struct {
-	keys  []string
-	vals  []Value
-	index map[string]int
+	keys []string
+	vals []Value
+	// index maps keys to positions once the object has grown past
+	// smallObject keys (indexed); pooled objects keep the map when reset.
+	index   map[string]int
+	indexed bool
 }
+
+// smallObject is the size up to which key lookups scan the keys.
+const smallObject = 8
 
 // NewObject returns an empty object with room for n entries.
 func NewObject(n int) *Object {
 	return &Object{keys: make([]string, 0, n), vals: make([]Value, 0, n)}
 }
+
+// Reset empties o, keeping its storage, so that a caller building values
+// for every render can reuse its objects. Values that held o must not be
+// used afterwards.
+func (o *Object) Reset() { o.reset() }
 
 // Len returns the number of entries.
 func (o *Object) Len() int {
@@ -181,7 +212,7 @@ func (o *Object) Len() int {
 func (o *Object) Keys() []string { return o.keys }
 
 func (o *Object) find(k string) int {
-	if o.index != nil {
+	if o.indexed {
 		if i, ok := o.index[k]; ok {
 			return i
 		}
@@ -226,27 +257,28 @@ func (o *Object) Set(k string, v Value) {
 	copy(o.vals[pos+1:], o.vals[pos:])
 	o.keys[pos] = k
 	o.vals[pos] = v
-	if o.index != nil || len(o.keys) > 8 {
-		if pos != len(o.keys)-1 || o.index == nil {
-			o.index = make(map[string]int, len(o.keys))
-			for i, key := range o.keys {
-				o.index[key] = i
-			}
-		} else {
-			o.index[k] = pos
-		}
+	switch {
+	case o.indexed && pos == len(o.keys)-1:
+		o.index[k] = pos
+	case o.indexed || len(o.keys) > smallObject:
+		o.rebuildIndex()
 	}
 }
 
-func (o *Object) clone() *Object {
-	c := &Object{keys: append([]string(nil), o.keys...), vals: append([]Value(nil), o.vals...)}
-	if o.index != nil {
-		c.index = make(map[string]int, len(o.index))
-		for k, i := range o.index {
-			c.index[k] = i
-		}
+// rebuildIndex indexes the keys when the object is large (or was).
+func (o *Object) rebuildIndex() {
+	if !o.indexed && len(o.keys) <= smallObject {
+		return
 	}
-	return c
+	if o.index == nil {
+		o.index = make(map[string]int, len(o.keys))
+	} else {
+		clear(o.index)
+	}
+	for i, key := range o.keys {
+		o.index[key] = i
+	}
+	o.indexed = true
 }
 
 // arrayIndex reports whether k is a canonical JavaScript array index.
@@ -254,8 +286,15 @@ func arrayIndex(k string) (uint32, bool) {
 	if k == "" || len(k) > 10 || (len(k) > 1 && k[0] == '0') {
 		return 0, false
 	}
-	n, err := strconv.ParseUint(k, 10, 32)
-	if err != nil || n == math.MaxUint32 {
+	var n uint64
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	if n >= math.MaxUint32 {
 		return 0, false
 	}
 	return uint32(n), true
@@ -281,7 +320,7 @@ func jsNumber(dst []byte, f float64) []byte {
 	dst = strconv.AppendFloat(dst, f, 'e', -1, 64)
 	// Go writes e-07 / e+21; JavaScript writes e-7 / e+21.
 	s := dst[start:]
-	if i := strings.IndexByte(string(s), 'e'); i >= 0 && i+2 < len(s) && s[i+2] == '0' {
+	if i := bytes.IndexByte(s, 'e'); i >= 0 && i+2 < len(s) && s[i+2] == '0' {
 		j := start + i + 2
 		for j < len(dst)-1 && dst[j] == '0' {
 			dst = append(dst[:j], dst[j+1:]...)
@@ -406,11 +445,12 @@ func appendJSON(dst []byte, v Value, o jsonOptions, depth int, undefinedToNull b
 		keys, vals := v.obj.keys, v.obj.vals
 		var order []int
 		if o.sortKeys {
-			order = make([]int, len(keys))
-			for i := range order {
-				order[i] = i
+			var small [32]int
+			order = small[:0]
+			for i := range keys {
+				order = append(order, i)
 			}
-			sort.SliceStable(order, func(a, b int) bool { return keys[order[a]] < keys[order[b]] })
+			slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(keys[a], keys[b]) })
 		}
 		dst = append(dst, '{')
 		for n := range keys {
