@@ -34,6 +34,7 @@ type HF struct {
 	chatSrc  string
 	bosToken string
 	eosToken string
+	tools    toolsCache
 }
 
 type addedToken struct {
@@ -475,21 +476,16 @@ var ErrNoChatTemplate = errors.New("tokenizer has no chat_template")
 // RenderChat implements Tokenizer. Messages become objects with role and
 // content always set, and name, tool_call_id, tool_calls and
 // reasoning_content set only when non-empty; tool call arguments are passed
-// as the JSON string they are.
+// as the JSON string they are. A warm call (the same tools, if any, seen
+// recently) allocates nothing beyond the growth of dst.
 func (h *HF) RenderChat(dst []byte, msgs []Message, tools []byte, addGenerationPrompt bool) ([]byte, error) {
-	arr := make([]jinja.Value, len(msgs))
-	for i := range msgs {
-		arr[i] = messageValue(&msgs[i])
+	toolsV, err := h.tools.parse(tools)
+	if err != nil {
+		return dst, fmt.Errorf("cannot parse tools: %w", err)
 	}
-	var toolsV jinja.Value
-	if len(bytes.TrimSpace(tools)) > 0 {
-		v, err := jinja.FromJSON(tools)
-		if err != nil {
-			return dst, fmt.Errorf("cannot parse tools: %w", err)
-		}
-		toolsV = v
-	}
-	return h.render(dst, jinja.Array(arr...), toolsV, addGenerationPrompt, nil)
+	cv := acquireChatVars()
+	defer cv.release()
+	return h.render(dst, cv, cv.messages(msgs), toolsV, addGenerationPrompt, nil)
 }
 
 // RenderChatJSON renders a conversation given as a raw JSON messages array
@@ -504,23 +500,23 @@ func (h *HF) RenderChatJSON(dst []byte, messages, tools []byte, addGenerationPro
 	if msgs.Kind() != jinja.KindArray {
 		return dst, errors.New("messages must be a JSON array")
 	}
-	var toolsV jinja.Value
-	if len(bytes.TrimSpace(tools)) > 0 {
-		if toolsV, err = jinja.FromJSON(tools); err != nil {
-			return dst, fmt.Errorf("cannot parse tools: %w", err)
-		}
-		if toolsV.Kind() == jinja.KindNull {
-			toolsV = jinja.Undefined()
-		}
+	toolsV, err := h.tools.parse(tools)
+	if err != nil {
+		return dst, fmt.Errorf("cannot parse tools: %w", err)
 	}
-	return h.render(dst, msgs, toolsV, addGenerationPrompt, extra)
+	if toolsV.Kind() == jinja.KindNull {
+		toolsV = jinja.Undefined()
+	}
+	cv := acquireChatVars()
+	defer cv.release()
+	return h.render(dst, cv, msgs, toolsV, addGenerationPrompt, extra)
 }
 
-func (h *HF) render(dst []byte, msgs, tools jinja.Value, addGen bool, extra *jinja.Object) ([]byte, error) {
+func (h *HF) render(dst []byte, cv *chatVars, msgs, tools jinja.Value, addGen bool, extra *jinja.Object) ([]byte, error) {
 	if h.chat == nil {
 		return dst, ErrNoChatTemplate
 	}
-	vars := jinja.NewObject(8)
+	vars := cv.object()
 	vars.Set("messages", msgs)
 	if !tools.IsUndefined() {
 		vars.Set("tools", tools)
@@ -539,39 +535,4 @@ func (h *HF) render(dst []byte, msgs, tools jinja.Value, addGen bool, extra *jin
 		return dst, fmt.Errorf("cannot render chat template: %w", err)
 	}
 	return out, nil
-}
-
-func messageValue(m *Message) jinja.Value {
-	o := jinja.NewObject(6)
-	o.Set("role", jinja.String(m.Role))
-	o.Set("content", jinja.String(m.Content))
-	if m.Name != "" {
-		o.Set("name", jinja.String(m.Name))
-	}
-	if m.ToolCallID != "" {
-		o.Set("tool_call_id", jinja.String(m.ToolCallID))
-	}
-	if len(m.ToolCalls) > 0 {
-		calls := make([]jinja.Value, len(m.ToolCalls))
-		for i := range m.ToolCalls {
-			tc := &m.ToolCalls[i]
-			c := jinja.NewObject(3)
-			if tc.ID != "" {
-				c.Set("id", jinja.String(tc.ID))
-			}
-			if tc.Type != "" {
-				c.Set("type", jinja.String(tc.Type))
-			}
-			f := jinja.NewObject(2)
-			f.Set("name", jinja.String(tc.Function.Name))
-			f.Set("arguments", jinja.String(tc.Function.Arguments))
-			c.Set("function", jinja.ObjectValue(f))
-			calls[i] = jinja.ObjectValue(c)
-		}
-		o.Set("tool_calls", jinja.Array(calls...))
-	}
-	if m.ReasoningContent != "" {
-		o.Set("reasoning_content", jinja.String(m.ReasoningContent))
-	}
-	return jinja.ObjectValue(o)
 }

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 // prompt4K is a deterministic ~4 KB prompt mixing prose, code, CJK and
@@ -84,12 +85,14 @@ func BenchmarkRenderChat5(b *testing.B) {
 	msgs := fiveMessages()
 	var dst []byte
 	b.ReportAllocs()
+	cpu0 := processCPU()
 	for i := 0; i < b.N; i++ {
 		var err error
 		if dst, err = h.RenderChat(dst[:0], msgs, nil, true); err != nil {
 			b.Fatal(err)
 		}
 	}
+	reportCPU(b, cpu0)
 	b.SetBytes(int64(len(dst)))
 }
 
@@ -99,6 +102,7 @@ func BenchmarkRenderAndEncodeChat5(b *testing.B) {
 	var text []byte
 	var ids []uint32
 	b.ReportAllocs()
+	cpu0 := processCPU()
 	for i := 0; i < b.N; i++ {
 		var err error
 		if text, err = h.RenderChat(text[:0], msgs, nil, true); err != nil {
@@ -106,6 +110,7 @@ func BenchmarkRenderAndEncodeChat5(b *testing.B) {
 		}
 		ids = h.Encode(ids[:0], text)
 	}
+	reportCPU(b, cpu0)
 }
 
 func BenchmarkLoad(b *testing.B) {
@@ -115,5 +120,77 @@ func BenchmarkLoad(b *testing.B) {
 		if _, err := Load(qwen3Dir); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+type chatCase struct {
+	name  string
+	msgs  []Message
+	tools []byte
+}
+
+// chats1K are ~1 KB conversations like the ones the router renders and
+// encodes for every kv-aware request: "mixed" (system, user, assistant,
+// user, assistant with a tool call), "plain" (the same turns without the
+// call) and "tools" (mixed plus a tools array, as agent clients send).
+func chats1K() []chatCase {
+	sys := "You are a careful assistant for a travel agency. Answer in the language of the user, keep answers short, and never invent prices or schedules: call a tool when you need facts."
+	u1 := "Hi! I'm planning a trip to Paris in early June with my partner. We like museums, long walks and good bakeries. Could you suggest a three-day plan that isn't too packed?"
+	a1 := "Happily. Day 1: the Louvre in the morning, lunch near Palais-Royal, a walk along the Seine to Notre-Dame. Day 2: Musée d'Orsay, then Saint-Germain's bakeries and the Luxembourg Garden. Day 3: Montmartre early, Sacré-Cœur, and an evening cruise."
+	u2 := "That sounds lovely. What will the weather be like on June 3rd, and should we book the Orsay tickets in advance?"
+	a2 := "Let me check the forecast first."
+	mixed := []Message{
+		{Role: "system", Content: sys},
+		{Role: "user", Content: u1},
+		{Role: "assistant", Content: a1},
+		{Role: "user", Content: u2},
+		{Role: "assistant", Content: a2, ToolCalls: []ToolCall{{ID: "call_7", Type: "function"}}},
+	}
+	mixed[4].ToolCalls[0].Function.Name = "get_weather"
+	mixed[4].ToolCalls[0].Function.Arguments = `{"city": "Paris", "date": "2026-06-03", "unit": "celsius"}`
+	plain := []Message{
+		{Role: "system", Content: sys},
+		{Role: "user", Content: u1},
+		{Role: "assistant", Content: a1},
+		{Role: "user", Content: u2},
+		{Role: "assistant", Content: "Early June in Paris is usually mild, 15-24 °C with occasional showers. Yes: book the Orsay online, time slots sell out on weekends."},
+	}
+	tools := []byte(`[{"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city and a date.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "date": {"type": "string", "description": "YYYY-MM-DD"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city", "date"]}}}]`)
+	return []chatCase{{"mixed", mixed, nil}, {"plain", plain, nil}, {"tools", mixed, tools}}
+}
+
+// BenchmarkRenderAndEncodeChat1K is what the router does per kv-aware chat
+// request (proxy tokenize): render the chat template, then encode the text.
+// cpu-ns/op is process CPU time per operation (steadier than wall time on a
+// shared machine).
+func BenchmarkRenderAndEncodeChat1K(b *testing.B) {
+	h := loadQwen3(b)
+	for _, c := range chats1K() {
+		b.Run(c.name, func(b *testing.B) {
+			text, err := h.RenderChat(nil, c.msgs, c.tools, true)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ids := h.Encode(nil, text)
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0 := processCPU()
+			for i := 0; i < b.N; i++ {
+				if text, err = h.RenderChat(text[:0], c.msgs, c.tools, true); err != nil {
+					b.Fatal(err)
+				}
+				ids = h.Encode(ids[:0], text)
+			}
+			reportCPU(b, cpu0)
+			b.ReportMetric(float64(len(text)), "bytes")
+			b.ReportMetric(float64(len(ids)), "tokens")
+		})
+	}
+}
+
+// reportCPU reports the process CPU time per operation since cpu0.
+func reportCPU(b *testing.B, cpu0 time.Duration) {
+	if d := processCPU() - cpu0; cpu0 > 0 && d > 0 {
+		b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), "cpu-ns/op")
 	}
 }

@@ -1,0 +1,158 @@
+package tokenizer
+
+import (
+	"bytes"
+	"sync"
+
+	"github.com/infera/infera/jinja"
+)
+
+// chatVars builds the template variables of one render from pooled jinja
+// objects and lists, so that a warm RenderChat allocates nothing. The values
+// it builds hold the caller's strings: release clears them before the
+// struct goes back to the pool (RenderChat must not retain msgs).
+type chatVars struct {
+	objs  []*jinja.Object
+	nobjs int
+	lists []*jinja.List
+	nlist int
+}
+
+var chatVarsPool = sync.Pool{New: func() any { return new(chatVars) }}
+
+// Limits on what a pooled chatVars keeps after a very large conversation.
+const (
+	maxPooledChatObjects = 1024
+	maxPooledChatLists   = 256
+)
+
+func acquireChatVars() *chatVars { return chatVarsPool.Get().(*chatVars) }
+
+func (cv *chatVars) release() {
+	for _, o := range cv.objs[:cv.nobjs] {
+		o.Reset()
+	}
+	for _, l := range cv.lists[:cv.nlist] {
+		l.Reset()
+	}
+	cv.nobjs, cv.nlist = 0, 0
+	if len(cv.objs) > maxPooledChatObjects {
+		cv.objs = nil
+	}
+	if len(cv.lists) > maxPooledChatLists {
+		cv.lists = nil
+	}
+	chatVarsPool.Put(cv)
+}
+
+func (cv *chatVars) object() *jinja.Object {
+	if cv.nobjs == len(cv.objs) {
+		cv.objs = append(cv.objs, jinja.NewObject(6))
+	}
+	o := cv.objs[cv.nobjs]
+	cv.nobjs++
+	return o
+}
+
+func (cv *chatVars) list() *jinja.List {
+	if cv.nlist == len(cv.lists) {
+		cv.lists = append(cv.lists, new(jinja.List))
+	}
+	l := cv.lists[cv.nlist]
+	cv.nlist++
+	return l
+}
+
+// messages returns msgs as template values: objects with role and content
+// always set, and name, tool_call_id, tool_calls and reasoning_content set
+// only when non-empty; tool call arguments are passed as the JSON string
+// they are.
+func (cv *chatVars) messages(msgs []Message) jinja.Value {
+	arr := cv.list()
+	for i := range msgs {
+		arr.Append(cv.message(&msgs[i]))
+	}
+	return arr.Value()
+}
+
+func (cv *chatVars) message(m *Message) jinja.Value {
+	o := cv.object()
+	o.Set("role", jinja.String(m.Role))
+	o.Set("content", jinja.String(m.Content))
+	if m.Name != "" {
+		o.Set("name", jinja.String(m.Name))
+	}
+	if m.ToolCallID != "" {
+		o.Set("tool_call_id", jinja.String(m.ToolCallID))
+	}
+	if len(m.ToolCalls) > 0 {
+		calls := cv.list()
+		for i := range m.ToolCalls {
+			tc := &m.ToolCalls[i]
+			c := cv.object()
+			if tc.ID != "" {
+				c.Set("id", jinja.String(tc.ID))
+			}
+			if tc.Type != "" {
+				c.Set("type", jinja.String(tc.Type))
+			}
+			f := cv.object()
+			f.Set("name", jinja.String(tc.Function.Name))
+			f.Set("arguments", jinja.String(tc.Function.Arguments))
+			c.Set("function", jinja.ObjectValue(f))
+			calls.Append(jinja.ObjectValue(c))
+		}
+		o.Set("tool_calls", calls.Value())
+	}
+	if m.ReasoningContent != "" {
+		o.Set("reasoning_content", jinja.String(m.ReasoningContent))
+	}
+	return jinja.ObjectValue(o)
+}
+
+// toolsCache keeps the parsed form of recently seen tools arrays: clients
+// of one application send the same tool definitions with every request, and
+// parsing them is most of what a render with tools would allocate. Parsed
+// values are immutable (templates only assign to namespaces), so renders
+// share them. Bounded: a full cache is cleared.
+type toolsCache struct {
+	mu    sync.RWMutex
+	m     map[string]jinja.Value
+	bytes int // sum of the cached keys' lengths
+}
+
+const (
+	toolsCacheEntries = 64
+	toolsCacheBytes   = 4 << 20   // of JSON text cached, all entries together
+	toolsCacheMaxLen  = 256 << 10 // larger tools arrays are parsed every time
+)
+
+// parse returns the value of the JSON tools array (undefined for blank
+// input).
+func (c *toolsCache) parse(tools []byte) (jinja.Value, error) {
+	if len(bytes.TrimSpace(tools)) == 0 {
+		return jinja.Undefined(), nil
+	}
+	c.mu.RLock()
+	v, ok := c.m[string(tools)]
+	c.mu.RUnlock()
+	if ok {
+		return v, nil
+	}
+	v, err := jinja.FromJSON(tools)
+	if err != nil {
+		return jinja.Undefined(), err
+	}
+	if len(tools) <= toolsCacheMaxLen {
+		c.mu.Lock()
+		if _, dup := c.m[string(tools)]; !dup {
+			if c.m == nil || len(c.m) >= toolsCacheEntries || c.bytes+len(tools) > toolsCacheBytes {
+				c.m, c.bytes = make(map[string]jinja.Value, toolsCacheEntries), 0
+			}
+			c.m[string(tools)] = v
+			c.bytes += len(tools)
+		}
+		c.mu.Unlock()
+	}
+	return v, nil
+}
