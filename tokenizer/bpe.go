@@ -1,6 +1,10 @@
 package tokenizer
 
-import "sync"
+import (
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+)
 
 // byteLevelAlphabet returns GPT-2's byte-to-rune table: printable bytes map
 // to themselves, the rest to runes from U+0100 upwards.
@@ -197,67 +201,73 @@ func (m *bpe) mergeHeap(dst []uint32, word []byte, sc *scratch) []uint32 {
 	return dst
 }
 
-// wordCache maps pre-tokens to their ids. It is sharded and bounded: a
-// full shard is cleared, which keeps memory flat under adversarial input.
+// wordCache maps pre-tokens to their ids: a lock-free, 2-way set
+// associative table of immutable entries. A lookup is one hash and at most
+// two atomic loads (plain loads on amd64), so parallel encodes share it
+// without touching a lock's cache line; a miss publishes a new entry,
+// evicting one of the two in its set. Memory stays flat under adversarial
+// input: cacheSlots entries of at most cacheMaxWord bytes.
 type wordCache struct {
-	shards [cacheShards]cacheShard
+	slots *[cacheSlots]atomic.Pointer[cacheEntry]
+	seed  maphash.Seed
+}
+
+type cacheEntry struct {
+	word string
+	ids  []uint32
 }
 
 const (
-	cacheShards       = 16
-	cacheShardEntries = 4096
-	cacheMaxWord      = 256
+	cacheSlots   = 1 << 16
+	cacheMaxWord = 256
 )
 
-type cacheShard struct {
-	mu sync.RWMutex
-	m  map[string][]uint32
-	_  [40]byte
+func newWordCache() wordCache {
+	return wordCache{slots: new([cacheSlots]atomic.Pointer[cacheEntry]), seed: maphash.MakeSeed()}
 }
 
-func shardOf(word []byte) int {
-	// FNV-1a over at most 16 bytes: cheap and good enough for spreading.
-	h := uint32(2166136261)
-	for i, b := range word {
-		if i == 16 {
-			break
-		}
-		h = (h ^ uint32(b)) * 16777619
-	}
-	return int(h % cacheShards)
+// set returns the index of the first slot of word's set.
+func (c *wordCache) set(word []byte) (int, uint64) {
+	h := maphash.Bytes(c.seed, word)
+	return int(h & (cacheSlots - 2)), h
 }
 
 func (c *wordCache) get(word []byte) ([]uint32, bool) {
-	if len(word) > cacheMaxWord {
+	if len(word) > cacheMaxWord || c.slots == nil {
 		return nil, false
 	}
-	s := &c.shards[shardOf(word)]
-	s.mu.RLock()
-	ids, ok := s.m[string(word)]
-	s.mu.RUnlock()
-	return ids, ok
+	i, _ := c.set(word)
+	if e := c.slots[i].Load(); e != nil && e.word == string(word) {
+		return e.ids, true
+	}
+	if e := c.slots[i+1].Load(); e != nil && e.word == string(word) {
+		return e.ids, true
+	}
+	return nil, false
 }
 
 func (c *wordCache) put(word []byte, ids []uint32) {
-	if len(word) > cacheMaxWord {
+	if len(word) > cacheMaxWord || c.slots == nil {
 		return
 	}
-	s := &c.shards[shardOf(word)]
-	cp := append([]uint32(nil), ids...)
-	s.mu.Lock()
-	if s.m == nil || len(s.m) >= cacheShardEntries {
-		s.m = make(map[string][]uint32, 256)
+	i, h := c.set(word)
+	e := &cacheEntry{word: string(word), ids: append([]uint32(nil), ids...)}
+	switch {
+	case c.slots[i].Load() == nil:
+	case c.slots[i+1].Load() == nil:
+		i++
+	default:
+		i += int(h>>32) & 1 // evict either, by a hash bit
 	}
-	s.m[string(word)] = cp
-	s.mu.Unlock()
+	c.slots[i].Store(e)
 }
 
 // reset empties the cache (tests and benchmarks).
 func (c *wordCache) reset() {
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.mu.Lock()
-		s.m = nil
-		s.mu.Unlock()
+	if c.slots == nil {
+		return
+	}
+	for i := range c.slots {
+		c.slots[i].Store(nil)
 	}
 }

@@ -96,6 +96,7 @@ func Load(dir string) (*HF, error) {
 		return nil, fmt.Errorf("cannot parse %q: %w", path, err)
 	}
 	h := &HF{}
+	h.model.cache = newWordCache()
 	if err := h.loadModel(&tj); err != nil {
 		return nil, fmt.Errorf("unsupported tokenizer %q: %w", path, err)
 	}

@@ -32,9 +32,11 @@ func BenchmarkEncode4K(b *testing.B) {
 	b.SetBytes(int64(len(text)))
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu0 := processCPU()
 	for i := 0; i < b.N; i++ {
 		dst = h.Encode(dst[:0], text)
 	}
+	reportCPU(b, cpu0)
 	b.ReportMetric(float64(len(dst)), "tokens/op")
 }
 
@@ -59,12 +61,15 @@ func BenchmarkEncode4KParallel(b *testing.B) {
 	h.Encode(nil, text)
 	b.SetBytes(int64(len(text)))
 	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := processCPU()
 	b.RunParallel(func(pb *testing.PB) {
 		var dst []uint32
 		for pb.Next() {
 			dst = h.Encode(dst[:0], text)
 		}
 	})
+	reportCPU(b, cpu0)
 }
 
 func fiveMessages() []Message {

@@ -144,11 +144,42 @@ func matchAt(s []byte, i, maxDigits int) int {
 	return end - i
 }
 
+// ASCII character classes for the runs below: most text is ASCII, and a
+// table lookup beats decoding and classifying each rune.
+const (
+	clsOther = iota // a symbol: not \s, \p{L} or \p{N}
+	clsLetter
+	clsDigit
+	clsSpace
+)
+
+var asciiClass = func() (t [utf8.RuneSelf]uint8) {
+	for c := range t {
+		r := rune(c)
+		switch {
+		case isLetter(r):
+			t[c] = clsLetter
+		case isNumber(r):
+			t[c] = clsDigit
+		case isSpace(r):
+			t[c] = clsSpace
+		}
+	}
+	return t
+}()
+
 func letterRun(s []byte, i int) int {
 	j := i
 	for j < len(s) {
-		r, sz := decodeAt(s, j)
-		if !isLetter(r) {
+		if c := s[j]; c < utf8.RuneSelf {
+			if asciiClass[c] != clsLetter {
+				break
+			}
+			j++
+			continue
+		}
+		r, sz := utf8.DecodeRune(s[j:])
+		if !unicode.IsLetter(r) {
 			break
 		}
 		j += sz
@@ -160,7 +191,14 @@ func letterRun(s []byte, i int) int {
 func symbolRun(s []byte, i int) int {
 	j := i
 	for j < len(s) {
-		r, sz := decodeAt(s, j)
+		if c := s[j]; c < utf8.RuneSelf {
+			if asciiClass[c] != clsOther {
+				break
+			}
+			j++
+			continue
+		}
+		r, sz := utf8.DecodeRune(s[j:])
 		if isSpace(r) || isLetter(r) || isNumber(r) {
 			break
 		}

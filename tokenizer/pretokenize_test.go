@@ -74,3 +74,58 @@ func FuzzSplitWords(f *testing.F) {
 		}
 	})
 }
+
+// letterRunRef and symbolRunRef are the plain rune-by-rune definitions that
+// letterRun and symbolRun (ASCII table fast paths) must agree with.
+func letterRunRef(s []byte, i int) int {
+	j := i
+	for j < len(s) {
+		r, sz := decodeAt(s, j)
+		if !isLetter(r) {
+			break
+		}
+		j += sz
+	}
+	return j - i
+}
+
+func symbolRunRef(s []byte, i int) int {
+	j := i
+	for j < len(s) {
+		r, sz := decodeAt(s, j)
+		if isSpace(r) || isLetter(r) || isNumber(r) {
+			break
+		}
+		j += sz
+	}
+	return j - i
+}
+
+// FuzzRunsMatchDefinition compares the fast letter and symbol runs with
+// their definitions at every offset.
+func FuzzRunsMatchDefinition(f *testing.F) {
+	for _, s := range []string{"Hello, world!", "a\x80b\xffc", "你好,世界 123", "x²³ ½ e\u0301", "\t\v\f\r\n \u00a0\u2028", "$$$abc@@@", strings4K()} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		b := []byte(s)
+		for i := range b {
+			if got, want := letterRun(b, i), letterRunRef(b, i); got != want {
+				t.Fatalf("letterRun(%q, %d) = %d, want %d", s, i, got, want)
+			}
+			if got, want := symbolRun(b, i), symbolRunRef(b, i); got != want {
+				t.Fatalf("symbolRun(%q, %d) = %d, want %d", s, i, got, want)
+			}
+		}
+	})
+}
+
+// TestASCIIClassesMatchDefinition checks the class table byte by byte.
+func TestASCIIClassesMatchDefinition(t *testing.T) {
+	for c := range utf8.RuneSelf {
+		b := []byte{byte(c)}
+		if letterRun(b, 0) != letterRunRef(b, 0) || symbolRun(b, 0) != symbolRunRef(b, 0) {
+			t.Errorf("byte %#x classified differently from its definition", c)
+		}
+	}
+}
