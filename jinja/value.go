@@ -391,7 +391,13 @@ const jsonHardLimit = 64 << 20
 
 // appendJSON implements @huggingface/jinja's toJSON.
 func appendJSON(dst []byte, v Value, o jsonOptions, depth int, undefinedToNull bool) []byte {
-	if len(dst) > jsonHardLimit || depth > maxJSONDepth {
+	return appendJSONUpTo(dst, v, o, depth, undefinedToNull, len(dst)+jsonHardLimit)
+}
+
+// appendJSONUpTo stops descending once dst is longer than limit (dst may
+// already hold other data, such as the render's string arena).
+func appendJSONUpTo(dst []byte, v Value, o jsonOptions, depth int, undefinedToNull bool, limit int) []byte {
+	if len(dst) > limit || depth > maxJSONDepth {
 		return dst
 	}
 	itemSep, keySep := ", ", ": "
@@ -435,7 +441,7 @@ func appendJSON(dst []byte, v Value, o jsonOptions, depth int, undefinedToNull b
 				if o.indent > 0 {
 					dst = pad(dst, depth+1)
 				}
-				dst = appendJSON(dst, it, o, depth+1, undefinedToNull)
+				dst = appendJSONUpTo(dst, it, o, depth+1, undefinedToNull, limit)
 			}
 			if o.indent > 0 && len(items) > 0 {
 				dst = pad(dst, depth)
@@ -466,7 +472,7 @@ func appendJSON(dst []byte, v Value, o jsonOptions, depth int, undefinedToNull b
 			}
 			dst = appendJSONString(dst, keys[i], o.ensureASCII)
 			dst = append(dst, keySep...)
-			dst = appendJSON(dst, vals[i], o, depth+1, undefinedToNull)
+			dst = appendJSONUpTo(dst, vals[i], o, depth+1, undefinedToNull, limit)
 		}
 		if o.indent > 0 && len(keys) > 0 {
 			dst = pad(dst, depth)
