@@ -53,6 +53,10 @@ type Cmd struct {
 	PDBootstrapTimeout    time.Duration `name:"pd-bootstrap-timeout" help:"SGLang prefill engine: longest wait for the decode engine of a bootstrap_room to connect (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT)." default:"300s" env:"INFERA_ENGINE_PD_BOOTSTRAP_TIMEOUT"`
 	PDAbortRequestTimeout time.Duration `name:"pd-abort-request-timeout" help:"vLLM prefill engine: how long a finished prefill keeps its blocks for the decode engine's read (VLLM_NIXL_ABORT_REQUEST_TIMEOUT)." default:"480s" env:"INFERA_ENGINE_PD_ABORT_REQUEST_TIMEOUT"`
 
+	Reasoning       bool `help:"Chat requests that ask to reason (chat_template_kwargs.enable_thinking true, or a reasoning_effort other than none/minimal) get half their tokens as reasoning_content, as vLLM's reasoning parser streams them." default:"false" env:"INFERA_ENGINE_REASONING"`
+	ToolCalls       bool `name:"tool-calls" help:"Chat requests that offer tools (tool_choice not none, last message not a tool result) are answered with a call of the chosen or first tool, arguments made from its JSON schema, finish_reason tool_calls." default:"false" env:"INFERA_ENGINE_TOOL_CALLS"`
+	NativeProtocols bool `name:"native-protocols" help:"Also serve POST /v1/messages, /v1/messages/count_tokens (Anthropic) and /v1/responses (OpenAI Responses), converted in-engine to chat as vLLM serves them (for a router's passthrough modes)." default:"false" env:"INFERA_ENGINE_NATIVE_PROTOCOLS"`
+
 	DefaultMaxTokens int    `name:"default-max-tokens" help:"Tokens generated when a request sets no max_tokens." default:"256" env:"INFERA_ENGINE_DEFAULT_MAX_TOKENS"`
 	Tokenizer        string `help:"Hugging Face tokenizer directory; empty uses the built-in Simple tokenizer." default:"" env:"INFERA_ENGINE_TOKENIZER"`
 
@@ -108,6 +112,9 @@ func (c *Cmd) Config() (Config, error) {
 		},
 		DefaultMaxTokens: c.DefaultMaxTokens,
 		Fault:            fault,
+		Reasoning:        c.Reasoning,
+		ToolCalls:        c.ToolCalls,
+		NativeProtocols:  c.NativeProtocols,
 	}
 	role, err := ParseRole(c.Role)
 	if err != nil {

@@ -31,7 +31,13 @@
 // (stream and non-stream, exactly max_tokens deterministic filler tokens,
 // usage with cached_tokens), /v1/models, /health, /metrics (Prometheus text),
 // /admin/stats (JSON), /admin/fault (GET/POST fault injection) and
-// /admin/clear-cache. One scheduler goroutine steps the Core; handlers submit
+// /admin/clear-cache. Answer shaping (answer.go, off by default): with
+// --reasoning, chat requests that ask to reason get half their tokens as
+// reasoning_content; with --tool-calls, chat requests that offer tools are
+// answered with a tool call. With --native-protocols the engine also serves
+// /v1/messages, /v1/messages/count_tokens and /v1/responses (native.go),
+// converted in-engine with the protocol package as vLLM serves them.
+// One scheduler goroutine steps the Core; handlers submit
 // and wait for their tokens. A streamed response is a body stream that
 // fasthttp pulls from; a failed write (client gone) aborts the sequence and
 // frees its blocks.

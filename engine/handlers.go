@@ -22,7 +22,17 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 			s.writeError(ctx, fasthttp.StatusMethodNotAllowed, "use POST", "invalid_request_error")
 			return
 		}
-		s.handleGenerate(ctx, path == "/v1/chat/completions")
+		s.handleGenerate(ctx, path == "/v1/chat/completions", nil)
+	case "/v1/messages", "/v1/messages/count_tokens", "/v1/responses":
+		if !s.cfg.NativeProtocols {
+			s.writeError(ctx, fasthttp.StatusNotFound, "unknown path "+strconv.Quote(path), "invalid_request_error")
+			return
+		}
+		if !ctx.IsPost() {
+			s.writeError(ctx, fasthttp.StatusMethodNotAllowed, "use POST", "invalid_request_error")
+			return
+		}
+		s.handleNative(ctx, path)
 	case "/v1/models":
 		ctx.SetContentType("application/json")
 		ctx.SetBody(s.modelList)
@@ -121,7 +131,9 @@ func (s *Server) handleFault(ctx *fasthttp.RequestCtx) {
 	ctx.SetBody(b)
 }
 
-func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
+// handleGenerate serves a chat or completion request. nat, when set, wraps
+// a chat stream into the client protocol of a native endpoint (native.go).
+func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool, nat *nativeStream) {
 	s.requests.Add(1)
 	sq := newSeq()
 	var (
@@ -157,6 +169,8 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 	if sq.req.MaxTokens == 0 {
 		sq.req.MaxTokens = s.cfg.DefaultMaxTokens
 	}
+	plan, maxTokens := s.plan(&g, sq.req.MaxTokens) // answer.go
+	sq.req.MaxTokens = maxTokens
 	var pdf pdFields
 	if s.pd != nil {
 		if pdf, err = s.pdRequest(sq, g, ctx.PostBody()); err != nil {
@@ -206,6 +220,13 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 		idPrefix, object = "chatcmpl-", "chat.completion"
 	}
 	created := time.Now().Unix()
+	if plan.tool != nil {
+		plan.toolID = "call_" + strconv.FormatUint(id, 16)
+	}
+	var planned *answerPlan
+	if plan.active() {
+		planned = &plan
+	}
 
 	if g.stream {
 		if chat {
@@ -216,12 +237,18 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 			head:         appendHead(nil, idPrefix, id, object, created, modelJSON),
 			includeUsage: g.includeUsage,
 			promptTokens: len(sq.req.Prompt),
+			plan:         planned,
 			closeAfter:   closeAfter,
 			conn:         ctx.Conn(),
 		}
 		ctx.SetContentType("text/event-stream")
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 		ctx.Response.ImmediateHeaderFlush = true
+		if nat != nil {
+			nat.t = t
+			ctx.SetBodyStream(nat, -1)
+			return
+		}
 		ctx.SetBodyStream(t, -1)
 		return
 	}
@@ -258,7 +285,12 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool) {
 	}
 	n := int(sq.tokens.Load())
 	head := appendHead(nil, idPrefix, id, object, created, modelJSON)
-	body := appendFullResponse(make([]byte, 0, 384+n*8), chat, head, n, len(sq.req.Prompt), sq.req.CachedTokens)
+	var body []byte
+	if planned != nil {
+		body = planned.appendFull(make([]byte, 0, 512+n*8), head, n, len(sq.req.Prompt), sq.req.CachedTokens)
+	} else {
+		body = appendFullResponse(make([]byte, 0, 384+n*8), chat, head, n, len(sq.req.Prompt), sq.req.CachedTokens)
+	}
 	if sq.req.HoldKV && s.pd.cfg.Mode == PDVLLM {
 		// A vLLM prefill: its blocks wait for the decode engine's read.
 		if body = s.holdForRead(sq, body, idPrefix, id); body == nil {

@@ -18,6 +18,11 @@ type genRequest struct {
 	stream       bool
 	includeUsage bool
 	maxTokens    int // 0: not given
+
+	// Chat answer shaping (answer.go): whether the request asks the model
+	// to reason, and the tool call it would make.
+	thinking bool
+	tool     *toolPlan
 }
 
 type chatWire struct {
@@ -28,6 +33,11 @@ type chatWire struct {
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	MaxTokens           *int64          `json:"max_tokens"`
 	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
+
+	// Read by answer shaping (answer.go).
+	ToolChoice         json.RawMessage            `json:"tool_choice"`
+	ReasoningEffort    *string                    `json:"reasoning_effort"`
+	ChatTemplateKwargs map[string]json.RawMessage `json:"chat_template_kwargs"`
 }
 
 type completionWire struct {
@@ -121,7 +131,8 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 	if err != nil {
 		return genRequest{}, dst, text, err
 	}
-	g := genRequest{chat: true, model: w.Model, stream: w.Stream, maxTokens: mt}
+	g := genRequest{chat: true, model: w.Model, stream: w.Stream, maxTokens: mt,
+		thinking: wantsThinking(&w), tool: chooseTool(&w)}
 	if w.StreamOptions != nil {
 		g.includeUsage = w.StreamOptions.IncludeUsage
 	}

@@ -40,6 +40,15 @@ type Config struct {
 	// PD makes the engine a prefill or decode engine of a disaggregated
 	// pair; the zero value is the mixed role.
 	PD PDConfig
+
+	// Reasoning: chat answers that are asked to reason (answer.go) send
+	// their first half as reasoning_content.
+	Reasoning bool
+	// ToolCalls: chat requests that offer tools are answered with a call.
+	ToolCalls bool
+	// NativeProtocols also serves /v1/messages, /v1/messages/count_tokens
+	// and /v1/responses (native.go).
+	NativeProtocols bool
 }
 
 // Server is the simulated engine's HTTP server. One scheduler goroutine

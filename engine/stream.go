@@ -65,6 +65,7 @@ type tokenStream struct {
 
 	includeUsage bool
 	promptTokens int
+	plan         *answerPlan // nil: filler text (answer.go)
 
 	closeAfter int      // -1: no close-mid-stream fault
 	conn       net.Conn // closed by the close-mid-stream fault
@@ -144,6 +145,10 @@ func (t *tokenStream) Read(p []byte) (int, error) {
 // render prepares the chunks of tokens t.sent..n and, when final, the
 // closing chunks.
 func (t *tokenStream) render(n int, final bool) {
+	if t.plan != nil {
+		t.renderPlanned(n, final)
+		return
+	}
 	b := t.buf[:0]
 	if t.sent == 0 && n > 0 && t.chat {
 		b = append(b, "data: "...)

@@ -1,0 +1,322 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/json"
+	"sort"
+	"strconv"
+	"unicode/utf8"
+)
+
+// Answer shaping (--reasoning, --tool-calls): chat answers that reason
+// before they speak, or call a tool, the way vLLM streams them from a
+// reasoning parser and a tool parser. Text is still the deterministic
+// filler; only its framing changes. Off (the default), chat answers are
+// filler text only.
+
+// answerPlan is how one chat answer is framed. The zero plan is plain text.
+type answerPlan struct {
+	// reasoning is the number of leading tokens sent as reasoning_content.
+	reasoning int
+	// tool, when set, makes the answer one tool call whose arguments are
+	// sent as pieces, one per token.
+	tool *toolPlan
+	// toolID is the call's id (set once the answer's id is known).
+	toolID string
+}
+
+func (p *answerPlan) active() bool { return p != nil && (p.reasoning > 0 || p.tool != nil) }
+
+// toolPlan is the tool call an answer makes.
+type toolPlan struct {
+	name   string
+	args   string   // JSON object text
+	pieces []string // args split into the per-token deltas
+}
+
+// toolWire is the part of a chat tool definition the simulator reads.
+type toolWire struct {
+	Type     string `json:"type"`
+	Function struct {
+		Name       string          `json:"name"`
+		Parameters json.RawMessage `json:"parameters"`
+	} `json:"function"`
+}
+
+// wantsThinking reports whether a chat request asks the model to reason:
+// chat_template_kwargs.enable_thinking true (Qwen3-style templates), or a
+// reasoning_effort other than none/minimal. An explicit enable_thinking
+// false wins.
+func wantsThinking(w *chatWire) bool {
+	if v, ok := w.ChatTemplateKwargs["enable_thinking"]; ok {
+		return string(bytes.TrimSpace(v)) == "true"
+	}
+	if w.ReasoningEffort != nil {
+		switch *w.ReasoningEffort {
+		case "", "none", "minimal":
+			return false
+		}
+		return true
+	}
+	return false
+}
+
+// chooseTool returns the tool call a model with tools would make: none when
+// no tools are offered, tool_choice is "none", or the conversation ends
+// with a tool result (the model answers it in text); otherwise the named
+// tool of tool_choice, or the first tool.
+func chooseTool(w *chatWire) *toolPlan {
+	if isNull(w.Tools) || len(w.Messages) == 0 || w.Messages[len(w.Messages)-1].Role == "tool" {
+		return nil
+	}
+	var tools []toolWire
+	if json.Unmarshal(w.Tools, &tools) != nil || len(tools) == 0 {
+		return nil
+	}
+	want := ""
+	if c := bytes.TrimSpace(w.ToolChoice); len(c) > 0 {
+		if c[0] == '"' {
+			var s string
+			_ = json.Unmarshal(c, &s)
+			if s == "none" {
+				return nil
+			}
+		} else if c[0] == '{' {
+			var named struct {
+				Function struct {
+					Name string `json:"name"`
+				} `json:"function"`
+			}
+			_ = json.Unmarshal(c, &named)
+			want = named.Function.Name
+		}
+	}
+	t := &tools[0]
+	for i := range tools {
+		if want != "" && tools[i].Function.Name == want {
+			t = &tools[i]
+		}
+	}
+	if t.Function.Name == "" {
+		return nil
+	}
+	args := simArguments(t.Function.Parameters)
+	return &toolPlan{name: t.Function.Name, args: args, pieces: splitPieces(args, 4)}
+}
+
+// simArguments makes deterministic arguments for a JSON schema: each
+// required property (every property when none is required), in name order,
+// with a value of its type: the first enum value, "sim", 1, true, [] or {}.
+func simArguments(schema json.RawMessage) string {
+	var s struct {
+		Properties map[string]struct {
+			Type any               `json:"type"`
+			Enum []json.RawMessage `json:"enum"`
+		} `json:"properties"`
+		Required []string `json:"required"`
+	}
+	if json.Unmarshal(schema, &s) != nil {
+		return "{}"
+	}
+	names := s.Required
+	if len(names) == 0 {
+		for k := range s.Properties {
+			names = append(names, k)
+		}
+	}
+	names = append([]string(nil), names...)
+	sort.Strings(names)
+	b := []byte{'{'}
+	n := 0
+	for _, k := range names {
+		p, ok := s.Properties[k]
+		if !ok {
+			continue
+		}
+		if n > 0 {
+			b = append(b, ',')
+		}
+		n++
+		kj, _ := json.Marshal(k)
+		b = append(b, kj...)
+		b = append(b, ':')
+		typ, _ := p.Type.(string)
+		if l, ok := p.Type.([]any); ok && len(l) > 0 {
+			typ, _ = l[0].(string)
+		}
+		switch {
+		case len(p.Enum) > 0:
+			b = append(b, bytes.TrimSpace(p.Enum[0])...)
+		case typ == "integer" || typ == "number":
+			b = append(b, '1')
+		case typ == "boolean":
+			b = append(b, "true"...)
+		case typ == "array":
+			b = append(b, "[]"...)
+		case typ == "object":
+			b = append(b, "{}"...)
+		case typ == "null":
+			b = append(b, "null"...)
+		default:
+			b = append(b, `"sim"`...)
+		}
+	}
+	return string(append(b, '}'))
+}
+
+// splitPieces splits s into at most n non-empty pieces at rune boundaries.
+func splitPieces(s string, n int) []string {
+	var out []string
+	size := (len(s) + n - 1) / n
+	for len(s) > 0 {
+		k := min(size, len(s))
+		for k < len(s) && !utf8.RuneStart(s[k]) {
+			k++
+		}
+		out = append(out, s[:k])
+		s = s[k:]
+	}
+	return out
+}
+
+// plan decides the framing of a chat answer of max tokens from the
+// request and the engine's flags, and the tokens to generate (a tool call
+// ends when its arguments are complete, as a model's does).
+func (s *Server) plan(g *genRequest, max int) (answerPlan, int) {
+	var p answerPlan
+	if !g.chat {
+		return p, max
+	}
+	if s.cfg.ToolCalls && g.tool != nil {
+		p.tool = g.tool
+		return p, min(max, len(g.tool.pieces))
+	}
+	if s.cfg.Reasoning && g.thinking {
+		p.reasoning = max / 2
+	}
+	return p, max
+}
+
+func appendJSONStr(dst []byte, s string) []byte {
+	b, _ := json.Marshal(s) // a string always marshals
+	return append(dst, b...)
+}
+
+// finishReason is the answer's finish reason after n tokens.
+func (p *answerPlan) finishReason(n int) string {
+	if p.tool != nil && n >= len(p.tool.pieces) {
+		return "tool_calls"
+	}
+	return "length"
+}
+
+// toolArgs is the arguments sent by n tokens.
+func (p *answerPlan) toolArgs(n int) string {
+	out := ""
+	for i := 0; i < n && i < len(p.tool.pieces); i++ {
+		out += p.tool.pieces[i]
+	}
+	return out
+}
+
+// appendPlannedUsage is appendUsage plus the reasoning tokens.
+func (p *answerPlan) appendUsage(dst []byte, prompt, n, cached int) []byte {
+	dst = appendUsage(dst, prompt, n, cached)
+	if r := min(p.reasoning, n); r > 0 {
+		dst = dst[:len(dst)-1]
+		dst = append(dst, `,"completion_tokens_details":{"reasoning_tokens":`...)
+		dst = strconv.AppendInt(dst, int64(r), 10)
+		dst = append(dst, "}}"...)
+	}
+	return dst
+}
+
+// appendFull renders a non-streaming chat answer of n tokens.
+func (p *answerPlan) appendFull(dst, head []byte, n, prompt, cached int) []byte {
+	dst = append(dst, head...)
+	dst = append(dst, `"choices":[{"index":0,"message":{"role":"assistant",`...)
+	if p.tool != nil {
+		dst = append(dst, `"content":null,"tool_calls":[{"id":`...)
+		dst = appendJSONStr(dst, p.toolID)
+		dst = append(dst, `,"type":"function","function":{"name":`...)
+		dst = appendJSONStr(dst, p.tool.name)
+		dst = append(dst, `,"arguments":`...)
+		dst = appendJSONStr(dst, p.toolArgs(n))
+		dst = append(dst, `}}]`...)
+	} else {
+		r := min(p.reasoning, n)
+		if r > 0 {
+			dst = append(dst, `"reasoning_content":"`...)
+			dst = appendFiller(dst, 0, r)
+			dst = append(dst, `",`...)
+		}
+		dst = append(dst, `"content":"`...)
+		dst = appendFiller(dst, r, n)
+		dst = append(dst, '"')
+	}
+	dst = append(dst, `},"logprobs":null,"finish_reason":"`...)
+	dst = append(dst, p.finishReason(n)...)
+	dst = append(dst, `"}],"usage":`...)
+	dst = p.appendUsage(dst, prompt, n, cached)
+	return append(dst, '}')
+}
+
+// renderPlanned is tokenStream.render for a planned chat answer: tokens
+// sent..n as reasoning_content, content or tool call deltas, then the
+// closing chunks when final.
+func (t *tokenStream) renderPlanned(n int, final bool) {
+	p := t.plan
+	b := t.buf[:0]
+	if t.sent == 0 && n > 0 {
+		b = append(b, "data: "...)
+		b = append(b, t.head...)
+		b = append(b, chatRoleChunk...)
+	}
+	for i := t.sent; i < n; i++ {
+		b = append(b, "data: "...)
+		b = append(b, t.head...)
+		switch {
+		case p.tool != nil && i < len(p.tool.pieces):
+			b = append(b, `"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,`...)
+			if i == 0 {
+				b = append(b, `"id":`...)
+				b = appendJSONStr(b, p.toolID)
+				b = append(b, `,"type":"function","function":{"name":`...)
+				b = appendJSONStr(b, p.tool.name)
+				b = append(b, ',')
+			} else {
+				b = append(b, `"function":{`...)
+			}
+			b = append(b, `"arguments":`...)
+			b = appendJSONStr(b, p.tool.pieces[i])
+			b = append(b, `}}]},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+		case i < p.reasoning:
+			b = append(b, `"choices":[{"index":0,"delta":{"reasoning_content":"`...)
+			b = append(b, fillerWords[i%len(fillerWords)]...)
+			b = append(b, chatTokenSuffix...)
+		default:
+			b = append(b, chatTokenPrefix...)
+			b = append(b, fillerWords[i%len(fillerWords)]...)
+			b = append(b, chatTokenSuffix...)
+		}
+	}
+	t.sent = n
+	if final {
+		b = append(b, "data: "...)
+		b = append(b, t.head...)
+		b = append(b, `"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"`...)
+		b = append(b, p.finishReason(n)...)
+		b = append(b, `"}]}`+"\n\n"...)
+		if t.includeUsage {
+			b = append(b, "data: "...)
+			b = append(b, t.head...)
+			b = append(b, usagePrefix...)
+			b = p.appendUsage(b, t.promptTokens, n, t.sq.req.CachedTokens)
+			b = append(b, "}\n\n"...)
+		}
+		b = append(b, doneChunk...)
+		t.eof = true
+	}
+	t.buf = b
+	t.pending = b
+}

@@ -1,0 +1,154 @@
+package engine
+
+import (
+	"io"
+
+	"github.com/infera/infera/protocol"
+	"github.com/valyala/fasthttp"
+)
+
+// Native protocols (--native-protocols): POST /v1/messages,
+// /v1/messages/count_tokens and /v1/responses served by the engine itself,
+// as vLLM serves them: the request is converted to a chat completion,
+// generated like one, and the answer (stream included) converted back. A
+// router in passthrough mode forwards these paths to engines like this.
+
+// nativeOptions are the conversion options of native endpoints: reasoning
+// controls become reasoning_effort, which answer shaping reads.
+var nativeOptions = protocol.DefaultOptions()
+
+func (s *Server) handleNative(ctx *fasthttp.RequestCtx, path string) {
+	api := protocol.Anthropic
+	if path == "/v1/responses" {
+		api = protocol.Responses
+	}
+	m := new(protocol.Meta)
+	var (
+		chat []byte
+		err  error
+	)
+	switch path {
+	case "/v1/messages":
+		chat, err = protocol.AnthropicToChat(nil, ctx.PostBody(), &nativeOptions, m)
+	case "/v1/responses":
+		chat, err = protocol.ResponsesToChat(nil, ctx.PostBody(), &nativeOptions, m)
+	default:
+		s.countTokens(ctx, m)
+		return
+	}
+	if err != nil {
+		s.nativeError(ctx, api, err)
+		return
+	}
+	ctx.Request.SetBody(chat)
+	nat := &nativeStream{m: m}
+	s.handleGenerate(ctx, true, nat)
+	if nat.t != nil {
+		return // a stream: nativeStream converts it
+	}
+	status := ctx.Response.StatusCode()
+	body := ctx.Response.Body()
+	var out []byte
+	if status >= 400 {
+		out = protocol.ConvertError(nil, api, status, body)
+	} else {
+		if api == protocol.Anthropic {
+			out, err = protocol.ChatToAnthropic(nil, body, m)
+		} else {
+			out, err = protocol.ChatToResponses(nil, body, m)
+		}
+		if err != nil {
+			ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+			out = protocol.AppendError(nil, api, 500, protocol.TypeServer, "", err.Error())
+		}
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(out)
+}
+
+// countTokens answers /v1/messages/count_tokens with the engine's own chat
+// template and tokenizer.
+func (s *Server) countTokens(ctx *fasthttp.RequestCtx, m *protocol.Meta) {
+	s.requests.Add(1)
+	chat, err := protocol.AnthropicCountTokensToChat(nil, ctx.PostBody(), &nativeOptions, m)
+	if err != nil {
+		s.nativeError(ctx, protocol.Anthropic, err)
+		return
+	}
+	if _, ok := s.models[string(m.Model)]; !ok {
+		s.badRequests.Add(1)
+		ctx.SetStatusCode(fasthttp.StatusNotFound)
+		ctx.SetContentType("application/json")
+		ctx.SetBody(protocol.AppendError(nil, protocol.Anthropic, 404, protocol.TypeNotFound, "model", "model: "+string(m.Model)+" is not served"))
+		return
+	}
+	var arena []byte
+	msgs, tools, err := protocol.ChatMessages(nil, chat, &arena)
+	var text []byte
+	if err == nil {
+		text, err = s.tok.RenderChat(nil, msgs, tools, true)
+	}
+	if err != nil {
+		s.nativeError(ctx, protocol.Anthropic, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest, Message: "cannot render the prompt: " + err.Error()})
+		return
+	}
+	ctx.SetContentType("application/json")
+	ctx.SetBody(protocol.AppendCountTokens(nil, len(s.tok.Encode(nil, text))))
+}
+
+func (s *Server) nativeError(ctx *fasthttp.RequestCtx, api protocol.API, err error) {
+	s.badRequests.Add(1)
+	e, ok := err.(*protocol.Error)
+	if !ok {
+		e = &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest, Message: err.Error()}
+	}
+	ctx.SetStatusCode(e.Status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(e.Append(nil, api))
+}
+
+// nativeStream converts a chat token stream into the client protocol's
+// events as fasthttp reads it.
+type nativeStream struct {
+	m       *protocol.Meta
+	t       *tokenStream
+	c       *protocol.StreamConverter
+	in, out []byte
+	pending []byte
+	eof     bool
+}
+
+func (n *nativeStream) Read(p []byte) (int, error) {
+	for len(n.pending) == 0 {
+		if n.eof {
+			return 0, io.EOF
+		}
+		if n.c == nil {
+			n.c = protocol.AcquireStreamConverter(n.m)
+			n.in = make([]byte, 16<<10)
+		}
+		k, err := n.t.Read(n.in)
+		n.out = n.c.Feed(n.out[:0], n.in[:k])
+		switch {
+		case err == io.EOF:
+			n.out = n.c.Finish(n.out)
+			n.eof = true
+		case err != nil:
+			return 0, err
+		}
+		n.pending = n.out
+	}
+	k := copy(p, n.pending)
+	n.pending = n.pending[k:]
+	return k, nil
+}
+
+// CloseWithError implements fasthttp.ReadCloserWithError: the token
+// stream ends with the response (a gone client aborts the sequence).
+func (n *nativeStream) CloseWithError(err error) error {
+	if n.c != nil {
+		protocol.ReleaseStreamConverter(n.c)
+		n.c = nil
+	}
+	return n.t.CloseWithError(err)
+}
