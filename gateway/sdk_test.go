@@ -28,3 +28,70 @@ func TestOpenAISDK(t *testing.T) {
 	}
 	t.Logf("%s", out)
 }
+
+// nodeSDK returns node and the scripts/sdk directory, skipping the test
+// (or failing it when INFERA_REQUIRE_SDK=1) when they are not installed.
+func nodeSDK(t *testing.T, modules ...string) (node, dir string) {
+	t.Helper()
+	dir = filepath.Join("..", "scripts", "sdk")
+	node, err := exec.LookPath("node")
+	for _, m := range modules {
+		if _, e := os.Stat(filepath.Join(dir, "node_modules", m)); e != nil && err == nil {
+			err = e
+		}
+	}
+	if err != nil {
+		if os.Getenv("INFERA_REQUIRE_SDK") == "1" {
+			t.Fatalf("node or scripts/sdk/node_modules missing (run make deps): %v", err)
+		}
+		t.Skip("node or the SDKs are not installed; run make deps")
+	}
+	return node, dir
+}
+
+// runSDKScript runs a scripts/sdk check against the router at base.
+func runSDKScript(t *testing.T, node, dir, script, base, key string) {
+	t.Helper()
+	cmd := exec.Command(node, filepath.Join(dir, script))
+	cmd.Env = append(os.Environ(), "INFERA_BASE_URL="+base, "INFERA_MODEL=sim-model", "INFERA_API_KEY="+key, "INFERA_EXPECT_THINKING=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s failed: %v\n%s", script, err, out)
+	}
+	t.Logf("%s", out)
+}
+
+// TestAnthropicAndResponsesSDKs runs the official Anthropic SDK
+// (@anthropic-ai/sdk: messages.create, messages.stream, tool use over two
+// turns, thinking, countTokens, the error shape) and the official OpenAI
+// SDK's responses.create (plain, streamed, function tools, reasoning, the
+// refusal of previous_response_id) through `infera serve` to simulated
+// engines that reason and call tools, in both modes:
+//   - conversion: the engines speak chat completions only (they answer
+//     404 on /v1/messages), so every answer the SDKs accept was converted;
+//   - passthrough: the engines serve /v1/messages and /v1/responses
+//     themselves, and the router forwards the client's bytes.
+//
+// The key is checked (x-api-key for Anthropic, Bearer for OpenAI).
+func TestAnthropicAndResponsesSDKs(t *testing.T) {
+	node, dir := nodeSDK(t, filepath.Join("@anthropic-ai", "sdk"), "openai")
+	for _, mode := range []struct {
+		name, engineFlag, protocol string
+	}{
+		{"conversion", "--reasoning", `{"reasoning_effort_mode":"map"}`},
+		{"passthrough", "--native-protocols", `{"anthropic_passthrough":true,"responses_passthrough":true}`},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			_, e1 := startEngine(t, "--speedup", "50", "--tool-calls", "--reasoning", mode.engineFlag)
+			_, e2 := startEngine(t, "--speedup", "50", "--tool-calls", "--reasoning", mode.engineFlag)
+			cfg := filepath.Join(t.TempDir(), "infera.json")
+			if err := os.WriteFile(cfg, []byte(`{"protocol":`+mode.protocol+`}`), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, r := startServe(t, "--workers", e1+","+e2, "--api-key", "sdk-key", "--config", cfg)
+			for _, script := range []string{"anthropic.mjs", "responses.mjs"} {
+				runSDKScript(t, node, dir, script, r, "sdk-key")
+			}
+		})
+	}
+}

@@ -207,10 +207,11 @@ func (s *Server) answerFailed(ctx *fasthttp.RequestCtx, rs *reqState, res *tries
 		countStatus(rs.errStatus)
 		ctx.Response.Reset()
 		ctx.SetStatusCode(rs.errStatus)
+		body := rs.errorBody() // in the client's protocol (protocols.go)
 		if len(rs.errType) > 0 {
 			ctx.Response.Header.SetContentTypeBytes(rs.errType)
 		}
-		ctx.SetBody(rs.errBody)
+		ctx.SetBody(body)
 		return
 	}
 	s.writeFailure(ctx, last, res.allConnect && (res.fleetDown || s.healthyWorkers() == 0))
@@ -259,10 +260,17 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	if status >= 400 {
 		rs.lease.Verdict(outcome) // known now: do not hold a probe slot while the body is relayed
 	}
-	rs.usage.scan(rs.rbuf[:n])
+	rs.scanUsage(rs.rbuf[:n])
+	first := rs.rbuf[:n]
+	if rs.proto.transforms() { // converted or filtered answers (protocols.go)
+		var done bool
+		if first, eof, done = s.transformHead(ctx, rs, up, status, first, eof, outcome); done {
+			return
+		}
+	}
 	countStatus(status)
 	if eof {
-		resp.SetBody(rs.rbuf[:n])
+		resp.SetBody(first)
 		up.finish(true)
 		rs.lease.Done(outcome)
 		rs.usage.record()
@@ -272,7 +280,7 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	rl := relayPool.Get().(*relay)
 	*rl = relay{
 		s: s, rs: rs, up: up,
-		buf: rs.rbuf, pending: rs.rbuf[:n],
+		buf: rs.rbuf, pending: first,
 		sse:     rs.sreq.Stream && status < 400,
 		idle:    rs.call.idle,
 		total:   rs.call.total,
@@ -280,9 +288,12 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		wto:     s.flags.ClientWriteTimeout,
 		outcome: outcome,
 	}
+	if rs.proto.relaying {
+		rl.st = &rs.proto // the relay transforms the answer (protocols.go)
+	}
 	rs.handedOff = true
 	size := up.contentLength()
-	if size > int64(^uint(0)>>1) {
+	if size > int64(^uint(0)>>1) || rl.st != nil {
 		size = -1
 	}
 	resp.SetBodyStream(rl, int(size))

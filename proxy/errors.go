@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"github.com/infera/infera/protocol"
 	"github.com/valyala/fasthttp"
 )
 
@@ -15,7 +16,10 @@ const (
 	typeAuth           = "authentication_error"
 )
 
-// writeError writes an OpenAI-shaped error body:
+// writeError writes an error answer of the router's own in the shape of
+// the client's protocol: Anthropic's on /v1/messages paths
+// ({"type":"error","error":{"type":...,"message":...}}, the type following
+// from the status), else OpenAI's:
 // {"error":{"message":...,"type":...,"param":...,"code":...}}.
 func writeError(ctx *fasthttp.RequestCtx, status int, typ, msg, param, code string) {
 	ctx.Response.Reset()
@@ -23,6 +27,10 @@ func writeError(ctx *fasthttp.RequestCtx, status int, typ, msg, param, code stri
 	ctx.SetContentType("application/json")
 	b := ctx.Response.BodyWriter()
 	buf := make([]byte, 0, 96+len(msg))
+	if apiOfPath(ctx.Path()) == protocol.Anthropic { // protocols.go
+		b.Write(protocol.AppendError(buf, protocol.Anthropic, status, typ, param, msg))
+		return
+	}
 	buf = append(buf, `{"error":{"message":`...)
 	buf = appendJSONString(buf, msg)
 	buf = append(buf, `,"type":`...)

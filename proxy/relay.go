@@ -32,6 +32,9 @@ type relay struct {
 	outcome sched.Outcome // at a clean end of the body
 	tail    [2]byte       // the last two bytes sent (SSE framing)
 	ntail   int
+	// st transforms the body (a converted or usage-filtered stream,
+	// protocols.go); nil: the bytes are relayed as they came.
+	st *protoState
 }
 
 var relayPool = sync.Pool{New: func() any { return &relay{} }}
@@ -59,15 +62,30 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 		r.armRead()
 		n, err := r.up.read(r.buf)
 		if n > 0 {
-			r.rs.usage.scan(r.buf[:n])
-			m, werr := r.write(w, r.buf[:n])
-			total += int64(m)
-			if werr != nil {
-				return total, werr
+			r.rs.scanUsage(r.buf[:n])
+			p := r.buf[:n]
+			if r.st != nil {
+				p = r.st.feed(p) // may be empty: read again
+			}
+			if len(p) > 0 {
+				m, werr := r.write(w, p)
+				total += int64(m)
+				if werr != nil {
+					return total, werr
+				}
 			}
 		}
 		if err == io.EOF {
 			r.upEOF = true
+			if r.st != nil {
+				if p := r.st.finish(r.st.out[:0]); len(p) > 0 {
+					m, werr := r.write(w, p)
+					total += int64(m)
+					if werr != nil {
+						return total, werr
+					}
+				}
+			}
 			break
 		}
 		if err != nil {
@@ -97,10 +115,13 @@ func (r *relay) Read(p []byte) (int, error) {
 	if r.upEOF || r.failed != nil {
 		return 0, io.EOF
 	}
+	if r.st != nil {
+		return r.readStaged(p)
+	}
 	r.armRead()
 	n, err := r.up.read(p)
 	if n > 0 {
-		r.rs.usage.scan(p[:n])
+		r.rs.scanUsage(p[:n])
 		r.noteTail(p[:n])
 		r.armWrite()
 	}
@@ -180,7 +201,32 @@ func (r *relay) upstreamFailed(err error) {
 // stopped inside an event, the partial line and event are terminated first,
 // so SSE parsers see the error event on its own.
 func (r *relay) errorEvent() []byte {
+	c := r.failed.class()
+	typ, msg, status := c.typ, c.msg, r.failed.httpStatus()
+	if r.failed.kind == failBroken {
+		msg = "the worker's response stream broke"
+		if isTimeout(r.failed.cause) {
+			typ, msg = typeTimeout, "the worker's stream timed out (no data within the idle timeout)"
+		}
+	}
+	if typ == typeTimeout {
+		status = 504
+	}
+	if r.st != nil {
+		// A converted stream ends with the client protocol's error event.
+		if b := r.st.failEvent(r.rs.scratchOut[:0], status, typ, msg); b != nil {
+			r.rs.scratchOut = b
+			return b
+		}
+	}
 	b := r.rs.scratchOut[:0]
+	if r.st != nil {
+		// What a filtered stream held back (an event cut mid-way) goes
+		// out first, as an unfiltered relay would have sent it.
+		if b = r.st.flushHeld(b); len(b) > 0 {
+			r.noteTail(b)
+		}
+	}
 	switch {
 	case r.ntail == 0:
 	case r.tail[1] != '\n':
@@ -188,17 +234,38 @@ func (r *relay) errorEvent() []byte {
 	case r.ntail < 2 || r.tail[0] != '\n':
 		b = append(b, '\n')
 	}
-	c := r.failed.class()
-	typ, msg := c.typ, c.msg
-	if r.failed.kind == failBroken {
-		msg = "the worker's response stream broke"
-		if isTimeout(r.failed.cause) {
-			typ, msg = typeTimeout, "the worker's stream timed out (no data within the idle timeout)"
-		}
-	}
-	b = appendSSEError(b, typ, msg)
+	b = r.rs.proto.appendSSEError(b, status, typ, msg) // in the client's protocol (protocols.go)
 	r.rs.scratchOut = b
 	return b
+}
+
+// readStaged is Read for a transformed body: upstream bytes are read into
+// the relay's buffer and transformed; the output is handed out as pending.
+func (r *relay) readStaged(p []byte) (int, error) {
+	for len(r.pending) == 0 {
+		if r.upEOF || r.failed != nil {
+			return 0, io.EOF
+		}
+		r.armRead()
+		n, err := r.up.read(r.buf)
+		if n > 0 {
+			r.rs.scanUsage(r.buf[:n])
+			r.pending = r.st.feed(r.buf[:n])
+			r.armWrite()
+		}
+		switch {
+		case err == io.EOF:
+			r.upEOF = true
+			r.pending = r.st.finish(r.pending)
+		case err != nil:
+			r.upstreamFailed(err)
+			r.pending = append(r.pending, r.errorEvent()...)
+		}
+	}
+	n := copy(p, r.pending)
+	r.pending = r.pending[n:]
+	r.noteTail(p[:n])
+	return n, nil
 }
 
 // CloseWithError implements fasthttp.ReadCloserWithError: the response is

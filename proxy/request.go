@@ -51,6 +51,10 @@ type reqState struct {
 	// Split proxy, global scheduling, smart model selection (external.go).
 	ext extState
 
+	// The protocol front door: conversion, passthrough, stream usage
+	// (protocols.go).
+	proto protoState
+
 	clientFD  int  // for the liveness watchdog; -1 unknown
 	liveIdx   int  // index in the watchdog's list (under its lock)
 	watched   bool // in the watchdog's list (the request goroutine's view)
@@ -76,6 +80,7 @@ func (rs *reqState) Reset() {
 	rs.scratchOut = rs.scratchOut[:0]
 	rs.errStatus, rs.errBody, rs.errType = 0, rs.errBody[:0], rs.errType[:0]
 	rs.ext.reset()
+	rs.proto.reset()
 	rs.clientFD, rs.liveIdx, rs.watched, rs.handedOff = -1, -1, false, false
 }
 
@@ -229,7 +234,12 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		return
 	}
 	cfg := s.store.Load()
-	body := rs.body
+	// Protocol front doors, reasoning mode (protocols.go): body is what
+	// routing parses, kind how; pathKind names the engine's path.
+	body, kind, pathKind, ok := s.frontDoor(ctx, cfg, rs, kind)
+	if !ok {
+		return
+	}
 	if err := rs.parsed.parse(body, kind); err != nil {
 		mBadRequests.Inc()
 		var br *badRequestError
@@ -238,6 +248,9 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		} else {
 			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "malformed request body", "", "")
 		}
+		return
+	}
+	if body, ok = s.afterParse(ctx, cfg, rs, body, kind); !ok { // streaming usage (protocols.go)
 		return
 	}
 	r := &rs.sreq
@@ -268,22 +281,33 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		s.selectModel(cfg, rs) // smart.go: may change r.Model before model routing
 	}
 	if cfg.Mirror.Enabled && s.o.Mirror != nil {
-		// The client's body as it came (smart selection rewrites a copy).
-		s.o.Mirror.Offer(&cfg.Mirror, canonicalPath(kind), body, r.Stream)
+		// The body the engine gets, at its path (smart selection rewrites a
+		// copy; protocols.go may have converted it).
+		s.o.Mirror.Offer(&cfg.Mirror, canonicalPath(pathKind), rs.body, r.Stream)
 	}
-	rs.path = appendCanonicalPath(rs.path[:0], kind, ctx.URI().QueryString())
+	rs.path = appendCanonicalPath(rs.path[:0], pathKind, ctx.URI().QueryString())
 	s.dispatch(ctx, cfg, rs)
 }
 
 var (
-	pathChat       = []byte("/v1/chat/completions")
-	pathCompletion = []byte("/v1/completions")
+	pathChat        = []byte("/v1/chat/completions")
+	pathCompletion  = []byte("/v1/completions")
+	pathMessages    = []byte("/v1/messages")
+	pathCountTokens = []byte("/v1/messages/count_tokens")
+	pathResponses   = []byte("/v1/responses")
 )
 
 // canonicalPath is the endpoint's path.
 func canonicalPath(kind int) []byte {
-	if kind == kindChat {
+	switch kind {
+	case kindChat:
 		return pathChat
+	case kindMessages:
+		return pathMessages
+	case kindCountTokens:
+		return pathCountTokens
+	case kindResponses:
+		return pathResponses
 	}
 	return pathCompletion
 }
@@ -291,12 +315,7 @@ func canonicalPath(kind int) []byte {
 // appendCanonicalPath appends the endpoint's canonical path plus the query:
 // the engine never sees the client's raw request target.
 func appendCanonicalPath(dst []byte, kind int, query []byte) []byte {
-	switch kind {
-	case kindChat:
-		dst = append(dst, "/v1/chat/completions"...)
-	default:
-		dst = append(dst, "/v1/completions"...)
-	}
+	dst = append(dst, canonicalPath(kind)...)
 	if len(query) > 0 {
 		dst = append(dst, '?')
 		for _, c := range query {

@@ -97,6 +97,8 @@ type Server struct {
 	ext        *externals         // split proxy entries and member gateways (external.go)
 	splitter   upstreams.Splitter // weight strategy draws
 	classifier *classify.Client
+
+	proto protoFront // conversion options per config snapshot (protocols.go)
 }
 
 // HTTPHook returns the fleet hook that gives each worker an HTTP connection
@@ -224,6 +226,15 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		mReqCompletion.Inc()
 		s.handleInference(ctx, kindCompletion)
 		return
+	case "/v1/messages":
+		s.handleProtocol(ctx, kindMessages) // protocols.go
+		return
+	case "/v1/messages/count_tokens":
+		s.handleProtocol(ctx, kindCountTokens)
+		return
+	case "/v1/responses":
+		s.handleProtocol(ctx, kindResponses)
+		return
 	case "/v1/models":
 		if s.authorized(ctx) {
 			s.handleModels(ctx)
@@ -261,18 +272,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "unknown path", "", "unknown_path")
 }
 
-// authorized checks the API key (Authorization: Bearer <key>, or x-api-key
-// as Anthropic clients send it) in constant time; on failure it writes 401.
+// authorized checks the API key the client presented (clientKey) in
+// constant time; on failure it writes 401.
 func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
 	if s.authBytes == nil {
 		return true
 	}
-	h := &ctx.Request.Header
-	if auth := h.Peek("Authorization"); len(auth) > 0 {
-		if subtle.ConstantTimeCompare(auth, s.authBytes) == 1 {
-			return true
-		}
-	} else if k := h.Peek("x-api-key"); len(k) > 0 && subtle.ConstantTimeCompare(k, s.keyBytes) == 1 {
+	if k := clientKey(&ctx.Request.Header); len(k) > 0 && subtle.ConstantTimeCompare(k, s.keyBytes) == 1 {
 		return true
 	}
 	mUnauthorized.Inc()

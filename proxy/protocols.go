@@ -1,0 +1,663 @@
+package proxy
+
+import (
+	"bytes"
+	"io"
+	"slices"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/protocol"
+	"github.com/infera/infera/sched"
+	"github.com/infera/infera/tokenizer"
+	"github.com/valyala/fasthttp"
+)
+
+// The protocol front doors (docs/protocols.md): POST /v1/messages,
+// /v1/messages/count_tokens (Anthropic Messages) and /v1/responses (OpenAI
+// Responses), passed through to engines that serve them or converted to
+// chat completions and back; and, on every chat completions request, the
+// reasoning-effort mode and streaming usage. The conversion itself is the
+// protocol package's; this file decides what applies to a request, swaps
+// the bodies, and is the relay's transform stage.
+//
+// Whatever the protocol, routing sees a chat completions body: the
+// converted body, or in passthrough mode a chat view derived from the
+// client's body. Session affinity, model routing, kv-aware routing (the
+// view is rendered and tokenized like any chat prompt), quotas and usage
+// metrics therefore work the same for all three front doors.
+
+// Kinds of the protocol front doors (parse.go has chat and completion).
+const (
+	kindMessages = kindCompletion + 1 + iota
+	kindCountTokens
+	kindResponses
+)
+
+// protoMode is what happens to a request's protocol.
+type protoMode uint8
+
+const (
+	// A chat or completions request (maybe rewritten for the reasoning
+	// mode or streaming usage) is the zero mode.
+	_ protoMode = iota
+	// protoConvert: converted to chat completions; the answer is
+	// converted back.
+	protoConvert
+	// protoPassthrough: forwarded as the client sent it to the engine's
+	// same path; routing used a chat view.
+	protoPassthrough
+)
+
+// stageKind is the relay's transform of the answer.
+type stageKind uint8
+
+const (
+	stageNone    stageKind = iota
+	stageConvert           // a chat stream converted to the client protocol's events
+	stageFilter            // a chat stream minus the usage chunk the client did not ask for
+)
+
+// maxConvertedAnswer bounds a non-streamed engine answer the router reads
+// whole to convert it (the converted answer is about as large).
+const maxConvertedAnswer = 32 << 20
+
+// protoState is one request's protocol state, pooled in reqState.
+type protoState struct {
+	api   protocol.API
+	mode  protoMode
+	stage stageKind // wanted for a 200 stream (set before dispatch)
+	// relaying is set once the relay transforms the answer (the stage is
+	// in effect).
+	relaying bool
+
+	meta   protocol.Meta
+	conv   *protocol.StreamConverter // while a converted stream is relayed
+	filter protocol.UsageFilter
+
+	// buf holds a converted or rewritten body; it trades places with
+	// rs.body (swapBody), so both buffers stay pooled.
+	buf []byte
+	out []byte // the transformed answer (relay stage output, converted bodies)
+	in  []byte // a non-streamed answer read whole
+}
+
+func (p *protoState) reset() {
+	if p.conv != nil {
+		protocol.ReleaseStreamConverter(p.conv)
+	}
+	p.filter.Reset()
+	p.meta.Reset()
+	*p = protoState{
+		meta:   p.meta,
+		filter: p.filter,
+		buf:    trimBuf(p.buf),
+		out:    trimBuf(p.out),
+		in:     trimBuf(p.in),
+	}
+}
+
+// trimBuf empties b, dropping it when it grew large (a burst of big
+// requests must not pin memory).
+func trimBuf(b []byte) []byte {
+	if cap(b) > 256<<10 {
+		return nil
+	}
+	return b[:0]
+}
+
+// protoFront caches the conversion options of the current config snapshot.
+type protoFront struct {
+	cur atomic.Pointer[protoOptions]
+}
+
+type protoOptions struct {
+	cfg *config.Config
+	opt protocol.Options
+}
+
+// options returns the options of cfg, built once per snapshot.
+func (f *protoFront) options(cfg *config.Config) *protocol.Options {
+	if o := f.cur.Load(); o != nil && o.cfg == cfg {
+		return &o.opt
+	}
+	o := &protoOptions{cfg: cfg, opt: protocol.NewOptions(&cfg.Protocol)}
+	f.cur.Store(o)
+	return &o.opt
+}
+
+var (
+	mReqMessages    = metrics.NewCounter(`infera_requests_total{endpoint="messages"}`)
+	mReqCountTokens = metrics.NewCounter(`infera_requests_total{endpoint="count_tokens"}`)
+	mReqResponses   = metrics.NewCounter(`infera_requests_total{endpoint="responses"}`)
+	mConverted      = metrics.NewCounter(`infera_protocol_requests_total{mode="convert"}`)
+	mPassedThrough  = metrics.NewCounter(`infera_protocol_requests_total{mode="passthrough"}`)
+	mConvertErrors  = metrics.NewCounter(`infera_protocol_conversion_errors_total`)
+	mUsageFiltered  = metrics.NewCounter(`infera_stream_usage_chunks_removed_total`)
+)
+
+// handleProtocol serves the three protocol paths through the one request
+// path (handleInference).
+func (s *Server) handleProtocol(ctx *fasthttp.RequestCtx, kind int) {
+	switch kind {
+	case kindMessages:
+		mReqMessages.Inc()
+	case kindCountTokens:
+		mReqCountTokens.Inc()
+	default:
+		mReqResponses.Inc()
+	}
+	s.handleInference(ctx, kind)
+}
+
+// apiOfPath is the client protocol of a request path: errors the router
+// itself answers on /v1/messages... are in Anthropic's shape.
+func apiOfPath(path []byte) protocol.API {
+	if bytes.HasPrefix(path, []byte("/v1/messages")) {
+		return protocol.Anthropic
+	}
+	if bytes.HasPrefix(path, []byte("/v1/responses")) {
+		return protocol.Responses
+	}
+	return protocol.Chat
+}
+
+// writeProtoError answers a conversion error in the client's shape.
+func writeProtoError(ctx *fasthttp.RequestCtx, api protocol.API, e *protocol.Error) {
+	mBadRequests.Inc()
+	mConvertErrors.Inc()
+	countStatus(e.Status)
+	ctx.Response.Reset()
+	ctx.SetStatusCode(e.Status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(e.Append(nil, api))
+}
+
+// asProtoError returns err as a *protocol.Error.
+func asProtoError(err error) *protocol.Error {
+	if e, ok := err.(*protocol.Error); ok {
+		return e
+	}
+	return &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest, Message: "malformed request body"}
+}
+
+// sameSlice reports whether a and b are the same bytes (a transform that
+// returned its input).
+func sameSlice(a, b []byte) bool {
+	return len(a) == len(b) && unsafe.SliceData(a) == unsafe.SliceData(b)
+}
+
+// swapBody makes b (built in rs.proto.buf) the request's body: the body
+// the router parses and forwards. The client's bytes move to proto.buf,
+// whose memory is reused by the next request. The new body's bytes are
+// reserved in the in-flight body budget.
+func (s *Server) swapBody(ctx *fasthttp.RequestCtx, rs *reqState, b []byte) bool {
+	if !s.bodies.reserve(int64(len(b))) {
+		mBodyBudget.Inc()
+		ctx.SetConnectionClose()
+		writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable, "the router is out of request body memory; retry later", "", "overloaded")
+		return false
+	}
+	rs.reserved += int64(len(b))
+	rs.proto.buf, rs.body = rs.body, b
+	return true
+}
+
+// frontDoor readies a request body before it is parsed for routing:
+//
+//   - chat completions: the reasoning mode may rewrite it (map, drop);
+//   - messages, responses: converted to chat completions (conversion), or
+//     kept as the client sent it with a chat view for routing (passthrough);
+//   - count_tokens in conversion mode: answered here with the router's
+//     tokenizer.
+//
+// It returns the body to parse, the kind to parse it as and the kind of
+// the upstream path; ok is false when the request was answered.
+func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, kind int) (body []byte, parseKind, pathKind int, ok bool) {
+	p := &rs.proto
+	body = rs.body
+	switch kind {
+	case kindCompletion:
+		return body, kind, kind, true
+	case kindChat:
+		opt := s.proto.options(cfg)
+		if r := &opt.Reasoning; r.Mode == protocol.ReasoningPassthrough ||
+			r.Mode == protocol.ReasoningMap && r.Target == protocol.TargetReasoningEffort {
+			return body, kind, kind, true // nothing to rewrite: no walk of the body
+		}
+		out, err := protocol.RewriteChatReasoning(p.buf[:0], body, &opt.Reasoning)
+		if err != nil {
+			// A body that is not a JSON object is refused by parse with
+			// the usual message; other errors are the reasoning field's.
+			if e := asProtoError(err); e.Param != "" {
+				writeProtoError(ctx, protocol.Chat, e)
+				return nil, 0, 0, false
+			}
+			return body, kind, kind, true
+		}
+		if !sameSlice(out, body) {
+			if !s.swapBody(ctx, rs, out) {
+				return nil, 0, 0, false
+			}
+			body = out
+		}
+		return body, kind, kind, true
+	}
+	pass := cfg.Protocol.AnthropicPassthrough
+	p.api = protocol.Anthropic
+	if kind == kindResponses {
+		pass = cfg.Protocol.ResponsesPassthrough
+		p.api = protocol.Responses
+	}
+	opt := s.proto.options(cfg)
+	var (
+		chat []byte
+		err  error
+	)
+	switch kind {
+	case kindMessages:
+		chat, err = protocol.AnthropicToChat(p.buf[:0], body, opt, &p.meta)
+	case kindCountTokens:
+		chat, err = protocol.AnthropicCountTokensToChat(p.buf[:0], body, opt, &p.meta)
+	default:
+		chat, err = protocol.ResponsesToChat(p.buf[:0], body, opt, &p.meta)
+	}
+	if pass {
+		mPassedThrough.Inc()
+		p.mode = protoPassthrough
+		if err != nil {
+			// The engine may accept what the converter does not (stored
+			// responses, server tools, PDF documents): route on the model
+			// and stream flag alone and let the engine answer.
+			var verr error
+			if chat, verr = routingView(p.buf[:0], body); verr != nil {
+				writeProtoError(ctx, p.api, asProtoError(err))
+				return nil, 0, 0, false
+			}
+		}
+		p.buf = chat
+		return chat, kindChat, kind, true
+	}
+	if err != nil {
+		writeProtoError(ctx, p.api, asProtoError(err))
+		return nil, 0, 0, false
+	}
+	mConverted.Inc()
+	if kind == kindCountTokens {
+		p.buf = chat
+		s.countTokens(ctx, rs, chat)
+		return nil, 0, 0, false
+	}
+	p.mode = protoConvert
+	if !s.swapBody(ctx, rs, chat) {
+		return nil, 0, 0, false
+	}
+	// Converted answers are read and rewritten by the router: the engine
+	// must not compress them.
+	ctx.Request.Header.Del(fasthttp.HeaderAcceptEncoding)
+	return chat, kindChat, kindChat, true
+}
+
+// afterParse finishes the body once it is parsed: in passthrough the
+// model span is moved to the forwarded (client's) body, so model routing
+// rewrites it there; a converted stream is converted by the relay; a chat
+// or completions stream always asks the engine for usage, and the usage
+// chunk is removed for a client that did not ask for it unless
+// protocol.force_stream_usage is on. ok is false when the request was
+// answered.
+func (s *Server) afterParse(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, body []byte, kind int) ([]byte, bool) {
+	p := &rs.proto
+	b := &rs.parsed
+	switch p.mode {
+	case protoPassthrough:
+		b.modelStart, b.modelEnd = modelSpan(rs.body)
+		return body, true
+	case protoConvert:
+		if b.stream {
+			p.stage = stageConvert
+		}
+		return body, true
+	}
+	if !b.stream {
+		return body, true
+	}
+	out, asked, err := protocol.EnsureStreamUsage(p.buf[:0], body)
+	if err != nil {
+		return body, true // parse accepted the body; cannot happen
+	}
+	if !asked && !cfg.Protocol.ForceStreamUsage {
+		p.stage = stageFilter
+		ctx.Request.Header.Del(fasthttp.HeaderAcceptEncoding) // the filter reads the stream
+	}
+	if sameSlice(out, body) {
+		return body, true
+	}
+	if !s.swapBody(ctx, rs, out) {
+		return nil, false
+	}
+	if err := b.parse(out, kind); err != nil {
+		panic("BUG: a chat body with stream_options added no longer parses: " + err.Error())
+	}
+	return out, true
+}
+
+// modelSpan returns the span of the (last) top-level "model" value of an
+// object body, quotes included; 0, 0 when there is none.
+func modelSpan(d []byte) (start, end int) {
+	forEachField(d, 0, func(key []byte, vs, ve int) error {
+		if string(key) == "model" && d[vs] == '"' {
+			start, end = vs, ve
+		}
+		return nil
+	})
+	return start, end
+}
+
+// routingView appends a minimal chat body that routes like body: its model
+// and stream flag, an empty prompt. For passthrough requests the converter
+// refused.
+func routingView(dst, body []byte) ([]byte, error) {
+	var model []byte
+	stream := false
+	i := skipSpace(body, 0)
+	end, err := forEachField(body, i, func(key []byte, vs, ve int) error {
+		switch string(key) {
+		case "model":
+			model = body[vs:ve]
+		case "stream":
+			stream = body[vs] == 't'
+		}
+		return nil
+	})
+	if err != nil || skipSpace(body, end) != len(body) {
+		return dst, errJSON
+	}
+	dst = append(dst, '{')
+	if model != nil {
+		dst = append(dst, `"model":`...)
+		dst = append(dst, model...)
+		dst = append(dst, ',')
+	}
+	if stream {
+		dst = append(dst, `"stream":true,`...)
+	}
+	return append(dst, `"messages":[{"role":"user","content":""}]}`...), nil
+}
+
+// countTokens answers POST /v1/messages/count_tokens (conversion mode):
+// the converted prompt rendered with the router's chat template and
+// encoded with its tokenizer. Exact when --router-tokenizer-path names the
+// model's tokenizer; without one the router counts with the built-in
+// Simple tokenizer, an estimate (docs/protocols.md).
+func (s *Server) countTokens(ctx *fasthttp.RequestCtx, rs *reqState, chat []byte) {
+	tok := s.o.Tokenizer
+	if tok == nil {
+		tok = tokenizer.Simple{}
+	}
+	msgs, tools, err := protocol.ChatMessages(rs.msgs[:0], chat, &rs.arena)
+	rs.msgs = msgs
+	if err == nil {
+		rs.render, err = tok.RenderChat(rs.render[:0], msgs, tools, true)
+	}
+	if err != nil {
+		writeProtoError(ctx, protocol.Anthropic, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest,
+			Message: "messages: the prompt cannot be rendered with the model's chat template"})
+		return
+	}
+	rs.tokens = tok.Encode(rs.tokens[:0], rs.render)
+	countStatus(200)
+	rs.proto.out = protocol.AppendCountTokens(rs.proto.out[:0], len(rs.tokens))
+	ctx.SetContentType("application/json")
+	ctx.SetBody(rs.proto.out)
+}
+
+// transforms reports whether the answer may be rewritten (converted or
+// filtered) on its way to the client.
+func (p *protoState) transforms() bool { return p.mode == protoConvert || p.stage != stageNone }
+
+// transformHead handles the answer's head when the request is converted or
+// its stream filtered, before it is committed. first is the first body
+// chunk (eof: the whole body). A converted non-streamed answer or error is
+// read whole, converted and written here (done). Otherwise it returns the
+// first chunk to send; the relay transforms the rest.
+func (s *Server) transformHead(ctx *fasthttp.RequestCtx, rs *reqState, up upResponse, status int, first []byte, eof bool, outcome sched.Outcome) (out []byte, eofOut, done bool) {
+	p := &rs.proto
+	h := &ctx.Response.Header
+	encoded := len(h.Peek(fasthttp.HeaderContentEncoding)) > 0
+	if p.mode == protoConvert && (status >= 400 || !rs.sreq.Stream || encoded) {
+		s.commitConverted(ctx, rs, up, status, first, eof, outcome, encoded)
+		return nil, false, true
+	}
+	if status >= 400 || encoded {
+		return first, eof, false // a chat error or an encoded stream: relayed as is
+	}
+	p.meta.PromptTokens = len(rs.tokens)
+	p.relaying = true
+	switch p.stage {
+	case stageConvert:
+		p.conv = protocol.AcquireStreamConverter(&p.meta)
+		h.SetContentType("text/event-stream")
+	case stageFilter:
+		p.filter.Reset()
+	}
+	out = p.feed(first)
+	if eof {
+		out = p.finish(out)
+	}
+	return out, eof, false
+}
+
+// commitConverted answers a converted request whose answer is not a
+// stream (or is an error): the engine's body is read whole and converted.
+func (s *Server) commitConverted(ctx *fasthttp.RequestCtx, rs *reqState, up upResponse, status int, first []byte, eof bool, outcome sched.Outcome, encoded bool) {
+	p := &rs.proto
+	var f *failure
+	body := first
+	if encoded {
+		f = fail(failProtocol, nil)
+	} else if !eof {
+		body, f = s.readAnswer(rs, up, first)
+	}
+	var out []byte
+	if f != nil {
+		up.finish(false)
+		if f.kind != failProtocol {
+			s.countFailure(rs.lease.Worker, f)
+		}
+		outcome = f.outcome()
+		status = f.httpStatus()
+		c := f.class()
+		msg := c.msg
+		if f.kind == failBroken {
+			msg = "the worker's answer broke before it was complete"
+		}
+		if encoded {
+			msg = "the worker answered with a Content-Encoding the router cannot convert"
+		}
+		if f.kind == failWallClock || isTimeout(f.cause) {
+			status, msg = fasthttp.StatusGatewayTimeout, "the worker's answer did not arrive in time"
+		}
+		out = protocol.AppendError(p.out[:0], p.api, status, c.typ, "", msg)
+	} else {
+		up.finish(true)
+		rs.scanUsage(body)
+		if status >= 400 {
+			out = protocol.ConvertError(p.out[:0], p.api, status, body)
+		} else {
+			var err error
+			if p.api == protocol.Anthropic {
+				out, err = protocol.ChatToAnthropic(p.out[:0], body, &p.meta)
+			} else {
+				out, err = protocol.ChatToResponses(p.out[:0], body, &p.meta)
+			}
+			if err != nil {
+				e := asProtoError(err)
+				status, outcome = fasthttp.StatusBadGateway, sched.OutcomeFault
+				out = protocol.AppendError(p.out[:0], p.api, status, protocol.TypeServer, "", e.Message)
+				mConvertErrors.Inc()
+			}
+		}
+	}
+	p.out = out
+	resp := &ctx.Response
+	resp.Header.SetStatusCode(status)
+	resp.Header.Del(fasthttp.HeaderContentEncoding)
+	resp.Header.SetContentType("application/json")
+	resp.SetBody(out) // a copy: rs (and out) is reused once the handler returns
+	countStatus(status)
+	rs.lease.Done(outcome)
+	rs.usage.record()
+	mDuration.Update(time.Since(rs.start).Seconds())
+}
+
+// readAnswer reads the rest of a non-streamed answer after first (the
+// deadline set before the head bounds it).
+func (s *Server) readAnswer(rs *reqState, up upResponse, first []byte) ([]byte, *failure) {
+	p := &rs.proto
+	in := append(p.in[:0], first...)
+	for {
+		if len(in) == cap(in) {
+			if len(in) >= maxConvertedAnswer {
+				p.in = in
+				return nil, fail(failProtocol, errAnswerTooLarge)
+			}
+			in = slices.Grow(in, max(len(in), 32<<10))
+		}
+		n, err := up.read(in[len(in):cap(in)])
+		in = in[:len(in)+n]
+		if err == io.EOF {
+			p.in = in
+			return in, nil
+		}
+		if err != nil {
+			p.in = in
+			return nil, up.readFailure(err, true)
+		}
+	}
+}
+
+var errAnswerTooLarge = &protocol.Error{Status: 502, Message: "the engine's answer is too large to convert"}
+
+// feed transforms an upstream chunk for the client (relay stage).
+func (p *protoState) feed(src []byte) []byte {
+	switch p.stage {
+	case stageConvert:
+		p.out = p.conv.Feed(p.out[:0], src)
+	case stageFilter:
+		p.out = p.filter.Filter(p.out[:0], src)
+	default:
+		return src
+	}
+	return p.out
+}
+
+// finish appends the stage's closing bytes after the upstream body ended.
+func (p *protoState) finish(dst []byte) []byte {
+	switch p.stage {
+	case stageConvert:
+		dst = p.conv.Finish(dst)
+	case stageFilter:
+		dst = p.filter.Flush(dst)
+		if p.filter.Usage.Seen {
+			mUsageFiltered.Inc()
+		}
+	}
+	p.out = dst
+	return dst
+}
+
+// failEvent is the event a converted stream ends with when the upstream
+// failed after the first byte; nil when the stream is not converted.
+func (p *protoState) failEvent(dst []byte, status int, typ, msg string) []byte {
+	if p.conv == nil {
+		return nil
+	}
+	return p.conv.Fail(dst, status, typ, msg)
+}
+
+// flushHeld appends what a usage-filtered stream holds back (an event
+// not yet complete), for a stream that failed.
+func (p *protoState) flushHeld(dst []byte) []byte {
+	if p.stage == stageFilter {
+		return p.filter.Flush(dst)
+	}
+	return dst
+}
+
+// appendSSEError appends the error event a relayed stream ends with, in
+// the client's protocol: a passthrough Anthropic or Responses stream gets
+// the event its SDK parses, a chat stream the OpenAI-shaped data line.
+func (p *protoState) appendSSEError(b []byte, status int, typ, msg string) []byte {
+	switch p.api {
+	case protocol.Anthropic:
+		b = append(b, "event: error\ndata: "...)
+		b = protocol.AppendError(b, protocol.Anthropic, status, typ, "", msg)
+		return append(b, "\n\n"...)
+	case protocol.Responses:
+		b = append(b, `event: error`+"\n"+`data: {"type":"error","code":`...)
+		b = appendJSONString(b, typ)
+		b = append(b, `,"message":`...)
+		b = appendJSONString(b, msg)
+		return append(b, `,"param":null}`+"\n\n"...)
+	}
+	return appendSSEError(b, typ, msg)
+}
+
+// errorBody is the body of a worker's error answer relayed after retries:
+// converted to the client's protocol for a converted request.
+func (rs *reqState) errorBody() []byte {
+	p := &rs.proto
+	if p.mode != protoConvert {
+		return rs.errBody
+	}
+	p.out = protocol.ConvertError(p.out[:0], p.api, rs.errStatus, rs.errBody)
+	rs.errType = append(rs.errType[:0], "application/json"...)
+	return p.out
+}
+
+// scanUsage records the usage in an answer chunk: chat usage, or in
+// passthrough the client protocol's usage object.
+func (rs *reqState) scanUsage(b []byte) {
+	if rs.proto.mode != protoPassthrough {
+		rs.usage.scan(b)
+		return
+	}
+	rs.usage.scanProtocol(b, rs.proto.api)
+}
+
+var (
+	keyInputTokens  = []byte(`"input_tokens"`)
+	keyOutputTokens = []byte(`"output_tokens"`)
+	keyCacheRead    = []byte(`"cache_read_input_tokens"`)
+)
+
+// scanProtocol is scan for Anthropic and Responses usage objects: prompt
+// tokens are Anthropic's input plus cache reads (Anthropic counts cache
+// reads apart), or Responses' input_tokens.
+func (u *usage) scanProtocol(b []byte, api protocol.API) {
+	i := bytes.Index(b, keyUsage)
+	if i < 0 {
+		return
+	}
+	b = b[i+len(keyUsage):]
+	in, okIn := intAfter(b, keyInputTokens)
+	if n, ok := intAfter(b, keyOutputTokens); ok {
+		u.completion, u.seen = n, true
+	}
+	cached, okCached := 0, false
+	if api == protocol.Anthropic {
+		cached, okCached = intAfter(b, keyCacheRead)
+		in += cached
+	} else {
+		cached, okCached = intAfter(b, keyCached)
+	}
+	if okIn {
+		u.prompt, u.seen = in, true
+	}
+	if okCached {
+		u.cached = cached
+	}
+}

@@ -1,0 +1,626 @@
+package proxy
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/tokenizer"
+	"github.com/valyala/fasthttp"
+)
+
+// chatEngine is a scripted chat completions upstream: it records every
+// request (path, body, headers) and answers a chat completion, or its SSE
+// stream in one write per event, with a usage chunk when asked for it.
+type chatEngine struct {
+	mu   sync.Mutex
+	reqs []engineReq
+	// reasoning, when set, is streamed/answered as reasoning_content.
+	reasoning string
+	// status, when non-zero, is answered with body errBody.
+	status  int
+	errBody string
+	// answer overrides the whole response (path -> raw body); for
+	// passthrough upstreams.
+	answer func(ctx *fasthttp.RequestCtx) bool
+}
+
+type engineReq struct {
+	path, body string
+	hdr        http.Header
+}
+
+func (e *chatEngine) last(t *testing.T) engineReq {
+	t.Helper()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.reqs) == 0 {
+		t.Fatal("the engine got no request")
+	}
+	return e.reqs[len(e.reqs)-1]
+}
+
+func (e *chatEngine) count() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.reqs)
+}
+
+const engineUsage = `{"prompt_tokens":20,"completion_tokens":3,"total_tokens":23,"prompt_tokens_details":{"cached_tokens":8}}`
+
+func (e *chatEngine) handler(ctx *fasthttp.RequestCtx) {
+	r := engineReq{path: string(ctx.Path()), body: string(ctx.PostBody()), hdr: http.Header{}}
+	for k, v := range ctx.Request.Header.All() {
+		r.hdr.Add(string(k), string(v))
+	}
+	e.mu.Lock()
+	e.reqs = append(e.reqs, r)
+	e.mu.Unlock()
+	if e.answer != nil && e.answer(ctx) {
+		return
+	}
+	if e.status != 0 {
+		ctx.SetStatusCode(e.status)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(e.errBody)
+		return
+	}
+	var req struct {
+		Stream        bool `json:"stream"`
+		StreamOptions struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
+	}
+	json.Unmarshal(ctx.PostBody(), &req)
+	if !req.Stream {
+		ctx.SetContentType("application/json")
+		reasoning := ""
+		if e.reasoning != "" {
+			reasoning = `"reasoning_content":"` + e.reasoning + `",`
+		}
+		ctx.SetBodyString(`{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant",` +
+			reasoning + `"content":"Hello there!"},"finish_reason":"stop"}],"usage":` + engineUsage + `}`)
+		return
+	}
+	usage := req.StreamOptions.IncludeUsage
+	ctx.SetContentType("text/event-stream")
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		ev := func(s string) {
+			w.WriteString("data: " + s + "\n\n")
+			w.Flush()
+		}
+		head := `{"id":"c1","object":"chat.completion.chunk","model":"m",`
+		ev(head + `"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`)
+		if e.reasoning != "" {
+			ev(head + `"choices":[{"index":0,"delta":{"reasoning_content":"` + e.reasoning + `"},"finish_reason":null}]}`)
+		}
+		for _, w := range []string{"Hello", " there", "!"} {
+			ev(head + `"choices":[{"index":0,"delta":{"content":"` + w + `"},"finish_reason":null}]}`)
+		}
+		ev(head + `"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`)
+		if usage {
+			ev(head + `"choices":[],"usage":` + engineUsage + `}`)
+		}
+		ev("[DONE]")
+	})
+}
+
+func startChatEngine(t testing.TB, e *chatEngine) *upstream {
+	return startUpstream(t, e.handler)
+}
+
+// protoConfig is the default config with the protocol section changed.
+func protoConfig(f func(p *config.Protocol)) *config.Config {
+	cfg := config.Default()
+	if f != nil {
+		f(&cfg.Protocol)
+	}
+	return cfg
+}
+
+func postH(t *testing.T, url, body string, hdr map[string]string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+// sseEvents splits an SSE body into (event name, data) pairs.
+func sseEvents(t *testing.T, body string) [][2]string {
+	t.Helper()
+	var out [][2]string
+	for _, ev := range strings.Split(strings.TrimSuffix(body, "\n\n"), "\n\n") {
+		var name, data string
+		for _, line := range strings.Split(ev, "\n") {
+			switch {
+			case strings.HasPrefix(line, "event: "):
+				name = line[len("event: "):]
+			case strings.HasPrefix(line, "data: "):
+				data = line[len("data: "):]
+			default:
+				t.Fatalf("bad SSE line %q in %q", line, body)
+			}
+		}
+		out = append(out, [2]string{name, data})
+	}
+	return out
+}
+
+// checkAnthropicError asserts Anthropic's error shape with the given type.
+func checkAnthropicError(t *testing.T, body, typ string) {
+	t.Helper()
+	var e struct {
+		Type  string `json:"type"`
+		Error struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Type != "error" || e.Error.Type != typ || e.Error.Message == "" {
+		t.Fatalf("not an Anthropic %s error: %q (%v)", typ, body, err)
+	}
+}
+
+const anthropicBody = `{"model":"m","max_tokens":16,"system":"be brief","messages":[{"role":"user","content":"hello"}]}`
+
+func TestMessagesConvertedToChatAndBack(t *testing.T) {
+	e := &chatEngine{}
+	up := startChatEngine(t, e)
+	r := startRouter(t, nil, nil, up.url)
+	resp, b := postH(t, r.url+"/v1/messages", anthropicBody, map[string]string{"anthropic-version": "2023-06-01", "Accept-Encoding": "gzip"})
+	var m struct {
+		ID      string `json:"id"`
+		Type    string `json:"type"`
+		Role    string `json:"role"`
+		Model   string `json:"model"`
+		Content []struct {
+			Type, Text string
+		} `json:"content"`
+		StopReason string `json:"stop_reason"`
+		Usage      struct {
+			InputTokens     int `json:"input_tokens"`
+			OutputTokens    int `json:"output_tokens"`
+			CacheReadTokens int `json:"cache_read_input_tokens"`
+		} `json:"usage"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal([]byte(b), &m) != nil {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if !strings.HasPrefix(m.ID, "msg_") || m.Type != "message" || m.Role != "assistant" || m.Model != "m" ||
+		len(m.Content) != 1 || m.Content[0].Text != "Hello there!" || m.StopReason != "end_turn" ||
+		m.Usage.InputTokens != 12 || m.Usage.CacheReadTokens != 8 || m.Usage.OutputTokens != 3 {
+		t.Fatalf("message %s", b)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+		t.Fatalf("content type %q", ct)
+	}
+	got := e.last(t)
+	want := `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello"}],"max_tokens":16}`
+	if got.path != "/v1/chat/completions" || got.body != want {
+		t.Fatalf("engine got %s %s, want %s", got.path, got.body, want)
+	}
+	if got.hdr.Get("Accept-Encoding") != "" || got.hdr.Get("Anthropic-Version") != "2023-06-01" {
+		t.Fatalf("engine headers %v", got.hdr)
+	}
+	// The engine's usage reached the router's metrics.
+	if !strings.Contains(metricsText(), `infera_protocol_requests_total{mode="convert"}`) {
+		t.Fatal("no conversion metric")
+	}
+}
+
+func metricsText() string {
+	var sb strings.Builder
+	metrics.WritePrometheus(&sb, false)
+	return sb.String()
+}
+
+func TestMessagesStreamConverted(t *testing.T) {
+	e := &chatEngine{reasoning: "let me think"}
+	up := startChatEngine(t, e)
+	r := startRouter(t, nil, nil, up.url)
+	body := strings.Replace(anthropicBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
+	resp, b := postH(t, r.url+"/v1/messages", body, nil)
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("%d %q: %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	}
+	var names []string
+	text, thinking := "", ""
+	for _, ev := range sseEvents(t, b) {
+		names = append(names, ev[0])
+		var d struct {
+			Type  string `json:"type"`
+			Delta struct {
+				Type, Text, Thinking string
+			} `json:"delta"`
+			Usage struct {
+				InputTokens  int `json:"input_tokens"`
+				OutputTokens int `json:"output_tokens"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(ev[1]), &d); err != nil || d.Type != ev[0] {
+			t.Fatalf("event %q data %q: %v", ev[0], ev[1], err)
+		}
+		text += d.Delta.Text
+		thinking += d.Delta.Thinking
+		if ev[0] == "message_delta" && (d.Usage.InputTokens != 12 || d.Usage.OutputTokens != 3) {
+			t.Fatalf("final usage %s", ev[1])
+		}
+	}
+	want := "message_start content_block_start ping content_block_delta content_block_stop content_block_start " +
+		"content_block_delta content_block_delta content_block_delta content_block_stop message_delta message_stop"
+	if strings.Join(names, " ") != want || text != "Hello there!" || thinking != "let me think" {
+		t.Fatalf("events %v text %q thinking %q", names, text, thinking)
+	}
+	if got := e.last(t); !strings.Contains(got.body, `"stream":true,"stream_options":{"include_usage":true}`) {
+		t.Fatalf("engine body %s", got.body)
+	}
+}
+
+func TestResponsesConvertedToChatAndBack(t *testing.T) {
+	e := &chatEngine{}
+	up := startChatEngine(t, e)
+	r := startRouter(t, nil, nil, up.url)
+	resp, b := postH(t, r.url+"/v1/responses", `{"model":"m","instructions":"be brief","input":"hello","max_output_tokens":16}`, nil)
+	var out struct {
+		Object string `json:"object"`
+		Status string `json:"status"`
+		Output []struct {
+			Type    string                  `json:"type"`
+			Content []struct{ Text string } `json:"content"`
+		} `json:"output"`
+		Usage struct {
+			InputTokens  int `json:"input_tokens"`
+			OutputTokens int `json:"output_tokens"`
+		} `json:"usage"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal([]byte(b), &out) != nil || out.Object != "response" || out.Status != "completed" ||
+		len(out.Output) != 1 || out.Output[0].Content[0].Text != "Hello there!" || out.Usage.InputTokens != 20 || out.Usage.OutputTokens != 3 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if got := e.last(t); got.path != "/v1/chat/completions" ||
+		got.body != `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hello"}],"max_tokens":16}` {
+		t.Fatalf("engine got %s %s", got.path, got.body)
+	}
+	resp, b = postH(t, r.url+"/v1/responses", `{"model":"m","input":"hello","stream":true}`, nil)
+	evs := sseEvents(t, b)
+	if resp.StatusCode != 200 || evs[0][0] != "response.created" || evs[len(evs)-1][0] != "response.completed" ||
+		!strings.Contains(evs[len(evs)-1][1], `"output_tokens":3`) {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	for i, ev := range evs {
+		if !strings.Contains(ev[1], fmt.Sprintf(`"sequence_number":%d`, i)) {
+			t.Fatalf("event %d %s", i, ev[1])
+		}
+	}
+}
+
+// Every error a client of /v1/messages gets is in Anthropic's shape, and
+// on /v1/responses in OpenAI's, whoever made it.
+func TestProtocolErrorsInTheClientsShape(t *testing.T) {
+	e := &chatEngine{}
+	up := startChatEngine(t, e)
+	f := defaultFlags()
+	f.APIKey = "sekret"
+	r := startRouter(t, f, nil, up.url)
+	auth := map[string]string{"x-api-key": "sekret"}
+
+	resp, b := postH(t, r.url+"/v1/messages", anthropicBody, nil)
+	if resp.StatusCode != 401 {
+		t.Fatalf("no key: %d %s", resp.StatusCode, b)
+	}
+	checkAnthropicError(t, b, "authentication_error")
+	if resp, b = postH(t, r.url+"/v1/messages", anthropicBody, map[string]string{"x-api-key": "wrong"}); resp.StatusCode != 401 {
+		t.Fatalf("wrong key: %d %s", resp.StatusCode, b)
+	}
+	checkAnthropicError(t, b, "authentication_error")
+	if resp, b = postH(t, r.url+"/v1/messages", anthropicBody, map[string]string{"Authorization": "bearer sekret"}); resp.StatusCode != 200 {
+		t.Fatalf("bearer key: %d %s", resp.StatusCode, b)
+	}
+	if resp, b = postH(t, r.url+"/v1/messages", anthropicBody, auth); resp.StatusCode != 200 {
+		t.Fatalf("x-api-key: %d %s", resp.StatusCode, b)
+	}
+	if got := e.last(t); got.hdr.Get("x-api-key") != "" || got.hdr.Get("Authorization") != "" {
+		t.Fatalf("the router's key reached the engine: %v", got.hdr)
+	}
+	n := e.count()
+	resp, b = postH(t, r.url+"/v1/messages", `{"model":"m","max_tokens":8,"messages":[{"role":"robot","content":"x"}]}`, auth)
+	if resp.StatusCode != 400 || e.count() != n {
+		t.Fatalf("bad role: %d %s", resp.StatusCode, b)
+	}
+	checkAnthropicError(t, b, "invalid_request_error")
+	resp, b = postH(t, r.url+"/v1/messages", `{"model":"nope","max_tokens":8,"messages":[{"role":"user","content":"x"}]}`, auth)
+	if resp.StatusCode != 404 {
+		t.Fatalf("unknown model: %d %s", resp.StatusCode, b)
+	}
+	checkAnthropicError(t, b, "not_found_error")
+	if resp, b = postH(t, r.url+"/v1/messages", `{"model":"m",`, auth); resp.StatusCode != 400 {
+		t.Fatalf("malformed: %d %s", resp.StatusCode, b)
+	}
+	checkAnthropicError(t, b, "invalid_request_error")
+	req, _ := http.NewRequest("GET", r.url+"/v1/messages", nil)
+	req.Header.Set("x-api-key", "sekret")
+	gr, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gb, _ := io.ReadAll(gr.Body)
+	gr.Body.Close()
+	if gr.StatusCode != 405 {
+		t.Fatalf("GET: %d %s", gr.StatusCode, gb)
+	}
+	checkAnthropicError(t, string(gb), "invalid_request_error")
+
+	// Responses: OpenAI's shape, naming the parameter.
+	resp, b = postH(t, r.url+"/v1/responses", `{"model":"m","input":"x","previous_response_id":"resp_1"}`, map[string]string{"Authorization": "Bearer sekret"})
+	if resp.StatusCode != 400 || !strings.Contains(b, `"param":"previous_response_id"`) {
+		t.Fatalf("previous_response_id: %d %s", resp.StatusCode, b)
+	}
+	checkOpenAIError(t, b)
+
+	// The engine's own errors keep their status, in the client's shape.
+	e.status, e.errBody = 400, `{"object":"error","message":"This model's maximum context length is 4096 tokens","type":"BadRequestError","code":400}`
+	resp, b = postH(t, r.url+"/v1/messages", anthropicBody, auth)
+	if resp.StatusCode != 400 || !strings.Contains(b, "maximum context length") {
+		t.Fatalf("engine 400: %d %s", resp.StatusCode, b)
+	}
+	checkAnthropicError(t, b, "invalid_request_error")
+	// A 5xx retried on every worker: the last answer, converted.
+	e.status, e.errBody = 503, `{"error":{"message":"engine overloaded","type":"server_error"}}`
+	resp, b = postH(t, r.url+"/v1/messages", anthropicBody, auth)
+	if resp.StatusCode != 503 || !strings.Contains(b, "engine overloaded") {
+		t.Fatalf("engine 503: %d %s", resp.StatusCode, b)
+	}
+	checkAnthropicError(t, b, "overloaded_error")
+	e.status = 0
+
+	// The engine's answer is not a chat completion: 502.
+	e.answer = func(ctx *fasthttp.RequestCtx) bool { ctx.SetBodyString(`{"what":1}`); return true }
+	resp, b = postH(t, r.url+"/v1/messages", anthropicBody, auth)
+	if resp.StatusCode != 502 {
+		t.Fatalf("unreadable answer: %d %s", resp.StatusCode, b)
+	}
+	checkAnthropicError(t, b, "api_error")
+	e.answer = nil
+
+	// No worker at all: 503 in Anthropic's shape.
+	r.fl.Sync(nil)
+	resp, b = postH(t, r.url+"/v1/messages", anthropicBody, auth)
+	if resp.StatusCode != 503 && resp.StatusCode != 404 {
+		t.Fatalf("no worker: %d %s", resp.StatusCode, b)
+	}
+	checkAnthropicError(t, b, map[int]string{503: "overloaded_error", 404: "not_found_error"}[resp.StatusCode])
+}
+
+// A converted stream whose engine dies mid-way ends with Anthropic's error
+// event; a passthrough one too.
+func TestProtocolStreamFailureEndsWithTheProtocolsErrorEvent(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+		var part string
+		if strings.Contains(req, "POST /v1/messages") {
+			part = "event: message_start\ndata: {\"type\":\"message_start\"}\n\nevent: content_block_delta\ndata: {\"par"
+		} else {
+			part = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\ndata: {\"par"
+		}
+		fmt.Fprintf(c, "%x\r\n%s\r\n", len(part), part)
+		time.Sleep(30 * time.Millisecond)
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	})
+	body := strings.Replace(anthropicBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
+	for _, pass := range []bool{false, true} {
+		cfg := protoConfig(func(p *config.Protocol) { p.AnthropicPassthrough = pass })
+		f := defaultFlags()
+		f.RequestMaxRetries = 0
+		r := startRouter(t, f, cfg, up.url)
+		resp, b := postH(t, r.url+"/v1/messages", body, nil)
+		i := strings.LastIndex(b, "event: error\ndata: ")
+		if resp.StatusCode != 200 || i < 0 || !strings.HasSuffix(b, "}\n\n") {
+			t.Fatalf("passthrough %v: %d %q", pass, resp.StatusCode, b)
+		}
+		if i > 0 && b[i-2:i] != "\n\n" {
+			t.Fatalf("passthrough %v: error event glued to a partial one: %q", pass, b)
+		}
+		checkAnthropicError(t, strings.TrimSuffix(b[i+len("event: error\ndata: "):], "\n\n"), "api_error")
+	}
+}
+
+func TestPassthroughForwardsTheClientsBytes(t *testing.T) {
+	native := `{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"hi"}],` +
+		`"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":7,"cache_read_input_tokens":5,"output_tokens":2}}`
+	e := &chatEngine{answer: func(ctx *fasthttp.RequestCtx) bool {
+		switch string(ctx.Path()) {
+		case "/v1/messages":
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(native)
+		case "/v1/messages/count_tokens":
+			ctx.SetBodyString(`{"input_tokens":99}`)
+		case "/v1/responses":
+			ctx.SetBodyString(`{"object":"response","usage":{"input_tokens":4,"output_tokens":1}}`)
+		default:
+			return false
+		}
+		return true
+	}}
+	up := startChatEngine(t, e)
+	cfg := protoConfig(func(p *config.Protocol) { p.AnthropicPassthrough, p.ResponsesPassthrough = true, true })
+	cfg.ModelRouting = config.ModelRouting{Enabled: true, Mappings: []config.ModelMapping{{Pattern: "claude-*", Services: []string{"m"}}}}
+	r := startRouter(t, nil, cfg, up.url)
+	prompt0 := mPromptTokens.Get()
+
+	body := `{"model":"m", "max_tokens":16,"system":"be brief","messages":[{"role":"user","content":"h\u00e9llo"}],"x-extension":{"keep":[1,2]}}`
+	resp, b := postH(t, r.url+"/v1/messages", body, nil)
+	if resp.StatusCode != 200 || b != native {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if got := e.last(t); got.path != "/v1/messages" || got.body != body {
+		t.Fatalf("engine got %s %q", got.path, got.body)
+	}
+	if d := mPromptTokens.Get() - prompt0; d != 12 {
+		t.Fatalf("passthrough usage: %d prompt tokens recorded, want 7+5", d)
+	}
+	// Model routing rewrites the model in the client's own body.
+	resp, _ = postH(t, r.url+"/v1/messages", strings.Replace(body, `"m"`, `"claude-3-opus"`, 1), nil)
+	if got := e.last(t); resp.StatusCode != 200 || got.body != body {
+		t.Fatalf("rewritten: %d %q", resp.StatusCode, got.body)
+	}
+	// What the converter refuses is still the engine's to judge.
+	odd := `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"file","file_id":"f1"}}]}]}`
+	if resp, b = postH(t, r.url+"/v1/messages", odd, nil); resp.StatusCode != 200 || e.last(t).body != odd {
+		t.Fatalf("converter-refused body: %d %s", resp.StatusCode, b)
+	}
+	if resp, b = postH(t, r.url+"/v1/messages/count_tokens", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, nil); resp.StatusCode != 200 || b != `{"input_tokens":99}` || e.last(t).path != "/v1/messages/count_tokens" {
+		t.Fatalf("count_tokens: %d %s", resp.StatusCode, b)
+	}
+	rb := `{"model":"m","input":"hi","previous_response_id":"resp_1"}`
+	if resp, b = postH(t, r.url+"/v1/responses", rb, nil); resp.StatusCode != 200 || e.last(t).body != rb || e.last(t).path != "/v1/responses" {
+		t.Fatalf("responses: %d %s", resp.StatusCode, b)
+	}
+	// Still refused: a body that is not JSON, or names no model.
+	n := e.count()
+	resp, b = postH(t, r.url+"/v1/messages", `{"max_tokens":8,"messages":[]}`, nil)
+	if resp.StatusCode != 400 || e.count() != n {
+		t.Fatalf("no model: %d %s", resp.StatusCode, b)
+	}
+	checkAnthropicError(t, b, "invalid_request_error")
+}
+
+func TestCountTokensWithTheRoutersTokenizer(t *testing.T) {
+	e := &chatEngine{}
+	up := startChatEngine(t, e)
+	for _, policy := range []string{"round-robin", "kv-aware"} {
+		f := defaultFlags()
+		f.RouterPolicy = policy
+		r := startRouter(t, f, nil, up.url)
+		count := func(body string) int {
+			t.Helper()
+			resp, b := postH(t, r.url+"/v1/messages/count_tokens", body, nil)
+			var c struct {
+				InputTokens int `json:"input_tokens"`
+			}
+			if resp.StatusCode != 200 || json.Unmarshal([]byte(b), &c) != nil {
+				t.Fatalf("%d %s", resp.StatusCode, b)
+			}
+			return c.InputTokens
+		}
+		got := count(`{"model":"m","system":"be brief","messages":[{"role":"user","content":"hello there"}]}`)
+		var tk tokenizer.Simple
+		text, _ := tk.RenderChat(nil, []tokenizer.Message{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hello there"}}, nil, true)
+		if want := len(tk.Encode(nil, text)); got != want {
+			t.Fatalf("%s: %d tokens, want %d", policy, got, want)
+		}
+		if long := count(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("hello ", 100) + `"}]}`); long <= got {
+			t.Fatalf("%s: long prompt counted %d", policy, long)
+		}
+	}
+	if e.count() != 0 {
+		t.Fatal("count_tokens reached the engine in conversion mode")
+	}
+}
+
+// The router always asks the engine for streaming usage; a client that did
+// not ask does not get the usage chunk unless force_stream_usage is on.
+func TestStreamUsageAskedAlwaysRelayedWhenAskedOrForced(t *testing.T) {
+	e := &chatEngine{}
+	up := startChatEngine(t, e)
+	for _, force := range []bool{false, true} {
+		r := startRouter(t, nil, protoConfig(func(p *config.Protocol) { p.ForceStreamUsage = force }), up.url)
+		for _, asked := range []bool{false, true} {
+			body := streamBody
+			if asked {
+				body = strings.Replace(body, `"stream":true`, `"stream":true,"stream_options":{"include_usage":true}`, 1)
+			}
+			before := mOutputTokens.Get()
+			resp, b := postH(t, r.url+"/v1/chat/completions", body, nil)
+			if resp.StatusCode != 200 || !strings.HasSuffix(b, "data: [DONE]\n\n") || strings.Count(b, `"content":`) != 4 {
+				t.Fatalf("%d %q", resp.StatusCode, b)
+			}
+			if got := e.last(t).body; !strings.Contains(got, `"include_usage":true`) {
+				t.Fatalf("the engine was not asked for usage: %s", got)
+			}
+			if relayed, want := strings.Contains(b, `"usage"`), asked || force; relayed != want {
+				t.Fatalf("force %v asked %v: usage relayed %v: %q", force, asked, relayed, b)
+			}
+			if d := mOutputTokens.Get() - before; d != 3 {
+				t.Fatalf("force %v asked %v: %d completion tokens recorded", force, asked, d)
+			}
+		}
+	}
+	// The client's body reaches the engine as it was, plus stream_options.
+	r := startRouter(t, nil, nil, up.url)
+	postH(t, r.url+"/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"continuous":1},"messages":[{"role":"user","content":"hi"}]}`, nil)
+	if got := e.last(t).body; got != `{"model":"m","stream":true,"stream_options":{"include_usage":true,"continuous":1},"messages":[{"role":"user","content":"hi"}]}` {
+		t.Fatalf("engine got %s", got)
+	}
+}
+
+func TestReasoningModeOnChatBodies(t *testing.T) {
+	e := &chatEngine{}
+	up := startChatEngine(t, e)
+	body := `{"model":"m","reasoning_effort":"minimal","messages":[{"role":"user","content":"hi"}]}`
+	f := func(p config.Protocol, want string) {
+		t.Helper()
+		r := startRouter(t, nil, protoConfig(func(c *config.Protocol) { *c = p }), up.url)
+		if resp, b := postH(t, r.url+"/v1/chat/completions", body, nil); resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		if got := e.last(t).body; got != want {
+			t.Fatalf("mode %q: engine got %s, want %s", p.ReasoningEffortMode, got, want)
+		}
+	}
+	f(config.Protocol{ReasoningEffortMode: "passthrough"}, body)
+	f(config.Protocol{ReasoningEffortMode: "map"}, `{"model":"m","messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"enable_thinking":false}}`)
+	f(config.Protocol{ReasoningEffortMode: "map", ReasoningMap: config.ReasoningMap{Target: "both", ThinkingOffEfforts: []string{"none"}}},
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"reasoning_effort":"minimal","chat_template_kwargs":{"enable_thinking":true}}`)
+	f(config.Protocol{ReasoningEffortMode: "drop"}, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+	// Anthropic thinking in map mode reaches the engine as enable_thinking.
+	r := startRouter(t, nil, protoConfig(func(c *config.Protocol) { c.ReasoningEffortMode = "map" }), up.url)
+	postH(t, r.url+"/v1/messages", `{"model":"m","max_tokens":2048,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[{"role":"user","content":"hi"}]}`, nil)
+	if got := e.last(t).body; !strings.Contains(got, `"chat_template_kwargs":{"enable_thinking":true}`) {
+		t.Fatalf("thinking: engine got %s", got)
+	}
+	// A reasoning_effort that is not a string is the client's error.
+	resp, b := postH(t, r.url+"/v1/chat/completions", `{"model":"m","reasoning_effort":5,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	if resp.StatusCode != 400 || !strings.Contains(b, `"param":"reasoning_effort"`) {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+}
+
+// A converted answer that arrives in many pieces is read whole first.
+func TestConvertedAnswerReadWholeAcrossReads(t *testing.T) {
+	answer := `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"` +
+		strings.Repeat("word ", 20000) + `"},"finish_reason":"length"}],"usage":` + engineUsage + `}`
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(answer))
+		for i := 0; i < len(answer); i += 7000 {
+			c.Write([]byte(answer[i:min(i+7000, len(answer))]))
+			time.Sleep(2 * time.Millisecond)
+		}
+	})
+	r := startRouter(t, nil, nil, up.url)
+	resp, b := postH(t, r.url+"/v1/messages", anthropicBody, nil)
+	var m struct {
+		Content []struct{ Text string } `json:"content"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal([]byte(b), &m) != nil || len(m.Content[0].Text) != 100000 {
+		t.Fatalf("%d %d bytes", resp.StatusCode, len(b))
+	}
+}
