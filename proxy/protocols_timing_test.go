@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -179,4 +180,61 @@ func protoAllocs(t *testing.T, r *testRouter, c protoCase, check func([]byte)) f
 	}
 	check(resp.Body())
 	return testing.AllocsPerRun(1000, do)
+}
+
+// BenchmarkConversionOverhead1K measures what converting costs through the
+// router: blocks of 50 chat completions and 50 requests of the same 1 KB
+// prompt through a protocol front door alternate in one run (so both see
+// the same load on a shared machine), and the process CPU time of each
+// kind is summed apart. added-cpu-ns/op is the conversion's cost per
+// request (request, answer or stream, and the router's extra steps);
+// allocs/op counts both requests of a pair.
+func BenchmarkConversionOverhead1K(b *testing.B) {
+	up := startUpstream(b, benchEngine)
+	r := startRouter(b, nil, nil, up.url)
+	for _, p := range []struct {
+		name       string
+		base, conv protoCase
+	}{
+		{"messages", protoCases[0], protoCases[1]},
+		{"responses", protoCases[0], protoCases[2]},
+		{"messages-stream", protoCases[3], protoCases[4]},
+		{"responses-stream", protoCases[3], protoCases[5]},
+	} {
+		b.Run(p.name, func(b *testing.B) {
+			hcA, reqA := protoClient(b, r.url, p.base.path, p.base.body)
+			hcB, reqB := protoClient(b, r.url, p.conv.path, p.conv.body)
+			resp := fasthttp.AcquireResponse()
+			do := func(hc *fasthttp.HostClient, req *fasthttp.Request) {
+				if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+					b.Fatal(err, resp.StatusCode(), string(resp.Body()))
+				}
+			}
+			for i := 0; i < 100; i++ {
+				do(hcA, reqA)
+				do(hcB, reqB)
+			}
+			const block = 50
+			var cpuA, cpuB time.Duration
+			b.ReportAllocs()
+			b.ResetTimer()
+			for done := 0; done < b.N; {
+				k := min(block, b.N-done)
+				t0 := processCPU()
+				for i := 0; i < k; i++ {
+					do(hcA, reqA)
+				}
+				t1 := processCPU()
+				for i := 0; i < k; i++ {
+					do(hcB, reqB)
+				}
+				cpuA, cpuB = cpuA+t1-t0, cpuB+processCPU()-t1
+				done += k
+			}
+			n := float64(b.N)
+			b.ReportMetric(float64(cpuA)/n, "chat-cpu-ns/op")
+			b.ReportMetric(float64(cpuB)/n, "conv-cpu-ns/op")
+			b.ReportMetric(float64(cpuB-cpuA)/n, "added-cpu-ns/op")
+		})
+	}
 }
