@@ -20,7 +20,7 @@ type sseReader struct {
 }
 
 func (r *sseReader) reset() {
-	r.line, r.data, r.hasData = r.line[:0], r.data[:0], false
+	r.line, r.data, r.hasData = reuse(r.line), reuse(r.data), false
 }
 
 // feed consumes src, calling f with the data of each complete event. f's

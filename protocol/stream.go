@@ -92,7 +92,7 @@ func (c *StreamConverter) Reset(m *Meta) {
 	tools := c.tools[:cap(c.tools)]
 	for i := range tools {
 		t := &tools[i]
-		*t = streamTool{id: t.id[:0], name: t.name[:0], args: t.args[:0], itemID: t.itemID[:0]}
+		*t = streamTool{id: t.id[:0], name: t.name[:0], args: reuse(t.args), itemID: t.itemID[:0]}
 	}
 	items := c.items[:cap(c.items)]
 	for i := range items {
@@ -106,8 +106,20 @@ func (c *StreamConverter) Reset(m *Meta) {
 		stopReason: c.stopReason[:0],
 		tools:      c.tools[:0],
 		items:      c.items[:0],
-		acc:        c.acc[:0],
+		acc:        reuse(c.acc),
 	}
+}
+
+// maxKeptBuffer is the largest buffer a reset keeps: a stream with huge
+// events or answers must not pin that memory in a pooled value.
+const maxKeptBuffer = 256 << 10
+
+// reuse empties b for reuse, or drops it when it grew past maxKeptBuffer.
+func reuse(b []byte) []byte {
+	if cap(b) > maxKeptBuffer {
+		return nil
+	}
+	return b[:0]
 }
 
 // Usage returns the usage the engine reported so far.

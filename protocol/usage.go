@@ -89,9 +89,10 @@ type UsageFilter struct {
 	scratch []byte
 }
 
-// Reset clears f for another stream, keeping its buffers.
+// Reset clears f for another stream, keeping its buffers (up to 256 KiB
+// each: a huge event's buffer is dropped).
 func (f *UsageFilter) Reset() {
-	*f = UsageFilter{carry: f.carry[:0], scratch: f.scratch[:0]}
+	*f = UsageFilter{carry: reuse(f.carry), scratch: reuse(f.scratch)}
 }
 
 var keyUsage = []byte(`"usage"`)
