@@ -55,14 +55,15 @@ const (
 	nEcho
 )
 
-// Reset clears m for another request, keeping its buffers.
+// Reset clears m for another request, keeping its buffers (up to 256 KiB
+// each).
 func (m *Meta) Reset() {
 	*m = Meta{
 		Model:     m.Model[:0],
 		ID:        m.ID[:0],
-		stops:     m.stops[:0],
+		stops:     reuse(m.stops),
 		stopEnds:  m.stopEnds[:0],
-		echo:      m.echo[:0],
+		echo:      reuse(m.echo), // echoed tools can be large
 		MaxTokens: -1,
 	}
 }
