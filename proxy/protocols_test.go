@@ -14,6 +14,8 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/protocol"
 	"github.com/infera/infera/tokenizer"
 	"github.com/valyala/fasthttp"
 )
@@ -623,4 +625,113 @@ func TestConvertedAnswerReadWholeAcrossReads(t *testing.T) {
 	if resp.StatusCode != 200 || json.Unmarshal([]byte(b), &m) != nil || len(m.Content[0].Text) != 100000 {
 		t.Fatalf("%d %d bytes", resp.StatusCode, len(b))
 	}
+}
+
+// fakeUp is an upstream body delivered in scripted reads, then EOF or an
+// error.
+type fakeUp struct {
+	chunks [][]byte
+	i      int
+	err    error
+}
+
+func (u *fakeUp) status() int                            { return 200 }
+func (u *fakeUp) copyHeaders(*fasthttp.ResponseHeader)   {}
+func (u *fakeUp) contentType() []byte                    { return nil }
+func (u *fakeUp) contentLength() int64                   { return -1 }
+func (u *fakeUp) setReadDeadline(time.Time, int64)       {}
+func (u *fakeUp) finish(bool)                            {}
+func (u *fakeUp) readFailure(err error, _ bool) *failure { return fail(failBroken, err) }
+func (u *fakeUp) read(p []byte) (int, error) {
+	if u.i < len(u.chunks) {
+		n := copy(p, u.chunks[u.i])
+		u.i++
+		return n, nil
+	}
+	if u.err != nil {
+		return 0, u.err
+	}
+	return 0, io.EOF
+}
+
+// The relay's Read path (fasthttp's fallback when it does not use WriteTo)
+// transforms exactly as WriteTo does: same bytes for a converted stream and
+// a usage-filtered one, ended cleanly or by an upstream failure.
+func TestRelayReadTransformsLikeWriteTo(t *testing.T) {
+	chat := []string{
+		`data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}` + "\n\n",
+		`data: {"choices":[{"index":0,"delta":{"content":"Hel`, `lo"}}]}` + "\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"!\"}}]}\n\n",
+		`data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\n" + `data: {"choices":[],"usage":` + engineUsage + "}\n\n",
+		"data: [DONE]\n\n",
+	}
+	opt := protocolDefaultOptions()
+	run := func(stage stageKind, failAt int, useRead bool) string {
+		rs := &reqState{rbuf: make([]byte, relayBufSize)}
+		rs.lease.Worker = &fleet.Worker{ID: "w"}
+		p := &rs.proto
+		if _, err := protocolAnthropicToChat(&opt, &p.meta); err != nil {
+			t.Fatal(err)
+		}
+		p.meta.ID = append(p.meta.ID[:0], "msg_fixed"...)
+		p.stage, p.relaying = stage, true
+		if stage == stageConvert {
+			p.api = protocolAnthropic
+			p.conv = protocolAcquire(&p.meta)
+		}
+		up := &fakeUp{}
+		for i, c := range chat {
+			if failAt >= 0 && i == failAt {
+				up.err = io.ErrUnexpectedEOF
+				break
+			}
+			up.chunks = append(up.chunks, []byte(c))
+		}
+		r := &relay{rs: rs, up: up, buf: rs.rbuf, sse: true, st: p}
+		var out strings.Builder
+		if useRead {
+			buf := make([]byte, 7)
+			for {
+				n, err := r.Read(buf)
+				out.Write(buf[:n])
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+		} else {
+			r.WriteTo(&out)
+		}
+		p.reset()
+		return out.String()
+	}
+	for _, stage := range []stageKind{stageConvert, stageFilter} {
+		for _, failAt := range []int{-1, 2} {
+			w, r := run(stage, failAt, false), run(stage, failAt, true)
+			if w != r || w == "" {
+				t.Fatalf("stage %d fail at %d:\nWriteTo %q\nRead    %q", stage, failAt, w, r)
+			}
+			switch {
+			case stage == stageFilter && failAt < 0 && (strings.Contains(w, `"usage"`) || !strings.HasSuffix(w, "data: [DONE]\n\n")):
+				t.Fatalf("filtered: %q", w)
+			case stage == stageConvert && failAt < 0 && !strings.HasSuffix(w, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"):
+				t.Fatalf("converted: %q", w)
+			case failAt >= 0 && !strings.Contains(w, "error"):
+				t.Fatalf("failed stream without an error event: %q", w)
+			}
+		}
+	}
+}
+
+// Small indirections so the relay test reads plainly.
+var (
+	protocolAnthropic = protocol.Anthropic
+	protocolAcquire   = protocol.AcquireStreamConverter
+)
+
+func protocolDefaultOptions() protocol.Options { return protocol.DefaultOptions() }
+
+func protocolAnthropicToChat(opt *protocol.Options, m *protocol.Meta) ([]byte, error) {
+	return protocol.AnthropicToChat(nil, []byte(`{"model":"m","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}`), opt, m)
 }
