@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,18 +15,6 @@ import (
 
 // End-to-end tests of the protocol front doors (docs/protocols.md) through
 // `infera serve` and simulated engines.
-
-// writeConfig writes a config file atomically (the store polls it).
-func writeConfig(t *testing.T, path, s string) {
-	t.Helper()
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // waitConfig waits until the gateway's snapshot satisfies cond.
 func waitConfig(t *testing.T, g *Gateway, cond func() bool) {
