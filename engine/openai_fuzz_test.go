@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/infera/infera/tokenizer"
@@ -15,6 +17,9 @@ func FuzzParseRequest(f *testing.F) {
 		`{"prompt":"abc"}`, `{"prompt":["a","b"]}`, `{"prompt":[1,2,3]}`, `{"prompt":[[1],[2]]}`,
 		`{"prompt":[[["x"]]]}`, `{"messages":[{"role":"a","content":null,"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}]}`,
 		`{`, `null`, `[]`, `{"max_tokens":-1,"prompt":"x"}`,
+		`{"messages":[{"role":"user","content":"w?"}],"tool_choice":{"type":"function","function":{"name":"g"}},"reasoning_effort":"high",` +
+			`"chat_template_kwargs":{"enable_thinking":true},"tools":[{"type":"function","function":{"name":"g","parameters":` +
+			`{"type":"object","properties":{"a":{"type":["string","null"]},"b":{"enum":[{"x":1}]},"c":{"type":"number"}},"required":["c","a","zz"]}}}]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -25,9 +30,14 @@ func FuzzParseRequest(f *testing.F) {
 				t.Fatalf("fault not normalized: %+v", fl)
 			}
 		}
-		if _, _, _, err := parseChat(body, tok, nil, nil); err != nil {
+		if g, _, _, err := parseChat(body, tok, nil, nil); err != nil {
 			if _, ok := err.(*badRequestError); !ok {
 				t.Fatalf("chat: non-client error %T %v", err, err)
+			}
+		} else if tp := g.tool; tp != nil {
+			// A planned tool call streams valid JSON arguments in pieces.
+			if !json.Valid([]byte(tp.args)) || strings.Join(tp.pieces, "") != tp.args || len(tp.pieces) > 4 {
+				t.Fatalf("tool plan %+v", tp)
 			}
 		}
 		g, _, err := parseCompletion(body, tok, nil)
