@@ -1,13 +1,18 @@
 package mirror
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/valyala/fasthttp"
 )
 
 func benchBody(n int) []byte {
@@ -62,6 +67,88 @@ func BenchmarkOfferRequestPath(b *testing.B) {
 					b.Fatal("not queued")
 				}
 				m.release(<-m.q)
+			}
+		})
+	}
+}
+
+// benchTarget is a fasthttp server on loopback answering like an engine:
+// a JSON completion with usage, or (Accept: text/event-stream) an SSE
+// stream of 16 token events, a usage chunk and [DONE].
+func benchTarget(b *testing.B) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	answer := []byte(`{"id":"m","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":16,"completion_tokens":1,"total_tokens":17}}`)
+	var stream []byte
+	for i := 0; i < 16; i++ {
+		stream = fmt.Appendf(stream, "data: {\"id\":\"m\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok%d\"}}]}\n\n", i)
+	}
+	stream = append(stream, "data: {\"id\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":16,\"completion_tokens\":16}}\n\ndata: [DONE]\n\n"...)
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Request.Header.Peek("Accept")) == "text/event-stream" {
+			ctx.SetContentType("text/event-stream")
+			ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+				w.Write(stream)
+			})
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBody(answer)
+	}}
+	go srv.Serve(ln)
+	b.Cleanup(func() { srv.Shutdown() })
+	return "http://" + ln.Addr().String()
+}
+
+// cpuTime is this process's user+system CPU time.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkSend is the asynchronous sender's cost per mirrored request: one
+// job sent to a loopback target and its answer read to the end (a JSON
+// completion, or an SSE stream of 18 events), one at a time. The target
+// runs in this process, so cpu-ns/op (the process's CPU time per request)
+// counts both sides; allocs/op are the sender's (fasthttp's server
+// allocates nothing per request).
+func BenchmarkSend(b *testing.B) {
+	for _, stream := range []bool{false, true} {
+		b.Run(fmt.Sprintf("stream=%v", stream), func(b *testing.B) {
+			url := benchTarget(b)
+			m := newMirror(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			defer m.Close()
+			cfg := &config.Mirror{Enabled: true, TargetAddress: url, SamplingRatio: 100, AuthToken: config.NewSecret("tok"),
+				TimeoutMS: 60000, QueueSize: 1, Concurrency: 1}
+			body := benchBody(1 << 10)
+			path := []byte("/v1/chat/completions")
+			send := func() {
+				j := jobPool.Get().(*job)
+				j.cfg, j.stream, j.at = cfg, stream, time.Now()
+				j.path = append(j.path[:0], path...)
+				j.body = append(j.body[:0], body...)
+				m.send(j)
+				m.release(j)
+			}
+			send() // connect
+			if m.m.ok.Get() != 1 {
+				b.Fatal("the first request did not succeed")
+			}
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			cpu0 := cpuTime(b)
+			for b.Loop() {
+				send()
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/op")
+			if got := m.m.ok.Get(); got != uint64(b.N)+1 {
+				b.Fatalf("%d of %d requests ok", got, b.N+1)
 			}
 		})
 	}
