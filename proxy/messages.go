@@ -32,6 +32,10 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, arena *[]byte) ([]tokeni
 			return errMessages
 		}
 		var m tokenizer.Message
+		if len(msgs) < cap(msgs) {
+			// Reuse the tool-call slice a previous request left in this slot.
+			m.ToolCalls = msgs[: len(msgs)+1 : len(msgs)+1][len(msgs)].ToolCalls[:0]
+		}
 		_, err := forEachField(d, vs, func(key []byte, s, e int) error {
 			switch string(key) {
 			case "role":

@@ -110,6 +110,13 @@ func startRouter(t testing.TB, f *config.Serve, cfg *config.Config, urls ...stri
 		idx := radix.New()
 		sc.KV = kvroute.NewKVAware(kvroute.KVAwareConfig{Index: idx, OverlapWeight: 1, BlockSize: 16})
 		opts.Tokenizer, opts.HashBlocks = tokenizer.Simple{}, kv.HashBlocks
+		if f.RouterTokenizerPath != "" {
+			tok, err := tokenizer.Load(f.RouterTokenizerPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts.Tokenizer = tok
+		}
 	}
 	srv := New(opts)
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
