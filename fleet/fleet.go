@@ -36,6 +36,9 @@ type View struct {
 	MaxIdx int
 	// ByIdx maps Worker.Idx to the live worker (nil for free ids); len MaxIdx.
 	ByIdx []*Worker
+	// PD counts routable prefill and decode workers: 0 means every request
+	// goes to one mixed worker (the PD code path costs nothing).
+	PD int
 }
 
 // Fleet is the set of known workers. Discovery backends call Sync, Upsert
@@ -200,6 +203,7 @@ func (f *Fleet) newWorker(r Record) (*Worker, error) {
 	if w.Service == "" && len(w.Models) > 0 {
 		w.Service = w.Models[0]
 	}
+	w.PD = parsePD(&r, u.Hostname())
 	w.draining.Store(r.Status == StatusDraining)
 	w.Breaker.init(&f.breaker)
 	f.serial++
@@ -264,6 +268,9 @@ func (f *Fleet) publishLocked() {
 			continue
 		}
 		v.Routable = append(v.Routable, w)
+		if w.IsPD() {
+			v.PD++
+		}
 		for _, m := range w.Models {
 			v.ByModel[m] = append(v.ByModel[m], w)
 			if !models[m] {

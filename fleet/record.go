@@ -75,7 +75,8 @@ func sameEndpoint(a, b *Record) bool {
 	if a.URL != b.URL || a.Service != b.Service || a.Role != b.Role ||
 		a.KVEventsEndpoint != b.KVEventsEndpoint || a.KVReplayEndpoint != b.KVReplayEndpoint ||
 		a.BlockSize != b.BlockSize || a.DPSize != b.DPSize || len(a.Models) != len(b.Models) ||
-		a.RequestTransport != b.RequestTransport || a.KVEventTransport != b.KVEventTransport {
+		a.RequestTransport != b.RequestTransport || a.KVEventTransport != b.KVEventTransport ||
+		string(a.Bootstrap) != string(b.Bootstrap) {
 		return false
 	}
 	for i := range a.Models {

@@ -95,6 +95,8 @@ type Worker struct {
 	DPSize int
 	// Record is the discovery record the worker was built from.
 	Record Record
+	// PD is the record's disaggregation data (prefill and decode workers).
+	PD PD
 
 	// Client is the transport's per-worker client (e.g. *fasthttp.HostClient),
 	// set by a fleet hook before the worker becomes routable.

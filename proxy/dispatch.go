@@ -78,6 +78,9 @@ func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 	if s.globalOn(cfg) && s.localSaturated(cfg, r) && s.forwardGlobal(ctx, cfg, rs, res) {
 		return
 	}
+	if s.dispatchPD(ctx, cfg, rs, res) {
+		return // a prefill+decode pair took it (pd.go)
+	}
 	attempts := 1 + s.flags.RequestMaxRetries
 	failed := false
 	for attempt := 0; attempt < attempts; attempt++ {

@@ -162,17 +162,10 @@ func (s *Scheduler) route(c *compiled, v *fleet.View, r *Request, dst []*fleet.W
 	return dst, "", "", s.unknownModel(c, v, name)
 }
 
-// appendRole appends ws, keeping only prefill workers for the prefill leg.
+// appendRole appends ws (every role: the PD legs' roles are kept by
+// candidates, pd.go).
 func appendRole(dst, ws []*fleet.Worker, r *Request) []*fleet.Worker {
-	if !r.PrefillLeg {
-		return append(dst, ws...)
-	}
-	for _, w := range ws {
-		if w.Role == fleet.RolePrefill {
-			dst = append(dst, w)
-		}
-	}
-	return dst
+	return append(dst, ws...)
 }
 
 func (s *Scheduler) unknownModel(c *compiled, v *fleet.View, name []byte) error {

@@ -30,12 +30,14 @@ type Request struct {
 	// config.SessionAffinity.Header, if any.
 	SessionID []byte
 	// DirectWorker and DirectPrefill are x-worker-instance-id and
-	// x-prefill-instance-id (router mode direct).
+	// x-prefill-instance-id (router mode direct): DirectWorker names the
+	// mixed or decode worker, DirectPrefill the prefill worker.
 	DirectWorker  []byte
 	DirectPrefill []byte
-	// PrefillLeg selects the PD prefill leg: DirectPrefill is the direct-mode
-	// header consulted and only prefill workers are candidates.
-	PrefillLeg bool
+	// Leg is the part of the request the next Acquire picks a worker for
+	// (pd.go): the whole request (LegMixed, the zero value), or a PD pair's
+	// prefill or decode leg (set with SetLeg).
+	Leg Leg
 	// BlockHashes are the router's block hashes of the prompt tokens
 	// (kv-aware routing); nil when unknown.
 	BlockHashes []uint64
@@ -49,12 +51,16 @@ type Request struct {
 	// is how many leading blocks were indexed then.
 	hashed bool
 	pdepth int
+	// pd is the request's PD routing (pd.go), set by Topology.
+	pd pdRoute
 }
 
 // Reset clears r for reuse, keeping capacity.
 func (r *Request) Reset() {
 	tried, hashes, ph := r.Tried[:0], r.BlockHashes[:0], r.phash[:0]
-	*r = Request{Tried: tried, BlockHashes: hashes, phash: ph}
+	r.pd.reset()
+	pd := r.pd
+	*r = Request{Tried: tried, BlockHashes: hashes, phash: ph, pd: pd}
 }
 
 func (r *Request) tried(w *fleet.Worker) bool {
@@ -102,6 +108,9 @@ type Decision struct {
 	Rewrite bool
 	// Service is the canary service chosen, if a canary rule matched.
 	Service string
+	// Leg is the part of the request the worker serves (a lease's leg: the
+	// governance seats attached to it count the leg's phase).
+	Leg Leg
 
 	// rebind tells finish to (re)bind the session to Worker.
 	rebind bool
@@ -233,6 +242,7 @@ type Scheduler struct {
 	Memory func() (process, limit uint64, err error)
 
 	rr      atomic.Uint64
+	pd      pdSched
 	comp    atomic.Pointer[compiled]
 	compMu  sync.Mutex
 	retired [8]*compiled
@@ -255,6 +265,7 @@ func NewScheduler(f *fleet.Fleet, policy Policy) *Scheduler {
 		Memory:           memlimit.Read,
 	}
 	s.m = newSchedMetrics(s)
+	s.pd.init(s.m.set)
 	return s
 }
 
@@ -295,19 +306,8 @@ func (s *Scheduler) Acquire(cfg *config.Config, r *Request, scratch []*fleet.Wor
 	if err != nil {
 		return err
 	}
-	maxTokens := r.MaxTokens
-	if maxTokens < 0 {
-		maxTokens = s.DefaultMaxTokens
-	}
-	tokens := int64(r.PromptTokens) + int64(maxTokens)
-	bs := int64(max(1, s.BlockSize))
-	var obs FirstTokenObserver
-	if o, ok := s.KV.(FirstTokenObserver); ok {
-		if q, ok := o.(interface{ Observing() bool }); !ok || q.Observing() {
-			obs = o
-		}
-	}
-	l.acquire(d, tokens, d.PrefillTokens(r), (tokens+bs-1)/bs, obs, s.Now)
+	tokens, prefill, blocks, obs := s.leaseLoad(r, &d)
+	l.acquire(d, tokens, prefill, blocks, obs, s.Now)
 	return nil
 }
 
@@ -336,7 +336,7 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 			return d, nil
 		}
 	}
-	all, model, svc, err := s.route(c, v, r, scratch[:0])
+	all, model, svc, err := s.candidates(c, v, r, scratch[:0])
 	if err != nil {
 		s.m.countErr(err)
 		return Decision{}, err
@@ -364,6 +364,8 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 		return Decision{}, ErrExhausted
 	case len(avail) == 0:
 		d = Decision{Worker: s.roundRobin(open), Layer: LayerFallback, Reason: ReasonAllBreakersOpen}
+	case r.Leg == LegDecode:
+		d = s.pickDecode(cfg, avail, now) // pd.decode_policy
 	default:
 		d = s.decide(cfg, c, v, avail, r, now)
 		if ok, probe := d.Worker.Breaker.Admit(now); ok {
@@ -510,6 +512,13 @@ func (s *Scheduler) roundRobin(ws []*fleet.Worker) *fleet.Worker {
 
 // finish records the dispatch: session binding, prefix index, metrics.
 func (s *Scheduler) finish(cfg *config.Config, c *compiled, r *Request, d *Decision, now int64) {
+	d.Leg = r.Leg
+	if r.Leg == LegDecode {
+		// The prefill leg's decision bound the session and indexed the
+		// prompt (its worker computes and caches it).
+		s.pd.countDecode(d)
+		return
+	}
 	s.m.countLayer(d.Layer)
 	if d.rebind && cfg.SessionAffinity.Enabled && len(r.SessionID) > 0 {
 		s.affinityBind(c, r, d.Worker, now)
@@ -528,14 +537,14 @@ func (s *Scheduler) finish(cfg *config.Config, c *compiled, r *Request, d *Decis
 // decides), except that a probe-eligible worker is marked as the probe.
 func (s *Scheduler) direct(v *fleet.View, r *Request, now int64) (Decision, bool) {
 	id := r.DirectWorker
-	if r.PrefillLeg {
+	if r.Leg == LegPrefill {
 		id = r.DirectPrefill
 	}
 	if len(id) == 0 {
 		return Decision{}, false
 	}
 	w := v.ByID(id)
-	if w == nil || w.Draining() || r.tried(w) {
+	if w == nil || w.Draining() || r.tried(w) || w.Role != r.Leg.role() {
 		s.m.directMiss.Inc()
 		return Decision{}, false
 	}

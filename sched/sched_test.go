@@ -136,9 +136,9 @@ func TestDirectMode(t *testing.T) {
 	f(&Request{Model: []byte("m"), DirectWorker: []byte("a")}, "a", LayerDirect)
 	f(&Request{Model: []byte("m"), DirectWorker: []byte("nope")}, "*", LayerLB)
 	f(&Request{Model: []byte("m")}, "*", LayerLB)
-	f(&Request{Model: []byte("m"), PrefillLeg: true, DirectPrefill: []byte("p"), DirectWorker: []byte("a")}, "p", LayerDirect)
+	f(&Request{Model: []byte("m"), Leg: LegPrefill, DirectPrefill: []byte("p"), DirectWorker: []byte("a")}, "p", LayerDirect)
 	// Prefill leg without header: only prefill workers are candidates.
-	f(&Request{Model: []byte("m"), PrefillLeg: true}, "p", LayerLB)
+	f(&Request{Model: []byte("m"), Leg: LegPrefill}, "p", LayerLB)
 	// Auto mode ignores the header.
 	s.Mode = ModeAuto
 	for i := 0; i < 4; i++ {

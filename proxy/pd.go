@@ -1,0 +1,906 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/sched"
+	"github.com/valyala/fasthttp"
+)
+
+// PD dispatch: a request whose candidate workers include a prefill and a
+// decode worker (sched.Scheduler.Topology) is served by a pair. Each leg is
+// its own lease and goes through the request's transport like any
+// dispatch attempt; the failure table (failure.go) classifies both legs.
+//
+//   - vLLM (pull, NixlConnector): the prefill leg first, on the request's
+//     own call: the client's body with kv_transfer_params.do_remote_decode,
+//     stream false, max_tokens 1; its answer must carry kv_transfer_params.
+//     Then the decode leg with the client's body and those params. Serial,
+//     as vLLM's disaggregated proxy does (tests/v1/kv_connector/
+//     nixl_integration/toy_proxy_server.py, send_request_to_service and
+//     _handle_completions).
+//   - SGLang (push, Mooncake): one body with bootstrap_host, bootstrap_port
+//     and a fresh bootstrap_room to both workers at once; the decode
+//     worker's answer goes to the client, the prefill worker's is drained
+//     and checked on a goroutine of its own (sgl-router's
+//     PDRouter::execute_dual_dispatch_internal and
+//     inject_bootstrap_into_value).
+//
+// The prefill lease ends at the transfer: for SGLang when the prefill
+// answer is drained (the engine answers after pushing the KV), for vLLM
+// when the decode worker's first byte arrives (its read of the blocks is
+// over). The decode lease ends with the response (the relay ends it).
+//
+// Failover before the client got a byte: a failed prefill leg goes to
+// another prefill worker; a failed decode leg to another decode worker.
+// SGLang re-sends both legs with a new room; vLLM re-sends the decode leg
+// alone when the decode worker was never reached (its KV is still held on
+// the prefill engine), else both legs (a read that started frees the
+// blocks). docs/pd.md is the reference.
+
+// pdDispatch is a PD request's own state, pooled. It outlives the request
+// only while an SGLang prefill leg is still draining after the client's
+// stream started: the prefill goroutine holds a reference, and uses only
+// this struct (never the reqState, which the relay may release first).
+type pdDispatch struct {
+	s    *Server
+	mode sched.PDMode
+	refs atomic.Int32
+
+	pl sched.Lease // the prefill leg's lease
+	pc call        // the SGLang prefill leg's call (its goroutine's)
+
+	hdr, path    []byte // the legs' header block and request target
+	pbody, dbody []byte // the prefill and decode legs' bodies
+	kvp          []byte // vLLM: the prefill's kv_transfer_params (raw JSON)
+	buf          []byte // the prefill answer
+
+	// Set by the SGLang prefill goroutine, read under mu.
+	mu        sync.Mutex
+	committed bool     // the decode leg's answer went to the client
+	dcall     *call    // the decode leg's call, aborted when the prefill fails first
+	pfail     *failure // the prefill leg failed before the commit
+	// The prefill's error answer (status >= 400), relayed when it is final.
+	errStatus        int
+	errBody, errType []byte
+	done             chan struct{} // the prefill goroutine ended (capacity 1)
+}
+
+const (
+	pdBufSize = 16 << 10
+	// pdMaxAnswer bounds a vLLM prefill answer held in memory (one token,
+	// the params, and whatever logprobs the client asked for).
+	pdMaxAnswer = 8 << 20
+	// pdMaxBatch bounds the sequences of an SGLang batch (one room each).
+	pdMaxBatch = 4096
+)
+
+var pdPool = sync.Pool{New: func() any {
+	return &pdDispatch{done: make(chan struct{}, 1), buf: make([]byte, pdBufSize)}
+}}
+
+func (p *pdDispatch) release() {
+	if p.refs.Add(-1) != 0 {
+		return
+	}
+	if p.pl.Held() {
+		panic("BUG: PD dispatch released while its prefill lease is held")
+	}
+	select {
+	case <-p.done:
+	default:
+	}
+	p.pl.Reset()
+	if cap(p.buf) > 4*pdBufSize {
+		p.buf = make([]byte, pdBufSize)
+	}
+	*p = pdDispatch{done: p.done, buf: p.buf[:cap(p.buf)],
+		hdr: p.hdr[:0], path: p.path[:0], pbody: p.pbody[:0], dbody: p.dbody[:0], kvp: p.kvp[:0],
+		errBody: p.errBody[:0], errType: p.errType[:0]}
+	pdPool.Put(p)
+}
+
+// Metrics of PD dispatches.
+var (
+	mPDRequests = [...]*metrics.Counter{
+		sched.PDModeSGLang: metrics.NewCounter(`infera_pd_requests_total{mode="sglang"}`),
+		sched.PDModeVLLM:   metrics.NewCounter(`infera_pd_requests_total{mode="vllm"}`),
+	}
+	mPDLegFailures = [...]*metrics.Counter{
+		sched.LegPrefill: metrics.NewCounter(`infera_pd_leg_failures_total{leg="prefill"}`),
+		sched.LegDecode:  metrics.NewCounter(`infera_pd_leg_failures_total{leg="decode"}`),
+	}
+	mPDRetries = [...]*metrics.Counter{
+		sched.LegPrefill: metrics.NewCounter(`infera_pd_retries_total{leg="prefill"}`),
+		sched.LegDecode:  metrics.NewCounter(`infera_pd_retries_total{leg="decode"}`),
+	}
+	mPDPrefillLate = metrics.NewCounter(`infera_pd_prefill_failures_after_commit_total`)
+	mPDPrefillTime = metrics.NewHistogram(`infera_pd_prefill_leg_seconds`)
+)
+
+var (
+	errNoKVParams = errors.New("the prefill answer has no kv_transfer_params with do_remote_prefill true")
+	errPDAnswer   = errors.New("the prefill answer is too large")
+)
+
+// dispatchPD serves r by a prefill+decode pair when its topology says so;
+// it returns false (having done nothing) when one mixed worker serves it.
+// dispatch calls it after setting up the request's call.
+func (s *Server) dispatchPD(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState) bool {
+	r := &rs.sreq
+	top, err := s.sched.Topology(cfg, r, rs.scratch[:0])
+	if err != nil {
+		s.live.remove(rs)
+		s.writeSchedError(ctx, r, err)
+		return true
+	}
+	if top != sched.TopologyPD {
+		return false
+	}
+	p := pdPool.Get().(*pdDispatch)
+	p.s, p.mode = s, r.PDMode()
+	p.refs.Store(1)
+	mPDRequests[p.mode].Inc()
+	p.path = append(p.path[:0], rs.path...)
+	p.hdr = append(p.hdr[:0], rs.hdr...)
+	if p.mode == sched.PDModeVLLM {
+		if len(ctx.Request.Header.Peek("X-Request-Id")) == 0 {
+			// Both legs carry one request id, as vLLM's proxy sends them.
+			p.hdr = append(p.hdr, "X-Request-Id: "...)
+			p.hdr = appendRequestID(p.hdr)
+			p.hdr = append(p.hdr, "\r\n"...)
+		}
+		s.pdPull(ctx, cfg, rs, p)
+	} else {
+		s.pdPush(ctx, cfg, rs, p)
+	}
+	p.release()
+	return true
+}
+
+// pdOutcome collects a PD request's failures for the final answer.
+type pdOutcome struct {
+	last       *failure
+	allConnect bool
+	fleetDown  bool
+	fails      [3]int // by sched.Leg
+	retries    int
+}
+
+// failed records f on leg; it reports whether the request may try again.
+func (o *pdOutcome) failed(leg sched.Leg, f *failure) bool {
+	o.last = f
+	if f.kind != failConnect {
+		o.allConnect = false
+	}
+	mPDLegFailures[leg].Inc()
+	o.fails[leg]++
+	if !f.retryable() || o.fails[leg] > o.retries {
+		return false
+	}
+	mPDRetries[leg].Inc()
+	mRetries.Inc()
+	return true
+}
+
+// pdAcquire takes the lease of r's next leg; on error the request is
+// answered (the last failure when there was one, else the scheduling
+// error) and false returned.
+func (s *Server) pdAcquire(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, leg sched.Leg, o *pdOutcome, p *pdDispatch, l *sched.Lease) bool {
+	r := &rs.sreq
+	var partner = p.pl.Worker
+	if leg == sched.LegPrefill {
+		partner = nil
+	}
+	r.SetLeg(leg, partner)
+	err := s.sched.Acquire(cfg, r, rs.scratch[:0], l)
+	if err == nil {
+		if l.Reason == sched.ReasonAllBreakersOpen {
+			o.fleetDown = true
+		}
+		return true
+	}
+	s.live.remove(rs)
+	if o.last == nil {
+		s.writeSchedError(ctx, r, err)
+		return false
+	}
+	s.answerFailure(ctx, rs, o.last, o.allConnect) // every candidate of the leg was tried
+	return false
+}
+
+// prefillDeadline is when a prefill leg sent now must have answered:
+// pd.prefill_timeout_s, within the request's own cap total.
+func prefillDeadline(cfg *config.Config, total time.Time) time.Time {
+	var dl time.Time
+	if t := cfg.PD.PrefillTimeoutSeconds; t > 0 {
+		dl = time.Now().Add(secs(t))
+	}
+	if !total.IsZero() && (dl.IsZero() || total.Before(dl)) {
+		dl = total
+	}
+	return dl
+}
+
+// decodeCall sets the request's call up for the decode leg, as dispatch
+// sets up an attempt.
+func decodeCall(cfg *config.Config, rs *reqState, p *pdDispatch, total time.Time, idle time.Duration) *call {
+	c := &rs.call
+	c.lease, c.hdr, c.body, c.stream = &rs.lease, p.hdr, p.dbody, rs.sreq.Stream
+	c.total, c.idle, c.firstByte = total, idle, total
+	if t := &cfg.Timeouts; rs.sreq.Stream && t.StreamFirstPacketSeconds > 0 {
+		if fb := time.Now().Add(secs(t.StreamFirstPacketSeconds)); total.IsZero() || fb.Before(total) {
+			c.firstByte = fb
+		}
+	}
+	return c
+}
+
+// legModel is the model name a leg's body carries ("" keeps the client's).
+func legModel(d *sched.Decision) string {
+	if d.Rewrite {
+		return d.Model
+	}
+	return ""
+}
+
+// pdCommit hands the decode leg's answer to the client.
+func (s *Server) pdCommit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, p *pdDispatch, up upResponse, n int, eof bool) {
+	s.live.remove(rs)
+	rs.lease.FirstToken()
+	mTTFT.Update(time.Since(rs.start).Seconds())
+	if cfg.Debug.DecisionHeader {
+		h := &ctx.Response.Header
+		h.Set("X-Infera-Prefill-Worker", p.pl.Worker.ID)
+		rs.route = p.pl.Decision.AppendRoute(rs.route[:0])
+		h.SetBytesV("X-Infera-Prefill-Route", rs.route)
+	}
+	s.commit(ctx, cfg, rs, up, up.status(), n, eof)
+}
+
+// pdPull is vLLM's serial dispatch.
+func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, p *pdDispatch) {
+	r := &rs.sreq
+	c := &rs.call
+	total, idle := c.total, c.idle
+	o := pdOutcome{allConnect: true, retries: s.flags.RequestMaxRetries}
+	needPrefill := true
+	for {
+		if needPrefill {
+			if !s.pdAcquire(ctx, cfg, rs, sched.LegPrefill, &o, p, &p.pl) {
+				return
+			}
+			f := s.pullPrefill(cfg, rs, p, total)
+			if f != nil {
+				if f.kind == failStatus && f.status < 500 && f.status != fasthttp.StatusTooManyRequests {
+					// The engine refused the request (4xx): relay it.
+					s.live.remove(rs)
+					s.relayStashed(ctx, rs)
+					return
+				}
+				r.Tried = append(r.Tried, p.pl.Worker.Idx)
+				if !o.failed(sched.LegPrefill, f) || c.cancel.wasAborted() {
+					break
+				}
+				c.cancel.reset()
+				continue
+			}
+			needPrefill = false
+		}
+		if !s.pdAcquire(ctx, cfg, rs, sched.LegDecode, &o, p, &rs.lease) {
+			p.pl.Done(sched.OutcomeNeutral)
+			return
+		}
+		p.dbody = appendPullDecodeBody(p.dbody[:0], rs.body, legModel(&rs.lease.Decision), p.kvp)
+		c = decodeCall(cfg, rs, p, total, idle)
+		up, f := s.tr.roundTrip(c)
+		status := 0
+		if f == nil {
+			status = up.status()
+			if status < 500 && status != fasthttp.StatusTooManyRequests {
+				n, rerr := up.read(rs.rbuf)
+				if n > 0 || rerr == nil || rerr == io.EOF {
+					// The decode engine has the KV: the transfer is over.
+					p.pl.Done(sched.OutcomeSuccess)
+					s.pdCommit(ctx, cfg, rs, p, up, n, rerr == io.EOF)
+					return
+				}
+				f = up.readFailure(rerr, false)
+				up.finish(false)
+			} else {
+				rs.stashAnswer(up, status)
+				f = &failure{kind: failStatus, status: status}
+			}
+		}
+		s.decodeFailed(rs, f, status)
+		r.Tried = append(r.Tried, rs.lease.Worker.Idx)
+		if !o.failed(sched.LegDecode, f) || c.cancel.wasAborted() {
+			p.pl.Done(sched.OutcomeNeutral)
+			break
+		}
+		c.cancel.reset()
+		// A decode worker that never got the request (unreachable, busy)
+		// left the KV held on the prefill engine for another decode worker;
+		// any other failure may have started the read, which frees it.
+		switch f.kind {
+		case failConnect, failLocalConns, failBusy, failSpent:
+		default:
+			if status != fasthttp.StatusTooManyRequests {
+				p.pl.Done(sched.OutcomeNeutral)
+				needPrefill = true
+			}
+		}
+	}
+	s.live.remove(rs)
+	s.answerFailure(ctx, rs, o.last, o.allConnect && o.fleetDown)
+}
+
+// decodeFailed ends the decode leg's lease after a failure before its first
+// byte (status is the worker's answer, 0 when there was none).
+func (s *Server) decodeFailed(rs *reqState, f *failure, status int) {
+	switch {
+	case status == fasthttp.StatusTooManyRequests:
+		rs.lease.Done(sched.OutcomeNeutral)
+	case status >= 500:
+		rs.lease.Done(sched.OutcomeFault)
+		mUpstreamErr.Inc()
+	default:
+		rs.lease.Done(f.outcome())
+		s.countFailure(rs.lease.Worker, f)
+	}
+}
+
+// pullPrefill sends vLLM's prefill leg on the request's call and reads its
+// answer into p.kvp. On success the prefill lease stays held (its blocks
+// wait for the decode worker's read); on failure it has ended and a 4xx or
+// 5xx answer is stashed in rs.
+func (s *Server) pullPrefill(cfg *config.Config, rs *reqState, p *pdDispatch, total time.Time) *failure {
+	c := &rs.call
+	p.pbody = appendPullPrefillBody(p.pbody[:0], rs.body, legModel(&p.pl.Decision))
+	c.lease, c.hdr, c.body, c.stream = &p.pl, p.hdr, p.pbody, false
+	c.total, c.idle = total, 0
+	c.firstByte = prefillDeadline(cfg, total)
+	start := time.Now()
+	up, f := s.tr.roundTrip(c)
+	if f != nil {
+		p.pl.Done(f.outcome())
+		s.countFailure(p.pl.Worker, f)
+		return f
+	}
+	status := up.status()
+	body, rerr := readAnswer(up, &p.buf, func() { p.pl.FirstToken() })
+	if rerr != nil {
+		if rerr == errPDAnswer {
+			f = fail(failProtocol, rerr)
+		} else {
+			f = up.readFailure(rerr, len(body) > 0)
+		}
+		up.finish(false)
+		p.pl.Done(f.outcome())
+		s.countFailure(p.pl.Worker, f)
+		return f
+	}
+	up.finish(true)
+	mPDPrefillTime.UpdateDuration(start)
+	if status >= 400 {
+		rs.errStatus = status
+		rs.errBody = append(rs.errBody[:0], body...)
+		rs.errType = append(rs.errType[:0], up.contentType()...)
+		f = &failure{kind: failStatus, status: status}
+		if o := statusOutcome(status); status == fasthttp.StatusTooManyRequests {
+			p.pl.Done(sched.OutcomeNeutral)
+		} else {
+			p.pl.Done(o)
+		}
+		if status >= 500 {
+			mUpstreamErr.Inc()
+		}
+		return f
+	}
+	kvp, ok := kvTransferParams(body)
+	if status != fasthttp.StatusOK || !ok {
+		f = fail(failProtocol, errNoKVParams)
+		p.pl.Done(f.outcome())
+		s.countFailure(p.pl.Worker, f)
+		return f
+	}
+	p.kvp = append(p.kvp[:0], kvp...)
+	p.pl.Verdict(sched.OutcomeSuccess) // the prefill worker did its part; the lease ends at the transfer
+	return nil
+}
+
+// readAnswer reads a whole (small) answer into *buf, growing it up to
+// pdMaxAnswer; first runs once the first bytes arrived.
+func readAnswer(up upResponse, buf *[]byte, first func()) ([]byte, error) {
+	b := (*buf)[:0]
+	for {
+		if len(b) == cap(b) {
+			if cap(b) >= pdMaxAnswer {
+				return b, errPDAnswer
+			}
+			nb := make([]byte, len(b), 2*cap(b))
+			copy(nb, b)
+			b = nb
+			*buf = b
+		}
+		n, err := up.read(b[len(b):cap(b)])
+		if n > 0 && len(b) == 0 && first != nil {
+			first()
+		}
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+}
+
+// pdPush is SGLang's concurrent dispatch.
+func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, p *pdDispatch) {
+	r := &rs.sreq
+	c := &rs.call
+	total, idle := c.total, c.idle
+	o := pdOutcome{allConnect: true, retries: s.flags.RequestMaxRetries}
+	batch, berr := sglangBatch(rs)
+	if berr != nil {
+		s.live.remove(rs)
+		mBadRequests.Inc()
+		countStatus(fasthttp.StatusBadRequest)
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, berr.Error(), "n", "")
+		return
+	}
+	for {
+		if !s.pdAcquire(ctx, cfg, rs, sched.LegPrefill, &o, p, &p.pl) {
+			return
+		}
+		if !s.pdAcquire(ctx, cfg, rs, sched.LegDecode, &o, p, &rs.lease) {
+			p.pl.Done(sched.OutcomeNeutral)
+			return
+		}
+		room := rand.Uint64() >> 1 // uniform in [0, 2^63-1], fresh per attempt
+		pw := &p.pl.Worker.PD
+		pm, dm := legModel(&p.pl.Decision), legModel(&rs.lease.Decision)
+		p.pbody = appendPushBody(p.pbody[:0], rs.body, pm, pw.BootstrapHost, pw.BootstrapPort, room, batch)
+		dbody := p.pbody // the same body, unless routing gave the legs other model names
+		if dm != pm {
+			p.dbody = appendPushBody(p.dbody[:0], rs.body, dm, pw.BootstrapHost, pw.BootstrapPort, room, batch)
+			dbody = p.dbody
+		}
+		pc := &p.pc
+		*pc = call{lease: &p.pl, method: c.method, path: p.path, hdr: p.hdr, body: p.pbody, stream: r.Stream,
+			total: total, idle: idle, firstByte: prefillDeadline(cfg, total)}
+		c = decodeCall(cfg, rs, p, total, idle)
+		c.body = dbody
+		p.mu.Lock()
+		p.committed, p.pfail, p.dcall, p.errStatus = false, nil, c, 0
+		p.mu.Unlock()
+		p.refs.Add(1)
+		go p.pushPrefill()
+
+		up, f := s.tr.roundTrip(c)
+		status, n, eof, ok := 0, 0, false, false
+		if f == nil {
+			status = up.status()
+			if status < 500 && status != fasthttp.StatusTooManyRequests {
+				var rerr error
+				n, rerr = up.read(rs.rbuf)
+				if ok = n > 0 || rerr == nil || rerr == io.EOF; ok {
+					eof = rerr == io.EOF
+				} else {
+					f = up.readFailure(rerr, false)
+				}
+			}
+		}
+		p.mu.Lock()
+		if ok && p.pfail == nil {
+			p.committed, p.dcall = true, nil
+		}
+		committed := p.committed
+		p.mu.Unlock()
+		if committed {
+			s.pdCommit(ctx, cfg, rs, p, up, n, eof)
+			return
+		}
+		// The attempt failed before the client got a byte: stop the
+		// prefill leg (unless it ended) and wait for its goroutine.
+		p.pc.cancel.abort()
+		<-p.done
+		pf := p.pfail // the goroutine has ended: no lock needed
+		if up != nil {
+			switch {
+			case ok: // the decode answered, but the prefill had failed
+				up.finish(false)
+			case f == nil && pf == nil:
+				rs.stashAnswer(up, status)
+				f = &failure{kind: failStatus, status: status}
+			default:
+				up.finish(false)
+			}
+		}
+		leg := sched.LegDecode
+		if pf != nil {
+			// The prefill failed first: the decode engine never got its KV.
+			// It is blamed only for its own connection failure.
+			if f != nil && f.kind == failConnect {
+				s.decodeFailed(rs, f, 0)
+				r.Tried = append(r.Tried, rs.lease.Worker.Idx)
+			} else {
+				rs.lease.Done(sched.OutcomeNeutral)
+			}
+			r.Tried = append(r.Tried, p.pl.Worker.Idx)
+			f, leg = pf, sched.LegPrefill
+			if f.kind == failStatus && f.status < 500 && f.status != fasthttp.StatusTooManyRequests && p.errStatus != 0 {
+				s.live.remove(rs)
+				rs.errStatus = p.errStatus
+				rs.errBody = append(rs.errBody[:0], p.errBody...)
+				rs.errType = append(rs.errType[:0], p.errType...)
+				s.relayStashed(ctx, rs)
+				return
+			}
+		} else {
+			s.decodeFailed(rs, f, status)
+			r.Tried = append(r.Tried, rs.lease.Worker.Idx)
+		}
+		if !o.failed(leg, f) || (pf == nil && c.cancel.wasAborted()) {
+			break // out of retries, or the client left
+		}
+		c.cancel.reset()
+		p.pc.cancel.reset()
+	}
+	s.live.remove(rs)
+	s.answerFailure(ctx, rs, o.last, o.allConnect && o.fleetDown)
+}
+
+// pushPrefill is the SGLang prefill leg, on its own goroutine: it sends the
+// leg, drains the answer (the engine answers once the KV is pushed) and
+// ends the prefill lease. A failure before the decode leg's answer reached
+// the client aborts the decode leg.
+func (p *pdDispatch) pushPrefill() {
+	s := p.s
+	start := time.Now()
+	up, f := s.tr.roundTrip(&p.pc)
+	outcome := sched.OutcomeSuccess
+	if f == nil {
+		status := up.status()
+		n, err := up.read(p.buf)
+		if status >= 400 {
+			f = &failure{kind: failStatus, status: status}
+			outcome = statusOutcome(status)
+			if status == fasthttp.StatusTooManyRequests {
+				outcome = sched.OutcomeNeutral
+			}
+			if err == io.EOF {
+				p.mu.Lock()
+				p.errStatus = status
+				p.errBody = append(p.errBody[:0], p.buf[:n]...)
+				p.errType = append(p.errType[:0], up.contentType()...)
+				p.mu.Unlock()
+			}
+			up.finish(err == io.EOF)
+		} else {
+			if n > 0 || err == nil || err == io.EOF {
+				p.pl.FirstToken()
+			}
+			for err == nil {
+				_, err = up.read(p.buf)
+			}
+			if err == io.EOF {
+				up.finish(true)
+				mPDPrefillTime.UpdateDuration(start)
+			} else {
+				f = up.readFailure(err, n > 0)
+				outcome = f.outcome()
+				up.finish(false)
+			}
+		}
+	} else {
+		outcome = f.outcome()
+	}
+	if f != nil && f.kind != failStatus {
+		s.countFailure(p.pl.Worker, f)
+	} else if f != nil && f.status >= 500 {
+		mUpstreamErr.Inc()
+	}
+	p.pl.Done(outcome)
+	if f != nil && f.kind != failCanceled {
+		p.mu.Lock()
+		if p.committed {
+			mPDPrefillLate.Inc()
+		} else {
+			p.pfail = f
+			if p.dcall != nil {
+				p.dcall.cancel.abort()
+			}
+		}
+		p.mu.Unlock()
+	}
+	p.done <- struct{}{}
+	p.release()
+}
+
+// relayStashed answers with the error answer stashed in rs.
+func (s *Server) relayStashed(ctx *fasthttp.RequestCtx, rs *reqState) {
+	countStatus(rs.errStatus)
+	ctx.Response.Reset()
+	ctx.SetStatusCode(rs.errStatus)
+	if len(rs.errType) > 0 {
+		ctx.Response.Header.SetContentTypeBytes(rs.errType)
+	}
+	ctx.SetBody(rs.errBody)
+}
+
+// appendRequestID appends a random request id (32 hex digits).
+func appendRequestID(dst []byte) []byte {
+	const hex = "0123456789abcdef"
+	for i := 0; i < 2; i++ {
+		v := rand.Uint64()
+		for j := 0; j < 16; j++ {
+			dst = append(dst, hex[v&15])
+			v >>= 4
+		}
+	}
+	return dst
+}
+
+// The legs' bodies. The client's body was validated by the parser; these
+// walks copy its top-level members byte for byte, drop the ones the router
+// sets (every duplicate of them: an engine would see the last one), replace
+// the model when routing resolved another name, and append the router's
+// members. Keys are compared decoded (a key written with \u escapes is the
+// same key to the engine).
+
+// member is one top-level member: the key (raw), and the span from the
+// key's opening quote to the value's end.
+type member struct {
+	key          []byte
+	start, vs, e int
+}
+
+// nextMember scans the member at d[i] (just after '{' or ','). It returns
+// the index after the following ',' and last=true at the closing '}'.
+func nextMember(d []byte, i int) (m member, next int, last bool, err error) {
+	i = skipSpace(d, i)
+	if i < len(d) && d[i] == '}' {
+		return m, i + 1, true, errEmpty
+	}
+	if i >= len(d) || d[i] != '"' {
+		return m, i, false, errJSON
+	}
+	m.start = i
+	m.key, i, err = scanString(d, i)
+	if err != nil {
+		return m, i, false, err
+	}
+	i = skipSpace(d, i)
+	if i >= len(d) || d[i] != ':' {
+		return m, i, false, errJSON
+	}
+	m.vs = skipSpace(d, i+1)
+	if m.e, err = skipValue(d, m.vs, 1); err != nil {
+		return m, m.e, false, err
+	}
+	i = skipSpace(d, m.e)
+	switch {
+	case i < len(d) && d[i] == ',':
+		return m, i + 1, false, nil
+	case i < len(d) && d[i] == '}':
+		return m, i + 1, true, nil
+	}
+	return m, i, false, errJSON
+}
+
+// errEmpty marks an empty object (no member).
+var errEmpty = errors.New("empty object")
+
+// keyIs reports whether the raw key decodes to name.
+func keyIs(raw []byte, name string) bool {
+	if !hasEscape(raw) {
+		return string(raw) == name
+	}
+	var b [64]byte
+	return string(unescape(b[:0], raw)) == name
+}
+
+// bodyEdit copies the client's body's members, minus drop, with the model
+// replaced when model is set, leaving the object open for the router's
+// members (with a trailing ',' when a member was copied).
+func bodyEdit(dst, body []byte, model string, drop []string) []byte {
+	i := skipSpace(body, 0)
+	out := append(dst, '{')
+	if i >= len(body) || body[i] != '{' {
+		return out
+	}
+	first := true
+	for i++; ; {
+		m, next, last, err := nextMember(body, i)
+		if err != nil {
+			break
+		}
+		i = next
+		skip := false
+		for _, k := range drop {
+			if keyIs(m.key, k) {
+				skip = true
+				break
+			}
+		}
+		if !skip {
+			if !first {
+				out = append(out, ',')
+			}
+			first = false
+			if model != "" && keyIs(m.key, "model") {
+				out = append(out, `"model":`...)
+				out = appendJSONString(out, model)
+			} else {
+				out = append(out, body[m.start:m.e]...)
+			}
+		}
+		if last {
+			break
+		}
+	}
+	if !first {
+		out = append(out, ',')
+	}
+	return out
+}
+
+// topMember returns the value span of the object's last top-level member
+// named name (a JSON decoder keeps the last duplicate); ok is false when
+// there is none or body is not an object.
+func topMember(body []byte, name string) (vs, ve int, ok bool) {
+	i := skipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return 0, 0, false
+	}
+	for i++; ; {
+		m, next, last, err := nextMember(body, i)
+		if err != nil {
+			return vs, ve, ok
+		}
+		if keyIs(m.key, name) {
+			vs, ve, ok = m.vs, m.e, true
+		}
+		if last {
+			return vs, ve, ok
+		}
+		i = next
+	}
+}
+
+var (
+	pullPrefillDrop = []string{"kv_transfer_params", "stream", "stream_options", "max_tokens",
+		"max_completion_tokens", "min_tokens", "min_completion_tokens"}
+	pullDecodeDrop = []string{"kv_transfer_params"}
+	pushDrop       = []string{"bootstrap_host", "bootstrap_port", "bootstrap_room"}
+)
+
+// appendPullPrefillBody is vLLM's prefill leg: the client's body with
+// kv_transfer_params {do_remote_decode: true, ...}, stream false,
+// max_tokens 1 (max_completion_tokens 1 too when present), without
+// stream_options, min_tokens and min_completion_tokens (toy_proxy_server.py,
+// send_request_to_service).
+func appendPullPrefillBody(dst, body []byte, model string) []byte {
+	out := bodyEdit(dst, body, model, pullPrefillDrop)
+	out = append(out, `"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null},"stream":false,"max_tokens":1`...)
+	if _, _, ok := topMember(body, "max_completion_tokens"); ok {
+		out = append(out, `,"max_completion_tokens":1`...)
+	}
+	return append(out, '}')
+}
+
+// appendPullDecodeBody is vLLM's decode leg: the client's body with the
+// prefill's kv_transfer_params.
+func appendPullDecodeBody(dst, body []byte, model string, kvp []byte) []byte {
+	out := bodyEdit(dst, body, model, pullDecodeDrop)
+	out = append(out, `"kv_transfer_params":`...)
+	out = append(out, kvp...)
+	return append(out, '}')
+}
+
+// appendPushBody is SGLang's body for both legs: the client's body with
+// bootstrap_host, bootstrap_port (null when the prefill worker's record has
+// none) and bootstrap_room; for a batch of n > 0 sequences, lists of n
+// entries with a room each (PDRouter::inject_bootstrap_into_value).
+func appendPushBody(dst, body []byte, model, host string, port int, room uint64, batch int) []byte {
+	out := bodyEdit(dst, body, model, pushDrop)
+	n := max(batch, 1)
+	list := func(f func(k int)) {
+		if batch > 0 {
+			out = append(out, '[')
+		}
+		for k := 0; k < n; k++ {
+			if k > 0 {
+				out = append(out, ',')
+			}
+			f(k)
+		}
+		if batch > 0 {
+			out = append(out, ']')
+		}
+	}
+	out = append(out, `"bootstrap_host":`...)
+	list(func(int) { out = appendJSONString(out, host) })
+	out = append(out, `,"bootstrap_port":`...)
+	list(func(int) {
+		if port > 0 {
+			out = strconv.AppendInt(out, int64(port), 10)
+		} else {
+			out = append(out, "null"...)
+		}
+	})
+	out = append(out, `,"bootstrap_room":`...)
+	list(func(k int) {
+		r := room
+		if k > 0 {
+			r = rand.Uint64() >> 1
+		}
+		out = strconv.AppendUint(out, r, 10)
+	})
+	return append(out, '}')
+}
+
+var errBatchTooLarge = errors.New("a batch of more than " + strconv.Itoa(pdMaxBatch) + " sequences cannot be sent to a prefill/decode pair")
+
+// sglangBatch is the number of sequences of an SGLang batch request, 0 for
+// a single sequence, as sgl-router counts them: a completion prompt that is
+// a list of prompts (its length), a chat request with n > 1 (n).
+func sglangBatch(rs *reqState) (int, error) {
+	b := &rs.parsed
+	d := rs.body
+	n := 0
+	if b.promptEnd > b.promptStart && d[b.promptStart] == '[' {
+		i := skipSpace(d, b.promptStart+1)
+		if i < len(d) && (d[i] == '"' || d[i] == '[') {
+			for i < b.promptEnd && d[i] != ']' {
+				e, err := skipValue(d, i, 1)
+				if err != nil {
+					break
+				}
+				n++
+				i = skipSpace(d, e)
+				if i < len(d) && d[i] == ',' {
+					i = skipSpace(d, i+1)
+				}
+			}
+		}
+	} else if b.msgEnd > b.msgStart {
+		if vs, ve, ok := topMember(d, "n"); ok {
+			if v, ok := parseInt(d[vs:ve]); ok && v > 1 {
+				n = v
+			}
+		}
+	}
+	if n > pdMaxBatch {
+		return 0, errBatchTooLarge
+	}
+	return n, nil
+}
+
+// kvTransferParams returns the top-level kv_transfer_params object of a
+// vLLM prefill answer (the last one, as a JSON decoder keeps), when it has
+// do_remote_prefill true.
+func kvTransferParams(body []byte) ([]byte, bool) {
+	i := skipSpace(body, 0)
+	if end, err := skipValue(body, i, 0); err != nil || skipSpace(body, end) != len(body) {
+		return nil, false
+	}
+	vs, ve, ok := topMember(body, "kv_transfer_params")
+	if !ok || body[vs] != '{' {
+		return nil, false
+	}
+	kv := body[vs:ve]
+	rs, re, ok := topMember(kv, "do_remote_prefill")
+	return kv, ok && string(kv[rs:re]) == "true"
+}
