@@ -68,6 +68,9 @@ type pdDispatch struct {
 	committed bool     // the decode leg's answer went to the client
 	dcall     *call    // the decode leg's call, aborted when the prefill fails first
 	pfail     *failure // the prefill leg failed before the commit
+	// pdone: the prefill answer was read to its end; the dispatch no longer
+	// aborts the prefill call (its connection may be back in the pool).
+	pdone bool
 	// The prefill's error answer (status >= 400), relayed when it is final.
 	errStatus        int
 	errBody, errType []byte
@@ -388,6 +391,12 @@ func (s *Server) pullPrefill(cfg *config.Config, rs *reqState, p *pdDispatch, to
 		s.countFailure(p.pl.Worker, f)
 		return f
 	}
+	if !c.cancel.detach() {
+		// The client left while the answer was read: its connection is closed.
+		up.finish(false)
+		p.pl.Done(sched.OutcomeNeutral)
+		return failureCanceled
+	}
 	up.finish(true)
 	mPDPrefillTime.UpdateDuration(start)
 	if status >= 400 {
@@ -482,7 +491,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		c = decodeCall(cfg, rs, p, total, idle)
 		c.body = dbody
 		p.mu.Lock()
-		p.committed, p.pfail, p.dcall, p.errStatus = false, nil, c, 0
+		p.committed, p.pfail, p.dcall, p.errStatus, p.pdone = false, nil, c, 0, false
 		p.mu.Unlock()
 		p.refs.Add(1)
 		go p.pushPrefill()
@@ -503,8 +512,11 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		}
 		p.mu.Lock()
 		if ok && p.pfail == nil {
-			p.committed, p.dcall = true, nil
+			p.committed = true
 		}
+		// From here on the prefill goroutine leaves the decode call alone
+		// (its connection may go back to the pool).
+		p.dcall = nil
 		committed := p.committed
 		p.mu.Unlock()
 		if committed {
@@ -513,7 +525,11 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		}
 		// The attempt failed before the client got a byte: stop the
 		// prefill leg (unless it ended) and wait for its goroutine.
-		p.pc.cancel.abort()
+		p.mu.Lock()
+		if !p.pdone {
+			p.pc.cancel.abort()
+		}
+		p.mu.Unlock()
 		<-p.done
 		pf := p.pfail // the goroutine has ended: no lock needed
 		if up != nil {
@@ -586,7 +602,7 @@ func (p *pdDispatch) pushPrefill() {
 				p.errType = append(p.errType[:0], up.contentType()...)
 				p.mu.Unlock()
 			}
-			up.finish(err == io.EOF)
+			up.finish(err == io.EOF && p.settle())
 		} else {
 			if n > 0 || err == nil || err == io.EOF {
 				p.pl.FirstToken()
@@ -595,7 +611,7 @@ func (p *pdDispatch) pushPrefill() {
 				_, err = up.read(p.buf)
 			}
 			if err == io.EOF {
-				up.finish(true)
+				up.finish(p.settle())
 				mPDPrefillTime.UpdateDuration(start)
 			} else {
 				f = up.readFailure(err, n > 0)
@@ -626,6 +642,32 @@ func (p *pdDispatch) pushPrefill() {
 	}
 	p.done <- struct{}{}
 	p.release()
+}
+
+// settle marks the prefill answer read to its end, unless the dispatch
+// aborted the call first (its connection is closed then): true means the
+// connection may go back to the pool.
+func (p *pdDispatch) settle() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.pc.cancel.detach() {
+		return false
+	}
+	p.pdone = true
+	return true
+}
+
+// detach unregisters the slot's target unless the attempt was aborted, so
+// that a later abort cannot reach a connection that went back to the pool.
+// It reports whether it detached.
+func (a *abortSlot) detach() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.aborted {
+		return false
+	}
+	a.target = nil
+	return true
 }
 
 // relayStashed answers with the error answer stashed in rs.

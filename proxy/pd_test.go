@@ -691,3 +691,57 @@ func FuzzPDBodies(f *testing.F) {
 		check(appendPullDecodeBody(nil, []byte(body), "", []byte(`{"a":1}`)), map[string]string{"kv_transfer_params": `{"a":1}`})
 	})
 }
+
+// A client that leaves while the legs are in flight ends both leases (and
+// closes the legs' connections, so the engines stop), for both connectors.
+func TestPDClientLeavesEndsBothLegs(t *testing.T) {
+	for _, mode := range []string{"vllm", "sglang"} {
+		t.Run(mode, func(t *testing.T) {
+			var hits, gone atomic.Int32
+			hang := func(ctx *fasthttp.RequestCtx) {
+				hits.Add(1)
+				// Hold the request until the router closes the connection.
+				fd := sockFD(ctx.Conn())
+				for i := 0; i < 300; i++ {
+					time.Sleep(10 * time.Millisecond)
+					if peek(fd) == peekClosed {
+						gone.Add(1)
+						return
+					}
+				}
+			}
+			p := startUpstream(t, hang)
+			d := startUpstream(t, hang)
+			r := startPDRouter(t, nil, pdConfig(t, func(c *config.Config) { c.PD.Mode = mode }),
+				pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+			conn, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+			want := int32(1)
+			if mode == "sglang" {
+				want = 2
+			}
+			for i := 0; hits.Load() < want; i++ {
+				if i > 200 {
+					t.Fatalf("legs sent: %d", hits.Load())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			time.Sleep(150 * time.Millisecond)
+			conn.Close()
+			start := time.Now()
+			noLoadLeft(t, r.fl)
+			if time.Since(start) > 1500*time.Millisecond {
+				t.Fatalf("leases ended %v after the client left", time.Since(start))
+			}
+			for i := 0; gone.Load() < want; i++ {
+				if i > 100 {
+					t.Fatalf("legs whose connection the router closed: %d of %d", gone.Load(), want)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -124,6 +125,8 @@ type pdRoute struct {
 	aligned bool
 	// prefill is the decode leg's partner.
 	prefill *fleet.Worker
+	// decode is the decode worker router mode direct named, if any.
+	decode *fleet.Worker
 }
 
 func (p *pdRoute) reset() {
@@ -203,6 +206,9 @@ func (s *Scheduler) Topology(cfg *config.Config, r *Request, scratch []*fleet.Wo
 		}
 	}
 	hasPrefill := p.np > 0 || namedPrefill != nil
+	if named != nil && named.Role == fleet.RoleDecode {
+		p.decode = named
+	}
 	pd := p.np > 0 && p.nd > 0
 	if named != nil {
 		switch {
@@ -343,12 +349,15 @@ func (p *pdRoute) appendLeg(dst []*fleet.Worker, r *Request) []*fleet.Worker {
 	}
 	if r.Leg == LegPrefill {
 		var marks [maxGroups / 64]uint64
+		// A decode worker named by router mode direct (and not tried yet)
+		// is the only one the prefill worker must pair with.
+		named := p.decode != nil && live(p.decode) && !r.tried(p.decode) && slices.Contains(p.cands, p.decode)
 		j := 0
 		for _, w := range p.cands {
 			if w.Role != fleet.RoleDecode {
 				continue
 			}
-			if g := j % k; g < maxGroups && live(w) && !r.tried(w) {
+			if g := j % k; g < maxGroups && live(w) && !r.tried(w) && (!named || w == p.decode) {
 				marks[g/64] |= 1 << (g % 64)
 			}
 			j++

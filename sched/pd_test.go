@@ -316,11 +316,17 @@ func TestDirectModeNamesEachLeg(t *testing.T) {
 	if p.Worker.ID != "p1" || d.Worker.ID != "d0" || p.Layer != LayerDirect || d.Layer != LayerDirect {
 		t.Fatalf("both headers: %s by %s, %s by %s", p.Worker.ID, p.Layer, d.Worker.ID, d.Layer)
 	}
-	// Only the decode header: the prefill by policy.
-	v.ByID([]byte("p0")).Acquire(1, 1, 1) // p1 is less loaded
+	// Only the decode header: the prefill by policy, among the named decode
+	// worker's aligned prefill workers (p0, though p1 is less loaded).
+	v.ByID([]byte("p0")).Acquire(1, 1, 1)
 	p, d = pair(t, s, cfg, &Request{Model: []byte("m"), DirectWorker: []byte("d0")})
-	if p.Worker.ID != "p1" || p.Layer != LayerLB || d.Worker.ID != "d0" || d.Layer != LayerDirect {
+	if p.Worker.ID != "p0" || p.Layer != LayerLB || d.Worker.ID != "d0" || d.Layer != LayerDirect {
 		t.Fatalf("decode header: %s by %s, %s by %s", p.Worker.ID, p.Layer, d.Worker.ID, d.Layer)
+	}
+	// With independent pairing the policy is free: the less loaded p1.
+	free := cfgWith(t, func(c *config.Config) { c.PD.Mode = "sglang"; c.PD.SGLangIndependentPairing = true })
+	if p, _ = pair(t, s, free, &Request{Model: []byte("m"), DirectWorker: []byte("d0")}); p.Worker.ID != "p1" {
+		t.Fatalf("decode header, independent pairing: prefill %s", p.Worker.ID)
 	}
 	// Only the prefill header: the decode by policy, aligned with p0.
 	p, d = pair(t, s, cfg, &Request{Model: []byte("m"), DirectPrefill: []byte("p0")})
