@@ -255,6 +255,7 @@ type CompareCmd struct {
 	EngineFlags
 	WorkloadFlags
 	LoadFlags
+	PDFlags
 }
 
 // Run implements the command.
@@ -268,6 +269,9 @@ func (c *CompareCmd) Run() error {
 		return err
 	}
 	warnOversized(os.Stderr, reqs, c.BlockSize, c.KVCapacityBlocks)
+	if err := c.PDFlags.Check(c.Engines); err != nil {
+		return err
+	}
 	ctx, cancel := signalContext()
 	defer cancel()
 	cc := CompareConfig{Bin: bin, Policies: splitList(c.Policies), Engines: c.Engines, EngineURLs: splitList(c.EngineURLs),
@@ -280,6 +284,9 @@ func (c *CompareCmd) Run() error {
 	}
 	fmt.Fprintf(os.Stderr, "comparing %s on %d requests of %s\n", strings.Join(cc.Policies, ", "), len(reqs), name)
 	res, err := Compare(ctx, reqs, name, cc)
+	if err == nil {
+		res, err = c.PDFlags.comparePD(ctx, res, reqs, cc)
+	}
 	if res != nil && len(res.Summaries) > 0 {
 		if werr := WriteTable(os.Stdout, res.Summaries); werr != nil && err == nil {
 			err = werr
@@ -342,6 +349,7 @@ type SimulateCmd struct {
 	WorkloadFlags
 	LoadFlags
 	OutputFlags
+	PDFlags
 }
 
 // Run implements the command.
@@ -378,6 +386,10 @@ func (c *SimulateCmd) Run() error {
 			s.SetCeiling(ceil.HitRate)
 		}
 		sums = append(sums, s)
+	}
+	sums, err = c.PDFlags.simulatePD(os.Stderr, sums, reqs, splitList(c.Policies), c.Engines, c.coreConfig(), c.Model, c.config(&c.WorkloadFlags), c.slo(), c.KVOverlapWeight)
+	if err != nil {
+		return err
 	}
 	if err := WriteTable(os.Stdout, sums); err != nil {
 		return err

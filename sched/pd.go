@@ -400,12 +400,19 @@ func (p *pdRoute) appendLeg(dst []*fleet.Worker, r *Request) []*fleet.Worker {
 }
 
 // pickDecode is the decode policy (pd.decode_policy) over avail, skipping
-// workers whose half-open probe slot another request holds.
-func (s *Scheduler) pickDecode(cfg *config.Config, avail []*fleet.Worker, now int64) Decision {
+// workers whose half-open probe slot another request holds. Under aligned
+// pairing each prefill worker rotates over its own decode workers (with one
+// rotation for all, prefill workers taken in turn would each keep hitting
+// the same decode worker of their group).
+func (s *Scheduler) pickDecode(cfg *config.Config, r *Request, avail []*fleet.Worker, now int64) Decision {
 	b, _ := ParseBalancer(cfg.PD.DecodePolicy)
+	rr := &s.pd.rr
+	if p := r.pd.prefill; r.pd.aligned && p != nil {
+		rr = &s.pd.group[p.Idx%len(s.pd.group)]
+	}
 	first := avail[0]
 	for len(avail) > 0 {
-		w := b.Pick(avail, &s.pd.rr)
+		w := b.Pick(avail, rr)
 		if ok, probe := w.Breaker.Admit(now); ok {
 			return Decision{Worker: w, Probe: probe, Layer: LayerLB}
 		}
@@ -448,6 +455,8 @@ func (s *Scheduler) leaseLoad(r *Request, d *Decision) (tokens, prefill, blocks 
 // the PD metrics.
 type pdSched struct {
 	rr atomic.Uint64
+	// group are the rotations of aligned pairing, by prefill Worker.Idx.
+	group [256]atomic.Uint64
 
 	pairs, mixed, noMode *metrics.Counter
 	decode               [numLayers]*metrics.Counter

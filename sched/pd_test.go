@@ -474,3 +474,20 @@ func TestBreakersCountFaultsPerLeg(t *testing.T) {
 		t.Fatal("the open decode worker never got its probe")
 	}
 }
+
+// Under aligned pairing, round-robin decode rotates within each prefill
+// worker's group: prefill workers taken in turn must not each keep hitting
+// the same decode worker (2 prefill, 4 decode: all 4 used evenly).
+func TestAlignedRoundRobinRotatesPerGroup(t *testing.T) {
+	s := pdBench(t, 2, 4)
+	s.Policy = PolicyRoundRobin
+	cfg := cfgWith(t, func(c *config.Config) { c.PD.Mode = "sglang"; c.PD.DecodePolicy = "round-robin" })
+	n := map[string]int{}
+	for i := 0; i < 40; i++ {
+		_, d := pair(t, s, cfg, &Request{Model: []byte("m")})
+		n[d.Worker.ID]++
+	}
+	if len(n) != 4 || n["d0000"] != 10 || n["d0001"] != 10 || n["d0002"] != 10 || n["d0003"] != 10 {
+		t.Fatalf("decode legs %v, want 10 each", n)
+	}
+}
