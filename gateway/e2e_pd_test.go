@@ -33,6 +33,7 @@ type pdEngine struct {
 type pdFleet struct {
 	t       *testing.T
 	etcd    *testsrv.Etcd
+	nats    string // broker URL when requests go over NATS
 	cfgPath string
 	rt      *Gateway
 	url     string
@@ -44,11 +45,22 @@ var pdEngineArgs = []string{"--speedup", "50", "--pd-waiting-timeout", "15s", "-
 
 func newPDFleet(t *testing.T, cfg string, serveArgs ...string) *pdFleet {
 	t.Helper()
-	pf := &pdFleet{t: t, etcd: testsrv.StartEtcd(t), engines: map[string]*pdEngine{}}
+	return newPDFleetOn(t, "", cfg, serveArgs...)
+}
+
+// newPDFleetOn is newPDFleet with requests over the NATS broker natsURL
+// (empty: HTTP).
+func newPDFleetOn(t *testing.T, natsURL, cfg string, serveArgs ...string) *pdFleet {
+	t.Helper()
+	pf := &pdFleet{t: t, etcd: testsrv.StartEtcd(t), nats: natsURL, engines: map[string]*pdEngine{}}
 	pf.cfgPath = filepath.Join(t.TempDir(), "infera.json")
 	pf.writeConfig(cfg)
-	args := append([]string{"--discovery-backend", "etcd", "--etcd-endpoint", pf.etcd.Endpoint,
-		"--request-transport", "http", "--kv-event-transport", "zmq", "--config", pf.cfgPath, "--config-poll", "20ms"}, serveArgs...)
+	transport := []string{"--request-transport", "http"}
+	if natsURL != "" {
+		transport = []string{"--request-transport", "nats", "--nats-url", natsURL}
+	}
+	args := append(append([]string{"--discovery-backend", "etcd", "--etcd-endpoint", pf.etcd.Endpoint,
+		"--kv-event-transport", "zmq", "--config", pf.cfgPath, "--config-poll", "20ms"}, transport...), serveArgs...)
 	pf.rt, pf.url = startServe(t, args...)
 	return pf
 }
@@ -90,8 +102,12 @@ func (pf *pdFleet) add(id, role, mode string, extra ...string) *pdEngine {
 	}
 	srv, url := startEngine(t, append(args, extra...)...)
 	wargs := []string{"--id", id, "--engine-url", url, "--discovery-backend", "etcd", "--etcd-endpoint", pf.etcd.Endpoint,
-		"--request-transport", "http", "--kv-event-transport", "zmq", "--lease-ttl", "2s", "--role", role,
-		"--drain-propagation", "100ms"}
+		"--kv-event-transport", "zmq", "--lease-ttl", "2s", "--role", role, "--drain-propagation", "100ms"}
+	if pf.nats != "" {
+		wargs = append(wargs, "--request-transport", "nats", "--nats-url", pf.nats)
+	} else {
+		wargs = append(wargs, "--request-transport", "http")
+	}
 	if b := srv.BootstrapInfo(); b != nil {
 		wargs = append(wargs, "--bootstrap", string(b))
 	}
@@ -399,5 +415,30 @@ func TestE2EMixedFleetGainsPDPairAtRuntime(t *testing.T) {
 	a.ok(t, 3)
 	if a.decode != "mx" || a.prefill != "" {
 		t.Fatalf("after the decode worker left: %s/%s", a.prefill, a.decode)
+	}
+}
+
+// Both connectors over the NATS request transport: the legs go through the
+// broker like any request (one dispatch path, any transport).
+func TestE2EPDOverNATS(t *testing.T) {
+	nsrv := testsrv.StartNATS(t)
+	for _, mode := range []string{"sglang", "vllm"} {
+		t.Run(mode, func(t *testing.T) {
+			pf := newPDFleetOn(t, nsrv.URL, fmt.Sprintf(`{"debug":{"decision_header":true},"pd":{"mode":%q}}`, mode))
+			pf.add("p0", "prefill", mode)
+			pf.add("d0", "decode", mode)
+			waitRoutable(t, pf.rt, 2)
+			for i := 0; i < 4; i++ {
+				a := pf.ask(i%2 == 0, 6, fmt.Sprintf("nats %d", i))
+				a.ok(t, 6)
+				if a.prefill != "p0" || a.decode != "d0" {
+					t.Fatalf("served by %s/%s", a.prefill, a.decode)
+				}
+			}
+			if n := pf.transfers("p0"); n != 4 {
+				t.Fatalf("transfers %d", n)
+			}
+			noLoad(t, pf.rt)
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"math/rand/v2"
@@ -709,7 +710,9 @@ type member struct {
 }
 
 // nextMember scans the member at d[i] (just after '{' or ','). It returns
-// the index after the following ',' and last=true at the closing '}'.
+// the index after the following ',' and last=true at the closing '}'. d
+// must be valid JSON (the parser or skipValue checked it): values are
+// spanned, not validated again.
 func nextMember(d []byte, i int) (m member, next int, last bool, err error) {
 	i = skipSpace(d, i)
 	if i < len(d) && d[i] == '}' {
@@ -728,9 +731,10 @@ func nextMember(d []byte, i int) (m member, next int, last bool, err error) {
 		return m, i, false, errJSON
 	}
 	m.vs = skipSpace(d, i+1)
-	if m.e, err = skipValue(d, m.vs, 1); err != nil {
-		return m, m.e, false, err
+	if m.vs >= len(d) {
+		return m, m.vs, false, errJSON
 	}
+	m.e = spanValue(d, m.vs)
 	i = skipSpace(d, m.e)
 	switch {
 	case i < len(d) && d[i] == ',':
@@ -739,6 +743,61 @@ func nextMember(d []byte, i int) (m member, next int, last bool, err error) {
 		return m, i + 1, true, nil
 	}
 	return m, i, false, errJSON
+}
+
+// spanValue returns the end of the valid JSON value at d[i]: strings are
+// skipped with bytes.IndexByte (a prompt is mostly string bytes), the rest
+// byte by byte.
+func spanValue(d []byte, i int) int {
+	switch d[i] {
+	case '"':
+		return spanString(d, i)
+	case '{', '[':
+		depth := 0
+		for i < len(d) {
+			switch d[i] {
+			case '"':
+				i = spanString(d, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return len(d)
+	}
+	for i < len(d) {
+		if c := d[i]; c == ',' || c == '}' || c == ']' || isSpace(c) {
+			return i
+		}
+		i++
+	}
+	return i
+}
+
+// spanString returns the index after the string whose opening quote is at
+// d[i]: its first quote not escaped by an odd run of backslashes.
+func spanString(d []byte, i int) int {
+	i++
+	for {
+		j := bytes.IndexByte(d[i:], '"')
+		if j < 0 {
+			return len(d)
+		}
+		i += j
+		n := 0
+		for k := i - 1; d[k] == '\\'; k-- {
+			n++
+		}
+		if n%2 == 0 {
+			return i + 1
+		}
+		i++
+	}
 }
 
 // errEmpty marks an empty object (no member).
@@ -755,12 +814,14 @@ func keyIs(raw []byte, name string) bool {
 
 // bodyEdit copies the client's body's members, minus drop, with the model
 // replaced when model is set, leaving the object open for the router's
-// members (with a trailing ',' when a member was copied).
-func bodyEdit(dst, body []byte, model string, drop []string) []byte {
+// members (with a trailing ',' when a member was copied). It reports
+// whether a member named note was present.
+func bodyEdit(dst, body []byte, model string, drop []string, note string) ([]byte, bool) {
 	i := skipSpace(body, 0)
 	out := append(dst, '{')
+	noted := false
 	if i >= len(body) || body[i] != '{' {
-		return out
+		return out, false
 	}
 	first := true
 	for i++; ; {
@@ -769,6 +830,9 @@ func bodyEdit(dst, body []byte, model string, drop []string) []byte {
 			break
 		}
 		i = next
+		if note != "" && keyIs(m.key, note) {
+			noted = true
+		}
 		skip := false
 		for _, k := range drop {
 			if keyIs(m.key, k) {
@@ -795,7 +859,7 @@ func bodyEdit(dst, body []byte, model string, drop []string) []byte {
 	if !first {
 		out = append(out, ',')
 	}
-	return out
+	return out, noted
 }
 
 // topMember returns the value span of the object's last top-level member
@@ -834,9 +898,9 @@ var (
 // stream_options, min_tokens and min_completion_tokens (toy_proxy_server.py,
 // send_request_to_service).
 func appendPullPrefillBody(dst, body []byte, model string) []byte {
-	out := bodyEdit(dst, body, model, pullPrefillDrop)
+	out, mct := bodyEdit(dst, body, model, pullPrefillDrop, "max_completion_tokens")
 	out = append(out, `"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null},"stream":false,"max_tokens":1`...)
-	if _, _, ok := topMember(body, "max_completion_tokens"); ok {
+	if mct {
 		out = append(out, `,"max_completion_tokens":1`...)
 	}
 	return append(out, '}')
@@ -845,7 +909,7 @@ func appendPullPrefillBody(dst, body []byte, model string) []byte {
 // appendPullDecodeBody is vLLM's decode leg: the client's body with the
 // prefill's kv_transfer_params.
 func appendPullDecodeBody(dst, body []byte, model string, kvp []byte) []byte {
-	out := bodyEdit(dst, body, model, pullDecodeDrop)
+	out, _ := bodyEdit(dst, body, model, pullDecodeDrop, "")
 	out = append(out, `"kv_transfer_params":`...)
 	out = append(out, kvp...)
 	return append(out, '}')
@@ -856,7 +920,7 @@ func appendPullDecodeBody(dst, body []byte, model string, kvp []byte) []byte {
 // none) and bootstrap_room; for a batch of n > 0 sequences, lists of n
 // entries with a room each (PDRouter::inject_bootstrap_into_value).
 func appendPushBody(dst, body []byte, model, host string, port int, room uint64, batch int) []byte {
-	out := bodyEdit(dst, body, model, pushDrop)
+	out, _ := bodyEdit(dst, body, model, pushDrop, "")
 	n := max(batch, 1)
 	list := func(f func(k int)) {
 		if batch > 0 {

@@ -644,6 +644,16 @@ func FuzzPDBodies(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body string) {
+		// As a prefill answer: params found only in a valid object, and they
+		// are what a JSON decoder sees.
+		// (Maps: exact keys, the last duplicate wins, as in Python.)
+		if kv, ok := kvTransferParams([]byte(body)); ok {
+			var ans, params map[string]json.RawMessage
+			if json.Unmarshal([]byte(body), &ans) != nil || json.Unmarshal(kv, &params) != nil ||
+				string(params["do_remote_prefill"]) != "true" || string(ans["kv_transfer_params"]) != string(kv) {
+				t.Fatalf("kv_transfer_params %s from %s", kv, body)
+			}
+		}
 		var client map[string]any
 		if json.Unmarshal([]byte(body), &client) != nil || !strings.HasPrefix(strings.TrimSpace(body), "{") {
 			return
