@@ -513,7 +513,8 @@ func TestPDPushFailoverPerLeg(t *testing.T) {
 	if took > 2*time.Second {
 		t.Fatalf("took %v: the decode leg of the failed prefill was not aborted", took)
 	}
-	if preBad.n() != 1 || preGood.n() != 1 || dec1.n() != 2 || dec2.n() != 0 {
+	// (The first decode leg may be aborted before it reached d1.)
+	if preBad.n() != 1 || preGood.n() != 1 || dec1.n() < 1 || dec1.n() > 2 || dec2.n() != 0 {
 		t.Fatalf("legs: failing prefill %d, good prefill %d, d1 %d, d2 %d", preBad.n(), preGood.n(), dec1.n(), dec2.n())
 	}
 	if roomOf([]byte(preBad.bodies[0])) == roomOf([]byte(preGood.bodies[0])) {
