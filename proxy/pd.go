@@ -135,20 +135,24 @@ var (
 	errPDAnswer   = errors.New("the prefill answer is too large")
 )
 
-// dispatchPD serves r by a prefill+decode pair when its topology says so;
-// it returns false (having done nothing) when one mixed worker serves it.
-// dispatch calls it after setting up the request's call.
-func (s *Server) dispatchPD(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState) bool {
+// dispatchPD serves r by a prefill+decode pair when its topology says so,
+// recording in res how it went (as dispatchLocal does: the caller answers
+// when nothing was committed); it returns false, having done nothing, when
+// one mixed worker serves r.
+func (s *Server) dispatchPD(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries) bool {
 	r := &rs.sreq
 	top, err := s.sched.Topology(cfg, r, rs.scratch[:0])
 	if err != nil {
-		s.live.remove(rs)
-		s.writeSchedError(ctx, r, err)
+		res.schedErr = err
+		if noWorker(err) && s.globalOn(cfg) {
+			s.forwardGlobal(ctx, cfg, rs, res)
+		}
 		return true
 	}
 	if top != sched.TopologyPD {
 		return false
 	}
+	rs.ext.cur = nil // the local fleet answers (split proxy)
 	p := pdPool.Get().(*pdDispatch)
 	p.s, p.mode = s, r.PDMode()
 	p.refs.Store(1)
@@ -162,9 +166,9 @@ func (s *Server) dispatchPD(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *re
 			p.hdr = appendRequestID(p.hdr)
 			p.hdr = append(p.hdr, "\r\n"...)
 		}
-		s.pdPull(ctx, cfg, rs, p)
+		s.pdPull(ctx, cfg, rs, p, res)
 	} else {
-		s.pdPush(ctx, cfg, rs, p)
+		s.pdPush(ctx, cfg, rs, p, res)
 	}
 	p.release()
 	return true
@@ -177,6 +181,15 @@ type pdOutcome struct {
 	fleetDown  bool
 	fails      [3]int // by sched.Leg
 	retries    int
+}
+
+// finish reports the failures to the dispatch (which answers, or tries the
+// split proxy's next upstream unless the failure may not be retried).
+func (o *pdOutcome) finish(res *tries) {
+	res.last = o.last
+	res.allConnect = res.allConnect && o.allConnect
+	res.fleetDown = res.fleetDown || o.fleetDown
+	res.stop = o.last != nil && !o.last.retryable()
 }
 
 // failed records f on leg; it reports whether the request may try again.
@@ -195,10 +208,10 @@ func (o *pdOutcome) failed(leg sched.Leg, f *failure) bool {
 	return true
 }
 
-// pdAcquire takes the lease of r's next leg; on error the request is
-// answered (the last failure when there was one, else the scheduling
+// pdAcquire takes the lease of r's next leg; on error the outcome is
+// reported (the last failure when there was one, else the scheduling
 // error) and false returned.
-func (s *Server) pdAcquire(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, leg sched.Leg, o *pdOutcome, p *pdDispatch, l *sched.Lease) bool {
+func (s *Server) pdAcquire(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, leg sched.Leg, o *pdOutcome, res *tries, p *pdDispatch, l *sched.Lease) bool {
 	r := &rs.sreq
 	var partner = p.pl.Worker
 	if leg == sched.LegPrefill {
@@ -212,12 +225,15 @@ func (s *Server) pdAcquire(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 		}
 		return true
 	}
-	s.live.remove(rs)
 	if o.last == nil {
-		s.writeSchedError(ctx, r, err)
+		res.schedErr = err
+		if noWorker(err) && s.globalOn(cfg) {
+			s.forwardGlobal(ctx, cfg, rs, res)
+		}
 		return false
 	}
-	s.answerFailure(ctx, rs, o.last, o.allConnect) // every candidate of the leg was tried
+	o.fleetDown = true // every candidate of the leg was tried
+	o.finish(res)
 	return false
 }
 
@@ -238,8 +254,9 @@ func prefillDeadline(cfg *config.Config, total time.Time) time.Time {
 // sets up an attempt.
 func decodeCall(cfg *config.Config, rs *reqState, p *pdDispatch, total time.Time, idle time.Duration) *call {
 	c := &rs.call
-	c.lease, c.hdr, c.body, c.stream = &rs.lease, p.hdr, p.dbody, rs.sreq.Stream
+	c.lease, c.path, c.hdr, c.body, c.stream = &rs.lease, p.path, p.hdr, p.dbody, rs.sreq.Stream
 	c.total, c.idle, c.firstByte = total, idle, total
+	c.now = time.Now().UnixNano()
 	if t := &cfg.Timeouts; rs.sreq.Stream && t.StreamFirstPacketSeconds > 0 {
 		if fb := time.Now().Add(secs(t.StreamFirstPacketSeconds)); total.IsZero() || fb.Before(total) {
 			c.firstByte = fb
@@ -248,19 +265,23 @@ func decodeCall(cfg *config.Config, rs *reqState, p *pdDispatch, total time.Time
 	return c
 }
 
-// legModel is the model name a leg's body carries ("" keeps the client's).
-func legModel(d *sched.Decision) string {
+// legModel is the model name a leg's body carries ("" keeps the client's):
+// the name routing resolved for the leg's worker, or the one smart model
+// selection chose.
+func legModel(rs *reqState, d *sched.Decision) string {
 	if d.Rewrite {
 		return d.Model
 	}
-	return ""
+	return rs.ext.model
 }
 
 // pdCommit hands the decode leg's answer to the client.
-func (s *Server) pdCommit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, p *pdDispatch, up upResponse, n int, eof bool) {
+func (s *Server) pdCommit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, p *pdDispatch, up upResponse, n int, eof bool, res *tries) {
 	s.live.remove(rs)
 	rs.lease.FirstToken()
-	mTTFT.Update(time.Since(rs.start).Seconds())
+	rs.ttft = time.Since(rs.start)
+	mTTFT.Update(rs.ttft.Seconds())
+	res.committed = true
 	if cfg.Debug.DecisionHeader {
 		h := &ctx.Response.Header
 		h.Set("X-Infera-Prefill-Worker", p.pl.Worker.ID)
@@ -271,7 +292,7 @@ func (s *Server) pdCommit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 }
 
 // pdPull is vLLM's serial dispatch.
-func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, p *pdDispatch) {
+func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, p *pdDispatch, res *tries) {
 	r := &rs.sreq
 	c := &rs.call
 	total, idle := c.total, c.idle
@@ -279,7 +300,7 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	needPrefill := true
 	for {
 		if needPrefill {
-			if !s.pdAcquire(ctx, cfg, rs, sched.LegPrefill, &o, p, &p.pl) {
+			if !s.pdAcquire(ctx, cfg, rs, sched.LegPrefill, &o, res, p, &p.pl) {
 				return
 			}
 			f := s.pullPrefill(cfg, rs, p, total)
@@ -288,6 +309,7 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 					// The engine refused the request (4xx): relay it.
 					s.live.remove(rs)
 					s.relayStashed(ctx, rs)
+					res.committed = true
 					return
 				}
 				r.Tried = append(r.Tried, p.pl.Worker.Idx)
@@ -299,11 +321,11 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			}
 			needPrefill = false
 		}
-		if !s.pdAcquire(ctx, cfg, rs, sched.LegDecode, &o, p, &rs.lease) {
+		if !s.pdAcquire(ctx, cfg, rs, sched.LegDecode, &o, res, p, &rs.lease) {
 			p.pl.Done(sched.OutcomeNeutral)
 			return
 		}
-		p.dbody = appendPullDecodeBody(p.dbody[:0], rs.body, legModel(&rs.lease.Decision), p.kvp)
+		p.dbody = appendPullDecodeBody(p.dbody[:0], rs.body, legModel(rs, &rs.lease.Decision), p.kvp)
 		c = decodeCall(cfg, rs, p, total, idle)
 		up, f := s.tr.roundTrip(c)
 		status := 0
@@ -314,7 +336,7 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 				if n > 0 || rerr == nil || rerr == io.EOF {
 					// The decode engine has the KV: the transfer is over.
 					p.pl.Done(sched.OutcomeSuccess)
-					s.pdCommit(ctx, cfg, rs, p, up, n, rerr == io.EOF)
+					s.pdCommit(ctx, cfg, rs, p, up, n, rerr == io.EOF, res)
 					return
 				}
 				f = up.readFailure(rerr, false)
@@ -343,8 +365,7 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			}
 		}
 	}
-	s.live.remove(rs)
-	s.answerFailure(ctx, rs, o.last, o.allConnect && o.fleetDown)
+	o.finish(res)
 }
 
 // decodeFailed ends the decode leg's lease after a failure before its first
@@ -368,9 +389,10 @@ func (s *Server) decodeFailed(rs *reqState, f *failure, status int) {
 // 5xx answer is stashed in rs.
 func (s *Server) pullPrefill(cfg *config.Config, rs *reqState, p *pdDispatch, total time.Time) *failure {
 	c := &rs.call
-	p.pbody = appendPullPrefillBody(p.pbody[:0], rs.body, legModel(&p.pl.Decision))
-	c.lease, c.hdr, c.body, c.stream = &p.pl, p.hdr, p.pbody, false
+	p.pbody = appendPullPrefillBody(p.pbody[:0], rs.body, legModel(rs, &p.pl.Decision))
+	c.lease, c.path, c.hdr, c.body, c.stream = &p.pl, p.path, p.hdr, p.pbody, false
 	c.total, c.idle = total, 0
+	c.now = time.Now().UnixNano()
 	c.firstByte = prefillDeadline(cfg, total)
 	start := time.Now()
 	up, f := s.tr.roundTrip(c)
@@ -456,7 +478,7 @@ func readAnswer(up upResponse, buf *[]byte, first func()) ([]byte, error) {
 }
 
 // pdPush is SGLang's concurrent dispatch.
-func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, p *pdDispatch) {
+func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, p *pdDispatch, res *tries) {
 	r := &rs.sreq
 	c := &rs.call
 	total, idle := c.total, c.idle
@@ -467,19 +489,20 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		mBadRequests.Inc()
 		countStatus(fasthttp.StatusBadRequest)
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, berr.Error(), "n", "")
+		res.committed = true
 		return
 	}
 	for {
-		if !s.pdAcquire(ctx, cfg, rs, sched.LegPrefill, &o, p, &p.pl) {
+		if !s.pdAcquire(ctx, cfg, rs, sched.LegPrefill, &o, res, p, &p.pl) {
 			return
 		}
-		if !s.pdAcquire(ctx, cfg, rs, sched.LegDecode, &o, p, &rs.lease) {
+		if !s.pdAcquire(ctx, cfg, rs, sched.LegDecode, &o, res, p, &rs.lease) {
 			p.pl.Done(sched.OutcomeNeutral)
 			return
 		}
 		room := rand.Uint64() >> 1 // uniform in [0, 2^63-1], fresh per attempt
 		pw := &p.pl.Worker.PD
-		pm, dm := legModel(&p.pl.Decision), legModel(&rs.lease.Decision)
+		pm, dm := legModel(rs, &p.pl.Decision), legModel(rs, &rs.lease.Decision)
 		p.pbody = appendPushBody(p.pbody[:0], rs.body, pm, pw.BootstrapHost, pw.BootstrapPort, room, batch)
 		dbody := p.pbody // the same body, unless routing gave the legs other model names
 		if dm != pm {
@@ -488,7 +511,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		}
 		pc := &p.pc
 		*pc = call{lease: &p.pl, method: c.method, path: p.path, hdr: p.hdr, body: p.pbody, stream: r.Stream,
-			total: total, idle: idle, firstByte: prefillDeadline(cfg, total)}
+			total: total, idle: idle, firstByte: prefillDeadline(cfg, total), now: time.Now().UnixNano()}
 		c = decodeCall(cfg, rs, p, total, idle)
 		c.body = dbody
 		p.mu.Lock()
@@ -521,7 +544,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		committed := p.committed
 		p.mu.Unlock()
 		if committed {
-			s.pdCommit(ctx, cfg, rs, p, up, n, eof)
+			s.pdCommit(ctx, cfg, rs, p, up, n, eof, res)
 			return
 		}
 		// The attempt failed before the client got a byte: stop the
@@ -562,6 +585,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 				rs.errBody = append(rs.errBody[:0], p.errBody...)
 				rs.errType = append(rs.errType[:0], p.errType...)
 				s.relayStashed(ctx, rs)
+				res.committed = true
 				return
 			}
 		} else {
@@ -574,8 +598,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		c.cancel.reset()
 		p.pc.cancel.reset()
 	}
-	s.live.remove(rs)
-	s.answerFailure(ctx, rs, o.last, o.allConnect && o.fleetDown)
+	o.finish(res)
 }
 
 // pushPrefill is the SGLang prefill leg, on its own goroutine: it sends the
