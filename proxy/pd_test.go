@@ -539,10 +539,11 @@ func TestPDPushFailoverPerLeg(t *testing.T) {
 	r2.fl.View().ByID([]byte("d-ok")).Acquire(1, 0, 1)
 	code, b = post(t, r2.url+"/v1/chat/completions", chatBody)
 	r2.fl.View().ByID([]byte("d-ok")).Release(1, 0, 1, false)
-	if code != 200 || decBroken.n() != 1 || decOK.n() != 1 || preOK.n() != 2 {
+	// (The first prefill leg may be aborted before it reached the engine.)
+	if code != 200 || decBroken.n() != 1 || decOK.n() != 1 || preOK.n() < 1 || preOK.n() > 2 {
 		t.Fatalf("%d %s: broken decode %d, good decode %d, prefill legs %d", code, b, decBroken.n(), decOK.n(), preOK.n())
 	}
-	if roomOf([]byte(preOK.bodies[0])) == roomOf([]byte(preOK.bodies[1])) {
+	if roomOf([]byte(decBroken.bodies[0])) == roomOf([]byte(decOK.bodies[0])) {
 		t.Fatal("the retry reused the room")
 	}
 	noLoadLeft(t, r2.fl)
