@@ -95,7 +95,8 @@ var fieldMeta = map[string]meta{
 	"prefix_index.block_size":             {label: "Block size", unit: "bytes", help: "Index block length. Changing it starts a fresh index (the hit rate drops until it refills); prompts shorter than a block are not indexed."},
 
 	"pd":                            {label: "PD disaggregation", group: "Scheduling", help: "Prefill-decode disaggregated deployments: the decode phase's own scheduling policy. The prefill role uses the primary policy."},
-	"pd.mode":                       {label: "PD disaggregation mode", help: "Must match the inference engine (not supported by this build yet: leave empty)."},
+	"pd.mode":                       {label: "PD disaggregation mode", help: "sglang (push) or vllm (pull), matching the engines; empty: from the prefill worker's record."},
+	"pd.prefill_timeout_s":          {label: "Prefill leg timeout", unit: "s", help: "Longest wait for a prefill leg's complete answer; on expiry the prefill worker is blamed and the request goes to another prefill worker. 0: no limit."},
 	"pd.decode_policy":              {label: "Decode scheduling policy", options: algorithms, help: "Load balancing algorithm of the decode role."},
 	"pd.sglang_independent_pairing": {label: "SGLang PD independent pairing", help: "SGLang Mooncake only: pair prefill and decode instances freely."},
 

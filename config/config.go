@@ -215,7 +215,7 @@ func Default() *Config {
 			ReservedMemoryGB:           1.5,
 			BlockSize:                  128,
 		},
-		PD: PD{DecodePolicy: "least-requests"},
+		PD: defaultPD(),
 		SchedTimeout: SchedTimeout{
 			BreakerEnabled:   true,
 			WaitTimeoutMS:    50,

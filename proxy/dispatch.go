@@ -207,17 +207,23 @@ func (s *Server) answerFailed(ctx *fasthttp.RequestCtx, rs *reqState, res *tries
 	if last.kind == failStatus && rs.errStatus != 0 {
 		// Every worker tried answered an error: relay the last answer, as a
 		// proxy does with an upstream's response.
-		countStatus(rs.errStatus)
-		ctx.Response.Reset()
-		ctx.SetStatusCode(rs.errStatus)
-		body := rs.errorBody() // in the client's protocol (protocols.go)
-		if len(rs.errType) > 0 {
-			ctx.Response.Header.SetContentTypeBytes(rs.errType)
-		}
-		ctx.SetBody(body)
+		s.relayStashed(ctx, rs)
 		return
 	}
 	s.writeFailure(ctx, last, res.allConnect && (res.fleetDown || s.healthyWorkers() == 0))
+}
+
+// relayStashed answers with the error answer stashed in rs (stashAnswer),
+// in the client's protocol (protocols.go).
+func (s *Server) relayStashed(ctx *fasthttp.RequestCtx, rs *reqState) {
+	countStatus(rs.errStatus)
+	ctx.Response.Reset()
+	ctx.SetStatusCode(rs.errStatus)
+	body := rs.errorBody()
+	if len(rs.errType) > 0 {
+		ctx.Response.Header.SetContentTypeBytes(rs.errType)
+	}
+	ctx.SetBody(body)
 }
 
 // stashAnswer keeps a small, complete error answer of a worker that is

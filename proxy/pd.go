@@ -694,17 +694,6 @@ func (a *abortSlot) detach() bool {
 	return true
 }
 
-// relayStashed answers with the error answer stashed in rs.
-func (s *Server) relayStashed(ctx *fasthttp.RequestCtx, rs *reqState) {
-	countStatus(rs.errStatus)
-	ctx.Response.Reset()
-	ctx.SetStatusCode(rs.errStatus)
-	if len(rs.errType) > 0 {
-		ctx.Response.Header.SetContentTypeBytes(rs.errType)
-	}
-	ctx.SetBody(rs.errBody)
-}
-
 // appendRequestID appends a random request id (32 hex digits).
 func appendRequestID(dst []byte) []byte {
 	const hex = "0123456789abcdef"
