@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/infera/infera/config"
 )
@@ -39,4 +40,35 @@ func TestOfferAllocatesNothingWhenNotMirrored(t *testing.T) {
 		m.Offer(&full, path, body, false)
 	}
 	f("queue full", &full)
+}
+
+// A warm send allocates only what fasthttp's streamed response body takes
+// (its body reader and the closures that give the connection back: 4),
+// for a JSON answer and for a stream: the request, the response, the
+// buffers and the usage scan are pooled or allocation-free.
+func TestSendAllocatesOnlyTheStreamedBody(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		url := startBenchTarget(t)
+		m := newMirror(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		cfg := &config.Mirror{Enabled: true, TargetAddress: url, SamplingRatio: 100, AuthToken: config.NewSecret("tok"),
+			TimeoutMS: 60000, QueueSize: 1, Concurrency: 1, LogRecording: false}
+		path, body := []byte("/v1/chat/completions"), benchBody(1024)
+		send := func() {
+			j := jobPool.Get().(*job)
+			j.cfg, j.stream, j.at = cfg, stream, time.Now()
+			j.path = append(j.path[:0], path...)
+			j.body = append(j.body[:0], body...)
+			m.send(j)
+			m.release(j)
+		}
+		send()
+		n := testing.AllocsPerRun(200, send)
+		m.Close()
+		if m.m.ok.Get() != 202 { // AllocsPerRun runs it once more to warm up
+			t.Fatalf("stream=%v: %d of 202 requests ok", stream, m.m.ok.Get())
+		}
+		if n > 4 {
+			t.Fatalf("stream=%v: %v allocs per send, want at most 4", stream, n)
+		}
+	}
 }

@@ -48,7 +48,9 @@ func FuzzReadStream(f *testing.F) {
 	m := &Mirror{opts: Options{MaxResponseBytes: 1 << 16}}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var res result
-		m.readStream(bytes.NewReader(b), time.Now(), &res)
+		s := acquireSender()
+		defer releaseSender(s)
+		m.readStream(s, bytes.NewReader(b), time.Now(), &res)
 		if res.err != nil {
 			t.Fatalf("error %v on an in-memory reader", res.err)
 		}
@@ -60,6 +62,29 @@ func FuzzReadStream(f *testing.F) {
 		}
 		if res.prompt < 0 || res.complete < 0 {
 			t.Fatalf("negative token counts %d %d would wrap the counters", res.prompt, res.complete)
+		}
+	})
+}
+
+// FuzzScanUsage: on any bytes scanUsage never panics and never reports a
+// negative count; on a valid JSON object whose keys hold no escape (the
+// scan matches keys as written) it agrees with the reference decoder.
+func FuzzScanUsage(f *testing.F) {
+	f.Add([]byte(`{"id":"x","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":11,"completion_tokens":7,"total_tokens":18}}`))
+	f.Add([]byte(`{"usage":{"prompt_tokens":1},"usage":null,"meta":{"usage":{"completion_tokens":2}}}`))
+	f.Add([]byte(`{"usage":{"prompt_tokens_details":{"cached_tokens":3},"completion_tokens":012}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var res result
+		scanUsage(b, &res)
+		if res.prompt < 0 || res.complete < 0 || !res.usage && (res.prompt != 0 || res.complete != 0) {
+			t.Fatalf("scanUsage(%q) = %v %d %d", b, res.usage, res.prompt, res.complete)
+		}
+		if !json.Valid(b) || bytes.IndexByte(b, '\\') >= 0 {
+			return
+		}
+		usage, prompt, complete := refUsage(b)
+		if res.usage != usage || res.prompt != prompt || res.complete != complete {
+			t.Fatalf("scanUsage(%q) = %v %d %d, reference %v %d %d", b, res.usage, res.prompt, res.complete, usage, prompt, complete)
 		}
 	})
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
-	"net"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,7 +11,6 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/internal/logx"
-	"github.com/infera/infera/upstream"
 )
 
 // Options are the process-level settings of a Mirror; everything else comes
@@ -32,35 +29,33 @@ type Options struct {
 // Mirror copies sampled requests to the mirror target. Create it with New,
 // call Offer from the request path, Close on shutdown.
 type Mirror struct {
-	opts   Options
-	client *http.Client
-	log    *slog.Logger
-	warn   logx.Throttle
+	opts Options
+	log  *slog.Logger
+	warn logx.Throttle
 
-	q      chan *job     // capacity config.MaxMirrorQueue; admission by the snapshot's queue_size
-	freed  chan struct{} // capacity 1: a sender finished
-	active atomic.Int64  // senders running
-	held   atomic.Int64  // bytes of path and body copies held by jobs (mirror.max_buffer_bytes)
-	closed atomic.Bool
-	stop   chan struct{}
-	ctx    context.Context // cancelled by Close: aborts requests in flight
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // the dispatcher and the senders
-	seq    atomic.Uint64
+	q       chan *job     // capacity config.MaxMirrorQueue; admission by the snapshot's queue_size
+	freed   chan struct{} // capacity 1: a sender slot was given back
+	active  atomic.Int64  // jobs being sent (bounded by each job's mirror.concurrency)
+	workers atomic.Int64  // sender goroutines alive (at least one until Close)
+	spawnMu sync.Mutex    // starting a sender, against Close's wg.Wait
+	started bool          // New started the senders (newMirror alone does not)
+	held    atomic.Int64  // bytes of path and body copies held by jobs (mirror.max_buffer_bytes)
+	closed  atomic.Bool
+	stop    chan struct{}
+	ctx     context.Context // cancelled by Close: aborts dials in flight
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup // the senders
+	seq     atomic.Uint64
 
-	ep atomic.Pointer[endpointCache]
+	tgt   atomic.Pointer[targetPools] // the pools of the last two target addresses used
+	tgtMu sync.Mutex                  // building a target
+	conns connSet                     // open connections, closed by Close
 
 	// send runs a job; the job is released after it returns (replaced by
 	// tests and benchmarks that measure Offer alone).
 	send func(*job)
 
 	m mirrorMetrics
-}
-
-type endpointCache struct {
-	raw string
-	ep  upstream.Endpoint
-	err error
 }
 
 // job is one sampled request: pooled, with its buffers.
@@ -104,7 +99,7 @@ type mirrorMetrics struct {
 	promptTokens, completionTokens            *metrics.Counter
 }
 
-// New starts a Mirror (its dispatcher goroutine). Its metrics are
+// New starts a Mirror (its first sender goroutine). Its metrics are
 // registered until Close:
 //
 //	infera_mirror_sampled_total                      requests sampled
@@ -118,13 +113,15 @@ type mirrorMetrics struct {
 func New(o Options) *Mirror {
 	m := newMirror(o)
 	metrics.RegisterSet(m.m.set)
+	m.started = true
+	m.workers.Add(1)
 	m.wg.Add(1)
-	go m.dispatch()
+	go m.worker()
 	return m
 }
 
-// newMirror builds a Mirror without starting its dispatcher or
-// registering its metrics.
+// newMirror builds a Mirror without starting its senders or registering
+// its metrics.
 func newMirror(o Options) *Mirror {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -142,23 +139,9 @@ func newMirror(o Options) *Mirror {
 		q:     make(chan *job, config.MaxMirrorQueue),
 		freed: make(chan struct{}, 1),
 		stop:  make(chan struct{}),
-		client: &http.Client{
-			Transport: &http.Transport{
-				Proxy:                 nil, // the target is addressed directly, never through HTTP_PROXY
-				DialContext:           (&net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
-				MaxIdleConns:          1024,
-				MaxIdleConnsPerHost:   256,
-				IdleConnTimeout:       90 * time.Second,
-				DisableCompression:    true, // the request carries only the listed headers
-				ForceAttemptHTTP2:     true,
-				ExpectContinueTimeout: 0,
-			},
-			// Never follow a redirect: it could take the token elsewhere.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		},
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
-	m.send = m.sendHTTP
+	m.send = m.sendJob
 	s := metrics.NewSet()
 	m.m = mirrorMetrics{
 		set:              s,
@@ -217,6 +200,12 @@ func (m *Mirror) Offer(cfg *config.Mirror, path, body []byte, stream bool) bool 
 	j.at = time.Now()
 	select {
 	case m.q <- j:
+		// A job left in the buffer found no sender waiting: add one, up
+		// to mirror.concurrency (a sender taking it at once leaves the
+		// buffer as it was).
+		if len(m.q) > 0 && m.workers.Load() < int64(max(1, cfg.Concurrency)) {
+			m.spawn(int64(max(1, cfg.Concurrency)))
+		}
 		return true
 	default:
 		m.release(j)
@@ -229,71 +218,148 @@ func (m *Mirror) Offer(cfg *config.Mirror, path, body []byte, stream bool) bool 
 // flight are cancelled, and Close returns when every goroutine has ended.
 // Offer returns false afterwards. Idempotent.
 func (m *Mirror) Close() {
-	if m.closed.Swap(true) {
+	m.spawnMu.Lock() // no sender starts after this (spawn checks closed under the lock)
+	was := m.closed.Swap(true)
+	m.spawnMu.Unlock()
+	if was {
 		return
 	}
 	close(m.stop)
 	m.cancel()
+	m.conns.closeAll()
 	m.wg.Wait()
+	m.drain()
 	metrics.UnregisterSet(m.m.set, true)
-	m.client.CloseIdleConnections()
+	m.closeIdle()
 }
 
-// dispatch hands queued jobs to senders, at most the job's
-// mirror.concurrency at once, dropping jobs that expire while they wait.
-func (m *Mirror) dispatch() {
+// workerIdle: a sender beyond the first ends after one to two workerIdle
+// without a job.
+const workerIdle = 5 * time.Second
+
+// spawn starts a sender if fewer than limit are alive.
+func (m *Mirror) spawn(limit int64) {
+	m.spawnMu.Lock()
+	defer m.spawnMu.Unlock()
+	if !m.started || m.closed.Load() || m.workers.Load() >= limit {
+		return
+	}
+	m.workers.Add(1)
+	m.wg.Add(1)
+	go m.worker()
+}
+
+// worker is a sender: it takes jobs from the queue and sends them, one at
+// a time, within each job's mirror.concurrency. Senders are started by
+// Offer when jobs wait (up to mirror.concurrency); one stays until Close,
+// the others end when idle (workerIdle) or when they outnumber the
+// concurrency of the job they just sent.
+func (m *Mirror) worker() {
 	defer m.wg.Done()
-	wait := time.NewTimer(time.Hour)
-	wait.Stop()
+	idle := time.NewTicker(workerIdle)
+	defer idle.Stop()
+	busy := false        // a job was taken since the last tick
+	var wait *time.Timer // waiting for a slot (only when the senders outnumber the concurrency)
 	for {
+		if m.closed.Load() {
+			m.workers.Add(-1)
+			return
+		}
 		var j *job
 		select {
-		case <-m.stop:
-			m.drain()
-			return
 		case j = <-m.q:
-		}
-		timeout := millis(j.cfg.TimeoutMS)
-		limit := int64(max(1, j.cfg.Concurrency))
-		expired := false
-		for !expired && m.active.Load() >= limit {
-			wait.Reset(time.Until(j.at.Add(timeout)))
-			select {
-			case <-m.freed:
-			case <-wait.C:
-				expired = true
-			case <-m.stop:
-				m.m.droppedClose.Inc()
-				m.release(j)
-				m.drain()
+		case <-m.stop:
+			m.workers.Add(-1)
+			return
+		case <-idle.C:
+			if !busy && m.retire(1) {
 				return
 			}
-			if !wait.Stop() {
-				select {
-				case <-wait.C:
-				default:
-				}
-			}
-		}
-		if expired || time.Since(j.at) >= timeout {
-			m.m.droppedExpired.Inc()
-			m.release(j)
+			busy = false
 			continue
 		}
-		m.active.Add(1)
-		m.wg.Add(1)
-		go func() {
-			defer func() {
-				m.active.Add(-1)
+		busy = true
+		if m.closed.Load() {
+			m.m.droppedClose.Inc()
+			m.release(j)
+			m.workers.Add(-1)
+			return
+		}
+		limit := int64(max(1, j.cfg.Concurrency))
+		if wait == nil {
+			wait = time.NewTimer(time.Hour)
+			wait.Stop()
+		}
+		if !m.admit(j, limit, wait) {
+			continue
+		}
+		m.send(j)
+		m.release(j)
+		m.active.Add(-1)
+		select {
+		case m.freed <- struct{}{}:
+		default:
+		}
+		if m.retire(limit) {
+			return
+		}
+	}
+}
+
+// retire ends this sender if more than keep are alive.
+func (m *Mirror) retire(keep int64) bool {
+	for {
+		n := m.workers.Load()
+		if n <= keep {
+			return false
+		}
+		if m.workers.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
+}
+
+// admit takes a sender slot for j, at most limit at once, waiting while
+// they are all taken. It reports false when j expired (its timeout_ms
+// counts from sampling) or the Mirror closed: j is then dropped, counted
+// and released.
+func (m *Mirror) admit(j *job, limit int64, wait *time.Timer) bool {
+	expires := j.at.Add(millis(j.cfg.TimeoutMS))
+	waited := false
+	for {
+		left := time.Until(expires)
+		if left <= 0 {
+			m.m.droppedExpired.Inc()
+			m.release(j)
+			return false
+		}
+		n := m.active.Load()
+		if n < limit {
+			if !m.active.CompareAndSwap(n, n+1) {
+				continue
+			}
+			if waited && n+1 < limit {
+				// Pass on a wake-up this sender may have taken from
+				// another waiting one.
 				select {
 				case m.freed <- struct{}{}:
 				default:
 				}
-				m.wg.Done()
-			}()
-			m.send(j)
+			}
+			return true
+		}
+		waited = true
+		wait.Reset(left)
+		select {
+		case <-m.freed:
+		case <-wait.C:
+		case <-m.stop:
+			wait.Stop()
+			m.m.droppedClose.Inc()
 			m.release(j)
-		}()
+			return false
+		}
+		wait.Stop()
 	}
 }
 
@@ -308,17 +374,6 @@ func (m *Mirror) drain() {
 			return
 		}
 	}
-}
-
-// endpoint returns the parsed target address (cached across requests).
-func (m *Mirror) endpoint(raw string) (*upstream.Endpoint, error) {
-	if c := m.ep.Load(); c != nil && c.raw == raw {
-		return &c.ep, c.err
-	}
-	ep, err := upstream.ParseEndpoint(raw)
-	c := &endpointCache{raw: raw, ep: ep, err: err}
-	m.ep.Store(c)
-	return &c.ep, err
 }
 
 func millis(v float64) time.Duration {

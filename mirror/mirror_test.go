@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -548,4 +549,213 @@ func TestMirrorCloseCancelsAndRefuses(t *testing.T) {
 		t.Fatalf("dropped at shutdown %d, want 2", got)
 	}
 	m.Close()
+}
+
+// rawTarget is a loopback target speaking HTTP/1.1 by hand: each
+// connection answers one request (a JSON completion with usage, kept
+// alive: no "Connection: close"), then the target closes it after a
+// moment, as an engine's keep-alive timeout does.
+type rawTarget struct {
+	url         string
+	reqs, conns atomic.Int64
+	closeAfter  time.Duration
+	ln          net.Listener
+	wg          sync.WaitGroup
+}
+
+func startRawTarget(t *testing.T, closeAfter time.Duration) *rawTarget {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := &rawTarget{url: "http://" + ln.Addr().String(), closeAfter: closeAfter, ln: ln}
+	rt.wg.Add(1)
+	go func() {
+		defer rt.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			rt.conns.Add(1)
+			rt.wg.Add(1)
+			go func() {
+				defer rt.wg.Done()
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				io.Copy(io.Discard, req.Body)
+				rt.reqs.Add(1)
+				body := `{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}`
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				time.Sleep(rt.closeAfter)
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); rt.wg.Wait() })
+	return rt
+}
+
+// A pooled connection the target closed while it was idle is noticed
+// before the request is written on it: the request goes out once, on a
+// new connection, and succeeds.
+func TestMirrorRetriesAPooledConnectionTheTargetClosed(t *testing.T) {
+	rt := startRawTarget(t, 20*time.Millisecond)
+	m, lb := startMirror(t)
+	cfg := mirrorCfg(rt.url)
+	cfg.LogRecording = true
+	for i := 1; i <= 3; i++ {
+		if !m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false) {
+			t.Fatal("offer refused")
+		}
+		eventually(t, "the log line", func() bool { return len(lb.lines(t)) == i })
+		// Let the target close the connection the mirror keeps.
+		time.Sleep(150 * time.Millisecond)
+	}
+	if m.m.ok.Get() != 3 || m.m.failed.Get() != 0 {
+		t.Fatalf("ok %d, error %d: log %s", m.m.ok.Get(), m.m.failed.Get(), lb.String())
+	}
+	if got := rt.reqs.Load(); got != 3 {
+		t.Fatalf("the target got %d requests, want 3 (none repeated)", got)
+	}
+	if got := rt.conns.Load(); got != 3 {
+		t.Fatalf("the target saw %d connections, want 3 (the closed ones not reused)", got)
+	}
+	if l := lb.lines(t)[2]; l["prompt_tokens"] != 3.0 || l["completion_tokens"] != 4.0 {
+		t.Fatalf("log line %v", l)
+	}
+}
+
+// streamTarget streams one event every 10 ms for up to 5 s, and reports
+// when its handler ended and whether the client went away first.
+func streamTarget(t *testing.T) (tg *target, ended chan error) {
+	ended = make(chan error, 1)
+	tg = startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+			if _, err := io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n"); err != nil {
+				break
+			}
+			fl.Flush()
+			select {
+			case <-r.Context().Done():
+			case <-time.After(10 * time.Millisecond):
+				continue
+			}
+			break
+		}
+		ended <- r.Context().Err()
+	})
+	return tg, ended
+}
+
+// The timeout cuts a stream in flight: the mirror stops reading, closes
+// the connection (the target sees its client leave), and logs a timeout.
+func TestMirrorTimeoutCancelsAStreamInFlight(t *testing.T) {
+	tg, ended := streamTarget(t)
+	m, lb := startMirror(t)
+	cfg := mirrorCfg(tg.url)
+	cfg.TimeoutMS = 300
+	cfg.LogRecording = true
+	start := time.Now()
+	m.Offer(cfg, []byte("/v1/chat/completions"), []byte(`{"model":"m","stream":true}`), true)
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Fatal("the target's stream ended without its client leaving")
+		}
+	case <-time.After(4 * time.Second):
+		t.Fatal("the stream was not cancelled")
+	}
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Fatalf("cancelled after %v, before the 300 ms timeout", d)
+	}
+	eventually(t, "the log line", func() bool { return len(lb.lines(t)) == 1 })
+	l := lb.lines(t)[0]
+	if l["result"] != "timeout" || l["status"] != 200.0 || l["err"] != "timeout" || l["events"].(float64) < 1 {
+		t.Fatalf("log line %v", l)
+	}
+	if m.m.timeout.Get() != 1 || m.conns.len() != 0 {
+		t.Fatalf("timeouts %d, connections open %d", m.m.timeout.Get(), m.conns.len())
+	}
+}
+
+// Close aborts a stream in flight at once.
+func TestMirrorCloseCancelsAStreamInFlight(t *testing.T) {
+	tg, ended := streamTarget(t)
+	m := New(Options{Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+	cfg := mirrorCfg(tg.url)
+	m.Offer(cfg, []byte("/v1/chat/completions"), []byte(`{"model":"m","stream":true}`), true)
+	eventually(t, "the stream in flight", func() bool { return m.active.Load() == 1 && m.conns.len() == 1 })
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	m.Close()
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("Close took %v", d)
+	}
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Fatal("the target's stream ended without its client leaving")
+		}
+	case <-time.After(4 * time.Second):
+		t.Fatal("the stream was not cancelled")
+	}
+	if n := m.m.ok.Get() + m.m.failed.Get() + m.m.timeout.Get(); n != 0 {
+		t.Fatalf("a request cut by shutdown was counted (%d)", n)
+	}
+}
+
+// A redirect is an answer like any other: it is not followed (it could
+// take the mirror's token elsewhere).
+func TestMirrorDoesNotFollowRedirects(t *testing.T) {
+	other := startTarget(t, nil)
+	tg := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.url+"/v1/completions", http.StatusTemporaryRedirect)
+	})
+	m, lb := startMirror(t)
+	cfg := mirrorCfg(tg.url)
+	cfg.LogRecording = true
+	cfg.AuthToken = config.NewSecret("tok")
+	m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false)
+	eventually(t, "the log line", func() bool { return len(lb.lines(t)) == 1 })
+	if l := lb.lines(t)[0]; l["status"] != 307.0 || l["result"] != "http_error" {
+		t.Fatalf("log line %v", l)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if other.hits.Load() != 0 {
+		t.Fatal("the redirect was followed")
+	}
+}
+
+// A non-streamed answer longer than MaxResponseBytes is still read to its
+// end (and counted whole); only its first MaxResponseBytes are kept.
+func TestMirrorReadsLongAnswersToTheEnd(t *testing.T) {
+	pad := strings.Repeat("p", 100000)
+	tg := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"usage":{"prompt_tokens":1,"completion_tokens":2},"pad":%q}`, pad)
+	})
+	lb := &logBuf{}
+	m := New(Options{Logger: slog.New(slog.NewJSONHandler(lb, nil)), MaxResponseBytes: 1000})
+	t.Cleanup(m.Close)
+	cfg := mirrorCfg(tg.url)
+	cfg.LogRecording = true
+	for i := 1; i <= 2; i++ {
+		m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false)
+		eventually(t, "the log line", func() bool { return len(lb.lines(t)) == i })
+	}
+	want := float64(len(`{"usage":{"prompt_tokens":1,"completion_tokens":2},"pad":""}`) + len(pad))
+	for _, l := range lb.lines(t) {
+		if l["result"] != "ok" || l["response_bytes"] != want || l["usage"] != false {
+			t.Fatalf("log line %v (want %v bytes, no usage: the answer was cut at 1000 bytes)", l, want)
+		}
+	}
+	if got := m.conns.len(); got != 1 {
+		t.Fatalf("%d connections open, want 1 (read to the end, the connection is reused)", got)
+	}
 }

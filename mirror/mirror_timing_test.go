@@ -1,12 +1,13 @@
 package mirror
 
 import (
-	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -72,10 +73,10 @@ func BenchmarkOfferRequestPath(b *testing.B) {
 	}
 }
 
-// benchTarget is a fasthttp server on loopback answering like an engine:
+// startBenchTarget is a fasthttp server on loopback answering like an engine:
 // a JSON completion with usage, or (Accept: text/event-stream) an SSE
 // stream of 16 token events, a usage chunk and [DONE].
-func benchTarget(b *testing.B) string {
+func startBenchTarget(b testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -89,9 +90,9 @@ func benchTarget(b *testing.B) string {
 	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
 		if string(ctx.Request.Header.Peek("Accept")) == "text/event-stream" {
 			ctx.SetContentType("text/event-stream")
-			ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-				w.Write(stream)
-			})
+			r := streamReaders.Get().(*streamReader)
+			r.Reset(stream)
+			ctx.SetBodyStream(r, -1) // chunked, as engines stream
 			return
 		}
 		ctx.SetContentType("application/json")
@@ -100,6 +101,17 @@ func benchTarget(b *testing.B) string {
 	go srv.Serve(ln)
 	b.Cleanup(func() { srv.Shutdown() })
 	return "http://" + ln.Addr().String()
+}
+
+// streamReader is a pooled reader of a streamed answer: the server closes
+// it (back to the pool) once it is sent, so the target allocates nothing.
+type streamReader struct{ bytes.Reader }
+
+var streamReaders = sync.Pool{New: func() any { return new(streamReader) }}
+
+func (r *streamReader) Close() error {
+	streamReaders.Put(r)
+	return nil
 }
 
 // cpuTime is this process's user+system CPU time.
@@ -120,7 +132,7 @@ func cpuTime(b *testing.B) time.Duration {
 func BenchmarkSend(b *testing.B) {
 	for _, stream := range []bool{false, true} {
 		b.Run(fmt.Sprintf("stream=%v", stream), func(b *testing.B) {
-			url := benchTarget(b)
+			url := startBenchTarget(b)
 			m := newMirror(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			defer m.Close()
 			cfg := &config.Mirror{Enabled: true, TargetAddress: url, SamplingRatio: 100, AuthToken: config.NewSecret("tok"),

@@ -4,15 +4,16 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
-	"net/http"
-	"net/url"
+	"os"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/infera/infera/upstream"
+	"github.com/valyala/fasthttp"
 )
 
 // MirrorHeader is set ("1") on every mirrored request, so the target can
@@ -31,17 +32,47 @@ type result struct {
 	prompt, complete int
 }
 
-// sendHTTP sends one job to the target and reads the answer to its end.
-func (m *Mirror) sendHTTP(j *job) {
+// sender is the reusable state of one send (pooled): the request URL, the
+// Authorization value, the line reader of streams, the kept part of a
+// non-streamed answer.
+type sender struct {
+	url    []byte
+	bearer []byte
+	br     *bufio.Reader
+	body   []byte // a non-streamed answer, at most Options.MaxResponseBytes
+	long   []byte // a stream line longer than br's buffer, reassembled
+}
+
+// streamBufSize is the line reader's buffer: an SSE event longer than this
+// is reassembled in sender.long.
+const streamBufSize = 16 << 10
+
+var senderPool = sync.Pool{New: func() any { return &sender{br: bufio.NewReaderSize(nil, streamBufSize)} }}
+
+func acquireSender() *sender { return senderPool.Get().(*sender) }
+
+func releaseSender(s *sender) {
+	if cap(s.body) > maxPooledBody {
+		s.body = nil
+	}
+	if cap(s.long) > maxPooledBody {
+		s.long = nil
+	}
+	senderPool.Put(s)
+}
+
+// sendJob sends one job to the target, reads the answer to its end, and
+// accounts for it (metrics, log line).
+func (m *Mirror) sendJob(j *job) {
 	cfg := j.cfg
 	deadline := j.at.Add(millis(cfg.TimeoutMS))
-	ctx, cancel := context.WithDeadline(m.ctx, deadline)
-	defer cancel()
 	var res result
 	start := time.Now()
-	m.do(ctx, j, &res)
+	s := acquireSender()
+	m.do(s, j, deadline, &res)
+	releaseSender(s)
 	end := time.Now()
-	if res.err != nil && (ctx.Err() == context.DeadlineExceeded || errors.Is(res.err, context.DeadlineExceeded)) {
+	if res.err != nil && (!end.Before(deadline) || isTimeout(res.err)) {
 		res.timedOut = true
 	}
 	if m.ctx.Err() != nil && !res.timedOut && res.err != nil {
@@ -107,12 +138,22 @@ func resultName(r *result) string {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+var (
+	strApplicationJSON = []byte("application/json")
+	strEventStream     = []byte("text/event-stream")
+	strAuthorization   = []byte("Authorization")
+	strDataPrefix      = []byte("data:")
+)
+
 // do builds the mirrored request from the allowed headers only, sends it
-// and consumes the answer.
-func (m *Mirror) do(ctx context.Context, j *job, res *result) {
+// and consumes the answer. Everything, connecting and reading included,
+// ends by deadline: the connection's deadline is set before the request is
+// written, so a slow answer fails its next read and its connection is
+// closed.
+func (m *Mirror) do(s *sender, j *job, deadline time.Time, res *result) {
 	cfg := j.cfg
-	ep, err := m.endpoint(cfg.TargetAddress)
-	if err != nil {
+	t := m.targetPool(cfg.TargetAddress)
+	if t.err != nil {
 		res.err = localError("invalid mirror.target_address")
 		return
 	}
@@ -121,66 +162,92 @@ func (m *Mirror) do(ctx context.Context, j *job, res *result) {
 		j.scratch = replaceModel(j.scratch[:0], j.body, cfg.TargetModel)
 		body = j.scratch
 	}
-	target := string(ep.AppendURL(nil, j.path))
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
-	if err != nil {
-		res.err = errInvalidPath
-		return
-	}
-	// The whole header list: nothing from the client.
-	h := req.Header
-	h.Set("Content-Type", "application/json")
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer func() {
+		resp.CloseBodyStream() // closes the connection unless the answer was read to its end
+		fasthttp.ReleaseResponse(resp)
+		fasthttp.ReleaseRequest(req)
+	}()
+	s.url = t.ep.AppendURL(s.url[:0], j.path)
+	req.SetRequestURIBytes(s.url)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	// The whole header list (with Host and Content-Length): nothing from
+	// the client.
+	req.Header.SetContentTypeBytes(strApplicationJSON)
 	if j.stream {
-		h.Set("Accept", "text/event-stream")
+		req.Header.SetBytesV("Accept", strEventStream)
 	} else {
-		h.Set("Accept", "application/json")
+		req.Header.SetBytesV("Accept", strApplicationJSON)
 	}
-	h.Set("User-Agent", "infera-mirror")
-	h.Set(MirrorHeader, "1")
+	req.Header.SetUserAgent("infera-mirror")
+	req.Header.Set(MirrorHeader, "1")
 	if cfg.AuthToken.IsSet() {
-		h.Set("Authorization", string(cfg.AuthToken.AppendBearer(nil)))
+		s.bearer = cfg.AuthToken.AppendBearer(s.bearer[:0])
+		req.Header.SetBytesKV(strAuthorization, s.bearer)
 	}
+	req.SetBodyRaw(body)
 	start := time.Now()
-	resp, err := m.client.Do(req)
-	if err != nil {
-		res.err = unwrapURLError(err)
+	if err := t.hc.DoDeadline(req, resp, deadline); err != nil {
+		res.err = err
 		return
 	}
-	defer resp.Body.Close()
-	res.status = resp.StatusCode
+	res.status = resp.StatusCode()
 	res.ttfe = time.Since(start)
-	if j.stream && resp.StatusCode == http.StatusOK {
-		m.readStream(resp.Body, start, res)
+	r := resp.BodyStream()
+	if r == nil {
+		return // no body (204, 304)
+	}
+	if j.stream && res.status == fasthttp.StatusOK {
+		m.readStream(s, r, start, res)
 	} else {
-		m.readBody(resp.Body, res)
+		m.readBody(s, r, res)
 	}
 }
 
-// readBody reads a whole answer (keeping at most MaxResponseBytes) and
-// takes the usage from it.
-func (m *Mirror) readBody(r io.Reader, res *result) {
-	var buf bytes.Buffer
-	n, err := buf.ReadFrom(io.LimitReader(r, int64(m.opts.MaxResponseBytes)))
-	res.bytes = n
+// readBody reads a whole answer (keeping at most MaxResponseBytes in a
+// pooled buffer, the rest read and discarded) and takes the usage from it.
+func (m *Mirror) readBody(s *sender, r io.Reader, res *result) {
+	buf := s.body[:0]
+	limit := m.opts.MaxResponseBytes
+	var err error
+	for len(buf) < limit {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, min(max(4<<10, cap(buf)), limit-len(buf)))
+		}
+		var n int
+		n, err = r.Read(buf[len(buf):min(cap(buf), limit)])
+		buf = buf[:len(buf)+n]
+		res.bytes += int64(n)
+		if err != nil {
+			break
+		}
+	}
+	s.body = buf
 	if err == nil {
 		var rest int64
 		rest, err = io.Copy(io.Discard, r)
 		res.bytes += rest
+	} else if err == io.EOF {
+		err = nil
 	}
 	if err != nil {
-		res.err = unwrapURLError(err)
+		res.err = err
 		return
 	}
-	scanUsage(buf.Bytes(), res)
+	scanUsage(buf, res)
 }
 
-// readStream reads an SSE answer to its end (the connection is released
-// only then), counting events and taking the usage of the last chunk that
-// carries one.
-func (m *Mirror) readStream(r io.Reader, start time.Time, res *result) {
-	br := bufio.NewReaderSize(r, 16<<10)
+// readStream reads an SSE answer to its end (the connection is pooled
+// again only then), counting events and taking the usage of the last chunk
+// that carries one.
+func (m *Mirror) readStream(s *sender, r io.Reader, start time.Time, res *result) {
+	br := s.br
+	br.Reset(r)
+	defer br.Reset(nil)
 	first := true
-	var long []byte // a line longer than the buffer, reassembled (bounded)
+	long := s.long[:0]
+	inLong := false // long holds the start of the current line
 	for {
 		line, err := br.ReadSlice('\n')
 		res.bytes += int64(len(line))
@@ -188,45 +255,32 @@ func (m *Mirror) readStream(r io.Reader, start time.Time, res *result) {
 			if len(long) < m.opts.MaxResponseBytes {
 				long = append(long, line...)
 			}
+			inLong = true
 			continue
 		}
-		if long != nil {
-			line = append(long, line...)
-			long = nil
+		if inLong {
+			long = append(long, line...)
+			line = long
+			long, inLong = long[:0], false
 		}
-		if data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:")); ok {
+		line = bytes.TrimRight(line, "\r\n")
+		if data, ok := bytes.CutPrefix(line, strDataPrefix); ok {
 			data = bytes.TrimSpace(data)
 			if first {
 				res.ttfe = time.Since(start)
 				first = false
 			}
 			res.events++
-			if bytes.Contains(data, []byte(`"usage"`)) {
-				scanUsage(data, res)
-			}
+			scanUsage(data, res)
 		}
 		if err != nil {
 			if err != io.EOF {
-				res.err = unwrapURLError(err)
+				res.err = err
 			}
+			s.long = long
 			return
 		}
 	}
-}
-
-// scanUsage decodes the top-level "usage" of an OpenAI answer or chunk.
-func scanUsage(b []byte, res *result) {
-	var v struct {
-		Usage *struct {
-			PromptTokens     int `json:"prompt_tokens"`
-			CompletionTokens int `json:"completion_tokens"`
-		} `json:"usage"`
-	}
-	if json.Unmarshal(b, &v) != nil || v.Usage == nil || v.Usage.PromptTokens < 0 || v.Usage.CompletionTokens < 0 {
-		return
-	}
-	res.usage = true
-	res.prompt, res.complete = v.Usage.PromptTokens, v.Usage.CompletionTokens
 }
 
 // localError is an error of the mirror itself (not from the network):
@@ -235,25 +289,31 @@ type localError string
 
 func (e localError) Error() string { return string(e) }
 
-const errInvalidPath = localError("invalid request path")
-
-// describe is the log form of a request error.
+// describe is the log form of a request error, in fixed words (transport
+// errors can quote bytes the target sent).
 func describe(err error) string {
 	var le localError
-	if errors.As(err, &le) {
+	switch {
+	case errors.As(err, &le):
 		return le.Error()
+	case isTimeout(err):
+		return "timeout"
+	case errors.Is(err, errStale) || errors.Is(err, fasthttp.ErrConnectionClosed):
+		return "connection closed early"
+	case errors.Is(err, fasthttp.ErrNoFreeConns):
+		return "no free connections"
 	}
 	return upstream.DescribeError(err)
 }
 
-// unwrapURLError drops *url.Error's "Post <url>:" prefix: the URL holds
-// the client's path, and the cause is what matters.
-func unwrapURLError(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Err
+// isTimeout reports a deadline that fired: the request's (fasthttp's
+// ErrTimeout, a connection deadline) or the connect timeout.
+func isTimeout(err error) bool {
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) {
+		return true
 	}
-	return err
+	var te interface{ Timeout() bool }
+	return errors.As(err, &te) && te.Timeout()
 }
 
 // safePath returns the request path for a log line: at most 128 bytes of

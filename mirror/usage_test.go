@@ -1,0 +1,123 @@
+package mirror
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+)
+
+func TestScanUsageTakesTheTopLevelUsage(t *testing.T) {
+	f := func(b string, usage bool, prompt, complete int) {
+		t.Helper()
+		res := result{prompt: -1, complete: -1}
+		scanUsage([]byte(b), &res)
+		if !usage {
+			if res.usage || res.prompt != -1 || res.complete != -1 {
+				t.Fatalf("scanUsage(%s) = %v %d %d, want res unchanged", b, res.usage, res.prompt, res.complete)
+			}
+			return
+		}
+		if !res.usage || res.prompt != prompt || res.complete != complete {
+			t.Fatalf("scanUsage(%s) = %v %d %d, want %d %d", b, res.usage, res.prompt, res.complete, prompt, complete)
+		}
+	}
+	f(`{"id":"x","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":11,"completion_tokens":7,"total_tokens":18}}`, true, 11, 7)
+	f(` { "usage" : { "completion_tokens" : 2 , "prompt_tokens_details" : {"cached_tokens":9}, "prompt_tokens" : 5 } } `, true, 5, 2)
+	f(`{"usage":{}}`, true, 0, 0)
+	f(`{"usage":{"prompt_tokens":null,"completion_tokens":3}}`, true, 0, 3)
+	// The last duplicate wins, as for encoding/json; a null usage is none.
+	f(`{"usage":{"prompt_tokens":1,"completion_tokens":1},"usage":{"prompt_tokens":2,"completion_tokens":2}}`, true, 2, 2)
+	f(`{"usage":{"prompt_tokens":1,"completion_tokens":1},"usage":null}`, false, 0, 0)
+	f(`{"usage":{"prompt_tokens":1,"prompt_tokens":4}}`, true, 4, 0)
+	// Nested usage keys and the word in strings are not the answer's usage.
+	f(`{"choices":[{"message":{"content":"\"usage\":{\"prompt_tokens\":9}"}}],"meta":{"usage":{"prompt_tokens":8}}}`, false, 0, 0)
+	f(`{"logprobs":[{"token":"usage","x":{"usage":{"prompt_tokens":7}}}],"usage":{"prompt_tokens":1,"completion_tokens":2}}`, true, 1, 2)
+	f(`{"choices":[],"usage":null}`, false, 0, 0)
+	// Counts that are not non-negative integers make the usage invalid.
+	f(`{"usage":{"prompt_tokens":-1,"completion_tokens":2}}`, false, 0, 0)
+	f(`{"usage":{"prompt_tokens":1.5,"completion_tokens":2}}`, false, 0, 0)
+	f(`{"usage":{"prompt_tokens":1e3,"completion_tokens":2}}`, false, 0, 0)
+	f(`{"usage":{"prompt_tokens":"1","completion_tokens":2}}`, false, 0, 0)
+	f(`{"usage":{"prompt_tokens":1234567890123456,"completion_tokens":2}}`, false, 0, 0)
+	f(`{"usage":{"prompt_tokens":012,"completion_tokens":2}}`, false, 0, 0)
+	f(`{"usage":[1]}`, false, 0, 0)
+	f(`{"usage":"x"}`, false, 0, 0)
+	// Broken documents.
+	f(`{"usage":{"prompt_tokens":1,"completion_tokens":2}`, false, 0, 0)
+	f(`{"usage":{"prompt_tokens":1,"completion_tokens":2}} x`, false, 0, 0)
+	f(`{"usage":{"prompt_tokens":1,"completion_tokens":2},"x":[}`, false, 0, 0)
+	f(`{"usage" {"prompt_tokens":1}}`, false, 0, 0)
+	f(`{"a":"unterminated, "usage":{"prompt_tokens":1}}`, false, 0, 0)
+	f(`[{"usage":{"prompt_tokens":1}}]`, false, 0, 0)
+	f(`data: [DONE]`, false, 0, 0)
+	f(``, false, 0, 0)
+}
+
+// refUsage is the reference for FuzzScanUsage: encoding/json's tokens,
+// keys matched exactly, counts that are integers of at most
+// maxTokenDigits digits; the last "usage" member wins (the last count
+// within it), and any invalid one voids the usage, as a type error voids
+// encoding/json's Unmarshal.
+func refUsage(b []byte) (usage bool, prompt, complete int) {
+	members := func(b []byte, each func(k string, v json.RawMessage) bool) bool {
+		dec := json.NewDecoder(bytes.NewReader(b))
+		if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+			return false
+		}
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				return false
+			}
+			var v json.RawMessage
+			if dec.Decode(&v) != nil || !each(tok.(string), v) {
+				return false
+			}
+		}
+		return true
+	}
+	count := func(v json.RawMessage) (int, bool) {
+		if string(v) == "null" {
+			return 0, true
+		}
+		if len(v) == 0 || len(v) > maxTokenDigits || len(v) > 1 && v[0] == '0' {
+			return 0, false
+		}
+		n := 0
+		for _, c := range v {
+			if c < '0' || c > '9' {
+				return 0, false
+			}
+			n = n*10 + int(c-'0')
+		}
+		return n, true
+	}
+	ok := members(b, func(k string, v json.RawMessage) bool {
+		if k != "usage" {
+			return true
+		}
+		if string(v) == "null" {
+			usage, prompt, complete = false, 0, 0
+			return true
+		}
+		var p, c int
+		valid := members(v, func(k string, v json.RawMessage) bool {
+			var ok bool
+			switch k {
+			case "prompt_tokens":
+				p, ok = count(v)
+			case "completion_tokens":
+				c, ok = count(v)
+			default:
+				ok = true
+			}
+			return ok
+		})
+		usage, prompt, complete = true, p, c
+		return valid
+	})
+	if !ok {
+		return false, 0, 0
+	}
+	return usage, prompt, complete
+}
