@@ -57,16 +57,20 @@ var algorithms = []string{"round-robin", "least-requests", "least-tokens"}
 // fieldMeta holds the console's names and help, keyed by path.
 var fieldMeta = map[string]meta{
 	// Fleet
-	"workers":                      {label: "Static workers", group: "Fleet", help: "Workers given statically (used with --discovery-backend static, merged with --workers). Discovery backends add their own."},
-	"workers[].id":                 {label: "ID", help: "Instance id; defaults to the URL."},
-	"workers[].url":                {label: "URL", help: "Engine base URL, http:// or https://."},
-	"workers[].models":             {label: "Models", help: "Models served; empty: asked from the engine's /v1/models."},
-	"workers[].service":            {label: "Service", help: "Group name for model routing and canary rules; defaults to the first model."},
-	"workers[].role":               {label: "Role", options: []string{"mixed", "prefill", "decode"}},
-	"workers[].kv_events_endpoint": {label: "KV events endpoint", help: "ZMQ endpoint of the engine's KV events (tcp://host:port)."},
-	"workers[].kv_replay_endpoint": {label: "KV replay endpoint", help: "ZMQ replay endpoint of the engine's KV events."},
-	"workers[].block_size":         {label: "KV block size", unit: "tokens", help: "The engine's KV block size; 0: --kv-block-size."},
-	"workers[].dp_size":            {label: "Data-parallel size", help: "KV events are followed for each rank (port + rank)."},
+	"workers":                            {label: "Static workers", group: "Fleet", help: "Workers given statically (used with --discovery-backend static, merged with --workers). Discovery backends add their own."},
+	"workers[].id":                       {label: "ID", help: "Instance id; defaults to the URL."},
+	"workers[].url":                      {label: "URL", help: "Engine base URL, http:// or https://."},
+	"workers[].models":                   {label: "Models", help: "Models served; empty: asked from the engine's /v1/models."},
+	"workers[].service":                  {label: "Service", help: "Group name for model routing and canary rules; defaults to the first model."},
+	"workers[].role":                     {label: "Role", options: []string{"mixed", "prefill", "decode"}},
+	"workers[].kv_events_endpoint":       {label: "KV events endpoint", help: "ZMQ endpoint of the engine's KV events (tcp://host:port)."},
+	"workers[].kv_replay_endpoint":       {label: "KV replay endpoint", help: "ZMQ replay endpoint of the engine's KV events."},
+	"workers[].block_size":               {label: "KV block size", unit: "tokens", help: "The engine's KV block size; 0: --kv-block-size."},
+	"workers[].dp_size":                  {label: "Data-parallel size", help: "KV events are followed for each rank (port + rank)."},
+	"workers[].bootstrap":                {label: "PD bootstrap", help: "A PD prefill worker's bootstrap data (as infera worker --bootstrap advertises it)."},
+	"workers[].bootstrap.pd_mode":        {label: "PD mode", options: []string{"sglang", "vllm"}},
+	"workers[].bootstrap.bootstrap_host": {label: "Bootstrap host", help: "Default: the worker URL's host."},
+	"workers[].bootstrap.bootstrap_port": {label: "Bootstrap port", help: "SGLang bootstrap port or vLLM side-channel port of the prefill engine."},
 
 	// Scheduling policy
 	"load_balancing":           {label: "Load balancing", group: "Scheduling", help: "Layer 3 of the primary scheduling policy: when neither session affinity nor prefix caching matches, the algorithm picks the instance."},

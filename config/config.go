@@ -52,6 +52,20 @@ type WorkerSpec struct {
 	KVReplayEndpoint string   `json:"kv_replay_endpoint"`
 	BlockSize        int      `json:"block_size"`
 	DPSize           int      `json:"dp_size"`
+	// Bootstrap is a PD prefill worker's bootstrap data, as infera worker
+	// --bootstrap advertises it (docs/pd.md).
+	Bootstrap *WorkerBootstrap `json:"bootstrap,omitempty"`
+}
+
+// WorkerBootstrap is where a PD prefill engine serves its KV transfers.
+type WorkerBootstrap struct {
+	// PDMode is sglang or vllm.
+	PDMode string `json:"pd_mode,omitempty"`
+	// BootstrapHost defaults to the worker URL's host.
+	BootstrapHost string `json:"bootstrap_host,omitempty"`
+	// BootstrapPort is the engine's bootstrap (SGLang) or side-channel
+	// (vLLM) port.
+	BootstrapPort int `json:"bootstrap_port,omitempty"`
 }
 
 // LoadBalancing is layer 3 of the primary scheduling policy.
@@ -430,6 +444,14 @@ func (c *Config) Validate() error {
 		case "mixed", "prefill", "decode":
 		default:
 			return fieldErr(p+".role", "%q: want mixed, prefill or decode", w.Role)
+		}
+		if b := w.Bootstrap; b != nil {
+			if b.PDMode != "" && b.PDMode != "sglang" && b.PDMode != "vllm" {
+				return fieldErr(p+".bootstrap.pd_mode", "%q: want sglang or vllm", b.PDMode)
+			}
+			if b.BootstrapPort < 0 || b.BootstrapPort > 65535 {
+				return fieldErr(p+".bootstrap.bootstrap_port", "%d out of range", b.BootstrapPort)
+			}
 		}
 		id := w.ID
 		if id == "" {

@@ -126,10 +126,20 @@ func StaticRecords(workers, workerModels []string, cfg *config.Config) []fleet.R
 		rs = append(rs, fleet.Record{
 			ID: id, URL: strings.TrimRight(w.URL, "/"), Models: w.Models, Service: w.Service, Role: w.Role,
 			KVEventsEndpoint: w.KVEventsEndpoint, KVReplayEndpoint: w.KVReplayEndpoint, BlockSize: w.BlockSize, DPSize: w.DPSize,
-			Status: fleet.StatusActive,
+			Bootstrap: bootstrapJSON(w.Bootstrap), Status: fleet.StatusActive,
 		})
 	}
 	return rs
+}
+
+// bootstrapJSON is a static worker's bootstrap data as the worker record
+// carries it.
+func bootstrapJSON(b *config.WorkerBootstrap) json.RawMessage {
+	if b == nil {
+		return nil
+	}
+	out, _ := json.Marshal(b)
+	return out
 }
 
 // FetchModels asks a worker for its model ids (empty on failure).

@@ -55,3 +55,18 @@ func TestStaticRecordsMergeFlagsAndConfig(t *testing.T) {
 		t.Fatalf("%+v", rs)
 	}
 }
+
+func TestStaticWorkerCarriesPDBootstrap(t *testing.T) {
+	cfg, err := config.Parse([]byte(`{"workers":[{"id":"p","url":"http://127.0.0.1:3","models":["x"],"role":"prefill",
+		"bootstrap":{"pd_mode":"sglang","bootstrap_port":8998}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := StaticRecords(nil, nil, cfg)
+	if len(rs) != 1 || string(rs[0].Bootstrap) != `{"pd_mode":"sglang","bootstrap_port":8998}` {
+		t.Fatalf("%+v", rs)
+	}
+	if _, err := config.Parse([]byte(`{"workers":[{"url":"http://a","bootstrap":{"pd_mode":"x"}}]}`)); err == nil {
+		t.Fatal("bad pd_mode accepted")
+	}
+}
