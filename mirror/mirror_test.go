@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -758,4 +759,72 @@ func TestMirrorReadsLongAnswersToTheEnd(t *testing.T) {
 	if got := m.conns.len(); got != 1 {
 		t.Fatalf("%d connections open, want 1 (read to the end, the connection is reused)", got)
 	}
+}
+
+// Under concurrent offers, reloads between two targets (one slow) and
+// timeouts, every sampled request is accounted for exactly once (sent,
+// by result, or dropped, by reason), every byte of the budget is given
+// back, the senders never outnumber the concurrency, and Close leaves no
+// goroutine behind.
+func TestMirrorAccountsForEverySampledRequestUnderLoad(t *testing.T) {
+	fast := startTarget(t, nil)
+	slow := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(80 * time.Millisecond): // beyond the 50 ms timeout
+		case <-r.Context().Done():
+		}
+		io.WriteString(w, `{"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
+	})
+	before := runtime.NumGoroutine()
+	m := New(Options{Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+	cfgs := []*config.Mirror{mirrorCfg(fast.url), mirrorCfg(slow.url)}
+	for _, c := range cfgs {
+		c.Concurrency, c.QueueSize, c.TimeoutMS = 4, 64, 50
+	}
+	var wg sync.WaitGroup
+	var maxWorkers atomic.Int64
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 250; i++ {
+				cfg := cfgs[0]
+				if (g+i)%40 == 0 {
+					cfg = cfgs[1]
+				}
+				m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), i%3 == 0)
+				if n := m.workers.Load(); n > maxWorkers.Load() {
+					maxWorkers.Store(n)
+				}
+				if i%4 == 0 {
+					time.Sleep(time.Millisecond)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	mm := &m.m
+	eventually(t, "the mirror idle", func() bool { return len(m.q) == 0 && m.active.Load() == 0 })
+	sent := mm.ok.Get() + mm.httpError.Get() + mm.failed.Get() + mm.timeout.Get()
+	dropped := mm.droppedFull.Get() + mm.droppedExpired.Get()
+	if mm.sampled.Get() != 2000 || sent+dropped != 2000 {
+		t.Fatalf("sampled %d, sent %d (ok %d, http_error %d, error %d, timeout %d), dropped %d (full %d, expired %d)",
+			mm.sampled.Get(), sent, mm.ok.Get(), mm.httpError.Get(), mm.failed.Get(), mm.timeout.Get(),
+			dropped, mm.droppedFull.Get(), mm.droppedExpired.Get())
+	}
+	t.Logf("ok %d timeout %d full %d expired %d, max senders %d, targets %d+%d", mm.ok.Get(), mm.timeout.Get(), mm.droppedFull.Get(), mm.droppedExpired.Get(), maxWorkers.Load(), fast.hits.Load(), slow.hits.Load())
+	if mm.ok.Get() == 0 || mm.failed.Get() != 0 || mm.httpError.Get() != 0 {
+		t.Fatalf("ok %d, error %d, http_error %d", mm.ok.Get(), mm.failed.Get(), mm.httpError.Get())
+	}
+	if got := int64(fast.hits.Load() + slow.hits.Load()); got > int64(sent) {
+		t.Fatalf("the targets got %d requests, %d were sent", got, sent)
+	}
+	if m.held.Load() != 0 {
+		t.Fatalf("%d bytes still held", m.held.Load())
+	}
+	if maxWorkers.Load() > 4 {
+		t.Fatalf("%d senders for a concurrency of 4", maxWorkers.Load())
+	}
+	m.Close()
+	eventually(t, "the goroutines to end", func() bool { return runtime.NumGoroutine() <= before+2 })
 }
