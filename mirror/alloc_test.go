@@ -44,14 +44,18 @@ func TestOfferAllocatesNothingWhenNotMirrored(t *testing.T) {
 
 // A warm send allocates only what fasthttp's streamed response body takes
 // (its body reader and the closures that give the connection back: 4),
-// for a JSON answer and for a stream: the request, the response, the
-// buffers and the usage scan are pooled or allocation-free.
+// for a JSON answer, for a stream, and with a target model substituted:
+// the request, the response, the buffers, the model substitution and the
+// usage scan are pooled or allocation-free.
 func TestSendAllocatesOnlyTheStreamedBody(t *testing.T) {
-	for _, stream := range []bool{false, true} {
+	for i, stream := range []bool{false, true, false} {
 		url := startBenchTarget(t)
 		m := newMirror(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		cfg := &config.Mirror{Enabled: true, TargetAddress: url, SamplingRatio: 100, AuthToken: config.NewSecret("tok"),
 			TimeoutMS: 60000, QueueSize: 1, Concurrency: 1, LogRecording: false}
+		if i == 2 {
+			cfg.TargetModel = "canary-v2"
+		}
 		path, body := []byte("/v1/chat/completions"), benchBody(1024)
 		send := func() {
 			j := jobPool.Get().(*job)

@@ -125,18 +125,23 @@ func cpuTime(b *testing.B) time.Duration {
 
 // BenchmarkSend is the asynchronous sender's cost per mirrored request: one
 // job sent to a loopback target and its answer read to the end (a JSON
-// completion, or an SSE stream of 18 events), one at a time. The target
+// completion, or an SSE stream of 18 events; with or without a target
+// model substituted in the body), one at a time. The target
 // runs in this process, so cpu-ns/op (the process's CPU time per request)
 // counts both sides; allocs/op are the sender's (fasthttp's server
 // allocates nothing per request).
 func BenchmarkSend(b *testing.B) {
-	for _, stream := range []bool{false, true} {
-		b.Run(fmt.Sprintf("stream=%v", stream), func(b *testing.B) {
+	for _, c := range []struct {
+		stream bool
+		model  string
+	}{{false, ""}, {true, ""}, {false, "canary-v2"}} {
+		stream := c.stream
+		b.Run(fmt.Sprintf("stream=%v/target_model=%v", stream, c.model != ""), func(b *testing.B) {
 			url := startBenchTarget(b)
 			m := newMirror(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			defer m.Close()
 			cfg := &config.Mirror{Enabled: true, TargetAddress: url, SamplingRatio: 100, AuthToken: config.NewSecret("tok"),
-				TimeoutMS: 60000, QueueSize: 1, Concurrency: 1}
+				TimeoutMS: 60000, QueueSize: 1, Concurrency: 1, TargetModel: c.model}
 			body := benchBody(1 << 10)
 			path := []byte("/v1/chat/completions")
 			send := func() {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -36,11 +37,13 @@ type result struct {
 // Authorization value, the line reader of streams, the kept part of a
 // non-streamed answer.
 type sender struct {
-	url    []byte
-	bearer []byte
-	br     *bufio.Reader
-	body   []byte // a non-streamed answer, at most Options.MaxResponseBytes
-	long   []byte // a stream line longer than br's buffer, reassembled
+	url     []byte
+	bearer  []byte
+	model   []byte // modelOf as a JSON string
+	modelOf string // the mirror.target_model model encodes
+	br      *bufio.Reader
+	body    []byte // a non-streamed answer, at most Options.MaxResponseBytes
+	long    []byte // a stream line longer than br's buffer, reassembled
 }
 
 // streamBufSize is the line reader's buffer: an SSE event longer than this
@@ -159,7 +162,16 @@ func (m *Mirror) do(s *sender, j *job, deadline time.Time, res *result) {
 	}
 	body := j.body
 	if cfg.TargetModel != "" {
-		j.scratch = replaceModel(j.scratch[:0], j.body, cfg.TargetModel)
+		if s.modelOf != cfg.TargetModel {
+			// Encoded once per target model (per pooled sender).
+			q, err := json.Marshal(cfg.TargetModel)
+			if err != nil {
+				res.err = localError("invalid mirror.target_model")
+				return
+			}
+			s.model, s.modelOf = append(s.model[:0], q...), cfg.TargetModel
+		}
+		j.scratch = replaceModelQuoted(j.scratch[:0], j.body, s.model)
 		body = j.scratch
 	}
 	req := fasthttp.AcquireRequest()

@@ -121,3 +121,27 @@ func refUsage(b []byte) (usage bool, prompt, complete int) {
 	}
 	return usage, prompt, complete
 }
+
+// The target model replaces every top-level "model" member, keys compared
+// as a JSON decoder decodes them; a body the scan cannot walk is left as
+// it is.
+func TestReplaceModelDecodesKeysAsJSONDoes(t *testing.T) {
+	f := func(body, want string) {
+		t.Helper()
+		dst := []byte("prefix:")
+		if got := string(replaceModelQuoted(dst, []byte(body), []byte(`"v2"`))); got != "prefix:"+want {
+			t.Fatalf("replaceModelQuoted(%s)\n got %s\nwant prefix:%s", body, got, want)
+		}
+	}
+	f(`{"\u006d\u006f\u0064\u0065\u006c":"a"}`, `{"\u006d\u006f\u0064\u0065\u006c":"v2"}`)
+	f(`{"mode\u006C":{"x":[1,{"model":2}]},"y":1}`, `{"mode\u006C":"v2","y":1}`)
+	f(`{"\ud83d\ude00":1,"model":2,"\ud800":3,"\ud800\u0041":4}`, `{"\ud83d\ude00":1,"model":"v2","\ud800":3,"\ud800\u0041":4}`)
+	f(`{"model\u0000":"a","Model":"b","mode":"c","models":"d"}`, `{"model\u0000":"a","Model":"b","mode":"c","models":"d"}`)
+	f(`{"m\odel":"a"}`, `{"m\odel":"a"}`)
+	f(`{"model":"a"} x`, `{"model":"a"} x`)
+	f(`{"model":"a",}`, `{"model":"a",}`)
+	f(`{"model" "a"}`, `{"model" "a"}`)
+	f(`{"model":["a"}`, `{"model":["a"}`)
+	f(`{}`, `{}`)
+	f(``, ``)
+}
