@@ -62,8 +62,9 @@ func (m *Mirror) targetPool(raw string) *targetPool {
 	if t.err == nil {
 		isTLS := t.ep.TLS
 		t.hc = &fasthttp.HostClient{
-			Addr:  t.ep.Addr,
-			IsTLS: t.ep.TLS,
+			Addr:      t.ep.Addr,
+			IsTLS:     t.ep.TLS,
+			TLSConfig: m.tlsConfig,
 			// The connect timeout, shortened to the request's budget; the
 			// dial is aborted by Close.
 			DialTimeout: func(addr string, timeout time.Duration) (net.Conn, error) {

@@ -2,6 +2,7 @@ package mirror
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -50,6 +51,10 @@ type Mirror struct {
 	tgt   atomic.Pointer[targetPools] // the pools of the last two target addresses used
 	tgtMu sync.Mutex                  // building a target
 	conns connSet                     // open connections, closed by Close
+	// tlsConfig is the TLS configuration of https targets; nil: Go's
+	// defaults (the system's roots, the server name from the address).
+	// Set by tests before the first request.
+	tlsConfig *tls.Config
 
 	// send runs a job; the job is released after it returns (replaced by
 	// tests and benchmarks that measure Offer alone).

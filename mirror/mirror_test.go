@@ -3,12 +3,15 @@ package mirror
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
@@ -827,4 +830,47 @@ func TestMirrorAccountsForEverySampledRequestUnderLoad(t *testing.T) {
 	}
 	m.Close()
 	eventually(t, "the goroutines to end", func() bool { return runtime.NumGoroutine() <= before+2 })
+}
+
+// An https target gets the same requests over TLS (the certificate
+// verified), on one connection reused from request to request.
+func TestMirrorSendsOverTLSAndReusesTheConnection(t *testing.T) {
+	var conns atomic.Int64
+	var hits atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.Header.Get("Authorization") != "Bearer tls-token" || r.TLS == nil {
+			w.WriteHeader(400)
+			return
+		}
+		hits.Add(1)
+		io.WriteString(w, `{"usage":{"prompt_tokens":5,"completion_tokens":6}}`)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	m, lb := startMirror(t)
+	pool := x509.NewCertPool()
+	pool.AddCert(srv.Certificate())
+	m.tlsConfig = &tls.Config{RootCAs: pool}
+	cfg := mirrorCfg(srv.URL)
+	cfg.AuthToken = config.NewSecret("tls-token")
+	cfg.LogRecording = true
+	for i := 1; i <= 3; i++ {
+		m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false)
+		eventually(t, "the log line", func() bool { return len(lb.lines(t)) == i })
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, l := range lb.lines(t) {
+		if l["result"] != "ok" || l["prompt_tokens"] != 5.0 {
+			t.Fatalf("log line %v", l)
+		}
+	}
+	if hits.Load() != 3 || conns.Load() != 1 {
+		t.Fatalf("the target got %d requests on %d connections, want 3 on 1", hits.Load(), conns.Load())
+	}
 }
