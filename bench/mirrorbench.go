@@ -28,8 +28,8 @@ import (
 //   - off: mirroring disabled;
 //   - copy: 100% sampling, but every copy expires in the mirror's queue
 //     (timeout_ms 0.001) and is never sent: the request path's part
-//     (sampling, the copy of path and body, the enqueue) plus the
-//     dispatcher dropping the job;
+//     (sampling, the copy of path and body, the enqueue) plus a
+//     sender goroutine dropping the job;
 //   - on: 100% sampling, every copy sent to a target and its answer read
 //     (the asynchronous sender's part on top).
 //
