@@ -26,11 +26,13 @@ import (
 // WATCHDOG=1 every half WatchdogSec while the server is serving; STOPPING=1
 // when the drain starts.
 func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
-	errc := make(chan error, 1)
-	go func() { errc <- g.Serve(ln) }()
+	// Signals first: a SIGHUP that arrives once the server answers must
+	// find a handler (its default action ends the process).
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sig)
+	errc := make(chan error, 1)
+	go func() { errc <- g.Serve(ln) }()
 
 	notify("READY=1\nSTATUS=serving " + strconv.Itoa(g.Workers()) + " workers")
 	var watchdog <-chan time.Time
