@@ -391,12 +391,12 @@ func (g *Governor) admitRemote(ctx context.Context, s *snapshot, u *User, t *tem
 		return Ticket{}, reject(CodeStateUnavailable, 0, false)
 	}
 	if f != 0 {
+		if !dry && f == 1<<CodeConcurrencyUser && t.concQueue {
+			st.mu.Lock()
+			return g.queueUser(ctx, u, t, ts, e) // counts it
+		}
 		hits(f, dry)
 		if !dry {
-			if f == 1<<CodeConcurrencyUser && t.concQueue {
-				st.mu.Lock()
-				return g.queueUser(ctx, u, t, ts, e)
-			}
 			g.putTicket(ts)
 			u.rejected()
 			return Ticket{}, reject(f.first(), retry, false)
@@ -557,6 +557,7 @@ func (r *redisState) pumpUsers() {
 			case err != nil:
 				w.state = granted
 			case f != 0 && !dry:
+				hits(f, false)
 				w.state, w.rej = rejected, reject(f.first(), retry, false)
 			default:
 				w.state = granted
@@ -742,13 +743,17 @@ func (g *Governor) acquireRemote(ctx context.Context, rl *rlConf, targets []Targ
 		}
 		code = c
 	}
-	hit(code, false)
-	if !wait || !rl.queue {
+	if !rl.queue {
+		hit(code, false)
 		return Seat{}, -1, reject(code, 0, false)
+	}
+	if !wait {
+		return Seat{}, -1, reject(code, 0, false) // not counted: the caller queues next
 	}
 	l.mu.Lock()
 	if l.q.n >= rl.queueSize {
 		l.mu.Unlock()
+		hit(code, false)
 		return Seat{}, -1, reject(code, 0, true)
 	}
 	w := &seatWaiter{ch: make(chan struct{}, 1), ph: ph, code: code, since: time.Now(), cs: cs}

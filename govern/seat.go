@@ -295,7 +295,11 @@ func (g *Governor) Acquire(ctx context.Context, targets []Target, ph Phase) (Sea
 }
 
 // TryAcquire is Acquire that never waits: when no target has a free seat
-// it returns the rejection at once, whatever the over-limit handling.
+// it returns the rejection at once, whatever the over-limit handling. With
+// over-limit handling queue that refusal is not counted in the hit
+// metrics: a caller that wants to wait calls Acquire next (after giving
+// back what it should not hold while queued), which counts the request as
+// queued, or as rejected when the queue is full or its wait times out.
 func (g *Governor) TryAcquire(targets []Target, ph Phase) (Seat, int, *Rejection) {
 	return g.acquire(context.Background(), targets, ph, false)
 }
@@ -329,20 +333,26 @@ func (g *Governor) acquire(ctx context.Context, targets []Target, ph Phase, wait
 		_, seat := g.newSeat(c, ph)
 		return seat, i, nil
 	}
-	hit(code, rl.dry)
 	if rl.dry {
+		hit(code, true)
 		c := l.counter(rl.scope, &targets[0])
 		c.take(ph, l)
 		l.mu.Unlock()
 		_, seat := g.newSeat(c, ph)
 		return seat, 0, nil
 	}
-	if !wait || !rl.queue {
+	if !rl.queue {
 		l.mu.Unlock()
+		hit(code, false)
 		return Seat{}, -1, reject(code, 0, false)
+	}
+	if !wait {
+		l.mu.Unlock()
+		return Seat{}, -1, reject(code, 0, false) // not counted: the caller queues next
 	}
 	if l.q.n >= rl.queueSize {
 		l.mu.Unlock()
+		hit(code, false)
 		return Seat{}, -1, reject(code, 0, true)
 	}
 	w := &seatWaiter{ch: make(chan struct{}, 1), ph: ph, code: code, since: time.Now(), cs: make([]*counters, len(targets))}
@@ -361,13 +371,16 @@ func (g *Governor) acquire(ctx context.Context, targets []Target, ph Phase, wait
 // waitSeat waits for w to be granted (both backends).
 func (g *Governor) waitSeat(ctx context.Context, w *seatWaiter, timeout time.Duration) (Seat, int, *Rejection) {
 	l := &g.seats
-	granted, _ := waitCtx(ctx, w.ch, timeout)
+	granted, timedOut := waitCtx(ctx, w.ch, timeout)
 	l.mu.Lock()
 	if w.state == waiting {
 		l.dequeueLocked(w)
 		l.mu.Unlock()
 		seatQueued.Add(-1)
 		seatQueueWait.UpdateDuration(w.since)
+		if timedOut {
+			hit(w.code, false) // refused in the end; a client that left is not counted
+		}
 		return Seat{}, -1, reject(w.code, 0, true)
 	}
 	l.mu.Unlock()

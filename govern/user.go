@@ -289,11 +289,11 @@ func (g *Governor) Admit(ctx context.Context, u *User, r Request) (Ticket, *Reje
 		f |= 1 << CodeConcurrencyUser // no overtaking the queue
 	}
 	if f != 0 {
+		if !dry && f == 1<<CodeConcurrencyUser && t.concQueue {
+			return g.queueUser(ctx, u, t, ts, e) // unlocks; counts it
+		}
 		hits(f, dry)
 		if !dry {
-			if f == 1<<CodeConcurrencyUser && t.concQueue {
-				return g.queueUser(ctx, u, t, ts, e) // unlocks
-			}
 			st.mu.Unlock()
 			g.putTicket(ts)
 			u.rejected()
@@ -323,6 +323,7 @@ func (g *Governor) queueUser(ctx context.Context, u *User, t *template, ts *tick
 		st.mu.Unlock()
 		g.putTicket(ts)
 		u.rejected()
+		hit(CodeConcurrencyUser, false)
 		return Ticket{}, reject(CodeConcurrencyUser, 0, true)
 	}
 	w := &waiter{ch: make(chan struct{}, 1), ts: ts, t: t, e: e, since: time.Now()}
@@ -333,7 +334,7 @@ func (g *Governor) queueUser(ctx context.Context, u *User, t *template, ts *tick
 	if g.rds != nil {
 		g.rds.kickUser(st)
 	}
-	granted, _ := waitCtx(ctx, w.ch, t.concTimeout)
+	granted, timedOut := waitCtx(ctx, w.ch, t.concTimeout)
 	st.mu.Lock()
 	left := !granted && w.state == waiting
 	if left {
@@ -347,6 +348,9 @@ func (g *Governor) queueUser(ctx context.Context, u *User, t *template, ts *tick
 			g.putTicket(ts)
 		}
 		u.rejected()
+		if timedOut {
+			hit(CodeConcurrencyUser, false) // refused in the end; a client that left is not counted
+		}
 		return Ticket{}, reject(CodeConcurrencyUser, 0, true)
 	}
 	if w.state == rejected {
@@ -380,6 +384,7 @@ func (g *Governor) pumpLocal(st *userState) {
 		}
 		st.q.remove(w)
 		if f != 0 && !(s.userDry || w.t.dry) {
+			hits(f, false)
 			w.state, w.rej = rejected, reject(f.first(), retry, false)
 		} else {
 			st.takeLocked(w.t, cs, w.e, w.ts)
