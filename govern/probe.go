@@ -73,3 +73,7 @@ func (g *Governor) Queues() bool {
 	rl := &g.snap.Load().rl
 	return rl.queue && !rl.dry
 }
+
+// Shared reports whether the counters live in Redis (--state), so that
+// every Ticket and Seat call is a round trip.
+func (g *Governor) Shared() bool { return g.rds != nil }

@@ -43,6 +43,9 @@ type Request struct {
 	BlockHashes []uint64
 	// Tried lists Worker.Idx values already tried by this request (failover).
 	Tried []int
+	// Gate, when set, lets Pick pass over candidates that cannot take the
+	// request now (gate.go); Reset clears it.
+	Gate Gate
 
 	// phash holds the chained hashes of the prompt's full blocks (prefix
 	// index); its capacity is kept by Reset.
@@ -356,6 +359,9 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 		} else {
 			open = append(open, w)
 		}
+	}
+	if r.Gate != nil && len(avail) > 0 {
+		avail = gate(r.Gate, avail)
 	}
 	var d Decision
 	switch {
