@@ -1,8 +1,9 @@
-// Package testsrv starts real etcd and NATS servers for tests.
+// Package testsrv starts real etcd, NATS and Redis servers for tests.
 //
-// StartEtcd and StartNATS launch /usr/bin/etcd and /usr/sbin/nats-server on
-// free loopback ports with temporary data directories, wait until they
-// answer, and stop them in t.Cleanup. Stop and Restart simulate outages.
+// StartEtcd, StartNATS and StartRedis launch /usr/bin/etcd,
+// /usr/sbin/nats-server and /usr/bin/redis-server on free loopback ports
+// with temporary data directories, wait until they answer, and stop them in
+// t.Cleanup. Stop and Restart simulate outages.
 // When a binary is missing the test is skipped, unless INFERA_REQUIRE_SERVERS
 // is 1, in which case it fails.
 //
