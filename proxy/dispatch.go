@@ -7,6 +7,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/govern"
 	"github.com/infera/infera/internal/logx"
 	"github.com/infera/infera/sched"
 	"github.com/valyala/fasthttp"
@@ -40,9 +41,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 	} else if t.NonStreamTotalSeconds > 0 {
 		c.total = rs.start.Add(secs(t.NonStreamTotalSeconds))
 	}
-	if rs.clientFD = clientFD(ctx); rs.clientFD >= 0 {
-		s.live.add(rs)
-	}
+	s.watch(ctx, rs)
 	res := tries{allConnect: true}
 	if cfg.SplitProxy.Enabled {
 		s.dispatchSplit(ctx, cfg, rs, &res)
@@ -64,6 +63,9 @@ type tries struct {
 	// schedErr is the scheduler's refusal before any local attempt (no
 	// worker for the model, ...).
 	schedErr error
+	// seatRej is request rate limiting's refusal of a local seat (every
+	// candidate at its concurrency limit, the queue full or timed out).
+	seatRej *govern.Rejection
 	// allConnect: every failure was a connection failure; fleetDown: no
 	// candidate is left (every one tried, or every breaker open).
 	allConnect, fleetDown bool
@@ -84,7 +86,11 @@ func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 	attempts := 1 + s.flags.RequestMaxRetries
 	failed := false
 	for attempt := 0; attempt < attempts; attempt++ {
-		if err := s.sched.Acquire(cfg, r, rs.scratch[:0], &rs.lease); err != nil {
+		if err := s.acquire(cfg, rs, &rs.lease, &rs.gov.seats[0]); err != nil {
+			if rej, ok := seatRefusal(err); ok { // request rate limiting (govern.go)
+				s.seatRefused(ctx, cfg, rs, res, rej)
+				return
+			}
 			if failed {
 				res.fleetDown = true // every candidate was tried
 				return               // report the last worker failure
@@ -194,6 +200,10 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 func (s *Server) answerFailed(ctx *fasthttp.RequestCtx, rs *reqState, res *tries) {
 	last := res.last
 	if last == nil {
+		if res.seatRej != nil {
+			s.writeRejection(ctx, rs, res.seatRej)
+			return
+		}
 		if res.schedErr != nil {
 			s.writeSchedError(ctx, &rs.sreq, res.schedErr)
 			return
@@ -269,6 +279,7 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	if status >= 400 {
 		rs.lease.Verdict(outcome) // known now: do not hold a probe slot while the body is relayed
 	}
+	rs.gov.committed(status)
 	rs.scanUsage(rs.rbuf[:n])
 	first := rs.rbuf[:n]
 	if rs.proto.transforms() { // converted or filtered answers (protocols.go)

@@ -92,15 +92,20 @@ func hasHeader(h *fasthttp.RequestHeader, k string) bool {
 }
 
 // localSaturated reports whether the local fleet cannot take r now:
-// Options.Saturated when set (request rate limiting: every candidate over
-// its concurrency limit, or the queue full); otherwise, when rate_limit
-// sets a concurrency limit, whether every routable worker serving r's
-// model exactly is at its limit (free capacity 0, as the capacity endpoint
-// computes it). Only called with global scheduling on.
+// Options.Saturated when set; with the governor's seats in process,
+// Server.Saturated (govern.go: no candidate has a free seat and the request
+// could not wait for one); otherwise, when rate_limit sets a concurrency
+// limit, whether every routable worker serving r's model exactly is at its
+// limit (free capacity 0, as the capacity endpoint computes it). With the
+// seats in Redis a request also finds out in its seat acquisition, and a
+// refusal forwards it then (seatRefused). Only called with global
+// scheduling on.
 func (s *Server) localSaturated(cfg *config.Config, r *sched.Request) bool {
 	var sat bool
 	if f := s.o.Saturated; f != nil {
 		sat = f(cfg, r)
+	} else if s.gov != nil && !s.gov.Shared() {
+		sat = s.Saturated(cfg, r)
 	} else {
 		if !cfg.RateLimit.Limited() {
 			return false
@@ -127,6 +132,8 @@ func (s *Server) handleCapacity(ctx *fasthttp.RequestCtx) {
 	c := capacityOf(cfg, v, s.sched.Now())
 	if s.o.QueueLength != nil {
 		c.Queued = max(0, s.o.QueueLength())
+	} else {
+		c.Queued = s.SeatQueueLength()
 	}
 	ctx.SetContentType("application/json")
 	ctx.SetBody(c.AppendJSON(make([]byte, 0, 256)))

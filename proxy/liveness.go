@@ -10,11 +10,14 @@ import (
 
 // liveness notices clients that leave while their request waits for the
 // worker's first byte (a long prefill, a queue, a slow non-streaming
-// answer): fasthttp only learns about a closed client connection when it
-// writes to it. A watchdog peeks (non-blocking, without consuming) at each
-// waiting request's client socket a few times a second; when the peer has
-// closed it, the attempt is aborted, which closes the upstream connection
-// (HTTP) or publishes the cancel (NATS), so the engine stops generating.
+// answer) or for its turn in a governance queue (a user's concurrency slot,
+// an engine's concurrency seat): fasthttp only learns about a closed
+// client connection when it writes to it. A watchdog peeks (non-blocking,
+// without consuming) at each waiting request's client socket a few times a
+// second; when the peer has closed it, the attempt is aborted, which
+// closes the upstream connection (HTTP) or publishes the cancel (NATS), so
+// the engine stops generating, and the request's context is cancelled,
+// which takes it out of a governance queue at once.
 type liveness struct {
 	mu    sync.Mutex
 	items []*reqState
@@ -30,6 +33,17 @@ const (
 )
 
 func newLiveness() *liveness { return &liveness{stop: make(chan struct{})} }
+
+// watch puts rs under the watchdog (once per request): from admission on,
+// while it waits in a governance queue, then for its worker's first byte.
+func (s *Server) watch(ctx *fasthttp.RequestCtx, rs *reqState) {
+	if rs.watched {
+		return
+	}
+	if rs.clientFD = clientFD(ctx); rs.clientFD >= 0 {
+		s.live.add(rs)
+	}
+}
 
 func (l *liveness) add(rs *reqState) {
 	rs.watched = true
@@ -91,6 +105,7 @@ func (l *liveness) check(now int64) {
 		if peek(rs.clientFD) == peekClosed {
 			mClientGoneWaiting.Inc()
 			rs.call.cancel.abort()
+			rs.gov.ctx.cancel() // a wait in a governance queue ends at once
 		}
 	}
 }

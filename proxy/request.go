@@ -55,6 +55,9 @@ type reqState struct {
 	// (protocols.go).
 	proto protoState
 
+	// Users, quotas and concurrency seats (govern.go).
+	gov govState
+
 	clientFD  int  // for the liveness watchdog; -1 unknown
 	liveIdx   int  // index in the watchdog's list (under its lock)
 	watched   bool // in the watchdog's list (the request goroutine's view)
@@ -81,6 +84,7 @@ func (rs *reqState) Reset() {
 	rs.errStatus, rs.errBody, rs.errType = 0, rs.errBody[:0], rs.errType[:0]
 	rs.ext.reset()
 	rs.proto.reset()
+	rs.gov.reset()
 	rs.clientFD, rs.liveIdx, rs.watched, rs.handedOff = -1, -1, false, false
 }
 
@@ -95,6 +99,7 @@ func (s *Server) releaseState(rs *reqState) {
 	if rs.lease.Held() {
 		panic("BUG: request state released while its lease is held")
 	}
+	rs.gov.end(&rs.usage) // the request is over: its ticket ends here, once
 	s.bodies.release(rs.reserved)
 	rs.Reset()
 	s.pool.Put(rs)
@@ -207,12 +212,14 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use POST", "", "method_not_allowed")
 		return
 	}
-	if !s.authorized(ctx) {
+	user, ok := s.authenticate(ctx)
+	if !ok {
 		ctx.SetConnectionClose() // the body was not read
 		return
 	}
 	rs := s.acquireState()
 	rs.start = time.Now()
+	rs.gov.user = user
 	defer func() {
 		if !rs.handedOff {
 			s.releaseState(rs)
@@ -276,6 +283,9 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "messages", "")
 			return
 		}
+	}
+	if !s.admit(ctx, rs) { // user limits (govern.go), before anything is spent on the request
+		return
 	}
 	if cfg.SmartModelSelection.Enabled {
 		s.selectModel(cfg, rs) // smart.go: may change r.Model before model routing

@@ -15,6 +15,7 @@ import (
 	"github.com/infera/infera/classify"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/govern"
 	"github.com/infera/infera/mirror"
 	"github.com/infera/infera/sched"
 	"github.com/infera/infera/tokenizer"
@@ -74,6 +75,10 @@ type Options struct {
 	// QueueLength reports the requests waiting for a concurrency seat (the
 	// capacity endpoint's "queued"); nil: 0.
 	QueueLength func() int
+
+	// Governor enforces users, quota templates and request rate limiting
+	// (docs/governance.md, govern.go); nil: none (no user keys, no limits).
+	Governor *govern.Governor
 }
 
 // Server is the OpenAI-compatible front door.
@@ -87,6 +92,7 @@ type Server struct {
 	tr    transport
 	nats  *natsTransport
 	live  *liveness
+	gov   *govern.Governor
 
 	policy    sched.Policy
 	mode      sched.Mode
@@ -113,7 +119,7 @@ func New(o Options) *Server {
 		o.BlockSize = 16
 	}
 	f := o.Flags
-	s := &Server{o: o, flags: f, store: o.Store, sched: o.Sched, live: newLiveness()}
+	s := &Server{o: o, flags: f, store: o.Store, sched: o.Sched, live: newLiveness(), gov: o.Governor}
 	s.policy, _ = sched.ParsePolicy(f.RouterPolicy)
 	s.mode, _ = sched.ParseMode(f.RouterMode)
 	if f.APIKey != "" {
@@ -272,18 +278,40 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "unknown path", "", "unknown_path")
 }
 
-// authorized checks the API key the client presented (clientKey) in
-// constant time; on failure it writes 401.
+// authorized checks the request's credentials (authenticate); on failure
+// it has written the error answer.
 func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
-	if s.authBytes == nil {
-		return true
+	_, ok := s.authenticate(ctx)
+	return ok
+}
+
+// authenticate checks the key the client presented (clientKey: a bearer
+// token, or x-api-key as Anthropic clients send it): the global --api-key,
+// compared in constant time, or, once users are configured, a user's key
+// (govern.Identify). It returns the user, nil for the global key or when
+// the router is open (no --api-key, no users). On failure it writes 401
+// (403 for a disabled user) and returns false.
+func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*govern.User, bool) {
+	users := s.gov != nil && s.gov.AuthRequired()
+	if s.authBytes == nil && !users {
+		return nil, true
 	}
-	if k := clientKey(&ctx.Request.Header); len(k) > 0 && subtle.ConstantTimeCompare(k, s.keyBytes) == 1 {
-		return true
+	k := clientKey(&ctx.Request.Header)
+	if s.keyBytes != nil && len(k) > 0 && subtle.ConstantTimeCompare(k, s.keyBytes) == 1 {
+		return nil, true
+	}
+	if users {
+		u, rej := s.gov.Identify(k)
+		if rej == nil {
+			return u, true
+		}
+		mUnauthorized.Inc()
+		writeError(ctx, rej.Status, rej.Type(), rej.Message, "", rej.Code.String())
+		return nil, false
 	}
 	mUnauthorized.Inc()
 	writeError(ctx, fasthttp.StatusUnauthorized, typeAuth, "invalid or missing API key", "", "invalid_api_key")
-	return false
+	return nil, false
 }
 
 func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {

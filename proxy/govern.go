@@ -1,0 +1,458 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/govern"
+	"github.com/infera/infera/sched"
+	"github.com/valyala/fasthttp"
+)
+
+// Governance on the request path (docs/governance.md; the govern package
+// decides, this file asks it at the right moments and maps its answers):
+//
+//   - authenticate (server.go): the global --api-key, or a user's key
+//     (govern.Identify) once users are configured;
+//   - admit (after parsing): the user's quota template, one Ticket per
+//     request that covers all its attempts, ended exactly once when the
+//     request state is released (refunded when nothing was served,
+//     reconciled with the engine's reported usage otherwise);
+//   - acquire (each dispatch attempt): the scheduler's pick, steered away
+//     from workers without a free concurrency seat (seatGate), and a seat
+//     attached to the attempt's lease, so it ends when the lease does.
+//
+// Every wait (a user's or a seat's queue) runs on the request's
+// reqContext, which the liveness watchdog cancels when the client leaves.
+
+// maxSeatTargets bounds the candidates one seat acquisition considers: the
+// scheduler's choice and up to 7 others, open ones and the least loaded
+// first (with Redis, each costs 3 keys in the acquisition's one round trip).
+const maxSeatTargets = 8
+
+// govState is a request's governance state, part of the pooled reqState.
+type govState struct {
+	user   *govern.User // nil: the global key, or no authentication
+	tk     govern.Ticket
+	status int // the status committed to the client; 0 while none
+
+	ctx  reqContext
+	gate seatGate
+	// seats are the holders of the seats attached to leases: one per
+	// lease held at once (a mixed attempt, or a PD pair's two legs).
+	seats [2]seatHold
+
+	targets []govern.Target
+	tw      []*fleet.Worker // the worker of each target
+}
+
+func (gs *govState) reset() {
+	gs.user, gs.tk, gs.status = nil, govern.Ticket{}, 0
+	gs.ctx.reset()
+	gs.gate.reset()
+	gs.seats = [2]seatHold{}
+	clear(gs.tw)
+	gs.targets, gs.tw = gs.targets[:0], gs.tw[:0]
+}
+
+// admit runs user admission for rs (after parsing: the prompt estimate and
+// max_tokens are known). On a refusal it answers the client and returns
+// false. A request of the global key or of an open router is not limited.
+func (s *Server) admit(ctx *fasthttp.RequestCtx, rs *reqState) bool {
+	u := rs.gov.user
+	if u == nil {
+		return true
+	}
+	s.watch(ctx, rs) // a queued request whose client leaves is removed at once
+	r := &rs.sreq
+	tk, rej := s.gov.Admit(&rs.gov.ctx, u, govern.Request{PromptTokens: r.PromptTokens, MaxTokens: max(0, r.MaxTokens)})
+	if rej != nil {
+		s.live.remove(rs)
+		s.writeRejection(ctx, rs, rej)
+		return false
+	}
+	rs.gov.tk = tk
+	return true
+}
+
+// committed records the status of the answer committed to the client: from
+// now on the request counts as served, unless the answer is a server
+// error (then it is refunded like a request that failed before its first
+// byte).
+func (gs *govState) committed(status int) {
+	gs.status = status
+	if status < 500 {
+		gs.tk.FirstToken()
+	}
+}
+
+// end ends the request's ticket (releaseState, exactly once per request):
+// reconciled with the usage the engine reported, or, when it reported none,
+// as govern documents (a served request keeps its estimate). An error
+// answer of the engine (4xx) counts the request and no tokens.
+func (gs *govState) end(u *usage) {
+	if gs.status == 0 || gs.status >= 500 {
+		gs.tk.Done(govern.Usage{})
+		return
+	}
+	gs.tk.Done(govern.Usage{
+		PromptTokens:     u.prompt,
+		CachedTokens:     u.cached,
+		CompletionTokens: u.completion,
+		Known:            u.seen || gs.status >= 400,
+	})
+}
+
+// acquire picks a worker for the next attempt and fills l (sched.Acquire)
+// and, under request rate limiting, takes a concurrency seat on it,
+// attached to l through h. Candidates without a free seat are passed over
+// while another has one (seatGate); when the chosen worker has none, the
+// seat is taken on another candidate and the lease moves there; when no
+// candidate has one, the request is refused, or under overlimit queue
+// waits (without holding the lease) for the first seat of a candidate to
+// free. On error l holds nothing; a *govern.Rejection error is a refusal
+// of request rate limiting (seatRefusal).
+func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *seatHold) error {
+	r := &rs.sreq
+	g := s.gov
+	if g == nil || !g.Limited() {
+		return s.sched.Acquire(cfg, r, rs.scratch[:0], l)
+	}
+	sg := &rs.gov.gate
+	sg.g = g
+	r.Gate = sg
+	defer func() { r.Gate = nil }()
+	for round := 0; round < 3; round++ {
+		sg.reset()
+		if err := s.sched.Acquire(cfg, r, rs.scratch[:0], l); err != nil {
+			return err
+		}
+		w := l.Worker
+		ph := phaseOf(w)
+		tg, tw := rs.gov.seatTargets(w)
+		var seat govern.Seat
+		var i int
+		var rej *govern.Rejection
+		if g.Queues() && sg.allFull() {
+			rej = errAllFull // known without asking: wait at once
+		} else {
+			seat, i, rej = g.TryAcquire(tg, ph)
+			if rej == nil && i == 0 {
+				h.attach(l, seat, g.Shared())
+				return nil
+			}
+		}
+		// Not held while waiting, nor when the seat is on another worker.
+		l.Done(sched.OutcomeNeutral)
+		if rej != nil {
+			if !g.Queues() || rej.Code == govern.CodeStateUnavailable {
+				return rej
+			}
+			if seat, i, rej = g.Acquire(&rs.gov.ctx, tg, ph); rej != nil {
+				return rej
+			}
+		}
+		// The seat is on tw[i]: lease that worker (the gate leaves only it).
+		x := tw[i]
+		sg.reset()
+		sg.only = x
+		err := s.sched.Acquire(cfg, r, rs.scratch[:0], l)
+		sg.only = nil
+		if err != nil {
+			seat.Done()
+			return err
+		}
+		if l.Worker == x {
+			h.attach(l, seat, g.Shared())
+			return nil
+		}
+		// x stopped being a candidate meanwhile (removed, breaker open):
+		// start over.
+		l.Done(sched.OutcomeNeutral)
+		seat.Done()
+	}
+	return sched.ErrExhausted
+}
+
+// seatRefused records that request rate limiting refused the request a
+// local seat: the local fleet is saturated for it. Global scheduling may
+// forward it to another region, the split proxy may fail over to an
+// external upstream (which takes no seat); otherwise the client gets the
+// refusal (answerFailed). A request whose client left while it waited
+// for a seat stops here (499).
+func (s *Server) seatRefused(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries, rej *govern.Rejection) {
+	if rs.gov.ctx.Err() != nil {
+		res.stop, res.last = true, fail(failCanceled, nil)
+		return
+	}
+	// The refusal is what the client gets, unless a later attempt fails.
+	res.seatRej, res.last = rej, nil
+	if s.globalOn(cfg) && rej.Code != govern.CodeStateUnavailable {
+		mGlobalSaturated.Inc()
+		s.forwardGlobal(ctx, cfg, rs, res)
+	}
+}
+
+// errAllFull marks a seat acquisition that skips its try: the gate saw
+// every candidate full and the request will wait.
+var errAllFull = &govern.Rejection{Code: govern.CodeConcurrencyOverall, Status: 429}
+
+// seatRefusal reports whether err (from acquire) is a refusal of request
+// rate limiting.
+func seatRefusal(err error) (*govern.Rejection, bool) {
+	var rej *govern.Rejection
+	if errors.As(err, &rej) {
+		return rej, true
+	}
+	return nil, false
+}
+
+// seatTargets returns the targets of a seat acquisition for a request the
+// scheduler gave to w: w first, then up to maxSeatTargets-1 other candidates
+// the gate saw, open ones first, least loaded first. The slices are rs's.
+func (gs *govState) seatTargets(w *fleet.Worker) ([]govern.Target, []*fleet.Worker) {
+	sg := &gs.gate
+	tw := append(gs.tw[:0], w)
+	for len(tw) < maxSeatTargets {
+		best := -1
+		for j, k := range sg.key {
+			if k != taken && sg.cands[j] != w && (best < 0 || k < sg.key[best]) {
+				best = j
+			}
+		}
+		if best < 0 {
+			break
+		}
+		tw = append(tw, sg.cands[best])
+		sg.key[best] = taken
+	}
+	tg := gs.targets[:0]
+	for _, x := range tw {
+		tg = append(tg, target(x))
+	}
+	gs.targets, gs.tw = tg, tw
+	return tg, tw
+}
+
+func target(w *fleet.Worker) govern.Target {
+	return govern.Target{Instance: w.ID, Service: w.Service}
+}
+
+// phaseOf is the part of a request a worker serves, as seats count it.
+func phaseOf(w *fleet.Worker) govern.Phase {
+	switch w.Role {
+	case fleet.RolePrefill:
+		return govern.PhasePrefill
+	case fleet.RoleDecode:
+		return govern.PhaseDecode
+	}
+	return govern.PhaseMixed
+}
+
+// seatGate is the scheduler's candidate filter (sched.Gate) under request
+// rate limiting: a worker without a free seat is full. It records the
+// candidates it is asked about, for the seat acquisition that follows.
+// With only set it leaves only that worker open (a seat was granted there).
+type seatGate struct {
+	g     *govern.Governor
+	only  *fleet.Worker
+	cands []*fleet.Worker
+	// key orders the candidates for the seat acquisition: open before
+	// full, then by requests in flight; taken once chosen.
+	key   []int64
+	nfull int
+}
+
+const (
+	fullKey = int64(1) << 61
+	taken   = math.MaxInt64
+)
+
+var _ sched.Gate = (*seatGate)(nil)
+
+// Full implements sched.Gate.
+func (sg *seatGate) Full(w *fleet.Worker) bool {
+	f := false
+	if sg.only != nil {
+		f = w != sg.only
+	} else {
+		f = sg.g.Full(target(w), phaseOf(w))
+	}
+	k := min(max(w.Load.Requests.Load(), 0), fullKey-1)
+	if f {
+		k += fullKey
+		sg.nfull++
+	}
+	sg.cands = append(sg.cands, w)
+	sg.key = append(sg.key, k)
+	return f
+}
+
+// allFull reports whether the gate saw candidates and every one was full.
+func (sg *seatGate) allFull() bool { return len(sg.cands) > 0 && sg.nfull == len(sg.cands) }
+
+func (sg *seatGate) reset() {
+	clear(sg.cands)
+	sg.cands, sg.key, sg.nfull, sg.only = sg.cands[:0], sg.key[:0], 0, nil
+}
+
+// seatHold is a concurrency seat attached to a lease (a sched.Seat): the
+// lease tells it the first token and the end.
+type seatHold struct {
+	s govern.Seat
+	// async: the seat's counters are in Redis; its first token (giving the
+	// prefill seat back) runs off the request path, so that it does not
+	// delay the answer by a round trip. Its end does not: a client's next
+	// request must never find its previous request's seat still taken.
+	async bool
+}
+
+var _ sched.Seat = (*seatHold)(nil)
+
+// FirstToken implements sched.Seat.
+func (h *seatHold) FirstToken() {
+	if h.async {
+		go h.s.FirstToken() // a Seat's calls are safe concurrently; after Done it does nothing
+		return
+	}
+	h.s.FirstToken()
+}
+
+// Done implements sched.Seat.
+func (h *seatHold) Done(sched.Outcome) { h.s.Done() }
+
+// attach hangs s on l through h; if l cannot take it, s ends now.
+func (h *seatHold) attach(l *sched.Lease, s govern.Seat, async bool) {
+	h.s, h.async = s, async
+	if !l.Attach(h) {
+		s.Done()
+	}
+}
+
+// writeRejection answers a refusal of the governance: OpenAI's error shape
+// with the code naming the limit, and Retry-After when a time is known. A
+// request whose client left while it waited gets 499 (nobody reads it).
+func (s *Server) writeRejection(ctx *fasthttp.RequestCtx, rs *reqState, rej *govern.Rejection) {
+	if rs.gov.ctx.Err() != nil {
+		mClientGone.Inc()
+		countStatus(499)
+		ctx.SetConnectionClose()
+		ctx.Response.Reset()
+		ctx.SetStatusCode(499)
+		return
+	}
+	countStatus(rej.Status)
+	writeError(ctx, rej.Status, rej.Type(), rej.Message, "", rej.Code.String())
+	if rej.RetryAfter > 0 {
+		ctx.Response.Header.Set("Retry-After", strconv.Itoa(rej.RetryAfter))
+	}
+}
+
+// Saturated reports whether the local fleet cannot take r now under
+// request rate limiting: no worker serving r's model has a free seat (a
+// mixed worker, or a prefill and a decode worker) and the request could
+// not wait for one (overlimit reject, or this router's queue full). Global
+// scheduling asks it before dispatching locally, to forward r to another
+// region instead. It answers from this router's knowledge without a round
+// trip (govern.Governor.Full): with Redis it reports false, and a request
+// finds out in its seat acquisition instead (a refusal, seatRefusal).
+// It does not allocate.
+func (s *Server) Saturated(cfg *config.Config, r *sched.Request) bool {
+	g := s.gov
+	if g == nil || !g.Limited() || g.CanQueue() {
+		return false
+	}
+	ws := s.sched.Fleet.View().ByModel[string(r.Model)]
+	if len(ws) == 0 {
+		return false
+	}
+	var mixed, prefill, decode bool
+	for _, w := range ws {
+		if w.Draining() || g.Full(target(w), phaseOf(w)) {
+			continue
+		}
+		switch w.Role {
+		case fleet.RolePrefill:
+			prefill = true
+		case fleet.RoleDecode:
+			decode = true
+		default:
+			mixed = true
+		}
+	}
+	return !mixed && !(prefill && decode)
+}
+
+// SeatQueueLength is the number of requests waiting for a concurrency seat
+// in this router (the capacity report's "queued").
+func (s *Server) SeatQueueLength() int {
+	if s.gov == nil {
+		return 0
+	}
+	return s.gov.QueueLength()
+}
+
+// reqContext is a request's context.Context for the governance's waits:
+// the liveness watchdog cancels it when the client leaves. Its Done channel
+// is made on first use (only a request that waits needs one), so a request
+// that never waits costs nothing. It lives in the pooled reqState: reset
+// between requests.
+type reqContext struct {
+	mu   sync.Mutex
+	done chan struct{}
+	err  error
+}
+
+var _ context.Context = (*reqContext)(nil)
+
+// Deadline implements context.Context: none (the queues have their own
+// timeouts).
+func (c *reqContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+
+// Done implements context.Context.
+func (c *reqContext) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		c.done = make(chan struct{})
+		if c.err != nil {
+			close(c.done)
+		}
+	}
+	return c.done
+}
+
+// Err implements context.Context.
+func (c *reqContext) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Value implements context.Context.
+func (c *reqContext) Value(any) any { return nil }
+
+// cancel ends the context: the client left.
+func (c *reqContext) cancel() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return
+	}
+	c.err = context.Canceled
+	if c.done != nil {
+		close(c.done)
+	}
+}
+
+func (c *reqContext) reset() {
+	c.mu.Lock()
+	c.done, c.err = nil, nil
+	c.mu.Unlock()
+}

@@ -1,0 +1,472 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/govern"
+	"github.com/valyala/fasthttp"
+)
+
+// govConfig parses a config document the way the router does.
+func govConfig(t testing.TB, js string) *config.Config {
+	t.Helper()
+	c, err := config.Parse([]byte(js))
+	if err != nil {
+		t.Fatalf("config: %v\n%s", err, js)
+	}
+	return c
+}
+
+// newGovernor returns an in-process governor serving cfg.
+func newGovernor(t testing.TB, cfg *config.Config) *govern.Governor {
+	t.Helper()
+	g, err := govern.New(govern.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	if err := g.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+func mintKey(t testing.TB) (key, hash string) {
+	t.Helper()
+	k, h, err := govern.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k, h
+}
+
+// govRouter starts a router with a governor over cfg in front of urls.
+func govRouter(t testing.TB, f *config.Serve, js string, urls ...string) (*testRouter, *govern.Governor) {
+	t.Helper()
+	cfg := govConfig(t, js)
+	g := newGovernor(t, cfg)
+	return startRouterGov(t, f, cfg, g, urls...), g
+}
+
+// apiResp is one answer: status, Retry-After and the OpenAI error code.
+type apiResp struct {
+	status int
+	retry  string
+	code   string
+	body   string
+}
+
+// apiCall posts body with Authorization: Bearer key (none when key is "").
+func apiCall(t testing.TB, url, key, body string) apiResp {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	return do(t, req)
+}
+
+func do(t testing.TB, req *http.Request) apiResp {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		n, err := resp.Body.Read(buf)
+		b.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	r := apiResp{status: resp.StatusCode, retry: resp.Header.Get("Retry-After"), body: b.String()}
+	if resp.StatusCode >= 400 {
+		var e struct {
+			Error struct {
+				Message string  `json:"message"`
+				Type    string  `json:"type"`
+				Param   *string `json:"param"`
+				Code    string  `json:"code"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(r.body), &e); err != nil || e.Error.Message == "" || e.Error.Type == "" {
+			t.Fatalf("status %d: not an OpenAI error: %s", resp.StatusCode, r.body)
+		}
+		r.code = e.Error.Code
+	}
+	return r
+}
+
+func want(t testing.TB, r apiResp, status int, code string) {
+	t.Helper()
+	if r.status != status || r.code != code {
+		t.Fatalf("got %d %q, want %d %q: %s", r.status, r.code, status, code, r.body)
+	}
+}
+
+func TestUserKeysIdentifyUsersAndTheGlobalKeyIsNotLimited(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	ka, ha := mintKey(t)
+	kb, hb := mintKey(t)
+	kx, _ := mintKey(t)
+	f := defaultFlags()
+	f.APIKey = "global-secret"
+	r, _ := govRouter(t, f, fmt.Sprintf(`{
+		"user_limit": {"templates": [{"name": "one-a-minute", "default": true, "rate": {"enabled": true, "rpm": 1}}]},
+		"users": [{"name": "alice", "keys": [%q]}, {"name": "bob", "keys": [%q], "enabled": false}]}`, ha, hb), up.url)
+
+	want(t, apiCall(t, r.url, ka, chatBody), 200, "")
+	rej := apiCall(t, r.url, ka, chatBody)
+	want(t, rej, 429, "rate_limit_rpm")
+	if n, err := strconv.Atoi(rej.retry); err != nil || n < 1 || n > 60 {
+		t.Fatalf("Retry-After %q, want the seconds until the bucket holds one request", rej.retry)
+	}
+	// x-api-key identifies the same user (Anthropic clients send it).
+	req, _ := http.NewRequest("POST", r.url+"/v1/chat/completions", strings.NewReader(chatBody))
+	req.Header.Set("x-api-key", ka)
+	want(t, do(t, req), 429, "rate_limit_rpm")
+	// The global key: no user limits.
+	for i := 0; i < 3; i++ {
+		want(t, apiCall(t, r.url, "global-secret", chatBody), 200, "")
+	}
+	want(t, apiCall(t, r.url, kb, chatBody), 403, "user_disabled")
+	want(t, apiCall(t, r.url, kx, chatBody), 401, "invalid_api_key")                 // well-formed, unknown
+	want(t, apiCall(t, r.url, ka[:len(ka)-1]+"x", chatBody), 401, "invalid_api_key") // known id, wrong secret
+	want(t, apiCall(t, r.url, "not-a-key", chatBody), 401, "invalid_api_key")        // malformed
+	want(t, apiCall(t, r.url, "", chatBody), 401, "invalid_api_key")                 // none
+	if got := apiCall(t, r.url, kx, chatBody); strings.Contains(got.body, kx) || strings.Contains(got.body, kx[4:20]) {
+		t.Fatalf("the key is echoed: %s", got.body)
+	}
+	// A user key opens the rest of the API too.
+	req, _ = http.NewRequest("GET", r.url+"/v1/models", nil)
+	req.Header.Set("Authorization", "Bearer "+ka)
+	if got := do(t, req); got.status != 200 {
+		t.Fatalf("/v1/models with a user key: %d %s", got.status, got.body)
+	}
+	if up.hits.Load() != 4 {
+		t.Fatalf("the engine saw %d requests, want the 4 admitted", up.hits.Load())
+	}
+}
+
+func TestRouterWithoutKeyOrUsersStaysOpen(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r, _ := govRouter(t, nil, `{}`, up.url)
+	want(t, apiCall(t, r.url, "", chatBody), 200, "")
+	want(t, apiCall(t, r.url, "anything", chatBody), 200, "")
+}
+
+// holdUpstream answers once released; it counts requests in flight.
+type holdUpstream struct {
+	*upstream
+	inflight atomic.Int64
+	release  chan struct{}
+}
+
+func startHold(t testing.TB) *holdUpstream {
+	h := &holdUpstream{release: make(chan struct{}, 1000)}
+	h.upstream = startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		h.inflight.Add(1)
+		defer h.inflight.Add(-1)
+		select {
+		case <-h.release:
+		case <-time.After(10 * time.Second):
+		}
+		okHandler(ctx)
+	})
+	return h
+}
+
+// waitUntil polls cond for up to 5 s.
+func waitUntil(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// async posts in the background; the answer arrives on the channel.
+func async(t testing.TB, url, key, body string) chan apiResp {
+	ch := make(chan apiResp, 1)
+	go func() { ch <- apiCall(t, url, key, body) }()
+	return ch
+}
+
+func TestSeatsPassOverWorkersAtTheirLimit(t *testing.T) {
+	a, b := startHold(t), startHold(t)
+	for _, policy := range []string{"round-robin", "least-requests"} {
+		t.Run(policy, func(t *testing.T) {
+			f := defaultFlags()
+			f.RouterPolicy = policy
+			r, _ := govRouter(t, f, `{"rate_limit": {"scope": "instance", "overall_concurrency": 1}}`, a.url, b.url)
+			// Hold a request on one worker; every following request goes to
+			// the other one while it is held, whatever the policy prefers.
+			first := async(t, r.url, "", chatBody)
+			waitUntil(t, "a held request", func() bool { return a.inflight.Load()+b.inflight.Load() == 1 })
+			held, free := a, b
+			if b.inflight.Load() == 1 {
+				held, free = b, a
+			}
+			before := held.hits.Load()
+			for i := 0; i < 4; i++ {
+				free.release <- struct{}{}
+				want(t, apiCall(t, r.url, "", chatBody), 200, "")
+			}
+			if held.hits.Load() != before {
+				t.Fatal("a request went to the worker at its limit")
+			}
+			// Both at their limit: refused at once, in OpenAI's shape.
+			second := async(t, r.url, "", chatBody)
+			waitUntil(t, "both workers busy", func() bool { return a.inflight.Load() == 1 && b.inflight.Load() == 1 })
+			rej := apiCall(t, r.url, "", chatBody)
+			want(t, rej, 429, "concurrency_overall")
+			if rej.retry != "" {
+				t.Fatalf("Retry-After %q on a concurrency refusal (no time is known)", rej.retry)
+			}
+			a.release <- struct{}{}
+			b.release <- struct{}{}
+			want(t, <-first, 200, "")
+			want(t, <-second, 200, "")
+		})
+	}
+}
+
+func TestSeatQueueServesTheFirstCandidateThatFrees(t *testing.T) {
+	a, b := startHold(t), startHold(t)
+	r, g := govRouter(t, nil, `{"rate_limit": {"scope": "instance", "prefill_concurrency": 1,
+		"overlimit": "queue", "queue_size": 10, "queue_timeout_ms": 5000}}`, a.url, b.url)
+	ra := async(t, r.url, "", chatBody)
+	rb := async(t, r.url, "", chatBody)
+	waitUntil(t, "both workers busy", func() bool { return a.inflight.Load() == 1 && b.inflight.Load() == 1 })
+	queued := async(t, r.url, "", chatBody)
+	waitUntil(t, "a queued request", func() bool { return g.QueueLength() == 1 })
+	hitsA, hitsB := a.hits.Load(), b.hits.Load()
+	b.release <- struct{}{} // b frees its seat: the queued request goes there
+	waitUntil(t, "the queued request on b", func() bool { return b.hits.Load() == hitsB+1 && b.inflight.Load() == 1 })
+	b.release <- struct{}{}
+	want(t, <-queued, 200, "")
+	a.release <- struct{}{}
+	want(t, <-ra, 200, "")
+	want(t, <-rb, 200, "")
+	if a.hits.Load() != hitsA || g.QueueLength() != 0 {
+		t.Fatalf("a got %d more requests; queue %d", a.hits.Load()-hitsA, g.QueueLength())
+	}
+	// A full queue refuses at once.
+	r2, g2 := govRouter(t, nil, `{"rate_limit": {"scope": "gateway", "prefill_concurrency": 1,
+		"overlimit": "queue", "queue_size": 1, "queue_timeout_ms": 5000}}`, a.url)
+	held := async(t, r2.url, "", chatBody)
+	waitUntil(t, "a held request", func() bool { return a.inflight.Load() == 1 })
+	waiting := async(t, r2.url, "", chatBody)
+	waitUntil(t, "a queued request", func() bool { return g2.QueueLength() == 1 })
+	want(t, apiCall(t, r2.url, "", chatBody), 429, "concurrency_prefill")
+	a.release <- struct{}{}
+	a.release <- struct{}{}
+	want(t, <-held, 200, "")
+	want(t, <-waiting, 200, "")
+}
+
+// rawRequest sends a chat request over a raw connection and returns it
+// (the caller closes it: the client leaves).
+func rawRequest(t testing.TB, url, key, body string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp4", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := ""
+	if key != "" {
+		auth = "Authorization: Bearer " + key + "\r\n"
+	}
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s", auth, len(body), body)
+	return c
+}
+
+func TestQueuedRequestWhoseClientLeavesIsRemovedAtOnce(t *testing.T) {
+	t.Run("seat queue", func(t *testing.T) {
+		up := startHold(t)
+		r, g := govRouter(t, nil, `{"rate_limit": {"prefill_concurrency": 1, "overlimit": "queue",
+			"queue_size": 10, "queue_timeout_ms": 30000}}`, up.url)
+		held := async(t, r.url, "", chatBody)
+		waitUntil(t, "a held request", func() bool { return up.inflight.Load() == 1 })
+		c := rawRequest(t, r.url, "", chatBody)
+		waitUntil(t, "a queued request", func() bool { return g.QueueLength() == 1 })
+		t0 := time.Now()
+		c.Close()
+		waitUntil(t, "the seat queue emptied", func() bool { return g.QueueLength() == 0 })
+		if el := time.Since(t0); el > 2*time.Second {
+			t.Fatalf("the abandoned request left the queue after %v", el)
+		}
+		up.release <- struct{}{}
+		want(t, <-held, 200, "")
+		if up.hits.Load() != 1 {
+			t.Fatalf("the engine saw %d requests, want 1 (the abandoned one is never dispatched)", up.hits.Load())
+		}
+	})
+	t.Run("user queue", func(t *testing.T) {
+		up := startHold(t)
+		key, hash := mintKey(t)
+		r, _ := govRouter(t, nil, fmt.Sprintf(`{
+			"user_limit": {"templates": [{"name": "t", "default": true,
+				"concurrency": {"enabled": true, "limit": 1, "overlimit": "queue", "queue_size": 10, "queue_timeout_ms": 30000}}]},
+			"users": [{"name": "alice", "keys": [%q]}]}`, hash), up.url)
+		held := async(t, r.url, key, chatBody)
+		waitUntil(t, "a held request", func() bool { return up.inflight.Load() == 1 })
+		c := rawRequest(t, r.url, key, chatBody)
+		waitUntil(t, "alice's second request queued", func() bool { return userQueueLen(t, r.url) == 1 })
+		t0 := time.Now()
+		c.Close()
+		waitUntil(t, "the user queue emptied", func() bool { return userQueueLen(t, r.url) == 0 })
+		if el := time.Since(t0); el > 2*time.Second {
+			t.Fatalf("the abandoned request left the queue after %v", el)
+		}
+		up.release <- struct{}{}
+		want(t, <-held, 200, "")
+		// Alice's slot is free again: the abandoned request holds nothing.
+		up.release <- struct{}{}
+		want(t, apiCall(t, r.url, key, chatBody), 200, "")
+		if up.hits.Load() != 2 {
+			t.Fatalf("the engine saw %d requests, want 2 (the abandoned one is never dispatched)", up.hits.Load())
+		}
+	})
+}
+
+// userQueueLen reads infera_user_limit_queue_length from the router.
+func userQueueLen(t *testing.T, url string) int {
+	return int(metricFloat(t, url, "infera_user_limit_queue_length"))
+}
+
+// metricFloat reads one series from the router's /metrics (0 when absent).
+func metricFloat(t *testing.T, url, series string) float64 {
+	t.Helper()
+	f, _ := strconv.ParseFloat(metricValue(t, url, series), 64)
+	return f
+}
+
+// usageUpstream answers with the usage it is told (none when prompt < 0),
+// or with status when it is not 200.
+type usageUpstream struct {
+	*upstream
+	mu                         sync.Mutex
+	status                     int
+	prompt, cached, completion int
+}
+
+func startUsage(t testing.TB) *usageUpstream {
+	u := &usageUpstream{status: 200}
+	u.upstream = startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		u.mu.Lock()
+		st, p, c, o := u.status, u.prompt, u.cached, u.completion
+		u.mu.Unlock()
+		ctx.SetContentType("application/json")
+		if st != 200 {
+			ctx.SetStatusCode(st)
+			ctx.SetBodyString(`{"error":{"message":"engine says no","type":"server_error","param":null,"code":null}}`)
+			return
+		}
+		if p < 0 {
+			ctx.SetBodyString(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`)
+			return
+		}
+		fmt.Fprintf(ctx, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`, p, o, p+o, c)
+	})
+	return u
+}
+
+func (u *usageUpstream) set(status, prompt, cached, completion int) {
+	u.mu.Lock()
+	u.status, u.prompt, u.cached, u.completion = status, prompt, cached, completion
+	u.mu.Unlock()
+}
+
+// The TPM bucket is pre-deducted with the estimate (prompt estimate + the
+// default output estimate) and reconciled with the usage the engine
+// reports: a refund lets the next request in, a charge beyond the estimate
+// keeps it out; no reported usage keeps the estimate; an engine failure
+// refunds everything.
+func TestTPMReconciledWithTheEngineReportedUsage(t *testing.T) {
+	up := startUsage(t)
+	key, hash := mintKey(t)
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r, _ := govRouter(t, f, fmt.Sprintf(`{
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"rate": {"enabled": true, "tpm": 1000, "default_output_tokens": 900}}]},
+		"users": [{"name": "alice", "keys": [%q]}]}`, hash), up.url)
+	noMax := `{"model":"m","messages":[{"role":"user","content":"hello there"}]}`
+	// Each request reserves ~905 of 1000 tokens; the engine reports 10:
+	// without reconciliation the second request would be refused.
+	up.set(200, 7, 0, 3)
+	for i := 0; i < 5; i++ {
+		want(t, apiCall(t, r.url, key, noMax), 200, "")
+	}
+	// An engine failure before the first byte refunds the reservation.
+	up.set(500, 0, 0, 0)
+	for i := 0; i < 3; i++ {
+		want(t, apiCall(t, r.url, key, noMax), 500, "")
+	}
+	// No usage reported: the request keeps its estimate, so the next one
+	// does not fit.
+	up.set(200, -1, 0, 0)
+	want(t, apiCall(t, r.url, key, noMax), 200, "")
+	rej := apiCall(t, r.url, key, noMax)
+	want(t, rej, 429, "rate_limit_tpm")
+	if n, _ := strconv.Atoi(rej.retry); n < 40 || n > 60 {
+		t.Fatalf("Retry-After %q: the bucket lacks ~810 of 1000 tokens a minute, want ~49 s", rej.retry)
+	}
+
+	// Charging beyond the estimate: a request with max_tokens 10 reports
+	// 3000 tokens, which takes the bucket below zero.
+	key2, hash2 := mintKey(t)
+	r2, _ := govRouter(t, f, fmt.Sprintf(`{
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"rate": {"enabled": true, "tpm": 1000}}]},
+		"users": [{"name": "bob", "keys": [%q]}]}`, hash2), up.url)
+	up.set(200, 1000, 0, 2000)
+	want(t, apiCall(t, r2.url, key2, chatBody), 200, "")
+	rej = apiCall(t, r2.url, key2, chatBody)
+	want(t, rej, 429, "rate_limit_tpm")
+	if n, _ := strconv.Atoi(rej.retry); n < 120 {
+		t.Fatalf("Retry-After %q: the bucket is ~2000 tokens below zero at 1000/min, want over 2 minutes", rej.retry)
+	}
+}
+
+// A served request is counted in its user's quota with the engine's
+// reported usage, weighted (input that missed the cache, output, cached
+// input), as infera_user_quota_tokens_total shows.
+func TestQuotaChargedWithWeightedReportedUsage(t *testing.T) {
+	up := startUsage(t)
+	key, hash := mintKey(t)
+	r, _ := govRouter(t, nil, fmt.Sprintf(`{
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"quota": {"enabled": true, "weights": {"input": 2, "output": 3, "cached": 0.5},
+				"windows": [{"period": "day", "max_tokens": 100000}]}}]},
+		"users": [{"name": "quota-carol", "keys": [%q]}]}`, hash), up.url)
+	series := `infera_user_quota_tokens_total{user="quota-carol"}`
+	up.set(200, 100, 40, 10) // (100-40)*2 + 40*0.5 + 10*3 = 170
+	want(t, apiCall(t, r.url, key, chatBody), 200, "")
+	if v := metricFloat(t, r.url, series); v != 170 {
+		t.Fatalf("charged %v weighted tokens, want 170", v)
+	}
+	up.set(404, 0, 0, 0) // an engine's 4xx answer: the request counts, no tokens
+	want(t, apiCall(t, r.url, key, chatBody), 404, "")
+	if v := metricFloat(t, r.url, series); v != 170 {
+		t.Fatalf("charged %v weighted tokens after a 4xx answer, want 170", v)
+	}
+}
