@@ -3,7 +3,7 @@ GO       ?= go
 BIN      := bin/infera
 PKGS     := ./...
 TOKDIR   := testdata/tokenizers/qwen3
-APT_PKGS := libzmq3-dev pkg-config etcd-server nats-server nginx-light wrk
+APT_PKGS := libzmq3-dev pkg-config etcd-server nats-server nginx-light wrk redis-server
 
 .PHONY: all deps deps-apt tokenizer sdk tokref build test test-race bench bench-proxy demo soak fmt vet fuzz fuzz-long clean
 
@@ -15,7 +15,7 @@ deps: deps-apt tokenizer sdk
 
 deps-apt:
 	@missing=""; \
-	for b in pkg-config:pkg-config etcd:etcd-server nats-server:nats-server nginx:nginx-light wrk:wrk; do \
+	for b in pkg-config:pkg-config etcd:etcd-server nats-server:nats-server nginx:nginx-light wrk:wrk redis-server:redis-server; do \
 		cmd=$${b%%:*}; pkg=$${b##*:}; \
 		command -v $$cmd >/dev/null 2>&1 || [ -x /usr/sbin/$$cmd ] || missing="$$missing $$pkg"; \
 	done; \

@@ -6,6 +6,7 @@
 //	infera bench     benchmarks
 //	infera classify  the reference classifier of smart model selection
 //	infera tokenize  the router's tokenizer on stdin
+//	infera key       mint API keys and hash them for users[].keys
 //	infera version   print the version
 package main
 
@@ -26,6 +27,7 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/engine"
 	"github.com/infera/infera/gateway"
+	"github.com/infera/infera/govern"
 	"github.com/infera/infera/soak"
 	"github.com/infera/infera/tokenizer"
 	"github.com/infera/infera/worker"
@@ -96,6 +98,7 @@ var cli struct {
 	Classify classify.Cmd  `cmd:"" help:"Run the reference classifier of smart model selection (prompt length and keywords to L1/L2/L3)."`
 	Tokenize tokenizer.Cmd `cmd:"" help:"Print the token ids of stdin (debugging the router's tokenizer)."`
 	Soak     soak.Cmd      `cmd:"" help:"Soak and chaos run: mixed load through a real router while engines die, hang and fail, configs reload and NATS restarts."`
+	Key      govern.KeyCmd `cmd:"" help:"Mint API keys and hash them for users[].keys."`
 	Version  versionCmd    `cmd:"" help:"Print the version."`
 }
 

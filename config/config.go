@@ -244,6 +244,8 @@ func Default() *Config {
 			StreamTotalSeconds:       0,
 			NonStreamTotalSeconds:    900,
 		},
+		RateLimit:           DefaultRateLimit(),
+		UserLimit:           DefaultUserLimit(),
 		Protocol:            defaultProtocol(),
 		SplitProxy:          defaultSplitProxy(),
 		Mirror:              defaultMirror(),

@@ -12,6 +12,7 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/govern"
 	"github.com/infera/infera/kv"
 	"github.com/infera/infera/kvroute"
 	"github.com/infera/infera/mirror"
@@ -48,6 +49,8 @@ type Gateway struct {
 	mirror     *mirror.Mirror
 	classifier *classify.Client
 	poller     *upstream.Poller
+
+	gov *govern.Governor
 }
 
 // New builds the gateway from flags: config store, fleet and its
@@ -154,6 +157,22 @@ func New(f *config.Serve) (*Gateway, error) {
 	}
 	go store.Watch(f.ConfigPoll, g.stop)
 
+	// Users, quota templates and request rate limiting: counters in the
+	// process, or in Redis with --state redis://... (docs/governance.md).
+	gov, err := govern.New(govern.Options{State: f.State})
+	if err != nil {
+		return nil, err
+	}
+	g.gov = gov
+	if err := gov.Apply(store.Load()); err != nil {
+		return nil, fmt.Errorf("governance: %w", err)
+	}
+	store.OnChange(func(_, c *config.Config) {
+		if err := gov.Apply(c); err != nil {
+			slog.Error("governance settings not applied; the previous ones stay", "err", err)
+		}
+	})
+
 	opts := proxy.Options{
 		Flags:     f,
 		Store:     store,
@@ -166,6 +185,8 @@ func New(f *config.Serve) (*Gateway, error) {
 		Mirror:     g.mirror,
 		Classifier: g.classifier,
 		Poller:     g.poller,
+
+		Governor: g.gov,
 	}
 	if g.nc != nil {
 		opts.NATSConnected = g.nc.IsConnected
@@ -335,6 +356,9 @@ func (g *Gateway) Close() {
 	}
 	if g.classifier != nil {
 		g.classifier.Close()
+	}
+	if g.gov != nil {
+		g.gov.Close()
 	}
 }
 
