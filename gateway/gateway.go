@@ -50,7 +50,7 @@ type Gateway struct {
 	classifier *classify.Client
 	poller     *upstream.Poller
 
-	gov *govern.Governor
+	gov *govern.Governor // govern.go
 }
 
 // New builds the gateway from flags: config store, fleet and its
@@ -157,21 +157,9 @@ func New(f *config.Serve) (*Gateway, error) {
 	}
 	go store.Watch(f.ConfigPoll, g.stop)
 
-	// Users, quota templates and request rate limiting: counters in the
-	// process, or in Redis with --state redis://... (docs/governance.md).
-	gov, err := govern.New(govern.Options{State: f.State})
-	if err != nil {
+	if err := g.setupGovern(); err != nil { // govern.go
 		return nil, err
 	}
-	g.gov = gov
-	if err := gov.Apply(store.Load()); err != nil {
-		return nil, fmt.Errorf("governance: %w", err)
-	}
-	store.OnChange(func(_, c *config.Config) {
-		if err := gov.Apply(c); err != nil {
-			slog.Error("governance settings not applied; the previous ones stay", "err", err)
-		}
-	})
 
 	opts := proxy.Options{
 		Flags:     f,

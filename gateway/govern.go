@@ -1,0 +1,34 @@
+package gateway
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/govern"
+)
+
+// governClock is the governance's clock (allowed periods, quota windows,
+// buckets); nil is time.Now. Tests set it before New.
+var governClock func() time.Time
+
+// setupGovern builds the governor (users, quota templates, request rate
+// limiting; docs/governance.md): counters in the process, or in Redis with
+// --state redis://..., applied now and on every config change.
+func (g *Gateway) setupGovern() error {
+	gov, err := govern.New(govern.Options{State: g.flags.State, Now: governClock})
+	if err != nil {
+		return err
+	}
+	g.gov = gov
+	if err := gov.Apply(g.store.Load()); err != nil {
+		return fmt.Errorf("governance: %w", err)
+	}
+	g.store.OnChange(func(_, c *config.Config) {
+		if err := gov.Apply(c); err != nil {
+			slog.Error("governance settings not applied; the previous ones stay", "err", err)
+		}
+	})
+	return nil
+}
