@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"math"
 	"strconv"
 	"sync"
@@ -205,12 +204,11 @@ var errAllFull = &govern.Rejection{Code: govern.CodeConcurrencyOverall, Status: 
 
 // seatRefusal reports whether err (from acquire) is a refusal of request
 // rate limiting.
+// acquire returns it unwrapped; a type assertion, unlike errors.As, does
+// not allocate on the scheduler's error paths.
 func seatRefusal(err error) (*govern.Rejection, bool) {
-	var rej *govern.Rejection
-	if errors.As(err, &rej) {
-		return rej, true
-	}
-	return nil, false
+	rej, ok := err.(*govern.Rejection)
+	return rej, ok
 }
 
 // seatTargets returns the targets of a seat acquisition for a request the

@@ -14,6 +14,10 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/govern"
+	"github.com/infera/infera/kv"
+	"github.com/infera/infera/kvroute"
+	"github.com/infera/infera/radix"
+	"github.com/infera/infera/tokenizer"
 	"github.com/valyala/fasthttp"
 )
 
@@ -469,4 +473,18 @@ func TestQuotaChargedWithWeightedReportedUsage(t *testing.T) {
 	if v := metricFloat(t, r.url, series); v != 170 {
 		t.Fatalf("charged %v weighted tokens after a 4xx answer, want 170", v)
 	}
+}
+
+// startRouterGov is startRouter with a governor (users, limits); under
+// kv-aware the prompts are rendered, tokenized and hashed as in
+// startRouter.
+func startRouterGov(t testing.TB, f *config.Serve, cfg *config.Config, gov *govern.Governor, urls ...string) *testRouter {
+	t.Helper()
+	return startRouterWith(t, f, cfg, func(o *Options) {
+		o.Governor = gov
+		if o.Flags.RouterPolicy == "kv-aware" {
+			o.Sched.KV = kvroute.NewKVAware(kvroute.KVAwareConfig{Index: radix.New(), OverlapWeight: 1, BlockSize: 16})
+			o.Tokenizer, o.HashBlocks = tokenizer.Simple{}, kv.HashBlocks
+		}
+	}, urls...)
 }

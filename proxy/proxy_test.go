@@ -16,7 +16,6 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
-	"github.com/infera/infera/govern"
 	"github.com/infera/infera/kv"
 	"github.com/infera/infera/kvroute"
 	"github.com/infera/infera/radix"
@@ -87,12 +86,6 @@ func defaultFlags() *config.Serve {
 // startRouter starts a proxy Server on a loopback port in front of urls.
 func startRouter(t testing.TB, f *config.Serve, cfg *config.Config, urls ...string) *testRouter {
 	t.Helper()
-	return startRouterGov(t, f, cfg, nil, urls...)
-}
-
-// startRouterGov is startRouter with a governor (users, limits).
-func startRouterGov(t testing.TB, f *config.Serve, cfg *config.Config, gov *govern.Governor, urls ...string) *testRouter {
-	t.Helper()
 	if f == nil {
 		f = defaultFlags()
 	}
@@ -111,7 +104,7 @@ func startRouterGov(t testing.TB, f *config.Serve, cfg *config.Config, gov *gove
 	}
 	store := config.NewStore("", cfg)
 	sc := sched.NewScheduler(fl, mustPolicy(f.RouterPolicy))
-	opts := Options{Flags: f, Store: store, Sched: sc, BlockSize: 16, Governor: gov}
+	opts := Options{Flags: f, Store: store, Sched: sc, BlockSize: 16}
 	if f.RouterPolicy == "kv-aware" {
 		// The kv-aware request path: render, tokenize and hash every prompt.
 		idx := radix.New()
