@@ -545,12 +545,16 @@ func TestE2EGlobalSchedulingTwoRegions(t *testing.T) {
 		t.Fatalf("saturated A: %d %s %v", resp.StatusCode, body, resp.Header)
 	}
 
-	// 3. B saturated too: A still forwards (min_free 0), B serves the
-	// forwarded request itself and never sends it back to A.
+	// 3. B saturated too: A still forwards (min_free 0); B never sends it
+	// back to A, and its own worker is at its limit: request rate limiting
+	// refuses it there (docs/governance.md), and A, whose worker is at its
+	// limit too, answers the refusal.
 	hold(urlB, keyB)
 	waitUntil(t, "A sees B saturated", func() bool { return metric(t, urlA, `infera_global_member_free{member="b"}`) == "1" })
+	bBefore = engB.Stats().Submitted
 	resp, body = request(t, urlA+"/v1/chat/completions", chatJSON("shared", "short again", 2, false), keyA)
-	if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != "global:b" || engA.Stats().Submitted != aBefore {
+	if resp.StatusCode != 429 || !strings.Contains(string(body), `"code":"concurrency_overall"`) ||
+		engA.Stats().Submitted != aBefore || engB.Stats().Submitted != bBefore {
 		t.Fatalf("both saturated: %d %s %v", resp.StatusCode, body, resp.Header)
 	}
 	if v := metric(t, urlA, `infera_global_forwarded_total{member="b"}`); v != "3" {

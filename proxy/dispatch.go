@@ -66,6 +66,8 @@ type tries struct {
 	// seatRej is request rate limiting's refusal of a local seat (every
 	// candidate at its concurrency limit, the queue full or timed out).
 	seatRej *govern.Rejection
+	// globalTried: global scheduling already had its go (forwardGlobal).
+	globalTried bool
 	// allConnect: every failure was a connection failure; fleetDown: no
 	// candidate is left (every one tried, or every breaker open).
 	allConnect, fleetDown bool

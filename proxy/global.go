@@ -43,9 +43,14 @@ func (s *Server) globalOn(cfg *config.Config) bool {
 // without global scheduling; when the local fleet had no worker at all
 // (res.schedErr set), the last member's failure is what the client gets.
 //
-// Request rate limiting calls it too, when every candidate is over its
-// concurrency limit or its queue is full (see Options.Saturated).
+// Request rate limiting calls it too, when it refuses the request a local
+// seat (seatRefused). A request is forwarded at most once: later calls
+// return false.
 func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries) bool {
+	if res.globalTried {
+		return false
+	}
+	res.globalTried = true
 	if hasHeader(&ctx.Request.Header, upstreams.HopHeader) {
 		mGlobalHopKept.Inc()
 		return false
