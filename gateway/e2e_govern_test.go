@@ -482,7 +482,7 @@ type testClock struct {
 	t  time.Time
 }
 
-func (c *testClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *testClock) now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *testClock) set(t time.Time) { c.mu.Lock(); c.t = t; c.mu.Unlock() }
 
 // Allowed calling periods and quota windows in Europe/Berlin across the
