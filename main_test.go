@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -97,5 +98,25 @@ func TestBadFlagPrintsOneLine(t *testing.T) {
 		if strings.Count(s, "\n") != 0 || !strings.Contains(s, tc.want) {
 			t.Fatalf("%v %s: printed %q, want one line naming %q", tc.args, tc.env, s, tc.want)
 		}
+	}
+}
+
+// `infera key new` mints a key whose hash the config accepts for a user.
+func TestKeyCommandIsMounted(t *testing.T) {
+	var out, errOut bytes.Buffer
+	cli.Key.New.Stdout = &out
+	t.Cleanup(func() { cli.Key.New.Stdout = nil })
+	if code := run([]string{"key", "new", "--json", "--user", "grace"}, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	var got struct {
+		Key, Hash string
+		User      json.RawMessage
+	}
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil || !strings.HasPrefix(got.Key, "ifr_") {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if _, err := config.Parse([]byte(`{"users":[` + string(got.User) + `]}`)); err != nil {
+		t.Fatalf("the printed user entry does not parse: %v: %s", err, got.User)
 	}
 }
