@@ -2,11 +2,23 @@ package proxy
 
 import "bytes"
 
-// usage is the token usage an engine reported.
+// usage is the token usage an engine reported. The governance reconciles a
+// user's quotas and TPM with it (govern.go), so it must be read right even
+// when the usage object arrives cut in two by a read boundary (a long
+// non-streaming body, or a stream's last event split over two TCP reads).
 type usage struct {
 	prompt, completion, cached int
 	seen                       bool
+
+	// carry holds the end of the last chunk scanned when it cut a usage
+	// object (or its key): the next chunk is scanned joined to it.
+	carry  [usageCarry]byte
+	ncarry int
 }
+
+// usageCarry bounds the bytes carried over a read boundary: a usage object
+// (OpenAI's, vLLM's, SGLang's, with details) is 100-250 bytes.
+const usageCarry = 384
 
 var (
 	keyUsage      = []byte(`"usage"`)
@@ -15,24 +27,89 @@ var (
 	keyCached     = []byte(`"cached_tokens"`)
 )
 
-// scan looks for a usage object in b (a whole body or one SSE chunk) and
-// records its numbers. It is a byte search, not a JSON decode: cheap enough
-// to run on every relayed chunk.
+// scan looks for a usage object in b, the next chunk of a body (a whole
+// body, or one read of a stream), and records its numbers. It is a byte
+// search, not a JSON decode: cheap enough to run on every relayed chunk.
+// It allocates nothing.
 func (u *usage) scan(b []byte) {
-	i := bytes.Index(b, keyUsage)
-	if i < 0 {
-		return
+	if u.ncarry > 0 {
+		var w [2 * usageCarry]byte
+		n := copy(w[:], u.carry[:u.ncarry])
+		n += copy(w[n:], b)
+		u.ncarry = 0
+		u.parse(w[:n])
+		if u.ncarry > 0 && len(b) <= usageCarry {
+			return // still cut, and b is all in the carry now
+		}
+		u.ncarry = 0
 	}
-	b = b[i+len(keyUsage):]
-	if n, ok := intAfter(b, keyPrompt); ok {
-		u.prompt, u.seen = n, true
+	u.parse(b)
+}
+
+// parse reads the last usage object of b (a stream with usage in every
+// event ends with the totals); when b ends inside it (or inside its key)
+// the rest of b from the key on is carried to the next scan.
+func (u *usage) parse(b []byte) {
+	i := bytes.LastIndex(b, keyUsage)
+	if i >= 0 {
+		obj := b[i+len(keyUsage):]
+		if !closed(obj) && len(b)-i <= usageCarry {
+			u.ncarry = copy(u.carry[:], b[i:])
+		}
+		if n, ok := intAfter(obj, keyPrompt); ok {
+			u.prompt, u.seen = n, true
+		}
+		if n, ok := intAfter(obj, keyCompletion); ok {
+			u.completion, u.seen = n, true
+		}
+		if n, ok := intAfter(obj, keyCached); ok {
+			u.cached = n
+		}
+		if u.ncarry > 0 {
+			return
+		}
 	}
-	if n, ok := intAfter(b, keyCompletion); ok {
-		u.completion, u.seen = n, true
+	// The next key may be cut: carry a tail of b (after the key found)
+	// that begins it.
+	after := len(b)
+	if i >= 0 {
+		after = len(b) - i - len(keyUsage)
 	}
-	if n, ok := intAfter(b, keyCached); ok {
-		u.cached = n
+	for k := min(len(keyUsage)-1, after); k > 0; k-- {
+		if bytes.HasSuffix(b, keyUsage[:k]) {
+			u.ncarry = copy(u.carry[:], b[len(b)-k:])
+			return
+		}
 	}
+}
+
+// closed reports whether the value after a "usage" key is complete in b:
+// null, or an object whose braces close (usage objects hold no strings
+// with braces).
+func closed(b []byte) bool {
+	i := 0
+	for i < len(b) && (b[i] == ' ' || b[i] == ':' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	if i == len(b) {
+		return false
+	}
+	if b[i] != '{' {
+		return i+4 <= len(b) // null (or anything else: nothing to wait for)
+	}
+	depth := 0
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case '{':
+			depth++
+		case '}':
+			depth--
+			if depth == 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func intAfter(b, key []byte) (int, bool) {
