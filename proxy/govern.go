@@ -81,22 +81,24 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, rs *reqState) bool {
 }
 
 // committed records the status of the answer committed to the client: from
-// now on the request counts as served, unless the answer is a server
-// error (then it is refunded like a request that failed before its first
-// byte).
+// now on the request counts as served, unless the engine did not serve it
+// (a server error, or 429: it is busy), which is refunded like a request
+// that failed before its first byte.
 func (gs *govState) committed(status int) {
 	gs.status = status
-	if status < 500 {
+	if served(status) {
 		gs.tk.FirstToken()
 	}
 }
 
+func served(status int) bool { return status < 500 && status != fasthttp.StatusTooManyRequests }
+
 // end ends the request's ticket (releaseState, exactly once per request):
 // reconciled with the usage the engine reported, or, when it reported none,
-// as govern documents (a served request keeps its estimate). An error
+// as govern documents (a served request keeps its estimate). Another error
 // answer of the engine (4xx) counts the request and no tokens.
 func (gs *govState) end(u *usage) {
-	if gs.status == 0 || gs.status >= 500 {
+	if !served(gs.status) || gs.status == 0 {
 		gs.tk.Done(govern.Usage{})
 		return
 	}

@@ -14,9 +14,11 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/govern"
+	"github.com/infera/infera/internal/testsrv"
 	"github.com/infera/infera/kv"
 	"github.com/infera/infera/kvroute"
 	"github.com/infera/infera/radix"
+	"github.com/infera/infera/sched"
 	"github.com/infera/infera/tokenizer"
 	"github.com/valyala/fasthttp"
 )
@@ -420,10 +422,15 @@ func TestTPMReconciledWithTheEngineReportedUsage(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		want(t, apiCall(t, r.url, key, noMax), 200, "")
 	}
-	// An engine failure before the first byte refunds the reservation.
+	// An engine failure, or an engine too busy to serve it (429), refunds
+	// the reservation.
 	up.set(500, 0, 0, 0)
 	for i := 0; i < 3; i++ {
 		want(t, apiCall(t, r.url, key, noMax), 500, "")
+	}
+	up.set(429, 0, 0, 0)
+	for i := 0; i < 3; i++ {
+		want(t, apiCall(t, r.url, key, noMax), 429, "")
 	}
 	// No usage reported: the request keeps its estimate, so the next one
 	// does not fit.
@@ -487,4 +494,83 @@ func startRouterGov(t testing.TB, f *config.Serve, cfg *config.Config, gov *gove
 			o.Tokenizer, o.HashBlocks = tokenizer.Simple{}, kv.HashBlocks
 		}
 	}, urls...)
+}
+
+func TestSaturatedWhenNoCandidateHasASeatAndNoneCanWait(t *testing.T) {
+	a, b := startHold(t), startHold(t)
+	for _, tc := range []struct {
+		rl   string
+		want bool
+	}{
+		{`{"overall_concurrency": 1}`, true},
+		{`{"overall_concurrency": 1, "overlimit": "queue", "queue_size": 5}`, false},
+		{`{"overall_concurrency": 2}`, false},
+	} {
+		r, _ := govRouter(t, nil, `{"rate_limit": `+tc.rl+`}`, a.url, b.url)
+		req := &sched.Request{Model: []byte("m")}
+		cfg := r.store.Load()
+		if r.srv.Saturated(cfg, req) {
+			t.Fatalf("%s: saturated while idle", tc.rl)
+		}
+		h1, h2 := async(t, r.url, "", chatBody), async(t, r.url, "", chatBody)
+		waitUntil(t, "both workers busy", func() bool { return a.inflight.Load() == 1 && b.inflight.Load() == 1 })
+		if got := r.srv.Saturated(cfg, req); got != tc.want {
+			t.Fatalf("%s: saturated %v with both workers holding one request, want %v", tc.rl, got, tc.want)
+		}
+		if r.srv.Saturated(cfg, &sched.Request{Model: []byte("other")}) {
+			t.Fatalf("%s: saturated for a model nobody serves", tc.rl)
+		}
+		a.release <- struct{}{}
+		b.release <- struct{}{}
+		want(t, <-h1, 200, "")
+		want(t, <-h2, 200, "")
+	}
+}
+
+// With the seats in Redis, another router's requests fill them: this
+// router's own load says nothing, the seat acquisition finds out, and
+// global scheduling forwards the refused request to another region.
+func TestSeatRefusedInRedisForwardsToAnotherRegion(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	hold := startHold(t)
+	engB := startUpstream(t, okHandler)
+	cfgRL := govConfig(t, `{"rate_limit": {"overall_concurrency": 1}}`)
+	redisGov := func() *govern.Governor {
+		g, err := govern.New(govern.Options{State: rd.URL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { g.Close() })
+		if err := g.Apply(cfgRL); err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	// Router A0 and router A share the engine (worker w0) and its seat.
+	a0 := startRouterGov(t, nil, cfgRL, redisGov(), hold.url)
+	fb := defaultFlags()
+	fb.APIKey = "key-b"
+	b := startRouterWith(t, fb, config.Default(), nil, engB.url)
+	cfgA := globalConfig(config.Member{Name: "b", URL: b.url, APIKey: config.NewSecret("key-b")})
+	cfgA.GlobalScheduling.MinFree = 0
+	cfgA.RateLimit = cfgRL.RateLimit
+	pa := startPoller(t, &cfgA.GlobalScheduling)
+	ga := redisGov()
+	if err := ga.Apply(cfgA); err != nil {
+		t.Fatal(err)
+	}
+	a := startRouterWith(t, nil, cfgA, func(o *Options) { o.Poller, o.Governor = pa, ga }, hold.url)
+	waitFor(t, func() bool { _, _, ok := pa.Members()[0].Report(); return ok }, "A's report of B")
+
+	held := async(t, a0.url, "", chatBody)
+	waitUntil(t, "a0's request on the engine", func() bool { return hold.inflight.Load() == 1 })
+	resp, body := postWith(t, a.url+"/v1/chat/completions", chatBody, nil)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != "global:b" || engB.hits.Load() != 1 {
+		t.Fatalf("A with its seat taken by A0: %d %s %v", resp.StatusCode, body, resp.Header)
+	}
+	if hold.hits.Load() != 1 {
+		t.Fatalf("the engine at its limit got %d requests", hold.hits.Load())
+	}
+	hold.release <- struct{}{}
+	want(t, <-held, 200, "")
 }
