@@ -574,8 +574,10 @@ func TestE2EGovernRedisTwoRoutersShareOneQuota(t *testing.T) {
 	ks, hs := newKey(t)
 	kc, hc := newKey(t)
 	cfg := filepath.Join(t.TempDir(), "infera.json")
+	// on_state_error closed: a Redis error refuses (503) instead of
+	// admitting uncounted, so nothing here may overshoot.
 	writeConfig(t, cfg, fmt.Sprintf(`{
-		"user_limit": {"templates": [
+		"user_limit": {"on_state_error": "closed", "templates": [
 			{"name": "ten", "quota": {"enabled": true, "windows": [{"period": "day", "max_requests": 10}]}},
 			{"name": "burst", "quota": {"enabled": true, "windows": [{"period": "day", "max_requests": 50}]}}]},
 		"users": [{"name": "shared-ivy", "keys": [%q], "template": "ten"}, {"name": "shared-jack", "keys": [%q], "template": "burst"}]}`, hs, hc))
@@ -616,7 +618,9 @@ func TestE2EGovernRedisTwoRoutersShareOneQuota(t *testing.T) {
 	close(start)
 	wg.Wait()
 	if got[200] != 50 || got[429] != 150 {
-		t.Fatalf("quota of 50 under 200 concurrent requests over two routers: %v", got)
+		t.Fatalf("quota of 50 under 200 concurrent requests over two routers: %v (state store errors %s and %s, failed open %s and %s)", got,
+			metric(t, r1, "infera_governance_state_errors_total"), metric(t, r2, "infera_governance_state_errors_total"),
+			metric(t, r1, `infera_governance_state_fail_total{mode="open"}`), metric(t, r2, `infera_governance_state_fail_total{mode="open"}`))
 	}
 	if v, err := rd.Do("EXISTS", "infera:{u:shared-jack}"); err != nil || v != "1" {
 		t.Fatalf("the counters are not in Redis: %q %v", v, err)

@@ -44,8 +44,10 @@ type govState struct {
 	ctx  reqContext
 	gate seatGate
 	// seats are the holders of the seats attached to leases: one per
-	// lease held at once (a mixed attempt, or a PD pair's two legs).
+	// lease held at once (a mixed attempt, or a PD pair's two legs). ends
+	// counts their ends still running (seats in Redis: seatHold).
 	seats [2]seatHold
+	ends  sync.WaitGroup
 
 	targets []govern.Target
 	tw      []*fleet.Worker // the worker of each target
@@ -98,6 +100,7 @@ func served(status int) bool { return status < 500 && status != fasthttp.StatusT
 // as govern documents (a served request keeps its estimate). Another error
 // answer of the engine (4xx) counts the request and no tokens.
 func (gs *govState) end(u *usage) {
+	defer gs.ends.Wait() // seats in Redis end beside the ticket
 	if !served(gs.status) || gs.status == 0 {
 		gs.tk.Done(govern.Usage{})
 		return
@@ -125,6 +128,7 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 	if g == nil || !g.Limited() {
 		return s.sched.Acquire(cfg, r, rs.scratch[:0], l)
 	}
+	rs.gov.ends.Wait() // the request's previous seat (a retry) has ended
 	sg := &rs.gov.gate
 	sg.g = g
 	r.Gate = sg
@@ -145,7 +149,7 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 		} else {
 			seat, i, rej = g.TryAcquire(tg, ph)
 			if rej == nil && i == 0 {
-				h.attach(l, seat, g.Shared())
+				h.attach(l, seat, g.Shared(), &rs.gov.ends)
 				return nil
 			}
 		}
@@ -170,7 +174,7 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 			return err
 		}
 		if l.Worker == x {
-			h.attach(l, seat, g.Shared())
+			h.attach(l, seat, g.Shared(), &rs.gov.ends)
 			return nil
 		}
 		// x stopped being a candidate meanwhile (removed, breaker open):
@@ -306,11 +310,14 @@ func (sg *seatGate) reset() {
 // lease tells it the first token and the end.
 type seatHold struct {
 	s govern.Seat
-	// async: the seat's counters are in Redis; its first token (giving the
-	// prefill seat back) runs off the request path, so that it does not
-	// delay the answer by a round trip. Its end does not: a client's next
-	// request must never find its previous request's seat still taken.
+	// async: the seat's counters are in Redis, where each call is a round
+	// trip. Its first token (giving the prefill seat back) runs off the
+	// request path. Its end runs beside the ticket's end, which waits for
+	// it (ends): the two round trips overlap, and the request's answer
+	// still leaves only once both are done, so that a client's next
+	// request never finds its previous request's seat or slot taken.
 	async bool
+	ends  *sync.WaitGroup
 }
 
 var _ sched.Seat = (*seatHold)(nil)
@@ -325,11 +332,22 @@ func (h *seatHold) FirstToken() {
 }
 
 // Done implements sched.Seat.
-func (h *seatHold) Done(sched.Outcome) { h.s.Done() }
+func (h *seatHold) Done(sched.Outcome) {
+	if h.async {
+		s, ends := h.s, h.ends
+		ends.Add(1)
+		go func() {
+			s.Done()
+			ends.Done()
+		}()
+		return
+	}
+	h.s.Done()
+}
 
 // attach hangs s on l through h; if l cannot take it, s ends now.
-func (h *seatHold) attach(l *sched.Lease, s govern.Seat, async bool) {
-	h.s, h.async = s, async
+func (h *seatHold) attach(l *sched.Lease, s govern.Seat, async bool, ends *sync.WaitGroup) {
+	h.s, h.async, h.ends = s, async, ends
 	if !l.Attach(h) {
 		s.Done()
 	}
