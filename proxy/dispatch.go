@@ -88,7 +88,7 @@ func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 	attempts := 1 + s.flags.RequestMaxRetries
 	failed := false
 	for attempt := 0; attempt < attempts; attempt++ {
-		if err := s.acquire(cfg, rs, &rs.lease, &rs.gov.seats[0]); err != nil {
+		if err := s.acquire(cfg, rs, &rs.lease, &rs.gov.seat); err != nil {
 			if rej, ok := seatRefusal(err); ok { // request rate limiting (govern.go)
 				s.seatRefused(ctx, cfg, rs, res, rej)
 				return

@@ -43,11 +43,10 @@ type govState struct {
 
 	ctx  reqContext
 	gate seatGate
-	// seats are the holders of the seats attached to leases: one per
-	// lease held at once (a mixed attempt, or a PD pair's two legs). ends
-	// counts their ends still running (seats in Redis: seatHold).
-	seats [2]seatHold
-	ends  sync.WaitGroup
+	// seat holds the seat attached to the attempt's lease (rs.lease: a
+	// mixed attempt, or a PD pair's decode leg; the prefill leg's is the
+	// pdDispatch's, which may outlive the request).
+	seat seatHold
 
 	targets []govern.Target
 	tw      []*fleet.Worker // the worker of each target
@@ -57,7 +56,7 @@ func (gs *govState) reset() {
 	gs.user, gs.tk, gs.status = nil, govern.Ticket{}, 0
 	gs.ctx.reset()
 	gs.gate.reset()
-	gs.seats = [2]seatHold{}
+	gs.seat.reset()
 	clear(gs.tw)
 	gs.targets, gs.tw = gs.targets[:0], gs.tw[:0]
 }
@@ -100,7 +99,7 @@ func served(status int) bool { return status < 500 && status != fasthttp.StatusT
 // as govern documents (a served request keeps its estimate). Another error
 // answer of the engine (4xx) counts the request and no tokens.
 func (gs *govState) end(u *usage) {
-	defer gs.ends.Wait() // seats in Redis end beside the ticket
+	defer gs.seat.wait() // seats in Redis end beside the ticket
 	if !served(gs.status) || gs.status == 0 {
 		gs.tk.Done(govern.Usage{})
 		return
@@ -128,7 +127,7 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 	if g == nil || !g.Limited() {
 		return s.sched.Acquire(cfg, r, rs.scratch[:0], l)
 	}
-	rs.gov.ends.Wait() // the request's previous seat (a retry) has ended
+	h.wait() // the previous attempt's seat (a retry) has ended
 	sg := &rs.gov.gate
 	sg.g = g
 	r.Gate = sg
@@ -149,7 +148,7 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 		} else {
 			seat, i, rej = g.TryAcquire(tg, ph)
 			if rej == nil && i == 0 {
-				h.attach(l, seat, g.Shared(), &rs.gov.ends)
+				h.attach(l, seat, g.Shared())
 				return nil
 			}
 		}
@@ -174,7 +173,7 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 			return err
 		}
 		if l.Worker == x {
-			h.attach(l, seat, g.Shared(), &rs.gov.ends)
+			h.attach(l, seat, g.Shared())
 			return nil
 		}
 		// x stopped being a candidate meanwhile (removed, breaker open):
@@ -317,7 +316,7 @@ type seatHold struct {
 	// still leaves only once both are done, so that a client's next
 	// request never finds its previous request's seat or slot taken.
 	async bool
-	ends  *sync.WaitGroup
+	ends  sync.WaitGroup
 }
 
 var _ sched.Seat = (*seatHold)(nil)
@@ -334,24 +333,31 @@ func (h *seatHold) FirstToken() {
 // Done implements sched.Seat.
 func (h *seatHold) Done(sched.Outcome) {
 	if h.async {
-		s, ends := h.s, h.ends
-		ends.Add(1)
+		s := h.s
+		h.ends.Add(1)
 		go func() {
 			s.Done()
-			ends.Done()
+			h.ends.Done()
 		}()
 		return
 	}
 	h.s.Done()
 }
 
-// attach hangs s on l through h; if l cannot take it, s ends now.
-func (h *seatHold) attach(l *sched.Lease, s govern.Seat, async bool, ends *sync.WaitGroup) {
-	h.s, h.async, h.ends = s, async, ends
+// attach hangs s on l through h; if l cannot take it, s ends now. h must
+// not hold a seat (its last one ended: wait).
+func (h *seatHold) attach(l *sched.Lease, s govern.Seat, async bool) {
+	h.s, h.async = s, async
 	if !l.Attach(h) {
 		s.Done()
 	}
 }
+
+// wait waits for the end of h's last seat (with Redis it may still run).
+func (h *seatHold) wait() { h.ends.Wait() }
+
+// reset clears h for the next request (its seat has ended: wait).
+func (h *seatHold) reset() { h.s, h.async = govern.Seat{}, false }
 
 // writeRejection answers a refusal of the governance: OpenAI's error shape
 // with the code naming the limit, and Retry-After when a time is known. A

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/govern"
 	"github.com/infera/infera/internal/testsrv"
 	"github.com/infera/infera/kv"
@@ -573,4 +574,66 @@ func TestSeatRefusedInRedisForwardsToAnotherRegion(t *testing.T) {
 	}
 	hold.release <- struct{}{}
 	want(t, <-held, 200, "")
+}
+
+// PD legs take seats of their phase: a decode worker at its decode limit
+// is passed over while another decode worker has a seat; with every decode
+// seat taken the request is refused with concurrency_decode; the prefill
+// seat is back at the prefill leg's first token.
+func TestPDLegsTakeSeatsOfTheirPhase(t *testing.T) {
+	var pl, dl legLog
+	var ok atomic.Int32
+	p := startUpstream(t, vllmPrefill(&pl, "engine-p", &ok))
+	hold := make(chan struct{}, 10)
+	var inflight atomic.Int64
+	dh := decodeEngine(&dl, `"remote_engine_id":"engine-p"`, &ok)
+	decode := func(ctx *fasthttp.RequestCtx) {
+		inflight.Add(1)
+		defer inflight.Add(-1)
+		<-hold
+		dh(ctx)
+	}
+	d1, d2 := startUpstream(t, decode), startUpstream(t, decode)
+	cfg := pdConfig(t, func(c *config.Config) {
+		c.PD.Mode = "vllm"
+		c.RateLimit.PrefillConcurrency, c.RateLimit.DecodeConcurrency = 1, 1
+	})
+	g := newGovernor(t, cfg)
+	f := defaultFlags()
+	fl := fleet.NewFleet(fleet.BreakerConfig{Threshold: 3, Cooldown: time.Second, MaxCooldown: time.Minute})
+	t.Cleanup(fl.Close)
+	fl.AddHook(HTTPHook(f))
+	if errs := fl.Sync([]fleet.Record{pdWorker("p", p.url, "prefill", ""), pdWorker("d1", d1.url, "decode", ""), pdWorker("d2", d2.url, "decode", "")}); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	sc := sched.NewScheduler(fl, mustPolicy(f.RouterPolicy))
+	t.Cleanup(sc.Close)
+	srv := New(Options{Flags: f, Store: config.NewStore("", cfg), Sched: sc, BlockSize: 16, Governor: g})
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown() })
+	url := "http://" + ln.Addr().String()
+	body := `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
+
+	a := async(t, url, "", body)
+	waitUntil(t, "one decode leg held", func() bool { return inflight.Load() == 1 })
+	b := async(t, url, "", body) // the prefill seat is free again; the other decode worker
+	waitUntil(t, "two decode legs held", func() bool { return inflight.Load() == 2 })
+	if d1.hits.Load() != 1 || d2.hits.Load() != 1 {
+		t.Fatalf("decode legs on d1 %d, d2 %d: want one each", d1.hits.Load(), d2.hits.Load())
+	}
+	want(t, apiCall(t, url, "", body), 429, "concurrency_decode")
+	hold <- struct{}{}
+	hold <- struct{}{}
+	want(t, <-a, 200, "")
+	want(t, <-b, 200, "")
+	hold <- struct{}{}
+	want(t, apiCall(t, url, "", body), 200, "")
+	noLoadLeft(t, fl)
+	if pl.n() != 4 {
+		t.Fatalf("prefill legs %d, want 4 (the refused request's prefill ran before its decode seat was refused)", pl.n())
+	}
 }

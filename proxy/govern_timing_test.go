@@ -116,7 +116,7 @@ func admissionPath(b *testing.B, s *Server, ctx *fasthttp.RequestCtx) {
 		b.Fatal("not admitted")
 	}
 	cfg := s.store.Load()
-	if err := s.acquire(cfg, rs, &rs.lease, &rs.gov.seats[0]); err != nil {
+	if err := s.acquire(cfg, rs, &rs.lease, &rs.gov.seat); err != nil {
 		b.Fatal(err)
 	}
 	rs.lease.FirstToken()

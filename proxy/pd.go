@@ -57,7 +57,10 @@ type pdDispatch struct {
 	refs atomic.Int32
 
 	pl sched.Lease // the prefill leg's lease
-	pc call        // the SGLang prefill leg's call (its goroutine's)
+	// ps holds the prefill leg's concurrency seat (govern.go), attached to
+	// pl: here, not in the reqState, because pl may end after the request.
+	ps seatHold
+	pc call // the SGLang prefill leg's call (its goroutine's)
 
 	hdr, path    []byte // the legs' header block and request target
 	pbody, dbody []byte // the prefill and decode legs' bodies
@@ -98,6 +101,8 @@ func (p *pdDispatch) release() {
 	if p.pl.Held() {
 		panic("BUG: PD dispatch released while its prefill lease is held")
 	}
+	p.ps.wait() // with Redis the prefill seat's end may still run
+	p.ps.reset()
 	select {
 	case <-p.done:
 	default:
@@ -218,7 +223,15 @@ func (s *Server) pdAcquire(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 		partner = nil
 	}
 	r.SetLeg(leg, partner)
-	err := s.sched.Acquire(cfg, r, rs.scratch[:0], l)
+	h := &rs.gov.seat // the decode leg's lease is rs.lease
+	if leg == sched.LegPrefill {
+		h = &p.ps
+	}
+	err := s.acquire(cfg, rs, l, h) // the leg's lease and concurrency seat (govern.go)
+	if rej, ok := seatRefusal(err); ok {
+		s.seatRefused(ctx, cfg, rs, res, rej)
+		return false
+	}
 	if err == nil {
 		if l.Reason == sched.ReasonAllBreakersOpen {
 			o.fleetDown = true
