@@ -230,7 +230,7 @@ func TestE2EGovernQueuedClientsThatLeave(t *testing.T) {
 	t0 = time.Now()
 	c.Close()
 	waitUntil(t, "the seat queue empty", func() bool { return seatQ() == 0 })
-	if el2 := time.Since(t0); el > 2*time.Second || el2 > 2*time.Second {
+	if el2 := time.Since(t0); el > 5*time.Second || el2 > 5*time.Second { // the queue timeouts are 30 s
 		t.Fatalf("the leavers were removed after %v and %v", el, el2)
 	}
 	if n := engS.Stats().RequestsTotal; n != before {
