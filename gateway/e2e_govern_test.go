@@ -617,10 +617,15 @@ func TestE2EGovernRedisTwoRoutersShareOneQuota(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
-	if got[200] != 50 || got[429] != 150 {
-		t.Fatalf("quota of 50 under 200 concurrent requests over two routers: %v (state store errors %s and %s, failed open %s and %s)", got,
-			metric(t, r1, "infera_governance_state_errors_total"), metric(t, r2, "infera_governance_state_errors_total"),
-			metric(t, r1, `infera_governance_state_fail_total{mode="open"}`), metric(t, r2, `infera_governance_state_fail_total{mode="open"}`))
+	// No overshoot, ever; exactly the quota unless Redis calls failed (a
+	// router starved of CPU, as under -race on a loaded machine, lets
+	// calls pass their 2 s deadline: those requests are refused, 503).
+	errs := metricF(t, r1, `infera_governance_state_fail_total{mode="closed"}`) + metricF(t, r2, `infera_governance_state_fail_total{mode="closed"}`)
+	if got[200] > 50 || got[200]+got[429]+got[503] != 200 || (errs == 0 && got[200] != 50) || float64(got[503]) > errs {
+		t.Fatalf("quota of 50 under 200 concurrent requests over two routers: %v (refused for state store errors: %v)", got, errs)
+	}
+	if errs > 0 {
+		t.Logf("%v requests refused for state store errors: %v", errs, got)
 	}
 	if v, err := rd.Do("EXISTS", "infera:{u:shared-jack}"); err != nil || v != "1" {
 		t.Fatalf("the counters are not in Redis: %q %v", v, err)
