@@ -11,7 +11,7 @@ echo "|---|---|---|---|"
 grep -rn "^func Fuzz" --include=*_test.go . | sed 's/:.*func / /; s/(.*//' | sort | while read -r file target; do
 	pkg=$(dirname "$file")
 	echo "$pkg $target" | grep -qE "$filter" || continue
-	out=$(go test -run '^$' -fuzz "^${target}\$" -fuzztime "${n}x" "$pkg" 2>&1)
+	out=$(go test -timeout 0 -run '^$' -fuzz "^${target}\$" -fuzztime "${n}x" "$pkg" 2>&1)
 	code=$?
 	execs=$(echo "$out" | grep -oE 'execs: [0-9]+' | tail -1 | grep -oE '[0-9]+')
 	result=ok
