@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/netpeek"
 	"github.com/infera/infera/upstream"
 	"github.com/valyala/fasthttp"
 )
@@ -145,7 +146,7 @@ func (m *Mirror) dial(addr string, timeout time.Duration, isTLS bool) (net.Conn,
 	if err != nil {
 		return nil, err
 	}
-	c := &conn{Conn: nc, set: &m.conns, fd: sockFD(nc), tls: isTLS}
+	c := &conn{Conn: nc, set: &m.conns, fd: netpeek.SockFD(nc), tls: isTLS}
 	if !m.conns.add(c) {
 		nc.Close()
 		return nil, errClosed
@@ -184,7 +185,7 @@ func (c *conn) Read(p []byte) (int, error) {
 func (c *conn) Write(p []byte) (int, error) {
 	if c.used {
 		c.used = false
-		if st := peek(c.fd); st == peekClosed || st == peekData && !c.tls {
+		if st := netpeek.Peek(c.fd); st == netpeek.Closed || st == netpeek.Data && !c.tls {
 			return 0, errStale
 		}
 	}

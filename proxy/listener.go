@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/internal/logx"
+	"github.com/infera/infera/internal/netpeek"
 )
 
 // listener keeps the server accepting through temporary accept errors:
@@ -25,7 +26,7 @@ func (l *listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err == nil {
-			return &clientConn{Conn: c, fd: sockFD(c)}, nil
+			return &clientConn{Conn: c, fd: netpeek.SockFD(c)}, nil
 		}
 		if errors.Is(err, net.ErrClosed) {
 			return nil, err

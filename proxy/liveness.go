@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/infera/infera/internal/netpeek"
 	"github.com/valyala/fasthttp"
 )
 
@@ -102,7 +103,7 @@ func (l *liveness) check(now int64) {
 		if now-l.since[i] < livenessAfter || rs.call.cancel.wasAborted() {
 			continue
 		}
-		if peek(rs.clientFD) == peekClosed {
+		if netpeek.Peek(rs.clientFD) == netpeek.Closed {
 			mClientGoneWaiting.Inc()
 			rs.call.cancel.abort()
 			rs.gov.ctx.cancel() // a wait in a governance queue ends at once

@@ -16,6 +16,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/netpeek"
 	"github.com/infera/infera/sched"
 	"github.com/valyala/fasthttp"
 )
@@ -713,10 +714,10 @@ func TestPDClientLeavesEndsBothLegs(t *testing.T) {
 			hang := func(ctx *fasthttp.RequestCtx) {
 				hits.Add(1)
 				// Hold the request until the router closes the connection.
-				fd := sockFD(ctx.Conn())
+				fd := netpeek.SockFD(ctx.Conn())
 				for i := 0; i < 300; i++ {
 					time.Sleep(10 * time.Millisecond)
-					if peek(fd) == peekClosed {
+					if netpeek.Peek(fd) == netpeek.Closed {
 						gone.Add(1)
 						return
 					}

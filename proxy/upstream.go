@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/netpeek"
 )
 
 // The HTTP/1.1 upstream client. It is ours rather than fasthttp.HostClient
@@ -124,7 +125,7 @@ func (p *httpPool) dial(deadline time.Time) (*upConn, error) {
 	}
 	c := acquireUpConn()
 	c.nc, c.pool = nc, p
-	c.fd = sockFD(nc)
+	c.fd = netpeek.SockFD(nc)
 	c.br.Reset(nc)
 	return c, nil
 }
@@ -234,7 +235,7 @@ func (c *upConn) resetResponse() {
 // arrived on it since its last response (an engine that sends an extra,
 // unsolicited response poisons the connection: it is closed, never reused).
 func (c *upConn) quiet() bool {
-	return c.br.Buffered() == 0 && peek(c.fd) == peekEmpty
+	return c.br.Buffered() == 0 && netpeek.Peek(c.fd) == netpeek.Empty
 }
 
 // abort closes the connection from another goroutine (the client left):

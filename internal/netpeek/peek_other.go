@@ -1,0 +1,11 @@
+//go:build !linux
+
+package netpeek
+
+import "net"
+
+// SockFD: peeking needs Linux; elsewhere the checks are skipped.
+func SockFD(c net.Conn) int { return -1 }
+
+// Peek reports Empty (unsupported).
+func Peek(fd int) State { return Empty }
