@@ -39,25 +39,7 @@ type Proc struct {
 // StartProc starts bin with args, logging to logDir/name.log. The child gets
 // SIGTERM on Stop and SIGKILL if this process dies (Linux).
 func StartProc(name, logDir, bin string, args ...string) (*Proc, error) {
-	logPath := filepath.Join(logDir, name+".log")
-	lf, err := os.Create(logPath)
-	if err != nil {
-		return nil, fmt.Errorf("cannot create log for %s: %w", name, err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.SysProcAttr = procAttr()
-	if err := cmd.Start(); err != nil {
-		lf.Close()
-		return nil, fmt.Errorf("cannot start %s (%s): %w", name, bin, err)
-	}
-	p := &Proc{Name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		lf.Close()
-		close(p.done)
-	}()
-	return p, nil
+	return StartProcEnv(name, logDir, nil, bin, args...)
 }
 
 // Exited reports whether the process has ended.
@@ -199,7 +181,9 @@ func StartProcEnv(name, logDir string, env []string, bin string, args ...string)
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.Env = append(os.Environ(), env...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.SysProcAttr = procAttr()
 	if err := cmd.Start(); err != nil {
 		lf.Close()

@@ -233,54 +233,13 @@ func forEachElem(d []byte, i int, f func(vs, ve int) error) (int, error) {
 // walkObject validates the object at d[i] (nested depth deep), calling f, when
 // non-nil, for each member. It returns the index after the object.
 func walkObject(d []byte, i, depth int, f func(key []byte, vs, ve int) error) (int, error) {
-	i = skipSpace(d, i)
-	if i >= len(d) || d[i] != '{' {
-		return i, errJSON
-	}
-	i = skipSpace(d, i+1)
-	if i < len(d) && d[i] == '}' {
-		return i + 1, nil
-	}
-	for {
-		i = skipSpace(d, i)
-		if i >= len(d) || d[i] != '"' {
-			return i, errJSON
-		}
-		key, j, err := scanString(d, i)
-		if err != nil {
-			return j, err
-		}
-		i = skipSpace(d, j)
-		if i >= len(d) || d[i] != ':' {
-			return i, errJSON
-		}
-		vs := skipSpace(d, i+1)
+	return walkMembers(d, i, depth, func(key []byte, vs int) (int, error) {
 		ve, err := skipValue(d, vs, depth+1)
-		if err != nil {
+		if err != nil || f == nil {
 			return ve, err
 		}
-		if f != nil {
-			if hasEscape(key) {
-				// Compare keys as the engine's JSON decoder sees them:
-				// "mod\u0065l" is "model". Rare (hostile) input: allocate.
-				key = unescape(nil, key)
-			}
-			if err := f(key, vs, ve); err != nil {
-				return ve, err
-			}
-		}
-		i = skipSpace(d, ve)
-		if i >= len(d) {
-			return i, errJSON
-		}
-		if d[i] == '}' {
-			return i + 1, nil
-		}
-		if d[i] != ',' {
-			return i, errJSON
-		}
-		i++
-	}
+		return ve, f(key, vs, ve)
+	}, f != nil)
 }
 
 // walkObjectInline is walkObject for callers that parse some values
@@ -288,6 +247,19 @@ func walkObject(d []byte, i, depth int, f func(key []byte, vs, ve int) error) (i
 // and parsed again: f gets the decoded key and the value's start; it returns
 // the value's end, or -1 to let the walker skip (and validate) the value.
 func walkObjectInline(d []byte, i int, f func(key []byte, vs int) (int, error)) (int, error) {
+	return walkMembers(d, i, 0, func(key []byte, vs int) (int, error) {
+		ve, err := f(key, vs)
+		if err == nil && ve < 0 {
+			return skipValue(d, vs, 1)
+		}
+		return ve, err
+	}, true)
+}
+
+// walkMembers walks the object at d[i]: for each member, value(key, vs)
+// consumes the value at vs and returns its end. Keys are decoded (escapes
+// resolved) only when decodeKeys is set.
+func walkMembers(d []byte, i, depth int, value func(key []byte, vs int) (int, error), decodeKeys bool) (int, error) {
 	i = skipSpace(d, i)
 	if i >= len(d) || d[i] != '{' {
 		return i, errJSON
@@ -305,7 +277,9 @@ func walkObjectInline(d []byte, i int, f func(key []byte, vs int) (int, error)) 
 		if err != nil {
 			return j, err
 		}
-		if hasEscape(key) {
+		if decodeKeys && hasEscape(key) {
+			// Compare keys as the engine's JSON decoder sees them:
+			// "mod\u0065l" is "model". Rare (hostile) input: allocate.
 			key = unescape(nil, key)
 		}
 		i = skipSpace(d, j)
@@ -316,14 +290,9 @@ func walkObjectInline(d []byte, i int, f func(key []byte, vs int) (int, error)) 
 		if vs >= len(d) {
 			return vs, errJSON
 		}
-		ve, err := f(key, vs)
+		ve, err := value(key, vs)
 		if err != nil {
 			return ve, err
-		}
-		if ve < 0 {
-			if ve, err = skipValue(d, vs, 1); err != nil {
-				return ve, err
-			}
 		}
 		i = skipSpace(d, ve)
 		if i >= len(d) {
