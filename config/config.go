@@ -38,6 +38,10 @@ type Config struct {
 	Mirror              Mirror              `json:"mirror"`
 	GlobalScheduling    GlobalScheduling    `json:"global_scheduling"`
 	SmartModelSelection SmartModelSelection `json:"smart_model_selection"`
+
+	// Backup is the "Data backup" section (store.go): snapshot frequency
+	// and rotation of --persist-snapshot-dir.
+	Backup Backup `json:"backup"`
 }
 
 // WorkerSpec describes one worker given statically (config file or --workers).
@@ -251,6 +255,7 @@ func Default() *Config {
 		Mirror:              defaultMirror(),
 		GlobalScheduling:    defaultGlobalScheduling(),
 		SmartModelSelection: defaultSmartModelSelection(),
+		Backup:              DefaultBackup(),
 	}
 }
 
@@ -474,6 +479,9 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := c.validateUpstreams(); err != nil {
+		return err
+	}
+	if err := c.Backup.Validate(); err != nil {
 		return err
 	}
 	return nil
