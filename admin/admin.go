@@ -335,6 +335,9 @@ func (e *errUnavailable) Unwrap() error { return e.err }
 func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(doc map[string]any) error) (*config.Config, uint64, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if err := a.syncFile(); err != nil {
+		return nil, 0, err
+	}
 	for attempt := 0; ; attempt++ {
 		cur, ver := a.store.Current()
 		if ifVersion != 0 && ifVersion != ver {
@@ -373,6 +376,23 @@ func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(d
 		}
 		return next, nv, nil
 	}
+}
+
+// syncFile picks up a hand edit of the config file the poll has not seen
+// yet, before a change is based on the current version: the write then
+// carries a stale version and conflicts, even when it would change nothing
+// (answering 200 with values the file no longer holds would hide the
+// edit). A hand edit that does not parse refuses the write. Without a
+// config file (or with Redis, where the file's edits are writes of their
+// own) it does nothing.
+func (a *Admin) syncFile() error {
+	if a.st.kind() != "file" {
+		return nil
+	}
+	if _, err := a.store.Reload(); err != nil {
+		return &errConflict{have: a.store.Version(), msg: fmt.Sprintf("the config file %q was edited by hand and does not load (%v): fix or revert it first", a.store.Path(), err)}
+	}
+	return nil
 }
 
 // same reports whether two configs encode identically.

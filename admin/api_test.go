@@ -231,6 +231,33 @@ func TestHandEditMakesAStaleAPIWriteConflict(t *testing.T) {
 	if e.store.Load().LoadBalancing.Algorithm != "least-tokens" || e.store.Load().SessionAffinity.Enabled {
 		t.Fatal("hand edit lost or API write applied")
 	}
+	// A write that would change nothing is stale too: answering 200 with
+	// values the file no longer holds would hide the edit.
+	tag = e.etag()
+	if err := os.WriteFile(e.path, []byte(`{"load_balancing":{"algorithm":"least-tokens"},"debug":{"decision_header":true}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.do("PUT", "/api/config/debug", `{"decision_header":false}`, "If-Match", tag); r.status != http.StatusConflict {
+		t.Fatalf("no-op API write over an unseen hand edit: %d %s", r.status, r.body)
+	}
+	if !e.store.Load().Debug.DecisionHeader {
+		t.Fatal("the hand edit was not picked up")
+	}
+	// A hand edit that does not load refuses even a write that changes
+	// nothing, with the reason.
+	if err := os.WriteFile(e.path, []byte(`{"debug":{"decision_header":tru`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = e.do("PUT", "/api/config/debug", `{"decision_header":true}`, "If-Match", "*")
+	if _, msg := r.errPath(t); r.status != http.StatusConflict || !strings.Contains(msg, "edited by hand") {
+		t.Fatalf("write over a broken hand edit: %d %s", r.status, r.body)
+	}
+	if err := os.WriteFile(e.path, []byte(`{"load_balancing":{"algorithm":"least-tokens"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.Reload(); err != nil { // as the poll would
+		t.Fatal(err)
+	}
 	// With the fresh ETag the write goes through and keeps the hand edit.
 	e.put("session_affinity", `{"enabled":true}`, 200)
 	c, _ := config.ReadFile(e.path)

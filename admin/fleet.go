@@ -20,8 +20,7 @@ type WorkerInfo struct {
 	Service string   `json:"service"`
 	// Role is mixed, prefill or decode.
 	Role string `json:"role"`
-	// Status is routable, draining, excluded (for example a transport
-	// mismatch) or down.
+	// Status is StatusRoutable, StatusDraining or StatusExcluded.
 	Status string `json:"status"`
 	// Breaker is closed, open or half-open.
 	Breaker string `json:"breaker"`
@@ -30,15 +29,28 @@ type WorkerInfo struct {
 	ActiveRequests  int64 `json:"active_requests"`
 	ActiveTokens    int64 `json:"active_tokens"`
 	PendingRequests int64 `json:"pending_requests"`
-	// KVBlocks is how many KV blocks of the worker the prefix index holds.
+	// KVBlocks is how many KV blocks of the worker the KV index holds; -1
+	// when the router keeps no KV index (routing is not kv-aware).
 	KVBlocks int64 `json:"kv_blocks"`
 	// HitRate is the share (0..1) of prompt blocks routed to this worker
 	// that were already cached there; -1 when unknown.
 	HitRate float64 `json:"hit_rate"`
-	// Requests and Failures count since the worker joined.
-	Requests uint64 `json:"requests"`
-	Failures uint64 `json:"failures"`
+	// Requests and Failures count since the worker joined; -1 when the
+	// router does not report them.
+	Requests int64 `json:"requests"`
+	Failures int64 `json:"failures"`
 }
+
+// Worker statuses.
+const (
+	// StatusRoutable: the scheduler may pick the worker.
+	StatusRoutable = "routable"
+	// StatusDraining: its discovery record says draining; no new requests.
+	StatusDraining = "draining"
+	// StatusExcluded: no new requests for now, for example while its
+	// circuit breaker is open.
+	StatusExcluded = "excluded"
+)
 
 // RuleHit is one rule's counters.
 type RuleHit struct {

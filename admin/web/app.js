@@ -204,9 +204,9 @@ async function fleetPage() {
         h('td', { class: 'num', text: w.active_requests }),
         h('td', { class: 'num', text: w.active_tokens }),
         h('td', { class: 'num', text: w.pending_requests }),
-        h('td', { class: 'num', text: w.kv_blocks }),
+        h('td', { class: 'num', text: w.kv_blocks >= 0 ? w.kv_blocks : '–' }),
         h('td', { class: 'num' }, h('span', { class: 'pct' }, bar, pctText(w.hit_rate))),
-        h('td', { class: 'num', text: w.requests + (w.failures ? ' (' + w.failures + ' failed)' : '') }));
+        h('td', { class: 'num', text: w.requests >= 0 ? w.requests + (w.failures > 0 ? ' (' + w.failures + ' failed)' : '') : '–' }));
     }) : [h('tr', {}, h('td', { colspan: 10, class: 'empty', text: 'No workers yet.' }))]));
     stamp.textContent = 'live · ' + new Date().toLocaleTimeString();
   };
