@@ -3,7 +3,7 @@ GO       ?= go
 BIN      := bin/infera
 PKGS     := ./...
 TOKDIR   := testdata/tokenizers/qwen3
-APT_PKGS := libzmq3-dev pkg-config etcd-server nats-server nginx-light wrk redis-server
+APT_PKGS := libzmq3-dev pkg-config etcd-server nats-server nginx-light wrk redis-server chromium
 
 .PHONY: all deps deps-apt tokenizer sdk tokref build test test-race bench bench-proxy demo soak fmt vet fuzz fuzz-long clean
 
@@ -15,7 +15,7 @@ deps: deps-apt tokenizer sdk
 
 deps-apt:
 	@missing=""; \
-	for b in pkg-config:pkg-config etcd:etcd-server nats-server:nats-server nginx:nginx-light wrk:wrk redis-server:redis-server; do \
+	for b in pkg-config:pkg-config etcd:etcd-server nats-server:nats-server nginx:nginx-light wrk:wrk redis-server:redis-server chromium:chromium; do \
 		cmd=$${b%%:*}; pkg=$${b##*:}; \
 		command -v $$cmd >/dev/null 2>&1 || [ -x /usr/sbin/$$cmd ] || missing="$$missing $$pkg"; \
 	done; \
@@ -47,13 +47,13 @@ VERSION  := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN) .
 
-## test: everything, against real etcd/NATS/ZMQ/tokenizer (installed by deps)
+## test: everything, against real etcd/NATS/ZMQ/Redis/tokenizer and headless Chromium (installed by deps)
 test: deps
-	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 INFERA_REQUIRE_SDK=1 $(GO) test -count=1 -timeout 15m $(PKGS)
-	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 INFERA_REQUIRE_SDK=1 $(GO) test -count=1 -race -timeout 15m $(PKGS)
+	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 INFERA_REQUIRE_SDK=1 INFERA_REQUIRE_BROWSER=1 $(GO) test -count=1 -timeout 15m $(PKGS)
+	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 INFERA_REQUIRE_SDK=1 INFERA_REQUIRE_BROWSER=1 $(GO) test -count=1 -race -timeout 15m $(PKGS)
 
 test-race: deps
-	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 INFERA_REQUIRE_SDK=1 $(GO) test -count=1 -race -timeout 15m $(PKGS)
+	INFERA_REQUIRE_TOKENIZER=1 INFERA_REQUIRE_SERVERS=1 INFERA_REQUIRE_SDK=1 INFERA_REQUIRE_BROWSER=1 $(GO) test -count=1 -race -timeout 15m $(PKGS)
 
 fmt:
 	gofmt -l -w .

@@ -7,6 +7,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/infera/infera/admin"
 	"github.com/infera/infera/broker"
 	"github.com/infera/infera/classify"
 	"github.com/infera/infera/config"
@@ -44,6 +45,7 @@ type Gateway struct {
 	kvm     *kv.Manager
 	kvSub   *nats.Subscription
 	kvAware *kvroute.KVAware
+	kvIndex *radix.Index
 
 	// Beyond the local fleet (docs/upstreams.md).
 	mirror     *mirror.Mirror
@@ -51,6 +53,8 @@ type Gateway struct {
 	poller     *upstream.Poller
 
 	gov *govern.Governor // govern.go
+
+	admin *admin.Admin // the configuration center (admin.go)
 }
 
 // New builds the gateway from flags: config store, fleet and its
@@ -83,6 +87,11 @@ func New(f *config.Serve) (*Gateway, error) {
 			g.Close()
 		}
 	}()
+	// Before anything reads the store: it may restore a snapshot or load
+	// the config from Redis.
+	if err := g.openAdmin(); err != nil {
+		return nil, err
+	}
 	g.fleet = fleet.NewFleet(fleet.BreakerConfig{
 		Threshold:   f.BreakerFailureThreshold,
 		Cooldown:    f.BreakerCooldown(),
@@ -187,6 +196,9 @@ func New(f *config.Serve) (*Gateway, error) {
 	if g.nc != nil {
 		g.nc.SetReconnectHandler(func(*nats.Conn) { g.srv.BrokerReconnected() })
 	}
+	if err := g.startAdmin(); err != nil {
+		return nil, err
+	}
 	ok = true
 	return g, nil
 }
@@ -224,6 +236,7 @@ func (g *Gateway) setupKV() error {
 			"in front of vLLM or SGLang pass --router-tokenizer-path <model dir>, or prompts will never match their KV events")
 	}
 	idx := radix.New()
+	g.kvIndex = idx
 	m, err := kv.NewManager(kv.ManagerConfig{Index: idx, Transport: f.KVEventTransport, BlockSize: f.KVBlockSize})
 	if err != nil {
 		return err
@@ -315,6 +328,9 @@ func (g *Gateway) Close() {
 	}
 	close(g.stop)
 	g.cancel()
+	if g.admin != nil {
+		g.admin.Close()
+	}
 	if g.sched != nil {
 		g.sched.Close()
 	}
