@@ -54,15 +54,26 @@ const (
 
 // RuleHit is one rule's counters.
 type RuleHit struct {
-	// Rule names the rule, for example "user_limit.templates[gold].rate.rpm"
-	// or "canary.rules[0]".
+	// Rule names the rule, for example "rate_limit_rpm" (the error code a
+	// refused client gets) or "canary.rules[0]".
 	Rule string `json:"rule"`
-	// Result is what the rule decided: pass, block, or would_block (dry run).
+	// Result is what the rule decided: ResultPass, ResultBlock,
+	// ResultWouldBlock (dry run) or ResultQueued.
 	Result string `json:"result"`
 	// DryRun is true when the rule was evaluated without blocking.
 	DryRun bool   `json:"dry_run"`
 	Count  uint64 `json:"count"`
 }
+
+// Rule results.
+const (
+	ResultPass  = "pass"
+	ResultBlock = "block"
+	// ResultWouldBlock: a dry-run rule that would have blocked.
+	ResultWouldBlock = "would_block"
+	// ResultQueued: the request waited in the rule's queue.
+	ResultQueued = "queued"
+)
 
 // noFleet answers when the router has not given a Fleet (yet).
 type noFleet struct{}

@@ -1,11 +1,15 @@
 package gateway
 
 import (
+	"sync"
 	"time"
+
+	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/infera/infera/admin"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/govern"
 	"github.com/infera/infera/radix"
 )
 
@@ -92,5 +96,52 @@ func workerStatus(w *fleet.Worker, now int64) string {
 	return admin.StatusRoutable
 }
 
-// RuleHits implements admin.Fleet.
-func (v fleetView) RuleHits() []admin.RuleHit { return nil }
+// RuleHits implements admin.Fleet: the rules of request and user rate
+// limiting that refused, would have refused (dry run) or queued a request,
+// with their counts since the process started. Rules never hit are left
+// out.
+func (v fleetView) RuleHits() []admin.RuleHit {
+	var out []admin.RuleHit
+	for _, s := range ruleHitSeries() {
+		if n := s.c.Get(); n > 0 {
+			out = append(out, admin.RuleHit{Rule: s.rule, Result: s.result, DryRun: s.dry, Count: n})
+		}
+	}
+	return out
+}
+
+// ruleHit is one of govern's hit counters.
+type ruleHit struct {
+	rule, result string
+	dry          bool
+	c            *metrics.Counter
+}
+
+// ruleHitSeries resolves, once, govern's hit counters by their documented
+// series (docs/governance.md, Metrics): infera_user_limit_hits_total for
+// user rules, infera_rate_limit_hits_total for concurrency seats, with
+// rule = the error code and result rejected, dry_run or queued. govern
+// registers them when it is initialised (before this runs), so these are
+// its counters, counting every governor of the process.
+var ruleHitSeries = sync.OnceValue(func() []ruleHit {
+	results := []struct {
+		label, result string
+		dry           bool
+	}{
+		{"rejected", admin.ResultBlock, false},
+		{"dry_run", admin.ResultWouldBlock, true},
+		{"queued", admin.ResultQueued, false},
+	}
+	var out []ruleHit
+	for c := govern.CodeOutsidePeriod; c < govern.CodeStateUnavailable; c++ {
+		family := "infera_user_limit_hits_total"
+		if c >= govern.CodeConcurrencyOverall {
+			family = "infera_rate_limit_hits_total"
+		}
+		for _, r := range results {
+			out = append(out, ruleHit{rule: c.String(), result: r.result, dry: r.dry,
+				c: metrics.GetOrCreateCounter(family + `{rule="` + c.String() + `",result="` + r.label + `"}`)})
+		}
+	}
+	return out
+})

@@ -29,6 +29,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/govern"
 	"github.com/infera/infera/internal/testsrv"
 )
 
@@ -618,16 +619,29 @@ func TestE2EAdminSnapshotsRestoreAndSkipACorruptNewest(t *testing.T) {
 	ag.wantChat("session id required", 400)
 	for _, alg := range []string{"round-robin", "least-tokens", "least-requests"} {
 		ag.patch("load_balancing", `{"algorithm":"`+alg+`"}`)
-		auto := ag.waitAutoSnapshot(dir, "of load_balancing "+alg, func(c *config.Config) bool {
+		ag.waitAutoSnapshot(dir, "of load_balancing "+alg, func(c *config.Config) bool {
 			return c.LoadBalancing.Algorithm == alg && c.SessionAffinity.RequireSessionID
 		})
-		if len(auto) > 2 {
-			t.Fatalf("backup.keep 2, but %d automatic snapshots are kept", len(auto))
-		}
 	}
-	// Back to an hour; then the state that will be corrupted, newest.
-	ag.patch("backup", `{"interval_s":3600,"keep":5}`)
+	// Back to an hour (the backup loop is idle from the next cycle on, so
+	// the rotation can be counted); then the state that will be
+	// corrupted, newest.
+	ag.patch("backup", `{"interval_s":3600,"keep":2}`)
 	ag.waitAutoSnapshot(dir, "of the new interval", func(c *config.Config) bool { return c.Backup.IntervalSeconds == 3600 })
+	autos := func() (n int) {
+		for _, s := range ag.snapshots() {
+			if s.Kind == "auto" {
+				n++
+			}
+		}
+		return n
+	}
+	for deadline := time.Now().Add(2 * time.Second); autos() != 2; { // the rotation follows the write
+		if time.Now().After(deadline) {
+			t.Fatalf("backup.keep 2, but %d automatic snapshots are kept after 5 changes", autos())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	ag.patch("debug", `{"decision_header":true}`)
 	r := ag.api("POST", "/api/backup", "")
 	var newest snapshotInfo
@@ -767,7 +781,9 @@ func TestE2EAdminReplicasConvergeThroughRedis(t *testing.T) {
 	if r.status != 200 {
 		t.Fatalf("write on B after the Redis restart: %s", r)
 	}
-	waitChat(t, a.router, time.Second, "replica A adopts B's write after the restart", 200)
+	// A's subscription may still be reconnecting: its version check (every
+	// second) catches the write then.
+	waitChat(t, a.router, 2*time.Second, "replica A adopts B's write after the restart", 200)
 
 	// Import to Redis on B: A's router follows.
 	ex := a.api("GET", "/api/backup/export", "")
@@ -853,4 +869,62 @@ func TestE2EAdminFleetViewIsTheGateways(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// The rule hit counters the console shows are govern's: a concurrency
+// limit that refuses a seat, and the same limit in dry run, move them.
+func TestFleetViewRuleHitsAreGovernsCounters(t *testing.T) {
+	gv, err := govern.New(govern.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gv.Close()
+	apply := func(dry bool) {
+		t.Helper()
+		c := config.Default()
+		c.RateLimit = config.DefaultRateLimit()
+		c.RateLimit.OverallConcurrency = 1
+		c.RateLimit.DryRun = dry
+		if err := c.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if err := gv.Apply(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func(rule, result string) uint64 {
+		for _, h := range (fleetView{}).RuleHits() {
+			if h.Rule == rule && h.Result == result {
+				if h.DryRun != (result == "would_block") {
+					t.Fatalf("dry_run of %+v", h)
+				}
+				return h.Count
+			}
+		}
+		return 0
+	}
+	targets := []govern.Target{{Instance: "engine-a", Service: "sim-model"}}
+	blocked, wouldBlock := count("concurrency_overall", "block"), count("concurrency_overall", "would_block")
+
+	apply(false)
+	held, _, rej := gv.TryAcquire(targets, govern.PhaseMixed)
+	if rej != nil {
+		t.Fatal(rej)
+	}
+	if _, _, rej := gv.TryAcquire(targets, govern.PhaseMixed); rej == nil || rej.Code != govern.CodeConcurrencyOverall {
+		t.Fatalf("second seat: %v", rej)
+	}
+	if n := count("concurrency_overall", "block"); n != blocked+1 {
+		t.Fatalf("block hits %d, want %d", n, blocked+1)
+	}
+	apply(true)
+	over, _, rej := gv.TryAcquire(targets, govern.PhaseMixed)
+	if rej != nil {
+		t.Fatalf("dry run refused: %v", rej)
+	}
+	if n := count("concurrency_overall", "would_block"); n != wouldBlock+1 {
+		t.Fatalf("would_block hits %d, want %d", n, wouldBlock+1)
+	}
+	over.Done()
+	held.Done()
 }
