@@ -37,8 +37,8 @@ func findChromium(t *testing.T) string {
 // operator would: sign in, edit a section (a bad value shows its error next
 // to the field, a good one applies), read canary weights as percentages,
 // create a user and get its key once, export a backup and import it back.
-// It saves docs/img/console.png (and docs/img/console-fleet.png with
-// INFERA_UPDATE_SCREENSHOTS=1).
+// It saves docs/img/console.png (docs/img/console-fleet.png is taken from
+// a real gateway's fleet by gateway's TestE2EAdminConsoleDrivesTheRouter).
 func TestConsoleInBrowser(t *testing.T) {
 	bin := findChromium(t)
 	ff := &fakeFleet{
@@ -128,9 +128,6 @@ func TestConsoleInBrowser(t *testing.T) {
 		if err := os.WriteFile("../docs/img/"+name, shot, 0o644); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if os.Getenv("INFERA_UPDATE_SCREENSHOTS") == "1" { // it shows the time of day
-		saveShot("console-fleet.png")
 	}
 	// The fleet page refreshes by itself.
 	ff.mu.Lock()

@@ -76,6 +76,10 @@ func workerInfo(w *fleet.Worker, idx *radix.Index, now int64) admin.WorkerInfo {
 		KVBlocks:        -1,
 		// No component measures a per-worker cache hit rate yet.
 		HitRate: -1,
+		// The fleet keeps these counters for /metrics only
+		// (infera_router_worker_requests_total, _failures_total).
+		Requests: -1,
+		Failures: -1,
 	}
 	if idx != nil {
 		wi.KVBlocks = idx.WorkerBlocks(w.Idx)

@@ -218,14 +218,28 @@ func waitChat(t *testing.T, router string, d time.Duration, what string, want in
 // the backup imported back, which restores the router's behaviour.
 func TestE2EAdminConsoleDrivesTheRouter(t *testing.T) {
 	bin := findChromium(t)
-	_, e1 := startEngine(t, "--speedup", "50")
+	// Two engines publishing KV events, routed kv-aware: the fleet page
+	// shows their KV blocks.
+	var workers []string
+	for _, id := range []string{"engine-a", "engine-b"} {
+		ep := fmt.Sprintf("tcp://127.0.0.1:%d", testsrv.FreePort(t))
+		_, url := startEngine(t, "--speedup", "50", "--kv-events-endpoint", ep, "--block-size", "16")
+		workers = append(workers, fmt.Sprintf(`{"id":%q,"url":%q,"models":["sim-model"],"kv_events_endpoint":%q,"block_size":16}`, id, url, ep))
+	}
 	cfgPath := filepath.Join(t.TempDir(), "infera.json")
-	if err := os.WriteFile(cfgPath, []byte(`{}`), 0o600); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(`{"workers":[`+strings.Join(workers, ",")+`]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ag := startAdminServe(t, "--workers", "engine-a="+e1, "--worker-model", "sim-model", "--config", cfgPath,
-		"--config-poll", "1h", "--router-policy", "round-robin")
-	waitRoutable(t, ag.g, 1)
+	ag := startAdminServe(t, "--config", cfgPath, "--config-poll", "1h",
+		"--router-policy", "kv-aware", "--kv-event-transport", "zmq", "--kv-block-size", "16")
+	waitRoutable(t, ag.g, 2)
+	time.Sleep(200 * time.Millisecond) // the SUB sockets connect
+	for i := 0; i < 6; i++ {
+		prompt := strings.Repeat(fmt.Sprintf("Conversation %d: a long shared system prompt. ", i), 12)
+		if resp, b := doPost(t, ag.router+"/v1/chat/completions", `{"model":"sim-model","max_tokens":2,"messages":[{"role":"user","content":"`+prompt+`"}]}`); resp.StatusCode != 200 {
+			t.Fatalf("warm-up %d: %d %s", i, resp.StatusCode, b)
+		}
+	}
 	ag.wantChat("before any change", 200)
 
 	ctx := newBrowser(t, bin)
@@ -261,6 +275,12 @@ func TestE2EAdminConsoleDrivesTheRouter(t *testing.T) {
 		chromedp.WaitVisible(css(`tr[data-worker="engine-a"]`)))
 	if row := text(`tr[data-worker="engine-a"]`); !strings.Contains(row, "routable") || !strings.Contains(row, "closed") || !strings.Contains(row, "sim-model") {
 		t.Fatalf("fleet row of the real worker: %q", row)
+	}
+	// The page refreshes by itself until the KV events of the warm-up show.
+	step("KV blocks", chromedp.Poll[chromedp.Void](`[...document.querySelectorAll('#fleet tbody tr td:nth-child(8)')].some((td) => Number(td.textContent) > 0)`,
+		chromedp.WithPollingTimeout(5*time.Second)))
+	if os.Getenv("INFERA_UPDATE_SCREENSHOTS") == "1" { // it shows the time of day
+		saveScreenshot(t, ctx, "console-fleet.png")
 	}
 
 	// A bad value: the error shows at the field, nothing changes.
@@ -331,6 +351,22 @@ func TestE2EAdminConsoleDrivesTheRouter(t *testing.T) {
 	step("audit", chromedp.Navigate(ag.admin+"/#/audit"), chromedp.WaitVisible(css("#audit")))
 	if a := text("#audit"); !strings.Contains(a, "import") || !strings.Contains(a, "session_affinity.require_session_id") {
 		t.Fatalf("audit page: %q", a)
+	}
+}
+
+// saveScreenshot writes the page as docs/img/name, without caret or toast.
+func saveScreenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[chromedp.Void](`document.activeElement && document.activeElement.blur(); document.getElementById("toast")?.classList.remove("show")`)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond) // transitions end
+	shot, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join("..", "docs", "img", name), shot, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
 
