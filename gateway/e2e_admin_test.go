@@ -315,12 +315,36 @@ func TestE2EAdminConsoleDrivesTheRouter(t *testing.T) {
 		t.Fatalf("key %q: %v", key, err)
 	}
 	step("key stored", chromedp.Click(css("#key-done")), chromedp.WaitVisible(css(`tr[data-user="erin"]`)))
+	auth := "Bearer " + key
 	if governWired {
-		ag.wantChat("with the user's key", 200, "X-Session-Id", "s-1", "Authorization", "Bearer "+key)
+		ag.wantChat("with the user's key", 200, "X-Session-Id", "s-1", "Authorization", auth)
 		ag.wantChat("without a key once users exist", 401, "X-Session-Id", "s-1")
-		ag.wantChat("with a wrong key", 401, "X-Session-Id", "s-1", "Authorization", "Bearer "+key[:len(key)-2]+"xx")
+		ag.wantChat("with a wrong key", 401, "X-Session-Id", "s-1", "Authorization", auth[:len(auth)-2]+"xx")
+		// The quota template and the binding the admin writes are what the
+		// router enforces: one request a minute, then 429.
+		if r := ag.api("POST", "/api/templates", `{"name":"tiny","rate":{"enabled":true,"rpm":1}}`); r.status != 201 {
+			t.Fatalf("template: %s", r)
+		}
+		bind := func(body string) {
+			t.Helper()
+			if r := ag.api("PUT", "/api/users/erin", body, "If-Match", ag.etag()); r.status != 200 {
+				t.Fatalf("PUT erin %s: %s", body, r)
+			}
+		}
+		bind(`{"template":"tiny","enabled":true}`)
+		st, body := 0, ""
+		for i := 0; i < 3 && st != 429; i++ {
+			st, body = ag.chat("X-Session-Id", "s-1", "Authorization", auth)
+		}
+		if st != 429 || !strings.Contains(body, "rate_limit_rpm") {
+			t.Fatalf("rpm 1 bound through the admin: %d %s", st, body)
+		}
+		bind(`{"template":"","enabled":false}`)
+		ag.wantChat("a disabled user", 403, "X-Session-Id", "s-1", "Authorization", auth)
+		bind(`{"template":"","enabled":true}`)
+		ag.wantChat("enabled again", 200, "X-Session-Id", "s-1", "Authorization", auth)
 	} else {
-		t.Log("SKIPPED step: the router does not enforce users yet (govern is not on the request path); the user's key was not used against the router")
+		t.Log("SKIPPED step: the router does not enforce users and quota templates yet (govern is not on the request path); the user's key was not checked against the router")
 	}
 
 	// Export a backup, change the config, import the backup: the router
@@ -334,7 +358,7 @@ func TestE2EAdminConsoleDrivesTheRouter(t *testing.T) {
 		chromedp.Click(css("#export")))
 	exported := waitDownload(t, dl)
 	ag.patch("session_affinity", `{"require_session_id":false}`)
-	ag.wantChat("after turning the requirement off", 200)
+	ag.wantChat("after turning the requirement off", 200, "Authorization", auth)
 	step("import", chromedp.Navigate(ag.admin+"/#/backup"), chromedp.WaitVisible(css("#import-file")),
 		chromedp.SetUploadFiles(css("#import-file"), []string{exported}),
 		chromedp.WaitVisible(css("#import-confirm")))
@@ -343,7 +367,8 @@ func TestE2EAdminConsoleDrivesTheRouter(t *testing.T) {
 	}
 	step("confirm import", chromedp.Click(css("#import-confirm")),
 		chromedp.Poll[chromedp.Void](`(document.querySelector('#toast') || {}).textContent?.startsWith('Imported')`, chromedp.WithPollingTimeout(5*time.Second)))
-	ag.wantChat("after the import", 400)
+	ag.wantChat("after the import", 400, "Authorization", auth)
+	ag.wantChat("after the import, with a session", 200, "X-Session-Id", "s-1", "Authorization", auth)
 	if us := ag.g.Store().Load().Users; len(us) != 1 || us[0].Name != "erin" {
 		t.Fatalf("users after the import: %+v", us)
 	}
