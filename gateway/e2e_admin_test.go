@@ -339,6 +339,9 @@ func TestE2EAdminConsoleDrivesTheRouter(t *testing.T) {
 		if st != 429 || !strings.Contains(body, "rate_limit_rpm") {
 			t.Fatalf("rpm 1 bound through the admin: %d %s", st, body)
 		}
+		// The console's rule hit counters show the refusal.
+		step("rule hits", chromedp.Navigate(ag.admin+"/#/rules"), chromedp.WaitVisible(css("#rules")),
+			chromedp.Poll[chromedp.Void](`document.querySelector('#rules').innerText.includes('rate_limit_rpm')`, chromedp.WithPollingTimeout(5*time.Second)))
 		bind(`{"template":"","enabled":false}`)
 		ag.wantChat("a disabled user", 403, "X-Session-Id", "s-1", "Authorization", auth)
 		bind(`{"template":"","enabled":true}`)
