@@ -687,25 +687,27 @@ func TestE2EAdminSnapshotsRestoreAndSkipACorruptNewest(t *testing.T) {
 			return c.LoadBalancing.Algorithm == alg && c.SessionAffinity.RequireSessionID
 		})
 	}
-	// Back to an hour (the backup loop is idle from the next cycle on, so
-	// the rotation can be counted); then the state that will be
-	// corrupted, newest.
+	// Back to an hour. A new interval applies from the next cycle, which
+	// may already have started: a restart (whose shutdown snapshot holds
+	// it) makes the backup loop idle for sure, so the rotation can be
+	// counted and nothing is snapshotted behind the test's back.
 	ag.patch("backup", `{"interval_s":3600,"keep":2}`)
-	ag.waitAutoSnapshot(dir, "of the new interval", func(c *config.Config) bool { return c.Backup.IntervalSeconds == 3600 })
-	autos := func() (n int) {
-		for _, s := range ag.snapshots() {
-			if s.Kind == "auto" {
-				n++
-			}
+	ag.stop()
+	ag = startAdminServe(t, args...)
+	waitRoutable(t, ag.g, 1)
+	var autos []snapshotInfo
+	for _, s := range ag.snapshots() {
+		if s.Kind == "auto" {
+			autos = append(autos, s)
 		}
-		return n
 	}
-	for deadline := time.Now().Add(2 * time.Second); autos() != 2; { // the rotation follows the write
-		if time.Now().After(deadline) {
-			t.Fatalf("backup.keep 2, but %d automatic snapshots are kept after 5 changes", autos())
-		}
-		time.Sleep(20 * time.Millisecond)
+	if len(autos) != 2 {
+		t.Fatalf("backup.keep 2, but %d automatic snapshots are kept after 6 changes: %+v", len(autos), autos)
 	}
+	if c := snapshotConfig(t, filepath.Join(dir, autos[0].Name)); c == nil || c.Backup.IntervalSeconds != 3600 || ag.g.Store().Load().Backup.IntervalSeconds != 3600 {
+		t.Fatalf("the shutdown snapshot %s was not restored", autos[0].Name)
+	}
+	// The state that will be corrupted, newest.
 	ag.patch("debug", `{"decision_header":true}`)
 	r := ag.api("POST", "/api/backup", "")
 	var newest snapshotInfo
