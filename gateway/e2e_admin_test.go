@@ -25,7 +25,6 @@ import (
 	"github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/chromedp"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
@@ -34,12 +33,6 @@ import (
 )
 
 const e2eAdminKey = "e2e-admin-key-5f1c9a7e"
-
-// governWired tells whether the router enforces the users and quota
-// templates of the config (package govern on the request path). Until it
-// does, the steps that use a user's key against the router are skipped
-// with a message.
-const governWired = false
 
 // adminGateway is one `infera serve` process (in-process) with its admin
 // listener.
@@ -316,39 +309,35 @@ func TestE2EAdminConsoleDrivesTheRouter(t *testing.T) {
 	}
 	step("key stored", chromedp.Click(css("#key-done")), chromedp.WaitVisible(css(`tr[data-user="erin"]`)))
 	auth := "Bearer " + key
-	if governWired {
-		ag.wantChat("with the user's key", 200, "X-Session-Id", "s-1", "Authorization", auth)
-		ag.wantChat("without a key once users exist", 401, "X-Session-Id", "s-1")
-		ag.wantChat("with a wrong key", 401, "X-Session-Id", "s-1", "Authorization", auth[:len(auth)-2]+"xx")
-		// The quota template and the binding the admin writes are what the
-		// router enforces: one request a minute, then 429.
-		if r := ag.api("POST", "/api/templates", `{"name":"tiny","rate":{"enabled":true,"rpm":1}}`); r.status != 201 {
-			t.Fatalf("template: %s", r)
-		}
-		bind := func(body string) {
-			t.Helper()
-			if r := ag.api("PUT", "/api/users/erin", body, "If-Match", ag.etag()); r.status != 200 {
-				t.Fatalf("PUT erin %s: %s", body, r)
-			}
-		}
-		bind(`{"template":"tiny","enabled":true}`)
-		st, body := 0, ""
-		for i := 0; i < 3 && st != 429; i++ {
-			st, body = ag.chat("X-Session-Id", "s-1", "Authorization", auth)
-		}
-		if st != 429 || !strings.Contains(body, "rate_limit_rpm") {
-			t.Fatalf("rpm 1 bound through the admin: %d %s", st, body)
-		}
-		// The console's rule hit counters show the refusal.
-		step("rule hits", chromedp.Navigate(ag.admin+"/#/rules"), chromedp.WaitVisible(css("#rules")),
-			chromedp.Poll[chromedp.Void](`document.querySelector('#rules').innerText.includes('rate_limit_rpm')`, chromedp.WithPollingTimeout(5*time.Second)))
-		bind(`{"template":"","enabled":false}`)
-		ag.wantChat("a disabled user", 403, "X-Session-Id", "s-1", "Authorization", auth)
-		bind(`{"template":"","enabled":true}`)
-		ag.wantChat("enabled again", 200, "X-Session-Id", "s-1", "Authorization", auth)
-	} else {
-		t.Log("SKIPPED step: the router does not enforce users and quota templates yet (govern is not on the request path); the user's key was not checked against the router")
+	ag.wantChat("with the user's key", 200, "X-Session-Id", "s-1", "Authorization", auth)
+	ag.wantChat("without a key once users exist", 401, "X-Session-Id", "s-1")
+	ag.wantChat("with a wrong key", 401, "X-Session-Id", "s-1", "Authorization", auth[:len(auth)-2]+"xx")
+	// The quota template and the binding the admin writes are what the
+	// router enforces: one request a minute, then 429.
+	if r := ag.api("POST", "/api/templates", `{"name":"tiny","rate":{"enabled":true,"rpm":1}}`); r.status != 201 {
+		t.Fatalf("template: %s", r)
 	}
+	bind := func(body string) {
+		t.Helper()
+		if r := ag.api("PUT", "/api/users/erin", body, "If-Match", ag.etag()); r.status != 200 {
+			t.Fatalf("PUT erin %s: %s", body, r)
+		}
+	}
+	bind(`{"template":"tiny","enabled":true}`)
+	st, body := 0, ""
+	for i := 0; i < 3 && st != 429; i++ {
+		st, body = ag.chat("X-Session-Id", "s-1", "Authorization", auth)
+	}
+	if st != 429 || !strings.Contains(body, "rate_limit_rpm") {
+		t.Fatalf("rpm 1 bound through the admin: %d %s", st, body)
+	}
+	// The console's rule hit counters show the refusal.
+	step("rule hits", chromedp.Navigate(ag.admin+"/#/rules"), chromedp.WaitVisible(css("#rules")),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#rules').innerText.includes('rate_limit_rpm')`, chromedp.WithPollingTimeout(5*time.Second)))
+	bind(`{"template":"","enabled":false}`)
+	ag.wantChat("a disabled user", 403, "X-Session-Id", "s-1", "Authorization", auth)
+	bind(`{"template":"","enabled":true}`)
+	ag.wantChat("enabled again", 200, "X-Session-Id", "s-1", "Authorization", auth)
 
 	// Export a backup, change the config, import the backup: the router
 	// requires the session header again.
@@ -742,66 +731,15 @@ func TestE2EAdminSnapshotsRestoreAndSkipACorruptNewest(t *testing.T) {
 	}
 }
 
-// redisServer is a real redis-server on a free loopback port, without
-// persistence: a restart loses everything, the hardest case.
-type redisServer struct {
-	t    *testing.T
-	bin  string
-	port int
-	cmd  *exec.Cmd
-}
-
-func startRedis(t *testing.T) *redisServer {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("INFERA_REQUIRE_SERVERS") == "1" {
-			t.Fatal("redis-server not installed (apt-get install -y redis-server, or make deps)")
-		}
-		t.Skip("redis-server not installed (apt-get install -y redis-server); INFERA_REQUIRE_SERVERS=1 makes this a failure")
-	}
-	r := &redisServer{t: t, bin: bin, port: testsrv.FreePort(t)}
-	r.start()
-	t.Cleanup(r.stop)
-	return r
-}
-
-func (r *redisServer) start() {
-	r.t.Helper()
-	r.cmd = exec.Command(r.bin, "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", r.t.TempDir())
-	if err := r.cmd.Start(); err != nil {
-		r.t.Fatal(err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: r.addr()})
-	defer c.Close()
-	for i := 0; c.Ping(context.Background()).Err() != nil; i++ {
-		if i > 200 {
-			r.t.Fatal("redis-server did not start")
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-}
-
-func (r *redisServer) stop() {
-	if r.cmd != nil && r.cmd.Process != nil {
-		r.cmd.Process.Kill()
-		r.cmd.Wait()
-		r.cmd = nil
-	}
-}
-
-func (r *redisServer) addr() string { return fmt.Sprintf("127.0.0.1:%d", r.port) }
-func (r *redisServer) url() string  { return "redis://" + r.addr() + "/0" }
-
 // Two gateways sharing one Redis (--state redis://) serve one config: a
 // change on one changes the other's router within a second; a stale ETag
 // from the other replica is refused; Redis restarted without its data gets
 // it back from a replica and writes work again; import on one replica
 // (Import to Redis) reaches both.
 func TestE2EAdminReplicasConvergeThroughRedis(t *testing.T) {
-	rs := startRedis(t)
+	rs := testsrv.StartRedis(t)
 	_, e1 := startEngine(t, "--speedup", "50")
-	args := []string{"--workers", "engine-a=" + e1, "--worker-model", "sim-model", "--state", rs.url(), "--router-policy", "round-robin"}
+	args := []string{"--workers", "engine-a=" + e1, "--worker-model", "sim-model", "--state", rs.URL, "--router-policy", "round-robin"}
 	a := startAdminServe(t, args...)
 	b := startAdminServe(t, args...)
 	waitRoutable(t, a.g, 1)
@@ -822,13 +760,10 @@ func TestE2EAdminReplicasConvergeThroughRedis(t *testing.T) {
 
 	// Redis restarts without its data: a replica puts its copy back, and a
 	// write on B reaches A again.
-	rs.stop()
-	rs.start()
-	c := redis.NewClient(&redis.Options{Addr: rs.addr()})
-	defer c.Close()
+	rs.Restart()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if v, err := c.HGet(context.Background(), "infera:admin:data", "version").Result(); err == nil && v != "" {
+		if v, err := rs.Do("HGET", "infera:admin:data", "version"); err == nil && v != "" {
 			break
 		}
 		if time.Now().After(deadline) {
