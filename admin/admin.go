@@ -172,6 +172,18 @@ func New(o Options) (*Admin, error) {
 		stop:    make(chan struct{}),
 	}
 	a.keySum = sha256.Sum256([]byte(o.Key))
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.audit.run(a.stop)
+	}()
+	ok := false
+	defer func() {
+		if !ok {
+			close(a.stop)
+			a.wg.Wait()
+		}
+	}()
 	if o.Fleet != nil {
 		a.fleet.Store(fleetBox{o.Fleet})
 	} else {
@@ -213,6 +225,7 @@ func New(o Options) (*Admin, error) {
 			}
 		}
 	}
+	ok = true
 	return a, nil
 }
 
@@ -412,5 +425,5 @@ func (a *Admin) onStoreChange(old, cur *config.Config) {
 	} else if a.st != nil && a.st.kind() == "redis" {
 		who, action = actor{Who: "another replica (redis)"}, "sync"
 	}
-	a.audit.record(who, action, a.store.Version(), old, cur)
+	a.audit.add(who, action, a.store.Version(), old, cur)
 }

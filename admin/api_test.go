@@ -375,7 +375,7 @@ func TestAuditLogIsBounded(t *testing.T) {
 	a, b := config.Default(), config.Default()
 	b.Debug.DecisionHeader = true
 	for i := 0; i < 5; i++ {
-		l.record(actor{Who: "x"}, "a", uint64(i), a, b)
+		l.add(actor{Who: "x"}, "a", uint64(i), a, b) // queued; list records them in order
 	}
 	got := l.list(0)
 	if len(got) != 3 || got[0].Version != 4 || got[2].Version != 2 {

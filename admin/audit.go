@@ -43,18 +43,78 @@ type Change struct {
 }
 
 // auditLog is a bounded ring of the latest entries.
+//
+// The store's change hooks run under its lock, one after the other, after
+// the new config is already served: add only queues the change, so the
+// hooks after it (governance, discovery) apply the new config without
+// waiting for the diff. The queue is recorded in order by drain, from a
+// background goroutine (kick) and before every list.
 type auditLog struct {
 	mu      sync.Mutex
 	entries []AuditEntry
 	next    int
 	full    bool
+
+	qmu     sync.Mutex // guards queue
+	queue   []queuedChange
+	drainMu sync.Mutex // serializes drains: entries keep the order of changes
+	kick    chan struct{}
 }
 
-func newAuditLog(n int) *auditLog { return &auditLog{entries: make([]AuditEntry, n)} }
+// queuedChange is a change not recorded yet.
+type queuedChange struct {
+	time     time.Time
+	who      actor
+	action   string
+	version  uint64
+	old, cur *config.Config
+}
 
-func (l *auditLog) record(who actor, action string, version uint64, old, cur *config.Config) {
+func newAuditLog(n int) *auditLog {
+	return &auditLog{entries: make([]AuditEntry, n), kick: make(chan struct{}, 1)}
+}
+
+// add queues a change (cheap: it runs under the store lock).
+func (l *auditLog) add(who actor, action string, version uint64, old, cur *config.Config) {
+	l.qmu.Lock()
+	l.queue = append(l.queue, queuedChange{time: time.Now().UTC(), who: who, action: action, version: version, old: old, cur: cur})
+	l.qmu.Unlock()
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run records queued changes as they come until stop is closed, then the
+// rest.
+func (l *auditLog) run(stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			l.drain()
+			return
+		case <-l.kick:
+			l.drain()
+		}
+	}
+}
+
+// drain records every queued change, in order.
+func (l *auditLog) drain() {
+	l.drainMu.Lock()
+	defer l.drainMu.Unlock()
+	l.qmu.Lock()
+	q := l.queue
+	l.queue = nil
+	l.qmu.Unlock()
+	for _, c := range q {
+		l.record(c.time, c.who, c.action, c.version, c.old, c.cur)
+	}
+}
+
+func (l *auditLog) record(at time.Time, who actor, action string, version uint64, old, cur *config.Config) {
 	changes := diff(old, cur)
-	e := AuditEntry{Time: time.Now().UTC(), Who: who.Who, Remote: who.Remote, Action: action, Version: version}
+	e := AuditEntry{Time: at, Who: who.Who, Remote: who.Remote, Action: action, Version: version}
 	if len(changes) > maxAuditChanges {
 		e.More = len(changes) - maxAuditChanges
 		changes = changes[:maxAuditChanges]
@@ -77,6 +137,7 @@ func (l *auditLog) record(who actor, action string, version uint64, old, cur *co
 
 // list returns up to limit entries, newest first.
 func (l *auditLog) list(limit int) []AuditEntry {
+	l.drain()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := l.next

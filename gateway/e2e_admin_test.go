@@ -34,6 +34,13 @@ import (
 
 const e2eAdminKey = "e2e-admin-key-5f1c9a7e"
 
+// No gateway of this package's tests binds the fixed default admin port
+// (8081: --api-key alone opens the admin listener there), which would
+// collide between gateways and with a router running on the machine. A
+// test that wants the listener passes --admin-port (startAdminServe);
+// child processes inherit the variable.
+func init() { os.Setenv("INFERA_ADMIN_PORT", "0") }
+
 // adminGateway is one `infera serve` process (in-process) with its admin
 // listener.
 type adminGateway struct {
