@@ -755,7 +755,15 @@ func TestE2EAdminReplicasConvergeThroughRedis(t *testing.T) {
 		t.Fatalf("replicas start apart: %s %s", a.etag(), b.etag())
 	}
 
-	// A write on A changes B's router within a second.
+	// Once the replicas are up (B's subscription is made in the background
+	// after start; until then its version check, every second, catches a
+	// change), a write on A changes B's router within a second.
+	a.patch("debug", `{"decision_header":true}`)
+	for deadline := time.Now().Add(5 * time.Second); !b.g.Store().Load().Debug.DecisionHeader; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("replica B did not adopt A's first write within 5 s")
+		}
+	}
 	staleB := b.etag()
 	a.patch("session_affinity", `{"enabled":true,"require_session_id":true}`)
 	took := waitChat(t, b.router, time.Second, "replica B adopts A's write", 400)
@@ -793,14 +801,15 @@ func TestE2EAdminReplicasConvergeThroughRedis(t *testing.T) {
 	// second) catches the write then.
 	waitChat(t, a.router, 2*time.Second, "replica A adopts B's write after the restart", 200)
 
-	// Import to Redis on B: A's router follows.
+	// Import to Redis on B: A's router follows. (Since the Redis restart
+	// the subscriptions may still be reconnecting: 2 s, as above.)
 	ex := a.api("GET", "/api/backup/export", "")
 	a.patch("session_affinity", `{"require_session_id":true}`)
-	waitChat(t, b.router, time.Second, "B follows A", 400)
+	waitChat(t, b.router, 2*time.Second, "B follows A", 400)
 	if r := b.api("POST", "/api/backup/import", string(ex.body)); r.status != 200 {
 		t.Fatalf("import to Redis: %s", r)
 	}
-	waitChat(t, a.router, time.Second, "A adopts the import made on B", 200)
+	waitChat(t, a.router, 2*time.Second, "A adopts the import made on B", 200)
 	if a.etag() != b.etag() {
 		t.Fatalf("replicas apart after the import: %s %s", a.etag(), b.etag())
 	}
