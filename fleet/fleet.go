@@ -222,6 +222,7 @@ func (f *Fleet) newWorker(r Record) (*Worker, error) {
 	f.ms.GetOrCreateGauge(`infera_router_worker_breaker_trips_total`+lbl, func() float64 { return float64(w.Breaker.Trips()) })
 	f.ms.GetOrCreateGauge(`infera_router_worker_active_requests`+lbl, func() float64 { return float64(w.Load.Requests.Load()) })
 	f.ms.GetOrCreateGauge(`infera_router_worker_active_tokens`+lbl, func() float64 { return float64(w.Load.Tokens.Load()) })
+	f.ms.GetOrCreateGauge(`infera_router_worker_prefix_hit_rate`+lbl, func() float64 { return max(w.HitRate(), 0) })
 	f.ms.GetOrCreateGauge(`infera_router_worker_routable`+lbl, func() float64 {
 		if w.Draining() || w.Removed() {
 			return 0
@@ -243,7 +244,7 @@ func (f *Fleet) removeLocked(w *Worker) {
 		h.WorkerRemoved(w)
 	}
 	lbl := fmt.Sprintf(`{worker=%q}`, w.ID)
-	for _, name := range []string{"requests_total", "failures_total", "breaker_state", "breaker_trips_total", "active_requests", "active_tokens", "routable"} {
+	for _, name := range []string{"requests_total", "failures_total", "breaker_state", "breaker_trips_total", "active_requests", "active_tokens", "routable", "prefix_hit_rate"} {
 		f.ms.UnregisterMetric("infera_router_worker_" + name + lbl)
 	}
 	slog.Info("worker removed", "id", w.ID, "url", w.URL)

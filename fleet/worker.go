@@ -111,6 +111,9 @@ type Worker struct {
 	// metrics resolved once at registration.
 	mRequests *metrics.Counter
 	mFailures *metrics.Counter
+
+	// Prompt and cached tokens of the answers' reported usage.
+	usagePrompt, usageCached atomic.Int64
 }
 
 // Draining reports whether the worker is draining (no new requests).
@@ -165,4 +168,34 @@ func (w *Worker) Fault(now int64) {
 		w.mFailures.Inc()
 	}
 	w.Breaker.Failure(now)
+}
+
+// Counts returns how many requests were dispatched to w and how many of
+// them ended in a worker fault (infera_router_worker_requests_total and
+// _failures_total).
+func (w *Worker) Counts() (requests, failures uint64) {
+	if w.mRequests != nil {
+		requests = w.mRequests.Get()
+	}
+	if w.mFailures != nil {
+		failures = w.mFailures.Get()
+	}
+	return requests, failures
+}
+
+// CountUsage adds an answer's prompt tokens and the cached part of them, as
+// the engine reported (its prefix cache hit rate is cached / prompt).
+func (w *Worker) CountUsage(prompt, cached int) {
+	w.usagePrompt.Add(int64(prompt))
+	w.usageCached.Add(int64(cached))
+}
+
+// HitRate returns the worker's prefix cache hit rate over the answers it
+// reported usage for (cached / prompt tokens), or -1 before any.
+func (w *Worker) HitRate() float64 {
+	p := w.usagePrompt.Load()
+	if p <= 0 {
+		return -1
+	}
+	return float64(w.usageCached.Load()) / float64(p)
 }

@@ -74,13 +74,10 @@ func workerInfo(w *fleet.Worker, idx *radix.Index, now int64) admin.WorkerInfo {
 		ActiveTokens:    w.Load.Tokens.Load(),
 		PendingRequests: w.Load.Pending.Load(),
 		KVBlocks:        -1,
-		// No component measures a per-worker cache hit rate yet.
-		HitRate: -1,
-		// The fleet keeps these counters for /metrics only
-		// (infera_router_worker_requests_total, _failures_total).
-		Requests: -1,
-		Failures: -1,
+		HitRate:         w.HitRate(),
 	}
+	req, fail := w.Counts()
+	wi.Requests, wi.Failures = int64(req), int64(fail)
 	if idx != nil {
 		wi.KVBlocks = idx.WorkerBlocks(w.Idx)
 	}

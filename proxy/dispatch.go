@@ -295,7 +295,7 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		resp.SetBody(first)
 		up.finish(true)
 		rs.lease.Done(outcome)
-		rs.usage.record()
+		rs.usage.record(rs.lease.Worker)
 		mDuration.Update(rs.ttft.Seconds()) // the whole answer came with the first read
 		return
 	}

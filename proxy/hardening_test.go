@@ -733,3 +733,23 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// The engines' reported usage gives each worker its cache hit rate (the
+// admin fleet view and infera_router_worker_prefix_hit_rate show it).
+func TestWorkerHitRateFromReportedUsage(t *testing.T) {
+	up := startUpstream(t, okHandler) // usage: 7 prompt tokens, 3 cached
+	r := startRouter(t, nil, nil, up.url)
+	w := r.fl.Get("w0")
+	if w.HitRate() != -1 {
+		t.Fatalf("hit rate before any answer: %v", w.HitRate())
+	}
+	for i := 0; i < 3; i++ {
+		post(t, r.url+"/v1/chat/completions", chatBody)
+	}
+	if got := w.HitRate(); got < 0.428 || got > 0.429 {
+		t.Fatalf("hit rate %v, want 3/7", got)
+	}
+	if req, fail := w.Counts(); req != 3 || fail != 0 {
+		t.Fatalf("counts %d %d", req, fail)
+	}
+}

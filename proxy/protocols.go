@@ -509,7 +509,7 @@ func (s *Server) commitConverted(ctx *fasthttp.RequestCtx, rs *reqState, up upRe
 	resp.SetBody(out) // a copy: rs (and out) is reused once the handler returns
 	countStatus(status)
 	rs.lease.Done(outcome)
-	rs.usage.record()
+	rs.usage.record(rs.lease.Worker)
 	mDuration.Update(time.Since(rs.start).Seconds())
 }
 

@@ -294,7 +294,7 @@ func (r *relay) CloseWithError(err error) error {
 	}
 	s := r.s
 	mDuration.Update(time.Since(rs.start).Seconds())
-	rs.usage.record()
+	rs.usage.record(rs.lease.Worker)
 	rs.lease.Done(outcome)
 	s.releaseState(rs)
 	*r = relay{}

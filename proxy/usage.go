@@ -1,6 +1,10 @@
 package proxy
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/infera/infera/fleet"
+)
 
 // usage is the token usage an engine reported. The governance reconciles a
 // user's quotas and TPM with it (govern.go), so it must be read right even
@@ -130,11 +134,16 @@ func intAfter(b, key []byte) (int, bool) {
 	return n, ok
 }
 
-func (u *usage) record() {
+// record counts the usage in the metrics and on the worker that served it
+// (nil when unknown), whose cached share of prompt tokens is its hit rate.
+func (u *usage) record(w *fleet.Worker) {
 	if !u.seen {
 		return
 	}
 	mPromptTokens.Add(u.prompt)
 	mOutputTokens.Add(u.completion)
 	mCachedTokens.Add(u.cached)
+	if w != nil {
+		w.CountUsage(u.prompt, u.cached)
+	}
 }
