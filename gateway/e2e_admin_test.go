@@ -855,6 +855,8 @@ func TestE2EAdminFleetViewIsTheGateways(t *testing.T) {
 		Active   int64    `json:"active_requests"`
 		KVBlocks int64    `json:"kv_blocks"`
 		HitRate  float64  `json:"hit_rate"`
+		Requests int64    `json:"requests"`
+		Failures int64    `json:"failures"`
 	}
 	fleetNow := func() map[string]worker {
 		r := ag.api("GET", "/api/fleet", "")
@@ -872,13 +874,16 @@ func TestE2EAdminFleetViewIsTheGateways(t *testing.T) {
 	for {
 		ws := fleetNow()
 		kv, dw := ws["kv"], ws["dead"]
-		if len(ws) != 2 || kv.URL != e1 || kv.Role != "mixed" || len(kv.Models) != 1 || kv.Models[0] != "sim-model" || kv.HitRate != -1 {
+		if len(ws) != 2 || kv.URL != e1 || kv.Role != "mixed" || len(kv.Models) != 1 || kv.Models[0] != "sim-model" {
 			t.Fatalf("fleet: %+v", ws)
 		}
 		// The dead worker's breaker opened on its first failure (the retry
 		// went to kv): excluded for the 60 s cooldown.
+		// kv answered every prompt and reported its usage (a hit rate in
+		// 0..1); the dead worker never answered (-1: unknown).
 		if kv.Status == "routable" && kv.Breaker == "closed" && kv.Active == 0 && kv.KVBlocks > 0 &&
-			dw.Status == "excluded" && dw.Breaker == "open" && dw.KVBlocks == 0 {
+			kv.HitRate >= 0 && kv.HitRate <= 1 && kv.Requests > 0 &&
+			dw.Status == "excluded" && dw.Breaker == "open" && dw.KVBlocks == 0 && dw.HitRate == -1 && dw.Failures >= 1 {
 			break
 		}
 		if time.Now().After(deadline) {
