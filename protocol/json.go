@@ -3,346 +3,51 @@ package protocol
 import (
 	"bytes"
 	"strconv"
-	"unicode/utf16"
-	"unicode/utf8"
+
+	"github.com/infera/infera/internal/jsonscan"
 )
 
-// A validating JSON walker that never allocates: request and response
-// bodies are walked once per level, values are located by [start, end)
-// spans, and strings are copied to the output in their escaped form (a
-// validated JSON string body stays valid wherever it is pasted). Keys and
-// the few values that steer conversion are compared decoded, so "t\u0065xt"
-// is "text", as the engine's decoder would read it.
+// A validating JSON walker that never allocates (internal/jsonscan):
+// request and response bodies are walked once per level, values are
+// located by [start, end) spans, and strings are copied to the output in
+// their escaped form (a validated JSON string body stays valid wherever it
+// is pasted). Keys and the few values that steer conversion are compared
+// decoded, so "t\u0065xt" is "text", as the engine's decoder would read it.
+// The functions below fix the package's depth bound; they inline to the
+// jsonscan calls. fields and elems re-walk values already validated
+// without validating them again.
 
 // maxDepth bounds nesting: deeper documents are refused, so work and stack
 // stay bounded whatever the input.
 const maxDepth = 128
 
-type errJSON struct{}
+var errMalformed = jsonscan.ErrSyntax
 
-func (errJSON) Error() string { return "malformed JSON" }
+func isSpace(c byte) bool { return jsonscan.IsSpace(c) }
 
-var errMalformed error = errJSON{}
+func skipSpace(d []byte, i int) int { return jsonscan.SkipSpace(d, i) }
 
-func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
-
-func skipSpace(d []byte, i int) int {
-	for i < len(d) && isSpace(d[i]) {
-		i++
-	}
-	return i
-}
-
-// skipValue validates the value starting at or after d[i] and returns the
-// index after it.
+// skipValue validates the value starting at or after d[i], nested depth
+// deep, and returns the index after it.
 func skipValue(d []byte, i, depth int) (int, error) {
-	i = skipSpace(d, i)
-	if i >= len(d) {
-		return i, errMalformed
-	}
-	switch c := d[i]; {
-	case c == '"':
-		_, j, err := scanString(d, i)
-		return j, err
-	case c == '{':
-		if depth >= maxDepth {
-			return i, errMalformed
-		}
-		return walkObject(d, i, depth, nil)
-	case c == '[':
-		if depth >= maxDepth {
-			return i, errMalformed
-		}
-		return walkArray(d, i, depth, nil)
-	case c == 't':
-		return lit(d, i, "true")
-	case c == 'f':
-		return lit(d, i, "false")
-	case c == 'n':
-		return lit(d, i, "null")
-	case c == '-' || (c >= '0' && c <= '9'):
-		return scanNumber(d, i)
-	}
-	return i, errMalformed
-}
-
-func lit(d []byte, i int, s string) (int, error) {
-	if len(d)-i < len(s) || string(d[i:i+len(s)]) != s {
-		return i, errMalformed
-	}
-	return i + len(s), nil
-}
-
-func scanNumber(d []byte, i int) (int, error) {
-	if d[i] == '-' {
-		i++
-	}
-	if i >= len(d) {
-		return i, errMalformed
-	}
-	switch {
-	case d[i] == '0':
-		i++
-	case d[i] >= '1' && d[i] <= '9':
-		for i < len(d) && d[i] >= '0' && d[i] <= '9' {
-			i++
-		}
-	default:
-		return i, errMalformed
-	}
-	if i < len(d) && d[i] == '.' {
-		i++
-		j := i
-		for i < len(d) && d[i] >= '0' && d[i] <= '9' {
-			i++
-		}
-		if i == j {
-			return i, errMalformed
-		}
-	}
-	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
-		i++
-		if i < len(d) && (d[i] == '+' || d[i] == '-') {
-			i++
-		}
-		j := i
-		for i < len(d) && d[i] >= '0' && d[i] <= '9' {
-			i++
-		}
-		if i == j {
-			return i, errMalformed
-		}
-	}
-	return i, nil
-}
-
-// scanString validates the string whose opening quote is d[i] and returns
-// its raw contents (escapes kept) and the index after the closing quote.
-// Invalid UTF-8 and raw control characters are refused, so raw contents can
-// be pasted into any JSON output.
-func scanString(d []byte, i int) (raw []byte, next int, err error) {
-	i++
-	start := i
-	for i < len(d) {
-		// fast path: runs of plain ASCII
-		for i < len(d) && plainASCII[d[i]] {
-			i++
-		}
-		if i >= len(d) {
-			break
-		}
-		c := d[i]
-		switch {
-		case c == '"':
-			return d[start:i], i + 1, nil
-		case c == '\\':
-			i++
-			if i >= len(d) {
-				return nil, i, errMalformed
-			}
-			switch d[i] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i++
-			case 'u':
-				if len(d)-i < 5 || !isHex4(d[i+1:i+5]) {
-					return nil, i, errMalformed
-				}
-				i += 5
-			default:
-				return nil, i, errMalformed
-			}
-		case c < 0x20:
-			return nil, i, errMalformed
-		case c < utf8.RuneSelf:
-			i++
-		default:
-			r, n := utf8.DecodeRune(d[i:])
-			if r == utf8.RuneError && n == 1 {
-				return nil, i, errMalformed
-			}
-			i += n
-		}
-	}
-	return nil, i, errMalformed
-}
-
-// plainASCII marks the bytes a string can hold as themselves.
-var plainASCII = func() (t [256]bool) {
-	for c := 0x20; c < 0x80; c++ {
-		t[c] = c != '"' && c != '\\'
-	}
-	return
-}()
-
-func isHex4(b []byte) bool {
-	for _, c := range b[:4] {
-		if !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')) {
-			return false
-		}
-	}
-	return true
-}
-
-func hex4(b []byte) rune {
-	var r rune
-	for _, c := range b[:4] {
-		r <<= 4
-		switch {
-		case c >= '0' && c <= '9':
-			r |= rune(c - '0')
-		case c >= 'a' && c <= 'f':
-			r |= rune(c - 'a' + 10)
-		default:
-			r |= rune(c - 'A' + 10)
-		}
-	}
-	return r
-}
-
-func hasEscape(raw []byte) bool {
-	for _, c := range raw {
-		if c == '\\' {
-			return true
-		}
-	}
-	return false
+	return jsonscan.SkipValue(d, i, maxDepth-depth)
 }
 
 // unescape appends the decoded form of a validated raw string to dst.
 // Lone surrogates decode to U+FFFD, as Python's decoder keeps them but
 // cannot encode them to UTF-8.
-func unescape(dst, raw []byte) []byte {
-	for i := 0; i < len(raw); {
-		c := raw[i]
-		if c != '\\' {
-			j := i + 1
-			for j < len(raw) && raw[j] != '\\' {
-				j++
-			}
-			dst = append(dst, raw[i:j]...)
-			i = j
-			continue
-		}
-		i++
-		switch raw[i] {
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			r := hex4(raw[i+1:])
-			i += 4
-			if utf16.IsSurrogate(r) && i+6 < len(raw) && raw[i+1] == '\\' && raw[i+2] == 'u' {
-				if r2 := utf16.DecodeRune(r, hex4(raw[i+3:])); r2 != utf8.RuneError {
-					r = r2
-					i += 6
-				}
-			}
-			dst = utf8.AppendRune(dst, r)
-		default: // " \ /
-			dst = append(dst, raw[i])
-		}
-		i++
-	}
-	return dst
-}
+func unescape(dst, raw []byte) []byte { return jsonscan.Unescape(dst, raw) }
 
 // walkObject validates the object at d[i] (nested depth deep), calling f,
 // when non-nil, for each member with its decoded key and the value's span.
 // It returns the index after the object. Keys with escapes are decoded into
 // a fresh slice (rare: no real client escapes key names).
 func walkObject(d []byte, i, depth int, f func(key []byte, vs, ve int) error) (int, error) {
-	i = skipSpace(d, i)
-	if i >= len(d) || d[i] != '{' {
-		return i, errMalformed
-	}
-	i = skipSpace(d, i+1)
-	if i < len(d) && d[i] == '}' {
-		return i + 1, nil
-	}
-	for {
-		i = skipSpace(d, i)
-		if i >= len(d) || d[i] != '"' {
-			return i, errMalformed
-		}
-		key, j, err := scanString(d, i)
-		if err != nil {
-			return j, err
-		}
-		i = skipSpace(d, j)
-		if i >= len(d) || d[i] != ':' {
-			return i, errMalformed
-		}
-		vs := skipSpace(d, i+1)
-		ve, err := skipValue(d, vs, depth+1)
-		if err != nil {
-			return ve, err
-		}
-		if f != nil {
-			if hasEscape(key) {
-				key = unescape(nil, key)
-			}
-			if err := f(key, vs, ve); err != nil {
-				return ve, err
-			}
-		}
-		i = skipSpace(d, ve)
-		if i >= len(d) {
-			return i, errMalformed
-		}
-		if d[i] == '}' {
-			return i + 1, nil
-		}
-		if d[i] != ',' {
-			return i, errMalformed
-		}
-		i++
-	}
-}
-
-// walkArray is walkObject for arrays.
-func walkArray(d []byte, i, depth int, f func(vs, ve int) error) (int, error) {
-	i = skipSpace(d, i)
-	if i >= len(d) || d[i] != '[' {
-		return i, errMalformed
-	}
-	i = skipSpace(d, i+1)
-	if i < len(d) && d[i] == ']' {
-		return i + 1, nil
-	}
-	for {
-		vs := skipSpace(d, i)
-		ve, err := skipValue(d, vs, depth+1)
-		if err != nil {
-			return ve, err
-		}
-		if f != nil {
-			if err := f(vs, ve); err != nil {
-				return ve, err
-			}
-		}
-		i = skipSpace(d, ve)
-		if i >= len(d) {
-			return i, errMalformed
-		}
-		if d[i] == ']' {
-			return i + 1, nil
-		}
-		if d[i] != ',' {
-			return i, errMalformed
-		}
-		i++
-	}
+	return jsonscan.WalkObject(d, i, maxDepth-depth, f)
 }
 
 // fields walks the object value v, which must lie inside a document
-// already validated (by walkObject, walkArray or skipValue), calling f for
+// already validated (by walkObject or skipValue), calling f for
 // each member. It skips values without validating them again, so nested
 // walks cost little.
 func fields(v []byte, f func(key []byte, vs, ve int) error) error {
@@ -372,10 +77,7 @@ func fields(v []byte, f func(key []byte, vs, ve int) error) error {
 		if ve < 0 {
 			return errMalformed
 		}
-		if hasEscape(key) {
-			key = unescape(nil, key)
-		}
-		if err := f(key, vs, ve); err != nil {
+		if err := f(jsonscan.Key(key), vs, ve); err != nil {
 			return err
 		}
 		i = skipSpace(v, ve)
@@ -527,7 +229,7 @@ func strIs(v []byte, s string) bool {
 	if !ok {
 		return false
 	}
-	if !hasEscape(raw) {
+	if !jsonscan.HasEscape(raw) {
 		return string(raw) == s
 	}
 	if len(raw) > 256 {
@@ -568,50 +270,12 @@ func intVal(v []byte) (int64, bool) {
 }
 
 // appendStr appends s as a JSON string literal; invalid UTF-8 becomes U+FFFD.
-func appendStr(dst []byte, s string) []byte {
-	dst = append(dst, '"')
-	dst = appendStrBody(dst, s)
-	return append(dst, '"')
-}
-
-// appendStrBody appends the escaped body of s (no quotes).
-func appendStrBody(dst []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			switch {
-			case c == '"' || c == '\\':
-				dst = append(dst, '\\', c)
-			case c == '\n':
-				dst = append(dst, '\\', 'n')
-			case c == '\r':
-				dst = append(dst, '\\', 'r')
-			case c == '\t':
-				dst = append(dst, '\\', 't')
-			case c < 0x20:
-				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-			default:
-				dst = append(dst, c)
-			}
-			i++
-			continue
-		}
-		r, n := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && n == 1 {
-			dst = append(dst, "\ufffd"...)
-		} else {
-			dst = append(dst, s[i:i+n]...)
-		}
-		i += n
-	}
-	return dst
-}
+func appendStr(dst []byte, s string) []byte { return jsonscan.AppendString(dst, s) }
 
 // appendBytesStr is appendStr for a byte slice.
 func appendBytesStr(dst, b []byte) []byte {
 	dst = append(dst, '"')
-	dst = appendStrBody(dst, bytesString(b))
+	dst = jsonscan.AppendStringBody(dst, bytesString(b))
 	return append(dst, '"')
 }
 
@@ -630,7 +294,7 @@ func compactJSON(dst, v []byte) []byte {
 			dst = append(dst, c)
 			continue
 		}
-		_, j, err := scanString(v, i)
+		_, j, err := jsonscan.ScanString(v, i)
 		if err != nil {
 			return append(dst, v[i:]...)
 		}

@@ -1,0 +1,44 @@
+//go:build !race
+
+package jsonscan
+
+import "testing"
+
+// The scanner allocates nothing on valid input with plain keys: validating,
+// walking with a callback, consuming values inline, decoding a string into
+// a buffer with room, appending a literal.
+func TestScanningAllocatesNothing(t *testing.T) {
+	d := []byte(benchBody)
+	buf := make([]byte, 0, 4096)
+	n := testing.AllocsPerRun(200, func() {
+		if _, err := SkipValue(d, 0, 256); err != nil {
+			t.Fatal(err)
+		}
+		var model []byte
+		if _, err := WalkObject(d, 0, 256, func(key []byte, vs, ve int) error {
+			if string(key) == "model" {
+				model = d[vs:ve]
+			}
+			return nil
+		}); err != nil || model == nil {
+			t.Fatal(err)
+		}
+		if _, err := WalkMembers(d, 0, func(raw []byte, vs int) (int, error) {
+			if string(Key(raw)) == "messages" {
+				return WalkArray(d, vs, 255, func(s, e int) error { return nil })
+			}
+			return SkipValue(d, vs, 255)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		raw, _, err := ScanString([]byte(`"caf\u00e9 \ud83d\ude00"`), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf = Unescape(buf[:0], raw)
+		buf = AppendString(buf[:0], "a \"quoted\"\nline é")
+	})
+	if n != 0 {
+		t.Fatalf("%v allocations per run, want 0", n)
+	}
+}

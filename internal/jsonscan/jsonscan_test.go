@@ -1,0 +1,207 @@
+package jsonscan
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestSkipValueAcceptsExactlyValidJSON(t *testing.T) {
+	f := func(in string, ok bool) {
+		t.Helper()
+		end, err := SkipValue([]byte(in), 0, 64)
+		if ok && (err != nil || SkipSpace([]byte(in), end) != len(in)) {
+			t.Errorf("%q: refused (end %d, err %v)", in, end, err)
+		}
+		if !ok && err == nil && SkipSpace([]byte(in), end) == len(in) {
+			t.Errorf("%q: accepted", in)
+		}
+		if err != nil && err != ErrSyntax {
+			t.Errorf("%q: error %v, want ErrSyntax", in, err)
+		}
+	}
+	for _, s := range []string{
+		`{}`, `[]`, ` { "a" : [ 1 , -2.5e+3 , true , false , null , { } ] } `, `"x"`, `0`, `-0`, `1E9`, `0.5e-1`,
+		`"\u00e9\ud83d\ude00\n\"\\\/\b\f\r\t"`, `"é😀"`, `{"a":{"b":{"c":[[]]}}}`, `{"a":1,"a":2}`,
+	} {
+		f(s, true)
+	}
+	for _, s := range []string{
+		``, ` `, `{`, `[`, `"`, `{"a"}`, `{"a":}`, `{"a":1,}`, `[1,]`, `[1 2]`, `{"a" 1}`, `{1:2}`, `{'a':1}`,
+		`01`, `1.`, `.5`, `-`, `1e`, `1e+`, `+1`, `tru`, `nul`, `True`, `NaN`, `Infinity`,
+		`"\x"`, `"\u12"`, `"\u12g4"`, "\"a\x01\"", "\"\xff\"", "\"\xed\xa0\x80\"", `"abc`, `"a\`,
+	} {
+		f(s, false)
+	}
+}
+
+func TestSkipValueBoundsNestingByLevels(t *testing.T) {
+	nest := func(n int) []byte {
+		return []byte(strings.Repeat("[", n) + strings.Repeat("]", n))
+	}
+	for _, n := range []int{1, 2, 10, 100} {
+		if _, err := SkipValue(nest(n), 0, n); err != nil {
+			t.Errorf("%d arrays deep with %d levels: %v", n, n, err)
+		}
+		if _, err := SkipValue(nest(n+1), 0, n); err != ErrSyntax {
+			t.Errorf("%d arrays deep with %d levels: accepted", n+1, n)
+		}
+	}
+	obj := []byte(`{"a":{"b":{}}}`)
+	if _, err := SkipValue(obj, 0, 3); err != nil {
+		t.Errorf("3 objects deep with 3 levels: %v", err)
+	}
+	if _, err := SkipValue(obj, 0, 2); err != ErrSyntax {
+		t.Errorf("3 objects deep with 2 levels: accepted")
+	}
+	// Scalars need no level.
+	if _, err := SkipValue([]byte(`"s"`), 0, 0); err != nil {
+		t.Errorf("a string with 0 levels: %v", err)
+	}
+	// WalkObject opens its own object whatever levels is; members get one
+	// less.
+	if _, err := WalkObject([]byte(`{"a":[]}`), 0, 1, nil); err != ErrSyntax {
+		t.Errorf("WalkObject with 1 level opened a nested array")
+	}
+	if _, err := WalkObject([]byte(`{"a":1}`), 0, 0, nil); err != nil {
+		t.Errorf("WalkObject with 0 levels: %v", err)
+	}
+	// A deep hostile document costs no stack: refused at the bound.
+	deep := nest(1_000_000)
+	if _, err := SkipValue(deep, 0, 256); err != ErrSyntax {
+		t.Errorf("a million arrays deep: accepted")
+	}
+}
+
+func TestWalkObjectGivesDecodedKeysAndValueSpans(t *testing.T) {
+	d := []byte(` {"mod\u0065l" : "m", "n":[1, 2] ,"o":{"p":null},"\ud83d\ude00":true} `)
+	var got []string
+	end, err := WalkObject(d, 0, 8, func(key []byte, vs, ve int) error {
+		got = append(got, string(key)+"="+string(d[vs:ve]))
+		return nil
+	})
+	if err != nil || SkipSpace(d, end) != len(d) {
+		t.Fatalf("end %d err %v", end, err)
+	}
+	want := `model="m" n=[1, 2] o={"p":null} 😀=true`
+	if strings.Join(got, " ") != want {
+		t.Errorf("got %q, want %q", strings.Join(got, " "), want)
+	}
+}
+
+func TestWalkersStopAtTheCallbacksError(t *testing.T) {
+	stop := errors.New("stop")
+	n := 0
+	_, err := WalkObject([]byte(`{"a":1,"b":2,"c":3}`), 0, 8, func(key []byte, vs, ve int) error {
+		n++
+		if string(key) == "b" {
+			return stop
+		}
+		return nil
+	})
+	if err != stop || n != 2 {
+		t.Errorf("object: err %v after %d members", err, n)
+	}
+	n = 0
+	_, err = WalkArray([]byte(`[1,2,3]`), 0, 8, func(vs, ve int) error {
+		n++
+		return stop
+	})
+	if err != stop || n != 1 {
+		t.Errorf("array: err %v after %d elements", err, n)
+	}
+	// A malformed value after the stop is never reached; one before it is
+	// refused before the callback sees the member.
+	n = 0
+	_, err = WalkObject([]byte(`{"a":tru,"b":2}`), 0, 8, func(key []byte, vs, ve int) error {
+		n++
+		return nil
+	})
+	if err != ErrSyntax || n != 0 {
+		t.Errorf("malformed first value: err %v after %d members", err, n)
+	}
+}
+
+func TestWalkMembersLetsTheCallerConsumeValues(t *testing.T) {
+	d := []byte(`{"a":"x","b\u0031":[1,{"c":2}],"d":3}`)
+	var keys []string
+	end, err := WalkMembers(d, 0, func(raw []byte, vs int) (int, error) {
+		keys = append(keys, string(raw)+">"+string(Key(raw)))
+		return SkipValue(d, vs, 8)
+	})
+	if err != nil || end != len(d) {
+		t.Fatalf("end %d err %v", end, err)
+	}
+	if got := strings.Join(keys, " "); got != `a>a b\u0031>b1 d>d` {
+		t.Errorf("keys %q", got)
+	}
+	// The value callback never gets a start at the end of the input.
+	for _, in := range []string{`{"a":`, `{"a": `, `{"a"`} {
+		if _, err := WalkMembers([]byte(in), 0, func(raw []byte, vs int) (int, error) {
+			t.Errorf("%q: value called at %d", in, vs)
+			return vs, nil
+		}); err != ErrSyntax {
+			t.Errorf("%q: %v", in, err)
+		}
+	}
+	// The structure around values is still checked.
+	if _, err := WalkMembers([]byte(`{"a":1 "b":2}`), 0, func(raw []byte, vs int) (int, error) { return SkipValue(d, vs, 1) }); err != ErrSyntax {
+		t.Errorf("missing comma accepted: %v", err)
+	}
+}
+
+func TestKeyCopiesOnlyEscapedKeys(t *testing.T) {
+	raw := []byte("model")
+	if k := Key(raw); &k[0] != &raw[0] {
+		t.Error("a plain key was copied")
+	}
+	esc := []byte(`mod\u0065l`)
+	if k := Key(esc); string(k) != "model" || string(esc) != `mod\u0065l` {
+		t.Errorf("Key(%q) = %q (input now %q)", `mod\u0065l`, k, esc)
+	}
+}
+
+func TestUnescapeDecodesAsEncodingJSON(t *testing.T) {
+	for _, lit := range []string{
+		`"plain"`, `"\"\\\/\b\f\n\r\t"`, `"\u00e9\u00E9"`, `"\ud83d\ude00"`, `"\ud83d"`, `"\ude00"`, `"\ud83dx"`,
+		`"\ud83d\u0041"`, `"\ud83d\ud83d\ude00"`, `"a\u0000b"`, `"é😀\u4e2d"`, `"\\u0041"`,
+	} {
+		raw, next, err := ScanString([]byte(lit), 0)
+		if err != nil || next != len(lit) {
+			t.Errorf("%s: scan: next %d err %v", lit, next, err)
+			continue
+		}
+		var want string
+		if err := json.Unmarshal([]byte(lit), &want); err != nil {
+			t.Fatal(err)
+		}
+		if got := string(Unescape([]byte("prefix:"), raw)); got != "prefix:"+want {
+			t.Errorf("%s: %q, encoding/json %q", lit, got, want)
+		}
+	}
+}
+
+func TestAppendStringEscapesForJSON(t *testing.T) {
+	for _, s := range []string{"", "plain", "q\"b\\s/", "\n\r\t\b\f\x00\x1f\x7f", "é😀", "bad\xffutf8\xc3", "\u2028"} {
+		lit := AppendString([]byte("x"), s)[1:]
+		var back string
+		if err := json.Unmarshal(lit, &back); err != nil {
+			t.Errorf("%q: %s is not a JSON string: %v", s, lit, err)
+			continue
+		}
+		if want := strings.ToValidUTF8(s, "\ufffd"); back != want {
+			t.Errorf("%q: decodes to %q, want %q", s, back, want)
+		}
+		if _, next, err := ScanString(lit, 0); err != nil || next != len(lit) {
+			t.Errorf("%q: %s refused by ScanString", s, lit)
+		}
+		if body := AppendStringBody(nil, s); string(body) != string(lit[1:len(lit)-1]) {
+			t.Errorf("%q: body %s, literal %s", s, body, lit)
+		}
+	}
+	if !utf8.Valid(AppendString(nil, "\xff\xfe")) {
+		t.Error("invalid UTF-8 passed through")
+	}
+}

@@ -1,0 +1,174 @@
+package jsonscan
+
+import (
+	"errors"
+	"unicode/utf8"
+)
+
+// ErrSyntax is the error of every malformed document (it carries no
+// position or input bytes, so it can be returned without allocating and
+// never echoes client data).
+var ErrSyntax = errors.New("malformed JSON")
+
+// IsSpace reports whether c is JSON white space.
+func IsSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// SkipSpace returns the index of the first byte at or after d[i] that is not
+// white space (len(d) when there is none).
+func SkipSpace(d []byte, i int) int {
+	for i < len(d) && IsSpace(d[i]) {
+		i++
+	}
+	return i
+}
+
+// SkipValue validates the value starting at or after d[i] (leading white
+// space skipped) and returns the index after it. A container needs
+// levels > 0 (see the package doc).
+func SkipValue(d []byte, i, levels int) (int, error) {
+	i = SkipSpace(d, i)
+	if i >= len(d) {
+		return i, ErrSyntax
+	}
+	switch c := d[i]; {
+	case c == '"':
+		_, j, err := ScanString(d, i)
+		return j, err
+	case c == '{':
+		if levels <= 0 {
+			return i, ErrSyntax
+		}
+		return WalkObject(d, i, levels, nil)
+	case c == '[':
+		if levels <= 0 {
+			return i, ErrSyntax
+		}
+		return WalkArray(d, i, levels, nil)
+	case c == 't':
+		return lit(d, i, "true")
+	case c == 'f':
+		return lit(d, i, "false")
+	case c == 'n':
+		return lit(d, i, "null")
+	case c == '-' || (c >= '0' && c <= '9'):
+		return ScanNumber(d, i)
+	}
+	return i, ErrSyntax
+}
+
+func lit(d []byte, i int, s string) (int, error) {
+	if len(d)-i < len(s) || string(d[i:i+len(s)]) != s {
+		return i, ErrSyntax
+	}
+	return i + len(s), nil
+}
+
+// ScanNumber validates the number starting at d[i] (a '-' or a digit) and
+// returns the index after it.
+func ScanNumber(d []byte, i int) (int, error) {
+	if d[i] == '-' {
+		i++
+	}
+	if i >= len(d) {
+		return i, ErrSyntax
+	}
+	switch {
+	case d[i] == '0':
+		i++
+	case d[i] >= '1' && d[i] <= '9':
+		for i < len(d) && d[i] >= '0' && d[i] <= '9' {
+			i++
+		}
+	default:
+		return i, ErrSyntax
+	}
+	if i < len(d) && d[i] == '.' {
+		i++
+		j := i
+		for i < len(d) && d[i] >= '0' && d[i] <= '9' {
+			i++
+		}
+		if i == j {
+			return i, ErrSyntax
+		}
+	}
+	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
+		i++
+		if i < len(d) && (d[i] == '+' || d[i] == '-') {
+			i++
+		}
+		j := i
+		for i < len(d) && d[i] >= '0' && d[i] <= '9' {
+			i++
+		}
+		if i == j {
+			return i, ErrSyntax
+		}
+	}
+	return i, nil
+}
+
+// ScanString validates the string whose opening quote is d[i] and returns
+// its raw contents (escapes kept) and the index after the closing quote.
+// Invalid UTF-8 and raw control characters are refused, so raw contents can
+// be pasted into any JSON output.
+func ScanString(d []byte, i int) (raw []byte, next int, err error) {
+	i++
+	start := i
+	for i < len(d) {
+		// fast path: runs of plain ASCII
+		for i < len(d) && plainASCII[d[i]] {
+			i++
+		}
+		if i >= len(d) {
+			break
+		}
+		c := d[i]
+		switch {
+		case c == '"':
+			return d[start:i], i + 1, nil
+		case c == '\\':
+			i++
+			if i >= len(d) {
+				return nil, i, ErrSyntax
+			}
+			switch d[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i++
+			case 'u':
+				if len(d)-i < 5 || !isHex4(d[i+1:i+5]) {
+					return nil, i, ErrSyntax
+				}
+				i += 5
+			default:
+				return nil, i, ErrSyntax
+			}
+		case c < 0x20:
+			return nil, i, ErrSyntax
+		default:
+			r, n := utf8.DecodeRune(d[i:])
+			if r == utf8.RuneError && n == 1 {
+				return nil, i, ErrSyntax
+			}
+			i += n
+		}
+	}
+	return nil, i, ErrSyntax
+}
+
+// plainASCII marks the bytes a string can hold as themselves.
+var plainASCII = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return
+}()
+
+func isHex4(b []byte) bool {
+	for _, c := range b[:4] {
+		if !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')) {
+			return false
+		}
+	}
+	return true
+}
