@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,18 +12,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/infera/infera/internal/freeport"
 	"github.com/valyala/fasthttp"
 )
 
-// FreePort returns a currently free loopback TCP port.
-func FreePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("cannot find a free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
+// FreePort returns a currently free loopback TCP port, below the kernel's
+// ephemeral range (internal/freeport).
+func FreePort() (int, error) { return freeport.Get() }
 
 // Proc is a child process (an engine, a router, nginx) with its log file.
 type Proc struct {

@@ -22,6 +22,7 @@ import (
 	"github.com/alecthomas/kong"
 	"github.com/infera/infera/classify"
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/testsrv"
 	"github.com/infera/infera/upstream"
 )
 
@@ -99,15 +100,7 @@ type child struct {
 	done chan struct{}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
+func freePort(t *testing.T) int { t.Helper(); return testsrv.FreePort(t) }
 
 // startChild runs `infera <role> args... --host 127.0.0.1 --port port`
 // (port 0: a free one) and waits until it answers GET /health.

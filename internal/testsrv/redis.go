@@ -29,12 +29,16 @@ func StartRedis(t testing.TB) *Redis {
 	t.Helper()
 	need(t, RedisBin)
 	dir := t.TempDir()
-	port := FreePort(t)
-	r := &Redis{Addr: "127.0.0.1:" + strconv.Itoa(port)}
-	r.URL = "redis://" + r.Addr + "/0"
-	r.p = &proc{t: t, name: "redis-server", bin: RedisBin, log: filepath.Join(dir, "redis.log"),
-		args: []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-			"--dir", dir, "--protected-mode", "no"}}
+	r := &Redis{}
+	r.p = &proc{t: t, name: "redis-server", bin: RedisBin, log: filepath.Join(dir, "redis.log")}
+	r.p.repick = func() {
+		port := FreePort(t)
+		r.Addr = "127.0.0.1:" + strconv.Itoa(port)
+		r.URL = "redis://" + r.Addr + "/0"
+		r.p.args = []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", dir, "--protected-mode", "no"}
+	}
+	r.p.repick()
 	r.Start()
 	t.Cleanup(r.Stop)
 	return r

@@ -11,6 +11,7 @@
 package testsrv
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -24,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/freeport"
 )
 
 // Paths of the server binaries; overridable with INFERA_ETCD_BIN and
@@ -51,15 +54,15 @@ func need(t testing.TB, bin string) {
 	t.Skipf("%s is not installed (install it or run make deps; set INFERA_REQUIRE_SERVERS=1 to fail instead)", bin)
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+// FreePort returns a loopback TCP port that was free a moment ago, below
+// the kernel's ephemeral range (internal/freeport).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Get()
 	if err != nil {
-		t.Fatalf("cannot find a free port: %v", err)
+		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // proc is one server process that can be stopped and started again with the
@@ -70,6 +73,12 @@ type proc struct {
 	bin  string
 	args []string
 	log  string
+
+	// repick, when set, moves the server to new free ports (rewriting
+	// args); the first start calls it when another process took a port
+	// between FreePort and the bind. Restarts keep their ports.
+	repick  func()
+	started bool
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -83,6 +92,25 @@ func (p *proc) start(ready func() error) {
 	if p.cmd != nil {
 		return
 	}
+	for attempt := 0; ; attempt++ {
+		exited := p.launch(ready)
+		if exited == nil {
+			p.started = true
+			return
+		}
+		if !p.started && p.repick != nil && attempt < 3 && bytes.Contains(exited, []byte("address already in use")) {
+			p.repick()
+			os.Truncate(p.log, 0)
+			continue
+		}
+		p.t.Fatalf("%s exited before it was ready: %s", p.name, tail(exited, 2000))
+	}
+}
+
+// launch starts the process and waits until ready succeeds (nil) or the
+// process exits (its log, non-nil). It fails the test after 15 s.
+func (p *proc) launch(ready func() error) []byte {
+	p.t.Helper()
 	lf, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		p.t.Fatalf("cannot open %s log: %v", p.name, err)
@@ -101,13 +129,16 @@ func (p *proc) start(ready func() error) {
 	for {
 		err := ready()
 		if err == nil {
-			return
+			return nil
 		}
 		select {
 		case <-done:
 			b, _ := os.ReadFile(p.log)
 			p.cmd = nil
-			p.t.Fatalf("%s exited before it was ready: %s", p.name, tail(b, 2000))
+			if b == nil {
+				b = []byte{}
+			}
+			return b
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -158,27 +189,33 @@ func StartEtcdTLS(t testing.TB, certs *Certs) *Etcd {
 	t.Helper()
 	need(t, EtcdBin)
 	dir := t.TempDir()
-	cport, pport := FreePort(t), FreePort(t)
 	scheme := "http"
 	if certs != nil {
 		scheme = "https"
 	}
-	curl := fmt.Sprintf("%s://127.0.0.1:%d", scheme, cport)
-	purl := fmt.Sprintf("http://127.0.0.1:%d", pport)
-	e := &Etcd{Endpoint: fmt.Sprintf("127.0.0.1:%d", cport), certs: certs}
-	args := []string{
-		"--name", "default",
-		"--data-dir", filepath.Join(dir, "data"),
-		"--listen-client-urls", curl, "--advertise-client-urls", curl,
-		"--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
-		"--initial-cluster", "default=" + purl,
-		"--log-level", "warn",
+	e := &Etcd{certs: certs}
+	e.p = &proc{t: t, name: "etcd", bin: EtcdBin, log: filepath.Join(dir, "etcd.log")}
+	picks := 0
+	e.p.repick = func() {
+		cport, pport := FreePort(t), FreePort(t)
+		curl := fmt.Sprintf("%s://127.0.0.1:%d", scheme, cport)
+		purl := fmt.Sprintf("http://127.0.0.1:%d", pport)
+		e.Endpoint = fmt.Sprintf("127.0.0.1:%d", cport)
+		picks++ // a fresh data directory: a failed start may have written the old peer URL
+		e.p.args = []string{
+			"--name", "default",
+			"--data-dir", filepath.Join(dir, "data"+strconv.Itoa(picks)),
+			"--listen-client-urls", curl, "--advertise-client-urls", curl,
+			"--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+			"--initial-cluster", "default=" + purl,
+			"--log-level", "warn",
+		}
+		if certs != nil {
+			e.p.args = append(e.p.args, "--cert-file", certs.ServerCert, "--key-file", certs.ServerKey,
+				"--trusted-ca-file", certs.CA, "--client-cert-auth")
+		}
 	}
-	if certs != nil {
-		args = append(args, "--cert-file", certs.ServerCert, "--key-file", certs.ServerKey,
-			"--trusted-ca-file", certs.CA, "--client-cert-auth")
-	}
-	e.p = &proc{t: t, name: "etcd", bin: EtcdBin, log: filepath.Join(dir, "etcd.log"), args: args}
+	e.p.repick()
 	e.Start()
 	t.Cleanup(e.Stop)
 	return e
@@ -232,10 +269,14 @@ func StartNATS(t testing.TB) *NATS {
 	t.Helper()
 	need(t, NATSBin)
 	dir := t.TempDir()
-	port := FreePort(t)
-	n := &NATS{URL: fmt.Sprintf("nats://127.0.0.1:%d", port), addr: "127.0.0.1:" + strconv.Itoa(port)}
-	n.p = &proc{t: t, name: "nats-server", bin: NATSBin, log: filepath.Join(dir, "nats.log"),
-		args: []string{"-a", "127.0.0.1", "-p", strconv.Itoa(port)}}
+	n := &NATS{}
+	n.p = &proc{t: t, name: "nats-server", bin: NATSBin, log: filepath.Join(dir, "nats.log")}
+	n.p.repick = func() {
+		port := FreePort(t)
+		n.URL, n.addr = fmt.Sprintf("nats://127.0.0.1:%d", port), "127.0.0.1:"+strconv.Itoa(port)
+		n.p.args = []string{"-a", "127.0.0.1", "-p", strconv.Itoa(port)}
+	}
+	n.p.repick()
 	n.Start()
 	t.Cleanup(n.Stop)
 	return n
