@@ -1,19 +1,13 @@
 package jsonscan
 
 import (
+	"bytes"
 	"unicode/utf16"
 	"unicode/utf8"
 )
 
 // HasEscape reports whether the raw string contents hold an escape.
-func HasEscape(raw []byte) bool {
-	for _, c := range raw {
-		if c == '\\' {
-			return true
-		}
-	}
-	return false
-}
+func HasEscape(raw []byte) bool { return bytes.IndexByte(raw, '\\') >= 0 }
 
 // Key returns the decoded form of a raw key: raw itself when it holds no
 // escape (no copy), else a new slice. Real clients do not escape key
@@ -36,10 +30,11 @@ func Unescape(dst, raw []byte) []byte {
 	for i := 0; i < len(raw); {
 		c := raw[i]
 		if c != '\\' {
-			j := i + 1
-			for j < len(raw) && raw[j] != '\\' {
-				j++
+			j := bytes.IndexByte(raw[i+1:], '\\')
+			if j < 0 {
+				return append(dst, raw[i:]...)
 			}
+			j += i + 1
 			dst = append(dst, raw[i:j]...)
 			i = j
 			continue

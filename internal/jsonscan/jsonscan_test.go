@@ -205,3 +205,21 @@ func TestAppendStringEscapesForJSON(t *testing.T) {
 		t.Error("invalid UTF-8 passed through")
 	}
 }
+
+// The eight-byte fast path agrees with the byte table on every byte value
+// in every position.
+func TestPlainWordAgreesWithTheByteTable(t *testing.T) {
+	for c := 0; c < 256; c++ {
+		for pos := 0; pos < 8; pos++ {
+			w := [8]byte{'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'}
+			w[pos] = byte(c)
+			x := uint64(0)
+			for k := 7; k >= 0; k-- {
+				x = x<<8 | uint64(w[k])
+			}
+			if got, want := plainWord(x), plainASCII[c]; got != want {
+				t.Fatalf("byte %#x at %d: plainWord %v, table %v", c, pos, got, want)
+			}
+		}
+	}
+}

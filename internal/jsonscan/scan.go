@@ -1,6 +1,7 @@
 package jsonscan
 
 import (
+	"encoding/binary"
 	"errors"
 	"unicode/utf8"
 )
@@ -116,7 +117,11 @@ func ScanString(d []byte, i int) (raw []byte, next int, err error) {
 	i++
 	start := i
 	for i < len(d) {
-		// fast path: runs of plain ASCII
+		// fast path: runs of plain ASCII, eight bytes at a time, then
+		// byte by byte up to the first byte that needs a look
+		for len(d)-i >= 8 && plainWord(binary.LittleEndian.Uint64(d[i:])) {
+			i += 8
+		}
 		for i < len(d) && plainASCII[d[i]] {
 			i++
 		}
@@ -154,6 +159,25 @@ func ScanString(d []byte, i int) (raw []byte, next int, err error) {
 		}
 	}
 	return nil, i, ErrSyntax
+}
+
+// plainWord reports whether the eight bytes of x are all plain ASCII (see
+// plainASCII): none is a control character (< 0x20), a quote, a
+// backslash, or has its high bit set. It uses the classic SWAR test "some
+// byte is zero": (v - 0x01..) & ^v & 0x80.. is non-zero iff a byte of v is
+// 0, applied to x ^ '"'.., x ^ '\\'.. and (for bytes < 0x20) x - 0x20..;
+// high-bit bytes are excluded first, so no byte borrows across.
+func plainWord(x uint64) bool {
+	const (
+		ones  = 0x0101010101010101
+		highs = 0x8080808080808080
+	)
+	if x&highs != 0 {
+		return false
+	}
+	q := x ^ ('"' * ones)
+	b := x ^ ('\\' * ones)
+	return ((x-0x20*ones)|(q-ones)|(b-ones))&highs == 0
 }
 
 // plainASCII marks the bytes a string can hold as themselves.
