@@ -75,7 +75,7 @@ bench:
 
 ## bench-proxy: router overhead vs direct vs nginx, one run
 bench-proxy: deps build
-	$(BIN) bench proxy
+	$(BIN) bench proxy --tokenizer-path $(TOKDIR)
 
 ## soak: 30 minutes of mixed streaming load through a real router over NATS
 ## and etcd, with engine kills, hangs, 500 storms, config reloads and a NATS

@@ -23,6 +23,8 @@ type Cmd struct {
 	Gen      GenCmd      `cmd:"" help:"Generate a synthetic workload as a Mooncake JSONL trace."`
 	Proxy    ProxyCmd    `cmd:"" help:"Measure proxy overhead: direct vs infera serve vs nginx, plain and streaming."`
 	Mirror   MirrorCmd   `cmd:"" help:"Measure traffic mirroring's CPU cost in the router: off, copy only, sent, per 10k requests."`
+	// NaiveProxy is the reference proxy of bench proxy --naive.
+	NaiveProxy NaiveProxyCmd `cmd:"" hidden:"" name:"naive-proxy" help:"The thinnest fasthttp reverse proxy (the reference of bench proxy --naive)."`
 }
 
 // GenFlags parameterise the synthetic generators.

@@ -30,27 +30,37 @@ func procCPU(pid int) (float64, error) {
 }
 
 func statCPU(pid int) (float64, error) {
+	u, st, err := procTimes(pid)
+	if err != nil {
+		return 0, err
+	}
+	return float64(u+st) / clkTck, nil
+}
+
+// procTimes returns utime and stime of process pid in clock ticks, from
+// /proc/<pid>/stat.
+func procTimes(pid int) (utime, stime int64, err error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, fmt.Errorf("cannot read CPU time of pid %d: %w", pid, err)
+		return 0, 0, fmt.Errorf("cannot read CPU time of pid %d: %w", pid, err)
 	}
 	// The command name (field 2) is in parentheses and may hold spaces.
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+		return 0, 0, fmt.Errorf("malformed /proc/%d/stat", pid)
 	}
 	f := strings.Fields(s[i+1:])
 	// After the name: state(3) ppid(4) ... utime(14) stime(15).
 	if len(f) < 13 {
-		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+		return 0, 0, fmt.Errorf("malformed /proc/%d/stat", pid)
 	}
-	u, err1 := strconv.ParseFloat(f[11], 64)
-	st, err2 := strconv.ParseFloat(f[12], 64)
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
 	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+		return 0, 0, fmt.Errorf("malformed /proc/%d/stat", pid)
 	}
-	return (u + st) / clkTck, nil
+	return u, st, nil
 }
 
 // childPids lists the children of pid (from /proc/<pid>/task/*/children).

@@ -305,30 +305,6 @@ func closedLoop(cl *Client, body []byte, n, conc int) ([]float64, int, error) {
 	return lat, int(errs.Load()), nil
 }
 
-// procTimes returns utime and stime of process pid in clock ticks.
-func procTimes(pid int) (utime, stime int64, err error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, 0, fmt.Errorf("cannot read the router's CPU time: %w", err)
-	}
-	// The command name may hold spaces: fields start after the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, 0, fmt.Errorf("unexpected /proc/%d/stat", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(f) < 13 {
-		return 0, 0, fmt.Errorf("unexpected /proc/%d/stat", pid)
-	}
-	u, err1 := strconv.ParseInt(f[11], 10, 64)
-	s, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, 0, fmt.Errorf("unexpected /proc/%d/stat", pid)
-	}
-	return u, s, nil
-}
-
 type mirrorCounters struct {
 	sampled, sent, expired, full, queued, inflight int64
 }

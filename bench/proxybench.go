@@ -156,6 +156,7 @@ type ProxyCmd struct {
 	TokenizerPath string        `help:"Also measure kv-aware with this tokenizer and chat template (e.g. testdata/tokenizers/qwen3)." default:"" env:"INFERA_BENCH_TOKENIZER_PATH"`
 	Kinds         []string      `help:"Upstream answer kinds: json, sse." default:"json,sse" env:"INFERA_BENCH_KINDS"`
 	ServeArg      []string      `name:"serve-arg" help:"Extra flag for every infera serve (repeatable)." env:"INFERA_BENCH_SERVE_ARG"`
+	Naive         bool          `help:"Also measure the thinnest fasthttp reverse proxy (HostClient.Do, body streamed back; nothing else) as a reference, with the same GOMAXPROCS." default:"true" negatable:"" env:"INFERA_BENCH_NAIVE"`
 	OutputFlags
 }
 
@@ -282,6 +283,23 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 		}
 		targets = append(targets, proxyTarget{name: name, url: u, pid: p.Pid()})
 		return nil
+	}
+	if c.Naive {
+		port, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		p, err := StartProcEnv("naive fasthttp", dir, env, bin, "bench", "naive-proxy", "--listen", addr,
+			"--upstream", strings.TrimPrefix(be.URL, "http://"))
+		if err != nil {
+			return nil, err
+		}
+		g.Add(p)
+		if err := WaitHTTP(ctx, p, "http://"+addr+"/v1/models", 10*time.Second, nil); err != nil {
+			return nil, err
+		}
+		targets = append(targets, proxyTarget{name: "naive fasthttp", url: "http://" + addr, pid: p.Pid()})
 	}
 	if err := serve("infera round-robin", "--router-policy", "round-robin"); err != nil {
 		return nil, err
@@ -430,8 +448,12 @@ func wrkCPU(c *ProxyCmd, t proxyTarget, body []byte, d time.Duration, dir string
 
 // WriteProxyTable prints the medians with ratios against nginx.
 func WriteProxyTable(w io.Writer, rep *ProxyReport) error {
+	// The title goes around the tabwriter: a line without cells would
+	// widen its first column.
+	if _, err := fmt.Fprintf(w, "medians of %d interleaved %.0f s runs, %d connections\n", rep.Rounds, rep.Duration, rep.Concurrency); err != nil {
+		return err
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "medians of %d interleaved %.0f s runs, %d connections\t\n", rep.Rounds, rep.Duration, rep.Concurrency)
 	fmt.Fprintln(tw, "kind\ttarget\treq/s\treq/s vs nginx\tCPU-s per 10k\tCPU vs nginx\tp50 ms\tp99 ms\terrors\t")
 	nginx := map[string]ProxyTarget{}
 	for _, t := range rep.Targets {

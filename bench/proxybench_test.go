@@ -34,8 +34,9 @@ func TestChatBodySize(t *testing.T) {
 	}
 }
 
-// A short end-to-end run of the proxy benchmark: the direct path and an
-// infera target, both kinds, CPU measured for infera.
+// A short end-to-end run of the proxy benchmark: the direct path, the
+// naive fasthttp reference and the infera targets, both kinds, CPU measured
+// for every proxy.
 func TestProxyBenchShortRun(t *testing.T) {
 	if _, err := os.Stat("/usr/bin/wrk"); err != nil {
 		if os.Getenv("INFERA_REQUIRE_SERVERS") != "" {
@@ -45,15 +46,21 @@ func TestProxyBenchShortRun(t *testing.T) {
 	}
 	bin := inferaBin(t)
 	c := &ProxyCmd{Concurrency: 8, Duration: time.Second, Rounds: 1, StreamChunks: 4, PromptBytes: 512,
-		InferaBin: bin, GoMaxProcs: 2, Nginx: "", Wrk: "/usr/bin/wrk", WrkThreads: 1, Kinds: []string{"json", "sse"}}
+		InferaBin: bin, GoMaxProcs: 2, Nginx: "", Wrk: "/usr/bin/wrk", WrkThreads: 1, Kinds: []string{"json", "sse"}, Naive: true}
 	rep, err := RunProxyBench(context.Background(), c, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	seen := 0
+	seen, naive := 0, 0
 	for _, tg := range rep.Targets {
 		if tg.RPS <= 0 || tg.Errors != 0 {
 			t.Fatalf("%+v", tg)
+		}
+		if tg.Target == "naive fasthttp" {
+			naive++
+			if tg.CPUPer10k <= 0 {
+				t.Fatalf("no CPU measured: %+v", tg)
+			}
 		}
 		if strings.HasPrefix(tg.Target, "infera") {
 			seen++
@@ -62,11 +69,20 @@ func TestProxyBenchShortRun(t *testing.T) {
 			}
 		}
 	}
+	if naive != 2 {
+		t.Fatalf("%d naive fasthttp measurements, want 2 (one per kind)", naive)
+	}
 	if seen != 4 {
 		t.Fatalf("%d infera measurements, want 4 (2 policies x 2 kinds)", seen)
 	}
 	var b strings.Builder
 	if err := WriteProxyTable(&b, rep); err != nil || !strings.Contains(b.String(), "CPU-s per 10k") {
 		t.Fatalf("%v\n%s", err, b.String())
+	}
+	// The columns are as wide as their cells (the title line is not one).
+	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n")[1:] {
+		if pad := len(line) - len(strings.TrimLeft(line, " ")); pad > 4 {
+			t.Fatalf("first column padded by %d spaces:\n%s", pad, b.String())
+		}
 	}
 }
