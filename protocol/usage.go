@@ -139,8 +139,12 @@ func (f *UsageFilter) Filter(dst, src []byte) []byte {
 
 // Flush appends what is held back at the end of the stream.
 func (f *UsageFilter) Flush(dst []byte) []byte {
-	if len(f.carry) > 0 && !f.usageOnly(f.carry) {
-		dst = append(dst, f.carry...)
+	if len(f.carry) > 0 {
+		if !f.usageOnly(f.carry) {
+			dst = append(dst, f.carry...)
+		} else {
+			dst = append(dst, f.carry[:strayBreaks(f.carry)]...)
+		}
 	}
 	f.carry, f.scanned = f.carry[:0], 0
 	return dst
@@ -156,10 +160,30 @@ func (f *UsageFilter) events(dst, b []byte) []byte {
 		ev := b[:n]
 		if !bytes.Contains(ev, keyUsage) || !f.usageOnly(ev) {
 			dst = append(dst, ev...)
+		} else {
+			dst = append(dst, ev[:strayBreaks(ev)]...)
 		}
 		b = b[n:]
 	}
 	return dst
+}
+
+// strayBreaks returns the length of the blank lines that open ev (the
+// longest run of CR and LF ending in LF). An extra blank line between two
+// events belongs to neither: whether it was framed as the end of one read
+// or the start of the next event depends on where reads split the stream,
+// so it is relayed even when its event is dropped, and the client gets the
+// same bytes for any split.
+func strayBreaks(ev []byte) int {
+	n := 0
+	for i, c := range ev {
+		if c == '\n' {
+			n = i + 1
+		} else if c != '\r' {
+			break
+		}
+	}
+	return n
 }
 
 // usageOnly reports whether the SSE event ev is a chat chunk with no

@@ -60,3 +60,23 @@ func TestUsageFilterRemovesOnlyTheUsageChunk(t *testing.T) {
 		t.Error("Reset keeps usage")
 	}
 }
+
+// An extra blank line before the usage chunk reaches the client whichever
+// read it arrived in: the client gets the same bytes for every split of
+// the stream (the fuzzer found it dropped with the usage chunk when both
+// came in one read, and relayed when a read ended right after it).
+func TestUsageFilterRelaysAStrayBlankLineForAnySplit(t *testing.T) {
+	content := chunkLine(`{"content":"a"}`, "null")
+	for _, gap := range []string{"\n", "\r\n", "\n\n"} {
+		in := content + gap + usageLine + "data: [DONE]\n\n"
+		want := content + gap + "data: [DONE]\n\n"
+		for cut := 1; cut < len(in); cut++ {
+			var f UsageFilter
+			out := f.Filter(nil, []byte(in[:cut]))
+			out = f.Flush(f.Filter(out, []byte(in[cut:])))
+			if string(out) != want {
+				t.Fatalf("gap %q, cut at %d:\n got %q\nwant %q", gap, cut, out, want)
+			}
+		}
+	}
+}
