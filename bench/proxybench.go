@@ -264,42 +264,38 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 	if c.GoMaxProcs > 0 {
 		env = append(env, "GOMAXPROCS="+strconv.Itoa(c.GoMaxProcs))
 	}
-	serve := func(name string, extra ...string) error {
+	// start runs one Go proxy (this binary with args, given its port) and
+	// waits until it answers /v1/models as ready says.
+	start := func(name string, ready func([]byte) bool, args func(port string) []string) error {
 		port, err := FreePort()
 		if err != nil {
 			return err
 		}
 		u := "http://127.0.0.1:" + strconv.Itoa(port)
-		args := append([]string{"serve", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--discovery-backend", "static",
-			"--workers", "fixed=" + be.URL, "--worker-model", "sim-model", "--admin-port", "0", "--log-level", "warn"}, extra...)
-		args = append(args, c.ServeArg...)
-		p, err := StartProcEnv(name, dir, env, bin, args...)
+		p, err := StartProcEnv(name, dir, env, bin, args(strconv.Itoa(port))...)
 		if err != nil {
 			return err
 		}
 		g.Add(p)
-		if err := WaitHTTP(ctx, p, u+"/v1/models", 20*time.Second, func(b []byte) bool { return bytes.Contains(b, []byte("sim-model")) }); err != nil {
+		if err := WaitHTTP(ctx, p, u+"/v1/models", 20*time.Second, ready); err != nil {
 			return err
 		}
 		targets = append(targets, proxyTarget{name: name, url: u, pid: p.Pid()})
 		return nil
 	}
+	serve := func(name string, extra ...string) error {
+		return start(name, func(b []byte) bool { return bytes.Contains(b, []byte("sim-model")) }, func(port string) []string {
+			args := append([]string{"serve", "--host", "127.0.0.1", "--port", port, "--discovery-backend", "static",
+				"--workers", "fixed=" + be.URL, "--worker-model", "sim-model", "--admin-port", "0", "--log-level", "warn"}, extra...)
+			return append(args, c.ServeArg...)
+		})
+	}
 	if c.Naive {
-		port, err := FreePort()
-		if err != nil {
+		if err := start("naive fasthttp", nil, func(port string) []string {
+			return []string{"bench", "naive-proxy", "--listen", "127.0.0.1:" + port, "--upstream", strings.TrimPrefix(be.URL, "http://")}
+		}); err != nil {
 			return nil, err
 		}
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		p, err := StartProcEnv("naive fasthttp", dir, env, bin, "bench", "naive-proxy", "--listen", addr,
-			"--upstream", strings.TrimPrefix(be.URL, "http://"))
-		if err != nil {
-			return nil, err
-		}
-		g.Add(p)
-		if err := WaitHTTP(ctx, p, "http://"+addr+"/v1/models", 10*time.Second, nil); err != nil {
-			return nil, err
-		}
-		targets = append(targets, proxyTarget{name: "naive fasthttp", url: "http://" + addr, pid: p.Pid()})
 	}
 	if err := serve("infera round-robin", "--router-policy", "round-robin"); err != nil {
 		return nil, err

@@ -139,13 +139,7 @@ func (f *UsageFilter) Filter(dst, src []byte) []byte {
 
 // Flush appends what is held back at the end of the stream.
 func (f *UsageFilter) Flush(dst []byte) []byte {
-	if len(f.carry) > 0 {
-		if !f.usageOnly(f.carry) {
-			dst = append(dst, f.carry...)
-		} else {
-			dst = append(dst, f.carry[:strayBreaks(f.carry)]...)
-		}
-	}
+	dst = f.event(dst, f.carry)
 	f.carry, f.scanned = f.carry[:0], 0
 	return dst
 }
@@ -157,15 +151,19 @@ func (f *UsageFilter) events(dst, b []byte) []byte {
 		if n == 0 {
 			n = len(b)
 		}
-		ev := b[:n]
-		if !bytes.Contains(ev, keyUsage) || !f.usageOnly(ev) {
-			dst = append(dst, ev...)
-		} else {
-			dst = append(dst, ev[:strayBreaks(ev)]...)
-		}
+		dst = f.event(dst, b[:n])
 		b = b[n:]
 	}
 	return dst
+}
+
+// event relays one SSE event, or, when it is a usage-only chunk, only the
+// blank lines that open it (see strayBreaks).
+func (f *UsageFilter) event(dst, ev []byte) []byte {
+	if !bytes.Contains(ev, keyUsage) || !f.usageOnly(ev) {
+		return append(dst, ev...)
+	}
+	return append(dst, ev[:strayBreaks(ev)]...)
 }
 
 // strayBreaks returns the length of the blank lines that open ev (the
