@@ -67,11 +67,12 @@ type Serve struct {
 	ShutdownTimeout      time.Duration `help:"On SIGTERM, how long in-flight requests and streams may take to finish." default:"30s" env:"INFERA_SHUTDOWN_TIMEOUT"`
 
 	// Gateway state and administration.
-	State              string `help:"Where counters and management data live: empty for in-process, or redis://[:password@]host:port[/db]." env:"INFERA_STATE"`
-	AdminHost          string `help:"Admin API and console listen address (loopback by default)." default:"127.0.0.1" env:"INFERA_ADMIN_HOST"`
-	AdminPort          int    `help:"Admin API and console port; 0 disables the admin listener." default:"8081" env:"INFERA_ADMIN_PORT"`
-	AdminKey           string `help:"Key for the admin API ('Authorization: Bearer <key>'); defaults to --api-key. Without either the admin listener stays off." env:"INFERA_ADMIN_KEY"`
-	PersistSnapshotDir string `help:"Directory for periodic snapshots of management data (config, users, templates); restored on start. Not used with --state redis." env:"INFERA_PERSIST_SNAPSHOT_DIR" type:"path"`
+	State              string        `help:"Where counters and management data live: empty for in-process, or redis://[:password@]host:port[/db]." env:"INFERA_STATE"`
+	StateEndDelay      time.Duration `help:"With --state redis: how long a finished request's counter updates (reconciliation, seats given back) may wait in this router to ride in the next admission's round trip before they are sent alone; other routers see them at most this (plus a round trip) late. 0 sends them as soon as the connection is free." default:"2ms" env:"INFERA_STATE_END_DELAY"`
+	AdminHost          string        `help:"Admin API and console listen address (loopback by default)." default:"127.0.0.1" env:"INFERA_ADMIN_HOST"`
+	AdminPort          int           `help:"Admin API and console port; 0 disables the admin listener." default:"8081" env:"INFERA_ADMIN_PORT"`
+	AdminKey           string        `help:"Key for the admin API ('Authorization: Bearer <key>'); defaults to --api-key. Without either the admin listener stays off." env:"INFERA_ADMIN_KEY"`
+	PersistSnapshotDir string        `help:"Directory for periodic snapshots of management data (config, users, templates); restored on start. Not used with --state redis." env:"INFERA_PERSIST_SNAPSHOT_DIR" type:"path"`
 }
 
 // BreakerCooldown returns the cooldown as a Duration.

@@ -649,3 +649,42 @@ func TestE2EGovernRedisTwoRoutersShareSeats(t *testing.T) {
 	held.Body.Close() // the client leaves: the seat is given back
 	waitUntil(t, "the shared seat freed", func() bool { return govPost(t, r2, "", body).status == 200 })
 }
+
+// With Redis, a request costs the router one round trip to it: the user's
+// admission and the request's seat run in one script, and the previous
+// request's ends (seats given back, reconciliation) ride in the same
+// pipeline, ahead of it. So a client sending one request after another,
+// with a concurrency of 1 of its own and on the engine, is never refused;
+// and a refusal of the deferred admission still answers in OpenAI's shape.
+func TestE2EGovernRedisOneRoundTripPerRequest(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	_, eng := startEngine(t, "--speedup", "50")
+	k, h := newKey(t)
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, fmt.Sprintf(`{
+		"rate_limit": {"overall_concurrency": 1, "prefill_concurrency": 1},
+		"user_limit": {"on_state_error": "closed", "templates": [
+			{"name": "one", "concurrency": {"enabled": true, "limit": 1},
+			 "rate": {"enabled": true, "rpm": 100000, "tpm": 100000000},
+			 "quota": {"enabled": true, "windows": [{"period": "day", "max_requests": 41}]}}]},
+		"users": [{"name": "seq-kim", "keys": [%q], "template": "one"}]}`, h))
+	// Ends wait up to 1 s for the next request to carry them (default
+	// 2 ms, which a request of this loaded machine may exceed now and then:
+	// its ends then go alone, one round trip more).
+	r := startChild(t, "serve", 0, "--workers", "e1="+eng, "--config", cfg, "--state", rd.URL, "--state-end-delay", "1s").url
+	body := chatJSON("sim-model", "hi", 2, false)
+	govPost(t, r, k, body).want(t, 200, "")
+	trips := func() float64 { return metricF(t, r, "infera_governance_state_round_trips_total") }
+	waitUntil(t, "the first request's ends sent alone", func() bool { return trips() == 2 })
+	before := trips()
+	const n = 40
+	for i := 0; i < n; i++ {
+		govPost(t, r, k, body).want(t, 200, "")
+	}
+	// The last request's ends may have been sent alone already
+	// (--state-end-delay).
+	if got := trips() - before; got < n || got > n+1 {
+		t.Fatalf("%d requests took %v round trips to Redis, want %d (+1)", n, got, n)
+	}
+	govPost(t, r, k, body).want(t, 429, "quota_requests_day") // 41 used
+}

@@ -17,7 +17,11 @@ var governClock func() time.Time
 // limiting; docs/governance.md): counters in the process, or in Redis with
 // --state redis://..., applied now and on every config change.
 func (g *Gateway) setupGovern() error {
-	gov, err := govern.New(govern.Options{State: g.flags.State, Now: governClock})
+	endDelay := g.flags.StateEndDelay
+	if endDelay <= 0 {
+		endDelay = -1 // govern: as soon as the dispatcher is free
+	}
+	gov, err := govern.New(govern.Options{State: g.flags.State, Now: governClock, EndDelay: endDelay})
 	if err != nil {
 		return err
 	}

@@ -128,13 +128,76 @@ func BenchmarkAdmissionAllChecksParallel(b *testing.B) {
 }
 
 // BenchmarkAdmissionAllChecksRedis is the same cycle with the counters in a
-// local redis-server: admit, seat, prefill release, seat done and ticket
-// done are one round trip each.
+// local redis-server, through the separate Admit and TryAcquire: two round
+// trips (the ends ride in the next one).
 func BenchmarkAdmissionAllChecksRedis(b *testing.B) {
 	rs := startRedis(b)
 	key, hash := mintKey(b)
 	g := newGov(b, Options{State: rs.url()}, userConfig(b, hash, allChecksTemplate, allChecksRateLimit))
+	trips := mStateRoundTrips.Get()
 	benchAdmission(b, g, []byte(key))
+	b.ReportMetric(float64(mStateRoundTrips.Get()-trips)/float64(b.N), "trips/op")
+}
+
+// admitAcquireCycle is the router's cycle with Redis: the admission and
+// the first seat in one step (AdmitAcquire), first token, the ends.
+func admitAcquireCycle(g *Governor, u *User) bool {
+	a := g.AdmitAcquire(u, Request{PromptTokens: 200, MaxTokens: 100}, benchTargets, PhaseMixed)
+	if a.Refused != nil || a.Queue || a.SeatRefused != nil {
+		return false
+	}
+	a.Ticket.FirstToken()
+	a.Seat.FirstToken()
+	a.Seat.Done()
+	a.Ticket.Done(Usage{PromptTokens: 200, CachedTokens: 150, CompletionTokens: 80, Known: true})
+	return true
+}
+
+// redisBenchUser returns a governor with every check on and its counters
+// in a new redis-server, and its user, after one warm-up cycle.
+func redisBenchUser(b *testing.B) (*Governor, *User) {
+	rs := startRedis(b)
+	key, hash := mintKey(b)
+	g := newGov(b, Options{State: rs.url()}, userConfig(b, hash, allChecksTemplate, allChecksRateLimit))
+	u := identify(b, g, key)
+	admitAcquireCycle(g, u)
+	return g, u
+}
+
+// BenchmarkAdmitAcquireRedis is a request passing every check with the
+// counters in a local redis-server, as the router runs it: one round trip
+// (admission and seat in one script, the previous request's ends in the
+// same pipeline).
+func BenchmarkAdmitAcquireRedis(b *testing.B) {
+	g, u := redisBenchUser(b)
+	trips := mStateRoundTrips.Get()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if !admitAcquireCycle(g, u) {
+			b.Fatal("refused")
+		}
+	}
+	b.ReportMetric(float64(mStateRoundTrips.Get()-trips)/float64(b.N), "trips/op")
+}
+
+// BenchmarkAdmitAcquireRedisParallel is the same from 32 goroutines at
+// once: calls queued while a pipeline is out go together in the next one.
+func BenchmarkAdmitAcquireRedisParallel(b *testing.B) {
+	g, u := redisBenchUser(b)
+	trips := mStateRoundTrips.Get()
+	b.ReportAllocs()
+	b.SetParallelism(16)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if !admitAcquireCycle(g, u) {
+				b.Error("refused")
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(mStateRoundTrips.Get()-trips)/float64(b.N), "trips/op")
 }
 
 // BenchmarkRedisPing is one bare round trip to the same redis-server, the

@@ -27,6 +27,13 @@ type Options struct {
 	PollInterval time.Duration
 	// RedisPrefix prefixes every Redis key and channel. Default "infera:".
 	RedisPrefix string
+	// EndDelay is how long the end of a request (its reconciliation, the
+	// seats it gives back) may wait in this router for the next admission
+	// or seat acquisition to carry it to Redis in the same round trip,
+	// before it is sent alone. Other routers see an end at most this (plus
+	// a round trip) late; this router's next call always runs after it.
+	// Default 2ms; negative: sent as soon as the dispatcher is idle.
+	EndDelay time.Duration
 }
 
 // Governor identifies users and admits their requests. It is safe for
@@ -68,6 +75,9 @@ func New(o Options) (*Governor, error) {
 	if o.RedisPrefix == "" {
 		o.RedisPrefix = "infera:"
 	}
+	if o.EndDelay == 0 {
+		o.EndDelay = 2 * time.Millisecond
+	}
 	g := &Governor{
 		now:     o.Now,
 		opts:    o,
@@ -95,8 +105,9 @@ func New(o Options) (*Governor, error) {
 	return g, nil
 }
 
-// Close stops background work and closes the Redis connection. Seats and
-// tickets still held are not returned (in Redis their leases expire).
+// Close stops background work and closes the Redis connection, after
+// sending the ends already queued for Redis. Seats and tickets still held
+// are not returned (in Redis their leases expire).
 func (g *Governor) Close() error {
 	select {
 	case <-g.stop:

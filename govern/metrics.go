@@ -29,9 +29,12 @@ var (
 	userQueueWait = metrics.NewHistogram(`infera_user_limit_queue_wait_seconds`)
 	seatQueueWait = metrics.NewHistogram(`infera_rate_limit_queue_wait_seconds`)
 
-	mStateErrors   = metrics.NewCounter(`infera_governance_state_errors_total`)
-	mStateFailOpen = metrics.NewCounter(`infera_governance_state_fail_total{mode="open"}`)
-	mStateFailShut = metrics.NewCounter(`infera_governance_state_fail_total{mode="closed"}`)
+	mStateErrors = metrics.NewCounter(`infera_governance_state_errors_total`)
+	// mStateRoundTrips counts the dispatcher's pipelines (each one round
+	// trip to Redis; heartbeats and the pub/sub connection aside).
+	mStateRoundTrips = metrics.NewCounter(`infera_governance_state_round_trips_total`)
+	mStateFailOpen   = metrics.NewCounter(`infera_governance_state_fail_total{mode="open"}`)
+	mStateFailShut   = metrics.NewCounter(`infera_governance_state_fail_total{mode="closed"}`)
 
 	heldSeats [3]atomic.Int64 // all governors of the process
 )

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -15,8 +16,9 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
-// Redis key layout (prefix "infera:" by default; {...} are hash tags, so a
-// user's keys share a cluster slot, and so do all seat keys):
+// Redis key layout (prefix "infera:" by default; {...} group a user's keys
+// and the seat keys, though a request's admission script touches both: one
+// Redis server, not a cluster):
 //
 //	<p>{u:<user>}            hash: rl rt (RPM bucket level, last ms), tl tt
 //	                         (TPM), w<i>s w<i>r w<i>k (window i = 0 5h, 1
@@ -30,155 +32,226 @@ import (
 //	<p>wake                  pub/sub channel: "u:<user>" or "rl" when a
 //	                         slot or seat is given back
 
-// Codes the admission script reports, as bit numbers.
-var admitScript = redis.NewScript(fmt.Sprintf(`
-local h = KEYS[1]
-local now = tonumber(ARGV[1])
-local member = ARGV[2]
-local exp = tonumber(ARGV[3])
-local conc = tonumber(ARGV[4])
-local rpm = tonumber(ARGV[5])
-local tpm = tonumber(ARGV[6])
-local need = tonumber(ARGV[7])
-local est = tonumber(ARGV[8])
-local dry = ARGV[9] == '1'
-local ttl = tonumber(ARGV[10])
-local fails = 0
-local rr, rt = 0, 0
-local function refill(f, cap)
-  local v = redis.call('HMGET', h, f .. 'l', f .. 't')
-  local lvl, t = tonumber(v[1]), tonumber(v[2])
-  if lvl == nil or t == nil then return cap, now end
-  if now > t then lvl = lvl + (now - t) * cap / 60000; t = now end
-  if lvl > cap then lvl = cap end
-  return lvl, t
-end
-if conc > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  if redis.call('ZCARD', KEYS[2]) >= conc then fails = fails + 2^%[1]d end
-end
-local rl, rtm, tl, ttm
-if rpm > 0 then
-  rl, rtm = refill('r', rpm)
-  if rl < 1 then fails = fails + 2^%[2]d; rr = (1 - rl) * 60000 / rpm end
-end
-if tpm > 0 then
-  tl, ttm = refill('t', tpm)
-  if tl < need then fails = fails + 2^%[3]d; rt = (need - tl) * 60000 / tpm end
-end
-local wins = {}
-for p = 0, 3 do
-  local i = 11 + p * 4
-  if ARGV[i] ~= '0' then
-    local start, maxr, maxk, e = tonumber(ARGV[i]), tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), tonumber(ARGV[i+3])
-    local v = redis.call('HMGET', h, 'w' .. p .. 's', 'w' .. p .. 'r', 'w' .. p .. 'k')
-    local r, k = 0, 0
-    if tonumber(v[1]) == start then r = tonumber(v[2]) or 0; k = tonumber(v[3]) or 0 end
-    if maxr > 0 and r + 1 > maxr then fails = fails + 2^(%[4]d + p) end
-    if maxk > 0 and k + e > maxk then fails = fails + 2^(%[5]d + p) end
-    wins[#wins + 1] = {p, start, r + 1, k + e}
+// admitLua is the user admission: KEYS are the user's hash and slot set,
+// A its arguments (admitArgs): now, member, lease expiry, concurrency
+// limit, RPM, TPM, TPM need, TPM estimate, dry, key TTL, then per period
+// start (0: not taken), max requests, max tokens, estimate. It returns
+// {failed rules (bit set of codes), RPM retry ms, TPM retry ms}.
+var admitLua = fmt.Sprintf(`
+local function admit(h, seats, A)
+  local now = tonumber(A[1])
+  local member = A[2]
+  local exp = tonumber(A[3])
+  local conc = tonumber(A[4])
+  local rpm = tonumber(A[5])
+  local tpm = tonumber(A[6])
+  local need = tonumber(A[7])
+  local est = tonumber(A[8])
+  local dry = A[9] == '1'
+  local ttl = tonumber(A[10])
+  local fails = 0
+  local rr, rt = 0, 0
+  local function refill(f, cap)
+    local v = redis.call('HMGET', h, f .. 'l', f .. 't')
+    local lvl, t = tonumber(v[1]), tonumber(v[2])
+    if lvl == nil or t == nil then return cap, now end
+    if now > t then lvl = lvl + (now - t) * cap / 60000; t = now end
+    if lvl > cap then lvl = cap end
+    return lvl, t
   end
-end
-if fails == 0 or dry then
   if conc > 0 then
-    redis.call('ZADD', KEYS[2], exp, member)
-    redis.call('PEXPIRE', KEYS[2], ttl)
+    redis.call('ZREMRANGEBYSCORE', seats, '-inf', now)
+    if redis.call('ZCARD', seats) >= conc then fails = fails + 2^%[1]d end
   end
-  if rpm > 0 then redis.call('HSET', h, 'rl', rl - 1, 'rt', rtm) end
-  if tpm > 0 then redis.call('HSET', h, 'tl', tl - est, 'tt', ttm) end
-  for _, w in ipairs(wins) do
-    redis.call('HSET', h, 'w' .. w[1] .. 's', w[2], 'w' .. w[1] .. 'r', w[3], 'w' .. w[1] .. 'k', w[4])
+  local rl, rtm, tl, ttm
+  if rpm > 0 then
+    rl, rtm = refill('r', rpm)
+    if rl < 1 then fails = fails + 2^%[2]d; rr = (1 - rl) * 60000 / rpm end
   end
-  redis.call('PEXPIRE', h, 3024000000)
+  if tpm > 0 then
+    tl, ttm = refill('t', tpm)
+    if tl < need then fails = fails + 2^%[3]d; rt = (need - tl) * 60000 / tpm end
+  end
+  local wins = {}
+  for p = 0, 3 do
+    local i = 11 + p * 4
+    if A[i] ~= '0' then
+      local start, maxr, maxk, e = tonumber(A[i]), tonumber(A[i+1]), tonumber(A[i+2]), tonumber(A[i+3])
+      local v = redis.call('HMGET', h, 'w' .. p .. 's', 'w' .. p .. 'r', 'w' .. p .. 'k')
+      local r, k = 0, 0
+      if tonumber(v[1]) == start then r = tonumber(v[2]) or 0; k = tonumber(v[3]) or 0 end
+      if maxr > 0 and r + 1 > maxr then fails = fails + 2^(%[4]d + p) end
+      if maxk > 0 and k + e > maxk then fails = fails + 2^(%[5]d + p) end
+      wins[#wins + 1] = {p, start, r + 1, k + e}
+    end
+  end
+  if fails == 0 or dry then
+    if conc > 0 then
+      redis.call('ZADD', seats, exp, member)
+      redis.call('PEXPIRE', seats, ttl)
+    end
+    if rpm > 0 then redis.call('HSET', h, 'rl', rl - 1, 'rt', rtm) end
+    if tpm > 0 then redis.call('HSET', h, 'tl', tl - est, 'tt', ttm) end
+    for _, w in ipairs(wins) do
+      redis.call('HSET', h, 'w' .. w[1] .. 's', w[2], 'w' .. w[1] .. 'r', w[3], 'w' .. w[1] .. 'k', w[4])
+    end
+    redis.call('PEXPIRE', h, 3024000000)
+  end
+  return {fails, math.ceil(rr), math.ceil(rt)}
 end
-return {fails, math.ceil(rr), math.ceil(rt)}
-`, CodeConcurrencyUser, CodeRPM, CodeTPM, CodeQuotaRequests5h, CodeQuotaTokens5h))
+`, CodeConcurrencyUser, CodeRPM, CodeTPM, CodeQuotaRequests5h, CodeQuotaTokens5h)
 
-// finishScript reconciles a ticket: ARGV member, conc, now, served,
-// rpm cap (0: not taken), tpm cap (0: not taken), tpm delta, quota delta,
-// channel, message, then per period: start (0: not taken).
-var finishScript = redis.NewScript(`
-local h = KEYS[1]
-local now = tonumber(ARGV[3])
-local served = ARGV[4] == '1'
-local function adjust(f, cap, delta)
-  local v = redis.call('HMGET', h, f .. 'l', f .. 't')
-  local lvl, t = tonumber(v[1]), tonumber(v[2])
-  if lvl == nil or t == nil then lvl = cap; t = now end
-  if now > t then lvl = lvl + (now - t) * cap / 60000; t = now end
-  lvl = lvl + delta
-  if lvl > cap then lvl = cap end
-  redis.call('HSET', h, f .. 'l', lvl, f .. 't', t)
+// admitArgc is the number of the admission's arguments.
+const admitArgc = 10 + 4*numPeriods
+
+// seatLua takes a seat on the first candidate with room: K are 3 keys
+// per candidate (overall, prefill, decode), A now, expiry, member, parts
+// mask, 3 limits, dry, ttl. It returns {candidate (1-based, 0: none),
+// first full counter (1-based, 0: none), 1 if taken over the limit (dry
+// run)}.
+const seatLua = `
+local function seat(K, A)
+  local now = tonumber(A[1])
+  local exp = tonumber(A[2])
+  local member = A[3]
+  local p = tonumber(A[4])
+  local lim = {tonumber(A[5]), tonumber(A[6]), tonumber(A[7])}
+  local dry = A[8] == '1'
+  local ttl = tonumber(A[9])
+  local need = {}
+  for i = 1, 3 do if math.floor(p / 2^(i-1)) % 2 == 1 then need[#need + 1] = i end end
+  local first, chosen = 0, 0
+  for t = 0, #K / 3 - 1 do
+    local ok = true
+    for _, i in ipairs(need) do
+      local k = K[t * 3 + i]
+      redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
+      if lim[i] > 0 and redis.call('ZCARD', k) >= lim[i] then
+        ok = false
+        if first == 0 then first = i end
+        break
+      end
+    end
+    if ok then chosen = t + 1; break end
+  end
+  local over = 0
+  if chosen == 0 and dry then chosen = 1; over = 1 end
+  if chosen > 0 then
+    for _, i in ipairs(need) do
+      local k = K[(chosen - 1) * 3 + i]
+      redis.call('ZADD', k, exp, member)
+      redis.call('PEXPIRE', k, ttl)
+    end
+  end
+  return {chosen, first, over}
 end
-local rpm = tonumber(ARGV[5])
-if rpm > 0 and not served then adjust('r', rpm, 1) end
-local tpm = tonumber(ARGV[6])
-if tpm > 0 then adjust('t', tpm, -tonumber(ARGV[7])) end
-local qd = tonumber(ARGV[8])
-for p = 0, 3 do
-  local start = ARGV[11 + p]
-  if start ~= '0' and redis.call('HGET', h, 'w' .. p .. 's') == start then
-    if not served then redis.call('HINCRBY', h, 'w' .. p .. 'r', -1) end
-    if qd ~= 0 then redis.call('HINCRBY', h, 'w' .. p .. 'k', qd) end
+`
+
+var (
+	admitScript = redis.NewScript(admitLua + `return admit(KEYS[1], KEYS[2], ARGV)`)
+	seatScript  = redis.NewScript(seatLua + `return seat(KEYS, ARGV)`)
+	// admitSeatScript is a request's admission and its first seat in one
+	// step (one round trip): KEYS the user's 2, then 3 per seat
+	// candidate; ARGV the admission's admitArgc, then the seat's. The seat
+	// is tried only when the admission passed (or in dry run). It returns
+	// the admission's 3 values, then the seat's 3 ({-1, 0, 0}: not tried).
+	admitSeatScript = redis.NewScript(admitLua + seatLua + fmt.Sprintf(`
+local A, S, K = {}, {}, {}
+for i = 1, %[1]d do A[i] = ARGV[i] end
+for i = %[1]d + 1, #ARGV do S[#S + 1] = ARGV[i] end
+for i = 3, #KEYS do K[#K + 1] = KEYS[i] end
+local r = admit(KEYS[1], KEYS[2], A)
+if #K == 0 or (r[1] ~= 0 and A[9] ~= '1') then return {r[1], r[2], r[3], -1, 0, 0} end
+local q = seat(K, S)
+return {r[1], r[2], r[3], q[1], q[2], q[3]}
+`, admitArgc))
+)
+
+// finishLua reconciles a ticket: K the user's hash and slot set, A
+// member, conc, now, served, rpm cap (0: not taken), tpm cap (0: not
+// taken), tpm delta, quota delta, channel, message, then per period: start
+// (0: not taken).
+const finishLua = `
+local function finish(K, A)
+  local h = K[1]
+  local now = tonumber(A[3])
+  local served = A[4] == '1'
+  local function adjust(f, cap, delta)
+    local v = redis.call('HMGET', h, f .. 'l', f .. 't')
+    local lvl, t = tonumber(v[1]), tonumber(v[2])
+    if lvl == nil or t == nil then lvl = cap; t = now end
+    if now > t then lvl = lvl + (now - t) * cap / 60000; t = now end
+    lvl = lvl + delta
+    if lvl > cap then lvl = cap end
+    redis.call('HSET', h, f .. 'l', lvl, f .. 't', t)
+  end
+  local rpm = tonumber(A[5])
+  if rpm > 0 and not served then adjust('r', rpm, 1) end
+  local tpm = tonumber(A[6])
+  if tpm > 0 then adjust('t', tpm, -tonumber(A[7])) end
+  local qd = tonumber(A[8])
+  for p = 0, 3 do
+    local start = A[11 + p]
+    if start ~= '0' and redis.call('HGET', h, 'w' .. p .. 's') == start then
+      if not served then redis.call('HINCRBY', h, 'w' .. p .. 'r', -1) end
+      if qd ~= 0 then redis.call('HINCRBY', h, 'w' .. p .. 'k', qd) end
+    end
+  end
+  if A[2] == '1' and redis.call('ZREM', K[2], A[1]) == 1 then
+    redis.call('PUBLISH', A[9], A[10])
   end
 end
-if ARGV[2] == '1' and redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
-  redis.call('PUBLISH', ARGV[9], ARGV[10])
+`
+
+// releaseLua removes a member from the sets K and announces it: A member,
+// channel, message.
+const releaseLua = `
+local function release(K, A)
+  local n = 0
+  for _, k in ipairs(K) do n = n + redis.call('ZREM', k, A[1]) end
+  if n > 0 then redis.call('PUBLISH', A[2], A[3]) end
+end
+`
+
+// endsScript runs the ends of requests queued together (endKind), in
+// order: ARGV holds per end its kind, its number of keys and of
+// arguments, then its arguments; KEYS its keys, end after end.
+var endsScript = redis.NewScript(finishLua + releaseLua + `
+local ki, ai = 1, 1
+while ai <= #ARGV do
+  local kind, nk, na = ARGV[ai], tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
+  ai = ai + 3
+  local K, A = {}, {}
+  for i = 0, nk - 1 do K[i + 1] = KEYS[ki + i] end
+  for i = 0, na - 1 do A[i + 1] = ARGV[ai + i] end
+  ki, ai = ki + nk, ai + na
+  if kind == 'f' then finish(K, A) else release(K, A) end
 end
 return 0
 `)
 
-// seatScript takes a seat on the first candidate with room: KEYS are 3
-// per candidate (overall, prefill, decode); ARGV now, expiry, member,
-// parts mask, 3 limits, dry, ttl. It returns {candidate (1-based, 0:
-// none), first full counter (1-based, 0: none), 1 if taken over the
-// limit (dry run)}.
-var seatScript = redis.NewScript(`
-local now = tonumber(ARGV[1])
-local exp = tonumber(ARGV[2])
-local member = ARGV[3]
-local p = tonumber(ARGV[4])
-local lim = {tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])}
-local dry = ARGV[8] == '1'
-local ttl = tonumber(ARGV[9])
-local need = {}
-for i = 1, 3 do if math.floor(p / 2^(i-1)) % 2 == 1 then need[#need + 1] = i end end
-local first, chosen = 0, 0
-for t = 0, #KEYS / 3 - 1 do
-  local ok = true
-  for _, i in ipairs(need) do
-    local k = KEYS[t * 3 + i]
-    redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
-    if lim[i] > 0 and redis.call('ZCARD', k) >= lim[i] then
-      ok = false
-      if first == 0 then first = i end
-      break
-    end
-  end
-  if ok then chosen = t + 1; break end
-end
-local over = 0
-if chosen == 0 and dry then chosen = 1; over = 1 end
-if chosen > 0 then
-  for _, i in ipairs(need) do
-    local k = KEYS[(chosen - 1) * 3 + i]
-    redis.call('ZADD', k, exp, member)
-    redis.call('PEXPIRE', k, ttl)
-  end
-end
-return {chosen, first, over}
-`)
+// endKind names an end in endsScript.
+type endKind string
 
-// releaseScript removes a member from KEYS and announces it: ARGV member,
-// channel, message.
-var releaseScript = redis.NewScript(`
-local n = 0
-for _, k in ipairs(KEYS) do n = n + redis.call('ZREM', k, ARGV[1]) end
-if n > 0 then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
-return n
-`)
+const (
+	endFinish  endKind = "f"
+	endRelease endKind = "r"
+)
+
+var allScripts = []*redis.Script{admitScript, seatScript, admitSeatScript, endsScript}
 
 // redisState keeps the counters in Redis.
+//
+// Script calls are sent one pipeline at a time: a call finding no
+// pipeline out sends what is queued with it, from its own goroutine; calls
+// queued while one is out go together in the next one, which the
+// dispatcher (dispatch) sends. The ends of requests (a ticket's reconciliation,
+// a seat given back) are queued without waiting: they ride in the batch of
+// the next admission or seat acquisition, which Redis runs after them (a
+// client's next request never finds its previous request's slot or seat
+// taken, whichever connection carries it), or are sent alone after
+// Options.EndDelay when no call comes. So a request costs one round trip:
+// its admission and first seat, one script (admitSeatScript).
 type redisState struct {
 	g      *Governor
 	c      *redis.Client
@@ -192,10 +265,32 @@ type redisState struct {
 	leases map[string][]string // member -> keys it holds (heartbeat)
 	dirty  map[*userState]struct{}
 
+	// The dispatcher's queue: calls and ends in order; waiting counts the
+	// calls among them (someone waits for their answer).
+	qmu     sync.Mutex
+	q       []*scriptCall
+	waiting int
+	busy    bool // a pipeline is out
+	closed  bool
+	qwake   chan struct{}
+	delay   time.Duration // EndDelay
+
 	kick chan struct{}
 	ps   *redis.PubSub
 	log  logx.Throttle
 }
+
+// scriptCall is one script run, or one end, in a batch.
+type scriptCall struct {
+	s    *redis.Script // nil: an end of kind end, run by endsScript
+	end  endKind
+	keys []string
+	args []any
+	cmd  *redis.Cmd
+	done chan *redis.Cmd // nil: an end (nobody waits)
+}
+
+var errStateClosed = errors.New("the governance is closed")
 
 func newRedisState(g *Governor, o Options) (*redisState, error) {
 	ro, err := redis.ParseURL(o.State)
@@ -221,27 +316,213 @@ func newRedisState(g *Governor, o Options) (*redisState, error) {
 		ttl:    o.LeaseTTL,
 		leases: map[string][]string{},
 		dirty:  map[*userState]struct{}{},
+		qwake:  make(chan struct{}, 1),
+		delay:  o.EndDelay,
 		kick:   make(chan struct{}, 1),
 		log:    logx.Throttle{Every: 10 * time.Second},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	for _, s := range []*redis.Script{admitScript, finishScript, seatScript, releaseScript} {
+	for _, s := range allScripts {
 		if err := s.Load(ctx, r.c).Err(); err != nil {
 			r.c.Close()
 			return nil, fmt.Errorf("cannot reach the state store at %s: %w", ro.Addr, err)
 		}
 	}
 	r.ps = r.c.Subscribe(context.Background(), r.wake)
-	g.wg.Add(2)
+	g.wg.Add(3)
 	go r.loop()
 	go r.listen()
+	go r.dispatch()
 	return r, nil
 }
 
 func (r *redisState) close() error {
 	r.ps.Close()
 	return r.c.Close()
+}
+
+// call runs s and waits for its answer: in a pipeline of its own with
+// what is queued when no pipeline is out (sent from this goroutine: no
+// hand-off), else in the next batch.
+func (r *redisState) call(s *redis.Script, keys []string, args ...any) *redis.Cmd {
+	c := &scriptCall{s: s, keys: keys, args: args, done: make(chan *redis.Cmd, 1)}
+	r.qmu.Lock()
+	if r.closed {
+		r.qmu.Unlock()
+		cmd := redis.NewCmd(context.Background())
+		cmd.SetErr(errStateClosed)
+		return cmd
+	}
+	r.q = append(r.q, c)
+	r.waiting++
+	if r.busy {
+		r.qmu.Unlock() // the sender out hands the queue to the dispatcher when done
+		return <-c.done
+	}
+	batch := r.takeLocked()
+	r.qmu.Unlock()
+	r.send(batch)
+	return <-c.done
+}
+
+// end queues an end of a request without waiting for it: it runs before
+// any call queued after it. Ends queued together run in one endsScript.
+func (r *redisState) end(kind endKind, keys []string, args []any) {
+	r.qmu.Lock()
+	if r.closed {
+		r.qmu.Unlock()
+		return
+	}
+	r.q = append(r.q, &scriptCall{end: kind, keys: keys, args: args})
+	busy := r.busy
+	r.qmu.Unlock()
+	if !busy {
+		r.wakeDispatch() // to send it alone after EndDelay unless a call carries it
+	}
+}
+
+// takeLocked takes the queue as the next batch and marks a pipeline out.
+func (r *redisState) takeLocked() []*scriptCall {
+	batch := r.q
+	r.q, r.waiting, r.busy = nil, 0, true
+	return batch
+}
+
+// send sends batch, then hands what was queued meanwhile to the
+// dispatcher.
+func (r *redisState) send(batch []*scriptCall) {
+	r.exec(batch)
+	r.qmu.Lock()
+	r.busy = false
+	more := len(r.q) > 0
+	r.qmu.Unlock()
+	if more {
+		r.wakeDispatch()
+	}
+}
+
+func (r *redisState) wakeDispatch() {
+	select {
+	case r.qwake <- struct{}{}:
+	default:
+	}
+}
+
+// dispatch sends what callers left queued (calls queued while a pipeline
+// was out; ends no call carried within EndDelay), one pipeline at a time,
+// until the Governor closes; then it sends what is left and refuses new
+// calls.
+func (r *redisState) dispatch() {
+	defer r.g.wg.Done()
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
+	lingering, force := false, false
+	for {
+		select {
+		case <-r.g.stop:
+			r.qmu.Lock()
+			r.closed = true
+			r.qmu.Unlock()
+			for {
+				r.qmu.Lock()
+				if !r.busy {
+					batch := r.takeLocked()
+					r.qmu.Unlock()
+					if len(batch) > 0 {
+						r.exec(batch)
+					}
+					return
+				}
+				r.qmu.Unlock()
+				time.Sleep(time.Millisecond) // a caller's pipeline is out
+			}
+		case <-r.qwake:
+		case <-linger.C:
+			lingering, force = false, true
+		}
+		r.qmu.Lock()
+		switch {
+		case r.busy || len(r.q) == 0:
+			// A sender is out (it wakes this loop when done), or nothing to do.
+			force = force && len(r.q) > 0
+			r.qmu.Unlock()
+		case r.waiting == 0 && !force && r.delay > 0:
+			// Only ends: wait a little for a call to carry them.
+			r.qmu.Unlock()
+			if !lingering {
+				linger.Reset(r.delay)
+				lingering = true
+			}
+		default:
+			batch := r.takeLocked()
+			r.qmu.Unlock()
+			if lingering {
+				linger.Stop()
+				lingering = false
+			}
+			force = false
+			r.send(batch)
+		}
+	}
+}
+
+// exec sends batch as one pipeline and hands out the answers; ends queued
+// next to each other go as one endsScript. A batch that finds Redis
+// without the scripts (restarted) loads them and is sent again (a script
+// refused with NOSCRIPT did not run).
+func (r *redisState) exec(batch []*scriptCall) {
+	ctx, cancel := r.ctx()
+	defer cancel()
+	wire := make([]*scriptCall, 0, len(batch))
+	for i := 0; i < len(batch); {
+		c := batch[i]
+		if c.s != nil {
+			wire = append(wire, c)
+			i++
+			continue
+		}
+		e := &scriptCall{s: endsScript}
+		for ; i < len(batch) && batch[i].s == nil; i++ {
+			x := batch[i]
+			e.keys = append(e.keys, x.keys...)
+			e.args = append(e.args, string(x.end), len(x.keys), len(x.args))
+			e.args = append(e.args, x.args...)
+		}
+		wire = append(wire, e)
+	}
+	send := func(cs []*scriptCall) {
+		mStateRoundTrips.Inc()
+		p := r.c.Pipeline()
+		for _, c := range cs {
+			c.cmd = c.s.EvalSha(ctx, p, c.keys, c.args...)
+		}
+		_, _ = p.Exec(ctx) // each call's error is in its cmd
+	}
+	send(wire)
+	var again []*scriptCall
+	for _, c := range wire {
+		if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			again = append(again, c)
+		}
+	}
+	if len(again) > 0 {
+		loaded := map[*redis.Script]bool{}
+		for _, c := range again {
+			if !loaded[c.s] {
+				loaded[c.s] = true
+				c.s.Load(ctx, r.c)
+			}
+		}
+		send(again)
+	}
+	for _, c := range wire {
+		if c.done != nil {
+			c.done <- c.cmd
+		} else if err := c.cmd.Err(); err != nil {
+			r.failed("end", err, true)
+		}
+	}
 }
 
 func (r *redisState) member() string {
@@ -271,12 +552,13 @@ func (r *redisState) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 2*time.Second)
 }
 
-// admitUser runs the admission script for ts (one round trip).
-func (r *redisState) admitUser(st *userState, t *template, ts *ticketState, cs *calState, e estimate, dry bool, now int64) (failures, int64, error) {
+// admitArgs returns the keys and arguments of ts's admission (admitLua)
+// and the member its concurrency slot would take.
+func (r *redisState) admitArgs(st *userState, t *template, cs *calState, e estimate, dry bool, now int64) ([]string, []any, string) {
 	hk, sk := r.userKeys(st)
 	nowMS := now / 1e6
 	member := r.member()
-	args := make([]any, 0, 26)
+	args := make([]any, 0, admitArgc+9)
 	args = append(args, nowMS, member, nowMS+r.ttl.Milliseconds(), t.concLimit, t.rpm, t.tpm, min(e.tpm, t.tpm), e.tpm, b01(dry), 2*r.ttl.Milliseconds())
 	for p := range numPeriods {
 		w := &t.win[p]
@@ -286,15 +568,13 @@ func (r *redisState) admitUser(st *userState, t *template, ts *ticketState, cs *
 		}
 		args = append(args, cs.win[p].start, w.maxReq, w.maxTok, e.quota)
 	}
-	ctx, cancel := r.ctx()
-	defer cancel()
-	res, err := admitScript.Run(ctx, r.c, []string{hk, sk}, args...).Int64Slice()
-	if err != nil {
-		return 0, 0, err
-	}
-	if len(res) != 3 {
-		return 0, 0, fmt.Errorf("admission script returned %d values", len(res))
-	}
+	return []string{hk, sk}, args, member
+}
+
+// admitted applies the admission script's answer res (3 values) to ts:
+// the failed rules and the retry time; ts holds what was taken when the
+// admission passed (or in dry run).
+func (r *redisState) admitted(res []int64, t *template, ts *ticketState, cs *calState, e estimate, dry bool, now int64, member, sk string) (failures, int64) {
 	f := failures(res[0])
 	retry := max(res[1], res[2]) * 1e6
 	for p := range numPeriods {
@@ -324,10 +604,25 @@ func (r *redisState) admitUser(st *userState, t *template, ts *ticketState, cs *
 			r.mu.Unlock()
 		}
 	}
+	return f, retry
+}
+
+// admitUser runs the admission script for ts (one round trip).
+func (r *redisState) admitUser(st *userState, t *template, ts *ticketState, cs *calState, e estimate, dry bool, now int64) (failures, int64, error) {
+	keys, args, member := r.admitArgs(st, t, cs, e, dry, now)
+	res, err := r.call(admitScript, keys, args...).Int64Slice()
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(res) != 3 {
+		return 0, 0, fmt.Errorf("admission script returned %d values", len(res))
+	}
+	f, retry := r.admitted(res, t, ts, cs, e, dry, now, member, keys[1])
 	return f, retry, nil
 }
 
-// finishUser reconciles ts in Redis (one round trip).
+// finishUser queues ts's reconciliation in Redis (an end: it rides in the
+// next round trip).
 func (r *redisState) finishUser(ts *ticketState, served bool, u Usage, now int64) {
 	t := ts.t
 	var tpmCharge, quotaCharge int64
@@ -361,27 +656,38 @@ func (r *redisState) finishUser(ts *ticketState, served bool, u Usage, now int64
 		delete(r.leases, ts.member)
 		r.mu.Unlock()
 	}
-	ctx, cancel := r.ctx()
-	defer cancel()
-	if err := finishScript.Run(ctx, r.c, []string{hk, sk}, args...).Err(); err != nil {
-		r.failed("finish", err, true)
-	}
+	r.end(endFinish, []string{hk, sk}, args)
 	if ts.conc {
-		r.kickUser(ts.u.st) // a local waiter may take the slot at once
+		r.kickUser(ts.u.st) // a local waiter may take the slot at once (its call runs after this end)
 	}
 }
 
-// admitRemote is Admit with the counters in Redis.
-func (g *Governor) admitRemote(ctx context.Context, s *snapshot, u *User, t *template, ts *ticketState, cs *calState, e estimate, dry bool, now int64) (Ticket, *Rejection) {
+// admitRemote is Admit with the counters in Redis. With sa it also takes
+// the request's first seat in the same script (AdmitAcquire), and does not
+// wait in the user's queue (sa.queue).
+func (g *Governor) admitRemote(ctx context.Context, s *snapshot, u *User, t *template, ts *ticketState, cs *calState, e estimate, dry bool, now int64, sa *seatAsk) (Ticket, *Rejection) {
 	st := u.st
 	if t.concQueue && !dry {
 		st.mu.Lock()
 		if st.q.n > 0 { // no overtaking the queue
+			if sa != nil {
+				st.mu.Unlock()
+				g.putTicket(ts)
+				sa.queue = true
+				return Ticket{}, nil
+			}
 			return g.queueUser(ctx, u, t, ts, e)
 		}
 		st.mu.Unlock()
 	}
-	f, retry, err := g.rds.admitUser(st, t, ts, cs, e, dry, now)
+	var f failures
+	var retry int64
+	var err error
+	if sa != nil {
+		f, retry, err = g.admitSeatRemote(s, st, t, ts, cs, e, dry, now, sa)
+	} else {
+		f, retry, err = g.rds.admitUser(st, t, ts, cs, e, dry, now)
+	}
 	if err != nil {
 		if g.rds.failed("admit", err, s.userOpen) {
 			return ts.handle(u), nil // fail open: nothing to give back
@@ -392,6 +698,11 @@ func (g *Governor) admitRemote(ctx context.Context, s *snapshot, u *User, t *tem
 	}
 	if f != 0 {
 		if !dry && f == 1<<CodeConcurrencyUser && t.concQueue {
+			if sa != nil {
+				g.putTicket(ts)
+				sa.queue = true
+				return Ticket{}, nil
+			}
 			st.mu.Lock()
 			return g.queueUser(ctx, u, t, ts, e) // counts it
 		}
@@ -403,6 +714,40 @@ func (g *Governor) admitRemote(ctx context.Context, s *snapshot, u *User, t *tem
 		}
 	}
 	return ts.handle(u), nil
+}
+
+// admitSeatRemote runs the admission and, when it passes, the first seat
+// acquisition of sa in one script (one round trip). When the seat could
+// not be asked for in the same script (every candidate has requests
+// queued here, or the script failed) sa is left for TryAcquire.
+func (g *Governor) admitSeatRemote(s *snapshot, st *userState, t *template, ts *ticketState, cs *calState, e estimate, dry bool, now int64, sa *seatAsk) (failures, int64, error) {
+	r := g.rds
+	rl := &s.rl
+	if !rl.limited || len(sa.targets) == 0 {
+		return r.admitUser(st, t, ts, cs, e, dry, now) // no seat to take: TryAcquire answers without Redis
+	}
+	_, cands, idx := g.seatCandidates(rl, sa.targets)
+	if len(cands) == 0 {
+		return r.admitUser(st, t, ts, cs, e, dry, now)
+	}
+	keys, args, member := r.admitArgs(st, t, cs, e, dry, now)
+	skeys, sargs, smember := r.seatArgs(rl, cands, sa.ph, rl.dry)
+	keys = append(keys, skeys...)
+	args = append(args, sargs...)
+	res, err := r.call(admitSeatScript, keys, args...).Int64Slice()
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(res) != 6 {
+		return 0, 0, fmt.Errorf("admission script returned %d values", len(res))
+	}
+	f, retry := r.admitted(res[:3], t, ts, cs, e, dry, now, member, keys[1])
+	if res[3] >= 0 { // the seat was asked for
+		ss, i, code := r.seated(res[3:], rl, cands, sa.ph, smember)
+		sa.seat, sa.idx, sa.rej = g.seatAnswer(rl, ss, i, idx, code)
+		sa.done = true
+	}
+	return f, retry, nil
 }
 
 // kickUser asks the queue loop to serve st's queue.
@@ -630,37 +975,34 @@ func (r *redisState) pumpSeats() {
 	}
 }
 
-// acquireSeat runs the seat script over cands (one round trip); it
-// returns the seat's state and the index of the chosen candidate, or -1
-// and the code of the first full counter.
-func (r *redisState) acquireSeat(rl *rlConf, cands []*counters, ph Phase, dry bool) (*seatState, int, Code, error) {
+// seatArgs returns the keys and arguments of a seat acquisition over
+// cands (seatLua) and the seat's member.
+func (r *redisState) seatArgs(rl *rlConf, cands []*counters, ph Phase, dry bool) ([]string, []any, string) {
 	keys := make([]string, 0, 3*len(cands))
 	for _, c := range cands {
 		keys = append(keys, c.keys[0], c.keys[1], c.keys[2])
 	}
 	now := r.g.now().UnixMilli()
 	member := r.member()
-	p := parts(ph)
-	ctx, cancel := r.ctx()
-	defer cancel()
-	res, err := seatScript.Run(ctx, r.c, keys, now, now+r.ttl.Milliseconds(), member, p, rl.lim[0], rl.lim[1], rl.lim[2], b01(dry), 2*r.ttl.Milliseconds()).Int64Slice()
-	if err != nil {
-		return nil, -1, CodeNone, err
-	}
-	if len(res) != 3 {
-		return nil, -1, CodeNone, fmt.Errorf("seat script returned %d values", len(res))
-	}
+	return keys, []any{now, now + r.ttl.Milliseconds(), member, parts(ph), rl.lim[0], rl.lim[1], rl.lim[2], b01(dry), 2 * r.ttl.Milliseconds()}, member
+}
+
+// seated turns the seat script's answer res (3 values) into the seat's
+// state and the index of the chosen candidate, or -1 and the code of the
+// first full counter.
+func (r *redisState) seated(res []int64, rl *rlConf, cands []*counters, ph Phase, member string) (*seatState, int, Code) {
 	code := phaseCode(ph, &rl.lim)
 	if res[1] >= 1 && res[1] <= 3 {
 		code = counterCodes[res[1]-1]
 	}
-	if res[0] == 0 {
-		return nil, -1, code, nil
+	if res[0] <= 0 || int(res[0]) > len(cands) {
+		return nil, -1, code
 	}
 	if res[2] == 0 {
 		code = CodeNone // a seat within the limit
 	}
 	c := cands[res[0]-1]
+	p := parts(ph)
 	ss := r.g.seatPool.Get().(*seatState)
 	ss.c = nil
 	ss.keys = c.keys
@@ -677,10 +1019,27 @@ func (r *redisState) acquireSeat(rl *rlConf, cands []*counters, ph Phase, dry bo
 	r.mu.Lock()
 	r.leases[member] = held
 	r.mu.Unlock()
-	return ss, int(res[0] - 1), code, nil
+	return ss, int(res[0] - 1), code
 }
 
-// releaseSeat returns the held counters of ss (one round trip).
+// acquireSeat runs the seat script over cands (one round trip); it
+// returns the seat's state and the index of the chosen candidate, or -1
+// and the code of the first full counter.
+func (r *redisState) acquireSeat(rl *rlConf, cands []*counters, ph Phase, dry bool) (*seatState, int, Code, error) {
+	keys, args, member := r.seatArgs(rl, cands, ph, dry)
+	res, err := r.call(seatScript, keys, args...).Int64Slice()
+	if err != nil {
+		return nil, -1, CodeNone, err
+	}
+	if len(res) != 3 {
+		return nil, -1, CodeNone, fmt.Errorf("seat script returned %d values", len(res))
+	}
+	ss, i, code := r.seated(res, rl, cands, ph, member)
+	return ss, i, code, nil
+}
+
+// releaseSeat queues the return of the held counters of ss (an end: it
+// rides in the next round trip).
 func (r *redisState) releaseSeat(ss *seatState, held uint64) {
 	keys := make([]string, 0, 2)
 	for i := range 3 {
@@ -702,30 +1061,50 @@ func (r *redisState) releaseSeat(ss *seatState, held uint64) {
 		r.leases[ss.member] = kept
 	}
 	r.mu.Unlock()
-	ctx, cancel := r.ctx()
-	defer cancel()
-	if err := releaseScript.Run(ctx, r.c, keys, ss.member, r.wake, "rl").Err(); err != nil {
-		r.failed("release", err, true)
+	r.end(endRelease, keys, []any{ss.member, r.wake, "rl"})
+	r.poke() // a local waiter may take the seat at once (its call runs after this end)
+}
+
+// seatCandidates returns the counters of targets in scope (cs, one per
+// target), and those a seat may be taken on now (cands, with their
+// indexes in targets): a counter with requests queued here is passed over
+// (no overtaking the queue), except in dry run.
+func (g *Governor) seatCandidates(rl *rlConf, targets []Target) (cs, cands []*counters, idx []int) {
+	l := &g.seats
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	cs = make([]*counters, len(targets))
+	for i := range targets {
+		c := l.counter(rl.scope, &targets[i])
+		cs[i] = c
+		if c.waiting == 0 || rl.dry {
+			cands, idx = append(cands, c), append(idx, i)
+		}
 	}
-	r.poke() // a local waiter may take the seat at once
+	return cs, cands, idx
+}
+
+// seatAnswer is the answer of a seat acquisition in Redis that did not
+// wait: the seat on targets[idx[i]], or the refusal (counted unless the
+// caller may queue next).
+func (g *Governor) seatAnswer(rl *rlConf, ss *seatState, i int, idx []int, code Code) (Seat, int, *Rejection) {
+	if i >= 0 {
+		if code != CodeNone {
+			hit(code, true) // dry run: taken over the limit
+		}
+		return Seat{ss: ss, gen: ss.state.Load() >> ssFlags}, idx[i], nil
+	}
+	if !rl.queue {
+		hit(code, false)
+	}
+	return Seat{}, -1, reject(code, 0, false)
 }
 
 // acquireRemote is acquire with the seats in Redis.
 func (g *Governor) acquireRemote(ctx context.Context, rl *rlConf, targets []Target, ph Phase, wait bool) (Seat, int, *Rejection) {
 	l := &g.seats
 	r := g.rds
-	l.mu.Lock()
-	cs := make([]*counters, len(targets))
-	var cands []*counters
-	var idx []int
-	for i := range targets {
-		c := l.counter(rl.scope, &targets[i])
-		cs[i] = c
-		if c.waiting == 0 || rl.dry { // no overtaking the queue
-			cands, idx = append(cands, c), append(idx, i)
-		}
-	}
-	l.mu.Unlock()
+	cs, cands, idx := g.seatCandidates(rl, targets)
 	code := phaseCode(ph, &rl.lim)
 	if len(cands) > 0 {
 		ss, i, c, err := r.acquireSeat(rl, cands, ph, rl.dry)
@@ -735,11 +1114,8 @@ func (g *Governor) acquireRemote(ctx context.Context, rl *rlConf, targets []Targ
 			}
 			return Seat{}, -1, reject(CodeStateUnavailable, 0, false)
 		}
-		if i >= 0 {
-			if c != CodeNone {
-				hit(c, true) // dry run: taken over the limit
-			}
-			return Seat{ss: ss, gen: ss.state.Load() >> ssFlags}, idx[i], nil
+		if i >= 0 || !rl.queue || !wait {
+			return g.seatAnswer(rl, ss, i, idx, c)
 		}
 		code = c
 	}

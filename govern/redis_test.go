@@ -70,6 +70,7 @@ func TestRedisTwoRoutersShareSeatsAndQueue(t *testing.T) {
 	s.Done()
 	b.Done()
 	x.Done()
+	syncState(t, g2) // g2's ends reach Redis (alone, they would after EndDelay)
 	acquireOK(t, g1, []Target{w1}, PhaseMixed, 0).Done()
 }
 
@@ -99,53 +100,107 @@ func TestRedisSeatsOfACrashedRouterExpire(t *testing.T) {
 	admitOK(t, g, identify(t, g, key), Request{}).Done(Usage{})
 }
 
-// countingHook counts the commands a client sends.
-type countingHook struct{ n atomic.Int64 }
+// countingHook counts the round trips (a command, or a pipeline) and the
+// commands a client sends.
+type countingHook struct{ trips, cmds atomic.Int64 }
 
 func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) { return next(ctx, network, addr) }
 }
 func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.n.Add(1)
+		h.trips.Add(1)
+		h.cmds.Add(1)
 		return next(ctx, cmd)
 	}
 }
 func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.n.Add(int64(len(cmds)))
+		h.trips.Add(1)
+		h.cmds.Add(int64(len(cmds)))
 		return next(ctx, cmds)
 	}
 }
 
-func TestRedisOneRoundTripPerAdmission(t *testing.T) {
+var syncScript = redis.NewScript(`return 0`)
+
+// syncState returns once every end g queued has reached Redis (a call
+// runs after them).
+func syncState(t testing.TB, g *Governor) {
+	t.Helper()
+	if err := g.rds.call(syncScript, nil).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A client sending one request after another through one router, with
+// every user rule and the seat counters on, costs one round trip per
+// request: its admission and seat in one script, carrying the previous
+// request's ends (seat returns, reconciliation) in the same pipeline,
+// which Redis runs first: with a concurrency of 1 for the user and the
+// instance, no request finds its predecessor's slot or seat taken.
+func TestRedisOneRoundTripPerRequest(t *testing.T) {
 	rs := startRedis(t)
 	o := redisOptions(t, rs)
 	o.PollInterval, o.LeaseTTL = time.Hour, time.Hour
+	o.EndDelay = time.Hour // ends wait for the next call
 	key, hash := mintKey(t)
-	c := userConfig(t, hash, `{"name":"t","rate":{"enabled":true,"rpm":1000,"tpm":1000000},"concurrency":{"enabled":true,"limit":10},
+	c := userConfig(t, hash, `{"name":"t","rate":{"enabled":true,"rpm":1000,"tpm":1000000},"concurrency":{"enabled":true,"limit":1},
 		"quota":{"enabled":true,"windows":[{"period":"5h","max_requests":1000},{"period":"day","max_tokens":1000000},{"period":"week","max_requests":1000},{"period":"month","max_tokens":10000000}]}}`,
-		`"rate_limit":{"overall_concurrency":10,"prefill_concurrency":10}`)
+		`"rate_limit":{"overall_concurrency":1,"prefill_concurrency":1}`)
 	g := newGov(t, o, c)
+	u := identify(t, g, key)
+	request := func(i int) {
+		t.Helper()
+		a := g.AdmitAcquire(u, Request{PromptTokens: 10, MaxTokens: 10}, []Target{w1}, PhaseMixed)
+		if a.Refused != nil || a.Queue || a.SeatRefused != nil || a.Index != 0 || !a.Ticket.active() || a.Seat.ss == nil {
+			t.Fatalf("request %d: %+v", i, a)
+		}
+		a.Ticket.FirstToken()
+		a.Seat.FirstToken()
+		a.Seat.Done()
+		a.Ticket.Done(Usage{PromptTokens: 10, CompletionTokens: 5, Known: true})
+	}
+	request(-1) // the dispatcher's connection is set up (HELLO)
 	h := &countingHook{}
 	g.rds.c.AddHook(h)
-	u := identify(t, g, key)
-	step := func(name string, f func()) {
-		t.Helper()
-		before := h.n.Load()
-		f()
-		if n := h.n.Load() - before; n != 1 {
-			t.Fatalf("%s: %d commands, want 1", name, n)
+	const n = 20
+	for i := range n {
+		request(i)
+	}
+	if got := h.trips.Load(); got != n {
+		t.Fatalf("%d requests took %d round trips, want %d", n, got, n)
+	}
+	// Each pipeline: one script running the previous request's 3 ends
+	// (prefill seat, seat, ticket), then the next admission.
+	if got, want := h.cmds.Load(), int64(2*n); got != want {
+		t.Fatalf("%d commands, want %d", got, want)
+	}
+	syncState(t, g)
+	cl := rs.client(t)
+	bg := context.Background()
+	for _, k := range []string{o.RedisPrefix + "{u:alice}:seats", o.RedisPrefix + "{rl}:i:w1:overall", o.RedisPrefix + "{rl}:i:w1:prefill"} {
+		if m, err := cl.ZCard(bg, k).Result(); err != nil || m != 0 {
+			t.Fatalf("%s holds %d members after every end (%v)", k, m, err)
 		}
 	}
-	var tk Ticket
-	var s Seat
-	step("admit", func() { tk = admitOK(t, g, u, Request{PromptTokens: 10, MaxTokens: 10}) })
-	step("seat", func() { s = acquireOK(t, g, []Target{w1, w2, w3}, PhaseMixed, 0) })
-	tk.FirstToken() // local only
-	step("first token", s.FirstToken)
-	step("seat done", s.Done)
-	step("ticket done", func() { tk.Done(Usage{PromptTokens: 10, CompletionTokens: 5, Known: true}) })
+	if r, err := cl.HGet(bg, o.RedisPrefix+"{u:alice}", "w1k").Int64(); err != nil || r != (n+1)*15*1000 {
+		t.Fatalf("day window tokens %d (%v), want the reconciled %d", r, err, (n+1)*15*1000)
+	}
+}
+
+// Ends that no call carries reach Redis alone after EndDelay: another
+// router sees the seat free.
+func TestRedisEndsReachRedisAloneAfterEndDelay(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.EndDelay = 20 * time.Millisecond
+	c := parseConfig(t, `{"rate_limit":{"overall_concurrency":1}}`)
+	g1, g2 := newGov(t, o, c), newGov(t, o, c)
+	acquireOK(t, g1, []Target{w1}, PhaseMixed, 0).Done()
+	cl := rs.client(t)
+	waitFor(t, func() bool { return cl.ZCard(context.Background(), o.RedisPrefix+"{rl}:i:w1:overall").Val() == 0 })
+	acquireOK(t, g2, []Target{w1}, PhaseMixed, 0).Done()
 }
 
 func TestRedisTPMReconcilesFromRealUsage(t *testing.T) {
@@ -172,16 +227,19 @@ func TestRedisTPMReconcilesFromRealUsage(t *testing.T) {
 	admitRejected(t, g, u, Request{PromptTokens: 500, MaxTokens: 1000}, CodeTPM)
 	a.FirstToken()
 	a.Done(Usage{PromptTokens: 500, CompletionTokens: 20, Known: true})
+	syncState(t, g)
 	if l := level(); l != 1980 {
 		t.Fatalf("level %v after refund, want 1980", l)
 	}
 	b.FirstToken()
 	b.Done(Usage{PromptTokens: 500, CompletionTokens: 3500, Known: true})
+	syncState(t, g)
 	if l := level(); l != 1480 {
 		t.Fatalf("level %v after charge, want 1480", l)
 	}
 	clk.Advance(10 * time.Second) // +1000
 	admitOK(t, g, u, Request{PromptTokens: 480, MaxTokens: 2000}).Done(Usage{})
+	syncState(t, g)
 	if l := level(); l != 2480 {
 		t.Fatalf("level %v after a refunded failure, want 2480", l)
 	}

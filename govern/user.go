@@ -246,6 +246,58 @@ func (st *userState) finishLocked(ts *ticketState, served bool, u Usage, now int
 // timeout passes or ctx ends (the client left: it is removed at once).
 // The returned Ticket must be Done once the request ends.
 func (g *Governor) Admit(ctx context.Context, u *User, r Request) (Ticket, *Rejection) {
+	return g.admit(ctx, u, r, nil)
+}
+
+// Admission is the answer of AdmitAcquire.
+type Admission struct {
+	// Refused is the user's refusal (as Admit's); nothing is held.
+	Refused *Rejection
+	// Queue: the request would wait in the user's queue for a concurrency
+	// slot. Nothing is held: the caller gives back what it should not hold
+	// while queued and calls Admit, which waits.
+	Queue bool
+	// Ticket is the admitted request's ticket (Refused and Queue unset).
+	Ticket Ticket
+	// Seat and Index are TryAcquire's answer for the request's first
+	// seat, SeatRefused its refusal; the Ticket is held either way.
+	Seat        Seat
+	Index       int
+	SeatRefused *Rejection
+}
+
+// AdmitAcquire is Admit followed by TryAcquire(targets, ph) for the
+// request's first seat, without waiting. With the counters in Redis both
+// run in one script: a request's admission costs one round trip. The seat
+// is asked for only once the user's admission passed (or in dry run).
+func (g *Governor) AdmitAcquire(u *User, r Request, targets []Target, ph Phase) Admission {
+	sa := seatAsk{targets: targets, ph: ph}
+	tk, rej := g.admit(context.Background(), u, r, &sa)
+	switch {
+	case rej != nil:
+		return Admission{Refused: rej}
+	case sa.queue:
+		return Admission{Queue: true}
+	}
+	if !sa.done {
+		sa.seat, sa.idx, sa.rej = g.TryAcquire(targets, ph)
+	}
+	return Admission{Ticket: tk, Seat: sa.seat, Index: sa.idx, SeatRefused: sa.rej}
+}
+
+// seatAsk is AdmitAcquire's seat: what to acquire, and the answer when the
+// admission took it (done); queue reports an admission that would wait.
+type seatAsk struct {
+	targets []Target
+	ph      Phase
+	done    bool
+	queue   bool
+	seat    Seat
+	idx     int
+	rej     *Rejection
+}
+
+func (g *Governor) admit(ctx context.Context, u *User, r Request, sa *seatAsk) (Ticket, *Rejection) {
 	if u == nil {
 		return Ticket{}, nil
 	}
@@ -280,7 +332,7 @@ func (g *Governor) Admit(ctx context.Context, u *User, r Request) (Ticket, *Reje
 	ts := g.getTicket(u, t)
 	ts.at = now
 	if g.rds != nil {
-		return g.admitRemote(ctx, s, u, t, ts, cs, e, dry, now)
+		return g.admitRemote(ctx, s, u, t, ts, cs, e, dry, now, sa)
 	}
 	st := u.st
 	st.mu.Lock()
@@ -290,6 +342,12 @@ func (g *Governor) Admit(ctx context.Context, u *User, r Request) (Ticket, *Reje
 	}
 	if f != 0 {
 		if !dry && f == 1<<CodeConcurrencyUser && t.concQueue {
+			if sa != nil {
+				st.mu.Unlock()
+				g.putTicket(ts)
+				sa.queue = true
+				return Ticket{}, nil
+			}
 			return g.queueUser(ctx, u, t, ts, e) // unlocks; counts it
 		}
 		hits(f, dry)

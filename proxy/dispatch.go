@@ -89,6 +89,10 @@ func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 	failed := false
 	for attempt := 0; attempt < attempts; attempt++ {
 		if err := s.acquire(cfg, rs, &rs.lease, &rs.gov.seat); err != nil {
+			if err == errUserRefused { // the deferred admission (govern.go): answerFailed answers it
+				res.stop = true
+				return
+			}
 			if rej, ok := seatRefusal(err); ok { // request rate limiting (govern.go)
 				s.seatRefused(ctx, cfg, rs, res, rej)
 				return
@@ -200,6 +204,10 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 
 // answerFailed answers a request no attempt committed an answer for.
 func (s *Server) answerFailed(ctx *fasthttp.RequestCtx, rs *reqState, res *tries) {
+	if rej := rs.gov.refused; rej != nil { // the user's deferred admission (govern.go)
+		s.writeRejection(ctx, rs, rej)
+		return
+	}
 	last := res.last
 	if last == nil {
 		if res.seatRej != nil {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"math"
 	"strconv"
 	"sync"
@@ -22,7 +23,10 @@ import (
 //   - admit (after parsing): the user's quota template, one Ticket per
 //     request that covers all its attempts, ended exactly once when the
 //     request state is released (refunded when nothing was served,
-//     reconciled with the engine's reported usage otherwise);
+//     reconciled with the engine's reported usage otherwise). With the
+//     counters in Redis and request rate limiting on, the admission is
+//     deferred to the first seat acquisition and runs in the same script
+//     (govern.AdmitAcquire): one round trip per request;
 //   - acquire (each dispatch attempt): the scheduler's pick, steered away
 //     from workers without a free concurrency seat (seatGate), and a seat
 //     attached to the attempt's lease, so it ends when the lease does.
@@ -41,6 +45,12 @@ type govState struct {
 	tk     govern.Ticket
 	status int // the status committed to the client; 0 while none
 
+	// deferred: the admission of req waits for the first seat acquisition
+	// (admit); refused is the user's refusal found there.
+	deferred bool
+	req      govern.Request
+	refused  *govern.Rejection
+
 	ctx  reqContext
 	gate seatGate
 	// seat holds the seat attached to the attempt's lease (rs.lease: a
@@ -54,6 +64,7 @@ type govState struct {
 
 func (gs *govState) reset() {
 	gs.user, gs.tk, gs.status = nil, govern.Ticket{}, 0
+	gs.deferred, gs.req, gs.refused = false, govern.Request{}, nil
 	gs.ctx.reset()
 	gs.gate.reset()
 	gs.seat.reset()
@@ -64,14 +75,27 @@ func (gs *govState) reset() {
 // admit runs user admission for rs (after parsing: the prompt estimate and
 // max_tokens are known). On a refusal it answers the client and returns
 // false. A request of the global key or of an open router is not limited.
-func (s *Server) admit(ctx *fasthttp.RequestCtx, rs *reqState) bool {
+//
+// With the counters in Redis and request rate limiting on, the admission
+// is deferred (nothing is sent yet) when the request's first step is a
+// local seat acquisition, which then runs it in the same round trip
+// (acquire); not when another upstream (split proxy, another region) may
+// take the request first, nor when it is mirrored (a refused request must
+// not be).
+func (s *Server) admit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState) bool {
 	u := rs.gov.user
 	if u == nil {
 		return true
 	}
-	s.watch(ctx, rs) // a queued request whose client leaves is removed at once
 	r := &rs.sreq
-	tk, rej := s.gov.Admit(&rs.gov.ctx, u, govern.Request{PromptTokens: r.PromptTokens, MaxTokens: max(0, r.MaxTokens)})
+	req := govern.Request{PromptTokens: r.PromptTokens, MaxTokens: max(0, r.MaxTokens)}
+	g := s.gov
+	if g.Shared() && g.Limited() && !cfg.SplitProxy.Enabled && !s.globalOn(cfg) && !(cfg.Mirror.Enabled && s.o.Mirror != nil) {
+		rs.gov.deferred, rs.gov.req = true, req
+		return true
+	}
+	s.watch(ctx, rs) // a queued request whose client leaves is removed at once
+	tk, rej := g.Admit(&rs.gov.ctx, u, req)
 	if rej != nil {
 		s.live.remove(rs)
 		s.writeRejection(ctx, rs, rej)
@@ -79,6 +103,28 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, rs *reqState) bool {
 	}
 	rs.gov.tk = tk
 	return true
+}
+
+// errUserRefused is acquire's error when the request's deferred admission
+// was refused (rs.gov.refused: the answer).
+var errUserRefused = errors.New("the user's admission was refused")
+
+// admitDeferred runs rs's deferred admission alone (a request that waits
+// in a queue before its first seat, or whose router stopped limiting
+// seats); it may wait in the user's queue.
+func (s *Server) admitDeferred(rs *reqState) error {
+	gs := &rs.gov
+	if !gs.deferred {
+		return nil
+	}
+	gs.deferred = false
+	tk, rej := s.gov.Admit(&gs.ctx, gs.user, gs.req)
+	if rej != nil {
+		gs.refused = rej
+		return errUserRefused
+	}
+	gs.tk = tk
+	return nil
 }
 
 // committed records the status of the answer committed to the client: from
@@ -99,7 +145,6 @@ func served(status int) bool { return status < 500 && status != fasthttp.StatusT
 // as govern documents (a served request keeps its estimate). Another error
 // answer of the engine (4xx) counts the request and no tokens.
 func (gs *govState) end(u *usage) {
-	defer gs.seat.wait() // seats in Redis end beside the ticket
 	if !served(gs.status) || gs.status == 0 {
 		gs.tk.Done(govern.Usage{})
 		return
@@ -120,14 +165,18 @@ func (gs *govState) end(u *usage) {
 // candidate has one, the request is refused, or under overlimit queue
 // waits (without holding the lease) for the first seat of a candidate to
 // free. On error l holds nothing; a *govern.Rejection error is a refusal
-// of request rate limiting (seatRefusal).
+// of request rate limiting (seatRefusal); errUserRefused is the refusal of
+// the request's deferred admission (admit), which the first acquisition
+// runs together with its seat.
 func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *seatHold) error {
 	r := &rs.sreq
 	g := s.gov
 	if g == nil || !g.Limited() {
+		if err := s.admitDeferred(rs); err != nil {
+			return err
+		}
 		return s.sched.Acquire(cfg, r, rs.scratch[:0], l)
 	}
-	h.wait() // the previous attempt's seat (a retry) has ended
 	sg := &rs.gov.gate
 	sg.g = g
 	r.Gate = sg
@@ -143,14 +192,39 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 		var seat govern.Seat
 		var i int
 		var rej *govern.Rejection
-		if g.Queues() && sg.allFull() {
-			rej = errAllFull // known without asking: wait at once
-		} else {
-			seat, i, rej = g.TryAcquire(tg, ph)
-			if rej == nil && i == 0 {
-				h.attach(l, seat, g.Shared())
-				return nil
+		switch {
+		case g.Queues() && sg.allFull():
+			// Known without asking: wait at once, admitted first.
+			if err := s.admitDeferred(rs); err != nil {
+				l.Done(sched.OutcomeNeutral)
+				return err
 			}
+			rej = errAllFull
+		case rs.gov.deferred:
+			rs.gov.deferred = false
+			a := g.AdmitAcquire(rs.gov.user, rs.gov.req, tg, ph)
+			switch {
+			case a.Refused != nil:
+				l.Done(sched.OutcomeNeutral)
+				rs.gov.refused = a.Refused
+				return errUserRefused
+			case a.Queue:
+				// The user's queue: not held while waiting.
+				l.Done(sched.OutcomeNeutral)
+				rs.gov.deferred = true
+				if err := s.admitDeferred(rs); err != nil {
+					return err
+				}
+				continue
+			}
+			rs.gov.tk = a.Ticket
+			seat, i, rej = a.Seat, a.Index, a.SeatRefused
+		default:
+			seat, i, rej = g.TryAcquire(tg, ph)
+		}
+		if rej == nil && i == 0 {
+			h.attach(l, seat)
+			return nil
 		}
 		// Not held while waiting, nor when the seat is on another worker.
 		l.Done(sched.OutcomeNeutral)
@@ -173,7 +247,7 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 			return err
 		}
 		if l.Worker == x {
-			h.attach(l, seat, g.Shared())
+			h.attach(l, seat)
 			return nil
 		}
 		// x stopped being a candidate meanwhile (removed, breaker open):
@@ -306,58 +380,32 @@ func (sg *seatGate) reset() {
 }
 
 // seatHold is a concurrency seat attached to a lease (a sched.Seat): the
-// lease tells it the first token and the end.
+// lease tells it the first token and the end. Neither waits: with Redis,
+// the seat's returns are queued to ride in the router's next round trip
+// (govern), which Redis runs after them, so a client's next request never
+// finds its previous request's seat or slot taken.
 type seatHold struct {
 	s govern.Seat
-	// async: the seat's counters are in Redis, where each call is a round
-	// trip. Its first token (giving the prefill seat back) runs off the
-	// request path. Its end runs beside the ticket's end, which waits for
-	// it (ends): the two round trips overlap, and the request's answer
-	// still leaves only once both are done, so that a client's next
-	// request never finds its previous request's seat or slot taken.
-	async bool
-	ends  sync.WaitGroup
 }
 
 var _ sched.Seat = (*seatHold)(nil)
 
 // FirstToken implements sched.Seat.
-func (h *seatHold) FirstToken() {
-	if h.async {
-		go h.s.FirstToken() // a Seat's calls are safe concurrently; after Done it does nothing
-		return
-	}
-	h.s.FirstToken()
-}
+func (h *seatHold) FirstToken() { h.s.FirstToken() }
 
 // Done implements sched.Seat.
-func (h *seatHold) Done(sched.Outcome) {
-	if h.async {
-		s := h.s
-		h.ends.Add(1)
-		go func() {
-			s.Done()
-			h.ends.Done()
-		}()
-		return
-	}
-	h.s.Done()
-}
+func (h *seatHold) Done(sched.Outcome) { h.s.Done() }
 
-// attach hangs s on l through h; if l cannot take it, s ends now. h must
-// not hold a seat (its last one ended: wait).
-func (h *seatHold) attach(l *sched.Lease, s govern.Seat, async bool) {
-	h.s, h.async = s, async
+// attach hangs s on l through h; if l cannot take it, s ends now.
+func (h *seatHold) attach(l *sched.Lease, s govern.Seat) {
+	h.s = s
 	if !l.Attach(h) {
 		s.Done()
 	}
 }
 
-// wait waits for the end of h's last seat (with Redis it may still run).
-func (h *seatHold) wait() { h.ends.Wait() }
-
-// reset clears h for the next request (its seat has ended: wait).
-func (h *seatHold) reset() { h.s, h.async = govern.Seat{}, false }
+// reset clears h for the next request.
+func (h *seatHold) reset() { h.s = govern.Seat{} }
 
 // writeRejection answers a refusal of the governance: OpenAI's error shape
 // with the code naming the limit, and Retry-After when a time is known. A

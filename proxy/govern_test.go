@@ -36,8 +36,14 @@ func govConfig(t testing.TB, js string) *config.Config {
 
 // newGovernor returns an in-process governor serving cfg.
 func newGovernor(t testing.TB, cfg *config.Config) *govern.Governor {
+	return newGovernorAt(t, "", cfg)
+}
+
+// newGovernorAt returns a governor serving cfg with its counters at state
+// ("" for in-process, or a redis:// URL).
+func newGovernorAt(t testing.TB, state string, cfg *config.Config) *govern.Governor {
 	t.Helper()
-	g, err := govern.New(govern.Options{})
+	g, err := govern.New(govern.Options{State: state})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -536,17 +542,7 @@ func TestSeatRefusedInRedisForwardsToAnotherRegion(t *testing.T) {
 	hold := startHold(t)
 	engB := startUpstream(t, okHandler)
 	cfgRL := govConfig(t, `{"rate_limit": {"overall_concurrency": 1}}`)
-	redisGov := func() *govern.Governor {
-		g, err := govern.New(govern.Options{State: rd.URL})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { g.Close() })
-		if err := g.Apply(cfgRL); err != nil {
-			t.Fatal(err)
-		}
-		return g
-	}
+	redisGov := func() *govern.Governor { return newGovernorAt(t, rd.URL, cfgRL) }
 	// Router A0 and router A share the engine (worker w0) and its seat.
 	a0 := startRouterGov(t, nil, cfgRL, redisGov(), hold.url)
 	fb := defaultFlags()
@@ -635,5 +631,41 @@ func TestPDLegsTakeSeatsOfTheirPhase(t *testing.T) {
 	noLoadLeft(t, fl)
 	if pl.n() != 4 {
 		t.Fatalf("prefill legs %d, want 4 (the refused request's prefill ran before its decode seat was refused)", pl.n())
+	}
+}
+
+// With the counters in Redis and seats limited, a user's admission is
+// deferred to the first seat acquisition and runs in its script. A request
+// the user's concurrency limit queues gives its lease back and waits in
+// the user's queue without holding a worker's load; a refusal of the
+// deferred admission answers in OpenAI's shape, and the engine never sees
+// the refused request.
+func TestDeferredAdmissionInRedisQueuesWithoutTheLeaseAndRefusesInShape(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	up := startHold(t)
+	key, hash := mintKey(t)
+	cfg := govConfig(t, fmt.Sprintf(`{
+		"rate_limit": {"overall_concurrency": 100},
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"concurrency": {"enabled": true, "limit": 1, "overlimit": "queue", "queue_size": 10, "queue_timeout_ms": 30000},
+			"quota": {"enabled": true, "windows": [{"period": "day", "max_requests": 2}]}}]},
+		"users": [{"name": "alice", "keys": [%q]}]}`, hash))
+	r := startRouterGov(t, nil, cfg, newGovernorAt(t, rd.URL, cfg), up.url)
+	w := r.fl.View().All[0]
+	held := async(t, r.url, key, chatBody)
+	waitUntil(t, "a held request", func() bool { return up.inflight.Load() == 1 })
+	queued := async(t, r.url, key, chatBody)
+	waitUntil(t, "alice's second request queued", func() bool { return userQueueLen(t, r.url) == 1 })
+	if n := w.Load.Requests.Load(); n != 1 {
+		t.Fatalf("the worker counts %d requests while one is queued for alice's slot, want 1", n)
+	}
+	up.release <- struct{}{}
+	want(t, <-held, 200, "")
+	waitUntil(t, "the queued request on the engine", func() bool { return up.inflight.Load() == 1 })
+	up.release <- struct{}{}
+	want(t, <-queued, 200, "")
+	want(t, apiCall(t, r.url, key, chatBody), 429, "quota_requests_day") // 2 a day
+	if up.hits.Load() != 2 {
+		t.Fatalf("the engine saw %d requests, want 2", up.hits.Load())
 	}
 }

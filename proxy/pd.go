@@ -101,7 +101,6 @@ func (p *pdDispatch) release() {
 	if p.pl.Held() {
 		panic("BUG: PD dispatch released while its prefill lease is held")
 	}
-	p.ps.wait() // with Redis the prefill seat's end may still run
 	p.ps.reset()
 	select {
 	case <-p.done:
@@ -228,6 +227,11 @@ func (s *Server) pdAcquire(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 		h = &p.ps
 	}
 	err := s.acquire(cfg, rs, l, h) // the leg's lease and concurrency seat (govern.go)
+	if err == errUserRefused {
+		// The deferred admission was refused: answerFailed answers it.
+		res.stop = true
+		return false
+	}
 	if rej, ok := seatRefusal(err); ok {
 		s.seatRefused(ctx, cfg, rs, res, rej)
 		return false

@@ -284,7 +284,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 			return
 		}
 	}
-	if !s.admit(ctx, rs) { // user limits (govern.go), before anything is spent on the request
+	if !s.admit(ctx, cfg, rs) { // user limits (govern.go), before anything is spent on the request
 		return
 	}
 	if cfg.SmartModelSelection.Enabled {
