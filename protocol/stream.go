@@ -190,6 +190,10 @@ func (c *StreamConverter) Fail(dst []byte, status int, typ, msg string) []byte {
 	return dst
 }
 
+// Finished reports whether the converted stream is complete (its closing
+// events were produced, or its error event).
+func (c *StreamConverter) Finished() bool { return c.finished }
+
 // Err returns the conversion error that ended the stream, if any.
 func (c *StreamConverter) Err() error { return c.err }
 

@@ -753,3 +753,53 @@ func TestWorkerHitRateFromReportedUsage(t *testing.T) {
 		t.Fatalf("counts %d %d", req, fail)
 	}
 }
+
+// 13. An engine whose connection breaks after its stream ended (data:
+// [DONE] sent, then a reset instead of the chunked body's last chunk)
+// gives the client one complete stream: no error event and no second
+// [DONE] after it, in every relay (passthrough with or without the
+// optional space, usage-filtered, converted to Anthropic's events); the
+// worker is not blamed and the broken connection is not reused.
+func TestStreamBrokenAfterItsEndGetsNoErrorEvent(t *testing.T) {
+	for _, tc := range []struct {
+		name, path, body, done string
+		stop                   string // the client protocol's end, once
+	}{
+		{"passthrough", "/v1/chat/completions", streamBody, "data: [DONE]\n\n", "data: [DONE]"},
+		{"no space", "/v1/chat/completions", streamBody, "data:[DONE]\n\n", "data:[DONE]"},
+		{"usage filtered", "/v1/chat/completions", strings.Replace(streamBody, `"stream":true`, `"stream":true,"stream_options":{"include_usage":false}`, 1), "data: [DONE]\n\n", "data: [DONE]"},
+		{"anthropic", "/v1/messages", strings.Replace(anthropicBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1), "data: [DONE]\n\n", "event: message_stop"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := startRaw(t, func(n int, req string, c net.Conn) {
+				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+				ev := `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"hi"},"finish_reason":null}]}` + "\n\n" +
+					`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}` + "\n\n" + tc.done
+				fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+				time.Sleep(50 * time.Millisecond)
+				c.(*net.TCPConn).SetLinger(0)
+				c.Close() // a reset where the last chunk belongs
+			})
+			f := defaultFlags()
+			f.RequestMaxRetries = 0
+			r := startRouter(t, f, nil, up.url)
+			before := midStreamErrors()
+			for i := 1; i <= 2; i++ {
+				code, b := post(t, r.url+tc.path, tc.body)
+				if code != 200 || strings.Count(b, tc.stop) != 1 || !strings.HasSuffix(strings.TrimRight(b, "\n"), strings.TrimRight(tc.done, "\n")) && tc.path != "/v1/messages" ||
+					strings.Contains(b, "error") || !strings.Contains(b, "hi") {
+					t.Fatalf("request %d: %d %q", i, code, b)
+				}
+				if n := up.conns.Load(); n != int64(i) {
+					t.Fatalf("request %d went over %d engine connections, want %d (a broken one is never reused)", i, n, i)
+				}
+			}
+			if st := r.fl.Get("w0").Breaker.State(); st != fleet.BreakerClosed || midStreamErrors() != before {
+				t.Fatalf("breaker %d, mid-stream errors %v -> %v", st, before, midStreamErrors())
+			}
+		})
+	}
+}
+
+// midStreamErrors reads infera_stream_errors_total{phase="mid_stream"}.
+func midStreamErrors() uint64 { return mMidStreamErr.Get() }

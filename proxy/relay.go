@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"io"
 	"net"
 	"sync"
@@ -30,8 +31,13 @@ type relay struct {
 	client  net.Conn
 	wto     time.Duration
 	outcome sched.Outcome // at a clean end of the body
-	tail    [2]byte       // the last two bytes sent (SSE framing)
-	ntail   int
+	// tail holds the last bytes sent (ntail of them): the SSE framing of
+	// an error event, and whether a broken stream had already ended.
+	tail  [tailLen]byte
+	ntail int
+	// cutAfterEnd: the engine's connection broke after its stream had
+	// ended in its protocol; the client got a complete stream.
+	cutAfterEnd bool
 	// st transforms the body (a converted or usage-filtered stream,
 	// protocols.go); nil: the bytes are relayed as they came.
 	st *protoState
@@ -41,6 +47,9 @@ var relayPool = sync.Pool{New: func() any { return &relay{} }}
 
 // relayBufSize is the response read buffer: one client write at most.
 const relayBufSize = 32 << 10
+
+// tailLen covers the longest stream ending endedCleanly looks for.
+const tailLen = 32
 
 // SupportsBodyWriteTo makes fasthttp call WriteTo (fasthttp.BodyWriterTo).
 func (r *relay) SupportsBodyWriteTo() bool { return true }
@@ -75,6 +84,7 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 				}
 			}
 		}
+		err = r.brokeAfterEnd(err)
 		if err == io.EOF {
 			r.upEOF = true
 			if r.st != nil {
@@ -125,6 +135,7 @@ func (r *relay) Read(p []byte) (int, error) {
 		r.noteTail(p[:n])
 		r.armWrite()
 	}
+	err = r.brokeAfterEnd(err)
 	switch {
 	case err == nil:
 		return n, nil
@@ -174,13 +185,59 @@ func (r *relay) write(w io.Writer, p []byte) (int, error) {
 }
 
 func (r *relay) noteTail(p []byte) {
-	switch {
-	case len(p) >= 2:
-		r.tail[0], r.tail[1], r.ntail = p[len(p)-2], p[len(p)-1], 2
-	case len(p) == 1:
-		r.tail[0], r.tail[1] = r.tail[1], p[0]
-		r.ntail = min(r.ntail+1, 2)
+	if len(p) >= tailLen {
+		copy(r.tail[:], p[len(p)-tailLen:])
+		r.ntail = tailLen
+		return
 	}
+	copy(r.tail[:], r.tail[len(p):])
+	copy(r.tail[tailLen-len(p):], p)
+	r.ntail = min(r.ntail+len(p), tailLen)
+}
+
+// last returns the last byte sent before the final i (0: the last byte),
+// and false when fewer were sent.
+func (r *relay) last(i int) (byte, bool) {
+	if i >= r.ntail {
+		return 0, false
+	}
+	return r.tail[tailLen-1-i], true
+}
+
+// Stream endings after which an engine's broken connection loses nothing.
+var (
+	endDone        = []byte("data: [DONE]")    // OpenAI
+	endDoneNoSpace = []byte("data:[DONE]")     // the same without the optional space
+	endMessageStop = []byte(`"message_stop"}`) // Anthropic's message_stop event
+)
+
+// brokeAfterEnd turns a read error of a stream that had already ended in
+// its protocol (a converted stream finished; the bytes relayed so far end
+// with OpenAI's data: [DONE] or Anthropic's message_stop event) into the
+// end of the body: the client has a complete stream, so it gets no error
+// event after it, and the worker is not blamed (the connection is not
+// reused: cutAfterEnd). Other errors are returned unchanged.
+func (r *relay) brokeAfterEnd(err error) error {
+	if err == nil || err == io.EOF || !r.sse || !r.endedCleanly() {
+		return err
+	}
+	r.cutAfterEnd = true
+	return io.EOF
+}
+
+// endedCleanly reports whether the stream sent so far, with what is
+// pending, is complete in its protocol.
+func (r *relay) endedCleanly() bool {
+	if r.st != nil && r.st.conv != nil {
+		return r.st.conv.Finished()
+	}
+	var w [2 * tailLen]byte
+	t := append(w[:0], r.tail[tailLen-r.ntail:]...)
+	t = append(t, r.pending[max(0, len(r.pending)-tailLen):]...)
+	for len(t) > 0 && (t[len(t)-1] == '\n' || t[len(t)-1] == '\r') {
+		t = t[:len(t)-1]
+	}
+	return bytes.HasSuffix(t, endDone) || bytes.HasSuffix(t, endDoneNoSpace) || bytes.HasSuffix(t, endMessageStop)
 }
 
 // upstreamFailed records a mid-stream failure: never retried.
@@ -227,11 +284,13 @@ func (r *relay) errorEvent() []byte {
 			r.noteTail(b)
 		}
 	}
+	b1, ok1 := r.last(0)
+	b0, ok0 := r.last(1)
 	switch {
-	case r.ntail == 0:
-	case r.tail[1] != '\n':
+	case !ok1:
+	case b1 != '\n':
 		b = append(b, "\n\n"...)
-	case r.ntail < 2 || r.tail[0] != '\n':
+	case !ok0 || b0 != '\n':
 		b = append(b, '\n')
 	}
 	b = r.rs.proto.appendSSEError(b, status, typ, msg) // in the client's protocol (protocols.go)
@@ -253,6 +312,7 @@ func (r *relay) readStaged(p []byte) (int, error) {
 			r.pending = r.st.feed(r.buf[:n])
 			r.armWrite()
 		}
+		err = r.brokeAfterEnd(err)
 		switch {
 		case err == io.EOF:
 			r.upEOF = true
@@ -284,7 +344,7 @@ func (r *relay) CloseWithError(err error) error {
 		r.up.finish(false)
 		outcome = r.failed.outcome()
 	case r.upEOF:
-		r.up.finish(true)
+		r.up.finish(!r.cutAfterEnd)
 	default:
 		r.up.finish(false)
 		outcome = sched.OutcomeNeutral
