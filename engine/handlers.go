@@ -259,15 +259,18 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool, nat *native
 	check := time.NewTicker(peerCheckInterval)
 	defer check.Stop()
 	for {
+		done := sq.done.Load() // before the count: a done sequence's count is final
 		n := int(sq.tokens.Load())
-		if sq.done.Load() {
-			break
-		}
 		if closeAfter >= 0 && n >= closeAfter {
+			// Cut, also when the sequence finished before this handler
+			// looked (a finished sequence is not aborted: it completed).
 			s.abort(sq)
 			ctx.HijackSetNoResponse(true)
 			ctx.Hijack(func(c net.Conn) { _ = c.Close() })
 			return
+		}
+		if done {
+			break
 		}
 		select {
 		case <-sq.notify:

@@ -93,8 +93,10 @@ func (t *tokenStream) Read(p []byte) (int, error) {
 		}
 		done := t.sq.done.Load()
 		n := int(t.sq.tokens.Load())
-		if t.closeAfter >= 0 && n > t.closeAfter {
-			n = t.closeAfter
+		if t.closeAfter >= 0 && n >= t.closeAfter {
+			// The fault cuts the stream after closeAfter tokens, also when
+			// the sequence finished before this writer caught up.
+			n, done = t.closeAfter, false
 		}
 		if n > t.sent {
 			t.render(n, done)
