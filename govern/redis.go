@@ -215,9 +215,13 @@ end
 
 // endsScript runs the ends of requests queued together (endKind), in
 // order: ARGV holds per end its kind, its number of keys and of
-// arguments, then its arguments; KEYS its keys, end after end.
+// arguments, then its arguments; KEYS its keys, end after end. Each end
+// runs on its own (pcall): one that fails (an OOM write refused, a key of
+// the wrong type) does not keep the others from running. It returns the
+// number of ends that failed and the first error.
 var endsScript = redis.NewScript(finishLua + releaseLua + `
 local ki, ai = 1, 1
+local failed, first = 0, ''
 while ai <= #ARGV do
   local kind, nk, na = ARGV[ai], tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
   ai = ai + 3
@@ -225,9 +229,14 @@ while ai <= #ARGV do
   for i = 0, nk - 1 do K[i + 1] = KEYS[ki + i] end
   for i = 0, na - 1 do A[i + 1] = ARGV[ai + i] end
   ki, ai = ki + nk, ai + na
-  if kind == 'f' then finish(K, A) else release(K, A) end
+  local ok, err
+  if kind == 'f' then ok, err = pcall(finish, K, A) else ok, err = pcall(release, K, A) end
+  if not ok then
+    failed = failed + 1
+    if first == '' then first = tostring(type(err) == 'table' and (err.err or err[1]) or err) end
+  end
 end
-return 0
+return {failed, first}
 `)
 
 // endKind names an end in endsScript.
@@ -238,7 +247,10 @@ const (
 	endRelease endKind = "r"
 )
 
-var allScripts = []*redis.Script{admitScript, seatScript, admitSeatScript, endsScript}
+// allScripts are loaded at start and whenever Redis answers NOSCRIPT,
+// endsScript first: a router that finds one of the others loaded finds
+// it loaded too, so a batch's call never runs while its ends are refused.
+var allScripts = []*redis.Script{endsScript, admitScript, seatScript, admitSeatScript}
 
 // redisState keeps the counters in Redis.
 //
@@ -300,7 +312,10 @@ func newRedisState(g *Governor, o Options) (*redisState, error) {
 	ro.DialTimeout = time.Second
 	ro.ReadTimeout = time.Second
 	ro.WriteTimeout = time.Second
-	ro.MaxRetries = 1
+	// No retries: go-redis resends a whole pipeline after a read timeout,
+	// which Redis has usually run already (admissions and ends counted
+	// twice). A failed call is on_state_error's to decide.
+	ro.MaxRetries = -1
 	ro.DisableIdentity = true
 	ro.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	var rid [6]byte
@@ -508,8 +523,12 @@ func (r *redisState) exec(batch []*scriptCall) {
 	}
 	if len(again) > 0 {
 		loaded := map[*redis.Script]bool{}
+		for _, s := range allScripts {
+			loaded[s] = true
+			s.Load(ctx, r.c)
+		}
 		for _, c := range again {
-			if !loaded[c.s] {
+			if !loaded[c.s] { // not one of ours (tests)
 				loaded[c.s] = true
 				c.s.Load(ctx, r.c)
 			}
@@ -519,7 +538,15 @@ func (r *redisState) exec(batch []*scriptCall) {
 	for _, c := range wire {
 		if c.done != nil {
 			c.done <- c.cmd
-		} else if err := c.cmd.Err(); err != nil {
+			continue
+		}
+		res, err := c.cmd.Slice()
+		if err == nil && len(res) == 2 {
+			if n, _ := res[0].(int64); n > 0 {
+				err = fmt.Errorf("%d of the batch's ends failed: %v", n, res[1])
+			}
+		}
+		if err != nil {
 			r.failed("end", err, true)
 		}
 	}
@@ -884,6 +911,9 @@ func (r *redisState) pumpUsers() {
 			cs := s.cal.state(now / 1e9)
 			dry := s.userDry || w.t.dry
 			f, retry, err := r.admitUser(st, w.t, w.ts, cs, w.e, dry, now)
+			if err == errStateClosed {
+				return // shutting down: the waiters end with their requests
+			}
 			if err == nil && f == 1<<CodeConcurrencyUser && !dry {
 				break // still full: wait for the next release or poll
 			}
@@ -945,6 +975,9 @@ func (r *redisState) pumpSeats() {
 		if rl.limited {
 			var ss *seatState
 			ss, i, _, err = r.acquireSeat(rl, cands, w.ph, false)
+			if err == errStateClosed {
+				return // shutting down: the waiters end with their requests
+			}
 			if ss != nil {
 				seat = Seat{ss: ss, gen: ss.state.Load() >> ssFlags}
 			}

@@ -350,3 +350,93 @@ func TestRedisURLErrorsNeverEchoThePassword(t *testing.T) {
 		t.Fatalf("%v", err)
 	}
 }
+
+// After Redis lost its scripts (a restart), a batch never runs a call
+// while its ends are refused: the router reloads every script at the
+// first NOSCRIPT, the ends' first. With a concurrency of 1 for the user
+// and the instance, back-to-back requests are never refused.
+func TestRedisEndsRunBeforeTheNextCallAfterAScriptFlush(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.PollInterval, o.LeaseTTL, o.EndDelay = time.Hour, time.Hour, time.Hour
+	key, hash := mintKey(t)
+	g := newGov(t, o, userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":1}}`, `"rate_limit":{"overall_concurrency":1}`))
+	u := identify(t, g, key)
+	request := func(i int) {
+		t.Helper()
+		a := g.AdmitAcquire(u, Request{PromptTokens: 10, MaxTokens: 10}, []Target{w1}, PhaseMixed)
+		if a.Refused != nil || a.Queue || a.SeatRefused != nil || a.Index != 0 {
+			t.Fatalf("request %d: refused %v, queue %v, seat refused %v", i, a.Refused, a.Queue, a.SeatRefused)
+		}
+		a.Ticket.FirstToken()
+		a.Seat.Done()
+		a.Ticket.Done(Usage{})
+	}
+	request(0)
+	syncState(t, g)
+	if err := rs.client(t).ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		request(i) // the first finds no script; the next carry the previous ends
+	}
+}
+
+// The ends sent together run one by one: one that Redis refuses (a write
+// under maxmemory with noeviction) does not keep a seat's release after it
+// from running.
+func TestRedisOneFailingEndDoesNotDropTheOthers(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.EndDelay, o.LeaseTTL = time.Hour, time.Hour
+	key, hash := mintKey(t)
+	g := newGov(t, o, userConfig(t, hash, `{"name":"t","rate":{"enabled":true,"rpm":1000}}`, `"rate_limit":{"overall_concurrency":5}`))
+	u := identify(t, g, key)
+	tk := admitOK(t, g, u, Request{})
+	s := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	cl := rs.client(t)
+	bg := context.Background()
+	cl.ConfigSet(bg, "maxmemory-policy", "noeviction")
+	cl.ConfigSet(bg, "maxmemory", "1")
+	before := mStateErrors.Get()
+	tk.Done(Usage{}) // its reconciliation writes (HSET): refused
+	s.Done()         // a release (ZREM) is allowed
+	syncState(t, g)
+	cl.ConfigSet(bg, "maxmemory", "0")
+	if n := cl.ZCard(bg, o.RedisPrefix+"{rl}:i:w1:overall").Val(); n != 0 {
+		t.Fatalf("the seat is still held (%d members) after its release", n)
+	}
+	if mStateErrors.Get() == before {
+		t.Fatal("the refused end was not counted as a state store error")
+	}
+}
+
+// A reply that comes after the read timeout is not sent again: Redis has
+// usually run the first copy, and an admission must count once.
+func TestRedisSlowReplyIsNotResent(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	key, hash := mintKey(t)
+	g := newGov(t, o, userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":100}]}}`, ""))
+	u := identify(t, g, key)
+	admitOK(t, g, u, Request{}).Done(Usage{}) // refunded
+	syncState(t, g)
+	cl := rs.client(t)
+	busy := make(chan struct{})
+	go func() {
+		defer close(busy)
+		// Redis busy for 1.5 s, past the client's 1 s read timeout.
+		cl.Eval(context.Background(), `local s = redis.call('TIME'); local e = tonumber(s[1]) * 1e6 + tonumber(s[2]) + 1500000
+while true do local n = redis.call('TIME'); if tonumber(n[1]) * 1e6 + tonumber(n[2]) > e then break end end return 0`, nil)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	tk, _ := g.Admit(context.Background(), u, Request{}) // times out: fail open
+	<-busy
+	time.Sleep(100 * time.Millisecond)
+	r, _ := cl.HGet(context.Background(), o.RedisPrefix+"{u:alice}", "w1r").Int64()
+	tk.FirstToken()
+	tk.Done(Usage{})
+	if r != 1 {
+		t.Fatalf("one admission counted %d times in the day window", r)
+	}
+}

@@ -194,12 +194,7 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 		var rej *govern.Rejection
 		switch {
 		case g.Queues() && sg.allFull():
-			// Known without asking: wait at once, admitted first.
-			if err := s.admitDeferred(rs); err != nil {
-				l.Done(sched.OutcomeNeutral)
-				return err
-			}
-			rej = errAllFull
+			rej = errAllFull // known without asking: wait at once (admitted first, below)
 		case rs.gov.deferred:
 			rs.gov.deferred = false
 			a := g.AdmitAcquire(rs.gov.user, rs.gov.req, tg, ph)
@@ -228,6 +223,11 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 		}
 		// Not held while waiting, nor when the seat is on another worker.
 		l.Done(sched.OutcomeNeutral)
+		// A deferred admission still pending here (every candidate full)
+		// runs before the seat wait, and may wait in the user's queue.
+		if err := s.admitDeferred(rs); err != nil {
+			return err
+		}
 		if rej != nil {
 			if !g.Queues() || rej.Code == govern.CodeStateUnavailable {
 				return rej
