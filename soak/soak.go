@@ -363,10 +363,14 @@ func oneRequest(hc *http.Client, url string, n int64, stream bool, maxTokens int
 	if resp.StatusCode != 200 {
 		var e struct {
 			Error struct {
-				Message string `json:"message"`
+				Message string  `json:"message"`
+				Code    *string `json:"code"`
 			} `json:"error"`
 		}
 		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
+			if e.Error.Code != nil && *e.Error.Code != "" {
+				status += " " + *e.Error.Code // the statuses break clean errors down by code
+			}
 			return outCleanError, status
 		}
 		return outLost, status + "-malformed"
