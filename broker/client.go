@@ -530,3 +530,15 @@ func (s *Stream) release() {
 		s.timer.Stop()
 	}
 }
+
+// Reconnect is the reconnection policy of every infera process's NATS
+// connection (router and worker sidecars): retry forever, every 250 ms plus
+// up to 100 ms of jitter (nats.go waits 2 s by default). While the broker
+// is away every NATS request is a 503, so each second counts.
+func Reconnect() []nats.Option {
+	return []nats.Option{
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(100*time.Millisecond, 100*time.Millisecond),
+	}
+}

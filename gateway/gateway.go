@@ -283,23 +283,13 @@ func (g *Gateway) setupUpstreams() error {
 	return nil
 }
 
-// The pause between the router's reconnection attempts to the NATS broker,
-// and the random jitter added to it (so routers do not come back in step).
-const (
-	natsReconnectWait   = 250 * time.Millisecond
-	natsReconnectJitter = 100 * time.Millisecond
-)
-
 // connectNATS connects to the broker (--nats-url, NATS_SERVER, NATS_URL).
 func (g *Gateway) connectNATS() error {
 	f := g.flags
 	if f.NatsURL == "" {
 		return fmt.Errorf("--request-transport nats / --kv-event-transport nats need a broker: set --nats-url (or NATS_SERVER / NATS_URL), or use --request-transport http --kv-event-transport zmq")
 	}
-	// Reconnect every 250 ms (nats.go waits 2 s by default): while the
-	// broker is away every NATS request is a 503, so each second counts.
-	nc, err := nats.Connect(f.NatsURL, nats.Name("infera-serve"), nats.MaxReconnects(-1),
-		nats.ReconnectWait(natsReconnectWait), nats.ReconnectJitter(natsReconnectJitter, natsReconnectJitter))
+	nc, err := nats.Connect(f.NatsURL, append(broker.Reconnect(), nats.Name("infera-serve"))...)
 	if err != nil {
 		return fmt.Errorf("cannot connect to NATS: %w", err)
 	}

@@ -417,12 +417,7 @@ func (r *redisState) send(batch []*scriptCall) {
 	}
 }
 
-func (r *redisState) wakeDispatch() {
-	select {
-	case r.qwake <- struct{}{}:
-	default:
-	}
-}
+func (r *redisState) wakeDispatch() { nudge(r.qwake) }
 
 // dispatch sends what callers left queued (calls queued while a pipeline
 // was out; ends no call carried within EndDelay), one pipeline at a time,
@@ -522,16 +517,8 @@ func (r *redisState) exec(batch []*scriptCall) {
 		}
 	}
 	if len(again) > 0 {
-		loaded := map[*redis.Script]bool{}
 		for _, s := range allScripts {
-			loaded[s] = true
 			s.Load(ctx, r.c)
-		}
-		for _, c := range again {
-			if !loaded[c.s] { // not one of ours (tests)
-				loaded[c.s] = true
-				c.s.Load(ctx, r.c)
-			}
 		}
 		send(again)
 	}
@@ -793,9 +780,13 @@ func (r *redisState) kickUser(st *userState) {
 
 func (r *redisState) kickSeats() { r.poke() }
 
-func (r *redisState) poke() {
+func (r *redisState) poke() { nudge(r.kick) }
+
+// nudge wakes the loop waiting on ch (capacity 1) unless it is already
+// due to wake.
+func nudge(ch chan struct{}) {
 	select {
-	case r.kick <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }

@@ -122,13 +122,11 @@ func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	}
 }
 
-var syncScript = redis.NewScript(`return 0`)
-
-// syncState returns once every end g queued has reached Redis (a call
-// runs after them).
+// syncState returns once every end g queued has reached Redis: a call (an
+// endsScript with no ends) runs after them.
 func syncState(t testing.TB, g *Governor) {
 	t.Helper()
-	if err := g.rds.call(syncScript, nil).Err(); err != nil {
+	if err := g.rds.call(endsScript, nil).Err(); err != nil {
 		t.Fatal(err)
 	}
 }

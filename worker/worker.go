@@ -361,10 +361,7 @@ func (s *Sidecar) startNATS() error {
 	if c.RequestTransport != "nats" && c.KVEventTransport != "nats" {
 		return nil
 	}
-	// Reconnect every 250 ms (+ up to 100 ms jitter): the engine takes no
-	// NATS request until its sidecar is back.
-	nc, err := nats.Connect(c.NatsURL, nats.Name("infera-worker-"+s.rec.ID), nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond), nats.ReconnectJitter(100*time.Millisecond, 100*time.Millisecond))
+	nc, err := nats.Connect(c.NatsURL, append(broker.Reconnect(), nats.Name("infera-worker-"+s.rec.ID))...)
 	if err != nil {
 		return fmt.Errorf("cannot connect to NATS %s: %w", c.NatsURL, err)
 	}
