@@ -8,6 +8,7 @@ import (
 
 	"github.com/infera/infera/internal/logx"
 	"github.com/infera/infera/internal/netpeek"
+	"github.com/infera/infera/internal/sockio"
 )
 
 // listener keeps the server accepting through temporary accept errors:
@@ -26,7 +27,7 @@ func (l *listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err == nil {
-			return &clientConn{Conn: c, fd: netpeek.SockFD(c)}, nil
+			return &clientConn{Conn: sockio.Wrap(c), fd: netpeek.SockFD(c)}, nil
 		}
 		if errors.Is(err, net.ErrClosed) {
 			return nil, err

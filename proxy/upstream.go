@@ -13,6 +13,7 @@ import (
 
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/internal/netpeek"
+	"github.com/infera/infera/internal/sockio"
 )
 
 // The HTTP/1.1 upstream client. It is ours rather than fasthttp.HostClient
@@ -124,9 +125,9 @@ func (p *httpPool) dial(deadline time.Time) (*upConn, error) {
 		nc = tc
 	}
 	c := acquireUpConn()
-	c.nc, c.pool = nc, p
 	c.fd = netpeek.SockFD(nc)
-	c.br.Reset(nc)
+	c.nc, c.pool = sockio.Wrap(nc), p
+	c.br.Reset(c.nc)
 	return c, nil
 }
 
@@ -295,8 +296,13 @@ func (c *upConn) writeRequest(method, path []byte, hdr []byte, body []byte) erro
 		b = append(b, body...)
 		_, err = c.nc.Write(b)
 	} else {
+		// One writev: net.Buffers uses it on the runtime's own connection.
+		nc := c.nc
+		if w, ok := nc.(*sockio.Conn); ok {
+			nc = w.Unwrap()
+		}
 		bufs := net.Buffers{b, body}
-		_, err = bufs.WriteTo(c.nc)
+		_, err = bufs.WriteTo(nc)
 	}
 	c.wbuf = b[:0]
 	return err

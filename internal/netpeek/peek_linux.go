@@ -29,7 +29,7 @@ func Peek(fd int) State {
 		return Empty
 	}
 	var b [1]byte
-	n, _, errno := syscall.Syscall6(syscall.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), 1,
+	n, _, errno := syscall.RawSyscall6(syscall.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), 1,
 		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
 	switch {
 	case errno == syscall.EAGAIN || errno == syscall.EINTR:

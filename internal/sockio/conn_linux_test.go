@@ -1,0 +1,238 @@
+package sockio
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// pair returns a wrapped client connection and the server's plain end.
+func pair(t testing.TB) (*Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ch := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			ch <- nil
+			return
+		}
+		ch <- c
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := <-ch
+	if s == nil {
+		t.Fatal("accept failed")
+	}
+	w, ok := Wrap(c).(*Conn)
+	if !ok {
+		t.Fatal("a TCP connection was not wrapped")
+	}
+	t.Cleanup(func() { w.Close(); s.Close() })
+	return w, s
+}
+
+func TestWrapLeavesOtherConnectionsAlone(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if Wrap(a) != a {
+		t.Fatal("an in-memory pipe was wrapped")
+	}
+}
+
+func TestReadWaitsForDataAndWriteSendsAll(t *testing.T) {
+	c, s := pair(t)
+	go func() {
+		time.Sleep(20 * time.Millisecond) // the read parks first
+		s.Write([]byte("hello"))
+	}()
+	buf := make([]byte, 16)
+	n, err := c.Read(buf)
+	if err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("read %q, %v", buf[:n], err)
+	}
+	if n, err := c.Write([]byte("world")); n != 5 || err != nil {
+		t.Fatalf("write %d, %v", n, err)
+	}
+	s.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(s, buf[:5]); err != nil || string(buf[:5]) != "world" {
+		t.Fatalf("peer read %q, %v", buf[:5], err)
+	}
+}
+
+// A write larger than the socket buffers fills them (EAGAIN), parks, and
+// resumes as the peer drains: every byte arrives, in order.
+func TestWriteLargerThanSocketBuffersResumesAfterEAGAIN(t *testing.T) {
+	c, s := pair(t)
+	data := make([]byte, 32<<20)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		time.Sleep(50 * time.Millisecond) // let the buffers fill
+		b, _ := io.ReadAll(s)
+		got <- b
+	}()
+	n, err := c.Write(data)
+	if n != len(data) || err != nil {
+		t.Fatalf("write %d of %d, %v", n, len(data), err)
+	}
+	c.Close()
+	if b := <-got; !bytes.Equal(b, data) {
+		t.Fatalf("peer got %d bytes, different from the %d written", len(b), len(data))
+	}
+}
+
+func TestReadAfterPeerClosesIsEOF(t *testing.T) {
+	c, s := pair(t)
+	s.Write([]byte("x"))
+	s.Close()
+	buf := make([]byte, 4)
+	if n, err := c.Read(buf); n != 1 || err != nil {
+		t.Fatalf("read %d, %v", n, err)
+	}
+	if n, err := c.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("read %d, %v; want io.EOF", n, err)
+	}
+}
+
+func TestReadDeadlineIsATimeout(t *testing.T) {
+	c, _ := pair(t)
+	c.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+	start := time.Now()
+	_, err := c.Read(make([]byte, 4))
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read error %v; want a timeout", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("deadline of 30ms returned after %v", d)
+	}
+}
+
+func TestWriteDeadlineStopsAWriteThePeerNeverReads(t *testing.T) {
+	c, _ := pair(t)
+	c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+	n, err := c.Write(make([]byte, 64<<20))
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("write error %v; want a timeout", err)
+	}
+	if n <= 0 || n >= 64<<20 {
+		t.Fatalf("wrote %d bytes; want a partial count", n)
+	}
+}
+
+// Close from another goroutine ends a parked Read at once, as with a
+// net.Conn (the proxy aborts upstream reads this way when a client leaves).
+func TestCloseEndsAParkedRead(t *testing.T) {
+	c, _ := pair(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, 4))
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	c.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("read error %v; want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not end the parked Read")
+	}
+}
+
+func TestResetByPeerIsAReadError(t *testing.T) {
+	c, s := pair(t)
+	s.(*net.TCPConn).SetLinger(0) // close sends RST
+	s.Close()
+	time.Sleep(20 * time.Millisecond)
+	_, err := c.Read(make([]byte, 4))
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("read error %v; want ECONNRESET", err)
+	}
+}
+
+// One reader and one writer at a time, concurrently: a full-duplex echo.
+func TestConcurrentReadAndWrite(t *testing.T) {
+	c, s := pair(t)
+	go io.Copy(s, s) // echo
+	const total = 4 << 20
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		chunk := bytes.Repeat([]byte("abcdefgh"), 512)
+		for sent := 0; sent < total; sent += len(chunk) {
+			if _, err := c.Write(chunk); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	got, buf := 0, make([]byte, 64<<10)
+	for got < total {
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatalf("after %d bytes: %v", got, err)
+		}
+		got += n
+	}
+	wg.Wait()
+}
+
+func TestReadAndWriteAllocateNothing(t *testing.T) {
+	c, s := pair(t)
+	go io.Copy(s, s)
+	msg, buf := []byte("ping"), make([]byte, 4)
+	allocs := testing.AllocsPerRun(200, func() {
+		c.Write(msg)
+		io.ReadFull(c, buf)
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per round trip", allocs)
+	}
+}
+
+// BenchmarkPingPong compares a round trip over loopback through the
+// runtime's connection and through Conn.
+func BenchmarkPingPong(b *testing.B) {
+	for _, raw := range []bool{false, true} {
+		name := "net.Conn"
+		if raw {
+			name = "sockio.Conn"
+		}
+		b.Run(name, func(b *testing.B) {
+			c, s := pair(b)
+			go io.Copy(s, s)
+			var conn net.Conn = c
+			if !raw {
+				conn = c.Unwrap()
+			}
+			msg, buf := make([]byte, 1024), make([]byte, 1024)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				conn.Write(msg)
+				io.ReadFull(conn, buf)
+			}
+		})
+	}
+}

@@ -1,0 +1,20 @@
+//go:build linux && !race
+
+package sockio
+
+import (
+	"syscall"
+	"unsafe"
+)
+
+// sysRead is read(2) without entersyscall. p is not empty.
+func sysRead(fd uintptr, p []byte) (int, syscall.Errno) {
+	n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	return int(n), e
+}
+
+// sysWrite is write(2) without entersyscall. p is not empty.
+func sysWrite(fd uintptr, p []byte) (int, syscall.Errno) {
+	n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+	return int(n), e
+}
