@@ -1,15 +1,18 @@
 package sockio
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
+	"sync"
 	"syscall"
+	"time"
 )
 
 // Conn is a TCP connection whose Read and Write bypass the scheduler's
-// system-call accounting. Everything else (deadlines, Close, addresses) is
-// the wrapped connection's. Like a net.Conn, it takes one Read and one
+// system-call accounting, and whose deadlines are lazy (see deadline).
+// Everything else (Close, addresses) is the wrapped connection's. Like a net.Conn, it takes one Read and one
 // Write at a time concurrently; unlike it, not two concurrent Reads (or two
 // Writes). Other connection types are not wrapped: see Wrap.
 type Conn struct {
@@ -26,6 +29,8 @@ type Conn struct {
 	wn     int
 	werr   syscall.Errno
 	writeF func(uintptr) bool
+
+	rd, wd deadline
 }
 
 // Wrap returns c as a *Conn when it is a TCP (or Unix) socket, and c itself
@@ -56,6 +61,9 @@ func (c *Conn) Read(b []byte) (int, error) {
 	}
 	c.rbuf = b
 	err := c.rc.Read(c.readF)
+	for err != nil && c.early(err, &c.rd, true) {
+		err = c.rc.Read(c.readF)
+	}
 	c.rbuf = nil
 	if err != nil {
 		return 0, err
@@ -93,6 +101,9 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 	c.wbuf, c.wn, c.werr = b, 0, 0
 	err := c.rc.Write(c.writeF)
+	for err != nil && c.early(err, &c.wd, false) {
+		err = c.rc.Write(c.writeF)
+	}
 	n := c.wn
 	c.wbuf = nil
 	if err != nil {
@@ -120,4 +131,69 @@ func (c *Conn) writeFD(fd uintptr) bool {
 		return true
 	}
 	return true
+}
+
+// deadline is one direction's deadline, armed lazily. Setting a deadline on
+// a runtime connection modifies a runtime timer; an HTTP server sets one two
+// or three times per request (idle, header, body), each time a little later
+// than the last. Here a deadline that falls after the one already armed is
+// only recorded: the armed one fires first, and the Read or Write it stops
+// re-arms the recorded deadline and carries on (early). A deadline earlier
+// than the armed one, the first one, and one already past are armed at once,
+// so a deadline never fires late and one set to interrupt a call does.
+type deadline struct {
+	mu    sync.Mutex
+	want  time.Time // the caller's deadline; zero = none
+	armed time.Time // the connection's; zero = none
+	arms  int       // times the connection's deadline was set (tests)
+}
+
+func (c *Conn) setDeadline(d *deadline, t time.Time, read bool) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.want = t
+	if t.IsZero() || !d.armed.IsZero() && !d.armed.After(t) {
+		return nil
+	}
+	d.armed = t
+	d.arms++
+	return c.arm(t, read)
+}
+
+func (c *Conn) arm(t time.Time, read bool) error {
+	if read {
+		return c.Conn.SetReadDeadline(t)
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// early reports whether err is a deadline that fired before the caller's
+// (or with none left): it re-arms the caller's deadline, and the call is
+// retried.
+func (c *Conn) early(err error, d *deadline, read bool) bool {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.want.IsZero() && !time.Now().Before(d.want) {
+		return false
+	}
+	d.armed = d.want
+	d.arms++
+	return c.arm(d.want, read) == nil
+}
+
+// SetReadDeadline sets the read deadline (lazily: see deadline).
+func (c *Conn) SetReadDeadline(t time.Time) error { return c.setDeadline(&c.rd, t, true) }
+
+// SetWriteDeadline sets the write deadline (lazily: see deadline).
+func (c *Conn) SetWriteDeadline(t time.Time) error { return c.setDeadline(&c.wd, t, false) }
+
+// SetDeadline sets both deadlines.
+func (c *Conn) SetDeadline(t time.Time) error {
+	if err := c.SetReadDeadline(t); err != nil {
+		return err
+	}
+	return c.SetWriteDeadline(t)
 }

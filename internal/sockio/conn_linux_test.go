@@ -236,3 +236,106 @@ func BenchmarkPingPong(b *testing.B) {
 		})
 	}
 }
+
+// A deadline later than the armed one is only recorded; the armed one
+// fires, and the read carries on to the later deadline.
+func TestLaterReadDeadlineIsHonouredNotTheEarlierOne(t *testing.T) {
+	c, _ := pair(t)
+	start := time.Now()
+	c.SetReadDeadline(start.Add(30 * time.Millisecond))
+	c.SetReadDeadline(start.Add(200 * time.Millisecond))
+	_, err := c.Read(make([]byte, 4))
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read error %v; want a timeout", err)
+	}
+	if d := time.Since(start); d < 200*time.Millisecond {
+		t.Fatalf("read timed out after %v, before its 200ms deadline", d)
+	}
+}
+
+func TestDataBeforeTheLaterDeadlineIsRead(t *testing.T) {
+	c, s := pair(t)
+	start := time.Now()
+	c.SetReadDeadline(start.Add(20 * time.Millisecond))
+	c.SetReadDeadline(start.Add(10 * time.Second))
+	go func() {
+		time.Sleep(100 * time.Millisecond) // after the first deadline
+		s.Write([]byte("late"))
+	}()
+	buf := make([]byte, 4)
+	if n, err := c.Read(buf); err != nil || string(buf[:n]) != "late" {
+		t.Fatalf("read %q, %v", buf[:n], err)
+	}
+}
+
+func TestClearedReadDeadlineNeverFires(t *testing.T) {
+	c, s := pair(t)
+	c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	c.SetReadDeadline(time.Time{})
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		s.Write([]byte("ok"))
+	}()
+	buf := make([]byte, 2)
+	if n, err := c.Read(buf); err != nil || string(buf[:n]) != "ok" {
+		t.Fatalf("read %q, %v", buf[:n], err)
+	}
+}
+
+// An earlier deadline is armed at once: setting one in the past from
+// another goroutine interrupts a parked read.
+func TestEarlierDeadlineInterruptsAParkedRead(t *testing.T) {
+	c, _ := pair(t)
+	c.SetReadDeadline(time.Now().Add(time.Minute))
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, 4))
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	c.SetReadDeadline(time.Now())
+	select {
+	case err := <-done:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("read error %v; want a timeout", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a deadline in the past did not interrupt the read")
+	}
+}
+
+func TestLaterWriteDeadlineIsHonouredNotTheEarlierOne(t *testing.T) {
+	c, _ := pair(t)
+	start := time.Now()
+	c.SetWriteDeadline(start.Add(30 * time.Millisecond))
+	c.SetWriteDeadline(start.Add(200 * time.Millisecond))
+	_, err := c.Write(make([]byte, 64<<20)) // the peer never reads
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("write error %v; want a timeout", err)
+	}
+	if d := time.Since(start); d < 200*time.Millisecond {
+		t.Fatalf("write timed out after %v, before its 200ms deadline", d)
+	}
+}
+
+// The point of the laziness: a server that moves its deadline forward on
+// every request sets the connection's deadline for its first request only
+// (idle, then the earlier header deadline), not per request.
+func TestDeadlinesMovingForwardArmTheConnectionOnce(t *testing.T) {
+	c, s := pair(t)
+	go io.Copy(s, s)
+	buf := make([]byte, 4)
+	for range 100 {
+		now := time.Now()
+		c.SetReadDeadline(now.Add(time.Minute))      // idle
+		c.SetReadDeadline(now.Add(10 * time.Second)) // header: earlier than idle, later than the armed one
+		c.SetWriteDeadline(now.Add(10 * time.Second))
+		c.Write([]byte("ping"))
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.rd.arms != 2 || c.wd.arms != 1 {
+		t.Fatalf("read deadline armed %d times, write deadline %d; want 2 and 1", c.rd.arms, c.wd.arms)
+	}
+}
