@@ -156,6 +156,7 @@ type ProxyCmd struct {
 	TokenizerPath string        `help:"Also measure kv-aware with this tokenizer and chat template (e.g. testdata/tokenizers/qwen3)." default:"" env:"INFERA_BENCH_TOKENIZER_PATH"`
 	Kinds         []string      `help:"Upstream answer kinds: json, sse." default:"json,sse" env:"INFERA_BENCH_KINDS"`
 	ServeArg      []string      `name:"serve-arg" help:"Extra flag for every infera serve (repeatable)." env:"INFERA_BENCH_SERVE_ARG"`
+	BaselineBin   string        `name:"baseline-bin" help:"Also measure round-robin through this other infera binary (an earlier build, say), side by side in the same run." default:"" env:"INFERA_BENCH_BASELINE_BIN"`
 	Naive         bool          `help:"Also measure the thinnest fasthttp reverse proxy (HostClient.Do, body streamed back; nothing else) as a reference, with the same GOMAXPROCS." default:"true" negatable:"" env:"INFERA_BENCH_NAIVE"`
 	OutputFlags
 }
@@ -266,7 +267,7 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 	}
 	// start runs one Go proxy (this binary with args, given its port) and
 	// waits until it answers /v1/models as ready says.
-	start := func(name string, ready func([]byte) bool, args func(port string) []string) error {
+	start := func(name, bin string, ready func([]byte) bool, args func(port string) []string) error {
 		port, err := FreePort()
 		if err != nil {
 			return err
@@ -283,15 +284,16 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 		targets = append(targets, proxyTarget{name: name, url: u, pid: p.Pid()})
 		return nil
 	}
-	serve := func(name string, extra ...string) error {
-		return start(name, func(b []byte) bool { return bytes.Contains(b, []byte("sim-model")) }, func(port string) []string {
+	serveBin := func(name, bin string, extra ...string) error {
+		return start(name, bin, func(b []byte) bool { return bytes.Contains(b, []byte("sim-model")) }, func(port string) []string {
 			args := append([]string{"serve", "--host", "127.0.0.1", "--port", port, "--discovery-backend", "static",
 				"--workers", "fixed=" + be.URL, "--worker-model", "sim-model", "--admin-port", "0", "--log-level", "warn"}, extra...)
 			return append(args, c.ServeArg...)
 		})
 	}
+	serve := func(name string, extra ...string) error { return serveBin(name, bin, extra...) }
 	if c.Naive {
-		if err := start("naive fasthttp", nil, func(port string) []string {
+		if err := start("naive fasthttp", bin, nil, func(port string) []string {
 			return []string{"bench", "naive-proxy", "--listen", "127.0.0.1:" + port, "--upstream", strings.TrimPrefix(be.URL, "http://")}
 		}); err != nil {
 			return nil, err
@@ -299,6 +301,11 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 	}
 	if err := serve("infera round-robin", "--router-policy", "round-robin"); err != nil {
 		return nil, err
+	}
+	if c.BaselineBin != "" {
+		if err := serveBin("baseline round-robin", c.BaselineBin, "--router-policy", "round-robin"); err != nil {
+			return nil, err
+		}
 	}
 	if err := serve("infera kv-aware", "--router-policy", "kv-aware"); err != nil {
 		return nil, err

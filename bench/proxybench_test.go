@@ -35,8 +35,8 @@ func TestChatBodySize(t *testing.T) {
 }
 
 // A short end-to-end run of the proxy benchmark: the direct path, the
-// naive fasthttp reference and the infera targets, both kinds, CPU measured
-// for every proxy.
+// naive fasthttp reference, the infera targets and a baseline binary, both
+// kinds, CPU measured for every proxy.
 func TestProxyBenchShortRun(t *testing.T) {
 	if _, err := os.Stat("/usr/bin/wrk"); err != nil {
 		if os.Getenv("INFERA_REQUIRE_SERVERS") != "" {
@@ -46,18 +46,24 @@ func TestProxyBenchShortRun(t *testing.T) {
 	}
 	bin := inferaBin(t)
 	c := &ProxyCmd{Concurrency: 8, Duration: time.Second, Rounds: 1, StreamChunks: 4, PromptBytes: 512,
-		InferaBin: bin, GoMaxProcs: 2, Nginx: "", Wrk: "/usr/bin/wrk", WrkThreads: 1, Kinds: []string{"json", "sse"}, Naive: true}
+		InferaBin: bin, GoMaxProcs: 2, Nginx: "", Wrk: "/usr/bin/wrk", WrkThreads: 1, Kinds: []string{"json", "sse"}, Naive: true, BaselineBin: bin}
 	rep, err := RunProxyBench(context.Background(), c, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	seen, naive := 0, 0
+	seen, naive, baseline := 0, 0, 0
 	for _, tg := range rep.Targets {
 		if tg.RPS <= 0 || tg.Errors != 0 {
 			t.Fatalf("%+v", tg)
 		}
 		if tg.Target == "naive fasthttp" {
 			naive++
+			if tg.CPUPer10k <= 0 {
+				t.Fatalf("no CPU measured: %+v", tg)
+			}
+		}
+		if tg.Target == "baseline round-robin" {
+			baseline++
 			if tg.CPUPer10k <= 0 {
 				t.Fatalf("no CPU measured: %+v", tg)
 			}
@@ -71,6 +77,9 @@ func TestProxyBenchShortRun(t *testing.T) {
 	}
 	if naive != 2 {
 		t.Fatalf("%d naive fasthttp measurements, want 2 (one per kind)", naive)
+	}
+	if baseline != 2 {
+		t.Fatalf("%d measurements of the baseline binary, want 2 (one per kind)", baseline)
 	}
 	if seen != 4 {
 		t.Fatalf("%d infera measurements, want 4 (2 policies x 2 kinds)", seen)
