@@ -16,6 +16,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/sockio"
 	"github.com/infera/infera/kv"
 	"github.com/infera/infera/kvroute"
 	"github.com/infera/infera/radix"
@@ -705,4 +706,41 @@ func mustPolicy(s string) sched.Policy {
 		panic("bad policy " + s)
 	}
 	return p
+}
+
+// Client and upstream sockets go through sockio (raw system calls, lazy
+// deadlines, and a request/response exchange with no read that finds
+// nothing): a refactor that dialed or accepted around it would silently
+// bring the runtime's per-call scheduler work back.
+func TestClientAndUpstreamConnectionsUseRawSocketIO(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, up.url)
+	if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	p := r.fl.Get("w0").Client.(*httpPool)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.idle) != 1 {
+		t.Fatalf("%d idle upstream connections, want 1", len(p.idle))
+	}
+	if _, ok := p.idle[0].nc.(*sockio.Conn); !ok {
+		t.Fatalf("upstream connection is a %T, not a *sockio.Conn", p.idle[0].nc)
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go net.Dial("tcp4", ln.Addr().String())
+	c, err := (&listener{Listener: ln}).Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if cc, ok := c.(*clientConn); !ok || cc.fd < 0 {
+		t.Fatalf("accepted %T, not a clientConn with its descriptor", c)
+	} else if _, ok := cc.Conn.(*sockio.Conn); !ok {
+		t.Fatalf("client connection is a %T, not a *sockio.Conn", cc.Conn)
+	}
 }

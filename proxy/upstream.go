@@ -294,7 +294,13 @@ func (c *upConn) writeRequest(method, path []byte, hdr []byte, body []byte) erro
 	var err error
 	if len(b)+len(body) <= 64<<10 {
 		b = append(b, body...)
-		_, err = c.nc.Write(b)
+		if sc, ok := c.nc.(*sockio.Conn); ok {
+			// Wait for the reply's first bytes without a read that would
+			// find nothing yet (readHead's first read then finds them).
+			_, err = sc.WriteAwaitReply(b)
+		} else {
+			_, err = c.nc.Write(b)
+		}
 	} else {
 		// One writev: net.Buffers uses it on the runtime's own connection.
 		nc := c.nc

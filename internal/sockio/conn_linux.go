@@ -30,6 +30,10 @@ type Conn struct {
 	werr   syscall.Errno
 	writeF func(uintptr) bool
 
+	sent  bool // WriteAwaitReply: the request is written, wait for the reply
+	sendF func(uintptr) bool
+	reads int // read(2) calls (tests)
+
 	rd, wd deadline
 }
 
@@ -48,6 +52,7 @@ func Wrap(c net.Conn) net.Conn {
 	w := &Conn{Conn: c, rc: rc, net: c.LocalAddr().Network()}
 	w.readF = w.readFD
 	w.writeF = w.writeFD
+	w.sendF = w.sendFD
 	return w
 }
 
@@ -79,6 +84,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 
 func (c *Conn) readFD(fd uintptr) bool {
 	for {
+		c.reads++
 		n, e := sysRead(fd, c.rbuf)
 		switch e {
 		case 0:
@@ -131,6 +137,64 @@ func (c *Conn) writeFD(fd uintptr) bool {
 		return true
 	}
 	return true
+}
+
+// WriteAwaitReply writes b, then waits until the connection has something
+// to read (the peer's reply, its close) or the read deadline passes, for a
+// request/response exchange. A Read's first read(2) would find nothing
+// there yet (EAGAIN) and only then wait, one wasted system call per
+// exchange; here the wait needs none, and the Read that follows finds the
+// reply. It returns what Write would; a wait that ends without a reply (the
+// deadline, Close) is not an error here: the next Read meets the same
+// deadline or closed connection. It must not run concurrently with Read or
+// Write.
+//
+// The wait is safe: RawConn.Read forgets earlier readiness before calling
+// sendFD, which writes the request, so any reply arrives after that and
+// wakes the wait.
+func (c *Conn) WriteAwaitReply(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	c.wbuf, c.wn, c.werr, c.sent = b, 0, 0, false
+	c.rc.Read(c.sendF) // the wait's own error is the next Read's
+	n, sent := c.wn, c.sent
+	c.wbuf, c.sent = nil, false
+	switch {
+	case c.werr != 0:
+		return n, &net.OpError{Op: "write", Net: c.net, Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("write", c.werr)}
+	case !sent:
+		// The socket buffer filled up (or the call never ran: a deadline
+		// already past, a closed connection): write the rest the usual way.
+		m, err := c.Write(b[n:])
+		return n + m, err
+	}
+	return n, nil
+}
+
+// sendFD writes the request on its first call and asks RawConn.Read to wait
+// for readability; the call after the wait ends the exchange without
+// reading.
+func (c *Conn) sendFD(fd uintptr) bool {
+	if c.sent {
+		return true
+	}
+	for c.wn < len(c.wbuf) {
+		n, e := sysWrite(fd, c.wbuf[c.wn:])
+		switch e {
+		case 0:
+			c.wn += n
+			continue
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return true
+		}
+		c.werr = e
+		return true
+	}
+	c.sent = true
+	return false
 }
 
 // deadline is one direction's deadline, armed lazily. Setting a deadline on

@@ -339,3 +339,147 @@ func TestDeadlinesMovingForwardArmTheConnectionOnce(t *testing.T) {
 		t.Fatalf("read deadline armed %d times, write deadline %d; want 2 and 1", c.rd.arms, c.wd.arms)
 	}
 }
+
+// The exchange: the request reaches the peer, the call returns once the
+// reply is there, and one read(2) gets it (no read that finds nothing).
+func TestWriteAwaitReplyReturnsWithTheReplyReadable(t *testing.T) {
+	c, s := pair(t)
+	go func() {
+		buf := make([]byte, 7)
+		io.ReadFull(s, buf)
+		time.Sleep(50 * time.Millisecond)
+		s.Write(append([]byte("re: "), buf...))
+	}()
+	start := time.Now()
+	if n, err := c.WriteAwaitReply([]byte("request")); n != 7 || err != nil {
+		t.Fatalf("write %d, %v", n, err)
+	}
+	if d := time.Since(start); d < 40*time.Millisecond {
+		t.Fatalf("returned after %v, before the reply was sent", d)
+	}
+	buf := make([]byte, 64)
+	c.reads = 0
+	n, err := c.Read(buf)
+	if err != nil || string(buf[:n]) != "re: request" {
+		t.Fatalf("read %q, %v", buf[:n], err)
+	}
+	if c.reads != 1 {
+		t.Fatalf("%d read(2) calls for a reply already there; want 1", c.reads)
+	}
+}
+
+func TestWriteAwaitReplyEndsAtTheReadDeadline(t *testing.T) {
+	c, _ := pair(t)
+	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if n, err := c.WriteAwaitReply([]byte("request")); n != 7 || err != nil {
+		t.Fatalf("write %d, %v", n, err)
+	}
+	if _, err := c.Read(make([]byte, 4)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read after the deadline: %v; want a timeout", err)
+	}
+}
+
+// A lazily armed deadline that fires before the caller's ends the wait
+// early; the Read that follows still waits for the caller's deadline.
+func TestWriteAwaitReplyThenReadKeepTheLaterDeadline(t *testing.T) {
+	c, s := pair(t)
+	start := time.Now()
+	c.SetReadDeadline(start.Add(20 * time.Millisecond))
+	c.SetReadDeadline(start.Add(10 * time.Second))
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		s.Write([]byte("late"))
+	}()
+	if _, err := c.WriteAwaitReply([]byte("request")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if n, err := c.Read(buf); err != nil || string(buf[:n]) != "late" {
+		t.Fatalf("read %q, %v", buf[:n], err)
+	}
+}
+
+func TestWriteAwaitReplyWithAPastDeadlineStillReportsTheTimeout(t *testing.T) {
+	c, _ := pair(t)
+	c.SetReadDeadline(time.Now().Add(-time.Second))
+	c.SetWriteDeadline(time.Now().Add(-time.Second))
+	if _, err := c.WriteAwaitReply([]byte("request")); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("write with both deadlines past: %v; want a timeout", err)
+	}
+}
+
+// A request larger than the socket buffers is written in full the usual
+// way.
+func TestWriteAwaitReplyLargerThanSocketBuffersWritesEverything(t *testing.T) {
+	c, s := pair(t)
+	data := make([]byte, 16<<20)
+	for i := range data {
+		data[i] = byte(i * 13)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, len(data))
+		io.ReadFull(s, b)
+		s.Write([]byte("ok"))
+		got <- b
+	}()
+	if n, err := c.WriteAwaitReply(data); n != len(data) || err != nil {
+		t.Fatalf("write %d of %d, %v", n, len(data), err)
+	}
+	if b := <-got; !bytes.Equal(b, data) {
+		t.Fatal("the peer got different bytes")
+	}
+	buf := make([]byte, 2)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ok" {
+		t.Fatalf("reply %q, %v", buf, err)
+	}
+}
+
+func TestWriteAwaitReplyEndsWhenThePeerCloses(t *testing.T) {
+	c, s := pair(t)
+	go func() {
+		io.ReadFull(s, make([]byte, 7))
+		s.Close()
+	}()
+	if _, err := c.WriteAwaitReply([]byte("request")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Read(make([]byte, 4)); err != io.EOF {
+		t.Fatalf("read after the peer closed: %v; want io.EOF", err)
+	}
+}
+
+func TestCloseEndsWriteAwaitReply(t *testing.T) {
+	c, _ := pair(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.WriteAwaitReply([]byte("request"))
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	c.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the wait's end is the next Read's error, got %v here", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not end the wait")
+	}
+	if _, err := c.Read(make([]byte, 4)); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("read after Close: %v; want net.ErrClosed", err)
+	}
+}
+
+func TestWriteAwaitReplyAllocatesNothing(t *testing.T) {
+	c, s := pair(t)
+	go io.Copy(s, s)
+	msg, buf := []byte("ping"), make([]byte, 4)
+	allocs := testing.AllocsPerRun(200, func() {
+		c.WriteAwaitReply(msg)
+		io.ReadFull(c, buf)
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per exchange", allocs)
+	}
+}
