@@ -174,3 +174,28 @@ func FuzzChatStreamUsage(f *testing.F) {
 		}
 	})
 }
+
+// FuzzUsageFilterMatchesEventByEvent checks that the filter, which looks
+// only at events holding the usage key, relays the same bytes as walking
+// the stream event by event.
+func FuzzUsageFilterMatchesEventByEvent(f *testing.F) {
+	f.Add([]byte("data: {\"choices\":[{}]}\n\n\n\r\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\n\ndata: [DONE]\n\n"))
+	f.Add([]byte("data: \"usage\"\n\ndata: {\"choices\":[],\"usage\":{}}\r\n\r\n\n\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		b = b[:lastEventEnd(b)]
+		var got, want UsageFilter
+		g := got.events(nil, b)
+		var w []byte
+		for rest := b; len(rest) > 0; {
+			n := nextEventEnd(rest)
+			if n == 0 {
+				n = len(rest)
+			}
+			w = want.event(w, rest[:n])
+			rest = rest[n:]
+		}
+		if !bytes.Equal(g, w) || got.Usage != want.Usage {
+			t.Fatalf("in: %q\nfilter: %q %+v\nevent by event: %q %+v", b, g, got.Usage, w, want.Usage)
+		}
+	})
+}

@@ -103,12 +103,7 @@ var keyUsage = []byte(`"usage"`)
 func (f *UsageFilter) Filter(dst, src []byte) []byte {
 	if len(f.carry) == 0 {
 		end := lastEventEnd(src)
-		whole := src[:end]
-		if !bytes.Contains(whole, keyUsage) {
-			dst = append(dst, whole...)
-		} else {
-			dst = f.events(dst, whole)
-		}
+		dst = f.events(dst, src[:end])
 		if end < len(src) {
 			f.carry = append(f.carry, src[end:]...)
 			f.scanned = 0
@@ -144,14 +139,28 @@ func (f *UsageFilter) Flush(dst []byte) []byte {
 	return dst
 }
 
-// events relays the whole events in b, dropping usage-only ones.
+// events relays the whole events in b, dropping usage-only ones. Only an
+// event holding the usage key is looked at; the events before it are copied
+// as they are. (Its start is found backwards, so blank lines before it go
+// with the copied bytes rather than with the event: relayed either way.)
 func (f *UsageFilter) events(dst, b []byte) []byte {
 	for len(b) > 0 {
+		i := bytes.Index(b, keyUsage)
+		if i < 0 {
+			return append(dst, b...)
+		}
+		s := lastEventEnd(b[:i])
+		dst = append(dst, b[:s]...)
+		b = b[s:]
 		n := nextEventEnd(b)
 		if n == 0 {
 			n = len(b)
 		}
-		dst = f.event(dst, b[:n])
+		if ev := b[:n]; f.usageOnly(ev) {
+			dst = append(dst, ev[:strayBreaks(ev)]...)
+		} else {
+			dst = append(dst, ev...)
+		}
 		b = b[n:]
 	}
 	return dst
