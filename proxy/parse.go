@@ -35,6 +35,10 @@ type reqBody struct {
 	toolsStart, toolsEnd   int
 	nMessages              int
 	msgErr                 error
+	// objStart is the index of the body's '{'; streamOpts tells whether it
+	// has a stream_options key.
+	objStart   int
+	streamOpts bool
 }
 
 func (b *reqBody) reset() {
@@ -88,6 +92,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 		}
 		return errNotObject
 	}
+	b.objStart = i
 	var perr error
 	var seen uint
 	maxCompletion := -2
@@ -170,6 +175,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 				b.maxTokens = n
 			}
 		case "stream_options":
+			b.streamOpts = true
 			if v[0] == '{' {
 				forEachField(d, vs, func(k []byte, s, e int) error {
 					if string(k) == "include_usage" && d[s] == 't' {
@@ -221,6 +227,33 @@ func (b *reqBody) parse(d []byte, kind int) error {
 		return nil
 	}
 	return b.parsePrompt(d)
+}
+
+// streamUsageField is what a stream request without stream_options gets,
+// as its first field, so that the engine reports usage (what
+// protocol.EnsureStreamUsage writes in that case).
+const streamUsageField = `"stream_options":{"include_usage":true},`
+
+// insertStreamUsage appends to dst the body d (which b was parsed from; a
+// stream with no stream_options) with streamUsageField inserted after its
+// '{', and moves b to the new body as a parse of it would: the spans after
+// the insertion shift, the model is re-pointed. No second walk of the body.
+func (b *reqBody) insertStreamUsage(dst, d []byte) []byte {
+	at := b.objStart + 1
+	out := append(dst, d[:at]...)
+	out = append(out, streamUsageField...)
+	out = append(out, d[at:]...)
+	delta := len(streamUsageField)
+	for _, x := range [...]*int{&b.modelStart, &b.modelEnd, &b.msgStart, &b.msgEnd, &b.promptStart, &b.promptEnd, &b.toolsStart, &b.toolsEnd} {
+		if *x >= at {
+			*x += delta
+		}
+	}
+	if len(b.modelBuf) == 0 { // not unescaped: the model aliases the body
+		b.model = out[b.modelStart+1 : b.modelEnd-1]
+	}
+	b.streamOpts, b.includeUsage = true, true
+	return out
 }
 
 func hasEscape(raw []byte) bool {

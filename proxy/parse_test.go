@@ -1,10 +1,15 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/infera/infera/protocol"
 )
 
 func TestParseBody(t *testing.T) {
@@ -132,4 +137,45 @@ func deep(d []byte) bool {
 		}
 	}
 	return max >= maxDepth
+}
+
+// FuzzStreamUsageInsertMatchesAReparse checks the shortcut for a stream
+// with no stream_options: the body it writes is protocol.EnsureStreamUsage's,
+// and the parse it moves equals a parse of that body.
+func FuzzStreamUsageInsertMatchesAReparse(f *testing.F) {
+	for _, s := range []string{
+		streamBody,
+		` {"model":"m\u00e9","stream":true,"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"stream":true,"model":"m","max_tokens":3}`,
+		`{"model":"m","stream":true,"prompt":"abc"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, kind := range []int{kindChat, kindCompletion} {
+			var got, want reqBody
+			if got.parse(data, kind) != nil || !got.stream || got.streamOpts {
+				continue
+			}
+			out := got.insertStreamUsage(nil, data)
+			ref, asked, err := protocol.EnsureStreamUsage(nil, data)
+			if err != nil || asked || !bytes.Equal(out, ref) {
+				t.Fatalf("body %q:\ninsert: %q\nEnsureStreamUsage: %q (asked %v, %v)", data, out, ref, asked, err)
+			}
+			if err := want.parse(out, kind); err != nil {
+				t.Fatalf("the rewritten body %q does not parse: %v", out, err)
+			}
+			g, w := got, want
+			if !bytes.Equal(g.model, w.model) || !bytes.Equal(g.text, w.text) || !slices.Equal(g.tokenIDs, w.tokenIDs) {
+				t.Fatalf("body %q: model/text/ids differ: %q %q %v vs %q %q %v", data, g.model, g.text, g.tokenIDs, w.model, w.text, w.tokenIDs)
+			}
+			if len(g.model) > 0 && len(g.modelBuf) == 0 && &g.model[0] != &out[g.modelStart+1] {
+				t.Fatalf("body %q: the model does not point into the new body", data)
+			}
+			g.model, w.model, g.modelBuf, w.modelBuf, g.text, w.text, g.tokenIDs, w.tokenIDs = nil, nil, nil, nil, nil, nil, nil, nil
+			if !reflect.DeepEqual(g, w) {
+				t.Fatalf("body %q:\nmoved parse %+v\nreparse     %+v", data, g, w)
+			}
+		}
+	})
 }

@@ -324,6 +324,19 @@ func (s *Server) afterParse(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *re
 	if !b.stream {
 		return body, true
 	}
+	if !b.streamOpts {
+		// The usual stream: stream_options goes in first, and the parse
+		// moves with it (no second walk of the body, no second parse).
+		if !cfg.Protocol.ForceStreamUsage {
+			p.stage = stageFilter
+			ctx.Request.Header.Del(fasthttp.HeaderAcceptEncoding)
+		}
+		out := b.insertStreamUsage(p.buf[:0], body)
+		if !s.swapBody(ctx, rs, out) {
+			return nil, false
+		}
+		return out, true
+	}
 	out, asked, err := protocol.EnsureStreamUsage(p.buf[:0], body)
 	if err != nil {
 		return body, true // parse accepted the body; cannot happen
