@@ -74,7 +74,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 		return 0, err
 	}
 	if c.rerr != 0 {
-		return 0, &net.OpError{Op: "read", Net: c.net, Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("read", c.rerr)}
+		return 0, c.opError("read", c.rerr)
 	}
 	if c.rn == 0 {
 		return 0, io.EOF
@@ -116,12 +116,24 @@ func (c *Conn) Write(b []byte) (int, error) {
 		return n, err
 	}
 	if c.werr != 0 {
-		return n, &net.OpError{Op: "write", Net: c.net, Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("write", c.werr)}
+		return n, c.opError("write", c.werr)
 	}
 	return n, nil
 }
 
 func (c *Conn) writeFD(fd uintptr) bool {
+	return c.writeAll(fd) != blocked
+}
+
+// write states.
+const (
+	written = iota // all of wbuf
+	blocked        // EAGAIN: the socket buffer is full
+	failed         // werr
+)
+
+// writeAll writes what is left of wbuf.
+func (c *Conn) writeAll(fd uintptr) int {
 	for c.wn < len(c.wbuf) {
 		n, e := sysWrite(fd, c.wbuf[c.wn:])
 		switch e {
@@ -131,12 +143,16 @@ func (c *Conn) writeFD(fd uintptr) bool {
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
-			return false
+			return blocked
 		}
 		c.werr = e
-		return true
+		return failed
 	}
-	return true
+	return written
+}
+
+func (c *Conn) opError(op string, e syscall.Errno) error {
+	return &net.OpError{Op: op, Net: c.net, Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError(op, e)}
 }
 
 // WriteAwaitReply writes b, then waits until the connection has something
@@ -162,7 +178,7 @@ func (c *Conn) WriteAwaitReply(b []byte) (int, error) {
 	c.wbuf, c.sent = nil, false
 	switch {
 	case c.werr != 0:
-		return n, &net.OpError{Op: "write", Net: c.net, Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("write", c.werr)}
+		return n, c.opError("write", c.werr)
 	case !sent:
 		// The socket buffer filled up (or the call never ran: a deadline
 		// already past, a closed connection): write the rest the usual way.
@@ -179,18 +195,7 @@ func (c *Conn) sendFD(fd uintptr) bool {
 	if c.sent {
 		return true
 	}
-	for c.wn < len(c.wbuf) {
-		n, e := sysWrite(fd, c.wbuf[c.wn:])
-		switch e {
-		case 0:
-			c.wn += n
-			continue
-		case syscall.EINTR:
-			continue
-		case syscall.EAGAIN:
-			return true
-		}
-		c.werr = e
+	if c.writeAll(fd) != written {
 		return true
 	}
 	c.sent = true
