@@ -14,5 +14,12 @@
 // Conn issues read(2) and write(2) with syscall.RawSyscall from inside
 // syscall.RawConn's Read and Write, which keep the netpoller's readiness
 // waits and the connection's deadlines: a call that would block (EAGAIN)
-// parks the goroutine exactly as net.Conn's own Read and Write do.
+// parks the goroutine exactly as net.Conn's own Read and Write do. Under
+// the race detector it uses syscall.Read and Write instead, which tell the
+// detector that socket I/O orders memory.
+//
+// Two more savings per request: deadlines are armed lazily (a later one
+// is recorded, and re-armed only when the armed one fires), and
+// WriteAwaitReply writes a request and waits for the reply without the
+// read that would find nothing.
 package sockio
