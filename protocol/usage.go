@@ -35,12 +35,8 @@ func EnsureStreamUsage(dst, body []byte) (out []byte, clientAsked bool, err erro
 	if !stream.ok() || body[stream.s] != 't' {
 		return body, false, nil
 	}
-	const add = `"stream_options":{"include_usage":true}`
 	if !opts.ok() {
-		out = append(dst, body[:start+1]...)
-		out = append(out, add...)
-		out = append(out, ',')
-		return append(out, body[start+1:]...), false, nil
+		return InsertStreamUsage(dst, body, start), false, nil
 	}
 	switch body[opts.s] {
 	case 'n': // null
@@ -73,6 +69,16 @@ func EnsureStreamUsage(dst, body []byte) (out []byte, clientAsked bool, err erro
 		out = append(out, ',')
 	}
 	return append(out, body[opts.s+1:]...), false, nil
+}
+
+// InsertStreamUsage appends body to dst with stream_options asking for
+// usage inserted as the first member of the object whose '{' is body[start]
+// (what EnsureStreamUsage writes for a stream with no stream_options). The
+// object must have a member: a stream request has "stream".
+func InsertStreamUsage(dst, body []byte, start int) []byte {
+	out := append(dst, body[:start+1]...)
+	out = append(out, `"stream_options":{"include_usage":true},`...)
+	return append(out, body[start+1:]...)
 }
 
 // UsageFilter relays a chat completions SSE stream minus its usage-only

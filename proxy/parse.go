@@ -3,6 +3,8 @@ package proxy
 import (
 	"errors"
 	"fmt"
+
+	"github.com/infera/infera/protocol"
 )
 
 // Kinds of endpoint bodies.
@@ -229,21 +231,14 @@ func (b *reqBody) parse(d []byte, kind int) error {
 	return b.parsePrompt(d)
 }
 
-// streamUsageField is what a stream request without stream_options gets,
-// as its first field, so that the engine reports usage (what
-// protocol.EnsureStreamUsage writes in that case).
-const streamUsageField = `"stream_options":{"include_usage":true},`
-
 // insertStreamUsage appends to dst the body d (which b was parsed from; a
-// stream with no stream_options) with streamUsageField inserted after its
-// '{', and moves b to the new body as a parse of it would: the spans after
-// the insertion shift, the model is re-pointed. No second walk of the body.
+// stream with no stream_options) with stream_options inserted first
+// (protocol.InsertStreamUsage), and moves b to the new body as a parse of
+// it would: the spans after the insertion shift, the model is re-pointed.
+// No second walk of the body.
 func (b *reqBody) insertStreamUsage(dst, d []byte) []byte {
-	at := b.objStart + 1
-	out := append(dst, d[:at]...)
-	out = append(out, streamUsageField...)
-	out = append(out, d[at:]...)
-	delta := len(streamUsageField)
+	out := protocol.InsertStreamUsage(dst, d, b.objStart)
+	at, delta := b.objStart+1, len(out)-len(dst)-len(d)
 	for _, x := range [...]*int{&b.modelStart, &b.modelEnd, &b.msgStart, &b.msgEnd, &b.promptStart, &b.promptEnd, &b.toolsStart, &b.toolsEnd} {
 		if *x >= at {
 			*x += delta

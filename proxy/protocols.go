@@ -324,22 +324,18 @@ func (s *Server) afterParse(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *re
 	if !b.stream {
 		return body, true
 	}
-	if !b.streamOpts {
-		// The usual stream: stream_options goes in first, and the parse
-		// moves with it (no second walk of the body, no second parse).
-		if !cfg.Protocol.ForceStreamUsage {
-			p.stage = stageFilter
-			ctx.Request.Header.Del(fasthttp.HeaderAcceptEncoding)
+	// The usual stream has no stream_options: it goes in first, and the
+	// parse moves with it (no second walk of the body, no second parse).
+	moved := !b.streamOpts
+	var out []byte
+	var asked bool
+	if moved {
+		out = b.insertStreamUsage(p.buf[:0], body)
+	} else {
+		var err error
+		if out, asked, err = protocol.EnsureStreamUsage(p.buf[:0], body); err != nil {
+			return body, true // parse accepted the body; cannot happen
 		}
-		out := b.insertStreamUsage(p.buf[:0], body)
-		if !s.swapBody(ctx, rs, out) {
-			return nil, false
-		}
-		return out, true
-	}
-	out, asked, err := protocol.EnsureStreamUsage(p.buf[:0], body)
-	if err != nil {
-		return body, true // parse accepted the body; cannot happen
 	}
 	if !asked && !cfg.Protocol.ForceStreamUsage {
 		p.stage = stageFilter
@@ -350,6 +346,9 @@ func (s *Server) afterParse(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *re
 	}
 	if !s.swapBody(ctx, rs, out) {
 		return nil, false
+	}
+	if moved {
+		return out, true
 	}
 	if err := b.parse(out, kind); err != nil {
 		panic("BUG: a chat body with stream_options added no longer parses: " + err.Error())

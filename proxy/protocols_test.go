@@ -639,7 +639,7 @@ func (u *fakeUp) status() int                            { return 200 }
 func (u *fakeUp) copyHeaders(*fasthttp.ResponseHeader)   {}
 func (u *fakeUp) contentType() []byte                    { return nil }
 func (u *fakeUp) contentLength() int64                   { return -1 }
-func (u *fakeUp) setReadDeadline(time.Time, int64)       {}
+func (u *fakeUp) setReadDeadline(time.Time)              {}
 func (u *fakeUp) finish(bool)                            {}
 func (u *fakeUp) readFailure(err error, _ bool) *failure { return fail(failBroken, err) }
 func (u *fakeUp) read(p []byte) (int, error) {

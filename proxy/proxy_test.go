@@ -744,3 +744,26 @@ func TestClientAndUpstreamConnectionsUseRawSocketIO(t *testing.T) {
 		t.Fatalf("client connection is a %T, not a *sockio.Conn", cc.Conn)
 	}
 }
+
+// A request body too big for one buffer (over 64 KiB) is written on a
+// pooled connection whose previous deadline has passed while it was idle:
+// the new request's deadline applies, not the stale one.
+func TestLargeBodyOnAPooledConnectionAfterItsOldDeadlinePassed(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	cfg := config.Default()
+	cfg.Timeouts.NonStreamTotalSeconds = 0.2
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startRouter(t, f, cfg, up.url)
+	if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 {
+		t.Fatalf("first request: %d %s", code, b)
+	}
+	time.Sleep(300 * time.Millisecond) // its deadline passes on the idle connection
+	big := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 100<<10) + `"}],"max_tokens":4}`
+	if code, b := post(t, r.url+"/v1/chat/completions", big); code != 200 {
+		t.Fatalf("large body on the pooled connection: %d %s", code, b)
+	}
+	if n := up.hits.Load(); n != 2 {
+		t.Fatalf("upstream hits %d, want 2", n)
+	}
+}

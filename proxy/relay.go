@@ -166,7 +166,7 @@ func (r *relay) armRead() {
 	if !r.total.IsZero() && (dl.IsZero() || r.total.Before(dl)) {
 		dl = r.total
 	}
-	r.up.setReadDeadline(dl, now.UnixNano())
+	r.up.setReadDeadline(dl)
 }
 
 // armWrite gives the client its own write timeout for what comes next: a

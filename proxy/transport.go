@@ -35,7 +35,7 @@ type upResponse interface {
 	read(p []byte) (int, error)
 	// setReadDeadline bounds the next read (zero: none); now is the time
 	// in unix nanoseconds (a deadline may be kept if it is already close).
-	setReadDeadline(t time.Time, now int64)
+	setReadDeadline(t time.Time)
 	// finish ends the response. ok=false means the body was not read to its
 	// end or the client left: the connection is not reused, and the engine
 	// request is cancelled.

@@ -62,7 +62,7 @@ func (httpTransport) roundTrip(c *call) (upResponse, *failure) {
 			return nil, fail(failConnect, err)
 		}
 		c.cancel.set(uc)
-		uc.setDeadline(deadline, c.now)
+		uc.setDeadline(deadline)
 		err = uc.writeRequest(c.method, c.path, c.hdr, c.body)
 		if err == nil {
 			err = uc.readHead()
@@ -149,8 +149,8 @@ func (u *httpUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
 
 func (u *httpUpstream) read(p []byte) (int, error) { return u.conn().read(p) }
 
-func (u *httpUpstream) setReadDeadline(t time.Time, now int64) {
-	u.conn().setDeadline(t, now) // no write happens while the body is read
+func (u *httpUpstream) setReadDeadline(t time.Time) {
+	u.conn().setDeadline(t) // no write happens while the body is read
 }
 
 func (u *httpUpstream) finish(ok bool) {

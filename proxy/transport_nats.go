@@ -149,7 +149,7 @@ func (u *natsUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
 
 func (u *natsUpstream) read(p []byte) (int, error) { return u.st.Read(p) }
 
-func (u *natsUpstream) setReadDeadline(time.Time, int64) {} // the broker stream enforces idle and total
+func (u *natsUpstream) setReadDeadline(time.Time) {} // the broker stream enforces idle and total
 
 func (u *natsUpstream) finish(ok bool) {
 	u.st.Close() // publishes a cancel unless the reply finished

@@ -112,7 +112,10 @@ func (p *httpPool) dial(deadline time.Time) (*upConn, error) {
 	if err != nil {
 		return nil, err
 	}
+	fd := netpeek.SockFD(nc)
+	nc = sockio.Wrap(nc) // TLS runs on top of it
 	if p.tlsCfg != nil {
+		fd = -1 // TLS sends records of its own (session tickets): bytes seen by a peek are no stray response
 		tc := tls.Client(nc, p.tlsCfg)
 		if !deadline.IsZero() {
 			tc.SetDeadline(deadline)
@@ -125,9 +128,9 @@ func (p *httpPool) dial(deadline time.Time) (*upConn, error) {
 		nc = tc
 	}
 	c := acquireUpConn()
-	c.fd = netpeek.SockFD(nc)
-	c.nc, c.pool = sockio.Wrap(nc), p
-	c.br.Reset(c.nc)
+	c.fd = fd
+	c.nc, c.pool = nc, p
+	c.br.Reset(nc)
 	return c, nil
 }
 
@@ -257,21 +260,12 @@ func (c *upConn) wasAborted() bool {
 	return a
 }
 
-// setDeadline sets the connection's read and write deadline. Setting a
-// deadline costs timer work in the runtime, so a deadline already armed that
-// falls a little before t (by at most a tenth of the time left, and at most
-// a second) and is still in the future is kept: it fires at most that much
-// early. A zero t always clears.
-func (c *upConn) setDeadline(t time.Time, now int64) {
+// setDeadline sets the connection's read and write deadline. The socket
+// underneath (TLS or not) is a sockio.Conn, whose deadlines are lazy: a
+// later deadline per read of a stream costs no runtime timer work.
+func (c *upConn) setDeadline(t time.Time) {
 	if t.Equal(c.deadline) {
 		return
-	}
-	if !t.IsZero() && !c.deadline.IsZero() && !c.deadline.After(t) {
-		left := t.UnixNano() - now
-		slack := min(left/10, int64(time.Second))
-		if d := c.deadline.UnixNano(); d > now && t.UnixNano()-d <= slack {
-			return
-		}
 	}
 	c.deadline = t
 	c.nc.SetDeadline(t)
@@ -302,13 +296,10 @@ func (c *upConn) writeRequest(method, path []byte, hdr []byte, body []byte) erro
 			_, err = c.nc.Write(b)
 		}
 	} else {
-		// One writev: net.Buffers uses it on the runtime's own connection.
-		nc := c.nc
-		if w, ok := nc.(*sockio.Conn); ok {
-			nc = w.Unwrap()
-		}
+		// Through the connection's own Write (a sockio.Conn's deadlines are
+		// lazy: the runtime connection under it may hold a stale one).
 		bufs := net.Buffers{b, body}
-		_, err = bufs.WriteTo(nc)
+		_, err = bufs.WriteTo(c.nc)
 	}
 	c.wbuf = b[:0]
 	return err

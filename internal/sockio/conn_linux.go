@@ -12,9 +12,10 @@ import (
 
 // Conn is a TCP connection whose Read and Write bypass the scheduler's
 // system-call accounting, and whose deadlines are lazy (see deadline).
-// Everything else (Close, addresses) is the wrapped connection's. Like a net.Conn, it takes one Read and one
-// Write at a time concurrently; unlike it, not two concurrent Reads (or two
-// Writes). Other connection types are not wrapped: see Wrap.
+// Everything else (Close, addresses) is the wrapped connection's. Like a
+// net.Conn, it takes one Read and one Write at a time concurrently; unlike
+// it, not two concurrent Reads (or two Writes). Other connection types are
+// not wrapped: see Wrap.
 type Conn struct {
 	net.Conn
 	rc  syscall.RawConn
@@ -55,9 +56,6 @@ func Wrap(c net.Conn) net.Conn {
 	w.sendF = w.sendFD
 	return w
 }
-
-// Unwrap returns the wrapped connection.
-func (c *Conn) Unwrap() net.Conn { return c.Conn }
 
 // Read reads into b like net.Conn's Read.
 func (c *Conn) Read(b []byte) (int, error) {

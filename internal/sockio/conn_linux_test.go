@@ -224,7 +224,7 @@ func BenchmarkPingPong(b *testing.B) {
 			go io.Copy(s, s)
 			var conn net.Conn = c
 			if !raw {
-				conn = c.Unwrap()
+				conn = c.Conn
 			}
 			msg, buf := make([]byte, 1024), make([]byte, 1024)
 			b.ReportAllocs()
