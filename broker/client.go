@@ -165,7 +165,8 @@ func (c *Client) dispatch(m *nats.Msg) {
 // success the caller owns the Stream and must Close it. Every error from Do
 // happens before the first response byte: Retryable(err) says whether
 // another worker may take the request and HTTPStatus(err) what to answer.
-// ctx bounds the wait for the first reply (and every later Next).
+// ctx bounds the wait for the first reply (and every later Next); once ctx
+// is done Do never returns a Stream, even if the first reply had arrived.
 func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream, error) {
 	if !ValidWorkerID(workerID) {
 		return nil, fmt.Errorf("broker: invalid worker id %q", workerID)
@@ -240,6 +241,11 @@ func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream
 	}
 	mReqSent.Inc()
 	first, err := s.wait()
+	if err == nil && ctx != nil && ctx.Err() != nil {
+		// The reply and the cancel were both ready and wait took the reply:
+		// the caller has gone, so it would never close this stream.
+		err = fmt.Errorf("request to worker %q: %w", workerID, ctx.Err())
+	}
 	if err != nil {
 		s.Close()
 		return nil, err
