@@ -37,6 +37,8 @@ type reqBody struct {
 	toolsStart, toolsEnd   int
 	nMessages              int
 	msgErr                 error
+	// msgSpans locates each message's fields, for decodeMessages.
+	msgSpans []msgSpan
 	// objStart is the index of the body's '{'; streamOpts tells whether it
 	// has a stream_options key.
 	objStart   int
@@ -44,7 +46,17 @@ type reqBody struct {
 }
 
 func (b *reqBody) reset() {
-	*b = reqBody{modelBuf: b.modelBuf[:0], text: b.text[:0], tokenIDs: b.tokenIDs[:0], maxTokens: -1}
+	*b = reqBody{modelBuf: b.modelBuf[:0], text: b.text[:0], tokenIDs: b.tokenIDs[:0], msgSpans: b.msgSpans[:0], maxTokens: -1}
+}
+
+// span is a JSON value's [s, e) in the messages array (so that moving the
+// array in the body moves it too); e == 0 when absent.
+type span struct{ s, e int }
+
+// msgSpan holds the values of one chat message's fields that the chat
+// template reads (the last of a repeated key, as a JSON decoder would).
+type msgSpan struct {
+	role, content, name, toolCallID, reasoning, toolCalls span
 }
 
 // badRequestError is a client error with an OpenAI param name.
@@ -271,11 +283,25 @@ func (b *reqBody) parseMessagesAt(d []byte, vs int) (int, error) {
 			return nil
 		}
 		b.nMessages++
+		b.msgSpans = append(b.msgSpans, msgSpan{})
+		sp := &b.msgSpans[len(b.msgSpans)-1]
 		_, err := forEachField(d, ms, func(key []byte, s, e int) error {
-			if string(key) != "content" {
-				return nil
+			switch string(key) {
+			case "content":
+				sp.content = span{s - vs, e - vs}
+				return b.appendContent(d, s, e)
+			case "role":
+				sp.role = span{s - vs, e - vs}
+			case "name":
+				sp.name = span{s - vs, e - vs}
+			case "tool_call_id":
+				sp.toolCallID = span{s - vs, e - vs}
+			case "reasoning_content":
+				sp.reasoning = span{s - vs, e - vs}
+			case "tool_calls":
+				sp.toolCalls = span{s - vs, e - vs}
 			}
-			return b.appendContent(d, s, e)
+			return nil
 		})
 		return err
 	})

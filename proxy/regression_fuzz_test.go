@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"reflect"
 	"testing"
 
 	"github.com/infera/infera/tokenizer"
@@ -22,19 +23,143 @@ func FuzzDecodeMessages(f *testing.F) {
 			}
 			rs.rewriteModel(data, "other")
 			if kind == kindChat {
-				span := data[rs.parsed.msgStart:rs.parsed.msgEnd]
-				msgs, err := decodeMessages(nil, span, &rs.arena)
-				if err == nil {
-					// Every decoded string lives in the arena, which never
-					// outgrows the span: nothing was reallocated under them.
-					if len(rs.arena) > len(span) {
-						t.Fatalf("arena %d bytes > span %d", len(rs.arena), len(span))
-					}
-					// Rendering works on the decoded messages.
-					tokenizer.Simple{}.RenderChat(nil, msgs, nil, true)
+				b := &rs.parsed
+				arr := data[b.msgStart:b.msgEnd]
+				size := len(arr)
+				msgs := decodeMessages(nil, arr, b.msgSpans, &rs.arena)
+				// Every decoded string lives in the arena, which never
+				// outgrows the messages array: nothing was reallocated
+				// under them.
+				if len(rs.arena) > size {
+					t.Fatalf("arena %d bytes > messages %d", len(rs.arena), size)
 				}
+				// The parse's spans decode as a walk of the array does.
+				var ref []byte
+				want, err := decodeMessagesWalk(nil, arr, &ref)
+				if err != nil {
+					t.Fatalf("the parse accepted messages the walk refuses: %v", err)
+				}
+				if !reflect.DeepEqual(normalize(msgs), normalize(want)) {
+					t.Fatalf("decoded from spans:\n%#v\nwalked:\n%#v", msgs, want)
+				}
+				// Rendering works on the decoded messages.
+				tokenizer.Simple{}.RenderChat(nil, msgs, nil, true)
 			}
 			rs.parsed.estimateTokens()
 		}
 	})
+}
+
+// normalize makes empty and nil tool-call lists compare equal.
+func normalize(ms []tokenizer.Message) []tokenizer.Message {
+	out := make([]tokenizer.Message, len(ms))
+	for i, m := range ms {
+		if len(m.ToolCalls) == 0 {
+			m.ToolCalls = nil
+		}
+		out[i] = m
+	}
+	return out
+}
+
+// decodeMessagesWalk is the reference decodeMessages is checked against: it
+// walks the messages array itself instead of using the parse's spans.
+func decodeMessagesWalk(msgs []tokenizer.Message, d []byte, arena *[]byte) ([]tokenizer.Message, error) {
+	if cap(*arena) < len(d) {
+		*arena = make([]byte, 0, len(d)+len(d)/4)
+	}
+	a := (*arena)[:0]
+	str := func(v []byte) string { // v is a JSON value
+		if len(v) < 2 || v[0] != '"' {
+			return ""
+		}
+		start := len(a)
+		a = unescape(a, v[1:len(v)-1])
+		return arenaString(a[start:])
+	}
+	_, err := forEachElem(d, 0, func(vs, ve int) error {
+		if d[vs] != '{' {
+			return errMessages
+		}
+		var m tokenizer.Message
+		if len(msgs) < cap(msgs) {
+			// Reuse the tool-call slice a previous request left in this slot.
+			m.ToolCalls = msgs[: len(msgs)+1 : len(msgs)+1][len(msgs)].ToolCalls[:0]
+		}
+		_, err := forEachField(d, vs, func(key []byte, s, e int) error {
+			switch string(key) {
+			case "role":
+				m.Role = str(d[s:e])
+			case "content":
+				if d[s] == '[' {
+					start := len(a)
+					forEachElem(d, s, func(ps, pe int) error {
+						if d[ps] == '{' {
+							forEachField(d, ps, func(k []byte, ks, ke int) error {
+								if string(k) == "text" && d[ks] == '"' {
+									a = unescape(a, d[ks+1:ke-1])
+								}
+								return nil
+							})
+						}
+						return nil
+					})
+					m.Content = arenaString(a[start:])
+				} else {
+					m.Content = str(d[s:e])
+				}
+			case "name":
+				m.Name = str(d[s:e])
+			case "tool_call_id":
+				m.ToolCallID = str(d[s:e])
+			case "reasoning_content":
+				m.ReasoningContent = str(d[s:e])
+			case "tool_calls":
+				if d[s] != '[' {
+					return nil
+				}
+				forEachElem(d, s, func(cs, ce int) error {
+					var tc tokenizer.ToolCall
+					if d[cs] != '{' {
+						return nil
+					}
+					forEachField(d, cs, func(k []byte, ks, ke int) error {
+						switch string(k) {
+						case "id":
+							tc.ID = str(d[ks:ke])
+						case "type":
+							tc.Type = str(d[ks:ke])
+						case "function":
+							forEachField(d, ks, func(fk []byte, fs, fe int) error {
+								switch string(fk) {
+								case "name":
+									tc.Function.Name = str(d[fs:fe])
+								case "arguments":
+									if d[fs] == '"' {
+										tc.Function.Arguments = str(d[fs:fe])
+									} else {
+										start := len(a)
+										a = append(a, d[fs:fe]...)
+										tc.Function.Arguments = arenaString(a[start:])
+									}
+								}
+								return nil
+							})
+						}
+						return nil
+					})
+					m.ToolCalls = append(m.ToolCalls, tc)
+					return nil
+				})
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		msgs = append(msgs, m)
+		return nil
+	})
+	*arena = a
+	return msgs, err
 }

@@ -356,16 +356,13 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 	case len(b.tokenIDs) > 0:
 		rs.tokens = append(rs.tokens, b.tokenIDs...)
 	case kind == kindChat:
-		msgs, err := decodeMessages(rs.msgs[:0], body[b.msgStart:b.msgEnd], &rs.arena)
-		rs.msgs = msgs
-		if err != nil {
-			return err
-		}
+		rs.msgs = decodeMessages(rs.msgs[:0], body[b.msgStart:b.msgEnd], b.msgSpans, &rs.arena)
 		var tools []byte
 		if b.toolsEnd > 0 {
 			tools = body[b.toolsStart:b.toolsEnd]
 		}
-		rs.render, err = s.o.Tokenizer.RenderChat(rs.render[:0], msgs, tools, true)
+		var err error
+		rs.render, err = s.o.Tokenizer.RenderChat(rs.render[:0], rs.msgs, tools, true)
 		if err != nil {
 			return err
 		}
