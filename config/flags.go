@@ -17,6 +17,10 @@ type Serve struct {
 	APIKey       string        `help:"If set, clients must send 'Authorization: Bearer <key>'." env:"INFERA_API_KEY"`
 
 	RouterTokenizerPath string `help:"Directory with tokenizer.json and tokenizer_config.json used for KV-aware routing." env:"INFERA_ROUTER_TOKENIZER_PATH"`
+	// RouterTokenizeMaxBytes bounds the router's tokenization work per
+	// request: a real tokenizer costs up to about 1 us per byte on text its
+	// caches do not know (one long word, random letters).
+	RouterTokenizeMaxBytes int `help:"Bytes of each rendered prompt the router tokenizes for kv-aware routing (0: all); a longer prompt is routed on its leading part, cut on a word boundary, and its token count extrapolated." default:"262144" env:"INFERA_ROUTER_TOKENIZE_MAX_BYTES"`
 
 	DiscoveryBackend string   `help:"How workers are discovered: static, etcd or kubernetes (the production default is kubernetes)." default:"static" enum:"static,etcd,kubernetes" env:"INFERA_DISCOVERY_BACKEND"`
 	Workers          []string `help:"Static workers: URL or id=URL, comma-separated (with --discovery-backend static)." env:"INFERA_WORKERS" sep:","`

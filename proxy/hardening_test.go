@@ -3,14 +3,17 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +25,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/tokenizer"
 	"github.com/valyala/fasthttp"
 )
 
@@ -803,3 +807,66 @@ func TestStreamBrokenAfterItsEndGetsNoErrorEvent(t *testing.T) {
 
 // midStreamErrors reads infera_stream_errors_total{phase="mid_stream"}.
 func midStreamErrors() uint64 { return mMidStreamErr.Get() }
+
+// A prompt the tokenizer is slow on (one 3 MB word: BPE costs about 1 us a
+// byte where its caches do not help) is tokenized only up to
+// --router-tokenize-max-bytes, cut where the tokens of the part are those
+// of the whole; it is still routed and answered, and its token count is
+// extrapolated.
+func TestHugePromptIsTokenizedOnlyUpToTheLimit(t *testing.T) {
+	dir := filepath.Join("..", "testdata", "tokenizers", "qwen3")
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		if os.Getenv("INFERA_REQUIRE_TOKENIZER") != "" {
+			t.Fatal("Qwen3 tokenizer missing (make tokenizer)")
+		}
+		t.Skip("Qwen3 tokenizer missing (make tokenizer)")
+	}
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.MaxBodyBytes = 8 << 20
+	f.RouterPolicy, f.RouterTokenizerPath, f.RouterTokenizeMaxBytes = "kv-aware", dir, 64<<10
+	r := startRouter(t, f, nil, up.url)
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cuts := mTokenizeCut.Get()
+
+	word := strings.Repeat("x", 3<<20)
+	if code, b := post(t, r.url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"`+word+`"}]}`); code != 200 {
+		t.Fatalf("huge one-word prompt: %d %s", code, b)
+	}
+	if got := mTokenizeCut.Get() - cuts; got != 1 {
+		t.Fatalf("%d prompts cut, want 1", got)
+	}
+
+	// Prose: /tokenize shows what the router encodes, the leading tokens of
+	// the whole rendered prompt.
+	prose := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 4000) // 180 KB
+	body := `{"model":"m","messages":[{"role":"user","content":"` + prose + `"}]}`
+	code, b := post(t, r.url+"/tokenize", body)
+	if code != 200 {
+		t.Fatalf("/tokenize: %d %s", code, b)
+	}
+	var got struct {
+		Tokens []uint32 `json:"tokens"`
+		Count  int      `json:"count"`
+	}
+	if err := json.Unmarshal([]byte(b), &got); err != nil {
+		t.Fatal(err)
+	}
+	render, err := tok.RenderChat(nil, []tokenizer.Message{{Role: "user", Content: prose}}, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := tok.Encode(nil, render)
+	if got.Count != len(got.Tokens) || len(got.Tokens) == 0 || len(got.Tokens) >= len(full) {
+		t.Fatalf("router encoded %d (count %d) of the prompt's %d tokens", len(got.Tokens), got.Count, len(full))
+	}
+	if !slices.Equal(got.Tokens, full[:len(got.Tokens)]) {
+		t.Fatal("the router's tokens of the cut prompt are not the leading tokens of the whole")
+	}
+	if enc := tok.Encode(nil, render[:64<<10]); len(got.Tokens) > len(enc)+1 {
+		t.Fatalf("router encoded %d tokens, more than the %d of the first 64 KiB", len(got.Tokens), len(enc))
+	}
+}

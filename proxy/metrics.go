@@ -30,6 +30,8 @@ var (
 	mTTFT        = metrics.NewPrometheusHistogramExt(`infera_time_to_first_byte_seconds`, latencyBuckets)
 	mDuration    = metrics.NewPrometheusHistogramExt(`infera_request_duration_seconds`, durationBuckets)
 	mBadRequests = metrics.NewCounter(`infera_bad_requests_total`)
+	// mTokenizeCut counts prompts longer than --router-tokenize-max-bytes.
+	mTokenizeCut = metrics.NewCounter(`infera_router_tokenize_cut_total`)
 )
 
 func countStatus(code int) {

@@ -402,8 +402,9 @@ func routingView(dst, body []byte) ([]byte, error) {
 // countTokens answers POST /v1/messages/count_tokens (conversion mode):
 // the converted prompt rendered with the router's chat template and
 // encoded with its tokenizer. Exact when --router-tokenizer-path names the
-// model's tokenizer; without one the router counts with the built-in
-// Simple tokenizer, an estimate (docs/protocols.md).
+// model's tokenizer and the rendered prompt is within
+// --router-tokenize-max-bytes; without one the router counts with the
+// built-in Simple tokenizer, an estimate (docs/protocols.md).
 func (s *Server) countTokens(ctx *fasthttp.RequestCtx, rs *reqState, chat []byte) {
 	tok := s.o.Tokenizer
 	if tok == nil {
@@ -419,9 +420,13 @@ func (s *Server) countTokens(ctx *fasthttp.RequestCtx, rs *reqState, chat []byte
 			Message: "messages: the prompt cannot be rendered with the model's chat template"})
 		return
 	}
-	rs.tokens = tok.Encode(rs.tokens[:0], rs.render)
+	// Bounded like routing's: past --router-tokenize-max-bytes the count is
+	// extrapolated from the part encoded.
+	n := tokenizer.Cut(tok, rs.render, s.o.Flags.RouterTokenizeMaxBytes)
+	rs.tokCut, rs.tokText = n, len(rs.render)
+	rs.tokens = tok.Encode(rs.tokens[:0], rs.render[:n])
 	countStatus(200)
-	rs.proto.out = protocol.AppendCountTokens(rs.proto.out[:0], len(rs.tokens))
+	rs.proto.out = protocol.AppendCountTokens(rs.proto.out[:0], rs.promptTokens())
 	ctx.SetContentType("application/json")
 	ctx.SetBody(rs.proto.out)
 }
@@ -446,7 +451,7 @@ func (s *Server) transformHead(ctx *fasthttp.RequestCtx, rs *reqState, up upResp
 	if status >= 400 || encoded {
 		return first, eof, false // a chat error or an encoded stream: relayed as is
 	}
-	p.meta.PromptTokens = len(rs.tokens)
+	p.meta.PromptTokens = rs.promptTokens()
 	p.relaying = true
 	switch p.stage {
 	case stageConvert:

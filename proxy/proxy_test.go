@@ -81,6 +81,7 @@ func defaultFlags() *config.Serve {
 		MaxBodyBytes: 1 << 20, RouterMode: "auto", RouterPolicy: "round-robin",
 		RequestMaxRetries: 1, BreakerFailureThreshold: 3, BreakerCooldownS: 5, BreakerMaxCooldownS: 60,
 		MaxConnsPerWorker: 512, ConnectTimeout: time.Second, KVBlockSize: 16,
+		RouterTokenizeMaxBytes: 262144,
 	}
 }
 

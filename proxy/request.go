@@ -33,6 +33,8 @@ type reqState struct {
 	render []byte
 	msgs   []tokenizer.Message
 	arena  []byte // backs msgs' strings (see decodeMessages)
+	// tokCut of tokText bytes were tokenized (--router-tokenize-max-bytes).
+	tokCut, tokText int
 
 	// fwd is the body forwarded to the engine: the client's bytes, or a copy
 	// with the model rewritten (model routing resolved an alias).
@@ -79,6 +81,7 @@ func (rs *reqState) Reset() {
 	rs.scratch = rs.scratch[:0]
 	rs.usage = usage{}
 	rs.tokens, rs.render, rs.msgs = rs.tokens[:0], rs.render[:0], rs.msgs[:0]
+	rs.tokCut, rs.tokText = 0, 0
 	rs.fwd, rs.rewrite, rs.route, rs.hdr, rs.path = nil, rs.rewrite[:0], rs.route[:0], rs.hdr[:0], rs.path[:0]
 	rs.scratchOut = rs.scratchOut[:0]
 	rs.errStatus, rs.errBody, rs.errType = 0, rs.errBody[:0], rs.errType[:0]
@@ -342,7 +345,7 @@ func (s *Server) hashPrompt(rs *reqState, body []byte, kind int) error {
 	if err := s.tokenize(rs, body, kind); err != nil {
 		return err
 	}
-	rs.sreq.PromptTokens = len(rs.tokens)
+	rs.sreq.PromptTokens = rs.promptTokens()
 	rs.sreq.BlockHashes = s.o.HashBlocks(rs.sreq.BlockHashes[:0], rs.tokens, s.o.BlockSize, "")
 	return nil
 }
@@ -366,9 +369,32 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 		if err != nil {
 			return err
 		}
-		rs.tokens = s.o.Tokenizer.Encode(rs.tokens, rs.render)
+		rs.tokens = s.encodeLeading(rs, rs.render)
 	default:
-		rs.tokens = s.o.Tokenizer.Encode(rs.tokens, b.text)
+		rs.tokens = s.encodeLeading(rs, b.text)
 	}
 	return nil
+}
+
+// encodeLeading encodes text, or as much of it as --router-tokenize-max-bytes
+// allows (cut where the tokens of the part are those of the whole), noting
+// the proportion for promptTokens.
+func (s *Server) encodeLeading(rs *reqState, text []byte) []uint32 {
+	n := tokenizer.Cut(s.o.Tokenizer, text, s.o.Flags.RouterTokenizeMaxBytes)
+	rs.tokCut, rs.tokText = n, len(text)
+	if n < len(text) {
+		mTokenizeCut.Inc()
+	}
+	return s.o.Tokenizer.Encode(rs.tokens, text[:n])
+}
+
+// promptTokens is the prompt's token count: exact when it was tokenized
+// whole, extrapolated from the tokenized part's bytes per token when it was
+// cut.
+func (rs *reqState) promptTokens() int {
+	n := len(rs.tokens)
+	if rs.tokCut > 0 && rs.tokCut < rs.tokText {
+		n += int(int64(rs.tokText-rs.tokCut) * int64(n) / int64(rs.tokCut))
+	}
+	return n
 }

@@ -29,6 +29,9 @@ type HF struct {
 
 	added      []addedToken // sorted by content length, longest first
 	addedFirst [256]bool    // first bytes of added tokens
+	// spacedAdded: some added token holds a space between two non-spaces,
+	// so Cut cannot promise a prefix-stable cut before such a space.
+	spacedAdded bool
 
 	chat     *jinja.Template
 	chatSrc  string
@@ -221,6 +224,7 @@ func (h *HF) loadModel(tj *hfJSON) error {
 			return fmt.Errorf("added token %q changes under normalization", at.Content)
 		}
 		h.added = append(h.added, addedToken{content: []byte(at.Content), id: at.ID, special: at.Special})
+		h.spacedAdded = h.spacedAdded || spacedAt([]byte(at.Content), 1, len(at.Content)) >= 0
 		h.tokens[at.ID] = []byte(at.Content)
 		h.addedFirst[at.Content[0]] = true
 	}
