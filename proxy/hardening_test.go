@@ -812,7 +812,8 @@ func midStreamErrors() uint64 { return mMidStreamErr.Get() }
 // byte where its caches do not help) is tokenized only up to
 // --router-tokenize-max-bytes, cut where the tokens of the part are those
 // of the whole; it is still routed and answered, and its token count is
-// extrapolated.
+// extrapolated. A chat of 100000 messages renders only its leading ones,
+// and tools larger than the bound are not tokenized at all.
 func TestHugePromptIsTokenizedOnlyUpToTheLimit(t *testing.T) {
 	dir := filepath.Join("..", "testdata", "tokenizers", "qwen3")
 	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
@@ -868,5 +869,62 @@ func TestHugePromptIsTokenizedOnlyUpToTheLimit(t *testing.T) {
 	}
 	if enc := tok.Encode(nil, render[:64<<10]); len(got.Tokens) > len(enc)+1 {
 		t.Fatalf("router encoded %d tokens, more than the %d of the first 64 KiB", len(got.Tokens), len(enc))
+	}
+
+	// Many small messages (a template costs 15-20 us each): only the first
+	// maxRouteMessages are rendered, and their tokens lead the whole's.
+	var chat strings.Builder
+	var msgs []tokenizer.Message
+	chat.WriteString(`{"model":"m","messages":[`)
+	for i := 0; i < 3000; i++ {
+		role := [2]string{"user", "assistant"}[i%2]
+		content := "message " + strconv.Itoa(i)
+		if i > 0 {
+			chat.WriteByte(',')
+		}
+		chat.WriteString(`{"role":"` + role + `","content":"` + content + `"}`)
+		msgs = append(msgs, tokenizer.Message{Role: role, Content: content})
+	}
+	chat.WriteString(`]}`)
+	code, b = post(t, r.url+"/tokenize", chat.String())
+	if code != 200 {
+		t.Fatalf("/tokenize: %d %s", code, b)
+	}
+	if err := json.Unmarshal([]byte(b), &got); err != nil {
+		t.Fatal(err)
+	}
+	if render, err = tok.RenderChat(nil, msgs, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	full = tok.Encode(nil, render)
+	// The part ends on the last user message among the first maxRouteMessages.
+	part, err := tok.RenderChat(nil, msgs[:maxRouteMessages-1], nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := tok.Encode(nil, part); !slices.Equal(got.Tokens, want) || !slices.Equal(want, full[:len(want)]) {
+		t.Fatalf("router encoded %d tokens of 3000 messages, want the %d of the first %d, leading the whole's %d",
+			len(got.Tokens), len(want), maxRouteMessages-1, len(full))
+	}
+	cuts = mTokenizeCut.Get()
+	var many strings.Builder
+	many.WriteString(`{"model":"m","messages":[`)
+	for i := 0; i < 100000; i++ { // 3 MB: under the test upstream's 4 MB body limit
+		if i > 0 {
+			many.WriteByte(',')
+		}
+		many.WriteString(`{"role":"user","content":"hi"}`)
+	}
+	many.WriteString(`]}`)
+	if code, b := post(t, r.url+"/v1/chat/completions", many.String()); code != 200 {
+		t.Fatalf("100000 messages: %d %s", code, b)
+	}
+	// Tools the router may not tokenize: routed without block hashes.
+	tools := `[{"type":"function","function":{"name":"f","description":"` + strings.Repeat("d ", 40<<10) + `"}}]`
+	if code, b := post(t, r.url+"/v1/chat/completions", `{"model":"m","tools":`+tools+`,"messages":[{"role":"user","content":"hi"}]}`); code != 200 {
+		t.Fatalf("huge tools: %d %s", code, b)
+	}
+	if got := mTokenizeCut.Get() - cuts; got != 2 {
+		t.Fatalf("%d prompts cut, want 2", got)
 	}
 }

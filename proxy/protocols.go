@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -412,18 +413,28 @@ func (s *Server) countTokens(ctx *fasthttp.RequestCtx, rs *reqState, chat []byte
 	}
 	msgs, tools, err := protocol.ChatMessages(rs.msgs[:0], chat, &rs.arena)
 	rs.msgs = msgs
+	// Bounded like routing's (tokenize): past --router-tokenize-max-bytes
+	// the count is extrapolated from the part rendered and encoded.
+	limit := s.o.Flags.RouterTokenizeMaxBytes
+	k, part, whole := len(msgs), 1, 1
+	if limit > 0 {
+		k, part, whole = leadingMessages(msgs, limit)
+	}
+	if err == nil && limit > 0 && len(tools) > limit {
+		writeProtoError(ctx, protocol.Anthropic, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest,
+			Message: "tools: larger than the router counts (--router-tokenize-max-bytes " + strconv.Itoa(limit) + ")"})
+		return
+	}
 	if err == nil {
-		rs.render, err = tok.RenderChat(rs.render[:0], msgs, tools, true)
+		rs.render, err = tok.RenderChat(rs.render[:0], msgs[:k], tools, k == len(msgs))
 	}
 	if err != nil {
 		writeProtoError(ctx, protocol.Anthropic, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest,
 			Message: "messages: the prompt cannot be rendered with the model's chat template"})
 		return
 	}
-	// Bounded like routing's: past --router-tokenize-max-bytes the count is
-	// extrapolated from the part encoded.
-	n := tokenizer.Cut(tok, rs.render, s.o.Flags.RouterTokenizeMaxBytes)
-	rs.tokCut, rs.tokText = n, len(rs.render)
+	n := tokenizer.Cut(tok, rs.render, limit)
+	rs.tokCut, rs.tokText = n, int(int64(len(rs.render))*int64(whole)/int64(max(part, 1)))
 	rs.tokens = tok.Encode(rs.tokens[:0], rs.render[:n])
 	countStatus(200)
 	rs.proto.out = protocol.AppendCountTokens(rs.proto.out[:0], rs.promptTokens())
@@ -677,4 +688,35 @@ func (u *usage) scanProtocol(b []byte, api protocol.API) {
 	if okCached {
 		u.cached = cached
 	}
+}
+
+// leadingMessages is routeMessages for decoded messages.
+func leadingMessages(msgs []tokenizer.Message, limit int) (k, part, whole int) {
+	size := func(m *tokenizer.Message) int {
+		n := 1 + len(m.Content) + len(m.ReasoningContent)
+		for i := range m.ToolCalls {
+			n += len(m.ToolCalls[i].Function.Arguments)
+		}
+		return n
+	}
+	for k < len(msgs) && k < maxRouteMessages && part < limit {
+		part += size(&msgs[k])
+		k++
+	}
+	if k < len(msgs) {
+		for j := k; j > 1; j-- { // end on a user message (routeMessages)
+			if msgs[j-1].Role == "user" {
+				for i := j; i < k; i++ {
+					part -= size(&msgs[i])
+				}
+				k = j
+				break
+			}
+		}
+	}
+	whole = part
+	for i := k; i < len(msgs); i++ {
+		whole += size(&msgs[i])
+	}
+	return k, part, whole
 }

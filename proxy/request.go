@@ -33,8 +33,10 @@ type reqState struct {
 	render []byte
 	msgs   []tokenizer.Message
 	arena  []byte // backs msgs' strings (see decodeMessages)
-	// tokCut of tokText bytes were tokenized (--router-tokenize-max-bytes).
+	// tokCut of tokText bytes were tokenized (--router-tokenize-max-bytes);
+	// tokSkip: the prompt was too costly to tokenize at all.
 	tokCut, tokText int
+	tokSkip         bool
 
 	// fwd is the body forwarded to the engine: the client's bytes, or a copy
 	// with the model rewritten (model routing resolved an alias).
@@ -81,7 +83,7 @@ func (rs *reqState) Reset() {
 	rs.scratch = rs.scratch[:0]
 	rs.usage = usage{}
 	rs.tokens, rs.render, rs.msgs = rs.tokens[:0], rs.render[:0], rs.msgs[:0]
-	rs.tokCut, rs.tokText = 0, 0
+	rs.tokCut, rs.tokText, rs.tokSkip = 0, 0, false
 	rs.fwd, rs.rewrite, rs.route, rs.hdr, rs.path = nil, rs.rewrite[:0], rs.route[:0], rs.hdr[:0], rs.path[:0]
 	rs.scratchOut = rs.scratchOut[:0]
 	rs.errStatus, rs.errBody, rs.errType = 0, rs.errBody[:0], rs.errType[:0]
@@ -345,13 +347,25 @@ func (s *Server) hashPrompt(rs *reqState, body []byte, kind int) error {
 	if err := s.tokenize(rs, body, kind); err != nil {
 		return err
 	}
+	if rs.tokSkip {
+		return nil // routed without block hashes; PromptTokens stays the estimate
+	}
 	rs.sreq.PromptTokens = rs.promptTokens()
 	rs.sreq.BlockHashes = s.o.HashBlocks(rs.sreq.BlockHashes[:0], rs.tokens, s.o.BlockSize, "")
 	return nil
 }
 
+// maxRouteMessages bounds the chat messages rendered for routing when
+// --router-tokenize-max-bytes is set: a template costs 15-20 us a message,
+// and a 32 MiB body holds a million small ones.
+const maxRouteMessages = 1024
+
 // tokenize fills rs.tokens with the prompt's token ids: a token-id prompt
-// as is, a chat rendered with the chat template, or the prompt text.
+// as is, a chat rendered with the chat template, or the prompt text. Within
+// --router-tokenize-max-bytes: a chat renders only the leading messages
+// whose contents fill it (and at most maxRouteMessages of them); a chat
+// whose tools alone exceed it, or whose leading messages the template
+// refuses, is not tokenized (rs.tokSkip).
 func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 	b := &rs.parsed
 	rs.tokens = rs.tokens[:0]
@@ -359,21 +373,77 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 	case len(b.tokenIDs) > 0:
 		rs.tokens = append(rs.tokens, b.tokenIDs...)
 	case kind == kindChat:
-		rs.msgs = decodeMessages(rs.msgs[:0], body[b.msgStart:b.msgEnd], b.msgSpans, &rs.arena)
+		limit := s.o.Flags.RouterTokenizeMaxBytes
 		var tools []byte
 		if b.toolsEnd > 0 {
 			tools = body[b.toolsStart:b.toolsEnd]
 		}
+		if limit > 0 && len(tools) > limit {
+			rs.tokSkip = true
+			mTokenizeCut.Inc()
+			return nil
+		}
+		arr := body[b.msgStart:b.msgEnd]
+		k, part, whole := routeMessages(arr, b.msgSpans, limit)
+		rs.msgs = decodeMessages(rs.msgs[:0], arr, b.msgSpans[:k], &rs.arena)
 		var err error
-		rs.render, err = s.o.Tokenizer.RenderChat(rs.render[:0], rs.msgs, tools, true)
+		rs.render, err = s.o.Tokenizer.RenderChat(rs.render[:0], rs.msgs, tools, k == len(b.msgSpans))
 		if err != nil {
+			if k < len(b.msgSpans) {
+				rs.tokSkip = true // the template wants the whole conversation
+				mTokenizeCut.Inc()
+				return nil
+			}
 			return err
 		}
 		rs.tokens = s.encodeLeading(rs, rs.render)
+		if k < len(b.msgSpans) {
+			// The rest of the conversation renders about like its part.
+			if rs.tokCut == rs.tokText {
+				mTokenizeCut.Inc()
+			}
+			rs.tokText = int(int64(rs.tokText) * int64(whole) / int64(max(part, 1)))
+		}
 	default:
 		rs.tokens = s.encodeLeading(rs, b.text)
 	}
 	return nil
+}
+
+// routeMessages returns how many leading messages of the messages array d
+// to render within limit bytes of content (all when limit <= 0), ending on
+// a user message when it can, with the sizes of their part and of the
+// whole (content bytes, plus one per message).
+func routeMessages(d []byte, spans []msgSpan, limit int) (k, part, whole int) {
+	if limit <= 0 {
+		return len(spans), 1, 1
+	}
+	size := func(sp *msgSpan) int {
+		return 1 + sp.content.e - sp.content.s + sp.toolCalls.e - sp.toolCalls.s + sp.reasoning.e - sp.reasoning.s
+	}
+	for k < len(spans) && k < maxRouteMessages && part < limit {
+		part += size(&spans[k])
+		k++
+	}
+	if k < len(spans) {
+		// End the part on a user message, as every earlier turn of the
+		// conversation did: templates render the last message (and those
+		// after the last user message) their own way.
+		for j := k; j > 1; j-- {
+			if r := spans[j-1].role; string(d[r.s:r.e]) == `"user"` {
+				for i := j; i < k; i++ {
+					part -= size(&spans[i])
+				}
+				k = j
+				break
+			}
+		}
+	}
+	whole = part
+	for i := k; i < len(spans); i++ {
+		whole += size(&spans[i])
+	}
+	return k, part, whole
 }
 
 // encodeLeading encodes text, or as much of it as --router-tokenize-max-bytes
