@@ -538,6 +538,40 @@ func TestCountTokensWithTheRoutersTokenizer(t *testing.T) {
 	}
 }
 
+// Past --router-tokenize-max-bytes count_tokens extrapolates from the part
+// it encodes (Simple: 4 bytes a token, so the estimate is close), and tools
+// larger than the bound are refused in Anthropic's shape.
+func TestCountTokensPastTheTokenizeBoundIsExtrapolated(t *testing.T) {
+	up := startChatEngine(t, &chatEngine{})
+	f := defaultFlags()
+	f.RouterTokenizeMaxBytes = 4096
+	r := startRouter(t, f, nil, up.url)
+	var msgs strings.Builder
+	for i := 0; i < 400; i++ { // 400 messages of 100 bytes: 10x the bound
+		if i > 0 {
+			msgs.WriteByte(',')
+		}
+		msgs.WriteString(`{"role":"` + [2]string{"user", "assistant"}[i%2] + `","content":"` + strings.Repeat("abcd", 25) + `"}`)
+	}
+	resp, b := postH(t, r.url+"/v1/messages/count_tokens", `{"model":"m","messages":[`+msgs.String()+`]}`, nil)
+	var c struct {
+		InputTokens int `json:"input_tokens"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal([]byte(b), &c) != nil {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	// Exact is about 13056: 400 x (100 bytes + ~30 of ChatML markup) / 4.
+	if c.InputTokens < 12000 || c.InputTokens > 14000 {
+		t.Fatalf("counted %d tokens for about 13056", c.InputTokens)
+	}
+	tools := `[{"name":"f","description":"` + strings.Repeat("d", 5000) + `","input_schema":{"type":"object"}}]`
+	resp, b = postH(t, r.url+"/v1/messages/count_tokens", `{"model":"m","tools":`+tools+`,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	if resp.StatusCode != 400 || !strings.Contains(b, "router-tokenize-max-bytes") {
+		t.Fatalf("tools over the bound: %d %s", resp.StatusCode, b)
+	}
+	checkAnthropicError(t, b, "invalid_request_error")
+}
+
 // The router always asks the engine for streaming usage; a client that did
 // not ask does not get the usage chunk unless force_stream_usage is on.
 func TestStreamUsageAskedAlwaysRelayedWhenAskedOrForced(t *testing.T) {
