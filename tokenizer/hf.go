@@ -33,6 +33,8 @@ type HF struct {
 	// so Cut cannot promise a prefix-stable cut before such a space.
 	spacedAdded bool
 
+	sections sectionCache
+
 	chat     *jinja.Template
 	chatSrc  string
 	bosToken string
@@ -100,6 +102,7 @@ func Load(dir string) (*HF, error) {
 	}
 	h := &HF{}
 	h.model.cache = newWordCache()
+	h.sections = newSectionCache()
 	if err := h.loadModel(&tj); err != nil {
 		return nil, fmt.Errorf("unsupported tokenizer %q: %w", path, err)
 	}
@@ -441,6 +444,16 @@ func (h *HF) encodeSection(dst []uint32, s []byte, sc *scratch) []uint32 {
 	if len(s) == 0 {
 		return dst
 	}
+	if ids, ok := h.sections.get(s); ok {
+		return append(dst, ids...)
+	}
+	start := len(dst)
+	dst = h.encodeWords(dst, s, sc)
+	h.sections.put(s, dst[start:])
+	return dst
+}
+
+func (h *HF) encodeWords(dst []uint32, s []byte, sc *scratch) []uint32 {
 	if h.nfc && !isASCII(s) && !norm.NFC.IsNormal(s) {
 		sc.norm = norm.NFC.Append(sc.norm[:0], s...)
 		s = sc.norm

@@ -40,6 +40,23 @@ func BenchmarkEncode4K(b *testing.B) {
 	b.ReportMetric(float64(len(dst)), "tokens/op")
 }
 
+// BenchmarkEncode4KNewSections is BenchmarkEncode4K with sections never
+// seen before (the section cache off): a prompt whose words are all known.
+func BenchmarkEncode4KNewSections(b *testing.B) {
+	h := loadQwen3(b)
+	slots := h.sections.slots
+	h.sections.slots = nil
+	defer func() { h.sections.slots = slots }()
+	text := prompt4K()
+	dst := h.Encode(nil, text)
+	b.SetBytes(int64(len(text)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		dst = h.Encode(dst[:0], text)
+	}
+}
+
 func BenchmarkEncode4KColdCache(b *testing.B) {
 	h := loadQwen3(b)
 	text := prompt4K()
@@ -50,6 +67,7 @@ func BenchmarkEncode4KColdCache(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		h.model.cache.reset()
+		h.sections.reset()
 		b.StartTimer()
 		dst = h.Encode(dst[:0], text)
 	}
