@@ -14,11 +14,19 @@ import (
 // The messages' strings live in arena, which is reused by the next request:
 // they are valid only until the request handler returns (RenderChat does not
 // retain them). Decoded JSON strings are never longer than their encoding,
-// so an arena of len(d) bytes never reallocates and the strings stay put. Steady state: no allocations unless messages
+// so an arena of the spans' total length never reallocates and the strings
+// stay put. Steady state: no allocations unless messages
 // carry tool calls.
 func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *[]byte) []tokenizer.Message {
-	if cap(*arena) < len(d) {
-		*arena = make([]byte, 0, len(d)+len(d)/4)
+	need := 0 // the decoded strings are no longer than the fields' values
+	for i := range spans {
+		sp := &spans[i]
+		for _, v := range [...]span{sp.role, sp.content, sp.name, sp.toolCallID, sp.reasoning, sp.toolCalls} {
+			need += v.e - v.s
+		}
+	}
+	if cap(*arena) < need {
+		*arena = make([]byte, 0, need+need/4)
 	}
 	a := (*arena)[:0]
 	str := func(v span) string {

@@ -37,8 +37,10 @@ type reqBody struct {
 	toolsStart, toolsEnd   int
 	nMessages              int
 	msgErr                 error
-	// msgSpans locates each message's fields, for decodeMessages.
+	// msgSpans locates the fields of the first maxRouteMessages messages,
+	// for decodeMessages; restSize is the size (msgSpan.size) of the rest.
 	msgSpans []msgSpan
+	restSize int
 	// objStart is the index of the body's '{'; streamOpts tells whether it
 	// has a stream_options key.
 	objStart   int
@@ -46,7 +48,7 @@ type reqBody struct {
 }
 
 func (b *reqBody) reset() {
-	*b = reqBody{modelBuf: b.modelBuf[:0], text: b.text[:0], tokenIDs: b.tokenIDs[:0], msgSpans: b.msgSpans[:0], maxTokens: -1}
+	*b = reqBody{modelBuf: trimBuf(b.modelBuf), text: trimBuf(b.text), tokenIDs: trimIDs(b.tokenIDs), msgSpans: b.msgSpans[:0], maxTokens: -1}
 }
 
 // span is a JSON value's [s, e) in the messages array (so that moving the
@@ -57,6 +59,21 @@ type span struct{ s, e int }
 // template reads (the last of a repeated key, as a JSON decoder would).
 type msgSpan struct {
 	role, content, name, toolCallID, reasoning, toolCalls span
+}
+
+// size is the message's weight for extrapolating a prompt's length from
+// its leading messages: its content, reasoning and tool-call bytes, plus
+// one.
+func (sp *msgSpan) size() int {
+	return 1 + sp.content.e - sp.content.s + sp.toolCalls.e - sp.toolCalls.s + sp.reasoning.e - sp.reasoning.s
+}
+
+// trimIDs empties ids, dropping them when they grew large.
+func trimIDs(ids []uint32) []uint32 {
+	if cap(ids) > 64<<10 {
+		return nil
+	}
+	return ids[:0]
 }
 
 // badRequestError is a client error with an OpenAI param name.
@@ -283,8 +300,7 @@ func (b *reqBody) parseMessagesAt(d []byte, vs int) (int, error) {
 			return nil
 		}
 		b.nMessages++
-		b.msgSpans = append(b.msgSpans, msgSpan{})
-		sp := &b.msgSpans[len(b.msgSpans)-1]
+		var sp msgSpan
 		_, err := forEachField(d, ms, func(key []byte, s, e int) error {
 			switch string(key) {
 			case "content":
@@ -303,6 +319,13 @@ func (b *reqBody) parseMessagesAt(d []byte, vs int) (int, error) {
 			}
 			return nil
 		})
+		// Routing renders at most maxRouteMessages messages: the rest are
+		// only weighed (a 32 MiB body may hold a million).
+		if len(b.msgSpans) < maxRouteMessages {
+			b.msgSpans = append(b.msgSpans, sp)
+		} else {
+			b.restSize += sp.size()
+		}
 		return err
 	})
 }

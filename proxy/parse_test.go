@@ -179,3 +179,29 @@ func FuzzStreamUsageInsertMatchesAReparse(f *testing.F) {
 		}
 	})
 }
+
+// The parse locates the fields of the first maxRouteMessages messages only
+// (routing renders no more) and weighs the rest, so a body of a million
+// small messages does not cost a million spans.
+func TestParseLocatesAtMostMaxRouteMessages(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"model":"m","messages":[`)
+	const n = 5000
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"role":"user","content":"hi"}`)
+	}
+	b.WriteString(`]}`)
+	var rb reqBody
+	if err := rb.parse([]byte(b.String()), kindChat); err != nil {
+		t.Fatal(err)
+	}
+	if rb.nMessages != n || len(rb.msgSpans) != maxRouteMessages {
+		t.Fatalf("%d messages, %d located; want %d, %d", rb.nMessages, len(rb.msgSpans), n, maxRouteMessages)
+	}
+	if want := (n - maxRouteMessages) * (1 + len(`"hi"`)); rb.restSize != want {
+		t.Fatalf("rest weighs %d, want %d", rb.restSize, want)
+	}
+}

@@ -39,6 +39,9 @@ func FuzzDecodeMessages(f *testing.F) {
 				if err != nil {
 					t.Fatalf("the parse accepted messages the walk refuses: %v", err)
 				}
+				if len(want) > maxRouteMessages {
+					want = want[:maxRouteMessages] // the rest is only weighed
+				}
 				if !reflect.DeepEqual(normalize(msgs), normalize(want)) {
 					t.Fatalf("decoded from spans:\n%#v\nwalked:\n%#v", msgs, want)
 				}

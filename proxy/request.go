@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"io"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -82,10 +83,14 @@ func (rs *reqState) Reset() {
 	rs.call = call{}
 	rs.scratch = rs.scratch[:0]
 	rs.usage = usage{}
-	rs.tokens, rs.render, rs.msgs = rs.tokens[:0], rs.render[:0], rs.msgs[:0]
+	// A burst of big prompts must not pin memory in the pool either.
+	rs.tokens, rs.render, rs.arena = trimIDs(rs.tokens), trimBuf(rs.render), trimBuf(rs.arena)
+	if rs.msgs = rs.msgs[:0]; cap(rs.msgs) > maxRouteMessages {
+		rs.msgs = nil
+	}
 	rs.tokCut, rs.tokText, rs.tokSkip = 0, 0, false
-	rs.fwd, rs.rewrite, rs.route, rs.hdr, rs.path = nil, rs.rewrite[:0], rs.route[:0], rs.hdr[:0], rs.path[:0]
-	rs.scratchOut = rs.scratchOut[:0]
+	rs.fwd, rs.rewrite, rs.route, rs.hdr, rs.path = nil, trimBuf(rs.rewrite), rs.route[:0], rs.hdr[:0], rs.path[:0]
+	rs.scratchOut = trimBuf(rs.scratchOut)
 	rs.errStatus, rs.errBody, rs.errType = 0, rs.errBody[:0], rs.errType[:0]
 	rs.ext.reset()
 	rs.proto.reset()
@@ -176,8 +181,11 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, rs *reqState) error {
 	for {
 		if len(buf) == cap(buf) {
 			// Grow by what may still arrive (one byte more than allowed or
-			// announced, to notice a longer body), reserving it first.
-			want := int64(step)
+			// announced, to notice a longer body), reserving it first;
+			// doubling, so a large body is copied O(n) times in all (fixed
+			// steps cost a 31 MB body 8 CPU-seconds of copying), while what
+			// is reserved stays within twice what arrived.
+			want := max(int64(step), int64(cap(buf)))
 			if cl > 0 {
 				want = min(want, int64(cl)+1-int64(len(buf)))
 			}
@@ -355,15 +363,15 @@ func (s *Server) hashPrompt(rs *reqState, body []byte, kind int) error {
 	return nil
 }
 
-// maxRouteMessages bounds the chat messages rendered for routing when
-// --router-tokenize-max-bytes is set: a template costs 15-20 us a message,
-// and a 32 MiB body holds a million small ones.
+// maxRouteMessages bounds the chat messages rendered for routing: a
+// template costs 15-20 us a message, and a 32 MiB body holds a million
+// small ones.
 const maxRouteMessages = 1024
 
 // tokenize fills rs.tokens with the prompt's token ids: a token-id prompt
 // as is, a chat rendered with the chat template, or the prompt text. Within
 // --router-tokenize-max-bytes: a chat renders only the leading messages
-// whose contents fill it (and at most maxRouteMessages of them); a chat
+// whose contents fill it (and at most maxRouteMessages in any case); a chat
 // whose tools alone exceed it, or whose leading messages the template
 // refuses, is not tokenized (rs.tokSkip).
 func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
@@ -384,12 +392,13 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 			return nil
 		}
 		arr := body[b.msgStart:b.msgEnd]
-		k, part, whole := routeMessages(arr, b.msgSpans, limit)
+		k, part, whole := routeMessages(arr, b.msgSpans, b.restSize, limit)
+		all := k == len(b.msgSpans) && b.restSize == 0
 		rs.msgs = decodeMessages(rs.msgs[:0], arr, b.msgSpans[:k], &rs.arena)
 		var err error
-		rs.render, err = s.o.Tokenizer.RenderChat(rs.render[:0], rs.msgs, tools, k == len(b.msgSpans))
+		rs.render, err = s.o.Tokenizer.RenderChat(rs.render[:0], rs.msgs, tools, all)
 		if err != nil {
-			if k < len(b.msgSpans) {
+			if !all {
 				rs.tokSkip = true // the template wants the whole conversation
 				mTokenizeCut.Inc()
 				return nil
@@ -397,7 +406,7 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 			return err
 		}
 		rs.tokens = s.encodeLeading(rs, rs.render)
-		if k < len(b.msgSpans) {
+		if !all {
 			// The rest of the conversation renders about like its part.
 			if rs.tokCut == rs.tokText {
 				mTokenizeCut.Inc()
@@ -411,37 +420,36 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 }
 
 // routeMessages returns how many leading messages of the messages array d
-// to render within limit bytes of content (all when limit <= 0), ending on
-// a user message when it can, with the sizes of their part and of the
-// whole (content bytes, plus one per message).
-func routeMessages(d []byte, spans []msgSpan, limit int) (k, part, whole int) {
+// to render: those whose contents fill limit bytes (all the parse located
+// when limit <= 0; it locates at most maxRouteMessages), ending on a user
+// message when some are left out, with the sizes (msgSpan.size) of their
+// part and of the whole; rest is the size of the messages the parse did
+// not locate.
+func routeMessages(d []byte, spans []msgSpan, rest, limit int) (k, part, whole int) {
 	if limit <= 0 {
-		return len(spans), 1, 1
+		limit = math.MaxInt
 	}
-	size := func(sp *msgSpan) int {
-		return 1 + sp.content.e - sp.content.s + sp.toolCalls.e - sp.toolCalls.s + sp.reasoning.e - sp.reasoning.s
-	}
-	for k < len(spans) && k < maxRouteMessages && part < limit {
-		part += size(&spans[k])
+	for k < len(spans) && part < limit {
+		part += spans[k].size()
 		k++
 	}
-	if k < len(spans) {
+	if k < len(spans) || rest > 0 {
 		// End the part on a user message, as every earlier turn of the
 		// conversation did: templates render the last message (and those
 		// after the last user message) their own way.
 		for j := k; j > 1; j-- {
 			if r := spans[j-1].role; string(d[r.s:r.e]) == `"user"` {
 				for i := j; i < k; i++ {
-					part -= size(&spans[i])
+					part -= spans[i].size()
 				}
 				k = j
 				break
 			}
 		}
 	}
-	whole = part
+	whole = part + rest
 	for i := k; i < len(spans); i++ {
-		whole += size(&spans[i])
+		whole += spans[i].size()
 	}
 	return k, part, whole
 }
