@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/infera/infera/protocol"
+	"github.com/infera/infera/tokenizer"
 )
 
 func TestParseBody(t *testing.T) {
@@ -203,5 +204,24 @@ func TestParseLocatesAtMostMaxRouteMessages(t *testing.T) {
 	}
 	if want := (n - maxRouteMessages) * (1 + len(`"hi"`)); rb.restSize != want {
 		t.Fatalf("rest weighs %d, want %d", rb.restSize, want)
+	}
+}
+
+// A request's large buffers go with it: the pool keeps only small ones, so
+// a burst of big prompts does not pin memory.
+func TestResetDropsLargeBuffersAndKeepsSmallOnes(t *testing.T) {
+	rs := &reqState{}
+	big, small := 1<<20, 1<<10
+	rs.tokens, rs.render, rs.arena = make([]uint32, big), make([]byte, big), make([]byte, big)
+	rs.rewrite, rs.scratchOut, rs.msgs = make([]byte, big), make([]byte, big), make([]tokenizer.Message, 2*maxRouteMessages)
+	rs.parsed.text, rs.parsed.tokenIDs = make([]byte, big), make([]uint32, big)
+	rs.Reset()
+	if cap(rs.tokens)+cap(rs.render)+cap(rs.arena)+cap(rs.rewrite)+cap(rs.scratchOut)+cap(rs.msgs)+cap(rs.parsed.text)+cap(rs.parsed.tokenIDs) != 0 {
+		t.Fatal("a large buffer was kept for the next request")
+	}
+	rs.render, rs.tokens = make([]byte, small), make([]uint32, small)
+	rs.Reset()
+	if cap(rs.render) != small || cap(rs.tokens) != small || len(rs.render)+len(rs.tokens) != 0 {
+		t.Fatal("small buffers are not kept (emptied) for the next request")
 	}
 }
