@@ -11,6 +11,14 @@ import "github.com/infera/infera/tokenizer"
 // reused by the next call: they are valid until then. Content given as an
 // array of parts contributes its text parts joined with '\n'.
 func ChatMessages(msgs []tokenizer.Message, chat []byte, arena *[]byte) ([]tokenizer.Message, []byte, error) {
+	msgs, tools, _, err := ChatMessagesN(msgs, chat, arena, 0)
+	return msgs, tools, err
+}
+
+// ChatMessagesN is ChatMessages decoding at most limit messages (all when
+// limit <= 0); rest weighs those it skipped: for each, one plus the
+// encoded length of its content, reasoning_content and tool_calls.
+func ChatMessagesN(msgs []tokenizer.Message, chat []byte, arena *[]byte, limit int) (_ []tokenizer.Message, _ []byte, rest int, _ error) {
 	if cap(*arena) < len(chat) {
 		*arena = make([]byte, 0, len(chat))
 	}
@@ -26,7 +34,7 @@ func ChatMessages(msgs []tokenizer.Message, chat []byte, arena *[]byte) ([]token
 	}
 	i := skipSpace(chat, 0)
 	if i >= len(chat) || chat[i] != '{' {
-		return msgs, nil, errNotObject
+		return msgs, nil, 0, errNotObject
 	}
 	var messages, tools []byte
 	if _, err := walkObject(chat, i, 0, func(k []byte, s, e int) error {
@@ -40,15 +48,27 @@ func ChatMessages(msgs []tokenizer.Message, chat []byte, arena *[]byte) ([]token
 		}
 		return nil
 	}); err != nil {
-		return msgs, nil, errMalformedBody
+		return msgs, nil, 0, errMalformedBody
 	}
 	if messages == nil || messages[0] != '[' {
-		return msgs, nil, badRequest("messages", "messages must be an array")
+		return msgs, nil, 0, badRequest("messages", "messages must be an array")
 	}
+	base := len(msgs)
 	err := elems(messages, func(s, e int) error {
 		mv := messages[s:e]
 		if mv[0] != '{' {
 			return badRequest("messages", "messages must be an array of objects")
+		}
+		if limit > 0 && len(msgs)-base >= limit {
+			rest++
+			fields(mv, func(k []byte, s, e int) error {
+				switch string(k) {
+				case "content", "reasoning_content", "tool_calls":
+					rest += e - s
+				}
+				return nil
+			})
+			return nil
 		}
 		var m tokenizer.Message
 		fields(mv, func(k []byte, s, e int) error {
@@ -127,7 +147,7 @@ func ChatMessages(msgs []tokenizer.Message, chat []byte, arena *[]byte) ([]token
 	})
 	*arena = a
 	if err != nil {
-		return msgs, tools, jsonErr(err)
+		return msgs, tools, rest, jsonErr(err)
 	}
-	return msgs, tools, nil
+	return msgs, tools, rest, nil
 }

@@ -411,14 +411,19 @@ func (s *Server) countTokens(ctx *fasthttp.RequestCtx, rs *reqState, chat []byte
 	if tok == nil {
 		tok = tokenizer.Simple{}
 	}
-	msgs, tools, err := protocol.ChatMessages(rs.msgs[:0], chat, &rs.arena)
-	rs.msgs = msgs
-	// Bounded like routing's (tokenize): past --router-tokenize-max-bytes
-	// the count is extrapolated from the part rendered and encoded.
+	// Bounded like routing's (tokenize): past --router-tokenize-max-bytes,
+	// or maxRouteMessages messages, the count is extrapolated from the part
+	// rendered and encoded.
 	limit := s.o.Flags.RouterTokenizeMaxBytes
+	decode := 0
+	if limit > 0 {
+		decode = maxRouteMessages
+	}
+	msgs, tools, rest, err := protocol.ChatMessagesN(rs.msgs[:0], chat, &rs.arena, decode)
+	rs.msgs = msgs
 	k, part, whole := len(msgs), 1, 1
 	if limit > 0 {
-		k, part, whole = leadingMessages(msgs, limit)
+		k, part, whole = leadingMessages(msgs, rest, limit)
 	}
 	if err == nil && limit > 0 && len(tools) > limit {
 		writeProtoError(ctx, protocol.Anthropic, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest,
@@ -426,7 +431,7 @@ func (s *Server) countTokens(ctx *fasthttp.RequestCtx, rs *reqState, chat []byte
 		return
 	}
 	if err == nil {
-		rs.render, err = tok.RenderChat(rs.render[:0], msgs[:k], tools, k == len(msgs))
+		rs.render, err = tok.RenderChat(rs.render[:0], msgs[:k], tools, k == len(msgs) && rest == 0)
 	}
 	if err != nil {
 		writeProtoError(ctx, protocol.Anthropic, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest,
@@ -690,8 +695,9 @@ func (u *usage) scanProtocol(b []byte, api protocol.API) {
 	}
 }
 
-// leadingMessages is routeMessages for decoded messages.
-func leadingMessages(msgs []tokenizer.Message, limit int) (k, part, whole int) {
+// leadingMessages is routeMessages for decoded messages; rest weighs the
+// messages left undecoded.
+func leadingMessages(msgs []tokenizer.Message, rest, limit int) (k, part, whole int) {
 	size := func(m *tokenizer.Message) int {
 		n := 1 + len(m.Content) + len(m.ReasoningContent)
 		for i := range m.ToolCalls {
@@ -703,7 +709,7 @@ func leadingMessages(msgs []tokenizer.Message, limit int) (k, part, whole int) {
 		part += size(&msgs[k])
 		k++
 	}
-	if k < len(msgs) {
+	if k < len(msgs) || rest > 0 {
 		for j := k; j > 1; j-- { // end on a user message (routeMessages)
 			if msgs[j-1].Role == "user" {
 				for i := j; i < k; i++ {
@@ -714,7 +720,7 @@ func leadingMessages(msgs []tokenizer.Message, limit int) (k, part, whole int) {
 			}
 		}
 	}
-	whole = part
+	whole = part + rest
 	for i := k; i < len(msgs); i++ {
 		whole += size(&msgs[i])
 	}

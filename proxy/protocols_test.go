@@ -564,6 +564,26 @@ func TestCountTokensPastTheTokenizeBoundIsExtrapolated(t *testing.T) {
 	if c.InputTokens < 12000 || c.InputTokens > 14000 {
 		t.Fatalf("counted %d tokens for about 13056", c.InputTokens)
 	}
+	// More messages than are decoded (maxRouteMessages), within the bytes.
+	f2 := defaultFlags()
+	f2.RouterTokenizeMaxBytes = 1 << 20
+	r2 := startRouter(t, f2, nil, up.url)
+	msgs.Reset()
+	for i := 0; i < 3000; i++ {
+		if i > 0 {
+			msgs.WriteByte(',')
+		}
+		msgs.WriteString(`{"role":"` + [2]string{"user", "assistant"}[i%2] + `","content":"` + strings.Repeat("abcd", 25) + `"}`)
+	}
+	resp, b = postH(t, r2.url+"/v1/messages/count_tokens", `{"model":"m","messages":[`+msgs.String()+`]}`, nil)
+	c.InputTokens = 0
+	if resp.StatusCode != 200 || json.Unmarshal([]byte(b), &c) != nil {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	// Exact is about 3000 x 130 / 4 = 97,500.
+	if c.InputTokens < 90000 || c.InputTokens > 105000 {
+		t.Fatalf("counted %d tokens of 3000 messages for about 97,500", c.InputTokens)
+	}
 	tools := `[{"name":"f","description":"` + strings.Repeat("d", 5000) + `","input_schema":{"type":"object"}}]`
 	resp, b = postH(t, r.url+"/v1/messages/count_tokens", `{"model":"m","tools":`+tools+`,"messages":[{"role":"user","content":"hi"}]}`, nil)
 	if resp.StatusCode != 400 || !strings.Contains(b, "router-tokenize-max-bytes") {
