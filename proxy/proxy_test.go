@@ -652,12 +652,15 @@ func TestLeastRequestsSpreadsLoad(t *testing.T) {
 	f := defaultFlags()
 	f.RouterPolicy = "config"
 	r := startRouter(t, f, cfg, a.url, b2.url)
+	// One request at a time, each held at its worker before the next is
+	// sent: every decision sees the ones before it in flight. (Sent all at
+	// once, two decisions may read the same counts and pick one worker.)
 	var wg sync.WaitGroup
 	for i := 0; i < 8; i++ {
 		wg.Add(1)
 		go func() { defer wg.Done(); post(t, r.url+"/v1/chat/completions", chatBody) }()
+		waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return perWorker["a"]+perWorker["b"] == i+1 }, "dispatch")
 	}
-	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return perWorker["a"]+perWorker["b"] == 8 }, "dispatch")
 	close(gate)
 	wg.Wait()
 	if perWorker["a"] != 4 || perWorker["b"] != 4 {
