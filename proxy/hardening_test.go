@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"regexp"
 	"runtime"
 	"slices"
@@ -815,13 +814,7 @@ func midStreamErrors() uint64 { return mMidStreamErr.Get() }
 // extrapolated. A chat of 100000 messages renders only its leading ones,
 // and tools larger than the bound are not tokenized at all.
 func TestHugePromptIsTokenizedOnlyUpToTheLimit(t *testing.T) {
-	dir := filepath.Join("..", "testdata", "tokenizers", "qwen3")
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-		if os.Getenv("INFERA_REQUIRE_TOKENIZER") != "" {
-			t.Fatal("Qwen3 tokenizer missing (make tokenizer)")
-		}
-		t.Skip("Qwen3 tokenizer missing (make tokenizer)")
-	}
+	dir := qwen3Dir(t)
 	up := startUpstream(t, okHandler)
 	f := defaultFlags()
 	f.MaxBodyBytes = 8 << 20
