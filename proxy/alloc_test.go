@@ -3,8 +3,6 @@
 package proxy
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -71,18 +69,4 @@ func testZeroAlloc(t *testing.T, policy string) {
 	if n := testing.AllocsPerRun(2000, do); n > 1.05 {
 		t.Fatalf("%.2f allocs per proxied request, want at most fasthttp's 1", n)
 	}
-}
-
-// qwen3Dir returns the Qwen3 tokenizer's directory, skipping the test when
-// it is missing (failing it under INFERA_REQUIRE_TOKENIZER).
-func qwen3Dir(t *testing.T) string {
-	t.Helper()
-	dir := filepath.Join("..", "testdata", "tokenizers", "qwen3")
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-		if os.Getenv("INFERA_REQUIRE_TOKENIZER") != "" {
-			t.Fatal("Qwen3 tokenizer missing (make tokenizer)")
-		}
-		t.Skip("Qwen3 tokenizer missing (make tokenizer)")
-	}
-	return dir
 }

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -770,4 +772,18 @@ func TestLargeBodyOnAPooledConnectionAfterItsOldDeadlinePassed(t *testing.T) {
 	if n := up.hits.Load(); n != 2 {
 		t.Fatalf("upstream hits %d, want 2", n)
 	}
+}
+
+// qwen3Dir returns the Qwen3 tokenizer's directory, skipping the test when
+// it is missing (failing it under INFERA_REQUIRE_TOKENIZER).
+func qwen3Dir(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join("..", "testdata", "tokenizers", "qwen3")
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		if os.Getenv("INFERA_REQUIRE_TOKENIZER") != "" {
+			t.Fatal("Qwen3 tokenizer missing (make tokenizer)")
+		}
+		t.Skip("Qwen3 tokenizer missing (make tokenizer)")
+	}
+	return dir
 }
