@@ -698,31 +698,13 @@ func (u *usage) scanProtocol(b []byte, api protocol.API) {
 // leadingMessages is routeMessages for decoded messages; rest weighs the
 // messages left undecoded.
 func leadingMessages(msgs []tokenizer.Message, rest, limit int) (k, part, whole int) {
-	size := func(m *tokenizer.Message) int {
+	size := func(i int) int {
+		m := &msgs[i]
 		n := 1 + len(m.Content) + len(m.ReasoningContent)
-		for i := range m.ToolCalls {
-			n += len(m.ToolCalls[i].Function.Arguments)
+		for j := range m.ToolCalls {
+			n += len(m.ToolCalls[j].Function.Arguments)
 		}
 		return n
 	}
-	for k < len(msgs) && k < maxRouteMessages && part < limit {
-		part += size(&msgs[k])
-		k++
-	}
-	if k < len(msgs) || rest > 0 {
-		for j := k; j > 1; j-- { // end on a user message (routeMessages)
-			if msgs[j-1].Role == "user" {
-				for i := j; i < k; i++ {
-					part -= size(&msgs[i])
-				}
-				k = j
-				break
-			}
-		}
-	}
-	whole = part + rest
-	for i := k; i < len(msgs); i++ {
-		whole += size(&msgs[i])
-	}
-	return k, part, whole
+	return leading(len(msgs), rest, limit, size, func(i int) bool { return msgs[i].Role == "user" })
 }

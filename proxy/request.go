@@ -429,21 +429,30 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 // part and of the whole; rest is the size of the messages the parse did
 // not locate.
 func routeMessages(d []byte, spans []msgSpan, rest, limit int) (k, part, whole int) {
+	return leading(len(spans), rest, limit,
+		func(i int) int { return spans[i].size() },
+		func(i int) bool { r := spans[i].role; return string(d[r.s:r.e]) == `"user"` })
+}
+
+// leading is routeMessages over n messages given their sizes and roles:
+// it fills limit (no bound when limit <= 0) with at most maxRouteMessages
+// of them and, when some are left out (or rest, the size of messages not
+// given, is not 0), ends the part on a user message, as every earlier turn
+// of the conversation did: templates render the last message (and those
+// after the last user message) their own way.
+func leading(n, rest, limit int, size func(i int) int, isUser func(i int) bool) (k, part, whole int) {
 	if limit <= 0 {
 		limit = math.MaxInt
 	}
-	for k < len(spans) && part < limit {
-		part += spans[k].size()
+	for k < n && k < maxRouteMessages && part < limit {
+		part += size(k)
 		k++
 	}
-	if k < len(spans) || rest > 0 {
-		// End the part on a user message, as every earlier turn of the
-		// conversation did: templates render the last message (and those
-		// after the last user message) their own way.
+	if k < n || rest > 0 {
 		for j := k; j > 1; j-- {
-			if r := spans[j-1].role; string(d[r.s:r.e]) == `"user"` {
+			if isUser(j - 1) {
 				for i := j; i < k; i++ {
-					part -= spans[i].size()
+					part -= size(i)
 				}
 				k = j
 				break
@@ -451,8 +460,8 @@ func routeMessages(d []byte, spans []msgSpan, rest, limit int) (k, part, whole i
 		}
 	}
 	whole = part + rest
-	for i := k; i < len(spans); i++ {
-		whole += spans[i].size()
+	for i := k; i < n; i++ {
+		whole += size(i)
 	}
 	return k, part, whole
 }
