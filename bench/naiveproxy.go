@@ -18,10 +18,18 @@ import (
 type NaiveProxyCmd struct {
 	Listen   string `help:"Address to listen on (host:port)." required:""`
 	Upstream string `help:"Upstream address (host:port)." required:""`
+	Loops    int    `help:"Relay with this many epoll event loops instead of fasthttp (Linux): the floor of a Go proxy without a goroutine per connection." default:"0"`
+	Lean     bool   `help:"Relay with one goroutine per connection and no HTTP library: the floor of the goroutine-per-connection model."`
 }
 
 // Run implements the command.
 func (c *NaiveProxyCmd) Run() error {
+	switch {
+	case c.Loops > 0:
+		return epollProxy(c.Listen, c.Upstream, c.Loops)
+	case c.Lean:
+		return leanProxy(c.Listen, c.Upstream)
+	}
 	ln, err := net.Listen("tcp", c.Listen)
 	if err != nil {
 		return fmt.Errorf("cannot listen on %s: %w", c.Listen, err)

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -158,6 +159,7 @@ type ProxyCmd struct {
 	ServeArg      []string      `name:"serve-arg" help:"Extra flag for every infera serve (repeatable)." env:"INFERA_BENCH_SERVE_ARG"`
 	BaselineBin   string        `name:"baseline-bin" help:"Also measure round-robin through this other infera binary (an earlier build, say), side by side in the same run." default:"" env:"INFERA_BENCH_BASELINE_BIN"`
 	Naive         bool          `help:"Also measure the thinnest fasthttp reverse proxy (HostClient.Do, body streamed back; nothing else) as a reference, with the same GOMAXPROCS." default:"true" negatable:"" env:"INFERA_BENCH_NAIVE"`
+	Floors        bool          `help:"Also measure two byte-for-byte relays with no HTTP library, the floors of a Go proxy: one goroutine per connection (go goroutine floor), and one epoll event loop per nginx worker (go epoll floor, Linux)." default:"true" negatable:"" env:"INFERA_BENCH_FLOORS"`
 	OutputFlags
 }
 
@@ -297,6 +299,21 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 			return []string{"bench", "naive-proxy", "--listen", "127.0.0.1:" + port, "--upstream", strings.TrimPrefix(be.URL, "http://")}
 		}); err != nil {
 			return nil, err
+		}
+	}
+	if c.Floors {
+		up := strings.TrimPrefix(be.URL, "http://")
+		if err := start("go goroutine floor", bin, nil, func(port string) []string {
+			return []string{"bench", "naive-proxy", "--lean", "--listen", "127.0.0.1:" + port, "--upstream", up}
+		}); err != nil {
+			return nil, err
+		}
+		if runtime.GOOS == "linux" {
+			if err := start("go epoll floor", bin, nil, func(port string) []string {
+				return []string{"bench", "naive-proxy", "--loops", strconv.Itoa(max(c.NginxWorkers, 1)), "--listen", "127.0.0.1:" + port, "--upstream", up}
+			}); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := serve("infera round-robin", "--router-policy", "round-robin"); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ func TestChatBodySize(t *testing.T) {
 }
 
 // A short end-to-end run of the proxy benchmark: the direct path, the
-// naive fasthttp reference, the infera targets and a baseline binary, both
+// naive fasthttp reference, the two floors, the infera targets and a baseline binary, both
 // kinds, CPU measured for every proxy.
 func TestProxyBenchShortRun(t *testing.T) {
 	if _, err := os.Stat("/usr/bin/wrk"); err != nil {
@@ -46,13 +47,19 @@ func TestProxyBenchShortRun(t *testing.T) {
 	}
 	bin := inferaBin(t)
 	c := &ProxyCmd{Concurrency: 8, Duration: time.Second, Rounds: 1, StreamChunks: 4, PromptBytes: 512,
-		InferaBin: bin, GoMaxProcs: 2, Nginx: "", Wrk: "/usr/bin/wrk", WrkThreads: 1, Kinds: []string{"json", "sse"}, Naive: true, BaselineBin: bin}
+		InferaBin: bin, GoMaxProcs: 2, Nginx: "", Wrk: "/usr/bin/wrk", WrkThreads: 1, Kinds: []string{"json", "sse"}, Naive: true, Floors: true, BaselineBin: bin}
 	rep, err := RunProxyBench(context.Background(), c, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	seen, naive, baseline := 0, 0, 0
+	seen, naive, baseline, floors := 0, 0, 0, 0
 	for _, tg := range rep.Targets {
+		if strings.HasPrefix(tg.Target, "go ") && strings.HasSuffix(tg.Target, " floor") {
+			floors++
+			if tg.CPUPer10k <= 0 {
+				t.Fatalf("no CPU measured: %+v", tg)
+			}
+		}
 		if tg.RPS <= 0 || tg.Errors != 0 {
 			t.Fatalf("%+v", tg)
 		}
@@ -77,6 +84,9 @@ func TestProxyBenchShortRun(t *testing.T) {
 	}
 	if naive != 2 {
 		t.Fatalf("%d naive fasthttp measurements, want 2 (one per kind)", naive)
+	}
+	if wantFloors := map[bool]int{true: 4, false: 2}[runtime.GOOS == "linux"]; floors != wantFloors {
+		t.Fatalf("%d floor measurements, want %d", floors, wantFloors)
 	}
 	if baseline != 2 {
 		t.Fatalf("%d measurements of the baseline binary, want 2 (one per kind)", baseline)
