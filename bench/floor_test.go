@@ -67,9 +67,9 @@ func chatRequest(stream bool) string {
 	return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 }
 
-// The reference relays of bench proxy --floors must deliver exactly what
-// the engine sent, JSON and chunked SSE alike, request after request on
-// one connection; otherwise their CPU figures measure something else.
+// The reference proxies of bench proxy --floors must deliver what the
+// engine sent, JSON and chunked SSE alike, request after request on one
+// connection; otherwise their CPU figures measure something else.
 func TestFloorRelaysDeliverTheEnginesBytesOnKeepAlive(t *testing.T) {
 	be, err := StartFixedBackend("m", 5)
 	if err != nil {
@@ -107,6 +107,35 @@ func TestFloorRelaysDeliverTheEnginesBytesOnKeepAlive(t *testing.T) {
 			}
 		}
 	}
+	// The server floor answers through fasthttp's server, which writes its
+	// own head (Date, Content-Length): the status, content type and body
+	// must be the engine's.
+	sln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := fasthttpFloor(up)
+	go func() { _ = srv.Serve(sockioListener{sln}) }()
+	defer srv.Shutdown()
+	got := exchange(t, sln.Addr().String(), reqs...)
+	for i := range reqs {
+		wh, wb, _ := strings.Cut(want[i], "\r\n\r\n")
+		gh, gb, _ := strings.Cut(got[i], "\r\n\r\n")
+		wct := headerLine(wh, "Content-Type")
+		if gb != wb || !strings.HasPrefix(gh, "HTTP/1.1 200 OK\r\n") || wct == "" || headerLine(gh, "Content-Type") != wct {
+			t.Fatalf("server floor, request %d:\n got %q\nwant %q", i, got[i], want[i])
+		}
+	}
+}
+
+// headerLine returns the value of header name in head ("" if absent).
+func headerLine(head, name string) string {
+	for _, l := range strings.Split(head, "\r\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok && strings.EqualFold(k, name) {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
 
 // Closing the epoll floor ends its loops and frees its port.

@@ -20,6 +20,7 @@ type NaiveProxyCmd struct {
 	Upstream string `help:"Upstream address (host:port)." required:""`
 	Loops    int    `help:"Relay with this many epoll event loops instead of fasthttp (Linux): the floor of a Go proxy without a goroutine per connection." default:"0"`
 	Lean     bool   `help:"Relay with one goroutine per connection and no HTTP library: the floor of the goroutine-per-connection model."`
+	Server   bool   `name:"server-floor" help:"fasthttp's server in front of the lean relay's upstream side: what fasthttp's server costs by itself (answers are buffered, not streamed)."`
 }
 
 // Run implements the command.
@@ -29,6 +30,12 @@ func (c *NaiveProxyCmd) Run() error {
 		return epollProxy(c.Listen, c.Upstream, c.Loops)
 	case c.Lean:
 		return leanProxy(c.Listen, c.Upstream)
+	case c.Server:
+		ln, err := net.Listen("tcp", c.Listen)
+		if err != nil {
+			return fmt.Errorf("cannot listen on %s: %w", c.Listen, err)
+		}
+		return fasthttpFloor(c.Upstream).Serve(sockioListener{ln})
 	}
 	ln, err := net.Listen("tcp", c.Listen)
 	if err != nil {

@@ -159,7 +159,7 @@ type ProxyCmd struct {
 	ServeArg      []string      `name:"serve-arg" help:"Extra flag for every infera serve (repeatable)." env:"INFERA_BENCH_SERVE_ARG"`
 	BaselineBin   string        `name:"baseline-bin" help:"Also measure round-robin through this other infera binary (an earlier build, say), side by side in the same run." default:"" env:"INFERA_BENCH_BASELINE_BIN"`
 	Naive         bool          `help:"Also measure the thinnest fasthttp reverse proxy (HostClient.Do, body streamed back; nothing else) as a reference, with the same GOMAXPROCS." default:"true" negatable:"" env:"INFERA_BENCH_NAIVE"`
-	Floors        bool          `help:"Also measure two byte-for-byte relays with no HTTP library, the floors of a Go proxy: one goroutine per connection (go goroutine floor), and one epoll event loop per nginx worker (go epoll floor, Linux)." default:"true" negatable:"" env:"INFERA_BENCH_FLOORS"`
+	Floors        bool          `help:"Also measure the floors of a Go proxy: two byte-for-byte relays with no HTTP library, one goroutine per connection (go goroutine floor) and one epoll event loop per nginx worker (go epoll floor, Linux), and fasthttp's server in front of the first one's upstream side (fasthttp server floor)." default:"true" negatable:"" env:"INFERA_BENCH_FLOORS"`
 	OutputFlags
 }
 
@@ -305,6 +305,11 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 		up := strings.TrimPrefix(be.URL, "http://")
 		if err := start("go goroutine floor", bin, nil, func(port string) []string {
 			return []string{"bench", "naive-proxy", "--lean", "--listen", "127.0.0.1:" + port, "--upstream", up}
+		}); err != nil {
+			return nil, err
+		}
+		if err := start("fasthttp server floor", bin, nil, func(port string) []string {
+			return []string{"bench", "naive-proxy", "--server-floor", "--listen", "127.0.0.1:" + port, "--upstream", up}
 		}); err != nil {
 			return nil, err
 		}
