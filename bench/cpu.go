@@ -14,27 +14,25 @@ const clkTck = 100
 // procCPU returns utime+stime of pid and of its child processes that are
 // still running (nginx's workers), in seconds, from /proc.
 func procCPU(pid int) (float64, error) {
-	total := 0.0
+	u, st, err := procCPUSplit(pid)
+	return u + st, err
+}
+
+// procCPUSplit is procCPU as user and system seconds.
+func procCPUSplit(pid int) (user, sys float64, err error) {
 	pids := append([]int{pid}, childPids(pid)...)
 	for _, p := range pids {
-		t, err := statCPU(p)
+		u, st, err := procTimes(p)
 		if err != nil {
 			if p == pid {
-				return 0, err
+				return 0, 0, err
 			}
 			continue
 		}
-		total += t
+		user += float64(u) / clkTck
+		sys += float64(st) / clkTck
 	}
-	return total, nil
-}
-
-func statCPU(pid int) (float64, error) {
-	u, st, err := procTimes(pid)
-	if err != nil {
-		return 0, err
-	}
-	return float64(u+st) / clkTck, nil
+	return user, sys, nil
 }
 
 // procTimes returns utime and stime of process pid in clock ticks, from

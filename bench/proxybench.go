@@ -173,10 +173,14 @@ type ProxyTarget struct {
 	// CPUPer10k is the proxy process's CPU seconds (user+system) per 10,000
 	// requests completed; 0 for the direct path.
 	CPUPer10k float64 `json:"cpu_s_per_10k"`
-	P50       float64 `json:"p50_ms"`
-	P99       float64 `json:"p99_ms"`
-	Requests  int     `json:"requests"`
-	Errors    int     `json:"errors"`
+	// UserPer10k and SysPer10k split it into user and system time (each
+	// the median of its own, so they need not add up to CPUPer10k).
+	UserPer10k float64 `json:"user_s_per_10k"`
+	SysPer10k  float64 `json:"sys_s_per_10k"`
+	P50        float64 `json:"p50_ms"`
+	P99        float64 `json:"p99_ms"`
+	Requests   int     `json:"requests"`
+	Errors     int     `json:"errors"`
 	// Runs holds every round's CPU per 10k and req/s.
 	Runs [][2]float64 `json:"runs"`
 }
@@ -360,8 +364,8 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 				if err != nil {
 					return rep, fmt.Errorf("%s (%s): %w", t.name, kind, err)
 				}
-				fmt.Fprintf(log, "round %d %-22s %-4s %9.0f req/s  cpu %.3f s/10k  p50 %.3f ms  p99 %.3f ms  errors %d\n",
-					round+1, t.name, kind, r.rps, r.cpu10k, r.p50, r.p99, r.errors)
+				fmt.Fprintf(log, "round %d %-22s %-4s %9.0f req/s  cpu %.3f s/10k (user %.3f sys %.3f)  p50 %.3f ms  p99 %.3f ms  errors %d\n",
+					round+1, t.name, kind, r.rps, r.cpu10k, r.user10k, r.sys10k, r.p50, r.p99, r.errors)
 				runs[key{t.name, kind}] = append(runs[key{t.name, kind}], r)
 			}
 		}
@@ -369,14 +373,16 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 	for _, k := range order {
 		rs := runs[k]
 		pt := ProxyTarget{Target: k.target, Kind: k.kind}
-		var rps, cpu, p50, p99 []float64
+		var rps, cpu, user, sys, p50, p99 []float64
 		for _, r := range rs {
 			rps, cpu, p50, p99 = append(rps, r.rps), append(cpu, r.cpu10k), append(p50, r.p50), append(p99, r.p99)
+			user, sys = append(user, r.user10k), append(sys, r.sys10k)
 			pt.Requests += r.requests
 			pt.Errors += r.errors
 			pt.Runs = append(pt.Runs, [2]float64{r.cpu10k, r.rps})
 		}
 		pt.RPS, pt.CPUPer10k, pt.P50, pt.P99 = median(rps), median(cpu), median(p50), median(p99)
+		pt.UserPer10k, pt.SysPer10k = median(user), median(sys)
 		rep.Targets = append(rep.Targets, pt)
 	}
 	return rep, nil
@@ -396,6 +402,7 @@ func median(v []float64) float64 {
 
 type proxyRun struct {
 	rps, cpu10k, p50, p99 float64
+	user10k, sys10k       float64
 	requests, errors      int
 }
 
@@ -413,10 +420,10 @@ func wrkCPU(c *ProxyCmd, t proxyTarget, body []byte, d time.Duration, dir string
 	if err := os.WriteFile(script, []byte(lua), 0o644); err != nil {
 		return proxyRun{}, fmt.Errorf("cannot write wrk script: %w", err)
 	}
-	var cpu0 float64
+	var user0, sys0 float64
 	if t.pid != 0 {
 		var err error
-		if cpu0, err = procCPU(t.pid); err != nil {
+		if user0, sys0, err = procCPUSplit(t.pid); err != nil {
 			return proxyRun{}, err
 		}
 	}
@@ -428,7 +435,7 @@ func wrkCPU(c *ProxyCmd, t proxyTarget, body []byte, d time.Duration, dir string
 	}
 	var r proxyRun
 	if t.pid != 0 {
-		cpu1, err := procCPU(t.pid)
+		user1, sys1, err := procCPUSplit(t.pid)
 		if err != nil {
 			return proxyRun{}, err
 		}
@@ -436,7 +443,9 @@ func wrkCPU(c *ProxyCmd, t proxyTarget, body []byte, d time.Duration, dir string
 			r.requests, _ = strconv.Atoi(string(m[1]))
 		}
 		if r.requests > 0 {
-			r.cpu10k = (cpu1 - cpu0) / float64(r.requests) * 10000
+			per := 10000 / float64(r.requests)
+			r.user10k, r.sys10k = (user1-user0)*per, (sys1-sys0)*per
+			r.cpu10k = r.user10k + r.sys10k
 		}
 	} else if m := wrkReq.FindSubmatch(out); m != nil {
 		r.requests, _ = strconv.Atoi(string(m[1]))
@@ -479,7 +488,7 @@ func WriteProxyTable(w io.Writer, rep *ProxyReport) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "kind\ttarget\treq/s\treq/s vs nginx\tCPU-s per 10k\tCPU vs nginx\tp50 ms\tp99 ms\terrors\t")
+	fmt.Fprintln(tw, "kind\ttarget\treq/s\treq/s vs nginx\tCPU-s per 10k\tuser / sys\tCPU vs nginx\tp50 ms\tp99 ms\terrors\t")
 	nginx := map[string]ProxyTarget{}
 	for _, t := range rep.Targets {
 		if t.Target == "nginx" {
@@ -494,12 +503,13 @@ func WriteProxyTable(w io.Writer, rep *ProxyReport) error {
 	}
 	for _, t := range rep.Targets {
 		n := nginx[t.Kind]
-		cpu := "-"
+		cpu, split := "-", "-"
 		if t.CPUPer10k > 0 {
 			cpu = strconv.FormatFloat(t.CPUPer10k, 'f', 3, 64)
+			split = strconv.FormatFloat(t.UserPer10k, 'f', 3, 64) + " / " + strconv.FormatFloat(t.SysPer10k, 'f', 3, 64)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%s\t%.3f\t%.3f\t%d\t\n", t.Kind, t.Target, t.RPS, ratio(t.RPS, n.RPS),
-			cpu, ratio(t.CPUPer10k, n.CPUPer10k), t.P50, t.P99, t.Errors)
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%s\t%s\t%.3f\t%.3f\t%d\t\n", t.Kind, t.Target, t.RPS, ratio(t.RPS, n.RPS),
+			cpu, split, ratio(t.CPUPer10k, n.CPUPer10k), t.P50, t.P99, t.Errors)
 	}
 	return tw.Flush()
 }

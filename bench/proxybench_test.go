@@ -26,6 +26,21 @@ func TestProcCPUReadsThisProcess(t *testing.T) {
 	}
 }
 
+// Spinning is user time: the split puts it there, not in system time.
+func TestProcCPUSplitCountsSpinningAsUser(t *testing.T) {
+	u0, s0, err := procCPUSplit(os.Getpid())
+	if err != nil {
+		t.Skip(err)
+	}
+	end := time.Now().Add(300 * time.Millisecond)
+	for x := 0; time.Now().Before(end); x++ {
+	}
+	u1, s1, err := procCPUSplit(os.Getpid())
+	if err != nil || u1-u0 < 0.1 || s1-s0 > u1-u0 {
+		t.Fatalf("user %v -> %v, system %v -> %v (%v) after 300 ms of spinning", u0, u1, s0, s1, err)
+	}
+}
+
 func TestChatBodySize(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		b := chatBody(1024, stream)
@@ -54,6 +69,9 @@ func TestProxyBenchShortRun(t *testing.T) {
 	}
 	seen, naive, baseline, floors := 0, 0, 0, 0
 	for _, tg := range rep.Targets {
+		if tg.CPUPer10k > 0 && (tg.UserPer10k <= 0 || tg.SysPer10k <= 0) {
+			t.Fatalf("CPU not split into user and system time: %+v", tg)
+		}
 		if strings.HasSuffix(tg.Target, " floor") {
 			floors++
 			if tg.CPUPer10k <= 0 {
@@ -95,7 +113,7 @@ func TestProxyBenchShortRun(t *testing.T) {
 		t.Fatalf("%d infera measurements, want 4 (2 policies x 2 kinds)", seen)
 	}
 	var b strings.Builder
-	if err := WriteProxyTable(&b, rep); err != nil || !strings.Contains(b.String(), "CPU-s per 10k") {
+	if err := WriteProxyTable(&b, rep); err != nil || !strings.Contains(b.String(), "CPU-s per 10k") || !strings.Contains(b.String(), "user / sys") {
 		t.Fatalf("%v\n%s", err, b.String())
 	}
 	// The columns are as wide as their cells (the title line is not one).
