@@ -257,19 +257,29 @@ func (l *epLoop) accept() {
 	}
 }
 
+// maxPending bounds what a client may send ahead of its answers.
+const maxPending = 1 << 20
+
 func (l *epLoop) clientRead(c *epConn) {
-	if c.peer != nil {
-		return // a request is in flight; the next one waits (no pipelining)
-	}
 	n, e := rawRead(c.fd, l.buf)
 	if e == syscall.EAGAIN {
 		return
 	}
-	if e != 0 || n == 0 {
+	if e != 0 || n == 0 || len(c.in)+n > maxPending {
 		l.close(c)
 		return
 	}
+	// Read even while a request is in flight: level-triggered readiness
+	// would otherwise report the unread bytes again and again.
 	c.in = append(c.in, l.buf[:n]...)
+	l.dispatch(c)
+}
+
+// dispatch sends the client's next whole request upstream, one at a time.
+func (l *epLoop) dispatch(c *epConn) {
+	if c.peer != nil || c.fd < 0 {
+		return
+	}
 	need := requestEnd(c.in)
 	if need == 0 {
 		return
@@ -356,8 +366,6 @@ func (l *epLoop) upRead(u *epConn) {
 	if done {
 		c.peer, u.peer = nil, nil
 		l.idle = append(l.idle, u)
-		if len(c.in) > 0 {
-			l.clientRead(c)
-		}
+		l.dispatch(c)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/http/httputil"
 	"runtime"
 	"strings"
@@ -239,5 +240,55 @@ func TestFrameContentLengthEndsAtTheLastByte(t *testing.T) {
 	}
 	if n := requestEnd([]byte("GET / HTTP/1.1\r\n\r\nGET")); n != 18 {
 		t.Fatalf("bodiless request: end %d, want 18", n)
+	}
+}
+
+// A client that sends its next request before the answer (pipelining) gets
+// both answers in order from the byte relays; the epoll loop must not spin
+// on the unread bytes meanwhile.
+func TestFloorRelaysAnswerPipelinedRequestsInOrder(t *testing.T) {
+	be, err := StartFixedBackend("m", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	up := strings.TrimPrefix(be.URL, "http://")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = leanServe(ln, up) }()
+	defer ln.Close()
+	targets := map[string]string{"goroutine": ln.Addr().String()}
+	if runtime.GOOS == "linux" {
+		f, err := startEpollFloor("127.0.0.1:0", up, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		targets["epoll"] = f.addr
+	}
+	for name, addr := range targets {
+		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, chatRequest(true)+chatRequest(false)); err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(c)
+		for i, wantType := range []string{"text/event-stream", "application/json"} {
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("%s: answer %d: %v", name, i, err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != 200 || resp.Header.Get("Content-Type") != wantType || len(b) == 0 {
+				t.Fatalf("%s: answer %d: %d %q %q (%v)", name, i, resp.StatusCode, resp.Header.Get("Content-Type"), b, err)
+			}
+		}
+		c.Close()
 	}
 }
