@@ -132,7 +132,8 @@ func (p *prefixIndex) Len() int64 { return p.entries.Load() }
 func (p *prefixIndex) Bytes() int64 { return p.entries.Load() * prefixEntryBytes }
 
 // hashAndMatch fills r.phash with the chained hashes of r.Prompt's full
-// blocks and returns how many leading blocks any worker has seen. With a
+// blocks and returns how many leading blocks any worker has seen; r.psnap
+// gets the workers of each of those blocks as the match saw them. With a
 // deadline it checks the clock every 64 blocks and returns late=true past it.
 func (p *prefixIndex) hashAndMatch(r *Request, now, deadline int64, clock func() int64) (depth int, late bool) {
 	defer func() { r.pdepth = depth }()
@@ -142,6 +143,7 @@ func (p *prefixIndex) hashAndMatch(r *Request, now, deadline int64, clock func()
 	if cap(hs) < n {
 		hs = make([]uint64, 0, n)
 	}
+	snaps := r.psnap[:0]
 	h := uint64(prefixSeed)
 	matching := true
 	t := p.sec(now)
@@ -149,23 +151,41 @@ func (p *prefixIndex) hashAndMatch(r *Request, now, deadline int64, clock func()
 		h = xxh3.HashSeed(r.Prompt[i*bs:(i+1)*bs], h)
 		hs = append(hs, h)
 		if matching {
-			if p.touch(h, t) {
+			snaps = append(snaps, pslots{})
+			if p.touch(h, t, &snaps[len(snaps)-1]) {
 				depth++
 			} else {
+				snaps = snaps[:len(snaps)-1]
 				matching = false
 			}
 		}
 		if deadline != 0 && i&63 == 63 && clock() > deadline {
-			r.phash = hs[:0]
+			r.phash, r.psnap = hs[:0], snaps[:0]
 			return depth, true
 		}
 	}
-	r.phash = hs
+	r.phash, r.psnap = hs, snaps
 	return depth, false
 }
 
-// touch reports whether block key h is indexed and stamps its access time.
-func (p *prefixIndex) touch(h uint64, t uint32) bool {
+// pslots is a block's workers as one read saw them.
+type pslots struct {
+	n        uint8
+	idx, ser [prefixSlots]uint16
+}
+
+func (s *pslots) has(idx, ser uint16) bool {
+	for k := 0; k < int(s.n); k++ {
+		if s.idx[k] == idx && s.ser[k] == ser {
+			return true
+		}
+	}
+	return false
+}
+
+// touch reports whether block key h is indexed, stamps its access time and
+// copies its workers into snap.
+func (p *prefixIndex) touch(h uint64, t uint32, snap *pslots) bool {
 	sh := p.shard(h)
 	sh.mu.RLock()
 	i, ok := sh.m[h]
@@ -174,6 +194,7 @@ func (p *prefixIndex) touch(h uint64, t uint32) bool {
 		if atomic.LoadUint32(&e.last) < t {
 			atomic.StoreUint32(&e.last, t)
 		}
+		snap.n, snap.idx, snap.ser = e.n, e.idx, e.ser
 	}
 	sh.mu.RUnlock()
 	return ok
@@ -194,24 +215,23 @@ func (p *prefixIndex) slots(h uint64, idx, ser *[prefixSlots]uint16) int {
 	return n
 }
 
-// record notes that w was sent the prompt with block keys hs, of which the
-// first depth were indexed at match time (the rest skip the read-locked
-// pre-check). It reports whether a memory check is due.
-func (p *prefixIndex) record(hs []uint64, depth int, w *fleet.Worker, now int64) bool {
+// record notes that w was sent the prompt with block keys hs. snaps holds
+// the leading blocks' workers as the match saw them (hashAndMatch's
+// r.psnap): a block that already listed w is skipped without a lock (the
+// match stamped its time). The snapshot is a few microseconds old: a block
+// that lost w since (evicted, or w pushed out of its slots by newer
+// workers) is missed here and recorded again by the next request that
+// sends it to w. It reports whether a memory check is due.
+func (p *prefixIndex) record(hs []uint64, snaps []pslots, w *fleet.Worker, now int64) bool {
 	t := p.sec(now)
 	idx, ser := uint16(w.Idx), uint16(w.Serial)
 	var added int64
 	budget := p.budget.Load()
 	for k, h := range hs {
-		sh := p.shard(h)
-		if k < depth {
-			sh.mu.RLock()
-			if i, ok := sh.m[h]; ok && sh.ents[i].has(idx, ser) {
-				sh.mu.RUnlock()
-				continue // touched by hashAndMatch
-			}
-			sh.mu.RUnlock()
+		if k < len(snaps) && snaps[k].has(idx, ser) {
+			continue
 		}
+		sh := p.shard(h)
 		sh.mu.Lock()
 		if i, ok := sh.m[h]; ok {
 			e := &sh.ents[i]
@@ -431,7 +451,13 @@ func (s *Scheduler) prefixLayer(cfg *config.Config, p *prefixIndex, v *fleet.Vie
 	var idx, ser [prefixSlots]uint16
 	anyHit := false
 	for d := depth; d >= minDepth; d-- {
-		n := p.slots(r.phash[d-1], &idx, &ser)
+		var n int
+		if d <= len(r.psnap) {
+			sn := &r.psnap[d-1]
+			n, idx, ser = int(sn.n), sn.idx, sn.ser
+		} else {
+			n = p.slots(r.phash[d-1], &idx, &ser)
+		}
 		var best *fleet.Worker
 		var bestLoad int64
 		for k := 0; k < n; k++ {

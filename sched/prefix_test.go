@@ -46,7 +46,7 @@ func TestPrefixIndexBasics(t *testing.T) {
 	if d, _ := p.hashAndMatch(r, 0, 0, nil); d != 0 {
 		t.Fatalf("empty index matched %d", d)
 	}
-	p.record(r.phash, 0, w, 0)
+	p.record(r.phash, nil, w, 0)
 	if p.Len() != 8 {
 		t.Fatalf("len %d", p.Len())
 	}
@@ -60,9 +60,9 @@ func TestPrefixIndexBasics(t *testing.T) {
 		t.Fatalf("slots %d %v %v", n, idx, ser)
 	}
 	// Recording again adds no blocks; other workers share the entries.
-	p.record(r.phash, 0, w, 0)
+	p.record(r.phash, nil, w, 0)
 	for i := 0; i < prefixSlots+2; i++ {
-		p.record(r.phash, 8, &fleet.Worker{Idx: 10 + i, Serial: uint32(10 + i)}, 0)
+		p.record(r.phash, nil, &fleet.Worker{Idx: 10 + i, Serial: uint32(10 + i)}, 0)
 	}
 	if p.Len() != 8 {
 		t.Fatalf("len %d after re-record", p.Len())
@@ -387,5 +387,59 @@ func TestDecisionPrefillTokens(t *testing.T) {
 	d := pick(t, s, config.Default(), &Request{Model: []byte("m")})
 	if d.Layer != LayerKV || d.Ratio != 0.4 {
 		t.Fatalf("kv decision %s ratio %v", d.Layer, d.Ratio)
+	}
+}
+
+// record trusts the match's snapshot of each block's workers: a worker the
+// snapshot lists is not recorded again; one it does not list is added, to
+// every block, beside the others.
+func TestRecordUsesTheMatchSnapshotOfEachBlock(t *testing.T) {
+	p := newPrefixIndex(128, 0)
+	w1, w2 := &fleet.Worker{Idx: 1, Serial: 1}, &fleet.Worker{Idx: 2, Serial: 2}
+	r := &Request{Prompt: prompt("shared system prompt", 1024)}
+	p.hashAndMatch(r, 0, 0, nil)
+	if len(r.psnap) != 0 {
+		t.Fatalf("empty index: %d snapshots", len(r.psnap))
+	}
+	p.record(r.phash, r.psnap, w1, 0)
+
+	r.Reset()
+	r.Prompt = prompt("shared system prompt", 1024)
+	if d, _ := p.hashAndMatch(r, 0, 0, nil); d != 8 || len(r.psnap) != 8 || !r.psnap[7].has(1, 1) || r.psnap[7].has(2, 2) {
+		t.Fatalf("depth %d, snapshots %+v", d, r.psnap)
+	}
+	p.record(r.phash, r.psnap, w2, 0)
+	var idx, ser [prefixSlots]uint16
+	for k, h := range r.phash {
+		if n := p.slots(h, &idx, &ser); n != 2 || idx[0] != 1 || idx[1] != 2 {
+			t.Fatalf("block %d: %d workers %v, want 1 and 2", k, n, idx[:n])
+		}
+	}
+	// A snapshot that lists the worker: nothing to record.
+	r.Reset()
+	r.Prompt = prompt("shared system prompt", 1024)
+	p.hashAndMatch(r, 0, 0, nil)
+	if !r.psnap[0].has(2, 2) {
+		t.Fatalf("snapshot %+v misses worker 2", r.psnap[0])
+	}
+	before := p.Len()
+	p.record(r.phash, r.psnap, w2, 0)
+	if p.Len() != before {
+		t.Fatalf("len %d -> %d", before, p.Len())
+	}
+}
+
+// A match cut short by the decision deadline leaves no hashes and no
+// snapshots behind for record.
+func TestLateMatchLeavesNoSnapshots(t *testing.T) {
+	p := newPrefixIndex(128, 0)
+	r := &Request{Prompt: prompt("long", 128*200)}
+	p.hashAndMatch(r, 0, 0, nil)
+	p.record(r.phash, r.psnap, &fleet.Worker{Idx: 1, Serial: 1}, 0)
+	r.Reset()
+	r.Prompt = prompt("long", 128*200)
+	clock := func() int64 { return 2 }
+	if _, late := p.hashAndMatch(r, 0, 1, clock); !late || len(r.phash) != 0 || len(r.psnap) != 0 {
+		t.Fatalf("late %v, %d hashes, %d snapshots", late, len(r.phash), len(r.psnap))
 	}
 }

@@ -54,16 +54,19 @@ type Request struct {
 	// is how many leading blocks were indexed then.
 	hashed bool
 	pdepth int
+	// psnap holds the workers of the pdepth matched blocks as the match saw
+	// them (prefix layer, record); its capacity is kept by Reset.
+	psnap []pslots
 	// pd is the request's PD routing (pd.go), set by Topology.
 	pd pdRoute
 }
 
 // Reset clears r for reuse, keeping capacity.
 func (r *Request) Reset() {
-	tried, hashes, ph := r.Tried[:0], r.BlockHashes[:0], r.phash[:0]
+	tried, hashes, ph, ps := r.Tried[:0], r.BlockHashes[:0], r.phash[:0], r.psnap[:0]
 	r.pd.reset()
 	pd := r.pd
-	*r = Request{Tried: tried, BlockHashes: hashes, phash: ph, pd: pd}
+	*r = Request{Tried: tried, BlockHashes: hashes, phash: ph, psnap: ps, pd: pd}
 }
 
 func (r *Request) tried(w *fleet.Worker) bool {
@@ -532,7 +535,7 @@ func (s *Scheduler) finish(cfg *config.Config, c *compiled, r *Request, d *Decis
 	// Layers that decided before the prefix layer leave the prompt unhashed.
 	s.indexPrompt(c, r, now, 0)
 	if p := s.pidx.Load(); p != nil && p.blockSize == cfg.PrefixIndex.BlockSize && len(r.phash) > 0 {
-		if p.record(r.phash, r.pdepth, d.Worker, now) {
+		if p.record(r.phash, r.psnap, d.Worker, now) {
 			s.checkMemory(cfg, p, now)
 		}
 	}

@@ -81,7 +81,7 @@ func benchPick(b *testing.B, layer string, n, size int) {
 		if other == d.Worker {
 			other = s.Fleet.View().Routable[1]
 		}
-		s.pidx.Load().record(r.phash, len(r.phash), other, s.Now())
+		s.pidx.Load().record(r.phash, nil, other, s.Now())
 	}
 	want := map[string]Layer{"lb": LayerLB, "affinity": LayerAffinity, "prefix": LayerPrefix, "three-layer": LayerPrefix}[layer]
 	r.hashed = false
@@ -117,7 +117,7 @@ func BenchmarkPrefixIndexInsert(b *testing.B) {
 		binary.LittleEndian.PutUint64(buf, uint64(i))
 		r.Prompt = buf
 		p.hashAndMatch(r, 0, 0, nil)
-		p.record(r.phash, 0, w, 0)
+		p.record(r.phash, nil, w, 0)
 	}
 	b.StopTimer()
 	runtime.GC()
@@ -140,7 +140,7 @@ func BenchmarkPrefixIndexMatch(b *testing.B) {
 		binary.LittleEndian.PutUint64(prompts[i], uint64(i))
 		r := &Request{Prompt: prompts[i]}
 		p.hashAndMatch(r, 0, 0, nil)
-		p.record(r.phash, 0, w, 0)
+		p.record(r.phash, nil, w, 0)
 	}
 	b.ReportAllocs()
 	b.SetBytes(1024)
@@ -205,4 +205,31 @@ func BenchmarkReadMemory(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkPrefixIndexMatchRecord is a repeated 1 KB prompt (a shared
+// system prompt, the proxy benchmark's body) matched and recorded for the
+// worker that already holds it, from parallel goroutines: the per-request
+// work of the prefix index when every block is a hit.
+func BenchmarkPrefixIndexMatchRecord(b *testing.B) {
+	p := newPrefixIndex(128, 0)
+	w := &fleet.Worker{Idx: 1, Serial: 1}
+	prompt := make([]byte, 1024)
+	r0 := &Request{Prompt: prompt}
+	p.hashAndMatch(r0, 0, 0, nil)
+	p.record(r0.phash, nil, w, 0)
+	b.ReportAllocs()
+	b.SetBytes(1024)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		r := &Request{}
+		for pb.Next() {
+			r.Reset()
+			r.Prompt = prompt
+			if d, _ := p.hashAndMatch(r, 0, 0, nil); d != 8 {
+				panic("BUG: miss")
+			}
+			p.record(r.phash, r.psnap, w, 0)
+		}
+	})
 }
