@@ -68,6 +68,29 @@ func chatRequest(stream bool) string {
 	return fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 }
 
+// startRelayFloors starts the goroutine floor and (on Linux) the epoll
+// floor with loops loops in front of up; they stop with the test. It
+// returns their addresses by name.
+func startRelayFloors(t *testing.T, up string, loops int) map[string]string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = leanServe(ln, up) }()
+	t.Cleanup(func() { ln.Close() })
+	targets := map[string]string{"goroutine": ln.Addr().String()}
+	if runtime.GOOS == "linux" {
+		f, err := startEpollFloor("127.0.0.1:0", up, loops)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(f.Close)
+		targets["epoll"] = f.addr
+	}
+	return targets
+}
+
 // The reference proxies of bench proxy --floors must deliver what the
 // engine sent, JSON and chunked SSE alike, request after request on one
 // connection; otherwise their CPU figures measure something else.
@@ -83,21 +106,7 @@ func TestFloorRelaysDeliverTheEnginesBytesOnKeepAlive(t *testing.T) {
 	if !strings.Contains(want[1], "data: [DONE]") || !strings.Contains(want[1], "chunked") {
 		t.Fatalf("backend SSE answer: %q", want[1])
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = leanServe(ln, up) }()
-	defer ln.Close()
-	targets := map[string]string{"goroutine": ln.Addr().String()}
-	if runtime.GOOS == "linux" {
-		f, err := startEpollFloor("127.0.0.1:0", up, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		targets["epoll"] = f.addr
-	}
+	targets := startRelayFloors(t, up, 2)
 	for name, addr := range targets {
 		for conn := range 3 { // the epoll floor's two loops share the port
 			got := exchange(t, addr, reqs...)
@@ -253,21 +262,7 @@ func TestFloorRelaysAnswerPipelinedRequestsInOrder(t *testing.T) {
 	}
 	defer be.Close()
 	up := strings.TrimPrefix(be.URL, "http://")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = leanServe(ln, up) }()
-	defer ln.Close()
-	targets := map[string]string{"goroutine": ln.Addr().String()}
-	if runtime.GOOS == "linux" {
-		f, err := startEpollFloor("127.0.0.1:0", up, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		targets["epoll"] = f.addr
-	}
+	targets := startRelayFloors(t, up, 1)
 	for name, addr := range targets {
 		c, err := net.DialTimeout("tcp", addr, 2*time.Second)
 		if err != nil {
