@@ -443,3 +443,23 @@ func TestLateMatchLeavesNoSnapshots(t *testing.T) {
 		t.Fatalf("late %v, %d hashes, %d snapshots", late, len(r.phash), len(r.psnap))
 	}
 }
+
+// A reset request keeps small prefix buffers for reuse and drops the ones a
+// huge prompt grew.
+func TestResetDropsHugePrefixBuffers(t *testing.T) {
+	p := newPrefixIndex(128, 0)
+	for _, blocks := range []int{8, 4 * keepBlocks} {
+		r := &Request{Prompt: prompt("p", 128*blocks)}
+		p.hashAndMatch(r, 0, 0, nil)
+		p.record(r.phash, r.psnap, &fleet.Worker{Idx: 1, Serial: 1}, 0)
+		p.hashAndMatch(r, 0, 0, nil) // every block matches: blocks snapshots
+		if len(r.phash) != blocks || len(r.psnap) != blocks {
+			t.Fatalf("%d blocks: %d hashes, %d snapshots", blocks, len(r.phash), len(r.psnap))
+		}
+		r.Reset()
+		kept := cap(r.phash) > 0 && cap(r.psnap) > 0
+		if huge := blocks > keepBlocks; kept == huge {
+			t.Fatalf("%d blocks: kept %v (caps %d, %d)", blocks, kept, cap(r.phash), cap(r.psnap))
+		}
+	}
+}

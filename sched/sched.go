@@ -61,9 +61,21 @@ type Request struct {
 	pd pdRoute
 }
 
-// Reset clears r for reuse, keeping capacity.
+// keepBlocks bounds the per-block buffers (prefix hashes and snapshots) a
+// reset Request keeps: a burst of huge prompts must not pin memory in a
+// pool of requests.
+const keepBlocks = 1024
+
+// Reset clears r for reuse, keeping capacity (up to keepBlocks blocks for
+// the prefix buffers).
 func (r *Request) Reset() {
 	tried, hashes, ph, ps := r.Tried[:0], r.BlockHashes[:0], r.phash[:0], r.psnap[:0]
+	if cap(ph) > keepBlocks {
+		ph = nil
+	}
+	if cap(ps) > keepBlocks {
+		ps = nil
+	}
 	r.pd.reset()
 	pd := r.pd
 	*r = Request{Tried: tried, BlockHashes: hashes, phash: ph, psnap: ps, pd: pd}
