@@ -212,9 +212,34 @@ type wordCache struct {
 	seed  maphash.Seed
 }
 
+// cacheEntry is an entry of the word and section caches: a key (a word, a
+// section) and its ids, never modified once published.
 type cacheEntry struct {
-	word string
-	ids  []uint32
+	key string
+	ids []uint32
+}
+
+// lookup2 returns the ids of key in the 2-way set that starts at slot i.
+func lookup2(slots []atomic.Pointer[cacheEntry], i int, key []byte) ([]uint32, bool) {
+	if e := slots[i].Load(); e != nil && e.key == string(key) {
+		return e.ids, true
+	}
+	if e := slots[i+1].Load(); e != nil && e.key == string(key) {
+		return e.ids, true
+	}
+	return nil, false
+}
+
+// victim2 returns the slot of the 2-way set at i that a new entry takes: an
+// empty one, else either, by a bit of the key's hash h.
+func victim2(slots []atomic.Pointer[cacheEntry], i int, h uint64) int {
+	switch {
+	case slots[i].Load() == nil:
+		return i
+	case slots[i+1].Load() == nil:
+		return i + 1
+	}
+	return i + int(h>>32)&1
 }
 
 const (
@@ -237,13 +262,7 @@ func (c *wordCache) get(word []byte) ([]uint32, bool) {
 		return nil, false
 	}
 	i, _ := c.set(word)
-	if e := c.slots[i].Load(); e != nil && e.word == string(word) {
-		return e.ids, true
-	}
-	if e := c.slots[i+1].Load(); e != nil && e.word == string(word) {
-		return e.ids, true
-	}
-	return nil, false
+	return lookup2(c.slots[:], i, word)
 }
 
 func (c *wordCache) put(word []byte, ids []uint32) {
@@ -251,15 +270,7 @@ func (c *wordCache) put(word []byte, ids []uint32) {
 		return
 	}
 	i, h := c.set(word)
-	e := &cacheEntry{word: string(word), ids: append([]uint32(nil), ids...)}
-	switch {
-	case c.slots[i].Load() == nil:
-	case c.slots[i+1].Load() == nil:
-		i++
-	default:
-		i += int(h>>32) & 1 // evict either, by a hash bit
-	}
-	c.slots[i].Store(e)
+	c.slots[victim2(c.slots[:], i, h)].Store(&cacheEntry{key: string(word), ids: append([]uint32(nil), ids...)})
 }
 
 // reset empties the cache (tests and benchmarks).

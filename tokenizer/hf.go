@@ -410,7 +410,11 @@ func (h *HF) ChatTemplate() string { return h.chatSrc }
 // Encode implements Tokenizer. Added tokens written literally in text are
 // matched (leftmost, longest first) before normalization and
 // pre-tokenization, as the reference does.
-func (h *HF) Encode(dst []uint32, text []byte) []uint32 {
+func (h *HF) Encode(dst []uint32, text []byte) []uint32 { return h.encode(dst, text, true) }
+
+// encode is Encode, with the section cache when cached is set (the tests
+// check the cache against encode without it).
+func (h *HF) encode(dst []uint32, text []byte, cached bool) []uint32 {
 	sc := scratchPool.Get().(*scratch)
 	start := 0
 	for i := 0; i < len(text); i++ {
@@ -421,12 +425,12 @@ func (h *HF) Encode(dst []uint32, text []byte) []uint32 {
 		if at == nil {
 			continue
 		}
-		dst = h.encodeSection(dst, text[start:i], sc)
+		dst = h.encodeSection(dst, text[start:i], sc, cached)
 		dst = append(dst, at.id)
 		i += len(at.content) - 1
 		start = i + 1
 	}
-	dst = h.encodeSection(dst, text[start:], sc)
+	dst = h.encodeSection(dst, text[start:], sc, cached)
 	scratchPool.Put(sc)
 	return dst
 }
@@ -440,9 +444,12 @@ func (h *HF) matchAdded(s []byte) *addedToken {
 	return nil
 }
 
-func (h *HF) encodeSection(dst []uint32, s []byte, sc *scratch) []uint32 {
+func (h *HF) encodeSection(dst []uint32, s []byte, sc *scratch, cached bool) []uint32 {
 	if len(s) == 0 {
 		return dst
+	}
+	if !cached {
+		return h.encodeWords(dst, s, sc)
 	}
 	if ids, ok := h.sections.get(s); ok {
 		return append(dst, ids...)

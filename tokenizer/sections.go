@@ -17,18 +17,14 @@ import (
 // stored the second time it is seen (seen remembers hashes), so a stream of
 // unique prompts allocates nothing.
 type sectionCache struct {
-	slots *[sectionSlots]atomic.Pointer[sectionEntry]
+	slots *[sectionSlots]atomic.Pointer[cacheEntry]
 	seen  *[4 * sectionSlots]atomic.Uint64
 	seed  maphash.Seed
 	bytes atomic.Int64 // held by entries in slots
 }
 
-type sectionEntry struct {
-	text string
-	ids  []uint32
-}
-
-func (e *sectionEntry) size() int64 { return int64(len(e.text) + 4*len(e.ids) + 64) }
+// entrySize is the memory a section entry holds, as the budget counts it.
+func entrySize(e *cacheEntry) int64 { return int64(len(e.key) + 4*len(e.ids) + 64) }
 
 const (
 	sectionSlots = 1 << 12
@@ -40,7 +36,7 @@ const (
 )
 
 func newSectionCache() sectionCache {
-	return sectionCache{slots: new([sectionSlots]atomic.Pointer[sectionEntry]),
+	return sectionCache{slots: new([sectionSlots]atomic.Pointer[cacheEntry]),
 		seen: new([4 * sectionSlots]atomic.Uint64), seed: maphash.MakeSeed()}
 }
 
@@ -55,13 +51,7 @@ func (c *sectionCache) get(s []byte) ([]uint32, bool) {
 		return nil, false
 	}
 	i, _ := c.set(s)
-	if e := c.slots[i].Load(); e != nil && e.text == string(s) {
-		return e.ids, true
-	}
-	if e := c.slots[i+1].Load(); e != nil && e.text == string(s) {
-		return e.ids, true
-	}
-	return nil, false
+	return lookup2(c.slots[:], i, s)
 }
 
 // put caches the ids of section s.
@@ -74,18 +64,12 @@ func (c *sectionCache) put(s []byte, ids []uint32) {
 		sn.Store(h) // first sighting: remember, store the next time
 		return
 	}
-	switch {
-	case c.slots[i].Load() == nil:
-	case c.slots[i+1].Load() == nil:
-		i++
-	default:
-		i += int(h>>32) & 1 // evict either, by a hash bit
-	}
-	e := &sectionEntry{text: string(s), ids: append([]uint32(nil), ids...)}
+	i = victim2(c.slots[:], i, h)
+	e := &cacheEntry{key: string(s), ids: append([]uint32(nil), ids...)}
 	old := c.slots[i].Load()
-	grow := e.size()
+	grow := entrySize(e)
 	if old != nil {
-		grow -= old.size()
+		grow -= entrySize(old)
 	}
 	if grow > 0 && c.bytes.Load()+grow > sectionBudget {
 		return

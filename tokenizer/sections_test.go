@@ -9,25 +9,7 @@ import (
 
 // encodeUncached is Encode without the section cache: the reference the
 // cached encodings are checked against.
-func encodeUncached(h *HF, dst []uint32, text []byte) []uint32 {
-	sc := scratchPool.Get().(*scratch)
-	defer scratchPool.Put(sc)
-	start := 0
-	for i := 0; i < len(text); i++ {
-		if !h.addedFirst[text[i]] {
-			continue
-		}
-		at := h.matchAdded(text[i:])
-		if at == nil {
-			continue
-		}
-		dst = h.encodeWords(dst, text[start:i], sc)
-		dst = append(dst, at.id)
-		i += len(at.content) - 1
-		start = i + 1
-	}
-	return h.encodeWords(dst, text[start:], sc)
-}
+func encodeUncached(h *HF, dst []uint32, text []byte) []uint32 { return h.encode(dst, text, false) }
 
 // FuzzSectionCacheEncodesAsWithout: a text encodes the same the first time
 // (sections stored) and the second (sections served from the cache) as
@@ -60,7 +42,7 @@ func TestSectionCacheStaysWithinItsBudget(t *testing.T) {
 	var held int64
 	for i := range c.slots {
 		if e := c.slots[i].Load(); e != nil {
-			held += e.size()
+			held += entrySize(e)
 		}
 	}
 	if held != c.bytes.Load() || held > sectionBudget {
