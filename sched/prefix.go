@@ -15,6 +15,12 @@ import (
 
 const (
 	prefixShards = 64
+	// prefixGroup consecutive blocks of a prompt share a shard, the one of
+	// the group's first block, so that a match takes one read lock per
+	// group instead of one per block. A block's key names its whole prefix,
+	// so every prompt that has a block has its group's first block too:
+	// the shard is a function of the block alone.
+	prefixGroup = 8
 	// prefixSlots is how many workers one block remembers; beyond it the
 	// oldest recorded worker is forgotten (a prefix on every worker of a
 	// large fleet still reads as "seen" for the hit-rate ceiling).
@@ -43,8 +49,9 @@ const (
 // xxh3(block i, seed = key of block i-1), so one key names the whole prefix
 // up to that block and the flat hash map is an implicit prefix tree. A
 // shorter tail than a block is not indexed. Keys are spread over 64 shards
-// (padded), each a map into a slab of entries with an intrusive LRU list.
-// Matches take read locks and stamp the access time atomically; eviction
+// (padded) by groups of 8 consecutive blocks, each shard a map into a slab
+// of entries with an intrusive LRU list. Matches take one read lock per
+// group and stamp the access time atomically; eviction
 // gives an entry touched since it was listed a second chance (CLOCK), so the
 // list approximates LRU without write locks on the read path.
 type prefixIndex struct {
@@ -125,6 +132,12 @@ func (p *prefixIndex) sec(now int64) uint32 {
 
 func (p *prefixIndex) shard(h uint64) *pshard { return &p.shards[h>>58] }
 
+// blockShard is the shard of block k of the chain hs: its group's first
+// block's.
+func (p *prefixIndex) blockShard(hs []uint64, k int) *pshard {
+	return p.shard(hs[k&^(prefixGroup-1)])
+}
+
 // Len returns the number of indexed blocks.
 func (p *prefixIndex) Len() int64 { return p.entries.Load() }
 
@@ -147,22 +160,38 @@ func (p *prefixIndex) hashAndMatch(r *Request, now, deadline int64, clock func()
 	h := uint64(prefixSeed)
 	matching := true
 	t := p.sec(now)
+	var sh *pshard // read-locked while matching within a group
 	for i := 0; i < n; i++ {
 		h = xxh3.HashSeed(r.Prompt[i*bs:(i+1)*bs], h)
 		hs = append(hs, h)
 		if matching {
+			if i%prefixGroup == 0 {
+				if sh != nil {
+					sh.mu.RUnlock()
+				}
+				sh = p.shard(h)
+				sh.mu.RLock()
+			}
 			snaps = append(snaps, pslots{})
-			if p.touch(h, t, &snaps[len(snaps)-1]) {
+			if sh.touch(h, t, &snaps[len(snaps)-1]) {
 				depth++
 			} else {
 				snaps = snaps[:len(snaps)-1]
 				matching = false
+				sh.mu.RUnlock()
+				sh = nil
 			}
 		}
 		if deadline != 0 && i&63 == 63 && clock() > deadline {
+			if sh != nil {
+				sh.mu.RUnlock()
+			}
 			r.phash, r.psnap = hs[:0], snaps[:0]
 			return depth, true
 		}
+	}
+	if sh != nil {
+		sh.mu.RUnlock()
 	}
 	r.phash, r.psnap = hs, snaps
 	return depth, false
@@ -184,10 +213,8 @@ func (s *pslots) has(idx, ser uint16) bool {
 }
 
 // touch reports whether block key h is indexed, stamps its access time and
-// copies its workers into snap.
-func (p *prefixIndex) touch(h uint64, t uint32, snap *pslots) bool {
-	sh := p.shard(h)
-	sh.mu.RLock()
+// copies its workers into snap. The caller holds sh's read lock.
+func (sh *pshard) touch(h uint64, t uint32, snap *pslots) bool {
 	i, ok := sh.m[h]
 	if ok {
 		e := &sh.ents[i]
@@ -196,13 +223,14 @@ func (p *prefixIndex) touch(h uint64, t uint32, snap *pslots) bool {
 		}
 		snap.n, snap.idx, snap.ser = e.n, e.idx, e.ser
 	}
-	sh.mu.RUnlock()
 	return ok
 }
 
-// slots copies the workers recorded for block key h into idx/ser.
-func (p *prefixIndex) slots(h uint64, idx, ser *[prefixSlots]uint16) int {
-	sh := p.shard(h)
+// slots copies the workers recorded for block k of the chain hs into
+// idx/ser.
+func (p *prefixIndex) slots(hs []uint64, k int, idx, ser *[prefixSlots]uint16) int {
+	h := hs[k]
+	sh := p.blockShard(hs, k)
 	sh.mu.RLock()
 	i, ok := sh.m[h]
 	n := 0
@@ -231,7 +259,7 @@ func (p *prefixIndex) record(hs []uint64, snaps []pslots, w *fleet.Worker, now i
 		if k < len(snaps) && snaps[k].has(idx, ser) {
 			continue
 		}
-		sh := p.shard(h)
+		sh := p.blockShard(hs, k)
 		sh.mu.Lock()
 		if i, ok := sh.m[h]; ok {
 			e := &sh.ents[i]
@@ -456,7 +484,7 @@ func (s *Scheduler) prefixLayer(cfg *config.Config, p *prefixIndex, v *fleet.Vie
 			sn := &r.psnap[d-1]
 			n, idx, ser = int(sn.n), sn.idx, sn.ser
 		} else {
-			n = p.slots(r.phash[d-1], &idx, &ser)
+			n = p.slots(r.phash, d-1, &idx, &ser)
 		}
 		var best *fleet.Worker
 		var bestLoad int64

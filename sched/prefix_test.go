@@ -56,7 +56,7 @@ func TestPrefixIndexBasics(t *testing.T) {
 		t.Fatalf("shared half matched %d, want 4", d)
 	}
 	var idx, ser [prefixSlots]uint16
-	if n := p.slots(r.phash[7], &idx, &ser); n != 1 || idx[0] != 3 || ser[0] != 7 {
+	if n := p.slots(r.phash, 7, &idx, &ser); n != 1 || idx[0] != 3 || ser[0] != 7 {
 		t.Fatalf("slots %d %v %v", n, idx, ser)
 	}
 	// Recording again adds no blocks; other workers share the entries.
@@ -67,7 +67,7 @@ func TestPrefixIndexBasics(t *testing.T) {
 	if p.Len() != 8 {
 		t.Fatalf("len %d after re-record", p.Len())
 	}
-	if n := p.slots(r.phash[0], &idx, &ser); n != prefixSlots || idx[prefixSlots-1] != uint16(10+prefixSlots+1) {
+	if n := p.slots(r.phash, 0, &idx, &ser); n != prefixSlots || idx[prefixSlots-1] != uint16(10+prefixSlots+1) {
 		t.Fatalf("slot overflow keeps the newest: %d %v", n, idx)
 	}
 }
@@ -410,8 +410,8 @@ func TestRecordUsesTheMatchSnapshotOfEachBlock(t *testing.T) {
 	}
 	p.record(r.phash, r.psnap, w2, 0)
 	var idx, ser [prefixSlots]uint16
-	for k, h := range r.phash {
-		if n := p.slots(h, &idx, &ser); n != 2 || idx[0] != 1 || idx[1] != 2 {
+	for k := range r.phash {
+		if n := p.slots(r.phash, k, &idx, &ser); n != 2 || idx[0] != 1 || idx[1] != 2 {
 			t.Fatalf("block %d: %d workers %v, want 1 and 2", k, n, idx[:n])
 		}
 	}
@@ -460,6 +460,40 @@ func TestResetDropsHugePrefixBuffers(t *testing.T) {
 		kept := cap(r.phash) > 0 && cap(r.psnap) > 0
 		if huge := blocks > keepBlocks; kept == huge {
 			t.Fatalf("%d blocks: kept %v (caps %d, %d)", blocks, kept, cap(r.phash), cap(r.psnap))
+		}
+	}
+}
+
+func TestPromptsSharingPartOfAGroupMatchAndRecordEachBlockOnce(t *testing.T) {
+	const bs = 16
+	p := newPrefixIndex(bs, 0)
+	w1 := &fleet.Worker{Idx: 1, Serial: 1}
+	w2 := &fleet.Worker{Idx: 2, Serial: 2}
+	shared := prompt("the same system prompt, ", 12*bs) // one group and a half
+	a := &Request{Prompt: append(append([]byte{}, shared...), prompt("first question ", 8*bs)...)}
+	b := &Request{Prompt: append(append([]byte{}, shared...), prompt("second question", 8*bs)...)}
+	if d, _ := p.hashAndMatch(a, 0, 0, nil); d != 0 {
+		t.Fatalf("empty index matched %d blocks", d)
+	}
+	p.record(a.phash, a.psnap, w1, 0)
+	if d, _ := p.hashAndMatch(b, 0, 0, nil); d != 12 || len(b.psnap) != 12 {
+		t.Fatalf("matched %d blocks (%d snapshots), want the 12 shared ones", d, len(b.psnap))
+	}
+	p.record(b.phash, b.psnap, w2, 0)
+	if p.Len() != 20+8 {
+		t.Fatalf("%d blocks indexed, want 28: the shared ones once", p.Len())
+	}
+	var idx, ser [prefixSlots]uint16
+	if n := p.slots(b.phash, 11, &idx, &ser); n != 2 || idx[0] != 1 || idx[1] != 2 {
+		t.Fatalf("last shared block lists %v, want workers 1 and 2", idx[:n])
+	}
+	if n := p.slots(b.phash, 12, &idx, &ser); n != 1 || idx[0] != 2 {
+		t.Fatalf("first own block of b lists %v, want worker 2", idx[:n])
+	}
+	for k, h := range b.phash {
+		sh := p.blockShard(b.phash, k)
+		if _, ok := sh.m[h]; !ok {
+			t.Fatalf("block %d is not in the shard of its group's first block", k)
 		}
 	}
 }
