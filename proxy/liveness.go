@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/infera/infera/internal/netpeek"
 	"github.com/valyala/fasthttp"
@@ -20,11 +21,24 @@ import (
 // the engine stops generating, and the request's context is cancelled,
 // which takes it out of a governance queue at once.
 type liveness struct {
+	// reg holds every request state the server's pool ever made, weakly:
+	// a state the pool drops is collected and leaves the registry at the
+	// next check. Watching a request then touches only its own state
+	// (lock-free for the rest of the process); registering happens when
+	// the pool grows.
+	mu   sync.Mutex
+	reg  []weak.Pointer[reqState]
+	stop chan struct{}
+	once sync.Once
+}
+
+// liveSlot is a request's entry with the watchdog. since is 0 while the
+// request is not watched; the watchdog reads and aborts under mu, so once
+// unwatch returns it no longer touches the request.
+type liveSlot struct {
 	mu    sync.Mutex
-	items []*reqState
-	since []int64
-	stop  chan struct{}
-	once  sync.Once
+	since int64 // unix ns the request started; 0: not watched
+	fd    int
 }
 
 const (
@@ -35,24 +49,32 @@ const (
 
 func newLiveness() *liveness { return &liveness{stop: make(chan struct{})} }
 
+// register adds a new request state to the registry (the pool's New).
+func (l *liveness) register(rs *reqState) {
+	w := weak.Make(rs)
+	l.mu.Lock()
+	l.reg = append(l.reg, w)
+	l.mu.Unlock()
+}
+
 // watch puts rs under the watchdog (once per request): from admission on,
 // while it waits in a governance queue, then for its worker's first byte.
 func (s *Server) watch(ctx *fasthttp.RequestCtx, rs *reqState) {
 	if rs.watched {
 		return
 	}
-	if rs.clientFD = clientFD(ctx); rs.clientFD >= 0 {
-		s.live.add(rs)
+	fd := clientFD(ctx)
+	if fd < 0 {
+		return
 	}
-}
-
-func (l *liveness) add(rs *reqState) {
+	since := rs.start.UnixNano()
+	if rs.start.IsZero() {
+		since = time.Now().UnixNano()
+	}
 	rs.watched = true
-	l.mu.Lock()
-	rs.liveIdx = len(l.items)
-	l.items = append(l.items, rs)
-	l.since = append(l.since, time.Now().UnixNano())
-	l.mu.Unlock()
+	rs.live.mu.Lock()
+	rs.live.since, rs.live.fd = since, fd
+	rs.live.mu.Unlock()
 }
 
 // remove stops watching rs. After it returns the watchdog no longer touches
@@ -62,16 +84,9 @@ func (l *liveness) remove(rs *reqState) {
 		return
 	}
 	rs.watched = false
-	l.mu.Lock()
-	i, last := rs.liveIdx, len(l.items)-1
-	if i <= last && l.items[i] == rs {
-		l.items[i], l.since[i] = l.items[last], l.since[last]
-		l.items[i].liveIdx = i
-		l.items[last] = nil
-		l.items, l.since = l.items[:last], l.since[:last]
-	}
-	rs.liveIdx = -1
-	l.mu.Unlock()
+	rs.live.mu.Lock()
+	rs.live.since, rs.live.fd = 0, -1
+	rs.live.mu.Unlock()
 }
 
 func (l *liveness) run() {
@@ -99,16 +114,24 @@ func init() { coarseNow.Store(time.Now().UnixNano()) }
 func (l *liveness) check(now int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for i, rs := range l.items {
-		if now-l.since[i] < livenessAfter || rs.call.cancel.wasAborted() {
-			continue
+	kept := l.reg[:0]
+	for _, w := range l.reg {
+		rs := w.Value()
+		if rs == nil {
+			continue // the pool dropped it
 		}
-		if netpeek.Peek(rs.clientFD) == netpeek.Closed {
+		kept = append(kept, w)
+		rs.live.mu.Lock()
+		if since := rs.live.since; since != 0 && now-since >= livenessAfter && !rs.call.cancel.wasAborted() &&
+			netpeek.Peek(rs.live.fd) == netpeek.Closed {
 			mClientGoneWaiting.Inc()
 			rs.call.cancel.abort()
 			rs.gov.ctx.cancel() // a wait in a governance queue ends at once
 		}
+		rs.live.mu.Unlock()
 	}
+	clear(l.reg[len(kept):])
+	l.reg = kept
 }
 
 func (l *liveness) close() { l.once.Do(func() { close(l.stop) }) }

@@ -63,9 +63,8 @@ type reqState struct {
 	// Users, quotas and concurrency seats (govern.go).
 	gov govState
 
-	clientFD  int  // for the liveness watchdog; -1 unknown
-	liveIdx   int  // index in the watchdog's list (under its lock)
-	watched   bool // in the watchdog's list (the request goroutine's view)
+	live      liveSlot // the liveness watchdog's view (liveness.go)
+	watched   bool     // under the watchdog (the request goroutine's view)
 	handedOff bool
 }
 
@@ -95,13 +94,11 @@ func (rs *reqState) Reset() {
 	rs.ext.reset()
 	rs.proto.reset()
 	rs.gov.reset()
-	rs.clientFD, rs.liveIdx, rs.watched, rs.handedOff = -1, -1, false, false
+	rs.watched, rs.handedOff = false, false
 }
 
 func (s *Server) acquireState() *reqState {
-	rs := s.pool.Get().(*reqState)
-	rs.clientFD, rs.liveIdx = -1, -1
-	return rs
+	return s.pool.Get().(*reqState)
 }
 
 // releaseState returns rs: its body memory goes back to the budget.
