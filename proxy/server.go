@@ -130,7 +130,11 @@ func New(o Options) *Server {
 	if s.bodies.limit <= 0 {
 		s.bodies.limit = 256 << 20
 	}
-	s.pool.New = func() any { return &reqState{rbuf: make([]byte, relayBufSize)} }
+	s.pool.New = func() any {
+		rs := &reqState{rbuf: make([]byte, relayBufSize)}
+		s.live.register(rs)
+		return rs
+	}
 	s.ext = newExternals(f)
 	if s.classifier = o.Classifier; s.classifier == nil {
 		s.classifier = &classify.Client{}
@@ -168,6 +172,8 @@ func New(o Options) *Server {
 		Logger:                serverLogger{},
 		ErrorHandler:          s.handleServerError,
 		CloseOnShutdown:       true,
+		// Nothing reads ctx.Time(): no clock read per request for it.
+		LazyRequestTime: true,
 	}
 	return s
 }
