@@ -54,7 +54,7 @@ func (u *usage) scan(b []byte) {
 // event ends with the totals); when b ends inside it (or inside its key)
 // the rest of b from the key on is carried to the next scan.
 func (u *usage) parse(b []byte) {
-	i := bytes.LastIndex(b, keyUsage)
+	i := lastIndex(b, keyUsage)
 	if i >= 0 {
 		obj := b[i+len(keyUsage):]
 		if !closed(obj) && len(b)-i <= usageCarry {
@@ -84,6 +84,23 @@ func (u *usage) parse(b []byte) {
 			u.ncarry = copy(u.carry[:], b[len(b)-k:])
 			return
 		}
+	}
+}
+
+// lastIndex is bytes.LastIndex(b, key) by forward searches: bytes.Index
+// is vectorised where LastIndex hashes byte by byte (Rabin-Karp), and a
+// body or chunk holds the key once or not at all.
+func lastIndex(b, key []byte) int {
+	i := bytes.Index(b, key)
+	if i < 0 {
+		return -1
+	}
+	for {
+		j := bytes.Index(b[i+1:], key)
+		if j < 0 {
+			return i
+		}
+		i += 1 + j
 	}
 }
 

@@ -77,3 +77,44 @@ func FuzzUsageChunks(f *testing.F) {
 		}
 	})
 }
+
+func FuzzLastIndexIsBytesLastIndex(f *testing.F) {
+	f.Add([]byte(`{"usage":{},"usage":{}}`), []byte(`"usage"`))
+	f.Add([]byte("aaaa"), []byte("aa"))
+	f.Add([]byte(""), []byte("x"))
+	f.Fuzz(func(t *testing.T, b, key []byte) {
+		if len(key) == 0 {
+			return
+		}
+		if got, want := lastIndex(b, key), bytes.LastIndex(b, key); got != want {
+			t.Fatalf("lastIndex(%q, %q) = %d, bytes.LastIndex says %d", b, key, got, want)
+		}
+	})
+}
+
+// BenchmarkUsageScanJSON scans one chat completion answer, as a
+// non-streaming request does.
+func BenchmarkUsageScanJSON(b *testing.B) {
+	body := []byte(`{"id":"cmpl-1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hello from the fixed backend"},"finish_reason":"stop"}],"usage":{"prompt_tokens":16,"completion_tokens":8,"total_tokens":24,"prompt_tokens_details":{"cached_tokens":0}}}`)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		var u usage
+		u.scan(body)
+		if !u.seen {
+			b.Fatal("usage not seen")
+		}
+	}
+}
+
+// BenchmarkUsageScanSSEEvent scans one streamed event without usage, as
+// every relayed chunk of a stream is.
+func BenchmarkUsageScanSSEEvent(b *testing.B) {
+	ev := []byte("data: {\"id\":\"cmpl-1\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok \"},\"finish_reason\":null}]}\n\n")
+	b.ReportAllocs()
+	b.SetBytes(int64(len(ev)))
+	var u usage
+	for b.Loop() {
+		u.scan(ev)
+	}
+}
