@@ -23,9 +23,9 @@ import (
 type liveness struct {
 	// reg holds every request state the server's pool ever made, weakly:
 	// a state the pool drops is collected and leaves the registry at the
-	// next check. Watching a request then touches only its own state
-	// (lock-free for the rest of the process); registering happens when
-	// the pool grows.
+	// next check. Watching a request then touches only the request's own
+	// state, no line shared with other requests; registering happens only
+	// when the pool grows.
 	mu   sync.Mutex
 	reg  []weak.Pointer[reqState]
 	stop chan struct{}
@@ -34,7 +34,7 @@ type liveness struct {
 
 // liveSlot is a request's entry with the watchdog. since is 0 while the
 // request is not watched; the watchdog reads and aborts under mu, so once
-// unwatch returns it no longer touches the request.
+// remove returns it no longer touches the request.
 type liveSlot struct {
 	mu    sync.Mutex
 	since int64 // unix ns the request started; 0: not watched
