@@ -353,15 +353,7 @@ func (st *state) eval(n node, e *env) (Value, error) {
 		}
 		return st.applyFilter(String(s), n.filter, e)
 	case *ifNode, *forNode:
-		b, err := st.stmt(st.buf(), n, e)
-		defer st.putBuf(b)
-		if err != nil {
-			return Value{}, err
-		}
-		if len(b) > st.opts.MaxOutput {
-			return Value{}, errorf("template output exceeds %d bytes", st.opts.MaxOutput)
-		}
-		return String(st.strBytes(b)), nil
+		return st.stmtValue(n, e)
 	case *breakNode:
 		return Value{}, errBreak
 	case *continueNode:
@@ -370,6 +362,22 @@ func (st *state) eval(n node, e *env) (Value, error) {
 		return Value{}, errorf("unexpected %T outside a call", n)
 	}
 	return Value{}, errorf("unknown node type %T", n)
+}
+
+// stmtValue renders an if or for statement used as a value to a string.
+// Its own function keeps the defer open-coded: a defer in eval would make
+// every return of eval, the evaluator's hottest function, run the
+// runtime's deferred-call epilogue.
+func (st *state) stmtValue(n node, e *env) (Value, error) {
+	b, err := st.stmt(st.buf(), n, e)
+	defer st.putBuf(b)
+	if err != nil {
+		return Value{}, err
+	}
+	if len(b) > st.opts.MaxOutput {
+		return Value{}, errorf("template output exceeds %d bytes", st.opts.MaxOutput)
+	}
+	return String(st.strBytes(b)), nil
 }
 
 func (st *state) set(n *setNode, e *env) error {
