@@ -2,7 +2,6 @@ package sched
 
 import (
 	"errors"
-	"sync/atomic"
 
 	"github.com/VictoriaMetrics/metrics"
 )
@@ -27,10 +26,8 @@ type schedMetrics struct {
 
 	errSession, errUnknown, errNoWorkers, errExhausted *metrics.Counter
 
-	promptBytes atomic.Uint64
-	seenBytes   atomic.Uint64
-	mPrompt     *metrics.Counter
-	mSeen       *metrics.Counter
+	mPrompt *metrics.Counter
+	mSeen   *metrics.Counter
 }
 
 func newSchedMetrics(s *Scheduler) *schedMetrics {
@@ -128,8 +125,6 @@ func (m *schedMetrics) countErr(err error) {
 // seen bytes any worker had already been sent, out of the prompt's bytes.
 func (m *schedMetrics) observeCeiling(seen, total int) {
 	seen = min(seen, total)
-	m.promptBytes.Add(uint64(total))
-	m.seenBytes.Add(uint64(seen))
 	m.mPrompt.Add(total)
 	m.mSeen.Add(seen)
 }
@@ -137,9 +132,9 @@ func (m *schedMetrics) observeCeiling(seen, total int) {
 // Ceiling returns the share of prompt bytes seen so far that some worker had
 // already been sent (the theoretical prefix cache hit-rate ceiling).
 func (m *schedMetrics) Ceiling() float64 {
-	t := m.promptBytes.Load()
+	t := m.mPrompt.Get()
 	if t == 0 {
 		return 0
 	}
-	return float64(m.seenBytes.Load()) / float64(t)
+	return float64(m.mSeen.Get()) / float64(t)
 }
