@@ -497,3 +497,77 @@ func TestPromptsSharingPartOfAGroupMatchAndRecordEachBlockOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefixMatchAgreesWithAPlainSetOfRecordedPrefixes records prompts that
+// share prefixes of every length (inside a group of blocks, at its edge,
+// across several) and checks each match against a plain set of the prefixes
+// recorded so far: the longest recorded prefix of the prompt, and for every
+// matched block, the workers recorded for it.
+func TestPrefixMatchAgreesWithAPlainSetOfRecordedPrefixes(t *testing.T) {
+	const bs = 16
+	rng := rand.New(rand.NewPCG(1, 2))
+	p := newPrefixIndex(bs, 0)
+	type key struct{ s string }
+	recorded := map[key][]int{} // prompt prefix (whole blocks) -> workers, oldest first
+	workers := make([]*fleet.Worker, 4)
+	for i := range workers {
+		workers[i] = &fleet.Worker{Idx: i, Serial: uint32(i + 1)}
+	}
+	bases := make([][]byte, 3)
+	for i := range bases {
+		bases[i] = make([]byte, 40*bs)
+		for j := range bases[i] {
+			bases[i][j] = byte('a' + rng.IntN(26))
+		}
+	}
+	for round := 0; round < 400; round++ {
+		// A prompt: a base's first k blocks, then its own tail.
+		base := bases[rng.IntN(len(bases))]
+		k := rng.IntN(35)
+		prompt := append([]byte{}, base[:k*bs]...)
+		for j := 0; j < (1+rng.IntN(12))*bs+rng.IntN(bs); j++ {
+			prompt = append(prompt, byte('A'+rng.IntN(26)))
+		}
+		r := &Request{Prompt: prompt}
+		depth, _ := p.hashAndMatch(r, 0, 0, nil)
+		want := 0
+		for d := len(prompt) / bs; d > 0; d-- {
+			if _, ok := recorded[key{string(prompt[:d*bs])}]; ok {
+				want = d
+				break
+			}
+		}
+		if depth != want {
+			t.Fatalf("round %d: matched %d blocks, the recorded prefixes say %d", round, depth, want)
+		}
+		for d := 1; d <= depth; d++ {
+			ws := recorded[key{string(prompt[:d*bs])}]
+			var idx, ser [prefixSlots]uint16
+			n := p.slots(r.phash, d-1, &idx, &ser)
+			if n != len(ws) {
+				t.Fatalf("round %d, block %d: %d workers indexed, %d recorded", round, d-1, n, len(ws))
+			}
+			for i, w := range ws {
+				if int(idx[i]) != w {
+					t.Fatalf("round %d, block %d: workers %v, recorded %v", round, d-1, idx[:n], ws)
+				}
+			}
+		}
+		w := workers[rng.IntN(len(workers))]
+		p.record(r.phash, r.psnap, w, 0)
+		for d := 1; d <= len(prompt)/bs; d++ {
+			kk := key{string(prompt[:d*bs])}
+			ws := recorded[kk]
+			has := false
+			for _, x := range ws {
+				has = has || x == w.Idx
+			}
+			if !has {
+				recorded[kk] = append(ws, w.Idx)
+			}
+		}
+	}
+	if p.Len() != int64(len(recorded)) {
+		t.Fatalf("index holds %d blocks, %d prefixes were recorded", p.Len(), len(recorded))
+	}
+}
