@@ -438,9 +438,12 @@ func TestPDPushSendsTheSGLangLegsTogether(t *testing.T) {
 // uses its own bootstrap port) and the worker URL's host; a batch gets
 // lists with a room per sequence.
 func TestPDPushBootstrapDefaultsAndBatches(t *testing.T) {
-	var seen atomic.Value
+	var mu sync.Mutex
+	var seen []string // every leg body the engines received, in order
 	h := func(ctx *fasthttp.RequestCtx) {
-		seen.Store(string(ctx.PostBody()))
+		mu.Lock()
+		seen = append(seen, string(ctx.PostBody()))
+		mu.Unlock()
 		ctx.SetStatusCode(400) // like the simulated engine, which serves one sequence
 		ctx.SetBodyString(`{"error":{"message":"batch","type":"invalid_request_error"}}`)
 	}
@@ -448,14 +451,32 @@ func TestPDPushBootstrapDefaultsAndBatches(t *testing.T) {
 	d := startUpstream(t, h)
 	r := startPDRouter(t, nil, pdConfig(t, func(c *config.Config) { c.PD.Mode = "sglang" }),
 		pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+	// The first leg to fail ends the request and aborts the other, which an
+	// engine may still read later: a leg body of an earlier request can come
+	// in after this one's, so each check looks for a body of its own
+	// request among those received since it was sent.
 	f := func(path, body string, check func(m map[string]json.RawMessage) bool) {
 		t.Helper()
+		mu.Lock()
+		from := len(seen)
+		mu.Unlock()
 		code, _ := post(t, r.url+path, body)
-		var m map[string]json.RawMessage
-		json.Unmarshal([]byte(seen.Load().(string)), &m)
-		if code != 400 || !check(m) {
-			t.Fatalf("%s: %d, leg body %s", body, code, seen.Load())
+		if code != 400 {
+			t.Fatalf("%s: %d", body, code)
 		}
+		var got []string
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			mu.Lock()
+			got = append(got[:0], seen[from:]...)
+			mu.Unlock()
+			for _, b := range got {
+				var m map[string]json.RawMessage
+				if json.Unmarshal([]byte(b), &m) == nil && check(m) {
+					return
+				}
+			}
+		}
+		t.Fatalf("%s: no leg body as expected among %q", body, got)
 	}
 	f("/v1/completions", `{"model":"m","prompt":"one"}`, func(m map[string]json.RawMessage) bool {
 		return string(m["bootstrap_port"]) == "null" && string(m["bootstrap_host"]) == `"127.0.0.1"`
