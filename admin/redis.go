@@ -243,6 +243,10 @@ func (r *redisStorage) cas(c *config.Config, data []byte, expect, by string) (ui
 			r.check()
 			return 0, true, &config.VersionConflict{Want: ifVersion, Have: v, Reason: "Redis had lost the data"}
 		}
+		// Adopt the other replica's write now rather than when its message
+		// arrives: a change based on whatever is current retries on it, and
+		// a conditional one's next GET shows it.
+		r.check()
 		return 0, false, &config.VersionConflict{Want: ifVersion, Have: v, Reason: "changed in Redis by another replica"}
 	}
 	r.a.store.Replace(c, v)

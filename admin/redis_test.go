@@ -242,3 +242,35 @@ func TestRedisUnreachableAtStartFailsClearly(t *testing.T) {
 		t.Fatal("unknown state URL accepted")
 	}
 }
+
+// A write without If-Match on a replica that has not yet heard of another
+// replica's write is applied on top of it: the conflict in Redis makes the
+// replica adopt the latest data and retry, instead of answering 409.
+func TestRedisUnconditionalWriteOnAStaleReplicaAppliesOnTheLatestData(t *testing.T) {
+	rs := startRedis(t)
+	b := newEnv(t, envOpts{state: rs.url()})
+	// Another replica's write, without its message: b is stale until its
+	// next periodic check (200 ms here).
+	cfg, v := b.store.Current()
+	next := *cfg
+	next.Debug.DecisionHeader = true
+	data, _ := b.a.seal.encodeSealed(&next)
+	c := redis.NewClient(&redis.Options{Addr: rs.addr()})
+	defer c.Close()
+	if err := c.HSet(context.Background(), "infera:admin:data", "doc", string(data), "version", v+1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r := b.do("POST", "/api/users", `{"name":"erin"}`); r.status != 201 {
+		t.Fatalf("create user on a stale replica: %d %s", r.status, r.body)
+	}
+	got := b.store.Load()
+	if len(got.Users) != 1 || !got.Debug.DecisionHeader || b.store.Version() != v+2 {
+		t.Fatalf("after the write: %d users, decision header %v, version %d (want 1, true, %d)",
+			len(got.Users), got.Debug.DecisionHeader, b.store.Version(), v+2)
+	}
+	// A conditional write with the stale ETag still conflicts.
+	stale := etag(cfg, v)
+	if r := b.do("PUT", "/api/config/load_balancing", `{"algorithm":"round-robin"}`, "If-Match", stale); r.status != 409 {
+		t.Fatalf("stale If-Match: %d %s", r.status, r.body)
+	}
+}
