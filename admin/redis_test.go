@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/config"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -137,20 +138,29 @@ func TestRedisReplicasConverge(t *testing.T) {
 	eventually(t, time.Second, "A sees B's user", func() bool { return len(a.store.Load().Users) == 1 })
 }
 
-func TestRedisLostMessagesAreCaughtByTheVersionCheck(t *testing.T) {
-	rs := startRedis(t)
-	a := newEnv(t, envOpts{state: rs.url()})
-	b := newEnv(t, envOpts{state: rs.url()})
-	// Change the data behind the replicas' backs, without a message.
-	cfg, v := a.store.Current()
+// writeBehindReplicas stores in Redis e's config with the decision header
+// turned on, one version up, the way another replica writes, but without
+// the message that announces it. It returns e's config and version before.
+func writeBehindReplicas(t *testing.T, rs *redisServer, e *env) (*config.Config, uint64) {
+	t.Helper()
+	cfg, v := e.store.Current()
 	next := *cfg
 	next.Debug.DecisionHeader = true
-	data, _ := a.a.seal.encodeSealed(&next)
+	data, _ := e.a.seal.encodeSealed(&next)
 	c := redis.NewClient(&redis.Options{Addr: rs.addr()})
 	defer c.Close()
 	if err := c.HSet(context.Background(), "infera:admin:data", "doc", string(data), "version", v+1).Err(); err != nil {
 		t.Fatal(err)
 	}
+	return cfg, v
+}
+
+func TestRedisLostMessagesAreCaughtByTheVersionCheck(t *testing.T) {
+	rs := startRedis(t)
+	a := newEnv(t, envOpts{state: rs.url()})
+	b := newEnv(t, envOpts{state: rs.url()})
+	// Change the data behind the replicas' backs, without a message.
+	writeBehindReplicas(t, rs, a)
 	for _, e := range []*env{a, b} {
 		eventually(t, 2*time.Second, "periodic version check", func() bool { return e.store.Load().Debug.DecisionHeader })
 	}
@@ -251,15 +261,7 @@ func TestRedisUnconditionalWriteOnAStaleReplicaAppliesOnTheLatestData(t *testing
 	b := newEnv(t, envOpts{state: rs.url()})
 	// Another replica's write, without its message: b is stale until its
 	// next periodic check (200 ms here).
-	cfg, v := b.store.Current()
-	next := *cfg
-	next.Debug.DecisionHeader = true
-	data, _ := b.a.seal.encodeSealed(&next)
-	c := redis.NewClient(&redis.Options{Addr: rs.addr()})
-	defer c.Close()
-	if err := c.HSet(context.Background(), "infera:admin:data", "doc", string(data), "version", v+1).Err(); err != nil {
-		t.Fatal(err)
-	}
+	cfg, v := writeBehindReplicas(t, rs, b)
 	if r := b.do("POST", "/api/users", `{"name":"erin"}`); r.status != 201 {
 		t.Fatalf("create user on a stale replica: %d %s", r.status, r.body)
 	}

@@ -507,8 +507,7 @@ func TestPrefixMatchAgreesWithAPlainSetOfRecordedPrefixes(t *testing.T) {
 	const bs = 16
 	rng := rand.New(rand.NewPCG(1, 2))
 	p := newPrefixIndex(bs, 0)
-	type key struct{ s string }
-	recorded := map[key][]int{} // prompt prefix (whole blocks) -> workers, oldest first
+	recorded := map[string][]int{} // prompt prefix (whole blocks) -> workers, oldest first
 	workers := make([]*fleet.Worker, 4)
 	for i := range workers {
 		workers[i] = &fleet.Worker{Idx: i, Serial: uint32(i + 1)}
@@ -532,7 +531,7 @@ func TestPrefixMatchAgreesWithAPlainSetOfRecordedPrefixes(t *testing.T) {
 		depth, _ := p.hashAndMatch(r, 0, 0, nil)
 		want := 0
 		for d := len(prompt) / bs; d > 0; d-- {
-			if _, ok := recorded[key{string(prompt[:d*bs])}]; ok {
+			if _, ok := recorded[string(prompt[:d*bs])]; ok {
 				want = d
 				break
 			}
@@ -541,7 +540,7 @@ func TestPrefixMatchAgreesWithAPlainSetOfRecordedPrefixes(t *testing.T) {
 			t.Fatalf("round %d: matched %d blocks, the recorded prefixes say %d", round, depth, want)
 		}
 		for d := 1; d <= depth; d++ {
-			ws := recorded[key{string(prompt[:d*bs])}]
+			ws := recorded[string(prompt[:d*bs])]
 			var idx, ser [prefixSlots]uint16
 			n := p.slots(r.phash, d-1, &idx, &ser)
 			if n != len(ws) {
@@ -556,7 +555,7 @@ func TestPrefixMatchAgreesWithAPlainSetOfRecordedPrefixes(t *testing.T) {
 		w := workers[rng.IntN(len(workers))]
 		p.record(r.phash, r.psnap, w, 0)
 		for d := 1; d <= len(prompt)/bs; d++ {
-			kk := key{string(prompt[:d*bs])}
+			kk := string(prompt[:d*bs])
 			ws := recorded[kk]
 			has := false
 			for _, x := range ws {
