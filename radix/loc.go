@@ -7,8 +7,12 @@ type ref struct {
 	off  uint32
 }
 
+// locSlot holds a key as its mixed hash: mixHash is a bijection of uint64
+// (each step of murmur3's finalizer is invertible), so equal mixed hashes
+// mean equal keys, and key 0 mixes to 0, the empty mark. Keeping the mixed
+// hash spares growth, splits and deletions from mixing every key they move.
 type locSlot struct {
-	key uint64
+	h uint64
 	ref
 }
 
@@ -76,10 +80,10 @@ func (m *locMap) get(key uint64) (ref, bool) {
 	mask := uint64(len(t.slots) - 1)
 	for i := h & mask; ; i = (i + 1) & mask {
 		s := &t.slots[i]
-		if s.key == key {
+		if s.h == h {
 			return s.ref, true
 		}
-		if s.key == 0 {
+		if s.h == 0 {
 			return ref{}, false
 		}
 	}
@@ -117,17 +121,17 @@ func (m *locMap) insert(key uint64) (p *ref, found bool) {
 		i := h & mask
 		for ; ; i = (i + 1) & mask {
 			s := &t.slots[i]
-			if s.key == key {
+			if s.h == h {
 				return &s.ref, true
 			}
-			if s.key == 0 {
+			if s.h == 0 {
 				break
 			}
 		}
 		// Absent. Keep the load at or below 3/4 (linear probing degrades
 		// quickly above it); otherwise grow or split first and retry.
 		if (t.used+1)*4 <= len(t.slots)*3 {
-			t.slots[i] = locSlot{key: key}
+			t.slots[i] = locSlot{h: h}
 			t.used++
 			m.n++
 			return &t.slots[i].ref, false
@@ -143,7 +147,7 @@ func (m *locMap) grow(t *locTable, h uint64) {
 		old := t.slots
 		t.slots, t.used = make([]locSlot, 2*len(old)), 0
 		for _, s := range old {
-			if s.key != 0 {
+			if s.h != 0 {
 				t.put(s)
 			}
 		}
@@ -166,13 +170,13 @@ func (m *locMap) grow(t *locTable, h uint64) {
 	bit := 63 - t.depth
 	mask := uint64(len(t.slots) - 1)
 	var start uint64 // a slot empty before the split: no probe run crosses it
-	for t.slots[start].key != 0 {
+	for t.slots[start].h != 0 {
 		start++
 	}
 	hi := &locTable{slots: make([]locSlot, len(t.slots)), depth: t.depth + 1}
 	t.depth++
 	for i, s := range t.slots {
-		if s.key != 0 && mixHash(s.key)>>bit&1 == 1 {
+		if s.h != 0 && s.h>>bit&1 == 1 {
 			hi.put(s)
 			t.slots[i] = locSlot{}
 			t.used--
@@ -184,15 +188,15 @@ func (m *locMap) grow(t *locTable, h uint64) {
 	for k := uint64(1); k < uint64(len(t.slots)); k++ {
 		j := (start + k) & mask
 		s := t.slots[j]
-		if s.key == 0 {
+		if s.h == 0 {
 			continue
 		}
-		i := mixHash(s.key) & mask
+		i := s.h & mask
 		if i == j {
 			continue
 		}
 		t.slots[j] = locSlot{}
-		for t.slots[i].key != 0 {
+		for t.slots[i].h != 0 {
 			i = (i + 1) & mask
 		}
 		t.slots[i] = s
@@ -210,11 +214,11 @@ func (m *locMap) grow(t *locTable, h uint64) {
 	}
 }
 
-// put adds s to t, which has room and does not hold s.key.
+// put adds s to t, which has room and does not hold s.h.
 func (t *locTable) put(s locSlot) {
 	mask := uint64(len(t.slots) - 1)
-	i := mixHash(s.key) & mask
-	for t.slots[i].key != 0 {
+	i := s.h & mask
+	for t.slots[i].h != 0 {
 		i = (i + 1) & mask
 	}
 	t.slots[i] = s
@@ -238,18 +242,18 @@ func (m *locMap) del(key uint64) {
 	mask := uint64(len(t.slots) - 1)
 	i := h & mask
 	for {
-		if t.slots[i].key == key {
+		if t.slots[i].h == h {
 			break
 		}
-		if t.slots[i].key == 0 {
+		if t.slots[i].h == 0 {
 			return
 		}
 		i = (i + 1) & mask
 	}
 	// Backward-shift deletion: move later slots of the probe run into the
 	// hole when their home position allows it.
-	for j := (i + 1) & mask; t.slots[j].key != 0; j = (j + 1) & mask {
-		home := mixHash(t.slots[j].key) & mask
+	for j := (i + 1) & mask; t.slots[j].h != 0; j = (j + 1) & mask {
+		home := t.slots[j].h & mask
 		// Move j to i unless home lies cyclically in (i, j].
 		if (j-home)&mask >= (j-i)&mask {
 			t.slots[i] = t.slots[j]

@@ -93,3 +93,40 @@ func TestLocMapModel(t *testing.T) {
 	f("strided keys, tiny tables", 32, strided)
 	f("small keys, default tables", maxTableSlots, small)
 }
+
+// The location map keeps mixHash(key) in its slots instead of the key: that
+// is sound only because mixHash is a bijection that sends 0 (the empty
+// mark) to 0. Each step of it is undone here (a right xorshift by 33 is its
+// own inverse; an odd multiplier has an inverse modulo 2^64), so distinct
+// keys never share a mixed hash.
+func TestMixHashIsABijectionThatKeepsZero(t *testing.T) {
+	inv := func(c uint64) uint64 { // Newton's iteration for c^-1 mod 2^64
+		x := c
+		for range 6 {
+			x *= 2 - c*x
+		}
+		return x
+	}
+	m1, m2 := inv(0xff51afd7ed558ccd), inv(0xc4ceb9fe1a85ec53)
+	unmix := func(k uint64) uint64 {
+		k ^= k >> 33
+		k *= m2
+		k ^= k >> 33
+		k *= m1
+		k ^= k >> 33
+		return k
+	}
+	if mixHash(0) != 0 {
+		t.Fatalf("mixHash(0) = %#x, want 0", mixHash(0))
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 100000 {
+		k := rng.Uint64()
+		if k&1 == 0 {
+			k >>= rng.IntN(64) // small keys too
+		}
+		if u := unmix(mixHash(k)); u != k {
+			t.Fatalf("unmix(mixHash(%#x)) = %#x", k, u)
+		}
+	}
+}
