@@ -175,27 +175,24 @@ func (m *locMap) grow(t *locTable, h uint64) {
 	}
 	hi := &locTable{slots: make([]locSlot, len(t.slots)), depth: t.depth + 1}
 	t.depth++
-	for i, s := range t.slots {
-		if s.h != 0 && s.h>>bit&1 == 1 {
-			hi.put(s)
-			t.slots[i] = locSlot{}
-			t.used--
-		}
-	}
-	// Removing keys cut probe runs: walk once from start and move every
-	// displaced key to the first free slot from its home, which lies
-	// between its home and where it is (both already walked).
+	// One walk from start, in probe order: a key with the bit set moves to
+	// hi; a key that stays moves to the first free slot from its home, in
+	// case the keys moved out cut its probe run. That slot lies between its
+	// home and where it is (no empty slot separated them, so start does
+	// not), all already walked.
 	for k := uint64(1); k < uint64(len(t.slots)); k++ {
 		j := (start + k) & mask
 		s := t.slots[j]
 		if s.h == 0 {
 			continue
 		}
-		i := s.h & mask
-		if i == j {
+		t.slots[j] = locSlot{}
+		if s.h>>bit&1 == 1 {
+			hi.put(s)
+			t.used--
 			continue
 		}
-		t.slots[j] = locSlot{}
+		i := s.h & mask
 		for t.slots[i].h != 0 {
 			i = (i + 1) & mask
 		}
