@@ -418,3 +418,42 @@ func TestEngineDown(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 }
+
+// A request's Idle is the gap between two data packets of a stream: the
+// wait for the head and the first chunk (a prefill, a queue) is bounded by
+// FirstByte, not by it, as over HTTP (timeouts.stream_first_packet_s, then
+// timeouts.stream_idle_s). The transport's own IdleTimeout applies to every
+// reply message.
+func TestRequestIdleStartsAfterTheFirstChunk(t *testing.T) {
+	r := newRig(t, ClientConfig{IdleTimeout: 10 * time.Second}, ServerConfig{})
+	ctx := context.Background()
+	// The head at once, the first event after 600 ms, the next 600 ms later.
+	s, err := r.cli.Do(ctx, "w1", &Request{Path: "/stream?n=2&every=600ms", Idle: 250 * time.Millisecond,
+		FirstByte: time.Now().Add(5 * time.Second)})
+	if err != nil {
+		t.Fatalf("Do: %v", err)
+	}
+	defer s.Close()
+	if b, err := s.Next(); err != nil || string(b) != "data: 0\n\n" {
+		t.Fatalf("first chunk %q, %v: the idle timeout cut the wait for the first packet", b, err)
+	}
+	start := time.Now()
+	if _, err := s.Next(); !errors.Is(err, ErrIdleTimeout) {
+		t.Fatalf("second chunk: %v, want the idle timeout", err)
+	}
+	if d := time.Since(start); d < 200*time.Millisecond || d > 550*time.Millisecond {
+		t.Fatalf("idle timeout after %v, want about 250ms", d)
+	}
+	r.eng.waitGone(t)
+
+	// The transport's own limit still bounds the first packet.
+	r2 := newRig(t, ClientConfig{IdleTimeout: 250 * time.Millisecond}, ServerConfig{})
+	s, err = r2.cli.Do(ctx, "w1", &Request{Path: "/stream?n=1&every=2s", FirstByte: time.Now().Add(5 * time.Second)})
+	if err != nil {
+		t.Fatalf("Do: %v", err)
+	}
+	defer s.Close()
+	if _, err := s.Next(); !errors.Is(err, ErrIdleTimeout) {
+		t.Fatalf("first chunk under the transport's idle limit: %v, want the idle timeout", err)
+	}
+}

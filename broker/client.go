@@ -53,7 +53,10 @@ type Request struct {
 	Header http.Header
 	Body   []byte
 	// Idle, when positive, bounds the wait for each reply message of this
-	// request (the smaller of it and ClientConfig.IdleTimeout applies).
+	// request after the first body chunk (the smaller of it and
+	// ClientConfig.IdleTimeout applies): it is the gap between two data
+	// packets of a stream, so the wait for the head and the first chunk
+	// (a prefill, a queue) is FirstByte's and Deadline's, not its.
 	Idle time.Duration
 	// Deadline, when set, caps the whole request like MaxDuration (the
 	// earlier of the two applies); past it the stream fails with
@@ -228,9 +231,7 @@ func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream
 	if !req.Deadline.IsZero() && (s.deadline.IsZero() || req.Deadline.Before(s.deadline)) {
 		s.deadline = req.Deadline
 	}
-	if req.Idle > 0 && (s.idle == 0 || req.Idle < s.idle) {
-		s.idle = req.Idle
-	}
+	s.reqIdle = req.Idle
 	s.firstByte = req.FirstByte
 	c.mu.Lock()
 	c.streams[id] = s
@@ -292,7 +293,8 @@ type Stream struct {
 	id        string
 	ctx       context.Context
 	ctr       *atomic.Int64
-	idle      time.Duration
+	idle      time.Duration // ClientConfig.IdleTimeout: every reply message
+	reqIdle   time.Duration // Request.Idle: reply messages after the first body chunk
 	deadline  time.Time
 	firstByte time.Time
 	timer     *time.Timer
@@ -388,6 +390,9 @@ func (s *Stream) wait() (*nats.Msg, error) {
 		}
 		var tc <-chan time.Time
 		d := s.idle
+		if s.seq > 1 && s.reqIdle > 0 && (d == 0 || s.reqIdle < d) {
+			d = s.reqIdle // between two data packets
+		}
 		isDeadline, isFirst := false, false
 		if !s.deadline.IsZero() {
 			if left := time.Until(s.deadline); d == 0 || left < d {

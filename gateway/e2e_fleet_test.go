@@ -3,7 +3,10 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -164,4 +167,115 @@ func TestE2ENATSTransportAndDrain(t *testing.T) {
 	if err := <-drained; err != nil {
 		t.Fatalf("drain: %v", err)
 	}
+}
+
+// Every timeouts.* setting of the configuration center applies over both
+// request transports alike, and a reload changes them: a hung engine gets
+// the non-streaming total and the stream's first-packet deadline (504), a
+// stream that goes quiet between tokens the idle deadline (which does not
+// cut a slow first token: that wait is the first packet's), and a long
+// stream the total cap (both end with an error event, then [DONE]).
+func TestE2ETimeoutsApplyOverEveryTransport(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	for _, transport := range []string{"http", "nats"} {
+		t.Run(transport, func(t *testing.T) { testTimeoutsOver(t, etcd.Endpoint, nsrv.URL, transport) })
+	}
+}
+
+func testTimeoutsOver(t *testing.T, etcdEndpoint, natsURL, transport string) {
+	prefix := "/infera-" + transport + "/workers/"
+	common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcdEndpoint, "--etcd-prefix", prefix,
+		"--request-transport", transport, "--kv-event-transport", "zmq", "--nats-url", natsURL, "--lease-ttl", "2s"}
+	_, hung := startEngine(t, "--model", "hang-model", "--fault", "hang")
+	// 50x slower steps: about 0.6 s between two tokens.
+	_, slow := startEngine(t, "--model", "slow-model", "--fault", "slow", "--fault-factor", "50")
+	_, long := startEngine(t, "--model", "long-model")
+	startWorker(t, append([]string{"--id", transport + "-hung", "--engine-url", hung, "--models", "hang-model"}, common...)...)
+	startWorker(t, append([]string{"--id", transport + "-slow", "--engine-url", slow, "--models", "slow-model"}, common...)...)
+	startWorker(t, append([]string{"--id", transport + "-long", "--engine-url", long, "--models", "long-model"}, common...)...)
+
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "infera.json")
+	write := func(s string) {
+		t.Helper()
+		tmp := cfgPath + ".tmp"
+		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, cfgPath); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`{"timeouts":{"non_stream_total_s":0.3,"stream_first_packet_s":0.3}}`)
+	rt, r := startServe(t, "--discovery-backend", "etcd", "--etcd-endpoint", etcdEndpoint, "--etcd-prefix", prefix,
+		"--request-transport", transport, "--kv-event-transport", "zmq", "--nats-url", natsURL,
+		"--config", cfgPath, "--config-poll", "20ms", "--request-max-retries", "0")
+	waitRoutable(t, rt, 3)
+	reload := func(s string, applied func() bool) {
+		t.Helper()
+		write(s)
+		for i := 0; !applied(); i++ {
+			if i > 300 {
+				t.Fatalf("config %s never applied", s)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	chat := func(model string, stream bool, maxTokens int) string {
+		return fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":"timeouts"}]}`, model, stream, maxTokens)
+	}
+
+	// A hung engine: the non-streaming total, then the first packet.
+	t0 := time.Now()
+	resp, b := doPost(t, r+"/v1/chat/completions", chat("hang-model", false, 4))
+	if el := time.Since(t0); resp.StatusCode != 504 || el > 2*time.Second {
+		t.Fatalf("non-stream total: %d after %v: %s", resp.StatusCode, el, b)
+	}
+	t0 = time.Now()
+	resp, b = doPost(t, r+"/v1/chat/completions", chat("hang-model", true, 4))
+	if el := time.Since(t0); resp.StatusCode != 504 || el > 2*time.Second {
+		t.Fatalf("stream first packet: %d after %v: %s", resp.StatusCode, el, b)
+	}
+
+	// A stream that goes quiet between tokens: the idle deadline.
+	reload(`{"timeouts":{"stream_first_packet_s":10,"stream_idle_s":0.25}}`, func() bool {
+		return rt.store.Load().Timeouts.StreamIdleSeconds == 0.25
+	})
+	t0 = time.Now()
+	resp, b = doPost(t, r+"/v1/chat/completions", chat("slow-model", true, 20))
+	s := string(b)
+	if el := time.Since(t0); resp.StatusCode != 200 || !strings.Contains(s, "timed out") ||
+		!strings.HasSuffix(s, "data: [DONE]\n\n") || el > 8*time.Second {
+		t.Fatalf("stream idle: %d after %v: %q", resp.StatusCode, el, s)
+	}
+	if strings.Count(s, `"delta"`) >= 20 {
+		t.Fatalf("stream idle: the whole stream came through: %q", s)
+	}
+
+	// A long stream: the total cap.
+	reload(`{"timeouts":{"stream_total_s":0.5}}`, func() bool {
+		return rt.store.Load().Timeouts.StreamTotalSeconds == 0.5
+	})
+	t0 = time.Now()
+	resp, b = doPost(t, r+"/v1/chat/completions", chat("long-model", true, 400))
+	s = string(b)
+	if el := time.Since(t0); resp.StatusCode != 200 || !strings.Contains(s, "timed out") ||
+		!strings.HasSuffix(s, "data: [DONE]\n\n") || el > 3*time.Second {
+		t.Fatalf("stream total: %d after %v: %q", resp.StatusCode, el, clip(s))
+	}
+	// Without the cap the same stream runs to its end.
+	reload(`{"timeouts":{}}`, func() bool { return rt.store.Load().Timeouts.StreamTotalSeconds == 0 })
+	resp, b = doPost(t, r+"/v1/chat/completions", chat("long-model", true, 40))
+	if s := string(b); resp.StatusCode != 200 || strings.Contains(s, "timed out") || !strings.HasSuffix(s, "data: [DONE]\n\n") {
+		t.Fatalf("uncapped stream: %d %q", resp.StatusCode, clip(s))
+	}
+}
+
+// clip shortens a long answer for a failure message.
+func clip(s string) string {
+	if len(s) > 600 {
+		return s[:300] + " ... " + s[len(s)-300:]
+	}
+	return s
 }

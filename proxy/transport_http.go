@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/infera/infera/broker"
 	"github.com/infera/infera/fleet"
 	"github.com/valyala/fasthttp"
 )
@@ -106,8 +107,11 @@ func isStale(err error) bool {
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
+// isTimeout reports whether err is a deadline that passed, whatever the
+// transport: a socket deadline (HTTP) or the broker's wait for a reply
+// message or its cap on the whole request (NATS).
 func isTimeout(err error) bool {
-	if errors.Is(err, os.ErrDeadlineExceeded) {
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, broker.ErrIdleTimeout) || errors.Is(err, broker.ErrMaxDuration) {
 		return true
 	}
 	var ne net.Error
