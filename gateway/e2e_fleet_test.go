@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -278,4 +279,47 @@ func clip(s string) string {
 		return s[:300] + " ... " + s[len(s)-300:]
 	}
 	return s
+}
+
+// A client that leaves while its request waits for the first byte (here a
+// 3 s prefill) has the engine request cancelled at once, over both
+// transports, streaming or not: the engine aborts it instead of prefilling
+// on for nobody.
+func TestE2EClientGoneBeforeTheFirstByteCancelsTheEngine(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	for _, transport := range []string{"http", "nats"} {
+		t.Run(transport, func(t *testing.T) {
+			prefix := "/infera-gone-" + transport + "/workers/"
+			common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint, "--etcd-prefix", prefix,
+				"--request-transport", transport, "--kv-event-transport", "zmq", "--nats-url", nsrv.URL, "--lease-ttl", "2s"}
+			eng, e := startEngine(t, "--prefill-base", "3s")
+			startWorker(t, append([]string{"--id", transport + "-w", "--engine-url", e}, common...)...)
+			rt, r := startServe(t, append([]string{"--request-max-retries", "0"}, common[:len(common)-2]...)...)
+			waitRoutable(t, rt, 1)
+			for i, stream := range []bool{false, true} {
+				body := fmt.Sprintf(`{"model":"sim-model","stream":%v,"max_tokens":4,"messages":[{"role":"user","content":"gone %d"}]}`, stream, i)
+				conn, err := net.Dial("tcp4", strings.TrimPrefix(r, "http://"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				for eng.Stats().Submitted != uint64(i+1) {
+					time.Sleep(10 * time.Millisecond)
+				}
+				time.Sleep(300 * time.Millisecond) // the engine is prefilling; no byte has come back
+				conn.Close()
+				closed := time.Now()
+				for eng.Stats().Aborted != uint64(i+1) {
+					if time.Since(closed) > 2*time.Second {
+						t.Fatalf("stream=%v: the engine was not told the client left: %+v", stream, eng.Stats())
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				if st := eng.Stats(); st.Completed != 0 {
+					t.Fatalf("stream=%v: the engine finished a request nobody waits for: %+v", stream, st)
+				}
+			}
+		})
+	}
 }
