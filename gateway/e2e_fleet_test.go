@@ -323,3 +323,74 @@ func TestE2EClientGoneBeforeTheFirstByteCancelsTheEngine(t *testing.T) {
 		})
 	}
 }
+
+// Engine failures are classified alike over both transports: a 500 is the
+// worker's fault (retried on another worker, counted by its breaker until
+// it opens), a 400 is the client's (relayed as it is, never retried, never
+// counted), and a stream cut by the configured total cap is nobody's.
+func TestE2EFailuresClassifyAlikeOverEveryTransport(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	for _, transport := range []string{"http", "nats"} {
+		t.Run(transport, func(t *testing.T) {
+			prefix := "/infera-faults-" + transport + "/workers/"
+			common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint, "--etcd-prefix", prefix,
+				"--request-transport", transport, "--kv-event-transport", "zmq", "--nats-url", nsrv.URL}
+			_, failing := startEngine(t, "--model", "m", "--speedup", "50", "--fault", "error", "--fault-status", "500")
+			good, ok := startEngine(t, "--model", "m", "--speedup", "50")
+			refusing, bad := startEngine(t, "--model", "picky", "--speedup", "50", "--fault", "error", "--fault-status", "400")
+			_, long := startEngine(t, "--model", "long")
+			for id, url := range map[string]string{"failing": failing, "good": ok, "refusing": bad, "long": long} {
+				startWorker(t, append([]string{"--id", transport + "-" + id, "--engine-url", url, "--lease-ttl", "2s"}, common...)...)
+			}
+			dir := t.TempDir()
+			cfgPath := filepath.Join(dir, "infera.json")
+			if err := os.WriteFile(cfgPath, []byte(`{"timeouts":{"stream_total_s":0.3}}`), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			rt, r := startServe(t, append([]string{"--router-policy", "round-robin", "--request-max-retries", "1",
+				"--breaker-failure-threshold", "2", "--breaker-cooldown-s", "60", "--config", cfgPath}, common...)...)
+			waitRoutable(t, rt, 4)
+			chat := func(model string, stream bool, maxTokens int) string {
+				return fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":"faults"}]}`, model, stream, maxTokens)
+			}
+			// 500s: every request still succeeds, on the good engine, and
+			// the failing worker's breaker opens.
+			for i := 0; i < 6; i++ {
+				if resp, b := doPost(t, r+"/v1/chat/completions", chat("m", false, 2)); resp.StatusCode != 200 {
+					t.Fatalf("request %d with a failing worker: %d %s", i, resp.StatusCode, b)
+				}
+			}
+			if st := rt.fleet.Get(transport + "-failing").Breaker.State(); st != 2 {
+				t.Fatalf("failing worker's breaker state %d, want 2 (open)", st)
+			}
+			if good.Stats().Completed != 6 {
+				t.Fatalf("good engine completed %d, want 6", good.Stats().Completed)
+			}
+			// 400s: relayed, not retried, not the worker's fault.
+			for i := 0; i < 4; i++ {
+				resp, b := doPost(t, r+"/v1/chat/completions", chat("picky", false, 2))
+				if resp.StatusCode != 400 || !strings.Contains(string(b), `"error"`) {
+					t.Fatalf("refused request %d: %d %s", i, resp.StatusCode, b)
+				}
+			}
+			if st := rt.fleet.Get(transport + "-refusing").Breaker.State(); st != 0 {
+				t.Fatalf("a worker refusing bad requests has breaker state %d, want 0 (closed)", st)
+			}
+			if n := refusing.Stats().RequestsTotal; n != 4 {
+				t.Fatalf("refusing engine saw %d requests, want 4 (a 400 is never retried)", n)
+			}
+			// The configured stream cap, three times over a threshold of 2:
+			// the stream ends with the timeout event, the breaker stays closed.
+			for i := 0; i < 3; i++ {
+				resp, b := doPost(t, r+"/v1/chat/completions", chat("long", true, 400))
+				if s := string(b); resp.StatusCode != 200 || !strings.Contains(s, "timed out") || !strings.HasSuffix(s, "data: [DONE]\n\n") {
+					t.Fatalf("capped stream %d: %d %q", i, resp.StatusCode, clip(s))
+				}
+			}
+			if st := rt.fleet.Get(transport + "-long").Breaker.State(); st != 0 {
+				t.Fatalf("streams cut by the configured cap opened the breaker: state %d", st)
+			}
+		})
+	}
+}
