@@ -457,3 +457,39 @@ func TestRequestIdleStartsAfterTheFirstChunk(t *testing.T) {
 		t.Fatalf("first chunk under the transport's idle limit: %v, want the idle timeout", err)
 	}
 }
+
+// NATS has no backpressure: a reader slower than the worker (the router
+// relaying to a client that reads slowly) would make the router hold the
+// whole answer. Past the per-stream bound, in bytes or in messages, the
+// stream fails with ErrOverrun, not ErrBroken (it is not the worker's
+// fault), and the worker is told to cancel at once, before the reader
+// comes back.
+func TestSlowReaderOverrunIsCutAndCancelled(t *testing.T) {
+	for _, cc := range []ClientConfig{{MaxQueuedBytes: 64}, {MaxQueued: 4}} {
+		r := newRig(t, cc, ServerConfig{})
+		s, err := r.cli.Do(context.Background(), "w1", &Request{Path: "/stream?n=200&every=2ms"})
+		if err != nil {
+			t.Fatalf("Do: %v", err)
+		}
+		// Read nothing: the engine must be cancelled while the stream sits.
+		r.eng.waitGone(t)
+		var got int
+		for i := 0; ; i++ {
+			b, err := s.Next()
+			if err != nil {
+				if !errors.Is(err, ErrOverrun) || errors.Is(err, ErrBroken) {
+					t.Fatalf("%+v: err %v, want the overrun", cc, err)
+				}
+				break
+			}
+			got += len(b)
+			if i > 100 {
+				t.Fatalf("%+v: the stream was never cut", cc)
+			}
+		}
+		if cc.MaxQueuedBytes > 0 && got > cc.MaxQueuedBytes {
+			t.Fatalf("%d bytes were buffered, bound %d", got, cc.MaxQueuedBytes)
+		}
+		s.Close()
+	}
+}

@@ -38,10 +38,14 @@ type ClientConfig struct {
 	// with MaxPending requests outstanding at a worker Do returns
 	// ErrMaxPending without sending. 0 is off.
 	MaxPending int
-	// MaxQueued bounds reply messages buffered per stream when the reader
-	// is slower than the engine; beyond it the stream fails with ErrBroken.
-	// Default 8192.
-	MaxQueued int
+	// MaxQueued and MaxQueuedBytes bound the reply messages, and their
+	// bytes, buffered per stream when the reader (the router relaying to
+	// its client) is slower than the engine: NATS has no backpressure, so
+	// without them a client reading slowly would make the router hold the
+	// whole answer. Beyond either the stream fails with ErrOverrun and the
+	// worker is told to cancel. Defaults 8192 messages and 8 MiB.
+	MaxQueued      int
+	MaxQueuedBytes int
 }
 
 // Request is one HTTP request to forward. Body is sent as is; Header holds
@@ -88,6 +92,9 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	}
 	if cfg.MaxQueued <= 0 {
 		cfg.MaxQueued = 8192
+	}
+	if cfg.MaxQueuedBytes <= 0 {
+		cfg.MaxQueuedBytes = 8 << 20
 	}
 	c := &Client{
 		cfg:     cfg,
@@ -302,6 +309,7 @@ type Stream struct {
 	mu       sync.Mutex
 	q        []*nats.Msg
 	qhead    int
+	qbytes   int // data bytes of q[qhead:]
 	failErr  error
 	sig      chan struct{}
 	released bool
@@ -325,16 +333,26 @@ func (s *Stream) Header() http.Header { return s.header }
 func (s *Stream) ID() string { return s.id }
 
 func (s *Stream) push(m *nats.Msg) {
+	overrun := false
 	s.mu.Lock()
 	if s.failErr == nil {
-		if len(s.q)-s.qhead >= s.c.cfg.MaxQueued {
+		if len(s.q)-s.qhead >= s.c.cfg.MaxQueued || s.qbytes+len(m.Data) > s.c.cfg.MaxQueuedBytes {
 			mStreamOverrun.Inc()
-			s.failErr = wrap(ErrBroken, "reply queue overflow (reader too slow)")
+			s.failErr = wrap(ErrOverrun, s.worker)
+			overrun = true
 		} else {
 			s.q = append(s.q, m)
+			s.qbytes += len(m.Data)
 		}
 	}
 	s.mu.Unlock()
+	if overrun {
+		// The worker would go on sending into a stream that is over: stop
+		// it now, not when the slow reader gets here.
+		if s.c.nc.Publish(CancelSubject(s.worker), []byte(s.id)) == nil {
+			mCancelsSent.Inc()
+		}
+	}
 	select {
 	case s.sig <- struct{}{}:
 	default:
@@ -360,6 +378,7 @@ func (s *Stream) pop() (*nats.Msg, error) {
 		m := s.q[s.qhead]
 		s.q[s.qhead] = nil
 		s.qhead++
+		s.qbytes -= len(m.Data)
 		if s.qhead == len(s.q) {
 			s.q, s.qhead = s.q[:0], 0
 		}

@@ -41,8 +41,14 @@ var (
 	// not retryable (the request's budget is spent).
 	ErrMaxDuration = &Error{Status: http.StatusGatewayTimeout, Retryable: false, msg: "max request duration exceeded"}
 	// ErrBroken: the reply stream broke mid-way (engine error, lost or
-	// overflowing chunks, NATS connection lost). 502, not retryable.
+	// out-of-order chunks). 502, not retryable.
 	ErrBroken = &Error{Status: http.StatusBadGateway, Retryable: false, msg: "reply stream broken"}
+	// ErrOverrun: the router read the reply stream more slowly than the
+	// worker sent it (its client reads slowly) until the buffered replies
+	// passed ClientConfig.MaxQueued or MaxQueuedBytes: the stream is cut
+	// and the worker told to cancel. Not the worker's fault. 502, not
+	// retryable.
+	ErrOverrun = &Error{Status: http.StatusBadGateway, Retryable: false, msg: "reply queue overflow (the reader is too slow)"}
 	// ErrConnLost: the router's broker connection dropped (a broker restart,
 	// a network cut): replies in flight are lost. Not the worker's fault.
 	// 503; retryable before the first reply.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -392,5 +393,67 @@ func TestE2EFailuresClassifyAlikeOverEveryTransport(t *testing.T) {
 				t.Fatalf("streams cut by the configured cap opened the breaker: state %d", st)
 			}
 		})
+	}
+}
+
+// Over NATS nothing slows the worker down when the router's client reads
+// slowly, so the router bounds what it holds per stream; a client that
+// pauses while a 32 MB stream arrives gets its stream cut (after about
+// 8 MB buffered, plus what the sockets hold) with an error event saying it
+// read too slowly, and the worker's breaker (threshold 1)
+// stays closed: a slow client is never the worker's fault, over either
+// transport (TestSlowClientIsNotBlamedOnWorker covers HTTP).
+func TestE2ESlowClientOverNATSIsNotBlamedOnTheWorker(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	event := "data: " + strings.Repeat("x", 16<<10) + "\n\n"
+	up := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := 0; i < 2048; i++ { // 32 MB
+			if _, err := io.WriteString(w, event); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+	})}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go up.Serve(ln)
+	t.Cleanup(func() { up.Close() })
+	common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
+		"--request-transport", "nats", "--kv-event-transport", "zmq", "--nats-url", nsrv.URL}
+	startWorker(t, append([]string{"--id", "big", "--engine-url", "http://" + ln.Addr().String(), "--models", "m", "--lease-ttl", "2s"}, common...)...)
+	rt, r := startServe(t, append([]string{"--breaker-failure-threshold", "1", "--client-write-timeout", "20s"}, common...)...)
+	waitRoutable(t, rt, 1)
+
+	c, err := net.Dial("tcp4", strings.TrimPrefix(r, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"a long answer"}]}`
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	head := make([]byte, 512)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := c.Read(head)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the worker sends everything meanwhile
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	rest, _ := io.ReadAll(c)
+	got := string(head[:n]) + string(rest)
+	if !strings.Contains(got, "the client read it more slowly than the engine wrote it") || !strings.Contains(got, "data: [DONE]\n\n") {
+		t.Fatalf("slow client: %d bytes, tail %q; want the stream cut as too slowly read", len(got), got[max(0, len(got)-300):])
+	}
+	if len(got) > 28<<20 {
+		t.Fatalf("the router relayed %d bytes: it buffered nearly the whole answer", len(got))
+	}
+	if st := rt.fleet.Get("big").Breaker.State(); st != 0 {
+		t.Fatalf("a slow client opened the worker's breaker: state %d", st)
 	}
 }

@@ -24,6 +24,7 @@ const (
 	failWallClock            // the request's wall-clock cap expired (NATS max duration, stream total)
 	failCanceled             // the client left
 	failBroken               // the response stream broke mid-way
+	failSlowReader           // NATS: the client read the stream too slowly; its buffered replies overflowed
 	numFailKinds
 )
 
@@ -54,6 +55,7 @@ var failClasses = [numFailKinds]failClass{
 	failWallClock:   {sched.OutcomeNeutral, false, 504, typeTimeout, "timeout", "the request timed out (its total time limit passed)"},
 	failCanceled:    {sched.OutcomeNeutral, false, 499, typeInvalidRequest, "client_closed_request", "the client closed the request"},
 	failBroken:      {sched.OutcomeFault, false, 502, typeServer, "upstream_error", "the worker's response stream broke"},
+	failSlowReader:  {sched.OutcomeNeutral, false, 499, typeInvalidRequest, "client_too_slow", "the stream was cut: the client read it more slowly than the engine wrote it"},
 }
 
 // failure is a classified attempt failure. The message is safe to show a

@@ -78,6 +78,8 @@ func (t *natsTransport) failure(err error, afterFirstByte, aborted bool) *failur
 		return fail(failBroker, err)
 	case errors.Is(err, broker.ErrTooLarge):
 		return fail(failTooLarge, err)
+	case errors.Is(err, broker.ErrOverrun):
+		return fail(failSlowReader, err)
 	case errors.Is(err, broker.ErrBroken):
 		if afterFirstByte {
 			return fail(failBroken, err)
