@@ -285,8 +285,8 @@ func clip(s string) string {
 // A client that leaves while its request waits for the first byte (here a
 // 3 s prefill) has the engine request cancelled at once, over both
 // transports, streaming or not: the engine aborts it instead of prefilling
-// on for nobody.
-func TestE2EClientGoneBeforeTheFirstByteCancelsTheEngine(t *testing.T) {
+// on for nobody. So does one that leaves in the middle of a stream.
+func TestE2EClientLeavingCancelsTheEngineRequest(t *testing.T) {
 	etcd := testsrv.StartEtcd(t)
 	nsrv := testsrv.StartNATS(t)
 	for _, transport := range []string{"http", "nats"} {
@@ -320,6 +320,37 @@ func TestE2EClientGoneBeforeTheFirstByteCancelsTheEngine(t *testing.T) {
 				if st := eng.Stats(); st.Completed != 0 {
 					t.Fatalf("stream=%v: the engine finished a request nobody waits for: %+v", stream, st)
 				}
+			}
+			// Mid-stream: a long stream from a fast engine, left after five events.
+			fast, f := startEngine(t, "--model", "fast-model", "--speedup", "5")
+			startWorker(t, append([]string{"--id", transport + "-fast", "--engine-url", f, "--models", "fast-model"}, common...)...)
+			waitRoutable(t, rt, 2)
+			body := `{"model":"fast-model","stream":true,"max_tokens":4000,"messages":[{"role":"user","content":"long story"}]}`
+			conn, err := net.Dial("tcp4", strings.TrimPrefix(r, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			br := bufio.NewReader(conn)
+			for n := 0; n < 5; {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.HasPrefix(line, "data: ") {
+					n++
+				}
+			}
+			conn.Close()
+			closed := time.Now()
+			for fast.Stats().Aborted != 1 {
+				if time.Since(closed) > 3*time.Second {
+					t.Fatalf("mid-stream: the engine was not told the client left: %+v", fast.Stats())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if st := fast.Stats(); st.GeneratedTokens >= 4000 || st.Completed != 0 {
+				t.Fatalf("mid-stream: the engine kept generating: %+v", st)
 			}
 		})
 	}
