@@ -488,3 +488,47 @@ func TestE2ESlowClientOverNATSIsNotBlamedOnTheWorker(t *testing.T) {
 		t.Fatalf("a slow client opened the worker's breaker: state %d", st)
 	}
 }
+
+// The protocol front doors work alike over both transports: Anthropic's
+// Messages API and OpenAI's Responses API, converted to chat completions
+// for an engine that speaks only those, answered whole and streamed (the
+// simulated engine always stops at the token limit: an incomplete
+// response, as OpenAI reports one cut by max_output_tokens).
+func TestE2EProtocolsOverEveryTransport(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	for _, transport := range []string{"http", "nats"} {
+		t.Run(transport, func(t *testing.T) {
+			common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
+				"--etcd-prefix", "/infera-proto-" + transport + "/workers/",
+				"--request-transport", transport, "--kv-event-transport", "zmq", "--nats-url", nsrv.URL}
+			_, e := startEngine(t, "--speedup", "50")
+			startWorker(t, append([]string{"--id", transport + "-w", "--engine-url", e, "--lease-ttl", "2s"}, common...)...)
+			rt, r := startServe(t, common...)
+			waitRoutable(t, rt, 1)
+			for _, c := range []struct {
+				path, body string
+				want       []string
+			}{
+				{"/v1/messages", `{"model":"sim-model","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`,
+					[]string{`"type":"message"`, `"input_tokens":`, `"output_tokens":4`}},
+				{"/v1/messages", `{"model":"sim-model","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+					[]string{"event: message_start", "event: content_block_delta", `"output_tokens":4`, "event: message_stop"}},
+				{"/v1/responses", `{"model":"sim-model","max_output_tokens":4,"input":"hi"}`,
+					[]string{`"object":"response"`, `"status":"incomplete"`, `"reason":"max_output_tokens"`, `"output_tokens":4`}},
+				{"/v1/responses", `{"model":"sim-model","max_output_tokens":4,"stream":true,"input":"hi"}`,
+					[]string{"event: response.created", "event: response.output_text.delta", "event: response.incomplete", `"reason":"max_output_tokens"`}},
+			} {
+				resp, b := doPost(t, r+c.path, c.body)
+				if resp.StatusCode != 200 {
+					t.Fatalf("%s %s: %d %s", c.path, c.body, resp.StatusCode, b)
+				}
+				for _, w := range c.want {
+					if !strings.Contains(string(b), w) {
+						t.Fatalf("%s %s: no %s in %s", c.path, c.body, w, clip(string(b)))
+					}
+				}
+			}
+		})
+	}
+}
