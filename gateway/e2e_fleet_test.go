@@ -532,3 +532,23 @@ func TestE2EProtocolsOverEveryTransport(t *testing.T) {
 		})
 	}
 }
+
+// overTransport returns the `infera serve` flags that put the router in
+// front of the engines at urls over transport: static workers for http;
+// for nats an etcd, a NATS server and one worker sidecar per engine (ids
+// w0, w1, ...), started here and stopped with the test. Wait for
+// waitRoutable(len(urls)) after starting the router.
+func overTransport(t *testing.T, transport string, urls ...string) []string {
+	t.Helper()
+	if transport == "http" {
+		return []string{"--workers", strings.Join(urls, ",")}
+	}
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
+		"--request-transport", "nats", "--kv-event-transport", "zmq", "--nats-url", nsrv.URL}
+	for i, u := range urls {
+		startWorker(t, append([]string{"--id", fmt.Sprintf("w%d", i), "--engine-url", u, "--lease-ttl", "2s"}, common...)...)
+	}
+	return common
+}

@@ -330,8 +330,14 @@ func TestE2EGovernNoOvershootUnder200ConcurrentRequests(t *testing.T) {
 // engine reports: the quota counter shows the engine's tokens, not the
 // estimate, and the bucket runs dry after as many requests as real usage
 // allows (with Retry-After); a stream with usage is reconciled too; a
-// stream without usage keeps its estimate.
+// stream without usage keeps its estimate. Over both request transports.
 func TestE2EGovernTPMReconciledFromRealUsage(t *testing.T) {
+	for _, transport := range []string{"http", "nats"} {
+		t.Run(transport, func(t *testing.T) { testTPMReconciledOver(t, transport) })
+	}
+}
+
+func testTPMReconciledOver(t *testing.T, transport string) {
 	_, eng := startEngine(t, "--speedup", "50", "--default-max-tokens", "150")
 	key, hash := newKey(t)
 	cfg := filepath.Join(t.TempDir(), "infera.json")
@@ -341,7 +347,8 @@ func TestE2EGovernTPMReconciledFromRealUsage(t *testing.T) {
 				"windows": [{"period": "day", "max_tokens": 100000000}]},
 			"rate": {"enabled": true, "tpm": 1000, "default_output_tokens": 10}}]},
 		"users": [{"name": "tpm-erin", "keys": [%q]}]}`, hash))
-	_, r := startServe(t, "--workers", eng, "--config", cfg)
+	rt, r := startServe(t, append(overTransport(t, transport, eng), "--config", cfg)...)
+	waitRoutable(t, rt, 1)
 	charged := func() float64 { return metricF(t, r, `infera_user_quota_tokens_total{user="tpm-erin"}`) }
 	// Without max_tokens the router reserves prompt + 10; the engine
 	// writes 150.

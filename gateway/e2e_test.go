@@ -96,10 +96,19 @@ func doPost(t *testing.T, url, body string) (*http.Response, []byte) {
 	return resp, b
 }
 
+// Chat completions and completions, whole and streamed, round-robin over
+// two engines, over both request transports.
 func TestE2EStreamingAndNonStreaming(t *testing.T) {
+	for _, transport := range []string{"http", "nats"} {
+		t.Run(transport, func(t *testing.T) { testStreamingAndNonStreamingOver(t, transport) })
+	}
+}
+
+func testStreamingAndNonStreamingOver(t *testing.T, transport string) {
 	_, e1 := startEngine(t, "--speedup", "50")
 	_, e2 := startEngine(t, "--speedup", "50")
-	_, r := startServe(t, "--workers", "a="+e1+",b="+e2, "--router-policy", "round-robin")
+	rt, r := startServe(t, append(overTransport(t, transport, e1, e2), "--router-policy", "round-robin")...)
+	waitRoutable(t, rt, 2)
 
 	seen := map[string]int{}
 	for i := 0; i < 4; i++ {
