@@ -488,7 +488,7 @@ func WriteProxyTable(w io.Writer, rep *ProxyReport) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "kind\ttarget\treq/s\treq/s vs nginx\tCPU-s per 10k\tuser / sys\tCPU vs nginx\tp50 ms\tp99 ms\terrors\t")
+	fmt.Fprintln(tw, "kind\ttarget\treq/s\treq/s vs nginx\tCPU-s per 10k\tuser / sys\tCPU vs nginx\tsame round (median, range)\tp50 ms\tp99 ms\terrors\t")
 	nginx := map[string]ProxyTarget{}
 	for _, t := range rep.Targets {
 		if t.Target == "nginx" {
@@ -508,8 +508,28 @@ func WriteProxyTable(w io.Writer, rep *ProxyReport) error {
 			cpu = strconv.FormatFloat(t.CPUPer10k, 'f', 3, 64)
 			split = strconv.FormatFloat(t.UserPer10k, 'f', 3, 64) + " / " + strconv.FormatFloat(t.SysPer10k, 'f', 3, 64)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%s\t%s\t%.3f\t%.3f\t%d\t\n", t.Kind, t.Target, t.RPS, ratio(t.RPS, n.RPS),
-			cpu, split, ratio(t.CPUPer10k, n.CPUPer10k), t.P50, t.P99, t.Errors)
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%.3f\t%.3f\t%d\t\n", t.Kind, t.Target, t.RPS, ratio(t.RPS, n.RPS),
+			cpu, split, ratio(t.CPUPer10k, n.CPUPer10k), pairedCPU(t, n), t.P50, t.P99, t.Errors)
 	}
 	return tw.Flush()
+}
+
+// pairedCPU compares t's CPU per request with nginx's round by round:
+// each round measures every target back to back, so a round's ratio
+// cancels the machine's drift between rounds, which the ratio of the two
+// medians does not (nginx's own figure moved by a third between rounds in
+// some runs). It prints the median of the rounds' ratios and their range,
+// or "-" when there is nothing to compare.
+func pairedCPU(t, nginx ProxyTarget) string {
+	var rs []float64
+	for i := 0; i < len(t.Runs) && i < len(nginx.Runs); i++ {
+		if a, b := t.Runs[i][0], nginx.Runs[i][0]; a > 0 && b > 0 {
+			rs = append(rs, a/b)
+		}
+	}
+	if len(rs) == 0 {
+		return "-"
+	}
+	sort.Float64s(rs)
+	return fmt.Sprintf("%.2fx (%.2f-%.2f)", median(rs), rs[0], rs[len(rs)-1])
 }

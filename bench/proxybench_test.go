@@ -123,3 +123,27 @@ func TestProxyBenchShortRun(t *testing.T) {
 		}
 	}
 }
+
+// The same-round column divides each round's CPU figure by nginx's in that
+// round and reports the median and range of those ratios, which a drift of
+// the whole machine between rounds does not move.
+func TestPairedCPURatioCancelsDriftBetweenRounds(t *testing.T) {
+	nginx := ProxyTarget{Target: "nginx", Kind: "json", Runs: [][2]float64{{0.30, 1}, {0.45, 1}, {0.60, 1}}}
+	// Always 1.2x nginx in its own round, while the machine drifts.
+	inf := ProxyTarget{Target: "infera round-robin", Kind: "json", Runs: [][2]float64{{0.36, 1}, {0.54, 1}, {0.72, 1}}}
+	if got := pairedCPU(inf, nginx); got != "1.20x (1.20-1.20)" {
+		t.Fatalf("paired ratio %q, want 1.20x (1.20-1.20)", got)
+	}
+	// The direct path has no CPU figure; nginx compared with itself is 1.
+	if got := pairedCPU(ProxyTarget{Runs: [][2]float64{{0, 5}, {0, 6}}}, nginx); got != "-" {
+		t.Fatalf("direct path: %q", got)
+	}
+	if got := pairedCPU(nginx, nginx); got != "1.00x (1.00-1.00)" {
+		t.Fatalf("nginx against itself: %q", got)
+	}
+	rep := &ProxyReport{Rounds: 3, Duration: 8, Concurrency: 64, Targets: []ProxyTarget{nginx, inf}}
+	var b strings.Builder
+	if err := WriteProxyTable(&b, rep); err != nil || !strings.Contains(b.String(), "1.20x (1.20-1.20)") || !strings.Contains(b.String(), "same round") {
+		t.Fatalf("%v\n%s", err, b.String())
+	}
+}
