@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -178,17 +177,11 @@ func TestE2ENATSTransportAndDrain(t *testing.T) {
 // cut a slow first token: that wait is the first packet's), and a long
 // stream the total cap (both end with an error event, then [DONE]).
 func TestE2ETimeoutsApplyOverEveryTransport(t *testing.T) {
-	etcd := testsrv.StartEtcd(t)
-	nsrv := testsrv.StartNATS(t)
-	for _, transport := range []string{"http", "nats"} {
-		t.Run(transport, func(t *testing.T) { testTimeoutsOver(t, etcd.Endpoint, nsrv.URL, transport) })
-	}
+	eachTransport(t, testTimeoutsOver)
 }
 
-func testTimeoutsOver(t *testing.T, etcdEndpoint, natsURL, transport string) {
-	prefix := "/infera-" + transport + "/workers/"
-	common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcdEndpoint, "--etcd-prefix", prefix,
-		"--request-transport", transport, "--kv-event-transport", "zmq", "--nats-url", natsURL, "--lease-ttl", "2s"}
+func testTimeoutsOver(t *testing.T, transport string, flags []string) {
+	common := append(append([]string(nil), flags...), "--lease-ttl", "2s")
 	_, hung := startEngine(t, "--model", "hang-model", "--fault", "hang")
 	// 50x slower steps: about 0.6 s between two tokens.
 	_, slow := startEngine(t, "--model", "slow-model", "--fault", "slow", "--fault-factor", "50")
@@ -197,32 +190,15 @@ func testTimeoutsOver(t *testing.T, etcdEndpoint, natsURL, transport string) {
 	startWorker(t, append([]string{"--id", transport + "-slow", "--engine-url", slow, "--models", "slow-model"}, common...)...)
 	startWorker(t, append([]string{"--id", transport + "-long", "--engine-url", long, "--models", "long-model"}, common...)...)
 
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "infera.json")
-	write := func(s string) {
-		t.Helper()
-		tmp := cfgPath + ".tmp"
-		if err := os.WriteFile(tmp, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, cfgPath); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(`{"timeouts":{"non_stream_total_s":0.3,"stream_first_packet_s":0.3}}`)
-	rt, r := startServe(t, "--discovery-backend", "etcd", "--etcd-endpoint", etcdEndpoint, "--etcd-prefix", prefix,
-		"--request-transport", transport, "--kv-event-transport", "zmq", "--nats-url", natsURL,
-		"--config", cfgPath, "--config-poll", "20ms", "--request-max-retries", "0")
+	cfgPath := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfgPath, `{"timeouts":{"non_stream_total_s":0.3,"stream_first_packet_s":0.3}}`)
+	rt, r := startServe(t, append(append([]string(nil), flags...),
+		"--config", cfgPath, "--config-poll", "20ms", "--request-max-retries", "0")...)
 	waitRoutable(t, rt, 3)
 	reload := func(s string, applied func() bool) {
 		t.Helper()
-		write(s)
-		for i := 0; !applied(); i++ {
-			if i > 300 {
-				t.Fatalf("config %s never applied", s)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		writeConfig(t, cfgPath, s)
+		waitConfig(t, rt, applied)
 	}
 	chat := func(model string, stream bool, maxTokens int) string {
 		return fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":"timeouts"}]}`, model, stream, maxTokens)
@@ -285,75 +261,38 @@ func clip(s string) string {
 // A client that leaves while its request waits for the first byte (here a
 // 3 s prefill) has the engine request cancelled at once, over both
 // transports, streaming or not: the engine aborts it instead of prefilling
-// on for nobody. So does one that leaves in the middle of a stream.
-func TestE2EClientLeavingCancelsTheEngineRequest(t *testing.T) {
-	etcd := testsrv.StartEtcd(t)
-	nsrv := testsrv.StartNATS(t)
-	for _, transport := range []string{"http", "nats"} {
-		t.Run(transport, func(t *testing.T) {
-			prefix := "/infera-gone-" + transport + "/workers/"
-			common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint, "--etcd-prefix", prefix,
-				"--request-transport", transport, "--kv-event-transport", "zmq", "--nats-url", nsrv.URL, "--lease-ttl", "2s"}
-			eng, e := startEngine(t, "--prefill-base", "3s")
-			startWorker(t, append([]string{"--id", transport + "-w", "--engine-url", e}, common...)...)
-			rt, r := startServe(t, append([]string{"--request-max-retries", "0"}, common[:len(common)-2]...)...)
-			waitRoutable(t, rt, 1)
-			for i, stream := range []bool{false, true} {
-				body := fmt.Sprintf(`{"model":"sim-model","stream":%v,"max_tokens":4,"messages":[{"role":"user","content":"gone %d"}]}`, stream, i)
-				conn, err := net.Dial("tcp4", strings.TrimPrefix(r, "http://"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-				for eng.Stats().Submitted != uint64(i+1) {
-					time.Sleep(10 * time.Millisecond)
-				}
-				time.Sleep(300 * time.Millisecond) // the engine is prefilling; no byte has come back
-				conn.Close()
-				closed := time.Now()
-				for eng.Stats().Aborted != uint64(i+1) {
-					if time.Since(closed) > 2*time.Second {
-						t.Fatalf("stream=%v: the engine was not told the client left: %+v", stream, eng.Stats())
-					}
-					time.Sleep(10 * time.Millisecond)
-				}
-				if st := eng.Stats(); st.Completed != 0 {
-					t.Fatalf("stream=%v: the engine finished a request nobody waits for: %+v", stream, st)
-				}
-			}
-			// Mid-stream: a long stream from a fast engine, left after five events.
-			fast, f := startEngine(t, "--model", "fast-model", "--speedup", "5")
-			startWorker(t, append([]string{"--id", transport + "-fast", "--engine-url", f, "--models", "fast-model"}, common...)...)
-			waitRoutable(t, rt, 2)
-			body := `{"model":"fast-model","stream":true,"max_tokens":4000,"messages":[{"role":"user","content":"long story"}]}`
+// on for nobody. (TestE2EClientDisconnectStopsGeneration leaves mid-stream.)
+func TestE2EClientGoneBeforeTheFirstByteCancelsTheEngine(t *testing.T) {
+	eachTransport(t, func(t *testing.T, transport string, common []string) {
+		common = append(common, "--lease-ttl", "2s")
+		eng, e := startEngine(t, "--prefill-base", "3s")
+		startWorker(t, append([]string{"--id", transport + "-w", "--engine-url", e}, common...)...)
+		rt, r := startServe(t, append([]string{"--request-max-retries", "0"}, common[:len(common)-2]...)...)
+		waitRoutable(t, rt, 1)
+		for i, stream := range []bool{false, true} {
+			body := fmt.Sprintf(`{"model":"sim-model","stream":%v,"max_tokens":4,"messages":[{"role":"user","content":"gone %d"}]}`, stream, i)
 			conn, err := net.Dial("tcp4", strings.TrimPrefix(r, "http://"))
 			if err != nil {
 				t.Fatal(err)
 			}
 			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-			br := bufio.NewReader(conn)
-			for n := 0; n < 5; {
-				line, err := br.ReadString('\n')
-				if err != nil {
-					t.Fatal(err)
-				}
-				if strings.HasPrefix(line, "data: ") {
-					n++
-				}
+			for eng.Stats().Submitted != uint64(i+1) {
+				time.Sleep(10 * time.Millisecond)
 			}
+			time.Sleep(300 * time.Millisecond) // the engine is prefilling; no byte has come back
 			conn.Close()
 			closed := time.Now()
-			for fast.Stats().Aborted != 1 {
-				if time.Since(closed) > 3*time.Second {
-					t.Fatalf("mid-stream: the engine was not told the client left: %+v", fast.Stats())
+			for eng.Stats().Aborted != uint64(i+1) {
+				if time.Since(closed) > 2*time.Second {
+					t.Fatalf("stream=%v: the engine was not told the client left: %+v", stream, eng.Stats())
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			if st := fast.Stats(); st.GeneratedTokens >= 4000 || st.Completed != 0 {
-				t.Fatalf("mid-stream: the engine kept generating: %+v", st)
+			if st := eng.Stats(); st.Completed != 0 {
+				t.Fatalf("stream=%v: the engine finished a request nobody waits for: %+v", stream, st)
 			}
-		})
-	}
+		}
+	})
 }
 
 // Engine failures are classified alike over both transports: a 500 is the
@@ -361,70 +300,60 @@ func TestE2EClientLeavingCancelsTheEngineRequest(t *testing.T) {
 // it opens), a 400 is the client's (relayed as it is, never retried, never
 // counted), and a stream cut by the configured total cap is nobody's.
 func TestE2EFailuresClassifyAlikeOverEveryTransport(t *testing.T) {
-	etcd := testsrv.StartEtcd(t)
-	nsrv := testsrv.StartNATS(t)
-	for _, transport := range []string{"http", "nats"} {
-		t.Run(transport, func(t *testing.T) {
-			prefix := "/infera-faults-" + transport + "/workers/"
-			common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint, "--etcd-prefix", prefix,
-				"--request-transport", transport, "--kv-event-transport", "zmq", "--nats-url", nsrv.URL}
-			_, failing := startEngine(t, "--model", "m", "--speedup", "50", "--fault", "error", "--fault-status", "500")
-			good, ok := startEngine(t, "--model", "m", "--speedup", "50")
-			refusing, bad := startEngine(t, "--model", "picky", "--speedup", "50", "--fault", "error", "--fault-status", "400")
-			_, long := startEngine(t, "--model", "long")
-			for id, url := range map[string]string{"failing": failing, "good": ok, "refusing": bad, "long": long} {
-				startWorker(t, append([]string{"--id", transport + "-" + id, "--engine-url", url, "--lease-ttl", "2s"}, common...)...)
+	eachTransport(t, func(t *testing.T, transport string, common []string) {
+		_, failing := startEngine(t, "--model", "m", "--speedup", "50", "--fault", "error", "--fault-status", "500")
+		good, ok := startEngine(t, "--model", "m", "--speedup", "50")
+		refusing, bad := startEngine(t, "--model", "picky", "--speedup", "50", "--fault", "error", "--fault-status", "400")
+		_, long := startEngine(t, "--model", "long")
+		for id, url := range map[string]string{"failing": failing, "good": ok, "refusing": bad, "long": long} {
+			startWorker(t, append([]string{"--id", transport + "-" + id, "--engine-url", url, "--lease-ttl", "2s"}, common...)...)
+		}
+		cfgPath := filepath.Join(t.TempDir(), "infera.json")
+		writeConfig(t, cfgPath, `{"timeouts":{"stream_total_s":0.3}}`)
+		rt, r := startServe(t, append([]string{"--router-policy", "round-robin", "--request-max-retries", "1",
+			"--breaker-failure-threshold", "2", "--breaker-cooldown-s", "60", "--config", cfgPath}, common...)...)
+		waitRoutable(t, rt, 4)
+		chat := func(model string, stream bool, maxTokens int) string {
+			return fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":"faults"}]}`, model, stream, maxTokens)
+		}
+		// 500s: every request still succeeds, on the good engine, and
+		// the failing worker's breaker opens.
+		for i := 0; i < 6; i++ {
+			if resp, b := doPost(t, r+"/v1/chat/completions", chat("m", false, 2)); resp.StatusCode != 200 {
+				t.Fatalf("request %d with a failing worker: %d %s", i, resp.StatusCode, b)
 			}
-			dir := t.TempDir()
-			cfgPath := filepath.Join(dir, "infera.json")
-			if err := os.WriteFile(cfgPath, []byte(`{"timeouts":{"stream_total_s":0.3}}`), 0o644); err != nil {
-				t.Fatal(err)
+		}
+		if st := rt.fleet.Get(transport + "-failing").Breaker.State(); st != 2 {
+			t.Fatalf("failing worker's breaker state %d, want 2 (open)", st)
+		}
+		if good.Stats().Completed != 6 {
+			t.Fatalf("good engine completed %d, want 6", good.Stats().Completed)
+		}
+		// 400s: relayed, not retried, not the worker's fault.
+		for i := 0; i < 4; i++ {
+			resp, b := doPost(t, r+"/v1/chat/completions", chat("picky", false, 2))
+			if resp.StatusCode != 400 || !strings.Contains(string(b), `"error"`) {
+				t.Fatalf("refused request %d: %d %s", i, resp.StatusCode, b)
 			}
-			rt, r := startServe(t, append([]string{"--router-policy", "round-robin", "--request-max-retries", "1",
-				"--breaker-failure-threshold", "2", "--breaker-cooldown-s", "60", "--config", cfgPath}, common...)...)
-			waitRoutable(t, rt, 4)
-			chat := func(model string, stream bool, maxTokens int) string {
-				return fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":"faults"}]}`, model, stream, maxTokens)
+		}
+		if st := rt.fleet.Get(transport + "-refusing").Breaker.State(); st != 0 {
+			t.Fatalf("a worker refusing bad requests has breaker state %d, want 0 (closed)", st)
+		}
+		if n := refusing.Stats().RequestsTotal; n != 4 {
+			t.Fatalf("refusing engine saw %d requests, want 4 (a 400 is never retried)", n)
+		}
+		// The configured stream cap, three times over a threshold of 2:
+		// the stream ends with the timeout event, the breaker stays closed.
+		for i := 0; i < 3; i++ {
+			resp, b := doPost(t, r+"/v1/chat/completions", chat("long", true, 400))
+			if s := string(b); resp.StatusCode != 200 || !strings.Contains(s, "timed out") || !strings.HasSuffix(s, "data: [DONE]\n\n") {
+				t.Fatalf("capped stream %d: %d %q", i, resp.StatusCode, clip(s))
 			}
-			// 500s: every request still succeeds, on the good engine, and
-			// the failing worker's breaker opens.
-			for i := 0; i < 6; i++ {
-				if resp, b := doPost(t, r+"/v1/chat/completions", chat("m", false, 2)); resp.StatusCode != 200 {
-					t.Fatalf("request %d with a failing worker: %d %s", i, resp.StatusCode, b)
-				}
-			}
-			if st := rt.fleet.Get(transport + "-failing").Breaker.State(); st != 2 {
-				t.Fatalf("failing worker's breaker state %d, want 2 (open)", st)
-			}
-			if good.Stats().Completed != 6 {
-				t.Fatalf("good engine completed %d, want 6", good.Stats().Completed)
-			}
-			// 400s: relayed, not retried, not the worker's fault.
-			for i := 0; i < 4; i++ {
-				resp, b := doPost(t, r+"/v1/chat/completions", chat("picky", false, 2))
-				if resp.StatusCode != 400 || !strings.Contains(string(b), `"error"`) {
-					t.Fatalf("refused request %d: %d %s", i, resp.StatusCode, b)
-				}
-			}
-			if st := rt.fleet.Get(transport + "-refusing").Breaker.State(); st != 0 {
-				t.Fatalf("a worker refusing bad requests has breaker state %d, want 0 (closed)", st)
-			}
-			if n := refusing.Stats().RequestsTotal; n != 4 {
-				t.Fatalf("refusing engine saw %d requests, want 4 (a 400 is never retried)", n)
-			}
-			// The configured stream cap, three times over a threshold of 2:
-			// the stream ends with the timeout event, the breaker stays closed.
-			for i := 0; i < 3; i++ {
-				resp, b := doPost(t, r+"/v1/chat/completions", chat("long", true, 400))
-				if s := string(b); resp.StatusCode != 200 || !strings.Contains(s, "timed out") || !strings.HasSuffix(s, "data: [DONE]\n\n") {
-					t.Fatalf("capped stream %d: %d %q", i, resp.StatusCode, clip(s))
-				}
-			}
-			if st := rt.fleet.Get(transport + "-long").Breaker.State(); st != 0 {
-				t.Fatalf("streams cut by the configured cap opened the breaker: state %d", st)
-			}
-		})
-	}
+		}
+		if st := rt.fleet.Get(transport + "-long").Breaker.State(); st != 0 {
+			t.Fatalf("streams cut by the configured cap opened the breaker: state %d", st)
+		}
+	})
 }
 
 // Over NATS nothing slows the worker down when the router's client reads
@@ -455,8 +384,7 @@ func TestE2ESlowClientOverNATSIsNotBlamedOnTheWorker(t *testing.T) {
 	}
 	go up.Serve(ln)
 	t.Cleanup(func() { up.Close() })
-	common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
-		"--request-transport", "nats", "--kv-event-transport", "zmq", "--nats-url", nsrv.URL}
+	common := transportFlags(etcd.Endpoint, nsrv.URL, "nats", "/infera/workers/")
 	startWorker(t, append([]string{"--id", "big", "--engine-url", "http://" + ln.Addr().String(), "--models", "m", "--lease-ttl", "2s"}, common...)...)
 	rt, r := startServe(t, append([]string{"--breaker-failure-threshold", "1", "--client-write-timeout", "20s"}, common...)...)
 	waitRoutable(t, rt, 1)
@@ -495,42 +423,35 @@ func TestE2ESlowClientOverNATSIsNotBlamedOnTheWorker(t *testing.T) {
 // simulated engine always stops at the token limit: an incomplete
 // response, as OpenAI reports one cut by max_output_tokens).
 func TestE2EProtocolsOverEveryTransport(t *testing.T) {
-	etcd := testsrv.StartEtcd(t)
-	nsrv := testsrv.StartNATS(t)
-	for _, transport := range []string{"http", "nats"} {
-		t.Run(transport, func(t *testing.T) {
-			common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
-				"--etcd-prefix", "/infera-proto-" + transport + "/workers/",
-				"--request-transport", transport, "--kv-event-transport", "zmq", "--nats-url", nsrv.URL}
-			_, e := startEngine(t, "--speedup", "50")
-			startWorker(t, append([]string{"--id", transport + "-w", "--engine-url", e, "--lease-ttl", "2s"}, common...)...)
-			rt, r := startServe(t, common...)
-			waitRoutable(t, rt, 1)
-			for _, c := range []struct {
-				path, body string
-				want       []string
-			}{
-				{"/v1/messages", `{"model":"sim-model","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`,
-					[]string{`"type":"message"`, `"input_tokens":`, `"output_tokens":4`}},
-				{"/v1/messages", `{"model":"sim-model","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hi"}]}`,
-					[]string{"event: message_start", "event: content_block_delta", `"output_tokens":4`, "event: message_stop"}},
-				{"/v1/responses", `{"model":"sim-model","max_output_tokens":4,"input":"hi"}`,
-					[]string{`"object":"response"`, `"status":"incomplete"`, `"reason":"max_output_tokens"`, `"output_tokens":4`}},
-				{"/v1/responses", `{"model":"sim-model","max_output_tokens":4,"stream":true,"input":"hi"}`,
-					[]string{"event: response.created", "event: response.output_text.delta", "event: response.incomplete", `"reason":"max_output_tokens"`}},
-			} {
-				resp, b := doPost(t, r+c.path, c.body)
-				if resp.StatusCode != 200 {
-					t.Fatalf("%s %s: %d %s", c.path, c.body, resp.StatusCode, b)
-				}
-				for _, w := range c.want {
-					if !strings.Contains(string(b), w) {
-						t.Fatalf("%s %s: no %s in %s", c.path, c.body, w, clip(string(b)))
-					}
+	eachTransport(t, func(t *testing.T, transport string, common []string) {
+		_, e := startEngine(t, "--speedup", "50")
+		startWorker(t, append([]string{"--id", transport + "-w", "--engine-url", e, "--lease-ttl", "2s"}, common...)...)
+		rt, r := startServe(t, common...)
+		waitRoutable(t, rt, 1)
+		for _, c := range []struct {
+			path, body string
+			want       []string
+		}{
+			{"/v1/messages", `{"model":"sim-model","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`,
+				[]string{`"type":"message"`, `"input_tokens":`, `"output_tokens":4`}},
+			{"/v1/messages", `{"model":"sim-model","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+				[]string{"event: message_start", "event: content_block_delta", `"output_tokens":4`, "event: message_stop"}},
+			{"/v1/responses", `{"model":"sim-model","max_output_tokens":4,"input":"hi"}`,
+				[]string{`"object":"response"`, `"status":"incomplete"`, `"reason":"max_output_tokens"`, `"output_tokens":4`}},
+			{"/v1/responses", `{"model":"sim-model","max_output_tokens":4,"stream":true,"input":"hi"}`,
+				[]string{"event: response.created", "event: response.output_text.delta", "event: response.incomplete", `"reason":"max_output_tokens"`}},
+		} {
+			resp, b := doPost(t, r+c.path, c.body)
+			if resp.StatusCode != 200 {
+				t.Fatalf("%s %s: %d %s", c.path, c.body, resp.StatusCode, b)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(string(b), w) {
+					t.Fatalf("%s %s: no %s in %s", c.path, c.body, w, clip(string(b)))
 				}
 			}
-		})
-	}
+		}
+	})
 }
 
 // overTransport returns the `infera serve` flags that put the router in
@@ -545,10 +466,31 @@ func overTransport(t *testing.T, transport string, urls ...string) []string {
 	}
 	etcd := testsrv.StartEtcd(t)
 	nsrv := testsrv.StartNATS(t)
-	common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
-		"--request-transport", "nats", "--kv-event-transport", "zmq", "--nats-url", nsrv.URL}
+	common := transportFlags(etcd.Endpoint, nsrv.URL, "nats", "/infera/workers/")
 	for i, u := range urls {
 		startWorker(t, append([]string{"--id", fmt.Sprintf("w%d", i), "--engine-url", u, "--lease-ttl", "2s"}, common...)...)
 	}
 	return common
+}
+
+// transportFlags are the discovery and transport flags shared by a
+// router and its worker sidecars: etcd discovery under prefix, requests
+// over transport.
+func transportFlags(etcdEndpoint, natsURL, transport, prefix string) []string {
+	return []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcdEndpoint, "--etcd-prefix", prefix,
+		"--request-transport", transport, "--kv-event-transport", "zmq", "--nats-url", natsURL}
+}
+
+// eachTransport runs f once per request transport (http, then nats) as a
+// subtest, with the discovery and transport flags of a fleet on etcd and
+// NATS servers started once for the test; each subtest's workers live
+// under a key prefix of their own.
+func eachTransport(t *testing.T, f func(t *testing.T, transport string, common []string)) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	for _, transport := range []string{"http", "nats"} {
+		t.Run(transport, func(t *testing.T) {
+			f(t, transport, transportFlags(etcd.Endpoint, nsrv.URL, transport, "/infera-"+transport+"/workers/"))
+		})
+	}
 }

@@ -162,9 +162,18 @@ func testStreamingAndNonStreamingOver(t *testing.T, transport string) {
 	}
 }
 
+// A client that leaves five events into a 4,000-token stream has the
+// engine stop generating, over both request transports.
 func TestE2EClientDisconnectStopsGeneration(t *testing.T) {
+	for _, transport := range []string{"http", "nats"} {
+		t.Run(transport, func(t *testing.T) { testClientDisconnectStopsGenerationOver(t, transport) })
+	}
+}
+
+func testClientDisconnectStopsGenerationOver(t *testing.T, transport string) {
 	eng, e1 := startEngine(t, "--speedup", "5")
-	_, r := startServe(t, "--workers", e1)
+	rt, r := startServe(t, overTransport(t, transport, e1)...)
+	waitRoutable(t, rt, 1)
 	body := `{"model":"sim-model","stream":true,"max_tokens":4000,"messages":[{"role":"user","content":"long story"}]}`
 	conn, err := net.Dial("tcp4", strings.TrimPrefix(r, "http://"))
 	if err != nil {
