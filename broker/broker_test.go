@@ -493,3 +493,51 @@ func TestSlowReaderOverrunIsCutAndCancelled(t *testing.T) {
 		s.Close()
 	}
 }
+
+// A router that dies mid-stream sends no cancel notice; over HTTP its
+// closed connection would stop the engine. Here the worker learns it from
+// the NATS server: its next data chunk finds nobody at the router's inbox,
+// and the engine request is cancelled at once instead of generating to
+// the end for nobody.
+func TestWorkerCancelsTheEngineWhenTheRouterIsGone(t *testing.T) {
+	r := newRig(t, ClientConfig{}, ServerConfig{})
+	ns := r.srv.nc.ConnectedUrl()
+	router, err := nats.Connect(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inbox := router.NewInbox()
+	got := make(chan *nats.Msg, 256)
+	sub, err := router.ChanSubscribe(inbox, got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub.SetPendingLimits(-1, -1)
+	req := nats.NewMsg(ReqSubject("w1"))
+	req.Reply = inbox
+	req.Header.Set(HdrID, "crash1")
+	req.Header.Set(HdrPath, "/stream?n=200&every=20ms") // 4 s of chunks
+	if err := router.PublishMsg(req); err != nil {
+		t.Fatal(err)
+	}
+	for n := 0; n < 3; { // the head and two chunks: the stream is running
+		select {
+		case <-got:
+			n++
+		case <-time.After(5 * time.Second):
+			t.Fatal("no reply from the worker")
+		}
+	}
+	router.Close() // the router process dies: no cancel notice
+	start := time.Now()
+	r.eng.waitGone(t)
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the engine ran %v after its router was gone", d)
+	}
+	for i := 0; r.srv.InFlight() != 0; i++ {
+		if i > 200 {
+			t.Fatal("the request is still in flight at the worker")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -23,6 +23,9 @@ var (
 	mSrvRequests = metrics.NewCounter(`infera_worker_nats_requests_total`)
 	mSrvRejected = metrics.NewCounter(`infera_worker_nats_requests_rejected_total`)
 	mSrvCanceled = metrics.NewCounter(`infera_worker_nats_requests_canceled_total`)
+	// mSrvReaderGone counts requests cancelled because the router that
+	// asked was gone (its inbox had no subscriber).
+	mSrvReaderGone = metrics.NewCounter(`infera_worker_nats_requests_reader_gone_total`)
 )
 
 // ServerConfig configures the worker side of the NATS request transport.
@@ -55,6 +58,14 @@ type Server struct {
 	chunk     int
 	subReq    *nats.Subscription
 	subCancel *nats.Subscription
+	// goneInbox.<request id> is the reply subject of every data chunk: when
+	// the router that asked is gone (crashed, or its connection dropped),
+	// its inbox has no subscriber and the NATS server answers the chunk
+	// with a no-responders status there, so the engine request is
+	// cancelled as a closed HTTP connection would cancel it; no cancel
+	// notice can come from a router that is gone.
+	goneInbox string
+	subGone   *nats.Subscription
 
 	inflight atomic.Int64
 	wg       sync.WaitGroup
@@ -119,8 +130,14 @@ func (s *Server) Start() error {
 	if s.subCancel, err = s.nc.Subscribe(CancelSubject(s.cfg.WorkerID), s.onCancel); err != nil {
 		return fmt.Errorf("cannot subscribe %s: %w", CancelSubject(s.cfg.WorkerID), err)
 	}
+	s.goneInbox = s.nc.NewInbox()
+	if s.subGone, err = s.nc.Subscribe(s.goneInbox+".*", s.onReaderGone); err != nil {
+		s.subCancel.Unsubscribe()
+		return fmt.Errorf("cannot subscribe %s: %w", s.goneInbox, err)
+	}
 	if s.subReq, err = s.nc.Subscribe(ReqSubject(s.cfg.WorkerID), s.onRequest); err != nil {
 		s.subCancel.Unsubscribe()
+		s.subGone.Unsubscribe()
 		return fmt.Errorf("cannot subscribe %s: %w", ReqSubject(s.cfg.WorkerID), err)
 	}
 	s.subReq.SetPendingLimits(-1, -1)
@@ -172,6 +189,9 @@ func (s *Server) Close() {
 	if s.subCancel != nil {
 		s.subCancel.Unsubscribe()
 	}
+	if s.subGone != nil {
+		s.subGone.Unsubscribe()
+	}
 }
 
 // Wait waits until no request is in flight or ctx ends.
@@ -186,6 +206,22 @@ func (s *Server) Wait(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// onReaderGone cancels the request whose data chunk found nobody at the
+// router's inbox (a no-responders status on goneInbox.<id>).
+func (s *Server) onReaderGone(m *nats.Msg) {
+	if m.Header.Get("Status") != "503" || len(m.Subject) <= len(s.goneInbox)+1 {
+		return
+	}
+	id := m.Subject[len(s.goneInbox)+1:]
+	s.mu.Lock()
+	c := s.cancels[id]
+	s.mu.Unlock()
+	if c != nil {
+		mSrvReaderGone.Inc()
+		c()
+	}
 }
 
 func (s *Server) onCancel(m *nats.Msg) {
@@ -305,11 +341,11 @@ func (s *Server) onRequest(m *nats.Msg) {
 			s.mu.Unlock()
 			cancel()
 		}()
-		s.serve(ctx, m)
+		s.serve(ctx, m, id)
 	}()
 }
 
-func (s *Server) serve(ctx context.Context, m *nats.Msg) {
+func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 	method := m.Header.Get(HdrMethod)
 	if method == "" {
 		method = http.MethodPost
@@ -360,6 +396,9 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg) {
 	// One reused message for data chunks: PublishMsg encodes synchronously.
 	dm := nats.NewMsg(m.Reply)
 	dm.Header.Set(HdrKind, KindData)
+	if s.goneInbox != "" && ValidWorkerID(id) { // one subject token
+		dm.Reply = s.goneInbox + "." + id // see Server.goneInbox
+	}
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
