@@ -541,3 +541,52 @@ func TestWorkerCancelsTheEngineWhenTheRouterIsGone(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// The same while nothing has been published yet (a long prefill, a whole
+// non-streaming answer): the worker probes each waiting request's router
+// every probeEvery, and a dead router's inbox answers the probe
+// no-responders too.
+func TestWorkerCancelsAWaitingEngineRequestWhenTheRouterIsGone(t *testing.T) {
+	old := probeEvery
+	probeEvery = 100 * time.Millisecond
+	t.Cleanup(func() { probeEvery = old })
+	r := newRig(t, ClientConfig{}, ServerConfig{})
+	// A live router's inbox ignores the probes: its request is answered.
+	s, err := r.cli.Do(context.Background(), "w1", &Request{Path: "/stream?n=1&every=1ms&before=400ms"})
+	if err != nil {
+		t.Fatalf("a live router's request: %v", err)
+	}
+	if got := readAll(t, s); got != "data: 0\n\n" {
+		t.Fatalf("a live router's request: %q", got)
+	}
+	s.Close()
+
+	router, err := nats.Connect(r.srv.nc.ConnectedUrl())
+	if err != nil {
+		t.Fatal(err)
+	}
+	inbox := router.NewRespInbox()
+	if _, err := router.Subscribe(inbox+".*", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	req := nats.NewMsg(ReqSubject("w1"))
+	req.Reply = inbox + ".crash2"
+	req.Header.Set(HdrID, "crash2")
+	req.Header.Set(HdrPath, "/stream?n=1&every=1ms&before=10s") // 10 s before the head
+	if err := router.PublishMsg(req); err != nil {
+		t.Fatal(err)
+	}
+	router.Flush()
+	for i := 0; r.srv.InFlight() != 1; i++ {
+		if i > 200 {
+			t.Fatal("the worker never took the request")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	router.Close()
+	start := time.Now()
+	r.eng.waitGone(t)
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the engine waited %v after its router was gone", d)
+	}
+}

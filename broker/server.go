@@ -66,6 +66,13 @@ type Server struct {
 	// notice can come from a router that is gone.
 	goneInbox string
 	subGone   *nats.Subscription
+	// probes: while a request waits for its engine (a prefill, a whole
+	// non-streaming answer) no chunk goes out, so every probeEvery the
+	// worker sends each such request's router an empty message on
+	// <router inbox>.probe (which a live router ignores) with the same
+	// reply subject: a dead router's inbox answers no-responders too.
+	probeStop chan struct{}
+	probeOnce sync.Once
 
 	inflight atomic.Int64
 	wg       sync.WaitGroup
@@ -73,6 +80,9 @@ type Server struct {
 
 	mu      sync.Mutex
 	cancels map[string]context.CancelFunc
+	// waiting maps the requests that have published nothing yet to their
+	// router's inbox prefix (the reply subject without its last token).
+	waiting map[string]string
 	// early holds cancels that arrived before their request: the request
 	// and cancel subjects are separate subscriptions whose callbacks race.
 	early   map[string]time.Time
@@ -104,6 +114,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		hc:      cfg.HTTPClient,
 		chunk:   cfg.ChunkSize,
 		cancels: map[string]context.CancelFunc{},
+		waiting: map[string]string{},
 		early:   map[string]time.Time{},
 	}
 	if s.hc == nil {
@@ -145,7 +156,37 @@ func (s *Server) Start() error {
 	if err := s.nc.Flush(); err != nil {
 		return fmt.Errorf("cannot flush NATS subscriptions: %w", err)
 	}
+	s.probeStop = make(chan struct{})
+	go s.probeLoop()
 	return nil
+}
+
+// probeEvery is how often a request still waiting for its engine checks
+// that its router is there.
+var probeEvery = 2 * time.Second
+
+func (s *Server) probeLoop() {
+	t := time.NewTicker(probeEvery)
+	defer t.Stop()
+	var ids, prefixes []string
+	for {
+		select {
+		case <-s.probeStop:
+			return
+		case <-t.C:
+		}
+		ids, prefixes = ids[:0], prefixes[:0]
+		s.mu.Lock()
+		for id, p := range s.waiting {
+			ids, prefixes = append(ids, id), append(prefixes, p)
+		}
+		s.mu.Unlock()
+		for i, id := range ids {
+			m := nats.NewMsg(prefixes[i] + ".probe")
+			m.Reply = s.goneInbox + "." + id
+			s.nc.PublishMsg(m)
+		}
+	}
 }
 
 // InFlight returns the requests being served now.
@@ -186,6 +227,9 @@ func (s *Server) Close() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
+	if s.probeStop != nil {
+		s.probeOnce.Do(func() { close(s.probeStop) })
+	}
 	if s.subCancel != nil {
 		s.subCancel.Unsubscribe()
 	}
@@ -329,6 +373,9 @@ func (s *Server) onRequest(m *nats.Msg) {
 	}
 	if id != "" {
 		s.cancels[id] = cancel
+		if i := strings.LastIndexByte(m.Reply, '.'); i > 0 && ValidWorkerID(id) {
+			s.waiting[id] = m.Reply[:i]
+		}
 	}
 	s.mu.Unlock()
 	s.wg.Add(1)
@@ -338,6 +385,7 @@ func (s *Server) onRequest(m *nats.Msg) {
 		defer func() {
 			s.mu.Lock()
 			delete(s.cancels, id)
+			delete(s.waiting, id)
 			s.mu.Unlock()
 			cancel()
 		}()
@@ -406,6 +454,11 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 			dm.Data = buf[:n]
 			if err := s.nc.PublishMsg(dm); err != nil {
 				return // NATS gone: nobody to tell
+			}
+			if seq == 1 && dm.Reply != "" { // the chunks check the router from now on
+				s.mu.Lock()
+				delete(s.waiting, id)
+				s.mu.Unlock()
 			}
 			seq++
 		}
