@@ -463,10 +463,11 @@ func TestRequestIdleStartsAfterTheFirstChunk(t *testing.T) {
 // whole answer. Past the per-stream bound, in bytes or in messages, the
 // stream fails with ErrOverrun, not ErrBroken (it is not the worker's
 // fault), and the worker is told to cancel at once, before the reader
-// comes back.
+// comes back, and only once.
 func TestSlowReaderOverrunIsCutAndCancelled(t *testing.T) {
 	for _, cc := range []ClientConfig{{MaxQueuedBytes: 64}, {MaxQueued: 4}} {
 		r := newRig(t, cc, ServerConfig{})
+		cancels := mCancelsSent.Get()
 		s, err := r.cli.Do(context.Background(), "w1", &Request{Path: "/stream?n=200&every=2ms"})
 		if err != nil {
 			t.Fatalf("Do: %v", err)
@@ -491,6 +492,9 @@ func TestSlowReaderOverrunIsCutAndCancelled(t *testing.T) {
 			t.Fatalf("%d bytes were buffered, bound %d", got, cc.MaxQueuedBytes)
 		}
 		s.Close()
+		if n := mCancelsSent.Get() - cancels; n != 1 {
+			t.Fatalf("%+v: %d cancel notices for one cut stream, want 1", cc, n)
+		}
 	}
 }
 

@@ -309,7 +309,8 @@ type Stream struct {
 	mu       sync.Mutex
 	q        []*nats.Msg
 	qhead    int
-	qbytes   int // data bytes of q[qhead:]
+	qbytes   int  // data bytes of q[qhead:]
+	cutSent  bool // push sent the cancel of an overrun stream
 	failErr  error
 	sig      chan struct{}
 	released bool
@@ -339,7 +340,7 @@ func (s *Stream) push(m *nats.Msg) {
 		if len(s.q)-s.qhead >= s.c.cfg.MaxQueued || s.qbytes+len(m.Data) > s.c.cfg.MaxQueuedBytes {
 			mStreamOverrun.Inc()
 			s.failErr = wrap(ErrOverrun, s.worker)
-			overrun = true
+			overrun, s.cutSent = true, true
 		} else {
 			s.q = append(s.q, m)
 			s.qbytes += len(m.Data)
@@ -529,6 +530,12 @@ func (s *Stream) sendCancel() {
 		return
 	}
 	s.canceled = true
+	s.mu.Lock()
+	sent := s.cutSent
+	s.mu.Unlock()
+	if sent {
+		return // push told the worker when it cut the stream
+	}
 	if err := s.c.nc.Publish(CancelSubject(s.worker), []byte(s.id)); err == nil {
 		mCancelsSent.Inc()
 	}

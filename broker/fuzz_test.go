@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infera/infera/internal/testsrv"
 	"github.com/nats-io/nats.go"
 )
 
@@ -22,13 +21,7 @@ import (
 // control byte (kind, whether its seq is the expected one, last flag,
 // error header) followed by a status byte and up to 15 data bytes.
 func FuzzReplySequence(f *testing.F) {
-	ns := testsrv.StartNATS(f)
-	wnc, cnc := connect(f, ns.URL), connect(f, ns.URL)
-	cli, err := NewClient(ClientConfig{Conn: cnc, IdleTimeout: 10 * time.Millisecond, MaxQueued: 8, MaxQueuedBytes: 64})
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() { cli.Close() })
+	wnc, cli := scriptedWorker(f, ClientConfig{IdleTimeout: 10 * time.Millisecond, MaxQueued: 8, MaxQueuedBytes: 64})
 	var script atomic.Pointer[[]byte]
 	kinds := []string{KindHead, KindData, KindEnd, KindError, "zzz"}
 	sub, err := wnc.Subscribe(ReqSubject("w1"), func(m *nats.Msg) {

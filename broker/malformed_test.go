@@ -13,13 +13,7 @@ import (
 // TestMalformedReplies: a worker answering garbage never panics the client;
 // every case ends in a typed error.
 func TestMalformedReplies(t *testing.T) {
-	ns := testsrv.StartNATS(t)
-	wnc, cnc := connect(t, ns.URL), connect(t, ns.URL)
-	cli, err := NewClient(ClientConfig{Conn: cnc, IdleTimeout: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	wnc, cli := scriptedWorker(t, ClientConfig{IdleTimeout: 300 * time.Millisecond})
 	msg := func(to string, h map[string]string, data string) *nats.Msg {
 		m := nats.NewMsg(to)
 		for k, v := range h {
@@ -80,4 +74,20 @@ func TestMalformedReplies(t *testing.T) {
 	f("weirdkind", nil, ErrBroken)
 	f("brokenend", nil, ErrBroken)
 	f("err500", ErrEngine, nil)
+}
+
+// scriptedWorker starts a NATS server and returns a connection to play a
+// worker by hand on it and a router-side client configured by cc (its
+// Conn set here), both closed with the test.
+func scriptedWorker(tb testing.TB, cc ClientConfig) (*nats.Conn, *Client) {
+	tb.Helper()
+	ns := testsrv.StartNATS(tb)
+	wnc := connect(tb, ns.URL)
+	cc.Conn = connect(tb, ns.URL)
+	cli, err := NewClient(cc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { cli.Close() })
+	return wnc, cli
 }

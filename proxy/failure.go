@@ -1,6 +1,11 @@
 package proxy
 
 import (
+	"errors"
+	"net"
+	"os"
+
+	"github.com/infera/infera/broker"
 	"github.com/infera/infera/sched"
 )
 
@@ -92,3 +97,14 @@ var (
 	failureCanceled = &failure{kind: failCanceled}
 	failureSpent    = &failure{kind: failSpent}
 )
+
+// isTimeout reports whether err is a deadline that passed, whatever the
+// transport: a socket deadline (HTTP) or the broker's wait for a reply
+// message or its cap on the whole request (NATS).
+func isTimeout(err error) bool {
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, broker.ErrIdleTimeout) || errors.Is(err, broker.ErrMaxDuration) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

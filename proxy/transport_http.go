@@ -3,12 +3,9 @@ package proxy
 import (
 	"errors"
 	"io"
-	"net"
-	"os"
 	"syscall"
 	"time"
 
-	"github.com/infera/infera/broker"
 	"github.com/infera/infera/fleet"
 	"github.com/valyala/fasthttp"
 )
@@ -105,17 +102,6 @@ func (c *call) timeoutFailure(deadline time.Time, err error) *failure {
 func isStale(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
-}
-
-// isTimeout reports whether err is a deadline that passed, whatever the
-// transport: a socket deadline (HTTP) or the broker's wait for a reply
-// message or its cap on the whole request (NATS).
-func isTimeout(err error) bool {
-	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, broker.ErrIdleTimeout) || errors.Is(err, broker.ErrMaxDuration) {
-		return true
-	}
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // httpUpstream is an upConn seen as an upstream.
