@@ -576,6 +576,7 @@ func TestWorkerCancelsAWaitingEngineRequestWhenTheRouterIsGone(t *testing.T) {
 	req := nats.NewMsg(ReqSubject("w1"))
 	req.Reply = inbox + ".crash2"
 	req.Header.Set(HdrID, "crash2")
+	req.Header.Set(HdrProbe, "1")
 	req.Header.Set(HdrPath, "/stream?n=1&every=1ms&before=10s") // 10 s before the head
 	if err := router.PublishMsg(req); err != nil {
 		t.Fatal(err)

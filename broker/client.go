@@ -221,6 +221,7 @@ func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream
 	m.Header.Set(HdrID, id)
 	m.Header.Set(HdrMethod, method)
 	m.Header.Set(HdrPath, req.Path)
+	m.Header.Set(HdrProbe, "1") // c.prefix+"*" takes <prefix>probe too
 	if int64(len(req.Body)+hsize+len(req.Path)+128) > c.nc.MaxPayload() {
 		if ctr != nil {
 			ctr.Add(-1)
@@ -306,21 +307,21 @@ type Stream struct {
 	firstByte time.Time
 	timer     *time.Timer
 
-	mu       sync.Mutex
-	q        []*nats.Msg
-	qhead    int
-	qbytes   int  // data bytes of q[qhead:]
-	cutSent  bool // push sent the cancel of an overrun stream
-	failErr  error
-	sig      chan struct{}
-	released bool
+	mu         sync.Mutex
+	q          []*nats.Msg
+	qhead      int
+	qbytes     int  // data bytes of q[qhead:]
+	cancelSent bool // the cancel notice went out (push or sendCancel)
+	closed     bool // released: push drops what still arrives
+	failErr    error
+	sig        chan struct{}
+	released   bool
 
 	status      int
 	header      http.Header
 	pendingData []byte
 	seq         uint64
 	finished    bool // end or error message seen
-	canceled    bool
 	err         error
 }
 
@@ -336,11 +337,22 @@ func (s *Stream) ID() string { return s.id }
 func (s *Stream) push(m *nats.Msg) {
 	overrun := false
 	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
 	if s.failErr == nil {
-		if len(s.q)-s.qhead >= s.c.cfg.MaxQueued || s.qbytes+len(m.Data) > s.c.cfg.MaxQueuedBytes {
+		// The end (or error) message may take one slot over the bound: a
+		// reader holding the whole answer must still see its end.
+		limit := s.c.cfg.MaxQueued
+		if m.Header.Get(HdrKind) != KindData {
+			limit++
+		}
+		if len(s.q)-s.qhead >= limit || s.qbytes+len(m.Data) > s.c.cfg.MaxQueuedBytes {
 			mStreamOverrun.Inc()
 			s.failErr = wrap(ErrOverrun, s.worker)
-			overrun, s.cutSent = true, true
+			overrun = !s.cancelSent
+			s.cancelSent = true
 		} else {
 			s.q = append(s.q, m)
 			s.qbytes += len(m.Data)
@@ -398,8 +410,7 @@ func (s *Stream) wait() (*nats.Msg, error) {
 			}
 			seq, perr := strconv.ParseUint(m.Header.Get(HdrSeq), 10, 64)
 			if perr != nil || seq != s.seq {
-				s.canceled = true // the worker may still be sending; stop it
-				s.sendCancel()
+				s.sendCancel() // the worker may still be sending; stop it
 				return nil, wrap(ErrBroken, fmt.Sprintf("reply out of order: got seq %q, want %d", m.Header.Get(HdrSeq), s.seq))
 			}
 			s.seq++
@@ -524,17 +535,18 @@ func (s *Stream) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// sendCancel publishes the cancel notice once.
+// sendCancel publishes the cancel notice once (push may have sent it when
+// it cut an overrun stream).
 func (s *Stream) sendCancel() {
-	if s.finished || s.canceled {
+	if s.finished {
 		return
 	}
-	s.canceled = true
 	s.mu.Lock()
-	sent := s.cutSent
+	sent := s.cancelSent
+	s.cancelSent = true
 	s.mu.Unlock()
 	if sent {
-		return // push told the worker when it cut the stream
+		return
 	}
 	if err := s.c.nc.Publish(CancelSubject(s.worker), []byte(s.id)); err == nil {
 		mCancelsSent.Inc()
@@ -560,6 +572,10 @@ func (s *Stream) release() {
 	s.c.mu.Lock()
 	delete(s.c.streams, s.id)
 	s.c.mu.Unlock()
+	s.mu.Lock()
+	s.closed = true
+	s.q, s.qhead, s.qbytes = nil, 0, 0 // what was queued goes with the stream
+	s.mu.Unlock()
 	if s.ctr != nil {
 		s.ctr.Add(-1)
 	}

@@ -22,6 +22,9 @@
 //	Infera-Id      request id (unique; used by cancel notices)
 //	Infera-Method  HTTP method (default POST)
 //	Infera-Path    HTTP path with query, e.g. /v1/chat/completions
+//	Infera-Probe   "1": the router's inbox subscription is a wildcard over
+//	               the reply subject's last token, so the worker may probe
+//	               it (below)
 //	<other>        forwarded HTTP request headers (names starting with
 //	               "Infera-" are reserved and never forwarded)
 //
@@ -41,6 +44,21 @@
 //	                    Infera-Status says why (429 = worker at
 //	                    --nats-req-max-pending, 502 = engine unreachable),
 //	                    Infera-Error has the reason.
+//
+// # A router that is gone
+//
+// A router that dies sends no cancel notice, so the worker watches for it.
+// Each data message carries a reply subject of the worker's own: when the
+// router's inbox has no subscriber, the NATS server answers there with a
+// no-responders status, and the worker cancels the engine request at once
+// (that chunk is lost anyway). Before the first data message (a prefill, a
+// whole non-streaming answer) nothing goes out, so a request that carried
+// Infera-Probe: 1 is probed every 2 s: an empty message to <reply subject
+// without its last token>.probe, which the router ignores. Three probes
+// in a row that find no subscriber (a router gone for about 4-6 s) cancel
+// the engine request; one or two (a route between NATS servers that
+// dropped for a moment) do not. A requester without the header (an
+// exact-subject inbox, `nats req`) is never probed.
 //
 // # KV-event framing
 //

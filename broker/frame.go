@@ -23,6 +23,7 @@ const (
 	HdrError  = "Infera-Error"
 	HdrTopic  = "Infera-Topic"
 	HdrLast   = "Infera-Last"
+	HdrProbe  = "Infera-Probe"
 
 	KindHead  = "head"
 	KindData  = "data"

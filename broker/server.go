@@ -63,14 +63,18 @@ type Server struct {
 	// its inbox has no subscriber and the NATS server answers the chunk
 	// with a no-responders status there, so the engine request is
 	// cancelled as a closed HTTP connection would cancel it; no cancel
-	// notice can come from a router that is gone.
+	// notice can come from a router that is gone. The chunk itself is lost
+	// then, so the stream is over either way.
 	goneInbox string
 	subGone   *nats.Subscription
 	// probes: while a request waits for its engine (a prefill, a whole
-	// non-streaming answer) no chunk goes out, so every probeEvery the
-	// worker sends each such request's router an empty message on
-	// <router inbox>.probe (which a live router ignores) with the same
-	// reply subject: a dead router's inbox answers no-responders too.
+	// non-streaming answer) no chunk goes out. If the router asked for
+	// probes (Infera-Probe: 1, its inbox being a wildcard subscription),
+	// every probeEvery the worker sends it an empty message on
+	// <router inbox>.probe, which a live router ignores, with the reply
+	// subject goneInbox.<request id>.p. A probe that finds no subscriber
+	// loses nothing, and a route between two NATS servers can drop for a
+	// moment: only probeStrikes bounced probes in a row end the request.
 	probeStop chan struct{}
 	probeOnce sync.Once
 
@@ -78,15 +82,23 @@ type Server struct {
 	wg       sync.WaitGroup
 	bufs     sync.Pool
 
-	mu      sync.Mutex
-	cancels map[string]context.CancelFunc
-	// waiting maps the requests that have published nothing yet to their
-	// router's inbox prefix (the reply subject without its last token).
-	waiting map[string]string
+	mu   sync.Mutex
+	reqs map[string]*served
 	// early holds cancels that arrived before their request: the request
 	// and cancel subjects are separate subscriptions whose callbacks race.
 	early   map[string]time.Time
 	stopped bool
+}
+
+// served is a request in flight at the worker (under Server.mu).
+type served struct {
+	cancel context.CancelFunc
+	// probe is the subject probed while nothing was published for the
+	// request; "" when the router did not ask or a chunk went out.
+	probe   string
+	bounced bool // a probe came back no-responders since the last tick
+	strikes int  // probes in a row that came back no-responders
+	gone    bool // the router was found gone (counted and cancelled once)
 }
 
 // maxEarlyCancels bounds Server.early; entries older than earlyCancelTTL
@@ -108,14 +120,13 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, fmt.Errorf("broker: engine url %q must be http(s)://", cfg.EngineURL)
 	}
 	s := &Server{
-		cfg:     cfg,
-		nc:      cfg.Conn,
-		engine:  strings.TrimRight(cfg.EngineURL, "/"),
-		hc:      cfg.HTTPClient,
-		chunk:   cfg.ChunkSize,
-		cancels: map[string]context.CancelFunc{},
-		waiting: map[string]string{},
-		early:   map[string]time.Time{},
+		cfg:    cfg,
+		nc:     cfg.Conn,
+		engine: strings.TrimRight(cfg.EngineURL, "/"),
+		hc:     cfg.HTTPClient,
+		chunk:  cfg.ChunkSize,
+		reqs:   map[string]*served{},
+		early:  map[string]time.Time{},
 	}
 	if s.hc == nil {
 		s.hc = &http.Client{Transport: &http.Transport{
@@ -142,7 +153,7 @@ func (s *Server) Start() error {
 		return fmt.Errorf("cannot subscribe %s: %w", CancelSubject(s.cfg.WorkerID), err)
 	}
 	s.goneInbox = s.nc.NewInbox()
-	if s.subGone, err = s.nc.Subscribe(s.goneInbox+".*", s.onReaderGone); err != nil {
+	if s.subGone, err = s.nc.Subscribe(s.goneInbox+".>", s.onReaderGone); err != nil {
 		s.subCancel.Unsubscribe()
 		return fmt.Errorf("cannot subscribe %s: %w", s.goneInbox, err)
 	}
@@ -162,28 +173,51 @@ func (s *Server) Start() error {
 }
 
 // probeEvery is how often a request still waiting for its engine checks
-// that its router is there.
+// that its router is there; probeStrikes bounced probes in a row (about
+// probeStrikes*probeEvery of an unreachable router) end it.
 var probeEvery = 2 * time.Second
+
+const probeStrikes = 3
 
 func (s *Server) probeLoop() {
 	t := time.NewTicker(probeEvery)
 	defer t.Stop()
-	var ids, prefixes []string
+	type probe struct{ subject, reply string }
+	var probes []probe
+	var gone []context.CancelFunc
 	for {
 		select {
 		case <-s.probeStop:
 			return
 		case <-t.C:
 		}
-		ids, prefixes = ids[:0], prefixes[:0]
+		probes, gone = probes[:0], gone[:0]
 		s.mu.Lock()
-		for id, p := range s.waiting {
-			ids, prefixes = append(ids, id), append(prefixes, p)
+		for id, r := range s.reqs {
+			if r.probe == "" || r.gone {
+				continue
+			}
+			if r.bounced {
+				r.strikes++
+			} else {
+				r.strikes = 0
+			}
+			r.bounced = false
+			if r.strikes >= probeStrikes {
+				r.gone = true
+				gone = append(gone, r.cancel)
+				continue
+			}
+			probes = append(probes, probe{r.probe, s.goneInbox + "." + id + ".p"})
 		}
 		s.mu.Unlock()
-		for i, id := range ids {
-			m := nats.NewMsg(prefixes[i] + ".probe")
-			m.Reply = s.goneInbox + "." + id
+		for _, c := range gone {
+			mSrvReaderGone.Inc()
+			c()
+		}
+		for _, p := range probes {
+			m := nats.NewMsg(p.subject)
+			m.Reply = p.reply
 			s.nc.PublishMsg(m)
 		}
 	}
@@ -222,8 +256,8 @@ func (s *Server) StopAccepting() {
 func (s *Server) Close() {
 	s.StopAccepting()
 	s.mu.Lock()
-	for _, c := range s.cancels {
-		c()
+	for _, r := range s.reqs {
+		r.cancel()
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
@@ -252,33 +286,43 @@ func (s *Server) Wait(ctx context.Context) error {
 	return nil
 }
 
-// onReaderGone cancels the request whose data chunk found nobody at the
-// router's inbox (a no-responders status on goneInbox.<id>).
+// onReaderGone handles a no-responders status on goneInbox: for a data
+// chunk (goneInbox.<id>) the router is gone and the chunk lost, so the
+// request is cancelled at once; for a probe (goneInbox.<id>.p) it is a
+// strike, counted by probeLoop.
 func (s *Server) onReaderGone(m *nats.Msg) {
 	if m.Header.Get("Status") != "503" || len(m.Subject) <= len(s.goneInbox)+1 {
 		return
 	}
-	id := m.Subject[len(s.goneInbox)+1:]
+	id, isProbe := strings.CutSuffix(m.Subject[len(s.goneInbox)+1:], ".p")
 	s.mu.Lock()
-	c := s.cancels[id]
-	s.mu.Unlock()
-	if c != nil {
-		mSrvReaderGone.Inc()
-		c()
+	r := s.reqs[id]
+	if r == nil || r.gone {
+		s.mu.Unlock()
+		return
 	}
+	if isProbe {
+		r.bounced = true
+		s.mu.Unlock()
+		return
+	}
+	r.gone = true
+	s.mu.Unlock()
+	mSrvReaderGone.Inc()
+	r.cancel()
 }
 
 func (s *Server) onCancel(m *nats.Msg) {
 	id := string(m.Data)
 	s.mu.Lock()
-	c := s.cancels[id]
-	if c == nil && id != "" {
+	r := s.reqs[id]
+	if r == nil && id != "" {
 		s.rememberEarlyLocked(id)
 	}
 	s.mu.Unlock()
-	if c != nil {
+	if r != nil {
 		mSrvCanceled.Inc()
-		c()
+		r.cancel()
 	}
 }
 
@@ -372,10 +416,13 @@ func (s *Server) onRequest(m *nats.Msg) {
 		return
 	}
 	if id != "" {
-		s.cancels[id] = cancel
-		if i := strings.LastIndexByte(m.Reply, '.'); i > 0 && ValidWorkerID(id) {
-			s.waiting[id] = m.Reply[:i]
+		r := &served{cancel: cancel}
+		if m.Header.Get(HdrProbe) == "1" && ValidWorkerID(id) && s.goneInbox != "" {
+			if i := strings.LastIndexByte(m.Reply, '.'); i > 0 {
+				r.probe = m.Reply[:i] + ".probe"
+			}
 		}
+		s.reqs[id] = r
 	}
 	s.mu.Unlock()
 	s.wg.Add(1)
@@ -384,8 +431,7 @@ func (s *Server) onRequest(m *nats.Msg) {
 		defer s.inflight.Add(-1)
 		defer func() {
 			s.mu.Lock()
-			delete(s.cancels, id)
-			delete(s.waiting, id)
+			delete(s.reqs, id)
 			s.mu.Unlock()
 			cancel()
 		}()
@@ -450,15 +496,17 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
+			if seq == 1 && dm.Reply != "" { // the chunks check the router from now on
+				s.mu.Lock()
+				if r := s.reqs[id]; r != nil {
+					r.probe = ""
+				}
+				s.mu.Unlock()
+			}
 			dm.Header.Set(HdrSeq, strconv.FormatUint(seq, 10))
 			dm.Data = buf[:n]
 			if err := s.nc.PublishMsg(dm); err != nil {
 				return // NATS gone: nobody to tell
-			}
-			if seq == 1 && dm.Reply != "" { // the chunks check the router from now on
-				s.mu.Lock()
-				delete(s.waiting, id)
-				s.mu.Unlock()
 			}
 			seq++
 		}

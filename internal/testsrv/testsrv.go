@@ -265,7 +265,11 @@ type NATS struct {
 }
 
 // StartNATS starts a nats-server on a free loopback port.
-func StartNATS(t testing.TB) *NATS {
+func StartNATS(t testing.TB) *NATS { t.Helper(); return StartNATSArgs(t) }
+
+// StartNATSArgs is StartNATS with extra nats-server arguments (a cluster
+// node's --cluster, --routes, ...).
+func StartNATSArgs(t testing.TB, extra ...string) *NATS {
 	t.Helper()
 	need(t, NATSBin)
 	dir := t.TempDir()
@@ -274,7 +278,7 @@ func StartNATS(t testing.TB) *NATS {
 	n.p.repick = func() {
 		port := FreePort(t)
 		n.URL, n.addr = fmt.Sprintf("nats://127.0.0.1:%d", port), "127.0.0.1:"+strconv.Itoa(port)
-		n.p.args = []string{"-a", "127.0.0.1", "-p", strconv.Itoa(port)}
+		n.p.args = append([]string{"-a", "127.0.0.1", "-p", strconv.Itoa(port)}, extra...)
 	}
 	n.p.repick()
 	n.Start()
