@@ -22,6 +22,9 @@ var (
 	mReqRejected   = metrics.NewCounter(`infera_nats_requests_rejected_total{reason="max_pending"}`)
 	mReqSent       = metrics.NewCounter(`infera_nats_requests_total`)
 	mStreamOverrun = metrics.NewCounter(`infera_nats_stream_overflows_total`)
+	// mWorkerGone counts the streams failed because their worker's cancel
+	// subject had no subscriber probeStrikes probes in a row.
+	mWorkerGone = metrics.NewCounter(`infera_nats_streams_worker_gone_total`)
 )
 
 // ClientConfig configures the router side of the NATS request transport.
@@ -81,9 +84,31 @@ type Client struct {
 
 	mu      sync.Mutex
 	streams map[string]*Stream
+	// probes: a worker that dies (a killed sidecar, a lost machine) sends
+	// nothing more, and over NATS no closed connection tells the router.
+	// Every probeEvery, each worker with open streams gets an empty message
+	// on its cancel subject (which a live worker ignores) with the reply
+	// subject <inbox prefix>g-<worker>: when the worker's subscription is
+	// gone the NATS server answers there no-responders. probeStrikes such
+	// answers in a row (not one: a route between NATS servers can drop for
+	// a moment) fail the worker's open streams with ErrWorkerGone.
+	probes    map[string]*workerProbe
+	probeStop chan struct{}
+	closeOnce sync.Once
 
 	pending *xsync.MapOf[string, *atomic.Int64]
 }
+
+// workerProbe is a probed worker's state (under Client.mu).
+type workerProbe struct {
+	bounced bool   // a probe came back no-responders since the last tick
+	strikes int    // probes in a row that came back no-responders
+	tick    uint64 // the last tick that probed the worker
+}
+
+// goneTag starts the reply token of a worker probe; stream ids (nuids) never
+// hold a '-'.
+const goneTag = "g-"
 
 // NewClient subscribes the client's reply inbox and returns the client.
 func NewClient(cfg ClientConfig) (*Client, error) {
@@ -97,11 +122,13 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		cfg.MaxQueuedBytes = 8 << 20
 	}
 	c := &Client{
-		cfg:     cfg,
-		nc:      cfg.Conn,
-		prefix:  cfg.Conn.NewRespInbox() + ".",
-		streams: map[string]*Stream{},
-		pending: xsync.NewMapOf[string, *atomic.Int64](),
+		cfg:       cfg,
+		nc:        cfg.Conn,
+		prefix:    cfg.Conn.NewRespInbox() + ".",
+		streams:   map[string]*Stream{},
+		probes:    map[string]*workerProbe{},
+		probeStop: make(chan struct{}),
+		pending:   xsync.NewMapOf[string, *atomic.Int64](),
 	}
 	sub, err := c.nc.Subscribe(c.prefix+"*", c.dispatch)
 	if err != nil {
@@ -113,11 +140,68 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		return nil, fmt.Errorf("cannot set reply inbox limits: %w", err)
 	}
 	c.sub = sub
+	go c.probeLoop()
 	return c, nil
 }
 
-// Close unsubscribes the reply inbox; open streams fail with ErrBroken.
+func (c *Client) probeLoop() {
+	t := time.NewTicker(probeEvery)
+	defer t.Stop()
+	var workers []string
+	var failed []*Stream
+	var tick uint64
+	for {
+		select {
+		case <-c.probeStop:
+			return
+		case <-t.C:
+		}
+		tick++
+		workers, failed = workers[:0], failed[:0]
+		c.mu.Lock()
+		for _, p := range c.probes { // the answers to the last tick's probes
+			if p.bounced {
+				p.strikes++
+			} else {
+				p.strikes = 0
+			}
+			p.bounced = false
+		}
+		for _, s := range c.streams {
+			p := c.probes[s.worker]
+			if p == nil {
+				p = &workerProbe{}
+				c.probes[s.worker] = p
+			}
+			if p.strikes >= probeStrikes {
+				failed = append(failed, s)
+			} else if p.tick != tick {
+				p.tick = tick
+				workers = append(workers, s.worker)
+			}
+		}
+		for w, p := range c.probes { // struck out, or no open stream left
+			if p.tick != tick {
+				delete(c.probes, w)
+			}
+		}
+		c.mu.Unlock()
+		for _, s := range failed {
+			mWorkerGone.Inc()
+			s.fail(wrap(ErrWorkerGone, s.worker))
+		}
+		for _, w := range workers {
+			m := nats.NewMsg(CancelSubject(w))
+			m.Reply = c.prefix + goneTag + w
+			c.nc.PublishMsg(m)
+		}
+	}
+}
+
+// Close unsubscribes the reply inbox and stops the probes; open streams
+// fail with ErrBroken.
 func (c *Client) Close() error {
+	c.closeOnce.Do(func() { close(c.probeStop) })
 	err := c.sub.Unsubscribe()
 	c.mu.Lock()
 	ss := c.streams
@@ -163,6 +247,16 @@ func (c *Client) Forget(workerID string) { c.pending.Delete(workerID) }
 
 func (c *Client) dispatch(m *nats.Msg) {
 	id := m.Subject[len(c.prefix):]
+	if w, ok := strings.CutPrefix(id, goneTag); ok {
+		if m.Header.Get("Status") == "503" {
+			c.mu.Lock()
+			if p := c.probes[w]; p != nil {
+				p.bounced = true
+			}
+			c.mu.Unlock()
+		}
+		return
+	}
 	c.mu.Lock()
 	s := c.streams[id]
 	c.mu.Unlock()

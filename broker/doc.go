@@ -55,10 +55,16 @@
 // whole non-streaming answer) nothing goes out, so a request that carried
 // Infera-Probe: 1 is probed every 2 s: an empty message to <reply subject
 // without its last token>.probe, which the router ignores. Three probes
-// in a row that find no subscriber (a router gone for about 4-6 s) cancel
+// in a row that find no subscriber (a router gone for 6-8 s) cancel
 // the engine request; one or two (a route between NATS servers that
 // dropped for a moment) do not. A requester without the header (an
 // exact-subject inbox, `nats req`) is never probed.
+//
+// The router watches its workers likewise: every 2 s, each worker it has
+// requests open at gets an empty message on infera.cancel.<workerID> (a
+// live worker ignores a cancel without a request id) with a reply subject
+// of the router's inbox; three in a row answered no-responders fail that
+// worker's open requests with ErrWorkerGone.
 //
 // # KV-event framing
 //

@@ -53,6 +53,10 @@ var (
 	// a network cut): replies in flight are lost. Not the worker's fault.
 	// 503; retryable before the first reply.
 	ErrConnLost = &Error{Status: http.StatusServiceUnavailable, Retryable: true, msg: "NATS connection lost"}
+	// ErrWorkerGone: the worker's cancel subject had no subscriber three
+	// probes in a row, 2 s apart (6-8 s after its death): the worker died with the request open.
+	// 502; retryable before the first reply.
+	ErrWorkerGone = &Error{Status: http.StatusBadGateway, Retryable: true, msg: "worker gone (its NATS subscriptions vanished)"}
 	// ErrTooLarge: the request does not fit one NATS message. 413.
 	ErrTooLarge = &Error{Status: http.StatusRequestEntityTooLarge, Retryable: false, msg: "request larger than NATS max payload"}
 	// ErrNATS: publishing failed (connection closed or reconnecting). 503,

@@ -188,7 +188,7 @@ func TestRepliesAfterCloseAreDroppedWithoutASecondCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Close() // the cancel goes out
+	s.Close()                 // the cancel goes out
 	for i := 1; i <= 5; i++ { // more than MaxQueued, as dispatch would deliver them
 		d := nats.NewMsg("x")
 		d.Header.Set(HdrKind, KindData)
@@ -342,5 +342,98 @@ func TestARouteThatDropsForAMomentDoesNotEndAWaitingRequest(t *testing.T) {
 	}
 	if d := mSrvReaderGone.Get() - before; d != 0 {
 		t.Fatalf("the worker took its live router for gone %d times", d)
+	}
+}
+
+// A worker that dies with a request open (its NATS connection gone, as a
+// killed sidecar's) sends nothing more, and no closed connection tells the
+// router: the router's probes of the worker's cancel subject bounce, and
+// after three in a row the request fails with ErrWorkerGone (Do's error
+// is retryable; after the head it breaks the stream). A live worker's
+// long prefill, probed all along, is answered.
+func TestAStreamFailsWhenItsWorkerDies(t *testing.T) {
+	old := probeEvery
+	probeEvery = 50 * time.Millisecond
+	t.Cleanup(func() { probeEvery = old })
+
+	r := newRig(t, ClientConfig{}, ServerConfig{})
+	s, err := r.cli.Do(context.Background(), "w1", &Request{Path: "/stream?n=1&every=1ms&before=600ms"})
+	if err != nil {
+		t.Fatalf("a live worker's long prefill: %v", err)
+	}
+	if got := readAll(t, s); got != "data: 0\n\n" {
+		t.Fatalf("a live worker's long prefill: %q", got)
+	}
+	s.Close()
+
+	for _, tc := range []struct {
+		name, path string
+		midStream  bool
+	}{
+		{"before the head", "/stream?n=1&every=1ms&before=10s", false},
+		{"mid-stream", "/stream?n=100&every=100ms", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, ClientConfig{}, ServerConfig{})
+			before := mWorkerGone.Get()
+			type result struct {
+				s   *Stream
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				s, err := r.cli.Do(context.Background(), "w1", &Request{Path: tc.path})
+				done <- result{s, err}
+			}()
+			var s *Stream
+			if tc.midStream {
+				res := <-done
+				if res.err != nil {
+					t.Fatal(res.err)
+				}
+				s = res.s
+				if _, err := s.Next(); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				for i := 0; r.srv.InFlight() != 1; i++ {
+					if i > 200 {
+						t.Fatal("the worker never took the request")
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			r.srv.nc.Close() // the worker dies
+			start := time.Now()
+			if tc.midStream {
+				go func() {
+					var err error
+					for err == nil {
+						_, err = s.Next()
+					}
+					s.Close()
+					done <- result{nil, err}
+				}()
+			}
+			var err error
+			select {
+			case res := <-done:
+				err = res.err
+			case <-time.After(5 * time.Second):
+				t.Fatal("the request still waits for a dead worker")
+			}
+			if !errors.Is(err, ErrWorkerGone) {
+				t.Fatalf("got %v, want ErrWorkerGone", err)
+			}
+			if !tc.midStream && !Retryable(err) {
+				t.Fatal("a request the dead worker never answered is not retryable")
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Fatalf("the dead worker was noticed after %v", d)
+			}
+			if n := mWorkerGone.Get() - before; n != 1 {
+				t.Fatalf("infera_nats_streams_worker_gone_total grew by %d", n)
+			}
+		})
 	}
 }

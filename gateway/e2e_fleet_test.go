@@ -3,10 +3,14 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -493,4 +497,107 @@ func eachTransport(t *testing.T, f func(t *testing.T, transport string, common [
 			f(t, transport, transportFlags(etcd.Endpoint, nsrv.URL, transport, "/infera-"+transport+"/workers/"))
 		})
 	}
+}
+
+// startWorkerChild runs `infera worker args...` as a child process, which
+// the test may kill; the router's waitRoutable tells when it is up.
+func startWorkerChild(t *testing.T, args ...string) *child {
+	t.Helper()
+	js, _ := json.Marshal(args)
+	c := &child{done: make(chan struct{}), log: filepath.Join(t.TempDir(), "worker.log")}
+	lf, err := os.Create(c.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	c.cmd.Env = append(os.Environ(), childEnv+"=worker", "INFERA_E2E_ARGS="+string(js))
+	c.cmd.Stdout, c.cmd.Stderr = lf, lf
+	if err := c.cmd.Start(); err != nil {
+		lf.Close()
+		t.Fatal(err)
+	}
+	go func() {
+		c.cmd.Wait()
+		lf.Close()
+		close(c.done)
+	}()
+	t.Cleanup(func() {
+		c.stop()
+		if t.Failed() {
+			t.Logf("worker log:\n%s", clip(c.logText()))
+		}
+	})
+	return c
+}
+
+// A worker sidecar killed (SIGKILL) while it holds a request sends nothing
+// more over NATS, and no closed connection tells the router, as one would
+// over HTTP. The router's probes of the worker's subscription find it gone
+// and the request, not answered yet, goes to another worker: the client
+// gets its answer seconds later, not at the 900 s NATS idle timeout.
+func TestE2EAWorkerKilledMidRequestOverNATSFailsOver(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	hung := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			io.Copy(io.Discard, r.Body) // then a closed connection cancels r's context
+			close(hung)
+			<-r.Context().Done() // a prefill that never ends
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
+	}))
+	t.Cleanup(slow.Close)
+	fast := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method != http.MethodPost {
+			io.WriteString(w, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, `{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"from the survivor"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6}}`)
+	}))
+	t.Cleanup(fast.Close)
+	common := transportFlags(etcd.Endpoint, nsrv.URL, "nats", "/infera/workers/")
+	doomed := startWorkerChild(t, append([]string{"--id", "doomed", "--engine-url", slow.URL, "--models", "m", "--lease-ttl", "2s"}, common...)...)
+	rt, r := startServe(t, append([]string{"--router-policy", "round-robin"}, common...)...)
+	waitRoutable(t, rt, 1)
+
+	type answer struct {
+		status int
+		body   string
+		err    error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		c := &http.Client{Timeout: 60 * time.Second}
+		resp, err := c.Post(r+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			done <- answer{err: err}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- answer{status: resp.StatusCode, body: string(b)}
+	}()
+	select {
+	case <-hung:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the request never reached the doomed worker's engine")
+	}
+	startWorker(t, append([]string{"--id", "survivor", "--engine-url", fast.URL, "--models", "m", "--lease-ttl", "2s"}, common...)...)
+	waitRoutable(t, rt, 2)
+	doomed.cmd.Process.Kill()
+	start := time.Now()
+	a := <-done
+	if a.err != nil || a.status != 200 || !strings.Contains(a.body, "from the survivor") {
+		t.Fatalf("after its worker was killed the request got %d %q (%v)", a.status, a.body, a.err)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Fatalf("the request failed over %v after its worker was killed", d)
+	}
+	t.Logf("failed over %v after the kill", time.Since(start).Round(100*time.Millisecond))
 }

@@ -24,15 +24,17 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/internal/testsrv"
 	"github.com/infera/infera/upstream"
+	"github.com/infera/infera/worker"
 )
 
 // End-to-end tests of docs/upstreams.md: split proxy, traffic mirroring,
 // global scheduling and smart model selection, with real processes.
 //
-// Child processes: the test binary runs itself again as `infera serve` or
-// `infera classify` (the same flags, gateway and classifier code main
-// runs), so a test gets separate router processes (a second gateway playing
-// an external API, two regions) and a real classifier process.
+// Child processes: the test binary runs itself again as `infera serve`,
+// `infera classify` or `infera worker` (the same flags, gateway, classifier
+// and sidecar code main runs), so a test gets separate router processes (a
+// second gateway playing an external API, two regions), a real classifier
+// process and worker sidecars it can kill.
 
 const childEnv = "INFERA_E2E_CHILD"
 
@@ -55,6 +57,7 @@ func runChild(role string) int {
 	var cli struct {
 		Serve    config.Serve `cmd:""`
 		Classify classify.Cmd `cmd:""`
+		Worker   worker.Cmd   `cmd:""`
 	}
 	p, err := kong.New(&cli, append(config.KongOptions(), kong.Name("infera"))...)
 	if err == nil {
@@ -83,6 +86,11 @@ func runChild(role string) int {
 		}
 	case "classify":
 		if err := cli.Classify.Run(); err != nil {
+			slog.Error("fatal", "err", err)
+			return 1
+		}
+	case "worker":
+		if err := cli.Worker.Run(); err != nil {
 			slog.Error("fatal", "err", err)
 			return 1
 		}

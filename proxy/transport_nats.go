@@ -65,6 +65,11 @@ func (t *natsTransport) failure(err error, afterFirstByte, aborted bool) *failur
 			return fail(failBroker, err)
 		}
 		return fail(failNoResponder, err)
+	case errors.Is(err, broker.ErrWorkerGone):
+		if afterFirstByte {
+			return fail(failBroken, err)
+		}
+		return fail(failNoResponder, err)
 	case errors.Is(err, broker.ErrEngine):
 		return fail(failEngine, err)
 	case errors.Is(err, broker.ErrIdleTimeout):
