@@ -162,7 +162,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 	if f == nil {
 		status := up.status()
 		if (status >= 500 || status == fasthttp.StatusTooManyRequests) && mayRetry {
-			rs.stashAnswer(up, status)
+			rs.stashAnswer(up, status, &c.cancel)
 			f = &failure{kind: failStatus, status: status}
 			if status == fasthttp.StatusTooManyRequests {
 				rs.lease.Done(sched.OutcomeNeutral)
@@ -171,6 +171,10 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 				mUpstreamErr.Inc()
 			}
 			res.last, res.allConnect = f, false
+			if c.cancel.wasAborted() {
+				res.stop = true // the client left
+				return attemptStop
+			}
 			return attemptFailed
 		}
 		// Read the first bytes before committing, so a failure before
@@ -194,11 +198,12 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 	if f.kind != failConnect {
 		res.allConnect = false
 	}
-	if !f.retryable() || c.cancel.wasAborted() {
+	// The failed connection is closed; detach (not reset) keeps an abort
+	// that races with it for the next attempt.
+	if !f.retryable() || !c.cancel.detach() {
 		res.stop = true
 		return attemptStop
 	}
-	c.cancel.reset()
 	return attemptFailed
 }
 
@@ -248,14 +253,18 @@ func (s *Server) relayStashed(ctx *fasthttp.RequestCtx, rs *reqState) {
 
 // stashAnswer keeps a small, complete error answer of a worker that is
 // about to be retried elsewhere, in case it is the last answer there is.
-func (rs *reqState) stashAnswer(up upResponse, status int) {
+// The connection goes back to the pool only once slot (the attempt's abort
+// slot, which the client's liveness watch aborts) no longer points at it:
+// a client leaving later must not close a connection another request has
+// taken from the pool.
+func (rs *reqState) stashAnswer(up upResponse, status int, slot *abortSlot) {
 	rs.errStatus = 0
 	n, err := up.read(rs.rbuf[:4096])
 	if err == io.EOF && n > 0 {
 		rs.errStatus = status
 		rs.errBody = append(rs.errBody[:0], rs.rbuf[:n]...)
 		rs.errType = append(rs.errType[:0], up.contentType()...)
-		up.finish(true)
+		up.finish(slot.detach())
 		return
 	}
 	up.finish(false)

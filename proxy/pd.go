@@ -359,7 +359,7 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 				f = up.readFailure(rerr, false)
 				up.finish(false)
 			} else {
-				rs.stashAnswer(up, status)
+				rs.stashAnswer(up, status, &c.cancel)
 				f = &failure{kind: failStatus, status: status}
 			}
 		}
@@ -578,7 +578,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			case ok: // the decode answered, but the prefill had failed
 				up.finish(false)
 			case f == nil && pf == nil:
-				rs.stashAnswer(up, status)
+				rs.stashAnswer(up, status, &c.cancel)
 				f = &failure{kind: failStatus, status: status}
 			default:
 				up.finish(false)

@@ -1,0 +1,187 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/sched"
+)
+
+// startRouterWithRecords is startRouter with explicit worker records.
+func startRouterWithRecords(t *testing.T, f *config.Serve, cfg *config.Config, recs []fleet.Record) *testRouter {
+	t.Helper()
+	if cfg == nil {
+		cfg = config.Default()
+	}
+	fl := fleet.NewFleet(fleet.BreakerConfig{Threshold: f.BreakerFailureThreshold, Cooldown: f.BreakerCooldown(), MaxCooldown: f.BreakerMaxCooldown()})
+	t.Cleanup(fl.Close)
+	fl.AddHook(HTTPHook(f))
+	if errs := fl.Sync(recs); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	store := config.NewStore("", cfg)
+	sc := sched.NewScheduler(fl, mustPolicy(f.RouterPolicy))
+	srv := New(Options{Flags: f, Store: store, Sched: sc, BlockSize: 16})
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown() })
+	return &testRouter{url: "http://" + ln.Addr().String(), srv: srv, fl: fl, store: store, flags: f}
+}
+
+// blackholeAddr returns a loopback address whose listen queue is full: a
+// connect to it hangs (SYNs are dropped) until the dialer gives up.
+func blackholeAddr(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, _ := syscall.Getsockname(fd)
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	// Fill the accept queue (never accepted).
+	for i := 0; i < 2; i++ {
+		c, err := net.DialTimeout("tcp4", addr, 300*time.Millisecond)
+		if err != nil {
+			break
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	start := time.Now()
+	if c, err := net.DialTimeout("tcp4", addr, 300*time.Millisecond); err == nil {
+		c.Close()
+		t.Fatalf("the listen queue is not full (connected after %v)", time.Since(start))
+	}
+	return addr
+}
+
+// A worker's 5xx answer is stashed and its connection goes back to the
+// pool while the request's retry waits (here: a connect to the next worker
+// that hangs). Another request takes the pooled connection; when the first
+// client leaves, the liveness watchdog must abort only the first request's
+// own attempt, never the connection the other request now streams on.
+func TestAClientLeavingDuringARetryDoesNotCutAnotherRequestsStream(t *testing.T) {
+	var answeredA atomic.Bool
+	w1 := startRaw(t, func(n int, req string, c net.Conn) {
+		if strings.Contains(req, "victimA") {
+			body := `{"error":{"message":"overloaded"}}`
+			c.Write([]byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body))
+			answeredA.Store(true)
+			return
+		}
+		// B: a slow SSE stream.
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+		for i := 0; i < 15; i++ {
+			ev := fmt.Sprintf("data: {\"i\":%d}\n\n", i)
+			if _, err := fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev); err != nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		ev := "data: [DONE]\n\n"
+		fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", len(ev), ev)
+	})
+	w0 := blackholeAddr(t)
+	f := defaultFlags()
+	f.ConnectTimeout = 3 * time.Second
+	f.RequestMaxRetries = 1
+	r := startRouterWithRecords(t, f, nil, []fleet.Record{
+		{ID: "w0", URL: "http://" + w0, Models: []string{"m"}},
+		{ID: "w1", URL: w1.url, Models: []string{"m", "b"}},
+	})
+	addr := strings.TrimPrefix(r.url, "http://")
+
+	// Client A: goes to w1 first (round-robin), gets 503 stashed, retries
+	// to w0 whose connect hangs.
+	bodyA := `{"model":"m","messages":[{"role":"user","content":"victimA"}]}`
+	ca, err := net.Dial("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(ca, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(bodyA), bodyA)
+	waitFor(t, answeredA.Load, "w1 answered A")
+	time.Sleep(50 * time.Millisecond)
+
+	// Client B: a stream on w1, on the pooled connection A used.
+	bodyB := `{"model":"b","stream":true,"messages":[{"role":"user","content":"streamB"}]}`
+	cb, err := net.Dial("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cb.Close()
+	fmt.Fprintf(cb, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(bodyB), bodyB)
+	cb.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(cb)
+	line, _ := br.ReadString('\n')
+	if !strings.Contains(line, "200") {
+		t.Fatalf("B: %q", line)
+	}
+	time.Sleep(300 * time.Millisecond) // B is streaming
+	ca.Close()                         // client A leaves
+	rest, _ := io.ReadAll(br)
+	if w1.conns.Load() != 1 {
+		t.Logf("note: w1 saw %d connections (B did not reuse A's connection)", w1.conns.Load())
+	}
+	if strings.Contains(string(rest), "client closed") || !strings.Contains(string(rest), `"i":14`) {
+		t.Fatalf("B's stream was cut when client A left:\n%s", rest)
+	}
+}
+
+// The same, when nobody took the pooled connection yet: a client leaving
+// during its retry must not close the idle connection, whose descriptor
+// number the next client's socket would reuse, so that the next request to
+// reach the worker would get 499 "client closed request".
+func TestAClientLeavingDuringARetryDoesNotPoisonAnIdleConnection(t *testing.T) {
+	var answeredA atomic.Bool
+	w1 := startRaw(t, func(n int, req string, c net.Conn) {
+		if strings.Contains(req, "victimA") {
+			body := `{"error":{"message":"overloaded"}}`
+			c.Write([]byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body))
+			answeredA.Store(true)
+			return
+		}
+		c.Write([]byte(jsonAnswer(okJSON)))
+	})
+	w0 := blackholeAddr(t)
+	f := defaultFlags()
+	f.ConnectTimeout = 3 * time.Second
+	r := startRouterWithRecords(t, f, nil, []fleet.Record{
+		{ID: "w0", URL: "http://" + w0, Models: []string{"m"}},
+		{ID: "w1", URL: w1.url, Models: []string{"m", "b"}},
+	})
+	addr := strings.TrimPrefix(r.url, "http://")
+	bodyA := `{"model":"m","messages":[{"role":"user","content":"victimA"}]}`
+	ca, err := net.Dial("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(ca, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(bodyA), bodyA)
+	waitFor(t, answeredA.Load, "w1 answered A")
+	time.Sleep(50 * time.Millisecond)
+	ca.Close()                         // client A leaves while its retry connects
+	time.Sleep(500 * time.Millisecond) // the watchdog has run
+	bodyC := `{"model":"b","messages":[{"role":"user","content":"innocentC"}]}`
+	resp := rawClient(t, r.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "+strconv.Itoa(len(bodyC))+"\r\nConnection: close\r\n\r\n"+bodyC, 3*time.Second)
+	if !strings.HasPrefix(resp, "HTTP/1.1 200") {
+		t.Fatalf("an unrelated client C got:\n%s", resp)
+	}
+}
