@@ -30,7 +30,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 	}
 	c := &rs.call
 	c.method = methodPOST
-	rs.hdr = appendForwardHeaders(rs.hdr[:0], &ctx.Request.Header, s.authBytes != nil)
+	rs.hdr = appendForwardHeaders(rs.hdr[:0], &ctx.Request.Header, s.authOn())
 	c.stream = r.Stream
 	t := &cfg.Timeouts
 	if r.Stream {
@@ -242,6 +242,7 @@ func (s *Server) answerFailed(ctx *fasthttp.RequestCtx, rs *reqState, res *tries
 // in the client's protocol (protocols.go).
 func (s *Server) relayStashed(ctx *fasthttp.RequestCtx, rs *reqState) {
 	countStatus(rs.errStatus)
+	rs.gov.committed(rs.errStatus) // a 4xx (a PD leg's) counts against the user
 	ctx.Response.Reset()
 	ctx.SetStatusCode(rs.errStatus)
 	body := rs.errorBody()

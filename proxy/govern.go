@@ -81,16 +81,19 @@ func (gs *govState) reset() {
 // local seat acquisition, which then runs it in the same round trip
 // (acquire); not when another upstream (split proxy, another region) may
 // take the request first, nor when it is mirrored (a refused request must
-// not be).
+// not be), nor when smart model selection would call its classifier first
+// (a refused request must cost nothing).
 func (s *Server) admit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState) bool {
 	u := rs.gov.user
 	if u == nil {
 		return true
 	}
 	r := &rs.sreq
-	req := govern.Request{PromptTokens: r.PromptTokens, MaxTokens: max(0, r.MaxTokens)}
+	// The engine generates up to max_tokens for each choice of each prompt.
+	req := govern.Request{PromptTokens: r.PromptTokens, MaxTokens: max(0, r.MaxTokens) * rs.parsed.generations()}
 	g := s.gov
-	if g.Shared() && g.Limited() && !cfg.SplitProxy.Enabled && !s.globalOn(cfg) && !(cfg.Mirror.Enabled && s.o.Mirror != nil) {
+	if g.Shared() && g.Limited() && !cfg.SplitProxy.Enabled && !s.globalOn(cfg) && !(cfg.Mirror.Enabled && s.o.Mirror != nil) &&
+		!cfg.SmartModelSelection.Enabled {
 		rs.gov.deferred, rs.gov.req = true, req
 		return true
 	}

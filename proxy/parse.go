@@ -24,6 +24,11 @@ type reqBody struct {
 	stream               bool
 	includeUsage         bool
 	maxTokens            int // -1 when absent
+	// choices is how many completions the engine generates per prompt: the
+	// larger of n and best_of (1 when absent or not a positive integer:
+	// the engine refuses those); prompts is how many prompts a completion
+	// body batches (1 for a chat).
+	choices, prompts int
 	// text is the prompt text: the completion prompt, or the chat messages'
 	// text contents joined with '\n'.
 	text []byte
@@ -48,7 +53,7 @@ type reqBody struct {
 }
 
 func (b *reqBody) reset() {
-	*b = reqBody{modelBuf: trimBuf(b.modelBuf), text: trimBuf(b.text), tokenIDs: trimIDs(b.tokenIDs), msgSpans: b.msgSpans[:0], maxTokens: -1}
+	*b = reqBody{modelBuf: trimBuf(b.modelBuf), text: trimBuf(b.text), tokenIDs: trimIDs(b.tokenIDs), msgSpans: b.msgSpans[:0], maxTokens: -1, choices: 1, prompts: 1}
 }
 
 // span is a JSON value's [s, e) in the messages array (so that moving the
@@ -148,7 +153,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			ve, err := b.parseMessagesAt(d, vs)
 			b.msgEnd = ve
 			return ve, err
-		case "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "prompt", "tools":
+		case "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "prompt", "tools", "n", "best_of":
 		default:
 			return -1, nil
 		}
@@ -222,6 +227,10 @@ func (b *reqBody) parse(d []byte, kind int) error {
 		case "tools":
 			if v[0] == '[' {
 				b.toolsStart, b.toolsEnd = vs, ve
+			}
+		case "n", "best_of":
+			if n, ok := parseInt(v); ok && n > b.choices {
+				b.choices = min(n, 1<<16)
 			}
 		}
 		return ve, nil
@@ -373,11 +382,15 @@ func (b *reqBody) parsePrompt(d []byte) error {
 	}
 	first := true
 	isIDs := false
+	b.prompts = 0
 	_, err := forEachElem(d, b.promptStart, func(vs, ve int) error {
 		c := d[vs]
 		if first {
 			isIDs = c != '"' && c != '['
 			first = false
+		}
+		if !isIDs {
+			b.prompts++ // a string, or an array of token ids
 		}
 		switch {
 		case c == '"' && !isIDs:
@@ -416,8 +429,13 @@ func (b *reqBody) parsePrompt(d []byte) error {
 		}
 		return errPromptType
 	}
+	b.prompts = max(b.prompts, 1)
 	return nil
 }
+
+// generations is how many completions the engine generates for the body:
+// choices for each prompt.
+func (b *reqBody) generations() int { return min(b.choices*b.prompts, 1<<20) }
 
 // estimateTokens returns the prompt length estimate in tokens.
 func (b *reqBody) estimateTokens() int {

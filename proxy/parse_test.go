@@ -225,3 +225,31 @@ func TestResetDropsLargeBuffersAndKeepsSmallOnes(t *testing.T) {
 		t.Fatal("small buffers are not kept (emptied) for the next request")
 	}
 }
+
+// generations counts what the engine generates: each choice (the larger of
+// n and best_of) of each prompt of a batch.
+func TestParseCountsTheGenerationsOfABody(t *testing.T) {
+	for _, tc := range []struct {
+		kind int
+		body string
+		want int
+	}{
+		{kindChat, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, 1},
+		{kindChat, `{"model":"m","n":3,"messages":[{"role":"user","content":"hi"}]}`, 3},
+		{kindChat, `{"model":"m","n":0,"messages":[{"role":"user","content":"hi"}]}`, 1},
+		{kindChat, `{"model":"m","n":"x","messages":[{"role":"user","content":"hi"}]}`, 1},
+		{kindCompletion, `{"model":"m","prompt":"once"}`, 1},
+		{kindCompletion, `{"model":"m","prompt":["a","b","c"],"n":2}`, 6},
+		{kindCompletion, `{"model":"m","prompt":[[1,2],[3]],"best_of":3,"n":2}`, 6},
+		{kindCompletion, `{"model":"m","prompt":[1,2,3],"n":4}`, 4},
+		{kindCompletion, `{"model":"m","prompt":["a"],"n":99999999}`, 1 << 16},
+	} {
+		var b reqBody
+		if err := b.parse([]byte(tc.body), tc.kind); err != nil {
+			t.Fatalf("parse(%s): %v", tc.body, err)
+		}
+		if got := b.generations(); got != tc.want {
+			t.Errorf("generations(%s) = %d, want %d", tc.body, got, tc.want)
+		}
+	}
+}

@@ -286,6 +286,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 
 // authorized checks the request's credentials (authenticate); on failure
 // it has written the error answer.
+// authOn reports whether the router authenticates clients (--api-key, or
+// users configured): the key is then the router's, never forwarded.
+func (s *Server) authOn() bool {
+	return s.authBytes != nil || (s.gov != nil && s.gov.AuthRequired())
+}
+
 func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
 	_, ok := s.authenticate(ctx)
 	return ok
