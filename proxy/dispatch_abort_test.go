@@ -185,3 +185,35 @@ func TestAClientLeavingDuringARetryDoesNotPoisonAnIdleConnection(t *testing.T) {
 		t.Fatalf("an unrelated client C got:\n%s", resp)
 	}
 }
+
+// A client that pipelines requests and never reads the answers is
+// disconnected after --client-write-timeout: answers written whole (here
+// /metrics, which needs no key) are bounded too, not only relayed streams.
+func TestAClientThatNeverReadsIsDisconnected(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.HeaderTimeout = time.Second
+	f.ClientIdleTimeout = time.Second
+	f.ClientWriteTimeout = time.Second
+	r := startRouter(t, f, nil, up.url)
+	c, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(4096)
+	req := []byte("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+	c.SetWriteDeadline(time.Now().Add(3 * time.Second))
+	for i := 0; i < 2000; i++ {
+		if _, err := c.Write(req); err != nil {
+			break
+		}
+	}
+	deadline := time.Now().Add(8 * time.Second)
+	for r.srv.OpenConnections() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d client connection(s) still open 8 s after the client stopped reading (every client timeout is 1 s)", r.srv.OpenConnections())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -349,9 +349,7 @@ func (r *relay) CloseWithError(err error) error {
 		r.up.finish(false)
 		outcome = sched.OutcomeNeutral
 	}
-	if r.client != nil && r.wto > 0 {
-		r.client.SetWriteDeadline(time.Time{})
-	}
+	r.armWrite() // fasthttp's last chunk and flush come after the relay
 	s := r.s
 	mDuration.Update(time.Since(rs.start).Seconds())
 	rs.usage.record(rs.lease.Worker)

@@ -162,9 +162,13 @@ func New(o Options) *Server {
 		MaxRequestBodySize: f.MaxBodyBytes,
 		// ReadTimeout covers the request line and headers (slowloris); the
 		// handler gives the body its own deadline.
-		ReadTimeout:           header,
-		IdleTimeout:           idle,
-		WriteTimeout:          0, // streams may last for hours; the relay sets per-write deadlines
+		ReadTimeout: header,
+		IdleTimeout: idle,
+		// Every answer's write is bounded: a client that stops reading
+		// (pipelining requests it never reads the answers of) is
+		// disconnected. A relay (a stream, a large body) re-arms it before
+		// each write, so a stream may last for hours.
+		WriteTimeout:          f.ClientWriteTimeout,
 		Concurrency:           maxConns(f.MaxConns),
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
