@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/logx"
 )
 
 // Options configures the configuration center. Fields map to `infera
@@ -197,7 +198,7 @@ func New(o Options) (*Admin, error) {
 	}
 	a.store.OnChange(a.onStoreChange)
 	switch {
-	case strings.HasPrefix(o.State, "redis://") || strings.HasPrefix(o.State, "rediss://"):
+	case hasPrefixFold(o.State, "redis://") || hasPrefixFold(o.State, "rediss://"):
 		r, err := newRedisStorage(a)
 		if err != nil {
 			return nil, err
@@ -207,7 +208,7 @@ func New(o Options) (*Admin, error) {
 			slog.Info("periodic snapshots are off with --state redis (Redis keeps its own persistence); --persist-snapshot-dir only seeded an empty Redis", "dir", o.SnapshotDir)
 		}
 	case o.State != "":
-		return nil, fmt.Errorf("--state %q: want empty or redis://host:port[/db]", o.State)
+		return nil, fmt.Errorf("--state %q: want empty or redis://host:port[/db]", logx.RedactURL(o.State))
 	default:
 		a.st = local{store: a.store}
 		if o.SnapshotDir != "" {
@@ -426,4 +427,10 @@ func (a *Admin) onStoreChange(old, cur *config.Config) {
 		who, action = actor{Who: "another replica (redis)"}, "sync"
 	}
 	a.audit.add(who, action, a.store.Version(), old, cur)
+}
+
+// hasPrefixFold is strings.HasPrefix ignoring case (URL schemes are
+// case-insensitive, and go-redis accepts REDIS://).
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
 }

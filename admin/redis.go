@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/logx"
 )
 
 // Redis layout (prefix default "infera:admin:"):
@@ -70,7 +71,7 @@ const redisOpTimeout = 3 * time.Second
 func newRedisStorage(a *Admin) (*redisStorage, error) {
 	opts, err := redis.ParseURL(a.o.State)
 	if err != nil {
-		return nil, fmt.Errorf("--state: %w", err)
+		return nil, fmt.Errorf("--state: %w", logx.StripURL(err))
 	}
 	opts.DialTimeout = 2 * time.Second
 	opts.ReadTimeout = redisOpTimeout

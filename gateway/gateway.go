@@ -14,6 +14,7 @@ import (
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/govern"
+	"github.com/infera/infera/internal/logx"
 	"github.com/infera/infera/kv"
 	"github.com/infera/infera/kvroute"
 	"github.com/infera/infera/mirror"
@@ -291,7 +292,7 @@ func (g *Gateway) connectNATS() error {
 	}
 	nc, err := nats.Connect(f.NatsURL, append(broker.Reconnect(), nats.Name("infera-serve"))...)
 	if err != nil {
-		return fmt.Errorf("cannot connect to NATS: %w", err)
+		return fmt.Errorf("cannot connect to NATS: %w", logx.StripURL(err)) // url errors quote the URL, password included
 	}
 	g.nc = nc
 	g.health["nats"] = func() (bool, string) { return nc.IsConnected(), nc.Status().String() }

@@ -21,6 +21,7 @@ import (
 	"github.com/infera/infera/broker"
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/logx"
 	"github.com/nats-io/nats.go"
 )
 
@@ -363,7 +364,7 @@ func (s *Sidecar) startNATS() error {
 	}
 	nc, err := nats.Connect(c.NatsURL, append(broker.Reconnect(), nats.Name("infera-worker-"+s.rec.ID))...)
 	if err != nil {
-		return fmt.Errorf("cannot connect to NATS %s: %w", c.NatsURL, err)
+		return fmt.Errorf("cannot connect to NATS %s: %w", logx.RedactURL(c.NatsURL), logx.StripURL(err))
 	}
 	s.nc = nc
 	if c.RequestTransport == "nats" {
