@@ -889,15 +889,14 @@ func (r *redisState) pumpUsers() {
 		for {
 			st.mu.Lock()
 			w := st.q.head
-			st.mu.Unlock()
 			if w == nil {
-				r.mu.Lock()
-				if st.q.n == 0 {
-					delete(r.dirty, st)
-				}
+				r.mu.Lock() // after st.mu: a kickUser for a waiter queued since marks st dirty again
+				delete(r.dirty, st)
 				r.mu.Unlock()
+				st.mu.Unlock()
 				break
 			}
+			st.mu.Unlock()
 			now := r.g.now().UnixNano()
 			cs := s.cal.state(now / 1e9)
 			dry := s.userDry || w.t.dry
@@ -909,7 +908,7 @@ func (r *redisState) pumpUsers() {
 				break // still full: wait for the next release or poll
 			}
 			st.mu.Lock()
-			if w.state != waiting { // it left during the round trip
+			if w.state != waiting { // it left during the round trip (queueUser dequeued it)
 				st.mu.Unlock()
 				if err == nil && (f == 0 || dry) {
 					r.finishUser(w.ts, false, Usage{}, now)
@@ -951,6 +950,12 @@ func (r *redisState) pumpSeats() {
 	rl := &r.g.snap.Load().rl
 	full := map[*counters]bool{}
 	for _, w := range ws {
+		l.mu.Lock()
+		gone := w.state != waiting // it left since the copy (waitSeat dequeued it)
+		l.mu.Unlock()
+		if gone {
+			continue
+		}
 		var cands []*counters
 		var idx []int
 		for i, c := range w.cs {
@@ -980,9 +985,9 @@ func (r *redisState) pumpSeats() {
 			continue
 		}
 		l.mu.Lock()
-		if w.state != waiting {
+		if w.state != waiting { // it left during the round trip (waitSeat dequeued it)
 			l.mu.Unlock()
-			seat.Done()
+			seat.Done() // the seat taken for it goes back (a zero Seat does nothing)
 			continue
 		}
 		l.dequeueLocked(w)

@@ -438,3 +438,182 @@ while true do local n = redis.call('TIME'); if tonumber(n[1]) * 1e6 + tonumber(n
 		t.Fatalf("one admission counted %d times in the day window", r)
 	}
 }
+
+// busyRedis keeps rs busy for ms milliseconds (a Lua busy loop) and
+// returns a channel closed when it is over: the calls sent meanwhile wait
+// for their answers.
+func busyRedis(t *testing.T, rs *redisServer, ms int) chan struct{} {
+	t.Helper()
+	cl := rs.client(t)
+	busy := make(chan struct{})
+	go func() {
+		defer close(busy)
+		cl.Eval(context.Background(), `local s = redis.call('TIME'); local e = tonumber(s[1]) * 1e6 + tonumber(s[2]) + tonumber(ARGV[1]) * 1000
+while true do local n = redis.call('TIME'); if tonumber(n[1]) * 1e6 + tonumber(n[2]) > e then break end end return 0`, nil, ms)
+	}()
+	time.Sleep(50 * time.Millisecond) // the script runs
+	return busy
+}
+
+// recvWithin receives from ch, failing the test after d.
+func recvWithin[T any](t *testing.T, ch <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf("%s: nothing after %v", what, d)
+		panic("unreachable")
+	}
+}
+
+// seatQueueState is the seat queue's length and w1's count of waiters.
+func seatQueueState(g *Governor) (n, waiting int) {
+	g.seats.mu.Lock()
+	defer g.seats.mu.Unlock()
+	return g.seats.q.n, g.seats.inst["w1"].waiting
+}
+
+// A seat waiter whose client leaves while the queue loop's acquisition for
+// it is out in Redis is dequeued once (not again by the loop), and the
+// seat Redis granted for it goes back: nobody is left holding or renewing
+// it, and the next request takes it.
+func TestARedisSeatWaiterThatLeavesDuringThePumpGivesItsSeatBack(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.PollInterval = time.Hour // only kicks run the queue loop
+	c := parseConfig(t, `{"rate_limit":{"overall_concurrency":1,"overlimit":"queue","queue_size":10,"queue_timeout_ms":20000}}`)
+	g := newGov(t, o, c)
+	a := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res := make(chan *Rejection, 1)
+	go func() {
+		s, _, rej := g.Acquire(ctx, []Target{w1}, PhaseMixed)
+		s.Done()
+		res <- rej
+	}()
+	waitFor(t, func() bool { n, _ := seatQueueState(g); return n == 1 })
+	time.Sleep(100 * time.Millisecond) // the enqueue's pump pass is over
+	busy := busyRedis(t, rs, 600)
+	a.Done() // the queue loop copies the queue and asks Redis for a seat (blocked)
+	time.Sleep(150 * time.Millisecond)
+	cancel() // the client leaves while that round trip is out
+	if rej := recvWithin(t, res, 5*time.Second, "the leaver's Acquire"); rej == nil {
+		t.Fatal("the client that left got a seat")
+	}
+	recvWithin(t, busy, 5*time.Second, "the busy script")
+	time.Sleep(300 * time.Millisecond) // the loop's answer came back and it gave the seat back
+	syncState(t, g)
+	n, waiting := seatQueueState(g)
+	held := rs.client(t).ZCard(context.Background(), o.RedisPrefix+"{rl}:i:w1:overall").Val()
+	g.rds.mu.Lock()
+	leases := len(g.rds.leases)
+	g.rds.mu.Unlock()
+	if n != 0 || waiting != 0 || held != 0 || leases != 0 {
+		t.Errorf("after everyone left: queue n=%d, w1 waiting=%d, seats held in Redis=%d, leases renewed=%d; want all 0", n, waiting, held, leases)
+	}
+	short, cancel2 := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel2()
+	s, _, rej := g.Acquire(short, []Target{w1}, PhaseMixed)
+	if rej != nil {
+		t.Errorf("nobody holds a seat, yet a new request is refused: %s %q", rej.Code, rej.Message)
+	}
+	s.Done()
+}
+
+// With a second waiter behind the one that leaves during the queue
+// loop's round trip, the seat freed goes to the second one (it is neither
+// dropped from the queue nor left to time out).
+func TestARedisSeatWaiterThatLeavesDuringThePumpPassesTheSeatToTheNext(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.PollInterval = time.Hour
+	c := parseConfig(t, `{"rate_limit":{"overall_concurrency":1,"overlimit":"queue","queue_size":10,"queue_timeout_ms":3000}}`)
+	g := newGov(t, o, c)
+	a := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res := make(chan *Rejection, 1)
+	go func() {
+		s, _, rej := g.Acquire(ctx, []Target{w1}, PhaseMixed)
+		s.Done()
+		res <- rej
+	}()
+	waitFor(t, func() bool { n, _ := seatQueueState(g); return n == 1 })
+	second := make(chan Seat, 1)
+	go func() {
+		s, _, rej := g.Acquire(context.Background(), []Target{w1}, PhaseMixed)
+		if rej != nil {
+			t.Errorf("the waiter behind the one that left: %s %q", rej.Code, rej.Message)
+		}
+		second <- s
+	}()
+	waitFor(t, func() bool { n, _ := seatQueueState(g); return n == 2 })
+	time.Sleep(100 * time.Millisecond)
+	busy := busyRedis(t, rs, 600)
+	a.Done()
+	time.Sleep(150 * time.Millisecond)
+	cancel()
+	recvWithin(t, res, 5*time.Second, "the leaver's Acquire")
+	recvWithin(t, busy, 5*time.Second, "the busy script")
+	s := recvWithin(t, second, 5*time.Second, "the second waiter")
+	n, waiting := seatQueueState(g)
+	if n != 0 || waiting != 0 {
+		t.Errorf("queue n=%d, w1 waiting=%d; want 0", n, waiting)
+	}
+	s.Done()
+	syncState(t, g)
+	if held := rs.client(t).ZCard(context.Background(), o.RedisPrefix+"{rl}:i:w1:overall").Val(); held != 0 {
+		t.Errorf("%d seats held in Redis after every request ended", held)
+	}
+}
+
+// A user's queued request whose client leaves while the queue loop's
+// admission for it is out in Redis is dequeued once, and the slot Redis
+// granted for it goes back: the user's next request is admitted.
+func TestARedisUserWaiterThatLeavesDuringThePumpGivesItsSlotBack(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.PollInterval = time.Hour
+	o.LeaseTTL = 300 * time.Millisecond
+	key, hash := mintKey(t)
+	c := userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":1,"overlimit":"queue","queue_size":5,"queue_timeout_ms":20000}}`, "")
+	g := newGov(t, o, c)
+	u := identify(t, g, key)
+	holder := admitOK(t, g, u, Request{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res := make(chan *Rejection, 1)
+	go func() {
+		tk, rej := g.Admit(ctx, u, Request{})
+		tk.Done(Usage{})
+		res <- rej
+	}()
+	waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 1 })
+	time.Sleep(100 * time.Millisecond)
+	busy := busyRedis(t, rs, 600)
+	holder.Done(Usage{}) // kicks the queue loop: its admission for the waiter blocks in Redis
+	time.Sleep(150 * time.Millisecond)
+	cancel()
+	if rej := recvWithin(t, res, 5*time.Second, "the leaver's Admit"); rej == nil {
+		t.Fatal("the client that left was admitted")
+	}
+	recvWithin(t, busy, 5*time.Second, "the busy script")
+	time.Sleep(300 * time.Millisecond)
+	syncState(t, g)
+	u.st.mu.Lock()
+	n := u.st.q.n
+	u.st.mu.Unlock()
+	held := rs.client(t).ZCard(context.Background(), o.RedisPrefix+"{u:alice}:seats").Val()
+	if n != 0 || held != 0 {
+		t.Errorf("after everyone left: user queue n=%d, slots held in Redis=%d; want 0", n, held)
+	}
+	short, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel2()
+	tk, rej := g.Admit(short, u, Request{})
+	if rej != nil {
+		t.Errorf("nobody holds a slot, yet the user is refused: %s %q", rej.Code, rej.Message)
+	}
+	tk.Done(Usage{})
+}

@@ -375,6 +375,7 @@ func (g *Governor) waitSeat(ctx context.Context, w *seatWaiter, timeout time.Dur
 	l.mu.Lock()
 	if w.state == waiting {
 		l.dequeueLocked(w)
+		w.state = left // a pump pass holding w in its copy of the queue gives back what it took for it
 		l.mu.Unlock()
 		seatQueued.Add(-1)
 		seatQueueWait.UpdateDuration(w.since)
@@ -396,9 +397,12 @@ func (g *Governor) waitSeat(ctx context.Context, w *seatWaiter, timeout time.Dur
 	return w.seat, w.idx, nil
 }
 
-// dequeueLocked removes w from the queue. Lock must be held.
+// dequeueLocked removes w from the queue; a w no longer queued is left
+// alone. Lock must be held.
 func (l *seatLimiter) dequeueLocked(w *seatWaiter) {
-	l.q.remove(w)
+	if !l.q.remove(w) {
+		return
+	}
 	for _, c := range w.cs {
 		c.waiting--
 	}
@@ -469,7 +473,12 @@ func (l *seatWaitList) push(w *seatWaiter) {
 	l.n++
 }
 
-func (l *seatWaitList) remove(w *seatWaiter) {
+// remove unlinks w and reports whether it was in the list (removing it
+// twice does nothing).
+func (l *seatWaitList) remove(w *seatWaiter) bool {
+	if w.prev == nil && l.head != w {
+		return false
+	}
 	if w.prev != nil {
 		w.prev.next = w.next
 	} else {
@@ -482,4 +491,5 @@ func (l *seatWaitList) remove(w *seatWaiter) {
 	}
 	w.prev, w.next = nil, nil
 	l.n--
+	return true
 }

@@ -231,3 +231,29 @@ func TestSeatDryRunCountsButAdmits(t *testing.T) {
 	a.Done()
 	b.Done()
 }
+
+// Removing a waiter that is no longer queued does nothing: the queues'
+// counts never go negative and the waiters still queued stay linked.
+func TestWaitListsIgnoreAWaiterRemovedTwice(t *testing.T) {
+	var sl seatWaitList
+	a, b, c := &seatWaiter{}, &seatWaiter{}, &seatWaiter{}
+	sl.push(a)
+	sl.push(b)
+	sl.push(c)
+	if !sl.remove(b) || sl.remove(b) || sl.n != 2 || sl.head != a || a.next != c || sl.tail != c || c.prev != a {
+		t.Fatalf("seat queue after removing the middle twice: n=%d", sl.n)
+	}
+	if !sl.remove(a) || sl.remove(a) || !sl.remove(c) || sl.remove(c) || sl.n != 0 || sl.head != nil || sl.tail != nil {
+		t.Fatalf("seat queue after removing all twice: n=%d", sl.n)
+	}
+	var ul waitList
+	x, y := &waiter{}, &waiter{}
+	ul.push(x)
+	ul.push(y)
+	if !ul.remove(x) || ul.remove(x) || ul.n != 1 || ul.head != y || ul.tail != y {
+		t.Fatalf("user queue after removing the head twice: n=%d", ul.n)
+	}
+	if !ul.remove(y) || ul.remove(y) || ul.n != 0 || ul.head != nil || ul.tail != nil {
+		t.Fatalf("user queue after removing all twice: n=%d", ul.n)
+	}
+}

@@ -394,14 +394,15 @@ func (g *Governor) queueUser(ctx context.Context, u *User, t *template, ts *tick
 	}
 	granted, timedOut := waitCtx(ctx, w.ch, t.concTimeout)
 	st.mu.Lock()
-	left := !granted && w.state == waiting
-	if left {
+	gone := !granted && w.state == waiting
+	if gone {
 		st.q.remove(w)
+		w.state = left // a Redis pump pass holding w gives back what it took for it
 	}
 	st.mu.Unlock()
 	userQueued.Add(-1)
 	userQueueWait.UpdateDuration(w.since)
-	if left {
+	if gone {
 		if g.rds == nil { // with Redis the queue loop may still be using ts
 			g.putTicket(ts)
 		}
@@ -478,9 +479,13 @@ type waiter struct {
 type waitState uint8
 
 const (
-	waiting waitState = iota
-	granted
-	rejected
+	waiting  waitState = iota // queued
+	granted                   // served: it holds what it waited for
+	rejected                  // refused by the queue loop (rej)
+	// left: its request stopped waiting (client gone or queue timeout)
+	// and removed it from the queue; a pump that was serving it from a
+	// copy gives back what it took for it.
+	left
 )
 
 // waitList is an intrusive FIFO.
@@ -500,7 +505,12 @@ func (l *waitList) push(w *waiter) {
 	l.n++
 }
 
-func (l *waitList) remove(w *waiter) {
+// remove unlinks w and reports whether it was in the list (removing it
+// twice does nothing).
+func (l *waitList) remove(w *waiter) bool {
+	if w.prev == nil && l.head != w {
+		return false
+	}
 	if w.prev != nil {
 		w.prev.next = w.next
 	} else {
@@ -513,4 +523,5 @@ func (l *waitList) remove(w *waiter) {
 	}
 	w.prev, w.next = nil, nil
 	l.n--
+	return true
 }
