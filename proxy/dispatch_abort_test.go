@@ -217,3 +217,43 @@ func TestAClientThatNeverReadsIsDisconnected(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// An HTTP/1.0 client cannot read a chunked answer, and streams and relayed
+// bodies go out chunked: its inference request gets 426 in the right shape
+// and the connection closes; its GET /health is still answered.
+func TestAnHTTP10InferenceRequestGets426(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, up.url)
+	for _, path := range []string{"/v1/chat/completions", "/v1/messages"} {
+		req := "POST " + path + " HTTP/1.0\r\nHost: x\r\nContent-Length: " + strconv.Itoa(len(chatBody)) + "\r\n\r\n" + chatBody
+		resp := rawClient(t, r.url, req, 3*time.Second)
+		if !strings.HasPrefix(resp, "HTTP/1.1 426") || !strings.Contains(resp, "need HTTP/1.1") {
+			t.Fatalf("%s over HTTP/1.0: %q", path, resp)
+		}
+		if strings.Contains(path, "messages") != strings.Contains(resp, `"type":"error"`) {
+			t.Fatalf("%s: the error is not in the path's shape: %q", path, resp)
+		}
+	}
+	if resp := rawClient(t, r.url, "GET /health HTTP/1.0\r\nHost: x\r\n\r\n", 3*time.Second); !strings.HasPrefix(resp, "HTTP/1.1 200") {
+		t.Fatalf("GET /health over HTTP/1.0: %q", resp)
+	}
+}
+
+// A client header whose name is not an HTTP token (fasthttp's server takes
+// "X Y") is not forwarded to the engine.
+func TestAHeaderNameThatIsNotATokenIsNotForwarded(t *testing.T) {
+	got := make(chan string, 1)
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		got <- req
+		c.Write([]byte(jsonAnswer(okJSON)))
+	})
+	r := startRouter(t, nil, nil, up.url)
+	req := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX Y: z\r\nX-Ok: 1\r\nContent-Length: " + strconv.Itoa(len(chatBody)) + "\r\nConnection: close\r\n\r\n" + chatBody
+	if resp := rawClient(t, r.url, req, 3*time.Second); !strings.HasPrefix(resp, "HTTP/1.1 200") {
+		t.Fatalf("%q", resp)
+	}
+	head, _, _ := strings.Cut(<-got, "\r\n\r\n")
+	if strings.Contains(head, "X Y") || !strings.Contains(head, "X-Ok: 1") {
+		t.Fatalf("the engine got:\n%s", head)
+	}
+}

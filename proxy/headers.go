@@ -92,7 +92,7 @@ func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, stripAuth bool)
 		case len(conn) > 0 && namedIn(conn, k):
 			continue
 		}
-		if !validHeaderValue(v) {
+		if !validHeaderValue(v) || !validHeaderName(k) {
 			continue
 		}
 		dst = append(dst, k...)
@@ -123,6 +123,35 @@ func namedIn(v, k []byte) bool {
 
 // validHeaderValue refuses control characters (fasthttp already refuses
 // bare CR/LF; this keeps NUL and friends from reaching engines).
+// validHeaderName reports whether k is an RFC 9110 token: what an engine's
+// HTTP parser takes as a field name (fasthttp's server lets some others
+// through, such as names with spaces).
+func validHeaderName(k []byte) bool {
+	if len(k) == 0 {
+		return false
+	}
+	for _, c := range k {
+		if !tokenChar[c] {
+			return false
+		}
+	}
+	return true
+}
+
+// tokenChar marks the RFC 9110 tchar bytes.
+var tokenChar = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return t
+}()
+
 func validHeaderValue(v []byte) bool {
 	for _, c := range v {
 		if (c < ' ' && c != '\t') || c == 0x7f {

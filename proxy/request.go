@@ -225,6 +225,15 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use POST", "", "method_not_allowed")
 		return
 	}
+	if !ctx.Request.Header.IsHTTP11() {
+		// Streams and relayed bodies go out chunked, which HTTP/1.0 does
+		// not know (fasthttp cannot end a body by closing instead). As
+		// Envoy does by default: 426.
+		ctx.SetConnectionClose()
+		writeError(ctx, fasthttp.StatusUpgradeRequired, typeInvalidRequest, "inference requests need HTTP/1.1", "", "http_version_not_supported")
+		ctx.Response.Header.Set("Upgrade", "HTTP/1.1")
+		return
+	}
 	user, ok := s.authenticate(ctx)
 	if !ok {
 		ctx.SetConnectionClose() // the body was not read
