@@ -679,7 +679,7 @@ func (r *redisState) finishUser(ts *ticketState, served bool, u Usage, now int64
 // admitRemote is Admit with the counters in Redis. With sa it also takes
 // the request's first seat in the same script (AdmitAcquire), and does not
 // wait in the user's queue (sa.queue).
-func (g *Governor) admitRemote(ctx context.Context, s *snapshot, u *User, t *template, ts *ticketState, cs *calState, e estimate, dry bool, now int64, sa *seatAsk) (Ticket, *Rejection) {
+func (g *Governor) admitRemote(ctx context.Context, s *snapshot, u *User, t *template, ts *ticketState, cs *calState, r Request, e estimate, dry bool, now int64, sa *seatAsk) (Ticket, *Rejection) {
 	st := u.st
 	if t.concQueue && !dry {
 		st.mu.Lock()
@@ -690,7 +690,7 @@ func (g *Governor) admitRemote(ctx context.Context, s *snapshot, u *User, t *tem
 				sa.queue = true
 				return Ticket{}, nil
 			}
-			return g.queueUser(ctx, u, t, ts, e)
+			return g.queueUser(ctx, u, t, ts, r, e)
 		}
 		st.mu.Unlock()
 	}
@@ -718,7 +718,7 @@ func (g *Governor) admitRemote(ctx context.Context, s *snapshot, u *User, t *tem
 				return Ticket{}, nil
 			}
 			st.mu.Lock()
-			return g.queueUser(ctx, u, t, ts, e) // counts it
+			return g.queueUser(ctx, u, t, ts, r, e) // counts it
 		}
 		hits(f, dry)
 		if !dry {
@@ -898,9 +898,22 @@ func (r *redisState) pumpUsers() {
 			}
 			st.mu.Unlock()
 			now := r.g.now().UnixNano()
+			t, e := w.current(s, st)
+			if t == nil { // no rule counts any more: nothing to take
+				st.mu.Lock()
+				if w.state == waiting {
+					st.q.remove(w)
+					w.ts.at = now
+					w.state = granted
+					w.ch <- struct{}{}
+				}
+				st.mu.Unlock()
+				continue
+			}
+			w.ts.t = t // before the round trip: finishUser gives back what t took
 			cs := s.cal.state(now / 1e9)
-			dry := s.userDry || w.t.dry
-			f, retry, err := r.admitUser(st, w.t, w.ts, cs, w.e, dry, now)
+			dry := s.userDry || t.dry
+			f, retry, err := r.admitUser(st, t, w.ts, cs, e, dry, now)
 			if err == errStateClosed {
 				return // shutting down: the waiters end with their requests
 			}

@@ -332,7 +332,7 @@ func (g *Governor) admit(ctx context.Context, u *User, r Request, sa *seatAsk) (
 	ts := g.getTicket(u, t)
 	ts.at = now
 	if g.rds != nil {
-		return g.admitRemote(ctx, s, u, t, ts, cs, e, dry, now, sa)
+		return g.admitRemote(ctx, s, u, t, ts, cs, r, e, dry, now, sa)
 	}
 	st := u.st
 	st.mu.Lock()
@@ -348,7 +348,7 @@ func (g *Governor) admit(ctx context.Context, u *User, r Request, sa *seatAsk) (
 				sa.queue = true
 				return Ticket{}, nil
 			}
-			return g.queueUser(ctx, u, t, ts, e) // unlocks; counts it
+			return g.queueUser(ctx, u, t, ts, r, e) // unlocks; counts it
 		}
 		hits(f, dry)
 		if !dry {
@@ -375,7 +375,7 @@ func (g *Governor) outsidePeriod(cal *calendar, m *minuteMask, now int64) *Rejec
 }
 
 // queueUser waits in st's queue. st.mu is held on entry and released.
-func (g *Governor) queueUser(ctx context.Context, u *User, t *template, ts *ticketState, e estimate) (Ticket, *Rejection) {
+func (g *Governor) queueUser(ctx context.Context, u *User, t *template, ts *ticketState, r Request, e estimate) (Ticket, *Rejection) {
 	st := u.st
 	if st.q.n >= t.concQueueSize {
 		st.mu.Unlock()
@@ -384,7 +384,7 @@ func (g *Governor) queueUser(ctx context.Context, u *User, t *template, ts *tick
 		hit(CodeConcurrencyUser, false)
 		return Ticket{}, reject(CodeConcurrencyUser, 0, true)
 	}
-	w := &waiter{ch: make(chan struct{}, 1), ts: ts, t: t, e: e, since: time.Now()}
+	w := &waiter{ch: make(chan struct{}, 1), ts: ts, t: t, r: r, e: e, since: time.Now()}
 	st.q.push(w)
 	userQueued.Add(1)
 	st.mu.Unlock()
@@ -428,7 +428,8 @@ func (g *Governor) queueUser(ctx context.Context, u *User, t *template, ts *tick
 	return h, nil
 }
 
-// pumpLocal serves st's queue head while slots are free. Lock must be held.
+// pumpLocal serves st's queue head while slots are free, under the
+// user's current template. Lock must be held.
 func (g *Governor) pumpLocal(st *userState) {
 	if st.q.n == 0 {
 		return
@@ -437,21 +438,47 @@ func (g *Governor) pumpLocal(st *userState) {
 	now := g.now().UnixNano()
 	cs := s.cal.state(now / 1e9)
 	for w := st.q.head; w != nil; w = st.q.head {
-		f, retry := st.checkLocked(w.t, cs, now, w.e)
-		if f == 1<<CodeConcurrencyUser {
+		t, e := w.current(s, st)
+		if t == nil { // no rule counts any more: nothing to take
+			st.q.remove(w)
+			w.ts.at = now
+			w.state = granted
+			w.ch <- struct{}{}
+			continue
+		}
+		dry := s.userDry || t.dry
+		f, retry := st.checkLocked(t, cs, now, e)
+		if f == 1<<CodeConcurrencyUser && !dry {
 			return
 		}
 		st.q.remove(w)
-		if f != 0 && !(s.userDry || w.t.dry) {
+		if f != 0 && !dry {
 			hits(f, false)
 			w.state, w.rej = rejected, reject(f.first(), retry, false)
 		} else {
-			st.takeLocked(w.t, cs, w.e, w.ts)
+			w.ts.t = t
+			st.takeLocked(t, cs, e, w.ts)
 			w.ts.at = now
 			w.state = granted
 		}
 		w.ch <- struct{}{}
 	}
+}
+
+// current returns the template w is served under and its estimate under
+// it: its user's template in s (a reload applies to the requests already
+// queued), nil when that one counts nothing (w takes nothing). When the
+// user is gone from s it is the template w was queued with.
+func (w *waiter) current(s *snapshot, st *userState) (*template, estimate) {
+	u := s.users[st.name]
+	if u == nil || u.st != st || u.tmpl == w.t {
+		return w.t, w.e
+	}
+	t := u.tmpl
+	if t == nil || !t.counted {
+		return nil, estimate{}
+	}
+	return t, t.estimate(w.r)
 }
 
 func (g *Governor) userReloaded(st *userState) {
@@ -471,8 +498,9 @@ type waiter struct {
 	state      waitState
 	rej        *Rejection
 	ts         *ticketState
-	t          *template
-	e          estimate
+	t          *template // at queueing
+	r          Request
+	e          estimate // under t
 	since      time.Time
 }
 

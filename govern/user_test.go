@@ -452,3 +452,108 @@ func waitFor(t testing.TB, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// stores runs f with in-process counters and with counters in Redis.
+func stores(t *testing.T, f func(t *testing.T, o Options)) {
+	t.Run("local", func(t *testing.T) { f(t, Options{}) })
+	t.Run("redis", func(t *testing.T) { f(t, redisOptions(t, startRedis(t))) })
+}
+
+func concTemplate(limit, timeoutMS int) string {
+	return fmt.Sprintf(`{"name":"t","concurrency":{"enabled":true,"limit":%d,"overlimit":"queue","queue_size":5,"queue_timeout_ms":%d}}`, limit, timeoutMS)
+}
+
+// A reload that raises a user's concurrency limit admits the requests
+// already queued at once (the queue is served under the user's current
+// template, not the one they were queued with), and a new request is not
+// held behind them.
+func TestAReloadRaisingAUsersLimitAdmitsItsQueuedRequests(t *testing.T) {
+	stores(t, func(t *testing.T, o Options) {
+		key, hash := mintKey(t)
+		g := newGov(t, o, userConfig(t, hash, concTemplate(1, 10000), ""))
+		u := identify(t, g, key)
+		holder := admitOK(t, g, u, Request{})
+		defer holder.Done(Usage{})
+		got := make(chan *Rejection, 1)
+		go func() { tk, rej := g.Admit(context.Background(), u, Request{}); tk.Done(Usage{}); got <- rej }()
+		waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 1 })
+		if err := g.Apply(userConfig(t, hash, concTemplate(4, 10000), "")); err != nil {
+			t.Fatal(err)
+		}
+		if rej := recvWithin(t, got, 2*time.Second, "the queued request"); rej != nil {
+			t.Fatalf("the queued request after the limit was raised to 4 with 1 in flight: %s", rej.Code)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		tk, rej := g.Admit(ctx, identify(t, g, key), Request{})
+		if rej != nil {
+			t.Fatalf("a new request with 1 of 4 slots in use: %s", rej.Code)
+		}
+		tk.Done(Usage{})
+	})
+}
+
+// A reload that lowers a user's concurrency limit applies to the requests
+// already queued: a slot freed while the user is still at the new limit
+// admits none of them.
+func TestAReloadLoweringAUsersLimitHoldsItsQueuedRequests(t *testing.T) {
+	stores(t, func(t *testing.T, o Options) {
+		key, hash := mintKey(t)
+		g := newGov(t, o, userConfig(t, hash, concTemplate(2, 10000), ""))
+		u := identify(t, g, key)
+		a := admitOK(t, g, u, Request{})
+		b := admitOK(t, g, u, Request{})
+		got := make(chan Ticket, 2)
+		for range 2 {
+			go func() { tk, _ := g.Admit(context.Background(), u, Request{}); got <- tk }()
+		}
+		waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 2 })
+		if err := g.Apply(userConfig(t, hash, concTemplate(1, 10000), "")); err != nil {
+			t.Fatal(err)
+		}
+		a.Done(Usage{}) // 1 in flight: the new limit
+		select {
+		case tk := <-got:
+			tk.Done(Usage{})
+			t.Fatal("a queued request was admitted over the reloaded limit of 1")
+		case <-time.After(300 * time.Millisecond):
+		}
+		b.Done(Usage{}) // the queued ones now go one at a time
+		tk := recvWithin(t, got, 2*time.Second, "the first queued request")
+		select {
+		case tk2 := <-got:
+			tk2.Done(Usage{})
+			t.Fatal("both queued requests admitted at once under a limit of 1")
+		case <-time.After(200 * time.Millisecond):
+		}
+		tk.Done(Usage{})
+		recvWithin(t, got, 2*time.Second, "the second queued request").Done(Usage{})
+	})
+}
+
+// A reload that takes a user's limits away admits its queued requests,
+// holding nothing; their tickets end cleanly.
+func TestAReloadLiftingAUsersLimitsAdmitsItsQueuedRequests(t *testing.T) {
+	stores(t, func(t *testing.T, o Options) {
+		key, hash := mintKey(t)
+		g := newGov(t, o, userConfig(t, hash, concTemplate(1, 10000), ""))
+		u := identify(t, g, key)
+		holder := admitOK(t, g, u, Request{})
+		got := make(chan Ticket, 1)
+		go func() {
+			tk, rej := g.Admit(context.Background(), u, Request{})
+			if rej != nil {
+				t.Errorf("queued request: %s", rej.Code)
+			}
+			got <- tk
+		}()
+		waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 1 })
+		if err := g.Apply(userConfig(t, hash, `{"name":"t"}`, "")); err != nil {
+			t.Fatal(err)
+		}
+		tk := recvWithin(t, got, 2*time.Second, "the queued request")
+		tk.FirstToken()
+		tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 10})
+		holder.Done(Usage{})
+	})
+}
