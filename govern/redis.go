@@ -971,8 +971,8 @@ func (r *redisState) pumpSeats() {
 		}
 		var cands []*counters
 		var idx []int
-		for i, c := range w.cs {
-			if !full[c] {
+		for i := range w.lvs {
+			if c := w.lvs[i][rl.scope]; !full[c] {
 				cands, idx = append(cands, c), append(idx, i)
 			}
 		}
@@ -1046,7 +1046,7 @@ func (r *redisState) seated(res []int64, rl *rlConf, cands []*counters, ph Phase
 	c := cands[res[0]-1]
 	p := parts(ph)
 	ss := r.g.seatPool.Get().(*seatState)
-	ss.c = nil
+	ss.lv = levels{}
 	ss.keys = c.keys
 	ss.member, ss.remote = member, true
 	gen := ss.state.Load()>>ssFlags + 1
@@ -1107,23 +1107,23 @@ func (r *redisState) releaseSeat(ss *seatState, held uint64) {
 	r.poke() // a local waiter may take the seat at once (its call runs after this end)
 }
 
-// seatCandidates returns the counters of targets in scope (cs, one per
-// target), and those a seat may be taken on now (cands, with their
-// indexes in targets): a counter with requests queued here is passed over
-// (no overtaking the queue), except in dry run.
-func (g *Governor) seatCandidates(rl *rlConf, targets []Target) (cs, cands []*counters, idx []int) {
+// seatCandidates returns the counters of targets at every scope (lvs, one
+// per target; a request that queues waits on them), and the counters in
+// scope a seat may be taken on now (cands, with their indexes in
+// targets): a counter with requests queued here is passed over (no
+// overtaking the queue), except in dry run.
+func (g *Governor) seatCandidates(rl *rlConf, targets []Target) (lvs []levels, cands []*counters, idx []int) {
 	l := &g.seats
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	cs = make([]*counters, len(targets))
+	lvs = make([]levels, len(targets))
 	for i := range targets {
-		c := l.counter(rl.scope, &targets[i])
-		cs[i] = c
-		if c.waiting == 0 || rl.dry {
+		lvs[i] = l.levels(&targets[i])
+		if c := lvs[i][rl.scope]; c.waiting == 0 || rl.dry {
 			cands, idx = append(cands, c), append(idx, i)
 		}
 	}
-	return cs, cands, idx
+	return lvs, cands, idx
 }
 
 // seatAnswer is the answer of a seat acquisition in Redis that did not
@@ -1146,7 +1146,7 @@ func (g *Governor) seatAnswer(rl *rlConf, ss *seatState, i int, idx []int, code 
 func (g *Governor) acquireRemote(ctx context.Context, rl *rlConf, targets []Target, ph Phase, wait bool) (Seat, int, *Rejection) {
 	l := &g.seats
 	r := g.rds
-	cs, cands, idx := g.seatCandidates(rl, targets)
+	lvs, cands, idx := g.seatCandidates(rl, targets)
 	code := phaseCode(ph, &rl.lim)
 	if len(cands) > 0 {
 		ss, i, c, err := r.acquireSeat(rl, cands, ph, rl.dry)
@@ -1174,11 +1174,8 @@ func (g *Governor) acquireRemote(ctx context.Context, rl *rlConf, targets []Targ
 		hit(code, false)
 		return Seat{}, -1, reject(code, 0, true)
 	}
-	w := &seatWaiter{ch: make(chan struct{}, 1), ph: ph, code: code, since: time.Now(), cs: cs}
-	for _, c := range cs {
-		c.waiting++
-	}
-	l.q.push(w)
+	w := &seatWaiter{ch: make(chan struct{}, 1), ph: ph, code: code, since: time.Now(), lvs: lvs}
+	l.enqueueLocked(w)
 	seatQueued.Add(1)
 	l.mu.Unlock()
 	hitQueued(code)

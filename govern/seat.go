@@ -53,6 +53,16 @@ var counterCodes = [3]Code{CodeConcurrencyOverall, CodeConcurrencyPrefill, CodeC
 // gateway). In-process, n counts them; with Redis the counts live there and
 // keys name them. waiting counts queued requests that list this scope.
 // Guarded by seatLimiter.mu.
+//
+// A queued request waits on every level (instance, service, gateway) of
+// each of its targets, and in process a seat counts on every level of its
+// target (levels), whatever rate_limit.scope is; the limits are checked on
+// the configured scope's counters only. So a reload that changes the
+// scope finds the requests queued, and in process the seats in flight, on
+// the new scope's counters. With Redis a seat is held in its scope's sets
+// only: after such a reload the new scope's sets do not hold the seats
+// still in flight under the old one (the limit may be exceeded until they
+// end).
 type counters struct {
 	n       [3]int
 	waiting int
@@ -95,13 +105,27 @@ func phaseCode(ph Phase, lim *[3]int) Code {
 	return CodeConcurrencyOverall
 }
 
-func (c *counters) take(ph Phase, l *seatLimiter) {
+// levels are the counters of one target at every scope, indexed by
+// scopeKind.
+type levels [3]*counters
+
+// take counts a seat for ph on every level. Lock must be held.
+func (lv *levels) take(ph Phase) {
 	p := parts(ph)
 	for i := range 3 {
 		if p&(1<<i) != 0 {
-			c.n[i]++
+			for _, c := range lv {
+				c.n[i]++
+			}
 			heldSeats[i].Add(1)
 		}
+	}
+}
+
+// wait adds d to the queued requests of every level. Lock must be held.
+func (lv *levels) wait(d int) {
+	for _, c := range lv {
+		c.waiting += d
 	}
 }
 
@@ -129,6 +153,11 @@ func (l *seatLimiter) newCounters(k scopeKind, name string) *counters {
 		c.keys = [3]string{base + ":overall", base + ":prefill", base + ":decode"}
 	}
 	return c
+}
+
+// levels returns the counters of t at every scope. Lock must be held.
+func (l *seatLimiter) levels(t *Target) levels {
+	return levels{scopeInstance: l.counter(scopeInstance, t), scopeService: l.counter(scopeService, t), scopeGateway: l.gw}
 }
 
 // counter returns the counters of t's scope. Lock must be held.
@@ -178,7 +207,7 @@ type seatState struct {
 	state atomic.Uint64
 
 	g      *Governor
-	c      *counters // in process
+	lv     levels    // in process: the counters it is counted on
 	keys   [3]string // Redis: the scope's sets
 	member string
 	remote bool
@@ -207,10 +236,10 @@ func (ss *seatState) unbusy(bit uint64) {
 	}
 }
 
-func (g *Governor) newSeat(c *counters, ph Phase) (*seatState, Seat) {
+func (g *Governor) newSeat(lv levels, ph Phase) (*seatState, Seat) {
 	ss := g.seatPool.Get().(*seatState)
-	ss.c = c
-	ss.keys = c.keys
+	ss.lv = lv
+	ss.keys = [3]string{}
 	ss.member, ss.remote = "", false
 	gen := ss.state.Load()>>ssFlags + 1
 	ss.state.Store(gen<<ssFlags | ssActive | parts(ph))
@@ -264,18 +293,21 @@ func (g *Governor) releaseSeat(ss *seatState, held uint64) {
 		g.rds.releaseSeat(ss, held)
 		return
 	}
-	if ss.c == nil {
+	if ss.lv[0] == nil {
 		return // fail-open seat
 	}
 	l := &g.seats
+	scope := g.snap.Load().rl.scope
 	l.mu.Lock()
 	for i := range 3 {
 		if held&(1<<i) != 0 {
-			ss.c.n[i]--
+			for _, c := range ss.lv {
+				c.n[i]--
+			}
 			heldSeats[i].Add(-1)
 		}
 	}
-	if ss.c.waiting > 0 {
+	if ss.lv[scope].waiting > 0 {
 		l.pumpLocked()
 	}
 	l.mu.Unlock()
@@ -317,7 +349,8 @@ func (g *Governor) acquire(ctx context.Context, targets []Target, ph Phase, wait
 	l.mu.Lock()
 	code := CodeNone
 	for i := range targets {
-		c := l.counter(rl.scope, &targets[i])
+		lv := l.levels(&targets[i])
+		c := lv[rl.scope]
 		f := c.full(ph, &rl.lim)
 		if f == CodeNone && c.waiting > 0 && !rl.dry {
 			f = phaseCode(ph, &rl.lim) // no overtaking the queue
@@ -328,17 +361,17 @@ func (g *Governor) acquire(ctx context.Context, targets []Target, ph Phase, wait
 			}
 			continue
 		}
-		c.take(ph, l)
+		lv.take(ph)
 		l.mu.Unlock()
-		_, seat := g.newSeat(c, ph)
+		_, seat := g.newSeat(lv, ph)
 		return seat, i, nil
 	}
 	if rl.dry {
 		hit(code, true)
-		c := l.counter(rl.scope, &targets[0])
-		c.take(ph, l)
+		lv := l.levels(&targets[0])
+		lv.take(ph)
 		l.mu.Unlock()
-		_, seat := g.newSeat(c, ph)
+		_, seat := g.newSeat(lv, ph)
 		return seat, 0, nil
 	}
 	if !rl.queue {
@@ -355,13 +388,11 @@ func (g *Governor) acquire(ctx context.Context, targets []Target, ph Phase, wait
 		hit(code, false)
 		return Seat{}, -1, reject(code, 0, true)
 	}
-	w := &seatWaiter{ch: make(chan struct{}, 1), ph: ph, code: code, since: time.Now(), cs: make([]*counters, len(targets))}
+	w := &seatWaiter{ch: make(chan struct{}, 1), ph: ph, code: code, since: time.Now(), lvs: make([]levels, len(targets))}
 	for i := range targets {
-		c := l.counter(rl.scope, &targets[i])
-		w.cs[i] = c
-		c.waiting++
+		w.lvs[i] = l.levels(&targets[i])
 	}
-	l.q.push(w)
+	l.enqueueLocked(w)
 	seatQueued.Add(1)
 	l.mu.Unlock()
 	hitQueued(code)
@@ -397,14 +428,22 @@ func (g *Governor) waitSeat(ctx context.Context, w *seatWaiter, timeout time.Dur
 	return w.seat, w.idx, nil
 }
 
+// enqueueLocked queues w. Lock must be held.
+func (l *seatLimiter) enqueueLocked(w *seatWaiter) {
+	l.q.push(w)
+	for i := range w.lvs {
+		w.lvs[i].wait(1)
+	}
+}
+
 // dequeueLocked removes w from the queue; a w no longer queued is left
 // alone. Lock must be held.
 func (l *seatLimiter) dequeueLocked(w *seatWaiter) {
 	if !l.q.remove(w) {
 		return
 	}
-	for _, c := range w.cs {
-		c.waiting--
+	for i := range w.lvs {
+		w.lvs[i].wait(-1)
 	}
 }
 
@@ -414,13 +453,13 @@ func (l *seatLimiter) pumpLocked() {
 	rl := &l.g.snap.Load().rl
 	for w := l.q.head; w != nil; {
 		next := w.next
-		for i, c := range w.cs {
-			if c.full(w.ph, &rl.lim) != CodeNone && rl.limited {
+		for i, lv := range w.lvs {
+			if lv[rl.scope].full(w.ph, &rl.lim) != CodeNone && rl.limited {
 				continue
 			}
 			l.dequeueLocked(w)
-			c.take(w.ph, l)
-			_, w.seat = l.g.newSeat(c, w.ph)
+			lv.take(w.ph)
+			_, w.seat = l.g.newSeat(lv, w.ph)
 			w.idx, w.state = i, granted
 			w.ch <- struct{}{}
 			break
@@ -449,7 +488,7 @@ type seatWaiter struct {
 	ch         chan struct{}
 	ph         Phase
 	code       Code
-	cs         []*counters
+	lvs        []levels // per target; waits on the counters of the current scope
 	since      time.Time
 	state      waitState
 	rej        *Rejection

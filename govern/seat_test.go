@@ -257,3 +257,89 @@ func TestWaitListsIgnoreAWaiterRemovedTwice(t *testing.T) {
 		t.Fatalf("user queue after removing all twice: n=%d", ul.n)
 	}
 }
+
+// A reload that changes rate_limit.scope counts the seats in flight on the
+// new scope's counters (in process every seat counts at every scope), and
+// they free it when they end.
+func TestAScopeReloadCountsTheSeatsInFlight(t *testing.T) {
+	apply := func(g *Governor, js string) {
+		t.Helper()
+		if err := g.Apply(parseConfig(t, `{"rate_limit":`+js+`}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// instance -> gateway: 2 in flight on two instances, a gateway limit of 1.
+	g := rlConfig(t, `{"scope":"instance","overall_concurrency":1}`)
+	a := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	b := acquireOK(t, g, []Target{w3}, PhaseMixed, 0)
+	apply(g, `{"scope":"gateway","overall_concurrency":1}`)
+	acquireRejected(t, g, []Target{w2}, PhaseMixed, CodeConcurrencyOverall)
+	a.Done()
+	acquireRejected(t, g, []Target{w2}, PhaseMixed, CodeConcurrencyOverall)
+	b.Done()
+	acquireOK(t, g, []Target{w2}, PhaseMixed, 0).Done()
+
+	// instance -> service: w1 and w2 are both in svc-a, w3 in svc-b.
+	g = rlConfig(t, `{"scope":"instance","overall_concurrency":1}`)
+	a = acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	apply(g, `{"scope":"service","overall_concurrency":1}`)
+	acquireRejected(t, g, []Target{w2}, PhaseMixed, CodeConcurrencyOverall)
+	acquireOK(t, g, []Target{w2, w3}, PhaseMixed, 1).Done()
+	a.Done()
+	acquireOK(t, g, []Target{w2}, PhaseMixed, 0).Done()
+
+	// gateway -> instance: the prefill seat returned at the first token is
+	// returned on every scope.
+	g = rlConfig(t, `{"scope":"gateway","prefill_concurrency":2}`)
+	a = acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	b = acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	apply(g, `{"scope":"instance","prefill_concurrency":1}`)
+	acquireRejected(t, g, []Target{w1}, PhaseMixed, CodeConcurrencyPrefill)
+	acquireOK(t, g, []Target{w1, w3}, PhaseMixed, 1).Done()
+	a.FirstToken()
+	acquireRejected(t, g, []Target{w1}, PhaseMixed, CodeConcurrencyPrefill)
+	b.FirstToken()
+	acquireOK(t, g, []Target{w1}, PhaseMixed, 0).Done()
+	a.Done()
+	b.Done()
+}
+
+// A request queued before a reload that changes rate_limit.scope is
+// served under the new scope: it waits while its target's new scope is
+// full, and gets the seat freed there.
+func TestAScopeReloadServesTheQueueUnderTheNewScope(t *testing.T) {
+	g := rlConfig(t, `{"scope":"instance","overall_concurrency":1,"overlimit":"queue","queue_size":5,"queue_timeout_ms":5000}`)
+	a := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	b := acquireOK(t, g, []Target{w3}, PhaseMixed, 0)
+	got := make(chan Seat, 1)
+	go func() {
+		s, _, rej := g.Acquire(context.Background(), []Target{w1}, PhaseMixed)
+		if rej != nil {
+			t.Errorf("queued request: %s", rej.Code)
+		}
+		got <- s
+	}()
+	waitFor(t, func() bool { g.seats.mu.Lock(); defer g.seats.mu.Unlock(); return g.seats.q.n == 1 })
+	// Gateway scope, limit 2, with 2 in flight: the queued request waits.
+	if err := g.Apply(parseConfig(t, `{"rate_limit":{"scope":"gateway","overall_concurrency":2,"overlimit":"queue","queue_size":5,"queue_timeout_ms":5000}}`)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-got:
+		s.Done()
+		t.Fatal("the queued request got a seat over the gateway limit of 2")
+	case <-time.After(100 * time.Millisecond):
+	}
+	acquireRejected(t, g, []Target{w2}, PhaseMixed, CodeConcurrencyOverall)
+	b.Done() // a gateway seat frees (on w3, not the queued request's instance)
+	var s Seat
+	select {
+	case s = <-got:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the queued request was not served by the gateway seat that freed")
+	}
+	acquireRejected(t, g, []Target{w3}, PhaseMixed, CodeConcurrencyOverall)
+	a.Done()
+	s.Done()
+	acquireOK(t, g, []Target{w3}, PhaseMixed, 0).Done()
+}
