@@ -307,7 +307,7 @@ var errStateClosed = errors.New("the governance is closed")
 func newRedisState(g *Governor, o Options) (*redisState, error) {
 	ro, err := redis.ParseURL(o.State)
 	if err != nil {
-		return nil, fmt.Errorf("cannot parse --state: %w", err) // go-redis never echoes the password
+		return nil, fmt.Errorf("cannot parse --state: %w", logx.StripURL(err)) // url.Parse's errors quote the URL, password included
 	}
 	ro.DialTimeout = time.Second
 	ro.ReadTimeout = time.Second

@@ -19,6 +19,9 @@ type Request struct {
 	// MaxTokens is the request's max_tokens / max_completion_tokens; 0
 	// when absent (the template's default output estimate is used).
 	MaxTokens int
+	// Generations is how many completions the engine generates, each up
+	// to MaxTokens: n (or best_of) for each prompt of a batch. 0 means 1.
+	Generations int
 }
 
 // Usage is the token usage an engine reported for a request.
@@ -45,6 +48,7 @@ func (t *template) estimate(r Request) estimate {
 	if out <= 0 {
 		out = t.defOut
 	}
+	out *= int64(max(r.Generations, 1))
 	p := int64(max(r.PromptTokens, 0))
 	return estimate{
 		tpm:   p + out,
