@@ -64,6 +64,13 @@ func (httpTransport) roundTrip(c *call) (upResponse, *failure) {
 		err = uc.writeRequest(c.method, c.path, c.hdr, c.body)
 		if err == nil {
 			err = uc.readHead()
+		} else if uc.earlyAnswer(err, deadline) && !(reused && try == 0 && uc.code == 408) {
+			// The engine answered before taking all of the request (413
+			// to a body over its limit, say): that answer is the
+			// engine's, not a connection failure. A 408 on a reused
+			// connection is the engine closing it as idle (RFC 9110
+			// 15.5.9), no answer to this request: it stays stale.
+			err = nil
 		}
 		if err == nil {
 			return (*httpUpstream)(uc), nil
@@ -80,7 +87,8 @@ func (httpTransport) roundTrip(c *call) (upResponse, *failure) {
 			continue
 		case isTimeout(err):
 			return nil, c.timeoutFailure(deadline, err)
-		case errors.Is(err, errUpMalformed), errors.Is(err, errUpUpgrade), errors.Is(err, errUpHeaderSize):
+		case errors.Is(err, errUpMalformed), errors.Is(err, errUpUpgrade), errors.Is(err, errUpHeaderSize),
+			errors.Is(err, errUpInterim):
 			return nil, fail(failProtocol, err)
 		}
 		return nil, fail(failConnect, err)

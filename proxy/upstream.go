@@ -9,6 +9,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/infera/infera/fleet"
@@ -21,22 +22,36 @@ import (
 // returns everything already buffered in one Read (one client write per
 // burst of SSE events, as nginx does with proxy_buffering off), a pooled
 // connection that is never reused when anything but exactly one complete
-// response arrived on it (no 1xx other than 100, no upgraded tunnel, no
-// unsolicited bytes, whether they came with the response or while the
-// connection was idle), and access to the live connection for per-read
-// deadlines and aborts.
+// response (after any interim 1xx answers) arrived on it (no upgraded
+// tunnel, no unsolicited bytes, whether they came with the response or
+// while the connection was idle), and access to the live connection for
+// per-read deadlines and aborts.
 
 const (
 	upReadBufSize  = 16 << 10
 	upMaxHeaderLen = 64 << 10
 	upMaxHeaders   = 100
 	upIdleMax      = 55 * time.Second // engines close idle keep-alives; stay below common 60 s
+	// upMaxInterim bounds the interim (1xx) answers skipped before the
+	// final one, and upMaxInterimLen their bytes together: an engine that
+	// sends them without end does not hold the request.
+	upMaxInterim    = 8
+	upMaxInterimLen = upMaxHeaderLen
+	// upEarlyAnswerWait bounds the read of an answer the engine sent before
+	// it stopped taking the request (earlyAnswer): the peer is gone, so all
+	// of it is already in the socket.
+	upEarlyAnswerWait = 50 * time.Millisecond
+	// upMaxConnTokens is the capacity of Connection token spans a
+	// connection keeps between responses; an engine that names more gets
+	// them for its response only.
+	upMaxConnTokens = 64
 )
 
 var (
 	errUpMalformed  = errors.New("malformed response from worker")
-	errUpUpgrade    = errors.New("worker switched protocols (1xx other than 100)")
+	errUpUpgrade    = errors.New("worker switched protocols (101)")
 	errUpHeaderSize = errors.New("response header from worker too large")
+	errUpInterim    = errors.New("too many interim (1xx) responses from worker")
 	errUpNoConns    = errors.New("too many connections to worker")
 )
 
@@ -84,6 +99,8 @@ func (p *httpPool) get(deadline time.Time) (c *upConn, reused bool, err error) {
 		if now-c.idleSince < int64(upIdleMax) && c.quiet() {
 			return c, true, nil
 		}
+		// Expired, poisoned by unsolicited bytes, closed by the peer, or
+		// closed underneath the pool by an abort: never handed out.
 		c.closeConn()
 		p.mu.Lock()
 	}
@@ -172,12 +189,11 @@ type upConn struct {
 
 	// Response head.
 	code       int
-	hbuf       []byte    // the header block, copied out of br
-	hdrs       [][4]int  // key start, key end, value start, value end in hbuf
-	ctype      [2]int    // Content-Type value span (0,0 = none)
-	connTokens [8][2]int // spans of the tokens of Connection headers
-	nconn      int
-	clen       int64 // -1 unknown
+	hbuf       []byte   // the header block, copied out of br
+	hdrs       [][4]int // key start, key end, value start, value end in hbuf
+	ctype      [2]int   // Content-Type value span (0,0 = none)
+	connTokens [][2]int // spans of the tokens of Connection headers
+	clen       int64    // -1 unknown
 	chunked    bool
 	closeAfter bool // Connection: close, or no framing (read to EOF)
 
@@ -229,7 +245,10 @@ func (c *upConn) resetResponse() {
 	c.hbuf = c.hbuf[:0]
 	c.hdrs = c.hdrs[:0]
 	c.ctype = [2]int{}
-	c.nconn = 0
+	c.connTokens = c.connTokens[:0]
+	if cap(c.connTokens) > upMaxConnTokens {
+		c.connTokens = nil // a hostile engine's long list is not kept for the connection's life
+	}
 	c.clen = -1
 	c.chunked, c.closeAfter = false, false
 	c.st, c.remain, c.eof, c.bodyErr = stSize, 0, false, nil
@@ -238,8 +257,17 @@ func (c *upConn) resetResponse() {
 // quiet reports whether an idle connection is still open and nothing
 // arrived on it since its last response (an engine that sends an extra,
 // unsolicited response poisons the connection: it is closed, never reused).
+// A connection an abort closed is not quiet: its descriptor number may
+// already belong to another socket, so it is not peeked at; the peek runs
+// under abortMu, so no abort closes the descriptor during it.
 func (c *upConn) quiet() bool {
-	return c.br.Buffered() == 0 && netpeek.Peek(c.fd) == netpeek.Empty
+	if c.br.Buffered() != 0 {
+		return false
+	}
+	c.abortMu.Lock()
+	ok := !c.aborted && c.nc != nil && netpeek.Peek(c.fd) == netpeek.Empty
+	c.abortMu.Unlock()
+	return ok
 }
 
 // abort closes the connection from another goroutine (the client left):
@@ -305,11 +333,13 @@ func (c *upConn) writeRequest(method, path []byte, hdr []byte, body []byte) erro
 	return err
 }
 
-// readHead reads the response status line and headers. 100 Continue is
-// skipped; any other 1xx (101 Switching Protocols above all) is an error and
-// the connection is not reused.
+// readHead reads the response status line and headers. Interim answers
+// (100 Continue, 103 Early Hints, any 1xx but 101) are skipped, at most
+// upMaxInterim of them and upMaxInterimLen bytes together; 101 Switching
+// Protocols is an error and the connection is not reused.
 func (c *upConn) readHead() error {
 	c.resetResponse()
+	interim, interimLen := 0, 0
 	for {
 		line, err := c.br.ReadSlice('\n')
 		if err != nil {
@@ -322,15 +352,21 @@ func (c *upConn) readHead() error {
 		if !ok {
 			return errUpMalformed
 		}
-		if err := c.readHeaders(); err != nil {
+		headLen, err := c.readHeaders()
+		if err != nil {
 			return err
 		}
-		if st == 100 {
-			c.hbuf, c.hdrs, c.nconn, c.ctype = c.hbuf[:0], c.hdrs[:0], 0, [2]int{}
-			continue
+		if st == 101 {
+			return errUpUpgrade
 		}
 		if st < 200 {
-			return errUpUpgrade
+			interim++
+			interimLen += len(line) + headLen
+			if interim > upMaxInterim || interimLen > upMaxInterimLen {
+				return errUpInterim
+			}
+			c.hbuf, c.hdrs, c.ctype = c.hbuf[:0], c.hdrs[:0], [2]int{}
+			continue
 		}
 		c.code = st
 		if err := c.frame(); err != nil {
@@ -344,6 +380,33 @@ func (c *upConn) readHead() error {
 		}
 		return nil
 	}
+}
+
+// earlyAnswer reads the answer an engine sent before it stopped taking the
+// request, after writing the request failed with werr. An engine with a
+// body limit answers 413 as soon as it has the head and closes without
+// reading the body; the router's write then fails (a reset, a broken
+// pipe) with the answer already in its socket. Only those two errors are
+// taken: the peer is gone, so all it sent is there, and the read is
+// bounded by upEarlyAnswerWait anyway (the deadline is deadline again
+// afterwards). It reports whether a complete head was read; the
+// connection is never reused after it.
+func (c *upConn) earlyAnswer(werr error, deadline time.Time) bool {
+	if !errors.Is(werr, syscall.ECONNRESET) && !errors.Is(werr, syscall.EPIPE) || c.wasAborted() {
+		return false
+	}
+	d := time.Now().Add(upEarlyAnswerWait)
+	if !deadline.IsZero() && deadline.Before(d) {
+		d = deadline
+	}
+	c.setDeadline(d)
+	err := c.readHead()
+	c.setDeadline(deadline)
+	if err != nil {
+		return false
+	}
+	c.closeAfter = true // the request was not all sent
+	return true
 }
 
 // parseStatusLine parses "HTTP/1.x NNN reason".
@@ -361,36 +424,39 @@ func parseStatusLine(line []byte) (status int, http10, ok bool) {
 	return int(d[0]-'0')*100 + int(d[1]-'0')*10 + int(d[2]-'0'), line[7] == '0', true
 }
 
-func (c *upConn) readHeaders() error {
+// readHeaders reads a header section into hbuf and hdrs; n is the number
+// of bytes it read.
+func (c *upConn) readHeaders() (n int, err error) {
 	for {
 		line, err := c.br.ReadSlice('\n')
 		if err != nil {
 			if err == bufio.ErrBufferFull {
-				return errUpHeaderSize
+				return n, errUpHeaderSize
 			}
-			return err
+			return n, err
 		}
+		n += len(line)
 		line = trimCRLF(line)
 		if len(line) == 0 {
-			return nil
+			return n, nil
 		}
 		if len(c.hdrs) >= upMaxHeaders || len(c.hbuf)+len(line) > upMaxHeaderLen {
-			return errUpHeaderSize
+			return n, errUpHeaderSize
 		}
 		colon := bytes.IndexByte(line, ':')
 		if colon <= 0 || line[0] == ' ' || line[0] == '\t' {
-			return errUpMalformed // no name, or obsolete line folding
+			return n, errUpMalformed // no name, or obsolete line folding
 		}
 		name := line[:colon]
 		for _, ch := range name {
 			if ch <= ' ' || ch >= 0x7f {
-				return errUpMalformed
+				return n, errUpMalformed
 			}
 		}
 		val := trimOWS(line[colon+1:])
 		for _, ch := range val {
 			if (ch < ' ' && ch != '\t') || ch == 0x7f {
-				return errUpMalformed
+				return n, errUpMalformed
 			}
 		}
 		off := len(c.hbuf)
@@ -436,17 +502,16 @@ func (c *upConn) frame() error {
 			}
 			c.clen = n
 		case eqFold(k, "Transfer-Encoding"):
-			teSeen = true
-			if !eqFold(trimOWS(lastToken(v)), "chunked") {
-				return errUpMalformed // only chunked is relayable framing
+			// Exactly one transfer coding, chunked, as Go's net/http
+			// accepts: any other coding (gzip, chunked) would reach the
+			// client still coded, with nothing saying so; chunked twice
+			// is not HTTP (RFC 9112 6.1).
+			if teSeen || !eqFold(v, "chunked") {
+				return errUpMalformed
 			}
+			teSeen = true
 			c.chunked = true
 		case eqFold(k, "Connection"):
-			forEachToken(v, func(t []byte) {
-				if eqFold(t, "close") {
-					c.closeAfter = true
-				}
-			})
 			c.addConnTokens(h[2], h[3])
 		case eqFold(k, "Content-Type"):
 			c.ctype = [2]int{h[2], h[3]}
@@ -476,10 +541,13 @@ func (c *upConn) frame() error {
 }
 
 // addConnTokens records the spans of the comma-separated tokens of a
-// Connection header value at hbuf[vs:ve].
+// Connection header value at hbuf[vs:ve], all of them (every header a token
+// names is hop-by-hop), and notes "close". The spans' slice keeps its
+// capacity (up to upMaxConnTokens) from one response to the next: no
+// allocation per response.
 func (c *upConn) addConnTokens(vs, ve int) {
 	i := vs
-	for i < ve && c.nconn < len(c.connTokens) {
+	for i < ve {
 		j := i
 		for j < ve && c.hbuf[j] != ',' {
 			j++
@@ -492,8 +560,10 @@ func (c *upConn) addConnTokens(vs, ve int) {
 			e--
 		}
 		if e > s {
-			c.connTokens[c.nconn] = [2]int{s, e}
-			c.nconn++
+			if eqFold(c.hbuf[s:e], "close") {
+				c.closeAfter = true
+			}
+			c.connTokens = append(c.connTokens, [2]int{s, e})
 		}
 		i = j + 1
 	}
@@ -502,35 +572,12 @@ func (c *upConn) addConnTokens(vs, ve int) {
 // namedByConnection reports whether header k is named by the response's
 // Connection header (and so hop-by-hop).
 func (c *upConn) namedByConnection(k []byte) bool {
-	for i := 0; i < c.nconn; i++ {
-		t := c.connTokens[i]
+	for _, t := range c.connTokens {
 		if eqFoldBytes(k, c.hbuf[t[0]:t[1]]) {
 			return true
 		}
 	}
 	return false
-}
-
-func lastToken(v []byte) []byte {
-	if i := bytes.LastIndexByte(v, ','); i >= 0 {
-		return v[i+1:]
-	}
-	return v
-}
-
-func forEachToken(v []byte, f func(t []byte)) {
-	for len(v) > 0 {
-		i := bytes.IndexByte(v, ',')
-		var t []byte
-		if i < 0 {
-			t, v = v, nil
-		} else {
-			t, v = v[:i], v[i+1:]
-		}
-		if t = trimOWS(t); len(t) > 0 {
-			f(t)
-		}
-	}
 }
 
 func parseContentLength(v []byte) (int64, bool) {
