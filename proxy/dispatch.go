@@ -190,6 +190,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 			return attemptCommitted
 		}
 		f = up.readFailure(rerr, false)
+		c.cancel.detach() // first: an abort must not reach the recycled connection's next user
 		up.finish(false)
 	}
 	rs.lease.Done(f.outcome())

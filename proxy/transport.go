@@ -89,14 +89,15 @@ func (a *abortSlot) set(t interface{ abort() }) {
 	}
 }
 
-// abort aborts the registered target, and any registered later.
+// abort aborts the registered target, and any registered later. The
+// target is aborted under the lock: once set(nil) or detach has returned,
+// no abort reaches the old target, which may then be recycled.
 func (a *abortSlot) abort() {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.aborted = true
-	t := a.target
-	a.mu.Unlock()
-	if t != nil {
-		t.abort()
+	if a.target != nil {
+		a.target.abort()
 	}
 }
 
