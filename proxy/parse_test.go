@@ -93,6 +93,7 @@ func FuzzParseBody(f *testing.F) {
 		`{"model":"m","messages":[{"content":"\ud83d\ude00"}],"max_tokens":5,"stream":false}`,
 		`{"a":[1,-2.5e+3,true,false,null,{"b":"c"}]}`,
 		`{"model":"m",}`, `[`, `"`, `{"model":"\u12"}`,
+		`{"model":"m","prompt":["a","b"],"n":3,"best_of":5}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -118,6 +119,9 @@ func FuzzParseBody(f *testing.F) {
 				if json.Unmarshal(data, &v) == nil && v.Model != string(b.model) {
 					// encoding/json keeps the last duplicate key; so do we.
 					t.Fatalf("model %q, encoding/json says %q", b.model, v.Model)
+				}
+				if g := b.generations(); g < 1 || g > 1<<20 {
+					t.Fatalf("generations %d out of [1, 2^20]: %q", g, data)
 				}
 			}
 		}
