@@ -109,9 +109,9 @@ func (c *StreamConverter) aOpenTool(i int) {
 	c.cur = blockTool
 }
 
-// aToolArgs emits an arguments fragment as input_json_delta. A fragment
-// for a call whose block is no longer the open one (engines stream calls
-// one after another, so this is rare) still goes to that call's index.
+// aToolArgs emits an arguments fragment as input_json_delta, for the open
+// tool block (a call that opened while another streamed is held and sent
+// whole at the end: onToolCalls).
 func (c *StreamConverter) aToolArgs(i int, raw []byte) {
 	c.aDelta(c.tools[i].block)
 	c.out = append(c.out, `input_json_delta","partial_json":"`...)

@@ -105,6 +105,9 @@ func checkAnthropicSSE(out []byte) ([]sseEvent, error) {
 			if !ok {
 				return evs, fmt.Errorf("delta for block %d before its start", idx)
 			}
+			if idx != open {
+				return evs, fmt.Errorf("delta for block %d while block %d is open (stopped: %v)", idx, open, stopped[idx])
+			}
 			want := map[string]string{"text": "text_delta", "thinking": "thinking_delta", "tool_use": "input_json_delta"}[typ]
 			if dt := ev.data["delta"].(map[string]any)["type"]; dt != want {
 				return evs, fmt.Errorf("block %d (%s) got %v", idx, typ, dt)
@@ -186,6 +189,9 @@ func checkResponsesSSE(out []byte) ([]sseEvent, error) {
 		case "response.content_part.added", "response.content_part.done", "response.output_text.delta",
 			"response.output_text.done", "response.reasoning_text.delta", "response.reasoning_text.done",
 			"response.function_call_arguments.delta", "response.function_call_arguments.done":
+			if oi := num(ev.data["output_index"]); done[oi] {
+				return evs, fmt.Errorf("%s for output %d after it was done", ev.name, oi)
+			}
 		case "response.completed", "response.incomplete":
 			if !last || len(done) != len(added) {
 				return evs, fmt.Errorf("%s at %d of %d with %d/%d items done", ev.name, i, len(evs), len(done), len(added))

@@ -168,9 +168,8 @@ func (c *StreamConverter) rOpenTool(i int) {
 	c.rItemAdded(k)
 }
 
-// rToolArgs emits an arguments fragment (already accumulated in the tool).
-// A fragment for a call that is no longer the open item still goes to that
-// call's output index.
+// rToolArgs emits an arguments fragment (already accumulated in the tool)
+// for the open item (see onToolCalls for calls that interleave).
 func (c *StreamConverter) rToolArgs(i int, raw []byte) {
 	c.rEvent("response.function_call_arguments.delta")
 	c.rItemRef(c.tools[i].block)

@@ -62,6 +62,12 @@ type StreamConverter struct {
 	pingSent bool
 	tools    []streamTool
 	nTools   int
+	// liveTool+1 is the tool call streaming now (0: none). A call that
+	// opens while another streams is held (its name and arguments kept)
+	// and sent whole at the end: the Messages API allows one content
+	// block at a time and a tool block is final once stopped, and engines
+	// may interleave the fragments of parallel calls.
+	liveTool int
 
 	// Responses only
 	seq   int64
@@ -403,7 +409,8 @@ func (c *StreamConverter) onToolCalls(calls []byte) error {
 		if !t.opened {
 			t.name = append(t.name, name...)
 			t.args = append(t.args, args...)
-			if len(t.name) > 0 {
+			if len(t.name) > 0 && (c.liveTool == 0 || c.liveTool == int(idx)+1) {
+				c.liveTool = int(idx) + 1
 				c.openTool(int(idx))
 			}
 			return nil
@@ -479,6 +486,11 @@ func (c *StreamConverter) emitToolArgsBuffered(i int) {
 }
 
 func (c *StreamConverter) end() {
+	for i := 0; i < c.nTools; i++ { // the calls held while another streamed
+		if t := &c.tools[i]; !t.opened && len(t.name) > 0 {
+			c.openTool(i)
+		}
+	}
 	c.finished = true
 	if c.m.API == Responses {
 		c.rEnd()

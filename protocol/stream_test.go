@@ -272,3 +272,60 @@ func TestResponsesStreamEchoesPrettyPrintedSettingsOnOneLine(t *testing.T) {
 		t.Errorf("echo not compacted as expected: %s", evs[0].raw)
 	}
 }
+
+// Parallel tool calls whose fragments interleave (both opened, then their
+// arguments): the first streams, the second is held and sent whole at the
+// end, so no fragment follows its call's stop (Messages) or done
+// (Responses), and each call is done with all of its arguments.
+func TestInterleavedParallelToolCallsAreEachSentWhole(t *testing.T) {
+	tc := func(d string) string { return chunkLine(`{"tool_calls":[`+d+`]}`, "null") }
+	up := tc(`{"index":0,"id":"call_a","type":"function","function":{"name":"get","arguments":""}}`) +
+		tc(`{"index":1,"id":"call_b","type":"function","function":{"name":"put","arguments":""}}`) +
+		tc(`{"index":0,"function":{"arguments":"{\"a\":"}}`) +
+		tc(`{"index":1,"function":{"arguments":"{\"b\":2}"}}`) +
+		tc(`{"index":0,"function":{"arguments":"1}"}}`) +
+		chunkLine(`{}`, `"tool_calls"`) + usageLine + "data: [DONE]\n\n"
+	want := map[string]string{"get": `{"a":1}`, "put": `{"b":2}`}
+
+	evs, err := checkAnthropicSSE(convertStream(t, &Meta{API: Anthropic, Model: []byte("m")}, up))
+	if err != nil {
+		t.Fatalf("Messages: %v", err)
+	}
+	names, args := map[int]string{}, map[int]string{}
+	for _, ev := range evs {
+		switch ev.name {
+		case "content_block_start":
+			names[num(ev.data["index"])] = ev.data["content_block"].(map[string]any)["name"].(string)
+		case "content_block_delta":
+			args[num(ev.data["index"])] += ev.data["delta"].(map[string]any)["partial_json"].(string)
+		}
+	}
+	for i, n := range names {
+		if args[i] != want[n] {
+			t.Errorf("Messages: tool %s got input %q, want %q", n, args[i], want[n])
+		}
+	}
+	if len(names) != 2 {
+		t.Errorf("Messages: %d tool blocks", len(names))
+	}
+
+	evs, err = checkResponsesSSE(convertStream(t, &Meta{API: Responses, Model: []byte("m")}, up))
+	if err != nil {
+		t.Fatalf("Responses: %v", err)
+	}
+	seen := 0
+	for _, ev := range evs {
+		if ev.name == "response.output_item.done" {
+			it := ev.data["item"].(map[string]any)
+			if it["type"] == "function_call" {
+				seen++
+				if n := it["name"].(string); it["arguments"] != want[n] {
+					t.Errorf("Responses: %s done with arguments %q, want %q", n, it["arguments"], want[n])
+				}
+			}
+		}
+	}
+	if seen != 2 {
+		t.Errorf("Responses: %d function calls done", seen)
+	}
+}
