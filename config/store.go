@@ -47,6 +47,7 @@ type Store struct {
 
 	mu       sync.Mutex // serializes every change
 	lastData []byte     // the file bytes the current config came from or was written as
+	badData  []byte     // file bytes that did not parse, already reported (nil: none)
 	lastMod  time.Time
 	lastSize int64
 	onChange []func(old, cur *Config)
@@ -197,7 +198,7 @@ func (s *Store) Apply(c *Config, ifVersion uint64) (uint64, error) {
 			appliesFailed.Inc()
 			return 0, fmt.Errorf("cannot write config back to %q (the change was not applied): %w", s.path, err)
 		}
-		s.lastData = data
+		s.lastData, s.badData = data, nil
 		if fi, err := os.Stat(s.path); err == nil {
 			s.lastMod, s.lastSize = fi.ModTime(), fi.Size()
 		}
@@ -222,7 +223,7 @@ func (s *Store) pickUpHandEditLocked() error {
 	if err != nil {
 		return fmt.Errorf("the config file %q was edited by hand and does not parse (%v): fix or revert it first", s.path, err)
 	}
-	s.lastData = data
+	s.lastData, s.badData = data, nil
 	if fi, err := os.Stat(s.path); err == nil {
 		s.lastMod, s.lastSize = fi.ModTime(), fi.Size()
 	}
@@ -478,18 +479,21 @@ func (s *Store) Reload() (bool, error) {
 		slog.Error("config reload rejected; keeping previous config", "path", s.path, "err", err)
 		return false, err
 	}
-	if bytes.Equal(data, s.lastData) {
+	if bytes.Equal(data, s.lastData) || bytes.Equal(data, s.badData) && s.badData != nil {
 		s.mu.Unlock()
-		return false, nil
+		return false, nil // unchanged, or the broken bytes already reported
 	}
-	s.lastData = data
 	c, err := Parse(data)
 	if err != nil {
+		// lastData stays the good file's: an admin write must still see
+		// this hand edit as unapplied and refuse to overwrite it.
+		s.badData = data
 		s.mu.Unlock()
 		reloadsFailed.Inc()
 		slog.Error("config reload rejected; keeping previous config", "path", s.path, "err", err)
 		return false, err
 	}
+	s.lastData, s.badData = data, nil
 	if sink := s.sink; sink != nil {
 		// The sink writes to shared storage and comes back through Replace,
 		// which takes the lock.
