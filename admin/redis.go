@@ -302,7 +302,7 @@ func (r *redisStorage) poll() {
 }
 
 // check compares the version in Redis with ours and adopts Redis's data
-// when they differ. A Redis without data (restarted without persistence,
+// when it is newer. A Redis without data (restarted without persistence,
 // or flushed) is seeded back with what this replica serves.
 func (r *redisStorage) check() {
 	r.checkMu.Lock()
@@ -330,8 +330,8 @@ func (r *redisStorage) check() {
 		return
 	}
 	v, err := strconv.ParseUint(fmt.Sprint(vals[1]), 10, 64)
-	if err != nil || v == r.a.store.Version() {
-		return
+	if err != nil || v <= r.a.store.Version() {
+		return // nothing newer (our own commit may have landed since the read)
 	}
 	c, err := r.parse(doc)
 	if err != nil {
@@ -342,7 +342,7 @@ func (r *redisStorage) check() {
 		return
 	}
 	r.mu.Lock()
-	if v != r.a.store.Version() {
+	if v > r.a.store.Version() { // never back: a write of ours may have come in between
 		r.a.store.Replace(c, v)
 	}
 	r.mu.Unlock()
