@@ -490,7 +490,8 @@ func (a *Admin) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 // checksum, every setting) before anything changes; with a snapshot
 // directory the current data is first saved as a manual snapshot. With
 // --state redis this is "Import to Redis": every replica takes it.
-// ?dry_run=1 only validates and lists what would change.
+// ?dry_run=1 only validates and lists what would change, with the ETag of
+// the config it compared against (for If-Match on the import).
 func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 	base, err := a.ifMatch(r, false)
 	if err != nil {
@@ -504,7 +505,7 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	cur, _ := a.store.Current()
+	cur, curVer := a.store.Current()
 	next, err := a.seal.parseDoc(in, cur)
 	if err != nil {
 		var fe *config.FieldError
@@ -514,6 +515,9 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if r.URL.Query().Get("dry_run") == "1" {
+		// The ETag names the config the changes were listed against: an
+		// import sent with it applies only if nothing changed meanwhile.
+		setVersionHeaders(w, cur, curVer)
 		writeJSON(w, http.StatusOK, map[string]any{"valid": true, "snapshot_version": f.Version, "changes": diff(cur, next)})
 		return nil
 	}

@@ -588,7 +588,8 @@ async function backupPage() {
       ch.length ? h('div', { class: 'changes' }, h('table', {}, h('tbody', {}, ch.slice(0, 200).map((c) => h('tr', {}, h('td', { class: 'mono', text: c.path }), h('td', { class: 'mono muted', text: c.old }), h('td', { class: 'mono', text: c.new })))))) : null,
       h('div', { class: 'actions' }, h('button', {
         class: 'primary', id: 'import-confirm', text: redis ? 'Import to Redis' : 'Import', onclick: async () => {
-          const res = await api('POST', '/api/backup/import', text);
+          // The preview's ETag: if the config changed since, the import is refused (409), not applied unseen.
+          const res = await api('POST', '/api/backup/import', text, dry.etag ? { 'If-Match': dry.etag } : undefined);
           if (res.ok) { toast('Imported: now version ' + res.data.version); backupPage(); } else { const e = errOf(res); banner.hidden = false; banner.replaceChildren(e.path ? h('code', { text: e.path }) : '', ' ', e.message); }
         },
       }), h('button', { onclick: () => { preview.replaceChildren(); fileInput.value = ''; }, text: 'Cancel' }))));
