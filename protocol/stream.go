@@ -68,6 +68,7 @@ type StreamConverter struct {
 	// block at a time and a tool block is final once stopped, and engines
 	// may interleave the fragments of parallel calls.
 	liveTool int
+	failed   bool // the stream ended with an error event
 
 	// Responses only
 	seq   int64
@@ -199,6 +200,10 @@ func (c *StreamConverter) Fail(dst []byte, status int, typ, msg string) []byte {
 // Finished reports whether the converted stream is complete (its closing
 // events were produced, or its error event).
 func (c *StreamConverter) Finished() bool { return c.finished }
+
+// Failed reports whether the stream ended with an error event (the
+// engine's error chunk, a malformed chunk, a failure passed to Fail).
+func (c *StreamConverter) Failed() bool { return c.failed }
 
 // Err returns the conversion error that ended the stream, if any.
 func (c *StreamConverter) Err() error { return c.err }
@@ -500,7 +505,7 @@ func (c *StreamConverter) end() {
 }
 
 func (c *StreamConverter) fail(status int, typ, msg string) {
-	c.finished = true
+	c.finished, c.failed = true, true
 	if c.m.API == Responses {
 		c.rError(status, typ, msg)
 	} else {

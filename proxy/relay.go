@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -82,6 +83,9 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 				if werr != nil {
 					return total, werr
 				}
+			}
+			if r.convFailed() {
+				return total, nil
 			}
 		}
 		err = r.brokeAfterEnd(err)
@@ -240,6 +244,29 @@ func (r *relay) endedCleanly() bool {
 	return bytes.HasSuffix(t, endDone) || bytes.HasSuffix(t, endDoneNoSpace) || bytes.HasSuffix(t, endMessageStop)
 }
 
+// convFailed reports whether a converted stream was ended by its
+// converter with an error event (the engine's error chunk, a malformed
+// chunk): the client's stream is over, so the relay stops there, records
+// the failure and closes the upstream, which stops the engine, instead of
+// reading on until the engine finishes.
+func (r *relay) convFailed() bool {
+	if r.st == nil || r.st.conv == nil || !r.st.conv.Failed() {
+		return false
+	}
+	if r.failed == nil {
+		err := r.st.conv.Err()
+		if err == nil {
+			err = errEngineStreamError
+		}
+		r.failed = fail(failBroken, err)
+		mMidStreamErr.Inc()
+		logUpstreamError(r.rs.lease.Worker, r.failed)
+	}
+	return true
+}
+
+var errEngineStreamError = errors.New("the engine's stream carried an error")
+
 // upstreamFailed records a mid-stream failure: never retried.
 func (r *relay) upstreamFailed(err error) {
 	f := r.up.readFailure(err, true)
@@ -311,6 +338,9 @@ func (r *relay) readStaged(p []byte) (int, error) {
 			r.rs.scanUsage(r.buf[:n])
 			r.pending = r.st.feed(r.buf[:n])
 			r.armWrite()
+			if r.convFailed() {
+				break
+			}
 		}
 		err = r.brokeAfterEnd(err)
 		switch {
