@@ -241,7 +241,8 @@ func (c *StreamConverter) rEnd() {
 	}
 	c.out = append(c.out, ']')
 	u := c.usage
-	if !u.Seen {
+	if !u.Seen { // the router's estimates, as the Messages stream reports them
+		u.PromptTokens = int64(c.m.PromptTokens)
 		u.CompletionTokens = c.outputTokens()
 	}
 	c.out = appendResponseTail(c.out, c.m, &u, true)

@@ -390,8 +390,8 @@ func (c *StreamConverter) onToolCalls(calls []byte) error {
 		})
 		if idx < 0 { // engines that omit the index stream one call at a time
 			idx = int64(c.nTools) - 1
-			if id != nil || idx < 0 {
-				idx++
+			if len(id) > 0 && (idx < 0 || string(id) != string(c.tools[idx].id)) || idx < 0 {
+				idx++ // a new id opens a new call; a repeated or empty one continues
 			}
 		}
 		if idx >= maxStreamTools {

@@ -329,3 +329,44 @@ func TestInterleavedParallelToolCallsAreEachSentWhole(t *testing.T) {
 		t.Errorf("Responses: %d function calls done", seen)
 	}
 }
+
+// Without the engine's usage, the Responses stream reports the router's
+// prompt estimate as input_tokens, as the Messages stream does.
+func TestAResponsesStreamWithoutUsageReportsThePromptEstimate(t *testing.T) {
+	up := chunkLine(`{"content":"hi"}`, "null") + chunkLine(`{}`, `"stop"`) + "data: [DONE]\n\n"
+	evs, err := checkResponsesSSE(convertStream(t, &Meta{API: Responses, Model: []byte("m"), PromptTokens: 42}, up))
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := evs[len(evs)-1]
+	u := last.data["response"].(map[string]any)["usage"].(map[string]any)
+	if num(u["input_tokens"]) != 42 {
+		t.Fatalf("%s usage %v, want input_tokens 42", last.name, u)
+	}
+}
+
+// An engine that omits the tool-call index and repeats the call's id on
+// every fragment streams one call, not one per fragment.
+func TestToolCallFragmentsWithoutAnIndexButWithTheirIDAreOneCall(t *testing.T) {
+	tc := func(d string) string { return chunkLine(`{"tool_calls":[`+d+`]}`, "null") }
+	up := tc(`{"id":"call_x","type":"function","function":{"name":"get","arguments":"{\"a\""}}`) +
+		tc(`{"id":"call_x","function":{"arguments":":1}"}}`) +
+		tc(`{"id":"","function":{"arguments":""}}`) +
+		chunkLine(`{}`, `"tool_calls"`) + "data: [DONE]\n\n"
+	evs, err := checkAnthropicSSE(convertStream(t, &Meta{API: Anthropic, Model: []byte("m")}, up))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks, input := 0, ""
+	for _, ev := range evs {
+		switch ev.name {
+		case "content_block_start":
+			blocks++
+		case "content_block_delta":
+			input += ev.data["delta"].(map[string]any)["partial_json"].(string)
+		}
+	}
+	if blocks != 1 || input != `{"a":1}` {
+		t.Fatalf("%d blocks, input %q; want one call with {\"a\":1}", blocks, input)
+	}
+}
