@@ -175,10 +175,11 @@ func diff(old, cur *config.Config) []Change {
 	}
 	// An empty or null list or object that gained (or lost) its members is
 	// told by the members' changes alone.
+	ia, ib := memberIndex{m: a}, memberIndex{m: b}
 	kept := out[:0]
 	for _, c := range out {
-		if (c.New == "(none)" && isEmptyJSON(c.Old) && hasChildren(b, c.Path)) ||
-			(c.Old == "(none)" && isEmptyJSON(c.New) && hasChildren(a, c.Path)) {
+		if (c.New == "(none)" && isEmptyJSON(c.Old) && ib.has(c.Path)) ||
+			(c.Old == "(none)" && isEmptyJSON(c.New) && ia.has(c.Path)) {
 			continue
 		}
 		kept = append(kept, c)
@@ -190,9 +191,30 @@ func diff(old, cur *config.Config) []Change {
 
 func isEmptyJSON(v string) bool { return v == "null" || v == "[]" || v == "{}" }
 
-func hasChildren(m map[string]string, path string) bool {
-	for p := range m {
-		if strings.HasPrefix(p, path+".") || strings.HasPrefix(p, path+"[") {
+// memberIndex tells whether a flattened config holds members (paths
+// path.k or path[i]) under a path. The paths are sorted once, on the first
+// question, so that each question is a binary search: scanning the whole
+// map per question made a diff of n lists that all gained members
+// quadratic in n.
+type memberIndex struct {
+	m      map[string]string
+	sorted []string
+}
+
+func (x *memberIndex) has(path string) bool {
+	if x.sorted == nil {
+		x.sorted = make([]string, 0, len(x.m))
+		for p := range x.m {
+			x.sorted = append(x.sorted, p)
+		}
+		sort.Strings(x.sorted)
+	}
+	// The paths starting with a prefix are a run of the sorted list that
+	// starts at the first path not below the prefix.
+	for _, sep := range [...]string{".", "["} {
+		pre := path + sep
+		i := sort.SearchStrings(x.sorted, pre)
+		if i < len(x.sorted) && strings.HasPrefix(x.sorted[i], pre) {
 			return true
 		}
 	}
