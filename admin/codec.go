@@ -5,6 +5,7 @@ import (
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hkdf"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -13,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 
 	"github.com/infera/infera/config"
@@ -27,8 +29,22 @@ import (
 //     does not hold them in clear;
 //   - redacted ("***" and 8 hex digits of a fingerprint) in API answers,
 //     the console and the audit log. A write that sends a redacted secret
-//     back keeps the secret with that fingerprint, wherever it moved in a
-//     list; a fingerprint that matches nothing is refused at its path.
+//     back keeps the secret with that fingerprint, but only for the
+//     upstream entry that holds it (same section, same name, wherever it
+//     moved in a list) at the same address: a fingerprint does not carry
+//     a key to another entry or to a changed address, where the caller
+//     would receive it as a bearer token; a fingerprint that matches
+//     nothing is refused at its path;
+//   - carried ("carry:v1:..."), in the working document a change is built
+//     from (encodeClear): sealed under a key of this process only, with
+//     the entry and address the secret belongs to, so a key the caller did
+//     not send (an object merge-patched around it) obeys the same rule as
+//     a redacted one.
+// References (env:NAME, file:PATH) are resolved from the config file (and
+// from snapshots and Redis, which hold what the file gave), never from the
+// API: a write may keep an entry's current reference unchanged, at the
+// same address, but not set one, so the API reads no host file or
+// variable and cannot probe for them.
 // User API keys are never in the config at all, only their salted hashes.
 
 const (
@@ -117,7 +133,21 @@ func (s *sealer) open(v string) (string, error) {
 	return string(clear), nil
 }
 
-func encodeClear(c *config.Config) ([]byte, error) { return config.EncodeJSON(c, nil) }
+// encodeClear is the form of the working document a change is built from
+// and of comparisons: literal secrets are carried (see the top of this
+// file), deterministically, so that equal configs encode equally within
+// this process. It never leaves the process.
+func encodeClear(c *config.Config) ([]byte, error) {
+	slots := c.AppendSecretSlots(nil)
+	return config.EncodeJSON(c, func(path, key string) (string, error) {
+		for i := range slots {
+			if slots[i].Path == path {
+				return carrier.seal(slots[i].Owner, slots[i].Address, key), nil
+			}
+		}
+		return "", fmt.Errorf("BUG: secret %s is not among config.AppendSecretSlots", path)
+	})
+}
 
 func encodeRedacted(c *config.Config) ([]byte, error) {
 	return config.EncodeJSON(c, func(_, key string) (string, error) { return redacted(key), nil })
@@ -138,6 +168,160 @@ func literalSecrets(c *config.Config) map[string]string {
 	return m
 }
 
+const carriedPrefix = "carry:v1:"
+
+// carrySealer seals secrets of the working document: AES-GCM under a key
+// made at start, with a nonce derived from the content (an HMAC), so the
+// same secret of the same entry encodes the same way.
+type carrySealer struct {
+	aead   cipher.AEAD
+	macKey []byte
+}
+
+var carrier = newCarrySealer()
+
+func newCarrySealer() *carrySealer {
+	key := make([]byte, 64)
+	if _, err := rand.Read(key); err != nil {
+		panic("BUG: crypto/rand: " + err.Error())
+	}
+	blk, err := aes.NewCipher(key[:32])
+	if err != nil {
+		panic("BUG: aes: " + err.Error())
+	}
+	aead, err := cipher.NewGCM(blk)
+	if err != nil {
+		panic("BUG: gcm: " + err.Error())
+	}
+	return &carrySealer{aead: aead, macKey: key[32:]}
+}
+
+func (c *carrySealer) seal(owner, address, key string) string {
+	plain := []byte(owner + "\x00" + address + "\x00" + key)
+	mac := hmac.New(sha256.New, c.macKey)
+	mac.Write(plain)
+	nonce := mac.Sum(nil)[:c.aead.NonceSize()]
+	return carriedPrefix + base64.RawURLEncoding.EncodeToString(c.aead.Seal(nonce, nonce, plain, nil))
+}
+
+// open returns what seal sealed; ok is false for anything else.
+func (c *carrySealer) open(v string) (owner, address, key string, ok bool) {
+	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(v, carriedPrefix))
+	ns := c.aead.NonceSize()
+	if err != nil || len(raw) < ns+c.aead.Overhead() {
+		return "", "", "", false
+	}
+	plain, err := c.aead.Open(nil, raw[:ns], raw[ns:], nil)
+	if err != nil {
+		return "", "", "", false
+	}
+	parts := strings.SplitN(string(plain), "\x00", 3)
+	if len(parts) != 3 {
+		return "", "", "", false
+	}
+	return parts[0], parts[1], parts[2], true
+}
+
+// isReference reports whether v is an env: or file: secret reference.
+func isReference(v string) bool {
+	return strings.HasPrefix(v, "env:") || strings.HasPrefix(v, "file:")
+}
+
+// heldSecret is a secret of a working document that stands for another
+// (carried, redacted or a reference) and can be resolved only once the
+// document is parsed, knowing the entry and address it lands at.
+type heldSecret struct {
+	carried bool
+	owner   string // carried: the entry and address it was sealed for
+	address string
+	key     string // carried: the key
+	fp      string // redacted: the fingerprint
+	ref     string // a reference
+}
+
+// heldSecrets replaces held secrets of a document by placeholders: unique
+// literal keys that config.Parse accepts (and resolves nothing for) and
+// that a caller cannot guess.
+type heldSecrets struct {
+	prefix string
+	byKey  map[string]*heldSecret
+}
+
+func newHeldSecrets() *heldSecrets {
+	var nonce [12]byte
+	if _, err := rand.Read(nonce[:]); err != nil {
+		panic("BUG: crypto/rand: " + err.Error())
+	}
+	return &heldSecrets{prefix: "infera-held-secret-" + hex.EncodeToString(nonce[:]) + "-", byKey: map[string]*heldSecret{}}
+}
+
+func (h *heldSecrets) hold(s *heldSecret) string {
+	k := h.prefix + strconv.Itoa(len(h.byKey))
+	h.byKey[k] = s
+	return k
+}
+
+// Messages of the secrets a write may not use.
+const (
+	msgAddressChanged = "re-enter the secret: the upstream's address changed (a key the API did not receive in clear stays with the address it was entered for)"
+	msgOtherUpstream  = "re-enter the secret: a redacted secret stands only for the key of the same upstream entry (same name), not another or a new one"
+	msgReference      = "secret references (env:NAME, file:PATH) are read from the config file only, not set through the admin API: enter the key itself, or set the reference in the config file"
+)
+
+// resolve puts the held secrets' keys in c, the config parsed from the
+// document, checking each against the entry and address it landed at:
+// a carried key must be at the entry and address it was sealed for; a
+// redacted one and a reference must be what cur holds at the same entry
+// and address.
+func (h *heldSecrets) resolve(c, cur *config.Config) error {
+	var curSlots map[string]config.SecretSlot
+	if cur != nil {
+		list := cur.AppendSecretSlots(nil)
+		curSlots = make(map[string]config.SecretSlot, len(list))
+		for _, sl := range list {
+			curSlots[sl.Owner] = sl
+		}
+	}
+	for _, sl := range c.AppendSecretSlots(nil) {
+		hs := h.byKey[sl.Secret.Reveal()]
+		if hs == nil {
+			continue
+		}
+		prev, known := curSlots[sl.Owner]
+		switch {
+		case hs.carried:
+			if hs.owner != sl.Owner || hs.address != sl.Address {
+				return &config.FieldError{Path: sl.Path, Msg: msgAddressChanged}
+			}
+			*sl.Secret = config.NewSecret(hs.key)
+		case hs.ref != "":
+			if !known || prev.Secret.Ref() != hs.ref {
+				return &config.FieldError{Path: sl.Path, Msg: msgReference}
+			}
+			if prev.Address != sl.Address {
+				return &config.FieldError{Path: sl.Path, Msg: msgAddressChanged}
+			}
+			*sl.Secret = *prev.Secret
+		default:
+			if !known || prev.Secret.Ref() != "" || !prev.Secret.IsSet() || fingerprint(prev.Secret.Reveal()) != hs.fp {
+				return &config.FieldError{Path: sl.Path, Msg: msgOtherUpstream}
+			}
+			if prev.Address != sl.Address {
+				return &config.FieldError{Path: sl.Path, Msg: msgAddressChanged}
+			}
+			*sl.Secret = *prev.Secret
+		}
+	}
+	// A placeholder left anywhere would become an upstream's key.
+	_, err := config.EncodeJSON(c, func(path, key string) (string, error) {
+		if strings.HasPrefix(key, h.prefix) {
+			return "", fmt.Errorf("BUG: secret %s is not among config.AppendSecretSlots", path)
+		}
+		return "", nil
+	})
+	return err
+}
+
 // decodeDoc decodes a JSON object keeping numbers exact.
 func decodeDoc(data []byte) (map[string]any, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -155,27 +339,44 @@ func decodeDoc(data []byte) (map[string]any, error) {
 	return doc, nil
 }
 
-// parseDoc turns a working document into a validated Config: sealed and
-// redacted secrets are resolved (redacted ones against cur), then
-// config.Parse validates. Errors are *config.FieldError with the most
-// precise path known.
+// parseDoc turns a working document into a validated Config: sealed,
+// carried and redacted secrets are resolved, then config.Parse validates.
+// With cur (a write or an import through the API) redacted secrets and
+// references resolve only to what cur holds at the same entry and address
+// (see the top of this file); without it (snapshots and Redis, written by
+// the gateway) references are resolved and redacted secrets refused.
+// Errors are *config.FieldError with the most precise path known.
 func (s *sealer) parseDoc(doc map[string]any, cur *config.Config) (*config.Config, error) {
 	var known map[string]string
+	held := newHeldSecrets()
 	resolved, err := walkDoc(doc, reflect.TypeFor[config.Config](), "", func(path string, t reflect.Type, v any) (any, error) {
 		str, ok := v.(string)
 		if t != secretType || !ok {
 			return v, nil
+		}
+		if strings.HasPrefix(str, carriedPrefix) {
+			owner, address, key, ok := carrier.open(str)
+			if !ok {
+				return nil, &config.FieldError{Path: path, Msg: "is a malformed carried secret: enter the key again"}
+			}
+			return held.hold(&heldSecret{carried: true, owner: owner, address: address, key: key}), nil
 		}
 		if strings.HasPrefix(str, sealedPrefix) {
 			clear, err := s.open(str)
 			if err != nil {
 				return nil, &config.FieldError{Path: path, Msg: err.Error()}
 			}
-			return clear, nil
+			str = clear
+		}
+		if isReference(str) {
+			if cur == nil {
+				return str, nil
+			}
+			return held.hold(&heldSecret{ref: str}), nil
 		}
 		fp, ok := isRedacted(str)
 		if !ok {
-			return v, nil
+			return str, nil
 		}
 		if known == nil {
 			known = map[string]string{}
@@ -186,11 +387,10 @@ func (s *sealer) parseDoc(doc map[string]any, cur *config.Config) (*config.Confi
 		if fp == "" {
 			return nil, &config.FieldError{Path: path, Msg: "is the bare redacted placeholder \"***\": enter the key (or keep the ***xxxxxxxx form the API gave you to keep the current key)"}
 		}
-		clear, ok := known[fp]
-		if !ok {
+		if _, ok := known[fp]; !ok {
 			return nil, &config.FieldError{Path: path, Msg: "is a redacted secret that matches no current key: enter the key again"}
 		}
-		return clear, nil
+		return held.hold(&heldSecret{fp: fp}), nil
 	})
 	if err != nil {
 		return nil, err
@@ -202,6 +402,11 @@ func (s *sealer) parseDoc(doc map[string]any, cur *config.Config) (*config.Confi
 	c, err := config.Parse(data)
 	if err != nil {
 		return nil, refineError(resolved, err)
+	}
+	if len(held.byKey) > 0 {
+		if err := held.resolve(c, cur); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }

@@ -3,6 +3,7 @@ package config
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"os"
@@ -226,6 +227,39 @@ func (t *TierModels) Model(tier string) string {
 		return t.L3
 	}
 	return ""
+}
+
+// SecretSlot is one secret of a config with the upstream it is sent to.
+type SecretSlot struct {
+	// Path is the setting's JSON path, as EncodeJSON names it
+	// (split_proxy.proxies[1].api_key).
+	Path string
+	// Owner names the upstream entry across versions of the config: the
+	// section, and in a list the entry's name (a proxy's Label, a member's
+	// Name), so an entry that moves in its list keeps its owner.
+	Owner string
+	// Address is where the secret is sent (the entry's base URL).
+	Address string
+	// Secret points into the config.
+	Secret *Secret
+}
+
+// AppendSecretSlots appends every secret setting of c (set or not) to dst.
+func (c *Config) AppendSecretSlots(dst []SecretSlot) []SecretSlot {
+	for i := range c.SplitProxy.Proxies {
+		p := &c.SplitProxy.Proxies[i]
+		dst = append(dst, SecretSlot{Path: fmt.Sprintf("split_proxy.proxies[%d].api_key", i),
+			Owner: "split_proxy.proxies/" + p.Label(), Address: p.Address, Secret: &p.APIKey})
+	}
+	dst = append(dst, SecretSlot{Path: "mirror.auth_token", Owner: "mirror",
+		Address: c.Mirror.TargetAddress, Secret: &c.Mirror.AuthToken})
+	for i := range c.GlobalScheduling.Members {
+		m := &c.GlobalScheduling.Members[i]
+		dst = append(dst, SecretSlot{Path: fmt.Sprintf("global_scheduling.members[%d].api_key", i),
+			Owner: "global_scheduling.members/" + m.Name, Address: m.URL, Secret: &m.APIKey})
+	}
+	return append(dst, SecretSlot{Path: "smart_model_selection.classifier_api_key", Owner: "smart_model_selection",
+		Address: c.SmartModelSelection.ClassifierURL, Secret: &c.SmartModelSelection.ClassifierAPIKey})
 }
 
 // Default values of the four sections; config.Default() uses them.
@@ -592,6 +626,10 @@ func NewSecret(v string) Secret {
 // IsSet reports whether the secret holds a value.
 func (s Secret) IsSet() bool { return s.value != "" }
 
+// Ref returns the reference ("env:NAME" or "file:PATH") the secret was
+// given by, or "" for a literal key.
+func (s Secret) Ref() string { return s.ref }
+
 // Reveal returns the credential. Call it only to put it on the wire.
 func (s Secret) Reveal() string { return s.value }
 
@@ -682,7 +720,9 @@ func (s *Secret) check(path string) error {
 }
 
 // checkValue refuses values that cannot travel in an HTTP header (no
-// header injection through a key) without echoing them.
+// header injection through a key) without echoing them. The position of
+// the character is told only for a literal key: the content of a file or
+// variable is not the config's to describe.
 func (s *Secret) checkValue() {
 	if len(s.value) > maxSecretBytes {
 		s.err = fmt.Sprintf("longer than %d bytes", maxSecretBytes)
@@ -690,34 +730,37 @@ func (s *Secret) checkValue() {
 	}
 	for i := 0; i < len(s.value); i++ {
 		if c := s.value[i]; c <= ' ' || c >= 0x7f {
-			s.err = fmt.Sprintf("contains a character not allowed in a bearer token (byte %d: spaces, control and non-ASCII characters are refused)", i)
+			if s.ref != "" {
+				s.err = fmt.Sprintf("%s holds a character not allowed in a bearer token (spaces, control and non-ASCII characters are refused)", s.ref)
+			} else {
+				s.err = fmt.Sprintf("contains a character not allowed in a bearer token (byte %d: spaces, control and non-ASCII characters are refused)", i)
+			}
 			return
 		}
 	}
 }
 
+// readSecretFile reads a file: reference. Its problems name the file and
+// the system's reason (or its size bound, or that it is empty), never its
+// content. References are read from the config file only: the admin API
+// refuses them (package admin), so these messages answer the operator.
 func readSecretFile(path string) (value, problem string) {
 	if path == "" {
 		return "", "file: must name a file"
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return "", fmt.Sprintf("cannot open secret file %q: %v", path, unwrapPathErr(err))
+		return "", fmt.Sprintf("cannot read secret file %q: %v", path, unwrapPathErr(err))
 	}
 	defer f.Close()
-	buf := make([]byte, maxSecretBytes+2)
-	n := 0
-	for n < len(buf) {
-		m, err := f.Read(buf[n:])
-		n += m
-		if err != nil {
-			break
-		}
+	data, err := io.ReadAll(io.LimitReader(f, maxSecretBytes+2))
+	if err != nil {
+		return "", fmt.Sprintf("cannot read secret file %q: %v", path, unwrapPathErr(err))
 	}
-	if n > maxSecretBytes+1 {
+	if len(data) > maxSecretBytes+1 {
 		return "", fmt.Sprintf("secret file %q is larger than %d bytes", path, maxSecretBytes)
 	}
-	v := strings.TrimRight(string(buf[:n]), "\r\n")
+	v := strings.TrimRight(string(data), "\r\n")
 	if v == "" {
 		return "", fmt.Sprintf("secret file %q is empty", path)
 	}

@@ -234,7 +234,7 @@ func TestSecretReferences(t *testing.T) {
 	}
 	bad(`{"mirror":{"auth_token":"env:INFERA_TEST_NOT_SET_ANYWHERE"}}`, "mirror.auth_token", "not set")
 	bad(`{"mirror":{"auth_token":"env:1BAD"}}`, "mirror.auth_token", "environment variable")
-	bad(`{"mirror":{"auth_token":"file:`+filepath.Join(dir, "missing")+`"}}`, "mirror.auth_token", "cannot open")
+	bad(`{"mirror":{"auth_token":"file:`+filepath.Join(dir, "missing")+`"}}`, "mirror.auth_token", "cannot read secret file")
 	empty := filepath.Join(dir, "empty")
 	os.WriteFile(empty, []byte("\n"), 0o600)
 	bad(`{"mirror":{"auth_token":"file:`+empty+`"}}`, "mirror.auth_token", "empty")
