@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"slices"
+	"strconv"
+	"strings"
 )
 
 // Record is the one JSON record a worker instance publishes, the same for
@@ -48,16 +51,34 @@ func (r *Record) Validate() error {
 	if r.ID == "" {
 		return fmt.Errorf("worker record: id is required")
 	}
+	if len(r.ID) > maxIDLen || strings.IndexFunc(r.ID, func(c rune) bool { return c <= ' ' || c == 0x7f }) >= 0 {
+		return fmt.Errorf("worker record %q: id must be 1-%d bytes without spaces or control characters", r.ID, maxIDLen)
+	}
 	if r.URL == "" {
 		return fmt.Errorf("worker record %q: url is required", r.ID)
 	}
 	u, err := url.Parse(r.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("worker record %q: url %q must be http(s)://host:port", r.ID, r.URL)
+		return fmt.Errorf("worker record %q: url must be http(s)://host:port", r.ID)
+	}
+	if u.User != nil { // it would be logged and shown; engine keys go in headers
+		return fmt.Errorf("worker record %q: url must not hold credentials", r.ID)
 	}
 	if r.DPSize < 0 || r.DPSize > 1024 {
 		return fmt.Errorf("worker record %q: dp_size %d out of range", r.ID, r.DPSize)
 	}
+	if r.BlockSize < 0 || r.BlockSize > maxBlockSize {
+		return fmt.Errorf("worker record %q: block_size %d out of range (0-%d)", r.ID, r.BlockSize, maxBlockSize)
+	}
+	for _, ep := range []string{r.KVEventsEndpoint, r.KVReplayEndpoint} {
+		if err := checkZMQEndpoint(ep, r.DPSize); err != nil {
+			return fmt.Errorf("worker record %q: %v", r.ID, err)
+		}
+	}
+	if len(r.Models) > maxModels {
+		return fmt.Errorf("worker record %q: %d models, at most %d", r.ID, len(r.Models), maxModels)
+	}
+	r.Models = dedupe(r.Models) // a model listed twice must not count twice
 	if _, ok := ParseRole(r.Role); !ok {
 		return fmt.Errorf("worker record %q: role %q: want mixed, prefill or decode", r.ID, r.Role)
 	}
@@ -67,6 +88,46 @@ func (r *Record) Validate() error {
 		return fmt.Errorf("worker record %q: status %q: want ACTIVE or DRAINING", r.ID, r.Status)
 	}
 	return nil
+}
+
+// Bounds of a record's fields.
+const (
+	maxIDLen     = 253
+	maxModels    = 1024
+	maxBlockSize = 1 << 20 // as in KV events
+)
+
+// checkZMQEndpoint accepts "" or a ZMQ tcp:// (with a port that leaves
+// room for dp_size ranks) or ipc:// endpoint.
+func checkZMQEndpoint(ep string, dpSize int) error {
+	switch {
+	case ep == "", strings.HasPrefix(ep, "ipc://"):
+		return nil
+	case !strings.HasPrefix(ep, "tcp://"):
+		return fmt.Errorf("kv endpoint %q: want tcp:// or ipc://", ep)
+	}
+	i := strings.LastIndexByte(ep, ':')
+	port, err := strconv.Atoi(ep[i+1:])
+	if i < len("tcp://") || err != nil || port < 1 || port+max(dpSize, 1)-1 > 65535 {
+		return fmt.Errorf("kv endpoint %q: want tcp://host:port with port + dp_size - 1 <= 65535", ep)
+	}
+	return nil
+}
+
+// dedupe drops repeated entries of ms, keeping the first of each.
+func dedupe(ms []string) []string {
+	for i := 1; i < len(ms); i++ {
+		if slices.Contains(ms[:i], ms[i]) {
+			out := slices.Clone(ms[:i])
+			for _, m := range ms[i+1:] {
+				if !slices.Contains(out, m) {
+					out = append(out, m)
+				}
+			}
+			return out
+		}
+	}
+	return ms
 }
 
 // sameEndpoint reports whether a and b describe the same worker process

@@ -212,7 +212,16 @@ type rankState struct {
 	started bool
 	next    uint64
 	blocks  map[uint64]blockRef // engine hash -> router hash
+	// lastClear is when the rank's index entries were last cleared; dirty
+	// says a clear was put off (clears come at most every minClearEvery:
+	// each one walks the whole index, so a publisher that clears or
+	// restarts in a loop must not make every batch a full scan).
+	lastClear time.Time
+	dirty     bool
 }
+
+// minClearEvery is the least time between two index clears of one rank.
+const minClearEvery = 100 * time.Millisecond
 
 // workerState follows one worker. Everything below mu is owned by the
 // worker's goroutine; mu is held while a batch is applied so that stop can
@@ -364,7 +373,7 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 		// batches are filtered below: a backward sequence means the publisher
 		// restarted, whether or not its batch 0 reached us (slow joiner,
 		// relay reconnect). Only a repeat of the last batch counts as stale.
-		if seq != rs.next-1 {
+		if seq != rs.next-1 || seq == 0 { // a batch 0 again is a restart after one batch
 			ws.logf("KV event publisher restarted, resyncing", "rank", b.DPRank, "seq", seq, "want", rs.next)
 			ws.resync(b.DPRank, rs)
 			ws.apply(b, rs)
@@ -419,10 +428,29 @@ func (ws *workerState) resync(rank int, rs *rankState) {
 	ws.mResyncs.Inc()
 	ws.mu.Lock()
 	if !ws.stopped.Load() {
-		ws.m.cfg.Index.Clear(ws.idx, rank)
+		ws.clearRank(rank, rs)
 	}
 	ws.mu.Unlock()
+}
+
+// clearRank drops the rank's index entries (ws.mu held). A rank with
+// nothing indexed costs nothing; a clear within minClearEvery of the last
+// one is put off to the next batch after it (dirty), so the rank's stale
+// entries go then.
+func (ws *workerState) clearRank(rank int, rs *rankState) {
+	if len(rs.blocks) > 0 {
+		rs.dirty = true
+	}
 	rs.blocks = map[uint64]blockRef{} // clear() would keep the peak size
+	if !rs.dirty {
+		return
+	}
+	now := time.Now()
+	if now.Sub(rs.lastClear) < minClearEvery {
+		return
+	}
+	ws.m.cfg.Index.Clear(ws.idx, rank)
+	rs.lastClear, rs.dirty = now, false
 }
 
 // apply writes one batch to the index.
@@ -435,8 +463,12 @@ func (ws *workerState) apply(b *Batch, rs *rankState) {
 	if b.Unknown > 0 {
 		ws.mUnknown.Add(b.Unknown)
 	}
-	idx := ws.m.cfg.Index
 	rank := b.DPRank
+	if rs.dirty && time.Since(rs.lastClear) >= minClearEvery {
+		// A clear put off: what was stored since goes too (its parents'
+		// hashes with it), as if the restart had come now.
+		ws.clearRank(rank, rs)
+	}
 	for i := range b.Events {
 		e := &b.Events[i]
 		if !e.IsGPU() || e.GroupIdx != 0 {
@@ -448,8 +480,7 @@ func (ws *workerState) apply(b *Batch, rs *rankState) {
 		case KindBlockRemoved:
 			ws.applyRemoved(e, rank, rs)
 		case KindAllBlocksCleared:
-			idx.Clear(ws.idx, rank)
-			rs.blocks = map[uint64]blockRef{} // clear() would keep the peak size
+			ws.clearRank(rank, rs)
 			ws.mApplied.Inc()
 		}
 	}
@@ -479,6 +510,10 @@ func (ws *workerState) applyStored(e *Event, rank int, rs *rankState) {
 		seed = xxh3.Hash(e.LoraName)
 	}
 	ws.scratch = HashBlocksSeed(ws.scratch[:0], e.Tokens, bs, seed)
+	if len(ws.scratch) != len(e.Hashes) { // a block size the check's product overflowed
+		ws.mMalformed.Inc()
+		return
+	}
 	if !e.HasParent {
 		root = ws.scratch[0]
 	}

@@ -129,8 +129,8 @@ func (x *Index) Remove(worker, rank int, root uint64, hashes []uint64) {
 
 // Clear drops every block of (worker, rank) (AllBlocksCleared).
 func (x *Index) Clear(worker, rank int) {
-	if checkMember(worker, rank) != nil {
-		return
+	if checkMember(worker, rank) != nil || x.counts[worker].Load() == 0 {
+		return // nothing of the worker's: no walk over the index
 	}
 	m := member(worker, rank)
 	x.purge(worker, func(v uint32) bool { return v == m })

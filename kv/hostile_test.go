@@ -1,0 +1,143 @@
+package kv
+
+import (
+	"testing"
+	"time"
+
+	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/radix"
+)
+
+// A block size so large that len(hashes)*block_size overflows to 0 (a
+// record's, before fleet validation bounded it) passes the token count
+// check with no tokens: the subscriber must count the batch malformed,
+// not panic (which would kill the router).
+func TestABlockSizeThatOverflowsTheTokenCheckDoesNotPanic(t *testing.T) {
+	x := radix.New()
+	m, err := NewManager(ManagerConfig{Index: x})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	rec := fleet.Record{ID: "evil", URL: "http://127.0.0.1:1", BlockSize: 1 << 62}
+	if err := rec.Validate(); err == nil {
+		t.Fatal("fleet validation accepts block_size 2^62")
+	}
+	ws := m.newWorkerState(&fleet.Worker{Idx: 1, ID: "evil", BlockSize: rec.BlockSize})
+	defer ws.unregisterMetrics()
+	// Legacy BlockStored with 4 hashes, no parent, no tokens, block_size omitted
+	// (trailing defaults dropped): ["BlockStored", [h1..h4], nil, []]
+	b := mpAppendArray(nil, 2)
+	b = mpAppendFloat(b, 1)
+	b = mpAppendArray(b, 1)
+	b = mpAppendArray(b, 4)
+	b = mpAppendStr(b, "BlockStored")
+	b = appendHashes(b, []uint64{1, 2, 3, 4})
+	b = mpAppendNil(b)
+	b = mpAppendArray(b, 0)
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("handle panicked: %v", r)
+		}
+	}()
+	ws.handle(0, b)
+}
+
+// A worker that caches nothing and sends a batch of 2,000 AllBlocksCleared
+// events must not walk the whole index (another worker's 200k entries,
+// under each shard's write lock) once per event.
+func TestAClearFloodFromAWorkerWithNothingCachedCostsNoIndexWalks(t *testing.T) {
+	x := radix.New()
+	m, err := NewManager(ManagerConfig{Index: x})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	// Another worker (idx 0) with 200k blocks in 20k chains.
+	for c := 0; c < 20000; c++ {
+		hs := HashBlocks(nil, tokensFor(c, 10), bs, "")
+		if err := x.Store(0, 0, 0, 0, false, hs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ws := m.newWorkerState(&fleet.Worker{Idx: 7, ID: "evil", BlockSize: bs})
+	defer ws.unregisterMetrics()
+	const n = 2000
+	b := mpAppendArray(nil, 2)
+	b = mpAppendFloat(b, 1)
+	b = mpAppendArray(b, n)
+	for i := 0; i < n; i++ {
+		b = appendCleared(b, false)
+	}
+	t.Logf("payload %d bytes, %d AllBlocksCleared events", len(b), n)
+	start := time.Now()
+	ws.handle(0, b)
+	el := time.Since(start)
+	t.Logf("one batch took %v (index of another worker: %+v)", el, x.Stats().Entries)
+	if el > 500*time.Millisecond {
+		t.Fatalf("a %d-byte batch from a worker that caches nothing cost %v of full-index purges", len(b), el)
+	}
+}
+
+// A publisher that restarts after one batch sends batch 0 again: a
+// restart (resync), not a stale repeat, so the new instance's first batch
+// is indexed and the dead instance's blocks go.
+func TestAPublisherRestartAfterOneBatchResyncs(t *testing.T) {
+	x := radix.New()
+	m, err := NewManager(ManagerConfig{Index: x})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ws := m.newWorkerState(&fleet.Worker{Idx: 2, ID: "w", BlockSize: bs})
+	defer ws.unregisterMetrics()
+	batch := func(tag int) []byte {
+		b := appendBatchHeader(nil, false, 1, 1)
+		b = appendStored(b, false, engineHashes(tag, 1), 0, false, tokensFor(tag, 1), bs)
+		return appendBatchTrailer(b, false, 0)
+	}
+	ws.handle(0, batch(1)) // old instance, then it crashes
+	ws.handle(0, batch(2)) // new instance's seq 0
+	ws.handle(1, batch(3)) // new instance's seq 1
+	if overlap(x, 2, tokensFor(2, 1)) != 1 {
+		t.Errorf("new instance's first batch dropped as stale (stale=%d)", ws.mStale.Get())
+	}
+	if overlap(x, 2, tokensFor(1, 1)) != 0 {
+		t.Errorf("dead instance's block still indexed")
+	}
+}
+
+// A publisher whose sequence keeps jumping (each jump a resync, each a
+// walk over the whole index) gets at most one index clear per
+// minClearEvery: a clear that comes sooner is put off to the first batch
+// after it, which then drops the rank's stale entries.
+func TestResyncClearsOfARankAreSpacedOut(t *testing.T) {
+	x := radix.New()
+	m, err := NewManager(ManagerConfig{Index: x})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ws := m.newWorkerState(&fleet.Worker{Idx: 3, ID: "flappy", BlockSize: bs})
+	defer ws.unregisterMetrics()
+	batch := func(tag int) []byte {
+		b := appendBatchHeader(nil, false, 1, 1)
+		b = appendStored(b, false, engineHashes(tag, 1), 0, false, tokensFor(tag, 1), bs)
+		return appendBatchTrailer(b, false, 0)
+	}
+	ws.handle(0, batch(1))
+	ws.handle(10, batch(2)) // a gap without replay: resync, cleared at once
+	if overlap(x, 3, tokensFor(1, 1)) != 0 || overlap(x, 3, tokensFor(2, 1)) != 1 {
+		t.Fatal("the first resync did not clear the rank")
+	}
+	ws.handle(0, batch(3)) // a restart right after: its clear is put off
+	if overlap(x, 3, tokensFor(2, 1)) != 1 {
+		t.Fatal("a second clear within minClearEvery walked the index")
+	}
+	time.Sleep(minClearEvery + 20*time.Millisecond)
+	ws.handle(1, batch(4)) // the next batch after: the put-off clear runs first
+	if overlap(x, 3, tokensFor(2, 1)) != 0 || overlap(x, 3, tokensFor(4, 1)) != 1 {
+		t.Fatalf("after minClearEvery: stale %d, new %d; want the stale entry gone and the new one indexed",
+			overlap(x, 3, tokensFor(2, 1)), overlap(x, 3, tokensFor(4, 1)))
+	}
+}
