@@ -136,7 +136,7 @@ var fieldMeta = map[string]meta{
 	"split_proxy.proxies[].local":       {label: "Local service", help: "The gateway's own fleet."},
 	"split_proxy.proxies[].status":      {label: "Status", options: []string{"enabled", "disabled"}},
 	"split_proxy.proxies[].address":     {label: "Proxy address", help: "Base URL of the upstream API."},
-	"split_proxy.proxies[].api_key":     {label: "API key", help: "Sent upstream as a bearer token; env:NAME or file:PATH also work."},
+	"split_proxy.proxies[].api_key":     {label: "API key", help: "Sent upstream as a bearer token. env:NAME / file:PATH references can be set only in the config file."},
 	"split_proxy.proxies[].weight":      {label: "Weight", percent: true, help: "Share under the weight strategy."},
 	"split_proxy.proxies[].model_rules": {label: "Model rules", help: "Prefix strategy: model prefixes or * patterns."},
 	"split_proxy.proxies[].failover":    {label: "Failover", help: "Retry target (in list order) when others fail."},
