@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -62,19 +63,17 @@ type pdDispatch struct {
 	ps seatHold
 	pc call // the SGLang prefill leg's call (its goroutine's)
 
-	hdr, path    []byte // the legs' header block and request target
-	pbody, dbody []byte // the prefill and decode legs' bodies
-	kvp          []byte // vLLM: the prefill's kv_transfer_params (raw JSON)
-	buf          []byte // the prefill answer
+	hdr, path    []byte   // the legs' header block and request target
+	pbody, dbody []byte   // the prefill and decode legs' bodies
+	kvp          []byte   // vLLM: the prefill's kv_transfer_params (raw JSON)
+	buf          []byte   // the prefill answer
+	rooms        []uint64 // SGLang: the attempt's bootstrap rooms, one per sequence (both legs')
 
 	// Set by the SGLang prefill goroutine, read under mu.
 	mu        sync.Mutex
 	committed bool     // the decode leg's answer went to the client
 	dcall     *call    // the decode leg's call, aborted when the prefill fails first
 	pfail     *failure // the prefill leg failed before the commit
-	// pdone: the prefill answer was read to its end; the dispatch no longer
-	// aborts the prefill call (its connection may be back in the pool).
-	pdone bool
 	// The prefill's error answer (status >= 400), relayed when it is final.
 	errStatus        int
 	errBody, errType []byte
@@ -110,7 +109,10 @@ func (p *pdDispatch) release() {
 	if cap(p.buf) > 4*pdBufSize {
 		p.buf = make([]byte, pdBufSize)
 	}
-	*p = pdDispatch{done: p.done, buf: p.buf[:cap(p.buf)],
+	if cap(p.rooms) > 64 {
+		p.rooms = nil
+	}
+	*p = pdDispatch{done: p.done, buf: p.buf[:cap(p.buf)], rooms: p.rooms[:0],
 		hdr: p.hdr[:0], path: p.path[:0], pbody: p.pbody[:0], dbody: p.dbody[:0], kvp: p.kvp[:0],
 		errBody: p.errBody[:0], errType: p.errType[:0]}
 	pdPool.Put(p)
@@ -346,6 +348,9 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		c = decodeCall(cfg, rs, p, total, idle)
 		up, f := s.tr.roundTrip(c)
 		status := 0
+		// reached: the decode worker got the request, even partly, so its
+		// read of the KV may have started (and freed the blocks).
+		reached := f == nil || !neverReached(f)
 		if f == nil {
 			status = up.status()
 			if status < 500 && status != fasthttp.StatusTooManyRequests {
@@ -357,9 +362,10 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 					return
 				}
 				f = up.readFailure(rerr, false)
+				c.cancel.unset() // first: an abort must not reach the recycled connection's next user
 				up.finish(false)
 			} else {
-				rs.stashAnswer(up, status, &c.cancel)
+				stashLeg(rs, up, status, &c.cancel)
 				f = &failure{kind: failStatus, status: status}
 			}
 		}
@@ -370,19 +376,49 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			break
 		}
 		c.cancel.reset()
-		// A decode worker that never got the request (unreachable, busy)
+		// A decode worker that never got the request (not dialled, busy)
 		// left the KV held on the prefill engine for another decode worker;
-		// any other failure may have started the read, which frees it.
-		switch f.kind {
-		case failConnect, failLocalConns, failBusy, failSpent:
-		default:
-			if status != fasthttp.StatusTooManyRequests {
-				p.pl.Done(sched.OutcomeNeutral)
-				needPrefill = true
-			}
+		// one that got it, even partly, may have started the read, which
+		// frees it: both legs run again.
+		if reached && status != fasthttp.StatusTooManyRequests {
+			p.pl.Done(sched.OutcomeNeutral)
+			needPrefill = true
 		}
 	}
 	o.finish(res)
+}
+
+// neverReached reports whether a failed leg's request never reached its
+// worker: the connection could not be dialled, the router's connection
+// limit or the worker's capacity refused it, or the deadline had passed.
+// A failure after the connection was made (the request written, even
+// partly) counts as reached: the transport does not tell how much of it
+// the engine read.
+func neverReached(f *failure) bool {
+	switch f.kind {
+	case failLocalConns, failBusy, failSpent:
+		return true
+	case failConnect, failTimeout:
+		var op *net.OpError
+		return errors.Is(f.cause, errNotHTTP) || errors.As(f.cause, &op) && op.Op == "dial"
+	}
+	return false
+}
+
+// stashLeg is rs.stashAnswer for a leg whose abort slot must stop pointing
+// at the connection before it is closed or pooled, whatever happened.
+func stashLeg(rs *reqState, up upResponse, status int, slot *abortSlot) {
+	rs.errStatus = 0
+	n, err := up.read(rs.rbuf[:4096])
+	alive := slot.unset() // first: an abort must not reach the recycled connection's next user
+	if err == io.EOF && n > 0 {
+		rs.errStatus = status
+		rs.errBody = append(rs.errBody[:0], rs.rbuf[:n]...)
+		rs.errType = append(rs.errType[:0], up.contentType()...)
+		up.finish(alive)
+		return
+	}
+	up.finish(false)
 }
 
 // decodeFailed ends the decode leg's lease after a failure before its first
@@ -424,14 +460,15 @@ func (s *Server) pullPrefill(cfg *config.Config, rs *reqState, p *pdDispatch, to
 		if rerr == errPDAnswer {
 			f = fail(failProtocol, rerr)
 		} else {
-			f = up.readFailure(rerr, len(body) > 0)
+			f = prefillReadFailure(up, rerr)
 		}
+		c.cancel.unset() // first: an abort must not reach the recycled connection's next user
 		up.finish(false)
 		p.pl.Done(f.outcome())
 		s.countFailure(p.pl.Worker, f)
 		return f
 	}
-	if !c.cancel.detach() {
+	if !c.cancel.unset() {
 		// The client left while the answer was read: its connection is closed.
 		up.finish(false)
 		p.pl.Done(sched.OutcomeNeutral)
@@ -464,6 +501,19 @@ func (s *Server) pullPrefill(cfg *config.Config, rs *reqState, p *pdDispatch, to
 	p.kvp = append(p.kvp[:0], kvp...)
 	p.pl.Verdict(sched.OutcomeSuccess) // the prefill worker did its part; the lease ends at the transfer
 	return nil
+}
+
+// prefillReadFailure classifies a read error of a prefill answer. Nothing
+// of a prefill leg reaches the client, so a broken answer is no broken
+// stream: before the decode leg's commit it goes to another prefill worker
+// (after it, it is only counted). The worker answered a head, so it is no
+// connection failure either: an invalid answer, or a timeout.
+func prefillReadFailure(up upResponse, err error) *failure {
+	f := up.readFailure(err, false)
+	if f.kind == failConnect {
+		f = fail(failProtocol, err)
+	}
+	return f
 }
 
 // readAnswer reads a whole (small) answer into *buf, growing it up to
@@ -517,13 +567,18 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			p.pl.Done(sched.OutcomeNeutral)
 			return
 		}
-		room := rand.Uint64() >> 1 // uniform in [0, 2^63-1], fresh per attempt
+		// One room per sequence, uniform in [0, 2^63-1], fresh per attempt
+		// and the same in both legs' bodies.
+		p.rooms = p.rooms[:0]
+		for k := max(batch, 1); k > 0; k-- {
+			p.rooms = append(p.rooms, rand.Uint64()>>1)
+		}
 		pw := &p.pl.Worker.PD
 		pm, dm := legModel(rs, &p.pl.Decision), legModel(rs, &rs.lease.Decision)
-		p.pbody = appendPushBody(p.pbody[:0], rs.body, pm, pw.BootstrapHost, pw.BootstrapPort, room, batch)
+		p.pbody = appendPushRooms(p.pbody[:0], rs.body, pm, pw.BootstrapHost, pw.BootstrapPort, p.rooms, batch)
 		dbody := p.pbody // the same body, unless routing gave the legs other model names
 		if dm != pm {
-			p.dbody = appendPushBody(p.dbody[:0], rs.body, dm, pw.BootstrapHost, pw.BootstrapPort, room, batch)
+			p.dbody = appendPushRooms(p.dbody[:0], rs.body, dm, pw.BootstrapHost, pw.BootstrapPort, p.rooms, batch)
 			dbody = p.dbody
 		}
 		pc := &p.pc
@@ -532,7 +587,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		c = decodeCall(cfg, rs, p, total, idle)
 		c.body = dbody
 		p.mu.Lock()
-		p.committed, p.pfail, p.dcall, p.errStatus, p.pdone = false, nil, c, 0, false
+		p.committed, p.pfail, p.dcall, p.errStatus = false, nil, c, 0
 		p.mu.Unlock()
 		p.refs.Add(1)
 		go p.pushPrefill()
@@ -561,26 +616,33 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		committed := p.committed
 		p.mu.Unlock()
 		if committed {
+			if status < 200 || status > 299 {
+				// The decode engine refused the request (its answer is the
+				// client's): it never joins the room, so the prefill leg
+				// would wait for it until its timeout. Stop it: its lease
+				// ends neutral (pushPrefill).
+				p.pc.cancel.abort()
+			}
 			s.pdCommit(ctx, cfg, rs, p, up, n, eof, res)
 			return
 		}
 		// The attempt failed before the client got a byte: stop the
-		// prefill leg (unless it ended) and wait for its goroutine.
-		p.mu.Lock()
-		if !p.pdone {
-			p.pc.cancel.abort()
-		}
-		p.mu.Unlock()
+		// prefill leg and wait for its goroutine. The abort reaches the
+		// prefill's connection only while the goroutine owns it (it
+		// unsets the slot before closing or pooling the connection).
+		p.pc.cancel.abort()
 		<-p.done
 		pf := p.pfail // the goroutine has ended: no lock needed
 		if up != nil {
 			switch {
 			case ok: // the decode answered, but the prefill had failed
+				c.cancel.unset() // first: an abort must not reach the recycled connection's next user
 				up.finish(false)
 			case f == nil && pf == nil:
-				rs.stashAnswer(up, status, &c.cancel)
+				stashLeg(rs, up, status, &c.cancel)
 				f = &failure{kind: failStatus, status: status}
 			default:
+				c.cancel.unset()
 				up.finish(false)
 			}
 		}
@@ -621,7 +683,12 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 // pushPrefill is the SGLang prefill leg, on its own goroutine: it sends the
 // leg, drains the answer (the engine answers once the KV is pushed) and
 // ends the prefill lease. A failure before the decode leg's answer reached
-// the client aborts the decode leg.
+// the client aborts the decode leg. Before the connection is closed or
+// pooled, p.pc's abort slot stops pointing at it: the dispatch aborts that
+// slot to stop the leg, and must not reach a connection another request
+// took from the pool. An abort by the dispatch (the decode leg failed or
+// refused the request, or the client left) ends the lease neutral and
+// counts nothing: the dispatch counts the client leaving, once.
 func (p *pdDispatch) pushPrefill() {
 	s := p.s
 	start := time.Now()
@@ -643,7 +710,8 @@ func (p *pdDispatch) pushPrefill() {
 				p.errType = append(p.errType[:0], up.contentType()...)
 				p.mu.Unlock()
 			}
-			up.finish(err == io.EOF && p.settle())
+			alive := p.pc.cancel.unset()
+			up.finish(alive && err == io.EOF)
 		} else {
 			if n > 0 || err == nil || err == io.EOF {
 				p.pl.FirstToken()
@@ -652,20 +720,21 @@ func (p *pdDispatch) pushPrefill() {
 				_, err = up.read(p.buf)
 			}
 			if err == io.EOF {
-				up.finish(p.settle())
+				up.finish(p.pc.cancel.unset())
 				mPDPrefillTime.UpdateDuration(start)
 			} else {
-				f = up.readFailure(err, n > 0)
+				f = prefillReadFailure(up, err)
 				outcome = f.outcome()
+				p.pc.cancel.unset()
 				up.finish(false)
 			}
 		}
 	} else {
 		outcome = f.outcome()
 	}
-	if f != nil && f.kind != failStatus {
+	if f != nil && f.kind != failStatus && f.kind != failCanceled {
 		s.countFailure(p.pl.Worker, f)
-	} else if f != nil && f.status >= 500 {
+	} else if f != nil && f.kind == failStatus && f.status >= 500 {
 		mUpstreamErr.Inc()
 	}
 	p.pl.Done(outcome)
@@ -685,17 +754,15 @@ func (p *pdDispatch) pushPrefill() {
 	p.release()
 }
 
-// settle marks the prefill answer read to its end, unless the dispatch
-// aborted the call first (its connection is closed then): true means the
-// connection may go back to the pool.
-func (p *pdDispatch) settle() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.pc.cancel.detach() {
-		return false
-	}
-	p.pdone = true
-	return true
+// unset unregisters the slot's target whether or not the attempt was
+// aborted, so that no later abort reaches it (its connection is about to
+// be closed or pooled). It reports whether the attempt was not aborted
+// (the connection may be pooled).
+func (a *abortSlot) unset() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.target = nil
+	return !a.aborted
 }
 
 // detach unregisters the slot's target unless the attempt was aborted, so
@@ -944,11 +1011,30 @@ func appendPullDecodeBody(dst, body []byte, model string, kvp []byte) []byte {
 	return append(out, '}')
 }
 
-// appendPushBody is SGLang's body for both legs: the client's body with
+// appendPushBody is appendPushRooms with room for the first sequence and a
+// fresh room for each other one.
+func appendPushBody(dst, body []byte, model, host string, port int, room uint64, batch int) []byte {
+	var one [1]uint64
+	rooms := one[:]
+	if batch > 1 {
+		rooms = make([]uint64, batch)
+		for k := 1; k < batch; k++ {
+			rooms[k] = rand.Uint64() >> 1
+		}
+	}
+	rooms[0] = room
+	return appendPushRooms(dst, body, model, host, port, rooms, batch)
+}
+
+// appendPushRooms is SGLang's body for both legs: the client's body with
 // bootstrap_host, bootstrap_port (null when the prefill worker's record has
 // none) and bootstrap_room; for a batch of n > 0 sequences, lists of n
-// entries with a room each (PDRouter::inject_bootstrap_into_value).
-func appendPushBody(dst, body []byte, model, host string, port int, room uint64, batch int) []byte {
+// entries with a room each (PDRouter::inject_bootstrap_into_value). rooms
+// has max(batch, 1) entries: both legs of an attempt get the same rooms.
+func appendPushRooms(dst, body []byte, model, host string, port int, rooms []uint64, batch int) []byte {
+	if len(rooms) != max(batch, 1) {
+		panic("BUG: appendPushRooms needs one room per sequence")
+	}
 	out, _ := bodyEdit(dst, body, model, pushDrop, "")
 	n := max(batch, 1)
 	list := func(f func(k int)) {
@@ -976,13 +1062,7 @@ func appendPushBody(dst, body []byte, model, host string, port int, room uint64,
 		}
 	})
 	out = append(out, `,"bootstrap_room":`...)
-	list(func(k int) {
-		r := room
-		if k > 0 {
-			r = rand.Uint64() >> 1
-		}
-		out = strconv.AppendUint(out, r, 10)
-	})
+	list(func(k int) { out = strconv.AppendUint(out, rooms[k], 10) })
 	return append(out, '}')
 }
 

@@ -1,0 +1,364 @@
+package proxy
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
+	"github.com/valyala/fasthttp"
+)
+
+// postWithin is post with a bound on the whole exchange.
+func postWithin(t *testing.T, url, body string, d time.Duration) (int, string) {
+	t.Helper()
+	cl := &http.Client{Timeout: d}
+	resp, err := cl.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// holdsWithin polls cond until it holds or d passed; it reports whether it held.
+func holdsWithin(d time.Duration, cond func() bool) bool {
+	end := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(end) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// finishSpyUp marks when a response was finished (its connection closed or
+// pooled, and the upConn possibly recycled).
+type finishSpyUp struct {
+	upResponse
+	finished *atomic.Bool
+}
+
+func (u finishSpyUp) finish(ok bool) { u.finished.Store(true); u.upResponse.finish(ok) }
+
+// lateAbortTarget counts aborts that reach a connection after its response
+// was finished (the upConn may belong to another request by then).
+type lateAbortTarget struct {
+	inner    interface{ abort() }
+	finished *atomic.Bool
+	late     *atomic.Int32
+}
+
+func (s *lateAbortTarget) abort() {
+	if s.finished.Load() {
+		s.late.Add(1)
+	}
+	s.inner.abort()
+}
+
+// lateAbortTransport wraps the abort targets and responses of one role's
+// legs to count late aborts.
+type lateAbortTransport struct {
+	inner transport
+	late  atomic.Int32
+	role  string
+}
+
+func (t *lateAbortTransport) roundTrip(c *call) (upResponse, *failure) {
+	up, f := t.inner.roundTrip(c)
+	if f != nil || c.lease.Worker.Role.String() != t.role {
+		return up, f
+	}
+	fin := new(atomic.Bool)
+	c.cancel.mu.Lock()
+	if c.cancel.target != nil {
+		c.cancel.target = &lateAbortTarget{inner: c.cancel.target, finished: fin, late: &t.late}
+	}
+	c.cancel.mu.Unlock()
+	return finishSpyUp{up, fin}, nil
+}
+
+// brokenAnswerEngine answers a 200 head and part of the body, then drops
+// the connection (an engine that died mid-answer).
+func brokenAnswerEngine(t *testing.T, hits *atomic.Int32) string {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					return
+				}
+				if hits != nil {
+					hits.Add(1)
+				}
+				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"choices\""))
+				time.Sleep(50 * time.Millisecond)
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// An SGLang prefill answer that breaks mid-body: pushPrefill closes the
+// connection, and the dispatch then aborts the prefill leg's slot to stop
+// it. The abort must not reach the closed (recycled) connection.
+func TestPDAbortNeverReachesAPrefillConnectionAlreadyReleased(t *testing.T) {
+	bad := brokenAnswerEngine(t, nil)
+	d := startUpstream(t, func(ctx *fasthttp.RequestCtx) { time.Sleep(2 * time.Second); okHandler(ctx) })
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) { c.PD.Mode = "sglang" }),
+		pdWorker("p", bad, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+	spy := &lateAbortTransport{inner: r.srv.tr, role: "prefill"}
+	r.srv.tr = spy
+	code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 10*time.Second)
+	t.Logf("%d %s; aborts after finish: %d", code, b, spy.late.Load())
+	if spy.late.Load() != 0 {
+		t.Fatalf("the dispatch aborted the prefill leg's connection after it was closed and released (%d)", spy.late.Load())
+	}
+}
+
+// docs/pd.md: a prefill leg whose answer breaks goes to another prefill
+// worker (the client has received nothing).
+func TestPDBrokenPrefillAnswerGoesToAnotherPrefillWorker(t *testing.T) {
+	for _, mode := range []string{"vllm", "sglang"} {
+		t.Run(mode, func(t *testing.T) {
+			var hits atomic.Int32
+			bad := brokenAnswerEngine(t, &hits)
+			var pl, dl legLog
+			var ok atomic.Int32
+			var good, dec *upstream
+			if mode == "vllm" {
+				good = startUpstream(t, vllmPrefill(&pl, "e", &ok))
+				dec = startUpstream(t, decodeEngine(&dl, "kv_transfer_params", &ok))
+			} else {
+				sp := newSGLangRooms()
+				good = startUpstream(t, sp.prefill(&pl, &ok))
+				dec = startUpstream(t, sp.decode(&dl, &ok))
+			}
+			f := defaultFlags() // one retry
+			f.RouterPolicy = "least-requests"
+			r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) { c.PD.Mode = mode; c.PD.SGLangIndependentPairing = mode == "sglang" }),
+				pdWorker("p0-broken", bad, "prefill", ""), pdWorker("p1-good", good.url, "prefill", ""), pdWorker("d", dec.url, "decode", ""))
+			v := r.fl.View()
+			v.ByID([]byte("p1-good")).Acquire(1, 0, 1) // the broken prefill first
+			code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 10*time.Second)
+			v.ByID([]byte("p1-good")).Release(1, 0, 1, false)
+			t.Logf("%d %s; broken prefill hits %d, good prefill %d", code, b, hits.Load(), pl.n())
+			if hits.Load() != 1 || code != 200 {
+				t.Fatalf("a broken prefill answer was not retried on the other prefill worker (broken hits %d): %d %s", hits.Load(), code, b)
+			}
+		})
+	}
+}
+
+// vLLM: a decode worker that took the request and dropped the connection
+// before answering may have read (and freed) the KV: both legs run again,
+// never the decode leg alone with the same kv_transfer_params.
+func TestPDVLLMDecodeThatGotTheRequestAndFailedRunsBothLegsAgain(t *testing.T) {
+	var mu sync.Mutex
+	held := map[string]bool{} // remote_request_id -> KV still held on the prefill engine
+	var seq, prefills atomic.Int32
+	p := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		prefills.Add(1)
+		id := "cmpl-" + string(rune('a'+seq.Add(1)))
+		mu.Lock()
+		held[id] = true
+		mu.Unlock()
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"` + id + `","choices":[{"index":0,"message":{"role":"assistant","content":"a"}}],` +
+			`"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1]],"remote_engine_id":"e",` +
+			`"remote_request_id":"` + id + `","remote_host":"127.0.0.1","remote_port":5600,"tp_size":1}}`)
+	})
+	read := func(ctx *fasthttp.RequestCtx) bool { // the decode engine's read frees the blocks
+		var req struct {
+			KV struct {
+				ID string `json:"remote_request_id"`
+			} `json:"kv_transfer_params"`
+		}
+		json.Unmarshal(ctx.PostBody(), &req)
+		mu.Lock()
+		defer mu.Unlock()
+		ok := held[req.KV.ID]
+		delete(held, req.KV.ID)
+		return ok
+	}
+	crash := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		read(ctx)
+		ctx.Conn().Close() // the engine died during the transfer
+	})
+	good := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if !read(ctx) {
+			ctx.SetStatusCode(500)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"error":{"message":"KV transfer failed: no KV held for the request","type":"server_error"}}`)
+			return
+		}
+		okHandler(ctx)
+	})
+	f := defaultFlags() // one retry
+	f.RouterPolicy = "least-requests"
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) { c.PD.Mode = "vllm"; c.PD.DecodePolicy = "least-requests" }),
+		pdWorker("p", p.url, "prefill", ""), pdWorker("d0-crash", crash.url, "decode", ""), pdWorker("d1-good", good.url, "decode", ""))
+	v := r.fl.View()
+	v.ByID([]byte("d1-good")).Acquire(1, 0, 1) // the crashing decode first
+	code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 10*time.Second)
+	v.ByID([]byte("d1-good")).Release(1, 0, 1, false)
+	t.Logf("client got %d %s; prefill legs %d", code, b, prefills.Load())
+	if code != 200 || prefills.Load() != 2 {
+		t.Fatalf("the decode leg was retried with KV a reached decode worker may have consumed (prefill legs %d): %d %s",
+			prefills.Load(), code, b)
+	}
+}
+
+// vLLM: a decode worker that could not be dialled never got the request:
+// the KV is still held, and only the decode leg runs again.
+func TestPDVLLMDecodeNeverDialledReusesTheKV(t *testing.T) {
+	var pl, dl legLog
+	var ok atomic.Int32
+	p := startUpstream(t, vllmPrefill(&pl, "e", &ok))
+	d := startUpstream(t, decodeEngine(&dl, "kv_transfer_params", &ok))
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close() // connection refused
+	f := defaultFlags()
+	f.RouterPolicy = "least-requests"
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) { c.PD.Mode = "vllm"; c.PD.DecodePolicy = "least-requests" }),
+		pdWorker("p", p.url, "prefill", ""), pdWorker("d0-dead", dead, "decode", ""), pdWorker("d1", d.url, "decode", ""))
+	v := r.fl.View()
+	v.ByID([]byte("d1")).Acquire(1, 0, 1) // the dead decode first
+	code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 10*time.Second)
+	v.ByID([]byte("d1")).Release(1, 0, 1, false)
+	if code != 200 || pl.n() != 1 || dl.n() != 1 {
+		t.Fatalf("%d %s; prefill legs %d, decode legs %d (want 1 and 1)", code, b, pl.n(), dl.n())
+	}
+}
+
+// SGLang: a decode engine that refuses the request (4xx, the client's
+// answer) never joins the room: the prefill leg is stopped at once and its
+// worker is not blamed.
+func TestPDDecodeRefusalStopsTheSGLangPrefillLegWithoutBlame(t *testing.T) {
+	p := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		// Like SGLang's bootstrap queue: wait for the room's decode engine
+		// (it never comes), then fail with 500.
+		time.Sleep(2 * time.Second)
+		ctx.SetStatusCode(500)
+		ctx.SetBodyString(`{"error":{"message":"KV transfer failed: no decode engine connected","type":"server_error"}}`)
+	})
+	d := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(400)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"decode refuses","type":"invalid_request_error"}}`)
+	})
+	f := defaultFlags()
+	f.BreakerFailureThreshold = 1
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) { c.PD.Mode = "sglang" }),
+		pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+	late := mPDPrefillLate.Get()
+	code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 10*time.Second)
+	if code != 400 {
+		t.Fatalf("%d %s", code, b)
+	}
+	pw := r.fl.View().ByID([]byte("p"))
+	if !holdsWithin(time.Second, func() bool { return pw.Load.Requests.Load() == 0 }) {
+		t.Fatalf("the prefill leg still holds its lease after the decode worker's 4xx (load %d)", pw.Load.Requests.Load())
+	}
+	if mPDPrefillLate.Get() != late || pw.Breaker.State() != fleet.BreakerClosed {
+		t.Fatalf("the prefill worker was blamed for the decode worker's refusal (late +%d, breaker %v)",
+			mPDPrefillLate.Get()-late, pw.Breaker.State())
+	}
+}
+
+// SGLang: the dispatch stopping the prefill leg after a decode failure is
+// no client disconnect.
+func TestPDStoppingThePrefillLegIsNoClientDisconnect(t *testing.T) {
+	p := startUpstream(t, func(ctx *fasthttp.RequestCtx) { time.Sleep(300 * time.Millisecond); okHandler(ctx) })
+	d503 := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(503)
+		ctx.SetBodyString(`{"error":{"message":"busy","type":"server_error"}}`)
+	})
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) { c.PD.Mode = "sglang" }),
+		pdWorker("p", p.url, "prefill", ""), pdWorker("d", d503.url, "decode", ""))
+	before := mClientGone.Get()
+	code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 10*time.Second)
+	pw := r.fl.View().ByID([]byte("p"))
+	holdsWithin(time.Second, func() bool { return pw.Load.Requests.Load() == 0 }) // the prefill goroutine ended
+	t.Logf("%d %s; client-gone +%d", code, b, mClientGone.Get()-before)
+	if got := mClientGone.Get() - before; got != 0 {
+		t.Fatalf("infera_stream_client_disconnects_total +%d for a client that stayed", got)
+	}
+}
+
+// SGLang batch whose legs resolve different model names: both bodies carry
+// the same bootstrap rooms.
+func TestPDSGLangBatchLegsShareTheirRoomsWhenModelsDiffer(t *testing.T) {
+	var mu sync.Mutex
+	bodies := map[string]string{}
+	h := func(role string) fasthttp.RequestHandler {
+		return func(ctx *fasthttp.RequestCtx) {
+			mu.Lock()
+			bodies[role] = string(ctx.PostBody())
+			mu.Unlock()
+			okHandler(ctx)
+		}
+	}
+	p := startUpstream(t, h("prefill"))
+	d := startUpstream(t, h("decode"))
+	pr := pdWorker("p", p.url, "prefill", "")
+	pr.Models, pr.Service = []string{"org/served-prefill"}, "svc"
+	dr := pdWorker("d", d.url, "decode", "")
+	dr.Models, dr.Service = []string{"served-decode"}, "svc"
+	r := startPDRouter(t, nil, pdConfig(t, func(c *config.Config) {
+		c.PD.Mode = "sglang"
+		c.ModelRouting.Enabled = true
+		c.ModelRouting.Mappings = []config.ModelMapping{{Pattern: "m", Services: []string{"svc"}}}
+	}), pr, dr)
+	code, b := postWithin(t, r.url+"/v1/chat/completions", `{"model":"m","n":3,"messages":[{"role":"user","content":"x"}]}`, 10*time.Second)
+	if code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	if !holdsWithin(2*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(bodies) == 2 }) {
+		t.Fatal("the legs' bodies did not arrive")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var pm, dm map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(bodies["prefill"]), &pm); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(bodies["decode"]), &dm); err != nil {
+		t.Fatal(err)
+	}
+	var rooms []uint64
+	if err := json.Unmarshal(pm["bootstrap_room"], &rooms); err != nil || len(rooms) != 3 || string(pm["model"]) == string(dm["model"]) {
+		t.Fatalf("prefill rooms %s (%v), models %s and %s", pm["bootstrap_room"], err, pm["model"], dm["model"])
+	}
+	if string(pm["bootstrap_room"]) != string(dm["bootstrap_room"]) {
+		t.Fatalf("the legs carry different rooms: prefill %s decode %s", pm["bootstrap_room"], dm["bootstrap_room"])
+	}
+}
