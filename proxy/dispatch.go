@@ -190,7 +190,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 			return attemptCommitted
 		}
 		f = up.readFailure(rerr, false)
-		c.cancel.detach() // first: an abort must not reach the recycled connection's next user
+		c.cancel.unset() // first: an abort must not reach the recycled connection's next user
 		up.finish(false)
 	}
 	rs.lease.Done(f.outcome())
@@ -266,9 +266,10 @@ func (rs *reqState) stashAnswer(up upResponse, status int, slot *abortSlot) {
 		rs.errStatus = status
 		rs.errBody = append(rs.errBody[:0], rs.rbuf[:n]...)
 		rs.errType = append(rs.errType[:0], up.contentType()...)
-		up.finish(slot.detach())
+		up.finish(slot.unset())
 		return
 	}
+	slot.unset()
 	up.finish(false)
 }
 

@@ -754,30 +754,6 @@ func (p *pdDispatch) pushPrefill() {
 	p.release()
 }
 
-// unset unregisters the slot's target whether or not the attempt was
-// aborted, so that no later abort reaches it (its connection is about to
-// be closed or pooled). It reports whether the attempt was not aborted
-// (the connection may be pooled).
-func (a *abortSlot) unset() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.target = nil
-	return !a.aborted
-}
-
-// detach unregisters the slot's target unless the attempt was aborted, so
-// that a later abort cannot reach a connection that went back to the pool.
-// It reports whether it detached.
-func (a *abortSlot) detach() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.aborted {
-		return false
-	}
-	a.target = nil
-	return true
-}
-
 // appendRequestID appends a random request id (32 hex digits).
 func appendRequestID(dst []byte) []byte {
 	const hex = "0123456789abcdef"

@@ -114,3 +114,27 @@ func (a *abortSlot) reset() {
 	a.aborted, a.target = false, nil
 	a.mu.Unlock()
 }
+
+// unset unregisters the slot's target whether or not the attempt was
+// aborted, so that no later abort reaches it (its connection is about to
+// be closed or pooled). It reports whether the attempt was not aborted
+// (the connection may be pooled).
+func (a *abortSlot) unset() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.target = nil
+	return !a.aborted
+}
+
+// detach unregisters the slot's target unless the attempt was aborted, so
+// that a later abort cannot reach a connection that went back to the pool.
+// It reports whether it detached.
+func (a *abortSlot) detach() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.aborted {
+		return false
+	}
+	a.target = nil
+	return true
+}
