@@ -667,6 +667,13 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 				res.committed = true
 				return
 			}
+			if f.kind == failStatus && p.errStatus != 0 {
+				// A prefill 5xx or 429: the answer relayed if it is the last
+				// failure, as the vLLM mode and mixed workers do.
+				rs.errStatus = p.errStatus
+				rs.errBody = append(rs.errBody[:0], p.errBody...)
+				rs.errType = append(rs.errType[:0], p.errType...)
+			}
 		} else {
 			s.decodeFailed(rs, f, status)
 			r.Tried = append(r.Tried, rs.lease.Worker.Idx)

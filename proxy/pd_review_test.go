@@ -362,3 +362,28 @@ func TestPDSGLangBatchLegsShareTheirRoomsWhenModelsDiffer(t *testing.T) {
 		t.Fatalf("the legs carry different rooms: prefill %s decode %s", pm["bootstrap_room"], dm["bootstrap_room"])
 	}
 }
+
+// SGLang: when the last failure is the prefill engine's error answer (a
+// 5xx here), the client gets that answer, as in vLLM mode and from mixed
+// workers, not a generic 502.
+func TestPDSGLangRelaysTheLastPrefillErrorAnswer(t *testing.T) {
+	sp := newSGLangRooms()
+	var pre, dec legLog
+	var ok, st503 atomic.Int32
+	st503.Store(503)
+	p := startUpstream(t, sp.prefill(&pre, &st503))
+	d := startUpstream(t, sp.decode(&dec, &ok))
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) { c.PD.Mode = "sglang" }),
+		pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+	start := time.Now()
+	code, b := post(t, r.url+"/v1/chat/completions", chatBody)
+	if code != 503 || !strings.Contains(b, "scripted prefill failure") {
+		t.Fatalf("%d %s; want the prefill engine's 503 answer", code, b)
+	}
+	if took := time.Since(start); took > 2*time.Second { // the decode engine waits 3 s for its room
+		t.Fatalf("took %v: the decode leg was not aborted", took)
+	}
+	noLoadLeft(t, r.fl)
+}
