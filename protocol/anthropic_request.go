@@ -49,6 +49,9 @@ type conv struct {
 	nMsg int
 	// lastAssistant: the last message written is the assistant's.
 	lastAssistant bool
+	// prevStart and curStart are where the last two messages start in
+	// out (mergeSameRole).
+	prevStart, curStart int
 }
 
 func (c *conv) v(sp span) []byte { return c.d[sp.s:sp.e] }
@@ -59,6 +62,7 @@ func (c *conv) beginMsg(role string) {
 		c.out = append(c.out, ',')
 	}
 	c.nMsg++
+	c.prevStart, c.curStart = c.curStart, len(c.out)
 	c.out = append(c.out, `{"role":"`...)
 	c.out = append(c.out, role...)
 	c.out = append(c.out, `"`...)
@@ -335,9 +339,19 @@ func (c *conv) anthropicMessages(r anthropicReq) error {
 		}
 		switch {
 		case strIs(role, "user"):
-			return c.anthropicUser(content, i)
+			n := c.nMsg
+			err := c.anthropicUser(content, i)
+			if err == nil && c.nMsg == n+1 {
+				c.mergeSameRole(`{"role":"user","content":"`)
+			}
+			return err
 		case strIs(role, "assistant"):
-			return c.anthropicAssistant(content, i)
+			n := c.nMsg
+			err := c.anthropicAssistant(content, i)
+			if err == nil && c.nMsg == n+1 {
+				c.mergeSameRole(`{"role":"assistant","content":"`)
+			}
+			return err
 		case strIs(role, "system"):
 			if preserve {
 				c.beginMsg("system")
@@ -358,6 +372,44 @@ func (c *conv) anthropicMessages(r anthropicReq) error {
 		return badRequest("messages", "messages: at least one message is required")
 	}
 	return nil
+}
+
+// mergeSameRole merges the message just written into the one before it
+// when both are prefix (a role) followed by string content and nothing
+// else: the Messages API combines consecutive turns of one role into one,
+// and chat templates that want roles to alternate (Mistral's, Gemma's)
+// refuse them apart. The texts are joined with a newline, as the text
+// blocks of one message are.
+func (c *conv) mergeSameRole(prefix string) {
+	if c.nMsg < 2 || !c.stringOnly(c.prevStart, c.curStart-1, prefix) || !c.stringOnly(c.curStart, len(c.out), prefix) {
+		return
+	}
+	// ...,{prefix AAA"},{prefix BBB"} -> ...,{prefix AAA\nBBB"}
+	w := c.curStart - 3 // the previous message's closing `"}` and the ','
+	w += copy(c.out[w:], `\n`)
+	w += copy(c.out[w:], c.out[c.curStart+len(prefix):])
+	c.out = c.out[:w]
+	c.nMsg--
+	c.curStart = c.prevStart
+}
+
+// stringOnly reports whether out[s:e] is prefix, a JSON string's body and
+// `"}`: the message has no field after its string content.
+func (c *conv) stringOnly(s, e int, prefix string) bool {
+	m := c.out[s:e]
+	if len(m) < len(prefix)+2 || string(m[:len(prefix)]) != prefix || string(m[len(m)-2:]) != `"}` {
+		return false
+	}
+	body := m[len(prefix) : len(m)-2]
+	for i := 0; i < len(body); i++ {
+		switch body[i] {
+		case '\\':
+			i++
+		case '"':
+			return false // the string ended before: more fields follow
+		}
+	}
+	return true
 }
 
 // msgFields returns the role and content values of a message object.

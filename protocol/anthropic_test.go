@@ -36,8 +36,8 @@ func TestAnthropicRequestFieldsConvertToChat(t *testing.T) {
 	f("system blocks joined", opt, `{"model":"m","max_tokens":1,"system":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}},{"type":"text","text":"b"}],"messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","messages":[{"role":"system","content":"a\nb"},{"role":"user","content":"hi"}],"max_tokens":1}`)
 	moved := `{"model":"m","max_tokens":1,"system":"top","messages":[{"role":"user","content":"a"},{"role":"system","content":"mid"},{"role":"user","content":"b"}]}`
-	f("in-array system moved to the front", opt, moved,
-		`{"model":"m","messages":[{"role":"system","content":"top\nmid"},{"role":"user","content":"a"},{"role":"user","content":"b"}],"max_tokens":1}`)
+	f("in-array system moved to the front (the user turns it parted are one)", opt, moved,
+		`{"model":"m","messages":[{"role":"system","content":"top\nmid"},{"role":"user","content":"a\nb"}],"max_tokens":1}`)
 	keep := opt
 	keep.PreserveSystemPosition = true
 	f("in-array system kept in place", keep, moved,
@@ -68,6 +68,20 @@ func TestAnthropicRequestFieldsConvertToChat(t *testing.T) {
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":7,"stream":true,"stream_options":{"include_usage":true},"temperature":0.3,"top_p":0.9,"top_k":20,"stop":["END","\n\nHuman:"],"user":"user-1"}`)
 	f("assistant prefill continues the final message", opt, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"{"}]}`,
 		`{"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","content":"{"}],"max_tokens":1,"add_generation_prompt":false,"continue_final_message":true}`)
+	// Consecutive turns of one role are one turn (as the Messages API
+	// combines them); chat templates that want roles to alternate refuse
+	// them apart.
+	f("consecutive user turns merge", opt, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a\"b"},{"role":"user","content":[{"type":"text","text":"c"}]},{"role":"user","content":"d"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"a\"b\nc\nd"}],"max_tokens":1}`)
+	f("consecutive assistant turns merge, continuing the final message", opt, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"a"},{"role":"assistant","content":[{"type":"text","text":"b"}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","content":"a\nb"}],"max_tokens":1,"add_generation_prompt":false,"continue_final_message":true}`)
+	f("turns with images, tool calls or tool results in between stay apart", opt, `{"model":"m","max_tokens":1,"messages":[
+		{"role":"user","content":[{"type":"image","source":{"type":"url","url":"u"}}]},{"role":"user","content":"a"},
+		{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"f","input":{}}]},{"role":"assistant","content":"b"},
+		{"role":"user","content":"c"},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"r"}]},{"role":"user","content":"d"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]},{"role":"user","content":"a"},
+		{"role":"assistant","content":"","tool_calls":[{"id":"t1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"assistant","content":"b"},
+		{"role":"user","content":"c"},{"role":"tool","tool_call_id":"t1","content":"r"},{"role":"user","content":"d"}],"max_tokens":1}`)
 	f("last duplicate key wins, escapes decoded", opt, `{"model":"a","m\u006fdel":"b","max_tokens":1,"messages":[{"role":"us\u0065r","content":"x"}]}`,
 		`{"model":"b","messages":[{"role":"user","content":"x"}],"max_tokens":1}`)
 }
