@@ -3,14 +3,11 @@ package gateway
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -503,31 +500,7 @@ func eachTransport(t *testing.T, f func(t *testing.T, transport string, common [
 // the test may kill; the router's waitRoutable tells when it is up.
 func startWorkerChild(t *testing.T, args ...string) *child {
 	t.Helper()
-	js, _ := json.Marshal(args)
-	c := &child{done: make(chan struct{}), log: filepath.Join(t.TempDir(), "worker.log")}
-	lf, err := os.Create(c.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
-	c.cmd.Env = append(os.Environ(), childEnv+"=worker", "INFERA_E2E_ARGS="+string(js))
-	c.cmd.Stdout, c.cmd.Stderr = lf, lf
-	if err := c.cmd.Start(); err != nil {
-		lf.Close()
-		t.Fatal(err)
-	}
-	go func() {
-		c.cmd.Wait()
-		lf.Close()
-		close(c.done)
-	}()
-	t.Cleanup(func() {
-		c.stop()
-		if t.Failed() {
-			t.Logf("worker log:\n%s", clip(c.logText()))
-		}
-	})
-	return c
+	return launchChild(t, "worker", "", "worker.log", args)
 }
 
 // A worker sidecar killed (SIGKILL) while it holds a request sends nothing

@@ -117,10 +117,35 @@ func startChild(t *testing.T, role string, port int, args ...string) *child {
 	if port == 0 {
 		port = freePort(t)
 	}
-	args = append(args, "--host", "127.0.0.1", "--port", strconv.Itoa(port))
+	c := launchChild(t, role, "http://127.0.0.1:"+strconv.Itoa(port), role+"-"+strconv.Itoa(port)+".log",
+		append(args, "--host", "127.0.0.1", "--port", strconv.Itoa(port)))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(c.url + "/health")
+		if err == nil {
+			resp.Body.Close()
+			return c
+		}
+		select {
+		case <-c.done:
+			b, _ := os.ReadFile(c.log)
+			t.Fatalf("%s exited: %s", role, b)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not answering at %s", role, c.url)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// launchChild starts the test binary as `infera <role> args...`, its
+// output in log (a file in the test's temporary directory); the child is
+// stopped, and its log's tail shown on failure, when the test ends.
+func launchChild(t *testing.T, role, url, log string, args []string) *child {
+	t.Helper()
 	js, _ := json.Marshal(args)
-	c := &child{url: "http://127.0.0.1:" + strconv.Itoa(port), done: make(chan struct{}),
-		log: filepath.Join(t.TempDir(), role+"-"+strconv.Itoa(port)+".log")}
+	c := &child{url: url, done: make(chan struct{}), log: filepath.Join(t.TempDir(), log)}
 	lf, err := os.Create(c.log)
 	if err != nil {
 		t.Fatal(err)
@@ -147,24 +172,7 @@ func startChild(t *testing.T, role string, port int, args ...string) *child {
 			t.Logf("%s %s log:\n%s", role, c.url, b)
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(c.url + "/health")
-		if err == nil {
-			resp.Body.Close()
-			return c
-		}
-		select {
-		case <-c.done:
-			b, _ := os.ReadFile(c.log)
-			t.Fatalf("%s exited: %s", role, b)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not answering at %s", role, c.url)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return c
 }
 
 // stop sends SIGTERM and waits (SIGKILL after 10 s).
