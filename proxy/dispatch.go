@@ -199,9 +199,9 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 	if f.kind != failConnect {
 		res.allConnect = false
 	}
-	// The failed connection is closed; detach (not reset) keeps an abort
+	// The failed connection is closed; unset (not reset) keeps an abort
 	// that races with it for the next attempt.
-	if !f.retryable() || !c.cancel.detach() {
+	if !f.retryable() || !c.cancel.unset() {
 		res.stop = true
 		return attemptStop
 	}

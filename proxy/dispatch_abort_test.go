@@ -12,34 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
-	"github.com/infera/infera/sched"
 )
-
-// startRouterWithRecords is startRouter with explicit worker records.
-func startRouterWithRecords(t *testing.T, f *config.Serve, cfg *config.Config, recs []fleet.Record) *testRouter {
-	t.Helper()
-	if cfg == nil {
-		cfg = config.Default()
-	}
-	fl := fleet.NewFleet(fleet.BreakerConfig{Threshold: f.BreakerFailureThreshold, Cooldown: f.BreakerCooldown(), MaxCooldown: f.BreakerMaxCooldown()})
-	t.Cleanup(fl.Close)
-	fl.AddHook(HTTPHook(f))
-	if errs := fl.Sync(recs); len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	store := config.NewStore("", cfg)
-	sc := sched.NewScheduler(fl, mustPolicy(f.RouterPolicy))
-	srv := New(Options{Flags: f, Store: store, Sched: sc, BlockSize: 16})
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Shutdown() })
-	return &testRouter{url: "http://" + ln.Addr().String(), srv: srv, fl: fl, store: store, flags: f}
-}
 
 // blackholeAddr returns a loopback address whose listen queue is full: a
 // connect to it hangs (SYNs are dropped) until the dialer gives up.
@@ -104,10 +78,10 @@ func TestAClientLeavingDuringARetryDoesNotCutAnotherRequestsStream(t *testing.T)
 	f := defaultFlags()
 	f.ConnectTimeout = 3 * time.Second
 	f.RequestMaxRetries = 1
-	r := startRouterWithRecords(t, f, nil, []fleet.Record{
+	r := startPDRouter(t, f, nil, []fleet.Record{
 		{ID: "w0", URL: "http://" + w0, Models: []string{"m"}},
 		{ID: "w1", URL: w1.url, Models: []string{"m", "b"}},
-	})
+	}...)
 	addr := strings.TrimPrefix(r.url, "http://")
 
 	// Client A: goes to w1 first (round-robin), gets 503 stashed, retries
@@ -164,10 +138,10 @@ func TestAClientLeavingDuringARetryDoesNotPoisonAnIdleConnection(t *testing.T) {
 	w0 := blackholeAddr(t)
 	f := defaultFlags()
 	f.ConnectTimeout = 3 * time.Second
-	r := startRouterWithRecords(t, f, nil, []fleet.Record{
+	r := startPDRouter(t, f, nil, []fleet.Record{
 		{ID: "w0", URL: "http://" + w0, Models: []string{"m"}},
 		{ID: "w1", URL: w1.url, Models: []string{"m", "b"}},
-	})
+	}...)
 	addr := strings.TrimPrefix(r.url, "http://")
 	bodyA := `{"model":"m","messages":[{"role":"user","content":"victimA"}]}`
 	ca, err := net.Dial("tcp4", addr)

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -11,9 +10,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
-	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/internal/testsrv"
-	"github.com/infera/infera/sched"
 	"github.com/valyala/fasthttp"
 )
 
@@ -98,22 +95,7 @@ func TestAPrefillEngines4xxCountsAgainstTheUser(t *testing.T) {
 	g := newGovernor(t, cfg)
 	f := defaultFlags()
 	f.RequestMaxRetries = 0
-	fl := fleet.NewFleet(fleet.BreakerConfig{Threshold: 3, Cooldown: time.Second, MaxCooldown: time.Minute})
-	t.Cleanup(fl.Close)
-	fl.AddHook(HTTPHook(f))
-	if errs := fl.Sync([]fleet.Record{pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", "")}); len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	sc := sched.NewScheduler(fl, mustPolicy(f.RouterPolicy))
-	t.Cleanup(sc.Close)
-	srv := New(Options{Flags: f, Store: config.NewStore("", cfg), Sched: sc, BlockSize: 16, Governor: g})
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Shutdown() })
-	url := "http://" + ln.Addr().String()
+	url := startPDRouterGov(t, f, cfg, g, pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", "")).url
 	body := `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
 	r1 := apiCall(t, url, key, body)
 	r2 := apiCall(t, url, key, body)

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
-	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/govern"
 	"github.com/infera/infera/internal/testsrv"
 	"github.com/infera/infera/kv"
@@ -596,22 +595,8 @@ func TestPDLegsTakeSeatsOfTheirPhase(t *testing.T) {
 	})
 	g := newGovernor(t, cfg)
 	f := defaultFlags()
-	fl := fleet.NewFleet(fleet.BreakerConfig{Threshold: 3, Cooldown: time.Second, MaxCooldown: time.Minute})
-	t.Cleanup(fl.Close)
-	fl.AddHook(HTTPHook(f))
-	if errs := fl.Sync([]fleet.Record{pdWorker("p", p.url, "prefill", ""), pdWorker("d1", d1.url, "decode", ""), pdWorker("d2", d2.url, "decode", "")}); len(errs) > 0 {
-		t.Fatal(errs)
-	}
-	sc := sched.NewScheduler(fl, mustPolicy(f.RouterPolicy))
-	t.Cleanup(sc.Close)
-	srv := New(Options{Flags: f, Store: config.NewStore("", cfg), Sched: sc, BlockSize: 16, Governor: g})
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Shutdown() })
-	url := "http://" + ln.Addr().String()
+	r := startPDRouterGov(t, f, cfg, g, pdWorker("p", p.url, "prefill", ""), pdWorker("d1", d1.url, "decode", ""), pdWorker("d2", d2.url, "decode", ""))
+	url, fl := r.url, r.fl
 	body := `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
 
 	a := async(t, url, "", body)

@@ -365,7 +365,7 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 				c.cancel.unset() // first: an abort must not reach the recycled connection's next user
 				up.finish(false)
 			} else {
-				stashLeg(rs, up, status, &c.cancel)
+				rs.stashAnswer(up, status, &c.cancel)
 				f = &failure{kind: failStatus, status: status}
 			}
 		}
@@ -403,22 +403,6 @@ func neverReached(f *failure) bool {
 		return errors.Is(f.cause, errNotHTTP) || errors.As(f.cause, &op) && op.Op == "dial"
 	}
 	return false
-}
-
-// stashLeg is rs.stashAnswer for a leg whose abort slot must stop pointing
-// at the connection before it is closed or pooled, whatever happened.
-func stashLeg(rs *reqState, up upResponse, status int, slot *abortSlot) {
-	rs.errStatus = 0
-	n, err := up.read(rs.rbuf[:4096])
-	alive := slot.unset() // first: an abort must not reach the recycled connection's next user
-	if err == io.EOF && n > 0 {
-		rs.errStatus = status
-		rs.errBody = append(rs.errBody[:0], rs.rbuf[:n]...)
-		rs.errType = append(rs.errType[:0], up.contentType()...)
-		up.finish(alive)
-		return
-	}
-	up.finish(false)
 }
 
 // decodeFailed ends the decode leg's lease after a failure before its first
@@ -639,7 +623,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 				c.cancel.unset() // first: an abort must not reach the recycled connection's next user
 				up.finish(false)
 			case f == nil && pf == nil:
-				stashLeg(rs, up, status, &c.cancel)
+				rs.stashAnswer(up, status, &c.cancel)
 				f = &failure{kind: failStatus, status: status}
 			default:
 				c.cancel.unset()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/govern"
 	"github.com/infera/infera/internal/netpeek"
 	"github.com/infera/infera/sched"
 	"github.com/valyala/fasthttp"
@@ -23,6 +24,12 @@ import (
 
 // startPDRouter starts a proxy Server in front of the workers recs.
 func startPDRouter(t *testing.T, f *config.Serve, cfg *config.Config, recs ...fleet.Record) *testRouter {
+	t.Helper()
+	return startPDRouterGov(t, f, cfg, nil, recs...)
+}
+
+// startPDRouterGov is startPDRouter with governance g (nil: none).
+func startPDRouterGov(t *testing.T, f *config.Serve, cfg *config.Config, g *govern.Governor, recs ...fleet.Record) *testRouter {
 	t.Helper()
 	if f == nil {
 		f = defaultFlags()
@@ -38,7 +45,7 @@ func startPDRouter(t *testing.T, f *config.Serve, cfg *config.Config, recs ...fl
 	mode, _ := sched.ParseMode(f.RouterMode)
 	sc.Mode = mode
 	t.Cleanup(sc.Close)
-	srv := New(Options{Flags: f, Store: store, Sched: sc, BlockSize: 16})
+	srv := New(Options{Flags: f, Store: store, Sched: sc, BlockSize: 16, Governor: g})
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -90,7 +90,7 @@ func (a *abortSlot) set(t interface{ abort() }) {
 }
 
 // abort aborts the registered target, and any registered later. The
-// target is aborted under the lock: once set(nil) or detach has returned,
+// target is aborted under the lock: once set(nil) or unset has returned,
 // no abort reaches the old target, which may then be recycled.
 func (a *abortSlot) abort() {
 	a.mu.Lock()
@@ -124,17 +124,4 @@ func (a *abortSlot) unset() bool {
 	defer a.mu.Unlock()
 	a.target = nil
 	return !a.aborted
-}
-
-// detach unregisters the slot's target unless the attempt was aborted, so
-// that a later abort cannot reach a connection that went back to the pool.
-// It reports whether it detached.
-func (a *abortSlot) detach() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.aborted {
-		return false
-	}
-	a.target = nil
-	return true
 }
