@@ -24,9 +24,15 @@ import (
 // take three forms here:
 //   - in clear, in the config file (the operator wrote them there) and in
 //     the working copy a change is built from;
-//   - sealed ("enc:v1:..."), AES-256-GCM under a key derived from the admin
+//   - sealed ("enc:v2:..."), AES-256-GCM under a key derived from the admin
 //     key, in snapshots, exports and Redis, so a backup on shared storage
-//     does not hold them in clear;
+//     does not hold them in clear. The entry and address the secret
+//     belongs to are the seal's additional data: a sealed key opens only
+//     at the entry and address it was sealed for, so an edited export
+//     cannot send it elsewhere. Keys sealed by earlier builds ("enc:v1:",
+//     bound to nothing) are read from snapshots and Redis as before; sent
+//     through the API (an import, a write) they count as redacted ones:
+//     only for the key the same entry holds at the same address;
 //   - redacted ("***" and 8 hex digits of a fingerprint) in API answers,
 //     the console and the audit log. A write that sends a redacted secret
 //     back keeps the secret with that fingerprint, but only for the
@@ -48,8 +54,9 @@ import (
 // User API keys are never in the config at all, only their salted hashes.
 
 const (
-	sealedPrefix = "enc:v1:"
-	redactPrefix = config.RedactedSecret
+	sealedPrefix   = "enc:v2:"
+	sealedPrefixV1 = "enc:v1:"
+	redactPrefix   = config.RedactedSecret
 )
 
 var secretType = reflect.TypeFor[config.Secret]()
@@ -105,7 +112,14 @@ func newSealer(adminKey string) *sealer {
 	return &sealer{aead: aead}
 }
 
-func (s *sealer) seal(_, clear string) (string, error) {
+// sealAAD is the additional data of a sealed secret: the entry and the
+// address it belongs to.
+func sealAAD(owner, address string) []byte {
+	return []byte("infera sealed secret v2\x00" + owner + "\x00" + address)
+}
+
+// seal seals the key of entry owner at address.
+func (s *sealer) seal(owner, address, clear string) (string, error) {
 	if s == nil {
 		return clear, nil
 	}
@@ -113,22 +127,39 @@ func (s *sealer) seal(_, clear string) (string, error) {
 	if _, err := rand.Read(nonce); err != nil {
 		return "", err
 	}
-	out := s.aead.Seal(nonce, nonce, []byte(clear), nil)
+	out := s.aead.Seal(nonce, nonce, []byte(clear), sealAAD(owner, address))
 	return sealedPrefix + base64.RawURLEncoding.EncodeToString(out), nil
 }
 
-func (s *sealer) open(v string) (string, error) {
+const msgNoAdminKey = "is sealed (enc:...) but this gateway has no admin key to open it: start it with the --admin-key (or --api-key) the snapshot was made with"
+
+// openV1 opens a key an earlier build sealed (enc:v1:, no additional data).
+func (s *sealer) openV1(v string) (string, error) {
 	if s == nil {
-		return "", errors.New("is sealed (enc:v1:...) but this gateway has no admin key to open it: start it with the --admin-key (or --api-key) the snapshot was made with")
+		return "", errors.New(msgNoAdminKey)
 	}
-	raw, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(v, sealedPrefix))
+	return s.openRaw(strings.TrimPrefix(v, sealedPrefixV1), nil,
+		"cannot be opened: it was sealed with another admin key (start with the --admin-key the snapshot was made with, or enter the key again)")
+}
+
+// open opens the key sealed for entry owner at address.
+func (s *sealer) open(v, owner, address string) (string, error) {
+	if s == nil {
+		return "", errors.New(msgNoAdminKey)
+	}
+	return s.openRaw(strings.TrimPrefix(v, sealedPrefix), sealAAD(owner, address),
+		"cannot be opened: re-enter the secret (it was sealed with another admin key, or for another upstream entry or address: a sealed key opens only at the entry and address it was sealed for)")
+}
+
+func (s *sealer) openRaw(b64 string, aad []byte, msg string) (string, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(b64)
 	ns := s.aead.NonceSize()
 	if err != nil || len(raw) < ns+s.aead.Overhead() {
 		return "", errors.New("is a malformed sealed secret")
 	}
-	clear, err := s.aead.Open(nil, raw[:ns], raw[ns:], nil)
+	clear, err := s.aead.Open(nil, raw[:ns], raw[ns:], aad)
 	if err != nil {
-		return "", errors.New("cannot be opened: it was sealed with another admin key (start with the --admin-key the snapshot was made with, or enter the key again)")
+		return "", errors.New(msg)
 	}
 	return string(clear), nil
 }
@@ -138,11 +169,19 @@ func (s *sealer) open(v string) (string, error) {
 // file), deterministically, so that equal configs encode equally within
 // this process. It never leaves the process.
 func encodeClear(c *config.Config) ([]byte, error) {
+	return encodeBound(c, func(owner, address, key string) (string, error) {
+		return carrier.seal(owner, address, key), nil
+	})
+}
+
+// encodeBound encodes c with each literal secret replaced by what f makes
+// of it, knowing the entry and address it belongs to.
+func encodeBound(c *config.Config, f func(owner, address, key string) (string, error)) ([]byte, error) {
 	slots := c.AppendSecretSlots(nil)
 	return config.EncodeJSON(c, func(path, key string) (string, error) {
 		for i := range slots {
 			if slots[i].Path == path {
-				return carrier.seal(slots[i].Owner, slots[i].Address, key), nil
+				return f(slots[i].Owner, slots[i].Address, key)
 			}
 		}
 		return "", fmt.Errorf("BUG: secret %s is not among config.AppendSecretSlots", path)
@@ -155,7 +194,7 @@ func encodeRedacted(c *config.Config) ([]byte, error) {
 
 // encodeSealed is the form of snapshots and of Redis.
 func (s *sealer) encodeSealed(c *config.Config) ([]byte, error) {
-	return config.EncodeJSON(c, s.seal)
+	return encodeBound(c, s.seal)
 }
 
 // literalSecrets maps the fingerprints of c's literal secrets to the keys.
@@ -231,6 +270,7 @@ func isReference(v string) bool {
 // (carried, redacted or a reference) and can be resolved only once the
 // document is parsed, knowing the entry and address it lands at.
 type heldSecret struct {
+	sealed  string // sealed (enc:v2:): opened for the entry and address it lands at
 	carried bool
 	owner   string // carried: the entry and address it was sealed for
 	address string
@@ -273,7 +313,7 @@ const (
 // a carried key must be at the entry and address it was sealed for; a
 // redacted one and a reference must be what cur holds at the same entry
 // and address.
-func (h *heldSecrets) resolve(c, cur *config.Config) error {
+func (h *heldSecrets) resolve(s *sealer, c, cur *config.Config) error {
 	var curSlots map[string]config.SecretSlot
 	if cur != nil {
 		list := cur.AppendSecretSlots(nil)
@@ -289,6 +329,20 @@ func (h *heldSecrets) resolve(c, cur *config.Config) error {
 		}
 		prev, known := curSlots[sl.Owner]
 		switch {
+		case hs.sealed != "":
+			key, err := s.open(hs.sealed, sl.Owner, sl.Address)
+			if err != nil {
+				return &config.FieldError{Path: sl.Path, Msg: err.Error()}
+			}
+			if isReference(key) {
+				// The gateway seals keys only; references stay in clear.
+				return &config.FieldError{Path: sl.Path, Msg: msgReference}
+			}
+			sec := config.NewSecret(key)
+			if err := sec.Check(sl.Path); err != nil {
+				return err
+			}
+			*sl.Secret = sec
 		case hs.carried:
 			if hs.owner != sl.Owner || hs.address != sl.Address {
 				return &config.FieldError{Path: sl.Path, Msg: msgAddressChanged}
@@ -362,9 +416,20 @@ func (s *sealer) parseDoc(doc map[string]any, cur *config.Config) (*config.Confi
 			return held.hold(&heldSecret{carried: true, owner: owner, address: address, key: key}), nil
 		}
 		if strings.HasPrefix(str, sealedPrefix) {
-			clear, err := s.open(str)
+			if s == nil {
+				return nil, &config.FieldError{Path: path, Msg: msgNoAdminKey}
+			}
+			return held.hold(&heldSecret{sealed: str}), nil
+		}
+		if strings.HasPrefix(str, sealedPrefixV1) {
+			clear, err := s.openV1(str)
 			if err != nil {
 				return nil, &config.FieldError{Path: path, Msg: err.Error()}
+			}
+			if cur != nil {
+				// Bound to nothing: through the API it stands only for
+				// the key the same entry holds at the same address.
+				return held.hold(&heldSecret{fp: fingerprint(clear)}), nil
 			}
 			str = clear
 		}
@@ -404,7 +469,7 @@ func (s *sealer) parseDoc(doc map[string]any, cur *config.Config) (*config.Confi
 		return nil, refineError(resolved, err)
 	}
 	if len(held.byKey) > 0 {
-		if err := held.resolve(c, cur); err != nil {
+		if err := held.resolve(s, c, cur); err != nil {
 			return nil, err
 		}
 	}

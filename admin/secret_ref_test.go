@@ -184,7 +184,7 @@ func TestSecretReferencesAreRefusedThroughTheAPI(t *testing.T) {
 		e.wantRefused(r, before, "config.mirror.auth_token", "read from the config file only")
 	}
 	// A sealed reference is a reference too.
-	sealed, err := e.a.seal.seal("", "file:"+hostFile)
+	sealed, err := e.a.seal.seal("split_proxy.proxies/x", "http://attacker.invalid", "file:"+hostFile)
 	if err != nil {
 		t.Fatal(err)
 	}

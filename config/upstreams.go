@@ -711,6 +711,10 @@ func (s *Secret) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// Check reports a secret's problem (a key that cannot travel in a header,
+// a reference that did not resolve) at path, as validation does.
+func (s Secret) Check(path string) error { return s.check(path) }
+
 // check reports a secret's recorded problem at path.
 func (s *Secret) check(path string) error {
 	if s.err != "" {

@@ -1,0 +1,156 @@
+package admin
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// editExport returns an export with its sha256 removed (as the import's
+// error message invites for an edited file) and old replaced by new in
+// its config, made compact.
+func editExport(t *testing.T, export []byte, old, new string) string {
+	t.Helper()
+	var f map[string]json.RawMessage
+	if err := json.Unmarshal(export, &f); err != nil {
+		t.Fatal(err)
+	}
+	delete(f, "sha256")
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, f["config"]); err != nil {
+		t.Fatal(err)
+	}
+	cfg := compact.String()
+	if !strings.Contains(cfg, old) {
+		t.Fatalf("%q not in the export's config", old)
+	}
+	f["config"] = json.RawMessage(strings.ReplaceAll(cfg, old, new))
+	out, err := json.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// An export holds every upstream key sealed under the admin key. Edited to
+// give an upstream the caller's address and imported, it sent the sealed
+// key to that address as a bearer token: the same hole a redacted key had
+// (TestARedactedSecretCannotFollowAnUpstreamToANewAddress), through the
+// backup instead of a write.
+func TestASealedSecretCannotFollowAnUpstreamToANewAddress(t *testing.T) {
+	e := newEnv(t, envOpts{file: proxiesDoc, snapshotDir: t.TempDir()})
+	exp := e.do("GET", "/api/backup/export", "")
+	if exp.status != 200 {
+		t.Fatalf("export: %d %s", exp.status, exp.body)
+	}
+	before := e.store.Load()
+
+	// ext-a moved to the caller's address.
+	moved := editExport(t, exp.body, `"http://127.0.0.1:9"`, `"http://attacker.invalid"`)
+	e.wantRefused(e.doWithin("POST", "/api/backup/import", moved), before, "config.split_proxy.proxies[1].api_key", "re-enter the secret")
+	// ext-a's sealed key on a new entry at the caller's address.
+	added := editExport(t, exp.body, `{"name":"local"`, `{"name":"evil","address":"http://attacker.invalid","api_key":"`+sealedOf(t, exp.body, 1)+`","weight":1},{"name":"local"`)
+	e.wantRefused(e.doWithin("POST", "/api/backup/import", added), before, "config.split_proxy.proxies[0].api_key", "re-enter the secret")
+	// ext-a's sealed key on ext-b (another entry, another address).
+	swapped := editExport(t, exp.body, sealedOf(t, exp.body, 2), sealedOf(t, exp.body, 1))
+	e.wantRefused(e.doWithin("POST", "/api/backup/import", swapped), before, "config.split_proxy.proxies[2].api_key", "re-enter the secret")
+
+	// A fresh gateway with the same admin key restores the export whole.
+	e2 := newEnv(t, envOpts{snapshotDir: t.TempDir()})
+	if r := e2.do("POST", "/api/backup/import", string(exp.body)); r.status != 200 {
+		t.Fatalf("restore: %d %s", r.status, r.body)
+	}
+	ps := e2.store.Load().SplitProxy.Proxies
+	if ps[1].APIKey.Reveal() != "sk-secret-a-111" || ps[2].APIKey.Reveal() != "sk-secret-b-222" {
+		t.Fatalf("restored keys: %v %v", ps[1], ps[2])
+	}
+	// So does an edited export that leaves the entries' addresses alone.
+	weighed := editExport(t, exp.body, `"weight":3`, `"weight":4`)
+	if r := e2.do("POST", "/api/backup/import", weighed); r.status != 200 || e2.store.Load().SplitProxy.Proxies[0].Weight != 4 {
+		t.Fatalf("edited restore: %d %s", r.status, r.body)
+	}
+}
+
+// sealedOf returns the sealed api_key of split_proxy.proxies[i] in an export.
+func sealedOf(t *testing.T, export []byte, i int) string {
+	t.Helper()
+	var f struct {
+		Config struct {
+			SplitProxy struct {
+				Proxies []struct {
+					APIKey string `json:"api_key"`
+				} `json:"proxies"`
+			} `json:"split_proxy"`
+		} `json:"config"`
+	}
+	if err := json.Unmarshal(export, &f); err != nil || len(f.Config.SplitProxy.Proxies) <= i {
+		t.Fatalf("export: %v", err)
+	}
+	k := f.Config.SplitProxy.Proxies[i].APIKey
+	if !strings.HasPrefix(k, "enc:") {
+		t.Fatalf("proxies[%d].api_key %q is not sealed", i, k)
+	}
+	return k
+}
+
+// sealV1 seals clear as builds before enc:v2 did: bound to nothing.
+func sealV1(t *testing.T, s *sealer, clear string) string {
+	t.Helper()
+	nonce := make([]byte, s.aead.NonceSize())
+	if _, err := rand.Read(nonce); err != nil {
+		t.Fatal(err)
+	}
+	return sealedPrefixV1 + base64.RawURLEncoding.EncodeToString(s.aead.Seal(nonce, nonce, []byte(clear), nil))
+}
+
+// Keys sealed by earlier builds (enc:v1:) name no entry or address. The
+// gateway's own storage (snapshots, Redis) still opens them; through the
+// API they stand only for the key the same entry holds at the same
+// address, like a redacted key.
+func TestAKeySealedByAnEarlierBuildStaysWithItsEntryAndAddress(t *testing.T) {
+	e := newEnv(t, envOpts{file: proxiesDoc, snapshotDir: t.TempDir()})
+	exp := e.do("GET", "/api/backup/export", "")
+	old := editExport(t, exp.body, sealedOf(t, exp.body, 1), sealV1(t, e.a.seal, "sk-secret-a-111"))
+	old = editExport(t, []byte(old), `"weight":3`, `"weight":5`)
+
+	// Into the gateway that holds the key, at the same address: kept.
+	if r := e.do("POST", "/api/backup/import", old); r.status != 200 {
+		t.Fatalf("import: %d %s", r.status, r.body)
+	}
+	if ps := e.store.Load().SplitProxy.Proxies; ps[0].Weight != 5 || ps[1].APIKey.Reveal() != "sk-secret-a-111" {
+		t.Fatalf("imported: %v %v", ps[0], ps[1])
+	}
+	before := e.store.Load()
+	// At another address, or into a gateway without that key: refused.
+	moved := editExport(t, []byte(old), `"http://127.0.0.1:9"`, `"http://attacker.invalid"`)
+	e.wantRefused(e.doWithin("POST", "/api/backup/import", moved), before, "config.split_proxy.proxies[1].api_key", "re-enter the secret")
+	e2 := newEnv(t, envOpts{snapshotDir: t.TempDir()})
+	e2.wantRefused(e2.doWithin("POST", "/api/backup/import", old), e2.store.Load(), "config.split_proxy.proxies[1].api_key", "re-enter the secret")
+
+	// The gateway's own storage opens it as it did.
+	doc, err := decodeDoc([]byte(`{"split_proxy":{"enabled":true,"proxies":[{"name":"local","local":true,"weight":1},
+		{"name":"ext-a","address":"http://127.0.0.1:9","api_key":"` + sealV1(t, e.a.seal, "sk-secret-a-111") + `","weight":1}]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := e.a.seal.parseDoc(doc, nil)
+	if err != nil || c.SplitProxy.Proxies[1].APIKey.Reveal() != "sk-secret-a-111" {
+		t.Fatalf("stored enc:v1 key: %v", err)
+	}
+}
+
+// A sealed key is checked as a key in clear is: one that cannot travel in
+// a header is refused at its path, never sent.
+func TestASealedKeyThatCannotTravelInAHeaderIsRefused(t *testing.T) {
+	e := newEnv(t, envOpts{file: proxiesDoc})
+	sealed, err := e.a.seal.seal("split_proxy.proxies/ext-a", "http://127.0.0.1:9", "sk-a\r\nX-Injected: 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp := e.do("GET", "/api/backup/export", "")
+	bad := editExport(t, exp.body, sealedOf(t, exp.body, 1), sealed)
+	e.wantRefused(e.doWithin("POST", "/api/backup/import", bad), e.store.Load(), "config.split_proxy.proxies[1].api_key", "not allowed in a bearer token")
+}
