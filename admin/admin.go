@@ -30,9 +30,14 @@ type Options struct {
 	// Addr is the admin listener's host:port; empty keeps the listener off.
 	Addr string
 	// Key authenticates admin requests ("Authorization: Bearer <key>").
-	// Empty keeps the listener off. It also seals the secrets of snapshots
-	// and of Redis (all replicas and restores must use the same key).
+	// Empty keeps the listener off. Without SealKey it also seals the
+	// secrets of snapshots, exports and Redis (all replicas and restores
+	// must use the same key).
 	Key string
+	// SealKey, when set, seals those secrets instead of Key, so that
+	// holders of the admin key cannot open an export; secrets Key sealed
+	// before are still opened (and sealed with SealKey when next written).
+	SealKey string
 	// KeyLabel names the key in the audit log (which flag gave it).
 	KeyLabel string
 	// State is "" (management data in the config file or in memory) or a
@@ -60,7 +65,7 @@ type Options struct {
 
 // OptionsFromFlags maps `infera serve` flags to Options.
 func OptionsFromFlags(f *config.Serve, store *config.Store) Options {
-	o := Options{Store: store, State: f.State, SnapshotDir: f.PersistSnapshotDir}
+	o := Options{Store: store, State: f.State, SnapshotDir: f.PersistSnapshotDir, SealKey: f.AdminSealKey}
 	switch {
 	case f.AdminKey != "":
 		o.Key, o.KeyLabel = f.AdminKey, "admin-key"
@@ -167,7 +172,7 @@ func New(o Options) (*Admin, error) {
 	a := &Admin{
 		o:       o,
 		store:   o.Store,
-		seal:    newSealer(o.Key),
+		seal:    newSealer(o.SealKey, o.Key),
 		audit:   newAuditLog(o.AuditSize),
 		started: time.Now(),
 		stop:    make(chan struct{}),
@@ -193,8 +198,8 @@ func New(o Options) (*Admin, error) {
 	if o.Key == "" && o.Addr != "" {
 		slog.Warn("admin API off: no --admin-key and no --api-key")
 	}
-	if o.Key == "" {
-		slog.Warn("no admin key: upstream keys in snapshots are stored in clear (set --admin-key to seal them)")
+	if o.Key == "" && o.SealKey == "" {
+		slog.Warn("no admin key: upstream keys in snapshots are stored in clear (set --admin-key or --admin-seal-key to seal them)")
 	}
 	a.store.OnChange(a.onStoreChange)
 	switch {

@@ -24,8 +24,8 @@ import (
 // take three forms here:
 //   - in clear, in the config file (the operator wrote them there) and in
 //     the working copy a change is built from;
-//   - sealed ("enc:v2:..."), AES-256-GCM under a key derived from the admin
-//     key, in snapshots, exports and Redis, so a backup on shared storage
+//   - sealed ("enc:v2:..."), AES-256-GCM under a key derived from the seal
+//     key (--admin-seal-key, else the admin key), in snapshots, exports and Redis, so a backup on shared storage
 //     does not hold them in clear. The entry and address the secret
 //     belongs to are the seal's additional data: a sealed key opens only
 //     at the entry and address it was sealed for, so an edited export
@@ -89,15 +89,32 @@ func isRedacted(v string) (fp string, ok bool) {
 	return rest, true
 }
 
-// sealer encrypts literal secrets at rest. A nil *sealer (no admin key)
-// leaves them in clear.
-type sealer struct{ aead cipher.AEAD }
+// sealer encrypts literal secrets at rest. A nil *sealer (no key) leaves
+// them in clear.
+type sealer struct {
+	aead cipher.AEAD   // seals, and opens first
+	old  []cipher.AEAD // also open: the admin key's, when a seal key is set
+}
 
-func newSealer(adminKey string) *sealer {
-	if adminKey == "" {
-		return nil
+// newSealer seals with the first non-empty key of sealKey and adminKey and
+// opens with either.
+func newSealer(sealKey, adminKey string) *sealer {
+	var s *sealer
+	for _, k := range []string{sealKey, adminKey} {
+		if k == "" {
+			continue
+		}
+		if s == nil {
+			s = &sealer{aead: sealAEAD(k)}
+		} else if k != sealKey {
+			s.old = append(s.old, sealAEAD(k))
+		}
 	}
-	key, err := hkdf.Key(sha256.New, []byte(adminKey), nil, "infera admin sealed secrets v1", 32)
+	return s
+}
+
+func sealAEAD(secret string) cipher.AEAD {
+	key, err := hkdf.Key(sha256.New, []byte(secret), nil, "infera admin sealed secrets v1", 32)
 	if err != nil {
 		panic("BUG: hkdf: " + err.Error())
 	}
@@ -109,7 +126,7 @@ func newSealer(adminKey string) *sealer {
 	if err != nil {
 		panic("BUG: gcm: " + err.Error())
 	}
-	return &sealer{aead: aead}
+	return aead
 }
 
 // sealAAD is the additional data of a sealed secret: the entry and the
@@ -131,7 +148,7 @@ func (s *sealer) seal(owner, address, clear string) (string, error) {
 	return sealedPrefix + base64.RawURLEncoding.EncodeToString(out), nil
 }
 
-const msgNoAdminKey = "is sealed (enc:...) but this gateway has no admin key to open it: start it with the --admin-key (or --api-key) the snapshot was made with"
+const msgNoAdminKey = "is sealed (enc:...) but this gateway has no key to open it: start it with the --admin-seal-key (or, without one, the --admin-key or --api-key) the snapshot was made with"
 
 // openV1 opens a key an earlier build sealed (enc:v1:, no additional data).
 func (s *sealer) openV1(v string) (string, error) {
@@ -139,7 +156,7 @@ func (s *sealer) openV1(v string) (string, error) {
 		return "", errors.New(msgNoAdminKey)
 	}
 	return s.openRaw(strings.TrimPrefix(v, sealedPrefixV1), nil,
-		"cannot be opened: it was sealed with another admin key (start with the --admin-key the snapshot was made with, or enter the key again)")
+		"cannot be opened: it was sealed with another key (start with the --admin-seal-key, or without one the --admin-key, the snapshot was made with, or enter the key again)")
 }
 
 // open opens the key sealed for entry owner at address.
@@ -148,7 +165,7 @@ func (s *sealer) open(v, owner, address string) (string, error) {
 		return "", errors.New(msgNoAdminKey)
 	}
 	return s.openRaw(strings.TrimPrefix(v, sealedPrefix), sealAAD(owner, address),
-		"cannot be opened: re-enter the secret (it was sealed with another admin key, or for another upstream entry or address: a sealed key opens only at the entry and address it was sealed for)")
+		"cannot be opened: re-enter the secret (it was sealed with another key, or for another upstream entry or address: a sealed key opens only at the entry and address it was sealed for)")
 }
 
 func (s *sealer) openRaw(b64 string, aad []byte, msg string) (string, error) {
@@ -158,6 +175,9 @@ func (s *sealer) openRaw(b64 string, aad []byte, msg string) (string, error) {
 		return "", errors.New("is a malformed sealed secret")
 	}
 	clear, err := s.aead.Open(nil, raw[:ns], raw[ns:], aad)
+	for i := 0; err != nil && i < len(s.old); i++ {
+		clear, err = s.old[i].Open(nil, raw[:ns], raw[ns:], aad)
+	}
 	if err != nil {
 		return "", errors.New(msg)
 	}

@@ -12,7 +12,7 @@ import (
 // panic, and whatever it accepts must be a valid config that survives a
 // write-back round trip.
 func FuzzImport(f *testing.F) {
-	seal := newSealer(testKey)
+	seal := newSealer("", testKey)
 	c := config.Default()
 	c.Canary = config.Canary{Enabled: true, Rules: []config.CanaryRule{{Model: "*", Targets: []config.CanaryTarget{{Service: "a", Weight: 1}}}}}
 	good, err := seal.encodeSnapshot(c, 3, kindManual, time.Unix(0, 0))
@@ -56,7 +56,7 @@ func FuzzSectionWrite(f *testing.F) {
 	f.Add("workers", []byte(`[{"url":"http://a","models":[1]}]`), false)
 	f.Add("user_limit", []byte(`{"templates":[{"name":"t","periods":{"segments":[{"days":["xyz"]}]}}]}`), true)
 	f.Add("users", []byte(`[{"name":"u","keys":[null]}]`), false)
-	seal := newSealer(testKey)
+	seal := newSealer("", testKey)
 	cur := config.Default()
 	base, err := encodeClear(cur)
 	if err != nil {

@@ -32,6 +32,7 @@ type envOpts struct {
 	snapshotDir string
 	state       string
 	key         string
+	sealKey     string
 	fleet       Fleet
 	backup      *config.Backup
 }
@@ -55,7 +56,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if o.key == "" {
 		o.key = testKey
 	}
-	opts := Options{Store: e.store, Key: o.key, State: o.state, SnapshotDir: o.snapshotDir, Fleet: o.fleet, SyncInterval: 200e6}
+	opts := Options{Store: e.store, Key: o.key, SealKey: o.sealKey, State: o.state, SnapshotDir: o.snapshotDir, Fleet: o.fleet, SyncInterval: 200e6}
 	if o.backup != nil {
 		b := *o.backup
 		opts.Backup = func(*config.Config) config.Backup { return b }

@@ -154,3 +154,38 @@ func TestASealedKeyThatCannotTravelInAHeaderIsRefused(t *testing.T) {
 	bad := editExport(t, exp.body, sealedOf(t, exp.body, 1), sealed)
 	e.wantRefused(e.doWithin("POST", "/api/backup/import", bad), e.store.Load(), "config.split_proxy.proxies[1].api_key", "not allowed in a bearer token")
 }
+
+// With --admin-seal-key the admin key no longer opens exports: a holder of
+// the admin key (an operator of the console) cannot read the upstream keys
+// out of a backup. Secrets the admin key sealed before still open, and the
+// next export seals them with the seal key.
+func TestASealKeySetApartKeepsExportsClosedToTheAdminKey(t *testing.T) {
+	const sealKey = "seal-key-kept-off-the-console-7f3a"
+	before := newEnv(t, envOpts{file: proxiesDoc})
+	oldExport := before.do("GET", "/api/backup/export", "")
+
+	e := newEnv(t, envOpts{sealKey: sealKey})
+	if r := e.do("POST", "/api/backup/import", string(oldExport.body)); r.status != 200 {
+		t.Fatalf("import of an export the admin key sealed: %d %s", r.status, r.body)
+	}
+	if k := e.store.Load().SplitProxy.Proxies[1].APIKey.Reveal(); k != "sk-secret-a-111" {
+		t.Fatalf("imported key %q", k)
+	}
+	exp := e.do("GET", "/api/backup/export", "")
+	sealed := sealedOf(t, exp.body, 1)
+	const owner, addr = "split_proxy.proxies/ext-a", "http://127.0.0.1:9"
+	if _, err := newSealer("", testKey).open(sealed, owner, addr); err == nil {
+		t.Fatal("the admin key opens an export sealed with the seal key")
+	}
+	if k, err := newSealer(sealKey, "").open(sealed, owner, addr); err != nil || k != "sk-secret-a-111" {
+		t.Fatalf("the seal key does not open its export: %v", err)
+	}
+	// A gateway with the admin key alone cannot restore it; one with the
+	// seal key can.
+	noSeal := newEnv(t, envOpts{})
+	noSeal.wantRefused(noSeal.doWithin("POST", "/api/backup/import", string(exp.body)), noSeal.store.Load(), "config.split_proxy.proxies[1].api_key", "re-enter the secret")
+	withSeal := newEnv(t, envOpts{sealKey: sealKey})
+	if r := withSeal.do("POST", "/api/backup/import", string(exp.body)); r.status != 200 {
+		t.Fatalf("restore with the seal key: %d %s", r.status, r.body)
+	}
+}

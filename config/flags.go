@@ -76,6 +76,7 @@ type Serve struct {
 	AdminHost          string        `help:"Admin API and console listen address (loopback by default)." default:"127.0.0.1" env:"INFERA_ADMIN_HOST"`
 	AdminPort          int           `help:"Admin API and console port; 0 disables the admin listener." default:"8081" env:"INFERA_ADMIN_PORT"`
 	AdminKey           string        `help:"Key for the admin API ('Authorization: Bearer <key>'); defaults to --api-key. Without either the admin listener stays off." env:"INFERA_ADMIN_KEY"`
+	AdminSealKey       string        `help:"Key that seals upstream secrets in snapshots, exports and Redis; defaults to the admin key. Set it apart so that holders of the admin key cannot open exports; secrets the admin key sealed are still read." env:"INFERA_ADMIN_SEAL_KEY"`
 	PersistSnapshotDir string        `help:"Directory for periodic snapshots of management data (config, users, templates); restored on start. Not used with --state redis." env:"INFERA_PERSIST_SNAPSHOT_DIR" type:"path"`
 }
 
