@@ -82,8 +82,9 @@ type pdDispatch struct {
 
 const (
 	pdBufSize = 16 << 10
-	// pdMaxAnswer bounds a vLLM prefill answer held in memory (one token,
-	// the params, and whatever logprobs the client asked for).
+	// pdMaxAnswer bounds a prefill answer held in memory: vLLM's (one
+	// token, the params, and whatever logprobs the client asked for), and
+	// an SGLang prefill engine's error answer.
 	pdMaxAnswer = 8 << 20
 	// pdMaxBatch bounds the sequences of an SGLang batch (one room each).
 	pdMaxBatch = 4096
@@ -114,7 +115,7 @@ func (p *pdDispatch) release() {
 	}
 	*p = pdDispatch{done: p.done, buf: p.buf[:cap(p.buf)], rooms: p.rooms[:0],
 		hdr: p.hdr[:0], path: p.path[:0], pbody: p.pbody[:0], dbody: p.dbody[:0], kvp: p.kvp[:0],
-		errBody: p.errBody[:0], errType: p.errType[:0]}
+		errBody: trimBuf(p.errBody), errType: p.errType[:0]}
 	pdPool.Put(p)
 }
 
@@ -687,23 +688,27 @@ func (p *pdDispatch) pushPrefill() {
 	outcome := sched.OutcomeSuccess
 	if f == nil {
 		status := up.status()
-		n, err := up.read(p.buf)
 		if status >= 400 {
 			f = &failure{kind: failStatus, status: status}
 			outcome = statusOutcome(status)
 			if status == fasthttp.StatusTooManyRequests {
 				outcome = sched.OutcomeNeutral
 			}
-			if err == io.EOF {
+			// The whole answer, however many reads it takes: a 4xx is the
+			// client's, a 5xx or 429 is relayed if it is the last failure.
+			// One that breaks, or outgrows pdMaxAnswer, is kept nowhere.
+			body, err := readAnswer(up, &p.buf, nil)
+			if err == nil {
 				p.mu.Lock()
 				p.errStatus = status
-				p.errBody = append(p.errBody[:0], p.buf[:n]...)
+				p.errBody = append(p.errBody[:0], body...)
 				p.errType = append(p.errType[:0], up.contentType()...)
 				p.mu.Unlock()
 			}
 			alive := p.pc.cancel.unset()
-			up.finish(alive && err == io.EOF)
+			up.finish(alive && err == nil)
 		} else {
+			n, err := up.read(p.buf)
 			if n > 0 || err == nil || err == io.EOF {
 				p.pl.FirstToken()
 			}

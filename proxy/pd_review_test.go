@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -384,6 +385,149 @@ func TestPDSGLangRelaysTheLastPrefillErrorAnswer(t *testing.T) {
 	}
 	if took := time.Since(start); took > 2*time.Second { // the decode engine waits 3 s for its room
 		t.Fatalf("took %v: the decode leg was not aborted", took)
+	}
+	noLoadLeft(t, r.fl)
+}
+
+// splitAnswerEngine answers every request on a connection with parts,
+// written one by one with pause between them: an engine whose answer
+// reaches the router in several TCP segments. hits counts the requests.
+func splitAnswerEngine(t *testing.T, hits *atomic.Int32, pause time.Duration, parts ...string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					c.SetDeadline(time.Now().Add(10 * time.Second))
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					hits.Add(1)
+					for i, p := range parts {
+						if i > 0 {
+							time.Sleep(pause)
+						}
+						if _, err := c.Write([]byte(p)); err != nil {
+							return
+						}
+					}
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// waitingDecode is a decode engine that never gets its KV: it answers 500
+// after 3 s, or when the test ends.
+func waitingDecode(t *testing.T) string {
+	stop := make(chan struct{})
+	d := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		select {
+		case <-stop:
+		case <-time.After(3 * time.Second):
+		}
+		ctx.SetStatusCode(500)
+		ctx.SetBodyString(`{"error":{"message":"KV transfer failed: no prefill","type":"server_error"}}`)
+	})
+	t.Cleanup(func() { close(stop) }) // before the engine's shutdown, which waits for the handler
+	return d.url
+}
+
+// splitParts cuts s into n pieces of about the same length.
+func splitParts(s string, n int) []string {
+	var out []string
+	for k := 0; k < n; k++ {
+		out = append(out, s[k*len(s)/n:(k+1)*len(s)/n])
+	}
+	return out
+}
+
+// docs/pd.md: an SGLang prefill engine's refusal (4xx) is the client's
+// answer, also when its body comes in reads after the head (a later TCP
+// segment, chunks, a body larger than one read): the client gets that
+// status and exactly that body, and the prefill leg is not sent again.
+func TestPDSGLangPrefillRefusalSplitAcrossReadsReachesTheClient(t *testing.T) {
+	const refusal = `{"error":{"message":"the prompt is too long: scripted","type":"invalid_request_error","param":null,"code":400}}`
+	large := `{"error":{"message":"` + strings.Repeat("x", 100<<10) + `","type":"invalid_request_error"}}`
+	head := func(status string, n int) string {
+		return "HTTP/1.1 " + status + "\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(n) + "\r\n\r\n"
+	}
+	chunk := func(s string) string { return strconv.FormatInt(int64(len(s)), 16) + "\r\n" + s + "\r\n" }
+	const chunkedHead = "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+	cs := splitParts(refusal, 3)
+	for _, tc := range []struct {
+		name  string
+		body  string
+		parts []string
+	}{
+		{"head then body in two segments", refusal, []string{head("400 Bad Request", len(refusal)), refusal[:20], refusal[20:]}},
+		{"head with the body's start, then its rest", refusal, []string{head("400 Bad Request", len(refusal)) + refusal[:20], refusal[20:]}},
+		{"chunked", refusal, []string{chunkedHead, chunk(cs[0]), chunk(cs[1]), chunk(cs[2]) + "0\r\n\r\n"}},
+		{"larger than one read", large, append([]string{head("400 Bad Request", len(large))}, splitParts(large, 4)...)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Two prefill workers and one retry: a refusal taken for a
+			// failure would be sent to the other one.
+			var hits atomic.Int32
+			p0 := splitAnswerEngine(t, &hits, 50*time.Millisecond, tc.parts...)
+			p1 := splitAnswerEngine(t, &hits, 50*time.Millisecond, tc.parts...)
+			f := defaultFlags()
+			r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) { c.PD.Mode = "sglang" }),
+				pdWorker("p0", p0, "prefill", ""), pdWorker("p1", p1, "prefill", ""), pdWorker("d", waitingDecode(t), "decode", ""))
+			start := time.Now()
+			code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 10*time.Second)
+			took := time.Since(start)
+			if code != 400 || b != tc.body {
+				t.Fatalf("client got %d %.200q (prefill legs sent: %d); want the prefill engine's 400 %.200q", code, b, hits.Load(), tc.body)
+			}
+			if hits.Load() != 1 {
+				t.Fatalf("the prefill leg was sent %d times; want once", hits.Load())
+			}
+			if took > 2*time.Second {
+				t.Fatalf("took %v: the decode leg was not stopped", took)
+			}
+			noLoadLeft(t, r.fl)
+			for _, w := range r.fl.View().All {
+				if w.Breaker.State() != fleet.BreakerClosed {
+					t.Fatalf("worker %s was blamed for the prefill engine's refusal", w.ID)
+				}
+			}
+		})
+	}
+}
+
+// SGLang: a prefill engine's 5xx whose body comes after the head is still
+// retried on another prefill worker, and the last such answer is relayed
+// whole.
+func TestPDSGLangPrefillErrorSplitAcrossReadsIsRetriedThenRelayed(t *testing.T) {
+	const answer = `{"error":{"message":"KV transfer failed: scripted","type":"server_error"}}`
+	head := "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(answer)) + "\r\n\r\n"
+	var hits atomic.Int32
+	p0 := splitAnswerEngine(t, &hits, 50*time.Millisecond, head, answer[:20], answer[20:])
+	p1 := splitAnswerEngine(t, &hits, 50*time.Millisecond, head, answer[:20], answer[20:])
+	f := defaultFlags() // one retry
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) { c.PD.Mode = "sglang" }),
+		pdWorker("p0", p0, "prefill", ""), pdWorker("p1", p1, "prefill", ""), pdWorker("d", waitingDecode(t), "decode", ""))
+	code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 10*time.Second)
+	if code != 503 || b != answer {
+		t.Fatalf("client got %d %q (prefill legs sent: %d); want the last prefill engine's 503 %q", code, b, hits.Load(), answer)
+	}
+	if hits.Load() != 2 {
+		t.Fatalf("the prefill leg was sent %d times; want twice (one retry)", hits.Load())
 	}
 	noLoadLeft(t, r.fl)
 }

@@ -90,7 +90,7 @@ func (rs *reqState) Reset() {
 	rs.tokCut, rs.tokText, rs.tokSkip = 0, 0, false
 	rs.fwd, rs.rewrite, rs.route, rs.hdr, rs.path = nil, trimBuf(rs.rewrite), rs.route[:0], rs.hdr[:0], rs.path[:0]
 	rs.scratchOut = trimBuf(rs.scratchOut)
-	rs.errStatus, rs.errBody, rs.errType = 0, rs.errBody[:0], rs.errType[:0]
+	rs.errStatus, rs.errBody, rs.errType = 0, trimBuf(rs.errBody), rs.errType[:0] // a prefill's error answer may reach pdMaxAnswer
 	rs.ext.reset()
 	rs.proto.reset()
 	rs.gov.reset()
