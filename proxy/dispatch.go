@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/infera/infera/config"
@@ -253,25 +254,56 @@ func (s *Server) relayStashed(ctx *fasthttp.RequestCtx, rs *reqState) {
 	ctx.SetBody(body)
 }
 
-// stashAnswer keeps a small, complete error answer of a worker that is
-// about to be retried elsewhere, in case it is the last answer there is.
-// The connection goes back to the pool only once slot (the attempt's abort
-// slot, which the client's liveness watch aborts) no longer points at it:
-// a client leaving later must not close a connection another request has
-// taken from the pool.
+// stashAnswer keeps a complete error answer of a worker that is about to
+// be retried elsewhere (up to stashMax bytes, read to its end however many
+// reads it takes, the rest of it within stashRestWait), in case it is the
+// last answer there is. The connection goes back to the pool only once
+// slot (the attempt's abort slot, which the client's liveness watch
+// aborts) no longer points at it: a client leaving later must not close a
+// connection another request has taken from the pool.
 func (rs *reqState) stashAnswer(up upResponse, status int, slot *abortSlot) {
 	rs.errStatus = 0
-	n, err := up.read(rs.rbuf[:4096])
-	if err == io.EOF && n > 0 {
+	b := rs.errBody[:0]
+	var err error
+	for reads := 0; err == nil; reads++ {
+		if len(b) >= stashMax {
+			break
+		}
+		if cap(b)-len(b) < 4096 {
+			b = slices.Grow(b, min(max(2*cap(b), 4096), stashMax)-len(b))
+		}
+		if reads == 1 {
+			// The engine is answering: the rest of it is due now, not
+			// when the request's first-byte or idle bound says.
+			d := time.Now().Add(stashRestWait)
+			if t := rs.call.total; !t.IsZero() && t.Before(d) {
+				d = t
+			}
+			up.setReadDeadline(d)
+		}
+		var n int
+		n, err = up.read(b[len(b):min(cap(b), stashMax)])
+		b = b[:len(b)+n]
+	}
+	rs.errBody = b
+	if err == io.EOF && len(b) > 0 {
 		rs.errStatus = status
-		rs.errBody = append(rs.errBody[:0], rs.rbuf[:n]...)
 		rs.errType = append(rs.errType[:0], up.contentType()...)
 		up.finish(slot.unset())
 		return
 	}
+	rs.errBody = b[:0]
 	slot.unset()
 	up.finish(false)
 }
+
+// stashMax bounds an error answer kept for a retry (stashAnswer); a larger
+// one is not relayed (the client gets infera's own error). stashRestWait
+// bounds the wait for the rest of it once its first bytes came.
+const (
+	stashMax      = 256 << 10
+	stashRestWait = 2 * time.Second
+)
 
 // commit writes the response head and the body: at once when the whole
 // body came with the first read (the common non-streaming case), else by
