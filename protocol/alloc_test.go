@@ -10,6 +10,7 @@ func TestConversionAllocatesNothingInSteadyState(t *testing.T) {
 	opt := DefaultOptions()
 	var m Meta
 	var req, dst []byte
+	var err error
 	chunks := splitEvents(chatStream)
 	c := AcquireStreamConverter(&m)
 	defer ReleaseStreamConverter(c)
@@ -23,8 +24,13 @@ func TestConversionAllocatesNothingInSteadyState(t *testing.T) {
 		"responses round trip": func() { responsesRoundTrip(t, &opt, &m, &req, &dst) },
 		"anthropic stream":     func() { streamRoundTrip(t, Anthropic, anthropicStreamReq, &opt, &m, c, &req, &dst, chunks) },
 		"responses stream":     func() { streamRoundTrip(t, Responses, responsesStreamReq, &opt, &m, c, &req, &dst, chunks) },
-		"ensure stream usage":  func() { req, _, _ = EnsureStreamUsage(req[:0], body) },
-		"reasoning map":        func() { req, _ = RewriteChatReasoning(req[:0], rb, &mapOpt) },
+		"anthropic agent turns": func() {
+			if req, err = AnthropicToChat(req[:0], anthropicAgentReq, &opt, &m); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"ensure stream usage": func() { req, _, _ = EnsureStreamUsage(req[:0], body) },
+		"reasoning map":       func() { req, _ = RewriteChatReasoning(req[:0], rb, &mapOpt) },
 		"usage filter": func() {
 			f.Reset()
 			for _, ch := range chunks {

@@ -49,9 +49,6 @@ type conv struct {
 	nMsg int
 	// lastAssistant: the last message written is the assistant's.
 	lastAssistant bool
-	// prevStart and curStart are where the last two messages start in
-	// out (mergeSameRole).
-	prevStart, curStart int
 }
 
 func (c *conv) v(sp span) []byte { return c.d[sp.s:sp.e] }
@@ -62,7 +59,6 @@ func (c *conv) beginMsg(role string) {
 		c.out = append(c.out, ',')
 	}
 	c.nMsg++
-	c.prevStart, c.curStart = c.curStart, len(c.out)
 	c.out = append(c.out, `{"role":"`...)
 	c.out = append(c.out, role...)
 	c.out = append(c.out, `"`...)
@@ -323,48 +319,66 @@ func (c *conv) anthropicMessages(r anthropicReq) error {
 	if sysOpen {
 		c.out = append(c.out, `"}`...)
 	}
+	// The turns: each run of consecutive user (or assistant) turns is
+	// written as one turn holding all their blocks. System messages moved
+	// to the front do not part a run; kept in place, they do.
+	var run turnRun
 	i := 0
 	err := elems(msgs, func(vs, ve int) error {
 		defer func() { i++ }()
 		msg := msgs[vs:ve]
+		var role, content []byte
+		var bad *Error
 		if msg[0] != '{' {
-			return msgErr(i, " must be an object")
+			bad = msgErr(i, " must be an object")
+		} else if role, content = msgFields(msg); role == nil {
+			bad = msgErr(i, ".role: field required")
+		} else if content == nil || isNull(content) {
+			bad = msgErr(i, ".content: field required")
 		}
-		role, content := msgFields(msg)
-		if role == nil {
-			return msgErr(i, ".role: field required")
-		}
-		if content == nil || isNull(content) {
-			return msgErr(i, ".content: field required")
-		}
+		kind := turnSystem
 		switch {
+		case bad != nil:
 		case strIs(role, "user"):
-			n := c.nMsg
-			err := c.anthropicUser(content, i)
-			if err == nil && c.nMsg == n+1 {
-				c.mergeSameRole(`{"role":"user","content":"`)
-			}
-			return err
+			kind = turnUser
 		case strIs(role, "assistant"):
-			n := c.nMsg
-			err := c.anthropicAssistant(content, i)
-			if err == nil && c.nMsg == n+1 {
-				c.mergeSameRole(`{"role":"assistant","content":"`)
-			}
-			return err
+			kind = turnAssistant
 		case strIs(role, "system"):
-			if preserve {
-				c.beginMsg("system")
-				c.out = append(c.out, `,"content":"`...)
-				if err := c.textContent(content, at(i)); err != nil {
-					return err
-				}
-				c.out = append(c.out, `"}`...)
+			if !preserve {
+				return nil // moved to the front
 			}
+		default:
+			bad = msgErr(i, ".role must be user, assistant or system")
+		}
+		if bad == nil && kind != turnSystem && run.n > 0 && run.kind == kind {
+			run.add(content, i, vs, ve)
 			return nil
 		}
-		return msgErr(i, ".role must be user, assistant or system")
+		// The run ends here: written first, so that errors come in
+		// message order.
+		if err := c.anthropicRun(msgs, &run); err != nil {
+			return err
+		}
+		run.n = 0
+		if bad != nil {
+			return bad
+		}
+		if kind != turnSystem {
+			run.kind = kind
+			run.add(content, i, vs, ve)
+			return nil
+		}
+		c.beginMsg("system")
+		c.out = append(c.out, `,"content":"`...)
+		if err := c.textContent(content, at(i)); err != nil {
+			return err
+		}
+		c.out = append(c.out, `"}`...)
+		return nil
 	})
+	if err == nil {
+		err = c.anthropicRun(msgs, &run)
+	}
 	if err != nil {
 		return jsonErr(err)
 	}
@@ -374,42 +388,105 @@ func (c *conv) anthropicMessages(r anthropicReq) error {
 	return nil
 }
 
-// mergeSameRole merges the message just written into the one before it
-// when both are prefix (a role) followed by string content and nothing
-// else: the Messages API combines consecutive turns of one role into one,
-// and chat templates that want roles to alternate (Mistral's, Gemma's)
-// refuse them apart. The texts are joined with a newline, as the text
-// blocks of one message are.
-func (c *conv) mergeSameRole(prefix string) {
-	if c.nMsg < 2 || !c.stringOnly(c.prevStart, c.curStart-1, prefix) || !c.stringOnly(c.curStart, len(c.out), prefix) {
-		return
-	}
-	// ...,{prefix AAA"},{prefix BBB"} -> ...,{prefix AAA\nBBB"}
-	w := c.curStart - 3 // the previous message's closing `"}` and the ','
-	w += copy(c.out[w:], `\n`)
-	w += copy(c.out[w:], c.out[c.curStart+len(prefix):])
-	c.out = c.out[:w]
-	c.nMsg--
-	c.curStart = c.prevStart
+type turnKind uint8
+
+const (
+	turnSystem turnKind = iota
+	turnUser
+	turnAssistant
+)
+
+// runAtHand is how many turns of a run keep their content at hand; the
+// others are found again in the messages, once per pass over the run.
+const runAtHand = 4
+
+// turnRun is a run of n consecutive turns of one role: the first
+// runAtHand in contents (content values) and idx (message indexes), the
+// others in msgs[s:e], which starts with messages[si] and where in-array
+// system messages moved to the front may lie between them.
+type turnRun struct {
+	kind     turnKind
+	n        int
+	contents [runAtHand][]byte
+	idx      [runAtHand]int
+	s, e, si int
 }
 
-// stringOnly reports whether out[s:e] is prefix, a JSON string's body and
-// `"}`: the message has no field after its string content.
-func (c *conv) stringOnly(s, e int, prefix string) bool {
-	m := c.out[s:e]
-	if len(m) < len(prefix)+2 || string(m[:len(prefix)]) != prefix || string(m[len(m)-2:]) != `"}` {
-		return false
+// add adds messages[i], msgs[vs:ve] with content content, to the run.
+func (r *turnRun) add(content []byte, i, vs, ve int) {
+	switch {
+	case r.n < runAtHand:
+		r.contents[r.n], r.idx[r.n] = content, i
+	case r.n == runAtHand:
+		r.s, r.e, r.si = vs, ve, i
+	default:
+		r.e = ve
 	}
-	body := m[len(prefix) : len(m)-2]
-	for i := 0; i < len(body); i++ {
-		switch body[i] {
-		case '\\':
-			i++
-		case '"':
-			return false // the string ended before: more fields follow
+	r.n++
+}
+
+// anthropicRun writes a run of turns as one turn holding all their blocks
+// in order. The Messages API combines consecutive turns of one role into
+// one; chat templates that want roles to alternate (Mistral's, Gemma's)
+// refuse them apart.
+func (c *conv) anthropicRun(msgs []byte, r *turnRun) error {
+	it := turnIter{r: *r, msgs: msgs}
+	switch {
+	case r.n == 0:
+		return nil
+	case r.kind == turnUser:
+		return c.anthropicUser(it)
+	default:
+		return c.anthropicAssistant(it)
+	}
+}
+
+// turnIter walks the turns of a run; a copy starts again from where the
+// original stood.
+type turnIter struct {
+	r    turnRun
+	msgs []byte
+	k    int // turns returned
+	p, i int // past runAtHand: the next turn's offset in msgs and index
+}
+
+// next returns the content of the next turn and its message index.
+func (t *turnIter) next() (content []byte, i int, ok bool) {
+	r := &t.r
+	if t.k < r.n && t.k < runAtHand {
+		content, i = r.contents[t.k], r.idx[t.k]
+		t.k++
+		if t.k == runAtHand {
+			t.p, t.i = r.s, r.si
+		}
+		return content, i, true
+	}
+	for t.k < r.n && t.p < r.e {
+		var role []byte
+		end, err := fieldsAt(t.msgs, t.p, func(k []byte, vs, ve int) error {
+			switch string(k) {
+			case "role":
+				role = t.msgs[vs:ve]
+			case "content":
+				content = t.msgs[vs:ve]
+			}
+			return nil
+		})
+		if err != nil {
+			panic("BUG: a run of turns lost its validated message bounds")
+		}
+		i = t.i
+		t.i++
+		t.p = skipSpace(t.msgs, end)
+		if t.p < r.e && t.msgs[t.p] == ',' {
+			t.p = skipSpace(t.msgs, t.p+1)
+		}
+		if !strIs(role, "system") {
+			t.k++
+			return content, i, true
 		}
 	}
-	return true
+	return nil, 0, false
 }
 
 // msgFields returns the role and content values of a message object.
@@ -481,24 +558,72 @@ func blockTypeText(b []byte) (typ, text []byte) {
 	return
 }
 
-// anthropicUser writes a user message: tool_result blocks become tool
-// messages (first, in order, as chat requires them right after the
-// assistant's calls), the other blocks one user message after them.
-func (c *conv) anthropicUser(content []byte, i int) error {
-	a := at(i)
-	if raw, ok := rawStr(content); ok {
-		c.beginMsg("user")
-		c.out = append(c.out, `,"content":"`...)
-		c.out = append(c.out, raw...)
-		c.out = append(c.out, `"}`...)
-		return nil
-	}
-	if content[0] != '[' {
-		return a.err(" must be a string or an array of content blocks")
-	}
+// anthropicUser writes a run of user turns as one turn: the tool_result
+// blocks become tool messages (first, in order, as chat requires them
+// right after the assistant's calls), the other blocks one user message
+// after them, in order. A string content is one text block.
+func (c *conv) anthropicUser(run turnIter) error {
 	// Pass 1: tool results; classify the rest.
 	nOther, images := 0, false
-	err := elems(content, func(vs, ve int) error {
+	for t := run; ; {
+		content, i, ok := t.next()
+		if !ok {
+			break
+		}
+		n, img, err := c.userToolResults(content, at(i))
+		if err != nil {
+			return err
+		}
+		nOther += n
+		images = images || img
+	}
+	if nOther == 0 && !images {
+		return nil
+	}
+	// Pass 2: the user message with text, documents and images (including
+	// images returned inside tool results, which chat tool messages cannot
+	// carry): a string without images, else an array of parts.
+	c.beginMsg("user")
+	if images {
+		c.out = append(c.out, `,"content":[`...)
+	} else {
+		c.out = append(c.out, `,"content":"`...)
+	}
+	n := 0
+	for t := run; ; {
+		content, i, ok := t.next()
+		if !ok {
+			break
+		}
+		var err error
+		if images {
+			err = c.userParts(content, at(i), &n)
+		} else {
+			err = c.userText(content, at(i), &n)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if images {
+		c.out = append(c.out, "]}"...)
+	} else {
+		c.out = append(c.out, `"}`...)
+	}
+	return nil
+}
+
+// userToolResults writes the tool_result blocks of one user turn as tool
+// messages and returns how many other blocks it holds and whether it
+// holds images (inside tool results too).
+func (c *conv) userToolResults(content []byte, a at) (nOther int, images bool, err error) {
+	if _, ok := rawStr(content); ok {
+		return 1, false, nil
+	}
+	if content[0] != '[' {
+		return 0, false, a.err(" must be a string or an array of content blocks")
+	}
+	err = elems(content, func(vs, ve int) error {
 		b := content[vs:ve]
 		if b[0] != '{' {
 			return a.err(" must be an array of content blocks")
@@ -543,53 +668,58 @@ func (c *conv) anthropicUser(content []byte, i int) error {
 		}
 		return nil
 	})
-	if err != nil {
-		return jsonErr(err)
-	}
-	if nOther == 0 && !images {
+	return nOther, images, jsonErr2(err)
+}
+
+// userText writes the text and documents of one user turn into the open
+// content string, each after a newline unless it is the first (*n counts
+// them).
+func (c *conv) userText(content []byte, a at, n *int) error {
+	if raw, ok := rawStr(content); ok {
+		c.textSep(n)
+		c.out = append(c.out, raw...)
 		return nil
 	}
-	// Pass 2: the user message with text, documents and images (including
-	// images returned inside tool results, which chat tool messages cannot
-	// carry).
-	c.beginMsg("user")
-	if !images {
-		c.out = append(c.out, `,"content":"`...)
-		n := 0
-		err = elems(content, func(vs, ve int) error {
-			b := content[vs:ve]
-			typ, text := blockTypeText(b)
-			var raw []byte
-			switch {
-			case strIs(typ, "text"):
-				var ok bool
-				if raw, ok = rawStr(text); !ok {
-					return a.err(": a text block needs a string text")
-				}
-			case strIs(typ, "document"):
-				var err error
-				if raw, err = documentText(b, a); err != nil {
-					return err
-				}
-			default:
-				return nil
+	err := elems(content, func(vs, ve int) error {
+		b := content[vs:ve]
+		typ, text := blockTypeText(b)
+		var raw []byte
+		switch {
+		case strIs(typ, "text"):
+			var ok bool
+			if raw, ok = rawStr(text); !ok {
+				return a.err(": a text block needs a string text")
 			}
-			if n > 0 {
-				c.out = append(c.out, `\n`...)
+		case strIs(typ, "document"):
+			var err error
+			if raw, err = documentText(b, a); err != nil {
+				return err
 			}
-			n++
-			c.out = append(c.out, raw...)
+		default:
 			return nil
-		})
-		if err != nil {
-			return jsonErr(err)
 		}
-		c.out = append(c.out, `"}`...)
+		c.textSep(n)
+		c.out = append(c.out, raw...)
+		return nil
+	})
+	return jsonErr2(err)
+}
+
+func (c *conv) textSep(n *int) {
+	if *n > 0 {
+		c.out = append(c.out, `\n`...)
+	}
+	*n++
+}
+
+// userParts writes the text, documents and images of one user turn as
+// parts of the open content array (*n counts them).
+func (c *conv) userParts(content []byte, a at, n *int) error {
+	if raw, ok := rawStr(content); ok {
+		c.textPart(n, raw)
 		return nil
 	}
-	c.out = append(c.out, `,"content":[`...)
-	n := 0
-	err = elems(content, func(vs, ve int) error {
+	err := elems(content, func(vs, ve int) error {
 		b := content[vs:ve]
 		typ, text := blockTypeText(b)
 		switch {
@@ -598,15 +728,15 @@ func (c *conv) anthropicUser(content []byte, i int) error {
 			if !ok {
 				return a.err(": a text block needs a string text")
 			}
-			c.textPart(&n, raw)
+			c.textPart(n, raw)
 		case strIs(typ, "document"):
 			raw, err := documentText(b, a)
 			if err != nil {
 				return err
 			}
-			c.textPart(&n, raw)
+			c.textPart(n, raw)
 		case strIs(typ, "image"):
-			return c.imagePart(&n, b, a)
+			return c.imagePart(n, b, a)
 		case strIs(typ, "tool_result"):
 			var inner []byte
 			fields(b, func(k []byte, s, e int) error {
@@ -621,18 +751,14 @@ func (c *conv) anthropicUser(content []byte, i int) error {
 			return elems(inner, func(s, e int) error {
 				ib := inner[s:e]
 				if t, _ := blockTypeText(ib); strIs(t, "image") {
-					return c.imagePart(&n, ib, a)
+					return c.imagePart(n, ib, a)
 				}
 				return nil
 			})
 		}
 		return nil
 	})
-	if err != nil {
-		return jsonErr(err)
-	}
-	c.out = append(c.out, "]}"...)
-	return nil
+	return jsonErr2(err)
 }
 
 func (c *conv) textPart(n *int, raw []byte) {
@@ -780,131 +906,154 @@ func (c *conv) toolResultText(v []byte, a at) (images bool, err error) {
 	return images, jsonErr2(err)
 }
 
-// anthropicAssistant writes an assistant message: text blocks joined as
-// content, thinking blocks as reasoning_content, tool_use blocks as
-// tool_calls.
-func (c *conv) anthropicAssistant(content []byte, i int) error {
-	a := at(i)
+// anthropicAssistant writes a run of assistant turns as one assistant
+// message: text blocks joined with '\n' as content, thinking blocks as
+// reasoning_content, tool_use blocks as tool_calls, each in order. A
+// string content is one text block.
+func (c *conv) anthropicAssistant(run turnIter) error {
 	c.beginMsg("assistant")
-	if raw, ok := rawStr(content); ok {
-		c.out = append(c.out, `,"content":"`...)
-		c.out = append(c.out, raw...)
-		c.out = append(c.out, `"}`...)
-		return nil
-	}
-	if content[0] != '[' {
-		return a.err(" must be a string or an array of content blocks")
-	}
-	// content
 	c.out = append(c.out, `,"content":"`...)
 	n, nThink, nTools := 0, 0, 0
-	err := elems(content, func(vs, ve int) error {
-		b := content[vs:ve]
-		if b[0] != '{' {
-			return a.err(" must be an array of content blocks")
+	for t := run; ; {
+		content, i, ok := t.next()
+		if !ok {
+			break
 		}
-		typ, text := blockTypeText(b)
-		switch {
-		case strIs(typ, "text"):
-			raw, ok := rawStr(text)
-			if !ok {
-				return a.err(": a text block needs a string text")
-			}
-			if n > 0 {
-				c.out = append(c.out, `\n`...)
-			}
-			n++
+		a := at(i)
+		if raw, ok := rawStr(content); ok {
+			c.textSep(&n)
 			c.out = append(c.out, raw...)
-		case strIs(typ, "thinking"):
-			nThink++
-		case strIs(typ, "tool_use"):
-			nTools++
-		case strIs(typ, "redacted_thinking"):
-		default:
-			return a.err(": unsupported content block type in an assistant message")
+			continue
 		}
-		return nil
-	})
-	if err != nil {
-		return jsonErr(err)
-	}
-	c.out = append(c.out, '"')
-	if nThink > 0 {
-		c.out = append(c.out, `,"reasoning_content":"`...)
-		n := 0
-		elems(content, func(vs, ve int) error {
-			b := content[vs:ve]
-			var typ, th []byte
-			fields(b, func(k []byte, s, e int) error {
-				switch string(k) {
-				case "type":
-					typ = b[s:e]
-				case "thinking":
-					th = b[s:e]
-				}
-				return nil
-			})
-			if raw, ok := rawStr(th); ok && strIs(typ, "thinking") {
-				if n > 0 {
-					c.out = append(c.out, `\n`...)
-				}
-				n++
-				c.out = append(c.out, raw...)
-			}
-			return nil
-		})
-		c.out = append(c.out, '"')
-	}
-	if nTools > 0 {
-		c.out = append(c.out, `,"tool_calls":[`...)
-		n := 0
+		if content[0] != '[' {
+			return a.err(" must be a string or an array of content blocks")
+		}
 		err := elems(content, func(vs, ve int) error {
 			b := content[vs:ve]
-			var typ, id, name, input []byte
-			fields(b, func(k []byte, s, e int) error {
-				switch string(k) {
-				case "type":
-					typ = b[s:e]
-				case "id":
-					id = b[s:e]
-				case "name":
-					name = b[s:e]
-				case "input":
-					input = b[s:e]
+			if b[0] != '{' {
+				return a.err(" must be an array of content blocks")
+			}
+			typ, text := blockTypeText(b)
+			switch {
+			case strIs(typ, "text"):
+				raw, ok := rawStr(text)
+				if !ok {
+					return a.err(": a text block needs a string text")
 				}
-				return nil
-			})
-			if !strIs(typ, "tool_use") {
-				return nil
+				c.textSep(&n)
+				c.out = append(c.out, raw...)
+			case strIs(typ, "thinking"):
+				nThink++
+			case strIs(typ, "tool_use"):
+				nTools++
+			case strIs(typ, "redacted_thinking"):
+			default:
+				return a.err(": unsupported content block type in an assistant message")
 			}
-			idRaw, ok1 := rawStr(id)
-			nameRaw, ok2 := rawStr(name)
-			if !ok1 || !ok2 {
-				return a.err(": tool_use needs string id and name")
-			}
-			if input == nil || input[0] != '{' {
-				return a.err(": tool_use input must be an object")
-			}
-			if n > 0 {
-				c.out = append(c.out, ',')
-			}
-			n++
-			c.out = append(c.out, `{"id":"`...)
-			c.out = append(c.out, idRaw...)
-			c.out = append(c.out, `","type":"function","function":{"name":"`...)
-			c.out = append(c.out, nameRaw...)
-			c.out = append(c.out, `","arguments":"`...)
-			c.out = appendJSONAsString(c.out, input)
-			c.out = append(c.out, `"}}`...)
 			return nil
 		})
 		if err != nil {
 			return jsonErr(err)
 		}
+	}
+	c.out = append(c.out, '"')
+	if nThink > 0 {
+		c.out = append(c.out, `,"reasoning_content":"`...)
+		n := 0
+		for t := run; ; {
+			content, _, ok := t.next()
+			if !ok {
+				break
+			}
+			if content[0] != '[' {
+				continue
+			}
+			elems(content, func(vs, ve int) error {
+				b := content[vs:ve]
+				var typ, th []byte
+				fields(b, func(k []byte, s, e int) error {
+					switch string(k) {
+					case "type":
+						typ = b[s:e]
+					case "thinking":
+						th = b[s:e]
+					}
+					return nil
+				})
+				if raw, ok := rawStr(th); ok && strIs(typ, "thinking") {
+					c.textSep(&n)
+					c.out = append(c.out, raw...)
+				}
+				return nil
+			})
+		}
+		c.out = append(c.out, '"')
+	}
+	if nTools > 0 {
+		c.out = append(c.out, `,"tool_calls":[`...)
+		n := 0
+		for t := run; ; {
+			content, i, ok := t.next()
+			if !ok {
+				break
+			}
+			if content[0] != '[' {
+				continue
+			}
+			if err := c.toolCalls(content, at(i), &n); err != nil {
+				return err
+			}
+		}
 		c.out = append(c.out, ']')
 	}
 	c.out = append(c.out, '}')
 	return nil
+}
+
+// toolCalls writes the tool_use blocks of one assistant turn as parts of
+// the open tool_calls array (*n counts them).
+func (c *conv) toolCalls(content []byte, a at, n *int) error {
+	err := elems(content, func(vs, ve int) error {
+		b := content[vs:ve]
+		var typ, id, name, input []byte
+		fields(b, func(k []byte, s, e int) error {
+			switch string(k) {
+			case "type":
+				typ = b[s:e]
+			case "id":
+				id = b[s:e]
+			case "name":
+				name = b[s:e]
+			case "input":
+				input = b[s:e]
+			}
+			return nil
+		})
+		if !strIs(typ, "tool_use") {
+			return nil
+		}
+		idRaw, ok1 := rawStr(id)
+		nameRaw, ok2 := rawStr(name)
+		if !ok1 || !ok2 {
+			return a.err(": tool_use needs string id and name")
+		}
+		if input == nil || input[0] != '{' {
+			return a.err(": tool_use input must be an object")
+		}
+		if *n > 0 {
+			c.out = append(c.out, ',')
+		}
+		*n++
+		c.out = append(c.out, `{"id":"`...)
+		c.out = append(c.out, idRaw...)
+		c.out = append(c.out, `","type":"function","function":{"name":"`...)
+		c.out = append(c.out, nameRaw...)
+		c.out = append(c.out, `","arguments":"`...)
+		c.out = appendJSONAsString(c.out, input)
+		c.out = append(c.out, `"}}`...)
+		return nil
+	})
+	return jsonErr2(err)
 }
 
 // appendJSONAsString appends the validated JSON value v, compacted, as the

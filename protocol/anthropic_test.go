@@ -75,13 +75,15 @@ func TestAnthropicRequestFieldsConvertToChat(t *testing.T) {
 		`{"model":"m","messages":[{"role":"user","content":"a\"b\nc\nd"}],"max_tokens":1}`)
 	f("consecutive assistant turns merge, continuing the final message", opt, `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"a"},{"role":"assistant","content":[{"type":"text","text":"b"}]}]}`,
 		`{"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","content":"a\nb"}],"max_tokens":1,"add_generation_prompt":false,"continue_final_message":true}`)
-	f("turns with images, tool calls or tool results in between stay apart", opt, `{"model":"m","max_tokens":1,"messages":[
+	// anthropic_turns_test.go has the cases with images, tool calls and
+	// tool results.
+	f("turns with images, tool calls or tool results merge as one turn would hold them", opt, `{"model":"m","max_tokens":1,"messages":[
 		{"role":"user","content":[{"type":"image","source":{"type":"url","url":"u"}}]},{"role":"user","content":"a"},
 		{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"f","input":{}}]},{"role":"assistant","content":"b"},
 		{"role":"user","content":"c"},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"r"}]},{"role":"user","content":"d"}]}`,
-		`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]},{"role":"user","content":"a"},
-		{"role":"assistant","content":"","tool_calls":[{"id":"t1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"assistant","content":"b"},
-		{"role":"user","content":"c"},{"role":"tool","tool_call_id":"t1","content":"r"},{"role":"user","content":"d"}],"max_tokens":1}`)
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}},{"type":"text","text":"a"}]},
+		{"role":"assistant","content":"b","tool_calls":[{"id":"t1","type":"function","function":{"name":"f","arguments":"{}"}}]},
+		{"role":"tool","tool_call_id":"t1","content":"r"},{"role":"user","content":"c\nd"}],"max_tokens":1}`)
 	f("last duplicate key wins, escapes decoded", opt, `{"model":"a","m\u006fdel":"b","max_tokens":1,"messages":[{"role":"us\u0065r","content":"x"}]}`,
 		`{"model":"b","messages":[{"role":"user","content":"x"}],"max_tokens":1}`)
 }
@@ -128,6 +130,11 @@ func TestAnthropicRequestErrorsNameTheField(t *testing.T) {
 	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user"}]}`, "messages", "messages[0].content: field required")
 	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"video"}]}]}`, "messages", "messages[1].content: unsupported content block type")
 	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"file","file_id":"f"}}]}]}`, "messages", "base64 or url")
+	// in a run of turns, the error names the turn that holds the bad block
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"image","source":{"type":"url","url":"u"}},{"type":"image","source":{"type":"file","file_id":"f"}}]}]}`, "messages", "messages[1].content: image source type must be base64 or url")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"assistant","content":"a"},{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":[]}]}]}`, "messages", "messages[1].content: tool_use input must be an object")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"video"}]},{"role":"robot","content":"x"}]}`, "messages", "messages[1].content: unsupported content block type")
+	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"},{"role":"user","content":"c"},{"role":"system","content":"s"},{"role":"user","content":"d"},{"role":"system","content":"s"},{"role":"user","content":"e"},{"role":"system","content":"s"},{"role":"user","content":[{"type":"text"}]}]}`, "messages", "messages[8].content: a text block needs a string text")
 	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"x"}}]}]}`, "messages", "plain-text documents")
 	f(`{"model":"m","max_tokens":1,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"b","input":"s"}]}]}`, "messages", "input must be an object")
 	f(`{"model":"m","max_tokens":1,"system":[{"type":"image"}],"messages":[{"role":"user","content":"x"}]}`, "system", "only text blocks")

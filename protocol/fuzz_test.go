@@ -11,7 +11,9 @@ import (
 // no panic; a successful conversion is exactly one JSON object an engine
 // accepts as a chat request (messages decodable for the tokenizer); a
 // stream's output is well-formed client SSE whatever the upstream bytes
-// and however they are split, and the same for every split.
+// and however they are split, and the same for every split. A converted
+// Messages request has no two user messages in a row and no tool message
+// after a user message (checkTurnOrder).
 
 func fuzzOptions(sel byte) Options {
 	o := DefaultOptions()
@@ -51,12 +53,35 @@ func FuzzAnthropicToChat(f *testing.F) {
 			}
 		} else {
 			checkChatRequest(t, body, out[len("prefix"):])
+			checkTurnOrder(t, body, out[len("prefix"):])
 		}
 		out, err = AnthropicCountTokensToChat(nil, body, &opt, &m)
 		if err == nil {
 			checkChatRequest(t, body, out)
+			checkTurnOrder(t, body, out)
 		}
 	})
+}
+
+// checkTurnOrder checks what writing each run of consecutive Messages API
+// turns as one turn guarantees: no two user messages in a row, and no
+// tool message right after a user message (tool results come before the
+// rest of their turn).
+func checkTurnOrder(t *testing.T, in, out []byte) {
+	t.Helper()
+	var req struct {
+		Messages []struct {
+			Role string `json:"role"`
+		} `json:"messages"`
+	}
+	if err := json.Unmarshal(out, &req); err != nil {
+		t.Fatalf("%v\nout: %q", err, out)
+	}
+	for i := 1; i < len(req.Messages); i++ {
+		if prev, cur := req.Messages[i-1].Role, req.Messages[i].Role; prev == "user" && (cur == "user" || cur == "tool") {
+			t.Fatalf("messages[%d] is %s after a user message:\nin:  %q\nout: %q", i, cur, in, out)
+		}
+	}
 }
 
 func FuzzResponsesToChat(f *testing.F) {

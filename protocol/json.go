@@ -51,48 +51,55 @@ func walkObject(d []byte, i, depth int, f func(key []byte, vs, ve int) error) (i
 // each member. It skips values without validating them again, so nested
 // walks cost little.
 func fields(v []byte, f func(key []byte, vs, ve int) error) error {
-	i := skipSpace(v, 0)
+	_, err := fieldsAt(v, 0, f)
+	return err
+}
+
+// fieldsAt is fields for the object at or after v[i]; it returns the
+// index after the object.
+func fieldsAt(v []byte, i int, f func(key []byte, vs, ve int) error) (int, error) {
+	i = skipSpace(v, i)
 	if i >= len(v) || v[i] != '{' {
-		return errMalformed
+		return 0, errMalformed
 	}
 	i = skipSpace(v, i+1)
 	if i < len(v) && v[i] == '}' {
-		return nil
+		return i + 1, nil
 	}
 	for i < len(v) {
 		if v[i] != '"' {
-			return errMalformed
+			return 0, errMalformed
 		}
 		ke := fastString(v, i)
 		if ke < 0 {
-			return errMalformed
+			return 0, errMalformed
 		}
 		key := v[i+1 : ke-1]
 		i = skipSpace(v, ke)
 		if i >= len(v) || v[i] != ':' {
-			return errMalformed
+			return 0, errMalformed
 		}
 		vs := skipSpace(v, i+1)
 		ve := fastValue(v, vs, 0)
 		if ve < 0 {
-			return errMalformed
+			return 0, errMalformed
 		}
 		if err := f(jsonscan.Key(key), vs, ve); err != nil {
-			return err
+			return 0, err
 		}
 		i = skipSpace(v, ve)
 		if i >= len(v) {
-			return errMalformed
+			return 0, errMalformed
 		}
 		if v[i] == '}' {
-			return nil
+			return i + 1, nil
 		}
 		if v[i] != ',' {
-			return errMalformed
+			return 0, errMalformed
 		}
 		i = skipSpace(v, i+1)
 	}
-	return errMalformed
+	return 0, errMalformed
 }
 
 // elems walks the validated array value v calling f for each element.

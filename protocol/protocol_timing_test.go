@@ -33,6 +33,23 @@ var (
 	}()
 )
 
+// anthropicAgentReq is an agent's conversation: the 1 KB prompt with an
+// image, then eight rounds of an assistant run (text, thinking and a call
+// in two turns) and a user run (the result, then a note with a screenshot).
+var anthropicAgentReq = func() []byte {
+	var b strings.Builder
+	b.WriteString(`{"model":"claude-sonnet-4","max_tokens":256,"system":"You are a helpful assistant.","messages":[` +
+		`{"role":"user","content":"` + prompt1K + `"},{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}}]}`)
+	for i := 0; i < 8; i++ {
+		b.WriteString(`,{"role":"assistant","content":"Let me look that up."},` +
+			`{"role":"assistant","content":[{"type":"thinking","thinking":"The user wants the weather.","signature":"sig"},{"type":"tool_use","id":"toolu_0` + string(rune('0'+i)) + `","name":"get_weather","input":{"city":"Paris"}}]},` +
+			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_0` + string(rune('0'+i)) + `","content":"sunny, 21 C"}]},` +
+			`{"role":"user","content":[{"type":"text","text":"Here is what I see now."},{"type":"image","source":{"type":"url","url":"https://example.com/s.png"}}]}`)
+	}
+	b.WriteString(`],"tools":[{"name":"get_weather","description":"Weather of a city","input_schema":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}]}`)
+	return []byte(b.String())
+}()
+
 // roundTrip converts a request and its answer, reusing m and the buffers.
 func anthropicRoundTrip(b testing.TB, opt *Options, m *Meta, req, dst *[]byte) {
 	var err error
@@ -97,6 +114,16 @@ func BenchmarkConvert1KPrompt(b *testing.B) {
 		b.SetBytes(int64(len(anthropicReq1)))
 		for i := 0; i < b.N; i++ {
 			anthropicRoundTrip(b, &opt, &m, &req, &dst)
+		}
+	})
+	b.Run("anthropic-agent-turns-request", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(anthropicAgentReq)))
+		for i := 0; i < b.N; i++ {
+			var err error
+			if req, err = AnthropicToChat(req[:0], anthropicAgentReq, &opt, &m); err != nil {
+				b.Fatal(err)
+			}
 		}
 	})
 	b.Run("responses", func(b *testing.B) {
