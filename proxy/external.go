@@ -54,6 +54,9 @@ type extUpstream struct {
 type extTable struct {
 	src any // *config.SplitProxy or *config.GlobalScheduling it was built from
 	ups []*extUpstream
+	// base is, for the table of a snapshot a reload replaced (staleTable),
+	// the published table its upstreams were taken from; nil otherwise.
+	base *extTable
 }
 
 // externals keeps the external upstreams across reloads: an entry whose
@@ -64,10 +67,15 @@ type externals struct {
 	connectTimeout time.Duration
 	set            *metrics.Set
 
-	mu      sync.Mutex // serializes rebuilds
-	split   atomic.Pointer[extTable]
-	members atomic.Pointer[extTable]
-	closed  bool
+	// latest returns the config snapshot serving new requests (the
+	// store's); nil in tests that build externals alone.
+	latest func() *config.Config
+
+	mu                  sync.Mutex // serializes rebuilds
+	split               atomic.Pointer[extTable]
+	members             atomic.Pointer[extTable]
+	splitSec, memberSec extSection
+	closed              bool
 }
 
 func newExternals(f *config.Serve) *externals {
@@ -83,6 +91,10 @@ func newExternals(f *config.Serve) *externals {
 	}
 	e.split.Store(&extTable{})
 	e.members.Store(&extTable{})
+	e.splitSec = extSection{kind: extSplit, pub: &e.split, specs: splitSpecs,
+		of: func(c *config.Config) any { return &c.SplitProxy }}
+	e.memberSec = extSection{kind: extMember, pub: &e.members, specs: memberSpecs,
+		of: func(c *config.Config) any { return &c.GlobalScheduling }}
 	metrics.RegisterSet(e.set)
 	return e
 }
@@ -93,22 +105,7 @@ func (e *externals) splitTable(sp *config.SplitProxy) *extTable {
 	if t := e.split.Load(); t.src == sp {
 		return t
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if t := e.split.Load(); t.src == sp {
-		return t
-	}
-	want := make([]extSpec, len(sp.Proxies))
-	for i := range sp.Proxies {
-		p := &sp.Proxies[i]
-		if p.Local {
-			continue
-		}
-		want[i] = extSpec{name: p.Label(), raw: p.Address, key: p.APIKey}
-	}
-	t := &extTable{src: sp, ups: e.rebuild(extSplit, e.split.Load().ups, want)}
-	e.split.Store(t)
-	return t
+	return e.table(&e.splitSec, sp)
 }
 
 // memberTable returns the member gateways of g (the request's snapshot),
@@ -117,18 +114,110 @@ func (e *externals) memberTable(g *config.GlobalScheduling) *extTable {
 	if t := e.members.Load(); t.src == g {
 		return t
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if t := e.members.Load(); t.src == g {
-		return t
+	return e.table(&e.memberSec, g)
+}
+
+// extSection is what table needs to know of a config section with
+// external upstreams.
+type extSection struct {
+	kind  extKind
+	pub   *atomic.Pointer[extTable] // the published table
+	stale atomic.Pointer[extTable]  // the last staleTable
+	// of returns the section of a snapshot; specs the upstreams a section
+	// wants, aligned with its list.
+	of    func(*config.Config) any
+	specs func(any) []extSpec
+}
+
+func splitSpecs(src any) []extSpec {
+	sp := src.(*config.SplitProxy)
+	want := make([]extSpec, len(sp.Proxies))
+	for i := range sp.Proxies {
+		if p := &sp.Proxies[i]; !p.Local {
+			want[i] = extSpec{name: p.Label(), raw: p.Address, key: p.APIKey}
+		}
 	}
+	return want
+}
+
+func memberSpecs(src any) []extSpec {
+	g := src.(*config.GlobalScheduling)
 	want := make([]extSpec, len(g.Members))
 	for i := range g.Members {
 		m := &g.Members[i]
 		want[i] = extSpec{name: m.Name, raw: m.URL, key: m.APIKey}
 	}
-	t := &extTable{src: g, ups: e.rebuild(extMember, e.members.Load().ups, want)}
-	e.members.Store(t)
+	return want
+}
+
+// table returns the table of src, a section of a config snapshot, when
+// the published table is another snapshot's. When src is the current
+// snapshot's section, its table is built and published, and the upstreams
+// it no longer has are retired. When a reload has already replaced src's
+// snapshot (a request that loaded it before the reload reaches its
+// dispatch after requests of the new one, e.g. while the classifier
+// answers), the request gets a staleTable, which publishes and retires
+// nothing: a late request never undoes a reload (the new upstreams
+// retired, their breakers and counters started afresh, their connections
+// closed, and again on the next request of the new snapshot).
+func (e *externals) table(sec *extSection, src any) *extTable {
+	if t := sec.stale.Load(); t != nil && t.src == src && t.base == sec.pub.Load() {
+		return t
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if t := sec.pub.Load(); t.src == src {
+		return t
+	}
+	if e.latest != nil {
+		if cur := sec.of(e.latest()); cur != src {
+			base := sec.pub.Load()
+			if base.src != cur {
+				base = e.publish(sec, cur) // no request of the current snapshot came yet
+			}
+			t := staleTable(src, base, sec.specs(src))
+			sec.stale.Store(t)
+			return t
+		}
+	}
+	return e.publish(sec, src)
+}
+
+// publish builds and publishes the table of src. Lock must be held.
+func (e *externals) publish(sec *extSection, src any) *extTable {
+	t := &extTable{src: src, ups: e.rebuild(sec.kind, sec.pub.Load().ups, sec.specs(src))}
+	sec.pub.Store(t)
+	return t
+}
+
+// staleTable is the table of a replaced snapshot's section src: each entry
+// is the upstream of base (the current snapshot's table) with the same
+// name, address and key, else the one with the same name (the entry's
+// address or key changed: the request goes where the operator now sends
+// the entry, with its current key, as an old key may be revoked), else nil
+// (the entry is gone: it is skipped).
+func staleTable(src any, base *extTable, want []extSpec) *extTable {
+	t := &extTable{src: src, base: base, ups: make([]*extUpstream, len(want))}
+	for i, w := range want {
+		if w.raw == "" {
+			continue
+		}
+		for _, u := range base.ups {
+			if u != nil && u.name == w.name && u.raw == w.raw && u.key == w.key {
+				t.ups[i] = u
+				break
+			}
+		}
+		if t.ups[i] != nil {
+			continue
+		}
+		for _, u := range base.ups {
+			if u != nil && u.name == w.name {
+				t.ups[i] = u
+				break
+			}
+		}
+	}
 	return t
 }
 

@@ -136,6 +136,7 @@ func New(o Options) *Server {
 		return rs
 	}
 	s.ext = newExternals(f)
+	s.ext.latest = s.store.Load
 	if s.classifier = o.Classifier; s.classifier == nil {
 		s.classifier = &classify.Client{}
 	}

@@ -388,3 +388,77 @@ func TestSplitExternalFirstPacketTimeoutFailsOver(t *testing.T) {
 		t.Fatalf("slow hits %d, in flight %d", slow.hits.Load(), u.w.Load.Requests.Load())
 	}
 }
+
+// A request that loaded its config snapshot before a reload and reaches the
+// split proxy after requests of the new snapshot (here: held by the
+// classifier) does not undo the reload: the new snapshot's upstreams keep
+// their breakers and connections. It used to rebuild the table for its old
+// snapshot, retiring the new upstreams; the next request of the new
+// snapshot then rebuilt them afresh, with closed breakers, so an external
+// upstream whose breaker had opened was sent requests again.
+func TestSplitLateRequestOfAReplacedSnapshotKeepsTheNewUpstreams(t *testing.T) {
+	hold := make(chan struct{})
+	cls := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if strings.Contains(string(ctx.PostBody()), "hold me") {
+			<-hold
+		}
+		ctx.SetBodyString(`{"tier":"L3"}`)
+	})
+	bad := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(500) })
+	good := startUpstream(t, okHandler)
+	cfg := splitConfig(config.SplitPrefix,
+		config.Proxy{Local: true},
+		config.Proxy{Name: "a", Address: bad.url, APIKey: config.NewSecret("sk-old"), ModelRules: []string{"t3"}},
+		config.Proxy{Name: "good", Address: good.url, Failover: true},
+	)
+	cfg.SmartModelSelection = config.SmartModelSelection{Enabled: true, ClassifierURL: cls.url + "/v1/classify",
+		TimeoutMS: 10000, FallbackTier: "L3", MatchModels: []string{"auto"},
+		Tiers: config.TierModels{L1: "t3", L2: "t3", L3: "t3"}, MaxTextBytes: 8192}
+	r := startRouterWith(t, nil, cfg, nil, deadURL(t))
+	late := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(r.url+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"auto","messages":[{"role":"user","content":"hold me"}],"max_tokens":4}`))
+		if err != nil {
+			late <- -1
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		late <- resp.StatusCode
+	}()
+	waitFor(t, func() bool { return cls.hits.Load() == 1 }, "the late request reached the classifier")
+
+	// The reload rotates a's key; a fails under the new snapshot until its
+	// breaker opens (threshold 3).
+	c := *cfg
+	c.SplitProxy.Proxies = append([]config.Proxy(nil), cfg.SplitProxy.Proxies...)
+	c.SplitProxy.Proxies[1].APIKey = config.NewSecret("sk-new")
+	r.store.Set(&c)
+	t3 := `{"model":"t3","messages":[{"role":"user","content":"x"}],"max_tokens":4}`
+	for i := 0; i < 5; i++ {
+		if code, b := post(t, r.url+"/v1/chat/completions", t3); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, b)
+		}
+	}
+	tbl := r.srv.ext.splitTable(&r.store.Load().SplitProxy)
+	if bad.hits.Load() != 3 || tbl.ups[1].w.Breaker.State() != fleet.BreakerOpen {
+		t.Fatalf("a saw %d requests, breaker %d", bad.hits.Load(), tbl.ups[1].w.Breaker.State())
+	}
+
+	close(hold)
+	if code := <-late; code != 200 {
+		t.Fatalf("late request: %d", code)
+	}
+	for i := 0; i < 5; i++ {
+		if code, b := post(t, r.url+"/v1/chat/completions", t3); code != 200 {
+			t.Fatalf("request %d after the late one: %d %s", i, code, b)
+		}
+	}
+	if got := r.srv.ext.splitTable(&r.store.Load().SplitProxy); got != tbl || bad.hits.Load() != 3 {
+		t.Fatalf("after the late request: table replaced %v, a saw %d requests (its breaker was open)", got != tbl, bad.hits.Load())
+	}
+	if v := metricValue(t, r.url, `infera_split_proxy_failures_total{proxy="a"}`); v != "3" {
+		t.Fatalf("a's failures counter %s, want 3", v)
+	}
+}
