@@ -127,9 +127,10 @@ type Mirror struct {
 	// Concurrency bounds mirrored requests in flight. Default 64, at most
 	// MaxMirrorConcurrency.
 	Concurrency int `json:"concurrency"`
-	// MaxBufferBytes bounds the bytes of request copies the mirror holds
-	// (queued and in flight); a sampled request that would exceed it is
-	// dropped as for a full queue. 0 means the default, 268435456
+	// MaxBufferBytes bounds the bytes the mirror holds: request copies
+	// (queued and in flight) and the kept parts of the answers being read;
+	// a sampled request that would exceed it is dropped as for a full
+	// queue, an answer is read on without being kept. 0 means the default, 268435456
 	// (256 MiB); see BufferBytes.
 	MaxBufferBytes int64 `json:"max_buffer_bytes"`
 }

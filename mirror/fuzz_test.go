@@ -50,7 +50,7 @@ func FuzzReadStream(f *testing.F) {
 		var res result
 		s := acquireSender()
 		defer releaseSender(s)
-		m.readStream(s, bytes.NewReader(b), time.Now(), &res)
+		m.readStream(s, bytes.NewReader(b), &keeper{m: m, budget: 1 << 30}, time.Now(), &res)
 		if res.err != nil {
 			t.Fatalf("error %v on an in-memory reader", res.err)
 		}

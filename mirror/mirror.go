@@ -22,8 +22,10 @@ type Options struct {
 	Logger *slog.Logger
 	// ConnectTimeout bounds dialing the target. Default 3 s.
 	ConnectTimeout time.Duration
-	// MaxResponseBytes bounds how much of a non-streamed answer is kept to
-	// find its usage; the rest is still read and discarded. Default 16 MiB.
+	// MaxResponseBytes bounds how much of a non-streamed answer (or of one
+	// stream line) is kept to find its usage; the rest is still read and
+	// discarded. What is kept counts in mirror.max_buffer_bytes too.
+	// Default 16 MiB.
 	MaxResponseBytes int
 }
 
@@ -40,7 +42,7 @@ type Mirror struct {
 	workers atomic.Int64  // sender goroutines alive (at least one until Close)
 	spawnMu sync.Mutex    // starting a sender, against Close's wg.Wait
 	started bool          // New started the senders (newMirror alone does not)
-	held    atomic.Int64  // bytes of path and body copies held by jobs (mirror.max_buffer_bytes)
+	held    atomic.Int64  // bytes of path and body copies held by jobs, and of answers being read (mirror.max_buffer_bytes)
 	closed  atomic.Bool
 	stop    chan struct{}
 	ctx     context.Context // cancelled by Close: aborts dials in flight

@@ -874,3 +874,73 @@ func TestMirrorSendsOverTLSAndReusesTheConnection(t *testing.T) {
 		t.Fatalf("the target got %d requests on %d connections, want 3 on 1", hits.Load(), conns.Load())
 	}
 }
+
+// The answers being read count in mirror.max_buffer_bytes with the request
+// copies: a target that sends long answers (here 4 MiB each, a JSON body or
+// one stream event, then keeps the connection open) to every sender does
+// not make the mirror hold more than the budget. It used to keep up to
+// Options.MaxResponseBytes (16 MiB) of every answer or stream line,
+// whatever the budget: 32 MiB for 8 senders here, 1 GiB at the default
+// concurrency.
+func TestMirrorAnswersBeingReadCountInTheByteBudget(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) { testAnswerBudget(t, stream) })
+	}
+}
+
+func testAnswerBudget(t *testing.T, stream bool) {
+	const answer = 4 << 20
+	release := make(chan struct{})
+	var sent atomic.Int64
+	tg := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		head, tail := `"`, `"`
+		if stream {
+			head, tail = "data: ", "\n\ndata: [DONE]\n\n"
+			w.Header().Set("Content-Type", "text/event-stream")
+		} else {
+			w.Header().Set("Content-Length", fmt.Sprint(len(head)+answer+len(tail)))
+		}
+		chunk := bytes.Repeat([]byte("x"), 64<<10)
+		io.WriteString(w, head)
+		for n := 0; n < answer; n += len(chunk) {
+			w.Write(chunk)
+		}
+		w.(http.Flusher).Flush()
+		sent.Add(1)
+		select { // the answer's end waits: the sender holds what it read
+		case <-release:
+		case <-r.Context().Done():
+		}
+		io.WriteString(w, tail)
+	})
+	lb := &logBuf{}
+	m := New(Options{Logger: slog.New(slog.NewJSONHandler(lb, nil))})
+	t.Cleanup(m.Close)
+	cfg := mirrorCfg(tg.url)
+	cfg.Concurrency, cfg.MaxBufferBytes, cfg.TimeoutMS, cfg.LogRecording = 8, 1<<20, 30000, true
+	var ms0, ms1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms0)
+	for i := 0; i < 8; i++ {
+		if !m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), stream) {
+			t.Fatalf("offer %d refused", i)
+		}
+	}
+	eventually(t, "every answer sent but its end", func() bool { return sent.Load() == 8 })
+	time.Sleep(200 * time.Millisecond) // the senders read what was sent
+	runtime.GC()
+	runtime.ReadMemStats(&ms1)
+	close(release)
+	grown := int64(ms1.HeapAlloc) - int64(ms0.HeapAlloc)
+	if grown > 8<<20 || m.held.Load() > cfg.MaxBufferBytes {
+		t.Fatalf("heap grew by %d MiB and the mirror counts %d bytes held while reading 8 answers of 4 MiB under a 1 MiB budget",
+			grown>>20, m.held.Load())
+	}
+	eventually(t, "every answer read to its end", func() bool { return len(lb.lines(t)) == 8 })
+	for _, l := range lb.lines(t) {
+		if l["result"] != "ok" || l["response_bytes"].(float64) < answer || stream && l["events"] != float64(2) {
+			t.Fatalf("log line %v", l)
+		}
+	}
+	eventually(t, "the budget given back", func() bool { return m.held.Load() == 0 })
+}

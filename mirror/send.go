@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"slices"
 	"sync"
 	"time"
 
@@ -210,22 +209,68 @@ func (m *Mirror) do(s *sender, j *job, deadline time.Time, res *result) {
 	if r == nil {
 		return // no body (204, 304)
 	}
+	// The answer's kept bytes count in the byte budget with the request
+	// copies, until the answer is read.
+	k := keeper{m: m, budget: cfg.BufferBytes()}
+	defer k.release()
 	if j.stream && res.status == fasthttp.StatusOK {
-		m.readStream(s, r, start, res)
+		m.readStream(s, r, &k, start, res)
 	} else {
-		m.readBody(s, r, res)
+		m.readBody(s, r, &k, res)
 	}
 }
 
+// keeper counts the buffers that keep parts of an answer (a non-streamed
+// answer, a long stream line) in mirror.max_buffer_bytes, with the request
+// copies: a target that sends long answers to every sender cannot make the
+// mirror hold more than the budget.
+type keeper struct {
+	m      *Mirror
+	budget int64
+	held   int64 // bytes counted in Mirror.held
+}
+
+// room returns buf with capacity for want bytes (grown to at least twice
+// its capacity, at most limit unless want is more), the capacity counted
+// in the budget; false, and buf unchanged, when the budget has no room.
+func (k *keeper) room(buf []byte, want, limit int) ([]byte, bool) {
+	c := cap(buf)
+	if want > c {
+		c = max(want, min(max(2*c, 4<<10), limit))
+	}
+	if need := int64(c) - k.held; need > 0 {
+		if k.m.held.Add(need) > k.budget {
+			k.m.held.Add(-need)
+			return buf, false
+		}
+		k.held += need
+	}
+	if c > cap(buf) {
+		nb := make([]byte, len(buf), c)
+		copy(nb, buf)
+		buf = nb
+	}
+	return buf, true
+}
+
+// release gives the counted bytes back (the buffers go back to the
+// sender's pool, or to the garbage collector).
+func (k *keeper) release() {
+	k.m.held.Add(-k.held)
+	k.held = 0
+}
+
 // readBody reads a whole answer (keeping at most MaxResponseBytes in a
-// pooled buffer, the rest read and discarded) and takes the usage from it.
-func (m *Mirror) readBody(s *sender, r io.Reader, res *result) {
+// pooled buffer, within the byte budget, the rest read and discarded) and
+// takes the usage from it.
+func (m *Mirror) readBody(s *sender, r io.Reader, k *keeper, res *result) {
 	buf := s.body[:0]
 	limit := m.opts.MaxResponseBytes
 	var err error
 	for len(buf) < limit {
-		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, min(max(4<<10, cap(buf)), limit-len(buf)))
+		var ok bool
+		if buf, ok = k.room(buf, len(buf)+1, limit); !ok {
+			break // no budget left: the rest is read and discarded
 		}
 		var n int
 		n, err = r.Read(buf[len(buf):min(cap(buf), limit)])
@@ -253,37 +298,41 @@ func (m *Mirror) readBody(s *sender, r io.Reader, res *result) {
 // readStream reads an SSE answer to its end (the connection is pooled
 // again only then), counting events and taking the usage of the last chunk
 // that carries one.
-func (m *Mirror) readStream(s *sender, r io.Reader, start time.Time, res *result) {
+func (m *Mirror) readStream(s *sender, r io.Reader, k *keeper, start time.Time, res *result) {
 	br := s.br
 	br.Reset(r)
 	defer br.Reset(nil)
 	first := true
 	long := s.long[:0]
 	inLong := false // long holds the start of the current line
+	// cut: the current line is longer than could be kept (MaxResponseBytes,
+	// the byte budget); dataLine: it is an event (a "data:" line).
+	cut, dataLine := false, false
 	for {
 		line, err := br.ReadSlice('\n')
 		res.bytes += int64(len(line))
 		if err == bufio.ErrBufferFull {
-			if len(long) < m.opts.MaxResponseBytes {
-				long = append(long, line...)
+			if !inLong {
+				dataLine = bytes.HasPrefix(line, strDataPrefix)
 			}
+			long, cut = k.keepLine(long, line, m.opts.MaxResponseBytes, cut)
 			inLong = true
 			continue
 		}
+		partial := false
 		if inLong {
-			long = append(long, line...)
-			line = long
-			long, inLong = long[:0], false
+			long, cut = k.keepLine(long, line, m.opts.MaxResponseBytes, cut)
+			line, partial = long, cut
+			long, inLong, cut = long[:0], false, false
 		}
-		line = bytes.TrimRight(line, "\r\n")
-		if data, ok := bytes.CutPrefix(line, strDataPrefix); ok {
-			data = bytes.TrimSpace(data)
-			if first {
-				res.ttfe = time.Since(start)
-				first = false
+		if partial {
+			// Counted as an event, but only part of it was kept: no
+			// usage is taken from it.
+			if dataLine {
+				m.event(&first, start, nil, res)
 			}
-			res.events++
-			scanUsage(data, res)
+		} else if data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), strDataPrefix); ok {
+			m.event(&first, start, bytes.TrimSpace(data), res)
 		}
 		if err != nil {
 			if err != io.EOF {
@@ -293,6 +342,35 @@ func (m *Mirror) readStream(s *sender, r io.Reader, start time.Time, res *result
 			return
 		}
 	}
+}
+
+// event counts an SSE event (its data, nil when not kept) of a stream
+// whose reading started at start.
+func (m *Mirror) event(first *bool, start time.Time, data []byte, res *result) {
+	if *first {
+		res.ttfe = time.Since(start)
+		*first = false
+	}
+	res.events++
+	if data != nil {
+		scanUsage(data, res)
+	}
+}
+
+// keepLine appends part, the next part of a stream line too long for the
+// line reader's buffer, to long (the line so far), within limit and the
+// byte budget. cut tells that an earlier part could not be kept: nothing
+// more of the line is kept, and keepLine returns cut true whenever a part
+// is left out.
+func (k *keeper) keepLine(long, part []byte, limit int, cut bool) ([]byte, bool) {
+	if cut || len(long)+len(part) > limit {
+		return long, true
+	}
+	long, ok := k.room(long, len(long)+len(part), limit)
+	if !ok {
+		return long, true
+	}
+	return append(long, part...), false
 }
 
 // localError is an error of the mirror itself (not from the network):
