@@ -100,7 +100,28 @@ func Applies(cfg *config.SmartModelSelection, model []byte) bool {
 // the zero value is ready. Close releases idle connections.
 type Client struct {
 	mu  sync.Mutex // serializes target changes
-	cur atomic.Pointer[target]
+	cur atomic.Pointer[targets]
+}
+
+// targets are the pools of the last two classifier URLs used: requests of
+// the snapshot a reload replaced (one that waited in a user's admission
+// queue, say) keep their pool instead of replacing the new one in turn,
+// which closed the other's connections at every alternation. A third URL
+// replaces the older one (its idle connections are closed).
+type targets struct {
+	cur, prev *target
+}
+
+func (ts *targets) find(rawURL string) *target {
+	switch {
+	case ts == nil:
+		return nil
+	case ts.cur.url == rawURL:
+		return ts.cur
+	case ts.prev != nil && ts.prev.url == rawURL:
+		return ts.prev
+	}
+	return nil
 }
 
 type target struct {
@@ -209,12 +230,12 @@ func isNetTimeout(err error) bool {
 // target returns the connection pool for rawURL, building it when the URL
 // changed.
 func (c *Client) target(rawURL string) (*target, error) {
-	if t := c.cur.Load(); t != nil && t.url == rawURL {
+	if t := c.cur.Load().find(rawURL); t != nil {
 		return t, nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if t := c.cur.Load(); t != nil && t.url == rawURL {
+	if t := c.cur.Load().find(rawURL); t != nil {
 		return t, nil
 	}
 	u, err := url.Parse(rawURL)
@@ -242,15 +263,23 @@ func (c *Client) target(rawURL string) (*target, error) {
 	if ep.TLS {
 		t.hc.TLSConfig = &tls.Config{ServerName: u.Hostname()}
 	}
-	if old := c.cur.Swap(t); old != nil {
-		old.hc.CloseIdleConnections()
+	next := &targets{cur: t}
+	if old := c.cur.Load(); old != nil {
+		next.prev = old.cur
+		if old.prev != nil {
+			old.prev.hc.CloseIdleConnections()
+		}
 	}
+	c.cur.Store(next)
 	return t, nil
 }
 
 // Close closes the idle connections to the classifier.
 func (c *Client) Close() {
-	if t := c.cur.Load(); t != nil {
-		t.hc.CloseIdleConnections()
+	if ts := c.cur.Load(); ts != nil {
+		ts.cur.hc.CloseIdleConnections()
+		if ts.prev != nil {
+			ts.prev.hc.CloseIdleConnections()
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -200,6 +201,46 @@ func TestClassifyFollowsConfigReloads(t *testing.T) {
 		if r := c.Classify(cfg, []byte("m"), []byte("x")); r.Tier != want || r.Outcome != OutcomeOK {
 			t.Fatalf("call %d: %+v, want %v", i, r, want)
 		}
+	}
+}
+
+// Requests of two config snapshots in turn (the new classifier URL, and
+// the old one for requests that loaded their snapshot before the reload)
+// keep one pool each: the alternation opens no connection after the first
+// one to each classifier. Each change of URL used to replace the pool and
+// close the other's connections, so every call dialed again (and a TLS
+// classifier's handshake ate into timeout_ms).
+func TestClassifyAlternatingSnapshotsKeepTheirConnections(t *testing.T) {
+	var dials [2]atomic.Int64
+	urls := [2]string{}
+	for i := range urls {
+		urls[i] = serve(t, &http.Server{Handler: &recorder{status: 200, answer: `{"tier":"L1"}`},
+			ConnState: func(_ net.Conn, st http.ConnState) {
+				if st == http.StateNew {
+					dials[i].Add(1)
+				}
+			}})
+	}
+	var c Client
+	defer c.Close()
+	cfgs := [2]*config.SmartModelSelection{smartCfg(urls[0] + "/c"), smartCfg(urls[1] + "/c")}
+	for i := 0; i < 8; i++ {
+		if r := c.Classify(cfgs[i%2], []byte("m"), []byte("x")); r.Outcome != OutcomeOK {
+			t.Fatalf("call %d: %+v", i, r)
+		}
+	}
+	if dials[0].Load() != 1 || dials[1].Load() != 1 {
+		t.Fatalf("connections opened: %d and %d, want 1 each", dials[0].Load(), dials[1].Load())
+	}
+	// A third URL replaces the older pool; the newer one stays.
+	urlC := serve(t, &http.Server{Handler: &recorder{status: 200, answer: `{"tier":"L3"}`}})
+	for _, cfg := range []*config.SmartModelSelection{smartCfg(urlC + "/c"), cfgs[1]} {
+		if r := c.Classify(cfg, []byte("m"), []byte("x")); r.Outcome != OutcomeOK {
+			t.Fatalf("%s: %+v", cfg.ClassifierURL, r)
+		}
+	}
+	if dials[1].Load() != 1 {
+		t.Fatalf("connections opened to the newer pool: %d, want 1", dials[1].Load())
 	}
 }
 
