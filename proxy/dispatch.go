@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"time"
@@ -160,6 +161,14 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 		}
 	}
 	up, f := tr.roundTrip(c)
+	if f == nil && rs.ext.cur != nil && refusesGateway(up.status()) {
+		// The client's credentials never reach an external upstream: its
+		// refusal is of the gateway's key, the upstream's fault, and its
+		// body (which may echo that key) is not the client's.
+		f = &failure{kind: failUpstreamAuth, cause: fmt.Errorf("%s answered %d to the gateway's credentials", rs.ext.cur.label, up.status())}
+		c.cancel.unset()
+		up.finish(false)
+	}
 	if f == nil {
 		status := up.status()
 		if (status >= 500 || status == fasthttp.StatusTooManyRequests) && mayRetry {
@@ -207,6 +216,13 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 		return attemptStop
 	}
 	return attemptFailed
+}
+
+// refusesGateway reports the statuses by which an upstream refuses the
+// credentials it was sent.
+func refusesGateway(status int) bool {
+	return status == fasthttp.StatusUnauthorized || status == fasthttp.StatusForbidden ||
+		status == fasthttp.StatusProxyAuthRequired
 }
 
 // answerFailed answers a request no attempt committed an answer for.

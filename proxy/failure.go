@@ -14,22 +14,23 @@ import (
 type failKind uint8
 
 const (
-	failNone        failKind = iota
-	failConnect              // could not connect to or write to the worker
-	failTimeout              // no answer from the worker before the deadline
-	failProtocol             // the worker answered with something that is not a usable HTTP response
-	failStatus               // the worker answered 5xx or 429 (retried before the first byte)
-	failLocalConns           // the router's own connection limit to the worker is reached
-	failBusy                 // the worker (or the router's per-worker cap) refused: at capacity
-	failNoResponder          // NATS: nobody serves the worker's subject
-	failBroker               // NATS: the broker connection is down or restarting
-	failEngine               // NATS: the worker sidecar could not reach its engine
-	failTooLarge             // the request does not fit the transport
-	failSpent                // the request's own deadline passed before the worker was tried
-	failWallClock            // the request's wall-clock cap expired (NATS max duration, stream total)
-	failCanceled             // the client left
-	failBroken               // the response stream broke mid-way
-	failSlowReader           // NATS: the client read the stream too slowly; its buffered replies overflowed
+	failNone         failKind = iota
+	failConnect               // could not connect to or write to the worker
+	failTimeout               // no answer from the worker before the deadline
+	failProtocol              // the worker answered with something that is not a usable HTTP response
+	failStatus                // the worker answered 5xx or 429 (retried before the first byte)
+	failLocalConns            // the router's own connection limit to the worker is reached
+	failBusy                  // the worker (or the router's per-worker cap) refused: at capacity
+	failNoResponder           // NATS: nobody serves the worker's subject
+	failBroker                // NATS: the broker connection is down or restarting
+	failEngine                // NATS: the worker sidecar could not reach its engine
+	failTooLarge              // the request does not fit the transport
+	failSpent                 // the request's own deadline passed before the worker was tried
+	failWallClock             // the request's wall-clock cap expired (NATS max duration, stream total)
+	failCanceled              // the client left
+	failBroken                // the response stream broke mid-way
+	failSlowReader            // NATS: the client read the stream too slowly; its buffered replies overflowed
+	failUpstreamAuth          // an external upstream refused the gateway's own credentials (401, 403, 407)
 	numFailKinds
 )
 
@@ -45,22 +46,23 @@ type failClass struct {
 }
 
 var failClasses = [numFailKinds]failClass{
-	failNone:        {sched.OutcomeNeutral, false, 502, typeServer, "upstream_error", "upstream error"},
-	failConnect:     {sched.OutcomeFault, true, 502, typeServer, "upstream_unreachable", "the selected worker could not be reached"},
-	failTimeout:     {sched.OutcomeFault, true, 504, typeTimeout, "timeout", "the worker timed out (no answer before the deadline)"},
-	failProtocol:    {sched.OutcomeFault, true, 502, typeServer, "upstream_protocol_error", "the worker sent an invalid response"},
-	failStatus:      {sched.OutcomeFault, true, 502, typeServer, "upstream_error", "the worker failed"},
-	failLocalConns:  {sched.OutcomeNeutral, true, 503, typeUnavailable, "router_connection_limit", "too many concurrent requests to the selected worker"},
-	failBusy:        {sched.OutcomeNeutral, true, 429, typeRateLimit, "worker_busy", "the selected worker is at capacity"},
-	failNoResponder: {sched.OutcomeFault, true, 503, typeUnavailable, "worker_unavailable", "the selected worker is not serving requests"},
-	failBroker:      {sched.OutcomeNeutral, true, 503, typeUnavailable, "broker_unavailable", "the message broker is unavailable"},
-	failEngine:      {sched.OutcomeFault, true, 502, typeServer, "upstream_unreachable", "the worker could not reach its engine"},
-	failTooLarge:    {sched.OutcomeNeutral, false, 413, typeInvalidRequest, "request_too_large", "the request is too large for the request transport"},
-	failSpent:       {sched.OutcomeNeutral, false, 504, typeTimeout, "timeout", "the request deadline passed before a worker answered"},
-	failWallClock:   {sched.OutcomeNeutral, false, 504, typeTimeout, "timeout", "the request timed out (its total time limit passed)"},
-	failCanceled:    {sched.OutcomeNeutral, false, 499, typeInvalidRequest, "client_closed_request", "the client closed the request"},
-	failBroken:      {sched.OutcomeFault, false, 502, typeServer, "upstream_error", "the worker's response stream broke"},
-	failSlowReader:  {sched.OutcomeNeutral, false, 499, typeInvalidRequest, "client_too_slow", "the stream was cut: the client read it more slowly than the engine wrote it"},
+	failNone:         {sched.OutcomeNeutral, false, 502, typeServer, "upstream_error", "upstream error"},
+	failConnect:      {sched.OutcomeFault, true, 502, typeServer, "upstream_unreachable", "the selected worker could not be reached"},
+	failTimeout:      {sched.OutcomeFault, true, 504, typeTimeout, "timeout", "the worker timed out (no answer before the deadline)"},
+	failProtocol:     {sched.OutcomeFault, true, 502, typeServer, "upstream_protocol_error", "the worker sent an invalid response"},
+	failStatus:       {sched.OutcomeFault, true, 502, typeServer, "upstream_error", "the worker failed"},
+	failLocalConns:   {sched.OutcomeNeutral, true, 503, typeUnavailable, "router_connection_limit", "too many concurrent requests to the selected worker"},
+	failBusy:         {sched.OutcomeNeutral, true, 429, typeRateLimit, "worker_busy", "the selected worker is at capacity"},
+	failNoResponder:  {sched.OutcomeFault, true, 503, typeUnavailable, "worker_unavailable", "the selected worker is not serving requests"},
+	failBroker:       {sched.OutcomeNeutral, true, 503, typeUnavailable, "broker_unavailable", "the message broker is unavailable"},
+	failEngine:       {sched.OutcomeFault, true, 502, typeServer, "upstream_unreachable", "the worker could not reach its engine"},
+	failTooLarge:     {sched.OutcomeNeutral, false, 413, typeInvalidRequest, "request_too_large", "the request is too large for the request transport"},
+	failSpent:        {sched.OutcomeNeutral, false, 504, typeTimeout, "timeout", "the request deadline passed before a worker answered"},
+	failWallClock:    {sched.OutcomeNeutral, false, 504, typeTimeout, "timeout", "the request timed out (its total time limit passed)"},
+	failCanceled:     {sched.OutcomeNeutral, false, 499, typeInvalidRequest, "client_closed_request", "the client closed the request"},
+	failBroken:       {sched.OutcomeFault, false, 502, typeServer, "upstream_error", "the worker's response stream broke"},
+	failSlowReader:   {sched.OutcomeNeutral, false, 499, typeInvalidRequest, "client_too_slow", "the stream was cut: the client read it more slowly than the engine wrote it"},
+	failUpstreamAuth: {sched.OutcomeFault, true, 502, typeServer, "upstream_auth_error", "the upstream refused the gateway's credentials"},
 }
 
 // failure is a classified attempt failure. The message is safe to show a
