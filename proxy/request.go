@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/mirror"
 	"github.com/infera/infera/sched"
 	"github.com/infera/infera/tokenizer"
 	"github.com/valyala/fasthttp"
@@ -312,9 +313,11 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	if cfg.SmartModelSelection.Enabled {
 		s.selectModel(cfg, rs) // smart.go: may change r.Model before model routing
 	}
-	if cfg.Mirror.Enabled && s.o.Mirror != nil {
+	if cfg.Mirror.Enabled && s.o.Mirror != nil && len(ctx.Request.Header.Peek(mirror.MirrorHeader)) == 0 {
 		// The body the engine gets, at its path (smart selection rewrites a
-		// copy; protocols.go may have converted it).
+		// copy; protocols.go may have converted it). A mirrored copy (from
+		// this gateway's mirror or another's) is never mirrored again: two
+		// gateways mirroring to each other do not bounce copies.
 		s.o.Mirror.Offer(&cfg.Mirror, canonicalPath(pathKind), rs.body, r.Stream)
 	}
 	rs.path = appendCanonicalPath(rs.path[:0], pathKind, ctx.URI().QueryString())
