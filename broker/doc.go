@@ -72,5 +72,15 @@
 // big-endian), payload] as one message on infera.kv.events.<workerID>: Data
 // is the payload bytes as the engine produced them (never re-encoded),
 // header Infera-Topic is the topic and Infera-Seq the sequence number in
-// decimal.
+// decimal. Header Infera-Instance is the relay's instance id, drawn once
+// per relay (so once per sidecar process) and stamped on every frame it
+// relays: 16 lowercase hex digits of a 64-bit number, the relay's start
+// time in Unix milliseconds above 22 random bits, so a relay started
+// later has the larger id. The subject names the worker, but nothing stops
+// two processes from publishing on it (two sidecars or engines started
+// with the same --id, a rollout's old and new Pod): the instance id tells
+// their frames apart and which is newer, so the router can follow one and
+// drop the other's (kv.Manager). A frame without the header (a relay older
+// than the header) is instance 0; a header that is not 1-16 hex digits, or
+// is zero, makes the frame malformed.
 package broker

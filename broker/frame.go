@@ -24,6 +24,8 @@ const (
 	HdrTopic  = "Infera-Topic"
 	HdrLast   = "Infera-Last"
 	HdrProbe  = "Infera-Probe"
+	// HdrInstance is a KV-event relay's instance id (see the package doc).
+	HdrInstance = "Infera-Instance"
 
 	KindHead  = "head"
 	KindData  = "data"

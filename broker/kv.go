@@ -2,6 +2,7 @@ package broker
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,10 +19,11 @@ var (
 )
 
 // KVFunc receives one KV-event frame exactly as the engine published it:
-// the worker id (from the subject), the ZMQ topic, the sequence number and
-// the payload. The slices are the callback's to keep. It is called from
-// one goroutine, in arrival order (so per worker in order); keep it short.
-type KVFunc func(workerID string, topic []byte, seq uint64, payload []byte)
+// the worker id (from the subject), the relay's instance id (0 when the
+// relay stamps none), the ZMQ topic, the sequence number and the payload.
+// The slices are the callback's to keep. It is called from one goroutine,
+// in arrival order (so per worker in order); keep it short.
+type KVFunc func(workerID string, instance uint64, topic []byte, seq uint64, payload []byte)
 
 var badKVLog = &logx.Throttle{Every: 5 * time.Second}
 
@@ -33,13 +35,14 @@ func SubscribeKVEvents(nc *nats.Conn, fn KVFunc) (*nats.Subscription, error) {
 		id := m.Subject[len(KVEventsPrefix):]
 		seqStr := m.Header.Get(HdrSeq)
 		seq, err := strconv.ParseUint(seqStr, 10, 64)
-		if err != nil || !ValidWorkerID(id) {
+		inst, instOK := parseInstance(m.Header[HdrInstance])
+		if err != nil || !instOK || !ValidWorkerID(id) {
 			mKVBad.Inc()
 			badKVLog.Warn("dropping malformed KV event", "subject", m.Subject, "seq", seqStr)
 			return
 		}
 		mKVRecv.Inc()
-		fn(id, []byte(m.Header.Get(HdrTopic)), seq, m.Data)
+		fn(id, inst, []byte(m.Header.Get(HdrTopic)), seq, m.Data)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot subscribe %s>: %w", KVEventsPrefix, err)
@@ -47,6 +50,42 @@ func SubscribeKVEvents(nc *nats.Conn, fn KVFunc) (*nats.Subscription, error) {
 	sub.SetPendingLimits(-1, 256<<20)
 	return sub, nil
 }
+
+// parseInstance reads the Infera-Instance header's values: none is
+// instance 0 (a relay older than the header); one must be 1-16 hex digits
+// and not zero.
+func parseInstance(vs []string) (uint64, bool) {
+	switch len(vs) {
+	case 0:
+		return 0, true
+	case 1:
+		if len(vs[0]) > 16 {
+			return 0, false
+		}
+		id, err := strconv.ParseUint(vs[0], 16, 64)
+		return id, err == nil && id != 0
+	default:
+		return 0, false
+	}
+}
+
+// newInstanceID returns the id of a relay started at now: the Unix time in
+// milliseconds above 22 random bits, so that a relay started later has
+// the larger id (the router prefers the newer of two publishers of one
+// worker id), and two started in the same millisecond still differ. Never
+// zero.
+func newInstanceID(now time.Time) uint64 {
+	ms := max(now.UnixMilli(), 0)
+	return max(uint64(ms)<<instanceRandBits|uint64(rand.Uint32())&(1<<instanceRandBits-1), 1)
+}
+
+// instanceRandBits is the random low part of a relay instance id; the
+// 42 bits above it hold milliseconds until the year 2109.
+const instanceRandBits = 22
+
+// FormatInstance renders a relay instance id as its header value (16
+// lowercase hex digits), the form logs use on both sides.
+func FormatInstance(id uint64) string { return fmt.Sprintf("%016x", id) }
 
 // KVRelayConfig configures the worker-side KV-event relay.
 type KVRelayConfig struct {
@@ -69,11 +108,15 @@ type KVRelayConfig struct {
 type KVRelay struct {
 	cfg       KVRelayConfig
 	subject   string
+	instance  uint64
 	stop      chan struct{}
 	done      chan struct{}
 	once      sync.Once
 	published atomic.Uint64
 }
+
+// Instance returns the relay's instance id (header Infera-Instance).
+func (r *KVRelay) Instance() uint64 { return r.instance }
 
 // Published returns the frames relayed so far.
 func (r *KVRelay) Published() uint64 { return r.published.Load() }

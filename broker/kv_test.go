@@ -15,10 +15,11 @@ import (
 )
 
 type kvFrame struct {
-	worker  string
-	topic   []byte
-	seq     uint64
-	payload []byte
+	worker   string
+	instance uint64
+	topic    []byte
+	seq      uint64
+	payload  []byte
 }
 
 func TestKVRelay(t *testing.T) {
@@ -38,9 +39,9 @@ func TestKVRelay(t *testing.T) {
 
 	var mu sync.Mutex
 	var got []kvFrame
-	sub, err := SubscribeKVEvents(rnc, func(id string, topic []byte, seq uint64, payload []byte) {
+	sub, err := SubscribeKVEvents(rnc, func(id string, instance uint64, topic []byte, seq uint64, payload []byte) {
 		mu.Lock()
-		got = append(got, kvFrame{id, topic, seq, payload})
+		got = append(got, kvFrame{id, instance, topic, seq, payload})
 		mu.Unlock()
 	})
 	if err != nil {
@@ -78,10 +79,14 @@ func TestKVRelay(t *testing.T) {
 	mu.Unlock()
 
 	// Payloads with bytes a re-encoder would mangle (msgpack-ish, NUL, high bytes).
+	inst := relay.Instance()
+	if inst == 0 {
+		t.Fatal("relay instance id is 0")
+	}
 	want := []kvFrame{
-		{"w-7", []byte("kv-events"), 1, []byte{0x93, 0xcb, 0x41, 0xd9, 0x00, 0xff, 0x0a, 0x0d}},
-		{"w-7", []byte(""), 2, bytes.Repeat([]byte{0, 1, 2, 0xfe}, 50000)},
-		{"w-7", []byte("kv-events"), 1<<63 + 5, []byte{}},
+		{"w-7", inst, []byte("kv-events"), 1, []byte{0x93, 0xcb, 0x41, 0xd9, 0x00, 0xff, 0x0a, 0x0d}},
+		{"w-7", inst, []byte(""), 2, bytes.Repeat([]byte{0, 1, 2, 0xfe}, 50000)},
+		{"w-7", inst, []byte("kv-events"), 1<<63 + 5, []byte{}},
 	}
 	send("bad", 9, nil) // will be valid: 3 parts; keep a malformed one too
 	pub.SendMessage([]byte("two-parts-only"), []byte("x"))
@@ -105,9 +110,9 @@ func TestKVRelay(t *testing.T) {
 		if len(fs) >= len(want) {
 			for i, w := range want {
 				g := fs[i]
-				if g.worker != w.worker || !bytes.Equal(g.topic, w.topic) || g.seq != w.seq || !bytes.Equal(g.payload, w.payload) {
-					t.Fatalf("frame %d: got worker %q topic %q seq %d payload %d bytes; want %q %q %d %d bytes",
-						i, g.worker, g.topic, g.seq, len(g.payload), w.worker, w.topic, w.seq, len(w.payload))
+				if g.worker != w.worker || g.instance != w.instance || !bytes.Equal(g.topic, w.topic) || g.seq != w.seq || !bytes.Equal(g.payload, w.payload) {
+					t.Fatalf("frame %d: got worker %q instance %x topic %q seq %d payload %d bytes; want %q %x %q %d %d bytes",
+						i, g.worker, g.instance, g.topic, g.seq, len(g.payload), w.worker, w.instance, w.topic, w.seq, len(w.payload))
 				}
 			}
 			break
@@ -159,7 +164,7 @@ func TestKVRelayDataParallel(t *testing.T) {
 	defer pubs[1].Close()
 	var mu sync.Mutex
 	seen := map[string]bool{}
-	sub, err := SubscribeKVEvents(rnc, func(id string, topic []byte, seq uint64, payload []byte) {
+	sub, err := SubscribeKVEvents(rnc, func(id string, _ uint64, topic []byte, seq uint64, payload []byte) {
 		mu.Lock()
 		seen[string(payload)] = true
 		mu.Unlock()

@@ -48,7 +48,11 @@ func StartKVRelay(cfg KVRelayConfig) (*KVRelay, error) {
 			return nil, fmt.Errorf("cannot connect ZMQ SUB to %q: %w", rep, err)
 		}
 	}
-	r := &KVRelay{cfg: cfg, subject: KVEventsSubject(cfg.WorkerID), stop: make(chan struct{}), done: make(chan struct{})}
+	r := &KVRelay{cfg: cfg, subject: KVEventsSubject(cfg.WorkerID), instance: newInstanceID(time.Now()),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	// The router names the instances it follows and drops by this id when
+	// two publishers share a worker id: log it so they can be told apart.
+	slog.Info("KV relay started", "worker", cfg.WorkerID, "instance", FormatInstance(r.instance), "subject", r.subject)
 	go r.run(sock)
 	return r, nil
 }
@@ -59,6 +63,7 @@ func (r *KVRelay) run(sock *zmq.Socket) {
 	poller := zmq.NewPoller()
 	poller.Add(sock, zmq.POLLIN)
 	m := nats.NewMsg(r.subject)
+	m.Header.Set(HdrInstance, FormatInstance(r.instance))
 	for {
 		select {
 		case <-r.stop:

@@ -3,6 +3,7 @@ package gateway
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -199,5 +200,104 @@ func TestE2EKVAwareWithHFTokenizer(t *testing.T) {
 	var cr chatResp
 	if resp.StatusCode != 200 || json.Unmarshal(b, &cr) != nil || cr.Usage.PromptTokens != tk.Count {
 		t.Fatalf("router counts %d prompt tokens, engine %d (%s)", tk.Count, cr.Usage.PromptTokens, b)
+	}
+}
+
+// Two sidecars started with one --id, each beside its own engine, relay
+// KV events on one NATS subject; the first engine has been serving for a
+// while when the second comes up. The router follows one engine's cache
+// (here the second's: its relay is the newer, and its sidecar registered
+// last, so etcd holds its record and requests reach it), drops the other's
+// events, and says so on /metrics.
+func TestE2ETwoSidecarsWithOneIDOverNATSIndexOneEngine(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	cfgPath := filepath.Join(t.TempDir(), "infera.json")
+	os.WriteFile(cfgPath, []byte(`{}`), 0o644)
+	rt, r := startServe(t, "--config", cfgPath, "--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
+		"--request-transport", "http", "--kv-event-transport", "nats", "--nats-url", nsrv.URL, "--router-policy", "kv-aware")
+	body := func(engine, c int) string {
+		sys := fmt.Sprintf("Engine %d, conversation %d. %s", engine, c, strings.Repeat(fmt.Sprintf("Rule %d.%d applies. ", engine, c), 30))
+		return fmt.Sprintf(`{"model":"sim-model","max_tokens":2,"messages":[{"role":"system","content":%q},{"role":"user","content":"q"}]}`, sys)
+	}
+	var urls []string
+	serve := func(engine, c int) {
+		t.Helper()
+		if resp, b := doPost(t, urls[engine]+"/v1/chat/completions", body(engine, c)); resp.StatusCode != 200 {
+			t.Fatalf("engine %d: %d %s", engine, resp.StatusCode, b)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		ep := fmt.Sprintf("tcp://127.0.0.1:%d", testsrv.FreePort(t))
+		_, url := startEngine(t, "--speedup", "50", "--kv-events-endpoint", ep)
+		urls = append(urls, url)
+		startWorker(t, "--id", "dup", "--engine-url", url, "--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
+			"--request-transport", "http", "--kv-event-transport", "nats", "--nats-url", nsrv.URL, "--kv-events-endpoint", ep, "--block-size", "16")
+		for j := 0; j < 500 && (rt.fleet.Get("dup") == nil || rt.fleet.Get("dup").URL != url); j++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if w := rt.fleet.Get("dup"); w == nil || w.URL != url {
+			t.Fatalf("the router does not route worker dup to the sidecar registered last (%s)", url)
+		}
+		time.Sleep(300 * time.Millisecond) // the relay's SUB socket connects
+		if i == 0 {
+			for c := 0; c < 10; c++ { // engine 0 has been serving for a while
+				serve(0, 100+c)
+			}
+		}
+	}
+	const convs = 12
+	for c := 0; c < convs; c++ { // both engines serve: their events interleave
+		serve(0, c)
+		serve(1, c)
+	}
+	time.Sleep(500 * time.Millisecond) // events relayed and applied
+	overlap := func(engine, c int) int {
+		t.Helper()
+		resp, b := doPost(t, r+"/debug/route", body(engine, c))
+		var out struct {
+			KV struct {
+				Candidates []struct {
+					Worker        string `json:"worker"`
+					OverlapBlocks int    `json:"overlap_blocks"`
+				} `json:"candidates"`
+			} `json:"kv"`
+		}
+		if resp.StatusCode != 200 || json.Unmarshal(b, &out) != nil {
+			t.Fatalf("debug/route: %d %s", resp.StatusCode, b)
+		}
+		for _, c := range out.KV.Candidates { // none when nothing is cached
+			if c.Worker == "dup" {
+				return c.OverlapBlocks
+			}
+		}
+		return 0
+	}
+	var indexed [2]int
+	for c := 0; c < convs; c++ {
+		for e := 0; e < 2; e++ {
+			if overlap(e, c) > 0 {
+				indexed[e]++
+			}
+		}
+	}
+	resp, err := http.Get(r + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var lines []string
+	for _, l := range strings.Split(string(mb), "\n") {
+		if strings.Contains(l, `worker="dup"`) && (strings.Contains(l, "resyncs") || strings.Contains(l, "gaps") || strings.Contains(l, "publisher")) {
+			lines = append(lines, l)
+		}
+	}
+	t.Logf("conversations indexed: engine 0 %d of %d, engine 1 %d of %d; %s", indexed[0], convs, indexed[1], convs, strings.Join(lines, ", "))
+	if indexed[0] != 0 || indexed[1] != convs {
+		t.Errorf("the index holds %d of engine 0's and %d of engine 1's %d conversations, want engine 1's only", indexed[0], indexed[1], convs)
+	}
+	if !strings.Contains(string(mb), `infera_kv_duplicate_publisher{worker="dup"} 1`) {
+		t.Errorf("/metrics does not flag the duplicate publisher")
 	}
 }

@@ -245,8 +245,8 @@ func (g *Gateway) setupKV() error {
 	g.kvm = m
 	g.fleet.AddHook(m)
 	if f.KVEventTransport == "nats" {
-		sub, err := broker.SubscribeKVEvents(g.nc, func(id string, topic []byte, seq uint64, payload []byte) {
-			m.Feed(id, topic, seq, payload)
+		sub, err := broker.SubscribeKVEvents(g.nc, func(id string, instance uint64, topic []byte, seq uint64, payload []byte) {
+			m.Feed(id, instance, topic, seq, payload)
 		})
 		if err != nil {
 			return fmt.Errorf("cannot subscribe to KV events on NATS: %w", err)

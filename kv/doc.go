@@ -5,7 +5,9 @@
 // msgpack payload], legacy positional or map-tagged events), the router's
 // own block hashing (HashBlocks, shared by event ingestion and prompt
 // matching), per-worker subscription with sequence tracking and replay
-// (Manager, a fleet.Hook). The publisher side of the wire format belongs to
+// (Manager, a fleet.Hook), and, for events fed over NATS, the choice of
+// one publisher per worker id when several publish under it
+// (publisher.go). The publisher side of the wire format belongs to
 // the simulated engine (engine/publisher.go); kv's tests run it against the
 // subscriber.
 //

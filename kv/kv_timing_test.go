@@ -52,8 +52,15 @@ func BenchmarkHashBlocks(b *testing.B) {
 
 // BenchmarkApply runs the whole ingest path without sockets (decode, router
 // hashing, engine-to-router map, index store) on batches of 32 BlockStored
-// events of one 16-token block each, chained into 32-block sequences.
+// events of one 16-token block each, chained into 32-block sequences:
+// "handle" from the sequence logic on, "frame" as a fed frame (the
+// publisher check first), side by side.
 func BenchmarkApply(b *testing.B) {
+	b.Run("handle", func(b *testing.B) { benchmarkApply(b, false) })
+	b.Run("frame", func(b *testing.B) { benchmarkApply(b, true) })
+}
+
+func benchmarkApply(b *testing.B, asFrame bool) {
 	const events, nbatches = 32, 512
 	payloads := make([][]byte, nbatches)
 	for i := range payloads {
@@ -90,11 +97,43 @@ func BenchmarkApply(b *testing.B) {
 			reset()
 			b.StartTimer()
 		}
-		ws.handle(uint64(i), payloads[i%nbatches])
+		if asFrame {
+			f := frame{instance: 0x5eed, seq: uint64(i), payload: payloads[i%nbatches]}
+			ws.handleFrame(&f)
+		} else {
+			ws.handle(uint64(i), payloads[i%nbatches])
+		}
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(b.N*events)/b.Elapsed().Seconds(), "blocks/s")
 	if ws.mMalformed.Get() != 0 || ws.mDropped.Get() != 0 || ws.mApplied.Get() == 0 {
 		b.Fatalf("malformed %d dropped %d applied %d", ws.mMalformed.Get(), ws.mDropped.Get(), ws.mApplied.Get())
 	}
+}
+
+// BenchmarkPublisherCheck is the check every fed frame passes: one of the
+// followed publisher's, and one dropped from another publisher (whose
+// takeover the benchmark must never reach).
+func BenchmarkPublisherCheck(b *testing.B) {
+	m, err := NewManager(ManagerConfig{Index: radix.New(), PublisherTakeover: 1 << 62})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	ws := m.newWorkerState(&fleet.Worker{Idx: 0, ID: "bench", BlockSize: 16})
+	defer ws.unregisterMetrics()
+	ws.follow(7)
+	ws.follow(8)
+	b.Run("followed", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			ws.follow(8)
+		}
+	})
+	b.Run("dropped", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			ws.follow(7)
+		}
+	})
 }

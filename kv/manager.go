@@ -39,6 +39,12 @@ type ManagerConfig struct {
 	// BlockSize is used when neither the event nor the worker record gives
 	// one (default 16).
 	BlockSize int
+	// PublisherTakeover paces changes of publisher when several share one
+	// worker id over NATS (publisher.go; default 10s): a worker follows a
+	// newer publisher instance at once unless it changed less than this
+	// ago, and an older one only after the followed one has been silent
+	// this long.
+	PublisherTakeover time.Duration
 }
 
 // Manager keeps the index in step with every worker's KV events. It is a
@@ -79,6 +85,9 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 	}
 	if cfg.BlockSize <= 0 {
 		cfg.BlockSize = 16
+	}
+	if cfg.PublisherTakeover <= 0 {
+		cfg.PublisherTakeover = 10 * time.Second
 	}
 	m := &Manager{cfg: cfg, ms: metrics.NewSet(), byID: map[string]*workerState{}}
 	idx := cfg.Index
@@ -159,18 +168,20 @@ func (m *Manager) WorkerRemoved(w *fleet.Worker) {
 }
 
 // Feed delivers one frame received by a non-ZMQ transport (the NATS relay):
-// workerID is fleet.Worker.ID, topic/seq/payload the three ZMQ frames. It
-// never blocks: when the worker's queue is full the frame is dropped and
+// workerID is fleet.Worker.ID, instance the relay's instance id (0 when it
+// stamps none; frames of instances other than the one the worker follows
+// are dropped, see publisher.go), topic/seq/payload the three ZMQ frames.
+// It never blocks: when the worker's queue is full the frame is dropped and
 // counted (the sequence gap is then recovered or resynced). Feed copies
 // payload. It reports whether the frame was queued.
-func (m *Manager) Feed(workerID string, topic []byte, seq uint64, payload []byte) bool {
+func (m *Manager) Feed(workerID string, instance uint64, topic []byte, seq uint64, payload []byte) bool {
 	m.mu.RLock()
 	ws := m.byID[workerID]
 	m.mu.RUnlock()
 	if ws == nil {
 		return false
 	}
-	f := frame{seq: seq, payload: append([]byte(nil), payload...)}
+	f := frame{instance: instance, seq: seq, payload: append([]byte(nil), payload...)}
 	select {
 	case ws.feed <- f:
 		return true
@@ -180,9 +191,12 @@ func (m *Manager) Feed(workerID string, topic []byte, seq uint64, payload []byte
 	}
 }
 
-// WorkerStats are one worker's event counters.
+// WorkerStats are one worker's event counters. Duplicates counts frames
+// dropped because another publisher is followed, PublisherChanges the
+// changes of publisher (publisher.go).
 type WorkerStats struct {
 	Applied, Dropped, Malformed, Unknown, Stale, Gaps, Recoveries, Resyncs uint64
+	Duplicates, PublisherChanges                                           uint64
 }
 
 // Stats returns the counters of the worker with id (zero when unknown).
@@ -197,12 +211,27 @@ func (m *Manager) Stats(workerID string) WorkerStats {
 		Applied: ws.mApplied.Get(), Dropped: ws.mDropped.Get(), Malformed: ws.mMalformed.Get(),
 		Unknown: ws.mUnknown.Get(), Stale: ws.mStale.Get(), Gaps: ws.mGaps.Get(),
 		Recoveries: ws.mRecoveries.Get(), Resyncs: ws.mResyncs.Get(),
+		Duplicates: ws.mDuplicate.Get(), PublisherChanges: ws.mChanges.Get(),
 	}
 }
 
+// duplicatePublisher is the gauge of worker id (0 when unknown): the gauge
+// is registered once per id and outlives a workerState replaced by
+// WorkerAdded, so it looks the current one up.
+func (m *Manager) duplicatePublisher(id string) float64 {
+	m.mu.RLock()
+	ws := m.byID[id]
+	m.mu.RUnlock()
+	if ws == nil {
+		return 0
+	}
+	return ws.duplicatePublisher()
+}
+
 type frame struct {
-	seq     uint64
-	payload []byte
+	instance uint64
+	seq      uint64
+	payload  []byte
 }
 
 // blockRef maps an engine hash to the router's hash and its chain's root.
@@ -240,11 +269,15 @@ type workerState struct {
 	dec     Decoder
 	ranks   map[int]*rankState
 	scratch []uint64
+	pub     publisherState
 	lastLog atomic.Int64
+	// lastDupLog and lastDuplicate (unix ns) are read by other goroutines
+	// (the duplicate warning's throttle, the gauge at scrape time).
+	lastDupLog, lastDuplicate atomic.Int64
 
 	labels                                                  string
 	mApplied, mDropped, mMalformed, mUnknown, mStale, mGaps *metrics.Counter
-	mRecoveries, mResyncs                                   *metrics.Counter
+	mRecoveries, mResyncs, mDuplicate, mChanges             *metrics.Counter
 	replayFn                                                func(rank int, start uint64, fn func(seq uint64, payload []byte)) error
 	metricNames                                             []string
 }
@@ -272,6 +305,12 @@ func (m *Manager) newWorkerState(w *fleet.Worker) *workerState {
 	ws.mGaps = c("infera_kv_seq_gaps_total")
 	ws.mRecoveries = c("infera_kv_seq_recoveries_total")
 	ws.mResyncs = c("infera_kv_resyncs_total")
+	ws.mDuplicate = c("infera_kv_duplicate_publisher_batches_total")
+	ws.mChanges = c("infera_kv_publisher_changes_total")
+	gauge := "infera_kv_duplicate_publisher" + ws.labels
+	ws.metricNames = append(ws.metricNames, gauge)
+	id := w.ID
+	m.ms.GetOrCreateGauge(gauge, func() float64 { return m.duplicatePublisher(id) })
 	// Replay reaches the engine's ROUTER socket directly, so only when the
 	// events themselves come over ZMQ; over NATS a gap resyncs instead of
 	// blocking the feed on an engine the router may not reach.
@@ -317,7 +356,7 @@ func (ws *workerState) runFeed() {
 		case <-ws.done:
 			return
 		case f := <-ws.feed:
-			ws.handle(f.seq, f.payload)
+			ws.handleFrame(&f)
 		}
 	}
 }
@@ -327,10 +366,18 @@ func (ws *workerState) drainFeed() {
 	for {
 		select {
 		case f := <-ws.feed:
-			ws.handle(f.seq, f.payload)
+			ws.handleFrame(&f)
 		default:
 			return
 		}
+	}
+}
+
+// handleFrame handles one frame queued by Feed if it comes from the
+// publisher the worker follows.
+func (ws *workerState) handleFrame(f *frame) {
+	if ws.follow(f.instance) {
+		ws.handle(f.seq, f.payload)
 	}
 }
 

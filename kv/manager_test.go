@@ -209,7 +209,7 @@ func TestWorkerRemovalPurges(t *testing.T) {
 	payload := appendBatchHeader(nil, false, 1, 1)
 	payload = appendStored(payload, false, engineHashes(1, 4), 0, false, a, bs)
 	payload = appendBatchTrailer(payload, false, 0)
-	m.Feed(other.ID, nil, 0, payload)
+	m.Feed(other.ID, 0, nil, 0, payload)
 	waitFor(t, "fed chain", func() bool { return overlap(x, other.Idx, a) == 4 })
 
 	m.WorkerRemoved(w)
@@ -248,7 +248,7 @@ func TestFeedSequencing(t *testing.T) {
 	var seq atomic.Uint64
 	feed := func(s uint64, p []byte) {
 		t.Helper()
-		if !m.Feed(w.ID, nil, s, p) {
+		if !m.Feed(w.ID, 0, nil, s, p) {
 			t.Fatalf("Feed(%d) refused", s)
 		}
 		seq.Store(s)
@@ -270,7 +270,7 @@ func TestFeedSequencing(t *testing.T) {
 	if st.Stale != 1 || st.Malformed != 1 || st.Resyncs != 1 {
 		t.Fatalf("stats %+v", st)
 	}
-	if m.Feed("nobody", nil, 0, nil) {
+	if m.Feed("nobody", 0, nil, 0, nil) {
 		t.Fatalf("Feed to an unknown worker succeeded")
 	}
 }

@@ -28,12 +28,12 @@ func TestPublisherRestartWithoutSeqZeroIsDetected(t *testing.T) {
 		return appendBatchTrailer(b, false, 0)
 	}
 	for s := uint64(0); s < 50; s++ {
-		m.Feed(w.ID, nil, s, batch(100+int(s)))
+		m.Feed(w.ID, 0, nil, s, batch(100+int(s)))
 	}
 	waitFor(t, "old cache", func() bool { return overlap(x, 0, tokensFor(149, 1)) == 1 })
 	// Engine restarts; batches 0..2 of the new publisher are lost.
-	m.Feed(w.ID, nil, 3, batch(7))
-	m.Feed(w.ID, nil, 4, batch(8))
+	m.Feed(w.ID, 0, nil, 3, batch(7))
+	m.Feed(w.ID, 0, nil, 4, batch(8))
 	// Each batch ends as applied, stale or dropped; a resync is counted
 	// besides the batch that caused it, so it must not count here.
 	waitFor(t, "processed", func() bool { st := m.Stats(w.ID); return st.Stale+st.Applied+st.Dropped >= 52 })

@@ -41,7 +41,7 @@ func TestKVRelayNATS(t *testing.T) {
 	defer nc.Close()
 	var got atomic.Value
 	var n atomic.Int64
-	sub, err := broker.SubscribeKVEvents(nc, func(id string, topic []byte, seq uint64, payload []byte) {
+	sub, err := broker.SubscribeKVEvents(nc, func(id string, _ uint64, topic []byte, seq uint64, payload []byte) {
 		if seq == 42 {
 			got.Store(fmt.Sprintf("%s|%s|%x", id, topic, payload))
 		}
