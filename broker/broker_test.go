@@ -24,6 +24,7 @@ type testEngine struct {
 	gone    chan string   // path of a request whose client went away
 	release chan struct{} // unblocks /stream-gate after its first chunk
 	active  atomic.Int64
+	streams atomic.Int64 // /stream requests received
 }
 
 func startEngine(t testing.TB) *testEngine {
@@ -41,6 +42,7 @@ func startEngine(t testing.TB) *testEngine {
 	// /stream?n=N&every=D streams N SSE events, one per D, or stops when the
 	// client goes away.
 	mux.HandleFunc("/stream", func(w http.ResponseWriter, r *http.Request) {
+		e.streams.Add(1)
 		e.active.Add(1)
 		defer e.active.Add(-1)
 		n, _ := strconv.Atoi(r.URL.Query().Get("n"))

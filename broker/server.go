@@ -146,6 +146,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	return s, nil
 }
 
+// reqQueue is the queue group of the request subject.
+const reqQueue = "infera-worker"
+
 // Start subscribes the request and cancel subjects.
 func (s *Server) Start() error {
 	var err error
@@ -157,7 +160,10 @@ func (s *Server) Start() error {
 		s.subCancel.Unsubscribe()
 		return fmt.Errorf("cannot subscribe %s: %w", s.goneInbox, err)
 	}
-	if s.subReq, err = s.nc.Subscribe(ReqSubject(s.cfg.WorkerID), s.onRequest); err != nil {
+	// A queue group: should two sidecars run under one worker id (a
+	// misconfiguration, or a rollout's new one before the old one stops),
+	// each request reaches one of them, not both.
+	if s.subReq, err = s.nc.QueueSubscribe(ReqSubject(s.cfg.WorkerID), reqQueue, s.onRequest); err != nil {
 		s.subCancel.Unsubscribe()
 		s.subGone.Unsubscribe()
 		return fmt.Errorf("cannot subscribe %s: %w", ReqSubject(s.cfg.WorkerID), err)
