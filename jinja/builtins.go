@@ -401,6 +401,9 @@ func stringMethod(st *state, s, name string, args []Value) (Value, error) {
 				text = jsTrimLeft(text[i:])
 			}
 			st.scratch = parts[:0]
+			if err := st.charge(len(parts)); err != nil { // one step a part built
+				return Value{}, err
+			}
 		case KindString:
 			if sep.str == "" {
 				return Value{}, errorf("empty separator")
@@ -416,6 +419,9 @@ func stringMethod(st *state, s, name string, args []Value) (Value, error) {
 				}
 			}
 			cuts := min(k, total-1)
+			if err := st.charge(cuts); err != nil { // one step a part built
+				return Value{}, err
+			}
 			parts = st.values(cuts + 1)
 			rest := s
 			for i := 0; i < cuts; i++ {

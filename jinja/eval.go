@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -538,6 +539,16 @@ func (st *state) forLoop(dst []byte, n *forNode, e *env) ([]byte, error) {
 var loopKeys = []string{"index", "index0", "revindex", "revindex0", "first", "last", "length", "previtem", "nextitem"}
 
 func (st *state) member(n *memberExpr, e *env) (Value, error) {
+	if c, ok := n.object.(*callExpr); ok && n.computed {
+		if recv, ok := splitCall(c); ok {
+			if _, ok := n.property.(*sliceExpr); !ok {
+				if err := st.step(); err != nil { // n.object's, as eval counts it
+					return Value{}, err
+				}
+				return st.splitIndex(n, c, recv, e)
+			}
+		}
+	}
 	obj, err := st.eval(n.object, e)
 	if err != nil {
 		return Value{}, err
@@ -548,9 +559,7 @@ func (st *state) member(n *memberExpr, e *env) (Value, error) {
 		if s, ok := n.property.(*sliceExpr); ok {
 			return st.slice(obj, s, e)
 		}
-		if prop, err = st.eval(n.property, e); err != nil {
-			return Value{}, err
-		}
+		return st.index(obj, n, e)
 	default:
 		switch p := n.property.(type) {
 		case *intLit:
@@ -558,6 +567,20 @@ func (st *state) member(n *memberExpr, e *env) (Value, error) {
 		case *ident:
 			prop = String(p.name)
 		}
+	}
+	if obj.kind == KindString {
+		if err := st.charge(len(obj.str) / 8); err != nil {
+			return Value{}, err
+		}
+	}
+	return getMember(obj, prop, &st.opts.PythonStrip)
+}
+
+// index evaluates obj[n.property] (n computed, not a slice).
+func (st *state) index(obj Value, n *memberExpr, e *env) (Value, error) {
+	prop, err := st.eval(n.property, e)
+	if err != nil {
+		return Value{}, err
 	}
 	if obj.kind == KindString {
 		if err := st.charge(len(obj.str) / 8); err != nil {
@@ -826,16 +849,7 @@ func (st *state) call(n *callExpr, e *env) (Value, error) {
 			if err != nil {
 				return Value{}, err
 			}
-			if obj.kind == KindString || (obj.isObject() && !obj.obj.has(id.name)) {
-				if v, ok, err := callMethod(st, obj, id.name, pos); ok {
-					return v, err
-				}
-			}
-			fn, err := getMember(obj, String(id.name), &st.opts.PythonStrip)
-			if err != nil {
-				return Value{}, err
-			}
-			return st.invoke(fn, e, pos)
+			return st.callMember(obj, id.name, pos, e)
 		}
 	}
 	fn, err := st.eval(n.callee, e)
@@ -843,6 +857,105 @@ func (st *state) call(n *callExpr, e *env) (Value, error) {
 		return Value{}, err
 	}
 	return st.invoke(fn, e, pos)
+}
+
+// callMember calls obj.name(pos...).
+func (st *state) callMember(obj Value, name string, pos []Value, e *env) (Value, error) {
+	if obj.kind == KindString || (obj.isObject() && !obj.obj.has(name)) {
+		if v, ok, err := callMethod(st, obj, name, pos); ok {
+			return v, err
+		}
+	}
+	fn, err := getMember(obj, String(name), &st.opts.PythonStrip)
+	if err != nil {
+		return Value{}, err
+	}
+	return st.invoke(fn, e, pos)
+}
+
+// splitCall returns the receiver of c when c is a call s.split(sep) with
+// one positional argument.
+func splitCall(c *callExpr) (node, bool) {
+	m, ok := c.callee.(*memberExpr)
+	if !ok || m.computed || len(c.args) != 1 {
+		return nil, false
+	}
+	if id, ok := m.property.(*ident); !ok || id.name != "split" {
+		return nil, false
+	}
+	switch c.args[0].(type) {
+	case *spreadExpr, *kwArg, *kwSpreadExpr:
+		return nil, false
+	}
+	return m.object, true
+}
+
+// splitIndex evaluates s.split(sep)[i], the object of the member
+// expression n being the call c on receiver recv. Templates take one part
+// of a split (content.split('</think>')[-1]) and a message can hold
+// millions of separators: for a string, a string separator and an integer
+// index the part is found without building the others. The result and the
+// steps counted are those of the general path, which handles the rest (the
+// index is evaluated before the split is charged, so of two errors the
+// other may be reported).
+func (st *state) splitIndex(n *memberExpr, c *callExpr, recv node, e *env) (Value, error) {
+	pos, _, err := st.args(c.args, e)
+	if err != nil {
+		return Value{}, err
+	}
+	obj, err := st.eval(recv, e)
+	if err != nil {
+		return Value{}, err
+	}
+	if obj.kind != KindString || pos[0].kind != KindString || pos[0].str == "" {
+		v, err := st.callMember(obj, "split", pos, e)
+		if err != nil {
+			return Value{}, err
+		}
+		return st.index(v, n, e)
+	}
+	prop, err := st.eval(n.property, e)
+	if err != nil {
+		return Value{}, err
+	}
+	if prop.kind != KindInt {
+		v, err := stringMethod(st, obj.str, "split", pos)
+		if err != nil {
+			return Value{}, err
+		}
+		return getMember(v, prop, &st.opts.PythonStrip)
+	}
+	if err := st.charge(len(obj.str) / 8); err != nil { // as stringMethod does
+		return Value{}, err
+	}
+	part, ok := splitPart(obj.str, pos[0].str, int(prop.num))
+	if !ok {
+		return Value{}, nil
+	}
+	return String(part), nil
+}
+
+// splitPart returns part i (negative: from the end) of s split on every
+// non-overlapping sep, left to right as JavaScript splits, and whether
+// there is such a part.
+func splitPart(s, sep string, i int) (string, bool) {
+	if i < 0 {
+		i += strings.Count(s, sep) + 1
+		if i < 0 {
+			return "", false
+		}
+	}
+	for ; i > 0; i-- {
+		j := strings.Index(s, sep)
+		if j < 0 {
+			return "", false
+		}
+		s = s[j+len(sep):]
+	}
+	if j := strings.Index(s, sep); j >= 0 {
+		s = s[:j]
+	}
+	return s, true
 }
 
 func (o *Object) has(k string) bool { return o.find(k) >= 0 }

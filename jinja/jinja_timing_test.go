@@ -2,6 +2,7 @@ package jinja
 
 import (
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -45,4 +46,32 @@ func BenchmarkRenderQwen3(b *testing.B) {
 		b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), "cpu-ns/op")
 	}
 	b.SetBytes(int64(len(out)))
+}
+
+// BenchmarkRenderQwen3ThinkSplit renders an 8 MB assistant message of
+// "</think>" repeated, which the template splits twice.
+func BenchmarkRenderQwen3ThinkSplit(b *testing.B) {
+	src, err := os.ReadFile("testdata/qwen3.jinja")
+	if err != nil {
+		b.Fatal(err)
+	}
+	tpl, err := Parse(string(src))
+	if err != nil {
+		b.Fatal(err)
+	}
+	vars, err := FromJSON([]byte(`{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	content := strings.Repeat("</think>", 1<<20)
+	m, _ := vars.Object().Get("messages")
+	m.arr.items[1].Object().Set("content", String(content))
+	var out []byte
+	b.SetBytes(int64(len(content)))
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if out, err = tpl.Render(out[:0], vars.Object()); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
