@@ -47,17 +47,7 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *
 		m.Role = str(sp.role)
 		if c := sp.content; c.e > c.s && d[c.s] == '[' {
 			start := len(a)
-			forEachElem(d, c.s, func(ps, pe int) error {
-				if d[ps] == '{' {
-					forEachField(d, ps, func(k []byte, ks, ke int) error {
-						if string(k) == "text" && d[ks] == '"' {
-							a = unescape(a, d[ks+1:ke-1])
-						}
-						return nil
-					})
-				}
-				return nil
-			})
+			a = appendTextParts(a, d, c.s)
 			m.Content = arenaString(a[start:])
 		} else {
 			m.Content = str(c)
@@ -104,6 +94,54 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *
 	}
 	*arena = a
 	return msgs
+}
+
+// appendTextParts appends the text of the content parts array at d[i] as
+// vLLM flattens it for a template that takes content as a string: the
+// non-empty texts of the parts of type "text", joined by "\n" (the last of
+// duplicate keys counts, as for the engine's JSON decoder). The result is
+// never longer than the array's JSON.
+func appendTextParts(a, d []byte, i int) []byte {
+	n := 0
+	forEachElem(d, i, func(ps, pe int) error {
+		if d[ps] != '{' {
+			return nil
+		}
+		var typ, text span
+		forEachField(d, ps, func(k []byte, ks, ke int) error {
+			switch string(k) {
+			case "type":
+				typ = span{ks, ke}
+			case "text":
+				text = span{ks, ke}
+			}
+			return nil
+		})
+		if text.e-text.s <= 2 || d[text.s] != '"' || !isJSONString(d[typ.s:typ.e], "text") {
+			return nil
+		}
+		if n > 0 {
+			a = append(a, '\n')
+		}
+		n++
+		a = unescape(a, d[text.s+1:text.e-1])
+		return nil
+	})
+	return a
+}
+
+// isJSONString reports whether the JSON value v is a string that decodes to
+// s (len(s) <= 32).
+func isJSONString(v []byte, s string) bool {
+	if len(v) < 2 || v[0] != '"' || len(v) > 6*32+2 {
+		return false
+	}
+	raw := v[1 : len(v)-1]
+	if !hasEscape(raw) {
+		return string(raw) == s
+	}
+	var buf [32 * 4]byte
+	return string(unescape(buf[:0], raw)) == s
 }
 
 // arenaString views b as a string without copying. b must not change while

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/infera/infera/tokenizer"
@@ -12,6 +13,7 @@ func FuzzDecodeMessages(f *testing.F) {
 		chatBody, streamBody,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x\ud83d\ude00"}],"tool_calls":[{"id":"1","function":{"name":"f","arguments":{"a":1}}}]}]}`,
 		`{"model":"m","prompt":[[1,2],[3]]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","text":"b"},{"type":"text","text":""},{"text":"c","type":"t\u0065xt","text":"d"},{"type":"text","text":"e","text":1}]}]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -95,18 +97,32 @@ func decodeMessagesWalk(msgs []tokenizer.Message, d []byte, arena *[]byte) ([]to
 				m.Role = str(d[s:e])
 			case "content":
 				if d[s] == '[' {
-					start := len(a)
+					// vLLM: "\n".join of the non-empty texts of type "text" parts.
+					var texts []string
 					forEachElem(d, s, func(ps, pe int) error {
 						if d[ps] == '{' {
+							var typ, text string
 							forEachField(d, ps, func(k []byte, ks, ke int) error {
-								if string(k) == "text" && d[ks] == '"' {
-									a = unescape(a, d[ks+1:ke-1])
+								v := "" // the last of duplicate keys counts
+								if d[ks] == '"' {
+									v = string(unescape(nil, d[ks+1:ke-1]))
+								}
+								switch string(k) {
+								case "type":
+									typ = v
+								case "text":
+									text = v
 								}
 								return nil
 							})
+							if typ == "text" && text != "" {
+								texts = append(texts, text)
+							}
 						}
 						return nil
 					})
+					start := len(a)
+					a = append(a, strings.Join(texts, "\n")...)
 					m.Content = arenaString(a[start:])
 				} else {
 					m.Content = str(d[s:e])
