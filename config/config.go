@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+
+	"github.com/infera/infera/fleet"
 )
 
 // Config is the hot-reloadable configuration: one immutable, validated value.
@@ -59,6 +61,25 @@ type WorkerSpec struct {
 	// Bootstrap is a PD prefill worker's bootstrap data, as infera worker
 	// --bootstrap advertises it (docs/pd.md).
 	Bootstrap *WorkerBootstrap `json:"bootstrap,omitempty"`
+}
+
+// Record returns the worker record the static discovery backend gives the
+// fleet for w. Validate checks it as the fleet will, so that a reload is
+// never accepted with a worker the fleet would then skip.
+func (w *WorkerSpec) Record() fleet.Record {
+	id := w.ID
+	if id == "" {
+		id = w.URL
+	}
+	var bootstrap json.RawMessage
+	if w.Bootstrap != nil {
+		bootstrap, _ = json.Marshal(w.Bootstrap) // plain strings and ints: cannot fail
+	}
+	return fleet.Record{
+		ID: id, URL: strings.TrimRight(w.URL, "/"), Models: w.Models, Service: w.Service, Role: w.Role,
+		KVEventsEndpoint: w.KVEventsEndpoint, KVReplayEndpoint: w.KVReplayEndpoint, BlockSize: w.BlockSize, DPSize: w.DPSize,
+		Bootstrap: bootstrap, Status: fleet.StatusActive,
+	}
 }
 
 // WorkerBootstrap is where a PD prefill engine serves its KV transfers.
@@ -460,14 +481,15 @@ func (c *Config) Validate() error {
 				return fieldErr(p+".bootstrap.bootstrap_port", "%d out of range", b.BootstrapPort)
 			}
 		}
-		id := w.ID
-		if id == "" {
-			id = w.URL
+		r := w.Record()
+		if err := r.Validate(); err != nil {
+			// The fleet's reason names the field and never the url.
+			return fieldErr(p, "%v", err)
 		}
-		if seen[id] {
-			return fieldErr(p+".id", "duplicate id %q", id)
+		if seen[r.ID] {
+			return fieldErr(p+".id", "duplicate id %q", r.ID)
 		}
-		seen[id] = true
+		seen[r.ID] = true
 	}
 	if err := c.RateLimit.validate(); err != nil {
 		return err

@@ -114,32 +114,15 @@ func StaticRecords(workers, workerModels []string, cfg *config.Config) []fleet.R
 		seen[id] = true
 		rs = append(rs, fleet.Record{ID: id, URL: strings.TrimRight(u, "/"), Models: workerModels, Status: fleet.StatusActive})
 	}
-	for _, w := range cfg.Workers {
-		id := w.ID
-		if id == "" {
-			id = w.URL
-		}
-		if seen[id] {
+	for i := range cfg.Workers {
+		r := cfg.Workers[i].Record()
+		if seen[r.ID] {
 			continue
 		}
-		seen[id] = true
-		rs = append(rs, fleet.Record{
-			ID: id, URL: strings.TrimRight(w.URL, "/"), Models: w.Models, Service: w.Service, Role: w.Role,
-			KVEventsEndpoint: w.KVEventsEndpoint, KVReplayEndpoint: w.KVReplayEndpoint, BlockSize: w.BlockSize, DPSize: w.DPSize,
-			Bootstrap: bootstrapJSON(w.Bootstrap), Status: fleet.StatusActive,
-		})
+		seen[r.ID] = true
+		rs = append(rs, r)
 	}
 	return rs
-}
-
-// bootstrapJSON is a static worker's bootstrap data as the worker record
-// carries it.
-func bootstrapJSON(b *config.WorkerBootstrap) json.RawMessage {
-	if b == nil {
-		return nil
-	}
-	out, _ := json.Marshal(b)
-	return out
 }
 
 // FetchModels asks a worker for its model ids (empty on failure).
