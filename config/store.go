@@ -48,6 +48,7 @@ type Store struct {
 	mu       sync.Mutex // serializes every change
 	lastData []byte     // the file bytes the current config came from or was written as
 	badData  []byte     // file bytes that did not parse, already reported (nil: none)
+	badErr   error      // why badData was refused
 	lastMod  time.Time
 	lastSize int64
 	onChange []func(old, cur *Config)
@@ -466,8 +467,18 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
 
 // Reload re-reads the file. An invalid file is rejected with a logged reason
 // and the previous config keeps serving. It returns true when a new config
-// was swapped in (or handed to the reload sink).
-func (s *Store) Reload() (bool, error) {
+// was swapped in (or handed to the reload sink). Refused bytes are reported
+// once: while the file keeps them, Reload returns false and no error (the
+// poll calls it every --config-poll).
+func (s *Store) Reload() (bool, error) { return s.reload(false) }
+
+// ReloadAsked is Reload for an operator's request (SIGHUP): a file whose
+// bytes were already refused is refused again, logged, counted and
+// returned, so the answer (systemd's STATUS=) says the file is not the
+// config serving.
+func (s *Store) ReloadAsked() (bool, error) { return s.reload(true) }
+
+func (s *Store) reload(asked bool) (bool, error) {
 	if s.path == "" {
 		return false, nil
 	}
@@ -479,15 +490,25 @@ func (s *Store) Reload() (bool, error) {
 		slog.Error("config reload rejected; keeping previous config", "path", s.path, "err", err)
 		return false, err
 	}
-	if bytes.Equal(data, s.lastData) || bytes.Equal(data, s.badData) && s.badData != nil {
+	if bytes.Equal(data, s.lastData) {
 		s.mu.Unlock()
-		return false, nil // unchanged, or the broken bytes already reported
+		return false, nil // unchanged
+	}
+	if s.badData != nil && bytes.Equal(data, s.badData) {
+		err := s.badErr
+		s.mu.Unlock()
+		if !asked {
+			return false, nil // the broken bytes already reported
+		}
+		reloadsFailed.Inc()
+		slog.Error("config reload rejected; keeping previous config", "path", s.path, "err", err)
+		return false, err
 	}
 	c, err := Parse(data)
 	if err != nil {
 		// lastData stays the good file's: an admin write must still see
 		// this hand edit as unapplied and refuse to overwrite it.
-		s.badData = data
+		s.badData, s.badErr = data, err
 		s.mu.Unlock()
 		reloadsFailed.Inc()
 		slog.Error("config reload rejected; keeping previous config", "path", s.path, "err", err)

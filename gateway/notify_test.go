@@ -154,3 +154,65 @@ func TestShutdownDrainsInFlightStreams(t *testing.T) {
 		t.Fatalf("served after shutdown: %d", resp.StatusCode)
 	}
 }
+
+// A SIGHUP (systemctl reload) while the config file holds a document the
+// poll already refused says so in STATUS=, and the old config keeps
+// serving: the refused bytes were reported once, so the reload returned no
+// error and systemd was told "serving" as if the file had been loaded.
+func TestSIGHUPOverARefusedFileSaysRejected(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	t.Setenv("NOTIFY_SOCKET", sock)
+
+	_, e1 := startEngine(t, "--speedup", "50")
+	cfgPath := filepath.Join(dir, "infera.json")
+	os.WriteFile(cfgPath, []byte(`{}`), 0o644)
+	f := parseServe(t, "--workers", "a="+e1, "--config", cfgPath, "--config-poll", "0", "--router-policy", "round-robin")
+	g, err := New(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx, ln) }()
+	defer func() { cancel(); <-done }()
+	next := func() string {
+		t.Helper()
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 4096)
+		n, _, err := conn.ReadFromUnix(buf)
+		if err != nil {
+			t.Fatalf("no sd_notify message: %v", err)
+		}
+		return string(buf[:n])
+	}
+	if m := next(); !strings.Contains(m, "READY=1") {
+		t.Fatalf("first message %q", m)
+	}
+	os.WriteFile(cfgPath, []byte(`{"debug":{"decision_header":"yes"}}`), 0o644)
+	if _, err := g.Store().Reload(); err == nil { // as the poll would
+		t.Fatal("the bad file was loaded")
+	}
+	for i := 0; i < 2; i++ { // the same answer every time it is asked
+		syscall.Kill(os.Getpid(), syscall.SIGHUP)
+		if m := next(); !strings.Contains(m, "RELOADING=1") {
+			t.Fatalf("SIGHUP %d: %q, want RELOADING=1", i+1, m)
+		}
+		if m := next(); !strings.Contains(m, "READY=1") || !strings.Contains(m, "rejected") {
+			t.Fatalf("SIGHUP %d over a refused file: %q, want READY=1 and a STATUS saying it was rejected", i+1, m)
+		}
+	}
+	if g.Store().Version() != 1 {
+		t.Fatalf("version %d: the refused file was applied", g.Store().Version())
+	}
+}

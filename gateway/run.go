@@ -53,8 +53,8 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 		case s := <-sig:
 			if s == syscall.SIGHUP {
 				notify("RELOADING=1\nMONOTONIC_USEC=" + strconv.FormatInt(monotonicUsec(), 10))
-				if _, err := g.store.Reload(); err != nil {
-					notify("READY=1\nSTATUS=config reload rejected; previous config serving")
+				if _, err := g.store.ReloadAsked(); err != nil {
+					notify("READY=1\nSTATUS=config reload rejected (" + err.Error() + "); previous config serving")
 				} else {
 					notify("READY=1\nSTATUS=serving")
 				}
