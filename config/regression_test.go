@@ -65,3 +65,43 @@ func TestReloadRefusesAWorkerTheFleetWouldSkip(t *testing.T) {
 		}
 	}
 }
+
+// An admin write to a config file reached through a symlink (a deploy
+// tool's current -> release link, /etc/infera/infera.json -> ...) writes
+// the file the link points to and leaves the link: replacing the link with
+// a regular file detached the router from the file the operator edits,
+// whose later edits were then never seen.
+func TestApplyThroughASymlinkKeepsTheLink(t *testing.T) {
+	dir := t.TempDir()
+	target := filepath.Join(dir, "release", "infera.json")
+	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(target, []byte(`{}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "infera.json")
+	if err := os.Symlink(filepath.Join("release", "infera.json"), link); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Apply(withAlg(s.Load(), "round-robin"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(link); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("the symlink was replaced: %v %v", fi.Mode(), err)
+	}
+	if c, err := ReadFile(target); err != nil || c.LoadBalancing.Algorithm != "round-robin" {
+		t.Fatalf("the file behind the link was not written: %v", err)
+	}
+	// A later edit of that file is still the config.
+	if err := os.WriteFile(target, []byte(`{"load_balancing":{"algorithm":"least-tokens"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.Reload(); !ok || err != nil || s.Load().LoadBalancing.Algorithm != "least-tokens" {
+		t.Fatalf("edit behind the link after the write: %v %v %q", ok, err, s.Load().LoadBalancing.Algorithm)
+	}
+}

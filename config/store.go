@@ -424,8 +424,17 @@ func appendJSON(b []byte, v any) ([]byte, error) {
 // file or the whole new one, also after a crash: a temporary file in the
 // same directory is written and fsynced, renamed over path, and the
 // directory is fsynced so the rename itself is durable. An existing file
-// keeps its permissions; a new one gets perm.
+// keeps its permissions; a new one gets perm. When path is a symlink, the
+// file it points to is written (in that file's directory) and the link
+// stays, as editors do.
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		target, err := filepath.EvalSymlinks(path)
+		if err != nil {
+			return fmt.Errorf("cannot follow the symlink %q: %w", path, err)
+		}
+		path = target
+	}
 	dir := filepath.Dir(path)
 	if fi, err := os.Stat(path); err == nil {
 		perm = fi.Mode().Perm()
