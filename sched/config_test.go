@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,6 +118,41 @@ func TestRunSweepsOnInterval(t *testing.T) {
 	<-done
 	if st := s.Stats(); st.PrefixBlocks != 0 || st.AffinityEntries != 0 {
 		t.Fatalf("Run did not sweep: %+v", st)
+	}
+}
+
+// A reload that shortens prefix_index.maintenance_interval_s takes effect
+// within about a second, not once the old interval (up to 10^8 s) is over:
+// Run slept a whole old interval before it looked at the config again.
+func TestRunFollowsAShorterMaintenanceIntervalAtOnce(t *testing.T) {
+	s, c := newTestSched(t, workers(2, "m")...)
+	slow := cfgWith(t, func(cf *config.Config) {
+		cf.PrefixIndex.MaintenanceIntervalSeconds = 3600
+		cf.PrefixIndex.TTLSeconds = 10
+	})
+	fast := cfgWith(t, func(cf *config.Config) {
+		cf.PrefixIndex.MaintenanceIntervalSeconds = 0.05
+		cf.PrefixIndex.TTLSeconds = 10
+	})
+	var cur atomic.Pointer[config.Config]
+	cur.Store(slow)
+	pick(t, s, slow, &Request{Model: []byte("m"), Prompt: prompt("run ", 512)})
+	if st := s.Stats(); st.PrefixBlocks != 4 {
+		t.Fatalf("before: %+v", st)
+	}
+	c.add(20 * time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx, cur.Load); close(done) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(100 * time.Millisecond) // Run is waiting out the slow interval
+	cur.Store(fast)
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) && s.Stats().PrefixBlocks != 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := s.Stats(); st.PrefixBlocks != 0 {
+		t.Fatalf("3 s after the interval went from 3600 s to 0.05 s, no sweep yet: %+v", st)
 	}
 }
 

@@ -11,23 +11,36 @@ import (
 // of the current config (load returns it, e.g. config.Store.Load) until ctx
 // is done: expired prefix index blocks and session bindings are removed and
 // the index's memory budget is re-checked. Start it once per Scheduler.
+//
+// The interval is looked up again at least every configCheck, so a reload
+// that shortens it takes effect within that, not once the old interval is
+// over.
 func (s *Scheduler) Run(ctx context.Context, load func() *config.Config) {
+	last := time.Now()
+	t := time.NewTimer(0)
+	defer t.Stop()
 	for {
-		cfg := load()
-		d := time.Duration(cfg.PrefixIndex.MaintenanceIntervalSeconds * float64(time.Second))
+		d := time.Duration(load().PrefixIndex.MaintenanceIntervalSeconds * float64(time.Second))
 		if d <= 0 {
 			d = time.Minute
 		}
-		t := time.NewTimer(d)
+		wait := time.Until(last.Add(d))
+		if wait <= 0 {
+			s.Maintain(load())
+			last = time.Now()
+			wait = d
+		}
+		t.Reset(min(wait, configCheck))
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return
 		case <-t.C:
 		}
-		s.Maintain(load())
 	}
 }
+
+// configCheck is how often Run looks for a changed maintenance interval.
+const configCheck = time.Second
 
 // Maintain runs one maintenance pass under cfg (Run calls it; tests call it
 // directly with an injected clock).
