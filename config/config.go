@@ -281,7 +281,8 @@ func Default() *Config {
 }
 
 // Parse decodes data over the defaults and validates the result.
-// Unknown fields are rejected so that a typo never silently does nothing.
+// Unknown fields and a key repeated in one object are rejected so that a
+// typo or a pasted duplicate never silently does nothing.
 // The document must be exactly one JSON object: an empty file (as a
 // non-atomic writer leaves it mid-write), null, another type, or anything
 // after the object is refused, so a reload never silently empties the fleet.
@@ -301,6 +302,9 @@ func Parse(data []byte) (*Config, error) {
 	}
 	if dec.More() || dec.InputOffset() != int64(len(data)) {
 		return nil, &FieldError{Msg: fmt.Sprintf("unexpected data after the JSON object at byte %d", dec.InputOffset())}
+	}
+	if err := repeatedKey(data); err != nil {
+		return nil, err
 	}
 	c.normalize()
 	if err := c.Validate(); err != nil {

@@ -105,3 +105,30 @@ func TestApplyThroughASymlinkKeepsTheLink(t *testing.T) {
 		t.Fatalf("edit behind the link after the write: %v %v %q", ok, err, s.Load().LoadBalancing.Algorithm)
 	}
 }
+
+// A setting given twice in one object (two "workers" lists pasted into one
+// file, a section repeated further down, a key repeated in another case,
+// which encoding/json matches too) is refused, naming it: the decoder kept
+// the last copy, or merged two sections field by field, so the first copy
+// silently did nothing.
+func TestParseRefusesARepeatedSetting(t *testing.T) {
+	f := func(in, path string) {
+		t.Helper()
+		c, err := Parse([]byte(in))
+		var fe *FieldError
+		if c != nil || !errors.As(err, &fe) || fe.Path != path || !strings.Contains(fe.Msg, "repeated") {
+			t.Fatalf("Parse(%s): err %v, want a repeated key at %q", in, err, path)
+		}
+	}
+	f(`{"workers":[{"id":"a","url":"http://127.0.0.1:1"}],"workers":[{"id":"b","url":"http://127.0.0.1:2"}]}`, "workers")
+	f(`{"timeouts":{"stream_idle_s":5},"debug":{},"timeouts":{"non_stream_total_s":5}}`, "timeouts")
+	f(`{"timeouts":{"stream_idle_s":5,"stream_idle_s":6}}`, "timeouts.stream_idle_s")
+	f(`{"workers":[{"id":"a","url":"http://127.0.0.1:1"},{"id":"b","url":"http://127.0.0.1:2","ID":"c"}]}`, "workers[1].ID")
+	f(`{"Timeouts":{},"timeouts":{}}`, "timeouts")
+	f(`{"canary":{"enabled":true,"rules":[{"model":"*","targets":[{"service":"a","weight":1,"weight":0}]}]}}`, "canary.rules[0].targets[0].weight")
+
+	// The same name in different objects is no repeat.
+	if _, err := Parse([]byte(`{"workers":[{"id":"a","url":"http://127.0.0.1:1"},{"id":"b","url":"http://127.0.0.1:2"}],"session_affinity":{"ttl_s":5},"prefix_index":{"ttl_s":5}}`)); err != nil {
+		t.Fatal(err)
+	}
+}
