@@ -154,9 +154,11 @@ type EtcdWatcher struct {
 	rev     atomic.Int64
 	workers atomic.Int64
 
-	recovered chan struct{}
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
+	// relist asks the watch to end and relist, saying why (an outage
+	// ended, etcd came back with fewer revisions).
+	relist chan error
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 
 	// afterList, when set (tests), runs after each successful list.
 	afterList func()
@@ -177,8 +179,8 @@ func NewEtcdWatcher(cfg EtcdConfig, cli *clientv3.Client, sink Sink) (*EtcdWatch
 	return &EtcdWatcher{
 		cfg: cfg, cli: cli, own: own, sink: sink,
 		st: statsFor(BackendEtcd), h: newHealth(),
-		known:     map[string]bool{},
-		recovered: make(chan struct{}, 1),
+		known:  map[string]bool{},
+		relist: make(chan error, 1),
 	}, nil
 }
 
@@ -231,17 +233,25 @@ func (w *EtcdWatcher) setHealth(ok bool, err error) {
 	if w.h.set(ok, err) {
 		if ok {
 			slog.Info("etcd discovery: etcd reachable again")
-			select {
-			case w.recovered <- struct{}{}:
-			default:
-			}
+			w.askRelist(errors.New("etcd recovered from an outage"))
 		} else {
 			slog.Warn("etcd discovery: etcd unreachable, serving last known workers", "workers", w.workers.Load(), "err", err)
 		}
 	}
 }
 
-// probe notices outages (a watch just waits) and recoveries.
+// askRelist makes the running watch end and relist (a no-op when a relist
+// is already asked for).
+func (w *EtcdWatcher) askRelist(reason error) {
+	select {
+	case w.relist <- reason:
+	default:
+	}
+}
+
+// probe notices outages (a watch just waits), recoveries, and an etcd
+// whose revision went back (it came back empty: the resumed watch would
+// wait for a revision the new store reaches only much later).
 func (w *EtcdWatcher) probe(ctx context.Context) {
 	t := time.NewTicker(w.cfg.HealthInterval)
 	defer t.Stop()
@@ -251,13 +261,21 @@ func (w *EtcdWatcher) probe(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		// The revision seen before a linearizable read: the read's own
+		// revision is at least that one unless etcd lost its data.
+		seen := w.rev.Load()
 		pctx, cancel := context.WithTimeout(ctx, w.cfg.RequestTimeout)
-		_, err := w.cli.Get(pctx, w.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		resp, err := w.cli.Get(pctx, w.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
 		w.setHealth(err == nil, err)
+		if err == nil && resp.Header.Revision < seen {
+			slog.Warn("etcd discovery: etcd's revision went back (it lost its data?); relisting",
+				"revision", resp.Header.Revision, "seen", seen)
+			w.askRelist(fmt.Errorf("etcd revision %d is behind the %d seen", resp.Header.Revision, seen))
+		}
 	}
 }
 
@@ -350,10 +368,10 @@ func (w *EtcdWatcher) watch(ctx context.Context, rev int64) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-w.recovered:
+		case reason := <-w.relist:
 			// After an outage relist: cheap, and it covers anything the
 			// resumed watch could have missed.
-			return errors.New("etcd recovered from an outage")
+			return reason
 		case wr, ok := <-wch:
 			if !ok {
 				return errors.New("watch channel closed")

@@ -1,11 +1,14 @@
 package discovery
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/testsrv"
 )
 
 func review2Pod(name, id, url string) kubeEvent {
@@ -44,3 +47,41 @@ func TestKubeDuplicateWorkerIDStaysRoutableWhenOldPodLeaves(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// An etcd that comes back empty (a single member without persistent
+// storage) starts its revisions over. The resumed watch waited for a
+// revision the new store would reach only after as many writes as the old
+// one had seen, so the workers that registered again were never
+// discovered and the ones gone were never removed. A probe whose revision
+// is behind the one the watcher has seen relists.
+func TestEtcdThatComesBackEmptyIsRelisted(t *testing.T) {
+	e := testsrv.StartEtcd(t)
+	ctx := context.Background()
+	sink := newMemSink()
+	// A long request timeout: the probe's Get waits out the restart, so
+	// only the revision can tell that etcd came back empty.
+	startWatcher(t, EtcdConfig{Endpoints: []string{e.Endpoint}, HealthInterval: 100 * time.Millisecond, RequestTimeout: 20 * time.Second}, sink)
+	cli := etcdClient(t, e.Endpoint)
+	for i := 0; i < 200; i++ { // revisions the empty etcd will not reach soon
+		if _, err := cli.Put(ctx, "/other/key", "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cli.Put(ctx, "/infera/workers/w1", `{"id":"w1","url":"http://127.0.0.1:8100","models":["m"]}`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "w1 discovered", func() bool { _, ok := sink.get("w1"); return ok })
+
+	e.RestartEmpty()
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err := cli.Put(pctx, "/infera/workers/w2", `{"id":"w2","url":"http://127.0.0.1:8101","models":["m"]}`)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "w2 discovered and w1 (gone with the old data) removed", func() bool {
+		_, has2 := sink.get("w2")
+		_, has1 := sink.get("w1")
+		return has2 && !has1
+	})
+}

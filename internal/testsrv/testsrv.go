@@ -256,6 +256,20 @@ func (e *Etcd) Stop() { e.p.stop() }
 // Restart stops and starts the server.
 func (e *Etcd) Restart() { e.Stop(); e.Start() }
 
+// RestartEmpty stops the server and starts it again on the same ports with
+// an empty data directory: a single-member etcd without persistent storage
+// coming back, its revision counter starting over.
+func (e *Etcd) RestartEmpty() {
+	e.p.t.Helper()
+	e.Stop()
+	for i, a := range e.p.args {
+		if a == "--data-dir" {
+			e.p.args[i+1] += "-empty"
+		}
+	}
+	e.Start()
+}
+
 // NATS is a running nats-server.
 type NATS struct {
 	// URL is nats://127.0.0.1:port.
