@@ -131,6 +131,12 @@ func (w *KubeWatcher) setHealth(ok bool, err error) {
 
 var errGone = errors.New("resource version too old (410 Gone)")
 
+// errShortWatch is a watch that ended, with no event, less than
+// shortWatch after it began.
+var errShortWatch = errors.New("the watch ended less than a second after it began, with no event")
+
+const shortWatch = time.Second
+
 func (w *KubeWatcher) loop(ctx context.Context) {
 	var delay time.Duration
 	needList := true
@@ -155,6 +161,12 @@ func (w *KubeWatcher) loop(ctx context.Context) {
 		switch {
 		case err == nil:
 			delay = 0 // server closed the watch normally: resume from rv
+		case errors.Is(err, errShortWatch):
+			// Resume from rv, but not in a tight loop (client-go's "very
+			// short watch").
+			w.st.log.Warn("kubernetes discovery: watch ended at once; retrying with a delay", "err", err)
+			delay = backoff(delay, 10*time.Second)
+			sleep(ctx, delay)
 		case errors.Is(err, errGone):
 			w.st.relists.Inc()
 			slog.Info("kubernetes discovery: relisting", "reason", err)
@@ -339,10 +351,14 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 		return fmt.Errorf("cannot watch pods: %w", apiError(resp))
 	}
 	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
-	for {
+	began := time.Now()
+	for events := 0; ; events++ {
 		var ev kubeEvent
 		if err := dec.Decode(&ev); err != nil {
 			if errors.Is(err, io.EOF) {
+				if events == 0 && time.Since(began) < shortWatch {
+					return errShortWatch
+				}
 				return nil
 			}
 			if ctx.Err() == nil && wctx.Err() != nil {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,4 +87,35 @@ func TestEtcdThatComesBackEmptyIsRelisted(t *testing.T) {
 		_, has1 := sink.get("w1")
 		return has2 && !has1
 	})
+}
+
+// A watch the API server (or a proxy in front of it) ends at once, with no
+// event, is retried with a growing delay, as client-go does with its "very
+// short watch": it was resumed at once, so the router sent the API server
+// watch requests in a tight loop for as long as that went on.
+func TestKubeWatchEndingAtOnceIsNotRetriedInATightLoop(t *testing.T) {
+	var lists, watches atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("watch") == "" {
+			lists.Add(1)
+			fmt.Fprint(w, `{"kind":"PodList","metadata":{"resourceVersion":"7"},"items":[]}`)
+			return
+		}
+		watches.Add(1) // 200, then the stream ends with no event
+	}))
+	defer srv.Close()
+	w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "t"}, KubeWatcherConfig{Namespace: "ns"}, newMemSink())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	time.Sleep(2 * time.Second)
+	w.Close()
+	if n := watches.Load(); n > 10 {
+		t.Fatalf("%d watch requests (%d lists) in 2 s against a server that ends every watch at once", n, lists.Load())
+	}
+	if ok, _ := w.Health(); !ok {
+		t.Fatal("the API answers: discovery should stay healthy")
+	}
 }
