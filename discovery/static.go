@@ -26,7 +26,8 @@ type Static struct {
 	fl      *fleet.Fleet
 	workers []string
 	models  []string
-	mu      sync.Mutex // serializes syncs
+	mu      sync.Mutex    // serializes syncs; never held while asking a worker
+	wake    chan struct{} // Run: ask the workers without models now
 	stop    chan struct{}
 	once    sync.Once
 }
@@ -35,31 +36,115 @@ var _ Backend = (*Static)(nil)
 
 // NewStatic returns the static backend for fl.
 func NewStatic(fl *fleet.Fleet, workers, workerModels []string) *Static {
-	return &Static{fl: fl, workers: workers, models: workerModels, stop: make(chan struct{})}
+	return &Static{fl: fl, workers: workers, models: workerModels, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 }
 
-// Apply makes the fleet the static list under cfg (call it at start and on
-// every config change).
+// Apply makes the fleet the static list under cfg, first asking the
+// workers listed without models for them (at start).
 func (s *Static) Apply(cfg *config.Config) {
+	fetched := map[string][]string{}
+	fetchModels(missingModels(StaticRecords(s.workers, s.models, cfg), s.fl), func(url string, models []string) {
+		fetched[url] = models
+	})
+	s.apply(func() *config.Config { return cfg }, fetched)
+}
+
+// Changed makes the fleet the static list under cfg without waiting on any
+// worker (config change hooks run under the config store's lock, and a
+// worker may take seconds to answer or never do): a worker listed without
+// models that is not known yet joins without them, and Run asks it at
+// once.
+func (s *Static) Changed(cfg *config.Config) {
+	if s.apply(func() *config.Config { return cfg }, nil) {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// apply syncs the fleet with the records under the config cfg returns,
+// called under the lock (so that a sync with an older config never
+// follows one with a newer); a record without models takes those of the
+// live worker at the same URL, else fetched's for its URL. It reports
+// whether some worker was left without models.
+func (s *Static) apply(cfg func() *config.Config, fetched map[string][]string) (missing bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rs := StaticRecords(s.workers, s.models, cfg)
+	rs := StaticRecords(s.workers, s.models, cfg())
 	for i := range rs {
 		if len(rs[i].Models) == 0 {
-			if w := s.fl.Get(rs[i].ID); w != nil && w.URL == rs[i].URL && len(w.Models) > 0 {
-				rs[i].Models = w.Models
-				continue
-			}
-			rs[i].Models = FetchModels(rs[i].URL)
+			rs[i].Models = knownModels(s.fl, &rs[i])
 		}
+		if len(rs[i].Models) == 0 {
+			rs[i].Models = fetched[rs[i].URL]
+		}
+		missing = missing || len(rs[i].Models) == 0
 	}
 	for _, err := range s.fl.Sync(rs) {
 		slog.Error("static worker skipped", "err", err)
 	}
+	return missing
 }
 
-// Run retries, every 5 s until stopped, static workers whose models could
-// not be listed yet. load returns the current config snapshot.
+// knownModels returns the models of the live worker r names, if it has the
+// same URL.
+func knownModels(fl *fleet.Fleet, r *fleet.Record) []string {
+	if w := fl.Get(r.ID); w != nil && w.URL == r.URL && len(w.Models) > 0 {
+		return w.Models
+	}
+	return nil
+}
+
+// missingModels returns the URLs of the records without models that fl
+// does not know the models of.
+func missingModels(rs []fleet.Record, fl *fleet.Fleet) []string {
+	var urls []string
+	seen := map[string]bool{}
+	for i := range rs {
+		r := &rs[i]
+		if len(r.Models) > 0 || seen[r.URL] || knownModels(fl, r) != nil {
+			continue
+		}
+		seen[r.URL] = true
+		urls = append(urls, r.URL)
+	}
+	return urls
+}
+
+// fetchModels asks each URL for its models, a few at a time so that a
+// worker that never answers does not hold up the others, and calls got
+// with each answer as it comes (from the calling goroutine, holding no
+// lock).
+func fetchModels(urls []string, got func(url string, models []string)) {
+	type answer struct {
+		url    string
+		models []string
+	}
+	answers := make(chan answer, len(urls))
+	sem := make(chan struct{}, fetchParallel)
+	go func() {
+		for _, u := range urls {
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem }()
+				answers <- answer{u, FetchModels(u)}
+			}()
+		}
+	}()
+	for range urls {
+		a := <-answers
+		got(a.url, a.models)
+	}
+}
+
+// fetchParallel bounds the /v1/models requests in flight at once.
+const fetchParallel = 16
+
+// Run asks the static workers whose models are not known yet, every 5 s
+// and at once after a Changed that left some, until stopped. load returns
+// the current config snapshot; each answer is synced into the fleet with
+// the config current when it came.
 func (s *Static) Run(load func() *config.Config) {
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
@@ -68,13 +153,19 @@ func (s *Static) Run(load func() *config.Config) {
 		case <-s.stop:
 			return
 		case <-t.C:
+		case <-s.wake:
 		}
-		for _, w := range s.fl.View().All {
-			if len(w.Models) == 0 {
-				s.Apply(load())
-				break
+		fetched := map[string][]string{}
+		fetchModels(missingModels(StaticRecords(s.workers, s.models, load()), s.fl), func(url string, models []string) {
+			fetched[url] = models
+			select {
+			case <-s.stop:
+			default:
+				if len(models) > 0 {
+					s.apply(load, fetched)
+				}
 			}
-		}
+		})
 	}
 }
 

@@ -135,7 +135,7 @@ func New(f *config.Serve) (*Gateway, error) {
 	case discovery.BackendStatic:
 		st := discovery.NewStatic(g.fleet, f.Workers, f.WorkerModel)
 		st.Apply(store.Load())
-		store.OnChange(func(old, cur *config.Config) { st.Apply(cur) })
+		store.OnChange(func(old, cur *config.Config) { st.Changed(cur) })
 		go st.Run(store.Load)
 		g.discovery = st
 	default:
