@@ -284,6 +284,9 @@ func (a *Admin) putConfig(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := config.RepeatedKey(body, ""); err != nil { // the map kept one copy
+		return err
+	}
 	c, v, err := a.change(a.who(r), "PUT config", base, func(doc map[string]any) error {
 		clear(doc)
 		for k, val := range in {
@@ -349,6 +352,9 @@ func (a *Admin) writeSection(w http.ResponseWriter, r *http.Request) error {
 	}
 	in, err := decodeAny(body)
 	if err != nil {
+		return err
+	}
+	if err := config.RepeatedKey(body, name); err != nil { // the map kept one copy
 		return err
 	}
 	c, v, err := a.change(a.who(r), r.Method+" "+name, base, func(doc map[string]any) error {

@@ -303,7 +303,7 @@ func Parse(data []byte) (*Config, error) {
 	if dec.More() || dec.InputOffset() != int64(len(data)) {
 		return nil, &FieldError{Msg: fmt.Sprintf("unexpected data after the JSON object at byte %d", dec.InputOffset())}
 	}
-	if err := repeatedKey(data); err != nil {
+	if err := RepeatedKey(data, ""); err != nil {
 		return nil, err
 	}
 	c.normalize()

@@ -8,16 +8,18 @@ import (
 	"unicode/utf8"
 )
 
-// repeatedKey returns a *FieldError for the first object key that appears
+// RepeatedKey returns a *FieldError for the first object key that appears
 // twice in one object of data, compared as encoding/json matches a key to
-// a field (case-insensitively), or nil. encoding/json keeps the last copy
-// of a repeated key, or merges two copies of a section field by field, so
-// the first copy would silently do nothing. data must already have
-// decoded (Parse decodes first), which bounds its nesting.
-func repeatedKey(data []byte) error {
+// a field (case-insensitively), or nil; the error's path starts with
+// prefix (the JSON path of data in the config, "" for a whole config).
+// encoding/json keeps the last copy of a repeated key, or merges two
+// copies of a section field by field, and a map keeps the last, so the
+// first copy would silently do nothing. data must already have decoded as
+// JSON (which bounds its nesting).
+func RepeatedKey(data []byte, prefix string) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
-	return walkRepeated(dec, "")
+	return walkRepeated(dec, prefix)
 }
 
 func walkRepeated(dec *json.Decoder, path string) error {
