@@ -62,6 +62,7 @@ type Gateway struct {
 // transports, discovery (synced, or serving the last known list with a
 // warning), scheduler and the HTTP front door. Serve or Run it next.
 func New(f *config.Serve) (*Gateway, error) {
+	holdSIGHUP()
 	if err := f.Validate(); err != nil {
 		return nil, err
 	}
@@ -165,6 +166,9 @@ func New(f *config.Serve) (*Gateway, error) {
 	if err := g.setupUpstreams(); err != nil {
 		return nil, err
 	}
+	// A change since Open: a SIGHUP sent for it found no handler yet, and
+	// with --config-poll 0 nothing else would see it.
+	store.Reload()
 	go store.Watch(f.ConfigPoll, g.stop)
 
 	if err := g.setupGovern(); err != nil { // govern.go

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -82,6 +83,16 @@ func (g *Gateway) drain() error {
 	}
 	return err
 }
+
+// holdSIGHUP makes SIGHUP's default action (ending the process) go away for
+// good, before anything slow runs in New: until the config watcher and Run
+// handle it, a SIGHUP (a config reloader, a log rotator, an operator)
+// during a slow start (discovery's first sync, a tokenizer) killed the
+// router. A channel nobody reads stays registered; Notify drops what it
+// cannot deliver, and the handlers registered later get every signal.
+var holdSIGHUP = sync.OnceFunc(func() {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+})
 
 // notify sends an sd_notify message when NOTIFY_SOCKET is set (a no-op
 // otherwise).
