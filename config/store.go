@@ -55,6 +55,8 @@ type Store struct {
 	// sink, when set, receives configs read from the file instead of a local
 	// swap (shared storage: the change comes back through Replace).
 	sink func(c *Config) error
+	// check, when set, is what a config must pass beyond Validate (SetCheck).
+	check func(c *Config) error
 }
 
 // VersionConflict is returned by Apply when the caller's version is not
@@ -154,6 +156,29 @@ func (s *Store) OnChange(f func(old, cur *Config)) {
 	s.mu.Unlock()
 }
 
+// SetCheck makes every change read from the file or written through Apply
+// pass f as well as Validate before it is swapped in or stored: settings
+// that only this process's flags make unusable (a static worker id its
+// request transport cannot address), which would otherwise be accepted and
+// then skipped. f returns a *FieldError.
+func (s *Store) SetCheck(f func(c *Config) error) {
+	s.mu.Lock()
+	s.check = f
+	s.mu.Unlock()
+}
+
+// parseLocked parses file bytes and runs the check. Lock must be held.
+func (s *Store) parseLocked(data []byte) (*Config, error) {
+	c, err := Parse(data)
+	if err == nil && s.check != nil {
+		err = s.check(c)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
 // SetReloadSink makes file reloads hand the parsed config to f instead of
 // swapping it in: with shared storage (Redis) a hand edit of the file
 // becomes a write to the storage, and comes back to every replica through
@@ -179,6 +204,12 @@ func (s *Store) Apply(c *Config, ifVersion uint64) (uint64, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.check != nil {
+		if err := s.check(c); err != nil {
+			appliesFailed.Inc()
+			return 0, err
+		}
+	}
 	if s.path != "" && s.sink == nil {
 		if err := s.pickUpHandEditLocked(); err != nil {
 			appliesFailed.Inc()
@@ -220,7 +251,7 @@ func (s *Store) pickUpHandEditLocked() error {
 	if bytes.Equal(data, s.lastData) {
 		return nil
 	}
-	c, err := Parse(data)
+	c, err := s.parseLocked(data)
 	if err != nil {
 		return fmt.Errorf("the config file %q was edited by hand and does not parse (%v): fix or revert it first", s.path, err)
 	}
@@ -513,7 +544,7 @@ func (s *Store) reload(asked bool) (bool, error) {
 		slog.Error("config reload rejected; keeping previous config", "path", s.path, "err", err)
 		return false, err
 	}
-	c, err := Parse(data)
+	c, err := s.parseLocked(data)
 	if err != nil {
 		// lastData stays the good file's: an admin write must still see
 		// this hand edit as unapplied and refuse to overwrite it.

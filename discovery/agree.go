@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
 )
 
@@ -24,6 +25,19 @@ func Agrees(rec fleet.Record, requestTransport, kvTransport string) (ok bool, re
 	// A worker without a KV-event endpoint is still routable: it simply
 	// contributes nothing to the KV index.
 	return true, ""
+}
+
+// CheckStaticWorkers reports, as a *config.FieldError, the first worker of
+// cfg's static list that a server using these transports could not reach
+// (Agrees): the fleet would skip it, so a config listing one is refused
+// (config.Store.SetCheck) rather than half applied.
+func CheckStaticWorkers(cfg *config.Config, requestTransport, kvTransport string) error {
+	for i := range cfg.Workers {
+		if ok, reason := Agrees(cfg.Workers[i].Record(), requestTransport, kvTransport); !ok {
+			return &config.FieldError{Path: fmt.Sprintf("workers[%d]", i), Msg: reason}
+		}
+	}
+	return nil
 }
 
 // validSubjectToken mirrors broker.ValidWorkerID (kept here so discovery

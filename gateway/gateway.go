@@ -134,6 +134,13 @@ func New(f *config.Serve) (*Gateway, error) {
 
 	switch f.DiscoveryBackend {
 	case discovery.BackendStatic:
+		check := func(c *config.Config) error {
+			return discovery.CheckStaticWorkers(c, f.RequestTransport, f.KVEventTransport)
+		}
+		if err := check(store.Load()); err != nil {
+			return nil, fmt.Errorf("config %q: %w", f.Config, err)
+		}
+		store.SetCheck(check)
 		st := discovery.NewStatic(g.fleet, f.Workers, f.WorkerModel)
 		st.Apply(store.Load())
 		store.OnChange(func(old, cur *config.Config) { st.Changed(cur) })

@@ -1,12 +1,16 @@
 package gateway
 
 import (
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/testsrv"
 )
 
 // A reload that lists static workers without models does not wait for
@@ -66,5 +70,28 @@ func TestReloadDoesNotWaitForStaticWorkersModels(t *testing.T) {
 	}
 	if w := g.Fleet().Get("h1"); w == nil || len(w.Models) != 0 {
 		t.Fatalf("h1: %v, want listed without models", w)
+	}
+}
+
+// With --request-transport nats a static worker whose id cannot be a NATS
+// subject token (a dot, a wildcard) is unreachable, and the fleet skips it.
+// A reload listing one is refused whole, naming it: it was accepted, its
+// other settings swapped in, and the worker silently missing.
+func TestReloadRefusesAStaticWorkerThisServerCannotReach(t *testing.T) {
+	nsrv := testsrv.StartNATS(t)
+	_, e1 := startEngine(t, "--speedup", "50")
+	path := filepath.Join(t.TempDir(), "infera.json")
+	os.WriteFile(path, []byte(`{"workers":[{"id":"a","url":"`+e1+`","models":["sim-model"]}]}`), 0o644)
+	g, _ := startServe(t, "--config", path, "--config-poll", "0", "--router-policy", "round-robin",
+		"--request-transport", "nats", "--nats-url", nsrv.URL)
+	os.WriteFile(path, []byte(`{"debug":{"decision_header":true},"workers":[{"id":"a","url":"`+e1+`","models":["sim-model"]},`+
+		`{"id":"b.1","url":"`+e1+`","models":["sim-model"]}]}`), 0o644)
+	_, err := g.Store().Reload()
+	var fe *config.FieldError
+	if !errors.As(err, &fe) || fe.Path != "workers[1]" {
+		t.Fatalf("reload: %v, want refused at workers[1]", err)
+	}
+	if g.Store().Version() != 1 || g.Store().Load().Debug.DecisionHeader {
+		t.Fatal("the refused reload was applied")
 	}
 }
