@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // R5: --config-poll 0 passes Validate, and Store.Watch then panics in
@@ -130,5 +131,49 @@ func TestParseRefusesARepeatedSetting(t *testing.T) {
 	// The same name in different objects is no repeat.
 	if _, err := Parse([]byte(`{"workers":[{"id":"a","url":"http://127.0.0.1:1"},{"id":"b","url":"http://127.0.0.1:2"}],"session_affinity":{"ttl_s":5},"prefix_index":{"ttl_s":5}}`)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The poll sees a file replaced by one of the same size whose modification
+// time was kept (cp -p, rsync -t, tar, an install that preserves times):
+// it compared only the size and the modification time, so the new config
+// was never loaded (until a SIGHUP). The change time and the inode, which
+// no copy keeps, are compared too.
+func TestPollSeesAReplacementThatKeptSizeAndMtime(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "c.json")
+	if err := os.WriteFile(path, []byte(`{"load_balancing":{"algorithm":"round-robin" }}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	go s.Watch(20*time.Millisecond, stop)
+	time.Sleep(100 * time.Millisecond)
+	// Same length as the first document, same modification time, renamed
+	// into place as rsync does.
+	tmp := filepath.Join(dir, ".c.json.tmp")
+	if err := os.WriteFile(tmp, []byte(`{"load_balancing":{"algorithm":"least-tokens"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(tmp, old.ModTime(), old.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for s.Load().LoadBalancing.Algorithm != "least-tokens" && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := s.Load().LoadBalancing.Algorithm; got != "least-tokens" {
+		t.Fatalf("2 s after the replacement the config still says %q", got)
 	}
 }

@@ -49,8 +49,7 @@ type Store struct {
 	lastData []byte     // the file bytes the current config came from or was written as
 	badData  []byte     // file bytes that did not parse, already reported (nil: none)
 	badErr   error      // why badData was refused
-	lastMod  time.Time
-	lastSize int64
+	lastStat fileStamp  // the file as the poll last saw it
 	onChange []func(old, cur *Config)
 	// sink, when set, receives configs read from the file instead of a local
 	// swap (shared storage: the change comes back through Replace).
@@ -103,7 +102,7 @@ func Open(path string) (*Store, error) {
 	s := NewStore(path, c)
 	s.lastData = data
 	if fi, err := os.Stat(path); err == nil {
-		s.lastMod, s.lastSize = fi.ModTime(), fi.Size()
+		s.lastStat = stampOf(fi)
 	}
 	return s, nil
 }
@@ -232,7 +231,7 @@ func (s *Store) Apply(c *Config, ifVersion uint64) (uint64, error) {
 		}
 		s.lastData, s.badData = data, nil
 		if fi, err := os.Stat(s.path); err == nil {
-			s.lastMod, s.lastSize = fi.ModTime(), fi.Size()
+			s.lastStat = stampOf(fi)
 		}
 	}
 	v := s.ver.Load() + 1
@@ -257,7 +256,7 @@ func (s *Store) pickUpHandEditLocked() error {
 	}
 	s.lastData, s.badData = data, nil
 	if fi, err := os.Stat(s.path); err == nil {
-		s.lastMod, s.lastSize = fi.ModTime(), fi.Size()
+		s.lastStat = stampOf(fi)
 	}
 	s.swap(c, s.ver.Load()+1)
 	reloadsOK.Inc()
@@ -564,7 +563,7 @@ func (s *Store) reload(asked bool) (bool, error) {
 			slog.Error("config file changed but cannot be stored; keeping previous config", "path", s.path, "err", err)
 			s.mu.Lock()
 			// Try again on the next poll (or SIGHUP).
-			s.lastData, s.lastMod, s.lastSize = nil, time.Time{}, -1
+			s.lastData, s.lastStat = nil, fileStamp{size: -1}
 			s.mu.Unlock()
 			return false, err
 		}
@@ -579,8 +578,9 @@ func (s *Store) reload(asked bool) (bool, error) {
 	return true, nil
 }
 
-// Watch reloads on SIGHUP and whenever the file's mtime or size changes
-// (polled every interval), until stop is closed.
+// Watch reloads on SIGHUP and whenever the file's size, modification time,
+// change time or inode changes (polled every interval), until stop is
+// closed.
 func (s *Store) Watch(interval time.Duration, stop <-chan struct{}) {
 	if s.path == "" {
 		return
@@ -606,8 +606,9 @@ func (s *Store) Watch(interval time.Duration, stop <-chan struct{}) {
 				continue
 			}
 			s.mu.Lock()
-			changed := !fi.ModTime().Equal(s.lastMod) || fi.Size() != s.lastSize
-			s.lastMod, s.lastSize = fi.ModTime(), fi.Size()
+			st := stampOf(fi)
+			changed := !st.equal(s.lastStat)
+			s.lastStat = st
 			s.mu.Unlock()
 			if changed {
 				s.Reload()
