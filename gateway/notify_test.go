@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -214,5 +215,55 @@ func TestSIGHUPOverARefusedFileSaysRejected(t *testing.T) {
 	}
 	if g.Store().Version() != 1 {
 		t.Fatalf("version %d: the refused file was applied", g.Store().Version())
+	}
+}
+
+// A stream still open when the drain timeout runs out is cut, and Run
+// returns nil: the stop happened as asked. It returned an error ("requests
+// still open after ..."), so infera serve exited 1 and systemd recorded a
+// plain `systemctl stop` as a failure.
+func TestADrainThatRunsOutEndsTheStopWithoutAnError(t *testing.T) {
+	_, e1 := startEngine(t, "--speedup", "1")
+	f := parseServe(t, "--workers", "a="+e1, "--router-policy", "round-robin", "--shutdown-timeout", "300ms")
+	g, err := New(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx, ln) }()
+	streaming := make(chan struct{})
+	go func() {
+		req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(`{"model":"sim-model","stream":true,"max_tokens":4000,"messages":[{"role":"user","content":"a long answer"}]}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			close(streaming)
+			return
+		}
+		defer resp.Body.Close()
+		buf := make([]byte, 1)
+		resp.Body.Read(buf) // the stream has begun
+		close(streaming)
+		io.Copy(io.Discard, resp.Body)
+	}()
+	select {
+	case <-streaming:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream never began")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run after a drain that ran out: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after the drain timeout")
 	}
 }
