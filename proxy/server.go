@@ -1,12 +1,14 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"errors"
 	"net"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -280,6 +282,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		return
 	}
+	if id, ok := bytes.CutPrefix(path, modelsPrefix); ok && len(id) > 0 {
+		if s.authorized(ctx) {
+			s.handleModel(ctx, id)
+		}
+		return
+	}
 	if h := s.o.Extra[string(path)]; h != nil {
 		if s.authorized(ctx) {
 			h(ctx)
@@ -347,6 +355,34 @@ func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
 	b = append(b, "]}"...)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
+}
+
+var modelsPrefix = []byte("/v1/models/")
+
+// handleModel answers GET /v1/models/{id} (the SDKs' models.retrieve) with
+// the model object of a model /v1/models lists, or OpenAI's 404
+// model_not_found. The id is the decoded path, so ids with slashes
+// (Qwen/Qwen3-8B) work written either way.
+func (s *Server) handleModel(ctx *fasthttp.RequestCtx, id []byte) {
+	if !ctx.IsGet() && !ctx.IsHead() {
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "only GET is allowed on /v1/models/{model}", "", "method_not_allowed")
+		return
+	}
+	for _, m := range s.sched.Models(s.store.Load(), s.sched.Fleet.View()) {
+		if m == string(id) {
+			b := append(make([]byte, 0, 64+len(m)), `{"id":`...)
+			b = appendJSONString(b, m)
+			b = append(b, `,"object":"model","created":0,"owned_by":"infera"}`...)
+			ctx.SetContentType("application/json")
+			ctx.SetBody(b)
+			return
+		}
+	}
+	shown := id
+	if len(shown) > 256 {
+		shown = shown[:256]
+	}
+	writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "The model `"+strings.ToValidUTF8(string(shown), "")+"` does not exist or is not served by any worker", "model", "model_not_found")
 }
 
 // healthyWorkers counts routable workers whose breaker is closed (or due

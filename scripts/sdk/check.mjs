@@ -31,6 +31,10 @@ assert.equal(comp.usage.completion_tokens, 3);
 
 const models = await c.models.list();
 assert.ok(models.data.some((m) => m.id === model));
+const one = await c.models.retrieve(model);
+assert.equal(one.id, model);
+assert.equal(one.object, "model");
+await assert.rejects(c.models.retrieve("no-such-model"), (e) => e.status === 404 && e.code === "model_not_found");
 
 await assert.rejects(
   c.chat.completions.create({ model: "no-such-model", messages: [{ role: "user", content: "x" }] }),

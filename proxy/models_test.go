@@ -1,0 +1,52 @@
+package proxy
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/infera/infera/fleet"
+)
+
+// GET /v1/models/{id} (the SDKs' models.retrieve) answered 404
+// unknown_path: a client checking its model before use failed against
+// every model the gateway serves. It answers the model object for a served
+// id (ids with slashes included) and OpenAI's model_not_found otherwise.
+func TestAServedModelCanBeRetrievedByID(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, up.url)
+	if err := r.fl.Upsert(fleet.Record{ID: "w9", URL: up.url, Models: []string{"Qwen/Qwen3-8B"}}); err != nil {
+		t.Fatal(err)
+	}
+	get := func(method, path string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, r.url+path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	for path, id := range map[string]string{"/v1/models/m": "m", "/v1/models/Qwen/Qwen3-8B": "Qwen/Qwen3-8B", "/v1/models/Qwen%2FQwen3-8B": "Qwen/Qwen3-8B"} {
+		code, b := get("GET", path)
+		if want := `{"id":"` + id + `","object":"model","created":0,"owned_by":"infera"}`; code != 200 || b != want {
+			t.Fatalf("%s: %d %s, want %s", path, code, b, want)
+		}
+	}
+	code, b := get("GET", "/v1/models/gpt-nope")
+	if code != 404 || !strings.Contains(b, `"code":"model_not_found"`) || !strings.Contains(b, "gpt-nope") {
+		t.Fatalf("unknown model: %d %s", code, b)
+	}
+	checkOpenAIError(t, b)
+	code, b = get("GET", "/v1/models/"+strings.Repeat("x", 1000))
+	if code != 404 || strings.Contains(b, strings.Repeat("x", 300)) {
+		t.Fatalf("long id: %d, %d bytes echoed", code, len(b))
+	}
+	if code, b = get("DELETE", "/v1/models/m"); code != 405 {
+		t.Fatalf("DELETE: %d %s", code, b)
+	}
+	checkOpenAIError(t, b)
+}
