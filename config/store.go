@@ -91,6 +91,12 @@ func Open(path string) (*Store, error) {
 	if path == "" {
 		return NewStore("", nil), nil
 	}
+	// The file's stamp is taken before it is read: an edit that lands in
+	// between changes the stamp after the one kept, so the watch reads it.
+	var st fileStamp
+	if fi, err := os.Stat(path); err == nil {
+		st = stampOf(fi)
+	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -100,10 +106,7 @@ func Open(path string) (*Store, error) {
 		return nil, err
 	}
 	s := NewStore(path, c)
-	s.lastData = data
-	if fi, err := os.Stat(path); err == nil {
-		s.lastStat = stampOf(fi)
-	}
+	s.lastData, s.lastStat = data, st
 	return s, nil
 }
 
@@ -243,6 +246,11 @@ func (s *Store) Apply(c *Config, ifVersion uint64) (uint64, error) {
 // pickUpHandEditLocked reloads the file if its bytes differ from the last
 // ones seen. Lock must be held.
 func (s *Store) pickUpHandEditLocked() error {
+	var st fileStamp
+	fi, statErr := os.Stat(s.path) // before the read (see Open)
+	if statErr == nil {
+		st = stampOf(fi)
+	}
 	data, err := os.ReadFile(s.path)
 	if err != nil {
 		return fmt.Errorf("cannot read config file %q: %v", s.path, err)
@@ -255,8 +263,8 @@ func (s *Store) pickUpHandEditLocked() error {
 		return fmt.Errorf("the config file %q was edited by hand and does not parse (%v): fix or revert it first", s.path, err)
 	}
 	s.lastData, s.badData = data, nil
-	if fi, err := os.Stat(s.path); err == nil {
-		s.lastStat = stampOf(fi)
+	if statErr == nil {
+		s.lastStat = st
 	}
 	s.swap(c, s.ver.Load()+1)
 	reloadsOK.Inc()
