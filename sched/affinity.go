@@ -71,8 +71,11 @@ func (s *Scheduler) affinity(c *compiled) *affinityTable {
 		return t
 	}
 	if t != nil && affinityShards(max) == len(t.shards) {
+		per := int64((max + len(t.shards) - 1) / len(t.shards))
 		t.maxEntries.Store(int64(max))
-		t.perShard.Store(int64((max + len(t.shards) - 1) / len(t.shards)))
+		if t.perShard.Swap(per) > per {
+			t.trim() // a lowered cap frees its memory now, not as entries expire
+		}
 		return t
 	}
 	nt := newAffinityTable(max)
@@ -141,6 +144,24 @@ func (t *affinityTable) bind(key uint64, w *fleet.Worker, now int64) {
 	sh.pushFront(i)
 	sh.mu.Unlock()
 	t.count.Add(added)
+}
+
+// trim evicts each shard's least recently used bindings beyond the
+// per-shard cap (after the cap was lowered).
+func (t *affinityTable) trim() {
+	per := int(t.perShard.Load())
+	for si := range t.shards {
+		sh := &t.shards[si]
+		sh.mu.Lock()
+		n := 0
+		for len(sh.m) > per && sh.tail != 0 {
+			sh.remove(sh.tail)
+			n++
+		}
+		sh.mu.Unlock()
+		t.count.Add(int64(-n))
+		t.evictions.Add(uint64(n))
+	}
 }
 
 // sweep removes bindings idle for longer than ttl.

@@ -195,3 +195,31 @@ func TestAffinityMaxEntries(t *testing.T) {
 		t.Fatalf("same shard layout must keep bindings")
 	}
 }
+
+// Lowering session_affinity.max_entries by reload (same shard layout, so
+// the bindings are kept) left every shard over its new cap until its
+// entries expired: the memory an operator lowered the cap to reclaim stayed
+// held for the TTL. The oldest bindings beyond the new cap go at once.
+func TestLoweringMaxEntriesEvictsTheOldestAtOnce(t *testing.T) {
+	s, _ := newTestSched(t, workers(2, "m")...)
+	tab := s.affinity(s.compiled(affCfg(t, func(sa *config.SessionAffinity) { sa.MaxEntries = 1000 })))
+	w := s.Fleet.View().Routable[0]
+	for i := 0; i < 1000; i++ {
+		tab.bind(uint64(i)*0x9E3779B97F4A7C15, w, int64(i+1))
+	}
+	lower := affCfg(t, func(sa *config.SessionAffinity) { sa.MaxEntries = 600 })
+	if s.affinity(s.compiled(lower)) != tab {
+		t.Fatal("the shard layout changed: this test needs one that is kept")
+	}
+	if n := tab.count.Load(); n > 600 {
+		t.Fatalf("%d bindings held after lowering max_entries to 600", n)
+	}
+	// The newest survive, the oldest went.
+	newest := uint64(999)
+	if tab.get(newest*0x9E3779B97F4A7C15, 1001, int64(time.Hour)) == nil {
+		t.Fatal("the newest binding was evicted")
+	}
+	if tab.get(0, 1001, int64(time.Hour)) != nil {
+		t.Fatal("the oldest binding was kept")
+	}
+}
