@@ -76,7 +76,7 @@ func builtinRange(st *state, _ *env, args []Value) (Value, error) {
 	count := 0
 	for i := start; (step > 0 && i < stop) || (step < 0 && i > stop); i += step {
 		if count >= maxRange {
-			return Value{}, errorf("range too large")
+			return Value{}, limitf("range too large")
 		}
 		count++
 	}
@@ -1009,7 +1009,7 @@ func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Valu
 		if ind.kind == KindInt {
 			o.indent = int(ind.num)
 			if o.indent > 64 {
-				return Value{}, errorf("indent too large")
+				return Value{}, limitf("indent too large")
 			}
 		}
 		ea := arg(-1, "ensure_ascii", Bool(false))
@@ -1192,7 +1192,7 @@ func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Valu
 				return Value{}, errorf("width must be a number")
 			}
 			if w.num > 1024 {
-				return Value{}, errorf("indent width too large")
+				return Value{}, limitf("indent width too large")
 			}
 			first := arg(1, "first", Bool(false))
 			blank := arg(2, "blank", Bool(false))

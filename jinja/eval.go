@@ -58,11 +58,28 @@ func ParseWithOptions(src string, opts Options) (*Template, error) {
 }
 
 // Error is a template runtime error, including raise_exception.
-type Error struct{ Msg string }
+type Error struct {
+	Msg string
+	// Limit is set when a resource bound of Options (MaxSteps,
+	// MaxOutput) stopped the render, not the template or its data.
+	Limit bool
+}
 
 func (e *Error) Error() string { return e.Msg }
 
 func errorf(format string, args ...any) error { return &Error{Msg: fmt.Sprintf(format, args...)} }
+
+// limitf is errorf for a resource bound that stopped the render.
+func limitf(format string, args ...any) error {
+	return &Error{Msg: fmt.Sprintf(format, args...), Limit: true}
+}
+
+// IsLimit reports whether err (or an error it wraps) is a render stopped by
+// a resource bound of Options rather than by the template or its data.
+func IsLimit(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Limit
+}
 
 var (
 	errBreak    = errors.New("break outside loop")
@@ -97,7 +114,7 @@ type state struct {
 func (st *state) step() error {
 	st.steps++
 	if st.steps > st.opts.MaxSteps {
-		return errorf("template exceeded %d evaluation steps", st.opts.MaxSteps)
+		return limitf("template exceeded %d evaluation steps", st.opts.MaxSteps)
 	}
 	return nil
 }
@@ -106,7 +123,7 @@ func (st *state) step() error {
 func (st *state) charge(n int) error {
 	st.steps += n
 	if st.steps > st.opts.MaxSteps {
-		return errorf("template exceeded %d evaluation steps", st.opts.MaxSteps)
+		return limitf("template exceeded %d evaluation steps", st.opts.MaxSteps)
 	}
 	return nil
 }
@@ -114,11 +131,11 @@ func (st *state) charge(n int) error {
 // spend charges n bytes of string building to the budget.
 func (st *state) spend(n int) error {
 	if n > st.opts.MaxOutput {
-		return errorf("template string exceeds %d bytes", st.opts.MaxOutput)
+		return limitf("template string exceeds %d bytes", st.opts.MaxOutput)
 	}
 	st.strBud -= n
 	if st.strBud < 0 {
-		return errorf("template built more than %d bytes of strings", 16*st.opts.MaxOutput)
+		return limitf("template built more than %d bytes of strings", 16*st.opts.MaxOutput)
 	}
 	return nil
 }
@@ -181,7 +198,7 @@ func (st *state) block(dst []byte, body []node, e *env) ([]byte, error) {
 			return dst, err
 		}
 		if len(dst)-start > st.opts.MaxOutput {
-			return dst, errorf("template output exceeds %d bytes", st.opts.MaxOutput)
+			return dst, limitf("template output exceeds %d bytes", st.opts.MaxOutput)
 		}
 	}
 	return dst, nil
@@ -376,7 +393,7 @@ func (st *state) stmtValue(n node, e *env) (Value, error) {
 		return Value{}, err
 	}
 	if len(b) > st.opts.MaxOutput {
-		return Value{}, errorf("template output exceeds %d bytes", st.opts.MaxOutput)
+		return Value{}, limitf("template output exceeds %d bytes", st.opts.MaxOutput)
 	}
 	return String(st.strBytes(b)), nil
 }
@@ -967,7 +984,7 @@ func (st *state) invoke(fn Value, e *env, args []Value) (Value, error) {
 	st.depth++
 	defer func() { st.depth-- }()
 	if st.depth > maxCallDepth {
-		return Value{}, errorf("maximum call depth %d exceeded", maxCallDepth)
+		return Value{}, limitf("maximum call depth %d exceeded", maxCallDepth)
 	}
 	return fn.fn.call(st, e, args)
 }
@@ -1332,7 +1349,7 @@ func (st *state) binary(n *binaryExpr, e *env) (Value, error) {
 				return Value{}, err
 			}
 			if len(left.arr.items)+len(right.arr.items) > st.opts.MaxOutput {
-				return Value{}, errorf("array too large")
+				return Value{}, limitf("array too large")
 			}
 			if err := st.spend(8 * (len(left.arr.items) + len(right.arr.items))); err != nil {
 				return Value{}, err

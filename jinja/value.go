@@ -672,14 +672,14 @@ func checkJSON(v Value, depth int) error {
 func checkJSONBudget(v Value, depth int, budget *int) error {
 	*budget--
 	if *budget < 0 {
-		return errorf("value too large to convert to JSON")
+		return limitf("value too large to convert to JSON")
 	}
 	switch v.kind {
 	case KindTuple:
 		return errorf("cannot convert to JSON: TupleValue")
 	case KindArray:
 		if depth > maxJSONDepth {
-			return errorf("value nested too deeply")
+			return limitf("value nested too deeply")
 		}
 		for _, it := range v.arr.items {
 			if err := checkJSONBudget(it, depth+1, budget); err != nil {
@@ -688,7 +688,7 @@ func checkJSONBudget(v Value, depth int, budget *int) error {
 		}
 	case KindObject, KindKwargs, KindNamespace:
 		if depth > maxJSONDepth {
-			return errorf("value nested too deeply")
+			return limitf("value nested too deeply")
 		}
 		for _, it := range v.obj.vals {
 			if err := checkJSONBudget(it, depth+1, budget); err != nil {

@@ -2,10 +2,14 @@ package proxy
 
 import (
 	"encoding/json"
+	"net"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/infera/infera/tokenizer"
+	"github.com/valyala/fasthttp"
 )
 
 // A content given as parts renders as vLLM flattens it for a template that
@@ -42,5 +46,37 @@ func TestContentPartsRenderJoinedAsVLLMJoinsThem(t *testing.T) {
 	}
 	if want := tok.Encode(nil, render); !slices.Equal(got.Tokens, want) {
 		t.Fatalf("router encoded %q, want %q", tok.Decode(got.Tokens), render)
+	}
+}
+
+// A render the router's own template bounds stop (here one message longer
+// than the template engine's 16 MiB string bound) was answered 400 with
+// the router's internal limit ("template string exceeds 16777216 bytes"),
+// though the body was within --max-body-bytes and the engine, with its own
+// renderer, decides what it accepts. It is routed without block hashes, as
+// a conversation too long to render whole is.
+func TestARenderStoppedByTheRoutersOwnBoundsIsRoutedWithoutHashes(t *testing.T) {
+	dir := qwen3Dir(t)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hits atomic.Int32
+	eng := &fasthttp.Server{MaxRequestBodySize: 64 << 20, Handler: func(ctx *fasthttp.RequestCtx) {
+		hits.Add(1)
+		okHandler(ctx)
+	}}
+	go eng.Serve(ln)
+	t.Cleanup(func() { eng.Shutdown() })
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	f.MaxBodyBytes = 32 << 20
+	r := startRouter(t, f, nil, "http://"+ln.Addr().String())
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("word ", 17<<20/5) + `"}]}`
+	if code, b := post(t, r.url+"/v1/chat/completions", body); code != 200 || b != okJSON {
+		t.Fatalf("%d %.300s", code, b)
+	}
+	if hits.Load() != 1 {
+		t.Fatalf("the engine got %d requests", hits.Load())
 	}
 }

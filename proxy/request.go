@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/jinja"
 	"github.com/infera/infera/mirror"
 	"github.com/infera/infera/sched"
 	"github.com/infera/infera/tokenizer"
@@ -410,8 +411,12 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 		var err error
 		rs.render, err = s.o.Tokenizer.RenderChat(rs.render[:0], rs.msgs, tools, all)
 		if err != nil {
-			if !all {
-				rs.tokSkip = true // the template wants the whole conversation
+			// A part the template wants whole, or a render the router's
+			// own bounds stopped (the engine renders it with its own):
+			// routed without block hashes. A whole conversation the
+			// template refuses (a raise_exception) is the client's error.
+			if !all || jinja.IsLimit(err) {
+				rs.tokSkip = true
 				mTokenizeCut.Inc()
 				return nil
 			}
