@@ -29,3 +29,19 @@ func TestAWriteWithARepeatedSettingIsRefused(t *testing.T) {
 	f("PUT", "/api/config/debug", `{"decision_header":true,"decision_header":false}`, "debug.decision_header")
 	f("PATCH", "/api/config/debug", `{"decision_header":true,"Decision_Header":false}`, "debug.Decision_Header")
 }
+
+// An export edited by hand (the import invites it: remove sha256 to import
+// an edited file) with a setting given twice kept the last copy silently,
+// as the writes did: refused at its path, nothing imported.
+func TestAnImportWithARepeatedSettingIsRefused(t *testing.T) {
+	e := newEnv(t, envOpts{file: `{}`})
+	snap := `{"format":"` + snapshotFormat + `","format_version":1,"config":{"debug":{"decision_header":true},"debug":{}}}`
+	for _, q := range []string{"?dry_run=1", ""} {
+		r := e.do("POST", "/api/backup/import"+q, snap)
+		var got errorJSON
+		json.Unmarshal(r.body, &got)
+		if r.status != http.StatusBadRequest || got.Error.Path != "config.debug" || e.store.Version() != 1 {
+			t.Fatalf("import%s: %d %s (version %d)", q, r.status, r.body, e.store.Version())
+		}
+	}
+}

@@ -160,6 +160,9 @@ func decodeSnapshot(data []byte) (map[string]any, *snapshotFile, error) {
 		}
 	}
 	doc, err := decodeDoc(f.Config)
+	if err == nil {
+		err = config.RepeatedKey(f.Config, "") // the map kept one copy (an edited export)
+	}
 	if err != nil {
 		var fe *config.FieldError
 		if errors.As(err, &fe) {
