@@ -682,21 +682,9 @@ func (c *conv) userText(content []byte, a at, n *int) error {
 	}
 	err := elems(content, func(vs, ve int) error {
 		b := content[vs:ve]
-		typ, text := blockTypeText(b)
-		var raw []byte
-		switch {
-		case strIs(typ, "text"):
-			var ok bool
-			if raw, ok = rawStr(text); !ok {
-				return a.err(": a text block needs a string text")
-			}
-		case strIs(typ, "document"):
-			var err error
-			if raw, err = documentText(b, a); err != nil {
-				return err
-			}
-		default:
-			return nil
+		raw, typ, err := textBlock(b, a)
+		if err != nil || typ != nil {
+			return err
 		}
 		c.textSep(n)
 		c.out = append(c.out, raw...)
@@ -828,6 +816,28 @@ func (c *conv) imagePart(n *int, b []byte, a at) error {
 	return nil
 }
 
+// textBlock returns the raw text of a text block or of a plain-text
+// document block. For any other block it returns the block's type instead
+// (other is nil for text and documents), for the caller to handle.
+func textBlock(b []byte, a at) (raw, other []byte, err error) {
+	typ, text := blockTypeText(b)
+	switch {
+	case strIs(typ, "text"):
+		var ok bool
+		if raw, ok = rawStr(text); !ok {
+			return nil, nil, a.err(": a text block needs a string text")
+		}
+		return raw, nil, nil
+	case strIs(typ, "document"):
+		raw, err = documentText(b, a)
+		return raw, nil, err
+	}
+	if typ == nil {
+		typ = []byte{}
+	}
+	return nil, typ, nil
+}
+
 // documentText returns the raw text of a plain-text document block
 // (source type "text"); other documents (PDF, files) are refused.
 func documentText(b []byte, a at) ([]byte, error) {
@@ -877,23 +887,14 @@ func (c *conv) toolResultText(v []byte, a at) (images bool, err error) {
 		if b[0] != '{' {
 			return a.err(": tool_result content must be an array of blocks")
 		}
-		typ, text := blockTypeText(b)
-		var raw []byte
+		raw, typ, err := textBlock(b, a)
 		switch {
-		case strIs(typ, "text"):
-			var ok bool
-			if raw, ok = rawStr(text); !ok {
-				return a.err(": a text block needs a string text")
-			}
-		case strIs(typ, "document"):
-			var err error
-			if raw, err = documentText(b, a); err != nil {
-				return err
-			}
+		case err != nil:
+			return err
 		case strIs(typ, "image"):
 			images = true
 			return nil
-		default:
+		case typ != nil:
 			return a.err(": unsupported block type in tool_result content")
 		}
 		if n > 0 {
