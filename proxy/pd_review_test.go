@@ -154,6 +154,7 @@ func TestPDBrokenPrefillAnswerGoesToAnotherPrefillWorker(t *testing.T) {
 				dec = startUpstream(t, decodeEngine(&dl, "kv_transfer_params", &ok))
 			} else {
 				sp := newSGLangRooms()
+				defer sp.stop()
 				good = startUpstream(t, sp.prefill(&pl, &ok))
 				dec = startUpstream(t, sp.decode(&dl, &ok))
 			}
@@ -369,6 +370,7 @@ func TestPDSGLangBatchLegsShareTheirRoomsWhenModelsDiffer(t *testing.T) {
 // workers, not a generic 502.
 func TestPDSGLangRelaysTheLastPrefillErrorAnswer(t *testing.T) {
 	sp := newSGLangRooms()
+	defer sp.stop()
 	var pre, dec legLog
 	var ok, st503 atomic.Int32
 	st503.Store(503)

@@ -325,11 +325,21 @@ type sglangRooms struct {
 	rooms          map[string]chan struct{}
 	joined         map[string]chan struct{}
 	prefillDrained atomic.Int32
+	stopped        chan struct{}
 }
 
+// noPartner is how long a leg waits for its partner. It is far above the
+// tests' bounds on how long an aborted pairing may take, so a leg the
+// router failed to abort shows; a test ends the waits of legs it left
+// behind with stop (deferred: it runs before the upstreams' cleanup, which
+// waits for their handlers).
+const noPartner = 10 * time.Second
+
 func newSGLangRooms() *sglangRooms {
-	return &sglangRooms{rooms: map[string]chan struct{}{}, joined: map[string]chan struct{}{}}
+	return &sglangRooms{rooms: map[string]chan struct{}{}, joined: map[string]chan struct{}{}, stopped: make(chan struct{})}
 }
+
+func (sp *sglangRooms) stop() { close(sp.stopped) }
 
 func (sp *sglangRooms) ch(m map[string]chan struct{}, room string) chan struct{} {
 	sp.mu.Lock()
@@ -360,7 +370,10 @@ func (sp *sglangRooms) prefill(log *legLog, st *atomic.Int32) fasthttp.RequestHa
 		close(sp.ch(sp.rooms, room))
 		select {
 		case <-sp.ch(sp.joined, room):
-		case <-time.After(3 * time.Second):
+		case <-time.After(noPartner):
+			ctx.SetStatusCode(500)
+			return
+		case <-sp.stopped:
 			ctx.SetStatusCode(500)
 			return
 		}
@@ -385,9 +398,12 @@ func (sp *sglangRooms) decode(log *legLog, st *atomic.Int32) fasthttp.RequestHan
 		close(sp.ch(sp.joined, room))
 		select {
 		case <-sp.ch(sp.rooms, room):
-		case <-time.After(3 * time.Second):
+		case <-time.After(noPartner):
 			ctx.SetStatusCode(500)
 			ctx.SetBodyString(`{"error":{"message":"KV transfer failed: no prefill","type":"server_error"}}`)
+			return
+		case <-sp.stopped:
+			ctx.SetStatusCode(500)
 			return
 		}
 		decodeEngine(&legLog{}, "bootstrap_room", &atomic.Int32{})(ctx)
@@ -399,6 +415,7 @@ func (sp *sglangRooms) decode(log *legLog, st *atomic.Int32) fasthttp.RequestHan
 // decode worker's answer; the prefill answer is drained.
 func TestPDPushSendsTheSGLangLegsTogether(t *testing.T) {
 	sp := newSGLangRooms()
+	defer sp.stop()
 	var pre, dec legLog
 	var ok atomic.Int32
 	p := startUpstream(t, sp.prefill(&pre, &ok))
@@ -472,7 +489,7 @@ func TestPDPushBootstrapDefaultsAndBatches(t *testing.T) {
 			t.Fatalf("%s: %d", body, code)
 		}
 		var got []string
-		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 			mu.Lock()
 			got = append(got[:0], seen[from:]...)
 			mu.Unlock()
@@ -511,6 +528,7 @@ func TestPDPushBootstrapDefaultsAndBatches(t *testing.T) {
 // goes to another decode worker, again with a new room.
 func TestPDPushFailoverPerLeg(t *testing.T) {
 	sp := newSGLangRooms()
+	defer sp.stop()
 	var preBad, preGood, dec1, dec2 legLog
 	var ok, st503 atomic.Int32
 	st503.Store(503)
@@ -539,7 +557,7 @@ func TestPDPushFailoverPerLeg(t *testing.T) {
 	if code != 200 || b != okJSON {
 		t.Fatalf("%d %s", code, b)
 	}
-	if took > 2*time.Second {
+	if took > 5*time.Second {
 		t.Fatalf("took %v: the decode leg of the failed prefill was not aborted", took)
 	}
 	// (The first decode leg may be aborted before it reached d1.)
@@ -586,7 +604,7 @@ func TestPDPushFailoverPerLeg(t *testing.T) {
 	r3 := startPDRouter(t, f, pdConfig(t, func(c *config.Config) { c.PD.Mode = "sglang" }),
 		pdWorker("p", p3.url, "prefill", ""), pdWorker("d", d3.url, "decode", ""))
 	start = time.Now()
-	if code, b := post(t, r3.url+"/v1/chat/completions", chatBody); code != 400 || !strings.Contains(b, "scripted prefill failure") || time.Since(start) > 2*time.Second {
+	if code, b := post(t, r3.url+"/v1/chat/completions", chatBody); code != 400 || !strings.Contains(b, "scripted prefill failure") || time.Since(start) > 5*time.Second {
 		t.Fatalf("refused prefill: %d %s after %v", code, b, time.Since(start))
 	}
 	noLoadLeft(t, r3.fl)
