@@ -454,7 +454,7 @@ func (s *Server) writeSchedError(ctx *fasthttp.RequestCtx, r *sched.Request, err
 	switch {
 	case errors.Is(err, sched.ErrUnknownModel):
 		countStatus(404)
-		msg := "The model `" + string(r.Model) + "` does not exist or is not served by any worker"
+		msg := unknownModel(r.Model)
 		var hint interface{ Suggestions() []string }
 		if errors.As(err, &hint) {
 			if names := hint.Suggestions(); len(names) > 0 {

@@ -50,3 +50,24 @@ func TestAServedModelCanBeRetrievedByID(t *testing.T) {
 	}
 	checkOpenAIError(t, b)
 }
+
+// An unknown model in a body was echoed whole in the 404's message (a
+// megabyte model name came back as a megabyte error). It is cut to 256
+// bytes there as in GET /v1/models/{id}, on a character boundary.
+func TestAnUnknownModelIsEchoedAtMost256Bytes(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, up.url)
+	long := strings.Repeat("é", 200) // 400 bytes: the cut falls inside no character
+	code, b := post(t, r.url+"/v1/chat/completions", `{"model":"`+long+`","messages":[{"role":"user","content":"x"}]}`)
+	if code != 404 || !strings.Contains(b, `"code":"model_not_found"`) {
+		t.Fatalf("%d %s", code, b)
+	}
+	checkOpenAIError(t, b)
+	if !strings.Contains(b, "`"+strings.Repeat("é", 128)+"`") {
+		t.Fatalf("the model is not shown cut to 256 bytes: %s", b)
+	}
+	long = "x" + strings.Repeat("é", 200) // the cut falls inside a character
+	if _, b = post(t, r.url+"/v1/chat/completions", `{"model":"`+long+`","messages":[{"role":"user","content":"x"}]}`); !strings.Contains(b, "`x"+strings.Repeat("é", 127)+"`") {
+		t.Fatalf("the cut character is not dropped: %s", b)
+	}
+}

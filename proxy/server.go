@@ -378,11 +378,17 @@ func (s *Server) handleModel(ctx *fasthttp.RequestCtx, id []byte) {
 			return
 		}
 	}
-	shown := id
-	if len(shown) > 256 {
-		shown = shown[:256]
+	writeError(ctx, fasthttp.StatusNotFound, typeNotFound, unknownModel(id), "model", "model_not_found")
+}
+
+// unknownModel is the message of a model_not_found error. It names the
+// model as the client wrote it, cut to its first 256 bytes (on a character
+// boundary): an error never echoes a client's megabyte.
+func unknownModel(model []byte) string {
+	if len(model) > 256 {
+		model = model[:256]
 	}
-	writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "The model `"+strings.ToValidUTF8(string(shown), "")+"` does not exist or is not served by any worker", "model", "model_not_found")
+	return "The model `" + strings.ToValidUTF8(string(model), "") + "` does not exist or is not served by any worker"
 }
 
 // healthyWorkers counts routable workers whose breaker is closed (or due
