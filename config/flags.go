@@ -60,6 +60,7 @@ type Serve struct {
 	MaxConnsPerWorker int           `help:"Max upstream connections per worker (each live stream holds one)." default:"4096" env:"INFERA_MAX_CONNS_PER_WORKER"`
 	ConnectTimeout    time.Duration `help:"Upstream dial timeout." default:"3s" env:"INFERA_CONNECT_TIMEOUT"`
 	LogLevel          string        `help:"debug, info, warn, error." default:"info" enum:"debug,info,warn,error" env:"INFERA_LOG_LEVEL"`
+	AccessLog         string        `help:"Write one JSON line per inference request to this file ('-': standard output; empty: off). Reopened on SIGHUP (log rotation)." env:"INFERA_ACCESS_LOG"`
 
 	// Client-side limits (hardening).
 	MaxConns             int           `help:"Max concurrent client connections; 0 = three quarters of the open-file limit." default:"0" env:"INFERA_MAX_CONNS"`

@@ -33,7 +33,9 @@ type Gateway struct {
 	fleet *fleet.Fleet
 	sched *sched.Scheduler
 	srv   *proxy.Server
-	stop  chan struct{}
+	// access is the access log (--access-log); nil: off.
+	access *proxy.AccessLog
+	stop   chan struct{}
 
 	discovery  discovery.Backend
 	nc         *nats.Conn
@@ -182,7 +184,13 @@ func New(f *config.Serve) (*Gateway, error) {
 		return nil, err
 	}
 
+	if f.AccessLog != "" {
+		if g.access, err = proxy.OpenAccessLog(f.AccessLog); err != nil {
+			return nil, err
+		}
+	}
 	opts := proxy.Options{
+		AccessLog: g.access,
 		Flags:     f,
 		Store:     store,
 		Sched:     g.sched,
@@ -375,6 +383,9 @@ func (g *Gateway) Close() {
 	}
 	if g.gov != nil {
 		g.gov.Close()
+	}
+	if g.access != nil {
+		g.access.Close() // after Shutdown: the last requests' lines are written
 	}
 }
 

@@ -53,6 +53,9 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 			notify("WATCHDOG=1")
 		case s := <-sig:
 			if s == syscall.SIGHUP {
+				if err := g.access.Reopen(); err != nil { // log rotation
+					slog.Warn("access log not reopened; writing to the old file", "err", err)
+				}
 				notify("RELOADING=1\nMONOTONIC_USEC=" + strconv.FormatInt(monotonicUsec(), 10))
 				if _, err := g.store.ReloadAsked(); err != nil {
 					notify("READY=1\nSTATUS=config reload rejected (" + err.Error() + "); previous config serving")

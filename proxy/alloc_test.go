@@ -3,6 +3,7 @@
 package proxy
 
 import (
+	"io"
 	"testing"
 
 	"github.com/valyala/fasthttp"
@@ -17,8 +18,11 @@ import (
 // io.LimitedReader (fasthttp v1.78 server.go, requestStream.discard).
 func TestNonStreamZeroAlloc(t *testing.T) {
 	for _, policy := range []string{"round-robin", "kv-aware"} {
-		t.Run(policy, func(t *testing.T) { testZeroAlloc(t, policy) })
+		t.Run(policy, func(t *testing.T) { testZeroAlloc(t, policy, false) })
 	}
+	// With the access log on: the line is built in the request's pooled
+	// buffer and appended to the log's.
+	t.Run("access-log", func(t *testing.T) { testZeroAlloc(t, "round-robin", true) })
 }
 
 // With the real Qwen3 tokenizer and chat template, a chat with a system
@@ -51,11 +55,18 @@ func TestKVAwareQwen3ChatWithToolsZeroAlloc(t *testing.T) {
 
 // testZeroAlloc: under kv-aware (the default policy) the chat prompt is also
 // decoded, rendered, tokenized, hashed and matched against the KV index.
-func testZeroAlloc(t *testing.T, policy string) {
+func testZeroAlloc(t *testing.T, policy string, accessLog bool) {
 	up := startUpstream(t, okHandler)
 	f := defaultFlags()
 	f.RouterPolicy = policy
-	r := startRouter(t, f, nil, up.url)
+	var r *testRouter
+	if accessLog {
+		l := NewAccessLog(io.Discard)
+		t.Cleanup(func() { l.Close() })
+		r = startRouterWith(t, f, nil, func(o *Options) { o.AccessLog = l }, up.url)
+	} else {
+		r = startRouter(t, f, nil, up.url)
+	}
 	hc, req := benchClient(t, r.url, false)
 	resp := fasthttp.AcquireResponse()
 	do := func() {

@@ -31,7 +31,7 @@ func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	rs := s.acquireState()
-	defer s.releaseState(rs)
+	defer s.releaseState(rs, endComplete)
 	if err := s.readBody(ctx, rs); err != nil {
 		ctx.SetConnectionClose()
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "request body not accepted", "", "")
@@ -74,7 +74,7 @@ func (s *Server) handleDebugRoute(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	rs := s.acquireState()
-	defer s.releaseState(rs)
+	defer s.releaseState(rs, endComplete)
 	if err := s.readBody(ctx, rs); err != nil {
 		ctx.SetConnectionClose()
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "request body not accepted", "", "")

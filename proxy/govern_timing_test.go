@@ -135,7 +135,7 @@ func admissionPath(b *testing.B, s *Server, ctx *fasthttp.RequestCtx) {
 	rs.gov.committed(200)
 	rs.usage = usage{prompt: 200, cached: 150, completion: 80, seen: true}
 	rs.lease.Done(sched.OutcomeSuccess)
-	s.releaseState(rs)
+	s.releaseState(rs, endComplete)
 }
 
 var benchModel = []byte("m")

@@ -41,7 +41,7 @@ func isFramingOrOwnHeader(k []byte) bool {
 	case 6:
 		return eqFold(k, "Server")
 	case 12:
-		return eqFold(k, "Content-Type")
+		return eqFold(k, "Content-Type") || eqFold(k, hdrRequestID) // the router sets the request id
 	case 14:
 		return eqFold(k, "Content-Length")
 	}

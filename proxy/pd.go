@@ -167,12 +167,8 @@ func (s *Server) dispatchPD(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *re
 	p.path = append(p.path[:0], rs.path...)
 	p.hdr = append(p.hdr[:0], rs.hdr...)
 	if p.mode == sched.PDModeVLLM {
-		if len(ctx.Request.Header.Peek("X-Request-Id")) == 0 {
-			// Both legs carry one request id, as vLLM's proxy sends them.
-			p.hdr = append(p.hdr, "X-Request-Id: "...)
-			p.hdr = appendRequestID(p.hdr)
-			p.hdr = append(p.hdr, "\r\n"...)
-		}
+		// Both legs carry the request's X-Request-Id (takeRequestID), as
+		// vLLM's proxy sends them one.
 		s.pdPull(ctx, cfg, rs, p, res)
 	} else {
 		s.pdPush(ctx, cfg, rs, p, res)

@@ -365,14 +365,17 @@ func (r *relay) readStaged(p []byte) (int, error) {
 func (r *relay) CloseWithError(err error) error {
 	rs := r.rs
 	outcome := r.outcome
+	end := endComplete
 	switch {
 	case err != nil:
 		mClientGone.Inc()
 		r.up.finish(false)
 		outcome = sched.OutcomeNeutral
+		end = endClientGone
 	case r.failed != nil:
 		r.up.finish(false)
 		outcome = r.failed.outcome()
+		end = endUpstreamErr
 	case r.upEOF:
 		r.up.finish(!r.cutAfterEnd)
 	default:
@@ -384,7 +387,7 @@ func (r *relay) CloseWithError(err error) error {
 	mDuration.Update(time.Since(rs.start).Seconds())
 	rs.usage.record(rs.lease.Worker)
 	rs.lease.Done(outcome)
-	s.releaseState(rs)
+	s.releaseState(rs, end)
 	*r = relay{}
 	relayPool.Put(r)
 	return nil

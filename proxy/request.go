@@ -65,6 +65,11 @@ type reqState struct {
 	// Users, quotas and concurrency seats (govern.go).
 	gov govState
 
+	// The request id (accesslog.go) and the access log's view.
+	reqID   []byte
+	acc     accessEntry
+	accLine []byte
+
 	live      liveSlot // the liveness watchdog's view (liveness.go)
 	watched   bool     // under the watchdog (the request goroutine's view)
 	handedOff bool
@@ -97,18 +102,23 @@ func (rs *reqState) Reset() {
 	rs.proto.reset()
 	rs.gov.reset()
 	rs.watched, rs.handedOff = false, false
+	rs.reqID, rs.acc, rs.ttft = rs.reqID[:0], accessEntry{}, 0
 }
 
 func (s *Server) acquireState() *reqState {
 	return s.pool.Get().(*reqState)
 }
 
-// releaseState returns rs: its body memory goes back to the budget.
-func (s *Server) releaseState(rs *reqState) {
+// releaseState returns rs: its body memory goes back to the budget. end
+// tells how the answer ended, for the access log.
+func (s *Server) releaseState(rs *reqState, end string) {
 	if rs.lease.Held() {
 		panic("BUG: request state released while its lease is held")
 	}
 	rs.gov.end(&rs.usage) // the request is over: its ticket ends here, once
+	if rs.acc.on {
+		s.logAccess(rs, end)
+	}
 	s.bodies.release(rs.reserved)
 	rs.Reset()
 	s.pool.Put(rs)
@@ -223,6 +233,21 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, rs *reqState) error {
 }
 
 func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
+	rs := s.acquireState()
+	rs.start = time.Now()
+	takeRequestID(ctx, rs)
+	endpoint := kind // the client's (a front door changes kind)
+	defer func() {
+		// Every answer carries the request id; the access log learns the
+		// status now (a relayed body follows, its head is written).
+		ctx.Response.Header.SetBytesV(hdrRequestID, rs.reqID)
+		if s.access != nil {
+			rs.acc = accessEntry{on: true, status: ctx.Response.StatusCode(), kind: endpoint, client: clientAddr(ctx)}
+		}
+		if !rs.handedOff {
+			s.releaseState(rs, endComplete)
+		}
+	}()
 	if !ctx.IsPost() {
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use POST", "", "method_not_allowed")
 		return
@@ -241,14 +266,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		ctx.SetConnectionClose() // the body was not read
 		return
 	}
-	rs := s.acquireState()
-	rs.start = time.Now()
 	rs.gov.user = user
-	defer func() {
-		if !rs.handedOff {
-			s.releaseState(rs)
-		}
-	}()
 	if err := s.readBody(ctx, rs); err != nil {
 		ctx.SetConnectionClose()
 		switch err {

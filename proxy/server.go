@@ -50,6 +50,10 @@ type Options struct {
 	// Explain backs POST /debug/route (kv-aware cost terms); optional.
 	Explain RouteExplainer
 
+	// AccessLog, when set, gets a line per inference request
+	// (--access-log); the caller opens, reopens and closes it.
+	AccessLog *AccessLog
+
 	// NATS, when set, carries every request (--request-transport nats).
 	NATS *broker.Client
 	// NATSConnected reports the broker connection state (for classifying
@@ -95,6 +99,8 @@ type Server struct {
 	nats  *natsTransport
 	live  *liveness
 	gov   *govern.Governor
+	// access is the access log (accesslog.go); nil: off.
+	access *AccessLog
 
 	policy    sched.Policy
 	mode      sched.Mode
@@ -121,7 +127,7 @@ func New(o Options) *Server {
 		o.BlockSize = 16
 	}
 	f := o.Flags
-	s := &Server{o: o, flags: f, store: o.Store, sched: o.Sched, live: newLiveness(), gov: o.Governor}
+	s := &Server{o: o, flags: f, store: o.Store, sched: o.Sched, live: newLiveness(), gov: o.Governor, access: o.AccessLog}
 	s.policy, _ = sched.ParsePolicy(f.RouterPolicy)
 	s.mode, _ = sched.ParseMode(f.RouterMode)
 	if f.APIKey != "" {

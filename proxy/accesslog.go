@@ -1,0 +1,308 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/internal/logx"
+	"github.com/valyala/fasthttp"
+)
+
+// AccessLog writes one JSON line per inference request (--access-log):
+// when it ended, its request id, the client's address, the endpoint, the
+// status, the duration and time to first byte, the model asked for, the
+// worker or upstream that answered, the token usage the engine reported,
+// the user and how the answer ended. Never a key, a header value other
+// than the request id, or any prompt or answer text.
+//
+// The request path never waits for the disk: a line is appended to a
+// buffer under a mutex (no allocation in steady state) and a goroutine
+// writes the buffer out every flushEvery, or sooner when flushAt bytes are
+// waiting. When the writer falls behind by maxPending bytes, new lines are
+// dropped and counted (infera_access_log_dropped_lines_total).
+type AccessLog struct {
+	mu      sync.Mutex
+	pending []byte
+	closed  bool
+
+	kick chan struct{}
+	done chan struct{}
+	stop sync.Once
+
+	// The destination; wmu serializes the writer goroutine's writes with
+	// Reopen and Close.
+	wmu   sync.Mutex
+	w     io.Writer
+	f     *os.File // nil for stdout and test writers
+	path  string
+	spare []byte
+}
+
+const (
+	flushEvery = 200 * time.Millisecond
+	flushAt    = 64 << 10
+	maxPending = 4 << 20
+)
+
+var (
+	mAccessDropped = metrics.NewCounter(`infera_access_log_dropped_lines_total`)
+	mAccessErrors  = metrics.NewCounter(`infera_access_log_write_errors_total`)
+	accessLogWarn  = &logx.Throttle{Every: 10 * time.Second}
+)
+
+// OpenAccessLog opens the access log at dest: "-" is standard output,
+// anything else a file, created if missing (mode 0640) and appended to.
+// Reopen (on SIGHUP) opens the path again, for log rotation.
+func OpenAccessLog(dest string) (*AccessLog, error) {
+	if dest == "" {
+		return nil, errors.New("access log: empty destination")
+	}
+	if dest == "-" {
+		return NewAccessLog(os.Stdout), nil
+	}
+	f, err := openAppend(dest)
+	if err != nil {
+		return nil, err
+	}
+	l := NewAccessLog(f)
+	l.f, l.path = f, dest
+	return l, nil
+}
+
+func openAppend(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+	if err != nil {
+		return nil, errors.New("access log: " + err.Error())
+	}
+	return f, nil
+}
+
+// NewAccessLog returns an access log writing to w.
+func NewAccessLog(w io.Writer) *AccessLog {
+	l := &AccessLog{w: w, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	go l.run()
+	return l
+}
+
+// Reopen opens the file again at its path (after a log rotator moved it);
+// a no-op for standard output. On failure the old file stays in use.
+func (l *AccessLog) Reopen() error {
+	if l == nil || l.f == nil {
+		return nil
+	}
+	f, err := openAppend(l.path)
+	if err != nil {
+		return err
+	}
+	l.wmu.Lock()
+	old := l.f
+	l.f, l.w = f, f
+	l.wmu.Unlock()
+	return old.Close()
+}
+
+// Close writes what is waiting and closes the file. Lines logged after it
+// are dropped.
+func (l *AccessLog) Close() error {
+	if l == nil {
+		return nil
+	}
+	l.stop.Do(func() {
+		l.mu.Lock()
+		l.closed = true
+		l.mu.Unlock()
+		close(l.kick)
+	})
+	<-l.done
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if l.f != nil {
+		return l.f.Close()
+	}
+	return nil
+}
+
+func (l *AccessLog) run() {
+	defer close(l.done)
+	t := time.NewTicker(flushEvery)
+	defer t.Stop()
+	for {
+		open := true
+		select {
+		case <-t.C:
+		case _, open = <-l.kick:
+		}
+		l.flush()
+		if !open {
+			return
+		}
+	}
+}
+
+// flush writes out the waiting lines.
+func (l *AccessLog) flush() {
+	l.mu.Lock()
+	b := l.pending
+	l.pending = l.spare[:0]
+	l.mu.Unlock()
+	if len(b) > 0 {
+		l.wmu.Lock()
+		_, err := l.w.Write(b)
+		l.wmu.Unlock()
+		if err != nil {
+			mAccessErrors.Inc()
+			accessLogWarn.Warn("access log write failed", "err", err)
+		}
+	}
+	if cap(b) > 2*maxPending {
+		b = nil
+	}
+	l.spare = b[:0]
+}
+
+// add appends a finished line.
+func (l *AccessLog) add(line []byte) {
+	l.mu.Lock()
+	if l.closed || len(l.pending)+len(line) > maxPending {
+		l.mu.Unlock()
+		mAccessDropped.Inc()
+		return
+	}
+	l.pending = append(l.pending, line...)
+	n := len(l.pending)
+	l.mu.Unlock()
+	if n >= flushAt && n-len(line) < flushAt {
+		select {
+		case l.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// accessEntry is what the access log says of one request beyond what
+// reqState holds; the handler fills it as it returns.
+type accessEntry struct {
+	on     bool // an inference request: logged when its state is released
+	status int
+	kind   int // the client's endpoint
+	client netip.Addr
+}
+
+// How an answer ended.
+const (
+	endComplete    = "complete"
+	endClientGone  = "client_gone"
+	endUpstreamErr = "upstream_error"
+)
+
+// logAccess appends rs's line (releaseState, before the state is reset).
+func (s *Server) logAccess(rs *reqState, end string) {
+	a := &rs.acc
+	b := rs.accLine[:0]
+	b = append(b, `{"time":"`...)
+	b = time.Now().UTC().AppendFormat(b, "2006-01-02T15:04:05.000Z")
+	b = append(b, `","request_id":`...)
+	b = appendJSONString(b, arenaString(rs.reqID))
+	if a.client.IsValid() {
+		b = append(b, `,"client":"`...)
+		b = a.client.Unmap().AppendTo(b)
+		b = append(b, '"')
+	}
+	b = append(b, `,"path":"`...)
+	b = append(b, canonicalPath(a.kind)...)
+	b = append(b, `","status":`...)
+	b = strconv.AppendInt(b, int64(a.status), 10)
+	b = append(b, `,"duration_ms":`...)
+	b = appendMillis(b, time.Since(rs.start))
+	if rs.ttft > 0 {
+		b = append(b, `,"ttft_ms":`...)
+		b = appendMillis(b, rs.ttft)
+	}
+	if m := rs.parsed.model; len(m) > 0 {
+		b = append(b, `,"model":`...)
+		b = appendJSONString(b, arenaString(m[:min(len(m), 256)]))
+	}
+	b = append(b, `,"stream":`...)
+	b = strconv.AppendBool(b, rs.parsed.stream)
+	if u := rs.ext.cur; u != nil {
+		b = append(b, `,"upstream":`...)
+		b = appendJSONString(b, u.label)
+	} else if w := rs.lease.Worker; w != nil {
+		b = append(b, `,"worker":`...)
+		b = appendJSONString(b, w.ID)
+	}
+	if u := &rs.usage; u.seen {
+		b = append(b, `,"prompt_tokens":`...)
+		b = strconv.AppendInt(b, int64(u.prompt), 10)
+		b = append(b, `,"completion_tokens":`...)
+		b = strconv.AppendInt(b, int64(u.completion), 10)
+		b = append(b, `,"cached_tokens":`...)
+		b = strconv.AppendInt(b, int64(u.cached), 10)
+	}
+	if u := rs.gov.user; u != nil {
+		b = append(b, `,"user":`...)
+		b = appendJSONString(b, u.Name())
+	}
+	b = append(b, `,"end":"`...)
+	b = append(b, end...)
+	b = append(b, "\"}\n"...)
+	rs.accLine = b
+	s.access.add(b)
+}
+
+// appendMillis appends d in milliseconds with three decimals.
+func appendMillis(b []byte, d time.Duration) []byte {
+	us := d.Microseconds()
+	b = strconv.AppendInt(b, us/1000, 10)
+	b = append(b, '.')
+	f := us % 1000
+	if f < 100 {
+		b = append(b, '0')
+	}
+	if f < 10 {
+		b = append(b, '0')
+	}
+	return strconv.AppendInt(b, f, 10)
+}
+
+// The request id: the client's X-Request-Id when it is 1-128 visible ASCII
+// characters, else a new one (32 hex digits). The request's header is set
+// to it, so every leg and upstream that forwards X-Request-Id sends this
+// one, and the answer carries it.
+const hdrRequestID = "X-Request-Id"
+
+func validRequestID(v []byte) bool {
+	if len(v) == 0 || len(v) > 128 {
+		return false
+	}
+	for _, c := range v {
+		if c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// takeRequestID sets rs.reqID from the request (or a new id) and the
+// request's X-Request-Id header to it.
+func takeRequestID(ctx *fasthttp.RequestCtx, rs *reqState) {
+	h := &ctx.Request.Header
+	if v := h.Peek(hdrRequestID); validRequestID(v) {
+		rs.reqID = append(rs.reqID[:0], v...)
+		return
+	}
+	rs.reqID = appendRequestID(rs.reqID[:0])
+	h.SetBytesV(hdrRequestID, rs.reqID)
+}
+
+// clientAddr is the client's IP address (none on a non-TCP connection).
+func clientAddr(ctx *fasthttp.RequestCtx) netip.Addr {
+	a, _ := netip.AddrFromSlice(ctx.RemoteIP())
+	return a
+}

@@ -1,0 +1,296 @@
+package proxy
+
+import (
+	"bufio"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// accessRouter starts a router whose access log is a file in a temporary
+// directory; lines reads what was logged so far (it closes the log, so it
+// is called once, when the requests are done).
+func accessRouter(t *testing.T, key string, urls ...string) (r *testRouter, lines func() []map[string]any, path string) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "access.log")
+	l, err := OpenAccessLog(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := defaultFlags()
+	f.APIKey = key
+	r = startRouterWith(t, f, nil, func(o *Options) { o.AccessLog = l }, urls...)
+	t.Cleanup(func() { l.Close() })
+	return r, func() []map[string]any {
+		t.Helper()
+		r.srv.Shutdown() // every request is over and released
+		l.Close()
+		return readAccessLog(t, path)
+	}, path
+}
+
+func readAccessLog(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+		if line == "" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("access log line is not JSON: %q: %v", line, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func byRequestID(lines []map[string]any) map[string]map[string]any {
+	m := map[string]map[string]any{}
+	for _, l := range lines {
+		m[l["request_id"].(string)] = l
+	}
+	return m
+}
+
+func send(t *testing.T, method, url, key, reqID, body string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	if reqID != "" {
+		req.Header.Set("X-Request-Id", reqID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sb strings.Builder
+	bufio.NewReader(resp.Body).WriteTo(&sb)
+	return resp, sb.String()
+}
+
+// Every inference request gets one JSON line: status, endpoint, model,
+// worker, usage, timings, the request id the client and the engine saw,
+// whatever the outcome (200, streamed, 401, 404, 405); no line holds the
+// key or the prompt.
+func TestTheAccessLogHasOneLinePerRequestAndNoSecrets(t *testing.T) {
+	var engineIDs sync.Map
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		engineIDs.Store(string(ctx.Request.Header.Peek("X-Request-Id")), true)
+		ctx.Response.Header.Set("X-Request-Id", "engine-own-id") // replaced by the router's
+		if strings.Contains(string(ctx.PostBody()), `"stream":true`) {
+			(&sseUpstream{n: 3}).handler(ctx)
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"choices":[{"message":{"content":"ok"}}],"usage":{"prompt_tokens":7,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":4}}}`)
+	})
+	const key = "sk-access-log-key-123"
+	r, lines, _ := accessRouter(t, key, up.url)
+	prompt := `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"a confidential prompt"}]}`
+
+	resp, _ := send(t, "POST", r.url+"/v1/chat/completions", key, "client-id-1", prompt)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Request-Id") != "client-id-1" || len(resp.Header.Values("X-Request-Id")) != 1 {
+		t.Fatalf("client id: %d %v", resp.StatusCode, resp.Header.Values("X-Request-Id"))
+	}
+	resp, _ = send(t, "POST", r.url+"/v1/chat/completions", key, "", strings.Replace(prompt, `"max_tokens"`, `"stream":true,"max_tokens"`, 1))
+	streamID := resp.Header.Get("X-Request-Id")
+	if resp.StatusCode != 200 || len(streamID) != 32 {
+		t.Fatalf("generated id: %d %q", resp.StatusCode, streamID)
+	}
+	// Ids that are not 1-128 visible ASCII characters are replaced.
+	for _, bad := range []string{"has space", strings.Repeat("x", 129)} {
+		resp, _ = send(t, "POST", r.url+"/v1/chat/completions", key, bad, prompt)
+		if got := resp.Header.Get("X-Request-Id"); got == bad || len(got) != 32 {
+			t.Fatalf("id %q answered as %q", bad, got)
+		}
+	}
+	resp, _ = send(t, "POST", r.url+"/v1/chat/completions", "wrong-key", "unauth-1", prompt)
+	if resp.StatusCode != 401 {
+		t.Fatalf("wrong key: %d", resp.StatusCode)
+	}
+	send(t, "POST", r.url+"/v1/chat/completions", key, "nomodel-1", strings.Replace(prompt, `"m"`, `"nope"`, 1))
+	send(t, "GET", r.url+"/v1/chat/completions", key, "get-1", "")
+	send(t, "POST", r.url+"/v1/messages", key, "anthropic-1", `{"model":"nope","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
+	for _, id := range []string{"client-id-1", streamID} {
+		if _, ok := engineIDs.Load(id); !ok {
+			t.Fatalf("the engine did not get request id %q", id)
+		}
+	}
+
+	got := lines()
+	if len(got) != 8 {
+		t.Fatalf("%d lines, want 8: %v", len(got), got)
+	}
+	all, _ := json.Marshal(got)
+	for _, secret := range []string{key, "confidential", "wrong-key", "Bearer"} {
+		if strings.Contains(string(all), secret) {
+			t.Fatalf("the access log holds %q: %s", secret, all)
+		}
+	}
+	ids := byRequestID(got)
+	want := func(id string, fields map[string]any) {
+		t.Helper()
+		l := ids[id]
+		if l == nil {
+			t.Fatalf("no line for %s in %v", id, got)
+		}
+		for k, v := range fields {
+			if l[k] != v {
+				t.Fatalf("%s: %s = %v (%T), want %v: %v", id, k, l[k], l[k], v, l)
+			}
+		}
+		if _, err := time.Parse(time.RFC3339Nano, l["time"].(string)); err != nil {
+			t.Fatalf("%s: time %v", id, l["time"])
+		}
+		if l["client"] != "127.0.0.1" || l["duration_ms"].(float64) < 0 {
+			t.Fatalf("%s: %v", id, l)
+		}
+	}
+	want("client-id-1", map[string]any{"path": "/v1/chat/completions", "status": 200.0, "model": "m", "stream": false,
+		"worker": "w0", "prompt_tokens": 7.0, "completion_tokens": 2.0, "cached_tokens": 4.0, "end": "complete"})
+	if ids["client-id-1"]["ttft_ms"] == nil {
+		t.Fatal("no ttft_ms for an answered request")
+	}
+	want(streamID, map[string]any{"status": 200.0, "stream": true, "worker": "w0", "prompt_tokens": 5.0, "completion_tokens": 3.0, "end": "complete"})
+	want("unauth-1", map[string]any{"status": 401.0})
+	if l := ids["unauth-1"]; l["model"] != nil || l["worker"] != nil || l["ttft_ms"] != nil {
+		t.Fatalf("a refused request's line says more than it knows: %v", l)
+	}
+	want("nomodel-1", map[string]any{"status": 404.0, "model": "nope"})
+	want("get-1", map[string]any{"status": 405.0})
+	want("anthropic-1", map[string]any{"status": 404.0, "path": "/v1/messages"})
+}
+
+// A stream the client leaves, and one the engine breaks, say so in "end".
+func TestTheAccessLogTellsHowAStreamEnded(t *testing.T) {
+	slow := &sseUpstream{n: 200, delay: 10 * time.Millisecond}
+	var broken atomic.Bool
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if broken.Load() {
+			ctx.HijackSetNoResponse(true)
+			ctx.Hijack(func(c net.Conn) { // the engine dies mid-stream
+				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+					"10\r\ndata: {\"i\":0}\n\n\r\n"))
+			})
+			return
+		}
+		slow.handler(ctx)
+	})
+	r, lines, _ := accessRouter(t, "", up.url)
+	streamBody := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: leaver\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(streamBody)) + "\r\n\r\n" + streamBody))
+	br := bufio.NewReader(conn)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(line, "data: ") {
+			break
+		}
+	}
+	conn.Close()
+	waitUntil(t, "the engine sees the client leave", func() bool { return slow.writeErrs.Load() > 0 })
+
+	broken.Store(true)
+	if resp, b := send(t, "POST", r.url+"/v1/chat/completions", "", "broken", streamBody); resp.StatusCode != 200 || !strings.HasPrefix(b, "data: {\"i\":0}") {
+		t.Fatalf("broken stream: %d %q", resp.StatusCode, b)
+	}
+
+	ids := byRequestID(lines())
+	if l := ids["leaver"]; l == nil || l["end"] != "client_gone" || l["status"] != 200.0 {
+		t.Fatalf("leaver: %v", l)
+	}
+	if l := ids["broken"]; l == nil || l["end"] != "upstream_error" {
+		t.Fatalf("broken: %v", l)
+	}
+}
+
+// logrotate moves the file and sends SIGHUP: Reopen writes the next lines
+// to a new file at the path.
+func TestTheAccessLogReopensAfterRotation(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r, lines, path := accessRouter(t, "", up.url)
+	send(t, "POST", r.url+"/v1/chat/completions", "", "before", chatBody)
+	waitUntil(t, "the first line written", func() bool {
+		b, _ := os.ReadFile(path)
+		return strings.Contains(string(b), `"before"`)
+	})
+	if err := os.Rename(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.srv.access.Reopen(); err != nil {
+		t.Fatal(err)
+	}
+	send(t, "POST", r.url+"/v1/chat/completions", "", "after", chatBody)
+	now := lines()
+	old := readAccessLog(t, path+".1")
+	if len(old) != 1 || old[0]["request_id"] != "before" || len(now) != 1 || now[0]["request_id"] != "after" {
+		t.Fatalf("rotated file %v, new file %v", old, now)
+	}
+}
+
+// blockingWriter stands for a disk that stopped: writes wait for release.
+type blockingWriter struct {
+	release chan struct{}
+	n       atomic.Int64
+}
+
+func (w *blockingWriter) Write(p []byte) (int, error) {
+	<-w.release
+	w.n.Add(int64(len(p)))
+	return len(p), nil
+}
+
+// A writer that cannot keep up never holds a request: lines beyond
+// maxPending bytes are dropped and counted.
+func TestAStalledAccessLogDropsLinesInsteadOfBlocking(t *testing.T) {
+	w := &blockingWriter{release: make(chan struct{})}
+	l := NewAccessLog(w)
+	line := []byte(strings.Repeat("x", 4095) + "\n")
+	dropped := mAccessDropped.Get()
+	done := make(chan struct{})
+	go func() {
+		for i := 0; i < 3*maxPending/len(line); i++ {
+			l.add(line)
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("adding lines blocked behind a stalled writer")
+	}
+	if n := mAccessDropped.Get() - dropped; n < uint64(maxPending/len(line)) {
+		t.Fatalf("%d lines dropped", n)
+	}
+	close(w.release)
+	l.Close()
+	if n := w.n.Load(); n == 0 || n > 2*maxPending {
+		t.Fatalf("%d bytes written", n)
+	}
+}
