@@ -80,7 +80,7 @@ func (c *serveCmd) Run() error {
 	}
 	slog.Info("infera serving", "addr", ln.Addr().String(), "workers", g.Workers(),
 		"policy", f.RouterPolicy, "mode", f.RouterMode, "discovery", f.DiscoveryBackend,
-		"request_transport", f.RequestTransport, "kv_event_transport", f.KVEventTransport)
+		"request_transport", f.RequestTransport, "kv_event_transport", f.KVEventTransport, "tls", f.TLSCertFile != "")
 	return g.Run(context.Background(), ln)
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -29,6 +30,8 @@ type Options struct {
 	Store *config.Store
 	// Addr is the admin listener's host:port; empty keeps the listener off.
 	Addr string
+	// TLS, when set, serves the admin API and console over HTTPS.
+	TLS *tls.Config
 	// Key authenticates admin requests ("Authorization: Bearer <key>").
 	// Empty keeps the listener off. Without SealKey it also seals the
 	// secrets of snapshots, exports and Redis (all replicas and restores
@@ -262,6 +265,10 @@ func (a *Admin) Start() error {
 	if err != nil {
 		return fmt.Errorf("cannot listen on admin address %s: %w", a.o.Addr, err)
 	}
+	scheme := "http"
+	if a.o.TLS != nil {
+		ln, scheme = tls.NewListener(ln, a.o.TLS), "https"
+	}
 	a.ln = ln
 	a.srv = &http.Server{
 		Handler:           a.Handler(),
@@ -279,7 +286,7 @@ func (a *Admin) Start() error {
 			slog.Error("admin listener stopped", "err", err)
 		}
 	}()
-	slog.Info("admin API and console listening", "addr", "http://"+ln.Addr().String()+"/", "storage", a.st.kind())
+	slog.Info("admin API and console listening", "addr", scheme+"://"+ln.Addr().String()+"/", "storage", a.st.kind())
 	return nil
 }
 

@@ -10,6 +10,9 @@ import (
 type Serve struct {
 	Host string `help:"Address to listen on." default:"0.0.0.0" env:"INFERA_HOST"`
 	Port int    `help:"Port to listen on." default:"8000" env:"INFERA_PORT"`
+	// TLS on the front door and the admin listener.
+	TLSCertFile string `help:"PEM certificate chain: serve HTTPS (with --tls-key-file) on the front door and the admin listener; reloaded on SIGHUP." env:"INFERA_TLS_CERT_FILE" type:"path"`
+	TLSKeyFile  string `help:"PEM private key of --tls-cert-file." env:"INFERA_TLS_KEY_FILE" type:"path"`
 
 	Config       string        `help:"Hot-reloadable JSON config file (reloaded on change and on SIGHUP)." env:"INFERA_CONFIG" type:"path"`
 	ConfigPoll   time.Duration `help:"How often the config file is checked for changes." default:"1s" env:"INFERA_CONFIG_POLL"`
@@ -98,6 +101,9 @@ func (s *Serve) Validate() error {
 	}
 	if s.MaxBodyBytes <= 0 {
 		return fmt.Errorf("--max-body-bytes must be positive")
+	}
+	if (s.TLSCertFile == "") != (s.TLSKeyFile == "") {
+		return fmt.Errorf("--tls-cert-file and --tls-key-file go together")
 	}
 	if s.RequestMaxRetries < 0 {
 		return fmt.Errorf("--request-max-retries must be >= 0")

@@ -21,6 +21,9 @@ import (
 // snapshot, so the rest of the gateway starts from that config.
 func (g *Gateway) openAdmin() error {
 	o := admin.OptionsFromFlags(g.flags, g.store)
+	if g.certs != nil {
+		o.TLS = g.certs.Config()
+	}
 	o.Backup = func(c *config.Config) config.Backup { return c.Backup }
 	a, err := admin.New(o)
 	if err != nil {

@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
 	"time"
+
+	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/infera/infera/admin"
 	"github.com/infera/infera/broker"
@@ -14,6 +17,7 @@ import (
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/govern"
+	"github.com/infera/infera/internal/certs"
 	"github.com/infera/infera/internal/logx"
 	"github.com/infera/infera/kv"
 	"github.com/infera/infera/kvroute"
@@ -35,7 +39,9 @@ type Gateway struct {
 	srv   *proxy.Server
 	// access is the access log (--access-log); nil: off.
 	access *proxy.AccessLog
-	stop   chan struct{}
+	// certs is the TLS certificate (--tls-cert-file); nil: plain HTTP.
+	certs *certs.Reloader
+	stop  chan struct{}
 
 	discovery  discovery.Backend
 	nc         *nats.Conn
@@ -91,6 +97,12 @@ func New(f *config.Serve) (*Gateway, error) {
 			g.Close()
 		}
 	}()
+	if f.TLSCertFile != "" {
+		if g.certs, err = certs.Load(f.TLSCertFile, f.TLSKeyFile); err != nil {
+			return nil, err
+		}
+		tlsExpiry(g.certs)
+	}
 	// Before anything reads the store: it may restore a snapshot or load
 	// the config from Redis.
 	if err := g.openAdmin(); err != nil {
@@ -191,6 +203,7 @@ func New(f *config.Serve) (*Gateway, error) {
 	}
 	opts := proxy.Options{
 		AccessLog: g.access,
+		TLS:       g.tlsConfig(),
 		Flags:     f,
 		Store:     store,
 		Sched:     g.sched,
@@ -399,4 +412,32 @@ func checkBackends(f *config.Serve) error {
 		return fmt.Errorf("--workers is for --discovery-backend static; with %s workers register themselves (infera worker)", f.DiscoveryBackend)
 	}
 	return nil
+}
+
+// tlsConfig is the front door's TLS configuration (nil: plain HTTP).
+func (g *Gateway) tlsConfig() *tls.Config {
+	if g.certs == nil {
+		return nil
+	}
+	return g.certs.Config()
+}
+
+// tlsExpiry exports the certificate's expiry (infera_tls_certificate_expiry_timestamp_seconds)
+// for an alert before it lapses; it follows reloads.
+func tlsExpiry(r *certs.Reloader) {
+	metrics.GetOrCreateGauge(`infera_tls_certificate_expiry_timestamp_seconds`, func() float64 {
+		return float64(r.NotAfter().Unix())
+	})
+}
+
+// reloadTLS reads the certificate files again (SIGHUP).
+func (g *Gateway) reloadTLS() {
+	if g.certs == nil {
+		return
+	}
+	if err := g.certs.Reload(); err != nil {
+		slog.Warn("TLS certificate not reloaded; the previous one keeps serving", "err", err)
+		return
+	}
+	slog.Info("TLS certificate reloaded", "not_after", g.certs.NotAfter().UTC().Format(time.RFC3339))
 }

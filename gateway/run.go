@@ -53,6 +53,7 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 			notify("WATCHDOG=1")
 		case s := <-sig:
 			if s == syscall.SIGHUP {
+				g.reloadTLS()                             // a renewed certificate
 				if err := g.access.Reopen(); err != nil { // log rotation
 					slog.Warn("access log not reopened; writing to the old file", "err", err)
 				}

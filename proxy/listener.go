@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"errors"
 	"net"
 	"syscall"
@@ -18,6 +19,9 @@ import (
 // (throttled), and tries again until the listener is closed.
 type listener struct {
 	net.Listener
+	// tls, when set, serves TLS over the accepted connections. The
+	// handshake runs in fasthttp's first read, under --header-timeout.
+	tls *tls.Config
 }
 
 var acceptLog = &logx.Throttle{Every: 5 * time.Second}
@@ -27,7 +31,11 @@ func (l *listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err == nil {
-			return &clientConn{Conn: sockio.Wrap(c), fd: netpeek.SockFD(c)}, nil
+			nc := sockio.Wrap(c)
+			if l.tls != nil {
+				nc = tls.Server(nc, l.tls) // over sockio's reads and lazy deadlines, as upstream TLS
+			}
+			return &clientConn{Conn: nc, fd: netpeek.SockFD(c), tls: l.tls != nil}, nil
 		}
 		if errors.Is(err, net.ErrClosed) {
 			return nil, err
@@ -47,7 +55,8 @@ func (l *listener) Accept() (net.Conn, error) {
 // kept for the liveness watchdog.
 type clientConn struct {
 	net.Conn
-	fd int
+	fd  int
+	tls bool
 }
 
 // maxConns resolves --max-conns: 0 means half of the open-file limit (the

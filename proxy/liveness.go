@@ -39,6 +39,9 @@ type liveSlot struct {
 	mu    sync.Mutex
 	since int64 // unix ns the request started; 0: not watched
 	fd    int
+	// tls: the client speaks TLS, whose close_notify comes as data before
+	// the FIN, so the socket's TCP state tells a client that left.
+	tls bool
 }
 
 const (
@@ -63,7 +66,7 @@ func (s *Server) watch(ctx *fasthttp.RequestCtx, rs *reqState) {
 	if rs.watched {
 		return
 	}
-	fd := clientFD(ctx)
+	fd, tls := clientFD(ctx)
 	if fd < 0 {
 		return
 	}
@@ -73,7 +76,7 @@ func (s *Server) watch(ctx *fasthttp.RequestCtx, rs *reqState) {
 	}
 	rs.watched = true
 	rs.live.mu.Lock()
-	rs.live.since, rs.live.fd = since, fd
+	rs.live.since, rs.live.fd, rs.live.tls = since, fd, tls
 	rs.live.mu.Unlock()
 }
 
@@ -123,7 +126,7 @@ func (l *liveness) check(now int64) {
 		kept = append(kept, w)
 		rs.live.mu.Lock()
 		if since := rs.live.since; since != 0 && now-since >= livenessAfter && !rs.call.cancel.wasAborted() &&
-			netpeek.Peek(rs.live.fd) == netpeek.Closed {
+			clientLeft(rs.live.fd, rs.live.tls) {
 			mClientGoneWaiting.Inc()
 			rs.call.cancel.abort()
 			rs.gov.ctx.cancel() // a wait in a governance queue ends at once
@@ -136,10 +139,19 @@ func (l *liveness) check(now int64) {
 
 func (l *liveness) close() { l.once.Do(func() { close(l.stop) }) }
 
-// clientFD returns the client socket of ctx, or -1.
-func clientFD(ctx *fasthttp.RequestCtx) int {
+// clientFD returns the client socket of ctx, or -1, and whether the client
+// speaks TLS.
+func clientFD(ctx *fasthttp.RequestCtx) (fd int, tls bool) {
 	if c, ok := ctx.Conn().(*clientConn); ok {
-		return c.fd
+		return c.fd, c.tls
 	}
-	return -1
+	return -1, false
+}
+
+// clientLeft reports whether the client of socket fd closed or reset it.
+func clientLeft(fd int, tls bool) bool {
+	if tls {
+		return netpeek.PeerClosed(fd)
+	}
+	return netpeek.Peek(fd) == netpeek.Closed
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"net"
 	"sort"
@@ -49,6 +50,9 @@ type Options struct {
 
 	// Explain backs POST /debug/route (kv-aware cost terms); optional.
 	Explain RouteExplainer
+
+	// TLS, when set, serves HTTPS (--tls-cert-file).
+	TLS *tls.Config
 
 	// AccessLog, when set, gets a line per inference request
 	// (--access-log); the caller opens, reopens and closes it.
@@ -196,7 +200,7 @@ func New(o Options) *Server {
 // stop the server.
 func (s *Server) Serve(ln net.Listener) error {
 	go s.live.run()
-	return s.srv.Serve(&listener{Listener: ln})
+	return s.srv.Serve(&listener{Listener: ln, tls: s.o.TLS})
 }
 
 // Shutdown stops accepting, closes idle connections and waits for open

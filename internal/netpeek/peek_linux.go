@@ -41,3 +41,24 @@ func Peek(fd int) State {
 	}
 	return Data
 }
+
+// PeerClosed reports whether the peer of the TCP socket fd closed its side
+// (the socket is in CLOSE_WAIT) or the connection is gone (CLOSE, after a
+// reset), whatever bytes still wait to be read: a TLS client's close_notify
+// arrives as a record before its FIN, so Peek sees Data. One getsockopt
+// (TCP_INFO, its first byte: tcpi_state), no allocation. fd < 0 reports
+// false.
+func PeerClosed(fd int) bool {
+	if fd < 0 {
+		return false
+	}
+	var info [8]byte
+	n := uint32(len(info))
+	_, _, errno := syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, uintptr(fd), syscall.IPPROTO_TCP, syscall.TCP_INFO,
+		uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&n)), 0)
+	if errno != 0 {
+		return errno == syscall.EBADF || errno == syscall.ENOTCONN
+	}
+	const tcpClose, tcpCloseWait = 7, 8 // include/net/tcp_states.h
+	return n > 0 && (info[0] == tcpCloseWait || info[0] == tcpClose)
+}

@@ -9,3 +9,6 @@ func SockFD(c net.Conn) int { return -1 }
 
 // Peek reports Empty (unsupported).
 func Peek(fd int) State { return Empty }
+
+// PeerClosed reports false (unsupported).
+func PeerClosed(fd int) bool { return false }
