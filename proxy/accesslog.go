@@ -272,10 +272,12 @@ func appendMillis(b []byte, d time.Duration) []byte {
 }
 
 // The request id: the client's X-Request-Id when it is 1-128 visible ASCII
-// characters, else a new one (32 hex digits). The request's header is set
-// to it, so every leg and upstream that forwards X-Request-Id sends this
-// one, and the answer carries it.
+// characters, else a new one (32 hex digits). The engine gets it in place of
+// the client's header (appendForwardHeaders leaves that out; both PD legs
+// and external upstreams get it too) and the answer carries it.
 const hdrRequestID = "X-Request-Id"
+
+var hdrRequestIDBytes = []byte(hdrRequestID)
 
 func validRequestID(v []byte) bool {
 	if len(v) == 0 || len(v) > 128 {
@@ -289,16 +291,20 @@ func validRequestID(v []byte) bool {
 	return true
 }
 
-// takeRequestID sets rs.reqID from the request (or a new id) and the
-// request's X-Request-Id header to it.
+// takeRequestID sets rs.reqID from the request, or to a new id.
 func takeRequestID(ctx *fasthttp.RequestCtx, rs *reqState) {
-	h := &ctx.Request.Header
-	if v := h.Peek(hdrRequestID); validRequestID(v) {
+	if v := ctx.Request.Header.Peek(hdrRequestID); validRequestID(v) {
 		rs.reqID = append(rs.reqID[:0], v...)
 		return
 	}
 	rs.reqID = appendRequestID(rs.reqID[:0])
-	h.SetBytesV(hdrRequestID, rs.reqID)
+}
+
+// appendRequestIDHeader appends the request id's header line.
+func appendRequestIDHeader(dst, id []byte) []byte {
+	dst = append(dst, hdrRequestID+": "...)
+	dst = append(dst, id...)
+	return append(dst, "\r\n"...)
 }
 
 // clientAddr is the client's IP address (none on a non-TCP connection).

@@ -93,7 +93,9 @@ func send(t *testing.T, method, url, key, reqID, body string) (*http.Response, s
 func TestTheAccessLogHasOneLinePerRequestAndNoSecrets(t *testing.T) {
 	var engineIDs sync.Map
 	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
-		engineIDs.Store(string(ctx.Request.Header.Peek("X-Request-Id")), true)
+		if ids := ctx.Request.Header.PeekAll("X-Request-Id"); len(ids) == 1 { // never the client's and the router's both
+			engineIDs.Store(string(ids[0]), true)
+		}
 		ctx.Response.Header.Set("X-Request-Id", "engine-own-id") // replaced by the router's
 		if strings.Contains(string(ctx.PostBody()), `"stream":true`) {
 			(&sseUpstream{n: 3}).handler(ctx)

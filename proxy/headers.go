@@ -85,7 +85,7 @@ func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, stripAuth bool)
 	for k, v := range h.All() {
 		switch {
 		case isHopHeader(k), eqFold(k, "Host"), eqFold(k, "Content-Length"), eqFold(k, "Expect"),
-			eqFold(k, hdrWorkerID), eqFold(k, hdrPrefillID):
+			eqFold(k, hdrWorkerID), eqFold(k, hdrPrefillID), eqFold(k, hdrRequestID): // the router's request id follows
 			continue
 		case stripAuth && isSecretHeader(k):
 			continue

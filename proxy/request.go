@@ -240,7 +240,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	defer func() {
 		// Every answer carries the request id; the access log learns the
 		// status now (a relayed body follows, its head is written).
-		ctx.Response.Header.SetBytesV(hdrRequestID, rs.reqID)
+		ctx.Response.Header.SetCanonical(hdrRequestIDBytes, rs.reqID)
 		if s.access != nil {
 			rs.acc = accessEntry{on: true, status: ctx.Response.StatusCode(), kind: endpoint, client: clientAddr(ctx)}
 		}

@@ -81,7 +81,7 @@ func (s *Server) attemptExternal(ctx *fasthttp.RequestCtx, cfg *config.Config, r
 	if hop && cfg.SessionAffinity.Enabled {
 		extra = cfg.SessionAffinity.Header // the member gateway keeps the session's affinity
 	}
-	rs.ext.hdr = upstreams.AppendHeaders(rs.ext.hdr[:0], &ctx.Request.Header, u.key, hop, extra)
+	rs.ext.hdr = upstreams.AppendHeaders(rs.ext.hdr[:0], &ctx.Request.Header, u.key, hop, extra, rs.reqID)
 	c.path, c.hdr = rs.ext.path, rs.ext.hdr
 	return s.attempt(ctx, cfg, rs, httpTransport{}, mayRetry, res)
 }

@@ -9,7 +9,7 @@ import (
 // everything else (credentials, cookies, hop-by-hop headers, client
 // addresses, the gateway's own routing headers) stays here.
 var forwardedHeaders = [...]string{
-	"Content-Type", "Accept", "User-Agent", "X-Request-Id",
+	"Content-Type", "Accept", "User-Agent",
 	"OpenAI-Beta", "Anthropic-Version", "Anthropic-Beta",
 }
 
@@ -19,8 +19,9 @@ var forwardedHeaders = [...]string{
 // Endpoint.Host) and Content-Length are the transport's. The block holds:
 //
 //   - the client's headers from a fixed list (Content-Type, Accept,
-//     User-Agent, X-Request-Id, OpenAI-Beta, Anthropic-Version,
-//     Anthropic-Beta), and the header named by extra when it is not a
+//     User-Agent, OpenAI-Beta, Anthropic-Version, Anthropic-Beta), the
+//     request's id as X-Request-Id (requestID: the gateway's, which is the
+//     client's when it sent a usable one), and the header named by extra when it is not a
 //     credential, hop-by-hop or framing header (e.g. the session affinity
 //     header for a member gateway); "Content-Type: application/json" when
 //     the client sent none (the body is JSON);
@@ -31,7 +32,7 @@ var forwardedHeaders = [...]string{
 // Forwarded/X-Forwarded-*, hop-by-hop headers and everything else never
 // pass. A value holding a control character is left out. It does not
 // allocate when dst has room.
-func AppendHeaders(dst []byte, in *fasthttp.RequestHeader, key config.Secret, hop bool, extra string) []byte {
+func AppendHeaders(dst []byte, in *fasthttp.RequestHeader, key config.Secret, hop bool, extra string, requestID []byte) []byte {
 	for _, h := range forwardedHeaders {
 		v := in.Peek(h)
 		if len(v) == 0 && h == "Content-Type" {
@@ -39,6 +40,7 @@ func AppendHeaders(dst []byte, in *fasthttp.RequestHeader, key config.Secret, ho
 		}
 		dst = appendHeader(dst, h, v)
 	}
+	dst = appendHeader(dst, "X-Request-Id", requestID)
 	if extra != "" && !isCredentialHeader(extra) && !isForwarded(extra) {
 		dst = appendHeader(dst, extra, in.Peek(extra))
 	}

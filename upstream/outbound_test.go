@@ -46,7 +46,7 @@ func TestAppendHeadersSendsOnlyAllowedHeadersAndTheUpstreamKey(t *testing.T) {
 		"Authorization": "Bearer client-SECRET", "Cookie": "s=c-SECRET", "X-Api-Key": "k-SECRET",
 		"X-Forwarded-For": "10.0.0.1", "Proxy-Authorization": "Basic p-SECRET", "Connection": "keep-alive",
 		"Content-Type": "application/json", "Accept": "text/event-stream", "User-Agent": "sdk/1.0",
-		"X-Request-Id": "req-1", "X-Session-Id": "sess-1", "OpenAI-Organization": "org-SECRET",
+		"X-Request-Id": "client-id", "X-Session-Id": "sess-1", "OpenAI-Organization": "org-SECRET",
 	} {
 		in.Set(k, v)
 	}
@@ -69,7 +69,7 @@ func TestAppendHeadersSendsOnlyAllowedHeadersAndTheUpstreamKey(t *testing.T) {
 		}
 		return <-gotc
 	}
-	g := send(AppendHeaders(nil, &in, config.NewSecret("sk-upstream"), true, "X-Session-Id"), "/v1/chat/completions")
+	g := send(AppendHeaders(nil, &in, config.NewSecret("sk-upstream"), true, "X-Session-Id", []byte("req-1")), "/v1/chat/completions")
 	if g.uri != "/compatible/v1/chat/completions" || g.host != "api.example.com:8443" || g.body != body {
 		t.Fatalf("upstream got %s host %s body %s", g.uri, g.host, g.body)
 	}
@@ -100,7 +100,7 @@ func TestAppendHeadersSendsOnlyAllowedHeadersAndTheUpstreamKey(t *testing.T) {
 	// Authorization and no hop header; a missing Content-Type is JSON.
 	for _, extra := range []string{"Authorization", "cookie", "x-api-key", "Host", "X-Infera-Hop", "Content-Length", "bad name"} {
 		in.Del("Content-Type")
-		g = send(AppendHeaders(nil, &in, config.Secret{}, false, extra), "/v1/completions")
+		g = send(AppendHeaders(nil, &in, config.Secret{}, false, extra, []byte("req-1")), "/v1/completions")
 		if g.uri != "/compatible/v1/completions" {
 			t.Fatalf("uri %s", g.uri)
 		}
@@ -115,9 +115,9 @@ func TestAppendHeadersDropsControlCharacters(t *testing.T) {
 	var in fasthttp.RequestHeader
 	in.DisableNormalizing()
 	in.Set("User-Agent", "a\x00b")
-	in.Set("X-Request-Id", "ok")
-	got := string(AppendHeaders(nil, &in, config.Secret{}, false, ""))
-	if strings.Contains(got, "User-Agent") || !strings.Contains(got, "X-Request-Id: ok\r\n") {
+	in.Set("Accept", "ok")
+	got := string(AppendHeaders(nil, &in, config.Secret{}, false, "", nil))
+	if strings.Contains(got, "User-Agent") || !strings.Contains(got, "Accept: ok\r\n") || strings.Contains(got, "X-Request-Id") {
 		t.Fatalf("block %q", got)
 	}
 }
