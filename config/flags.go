@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net/url"
 	"time"
 )
 
@@ -63,6 +64,7 @@ type Serve struct {
 	MaxConnsPerWorker int           `help:"Max upstream connections per worker (each live stream holds one)." default:"4096" env:"INFERA_MAX_CONNS_PER_WORKER"`
 	ConnectTimeout    time.Duration `help:"Upstream dial timeout." default:"3s" env:"INFERA_CONNECT_TIMEOUT"`
 	LogLevel          string        `help:"debug, info, warn, error." default:"info" enum:"debug,info,warn,error" env:"INFERA_LOG_LEVEL"`
+	CORSAllowOrigins  []string      `help:"Origins whose browser pages may call the API (CORS), comma-separated: 'https://app.example.com' or '*' for any; empty: no CORS headers." env:"INFERA_CORS_ALLOW_ORIGINS" sep:","`
 	AccessLog         string        `help:"Write one JSON line per inference request to this file ('-': standard output; empty: off). Reopened on SIGHUP (log rotation)." env:"INFERA_ACCESS_LOG"`
 
 	// Client-side limits (hardening).
@@ -102,6 +104,11 @@ func (s *Serve) Validate() error {
 	if s.MaxBodyBytes <= 0 {
 		return fmt.Errorf("--max-body-bytes must be positive")
 	}
+	for _, o := range s.CORSAllowOrigins {
+		if o != "*" && !validOrigin(o) {
+			return fmt.Errorf("--cors-allow-origins: %q is not an origin (scheme://host[:port], or *)", o)
+		}
+	}
 	if (s.TLSCertFile == "") != (s.TLSKeyFile == "") {
 		return fmt.Errorf("--tls-cert-file and --tls-key-file go together")
 	}
@@ -121,4 +128,13 @@ func (s *Serve) Validate() error {
 		return fmt.Errorf("--admin-port %d out of range", s.AdminPort)
 	}
 	return nil
+}
+
+// validOrigin reports a serialized origin: http or https, a host, an
+// optional port, nothing else (RFC 6454).
+func validOrigin(o string) bool {
+	u, err := url.Parse(o)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" &&
+		u.Path == "" && u.RawQuery == "" && u.Fragment == "" && u.User == nil && u.Opaque == "" &&
+		o == u.Scheme+"://"+u.Host
 }

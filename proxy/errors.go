@@ -14,6 +14,7 @@ const (
 	typeUnavailable    = "service_unavailable"
 	typeTimeout        = "timeout_error"
 	typeAuth           = "authentication_error"
+	typePermission     = "permission_error"
 )
 
 // writeError writes an error answer of the router's own in the shape of

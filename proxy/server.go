@@ -105,6 +105,8 @@ type Server struct {
 	gov   *govern.Governor
 	// access is the access log (accesslog.go); nil: off.
 	access *AccessLog
+	// cors answers browser pages of allowed origins (cors.go); nil: off.
+	cors *cors
 
 	policy    sched.Policy
 	mode      sched.Mode
@@ -131,7 +133,8 @@ func New(o Options) *Server {
 		o.BlockSize = 16
 	}
 	f := o.Flags
-	s := &Server{o: o, flags: f, store: o.Store, sched: o.Sched, live: newLiveness(), gov: o.Governor, access: o.AccessLog}
+	s := &Server{o: o, flags: f, store: o.Store, sched: o.Sched, live: newLiveness(), gov: o.Governor, access: o.AccessLog,
+		cors: newCORS(f.CORSAllowOrigins)}
 	s.policy, _ = sched.ParsePolicy(f.RouterPolicy)
 	s.mode, _ = sched.ParseMode(f.RouterMode)
 	if f.APIKey != "" {
@@ -245,6 +248,12 @@ func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	if s.cors != nil { // cors.go
+		if s.cors.preflight(ctx) {
+			return
+		}
+		defer s.cors.decorate(ctx) // after the handler: an error answer resets the headers
+	}
 	path := ctx.Path()
 	switch string(path) {
 	case "/v1/chat/completions":

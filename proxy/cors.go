@@ -1,0 +1,120 @@
+package proxy
+
+import (
+	"bytes"
+
+	"github.com/valyala/fasthttp"
+)
+
+// cors lets browser pages of the allowed origins call the API
+// (--cors-allow-origins): a preflight (OPTIONS with
+// Access-Control-Request-Method) from an allowed origin is answered 204
+// without credentials, as browsers send none; every answer to an allowed
+// origin names it in Access-Control-Allow-Origin, errors included, so the
+// page can read the error. Credentials are Bearer headers, never cookies:
+// Access-Control-Allow-Credentials is not sent.
+type cors struct {
+	any     bool
+	origins [][]byte
+}
+
+func newCORS(origins []string) *cors {
+	if len(origins) == 0 {
+		return nil
+	}
+	c := &cors{}
+	for _, o := range origins {
+		if o == "*" {
+			c.any = true
+		}
+		c.origins = append(c.origins, []byte(o))
+	}
+	return c
+}
+
+var (
+	hdrOrigin          = []byte("Origin")
+	hdrACRequestMethod = []byte("Access-Control-Request-Method")
+	hdrACRequestHdrs   = []byte("Access-Control-Request-Headers")
+	hdrACAllowOrigin   = []byte("Access-Control-Allow-Origin")
+	hdrACAllowMethods  = []byte("Access-Control-Allow-Methods")
+	hdrACAllowHeaders  = []byte("Access-Control-Allow-Headers")
+	hdrACExposeHeaders = []byte("Access-Control-Expose-Headers")
+	hdrACMaxAge        = []byte("Access-Control-Max-Age")
+	hdrVary            = []byte("Vary")
+	corsMethods        = []byte("GET, POST, OPTIONS")
+	// What a page may read of an answer beyond the CORS-safelisted headers.
+	corsExposed = []byte("X-Request-Id, Retry-After")
+	corsMaxAge  = []byte("600")
+	corsStar    = []byte("*")
+	varyOrigin  = []byte("Origin")
+	methodOPT   = []byte("OPTIONS")
+)
+
+// allowed returns the Access-Control-Allow-Origin value for origin, or nil.
+func (c *cors) allowed(origin []byte) []byte {
+	if len(origin) == 0 {
+		return nil
+	}
+	for _, o := range c.origins {
+		if bytes.Equal(o, origin) {
+			return origin
+		}
+	}
+	if c.any {
+		return corsStar
+	}
+	return nil
+}
+
+// preflight answers a CORS preflight and reports whether it did.
+func (c *cors) preflight(ctx *fasthttp.RequestCtx) bool {
+	h := &ctx.Request.Header
+	if !bytes.Equal(h.Method(), methodOPT) || len(h.PeekBytes(hdrACRequestMethod)) == 0 {
+		return false
+	}
+	allow := c.allowed(h.PeekBytes(hdrOrigin))
+	if allow == nil {
+		writeError(ctx, fasthttp.StatusForbidden, typePermission, "origin not allowed (--cors-allow-origins)", "", "cors_origin_not_allowed")
+		return true
+	}
+	rh := &ctx.Response.Header
+	ctx.SetStatusCode(fasthttp.StatusNoContent)
+	rh.SetCanonical(hdrACAllowOrigin, allow)
+	rh.SetCanonical(hdrACAllowMethods, corsMethods)
+	if req := h.PeekBytes(hdrACRequestHdrs); len(req) > 0 && validHeaderList(req) {
+		// The page's own headers (Authorization, Content-Type, the SDKs'
+		// x-stainless-* and anthropic-* ones): credentials are checked on
+		// the request itself.
+		rh.SetCanonical(hdrACAllowHeaders, req)
+	}
+	rh.SetCanonical(hdrACMaxAge, corsMaxAge)
+	rh.AddBytesKV(hdrVary, varyOrigin)
+	return true
+}
+
+// decorate adds the CORS headers to an answer to an allowed origin.
+func (c *cors) decorate(ctx *fasthttp.RequestCtx) {
+	allow := c.allowed(ctx.Request.Header.PeekBytes(hdrOrigin))
+	if allow == nil {
+		return
+	}
+	rh := &ctx.Response.Header
+	rh.SetCanonical(hdrACAllowOrigin, allow)
+	rh.SetCanonical(hdrACExposeHeaders, corsExposed)
+	rh.AddBytesKV(hdrVary, varyOrigin)
+}
+
+// validHeaderList reports a comma-separated list of header names (what
+// Access-Control-Request-Headers holds); anything else is not echoed.
+func validHeaderList(v []byte) bool {
+	if len(v) > 2048 {
+		return false
+	}
+	for _, c := range v {
+		if c != ',' && c != ' ' && (c <= ' ' || c >= 0x7f || c == ':' || c == '"') {
+			return false
+		}
+	}
+	return true
+}
