@@ -185,10 +185,11 @@ func (l *AccessLog) add(line []byte) {
 	}
 }
 
-// accessEntry is what the access log says of one request beyond what
-// reqState holds; the handler fills it as it returns.
+// accessEntry is what the access log (and the per-model series) say of
+// one request beyond what reqState holds; the handler fills it as it
+// returns.
 type accessEntry struct {
-	on     bool // an inference request: logged when its state is released
+	on     bool // logged when the state is released (--access-log)
 	status int
 	kind   int // the client's endpoint
 	client netip.Addr

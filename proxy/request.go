@@ -116,6 +116,7 @@ func (s *Server) releaseState(rs *reqState, end string) {
 		panic("BUG: request state released while its lease is held")
 	}
 	rs.gov.end(&rs.usage) // the request is over: its ticket ends here, once
+	countModel(rs) // modelmetrics.go
 	if rs.acc.on {
 		s.logAccess(rs, end)
 	}
@@ -241,8 +242,9 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		// Every answer carries the request id; the access log learns the
 		// status now (a relayed body follows, its head is written).
 		ctx.Response.Header.SetCanonical(hdrRequestIDBytes, rs.reqID)
+		rs.acc.status, rs.acc.kind = ctx.Response.StatusCode(), endpoint
 		if s.access != nil {
-			rs.acc = accessEntry{on: true, status: ctx.Response.StatusCode(), kind: endpoint, client: clientAddr(ctx)}
+			rs.acc.on, rs.acc.client = true, clientAddr(ctx)
 		}
 		if !rs.handedOff {
 			s.releaseState(rs, endComplete)
