@@ -116,7 +116,7 @@ func (s *Server) releaseState(rs *reqState, end string) {
 		panic("BUG: request state released while its lease is held")
 	}
 	rs.gov.end(&rs.usage) // the request is over: its ticket ends here, once
-	countModel(rs) // modelmetrics.go
+	countModel(rs)        // modelmetrics.go
 	if rs.acc.on {
 		s.logAccess(rs, end)
 	}
