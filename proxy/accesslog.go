@@ -116,8 +116,8 @@ func (l *AccessLog) Close() error {
 	l.stop.Do(func() {
 		l.mu.Lock()
 		l.closed = true
-		l.mu.Unlock()
 		close(l.kick)
+		l.mu.Unlock()
 	})
 	<-l.done
 	l.wmu.Lock()
@@ -175,14 +175,13 @@ func (l *AccessLog) add(line []byte) {
 		return
 	}
 	l.pending = append(l.pending, line...)
-	n := len(l.pending)
-	l.mu.Unlock()
-	if n >= flushAt && n-len(line) < flushAt {
-		select {
+	if n := len(l.pending); n >= flushAt && n-len(line) < flushAt {
+		select { // under mu: Close closes kick under it
 		case l.kick <- struct{}{}:
 		default:
 		}
 	}
+	l.mu.Unlock()
 }
 
 // accessEntry is what the access log (and the per-model series) say of

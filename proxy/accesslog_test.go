@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -294,5 +295,35 @@ func TestAStalledAccessLogDropsLinesInsteadOfBlocking(t *testing.T) {
 	l.Close()
 	if n := w.n.Load(); n == 0 || n > 2*maxPending {
 		t.Fatalf("%d bytes written", n)
+	}
+}
+
+// Lines added while the log closes (a request ending during shutdown) are
+// dropped; none panics on the closed wake-up channel.
+func TestAddingLinesWhileTheAccessLogClosesIsSafe(t *testing.T) {
+	for round := 0; round < 50; round++ {
+		l := NewAccessLog(io.Discard)
+		line := []byte(strings.Repeat("y", flushAt+1023) + "\n") // every line crosses flushAt: a wake-up per line
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		for g := 0; g < 4; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+						l.add(line)
+					}
+				}
+			}()
+		}
+		time.Sleep(2 * time.Millisecond)
+		l.Close()
+		time.Sleep(time.Millisecond)
+		close(stop)
+		wg.Wait()
 	}
 }
