@@ -33,6 +33,12 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		s.handleNative(ctx, path)
+	case "/v1/embeddings":
+		if !ctx.IsPost() {
+			s.writeError(ctx, fasthttp.StatusMethodNotAllowed, "use POST", "invalid_request_error")
+			return
+		}
+		s.handleEmbeddings(ctx) // embeddings.go
 	case "/v1/models":
 		ctx.SetContentType("application/json")
 		ctx.SetBody(s.modelList)

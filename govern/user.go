@@ -22,6 +22,9 @@ type Request struct {
 	// Generations is how many completions the engine generates, each up
 	// to MaxTokens: n (or best_of) for each prompt of a batch. 0 means 1.
 	Generations int
+	// NoOutput: the request generates nothing (embeddings), so no output
+	// estimate is pre-deducted.
+	NoOutput bool
 }
 
 // Usage is the token usage an engine reported for a request.
@@ -45,7 +48,10 @@ type estimate struct {
 
 func (t *template) estimate(r Request) estimate {
 	out := int64(r.MaxTokens)
-	if out <= 0 {
+	switch {
+	case r.NoOutput:
+		out = 0
+	case out <= 0:
 		out = t.defOut
 	}
 	out *= int64(max(r.Generations, 1))

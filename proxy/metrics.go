@@ -14,6 +14,7 @@ var (
 var (
 	mReqChat       = metrics.NewCounter(`infera_requests_total{endpoint="chat"}`)
 	mReqCompletion = metrics.NewCounter(`infera_requests_total{endpoint="completions"}`)
+	mReqEmbeddings = metrics.NewCounter(`infera_requests_total{endpoint="embeddings"}`)
 	mResp2xx       = metrics.NewCounter(`infera_responses_total{class="2xx"}`)
 	mResp4xx       = metrics.NewCounter(`infera_responses_total{class="4xx"}`)
 	mResp5xx       = metrics.NewCounter(`infera_responses_total{class="5xx"}`)

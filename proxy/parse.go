@@ -112,6 +112,7 @@ const (
 	rkMaxCompletionTokens
 	rkMessages
 	rkPrompt
+	rkInput
 )
 
 func duplicateKey(name string) error {
@@ -154,6 +155,13 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			b.msgEnd = ve
 			return ve, err
 		case "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "prompt", "tools", "n", "best_of":
+			if kind == kindEmbeddings && len(key) != len("model") {
+				return -1, nil // not an embeddings field: the engine's business
+			}
+		case "input", "encoding_format", "dimensions":
+			if kind != kindEmbeddings {
+				return -1, nil
+			}
 		default:
 			return -1, nil
 		}
@@ -232,6 +240,18 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			if n, ok := parseInt(v); ok && n > b.choices {
 				b.choices = min(n, 1<<16)
 			}
+		case "input":
+			if once(rkInput, "input") {
+				b.promptStart, b.promptEnd = vs, ve
+			}
+		case "encoding_format":
+			if string(v) != `"float"` && string(v) != `"base64"` && string(v) != "null" {
+				perr = errEncodingFormat
+			}
+		case "dimensions":
+			if n, ok := parseInt(v); !ok || n == 0 {
+				perr = errDimensions
+			}
 		}
 		return ve, nil
 	})
@@ -256,6 +276,9 @@ func (b *reqBody) parse(d []byte, kind int) error {
 	}
 	if len(b.model) == 0 {
 		return errEmptyModel
+	}
+	if kind == kindEmbeddings {
+		return b.parseInput(d) // embeddings.go
 	}
 	if kind == kindChat {
 		if b.msgErr != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -94,12 +95,14 @@ func FuzzParseBody(f *testing.F) {
 		`{"a":[1,-2.5e+3,true,false,null,{"b":"c"}]}`,
 		`{"model":"m",}`, `[`, `"`, `{"model":"\u12"}`,
 		`{"model":"m","prompt":["a","b"],"n":3,"best_of":5}`,
+		embedBody, `{"model":"m","input":[[1,2],[3]],"dimensions":8}`, `{"model":"m","input":[1,2,3],"encoding_format":null}`,
+		`{"model":"m","input":""}`, `{"model":"m","input":[[]]}`, `{"model":"m","input":["a",1]}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var b reqBody
-		for _, kind := range []int{kindChat, kindCompletion} {
+		for _, kind := range []int{kindChat, kindCompletion, kindEmbeddings} {
 			err := b.parse(data, kind)
 			// We also reject invalid UTF-8, which encoding/json tolerates.
 			valid := json.Valid(data) && utf8.Valid(data)
@@ -122,6 +125,9 @@ func FuzzParseBody(f *testing.F) {
 				}
 				if g := b.generations(); g < 1 || g > 1<<20 {
 					t.Fatalf("generations %d out of [1, 2^20]: %q", g, data)
+				}
+				if kind == kindEmbeddings && !validEmbeddingInput(data) {
+					t.Fatalf("an embeddings body with an input OpenAI refuses was accepted: %q", data)
 				}
 			}
 		}
@@ -256,4 +262,63 @@ func TestParseCountsTheGenerationsOfABody(t *testing.T) {
 			t.Errorf("generations(%s) = %d, want %d", tc.body, got, tc.want)
 		}
 	}
+}
+
+// validEmbeddingInput is the embeddings input check written with
+// encoding/json: a non-empty string; or a non-empty array of non-empty
+// strings (at most maxEmbeddingInputs), of token ids, or of non-empty
+// token-id arrays (at most maxEmbeddingInputs).
+func validEmbeddingInput(data []byte) bool {
+	var v struct {
+		Input json.RawMessage `json:"input"`
+	}
+	if json.Unmarshal(data, &v) != nil {
+		return false
+	}
+	id := func(m json.RawMessage) bool {
+		var n json.Number
+		d := json.NewDecoder(bytes.NewReader(m))
+		d.UseNumber()
+		if d.Decode(&n) != nil {
+			return false
+		}
+		i, err := strconv.ParseInt(n.String(), 10, 64)
+		return err == nil && i >= 0 && i <= 1<<31
+	}
+	var str string
+	if json.Unmarshal(v.Input, &str) == nil {
+		return str != ""
+	}
+	var items []json.RawMessage
+	if json.Unmarshal(v.Input, &items) != nil || len(items) == 0 {
+		return false
+	}
+	if json.Unmarshal(items[0], &str) == nil {
+		for _, it := range items {
+			if json.Unmarshal(it, &str) != nil || str == "" {
+				return false
+			}
+		}
+		return len(items) <= maxEmbeddingInputs
+	}
+	var inner []json.RawMessage
+	if json.Unmarshal(items[0], &inner) == nil {
+		for _, it := range items {
+			if json.Unmarshal(it, &inner) != nil || len(inner) == 0 {
+				return false
+			}
+			for _, x := range inner {
+				if !id(x) {
+					return false
+				}
+			}
+		}
+		return len(items) <= maxEmbeddingInputs
+	}
+	for _, it := range items {
+		if !id(it) {
+			return false
+		}
+	}
+	return true
 }

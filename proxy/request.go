@@ -237,12 +237,12 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	rs := s.acquireState()
 	rs.start = time.Now()
 	takeRequestID(ctx, rs)
-	endpoint := kind // the client's (a front door changes kind)
+	rs.acc.kind = kind // the client's endpoint (a front door changes kind)
 	defer func() {
 		// Every answer carries the request id; the access log learns the
 		// status now (a relayed body follows, its head is written).
 		ctx.Response.Header.SetCanonical(hdrRequestIDBytes, rs.reqID)
-		rs.acc.status, rs.acc.kind = ctx.Response.StatusCode(), endpoint
+		rs.acc.status = ctx.Response.StatusCode()
 		if s.access != nil {
 			rs.acc.on, rs.acc.client = true, clientAddr(ctx)
 		}
@@ -321,7 +321,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		r.DirectWorker = ctx.Request.Header.Peek(hdrWorkerID)
 		r.DirectPrefill = ctx.Request.Header.Peek(hdrPrefillID)
 	}
-	if s.o.HashBlocks != nil && s.o.Tokenizer != nil && s.policy == sched.PolicyKVAware {
+	if s.o.HashBlocks != nil && s.o.Tokenizer != nil && s.policy == sched.PolicyKVAware && kind != kindEmbeddings {
 		if err := s.hashPrompt(rs, body, kind); err != nil {
 			mBadRequests.Inc()
 			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "messages", "")
@@ -331,7 +331,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	if !s.admit(ctx, cfg, rs) { // user limits (govern.go), before anything is spent on the request
 		return
 	}
-	if cfg.SmartModelSelection.Enabled {
+	if cfg.SmartModelSelection.Enabled && kind != kindEmbeddings {
 		s.selectModel(cfg, rs) // smart.go: may change r.Model before model routing
 	}
 	if cfg.Mirror.Enabled && s.o.Mirror != nil && len(ctx.Request.Header.Peek(mirror.MirrorHeader)) == 0 {
@@ -351,6 +351,7 @@ var (
 	pathMessages    = []byte("/v1/messages")
 	pathCountTokens = []byte("/v1/messages/count_tokens")
 	pathResponses   = []byte("/v1/responses")
+	pathEmbeddings  = []byte("/v1/embeddings")
 )
 
 // canonicalPath is the endpoint's path.
@@ -364,6 +365,8 @@ func canonicalPath(kind int) []byte {
 		return pathCountTokens
 	case kindResponses:
 		return pathResponses
+	case kindEmbeddings:
+		return pathEmbeddings
 	}
 	return pathCompletion
 }

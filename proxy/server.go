@@ -264,6 +264,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		mReqCompletion.Inc()
 		s.handleInference(ctx, kindCompletion)
 		return
+	case "/v1/embeddings":
+		mReqEmbeddings.Inc()
+		s.handleInference(ctx, kindEmbeddings) // embeddings.go
+		return
 	case "/v1/messages":
 		s.handleProtocol(ctx, kindMessages) // protocols.go
 		return

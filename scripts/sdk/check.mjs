@@ -44,4 +44,29 @@ await assert.rejects(
   c.chat.completions.create({ model, messages: "not an array" }),
   (e) => e.status === 400 && e.error?.type === "invalid_request_error",
 );
+// Embeddings: the SDK asks for base64 by default and decodes it to floats.
+const e1 = await c.embeddings.create({ model, input: "the quick brown fox" });
+assert.equal(e1.object, "list");
+assert.equal(e1.data.length, 1);
+assert.equal(e1.data[0].index, 0);
+assert.equal(e1.data[0].embedding.length, 256);
+const norm = Math.hypot(...e1.data[0].embedding);
+assert.ok(Math.abs(norm - 1) < 1e-5, `unit vector, norm ${norm}`);
+assert.ok(e1.usage.prompt_tokens > 0 && e1.usage.total_tokens === e1.usage.prompt_tokens);
+const e2 = await c.embeddings.create({ model, input: ["the quick brown fox", "jumps"], dimensions: 64, encoding_format: "float" });
+assert.equal(e2.data.length, 2);
+assert.deepEqual(e2.data.map((d) => d.index), [0, 1]);
+assert.equal(e2.data[0].embedding.length, 64);
+const e3 = await c.embeddings.create({ model, input: "the quick brown fox", dimensions: 64 });
+assert.ok(e3.data[0].embedding.every((x, i) => Math.abs(x - e2.data[0].embedding[i]) < 1e-6), "base64 and float agree");
+const e4 = await c.embeddings.create({ model, input: [[1, 2, 3], [4, 5]] });
+assert.equal(e4.usage.prompt_tokens, 5);
+await assert.rejects(
+  c.embeddings.create({ model, input: "" }),
+  (e) => e.status === 400 && e.error?.param === "input",
+);
+await assert.rejects(
+  c.embeddings.create({ model: "no-such-model", input: "x" }),
+  (e) => e.status === 404 && e.code === "model_not_found",
+);
 console.log("openai sdk check: ok");

@@ -1,0 +1,173 @@
+package proxy
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/valyala/fasthttp"
+)
+
+const embedBody = `{"model":"m","input":["first text","second"],"encoding_format":"base64","dimensions":8,"user":"u-1"}`
+
+func embedCall(t testing.TB, url, key, body string) apiResp {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url+"/v1/embeddings", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	return do(t, req)
+}
+
+// embedEngine answers embeddings with the given prompt_tokens and records
+// what it received.
+type embedEngine struct {
+	*upstream
+	mu     sync.Mutex
+	paths  []string
+	bodies []string
+	tokens atomic.Int64
+}
+
+func startEmbedEngine(t *testing.T) *embedEngine {
+	e := &embedEngine{}
+	e.tokens.Store(5)
+	e.upstream = startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		e.mu.Lock()
+		e.paths = append(e.paths, string(ctx.Path()))
+		e.bodies = append(e.bodies, string(ctx.PostBody()))
+		e.mu.Unlock()
+		ctx.SetContentType("application/json")
+		fmt.Fprintf(ctx, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":"AACAPw=="}],"model":"m","usage":{"prompt_tokens":%d,"total_tokens":%d}}`,
+			e.tokens.Load(), e.tokens.Load())
+	})
+	return e
+}
+
+func (e *embedEngine) seen() ([]string, []string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.paths...), append([]string(nil), e.bodies...)
+}
+
+// POST /v1/embeddings goes through the request path: the body reaches the
+// engine untouched at /v1/embeddings (no stream_options, nothing added),
+// a worker that cannot be reached is retried on another, the engine's
+// usage is counted, the model routing applies; a GET is 405.
+func TestEmbeddingsAreRoutedLikeInference(t *testing.T) {
+	eng := startEmbedEngine(t)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	f := defaultFlags()
+	f.RouterPolicy = "round-robin"
+	r := startRouter(t, f, nil, dead, eng.url)
+	prompt0 := mPromptTokens.Get()
+	for i := 0; i < 4; i++ {
+		res := embedCall(t, r.url, "", embedBody)
+		if res.status != 200 || !strings.Contains(res.body, `"object":"list"`) {
+			t.Fatalf("request %d: %d %s", i, res.status, res.body)
+		}
+	}
+	paths, bodies := eng.seen()
+	if len(paths) != 4 {
+		t.Fatalf("the live engine got %d requests, want all 4", len(paths))
+	}
+	for i := range paths {
+		if paths[i] != "/v1/embeddings" || bodies[i] != embedBody {
+			t.Fatalf("engine got %s %s", paths[i], bodies[i])
+		}
+	}
+	if d := mPromptTokens.Get() - prompt0; d != 20 {
+		t.Fatalf("prompt tokens counted %d, want 4 x 5", d)
+	}
+	if res := embedCall(t, r.url, "", strings.Replace(embedBody, `"m"`, `"unknown-model"`, 1)); res.status != 404 || res.code != "model_not_found" {
+		t.Fatalf("unknown model: %+v", res)
+	}
+	req, _ := http.NewRequest("GET", r.url+"/v1/embeddings", nil)
+	if res := do(t, req); res.status != 405 {
+		t.Fatalf("GET: %+v", res)
+	}
+}
+
+// Bodies that are not an embeddings request get OpenAI's 400 with the
+// parameter named, and never reach the engine.
+func TestMalformedEmbeddingsRequestsAreRefused(t *testing.T) {
+	eng := startEmbedEngine(t)
+	r := startRouter(t, nil, nil, eng.url)
+	for body, param := range map[string]string{
+		`{"model":"m"}`:                                                   "input",
+		`{"model":"m","input":null}`:                                      "input",
+		`{"model":"m","input":""}`:                                        "input",
+		`{"model":"m","input":[]}`:                                        "input",
+		`{"model":"m","input":["a",""]}`:                                  "input",
+		`{"model":"m","input":[[]]}`:                                      "input",
+		`{"model":"m","input":["a",1]}`:                                   "input",
+		`{"model":"m","input":[1,"a"]}`:                                   "input",
+		`{"model":"m","input":[[1],["a"]]}`:                               "input",
+		`{"model":"m","input":[-1]}`:                                      "input",
+		`{"model":"m","input":{"text":"a"}}`:                              "input",
+		`{"model":"m","input":42}`:                                        "input",
+		`{"model":"m","input":"a","input":"b"}`:                           "input",
+		`{"model":"m","input":"a","encoding_format":"hex"}`:               "encoding_format",
+		`{"model":"m","input":"a","dimensions":0}`:                        "dimensions",
+		`{"model":"m","input":"a","dimensions":-3}`:                       "dimensions",
+		`{"model":"m","input":"a","dimensions":"8"}`:                      "dimensions",
+		`{"input":"a"}`:                                                   "model",
+		`{"model":"","input":"a"}`:                                        "model",
+		`{"model":"m","input":["` + strings.Repeat(`a","`, 2048) + `a"]}`: "input",
+	} {
+		res := embedCall(t, r.url, "", body)
+		if res.status != 400 || !strings.Contains(res.body, `"param":"`+param+`"`) {
+			t.Fatalf("%.80s: %d %s, want 400 naming %s", body, res.status, res.body, param)
+		}
+		checkOpenAIError(t, res.body)
+	}
+	for _, body := range []string{`{"model":"m","input":"a"`, `[1]`, `{"model":"m","input":"\xff"}`} {
+		if res := embedCall(t, r.url, "", body); res.status != 400 {
+			t.Fatalf("%q: %d", body, res.status)
+		}
+	}
+	// At the limits: 2048 inputs, token ids, token-id arrays, null format.
+	for _, body := range []string{
+		`{"model":"m","input":["` + strings.Repeat(`a","`, 2047) + `a"]}`,
+		`{"model":"m","input":[1,2,3]}`,
+		`{"model":"m","input":[[1,2],[3]],"encoding_format":null}`,
+		`{"model":"m","input":"a","stream":true,"max_tokens":"ignored"}`,
+	} {
+		if res := embedCall(t, r.url, "", body); res.status != 200 {
+			t.Fatalf("%.80s: %d %s", body, res.status, res.body)
+		}
+	}
+	if paths, _ := eng.seen(); len(paths) != 4 {
+		t.Fatalf("the engine got %d requests, want only the 4 good ones", len(paths))
+	}
+}
+
+// An embeddings request counts against its user's TPM with the input's
+// estimate, reconciled with the engine's reported prompt_tokens.
+func TestEmbeddingTokensCountAgainstTheUsersTPM(t *testing.T) {
+	eng := startEmbedEngine(t)
+	key, hash := mintKey(t)
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r, _ := govRouter(t, f, fmt.Sprintf(`{
+		"user_limit": {"templates": [{"name": "t", "default": true, "rate": {"enabled": true, "tpm": 1000}}]},
+		"users": [{"name": "alice", "keys": [%q]}]}`, hash), eng.url)
+	eng.tokens.Store(10)
+	for i := 0; i < 5; i++ {
+		want(t, embedCall(t, r.url, key, embedBody), 200, "")
+	}
+	eng.tokens.Store(3000) // the engine reports far more than the estimate
+	want(t, embedCall(t, r.url, key, embedBody), 200, "")
+	want(t, embedCall(t, r.url, key, embedBody), 429, "rate_limit_tpm")
+	want(t, embedCall(t, r.url, "", embedBody), 401, "invalid_api_key")
+}
