@@ -570,3 +570,20 @@ func TestPrefixMatchAgreesWithAPlainSetOfRecordedPrefixes(t *testing.T) {
 		t.Fatalf("index holds %d blocks, %d prefixes were recorded", p.Len(), len(recorded))
 	}
 }
+
+func TestLoadOnlyRequestNeitherMatchesNorRecordsThePrefixIndex(t *testing.T) {
+	s, _ := newTestSched(t, workers(4, "m")...)
+	cfg := prefixCfg(t, nil)
+	p := prompt("load only ", 1024)
+	d := pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: p, LoadOnly: true})
+	if d.Layer != LayerLB {
+		t.Fatalf("load-only request decided by %s", d.Layer)
+	}
+	if n := s.Stats().PrefixBlocks; n != 0 {
+		t.Fatalf("load-only request recorded %d blocks", n)
+	}
+	pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: p}) // recorded now
+	if d := pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: p, LoadOnly: true}); d.Layer != LayerLB {
+		t.Fatalf("load-only request matched the prefix index: %s", d.Layer)
+	}
+}

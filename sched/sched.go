@@ -41,6 +41,10 @@ type Request struct {
 	// BlockHashes are the router's block hashes of the prompt tokens
 	// (kv-aware routing); nil when unknown.
 	BlockHashes []uint64
+	// LoadOnly routes r by session affinity and load alone: no kv layer,
+	// no prefix index (neither matched nor recorded). Embeddings take it:
+	// an embedding model reuses no prefix cache.
+	LoadOnly bool
 	// Tried lists Worker.Idx values already tried by this request (failover).
 	Tried []int
 	// Gate, when set, lets Pick pass over candidates that cannot take the
@@ -471,6 +475,9 @@ func (s *Scheduler) layers(cfg *config.Config, c *compiled, v *fleet.View, avail
 			return s.timedOut(avail, rebind), now
 		}
 	}
+	if r.LoadOnly {
+		return Decision{Worker: s.balancer(cfg).Pick(avail, &s.rr), Layer: LayerLB, Reason: reason, rebind: rebind}, now
+	}
 	if s.Policy == PolicyKVAware && s.KV != nil {
 		if d, ok := s.kvLayer(cfg, avail, r, &ls); ok {
 			d.rebind = rebind
@@ -543,6 +550,9 @@ func (s *Scheduler) finish(cfg *config.Config, c *compiled, r *Request, d *Decis
 	s.m.countLayer(d.Layer)
 	if d.rebind && cfg.SessionAffinity.Enabled && len(r.SessionID) > 0 {
 		s.affinityBind(c, r, d.Worker, now)
+	}
+	if r.LoadOnly {
+		return // nothing of r goes into the prefix index
 	}
 	// Layers that decided before the prefix layer leave the prompt unhashed.
 	s.indexPrompt(c, r, now, 0)
