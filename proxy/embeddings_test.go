@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/infera/infera/config"
 	"github.com/valyala/fasthttp"
 )
 
@@ -170,4 +171,31 @@ func TestEmbeddingTokensCountAgainstTheUsersTPM(t *testing.T) {
 	want(t, embedCall(t, r.url, key, embedBody), 200, "")
 	want(t, embedCall(t, r.url, key, embedBody), 429, "rate_limit_tpm")
 	want(t, embedCall(t, r.url, "", embedBody), 401, "invalid_api_key")
+}
+
+// Under kv-aware routing (the default) an embeddings request is decided by
+// the load balancer: neither the KV layer nor the prefix index sees its
+// input, and the prefix index records nothing of it.
+func TestEmbeddingsAreRoutedByLoadNotByPrefix(t *testing.T) {
+	eng := startEmbedEngine(t)
+	f := defaultFlags()
+	f.RouterPolicy = "kv-aware"
+	cfg := config.Default()
+	cfg.Debug.DecisionHeader = true
+	r := startRouter(t, f, cfg, eng.url, eng.url)
+	body := `{"model":"m","input":"` + strings.Repeat("a shared long document ", 200) + `"}`
+	for i := 0; i < 3; i++ {
+		req, _ := http.NewRequest("POST", r.url+"/v1/embeddings", strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("X-Infera-Route"), "layer=lb") {
+			t.Fatalf("request %d: %d, route %q", i, resp.StatusCode, resp.Header.Get("X-Infera-Route"))
+		}
+	}
+	if n := r.srv.sched.Stats().PrefixBlocks; n != 0 {
+		t.Fatalf("the prefix index recorded %d blocks of embeddings inputs", n)
+	}
 }

@@ -310,6 +310,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	r.MaxTokens = rs.parsed.maxTokens
 	r.PromptTokens = rs.parsed.estimateTokens()
 	r.Prompt = rs.parsed.text
+	r.LoadOnly = kind == kindEmbeddings // no prefix cache to follow (embeddings.go)
 	if cfg.SessionAffinity.Enabled {
 		r.SessionID = ctx.Request.Header.Peek(cfg.SessionAffinity.Header)
 		if err := s.sched.CheckSession(cfg, r); err != nil {
