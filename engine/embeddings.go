@@ -209,10 +209,20 @@ func (s *Server) embedInputs(raw json.RawMessage) ([][]uint32, error) {
 
 // embedVector fills v with the unit vector of the tokens: each (token,
 // position) pair adds a hashed ±1 to a hashed coordinate.
-func embedVector(v []float32, tokens []uint32) {
+func embedVector(v []float32, tokens []uint32) { hashVector(v, tokens, true) }
+
+// bagVector is embedVector without positions: texts that share tokens
+// point the same way wherever the tokens stand (rerank.go).
+func bagVector(v []float32, tokens []uint32) { hashVector(v, tokens, false) }
+
+func hashVector(v []float32, tokens []uint32, positional bool) {
 	clear(v)
 	for i, t := range tokens {
-		h := uint64(t)*0x9e3779b97f4a7c15 ^ uint64(i)*0xc2b2ae3d27d4eb4f
+		pos := uint64(i)
+		if !positional {
+			pos = 0
+		}
+		h := uint64(t)*0x9e3779b97f4a7c15 ^ pos*0xc2b2ae3d27d4eb4f
 		h ^= h >> 31
 		h *= 0xbf58476d1ce4e5b9
 		h ^= h >> 29

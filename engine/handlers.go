@@ -39,6 +39,16 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		s.handleEmbeddings(ctx) // embeddings.go
+	case "/v1/rerank", "/rerank", "/v2/rerank", "/v1/score", "/score":
+		if !ctx.IsPost() {
+			s.writeError(ctx, fasthttp.StatusMethodNotAllowed, "use POST", "invalid_request_error")
+			return
+		}
+		if path == "/v1/score" || path == "/score" {
+			s.handleScore(ctx) // rerank.go
+			return
+		}
+		s.handleRerank(ctx)
 	case "/v1/models":
 		ctx.SetContentType("application/json")
 		ctx.SetBody(s.modelList)

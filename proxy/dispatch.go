@@ -85,8 +85,8 @@ func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 	if s.globalOn(cfg) && s.localSaturated(cfg, r) && s.forwardGlobal(ctx, cfg, rs, res) {
 		return
 	}
-	if rs.acc.kind != kindEmbeddings && s.dispatchPD(ctx, cfg, rs, res) {
-		return // a prefill+decode pair took it (pd.go); embeddings never split
+	if !poolingKind(rs.acc.kind) && s.dispatchPD(ctx, cfg, rs, res) {
+		return // a prefill+decode pair took it (pd.go); pooling requests never split
 	}
 	attempts := 1 + s.flags.RequestMaxRetries
 	failed := false

@@ -1,7 +1,5 @@
 package proxy
 
-import "errors"
-
 // OpenAI's embeddings endpoint (POST /v1/embeddings) goes through the
 // request path like the generation endpoints: authentication, users and
 // quotas (the input's tokens count against TPM, reconciled with the
@@ -37,13 +35,12 @@ func (b *reqBody) parseInput(d []byte) error {
 	if b.promptEnd == 0 || d[b.promptStart] == 'n' {
 		return errNoInput
 	}
-	text := func(vs, ve int) int { return max(1, (ve-vs-2+3)/4) }
 	switch d[b.promptStart] {
 	case '"':
 		if b.promptEnd-b.promptStart == 2 {
 			return errInputEmpty
 		}
-		b.promptTokens = text(b.promptStart, b.promptEnd)
+		b.promptTokens = textTokens(b.promptStart, b.promptEnd)
 		return nil
 	case '[':
 	default:
@@ -63,7 +60,7 @@ func (b *reqBody) parseInput(d []byte) error {
 			if ve-vs == 2 {
 				return errInputEmpty
 			}
-			b.promptTokens += text(vs, ve)
+			b.promptTokens += textTokens(vs, ve)
 		case first == '[' && c == '[':
 			n := 0
 			if _, err := forEachElem(d, vs, func(s, e int) error {
@@ -90,11 +87,7 @@ func (b *reqBody) parseInput(d []byte) error {
 		return nil
 	})
 	if err != nil {
-		var br *badRequestError
-		if errors.As(err, &br) {
-			return br
-		}
-		return errInputType
+		return asBadRequest(err, errInputType)
 	}
 	switch {
 	case items == 0:

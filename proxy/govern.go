@@ -91,7 +91,7 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqStat
 	r := &rs.sreq
 	// The engine generates up to max_tokens for each choice of each prompt.
 	req := govern.Request{PromptTokens: r.PromptTokens, MaxTokens: max(0, r.MaxTokens), Generations: rs.parsed.generations(),
-		NoOutput: rs.acc.kind == kindEmbeddings}
+		NoOutput: poolingKind(rs.acc.kind)}
 	g := s.gov
 	if g.Shared() && g.Limited() && !cfg.SplitProxy.Enabled && !s.globalOn(cfg) && !(cfg.Mirror.Enabled && s.o.Mirror != nil) &&
 		!cfg.SmartModelSelection.Enabled {

@@ -15,6 +15,8 @@ var (
 	mReqChat       = metrics.NewCounter(`infera_requests_total{endpoint="chat"}`)
 	mReqCompletion = metrics.NewCounter(`infera_requests_total{endpoint="completions"}`)
 	mReqEmbeddings = metrics.NewCounter(`infera_requests_total{endpoint="embeddings"}`)
+	mReqRerank     = metrics.NewCounter(`infera_requests_total{endpoint="rerank"}`)
+	mReqScore      = metrics.NewCounter(`infera_requests_total{endpoint="score"}`)
 	mResp2xx       = metrics.NewCounter(`infera_responses_total{class="2xx"}`)
 	mResp4xx       = metrics.NewCounter(`infera_responses_total{class="4xx"}`)
 	mResp5xx       = metrics.NewCounter(`infera_responses_total{class="5xx"}`)

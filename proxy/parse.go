@@ -38,7 +38,8 @@ type reqBody struct {
 	tokenIDs []uint32
 	// messages and prompt are the raw value spans ([start, end) in the body).
 	msgStart, msgEnd       int
-	promptStart, promptEnd int
+	promptStart, promptEnd int // also input, query and text_1
+	auxStart, auxEnd       int // documents, text_2
 	toolsStart, toolsEnd   int
 	nMessages              int
 	msgErr                 error
@@ -112,7 +113,8 @@ const (
 	rkMaxCompletionTokens
 	rkMessages
 	rkPrompt
-	rkInput
+	rkInput // input, query, text_1
+	rkAux   // documents, text_2
 )
 
 func duplicateKey(name string) error {
@@ -155,11 +157,19 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			b.msgEnd = ve
 			return ve, err
 		case "model", "stream", "max_tokens", "max_completion_tokens", "stream_options", "prompt", "tools", "n", "best_of":
-			if kind == kindEmbeddings && len(key) != len("model") {
-				return -1, nil // not an embeddings field: the engine's business
+			if poolingKind(kind) && len(key) != len("model") {
+				return -1, nil // not a field of these endpoints: the engine's business
 			}
 		case "input", "encoding_format", "dimensions":
 			if kind != kindEmbeddings {
+				return -1, nil
+			}
+		case "query", "documents", "top_n":
+			if kind != kindRerank {
+				return -1, nil
+			}
+		case "text_1", "text_2":
+			if kind != kindScore {
 				return -1, nil
 			}
 		default:
@@ -240,9 +250,28 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			if n, ok := parseInt(v); ok && n > b.choices {
 				b.choices = min(n, 1<<16)
 			}
-		case "input":
-			if once(rkInput, "input") {
+		case "input", "query", "text_1":
+			name := "input"
+			switch key[0] {
+			case 'q':
+				name = "query"
+			case 't':
+				name = "text_1"
+			}
+			if once(rkInput, name) {
 				b.promptStart, b.promptEnd = vs, ve
+			}
+		case "documents", "text_2":
+			name := "documents"
+			if key[0] == 't' {
+				name = "text_2"
+			}
+			if once(rkAux, name) {
+				b.auxStart, b.auxEnd = vs, ve
+			}
+		case "top_n":
+			if _, ok := parseInt(v); !ok && string(v) != "null" {
+				perr = errTopN
 			}
 		case "encoding_format":
 			if string(v) != `"float"` && string(v) != `"base64"` && string(v) != "null" {
@@ -277,8 +306,13 @@ func (b *reqBody) parse(d []byte, kind int) error {
 	if len(b.model) == 0 {
 		return errEmptyModel
 	}
-	if kind == kindEmbeddings {
+	switch kind {
+	case kindEmbeddings:
 		return b.parseInput(d) // embeddings.go
+	case kindRerank:
+		return b.parseRerank(d) // rerank.go
+	case kindScore:
+		return b.parseScore(d)
 	}
 	if kind == kindChat {
 		if b.msgErr != nil {

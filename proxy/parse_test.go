@@ -97,12 +97,13 @@ func FuzzParseBody(f *testing.F) {
 		`{"model":"m","prompt":["a","b"],"n":3,"best_of":5}`,
 		embedBody, `{"model":"m","input":[[1,2],[3]],"dimensions":8}`, `{"model":"m","input":[1,2,3],"encoding_format":null}`,
 		`{"model":"m","input":""}`, `{"model":"m","input":[[]]}`, `{"model":"m","input":["a",1]}`,
+		rerankBody, scoreBody, `{"model":"m","text_1":["a","b"],"text_2":["c","d"]}`, `{"model":"m","query":"q","documents":[{"text":"d"}],"top_n":null}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var b reqBody
-		for _, kind := range []int{kindChat, kindCompletion, kindEmbeddings} {
+		for _, kind := range []int{kindChat, kindCompletion, kindEmbeddings, kindRerank, kindScore} {
 			err := b.parse(data, kind)
 			// We also reject invalid UTF-8, which encoding/json tolerates.
 			valid := json.Valid(data) && utf8.Valid(data)

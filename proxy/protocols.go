@@ -221,7 +221,7 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 	p := &rs.proto
 	body = rs.body
 	switch kind {
-	case kindCompletion, kindEmbeddings:
+	case kindCompletion, kindEmbeddings, kindRerank, kindScore:
 		return body, kind, kind, true
 	case kindChat:
 		opt := s.proto.options(cfg)

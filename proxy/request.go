@@ -310,7 +310,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	r.MaxTokens = rs.parsed.maxTokens
 	r.PromptTokens = rs.parsed.estimateTokens()
 	r.Prompt = rs.parsed.text
-	r.LoadOnly = kind == kindEmbeddings // no prefix cache to follow (embeddings.go)
+	r.LoadOnly = poolingKind(kind) // no prefix cache to follow (embeddings.go)
 	if cfg.SessionAffinity.Enabled {
 		r.SessionID = ctx.Request.Header.Peek(cfg.SessionAffinity.Header)
 		if err := s.sched.CheckSession(cfg, r); err != nil {
@@ -322,7 +322,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		r.DirectWorker = ctx.Request.Header.Peek(hdrWorkerID)
 		r.DirectPrefill = ctx.Request.Header.Peek(hdrPrefillID)
 	}
-	if s.o.HashBlocks != nil && s.o.Tokenizer != nil && s.policy == sched.PolicyKVAware && kind != kindEmbeddings {
+	if s.o.HashBlocks != nil && s.o.Tokenizer != nil && s.policy == sched.PolicyKVAware && !poolingKind(kind) {
 		if err := s.hashPrompt(rs, body, kind); err != nil {
 			mBadRequests.Inc()
 			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "messages", "")
@@ -332,7 +332,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	if !s.admit(ctx, cfg, rs) { // user limits (govern.go), before anything is spent on the request
 		return
 	}
-	if cfg.SmartModelSelection.Enabled && kind != kindEmbeddings {
+	if cfg.SmartModelSelection.Enabled && !poolingKind(kind) {
 		s.selectModel(cfg, rs) // smart.go: may change r.Model before model routing
 	}
 	if cfg.Mirror.Enabled && s.o.Mirror != nil && len(ctx.Request.Header.Peek(mirror.MirrorHeader)) == 0 {
@@ -353,6 +353,8 @@ var (
 	pathCountTokens = []byte("/v1/messages/count_tokens")
 	pathResponses   = []byte("/v1/responses")
 	pathEmbeddings  = []byte("/v1/embeddings")
+	pathRerank      = []byte("/v1/rerank")
+	pathScore       = []byte("/v1/score")
 )
 
 // canonicalPath is the endpoint's path.
@@ -368,6 +370,10 @@ func canonicalPath(kind int) []byte {
 		return pathResponses
 	case kindEmbeddings:
 		return pathEmbeddings
+	case kindRerank:
+		return pathRerank
+	case kindScore:
+		return pathScore
 	}
 	return pathCompletion
 }

@@ -268,6 +268,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		mReqEmbeddings.Inc()
 		s.handleInference(ctx, kindEmbeddings) // embeddings.go
 		return
+	case "/v1/rerank", "/rerank", "/v2/rerank":
+		mReqRerank.Inc()
+		s.handleInference(ctx, kindRerank) // rerank.go
+		return
+	case "/v1/score", "/score":
+		mReqScore.Inc()
+		s.handleInference(ctx, kindScore)
+		return
 	case "/v1/messages":
 		s.handleProtocol(ctx, kindMessages) // protocols.go
 		return
