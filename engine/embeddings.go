@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"math"
 	"strconv"
-	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -35,20 +34,9 @@ type embedRequest struct {
 }
 
 func (s *Server) handleEmbeddings(ctx *fasthttp.RequestCtx) {
-	s.requests.Add(1)
 	var req embedRequest
-	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
-		s.badRequests.Add(1)
-		s.writeError(ctx, fasthttp.StatusBadRequest, "cannot parse request body: "+err.Error(), "invalid_request_error")
-		return
-	}
-	model := req.Model
-	if model == "" {
-		model = s.cfg.Models[0]
-	}
-	if _, ok := s.models[model]; !ok {
-		s.badRequests.Add(1)
-		s.writeError(ctx, fasthttp.StatusNotFound, "The model `"+model+"` does not exist.", "invalid_request_error")
+	model, ok := s.poolingRequest(ctx, &req, func() string { return req.Model }) // rerank.go
+	if !ok {
 		return
 	}
 	dim := embedDimDefault
@@ -82,12 +70,7 @@ func (s *Server) handleEmbeddings(ctx *fasthttp.RequestCtx) {
 	for _, in := range inputs {
 		total += len(in)
 	}
-	s.mu.Lock()
-	tm := s.core.cfg.Time
-	s.mu.Unlock()
-	if d := tm.PrefillTime(total, len(inputs)); d > 0 {
-		time.Sleep(d)
-	}
+	s.poolingWait(total, len(inputs))
 	out := make([]byte, 0, 64+len(inputs)*(dim*12+64))
 	out = append(out, `{"object":"list","data":[`...)
 	vec := make([]float32, dim)

@@ -43,16 +43,25 @@ func relevance(a, b []float32, ta, tb []uint32) float64 {
 	return math.Max(0, math.Min(1, (1+dot)/2))
 }
 
-func (s *Server) poolingModel(ctx *fasthttp.RequestCtx, model string) (string, bool) {
-	if model == "" {
-		model = s.cfg.Models[0]
-	}
-	if _, ok := s.models[model]; !ok {
-		s.badRequests.Add(1)
-		s.writeError(ctx, fasthttp.StatusNotFound, "The model `"+model+"` does not exist.", "invalid_request_error")
+// poolingRequest decodes a pooling request into req and returns the model
+// it names (the first served model when it names none); ok is false when
+// the request was answered with an error.
+func (s *Server) poolingRequest(ctx *fasthttp.RequestCtx, req any, model func() string) (string, bool) {
+	s.requests.Add(1)
+	if err := json.Unmarshal(ctx.PostBody(), req); err != nil {
+		s.badPooling(ctx, "cannot parse request body: "+err.Error())
 		return "", false
 	}
-	return model, true
+	m := model()
+	if m == "" {
+		m = s.cfg.Models[0]
+	}
+	if _, ok := s.models[m]; !ok {
+		s.badRequests.Add(1)
+		s.writeError(ctx, fasthttp.StatusNotFound, "The model `"+m+"` does not exist.", "invalid_request_error")
+		return "", false
+	}
+	return m, true
 }
 
 func (s *Server) poolingWait(tokens, seqs int) {
@@ -70,13 +79,8 @@ func (s *Server) badPooling(ctx *fasthttp.RequestCtx, msg string) {
 }
 
 func (s *Server) handleRerank(ctx *fasthttp.RequestCtx) {
-	s.requests.Add(1)
 	var req rerankRequest
-	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
-		s.badPooling(ctx, "cannot parse request body: "+err.Error())
-		return
-	}
-	model, ok := s.poolingModel(ctx, req.Model)
+	model, ok := s.poolingRequest(ctx, &req, func() string { return req.Model })
 	if !ok {
 		return
 	}
@@ -151,13 +155,8 @@ func (s *Server) handleRerank(ctx *fasthttp.RequestCtx) {
 }
 
 func (s *Server) handleScore(ctx *fasthttp.RequestCtx) {
-	s.requests.Add(1)
 	var req scoreRequest
-	if err := json.Unmarshal(ctx.PostBody(), &req); err != nil {
-		s.badPooling(ctx, "cannot parse request body: "+err.Error())
-		return
-	}
-	model, ok := s.poolingModel(ctx, req.Model)
+	model, ok := s.poolingRequest(ctx, &req, func() string { return req.Model })
 	if !ok {
 		return
 	}
