@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"encoding/json"
+	"errors"
 	"strconv"
 
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/sched"
+	"github.com/infera/infera/tokenizer"
 	"github.com/valyala/fasthttp"
 )
 
@@ -60,6 +62,85 @@ func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
 	b = append(b, `,"max_model_len":0}`...)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
+}
+
+// maxDetokenize bounds the ids of one /detokenize request.
+const maxDetokenize = 1 << 20
+
+var errDetokenize = &badRequestError{msg: "tokens is required: an array of token ids", param: "tokens"}
+
+// handleDetokenize answers vLLM's POST /detokenize ({"tokens": [ids]}) with
+// the router's tokenizer: {"prompt": text}, invalid UTF-8 replaced.
+func (s *Server) handleDetokenize(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsPost() {
+		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use POST", "", "")
+		return
+	}
+	dec, ok := s.o.Tokenizer.(tokenizer.Decoder)
+	if !ok {
+		writeError(ctx, fasthttp.StatusNotImplemented, typeInvalidRequest, "the router has no tokenizer (use --router-policy kv-aware)", "", "")
+		return
+	}
+	rs := s.acquireState()
+	defer s.releaseState(rs, endComplete)
+	if err := s.readBody(ctx, rs); err != nil {
+		ctx.SetConnectionClose()
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "request body not accepted", "", "")
+		return
+	}
+	ids, err := detokenizeIDs(rs.tokens[:0], rs.body)
+	rs.tokens = ids
+	if err != nil {
+		var br *badRequestError
+		if !errors.As(err, &br) {
+			br = errMalformedJSON
+		}
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, br.msg, br.param, "")
+		return
+	}
+	rs.render = dec.AppendDecode(rs.render[:0], ids)
+	b := append(make([]byte, 0, 16+len(rs.render)), `{"prompt":`...)
+	b = appendJSONString(b, arenaString(rs.render))
+	b = append(b, '}')
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// detokenizeIDs reads the tokens array of a /detokenize body into dst.
+func detokenizeIDs(dst []uint32, body []byte) ([]uint32, error) {
+	i := skipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return dst, errNotObject
+	}
+	seen := false
+	end, err := forEachField(body, i, func(k []byte, vs, ve int) error {
+		if string(k) != "tokens" {
+			return nil
+		}
+		if seen || body[vs] != '[' {
+			return errDetokenize
+		}
+		seen = true
+		_, err := forEachElem(body, vs, func(s, e int) error {
+			n, err := strconv.ParseUint(string(body[s:e]), 10, 32) // token ids span uint32
+			if err != nil || len(dst) >= maxDetokenize {
+				return errDetokenize
+			}
+			dst = append(dst, uint32(n))
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return dst, err
+	}
+	if skipSpace(body, end) != len(body) {
+		return dst, errMalformedJSON
+	}
+	if !seen {
+		return dst, errDetokenize
+	}
+	return dst, nil
 }
 
 // RouteExplainer explains a kv-aware decision (kvroute.KVAware.Explain).

@@ -302,6 +302,11 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			s.handleTokenize(ctx)
 		}
 		return
+	case "/detokenize":
+		if s.authorized(ctx) {
+			s.handleDetokenize(ctx) // debug.go
+		}
+		return
 	case "/debug/route":
 		if s.authorized(ctx) {
 			s.handleDebugRoute(ctx)

@@ -42,6 +42,19 @@ type Tokenizer interface {
 	RenderChat(dst []byte, msgs []Message, tools []byte, addGenerationPrompt bool) ([]byte, error)
 }
 
+// Decoder is a tokenizer that can turn token ids back into text (both
+// tokenizers here can).
+type Decoder interface {
+	// AppendDecode appends the text of ids to dst; ids the vocabulary does
+	// not hold are skipped.
+	AppendDecode(dst []byte, ids []uint32) []byte
+}
+
+var (
+	_ Decoder = Simple{}
+	_ Decoder = (*HF)(nil)
+)
+
 // Simple is the fallback tokenizer: every 4 bytes of text are one token whose
 // id is those bytes read little-endian (a short tail is zero-padded). It is
 // prefix-stable: texts sharing their first 4k bytes share their first k tokens.
@@ -59,6 +72,21 @@ func (Simple) Encode(dst []uint32, text []byte) []uint32 {
 		var b [4]byte
 		copy(b[:], text)
 		dst = append(dst, binary.LittleEndian.Uint32(b[:]))
+	}
+	return dst
+}
+
+// AppendDecode implements Decoder: each id's 4 bytes, the zero padding of
+// a short tail dropped.
+func (Simple) AppendDecode(dst []byte, ids []uint32) []byte {
+	for _, id := range ids {
+		var b [4]byte
+		binary.LittleEndian.PutUint32(b[:], id)
+		n := 4
+		for n > 0 && b[n-1] == 0 {
+			n--
+		}
+		dst = append(dst, b[:n]...)
 	}
 	return dst
 }

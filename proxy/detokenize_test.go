@@ -1,0 +1,77 @@
+package proxy
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// POST /detokenize (vLLM's) turns the router's tokens back into the text:
+// what /tokenize gives for a prompt comes back as that prompt, with the
+// built-in tokenizer and with Qwen3's; bodies that are not {"tokens":
+// [ids]} get a 400; without a tokenizer the endpoint is 501.
+func TestDetokenizeInvertsTokenize(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	text := "Héllo, wörld! The quick brown fox jumps over the lazy dog. 你好"
+	for _, dir := range []string{"", "qwen3"} {
+		f := defaultFlags()
+		f.RouterPolicy = "kv-aware"
+		if dir != "" {
+			f.RouterTokenizerPath = qwen3Dir(t)
+		}
+		r := startRouter(t, f, nil, up.url)
+		prompt, _ := json.Marshal(text)
+		code, b := post(t, r.url+"/tokenize", `{"model":"m","prompt":`+string(prompt)+`}`)
+		var tok struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if code != 200 || json.Unmarshal([]byte(b), &tok) != nil || len(tok.Tokens) == 0 {
+			t.Fatalf("%s tokenize: %d %s", dir, code, b)
+		}
+		ids, _ := json.Marshal(tok.Tokens)
+		code, b = post(t, r.url+"/detokenize", `{"model":"m","tokens":`+string(ids)+`}`)
+		var out struct {
+			Prompt string `json:"prompt"`
+		}
+		if code != 200 || json.Unmarshal([]byte(b), &out) != nil || out.Prompt != text {
+			t.Fatalf("%s detokenize: %d %s, want %q", dir, code, b, text)
+		}
+		for _, bad := range []string{`{"model":"m"}`, `{"tokens":"1 2"}`, `{"tokens":[-1]}`, `{"tokens":["a"]}`, `{"tokens":[1.5]}`,
+			`{"tokens":[1],"tokens":[2]}`, `{"tokens":[1]`, `[1,2]`} {
+			if code, b := post(t, r.url+"/detokenize", bad); code != 400 {
+				t.Fatalf("%s %s: %d %s", dir, bad, code, b)
+			}
+		}
+	}
+	f := defaultFlags()
+	f.RouterPolicy = "round-robin"
+	r := startRouter(t, f, nil, up.url)
+	if code, b := post(t, r.url+"/detokenize", `{"tokens":[1]}`); code != 501 || !strings.Contains(b, "tokenizer") {
+		t.Fatalf("no tokenizer: %d %s", code, b)
+	}
+}
+
+// FuzzDetokenizeBody: the /detokenize parse never panics, and what it
+// accepts encoding/json reads as an object whose tokens are those ids.
+func FuzzDetokenizeBody(f *testing.F) {
+	for _, s := range []string{`{"tokens":[1,2,3]}`, `{"model":"m","tokens":[]}`, `{"tokens":[4294967295]}`, `{"tokens":[-1]}`, `{"tokens":[1]`, `[]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ids, err := detokenizeIDs(nil, data)
+		if err != nil {
+			return
+		}
+		var v struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if json.Unmarshal(data, &v) != nil || len(v.Tokens) != len(ids) {
+			t.Fatalf("accepted %q as %v", data, ids)
+		}
+		for i := range ids {
+			if ids[i] != v.Tokens[i] {
+				t.Fatalf("accepted %q as %v", data, ids)
+			}
+		}
+	})
+}
