@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/mirror"
 	"github.com/valyala/fasthttp"
 )
 
@@ -197,5 +199,71 @@ func TestEmbeddingsAreRoutedByLoadNotByPrefix(t *testing.T) {
 	}
 	if n := r.srv.sched.Stats().PrefixBlocks; n != 0 {
 		t.Fatalf("the prefix index recorded %d blocks of embeddings inputs", n)
+	}
+}
+
+// With the split proxy on, an embedding whose local fleet fails goes to an
+// external upstream at its /v1/embeddings, the body as the client sent it.
+func TestEmbeddingsFailOverToASplitExternalUpstream(t *testing.T) {
+	var rec recorder
+	ext := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		rec.record(ctx)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"object":"list","data":[{"object":"embedding","index":0,"embedding":[1]}],"model":"m","usage":{"prompt_tokens":1,"total_tokens":1}}`)
+	})
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true, Weight: 1},
+		config.Proxy{Name: "ext", Address: ext.url + "/base", Failover: true},
+	)
+	r := startRouterWith(t, nil, cfg, nil, deadURL(t))
+	body := `{"model":"m","input":["x","y"],"user":"u"}`
+	resp, b := postWith(t, r.url+"/v1/embeddings", body, nil)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != "split:ext" {
+		t.Fatalf("dead local -> ext: %d %s %v", resp.StatusCode, b, resp.Header)
+	}
+	got := rec.all()
+	if len(got) != 1 || got[0].uri != "/base/v1/embeddings" || got[0].body != body {
+		t.Fatalf("external upstream got %+v", got)
+	}
+}
+
+// Mirroring copies a sampled embedding to the target's /v1/embeddings.
+func TestEmbeddingsAreMirroredAtTheirPath(t *testing.T) {
+	var rec recorder
+	target := startUpstream(t, func(ctx *fasthttp.RequestCtx) { rec.record(ctx); okHandler(ctx) })
+	eng := startEmbedEngine(t)
+	cfg := config.Default()
+	cfg.Mirror = config.Mirror{Enabled: true, TargetAddress: target.url, SamplingRatio: 100,
+		TimeoutMS: 5000, QueueSize: 16, Concurrency: 2, MaxBufferBytes: config.DefaultMirrorBufferBytes}
+	m := mirror.New(mirror.Options{})
+	t.Cleanup(m.Close)
+	r := startRouterWith(t, nil, cfg, func(o *Options) { o.Mirror = m }, eng.url)
+	body := `{"model":"m","input":"mirror me"}`
+	want(t, embedCall(t, r.url, "", body), 200, "")
+	waitFor(t, func() bool { return len(rec.all()) == 1 }, "the embedding's copy")
+	if got := rec.all()[0]; got.uri != "/v1/embeddings" || got.body != body {
+		t.Fatalf("the mirror target got %+v", got)
+	}
+}
+
+// On a prefill/decode fleet an embedding goes whole to a mixed worker,
+// never to a PD pair; with no mixed worker it is refused, not split.
+func TestEmbeddingsOnAPDFleetGoToAMixedWorkerOnly(t *testing.T) {
+	var pd atomic.Int64
+	legs := func(ctx *fasthttp.RequestCtx) { pd.Add(1); okHandler(ctx) }
+	p, d := startUpstream(t, legs), startUpstream(t, legs)
+	mixed := startEmbedEngine(t)
+	cfg := pdConfig(t, func(c *config.Config) { c.PD.Mode = "vllm" })
+	r := startPDRouter(t, nil, cfg, pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", ""),
+		fleet.Record{ID: "mixed", URL: mixed.url, Models: []string{"m"}})
+	for i := 0; i < 4; i++ {
+		want(t, embedCall(t, r.url, "", `{"model":"m","input":"whole"}`), 200, "")
+	}
+	r2 := startPDRouter(t, nil, cfg, pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+	if res := embedCall(t, r2.url, "", `{"model":"m","input":"whole"}`); res.status < 400 {
+		t.Fatalf("no mixed worker: %d %s", res.status, res.body)
+	}
+	if n := pd.Load(); n != 0 {
+		t.Fatalf("prefill/decode workers got %d embeddings requests", n)
 	}
 }
