@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net/netip"
@@ -192,6 +193,54 @@ type accessEntry struct {
 	status int
 	kind   int // the client's endpoint
 	client netip.Addr
+	// code is the error code of an error answer the router holds whole
+	// (its own, or an engine's relayed): OpenAI's error.code, or
+	// Anthropic's error.type; empty otherwise.
+	code  [maxErrorCode]byte
+	ncode int
+}
+
+// maxErrorCode bounds the error code the access log shows.
+const maxErrorCode = 48
+
+var (
+	keyCode = []byte(`"code":"`)
+	keyType = []byte(`"type":"`)
+)
+
+// noteErrorCode keeps the error code of an error answer's body: the first
+// "code" string, else the last "type" string (Anthropic's error type comes
+// after its "type":"error"), letters, digits and '_' only.
+func (a *accessEntry) noteErrorCode(body []byte) {
+	a.ncode = 0
+	v := stringAfter(body, keyCode, false)
+	if v == nil {
+		v = stringAfter(body, keyType, true)
+	}
+	for _, c := range v {
+		if a.ncode == maxErrorCode || !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			break
+		}
+		a.code[a.ncode] = c
+		a.ncode++
+	}
+}
+
+// stringAfter returns the characters after the first (or last) key in b up
+// to the next quote.
+func stringAfter(b, key []byte, last bool) []byte {
+	i := bytes.Index(b, key)
+	if last {
+		i = bytes.LastIndex(b, key)
+	}
+	if i < 0 {
+		return nil
+	}
+	v := b[i+len(key):]
+	if j := bytes.IndexByte(v, '"'); j >= 0 {
+		return v[:j]
+	}
+	return nil
 }
 
 // How an answer ended.
@@ -248,6 +297,15 @@ func (s *Server) logAccess(rs *reqState, end string) {
 	if u := rs.gov.user; u != nil {
 		b = append(b, `,"user":`...)
 		b = appendJSONString(b, u.Name())
+	}
+	if a.ncode > 0 {
+		b = append(b, `,"error":"`...)
+		b = append(b, a.code[:a.ncode]...)
+		b = append(b, '"')
+	}
+	if n := len(rs.sreq.Tried); n > 0 {
+		b = append(b, `,"retries":`...)
+		b = strconv.AppendInt(b, int64(n), 10)
 	}
 	b = append(b, `,"end":"`...)
 	b = append(b, end...)

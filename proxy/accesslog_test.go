@@ -173,13 +173,16 @@ func TestTheAccessLogHasOneLinePerRequestAndNoSecrets(t *testing.T) {
 		t.Fatal("no ttft_ms for an answered request")
 	}
 	want(streamID, map[string]any{"status": 200.0, "stream": true, "worker": "w0", "prompt_tokens": 5.0, "completion_tokens": 3.0, "end": "complete"})
-	want("unauth-1", map[string]any{"status": 401.0})
+	want("unauth-1", map[string]any{"status": 401.0, "error": "invalid_api_key"})
 	if l := ids["unauth-1"]; l["model"] != nil || l["worker"] != nil || l["ttft_ms"] != nil {
 		t.Fatalf("a refused request's line says more than it knows: %v", l)
 	}
-	want("nomodel-1", map[string]any{"status": 404.0, "model": "nope"})
-	want("get-1", map[string]any{"status": 405.0})
-	want("anthropic-1", map[string]any{"status": 404.0, "path": "/v1/messages"})
+	want("nomodel-1", map[string]any{"status": 404.0, "model": "nope", "error": "model_not_found"})
+	want("get-1", map[string]any{"status": 405.0, "error": "method_not_allowed"})
+	want("anthropic-1", map[string]any{"status": 404.0, "path": "/v1/messages", "error": "not_found_error"})
+	if l := ids["client-id-1"]; l["error"] != nil || l["retries"] != nil {
+		t.Fatalf("an answered request's line has an error or retries: %v", l)
+	}
 }
 
 // A stream the client leaves, and one the engine breaks, say so in "end".
@@ -325,5 +328,35 @@ func TestAddingLinesWhileTheAccessLogClosesIsSafe(t *testing.T) {
 		time.Sleep(time.Millisecond)
 		close(stop)
 		wg.Wait()
+	}
+}
+
+// A request that failed over to another worker says how many it tried
+// before the one that answered.
+func TestTheAccessLogCountsRetries(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	path := filepath.Join(t.TempDir(), "access.log")
+	l, err := OpenAccessLog(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := defaultFlags()
+	f.RouterPolicy = "round-robin"
+	r := startRouterWith(t, f, nil, func(o *Options) { o.AccessLog = l }, deadURL(t), up.url)
+	for i := 0; i < 4; i++ {
+		if resp, _ := send(t, "POST", r.url+"/v1/chat/completions", "", "r"+strconv.Itoa(i), chatBody); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d", i, resp.StatusCode)
+		}
+	}
+	r.srv.Shutdown()
+	l.Close()
+	retried := 0
+	for _, line := range readAccessLog(t, path) {
+		if line["retries"] == 1.0 && line["worker"] == "w1" {
+			retried++
+		}
+	}
+	if retried == 0 {
+		t.Fatal("no line says a request was retried past the dead worker")
 	}
 }

@@ -245,6 +245,9 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		rs.acc.status = ctx.Response.StatusCode()
 		if s.access != nil {
 			rs.acc.on, rs.acc.client = true, clientAddr(ctx)
+			if rs.acc.status >= 400 && !rs.handedOff {
+				rs.acc.noteErrorCode(ctx.Response.Body())
+			}
 		}
 		if !rs.handedOff {
 			s.releaseState(rs, endComplete)
