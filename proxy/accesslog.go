@@ -268,7 +268,7 @@ func (s *Server) logAccess(rs *reqState, end string) {
 	b = append(b, `","status":`...)
 	b = strconv.AppendInt(b, int64(a.status), 10)
 	b = append(b, `,"duration_ms":`...)
-	b = appendMillis(b, time.Since(rs.start))
+	b = appendMillis(b, rs.duration())
 	if rs.ttft > 0 {
 		b = append(b, `,"ttft_ms":`...)
 		b = appendMillis(b, rs.ttft)

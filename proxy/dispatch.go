@@ -365,7 +365,8 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		up.finish(true)
 		rs.lease.Done(outcome)
 		rs.usage.record(rs.lease.Worker)
-		mDuration.Update(rs.ttft.Seconds()) // the whole answer came with the first read
+		rs.dur = rs.ttft // the whole answer came with the first read
+		mDuration.Update(rs.dur.Seconds())
 		return
 	}
 	rl := relayPool.Get().(*relay)

@@ -101,5 +101,14 @@ func countModel(rs *reqState) {
 	if rs.ttft > 0 {
 		m.ttft.Update(rs.ttft.Seconds())
 	}
-	m.duration.Update(time.Since(rs.start).Seconds())
+	m.duration.Update(rs.duration().Seconds())
+}
+
+// duration is the request's duration: as the answer's end measured it, or
+// until now.
+func (rs *reqState) duration() time.Duration {
+	if rs.dur > 0 {
+		return rs.dur
+	}
+	return time.Since(rs.start)
 }

@@ -543,7 +543,8 @@ func (s *Server) commitConverted(ctx *fasthttp.RequestCtx, rs *reqState, up upRe
 	countStatus(status)
 	rs.lease.Done(outcome)
 	rs.usage.record(rs.lease.Worker)
-	mDuration.Update(time.Since(rs.start).Seconds())
+	rs.dur = time.Since(rs.start)
+	mDuration.Update(rs.dur.Seconds())
 }
 
 // readAnswer reads the rest of a non-streamed answer after first (the

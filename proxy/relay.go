@@ -384,7 +384,8 @@ func (r *relay) CloseWithError(err error) error {
 	}
 	r.armWrite() // fasthttp's last chunk and flush come after the relay
 	s := r.s
-	mDuration.Update(time.Since(rs.start).Seconds())
+	rs.dur = time.Since(rs.start)
+	mDuration.Update(rs.dur.Seconds())
 	rs.usage.record(rs.lease.Worker)
 	rs.lease.Done(outcome)
 	s.releaseState(rs, end)

@@ -29,6 +29,7 @@ type reqState struct {
 	scratch  []*fleet.Worker
 	start    time.Time
 	ttft     time.Duration // request start to the first response bytes
+	dur      time.Duration // request start to the answer's end, once known
 	usage    usage
 
 	// kv-aware prompt rendering.
@@ -102,7 +103,7 @@ func (rs *reqState) Reset() {
 	rs.proto.reset()
 	rs.gov.reset()
 	rs.watched, rs.handedOff = false, false
-	rs.reqID, rs.acc, rs.ttft = rs.reqID[:0], accessEntry{}, 0
+	rs.reqID, rs.acc, rs.ttft, rs.dur = rs.reqID[:0], accessEntry{}, 0, 0
 }
 
 func (s *Server) acquireState() *reqState {
