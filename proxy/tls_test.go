@@ -118,7 +118,9 @@ func TestTheFrontDoorServesTLS(t *testing.T) {
 // closed) well before the engine would have answered.
 func TestATLSClientLeavingBeforeTheFirstByteCancelsTheEngineRequest(t *testing.T) {
 	closed := make(chan time.Duration, 1)
+	got := make(chan struct{}, 1)
 	eng := startRaw(t, func(n int, req string, c net.Conn) {
+		got <- struct{}{}
 		start := time.Now()
 		c.SetReadDeadline(time.Now().Add(8 * time.Second))
 		io.Copy(io.Discard, c) // until the router closes the connection (or 8 s)
@@ -131,8 +133,12 @@ func TestATLSClientLeavingBeforeTheFirstByteCancelsTheEngineRequest(t *testing.T
 	}
 	c.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
 		strconv.Itoa(len(chatBody)) + "\r\n\r\n" + chatBody))
-	time.Sleep(300 * time.Millisecond) // the request reached the engine
-	c.Close()                          // close_notify, then FIN
+	select {
+	case <-got: // the request reached the engine
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request never reached the engine")
+	}
+	c.Close() // close_notify, then FIN
 	select {
 	case d := <-closed:
 		if d > 3*time.Second {
