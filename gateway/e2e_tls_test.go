@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"io"
 	"net/http"
 	"os"
@@ -23,22 +22,9 @@ func TestE2ETLSFrontDoorAndAdminWithCertificateRenewalOnSIGHUP(t *testing.T) {
 	c := testsrv.GenCerts(t)
 	dir := t.TempDir()
 	cert, key := dir+"/tls.crt", dir+"/tls.key"
-	install := func(cf, kf string) {
-		t.Helper()
-		for src, dst := range map[string]string{cf: cert, kf: key} {
-			b, err := os.ReadFile(src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(dst, b, 0o600); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	install := func(cf, kf string) { t.Helper(); testsrv.Install(t, cf, kf, cert, key) }
 	install(c.ServerCert, c.ServerKey)
-	pem, _ := os.ReadFile(c.CA)
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
+	pool := c.Pool(t)
 	newClient := func() *http.Client { // a new connection each time
 		return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
 			TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}}}

@@ -48,7 +48,6 @@ var (
 	corsMaxAge  = []byte("600")
 	corsStar    = []byte("*")
 	varyOrigin  = []byte("Origin")
-	methodOPT   = []byte("OPTIONS")
 )
 
 // allowed returns the Access-Control-Allow-Origin value for origin, or nil.
@@ -70,7 +69,7 @@ func (c *cors) allowed(origin []byte) []byte {
 // preflight answers a CORS preflight and reports whether it did.
 func (c *cors) preflight(ctx *fasthttp.RequestCtx) bool {
 	h := &ctx.Request.Header
-	if !bytes.Equal(h.Method(), methodOPT) || len(h.PeekBytes(hdrACRequestMethod)) == 0 {
+	if !h.IsOptions() || len(h.PeekBytes(hdrACRequestMethod)) == 0 {
 		return false
 	}
 	allow := c.allowed(h.PeekBytes(hdrOrigin))

@@ -22,21 +22,37 @@ func kindOf(rs *reqState, body []byte) int {
 	return kindCompletion
 }
 
-// handleTokenize answers {"tokens":[...],"count":N,"max_model_len":0}.
-func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
+// debugBody answers a request that is not a POST, or whose body is not
+// received, and returns nil; otherwise the request's state holding the
+// body (the caller releases it).
+func (s *Server) debugBody(ctx *fasthttp.RequestCtx) *reqState {
 	if !ctx.IsPost() {
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use POST", "", "")
-		return
-	}
-	if s.o.Tokenizer == nil {
-		writeError(ctx, fasthttp.StatusNotImplemented, typeInvalidRequest, "the router has no tokenizer (use --router-policy kv-aware)", "", "")
-		return
+		return nil
 	}
 	rs := s.acquireState()
-	defer s.releaseState(rs, endComplete)
 	if err := s.readBody(ctx, rs); err != nil {
+		s.releaseState(rs, endComplete)
 		ctx.SetConnectionClose()
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "request body not accepted", "", "")
+		return nil
+	}
+	return rs
+}
+
+func writeNoTokenizer(ctx *fasthttp.RequestCtx) {
+	writeError(ctx, fasthttp.StatusNotImplemented, typeInvalidRequest, "the router has no tokenizer (use --router-policy kv-aware)", "", "")
+}
+
+// handleTokenize answers {"tokens":[...],"count":N,"max_model_len":0}.
+func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
+	rs := s.debugBody(ctx)
+	if rs == nil {
+		return
+	}
+	defer s.releaseState(rs, endComplete)
+	if s.o.Tokenizer == nil {
+		writeNoTokenizer(ctx)
 		return
 	}
 	body := rs.body
@@ -72,20 +88,14 @@ var errDetokenize = &badRequestError{msg: "tokens is required: an array of token
 // handleDetokenize answers vLLM's POST /detokenize ({"tokens": [ids]}) with
 // the router's tokenizer: {"prompt": text}, invalid UTF-8 replaced.
 func (s *Server) handleDetokenize(ctx *fasthttp.RequestCtx) {
-	if !ctx.IsPost() {
-		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use POST", "", "")
+	rs := s.debugBody(ctx)
+	if rs == nil {
 		return
 	}
+	defer s.releaseState(rs, endComplete)
 	dec, ok := s.o.Tokenizer.(tokenizer.Decoder)
 	if !ok {
-		writeError(ctx, fasthttp.StatusNotImplemented, typeInvalidRequest, "the router has no tokenizer (use --router-policy kv-aware)", "", "")
-		return
-	}
-	rs := s.acquireState()
-	defer s.releaseState(rs, endComplete)
-	if err := s.readBody(ctx, rs); err != nil {
-		ctx.SetConnectionClose()
-		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "request body not accepted", "", "")
+		writeNoTokenizer(ctx)
 		return
 	}
 	ids, err := detokenizeIDs(rs.tokens[:0], rs.body)
@@ -150,17 +160,11 @@ type RouteExplainer func(cands []*fleet.Worker, r *sched.Request) any
 // sending it, its block hashes, each candidate's overlap, load terms and
 // cost, and the choice.
 func (s *Server) handleDebugRoute(ctx *fasthttp.RequestCtx) {
-	if !ctx.IsPost() {
-		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use POST", "", "")
+	rs := s.debugBody(ctx)
+	if rs == nil {
 		return
 	}
-	rs := s.acquireState()
 	defer s.releaseState(rs, endComplete)
-	if err := s.readBody(ctx, rs); err != nil {
-		ctx.SetConnectionClose()
-		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "request body not accepted", "", "")
-		return
-	}
 	body := rs.body
 	kind := kindOf(rs, body)
 	if err := rs.parsed.parse(body, kind); err != nil {

@@ -19,12 +19,20 @@ const embedBody = `{"model":"m","input":["first text","second"],"encoding_format
 
 func embedCall(t testing.TB, url, key, body string) apiResp {
 	t.Helper()
-	req, _ := http.NewRequest("POST", url+"/v1/embeddings", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
-	}
-	return do(t, req)
+	return postPath(t, url, "/v1/embeddings", key, body)
+}
+
+// tpmRouter is a router in front of an embedEngine whose one user (key)
+// may spend 1000 tokens a minute.
+func tpmRouter(t *testing.T) (*embedEngine, *testRouter, string) {
+	eng := startEmbedEngine(t)
+	key, hash := mintKey(t)
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r, _ := govRouter(t, f, fmt.Sprintf(`{
+		"user_limit": {"templates": [{"name": "t", "default": true, "rate": {"enabled": true, "tpm": 1000}}]},
+		"users": [{"name": "alice", "keys": [%q]}]}`, hash), eng.url)
+	return eng, r, key
 }
 
 // embedEngine answers embeddings with the given prompt_tokens and records
@@ -158,13 +166,7 @@ func TestMalformedEmbeddingsRequestsAreRefused(t *testing.T) {
 // An embeddings request counts against its user's TPM with the input's
 // estimate, reconciled with the engine's reported prompt_tokens.
 func TestEmbeddingTokensCountAgainstTheUsersTPM(t *testing.T) {
-	eng := startEmbedEngine(t)
-	key, hash := mintKey(t)
-	f := defaultFlags()
-	f.RequestMaxRetries = 0
-	r, _ := govRouter(t, f, fmt.Sprintf(`{
-		"user_limit": {"templates": [{"name": "t", "default": true, "rate": {"enabled": true, "tpm": 1000}}]},
-		"users": [{"name": "alice", "keys": [%q]}]}`, hash), eng.url)
+	eng, r, key := tpmRouter(t)
 	eng.tokens.Store(10)
 	for i := 0; i < 5; i++ {
 		want(t, embedCall(t, r.url, key, embedBody), 200, "")

@@ -78,10 +78,17 @@ type apiResp struct {
 	body   string
 }
 
-// apiCall posts body with Authorization: Bearer key (none when key is "").
+// apiCall posts a chat body with Authorization: Bearer key (none when key
+// is "").
 func apiCall(t testing.TB, url, key, body string) apiResp {
 	t.Helper()
-	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(body))
+	return postPath(t, url, "/v1/chat/completions", key, body)
+}
+
+// postPath posts body to url+path, as apiCall does.
+func postPath(t testing.TB, url, path, key, body string) apiResp {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url+path, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)

@@ -1,23 +1,12 @@
 package proxy
 
 import (
-	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/infera/infera/config"
 )
-
-func postPath(t testing.TB, url, path, key, body string) apiResp {
-	t.Helper()
-	req, _ := http.NewRequest("POST", url+path, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
-	}
-	return do(t, req)
-}
 
 const (
 	rerankBody = `{"model":"m","query":"what is deep learning","documents":["deep learning is",{"text":"the cat"}],"top_n":1,"return_documents":true}`
@@ -98,13 +87,7 @@ func TestRerankAndScoreAreRoutedLikeEmbeddings(t *testing.T) {
 // A rerank request counts against its user's TPM with no output estimate
 // (1024 would not fit in 1000), reconciled with the engine's usage.
 func TestRerankTokensCountAgainstTheUsersTPM(t *testing.T) {
-	eng := startEmbedEngine(t)
-	key, hash := mintKey(t)
-	f := defaultFlags()
-	f.RequestMaxRetries = 0
-	r, _ := govRouter(t, f, fmt.Sprintf(`{
-		"user_limit": {"templates": [{"name": "t", "default": true, "rate": {"enabled": true, "tpm": 1000}}]},
-		"users": [{"name": "alice", "keys": [%q]}]}`, hash), eng.url)
+	eng, r, key := tpmRouter(t)
 	eng.tokens.Store(10)
 	for i := 0; i < 3; i++ {
 		want(t, postPath(t, r.url, "/v1/rerank", key, rerankBody), 200, "")

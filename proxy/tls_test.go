@@ -3,11 +3,9 @@ package proxy
 import (
 	"bufio"
 	"crypto/tls"
-	"crypto/x509"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,12 +25,7 @@ func tlsRouter(t *testing.T, f func(*Options), urls ...string) (*testRouter, *tl
 	if err != nil {
 		t.Fatal(err)
 	}
-	pem, err := os.ReadFile(c.CA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(pem)
+	pool := c.Pool(t)
 	flags := defaultFlags()
 	flags.HeaderTimeout = 500 * time.Millisecond
 	tr := startRouterWith(t, flags, nil, func(o *Options) {

@@ -26,18 +26,7 @@ func TestReloadServesTheNewCertificateAndKeepsTheOldOneOnFailure(t *testing.T) {
 	c := testsrv.GenCerts(t)
 	dir := t.TempDir()
 	cert, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	install := func(cf, kf string) {
-		t.Helper()
-		for src, dst := range map[string]string{cf: cert, kf: key} {
-			b, err := os.ReadFile(src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(dst, b, 0o600); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	install := func(cf, kf string) { t.Helper(); testsrv.Install(t, cf, kf, cert, key) }
 	install(c.ServerCert, c.ServerKey)
 	r, err := Load(cert, key)
 	if err != nil {

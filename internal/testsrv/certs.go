@@ -92,6 +92,33 @@ func (c Certs) leaf(t testing.TB, name string, serial int64, usage x509.ExtKeyUs
 	return cf, kf
 }
 
+// Pool is a certificate pool holding the CA, for clients.
+func (c Certs) Pool(t testing.TB) *x509.CertPool {
+	t.Helper()
+	b, err := os.ReadFile(c.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := x509.NewCertPool()
+	p.AppendCertsFromPEM(b)
+	return p
+}
+
+// Install copies a certificate and key file to certDst and keyDst (a
+// renewal put in place).
+func Install(t testing.TB, cert, key, certDst, keyDst string) {
+	t.Helper()
+	for src, dst := range map[string]string{cert: certDst, key: keyDst} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func writePEM(t testing.TB, path, typ string, der []byte) {
 	t.Helper()
 	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
