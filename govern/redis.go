@@ -36,7 +36,9 @@ import (
 // A its arguments (admitArgs): now, member, lease expiry, concurrency
 // limit, RPM, TPM, TPM need, TPM estimate, dry, key TTL, then per period
 // start (0: not taken), max requests, max tokens, estimate. It returns
-// {failed rules (bit set of codes), RPM retry ms, TPM retry ms}.
+// {failed rules (bit set of codes), RPM retry ms, TPM retry ms, RPM level,
+// TPM level}, the levels in millionths as the admission left them (0
+// when the rule is off).
 var admitLua = fmt.Sprintf(`
 local function admit(h, seats, A)
   local now = tonumber(A[1])
@@ -96,13 +98,19 @@ local function admit(h, seats, A)
       redis.call('HSET', h, 'w' .. w[1] .. 's', w[2], 'w' .. w[1] .. 'r', w[3], 'w' .. w[1] .. 'k', w[4])
     end
     redis.call('PEXPIRE', h, 3024000000)
+    if rpm > 0 then rl = rl - 1 end
+    if tpm > 0 then tl = tl - est end
   end
-  return {fails, math.ceil(rr), math.ceil(rt)}
+  return {fails, math.ceil(rr), math.ceil(rt), math.floor((rl or 0) * 1000000 + 0.5), math.floor((tl or 0) * 1000000 + 0.5)}
 end
 `, CodeConcurrencyUser, CodeRPM, CodeTPM, CodeQuotaRequests5h, CodeQuotaTokens5h)
 
-// admitArgc is the number of the admission's arguments.
-const admitArgc = 10 + 4*numPeriods
+// admitArgc is the number of the admission's arguments, admitRes of its
+// results.
+const (
+	admitArgc = 10 + 4*numPeriods
+	admitRes  = 5
+)
 
 // seatLua takes a seat on the first candidate with room: K are 3 keys
 // per candidate (overall, prefill, decode), A now, expiry, member, parts
@@ -154,16 +162,16 @@ var (
 	// step (one round trip): KEYS the user's 2, then 3 per seat
 	// candidate; ARGV the admission's admitArgc, then the seat's. The seat
 	// is tried only when the admission passed (or in dry run). It returns
-	// the admission's 3 values, then the seat's 3 ({-1, 0, 0}: not tried).
+	// the admission's 5 values, then the seat's 3 ({-1, 0, 0}: not tried).
 	admitSeatScript = redis.NewScript(admitLua + seatLua + fmt.Sprintf(`
 local A, S, K = {}, {}, {}
 for i = 1, %[1]d do A[i] = ARGV[i] end
 for i = %[1]d + 1, #ARGV do S[#S + 1] = ARGV[i] end
 for i = 3, #KEYS do K[#K + 1] = KEYS[i] end
 local r = admit(KEYS[1], KEYS[2], A)
-if #K == 0 or (r[1] ~= 0 and A[9] ~= '1') then return {r[1], r[2], r[3], -1, 0, 0} end
+if #K == 0 or (r[1] ~= 0 and A[9] ~= '1') then return {r[1], r[2], r[3], r[4], r[5], -1, 0, 0} end
 local q = seat(K, S)
-return {r[1], r[2], r[3], q[1], q[2], q[3]}
+return {r[1], r[2], r[3], r[4], r[5], q[1], q[2], q[3]}
 `, admitArgc))
 )
 
@@ -585,12 +593,16 @@ func (r *redisState) admitArgs(st *userState, t *template, cs *calState, e estim
 	return []string{hk, sk}, args, member
 }
 
-// admitted applies the admission script's answer res (3 values) to ts:
-// the failed rules and the retry time; ts holds what was taken when the
-// admission passed (or in dry run).
+// admitted applies the admission script's answer res (admitRes values)
+// to ts: the failed rules and the retry time; ts holds what was taken when
+// the admission passed (or in dry run), and the rate limits (not in dry
+// run).
 func (r *redisState) admitted(res []int64, t *template, ts *ticketState, cs *calState, e estimate, dry bool, now int64, member, sk string) (failures, int64) {
 	f := failures(res[0])
 	retry := max(res[1], res[2]) * 1e6
+	if !dry {
+		ts.lim = remoteLimits(t, res[3], res[4])
+	}
 	for p := range numPeriods {
 		if f.has(quotaRequestsCode(p)) || f.has(quotaTokensCode(p)) {
 			retry = max(retry, (cs.win[p].end-now/1e9)*1e9)
@@ -628,7 +640,7 @@ func (r *redisState) admitUser(st *userState, t *template, ts *ticketState, cs *
 	if err != nil {
 		return 0, 0, err
 	}
-	if len(res) != 3 {
+	if len(res) != admitRes {
 		return 0, 0, fmt.Errorf("admission script returned %d values", len(res))
 	}
 	f, retry := r.admitted(res, t, ts, cs, e, dry, now, member, keys[1])
@@ -722,9 +734,11 @@ func (g *Governor) admitRemote(ctx context.Context, s *snapshot, u *User, t *tem
 		}
 		hits(f, dry)
 		if !dry {
+			rej := reject(f.first(), retry, false)
+			rej.Limits = ts.lim
 			g.putTicket(ts)
 			u.rejected()
-			return Ticket{}, reject(f.first(), retry, false)
+			return Ticket{}, rej
 		}
 	}
 	return ts.handle(u), nil
@@ -752,12 +766,12 @@ func (g *Governor) admitSeatRemote(s *snapshot, st *userState, t *template, ts *
 	if err != nil {
 		return 0, 0, err
 	}
-	if len(res) != 6 {
+	if len(res) != admitRes+3 {
 		return 0, 0, fmt.Errorf("admission script returned %d values", len(res))
 	}
-	f, retry := r.admitted(res[:3], t, ts, cs, e, dry, now, member, keys[1])
-	if res[3] >= 0 { // the seat was asked for
-		ss, i, code := r.seated(res[3:], rl, cands, sa.ph, smember)
+	f, retry := r.admitted(res[:admitRes], t, ts, cs, e, dry, now, member, keys[1])
+	if res[admitRes] >= 0 { // the seat was asked for
+		ss, i, code := r.seated(res[admitRes:], rl, cands, sa.ph, smember)
 		sa.seat, sa.idx, sa.rej = g.seatAnswer(rl, ss, i, idx, code)
 		sa.done = true
 	}
@@ -937,6 +951,7 @@ func (r *redisState) pumpUsers() {
 			case f != 0 && !dry:
 				hits(f, false)
 				w.state, w.rej = rejected, reject(f.first(), retry, false)
+				w.rej.Limits = w.ts.lim
 			default:
 				w.state = granted
 			}

@@ -99,6 +99,9 @@ type Rejection struct {
 	// RetryAfter is whole seconds until the limit may pass again (rounded
 	// up); 0 when no time is known (concurrency, unknown key).
 	RetryAfter int
+	// Limits is the user's rate limits when the refusal is the user's
+	// (zero for a shared rejection, a seat's refusal or a dry run).
+	Limits Limits
 }
 
 func (r *Rejection) Error() string { return r.Code.String() + ": " + r.Message }

@@ -30,6 +30,7 @@ type ticketState struct {
 	tpmEst, quotaEst int64
 	win              [numPeriods]takenWin
 	at               int64 // admission time, ns
+	lim              Limits
 
 	// Redis: the member of the user's seat set, and whether the remote
 	// counters were touched (false after a fail-open admission).
@@ -51,7 +52,7 @@ const (
 func (g *Governor) getTicket(u *User, t *template) *ticketState {
 	ts := g.ticketPool.Get().(*ticketState)
 	ts.u, ts.t = u, t
-	ts.at = 0
+	ts.at, ts.lim = 0, Limits{}
 	ts.conc, ts.rpm, ts.tpm, ts.remote = false, false, false, false
 	ts.tpmEst, ts.quotaEst = 0, 0
 	ts.win = [numPeriods]takenWin{}

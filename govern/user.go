@@ -362,13 +362,18 @@ func (g *Governor) admit(ctx context.Context, u *User, r Request, sa *seatAsk) (
 		}
 		hits(f, dry)
 		if !dry {
+			rej := reject(f.first(), retry, false)
+			rej.Limits = st.limitsLocked(t)
 			st.mu.Unlock()
 			g.putTicket(ts)
 			u.rejected()
-			return Ticket{}, reject(f.first(), retry, false)
+			return Ticket{}, rej
 		}
 	}
 	st.takeLocked(t, cs, e, ts)
+	if !dry {
+		ts.lim = st.limitsLocked(t)
+	}
 	st.mu.Unlock()
 	return ts.handle(u), nil
 }
@@ -465,9 +470,13 @@ func (g *Governor) pumpLocal(st *userState) {
 		if f != 0 && !dry {
 			hits(f, false)
 			w.state, w.rej = rejected, reject(f.first(), retry, false)
+			w.rej.Limits = st.limitsLocked(t)
 		} else {
 			w.ts.t = t
 			st.takeLocked(t, cs, e, w.ts)
+			if !dry {
+				w.ts.lim = st.limitsLocked(t)
+			}
 			w.ts.at = now
 			w.state = granted
 		}

@@ -44,10 +44,14 @@ var (
 	hdrVary            = []byte("Vary")
 	corsMethods        = []byte("GET, POST, OPTIONS")
 	// What a page may read of an answer beyond the CORS-safelisted headers.
-	corsExposed = []byte("X-Request-Id, Retry-After")
-	corsMaxAge  = []byte("600")
-	corsStar    = []byte("*")
-	varyOrigin  = []byte("Origin")
+	corsExposed = []byte("X-Request-Id, Retry-After, " +
+		"X-Ratelimit-Limit-Requests, X-Ratelimit-Remaining-Requests, X-Ratelimit-Reset-Requests, " +
+		"X-Ratelimit-Limit-Tokens, X-Ratelimit-Remaining-Tokens, X-Ratelimit-Reset-Tokens, " +
+		"Anthropic-Ratelimit-Requests-Limit, Anthropic-Ratelimit-Requests-Remaining, Anthropic-Ratelimit-Requests-Reset, " +
+		"Anthropic-Ratelimit-Tokens-Limit, Anthropic-Ratelimit-Tokens-Remaining, Anthropic-Ratelimit-Tokens-Reset")
+	corsMaxAge = []byte("600")
+	corsStar   = []byte("*")
+	varyOrigin = []byte("Origin")
 )
 
 // allowed returns the Access-Control-Allow-Origin value for origin, or nil.

@@ -60,11 +60,18 @@ type govState struct {
 
 	targets []govern.Target
 	tw      []*fleet.Worker // the worker of each target
+
+	// lim is the user's rate limits as the admission (or its refusal)
+	// left them, for the answer's headers (ratelimit.go); rlBuf is their
+	// scratch space.
+	lim   govern.Limits
+	rlBuf []byte
 }
 
 func (gs *govState) reset() {
 	gs.user, gs.tk, gs.status = nil, govern.Ticket{}, 0
 	gs.deferred, gs.req, gs.refused = false, govern.Request{}, nil
+	gs.lim = govern.Limits{}
 	gs.ctx.reset()
 	gs.gate.reset()
 	gs.seat.reset()
@@ -105,7 +112,7 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqStat
 		s.writeRejection(ctx, rs, rej)
 		return false
 	}
-	rs.gov.tk = tk
+	rs.gov.tk, rs.gov.lim = tk, tk.Limits()
 	return true
 }
 
@@ -127,7 +134,7 @@ func (s *Server) admitDeferred(rs *reqState) error {
 		gs.refused = rej
 		return errUserRefused
 	}
-	gs.tk = tk
+	gs.tk, gs.lim = tk, tk.Limits()
 	return nil
 }
 
@@ -216,7 +223,7 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 				}
 				continue
 			}
-			rs.gov.tk = a.Ticket
+			rs.gov.tk, rs.gov.lim = a.Ticket, a.Ticket.Limits()
 			seat, i, rej = a.Seat, a.Index, a.SeatRefused
 		default:
 			seat, i, rej = g.TryAcquire(tg, ph)
@@ -424,6 +431,9 @@ func (s *Server) writeRejection(ctx *fasthttp.RequestCtx, rs *reqState, rej *gov
 		return
 	}
 	countStatus(rej.Status)
+	if rej.Limits.Any() {
+		rs.gov.lim = rej.Limits
+	}
 	writeError(ctx, rej.Status, rej.Type(), rej.Message, "", rej.Code.String())
 	if rej.RetryAfter > 0 {
 		ctx.Response.Header.Set("Retry-After", strconv.Itoa(rej.RetryAfter))

@@ -11,7 +11,8 @@ import (
 // TestGovernedNonStreamZeroAlloc is TestNonStreamZeroAlloc with every
 // governance check on, counters in process: a user key identified, the
 // user's template (allowed period, four quota windows, concurrency, RPM,
-// TPM) admitting and reconciling the request with the engine's usage, and
+// TPM) admitting and reconciling the request with the engine's usage (its
+// rate limit headers on the answer), and
 // concurrency seats (overall, prefill) taken through the scheduler's
 // candidate filter and attached to the lease. The governance adds no
 // allocation: the bound is fasthttp's one, as without limits.
@@ -25,6 +26,9 @@ func TestGovernedNonStreamZeroAlloc(t *testing.T) {
 			do := func() {
 				if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
 					t.Fatal(err, resp.StatusCode(), string(resp.Body()))
+				}
+				if len(resp.Header.Peek("X-Ratelimit-Remaining-Tokens")) == 0 {
+					t.Fatal("no rate limit headers")
 				}
 			}
 			for i := 0; i < 200; i++ {

@@ -243,6 +243,9 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		// Every answer carries the request id; the access log learns the
 		// status now (a relayed body follows, its head is written).
 		ctx.Response.Header.SetCanonical(hdrRequestIDBytes, rs.reqID)
+		if rs.gov.lim.Any() {
+			rs.gov.rlBuf = setRateLimitHeaders(ctx, &rs.gov.lim, rs.gov.rlBuf)
+		}
 		rs.acc.status = ctx.Response.StatusCode()
 		if s.access != nil {
 			rs.acc.on, rs.acc.client = true, clientAddr(ctx)
