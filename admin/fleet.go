@@ -1,5 +1,7 @@
 package admin
 
+import "github.com/infera/infera/govern"
+
 // Fleet is what the console shows of the running router. The router
 // implements it; every method is called on an admin request (at most a few
 // times a second per open console), never on the request path, and must be
@@ -10,6 +12,14 @@ type Fleet interface {
 	// RuleHits returns the hit counters of rules (rate limits, quotas,
 	// canary and split rules), dry-run ones included.
 	RuleHits() []RuleHit
+}
+
+// UsageSource is what a Fleet implements to answer GET
+// /api/users/{name}/usage: where a user stands against its template's
+// limits (govern.ErrNoUser for a name the router's governance does not
+// know).
+type UsageSource interface {
+	UserUsage(name string) (govern.UserStatus, error)
 }
 
 // WorkerInfo is one worker as the fleet page shows it.

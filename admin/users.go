@@ -1,7 +1,9 @@
 package admin
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 
@@ -29,6 +31,7 @@ func (a *Admin) userRoutes(api func(string, func(http.ResponseWriter, *http.Requ
 	api("GET /api/users/{name}", a.getUser)
 	api("PUT /api/users/{name}", a.putUser)
 	api("DELETE /api/users/{name}", a.deleteUser)
+	api("GET /api/users/{name}/usage", a.getUserUsage)
 	api("POST /api/users/{name}/keys", a.addKey)
 	api("DELETE /api/users/{name}/keys/{id}", a.deleteKey)
 	api("GET /api/templates", a.listTemplates)
@@ -76,6 +79,31 @@ func (a *Admin) getUser(w http.ResponseWriter, r *http.Request) error {
 	}
 	setVersionHeaders(w, c, v)
 	writeJSON(w, http.StatusOK, viewOf(u))
+	return nil
+}
+
+// getUserUsage answers where a user stands against its template's limits
+// (the router's governance; with Redis the shared counters).
+func (a *Admin) getUserUsage(w http.ResponseWriter, r *http.Request) error {
+	c, _ := a.store.Current()
+	name := r.PathValue("name")
+	if _, ok := findUser(c, name); !ok {
+		return &httpError{status: http.StatusNotFound, msg: "no such user"}
+	}
+	src, ok := a.fleetView().(UsageSource)
+	if !ok {
+		return &httpError{status: http.StatusServiceUnavailable, msg: "usage is not available: the router's governance is not running"}
+	}
+	st, err := src.UserUsage(name)
+	switch {
+	case errors.Is(err, govern.ErrNoUser):
+		// Configured but not applied yet (a change in flight): not known.
+		return &httpError{status: http.StatusNotFound, msg: "no such user in the router's current governance"}
+	case err != nil:
+		slog.Warn("user usage not read", "user", name, "err", err)
+		return &httpError{status: http.StatusServiceUnavailable, msg: "the rate limiting state store is unavailable"}
+	}
+	writeJSON(w, http.StatusOK, st)
 	return nil
 }
 

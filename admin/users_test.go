@@ -3,12 +3,14 @@ package admin
 import (
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/govern"
 )
 
 // verifyKey checks a key against a stored hash as config documents it.
@@ -150,5 +152,53 @@ func TestQuotaTemplatesCRUD(t *testing.T) {
 	json.Unmarshal(e.do("GET", "/api/templates", "").body, &list)
 	if list.Templates == nil || len(list.Templates) != 0 {
 		t.Fatalf("list: %+v", list)
+	}
+}
+
+// usageFleet answers usage from a canned status, or an error.
+type usageFleet struct {
+	fakeFleet
+	err error
+}
+
+func (f *usageFleet) UserUsage(name string) (govern.UserStatus, error) {
+	return govern.UserStatus{User: name, Template: "t", RPM: &govern.BucketStatus{Limit: 5, Remaining: 4, ResetMS: 12000}}, f.err
+}
+
+// GET /api/users/{name}/usage answers the router's status of a configured
+// user; 404 for a user the config does not have (or the governance not
+// yet), 503 without a router or when its state store fails (the store's
+// error is logged, never answered), 401 without the admin key.
+func TestUserUsageAnswersTheRoutersStatus(t *testing.T) {
+	users := `{"users":[{"name":"alice","keys":[]}]}`
+	e := newEnv(t, envOpts{file: users, fleet: &usageFleet{}})
+	if r := e.do("GET", "/api/users/alice/usage", ""); r.status != 200 ||
+		string(r.body) != `{"user":"alice","template":"t","dry_run":false,"enabled":false,"active":0,"queued":0,"rpm":{"limit":5,"remaining":4,"reset_ms":12000}}`+"\n" {
+		t.Fatalf("alice: %d %s", r.status, r.body)
+	}
+	if r := e.do("GET", "/api/users/bob/usage", ""); r.status != 404 {
+		t.Fatalf("bob: %d %s", r.status, r.body)
+	}
+	req, _ := http.NewRequest("GET", e.srv.URL+"/api/users/alice/usage", nil)
+	if res, err := http.DefaultClient.Do(req); err != nil || res.StatusCode != 401 {
+		t.Fatalf("without the admin key: %v %v", res, err)
+	} else {
+		res.Body.Close()
+	}
+	logs := captureLogs(t)
+	e = newEnv(t, envOpts{file: users, fleet: &usageFleet{err: errors.New("dial tcp 10.0.0.9:6379: refused")}})
+	if r := e.do("GET", "/api/users/alice/usage", ""); r.status != 503 || strings.Contains(string(r.body), "10.0.0.9") {
+		t.Fatalf("state store down: %d %s", r.status, r.body)
+	}
+	if !strings.Contains(logs.String(), "10.0.0.9") {
+		t.Fatalf("the store's error is not logged: %s", logs)
+	}
+	e = newEnv(t, envOpts{file: users, fleet: &fakeFleet{}})
+	if r := e.do("GET", "/api/users/alice/usage", ""); r.status != 503 {
+		t.Fatalf("no governance: %d %s", r.status, r.body)
+	}
+	e = newEnv(t, envOpts{file: users, fleet: &usageFleet{err: govern.ErrNoUser}})
+	if r := e.do("GET", "/api/users/alice/usage", ""); r.status != 404 {
+		t.Fatalf("not applied yet: %d %s", r.status, r.body)
 	}
 }

@@ -100,6 +100,13 @@ func workerStatus(w *fleet.Worker, now int64) string {
 	return admin.StatusRoutable
 }
 
+var _ admin.UsageSource = fleetView{}
+
+// UserUsage implements admin.UsageSource from the governance.
+func (v fleetView) UserUsage(name string) (govern.UserStatus, error) {
+	return v.g.gov.UserStatus(name)
+}
+
 // RuleHits implements admin.Fleet: the rules of request and user rate
 // limiting that refused, would have refused (dry run) or queued a request,
 // with their counts since the process started. Rules never hit are left

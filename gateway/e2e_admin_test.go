@@ -341,6 +341,10 @@ func TestE2EAdminConsoleDrivesTheRouter(t *testing.T) {
 	// The console's rule hit counters show the refusal.
 	step("rule hits", chromedp.Navigate(ag.admin+"/#/rules"), chromedp.WaitVisible(css("#rules")),
 		chromedp.Poll[chromedp.Void](`document.querySelector('#rules').innerText.includes('rate_limit_rpm')`, chromedp.WithPollingTimeout(5*time.Second)))
+	// The users page shows erin's empty RPM bucket, from the router's counters.
+	step("usage", chromedp.Navigate(ag.admin+"/#/users"), chromedp.WaitVisible(css(`td[data-usage="erin"]`)),
+		chromedp.Poll[chromedp.Void](`(c => c && c.innerText.includes('RPM 0/1 left') && c.querySelector('.stat.full'))(document.querySelector('td[data-usage="erin"]'))`,
+			chromedp.WithPollingTimeout(5*time.Second)))
 	bind(`{"template":"","enabled":false}`)
 	ag.wantChat("a disabled user", 403, "X-Session-Id", "s-1", "Authorization", auth)
 	bind(`{"template":"","enabled":true}`)

@@ -2,6 +2,9 @@ package govern
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -80,4 +83,67 @@ func TestDryRunAdmissionsTellNoLimits(t *testing.T) {
 		}
 		tk.Done(Usage{})
 	}
+}
+
+// UserStatus tells where a user stands: the buckets refilled to now, the
+// current window of each quota (counted with the engine's weighted usage)
+// with its bounds in the timezone, the slots held and the queue; with
+// Redis the shared counters. A user without a template, or unknown, says so.
+func TestUserStatusTellsBucketsWindowsAndSlots(t *testing.T) {
+	for _, state := range []string{"memory", "redis"} {
+		t.Run(state, func(t *testing.T) {
+			key, hash := mintKey(t)
+			clk := newFakeClock(t0) // Wednesday 12:00 UTC
+			o := Options{Now: clk.Now}
+			if state == "redis" {
+				o = redisOptions(t, startRedis(t))
+				o.Now = clk.Now
+			}
+			c := parseConfig(t, fmt.Sprintf(`{
+				"user_limit": {"timezone": "Europe/Berlin", "templates": [{"name": "t",
+					"rate": {"enabled": true, "rpm": 3, "tpm": 1000},
+					"quota": {"enabled": true, "weights": {"input": 1, "output": 2, "cached": 0.5},
+						"windows": [{"period": "day", "max_requests": 10}, {"period": "month", "max_tokens": 5000}]},
+					"concurrency": {"enabled": true, "limit": 2}}]},
+				"users": [{"name": "alice", "keys": [%q], "template": "t"}, {"name": "bob", "keys": []}]}`, hash))
+			g := newGov(t, o, c)
+			u := identify(t, g, key)
+			done := admitOK(t, g, u, Request{PromptTokens: 100, MaxTokens: 50})
+			done.FirstToken()
+			done.Done(Usage{Known: true, PromptTokens: 100, CachedTokens: 40, CompletionTokens: 30}) // 60 + 20 + 60 = 140 weighted
+			held := admitOK(t, g, u, Request{PromptTokens: 10, MaxTokens: 10})
+			clk.Advance(6 * time.Second) // 0.3 request and 100 tokens flow back
+			st, err := g.UserStatus("alice")
+			if err != nil {
+				t.Fatal(err)
+			}
+			// RPM: 3 - 2 + 0.3 = 1.3; TPM: 1000 - 130 (reconciled) - 20 + 100 = 950.
+			want := UserStatus{User: "alice", Template: "t", Enabled: true, Active: 1, ConcurrencyLimit: 2,
+				RPM: &BucketStatus{Limit: 3, Remaining: 1, ResetMS: 34000},
+				TPM: &BucketStatus{Limit: 1000, Remaining: 950, ResetMS: 3000},
+				Quota: []WindowStatus{
+					{Period: "day", Start: "2025-06-04T00:00:00+02:00", End: "2025-06-05T00:00:00+02:00", Requests: 2, MaxRequests: 10, Tokens: 140 + 30},
+					{Period: "month", Start: "2025-06-01T00:00:00+02:00", End: "2025-07-01T00:00:00+02:00", Requests: 2, Tokens: 140 + 30, MaxTokens: 5000},
+				}}
+			if !reflect.DeepEqual(st, want) {
+				t.Fatalf("alice:\n%s\nwant\n%s", js(st), js(want))
+			}
+			held.Done(Usage{})
+			st, _ = g.UserStatus("alice")
+			if st.Active != 0 || st.Quota[0].Requests != 1 || st.Quota[0].Tokens != 140 {
+				t.Fatalf("after the held request was refunded: %s", js(st))
+			}
+			if st, err := g.UserStatus("bob"); err != nil || st.Template != "" || st.RPM != nil || st.Quota != nil {
+				t.Fatalf("bob (no template): %s %v", js(st), err)
+			}
+			if _, err := g.UserStatus("carol"); err != ErrNoUser {
+				t.Fatalf("carol: %v, want ErrNoUser", err)
+			}
+		})
+	}
+}
+
+func js(v any) string {
+	b, _ := json.MarshalIndent(v, "", "  ")
+	return string(b)
 }

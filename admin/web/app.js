@@ -499,6 +499,7 @@ async function usersPage() {
         if (await after(await api('DELETE', '/api/users/' + encodeURIComponent(u.name) + '/keys/' + id, undefined, { 'If-Match': etag }), 200)) { toast('Key revoked'); usersPage(); }
       },
     }))) : h('span', { class: 'muted', text: 'no key' })),
+    h('td', { class: 'usage', 'data-usage': u.name }, h('span', { class: 'muted', text: '…' })),
     h('td', {}, h('div', { class: 'actions' },
       h('button', {
         class: 'small', text: 'New key', onclick: async () => {
@@ -537,8 +538,38 @@ async function usersPage() {
     banner,
     h('div', { class: 'card' }, h('h2', { text: 'New user' }), createForm),
     h('div', { class: 'card' }, h('table', { id: 'users' },
-      h('thead', {}, h('tr', {}, ['User', 'Quota template', 'Enabled', 'Keys (by id)', ''].map((t) => h('th', { text: t })))),
-      h('tbody', {}, rows.length ? rows : h('tr', {}, h('td', { colspan: 5, class: 'empty', text: 'No users yet.' }))))));
+      h('thead', {}, h('tr', {}, ['User', 'Quota template', 'Enabled', 'Keys (by id)', 'Usage now', ''].map((t) => h('th', { text: t })))),
+      h('tbody', {}, rows.length ? rows : h('tr', {}, h('td', { colspan: 6, class: 'empty', text: 'No users yet.' }))))));
+  // Each user's standing against its limits, from the router's counters.
+  for (const u of ur.data.users || []) {
+    api('GET', '/api/users/' + encodeURIComponent(u.name) + '/usage').then((res) => {
+      const cell = document.querySelector('td[data-usage="' + CSS.escape(u.name) + '"]');
+      if (cell) cell.replaceChildren(...usageChips(res));
+    });
+  }
+}
+
+// usageChips renders GET /api/users/{name}/usage: what is left of each
+// rate bucket, each quota window's count against its maximum, the slots.
+function usageChips(res) {
+  if (res.status !== 200) return [h('span', { class: 'muted', text: res.status === 503 ? 'unavailable' : '—' })];
+  const u = res.data;
+  if (!u.template) return [h('span', { class: 'muted', text: 'no limits' })];
+  const n = (x) => Number(x).toLocaleString('en-US', { maximumFractionDigits: 1 });
+  const out = [];
+  const chip = (text, title, full) => out.push(h('span', { class: 'stat' + (full ? ' full' : ''), title, text }));
+  if (u.rpm) chip('RPM ' + n(u.rpm.remaining) + '/' + n(u.rpm.limit) + ' left', 'requests left in the bucket; full again in ' + (u.rpm.reset_ms / 1000) + ' s', u.rpm.remaining === 0);
+  if (u.tpm) chip('TPM ' + n(u.tpm.remaining) + '/' + n(u.tpm.limit) + ' left', 'tokens left in the bucket; full again in ' + (u.tpm.reset_ms / 1000) + ' s', u.tpm.remaining === 0);
+  for (const w of u.quota || []) {
+    const until = 'window ' + w.start + ' to ' + w.end;
+    if (w.max_requests) chip(w.period + ' ' + n(w.requests) + '/' + n(w.max_requests) + ' req', until, w.requests >= w.max_requests);
+    else chip(w.period + ' ' + n(w.requests) + ' req', until, false);
+    if (w.max_tokens) chip(w.period + ' ' + n(w.tokens) + '/' + n(w.max_tokens) + ' tok', until + ' (weighted tokens)', w.tokens >= w.max_tokens);
+  }
+  if (u.concurrency_limit) chip('active ' + u.active + '/' + u.concurrency_limit, 'requests holding a concurrency slot; ' + u.queued + ' queued here', u.active >= u.concurrency_limit);
+  if (u.dry_run) chip('dry run', 'limits are counted, nothing is refused', false);
+  if (!out.length) out.push(h('span', { class: 'muted', text: 'nothing counted' }));
+  return out;
 }
 
 function showKey(user, key, created) {
