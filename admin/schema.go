@@ -231,6 +231,7 @@ var fieldMeta = map[string]meta{
 	"users[].keys":     {label: "Key hashes"},
 	"users[].template": {label: "Quota template"},
 	"users[].enabled":  {label: "Enabled"},
+	"users[].models":   {label: "Models", help: "Models the user may call: names or * patterns, case-insensitive. Empty: every model."},
 
 	// Advanced
 	"timeouts":                       {label: "Request timeout", group: "Advanced", help: "Timeouts from the gateway to the inference services. 0 means no limit."},

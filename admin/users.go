@@ -19,10 +19,12 @@ import (
 
 // UserView is a user as the API shows it: keys by id only.
 type UserView struct {
-	Name     string   `json:"name"`
-	Template string   `json:"template"`
-	Enabled  bool     `json:"enabled"`
-	KeyIDs   []string `json:"key_ids"`
+	Name     string `json:"name"`
+	Template string `json:"template"`
+	Enabled  bool   `json:"enabled"`
+	// Models the user may call (names or '*' patterns); empty: all.
+	Models []string `json:"models"`
+	KeyIDs []string `json:"key_ids"`
 }
 
 func (a *Admin) userRoutes(api func(string, func(http.ResponseWriter, *http.Request) error)) {
@@ -42,7 +44,10 @@ func (a *Admin) userRoutes(api func(string, func(http.ResponseWriter, *http.Requ
 }
 
 func viewOf(u config.User) UserView {
-	v := UserView{Name: u.Name, Template: u.Template, Enabled: u.Enabled, KeyIDs: []string{}}
+	v := UserView{Name: u.Name, Template: u.Template, Enabled: u.Enabled, Models: u.Models, KeyIDs: []string{}}
+	if v.Models == nil {
+		v.Models = []string{}
+	}
 	for _, k := range u.Keys {
 		if h, err := config.ParseKeyHash(k); err == nil {
 			v.KeyIDs = append(v.KeyIDs, h.ID)
@@ -107,11 +112,21 @@ func (a *Admin) getUserUsage(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+func stringsAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
 // userInput is the body of POST /api/users and PUT /api/users/{name}.
 type userInput struct {
 	Name     string `json:"name"`
 	Template string `json:"template"`
 	Enabled  *bool  `json:"enabled"`
+	// Models: absent keeps the user's list on PUT ([] allows every model).
+	Models *[]string `json:"models"`
 }
 
 func readUserInput(w http.ResponseWriter, r *http.Request) (userInput, error) {
@@ -160,9 +175,11 @@ func (a *Admin) createUser(w http.ResponseWriter, r *http.Request) error {
 		if in.Name != "" && userIndex(doc, in.Name) >= 0 {
 			return &httpError{status: http.StatusConflict, msg: fmt.Sprintf("user %q exists", in.Name)}
 		}
-		doc["users"] = append(users(doc), map[string]any{
-			"name": in.Name, "template": in.Template, "enabled": enabled, "keys": []any{hash},
-		})
+		u := map[string]any{"name": in.Name, "template": in.Template, "enabled": enabled, "keys": []any{hash}}
+		if in.Models != nil && len(*in.Models) > 0 {
+			u["models"] = stringsAny(*in.Models)
+		}
+		doc["users"] = append(users(doc), u)
 		return nil
 	})
 	if err != nil {
@@ -200,6 +217,13 @@ func (a *Admin) putUser(w http.ResponseWriter, r *http.Request) error {
 		m["template"] = in.Template
 		if in.Enabled != nil {
 			m["enabled"] = *in.Enabled
+		}
+		switch {
+		case in.Models == nil:
+		case len(*in.Models) == 0:
+			delete(m, "models")
+		default:
+			m["models"] = stringsAny(*in.Models)
 		}
 		return nil
 	})

@@ -202,3 +202,35 @@ func TestUserUsageAnswersTheRoutersStatus(t *testing.T) {
 		t.Fatalf("not applied yet: %d %s", r.status, r.body)
 	}
 }
+
+// A user's models list: set on creation, kept by a PUT that leaves it
+// out (the console's template and enable switches), replaced by one that
+// names it, cleared by an empty list; a bad pattern names its path.
+func TestUserModelsAreSetKeptAndCleared(t *testing.T) {
+	e := newEnv(t, envOpts{file: `{}`})
+	if r := e.do("POST", "/api/users", `{"name":"ann","models":["qwen3-*","m"]}`); r.status != 201 {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	models := func() []string {
+		t.Helper()
+		return e.store.Load().Users[0].Models
+	}
+	if got := models(); len(got) != 2 || got[0] != "qwen3-*" {
+		t.Fatalf("created with %v", got)
+	}
+	if r := e.do("PUT", "/api/users/ann", `{"template":"","enabled":false}`, "If-Match", e.etag()); r.status != 200 || len(models()) != 2 ||
+		!strings.Contains(string(r.body), `"models":["qwen3-*","m"]`) {
+		t.Fatalf("PUT without models: %d %s, %v", r.status, r.body, models())
+	}
+	if r := e.do("PUT", "/api/users/ann", `{"models":["llama-*"]}`, "If-Match", e.etag()); r.status != 200 || len(models()) != 1 || models()[0] != "llama-*" {
+		t.Fatalf("PUT with models: %d %s", r.status, r.body)
+	}
+	r := e.do("PUT", "/api/users/ann", `{"models":[""]}`, "If-Match", e.etag())
+	if p, _ := r.errPath(t); r.status != 400 || p != "users[0].models[0]" {
+		t.Fatalf("an empty pattern: %d %s", r.status, r.body)
+	}
+	if r := e.do("PUT", "/api/users/ann", `{"models":[]}`, "If-Match", e.etag()); r.status != 200 || models() != nil ||
+		!strings.Contains(string(r.body), `"models":[]`) {
+		t.Fatalf("PUT with no models: %d %s, %v", r.status, r.body, models())
+	}
+}

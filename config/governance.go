@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 	_ "time/tzdata" // user_limit.timezone must load on hosts without /usr/share/zoneinfo
+	"unicode/utf8"
 )
 
 // Over-limit handling of a concurrency limit.
@@ -253,6 +254,12 @@ func (t *QuotaTemplate) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// Bounds of users[].models: patterns per user and bytes per pattern.
+const (
+	MaxUserModels       = 256
+	MaxUserModelPattern = 256
+)
+
 // User is one API user.
 type User struct {
 	// Name identifies the user in metrics, logs and counters: 1-64 of
@@ -263,6 +270,10 @@ type User struct {
 	Keys []string `json:"keys"`
 	// Template names the user's quota template; empty: the default one.
 	Template string `json:"template"`
+	// Models are the models the user may call: names or '*' patterns
+	// ("qwen3-*"), matched without regard to case against the model the
+	// client asks for. Empty: every model.
+	Models []string `json:"models,omitempty"`
 	// Enabled: a disabled user's keys get 403. Default true.
 	Enabled bool `json:"enabled"`
 }
@@ -362,6 +373,14 @@ func (u *UserLimit) validate(c *Config) error {
 		users[us.Name] = true
 		if us.Template != "" && !templates[us.Template] {
 			return fieldErr(p+".template", "no quota template named %q", us.Template)
+		}
+		if len(us.Models) > MaxUserModels {
+			return fieldErr(p+".models", "%d patterns: at most %d", len(us.Models), MaxUserModels)
+		}
+		for j, m := range us.Models {
+			if m == "" || len(m) > MaxUserModelPattern || !utf8.ValidString(m) {
+				return fieldErr(fmt.Sprintf("%s.models[%d]", p, j), "want a model name or '*' pattern of 1-%d bytes", MaxUserModelPattern)
+			}
 		}
 		for j, k := range us.Keys {
 			kp := fmt.Sprintf("%s.keys[%d]", p, j)

@@ -20,7 +20,8 @@ type PD struct {
 	// by the primary pipeline (session affinity, prefix cache or KV, load
 	// balancing).
 	DecodePolicy string `json:"decode_policy"`
-	// SGLangIndependentPairing (mode sglang only) lets any prefill worker
+	// SGLangIndependentPairing (SGLang pairs only: mode sglang, or empty
+	// with workers whose records say sglang) lets any prefill worker
 	// pair with any decode worker. Off, prefill and decode workers are
 	// paired by aligned index (docs/pd.md, "Pairing"). vLLM pairs freely
 	// regardless.
@@ -57,9 +58,11 @@ func (p *PD) validate() error {
 	default:
 		return fieldErr("pd.decode_policy", "%q: want round-robin, least-requests or least-tokens", p.DecodePolicy)
 	}
-	if p.SGLangIndependentPairing && p.Mode != PDModeSGLang {
-		// Refuse rather than accept a setting that would do nothing.
-		return fieldErr("pd.sglang_independent_pairing", "applies to pd.mode sglang only (vLLM pairs any prefill with any decode worker); set pd.mode to sglang or remove it")
+	if p.SGLangIndependentPairing && p.Mode == PDModeVLLM {
+		// Refuse rather than accept a setting that would do nothing. With
+		// the mode from the workers' records (empty) it applies to the
+		// SGLang pairs.
+		return fieldErr("pd.sglang_independent_pairing", "applies to SGLang pairs only (vLLM pairs any prefill with any decode worker); set pd.mode to sglang or empty, or remove it")
 	}
 	return seconds("pd.prefill_timeout_s", p.PrefillTimeoutSeconds, false)
 }

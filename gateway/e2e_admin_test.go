@@ -25,6 +25,7 @@ import (
 	"github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/chromedp"
+	"github.com/chromedp/chromedp/kb"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
@@ -249,8 +250,10 @@ func TestE2EAdminConsoleDrivesTheRouter(t *testing.T) {
 		sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		defer cancel()
 		if err := chromedp.Do(sctx, steps...); err != nil {
-			body, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText.slice(0, 2000)`))
-			t.Fatalf("%s: %v; the page shows:\n%s", what, err, body)
+			ectx, ecancel := context.WithTimeout(ctx, 3*time.Second)
+			defer ecancel()
+			body, berr := chromedp.Run(ectx, chromedp.Evaluate[string](`location.href + '\n' + document.body.innerText.slice(0, 2000)`))
+			t.Fatalf("%s: %v; the page shows (%v):\n%s", what, err, berr, body)
 		}
 	}
 	text := func(sel string) string {
@@ -349,6 +352,22 @@ func TestE2EAdminConsoleDrivesTheRouter(t *testing.T) {
 	ag.wantChat("a disabled user", 403, "X-Session-Id", "s-1", "Authorization", auth)
 	bind(`{"template":"","enabled":true}`)
 	ag.wantChat("enabled again", 200, "X-Session-Id", "s-1", "Authorization", auth)
+	// The models erin may call, set on the users page: another model only,
+	// then every model again.
+	setModels := func(what, v string) {
+		t.Helper()
+		// Through another page: the users page reads the current ETag.
+		step(what, chromedp.Navigate(ag.admin+"/#/rules"), chromedp.WaitVisible(css("#rules")),
+			chromedp.Navigate(ag.admin+"/#/users"), chromedp.WaitVisible(css(`input[data-models="erin"]`)),
+			// As a user edits: erase the field's text, type, leave the field.
+			chromedp.SendKeys(css(`input[data-models="erin"]`), kb.End+strings.Repeat(kb.Backspace, 64)+v),
+			chromedp.Blur(css(`input[data-models="erin"]`)),
+			chromedp.Poll[chromedp.Void](`(e => e && e.value === `+strconv.Quote(v)+`)(document.querySelector('input[data-models="erin"]'))`, chromedp.WithPollingTimeout(5*time.Second)))
+	}
+	setModels("models", "other-model, other-*")
+	waitChat(t, ag.router, 5*time.Second, "a model outside erin's list", 403, "X-Session-Id", "s-1", "Authorization", auth)
+	setModels("every model", "")
+	waitChat(t, ag.router, 5*time.Second, "every model again", 200, "X-Session-Id", "s-1", "Authorization", auth)
 
 	// Export a backup, change the config, import the backup: the router
 	// requires the session header again.

@@ -17,3 +17,14 @@ func TestAdmissionPassingEveryCheckAllocatesNothing(t *testing.T) {
 		t.Fatalf("%v allocations per admission", n)
 	}
 }
+
+func TestModelCheckAllocatesNothing(t *testing.T) {
+	m := compileModels([]string{"Qwen/Qwen3-8B", "llama-*-instruct"})
+	if n := testing.AllocsPerRun(100, func() {
+		if !m.allows("Llama-3-70B-Instruct") {
+			t.Fatal("refused")
+		}
+	}); n != 0 {
+		t.Fatalf("%v allocations per check", n)
+	}
+}

@@ -167,6 +167,7 @@ type User struct {
 	name    string
 	enabled bool
 	tmpl    *template // nil: no limits
+	models  *modelSet // nil: every model
 	st      *userState
 	m       *userMetrics // nil: beyond user_limit.metrics_max_users
 }
@@ -247,7 +248,7 @@ func (g *Governor) Apply(c *config.Config) error {
 			st = newUserState(cu.Name)
 		}
 		states[cu.Name] = st
-		u := &User{name: cu.Name, enabled: cu.Enabled, tmpl: def, st: st}
+		u := &User{name: cu.Name, enabled: cu.Enabled, tmpl: def, st: st, models: compileModels(cu.Models)}
 		if cu.Template != "" {
 			u.tmpl = tmpls[cu.Template]
 			if u.tmpl == nil {

@@ -9,7 +9,8 @@ import (
 )
 
 // TestGovernedNonStreamZeroAlloc is TestNonStreamZeroAlloc with every
-// governance check on, counters in process: a user key identified, the
+// governance check on, counters in process: a user key identified, its
+// models list (a name and a pattern) checked, the
 // user's template (allowed period, four quota windows, concurrency, RPM,
 // TPM) admitting and reconciling the request with the engine's usage (its
 // rate limit headers on the answer), and

@@ -30,7 +30,7 @@ const allChecks = `{
 			{"period": "month", "max_requests": 1000000000000, "max_tokens": 1000000000000}]},
 		"concurrency": {"enabled": true, "limit": 100000},
 		"rate": {"enabled": true, "rpm": 1000000000000, "tpm": 1000000000000}}]},
-	"users": [{"name": "bench", "keys": [%q]}]}`
+	"users": [{"name": "bench", "keys": [%q], "models": ["other-model", "m*"]}]}`
 
 // startGovernedBench starts a router with every check on in front of two
 // upstreams answering with usage; state is "" (in process) or a Redis URL.

@@ -50,6 +50,7 @@ func countStatus(code int) {
 
 var (
 	mUnauthorized      = metrics.NewCounter(`infera_unauthorized_total`)
+	mModelNotAllowed   = metrics.NewCounter(`infera_model_not_allowed_total`)
 	mBodyBudget        = metrics.NewCounter(`infera_body_budget_rejections_total`)
 	mAcceptErrors      = metrics.NewCounter(`infera_accept_errors_total`)
 	mClientGoneWaiting = metrics.NewCounter(`infera_client_disconnects_waiting_total`)

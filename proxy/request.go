@@ -308,6 +308,11 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		}
 		return
 	}
+	if u := rs.gov.user; u != nil && !s.allowsModel(cfg, u, rs.parsed.model) { // docs/governance.md#models-a-user-may-call
+		mModelNotAllowed.Inc()
+		writeError(ctx, fasthttp.StatusForbidden, typePermission, notAllowedModel(rs.parsed.model), "model", "model_not_allowed")
+		return
+	}
 	if body, ok = s.afterParse(ctx, cfg, rs, body, kind); !ok { // streaming usage (protocols.go)
 		return
 	}
@@ -341,6 +346,13 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	}
 	if cfg.SmartModelSelection.Enabled && !poolingKind(kind) {
 		s.selectModel(cfg, rs) // smart.go: may change r.Model before model routing
+		if u := rs.gov.user; u.LimitsModels() && rs.ext.model != "" && !s.allowsModel(cfg, u, r.Model) {
+			// The tier's model is outside the user's list (its admission is
+			// refunded when the request state is released: nothing served).
+			mModelNotAllowed.Inc()
+			writeError(ctx, fasthttp.StatusForbidden, typePermission, notAllowedModel(r.Model)+" (chosen by smart model selection)", "model", "model_not_allowed")
+			return
+		}
 	}
 	if cfg.Mirror.Enabled && s.o.Mirror != nil && len(ctx.Request.Header.Peek(mirror.MirrorHeader)) == 0 {
 		// The body the engine gets, at its path (smart selection rewrites a

@@ -286,8 +286,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.handleProtocol(ctx, kindResponses)
 		return
 	case "/v1/models":
-		if s.authorized(ctx) {
-			s.handleModels(ctx)
+		if u, ok := s.authenticate(ctx); ok {
+			s.handleModels(ctx, u)
 		}
 		return
 	case "/health", "/healthz", "/readyz":
@@ -319,8 +319,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if id, ok := bytes.CutPrefix(path, modelsPrefix); ok && len(id) > 0 {
-		if s.authorized(ctx) {
-			s.handleModel(ctx, id)
+		if u, ok := s.authenticate(ctx); ok {
+			s.handleModel(ctx, u, id)
 		}
 		return
 	}
@@ -375,15 +375,21 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*govern.User, bool) {
 	return nil, false
 }
 
-func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
+// handleModels lists the models served, those u may call (users[].models).
+func (s *Server) handleModels(ctx *fasthttp.RequestCtx, u *govern.User) {
 	v := s.sched.Fleet.View()
 	models := s.sched.Models(s.store.Load(), v)
 	b := make([]byte, 0, 64+64*len(models))
 	b = append(b, `{"object":"list","data":[`...)
-	for i, m := range models {
-		if i > 0 {
+	n := 0
+	for _, m := range models {
+		if !u.AllowsModel(m) {
+			continue
+		}
+		if n > 0 {
 			b = append(b, ',')
 		}
+		n++
 		b = append(b, `{"id":`...)
 		b = appendJSONString(b, m)
 		b = append(b, `,"object":"model","created":0,"owned_by":"infera"}`...)
@@ -399,13 +405,13 @@ var modelsPrefix = []byte("/v1/models/")
 // the model object of a model /v1/models lists, or OpenAI's 404
 // model_not_found. The id is the decoded path, so ids with slashes
 // (Qwen/Qwen3-8B) work written either way.
-func (s *Server) handleModel(ctx *fasthttp.RequestCtx, id []byte) {
+func (s *Server) handleModel(ctx *fasthttp.RequestCtx, u *govern.User, id []byte) {
 	if !ctx.IsGet() && !ctx.IsHead() {
 		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "only GET is allowed on /v1/models/{model}", "", "method_not_allowed")
 		return
 	}
 	for _, m := range s.sched.Models(s.store.Load(), s.sched.Fleet.View()) {
-		if m == string(id) {
+		if m == string(id) && u.AllowsModel(m) {
 			b := append(make([]byte, 0, 64+len(m)), `{"id":`...)
 			b = appendJSONString(b, m)
 			b = append(b, `,"object":"model","created":0,"owned_by":"infera"}`...)
@@ -425,6 +431,29 @@ func unknownModel(model []byte) string {
 		model = model[:256]
 	}
 	return "The model `" + strings.ToValidUTF8(string(model), "") + "` does not exist or is not served by any worker"
+}
+
+// allowsModel reports whether u may call model: the name asked for and,
+// when model routing turns it into another served model (a fuzzy match,
+// the default model for an unknown name), that model too.
+func (s *Server) allowsModel(cfg *config.Config, u *govern.User, model []byte) bool {
+	if !u.AllowsModel(arenaString(model)) { // not kept
+		return false
+	}
+	if !u.LimitsModels() {
+		return true
+	}
+	served := s.sched.ServedModel(cfg, model)
+	return served == "" || u.AllowsModel(served)
+}
+
+// notAllowedModel is the message of a model_not_allowed error (the model
+// cut as unknownModel cuts it).
+func notAllowedModel(model []byte) string {
+	if len(model) > 256 {
+		model = model[:256]
+	}
+	return "This API key may not use the model `" + strings.ToValidUTF8(string(model), "") + "`"
 }
 
 // healthyWorkers counts routable workers whose breaker is closed (or due

@@ -162,6 +162,51 @@ func (s *Scheduler) route(c *compiled, v *fleet.View, r *Request, dst []*fleet.W
 	return dst, "", "", s.unknownModel(c, v, name)
 }
 
+// ServedModel returns the served model another name resolves to under
+// cfg's model routing: a fuzzy match or the default model ("" when name is
+// served as it is, when a canary rule or a model mapping decides by
+// service, or when nothing matches). Access control checks it beside the
+// name asked for (users[].models). It does not allocate for names up to
+// 256 bytes.
+func (s *Scheduler) ServedModel(cfg *config.Config, name []byte) string {
+	mr := &cfg.ModelRouting
+	if !mr.Enabled || len(name) > maxModelNameLen {
+		return ""
+	}
+	v := s.Fleet.View()
+	if len(v.ByModel[string(name)]) > 0 {
+		return ""
+	}
+	c := s.compiled(cfg)
+	var buf [maxModelName]byte
+	var lower []byte
+	if len(name) <= len(buf) {
+		lower = appendLower(buf[:0], name)
+	} else {
+		lower = appendLower(nil, name)
+	}
+	if cfg.Canary.Enabled {
+		for _, rule := range c.canary {
+			if globMatch(rule.pat, lower) {
+				return ""
+			}
+		}
+	}
+	for i := range c.mappings {
+		if globMatch(c.mappings[i].pat, lower) {
+			return ""
+		}
+	}
+	mi := s.modelIndex(v)
+	if model := mi.resolve(name, mr.FuzzyMatch); model != "" {
+		return model
+	}
+	if len(c.defaultModel) > 0 && string(name) != mr.DefaultModel {
+		return mi.resolve(c.defaultModel, mr.FuzzyMatch)
+	}
+	return ""
+}
+
 // appendRole appends ws (every role: the PD legs' roles are kept by
 // candidates, pd.go).
 func appendRole(dst, ws []*fleet.Worker, r *Request) []*fleet.Worker {

@@ -206,6 +206,30 @@ func TestPrefillByPrimaryPipelineDecodeByDecodePolicy(t *testing.T) {
 	}
 }
 
+// With the mode from the workers' records (pd.mode empty, the default),
+// independent pairing applies to SGLang pairs: off, P[i] meets only its
+// aligned decode workers; on, every decode worker.
+func TestSGLangIndependentPairingFollowsTheRecordsMode(t *testing.T) {
+	recs := []fleet.Record{pdRec("p-a", "prefill", "sglang", "m"), pdRec("p-b", "prefill", "sglang", "m")}
+	for i := 0; i < 4; i++ {
+		recs = append(recs, pdRec(fmt.Sprintf("d-%d", i), "decode", "sglang", "m"))
+	}
+	s, _ := newTestSched(t, recs...)
+	s.Fleet.View().ByID([]byte("p-b")).Acquire(1, 1, 1) // the pipeline picks p-a
+	for _, independent := range []bool{false, true} {
+		cfg := cfgWith(t, func(c *config.Config) { c.PD.SGLangIndependentPairing = independent; c.PD.DecodePolicy = "round-robin" })
+		met := map[string]bool{}
+		for i := 0; i < 40; i++ {
+			if p, d := pair(t, s, cfg, &Request{Model: []byte("m")}); p.Worker.ID == "p-a" {
+				met[d.Worker.ID] = true
+			}
+		}
+		if want := map[bool]int{false: 2, true: 4}[independent]; len(met) != want || (!independent && (!met["d-0"] || !met["d-2"])) {
+			t.Fatalf("independent %v: p-a met %v", independent, met)
+		}
+	}
+}
+
 // Pairing by aligned index (SGLang, independent pairing off): P[i] pairs
 // with D[j] when i mod k == j mod k, k = min(#P, #D), workers ordered by ID.
 func TestSGLangPairingByAlignedIndex(t *testing.T) {

@@ -470,7 +470,12 @@ async function sectionPage(key) {
 
 // ---------- users ----------
 async function usersPage() {
+  // A re-render after an edit (whose answer may come after the user left
+  // the page) must not replace the page opened meanwhile.
+  const here = () => location.hash === '#/users';
+  if (!here()) return;
   const [ur, tr] = await Promise.all([api('GET', '/api/users'), api('GET', '/api/templates')]);
+  if (!here()) return;
   let etag = ur.etag;
   const templates = (tr.data && tr.data.templates || []).map((t) => t.name);
   const banner = h('div', { class: 'banner error', id: 'users-error', hidden: true });
@@ -499,6 +504,14 @@ async function usersPage() {
         if (await after(await api('DELETE', '/api/users/' + encodeURIComponent(u.name) + '/keys/' + id, undefined, { 'If-Match': etag }), 200)) { toast('Key revoked'); usersPage(); }
       },
     }))) : h('span', { class: 'muted', text: 'no key' })),
+    h('td', {}, h('input', {
+      type: 'text', class: 'models', 'data-models': u.name, value: (u.models || []).join(', '), placeholder: 'every model',
+      title: 'Models this user may call: names or * patterns, comma-separated, case-insensitive. Empty: every model.',
+      onchange: async (e) => {
+        const models = e.target.value.split(',').map((m) => m.trim()).filter((m) => m);
+        if (await after(await api('PUT', '/api/users/' + encodeURIComponent(u.name), { template: u.template, enabled: u.enabled, models }, { 'If-Match': etag }), 200)) { toast('Models of ' + u.name + ' updated'); usersPage(); }
+      },
+    })),
     h('td', { class: 'usage', 'data-usage': u.name }, h('span', { class: 'muted', text: '…' })),
     h('td', {}, h('div', { class: 'actions' },
       h('button', {
@@ -538,8 +551,8 @@ async function usersPage() {
     banner,
     h('div', { class: 'card' }, h('h2', { text: 'New user' }), createForm),
     h('div', { class: 'card' }, h('table', { id: 'users' },
-      h('thead', {}, h('tr', {}, ['User', 'Quota template', 'Enabled', 'Keys (by id)', 'Usage now', ''].map((t) => h('th', { text: t })))),
-      h('tbody', {}, rows.length ? rows : h('tr', {}, h('td', { colspan: 6, class: 'empty', text: 'No users yet.' }))))));
+      h('thead', {}, h('tr', {}, ['User', 'Quota template', 'Enabled', 'Keys (by id)', 'Models', 'Usage now', ''].map((t) => h('th', { text: t })))),
+      h('tbody', {}, rows.length ? rows : h('tr', {}, h('td', { colspan: 7, class: 'empty', text: 'No users yet.' }))))));
   // Each user's standing against its limits, from the router's counters.
   for (const u of ur.data.users || []) {
     api('GET', '/api/users/' + encodeURIComponent(u.name) + '/usage').then((res) => {
