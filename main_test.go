@@ -27,9 +27,44 @@ func parseServe(t *testing.T, args ...string) *config.Serve {
 	return &c.Serve.Serve
 }
 
+// The routing doc's defaults: Kubernetes discovery, requests and KV events
+// over NATS; static workers (plain engines) mean static discovery over
+// http and zmq unless the knobs are set.
 func TestServeFlagDefaults(t *testing.T) {
 	f := parseServe(t)
-	if f.Port != 8000 || f.DiscoveryBackend != "static" || f.RequestTransport != "http" || f.KVEventTransport != "zmq" ||
+	f.ResolveBackends(false)
+	if f.DiscoveryBackend != "kubernetes" || f.RequestTransport != "nats" || f.KVEventTransport != "nats" {
+		t.Fatalf("routing defaults: %s %s %s", f.DiscoveryBackend, f.RequestTransport, f.KVEventTransport)
+	}
+	f = parseServe(t, "--workers", "http://127.0.0.1:8100")
+	f.ResolveBackends(true)
+	if f.DiscoveryBackend != "static" || f.RequestTransport != "http" || f.KVEventTransport != "zmq" {
+		t.Fatalf("with static workers: %s %s %s", f.DiscoveryBackend, f.RequestTransport, f.KVEventTransport)
+	}
+	f = parseServe(t, "--discovery-backend", "etcd", "--kv-event-transport", "zmq")
+	f.ResolveBackends(false)
+	if f.DiscoveryBackend != "etcd" || f.RequestTransport != "nats" || f.KVEventTransport != "zmq" {
+		t.Fatalf("etcd, kv zmq: %s %s %s", f.DiscoveryBackend, f.RequestTransport, f.KVEventTransport)
+	}
+	t.Setenv("INFERA_REQUEST_TRANSPORT", "http")
+	f = parseServe(t, "--discovery-backend", "static")
+	f.ResolveBackends(true)
+	if f.RequestTransport != "http" || f.KVEventTransport != "zmq" {
+		t.Fatalf("static: %s %s", f.RequestTransport, f.KVEventTransport)
+	}
+	for flag, set := range map[string]func(f *config.Serve){
+		"--discovery-backend":  func(f *config.Serve) { f.DiscoveryBackend = "consul" },
+		"--request-transport":  func(f *config.Serve) { f.RequestTransport = "grpc" },
+		"--kv-event-transport": func(f *config.Serve) { f.KVEventTransport = "kafka" },
+	} {
+		f := parseServe(t)
+		set(f)
+		if err := f.Validate(); err == nil || !strings.Contains(err.Error(), flag) {
+			t.Fatalf("%s: %v", flag, err)
+		}
+	}
+	f = parseServe(t)
+	if f.Port != 8000 ||
 		f.RouterMode != "auto" || f.RouterPolicy != "kv-aware" || f.KVOverlapWeight != 1.0 ||
 		f.NatsReqIdleTimeout != 900*time.Second || f.NatsReqMaxDuration != 0 || f.NatsReqMaxPending != 0 ||
 		f.RequestMaxRetries != 1 || f.BreakerFailureThreshold != 3 || f.BreakerCooldownS != 5 || f.BreakerMaxCooldownS != 60 {

@@ -3,6 +3,8 @@ package config
 import (
 	"fmt"
 	"net/url"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -26,7 +28,7 @@ type Serve struct {
 	// caches do not know (one long word, random letters).
 	RouterTokenizeMaxBytes int `help:"Bytes of each rendered prompt the router tokenizes for kv-aware routing (0: all); a longer prompt is routed on its leading part, cut on a word boundary, and its token count extrapolated." default:"262144" env:"INFERA_ROUTER_TOKENIZE_MAX_BYTES"`
 
-	DiscoveryBackend string   `help:"How workers are discovered: static, etcd or kubernetes (the production default is kubernetes)." default:"static" enum:"static,etcd,kubernetes" env:"INFERA_DISCOVERY_BACKEND"`
+	DiscoveryBackend string   `help:"How workers are discovered: kubernetes, etcd or static. Default kubernetes; static when workers are given (--workers, or workers in the config)." env:"INFERA_DISCOVERY_BACKEND" placeholder:"kubernetes"`
 	Workers          []string `help:"Static workers: URL or id=URL, comma-separated (with --discovery-backend static)." env:"INFERA_WORKERS" sep:","`
 	WorkerModel      []string `help:"Models served by static workers given by --workers (default: asked from each worker's /v1/models)." env:"INFERA_WORKER_MODEL" sep:","`
 	EtcdEndpoint     string   `help:"etcd endpoint(s), comma-separated host:port." default:"127.0.0.1:2379" env:"INFERA_ETCD_ENDPOINT"`
@@ -41,8 +43,8 @@ type Serve struct {
 	K8sAnnotation    string   `name:"k8s-annotation" help:"Pod annotation holding the worker record." default:"infera.io/worker" env:"INFERA_K8S_ANNOTATION"`
 	K8sLabelSelector string   `name:"k8s-label-selector" help:"Pod label selector for --discovery-backend kubernetes." default:"app.kubernetes.io/component=infera-worker" env:"INFERA_K8S_LABEL_SELECTOR"`
 
-	RequestTransport string `help:"How requests reach workers: http or nats (the production default is nats)." default:"http" enum:"http,nats" env:"INFERA_REQUEST_TRANSPORT"`
-	KVEventTransport string `help:"How KV events flow: zmq or nats (the production default is nats)." default:"zmq" enum:"zmq,nats" env:"INFERA_KV_EVENT_TRANSPORT"`
+	RequestTransport string `help:"How requests reach workers: nats or http. Default nats; http with static discovery (engines without a worker sidecar)." env:"INFERA_REQUEST_TRANSPORT" placeholder:"nats"`
+	KVEventTransport string `help:"How KV events flow: nats or zmq. Default nats; zmq with static discovery." env:"INFERA_KV_EVENT_TRANSPORT" placeholder:"nats"`
 	NatsURL          string `help:"NATS broker URL (also NATS_SERVER / NATS_URL)." env:"INFERA_NATS_URL,NATS_SERVER,NATS_URL"`
 
 	RouterMode        string  `help:"auto: select in-process; direct: trust x-worker-instance-id." default:"auto" enum:"auto,direct" env:"INFERA_ROUTER_MODE"`
@@ -127,7 +129,64 @@ func (s *Serve) Validate() error {
 	if s.AdminPort < 0 || s.AdminPort > 65535 {
 		return fmt.Errorf("--admin-port %d out of range", s.AdminPort)
 	}
+	for _, k := range []struct{ flag, v, allowed string }{
+		{"--discovery-backend", s.DiscoveryBackend, "kubernetes, etcd, static"},
+		{"--request-transport", s.RequestTransport, "nats, http"},
+		{"--kv-event-transport", s.KVEventTransport, "nats, zmq"},
+	} {
+		if k.v != "" && !slices.Contains(strings.Split(k.allowed, ", "), k.v) {
+			return fmt.Errorf("%s must be one of %s but got %q", k.flag, k.allowed, k.v)
+		}
+	}
 	return nil
+}
+
+// The routing doc's defaults of the discovery and transport knobs.
+const (
+	DefaultDiscoveryBackend = "kubernetes"
+	DefaultRequestTransport = "nats"
+	DefaultKVEventTransport = "nats"
+)
+
+// ResolveBackends fills the discovery and transport knobs left unset (no
+// flag, no environment variable) with the routing doc's defaults:
+// kubernetes discovery, requests and KV events over NATS. Static workers
+// (staticWorkers: --workers, or workers in the config) are plain engines
+// without a worker sidecar: with them the unset knobs are static
+// discovery, http requests and zmq KV events. It returns a note on what it
+// chose, for the startup log ("" when everything was set).
+func (s *Serve) ResolveBackends(staticWorkers bool) string {
+	var chose []string
+	if s.DiscoveryBackend == "" {
+		s.DiscoveryBackend = DefaultDiscoveryBackend
+		if staticWorkers {
+			s.DiscoveryBackend = "static"
+		}
+		chose = append(chose, "discovery "+s.DiscoveryBackend)
+	}
+	static := s.DiscoveryBackend == "static"
+	if s.RequestTransport == "" {
+		s.RequestTransport = DefaultRequestTransport
+		if static {
+			s.RequestTransport = "http"
+		}
+		chose = append(chose, "request transport "+s.RequestTransport)
+	}
+	if s.KVEventTransport == "" {
+		s.KVEventTransport = DefaultKVEventTransport
+		if static {
+			s.KVEventTransport = "zmq"
+		}
+		chose = append(chose, "kv event transport "+s.KVEventTransport)
+	}
+	if len(chose) == 0 {
+		return ""
+	}
+	why := "the defaults"
+	if staticWorkers {
+		why = "static workers given"
+	}
+	return strings.Join(chose, ", ") + " (" + why + ")"
 }
 
 // validOrigin reports a serialized origin: http or https, a host, an

@@ -86,9 +86,6 @@ func New(f *config.Serve) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkBackends(f); err != nil {
-		return nil, err
-	}
 	g := &Gateway{flags: f, store: store, stop: make(chan struct{}), health: map[string]proxy.HealthCheck{}}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	ok = false
@@ -106,6 +103,12 @@ func New(f *config.Serve) (*Gateway, error) {
 	// Before anything reads the store: it may restore a snapshot or load
 	// the config from Redis.
 	if err := g.openAdmin(); err != nil {
+		return nil, err
+	}
+	if note := f.ResolveBackends(len(f.Workers) > 0 || len(store.Load().Workers) > 0); note != "" {
+		slog.Info("backends chosen: "+note, "discovery", f.DiscoveryBackend, "request_transport", f.RequestTransport, "kv_event_transport", f.KVEventTransport)
+	}
+	if err := checkBackends(f); err != nil {
 		return nil, err
 	}
 	g.fleet = fleet.NewFleet(fleet.BreakerConfig{

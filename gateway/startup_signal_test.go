@@ -17,7 +17,7 @@ func TestSIGHUPDuringStartupDoesNotKillTheRouter(t *testing.T) {
 	port := freePort(t)
 	c := launchChild(t, "serve", "http://127.0.0.1:"+strconv.Itoa(port), "serve.log", []string{
 		"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--admin-port", "0",
-		"--discovery-backend", "etcd", "--etcd-endpoint", "127.0.0.1:" + strconv.Itoa(freePort(t)),
+		"--discovery-backend", "etcd", "--etcd-endpoint", "127.0.0.1:" + strconv.Itoa(freePort(t)), "--request-transport", "http", "--kv-event-transport", "zmq",
 	})
 	// Wait until the child is inside New (its first log lines), then HUP it.
 	deadline := time.Now().Add(10 * time.Second)

@@ -53,8 +53,8 @@ func TestKVRelayNATS(t *testing.T) {
 	defer sub.Unsubscribe()
 	nc.Flush()
 
-	c := parse(t, "--id", "wk1", "--engine-url", url, "--etcd-endpoint", e.Endpoint, "--models", "m",
-		"--kv-event-transport", "nats", "--nats-url", ns.URL, "--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", port),
+	c := parse(t, "--id", "wk1", "--engine-url", url, "--discovery-backend", "etcd", "--etcd-endpoint", e.Endpoint, "--models", "m",
+		"--request-transport", "http", "--kv-event-transport", "nats", "--nats-url", ns.URL, "--kv-events-endpoint", fmt.Sprintf("tcp://*:%d", port),
 		"--drain-propagation", "0s", "--drain-grace", "0s")
 	s, err := c.Start(context.Background())
 	if err != nil {

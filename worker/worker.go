@@ -41,7 +41,7 @@ type Cmd struct {
 	BlockSize        int    `help:"Engine KV block size in tokens (0: unknown, the server's --kv-block-size applies)." default:"0" env:"INFERA_BLOCK_SIZE"`
 	DPSize           int    `name:"dp-size" help:"Engine data-parallel size: rank r publishes KV events on the endpoint's port + r." default:"1" env:"INFERA_DP_SIZE"`
 
-	DiscoveryBackend string        `help:"Where to register: etcd or kubernetes." default:"etcd" enum:"etcd,kubernetes" env:"INFERA_DISCOVERY_BACKEND"`
+	DiscoveryBackend string        `help:"Where to register: kubernetes (annotating this Pod) or etcd (must match the server)." default:"kubernetes" enum:"kubernetes,etcd" env:"INFERA_DISCOVERY_BACKEND"`
 	EtcdEndpoint     []string      `help:"etcd endpoint(s), comma-separated host:port." default:"127.0.0.1:2379" env:"INFERA_ETCD_ENDPOINT" sep:","`
 	EtcdPrefix       string        `help:"etcd key prefix of worker records." default:"/infera/workers/" env:"INFERA_ETCD_PREFIX"`
 	EtcdCAFile       string        `help:"CA file verifying etcd (enables TLS)." env:"INFERA_ETCD_CA_FILE"`
@@ -56,8 +56,8 @@ type Cmd struct {
 	PodIP            string        `help:"This Pod's IP (downward API); without --advertise-url the record advertises the engine at this IP." env:"POD_IP"`
 	K8sAnnotation    string        `name:"k8s-annotation" help:"Pod annotation holding the worker record." default:"infera.io/worker" env:"INFERA_K8S_ANNOTATION"`
 
-	RequestTransport  string `help:"How the router reaches this worker: http or nats (must match the server)." default:"http" enum:"http,nats" env:"INFERA_REQUEST_TRANSPORT"`
-	KVEventTransport  string `help:"How KV events reach the router: zmq or nats (must match the server)." default:"zmq" enum:"zmq,nats" env:"INFERA_KV_EVENT_TRANSPORT"`
+	RequestTransport  string `help:"How the router reaches this worker: nats or http (must match the server)." default:"nats" enum:"nats,http" env:"INFERA_REQUEST_TRANSPORT"`
+	KVEventTransport  string `help:"How KV events reach the router: nats or zmq (must match the server)." default:"nats" enum:"nats,zmq" env:"INFERA_KV_EVENT_TRANSPORT"`
 	NatsURL           string `help:"NATS broker URL (also NATS_SERVER / NATS_URL)." env:"INFERA_NATS_URL,NATS_SERVER,NATS_URL"`
 	NatsReqMaxPending int    `help:"Requests in flight at this worker over NATS before it answers 429; 0 = off." default:"0" env:"INFERA_NATS_REQ_MAX_PENDING"`
 

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -171,9 +172,22 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
-// parse runs kong over args like `infera worker ...` would.
-func parse(t *testing.T, args ...string) *Cmd {
+// noBroker is the routing doc's no-broker path (etcd + http + zmq), one
+// argument per flag and value for parse.
+const noBroker = "--discovery-backend=etcd --request-transport=http --kv-event-transport=zmq"
+
+// parse runs kong over args like `infera worker ...` would; an argument
+// holding spaces (noBroker) is split.
+func parse(t *testing.T, in ...string) *Cmd {
 	t.Helper()
+	var args []string
+	for _, a := range in {
+		if strings.HasPrefix(a, "--") && strings.Contains(a, " ") {
+			args = append(args, strings.Fields(a)...)
+		} else {
+			args = append(args, a)
+		}
+	}
 	var c Cmd
 	p, err := kong.New(&c, kong.Exit(func(int) { t.Fatal("kong exited") }))
 	if err != nil {
@@ -188,7 +202,7 @@ func parse(t *testing.T, args ...string) *Cmd {
 func TestFlags(t *testing.T) {
 	t.Setenv("NATS_SERVER", "nats://127.0.0.1:1")
 	t.Setenv("INFERA_DRAIN_TIMEOUT", "7s")
-	c := parse(t, "--id", "w1", "--request-transport", "nats", "--models", "a,b", "--", "python", "-m", "engine", "--port", "30000")
+	c := parse(t, "--id", "w1", "--request-transport", "nats", "--kv-event-transport", "zmq", "--models", "a,b", "--", "python", "-m", "engine", "--port", "30000")
 	if c.ID != "w1" || c.RequestTransport != "nats" || c.NatsURL != "nats://127.0.0.1:1" || c.DrainTimeout != 7*time.Second {
 		t.Fatalf("parsed %+v", c)
 	}
@@ -198,8 +212,9 @@ func TestFlags(t *testing.T) {
 	if len(c.Models) != 2 || len(c.Engine) != 5 || c.Engine[0] != "python" || c.Engine[4] != "30000" {
 		t.Fatalf("models %q engine %q", c.Models, c.Engine)
 	}
+	// The routing doc's defaults: Kubernetes, NATS and NATS.
 	d := parse(t)
-	if d.EngineURL != "http://127.0.0.1:8100" || d.DiscoveryBackend != "etcd" || d.LeaseTTL != 10*time.Second || len(d.Engine) != 0 {
+	if d.EngineURL != "http://127.0.0.1:8100" || d.DiscoveryBackend != "kubernetes" || d.RequestTransport != "nats" || d.KVEventTransport != "nats" || d.LeaseTTL != 10*time.Second || len(d.Engine) != 0 {
 		t.Fatalf("defaults %+v", d)
 	}
 	if err := (&Cmd{EngineURL: "ftp://x"}).validate(); err == nil {
@@ -232,8 +247,8 @@ func TestDrainOverNATS(t *testing.T) {
 	url := serveEngine(t, eng)
 	sink := watchEtcd(t, e.Endpoint)
 
-	c := parse(t, "--id", "wn1", "--engine-url", url, "--etcd-endpoint", e.Endpoint,
-		"--request-transport", "nats", "--nats-url", ns.URL, "--lease-ttl", "3s",
+	c := parse(t, "--id", "wn1", "--engine-url", url, "--discovery-backend", "etcd", "--etcd-endpoint", e.Endpoint,
+		"--request-transport", "nats", "--kv-event-transport", "zmq", "--nats-url", ns.URL, "--lease-ttl", "3s",
 		"--drain-timeout", "10s", "--drain-propagation", "200ms")
 	s, err := c.Start(context.Background())
 	if err != nil {
@@ -310,7 +325,7 @@ func TestDrainHTTPStats(t *testing.T) {
 	eng.healthy.Store(true)
 	url := serveEngine(t, eng)
 	sink := watchEtcd(t, e.Endpoint)
-	c := parse(t, "--id", "wh1", "--engine-url", url, "--etcd-endpoint", e.Endpoint, "--models", "m",
+	c := parse(t, "--id", "wh1", "--engine-url", url, "--etcd-endpoint", e.Endpoint, "--models", "m", noBroker,
 		"--drain-propagation", "0s", "--drain-timeout", "10s")
 	s, err := c.Start(context.Background())
 	if err != nil {
@@ -355,7 +370,7 @@ func TestLaunchedEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := parse(t, "--id", "wl1", "--engine-url", fmt.Sprintf("http://127.0.0.1:%d", port), "--etcd-endpoint", e.Endpoint,
+	c := parse(t, "--id", "wl1", "--engine-url", fmt.Sprintf("http://127.0.0.1:%d", port), "--etcd-endpoint", e.Endpoint, noBroker,
 		"--drain-propagation", "0s", "--drain-grace", "0s", "--engine-stop-timeout", "5s", "--", self, "-test.run=^$")
 	type res struct {
 		s   *Sidecar
@@ -403,7 +418,7 @@ func TestRegisterWaitsForEtcd(t *testing.T) {
 	eng := &fakeEngine{}
 	eng.healthy.Store(true)
 	url := serveEngine(t, eng)
-	c := parse(t, "--id", "late1", "--engine-url", url, "--etcd-endpoint", e.Endpoint, "--models", "m",
+	c := parse(t, "--id", "late1", "--engine-url", url, "--etcd-endpoint", e.Endpoint, "--models", "m", noBroker,
 		"--drain-propagation", "0s", "--drain-grace", "0s")
 	started := make(chan error, 1)
 	var s *Sidecar
