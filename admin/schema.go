@@ -258,6 +258,15 @@ var fieldMeta = map[string]meta{
 	"backup":            {label: "Data backup", group: "Advanced", help: "Snapshots of the management data into --persist-snapshot-dir. Changes take effect after the next backup cycle. Not used with Redis."},
 	"backup.interval_s": {label: "Backup frequency", unit: "s"},
 	"backup.keep":       {label: "Keep", help: "Snapshots kept per kind (rotation)."},
+
+	"llm_gateway":                      {label: "Backup directory (startup)", group: "Advanced", help: "The startup configuration of data backup: read once at start (as --persist-snapshot-dir, which wins when given); a change takes effect at the next start."},
+	"llm_gateway.persist_snapshot_dir": {label: "Snapshot directory", help: "Absolute path; with storage mounts, inside a writable one."},
+	"storage":                          {label: "Storage mounts (startup)", group: "Advanced", item: "mount", help: "The platform's storage mounts (the platform mounts them; infera checks the snapshot directory lies inside one)."},
+	"storage[].mount_path":             {label: "Mount path"},
+	"storage[].oss":                    {label: "OSS"},
+	"storage[].oss.path":               {label: "Bucket path", help: "oss://bucket/prefix/"},
+	"storage[].oss.read_only":          {label: "Read only"},
+	"storage[].oss.type":               {label: "Type", help: "e.g. ossfs"},
 }
 
 var (

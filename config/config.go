@@ -44,6 +44,14 @@ type Config struct {
 	// Backup is the "Data backup" section (store.go): snapshot frequency
 	// and rotation of --persist-snapshot-dir.
 	Backup Backup `json:"backup"`
+
+	// LLMGateway and Storage are the configuration center doc's startup
+	// configuration of data backup (store.go): the snapshot directory, read
+	// once at start as --persist-snapshot-dir, and the platform's storage
+	// mounts it lives in (infera mounts nothing; it checks the directory
+	// is inside a mount).
+	LLMGateway LLMGateway     `json:"llm_gateway"`
+	Storage    []StorageMount `json:"storage"`
 }
 
 // WorkerSpec describes one worker given statically (config file or --workers).
@@ -510,5 +518,5 @@ func (c *Config) Validate() error {
 	if err := c.Backup.Validate(); err != nil {
 		return err
 	}
-	return nil
+	return c.validateStartup()
 }

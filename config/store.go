@@ -659,3 +659,58 @@ func (b *Backup) Validate() error {
 	}
 	return nil
 }
+
+// LLMGateway is the startup configuration the configuration center doc
+// names ("llm_gateway": {"persist_snapshot_dir": ...}).
+type LLMGateway struct {
+	// PersistSnapshotDir is the snapshot directory, used at start when
+	// --persist-snapshot-dir is not given; a change takes effect at the
+	// next start.
+	PersistSnapshotDir string `json:"persist_snapshot_dir"`
+}
+
+// StorageMount is one of the platform's storage mounts, as the doc's
+// startup configuration describes it ("storage": [{"mount_path", "oss"}]).
+// Mounting is the platform's job (ossfs, a volume); infera keeps the entry
+// and checks that persist_snapshot_dir lies inside a mount.
+type StorageMount struct {
+	MountPath string    `json:"mount_path"`
+	OSS       *OSSMount `json:"oss,omitempty"`
+}
+
+// OSSMount is an object storage bucket path mounted at a StorageMount.
+type OSSMount struct {
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only"`
+	Type     string `json:"type"`
+}
+
+// validateStartup checks llm_gateway and storage: absolute paths, and, when
+// mounts are listed, a snapshot directory inside one that is writable.
+func (c *Config) validateStartup() error {
+	dir := c.LLMGateway.PersistSnapshotDir
+	if dir != "" && !filepath.IsAbs(dir) {
+		return fieldErr("llm_gateway.persist_snapshot_dir", "%q: want an absolute path", dir)
+	}
+	inside := false
+	for i, m := range c.Storage {
+		p := fmt.Sprintf("storage[%d]", i)
+		if m.MountPath == "" || !filepath.IsAbs(m.MountPath) {
+			return fieldErr(p+".mount_path", "%q: want an absolute path", m.MountPath)
+		}
+		if dir == "" {
+			continue
+		}
+		rel, err := filepath.Rel(filepath.Clean(m.MountPath), filepath.Clean(dir))
+		if err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			if m.OSS != nil && m.OSS.ReadOnly {
+				return fieldErr(p+".oss.read_only", "the mount holding llm_gateway.persist_snapshot_dir must be writable")
+			}
+			inside = true
+		}
+	}
+	if dir != "" && len(c.Storage) > 0 && !inside {
+		return fieldErr("llm_gateway.persist_snapshot_dir", "%q is in no storage[].mount_path", dir)
+	}
+	return nil
+}

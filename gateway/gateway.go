@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -100,6 +102,7 @@ func New(f *config.Serve) (*Gateway, error) {
 		}
 		tlsExpiry(g.certs)
 	}
+	startupBackup(f, store)
 	// Before anything reads the store: it may restore a snapshot or load
 	// the config from Redis.
 	if err := g.openAdmin(); err != nil {
@@ -403,6 +406,33 @@ func (g *Gateway) Close() {
 	if g.access != nil {
 		g.access.Close() // after Shutdown: the last requests' lines are written
 	}
+}
+
+// startupBackup applies the config file's startup configuration of data
+// backup (llm_gateway.persist_snapshot_dir, storage: the configuration
+// center doc's): the snapshot directory when --persist-snapshot-dir is not
+// given. It is read once: a later change is logged and waits for a restart.
+func startupBackup(f *config.Serve, store *config.Store) {
+	c := store.Load()
+	dir := c.LLMGateway.PersistSnapshotDir
+	switch {
+	case dir == "":
+	case f.PersistSnapshotDir == "":
+		f.PersistSnapshotDir = dir
+		slog.Info("snapshots in llm_gateway.persist_snapshot_dir", "dir", dir)
+	case filepath.Clean(dir) != filepath.Clean(f.PersistSnapshotDir):
+		slog.Warn("--persist-snapshot-dir wins over llm_gateway.persist_snapshot_dir", "flag", f.PersistSnapshotDir, "config", dir)
+	}
+	for _, m := range c.Storage {
+		if st, err := os.Stat(m.MountPath); err != nil || !st.IsDir() {
+			slog.Warn("storage mount path is not a directory: the platform mounts it, infera does not", "mount_path", m.MountPath)
+		}
+	}
+	store.OnChange(func(old, cur *config.Config) {
+		if old.LLMGateway.PersistSnapshotDir != cur.LLMGateway.PersistSnapshotDir {
+			slog.Warn("llm_gateway.persist_snapshot_dir changed: it takes effect at the next start", "now", f.PersistSnapshotDir)
+		}
+	})
 }
 
 // checkBackends refuses flag combinations that cannot work, naming the
