@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -93,5 +94,27 @@ func TestAnthropicAndResponsesSDKs(t *testing.T) {
 				runSDKScript(t, node, dir, script, r, "sdk-key")
 			}
 		})
+	}
+}
+
+// TestSDKsReadRateLimitHeadersAndDoNotRetryASpentQuota runs
+// scripts/sdk/limits.mjs (the official OpenAI and Anthropic Node SDKs at
+// their default maxRetries of 2) against a user with an RPM and a monthly
+// quota of 2 requests: both SDKs read the rate limit headers, and each
+// raises RateLimitError for the spent quota at once. The router saw each
+// refused request once: the SDKs did not retry.
+func TestSDKsReadRateLimitHeadersAndDoNotRetryASpentQuota(t *testing.T) {
+	node, dir := nodeSDK(t, filepath.Join("@anthropic-ai", "sdk"), "openai")
+	_, eng := startEngine(t, "--speedup", "50")
+	key, hash := newKey(t)
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, fmt.Sprintf(`{
+		"user_limit": {"templates": [{"name": "t", "default": true, "rate": {"enabled": true, "rpm": 100},
+			"quota": {"enabled": true, "windows": [{"period": "month", "max_requests": 2}]}}]},
+		"users": [{"name": "sdk-limits", "keys": [%q]}]}`, hash))
+	_, r := startServe(t, "--workers", eng, "--config", cfg)
+	runSDKScript(t, node, dir, "limits.mjs", r, key)
+	if n := metricF(t, r, `infera_user_rejections_total{user="sdk-limits"}`); n != 2 {
+		t.Fatalf("the router refused %v requests, want the SDKs' 2 (no retries)", n)
 	}
 }

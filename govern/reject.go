@@ -99,6 +99,8 @@ type Rejection struct {
 	// RetryAfter is whole seconds until the limit may pass again (rounded
 	// up); 0 when no time is known (concurrency, unknown key).
 	RetryAfter int
+	// RetryAfterMS is the same time in milliseconds (rounded up).
+	RetryAfterMS int64
 	// Limits is the user's rate limits when the refusal is the user's
 	// (zero for a shared rejection, a seat's refusal or a dry run).
 	Limits Limits
@@ -152,7 +154,14 @@ func reject(c Code, retryNanos int64, queued bool) *Rejection {
 	if queued {
 		msg += " (queue full or timed out)"
 	}
-	return &Rejection{Code: c, Status: c.Status(), Message: msg, RetryAfter: retrySeconds(retryNanos)}
+	return &Rejection{Code: c, Status: c.Status(), Message: msg, RetryAfter: retrySeconds(retryNanos), RetryAfterMS: retryMillis(retryNanos)}
+}
+
+func retryMillis(ns int64) int64 {
+	if ns <= 0 {
+		return 0
+	}
+	return (ns + 1e6 - 1) / 1e6
 }
 
 func retrySeconds(ns int64) int {

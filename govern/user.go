@@ -386,7 +386,7 @@ func (g *Governor) outsidePeriod(cal *calendar, m *minuteMask, now int64) *Rejec
 		msg += "; next allowed at " + next.Format("2006-01-02 15:04 MST") + " (" + cal.loc.String() + ")"
 		retry = next.UnixNano() - now
 	}
-	return &Rejection{Code: CodeOutsidePeriod, Status: 403, Message: msg, RetryAfter: retrySeconds(retry)}
+	return &Rejection{Code: CodeOutsidePeriod, Status: 403, Message: msg, RetryAfter: retrySeconds(retry), RetryAfterMS: retryMillis(retry)}
 }
 
 // queueUser waits in st's queue. st.mu is held on entry and released.

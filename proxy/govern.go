@@ -435,9 +435,31 @@ func (s *Server) writeRejection(ctx *fasthttp.RequestCtx, rs *reqState, rej *gov
 		rs.gov.lim = rej.Limits
 	}
 	writeError(ctx, rej.Status, rej.Type(), rej.Message, "", rej.Code.String())
-	if rej.RetryAfter > 0 {
-		ctx.Response.Header.Set("Retry-After", strconv.Itoa(rej.RetryAfter))
+	setRetryHeaders(ctx, rej)
+}
+
+// maxClientRetry is the longest wait after which the official SDKs' own
+// retries are still worth it (the OpenAI SDKs honour Retry-After only up
+// to 60 s).
+const maxClientRetry = 60
+
+// setRetryHeaders tells when a refused request may pass: Retry-After in
+// seconds and Retry-After-Ms (the OpenAI and Anthropic SDKs read it first)
+// for a wait of up to a minute; for a longer one (a quota window, an
+// allowed period) Retry-After and X-Should-Retry: false, which those SDKs
+// obey instead of retrying (the Anthropic SDK would otherwise sleep the
+// whole wait, hours for a daily quota, before its retry).
+func setRetryHeaders(ctx *fasthttp.RequestCtx, rej *govern.Rejection) {
+	if rej.RetryAfter <= 0 {
+		return
 	}
+	h := &ctx.Response.Header
+	h.Set("Retry-After", strconv.Itoa(rej.RetryAfter))
+	if rej.RetryAfter > maxClientRetry {
+		h.Set("X-Should-Retry", "false")
+		return
+	}
+	h.Set("Retry-After-Ms", strconv.FormatInt(rej.RetryAfterMS, 10))
 }
 
 // Saturated reports whether the local fleet cannot take r now under

@@ -208,3 +208,31 @@ func TestResetDurationsAreWrittenLikeOpenAIs(t *testing.T) {
 		}
 	}
 }
+
+// A refusal that clears within a minute says when to the millisecond
+// (Retry-After-Ms, read first by the OpenAI and Anthropic SDKs); a longer
+// one (a monthly quota) says X-Should-Retry: false, so those SDKs give up
+// instead of sleeping until the window ends.
+func TestRefusalsTellTheSDKsWhetherAndWhenToRetry(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	kr, hr := mintKey(t)
+	kq, hq := mintKey(t)
+	r, _ := govRouter(t, nil, fmt.Sprintf(`{
+		"user_limit": {"templates": [
+			{"name": "rpm", "rate": {"enabled": true, "rpm": 4}},
+			{"name": "day", "quota": {"enabled": true, "windows": [{"period": "month", "max_requests": 1}]}}]},
+		"users": [{"name": "r", "keys": [%q], "template": "rpm"}, {"name": "q", "keys": [%q], "template": "day"}]}`, hr, hq), up.url)
+	for range 4 {
+		limited(t, r.url, "/v1/chat/completions", kr, chatBody)
+	}
+	code, h := limited(t, r.url, "/v1/chat/completions", kr, chatBody)
+	ms, err := strconv.Atoi(h.Get("Retry-After-Ms"))
+	if code != 429 || err != nil || ms < 14000 || ms > 15000 || h.Get("Retry-After") != "15" || h.Get("X-Should-Retry") != "" {
+		t.Fatalf("RPM refusal: %d, Retry-After %q, Retry-After-Ms %q, X-Should-Retry %q", code, h.Get("Retry-After"), h.Get("Retry-After-Ms"), h.Get("X-Should-Retry"))
+	}
+	limited(t, r.url, "/v1/chat/completions", kq, chatBody)
+	code, h = limited(t, r.url, "/v1/chat/completions", kq, chatBody)
+	if s, _ := strconv.Atoi(h.Get("Retry-After")); code != 429 || s <= 60 || h.Get("X-Should-Retry") != "false" || h.Get("Retry-After-Ms") != "" {
+		t.Fatalf("monthly quota refusal: %d, Retry-After %q, Retry-After-Ms %q, X-Should-Retry %q", code, h.Get("Retry-After"), h.Get("Retry-After-Ms"), h.Get("X-Should-Retry"))
+	}
+}
