@@ -339,7 +339,8 @@ func (c *CompareCmd) Run() error {
 
 // SimulateCmd is `infera bench simulate`.
 type SimulateCmd struct {
-	Policies        []string  `help:"Policies to simulate side by side (as in compare)." default:"round-robin,least-requests,prefix,kv-aware" sep:"," env:"INFERA_BENCH_POLICIES"`
+	Policies        []string  `help:"Policies to simulate side by side (as in compare), and dynamo: an emulation of NVIDIA Dynamo's KV router cost function on the same index, as a yardstick." default:"round-robin,least-requests,prefix,kv-aware" sep:"," env:"INFERA_BENCH_POLICIES"`
+	DynamoWeight    float64   `name:"dynamo-overlap-weight" help:"kv_overlap_score_weight of the dynamo policy (Dynamo's --kv-overlap-score-weight; its default is 1)." default:"1.0" env:"INFERA_BENCH_DYNAMO_OVERLAP_WEIGHT"`
 	Engines         int       `help:"Simulated engines." default:"16" env:"INFERA_BENCH_ENGINES"`
 	SVG             string    `name:"svg" help:"Write the TTFT CDF and hit-rate chart here (empty: none)." default:"" env:"INFERA_BENCH_SVG"`
 	KVOverlapWeight float64   `name:"kv-overlap-weight" help:"kv-aware duplicate-cost weight (as infera serve): 1 is the calibrated default, 0 routes on predicted TTFT alone." default:"1.0" env:"INFERA_BENCH_KV_OVERLAP_WEIGHT"`
@@ -376,7 +377,7 @@ func (c *SimulateCmd) Run() error {
 	for _, pol := range splitList(c.Policies) {
 		r, err := Simulate(reqs, SimConfig{Engines: c.Engines, Core: c.coreConfig(), Policy: pol, Model: c.Model, Load: lc,
 			KVOverlapWeight: overlapWeightFromFlag(c.KVOverlapWeight), KVLoadBound: kvroute.LoadBoundFromFlag(c.KVLoadBound), KVLearnSpeed: c.KVLearnSpeed,
-			EngineSlow: c.EngineSlow, Progress: NewProgress(os.Stderr, "simulate "+pol)})
+			EngineSlow: c.EngineSlow, Progress: NewProgress(os.Stderr, "simulate "+pol), DynamoOverlapWeight: overlapWeightFromFlag(c.DynamoWeight)})
 		if err != nil {
 			return fmt.Errorf("policy %s: %w", pol, err)
 		}

@@ -59,6 +59,9 @@ type SimConfig struct {
 	// index and virtual clock (unix ns) instead of kvroute.NewKVAware
 	// (experiments and tests).
 	Scorer func(ix *radix.Index, clock func() int64) sched.KVScorer
+	// DynamoOverlapWeight is kv_overlap_score_weight of the dynamo policy
+	// (PolicyDynamo; 0 means Dynamo's default 1.0, < 0 means 0).
+	DynamoOverlapWeight float64
 }
 
 var (
@@ -147,11 +150,17 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 	if cfg.Model == "" {
 		cfg.Model = "sim-model"
 	}
-	routerPolicy, prefixOn, err := ParsePolicy(cfg.Policy)
+	dynamo := cfg.Policy == PolicyDynamo
+	polName := cfg.Policy
+	if dynamo {
+		polName = "kv-aware" // the kv layer decides every request
+	}
+	routerPolicy, prefixOn, err := ParsePolicy(polName)
 	if err != nil {
 		return nil, err
 	}
 	kvAware := routerPolicy == "kv-aware"
+	var dyn *dynamoScorer
 	simMu.Lock()
 	defer simMu.Unlock()
 	realStart := time.Now()
@@ -191,16 +200,14 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 	s.Now = func() int64 { return base + int64(now) }
 	var observer firstTokenObserver
 	if kvAware {
-		w := cfg.KVOverlapWeight
+		w := simWeight(cfg.KVOverlapWeight)
 		switch {
-		case w == 0:
-			w = 1
-		case w < 0:
-			w = 0
-		}
-		if cfg.Scorer != nil {
+		case dynamo:
+			dyn = newDynamoScorer(ix, cfg.Core.BlockSize, simWeight(cfg.DynamoOverlapWeight))
+			s.KV = dyn
+		case cfg.Scorer != nil:
 			s.KV = cfg.Scorer(ix, s.Now)
-		} else {
+		default:
 			s.KV = kvroute.NewKVAware(kvroute.KVAwareConfig{Index: ix, OverlapWeight: w, BlockSize: cfg.Core.BlockSize, Seed: 1,
 				LoadBound: cfg.KVLoadBound, LearnSpeed: cfg.KVLearnSpeed, Clock: s.Now})
 		}
@@ -285,6 +292,9 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 			return
 		}
 		d.Worker.Acquire(sq.tokens, sq.prefill, sq.blocks)
+		if dyn != nil {
+			dyn.dispatched(i, d.Worker, &sr)
+		}
 		inflight++
 		var nx time.Duration
 		// A step ending exactly at t finishes here.
@@ -308,6 +318,9 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 					observer.ObserveFirstToken(sq.worker, sq.prefill, res.TTFT)
 				}
 				sq.first = true
+				if dyn != nil {
+					dyn.firstToken(sq.idx)
+				}
 				res.CachedTokens = ev.Req.CachedTokens
 				promptSum += int64(len(ev.Req.Prompt))
 				cachedSum += int64(ev.Req.CachedTokens)
@@ -326,6 +339,9 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 				res.OutputTokens = ev.Tokens
 				res.Status = 200
 				sq.worker.Release(sq.tokens, sq.prefill, sq.blocks, sq.first)
+				if dyn != nil {
+					dyn.finished(sq.idx)
+				}
 				sq.core.Prompt = nil
 				inflight--
 			}
@@ -466,6 +482,18 @@ func ObservedArrivals(reqs []TraceRequest, results []Result) []TraceRequest {
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Timestamp < out[j].Timestamp })
 	return out
+}
+
+// simWeight maps a SimConfig weight to the scorer's: 0 is the default 1.0,
+// a negative value is 0.
+func simWeight(w float64) float64 {
+	switch {
+	case w == 0:
+		return 1
+	case w < 0:
+		return 0
+	}
+	return w
 }
 
 // ParsePolicy maps a bench policy name to the router's --router-policy and
