@@ -124,6 +124,7 @@ func TestTwoPublishersUnderOneWorkerIDAreNotMixed(t *testing.T) {
 	}
 	r.settle(w.ID, ra)
 	before := r.m.Stats(w.ID)
+	aBefore := ra.Published()
 	b, rb := r.engine(w.ID, 902)
 	const rounds = 40
 	for i := 0; i < rounds; i++ {
@@ -164,8 +165,17 @@ func TestTwoPublishersUnderOneWorkerIDAreNotMixed(t *testing.T) {
 	if resyncs := st.Resyncs - before.Resyncs; resyncs > 1 {
 		t.Errorf("the worker's index was cleared %d times, want at most once", resyncs)
 	}
-	if st.Duplicates < rounds || st.PublisherChanges != 1 {
-		t.Errorf("stats %+v: want A's %d batches counted as duplicates and one change of publisher", st, rounds)
+	// The relays may carry several events in one frame when they fall
+	// behind, so the frames are counted, not the rounds: every frame A
+	// relayed after B appeared is dropped as a duplicate, except the
+	// few that may reach the router before B's first frame (two NATS
+	// connections are not ordered with each other); those are applied
+	// and then cleared by the one resync, as the index check shows.
+	aSent := ra.Published() - aBefore
+	dups := st.Duplicates - before.Duplicates
+	if st.PublisherChanges != 1 || dups == 0 || dups > aSent || aSent-dups > 2 {
+		t.Errorf("stats %+v: A relayed %d frames after B came and %d were dropped as duplicates; want all but at most 2 dropped and one change of publisher",
+			st, aSent, dups)
 	}
 	var buf bytes.Buffer
 	r.m.ms.WritePrometheus(&buf)
