@@ -1266,13 +1266,14 @@ func (st *state) binary(n *binaryExpr, e *env) (Value, error) {
 	if err != nil {
 		return Value{}, err
 	}
-	switch n.op {
-	case "and":
+	op := n.code
+	switch op {
+	case opAnd:
 		if !left.Truth() {
 			return left, nil
 		}
 		return st.eval(n.right, e)
-	case "or":
+	case opOr:
 		if left.Truth() {
 			return left, nil
 		}
@@ -1282,24 +1283,23 @@ func (st *state) binary(n *binaryExpr, e *env) (Value, error) {
 	if err != nil {
 		return Value{}, err
 	}
-	op := n.op
 	switch op {
-	case "==":
+	case opEq:
 		return Bool(looseEqual(left, right)), nil
-	case "!=":
+	case opNe:
 		return Bool(!looseEqual(left, right)), nil
 	}
 	switch {
 	case left.kind == KindUndefined || right.kind == KindUndefined:
-		if right.kind == KindUndefined && (op == "in" || op == "not in") {
-			return Bool(op == "not in"), nil
+		if right.kind == KindUndefined && (op == opIn || op == opNotIn) {
+			return Bool(op == opNotIn), nil
 		}
-		return Value{}, errorf("cannot perform operation %s on undefined values", op)
+		return Value{}, errorf("cannot perform operation %s on undefined values", n.op)
 	case left.kind == KindNull || right.kind == KindNull:
 		return Value{}, errorf("cannot perform operation on null values")
-	case op == "~":
+	case op == opConcat:
 		return st.concat(left, right)
-	case op == "**" && left.isNumericLike() && right.isNumericLike():
+	case op == opPow && left.isNumericLike() && right.isNumericLike():
 		a, b := left.num, right.num
 		if a == 0 && b < 0 {
 			return Value{}, errorf("0.0 cannot be raised to a negative power")
@@ -1322,29 +1322,29 @@ func (st *state) binary(n *binaryExpr, e *env) (Value, error) {
 			return Value{kind: KindInt, num: r}
 		}
 		switch op {
-		case "+":
+		case opAdd:
 			return num(a + b), nil
-		case "-":
+		case opSub:
 			return num(a - b), nil
-		case "*":
+		case opMul:
 			return num(a * b), nil
-		case "/":
+		case opDiv:
 			return Float(a / b), nil
-		case "//":
+		case opFloorDiv:
 			return num(math.Floor(a / b)), nil
-		case "%":
+		case opMod:
 			return num(math.Mod(a, b)), nil
-		case "<":
+		case opLt:
 			return Bool(a < b), nil
-		case ">":
+		case opGt:
 			return Bool(a > b), nil
-		case ">=":
+		case opGe:
 			return Bool(a >= b), nil
-		case "<=":
+		case opLe:
 			return Bool(a <= b), nil
 		}
 	case left.isArray() && right.isArray():
-		if op == "+" {
+		if op == opAdd {
 			if err := st.charge(len(left.arr.items) + len(right.arr.items)); err != nil {
 				return Value{}, err
 			}
@@ -1370,13 +1370,13 @@ func (st *state) binary(n *binaryExpr, e *env) (Value, error) {
 			}
 		}
 		switch op {
-		case "in":
+		case opIn:
 			return Bool(member), nil
-		case "not in":
+		case opNotIn:
 			return Bool(!member), nil
 		}
 	}
-	if (left.kind == KindString || right.kind == KindString) && op == "+" {
+	if (left.kind == KindString || right.kind == KindString) && op == opAdd {
 		return st.concat(left, right)
 	}
 	if left.kind == KindString && right.kind == KindString {
@@ -1384,19 +1384,19 @@ func (st *state) binary(n *binaryExpr, e *env) (Value, error) {
 			return Value{}, err
 		}
 		switch op {
-		case "in":
+		case opIn:
 			return Bool(stringsContains(right.str, left.str)), nil
-		case "not in":
+		case opNotIn:
 			return Bool(!stringsContains(right.str, left.str)), nil
 		}
 	}
 	if left.kind == KindString && right.isObject() {
 		switch op {
-		case "in":
+		case opIn:
 			return Bool(right.obj.has(left.str)), nil
-		case "not in":
+		case opNotIn:
 			return Bool(!right.obj.has(left.str)), nil
 		}
 	}
-	return Value{}, errorf("unknown operator %q between %s and %s", op, left.kind, right.kind)
+	return Value{}, errorf("unknown operator %q between %s and %s", n.op, left.kind, right.kind)
 }

@@ -72,6 +72,7 @@ type (
 	kwSpreadExpr struct{ arg node }
 	binaryExpr   struct {
 		op          string
+		code        binOp // op, resolved once by the parser
 		left, right node
 	}
 	unaryExpr struct {
@@ -92,6 +93,41 @@ type (
 )
 
 const maxParseDepth = 200
+
+// binOp is a binary operator, so that evaluation switches on an integer.
+type binOp uint8
+
+const (
+	opOther binOp = iota // reported as unknown by eval, with its text
+	opAnd
+	opOr
+	opEq
+	opNe
+	opIn
+	opNotIn
+	opConcat // ~
+	opPow
+	opAdd
+	opSub
+	opMul
+	opDiv
+	opFloorDiv
+	opMod
+	opLt
+	opGt
+	opGe
+	opLe
+)
+
+var binOps = map[string]binOp{
+	"and": opAnd, "or": opOr, "==": opEq, "!=": opNe, "in": opIn, "not in": opNotIn, "~": opConcat,
+	"**": opPow, "+": opAdd, "-": opSub, "*": opMul, "/": opDiv, "//": opFloorDiv, "%": opMod,
+	"<": opLt, ">": opGt, ">=": opGe, "<=": opLe,
+}
+
+func newBinary(op string, left, right node) *binaryExpr {
+	return &binaryExpr{op: op, code: binOps[op], left: left, right: right}
+}
 
 type parser struct {
 	toks  []token
@@ -508,7 +544,7 @@ func (p *parser) parseOr() (node, error) {
 		p.pos++
 		var right node
 		if right, err = p.parseAnd(); err == nil {
-			left = &binaryExpr{op: "or", left: left, right: right}
+			left = newBinary("or", left, right)
 		}
 	}
 	return left, err
@@ -520,7 +556,7 @@ func (p *parser) parseAnd() (node, error) {
 		p.pos++
 		var right node
 		if right, err = p.parseNot(); err == nil {
-			left = &binaryExpr{op: "and", left: left, right: right}
+			left = newBinary("and", left, right)
 		}
 	}
 	return left, err
@@ -561,7 +597,7 @@ func (p *parser) parseComparison() (node, error) {
 		}
 		var right node
 		if right, err = p.parseAdditive(); err == nil {
-			left = &binaryExpr{op: op, left: left, right: right}
+			left = newBinary(op, left, right)
 		}
 	}
 	return left, err
@@ -574,7 +610,7 @@ func (p *parser) parseAdditive() (node, error) {
 		p.pos++
 		var right node
 		if right, err = p.parseMultiplicative(); err == nil {
-			left = &binaryExpr{op: op, left: left, right: right}
+			left = newBinary(op, left, right)
 		}
 	}
 	return left, err
@@ -587,7 +623,7 @@ func (p *parser) parseMultiplicative() (node, error) {
 		p.pos++
 		var right node
 		if right, err = p.parsePower(); err == nil {
-			left = &binaryExpr{op: op, left: left, right: right}
+			left = newBinary(op, left, right)
 		}
 	}
 	return left, err
@@ -599,7 +635,7 @@ func (p *parser) parsePower() (node, error) {
 		p.pos++
 		var right node
 		if right, err = p.parseTest(); err == nil {
-			left = &binaryExpr{op: "**", left: left, right: right}
+			left = newBinary("**", left, right)
 		}
 	}
 	return left, err
