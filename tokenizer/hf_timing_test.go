@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -117,6 +118,36 @@ func BenchmarkRenderChat5(b *testing.B) {
 	}
 	reportCPU(b, cpu0)
 	b.SetBytes(int64(len(dst)))
+}
+
+// BenchmarkRenderChatLong renders agent-length histories (a system prompt
+// and n alternating turns of ~200 bytes): the template's cost grows with
+// the number of messages, which is what long conversations pay per request.
+func BenchmarkRenderChatLong(b *testing.B) {
+	h := loadQwen3(b)
+	for _, n := range []int{50, 200} {
+		msgs := []Message{{Role: "system", Content: "You are a helpful assistant."}}
+		for i := 0; i < n; i++ {
+			role := "user"
+			if i%2 == 1 {
+				role = "assistant"
+			}
+			msgs = append(msgs, Message{Role: role, Content: strings.Repeat("turn "+strconv.Itoa(i)+" says something about the plan. ", 6)})
+		}
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			var dst []byte
+			b.ReportAllocs()
+			cpu0 := processCPU()
+			for i := 0; i < b.N; i++ {
+				var err error
+				if dst, err = h.RenderChat(dst[:0], msgs, nil, true); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportCPU(b, cpu0)
+			b.SetBytes(int64(len(dst)))
+		})
+	}
 }
 
 func BenchmarkRenderAndEncodeChat5(b *testing.B) {
