@@ -104,9 +104,11 @@ func fiveMessages() []Message {
 	return msgs
 }
 
-func BenchmarkRenderChat5(b *testing.B) {
-	h := loadQwen3(b)
-	msgs := fiveMessages()
+func BenchmarkRenderChat5(b *testing.B) { benchRender(b, loadQwen3(b), fiveMessages()) }
+
+// benchRender renders msgs b.N times, reporting allocations, process CPU
+// per render and the rendered bytes.
+func benchRender(b *testing.B, h *HF, msgs []Message) {
 	var dst []byte
 	b.ReportAllocs()
 	cpu0 := processCPU()
@@ -134,19 +136,7 @@ func BenchmarkRenderChatLong(b *testing.B) {
 			}
 			msgs = append(msgs, Message{Role: role, Content: strings.Repeat("turn "+strconv.Itoa(i)+" says something about the plan. ", 6)})
 		}
-		b.Run(strconv.Itoa(n), func(b *testing.B) {
-			var dst []byte
-			b.ReportAllocs()
-			cpu0 := processCPU()
-			for i := 0; i < b.N; i++ {
-				var err error
-				if dst, err = h.RenderChat(dst[:0], msgs, nil, true); err != nil {
-					b.Fatal(err)
-				}
-			}
-			reportCPU(b, cpu0)
-			b.SetBytes(int64(len(dst)))
-		})
+		b.Run(strconv.Itoa(n), func(b *testing.B) { benchRender(b, h, msgs) })
 	}
 }
 
