@@ -112,11 +112,14 @@ const (
 	admitRes  = 5
 )
 
-// seatLua takes a seat on the first candidate with room: K are 3 keys
-// per candidate (overall, prefill, decode), A now, expiry, member, parts
-// mask, 3 limits, dry, ttl. It returns {candidate (1-based, 0: none),
-// first full counter (1-based, 0: none), 1 if taken over the limit (dry
-// run)}.
+// seatLua takes a seat on the first candidate with room: K are 9 keys
+// per candidate, its sets (overall, prefill, decode) at the configured
+// scope, then at the two other scopes; A now, expiry, member, parts mask,
+// 3 limits, dry, ttl. Only the configured scope's sets are checked against
+// the limits; the seat is added to the sets of every scope, so a reload
+// that changes rate_limit.scope finds the seats in flight counted on the
+// new scope's sets. It returns {candidate (1-based, 0: none), first full
+// counter (1-based, 0: none), 1 if taken over the limit (dry run)}.
 const seatLua = `
 local function seat(K, A)
   local now = tonumber(A[1])
@@ -129,10 +132,10 @@ local function seat(K, A)
   local need = {}
   for i = 1, 3 do if math.floor(p / 2^(i-1)) % 2 == 1 then need[#need + 1] = i end end
   local first, chosen = 0, 0
-  for t = 0, #K / 3 - 1 do
+  for t = 0, #K / 9 - 1 do
     local ok = true
     for _, i in ipairs(need) do
-      local k = K[t * 3 + i]
+      local k = K[t * 9 + i]
       redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
       if lim[i] > 0 and redis.call('ZCARD', k) >= lim[i] then
         ok = false
@@ -145,10 +148,12 @@ local function seat(K, A)
   local over = 0
   if chosen == 0 and dry then chosen = 1; over = 1 end
   if chosen > 0 then
-    for _, i in ipairs(need) do
-      local k = K[(chosen - 1) * 3 + i]
-      redis.call('ZADD', k, exp, member)
-      redis.call('PEXPIRE', k, ttl)
+    for s = 0, 2 do
+      for _, i in ipairs(need) do
+        local k = K[(chosen - 1) * 9 + s * 3 + i]
+        redis.call('ZADD', k, exp, member)
+        redis.call('PEXPIRE', k, ttl)
+      end
     end
   end
   return {chosen, first, over}
@@ -159,7 +164,7 @@ var (
 	admitScript = redis.NewScript(admitLua + `return admit(KEYS[1], KEYS[2], ARGV)`)
 	seatScript  = redis.NewScript(seatLua + `return seat(KEYS, ARGV)`)
 	// admitSeatScript is a request's admission and its first seat in one
-	// step (one round trip): KEYS the user's 2, then 3 per seat
+	// step (one round trip): KEYS the user's 2, then 9 per seat
 	// candidate; ARGV the admission's admitArgc, then the seat's. The seat
 	// is tried only when the admission passed (or in dry run). It returns
 	// the admission's 5 values, then the seat's 3 ({-1, 0, 0}: not tried).
@@ -984,11 +989,11 @@ func (r *redisState) pumpSeats() {
 		if gone {
 			continue
 		}
-		var cands []*counters
+		var cands []levels
 		var idx []int
 		for i := range w.lvs {
 			if c := w.lvs[i][rl.scope]; !full[c] {
-				cands, idx = append(cands, c), append(idx, i)
+				cands, idx = append(cands, w.lvs[i]), append(idx, i)
 			}
 		}
 		if len(cands) == 0 {
@@ -1007,8 +1012,8 @@ func (r *redisState) pumpSeats() {
 			}
 		}
 		if err == nil && i < 0 {
-			for _, c := range cands {
-				full[c] = true
+			for _, lv := range cands {
+				full[lv[rl.scope]] = true
 			}
 			continue
 		}
@@ -1033,11 +1038,14 @@ func (r *redisState) pumpSeats() {
 }
 
 // seatArgs returns the keys and arguments of a seat acquisition over
-// cands (seatLua) and the seat's member.
-func (r *redisState) seatArgs(rl *rlConf, cands []*counters, ph Phase, dry bool) ([]string, []any, string) {
-	keys := make([]string, 0, 3*len(cands))
-	for _, c := range cands {
-		keys = append(keys, c.keys[0], c.keys[1], c.keys[2])
+// cands, each a candidate's counters at every scope (seatLua: the
+// configured scope's sets first), and the seat's member.
+func (r *redisState) seatArgs(rl *rlConf, cands []levels, ph Phase, dry bool) ([]string, []any, string) {
+	keys := make([]string, 0, 9*len(cands))
+	for _, lv := range cands {
+		for _, c := range scopeOrder(lv, rl.scope) {
+			keys = append(keys, c.keys[0], c.keys[1], c.keys[2])
+		}
 	}
 	now := r.g.now().UnixMilli()
 	member := r.member()
@@ -1047,7 +1055,7 @@ func (r *redisState) seatArgs(rl *rlConf, cands []*counters, ph Phase, dry bool)
 // seated turns the seat script's answer res (3 values) into the seat's
 // state and the index of the chosen candidate, or -1 and the code of the
 // first full counter.
-func (r *redisState) seated(res []int64, rl *rlConf, cands []*counters, ph Phase, member string) (*seatState, int, Code) {
+func (r *redisState) seated(res []int64, rl *rlConf, cands []levels, ph Phase, member string) (*seatState, int, Code) {
 	code := phaseCode(ph, &rl.lim)
 	if res[1] >= 1 && res[1] <= 3 {
 		code = counterCodes[res[1]-1]
@@ -1058,18 +1066,19 @@ func (r *redisState) seated(res []int64, rl *rlConf, cands []*counters, ph Phase
 	if res[2] == 0 {
 		code = CodeNone // a seat within the limit
 	}
-	c := cands[res[0]-1]
+	lv := cands[res[0]-1]
 	p := parts(ph)
 	ss := r.g.seatPool.Get().(*seatState)
 	ss.lv = levels{}
-	ss.keys = c.keys
+	for k, c := range lv {
+		ss.keys[k] = c.keys
+	}
 	ss.member, ss.remote = member, true
 	gen := ss.state.Load()>>ssFlags + 1
 	ss.state.Store(gen<<ssFlags | ssActive | p)
-	held := make([]string, 0, 2)
+	held := ss.heldKeys(p)
 	for i := range 3 {
 		if p&(1<<i) != 0 {
-			held = append(held, c.keys[i])
 			heldSeats[i].Add(1)
 		}
 	}
@@ -1082,7 +1091,7 @@ func (r *redisState) seated(res []int64, rl *rlConf, cands []*counters, ph Phase
 // acquireSeat runs the seat script over cands (one round trip); it
 // returns the seat's state and the index of the chosen candidate, or -1
 // and the code of the first full counter.
-func (r *redisState) acquireSeat(rl *rlConf, cands []*counters, ph Phase, dry bool) (*seatState, int, Code, error) {
+func (r *redisState) acquireSeat(rl *rlConf, cands []levels, ph Phase, dry bool) (*seatState, int, Code, error) {
 	keys, args, member := r.seatArgs(rl, cands, ph, dry)
 	res, err := r.call(seatScript, keys, args...).Int64Slice()
 	if err != nil {
@@ -1098,10 +1107,9 @@ func (r *redisState) acquireSeat(rl *rlConf, cands []*counters, ph Phase, dry bo
 // releaseSeat queues the return of the held counters of ss (an end: it
 // rides in the next round trip).
 func (r *redisState) releaseSeat(ss *seatState, held uint64) {
-	keys := make([]string, 0, 2)
+	keys := ss.heldKeys(held)
 	for i := range 3 {
 		if held&(1<<i) != 0 {
-			keys = append(keys, ss.keys[i])
 			heldSeats[i].Add(-1)
 		}
 	}
@@ -1109,13 +1117,7 @@ func (r *redisState) releaseSeat(ss *seatState, held uint64) {
 	if rest := ss.state.Load() & ssHeld; rest == 0 {
 		delete(r.leases, ss.member)
 	} else if _, ok := r.leases[ss.member]; ok { // Done may have run already
-		kept := make([]string, 0, 2)
-		for i := range 3 {
-			if rest&(1<<i) != 0 {
-				kept = append(kept, ss.keys[i])
-			}
-		}
-		r.leases[ss.member] = kept
+		r.leases[ss.member] = ss.heldKeys(rest)
 	}
 	r.mu.Unlock()
 	r.end(endRelease, keys, []any{ss.member, r.wake, "rl"})
@@ -1127,7 +1129,7 @@ func (r *redisState) releaseSeat(ss *seatState, held uint64) {
 // scope a seat may be taken on now (cands, with their indexes in
 // targets): a counter with requests queued here is passed over (no
 // overtaking the queue), except in dry run.
-func (g *Governor) seatCandidates(rl *rlConf, targets []Target) (lvs []levels, cands []*counters, idx []int) {
+func (g *Governor) seatCandidates(rl *rlConf, targets []Target) (lvs []levels, cands []levels, idx []int) {
 	l := &g.seats
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -1135,10 +1137,22 @@ func (g *Governor) seatCandidates(rl *rlConf, targets []Target) (lvs []levels, c
 	for i := range targets {
 		lvs[i] = l.levels(&targets[i])
 		if c := lvs[i][rl.scope]; c.waiting == 0 || rl.dry {
-			cands, idx = append(cands, c), append(idx, i)
+			cands, idx = append(cands, lvs[i]), append(idx, i)
 		}
 	}
 	return lvs, cands, idx
+}
+
+// scopeOrder returns lv's counters with the scope k's first (the one whose
+// limits are checked), then the other two.
+func scopeOrder(lv levels, k scopeKind) [3]*counters {
+	switch k {
+	case scopeService:
+		return [3]*counters{lv[scopeService], lv[scopeInstance], lv[scopeGateway]}
+	case scopeGateway:
+		return [3]*counters{lv[scopeGateway], lv[scopeInstance], lv[scopeService]}
+	}
+	return [3]*counters{lv[scopeInstance], lv[scopeService], lv[scopeGateway]}
 }
 
 // seatAnswer is the answer of a seat acquisition in Redis that did not

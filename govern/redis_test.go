@@ -74,6 +74,18 @@ func TestRedisTwoRoutersShareSeatsAndQueue(t *testing.T) {
 	acquireOK(t, g1, []Target{w1}, PhaseMixed, 0).Done()
 }
 
+// With the seats in Redis, a reload that changes rate_limit.scope on two
+// routers counts the seats one of them has in flight on the new scope's
+// sets: the other is refused until they end.
+func TestRedisAScopeReloadCountsTheSeatsInFlightOnEveryRouter(t *testing.T) {
+	rs := startRedis(t)
+	scopeReloadCountsTheSeatsInFlight(t, func(js string) (*Governor, *Governor) {
+		o := redisOptions(t, rs)
+		c := parseConfig(t, `{"rate_limit":`+js+`}`)
+		return newGov(t, o, c), newGov(t, o, c)
+	})
+}
+
 func TestRedisSeatsOfACrashedRouterExpire(t *testing.T) {
 	rs := startRedis(t)
 	o := redisOptions(t, rs)

@@ -59,10 +59,8 @@ var counterCodes = [3]Code{CodeConcurrencyOverall, CodeConcurrencyPrefill, CodeC
 // target (levels), whatever rate_limit.scope is; the limits are checked on
 // the configured scope's counters only. So a reload that changes the
 // scope finds the requests queued, and in process the seats in flight, on
-// the new scope's counters. With Redis a seat is held in its scope's sets
-// only: after such a reload the new scope's sets do not hold the seats
-// still in flight under the old one (the limit may be exceeded until they
-// end).
+// the new scope's counters. With Redis likewise: a seat is added to its
+// target's sets at every scope (seatLua) and removed from all of them.
 type counters struct {
 	n       [3]int
 	waiting int
@@ -207,8 +205,8 @@ type seatState struct {
 	state atomic.Uint64
 
 	g      *Governor
-	lv     levels    // in process: the counters it is counted on
-	keys   [3]string // Redis: the scope's sets
+	lv     levels       // in process: the counters it is counted on
+	keys   [3][3]string // Redis: its target's sets at every scope, by scopeKind
 	member string
 	remote bool
 }
@@ -236,10 +234,23 @@ func (ss *seatState) unbusy(bit uint64) {
 	}
 }
 
+// heldKeys returns the Redis sets of the counters in held at every scope.
+func (ss *seatState) heldKeys(held uint64) []string {
+	keys := make([]string, 0, 6)
+	for i := range 3 {
+		if held&(1<<i) != 0 {
+			for k := range ss.keys {
+				keys = append(keys, ss.keys[k][i])
+			}
+		}
+	}
+	return keys
+}
+
 func (g *Governor) newSeat(lv levels, ph Phase) (*seatState, Seat) {
 	ss := g.seatPool.Get().(*seatState)
 	ss.lv = lv
-	ss.keys = [3]string{}
+	ss.keys = [3][3]string{}
 	ss.member, ss.remote = "", false
 	gen := ss.state.Load()>>ssFlags + 1
 	ss.state.Store(gen<<ssFlags | ssActive | parts(ph))

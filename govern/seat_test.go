@@ -259,49 +259,85 @@ func TestWaitListsIgnoreAWaiterRemovedTwice(t *testing.T) {
 }
 
 // A reload that changes rate_limit.scope counts the seats in flight on the
-// new scope's counters (in process every seat counts at every scope), and
-// they free it when they end.
+// new scope's counters (every seat counts at every scope), and they free
+// it when they end.
 func TestAScopeReloadCountsTheSeatsInFlight(t *testing.T) {
-	apply := func(g *Governor, js string) {
+	scopeReloadCountsTheSeatsInFlight(t, func(js string) (*Governor, *Governor) {
+		g := rlConfig(t, js)
+		return g, g
+	})
+}
+
+// scopeReloadCountsTheSeatsInFlight runs the scope reload checks on the
+// routers routers returns, configured with the rate_limit js: the seats
+// are taken on the first, the others asked for on the second.
+func scopeReloadCountsTheSeatsInFlight(t *testing.T, routers func(js string) (*Governor, *Governor)) {
+	var g, h *Governor
+	apply := func(js string) {
 		t.Helper()
-		if err := g.Apply(parseConfig(t, `{"rate_limit":`+js+`}`)); err != nil {
-			t.Fatal(err)
+		for _, x := range []*Governor{g, h} {
+			if err := x.Apply(parseConfig(t, `{"rate_limit":`+js+`}`)); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	// instance -> gateway: 2 in flight on two instances, a gateway limit of 1.
-	g := rlConfig(t, `{"scope":"instance","overall_concurrency":1}`)
+	g, h = routers(`{"scope":"instance","overall_concurrency":1}`)
 	a := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
 	b := acquireOK(t, g, []Target{w3}, PhaseMixed, 0)
-	apply(g, `{"scope":"gateway","overall_concurrency":1}`)
-	acquireRejected(t, g, []Target{w2}, PhaseMixed, CodeConcurrencyOverall)
+	apply(`{"scope":"gateway","overall_concurrency":1}`)
+	acquireRejected(t, h, []Target{w2}, PhaseMixed, CodeConcurrencyOverall)
 	a.Done()
-	acquireRejected(t, g, []Target{w2}, PhaseMixed, CodeConcurrencyOverall)
+	syncEnds(t, g)
+	acquireRejected(t, h, []Target{w2}, PhaseMixed, CodeConcurrencyOverall)
 	b.Done()
-	acquireOK(t, g, []Target{w2}, PhaseMixed, 0).Done()
+	syncEnds(t, g)
+	acquireOK(t, h, []Target{w2}, PhaseMixed, 0).Done()
+	syncEnds(t, h)
 
 	// instance -> service: w1 and w2 are both in svc-a, w3 in svc-b.
-	g = rlConfig(t, `{"scope":"instance","overall_concurrency":1}`)
+	g, h = routers(`{"scope":"instance","overall_concurrency":1}`)
 	a = acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
-	apply(g, `{"scope":"service","overall_concurrency":1}`)
-	acquireRejected(t, g, []Target{w2}, PhaseMixed, CodeConcurrencyOverall)
-	acquireOK(t, g, []Target{w2, w3}, PhaseMixed, 1).Done()
+	apply(`{"scope":"service","overall_concurrency":1}`)
+	acquireRejected(t, h, []Target{w2}, PhaseMixed, CodeConcurrencyOverall)
+	acquireOK(t, h, []Target{w2, w3}, PhaseMixed, 1).Done()
+	syncEnds(t, h)
 	a.Done()
-	acquireOK(t, g, []Target{w2}, PhaseMixed, 0).Done()
+	syncEnds(t, g)
+	acquireOK(t, h, []Target{w2}, PhaseMixed, 0).Done()
+	syncEnds(t, h)
 
 	// gateway -> instance: the prefill seat returned at the first token is
 	// returned on every scope.
-	g = rlConfig(t, `{"scope":"gateway","prefill_concurrency":2}`)
+	g, h = routers(`{"scope":"gateway","prefill_concurrency":2}`)
 	a = acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
 	b = acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
-	apply(g, `{"scope":"instance","prefill_concurrency":1}`)
-	acquireRejected(t, g, []Target{w1}, PhaseMixed, CodeConcurrencyPrefill)
-	acquireOK(t, g, []Target{w1, w3}, PhaseMixed, 1).Done()
+	apply(`{"scope":"instance","prefill_concurrency":1}`)
+	acquireRejected(t, h, []Target{w1}, PhaseMixed, CodeConcurrencyPrefill)
+	acquireOK(t, h, []Target{w1, w3}, PhaseMixed, 1).Done()
+	syncEnds(t, h)
 	a.FirstToken()
-	acquireRejected(t, g, []Target{w1}, PhaseMixed, CodeConcurrencyPrefill)
+	syncEnds(t, g)
+	acquireRejected(t, h, []Target{w1}, PhaseMixed, CodeConcurrencyPrefill)
 	b.FirstToken()
-	acquireOK(t, g, []Target{w1}, PhaseMixed, 0).Done()
+	syncEnds(t, g)
+	acquireOK(t, h, []Target{w1}, PhaseMixed, 0).Done()
+	syncEnds(t, h)
 	a.Done()
 	b.Done()
+	syncEnds(t, g)
+	// Every set of every scope is empty again: at the old scope too.
+	apply(`{"scope":"gateway","prefill_concurrency":1}`)
+	acquireOK(t, h, []Target{w3}, PhaseMixed, 0).Done()
+}
+
+// syncEnds returns once the seat returns g queued have reached Redis
+// (nothing to wait for in process).
+func syncEnds(t *testing.T, g *Governor) {
+	t.Helper()
+	if g.rds != nil {
+		syncState(t, g)
+	}
 }
 
 // A request queued before a reload that changes rate_limit.scope is
