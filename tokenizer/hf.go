@@ -223,7 +223,7 @@ func (h *HF) loadModel(tj *hfJSON) error {
 		if at.LStrip || at.RStrip || at.SingleWord {
 			return fmt.Errorf("added token %q: lstrip/rstrip/single_word are not supported", at.Content)
 		}
-		if at.Normalized && h.nfc && !norm.NFC.IsNormalString(at.Content) {
+		if at.Normalized && h.nfc && !isNFC([]byte(at.Content)) {
 			return fmt.Errorf("added token %q changes under normalization", at.Content)
 		}
 		h.added = append(h.added, addedToken{content: []byte(at.Content), id: at.ID, special: at.Special})
@@ -462,7 +462,7 @@ func (h *HF) encodeSection(dst []uint32, s []byte, sc *scratch, cached bool) []u
 
 func (h *HF) encodeWords(dst []uint32, s []byte, sc *scratch) []uint32 {
 	if h.nfc && !isASCII(s) && !norm.NFC.IsNormal(s) {
-		sc.norm = norm.NFC.Append(sc.norm[:0], s...)
+		sc.norm = appendNFC(sc.norm[:0], s)
 		s = sc.norm
 	}
 	for i := 0; i < len(s); {
