@@ -112,14 +112,11 @@ const (
 	admitRes  = 5
 )
 
-// seatLua takes a seat on the first candidate with room: K are 9 keys
-// per candidate, its sets (overall, prefill, decode) at the configured
-// scope, then at the two other scopes; A now, expiry, member, parts mask,
-// 3 limits, dry, ttl. Only the configured scope's sets are checked against
-// the limits; the seat is added to the sets of every scope, so a reload
-// that changes rate_limit.scope finds the seats in flight counted on the
-// new scope's sets. It returns {candidate (1-based, 0: none), first full
-// counter (1-based, 0: none), 1 if taken over the limit (dry run)}.
+// seatLua takes a seat on the first candidate with room: K are 3 keys
+// per candidate (overall, prefill, decode), A now, expiry, member, parts
+// mask, 3 limits, dry, ttl. It returns {candidate (1-based, 0: none),
+// first full counter (1-based, 0: none), 1 if taken over the limit (dry
+// run)}.
 const seatLua = `
 local function seat(K, A)
   local now = tonumber(A[1])
@@ -132,10 +129,10 @@ local function seat(K, A)
   local need = {}
   for i = 1, 3 do if math.floor(p / 2^(i-1)) % 2 == 1 then need[#need + 1] = i end end
   local first, chosen = 0, 0
-  for t = 0, #K / 9 - 1 do
+  for t = 0, #K / 3 - 1 do
     local ok = true
     for _, i in ipairs(need) do
-      local k = K[t * 9 + i]
+      local k = K[t * 3 + i]
       redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
       if lim[i] > 0 and redis.call('ZCARD', k) >= lim[i] then
         ok = false
@@ -148,12 +145,10 @@ local function seat(K, A)
   local over = 0
   if chosen == 0 and dry then chosen = 1; over = 1 end
   if chosen > 0 then
-    for s = 0, 2 do
-      for _, i in ipairs(need) do
-        local k = K[(chosen - 1) * 9 + s * 3 + i]
-        redis.call('ZADD', k, exp, member)
-        redis.call('PEXPIRE', k, ttl)
-      end
+    for _, i in ipairs(need) do
+      local k = K[(chosen - 1) * 3 + i]
+      redis.call('ZADD', k, exp, member)
+      redis.call('PEXPIRE', k, ttl)
     end
   end
   return {chosen, first, over}
@@ -164,7 +159,7 @@ var (
 	admitScript = redis.NewScript(admitLua + `return admit(KEYS[1], KEYS[2], ARGV)`)
 	seatScript  = redis.NewScript(seatLua + `return seat(KEYS, ARGV)`)
 	// admitSeatScript is a request's admission and its first seat in one
-	// step (one round trip): KEYS the user's 2, then 9 per seat
+	// step (one round trip): KEYS the user's 2, then 3 per seat
 	// candidate; ARGV the admission's admitArgc, then the seat's. The seat
 	// is tried only when the admission passed (or in dry run). It returns
 	// the admission's 5 values, then the seat's 3 ({-1, 0, 0}: not tried).
@@ -226,13 +221,28 @@ local function release(K, A)
 end
 `
 
+// migrateLua copies a seat into the sets of another scope: K pairs of
+// (a set it was taken in, the other scope's set), A member, expiry, ttl.
+// A seat no longer in the first set of a pair (returned, or its lease
+// expired) is not copied.
+const migrateLua = `
+local function migrate(K, A)
+  for i = 1, #K, 2 do
+    if redis.call('ZSCORE', K[i], A[1]) then
+      redis.call('ZADD', K[i + 1], tonumber(A[2]), A[1])
+      redis.call('PEXPIRE', K[i + 1], tonumber(A[3]))
+    end
+  end
+end
+`
+
 // endsScript runs the ends of requests queued together (endKind), in
 // order: ARGV holds per end its kind, its number of keys and of
 // arguments, then its arguments; KEYS its keys, end after end. Each end
 // runs on its own (pcall): one that fails (an OOM write refused, a key of
 // the wrong type) does not keep the others from running. It returns the
 // number of ends that failed and the first error.
-var endsScript = redis.NewScript(finishLua + releaseLua + `
+var endsScript = redis.NewScript(finishLua + releaseLua + migrateLua + `
 local ki, ai = 1, 1
 local failed, first = 0, ''
 while ai <= #ARGV do
@@ -243,7 +253,9 @@ while ai <= #ARGV do
   for i = 0, na - 1 do A[i + 1] = ARGV[ai + i] end
   ki, ai = ki + nk, ai + na
   local ok, err
-  if kind == 'f' then ok, err = pcall(finish, K, A) else ok, err = pcall(release, K, A) end
+  if kind == 'f' then ok, err = pcall(finish, K, A)
+  elseif kind == 'm' then ok, err = pcall(migrate, K, A)
+  else ok, err = pcall(release, K, A) end
   if not ok then
     failed = failed + 1
     if first == '' then first = tostring(type(err) == 'table' and (err.err or err[1]) or err) end
@@ -258,6 +270,7 @@ type endKind string
 const (
 	endFinish  endKind = "f"
 	endRelease endKind = "r"
+	endMigrate endKind = "m" // a seat copied to another scope's sets (migrateLua)
 )
 
 // allScripts are loaded at start and whenever Redis answers NOSCRIPT,
@@ -287,7 +300,8 @@ type redisState struct {
 	ttl    time.Duration
 
 	mu     sync.Mutex
-	leases map[string][]string // member -> keys it holds (heartbeat)
+	leases map[string][]string   // member -> keys it holds (heartbeat)
+	seats  map[string]*seatState // member -> a seat held (followScopes)
 	dirty  map[*userState]struct{}
 
 	// The dispatcher's queue: calls and ends in order; waiting counts the
@@ -343,6 +357,7 @@ func newRedisState(g *Governor, o Options) (*redisState, error) {
 		id:     hex.EncodeToString(rid[:]),
 		ttl:    o.LeaseTTL,
 		leases: map[string][]string{},
+		seats:  map[string]*seatState{},
 		dirty:  map[*userState]struct{}{},
 		qwake:  make(chan struct{}, 1),
 		delay:  o.EndDelay,
@@ -1039,13 +1054,12 @@ func (r *redisState) pumpSeats() {
 
 // seatArgs returns the keys and arguments of a seat acquisition over
 // cands, each a candidate's counters at every scope (seatLua: the
-// configured scope's sets first), and the seat's member.
+// configured scope's sets), and the seat's member.
 func (r *redisState) seatArgs(rl *rlConf, cands []levels, ph Phase, dry bool) ([]string, []any, string) {
-	keys := make([]string, 0, 9*len(cands))
+	keys := make([]string, 0, 3*len(cands))
 	for _, lv := range cands {
-		for _, c := range scopeOrder(lv, rl.scope) {
-			keys = append(keys, c.keys[0], c.keys[1], c.keys[2])
-		}
+		c := lv[rl.scope]
+		keys = append(keys, c.keys[0], c.keys[1], c.keys[2])
 	}
 	now := r.g.now().UnixMilli()
 	member := r.member()
@@ -1073,17 +1087,19 @@ func (r *redisState) seated(res []int64, rl *rlConf, cands []levels, ph Phase, m
 	for k, c := range lv {
 		ss.keys[k] = c.keys
 	}
+	ss.origin, ss.in = rl.scope, 1<<rl.scope
 	ss.member, ss.remote = member, true
 	gen := ss.state.Load()>>ssFlags + 1
 	ss.state.Store(gen<<ssFlags | ssActive | p)
-	held := ss.heldKeys(p)
 	for i := range 3 {
 		if p&(1<<i) != 0 {
 			heldSeats[i].Add(1)
 		}
 	}
 	r.mu.Lock()
-	r.leases[member] = held
+	r.leases[member] = ss.heldKeys(p)
+	r.seats[member] = ss
+	r.followScope(ss) // a reload may have changed the scope during the round trip
 	r.mu.Unlock()
 	return ss, int(res[0] - 1), code
 }
@@ -1107,21 +1123,57 @@ func (r *redisState) acquireSeat(rl *rlConf, cands []levels, ph Phase, dry bool)
 // releaseSeat queues the return of the held counters of ss (an end: it
 // rides in the next round trip).
 func (r *redisState) releaseSeat(ss *seatState, held uint64) {
-	keys := ss.heldKeys(held)
 	for i := range 3 {
 		if held&(1<<i) != 0 {
 			heldSeats[i].Add(-1)
 		}
 	}
 	r.mu.Lock()
+	// The sets it is in (ss.in) and the order of the ends are decided
+	// under r.mu, as followScope decides them: a return queued after a
+	// migration removes the seat from the sets it was copied to.
+	keys := ss.heldKeys(held)
 	if rest := ss.state.Load() & ssHeld; rest == 0 {
 		delete(r.leases, ss.member)
+		delete(r.seats, ss.member)
 	} else if _, ok := r.leases[ss.member]; ok { // Done may have run already
 		r.leases[ss.member] = ss.heldKeys(rest)
 	}
-	r.mu.Unlock()
 	r.end(endRelease, keys, []any{ss.member, r.wake, "rl"})
+	r.mu.Unlock()
 	r.poke() // a local waiter may take the seat at once (its call runs after this end)
+}
+
+// followScopes copies the seats this router holds into the sets of the
+// configured rate_limit.scope (after a reload that changed it), so the
+// new scope's counters include the seats in flight.
+func (r *redisState) followScopes() {
+	r.mu.Lock()
+	for _, ss := range r.seats {
+		r.followScope(ss)
+	}
+	r.mu.Unlock()
+}
+
+// followScope queues the copy of ss into the sets of the configured scope,
+// unless they hold it already: an end (migrateLua), run in order with the
+// others, that copies only a seat still in the sets it was taken in (one
+// returned before it ran is not). r.mu must be held.
+func (r *redisState) followScope(ss *seatState) {
+	k := r.g.snap.Load().rl.scope
+	held := ss.state.Load() & ssHeld
+	if ss.in&(1<<k) != 0 || held == 0 {
+		return
+	}
+	ss.in |= 1 << k
+	keys := make([]string, 0, 4)
+	for i := range 3 {
+		if held&(1<<i) != 0 {
+			keys = append(keys, ss.keys[ss.origin][i], ss.keys[k][i])
+		}
+	}
+	r.leases[ss.member] = ss.heldKeys(held)
+	r.end(endMigrate, keys, []any{ss.member, r.g.now().UnixMilli() + r.ttl.Milliseconds(), 2 * r.ttl.Milliseconds()})
 }
 
 // seatCandidates returns the counters of targets at every scope (lvs, one
@@ -1141,18 +1193,6 @@ func (g *Governor) seatCandidates(rl *rlConf, targets []Target) (lvs []levels, c
 		}
 	}
 	return lvs, cands, idx
-}
-
-// scopeOrder returns lv's counters with the scope k's first (the one whose
-// limits are checked), then the other two.
-func scopeOrder(lv levels, k scopeKind) [3]*counters {
-	switch k {
-	case scopeService:
-		return [3]*counters{lv[scopeService], lv[scopeInstance], lv[scopeGateway]}
-	case scopeGateway:
-		return [3]*counters{lv[scopeGateway], lv[scopeInstance], lv[scopeService]}
-	}
-	return [3]*counters{lv[scopeInstance], lv[scopeService], lv[scopeGateway]}
 }
 
 // seatAnswer is the answer of a seat acquisition in Redis that did not

@@ -86,6 +86,38 @@ func TestRedisAScopeReloadCountsTheSeatsInFlightOnEveryRouter(t *testing.T) {
 	})
 }
 
+// The copy of a router's seats into the new scope's sets reaches Redis on
+// its own, within the end delay, without a request of that router to
+// carry it; a seat returned right after the reload leaves both scopes.
+func TestRedisAScopeReloadCopiesTheSeatsWithoutARequestToCarryIt(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	c := parseConfig(t, `{"rate_limit":{"scope":"instance","overall_concurrency":1}}`)
+	g, h := newGov(t, o, c), newGov(t, o, c)
+	a := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	b := acquireOK(t, g, []Target{w3}, PhaseMixed, 0)
+	gw := parseConfig(t, `{"rate_limit":{"scope":"gateway","overall_concurrency":2}}`)
+	for _, x := range []*Governor{g, h} {
+		if err := x.Apply(gw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool {
+		s, _, rej := h.TryAcquire([]Target{w2}, PhaseMixed)
+		s.Done()
+		syncState(t, h)
+		return rej != nil && rej.Code == CodeConcurrencyOverall
+	})
+	a.Done()
+	b.Done()
+	syncState(t, g)
+	x := acquireOK(t, h, []Target{w2}, PhaseMixed, 0)
+	y := acquireOK(t, h, []Target{w2}, PhaseMixed, 0)
+	acquireRejected(t, h, []Target{w2}, PhaseMixed, CodeConcurrencyOverall)
+	x.Done()
+	y.Done()
+}
+
 func TestRedisSeatsOfACrashedRouterExpire(t *testing.T) {
 	rs := startRedis(t)
 	o := redisOptions(t, rs)

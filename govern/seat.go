@@ -59,8 +59,10 @@ var counterCodes = [3]Code{CodeConcurrencyOverall, CodeConcurrencyPrefill, CodeC
 // target (levels), whatever rate_limit.scope is; the limits are checked on
 // the configured scope's counters only. So a reload that changes the
 // scope finds the requests queued, and in process the seats in flight, on
-// the new scope's counters. With Redis likewise: a seat is added to its
-// target's sets at every scope (seatLua) and removed from all of them.
+// the new scope's counters. With Redis a seat is added to the configured
+// scope's sets; at a reload that changes the scope, the router copies the
+// seats it holds into the new scope's sets (followScopes), and a seat is
+// removed from every set it is in.
 type counters struct {
 	n       [3]int
 	waiting int
@@ -207,6 +209,8 @@ type seatState struct {
 	g      *Governor
 	lv     levels       // in process: the counters it is counted on
 	keys   [3][3]string // Redis: its target's sets at every scope, by scopeKind
+	origin scopeKind    // Redis: the scope it was taken in
+	in     uint8        // Redis: the scopes whose sets hold it (bits by scopeKind; redisState.mu)
 	member string
 	remote bool
 }
@@ -234,13 +238,16 @@ func (ss *seatState) unbusy(bit uint64) {
 	}
 }
 
-// heldKeys returns the Redis sets of the counters in held at every scope.
+// heldKeys returns the Redis sets of the counters in held at every scope
+// whose sets hold the seat. redisState.mu must be held.
 func (ss *seatState) heldKeys(held uint64) []string {
-	keys := make([]string, 0, 6)
+	keys := make([]string, 0, 2)
 	for i := range 3 {
 		if held&(1<<i) != 0 {
 			for k := range ss.keys {
-				keys = append(keys, ss.keys[k][i])
+				if ss.in&(1<<k) != 0 {
+					keys = append(keys, ss.keys[k][i])
+				}
 			}
 		}
 	}
@@ -251,6 +258,7 @@ func (g *Governor) newSeat(lv levels, ph Phase) (*seatState, Seat) {
 	ss := g.seatPool.Get().(*seatState)
 	ss.lv = lv
 	ss.keys = [3][3]string{}
+	ss.in = 0
 	ss.member, ss.remote = "", false
 	gen := ss.state.Load()>>ssFlags + 1
 	ss.state.Store(gen<<ssFlags | ssActive | parts(ph))
@@ -483,6 +491,7 @@ func (l *seatLimiter) pumpLocked() {
 // grown, or been removed).
 func (l *seatLimiter) reloaded() {
 	if l.g.rds != nil {
+		l.g.rds.followScopes() // the seats held follow a change of rate_limit.scope
 		l.g.rds.kickSeats()
 		return
 	}

@@ -279,6 +279,7 @@ func scopeReloadCountsTheSeatsInFlight(t *testing.T, routers func(js string) (*G
 			if err := x.Apply(parseConfig(t, `{"rate_limit":`+js+`}`)); err != nil {
 				t.Fatal(err)
 			}
+			syncEnds(t, x) // with Redis the seats' copy is an end (sent within EndDelay)
 		}
 	}
 	// instance -> gateway: 2 in flight on two instances, a gateway limit of 1.
