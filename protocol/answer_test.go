@@ -86,6 +86,41 @@ func TestChatAnswerConvertsToResponse(t *testing.T) {
 	}
 }
 
+// An answer cut by the output limit is an incomplete Response whose last
+// item, the one being written, is incomplete too (as OpenAI reports it);
+// the items before it are completed.
+func TestTheItemAnOutputLimitCutIsIncomplete(t *testing.T) {
+	m := responsesMeta(t, `{"model":"g","input":"x","max_output_tokens":5}`)
+	for _, tc := range []struct{ body, completed, incomplete string }{
+		{`{"choices":[{"message":{"content":"a","reasoning_content":"r"},"finish_reason":"length"}]}`,
+			`"type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"r"}],"status":"completed"}`,
+			`"type":"message","status":"incomplete","role":"assistant","content":[{"type":"output_text","text":"a"`},
+		{`{"choices":[{"message":{"reasoning_content":"r"},"finish_reason":"length"}]}`,
+			``, `"type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"r"}],"status":"incomplete"}`},
+		{`{"choices":[{"message":{"content":"a","reasoning_content":"r"},"finish_reason":"stop"}]}`,
+			`"type":"message","status":"completed"`, ``},
+	} {
+		got, err := ChatToResponses(nil, []byte(tc.body), m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := string(got)
+		if !strings.Contains(s, tc.completed) || !strings.Contains(s, tc.incomplete) {
+			t.Errorf("%s:\n%s", tc.body, s)
+		}
+		if n := strings.Count(s, `"status":"incomplete"`); n != 2*b01(tc.incomplete != "") {
+			t.Errorf("%s: %d incomplete statuses:\n%s", tc.body, n, s)
+		}
+	}
+}
+
+func b01(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 func TestEngineErrorsConvertToTheClientShape(t *testing.T) {
 	f := func(api API, status int, body, want string) {
 		t.Helper()

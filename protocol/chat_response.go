@@ -298,28 +298,47 @@ func ChatToResponses(dst, body []byte, m *Meta) ([]byte, error) {
 	status, reason := responseStatus(r.finish)
 	dst = appendResponseHead(dst, m, status, reason)
 	dst = append(dst, `,"output":[`...)
+	// The last item is the one an output limit cut (incomplete).
+	items := 0
+	if len(r.reasoning) > 0 {
+		items++
+	}
+	if len(r.content) > 0 {
+		items++
+	}
+	forEachToolCall(r.toolCalls, func(toolCall) { items++ })
 	n := 0
 	if len(r.reasoning) > 0 {
 		n++
-		dst = appendReasoningItem(dst, nil, r.reasoning, "completed")
+		dst = appendReasoningItem(dst, nil, r.reasoning, itemStatus(status, n == items))
 	}
 	if len(r.content) > 0 {
 		if n > 0 {
 			dst = append(dst, ',')
 		}
 		n++
-		dst = appendMessageItem(dst, nil, r.content, "completed")
+		dst = appendMessageItem(dst, nil, r.content, itemStatus(status, n == items))
 	}
 	forEachToolCall(r.toolCalls, func(tc toolCall) {
 		if n > 0 {
 			dst = append(dst, ',')
 		}
 		n++
-		dst = appendFunctionCallItem(dst, nil, tc.id, tc.name, tc.args, tc.argsObj, "completed")
+		dst = appendFunctionCallItem(dst, nil, tc.id, tc.name, tc.args, tc.argsObj, itemStatus(status, n == items))
 	})
 	dst = append(dst, ']')
 	dst = appendResponseTail(dst, m, &r.usage, true)
 	return dst, nil
+}
+
+// itemStatus is the status of an output item of a Response with the given
+// status: the last item of an incomplete Response is the one cut
+// (incomplete, as OpenAI reports it), the others are completed.
+func itemStatus(status string, last bool) string {
+	if last && status == "incomplete" {
+		return "incomplete"
+	}
+	return "completed"
 }
 
 // responseStatus maps a chat finish_reason to a Response status and its

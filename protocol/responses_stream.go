@@ -73,26 +73,28 @@ func (c *StreamConverter) rOpen(kind blockKind, prefix string) int {
 	return k
 }
 
-// rItem appends the JSON of item k with the given status.
+// rItem appends the JSON of item k with the given status (in_progress:
+// without its content yet).
 func (c *StreamConverter) rItem(k int, status string) {
 	it := &c.items[k]
+	whole := status != "in_progress"
 	switch it.kind {
 	case blockText:
 		var text []byte
-		if status == "completed" {
+		if whole {
 			text = c.acc[it.s:it.e]
 		}
 		c.out = appendMessageItem(c.out, it.id, text, status)
 	case blockThinking:
 		var text []byte
-		if status == "completed" {
+		if whole {
 			text = c.acc[it.s:it.e]
 		}
 		c.out = appendReasoningItem(c.out, it.id, text, status)
 	case blockTool:
 		t := &c.tools[it.tool]
 		var args []byte
-		if status == "completed" {
+		if whole {
 			args = t.args
 		}
 		c.out = appendFunctionCallItem(c.out, it.id, t.id, t.name, args, false, status)
@@ -180,7 +182,11 @@ func (c *StreamConverter) rToolArgs(i int, raw []byte) {
 }
 
 // rClose finishes the open item with its done events.
-func (c *StreamConverter) rClose() {
+func (c *StreamConverter) rClose() { c.rCloseAs("completed") }
+
+// rCloseAs finishes the open item with its done events, the item with the
+// given status: incomplete for the one the output limit cut.
+func (c *StreamConverter) rCloseAs(status string) {
 	if c.cur == blockNone {
 		return
 	}
@@ -217,14 +223,14 @@ func (c *StreamConverter) rClose() {
 	c.out = append(c.out, `,"output_index":`...)
 	c.out = appendInt(c.out, int64(k))
 	c.out = append(c.out, `,"item":`...)
-	c.rItem(k, "completed")
+	c.rItem(k, status)
 	c.rDone()
 	c.cur = blockNone
 }
 
 func (c *StreamConverter) rEnd() {
-	c.rClose()
 	status, reason := responseStatus(c.finish)
+	c.rCloseAs(status) // the item being written when the limit cut is incomplete
 	name := "response.completed"
 	if status == "incomplete" {
 		name = "response.incomplete"
@@ -237,7 +243,7 @@ func (c *StreamConverter) rEnd() {
 		if k > 0 {
 			c.out = append(c.out, ',')
 		}
-		c.rItem(k, "completed")
+		c.rItem(k, itemStatus(status, k == len(c.items)-1))
 	}
 	c.out = append(c.out, ']')
 	u := c.usage

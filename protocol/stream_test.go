@@ -152,6 +152,25 @@ func TestResponsesStreamEventSequence(t *testing.T) {
 	if evs, err := checkResponsesSSE(out); err != nil || evs[len(evs)-1].name != "response.incomplete" || !bytes.Contains(out, []byte(`"incomplete_details":{"reason":"max_output_tokens"}`)) {
 		t.Errorf("length: %v\n%s", err, out)
 	}
+	// The item the limit cut is incomplete in its output_item.done and in
+	// the final Response; the reasoning before it completed.
+	out = convertStream(t, m, chunkLine(`{"reasoning_content":"r"}`, "null")+chunkLine(`{"content":"a"}`, "null")+chunkLine(`{}`, `"length"`)+"data: [DONE]\n\n")
+	evs, err = checkResponsesSSE(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var itemDone []string
+	for _, ev := range evs {
+		if ev.name == "response.output_item.done" {
+			itemDone = append(itemDone, ev.data["item"].(map[string]any)["status"].(string))
+		}
+	}
+	output := evs[len(evs)-1].data["response"].(map[string]any)["output"].([]any)
+	if len(output) != 2 || strings.Join(itemDone, ",") != "completed,incomplete" ||
+		output[0].(map[string]any)["status"] != "completed" || output[1].(map[string]any)["status"] != "incomplete" ||
+		output[1].(map[string]any)["content"].([]any)[0].(map[string]any)["text"] != "a" {
+		t.Errorf("item statuses %v, final output %v", itemDone, output)
+	}
 }
 
 func TestStreamEndingsAndFailures(t *testing.T) {
