@@ -657,6 +657,33 @@ func TestE2EGovernRedisTwoRoutersShareSeats(t *testing.T) {
 	waitUntil(t, "the shared seat freed", func() bool { return govPost(t, r2, "", body).status == 200 })
 }
 
+// Seats in Redis across a hot reload of rate_limit.scope: a stream held
+// through one router on engine e1 under the instance scope counts on the
+// gateway scope both routers switch to, so the other router is refused
+// on engine e2 until the stream ends.
+func TestE2EGovernRedisScopeReloadCountsTheSeatsInFlight(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	_, e1 := startEngine(t, "--speedup", "5")
+	_, e2 := startEngine(t, "--speedup", "5")
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, `{"rate_limit": {"scope": "instance", "overall_concurrency": 1}}`)
+	r1 := startChild(t, "serve", 0, "--workers", "e1="+e1, "--config", cfg, "--state", rd.URL).url
+	r2 := startChild(t, "serve", 0, "--workers", "e2="+e2, "--config", cfg, "--state", rd.URL).url
+	held := holdStream(t, r1, "")
+	body := chatJSON("sim-model", "hi", 2, false)
+	govPost(t, r2, "", body).want(t, 200, "") // another instance: a seat of its own
+	reloads := func(r string) float64 { return metricF(t, r, `infera_config_reloads_total{result="ok"}`) }
+	before1, before2 := reloads(r1), reloads(r2)
+	writeConfig(t, cfg, `{"rate_limit": {"scope": "gateway", "overall_concurrency": 1}}`)
+	waitUntil(t, "both routers reloaded", func() bool { return reloads(r1) > before1 && reloads(r2) > before2 })
+	waitUntil(t, "the held seat counted on the gateway scope", func() bool {
+		return govPost(t, r2, "", body).status == 429
+	})
+	govPost(t, r2, "", body).want(t, 429, "concurrency_overall")
+	held.Body.Close() // the client leaves: the seat is given back on both scopes
+	waitUntil(t, "the gateway seat freed", func() bool { return govPost(t, r2, "", body).status == 200 })
+}
+
 // With Redis, a request costs the router one round trip to it: the user's
 // admission and the request's seat run in one script, and the previous
 // request's ends (seats given back, reconciliation) ride in the same
