@@ -85,6 +85,7 @@ func FuzzFullNFCMatchesXTextOnShortRuns(f *testing.F) {
 	f.Add("a\u0301\u0316\u0323\u0300 \u304b\u3099 \u0928\u093c\u094d")
 	f.Add("\u0301a\u0327\u0301\u0f40\u0f71\u0f72\u0f74")
 	f.Add("A" + strings.Repeat("\u0308", 31))
+	f.Add("e" + strings.Repeat("\u0301\u0316\u0334\u0345\u05b0\u3099", 8) + "\u1100\u1161" + strings.Repeat("\u0323", 33))
 	f.Fuzz(func(t *testing.T, s string) {
 		if !utf8.ValidString(s) || len(s) > 4096 {
 			return
