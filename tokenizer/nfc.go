@@ -52,8 +52,8 @@ type nfcRune struct {
 }
 
 // appendNFCFull is appendNFC without the stream-safe limit: s is valid
-// UTF-8. Its work is O(n log n) in the length of the longest run of marks
-// and linear otherwise.
+// UTF-8. Its work is linear in the length of s (runs of marks are ordered
+// with a counting sort).
 func appendNFCFull(dst, s []byte) []byte {
 	rs := make([]nfcRune, 0, len(s))
 	var enc [utf8.UTFMax]byte
