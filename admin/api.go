@@ -562,7 +562,12 @@ func decodeStrictInto(data []byte, v any) error {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			return &config.FieldError{Path: strings.Trim(f, `"`), Msg: "unknown field " + f}
+			key, _ := strconv.Unquote(f)
+			path := config.UnknownFieldPath(data, v, key)
+			if path == "" {
+				path = key
+			}
+			return &config.FieldError{Path: path, Msg: "unknown field " + f}
 		}
 		return &config.FieldError{Msg: "cannot parse the body: " + err.Error()}
 	}

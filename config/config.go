@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"reflect"
 	"strings"
 
 	"github.com/infera/infera/fleet"
@@ -306,7 +307,7 @@ func Parse(data []byte) (*Config, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(c); err != nil {
-		return nil, decodeError(err)
+		return nil, decodeError(err, data, reflect.TypeFor[Config]())
 	}
 	if dec.More() || dec.InputOffset() != int64(len(data)) {
 		return nil, &FieldError{Msg: fmt.Sprintf("unexpected data after the JSON object at byte %d", dec.InputOffset())}

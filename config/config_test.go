@@ -178,3 +178,21 @@ func TestReloadRefusesBadDocumentsAndKeepsServing(t *testing.T) {
 		}
 	}
 }
+
+func TestParseNamesTheWholePathOfAnUnknownNestedField(t *testing.T) {
+	for _, c := range []struct{ in, path string }{
+		{`{"session_affinity":{"ttl":5}}`, "session_affinity.ttl"},
+		{`{"no_such_section":{}}`, "no_such_section"},
+		{`{"split_proxy":{"enabled":true,"proxies":[{"local":true,"weight":1},{"name":"x","address":"http://127.0.0.1:9","weight":1,"enabled":true}]}}`, "split_proxy.proxies[1].enabled"},
+		{`{"user_limit":{"templates":[{"name":"t","rate":{"rmp":5}}]}}`, "user_limit.templates[0].rate.rmp"},
+		// a key that is known in one place and unknown in another: the
+		// unknown one is named, matched case-insensitively like the decoder
+		{`{"Session_Affinity":{"TTL_S":5},"timeouts":{"ttl_s":1}}`, "timeouts.ttl_s"},
+	} {
+		_, err := Parse([]byte(c.in))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Path != c.path || !strings.Contains(fe.Msg, "unknown field") {
+			t.Errorf("Parse(%s): %v, want the unknown field at %s", c.in, err, c.path)
+		}
+	}
+}

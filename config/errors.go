@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
+	"strconv"
 	"strings"
 )
 
@@ -70,9 +72,11 @@ func ValidHeaderName(s string) bool {
 	return true
 }
 
-// decodeError turns a JSON decoding error into a FieldError naming the
-// offending field where the decoder says which.
-func decodeError(err error) error {
+// decodeError turns the error of decoding data into a value of type t into
+// a FieldError naming the offending field where it can be told: the
+// decoder names a mistyped field by its path, an unknown one by its key
+// alone, whose path is then looked up in data.
+func decodeError(err error, data []byte, t reflect.Type) error {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
 		return &FieldError{Path: te.Field, Msg: fmt.Sprintf("cannot use %s as %s", te.Value, te.Type)}
@@ -83,7 +87,12 @@ func decodeError(err error) error {
 	}
 	msg := err.Error()
 	if f, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
-		return &FieldError{Path: strings.Trim(f, `"`), Msg: "unknown field " + f}
+		key, _ := strconv.Unquote(f)
+		path := unknownFieldPath(data, t, key)
+		if path == "" {
+			path = key
+		}
+		return &FieldError{Path: path, Msg: "unknown field " + f}
 	}
 	return &FieldError{Msg: "cannot parse config: " + msg}
 }

@@ -38,7 +38,7 @@ func TestPDSectionValidates(t *testing.T) {
 	ok(`{"sglang_independent_pairing":true}`, func(p PD) bool { return p.Mode == PDModeAuto && p.SGLangIndependentPairing })
 	bad(`{"prefill_timeout_s":-1}`, "pd.prefill_timeout_s", ">= 0")
 	bad(`{"prefill_timeout_s":1e300}`, "pd.prefill_timeout_s", "too large")
-	bad(`{"bootstrap_room":1}`, "bootstrap_room", "unknown field")
+	bad(`{"bootstrap_room":1}`, "pd.bootstrap_room", "unknown field")
 }
 
 func TestPDDefaults(t *testing.T) {

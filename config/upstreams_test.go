@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -23,7 +24,7 @@ func parseUpstreams(doc string) (*Config, error) {
 	dec := json.NewDecoder(strings.NewReader(doc))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(c); err != nil {
-		return nil, decodeError(err)
+		return nil, decodeError(err, []byte(doc), reflect.TypeFor[Config]())
 	}
 	c.normalize()
 	if err := c.Validate(); err != nil {
@@ -149,7 +150,7 @@ func TestUpstreamSectionsValidation(t *testing.T) {
 	bad(`{"smart_model_selection":{"timeout_ms":-1}}`, "smart_model_selection.timeout_ms", "ms")
 	bad(`{"smart_model_selection":{"max_text_bytes":-1}}`, "smart_model_selection.max_text_bytes", "[1,")
 	bad(`{"smart_model_selection":{"match_models":[""]}}`, "smart_model_selection.match_models[0]", "empty")
-	bad(`{"smart_model_selection":{"tiers":{"L4":"x"}}}`, "L4", "unknown field")
+	bad(`{"smart_model_selection":{"tiers":{"L4":"x"}}}`, "smart_model_selection.tiers.L4", "unknown field")
 
 	// The incompatible pair is refused with the way out in the message;
 	// prefix splitting or no splitting is accepted.
