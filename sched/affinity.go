@@ -9,22 +9,25 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
-// affinityTable binds session ids to workers: a fixed power-of-two array of
-// shards, each a map from the session id's xxh3 hash to a slot of a slab
-// with an intrusive LRU list. A hit takes one shard lock and allocates
-// nothing; slots of evicted entries are reused.
+// affinityTable binds session ids to workers: a fixed array of shards, each
+// a map from the session id's xxh3 hash to a slot of a slab with an
+// intrusive LRU list. A hit takes one shard lock and allocates nothing;
+// slots of evicted entries are reused.
 //
-// max_entries is enforced per shard (ceil(max/shards)), so "oldest evicted"
-// is exact within a shard. The shard count grows with max_entries (1 shard
-// below 512 entries, up to 64), so small tables are exact LRU.
+// max_entries bounds the whole table exactly: a binding that takes it over
+// the limit evicts the least recently used binding of the table (the oldest
+// of the shards' own oldest). The layout never changes, so a reload of
+// max_entries keeps every binding (a lowered limit evicts the oldest at
+// once).
 type affinityTable struct {
 	maxEntries atomic.Int64
-	perShard   atomic.Int64
-	mask       uint64
-	shards     []affShard
+	shards     [affShards]affShard
 	count      atomic.Int64
 	evictions  atomic.Uint64
 }
+
+// affShards is the number of shards (a power of two).
+const affShards = 64
 
 type affShard struct {
 	mu   sync.Mutex
@@ -42,19 +45,9 @@ type affEntry struct {
 	links
 }
 
-func affinityShards(maxEntries int) int {
-	n := 1
-	for n < 64 && maxEntries/(n*2) >= 256 {
-		n *= 2
-	}
-	return n
-}
-
 func newAffinityTable(maxEntries int) *affinityTable {
-	n := affinityShards(maxEntries)
-	t := &affinityTable{mask: uint64(n - 1), shards: make([]affShard, n)}
+	t := &affinityTable{}
 	t.maxEntries.Store(int64(maxEntries))
-	t.perShard.Store(int64((maxEntries + n - 1) / n))
 	for i := range t.shards {
 		t.shards[i].m = map[uint64]uint32{}
 		t.shards[i].ents = make([]affEntry, 1, 16)
@@ -62,31 +55,29 @@ func newAffinityTable(maxEntries int) *affinityTable {
 	return t
 }
 
-// affinity returns the table for cfg, replacing it when max_entries changes
-// the shard layout (bindings are then rebuilt as sessions return).
+// affinity returns the table, setting its limit to cfg's max_entries (a
+// lowered limit evicts the oldest bindings beyond it at once).
 func (s *Scheduler) affinity(c *compiled) *affinityTable {
-	max := c.cfg.SessionAffinity.MaxEntries
+	max := int64(c.cfg.SessionAffinity.MaxEntries)
 	t := s.aff.Load()
-	if t != nil && (c.stale.Load() || int(t.maxEntries.Load()) == max) {
-		return t
-	}
-	if t != nil && affinityShards(max) == len(t.shards) {
-		per := int64((max + len(t.shards) - 1) / len(t.shards))
-		t.maxEntries.Store(int64(max))
-		if t.perShard.Swap(per) > per {
-			t.trim() // a lowered cap frees its memory now, not as entries expire
+	if t == nil {
+		nt := newAffinityTable(int(max))
+		if s.aff.CompareAndSwap(nil, nt) {
+			return nt
 		}
+		t = s.aff.Load()
+	}
+	if c.stale.Load() || t.maxEntries.Load() == max {
 		return t
 	}
-	nt := newAffinityTable(max)
-	if s.aff.CompareAndSwap(t, nt) {
-		return nt
+	if t.maxEntries.Swap(max) > max {
+		t.trim()
 	}
-	return s.aff.Load()
+	return t
 }
 
 func (t *affinityTable) shard(key uint64) *affShard {
-	return &t.shards[(key^key>>32)&t.mask]
+	return &t.shards[(key^key>>32)&(affShards-1)]
 }
 
 // get returns the worker bound to key if the binding is younger than ttl,
@@ -113,8 +104,8 @@ func (t *affinityTable) get(key uint64, now, ttl int64) *fleet.Worker {
 	return w
 }
 
-// bind binds key to w, evicting the shard's least recently used entry when
-// the shard is full.
+// bind binds key to w. A new binding that takes the table over
+// max_entries evicts the table's least recently used one.
 func (t *affinityTable) bind(key uint64, w *fleet.Worker, now int64) {
 	sh := t.shard(key)
 	sh.mu.Lock()
@@ -124,12 +115,6 @@ func (t *affinityTable) bind(key uint64, w *fleet.Worker, now int64) {
 		sh.moveFront(i)
 		sh.mu.Unlock()
 		return
-	}
-	added := int64(1)
-	for per := int(t.perShard.Load()); len(sh.m) >= per && sh.tail != 0; {
-		sh.remove(sh.tail)
-		added--
-		t.evictions.Add(1)
 	}
 	var i uint32
 	if sh.free != 0 {
@@ -143,25 +128,72 @@ func (t *affinityTable) bind(key uint64, w *fleet.Worker, now int64) {
 	sh.m[key] = i
 	sh.pushFront(i)
 	sh.mu.Unlock()
-	t.count.Add(added)
+	// Every binding that counts past the limit evicts one, so concurrent
+	// binds leave the table at the limit, not above it.
+	if t.count.Add(1) > t.maxEntries.Load() {
+		t.evictOldest()
+	}
 }
 
-// trim evicts each shard's least recently used bindings beyond the
-// per-shard cap (after the cap was lowered).
-func (t *affinityTable) trim() {
-	per := int(t.perShard.Load())
-	for si := range t.shards {
-		sh := &t.shards[si]
+// evictOldest removes the least recently used binding of the table: the
+// oldest of the shards' least recently used ones, taking one shard lock at
+// a time.
+func (t *affinityTable) evictOldest() {
+	for attempt := 0; ; attempt++ {
+		best, bestKey, bestLast := -1, uint64(0), int64(0)
+		for si := range t.shards {
+			sh := &t.shards[si]
+			sh.mu.Lock()
+			if sh.tail != 0 {
+				if e := &sh.ents[sh.tail]; best < 0 || e.last < bestLast {
+					best, bestKey, bestLast = si, e.key, e.last
+				}
+			}
+			sh.mu.Unlock()
+		}
+		if best < 0 {
+			return // emptied meanwhile (a sweep, a lowered limit)
+		}
+		sh := &t.shards[best]
 		sh.mu.Lock()
-		n := 0
-		for len(sh.m) > per && sh.tail != 0 {
+		// The oldest may have been used or removed since the scan; then
+		// scan again, and after a few tries take that shard's oldest.
+		if sh.tail != 0 && (sh.ents[sh.tail].key == bestKey || attempt >= 3) {
 			sh.remove(sh.tail)
-			n++
+			sh.mu.Unlock()
+			t.count.Add(-1)
+			t.evictions.Add(1)
+			return
 		}
 		sh.mu.Unlock()
-		t.count.Add(int64(-n))
-		t.evictions.Add(uint64(n))
 	}
+}
+
+// trim evicts the least recently used bindings beyond max_entries (after
+// the limit was lowered), holding every shard's lock.
+func (t *affinityTable) trim() {
+	for si := range t.shards {
+		t.shards[si].mu.Lock()
+	}
+	n := 0
+	for max := t.maxEntries.Load(); t.count.Load()-int64(n) > max; n++ {
+		best := -1
+		var bestLast int64
+		for si := range t.shards {
+			if sh := &t.shards[si]; sh.tail != 0 && (best < 0 || sh.ents[sh.tail].last < bestLast) {
+				best, bestLast = si, sh.ents[sh.tail].last
+			}
+		}
+		if best < 0 {
+			break
+		}
+		t.shards[best].remove(t.shards[best].tail)
+	}
+	for si := range t.shards {
+		t.shards[si].mu.Unlock()
+	}
+	t.count.Add(int64(-n))
+	t.evictions.Add(uint64(n))
 }
 
 // sweep removes bindings idle for longer than ttl.

@@ -2,10 +2,12 @@ package sched
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 )
 
 func affCfg(t *testing.T, f func(sa *config.SessionAffinity)) *config.Config {
@@ -175,24 +177,109 @@ func TestAffinityMaxEntries(t *testing.T) {
 	if hit("b") {
 		t.Fatalf("oldest session b was not evicted")
 	}
-	// Default max entries: 100000 fit (64 shards).
+	// Default max entries: 100000 held exactly.
 	s2, _ := newTestSched(t, workers(2, "m")...)
 	def := affCfg(t, nil)
 	tab := s2.affinity(s2.compiled(def))
-	if len(tab.shards) != 64 || tab.perShard.Load()*64 < 100000 {
-		t.Fatalf("default table: %d shards x %d", len(tab.shards), tab.perShard.Load())
-	}
 	w := s2.Fleet.View().Routable[0]
 	for i := 0; i < 150000; i++ {
-		tab.bind(uint64(i)*0x9E3779B97F4A7C15, w, 1)
+		tab.bind(uint64(i)*0x9E3779B97F4A7C15, w, int64(i+1))
 	}
-	if n := tab.count.Load(); n > 100000+64 || n < 99000 {
-		t.Fatalf("default max entries: %d bindings", n)
+	if n, ev := tab.count.Load(), tab.evictions.Load(); n != 100000 || ev != 50000 || tab.entries() != 100000 {
+		t.Fatalf("default max entries: %d bindings (%d in the shards), %d evictions", n, tab.entries(), ev)
 	}
 	// A reload with a larger limit keeps the table and raises the cap.
 	big := affCfg(t, func(sa *config.SessionAffinity) { sa.MaxEntries = 200000 })
 	if s2.affinity(s2.compiled(big)) != tab {
-		t.Fatalf("same shard layout must keep bindings")
+		t.Fatalf("a new limit must keep the bindings")
+	}
+}
+
+// entries counts the bindings in the shards (tests).
+func (t *affinityTable) entries() int {
+	n := 0
+	for si := range t.shards {
+		sh := &t.shards[si]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// max_entries was enforced per shard (ceil(max/64) each, by hash), so a
+// shard that filled first evicted its oldest binding while the table was
+// well below the limit: 1001 sessions under max_entries 1024 evicted 12.
+// The spec: "when the limit is reached, the oldest records are evicted".
+func TestAffinityEvictsOnlyAtTheLimitAndTheOldestFirst(t *testing.T) {
+	tab := newAffinityTable(1024)
+	w := &fleet.Worker{}
+	key := func(i int) uint64 { return uint64(i+1) * 0x9E3779B97F4A7C15 }
+	for i := 0; i < 1001; i++ {
+		tab.bind(key(i), w, int64(i+1))
+	}
+	if ev := tab.evictions.Load(); ev != 0 || tab.count.Load() != 1001 {
+		t.Fatalf("1001 sessions under max_entries 1024: %d evictions, %d entries", ev, tab.count.Load())
+	}
+	for i := 1001; i < 1101; i++ {
+		tab.bind(key(i), w, int64(i+1))
+	}
+	if ev, n := tab.evictions.Load(), tab.count.Load(); ev != 77 || n != 1024 || tab.entries() != 1024 {
+		t.Fatalf("1101 sessions under max_entries 1024: %d evictions, %d entries (%d in the shards)", ev, n, tab.entries())
+	}
+	for i := 0; i < 1101; i++ {
+		got := tab.get(key(i), 2000, int64(time.Hour)) != nil
+		if want := i >= 77; got != want {
+			t.Fatalf("session %d held: %v, want %v (the 77 oldest go)", i, got, want)
+		}
+	}
+}
+
+// A reload from 100000 to 1000 changed the shard layout, which replaced the
+// table: every session lost its binding. The newest 1000 are kept now.
+func TestAffinityReloadOfMaxEntriesKeepsTheNewestBindings(t *testing.T) {
+	s, _ := newTestSched(t, workers(2, "m")...)
+	tab := s.affinity(s.compiled(affCfg(t, nil)))
+	w := s.Fleet.View().Routable[0]
+	key := func(i int) uint64 { return uint64(i+1) * 0x9E3779B97F4A7C15 }
+	for i := 0; i < 5000; i++ {
+		tab.bind(key(i), w, int64(i+1))
+	}
+	small := affCfg(t, func(sa *config.SessionAffinity) { sa.MaxEntries = 1000 })
+	if s.affinity(s.compiled(small)) != tab {
+		t.Fatal("the reload replaced the table")
+	}
+	if n := tab.count.Load(); n != 1000 || tab.entries() != 1000 {
+		t.Fatalf("%d bindings (%d in the shards) after lowering max_entries to 1000", n, tab.entries())
+	}
+	for i := 0; i < 5000; i++ {
+		if got, want := tab.get(key(i), 6000, int64(time.Hour)) != nil, i >= 4000; got != want {
+			t.Fatalf("session %d held: %v, want %v", i, got, want)
+		}
+	}
+}
+
+// Concurrent binds past the limit leave the table at the limit exactly.
+func TestAffinityConcurrentBindsStayAtTheLimit(t *testing.T) {
+	tab := newAffinityTable(1000)
+	w := &fleet.Worker{}
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 3000; i++ {
+				k := uint64(g*3000+i+1) * 0x9E3779B97F4A7C15
+				tab.bind(k, w, int64(i+1))
+				if i%3 == 0 {
+					tab.get(k, int64(i+2), int64(time.Hour))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := tab.count.Load(); n != 1000 || tab.entries() != 1000 || tab.evictions.Load() != 23000 {
+		t.Fatalf("%d bindings counted, %d in the shards, %d evictions; want 1000, 1000, 23000", n, tab.entries(), tab.evictions.Load())
 	}
 }
 
@@ -209,7 +296,7 @@ func TestLoweringMaxEntriesEvictsTheOldestAtOnce(t *testing.T) {
 	}
 	lower := affCfg(t, func(sa *config.SessionAffinity) { sa.MaxEntries = 600 })
 	if s.affinity(s.compiled(lower)) != tab {
-		t.Fatal("the shard layout changed: this test needs one that is kept")
+		t.Fatal("the reload replaced the table")
 	}
 	if n := tab.count.Load(); n > 600 {
 		t.Fatalf("%d bindings held after lowering max_entries to 600", n)

@@ -176,6 +176,21 @@ func BenchmarkAffinity(b *testing.B) {
 	})
 }
 
+// BenchmarkAffinityNewSessionAtTheLimit measures binding a new session to a
+// full table (max_entries 100000): each bind evicts the table's oldest.
+func BenchmarkAffinityNewSessionAtTheLimit(b *testing.B) {
+	t := newAffinityTable(100000)
+	w := &fleet.Worker{}
+	for i := 0; i < 100000; i++ {
+		t.bind(uint64(i+1)*0x9E3779B97F4A7C15, w, int64(i+1))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t.bind(uint64(100001+i)*0x9E3779B97F4A7C15, w, int64(100001+i))
+	}
+}
+
 // BenchmarkResolveModel measures fuzzy model resolution (abbreviation, the
 // slowest rule) over a view of 64 models.
 func BenchmarkResolveModel(b *testing.B) {
