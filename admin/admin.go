@@ -229,8 +229,8 @@ func New(o Options) (*Admin, error) {
 				if err := a.restoreNewest(); err != nil {
 					return nil, err
 				}
-			} else {
-				slog.Info("the config file is the source of truth at start; snapshots are backups (import one to restore it)", "config", a.store.Path(), "dir", o.SnapshotDir)
+			} else if err := a.restoreNewerThanFile(); err != nil {
+				return nil, err
 			}
 		}
 	}

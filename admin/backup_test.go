@@ -109,15 +109,87 @@ func TestCorruptNewestSnapshotFallsBackToThePreviousOne(t *testing.T) {
 	}
 }
 
-func TestConfigFileWinsOverSnapshotsAtStart(t *testing.T) {
+// A config file modified after the newest snapshot (a hand edit made while
+// the router was stopped) wins at start: the later change wins.
+func TestConfigFileChangedAfterTheNewestSnapshotWinsAtStart(t *testing.T) {
 	dir := t.TempDir()
 	e := newEnv(t, envOpts{snapshotDir: dir})
 	e.put("load_balancing", `{"algorithm":"round-robin"}`, 200)
 	e.a.Close()
-	e2 := newEnv(t, envOpts{snapshotDir: dir, file: `{"load_balancing":{"algorithm":"least-tokens"}}`})
+	time.Sleep(5 * time.Millisecond) // the file's mtime after the snapshot's ms
+	doc := `{"load_balancing":{"algorithm":"least-tokens"}}`
+	e2 := newEnv(t, envOpts{snapshotDir: dir, file: doc})
 	if alg := e2.store.Load().LoadBalancing.Algorithm; alg != "least-tokens" {
-		t.Fatalf("with a config file, a snapshot replaced it: %q", alg)
+		t.Fatalf("a snapshot older than the config file replaced it: %q", alg)
 	}
+	if b, _ := os.ReadFile(e2.path); string(b) != doc {
+		t.Fatalf("the file was rewritten: %s", b)
+	}
+}
+
+// The configuration center restores the newest backup at start. With a
+// config file it did not (the file always won), so a node rebuilt from its
+// deployment's file lost every change made through the console and saved
+// in the snapshot directory. A snapshot newer than the file is restored,
+// written to the file, the file's startup settings kept and its previous
+// bytes kept beside it.
+func TestStartRestoresASnapshotNewerThanTheConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	orig := `{"llm_gateway":{"persist_snapshot_dir":"` + dir + `"},"load_balancing":{"algorithm":"round-robin"}}`
+	e := newEnv(t, envOpts{snapshotDir: dir, file: orig})
+	e.put("session_affinity", `{"enabled":true,"require_session_id":true}`, 200)
+	e.a.Close() // the shutdown snapshot
+	// The node is rebuilt: its deployment's file, written an hour ago.
+	if err := os.WriteFile(e.path, []byte(orig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e2 := newEnv(t, envOpts{snapshotDir: dir, filePath: e.path, fileMtime: time.Now().Add(-time.Hour)})
+	c := e2.store.Load()
+	if !c.SessionAffinity.RequireSessionID || c.LoadBalancing.Algorithm != "round-robin" || c.LLMGateway.PersistSnapshotDir != dir {
+		t.Fatalf("not restored: %+v %+v %+v", c.SessionAffinity, c.LoadBalancing, c.LLMGateway)
+	}
+	onDisk, err := config.ReadFile(e.path)
+	if err != nil || !onDisk.SessionAffinity.RequireSessionID {
+		t.Fatalf("the file does not hold the restored data: %v", err)
+	}
+	if b, err := os.ReadFile(e.path + ".before-restore"); err != nil || string(b) != orig {
+		t.Fatalf("the file's previous bytes were not kept: %q %v", b, err)
+	}
+	// The next start finds the file holding the newest snapshot's data and
+	// leaves it alone.
+	e2.a.Close()
+	before, _ := os.ReadFile(e.path)
+	os.Chtimes(e.path, time.Now().Add(-time.Hour), time.Now().Add(-time.Hour))
+	e3 := newEnv(t, envOpts{snapshotDir: dir, filePath: e.path})
+	if after, _ := os.ReadFile(e.path); string(after) != string(before) || e3.store.Version() != 1 {
+		t.Fatalf("an unchanged start rewrote the file (version %d)", e3.store.Version())
+	}
+}
+
+// An edit of the file followed at once by a restart (before the poll sees
+// it): the shutdown snapshot picks the edit up, so the next start does not
+// restore the data from before the edit over it.
+func TestShutdownSnapshotIncludesAHandEditThePollHasNotSeen(t *testing.T) {
+	dir := t.TempDir()
+	e := newEnv(t, envOpts{snapshotDir: dir, file: `{"load_balancing":{"algorithm":"round-robin"}}`})
+	e.put("debug", `{"decision_header":true}`, 200)
+	edited := strings.Replace(string(must(os.ReadFile(e.path))), `"round-robin"`, `"least-tokens"`, 1)
+	if err := os.WriteFile(e.path, []byte(edited), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.a.Close()
+	os.Chtimes(e.path, time.Now().Add(-time.Hour), time.Now().Add(-time.Hour))
+	e2 := newEnv(t, envOpts{snapshotDir: dir, filePath: e.path})
+	if c := e2.store.Load(); c.LoadBalancing.Algorithm != "least-tokens" || !c.Debug.DecisionHeader {
+		t.Fatalf("after an edit and a restart: %q, decision header %v", c.LoadBalancing.Algorithm, c.Debug.DecisionHeader)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
 
 func TestBackupLoopTakesSnapshotsAtTheConfiguredInterval(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/infera/infera/config"
 )
@@ -29,6 +30,8 @@ type env struct {
 
 type envOpts struct {
 	file        string // initial config file content ("" = no file)
+	filePath    string // an existing config file to start from (file unset)
+	fileMtime   time.Time
 	snapshotDir string
 	state       string
 	key         string
@@ -41,10 +44,18 @@ func newEnv(t *testing.T, o envOpts) *env {
 	t.Helper()
 	e := &env{t: t}
 	var err error
-	if o.file != "" {
-		e.path = filepath.Join(t.TempDir(), "infera.json")
-		if err := os.WriteFile(e.path, []byte(o.file), 0o600); err != nil {
-			t.Fatal(err)
+	if o.file != "" || o.filePath != "" {
+		e.path = o.filePath
+		if o.file != "" {
+			e.path = filepath.Join(t.TempDir(), "infera.json")
+			if err := os.WriteFile(e.path, []byte(o.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !o.fileMtime.IsZero() {
+			if err := os.Chtimes(e.path, o.fileMtime, o.fileMtime); err != nil {
+				t.Fatal(err)
+			}
 		}
 		e.store, err = config.Open(e.path)
 		if err != nil {

@@ -247,6 +247,13 @@ func (a *Admin) snapshot(kind string) (info SnapshotInfo, err error) {
 	if s == nil {
 		return info, errors.New("no snapshot directory: start with --persist-snapshot-dir")
 	}
+	if a.store.Path() != "" {
+		// A hand edit of the file the poll has not seen yet (an edit, then
+		// a restart at once) is picked up first: a snapshot taken without
+		// it would be newer than the file yet hold the data before the
+		// edit, and the next start would restore that over the edit.
+		a.store.Reload()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c, v := a.store.Current()
@@ -291,6 +298,73 @@ func (a *Admin) restoreNewest() error {
 	}
 	if len(list) > 0 {
 		slog.Error("no usable snapshot; starting from defaults", "dir", s.dir, "tried", len(list))
+	}
+	return nil
+}
+
+// restoreNewerThanFile is the start with a config file and a snapshot
+// directory: the configuration center restores the newest backup at start,
+// and the file is where the management data lives. The newest snapshot
+// that reads back whole and valid is restored unless the file holds the
+// same data or was modified after the snapshot was taken (a hand edit made
+// while the router was stopped: the later change wins, as between the file
+// and the API while it runs). A restore keeps the file's startup settings
+// (llm_gateway, storage), is written to the file like an API write, and
+// keeps the file's previous bytes beside it as <file>.before-restore.
+func (a *Admin) restoreNewerThanFile() error {
+	s, path := a.snaps, a.store.Path()
+	list, err := s.list()
+	if err != nil {
+		return err
+	}
+	for _, info := range list {
+		c, f, err := s.read(info.Name)
+		if err != nil {
+			slog.Error("snapshot unusable; trying the previous one", "name", info.Name, "reason", err)
+			continue
+		}
+		cur := a.store.Load()
+		c.LLMGateway, c.Storage = cur.LLMGateway, cur.Storage
+		snap, err1 := encodeClear(c)
+		file, err2 := encodeClear(cur)
+		if err1 != nil || err2 != nil {
+			return errors.Join(err1, err2)
+		}
+		s.lastSum = sha256.Sum256(snap)
+		if bytes.Equal(snap, file) {
+			slog.Info("the config file holds the newest snapshot's data", "config", path, "snapshot", info.Name)
+			return nil
+		}
+		fi, err := os.Stat(path)
+		if err != nil {
+			return fmt.Errorf("cannot read config file %q: %w", path, err)
+		}
+		if fi.ModTime().After(info.Time) {
+			slog.Info("the config file was changed after the newest snapshot: the file wins (import the snapshot to restore it)",
+				"config", path, "modified", fi.ModTime().UTC(), "snapshot", info.Name)
+			return nil
+		}
+		old, err := os.ReadFile(path)
+		if err == nil {
+			err = config.WriteFileAtomic(path+".before-restore", old, fi.Mode().Perm())
+		}
+		if err != nil {
+			slog.Error("snapshot not restored: cannot keep the config file's bytes first; serving the file", "config", path, "snapshot", info.Name, "err", err)
+			return nil
+		}
+		a.pending.Store(&pendingChange{cfg: c, who: actor{Who: "startup"}, action: "restore " + info.Name})
+		_, err = a.st.commit(c, 0, actor{Who: "startup"})
+		a.pending.Store(nil)
+		if err != nil {
+			slog.Error("snapshot not restored; serving the config file", "config", path, "snapshot", info.Name, "err", err)
+			return nil
+		}
+		slog.Info("management data restored from the newest snapshot (newer than the config file, which now holds it; its previous bytes are in .before-restore)",
+			"name", info.Name, "kind", info.Kind, "version", f.Version, "config", path)
+		return nil
+	}
+	if len(list) > 0 {
+		slog.Error("no usable snapshot; serving the config file", "dir", s.dir, "tried", len(list))
 	}
 	return nil
 }
