@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"slices"
 	"time"
 
@@ -405,6 +406,24 @@ func statusOutcome(status int) sched.Outcome {
 	return sched.OutcomeSuccess
 }
 
+// dropClient ends the exchange of a client that left before its answer
+// began: 499 is counted and logged, nothing is written (a client that only
+// half-closed its side would otherwise read a status line no HTTP client
+// knows, with no body), and the connection is closed.
+func dropClient(ctx *fasthttp.RequestCtx) {
+	mClientGone.Inc()
+	countStatus(499)
+	ctx.Response.Reset()
+	ctx.SetStatusCode(499)
+	ctx.SetConnectionClose()
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(closeHijacked)
+}
+
+// closeHijacked does nothing: fasthttp closes a hijacked connection when
+// its handler returns.
+func closeHijacked(net.Conn) {}
+
 // writeFailure answers a request whose every attempt failed before the
 // first byte. When no worker could be reached and none is left to try (or
 // every candidate's breaker is open), the fleet is down for this request:
@@ -414,11 +433,7 @@ func (s *Server) writeFailure(ctx *fasthttp.RequestCtx, f *failure, allConnect b
 		f = fail(failConnect, nil)
 	}
 	if f.kind == failCanceled {
-		mClientGone.Inc()
-		countStatus(499)
-		ctx.SetConnectionClose()
-		ctx.Response.Reset()
-		ctx.SetStatusCode(499)
+		dropClient(ctx)
 		return
 	}
 	c := f.class()

@@ -231,3 +231,38 @@ func TestAHeaderNameThatIsNotATokenIsNotForwarded(t *testing.T) {
 		t.Fatalf("the engine got:\n%s", head)
 	}
 }
+
+// A client that half-closes its side after sending its request (shutdown
+// of writes) is taken as gone, as nginx takes it: the engine request is
+// aborted. It used to be answered "HTTP/1.1 499 Unknown Status Code" with
+// an empty body, a status no HTTP client knows; now nothing is written and
+// the connection is closed.
+func TestAHalfClosedClientGetsNoAnswerAndItsEngineRequestIsAborted(t *testing.T) {
+	aborted := make(chan struct{}, 1)
+	w := startRaw(t, func(n int, req string, c net.Conn) {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err != nil { // never answers; waits for the router to close
+			aborted <- struct{}{}
+		}
+	})
+	r := startPDRouter(t, defaultFlags(), nil, fleet.Record{ID: "w", URL: w.url, Models: []string{"m"}})
+	c, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	time.Sleep(100 * time.Millisecond) // dispatched
+	c.(*net.TCPConn).CloseWrite()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(c)
+	if err != nil || len(got) != 0 {
+		t.Fatalf("a half-closed client read %q (%v), want nothing and EOF", got, err)
+	}
+	select {
+	case <-aborted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the engine request was not aborted")
+	}
+}

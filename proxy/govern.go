@@ -423,11 +423,7 @@ func (h *seatHold) reset() { h.s = govern.Seat{} }
 // request whose client left while it waited gets 499 (nobody reads it).
 func (s *Server) writeRejection(ctx *fasthttp.RequestCtx, rs *reqState, rej *govern.Rejection) {
 	if rs.gov.ctx.Err() != nil {
-		mClientGone.Inc()
-		countStatus(499)
-		ctx.SetConnectionClose()
-		ctx.Response.Reset()
-		ctx.SetStatusCode(499)
+		dropClient(ctx)
 		return
 	}
 	countStatus(rej.Status)
