@@ -192,7 +192,16 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 		// Read the first bytes before committing, so a failure before
 		// the first byte can still go to another worker.
 		n, rerr := up.read(rs.rbuf)
-		if n > 0 || rerr == nil || rerr == io.EOF {
+		// A non-streamed answer that fits the buffer is read whole
+		// before its head is committed: an engine that breaks it off (a
+		// body shorter than its Content-Length, a bad chunk) gets the
+		// client a 502 in its error shape, not a cut connection.
+		for !rs.sreq.Stream && rerr == nil && n > 0 && n < len(rs.rbuf) {
+			var m int
+			m, rerr = up.read(rs.rbuf[n:])
+			n += m
+		}
+		if rerr == nil || rerr == io.EOF {
 			s.live.remove(rs)
 			rs.lease.FirstToken()
 			rs.ttft = time.Since(rs.start)
@@ -201,7 +210,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 			res.committed = true
 			return attemptCommitted
 		}
-		f = up.readFailure(rerr, false)
+		f = up.readFailure(rerr, n > 0)
 		c.cancel.unset() // first: an abort must not reach the recycled connection's next user
 		up.finish(false)
 	}

@@ -266,3 +266,46 @@ func TestAHalfClosedClientGetsNoAnswerAndItsEngineRequestIsAborted(t *testing.T)
 		t.Fatal("the engine request was not aborted")
 	}
 }
+
+// An engine that breaks off a non-streamed answer before its end (a body
+// shorter than its Content-Length, then a close; a chunk size that is not
+// one) used to cost the client its connection with nothing written on the
+// chat endpoint, and the bad chunk was blamed on reaching the worker
+// ("upstream_unreachable"). Such an answer fits the relay buffer, so it is
+// read whole before the head is committed: the client gets a 502 in
+// OpenAI's shape. An answer split over several writes still arrives whole.
+func TestABrokenNonStreamedAnswerGetsA502InTheErrorShape(t *testing.T) {
+	w := startRaw(t, func(n int, req string, c net.Conn) {
+		switch {
+		case strings.Contains(req, "short"):
+			c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(okJSON)+100) + "\r\n\r\n" + okJSON))
+			time.Sleep(50 * time.Millisecond)
+			c.Close()
+		case strings.Contains(req, "badchunk"):
+			c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffffffff\r\nabc"))
+			time.Sleep(50 * time.Millisecond)
+			c.Close()
+		default: // split: head and half the body, then the rest
+			a := jsonAnswer(okJSON)
+			c.Write([]byte(a[:len(a)-40]))
+			time.Sleep(30 * time.Millisecond)
+			c.Write([]byte(a[len(a)-40:]))
+		}
+	})
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startPDRouter(t, f, nil, fleet.Record{ID: "w", URL: w.url, Models: []string{"m"}})
+	ask := func(content string) string {
+		body := `{"model":"m","messages":[{"role":"user","content":"` + content + `"}]}`
+		return rawClient(t, r.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\nConnection: close\r\n\r\n"+body, 5*time.Second)
+	}
+	for _, c := range []struct{ content, code string }{{"short", "upstream_error"}, {"badchunk", "upstream_protocol_error"}} {
+		got := ask(c.content)
+		if !strings.HasPrefix(got, "HTTP/1.1 502") || !strings.Contains(got, `"code":"`+c.code+`"`) || !strings.Contains(got, `"error":{`) {
+			t.Errorf("%s: got\n%s\nwant a 502 with code %s", c.content, got, c.code)
+		}
+	}
+	if got := ask("split"); !strings.HasPrefix(got, "HTTP/1.1 200") || !strings.HasSuffix(got, okJSON) {
+		t.Fatalf("an answer split over two writes:\n%s", got)
+	}
+}

@@ -172,6 +172,8 @@ func (u *httpUpstream) readFailure(err error, afterFirstByte bool) *failure {
 		return fail(failBroken, err)
 	case afterFirstByte:
 		return fail(failBroken, err)
+	case errors.Is(err, errUpMalformed):
+		return fail(failProtocol, err) // a bad chunk size, say
 	}
 	return fail(failConnect, err)
 }
