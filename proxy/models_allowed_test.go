@@ -50,6 +50,20 @@ func TestUsersCallOnlyTheirModels(t *testing.T) {
 	if resp.StatusCode != 403 || !strings.Contains(b, `"type":"error"`) || !strings.Contains(b, `"permission_error"`) {
 		t.Fatalf("/v1/messages: %d %s", resp.StatusCode, b)
 	}
+	// count_tokens answered by the router (conversion mode) applies the
+	// list too: it answered 200 with a count for a model the user may not
+	// call, while passthrough mode refused it.
+	for _, c := range []struct {
+		model  string
+		status int
+	}{{"llama-3-70b", 403}, {"m", 200}} {
+		req, _ = http.NewRequest("POST", r.url+"/v1/messages/count_tokens", strings.NewReader(`{"model":"`+c.model+`","messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("x-api-key", ka)
+		resp, b = sendReq(t, req)
+		if resp.StatusCode != c.status || (c.status == 403 && (!strings.Contains(b, `"type":"error"`) || !strings.Contains(b, `"permission_error"`))) {
+			t.Fatalf("/v1/messages/count_tokens of %s: %d %s", c.model, resp.StatusCode, b)
+		}
+	}
 	if up.hits.Load() != hits {
 		t.Fatalf("the engine saw %d refused requests", up.hits.Load()-hits)
 	}

@@ -289,6 +289,13 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 	mConverted.Inc()
 	if kind == kindCountTokens {
 		p.buf = chat
+		// The user's model list applies as to Messages (and as the engine
+		// applies it in passthrough mode after the router's check).
+		if u := rs.gov.user; u != nil && !s.allowsModel(cfg, u, p.meta.Model) {
+			mModelNotAllowed.Inc()
+			writeError(ctx, fasthttp.StatusForbidden, typePermission, notAllowedModel(p.meta.Model), "model", "model_not_allowed")
+			return nil, 0, 0, false
+		}
 		s.countTokens(ctx, rs, chat)
 		return nil, 0, 0, false
 	}
