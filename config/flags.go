@@ -20,7 +20,10 @@ type Serve struct {
 	Config       string        `help:"Hot-reloadable JSON config file (reloaded on change and on SIGHUP)." env:"INFERA_CONFIG" type:"path"`
 	ConfigPoll   time.Duration `help:"How often the config file is checked for changes." default:"1s" env:"INFERA_CONFIG_POLL"`
 	MaxBodyBytes int           `help:"Largest accepted request body; larger bodies get 413." default:"33554432" env:"INFERA_MAX_BODY_BYTES"`
-	APIKey       string        `help:"If set, clients must send 'Authorization: Bearer <key>'." env:"INFERA_API_KEY"`
+	// MaxHeaderBytes is fasthttp's read buffer: the request line and
+	// headers must fit in it, and each open client connection holds one.
+	MaxHeaderBytes int    `help:"Largest request line plus headers a client may send (each open client connection holds a buffer of this size); larger get 431." default:"16384" env:"INFERA_MAX_HEADER_BYTES"`
+	APIKey         string `help:"If set, clients must send 'Authorization: Bearer <key>'." env:"INFERA_API_KEY"`
 
 	RouterTokenizerPath string `help:"Directory with tokenizer.json and tokenizer_config.json used for KV-aware routing." env:"INFERA_ROUTER_TOKENIZER_PATH"`
 	// RouterTokenizeMaxBytes bounds the router's tokenization work per
@@ -105,6 +108,9 @@ func (s *Serve) Validate() error {
 	}
 	if s.MaxBodyBytes <= 0 {
 		return fmt.Errorf("--max-body-bytes must be positive")
+	}
+	if s.MaxHeaderBytes < 0 || (s.MaxHeaderBytes > 0 && s.MaxHeaderBytes < 1024) || s.MaxHeaderBytes > 1<<20 {
+		return fmt.Errorf("--max-header-bytes %d: want 1024 to 1048576", s.MaxHeaderBytes)
 	}
 	for _, o := range s.CORSAllowOrigins {
 		if o != "*" && !validOrigin(o) {

@@ -945,3 +945,27 @@ func TestLargeBodyIsReadWithoutQuadraticCopying(t *testing.T) {
 		t.Fatalf("a %d-byte request allocated %d bytes", len(body), got)
 	}
 }
+
+// The request head was capped at fasthttp's default 4 KiB read buffer and a
+// larger one answered 400 "malformed HTTP request" (or a reset): a 5 KB JWT
+// or a long tracing baggage header failed. Heads up to --max-header-bytes
+// (16 KiB by default) are served; a larger one gets 431 in the error shape.
+func TestLargeRequestHeadsAreServedUpToTheLimitAndGet431Beyond(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) { c.Write([]byte(jsonAnswer(okJSON))) })
+	r := startRouter(t, defaultFlags(), nil, up.url)
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	req := func(extra int) string {
+		return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nBaggage: k=" + strings.Repeat("v", extra) +
+			"\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\nConnection: close\r\n\r\n" + body
+	}
+	if got := rawClient(t, r.url, req(12<<10), 5*time.Second); !strings.HasPrefix(got, "HTTP/1.1 200") {
+		t.Fatalf("a 12 KiB header:\n%.300s", got)
+	}
+	got := rawClient(t, r.url, req(20<<10), 5*time.Second)
+	if !strings.HasPrefix(got, "HTTP/1.1 431") || !strings.Contains(got, `"code":"headers_too_large"`) || !strings.Contains(got, "--max-header-bytes") {
+		t.Fatalf("a 20 KiB header:\n%.400s", got)
+	}
+	if got := rawClient(t, r.url, req(10), 5*time.Second); !strings.HasPrefix(got, "HTTP/1.1 200") {
+		t.Fatalf("the router stopped serving:\n%.300s", got)
+	}
+}

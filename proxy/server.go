@@ -169,9 +169,16 @@ func New(o Options) *Server {
 	if idle <= 0 {
 		idle = 60 * time.Second
 	}
+	headerBytes := f.MaxHeaderBytes
+	if headerBytes <= 0 {
+		headerBytes = 16 << 10
+	}
 	s.srv = &fasthttp.Server{
 		Handler: s.handle,
 		Name:    "infera",
+		// The request line and headers must fit the read buffer (large
+		// JWTs, cookies, tracing baggage); a larger head gets 431.
+		ReadBufferSize: headerBytes,
 		// Bodies are streamed to the handler, which authenticates first and
 		// reads them incrementally under the in-flight memory bound.
 		StreamRequestBody:  true,
@@ -236,10 +243,19 @@ func (s *Server) BrokerReconnected() {
 func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 	mBadRequests.Inc()
 	var to interface{ Timeout() bool }
+	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, typeInvalidRequest,
 			"request body exceeds --max-body-bytes ("+strconv.Itoa(s.flags.MaxBodyBytes)+" bytes)", "", "request_too_large")
+	case errors.As(err, &small):
+		headerBytes := s.flags.MaxHeaderBytes
+		if headerBytes <= 0 {
+			headerBytes = 16 << 10
+		}
+		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, typeInvalidRequest,
+			"request line and headers exceed --max-header-bytes ("+strconv.Itoa(headerBytes)+" bytes)", "", "headers_too_large")
+		ctx.SetConnectionClose()
 	case errors.As(err, &to) && to.Timeout():
 		writeError(ctx, fasthttp.StatusRequestTimeout, typeInvalidRequest, "request not received in time", "", "request_timeout")
 	default:
