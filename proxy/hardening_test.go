@@ -231,9 +231,11 @@ func TestMaxConnsAndSlowHeadersAreBounded(t *testing.T) {
 		slow = append(slow, c)
 	}
 	time.Sleep(100 * time.Millisecond)
-	// A fifth connection is over the cap: answered 503 and closed.
-	if got := rawClient(t, r.url, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 2*time.Second); !strings.Contains(got, "503") {
-		t.Fatalf("connection over --max-conns: %q, want a 503", got)
+	// A fifth connection is over the cap: answered 503 in OpenAI's error
+	// shape (it was fasthttp's plain-text message) and closed.
+	if got := rawClient(t, r.url, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", 2*time.Second); !strings.HasPrefix(got, "HTTP/1.1 503") ||
+		!strings.Contains(got, "application/json") || !strings.Contains(got, `{"error":{"message":"too many open connections`) || !strings.Contains(got, `"code":"too_many_connections"`) {
+		t.Fatalf("connection over --max-conns: %q, want a 503 in the error shape", got)
 	}
 	// The slow clients are cut at the header timeout, freeing their slots.
 	start := time.Now()
@@ -247,6 +249,12 @@ func TestMaxConnsAndSlowHeadersAreBounded(t *testing.T) {
 	}
 	if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 {
 		t.Fatalf("after the slow clients were cut: %d %s", code, b)
+	}
+	// Every closed connection gives its slot back.
+	for i := 0; i < 20; i++ {
+		if got := rawClient(t, r.url, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 2*time.Second); !strings.HasPrefix(got, "HTTP/1.1 200") {
+			t.Fatalf("connection %d after the cap was reached once: %.200q", i, got)
+		}
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -22,7 +24,20 @@ type listener struct {
 	// tls, when set, serves TLS over the accepted connections. The
 	// handshake runs in fasthttp's first read, under --header-timeout.
 	tls *tls.Config
+	// max is --max-conns, enforced here so that a connection over it gets
+	// an answer in OpenAI's error shape (fasthttp's own cap, set above it,
+	// would answer in plain text).
+	max  int64
+	open atomic.Int64
 }
+
+// tooManyConns is the answer to a connection over --max-conns (the request
+// is not read: its path, and so its protocol, are not known).
+var tooManyConns = func() []byte {
+	body := `{"error":{"message":"too many open connections (--max-conns); retry","type":"service_unavailable_error","param":null,"code":"too_many_connections"}}`
+	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) +
+		"\r\nRetry-After: 1\r\nConnection: close\r\n\r\n" + body)
+}()
 
 var acceptLog = &logx.Throttle{Every: 5 * time.Second}
 
@@ -31,11 +46,25 @@ func (l *listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err == nil {
+			if l.max > 0 && l.open.Add(1) > l.max {
+				l.open.Add(-1)
+				mConnsRefused.Inc()
+				if l.tls == nil { // a TLS client would need a handshake first
+					c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+					c.Write(tooManyConns)
+				}
+				c.Close()
+				continue
+			}
 			nc := sockio.Wrap(c)
 			if l.tls != nil {
 				nc = tls.Server(nc, l.tls) // over sockio's reads and lazy deadlines, as upstream TLS
 			}
-			return &clientConn{Conn: nc, fd: netpeek.SockFD(c), tls: l.tls != nil}, nil
+			cc := &clientConn{Conn: nc, fd: netpeek.SockFD(c), tls: l.tls != nil}
+			if l.max > 0 {
+				cc.open = &l.open
+			}
+			return cc, nil
 		}
 		if errors.Is(err, net.ErrClosed) {
 			return nil, err
@@ -55,8 +84,18 @@ func (l *listener) Accept() (net.Conn, error) {
 // kept for the liveness watchdog.
 type clientConn struct {
 	net.Conn
-	fd  int
-	tls bool
+	fd     int
+	tls    bool
+	open   *atomic.Int64 // the listener's count of open connections (nil: not counted)
+	closed atomic.Bool
+}
+
+// Close closes the connection and, the first time, gives its slot back.
+func (c *clientConn) Close() error {
+	if c.open != nil && c.closed.CompareAndSwap(false, true) {
+		c.open.Add(-1)
+	}
+	return c.Conn.Close()
 }
 
 // maxConns resolves --max-conns: 0 means half of the open-file limit (the

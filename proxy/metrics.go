@@ -53,6 +53,7 @@ var (
 	mModelNotAllowed   = metrics.NewCounter(`infera_model_not_allowed_total`)
 	mBodyBudget        = metrics.NewCounter(`infera_body_budget_rejections_total`)
 	mAcceptErrors      = metrics.NewCounter(`infera_accept_errors_total`)
+	mConnsRefused      = metrics.NewCounter(`infera_client_connections_refused_total`)
 	mClientGoneWaiting = metrics.NewCounter(`infera_client_disconnects_waiting_total`)
 	mClientErrors      = metrics.NewCounter(`infera_http_client_errors_total`)
 )

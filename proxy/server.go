@@ -191,8 +191,11 @@ func New(o Options) *Server {
 		// (pipelining requests it never reads the answers of) is
 		// disconnected. A relay (a stream, a large body) re-arms it before
 		// each write, so a stream may last for hours.
-		WriteTimeout:          f.ClientWriteTimeout,
-		Concurrency:           maxConns(f.MaxConns),
+		WriteTimeout: f.ClientWriteTimeout,
+		// The listener enforces --max-conns with an answer in the error
+		// shape; fasthttp's cap is above it (a closed connection's slot
+		// is given back to the listener a moment before fasthttp's).
+		Concurrency:           maxConns(f.MaxConns) + 1024,
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
 		SecureErrorLogMessage: true,
@@ -210,7 +213,7 @@ func New(o Options) *Server {
 // stop the server.
 func (s *Server) Serve(ln net.Listener) error {
 	go s.live.run()
-	return s.srv.Serve(&listener{Listener: ln, tls: s.o.TLS})
+	return s.srv.Serve(&listener{Listener: ln, tls: s.o.TLS, max: int64(maxConns(s.flags.MaxConns))})
 }
 
 // Shutdown stops accepting, closes idle connections and waits for open
