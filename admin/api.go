@@ -47,6 +47,19 @@ func (a *Admin) Handler() http.Handler {
 	api("POST /api/backup/import", a.postImport)
 	a.userRoutes(api)
 	mux.Handle("/api/", a.authed(func(w http.ResponseWriter, r *http.Request) error {
+		// An endpoint that exists for other methods: 405 with Allow.
+		var allow []string
+		for _, m := range []string{http.MethodGet, http.MethodPut, http.MethodPatch, http.MethodPost, http.MethodDelete} {
+			r2 := r.Clone(r.Context())
+			r2.Method = m
+			if _, p := mux.Handler(r2); p != "/api/" && p != "" {
+				allow = append(allow, m)
+			}
+		}
+		if len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			return &httpError{status: http.StatusMethodNotAllowed, msg: r.Method + " is not allowed on " + r.URL.Path + " (allowed: " + strings.Join(allow, ", ") + ")"}
+		}
 		return &httpError{status: http.StatusNotFound, msg: "no such endpoint: " + r.Method + " " + r.URL.Path}
 	}))
 	mux.Handle("/", consoleHandler())

@@ -27,7 +27,7 @@ func kindOf(rs *reqState, body []byte) int {
 // body (the caller releases it).
 func (s *Server) debugBody(ctx *fasthttp.RequestCtx) *reqState {
 	if !ctx.IsPost() {
-		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use POST", "", "")
+		methodNotAllowed(ctx, "use POST", "POST")
 		return nil
 	}
 	rs := s.acquireState()

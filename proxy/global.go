@@ -129,7 +129,7 @@ func (s *Server) localSaturated(cfg *config.Config, r *sched.Request) bool {
 // gateway takes now (upstream.Capacity), for the other regions' pollers.
 func (s *Server) handleCapacity(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsGet() {
-		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use GET", "", "method_not_allowed")
+		methodNotAllowed(ctx, "use GET", "GET")
 		return
 	}
 	cfg := s.store.Load()

@@ -977,3 +977,34 @@ func TestLargeRequestHeadsAreServedUpToTheLimitAndGet431Beyond(t *testing.T) {
 		t.Fatalf("the router stopped serving:\n%.300s", got)
 	}
 }
+
+// /v1/models, /health and /metrics answered 200 to any method (DELETE,
+// TRACE, made up ones); no 405 carried the Allow header RFC 9110 requires;
+// the debug endpoints' 405 had no code. Every 405 now has Allow and
+// method_not_allowed.
+func TestWrongMethodsGet405WithAllow(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) { c.Write([]byte(jsonAnswer(okJSON))) })
+	r := startRouter(t, defaultFlags(), nil, up.url)
+	for _, c := range []struct{ method, path, allow string }{
+		{"DELETE", "/v1/models", "GET, HEAD"},
+		{"TRACE", "/health", "GET, HEAD"},
+		{"BREW", "/metrics", "GET, HEAD"},
+		{"PUT", "/v1/models/m", "GET, HEAD"},
+		{"GET", "/v1/chat/completions", "POST"},
+		{"GET", "/tokenize", "POST"},
+		{"GET", "/v1/messages", "POST"},
+	} {
+		got := rawClient(t, r.url, c.method+" "+c.path+" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 3*time.Second)
+		if !strings.HasPrefix(got, "HTTP/1.1 405") || !strings.Contains(got, "\r\nAllow: "+c.allow+"\r\n") {
+			t.Errorf("%s %s:\n%.400s\nwant 405 with Allow: %s", c.method, c.path, got, c.allow)
+		}
+		if !strings.Contains(got, "method_not_allowed") && !strings.Contains(got, `"invalid_request_error"`) {
+			t.Errorf("%s %s: no error code:\n%.400s", c.method, c.path, got)
+		}
+	}
+	for _, m := range []string{"GET", "HEAD"} {
+		if got := rawClient(t, r.url, m+" /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 3*time.Second); !strings.HasPrefix(got, "HTTP/1.1 200") {
+			t.Fatalf("%s /health:\n%.300s", m, got)
+		}
+	}
+}

@@ -258,7 +258,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		}
 	}()
 	if !ctx.IsPost() {
-		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "use POST", "", "method_not_allowed")
+		methodNotAllowed(ctx, "use POST", "POST")
 		return
 	}
 	if !ctx.Request.Header.IsHTTP11() {

@@ -305,14 +305,22 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		s.handleProtocol(ctx, kindResponses)
 		return
 	case "/v1/models":
+		if !readOnly(ctx) {
+			return
+		}
 		if u, ok := s.authenticate(ctx); ok {
 			s.handleModels(ctx, u)
 		}
 		return
 	case "/health", "/healthz", "/readyz":
-		s.handleHealth(ctx)
+		if readOnly(ctx) {
+			s.handleHealth(ctx)
+		}
 		return
 	case "/metrics":
+		if !readOnly(ctx) {
+			return
+		}
 		ctx.SetContentType("text/plain; version=0.0.4")
 		metrics.WritePrometheus(ctx, true)
 		return
@@ -350,6 +358,22 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "unknown path", "", "unknown_path")
+}
+
+// methodNotAllowed answers 405 method_not_allowed with the Allow header
+// RFC 9110 requires.
+func methodNotAllowed(ctx *fasthttp.RequestCtx, msg, allow string) {
+	writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, msg, "", "method_not_allowed")
+	ctx.Response.Header.Set("Allow", allow)
+}
+
+// readOnly reports whether the request is a GET or HEAD, else answers 405.
+func readOnly(ctx *fasthttp.RequestCtx) bool {
+	if ctx.IsGet() || ctx.IsHead() {
+		return true
+	}
+	methodNotAllowed(ctx, "use GET", "GET, HEAD")
+	return false
 }
 
 // authorized checks the request's credentials (authenticate); on failure
@@ -426,7 +450,7 @@ var modelsPrefix = []byte("/v1/models/")
 // (Qwen/Qwen3-8B) work written either way.
 func (s *Server) handleModel(ctx *fasthttp.RequestCtx, u *govern.User, id []byte) {
 	if !ctx.IsGet() && !ctx.IsHead() {
-		writeError(ctx, fasthttp.StatusMethodNotAllowed, typeInvalidRequest, "only GET is allowed on /v1/models/{model}", "", "method_not_allowed")
+		methodNotAllowed(ctx, "only GET is allowed on /v1/models/{model}", "GET, HEAD")
 		return
 	}
 	for _, m := range s.sched.Models(s.store.Load(), s.sched.Fleet.View()) {
