@@ -73,7 +73,7 @@ type Serve struct {
 	AccessLog         string        `help:"Write one JSON line per inference request to this file ('-': standard output; empty: off). Reopened on SIGHUP (log rotation)." env:"INFERA_ACCESS_LOG"`
 
 	// Client-side limits (hardening).
-	MaxConns             int           `help:"Max concurrent client connections; 0 = three quarters of the open-file limit." default:"0" env:"INFERA_MAX_CONNS"`
+	MaxConns             int           `help:"Max concurrent client connections; 0 = half the open-file limit (at most 262144); beyond it 503." default:"0" env:"INFERA_MAX_CONNS"`
 	HeaderTimeout        time.Duration `help:"Time a client has to send its request headers (slowloris bound)." default:"10s" env:"INFERA_HEADER_TIMEOUT"`
 	BodyTimeout          time.Duration `help:"Time a client has to send its request body once headers are in." default:"60s" env:"INFERA_BODY_TIMEOUT"`
 	ClientIdleTimeout    time.Duration `help:"Idle keep-alive client connections are closed after this." default:"60s" env:"INFERA_CLIENT_IDLE_TIMEOUT"`
