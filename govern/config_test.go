@@ -38,7 +38,7 @@ func TestGovernanceSettingsAreValidatedWithTheirPath(t *testing.T) {
 	f(`{"user_limit":{"templates":[{"name":"a","concurrency":{"enabled":true}}]}}`, "user_limit.templates[0].concurrency.limit")
 	f(`{"user_limit":{"templates":[{"name":"a","concurrency":{"overlimit":"queue","queue_size":0}}]}}`, "user_limit.templates[0].concurrency.queue_size")
 	f(`{"user_limit":{"templates":[{"name":"a","rate":{"rpm":-1}}]}}`, "user_limit.templates[0].rate.rpm")
-	f(`{"user_limit":{"templates":[{"name":"a","rate":{"bogus":1}}]}}`, "bogus")
+	f(`{"user_limit":{"templates":[{"name":"a","rate":{"bogus":1}}]}}`, "user_limit.templates[0].rate.bogus")
 
 	// Defaults of omitted template fields, and a disabled capability keeps its settings.
 	c, err := config.Parse([]byte(`{"user_limit":{"templates":[{"name":"a","rate":{"enabled":false,"rpm":5}}]},"users":[{"name":"u"}]}`))

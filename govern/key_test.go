@@ -79,7 +79,7 @@ func TestConfigRefusesKeysInClearWithoutEchoingThem(t *testing.T) {
 	f(`{"users":[{"name":"a"},{"name":"a"}]}`, "users[1].name")
 	f(`{"users":[{"name":"a b"}]}`, "users[0].name")
 	f(`{"users":[{"name":"a","template":"nope"}]}`, "users[0].template")
-	f(`{"users":[{"name":"a","bogus":1}]}`, "bogus")
+	f(`{"users":[{"name":"a","bogus":1}]}`, "users[0].bogus")
 }
 
 func TestKeyCommandsPrintAKeyAndAHashThatVerify(t *testing.T) {
