@@ -26,7 +26,65 @@ type streamTool struct {
 	opened         bool
 	block          int // Anthropic block index / Responses output index
 	itemID         []byte
+	scan           argsScan // whether the arguments sent so far are a whole JSON value
 }
+
+// argsScan follows a tool call's arguments (the raw, JSON-escaped body of
+// the arguments string, in fragments) far enough to tell when they form a
+// whole JSON object or array: depth outside strings.
+type argsScan struct {
+	depth      int
+	started    bool
+	inStr, esc bool // inside a string of the arguments, after its backslash
+	rawEsc     bool // after a backslash of the raw (escaped) form
+	hexLeft    int  // hex digits left of a raw \uXXXX
+}
+
+func (a *argsScan) feed(raw []byte) {
+	for _, b := range raw {
+		switch {
+		case a.hexLeft > 0:
+			a.hexLeft--
+			continue
+		case a.rawEsc:
+			a.rawEsc = false
+			switch b {
+			case '"', '\\':
+			case 'u':
+				a.hexLeft = 4
+				b = 'x' // an escaped code point: an ordinary character here
+			default:
+				b = 'x' // \n, \t, ...
+			}
+		case b == '\\':
+			a.rawEsc = true
+			continue
+		}
+		if a.inStr {
+			switch {
+			case a.esc:
+				a.esc = false
+			case b == '\\':
+				a.esc = true
+			case b == '"':
+				a.inStr = false
+			}
+			continue
+		}
+		switch b {
+		case '"':
+			a.inStr = true
+		case '{', '[':
+			a.depth++
+			a.started = true
+		case '}', ']':
+			a.depth--
+		}
+	}
+}
+
+// complete reports whether the arguments seen form a whole object or array.
+func (a *argsScan) complete() bool { return a.started && a.depth <= 0 && !a.inStr }
 
 // outItem is a finished-or-open Responses output item.
 type outItem struct {
@@ -68,6 +126,11 @@ type StreamConverter struct {
 	// block at a time and a tool block is final once stopped, and engines
 	// may interleave the fragments of parallel calls.
 	liveTool int
+	// heldText is text that arrived while the live tool call's arguments
+	// were not yet whole (vLLM sends "\n" as content before the rest of
+	// the arguments): a tool block is final once stopped, so the text
+	// waits until the arguments are whole, another call opens, or the end.
+	heldText []byte
 	failed   bool // the stream ended with an error event
 
 	// Responses only
@@ -114,6 +177,7 @@ func (c *StreamConverter) Reset(m *Meta) {
 		tools:      c.tools[:0],
 		items:      c.items[:0],
 		acc:        reuse(c.acc),
+		heldText:   reuse(c.heldText),
 	}
 }
 
@@ -338,7 +402,11 @@ func (c *StreamConverter) onChoice(ch []byte) error {
 		}
 		if len(content) > 0 {
 			c.deltas++
-			c.emitText(content)
+			if c.holdingText() {
+				c.heldText = append(c.heldText, content...)
+			} else {
+				c.emitText(content)
+			}
 		}
 		if calls != nil {
 			if err := c.onToolCalls(calls); err != nil {
@@ -412,7 +480,9 @@ func (c *StreamConverter) onToolCalls(calls []byte) error {
 			t.id = append(t.id, id...)
 		}
 		if !t.opened {
-			t.name = append(t.name, name...)
+			if len(t.name) == 0 { // a name repeated in every fragment is the name, as for the live call
+				t.name = append(t.name, name...)
+			}
 			t.args = append(t.args, args...)
 			if len(t.name) > 0 && (c.liveTool == 0 || c.liveTool == int(idx)+1) {
 				c.liveTool = int(idx) + 1
@@ -423,9 +493,31 @@ func (c *StreamConverter) onToolCalls(calls []byte) error {
 		if len(args) > 0 {
 			c.deltas++
 			c.emitToolArgs(int(idx), args)
+			t.scan.feed(args)
+			if len(c.heldText) > 0 && t.scan.complete() {
+				c.flushText()
+			}
 		}
 		return nil
 	})
+}
+
+// holdingText reports whether text must wait: the live tool call's block
+// is open and its arguments are not whole yet.
+func (c *StreamConverter) holdingText() bool {
+	if c.cur != blockTool || c.liveTool == 0 {
+		return false
+	}
+	t := &c.tools[c.liveTool-1]
+	return t.opened && !t.scan.complete()
+}
+
+// flushText sends the held text (closing the tool block).
+func (c *StreamConverter) flushText() {
+	if len(c.heldText) > 0 {
+		c.emitText(c.heldText)
+		c.heldText = c.heldText[:0]
+	}
 }
 
 // ---- dispatch to the protocol emitters ----
@@ -468,6 +560,7 @@ func (c *StreamConverter) openTool(i int) {
 	}
 	if len(t.args) > 0 { // arguments that came before the name
 		c.emitToolArgsBuffered(i)
+		t.scan.feed(t.args)
 	}
 }
 
@@ -491,6 +584,7 @@ func (c *StreamConverter) emitToolArgsBuffered(i int) {
 }
 
 func (c *StreamConverter) end() {
+	c.flushText()
 	for i := 0; i < c.nTools; i++ { // the calls held while another streamed
 		if t := &c.tools[i]; !t.opened && len(t.name) > 0 {
 			c.openTool(i)

@@ -389,3 +389,108 @@ func TestToolCallFragmentsWithoutAnIndexButWithTheirIDAreOneCall(t *testing.T) {
 		t.Fatalf("%d blocks, input %q; want one call with {\"a\":1}", blocks, input)
 	}
 }
+
+// vLLM may send a call's name and the first part of its arguments, then
+// content "\n", then the rest of the arguments (in its finish chunk). The
+// text closed the tool block and the late arguments went into the closed
+// block (Messages: a delta for a stopped block, whose SDK event had input
+// {}; Responses: arguments.done with half the JSON, then a delta for the
+// finished item). Text now waits while the live call's arguments are not
+// whole. A call held for later whose fragments repeat its name keeps the
+// name once (it became "get_timeget_time").
+func TestTextBetweenACallsArgumentsWaitsUntilTheyAreWhole(t *testing.T) {
+	tc := func(d string) string { return chunkLine(`{"tool_calls":[`+d+`]}`, "null") }
+	up := tc(`{"index":0,"id":"call_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Par"}}`) +
+		chunkLine(`{"content":"\n"}`, "null") +
+		tc(`{"index":1,"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\":"}}`) +
+		tc(`{"index":1,"id":"call_b","type":"function","function":{"name":"get_time","arguments":"\"UTC\"}"}}`) +
+		chunkLine(`{"tool_calls":[{"index":0,"function":{"arguments":"is\"}"}}]}`, `"tool_calls"`) + usageLine + "data: [DONE]\n\n"
+	want := map[string]string{"get_weather": `{"city": "Paris"}`, "get_time": `{"tz":"UTC"}`}
+
+	evs, err := checkAnthropicSSE(convertStream(t, &Meta{API: Anthropic, Model: []byte("m")}, up))
+	if err != nil {
+		t.Fatalf("Messages: %v", err)
+	}
+	names, args, stopped := map[int]string{}, map[int]string{}, map[int]bool{}
+	var order []string
+	for _, ev := range evs {
+		i := -1
+		if _, ok := ev.data["index"]; ok {
+			i = num(ev.data["index"])
+		}
+		switch ev.name {
+		case "content_block_start":
+			cb := ev.data["content_block"].(map[string]any)
+			order = append(order, cb["type"].(string))
+			if n, ok := cb["name"].(string); ok {
+				names[i] = n
+			}
+		case "content_block_delta":
+			if stopped[i] {
+				t.Fatalf("Messages: a delta for block %d after its stop", i)
+			}
+			if pj, ok := ev.data["delta"].(map[string]any)["partial_json"].(string); ok {
+				args[i] += pj
+			}
+		case "content_block_stop":
+			stopped[i] = true
+		}
+	}
+	for i, n := range names {
+		if args[i] != want[n] {
+			t.Errorf("Messages: tool %q got input %q, want %q", n, args[i], want[n])
+		}
+	}
+	if got := strings.Join(order, ","); got != "tool_use,text,tool_use" || len(names) != 2 {
+		t.Errorf("Messages: blocks %s, names %v", got, names)
+	}
+
+	evs, err = checkResponsesSSE(convertStream(t, &Meta{API: Responses, Model: []byte("m")}, up))
+	if err != nil {
+		t.Fatalf("Responses: %v", err)
+	}
+	done := map[string]bool{}
+	for _, ev := range evs {
+		switch ev.name {
+		case "response.function_call_arguments.delta":
+			if done[ev.data["item_id"].(string)] {
+				t.Fatalf("Responses: an arguments delta after the item was done")
+			}
+		case "response.output_item.done":
+			it := ev.data["item"].(map[string]any)
+			if it["type"] == "function_call" {
+				done[it["id"].(string)] = true
+				if n := it["name"].(string); it["arguments"] != want[n] {
+					t.Errorf("Responses: %q done with arguments %q, want %q", n, it["arguments"], want[n])
+				}
+			}
+		}
+	}
+	if len(done) != 2 {
+		t.Errorf("Responses: %d function calls done", len(done))
+	}
+}
+
+func TestArgsScanTellsAWholeValue(t *testing.T) {
+	for _, c := range []struct {
+		raw   string
+		whole bool
+	}{
+		{`{\"a\":1}`, true},
+		{`{\"a\":\"}\"`, false},
+		{`{\"a\":\"x\\\"}\"}`, true}, // an escaped quote inside a string
+		{`{\"a\":\"\\\\\"}`, true},   // a backslash at the end of a string
+		{`{\"a\":\"\u007d\"`, false}, // an escaped brace inside a string
+		{`[1,{\"b\":[2]}]`, true},
+		{`{\"a\":[1`, false},
+		{``, false},
+	} {
+		var a argsScan
+		for i := 0; i < len(c.raw); i++ { // one byte at a time
+			a.feed([]byte{c.raw[i]})
+		}
+		if a.complete() != c.whole {
+			t.Errorf("%s: complete %v, want %v", c.raw, a.complete(), c.whole)
+		}
+	}
+}
