@@ -553,8 +553,13 @@ func TestSlowClientIsNotBlamedOnWorker(t *testing.T) {
 	}
 }
 
-// 9. The router's error event never glues onto a partial SSE line.
-func TestMidStreamErrorEventStartsOnItsOwnLine(t *testing.T) {
+// 9. A stream that breaks inside an event ends with the router's error
+// event alone: the half event is dropped. It used to be terminated and
+// sent (the error event on its own line after it), and an SSE parser then
+// dispatched it as an event of broken JSON: both official SDKs threw a
+// SyntaxError on it and never saw the error event. Relayed streams (the
+// client asked for usage) and usage-filtered ones (it did not) alike.
+func TestAStreamBrokenInsideAnEventEndsWithTheErrorEventAlone(t *testing.T) {
 	up := startRaw(t, func(n int, req string, c net.Conn) {
 		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
 		part := "data: {\"i\":0}\n\ndata: {\"partial"
@@ -564,9 +569,50 @@ func TestMidStreamErrorEventStartsOnItsOwnLine(t *testing.T) {
 		c.Close() // dies mid-event
 	})
 	r := startRouter(t, nil, nil, up.url)
-	code, b := post(t, r.url+"/v1/chat/completions", streamBody)
-	if code != 200 || !strings.Contains(b, "data: {\"partial\n\ndata: {\"error\"") || !strings.HasSuffix(b, "data: [DONE]\n\n") {
-		t.Fatalf("%d %q", code, b)
+	relayed := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
+	for _, body := range []string{streamBody, relayed} {
+		code, b := post(t, r.url+"/v1/chat/completions", body)
+		want := "data: {\"i\":0}\n\ndata: {\"error\":{\"message\":\"the worker's response stream broke\""
+		if code != 200 || !strings.HasPrefix(b, want) || strings.Contains(b, "partial") || !strings.HasSuffix(b, "data: [DONE]\n\n") {
+			t.Fatalf("%s: %d %q", body, code, b)
+		}
+	}
+}
+
+// An event cut by the end of a read is held until its end arrives, so the
+// events reach the client whole, whatever the engine's writes were; an
+// unterminated last event before the end of the body is relayed as sent.
+func TestARelayedStreamSendsWholeEvents(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+		for _, part := range []string{"data: {\"a\":", "1}\n", "\ndata: {\"b\":2}\r\n\r\ndata: {\"c\"", ":3}\n\ndata: [DONE]"} {
+			fmt.Fprintf(c, "%x\r\n%s\r\n", len(part), part)
+			time.Sleep(20 * time.Millisecond)
+		}
+		c.Write([]byte("0\r\n\r\n"))
+	})
+	r := startRouter(t, nil, nil, up.url)
+	relayed := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
+	resp := rawClient(t, r.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(relayed))+"\r\nConnection: close\r\n\r\n"+relayed, 5*time.Second)
+	_, chunked, _ := strings.Cut(resp, "\r\n\r\n")
+	var chunks []string
+	for chunked != "" {
+		size, rest, _ := strings.Cut(chunked, "\r\n")
+		n, err := strconv.ParseInt(size, 16, 64)
+		if err != nil || n == 0 {
+			break
+		}
+		chunks = append(chunks, rest[:n])
+		chunked = rest[n+2:]
+	}
+	want := "data: {\"a\":1}\n\ndata: {\"b\":2}\r\n\r\ndata: {\"c\":3}\n\ndata: [DONE]"
+	if strings.Join(chunks, "") != want {
+		t.Fatalf("client got %q, want %q", strings.Join(chunks, ""), want)
+	}
+	for i, c := range chunks[:len(chunks)-1] {
+		if !strings.HasSuffix(c, "\n\n") && !strings.HasSuffix(c, "\r\n\r\n") {
+			t.Fatalf("client chunk %d ends inside an event: %q (all: %q)", i, c, chunks)
+		}
 	}
 }
 

@@ -619,15 +619,6 @@ func (p *protoState) failEvent(dst []byte, status int, typ, msg string) []byte {
 	return p.conv.Fail(dst, status, typ, msg)
 }
 
-// flushHeld appends what a usage-filtered stream holds back (an event
-// not yet complete), for a stream that failed.
-func (p *protoState) flushHeld(dst []byte) []byte {
-	if p.stage == stageFilter {
-		return p.filter.Flush(dst)
-	}
-	return dst
-}
-
 // appendSSEError appends the error event a relayed stream ends with, in
 // the client's protocol: a passthrough Anthropic or Responses stream gets
 // the event its SDK parses, a chat stream the OpenAI-shaped data line.

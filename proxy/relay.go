@@ -42,6 +42,11 @@ type relay struct {
 	// st transforms the body (a converted or usage-filtered stream,
 	// protocols.go); nil: the bytes are relayed as they came.
 	st *protoState
+	// held is the length of an event cut by the end of a read, kept at
+	// the start of buf until its end arrives (a relayed stream, st nil):
+	// a stream that breaks inside an event ends with the error event
+	// alone, never with half an event an SSE parser would dispatch.
+	held int
 }
 
 var relayPool = sync.Pool{New: func() any { return &relay{} }}
@@ -59,10 +64,17 @@ func (r *relay) SupportsBodyWriteTo() bool { return true }
 // arrived) becomes one write to the client.
 func (r *relay) WriteTo(w io.Writer) (int64, error) {
 	var total int64
+	hold := r.sse && r.st == nil
 	if len(r.pending) > 0 {
 		p := r.pending
 		r.pending = nil
-		n, err := r.write(w, p)
+		var n int
+		var err error
+		if hold {
+			n, err = r.writeEvents(w, p)
+		} else {
+			n, err = r.write(w, p)
+		}
 		total += int64(n)
 		if err != nil {
 			return total, err
@@ -70,15 +82,21 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 	}
 	for !r.upEOF && r.failed == nil {
 		r.armRead()
-		n, err := r.up.read(r.buf)
+		n, err := r.up.read(r.buf[r.held:])
 		if n > 0 {
-			r.rs.scanUsage(r.buf[:n])
-			p := r.buf[:n]
+			r.rs.scanUsage(r.buf[r.held : r.held+n])
+			p := r.buf[:r.held+n]
 			if r.st != nil {
 				p = r.st.feed(p) // may be empty: read again
 			}
 			if len(p) > 0 {
-				m, werr := r.write(w, p)
+				var m int
+				var werr error
+				if hold {
+					m, werr = r.writeEvents(w, p)
+				} else {
+					m, werr = r.write(w, p)
+				}
 				total += int64(m)
 				if werr != nil {
 					return total, werr
@@ -91,6 +109,14 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 		err = r.brokeAfterEnd(err)
 		if err == io.EOF {
 			r.upEOF = true
+			if r.held > 0 { // the last event, unterminated: as the engine sent it
+				m, werr := r.write(w, r.buf[:r.held])
+				r.held = 0
+				total += int64(m)
+				if werr != nil {
+					return total, werr
+				}
+			}
 			if r.st != nil {
 				if p := r.st.finish(r.st.out[:0]); len(p) > 0 {
 					m, werr := r.write(w, p)
@@ -104,6 +130,7 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 		}
 		if err != nil {
 			r.upstreamFailed(err)
+			r.held = 0 // half an event: dropped
 			if !r.sse {
 				// A plain body cannot carry an error: cut it, so the client
 				// sees a short body rather than a complete-looking one.
@@ -182,6 +209,41 @@ func (r *relay) armWrite() {
 	}
 }
 
+// writeEvents writes the whole events of p and keeps an event cut at its
+// end at the start of buf (held). p is in buf. An event that fills the
+// buffer by itself is written as it is.
+func (r *relay) writeEvents(w io.Writer, p []byte) (int, error) {
+	cut := completeEvents(p)
+	if cut == 0 && len(p) == len(r.buf) {
+		cut = len(p)
+	}
+	var n int
+	var err error
+	if cut > 0 {
+		n, err = r.write(w, p[:cut])
+	}
+	r.held = copy(r.buf, p[cut:])
+	return n, err
+}
+
+// completeEvents returns the length of p's leading whole SSE events: up to
+// the end of its last blank line (LF LF, CRLF CRLF or CR CR).
+func completeEvents(p []byte) int {
+	for i := len(p) - 1; i > 0; i-- {
+		switch p[i] {
+		case '\n':
+			if p[i-1] == '\n' || p[i-1] == '\r' && i >= 2 && p[i-2] == '\n' {
+				return i + 1
+			}
+		case '\r':
+			if p[i-1] == '\r' {
+				return i + 1
+			}
+		}
+	}
+	return 0
+}
+
 func (r *relay) write(w io.Writer, p []byte) (int, error) {
 	r.armWrite()
 	r.noteTail(p)
@@ -238,6 +300,10 @@ func (r *relay) endedCleanly() bool {
 	var w [2 * tailLen]byte
 	t := append(w[:0], r.tail[tailLen-r.ntail:]...)
 	t = append(t, r.pending[max(0, len(r.pending)-tailLen):]...)
+	if r.held > 0 { // an ending the engine did not terminate: "data: [DONE]", then a cut
+		t = append(t[:0], r.tail[tailLen-r.ntail:]...)
+		t = append(t, r.buf[max(0, r.held-tailLen):r.held]...)
+	}
 	for len(t) > 0 && (t[len(t)-1] == '\n' || t[len(t)-1] == '\r') {
 		t = t[:len(t)-1]
 	}
@@ -304,13 +370,10 @@ func (r *relay) errorEvent() []byte {
 		}
 	}
 	b := r.rs.scratchOut[:0]
-	if r.st != nil {
-		// What a filtered stream held back (an event cut mid-way) goes
-		// out first, as an unfiltered relay would have sent it.
-		if b = r.st.flushHeld(b); len(b) > 0 {
-			r.noteTail(b)
-		}
-	}
+	// What a filtered stream held back (an event cut mid-way) is dropped,
+	// as the relayed stream's: half an event would reach the client's SSE
+	// parser as an event of broken JSON (both SDKs throw on it) before the
+	// error event.
 	b1, ok1 := r.last(0)
 	b0, ok0 := r.last(1)
 	switch {
