@@ -45,6 +45,8 @@ func TestChatAnswerConvertsToAnthropicMessage(t *testing.T) {
 		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"a"}],"stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}`)
 	f("vLLM stop_reason names the stop sequence", `{"choices":[{"message":{"content":"a"},"finish_reason":"stop","stop_reason":"END"}]}`,
 		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"a"}],"stop_reason":"stop_sequence","stop_sequence":"END","usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}`)
+	f("SGLang matched_stop names the stop sequence", `{"choices":[{"message":{"content":"a"},"finish_reason":"stop","matched_stop":"END"}]}`,
+		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"a"}],"stop_reason":"stop_sequence","stop_sequence":"END","usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}`)
 	f("reasoning, tool calls (object arguments, bad arguments), tool_use", `{"choices":[{"message":{"content":null,"reasoning_content":"hmm","tool_calls":[
 		{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\": [1, \"x\"]}"}},
 		{"id":"call_2","type":"function","function":{"name":"g","arguments":"not json"}}]},"finish_reason":"tool_calls"}],`+usage+`}`,

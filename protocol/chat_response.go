@@ -92,8 +92,10 @@ func parseChat(body []byte) (chatResult, error) {
 				}
 			case "finish_reason":
 				r.finish, _ = rawStr(v)
-			case "stop_reason":
-				r.stopReason, _ = rawStr(v)
+			case "stop_reason", "matched_stop": // vLLM's, SGLang's (a string when a stop string matched)
+				if raw, ok := rawStr(v); ok {
+					r.stopReason = raw
+				}
 			}
 			return nil
 		})

@@ -373,8 +373,10 @@ func (c *StreamConverter) onChoice(ch []byte) error {
 			delta = ch[s:e]
 		case "finish_reason":
 			finish = ch[s:e]
-		case "stop_reason":
-			stop = ch[s:e]
+		case "stop_reason", "matched_stop": // vLLM's, SGLang's (a string when a stop string matched)
+			if _, ok := rawStr(ch[s:e]); ok {
+				stop = ch[s:e]
+			}
 		}
 		return nil
 	})

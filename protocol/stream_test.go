@@ -113,6 +113,10 @@ func TestAnthropicStreamStopReasons(t *testing.T) {
 	f(`"stop"`, "", `"stop_reason":"end_turn","stop_sequence":null`)
 	f(`"stop"`, `,"stop_reason":"END"`, `"stop_reason":"stop_sequence","stop_sequence":"END"`)
 	f(`"stop"`, `,"stop_reason":151645`, `"stop_reason":"end_turn"`)
+	// SGLang names the matched stop string in matched_stop (a token id, a
+	// number, when the stop was a token)
+	f(`"stop"`, `,"matched_stop":"END"`, `"stop_reason":"stop_sequence","stop_sequence":"END"`)
+	f(`"stop"`, `,"matched_stop":151645`, `"stop_reason":"end_turn","stop_sequence":null`)
 	f(`"length"`, "", `"stop_reason":"max_tokens"`)
 	f(`"content_filter"`, "", `"stop_reason":"refusal"`)
 	// no usage from the engine: output tokens fall back to the delta count
