@@ -123,6 +123,9 @@ func (c *StreamConverter) aToolArgs(i int, raw []byte) {
 func (c *StreamConverter) aEnd() {
 	c.aClose()
 	reason, seq := anthropicStop(c.finish, c.stopReason, c.nTools > 0, c.m)
+	if c.refused && reason == "end_turn" {
+		reason = "refusal"
+	}
 	c.event("message_delta")
 	c.out = append(c.out, `{"type":"message_delta","delta":{"stop_reason":"`...)
 	c.out = append(c.out, reason...)

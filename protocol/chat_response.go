@@ -50,6 +50,7 @@ var errBadUpstream = &Error{Status: 502, Type: TypeServer, Message: "the engine 
 // chatResult is the first choice of a chat completion.
 type chatResult struct {
 	content    []byte // raw string body
+	refusal    []byte // raw string body (message.refusal)
 	reasoning  []byte // raw string body (reasoning_content or reasoning)
 	toolCalls  []byte // the tool_calls array, or nil
 	finish     []byte // raw finish_reason string body, nil when null
@@ -110,6 +111,8 @@ func (r *chatResult) readMessage(msg []byte) {
 		switch string(k) {
 		case "content":
 			r.content, _ = rawStr(v)
+		case "refusal":
+			r.refusal, _ = rawStr(v)
 		case "reasoning_content", "reasoning":
 			if raw, ok := rawStr(v); ok && len(raw) > 0 {
 				r.reasoning = raw
@@ -233,10 +236,16 @@ func ChatToAnthropic(dst, body []byte, m *Meta) ([]byte, error) {
 		dst = append(dst, r.reasoning...)
 		dst = append(dst, `","signature":""}`...)
 	}
-	if len(r.content) > 0 {
+	if len(r.content) > 0 || len(r.refusal) > 0 {
+		// Messages has no refusal block: a refusal is text, with
+		// stop_reason refusal.
 		sep()
 		dst = append(dst, `{"type":"text","text":"`...)
 		dst = append(dst, r.content...)
+		if len(r.content) > 0 && len(r.refusal) > 0 {
+			dst = append(dst, `\n`...)
+		}
+		dst = append(dst, r.refusal...)
 		dst = append(dst, `"}`...)
 	}
 	tools := false
@@ -256,6 +265,9 @@ func ChatToAnthropic(dst, body []byte, m *Meta) ([]byte, error) {
 		dst = append(dst, '}')
 	})
 	reason, seq := anthropicStop(r.finish, r.stopReason, tools, m)
+	if len(r.refusal) > 0 && reason == "end_turn" {
+		reason = "refusal"
+	}
 	dst = append(dst, `],"stop_reason":"`...)
 	dst = append(dst, reason...)
 	dst = append(dst, `","stop_sequence":`...)
@@ -305,7 +317,7 @@ func ChatToResponses(dst, body []byte, m *Meta) ([]byte, error) {
 	if len(r.reasoning) > 0 {
 		items++
 	}
-	if len(r.content) > 0 {
+	if len(r.content) > 0 || len(r.refusal) > 0 {
 		items++
 	}
 	forEachToolCall(r.toolCalls, func(toolCall) { items++ })
@@ -314,12 +326,16 @@ func ChatToResponses(dst, body []byte, m *Meta) ([]byte, error) {
 		n++
 		dst = appendReasoningItem(dst, nil, r.reasoning, itemStatus(status, n == items))
 	}
-	if len(r.content) > 0 {
+	if len(r.content) > 0 || len(r.refusal) > 0 {
 		if n > 0 {
 			dst = append(dst, ',')
 		}
 		n++
-		dst = appendMessageItem(dst, nil, r.content, itemStatus(status, n == items))
+		if len(r.refusal) > 0 {
+			dst = appendRefusalMessage(dst, r.content, r.refusal, itemStatus(status, n == items))
+		} else {
+			dst = appendMessageItem(dst, nil, r.content, itemStatus(status, n == items))
+		}
 	}
 	forEachToolCall(r.toolCalls, func(tc toolCall) {
 		if n > 0 {
@@ -455,6 +471,42 @@ func appendMessageItem(dst, id, text []byte, status string) []byte {
 		dst = appendOutputText(dst, text)
 	}
 	return append(dst, "]}"...)
+}
+
+// appendRefusalItem appends an assistant message output item with one
+// refusal part (none when text is nil).
+func appendRefusalItem(dst, id, text []byte, status string) []byte {
+	dst = append(dst, `{"id":"`...)
+	dst = appendItemID(dst, id, "msg_")
+	dst = append(dst, `","type":"message","status":"`...)
+	dst = append(dst, status...)
+	dst = append(dst, `","role":"assistant","content":[`...)
+	if text != nil {
+		dst = appendRefusalPart(dst, text)
+	}
+	return append(dst, "]}"...)
+}
+
+// appendRefusalMessage appends an assistant message item holding the
+// answer's text (when any) and its refusal, as OpenAI's output parts.
+func appendRefusalMessage(dst, text, refusal []byte, status string) []byte {
+	dst = append(dst, `{"id":"`...)
+	dst = appendItemID(dst, nil, "msg_")
+	dst = append(dst, `","type":"message","status":"`...)
+	dst = append(dst, status...)
+	dst = append(dst, `","role":"assistant","content":[`...)
+	if len(text) > 0 {
+		dst = appendOutputText(dst, text)
+		dst = append(dst, ',')
+	}
+	dst = appendRefusalPart(dst, refusal)
+	return append(dst, "]}"...)
+}
+
+func appendRefusalPart(dst, text []byte) []byte {
+	dst = append(dst, `{"type":"refusal","refusal":"`...)
+	dst = append(dst, text...)
+	return append(dst, `"}`...)
 }
 
 func appendOutputText(dst, text []byte) []byte {

@@ -188,7 +188,8 @@ func checkResponsesSSE(out []byte) ([]sseEvent, error) {
 			done[oi] = true
 		case "response.content_part.added", "response.content_part.done", "response.output_text.delta",
 			"response.output_text.done", "response.reasoning_text.delta", "response.reasoning_text.done",
-			"response.function_call_arguments.delta", "response.function_call_arguments.done":
+			"response.function_call_arguments.delta", "response.function_call_arguments.done",
+			"response.refusal.delta", "response.refusal.done":
 			if oi := num(ev.data["output_index"]); done[oi] {
 				return evs, fmt.Errorf("%s for output %d after it was done", ev.name, oi)
 			}

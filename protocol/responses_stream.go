@@ -85,6 +85,12 @@ func (c *StreamConverter) rItem(k int, status string) {
 			text = c.acc[it.s:it.e]
 		}
 		c.out = appendMessageItem(c.out, it.id, text, status)
+	case blockRefusal:
+		var text []byte
+		if whole {
+			text = c.acc[it.s:it.e]
+		}
+		c.out = appendRefusalItem(c.out, it.id, text, status)
 	case blockThinking:
 		var text []byte
 		if whole {
@@ -119,9 +125,12 @@ func (c *StreamConverter) rPart(name string, k int, done bool) {
 	if done {
 		text = c.acc[it.s:it.e]
 	}
-	if it.kind == blockText {
+	switch it.kind {
+	case blockText:
 		c.out = appendOutputText(c.out, text)
-	} else {
+	case blockRefusal:
+		c.out = appendRefusalPart(c.out, text)
+	default:
 		c.out = append(c.out, `{"type":"reasoning_text","text":"`...)
 		c.out = append(c.out, text...)
 		c.out = append(c.out, `"}`...)
@@ -143,6 +152,25 @@ func (c *StreamConverter) rText(raw []byte) {
 	c.out = append(c.out, `,"content_index":0,"delta":"`...)
 	c.out = append(c.out, raw...)
 	c.out = append(c.out, `","logprobs":[]`...)
+	c.rDone()
+}
+
+// rRefusal streams a refusal (chat's delta.refusal): a message item with
+// a refusal part, response.refusal.delta events.
+func (c *StreamConverter) rRefusal(raw []byte) {
+	if c.cur != blockRefusal {
+		k := c.rOpen(blockRefusal, "msg_")
+		c.rItemAdded(k)
+		c.rPart("response.content_part.added", k, false)
+	}
+	k := len(c.items) - 1
+	c.acc = append(c.acc, raw...)
+	c.items[k].e = len(c.acc)
+	c.rEvent("response.refusal.delta")
+	c.rItemRef(k)
+	c.out = append(c.out, `,"content_index":0,"delta":"`...)
+	c.out = append(c.out, raw...)
+	c.out = append(c.out, '"')
 	c.rDone()
 }
 
@@ -193,14 +221,17 @@ func (c *StreamConverter) rCloseAs(status string) {
 	k := len(c.items) - 1
 	it := &c.items[k]
 	switch it.kind {
-	case blockText, blockThinking:
-		name := "response.output_text.done"
-		if it.kind == blockThinking {
+	case blockText, blockThinking, blockRefusal:
+		name, field := "response.output_text.done", `,"content_index":0,"text":"`
+		switch it.kind {
+		case blockThinking:
 			name = "response.reasoning_text.done"
+		case blockRefusal:
+			name, field = "response.refusal.done", `,"content_index":0,"refusal":"`
 		}
 		c.rEvent(name)
 		c.rItemRef(k)
-		c.out = append(c.out, `,"content_index":0,"text":"`...)
+		c.out = append(c.out, field...)
 		c.out = append(c.out, c.acc[it.s:it.e]...)
 		c.out = append(c.out, '"')
 		if it.kind == blockText {

@@ -18,6 +18,7 @@ const (
 	blockText
 	blockThinking
 	blockTool
+	blockRefusal // Responses: a message item with a refusal part
 )
 
 // streamTool is one tool call being streamed.
@@ -110,6 +111,7 @@ type StreamConverter struct {
 
 	started, finished bool
 	gotFinish         bool // a finish_reason arrived
+	refused           bool // the engine sent a refusal (chat's delta.refusal)
 	finish            []byte
 	stopReason        []byte
 	usage             Usage
@@ -381,12 +383,14 @@ func (c *StreamConverter) onChoice(ch []byte) error {
 		return nil
 	})
 	if delta != nil && delta[0] == '{' {
-		var content, reasoning, calls []byte
+		var content, reasoning, calls, refusal []byte
 		fields(delta, func(k []byte, s, e int) error {
 			v := delta[s:e]
 			switch string(k) {
 			case "content":
 				content, _ = rawStr(v)
+			case "refusal":
+				refusal, _ = rawStr(v)
 			case "reasoning_content", "reasoning":
 				if raw, ok := rawStr(v); ok && len(raw) > 0 {
 					reasoning = raw
@@ -408,6 +412,15 @@ func (c *StreamConverter) onChoice(ch []byte) error {
 				c.heldText = append(c.heldText, content...)
 			} else {
 				c.emitText(content)
+			}
+		}
+		if len(refusal) > 0 {
+			c.deltas++
+			c.refused = true
+			if c.m.API == Responses {
+				c.rRefusal(refusal)
+			} else {
+				c.aText(refusal) // Messages has no refusal block: the text, and stop_reason refusal
 			}
 		}
 		if calls != nil {

@@ -498,3 +498,48 @@ func TestArgsScanTellsAWholeValue(t *testing.T) {
 		}
 	}
 }
+
+// A chat refusal (message.refusal, delta.refusal) was dropped: an empty
+// Message with end_turn, a Response with no output. It is the text of the
+// Message with stop_reason refusal, and in a Response a message item with
+// a refusal part (streamed with response.refusal.delta / .done).
+func TestARefusalIsKeptInBothProtocols(t *testing.T) {
+	const why = `I can't help with that.`
+	ans := `{"choices":[{"message":{"role":"assistant","content":null,"refusal":"` + why + `"},"finish_reason":"stop"}]}`
+	a, err := ChatToAnthropic(nil, []byte(ans), &Meta{API: Anthropic, Model: []byte("m")})
+	if err != nil || !bytes.Contains(a, []byte(`"content":[{"type":"text","text":"`+why+`"}],"stop_reason":"refusal"`)) {
+		t.Fatalf("Message: %v %s", err, a)
+	}
+	r, err := ChatToResponses(nil, []byte(ans), &Meta{API: Responses, Model: []byte("m")})
+	if err != nil || !bytes.Contains(r, []byte(`"content":[{"type":"refusal","refusal":"`+why+`"}]`)) || !bytes.Contains(r, []byte(`"status":"completed"`)) {
+		t.Fatalf("Response: %v %s", err, r)
+	}
+
+	up := chunkLine(`{"role":"assistant","refusal":"I can't "}`, "null") + chunkLine(`{"refusal":"help with that."}`, "null") +
+		chunkLine(`{}`, `"stop"`) + usageLine + "data: [DONE]\n\n"
+	out := convertStream(t, &Meta{API: Anthropic, Model: []byte("m")}, up)
+	if _, err := checkAnthropicSSE(out); err != nil || !bytes.Contains(out, []byte(`"stop_reason":"refusal"`)) || !bytes.Contains(out, []byte(`"text":"help with that."`)) {
+		t.Fatalf("Messages stream: %v\n%s", err, out)
+	}
+	out = convertStream(t, &Meta{API: Responses, Model: []byte("m")}, up)
+	evs, err := checkResponsesSSE(out)
+	if err != nil {
+		t.Fatalf("Responses stream: %v\n%s", err, out)
+	}
+	var names []string
+	for _, ev := range evs {
+		names = append(names, ev.name)
+	}
+	want := "response.created response.in_progress response.output_item.added response.content_part.added response.refusal.delta response.refusal.delta response.refusal.done response.content_part.done response.output_item.done response.completed"
+	if got := strings.Join(names, " "); got != want {
+		t.Fatalf("Responses stream events:\n got %s\nwant %s", got, want)
+	}
+	done := evs[len(evs)-4].data
+	if done["refusal"] != why {
+		t.Fatalf("response.refusal.done: %v", done)
+	}
+	last := evs[len(evs)-1].data["response"].(map[string]any)["output"].([]any)[0].(map[string]any)
+	if part := last["content"].([]any)[0].(map[string]any); part["type"] != "refusal" || part["refusal"] != why {
+		t.Fatalf("completed output: %v", last)
+	}
+}
