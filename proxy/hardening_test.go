@@ -1054,3 +1054,26 @@ func TestWrongMethodsGet405WithAllow(t *testing.T) {
 		}
 	}
 }
+
+// A passthrough Responses stream that breaks ends with an error event that
+// carries the sequence_number the Responses API requires (the next after
+// the last event relayed); it had none.
+func TestAPassthroughResponsesStreamErrorEventHasTheNextSequenceNumber(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+		part := "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0}\n\n" +
+			"event: response.in_progress\ndata: {\"type\":\"response.in_progress\",\"sequence_number\": 1}\n\nevent: response.output_item.added\ndata: {\"type\":\"respo"
+		fmt.Fprintf(c, "%x\r\n%s\r\n", len(part), part)
+		time.Sleep(50 * time.Millisecond)
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	})
+	cfg := config.Default()
+	cfg.Protocol.ResponsesPassthrough = true
+	r := startRouter(t, nil, cfg, up.url)
+	code, b := post(t, r.url+"/v1/responses", `{"model":"m","stream":true,"input":"hi"}`)
+	want := "event: error\ndata: {\"type\":\"error\",\"sequence_number\":2,\"code\":\"server_error\""
+	if code != 200 || !strings.Contains(b, "\"sequence_number\": 1}\n\n"+want) || strings.Contains(b, "respo\n") {
+		t.Fatalf("%d %q", code, b)
+	}
+}

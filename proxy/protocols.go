@@ -622,14 +622,19 @@ func (p *protoState) failEvent(dst []byte, status int, typ, msg string) []byte {
 // appendSSEError appends the error event a relayed stream ends with, in
 // the client's protocol: a passthrough Anthropic or Responses stream gets
 // the event its SDK parses, a chat stream the OpenAI-shaped data line.
-func (p *protoState) appendSSEError(b []byte, status int, typ, msg string) []byte {
+//
+// seq is the sequence_number of the last Responses event relayed (-1:
+// none); the error event, which requires one, takes the next.
+func (p *protoState) appendSSEError(b []byte, status int, typ, msg string, seq int64) []byte {
 	switch p.api {
 	case protocol.Anthropic:
 		b = append(b, "event: error\ndata: "...)
 		b = protocol.AppendError(b, protocol.Anthropic, status, typ, "", msg)
 		return append(b, "\n\n"...)
 	case protocol.Responses:
-		b = append(b, `event: error`+"\n"+`data: {"type":"error","code":`...)
+		b = append(b, `event: error`+"\n"+`data: {"type":"error","sequence_number":`...)
+		b = strconv.AppendInt(b, seq+1, 10)
+		b = append(b, `,"code":`...)
 		b = appendJSONString(b, typ)
 		b = append(b, `,"message":`...)
 		b = appendJSONString(b, msg)

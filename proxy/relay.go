@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/infera/infera/protocol"
 	"github.com/infera/infera/sched"
 )
 
@@ -47,6 +48,10 @@ type relay struct {
 	// a stream that breaks inside an event ends with the error event
 	// alone, never with half an event an SSE parser would dispatch.
 	held int
+	// lastSeq is the sequence_number of the last whole event relayed of a
+	// passthrough Responses stream (-1: none yet), for its error event.
+	lastSeq  int64
+	trackSeq bool
 }
 
 var relayPool = sync.Pool{New: func() any { return &relay{} }}
@@ -65,6 +70,7 @@ func (r *relay) SupportsBodyWriteTo() bool { return true }
 func (r *relay) WriteTo(w io.Writer) (int64, error) {
 	var total int64
 	hold := r.sse && r.st == nil
+	r.trackSeq, r.lastSeq = hold && r.rs.proto.api == protocol.Responses, -1
 	if len(r.pending) > 0 {
 		p := r.pending
 		r.pending = nil
@@ -220,10 +226,35 @@ func (r *relay) writeEvents(w io.Writer, p []byte) (int, error) {
 	var n int
 	var err error
 	if cut > 0 {
+		if r.trackSeq {
+			r.noteSeq(p[:cut])
+		}
 		n, err = r.write(w, p[:cut])
 	}
 	r.held = copy(r.buf, p[cut:])
 	return n, err
+}
+
+var seqKey = []byte(`"sequence_number":`)
+
+// noteSeq records the last sequence_number in the whole events p.
+func (r *relay) noteSeq(p []byte) {
+	i := bytes.LastIndex(p, seqKey)
+	if i < 0 {
+		return
+	}
+	i += len(seqKey)
+	for i < len(p) && p[i] == ' ' {
+		i++
+	}
+	var n int64
+	j := i
+	for ; j < len(p) && j-i < 18 && p[j] >= '0' && p[j] <= '9'; j++ {
+		n = n*10 + int64(p[j]-'0')
+	}
+	if j > i {
+		r.lastSeq = n
+	}
 }
 
 // completeEvents returns the length of p's leading whole SSE events: up to
@@ -383,7 +414,7 @@ func (r *relay) errorEvent() []byte {
 	case !ok0 || b0 != '\n':
 		b = append(b, '\n')
 	}
-	b = r.rs.proto.appendSSEError(b, status, typ, msg) // in the client's protocol (protocols.go)
+	b = r.rs.proto.appendSSEError(b, status, typ, msg, r.lastSeq) // in the client's protocol (protocols.go)
 	r.rs.scratchOut = b
 	return b
 }
