@@ -23,11 +23,12 @@ type Limits struct {
 func (l *Limits) Any() bool { return l.RPM > 0 || l.TPM > 0 }
 
 // bucketLeft returns what a bucket of capacity at level holds in whole
-// units (>= 0) and the nanoseconds until it is full.
+// units (>= 0) and the nanoseconds until it is full. A bucket below zero
+// (an admission larger than what was left) takes longer than a minute.
 func bucketLeft(capacity int64, level float64) (left, reset int64) {
 	c := float64(capacity)
-	level = min(max(level, 0), c)
-	return int64(math.Floor(level)), int64(math.Ceil((c - level) * 60e9 / c))
+	level = min(level, c)
+	return int64(math.Floor(max(level, 0))), int64(math.Ceil((c - level) * 60e9 / c))
 }
 
 // limitsLocked returns st's buckets under t. They must have been brought

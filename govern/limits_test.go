@@ -147,3 +147,28 @@ func js(v any) string {
 	b, _ := json.MarshalIndent(v, "", "  ")
 	return string(b)
 }
+
+// A bucket below zero (an admission larger than what was left, which the
+// TPM estimate allows) is full again later than a minute: the reset said
+// 60 s (X-Ratelimit-Reset-Tokens: 1m0s, reset_ms 60000) while Retry-After
+// said 101 s.
+func TestABucketBelowZeroResetsAfterMoreThanAMinute(t *testing.T) {
+	for _, c := range []struct {
+		capacity   int64
+		level      float64
+		left       int64
+		resetNanos int64
+	}{
+		{600, 600, 600, 0},
+		{600, 300, 300, 30e9},
+		{600, 0, 0, 60e9},
+		{600, -414, 0, 101.4e9},
+		{2, -4, 0, 180e9},
+		{600, 700, 600, 0},
+	} {
+		left, reset := bucketLeft(c.capacity, c.level)
+		if left != c.left || reset != c.resetNanos {
+			t.Errorf("bucketLeft(%d, %g) = %d, %d; want %d, %d", c.capacity, c.level, left, reset, c.left, c.resetNanos)
+		}
+	}
+}
