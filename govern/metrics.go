@@ -35,6 +35,9 @@ var (
 	mStateRoundTrips = metrics.NewCounter(`infera_governance_state_round_trips_total`)
 	mStateFailOpen   = metrics.NewCounter(`infera_governance_state_fail_total{mode="open"}`)
 	mStateFailShut   = metrics.NewCounter(`infera_governance_state_fail_total{mode="closed"}`)
+	// mStateUndone counts the slot and seat returns queued for calls that
+	// failed (which may still run when Redis reads them).
+	mStateUndone = metrics.NewCounter(`infera_governance_state_undone_total`)
 
 	heldSeats [3]atomic.Int64 // all governors of the process
 )

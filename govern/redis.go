@@ -658,6 +658,7 @@ func (r *redisState) admitUser(st *userState, t *template, ts *ticketState, cs *
 	keys, args, member := r.admitArgs(st, t, cs, e, dry, now)
 	res, err := r.call(admitScript, keys, args...).Int64Slice()
 	if err != nil {
+		r.undoSlots(err, member, "u:"+st.name, keys[1])
 		return 0, 0, err
 	}
 	if len(res) != admitRes {
@@ -665,6 +666,22 @@ func (r *redisState) admitUser(st *userState, t *template, ts *ticketState, cs *
 	}
 	f, retry := r.admitted(res, t, ts, cs, e, dry, now, member, keys[1])
 	return f, retry, nil
+}
+
+// undoSlots queues the return of the slot or seat member a failed call
+// may have taken in sets: a call that timed out (Redis stalled past the
+// client's timeout) still runs when Redis reads it, and the request,
+// refused (fail closed) or admitted uncounted (fail open), would never
+// return it: every request would meet the phantom until its lease
+// expired. The return (releaseLua) removes nothing when the call did not
+// run. The counters such a call charged (a request, its estimate) stay
+// charged.
+func (r *redisState) undoSlots(err error, member, msg string, sets ...string) {
+	if errors.Is(err, errStateClosed) || len(sets) == 0 {
+		return
+	}
+	mStateUndone.Inc()
+	r.end(endRelease, sets, []any{member, r.wake, msg})
 }
 
 // finishUser queues ts's reconciliation in Redis (an end: it rides in the
@@ -784,6 +801,8 @@ func (g *Governor) admitSeatRemote(s *snapshot, st *userState, t *template, ts *
 	args = append(args, sargs...)
 	res, err := r.call(admitSeatScript, keys, args...).Int64Slice()
 	if err != nil {
+		r.undoSlots(err, member, "u:"+st.name, keys[1])
+		r.undoSlots(err, smember, "rl", skeys...)
 		return 0, 0, err
 	}
 	if len(res) != admitRes+3 {
@@ -1111,6 +1130,7 @@ func (r *redisState) acquireSeat(rl *rlConf, cands []levels, ph Phase, dry bool)
 	keys, args, member := r.seatArgs(rl, cands, ph, dry)
 	res, err := r.call(seatScript, keys, args...).Int64Slice()
 	if err != nil {
+		r.undoSlots(err, member, "rl", keys...)
 		return nil, -1, CodeNone, err
 	}
 	if len(res) != 3 {

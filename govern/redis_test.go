@@ -661,3 +661,42 @@ func TestARedisUserWaiterThatLeavesDuringThePumpGivesItsSlotBack(t *testing.T) {
 	}
 	tk.Done(Usage{})
 }
+
+// A call that timed out (Redis stalled past the client's timeout) still
+// runs when Redis reads it. Its request was admitted uncounted (fail open)
+// or refused (fail closed) and never returned the slot or seat the call
+// took: with a limit of one, every request met the phantom until its
+// lease expired (about 12 s). The failed call's slot and seat are now
+// returned as soon as Redis answers again.
+func TestRedisACallThatTimedOutButRanLaterLeavesNoPhantomSlotOrSeat(t *testing.T) {
+	rs := startRedis(t)
+	key, hash := mintKey(t)
+	for _, mode := range []string{"open", "closed"} {
+		o := redisOptions(t, rs)
+		o.RedisPrefix += mode + ":"
+		c := userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":1}}`,
+			fmt.Sprintf(`"rate_limit":{"overall_concurrency":1,"on_state_error":%q}`, mode))
+		c.UserLimit.OnStateError = mode
+		g := newGov(t, o, c)
+		u := identify(t, g, key)
+		busy := busyRedis(t, rs, 2600) // past the call.s 2 s deadline
+		var s Seat
+		seated := make(chan struct{})
+		go func() { // in the same stall
+			defer close(seated)
+			s, _, _ = g.TryAcquire([]Target{w1}, PhaseMixed)
+		}()
+		tk, _ := g.Admit(context.Background(), u, Request{})
+		<-seated
+		<-busy
+		tk.FirstToken()
+		tk.Done(Usage{})
+		s.Done()
+		time.Sleep(300 * time.Millisecond) // the returns ride alone after EndDelay
+		syncState(t, g)
+		tk = admitOK(t, g, u, Request{})
+		acquireOK(t, g, []Target{w1}, PhaseMixed, 0).Done()
+		tk.FirstToken()
+		tk.Done(Usage{})
+	}
+}
