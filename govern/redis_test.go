@@ -467,12 +467,17 @@ func TestRedisSlowReplyIsNotResent(t *testing.T) {
 	busy := make(chan struct{})
 	go func() {
 		defer close(busy)
-		// Redis busy for 1.5 s, past the client's 1 s read timeout.
-		cl.Eval(context.Background(), `local s = redis.call('TIME'); local e = tonumber(s[1]) * 1e6 + tonumber(s[2]) + 1500000
+		// Redis busy for 2.6 s, past the call's 2 s deadline (1.5 s, as
+		// this test had, did not reach it: the call waited and succeeded).
+		cl.Eval(context.Background(), `local s = redis.call('TIME'); local e = tonumber(s[1]) * 1e6 + tonumber(s[2]) + 2600000
 while true do local n = redis.call('TIME'); if tonumber(n[1]) * 1e6 + tonumber(n[2]) > e then break end end return 0`, nil)
 	}()
 	time.Sleep(100 * time.Millisecond)
+	errs := mStateErrors.Get()
 	tk, _ := g.Admit(context.Background(), u, Request{}) // times out: fail open
+	if mStateErrors.Get() == errs {
+		t.Fatal("the admission did not time out")
+	}
 	<-busy
 	time.Sleep(100 * time.Millisecond)
 	r, _ := cl.HGet(context.Background(), o.RedisPrefix+"{u:alice}", "w1r").Int64()
@@ -679,7 +684,7 @@ func TestRedisACallThatTimedOutButRanLaterLeavesNoPhantomSlotOrSeat(t *testing.T
 		c.UserLimit.OnStateError = mode
 		g := newGov(t, o, c)
 		u := identify(t, g, key)
-		busy := busyRedis(t, rs, 2600) // past the call.s 2 s deadline
+		busy := busyRedis(t, rs, 2600) // past the call's 2 s deadline
 		var s Seat
 		seated := make(chan struct{})
 		go func() { // in the same stall
