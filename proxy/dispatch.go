@@ -278,6 +278,9 @@ func (s *Server) relayStashed(ctx *fasthttp.RequestCtx, rs *reqState) {
 	if len(rs.errType) > 0 {
 		ctx.Response.Header.SetContentTypeBytes(rs.errType)
 	}
+	if len(rs.errRetry) > 0 && validHeaderValue(rs.errRetry) {
+		ctx.Response.Header.SetBytesV("Retry-After", rs.errRetry)
+	}
 	ctx.SetBody(body)
 }
 
@@ -316,6 +319,7 @@ func (rs *reqState) stashAnswer(up upResponse, status int, slot *abortSlot) {
 	if err == io.EOF && len(b) > 0 {
 		rs.errStatus = status
 		rs.errType = append(rs.errType[:0], up.contentType()...)
+		rs.errRetry = append(rs.errRetry[:0], up.retryAfter()...) // an engine's 429 or 503 says when to come back
 		up.finish(slot.unset())
 		return
 	}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"syscall"
@@ -144,6 +145,18 @@ func (u *httpUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
 		h.AddBytesKV(k, v)
 	}
 }
+
+func (u *httpUpstream) retryAfter() []byte {
+	c := u.conn()
+	for i := range c.hdrs {
+		if k, v := c.header(i); bytes.EqualFold(k, hdrRetryAfter) {
+			return v
+		}
+	}
+	return nil
+}
+
+var hdrRetryAfter = []byte("Retry-After")
 
 func (u *httpUpstream) read(p []byte) (int, error) { return u.conn().read(p) }
 

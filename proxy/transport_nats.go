@@ -136,6 +136,13 @@ func (u *natsUpstream) contentLength() int64 {
 	return -1
 }
 
+func (u *natsUpstream) retryAfter() []byte {
+	if v := u.st.Header().Get("Retry-After"); v != "" {
+		return []byte(v)
+	}
+	return nil
+}
+
 func (u *natsUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
 	var conn []byte
 	if v := u.st.Header().Get("Connection"); v != "" {
