@@ -237,6 +237,7 @@ async function rulesPage() {
 
 async function auditPage() {
   const r = await api('GET', '/api/audit?limit=200');
+  if (location.hash !== '#/audit') return; // left while the log loaded
   const rows = (r.data.entries || []).map((e) => h('tr', {},
     h('td', { class: 'mono', text: new Date(e.time).toLocaleString() }),
     h('td', { text: 'v' + e.version }),
@@ -426,6 +427,7 @@ async function sectionPage(key) {
   const f = S.schema.find((s) => s.key === key);
   if (!f) return layout('', h('div', { class: 'banner error', text: 'No section ' + key }));
   const r = await api('GET', '/api/config/' + key);
+  if (location.hash !== '#/section/' + key) return; // left while the section loaded
   let etag = r.etag;
   const holder = { [key]: r.data };
   const banner = h('div', { class: 'banner error', id: 'form-error', hidden: true });
@@ -607,7 +609,12 @@ function download(name, text) {
 }
 
 async function backupPage() {
+  // A re-render after an import (its answer may come after the user left
+  // the page) must not replace the page opened meanwhile.
+  const here = () => location.hash === '#/backup';
+  if (!here()) return;
   const r = await api('GET', '/api/backup');
+  if (!here()) return;
   const b = r.data;
   const redis = b.mode === 'redis';
   const banner = h('div', { class: 'banner error', id: 'backup-error', hidden: true });
