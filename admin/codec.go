@@ -542,7 +542,7 @@ func walkDoc(v any, t reflect.Type, path string, f func(path string, t reflect.T
 			return nil, typeErr(path, "an object", v)
 		}
 		for k, fv := range m {
-			ft, ok := fieldType(t, k)
+			ft, ok := config.FieldType(t, k)
 			if !ok {
 				return nil, &config.FieldError{Path: join(path, k), Msg: fmt.Sprintf("unknown field %q", k)}
 			}
@@ -635,46 +635,6 @@ func typeErr(path, want string, v any) error {
 		got = "an object"
 	}
 	return &config.FieldError{Path: path, Msg: fmt.Sprintf("want %s, got %s", want, got)}
-}
-
-// fieldType finds the field of struct t that JSON key k decodes into:
-// an exact name first, then a case-insensitive one, as encoding/json does.
-func fieldType(t reflect.Type, k string) (reflect.Type, bool) {
-	var fold reflect.Type
-	var found bool
-	var visit func(t reflect.Type) bool
-	visit = func(t reflect.Type) bool {
-		for i := 0; i < t.NumField(); i++ {
-			sf := t.Field(i)
-			tag := sf.Tag.Get("json")
-			if tag == "-" {
-				continue
-			}
-			name, _, _ := strings.Cut(tag, ",")
-			if sf.Anonymous && name == "" && sf.Type.Kind() == reflect.Struct {
-				if visit(sf.Type) {
-					return true
-				}
-				continue
-			}
-			if !sf.IsExported() {
-				continue
-			}
-			if name == "" {
-				name = sf.Name
-			}
-			if name == k {
-				fold, found = sf.Type, true
-				return true
-			}
-			if !found && strings.EqualFold(name, k) {
-				fold, found = sf.Type, true
-			}
-		}
-		return false
-	}
-	visit(t)
-	return fold, found
 }
 
 func join(path, k string) string {

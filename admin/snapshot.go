@@ -277,9 +277,28 @@ func (a *Admin) snapshot(kind string) (info SnapshotInfo, err error) {
 // valid, falling back to older ones with a logged reason.
 func (a *Admin) restoreNewest() error {
 	s := a.snaps
+	info, c, f, err := s.newestUsable()
+	if err != nil || c == nil {
+		return err
+	}
+
+	if clear, err := encodeClear(c); err == nil {
+		s.lastSum = sha256.Sum256(clear)
+	}
+	a.pending.Store(&pendingChange{cfg: c, who: actor{Who: "startup"}, action: "restore " + info.Name})
+	a.store.Replace(c, max(f.Version, 1))
+	a.pending.Store(nil)
+	slog.Info("management data restored from snapshot", "name", info.Name, "kind", info.Kind, "version", f.Version)
+	return nil
+}
+
+// newestUsable returns the newest snapshot that reads back whole and
+// valid, logging why each newer one was skipped; c is nil when none is
+// usable (logged when there were some).
+func (s *snapshots) newestUsable() (SnapshotInfo, *config.Config, *snapshotFile, error) {
 	list, err := s.list()
 	if err != nil {
-		return err
+		return SnapshotInfo{}, nil, nil, err
 	}
 	for _, info := range list {
 		c, f, err := s.read(info.Name)
@@ -287,19 +306,12 @@ func (a *Admin) restoreNewest() error {
 			slog.Error("snapshot unusable; trying the previous one", "name", info.Name, "reason", err)
 			continue
 		}
-		if clear, err := encodeClear(c); err == nil {
-			s.lastSum = sha256.Sum256(clear)
-		}
-		a.pending.Store(&pendingChange{cfg: c, who: actor{Who: "startup"}, action: "restore " + info.Name})
-		a.store.Replace(c, max(f.Version, 1))
-		a.pending.Store(nil)
-		slog.Info("management data restored from snapshot", "name", info.Name, "kind", info.Kind, "version", f.Version)
-		return nil
+		return info, c, f, nil
 	}
 	if len(list) > 0 {
-		slog.Error("no usable snapshot; starting from defaults", "dir", s.dir, "tried", len(list))
+		slog.Error("no usable snapshot", "dir", s.dir, "tried", len(list))
 	}
-	return nil
+	return SnapshotInfo{}, nil, nil, nil
 }
 
 // restoreNewerThanFile is the start with a config file and a snapshot
@@ -313,59 +325,48 @@ func (a *Admin) restoreNewest() error {
 // keeps the file's previous bytes beside it as <file>.before-restore.
 func (a *Admin) restoreNewerThanFile() error {
 	s, path := a.snaps, a.store.Path()
-	list, err := s.list()
-	if err != nil {
-		return err
+	info, c, f, err := s.newestUsable()
+	if err != nil || c == nil {
+		return err // none usable: the file serves
 	}
-	for _, info := range list {
-		c, f, err := s.read(info.Name)
-		if err != nil {
-			slog.Error("snapshot unusable; trying the previous one", "name", info.Name, "reason", err)
-			continue
-		}
-		cur := a.store.Load()
-		c.LLMGateway, c.Storage = cur.LLMGateway, cur.Storage
-		snap, err1 := encodeClear(c)
-		file, err2 := encodeClear(cur)
-		if err1 != nil || err2 != nil {
-			return errors.Join(err1, err2)
-		}
-		s.lastSum = sha256.Sum256(snap)
-		if bytes.Equal(snap, file) {
-			slog.Info("the config file holds the newest snapshot's data", "config", path, "snapshot", info.Name)
-			return nil
-		}
-		fi, err := os.Stat(path)
-		if err != nil {
-			return fmt.Errorf("cannot read config file %q: %w", path, err)
-		}
-		if fi.ModTime().After(info.Time) {
-			slog.Info("the config file was changed after the newest snapshot: the file wins (import the snapshot to restore it)",
-				"config", path, "modified", fi.ModTime().UTC(), "snapshot", info.Name)
-			return nil
-		}
-		old, err := os.ReadFile(path)
-		if err == nil {
-			err = config.WriteFileAtomic(path+".before-restore", old, fi.Mode().Perm())
-		}
-		if err != nil {
-			slog.Error("snapshot not restored: cannot keep the config file's bytes first; serving the file", "config", path, "snapshot", info.Name, "err", err)
-			return nil
-		}
-		a.pending.Store(&pendingChange{cfg: c, who: actor{Who: "startup"}, action: "restore " + info.Name})
-		_, err = a.st.commit(c, 0, actor{Who: "startup"})
-		a.pending.Store(nil)
-		if err != nil {
-			slog.Error("snapshot not restored; serving the config file", "config", path, "snapshot", info.Name, "err", err)
-			return nil
-		}
-		slog.Info("management data restored from the newest snapshot (newer than the config file, which now holds it; its previous bytes are in .before-restore)",
-			"name", info.Name, "kind", info.Kind, "version", f.Version, "config", path)
+	cur := a.store.Load()
+	c.LLMGateway, c.Storage = cur.LLMGateway, cur.Storage
+	snap, err1 := encodeClear(c)
+	file, err2 := encodeClear(cur)
+	if err1 != nil || err2 != nil {
+		return errors.Join(err1, err2)
+	}
+	s.lastSum = sha256.Sum256(snap)
+	if bytes.Equal(snap, file) {
+		slog.Info("the config file holds the newest snapshot's data", "config", path, "snapshot", info.Name)
 		return nil
 	}
-	if len(list) > 0 {
-		slog.Error("no usable snapshot; serving the config file", "dir", s.dir, "tried", len(list))
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("cannot read config file %q: %w", path, err)
 	}
+	if fi.ModTime().After(info.Time) {
+		slog.Info("the config file was changed after the newest snapshot: the file wins (import the snapshot to restore it)",
+			"config", path, "modified", fi.ModTime().UTC(), "snapshot", info.Name)
+		return nil
+	}
+	old, err := os.ReadFile(path)
+	if err == nil {
+		err = config.WriteFileAtomic(path+".before-restore", old, fi.Mode().Perm())
+	}
+	if err != nil {
+		slog.Error("snapshot not restored: cannot keep the config file's bytes first; serving the file", "config", path, "snapshot", info.Name, "err", err)
+		return nil
+	}
+	a.pending.Store(&pendingChange{cfg: c, who: actor{Who: "startup"}, action: "restore " + info.Name})
+	_, err = a.st.commit(c, 0, actor{Who: "startup"})
+	a.pending.Store(nil)
+	if err != nil {
+		slog.Error("snapshot not restored; serving the config file", "config", path, "snapshot", info.Name, "err", err)
+		return nil
+	}
+	slog.Info("management data restored from the newest snapshot (newer than the config file, which now holds it; its previous bytes are in .before-restore)",
+		"name", info.Name, "kind", info.Kind, "version", f.Version, "config", path)
 	return nil
 }
 

@@ -38,20 +38,21 @@ func findUnknown(v any, t reflect.Type, path, name string) (string, bool) {
 		t = t.Elem()
 	}
 	switch t.Kind() {
-	case reflect.Struct:
+	case reflect.Struct, reflect.Map:
 		obj, ok := v.(map[string]any)
 		if !ok {
 			return "", false
 		}
-		fields := jsonFields(t)
 		keys := make([]string, 0, len(obj))
 		for k := range obj {
 			keys = append(keys, k)
 		}
 		sort.Strings(keys)
 		for _, k := range keys {
-			ft, ok := fields[string(foldKey(nil, k))]
-			if !ok {
+			var ft reflect.Type
+			if t.Kind() == reflect.Map {
+				ft = t.Elem()
+			} else if ft, ok = FieldType(t, k); !ok {
 				if k == name {
 					return joinPath(path, k), true
 				}
@@ -71,57 +72,46 @@ func findUnknown(v any, t reflect.Type, path, name string) (string, bool) {
 				return p, true
 			}
 		}
-	case reflect.Map:
-		obj, ok := v.(map[string]any)
-		if !ok {
-			return "", false
-		}
-		keys := make([]string, 0, len(obj))
-		for k := range obj {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			if p, ok := findUnknown(obj[k], t.Elem(), joinPath(path, k), name); ok {
-				return p, true
-			}
-		}
 	}
 	return "", false
 }
 
-// jsonFields maps the folded JSON name of each field of the struct type t
-// (embedded structs' fields promoted, as encoding/json does) to its type.
-func jsonFields(t reflect.Type) map[string]reflect.Type {
-	m := map[string]reflect.Type{}
-	for i := 0; i < t.NumField(); i++ {
-		f := t.Field(i)
-		tag := f.Tag.Get("json")
-		if tag == "-" {
-			continue
-		}
-		n, _, _ := strings.Cut(tag, ",")
-		if f.Anonymous && n == "" {
-			et := f.Type
-			if et.Kind() == reflect.Pointer {
-				et = et.Elem()
+// FieldType finds the field of struct t that JSON key k decodes into:
+// an exact name first, then a case-insensitive one, as encoding/json does.
+func FieldType(t reflect.Type, k string) (reflect.Type, bool) {
+	var fold reflect.Type
+	var found bool
+	var visit func(t reflect.Type) bool
+	visit = func(t reflect.Type) bool {
+		for i := 0; i < t.NumField(); i++ {
+			sf := t.Field(i)
+			tag := sf.Tag.Get("json")
+			if tag == "-" {
+				continue
 			}
-			if et.Kind() == reflect.Struct {
-				for k, v := range jsonFields(et) {
-					if _, ok := m[k]; !ok {
-						m[k] = v
-					}
+			name, _, _ := strings.Cut(tag, ",")
+			if sf.Anonymous && name == "" && sf.Type.Kind() == reflect.Struct {
+				if visit(sf.Type) {
+					return true
 				}
 				continue
 			}
+			if !sf.IsExported() {
+				continue
+			}
+			if name == "" {
+				name = sf.Name
+			}
+			if name == k {
+				fold, found = sf.Type, true
+				return true
+			}
+			if !found && strings.EqualFold(name, k) {
+				fold, found = sf.Type, true
+			}
 		}
-		if !f.IsExported() {
-			continue
-		}
-		if n == "" {
-			n = f.Name
-		}
-		m[string(foldKey(nil, n))] = f.Type
+		return false
 	}
-	return m
+	visit(t)
+	return fold, found
 }

@@ -462,11 +462,7 @@ func appendReasoningItem(dst, id, text []byte, status string) []byte {
 // appendMessageItem appends an assistant message output item with one
 // output_text part (none when text is nil).
 func appendMessageItem(dst, id, text []byte, status string) []byte {
-	dst = append(dst, `{"id":"`...)
-	dst = appendItemID(dst, id, "msg_")
-	dst = append(dst, `","type":"message","status":"`...)
-	dst = append(dst, status...)
-	dst = append(dst, `","role":"assistant","content":[`...)
+	dst = appendMessageHead(dst, id, status)
 	if text != nil {
 		dst = appendOutputText(dst, text)
 	}
@@ -476,11 +472,7 @@ func appendMessageItem(dst, id, text []byte, status string) []byte {
 // appendRefusalItem appends an assistant message output item with one
 // refusal part (none when text is nil).
 func appendRefusalItem(dst, id, text []byte, status string) []byte {
-	dst = append(dst, `{"id":"`...)
-	dst = appendItemID(dst, id, "msg_")
-	dst = append(dst, `","type":"message","status":"`...)
-	dst = append(dst, status...)
-	dst = append(dst, `","role":"assistant","content":[`...)
+	dst = appendMessageHead(dst, id, status)
 	if text != nil {
 		dst = appendRefusalPart(dst, text)
 	}
@@ -490,17 +482,23 @@ func appendRefusalItem(dst, id, text []byte, status string) []byte {
 // appendRefusalMessage appends an assistant message item holding the
 // answer's text (when any) and its refusal, as OpenAI's output parts.
 func appendRefusalMessage(dst, text, refusal []byte, status string) []byte {
-	dst = append(dst, `{"id":"`...)
-	dst = appendItemID(dst, nil, "msg_")
-	dst = append(dst, `","type":"message","status":"`...)
-	dst = append(dst, status...)
-	dst = append(dst, `","role":"assistant","content":[`...)
+	dst = appendMessageHead(dst, nil, status)
 	if len(text) > 0 {
 		dst = appendOutputText(dst, text)
 		dst = append(dst, ',')
 	}
 	dst = appendRefusalPart(dst, refusal)
 	return append(dst, "]}"...)
+}
+
+// appendMessageHead opens an assistant message output item, up to its
+// content array.
+func appendMessageHead(dst, id []byte, status string) []byte {
+	dst = append(dst, `{"id":"`...)
+	dst = appendItemID(dst, id, "msg_")
+	dst = append(dst, `","type":"message","status":"`...)
+	dst = append(dst, status...)
+	return append(dst, `","role":"assistant","content":[`...)
 }
 
 func appendRefusalPart(dst, text []byte) []byte {

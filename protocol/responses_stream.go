@@ -139,55 +139,36 @@ func (c *StreamConverter) rPart(name string, k int, done bool) {
 }
 
 func (c *StreamConverter) rText(raw []byte) {
-	if c.cur != blockText {
-		k := c.rOpen(blockText, "msg_")
-		c.rItemAdded(k)
-		c.rPart("response.content_part.added", k, false)
-	}
-	k := len(c.items) - 1
-	c.acc = append(c.acc, raw...)
-	c.items[k].e = len(c.acc)
-	c.rEvent("response.output_text.delta")
-	c.rItemRef(k)
-	c.out = append(c.out, `,"content_index":0,"delta":"`...)
-	c.out = append(c.out, raw...)
-	c.out = append(c.out, `","logprobs":[]`...)
-	c.rDone()
+	c.rDelta(blockText, "msg_", "response.output_text.delta", raw, `","logprobs":[]`)
 }
 
 // rRefusal streams a refusal (chat's delta.refusal): a message item with
 // a refusal part, response.refusal.delta events.
 func (c *StreamConverter) rRefusal(raw []byte) {
-	if c.cur != blockRefusal {
-		k := c.rOpen(blockRefusal, "msg_")
-		c.rItemAdded(k)
-		c.rPart("response.content_part.added", k, false)
-	}
-	k := len(c.items) - 1
-	c.acc = append(c.acc, raw...)
-	c.items[k].e = len(c.acc)
-	c.rEvent("response.refusal.delta")
-	c.rItemRef(k)
-	c.out = append(c.out, `,"content_index":0,"delta":"`...)
-	c.out = append(c.out, raw...)
-	c.out = append(c.out, '"')
-	c.rDone()
+	c.rDelta(blockRefusal, "msg_", "response.refusal.delta", raw, `"`)
 }
 
 func (c *StreamConverter) rThinking(raw []byte) {
-	if c.cur != blockThinking {
-		k := c.rOpen(blockThinking, "rs_")
+	c.rDelta(blockThinking, "rs_", "response.reasoning_text.delta", raw, `"`)
+}
+
+// rDelta appends raw to the open item of kind (opening one, with its
+// part, when another kind is open) and emits its delta event; tail closes
+// the delta string and adds the event's other fields.
+func (c *StreamConverter) rDelta(kind blockKind, prefix, event string, raw []byte, tail string) {
+	if c.cur != kind {
+		k := c.rOpen(kind, prefix)
 		c.rItemAdded(k)
 		c.rPart("response.content_part.added", k, false)
 	}
 	k := len(c.items) - 1
 	c.acc = append(c.acc, raw...)
 	c.items[k].e = len(c.acc)
-	c.rEvent("response.reasoning_text.delta")
+	c.rEvent(event)
 	c.rItemRef(k)
 	c.out = append(c.out, `,"content_index":0,"delta":"`...)
 	c.out = append(c.out, raw...)
-	c.out = append(c.out, '"')
+	c.out = append(c.out, tail...)
 	c.rDone()
 }
 

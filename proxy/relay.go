@@ -74,13 +74,7 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 	if len(r.pending) > 0 {
 		p := r.pending
 		r.pending = nil
-		var n int
-		var err error
-		if hold {
-			n, err = r.writeEvents(w, p)
-		} else {
-			n, err = r.write(w, p)
-		}
+		n, err := r.emit(w, p, hold)
 		total += int64(n)
 		if err != nil {
 			return total, err
@@ -96,13 +90,7 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 				p = r.st.feed(p) // may be empty: read again
 			}
 			if len(p) > 0 {
-				var m int
-				var werr error
-				if hold {
-					m, werr = r.writeEvents(w, p)
-				} else {
-					m, werr = r.write(w, p)
-				}
+				m, werr := r.emit(w, p, hold)
 				total += int64(m)
 				if werr != nil {
 					return total, werr
@@ -213,6 +201,14 @@ func (r *relay) armWrite() {
 	if r.client != nil && r.wto > 0 {
 		r.client.SetWriteDeadline(time.Now().Add(r.wto))
 	}
+}
+
+// emit writes p: its whole events only when hold (writeEvents).
+func (r *relay) emit(w io.Writer, p []byte, hold bool) (int, error) {
+	if hold {
+		return r.writeEvents(w, p)
+	}
+	return r.write(w, p)
 }
 
 // writeEvents writes the whole events of p and keeps an event cut at its
