@@ -132,8 +132,9 @@ type StreamConverter struct {
 	// were not yet whole (vLLM sends "\n" as content before the rest of
 	// the arguments): a tool block is final once stopped, so the text
 	// waits until the arguments are whole, another call opens, or the end.
-	heldText []byte
-	failed   bool // the stream ended with an error event
+	heldText    []byte
+	heldRefusal []byte // a refusal that arrived while text was held
+	failed      bool   // the stream ended with an error event
 
 	// Responses only
 	seq   int64
@@ -172,14 +173,15 @@ func (c *StreamConverter) Reset(m *Meta) {
 	}
 	c.sse.reset()
 	*c = StreamConverter{
-		m:          m,
-		sse:        c.sse,
-		finish:     c.finish[:0],
-		stopReason: c.stopReason[:0],
-		tools:      c.tools[:0],
-		items:      c.items[:0],
-		acc:        reuse(c.acc),
-		heldText:   reuse(c.heldText),
+		m:           m,
+		sse:         c.sse,
+		finish:      c.finish[:0],
+		stopReason:  c.stopReason[:0],
+		tools:       c.tools[:0],
+		items:       c.items[:0],
+		acc:         reuse(c.acc),
+		heldText:    reuse(c.heldText),
+		heldRefusal: reuse(c.heldRefusal),
 	}
 }
 
@@ -417,10 +419,10 @@ func (c *StreamConverter) onChoice(ch []byte) error {
 		if len(refusal) > 0 {
 			c.deltas++
 			c.refused = true
-			if c.m.API == Responses {
-				c.rRefusal(refusal)
+			if c.holdingText() {
+				c.heldRefusal = append(c.heldRefusal, refusal...)
 			} else {
-				c.aText(refusal) // Messages has no refusal block: the text, and stop_reason refusal
+				c.emitRefusal(refusal)
 			}
 		}
 		if calls != nil {
@@ -509,7 +511,7 @@ func (c *StreamConverter) onToolCalls(calls []byte) error {
 			c.deltas++
 			c.emitToolArgs(int(idx), args)
 			t.scan.feed(args)
-			if len(c.heldText) > 0 && t.scan.complete() {
+			if len(c.heldText)+len(c.heldRefusal) > 0 && t.scan.complete() {
 				c.flushText()
 			}
 		}
@@ -527,11 +529,26 @@ func (c *StreamConverter) holdingText() bool {
 	return t.opened && !t.scan.complete()
 }
 
-// flushText sends the held text (closing the tool block).
+// flushText sends the held text, then the held refusal (closing the tool
+// block).
 func (c *StreamConverter) flushText() {
 	if len(c.heldText) > 0 {
 		c.emitText(c.heldText)
 		c.heldText = c.heldText[:0]
+	}
+	if len(c.heldRefusal) > 0 {
+		c.emitRefusal(c.heldRefusal)
+		c.heldRefusal = c.heldRefusal[:0]
+	}
+}
+
+// emitRefusal sends a refusal: Messages has no refusal block, so it is
+// text there (and stop_reason refusal); Responses has refusal parts.
+func (c *StreamConverter) emitRefusal(raw []byte) {
+	if c.m.API == Responses {
+		c.rRefusal(raw)
+	} else {
+		c.aText(raw)
 	}
 }
 

@@ -543,3 +543,39 @@ func TestARefusalIsKeptInBothProtocols(t *testing.T) {
 		t.Fatalf("completed output: %v", last)
 	}
 }
+
+// A refusal that arrives while text is held (the streaming call's
+// arguments not yet whole) waits too: it closed the tool block, and the
+// late arguments went into the stopped block again.
+func TestARefusalBetweenACallsArgumentsWaitsLikeText(t *testing.T) {
+	tc := func(d string) string { return chunkLine(`{"tool_calls":[`+d+`]}`, "null") }
+	up := tc(`{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":"{\"a\":"}}`) +
+		chunkLine(`{"refusal":"no"}`, "null") +
+		tc(`{"index":0,"function":{"arguments":"1}"}}`) +
+		chunkLine(`{}`, `"tool_calls"`) + usageLine + "data: [DONE]\n\n"
+	evs, err := checkAnthropicSSE(convertStream(t, &Meta{API: Anthropic, Model: []byte("m")}, up))
+	if err != nil {
+		t.Fatalf("Messages: %v", err)
+	}
+	stopped, args := map[int]bool{}, ""
+	for _, ev := range evs {
+		switch ev.name {
+		case "content_block_delta":
+			i := num(ev.data["index"])
+			if stopped[i] {
+				t.Fatalf("Messages: a delta for block %d after its stop", i)
+			}
+			if pj, ok := ev.data["delta"].(map[string]any)["partial_json"].(string); ok {
+				args += pj
+			}
+		case "content_block_stop":
+			stopped[num(ev.data["index"])] = true
+		}
+	}
+	if args != `{"a":1}` {
+		t.Fatalf("Messages: tool input %q", args)
+	}
+	if _, err := checkResponsesSSE(convertStream(t, &Meta{API: Responses, Model: []byte("m")}, up)); err != nil {
+		t.Fatalf("Responses: %v", err)
+	}
+}

@@ -211,6 +211,9 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 			return attemptCommitted
 		}
 		f = up.readFailure(rerr, n > 0)
+		if f.kind != failCanceled && !c.total.IsZero() && isTimeout(rerr) && !time.Now().Before(c.total) {
+			f = fail(failWallClock, rerr) // the request's own cap, not the worker (as the relay has it)
+		}
 		c.cancel.unset() // first: an abort must not reach the recycled connection's next user
 		up.finish(false)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
 )
 
@@ -307,5 +308,32 @@ func TestABrokenNonStreamedAnswerGetsA502InTheErrorShape(t *testing.T) {
 	}
 	if got := ask("split"); !strings.HasPrefix(got, "HTTP/1.1 200") || !strings.HasSuffix(got, okJSON) {
 		t.Fatalf("an answer split over two writes:\n%s", got)
+	}
+}
+
+// A non-streamed answer that the request's own total cap
+// (timeouts.non_stream_total_s) cuts after its first bytes is a 504 that
+// does not blame the worker, as when the relay was already sending it; read
+// whole before its head, it had become a 502 worker fault.
+func TestANonStreamedAnswerCutByTheTotalCapIsA504ThatSparesTheWorker(t *testing.T) {
+	w := startRaw(t, func(n int, req string, c net.Conn) {
+		a := jsonAnswer(okJSON)
+		c.Write([]byte(a[:len(a)-20]))
+		time.Sleep(time.Second)
+		c.Write([]byte(a[len(a)-20:]))
+	})
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	f.BreakerFailureThreshold = 1 // one worker fault opens it
+	cfg := config.Default()
+	cfg.Timeouts.NonStreamTotalSeconds = 0.3
+	r := startPDRouter(t, f, cfg, fleet.Record{ID: "w", URL: w.url, Models: []string{"m"}})
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	got := rawClient(t, r.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\nConnection: close\r\n\r\n"+body, 5*time.Second)
+	if !strings.HasPrefix(got, "HTTP/1.1 504") || !strings.Contains(got, `"code":"timeout"`) {
+		t.Fatalf("got\n%.400s\nwant a 504 timeout", got)
+	}
+	if st := r.fl.Get("w").Breaker.State(); st != fleet.BreakerClosed {
+		t.Fatalf("the request's own cap opened the worker's breaker (state %d)", st)
 	}
 }
