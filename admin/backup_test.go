@@ -116,9 +116,11 @@ func TestConfigFileChangedAfterTheNewestSnapshotWinsAtStart(t *testing.T) {
 	e := newEnv(t, envOpts{snapshotDir: dir})
 	e.put("load_balancing", `{"algorithm":"round-robin"}`, 200)
 	e.a.Close()
-	time.Sleep(5 * time.Millisecond) // the file's mtime after the snapshot's ms
+	// The file's mtime is set after the snapshot's time: the kernel stamps
+	// files with a coarse clock (a tick, up to 10 ms), so a file written
+	// a few milliseconds after the snapshot may carry an earlier time.
 	doc := `{"load_balancing":{"algorithm":"least-tokens"}}`
-	e2 := newEnv(t, envOpts{snapshotDir: dir, file: doc})
+	e2 := newEnv(t, envOpts{snapshotDir: dir, file: doc, fileMtime: time.Now().Add(time.Second)})
 	if alg := e2.store.Load().LoadBalancing.Algorithm; alg != "least-tokens" {
 		t.Fatalf("a snapshot older than the config file replaced it: %q", alg)
 	}
