@@ -25,6 +25,9 @@ var (
 	// mWorkerGone counts the streams failed because their worker's cancel
 	// subject had no subscriber probeStrikes probes in a row.
 	mWorkerGone = metrics.NewCounter(`infera_nats_streams_worker_gone_total`)
+	// mGoneAnswers counts the answers to a worker's chunk or probe for a
+	// request this router no longer has open (KindGone).
+	mGoneAnswers = metrics.NewCounter(`infera_nats_gone_answers_total`)
 )
 
 // ClientConfig configures the router side of the NATS request transport.
@@ -150,6 +153,8 @@ func (c *Client) probeLoop() {
 	var workers []string
 	var failed []*Stream
 	var tick uint64
+	open := map[string][]string{}
+	var lost []*Stream
 	for {
 		select {
 		case <-c.probeStop:
@@ -157,7 +162,10 @@ func (c *Client) probeLoop() {
 		case <-t.C:
 		}
 		tick++
-		workers, failed = workers[:0], failed[:0]
+		workers, failed, lost = workers[:0], failed[:0], lost[:0]
+		for w, ids := range open {
+			open[w] = ids[:0]
+		}
 		c.mu.Lock()
 		for _, p := range c.probes { // the answers to the last tick's probes
 			if p.bounced {
@@ -175,14 +183,40 @@ func (c *Client) probeLoop() {
 			}
 			if p.strikes >= probeStrikes {
 				failed = append(failed, s)
-			} else if p.tick != tick {
+				continue
+			}
+			if p.tick != tick {
 				p.tick = tick
 				workers = append(workers, s.worker)
+			}
+			// The last round's answers: a worker said it does not know the
+			// request and none said it does (two sidecars may share an id
+			// during a rollout; a worker older than the question says
+			// nothing, which never strikes).
+			if s.asked != 0 && s.asked == tick-1 {
+				if s.unknownAt == s.asked && s.knownAt != s.asked {
+					s.lostStrikes++
+					if s.lostStrikes == unknownStrikes {
+						lost = append(lost, s)
+					}
+				} else {
+					s.lostStrikes = 0
+				}
+			}
+			// Ask about the streams open since the last tick at least (the
+			// worker has had time to take the request) that have not seen
+			// their end yet.
+			if s.seenTick == 0 {
+				s.seenTick = tick
+			} else if !s.endQueued.Load() && len(open[s.worker]) < maxOpenPerProbe {
+				s.asked = tick
+				open[s.worker] = append(open[s.worker], s.id)
 			}
 		}
 		for w, p := range c.probes { // struck out, or no open stream left
 			if p.tick != tick {
 				delete(c.probes, w)
+				delete(open, w)
 			}
 		}
 		c.mu.Unlock()
@@ -190,11 +224,66 @@ func (c *Client) probeLoop() {
 			mWorkerGone.Inc()
 			s.fail(wrap(ErrWorkerGone, s.worker))
 		}
+		for _, s := range lost {
+			mWorkerGone.Inc()
+			s.fail(wrap(ErrWorkerGone, s.worker+": the worker does not know the request (restarted under the same id)"))
+		}
+		round := strconv.FormatUint(tick, 10)
 		for _, w := range workers {
 			m := nats.NewMsg(CancelSubject(w))
 			m.Reply = c.prefix + goneTag + w
+			if ids := open[w]; len(ids) > 0 {
+				m.Header.Set(HdrOpen, strings.Join(ids, " "))
+				m.Header.Set(HdrRound, round)
+			}
 			c.nc.PublishMsg(m)
 		}
+	}
+}
+
+// maxOpenPerProbe caps the request ids one probe asks a worker about
+// (about 23 KB); with more open, the map's order picks which.
+const maxOpenPerProbe = 1000
+
+// unknownStrikes is how many probe rounds in a row a worker must answer
+// that it does not know a request before the request fails.
+const unknownStrikes = 2
+
+// answered records a worker's answer to the probe of round: which of the
+// asked requests it knows and which it does not.
+func (c *Client) answered(w string, m *nats.Msg) {
+	round, err := strconv.ParseUint(m.Header.Get(HdrRound), 10, 64)
+	if err != nil || round == 0 {
+		return
+	}
+	mark := func(list string, known bool) {
+		for n := 0; list != "" && n < maxOpenPerProbe; n++ {
+			var id string
+			id, list, _ = strings.Cut(list, " ")
+			s := c.streams[id]
+			if s == nil || s.worker != w || s.asked != round {
+				continue
+			}
+			if known {
+				s.knownAt = round
+			} else {
+				s.unknownAt = round
+			}
+		}
+	}
+	c.mu.Lock()
+	mark(m.Header.Get(HdrKnown), true)
+	mark(m.Header.Get(HdrUnknown), false)
+	c.mu.Unlock()
+}
+
+// answerGone tells a worker that the request behind its chunk or probe is
+// no longer open here (reply is the reply subject the worker gave).
+func (c *Client) answerGone(reply string) {
+	m := nats.NewMsg(reply)
+	m.Header.Set(HdrKind, KindGone)
+	if c.nc.PublishMsg(m) == nil {
+		mGoneAnswers.Inc()
 	}
 }
 
@@ -254,6 +343,24 @@ func (c *Client) dispatch(m *nats.Msg) {
 				p.bounced = true
 			}
 			c.mu.Unlock()
+		} else if m.Header.Get(HdrRound) != "" {
+			c.answered(w, m)
+		}
+		return
+	}
+	if id == probeToken {
+		// A worker's probe while it waits for its engine; its reply subject
+		// is <its inbox>.<request id>.p. A request this router no longer
+		// has open is over: its cancel notice was lost (published while
+		// the broker connection was down).
+		r, ok := strings.CutSuffix(m.Reply, ".p")
+		if i := strings.LastIndexByte(r, '.'); ok && i >= 0 {
+			c.mu.Lock()
+			s := c.streams[r[i+1:]]
+			c.mu.Unlock()
+			if s == nil {
+				c.answerGone(m.Reply)
+			}
 		}
 		return
 	}
@@ -262,8 +369,19 @@ func (c *Client) dispatch(m *nats.Msg) {
 	c.mu.Unlock()
 	if s != nil {
 		s.push(m)
+		return
+	}
+	if m.Reply != "" && m.Header.Get("Status") == "" && m.Header.Get(HdrKind) == KindData {
+		// A chunk of a request given up on: the worker goes on only when
+		// the cancel notice was lost. Tell it on the chunk's own reply
+		// subject (see Server.goneInbox).
+		c.answerGone(m.Reply)
 	}
 }
+
+// probeToken is the last token of the subject workers probe a router's
+// inbox on (see the package doc); stream ids (nuids) are never this short.
+const probeToken = "probe"
 
 // Do publishes req to workerID and waits for the first reply message. On
 // success the caller owns the Stream and must Close it. Every error from Do
@@ -315,7 +433,7 @@ func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream
 	m.Header.Set(HdrID, id)
 	m.Header.Set(HdrMethod, method)
 	m.Header.Set(HdrPath, req.Path)
-	m.Header.Set(HdrProbe, "1") // c.prefix+"*" takes <prefix>probe too
+	m.Header.Set(HdrProbe, "1") // c.prefix+"*" takes <prefix>probe too (probeToken)
 	if int64(len(req.Body)+hsize+len(req.Path)+128) > c.nc.MaxPayload() {
 		if ctr != nil {
 			ctr.Add(-1)
@@ -380,6 +498,9 @@ func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream
 		if first.Header.Get(HdrStatus) == "429" {
 			return nil, wrap(ErrWorkerBusy, reason)
 		}
+		if first.Header.Get(HdrReason) == ReasonProtocol {
+			return nil, wrap(ErrEngineProtocol, reason)
+		}
 		return nil, wrap(ErrEngine, reason)
 	default:
 		s.Close()
@@ -411,6 +532,16 @@ type Stream struct {
 	sig        chan struct{}
 	released   bool
 
+	// Under Client.mu (probeLoop and answered): the probe tick that first
+	// saw the stream, the last round that asked the worker about it, the
+	// last rounds a worker answered it knows / does not know it, and the
+	// rounds in a row it was not known.
+	seenTick, asked, knownAt, unknownAt uint64
+	lostStrikes                         int
+	// endQueued: the end (or error) message has arrived; the worker is done
+	// with the request.
+	endQueued atomic.Bool
+
 	status      int
 	header      http.Header
 	pendingData []byte
@@ -439,7 +570,12 @@ func (s *Stream) push(m *nats.Msg) {
 		// The end (or error) message may take one slot over the bound: a
 		// reader holding the whole answer must still see its end.
 		limit := s.c.cfg.MaxQueued
-		if m.Header.Get(HdrKind) != KindData {
+		switch m.Header.Get(HdrKind) {
+		case KindData:
+		case KindEnd, KindError:
+			s.endQueued.Store(true)
+			limit++
+		default:
 			limit++
 		}
 		if len(s.q)-s.qhead >= limit || s.qbytes+len(m.Data) > s.c.cfg.MaxQueuedBytes {

@@ -42,8 +42,13 @@
 //	                    stream broke mid-way (the client sees an error).
 //	Infera-Kind: error  instead of head: the request was not forwarded.
 //	                    Infera-Status says why (429 = worker at
-//	                    --nats-req-max-pending, 502 = engine unreachable),
-//	                    Infera-Error has the reason.
+//	                    --nats-req-max-pending, 502 = engine failed),
+//	                    Infera-Error has the reason; with 502,
+//	                    Infera-Reason: protocol says the engine answered
+//	                    something that is not HTTP (absent: it could not
+//	                    be reached). An engine answer that breaks off after
+//	                    its head is a head, the data that came, and an end
+//	                    with Infera-Error.
 //
 // # A router that is gone
 //
@@ -60,11 +65,24 @@
 // dropped for a moment) do not. A requester without the header (an
 // exact-subject inbox, `nats req`) is never probed.
 //
+// A router answers for a request it no longer has open (its cancel notice
+// may have been lost, published while its broker connection was down): a
+// data chunk for it, or a probe for it, gets a message with Infera-Kind:
+// gone on the chunk's or probe's reply subject, and the worker cancels the
+// engine request at once.
+//
 // The router watches its workers likewise: every 2 s, each worker it has
 // requests open at gets an empty message on infera.cancel.<workerID> (a
 // live worker ignores a cancel without a request id) with a reply subject
 // of the router's inbox; three in a row answered no-responders fail that
-// worker's open requests with ErrWorkerGone.
+// worker's open requests with ErrWorkerGone. The message also lists, in
+// Infera-Open (space-separated), the requests open at the worker since the
+// previous probe, with Infera-Round numbering the probe; the worker answers
+// on the reply subject with Infera-Round, Infera-Known (the listed ids it
+// serves) and Infera-Unknown (the others). A request some answer calls
+// unknown and none calls known, two rounds in a row, fails with
+// ErrWorkerGone: its worker was restarted under the same id. A worker that
+// does not answer (an older one) fails nothing.
 //
 // # KV-event framing
 //

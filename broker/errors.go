@@ -34,6 +34,10 @@ var (
 	ErrNoResponders = &Error{Status: http.StatusServiceUnavailable, Retryable: true, msg: "no responders on worker subject"}
 	// ErrEngine: the worker could not reach its engine. 502, retryable.
 	ErrEngine = &Error{Status: http.StatusBadGateway, Retryable: true, msg: "worker could not reach engine"}
+	// ErrEngineProtocol: the worker reached its engine, which answered with
+	// something that is not a usable HTTP response (a malformed status
+	// line or head). 502, retryable.
+	ErrEngineProtocol = &Error{Status: http.StatusBadGateway, Retryable: true, msg: "worker's engine sent an invalid response"}
 	// ErrIdleTimeout: no reply chunk within --nats-req-idle-timeout. 504;
 	// retryable only when it happens before the first reply (Do).
 	ErrIdleTimeout = &Error{Status: http.StatusGatewayTimeout, Retryable: true, msg: "idle timeout waiting for reply"}
@@ -54,8 +58,10 @@ var (
 	// 503; retryable before the first reply.
 	ErrConnLost = &Error{Status: http.StatusServiceUnavailable, Retryable: true, msg: "NATS connection lost"}
 	// ErrWorkerGone: the worker's cancel subject had no subscriber three
-	// probes in a row, 2 s apart (6-8 s after its death): the worker died with the request open.
-	// 502; retryable before the first reply.
+	// probes in a row, 2 s apart (6-8 s after its death): the worker died
+	// with the request open; or the worker answering on its subject no
+	// longer knew the request two probes in a row (it was restarted under
+	// the same id). 502; retryable before the first reply.
 	ErrWorkerGone = &Error{Status: http.StatusBadGateway, Retryable: true, msg: "worker gone (its NATS subscriptions vanished)"}
 	// ErrTooLarge: the request does not fit one NATS message. 413.
 	ErrTooLarge = &Error{Status: http.StatusRequestEntityTooLarge, Retryable: false, msg: "request larger than NATS max payload"}

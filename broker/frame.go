@@ -24,6 +24,19 @@ const (
 	HdrTopic  = "Infera-Topic"
 	HdrLast   = "Infera-Last"
 	HdrProbe  = "Infera-Probe"
+	// HdrOpen, on the router's probe of a worker's cancel subject, lists
+	// (space-separated) the request ids the router has open there; the
+	// worker answers the ones it does not know in HdrUnknown.
+	// HdrRound numbers the probe, and the worker's answer repeats it; the
+	// answer lists the asked ids the worker has in HdrKnown.
+	HdrOpen    = "Infera-Open"
+	HdrRound   = "Infera-Round"
+	HdrKnown   = "Infera-Known"
+	HdrUnknown = "Infera-Unknown"
+	// HdrReason, on an error reply with status 502, says why the request
+	// was not forwarded: "protocol" when the engine answered with
+	// something that is not HTTP; absent when it could not be reached.
+	HdrReason = "Infera-Reason"
 	// HdrInstance is a KV-event relay's instance id (see the package doc).
 	HdrInstance = "Infera-Instance"
 
@@ -31,6 +44,14 @@ const (
 	KindData  = "data"
 	KindEnd   = "end"
 	KindError = "error"
+	// KindGone is the router's answer to a worker's data chunk or probe for
+	// a request it no longer has open (it gave up on it, and its cancel
+	// notice may have been lost in a broker reconnect): stop the request.
+	KindGone = "gone"
+
+	// ReasonProtocol is HdrReason's value for an engine answer that is not
+	// a usable HTTP response.
+	ReasonProtocol = "protocol"
 )
 
 // ReqSubject returns the request subject of worker id.

@@ -95,10 +95,11 @@ type served struct {
 	cancel context.CancelFunc
 	// probe is the subject probed while nothing was published for the
 	// request; "" when the router did not ask or a chunk went out.
-	probe   string
-	bounced bool // a probe came back no-responders since the last tick
-	strikes int  // probes in a row that came back no-responders
-	gone    bool // the router was found gone (counted and cancelled once)
+	probe    string
+	bounced  bool // a probe came back no-responders since the last tick
+	strikes  int  // probes in a row that came back no-responders
+	gone     bool // the router was found gone (counted and cancelled once)
+	canceled bool // the router's cancel notice came (counted once)
 }
 
 // maxEarlyCancels bounds Server.early; entries older than earlyCancelTTL
@@ -296,18 +297,24 @@ func (s *Server) Wait(ctx context.Context) error {
 // chunk (goneInbox.<id>) the router is gone and the chunk lost, so the
 // request is cancelled at once; for a probe (goneInbox.<id>.p) it is a
 // strike, counted by probeLoop.
+//
+// A message of kind KindGone there is the router's own answer to a chunk
+// or a probe: it no longer has the request open (its cancel notice was
+// lost while a connection to the broker was down), so the request is
+// cancelled at once.
 func (s *Server) onReaderGone(m *nats.Msg) {
-	if m.Header.Get("Status") != "503" || len(m.Subject) <= len(s.goneInbox)+1 {
+	gone := m.Header.Get(HdrKind) == KindGone
+	if (!gone && m.Header.Get("Status") != "503") || len(m.Subject) <= len(s.goneInbox)+1 {
 		return
 	}
 	id, isProbe := strings.CutSuffix(m.Subject[len(s.goneInbox)+1:], ".p")
 	s.mu.Lock()
 	r := s.reqs[id]
-	if r == nil || r.gone {
+	if r == nil || r.gone || r.canceled {
 		s.mu.Unlock()
 		return
 	}
-	if isProbe {
+	if isProbe && !gone {
 		r.bounced = true
 		s.mu.Unlock()
 		return
@@ -319,18 +326,68 @@ func (s *Server) onReaderGone(m *nats.Msg) {
 }
 
 func (s *Server) onCancel(m *nats.Msg) {
+	if open := m.Header.Get(HdrOpen); open != "" {
+		s.answerOpen(m, open)
+		return
+	}
 	id := string(m.Data)
 	s.mu.Lock()
 	r := s.reqs[id]
 	if r == nil && id != "" {
 		s.rememberEarlyLocked(id)
 	}
+	counted := r != nil && !r.canceled && !r.gone
+	if r != nil {
+		r.canceled = true
+	}
 	s.mu.Unlock()
 	if r != nil {
-		mSrvCanceled.Inc()
+		if counted {
+			mSrvCanceled.Inc()
+		}
 		r.cancel()
 	}
 }
+
+// answerOpen answers a router's probe that lists the requests it has open
+// at this worker id: which of them this process serves and which it does
+// not know (a worker restarted under the same id has forgotten them; two
+// sidecars sharing an id during a rollout each say which are theirs).
+func (s *Server) answerOpen(m *nats.Msg, open string) {
+	if m.Reply == "" {
+		return
+	}
+	var known, unknown []byte
+	s.mu.Lock()
+	for n := 0; open != "" && n < maxOpenAsked; n++ {
+		var id string
+		id, open, _ = strings.Cut(open, " ")
+		if id == "" {
+			continue
+		}
+		list := &unknown
+		if s.reqs[id] != nil {
+			list = &known
+		}
+		if len(*list) > 0 {
+			*list = append(*list, ' ')
+		}
+		*list = append(*list, id...)
+	}
+	s.mu.Unlock()
+	a := nats.NewMsg(m.Reply)
+	a.Header.Set(HdrRound, m.Header.Get(HdrRound))
+	if len(known) > 0 {
+		a.Header.Set(HdrKnown, string(known))
+	}
+	if len(unknown) > 0 {
+		a.Header.Set(HdrUnknown, string(unknown))
+	}
+	s.nc.PublishMsg(a)
+}
+
+// maxOpenAsked bounds the ids one probe's answer looks at.
+const maxOpenAsked = 4096
 
 // rememberEarlyLocked records a cancel for a request not seen yet. s.mu held.
 func (s *Server) rememberEarlyLocked(id string) {
@@ -389,6 +446,23 @@ func (s *Server) replyLast(to string, resp *http.Response, body []byte) {
 	m.Header.Set(HdrStatus, strconv.Itoa(resp.StatusCode))
 	m.Header.Set(HdrLast, "1")
 	m.Data = body
+	s.nc.PublishMsg(m)
+}
+
+// replyEngineError answers a request whose engine exchange failed before
+// a response head: 502, with HdrReason saying whether the engine could not
+// be reached (a dial error: nothing was sent to it) or answered with
+// something that is not HTTP.
+func (s *Server) replyEngineError(to string, err error) {
+	m := nats.NewMsg(to)
+	m.Header.Set(HdrKind, KindError)
+	m.Header.Set(HdrSeq, "0")
+	m.Header.Set(HdrStatus, strconv.Itoa(http.StatusBadGateway))
+	m.Header.Set(HdrError, sanitize(err.Error()))
+	var op *net.OpError
+	if !errors.As(err, &op) || op.Op != "dial" {
+		m.Header.Set(HdrReason, ReasonProtocol)
+	}
 	s.nc.PublishMsg(m)
 }
 
@@ -469,7 +543,7 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 	resp, err := s.hc.Do(req)
 	if err != nil {
 		if ctx.Err() == nil {
-			s.reply(m.Reply, 0, KindError, http.StatusBadGateway, err.Error(), nil, nil)
+			s.replyEngineError(m.Reply, err)
 		}
 		return
 	}
@@ -485,7 +559,12 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 			return
 		}
 		if ctx.Err() == nil {
-			s.reply(m.Reply, 0, KindError, http.StatusBadGateway, "cannot read engine response: "+err.Error(), nil, nil)
+			// The engine answered and broke off: as over HTTP, the head
+			// and what came of the body, then the break.
+			slog.Warn("engine answer broke", "worker", s.cfg.WorkerID, "path", path, "err", err)
+			if s.reply(m.Reply, 0, KindHead, resp.StatusCode, "", resp.Header, buf[:n]) == nil {
+				s.reply(m.Reply, 1, KindEnd, 0, "cannot read engine response: "+err.Error(), nil, nil)
+			}
 		}
 		return
 	}

@@ -72,6 +72,8 @@ func (t *natsTransport) failure(err error, afterFirstByte, aborted bool) *failur
 		return fail(failNoResponder, err)
 	case errors.Is(err, broker.ErrEngine):
 		return fail(failEngine, err)
+	case errors.Is(err, broker.ErrEngineProtocol):
+		return fail(failProtocol, err)
 	case errors.Is(err, broker.ErrIdleTimeout):
 		if afterFirstByte {
 			return fail(failBroken, err)
