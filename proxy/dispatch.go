@@ -473,8 +473,7 @@ func (s *Server) writeFailure(ctx *fasthttp.RequestCtx, f *failure, allConnect b
 func (s *Server) countFailure(w *fleet.Worker, f *failure) {
 	switch f.kind {
 	case failCanceled:
-		mClientGone.Inc()
-		return
+		return // counted once, where the request ends (dropClient)
 	case failTimeout, failWallClock, failSpent:
 		mTimeouts.Inc()
 	default:
@@ -501,6 +500,10 @@ func (s *Server) writeSchedError(ctx *fasthttp.RequestCtx, r *sched.Request, err
 			}
 		}
 		writeError(ctx, fasthttp.StatusNotFound, typeNotFound, msg, "model", "model_not_found")
+	case errors.As(err, new(*sched.PDModeError)):
+		// A configuration problem the operator must see: say which worker.
+		countStatus(503)
+		writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable, err.Error(), "", "pd_mode_unknown")
 	case errors.Is(err, sched.ErrNoWorkers), errors.Is(err, sched.ErrExhausted):
 		countStatus(503)
 		writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable, "no worker available for this request", "", "no_workers")

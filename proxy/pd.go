@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/broker"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/sched"
 	"github.com/valyala/fasthttp"
@@ -74,6 +75,12 @@ type pdDispatch struct {
 	committed bool     // the decode leg's answer went to the client
 	dcall     *call    // the decode leg's call, aborted when the prefill fails first
 	pfail     *failure // the prefill leg failed before the commit
+	ended     bool     // the prefill leg has its outcome
+	// waited: the decode leg timed out before its first byte while the
+	// prefill leg had no outcome yet. A decode engine cannot answer before
+	// it has the prefill's KV, so its wait was the prefill's: the prefill
+	// leg, aborted then, ends as a timeout (blamed), the decode leg neutral.
+	waited bool
 	// The prefill's error answer (status >= 400), relayed when it is final.
 	errStatus        int
 	errBody, errType []byte
@@ -140,6 +147,9 @@ var (
 var (
 	errNoKVParams = errors.New("the prefill answer has no kv_transfer_params with do_remote_prefill true")
 	errPDAnswer   = errors.New("the prefill answer is too large")
+	// errDecodeWaited: the decode leg timed out before its first byte while
+	// this prefill leg had not answered (see pdDispatch.waited).
+	errDecodeWaited = errors.New("no prefill answer when the decode leg, which waits for its KV, timed out")
 )
 
 // dispatchPD serves r by a prefill+decode pair when its topology says so,
@@ -395,6 +405,19 @@ func neverReached(f *failure) bool {
 	switch f.kind {
 	case failLocalConns, failBusy, failSpent:
 		return true
+	case failEngine:
+		// NATS: the worker could not dial its engine (a dial error only; an
+		// engine that answered garbage is failProtocol).
+		return true
+	case failNoResponder:
+		// NATS: nobody took the request off the worker's subject; not a
+		// worker that died (or restarted) with the request open.
+		return !errors.Is(f.cause, broker.ErrWorkerGone)
+	case failBroker:
+		// Not connected to the broker (nothing was published), or nobody
+		// on the worker's subject just after a reconnect. A connection lost
+		// with the request out may have delivered it.
+		return errors.Is(f.cause, broker.ErrNATS) || errors.Is(f.cause, broker.ErrNoResponders)
 	case failConnect, failTimeout:
 		var op *net.OpError
 		return errors.Is(f.cause, errNotHTTP) || errors.As(f.cause, &op) && op.Op == "dial"
@@ -569,6 +592,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		c.body = dbody
 		p.mu.Lock()
 		p.committed, p.pfail, p.dcall, p.errStatus = false, nil, c, 0
+		p.ended, p.waited = false, false
 		p.mu.Unlock()
 		p.refs.Add(1)
 		go p.pushPrefill()
@@ -595,6 +619,9 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		// (its connection may go back to the pool).
 		p.dcall = nil
 		committed := p.committed
+		if !committed && f != nil && f.kind == failTimeout && !p.ended {
+			p.waited = true
+		}
 		p.mu.Unlock()
 		if committed {
 			if status < 200 || status > 299 {
@@ -631,7 +658,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		if pf != nil {
 			// The prefill failed first: the decode engine never got its KV.
 			// It is blamed only for its own connection failure.
-			if f != nil && f.kind == failConnect {
+			if f != nil && (f.kind == failConnect || f.kind == failNoResponder || f.kind == failEngine) {
 				s.decodeFailed(rs, f, 0)
 				r.Tried = append(r.Tried, rs.lease.Worker.Idx)
 			} else {
@@ -722,6 +749,14 @@ func (p *pdDispatch) pushPrefill() {
 			}
 		}
 	} else {
+		outcome = f.outcome()
+	}
+	p.mu.Lock()
+	p.ended = true
+	waited := p.waited
+	p.mu.Unlock()
+	if waited && f != nil && p.pc.cancel.wasAborted() {
+		f = fail(failTimeout, errDecodeWaited)
 		outcome = f.outcome()
 	}
 	if f != nil && f.kind != failStatus && f.kind != failCanceled {

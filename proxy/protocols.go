@@ -504,7 +504,9 @@ func (s *Server) commitConverted(ctx *fasthttp.RequestCtx, rs *reqState, up upRe
 	var out []byte
 	if f != nil {
 		up.finish(false)
-		if f.kind != failProtocol {
+		if f.kind == failCanceled {
+			mClientGone.Inc()
+		} else if f.kind != failProtocol {
 			s.countFailure(rs.lease.Worker, f)
 		}
 		outcome = f.outcome()
