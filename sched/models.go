@@ -119,7 +119,7 @@ func (s *Scheduler) route(c *compiled, v *fleet.View, r *Request, dst []*fleet.W
 			n := len(dst)
 			dst = appendRole(dst, v.ByService[svc], r)
 			if len(dst) > n {
-				return dst, "", svc, nil
+				return dst, byService, svc, nil
 			}
 			s.m.canaryEmpty.Inc()
 			break
@@ -145,7 +145,7 @@ func (s *Scheduler) route(c *compiled, v *fleet.View, r *Request, dst []*fleet.W
 		if len(dst) == 0 {
 			return dst, "", "", fmt.Errorf("%w: model %q is mapped to services %v, none has a routable worker", ErrNoWorkers, name, m.services)
 		}
-		return dst, "", "", nil
+		return dst, byService, "", nil
 	}
 	if len(name) == 0 {
 		return appendRole(dst, v.Routable, r), "", "", nil
@@ -268,11 +268,17 @@ func (s *Scheduler) Models(cfg *config.Config, v *fleet.View) []string {
 	return out
 }
 
+// byService is route's resolved model when a mapping or a canary rule
+// chose the candidates by their service (no worker serves such a name).
+const byService = "\x00service"
+
 // modelFor returns the name the chosen worker serves for this request:
 // resolved when w serves it, the requested name (exactly or in another
-// notation), or the worker's only model; "" when unknown.
+// notation), the worker's only model, or, when a mapping or a canary rule
+// chose the worker by its service, the service's model (the name asked
+// for is an alias); "" when unknown.
 func modelFor(w *fleet.Worker, resolved string, req []byte) string {
-	if resolved != "" {
+	if resolved != "" && resolved != byService {
 		for _, m := range w.Models {
 			if m == resolved {
 				return m
@@ -294,6 +300,16 @@ func modelFor(w *fleet.Worker, resolved string, req []byte) string {
 		}
 	}
 	if len(w.Models) == 1 {
+		return w.Models[0]
+	}
+	if resolved == byService && len(w.Models) > 0 {
+		// A worker serving several models (served names, LoRA adapters):
+		// its service's, which is its first model unless set otherwise.
+		for _, m := range w.Models {
+			if m == w.Service {
+				return m
+			}
+		}
 		return w.Models[0]
 	}
 	return ""

@@ -327,3 +327,45 @@ func TestNormalForms(t *testing.T) {
 		t.Fatalf("closeNames %v", got)
 	}
 }
+
+// A mapping or a canary rule names a service; its workers may serve
+// several models (served names, LoRA adapters). The body then carries the
+// service's model, not the alias the engine does not know, whichever of
+// the service's workers is chosen; a name the worker serves is kept.
+func TestAMappedNameIsRewrittenToTheServiceModelOnWorkersServingSeveralModels(t *testing.T) {
+	s, _ := newTestSched(t,
+		rec("a", "qwen3-8b", "qwen3-8b", "Qwen2.5-72B-Instruct"), // service defaults to the first model
+		rec("b", "qwen3-8b", "qwen3-8b"),
+		rec("c", "chat", "lora-a", "chat", "lora-b"), // a service named after its second model
+	)
+	cfg := cfgWith(t, func(c *config.Config) {
+		c.ModelRouting.Enabled = true
+		c.ModelRouting.Mappings = []config.ModelMapping{{Pattern: "gpt-4o", Services: []string{"qwen3-8b"}}, {Pattern: "gpt-5", Services: []string{"chat"}}}
+		c.Canary.Enabled = true
+		c.Canary.Rules = []config.CanaryRule{{Model: "my-alias", Targets: []config.CanaryTarget{{Service: "qwen3-8b", Weight: 1}}}}
+		c.LoadBalancing.Algorithm = "round-robin"
+	})
+	seen := map[string]bool{}
+	for i := 0; i < 8; i++ {
+		for _, name := range []string{"gpt-4o", "my-alias"} {
+			d, err := s.Pick(cfg, &Request{Model: []byte(name)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen[d.Worker.ID] = true
+			if d.Model != "qwen3-8b" || !d.Rewrite {
+				t.Fatalf("%s on worker %s: body model %q (rewrite %v), want qwen3-8b", name, d.Worker.ID, d.Model, d.Rewrite)
+			}
+		}
+		d, err := s.Pick(cfg, &Request{Model: []byte("gpt-5")}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Model != "chat" {
+			t.Fatalf("gpt-5 on worker %s: body model %q, want the service's model chat", d.Worker.ID, d.Model)
+		}
+	}
+	if !seen["a"] || !seen["b"] {
+		t.Fatalf("workers chosen: %v (the test needs both)", seen)
+	}
+}
