@@ -34,7 +34,29 @@ func isHopHeader(k []byte) bool {
 }
 
 // isFramingOrOwnHeader reports response headers the router writes itself.
+//
+// That includes the router's decision headers: a member region or another
+// gateway behind the split proxy writes its own, naming its internal
+// workers, and only this router's (under debug.decision_header) may reach
+// the client.
 func isFramingOrOwnHeader(k []byte) bool {
+	if len(k) > len("X-Infera-") && eqFold(k[:len("X-Infera-")], "X-Infera-") {
+		switch r := k[len("X-Infera-"):]; len(r) {
+		case 4:
+			return eqFold(r, "Tier")
+		case 5:
+			return eqFold(r, "Route")
+		case 6:
+			return eqFold(r, "Worker")
+		case 8:
+			return eqFold(r, "Upstream")
+		case 13:
+			return eqFold(r, "Prefill-Route")
+		case 14:
+			return eqFold(r, "Prefill-Worker")
+		}
+		return false
+	}
 	switch len(k) {
 	case 4:
 		return eqFold(k, "Date")

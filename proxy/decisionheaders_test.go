@@ -1,0 +1,54 @@
+package proxy
+
+import (
+	"testing"
+
+	"github.com/infera/infera/config"
+	"github.com/valyala/fasthttp"
+)
+
+// An upstream that is itself a gateway (a member region, a split-proxy
+// entry) answers with its own decision headers, naming its internal
+// workers. They never reach the client: without debug.decision_header the
+// client sees none, with it only this router's. The engine's own headers
+// pass.
+func TestAnUpstreamGatewaysDecisionHeadersNeverReachTheClient(t *testing.T) {
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		h := &ctx.Response.Header
+		h.Set("X-Infera-Worker", "http://10.0.0.7:8000")
+		h.Set("X-Infera-Route", "layer=inner")
+		h.Set("X-Infera-Prefill-Worker", "p-internal")
+		h.Set("X-Infera-Prefill-Route", "layer=kv")
+		h.Set("X-Infera-Upstream", "global:inner")
+		h.Set("x-infera-tier", "L3")
+		h.Set("X-Infera-Engine-Id", "engine-7")
+		okHandler(ctx)
+	})
+	for _, on := range []bool{false, true} {
+		cfg := config.Default()
+		cfg.Debug.DecisionHeader = on
+		r := startRouter(t, nil, cfg, up.url)
+		resp, body := postWith(t, r.url+"/v1/chat/completions", chatBody, nil)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		for _, k := range []string{"X-Infera-Prefill-Worker", "X-Infera-Prefill-Route", "X-Infera-Upstream", "X-Infera-Tier"} {
+			if v := resp.Header.Values(k); len(v) > 0 {
+				t.Errorf("decision header %v: the upstream's %s reached the client: %q", on, k, v)
+			}
+		}
+		if v := resp.Header.Values("X-Infera-Route"); len(v) != map[bool]int{false: 0, true: 1}[on] || (on && v[0] == "layer=inner") {
+			t.Errorf("decision header %v: X-Infera-Route %q, want only this router's", on, v)
+		}
+		want := []string(nil)
+		if on {
+			want = []string{"w0"}
+		}
+		if got := resp.Header.Values("X-Infera-Worker"); len(got) != len(want) || (len(want) > 0 && got[0] != want[0]) {
+			t.Errorf("decision header %v: X-Infera-Worker %q, want %q", on, got, want)
+		}
+		if got := resp.Header.Get("X-Infera-Engine-Id"); got != "engine-7" {
+			t.Errorf("the engine's own header: %q", got)
+		}
+	}
+}
