@@ -2,11 +2,14 @@ package gateway
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // infera serve --access-log: a line per request in the file, and after a
@@ -45,4 +48,33 @@ func TestE2EAccessLogIsWrittenAndReopenedOnSIGHUP(t *testing.T) {
 			t.Fatalf("%s holds the key or the prompt: %s", file, b)
 		}
 	}
+}
+
+// A stream still open when --shutdown-timeout runs out is cut, and it has
+// its access-log line like every other request (the lines waiting are
+// written before the process exits); the engine request is cancelled.
+func TestE2EARequestCutByTheDrainTimeoutIsInTheAccessLog(t *testing.T) {
+	eng, e1 := startEngine(t, "--speedup", "1")
+	path := filepath.Join(t.TempDir(), "access.log")
+	r := startChild(t, "serve", 0, "--workers", e1, "--access-log", path, "--shutdown-timeout", "1s")
+	go func() {
+		req, _ := http.NewRequest("POST", r.url+"/v1/chat/completions", strings.NewReader(chatJSON("sim-model", "hello", 100000, true)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Request-Id", "cut-stream-1")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	waitUntil(t, "the stream in flight", func() bool { return eng.Stats().GeneratedTokens > 0 })
+	start := time.Now()
+	r.stop()
+	if d := time.Since(start); d > 6*time.Second {
+		t.Fatalf("the router took %v to stop with --shutdown-timeout 1s", d)
+	}
+	b, _ := os.ReadFile(path)
+	if !strings.Contains(string(b), `"request_id":"cut-stream-1"`) {
+		t.Fatalf("the cut stream has no access-log line: %q\n%s", b, r.logText())
+	}
+	waitUntil(t, "the engine request cancelled", func() bool { return eng.Stats().Aborted == 1 && eng.Stats().Active == 0 })
 }

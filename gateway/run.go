@@ -83,15 +83,27 @@ func (g *Gateway) drain() error {
 	defer cancel()
 	err := g.Shutdown(ctx)
 	if errors.Is(err, context.DeadlineExceeded) {
-		// The stop was asked for and happens: what is still open is cut
-		// when the process exits, which is not a failure of the stop (a
-		// non-zero status would have systemd record the unit as failed).
+		// The stop was asked for and happens: what is still open is cut,
+		// which is not a failure of the stop (a non-zero status would have
+		// systemd record the unit as failed). Cut here, not by the exit:
+		// each cut request then ends as one whose client left (its engine
+		// request cancelled, its access-log line written).
 		slog.Warn("shutdown: drain timeout reached; the requests still open are cut",
 			"drain_timeout", timeout.String(), "open_connections", g.srv.OpenConnections())
+		cctx, ccancel := context.WithTimeout(context.Background(), cutGrace)
+		defer ccancel()
+		if _, left := g.srv.CutOpen(cctx); left > 0 {
+			slog.Warn("shutdown: requests still open after the cut; exiting without their access-log lines",
+				"requests", left, "waited", cutGrace.String())
+		}
 		return nil
 	}
 	return err
 }
+
+// cutGrace bounds the wait, after the drain timeout, for the cut requests
+// to end.
+const cutGrace = 2 * time.Second
 
 // holdSIGHUP makes SIGHUP's default action (ending the process) go away for
 // good, before anything slow runs in New: until the config watcher and Run

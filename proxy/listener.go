@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -29,6 +30,23 @@ type listener struct {
 	// would answer in plain text).
 	max  int64
 	open atomic.Int64
+
+	// conns holds the connections open now, for cutAll.
+	mu    sync.Mutex
+	conns map[*clientConn]struct{}
+}
+
+// cutAll shuts every open client connection down (both directions): the
+// requests on them see their client gone and end. shutdown, not close:
+// the descriptor stays valid for its reader, the liveness watchdog and
+// fasthttp, which closes it when its handler returns.
+func (l *listener) cutAll() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for c := range l.conns {
+		syscall.Shutdown(c.fd, syscall.SHUT_RDWR)
+	}
+	return len(l.conns)
 }
 
 // tooManyConns is the answer to a connection over --max-conns (the request
@@ -60,10 +78,16 @@ func (l *listener) Accept() (net.Conn, error) {
 			if l.tls != nil {
 				nc = tls.Server(nc, l.tls) // over sockio's reads and lazy deadlines, as upstream TLS
 			}
-			cc := &clientConn{Conn: nc, fd: netpeek.SockFD(c), tls: l.tls != nil}
+			cc := &clientConn{Conn: nc, fd: netpeek.SockFD(c), tls: l.tls != nil, l: l}
 			if l.max > 0 {
 				cc.open = &l.open
 			}
+			l.mu.Lock()
+			if l.conns == nil {
+				l.conns = map[*clientConn]struct{}{}
+			}
+			l.conns[cc] = struct{}{}
+			l.mu.Unlock()
 			return cc, nil
 		}
 		if errors.Is(err, net.ErrClosed) {
@@ -87,13 +111,21 @@ type clientConn struct {
 	fd     int
 	tls    bool
 	open   *atomic.Int64 // the listener's count of open connections (nil: not counted)
+	l      *listener
 	closed atomic.Bool
 }
 
 // Close closes the connection and, the first time, gives its slot back.
 func (c *clientConn) Close() error {
-	if c.open != nil && c.closed.CompareAndSwap(false, true) {
-		c.open.Add(-1)
+	if c.closed.CompareAndSwap(false, true) {
+		if c.open != nil {
+			c.open.Add(-1)
+		}
+		if c.l != nil {
+			c.l.mu.Lock()
+			delete(c.l.conns, c)
+			c.l.mu.Unlock()
+		}
 	}
 	return c.Conn.Close()
 }

@@ -108,6 +108,7 @@ func (rs *reqState) Reset() {
 }
 
 func (s *Server) acquireState() *reqState {
+	s.states.Add(1)
 	return s.pool.Get().(*reqState)
 }
 
@@ -125,6 +126,7 @@ func (s *Server) releaseState(rs *reqState, end string) {
 	s.bodies.release(rs.reserved)
 	rs.Reset()
 	s.pool.Put(rs)
+	s.states.Add(-1)
 }
 
 // bodyBudget bounds the request body memory held by all requests at once
@@ -299,7 +301,8 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	if !ok {
 		return
 	}
-	if err := rs.parsed.parse(body, kind); err != nil {
+	err := rs.parsed.parse(body, kind)
+	if err != nil {
 		mBadRequests.Inc()
 		var br *badRequestError
 		if errors.As(err, &br) {
@@ -552,3 +555,4 @@ func (rs *reqState) promptTokens() int {
 	}
 	return n
 }
+

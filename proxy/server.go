@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -98,11 +99,15 @@ type Server struct {
 	store *config.Store
 	sched *sched.Scheduler
 	srv   *fasthttp.Server
-	pool  sync.Pool // *reqState
-	tr    transport
-	nats  *natsTransport
-	live  *liveness
-	gov   *govern.Governor
+	lst   atomic.Pointer[listener] // the listener Serve serves (its count of open connections)
+	// states counts the requests between acquireState and releaseState
+	// (streams included): CutOpen waits for it to reach zero.
+	states atomic.Int64
+	pool   sync.Pool // *reqState
+	tr     transport
+	nats   *natsTransport
+	live   *liveness
+	gov    *govern.Governor
 	// access is the access log (accesslog.go); nil: off.
 	access *AccessLog
 	// cors answers browser pages of allowed origins (cors.go); nil: off.
@@ -213,7 +218,9 @@ func New(o Options) *Server {
 // stop the server.
 func (s *Server) Serve(ln net.Listener) error {
 	go s.live.run()
-	return s.srv.Serve(&listener{Listener: ln, tls: s.o.TLS, max: int64(maxConns(s.flags.MaxConns))})
+	l := &listener{Listener: ln, tls: s.o.TLS, max: int64(maxConns(s.flags.MaxConns))}
+	s.lst.Store(l)
+	return s.srv.Serve(l)
 }
 
 // Shutdown stops accepting, closes idle connections and waits for open
@@ -231,8 +238,38 @@ func (s *Server) ShutdownContext(ctx context.Context) error {
 // Handler returns the request handler (for tests and embedding).
 func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 
-// OpenConnections is the number of client connections being served.
-func (s *Server) OpenConnections() int32 { return s.srv.GetOpenConnectionsCount() }
+// CutOpen ends what a drain left open: every client connection still open
+// is shut down, and it waits, until ctx ends, for the requests on them to
+// end as requests whose client left (their engine requests cancelled,
+// their leases and seats released, their access-log lines written). A
+// stream is cut at its next write, so one whose engine is silent ends
+// only then. It returns the connections cut and the requests still open
+// when it gave up.
+func (s *Server) CutOpen(ctx context.Context) (cut int, left int64) {
+	if l := s.lst.Load(); l != nil {
+		cut = l.cutAll()
+	}
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for s.states.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return cut, s.states.Load()
+		case <-t.C:
+		}
+	}
+	return cut, 0
+}
+
+// OpenConnections is the number of client connections being served: the
+// listener's count (fasthttp's own is one short once Shutdown has
+// returned, when the drain timeout's warning reads it).
+func (s *Server) OpenConnections() int32 {
+	if l := s.lst.Load(); l != nil {
+		return int32(l.open.Load())
+	}
+	return s.srv.GetOpenConnectionsCount()
+}
 
 // BrokerReconnected tells the NATS transport the broker connection is back.
 func (s *Server) BrokerReconnected() {
