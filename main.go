@@ -28,6 +28,7 @@ import (
 	"github.com/infera/infera/engine"
 	"github.com/infera/infera/gateway"
 	"github.com/infera/infera/govern"
+	_ "github.com/infera/infera/internal/holdhup" // first: SIGHUP during start-up (package doc)
 	"github.com/infera/infera/soak"
 	"github.com/infera/infera/tokenizer"
 	"github.com/infera/infera/worker"

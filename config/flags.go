@@ -129,6 +129,9 @@ func (s *Serve) Validate() error {
 	if s.KVOverlapWeight < 0 {
 		return fmt.Errorf("--kv-overlap-weight must be >= 0")
 	}
+	if s.KVBlockSize <= 0 || s.KVBlockSize > 1<<16 {
+		return fmt.Errorf("--kv-block-size %d: want 1 to 65536 tokens", s.KVBlockSize)
+	}
 	if s.MaxConns < 0 || s.MaxInflightBodyBytes <= 0 {
 		return fmt.Errorf("--max-conns must be >= 0 and --max-inflight-body-bytes positive")
 	}

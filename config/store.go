@@ -6,14 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -586,17 +584,16 @@ func (s *Store) reload(asked bool) (bool, error) {
 	return true, nil
 }
 
-// Watch reloads on SIGHUP and whenever the file's size, modification time,
-// change time or inode changes (polled every interval), until stop is
-// closed.
+// Watch reloads whenever the file's size, modification time, change time
+// or inode changes (polled every interval), until stop is closed. SIGHUP
+// is the caller's (gateway.Run calls ReloadAsked): handled here too, each
+// signal would reload, log and count twice.
 func (s *Store) Watch(interval time.Duration, stop <-chan struct{}) {
 	if s.path == "" {
 		return
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	var tick <-chan time.Time // interval <= 0: reload on SIGHUP only
+	missing := false
 	if interval > 0 {
 		t := time.NewTicker(interval)
 		defer t.Stop()
@@ -606,12 +603,18 @@ func (s *Store) Watch(interval time.Duration, stop <-chan struct{}) {
 		select {
 		case <-stop:
 			return
-		case <-hup:
-			s.Reload()
 		case <-tick:
 			fi, err := os.Stat(s.path)
 			if err != nil {
+				if !missing { // once per disappearance; the config serving stays
+					missing = true
+					slog.Warn("config file unreadable; keeping the config serving", "path", s.path, "err", err)
+				}
 				continue
+			}
+			if missing {
+				missing = false
+				slog.Info("config file readable again", "path", s.path)
 			}
 			s.mu.Lock()
 			st := stampOf(fi)

@@ -1,12 +1,17 @@
 package config
 
 import (
+	"bytes"
 	"errors"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 func openTemp(t *testing.T, doc string) (*Store, string) {
@@ -237,4 +242,51 @@ func TestMarshalFileKeepsLiteralSecretsAndReferences(t *testing.T) {
 	if len(paths) != 1 || paths[0] != "split_proxy.proxies[1].api_key=sk-literal-1" {
 		t.Fatalf("literal callback saw %v", paths)
 	}
+}
+
+// A config file that disappears (deleted, an unmounted volume) is logged
+// once by the poll, not silently ignored; the config serving stays.
+func TestWatchLogsAConfigFileThatDisappearsOnce(t *testing.T) {
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	logged := func() string { mu.Lock(); defer mu.Unlock(); return buf.String() }
+	path := filepath.Join(t.TempDir(), "c.json")
+	os.WriteFile(path, []byte(`{"load_balancing":{"algorithm":"round-robin"}}`), 0o644)
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	go s.Watch(10*time.Millisecond, stop)
+	os.Remove(path)
+	time.Sleep(150 * time.Millisecond) // 15 polls
+	if n := strings.Count(logged(), "config file unreadable"); n != 1 {
+		t.Fatalf("logged %d times:\n%s", n, logged())
+	}
+	if s.Load().LoadBalancing.Algorithm != "round-robin" {
+		t.Fatal("the config serving changed")
+	}
+	os.WriteFile(path, []byte(`{"load_balancing":{"algorithm":"round-robin"}}`), 0o644)
+	deadline := time.Now().Add(2 * time.Second)
+	for !strings.Contains(logged(), "config file readable again") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the file's return was not logged:\n%s", logged())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

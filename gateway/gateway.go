@@ -86,7 +86,7 @@ func New(f *config.Serve) (*Gateway, error) {
 	}
 	store, err := config.Open(f.Config)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--config %s: %w", f.Config, err)
 	}
 	g := &Gateway{flags: f, store: store, stop: make(chan struct{}), health: map[string]proxy.HealthCheck{}}
 	g.ctx, g.cancel = context.WithCancel(context.Background())

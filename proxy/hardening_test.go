@@ -1101,3 +1101,20 @@ func TestAnEngines429RelayedAfterRetriesKeepsItsRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+// /metrics carries # TYPE lines, so Prometheus stores counters as
+// counters and gauges as gauges (it stored every series as untyped).
+func TestMetricsCarryTheirTypes(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, up.url)
+	postWith(t, r.url+"/v1/chat/completions", chatBody, nil)
+	resp, body := send(t, "GET", r.url+"/metrics", "", "", "")
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d", resp.StatusCode)
+	}
+	for _, want := range []string{"# TYPE infera_stream_client_disconnects_total counter", "# TYPE infera_router_worker_active_requests gauge"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}

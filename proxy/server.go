@@ -235,6 +235,12 @@ func (s *Server) ShutdownContext(ctx context.Context) error {
 	return err
 }
 
+// Every series /metrics exposes gets its # HELP and # TYPE lines: without
+// them Prometheus stores counters and gauges as untyped. (The library has
+// no help texts: the HELP lines carry the name; docs/*.md describe each
+// series.)
+func init() { metrics.ExposeMetadata(true) }
+
 // Handler returns the request handler (for tests and embedding).
 func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 
@@ -359,7 +365,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		ctx.SetContentType("text/plain; version=0.0.4")
-		metrics.WritePrometheus(ctx, true)
+		metrics.WritePrometheus(ctx, true) // with # TYPE lines (init)
 		return
 	case "/tokenize":
 		if s.authorized(ctx) {

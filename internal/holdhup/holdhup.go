@@ -1,0 +1,24 @@
+// Package holdhup keeps SIGHUP from ending `infera serve` while it starts.
+//
+// SIGHUP's default action ends a process, and the router handles it (a
+// config reload, log rotation) only once it serves. A SIGHUP sent while it
+// starts (a logrotate or `systemctl reload` racing a restart) killed it.
+// Imported first by main, this package's init registers a channel nobody
+// reads for SIGHUP as early as a Go program can: before the other
+// packages' initialization (large: the etcd and gRPC clients, protobuf
+// registries) and the flag parsing. signal.Notify drops what it cannot
+// deliver, and the handlers registered later get every signal. Only for
+// `serve`: the other commands keep SIGHUP's default.
+package holdhup
+
+import (
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func init() {
+	if len(os.Args) > 1 && os.Args[1] == "serve" {
+		signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+	}
+}
