@@ -77,9 +77,16 @@ func OptionsFromFlags(f *config.Serve, store *config.Store) Options {
 	}
 	if f.AdminPort != 0 {
 		o.Addr = net.JoinHostPort(f.AdminHost, strconv.Itoa(f.AdminPort))
+		if o.Key != "" && len(o.Key) < minKeyLen {
+			slog.Warn("the admin key is short: anyone who reaches the admin listener may guess it; use 32 random characters or more (infera key)",
+				"length", len(o.Key), "admin_host", f.AdminHost)
+		}
 	}
 	return o
 }
+
+// minKeyLen is the admin key length below which the router warns at start.
+const minKeyLen = 16
 
 // Admin is the configuration center of one router process.
 type Admin struct {
@@ -101,6 +108,8 @@ type Admin struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 	once sync.Once
+
+	fails authFailures // wrong keys per client address (api.go)
 }
 
 // pendingChange tells the store's change hook who made the change it sees.

@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/infera/infera/config"
@@ -76,8 +78,18 @@ func (e *httpError) Error() string { return e.msg }
 
 func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ip := remoteIP(r.RemoteAddr)
+		if wait, locked := a.fails.locked(ip, time.Now()); locked {
+			// Too many wrong keys from this address: the key is not even
+			// checked until the window ends (no guessing at any speed).
+			authLog.Warn("admin request refused: too many wrong keys from this address", "remote", r.RemoteAddr, "path", r.URL.Path)
+			w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
+			writeJSON(w, http.StatusTooManyRequests, errBody("", "too many wrong admin keys from this address; retry later"))
+			return
+		}
 		tok, ok := bearer(r.Header.Get("Authorization"))
 		if !ok || !a.checkKey(tok) {
+			a.fails.failed(ip, time.Now())
 			// The presented key is never logged or echoed.
 			authLog.Warn("admin request refused: bad or missing key", "remote", r.RemoteAddr, "path", r.URL.Path)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="infera admin"`)
@@ -585,4 +597,72 @@ func decodeStrictInto(data []byte, v any) error {
 		return &config.FieldError{Msg: "cannot parse the body: " + err.Error()}
 	}
 	return nil
+}
+
+// Wrong admin keys are limited per client address: after
+// maxAuthFailures in authWindow (counted from the first), the address gets
+// 429 until the window ends, whatever key it sends.
+const (
+	maxAuthFailures = 10
+	authWindow      = time.Minute
+	maxAuthTracked  = 4096 // addresses tracked; the oldest windows go first
+)
+
+type authFailures struct {
+	mu sync.Mutex
+	m  map[string]*authWin
+}
+
+type authWin struct {
+	start time.Time
+	n     int
+}
+
+// locked reports whether ip is locked out now, and for how long still.
+func (f *authFailures) locked(ip string, now time.Time) (time.Duration, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w := f.m[ip]
+	if w == nil || w.n < maxAuthFailures {
+		return 0, false
+	}
+	left := w.start.Add(authWindow).Sub(now)
+	if left <= 0 {
+		delete(f.m, ip)
+		return 0, false
+	}
+	return left, true
+}
+
+// failed counts a wrong key from ip.
+func (f *authFailures) failed(ip string, now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m == nil {
+		f.m = map[string]*authWin{}
+	}
+	w := f.m[ip]
+	if w == nil || now.Sub(w.start) > authWindow {
+		if w == nil && len(f.m) >= maxAuthTracked {
+			for k, o := range f.m {
+				if now.Sub(o.start) > authWindow {
+					delete(f.m, k)
+				}
+			}
+			if len(f.m) >= maxAuthTracked {
+				return // a flood from many addresses: each still pays a wrong key
+			}
+		}
+		w = &authWin{start: now}
+		f.m[ip] = w
+	}
+	w.n++
+}
+
+// remoteIP is the address part of a RemoteAddr.
+func remoteIP(addr string) string {
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		return h
+	}
+	return addr
 }
