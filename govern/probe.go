@@ -74,6 +74,10 @@ func (g *Governor) Queues() bool {
 	return rl.queue && !rl.dry
 }
 
+// DryRun reports whether rate limiting only observes (rate_limit.dry_run):
+// nothing waits and nothing is refused.
+func (g *Governor) DryRun() bool { return g.snap.Load().rl.dry }
+
 // Shared reports whether the counters live in Redis (--state), so that
 // every Ticket and Seat call is a round trip.
 func (g *Governor) Shared() bool { return g.rds != nil }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
@@ -251,4 +252,42 @@ func TestFreeOfByScope(t *testing.T) {
 	f(config.RateLimit{Scope: config.ScopeInstance, PrefillConcurrency: 4}, 2+4+3)
 	fl.Get("b1").Fault(1) // threshold 1: b1's breaker opens
 	f(config.RateLimit{Scope: config.ScopeInstance, OverallConcurrency: 4}, 1+4)
+}
+
+// With overlimit "queue", a request that finds every local seat taken is
+// forwarded to a member with room at once; it does not wait in the local
+// queue (up to queue_timeout_ms, 30 s here) while another region is idle.
+func TestGlobalForwardsAQueueableRequestInsteadOfQueueing(t *testing.T) {
+	su := &sseUpstream{n: 2, gate: make(chan struct{})}
+	defer close(su.gate) // before the routers' shutdown (a cleanup) waits for the held stream
+	engA := startUpstream(t, su.handler)
+	engM := startUpstream(t, okHandler)
+	m := startRouterWith(t, nil, nil, nil, engM.url)
+	cfgA := globalConfig(config.Member{Name: "m", URL: m.url})
+	cfgA.RateLimit.Scope, cfgA.RateLimit.Overlimit = "gateway", "queue"
+	cfgA.RateLimit.OverallConcurrency, cfgA.RateLimit.QueueSize, cfgA.RateLimit.QueueTimeoutMS = 1, 10, 30000
+	g := newGovernor(t, cfgA)
+	pa := startPoller(t, &cfgA.GlobalScheduling)
+	a := startRouterWith(t, nil, cfgA, func(o *Options) { o.Poller = pa; o.Governor = g }, engA.url)
+	waitFor(t, func() bool { _, _, ok := pa.Members()[0].Report(); return ok }, "the member's report")
+	held, err := http.Post(a.url+"/v1/chat/completions", "application/json", strings.NewReader(streamBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Body.Close()
+	start := time.Now()
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Post(a.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	if err != nil {
+		t.Fatalf("no answer after %v: it waits in the local queue", time.Since(start))
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	body := string(b)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != "global:m" || engM.hits.Load() != 1 {
+		t.Fatalf("%d %s %v (member's engine %d) after %v", resp.StatusCode, body, resp.Header, engM.hits.Load(), time.Since(start))
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("forwarded after %v: it waited in the local queue first", d)
+	}
 }

@@ -460,8 +460,9 @@ func setRetryHeaders(ctx *fasthttp.RequestCtx, rej *govern.Rejection) {
 
 // Saturated reports whether the local fleet cannot take r now under
 // request rate limiting: no worker serving r's model has a free seat (a
-// mixed worker, or a prefill and a decode worker) and the request could
-// not wait for one (overlimit reject, or this router's queue full). Global
+// mixed worker, or a prefill and a decode worker), whether or not it could
+// wait for one (overlimit queue: a member region with room takes it now; with
+// none it waits here after all). Global
 // scheduling asks it before dispatching locally, to forward r to another
 // region instead. It answers from this router's knowledge without a round
 // trip (govern.Governor.Full): with Redis it reports false, and a request
@@ -469,7 +470,10 @@ func setRetryHeaders(ctx *fasthttp.RequestCtx, rej *govern.Rejection) {
 // It does not allocate.
 func (s *Server) Saturated(cfg *config.Config, r *sched.Request) bool {
 	g := s.gov
-	if g == nil || !g.Limited() || g.CanQueue() {
+	// With overlimit "queue" a request could wait here for a seat; while a
+	// member region has room, it is forwarded instead (when none has, it
+	// waits as without global scheduling). In dry run nothing waits.
+	if g == nil || !g.Limited() || g.DryRun() {
 		return false
 	}
 	ws := s.sched.Fleet.View().ByModel[string(r.Model)]

@@ -509,14 +509,18 @@ func startRouterGov(t testing.TB, f *config.Serve, cfg *config.Config, gov *gove
 	}, urls...)
 }
 
-func TestSaturatedWhenNoCandidateHasASeatAndNoneCanWait(t *testing.T) {
+// Saturated (global scheduling's question) is true when no candidate has a
+// free seat, whether or not the request could wait in the queue (a member
+// with room takes it now); never in dry run.
+func TestSaturatedWhenNoCandidateHasASeat(t *testing.T) {
 	a, b := startHold(t), startHold(t)
 	for _, tc := range []struct {
 		rl   string
 		want bool
 	}{
 		{`{"overall_concurrency": 1}`, true},
-		{`{"overall_concurrency": 1, "overlimit": "queue", "queue_size": 5}`, false},
+		{`{"overall_concurrency": 1, "overlimit": "queue", "queue_size": 5}`, true},
+		{`{"overall_concurrency": 1, "dry_run": true}`, false},
 		{`{"overall_concurrency": 2}`, false},
 	} {
 		r, _ := govRouter(t, nil, `{"rate_limit": `+tc.rl+`}`, a.url, b.url)

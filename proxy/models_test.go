@@ -1,12 +1,15 @@
 package proxy
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 
+	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/valyala/fasthttp"
 )
 
 // GET /v1/models/{id} (the SDKs' models.retrieve) answered 404
@@ -69,5 +72,35 @@ func TestAnUnknownModelIsEchoedAtMost256Bytes(t *testing.T) {
 	long = "x" + strings.Repeat("é", 200) // the cut falls inside a character
 	if _, b = post(t, r.url+"/v1/chat/completions", `{"model":"`+long+`","messages":[{"role":"user","content":"x"}]}`); !strings.Contains(b, "`x"+strings.Repeat("é", 127)+"`") {
 		t.Fatalf("the cut character is not dropped: %s", b)
+	}
+}
+
+// model_routing.default_model serves a request that names no model, as
+// the config documents: the engine gets the default model in the body.
+// Without a default model it stays a 400.
+func TestADefaultModelServesARequestWithoutAModel(t *testing.T) {
+	var rec recorder
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) { rec.record(ctx); okHandler(ctx) })
+	cfg := config.Default()
+	cfg.ModelRouting.Enabled = true
+	cfg.ModelRouting.DefaultModel = "m"
+	r := startRouter(t, nil, cfg, up.url)
+	for _, body := range []string{
+		`{"messages":[{"role":"user","content":"no model"}],"max_tokens":4}`,
+		` { "stream" : false , "messages":[{"role":"user","content":"spaced"}]}`,
+	} {
+		resp, b := postWith(t, r.url+"/v1/chat/completions", body, nil)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", body, resp.StatusCode, b)
+		}
+		all := rec.all()
+		var got map[string]any
+		if err := json.Unmarshal([]byte(all[len(all)-1].body), &got); err != nil || got["model"] != "m" || got["messages"] == nil {
+			t.Fatalf("%s: the engine got %s (%v)", body, all[len(all)-1].body, err)
+		}
+	}
+	r2 := startRouter(t, nil, nil, up.url)
+	if resp, b := postWith(t, r2.url+"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`, nil); resp.StatusCode != 400 || !strings.Contains(b, "you must provide a model parameter") {
+		t.Fatalf("without a default model: %d %s", resp.StatusCode, b)
 	}
 }

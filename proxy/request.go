@@ -302,6 +302,17 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		return
 	}
 	err := rs.parsed.parse(body, kind)
+	if mr := &cfg.ModelRouting; err == errNoModel && mr.Enabled && mr.DefaultModel != "" && sameSlice(body, rs.body) {
+		// The default model serves a request without one: the body gets it,
+		// so access control, routing, the engine and the logs all see it.
+		// (Not in passthrough, where the engine gets the client's own body.)
+		out := insertModel(make([]byte, 0, len(body)+len(mr.DefaultModel)+16), body, rs.parsed.objStart, mr.DefaultModel)
+		if !s.swapBody(ctx, rs, out) {
+			return
+		}
+		body = out
+		err = rs.parsed.parse(body, kind)
+	}
 	if err != nil {
 		mBadRequests.Inc()
 		var br *badRequestError
@@ -556,3 +567,14 @@ func (rs *reqState) promptTokens() int {
 	return n
 }
 
+// insertModel appends to dst the JSON object body with "model": model as
+// its first member (the object starts at body[obj]).
+func insertModel(dst, body []byte, obj int, model string) []byte {
+	dst = append(dst, body[:obj+1]...)
+	dst = append(dst, `"model":`...)
+	dst = appendJSONString(dst, model)
+	if j := skipSpace(body, obj+1); j < len(body) && body[j] != '}' {
+		dst = append(dst, ',')
+	}
+	return append(dst, body[obj+1:]...)
+}

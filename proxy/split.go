@@ -78,8 +78,11 @@ func (s *Server) attemptExternal(ctx *fasthttp.RequestCtx, cfg *config.Config, r
 	}
 	rs.ext.path = u.ep.AppendPath(rs.ext.path[:0], path)
 	extra := ""
-	if hop && cfg.SessionAffinity.Enabled {
-		extra = cfg.SessionAffinity.Header // the member gateway keeps the session's affinity
+	if cfg.SessionAffinity.Enabled {
+		// A member region or another gateway behind the split proxy keeps
+		// the session's affinity (the header is the client's session id,
+		// no credential).
+		extra = cfg.SessionAffinity.Header
 	}
 	rs.ext.hdr = upstreams.AppendHeaders(rs.ext.hdr[:0], &ctx.Request.Header, u.key, hop, extra, rs.reqID)
 	c.path, c.hdr = rs.ext.path, rs.ext.hdr

@@ -462,3 +462,28 @@ func TestSplitLateRequestOfAReplacedSnapshotKeepsTheNewUpstreams(t *testing.T) {
 		t.Fatalf("a's failures counter %s, want 3", v)
 	}
 }
+
+// With session affinity on, a split-proxy entry (another gateway, say)
+// gets the client's session header, so it keeps the session on one engine
+// too; without it, it does not.
+func TestSplitExternalGetsTheSessionHeader(t *testing.T) {
+	var rec recorder
+	ext := startUpstream(t, func(ctx *fasthttp.RequestCtx) { rec.record(ctx); okHandler(ctx) })
+	for _, on := range []bool{true, false} {
+		cfg := splitConfig(config.SplitWeight,
+			config.Proxy{Local: true, Weight: 0},
+			config.Proxy{Name: "ext", Address: ext.url + "/v1", Weight: 1},
+		)
+		cfg.SessionAffinity.Enabled = on
+		r := startRouterWith(t, nil, cfg, nil, deadURL(t))
+		resp, body := postWith(t, r.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": "sess-42"})
+		if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != "split:ext" {
+			t.Fatalf("%d %s %v", resp.StatusCode, body, resp.Header)
+		}
+		all := rec.all()
+		got := all[len(all)-1].header.Get("X-Session-Id")
+		if want := map[bool]string{true: "sess-42", false: ""}[on]; got != want {
+			t.Fatalf("session affinity %v: the external upstream got X-Session-Id %q, want %q", on, got, want)
+		}
+	}
+}
