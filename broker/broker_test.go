@@ -416,7 +416,7 @@ func TestEngineDown(t *testing.T) {
 	}
 	defer cli.Close()
 	_, err = cli.Do(context.Background(), "w9", &Request{Path: "/x"})
-	if !errors.Is(err, ErrEngine) || !Retryable(err) || HTTPStatus(err) != 502 {
+	if !errors.Is(err, ErrEngineDial) || !Retryable(err) || HTTPStatus(err) != 502 {
 		t.Fatalf("err %v", err)
 	}
 }

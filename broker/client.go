@@ -498,10 +498,13 @@ func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream
 		if first.Header.Get(HdrStatus) == "429" {
 			return nil, wrap(ErrWorkerBusy, reason)
 		}
-		if first.Header.Get(HdrReason) == ReasonProtocol {
+		switch first.Header.Get(HdrReason) {
+		case ReasonProtocol:
 			return nil, wrap(ErrEngineProtocol, reason)
+		case ReasonUnreachable:
+			return nil, wrap(ErrEngineDial, reason)
 		}
-		return nil, wrap(ErrEngine, reason)
+		return nil, wrap(ErrEngine, reason) // broken before a head, or an older worker
 	default:
 		s.Close()
 		return nil, wrap(ErrBroken, "first reply is not head")
@@ -538,8 +541,8 @@ type Stream struct {
 	// rounds in a row it was not known.
 	seenTick, asked, knownAt, unknownAt uint64
 	lostStrikes                         int
-	// endQueued: the end (or error) message has arrived; the worker is done
-	// with the request.
+	// endQueued: the end (or error) message has arrived, or the stream
+	// failed: the worker is done with the request, or told to be.
 	endQueued atomic.Bool
 
 	status      int
@@ -581,6 +584,7 @@ func (s *Stream) push(m *nats.Msg) {
 		if len(s.q)-s.qhead >= limit || s.qbytes+len(m.Data) > s.c.cfg.MaxQueuedBytes {
 			mStreamOverrun.Inc()
 			s.failErr = wrap(ErrOverrun, s.worker)
+			s.endQueued.Store(true) // the worker is told to cancel: no more probing
 			overrun = !s.cancelSent
 			s.cancelSent = true
 		} else {
@@ -608,6 +612,7 @@ func (s *Stream) fail(err error) {
 		s.failErr = err
 	}
 	s.mu.Unlock()
+	s.endQueued.Store(true) // given up on: not asked about again
 	select {
 	case s.sig <- struct{}{}:
 	default:

@@ -34,6 +34,10 @@ var (
 	ErrNoResponders = &Error{Status: http.StatusServiceUnavailable, Retryable: true, msg: "no responders on worker subject"}
 	// ErrEngine: the worker could not reach its engine. 502, retryable.
 	ErrEngine = &Error{Status: http.StatusBadGateway, Retryable: true, msg: "worker could not reach engine"}
+	// ErrEngineDial: the worker could not connect to its engine: nothing
+	// was sent to it. 502, retryable. (ErrEngine is any engine failure
+	// before a head, from a worker that does not say which.)
+	ErrEngineDial = &Error{Status: http.StatusBadGateway, Retryable: true, msg: "worker could not connect to its engine"}
 	// ErrEngineProtocol: the worker reached its engine, which answered with
 	// something that is not a usable HTTP response (a malformed status
 	// line or head). 502, retryable.

@@ -33,9 +33,8 @@ const (
 	HdrRound   = "Infera-Round"
 	HdrKnown   = "Infera-Known"
 	HdrUnknown = "Infera-Unknown"
-	// HdrReason, on an error reply with status 502, says why the request
-	// was not forwarded: "protocol" when the engine answered with
-	// something that is not HTTP; absent when it could not be reached.
+	// HdrReason, on an error reply with status 502, says how the engine
+	// exchange failed (the Reason* values).
 	HdrReason = "Infera-Reason"
 	// HdrInstance is a KV-event relay's instance id (see the package doc).
 	HdrInstance = "Infera-Instance"
@@ -49,9 +48,13 @@ const (
 	// notice may have been lost in a broker reconnect): stop the request.
 	KindGone = "gone"
 
-	// ReasonProtocol is HdrReason's value for an engine answer that is not
-	// a usable HTTP response.
-	ReasonProtocol = "protocol"
+	// HdrReason's values: the engine could not be connected to (nothing was
+	// sent), its answer was not a usable HTTP response, or the connection
+	// broke before a response head. An error reply without the header (a
+	// worker older than it) is any of them.
+	ReasonUnreachable = "unreachable"
+	ReasonProtocol    = "protocol"
+	ReasonBroken      = "broken"
 )
 
 // ReqSubject returns the request subject of worker id.

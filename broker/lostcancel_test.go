@@ -158,9 +158,12 @@ func TestAStreamFailsWhenItsWorkerRestartedUnderTheSameID(t *testing.T) {
 	if _, err := s.Next(); err != nil {
 		t.Fatal(err)
 	}
-	first.Close() // the worker process dies...
+	// The worker comes back under its id before the old process is gone
+	// (so no probe ever finds the cancel subject without a subscriber: the
+	// no-responders path cannot end the stream), then the old one dies.
 	second, _ := start()
-	t.Cleanup(second.Close) // ...and comes back under its id at once
+	t.Cleanup(second.Close)
+	first.Close()
 	got := make(chan error, 1)
 	go func() {
 		_, err := s.Next()
@@ -219,7 +222,8 @@ func TestAStreamGoesOnWhileASecondSidecarSharesItsWorkerID(t *testing.T) {
 }
 
 // How the worker tells its engine's failures apart: one it could not
-// reach, one that answered something that is not HTTP, and one whose
+// connect to, one that closed without answering (it may have read the
+// request), one that answered something that is not HTTP, and one whose
 // answer broke off after its head.
 func TestTheWorkerClassifiesItsEngineFailures(t *testing.T) {
 	dead, err := net.Listen("tcp", "127.0.0.1:0")
@@ -272,11 +276,15 @@ func TestTheWorkerClassifiesItsEngineFailures(t *testing.T) {
 		t.Cleanup(srv.Close)
 	}
 	worker("dead", deadURL)
+	worker("hangup", script("")) // reads the request, closes
 	worker("garbage", script("SSH-2.0-OpenSSH_9.2\r\n\r\n"))
 	worker("short", script("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"id\":\"cmpl-1\","))
 	ctx := context.Background()
-	if _, err := cli.Do(ctx, "dead", &Request{Path: "/v1/chat/completions"}); !errors.Is(err, ErrEngine) {
-		t.Fatalf("engine not listening: %v, want ErrEngine", err)
+	if _, err := cli.Do(ctx, "dead", &Request{Path: "/v1/chat/completions"}); !errors.Is(err, ErrEngineDial) {
+		t.Fatalf("engine not listening: %v, want ErrEngineDial", err)
+	}
+	if _, err := cli.Do(ctx, "hangup", &Request{Path: "/v1/chat/completions"}); !errors.Is(err, ErrEngine) {
+		t.Fatalf("engine closing without an answer: %v, want ErrEngine (reached, broken before a head)", err)
 	}
 	if _, err := cli.Do(ctx, "garbage", &Request{Path: "/v1/chat/completions"}); !errors.Is(err, ErrEngineProtocol) {
 		t.Fatalf("engine answering garbage: %v, want ErrEngineProtocol", err)

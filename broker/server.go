@@ -450,20 +450,41 @@ func (s *Server) replyLast(to string, resp *http.Response, body []byte) {
 }
 
 // replyEngineError answers a request whose engine exchange failed before
-// a response head: 502, with HdrReason saying whether the engine could not
-// be reached (a dial error: nothing was sent to it) or answered with
-// something that is not HTTP.
+// a response head: 502, with HdrReason saying how: the engine could not be
+// connected to (nothing was sent to it), it answered something that is not
+// HTTP, or the connection broke before a head (the engine may have read
+// the request: it crashed, or closed an idle connection), as the HTTP
+// transport tells them apart.
 func (s *Server) replyEngineError(to string, err error) {
 	m := nats.NewMsg(to)
 	m.Header.Set(HdrKind, KindError)
 	m.Header.Set(HdrSeq, "0")
 	m.Header.Set(HdrStatus, strconv.Itoa(http.StatusBadGateway))
 	m.Header.Set(HdrError, sanitize(err.Error()))
-	var op *net.OpError
-	if !errors.As(err, &op) || op.Op != "dial" {
-		m.Header.Set(HdrReason, ReasonProtocol)
-	}
+	m.Header.Set(HdrReason, engineFailure(err))
 	s.nc.PublishMsg(m)
+}
+
+// engineFailure is HdrReason's value for an engine exchange that failed
+// before a response head.
+func engineFailure(err error) string {
+	var op *net.OpError
+	switch {
+	case errors.As(err, &op) && op.Op == "dial":
+		return ReasonUnreachable
+	case strings.Contains(err.Error(), "malformed"): // net/http's words for a head that is not HTTP
+		return ReasonProtocol
+	}
+	return ReasonBroken
+}
+
+// stopProbing ends the probes of request id (see Server.probeLoop).
+func (s *Server) stopProbing(id string) {
+	s.mu.Lock()
+	if r := s.reqs[id]; r != nil {
+		r.probe = ""
+	}
+	s.mu.Unlock()
 }
 
 func sanitize(s string) string {
@@ -543,6 +564,7 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 	resp, err := s.hc.Do(req)
 	if err != nil {
 		if ctx.Err() == nil {
+			s.stopProbing(id) // the router has its answer once this is out
 			s.replyEngineError(m.Reply, err)
 		}
 		return
@@ -554,6 +576,9 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 	if resp.ContentLength >= 0 && resp.ContentLength <= int64(len(buf)) {
 		// Small fixed-length body: head and body in one message.
 		n, err := io.ReadFull(resp.Body, buf[:resp.ContentLength])
+		// From here the router has the whole reply as soon as it is out: a
+		// probe would find the request over there and answer 'gone'.
+		s.stopProbing(id)
 		if err == nil {
 			s.replyLast(m.Reply, resp, buf[:n])
 			return
@@ -581,12 +606,8 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
-			if seq == 1 && dm.Reply != "" { // the chunks check the router from now on
-				s.mu.Lock()
-				if r := s.reqs[id]; r != nil {
-					r.probe = ""
-				}
-				s.mu.Unlock()
+			if seq == 1 && dm.Reply != "" {
+				s.stopProbing(id) // the chunks check the router from now on
 			}
 			dm.Header.Set(HdrSeq, strconv.FormatUint(seq, 10))
 			dm.Data = buf[:n]

@@ -77,9 +77,10 @@ type pdDispatch struct {
 	pfail     *failure // the prefill leg failed before the commit
 	ended     bool     // the prefill leg has its outcome
 	// waited: the decode leg timed out before its first byte while the
-	// prefill leg had no outcome yet. A decode engine cannot answer before
-	// it has the prefill's KV, so its wait was the prefill's: the prefill
-	// leg, aborted then, ends as a timeout (blamed), the decode leg neutral.
+	// prefill leg had no outcome yet. The decode engine waits for the
+	// prefill's KV, and the prefill engine for the decode engine to join the
+	// room: either may be the one that hangs. The attempt ends as a timeout
+	// held against neither worker, and the next attempt takes neither.
 	waited bool
 	// The prefill's error answer (status >= 400), relayed when it is final.
 	errStatus        int
@@ -148,7 +149,7 @@ var (
 	errNoKVParams = errors.New("the prefill answer has no kv_transfer_params with do_remote_prefill true")
 	errPDAnswer   = errors.New("the prefill answer is too large")
 	// errDecodeWaited: the decode leg timed out before its first byte while
-	// this prefill leg had not answered (see pdDispatch.waited).
+	// the prefill leg had not answered (see pdDispatch.waited).
 	errDecodeWaited = errors.New("no prefill answer when the decode leg, which waits for its KV, timed out")
 )
 
@@ -406,9 +407,10 @@ func neverReached(f *failure) bool {
 	case failLocalConns, failBusy, failSpent:
 		return true
 	case failEngine:
-		// NATS: the worker could not dial its engine (a dial error only; an
-		// engine that answered garbage is failProtocol).
-		return true
+		// NATS: the worker could not connect to its engine (not a
+		// connection that broke after the request went out, nor a worker
+		// too old to say which).
+		return errors.Is(f.cause, broker.ErrEngineDial)
 	case failNoResponder:
 		// NATS: nobody took the request off the worker's subject; not a
 		// worker that died (or restarted) with the request open.
@@ -663,6 +665,9 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 				r.Tried = append(r.Tried, rs.lease.Worker.Idx)
 			} else {
 				rs.lease.Done(sched.OutcomeNeutral)
+				if pf.cause == errDecodeWaited {
+					r.Tried = append(r.Tried, rs.lease.Worker.Idx) // either may hang: another pair
+				}
 			}
 			r.Tried = append(r.Tried, p.pl.Worker.Idx)
 			f, leg = pf, sched.LegPrefill
@@ -756,10 +761,12 @@ func (p *pdDispatch) pushPrefill() {
 	waited := p.waited
 	p.mu.Unlock()
 	if waited && f != nil && p.pc.cancel.wasAborted() {
+		// Neither leg can be blamed (see pdDispatch.waited): a timeout, on
+		// no breaker.
 		f = fail(failTimeout, errDecodeWaited)
-		outcome = f.outcome()
-	}
-	if f != nil && f.kind != failStatus && f.kind != failCanceled {
+		outcome = sched.OutcomeNeutral
+		mTimeouts.Inc()
+	} else if f != nil && f.kind != failStatus && f.kind != failCanceled {
 		s.countFailure(p.pl.Worker, f)
 	} else if f != nil && f.kind == failStatus && f.status >= 500 {
 		mUpstreamErr.Inc()

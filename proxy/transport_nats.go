@@ -70,7 +70,7 @@ func (t *natsTransport) failure(err error, afterFirstByte, aborted bool) *failur
 			return fail(failBroken, err)
 		}
 		return fail(failNoResponder, err)
-	case errors.Is(err, broker.ErrEngine):
+	case errors.Is(err, broker.ErrEngine), errors.Is(err, broker.ErrEngineDial):
 		return fail(failEngine, err)
 	case errors.Is(err, broker.ErrEngineProtocol):
 		return fail(failProtocol, err)
