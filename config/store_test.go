@@ -263,7 +263,14 @@ func TestWatchLogsAConfigFileThatDisappearsOnce(t *testing.T) {
 	defer close(stop)
 	go s.Watch(10*time.Millisecond, stop)
 	os.Remove(path)
-	time.Sleep(150 * time.Millisecond) // 15 polls
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logged(), "config file unreadable") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the missing file was not logged:\n%s", logged())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(150 * time.Millisecond) // 15 more polls
 	if n := strings.Count(logged(), "config file unreadable"); n != 1 {
 		t.Fatalf("logged %d times:\n%s", n, logged())
 	}
@@ -271,7 +278,7 @@ func TestWatchLogsAConfigFileThatDisappearsOnce(t *testing.T) {
 		t.Fatal("the config serving changed")
 	}
 	os.WriteFile(path, []byte(`{"load_balancing":{"algorithm":"round-robin"}}`), 0o644)
-	deadline := time.Now().Add(2 * time.Second)
+	deadline = time.Now().Add(5 * time.Second)
 	for !strings.Contains(logged(), "config file readable again") {
 		if time.Now().After(deadline) {
 			t.Fatalf("the file's return was not logged:\n%s", logged())

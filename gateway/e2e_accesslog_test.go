@@ -50,31 +50,36 @@ func TestE2EAccessLogIsWrittenAndReopenedOnSIGHUP(t *testing.T) {
 	}
 }
 
-// A stream still open when --shutdown-timeout runs out is cut, and it has
-// its access-log line like every other request (the lines waiting are
-// written before the process exits); the engine request is cancelled.
+// A stream, and a request still waiting for its whole answer, open when
+// --shutdown-timeout runs out are cut, and each has its access-log line
+// like every other request (the lines waiting are written before the
+// process exits); the engine requests are cancelled.
 func TestE2EARequestCutByTheDrainTimeoutIsInTheAccessLog(t *testing.T) {
 	eng, e1 := startEngine(t, "--speedup", "1")
 	path := filepath.Join(t.TempDir(), "access.log")
 	r := startChild(t, "serve", 0, "--workers", e1, "--access-log", path, "--shutdown-timeout", "1s")
-	go func() {
-		req, _ := http.NewRequest("POST", r.url+"/v1/chat/completions", strings.NewReader(chatJSON("sim-model", "hello", 100000, true)))
+	send := func(id string, stream bool) {
+		req, _ := http.NewRequest("POST", r.url+"/v1/chat/completions", strings.NewReader(chatJSON("sim-model", "hello", 100000, stream)))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Request-Id", "cut-stream-1")
+		req.Header.Set("X-Request-Id", id)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 		}
-	}()
-	waitUntil(t, "the stream in flight", func() bool { return eng.Stats().GeneratedTokens > 0 })
+	}
+	go send("cut-stream-1", true)
+	go send("cut-whole-1", false) // waits for its first byte: the liveness watchdog sees the cut
+	waitUntil(t, "both requests in flight", func() bool { return eng.Stats().Active == 2 && eng.Stats().GeneratedTokens > 0 })
 	start := time.Now()
 	r.stop()
 	if d := time.Since(start); d > 6*time.Second {
 		t.Fatalf("the router took %v to stop with --shutdown-timeout 1s", d)
 	}
 	b, _ := os.ReadFile(path)
-	if !strings.Contains(string(b), `"request_id":"cut-stream-1"`) {
-		t.Fatalf("the cut stream has no access-log line: %q\n%s", b, r.logText())
+	for _, id := range []string{"cut-stream-1", "cut-whole-1"} {
+		if !strings.Contains(string(b), `"request_id":"`+id+`"`) {
+			t.Fatalf("the cut request %s has no access-log line: %q\n%s", id, b, r.logText())
+		}
 	}
-	waitUntil(t, "the engine request cancelled", func() bool { return eng.Stats().Aborted == 1 && eng.Stats().Active == 0 })
+	waitUntil(t, "the engine requests cancelled", func() bool { return eng.Stats().Aborted == 2 && eng.Stats().Active == 0 })
 }

@@ -108,7 +108,7 @@ func (rs *reqState) Reset() {
 }
 
 func (s *Server) acquireState() *reqState {
-	s.states.Add(1)
+	s.states.n.Add(1)
 	return s.pool.Get().(*reqState)
 }
 
@@ -126,7 +126,7 @@ func (s *Server) releaseState(rs *reqState, end string) {
 	s.bodies.release(rs.reserved)
 	rs.Reset()
 	s.pool.Put(rs)
-	s.states.Add(-1)
+	s.states.n.Add(-1)
 }
 
 // bodyBudget bounds the request body memory held by all requests at once

@@ -101,8 +101,10 @@ type Server struct {
 	srv   *fasthttp.Server
 	lst   atomic.Pointer[listener] // the listener Serve serves (its count of open connections)
 	// states counts the requests between acquireState and releaseState
-	// (streams included): CutOpen waits for it to reach zero.
-	states atomic.Int64
+	// (streams included): CutOpen waits for it to reach zero. On a cache
+	// line of its own: every request writes it twice, and its neighbours
+	// (the state pool, the transport) are read by every request.
+	states paddedCount
 	pool   sync.Pool // *reqState
 	tr     transport
 	nats   *natsTransport
@@ -228,10 +230,14 @@ func (s *Server) Serve(ln net.Listener) error {
 func (s *Server) Shutdown() error { return s.ShutdownContext(context.Background()) }
 
 // ShutdownContext is Shutdown bounded by ctx.
+// When ctx ends first, the liveness watchdog and the external upstreams
+// stay up for CutOpen, which closes them once the requests it cut ended.
 func (s *Server) ShutdownContext(ctx context.Context) error {
 	err := s.srv.ShutdownWithContext(ctx)
-	s.live.close()
-	s.ext.close()
+	if err == nil {
+		s.live.close()
+		s.ext.close()
+	}
 	return err
 }
 
@@ -252,19 +258,30 @@ func (s *Server) Handler() fasthttp.RequestHandler { return s.handle }
 // only then. It returns the connections cut and the requests still open
 // when it gave up.
 func (s *Server) CutOpen(ctx context.Context) (cut int, left int64) {
+	// The watchdog notices the cut of a request still waiting for its
+	// first byte (a non-streamed answer, a prefill); then it stops.
+	defer s.ext.close()
+	defer s.live.close()
 	if l := s.lst.Load(); l != nil {
 		cut = l.cutAll()
 	}
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
-	for s.states.Load() > 0 {
+	for s.states.n.Load() > 0 {
 		select {
 		case <-ctx.Done():
-			return cut, s.states.Load()
+			return cut, s.states.n.Load()
 		case <-t.C:
 		}
 	}
 	return cut, 0
+}
+
+// paddedCount is a counter alone on its cache line.
+type paddedCount struct {
+	_ [64]byte
+	n atomic.Int64
+	_ [56]byte
 }
 
 // OpenConnections is the number of client connections being served: the
