@@ -20,6 +20,7 @@ import (
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/govern"
 	"github.com/infera/infera/internal/certs"
+	"github.com/infera/infera/internal/holdhup"
 	"github.com/infera/infera/internal/logx"
 	"github.com/infera/infera/kv"
 	"github.com/infera/infera/kvroute"
@@ -72,7 +73,7 @@ type Gateway struct {
 // transports, discovery (synced, or serving the last known list with a
 // warning), scheduler and the HTTP front door. Serve or Run it next.
 func New(f *config.Serve) (*Gateway, error) {
-	holdSIGHUP()
+	holdhup.Hold() // for an embedding caller; `infera serve` holds it from its first init on
 	if err := f.Validate(); err != nil {
 		return nil, err
 	}

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
 
@@ -104,16 +103,6 @@ func (g *Gateway) drain() error {
 // cutGrace bounds the wait, after the drain timeout, for the cut requests
 // to end.
 const cutGrace = 2 * time.Second
-
-// holdSIGHUP makes SIGHUP's default action (ending the process) go away for
-// good, before anything slow runs in New: until the config watcher and Run
-// handle it, a SIGHUP (a config reloader, a log rotator, an operator)
-// during a slow start (discovery's first sync, a tokenizer) killed the
-// router. A channel nobody reads stays registered; Notify drops what it
-// cannot deliver, and the handlers registered later get every signal.
-var holdSIGHUP = sync.OnceFunc(func() {
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
-})
 
 // notify sends an sd_notify message when NOTIFY_SOCKET is set (a no-op
 // otherwise).

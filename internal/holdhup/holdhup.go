@@ -14,11 +14,19 @@ package holdhup
 import (
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 )
 
 func init() {
 	if len(os.Args) > 1 && os.Args[1] == "serve" {
-		signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+		Hold()
 	}
 }
+
+// Hold makes SIGHUP's default action go away for good (once per process):
+// a channel nobody reads stays registered. gateway.New calls it too, for
+// a program that embeds the router.
+var Hold = sync.OnceFunc(func() {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+})
