@@ -675,29 +675,77 @@ var (
 
 // scanProtocol is scan for Anthropic and Responses usage objects: prompt
 // tokens are Anthropic's input plus cache reads (Anthropic counts cache
-// reads apart), or Responses' input_tokens.
+// reads apart), or Responses' input_tokens. Unlike a chat stream's, the
+// numbers come in parts (Anthropic's message_start holds the input,
+// message_delta the output, often in one read), so every usage object of
+// b is read in order; one cut by a read boundary is carried to the next
+// scan as scan does.
 func (u *usage) scanProtocol(b []byte, api protocol.API) {
-	i := bytes.Index(b, keyUsage)
-	if i < 0 {
-		return
+	if u.ncarry > 0 {
+		var w [2 * usageCarry]byte
+		n := copy(w[:], u.carry[:u.ncarry])
+		n += copy(w[n:], b)
+		u.ncarry = 0
+		u.parseProtocol(w[:n], api)
+		if u.ncarry > 0 && len(b) <= usageCarry {
+			return // still cut, and b is all in the carry now
+		}
+		u.ncarry = 0
 	}
-	b = b[i+len(keyUsage):]
-	in, okIn := intAfter(b, keyInputTokens)
-	if n, ok := intAfter(b, keyOutputTokens); ok {
+	u.parseProtocol(b, api)
+}
+
+// parseProtocol reads every usage object of b in order (reading one twice
+// is harmless: the later ones still come after it).
+func (u *usage) parseProtocol(b []byte, api protocol.API) {
+	off := 0
+	for {
+		i := bytes.Index(b[off:], keyUsage)
+		if i < 0 {
+			break
+		}
+		i += off
+		obj := b[i+len(keyUsage):]
+		end := objectEnd(obj)
+		if end < 0 {
+			u.applyProtocol(obj, api)
+			if len(b)-i <= usageCarry {
+				u.ncarry = copy(u.carry[:], b[i:])
+			}
+			return
+		}
+		u.applyProtocol(obj[:end], api)
+		off = i + len(keyUsage) + end
+	}
+	// The next key may be cut: carry a tail of b (after the last object)
+	// that begins it.
+	for k := min(len(keyUsage)-1, len(b)-off); k > 0; k-- {
+		if bytes.HasSuffix(b, keyUsage[:k]) {
+			u.ncarry = copy(u.carry[:], b[len(b)-k:])
+			return
+		}
+	}
+}
+
+// applyProtocol records the numbers of one usage object (or of its part
+// read so far).
+func (u *usage) applyProtocol(obj []byte, api protocol.API) {
+	in, okIn := intAfter(obj, keyInputTokens)
+	if n, ok := intAfter(obj, keyOutputTokens); ok {
 		u.completion, u.seen = n, true
 	}
 	cached, okCached := 0, false
 	if api == protocol.Anthropic {
-		cached, okCached = intAfter(b, keyCacheRead)
+		cached, okCached = intAfter(obj, keyCacheRead)
 		in += cached
 	} else {
-		cached, okCached = intAfter(b, keyCached)
+		cached, okCached = intAfter(obj, keyCached)
 	}
 	if okIn {
 		u.prompt, u.seen = in, true
-	}
-	if okCached {
-		u.cached = cached
+		if okCached {
+			u.cached = cached
+		}
 	}
 }
 

@@ -57,7 +57,7 @@ func (u *usage) parse(b []byte) {
 	i := lastIndex(b, keyUsage)
 	if i >= 0 {
 		obj := b[i+len(keyUsage):]
-		if !closed(obj) && len(b)-i <= usageCarry {
+		if objectEnd(obj) < 0 && len(b)-i <= usageCarry {
 			u.ncarry = copy(u.carry[:], b[i:])
 		}
 		if n, ok := intAfter(obj, keyPrompt); ok {
@@ -104,19 +104,22 @@ func lastIndex(b, key []byte) int {
 	}
 }
 
-// closed reports whether the value after a "usage" key is complete in b:
-// null, or an object whose braces close (usage objects hold no strings
-// with braces).
-func closed(b []byte) bool {
+// objectEnd is the length of the value after a "usage" key in b (its
+// colon, then null or an object whose braces close: usage objects hold no
+// strings with braces), or -1 when b ends before it does.
+func objectEnd(b []byte) int {
 	i := 0
 	for i < len(b) && (b[i] == ' ' || b[i] == ':' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
 		i++
 	}
 	if i == len(b) {
-		return false
+		return -1
 	}
 	if b[i] != '{' {
-		return i+4 <= len(b) // null (or anything else: nothing to wait for)
+		if i+4 > len(b) {
+			return -1
+		}
+		return i + 4 // null (or anything else: nothing to wait for)
 	}
 	depth := 0
 	for ; i < len(b); i++ {
@@ -126,11 +129,11 @@ func closed(b []byte) bool {
 		case '}':
 			depth--
 			if depth == 0 {
-				return true
+				return i + 1
 			}
 		}
 	}
-	return false
+	return -1
 }
 
 func intAfter(b, key []byte) (int, bool) {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"testing"
+
+	"github.com/infera/infera/protocol"
 )
 
 func scanChunks(chunks ...[]byte) usage {
@@ -116,5 +118,55 @@ func BenchmarkUsageScanSSEEvent(b *testing.B) {
 	var u usage
 	for b.Loop() {
 		u.scan(ev)
+	}
+}
+
+// TestProtocolUsageReadInPartsAndAcrossReadBoundaries: an Anthropic stream
+// carries its input in message_start and its output in message_delta, a
+// Responses stream its usage in response.completed after a null one; read
+// whole (one read, as a short answer comes), cut anywhere in two or three
+// reads, or byte by byte, the totals are the same.
+func TestProtocolUsageReadInPartsAndAcrossReadBoundaries(t *testing.T) {
+	cases := []struct {
+		api                        protocol.API
+		body                       string
+		prompt, completion, cached int
+	}{
+		{protocol.Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"m\",\"stop_reason\":null,\"usage\":{\"input_tokens\":30,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":9,\"cache_creation\":{\"ephemeral_5m_input_tokens\":0},\"output_tokens\":0,\"service_tier\":\"standard\"}}}\n\n" +
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":700}}\n\n" +
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", 39, 700, 9},
+		{protocol.Anthropic, `{"id":"msg_1","type":"message","content":[{"type":"text","text":"the \"usage\" of words"}],"usage":{"input_tokens":30,"cache_read_input_tokens":9,"output_tokens":700}}`, 39, 700, 9},
+		{protocol.Responses, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\",\"status\":\"in_progress\",\"usage\":null}}\n\n" +
+			"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n" +
+			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\",\"status\":\"completed\",\"usage\":{\"input_tokens\":39,\"input_tokens_details\":{\"cached_tokens\":9},\"output_tokens\":700,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":739}}}\n\n", 39, 700, 9},
+	}
+	for ci, c := range cases {
+		b := []byte(c.body)
+		scan := func(chunks ...[]byte) usage {
+			var u usage
+			for _, ch := range chunks {
+				u.scanProtocol(ch, c.api)
+			}
+			return u
+		}
+		check := func(u usage, how string) {
+			t.Helper()
+			if !u.seen || u.prompt != c.prompt || u.completion != c.completion || u.cached != c.cached {
+				t.Fatalf("case %d %s: prompt %d completion %d cached %d seen %v", ci, how, u.prompt, u.completion, u.cached, u.seen)
+			}
+		}
+		check(scan(b), "whole")
+		for i := 0; i <= len(b); i++ {
+			check(scan(b[:i], b[i:]), fmt.Sprintf("cut at %d", i))
+			for j := i; j <= len(b) && j < i+40; j++ {
+				check(scan(b[:i], b[i:j], b[j:]), fmt.Sprintf("cut at %d and %d", i, j))
+			}
+		}
+		var u usage
+		for i := range b {
+			u.scanProtocol(b[i:i+1], c.api)
+		}
+		check(u, "byte by byte")
 	}
 }
