@@ -196,7 +196,7 @@ func (m *Manager) Feed(workerID string, instance uint64, topic []byte, seq uint6
 // changes of publisher (publisher.go).
 type WorkerStats struct {
 	Applied, Dropped, Malformed, Unknown, Stale, Gaps, Recoveries, Resyncs uint64
-	Duplicates, PublisherChanges                                           uint64
+	Duplicates, PublisherChanges, CatchUps                                 uint64
 }
 
 // Stats returns the counters of the worker with id (zero when unknown).
@@ -212,6 +212,7 @@ func (m *Manager) Stats(workerID string) WorkerStats {
 		Unknown: ws.mUnknown.Get(), Stale: ws.mStale.Get(), Gaps: ws.mGaps.Get(),
 		Recoveries: ws.mRecoveries.Get(), Resyncs: ws.mResyncs.Get(),
 		Duplicates: ws.mDuplicate.Get(), PublisherChanges: ws.mChanges.Get(),
+		CatchUps: ws.mCatchUps.Get(),
 	}
 }
 
@@ -247,6 +248,10 @@ type rankState struct {
 	// restarts in a loop must not make every batch a full scan).
 	lastClear time.Time
 	dirty     bool
+	// clearArmed says a timer will do the clear put off (dirty) if no
+	// batch comes first: a rank that goes quiet after a clear must not
+	// keep its stale entries.
+	clearArmed bool
 }
 
 // minClearEvery is the least time between two index clears of one rank.
@@ -277,7 +282,7 @@ type workerState struct {
 
 	labels                                                  string
 	mApplied, mDropped, mMalformed, mUnknown, mStale, mGaps *metrics.Counter
-	mRecoveries, mResyncs, mDuplicate, mChanges             *metrics.Counter
+	mRecoveries, mResyncs, mDuplicate, mChanges, mCatchUps  *metrics.Counter
 	replayFn                                                func(rank int, start uint64, fn func(seq uint64, payload []byte)) error
 	metricNames                                             []string
 }
@@ -307,6 +312,7 @@ func (m *Manager) newWorkerState(w *fleet.Worker) *workerState {
 	ws.mResyncs = c("infera_kv_resyncs_total")
 	ws.mDuplicate = c("infera_kv_duplicate_publisher_batches_total")
 	ws.mChanges = c("infera_kv_publisher_changes_total")
+	ws.mCatchUps = c("infera_kv_catchups_total")
 	gauge := "infera_kv_duplicate_publisher" + ws.labels
 	ws.metricNames = append(ws.metricNames, gauge)
 	id := w.ID
@@ -406,11 +412,28 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 	if err != nil {
 		ws.mMalformed.Inc()
 		ws.logf("cannot decode KV event batch", "seq", seq, "err", err)
+		// Skipped, not a gap: with one rank followed the batch is that
+		// rank's, so the next one must not look like a gap (whose replay
+		// would bring the same batch back and end in a resync).
+		if len(ws.ranks) == 1 {
+			for _, rs := range ws.ranks {
+				if rs.started && seq == rs.next {
+					rs.next = seq + 1
+				}
+			}
+		}
 		return
 	}
 	rs := ws.rank(b.DPRank)
 	switch {
 	case !rs.started || seq == rs.next:
+		if !rs.started && seq > 0 && ws.replayFn != nil && !ws.stopped.Load() {
+			rank := b.DPRank
+			ws.catchUp(rank, rs, seq)
+			if b, err = ws.dec.Decode(payload); err != nil { // the decoder was reused
+				return
+			}
+		}
 		rs.started = true
 		ws.apply(b, rs)
 		rs.next = seq + 1
@@ -438,12 +461,17 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 			if s < rs.next || s >= seq {
 				return
 			}
-			rb, err := ws.dec.Decode(p)
-			if err != nil {
-				ws.mMalformed.Inc()
+			if s != rs.next {
 				return
 			}
-			if rb.DPRank != rank || s != rs.next {
+			rb, err := ws.dec.Decode(p)
+			if err != nil {
+				// The rank's replay endpoint sent it: skip it as the
+				// live feed does (counted there when it came live).
+				rs.next = s + 1
+				return
+			}
+			if rb.DPRank != rank {
 				return
 			}
 			ws.apply(rb, rs)
@@ -467,6 +495,41 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 		ws.apply(b, rs)
 	}
 	rs.next = seq + 1
+}
+
+// catchUp fills a rank the router starts following mid-stream (the
+// router's start, a worker added, a new publisher) from the engine's
+// replay buffer, every batch before seq: vLLM announces a block once, when
+// it is computed, so blocks cached before the router listened (a shared
+// system prompt) would never be indexed, and every block stored on their
+// chain later would be dropped for its unknown parent. The buffer holds
+// the latest batches (10,000 by default in vLLM); whatever it no longer
+// holds stays unknown. A replay that fails before reaching seq leaves
+// nothing behind (what it applied may have been removed in the batches
+// it did not bring).
+func (ws *workerState) catchUp(rank int, rs *rankState, seq uint64) {
+	next, got := uint64(0), false
+	err := ws.replayFn(rank, 0, func(s uint64, p []byte) {
+		if s >= seq || (got && s != next) {
+			return
+		}
+		got, next = true, s+1
+		rb, err := ws.dec.Decode(p)
+		if err != nil || rb.DPRank != rank {
+			return
+		}
+		ws.apply(rb, rs)
+	})
+	if err == nil && got && next == seq {
+		ws.mCatchUps.Inc()
+		return
+	}
+	if err != nil {
+		ws.logf("KV event replay on first contact failed; blocks cached before it stay unknown", "rank", rank, "err", err)
+	}
+	if got {
+		ws.resync(rank, rs)
+	}
 }
 
 // resync forgets everything the worker's rank had cached: the index is
@@ -493,7 +556,18 @@ func (ws *workerState) clearRank(rank int, rs *rankState) {
 		return
 	}
 	now := time.Now()
-	if now.Sub(rs.lastClear) < minClearEvery {
+	if wait := minClearEvery - now.Sub(rs.lastClear); wait > 0 {
+		if !rs.clearArmed {
+			rs.clearArmed = true
+			time.AfterFunc(wait, func() {
+				ws.mu.Lock()
+				defer ws.mu.Unlock()
+				rs.clearArmed = false
+				if rs.dirty && !ws.stopped.Load() {
+					ws.clearRank(rank, rs)
+				}
+			})
+		}
 		return
 	}
 	ws.m.cfg.Index.Clear(ws.idx, rank)
@@ -537,6 +611,12 @@ func (ws *workerState) applyStored(e *Event, rank int, rs *rankState) {
 	bs := e.BlockSize
 	if bs <= 0 {
 		bs = ws.blockSize
+	} else if bs != ws.blockSize {
+		// Prompts are hashed in blocks of the worker's size: these could
+		// never match.
+		ws.mDropped.Inc()
+		ws.logf("BlockStored with a block size other than the worker's (its record's block_size, or --kv-block-size)", "event_block_size", bs, "block_size", ws.blockSize)
+		return
 	}
 	if len(e.Hashes) == 0 || len(e.Tokens) != len(e.Hashes)*bs {
 		ws.mMalformed.Inc()

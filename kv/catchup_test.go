@@ -1,0 +1,108 @@
+//go:build cgo
+
+package kv
+
+import (
+	"testing"
+	"time"
+
+	"github.com/infera/infera/engine"
+	"github.com/infera/infera/fleet"
+)
+
+// TestBlocksCachedBeforeTheRouterListenedAreLearnedFromTheReplayBuffer:
+// vLLM announces a block once, when it is computed. A chain cached before
+// the router subscribed (a shared system prompt) is filled in from the
+// engine's replay buffer on first contact, so a block stored on it later
+// is indexed instead of dropped for its unknown parent.
+func TestBlocksCachedBeforeTheRouterListenedAreLearnedFromTheReplayBuffer(t *testing.T) {
+	m, x := newTestManager(t, "zmq")
+	p := newTestPublisher(t, true, engine.LayoutMap)
+	sys := tokensFor(1, 3)
+	hs := engineHashes(1, 4)
+	p.BlockStored(hs[:3], 0, false, sys, bs) // nobody subscribed: buffered only
+	waitFor(t, "the batch before the router", func() bool { return p.Pending() == 0 })
+	w := &fleet.Worker{Idx: 2, ID: "w", KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
+	if err := m.WorkerAdded(w); err != nil {
+		t.Fatal(err)
+	}
+	connect(t, p, x, w.Idx)
+	user := append(append([]uint32(nil), sys...), tokensFor(2, 1)...)
+	p.BlockStored(hs[3:], hs[2], true, user[3*bs:], bs)
+	waitFor(t, "the user turn on the system prompt", func() bool { return overlap(x, w.Idx, user) == 4 })
+	if st := m.Stats(w.ID); st.CatchUps != 1 || st.Dropped != 0 || st.Resyncs != 0 {
+		t.Fatalf("stats %+v, want one catch-up and nothing dropped", st)
+	}
+}
+
+// TestAnUndecodableBatchIsSkippedWithoutClearingTheWorker: one batch the
+// decoder refuses is counted and skipped; the next one is in sequence, not
+// a gap that clears every entry of the worker.
+func TestAnUndecodableBatchIsSkippedWithoutClearingTheWorker(t *testing.T) {
+	m, x := newTestManager(t, "nats")
+	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
+	if err := m.WorkerAdded(w); err != nil {
+		t.Fatal(err)
+	}
+	batch := func(tag, n int) []byte {
+		b := appendBatchHeader(nil, false, 1, 1)
+		b = appendStored(b, false, engineHashes(tag, n), 0, false, tokensFor(tag, n), bs)
+		return appendBatchTrailer(b, false, 0)
+	}
+	m.Feed(w.ID, 0, nil, 5, batch(1, 2))
+	m.Feed(w.ID, 0, nil, 6, []byte{0xc1})
+	m.Feed(w.ID, 0, nil, 7, batch(2, 2))
+	waitFor(t, "the batch after the bad one", func() bool { return overlap(x, w.Idx, tokensFor(2, 2)) == 2 })
+	if got := overlap(x, w.Idx, tokensFor(1, 2)); got != 2 {
+		t.Fatalf("the chain before the bad batch holds %d blocks, want 2", got)
+	}
+	if st := m.Stats(w.ID); st.Malformed != 1 || st.Gaps != 0 || st.Resyncs != 0 {
+		t.Fatalf("stats %+v, want one malformed batch and no gap", st)
+	}
+}
+
+// TestAClearPutOffIsDoneWithoutAnotherBatch: clears are at most every
+// minClearEvery; one put off must still happen when the engine goes quiet
+// after it, or the index keeps blocks the engine dropped.
+func TestAClearPutOffIsDoneWithoutAnotherBatch(t *testing.T) {
+	m, x := newTestManager(t, "nats")
+	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
+	if err := m.WorkerAdded(w); err != nil {
+		t.Fatal(err)
+	}
+	stored := func(tag int) []byte {
+		b := appendBatchHeader(nil, false, 1, 1)
+		b = appendStored(b, false, engineHashes(tag, 2), 0, false, tokensFor(tag, 2), bs)
+		return appendBatchTrailer(b, false, 0)
+	}
+	clear := appendBatchTrailer(appendCleared(appendBatchHeader(nil, false, 1, 1), false), false, 0)
+	m.Feed(w.ID, 0, nil, 1, stored(1))
+	m.Feed(w.ID, 0, nil, 2, clear)
+	m.Feed(w.ID, 0, nil, 3, stored(2))
+	m.Feed(w.ID, 0, nil, 4, clear) // within minClearEvery of the first
+	waitFor(t, "both clears", func() bool {
+		return overlap(x, w.Idx, tokensFor(1, 2)) == 0 && overlap(x, w.Idx, tokensFor(2, 2)) == 0
+	})
+	time.Sleep(2 * minClearEvery) // nothing comes back
+	if n := x.WorkerBlocks(w.Idx); n != 0 {
+		t.Fatalf("worker holds %d blocks after the engine cleared them", n)
+	}
+}
+
+// TestBlocksOfAnotherBlockSizeAreDropped: events in blocks of another size
+// than the worker's could never match a prompt hashed in the worker's: they
+// are dropped and counted, not indexed in silence.
+func TestBlocksOfAnotherBlockSizeAreDropped(t *testing.T) {
+	m, x := newTestManager(t, "nats")
+	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
+	if err := m.WorkerAdded(w); err != nil {
+		t.Fatal(err)
+	}
+	b := appendBatchHeader(nil, false, 1, 1)
+	b = appendStored(b, false, engineHashes(1, 1), 0, false, tokensFor(1, 2), 2*bs)
+	m.Feed(w.ID, 0, nil, 1, appendBatchTrailer(b, false, 0))
+	waitFor(t, "the drop", func() bool { return m.Stats(w.ID).Dropped == 1 })
+	if n := x.WorkerBlocks(w.Idx); n != 0 {
+		t.Fatalf("worker holds %d blocks", n)
+	}
+}
