@@ -7,11 +7,13 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -434,7 +436,37 @@ func (a *Admin) syncFile() error {
 func same(x, y *config.Config) bool {
 	a, err1 := encodeClear(x)
 	b, err2 := encodeClear(y)
-	return err1 == nil && err2 == nil && bytes.Equal(a, b)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	if bytes.Equal(a, b) {
+		return true
+	}
+	// An empty list and no list mean the same (the console saves [] where
+	// the file had nothing): saving an unchanged form makes no version.
+	var va, vb any
+	if json.Unmarshal(a, &va) != nil || json.Unmarshal(b, &vb) != nil {
+		return false
+	}
+	return reflect.DeepEqual(noEmptyLists(va), noEmptyLists(vb))
+}
+
+// noEmptyLists replaces every empty JSON array in v with null.
+func noEmptyLists(v any) any {
+	switch t := v.(type) {
+	case []any:
+		if len(t) == 0 {
+			return nil
+		}
+		for i := range t {
+			t[i] = noEmptyLists(t[i])
+		}
+	case map[string]any:
+		for k, e := range t {
+			t[k] = noEmptyLists(e)
+		}
+	}
+	return v
 }
 
 // onStoreChange runs under the store lock after every swap: it writes the

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"reflect"
 	"strconv"
 	"strings"
@@ -89,7 +90,12 @@ func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) htt
 		}
 		tok, ok := bearer(r.Header.Get("Authorization"))
 		if !ok || !a.checkKey(tok) {
-			a.fails.failed(ip, time.Now())
+			if ok && tok != "" {
+				// Only a key presented counts as a guess: a request without
+				// one (a CORS preflight, a page's no-cors request from
+				// another origin) must not lock the operator out.
+				a.fails.failed(ip, time.Now())
+			}
 			// The presented key is never logged or echoed.
 			authLog.Warn("admin request refused: bad or missing key", "remote", r.RemoteAddr, "path", r.URL.Path)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="infera admin"`)
@@ -513,7 +519,11 @@ func (a *Admin) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 	if a.snaps == nil || !snapshotName.MatchString(name) {
 		return &httpError{status: http.StatusNotFound, msg: "no such snapshot"}
 	}
-	http.ServeFile(w, r, a.snaps.dir+"/"+name)
+	path := a.snaps.dir + "/" + name
+	if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() {
+		return &httpError{status: http.StatusNotFound, msg: "no such snapshot"}
+	}
+	http.ServeFile(w, r, path)
 	return nil
 }
 

@@ -247,6 +247,11 @@ func TestExportImportRoundTrip(t *testing.T) {
 	if got := e2.do("GET", "/api/backup/snapshots/..%2f..%2fetc%2fpasswd", ""); got.status != 404 {
 		t.Fatalf("path traversal: %d", got.status)
 	}
+	// A well-formed name with no such file: 404 in the JSON error shape.
+	missing := "snapshot-20991204T113246.093Z-auto.json"
+	if got := e2.do("GET", "/api/backup/snapshots/"+missing, ""); got.status != 404 || !strings.Contains(string(got.body), `"error"`) {
+		t.Fatalf("missing snapshot: %d %s", got.status, got.body)
+	}
 	// Another admin key cannot open the sealed secrets: refused whole.
 	e3 := newEnv(t, envOpts{key: "another-admin-key-42"})
 	req, _ := http.NewRequest("POST", e3.srv.URL+"/api/backup/import", strings.NewReader(string(exp.body)))

@@ -31,3 +31,22 @@ func TestWrongAdminKeysLockTheAddressOut(t *testing.T) {
 		t.Fatalf("after the window: %d %s", r.status, r.body)
 	}
 }
+
+// Requests that present no key (a CORS preflight, a no-cors request a page
+// on another origin makes) are refused but are no guess: any number of them
+// leaves the operator's right key working.
+func TestRequestsWithoutAKeyDoNotLockTheAddressOut(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	for i := 0; i < 3*maxAuthFailures; i++ {
+		method := "GET"
+		if i%2 == 1 {
+			method = "OPTIONS"
+		}
+		if r := e.do(method, "/api/version", "", "Authorization", ""); r.status != 401 {
+			t.Fatalf("request %d without a key: %d %s", i, r.status, r.body)
+		}
+	}
+	if r := e.do("GET", "/api/version", ""); r.status != 200 {
+		t.Fatalf("the right key after requests without one: %d %s", r.status, r.body)
+	}
+}

@@ -122,9 +122,10 @@ func stringsAny(ss []string) []any {
 
 // userInput is the body of POST /api/users and PUT /api/users/{name}.
 type userInput struct {
-	Name     string `json:"name"`
-	Template string `json:"template"`
-	Enabled  *bool  `json:"enabled"`
+	Name string `json:"name"`
+	// Template: absent keeps the user's on PUT ("" clears it).
+	Template *string `json:"template"`
+	Enabled  *bool   `json:"enabled"`
 	// Models: absent keeps the user's list on PUT ([] allows every model).
 	Models *[]string `json:"models"`
 }
@@ -136,6 +137,9 @@ func readUserInput(w http.ResponseWriter, r *http.Request) (userInput, error) {
 		return in, err
 	}
 	if err := decodeStrictInto(body, &in); err != nil {
+		return in, err
+	}
+	if err := config.RepeatedKey(body, ""); err != nil { // decoding kept the last copy
 		return in, err
 	}
 	return in, nil
@@ -175,7 +179,10 @@ func (a *Admin) createUser(w http.ResponseWriter, r *http.Request) error {
 		if in.Name != "" && userIndex(doc, in.Name) >= 0 {
 			return &httpError{status: http.StatusConflict, msg: fmt.Sprintf("user %q exists", in.Name)}
 		}
-		u := map[string]any{"name": in.Name, "template": in.Template, "enabled": enabled, "keys": []any{hash}}
+		u := map[string]any{"name": in.Name, "template": "", "enabled": enabled, "keys": []any{hash}}
+		if in.Template != nil {
+			u["template"] = *in.Template
+		}
 		if in.Models != nil && len(*in.Models) > 0 {
 			u["models"] = stringsAny(*in.Models)
 		}
@@ -214,7 +221,9 @@ func (a *Admin) putUser(w http.ResponseWriter, r *http.Request) error {
 			return &httpError{status: http.StatusNotFound, msg: "no such user"}
 		}
 		m := users(doc)[i].(map[string]any)
-		m["template"] = in.Template
+		if in.Template != nil {
+			m["template"] = *in.Template
+		}
 		if in.Enabled != nil {
 			m["enabled"] = *in.Enabled
 		}
@@ -384,7 +393,14 @@ func readTemplate(w http.ResponseWriter, r *http.Request) (map[string]any, error
 	if err != nil {
 		return nil, err
 	}
-	return decodeDoc(body)
+	doc, err := decodeDoc(body)
+	if err != nil {
+		return nil, err
+	}
+	if err := config.RepeatedKey(body, ""); err != nil { // the map kept one copy
+		return nil, err
+	}
+	return doc, nil
 }
 
 // templateErr points a validation error of templates[i] at the body.

@@ -48,12 +48,21 @@ async function api(method, path, body, headers) {
   }
   const res = await fetch(path, opts);
   if (res.status === 401) { logout('Your admin key was refused.'); throw new Error('unauthorized'); }
+  if (res.status === 429) { logout(lockedOut(res)); throw new Error('locked out'); }
   const text = await res.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch (e) { data = { raw: text }; }
   const v = res.headers.get('X-Config-Version');
   if (v) setVersion(v);
   return { status: res.status, ok: res.ok, data, etag: res.headers.get('ETag'), text };
+}
+
+// lockedOut is the message for the admin API's lockout (too many wrong keys
+// from this address): every key, the right one too, is refused until then.
+function lockedOut(res) {
+  const wait = parseInt(res.headers.get('Retry-After') || '', 10);
+  return 'Too many wrong admin keys from this address: the admin API refuses every key' +
+    (wait > 0 ? ' for the next ' + wait + ' s.' : ' for a while.');
 }
 
 function errOf(r) {
@@ -88,7 +97,8 @@ function loginPage(msg) {
       const r = await fetch('/api/version', { headers: { Authorization: 'Bearer ' + S.key } });
       if (r.status !== 200) {
         err.hidden = false;
-        err.textContent = r.status === 401 ? 'That key is not the admin key.' : 'The admin API answered ' + r.status + '.';
+        err.textContent = r.status === 401 ? 'That key is not the admin key.'
+          : r.status === 429 ? lockedOut(r) : 'The admin API answered ' + r.status + '.';
         return;
       }
       sessionStorage.setItem('infera.adminKey', S.key);
