@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/infera/infera/internal/logx"
 	"github.com/infera/infera/internal/netpeek"
 	"github.com/infera/infera/internal/sockio"
@@ -74,11 +76,12 @@ func (l *listener) Accept() (net.Conn, error) {
 				c.Close()
 				continue
 			}
-			nc := sockio.Wrap(c)
+			raw := sockio.Wrap(c)
+			nc := raw
 			if l.tls != nil {
-				nc = tls.Server(nc, l.tls) // over sockio's reads and lazy deadlines, as upstream TLS
+				nc = tls.Server(raw, l.tls) // over sockio's reads and lazy deadlines, as upstream TLS
 			}
-			cc := &clientConn{Conn: nc, fd: netpeek.SockFD(c), tls: l.tls != nil, l: l}
+			cc := &clientConn{Conn: nc, raw: raw, fd: netpeek.SockFD(c), tls: l.tls != nil, l: l}
 			if l.max > 0 {
 				cc.open = &l.open
 			}
@@ -108,26 +111,82 @@ func (l *listener) Accept() (net.Conn, error) {
 // kept for the liveness watchdog.
 type clientConn struct {
 	net.Conn
+	raw    net.Conn // the TCP connection under TLS (Conn itself without TLS)
 	fd     int
 	tls    bool
 	open   *atomic.Int64 // the listener's count of open connections (nil: not counted)
 	l      *listener
 	closed atomic.Bool
+	// linger says the answer was written before the request's body was
+	// read (closeUnread): Close must not reset the connection.
+	linger atomic.Bool
 }
 
-// Close closes the connection and, the first time, gives its slot back.
+// Close closes the connection and, the first time, gives its slot back. A
+// connection whose request body was left unread lingers instead: closing
+// a socket with unread input sends a reset, and the client, still sending
+// its body, loses the answer written just before (a 413 or 401 reaches an
+// SDK as a connection error). Its write side is shut (the client reads the
+// answer, then end of stream) and what the client still sends is read and
+// dropped, up to lingerBytes within lingerTime (and lingerIdle between
+// reads), as nginx's lingering_close does; the slot is given back after.
 func (c *clientConn) Close() error {
+	if c.linger.Load() && c.fd >= 0 && c.closed.CompareAndSwap(false, true) {
+		mLingeringCloses.Inc()
+		syscall.Shutdown(c.fd, syscall.SHUT_WR)
+		go c.drain()
+		return nil
+	}
 	if c.closed.CompareAndSwap(false, true) {
-		if c.open != nil {
-			c.open.Add(-1)
-		}
-		if c.l != nil {
-			c.l.mu.Lock()
-			delete(c.l.conns, c)
-			c.l.mu.Unlock()
-		}
+		c.release()
 	}
 	return c.Conn.Close()
+}
+
+const (
+	lingerTime  = 5 * time.Second
+	lingerIdle  = time.Second
+	lingerBytes = 64 << 20
+)
+
+// drain is the lingering close (Close).
+func (c *clientConn) drain() {
+	end := time.Now().Add(lingerTime)
+	buf := make([]byte, 32<<10)
+	for n := 0; n < lingerBytes; {
+		d := time.Now().Add(lingerIdle)
+		if d.After(end) {
+			d = end
+		}
+		c.raw.SetReadDeadline(d)
+		k, err := c.raw.Read(buf)
+		n += k
+		if err != nil {
+			break
+		}
+	}
+	c.release()
+	c.Conn.Close()
+}
+
+func (c *clientConn) release() {
+	if c.open != nil {
+		c.open.Add(-1)
+	}
+	if c.l != nil {
+		c.l.mu.Lock()
+		delete(c.l.conns, c)
+		c.l.mu.Unlock()
+	}
+}
+
+// closeUnread answers on a connection closed after this answer with the
+// request's body (or part of it) unread: the close lingers (clientConn).
+func closeUnread(ctx *fasthttp.RequestCtx) {
+	ctx.SetConnectionClose()
+	if c, ok := ctx.Conn().(*clientConn); ok {
+		c.linger.Store(true)
+	}
 }
 
 // maxConns resolves --max-conns: 0 means half of the open-file limit (the

@@ -54,6 +54,7 @@ var (
 	mBodyBudget        = metrics.NewCounter(`infera_body_budget_rejections_total`)
 	mAcceptErrors      = metrics.NewCounter(`infera_accept_errors_total`)
 	mConnsRefused      = metrics.NewCounter(`infera_client_connections_refused_total`)
+	mLingeringCloses   = metrics.NewCounter(`infera_client_lingering_closes_total`)
 	mClientGoneWaiting = metrics.NewCounter(`infera_client_disconnects_waiting_total`)
 	mClientErrors      = metrics.NewCounter(`infera_http_client_errors_total`)
 )

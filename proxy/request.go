@@ -268,19 +268,22 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		// Streams and relayed bodies go out chunked, which HTTP/1.0 does
 		// not know (fasthttp cannot end a body by closing instead). As
 		// Envoy does by default: 426.
-		ctx.SetConnectionClose()
+		closeUnread(ctx)
 		writeError(ctx, fasthttp.StatusUpgradeRequired, typeInvalidRequest, "inference requests need HTTP/1.1", "", "http_version_not_supported")
 		ctx.Response.Header.Set("Upgrade", "HTTP/1.1")
 		return
 	}
 	user, ok := s.authenticate(ctx)
 	if !ok {
-		ctx.SetConnectionClose() // the body was not read
+		closeUnread(ctx) // the body was not read
 		return
 	}
 	rs.gov.user = user
 	if err := s.readBody(ctx, rs); err != nil {
 		ctx.SetConnectionClose()
+		if err == errBodyTooLarge || err == errBodyBudget {
+			closeUnread(ctx) // the rest of the body is on its way (not a slow client's)
+		}
 		switch err {
 		case errBodyTooLarge:
 			mBadRequests.Inc()

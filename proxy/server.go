@@ -309,6 +309,7 @@ func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		closeUnread(ctx)
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, typeInvalidRequest,
 			"request body exceeds --max-body-bytes ("+strconv.Itoa(s.flags.MaxBodyBytes)+" bytes)", "", "request_too_large")
 	case errors.As(err, &small):
@@ -318,7 +319,7 @@ func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 		}
 		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, typeInvalidRequest,
 			"request line and headers exceed --max-header-bytes ("+strconv.Itoa(headerBytes)+" bytes)", "", "headers_too_large")
-		ctx.SetConnectionClose()
+		closeUnread(ctx)
 	case errors.As(err, &to) && to.Timeout():
 		writeError(ctx, fasthttp.StatusRequestTimeout, typeInvalidRequest, "request not received in time", "", "request_timeout")
 	default:

@@ -1,0 +1,72 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestAnAnswerBeforeTheBodyReachesAClientStillSendingIt: a 413 (body over
+// --max-body-bytes, refused from its Content-Length) or a 401 (wrong key,
+// refused before the body is read) is written while the client is still
+// sending a large body. Closing the socket with that body unread would send
+// a reset: the client's write fails, which the official SDKs report as
+// "Connection error" (and retry the upload) without reading the answer.
+// The lingering close lets the client finish sending and read the answer,
+// over a real socket.
+func TestAnAnswerBeforeTheBodyReachesAClientStillSendingIt(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.APIKey = "sk-linger-test"
+	f.MaxBodyBytes = 1 << 20
+	r := startRouter(t, f, nil, up.url)
+	addr := strings.TrimPrefix(r.url, "http://")
+	body := bytes.Repeat([]byte("x"), 32<<20)
+	for _, c := range []struct {
+		name, path, key string
+		status          int
+		code            string
+	}{
+		{"over --max-body-bytes", "/v1/chat/completions", f.APIKey, 413, "request_too_large"},
+		{"over --max-body-bytes, Anthropic", "/v1/messages", f.APIKey, 413, "request_too_large"},
+		{"wrong key", "/v1/chat/completions", "sk-wrong", 401, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp4", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(20 * time.Second))
+			// As the SDKs do: the whole body first, then the answer.
+			fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", c.path, c.key, len(body))
+			if _, err := conn.Write(body); err != nil {
+				// What the SDKs report as a connection error, never
+				// reading the answer.
+				t.Fatalf("sending the body: %v", err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatalf("no answer: %v", err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatalf("answer cut: %v (%q)", err, b)
+			}
+			if resp.StatusCode != c.status || !bytes.Contains(b, []byte(c.code)) {
+				t.Fatalf("answer %d %s, want %d %s", resp.StatusCode, b, c.status, c.code)
+			}
+		})
+	}
+	if mLingeringCloses.Get() == 0 {
+		t.Fatal("no lingering close counted")
+	}
+	// The lingering connections end and give their slots back.
+	waitFor(t, func() bool { return r.srv.OpenConnections() == 0 }, "lingering connections closed")
+}
