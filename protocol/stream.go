@@ -122,6 +122,10 @@ type StreamConverter struct {
 	pingSent bool
 	tools    []streamTool
 	nTools   int
+	// remap[i]-1 is the call the engine's tool-call index i now names (0:
+	// the call at i): an engine that numbers every parallel call 0 (older
+	// Ollama, some OpenAI-compatible servers) tells calls apart by id.
+	remap []int32
 	// liveTool+1 is the tool call streaming now (0: none). A call that
 	// opens while another streams is held (its name and arguments kept)
 	// and sent whole at the end: the Messages API allows one content
@@ -178,6 +182,7 @@ func (c *StreamConverter) Reset(m *Meta) {
 		finish:      c.finish[:0],
 		stopReason:  c.stopReason[:0],
 		tools:       c.tools[:0],
+		remap:       c.remap[:0],
 		items:       c.items[:0],
 		acc:         reuse(c.acc),
 		heldText:    reuse(c.heldText),
@@ -477,6 +482,23 @@ func (c *StreamConverter) onToolCalls(calls []byte) error {
 			idx = int64(c.nTools) - 1
 			if len(id) > 0 && (idx < 0 || string(id) != string(c.tools[idx].id)) || idx < 0 {
 				idx++ // a new id opens a new call; a repeated or empty one continues
+			}
+		} else {
+			if idx >= maxStreamTools {
+				return errTooManyTools
+			}
+			eng := idx
+			if int(eng) < len(c.remap) && c.remap[eng] > 0 {
+				idx = int64(c.remap[eng] - 1)
+			}
+			if len(id) > 0 && int(idx) < c.nTools && len(c.tools[idx].id) > 0 && string(id) != string(c.tools[idx].id) {
+				// Another id at an index in use: a call of its own, and
+				// the index's later fragments continue it.
+				idx = int64(c.nTools)
+				for int(eng) >= len(c.remap) {
+					c.remap = append(c.remap, 0)
+				}
+				c.remap[eng] = int32(idx) + 1
 			}
 		}
 		if idx >= maxStreamTools {

@@ -579,3 +579,51 @@ func TestARefusalBetweenACallsArgumentsWaitsLikeText(t *testing.T) {
 		t.Fatalf("Responses: %v", err)
 	}
 }
+
+// An engine that numbers every parallel call 0 and tells them apart by id
+// streams two calls, not one whose arguments run together ({"x":1}{"y":2}
+// broke the SDK's final message).
+func TestParallelToolCallsSharingAnIndexWithTheirOwnIDsAreTwoCalls(t *testing.T) {
+	tc := func(d string) string { return chunkLine(`{"tool_calls":[`+d+`]}`, "null") }
+	up := tc(`{"index":0,"id":"call_a","type":"function","function":{"name":"f1","arguments":"{\"x\": "}}`) +
+		tc(`{"index":0,"function":{"arguments":"1}"}}`) +
+		tc(`{"index":0,"id":"call_b","type":"function","function":{"name":"f2","arguments":"{\"y\": "}}`) +
+		tc(`{"index":0,"function":{"arguments":"2}"}}`) +
+		chunkLine(`{}`, `"tool_calls"`) + usageLine + "data: [DONE]\n\n"
+	evs, err := checkAnthropicSSE(convertStream(t, &Meta{API: Anthropic, Model: []byte("m")}, up))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := map[string]string{}
+	var names []string
+	for _, ev := range evs {
+		switch ev.name {
+		case "content_block_start":
+			if b := ev.data["content_block"].(map[string]any); b["type"] == "tool_use" {
+				names = append(names, b["name"].(string))
+			}
+		case "content_block_delta":
+			if d := ev.data["delta"].(map[string]any); d["type"] == "input_json_delta" {
+				args[names[len(names)-1]] += d["partial_json"].(string)
+			}
+		}
+	}
+	if len(names) != 2 || args["f1"] != `{"x": 1}` || args["f2"] != `{"y": 2}` {
+		t.Fatalf("calls %v, arguments %v; want f1 {\"x\": 1} and f2 {\"y\": 2}", names, args)
+	}
+	evs, err = checkResponsesSSE(convertStream(t, &Meta{API: Responses, Model: []byte("m")}, up))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls []string
+	for _, ev := range evs {
+		if ev.name == "response.output_item.done" {
+			if it := ev.data["item"].(map[string]any); it["type"] == "function_call" {
+				calls = append(calls, it["name"].(string)+" "+it["arguments"].(string))
+			}
+		}
+	}
+	if len(calls) != 2 || calls[0] != `f1 {"x": 1}` || calls[1] != `f2 {"y": 2}` {
+		t.Fatalf("Responses calls %q", calls)
+	}
+}
