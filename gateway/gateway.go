@@ -230,6 +230,9 @@ func New(f *config.Serve) (*Gateway, error) {
 	}
 	if g.kvAware != nil {
 		opts.HashBlocks = kv.HashBlocks
+		if g.kvm != nil {
+			opts.IsLora = g.kvm.IsLora
+		}
 		opts.Explain = func(cands []*fleet.Worker, r *sched.Request) any { return g.kvAware.Explain(cands, r) }
 	}
 	g.srv = proxy.New(opts)

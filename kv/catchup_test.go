@@ -106,3 +106,34 @@ func TestBlocksOfAnotherBlockSizeAreDropped(t *testing.T) {
 		t.Fatalf("worker holds %d blocks", n)
 	}
 }
+
+// TestLoRAAdapterNamesFromEventsAreKnownToTheRequestPath: an adapter named
+// in BlockStored (vLLM's lora_name) is known by IsLora, so the router hashes
+// a request for it with the adapter's seed: it matches the adapter's blocks
+// and not the base model's.
+func TestLoRAAdapterNamesFromEventsAreKnownToTheRequestPath(t *testing.T) {
+	m, x := newTestManager(t, "nats")
+	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
+	if err := m.WorkerAdded(w); err != nil {
+		t.Fatal(err)
+	}
+	ev := appendStored(nil, true, engineHashes(1, 2), 0, false, tokensFor(1, 2), bs)
+	ev = mpAppendStr(ev[:len(ev)-1], "sql-lora") // lora_name, not nil
+	b := appendBatchTrailer(append(appendBatchHeader(nil, false, 1, 1), ev...), false, 0)
+	m.Feed(w.ID, 0, nil, 1, b)
+	waitFor(t, "the adapter's blocks", func() bool { return m.IsLora([]byte("sql-lora")) == "sql-lora" })
+	if got := m.IsLora([]byte("sim-model")); got != "" {
+		t.Fatalf("IsLora(sim-model) = %q", got)
+	}
+	matches := func(lora string) int {
+		for _, o := range x.Match(nil, HashBlocks(nil, tokensFor(1, 2), bs, lora)) {
+			if o.Worker == w.Idx {
+				return o.Blocks
+			}
+		}
+		return 0
+	}
+	if a, base := matches("sql-lora"), matches(""); a != 2 || base != 0 {
+		t.Fatalf("the adapter's prompt matches %d blocks, the base model's %d; want 2 and 0", a, base)
+	}
+}

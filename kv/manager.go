@@ -58,6 +58,57 @@ type Manager struct {
 	mu   sync.RWMutex
 	byID map[string]*workerState
 	wg   sync.WaitGroup
+
+	// loras holds the LoRA adapter names the engines' BlockStored events
+	// named (copied on write: new names are rare), for IsLora.
+	loras  atomic.Pointer[map[string]string] // name -> name
+	loraMu sync.Mutex
+}
+
+// maxLoraNames bounds the adapter names kept (a hostile publisher could
+// send a new one in every event).
+const maxLoraNames = 4096
+
+// IsLora returns the LoRA adapter name model is, when some engine stored
+// blocks for it (vLLM's lora_name), else "": such a prompt's blocks are
+// hashed with the adapter's seed, as the engine keys them. Safe from any
+// goroutine; no allocation (the name returned is the kept one).
+func (m *Manager) IsLora(model []byte) string {
+	p := m.loras.Load()
+	if p == nil || len(model) == 0 {
+		return ""
+	}
+	return (*p)[string(model)]
+}
+
+// sawLora records an adapter name from an event.
+func (m *Manager) sawLora(name []byte) {
+	if p := m.loras.Load(); p != nil {
+		if _, ok := (*p)[string(name)]; ok {
+			return
+		}
+	}
+	m.loraMu.Lock()
+	defer m.loraMu.Unlock()
+	old := m.loras.Load()
+	n := 0
+	if old != nil {
+		if _, ok := (*old)[string(name)]; ok {
+			return
+		}
+		n = len(*old)
+	}
+	if n >= maxLoraNames {
+		return
+	}
+	next := make(map[string]string, n+1)
+	if old != nil {
+		for k, v := range *old {
+			next[k] = v
+		}
+	}
+	next[string(name)] = string(name)
+	m.loras.Store(&next)
 }
 
 var _ fleet.Hook = (*Manager)(nil)
@@ -635,6 +686,9 @@ func (ws *workerState) applyStored(e *Event, rank int, rs *rankState) {
 		seed, root = ref.hash, ref.root
 	} else if len(e.LoraName) > 0 {
 		seed = xxh3.Hash(e.LoraName)
+	}
+	if len(e.LoraName) > 0 {
+		ws.m.sawLora(e.LoraName)
 	}
 	ws.scratch = HashBlocksSeed(ws.scratch[:0], e.Tokens, bs, seed)
 	if len(ws.scratch) != len(e.Hashes) { // a block size the check's product overflowed

@@ -439,7 +439,11 @@ func (s *Server) hashPrompt(rs *reqState, body []byte, kind int) error {
 		return nil // routed without block hashes; PromptTokens stays the estimate
 	}
 	rs.sreq.PromptTokens = rs.promptTokens()
-	rs.sreq.BlockHashes = s.o.HashBlocks(rs.sreq.BlockHashes[:0], rs.tokens, s.o.BlockSize, "")
+	lora := ""
+	if s.o.IsLora != nil {
+		lora = s.o.IsLora(rs.sreq.Model) // an adapter's blocks are its own, never the base model's
+	}
+	rs.sreq.BlockHashes = s.o.HashBlocks(rs.sreq.BlockHashes[:0], rs.tokens, s.o.BlockSize, lora)
 	return nil
 }
 

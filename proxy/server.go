@@ -41,6 +41,10 @@ type Options struct {
 	Tokenizer tokenizer.Tokenizer
 	// HashBlocks appends the router's block hashes of tokens (kv.HashBlocks).
 	HashBlocks func(dst []uint64, tokens []uint32, blockSize int, lora string) []uint64
+	// IsLora returns the LoRA adapter a model name is, or "" (kv.Manager's
+	// IsLora): an adapter's prompts are hashed with its name, as the engine
+	// keys their blocks. nil: none is.
+	IsLora func(model []byte) string
 	// BlockSize is the engines' KV block size in tokens.
 	BlockSize int
 
