@@ -507,6 +507,7 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 	// Gap: [rs.next, seq) is missing.
 	ws.mGaps.Inc()
 	rank := b.DPRank
+	var replayErr error
 	if ws.replayFn != nil && !ws.stopped.Load() {
 		err := ws.replayFn(rank, rs.next, func(s uint64, p []byte) {
 			if s < rs.next || s >= seq {
@@ -528,9 +529,7 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 			ws.apply(rb, rs)
 			rs.next = s + 1
 		})
-		if err != nil {
-			ws.logf("KV event replay failed", "from", rs.next, "err", err)
-		}
+		replayErr = err
 		if rs.next == seq {
 			ws.mRecoveries.Inc()
 			if b, err = ws.dec.Decode(payload); err == nil { // the decoder was reused
@@ -540,7 +539,13 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 			return
 		}
 	}
-	ws.logf("KV event gap without replay, resyncing", "rank", rank, "want", rs.next, "got", seq)
+	if replayErr != nil {
+		ws.logf("KV event gap not filled by the replay, resyncing", "rank", rank, "want", rs.next, "got", seq, "err", replayErr)
+	} else if ws.replayFn != nil {
+		ws.logf("KV event gap not filled by the replay (the engine no longer holds the batches), resyncing", "rank", rank, "want", rs.next, "got", seq)
+	} else {
+		ws.logf("KV event gap without replay, resyncing", "rank", rank, "want", rs.next, "got", seq)
+	}
 	ws.resync(rank, rs)
 	if b, err = ws.dec.Decode(payload); err == nil {
 		ws.apply(b, rs)
