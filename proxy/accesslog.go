@@ -335,7 +335,10 @@ func appendMillis(b []byte, d time.Duration) []byte {
 // and external upstreams get it too) and the answer carries it.
 const hdrRequestID = "X-Request-Id"
 
-var hdrRequestIDBytes = []byte(hdrRequestID)
+var (
+	hdrRequestIDBytes     = []byte(hdrRequestID)
+	hdrAnthropicRequestID = []byte("Request-Id")
+)
 
 func validRequestID(v []byte) bool {
 	if len(v) == 0 || len(v) > 128 {

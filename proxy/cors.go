@@ -44,7 +44,7 @@ var (
 	hdrVary            = []byte("Vary")
 	corsMethods        = []byte("GET, POST, OPTIONS")
 	// What a page may read of an answer beyond the CORS-safelisted headers.
-	corsExposed = []byte("X-Request-Id, Retry-After, Retry-After-Ms, X-Should-Retry, " +
+	corsExposed = []byte("X-Request-Id, Request-Id, Retry-After, Retry-After-Ms, X-Should-Retry, " +
 		"X-Ratelimit-Limit-Requests, X-Ratelimit-Remaining-Requests, X-Ratelimit-Reset-Requests, " +
 		"X-Ratelimit-Limit-Tokens, X-Ratelimit-Remaining-Tokens, X-Ratelimit-Reset-Tokens, " +
 		"Anthropic-Ratelimit-Requests-Limit, Anthropic-Ratelimit-Requests-Remaining, Anthropic-Ratelimit-Requests-Reset, " +

@@ -62,6 +62,8 @@ func isFramingOrOwnHeader(k []byte) bool {
 		return eqFold(k, "Date")
 	case 6:
 		return eqFold(k, "Server")
+	case 10:
+		return eqFold(k, "Request-Id") // Anthropic's request id: the router's on /v1/messages
 	case 12:
 		return eqFold(k, "Content-Type") || eqFold(k, hdrRequestID) // the router sets the request id
 	case 14:

@@ -790,3 +790,24 @@ func protocolDefaultOptions() protocol.Options { return protocol.DefaultOptions(
 func protocolAnthropicToChat(opt *protocol.Options, m *protocol.Meta) ([]byte, error) {
 	return protocol.AnthropicToChat(nil, []byte(`{"model":"m","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}`), opt, m)
 }
+
+// TestMessagesAnswersCarryAnthropicsRequestIdHeader: Anthropic's SDKs read
+// an answer's id from request-id (its _request_id); /v1/messages answers,
+// errors too, carry the router's request id there as in X-Request-Id, and
+// only there on the other endpoints.
+func TestMessagesAnswersCarryAnthropicsRequestIdHeader(t *testing.T) {
+	e := &chatEngine{}
+	up := startChatEngine(t, e)
+	r := startRouter(t, nil, nil, up.url)
+	for _, body := range []string{anthropicBody, `{"model":"nope","max_tokens":1,"messages":[{"role":"user","content":"hi"}]}`} {
+		resp, b := postH(t, r.url+"/v1/messages", body, nil)
+		id := resp.Header.Get("X-Request-Id")
+		if id == "" || resp.Header.Get("Request-Id") != id || len(resp.Header.Values("Request-Id")) != 1 {
+			t.Fatalf("%d %s: X-Request-Id %q, request-id %q", resp.StatusCode, b, id, resp.Header.Values("Request-Id"))
+		}
+	}
+	resp, _ := postH(t, r.url+"/v1/chat/completions", chatBody, nil)
+	if resp.Header.Get("Request-Id") != "" {
+		t.Fatalf("chat answer with request-id %q", resp.Header.Get("Request-Id"))
+	}
+}

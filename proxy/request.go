@@ -246,6 +246,11 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		// Every answer carries the request id; the access log learns the
 		// status now (a relayed body follows, its head is written).
 		ctx.Response.Header.SetCanonical(hdrRequestIDBytes, rs.reqID)
+		if rs.acc.kind == kindMessages {
+			// Anthropic's own header, which its SDKs expose as the
+			// answer's _request_id.
+			ctx.Response.Header.SetCanonical(hdrAnthropicRequestID, rs.reqID)
+		}
 		if rs.gov.lim.Any() {
 			rs.gov.rlBuf = setRateLimitHeaders(ctx, &rs.gov.lim, rs.gov.rlBuf)
 		}
