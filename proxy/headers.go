@@ -103,13 +103,20 @@ func eqFold(b []byte, s string) bool {
 // headers the client's Connection header names; Host, Content-Length and
 // Expect (the transport writes its own framing; the body is already read);
 // the router's own x-worker-instance-id / x-prefill-instance-id; and the
-// client's credentials when the router consumed them (stripAuth).
-func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, stripAuth bool) []byte {
+// client's credentials when the router consumed them (stripAuth). A body
+// the router wrote itself (a converted protocol: jsonBody) goes as JSON,
+// whatever type the client's had.
+func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, stripAuth, jsonBody bool) []byte {
 	conn := h.Peek("Connection")
+	if jsonBody {
+		dst = append(dst, "Content-Type: application/json\r\n"...)
+	}
 	for k, v := range h.All() {
 		switch {
 		case isHopHeader(k), eqFold(k, "Host"), eqFold(k, "Content-Length"), eqFold(k, "Expect"),
 			eqFold(k, hdrWorkerID), eqFold(k, hdrPrefillID), eqFold(k, hdrRequestID): // the router's request id follows
+			continue
+		case jsonBody && eqFold(k, "Content-Type"):
 			continue
 		case stripAuth && isSecretHeader(k):
 			continue

@@ -811,3 +811,22 @@ func TestMessagesAnswersCarryAnthropicsRequestIdHeader(t *testing.T) {
 		t.Fatalf("chat answer with request-id %q", resp.Header.Get("Request-Id"))
 	}
 }
+
+// TestAConvertedRequestReachesTheEngineAsJSON: the body of a converted
+// request is the router's JSON, so the engine gets application/json
+// whatever Content-Type the client sent (curl's default form type reached
+// the engine with a JSON body; a FastAPI engine may refuse that).
+func TestAConvertedRequestReachesTheEngineAsJSON(t *testing.T) {
+	e := &chatEngine{}
+	up := startChatEngine(t, e)
+	r := startRouter(t, nil, nil, up.url)
+	for _, ct := range []string{"application/x-www-form-urlencoded", "text/plain", ""} {
+		resp, b := postH(t, r.url+"/v1/messages", anthropicBody, map[string]string{"Content-Type": ct})
+		if resp.StatusCode != 200 {
+			t.Fatalf("%q: %d %s", ct, resp.StatusCode, b)
+		}
+		if got := e.last(t).hdr.Values("Content-Type"); len(got) != 1 || got[0] != "application/json" {
+			t.Fatalf("client type %q: the engine got Content-Type %q", ct, got)
+		}
+	}
+}
