@@ -57,6 +57,16 @@ func TestChatAnswerConvertsToAnthropicMessage(t *testing.T) {
 	if _, err := ChatToAnthropic(nil, []byte(`{"choices":`), m); err == nil || err.(*Error).Status != 502 {
 		t.Errorf("unreadable engine answer: %v", err)
 	}
+	// An answer without a choice has nothing to answer with (it was a 200
+	// with no content and end_turn).
+	for _, body := range []string{`{"choices":[],"usage":{"prompt_tokens":3}}`, `{"choices":[null]}`} {
+		if _, err := ChatToAnthropic(nil, []byte(body), m); err == nil || err.(*Error).Status != 502 {
+			t.Errorf("%s: %v", body, err)
+		}
+		if _, err := ChatToResponses(nil, []byte(body), m); err == nil || err.(*Error).Status != 502 {
+			t.Errorf("Responses, %s: %v", body, err)
+		}
+	}
 }
 
 func TestChatAnswerConvertsToResponse(t *testing.T) {

@@ -102,6 +102,9 @@ func parseChat(body []byte) (chatResult, error) {
 		})
 		return nil
 	})
+	if first { // no choice object: nothing to answer with
+		return r, errBadUpstream
+	}
 	return r, nil
 }
 
