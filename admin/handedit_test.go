@@ -21,6 +21,10 @@ func TestABrokenHandEditRefusesEveryWrite(t *testing.T) {
 		if r.status != http.StatusConflict || string(data) != broken {
 			t.Fatalf("write %d over the broken hand edit: %d %s; file now %.60q", i+1, r.status, r.body, data)
 		}
+		// Not "changed since version N (now N)": the version did not move.
+		if strings.Contains(string(r.body), "changed since version") {
+			t.Fatalf("write %d: a version conflict that is none: %s", i+1, r.body)
+		}
 	}
 }
 
