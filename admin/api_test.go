@@ -517,3 +517,14 @@ func TestUpdatingAUserWithoutTemplateKeepsItsTemplate(t *testing.T) {
 		t.Fatalf("PUT with template \"\": %d %s; template %q", r.status, r.body, template())
 	}
 }
+
+// TestATemplateBodysTypeErrorNamesTheFieldInTheBody: errors in a template
+// body point into the body, a type error too (its path came with the
+// config's prefix, which the other errors lose).
+func TestATemplateBodysTypeErrorNamesTheFieldInTheBody(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	r := e.do("POST", "/api/templates", `{"name":"t2","quota":{"enabled":true,"weights":{"input":1e309}}}`, "If-Match", e.etag())
+	if r.status != 400 || !strings.Contains(string(r.body), `"path":"quota.weights.input"`) {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+}

@@ -410,6 +410,10 @@ func templateErr(err error, i int) error {
 		if rest, ok := strings.CutPrefix(fe.Path, p); ok {
 			return &config.FieldError{Path: strings.TrimPrefix(rest, "."), Msg: fe.Msg}
 		}
+		// A type error's path has no list indexes (encoding/json's).
+		if rest, ok := strings.CutPrefix(fe.Path, "user_limit.templates."); ok {
+			return &config.FieldError{Path: rest, Msg: fe.Msg}
+		}
 	}
 	return err
 }
