@@ -137,3 +137,23 @@ func TestLoRAAdapterNamesFromEventsAreKnownToTheRequestPath(t *testing.T) {
 		t.Fatalf("the adapter's prompt matches %d blocks, the base model's %d; want 2 and 0", a, base)
 	}
 }
+
+// TestADecoderDoesNotKeepTheBuffersOfAHugeBatch: one huge batch (a buggy
+// or hostile publisher's) must not pin its memory for the worker's
+// lifetime; the next batch starts with fresh buffers.
+func TestADecoderDoesNotKeepTheBuffersOfAHugeBatch(t *testing.T) {
+	const n = 2 * maxKeptTokens / bs
+	huge := appendBatchTrailer(appendStored(appendBatchHeader(nil, false, 1, 1), false, engineHashes(1, n), 0, false, tokensFor(1, n), bs), false, 0)
+	small := appendBatchTrailer(appendStored(appendBatchHeader(nil, false, 1, 1), false, engineHashes(2, 1), 0, false, tokensFor(2, 1), bs), false, 0)
+	var d Decoder
+	if _, err := d.Decode(huge); err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.Decode(small)
+	if err != nil || len(b.Events) != 1 || len(b.Events[0].Tokens) != bs {
+		t.Fatalf("small batch after the huge one: %v %+v", err, b)
+	}
+	if cap(d.tokens) > maxKeptTokens || cap(d.hashes) > maxKeptTokens/16 {
+		t.Fatalf("kept %d tokens and %d hashes of capacity", cap(d.tokens), cap(d.hashes))
+	}
+}

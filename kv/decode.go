@@ -79,6 +79,10 @@ type Decoder struct {
 
 type span struct{ h0, h1, t0, t1 int }
 
+// maxKeptTokens bounds the token buffer a Decoder keeps between batches (4
+// MiB; a batch of vLLM's holds a few thousand tokens per scheduler step).
+const maxKeptTokens = 1 << 20
+
 // ErrMalformed wraps every decoding error.
 var ErrMalformed = errors.New("malformed KV event payload")
 
@@ -90,6 +94,17 @@ func (d *Decoder) Decode(payload []byte) (*Batch, error) {
 	b := &d.batch
 	b.TS, b.DPRank, b.HasDPRank, b.Unknown = 0, 0, false, 0
 	b.Events = b.Events[:0]
+	// A huge batch (or a hostile one) must not pin its buffers for the
+	// worker's lifetime: past maxKeptTokens the next batch starts afresh.
+	if cap(d.tokens) > maxKeptTokens {
+		d.tokens = nil
+	}
+	if cap(d.hashes) > maxKeptTokens/16 {
+		d.hashes = nil
+	}
+	if cap(b.Events) > maxKeptTokens/16 {
+		b.Events, d.spans = nil, nil
+	}
 	d.hashes, d.tokens, d.spans = d.hashes[:0], d.tokens[:0], d.spans[:0]
 	if err := d.decodeBatch(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
