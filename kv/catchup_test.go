@@ -157,3 +157,32 @@ func TestADecoderDoesNotKeepTheBuffersOfAHugeBatch(t *testing.T) {
 		t.Fatalf("kept %d tokens and %d hashes of capacity", cap(d.tokens), cap(d.hashes))
 	}
 }
+
+// TestABatchNumberedAsTheLastButMadeLaterIsARestart: the last batch's
+// number again is a repeat when it is the same batch (same timestamp),
+// and a publisher restart whose earlier batches were lost when it is not:
+// the worker's old entries go.
+func TestABatchNumberedAsTheLastButMadeLaterIsARestart(t *testing.T) {
+	m, x := newTestManager(t, "nats")
+	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
+	if err := m.WorkerAdded(w); err != nil {
+		t.Fatal(err)
+	}
+	batch := func(ts float64, tag int) []byte {
+		b := appendBatchHeader(nil, false, ts, 1)
+		b = appendStored(b, false, engineHashes(tag, 1), 0, false, tokensFor(tag, 1), bs)
+		return appendBatchTrailer(b, false, 0)
+	}
+	m.Feed(w.ID, 0, nil, 3, batch(100, 1))
+	m.Feed(w.ID, 0, nil, 4, batch(101, 2))
+	m.Feed(w.ID, 0, nil, 4, batch(101, 2)) // a repeat: stale
+	waitFor(t, "the repeat", func() bool { return m.Stats(w.ID).Stale == 1 })
+	m.Feed(w.ID, 0, nil, 4, batch(205, 3)) // restarted: 0-3 lost
+	waitFor(t, "the restart", func() bool { return overlap(x, w.Idx, tokensFor(3, 1)) == 1 })
+	if a, b := overlap(x, w.Idx, tokensFor(1, 1)), overlap(x, w.Idx, tokensFor(2, 1)); a != 0 || b != 0 {
+		t.Fatalf("entries of the publisher before its restart: %d %d", a, b)
+	}
+	if st := m.Stats(w.ID); st.Resyncs != 1 || st.Stale != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}

@@ -299,6 +299,9 @@ type rankState struct {
 	// restarts in a loop must not make every batch a full scan).
 	lastClear time.Time
 	dirty     bool
+	// lastTS is the timestamp of the last batch applied: a repeat of the
+	// last batch has it too.
+	lastTS float64
 	// clearArmed says a timer will do the clear put off (dirty) if no
 	// batch comes first: a rank that goes quiet after a clear must not
 	// keep its stale entries.
@@ -494,7 +497,10 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 		// batches are filtered below: a backward sequence means the publisher
 		// restarted, whether or not its batch 0 reached us (slow joiner,
 		// relay reconnect). Only a repeat of the last batch counts as stale.
-		if seq != rs.next-1 || seq == 0 { // a batch 0 again is a restart after one batch
+		// A batch 0 again is a restart after one batch; so is a batch
+		// numbered as the last one but made at another time (a restart
+		// whose earlier batches were lost).
+		if seq != rs.next-1 || seq == 0 || b.TS != rs.lastTS {
 			ws.logf("KV event publisher restarted, resyncing", "rank", b.DPRank, "seq", seq, "want", rs.next)
 			ws.resync(b.DPRank, rs)
 			ws.apply(b, rs)
@@ -641,6 +647,7 @@ func (ws *workerState) apply(b *Batch, rs *rankState) {
 		ws.mUnknown.Add(b.Unknown)
 	}
 	rank := b.DPRank
+	rs.lastTS = b.TS
 	if rs.dirty && time.Since(rs.lastClear) >= minClearEvery {
 		// A clear put off: what was stored since goes too (its parents'
 		// hashes with it), as if the restart had come now.
