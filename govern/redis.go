@@ -313,6 +313,14 @@ type redisState struct {
 	closed  bool
 	qwake   chan struct{}
 	delay   time.Duration // EndDelay
+	// redo holds returns of slots and seats to send again once Redis
+	// answers a pipeline sent after them (qmu): a call that timed out
+	// still runs when Redis reads it, possibly after its undo (sent on
+	// another connection while Redis stalled), and a return that failed
+	// (Redis down) left its member in Redis's sets. execs numbers the
+	// pipelines sent.
+	redo  []redoRelease
+	execs atomic.Uint64
 
 	kick chan struct{}
 	ps   *redis.PubSub
@@ -327,6 +335,72 @@ type scriptCall struct {
 	args []any
 	cmd  *redis.Cmd
 	done chan *redis.Cmd // nil: an end (nobody waits)
+	// parts are the ends an endsScript call runs (exec).
+	parts []*scriptCall
+}
+
+// redoRelease is a return (releaseLua) to send again after the pipeline
+// numbered after sends an answered one.
+type redoRelease struct {
+	keys  []string
+	args  []any
+	after uint64
+}
+
+// maxRedo bounds the returns kept for sending again (Redis down for long
+// under load): past it the oldest go, and their members expire with their
+// lease.
+const maxRedo = 1 << 14
+
+// keepRedo keeps a return to send again once Redis answers (redo).
+func (r *redisState) keepRedo(keys []string, args []any) {
+	after := r.execs.Load()
+	r.qmu.Lock()
+	if len(r.redo) >= maxRedo {
+		r.redo = r.redo[1:]
+	}
+	r.redo = append(r.redo, redoRelease{keys: keys, args: args, after: after})
+	r.qmu.Unlock()
+}
+
+// keepFailedEnds keeps for sending again the returns of the ends of an
+// endsScript call that failed: a return as it is, a finish's slot (its
+// counters are not charged twice: the finish may have run).
+func (r *redisState) keepFailedEnds(parts []*scriptCall) {
+	for _, x := range parts {
+		switch x.end {
+		case endRelease:
+			r.keepRedo(x.keys, x.args)
+		case endFinish:
+			// args: member, concurrency (1: it held a slot), ...; keys:
+			// the user's hash, its slot set; finishLua's last argument
+			// position after the periods names the user for the wake.
+			if len(x.args) > 9 && len(x.keys) == 2 && x.args[1] == 1 {
+				r.keepRedo([]string{x.keys[1]}, []any{x.args[0], x.args[8], x.args[9]})
+			}
+		}
+	}
+}
+
+// resendRedo queues again the returns kept before pipeline n, which
+// Redis answered (they then run after whatever Redis read before it).
+func (r *redisState) resendRedo(n uint64) {
+	r.qmu.Lock()
+	var again []redoRelease
+	keep := r.redo[:0]
+	for _, x := range r.redo {
+		if x.after < n {
+			again = append(again, x)
+		} else {
+			keep = append(keep, x)
+		}
+	}
+	r.redo = keep
+	r.qmu.Unlock()
+	for _, x := range again {
+		mStateUndone.Inc()
+		r.end(endRelease, x.keys, x.args)
+	}
 }
 
 var errStateClosed = errors.New("the governance is closed")
@@ -526,9 +600,11 @@ func (r *redisState) exec(batch []*scriptCall) {
 			e.keys = append(e.keys, x.keys...)
 			e.args = append(e.args, string(x.end), len(x.keys), len(x.args))
 			e.args = append(e.args, x.args...)
+			e.parts = append(e.parts, x)
 		}
 		wire = append(wire, e)
 	}
+	n := r.execs.Add(1)
 	send := func(cs []*scriptCall) {
 		mStateRoundTrips.Inc()
 		p := r.c.Pipeline()
@@ -550,12 +626,20 @@ func (r *redisState) exec(batch []*scriptCall) {
 		}
 		send(again)
 	}
+	answered := true
 	for _, c := range wire {
 		if c.done != nil {
+			if c.cmd.Err() != nil && !isScriptError(c.cmd.Err()) {
+				answered = false
+			}
 			c.done <- c.cmd
 			continue
 		}
 		res, err := c.cmd.Slice()
+		if err != nil {
+			answered = false
+			r.keepFailedEnds(c.parts)
+		}
 		if err == nil && len(res) == 2 {
 			if n, _ := res[0].(int64); n > 0 {
 				err = fmt.Errorf("%d of the batch's ends failed: %v", n, res[1])
@@ -565,6 +649,16 @@ func (r *redisState) exec(batch []*scriptCall) {
 			r.failed("end", err, true)
 		}
 	}
+	if answered {
+		r.resendRedo(n)
+	}
+}
+
+// isScriptError reports whether err is Redis's answer (a script's error),
+// not a failure to reach it.
+func isScriptError(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
 }
 
 func (r *redisState) member() string {
@@ -681,7 +775,9 @@ func (r *redisState) undoSlots(err error, member, msg string, sets ...string) {
 		return
 	}
 	mStateUndone.Inc()
-	r.end(endRelease, sets, []any{member, r.wake, msg})
+	args := []any{member, r.wake, msg}
+	r.end(endRelease, sets, args)
+	r.keepRedo(sets, args) // once more when Redis answers again
 }
 
 // finishUser queues ts's reconciliation in Redis (an end: it rides in the

@@ -1,0 +1,53 @@
+package govern
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestRedisAReturnThatFailedIsSentAgainOnceRedisAnswers: a request ends
+// while Redis is down (its return of the user's concurrency slot fails),
+// and Redis comes back with its data (restarted from its dump, or a
+// stall that outlasted the call's deadline): the slot's member is in
+// Redis's set again, and every request of the user met it until its lease
+// expired (15 s). Returns that failed are kept and sent again once Redis
+// answers: the slot is free within a moment.
+func TestRedisAReturnThatFailedIsSentAgainOnceRedisAnswers(t *testing.T) {
+	rs := startRedis(t)
+	key, hash := mintKey(t)
+	o := redisOptions(t, rs)
+	c := userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":1}}`, "")
+	c.UserLimit.OnStateError = "closed"
+	g := newGov(t, o, c)
+	u := identify(t, g, key)
+	tk := admitOK(t, g, u, Request{})
+	if err := rs.client(t).Save(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rs.stop()
+	errs := mStateErrors.Get()
+	tk.FirstToken()
+	tk.Done(Usage{}) // its return fails: Redis is down
+	deadline := time.Now().Add(20 * time.Second)
+	for mStateErrors.Get() == errs {
+		if time.Now().After(deadline) {
+			t.Fatal("the return never failed")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	rs.start() // with the dump: the slot's member is back
+	deadline = time.Now().Add(3 * time.Second)
+	for {
+		tk, rej := g.Admit(context.Background(), u, Request{})
+		if rej == nil {
+			tk.FirstToken()
+			tk.Done(Usage{})
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("3 s after Redis came back the user's only slot is still taken: %v", rej)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
