@@ -283,10 +283,14 @@ func (g *Governor) Apply(c *config.Config) error {
 		}
 		s.users[st.name].m = st.m
 	}
+	var removed []*userState
 	for name, st := range g.states {
-		if states[name] == nil && st.m != nil {
-			st.m.unregister(g.userSet)
-			st.m = nil
+		if states[name] == nil {
+			removed = append(removed, st) // its queued requests are refused below
+			if st.m != nil {
+				st.m.unregister(g.userSet)
+				st.m = nil
+			}
 		}
 	}
 	g.states = states
@@ -295,6 +299,9 @@ func (g *Governor) Apply(c *config.Config) error {
 	// Limits may have grown or a user's template changed: serve the queues.
 	g.seats.reloaded()
 	for _, st := range states {
+		g.userReloaded(st)
+	}
+	for _, st := range removed {
 		g.userReloaded(st)
 	}
 	return nil

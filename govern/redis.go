@@ -1045,6 +1045,15 @@ func (r *redisState) pumpUsers() {
 				st.mu.Unlock()
 				break
 			}
+			if rej := s.revoked(st, &w.r); rej != nil {
+				if w.state == waiting {
+					st.q.remove(w)
+					w.state, w.rej = rejected, rej
+					w.ch <- struct{}{}
+				}
+				st.mu.Unlock()
+				continue
+			}
 			st.mu.Unlock()
 			now := r.g.now().UnixNano()
 			t, e := w.current(s, st)

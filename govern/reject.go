@@ -27,6 +27,7 @@ const (
 	CodeConcurrencyPrefill
 	CodeConcurrencyDecode
 	CodeStateUnavailable
+	CodeModelNotAllowed
 	numCodes
 )
 
@@ -50,6 +51,7 @@ var codeNames = [numCodes]string{
 	CodeConcurrencyPrefill: "concurrency_prefill",
 	CodeConcurrencyDecode:  "concurrency_decode",
 	CodeStateUnavailable:   "state_unavailable",
+	CodeModelNotAllowed:    "model_not_allowed",
 }
 
 func (c Code) String() string {
@@ -67,7 +69,7 @@ func (c Code) Status() int {
 	switch c {
 	case CodeInvalidKey:
 		return 401
-	case CodeUserDisabled, CodeOutsidePeriod:
+	case CodeUserDisabled, CodeOutsidePeriod, CodeModelNotAllowed:
 		return 403
 	case CodeStateUnavailable:
 		return 503
@@ -80,7 +82,7 @@ func (c Code) Type() string {
 	switch c {
 	case CodeInvalidKey:
 		return "authentication_error"
-	case CodeUserDisabled, CodeOutsidePeriod:
+	case CodeUserDisabled, CodeOutsidePeriod, CodeModelNotAllowed:
 		return "permission_error"
 	case CodeStateUnavailable:
 		return "service_unavailable"
@@ -141,12 +143,15 @@ var codeMessages = [numCodes]string{
 	CodeConcurrencyPrefill: "the engines' prefill concurrency limit is reached",
 	CodeConcurrencyDecode:  "the engines' decode concurrency limit is reached",
 	CodeStateUnavailable:   "the rate limiting state store is unavailable",
+	CodeModelNotAllowed:    "this API key's user may no longer call this model",
 }
 
 // Static rejections without a retry time, shared (never mutate them).
 var (
 	rejInvalidKey   = &Rejection{Code: CodeInvalidKey, Status: 401, Message: codeMessages[CodeInvalidKey]}
 	rejUserDisabled = &Rejection{Code: CodeUserDisabled, Status: 403, Message: codeMessages[CodeUserDisabled]}
+	rejModelGone    = &Rejection{Code: CodeModelNotAllowed, Status: 403, Message: codeMessages[CodeModelNotAllowed]}
+	rejUserGone     = &Rejection{Code: CodeInvalidKey, Status: 401, Message: "this API key's user was removed"}
 )
 
 func reject(c Code, retryNanos int64, queued bool) *Rejection {

@@ -25,6 +25,10 @@ type Request struct {
 	// NoOutput: the request generates nothing (embeddings), so no output
 	// estimate is pre-deducted.
 	NoOutput bool
+	// Model is the model the client named (valid while the request runs):
+	// a request waiting in the user's queue is refused when a reload no
+	// longer allows its user that model.
+	Model []byte
 }
 
 // Usage is the token usage an engine reported for a request.
@@ -453,6 +457,12 @@ func (g *Governor) pumpLocal(st *userState) {
 	now := g.now().UnixNano()
 	cs := s.cal.state(now / 1e9)
 	for w := st.q.head; w != nil; w = st.q.head {
+		if rej := s.revoked(st, &w.r); rej != nil {
+			st.q.remove(w)
+			w.state, w.rej = rejected, rej
+			w.ch <- struct{}{}
+			continue
+		}
 		t, e := w.current(s, st)
 		if t == nil { // no rule counts any more: nothing to take
 			st.q.remove(w)
@@ -482,6 +492,22 @@ func (g *Governor) pumpLocal(st *userState) {
 		}
 		w.ch <- struct{}{}
 	}
+}
+
+// revoked is the refusal of a queued request whose user a reload removed,
+// disabled or no longer allows its model (nil: still allowed), as a new
+// request of the user would be refused.
+func (s *snapshot) revoked(st *userState, r *Request) *Rejection {
+	u := s.users[st.name]
+	switch {
+	case u == nil:
+		return rejUserGone
+	case !u.enabled:
+		return rejUserDisabled
+	case u.models != nil && len(r.Model) > 0 && !u.AllowsModel(string(r.Model)):
+		return rejModelGone
+	}
+	return nil
 }
 
 // current returns the template w is served under and its estimate under

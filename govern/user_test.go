@@ -557,3 +557,48 @@ func TestAReloadLiftingAUsersLimitsAdmitsItsQueuedRequests(t *testing.T) {
 		holder.Done(Usage{})
 	})
 }
+
+// A reload that disables or removes a user, or no longer allows it the
+// model a queued request names, refuses that user's queued requests at
+// once, as it refuses a new one (they were served once a slot freed).
+func TestAReloadRevokingAUserRefusesItsQueuedRequests(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		users string
+		code  Code
+	}{
+		{"disabled", `[{"name":"alice","keys":[%q],"template":"t","enabled":false}]`, CodeUserDisabled},
+		{"removed", `[{"name":"bob","keys":[],"template":"t"}]`, CodeInvalidKey},
+		{"model no longer allowed", `[{"name":"alice","keys":[%q],"template":"t","models":["other-*"]}]`, CodeModelNotAllowed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			stores(t, func(t *testing.T, o Options) {
+				key, hash := mintKey(t)
+				g := newGov(t, o, userConfig(t, hash, concTemplate(1, 10000), ""))
+				u := identify(t, g, key)
+				holder := admitOK(t, g, u, Request{Model: []byte("m")})
+				defer holder.Done(Usage{})
+				got := make(chan *Rejection, 1)
+				go func() {
+					tk, rej := g.Admit(context.Background(), u, Request{Model: []byte("m")})
+					if rej == nil {
+						tk.Done(Usage{})
+					}
+					got <- rej
+				}()
+				waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 1 })
+				users := c.users
+				if strings.Contains(users, "%q") {
+					users = fmt.Sprintf(users, hash)
+				}
+				if err := g.Apply(parseConfig(t, fmt.Sprintf(`{"user_limit": {"timezone": "UTC", "templates": [%s]}, "users": %s}`, concTemplate(1, 10000), users))); err != nil {
+					t.Fatal(err)
+				}
+				rej := recvWithin(t, got, 2*time.Second, "the queued request")
+				if rej == nil || rej.Code != c.code {
+					t.Fatalf("the queued request after the reload: %v, want %s", rej, c.code)
+				}
+			})
+		})
+	}
+}

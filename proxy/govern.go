@@ -98,7 +98,7 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqStat
 	r := &rs.sreq
 	// The engine generates up to max_tokens for each choice of each prompt.
 	req := govern.Request{PromptTokens: r.PromptTokens, MaxTokens: max(0, r.MaxTokens), Generations: rs.parsed.generations(),
-		NoOutput: poolingKind(rs.acc.kind)}
+		NoOutput: poolingKind(rs.acc.kind), Model: rs.parsed.model}
 	g := s.gov
 	if g.Shared() && g.Limited() && !cfg.SplitProxy.Enabled && !s.globalOn(cfg) && !(cfg.Mirror.Enabled && s.o.Mirror != nil) &&
 		!cfg.SmartModelSelection.Enabled {
