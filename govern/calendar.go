@@ -33,6 +33,22 @@ func parsePeriod(s string) (period, bool) {
 // window is one calendar window [start, end) in Unix seconds.
 type window struct{ start, end int64 }
 
+// holds reports whether counts kept for a window that started at stored
+// belong to w at now (Unix seconds): the same start, or another start
+// (a reload changed user_limit.timezone, which moves every window by the
+// zones' offset) whose window is still running and did not end before w
+// began. The window before w began about a length before it (a DST hour,
+// or a shorter month, away): never taken for w. A start moved later keeps
+// its counts exactly; one moved earlier keeps them all, a few of them
+// made before w began (counting more, never fewer).
+func (w window) holds(stored, now int64) bool {
+	if stored == w.start {
+		return true
+	}
+	n := w.end - w.start
+	return stored != 0 && 4*(w.start-stored) < 3*n && stored < w.end && now < stored+n
+}
+
 // calendar answers, for an instant, the local wall-clock minute and weekday
 // (allowed calling periods) and the current quota windows, in one timezone.
 // It caches what it computed until the next zone transition or window

@@ -76,12 +76,17 @@ local function admit(h, seats, A)
   end
   local wins = {}
   for p = 0, 3 do
-    local i = 11 + p * 4
+    local i = 11 + p * 5
     if A[i] ~= '0' then
-      local start, maxr, maxk, e = tonumber(A[i]), tonumber(A[i+1]), tonumber(A[i+2]), tonumber(A[i+3])
+      local start, maxr, maxk, e, len = tonumber(A[i]), tonumber(A[i+1]), tonumber(A[i+2]), tonumber(A[i+3]), tonumber(A[i+4])
       local v = redis.call('HMGET', h, 'w' .. p .. 's', 'w' .. p .. 'r', 'w' .. p .. 'k')
       local r, k = 0, 0
-      if tonumber(v[1]) == start then r = tonumber(v[2]) or 0; k = tonumber(v[3]) or 0 end
+      local stored = tonumber(v[1])
+      -- the same window, or one a timezone change moved (window.holds)
+      local nows = math.floor(now / 1000)
+      if stored ~= nil and (stored == start or (stored ~= 0 and 4 * (start - stored) < 3 * len and stored < start + len and nows < stored + len)) then
+        r = tonumber(v[2]) or 0; k = tonumber(v[3]) or 0
+      end
       if maxr > 0 and r + 1 > maxr then fails = fails + 2^(%[4]d + p) end
       if maxk > 0 and k + e > maxk then fails = fails + 2^(%[5]d + p) end
       wins[#wins + 1] = {p, start, r + 1, k + e}
@@ -108,7 +113,7 @@ end
 // admitArgc is the number of the admission's arguments, admitRes of its
 // results.
 const (
-	admitArgc = 10 + 4*numPeriods
+	admitArgc = 10 + 5*numPeriods
 	admitRes  = 5
 )
 
@@ -699,10 +704,10 @@ func (r *redisState) admitArgs(st *userState, t *template, cs *calState, e estim
 	for p := range numPeriods {
 		w := &t.win[p]
 		if !t.quota || !w.on {
-			args = append(args, 0, 0, 0, 0)
+			args = append(args, 0, 0, 0, 0, 0)
 			continue
 		}
-		args = append(args, cs.win[p].start, w.maxReq, w.maxTok, e.quota)
+		args = append(args, cs.win[p].start, w.maxReq, w.maxTok, e.quota, cs.win[p].end-cs.win[p].start)
 	}
 	return []string{hk, sk}, args, member
 }

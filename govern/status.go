@@ -112,7 +112,7 @@ func (g *Governor) UserStatus(name string) (UserStatus, error) {
 				Start:       time.Unix(cw.start, 0).In(s.cal.loc).Format(time.RFC3339),
 				End:         time.Unix(cw.end, 0).In(s.cal.loc).Format(time.RFC3339),
 				MaxRequests: w.maxReq, MaxTokens: float64(w.maxTok) / 1000}
-			if c := win[p]; c.start == cw.start {
+			if c := win[p]; cw.holds(c.start, now/1e9) {
 				ws.Requests, ws.Tokens = c.req, float64(c.tok)/1000
 			}
 			us.Quota = append(us.Quota, ws)

@@ -149,9 +149,10 @@ func (st *userState) checkLocked(t *template, cs *calState, now int64, e estimat
 				continue
 			}
 			c := &st.win[p]
-			if c.start != cs.win[p].start {
-				*c = winCount{start: cs.win[p].start}
+			if !cs.win[p].holds(c.start, sec) {
+				*c = winCount{}
 			}
+			c.start = cs.win[p].start
 			hit := false
 			if w.maxReq > 0 && c.req+1 > w.maxReq {
 				f |= 1 << quotaRequestsCode(p)

@@ -602,3 +602,70 @@ func TestAReloadRevokingAUserRefusesItsQueuedRequests(t *testing.T) {
 		})
 	}
 }
+
+// A reload of user_limit.timezone moves every quota window's start by the
+// zones' offset; the counts of the windows running go with them (they
+// started afresh: a month capped at 5 requests let 15 through over two
+// timezone changes).
+func TestATimezoneReloadKeepsTheQuotaWindowsCounts(t *testing.T) {
+	for _, w := range []struct {
+		period string
+		code   Code
+	}{{"month", CodeQuotaRequestsMonth}, {"day", CodeQuotaRequestsDay}} {
+		t.Run(w.period, func(t *testing.T) { timezoneReloadKeepsCounts(t, w.period, w.code) })
+	}
+}
+
+func timezoneReloadKeepsCounts(t *testing.T, period string, code Code) {
+	stores(t, func(t *testing.T, o Options) {
+		key, hash := mintKey(t)
+		tmpl := fmt.Sprintf(`{"name":"t","quota":{"enabled":true,"windows":[{"period":%q,"max_requests":5}]}}`, period)
+		cfg := func(tz string) *config.Config {
+			return parseConfig(t, fmt.Sprintf(`{"user_limit": {"timezone": %q, "templates": [%s]}, "users": [{"name": "alice", "keys": [%q], "template": "t"}]}`, tz, tmpl, hash))
+		}
+		g := newGov(t, o, cfg("UTC"))
+		for range 5 {
+			tk := admitOK(t, g, identify(t, g, key), Request{})
+			tk.FirstToken()
+			tk.Done(Usage{})
+		}
+		for _, tz := range []string{"Europe/Berlin", "America/Los_Angeles", "UTC"} {
+			if err := g.Apply(cfg(tz)); err != nil {
+				t.Fatal(err)
+			}
+			admitRejected(t, g, identify(t, g, key), Request{}, code)
+		}
+	})
+}
+
+// The window before another is never taken for it, whatever a DST hour or
+// a shorter month does to its length; a window moved by a timezone change
+// (hours, either way) and still running is.
+func TestAWindowHoldsTheCountsOfAShiftedStartButNotOfTheLastWindow(t *testing.T) {
+	const h = 3600
+	day := window{start: 1_000_000, end: 1_000_000 + 24*h}
+	month := window{start: 1_000_000, end: 1_000_000 + 31*24*h}
+	for _, c := range []struct {
+		w           window
+		stored, now int64
+		holds       bool
+	}{
+		{day, day.start, day.start + 5*h, true},
+		{day, day.start - h, day.start + 5*h, true},       // an hour east
+		{day, day.start + 7*h, day.start + 9*h, true},     // the new zone's day began 7 h earlier
+		{day, day.start - 16*h, day.start + 5*h, true},    // 16 h east: still running
+		{day, day.start - 16*h, day.start + 9*h, false},   // ... and over
+		{day, day.start - 23*h, day.start + 10*60, false}, // yesterday, 23 h long (DST)
+		{day, day.start - 24*h, day.start + 10*60, false},
+		{day, day.start - 25*h, day.start + 10*60, false},
+		{day, day.end, day.start + 5*h, false},
+		{day, 0, day.start + 5*h, false},
+		{month, month.start - 30*24*h, month.start + h, false}, // last month, 30 days long
+		{month, month.start - 28*24*h, month.start + h, false}, // February
+		{month, month.start - 9*h, month.start + h, true},
+	} {
+		if got := c.w.holds(c.stored, c.now); got != c.holds {
+			t.Errorf("a window of %d h from %d holds counts from %+d h at %+d h: %v", (c.w.end-c.w.start)/h, c.w.start, (c.stored-c.w.start)/h, (c.now-c.w.start)/h, got)
+		}
+	}
+}
