@@ -90,21 +90,43 @@ func (c *calendar) compute(now int64) *calState {
 		s.until = ze.Unix()
 	}
 	y, m, d := t.Date()
-	day := c.clamp(now, time.Date(y, m, d, 0, 0, 0, 0, c.loc), time.Date(y, m, d+1, 0, 0, 0, 0, c.loc))
+	day := c.clamp(now, c.at(y, m, d, 0), c.at(y, m, d+1, 0))
 	h0 := t.Hour() / 5 * 5
-	five := c.clamp(now, time.Date(y, m, d, h0, 0, 0, 0, c.loc), time.Date(y, m, d, h0+5, 0, 0, 0, c.loc))
+	five := c.clamp(now, c.at(y, m, d, h0), c.at(y, m, d, h0+5))
 	if five.end > day.end {
 		five.end = day.end
 	}
 	wd := (int(t.Weekday()) + 6) % 7 // days since Monday
-	week := c.clamp(now, time.Date(y, m, d-wd, 0, 0, 0, 0, c.loc), time.Date(y, m, d-wd+7, 0, 0, 0, 0, c.loc))
-	month := c.clamp(now, time.Date(y, m, 1, 0, 0, 0, 0, c.loc), time.Date(y, m+1, 1, 0, 0, 0, 0, c.loc))
+	week := c.clamp(now, c.at(y, m, d-wd, 0), c.at(y, m, d-wd+7, 0))
+	month := c.clamp(now, c.at(y, m, 1, 0), c.at(y, m+1, 1, 0))
 	s.win = [numPeriods]window{five, day, week, month}
 	for _, w := range s.win {
 		s.from = max(s.from, w.start)
 		s.until = min(s.until, w.end)
 	}
 	return s
+}
+
+// at is the instant the local wall clock reads hour h of day d (as
+// time.Date normalises them). Where a DST jump skips that time (zones whose
+// clocks go from 23:59 to 01:00), time.Date lands an hour beside it; the
+// boundary is then the jump itself, the first instant of the new day.
+func (c *calendar) at(y int, m time.Month, d, h int) time.Time {
+	t := time.Date(y, m, d, h, 0, 0, 0, c.loc)
+	n := time.Date(y, m, d, h, 0, 0, 0, time.UTC) // the wall clock wanted, normalised (UTC has no jumps)
+	ny, nm, nd := n.Date()
+	nh := n.Hour()
+	if ty, tm, td := t.Date(); ty == ny && tm == nm && td == nd && t.Hour() == nh && t.Minute() == 0 {
+		return t
+	}
+	zs, ze := t.ZoneBounds()
+	if !ze.IsZero() && t.Hour() != nh && (t.Hour()+1)%24 == nh {
+		return ze // t is before the jump (the old offset applied)
+	}
+	if !zs.IsZero() {
+		return zs // t is after it
+	}
+	return t
 }
 
 // clamp makes a window that contains now even where a zone transition at

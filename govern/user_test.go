@@ -669,3 +669,28 @@ func TestAWindowHoldsTheCountsOfAShiftedStartButNotOfTheLastWindow(t *testing.T)
 		}
 	}
 }
+
+// In a zone whose DST begins at midnight (Havana: 00:00 becomes 01:00) the
+// day that begins with the jump begins at the jump: the day before ends
+// there, not an hour early (which made a daily quota's Retry-After an hour
+// short, then 1 s for the last hour of the day).
+func TestADayThatBeginsWithADSTJumpBeginsAtTheJump(t *testing.T) {
+	loc, err := time.LoadLocation("America/Havana")
+	if err != nil {
+		t.Skip(err)
+	}
+	jump := time.Date(2026, 3, 8, 5, 0, 0, 0, time.UTC) // 00:00 CST, the clocks read 01:00 CDT
+	if _, off := jump.In(loc).Zone(); off != -4*3600 {
+		t.Skipf("the timezone data has no jump there (offset %d)", off)
+	}
+	c := newCalendar(loc)
+	now := time.Date(2026, 3, 8, 3, 0, 0, 0, time.UTC) // 22:00 CST on the 7th
+	day := c.compute(now.Unix()).win[1]
+	if day.end != jump.Unix() {
+		t.Fatalf("the 7th ends at %s, want %s", time.Unix(day.end, 0).In(loc), jump.In(loc))
+	}
+	next := c.compute(jump.Unix() + 60).win[1]
+	if next.start != jump.Unix() || next.end != time.Date(2026, 3, 9, 0, 0, 0, 0, loc).Unix() {
+		t.Fatalf("the 8th: %s .. %s", time.Unix(next.start, 0).In(loc), time.Unix(next.end, 0).In(loc))
+	}
+}
