@@ -422,6 +422,10 @@ func newRedisState(g *Governor, o Options) (*redisState, error) {
 	// which Redis has usually run already (admissions and ends counted
 	// twice). A failed call is on_state_error's to decide.
 	ro.MaxRetries = -1
+	// One dial per connection (go-redis tries 5, 100 ms apart): a Redis
+	// that is down fails a call at once, and on_state_error decides,
+	// instead of every request waiting out the retries.
+	ro.DialerRetries = 1
 	ro.DisableIdentity = true
 	ro.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	var rid [6]byte

@@ -51,3 +51,24 @@ func TestRedisAReturnThatFailedIsSentAgainOnceRedisAnswers(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestRedisDownFailsACallAtOnce: with Redis down (connections refused) a
+// call fails at once and on_state_error decides (here: admit): go-redis's
+// own five dials 100 ms apart made every request wait about 0.8 s.
+func TestRedisDownFailsACallAtOnce(t *testing.T) {
+	rs := startRedis(t)
+	key, hash := mintKey(t)
+	o := redisOptions(t, rs)
+	g := newGov(t, o, userConfig(t, hash, `{"name":"t","rate":{"enabled":true,"rpm":1000}}`, ""))
+	u := identify(t, g, key)
+	admitOK(t, g, u, Request{}).Done(Usage{})
+	rs.stop()
+	for i := range 3 {
+		start := time.Now()
+		tk := admitOK(t, g, u, Request{}) // fail open
+		tk.Done(Usage{})
+		if d := time.Since(start); d > 300*time.Millisecond {
+			t.Fatalf("admission %d with Redis down took %v", i, d)
+		}
+	}
+}
