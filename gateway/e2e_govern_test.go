@@ -466,7 +466,8 @@ func TestE2EGovernDryRunCountsButBlocksNothing(t *testing.T) {
 			{"name": "observe", "dry_run": true, "rate": {"enabled": true, "rpm": 1}},
 			{"name": "enforce", "rate": {"enabled": true, "rpm": 1}}]},
 		"users": [{"name": "dry-gina", "keys": [%q], "template": "observe"}, {"name": "dry-hank", "keys": [%q], "template": "enforce"}]}`, ha, hb))
-	waitUntil(t, "the reload", func() bool { return rt.store.Load().UserLimit.DryRun })
+	// The store publishes the config, then the governor applies it.
+	waitUntil(t, "the reload", func() bool { return rt.store.Load().UserLimit.DryRun && rt.gov.UserDryRun() })
 	govPost(t, r, kb, body).want(t, 200, "")
 }
 

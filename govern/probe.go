@@ -78,6 +78,10 @@ func (g *Governor) Queues() bool {
 // nothing waits and nothing is refused.
 func (g *Governor) DryRun() bool { return g.snap.Load().rl.dry }
 
+// UserDryRun reports whether user_limit.dry_run is on in the settings
+// applied last (the config store publishes a reload a moment before).
+func (g *Governor) UserDryRun() bool { return g.snap.Load().userDry }
+
 // Shared reports whether the counters live in Redis (--state), so that
 // every Ticket and Seat call is a round trip.
 func (g *Governor) Shared() bool { return g.rds != nil }
