@@ -146,8 +146,11 @@ func TestE2EGovernUsersQuotaErrorsAndReload(t *testing.T) {
 		t.Fatalf("the key id is echoed: %s", a.body)
 	}
 
-	write(5) // hot reload: two more today
-	waitUntil(t, "the reload", func() bool { return rt.store.Load().UserLimit.Templates[0].Quota.Windows[0].MaxRequests == 5 })
+	write(5)                                 // hot reload: two more today
+	waitUntil(t, "the reload", func() bool { // published, and applied by the governor
+		c := rt.store.Load()
+		return c.UserLimit.Templates[0].Quota.Windows[0].MaxRequests == 5 && rt.gov.Applied() == c
+	})
 	govPost(t, r, ka, body).want(t, 200, "")
 	govPost(t, r, ka, body).want(t, 200, "")
 	govPost(t, r, ka, body).want(t, 429, "quota_requests_day")
@@ -467,7 +470,7 @@ func TestE2EGovernDryRunCountsButBlocksNothing(t *testing.T) {
 			{"name": "enforce", "rate": {"enabled": true, "rpm": 1}}]},
 		"users": [{"name": "dry-gina", "keys": [%q], "template": "observe"}, {"name": "dry-hank", "keys": [%q], "template": "enforce"}]}`, ha, hb))
 	// The store publishes the config, then the governor applies it.
-	waitUntil(t, "the reload", func() bool { return rt.store.Load().UserLimit.DryRun && rt.gov.UserDryRun() })
+	waitUntil(t, "the reload", func() bool { c := rt.store.Load(); return c.UserLimit.DryRun && rt.gov.Applied() == c })
 	govPost(t, r, kb, body).want(t, 200, "")
 }
 

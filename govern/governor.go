@@ -42,6 +42,8 @@ type Governor struct {
 	now  func() time.Time
 	opts Options
 	snap atomic.Pointer[snapshot]
+	// applied is the config Apply made current last (Applied).
+	applied atomic.Pointer[config.Config]
 
 	mu     sync.Mutex // serializes Apply; guards states
 	states map[string]*userState
@@ -304,6 +306,7 @@ func (g *Governor) Apply(c *config.Config) error {
 	for _, st := range removed {
 		g.userReloaded(st)
 	}
+	g.applied.Store(c)
 	return nil
 }
 

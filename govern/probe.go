@@ -1,5 +1,7 @@
 package govern
 
+import "github.com/infera/infera/config"
+
 // Non-taking looks at request rate limiting, for the scheduler (pass over
 // candidates that have no free seat) and for global scheduling (is the
 // local fleet saturated?). They answer from what this router knows without
@@ -78,9 +80,9 @@ func (g *Governor) Queues() bool {
 // nothing waits and nothing is refused.
 func (g *Governor) DryRun() bool { return g.snap.Load().rl.dry }
 
-// UserDryRun reports whether user_limit.dry_run is on in the settings
-// applied last (the config store publishes a reload a moment before).
-func (g *Governor) UserDryRun() bool { return g.snap.Load().userDry }
+// Applied returns the config Apply made current last (the config store
+// publishes a reload a moment before its hooks apply it here).
+func (g *Governor) Applied() *config.Config { return g.applied.Load() }
 
 // Shared reports whether the counters live in Redis (--state), so that
 // every Ticket and Seat call is a round trip.
