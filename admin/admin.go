@@ -451,7 +451,8 @@ func same(x, y *config.Config) bool {
 	return reflect.DeepEqual(noEmptyLists(va), noEmptyLists(vb))
 }
 
-// noEmptyLists replaces every empty JSON array in v with null.
+// noEmptyLists replaces every empty JSON array in v with null, but for
+// the settings where the two differ (nilMeansDefault).
 func noEmptyLists(v any) any {
 	switch t := v.(type) {
 	case []any:
@@ -463,11 +464,19 @@ func noEmptyLists(v any) any {
 		}
 	case map[string]any:
 		for k, e := range t {
+			if nilMeansDefault[k] {
+				continue
+			}
 			t[k] = noEmptyLists(e)
 		}
 	}
 	return v
 }
+
+// nilMeansDefault names the list settings whose absence is a default and
+// whose empty list is a choice: protocol.reasoning_map.thinking_off_efforts
+// (absent: none and minimal turn thinking off; []: no effort does).
+var nilMeansDefault = map[string]bool{"thinking_off_efforts": true}
 
 // onStoreChange runs under the store lock after every swap: it writes the
 // audit entry, naming the admin actor when the change came from here and

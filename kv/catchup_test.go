@@ -21,7 +21,8 @@ func TestBlocksCachedBeforeTheRouterListenedAreLearnedFromTheReplayBuffer(t *tes
 	sys := tokensFor(1, 3)
 	hs := engineHashes(1, 4)
 	p.BlockStored(hs[:3], 0, false, sys, bs) // nobody subscribed: buffered only
-	waitFor(t, "the batch before the router", func() bool { return p.Pending() == 0 })
+	waitFor(t, "the batch before the router", func() bool { return p.Sent() >= 1 })
+	time.Sleep(5 * time.Millisecond) // in a batch of its own, before the probes
 	w := &fleet.Worker{Idx: 2, ID: "w", KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)

@@ -469,7 +469,7 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 		// Skipped, not a gap: with one rank followed the batch is that
 		// rank's, so the next one must not look like a gap (whose replay
 		// would bring the same batch back and end in a resync).
-		if len(ws.ranks) == 1 {
+		if len(ws.ranks) == 1 && ws.w.DPSize <= 1 {
 			for _, rs := range ws.ranks {
 				if rs.started && seq == rs.next {
 					rs.next = seq + 1
@@ -525,7 +525,8 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 			rb, err := ws.dec.Decode(p)
 			if err != nil {
 				// The rank's replay endpoint sent it: skip it as the
-				// live feed does (counted there when it came live).
+				// live feed does.
+				ws.mMalformed.Inc()
 				rs.next = s + 1
 				return
 			}
@@ -577,7 +578,11 @@ func (ws *workerState) catchUp(rank int, rs *rankState, seq uint64) {
 		}
 		got, next = true, s+1
 		rb, err := ws.dec.Decode(p)
-		if err != nil || rb.DPRank != rank {
+		if err != nil {
+			ws.mMalformed.Inc()
+			return
+		}
+		if rb.DPRank != rank {
 			return
 		}
 		ws.apply(rb, rs)
@@ -675,8 +680,9 @@ func (ws *workerState) applyStored(e *Event, rank int, rs *rankState) {
 	if bs <= 0 {
 		bs = ws.blockSize
 	} else if bs != ws.blockSize {
-		// Prompts are hashed in blocks of the worker's size: these could
-		// never match.
+		// The worker's block size (its record's, else --kv-block-size) is
+		// the one the router expects (a record other than --kv-block-size
+		// is warned about when it is added): these could never match.
 		ws.mDropped.Inc()
 		ws.logf("BlockStored with a block size other than the worker's (its record's block_size, or --kv-block-size)", "event_block_size", bs, "block_size", ws.blockSize)
 		return

@@ -143,6 +143,9 @@ func (c *clientConn) Close() error {
 	return c.Conn.Close()
 }
 
+// lingerBufs holds the buffers lingering closes read into.
+var lingerBufs = sync.Pool{New: func() any { b := make([]byte, 8<<10); return &b }}
+
 const (
 	lingerTime  = 5 * time.Second
 	lingerIdle  = time.Second
@@ -152,7 +155,9 @@ const (
 // drain is the lingering close (Close).
 func (c *clientConn) drain() {
 	end := time.Now().Add(lingerTime)
-	buf := make([]byte, 32<<10)
+	bp := lingerBufs.Get().(*[]byte)
+	defer lingerBufs.Put(bp)
+	buf := *bp
 	for n := 0; n < lingerBytes; {
 		d := time.Now().Add(lingerIdle)
 		if d.After(end) {
