@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -67,7 +66,7 @@ type VersionConflict struct {
 
 func (e *VersionConflict) Error() string {
 	if e.Want == e.Have && e.Reason != "" {
-		return "config version " + strconv.FormatUint(e.Have, 10) + " cannot be written: " + e.Reason // not a newer version: the file
+		return fmt.Sprintf("config version %d cannot be written: %s", e.Have, e.Reason) // not a newer version: the file
 	}
 	msg := fmt.Sprintf("config changed since version %d (now %d): reload and retry", e.Want, e.Have)
 	if e.Reason != "" {

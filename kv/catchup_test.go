@@ -8,6 +8,7 @@ import (
 
 	"github.com/infera/infera/engine"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/radix"
 )
 
 // TestBlocksCachedBeforeTheRouterListenedAreLearnedFromTheReplayBuffer:
@@ -40,11 +41,7 @@ func TestBlocksCachedBeforeTheRouterListenedAreLearnedFromTheReplayBuffer(t *tes
 // decoder refuses is counted and skipped; the next one is in sequence, not
 // a gap that clears every entry of the worker.
 func TestAnUndecodableBatchIsSkippedWithoutClearingTheWorker(t *testing.T) {
-	m, x := newTestManager(t, "nats")
-	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
-	if err := m.WorkerAdded(w); err != nil {
-		t.Fatal(err)
-	}
+	m, x, w := newFedWorker(t)
 	batch := func(tag, n int) []byte {
 		b := appendBatchHeader(nil, false, 1, 1)
 		b = appendStored(b, false, engineHashes(tag, n), 0, false, tokensFor(tag, n), bs)
@@ -66,11 +63,7 @@ func TestAnUndecodableBatchIsSkippedWithoutClearingTheWorker(t *testing.T) {
 // minClearEvery; one put off must still happen when the engine goes quiet
 // after it, or the index keeps blocks the engine dropped.
 func TestAClearPutOffIsDoneWithoutAnotherBatch(t *testing.T) {
-	m, x := newTestManager(t, "nats")
-	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
-	if err := m.WorkerAdded(w); err != nil {
-		t.Fatal(err)
-	}
+	m, x, w := newFedWorker(t)
 	stored := func(tag int) []byte {
 		b := appendBatchHeader(nil, false, 1, 1)
 		b = appendStored(b, false, engineHashes(tag, 2), 0, false, tokensFor(tag, 2), bs)
@@ -94,11 +87,7 @@ func TestAClearPutOffIsDoneWithoutAnotherBatch(t *testing.T) {
 // than the worker's could never match a prompt hashed in the worker's: they
 // are dropped and counted, not indexed in silence.
 func TestBlocksOfAnotherBlockSizeAreDropped(t *testing.T) {
-	m, x := newTestManager(t, "nats")
-	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
-	if err := m.WorkerAdded(w); err != nil {
-		t.Fatal(err)
-	}
+	m, x, w := newFedWorker(t)
 	b := appendBatchHeader(nil, false, 1, 1)
 	b = appendStored(b, false, engineHashes(1, 1), 0, false, tokensFor(1, 2), 2*bs)
 	m.Feed(w.ID, 0, nil, 1, appendBatchTrailer(b, false, 0))
@@ -113,11 +102,7 @@ func TestBlocksOfAnotherBlockSizeAreDropped(t *testing.T) {
 // a request for it with the adapter's seed: it matches the adapter's blocks
 // and not the base model's.
 func TestLoRAAdapterNamesFromEventsAreKnownToTheRequestPath(t *testing.T) {
-	m, x := newTestManager(t, "nats")
-	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
-	if err := m.WorkerAdded(w); err != nil {
-		t.Fatal(err)
-	}
+	m, x, w := newFedWorker(t)
 	ev := appendStored(nil, true, engineHashes(1, 2), 0, false, tokensFor(1, 2), bs)
 	ev = mpAppendStr(ev[:len(ev)-1], "sql-lora") // lora_name, not nil
 	b := appendBatchTrailer(append(appendBatchHeader(nil, false, 1, 1), ev...), false, 0)
@@ -164,11 +149,7 @@ func TestADecoderDoesNotKeepTheBuffersOfAHugeBatch(t *testing.T) {
 // and a publisher restart whose earlier batches were lost when it is not:
 // the worker's old entries go.
 func TestABatchNumberedAsTheLastButMadeLaterIsARestart(t *testing.T) {
-	m, x := newTestManager(t, "nats")
-	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
-	if err := m.WorkerAdded(w); err != nil {
-		t.Fatal(err)
-	}
+	m, x, w := newFedWorker(t)
 	batch := func(ts float64, tag int) []byte {
 		b := appendBatchHeader(nil, false, ts, 1)
 		b = appendStored(b, false, engineHashes(tag, 1), 0, false, tokensFor(tag, 1), bs)
@@ -186,4 +167,16 @@ func TestABatchNumberedAsTheLastButMadeLaterIsARestart(t *testing.T) {
 	if st := m.Stats(w.ID); st.Resyncs != 1 || st.Stale != 1 {
 		t.Fatalf("stats %+v", st)
 	}
+}
+
+// newFedWorker is a manager with one worker whose batches the test feeds
+// (Feed, as over NATS).
+func newFedWorker(t *testing.T) (*Manager, *radix.Index, *fleet.Worker) {
+	t.Helper()
+	m, x := newTestManager(t, "nats")
+	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
+	if err := m.WorkerAdded(w); err != nil {
+		t.Fatal(err)
+	}
+	return m, x, w
 }

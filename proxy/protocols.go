@@ -680,20 +680,7 @@ var (
 // message_delta the output, often in one read), so every usage object of
 // b is read in order; one cut by a read boundary is carried to the next
 // scan as scan does.
-func (u *usage) scanProtocol(b []byte, api protocol.API) {
-	if u.ncarry > 0 {
-		var w [2 * usageCarry]byte
-		n := copy(w[:], u.carry[:u.ncarry])
-		n += copy(w[n:], b)
-		u.ncarry = 0
-		u.parseProtocol(w[:n], api)
-		if u.ncarry > 0 && len(b) <= usageCarry {
-			return // still cut, and b is all in the carry now
-		}
-		u.ncarry = 0
-	}
-	u.parseProtocol(b, api)
-}
+func (u *usage) scanProtocol(b []byte, api protocol.API) { u.scanAPI(b, api) }
 
 // parseProtocol reads every usage object of b in order (reading one twice
 // is harmless: the later ones still come after it).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/protocol"
 )
 
 // usage is the token usage an engine reported. The governance reconciles a
@@ -35,19 +36,30 @@ var (
 // body, or one read of a stream), and records its numbers. It is a byte
 // search, not a JSON decode: cheap enough to run on every relayed chunk.
 // It allocates nothing.
-func (u *usage) scan(b []byte) {
+func (u *usage) scan(b []byte) { u.scanAPI(b, protocol.Chat) }
+
+// scanAPI is scan for the usage objects of api's answers (scanProtocol).
+func (u *usage) scanAPI(b []byte, api protocol.API) {
 	if u.ncarry > 0 {
 		var w [2 * usageCarry]byte
 		n := copy(w[:], u.carry[:u.ncarry])
 		n += copy(w[n:], b)
 		u.ncarry = 0
-		u.parse(w[:n])
+		u.parseAPI(w[:n], api)
 		if u.ncarry > 0 && len(b) <= usageCarry {
 			return // still cut, and b is all in the carry now
 		}
 		u.ncarry = 0
 	}
-	u.parse(b)
+	u.parseAPI(b, api)
+}
+
+func (u *usage) parseAPI(b []byte, api protocol.API) {
+	if api == protocol.Chat {
+		u.parse(b)
+		return
+	}
+	u.parseProtocol(b, api)
 }
 
 // parse reads the last usage object of b (a stream with usage in every
