@@ -38,6 +38,9 @@ var (
 	// mStateUndone counts the slot and seat returns queued for calls that
 	// failed (which may still run when Redis reads them).
 	mStateUndone = metrics.NewCounter(`infera_governance_state_undone_total`)
+	// mStateStalled counts the calls failed at once while Redis was
+	// stalled (a pipeline timed out less than a second before).
+	mStateStalled = metrics.NewCounter(`infera_governance_state_stalled_total`)
 
 	heldSeats [3]atomic.Int64 // all governors of the process
 )

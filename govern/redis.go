@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -326,6 +327,9 @@ type redisState struct {
 	// pipelines sent.
 	redo  []redoRelease
 	execs atomic.Uint64
+	// stalled is the time (Unix ns) until which a call fails at once,
+	// 0 while Redis answers (mayCall).
+	stalled atomic.Int64
 
 	kick chan struct{}
 	ps   *redis.PubSub
@@ -342,6 +346,15 @@ type scriptCall struct {
 	done chan *redis.Cmd // nil: an end (nobody waits)
 	// parts are the ends an endsScript call runs (exec).
 	parts []*scriptCall
+	probe bool // sent in a stall (mayCall)
+}
+
+// stalledCmd is the answer of a call failed at once in a stall.
+func stalledCmd() *redis.Cmd {
+	mStateStalled.Inc()
+	cmd := redis.NewCmd(context.Background())
+	cmd.SetErr(errStateStalled)
+	return cmd
 }
 
 // redoRelease is a return (releaseLua) to send again after the pipeline
@@ -410,6 +423,42 @@ func (r *redisState) resendRedo(n uint64) {
 
 var errStateClosed = errors.New("the governance is closed")
 
+// errStateStalled fails a call at once while Redis is stalled (mayCall).
+var errStateStalled = errors.New("the state store timed out a moment ago (stalled): not waiting on it again yet")
+
+// After a pipeline timed out (Redis stalled: a fork on a large dataset, a
+// long script, a network partition without a reset), calls fail at once
+// for stallHold, and on_state_error decides, instead of each request
+// waiting out its own timeout behind the stalled pipeline. Then one call
+// goes through as a probe, the others still failing at once for up to
+// probeWindow: an answered pipeline ends the stall, another timeout
+// starts a new hold.
+const (
+	stallHold   = time.Second
+	probeWindow = 3 * time.Second
+)
+
+// mayCall reports whether a call may be sent now (see stallHold), and
+// whether it goes as the stall's probe.
+func (r *redisState) mayCall() (ok, probe bool) {
+	until := r.stalled.Load()
+	if until == 0 {
+		return true, false
+	}
+	now := time.Now().UnixNano()
+	if now < until {
+		return false, false
+	}
+	ok = r.stalled.CompareAndSwap(until, now+int64(probeWindow))
+	return ok, ok
+}
+
+// isTimeout reports whether err is a call that timed out.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+}
+
 func newRedisState(g *Governor, o Options) (*redisState, error) {
 	ro, err := redis.ParseURL(o.State)
 	if err != nil {
@@ -472,7 +521,11 @@ func (r *redisState) close() error {
 // what is queued when no pipeline is out (sent from this goroutine: no
 // hand-off), else in the next batch.
 func (r *redisState) call(s *redis.Script, keys []string, args ...any) *redis.Cmd {
-	c := &scriptCall{s: s, keys: keys, args: args, done: make(chan *redis.Cmd, 1)}
+	ok, probe := r.mayCall()
+	if !ok {
+		return stalledCmd()
+	}
+	c := &scriptCall{s: s, keys: keys, args: args, done: make(chan *redis.Cmd, 1), probe: probe}
 	r.qmu.Lock()
 	if r.closed {
 		r.qmu.Unlock()
@@ -593,6 +646,21 @@ func (r *redisState) dispatch() {
 // without the scripts (restarted) loads them and is sent again (a script
 // refused with NOSCRIPT did not run).
 func (r *redisState) exec(batch []*scriptCall) {
+	if until := r.stalled.Load(); until != 0 && time.Now().UnixNano() < until {
+		// Calls queued behind the pipeline that timed out fail at once
+		// too; ends go on.
+		kept := batch[:0]
+		for _, c := range batch {
+			if c.done != nil && !c.probe {
+				c.done <- stalledCmd()
+				continue
+			}
+			kept = append(kept, c)
+		}
+		if batch = kept; len(batch) == 0 {
+			return
+		}
+	}
 	ctx, cancel := r.ctx()
 	defer cancel()
 	wire := make([]*scriptCall, 0, len(batch))
@@ -635,8 +703,11 @@ func (r *redisState) exec(batch []*scriptCall) {
 		}
 		send(again)
 	}
-	answered := true
+	answered, timedOut := true, false
 	for _, c := range wire {
+		if err := c.cmd.Err(); err != nil && !isScriptError(err) {
+			timedOut = timedOut || isTimeout(err)
+		}
 		if c.done != nil {
 			if c.cmd.Err() != nil && !isScriptError(c.cmd.Err()) {
 				answered = false
@@ -658,8 +729,12 @@ func (r *redisState) exec(batch []*scriptCall) {
 			r.failed("end", err, true)
 		}
 	}
-	if answered {
+	switch {
+	case answered:
+		r.stalled.Store(0)
 		r.resendRedo(n)
+	case timedOut:
+		r.stalled.Store(time.Now().Add(stallHold).UnixNano())
 	}
 }
 

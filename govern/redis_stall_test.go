@@ -72,3 +72,44 @@ func TestRedisDownFailsACallAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisStallFailsCallsAtOnceAfterTheFirstTimeout: Redis stalls (a
+// long script here; a fork on a large dataset or a partition without a
+// reset in production). The first admission waits out its timeout and is
+// admitted uncounted (on_state_error open); the ones after it are too,
+// at once, instead of each waiting its own second behind the stalled
+// pipeline. Once Redis answers, admissions are counted again.
+func TestRedisStallFailsCallsAtOnceAfterTheFirstTimeout(t *testing.T) {
+	rs := startRedis(t)
+	key, hash := mintKey(t)
+	o := redisOptions(t, rs)
+	g := newGov(t, o, userConfig(t, hash, `{"name":"t","rate":{"enabled":true,"rpm":1000}}`, ""))
+	u := identify(t, g, key)
+	admitOK(t, g, u, Request{}).Done(Usage{})
+	busy := busyRedis(t, rs, 4000)
+	admitOK(t, g, u, Request{}).Done(Usage{}) // waits out its timeout, then fails open
+	stalled := mStateStalled.Get()
+	for i := range 5 {
+		start := time.Now()
+		admitOK(t, g, u, Request{}).Done(Usage{})
+		if d := time.Since(start); d > 300*time.Millisecond {
+			t.Fatalf("admission %d in the stall, after a call timed out, took %v", i, d)
+		}
+	}
+	if mStateStalled.Get() == stalled {
+		t.Fatal("no call was failed at once")
+	}
+	<-busy
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		open := mStateFailOpen.Get()
+		admitOK(t, g, u, Request{}).Done(Usage{})
+		if mStateFailOpen.Get() == open {
+			return // counted in Redis again
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("5 s after the stall admissions still fail open")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
