@@ -1159,9 +1159,9 @@ func (r *redisState) pumpUsers() {
 			if err == errStateClosed {
 				return // shutting down: the waiters end with their requests
 			}
-			if err == nil && f == 1<<CodeConcurrencyUser && !dry {
+			if err == nil && f == 1<<CodeConcurrencyUser && !dry && t.concQueue {
 				break // still full: wait for the next release or poll
-			}
+			} // (full, and overlimit is reject now: refused below)
 			st.mu.Lock()
 			if w.state != waiting { // it left during the round trip (queueUser dequeued it)
 				st.mu.Unlock()
@@ -1258,6 +1258,9 @@ func (r *redisState) pumpSeats() {
 		w.ch <- struct{}{}
 		l.mu.Unlock()
 	}
+	l.mu.Lock()
+	l.refuseQueuedLocked()
+	l.mu.Unlock()
 }
 
 // seatArgs returns the keys and arguments of a seat acquisition over

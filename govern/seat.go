@@ -498,8 +498,26 @@ func (l *seatLimiter) reloaded() {
 	l.mu.Lock()
 	if l.q.n > 0 {
 		l.pumpLocked()
+		l.refuseQueuedLocked()
 	}
 	l.mu.Unlock()
+}
+
+// refuseQueuedLocked refuses the requests still queued when overlimit is
+// reject now (a reload switched it from queue): as a new request would
+// be, at once. Lock must be held.
+func (l *seatLimiter) refuseQueuedLocked() {
+	if l.g.snap.Load().rl.queue {
+		return
+	}
+	for w := l.q.head; w != nil; {
+		next := w.next
+		l.dequeueLocked(w)
+		hit(w.code, false)
+		w.state, w.rej = rejected, reject(w.code, 0, false)
+		w.ch <- struct{}{}
+		w = next
+	}
 }
 
 // seatWaiter is a request queued for a seat.

@@ -474,9 +474,9 @@ func (g *Governor) pumpLocal(st *userState) {
 		}
 		dry := s.userDry || t.dry
 		f, retry := st.checkLocked(t, cs, now, e)
-		if f == 1<<CodeConcurrencyUser && !dry {
+		if f == 1<<CodeConcurrencyUser && !dry && t.concQueue {
 			return
-		}
+		} // (full, and overlimit is reject now: refused below)
 		st.q.remove(w)
 		if f != 0 && !dry {
 			hits(f, false)

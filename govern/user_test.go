@@ -603,6 +603,64 @@ func TestAReloadRevokingAUserRefusesItsQueuedRequests(t *testing.T) {
 	}
 }
 
+// A reload that switches a user's concurrency overlimit from queue to
+// reject refuses its queued requests at once, as it refuses a new one
+// (they waited for a slot, or their queue timeout).
+func TestAReloadSwitchingAUsersQueueToRejectRefusesItsQueuedRequests(t *testing.T) {
+	stores(t, func(t *testing.T, o Options) {
+		key, hash := mintKey(t)
+		g := newGov(t, o, userConfig(t, hash, concTemplate(1, 30000), ""))
+		u := identify(t, g, key)
+		holder := admitOK(t, g, u, Request{})
+		defer holder.Done(Usage{})
+		got := make(chan *Rejection, 1)
+		go func() {
+			tk, rej := g.Admit(context.Background(), u, Request{})
+			if rej == nil {
+				tk.Done(Usage{})
+			}
+			got <- rej
+		}()
+		waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 1 })
+		reject := strings.Replace(concTemplate(1, 30000), `"overlimit":"queue"`, `"overlimit":"reject"`, 1)
+		if err := g.Apply(userConfig(t, hash, reject, "")); err != nil {
+			t.Fatal(err)
+		}
+		rej := recvWithin(t, got, 2*time.Second, "the queued request")
+		if rej == nil || rej.Code != CodeConcurrencyUser || rej.Status != 429 {
+			t.Fatalf("the queued request after overlimit became reject: %v", rej)
+		}
+	})
+}
+
+// The same for rate_limit's seats: a reload to overlimit reject refuses
+// the requests waiting in the seat queue at once.
+func TestAReloadSwitchingTheSeatQueueToRejectRefusesItsQueuedRequests(t *testing.T) {
+	stores(t, func(t *testing.T, o Options) {
+		c := parseConfig(t, `{"rate_limit":{"overall_concurrency":1,"overlimit":"queue","queue_size":10,"queue_timeout_ms":30000}}`)
+		g := newGov(t, o, c)
+		holder := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+		defer holder.Done()
+		got := make(chan *Rejection, 1)
+		go func() {
+			s, _, rej := g.Acquire(context.Background(), []Target{w1}, PhaseMixed)
+			if rej == nil {
+				s.Done()
+			}
+			got <- rej
+		}()
+		waitFor(t, func() bool { g.seats.mu.Lock(); defer g.seats.mu.Unlock(); return g.seats.q.n == 1 })
+		c = parseConfig(t, `{"rate_limit":{"overall_concurrency":1,"overlimit":"reject"}}`)
+		if err := g.Apply(c); err != nil {
+			t.Fatal(err)
+		}
+		rej := recvWithin(t, got, 2*time.Second, "the queued request")
+		if rej == nil || rej.Code != CodeConcurrencyOverall || rej.Status != 429 {
+			t.Fatalf("the queued request after overlimit became reject: %v", rej)
+		}
+	})
+}
+
 // A reload of user_limit.timezone moves every quota window's start by the
 // zones' offset; the counts of the windows running go with them (they
 // started afresh: a month capped at 5 requests let 15 through over two
