@@ -61,7 +61,11 @@ type Load struct {
 	Blocks atomic.Int64
 	// Pending counts requests dispatched that have not produced a first byte.
 	Pending atomic.Int64
-	_       [24]byte
+	// Picked is the number of the scheduler's last load-balancing pick
+	// that chose the worker (round-robin takes the candidate picked least
+	// recently; the least-* algorithms break ties by it).
+	Picked atomic.Uint64
+	_      [16]byte
 }
 
 // Worker is one routable engine instance. Fields other than the atomics are

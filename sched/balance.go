@@ -39,32 +39,39 @@ func (b Balancer) String() string {
 	return "least-requests"
 }
 
-// Pick returns the chosen candidate. rr is a shared rotation counter: ties in
-// the least-* algorithms are broken by rotating the scan start so equal
-// workers share load evenly.
-func (b Balancer) Pick(cands []*fleet.Worker, rr *atomic.Uint64) *fleet.Worker {
-	n := len(cands)
-	if n == 1 {
+// Pick returns the chosen candidate. seq numbers the picks (one counter
+// per scheduler): each pick stores its number in the chosen worker's
+// Load.Picked, round-robin takes the candidate picked least recently, and
+// the least-* algorithms break ties the same way. The rotation is thus
+// over each candidate set: requests for two models interleaved, each
+// model with its own workers, still spread over each model's workers (a
+// counter modulo the set's size sent every other request to the same
+// worker of each).
+func (b Balancer) Pick(cands []*fleet.Worker, seq *atomic.Uint64) *fleet.Worker {
+	if len(cands) == 1 {
 		return cands[0]
 	}
-	start := int(rr.Add(1) % uint64(n))
-	if b == RoundRobin {
-		return cands[start]
-	}
-	best := cands[start]
-	bestV := b.value(best)
-	for i := 1; i < n; i++ {
-		w := cands[(start+i)%n]
-		if v := b.value(w); v < bestV {
-			best, bestV = w, v
+	for try := 0; ; try++ {
+		best := cands[0]
+		bestV, bestP := b.value(best), best.Load.Picked.Load()
+		for _, w := range cands[1:] {
+			if v, p := b.value(w), w.Load.Picked.Load(); v < bestV || v == bestV && p < bestP {
+				best, bestV, bestP = w, v, p
+			}
+		}
+		// A concurrent pick took best meanwhile: look again (twice at most).
+		if best.Load.Picked.CompareAndSwap(bestP, seq.Add(1)) || try == 2 {
+			return best
 		}
 	}
-	return best
 }
 
 func (b Balancer) value(w *fleet.Worker) int64 {
-	if b == LeastTokens {
+	switch b {
+	case LeastTokens:
 		return w.Load.Tokens.Load()
+	case LeastRequests:
+		return w.Load.Requests.Load()
 	}
-	return w.Load.Requests.Load()
+	return 0
 }

@@ -3,7 +3,6 @@ package sched
 import (
 	"fmt"
 	"slices"
-	"sync/atomic"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/config"
@@ -401,18 +400,13 @@ func (p *pdRoute) appendLeg(dst []*fleet.Worker, r *Request) []*fleet.Worker {
 
 // pickDecode is the decode policy (pd.decode_policy) over avail, skipping
 // workers whose half-open probe slot another request holds. Under aligned
-// pairing each prefill worker rotates over its own decode workers (with one
-// rotation for all, prefill workers taken in turn would each keep hitting
-// the same decode worker of their group).
-func (s *Scheduler) pickDecode(cfg *config.Config, r *Request, avail []*fleet.Worker, now int64) Decision {
+// pairing avail is the prefill worker's own decode workers, and the
+// balancer rotates over them (it takes the one picked least recently).
+func (s *Scheduler) pickDecode(cfg *config.Config, avail []*fleet.Worker, now int64) Decision {
 	b, _ := ParseBalancer(cfg.PD.DecodePolicy)
-	rr := &s.pd.rr
-	if p := r.pd.prefill; r.pd.aligned && p != nil {
-		rr = &s.pd.group[p.Idx%len(s.pd.group)]
-	}
 	first := avail[0]
 	for len(avail) > 0 {
-		w := b.Pick(avail, rr)
+		w := b.Pick(avail, &s.rr)
 		if ok, probe := w.Breaker.Admit(now); ok {
 			return Decision{Worker: w, Probe: probe, Layer: LayerLB}
 		}
@@ -451,13 +445,8 @@ func (s *Scheduler) leaseLoad(r *Request, d *Decision) (tokens, prefill, blocks 
 	return tokens, prefill, (tokens + bs - 1) / bs, obs
 }
 
-// pdSched is the scheduler's PD state: the decode policy's rotation and
-// the PD metrics.
+// pdSched is the scheduler's PD state: the PD metrics.
 type pdSched struct {
-	rr atomic.Uint64
-	// group are the rotations of aligned pairing, by prefill Worker.Idx.
-	group [256]atomic.Uint64
-
 	pairs, mixed, noMode *metrics.Counter
 	decode               [numLayers]*metrics.Counter
 }

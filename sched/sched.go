@@ -390,7 +390,7 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 	case len(avail) == 0:
 		d = Decision{Worker: s.roundRobin(open), Layer: LayerFallback, Reason: ReasonAllBreakersOpen}
 	case r.Leg == LegDecode:
-		d = s.pickDecode(cfg, r, avail, now) // pd.decode_policy
+		d = s.pickDecode(cfg, avail, now) // pd.decode_policy
 	default:
 		d = s.decide(cfg, c, v, avail, r, now)
 		if ok, probe := d.Worker.Breaker.Admit(now); ok {

@@ -77,6 +77,28 @@ func pick(t testing.TB, s *Scheduler, cfg *config.Config, r *Request) Decision {
 	return d
 }
 
+// Requests for two models interleaved (an embed-then-chat pipeline), each
+// model served by its own two workers, spread over each model's workers
+// under every algorithm: one rotation counter shared by the two sets,
+// modulo each set's size, sent every request of a model to the same one.
+func TestInterleavedModelsRotateOverEachModelsWorkers(t *testing.T) {
+	s, _ := newTestSched(t, rec("a", "", "mx"), rec("b", "", "mx"), rec("c", "", "my"), rec("d", "", "my"))
+	for _, alg := range []string{"round-robin", "least-requests", "least-tokens"} {
+		cfg := cfgWith(t, func(c *config.Config) { c.LoadBalancing.Algorithm = alg })
+		seen := map[string]int{}
+		for range 10 {
+			for _, m := range []string{"mx", "my"} {
+				seen[pick(t, s, cfg, &Request{Model: []byte(m)}).Worker.ID]++
+			}
+		}
+		for _, id := range []string{"a", "b", "c", "d"} {
+			if seen[id] != 5 {
+				t.Fatalf("%s: picks per worker %v, want 5 each", alg, seen)
+			}
+		}
+	}
+}
+
 func TestPickDefaultsLoadBalancing(t *testing.T) {
 	s, _ := newTestSched(t, workers(3, "m")...)
 	cfg := config.Default()
