@@ -135,6 +135,7 @@ func New(f *config.Serve) (*Gateway, error) {
 	g.sched = sched.NewScheduler(g.fleet, policy)
 	g.sched.Mode = mode
 	g.sched.BlockSize = f.KVBlockSize
+	g.sched.Latest = store.Load
 	go g.sched.Run(g.ctx, store.Load)
 	if policy == sched.PolicyKVAware {
 		if err := g.setupKV(); err != nil {

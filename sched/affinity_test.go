@@ -3,6 +3,7 @@ package sched
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -308,5 +309,41 @@ func TestLoweringMaxEntriesEvictsTheOldestAtOnce(t *testing.T) {
 	}
 	if tab.get(0, 1001, int64(time.Hour)) != nil {
 		t.Fatal("the oldest binding was kept")
+	}
+}
+
+// A request that loaded its config before many reloads (a failover retry,
+// a request that waited in a queue) and picks again with it: its older
+// max_entries applies to nothing shared. It had become the newest once
+// more than eight reloads retired it, trimming the table to its old limit
+// and leaving the current config stale until the next reload.
+func TestAnOldConfigAfterManyReloadsNeverReshapesTheSessionTable(t *testing.T) {
+	s, _ := newTestSched(t, workers(2, "m")...)
+	var cur atomic.Pointer[config.Config]
+	s.Latest = cur.Load
+	old := affCfg(t, func(sa *config.SessionAffinity) { sa.MaxEntries = 3 })
+	cur.Store(old)
+	tab := s.affinity(s.compiled(old))
+	var latest *config.Config
+	for i := range 10 {
+		latest = affCfg(t, func(sa *config.SessionAffinity) { sa.MaxEntries = 100000; sa.TTLSeconds = float64(1000 + i) })
+		cur.Store(latest)
+		if s.affinity(s.compiled(latest)) != tab {
+			t.Fatal("a reload of max_entries replaced the table")
+		}
+	}
+	w := s.Fleet.View().Routable[0]
+	for i := range 10 {
+		tab.bind(uint64(i+1)*0x9E3779B97F4A7C15, w, int64(i+1))
+	}
+	if c := s.compiled(old); !c.stale.Load() {
+		t.Fatal("the old config was taken as the newest")
+	}
+	s.affinity(s.compiled(old))
+	if c := s.compiled(latest); c.stale.Load() || s.comp.Load() != c {
+		t.Fatal("the current config is no longer current")
+	}
+	if n := tab.count.Load(); n != 10 {
+		t.Fatalf("%d bindings after a pick with the old config, want 10", n)
 	}
 }

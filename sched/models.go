@@ -28,11 +28,14 @@ type compiledMapping struct {
 
 // compiled returns the compiled form of cfg, building it on first use.
 //
-// A config pointer never seen before is the newest: it becomes current and
-// the previous one is retired. A retired pointer (a request that loaded the
-// config before a reload, e.g. a failover retry) gets its compiled form
-// marked stale: its rules apply to that request, but it never replaces the
-// shared state (prefix index, session table) that the newest config shaped.
+// The newest config becomes current and the previous one is retired. An
+// older one (a request that loaded the config before a reload: a failover
+// retry, a request that waited in a queue) gets its compiled form marked
+// stale: its rules apply to that request, but it never replaces the shared
+// state (prefix index, session table) that the newest config shaped. With
+// Latest set, the newest is the store's current config; without it, a
+// config pointer not seen among the current one and the last eight
+// retired is taken as the newest.
 func (s *Scheduler) compiled(cfg *config.Config) *compiled {
 	if c := s.comp.Load(); c != nil && c.cfg == cfg {
 		return c
@@ -43,19 +46,32 @@ func (s *Scheduler) compiled(cfg *config.Config) *compiled {
 	if cur != nil && cur.cfg == cfg {
 		return cur
 	}
-	for _, r := range s.retired {
-		if r != nil && r.cfg == cfg {
-			return r
+	latest := s.Latest != nil && s.Latest() == cfg
+	if !latest {
+		for _, r := range s.retired {
+			if r != nil && r.cfg == cfg {
+				return r
+			}
 		}
 	}
 	c := compile(cfg)
+	if s.Latest != nil && !latest {
+		c.stale.Store(true)
+		s.retire(c)
+		return c
+	}
 	if cur != nil {
 		cur.stale.Store(true)
-		copy(s.retired[1:], s.retired[:])
-		s.retired[0] = cur
+		s.retire(cur)
 	}
 	s.comp.Store(c)
 	return c
+}
+
+// retire keeps c among the retired compiled forms. compMu must be held.
+func (s *Scheduler) retire(c *compiled) {
+	copy(s.retired[1:], s.retired[:])
+	s.retired[0] = c
 }
 
 func compile(cfg *config.Config) *compiled {

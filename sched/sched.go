@@ -262,6 +262,11 @@ type Scheduler struct {
 	// bytes for the prefix index's eviction (memlimit.Read by default; tests
 	// inject a fake).
 	Memory func() (process, limit uint64, err error)
+	// Latest returns the config store's current snapshot (set before
+	// the first Pick; nil: see compiled). A request's older config then
+	// never reshapes the shared state, however many reloads ago it was
+	// loaded.
+	Latest func() *config.Config
 
 	rr      atomic.Uint64
 	pd      pdSched
