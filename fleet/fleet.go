@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"sort"
@@ -66,6 +67,18 @@ func NewFleet(bc BreakerConfig) *Fleet {
 	// (tests) do not panic on duplicate registration.
 	f.ms.NewGauge(`infera_router_workers{state="routable"}`, func() float64 { return float64(len(f.View().Routable)) })
 	f.ms.NewGauge(`infera_router_workers{state="all"}`, func() float64 { return float64(len(f.View().All)) })
+	// A counter the breaker keeps, exposed as a counter (a gauge's TYPE
+	// line made it a gauge).
+	f.ms.RegisterMetricsWriter(func(w io.Writer) {
+		v := f.View()
+		if len(v.All) == 0 {
+			return
+		}
+		metrics.WriteMetadataIfNeeded(w, "infera_router_worker_breaker_trips_total", "counter")
+		for _, wk := range v.All {
+			fmt.Fprintf(w, "infera_router_worker_breaker_trips_total{worker=%q} %d\n", wk.ID, wk.Breaker.Trips())
+		}
+	})
 	return f
 }
 
@@ -219,7 +232,6 @@ func (f *Fleet) newWorker(r Record) (*Worker, error) {
 	w.mRequests = f.ms.GetOrCreateCounter(`infera_router_worker_requests_total` + lbl)
 	w.mFailures = f.ms.GetOrCreateCounter(`infera_router_worker_failures_total` + lbl)
 	f.ms.GetOrCreateGauge(`infera_router_worker_breaker_state`+lbl, func() float64 { return float64(w.Breaker.State()) })
-	f.ms.GetOrCreateGauge(`infera_router_worker_breaker_trips_total`+lbl, func() float64 { return float64(w.Breaker.Trips()) })
 	f.ms.GetOrCreateGauge(`infera_router_worker_active_requests`+lbl, func() float64 { return float64(w.Load.Requests.Load()) })
 	f.ms.GetOrCreateGauge(`infera_router_worker_active_tokens`+lbl, func() float64 { return float64(w.Load.Tokens.Load()) })
 	f.ms.GetOrCreateGauge(`infera_router_worker_prefix_hit_rate`+lbl, func() float64 { return max(w.HitRate(), 0) })
@@ -244,7 +256,7 @@ func (f *Fleet) removeLocked(w *Worker) {
 		h.WorkerRemoved(w)
 	}
 	lbl := fmt.Sprintf(`{worker=%q}`, w.ID)
-	for _, name := range []string{"requests_total", "failures_total", "breaker_state", "breaker_trips_total", "active_requests", "active_tokens", "routable", "prefix_hit_rate"} {
+	for _, name := range []string{"requests_total", "failures_total", "breaker_state", "active_requests", "active_tokens", "routable", "prefix_hit_rate"} {
 		f.ms.UnregisterMetric("infera_router_worker_" + name + lbl)
 	}
 	slog.Info("worker removed", "id", w.ID, "url", w.URL)

@@ -1112,9 +1112,17 @@ func TestMetricsCarryTheirTypes(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("%d", resp.StatusCode)
 	}
-	for _, want := range []string{"# TYPE infera_stream_client_disconnects_total counter", "# TYPE infera_router_worker_active_requests gauge"} {
+	for _, want := range []string{"# TYPE infera_stream_client_disconnects_total counter", "# TYPE infera_router_worker_active_requests gauge",
+		"# TYPE infera_session_affinity_evictions_total counter", "# TYPE infera_prefix_index_evictions_total counter"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	// An infera series named *_total is a counter (three were exposed as
+	// gauges).
+	for _, line := range strings.Split(body, "\n") {
+		if f := strings.Fields(line); len(f) == 4 && f[1] == "TYPE" && strings.HasPrefix(f[2], "infera_") && strings.HasSuffix(f[2], "_total") && f[3] != "counter" {
+			t.Errorf("%s", line)
 		}
 	}
 }

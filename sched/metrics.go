@@ -2,6 +2,8 @@ package sched
 
 import (
 	"errors"
+	"fmt"
+	"io"
 
 	"github.com/VictoriaMetrics/metrics"
 )
@@ -75,29 +77,22 @@ func newSchedMetrics(s *Scheduler) *schedMetrics {
 		}
 		return -1
 	})
-	set.NewGauge(`infera_prefix_index_evictions_total{reason="ttl"}`, func() float64 {
+	// Counters kept by the index and the table, exposed as counters (a
+	// gauge's TYPE line made them gauges); a replaced index's evictions
+	// carry over (pidxEvicted).
+	set.RegisterMetricsWriter(func(w io.Writer) {
+		ttl, mem := s.pidxEvicted[0].Load(), s.pidxEvicted[1].Load()
 		if p := s.pidx.Load(); p != nil {
-			return float64(p.evictTTL.Load())
+			ttl, mem = ttl+p.evictTTL.Load(), mem+p.evictMem.Load()
 		}
-		return 0
-	})
-	set.NewGauge(`infera_prefix_index_evictions_total{reason="memory"}`, func() float64 {
-		if p := s.pidx.Load(); p != nil {
-			return float64(p.evictMem.Load())
-		}
-		return 0
-	})
-	set.NewGauge(`infera_session_affinity_entries`, func() float64 {
+		metrics.WriteMetadataIfNeeded(w, "infera_prefix_index_evictions_total", "counter")
+		fmt.Fprintf(w, "infera_prefix_index_evictions_total{reason=\"ttl\"} %d\n", ttl)
+		fmt.Fprintf(w, "infera_prefix_index_evictions_total{reason=\"memory\"} %d\n", mem)
+		var aff uint64
 		if t := s.aff.Load(); t != nil {
-			return float64(t.count.Load())
+			aff = t.evictions.Load()
 		}
-		return 0
-	})
-	set.NewGauge(`infera_session_affinity_evictions_total`, func() float64 {
-		if t := s.aff.Load(); t != nil {
-			return float64(t.evictions.Load())
-		}
-		return 0
+		metrics.WriteCounterUint64(w, "infera_session_affinity_evictions_total", aff)
 	})
 	metrics.RegisterSet(set)
 	return m

@@ -114,6 +114,10 @@ func (s *Scheduler) prefix(c *compiled, now int64) *prefixIndex {
 	}
 	np := newPrefixIndex(bs, now)
 	if s.pidx.CompareAndSwap(p, np) {
+		if p != nil { // its evictions stay counted
+			s.pidxEvicted[0].Add(p.evictTTL.Load())
+			s.pidxEvicted[1].Add(p.evictMem.Load())
+		}
 		return np
 	}
 	return s.pidx.Load()

@@ -275,9 +275,12 @@ type Scheduler struct {
 	retired [8]*compiled
 	aff     atomic.Pointer[affinityTable]
 	pidx    atomic.Pointer[prefixIndex]
-	mi      atomic.Pointer[modelIndex]
-	sb      schedBreaker
-	m       *schedMetrics
+	// pidxEvicted are the TTL and memory evictions of the indexes
+	// replaced (a block size change).
+	pidxEvicted [2]atomic.Uint64
+	mi          atomic.Pointer[modelIndex]
+	sb          schedBreaker
+	m           *schedMetrics
 }
 
 // NewScheduler returns a scheduler over f in auto mode.
