@@ -198,6 +198,9 @@ type accessEntry struct {
 	// Anthropic's error.type; empty otherwise.
 	code  [maxErrorCode]byte
 	ncode int
+	// retries counts the attempts that followed a failed one (mixed
+	// workers, or either PD leg).
+	retries int
 }
 
 // maxErrorCode bounds the error code the access log shows.
@@ -303,7 +306,7 @@ func (s *Server) logAccess(rs *reqState, end string) {
 		b = append(b, a.code[:a.ncode]...)
 		b = append(b, '"')
 	}
-	if n := len(rs.sreq.Tried); n > 0 {
+	if n := rs.acc.retries; n > 0 {
 		b = append(b, `,"retries":`...)
 		b = strconv.AppendInt(b, int64(n), 10)
 	}

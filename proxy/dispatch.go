@@ -113,6 +113,7 @@ func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		}
 		if attempt > 0 {
 			mRetries.Inc()
+			rs.acc.retries++
 		}
 		d := &rs.lease.Decision
 		if d.Reason == sched.ReasonAllBreakersOpen {

@@ -14,23 +14,24 @@ import (
 type failKind uint8
 
 const (
-	failNone         failKind = iota
-	failConnect               // could not connect to or write to the worker
-	failTimeout               // no answer from the worker before the deadline
-	failProtocol              // the worker answered with something that is not a usable HTTP response
-	failStatus                // the worker answered 5xx or 429 (retried before the first byte)
-	failLocalConns            // the router's own connection limit to the worker is reached
-	failBusy                  // the worker (or the router's per-worker cap) refused: at capacity
-	failNoResponder           // NATS: nobody serves the worker's subject
-	failBroker                // NATS: the broker connection is down or restarting
-	failEngine                // NATS: the worker sidecar could not reach its engine
-	failTooLarge              // the request does not fit the transport
-	failSpent                 // the request's own deadline passed before the worker was tried
-	failWallClock             // the request's wall-clock cap expired (NATS max duration, stream total)
-	failCanceled              // the client left
-	failBroken                // the response stream broke mid-way
-	failSlowReader            // NATS: the client read the stream too slowly; its buffered replies overflowed
-	failUpstreamAuth          // an external upstream refused the gateway's own credentials (401, 403, 407)
+	failNone           failKind = iota
+	failConnect                 // could not connect to or write to the worker
+	failTimeout                 // no answer from the worker before the deadline
+	failProtocol                // the worker answered with something that is not a usable HTTP response
+	failStatus                  // the worker answered 5xx or 429 (retried before the first byte)
+	failLocalConns              // the router's own connection limit to the worker is reached
+	failBusy                    // the worker (or the router's per-worker cap) refused: at capacity
+	failNoResponder             // NATS: nobody serves the worker's subject
+	failBroker                  // NATS: the broker connection is down or restarting
+	failEngine                  // NATS: the worker sidecar could not reach its engine
+	failTooLarge                // the request does not fit the transport
+	failSpent                   // the request's own deadline passed before the worker was tried
+	failWallClock               // the request's wall-clock cap expired (NATS max duration, stream total)
+	failCanceled                // the client left
+	failBroken                  // the response stream broke mid-way
+	failSlowReader              // NATS: the client read the stream too slowly; its buffered replies overflowed
+	failUpstreamAuth            // an external upstream refused the gateway's own credentials (401, 403, 407)
+	failAnswerTooLarge          // a PD prefill answer outgrew what the router holds (not the worker's fault)
 	numFailKinds
 )
 
@@ -63,6 +64,8 @@ var failClasses = [numFailKinds]failClass{
 	failBroken:       {sched.OutcomeFault, false, 502, typeServer, "upstream_error", "the worker's response stream broke"},
 	failSlowReader:   {sched.OutcomeNeutral, false, 499, typeInvalidRequest, "client_too_slow", "the stream was cut: the client read it more slowly than the engine wrote it"},
 	failUpstreamAuth: {sched.OutcomeFault, true, 502, typeServer, "upstream_auth_error", "the upstream refused the gateway's credentials"},
+	failAnswerTooLarge: {sched.OutcomeNeutral, false, 502, typeServer, "upstream_answer_too_large",
+		"the prefill answer exceeds the 8 MiB the router holds (what the request asked of it is too large)"},
 }
 
 // failure is a classified attempt failure. The message is safe to show a

@@ -64,11 +64,15 @@ type pdDispatch struct {
 	ps seatHold
 	pc call // the SGLang prefill leg's call (its goroutine's)
 
-	hdr, path    []byte   // the legs' header block and request target
-	pbody, dbody []byte   // the prefill and decode legs' bodies
-	kvp          []byte   // vLLM: the prefill's kv_transfer_params (raw JSON)
-	buf          []byte   // the prefill answer
-	rooms        []uint64 // SGLang: the attempt's bootstrap rooms, one per sequence (both legs')
+	hdr, path    []byte // the legs' header block and request target
+	pbody, dbody []byte // the prefill and decode legs' bodies
+	kvp          []byte // vLLM: the prefill's kv_transfer_params (raw JSON)
+	// firstPacket is when a stream's first packet is due, set as vLLM's
+	// prefill leg is sent (its wait is the first packet's): the decode
+	// leg that follows keeps it (zero: the decode leg's own).
+	firstPacket time.Time
+	buf         []byte   // the prefill answer
+	rooms       []uint64 // SGLang: the attempt's bootstrap rooms, one per sequence (both legs')
 
 	// Set by the SGLang prefill goroutine, read under mu.
 	mu        sync.Mutex
@@ -143,6 +147,10 @@ var (
 	}
 	mPDPrefillLate = metrics.NewCounter(`infera_pd_prefill_failures_after_commit_total`)
 	mPDPrefillTime = metrics.NewHistogram(`infera_pd_prefill_leg_seconds`)
+	// mPDNoKVParams counts vLLM prefill answers without kv_transfer_params
+	// (a prefill that stopped before its length cap): their decode leg
+	// went without them.
+	mPDNoKVParams = metrics.NewCounter(`infera_pd_prefill_without_kv_params_total`)
 )
 
 var (
@@ -195,6 +203,7 @@ type pdOutcome struct {
 	fleetDown  bool
 	fails      [3]int // by sched.Leg
 	retries    int
+	acc        *accessEntry // counts the retries for the access log
 }
 
 // finish reports the failures to the dispatch (which answers, or tries the
@@ -219,6 +228,7 @@ func (o *pdOutcome) failed(leg sched.Leg, f *failure) bool {
 	}
 	mPDRetries[leg].Inc()
 	mRetries.Inc()
+	o.acc.retries++
 	return true
 }
 
@@ -282,14 +292,25 @@ func prefillDeadline(cfg *config.Config, total time.Time) time.Time {
 func decodeCall(cfg *config.Config, rs *reqState, p *pdDispatch, total time.Time, idle time.Duration) *call {
 	c := &rs.call
 	c.lease, c.path, c.hdr, c.body, c.stream = &rs.lease, p.path, p.hdr, p.dbody, rs.sreq.Stream
-	c.total, c.idle, c.firstByte = total, idle, total
+	c.total, c.idle = total, idle
 	c.now = time.Now().UnixNano()
-	if t := &cfg.Timeouts; rs.sreq.Stream && t.StreamFirstPacketSeconds > 0 {
-		if fb := time.Now().Add(secs(t.StreamFirstPacketSeconds)); total.IsZero() || fb.Before(total) {
-			c.firstByte = fb
-		}
+	c.firstByte = firstPacketDeadline(cfg, rs, total, time.Now())
+	if !p.firstPacket.IsZero() { // right after the prefill leg; a retry of the decode leg alone restarts it
+		c.firstByte, p.firstPacket = p.firstPacket, time.Time{}
 	}
 	return c
+}
+
+// firstPacketDeadline is when a stream started at now must have sent its
+// first packet (timeouts.stream_first_packet_s), within total; total for
+// a non-streamed request.
+func firstPacketDeadline(cfg *config.Config, rs *reqState, total, now time.Time) time.Time {
+	if t := &cfg.Timeouts; rs.sreq.Stream && t.StreamFirstPacketSeconds > 0 {
+		if fb := now.Add(secs(t.StreamFirstPacketSeconds)); total.IsZero() || fb.Before(total) {
+			return fb
+		}
+	}
+	return total
 }
 
 // legModel is the model name a leg's body carries ("" keeps the client's):
@@ -323,7 +344,7 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	r := &rs.sreq
 	c := &rs.call
 	total, idle := c.total, c.idle
-	o := pdOutcome{allConnect: true, retries: s.flags.RequestMaxRetries}
+	o := pdOutcome{allConnect: true, retries: s.flags.RequestMaxRetries, acc: &rs.acc}
 	needPrefill := true
 	for {
 		if needPrefill {
@@ -453,6 +474,15 @@ func (s *Server) pullPrefill(cfg *config.Config, rs *reqState, p *pdDispatch, to
 	c.total, c.idle = total, 0
 	c.now = time.Now().UnixNano()
 	c.firstByte = prefillDeadline(cfg, total)
+	p.firstPacket = time.Time{}
+	if rs.sreq.Stream {
+		// The prefill's wait is the stream's first packet's: its deadline
+		// holds for the prefill leg and the decode leg after it.
+		p.firstPacket = firstPacketDeadline(cfg, rs, total, time.Now())
+		if !p.firstPacket.IsZero() && (c.firstByte.IsZero() || p.firstPacket.Before(c.firstByte)) {
+			c.firstByte = p.firstPacket
+		}
+	}
 	start := time.Now()
 	up, f := s.tr.roundTrip(c)
 	if f != nil {
@@ -464,14 +494,16 @@ func (s *Server) pullPrefill(cfg *config.Config, rs *reqState, p *pdDispatch, to
 	body, rerr := readAnswer(up, &p.buf, func() { p.pl.FirstToken() })
 	if rerr != nil {
 		if rerr == errPDAnswer {
-			f = fail(failProtocol, rerr)
+			f = fail(failAnswerTooLarge, rerr)
 		} else {
 			f = prefillReadFailure(up, rerr)
 		}
 		c.cancel.unset() // first: an abort must not reach the recycled connection's next user
 		up.finish(false)
 		p.pl.Done(f.outcome())
-		s.countFailure(p.pl.Worker, f)
+		if f.kind != failAnswerTooLarge {
+			s.countFailure(p.pl.Worker, f)
+		}
 		return f
 	}
 	if !c.cancel.unset() {
@@ -497,12 +529,20 @@ func (s *Server) pullPrefill(cfg *config.Config, rs *reqState, p *pdDispatch, to
 		}
 		return f
 	}
-	kvp, ok := kvTransferParams(body)
-	if status != fasthttp.StatusOK || !ok {
+	kvp, ok, valid := kvTransferParams(body)
+	if status != fasthttp.StatusOK || !valid {
 		f = fail(failProtocol, errNoKVParams)
 		p.pl.Done(f.outcome())
 		s.countFailure(p.pl.Worker, f)
 		return f
+	}
+	if !ok {
+		// A prefill that ended before its length cap (its first token
+		// was a stop: vLLM's connector then hands no KV over) answers
+		// without params; the decode leg goes without them, as vLLM's
+		// own proxy sends it, and computes the prompt itself.
+		kvp = nil
+		mPDNoKVParams.Inc()
 	}
 	p.kvp = append(p.kvp[:0], kvp...)
 	p.pl.Verdict(sched.OutcomeSuccess) // the prefill worker did its part; the lease ends at the transfer
@@ -555,13 +595,17 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	r := &rs.sreq
 	c := &rs.call
 	total, idle := c.total, c.idle
-	o := pdOutcome{allConnect: true, retries: s.flags.RequestMaxRetries}
+	o := pdOutcome{allConnect: true, retries: s.flags.RequestMaxRetries, acc: &rs.acc}
 	batch, berr := sglangBatch(rs)
 	if berr != nil {
 		s.live.remove(rs)
 		mBadRequests.Inc()
 		countStatus(fasthttp.StatusBadRequest)
-		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, berr.Error(), "n", "")
+		param := "n" // chat: the choices asked for
+		if rs.acc.kind == kindCompletion {
+			param = "prompt" // a list of prompts (n multiplies it)
+		}
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, berr.Error(), param, "")
 		res.committed = true
 		return
 	}
@@ -992,8 +1036,11 @@ func topMember(body []byte, name string) (vs, ve int, ok bool) {
 }
 
 var (
+	// prompt_logprobs: the decode leg's answer is the client's, so the
+	// prefill's would be computed and dropped (and a long prompt's make
+	// its answer megabytes).
 	pullPrefillDrop = []string{"kv_transfer_params", "stream", "stream_options", "max_tokens",
-		"max_completion_tokens", "min_tokens", "min_completion_tokens"}
+		"max_completion_tokens", "min_tokens", "min_completion_tokens", "prompt_logprobs"}
 	pullDecodeDrop = []string{"kv_transfer_params"}
 	pushDrop       = []string{"bootstrap_host", "bootstrap_port", "bootstrap_room"}
 )
@@ -1013,9 +1060,16 @@ func appendPullPrefillBody(dst, body []byte, model string) []byte {
 }
 
 // appendPullDecodeBody is vLLM's decode leg: the client's body with the
-// prefill's kv_transfer_params.
+// prefill's kv_transfer_params (none when the prefill gave none: the
+// decode engine computes the prompt itself).
 func appendPullDecodeBody(dst, body []byte, model string, kvp []byte) []byte {
 	out, _ := bodyEdit(dst, body, model, pullDecodeDrop, "")
+	if len(kvp) == 0 {
+		if out[len(out)-1] == ',' {
+			out = out[:len(out)-1]
+		}
+		return append(out, '}')
+	}
 	out = append(out, `"kv_transfer_params":`...)
 	out = append(out, kvp...)
 	return append(out, '}')
@@ -1115,17 +1169,25 @@ func sglangBatch(rs *reqState) (int, error) {
 
 // kvTransferParams returns the top-level kv_transfer_params object of a
 // vLLM prefill answer (the last one, as a JSON decoder keeps), when it has
-// do_remote_prefill true.
-func kvTransferParams(body []byte) ([]byte, bool) {
+// do_remote_prefill true (ok). valid is false when the answer is no JSON
+// object, or its params are neither such an object nor null or absent
+// (what vLLM answers for a prefill that stopped before its length cap).
+func kvTransferParams(body []byte) (kv []byte, ok, valid bool) {
 	i := skipSpace(body, 0)
-	if end, err := skipValue(body, i, 0); err != nil || skipSpace(body, end) != len(body) {
-		return nil, false
+	if end, err := skipValue(body, i, 0); err != nil || skipSpace(body, end) != len(body) || i >= len(body) || body[i] != '{' {
+		return nil, false, false
 	}
-	vs, ve, ok := topMember(body, "kv_transfer_params")
-	if !ok || body[vs] != '{' {
-		return nil, false
+	vs, ve, found := topMember(body, "kv_transfer_params")
+	if !found || string(body[vs:ve]) == "null" {
+		return nil, false, true
 	}
-	kv := body[vs:ve]
-	rs, re, ok := topMember(kv, "do_remote_prefill")
-	return kv, ok && string(kv[rs:re]) == "true"
+	if body[vs] != '{' {
+		return nil, false, false
+	}
+	kv = body[vs:ve]
+	rs, re, found := topMember(kv, "do_remote_prefill")
+	if found && string(kv[rs:re]) == "true" {
+		return kv, true, true
+	}
+	return nil, false, false
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -135,4 +136,31 @@ func TestPDLegsOverNATSKnowWhenTheRequestNeverReachedTheEngine(t *testing.T) {
 	if f := tr.failure(errors.New("x"), false, false); neverReached(f) {
 		t.Error("an unclassified error counts as never reached")
 	}
+}
+
+// vLLM: a stream's first packet is due stream_first_packet_s after the
+// prefill leg is sent, as a mixed worker's (the prefill's wait is the
+// first packet's): it waited pd.prefill_timeout_s, then the first packet's
+// time again for the decode leg.
+func TestPDVLLMStreamFirstPacketCoversThePrefillLeg(t *testing.T) {
+	var pl, dl legLog
+	var ok atomic.Int32
+	prefill := vllmPrefill(&pl, "e", &ok)
+	p := startUpstream(t, func(ctx *fasthttp.RequestCtx) { time.Sleep(1500 * time.Millisecond); prefill(ctx) })
+	d := startUpstream(t, decodeEngine(&dl, "kv_transfer_params", &ok))
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) {
+		c.PD.Mode = "vllm"
+		c.Timeouts.StreamFirstPacketSeconds = 0.4
+	}), pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+	start := time.Now()
+	code, b := postWithin(t, r.url+"/v1/chat/completions", streamBody, 10*time.Second)
+	if el := time.Since(start); code != 504 || el > 1200*time.Millisecond {
+		t.Fatalf("%d after %v: %s; want 504 at about 0.4 s", code, el, b)
+	}
+	if dl.n() != 0 {
+		t.Fatal("the decode leg was sent")
+	}
+	noLoadLeft(t, r.fl)
 }

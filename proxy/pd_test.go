@@ -294,7 +294,11 @@ func TestPDPullFailoverPerLeg(t *testing.T) {
 }
 
 // A prefill engine refusing the request (4xx) is the client's answer; a
-// prefill worker answering without kv_transfer_params is a protocol fault.
+// prefill answer whose kv_transfer_params are no object with
+// do_remote_prefill true is a protocol fault, but one without them (vLLM's
+// answer for a prefill whose first token was a stop: its connector hands
+// no KV over) sends the decode leg without them, as vLLM's own proxy
+// does (it was a 502 that opened healthy prefill workers' breakers).
 func TestPDPullRelaysPrefillRefusals(t *testing.T) {
 	var pl, dl legLog
 	var st, ok atomic.Int32
@@ -306,14 +310,40 @@ func TestPDPullRelaysPrefillRefusals(t *testing.T) {
 	if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 400 || !strings.Contains(b, "scripted") || dl.n() != 0 {
 		t.Fatalf("prefill 400: %d %s, decode legs %d", code, b, dl.n())
 	}
-	plain := startUpstream(t, okHandler) // a prefill worker that is not a vLLM prefill engine
+	bad := startUpstream(t, func(ctx *fasthttp.RequestCtx) { // params that are no such object
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"choices":[],"kv_transfer_params":{"do_remote_prefill":false}}`)
+	})
 	r2 := startPDRouter(t, nil, pdConfig(t, func(c *config.Config) { c.PD.Mode = "vllm" }),
-		pdWorker("p", plain.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+		pdWorker("p", bad.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
 	code, b := post(t, r2.url+"/v1/chat/completions", chatBody)
 	if code != 502 || !strings.Contains(b, "upstream_protocol_error") || dl.n() != 0 {
-		t.Fatalf("no kv_transfer_params: %d %s", code, b)
+		t.Fatalf("invalid kv_transfer_params: %d %s", code, b)
 	}
 	noLoadLeft(t, r2.fl)
+
+	stopped := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"cmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"stop"}],"kv_transfer_params":null}`)
+	})
+	var dl3 legLog
+	d3 := startUpstream(t, decodeEngine(&dl3, "messages", &ok))
+	r3 := startPDRouter(t, nil, pdConfig(t, func(c *config.Config) { c.PD.Mode = "vllm" }),
+		pdWorker("p", stopped.url, "prefill", ""), pdWorker("d", d3.url, "decode", ""))
+	before := mPDNoKVParams.Get()
+	for range 4 { // more than the breaker's threshold (3)
+		code, b = post(t, r3.url+"/v1/chat/completions", chatBody)
+		if code != 200 {
+			t.Fatalf("a prefill that stopped at its first token: %d %s", code, b)
+		}
+		if _, has := dl3.last(t)["kv_transfer_params"]; has {
+			t.Fatalf("the decode leg got kv_transfer_params: %v", dl3.last(t))
+		}
+	}
+	if dl3.n() != 4 || mPDNoKVParams.Get()-before != 4 || r3.fl.View().ByID([]byte("p")).Breaker.State() != fleet.BreakerClosed {
+		t.Fatalf("decode legs %d, counted %d, prefill breaker %d", dl3.n(), mPDNoKVParams.Get()-before, r3.fl.View().ByID([]byte("p")).Breaker.State())
+	}
+	noLoadLeft(t, r3.fl)
 }
 
 // sglangRooms scripts SGLang prefill and decode engines sharing a KV
@@ -666,21 +696,27 @@ func TestPDBodyEdits(t *testing.T) {
 	f(string(appendPullDecodeBody(nil, []byte(`{"a":1,"kv_transfer_params":null,"b":[1]}`), "", []byte(`{"do_remote_prefill":true}`))),
 		`{"a":1,"b":[1],"kv_transfer_params":{"do_remote_prefill":true}}`)
 
-	kv := func(body, want string, ok bool) {
+	f(string(appendPullDecodeBody(nil, []byte(`{"a":1,"kv_transfer_params":{"x":1}}`), "", nil)), `{"a":1}`)
+	f(string(appendPullDecodeBody(nil, []byte(`{"kv_transfer_params":1}`), "", nil)), `{}`)
+
+	kv := func(body, want string, ok, valid bool) {
 		t.Helper()
-		got, gotOK := kvTransferParams([]byte(body))
-		if gotOK != ok || (ok && string(got) != want) {
-			t.Fatalf("kvTransferParams(%s) = %s %v", body, got, gotOK)
+		got, gotOK, gotValid := kvTransferParams([]byte(body))
+		if gotOK != ok || gotValid != valid || (ok && string(got) != want) {
+			t.Fatalf("kvTransferParams(%s) = %s %v %v", body, got, gotOK, gotValid)
 		}
 	}
-	kv(`{"kv_transfer_params":{"do_remote_prefill":true,"x":[1]}}`, `{"do_remote_prefill":true,"x":[1]}`, true)
-	kv(`{"kv_transfer_params":{"do_remote_prefill":true},"kv_transfer_params":{"do_remote_prefill":false}}`, "", false)
-	kv(`{"kv_transfer_params":{"do_remote_prefill":"true"}}`, "", false)
-	kv(`{"kv_transfer_params":null}`, "", false)
-	kv(`{"kv_transfer_params":{"do_remote_prefill":true}`, "", false) // truncated
-	kv(`{"kv_transfer_params":{"do_remote_prefill":true}} x`, "", false)
-	kv(`[1]`, "", false)
-	kv(``, "", false)
+	kv(`{"kv_transfer_params":{"do_remote_prefill":true,"x":[1]}}`, `{"do_remote_prefill":true,"x":[1]}`, true, true)
+	kv(`{"kv_transfer_params":{"do_remote_prefill":true},"kv_transfer_params":{"do_remote_prefill":false}}`, "", false, false)
+	kv(`{"kv_transfer_params":{"do_remote_prefill":"true"}}`, "", false, false)
+	kv(`{"kv_transfer_params":"x"}`, "", false, false)
+	// vLLM's answer for a prefill that stopped before its length cap.
+	kv(`{"choices":[{"finish_reason":"stop"}],"kv_transfer_params":null}`, "", false, true)
+	kv(`{"choices":[]}`, "", false, true)
+	kv(`{"kv_transfer_params":{"do_remote_prefill":true}`, "", false, false) // truncated
+	kv(`{"kv_transfer_params":{"do_remote_prefill":true}} x`, "", false, false)
+	kv(`[1]`, "", false, false)
+	kv(``, "", false, false)
 }
 
 // FuzzPDBodies: whatever valid JSON object the client sent, every leg body
@@ -696,7 +732,7 @@ func FuzzPDBodies(f *testing.F) {
 		// As a prefill answer: params found only in a valid object, and they
 		// are what a JSON decoder sees.
 		// (Maps: exact keys, the last duplicate wins, as in Python.)
-		if kv, ok := kvTransferParams([]byte(body)); ok {
+		if kv, ok, _ := kvTransferParams([]byte(body)); ok {
 			var ans, params map[string]json.RawMessage
 			if json.Unmarshal([]byte(body), &ans) != nil || json.Unmarshal(kv, &params) != nil ||
 				string(params["do_remote_prefill"]) != "true" || string(ans["kv_transfer_params"]) != string(kv) {

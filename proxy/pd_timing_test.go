@@ -36,7 +36,7 @@ func BenchmarkPDBodies(b *testing.B) {
 	b.Run("kv_transfer_params", func(b *testing.B) {
 		b.ReportAllocs()
 		for i := 0; i < b.N; i++ {
-			if _, ok := kvTransferParams(answer); !ok {
+			if _, ok, _ := kvTransferParams(answer); !ok {
 				b.Fatal("no params")
 			}
 		}
