@@ -538,9 +538,9 @@ func (s *Store) reload(asked bool) (bool, error) {
 		slog.Error("config reload rejected; keeping previous config", "path", s.path, "err", err)
 		return false, err
 	}
-	if bytes.Equal(data, s.lastData) {
+	if bytes.Equal(data, s.lastData) && !(asked && hasSecretRefs(data)) {
 		s.mu.Unlock()
-		return false, nil // unchanged
+		return false, nil // unchanged (a reload asked for resolves env: and file: references again: a rotated key)
 	}
 	if s.badData != nil && bytes.Equal(data, s.badData) {
 		err := s.badErr
@@ -719,4 +719,10 @@ func (c *Config) validateStartup() error {
 		return fieldErr("llm_gateway.persist_snapshot_dir", "%q is in no storage[].mount_path", dir)
 	}
 	return nil
+}
+
+// hasSecretRefs reports whether a config file may hold env: or file:
+// secret references (a string starting with either).
+func hasSecretRefs(data []byte) bool {
+	return bytes.Contains(data, []byte(`"env:`)) || bytes.Contains(data, []byte(`"file:`))
 }

@@ -297,3 +297,32 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// A reload asked for (SIGHUP) resolves env: and file: references again
+// though the file's bytes did not change: rotating a key is "change the
+// file the reference names, then reload" (the old key was kept until an
+// unrelated edit of the config file).
+func TestAReloadAskedForReadsARotatedSecretFile(t *testing.T) {
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key")
+	os.WriteFile(keyFile, []byte("sk-ONE\n"), 0o600)
+	path := filepath.Join(dir, "c.json")
+	os.WriteFile(path, []byte(`{"mirror":{"enabled":true,"target_address":"http://127.0.0.1:9","auth_token":"file:`+keyFile+`"}}`), 0o644)
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Load().Mirror.AuthToken.Reveal(); got != "sk-ONE" {
+		t.Fatalf("token %q", got)
+	}
+	os.WriteFile(keyFile, []byte("sk-TWO\n"), 0o600)
+	if changed, err := s.Reload(); changed || err != nil { // the poll: the file is the same
+		t.Fatalf("poll reload: %v %v", changed, err)
+	}
+	if changed, err := s.ReloadAsked(); !changed || err != nil {
+		t.Fatalf("asked reload: %v %v", changed, err)
+	}
+	if got := s.Load().Mirror.AuthToken.Reveal(); got != "sk-TWO" {
+		t.Fatalf("token after SIGHUP %q, want the rotated one", got)
+	}
+}

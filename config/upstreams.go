@@ -683,8 +683,11 @@ func (s *Secret) UnmarshalJSON(b []byte) error {
 	}
 	*s = Secret{}
 	switch {
-	case v == RedactedSecret:
-		s.err = "is the redacted placeholder \"***\" of a secret: give the key itself, env:NAME or file:PATH"
+	case strings.HasPrefix(v, RedactedSecret):
+		// The bare placeholder, or the fingerprinted form the admin API
+		// and the audit log show (***1a2b3c4d): a pasted dump must never
+		// become the key sent upstream.
+		s.err = "is a redacted form (\"***\", \"***<fingerprint>\") of a secret: give the key itself, env:NAME or file:PATH"
 	case strings.HasPrefix(v, "env:"):
 		name := v[len("env:"):]
 		s.ref = v

@@ -196,8 +196,13 @@ func TestSecretIsNeverRendered(t *testing.T) {
 		t.Fatalf("JSON does not show the redacted form: %s", js)
 	}
 	// A redacted dump parsed back is refused instead of sending "***".
-	if _, err := parseUpstreams(string(js)); err == nil || !strings.Contains(err.Error(), "redacted placeholder") {
+	if _, err := parseUpstreams(string(js)); err == nil || !strings.Contains(err.Error(), "redacted form") {
 		t.Fatalf("redacted dump parsed back: %v", err)
+	}
+	// So is the fingerprinted form the admin API and the audit log show
+	// (it was sent upstream as the bearer token).
+	if _, err := parseUpstreams(`{"mirror":{"enabled":true,"target_address":"http://127.0.0.1:9","auth_token":"***e3af85a8"}}`); err == nil || !strings.Contains(err.Error(), "redacted form") {
+		t.Fatalf("a fingerprinted redacted key: %v", err)
 	}
 	// A bad key is refused without being echoed.
 	_, err = parseUpstreams(`{"mirror":{"auth_token":"sk-TOPSECRET\u0000"}}`)
