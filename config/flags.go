@@ -123,6 +123,9 @@ func (s *Serve) Validate() error {
 	if s.RequestMaxRetries < 0 {
 		return fmt.Errorf("--request-max-retries must be >= 0")
 	}
+	if s.NatsReqMaxPending < 0 || s.NatsReqIdleTimeout < 0 || s.NatsReqMaxDuration < 0 {
+		return fmt.Errorf("--nats-req-max-pending, --nats-req-idle-timeout and --nats-req-max-duration must be >= 0 (0: off)")
+	}
 	if s.BreakerFailureThreshold < 0 || s.BreakerCooldownS < 0 || s.BreakerMaxCooldownS < s.BreakerCooldownS {
 		return fmt.Errorf("breaker: threshold >= 0 and 0 <= cooldown <= max cooldown")
 	}

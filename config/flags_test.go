@@ -1,6 +1,10 @@
 package config
 
-import "testing"
+import (
+	"strings"
+	"testing"
+	"time"
+)
 
 // --cors-allow-origins takes serialized origins (scheme://host[:port]) or
 // *; a path, a query, credentials or another scheme is refused at start.
@@ -39,5 +43,27 @@ func TestServeFlagsRefuseABadKVBlockSize(t *testing.T) {
 		if err := f.Validate(); err == nil {
 			t.Errorf("--kv-block-size %d accepted", n)
 		}
+	}
+}
+
+// The NATS request controls refuse negative values at start, as the
+// worker's flags and --request-max-retries do (-1 was accepted).
+func TestServeFlagsRefuseNegativeNATSRequestControls(t *testing.T) {
+	base := func() *Serve {
+		return &Serve{Port: 8000, MaxBodyBytes: 1, BreakerCooldownS: 1, BreakerMaxCooldownS: 2, ConfigPoll: 1, MaxInflightBodyBytes: 1, KVBlockSize: 16}
+	}
+	for _, f := range []func(s *Serve){
+		func(s *Serve) { s.NatsReqMaxPending = -1 },
+		func(s *Serve) { s.NatsReqIdleTimeout = -time.Second },
+		func(s *Serve) { s.NatsReqMaxDuration = -time.Second },
+	} {
+		s := base()
+		f(s)
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "--nats-req") {
+			t.Errorf("accepted: %v", err)
+		}
+	}
+	if err := base().Validate(); err != nil {
+		t.Fatal(err)
 	}
 }

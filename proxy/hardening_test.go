@@ -365,7 +365,7 @@ func TestSecretsNeverLoggedOrEchoed(t *testing.T) {
 }
 
 // 5. Hop-by-hop headers (RFC 9110 7.6.1) and the headers the client's
-// Connection header names never reach the engine; the same holds for the
+// Connection header names (in any of its lines) never reach the engine; the same holds for the
 // engine's response; the engine's Host is always its own.
 func TestHopByHopHeadersStrippedBothWays(t *testing.T) {
 	var got atomic.Pointer[string]
@@ -375,7 +375,9 @@ func TestHopByHopHeadersStrippedBothWays(t *testing.T) {
 		c.Write([]byte("HTTP/1.1 200 OK\r\nConnection: X-Engine-Private\r\nX-Engine-Private: 1\r\nKeep-Alive: timeout=5\r\nProxy-Authenticate: Basic\r\nTrailer: X-T\r\nX-Kept: yes\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body))
 	})
 	r := startRouter(t, nil, nil, up.url)
+	// Two Connection lines are one list (RFC 9110 5.3): the second's names go too.
 	req := "POST /v1/chat/completions HTTP/1.1\r\nHost: client.example\r\nConnection: keep-alive, X-Client-Private\r\nX-Client-Private: 1\r\n" +
+		"X-Client-Second: 2\r\nConnection: X-Client-Second\r\n" +
 		"Keep-Alive: 300\r\nUpgrade: websocket\r\nTE: trailers\r\nTrailer: X-T\r\nProxy-Authorization: Basic Zm9vOmJhcg==\r\nProxy-Connection: keep-alive\r\n" +
 		"X-Worker-Instance-Id: w9\r\nX-Forwarded-Keep: yes\r\nContent-Length: " + strconv.Itoa(len(chatBody)) + "\r\n\r\n" + chatBody
 	resp := rawClient(t, r.url, req, 2*time.Second)
@@ -384,7 +386,7 @@ func TestHopByHopHeadersStrippedBothWays(t *testing.T) {
 		t.Fatalf("engine never got the request; client saw %q", resp)
 	}
 	head, _, _ := strings.Cut(*seen, "\r\n\r\n")
-	for _, h := range []string{"x-client-private", "keep-alive:", "upgrade", "te:", "trailer", "proxy-authorization", "proxy-connection", "x-worker-instance-id", "client.example"} {
+	for _, h := range []string{"x-client-private", "x-client-second", "keep-alive:", "upgrade", "te:", "trailer", "proxy-authorization", "proxy-connection", "x-worker-instance-id", "client.example"} {
 		if strings.Contains(strings.ToLower(head), h) {
 			t.Fatalf("engine received %q:\n%s", h, head)
 		}

@@ -107,7 +107,9 @@ func eqFold(b []byte, s string) bool {
 // the router wrote itself (a converted protocol: jsonBody) goes as JSON,
 // whatever type the client's had.
 func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, stripAuth, jsonBody bool) []byte {
-	conn := h.Peek("Connection")
+	// Every Connection line: RFC 9110 reads them as one list (Peek gave the
+	// first only, and a header the second named reached the engine).
+	conns := h.PeekAll("Connection")
 	if jsonBody {
 		dst = append(dst, "Content-Type: application/json\r\n"...)
 	}
@@ -120,7 +122,7 @@ func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, stripAuth, json
 			continue
 		case stripAuth && isSecretHeader(k):
 			continue
-		case len(conn) > 0 && namedIn(conn, k):
+		case namedInAny(conns, k):
 			continue
 		}
 		if !validHeaderValue(v) || !validHeaderName(k) {
@@ -132,6 +134,16 @@ func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, stripAuth, json
 		dst = append(dst, "\r\n"...)
 	}
 	return dst
+}
+
+// namedInAny reports whether k is named in one of the values vs.
+func namedInAny(vs [][]byte, k []byte) bool {
+	for _, v := range vs {
+		if namedIn(v, k) {
+			return true
+		}
+	}
+	return false
 }
 
 // namedIn reports whether k is one of the comma-separated tokens of v.
