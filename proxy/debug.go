@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/govern"
 	"github.com/infera/infera/sched"
 	"github.com/infera/infera/tokenizer"
 	"github.com/valyala/fasthttp"
@@ -44,8 +45,19 @@ func writeNoTokenizer(ctx *fasthttp.RequestCtx) {
 	writeError(ctx, fasthttp.StatusNotImplemented, typeInvalidRequest, "the router has no tokenizer (use --router-policy kv-aware)", "", "")
 }
 
+// hiddenModel answers 404 model_not_found, as /v1/models/{model} does,
+// when u may not call the body's model (users[].models): the debugging
+// endpoints do not tell a restricted user which other models exist.
+func hiddenModel(ctx *fasthttp.RequestCtx, u *govern.User, model []byte) bool {
+	if len(model) == 0 || u.AllowsModel(string(model)) {
+		return false
+	}
+	writeError(ctx, fasthttp.StatusNotFound, typeNotFound, unknownModel(model), "model", "model_not_found")
+	return true
+}
+
 // handleTokenize answers {"tokens":[...],"count":N,"max_model_len":0}.
-func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
+func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx, u *govern.User) {
 	rs := s.debugBody(ctx)
 	if rs == nil {
 		return
@@ -59,6 +71,9 @@ func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx) {
 	kind := kindOf(rs, body)
 	if err := rs.parsed.parse(body, kind); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "", "")
+		return
+	}
+	if hiddenModel(ctx, u, rs.parsed.model) {
 		return
 	}
 	if err := s.tokenize(rs, body, kind); err != nil {
@@ -159,7 +174,7 @@ type RouteExplainer func(cands []*fleet.Worker, r *sched.Request) any
 // handleDebugRoute parses a normal request body and returns, without
 // sending it, its block hashes, each candidate's overlap, load terms and
 // cost, and the choice.
-func (s *Server) handleDebugRoute(ctx *fasthttp.RequestCtx) {
+func (s *Server) handleDebugRoute(ctx *fasthttp.RequestCtx, u *govern.User) {
 	rs := s.debugBody(ctx)
 	if rs == nil {
 		return
@@ -169,6 +184,9 @@ func (s *Server) handleDebugRoute(ctx *fasthttp.RequestCtx) {
 	kind := kindOf(rs, body)
 	if err := rs.parsed.parse(body, kind); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "", "")
+		return
+	}
+	if hiddenModel(ctx, u, rs.parsed.model) {
 		return
 	}
 	r := &rs.sreq

@@ -100,6 +100,18 @@ func TestUsersCallOnlyTheirModels(t *testing.T) {
 		t.Fatal("models.retrieve does not follow the user's models")
 	}
 
+	// /debug/route and /tokenize do not tell ann that llama-3-70b exists
+	// (/debug/route listed its workers): 404 as models.retrieve.
+	for _, path := range []string{"/debug/route"} { // (/tokenize the same, with a tokenizer)
+		want(t, postPath(t, r.url, path, ka, chat("llama-3-70b")), 404, "model_not_found")
+		if got := postPath(t, r.url, path, kb, chat("llama-3-70b")); got.status == 404 {
+			t.Fatalf("%s for a user without a list: %d %s", path, got.status, got.body)
+		}
+	}
+	if got := postPath(t, r.url, "/debug/route", ka, chat("m")); got.status != 200 || !strings.Contains(got.body, `"candidates":["w0"]`) {
+		t.Fatalf("/debug/route of an allowed model: %d %s", got.status, got.body)
+	}
+
 	want(t, apiCall(t, r.url, kb, chat("llama-3-70b")), 200, "")
 	want(t, apiCall(t, r.url, "global-secret", chat("llama-3-70b")), 200, "")
 	if n := metricFloat(t, r.url, "infera_model_not_allowed_total"); n < 5 {

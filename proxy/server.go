@@ -390,8 +390,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		metrics.WritePrometheus(ctx, true) // with # TYPE lines (init)
 		return
 	case "/tokenize":
-		if s.authorized(ctx) {
-			s.handleTokenize(ctx)
+		if u, ok := s.authenticate(ctx); ok {
+			s.handleTokenize(ctx, u)
 		}
 		return
 	case "/detokenize":
@@ -400,8 +400,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		return
 	case "/debug/route":
-		if s.authorized(ctx) {
-			s.handleDebugRoute(ctx)
+		if u, ok := s.authenticate(ctx); ok {
+			s.handleDebugRoute(ctx, u)
 		}
 		return
 	case upstreams.CapacityPath:
