@@ -80,6 +80,15 @@ func (e *Endpoint) AppendURL(dst, path []byte) []byte {
 	return e.AppendPath(dst, path)
 }
 
+// RootURL returns the absolute URL of a path under the gateway's root,
+// not its OpenAI API (the capacity endpoint): a prefix ending in /v1, an
+// OpenAI-style base URL, is taken without that segment.
+func (e *Endpoint) RootURL(path string) string {
+	r := *e
+	r.Prefix = strings.TrimSuffix(r.Prefix, "/v1")
+	return r.URL(path)
+}
+
 // URL returns the absolute URL of a request path.
 func (e *Endpoint) URL(path string) string {
 	return string(e.AppendURL(nil, []byte(path)))

@@ -26,6 +26,24 @@ func TestEndpointJoinsPathsWithoutDoublingV1(t *testing.T) {
 	f("http://x.example.com/v1", "/v1", "http://x.example.com/v1", "x.example.com:80")
 	f("http://[::1]:9/p", CapacityPath, "http://[::1]:9/p/infera/v1/capacity", "[::1]:9")
 	f("http://h", "x", "http://h/x", "h:80")
+	// A member given as an OpenAI-style base URL has its capacity endpoint
+	// at the gateway's root (it polled /v1/infera/v1/capacity: 404, and the
+	// member was never used).
+	for base, want := range map[string]string{
+		"http://127.0.0.1:8000/v1":      "http://127.0.0.1:8000/infera/v1/capacity",
+		"http://127.0.0.1:8000/v1/":     "http://127.0.0.1:8000/infera/v1/capacity",
+		"http://127.0.0.1:8000":         "http://127.0.0.1:8000/infera/v1/capacity",
+		"https://gw.example.com/eu/v1":  "https://gw.example.com/eu/infera/v1/capacity",
+		"https://gw.example.com/eu/v10": "https://gw.example.com/eu/v10/infera/v1/capacity",
+	} {
+		e, err := ParseEndpoint(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := e.RootURL(CapacityPath); got != want {
+			t.Fatalf("RootURL of %q: %q, want %q", base, got, want)
+		}
+	}
 	for _, bad := range []string{"", "ftp://x", "http://", "http://u:p@x", "http://x?q=1", "http://x#f", "://x"} {
 		if _, err := ParseEndpoint(bad); err == nil {
 			t.Fatalf("ParseEndpoint(%q) accepted", bad)

@@ -235,7 +235,7 @@ func (p *Poller) poll(m *Member, g *config.GlobalScheduling) {
 func (p *Poller) fetch(m *Member, timeout time.Duration) (Capacity, error) {
 	ctx, cancel := context.WithTimeout(m.ctx, timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.ep.URL(CapacityPath), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.ep.RootURL(CapacityPath), nil)
 	if err != nil {
 		return Capacity{}, fmt.Errorf("cannot build capacity request: %w", err)
 	}
