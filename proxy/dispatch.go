@@ -319,7 +319,7 @@ func (rs *reqState) stashAnswer(up upResponse, status int, slot *abortSlot) {
 		n, err = up.read(b[len(b):min(cap(b), stashMax)])
 		b = b[:len(b)+n]
 	}
-	rs.errBody = b
+	rs.errBody = scrubKey(b, rs.ext.cur)
 	if err == io.EOF && len(b) > 0 {
 		rs.errStatus = status
 		rs.errType = append(rs.errType[:0], up.contentType()...)
@@ -371,6 +371,9 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	rs.gov.committed(status)
 	rs.scanUsage(rs.rbuf[:n])
 	first := rs.rbuf[:n]
+	if status >= 400 {
+		first = scrubKey(first, rs.ext.cur)
+	}
 	if rs.proto.transforms() { // converted or filtered answers (protocols.go)
 		var done bool
 		if first, eof, done = s.transformHead(ctx, rs, up, status, first, eof, outcome); done {
@@ -403,8 +406,8 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	}
 	rs.handedOff = true
 	size := up.contentLength()
-	if size > int64(^uint(0)>>1) || rl.st != nil {
-		size = -1
+	if size > int64(^uint(0)>>1) || rl.st != nil || len(first) != n {
+		size = -1 // (a scrubbed key changed the length)
 	}
 	resp.SetBodyStream(rl, int(size))
 	if rs.sreq.Stream {

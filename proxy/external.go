@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -36,6 +37,21 @@ const (
 
 // extUpstream is one external upstream. Immutable once published; a config
 // change to its address or key makes a new one.
+// scrubKey replaces u's own key, where an answer of u (an error: an
+// "incorrect API key" message) echoes it, with "***": the gateway's key at
+// an external upstream is never the client's to see. b is returned when
+// it holds no key (or u is nil, a local worker).
+func scrubKey(b []byte, u *extUpstream) []byte {
+	if u == nil {
+		return b
+	}
+	k := u.key.Reveal()
+	if len(k) < 4 || !bytes.Contains(b, []byte(k)) {
+		return b
+	}
+	return bytes.ReplaceAll(b, []byte(k), []byte(config.RedactedSecret))
+}
+
 type extUpstream struct {
 	kind  extKind
 	name  string // the entry's or member's name

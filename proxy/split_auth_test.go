@@ -83,3 +83,25 @@ func TestAMemberRefusingTheGatewaysKeyIsNotRelayed(t *testing.T) {
 		t.Fatalf("the member saw %d requests", member.hits.Load())
 	}
 }
+
+// An external upstream's other error answers (400, 429, 5xx: relayed as
+// the upstream sent them, directly or as the last failure) never carry the
+// gateway's key to the client, though an upstream echoes it.
+func TestAnExternalUpstreamsErrorAnswerNeverEchoesTheGatewaysKey(t *testing.T) {
+	for _, status := range []int{400, 429, 500} {
+		echo := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+			ctx.SetStatusCode(status)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"error":{"message":"bad request with ` + string(ctx.Request.Header.Peek("Authorization")) + `, again sk-echo-9876","type":"x"}}`)
+		})
+		cfg := splitConfig(config.SplitPrefix,
+			config.Proxy{Local: true},
+			config.Proxy{Name: "echo", Address: echo.url, APIKey: config.NewSecret("sk-echo-9876"), ModelRules: []string{"gpt"}},
+		)
+		r := startRouterWith(t, nil, cfg, nil, deadURL(t))
+		resp, b := postWith(t, r.url+"/v1/chat/completions", gptBody, nil)
+		if resp.StatusCode != status || strings.Contains(b, "sk-echo-9876") || !strings.Contains(b, "Bearer ***, again ***") {
+			t.Fatalf("%d: %d %s", status, resp.StatusCode, b)
+		}
+	}
+}
