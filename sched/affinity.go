@@ -236,7 +236,13 @@ func (s *Scheduler) affinityLookup(c *compiled, avail []*fleet.Worker, r *Reques
 	}
 	// avail holds only live, untried, breaker-available candidates for the
 	// model: a bound worker that left, is open, or does not serve the model
-	// is re-bound.
+	// is re-bound. One the gate passed over (its concurrency seats all
+	// taken: full for now) keeps the binding, as soft mode's overload does;
+	// this request goes elsewhere.
+	if !w.Removed() && !contains(avail, w) && contains(r.gated, w) {
+		s.m.affOverload.Inc()
+		return nil, ReasonAffinityOverload
+	}
 	if w.Removed() || !contains(avail, w) {
 		s.m.affRebind.Inc()
 		return nil, ReasonAffinityRebind

@@ -57,3 +57,26 @@ func TestGateIsClearedByReset(t *testing.T) {
 		t.Fatal("Reset kept the gate")
 	}
 }
+
+// A strong-affinity session whose bound worker is full (its concurrency
+// seats all taken) goes elsewhere for that request and stays bound: it was
+// re-bound to the worker that took the request, for good.
+func TestASessionsFullBoundWorkerKeepsTheBinding(t *testing.T) {
+	s, _ := newTestSched(t, workers(2, "m")...)
+	cfg := affCfg(t, func(sa *config.SessionAffinity) { sa.Mode = "strong" })
+	req := func(g Gate) *Request {
+		r := sess("s1")
+		r.Gate = g
+		return r
+	}
+	bound := pick(t, s, cfg, req(nil)).Worker
+	g := &fullGate{full: map[string]bool{bound.ID: true}}
+	if d := pick(t, s, cfg, req(g)); d.Worker == bound || d.Reason != ReasonAffinityOverload {
+		t.Fatalf("with its bound worker full: %s (%s)", d.Worker.ID, d.Reason)
+	}
+	for i := 0; i < 3; i++ {
+		if d := pick(t, s, cfg, req(nil)); d.Worker != bound || d.Reason != ReasonAffinityHit {
+			t.Fatalf("after its bound worker was full once: %s (%s), want %s", d.Worker.ID, d.Reason, bound.ID)
+		}
+	}
+}

@@ -63,6 +63,10 @@ type Request struct {
 	psnap []pslots
 	// pd is the request's PD routing (pd.go), set by Topology.
 	pd pdRoute
+	// gated holds Pick's candidates before the gate passed over the full
+	// ones (nil: no gate): a session's bound worker that is only full
+	// keeps its binding (affinityLookup).
+	gated []*fleet.Worker
 }
 
 // keepBlocks bounds the per-block buffers (prefix hashes and snapshots) a
@@ -387,7 +391,9 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 			open = append(open, w)
 		}
 	}
+	r.gated = nil
 	if r.Gate != nil && len(avail) > 0 {
+		r.gated = avail
 		avail = gate(r.Gate, avail)
 	}
 	var d Decision

@@ -37,7 +37,7 @@ const (
 	ReasonNoSession                // affinity on, request without session id
 	ReasonAffinityNew              // session not bound yet (bound now)
 	ReasonAffinityRebind           // bound worker left, is open or not a candidate
-	ReasonAffinityOverload         // soft mode: bound worker above avg x ratio
+	ReasonAffinityOverload         // soft mode: bound worker above avg x ratio; or its seats are full (kept bound)
 	ReasonPrefixMiss               // no indexed prefix
 	ReasonPrefixBelow              // match below the hit rate threshold
 	ReasonPrefixOverload           // every hit worker failed a load guard
