@@ -587,3 +587,36 @@ func TestLoadOnlyRequestNeitherMatchesNorRecordsThePrefixIndex(t *testing.T) {
 		t.Fatalf("load-only request matched the prefix index: %s", d.Layer)
 	}
 }
+
+// A retry after the first attempt's worker failed keeps the prefix layer:
+// another worker holding the prompt's prefix is a hit (the retry skipped
+// the layer, prefix-miss, and load balancing sent it to a cold worker).
+func TestARetryStillFindsAnotherWorkerHoldingThePrefix(t *testing.T) {
+	s, _ := newTestSched(t, workers(4, "m")...)
+	cfg := prefixCfg(t, nil)
+	base := prompt("system prompt. ", 1024)
+	v := s.Fleet.View()
+	// w001 and w002 hold the prefix.
+	for _, keep := range []int{1, 2} {
+		var tried []int
+		for i, w := range v.Routable {
+			if i != keep {
+				tried = append(tried, w.Idx)
+			}
+		}
+		if d := pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: base, Tried: tried}); d.Worker != v.Routable[keep] {
+			t.Fatalf("seeding: chose %s", d.Worker.ID)
+		}
+	}
+	r := &Request{Model: []byte("m"), Prompt: base}
+	first := pick(t, s, cfg, r)
+	if first.Layer != LayerPrefix || (first.Worker != v.Routable[1] && first.Worker != v.Routable[2]) {
+		t.Fatalf("first attempt: %s by %s", first.Worker.ID, first.Layer)
+	}
+	r.Tried = append(r.Tried, first.Worker.Idx) // it failed
+	retry := pick(t, s, cfg, r)
+	if retry.Layer != LayerPrefix || retry.Reason != ReasonPrefixHit || retry.Worker == first.Worker ||
+		(retry.Worker != v.Routable[1] && retry.Worker != v.Routable[2]) {
+		t.Fatalf("retry: %s by %s (%s), want the other worker holding the prefix", retry.Worker.ID, retry.Layer, retry.Reason)
+	}
+}

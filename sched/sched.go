@@ -58,6 +58,8 @@ type Request struct {
 	// is how many leading blocks were indexed then.
 	hashed bool
 	pdepth int
+	// pidx is the index the prompt was matched against.
+	pidx *prefixIndex
 	// psnap holds the workers of the pdepth matched blocks as the match saw
 	// them (prefix layer, record); its capacity is kept by Reset.
 	psnap []pslots
@@ -527,11 +529,22 @@ func (s *Scheduler) layers(cfg *config.Config, c *compiled, v *fleet.View, avail
 // is how many leading blocks some worker has seen; late is true when the
 // deadline passed while hashing.
 func (s *Scheduler) indexPrompt(c *compiled, r *Request, now, deadline int64) (p *prefixIndex, depth int, late bool) {
-	if r.hashed || len(r.Prompt) == 0 {
+	if r.hashed {
+		// A retry: the first attempt's match stands (its snapshot predates
+		// the record of the worker that failed, which is no candidate
+		// now), so the prefix layer still finds the other workers holding
+		// the prefix (it answered prefix-miss on every retry).
+		if p = s.pidx.Load(); p == nil || p != r.pidx {
+			return nil, 0, false
+		}
+		return p, r.pdepth, false
+	}
+	if len(r.Prompt) == 0 {
 		return nil, 0, false
 	}
 	r.hashed = true
 	p = s.prefix(c, now)
+	r.pidx = p
 	if p == nil || len(r.Prompt) < p.blockSize {
 		s.m.observeCeiling(0, len(r.Prompt))
 		return p, 0, false
