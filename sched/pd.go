@@ -227,18 +227,40 @@ func (s *Scheduler) Topology(cfg *config.Config, r *Request, scratch []*fleet.Wo
 	}
 	mode, ok := ParsePDMode(cfg.PD.Mode)
 	if !ok {
+		// From the prefill workers' records: the named one's, else the
+		// first (by id) that says; the prefill workers that say another
+		// mode, or none, are no candidates of this request (the first by id
+		// decided for every candidate, and one without a mode failed them
+		// all).
 		pw := namedPrefill
 		if pw == nil {
 			for _, w := range p.cands {
-				if w.Role == fleet.RolePrefill {
-					pw = w
-					break
+				if _, says := ParsePDMode(w.PD.Mode); w.Role == fleet.RolePrefill && (says || pw == nil) {
+					if pw = w; says {
+						break
+					}
 				}
 			}
 		}
 		if mode, ok = ParsePDMode(pw.PD.Mode); !ok {
 			s.pd.noMode.Inc()
 			return TopologyMixed, &PDModeError{Worker: pw.ID}
+		}
+		if namedPrefill == nil {
+			k := 0
+			p.np = 0
+			for _, w := range p.cands {
+				if w.Role == fleet.RolePrefill {
+					if m, _ := ParsePDMode(w.PD.Mode); m != mode {
+						continue
+					}
+					p.np++
+				}
+				p.cands[k] = w
+				k++
+			}
+			clear(p.cands[k:])
+			p.cands = p.cands[:k]
 		}
 	}
 	p.mode = mode

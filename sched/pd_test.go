@@ -153,6 +153,28 @@ func TestPDModeComesFromConfigOrThePrefillRecord(t *testing.T) {
 	f("", "x", PDModeUnknown)
 }
 
+// Without pd.mode, the mode is the first prefill worker's (by id) that
+// says one, and only prefill workers of that mode take the request: one
+// without a mode first by id failed every request (503 naming it) though
+// another could serve, and one of another mode got the first's protocol.
+func TestPDModeFromRecordsSkipsPrefillWorkersOfAnotherOrNoMode(t *testing.T) {
+	for _, c := range []struct {
+		p0, p1 string
+		want   PDMode
+		only   string
+	}{{"", "vllm", PDModeVLLM, "p1"}, {"sglang", "vllm", PDModeSGLang, "p0"}} {
+		s, _ := newTestSched(t, pdRec("p0", "prefill", c.p0, "m"), pdRec("p1", "prefill", c.p1, "m"), pdRec("d0", "decode", "", "m"))
+		cfg := cfgWith(t, nil)
+		for i := 0; i < 4; i++ {
+			r := &Request{Model: []byte("m")}
+			p, _ := pair(t, s, cfg, r)
+			if r.PDMode() != c.want || p.Worker.ID != c.only {
+				t.Fatalf("p0 %q, p1 %q: mode %s, prefill %s; want %s on %s", c.p0, c.p1, r.PDMode(), p.Worker.ID, c.want, c.only)
+			}
+		}
+	}
+}
+
 // The primary pipeline picks the prefill worker (here by prefix cache), the
 // decode policy the decode worker; the prompt is indexed for the prefill
 // worker only.
