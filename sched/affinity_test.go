@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -345,5 +346,32 @@ func TestAnOldConfigAfterManyReloadsNeverReshapesTheSessionTable(t *testing.T) {
 	}
 	if n := tab.count.Load(); n != 10 {
 		t.Fatalf("%d bindings after a pick with the old config, want 10", n)
+	}
+}
+
+// A reload that lowers max_entries evicts the oldest bindings beyond it
+// within a second, though no request with affinity comes (here affinity
+// is switched off in the same reload): the table kept them until the next
+// affinity decision, or for their TTL.
+func TestAReloadLoweringMaxEntriesEvictsWithoutARequest(t *testing.T) {
+	s, _ := newTestSched(t, workers(2, "m")...)
+	var cur atomic.Pointer[config.Config]
+	s.Latest = cur.Load
+	cur.Store(affCfg(t, func(sa *config.SessionAffinity) { sa.MaxEntries = 100 }))
+	tab := s.affinity(s.compiled(cur.Load()))
+	w := s.Fleet.View().Routable[0]
+	for i := range 10 {
+		tab.bind(uint64(i+1)*0x9E3779B97F4A7C15, w, int64(i+1))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.Run(ctx, cur.Load)
+	cur.Store(cfgWith(t, func(c *config.Config) { c.SessionAffinity.MaxEntries = 3 }))
+	deadline := time.Now().Add(3 * time.Second)
+	for tab.count.Load() != 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bindings 3 s after max_entries was lowered to 3", tab.count.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -19,7 +19,12 @@ func (s *Scheduler) Run(ctx context.Context, load func() *config.Config) {
 	last := time.Now()
 	t := time.NewTimer(0)
 	defer t.Stop()
+	var seen *config.Config
 	for {
+		if cfg := load(); cfg != seen {
+			seen = cfg
+			s.adopt(cfg)
+		}
 		d := time.Duration(load().PrefixIndex.MaintenanceIntervalSeconds * float64(time.Second))
 		if d <= 0 {
 			d = time.Minute
@@ -39,7 +44,18 @@ func (s *Scheduler) Run(ctx context.Context, load func() *config.Config) {
 	}
 }
 
-// configCheck is how often Run looks for a changed maintenance interval.
+// adopt applies a reloaded cfg's session table limit now, not at the next
+// request with affinity on: a lowered session_affinity.max_entries evicts
+// the oldest bindings beyond it within configCheck, whether affinity is
+// enabled or not.
+func (s *Scheduler) adopt(cfg *config.Config) {
+	if s.aff.Load() != nil {
+		s.affinity(s.compiled(cfg))
+	}
+}
+
+// configCheck is how often Run looks for a changed maintenance interval
+// (and a reloaded config: adopt).
 const configCheck = time.Second
 
 // Maintain runs one maintenance pass under cfg (Run calls it; tests call it
