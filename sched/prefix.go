@@ -389,6 +389,43 @@ func (p *prefixIndex) sweep(now int64, ttl float64) int {
 	return removed
 }
 
+// forget takes w off the blocks of hs that an attempt of the request
+// recorded it on (those snaps says it did not hold before): the attempt
+// failed, so w did not cache the prompt, and the prefix layer sent the
+// next requests with it to the worker that failed. A block left without
+// workers goes.
+func (p *prefixIndex) forget(hs []uint64, snaps []pslots, w *fleet.Worker) {
+	idx, ser := uint16(w.Idx), uint16(w.Serial)
+	for k, h := range hs {
+		if k < len(snaps) && snaps[k].has(idx, ser) {
+			continue
+		}
+		sh := p.blockShard(hs, k)
+		sh.mu.Lock()
+		if i, ok := sh.m[h]; ok {
+			if e := &sh.ents[i]; e.drop(idx, ser) && e.n == 0 {
+				sh.remove(i)
+				p.entries.Add(-1)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// drop takes a worker off the entry and reports whether it was there.
+// Lock must be held.
+func (e *pentry) drop(idx, ser uint16) bool {
+	for k := 0; k < int(e.n); k++ {
+		if e.idx[k] == idx && e.ser[k] == ser {
+			copy(e.idx[k:e.n], e.idx[k+1:e.n])
+			copy(e.ser[k:e.n], e.ser[k+1:e.n])
+			e.n--
+			return true
+		}
+	}
+	return false
+}
+
 func (e *pentry) has(idx, ser uint16) bool {
 	for k := 0; k < int(e.n); k++ {
 		if e.idx[k] == idx && e.ser[k] == ser {

@@ -620,3 +620,29 @@ func TestARetryStillFindsAnotherWorkerHoldingThePrefix(t *testing.T) {
 		t.Fatalf("retry: %s by %s (%s), want the other worker holding the prefix", retry.Worker.ID, retry.Layer, retry.Reason)
 	}
 }
+
+// A worker whose attempt failed is taken off the blocks the attempt
+// recorded it on, at the retry: it did not cache the prompt (the prefix
+// layer kept sending the prompt's next requests to the worker that failed).
+func TestAFailedAttemptsWorkerIsNotLeftHoldingThePrefix(t *testing.T) {
+	s, _ := newTestSched(t, workers(4, "m")...)
+	cfg := prefixCfg(t, nil)
+	base := prompt("system prompt. ", 1024)
+	v := s.Fleet.View()
+	w0, w1 := v.Routable[0], v.Routable[1]
+	if d := pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: base, Tried: []int{w0.Idx, v.Routable[2].Idx, v.Routable[3].Idx}}); d.Worker != w1 {
+		t.Fatalf("seeding: %s", d.Worker.ID)
+	}
+	r := &Request{Model: []byte("m"), Prompt: base, Tried: []int{w0.Idx, w1.Idx}}
+	failed := pick(t, s, cfg, r) // w002 or w003: records the prompt there
+	r.Tried = append(r.Tried, failed.Worker.Idx)
+	served := pick(t, s, cfg, r) // the retry: the other one
+	if served.Worker == failed.Worker {
+		t.Fatal("the retry went to the worker that failed")
+	}
+	// Without w001 and the retry's worker, nothing holds the prefix.
+	d := pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: base, Tried: []int{w1.Idx, served.Worker.Idx}})
+	if d.Layer == LayerPrefix {
+		t.Fatalf("a later request went to %s as a prefix hit: the worker that failed still holds the prompt", d.Worker.ID)
+	}
+}

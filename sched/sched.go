@@ -58,8 +58,10 @@ type Request struct {
 	// is how many leading blocks were indexed then.
 	hashed bool
 	pdepth int
-	// pidx is the index the prompt was matched against.
-	pidx *prefixIndex
+	// pidx is the index the prompt was matched against; forgot counts the
+	// Tried workers taken off it again (Pick).
+	pidx   *prefixIndex
+	forgot int
 	// psnap holds the workers of the pdepth matched blocks as the match saw
 	// them (prefix layer, record); its capacity is kept by Reset.
 	psnap []pslots
@@ -366,6 +368,9 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 	}
 	v := s.Fleet.View()
 	c := s.compiled(cfg)
+	if len(r.Tried) > r.forgot {
+		s.forgetTried(v, r)
+	}
 	if s.Mode == ModeDirect {
 		if d, ok := s.direct(v, r, now); ok {
 			s.finish(cfg, c, r, &d, now)
@@ -522,6 +527,23 @@ func (s *Scheduler) layers(cfg *config.Config, c *compiled, v *fleet.View, avail
 		}
 	}
 	return Decision{Worker: s.balancer(cfg).Pick(avail, &s.rr), Layer: LayerLB, Reason: reason, rebind: rebind}, now
+}
+
+// forgetTried takes the workers r tried since the last pick off the
+// prefix index blocks r's earlier attempts recorded them on: they failed
+// the request, so they did not cache its prompt.
+func (s *Scheduler) forgetTried(v *fleet.View, r *Request) {
+	tried := r.Tried[r.forgot:]
+	r.forgot = len(r.Tried)
+	p := s.pidx.Load()
+	if !r.hashed || p == nil || p != r.pidx || len(r.phash) == 0 {
+		return
+	}
+	for _, i := range tried {
+		if i < len(v.ByIdx) && v.ByIdx[i] != nil {
+			p.forget(r.phash, r.psnap, v.ByIdx[i])
+		}
+	}
 }
 
 // indexPrompt hashes r's prompt into blocks and matches it against the
