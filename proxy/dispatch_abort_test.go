@@ -83,6 +83,9 @@ func TestAClientLeavingDuringARetryDoesNotCutAnotherRequestsStream(t *testing.T)
 		{ID: "w0", URL: "http://" + w0, Models: []string{"m"}},
 		{ID: "w1", URL: w1.url, Models: []string{"m", "b"}},
 	}...)
+	// A's first attempt goes to w1: round-robin takes the worker picked
+	// least recently, and w0 counts as picked last.
+	r.fl.View().ByID([]byte("w0")).Load.Picked.Store(1 << 62)
 	addr := strings.TrimPrefix(r.url, "http://")
 
 	// Client A: goes to w1 first (round-robin), gets 503 stashed, retries
@@ -143,6 +146,9 @@ func TestAClientLeavingDuringARetryDoesNotPoisonAnIdleConnection(t *testing.T) {
 		{ID: "w0", URL: "http://" + w0, Models: []string{"m"}},
 		{ID: "w1", URL: w1.url, Models: []string{"m", "b"}},
 	}...)
+	// A's first attempt goes to w1: round-robin takes the worker picked
+	// least recently, and w0 counts as picked last.
+	r.fl.View().ByID([]byte("w0")).Load.Picked.Store(1 << 62)
 	addr := strings.TrimPrefix(r.url, "http://")
 	bodyA := `{"model":"m","messages":[{"role":"user","content":"victimA"}]}`
 	ca, err := net.Dial("tcp4", addr)

@@ -426,6 +426,26 @@ func TestFailoverOnRefusedConnection(t *testing.T) {
 	}
 }
 
+// Every worker refusing connections, every one tried within the retries:
+// the fleet is down for the request, 503 no_workers_reachable, from the
+// first request on (it was a 502 upstream_unreachable until the breakers
+// opened); a worker left untried by the retries keeps it a 502.
+func TestEveryWorkerRefusingConnectionsIs503FromTheFirstRequest(t *testing.T) {
+	r := startRouter(t, nil, nil, deadURL(t), deadURL(t)) // 1 retry: both tried
+	for i := 0; i < 2; i++ {
+		code, b := post(t, r.url+"/v1/chat/completions", chatBody)
+		if code != 503 || !strings.Contains(b, "no_workers_reachable") {
+			t.Fatalf("request %d: %d %s", i, code, b)
+		}
+	}
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r0 := startRouter(t, f, nil, deadURL(t), deadURL(t))
+	if code, b := post(t, r0.url+"/v1/chat/completions", chatBody); code != 502 || !strings.Contains(b, "upstream_unreachable") {
+		t.Fatalf("one of two dead workers tried: %d %s", code, b)
+	}
+}
+
 func TestRetryOn429And5xxNotMidStream(t *testing.T) {
 	var busy atomic.Bool
 	busy.Store(true)

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -575,6 +576,20 @@ func (s *Server) healthyWorkers() int {
 		}
 	}
 	return n
+}
+
+// untriedWorker reports whether some routable worker that r has not tried
+// would take a request (its breaker lets one through): when the retries
+// ran out with none left, every worker was tried and refused, and the
+// fleet is down for r (503, not 502).
+func (s *Server) untriedWorker(r *sched.Request) bool {
+	now := time.Now().UnixNano()
+	for _, w := range s.sched.Fleet.View().Routable {
+		if !slices.Contains(r.Tried, w.Idx) && (w.Breaker.State() == fleet.BreakerClosed || w.Breaker.Available(now)) {
+			return true
+		}
+	}
+	return false
 }
 
 // handleHealth answers 200 "ok" when some worker is routable and its
