@@ -1115,7 +1115,8 @@ func TestMetricsCarryTheirTypes(t *testing.T) {
 		t.Fatalf("%d", resp.StatusCode)
 	}
 	for _, want := range []string{"# TYPE infera_stream_client_disconnects_total counter", "# TYPE infera_router_worker_active_requests gauge",
-		"# TYPE infera_session_affinity_evictions_total counter", "# TYPE infera_prefix_index_evictions_total counter"} {
+		"# TYPE infera_session_affinity_evictions_total counter", "# TYPE infera_prefix_index_evictions_total counter",
+		"# TYPE infera_session_affinity_entries gauge"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}

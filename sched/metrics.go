@@ -77,6 +77,12 @@ func newSchedMetrics(s *Scheduler) *schedMetrics {
 		}
 		return -1
 	})
+	set.NewGauge(`infera_session_affinity_entries`, func() float64 {
+		if t := s.aff.Load(); t != nil {
+			return float64(t.count.Load())
+		}
+		return 0
+	})
 	// Counters kept by the index and the table, exposed as counters (a
 	// gauge's TYPE line made them gauges); a replaced index's evictions
 	// carry over (pidxEvicted).
