@@ -373,6 +373,11 @@ func (a *Admin) writeSection(w http.ResponseWriter, r *http.Request) error {
 	if !isSection(name) {
 		return &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no config section %q (sections: %s)", name, strings.Join(sections(), ", "))}
 	}
+	if (name == "llm_gateway" || name == "storage") && a.store.Path() == "" {
+		// Startup configuration, read once from the config file: without
+		// one, nothing would carry the change to the next start.
+		return &httpError{status: http.StatusConflict, msg: name + " is startup configuration, read from the config file at start: this router has no config file (--config), so a change here would never take effect; use --persist-snapshot-dir"}
+	}
 	base, err := a.ifMatch(r, true)
 	if err != nil {
 		return err

@@ -94,7 +94,21 @@ func TestCorruptNewestSnapshotFallsBackToThePreviousOne(t *testing.T) {
 	// A torn write (what a crash without the rename would leave) and a
 	// flipped byte (the checksum catches it) both fall back.
 	data, _ := os.ReadFile(filepath.Join(dir, bad.Name))
-	for _, corrupt := range [][]byte{data[:len(data)/2], []byte(strings.Replace(string(data), "least-tokens", "least-tokenz", 1)), {}} {
+	// An edit with its checksum line taken out is no stored snapshot
+	// either (it was restored: the checksum was optional, as on import).
+	var noSum map[string]json.RawMessage
+	if err := json.Unmarshal(data, &noSum); err != nil {
+		t.Fatal(err)
+	}
+	delete(noSum, "sha256")
+	noSum["config"] = json.RawMessage(strings.Replace(string(noSum["config"]), "least-tokens", "round-robin", 1))
+	edited, _ := json.Marshal(noSum)
+	if !strings.Contains(string(edited), `"round-robin"`) {
+		t.Fatal("the edit did not take")
+	}
+	noSum["config"] = json.RawMessage(strings.Replace(string(noSum["config"]), "round-robin", "least-requests", 1))
+	edited, _ = json.Marshal(noSum)
+	for _, corrupt := range [][]byte{data[:len(data)/2], []byte(strings.Replace(string(data), "least-tokens", "least-tokenz", 1)), {}, edited} {
 		if err := os.WriteFile(filepath.Join(dir, bad.Name), corrupt, 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -106,6 +120,39 @@ func TestCorruptNewestSnapshotFallsBackToThePreviousOne(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "snapshot unusable; trying the previous one") || !strings.Contains(logs.String(), bad.Name) {
 		t.Fatal("fallback reason not logged")
+	}
+}
+
+// A reload lowering backup.keep prunes the manual snapshots too at the next
+// automatic one (they stayed until the next manual snapshot).
+func TestALoweredKeepPrunesManualSnapshotsAtTheNextCycle(t *testing.T) {
+	dir := t.TempDir()
+	keep := config.Backup{IntervalSeconds: 3600, Keep: 5}
+	e := newEnv(t, envOpts{snapshotDir: dir, backup: &keep})
+	for range 4 {
+		if r := e.do("POST", "/api/backup", ""); r.status != 201 {
+			t.Fatalf("manual snapshot: %d %s", r.status, r.body)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	// The next cycle, under keep 2 (the gateway reads it from the backup
+	// section; this harness fixes it, so the write is called with it).
+	sn := e.a.snaps
+	sn.mu.Lock()
+	c, v := e.store.Current()
+	_, err := sn.write(c, v, kindAuto, 2)
+	sn.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	manual := 0
+	for _, n := range snapshotNames(t, dir) {
+		if strings.HasSuffix(n, "-manual.json") || strings.Contains(n, "-manual-") {
+			manual++
+		}
+	}
+	if manual != 2 {
+		t.Fatalf("%d manual snapshots kept after keep went to 2: %v", manual, snapshotNames(t, dir))
 	}
 }
 
@@ -332,4 +379,23 @@ func TestManualSnapshotNeedsADirectory(t *testing.T) {
 	if b.Mode != "off" || b.Settings != config.DefaultBackup() {
 		t.Fatalf("%+v", b)
 	}
+}
+
+// llm_gateway and storage are startup configuration read from the config
+// file: a router without one refuses to change them (the change was
+// accepted, logged as taking effect at the next start, and lost).
+func TestStartupSectionsNeedAConfigFile(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	for _, sec := range []string{"llm_gateway", "storage"} {
+		body := `{"persist_snapshot_dir":"/tmp/x"}`
+		if sec == "storage" {
+			body = `[]`
+		}
+		r := e.put(sec, body, 409)
+		if !strings.Contains(string(r.body), "startup configuration") {
+			t.Fatalf("%s: %s", sec, r.body)
+		}
+	}
+	f := newEnv(t, envOpts{file: `{}`})
+	f.put("llm_gateway", `{"persist_snapshot_dir":"/tmp/x"}`, 200) // the file carries it to the next start
 }

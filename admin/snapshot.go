@@ -31,7 +31,10 @@ const (
 const (
 	snapshotFormat        = "infera-snapshot"
 	snapshotFormatVersion = 1
-	maxSnapshotBytes      = 16 << 20
+	// maxSnapshotBytes bounds an imported snapshot: as large as the
+	// exports of a config with a few hundred thousand users (the writer
+	// has no bound; 16 MiB refused the export of 110,000 users).
+	maxSnapshotBytes = 256 << 20
 )
 
 // snapshotFile is the on-disk and export format: the whole management data
@@ -173,7 +176,9 @@ func decodeSnapshot(data []byte) (map[string]any, *snapshotFile, error) {
 	return doc, &f, nil
 }
 
-// read loads and validates a stored snapshot.
+// read loads and validates a stored snapshot. Unlike an import, it must
+// carry its checksum: infera writes one in every snapshot, so a stored
+// one without it was edited.
 func (s *snapshots) read(name string) (*config.Config, *snapshotFile, error) {
 	data, err := os.ReadFile(filepath.Join(s.dir, name))
 	if err != nil {
@@ -183,6 +188,9 @@ func (s *snapshots) read(name string) (*config.Config, *snapshotFile, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	if f.SHA256 == "" {
+		return nil, nil, &config.FieldError{Path: "sha256", Msg: "is missing: a stored snapshot always has one, so this one was edited"}
+	}
 	c, err := s.seal.parseDoc(doc, nil)
 	if err != nil {
 		return nil, nil, err
@@ -191,7 +199,7 @@ func (s *snapshots) read(name string) (*config.Config, *snapshotFile, error) {
 }
 
 // write stores a snapshot of c (temp file, fsync, rename) and rotates the
-// snapshots of its kind down to keep. Lock must be held.
+// snapshots of each kind down to keep. Lock must be held.
 func (s *snapshots) write(c *config.Config, version uint64, kind string, keep int) (SnapshotInfo, error) {
 	now := time.Now().UTC()
 	data, err := s.seal.encodeSnapshot(c, version, kind, now)
@@ -212,7 +220,10 @@ func (s *snapshots) write(c *config.Config, version uint64, kind string, keep in
 	if clear, err := encodeClear(c); err == nil {
 		s.lastSum = sha256.Sum256(clear)
 	}
-	s.rotate(kind, keep)
+	// Both kinds: a lowered keep prunes the manual snapshots too at the
+	// next cycle (they waited for the next manual one).
+	s.rotate(kindAuto, keep)
+	s.rotate(kindManual, keep)
 	return SnapshotInfo{Name: name, Kind: kind, Time: now, Size: int64(len(data)), Version: version}, nil
 }
 

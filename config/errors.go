@@ -47,6 +47,10 @@ func seconds(path string, v float64, positive bool) error {
 		return fieldErr(path, "must be positive")
 	case v > MaxSeconds:
 		return fieldErr(path, "%g s is too large (max %g)", v, float64(MaxSeconds))
+	case v > 0 && v < 1e-6:
+		// Shorter than a microsecond is 0 ns once converted, which the
+		// settings read as their default or as no limit.
+		return fieldErr(path, "%g s is too small: 0, or at least 1e-6 (a microsecond)", v)
 	}
 	return nil
 }
@@ -55,6 +59,11 @@ func seconds(path string, v float64, positive bool) error {
 func millis(path string, v float64) error {
 	if v < 0 || math.IsNaN(v) || v > MaxSeconds*1000 {
 		return fieldErr(path, "must be in [0, %g] ms", float64(MaxSeconds*1000))
+	}
+	if v > 0 && v < 1e-3 {
+		// 0 ns once converted: the mirror's 1e-7 ms became its 60 s
+		// default.
+		return fieldErr(path, "%g ms is too small: 0, or at least 0.001 (a microsecond)", v)
 	}
 	return nil
 }

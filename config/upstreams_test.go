@@ -249,3 +249,17 @@ func TestSecretReferences(t *testing.T) {
 	bad(`{"mirror":{"auth_token":"file:`+big+`"}}`, "mirror.auth_token", "larger than")
 	bad(`{"global_scheduling":{"members":[{"name":"m","url":"http://m","api_key":12}]}}`, "global_scheduling.members.api_key", "cannot use")
 }
+
+// A duration too small to be a whole nanosecond once converted is refused:
+// the mirror's timeout_ms 1e-7 was accepted and became its 60 s default.
+func TestDurationsBelowAMicrosecondAreRefused(t *testing.T) {
+	if _, err := parseUpstreams(`{"mirror":{"enabled":true,"target_address":"http://127.0.0.1:9","timeout_ms":0.0000001}}`); err == nil || !strings.Contains(err.Error(), "mirror.timeout_ms") {
+		t.Fatalf("timeout_ms 1e-7: %v", err)
+	}
+	if _, err := parseUpstreams(`{"mirror":{"enabled":true,"target_address":"http://127.0.0.1:9","timeout_ms":0.5}}`); err != nil {
+		t.Fatalf("timeout_ms 0.5: %v", err)
+	}
+	if _, err := Parse([]byte(`{"timeouts":{"stream_idle_s":1e-9}}`)); err == nil || !strings.Contains(err.Error(), "timeouts.stream_idle_s") {
+		t.Fatalf("stream_idle_s 1e-9: %v", err)
+	}
+}
