@@ -35,8 +35,6 @@ const (
 	extMember                // a global scheduling member gateway
 )
 
-// extUpstream is one external upstream. Immutable once published; a config
-// change to its address or key makes a new one.
 // scrubKey replaces u's own key, where an answer of u (an error: an
 // "incorrect API key" message) echoes it, with "***": the gateway's key at
 // an external upstream is never the client's to see. b is returned when
@@ -52,6 +50,8 @@ func scrubKey(b []byte, u *extUpstream) []byte {
 	return bytes.ReplaceAll(b, []byte(k), []byte(config.RedactedSecret))
 }
 
+// extUpstream is one external upstream. Immutable once published; a config
+// change to its address or key makes a new one.
 type extUpstream struct {
 	kind  extKind
 	name  string // the entry's or member's name
