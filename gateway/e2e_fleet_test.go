@@ -211,6 +211,11 @@ func testTimeoutsOver(t *testing.T, transport string, flags []string) {
 	if el := time.Since(t0); resp.StatusCode != 504 || el > 2*time.Second {
 		t.Fatalf("non-stream total: %d after %v: %s", resp.StatusCode, el, b)
 	}
+	// The request's own cap, not the worker's fault, over both transports
+	// (over NATS it was a worker timeout: blamed, retried, breakers tripped).
+	if !strings.Contains(string(b), "total time limit") {
+		t.Fatalf("non-stream total over %s: %s", transport, b)
+	}
 	t0 = time.Now()
 	resp, b = doPost(t, r+"/v1/chat/completions", chat("hang-model", true, 4))
 	if el := time.Since(t0); resp.StatusCode != 504 || el > 2*time.Second {

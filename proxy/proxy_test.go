@@ -446,6 +446,27 @@ func TestEveryWorkerRefusingConnectionsIs503FromTheFirstRequest(t *testing.T) {
 	}
 }
 
+// An engine that sends its head and then closes, before any body byte,
+// sent an invalid response: 502 upstream_protocol_error after the other
+// worker did the same (it was a connection failure: 502
+// upstream_unreachable, then 503 no_workers_reachable though both had
+// answered).
+func TestAHeadWithoutItsBodyIsAnInvalidResponse(t *testing.T) {
+	cut := func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"))
+		c.Close()
+	}
+	a, b := startRaw(t, cut), startRaw(t, cut)
+	r := startRouter(t, nil, nil, a.url, b.url)
+	code, body := post(t, r.url+"/v1/chat/completions", chatBody)
+	if code != 502 || !strings.Contains(body, "upstream_protocol_error") {
+		t.Fatalf("%d %s", code, body)
+	}
+	if a.conns.Load() == 0 || b.conns.Load() == 0 {
+		t.Fatalf("both workers tried? %d %d", a.conns.Load(), b.conns.Load())
+	}
+}
+
 func TestRetryOn429And5xxNotMidStream(t *testing.T) {
 	var busy atomic.Bool
 	busy.Store(true)

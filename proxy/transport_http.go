@@ -185,8 +185,11 @@ func (u *httpUpstream) readFailure(err error, afterFirstByte bool) *failure {
 		return fail(failBroken, err)
 	case afterFirstByte:
 		return fail(failBroken, err)
-	case errors.Is(err, errUpMalformed):
-		return fail(failProtocol, err) // a bad chunk size, say
 	}
-	return fail(failConnect, err)
+	// The head came, then the answer broke off before its first body
+	// byte (a bad chunk size, or the engine closed): an invalid response,
+	// not a connection that could not be made (that was a 502
+	// upstream_unreachable, and every worker doing it a 503
+	// no_workers_reachable, though each had answered).
+	return fail(failProtocol, err)
 }

@@ -47,7 +47,14 @@ func (t *natsTransport) roundTrip(c *call) (upResponse, *failure) {
 	if err != nil {
 		cancel()
 		c.cancel.set(nil)
-		return nil, t.failure(err, false, c.cancel.wasAborted())
+		f := t.failure(err, false, c.cancel.wasAborted())
+		if f.kind == failTimeout {
+			// The first-packet wait ran into the request's own cap (a
+			// non-streamed request's total, say): not the worker's fault,
+			// as over HTTP (it was blamed, retried and tripped breakers).
+			f = c.timeoutFailure(time.Now(), err)
+		}
+		return nil, f
 	}
 	nu.st = st
 	return nu, nil
