@@ -597,3 +597,27 @@ func TestWorkerCancelsAWaitingEngineRequestWhenTheRouterIsGone(t *testing.T) {
 		t.Fatalf("the engine waited %v after its router was gone", d)
 	}
 }
+
+// MaxDuration caps the whole request from its Start, over every attempt:
+// a retry began a fresh window (a request that failed over ran 2 s + 3 s
+// under a 3 s cap).
+func TestMaxDurationCountsFromTheRequestsStart(t *testing.T) {
+	r := newRig(t, ClientConfig{MaxDuration: 400 * time.Millisecond}, ServerConfig{})
+	start := time.Now().Add(-300 * time.Millisecond) // an earlier attempt took 300 ms
+	s, err := r.cli.Do(context.Background(), "w1", &Request{Path: "/stream?n=200&every=20ms", Start: start})
+	if err == nil {
+		defer s.Close()
+		for chunks := 0; chunks < 1000; chunks++ {
+			if _, err = s.Next(); err != nil {
+				break
+			}
+		}
+	}
+	if !errors.Is(err, ErrMaxDuration) {
+		t.Fatalf("err %v", err)
+	}
+	if d := time.Since(start); d > 650*time.Millisecond {
+		t.Fatalf("the 400 ms cap counted from the request's start fired %v after it", d)
+	}
+	r.eng.waitGone(t)
+}

@@ -72,6 +72,10 @@ type Request struct {
 	// earlier of the two applies); past it the stream fails with
 	// ErrMaxDuration and the worker is told to cancel.
 	Deadline time.Time
+	// Start, when set, is when the whole request began (its first
+	// attempt): MaxDuration counts from it, so a retry does not get a
+	// fresh window (zero: from Do).
+	Start time.Time
 	// FirstByte, when set, bounds the wait for the head and the first body
 	// chunk: past it Do (or the first Next) fails with ErrIdleTimeout.
 	FirstByte time.Time
@@ -446,7 +450,11 @@ func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream
 		idle: c.cfg.IdleTimeout,
 	}
 	if c.cfg.MaxDuration > 0 {
-		s.deadline = time.Now().Add(c.cfg.MaxDuration)
+		start := req.Start
+		if start.IsZero() {
+			start = time.Now()
+		}
+		s.deadline = start.Add(c.cfg.MaxDuration)
 	}
 	if !req.Deadline.IsZero() && (s.deadline.IsZero() || req.Deadline.Before(s.deadline)) {
 		s.deadline = req.Deadline

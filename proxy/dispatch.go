@@ -33,6 +33,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 	}
 	c := &rs.call
 	c.method = methodPOST
+	c.begin = rs.start
 	rs.hdr = appendForwardHeaders(rs.hdr[:0], &ctx.Request.Header, s.authOn(), rs.proto.mode == protoConvert)
 	rs.hdr = appendRequestIDHeader(rs.hdr, rs.reqID)
 	c.stream = r.Stream

@@ -65,8 +65,10 @@ type call struct {
 	// bounds each wait for more of a stream (0: none).
 	firstByte, total time.Time
 	idle             time.Duration
-	// now is when the attempt started (unix ns).
-	now int64
+	// now is when the attempt started (unix ns); begin when the request
+	// did (--nats-req-max-duration counts from it, over every attempt).
+	now   int64
+	begin time.Time
 
 	cancel abortSlot
 }
