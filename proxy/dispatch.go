@@ -269,7 +269,7 @@ func (s *Server) answerFailed(ctx *fasthttp.RequestCtx, rs *reqState, res *tries
 		s.relayStashed(ctx, rs)
 		return
 	}
-	s.writeFailure(ctx, last, res.allConnect && (res.fleetDown || s.healthyWorkers() == 0 || !s.untriedWorker(&rs.sreq)))
+	s.writeFailure(ctx, last, res.allConnect && (res.fleetDown || !s.untriedWorker(&rs.sreq)))
 }
 
 // relayStashed answers with the error answer stashed in rs (stashAnswer),

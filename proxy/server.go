@@ -579,9 +579,9 @@ func (s *Server) healthyWorkers() int {
 }
 
 // untriedWorker reports whether some routable worker that r has not tried
-// would take a request (its breaker lets one through): when the retries
-// ran out with none left, every worker was tried and refused, and the
-// fleet is down for r (503, not 502).
+// would take a request (its breaker lets one through): when none is left,
+// every worker was tried and refused, or none is healthy, and the fleet is
+// down for r (503, not 502).
 func (s *Server) untriedWorker(r *sched.Request) bool {
 	now := time.Now().UnixNano()
 	for _, w := range s.sched.Fleet.View().Routable {
