@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -578,4 +579,52 @@ func TestE2EAWorkerKilledMidRequestOverNATSFailsOver(t *testing.T) {
 		t.Fatalf("the request failed over %v after its worker was killed", d)
 	}
 	t.Logf("failed over %v after the kill", time.Since(start).Round(100*time.Millisecond))
+}
+
+// A non-streamed answer broken off after its head and part of its body,
+// before anything reached the client, is an invalid response over both
+// transports alike: tried on the other worker, then 502
+// upstream_protocol_error (it was "the worker's response stream broke",
+// not retried, though the client had seen nothing of it).
+func TestE2EAnAnswerBrokenAfterItsHeadIsInvalidOverEveryTransport(t *testing.T) {
+	eachTransport(t, func(t *testing.T, transport string, common []string) {
+		var urls []string
+		var tried atomic.Int32
+		for i := 0; i < 2; i++ {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				switch r.URL.Path {
+				case "/v1/models":
+					io.WriteString(w, `{"object":"list","data":[{"id":"cut","object":"model"}]}`)
+				case "/v1/chat/completions":
+					tried.Add(1)
+					c, _, err := w.(http.Hijacker).Hijack()
+					if err != nil {
+						return
+					}
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\":")
+					c.Close()
+				default:
+					io.WriteString(w, "ok")
+				}
+			}))
+			t.Cleanup(srv.Close)
+			urls = append(urls, srv.URL)
+		}
+		if transport == "nats" {
+			for i, u := range urls {
+				startWorker(t, append([]string{"--id", fmt.Sprintf("cut%d", i), "--engine-url", u, "--models", "cut", "--lease-ttl", "2s"}, common...)...)
+			}
+		} else {
+			common = []string{"--workers", strings.Join(urls, ",")}
+		}
+		rt, r := startServe(t, append([]string{"--router-policy", "round-robin", "--request-max-retries", "1"}, common...)...)
+		waitRoutable(t, rt, 2)
+		resp, b := doPost(t, r+"/v1/chat/completions", `{"model":"cut","max_tokens":2,"messages":[{"role":"user","content":"x"}]}`)
+		if resp.StatusCode != 502 || !strings.Contains(string(b), "upstream_protocol_error") {
+			t.Fatalf("over %s: %d %s", transport, resp.StatusCode, b)
+		}
+		if n := tried.Load(); n != 2 {
+			t.Fatalf("over %s: %d engines tried, want 2", transport, n)
+		}
+	})
 }

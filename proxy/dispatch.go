@@ -212,7 +212,11 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 			res.committed = true
 			return attemptCommitted
 		}
-		f = up.readFailure(rerr, n > 0)
+		// Nothing has reached the client yet, whatever was read: an
+		// answer broken off part-way is an invalid response, and another
+		// worker may take the request (it was a broken stream, not
+		// retried, though the client had seen none of it).
+		f = up.readFailure(rerr, false)
 		if f.kind != failCanceled && !c.total.IsZero() && isTimeout(rerr) && !time.Now().Before(c.total) {
 			f = fail(failWallClock, rerr) // the request's own cap, not the worker (as the relay has it)
 		}

@@ -280,7 +280,9 @@ func TestAHalfClosedClientGetsNoAnswerAndItsEngineRequestIsAborted(t *testing.T)
 // chat endpoint, and the bad chunk was blamed on reaching the worker
 // ("upstream_unreachable"). Such an answer fits the relay buffer, so it is
 // read whole before the head is committed: the client gets a 502 in
-// OpenAI's shape. An answer split over several writes still arrives whole.
+// OpenAI's shape, an invalid response in both cases (nothing of it reached
+// the client, so it may be retried). An answer split over several writes
+// still arrives whole.
 func TestABrokenNonStreamedAnswerGetsA502InTheErrorShape(t *testing.T) {
 	w := startRaw(t, func(n int, req string, c net.Conn) {
 		switch {
@@ -306,7 +308,7 @@ func TestABrokenNonStreamedAnswerGetsA502InTheErrorShape(t *testing.T) {
 		body := `{"model":"m","messages":[{"role":"user","content":"` + content + `"}]}`
 		return rawClient(t, r.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\nConnection: close\r\n\r\n"+body, 5*time.Second)
 	}
-	for _, c := range []struct{ content, code string }{{"short", "upstream_error"}, {"badchunk", "upstream_protocol_error"}} {
+	for _, c := range []struct{ content, code string }{{"short", "upstream_protocol_error"}, {"badchunk", "upstream_protocol_error"}} {
 		got := ask(c.content)
 		if !strings.HasPrefix(got, "HTTP/1.1 502") || !strings.Contains(got, `"code":"`+c.code+`"`) || !strings.Contains(got, `"error":{`) {
 			t.Errorf("%s: got\n%s\nwant a 502 with code %s", c.content, got, c.code)
