@@ -628,3 +628,55 @@ func TestE2EAnAnswerBrokenAfterItsHeadIsInvalidOverEveryTransport(t *testing.T) 
 		}
 	})
 }
+
+// With --request-transport nats every request goes through the broker:
+// while it is down /health is 503 "unavailable" (it said "ok", so a load
+// balancer kept sending requests that could only fail), and "ok" again
+// once the router has reconnected.
+func TestE2EHealthIsUnavailableWhileTheRequestBrokerIsDown(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	common := transportFlags(etcd.Endpoint, nsrv.URL, "nats", "/infera/workers/")
+	_, e1 := startEngine(t, "--speedup", "50")
+	startWorker(t, append([]string{"--id", "w1", "--engine-url", e1, "--lease-ttl", "2s"}, common...)...)
+	rt, r := startServe(t, common...)
+	waitRoutable(t, rt, 1)
+	health := func() (int, string) {
+		resp, err := http.Get(r + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	waitHealth := func(code int, status string) {
+		t.Helper()
+		var c int
+		var b string
+		for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			if c, b = health(); c == code && strings.Contains(b, `"status":"`+status+`"`) {
+				return
+			}
+		}
+		t.Fatalf("health: %d %s, want %d %q", c, b, code, status)
+	}
+	waitHealth(200, "ok")
+	nsrv.Stop()
+	waitHealth(503, "unavailable")
+	if _, b := health(); !strings.Contains(b, `"nats":{"ok":false`) {
+		t.Fatalf("health does not name the broker: %s", b)
+	}
+	nsrv.Start()
+	waitHealth(200, "ok")
+	// The worker re-subscribes on its own reconnect, a moment apart.
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		resp, b := doPost(t, r+"/v1/chat/completions", e2eChat)
+		if resp.StatusCode == 200 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("after the broker came back: %d %s", resp.StatusCode, b)
+		}
+	}
+}

@@ -226,6 +226,11 @@ func New(f *config.Serve) (*Gateway, error) {
 
 		Governor: g.gov,
 	}
+	if g.natsClient != nil {
+		// Every request goes through the broker: without it none can
+		// reach a worker, and a load balancer should look elsewhere.
+		opts.HealthRequired = []string{"nats"}
+	}
 	if g.nc != nil {
 		opts.NATSConnected = g.nc.IsConnected
 	}

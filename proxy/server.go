@@ -49,8 +49,13 @@ type Options struct {
 	// BlockSize is the engines' KV block size in tokens.
 	BlockSize int
 
-	// Health lists named component checks shown in /health.
+	// Health lists named component checks shown in /health: one that
+	// fails makes the status "degraded", or "unavailable" (503) when it is
+	// named in HealthRequired.
 	Health map[string]HealthCheck
+	// HealthRequired names the Health components without which no request
+	// can reach a worker (the broker, with --request-transport nats).
+	HealthRequired []string
 	// Extra registers additional routes (path -> handler), behind the API key.
 	Extra map[string]fasthttp.RequestHandler
 
@@ -593,17 +598,38 @@ func (s *Server) untriedWorker(r *sched.Request) bool {
 }
 
 // handleHealth answers 200 "ok" when some worker is routable and its
-// breaker lets requests through, 200 "degraded" when every routable
-// worker's breaker is open (requests are still dispatched, to probably bad
-// workers), and 503 when no worker is routable.
+// breaker lets requests through and every component is up, 200 "degraded"
+// when every routable worker's breaker is open (requests are still
+// dispatched, to probably bad workers) or a component is down (discovery:
+// the last known fleet is served), and 503 "unavailable" when no worker is
+// routable or a required component is down (the broker that carries the
+// requests).
 func (s *Server) handleHealth(ctx *fasthttp.RequestCtx) {
 	v := s.sched.Fleet.View()
 	healthy := s.healthyWorkers()
+	names := make([]string, 0, len(s.o.Health))
+	for n := range s.o.Health {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	type comp struct {
+		ok     bool
+		detail string
+	}
+	comps := make([]comp, len(names))
+	compDown, requiredDown := false, false
+	for i, n := range names {
+		comps[i].ok, comps[i].detail = s.o.Health[n]()
+		if !comps[i].ok {
+			compDown = true
+			requiredDown = requiredDown || slices.Contains(s.o.HealthRequired, n)
+		}
+	}
 	status := "ok"
 	switch {
-	case len(v.Routable) == 0:
+	case len(v.Routable) == 0 || requiredDown:
 		status = "unavailable"
-	case healthy == 0:
+	case healthy == 0 || compDown:
 		status = "degraded"
 	}
 	b := make([]byte, 0, 256)
@@ -633,29 +659,23 @@ func (s *Server) handleHealth(ctx *fasthttp.RequestCtx) {
 		b = append(b, '}')
 	}
 	b = append(b, "]}"...)
-	names := make([]string, 0, len(s.o.Health))
-	for n := range s.o.Health {
-		names = append(names, n)
-	}
-	sort.Strings(names)
 	if len(names) > 0 {
 		b = append(b, `,"components":{`...)
 		for i, n := range names {
-			cok, d := s.o.Health[n]()
 			if i > 0 {
 				b = append(b, ',')
 			}
 			b = appendJSONString(b, n)
 			b = append(b, `:{"ok":`...)
-			b = strconv.AppendBool(b, cok)
+			b = strconv.AppendBool(b, comps[i].ok)
 			b = append(b, `,"detail":`...)
-			b = appendJSONString(b, d)
+			b = appendJSONString(b, comps[i].detail)
 			b = append(b, '}')
 		}
 		b = append(b, '}')
 	}
 	b = append(b, '}')
-	if len(v.Routable) == 0 {
+	if status == "unavailable" {
 		ctx.SetStatusCode(fasthttp.StatusServiceUnavailable)
 	}
 	ctx.SetContentType("application/json")
