@@ -123,11 +123,26 @@ func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		rs.ext.cur = nil
 		c.path, c.hdr = rs.path, rs.hdr
 		switch s.attempt(ctx, cfg, rs, s.tr, attempt < attempts-1 || more, res) {
-		case attemptCommitted, attemptStop:
+		case attemptCommitted:
+			return
+		case attemptStop:
+			s.forgetFailed(rs, res, d.Worker)
 			return
 		}
 		failed = true
 		r.Tried = append(r.Tried, d.Worker.Idx)
+		if attempt == attempts-1 {
+			s.forgetFailed(rs, res, d.Worker)
+		}
+	}
+}
+
+// forgetFailed takes the worker of a request's last failed attempt off the
+// prefix index (a retry's pick does it for the others), unless the client
+// left: then the engine may have cached the prompt before it was canceled.
+func (s *Server) forgetFailed(rs *reqState, res *tries, w *fleet.Worker) {
+	if res.last != nil && res.last.kind != failCanceled {
+		s.sched.Forget(&rs.sreq, w)
 	}
 }
 
@@ -372,6 +387,11 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	outcome := statusOutcome(status)
 	if status >= 400 {
 		rs.lease.Verdict(outcome) // known now: do not hold a probe slot while the body is relayed
+		if rs.ext.cur == nil {
+			// The engine refused or failed the request: it did not cache
+			// the prompt its pick recorded it as holding.
+			s.sched.Forget(&rs.sreq, d.Worker)
+		}
 	}
 	rs.gov.committed(status)
 	rs.scanUsage(rs.rbuf[:n])

@@ -14,6 +14,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/valyala/fasthttp"
 )
 
 // blackholeAddr returns a loopback address whose listen queue is full: a
@@ -344,4 +345,59 @@ func TestANonStreamedAnswerCutByTheTotalCapIsA504ThatSparesTheWorker(t *testing.
 	if st := r.fl.Get("w").Breaker.State(); st != fleet.BreakerClosed {
 		t.Fatalf("the request's own cap opened the worker's breaker (state %d)", st)
 	}
+}
+
+// The last attempt of a request that fails (no retry left) does not leave
+// its worker recorded in the prefix index as holding the prompt: the next
+// request with that prompt was a prefix hit on the worker that had just
+// failed it, and failed again, while load balancing sends it elsewhere.
+// Both ways a last attempt fails: an error answer relayed to the client,
+// and an invalid answer (the client gets the router's 502).
+func TestALastFailedAttemptLeavesNoPrefixRecord(t *testing.T) {
+	var aServed atomic.Int32
+	answer500 := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		aServed.Add(1)
+		ctx.SetStatusCode(500)
+		ctx.SetBodyString(`{"error":{"message":"boom"}}`)
+	})
+	cut := startRaw(t, func(n int, req string, c net.Conn) {
+		aServed.Add(1)
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"))
+		c.Close()
+	})
+	for _, a := range []string{answer500.url, cut.url} {
+		b := startUpstream(t, okHandler)
+		f := defaultFlags()
+		f.RequestMaxRetries = 0
+		f.BreakerFailureThreshold = 100
+		cfg := config.Default()
+		cfg.PrefixCache.Enabled = true
+		cfg.Debug.DecisionHeader = true
+		r := startRouter(t, f, cfg, a, b.url)
+		testLastFailedAttempt(t, r, &aServed)
+	}
+}
+
+func testLastFailedAttempt(t *testing.T, r *testRouter, aServed *atomic.Int32) {
+	t.Helper()
+	long := strings.Repeat("a shared system prompt that spans many blocks. ", 40)
+	for i := 0; i < 6; i++ {
+		body := `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"` + long + strconv.Itoa(i) + `"}]}`
+		before := aServed.Load()
+		resp, out := postWith(t, r.url+"/v1/chat/completions", body, nil)
+		if aServed.Load() == before {
+			if resp.StatusCode != 200 {
+				t.Fatalf("b: %d %s", resp.StatusCode, out)
+			}
+			continue
+		}
+		// a failed it: the same prompt again goes by load balancing (b
+		// was picked less recently), not to a as a prefix hit.
+		resp, out = postWith(t, r.url+"/v1/chat/completions", body, nil)
+		if resp.StatusCode != 200 {
+			t.Fatalf("the prompt a failed went back to it (%s): %d %s", resp.Header.Get("X-Infera-Route"), resp.StatusCode, out)
+		}
+		return
+	}
+	t.Fatal("no request went to a")
 }

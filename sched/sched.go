@@ -546,6 +546,22 @@ func (s *Scheduler) forgetTried(v *fleet.View, r *Request) {
 	}
 }
 
+// Forget takes w, the worker of r's last attempt, off the prefix index
+// blocks that attempt recorded it on, when it failed and no other attempt
+// follows (a retry's Pick does this for the workers tried before it): the
+// worker did not cache the prompt, and the prefix layer would send the
+// prompt's next requests to it.
+func (s *Scheduler) Forget(r *Request, w *fleet.Worker) {
+	p := s.pidx.Load()
+	if w == nil || !r.hashed || p == nil || p != r.pidx || len(r.phash) == 0 {
+		return
+	}
+	p.forget(r.phash, r.psnap, w)
+	if n := len(r.Tried); n > r.forgot && r.Tried[n-1] == w.Idx {
+		r.forgot = n // a later Pick (another upstream's failover) must not forget it again
+	}
+}
+
 // indexPrompt hashes r's prompt into blocks and matches it against the
 // prefix index (once per request), accounting the hit-rate ceiling. depth
 // is how many leading blocks some worker has seen; late is true when the
