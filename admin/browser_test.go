@@ -67,6 +67,9 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.WindowSize(1360, 1000),
 		chromedp.UserDataDir(t.TempDir()),
+		// Chromium keeps its singleton socket in a directory of its own
+		// under TMPDIR, which a killed browser leaves behind: one per run.
+		chromedp.Env("TMPDIR="+t.TempDir()),
 	)
 	defer cancel()
 	ctx, cancel2 := chromedp.NewContext(actx)

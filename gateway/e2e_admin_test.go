@@ -450,6 +450,9 @@ func newBrowser(t *testing.T, bin string) context.Context {
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.WindowSize(1360, 1000),
 		chromedp.UserDataDir(t.TempDir()),
+		// Chromium keeps its singleton socket in a directory of its own
+		// under TMPDIR, which a killed browser leaves behind: one per run.
+		chromedp.Env("TMPDIR="+t.TempDir()),
 	)
 	ctx, cancel2 := chromedp.NewContext(actx)
 	ctx, cancel3 := context.WithTimeout(ctx, 60*time.Second)
