@@ -53,6 +53,7 @@ type chatResult struct {
 	refusal    []byte // raw string body (message.refusal)
 	reasoning  []byte // raw string body (reasoning_content or reasoning)
 	toolCalls  []byte // the tool_calls array, or nil
+	funcCall   []byte // the deprecated function_call object, or nil
 	finish     []byte // raw finish_reason string body, nil when null
 	stopReason []byte // vLLM's matched stop string (raw body), nil otherwise
 	usage      Usage
@@ -124,9 +125,25 @@ func (r *chatResult) readMessage(msg []byte) {
 			if v[0] == '[' {
 				r.toolCalls = v
 			}
+		case "function_call": // the deprecated single call, as an old engine answers it
+			if v[0] == '{' {
+				r.funcCall = v
+			}
 		}
 		return nil
 	})
+}
+
+// eachToolCall calls f for each tool call of the answer: its tool_calls,
+// or else its deprecated function_call (one call, without an id).
+func (r *chatResult) eachToolCall(f func(tc toolCall)) {
+	if r.toolCalls != nil || r.funcCall == nil {
+		forEachToolCall(r.toolCalls, f)
+		return
+	}
+	var tc toolCall
+	readFunction(r.funcCall, &tc)
+	f(tc)
 }
 
 // toolCall is one call of a chat tool_calls array.
@@ -151,26 +168,33 @@ func forEachToolCall(calls []byte, f func(tc toolCall)) {
 			case "id":
 				tc.id, _ = rawStr(v)
 			case "function":
-				if v[0] == '{' {
-					fields(v, func(k []byte, s, e int) error {
-						fv := v[s:e]
-						switch string(k) {
-						case "name":
-							tc.name, _ = rawStr(fv)
-						case "arguments":
-							if raw, ok := rawStr(fv); ok {
-								tc.args = raw
-							} else if fv[0] == '{' {
-								tc.args, tc.argsObj = fv, true
-							}
-						}
-						return nil
-					})
-				}
+				readFunction(v, &tc)
 			}
 			return nil
 		})
 		f(tc)
+		return nil
+	})
+}
+
+// readFunction reads a chat function object ({"name":..,"arguments":..})
+// into tc.
+func readFunction(v []byte, tc *toolCall) {
+	if len(v) == 0 || v[0] != '{' {
+		return
+	}
+	fields(v, func(k []byte, s, e int) error {
+		fv := v[s:e]
+		switch string(k) {
+		case "name":
+			tc.name, _ = rawStr(fv)
+		case "arguments":
+			if raw, ok := rawStr(fv); ok {
+				tc.args = raw
+			} else if fv[0] == '{' {
+				tc.args, tc.argsObj = fv, true
+			}
+		}
 		return nil
 	})
 }
@@ -252,7 +276,7 @@ func ChatToAnthropic(dst, body []byte, m *Meta) ([]byte, error) {
 		dst = append(dst, `"}`...)
 	}
 	tools := false
-	forEachToolCall(r.toolCalls, func(tc toolCall) {
+	r.eachToolCall(func(tc toolCall) {
 		tools = true
 		sep()
 		dst = append(dst, `{"type":"tool_use","id":"`...)
@@ -323,7 +347,7 @@ func ChatToResponses(dst, body []byte, m *Meta) ([]byte, error) {
 	if len(r.content) > 0 || len(r.refusal) > 0 {
 		items++
 	}
-	forEachToolCall(r.toolCalls, func(toolCall) { items++ })
+	r.eachToolCall(func(toolCall) { items++ })
 	n := 0
 	if len(r.reasoning) > 0 {
 		n++
@@ -340,7 +364,7 @@ func ChatToResponses(dst, body []byte, m *Meta) ([]byte, error) {
 			dst = appendMessageItem(dst, nil, r.content, itemStatus(status, n == items))
 		}
 	}
-	forEachToolCall(r.toolCalls, func(tc toolCall) {
+	r.eachToolCall(func(tc toolCall) {
 		if n > 0 {
 			dst = append(dst, ',')
 		}

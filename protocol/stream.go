@@ -390,7 +390,7 @@ func (c *StreamConverter) onChoice(ch []byte) error {
 		return nil
 	})
 	if delta != nil && delta[0] == '{' {
-		var content, reasoning, calls, refusal []byte
+		var content, reasoning, calls, refusal, fcall []byte
 		fields(delta, func(k []byte, s, e int) error {
 			v := delta[s:e]
 			switch string(k) {
@@ -405,6 +405,10 @@ func (c *StreamConverter) onChoice(ch []byte) error {
 			case "tool_calls":
 				if v[0] == '[' {
 					calls = v
+				}
+			case "function_call": // the deprecated single call, as an old engine streams it
+				if v[0] == '{' {
+					fcall = v
 				}
 			}
 			return nil
@@ -432,6 +436,11 @@ func (c *StreamConverter) onChoice(ch []byte) error {
 		}
 		if calls != nil {
 			if err := c.onToolCalls(calls); err != nil {
+				return err
+			}
+		} else if fcall != nil {
+			name, args := functionFields(fcall)
+			if err := c.onToolCall(0, nil, name, args); err != nil {
 				return err
 			}
 		}
@@ -464,81 +473,95 @@ func (c *StreamConverter) onToolCalls(calls []byte) error {
 			case "id":
 				id, _ = rawStr(v)
 			case "function":
-				if v[0] == '{' {
-					fields(v, func(k []byte, s, e int) error {
-						switch string(k) {
-						case "name":
-							name, _ = rawStr(v[s:e])
-						case "arguments":
-							args, _ = rawStr(v[s:e])
-						}
-						return nil
-					})
-				}
+				name, args = functionFields(v)
 			}
 			return nil
 		})
-		if idx < 0 { // engines that omit the index stream one call at a time
-			idx = int64(c.nTools) - 1
-			if len(id) > 0 && (idx < 0 || string(id) != string(c.tools[idx].id)) || idx < 0 {
-				idx++ // a new id opens a new call; a repeated or empty one continues
-			}
-		} else {
-			if idx >= maxStreamTools {
-				return errTooManyTools
-			}
-			eng := idx
-			if int(eng) < len(c.remap) && c.remap[eng] > 0 {
-				idx = int64(c.remap[eng] - 1)
-			}
-			if len(id) > 0 && int(idx) < c.nTools && len(c.tools[idx].id) > 0 && string(id) != string(c.tools[idx].id) {
-				// Another id at an index in use: a call of its own, and
-				// the index's later fragments continue it.
-				idx = int64(c.nTools)
-				for int(eng) >= len(c.remap) {
-					c.remap = append(c.remap, 0)
-				}
-				c.remap[eng] = int32(idx) + 1
-			}
-		}
-		if idx >= maxStreamTools {
-			return errTooManyTools
-		}
-		for int(idx) >= len(c.tools) {
-			if len(c.tools) < cap(c.tools) {
-				c.tools = c.tools[:len(c.tools)+1]
-			} else {
-				c.tools = append(c.tools, streamTool{})
-			}
-		}
-		if int(idx) >= c.nTools {
-			c.nTools = int(idx) + 1
-		}
-		t := &c.tools[idx]
-		if len(id) > 0 && len(t.id) == 0 {
-			t.id = append(t.id, id...)
-		}
-		if !t.opened {
-			if len(t.name) == 0 { // a name repeated in every fragment is the name, as for the live call
-				t.name = append(t.name, name...)
-			}
-			t.args = append(t.args, args...)
-			if len(t.name) > 0 && (c.liveTool == 0 || c.liveTool == int(idx)+1) {
-				c.liveTool = int(idx) + 1
-				c.openTool(int(idx))
-			}
-			return nil
-		}
-		if len(args) > 0 {
-			c.deltas++
-			c.emitToolArgs(int(idx), args)
-			t.scan.feed(args)
-			if len(c.heldText)+len(c.heldRefusal) > 0 && t.scan.complete() {
-				c.flushText()
-			}
+		return c.onToolCall(idx, id, name, args)
+	})
+}
+
+// functionFields returns the raw name and arguments strings of a chat
+// function object ({"name":..,"arguments":..}), nil when absent.
+func functionFields(v []byte) (name, args []byte) {
+	if len(v) == 0 || v[0] != '{' {
+		return nil, nil
+	}
+	fields(v, func(k []byte, s, e int) error {
+		switch string(k) {
+		case "name":
+			name, _ = rawStr(v[s:e])
+		case "arguments":
+			args, _ = rawStr(v[s:e])
 		}
 		return nil
 	})
+	return name, args
+}
+
+// onToolCall takes one fragment of a tool call: idx is the engine's index
+// (-1 when it gives none).
+func (c *StreamConverter) onToolCall(idx int64, id, name, args []byte) error {
+	if idx < 0 { // engines that omit the index stream one call at a time
+		idx = int64(c.nTools) - 1
+		if len(id) > 0 && (idx < 0 || string(id) != string(c.tools[idx].id)) || idx < 0 {
+			idx++ // a new id opens a new call; a repeated or empty one continues
+		}
+	} else {
+		if idx >= maxStreamTools {
+			return errTooManyTools
+		}
+		eng := idx
+		if int(eng) < len(c.remap) && c.remap[eng] > 0 {
+			idx = int64(c.remap[eng] - 1)
+		}
+		if len(id) > 0 && int(idx) < c.nTools && len(c.tools[idx].id) > 0 && string(id) != string(c.tools[idx].id) {
+			// Another id at an index in use: a call of its own, and
+			// the index's later fragments continue it.
+			idx = int64(c.nTools)
+			for int(eng) >= len(c.remap) {
+				c.remap = append(c.remap, 0)
+			}
+			c.remap[eng] = int32(idx) + 1
+		}
+	}
+	if idx >= maxStreamTools {
+		return errTooManyTools
+	}
+	for int(idx) >= len(c.tools) {
+		if len(c.tools) < cap(c.tools) {
+			c.tools = c.tools[:len(c.tools)+1]
+		} else {
+			c.tools = append(c.tools, streamTool{})
+		}
+	}
+	if int(idx) >= c.nTools {
+		c.nTools = int(idx) + 1
+	}
+	t := &c.tools[idx]
+	if len(id) > 0 && len(t.id) == 0 {
+		t.id = append(t.id, id...)
+	}
+	if !t.opened {
+		if len(t.name) == 0 { // a name repeated in every fragment is the name, as for the live call
+			t.name = append(t.name, name...)
+		}
+		t.args = append(t.args, args...)
+		if len(t.name) > 0 && (c.liveTool == 0 || c.liveTool == int(idx)+1) {
+			c.liveTool = int(idx) + 1
+			c.openTool(int(idx))
+		}
+		return nil
+	}
+	if len(args) > 0 {
+		c.deltas++
+		c.emitToolArgs(int(idx), args)
+		t.scan.feed(args)
+		if len(c.heldText)+len(c.heldRefusal) > 0 && t.scan.complete() {
+			c.flushText()
+		}
+	}
+	return nil
 }
 
 // holdingText reports whether text must wait: the live tool call's block

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -625,5 +626,90 @@ func TestParallelToolCallsSharingAnIndexWithTheirOwnIDsAreTwoCalls(t *testing.T)
 	}
 	if len(calls) != 2 || calls[0] != `f1 {"x": 1}` || calls[1] != `f2 {"y": 2}` {
 		t.Fatalf("Responses calls %q", calls)
+	}
+}
+
+// An engine answering in OpenAI's deprecated function_call format (one
+// call, no id) gets its call converted like a tool_calls entry: a
+// tool_use block on Messages, a function_call item on Responses, streamed
+// or not (they were dropped: stop_reason tool_use with no tool_use block,
+// a completed Response with no output).
+func TestADeprecatedFunctionCallAnswerBecomesAToolCall(t *testing.T) {
+	const args = `{"city":"Paris"}`
+	body := `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,"function_call":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},"finish_reason":"function_call"}],"usage":{"prompt_tokens":5,"completion_tokens":5,"total_tokens":10}}`
+	out, err := ChatToAnthropic(nil, []byte(body), &Meta{API: Anthropic, Model: []byte("m")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msg struct {
+		Content []struct {
+			Type, ID, Name string
+			Input          map[string]any
+		}
+		StopReason string `json:"stop_reason"`
+	}
+	if err := json.Unmarshal(out, &msg); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(msg.Content) != 1 || msg.Content[0].Type != "tool_use" || msg.Content[0].Name != "get_weather" ||
+		msg.Content[0].Input["city"] != "Paris" || msg.Content[0].ID == "" || msg.StopReason != "tool_use" {
+		t.Errorf("Messages: %s", out)
+	}
+	out, err = ChatToResponses(nil, []byte(body), &Meta{API: Responses, Model: []byte("m")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resp struct {
+		Output []struct {
+			Type, Name, Arguments string
+			CallID                string `json:"call_id"`
+		}
+	}
+	if err := json.Unmarshal(out, &resp); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if len(resp.Output) != 1 || resp.Output[0].Type != "function_call" || resp.Output[0].Name != "get_weather" ||
+		resp.Output[0].Arguments != args || resp.Output[0].CallID == "" {
+		t.Errorf("Responses: %s", out)
+	}
+
+	up := chunkLine(`{"role":"assistant","content":null,"function_call":{"name":"get_weather","arguments":""}}`, "null") +
+		chunkLine(`{"function_call":{"arguments":"{\"city\":"}}`, "null") +
+		chunkLine(`{"function_call":{"arguments":"\"Paris\"}"}}`, "null") +
+		chunkLine(`{}`, `"function_call"`) + usageLine + "data: [DONE]\n\n"
+	evs, err := checkAnthropicSSE(convertStream(t, &Meta{API: Anthropic, Model: []byte("m")}, up))
+	if err != nil {
+		t.Fatalf("Messages stream: %v", err)
+	}
+	name, input := "", ""
+	for _, ev := range evs {
+		switch ev.name {
+		case "content_block_start":
+			if b := ev.data["content_block"].(map[string]any); b["type"] == "tool_use" {
+				name = b["name"].(string)
+			}
+		case "content_block_delta":
+			if d := ev.data["delta"].(map[string]any); d["type"] == "input_json_delta" {
+				input += d["partial_json"].(string)
+			}
+		}
+	}
+	if name != "get_weather" || input != args {
+		t.Errorf("Messages stream: tool %q input %q", name, input)
+	}
+	evs, err = checkResponsesSSE(convertStream(t, &Meta{API: Responses, Model: []byte("m")}, up))
+	if err != nil {
+		t.Fatalf("Responses stream: %v", err)
+	}
+	done := 0
+	for _, ev := range evs {
+		if ev.name == "response.output_item.done" {
+			if it := ev.data["item"].(map[string]any); it["type"] == "function_call" && it["name"] == "get_weather" && it["arguments"] == args {
+				done++
+			}
+		}
+	}
+	if done != 1 {
+		t.Errorf("Responses stream: %d function calls done", done)
 	}
 }
