@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"bytes"
+
 	"github.com/infera/infera/protocol"
 	"github.com/valyala/fasthttp"
 )
@@ -60,3 +62,28 @@ func appendSSEError(b []byte, typ, msg string) []byte {
 	b = append(b, `,"param":null,"code":null}}`+"\n\ndata: [DONE]\n\n"...)
 	return b
 }
+
+// addAnthropicRequestID adds the request id to an Anthropic error body
+// held whole, as Anthropic's API answers it ({"type":"error","error":{..},
+// "request_id":".."}: its SDKs' ErrorResponse.request_id), unless the body
+// has one (an engine's, relayed).
+func addAnthropicRequestID(resp *fasthttp.Response, id []byte) {
+	if resp.IsBodyStream() {
+		return
+	}
+	b := resp.Body()
+	if len(b) < 2 || b[len(b)-1] != '}' || !bytes.HasPrefix(b, anthropicErrorStart) || bytes.Contains(b, jsonKeyRequestID) {
+		return
+	}
+	out := make([]byte, 0, len(b)+len(id)+16)
+	out = append(out, b[:len(b)-1]...)
+	out = append(out, `,"request_id":`...)
+	out = appendJSONString(out, string(id))
+	out = append(out, '}')
+	resp.SetBodyRaw(out)
+}
+
+var (
+	anthropicErrorStart = []byte(`{"type":"error",`)
+	jsonKeyRequestID    = []byte(`"request_id"`)
+)

@@ -169,15 +169,28 @@ func sseEvents(t *testing.T, body string) [][2]string {
 // checkAnthropicError asserts Anthropic's error shape with the given type.
 func checkAnthropicError(t *testing.T, body, typ string) {
 	t.Helper()
+	checkAnthropicErrorShape(t, body, typ, true)
+}
+
+// checkAnthropicErrorEvent checks the data of a stream's error event,
+// which carries no request_id (the answer's header has it).
+func checkAnthropicErrorEvent(t *testing.T, body, typ string) {
+	t.Helper()
+	checkAnthropicErrorShape(t, body, typ, false)
+}
+
+func checkAnthropicErrorShape(t *testing.T, body, typ string, withID bool) {
+	t.Helper()
 	var e struct {
 		Type  string `json:"type"`
 		Error struct {
 			Type    string `json:"type"`
 			Message string `json:"message"`
 		} `json:"error"`
+		RequestID string `json:"request_id"` // as Anthropic's API answers (its SDKs' ErrorResponse.request_id)
 	}
-	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Type != "error" || e.Error.Type != typ || e.Error.Message == "" {
-		t.Fatalf("not an Anthropic %s error: %q (%v)", typ, body, err)
+	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Type != "error" || e.Error.Type != typ || e.Error.Message == "" || (e.RequestID == "") == withID {
+		t.Fatalf("not an Anthropic %s error with its request_id: %q (%v)", typ, body, err)
 	}
 }
 
@@ -329,6 +342,13 @@ func TestProtocolErrorsInTheClientsShape(t *testing.T) {
 		t.Fatalf("no key: %d %s", resp.StatusCode, b)
 	}
 	checkAnthropicError(t, b, "authentication_error")
+	// The body's request_id is the answer's Request-Id, on count_tokens too.
+	for _, path := range []string{"/v1/messages", "/v1/messages/count_tokens"} {
+		resp, b = postH(t, r.url+path, anthropicBody, map[string]string{"x-api-key": "wrong"})
+		if id := resp.Header.Get("Request-Id"); id == "" || !strings.HasSuffix(b, `,"request_id":"`+id+`"}`) {
+			t.Fatalf("%s: Request-Id %q, body %s", path, id, b)
+		}
+	}
 	if resp, b = postH(t, r.url+"/v1/messages", anthropicBody, map[string]string{"x-api-key": "wrong"}); resp.StatusCode != 401 {
 		t.Fatalf("wrong key: %d %s", resp.StatusCode, b)
 	}
@@ -441,7 +461,7 @@ func TestProtocolStreamFailureEndsWithTheProtocolsErrorEvent(t *testing.T) {
 		if i > 0 && b[i-2:i] != "\n\n" {
 			t.Fatalf("passthrough %v: error event glued to a partial one: %q", pass, b)
 		}
-		checkAnthropicError(t, strings.TrimSuffix(b[i+len("event: error\ndata: "):], "\n\n"), "api_error")
+		checkAnthropicErrorEvent(t, strings.TrimSuffix(b[i+len("event: error\ndata: "):], "\n\n"), "api_error")
 	}
 }
 

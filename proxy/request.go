@@ -246,10 +246,13 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		// Every answer carries the request id; the access log learns the
 		// status now (a relayed body follows, its head is written).
 		ctx.Response.Header.SetCanonical(hdrRequestIDBytes, rs.reqID)
-		if rs.acc.kind == kindMessages {
+		if rs.acc.kind == kindMessages || rs.acc.kind == kindCountTokens {
 			// Anthropic's own header, which its SDKs expose as the
 			// answer's _request_id.
 			ctx.Response.Header.SetCanonical(hdrAnthropicRequestID, rs.reqID)
+			if !rs.handedOff && ctx.Response.StatusCode() >= 400 {
+				addAnthropicRequestID(&ctx.Response, rs.reqID)
+			}
 		}
 		if rs.gov.lim.Any() {
 			rs.gov.rlBuf = setRateLimitHeaders(ctx, &rs.gov.lim, rs.gov.rlBuf)
