@@ -1226,7 +1226,7 @@ func (r *redisState) pumpSeats() {
 		i, err := 0, error(nil) // no limit any more: a zero Seat
 		if rl.limited {
 			var ss *seatState
-			ss, i, _, err = r.acquireSeat(rl, cands, w.ph, false)
+			ss, i, _, err = r.acquireSeat(rl, cands, w.ph, rl.dry) // in dry run nothing waits
 			if err == errStateClosed {
 				return // shutting down: the waiters end with their requests
 			}

@@ -473,7 +473,9 @@ func (l *seatLimiter) pumpLocked() {
 	for w := l.q.head; w != nil; {
 		next := w.next
 		for i, lv := range w.lvs {
-			if lv[rl.scope].full(w.ph, &rl.lim) != CodeNone && rl.limited {
+			// In dry run nothing waits: the first target takes it, over
+			// the limit, as a new request would (a reload turned it on).
+			if rl.limited && !rl.dry && lv[rl.scope].full(w.ph, &rl.lim) != CodeNone {
 				continue
 			}
 			l.dequeueLocked(w)

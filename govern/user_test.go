@@ -661,6 +661,34 @@ func TestAReloadSwitchingTheSeatQueueToRejectRefusesItsQueuedRequests(t *testing
 	})
 }
 
+// A reload turning rate_limit.dry_run on serves the requests already
+// queued at once, as a new request would be (they waited for a seat to
+// free: up to queue_timeout_ms).
+func TestAReloadTurningDryRunOnServesTheQueuedRequests(t *testing.T) {
+	stores(t, func(t *testing.T, o Options) {
+		c := parseConfig(t, `{"rate_limit":{"overall_concurrency":1,"overlimit":"queue","queue_size":10,"queue_timeout_ms":30000}}`)
+		g := newGov(t, o, c)
+		holder := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+		defer holder.Done()
+		got := make(chan *Rejection, 1)
+		go func() {
+			s, _, rej := g.Acquire(context.Background(), []Target{w1}, PhaseMixed)
+			if rej == nil {
+				s.Done()
+			}
+			got <- rej
+		}()
+		waitFor(t, func() bool { g.seats.mu.Lock(); defer g.seats.mu.Unlock(); return g.seats.q.n == 1 })
+		c = parseConfig(t, `{"rate_limit":{"overall_concurrency":1,"overlimit":"queue","queue_size":10,"queue_timeout_ms":30000,"dry_run":true}}`)
+		if err := g.Apply(c); err != nil {
+			t.Fatal(err)
+		}
+		if rej := recvWithin(t, got, 2*time.Second, "the queued request"); rej != nil {
+			t.Fatalf("the queued request after dry_run went on: %v", rej)
+		}
+	})
+}
+
 // A reload of user_limit.timezone moves every quota window's start by the
 // zones' offset; the counts of the windows running go with them (they
 // started afresh: a month capped at 5 requests let 15 through over two
