@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -400,4 +403,42 @@ func testLastFailedAttempt(t *testing.T, r *testRouter, aServed *atomic.Int32) {
 		return
 	}
 	t.Fatal("no request went to a")
+}
+
+// Pooled connections the engine closed while idle are closed by the pool
+// in the background, the oldest included: LIFO reuse only ever looked at
+// the newest, so after a burst every other one sat in CLOSE_WAIT, holding
+// a descriptor, for as long as traffic stayed light or stopped.
+func TestIdleConnectionsTheEngineClosedAreReaped(t *testing.T) {
+	old := upReapEvery
+	upReapEvery = 50 * time.Millisecond
+	defer func() { upReapEvery = old }()
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(20 * time.Millisecond) // the burst overlaps: one connection each
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, okJSON)
+	}))
+	srv.Config.IdleTimeout = 100 * time.Millisecond // as engines close idle keep-alives
+	srv.Start()
+	defer srv.Close()
+	r := startRouter(t, nil, nil, srv.URL)
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			post(t, r.url+"/v1/chat/completions", chatBody)
+		}()
+	}
+	wg.Wait()
+	p := r.fl.View().All[0].Client.(*httpPool)
+	open := func() int { p.mu.Lock(); defer p.mu.Unlock(); return p.open }
+	if n := open(); n < 2 {
+		t.Fatalf("the burst opened %d connections", n)
+	}
+	for end := time.Now().Add(3 * time.Second); open() > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%d connections the engine closed are still held", open())
+		}
+	}
 }

@@ -369,7 +369,7 @@ func (e *externals) close() {
 // unsolicited bytes, per-read deadlines, aborts), with the upstream's Host
 // and TLS server name.
 func newExtPool(ep *upstreams.Endpoint, maxConns int, connectTimeout time.Duration) *httpPool {
-	p := &httpPool{addr: ep.Addr, host: ep.Host, maxConns: maxConns}
+	p := &httpPool{addr: ep.Addr, host: ep.Host, maxConns: maxConns, reapEvery: upReapEvery}
 	p.dialer = net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
 	if ep.TLS {
 		p.tlsCfg = newTLSConfig(hostOnly(ep.Addr))

@@ -67,10 +67,21 @@ type httpPool struct {
 	idle []*upConn // LIFO
 	open int
 	dead bool
+	// reapT runs reap while connections are idle (reapOn).
+	reapT     *time.Timer
+	reapOn    bool
+	reapEvery time.Duration // upReapEvery when the pool was made
 }
 
+// upReapEvery is how often a pool with idle connections closes those the
+// engine closed or that idled past upIdleMax. get looks only at the one it
+// pops, and LIFO reuse under light traffic never pops the oldest: each
+// held a descriptor in CLOSE_WAIT for as long as traffic stayed below its
+// peak, or stopped.
+var upReapEvery = 5 * time.Second
+
 func newHTTPPool(w *fleet.Worker, maxConns int, connectTimeout time.Duration) *httpPool {
-	p := &httpPool{addr: w.Addr, host: w.Addr, maxConns: maxConns}
+	p := &httpPool{addr: w.Addr, host: w.Addr, maxConns: maxConns, reapEvery: upReapEvery}
 	p.dialer = net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
 	if w.TLS {
 		p.tlsCfg = &tls.Config{ServerName: hostOnly(w.Addr)}
@@ -157,11 +168,45 @@ func (p *httpPool) put(c *upConn) {
 	p.mu.Lock()
 	if !p.dead {
 		p.idle = append(p.idle, c)
+		if !p.reapOn {
+			p.reapOn = true
+			if p.reapT == nil {
+				p.reapT = time.AfterFunc(p.reapEvery, p.reap)
+			} else {
+				p.reapT.Reset(p.reapEvery)
+			}
+		}
 		p.mu.Unlock()
 		return
 	}
 	p.mu.Unlock()
 	c.closeConn()
+}
+
+// reap closes the idle connections the engine closed (or sent stray
+// bytes on) and those idle past upIdleMax, and runs again while some stay.
+func (p *httpPool) reap() {
+	now := coarseNow.Load()
+	var stale []*upConn
+	p.mu.Lock()
+	kept := p.idle[:0]
+	for _, c := range p.idle {
+		if now-c.idleSince < int64(upIdleMax) && c.quiet() {
+			kept = append(kept, c)
+		} else {
+			stale = append(stale, c)
+		}
+	}
+	clear(p.idle[len(kept):])
+	p.idle = kept
+	p.reapOn = len(kept) > 0 && !p.dead
+	if p.reapOn {
+		p.reapT.Reset(p.reapEvery)
+	}
+	p.mu.Unlock()
+	for _, c := range stale {
+		c.closeConn()
+	}
 }
 
 // closeIdle closes idle connections; with dead set, connections in use are
@@ -171,6 +216,10 @@ func (p *httpPool) closeIdle(dead bool) {
 	idle := p.idle
 	p.idle = nil
 	p.dead = p.dead || dead
+	if p.reapT != nil {
+		p.reapT.Stop()
+	}
+	p.reapOn = false
 	p.mu.Unlock()
 	for _, c := range idle {
 		c.closeConn()
