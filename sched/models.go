@@ -2,6 +2,7 @@ package sched
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -54,7 +55,7 @@ func (s *Scheduler) compiled(cfg *config.Config) *compiled {
 			}
 		}
 	}
-	c := compile(cfg)
+	c := compile(cfg, cur)
 	if s.Latest != nil && !latest {
 		c.stale.Store(true)
 		s.retire(c)
@@ -74,18 +75,34 @@ func (s *Scheduler) retire(c *compiled) {
 	s.retired[0] = c
 }
 
-func compile(cfg *config.Config) *compiled {
+// compile builds cfg's compiled form. A canary rule unchanged since prev
+// keeps its place in the weighted rotation: rebuilt on every reload (of
+// any section), it restarted with the heaviest target, and a 1:9 canary
+// reloaded every few requests got none of them.
+func compile(cfg *config.Config, prev *compiled) *compiled {
 	c := &compiled{cfg: cfg}
 	for _, m := range cfg.ModelRouting.Mappings {
 		c.mappings = append(c.mappings, compiledMapping{pat: lowerASCII(m.Pattern), services: m.Services})
 	}
 	for _, r := range cfg.Canary.Rules {
-		c.canary = append(c.canary, newCanaryRule(r))
+		c.canary = append(c.canary, prev.canaryFor(r))
 	}
 	if cfg.ModelRouting.DefaultModel != "" {
 		c.defaultModel = []byte(cfg.ModelRouting.DefaultModel)
 	}
 	return c
+}
+
+// canaryFor returns c's compiled rule equal to r, or a new one.
+func (c *compiled) canaryFor(r config.CanaryRule) *canaryRule {
+	if c != nil {
+		for i, pr := range c.cfg.Canary.Rules {
+			if i < len(c.canary) && pr.Model == r.Model && slices.Equal(pr.Targets, r.Targets) {
+				return c.canary[i]
+			}
+		}
+	}
+	return newCanaryRule(r)
 }
 
 // maxModelNameLen is the longest model name accepted; longer ones are

@@ -369,3 +369,27 @@ func TestAMappedNameIsRewrittenToTheServiceModelOnWorkersServingSeveralModels(t 
 		t.Fatalf("workers chosen: %v (the test needs both)", seen)
 	}
 }
+
+// A reload of any other section keeps an unchanged canary rule's place in
+// its rotation: a 1:9 canary reloaded before every request got none of
+// them (each new compiled form restarted with the heaviest target).
+func TestAReloadKeepsAnUnchangedCanaryRulesRotation(t *testing.T) {
+	s := modelFleet(t)
+	rules := []config.CanaryRule{{Model: "deepseek-*", Targets: []config.CanaryTarget{{Service: "deepseek", Weight: 9}, {Service: "deepseek-canary", Weight: 1}}}}
+	got := map[string]int{}
+	for i := 0; i < 20; i++ {
+		cfg := cfgWith(t, func(c *config.Config) {
+			c.Canary.Enabled = true
+			c.Canary.Rules = rules
+			c.Mirror.TimeoutMS = float64(1000 + i) // another section changes: a new snapshot
+		})
+		d, err := s.Pick(cfg, &Request{Model: []byte("deepseek-v3")}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[d.Worker.Service]++
+	}
+	if got["deepseek-canary"] != 2 || got["deepseek"] != 18 {
+		t.Fatalf("20 requests, one reload before each: %v, want 18:2", got)
+	}
+}
