@@ -69,7 +69,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.UserDataDir(t.TempDir()),
 		// Chromium keeps its singleton socket in a directory of its own
 		// under TMPDIR, which a killed browser leaves behind: one per run.
-		chromedp.Env("TMPDIR="+t.TempDir()),
+		chromedp.Env("TMPDIR="+shortTempDir(t)),
 	)
 	defer cancel()
 	ctx, cancel2 := chromedp.NewContext(actx)
@@ -252,4 +252,17 @@ func TestConsoleInBrowser(t *testing.T) {
 	if !c2.SessionAffinity.Enabled || c2.SessionAffinity.TTLSeconds != 600 || len(c2.Users) != 1 || c2.Users[0].Name != "erin" {
 		t.Fatalf("import did not restore: %+v users=%d", c2.SessionAffinity, len(c2.Users))
 	}
+}
+
+// shortTempDir is a temporary directory with a short path, removed at the
+// end of the test: a socket path (Chromium's singleton socket) must fit
+// 108 bytes, which t.TempDir's, named after the test, may not.
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "chr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
 }

@@ -452,7 +452,7 @@ func newBrowser(t *testing.T, bin string) context.Context {
 		chromedp.UserDataDir(t.TempDir()),
 		// Chromium keeps its singleton socket in a directory of its own
 		// under TMPDIR, which a killed browser leaves behind: one per run.
-		chromedp.Env("TMPDIR="+t.TempDir()),
+		chromedp.Env("TMPDIR="+shortTempDir(t)),
 	)
 	ctx, cancel2 := chromedp.NewContext(actx)
 	ctx, cancel3 := context.WithTimeout(ctx, 60*time.Second)
@@ -975,4 +975,17 @@ func TestFleetViewRuleHitsAreGovernsCounters(t *testing.T) {
 	}
 	over.Done()
 	held.Done()
+}
+
+// shortTempDir is a temporary directory with a short path, removed at the
+// end of the test: a socket path (Chromium's singleton socket) must fit
+// 108 bytes, which t.TempDir's, named after the test, may not.
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "chr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
 }
