@@ -213,7 +213,11 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 		// before its head is committed: an engine that breaks it off (a
 		// body shorter than its Content-Length, a bad chunk) gets the
 		// client a 502 in its error shape, not a cut connection.
-		for !rs.sreq.Stream && rerr == nil && n > 0 && n < len(rs.rbuf) {
+		//
+		// So is a successful answer to a stream request that is not an
+		// event stream (an engine that answered plain JSON).
+		whole := !rs.sreq.Stream || status < 400 && !eventStream(up.contentType())
+		for whole && rerr == nil && n > 0 && n < len(rs.rbuf) {
 			var m int
 			m, rerr = up.read(rs.rbuf[n:])
 			n += m
@@ -419,7 +423,7 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	*rl = relay{
 		s: s, rs: rs, up: up,
 		buf: rs.rbuf, pending: first,
-		sse:     rs.sreq.Stream && status < 400,
+		sse:     rs.sreq.Stream && status < 400 && eventStream(up.contentType()),
 		idle:    rs.call.idle,
 		total:   rs.call.total,
 		client:  ctx.Conn(),
@@ -438,6 +442,13 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	if rs.sreq.Stream {
 		resp.ImmediateHeaderFlush = true
 	}
+}
+
+// eventStream reports whether an answer's Content-Type is an event stream
+// (or absent: an engine that names none is taken at the request's word).
+func eventStream(ct []byte) bool {
+	const es = "text/event-stream"
+	return len(ct) == 0 || len(ct) >= len(es) && eqFold(ct[:len(es)], es)
 }
 
 // statusOutcome is the breaker outcome of a response with status.

@@ -442,3 +442,34 @@ func TestIdleConnectionsTheEngineClosedAreReaped(t *testing.T) {
 		}
 	}
 }
+
+// A stream request whose engine answers plain JSON is relayed as that
+// answer, not as an event stream: one that breaks off is an invalid
+// response like any non-streamed answer (502 upstream_protocol_error,
+// tried elsewhere), where the client got a 200 application/json body
+// holding an SSE error event, and the engine's bytes were dropped; a whole
+// one arrives as it was sent.
+func TestAStreamRequestAnsweredWithPlainJSONIsNotRelayedAsEvents(t *testing.T) {
+	w := startRaw(t, func(n int, req string, c net.Conn) {
+		if strings.Contains(req, "short") {
+			c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"id\":\"chatcmpl-1\","))
+			time.Sleep(30 * time.Millisecond)
+			c.Close()
+			return
+		}
+		c.Write([]byte(jsonAnswer(okJSON)))
+	})
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startPDRouter(t, f, nil, fleet.Record{ID: "w", URL: w.url, Models: []string{"m"}})
+	ask := func(content string) string {
+		body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"` + content + `"}]}`
+		return rawClient(t, r.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\nConnection: close\r\n\r\n"+body, 5*time.Second)
+	}
+	if got := ask("short"); !strings.HasPrefix(got, "HTTP/1.1 502") || !strings.Contains(got, `"code":"upstream_protocol_error"`) {
+		t.Fatalf("a broken JSON answer to a stream request:\n%s", got)
+	}
+	if got := ask("whole"); !strings.HasPrefix(got, "HTTP/1.1 200") || !strings.Contains(got, okJSON) || strings.Contains(got, "data:") {
+		t.Fatalf("a whole JSON answer to a stream request:\n%s", got)
+	}
+}
