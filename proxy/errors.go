@@ -53,13 +53,17 @@ func appendNullable(b []byte, s string) []byte {
 	return appendJSONString(b, s)
 }
 
-// sseError is the event a stream ends with when it fails after the first byte.
-func appendSSEError(b []byte, typ, msg string) []byte {
+// appendSSEError appends the event a stream ends with when it fails after
+// the first byte; code is the error's code, as the answer before the first
+// byte would have had it ("timeout", "upstream_error", ...).
+func appendSSEError(b []byte, typ, msg, code string) []byte {
 	b = append(b, `data: {"error":{"message":`...)
 	b = appendJSONString(b, msg)
 	b = append(b, `,"type":`...)
 	b = appendJSONString(b, typ)
-	b = append(b, `,"param":null,"code":null}}`+"\n\ndata: [DONE]\n\n"...)
+	b = append(b, `,"param":null,"code":`...)
+	b = appendNullable(b, code)
+	b = append(b, "}}\n\ndata: [DONE]\n\n"...)
 	return b
 }
 

@@ -627,7 +627,7 @@ func (p *protoState) failEvent(dst []byte, status int, typ, msg string) []byte {
 //
 // seq is the sequence_number of the last Responses event relayed (-1:
 // none); the error event, which requires one, takes the next.
-func (p *protoState) appendSSEError(b []byte, status int, typ, msg string, seq int64) []byte {
+func (p *protoState) appendSSEError(b []byte, status int, typ, msg, code string, seq int64) []byte {
 	switch p.api {
 	case protocol.Anthropic:
 		b = append(b, "event: error\ndata: "...)
@@ -642,7 +642,7 @@ func (p *protoState) appendSSEError(b []byte, status int, typ, msg string, seq i
 		b = appendJSONString(b, msg)
 		return append(b, `,"param":null}`+"\n\n"...)
 	}
-	return appendSSEError(b, typ, msg)
+	return appendSSEError(b, typ, msg, code)
 }
 
 // errorBody is the body of a worker's error answer relayed after retries:

@@ -613,7 +613,8 @@ func TestTimeouts(t *testing.T) {
 	r2 := startRouter(t, f, cfg, su.url)
 	t0 = time.Now()
 	code, b = post(t, r2.url+"/v1/chat/completions", streamBody)
-	if code != 200 || !strings.HasPrefix(b, "data: {\"i\":0}\n\n") || !strings.Contains(b, "timed out") || !strings.HasSuffix(b, "data: [DONE]\n\n") {
+	if code != 200 || !strings.HasPrefix(b, "data: {\"i\":0}\n\n") || !strings.Contains(b, "timed out") || !strings.HasSuffix(b, "data: [DONE]\n\n") ||
+		!strings.Contains(b, `"code":"timeout"`) { // as the 504 before the first byte (it was null)
 		t.Fatalf("idle: %d %q", code, b)
 	}
 	if el := time.Since(t0); el > time.Second {
@@ -628,7 +629,7 @@ func TestTimeouts(t *testing.T) {
 	r3 := startRouter(t, f, cfg2, su2.url)
 	t0 = time.Now()
 	code, b = post(t, r3.url+"/v1/chat/completions", streamBody)
-	if code != 200 || !strings.Contains(b, "timed out") || strings.Contains(b, `"i":49`) {
+	if code != 200 || !strings.Contains(b, "timed out") || strings.Contains(b, `"i":49`) || !strings.Contains(b, `"code":"timeout"`) {
 		t.Fatalf("total: %d %q", code, trunc(b))
 	}
 	if el := time.Since(t0); el > 900*time.Millisecond {

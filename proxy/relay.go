@@ -379,11 +379,11 @@ func (r *relay) upstreamFailed(err error) {
 // so SSE parsers see the error event on its own.
 func (r *relay) errorEvent() []byte {
 	c := r.failed.class()
-	typ, msg, status := c.typ, c.msg, r.failed.httpStatus()
+	typ, msg, code, status := c.typ, c.msg, c.code, r.failed.httpStatus()
 	if r.failed.kind == failBroken {
 		msg = "the worker's response stream broke"
 		if isTimeout(r.failed.cause) {
-			typ, msg = typeTimeout, "the worker's stream timed out (no data within the idle timeout)"
+			typ, msg, code = typeTimeout, "the worker's stream timed out (no data within the idle timeout)", "timeout"
 		}
 	}
 	if typ == typeTimeout {
@@ -410,7 +410,7 @@ func (r *relay) errorEvent() []byte {
 	case !ok0 || b0 != '\n':
 		b = append(b, '\n')
 	}
-	b = r.rs.proto.appendSSEError(b, status, typ, msg, r.lastSeq) // in the client's protocol (protocols.go)
+	b = r.rs.proto.appendSSEError(b, status, typ, msg, code, r.lastSeq) // in the client's protocol (protocols.go)
 	r.rs.scratchOut = b
 	return b
 }
