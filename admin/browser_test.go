@@ -180,6 +180,22 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal("the console's save did not reach the config file")
 	}
 	saveShot("console.png")
+	// A half-typed number ("5e": the browser reads it as "") is refused at
+	// its field; it was sent as cleared and saved the default (1800).
+	step("not a number",
+		clear(css("#f-session_affinity_ttl_s")), chromedp.SendKeys(css("#f-session_affinity_ttl_s"), "5e"),
+		chromedp.Click(css("#save")),
+		chromedp.WaitVisible(css(`[data-path="session_affinity.ttl_s"].invalid .err`)))
+	if msg := text(`[data-path="session_affinity.ttl_s"] .err`); !strings.Contains(msg, "not a number") {
+		t.Fatalf("inline error: %q", msg)
+	}
+	if got := e.store.Load().SessionAffinity.TTLSeconds; got != 600 {
+		t.Fatalf("a half-typed number was saved: ttl_s %v", got)
+	}
+	step("fixed",
+		clear(css("#f-session_affinity_ttl_s")), chromedp.SendKeys(css("#f-session_affinity_ttl_s"), "600"),
+		chromedp.Click(css("#save")),
+		chromedp.Poll[chromedp.Void](`document.querySelector('#save-status').textContent.startsWith('Saved')`, chromedp.WithPollingTimeout(5*time.Second)))
 
 	// Canary weights read as percentages while typing.
 	step("canary", chromedp.Navigate(e.srv.URL+"/#/section/canary"), chromedp.WaitVisible(css(`form[data-section="canary"]`)),

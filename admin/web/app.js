@@ -402,6 +402,19 @@ function listBox(f, obj, path, ctx) {
   return wrap;
 }
 
+// badNumber finds a number field holding what the browser cannot read as
+// a number ("5e", "1..5", "1e400"): its value reads as "", as a cleared
+// field's does.
+function badNumber(root) {
+  for (const inp of root.querySelectorAll('input[type=number]')) {
+    if (inp.validity.badInput) {
+      const box = inp.closest('[data-path]');
+      return { path: box ? box.dataset.path : '', message: 'not a number' };
+    }
+  }
+  return null;
+}
+
 function clearErrors(root) {
   root.querySelectorAll('.invalid').forEach((el) => el.classList.remove('invalid'));
   root.querySelectorAll('.err').forEach((el) => { el.textContent = ''; });
@@ -449,6 +462,12 @@ async function sectionPage(key) {
       : h('div', { class: 'card' }, listBox(f, holder, key)));
   };
   const save = async () => {
+    const bad = badNumber(form);
+    if (bad) { // sent, it would read as cleared: the default, saved
+      showError(form, banner, bad);
+      status.textContent = 'Not saved: fix the highlighted setting';
+      return;
+    }
     const res = await api('PUT', '/api/config/' + key, holder[key], { 'If-Match': etag });
     if (res.status === 200) {
       etag = res.etag;
