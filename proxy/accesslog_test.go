@@ -185,11 +185,18 @@ func TestTheAccessLogHasOneLinePerRequestAndNoSecrets(t *testing.T) {
 	}
 }
 
-// A stream the client leaves, and one the engine breaks, say so in "end".
+// A stream the client leaves, one the engine breaks, and a request whose
+// client left before its answer (499) say so in "end".
 func TestTheAccessLogTellsHowAStreamEnded(t *testing.T) {
 	slow := &sseUpstream{n: 200, delay: 10 * time.Millisecond}
-	var broken atomic.Bool
+	var broken, slowJSON atomic.Bool
 	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if slowJSON.Load() { // the engine is still at work when the client leaves
+			time.Sleep(300 * time.Millisecond)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"choices":[]}`)
+			return
+		}
 		if broken.Load() {
 			ctx.HijackSetNoResponse(true)
 			ctx.Hijack(func(c net.Conn) { // the engine dies mid-stream
@@ -202,6 +209,20 @@ func TestTheAccessLogTellsHowAStreamEnded(t *testing.T) {
 	})
 	r, lines, _ := accessRouter(t, "", up.url)
 	streamBody := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+
+	// A client that leaves before any of the answer was written (499).
+	slowJSON.Store(true)
+	early, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	early.Write([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: early-leaver\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(plain)) + "\r\n\r\n" + plain))
+	time.Sleep(50 * time.Millisecond)
+	early.Close()
+	time.Sleep(400 * time.Millisecond)
+	slowJSON.Store(false)
 
 	conn, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
 	if err != nil {
@@ -233,6 +254,9 @@ func TestTheAccessLogTellsHowAStreamEnded(t *testing.T) {
 	}
 	if l := ids["broken"]; l == nil || l["end"] != "upstream_error" {
 		t.Fatalf("broken: %v", l)
+	}
+	if l := ids["early-leaver"]; l == nil || l["end"] != "client_gone" || l["status"] != 499.0 {
+		t.Fatalf("a client that left before the answer: %v", l)
 	}
 }
 

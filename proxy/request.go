@@ -265,7 +265,11 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 			}
 		}
 		if !rs.handedOff {
-			s.releaseState(rs, endComplete)
+			end := endComplete
+			if rs.acc.status == 499 { // the client left before the answer
+				end = endClientGone
+			}
+			s.releaseState(rs, end)
 		}
 	}()
 	if !ctx.IsPost() {
