@@ -145,9 +145,13 @@ type extSection struct {
 	specs func(any) []extSpec
 }
 
+// splitSpecs and memberSpecs want no upstream of a disabled section.
 func splitSpecs(src any) []extSpec {
 	sp := src.(*config.SplitProxy)
 	want := make([]extSpec, len(sp.Proxies))
+	if !sp.Enabled {
+		return want
+	}
 	for i := range sp.Proxies {
 		if p := &sp.Proxies[i]; !p.Local {
 			want[i] = extSpec{name: p.Label(), raw: p.Address, key: p.APIKey}
@@ -159,6 +163,9 @@ func splitSpecs(src any) []extSpec {
 func memberSpecs(src any) []extSpec {
 	g := src.(*config.GlobalScheduling)
 	want := make([]extSpec, len(g.Members))
+	if !g.Enabled {
+		return want
+	}
 	for i := range g.Members {
 		m := &g.Members[i]
 		want[i] = extSpec{name: m.Name, raw: m.URL, key: m.APIKey}
@@ -197,6 +204,23 @@ func (e *externals) table(sec *extSection, src any) *extTable {
 		}
 	}
 	return e.publish(sec, src)
+}
+
+// sync publishes the tables of cur, the snapshot a reload has just swapped
+// in: the upstreams a section no longer has (all of them when it was
+// disabled) are retired now, their connections closed and their series
+// gone, rather than at the section's next request, which may never come.
+func (e *externals) sync(cur *config.Config) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return
+	}
+	for _, sec := range []*extSection{&e.splitSec, &e.memberSec} {
+		if src := sec.of(cur); sec.pub.Load().src != src {
+			e.publish(sec, src)
+		}
+	}
 }
 
 // publish builds and publishes the table of src. Lock must be held.

@@ -169,6 +169,9 @@ func New(o Options) *Server {
 	}
 	s.ext = newExternals(f)
 	s.ext.latest = s.store.Load
+	if s.store != nil {
+		s.store.OnChange(func(_, cur *config.Config) { s.ext.sync(cur) })
+	}
 	if s.classifier = o.Classifier; s.classifier == nil {
 		s.classifier = &classify.Client{}
 	}

@@ -487,3 +487,66 @@ func TestSplitExternalGetsTheSessionHeader(t *testing.T) {
 		}
 	}
 }
+
+// Disabling the split proxy (or global scheduling) retires its external
+// upstreams at the reload: their series leave /metrics (a breaker_state
+// of 2 kept an alert firing) and their idle connections close. They used
+// to stay until the section's next request, which a disabled section
+// never gets.
+func TestDisablingTheSplitProxyRetiresItsUpstreamsAtTheReload(t *testing.T) {
+	bad := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(500) })
+	good := startUpstream(t, okHandler)
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true},
+		config.Proxy{Name: "a", Address: bad.url, Weight: 1},
+		config.Proxy{Name: "good", Address: good.url, Failover: true},
+	)
+	cfg.GlobalScheduling = globalConfig(config.Member{Name: "m1", URL: good.url}).GlobalScheduling
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r := startRouterWith(t, nil, cfg, nil, deadURL(t))
+	for i := 0; i < 3; i++ { // a's breaker opens (threshold 3)
+		if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, b)
+		}
+	}
+	const state = `infera_split_proxy_breaker_state{proxy="a"}`
+	if v := metricValue(t, r.url, state); v != "2" {
+		t.Fatalf("a's breaker state %q, want 2", v)
+	}
+	c := *cfg
+	c.GlobalScheduling.Enabled = false
+	r.store.Set(&c) // a member table is built for this snapshot
+	if v := metricValue(t, r.url, `infera_global_member_breaker_state{member="m1"}`); v != "" {
+		t.Fatalf("a disabled member's series is listed: %q", v)
+	}
+	c2 := c
+	c2.GlobalScheduling.Enabled = true
+	r.store.Set(&c2)
+	if v := metricValue(t, r.url, `infera_global_member_breaker_state{member="m1"}`); v != "0" {
+		t.Fatalf("the enabled member's breaker state %q, want 0", v)
+	}
+	up := r.srv.ext.split.Load().ups[2]
+	if idleConns(up.pool) == 0 {
+		t.Fatal("good has no idle connection to close")
+	}
+	c3 := c2
+	c3.SplitProxy.Enabled = false
+	c3.GlobalScheduling.Enabled = false
+	r.store.Set(&c3)
+	for _, s := range []string{state, `infera_split_proxy_requests_total{proxy="good"}`, `infera_global_member_breaker_state{member="m1"}`} {
+		if v := metricValue(t, r.url, s); v != "" {
+			t.Fatalf("after disabling, %s is still %s", s, v)
+		}
+	}
+	if n := idleConns(up.pool); n != 0 {
+		t.Fatalf("a retired upstream keeps %d idle connections", n)
+	}
+}
+
+func idleConns(p *httpPool) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.idle)
+}
