@@ -419,14 +419,19 @@ func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(d
 // yet, before a change is based on the current version: the write then
 // carries a stale version and conflicts, even when it would change nothing
 // (answering 200 with values the file no longer holds would hide the
-// edit). A hand edit that does not parse refuses the write. Without a
-// config file (or with Redis, where the file's edits are writes of their
-// own) it does nothing.
+// edit). A hand edit that does not parse refuses the write, whether or
+// not the poll saw it first, and a write that would change nothing too.
+// Without a config file (or with Redis, where the file's edits are writes
+// of their own) it does nothing.
 func (a *Admin) syncFile() error {
 	if a.st.kind() != "file" {
 		return nil
 	}
-	if _, err := a.store.Reload(); err != nil {
+	_, err := a.store.Reload()
+	if err == nil {
+		err = a.store.Refused() // the poll saw the broken edit first
+	}
+	if err != nil {
 		return &errConflict{have: a.store.Version(), msg: fmt.Sprintf("the config file %q was edited by hand and does not load (%v): fix or revert it first", a.store.Path(), err)}
 	}
 	return nil

@@ -526,6 +526,28 @@ func (s *Store) Reload() (bool, error) { return s.reload(false) }
 // config serving.
 func (s *Store) ReloadAsked() (bool, error) { return s.reload(true) }
 
+// Refused returns why the file was refused when it still holds the bytes
+// a reload refused (they were reported once; the config serving is not the
+// file's), else nil.
+func (s *Store) Refused() error {
+	if s.path == "" {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.badData == nil {
+		return nil
+	}
+	data, err := os.ReadFile(s.path)
+	if err != nil {
+		return err
+	}
+	if bytes.Equal(data, s.badData) {
+		return s.badErr
+	}
+	return nil
+}
+
 func (s *Store) reload(asked bool) (bool, error) {
 	if s.path == "" {
 		return false, nil
