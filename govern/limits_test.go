@@ -172,3 +172,30 @@ func TestABucketBelowZeroResetsAfterMoreThanAMinute(t *testing.T) {
 		}
 	}
 }
+
+// A quota window's refusal tells the time to the window's end to the
+// millisecond in RetryAfterMS (Retry-After-Ms), as RPM and TPM refusals
+// do; it was whole seconds, up to a second late. Both backends.
+func TestAQuotaRefusalTellsTheWindowsEndToTheMillisecond(t *testing.T) {
+	for _, state := range []string{"memory", "redis"} {
+		t.Run(state, func(t *testing.T) {
+			key, hash := mintKey(t)
+			// 250 ms past 23:00 UTC: the day ends in 3599.75 s.
+			clk := newFakeClock(time.Date(2025, 6, 4, 23, 0, 0, 250e6, time.UTC))
+			o := Options{Now: clk.Now}
+			if state == "redis" {
+				o = redisOptions(t, startRedis(t))
+				o.Now = clk.Now
+			}
+			g := newGov(t, o, userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":1}]}}`, ""))
+			u := identify(t, g, key)
+			tk := admitOK(t, g, u, Request{})
+			tk.FirstToken()
+			tk.Done(Usage{})
+			rej := admitRejected(t, g, u, Request{}, CodeQuotaRequestsDay)
+			if rej.RetryAfter != 3600 || rej.RetryAfterMS != 3_599_750 {
+				t.Fatalf("retry after %d s, %d ms; want 3600 s, 3599750 ms", rej.RetryAfter, rej.RetryAfterMS)
+			}
+		})
+	}
+}

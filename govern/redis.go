@@ -803,7 +803,7 @@ func (r *redisState) admitted(res []int64, t *template, ts *ticketState, cs *cal
 	}
 	for p := range numPeriods {
 		if f.has(quotaRequestsCode(p)) || f.has(quotaTokensCode(p)) {
-			retry = max(retry, (cs.win[p].end-now/1e9)*1e9)
+			retry = max(retry, cs.win[p].end*1e9-now) // to the ns: Retry-After-Ms
 		}
 	}
 	if f == 0 || dry {

@@ -163,7 +163,7 @@ func (st *userState) checkLocked(t *template, cs *calState, now int64, e estimat
 				hit = true
 			}
 			if hit {
-				retry = max(retry, (cs.win[p].end-sec)*1e9)
+				retry = max(retry, cs.win[p].end*1e9-now) // to the ns: Retry-After-Ms
 			}
 		}
 	}
