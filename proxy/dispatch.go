@@ -295,6 +295,11 @@ func (s *Server) answerFailed(ctx *fasthttp.RequestCtx, rs *reqState, res *tries
 	s.writeFailure(ctx, last, res.allConnect && (res.fleetDown || !s.untriedWorker(&rs.sreq)))
 }
 
+// retryHeaders are the headers of a stashed error answer relayed with it:
+// when to come back (Retry-After; Retry-After-Ms, which the OpenAI and
+// Anthropic SDKs read first) and whether to (X-Should-Retry).
+var retryHeaders = [...][]byte{[]byte("Retry-After"), []byte("Retry-After-Ms"), []byte("X-Should-Retry")}
+
 // relayStashed answers with the error answer stashed in rs (stashAnswer),
 // in the client's protocol (protocols.go).
 func (s *Server) relayStashed(ctx *fasthttp.RequestCtx, rs *reqState) {
@@ -306,8 +311,10 @@ func (s *Server) relayStashed(ctx *fasthttp.RequestCtx, rs *reqState) {
 	if len(rs.errType) > 0 {
 		ctx.Response.Header.SetContentTypeBytes(rs.errType)
 	}
-	if len(rs.errRetry) > 0 && validHeaderValue(rs.errRetry) {
-		ctx.Response.Header.SetBytesV("Retry-After", rs.errRetry)
+	for i, name := range retryHeaders {
+		if v := rs.errRetry[i]; len(v) > 0 && validHeaderValue(v) {
+			ctx.Response.Header.SetCanonical(name, v)
+		}
 	}
 	ctx.SetBody(body)
 }
@@ -347,7 +354,9 @@ func (rs *reqState) stashAnswer(up upResponse, status int, slot *abortSlot) {
 	if err == io.EOF && len(b) > 0 {
 		rs.errStatus = status
 		rs.errType = append(rs.errType[:0], up.contentType()...)
-		rs.errRetry = append(rs.errRetry[:0], up.retryAfter()...) // an engine's 429 or 503 says when to come back
+		for i, name := range retryHeaders { // an engine's 429 or 503 says when (and whether) to come back
+			rs.errRetry[i] = append(rs.errRetry[i][:0], up.header(name)...)
+		}
 		up.finish(slot.unset())
 		return
 	}

@@ -1082,12 +1082,13 @@ func TestAPassthroughResponsesStreamErrorEventHasTheNextSequenceNumber(t *testin
 
 // When every worker tried answers 429 (or 5xx), the last answer is relayed
 // after the retries; its Retry-After was dropped with its other headers.
-// The client gets it (chat and Messages alike), so SDKs wait as the engine
-// asked.
-func TestAnEngines429RelayedAfterRetriesKeepsItsRetryAfter(t *testing.T) {
+// The client gets it, and Retry-After-Ms and X-Should-Retry, which the
+// OpenAI and Anthropic SDKs read first (they were dropped still), chat and
+// Messages alike, so SDKs wait (or not) as the engine asked.
+func TestAnEngines429RelayedAfterRetriesKeepsItsRetryHeaders(t *testing.T) {
 	busy := func(n int, req string, c net.Conn) {
 		body := `{"error":{"message":"busy","type":"rate_limit_error"}}`
-		c.Write([]byte("HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 7\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body))
+		c.Write([]byte("HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 7\r\nretry-after-ms: 6500\r\nx-should-retry: false\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body))
 	}
 	// One worker: its 429 is stashed for a retry that finds no other
 	// worker, then relayed (with two, the last one's is relayed directly).
@@ -1098,7 +1099,8 @@ func TestAnEngines429RelayedAfterRetriesKeepsItsRetryAfter(t *testing.T) {
 		{"/v1/messages", `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`},
 	} {
 		got := rawClient(t, r.url, "POST "+c.path+" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(c.body))+"\r\nConnection: close\r\n\r\n"+c.body, 5*time.Second)
-		if !strings.HasPrefix(got, "HTTP/1.1 429") || !strings.Contains(got, "\r\nRetry-After: 7\r\n") {
+		if !strings.HasPrefix(got, "HTTP/1.1 429") || !strings.Contains(got, "\r\nRetry-After: 7\r\n") ||
+			!strings.Contains(got, "\r\nRetry-After-Ms: 6500\r\n") || !strings.Contains(got, "\r\nX-Should-Retry: false\r\n") {
 			t.Errorf("%s:\n%.500s", c.path, got)
 		}
 	}

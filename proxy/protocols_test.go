@@ -711,7 +711,7 @@ type fakeUp struct {
 
 func (u *fakeUp) status() int                            { return 200 }
 func (u *fakeUp) copyHeaders(*fasthttp.ResponseHeader)   {}
-func (u *fakeUp) retryAfter() []byte                     { return nil }
+func (u *fakeUp) header([]byte) []byte                   { return nil }
 func (u *fakeUp) contentType() []byte                    { return nil }
 func (u *fakeUp) contentLength() int64                   { return -1 }
 func (u *fakeUp) setReadDeadline(time.Time)              {}

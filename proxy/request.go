@@ -55,7 +55,7 @@ type reqState struct {
 	// The last error answer of a worker the request was retried away from.
 	errStatus        int
 	errBody, errType []byte
-	errRetry         []byte // the stashed answer's Retry-After
+	errRetry         [len(retryHeaders)][]byte // the stashed answer's retryHeaders
 
 	// Split proxy, global scheduling, smart model selection (external.go).
 	ext extState
@@ -99,7 +99,10 @@ func (rs *reqState) Reset() {
 	rs.tokCut, rs.tokText, rs.tokSkip = 0, 0, false
 	rs.fwd, rs.rewrite, rs.route, rs.hdr, rs.path = nil, trimBuf(rs.rewrite), rs.route[:0], rs.hdr[:0], rs.path[:0]
 	rs.scratchOut = trimBuf(rs.scratchOut)
-	rs.errStatus, rs.errBody, rs.errType, rs.errRetry = 0, trimBuf(rs.errBody), rs.errType[:0], rs.errRetry[:0] // a prefill's error answer may reach pdMaxAnswer
+	rs.errStatus, rs.errBody, rs.errType = 0, trimBuf(rs.errBody), rs.errType[:0] // a prefill's error answer may reach pdMaxAnswer
+	for i := range rs.errRetry {
+		rs.errRetry[i] = rs.errRetry[i][:0]
+	}
 	rs.ext.reset()
 	rs.proto.reset()
 	rs.gov.reset()

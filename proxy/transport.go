@@ -27,8 +27,8 @@ type upResponse interface {
 	// hop-by-hop headers, those named by the response's Connection header,
 	// framing headers, Date and Server are left out.
 	copyHeaders(h *fasthttp.ResponseHeader)
-	// retryAfter is the response's Retry-After value (nil: none).
-	retryAfter() []byte
+	// header returns the value of the response's header name (nil: none).
+	header(name []byte) []byte
 	contentType() []byte
 	// contentLength is the body length, -1 when unknown.
 	contentLength() int64

@@ -146,17 +146,15 @@ func (u *httpUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
 	}
 }
 
-func (u *httpUpstream) retryAfter() []byte {
+func (u *httpUpstream) header(name []byte) []byte {
 	c := u.conn()
 	for i := range c.hdrs {
-		if k, v := c.header(i); bytes.EqualFold(k, hdrRetryAfter) {
+		if k, v := c.header(i); bytes.EqualFold(k, name) {
 			return v
 		}
 	}
 	return nil
 }
-
-var hdrRetryAfter = []byte("Retry-After")
 
 func (u *httpUpstream) read(p []byte) (int, error) { return u.conn().read(p) }
 

@@ -145,8 +145,8 @@ func (u *natsUpstream) contentLength() int64 {
 	return -1
 }
 
-func (u *natsUpstream) retryAfter() []byte {
-	if v := u.st.Header().Get("Retry-After"); v != "" {
+func (u *natsUpstream) header(name []byte) []byte {
+	if v := u.st.Header().Get(string(name)); v != "" {
 		return []byte(v)
 	}
 	return nil
