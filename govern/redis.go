@@ -363,6 +363,11 @@ type redoRelease struct {
 	keys  []string
 	args  []any
 	after uint64
+	// ended: the return of an end that failed, whose slot or seat was
+	// taken for sure (its call was answered). It goes out at the head of
+	// the next pipeline, before that pipeline's admissions: Redis back
+	// from its AOF would hold the slot against them otherwise.
+	ended bool
 }
 
 // maxRedo bounds the returns kept for sending again (Redis down for long
@@ -371,14 +376,38 @@ type redoRelease struct {
 const maxRedo = 1 << 14
 
 // keepRedo keeps a return to send again once Redis answers (redo).
-func (r *redisState) keepRedo(keys []string, args []any) {
+func (r *redisState) keepRedo(keys []string, args []any, ended bool) {
 	after := r.execs.Load()
 	r.qmu.Lock()
 	if len(r.redo) >= maxRedo {
 		r.redo = r.redo[1:]
 	}
-	r.redo = append(r.redo, redoRelease{keys: keys, args: args, after: after})
+	r.redo = append(r.redo, redoRelease{keys: keys, args: args, after: after, ended: ended})
 	r.qmu.Unlock()
+}
+
+// maxRedoAhead bounds the ended returns that go ahead of one pipeline's
+// calls (the rest follow once it is answered, resendRedo).
+const maxRedoAhead = 1024
+
+// takeEndedRedo takes the ended returns kept (up to maxRedoAhead) as ends
+// to send ahead of a pipeline's calls. Sending one early is safe: its
+// slot or seat was taken, and a return removes nothing twice.
+func (r *redisState) takeEndedRedo() []*scriptCall {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	var out []*scriptCall
+	keep := r.redo[:0]
+	for _, x := range r.redo {
+		if x.ended && len(out) < maxRedoAhead {
+			out = append(out, &scriptCall{end: endRelease, keys: x.keys, args: x.args})
+		} else {
+			keep = append(keep, x)
+		}
+	}
+	clear(r.redo[len(keep):])
+	r.redo = keep
+	return out
 }
 
 // keepFailedEnds keeps for sending again the returns of the ends of an
@@ -388,13 +417,13 @@ func (r *redisState) keepFailedEnds(parts []*scriptCall) {
 	for _, x := range parts {
 		switch x.end {
 		case endRelease:
-			r.keepRedo(x.keys, x.args)
+			r.keepRedo(x.keys, x.args, true)
 		case endFinish:
 			// args: member, concurrency (1: it held a slot), ...; keys:
 			// the user's hash, its slot set; finishLua's last argument
 			// position after the periods names the user for the wake.
 			if len(x.args) > 9 && len(x.keys) == 2 && x.args[1] == 1 {
-				r.keepRedo([]string{x.keys[1]}, []any{x.args[0], x.args[8], x.args[9]})
+				r.keepRedo([]string{x.keys[1]}, []any{x.args[0], x.args[8], x.args[9]}, true)
 			}
 		}
 	}
@@ -661,6 +690,10 @@ func (r *redisState) exec(batch []*scriptCall) {
 			return
 		}
 	}
+	if ahead := r.takeEndedRedo(); len(ahead) > 0 {
+		mStateUndone.Add(len(ahead))
+		batch = append(ahead, batch...)
+	}
 	ctx, cancel := r.ctx()
 	defer cancel()
 	wire := make([]*scriptCall, 0, len(batch))
@@ -861,7 +894,7 @@ func (r *redisState) undoSlots(err error, member, msg string, sets ...string) {
 	mStateUndone.Inc()
 	args := []any{member, r.wake, msg}
 	r.end(endRelease, sets, args)
-	r.keepRedo(sets, args) // once more when Redis answers again
+	r.keepRedo(sets, args, false) // once more when Redis answers again
 }
 
 // finishUser queues ts's reconciliation in Redis (an end: it rides in the

@@ -113,3 +113,47 @@ func TestRedisStallFailsCallsAtOnceAfterTheFirstTimeout(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// The returns that failed while Redis was down go out ahead of the first
+// calls once it is back: Redis restarted from its data (dump or AOF)
+// holds the slot and the seat of requests that ended meanwhile, and the
+// first requests after the restart met them (429 concurrency_user and
+// concurrency_overall with limits of one) when the returns were sent
+// only after the first pipeline was answered.
+func TestRedisTheFirstRequestsAfterARestartMeetNoPhantomSlotOrSeat(t *testing.T) {
+	rs := startRedis(t)
+	key, hash := mintKey(t)
+	o := redisOptions(t, rs)
+	c := userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":1}}`, `"rate_limit":{"overall_concurrency":1}`)
+	g := newGov(t, o, c)
+	u := identify(t, g, key)
+	tk := admitOK(t, g, u, Request{})
+	seat := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	if err := rs.client(t).Save(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rs.stop()
+	tk.FirstToken()
+	tk.Done(Usage{}) // both returns fail: Redis is down
+	seat.Done()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		g.rds.qmu.Lock()
+		n := len(g.rds.redo)
+		g.rds.qmu.Unlock()
+		if n >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d returns kept, want 2", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rs.start() // with the dump: the slot's and the seat's members are back
+	if _, rej := g.Admit(context.Background(), u, Request{}); rej != nil {
+		t.Fatalf("the first admission after the restart: %v", rej)
+	}
+	if _, _, rej := g.TryAcquire([]Target{w1}, PhaseMixed); rej != nil {
+		t.Fatalf("the first seat after the restart: %v", rej)
+	}
+}
