@@ -38,22 +38,22 @@ func TestChatAnswerConvertsToAnthropicMessage(t *testing.T) {
 		}
 	}
 	usage := `"usage":{"prompt_tokens":10,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":6}}`
-	wantUsage := `"usage":{"input_tokens":4,"cache_creation_input_tokens":0,"cache_read_input_tokens":6,"output_tokens":4}`
+	wantUsage := `"stop_details":null,"container":null,"diagnostics":null,"usage":{"input_tokens":4,"cache_creation_input_tokens":0,"cache_read_input_tokens":6,"output_tokens":4,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}`
 	f("text, end_turn, cached tokens", `{"id":"c","model":"engine-model","choices":[{"index":0,"message":{"role":"assistant","content":"Hi \"you\""},"finish_reason":"stop"}],`+usage+`}`,
 		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"Hi \"you\""}],"stop_reason":"end_turn","stop_sequence":null,`+wantUsage+`}`)
 	f("length is max_tokens", `{"choices":[{"message":{"content":"a"},"finish_reason":"length"}]}`,
-		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"a"}],"stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}`)
+		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"a"}],"stop_reason":"max_tokens","stop_sequence":null,"stop_details":null,"container":null,"diagnostics":null,"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}}`)
 	f("vLLM stop_reason names the stop sequence", `{"choices":[{"message":{"content":"a"},"finish_reason":"stop","stop_reason":"END"}]}`,
-		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"a"}],"stop_reason":"stop_sequence","stop_sequence":"END","usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}`)
+		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"a"}],"stop_reason":"stop_sequence","stop_sequence":"END","stop_details":null,"container":null,"diagnostics":null,"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}}`)
 	f("SGLang matched_stop names the stop sequence", `{"choices":[{"message":{"content":"a"},"finish_reason":"stop","matched_stop":"END"}]}`,
-		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"a"}],"stop_reason":"stop_sequence","stop_sequence":"END","usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}`)
+		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"a"}],"stop_reason":"stop_sequence","stop_sequence":"END","stop_details":null,"container":null,"diagnostics":null,"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}}`)
 	f("reasoning, tool calls (object arguments, bad arguments), tool_use", `{"choices":[{"message":{"content":null,"reasoning_content":"hmm","tool_calls":[
 		{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\": [1, \"x\"]}"}},
 		{"id":"call_2","type":"function","function":{"name":"g","arguments":"not json"}}]},"finish_reason":"tool_calls"}],`+usage+`}`,
 		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"thinking","thinking":"hmm","signature":""},
 		{"type":"tool_use","id":"call_1","name":"f","input":{"a":[1,"x"]}},{"type":"tool_use","id":"call_2","name":"g","input":{}}],"stop_reason":"tool_use","stop_sequence":null,`+wantUsage+`}`)
 	f("content_filter is refusal", `{"choices":[{"message":{"content":""},"finish_reason":"content_filter"}]}`,
-		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[],"stop_reason":"refusal","stop_sequence":null,"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}`)
+		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[],"stop_reason":"refusal","stop_sequence":null,"stop_details":null,"container":null,"diagnostics":null,"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}}`)
 	if _, err := ChatToAnthropic(nil, []byte(`{"choices":`), m); err == nil || err.(*Error).Status != 502 {
 		t.Errorf("unreadable engine answer: %v", err)
 	}

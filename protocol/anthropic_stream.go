@@ -20,9 +20,9 @@ func (c *StreamConverter) aStart() {
 	c.out = append(c.out, m.ID...)
 	c.out = append(c.out, `","type":"message","role":"assistant","model":`...)
 	c.out = appendBytesStr(c.out, m.Model)
-	c.out = append(c.out, `,"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":`...)
-	c.out = appendInt(c.out, int64(m.PromptTokens))
-	c.out = append(c.out, `,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0}}}`...)
+	c.out = append(c.out, `,"content":[],"stop_reason":null,"stop_sequence":null`+anthropicMessageNulls+`,"usage":`...)
+	c.out = appendAnthropicUsage(c.out, &Usage{PromptTokens: int64(m.PromptTokens)}, true)
+	c.out = append(c.out, "}}"...)
 	c.endEvent()
 }
 
@@ -143,7 +143,7 @@ func (c *StreamConverter) aEnd() {
 		u.PromptTokens = int64(c.m.PromptTokens)
 		u.CompletionTokens = c.outputTokens()
 	}
-	c.out = appendAnthropicUsage(c.out, &u)
+	c.out = appendAnthropicUsage(c.out, &u, false)
 	c.out = append(c.out, '}')
 	c.endEvent()
 	c.event("message_stop")

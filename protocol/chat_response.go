@@ -222,9 +222,12 @@ func anthropicStop(finish, stopReason []byte, tools bool, m *Meta) (string, []by
 	return "end_turn", nil
 }
 
-// appendAnthropicUsage appends Anthropic's usage object. input_tokens
-// excludes cache reads (Anthropic counts them apart).
-func appendAnthropicUsage(dst []byte, u *Usage) []byte {
+// appendAnthropicUsage appends Anthropic's usage object: a Message's
+// (Usage, full) or a message_delta's (MessageDeltaUsage). input_tokens
+// excludes cache reads (Anthropic counts them apart). The fields the
+// official SDKs type as nullable, which the API always sends, are sent:
+// no cache writes, the rest null (nothing to tell).
+func appendAnthropicUsage(dst []byte, u *Usage, full bool) []byte {
 	in := u.PromptTokens - u.CachedTokens
 	if in < 0 {
 		in = 0
@@ -235,8 +238,20 @@ func appendAnthropicUsage(dst []byte, u *Usage) []byte {
 	dst = appendInt(dst, u.CachedTokens)
 	dst = append(dst, `,"output_tokens":`...)
 	dst = appendInt(dst, u.CompletionTokens)
-	return append(dst, '}')
+	if full {
+		return append(dst, anthropicUsageRest...)
+	}
+	return append(dst, anthropicDeltaUsageRest...)
 }
+
+// The usage fields after output_tokens, and a Message's fields the SDKs
+// type as nullable (before its usage).
+const (
+	anthropicUsageRest = `,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},` +
+		`"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}`
+	anthropicDeltaUsageRest = `,"output_tokens_details":null,"server_tool_use":null}`
+	anthropicMessageNulls   = `,"stop_details":null,"container":null,"diagnostics":null`
+)
 
 // ChatToAnthropic converts a chat completion body (an engine's 200 answer)
 // to an Anthropic Message appended to dst.
@@ -305,8 +320,9 @@ func ChatToAnthropic(dst, body []byte, m *Meta) ([]byte, error) {
 	} else {
 		dst = append(dst, "null"...)
 	}
+	dst = append(dst, anthropicMessageNulls...)
 	dst = append(dst, `,"usage":`...)
-	dst = appendAnthropicUsage(dst, &r.usage)
+	dst = appendAnthropicUsage(dst, &r.usage, true)
 	return append(dst, '}'), nil
 }
 

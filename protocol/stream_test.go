@@ -86,11 +86,11 @@ func TestAnthropicStreamEventSequence(t *testing.T) {
 		t.Fatalf("events\n got %s\nwant %s", got, want)
 	}
 	for _, s := range []string{
-		`{"type":"message_start","message":{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":11,`,
+		`{"type":"message_start","message":{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[],"stop_reason":null,"stop_sequence":null,"stop_details":null,"container":null,"diagnostics":null,"usage":{"input_tokens":11,`,
 		`"index":1,"delta":{"type":"text_delta","text":"lo \"w\"\n"}}`,
 		`{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"call_a","name":"get","input":{}}}`,
 		`"index":2,"delta":{"type":"input_json_delta","partial_json":"{\"c\":"}}`,
-		`{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"input_tokens":8,"cache_creation_input_tokens":0,"cache_read_input_tokens":4,"output_tokens":7}}`,
+		`{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"input_tokens":8,"cache_creation_input_tokens":0,"cache_read_input_tokens":4,"output_tokens":7,"output_tokens_details":null,"server_tool_use":null}}`,
 	} {
 		if !bytes.Contains(out, []byte(s)) {
 			t.Errorf("missing %s", s)
@@ -121,7 +121,7 @@ func TestAnthropicStreamStopReasons(t *testing.T) {
 	f(`"length"`, "", `"stop_reason":"max_tokens"`)
 	f(`"content_filter"`, "", `"stop_reason":"refusal"`)
 	// no usage from the engine: output tokens fall back to the delta count
-	f(`"stop"`, "", `"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":1}`)
+	f(`"stop"`, "", `"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":1,"output_tokens_details":null,"server_tool_use":null}`)
 }
 
 func TestResponsesStreamEventSequence(t *testing.T) {

@@ -42,7 +42,22 @@ await step("messages.create", async () => {
   assert.ok(["end_turn", "max_tokens", "stop_sequence"].includes(m.stop_reason), `stop_reason ${m.stop_reason}`);
   assert.ok(m.usage.input_tokens + (m.usage.cache_read_input_tokens ?? 0) > 0, "no input tokens");
   assert.ok(m.usage.output_tokens > 0, "no output tokens");
+  allTyped(m);
 });
+
+// Every field the SDK types as required (nullable or not) is present, as
+// the API sends them: a client reading m.usage.server_tool_use gets null,
+// not undefined.
+function allTyped(m) {
+  for (const k of ["container", "diagnostics", "stop_details", "stop_sequence"]) {
+    assert.ok(k in m, `message without ${k}`);
+  }
+  for (const k of ["cache_creation", "cache_creation_input_tokens", "cache_read_input_tokens", "inference_geo",
+    "output_tokens_details", "server_tool_use", "service_tier", "speed"]) {
+    assert.ok(k in m.usage, `usage without ${k}`);
+  }
+  assert.equal(m.usage.cache_creation.ephemeral_5m_input_tokens, 0);
+}
 
 await step("messages.stream", async () => {
   const seen = [];
@@ -67,6 +82,7 @@ await step("messages.stream", async () => {
   assert.equal(finalText, text);
   assert.ok(final.stop_reason, "no stop_reason in the final message");
   assert.ok(final.usage.output_tokens > 0, "no output tokens in the final usage");
+  allTyped(final);
 });
 
 const tools = [{
