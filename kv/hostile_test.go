@@ -142,4 +142,84 @@ func TestResyncClearsOfARankAreSpacedOut(t *testing.T) {
 		t.Fatalf("after minClearEvery: stale %d, new %d; want the stale entry gone and the new one indexed",
 			overlap(x, 3, tokensFor(2, 1)), overlap(x, 3, tokensFor(4, 1)))
 	}
+	// The block the new instance stored while its clear was put off is
+	// its: it stays (the put-off clear used to take it too).
+	if overlap(x, 3, tokensFor(3, 1)) != 1 {
+		t.Fatal("a block stored after the put-off clear was cleared with the stale ones")
+	}
+}
+
+// The engine clears its cache twice in a row with stores between (two
+// /admin/clear-cache, or a catch-up replaying such a history within a few
+// ms): the second clear is put off, and when it runs, by the next batch or
+// its timer, what the engine stored after it stays indexed and what it
+// stored before it goes; a block stored and then removed after it stays
+// gone.
+func TestABlockStoredAfterAPutOffClearStaysIndexed(t *testing.T) {
+	for _, via := range []string{"next batch", "timer", "bound"} {
+		t.Run(via, func(t *testing.T) {
+			x := radix.New()
+			m, err := NewManager(ManagerConfig{Index: x})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			ws := m.newWorkerState(&fleet.Worker{Idx: 4, ID: "clearer", BlockSize: bs})
+			defer ws.unregisterMetrics()
+			stored := func(tag, n int) []byte {
+				b := appendBatchHeader(nil, false, 1, 1)
+				b = appendStored(b, false, engineHashes(tag, n), 0, false, tokensFor(tag, n), bs)
+				return appendBatchTrailer(b, false, 0)
+			}
+			cleared := func() []byte {
+				b := appendBatchHeader(nil, false, 1, 1)
+				b = appendCleared(b, false)
+				return appendBatchTrailer(b, false, 0)
+			}
+			removed := func(tag, n int) []byte {
+				b := appendBatchHeader(nil, false, 1, 1)
+				b = appendRemoved(b, false, engineHashes(tag, n))
+				return appendBatchTrailer(b, false, 0)
+			}
+			seq := uint64(0)
+			feed := func(b []byte) { ws.handle(seq, b); seq++ }
+			feed(stored(1, 3))
+			feed(cleared()) // cleared at once
+			feed(stored(2, 3))
+			feed(cleared())     // within minClearEvery: put off
+			if via == "bound" { // past maxSinceBlocks kept, the clear is done at once
+				defer func(n int) { maxSinceBlocks = n }(maxSinceBlocks)
+				maxSinceBlocks = 6
+			}
+			feed(stored(3, 3))
+			feed(stored(5, 2))
+			feed(removed(5, 2))
+			if overlap(x, 4, tokensFor(3, 3)) != 3 {
+				t.Fatal("a block stored after the put-off clear is not indexed")
+			}
+			if via == "bound" {
+				ws.mu.Lock()
+				if ws.ranks[0].dirty || overlap(x, 4, tokensFor(2, 3)) != 0 {
+					t.Error("past maxSinceBlocks the clear is still put off")
+				}
+				ws.mu.Unlock()
+			}
+			time.Sleep(minClearEvery + 20*time.Millisecond)
+			if via == "next batch" {
+				feed(stored(4, 1))
+			} else {
+				time.Sleep(50 * time.Millisecond) // the timer runs the clear
+			}
+			ws.mu.Lock()
+			defer ws.mu.Unlock()
+			for _, c := range []struct{ tag, n, want int }{{1, 3, 0}, {2, 3, 0}, {3, 3, 3}, {5, 2, 0}} {
+				if got := overlap(x, 4, tokensFor(c.tag, c.n)); got != c.want {
+					t.Errorf("blocks of batch %d: overlap %d, want %d", c.tag, got, c.want)
+				}
+			}
+			if ws.ranks[0].dirty || len(ws.ranks[0].since) != 0 {
+				t.Error("the put-off clear did not run")
+			}
+		})
+	}
 }

@@ -306,7 +306,25 @@ type rankState struct {
 	// batch comes first: a rank that goes quiet after a clear must not
 	// keep its stale entries.
 	clearArmed bool
+	// since holds, while a clear is put off, what the rank stored and
+	// removed after it, in order: written to the index at once (on top of
+	// the stale entries), and again after the index clear, which would
+	// otherwise take them too. sinceBlocks counts their hashes.
+	since       []indexOp
+	sinceBlocks int
 }
+
+// indexOp is one index write: a Store (remove false) or a Remove.
+type indexOp struct {
+	remove       bool
+	hasParent    bool
+	root, parent uint64
+	hashes       []uint64
+}
+
+// maxSinceBlocks bounds the blocks kept in since: past it the clear put
+// off is done at once (one walk of the index per that many blocks).
+var maxSinceBlocks = 1 << 16 // a var for tests
 
 // minClearEvery is the least time between two index clears of one rank.
 const minClearEvery = 100 * time.Millisecond
@@ -612,18 +630,26 @@ func (ws *workerState) resync(rank int, rs *rankState) {
 
 // clearRank drops the rank's index entries (ws.mu held). A rank with
 // nothing indexed costs nothing; a clear within minClearEvery of the last
-// one is put off to the next batch after it (dirty), so the rank's stale
-// entries go then.
+// one is put off (dirty) to the first batch after that time, or a timer,
+// whichever comes first (flushClear).
 func (ws *workerState) clearRank(rank int, rs *rankState) {
 	if len(rs.blocks) > 0 {
 		rs.dirty = true
 	}
 	rs.blocks = map[uint64]blockRef{} // clear() would keep the peak size
-	if !rs.dirty {
-		return
+	rs.since, rs.sinceBlocks = nil, 0 // what came after an earlier clear goes too
+	if rs.dirty {
+		ws.flushClear(rank, rs, false)
 	}
-	now := time.Now()
-	if wait := minClearEvery - now.Sub(rs.lastClear); wait > 0 {
+}
+
+// flushClear does the index clear put off (dirty) once minClearEvery has
+// passed since the last one (or now), then writes again what the rank
+// stored and removed since the clear (since): a block the engine stored
+// after the clear stays indexed. ws.mu held.
+func (ws *workerState) flushClear(rank int, rs *rankState, now bool) {
+	t := time.Now()
+	if wait := minClearEvery - t.Sub(rs.lastClear); wait > 0 && !now {
 		if !rs.clearArmed {
 			rs.clearArmed = true
 			time.AfterFunc(wait, func() {
@@ -631,14 +657,35 @@ func (ws *workerState) clearRank(rank int, rs *rankState) {
 				defer ws.mu.Unlock()
 				rs.clearArmed = false
 				if rs.dirty && !ws.stopped.Load() {
-					ws.clearRank(rank, rs)
+					ws.flushClear(rank, rs, false)
 				}
 			})
 		}
 		return
 	}
-	ws.m.cfg.Index.Clear(ws.idx, rank)
-	rs.lastClear, rs.dirty = now, false
+	idx := ws.m.cfg.Index
+	idx.Clear(ws.idx, rank)
+	rs.lastClear, rs.dirty = t, false
+	for _, op := range rs.since {
+		if op.remove {
+			idx.Remove(ws.idx, rank, op.root, op.hashes)
+		} else if err := idx.Store(ws.idx, rank, op.root, op.parent, op.hasParent, op.hashes); err != nil {
+			ws.logf("cannot index stored blocks", "err", err)
+		}
+	}
+	rs.since, rs.sinceBlocks = nil, 0
+}
+
+// noteSince keeps an index write made while a clear is put off (since).
+func (ws *workerState) noteSince(rank int, rs *rankState, op indexOp) {
+	if !rs.dirty {
+		return
+	}
+	op.hashes = append([]uint64(nil), op.hashes...)
+	rs.since = append(rs.since, op)
+	if rs.sinceBlocks += len(op.hashes); rs.sinceBlocks > maxSinceBlocks {
+		ws.flushClear(rank, rs, true)
+	}
 }
 
 // apply writes one batch to the index.
@@ -654,9 +701,7 @@ func (ws *workerState) apply(b *Batch, rs *rankState) {
 	rank := b.DPRank
 	rs.lastTS = b.TS
 	if rs.dirty && time.Since(rs.lastClear) >= minClearEvery {
-		// A clear put off: what was stored since goes too (its parents'
-		// hashes with it), as if the restart had come now.
-		ws.clearRank(rank, rs)
+		ws.flushClear(rank, rs, false) // a clear put off
 	}
 	for i := range b.Events {
 		e := &b.Events[i]
@@ -724,6 +769,7 @@ func (ws *workerState) applyStored(e *Event, rank int, rs *rankState) {
 		ws.logf("cannot index stored blocks", "err", err)
 		return
 	}
+	ws.noteSince(rank, rs, indexOp{root: root, parent: seed, hasParent: e.HasParent, hashes: ws.scratch})
 	ws.mApplied.Inc()
 }
 
@@ -739,6 +785,7 @@ func (ws *workerState) applyRemoved(e *Event, rank int, rs *rankState) {
 		delete(rs.blocks, eh)
 		if len(run) > 0 && ref.root != root {
 			idx.Remove(ws.idx, rank, root, run)
+			ws.noteSince(rank, rs, indexOp{remove: true, root: root, hashes: run})
 			run = run[:0]
 		}
 		root = ref.root
@@ -746,6 +793,7 @@ func (ws *workerState) applyRemoved(e *Event, rank int, rs *rankState) {
 	}
 	if len(run) > 0 {
 		idx.Remove(ws.idx, rank, root, run)
+		ws.noteSince(rank, rs, indexOp{remove: true, root: root, hashes: run})
 	}
 	ws.scratch = run
 	ws.mApplied.Inc()
