@@ -584,8 +584,9 @@ func TestSeatRefusedInRedisForwardsToAnotherRegion(t *testing.T) {
 
 // PD legs take seats of their phase: a decode worker at its decode limit
 // is passed over while another decode worker has a seat; with every decode
-// seat taken the request is refused with concurrency_decode; the prefill
-// seat is back at the prefill leg's first token.
+// seat taken the request is refused with concurrency_decode, before its
+// prefill is sent; the prefill seat is back at the prefill leg's first
+// token.
 func TestPDLegsTakeSeatsOfTheirPhase(t *testing.T) {
 	var pl, dl legLog
 	var ok atomic.Int32
@@ -625,8 +626,8 @@ func TestPDLegsTakeSeatsOfTheirPhase(t *testing.T) {
 	hold <- struct{}{}
 	want(t, apiCall(t, url, "", body), 200, "")
 	noLoadLeft(t, fl)
-	if pl.n() != 4 {
-		t.Fatalf("prefill legs %d, want 4 (the refused request's prefill ran before its decode seat was refused)", pl.n())
+	if pl.n() != 3 {
+		t.Fatalf("prefill legs %d, want 3 (the decode seat is taken before the prefill is sent: the refused request sent none)", pl.n())
 	}
 }
 

@@ -216,10 +216,15 @@ func (o *pdOutcome) finish(res *tries) {
 }
 
 // failed records f on leg; it reports whether the request may try again.
-func (o *pdOutcome) failed(leg sched.Leg, f *failure) bool {
+// left says the client left, which made the leg fail: not a leg failure
+// (infera_stream_client_disconnects_total counts it, once), and no retry.
+func (o *pdOutcome) failed(leg sched.Leg, f *failure, left bool) bool {
 	o.last = f
 	if f.kind != failConnect {
 		o.allConnect = false
+	}
+	if left {
+		return false
 	}
 	mPDLegFailures[leg].Inc()
 	o.fails[leg]++
@@ -347,12 +352,20 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	o := pdOutcome{allConnect: true, retries: s.flags.RequestMaxRetries, acc: &rs.acc}
 	needPrefill := true
 	for {
+		if needPrefill && !s.pdAcquire(ctx, cfg, rs, sched.LegPrefill, &o, res, p, &p.pl) {
+			return
+		}
+		// The decode lease (and seat) is taken before a prefill is sent: a
+		// prefill with no decode worker left to read its KV would hold it
+		// on the prefill engine until its abort timeout, for nothing.
+		if !s.pdAcquire(ctx, cfg, rs, sched.LegDecode, &o, res, p, &rs.lease) {
+			p.pl.Done(sched.OutcomeNeutral)
+			return
+		}
 		if needPrefill {
-			if !s.pdAcquire(ctx, cfg, rs, sched.LegPrefill, &o, res, p, &p.pl) {
-				return
-			}
 			f := s.pullPrefill(cfg, rs, p, total)
 			if f != nil {
+				rs.lease.Done(sched.OutcomeNeutral) // the decode leg is not sent
 				if f.kind == failStatus && f.status < 500 && f.status != fasthttp.StatusTooManyRequests {
 					// The engine refused the request (4xx): relay it.
 					s.live.remove(rs)
@@ -361,17 +374,13 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 					return
 				}
 				r.Tried = append(r.Tried, p.pl.Worker.Idx)
-				if !o.failed(sched.LegPrefill, f) || c.cancel.wasAborted() {
+				if !o.failed(sched.LegPrefill, f, c.cancel.wasAborted() || f.kind == failCanceled) {
 					break
 				}
 				c.cancel.reset()
 				continue
 			}
 			needPrefill = false
-		}
-		if !s.pdAcquire(ctx, cfg, rs, sched.LegDecode, &o, res, p, &rs.lease) {
-			p.pl.Done(sched.OutcomeNeutral)
-			return
 		}
 		p.dbody = appendPullDecodeBody(p.dbody[:0], rs.body, legModel(rs, &rs.lease.Decision), p.kvp)
 		c = decodeCall(cfg, rs, p, total, idle)
@@ -400,7 +409,7 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		}
 		s.decodeFailed(rs, f, status)
 		r.Tried = append(r.Tried, rs.lease.Worker.Idx)
-		if !o.failed(sched.LegDecode, f) || c.cancel.wasAborted() {
+		if !o.failed(sched.LegDecode, f, c.cancel.wasAborted() || f.kind == failCanceled) {
 			p.pl.Done(sched.OutcomeNeutral)
 			break
 		}
@@ -735,7 +744,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			s.decodeFailed(rs, f, status)
 			r.Tried = append(r.Tried, rs.lease.Worker.Idx)
 		}
-		if !o.failed(leg, f) || (pf == nil && c.cancel.wasAborted()) {
+		if !o.failed(leg, f, pf == nil && c.cancel.wasAborted() || f.kind == failCanceled) {
 			break // out of retries, or the client left
 		}
 		c.cancel.reset()

@@ -13,6 +13,7 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/internal/netpeek"
+	"github.com/infera/infera/sched"
 	"github.com/valyala/fasthttp"
 )
 
@@ -163,4 +164,38 @@ func TestPDVLLMStreamFirstPacketCoversThePrefillLeg(t *testing.T) {
 		t.Fatal("the decode leg was sent")
 	}
 	noLoadLeft(t, r.fl)
+}
+
+// A client leaving while a PD leg waits is not a leg failure: the leg
+// failures counter (an alert's series) stayed at +1 per impatient client,
+// on the prefill leg in vLLM mode and the decode leg in SGLang mode.
+func TestPDAClientLeavingIsNoLegFailure(t *testing.T) {
+	for _, mode := range []string{"vllm", "sglang"} {
+		t.Run(mode, func(t *testing.T) {
+			p := startUpstream(t, hangUntilClosed)
+			d := startUpstream(t, hangUntilClosed)
+			boot := ""
+			if mode == "sglang" {
+				boot = `{"pd_mode":"sglang","bootstrap_port":8998}`
+			}
+			r := startPDRouter(t, nil, pdConfig(t, func(c *config.Config) { c.PD.Mode = mode }),
+				pdWorker("p", p.url, "prefill", boot), pdWorker("d", d.url, "decode", ""))
+			before := [2]uint64{mPDLegFailures[sched.LegPrefill].Get(), mPDLegFailures[sched.LegDecode].Get()}
+			conn, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+			if !holdsWithin(3*time.Second, func() bool { return p.hits.Load() == 1 }) {
+				t.Fatal("the prefill leg never reached its worker")
+			}
+			conn.Close()
+			noLoadLeft(t, r.fl)
+			time.Sleep(100 * time.Millisecond)
+			after := [2]uint64{mPDLegFailures[sched.LegPrefill].Get(), mPDLegFailures[sched.LegDecode].Get()}
+			if after != before {
+				t.Fatalf("leg failures (prefill, decode) went from %v to %v for a client that left", before, after)
+			}
+		})
+	}
 }

@@ -533,3 +533,29 @@ func TestPDSGLangPrefillErrorSplitAcrossReadsIsRetriedThenRelayed(t *testing.T) 
 	}
 	noLoadLeft(t, r.fl)
 }
+
+// vLLM: a decode worker that got the request and failed makes both legs
+// run again, on another decode worker; with none left, no prefill is sent
+// again: its KV would stay held on the prefill engine until its abort
+// timeout with nobody to read it (it was sent, then the decode lease
+// failed).
+func TestPDVLLMNoPrefillIsSentWithoutADecodeWorkerLeftToReadIt(t *testing.T) {
+	p := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"cmpl-1","choices":[{"index":0,"message":{"role":"assistant","content":"a"}}],` +
+			`"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[1]],"remote_engine_id":"e",` +
+			`"remote_request_id":"cmpl-1","remote_host":"127.0.0.1","remote_port":5600,"tp_size":1}}`)
+	})
+	d := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(500)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"boom","type":"server_error"}}`)
+	})
+	r := startPDRouter(t, nil, pdConfig(t, func(c *config.Config) { c.PD.Mode = "vllm" }),
+		pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+	code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 10*time.Second)
+	if code != 500 || p.hits.Load() != 1 || d.hits.Load() != 1 {
+		t.Fatalf("%d %s: prefill legs %d, decode legs %d; want the decode's 500 after one of each", code, b, p.hits.Load(), d.hits.Load())
+	}
+	noLoadLeft(t, r.fl)
+}
