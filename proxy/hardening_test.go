@@ -462,11 +462,24 @@ func TestUnsolicitedResponseNeverReachesNextClient(t *testing.T) {
 }
 
 // 7. The router reads the fields the engine reads: keys are compared
-// decoded, routing keys may not repeat, and the model may not be empty.
+// decoded, routing keys may not repeat, and the model may not be empty. A
+// key that is a routing key in another case ("Model", "MAX_TOKENS", the
+// Kelvin sign for k, which Go's encoding/json folds to k) is refused: an
+// engine matching keys regardless of case (infera engine, any engine on
+// encoding/json) read it, the router did not (another model than the
+// user may call, more tokens than the quota was charged).
 func TestRouterAndEngineReadTheSameFields(t *testing.T) {
 	up := startUpstream(t, okHandler)
 	r := startRouter(t, nil, nil, up.url)
 	for _, body := range []string{
+		`{"model":"m","Model":"x","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","max_tokens":1,"MAX_TOKENS":500,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","max_tokens":1,"max_to\u212aens":500,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","STREAM":true,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","stream":true,"Stream_Options":{"include_usage":false},"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","stream":true,"stream_options":{"include_usage":false,"Include_Usage":false},"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","N":4,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"Model":"m","messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","mod\u0065l":"x","messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","stream":false,"str\u0065am":true,"messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","max_tokens":1,"max_tok\u0065ns":100000,"messages":[{"role":"user","content":"hi"}]}`,
@@ -479,9 +492,17 @@ func TestRouterAndEngineReadTheSameFields(t *testing.T) {
 		}
 		checkOpenAIError(t, b)
 	}
-	// An escaped key that is unique is read as its decoded name.
+	// An escaped key that is unique is read as its decoded name; other
+	// keys in other cases pass.
 	if code, b := post(t, r.url+"/v1/chat/completions", `{"mod\u0065l":"m","messages":[{"role":"user","content":"hi"}]}`); code != 200 {
 		t.Fatalf("escaped model key: %d %s", code, b)
+	}
+	if code, b := post(t, r.url+"/v1/chat/completions", `{"model":"m","Temperature":0,"messages":[{"role":"user","content":"hi"}]}`); code != 200 {
+		t.Fatalf("a key the router does not read, in another case: %d %s", code, b)
+	}
+	code, b := post(t, r.url+"/v1/completions", `{"model":"m","prompt":"hi","PROMPT":"x"}`)
+	if code != 400 || !strings.Contains(b, `"param":"prompt"`) {
+		t.Fatalf("completions: %d %s", code, b)
 	}
 }
 

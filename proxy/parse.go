@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/infera/infera/protocol"
 )
@@ -121,6 +123,45 @@ func duplicateKey(name string) error {
 	return &badRequestError{msg: "duplicate key " + name + " in request body", param: name}
 }
 
+// readKeys are the keys parse reads, at the top level (and include_usage
+// in stream_options).
+var readKeys = [...][]byte{[]byte("model"), []byte("stream"), []byte("max_tokens"), []byte("max_completion_tokens"),
+	[]byte("messages"), []byte("prompt"), []byte("stream_options"), []byte("tools"), []byte("n"), []byte("best_of"),
+	[]byte("input"), []byte("encoding_format"), []byte("dimensions"), []byte("query"), []byte("documents"),
+	[]byte("top_n"), []byte("text_1"), []byte("text_2"), []byte("include_usage")}
+
+// foldedKey returns the key of readKeys that key is a case variant of
+// ("Model", "MAX_TOKENS", "max_to\u212aens" with the Kelvin sign), or
+// nil. An engine decoding with Go's encoding/json (infera engine, Ollama,
+// ...) matches keys case-insensitively, the last one winning, so such a
+// key would be read by the engine and not by the router: another model
+// than the one allowed, more tokens than the quota was charged. A key of
+// lowercase ASCII only (nearly all) cannot be one.
+func foldedKey(key []byte) []byte {
+	plain := true
+	for _, c := range key {
+		if c >= 'A' && c <= 'Z' || c >= 0x80 {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return nil
+	}
+	for _, k := range readKeys {
+		if bytes.EqualFold(key, k) {
+			return k
+		}
+	}
+	return nil
+}
+
+func caseVariantKey(key []byte) error {
+	want := string(foldedKey(key))
+	return &badRequestError{msg: "key " + strconv.Quote(string(key)) + " is " + strconv.Quote(want) +
+		" in another case: an engine that matches keys regardless of case would read it, the router does not", param: want}
+}
+
 // parse extracts the routing fields of a chat (kind 0) or completion body.
 func (b *reqBody) parse(d []byte, kind int) error {
 	b.reset()
@@ -173,6 +214,9 @@ func (b *reqBody) parse(d []byte, kind int) error {
 				return -1, nil
 			}
 		default:
+			if foldedKey(key) != nil && perr == nil {
+				perr = caseVariantKey(key)
+			}
 			return -1, nil
 		}
 		ve, err := skipValue(d, vs, 1)
@@ -234,6 +278,8 @@ func (b *reqBody) parse(d []byte, kind int) error {
 				forEachField(d, vs, func(k []byte, s, e int) error {
 					if string(k) == "include_usage" && d[s] == 't' {
 						b.includeUsage = true
+					} else if foldedKey(k) != nil && perr == nil {
+						perr = caseVariantKey(k)
 					}
 					return nil
 				})

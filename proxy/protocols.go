@@ -269,6 +269,12 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 	if pass {
 		mPassedThrough.Inc()
 		p.mode = protoPassthrough
+		if k := caseVariantOf(body); k != nil {
+			// The engine gets the client's body: a key it may read in
+			// another case than the router did is refused (parse).
+			writeProtoError(ctx, p.api, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest, Message: caseVariantKey(k).Error()})
+			return nil, 0, 0, false
+		}
 		if err != nil {
 			// The engine may accept what the converter does not (stored
 			// responses, server tools, PDF documents): route on the model
@@ -374,6 +380,18 @@ func modelSpan(d []byte) (start, end int) {
 		return nil
 	})
 	return start, end
+}
+
+// caseVariantOf returns the first top-level key of body that is a key the
+// router reads in another case (foldedKey), or nil.
+func caseVariantOf(body []byte) (key []byte) {
+	forEachField(body, skipSpace(body, 0), func(k []byte, vs, ve int) error {
+		if key == nil && foldedKey(k) != nil {
+			key = k
+		}
+		return nil
+	})
+	return key
 }
 
 // routingView appends a minimal chat body that routes like body: its model

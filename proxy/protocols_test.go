@@ -523,6 +523,14 @@ func TestPassthroughForwardsTheClientsBytes(t *testing.T) {
 		t.Fatalf("no model: %d %s", resp.StatusCode, b)
 	}
 	checkAnthropicError(t, b, "invalid_request_error")
+	// And a key the router reads, in another case (an engine matching keys
+	// regardless of case would read another model, or more tokens).
+	for _, path := range []string{"/v1/messages", "/v1/responses"} {
+		resp, b = postH(t, r.url+path, `{"model":"m","Model":"x","max_tokens":8,"messages":[{"role":"user","content":"hi"}],"input":"hi"}`, nil)
+		if resp.StatusCode != 400 || e.count() != n || !strings.Contains(b, "another case") {
+			t.Fatalf("%s, a case variant of model: %d %s", path, resp.StatusCode, b)
+		}
+	}
 }
 
 func TestCountTokensWithTheRoutersTokenizer(t *testing.T) {
