@@ -305,7 +305,7 @@ var retryHeaders = [...][]byte{[]byte("Retry-After"), []byte("Retry-After-Ms"), 
 func (s *Server) relayStashed(ctx *fasthttp.RequestCtx, rs *reqState) {
 	countStatus(rs.errStatus)
 	rs.gov.committed(rs.errStatus) // a 4xx (a PD leg's) counts against the user
-	ctx.Response.Reset()
+	resetResponse(ctx)
 	ctx.SetStatusCode(rs.errStatus)
 	body := rs.errorBody()
 	if len(rs.errType) > 0 {

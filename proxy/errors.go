@@ -25,7 +25,7 @@ const (
 // from the status), else OpenAI's:
 // {"error":{"message":...,"type":...,"param":...,"code":...}}.
 func writeError(ctx *fasthttp.RequestCtx, status int, typ, msg, param, code string) {
-	ctx.Response.Reset()
+	resetResponse(ctx)
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	b := ctx.Response.BodyWriter()
@@ -44,6 +44,17 @@ func writeError(ctx *fasthttp.RequestCtx, status int, typ, msg, param, code stri
 	buf = appendNullable(buf, code)
 	buf = append(buf, "}}"...)
 	b.Write(buf)
+}
+
+// resetResponse clears the response for an answer of the router's own,
+// keeping Connection: close when it was set (the rest of a request body
+// left unread: the connection must not serve another request).
+func resetResponse(ctx *fasthttp.RequestCtx) {
+	cc := ctx.Response.ConnectionClose()
+	ctx.Response.Reset()
+	if cc {
+		ctx.Response.SetConnectionClose()
+	}
 }
 
 func appendNullable(b []byte, s string) []byte {

@@ -70,3 +70,61 @@ func TestAnAnswerBeforeTheBodyReachesAClientStillSendingIt(t *testing.T) {
 	// The lingering connections end and give their slots back.
 	waitFor(t, func() bool { return r.srv.OpenConnections() == 0 }, "lingering connections closed")
 }
+
+// A chunked body over --max-body-bytes gets 413 with Connection: close,
+// and the connection is closed after it: the rest of the body is not read
+// as a request. writeError's reset of the response dropped the flag: the
+// connection served the next request, after reading and discarding the
+// rest of the body.
+func TestA413ForAChunkedBodyClosesTheConnection(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.MaxBodyBytes = 100000
+	r := startRouter(t, f, nil, up.url)
+	conn, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	chunk := strings.Repeat("x", 150000)
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(chunk), chunk)
+	fmt.Fprintf(conn, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 413 || !resp.Close || !bytes.Contains(b, []byte("request_too_large")) {
+		t.Fatalf("%d (close %v) %s", resp.StatusCode, resp.Close, b)
+	}
+	if resp, err := http.ReadResponse(br, nil); err == nil {
+		t.Fatalf("the connection served another request after the 413: %d", resp.StatusCode)
+	}
+}
+
+// A body that does not arrive within --body-timeout gets 408
+// request_timeout (router.md's table), not 400.
+func TestABodyPastTheBodyTimeoutGets408(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.BodyTimeout = 300 * time.Millisecond
+	r := startRouter(t, f, nil, up.url)
+	conn, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	// More than fasthttp reads with the head (8 KiB), then nothing.
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 20000\r\n\r\n%s", strings.Repeat("x", 9000))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 408 || !bytes.Contains(b, []byte("request_timeout")) {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+}

@@ -171,7 +171,7 @@ func writeProtoError(ctx *fasthttp.RequestCtx, api protocol.API, e *protocol.Err
 	mBadRequests.Inc()
 	mConvertErrors.Inc()
 	countStatus(e.Status)
-	ctx.Response.Reset()
+	resetResponse(ctx)
 	ctx.SetStatusCode(e.Status)
 	ctx.SetContentType("application/json")
 	ctx.SetBody(e.Append(nil, api))
