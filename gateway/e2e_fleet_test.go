@@ -3,11 +3,13 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/infera/infera/config"
 	"github.com/infera/infera/internal/testsrv"
 	"github.com/infera/infera/worker"
 )
@@ -678,5 +681,31 @@ func TestE2EHealthIsUnavailableWhileTheRequestBrokerIsDown(t *testing.T) {
 		if time.Now().After(end) {
 			t.Fatalf("after the broker came back: %d %s", resp.StatusCode, b)
 		}
+	}
+}
+
+// Static workers in the config file of a router with etcd discovery would
+// be ignored without a word: the start is refused, as --workers is, and so
+// is a reload that adds them.
+func TestConfigWorkersAreRefusedWithEtcdDiscovery(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	path := filepath.Join(t.TempDir(), "infera.json")
+	withWorkers := []byte(`{"workers":[{"id":"s","url":"http://127.0.0.1:1","models":["sim-model"]}]}`)
+	os.WriteFile(path, withWorkers, 0o644)
+	args := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
+		"--request-transport", "http", "--kv-event-transport", "zmq", "--config", path, "--config-poll", "0"}
+	if g, err := New(parseServe(t, args...)); err == nil {
+		g.Close()
+		t.Fatal("a config with static workers started with etcd discovery")
+	} else if !strings.Contains(err.Error(), "workers") {
+		t.Fatalf("the refusal does not name the workers: %v", err)
+	}
+	os.WriteFile(path, []byte(`{}`), 0o644)
+	g, _ := startServe(t, args...)
+	os.WriteFile(path, withWorkers, 0o644)
+	_, err := g.Store().Reload()
+	var fe *config.FieldError
+	if !errors.As(err, &fe) || fe.Path != "workers" {
+		t.Fatalf("reload: %v, want refused at workers", err)
 	}
 }

@@ -169,6 +169,21 @@ func New(f *config.Serve) (*Gateway, error) {
 		go st.Run(store.Load)
 		g.discovery = st
 	default:
+		// The config's workers are static discovery's; with etcd or
+		// Kubernetes they would be ignored without a word (as --workers,
+		// which checkBackends refuses).
+		backend := f.DiscoveryBackend
+		check := func(c *config.Config) error {
+			if len(c.Workers) > 0 {
+				return &config.FieldError{Path: "workers", Msg: "static workers are for --discovery-backend static; with " + backend +
+					" workers register themselves (infera worker): remove them"}
+			}
+			return nil
+		}
+		if err := check(store.Load()); err != nil {
+			return nil, fmt.Errorf("config %q: %w", f.Config, err)
+		}
+		store.SetCheck(check)
 		b, err := discovery.StartSynced(discovery.Options{
 			Backend:          f.DiscoveryBackend,
 			EtcdEndpoints:    []string{f.EtcdEndpoint},
