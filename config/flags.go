@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"math"
 	"net/url"
 	"slices"
 	"strings"
@@ -125,6 +126,15 @@ func (s *Serve) Validate() error {
 	}
 	if s.NatsReqMaxPending < 0 || s.NatsReqIdleTimeout < 0 || s.NatsReqMaxDuration < 0 {
 		return fmt.Errorf("--nats-req-max-pending, --nats-req-idle-timeout and --nats-req-max-duration must be >= 0 (0: off)")
+	}
+	for _, v := range []struct {
+		flag string
+		v    float64
+	}{{"--kv-overlap-weight", s.KVOverlapWeight}, {"--kv-load-bound", s.KVLoadBound}, {"--router-temperature", s.RouterTemperature},
+		{"--breaker-cooldown-s", s.BreakerCooldownS}, {"--breaker-max-cooldown-s", s.BreakerMaxCooldownS}} {
+		if math.IsNaN(v.v) || math.IsInf(v.v, 0) {
+			return fmt.Errorf("%s %v: want a finite number", v.flag, v.v)
+		}
 	}
 	if s.BreakerFailureThreshold < 0 || s.BreakerCooldownS < 0 || s.BreakerMaxCooldownS < s.BreakerCooldownS {
 		return fmt.Errorf("breaker: threshold >= 0 and 0 <= cooldown <= max cooldown")

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -65,5 +66,29 @@ func TestServeFlagsRefuseNegativeNATSRequestControls(t *testing.T) {
 	}
 	if err := base().Validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// NaN and Inf are refused for every number flag of the router: NaN passes
+// every comparison, and --kv-overlap-weight=Inf (or NaN) was accepted and
+// routed as 0, on predicted time to first token alone.
+func TestServeFlagsRefuseNaNAndInf(t *testing.T) {
+	base := func() *Serve {
+		return &Serve{Port: 8000, MaxBodyBytes: 1, BreakerCooldownS: 1, BreakerMaxCooldownS: 2, ConfigPoll: 1, MaxInflightBodyBytes: 1, KVBlockSize: 16}
+	}
+	for _, v := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
+		for name, f := range map[string]func(s *Serve){
+			"--kv-overlap-weight":      func(s *Serve) { s.KVOverlapWeight = v },
+			"--kv-load-bound":          func(s *Serve) { s.KVLoadBound = v },
+			"--router-temperature":     func(s *Serve) { s.RouterTemperature = v },
+			"--breaker-cooldown-s":     func(s *Serve) { s.BreakerCooldownS = v },
+			"--breaker-max-cooldown-s": func(s *Serve) { s.BreakerMaxCooldownS = v },
+		} {
+			s := base()
+			f(s)
+			if err := s.Validate(); err == nil || !strings.Contains(err.Error(), name) {
+				t.Errorf("%s %v: %v", name, v, err)
+			}
+		}
 	}
 }
