@@ -709,3 +709,46 @@ func TestConfigWorkersAreRefusedWithEtcdDiscovery(t *testing.T) {
 		t.Fatalf("reload: %v, want refused at workers", err)
 	}
 }
+
+// A router started while the broker is down starts (it exited, a crash
+// loop for as long as the broker was away): /health says unavailable
+// while the broker carrying the requests is missing, and it serves once
+// the broker is back.
+func TestE2ERouterStartsWhileTheBrokerIsDown(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	common := transportFlags(etcd.Endpoint, nsrv.URL, "nats", "/infera/workers/")
+	_, e1 := startEngine(t, "--speedup", "50")
+	startWorker(t, append([]string{"--id", "w1", "--engine-url", e1, "--lease-ttl", "2s"}, common...)...)
+	nsrv.Stop()
+	rt, r := startServe(t, common...)
+	waitRoutable(t, rt, 1)
+	health := func() (int, string) {
+		resp, err := http.Get(r + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if c, b := health(); c != 503 || !strings.Contains(b, `"nats":{"ok":false`) {
+		t.Fatalf("health with the broker down: %d %s", c, b)
+	}
+	if resp, b := doPost(t, r+"/v1/chat/completions", e2eChat); resp.StatusCode != 503 {
+		t.Fatalf("a request with the broker down: %d %s", resp.StatusCode, b)
+	}
+	nsrv.Start()
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		resp, b := doPost(t, r+"/v1/chat/completions", e2eChat)
+		if resp.StatusCode == 200 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("15 s after the broker came up: %d %s", resp.StatusCode, b)
+		}
+	}
+	if c, b := health(); c != 200 {
+		t.Fatalf("health with the broker up: %d %s", c, b)
+	}
+}

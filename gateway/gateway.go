@@ -353,9 +353,16 @@ func (g *Gateway) connectNATS() error {
 	if f.NatsURL == "" {
 		return fmt.Errorf("--request-transport nats / --kv-event-transport nats need a broker: set --nats-url (or NATS_SERVER / NATS_URL), or use --request-transport http --kv-event-transport zmq")
 	}
-	nc, err := nats.Connect(f.NatsURL, append(broker.Reconnect(), nats.Name("infera-serve"))...)
+	// A broker down at start is retried as one lost later is: the router
+	// starts and serves what it can, /health says what is missing (503
+	// with --request-transport nats, degraded with KV events alone),
+	// instead of a crash loop for as long as the broker is away.
+	nc, err := nats.Connect(f.NatsURL, append(broker.Reconnect(), nats.Name("infera-serve"), nats.RetryOnFailedConnect(true))...)
 	if err != nil {
 		return fmt.Errorf("cannot connect to NATS: %w", logx.StripURL(err)) // url errors quote the URL, password included
+	}
+	if !nc.IsConnected() {
+		slog.Warn("NATS broker not reachable at start; retrying while the router serves", "url", logx.RedactURL(f.NatsURL))
 	}
 	g.nc = nc
 	g.health["nats"] = func() (bool, string) { return nc.IsConnected(), nc.Status().String() }
