@@ -535,6 +535,10 @@ users:
 	   "users":[{"name":"u","user":{"tokenFile":"t"}}]}`, KubeConfig{Server: "https://j", CAData: []byte("CA"), Namespace: "ns", TokenFile: "/d/t"}, "")
 	f("clusters:\n- name: a\n  cluster:\n    server: https://only\nusers:\n- name: u\n  user:\n    token: t\n", KubeConfig{Server: "https://only", Token: "t"}, "")
 	f("current-context: nope\n", KubeConfig{}, `current-context "nope" not found`)
+	// Flow style (which kubectl reads) is named in the error, not only a
+	// cluster "" not found.
+	f("clusters:\n- cluster: {server: \"http://127.0.0.1:1\"}\n  name: a\ncontexts:\n- context: {cluster: a, user: u}\n  name: c\ncurrent-context: c\n",
+		KubeConfig{}, "flow-style YAML")
 	f("clusters:\n- name: a\n  cluster:\n    server: s\ncontexts:\n- name: c\n  context:\n    cluster: a\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user:\n    exec:\n      command: aws\n", KubeConfig{}, "not supported")
 	f("a: b\n   c: d\n", KubeConfig{}, "yaml line 2")
 	f("- just\n- a list\n", KubeConfig{}, "not a mapping")

@@ -85,6 +85,7 @@ func LoadKubeconfig(path string) (*KubeConfig, error) {
 // from dir.
 func ParseKubeconfig(data []byte, dir string) (*KubeConfig, error) {
 	var doc any
+	hint := ""
 	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' {
 		if err := json.Unmarshal(t, &doc); err != nil {
 			return nil, fmt.Errorf("cannot parse JSON: %w", err)
@@ -93,6 +94,9 @@ func ParseKubeconfig(data []byte, dir string) (*KubeConfig, error) {
 		var err error
 		if doc, err = parseYAML(data); err != nil {
 			return nil, err
+		}
+		if usesFlowStyle(data) {
+			hint = " (the file uses flow-style YAML, {...} or [...], which is read as plain strings: write it in block style, as kubectl config view --flatten prints it)"
 		}
 	}
 	root, ok := doc.(map[string]any)
@@ -103,18 +107,18 @@ func ParseKubeconfig(data []byte, dir string) (*KubeConfig, error) {
 	ctx := named(root["contexts"], cur, "context")
 	if ctx == nil {
 		if cur != "" {
-			return nil, fmt.Errorf("current-context %q not found", cur)
+			return nil, fmt.Errorf("current-context %q not found%s", cur, hint)
 		}
 		// No context: use the only cluster and user, if any.
 		ctx = map[string]any{"cluster": firstName(root["clusters"]), "user": firstName(root["users"])}
 	}
 	cl := named(root["clusters"], str(ctx["cluster"]), "cluster")
 	if cl == nil {
-		return nil, fmt.Errorf("cluster %q not found", str(ctx["cluster"]))
+		return nil, fmt.Errorf("cluster %q not found%s", str(ctx["cluster"]), hint)
 	}
 	kc := &KubeConfig{Server: strings.TrimRight(str(cl["server"]), "/"), Namespace: str(ctx["namespace"])}
 	if kc.Server == "" {
-		return nil, fmt.Errorf("cluster %q has no server", str(ctx["cluster"]))
+		return nil, fmt.Errorf("cluster %q has no server%s", str(ctx["cluster"]), hint)
 	}
 	kc.Insecure = str(cl["insecure-skip-tls-verify"]) == "true"
 	var err error
@@ -266,4 +270,22 @@ func (c *kubeClient) newRequest(req *http.Request) *http.Request {
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", "infera-discovery")
 	return req
+}
+
+// usesFlowStyle reports whether a YAML document holds a non-empty flow
+// collection as a value or a sequence item.
+func usesFlowStyle(data []byte) bool {
+	for _, l := range bytes.Split(data, []byte("\n")) {
+		l = bytes.TrimSpace(l)
+		if bytes.HasPrefix(l, []byte("- ")) {
+			l = bytes.TrimSpace(l[2:])
+		}
+		if i := bytes.Index(l, []byte(": ")); i >= 0 {
+			l = bytes.TrimSpace(l[i+2:])
+		}
+		if len(l) > 2 && (l[0] == '{' || l[0] == '[') {
+			return true
+		}
+	}
+	return false
 }
