@@ -199,6 +199,12 @@ func (r *redisStorage) seed(c *config.Config, version uint64, who actor) (bool, 
 }
 
 func (r *redisStorage) commit(c *config.Config, ifVersion uint64, who actor) (uint64, error) {
+	// What this router's flags make unusable (static workers under etcd
+	// discovery, say) is refused here as the file store's Apply refuses it:
+	// Redis's answer comes back through Replace, which checks nothing.
+	if err := r.a.store.Check(c); err != nil {
+		return 0, err
+	}
 	data, err := r.a.seal.encodeSealed(c)
 	if err != nil {
 		return 0, err

@@ -170,6 +170,21 @@ func (s *Store) SetCheck(f func(c *Config) error) {
 	s.mu.Unlock()
 }
 
+// Check runs Validate and the check of SetCheck on c: for a change stored
+// elsewhere (Redis) that comes back through Replace, which checks nothing.
+func (s *Store) Check(c *Config) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	check := s.check
+	s.mu.Unlock()
+	if check != nil {
+		return check(c)
+	}
+	return nil
+}
+
 // parseLocked parses file bytes and runs the check. Lock must be held.
 func (s *Store) parseLocked(data []byte) (*Config, error) {
 	c, err := Parse(data)

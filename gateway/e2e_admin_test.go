@@ -989,3 +989,30 @@ func shortTempDir(t *testing.T) string {
 	t.Cleanup(func() { os.RemoveAll(d) })
 	return d
 }
+
+// With the config in Redis, a router with etcd discovery refuses an admin
+// write adding static workers, as it refuses them in its config file (it
+// accepted them, ignored them, and could not start again); a router with
+// static discovery sharing the config may list them, and the etcd router
+// still starts, logging that it ignores them.
+func TestE2EARedisSharedConfigKeepsStaticWorkersOffAnEtcdRouter(t *testing.T) {
+	rs := testsrv.StartRedis(t)
+	etcd := testsrv.StartEtcd(t)
+	_, e1 := startEngine(t, "--speedup", "50")
+	etcdArgs := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint, "--request-transport", "http",
+		"--kv-event-transport", "zmq", "--state", rs.URL, "--router-policy", "round-robin"}
+	b := startAdminServe(t, etcdArgs...)
+	workers := `[{"id":"engine-a","url":"` + e1 + `","models":["sim-model"]}]`
+	if r := b.api("PUT", "/api/config/workers", workers, "If-Match", "*"); r.status != 400 || !strings.Contains(string(r.body), `"workers"`) {
+		t.Fatalf("static workers written through the etcd router: %s", r)
+	}
+	a := startAdminServe(t, "--discovery-backend", "static", "--request-transport", "http", "--kv-event-transport", "zmq", "--state", rs.URL, "--router-policy", "round-robin")
+	if r := a.api("PUT", "/api/config/workers", workers, "If-Match", "*"); r.status != 200 {
+		t.Fatalf("static workers written through the static router: %s", r)
+	}
+	waitRoutable(t, a.g, 1)
+	c := startAdminServe(t, etcdArgs...) // it starts on the shared config that lists them
+	if n := len(c.g.Store().Load().Workers); n != 1 {
+		t.Fatalf("the shared config has %d workers on the etcd router, want the 1 it ignores", n)
+	}
+}

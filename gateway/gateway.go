@@ -159,8 +159,8 @@ func New(f *config.Serve) (*Gateway, error) {
 		check := func(c *config.Config) error {
 			return discovery.CheckStaticWorkers(c, f.RequestTransport, f.KVEventTransport)
 		}
-		if err := check(store.Load()); err != nil {
-			return nil, fmt.Errorf("config %q: %w", f.Config, err)
+		if err := startCheck(f, check(store.Load())); err != nil {
+			return nil, err
 		}
 		store.SetCheck(check)
 		st := discovery.NewStatic(g.fleet, f.Workers, f.WorkerModel)
@@ -180,8 +180,8 @@ func New(f *config.Serve) (*Gateway, error) {
 			}
 			return nil
 		}
-		if err := check(store.Load()); err != nil {
-			return nil, fmt.Errorf("config %q: %w", f.Config, err)
+		if err := startCheck(f, check(store.Load())); err != nil {
+			return nil, err
 		}
 		store.SetCheck(check)
 		b, err := discovery.StartSynced(discovery.Options{
@@ -465,6 +465,22 @@ func startupBackup(f *config.Serve, store *config.Store) {
 			slog.Warn("llm_gateway.persist_snapshot_dir changed: it takes effect at the next start", "now", f.PersistSnapshotDir)
 		}
 	})
+}
+
+// startCheck judges the failed check err (a setting this router's flags
+// make unusable) of the config it starts with: a file's refuses the start,
+// naming it; the shared config of --state redis, which other routers with
+// other flags may use, is logged and served without that setting (this
+// router's writes of it are refused).
+func startCheck(f *config.Serve, err error) error {
+	if err == nil {
+		return nil
+	}
+	if f.State != "" {
+		slog.Warn("the shared config holds a setting this router cannot use; it is ignored here", "err", err)
+		return nil
+	}
+	return fmt.Errorf("config %q: %w", f.Config, err)
 }
 
 // checkBackends refuses flag combinations that cannot work, naming the
