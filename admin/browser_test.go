@@ -161,7 +161,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		clear(css("#f-session_affinity_ttl_s")), chromedp.SendKeys(css("#f-session_affinity_ttl_s"), "-5"),
 		chromedp.Click(css("#save")),
 		chromedp.WaitVisible(css(`[data-path="session_affinity.ttl_s"].invalid .err`)))
-	if msg := text(`[data-path="session_affinity.ttl_s"] .err`); !strings.Contains(msg, ">= 0") {
+	if msg := text(`[data-path="session_affinity.ttl_s"] .err`); !strings.Contains(msg, "must be positive") {
 		t.Fatalf("inline error: %q", msg)
 	}
 	if e.store.Load().SessionAffinity.Enabled {

@@ -117,6 +117,8 @@ func Compare(ctx context.Context, reqs []TraceRequest, workload string, c Compar
 			return nil, fmt.Errorf("cannot create log dir: %w", err)
 		}
 		c.LogDir = d
+	} else if err := os.MkdirAll(c.LogDir, 0o755); err != nil {
+		return nil, fmt.Errorf("cannot create --log-dir: %w", err)
 	}
 	n := c.Engines
 	if len(c.EngineURLs) > 0 {

@@ -68,7 +68,8 @@ func compareEndToEnd(t *testing.T, bin string) error {
 	lc.Timeout = 20 * time.Second
 	var logBuf bytes.Buffer
 	cc := CompareConfig{Bin: bin, Policies: []string{"round-robin", "prefix", "kv-aware"}, Engines: 2, Engine: ec, KVEvents: true,
-		Load: lc, LogDir: t.TempDir(), Log: &logBuf, ReadyTimeout: 15 * time.Second, Ceiling: true}
+		Load: lc, LogDir: filepath.Join(t.TempDir(), "logs", "run"), Log: &logBuf, ReadyTimeout: 15 * time.Second, Ceiling: true}
+	// --log-dir need not exist: it is made (it aborted on the first log).
 	res, err := Compare(context.Background(), reqs, "tiny", cc)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, logBuf.String())

@@ -41,10 +41,10 @@ func seconds(path string, v float64, positive bool) error {
 	switch {
 	case math.IsNaN(v) || math.IsInf(v, 0):
 		return fieldErr(path, "must be a finite number of seconds")
+	case positive && v <= 0:
+		return fieldErr(path, "must be positive")
 	case v < 0:
 		return fieldErr(path, "must be >= 0")
-	case positive && v == 0:
-		return fieldErr(path, "must be positive")
 	case v > MaxSeconds:
 		return fieldErr(path, "%g s is too large (max %g)", v, float64(MaxSeconds))
 	case v > 0 && v < 1e-6:

@@ -92,3 +92,14 @@ func TestServeFlagsRefuseNaNAndInf(t *testing.T) {
 		}
 	}
 }
+
+// A negative value of a setting that must be positive is told "must be
+// positive": "must be >= 0" sent the user to 0, refused next.
+func TestANegativeValueOfAPositiveSettingIsToldItMustBePositive(t *testing.T) {
+	if err := seconds("x", -5, true); err == nil || !strings.Contains(err.Error(), "must be positive") {
+		t.Fatalf("positive: %v", err)
+	}
+	if err := seconds("x", -5, false); err == nil || !strings.Contains(err.Error(), "must be >= 0") {
+		t.Fatalf("non-negative: %v", err)
+	}
+}

@@ -199,3 +199,20 @@ func TestAQuotaRefusalTellsTheWindowsEndToTheMillisecond(t *testing.T) {
 		})
 	}
 }
+
+// A refusal outside the allowed periods tells the user's RPM and TPM
+// buckets as they stand, as every other refusal of such a user does (it
+// told none: the x-ratelimit-* headers were missing from it alone).
+func TestAPeriodRefusalTellsTheBuckets(t *testing.T) {
+	key, hash := mintKey(t)
+	clk := newFakeClock(time.Date(2025, 6, 4, 12, 0, 0, 0, time.UTC)) // a Wednesday
+	g := newGov(t, Options{Now: clk.Now}, userConfig(t, hash, `{"name":"t",
+		"periods":{"enabled":true,"segments":[{"days":["mon"],"start":"00:00","end":"23:59"}]},
+		"rate":{"enabled":true,"rpm":60,"tpm":1000}}`, ""))
+	u := identify(t, g, key)
+	rej := admitRejected(t, g, u, Request{}, CodeOutsidePeriod)
+	want := Limits{RPM: 60, TPM: 1000, Requests: 60, Tokens: 1000}
+	if rej.Limits != want {
+		t.Fatalf("limits %+v, want %+v", rej.Limits, want)
+	}
+}

@@ -333,7 +333,22 @@ func (g *Governor) admit(ctx context.Context, u *User, r Request, sa *seatAsk) (
 			hit(CodeOutsidePeriod, dry)
 			if !dry {
 				u.rejected()
-				return Ticket{}, g.outsidePeriod(s.cal, t.periods, now)
+				rej := g.outsidePeriod(s.cal, t.periods, now)
+				if (t.rpm > 0 || t.tpm > 0) && g.rds == nil && u.st != nil {
+					// The buckets as they stand, as other refusals tell
+					// them (Redis's are not read for a refusal made here).
+					st := u.st
+					st.mu.Lock()
+					if t.rpm > 0 {
+						st.rpm.refill(t.rpm, now)
+					}
+					if t.tpm > 0 {
+						st.tpm.refill(t.tpm, now)
+					}
+					rej.Limits = st.limitsLocked(t)
+					st.mu.Unlock()
+				}
+				return Ticket{}, rej
 			}
 		}
 	}
