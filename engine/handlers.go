@@ -171,8 +171,7 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool, nat *native
 		model = s.cfg.Models[0]
 	}
 	modelJSON, ok := s.models[model]
-	if !ok {
-		s.badRequests.Add(1)
+	if !ok { // not a malformed request: infera_engine_bad_requests_total counts 400s
 		s.writeError(ctx, fasthttp.StatusNotFound, "The model `"+model+"` does not exist.", "invalid_request_error")
 		return
 	}

@@ -194,8 +194,9 @@ func parseCompletion(body []byte, tok tokenizer.Tokenizer, dst []uint32) (genReq
 	return g, dst, nil
 }
 
-// promptTokens handles "text", ["text", ...] (first used), [1,2,3] and
-// [[1,2,3], ...] (first used).
+// promptTokens handles "text", ["text"], [1,2,3] and [[1,2,3]]. A batch of
+// several prompts is refused: the engine serves one sequence per request
+// (answering the first alone, with 200, dropped the others silently).
 func promptTokens(dst []uint32, raw json.RawMessage, tok tokenizer.Tokenizer, depth int) ([]uint32, error) {
 	b := bytes.TrimSpace(raw)
 	if len(b) == 0 {
@@ -220,6 +221,9 @@ func promptTokens(dst []uint32, raw json.RawMessage, tok tokenizer.Tokenizer, de
 		if len(first) > 0 && (first[0] == '"' || first[0] == '[') {
 			if depth > 0 {
 				return dst, badRequest("prompt nests too deeply")
+			}
+			if len(items) > 1 {
+				return dst, badRequest("%d prompts in one request: infera engine serves one prompt per request (batched prompts are not modelled)", len(items))
 			}
 			return promptTokens(dst, first, tok, depth+1)
 		}

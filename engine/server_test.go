@@ -193,9 +193,20 @@ func TestServerCompletionsPromptForms(t *testing.T) {
 	}
 	f(`"abcdefgh"`, 2)
 	f(`"abcdefghi"`, 3)
-	f(`["abcd","ignored second"]`, 1)
+	f(`["abcd"]`, 1)
 	f(`[1,2,3,4,5]`, 5)
-	f(`[[7,8],[9]]`, 2)
+	f(`[[7,8]]`, 2)
+	// A batch of prompts is refused (the first alone was answered, 200,
+	// the others dropped), and a 404 is no malformed request.
+	for _, batch := range []string{`["abcd","second"]`, `[[7,8],[9]]`} {
+		if code, b, _ := e.post(t, "/v1/completions", `{"model":"other","prompt":`+batch+`}`); code != 400 || !strings.Contains(string(b), "one prompt per request") {
+			t.Fatalf("batch %s: %d %s", batch, code, b)
+		}
+	}
+	before := e.srv.badRequests.Load()
+	if code, _, _ := e.post(t, "/v1/completions", `{"model":"nope","prompt":"x"}`); code != 404 || e.srv.badRequests.Load() != before {
+		t.Fatalf("unknown model: %d, bad requests %d -> %d", code, before, e.srv.badRequests.Load())
+	}
 }
 
 // readSSE reads an SSE body and returns the data payloads.
@@ -430,7 +441,7 @@ func TestServerBadInput(t *testing.T) {
 		t.Fatalf("GET chat: %v %v", resp, err)
 	}
 	resp.Body.Close()
-	if s := e.stats(t); s.BadRequests != 15 || s.Submitted != 0 || s.Active != 0 {
+	if s := e.stats(t); s.BadRequests != 14 || s.Submitted != 0 || s.Active != 0 { // the 400s, not the 404s
 		t.Fatalf("stats %+v", s)
 	}
 }
