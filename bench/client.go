@@ -44,14 +44,18 @@ type Result struct {
 	// Worker is X-Infera-Worker (or X-Infera-Engine-Id when talking to an
 	// engine directly).
 	Worker string `json:"worker,omitempty"`
+	// Whole marks an answer read whole (not streamed): its TTFT is its
+	// E2E, and it has no TPOT or ITL.
+	Whole bool `json:"whole,omitempty"`
 }
 
 // OK reports whether the request succeeded.
 func (r *Result) OK() bool { return r.Err == "" && r.Status == 200 }
 
-// TPOT is the mean time per output token after the first.
+// TPOT is the mean time per output token after the first (0 when not
+// known: one token, or an answer read whole).
 func (r *Result) TPOT() time.Duration {
-	if r.OutputTokens <= 1 {
+	if r.OutputTokens <= 1 || r.Whole {
 		return 0
 	}
 	return (r.E2E - r.TTFT) / time.Duration(r.OutputTokens-1)
@@ -175,6 +179,7 @@ func (c *Client) Do(path string, body []byte, stream bool, res *Result) {
 		err = readJSONBody(st.br, res)
 		res.E2E = time.Since(start)
 		res.TTFT = res.E2E
+		res.Whole = true
 	}
 	if cerr := resp.CloseBodyStream(); err == nil && cerr != nil {
 		err = cerr

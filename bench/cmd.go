@@ -135,6 +135,15 @@ func (l *LoadFlags) config(w *WorkloadFlags) LoadConfig {
 
 func (l *LoadFlags) slo() SLO { return SLO{TTFT: l.SloTTFT, TPOT: l.SloTPOT} }
 
+// Validate refuses a TPOT objective without streaming: a whole answer has
+// no time per token to judge (it counted as 0, meeting any objective).
+func (l *LoadFlags) Validate() error {
+	if !l.Stream && l.SloTPOT > 0 {
+		return fmt.Errorf("--slo-tpot needs streamed answers (--stream): without them there is no time per output token")
+	}
+	return nil
+}
+
 // OutputFlags name result files.
 type OutputFlags struct {
 	JSON string `name:"json" help:"Write results as JSON to this file (empty: none)." default:"" env:"INFERA_BENCH_JSON"`

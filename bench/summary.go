@@ -75,7 +75,7 @@ func (s SLO) Met(r *Result) bool {
 	if s.TTFT > 0 && r.TTFT > s.TTFT {
 		return false
 	}
-	if s.TPOT > 0 && r.TPOT() > s.TPOT {
+	if s.TPOT > 0 && !r.Whole && r.TPOT() > s.TPOT {
 		return false
 	}
 	return true
@@ -149,7 +149,7 @@ func Summarize(name string, results []Result, itls []time.Duration, wall time.Du
 		s.OK++
 		ttft = append(ttft, ms(r.TTFT))
 		e2e = append(e2e, ms(r.E2E))
-		if r.OutputTokens > 1 {
+		if r.OutputTokens > 1 && !r.Whole {
 			tpot = append(tpot, ms(r.TPOT()))
 		}
 		if itls == nil && r.ITLCount > 0 {
@@ -243,10 +243,19 @@ func WriteTable(w io.Writer, sums []Summary) error {
 		get  func(s *Summary) *Stats
 	}{{"TTFT", func(s *Summary) *Stats { return &s.TTFT }}, {"TPOT", func(s *Summary) *Stats { return &s.TPOT }},
 		{"ITL", func(s *Summary) *Stats { return &s.ITL }}, {"E2E", func(s *Summary) *Stats { return &s.E2E }}} {
-		row(m.name+" mean ms", func(s *Summary) string { return f1(m.get(s).Mean) })
-		row(m.name+" p50 ms", func(s *Summary) string { return f1(m.get(s).P50) })
-		row(m.name+" p90 ms", func(s *Summary) string { return f1(m.get(s).P90) })
-		row(m.name+" p99 ms", func(s *Summary) string { return f1(m.get(s).P99) })
+		// "-": nothing measured (answers read whole have no TPOT or ITL).
+		stat := func(v func(st *Stats) float64) func(s *Summary) string {
+			return func(s *Summary) string {
+				if st := m.get(s); st.N > 0 {
+					return f1(v(st))
+				}
+				return "-"
+			}
+		}
+		row(m.name+" mean ms", stat(func(st *Stats) float64 { return st.Mean }))
+		row(m.name+" p50 ms", stat(func(st *Stats) float64 { return st.P50 }))
+		row(m.name+" p90 ms", stat(func(st *Stats) float64 { return st.P90 }))
+		row(m.name+" p99 ms", stat(func(st *Stats) float64 { return st.P99 }))
 	}
 	row("goodput req/s", func(s *Summary) string { return strconv.FormatFloat(s.Goodput, 'f', 2, 64) })
 	row("goodput fraction", func(s *Summary) string { return strconv.FormatFloat(s.GoodputFrac, 'f', 3, 64) })

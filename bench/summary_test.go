@@ -2,6 +2,7 @@ package bench
 
 import (
 	"math"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -68,6 +69,26 @@ func TestSummarize(t *testing.T) {
 	var b strings.Builder
 	if err := WriteTable(&b, []Summary{s, s}); err != nil || !strings.Contains(b.String(), "prefix hit rate") {
 		t.Fatalf("table: %v\n%s", err, b.String())
+	}
+}
+
+// An answer read whole (--no-stream) has no TPOT: it was counted as 0,
+// meeting any --slo-tpot; the table shows "-" for what was not measured,
+// and --slo-tpot without streaming is refused.
+func TestAnswersReadWholeHaveNoTPOT(t *testing.T) {
+	msd := time.Millisecond
+	res := []Result{{Status: 200, TTFT: 900 * msd, E2E: 900 * msd, OutputTokens: 10, Whole: true}}
+	s := Summarize("x", res, nil, time.Second, SLO{TPOT: time.Microsecond}, 1)
+	if s.TPOT.N != 0 || s.GoodputFrac != 1 {
+		t.Fatalf("tpot %+v, goodput %v", s.TPOT, s.GoodputFrac)
+	}
+	var b strings.Builder
+	if err := WriteTable(&b, []Summary{s}); err != nil || !regexp.MustCompile(`TPOT p99 ms\s+-`).MatchString(b.String()) {
+		t.Fatalf("table: %v\n%s", err, b.String())
+	}
+	l := LoadFlags{Stream: false, SloTPOT: time.Millisecond}
+	if err := l.Validate(); err == nil {
+		t.Fatal("--slo-tpot accepted with --no-stream")
 	}
 }
 

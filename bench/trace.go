@@ -184,8 +184,8 @@ func ScaleTrace(reqs []TraceRequest, speedup float64, maxRequests int, durationM
 		if speedup > 0 {
 			ts = int64(float64(ts) / speedup)
 		}
-		if durationMS > 0 && ts > durationMS {
-			break
+		if durationMS > 0 && ts >= durationMS {
+			break // the run ends at durationMS: a request due then is not sent
 		}
 		r.Timestamp = ts
 		out = append(out, r)

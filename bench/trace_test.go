@@ -66,6 +66,11 @@ func TestParseTraceSortsAndScales(t *testing.T) {
 	if n := len(ScaleTrace(reqs, 1, 0, 150)); n != 2 {
 		t.Fatalf("duration: got %d", n)
 	}
+	// A request due when the run ends is not sent: it is not announced
+	// (the report said more were replayed than it counted).
+	if n := len(ScaleTrace(reqs, 1, 0, 200)); n != 2 {
+		t.Fatalf("duration at a request's time: got %d, want 2", n)
+	}
 }
 
 func TestWriteTraceRoundTrip(t *testing.T) {
