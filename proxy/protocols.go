@@ -269,10 +269,11 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 	if pass {
 		mPassedThrough.Inc()
 		p.mode = protoPassthrough
-		if k := caseVariantOf(body); k != nil {
+		if err := passthroughKeys(body); err != nil {
 			// The engine gets the client's body: a key it may read in
-			// another case than the router did is refused (parse).
-			writeProtoError(ctx, p.api, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest, Message: caseVariantKey(k).Error()})
+			// another case than the router did, or a repeated routing key
+			// (engines disagree on which copy counts), is refused (parse).
+			writeProtoError(ctx, p.api, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest, Message: err.Error()})
 			return nil, 0, 0, false
 		}
 		if err != nil {
@@ -382,17 +383,35 @@ func modelSpan(d []byte) (start, end int) {
 	return start, end
 }
 
-// caseVariantOf returns the first top-level key of body that is a key the
-// router reads in another case (foldedKey), or nil.
-func caseVariantOf(body []byte) (key []byte) {
+// passthroughKeys refuses a passthrough body whose top level holds a key
+// the router reads in another case (foldedKey) or a routing key twice.
+func passthroughKeys(body []byte) error {
+	var seen uint8
+	var err error
 	forEachField(body, skipSpace(body, 0), func(k []byte, vs, ve int) error {
-		if key == nil && foldedKey(k) != nil {
-			key = k
+		if err != nil {
+			return nil
+		}
+		if foldedKey(k) != nil {
+			err = caseVariantKey(k)
+			return nil
+		}
+		for i, name := range passthroughRoutingKeys {
+			if string(k) == name {
+				if seen&(1<<i) != 0 {
+					err = duplicateKey(name)
+				}
+				seen |= 1 << i
+			}
 		}
 		return nil
 	})
-	return key
+	return err
 }
+
+// passthroughRoutingKeys are the keys of a Messages or Responses body the
+// router routes or accounts on.
+var passthroughRoutingKeys = [...]string{"model", "stream", "max_tokens", "max_output_tokens", "messages", "input"}
 
 // routingView appends a minimal chat body that routes like body: its model
 // and stream flag, an empty prompt. For passthrough requests the converter

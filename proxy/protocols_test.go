@@ -530,6 +530,11 @@ func TestPassthroughForwardsTheClientsBytes(t *testing.T) {
 		if resp.StatusCode != 400 || e.count() != n || !strings.Contains(b, "another case") {
 			t.Fatalf("%s, a case variant of model: %d %s", path, resp.StatusCode, b)
 		}
+		// Nor a routing key twice: the engine would pick its own copy.
+		resp, b = postH(t, r.url+path, `{"model":"x","max_tokens":8,"messages":[{"role":"user","content":"hi"}],"input":"hi","model":"m"}`, nil)
+		if resp.StatusCode != 400 || e.count() != n || !strings.Contains(b, "duplicate key model") {
+			t.Fatalf("%s, model twice: %d %s", path, resp.StatusCode, b)
+		}
 	}
 }
 
