@@ -32,6 +32,44 @@ func ChatMessagesN(msgs []tokenizer.Message, chat []byte, arena *[]byte, limit i
 		a = unescape(a, raw)
 		return bytesString(a[s:])
 	}
+	// dlen is the decoded length of a string value (0 for another value);
+	// the arena is its scratch space.
+	dlen := func(v []byte) int {
+		raw, ok := rawStr(v)
+		if !ok {
+			return 0
+		}
+		m := len(a)
+		a = unescape(a, raw)
+		n := len(a) - m
+		a = a[:m]
+		return n
+	}
+	// textLen is the decoded length of a content value as the messages
+	// below get it: a string, or the text parts joined by newlines.
+	textLen := func(v []byte) int {
+		if v[0] != '[' {
+			return dlen(v)
+		}
+		n, parts := 0, 0
+		elems(v, func(ps, pe int) error {
+			p := v[ps:pe]
+			if p[0] != '{' {
+				return nil
+			}
+			if typ, text := blockTypeText(p); strIs(typ, "text") {
+				if _, ok := rawStr(text); ok {
+					if parts > 0 {
+						n++
+					}
+					parts++
+					n += dlen(text)
+				}
+			}
+			return nil
+		})
+		return n
+	}
 	i := skipSpace(chat, 0)
 	if i >= len(chat) || chat[i] != '{' {
 		return msgs, nil, 0, errNotObject
@@ -60,11 +98,37 @@ func ChatMessagesN(msgs []tokenizer.Message, chat []byte, arena *[]byte, limit i
 			return badRequest("messages", "messages must be an array of objects")
 		}
 		if limit > 0 && len(msgs)-base >= limit {
+			// Measured as the messages decoded below are (the caller
+			// extrapolates from their ratio): one per message, plus the
+			// decoded text of the content's text parts, the reasoning and
+			// the tool calls' arguments; not the JSON (quotes, escapes,
+			// image data), which overcounted up to 14 times.
 			rest++
 			fields(mv, func(k []byte, s, e int) error {
+				v := mv[s:e]
 				switch string(k) {
-				case "content", "reasoning_content", "tool_calls":
-					rest += e - s
+				case "content", "reasoning_content":
+					rest += textLen(v)
+				case "tool_calls":
+					if v[0] == '[' {
+						elems(v, func(cs, ce int) error {
+							if cv := v[cs:ce]; cv[0] == '{' {
+								fields(cv, func(k []byte, s, e int) error {
+									if string(k) == "function" && cv[s] == '{' {
+										fv := cv[s:e]
+										fields(fv, func(k []byte, s, e int) error {
+											if string(k) == "arguments" {
+												rest += dlen(fv[s:e])
+											}
+											return nil
+										})
+									}
+									return nil
+								})
+							}
+							return nil
+						})
+					}
 				}
 				return nil
 			})

@@ -6,7 +6,9 @@ import (
 )
 
 // ChatMessagesN decodes at most its limit of messages and weighs the rest
-// from their encoded lengths.
+// as the decoded ones are measured (one per message plus the decoded
+// text): escapes, quotes and image data do not count (they made
+// count_tokens overcount long conversations up to 14 times).
 func TestChatMessagesNDecodesAtMostItsLimit(t *testing.T) {
 	var b strings.Builder
 	b.WriteString(`{"messages":[`)
@@ -22,8 +24,17 @@ func TestChatMessagesNDecodesAtMostItsLimit(t *testing.T) {
 	if err != nil || len(msgs) != 4 || msgs[3].Content != "hello" {
 		t.Fatalf("%d messages, %v", len(msgs), err)
 	}
-	if want := 6 * (1 + len(`"hello"`)); rest != want {
+	if want := 6 * (1 + len("hello")); rest != want {
 		t.Fatalf("rest %d, want %d", rest, want)
+	}
+	// Escaped text, parts with an image, tool call arguments.
+	odd := `{"messages":[{"role":"user","content":"x"},` +
+		`{"role":"user","content":"\u4e2d\u6587"},` +
+		`{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,` + strings.Repeat("A", 1000) + `"}},{"type":"text","text":"ab"},{"type":"text","text":"cd"}]},` +
+		`{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]}]}`
+	_, _, rest, err = ChatMessagesN(nil, []byte(odd), &arena, 1)
+	if want := (1 + len("中文")) + (1 + len("ab\ncd")) + (1 + len(`{"a":1}`)); err != nil || rest != want {
+		t.Fatalf("rest %d, want %d (%v)", rest, want, err)
 	}
 	all, _, rest, err := ChatMessagesN(nil, []byte(b.String()), &arena, 0)
 	if err != nil || len(all) != 10 || rest != 0 {

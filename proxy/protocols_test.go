@@ -565,6 +565,28 @@ func TestCountTokensWithTheRoutersTokenizer(t *testing.T) {
 		if long := count(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("hello ", 100) + `"}]}`); long <= got {
 			t.Fatalf("%s: long prompt counted %d", policy, long)
 		}
+		// Past 1024 messages the count is extrapolated from the part
+		// encoded, in the same measure: escapes and image data do not
+		// inflate it (it was 1.7 times the exact count here).
+		var conv strings.Builder
+		var tm []tokenizer.Message
+		conv.WriteString(`{"model":"m","messages":[`)
+		for i := 0; i < 3000; i++ {
+			role := [2]string{"user", "assistant"}[i%2]
+			if i > 0 {
+				conv.WriteByte(',')
+			}
+			conv.WriteString(`{"role":"` + role + `","content":"\u4e2d\u6587 hello"}`)
+			tm = append(tm, tokenizer.Message{Role: role, Content: "中文 hello"})
+		}
+		conv.WriteString(`,{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"` +
+			strings.Repeat("QUFB", 20000) + `"}},{"type":"text","text":"what is it?"}]}]}`)
+		tm = append(tm, tokenizer.Message{Role: "user", Content: "what is it?"})
+		text, _ = tk.RenderChat(nil, tm, nil, true)
+		exact, est := len(tk.Encode(nil, text)), count(conv.String())
+		if r := float64(est) / float64(exact); r < 0.95 || r > 1.05 {
+			t.Fatalf("%s: 3001 messages counted %d, exact %d (x%.2f)", policy, est, exact, r)
+		}
 	}
 	if e.count() != 0 {
 		t.Fatal("count_tokens reached the engine in conversion mode")
