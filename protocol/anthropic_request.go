@@ -1236,6 +1236,9 @@ func (c *conv) anthropicReasoning(r anthropicReq) (reasoning, error) {
 			}
 			return nil
 		})
+		if eff != nil && !isNull(eff) && eff[0] != '"' {
+			return rs, badRequest("output_config", "output_config.effort must be low, medium, high or max")
+		}
 		if raw, ok := rawStr(eff); ok {
 			switch string(raw) {
 			case "low":

@@ -128,6 +128,8 @@ func TestAnthropicRequestErrorsNameTheField(t *testing.T) {
 	f(`{"model":"m","max_tokens":1,"stream":"yes","messages":[{"role":"user","content":"x"}]}`, "stream", "boolean")
 	f(`{"model":"m","max_tokens":1,"messages":[{"role":"robot","content":"x"}]}`, "messages", "messages[0].role")
 	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user"}]}`, "messages", "messages[0].content: field required")
+	// A number where the effort name goes was ignored (a name not known was refused).
+	f(`{"model":"m","max_tokens":1,"thinking":{"type":"adaptive"},"output_config":{"effort":5},"messages":[{"role":"user","content":"x"}]}`, "output_config", "effort must be")
 	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"video"}]}]}`, "messages", "messages[1].content: unsupported content block type")
 	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"file","file_id":"f"}}]}]}`, "messages", "base64 or url")
 	// in a run of turns, the error names the turn that holds the bad block

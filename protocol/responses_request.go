@@ -1,6 +1,9 @@
 package protocol
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // ResponsesToChat converts an OpenAI Responses request body
 // (POST /v1/responses) to a chat completions request body appended to dst.
@@ -133,8 +136,8 @@ func ResponsesToChat(dst, body []byte, opt *Options, m *Meta) ([]byte, error) {
 	c.out = append(c.out, ']')
 	if r.maxOut.ok() && !isNull(c.v(r.maxOut)) {
 		n, ok := intVal(c.v(r.maxOut))
-		if !ok || n < 1 {
-			return fail(badRequest("max_output_tokens", "max_output_tokens must be an integer >= 1"))
+		if !ok || n < 1 || n > math.MaxInt32 {
+			return fail(badRequest("max_output_tokens", "max_output_tokens must be an integer in [1, 2147483647]"))
 		}
 		m.MaxTokens = n
 		m.setEcho(echoMaxOutputTokens, c.v(r.maxOut))
@@ -294,7 +297,7 @@ func (c *conv) responsesInput(in []byte) error {
 				closeAsst()
 				c.beginMsg("assistant")
 				c.out = append(c.out, `,"content":"`...)
-				if err := c.textParts(content, it); err != nil {
+				if err := c.textParts(content, it, ".content"); err != nil {
 					return err
 				}
 				c.out = append(c.out, '"')
@@ -306,7 +309,7 @@ func (c *conv) responsesInput(in []byte) error {
 				closeAsst()
 				c.beginMsg("system")
 				c.out = append(c.out, `,"content":"`...)
-				if err := c.textParts(content, it); err != nil {
+				if err := c.textParts(content, it, ".content"); err != nil {
 					return err
 				}
 				c.out = append(c.out, `"}`...)
@@ -351,7 +354,7 @@ func (c *conv) responsesInput(in []byte) error {
 			if output == nil || isNull(output) {
 				return it.err(".output: field required")
 			}
-			if err := c.textParts(output, it); err != nil {
+			if err := c.textParts(output, it, ".output"); err != nil {
 				return err
 			}
 			c.out = append(c.out, `"}`...)
@@ -373,20 +376,21 @@ func (c *conv) responsesInput(in []byte) error {
 }
 
 // textParts writes the text of a content value (a string or an array
-// of input_text/output_text/refusal parts) into an open JSON string.
-func (c *conv) textParts(v []byte, it item) error {
+// of input_text/output_text/refusal parts) into an open JSON string; field
+// names the value in errors (".content", ".output").
+func (c *conv) textParts(v []byte, it item, field string) error {
 	if raw, ok := rawStr(v); ok {
 		c.out = append(c.out, raw...)
 		return nil
 	}
 	if v[0] != '[' {
-		return it.err(".content must be a string or an array of parts")
+		return it.err(field + " must be a string or an array of parts")
 	}
 	n := 0
 	err := elems(v, func(s, e int) error {
 		p := v[s:e]
 		if p[0] != '{' {
-			return it.err(".content must be an array of parts")
+			return it.err(field + " must be an array of parts")
 		}
 		var typ, text []byte
 		fields(p, func(k []byte, s, e int) error {
@@ -455,7 +459,7 @@ func (c *conv) responsesUser(content []byte, it item) error {
 	}
 	if !images {
 		c.out = append(c.out, `,"content":"`...)
-		if err := c.textParts(content, it); err != nil {
+		if err := c.textParts(content, it, ".content"); err != nil {
 			return err
 		}
 		c.out = append(c.out, `"}`...)
@@ -562,6 +566,9 @@ func (c *conv) responsesTools(tools, choice span) error {
 			if _, ok := rawStr(desc); ok {
 				c.out = append(c.out, `,"description":`...)
 				c.out = append(c.out, desc...)
+			}
+			if params != nil && params[0] != '{' && !isNull(params) {
+				return badRequest("tools", pathErr("tools[%d].parameters: a JSON Schema object is required", n))
 			}
 			if params != nil && params[0] == '{' {
 				c.out = append(c.out, `,"parameters":`...)

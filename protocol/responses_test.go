@@ -79,6 +79,10 @@ func TestResponsesRequestRefusals(t *testing.T) {
 	f(`{"model":"g","input":"x","tools":[{"type":"web_search"}]}`, "tools", "only function tools")
 	f(`{"model":"g","input":"x","tool_choice":{"type":"file_search"}}`, "tool_choice", "only")
 	f(`{"model":"g","input":"x","text":{"format":{"type":"yaml"}}}`, "text", "text.format.type")
-	f(`{"model":"g","input":"x","max_output_tokens":0}`, "max_output_tokens", ">= 1")
+	f(`{"model":"g","input":"x","max_output_tokens":0}`, "max_output_tokens", "[1, 2147483647]")
+	// Over the range it was passed on, and refused naming max_tokens.
+	f(`{"model":"g","input":"x","max_output_tokens":2147483648}`, "max_output_tokens", "[1, 2147483647]")
+	f(`{"model":"g","input":[{"type":"function_call_output","call_id":"c","output":5}]}`, "input", ".output must be")
+	f(`{"model":"g","input":"x","tools":[{"type":"function","name":"f","parameters":"x"}]}`, "tools", "JSON Schema object")
 	f(`{"model":"g","input":"x","reasoning":{"effort":3}}`, "reasoning", "must be a string")
 }
