@@ -1152,3 +1152,55 @@ func TestMetricsCarryTheirTypes(t *testing.T) {
 		}
 	}
 }
+
+// Every answer of the router's own is in infera_responses_total{class}:
+// those written before dispatch (405, 401, a malformed body, one over
+// --max-body-bytes, the in-flight body budget's 503) were left out, so
+// the 5xx-share alert never saw a router shedding load.
+func TestTheRoutersOwnEarlyAnswersAreCountedByClass(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.APIKey = "sk-count"
+	f.MaxBodyBytes = 2000
+	r := startRouter(t, f, nil, up.url)
+	auth := map[string]string{"Authorization": "Bearer sk-count"}
+	c4, c5 := mResp4xx.Get(), mResp5xx.Get()
+	for _, c := range []struct {
+		method, body string
+		hdr          map[string]string
+		want         int
+	}{
+		{"POST", `{bad`, auth, 400},
+		{"POST", `{"messages":[]}`, auth, 400},
+		{"GET", ``, auth, 405},
+		{"POST", chatBody, nil, 401},
+		{"POST", `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 3000) + `"}]}`, auth, 413},
+	} {
+		req, _ := http.NewRequest(c.method, r.url+"/v1/chat/completions", strings.NewReader(c.body))
+		for k, v := range c.hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Fatalf("%s %s: %d, want %d", c.method, c.body, resp.StatusCode, c.want)
+		}
+	}
+	if d4, d5 := mResp4xx.Get()-c4, mResp5xx.Get()-c5; d4 != 5 || d5 != 0 {
+		t.Fatalf("4xx +%d, 5xx +%d; want +5, +0", d4, d5)
+	}
+	// The in-flight body budget's 503 (a converted body is swapped in).
+	f2 := defaultFlags()
+	f2.MaxInflightBodyBytes = 100
+	r2 := startRouter(t, f2, nil, up.url)
+	c5 = mResp5xx.Get()
+	if code, b := post(t, r2.url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"`+strings.Repeat("y", 300)+`"}]}`); code != 503 {
+		t.Fatalf("budget: %d %s", code, b)
+	}
+	if d5 := mResp5xx.Get() - c5; d5 != 1 {
+		t.Fatalf("5xx +%d for the budget's 503, want +1", d5)
+	}
+}

@@ -198,6 +198,7 @@ func sameSlice(a, b []byte) bool {
 func (s *Server) swapBody(ctx *fasthttp.RequestCtx, rs *reqState, b []byte) bool {
 	if !s.bodies.reserve(int64(len(b))) {
 		mBodyBudget.Inc()
+		countStatus(fasthttp.StatusServiceUnavailable)
 		ctx.SetConnectionClose()
 		writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable, "the router is out of request body memory; retry later", "", "overloaded")
 		return false

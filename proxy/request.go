@@ -245,7 +245,14 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	rs.start = time.Now()
 	takeRequestID(ctx, rs)
 	rs.acc.kind = kind // the client's endpoint (a front door changes kind)
+	// uncounted marks an answer of the router's own written here, before
+	// dispatch: infera_responses_total{class} learns it in the defer (the
+	// dispatch and protocol paths count theirs).
+	uncounted := false
 	defer func() {
+		if uncounted {
+			countStatus(ctx.Response.StatusCode())
+		}
 		// Every answer carries the request id; the access log learns the
 		// status now (a relayed body follows, its head is written).
 		ctx.Response.Header.SetCanonical(hdrRequestIDBytes, rs.reqID)
@@ -277,6 +284,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	}()
 	if !ctx.IsPost() {
 		methodNotAllowed(ctx, "use POST", "POST")
+		uncounted = true
 		return
 	}
 	if !ctx.Request.Header.IsHTTP11() {
@@ -286,11 +294,13 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		closeUnread(ctx)
 		writeError(ctx, fasthttp.StatusUpgradeRequired, typeInvalidRequest, "inference requests need HTTP/1.1", "", "http_version_not_supported")
 		ctx.Response.Header.Set("Upgrade", "HTTP/1.1")
+		uncounted = true
 		return
 	}
 	user, ok := s.authenticate(ctx)
 	if !ok {
 		closeUnread(ctx) // the body was not read
+		uncounted = true
 		return
 	}
 	rs.gov.user = user
@@ -315,6 +325,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 			}
 			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "request body not received", "", "bad_request")
 		}
+		uncounted = true
 		return
 	}
 	cfg := s.store.Load()
@@ -344,11 +355,13 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		} else {
 			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "malformed request body", "", "")
 		}
+		uncounted = true
 		return
 	}
 	if u := rs.gov.user; u != nil && !s.allowsModel(cfg, u, rs.parsed.model) { // docs/governance.md#models-a-user-may-call
 		mModelNotAllowed.Inc()
 		writeError(ctx, fasthttp.StatusForbidden, typePermission, notAllowedModel(rs.parsed.model), "model", "model_not_allowed")
+		uncounted = true
 		return
 	}
 	if body, ok = s.afterParse(ctx, cfg, rs, body, kind); !ok { // streaming usage (protocols.go)
@@ -376,6 +389,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		if err := s.hashPrompt(rs, body, kind); err != nil {
 			mBadRequests.Inc()
 			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "messages", "")
+			uncounted = true
 			return
 		}
 	}
