@@ -259,3 +259,41 @@ func TestLeaseVerdictSettlesTheProbeBeforeDone(t *testing.T) {
 		t.Fatal("probe 2 success did not close the breaker")
 	}
 }
+
+// A request's retries are not decisions of their own in
+// infera_route_decisions_total: one per request (each retry's lease
+// counted one, inflating the dashboard's decisions by layer).
+func TestARequestIsOneRouteDecisionWhateverItsRetries(t *testing.T) {
+	s, _ := newTestSched(t, workers(2, "m")...)
+	total := func() uint64 {
+		var n uint64
+		for _, c := range s.m.layers {
+			if c != nil {
+				n += c.Get()
+			}
+		}
+		return n
+	}
+	before := total()
+	r := &Request{Model: []byte("m"), PromptTokens: 10, MaxTokens: 4}
+	var l Lease
+	for attempt := 0; attempt < 2; attempt++ {
+		if err := s.Acquire(config.Default(), r, nil, &l); err != nil {
+			t.Fatal(err)
+		}
+		r.Tried = append(r.Tried, l.Worker.Idx)
+		l.Done(OutcomeFault)
+	}
+	if d := total() - before; d != 1 {
+		t.Fatalf("decisions +%d for one request tried twice, want +1", d)
+	}
+	r.Reset() // the next request counts again
+	r.Model, r.PromptTokens, r.MaxTokens = []byte("m"), 10, 4
+	if err := s.Acquire(config.Default(), r, nil, &l); err != nil {
+		t.Fatal(err)
+	}
+	l.Done(OutcomeSuccess)
+	if d := total() - before; d != 2 {
+		t.Fatalf("decisions +%d after a second request, want +2", d)
+	}
+}

@@ -67,6 +67,9 @@ type Request struct {
 	psnap []pslots
 	// pd is the request's PD routing (pd.go), set by Topology.
 	pd pdRoute
+	// counted: a decision of the request is in
+	// infera_route_decisions_total (one per request, retries aside).
+	counted bool
 	// gated holds Pick's candidates before the gate passed over the full
 	// ones (nil: no gate): a session's bound worker that is only full
 	// keeps its binding (affinityLookup).
@@ -612,7 +615,10 @@ func (s *Scheduler) finish(cfg *config.Config, c *compiled, r *Request, d *Decis
 		s.pd.countDecode(d)
 		return
 	}
-	s.m.countLayer(d.Layer)
+	if !r.counted {
+		r.counted = true
+		s.m.countLayer(d.Layer)
+	}
 	if d.rebind && cfg.SessionAffinity.Enabled && len(r.SessionID) > 0 {
 		s.affinityBind(c, r, d.Worker, now)
 	}
