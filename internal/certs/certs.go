@@ -31,7 +31,7 @@ func Load(certFile, keyFile string) (*Reloader, error) {
 
 // Reload reads the files again. On failure the certificate in use stays.
 // A certificate that expired already is refused (a renewal hook that
-// copied the old file must not replace a good one).
+// copied the old file must not replace a good one), and one not valid yet.
 func (r *Reloader) Reload() error {
 	c, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
 	if err != nil {
@@ -41,9 +41,18 @@ func (r *Reloader) Reload() error {
 	if c.Leaf != nil && time.Now().After(c.Leaf.NotAfter) {
 		return fmt.Errorf("TLS certificate %s expired on %s", r.certFile, c.Leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
+	// Nor one no client accepts yet (a clock skew of a few minutes with
+	// the issuer is allowed).
+	if c.Leaf != nil && time.Now().Add(notBeforeSkew).Before(c.Leaf.NotBefore) {
+		return fmt.Errorf("TLS certificate %s is not valid before %s", r.certFile, c.Leaf.NotBefore.UTC().Format(time.RFC3339))
+	}
 	r.cur.Store(&c)
 	return nil
 }
+
+// notBeforeSkew is how far ahead of the clock a certificate's NotBefore
+// may be (an issuer's clock a little ahead).
+const notBeforeSkew = 5 * time.Minute
 
 // NotAfter is the current certificate's expiry.
 func (r *Reloader) NotAfter() time.Time {

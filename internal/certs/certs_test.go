@@ -21,7 +21,7 @@ func serial(t *testing.T, r *Reloader) int64 {
 }
 
 // Reload serves the files' new certificate; a reload that fails (a broken
-// file, an expired certificate) keeps the one in use.
+// file, an expired certificate, one not valid yet) keeps the one in use.
 func TestReloadServesTheNewCertificateAndKeepsTheOldOneOnFailure(t *testing.T) {
 	c := testsrv.GenCerts(t)
 	dir := t.TempDir()
@@ -48,6 +48,22 @@ func TestReloadServesTheNewCertificateAndKeepsTheOldOneOnFailure(t *testing.T) {
 	install(expired, expiredKey)
 	if err := r.Reload(); err == nil || !strings.Contains(err.Error(), "expired") || serial(t, r) != 10 {
 		t.Fatalf("expired: %v, serial %d", err, serial(t, r))
+	}
+	// Not valid yet: no client would accept it (a few minutes ahead is an
+	// issuer's clock, accepted).
+	future, futureKey := c.ServerLeafBetween(t, "future", 12, time.Now().Add(365*24*time.Hour), time.Now().Add(400*24*time.Hour))
+	install(future, futureKey)
+	if err := r.Reload(); err == nil || !strings.Contains(err.Error(), "not valid before") || serial(t, r) != 10 {
+		t.Fatalf("not yet valid: %v, serial %d", err, serial(t, r))
+	}
+	skewed, skewedKey := c.ServerLeafBetween(t, "skewed", 13, time.Now().Add(time.Minute), time.Now().Add(90*24*time.Hour))
+	install(skewed, skewedKey)
+	if err := r.Reload(); err != nil || serial(t, r) != 13 {
+		t.Fatalf("a minute ahead: %v, serial %d", err, serial(t, r))
+	}
+	install(renewed, renewedKey)
+	if err := r.Reload(); err != nil || serial(t, r) != 10 {
+		t.Fatalf("back to renewed: %v, serial %d", err, serial(t, r))
 	}
 	keyPEM, _ := os.ReadFile(renewedKey)
 	install(renewed, c.ServerKey) // a key that is not the certificate's

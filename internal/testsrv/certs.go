@@ -66,6 +66,12 @@ func (c Certs) ServerLeaf(t testing.TB, name string, serial int64, notAfter time
 	return c.leaf(t, name, serial, x509.ExtKeyUsageServerAuth, notBefore, notAfter)
 }
 
+// ServerLeafBetween is ServerLeaf valid from notBefore.
+func (c Certs) ServerLeafBetween(t testing.TB, name string, serial int64, notBefore, notAfter time.Time) (certFile, keyFile string) {
+	t.Helper()
+	return c.leaf(t, name, serial, x509.ExtKeyUsageServerAuth, notBefore, notAfter)
+}
+
 func (c Certs) leaf(t testing.TB, name string, serial int64, usage x509.ExtKeyUsage, notBefore, notAfter time.Time) (string, string) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
