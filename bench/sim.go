@@ -253,6 +253,7 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 	issued := 0
 	inflight := 0
 	var promptSum, cachedSum int64
+	var tokText []byte
 	var rngAt time.Duration
 	rng := newPoisson(lc.Seed, lc.Rate)
 
@@ -268,6 +269,10 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 		sr.MaxTokens = r.OutputLength
 		sr.PromptTokens = len(prompt)
 		sr.Prompt = text // what the proxy passes: the concatenated message contents
+		if lc.TokenPrompts && lc.API == "completions" {
+			tokText = sched.AppendTokenPrompt(tokText[:0], prompt) // the token ids' text, as the proxy passes it
+			sr.Prompt = tokText
+		}
 		if kvAware {
 			sr.BlockHashes = kv.HashBlocks(sr.BlockHashes[:0], prompt, bs, "")
 		}

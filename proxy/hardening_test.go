@@ -1204,3 +1204,32 @@ func TestTheRoutersOwnEarlyAnswersAreCountedByClass(t *testing.T) {
 		t.Fatalf("5xx +%d for the budget's 503, want +1", d5)
 	}
 }
+
+// A completions prompt of token ids is seen by the prefix layer (as the
+// ids' bytes): the same prompt again goes where it went. It had no text
+// to hash, so the prefix policy routed such prompts by load alone.
+func TestATokenIDPromptIsRoutedByPrefix(t *testing.T) {
+	a, b := startUpstream(t, okHandler), startUpstream(t, okHandler)
+	cfg := config.Default()
+	cfg.PrefixCache.Enabled = true
+	cfg.Debug.DecisionHeader = true
+	f := defaultFlags()
+	f.RouterPolicy = "least-requests"
+	r := startRouter(t, f, cfg, a.url, b.url)
+	ids := make([]string, 600)
+	for i := range ids {
+		ids[i] = strconv.Itoa(1000 + i)
+	}
+	body := `{"model":"m","prompt":[` + strings.Join(ids, ",") + `],"max_tokens":2}`
+	var routes []string
+	for i := 0; i < 3; i++ {
+		resp, b := postWith(t, r.url+"/v1/completions", body, nil)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		routes = append(routes, resp.Header.Get("X-Infera-Route"))
+	}
+	if !strings.Contains(routes[0], "prefix-miss") || !strings.Contains(routes[1], "layer=prefix") || !strings.Contains(routes[2], "layer=prefix") {
+		t.Fatalf("routes %q", routes)
+	}
+}

@@ -36,8 +36,10 @@ type reqBody struct {
 	text []byte
 	// promptTokens counts token ids when the prompt is given as ids.
 	promptTokens int
-	// tokenIDs holds a token-id prompt (completions) for kv-aware hashing.
+	// tokenIDs holds a token-id prompt (completions) for kv-aware hashing;
+	// idText is its text for the prefix layer (sched.AppendTokenPrompt).
 	tokenIDs []uint32
+	idText   []byte
 	// messages and prompt are the raw value spans ([start, end) in the body).
 	msgStart, msgEnd       int
 	promptStart, promptEnd int // also input, query and text_1
@@ -56,7 +58,7 @@ type reqBody struct {
 }
 
 func (b *reqBody) reset() {
-	*b = reqBody{modelBuf: trimBuf(b.modelBuf), text: trimBuf(b.text), tokenIDs: trimIDs(b.tokenIDs), msgSpans: b.msgSpans[:0], maxTokens: -1, choices: 1, prompts: 1}
+	*b = reqBody{modelBuf: trimBuf(b.modelBuf), text: trimBuf(b.text), tokenIDs: trimIDs(b.tokenIDs), idText: trimBuf(b.idText), msgSpans: b.msgSpans[:0], maxTokens: -1, choices: 1, prompts: 1}
 }
 
 // span is a JSON value's [s, e) in the messages array (so that moving the

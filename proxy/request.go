@@ -373,6 +373,10 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	r.MaxTokens = rs.parsed.maxTokens
 	r.PromptTokens = rs.parsed.estimateTokens()
 	r.Prompt = rs.parsed.text
+	if len(r.Prompt) == 0 && len(rs.parsed.tokenIDs) > 0 {
+		rs.parsed.idText = sched.AppendTokenPrompt(rs.parsed.idText[:0], rs.parsed.tokenIDs)
+		r.Prompt = rs.parsed.idText
+	}
 	r.LoadOnly = poolingKind(kind) // no prefix cache to follow (embeddings.go)
 	if cfg.SessionAffinity.Enabled {
 		r.SessionID = ctx.Request.Header.Peek(cfg.SessionAffinity.Header)

@@ -148,6 +148,18 @@ func (p *prefixIndex) Len() int64 { return p.entries.Load() }
 // Bytes returns the accounted memory of the index.
 func (p *prefixIndex) Bytes() int64 { return p.entries.Load() * prefixEntryBytes }
 
+// AppendTokenPrompt appends the prompt text the prefix layer hashes for a
+// prompt given as token ids (completions): each id as 4 little-endian
+// bytes, so prompts sharing leading tokens share leading bytes, however
+// their JSON was spaced. Without it such prompts had no text to hash and
+// the prefix layer never saw them.
+func AppendTokenPrompt(dst []byte, ids []uint32) []byte {
+	for _, id := range ids {
+		dst = append(dst, byte(id), byte(id>>8), byte(id>>16), byte(id>>24))
+	}
+	return dst
+}
+
 // hashAndMatch fills r.phash with the chained hashes of r.Prompt's full
 // blocks and returns how many leading blocks any worker has seen; r.psnap
 // gets the workers of each of those blocks as the match saw them. With a
