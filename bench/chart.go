@@ -84,7 +84,13 @@ func WriteSVG(w io.Writer, title string, sums []Summary) error {
 			h := float64(lh) * math.Max(0, math.Min(1, s.HitRate))
 			x := float64(bx) + slot*float64(i) + slot*0.15
 			fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`, x, float64(ly+lh)-h, slot*0.7, h, col)
-			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%.3f</text>`, x+slot*0.35, float64(ly+lh)-h-4, s.HitRate)
+			// The value inside a bar tall enough for it: above the bar it
+			// met the ceiling's label when the bar came near the ceiling.
+			if h >= 22 {
+				fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#fff">%.3f</text>`, x+slot*0.35, float64(ly+lh)-h+15, s.HitRate)
+			} else {
+				fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%.3f</text>`, x+slot*0.35, float64(ly+lh)-h-4, s.HitRate)
+			}
 			// Names alternate between two rows so neighbours never overlap.
 			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle" font-size="11">%s</text>`+"\n", x+slot*0.35, ly+lh+14+14*(i%2), html.EscapeString(s.Name))
 		}

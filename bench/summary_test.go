@@ -132,4 +132,9 @@ func TestCeilingInTableAndChart(t *testing.T) {
 	if err := WriteSVG(&svg, "t", []Summary{a, b}); err != nil || !strings.Contains(svg.String(), "pooled-cache ceiling 0.400") {
 		t.Fatalf("chart: %v", err)
 	}
+	// A bar's value is written inside it, clear of the ceiling's label
+	// just above the ceiling line (a bar near the ceiling hid it).
+	if !strings.Contains(svg.String(), `fill="#fff">0.360</text>`) {
+		t.Fatalf("the bar's value is not inside it:\n%s", svg.String())
+	}
 }
