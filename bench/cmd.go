@@ -292,6 +292,9 @@ func (c *CompareCmd) Run() error {
 	if c.SimCheck {
 		core := c.coreConfig()
 		cc.SimCheck = &core
+		// The simulated fleet logs every worker joining (as in simulate);
+		// the real processes log to their files.
+		slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	}
 	fmt.Fprintf(os.Stderr, "comparing %s on %d requests of %s\n", strings.Join(cc.Policies, ", "), len(reqs), name)
 	res, err := Compare(ctx, reqs, name, cc)
