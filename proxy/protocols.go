@@ -301,6 +301,7 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 		// applies it in passthrough mode after the router's check).
 		if u := rs.gov.user; u != nil && !s.allowsModel(cfg, u, p.meta.Model) {
 			mModelNotAllowed.Inc()
+			countStatus(fasthttp.StatusForbidden)
 			writeError(ctx, fasthttp.StatusForbidden, typePermission, notAllowedModel(p.meta.Model), "model", "model_not_allowed")
 			return nil, 0, 0, false
 		}
@@ -464,6 +465,16 @@ func (s *Server) countTokens(ctx *fasthttp.RequestCtx, rs *reqState, chat []byte
 	if limit > 0 {
 		decode = maxRouteMessages
 	}
+	// The converted body and its decoded messages (up to its size again)
+	// are reserved in the in-flight body budget like the client's body
+	// (six concurrent 20 MB counts held 787 MB outside it).
+	if !s.bodies.reserve(2 * int64(len(chat))) {
+		mBodyBudget.Inc()
+		writeProtoError(ctx, protocol.Anthropic, &protocol.Error{Status: fasthttp.StatusServiceUnavailable, Type: protocol.TypeUnavailable,
+			Message: "the router is out of request body memory; retry later"})
+		return
+	}
+	rs.reserved += 2 * int64(len(chat))
 	msgs, tools, rest, err := protocol.ChatMessagesN(rs.msgs[:0], chat, &rs.arena, decode)
 	rs.msgs = msgs
 	k, part, whole := len(msgs), 1, 1

@@ -885,3 +885,28 @@ func TestAConvertedRequestReachesTheEngineAsJSON(t *testing.T) {
 		}
 	}
 }
+
+// count_tokens decodes the converted messages into a buffer as large as
+// the converted body: it is reserved in the in-flight body budget with
+// the bodies (concurrent large counts held hundreds of MB outside it),
+// and given back when the request ends.
+func TestCountTokensReservesItsDecodeBufferInTheBodyBudget(t *testing.T) {
+	up := startChatEngine(t, &chatEngine{})
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("abcd ", 4000) + `"}]}` // 20 KB
+	f := defaultFlags()
+	f.MaxInflightBodyBytes = 50000 // the body (20 KB), not its conversion and decoded messages too
+	r := startRouter(t, f, nil, up.url)
+	resp, b := postH(t, r.url+"/v1/messages/count_tokens", body, nil)
+	if resp.StatusCode != 503 {
+		t.Fatalf("%d %s, want 503", resp.StatusCode, b)
+	}
+	checkAnthropicError(t, b, "overloaded_error")
+	f2 := defaultFlags()
+	f2.MaxInflightBodyBytes = 70000
+	r2 := startRouter(t, f2, nil, up.url)
+	for i := 0; i < 3; i++ { // given back: the next count fits again
+		if resp, b := postH(t, r2.url+"/v1/messages/count_tokens", body, nil); resp.StatusCode != 200 {
+			t.Fatalf("count %d: %d %s", i, resp.StatusCode, b)
+		}
+	}
+}
