@@ -704,6 +704,10 @@ func TestATimezoneReloadKeepsTheQuotaWindowsCounts(t *testing.T) {
 
 func timezoneReloadKeepsCounts(t *testing.T, period string, code Code) {
 	stores(t, func(t *testing.T, o Options) {
+		// A fixed time: at the wall clock's, between 23:00 and 24:00 UTC
+		// Berlin's day is a new one, whose window rightly starts afresh.
+		clk := newFakeClock(time.Date(2025, 6, 4, 12, 0, 0, 0, time.UTC))
+		o.Now = clk.Now
 		key, hash := mintKey(t)
 		tmpl := fmt.Sprintf(`{"name":"t","quota":{"enabled":true,"windows":[{"period":%q,"max_requests":5}]}}`, period)
 		cfg := func(tz string) *config.Config {
