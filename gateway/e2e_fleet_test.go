@@ -644,15 +644,7 @@ func TestE2EHealthIsUnavailableWhileTheRequestBrokerIsDown(t *testing.T) {
 	startWorker(t, append([]string{"--id", "w1", "--engine-url", e1, "--lease-ttl", "2s"}, common...)...)
 	rt, r := startServe(t, common...)
 	waitRoutable(t, rt, 1)
-	health := func() (int, string) {
-		resp, err := http.Get(r + "/health")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	health := func() (int, string) { return getHealth(t, r) }
 	waitHealth := func(code int, status string) {
 		t.Helper()
 		var c int
@@ -723,15 +715,7 @@ func TestE2ERouterStartsWhileTheBrokerIsDown(t *testing.T) {
 	nsrv.Stop()
 	rt, r := startServe(t, common...)
 	waitRoutable(t, rt, 1)
-	health := func() (int, string) {
-		resp, err := http.Get(r + "/health")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	health := func() (int, string) { return getHealth(t, r) }
 	if c, b := health(); c != 503 || !strings.Contains(b, `"nats":{"ok":false`) {
 		t.Fatalf("health with the broker down: %d %s", c, b)
 	}
@@ -751,4 +735,16 @@ func TestE2ERouterStartsWhileTheBrokerIsDown(t *testing.T) {
 	if c, b := health(); c != 200 {
 		t.Fatalf("health with the broker up: %d %s", c, b)
 	}
+}
+
+// getHealth returns the status and body of the router's /health.
+func getHealth(t *testing.T, router string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(router + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

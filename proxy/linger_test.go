@@ -81,12 +81,7 @@ func TestA413ForAChunkedBodyClosesTheConnection(t *testing.T) {
 	f := defaultFlags()
 	f.MaxBodyBytes = 100000
 	r := startRouter(t, f, nil, up.url)
-	conn, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	conn := dialRouter(t, r.url)
 	chunk := strings.Repeat("x", 150000)
 	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(chunk), chunk)
 	fmt.Fprintf(conn, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -111,12 +106,7 @@ func TestABodyPastTheBodyTimeoutGets408(t *testing.T) {
 	f := defaultFlags()
 	f.BodyTimeout = 300 * time.Millisecond
 	r := startRouter(t, f, nil, up.url)
-	conn, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	conn := dialRouter(t, r.url)
 	// More than fasthttp reads with the head (8 KiB), then nothing.
 	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 20000\r\n\r\n%s", strings.Repeat("x", 9000))
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
@@ -127,4 +117,17 @@ func TestABodyPastTheBodyTimeoutGets408(t *testing.T) {
 	if resp.StatusCode != 408 || !bytes.Contains(b, []byte("request_timeout")) {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
+}
+
+// dialRouter opens a raw connection to the router at url, closed at the
+// test's end, with a 10 s deadline.
+func dialRouter(t *testing.T, url string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp4", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	return conn
 }

@@ -318,8 +318,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 			writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable, "the router is out of request body memory; retry later", "", "overloaded")
 		default:
 			mBadRequests.Inc()
-			var to interface{ Timeout() bool }
-			if errors.As(err, &to) && to.Timeout() {
+			if isTimeout(err) {
 				writeError(ctx, fasthttp.StatusRequestTimeout, typeInvalidRequest, "request body not received within --body-timeout", "", "request_timeout")
 				break
 			}
