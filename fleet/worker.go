@@ -136,14 +136,21 @@ func (w *Worker) Serves(model []byte) bool {
 	return false
 }
 
-// Acquire accounts a dispatched request: tokens is prompt estimate + max
+// Acquire accounts a request routed to w: tokens is prompt estimate + max
 // output, prompt the prompt tokens, blocks the KV blocks it will occupy.
+// It does not count the request as sent (CountSent): a routed request may
+// be handed back unsent (it waits for a seat, or its seat is elsewhere).
 func (w *Worker) Acquire(tokens, prompt, blocks int64) {
 	w.Load.Requests.Add(1)
 	w.Load.Tokens.Add(tokens)
 	w.Load.PrefillTokens.Add(prompt)
 	w.Load.Blocks.Add(blocks)
 	w.Load.Pending.Add(1)
+}
+
+// CountSent counts one request sent to w
+// (infera_router_worker_requests_total).
+func (w *Worker) CountSent() {
 	if w.mRequests != nil {
 		w.mRequests.Inc()
 	}
@@ -174,8 +181,8 @@ func (w *Worker) Fault(now int64) {
 	w.Breaker.Failure(now)
 }
 
-// Counts returns how many requests were dispatched to w and how many of
-// them ended in a worker fault (infera_router_worker_requests_total and
+// Counts returns how many requests were sent to w and how many of them
+// ended in a worker fault (infera_router_worker_requests_total and
 // _failures_total).
 func (w *Worker) Counts() (requests, failures uint64) {
 	if w.mRequests != nil {

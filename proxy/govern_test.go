@@ -287,6 +287,14 @@ func TestSeatQueueServesTheFirstCandidateThatFrees(t *testing.T) {
 	if a.hits.Load() != hitsA || g.QueueLength() != 0 {
 		t.Fatalf("a got %d more requests; queue %d", a.hits.Load()-hitsA, g.QueueLength())
 	}
+	// Each worker counts the requests it was sent
+	// (infera_router_worker_requests_total), not the leases the queued
+	// request took and handed back while it waited.
+	for i, up := range []*holdUpstream{a, b} {
+		if sent, _ := r.fl.Get(fmt.Sprintf("w%d", i)).Counts(); sent != uint64(up.hits.Load()) {
+			t.Fatalf("w%d counts %d requests sent, it got %d", i, sent, up.hits.Load())
+		}
+	}
 	// A full queue refuses at once.
 	r2, g2 := govRouter(t, nil, `{"rate_limit": {"scope": "gateway", "prefill_concurrency": 1,
 		"overlimit": "queue", "queue_size": 1, "queue_timeout_ms": 5000}}`, a.url)

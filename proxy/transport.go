@@ -13,7 +13,8 @@ import (
 // and PD legs will be too. Every error a transport returns is a *failure
 // (classified: whose fault, whether another worker may take the request,
 // what the client is told), so the dispatch loop never inspects transport
-// specific errors.
+// specific errors. A transport calls c.lease.Sent once it contacts the
+// worker (not when it refuses the attempt before: a spent budget).
 type transport interface {
 	roundTrip(c *call) (upResponse, *failure)
 }

@@ -49,6 +49,7 @@ func (httpTransport) roundTrip(c *call) (upResponse, *failure) {
 		// was never contacted, so it gets no fault.
 		return nil, failureSpent
 	}
+	c.lease.Sent()
 	for try := 0; ; try++ {
 		uc, reused, err := p.get(deadline)
 		if err != nil {

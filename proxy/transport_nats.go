@@ -31,6 +31,7 @@ func (t *natsTransport) roundTrip(c *call) (upResponse, *failure) {
 	if !c.firstByte.IsZero() && c.firstByte.UnixNano() <= c.now {
 		return nil, failureSpent
 	}
+	c.lease.Sent()
 	ctx, cancel := context.WithCancel(context.Background())
 	nu := &natsUpstream{cancel: cancel, t: t}
 	c.cancel.set(nu)

@@ -69,10 +69,12 @@ type Lease struct {
 	state uint8
 	// settled: the breaker already has its verdict (Verdict).
 	settled bool
-	seats   [maxSeats]Seat
-	nseat   int
-	obs     FirstTokenObserver
-	now     func() int64 // the scheduler's clock (unix ns)
+	// sent: the attempt went to the worker (Sent).
+	sent  bool
+	seats [maxSeats]Seat
+	nseat int
+	obs   FirstTokenObserver
+	now   func() int64 // the scheduler's clock (unix ns)
 }
 
 // FirstTokenObserver learns from first-token latencies (the kv-aware cost
@@ -101,10 +103,23 @@ func (l *Lease) acquire(d Decision, tokens, prefill, blocks int64, obs FirstToke
 	}
 	l.nseat = 0
 	l.obs = obs
+	l.sent = false
 	d.Worker.Acquire(tokens, prefill, blocks)
 	l.mu.Lock()
 	l.state = 1
 	l.mu.Unlock()
+}
+
+// Sent records that the attempt is being sent to its worker: the worker's
+// infera_router_worker_requests_total counts it, once per lease. A lease
+// handed back unsent (the request waits for a seat, or takes one on
+// another worker) counts nothing. Called by the goroutine that sends.
+func (l *Lease) Sent() {
+	if l.sent {
+		return
+	}
+	l.sent = true
+	l.Worker.CountSent()
 }
 
 // Attach makes the lease end s with itself. It returns false (and does not

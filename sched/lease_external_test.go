@@ -8,7 +8,8 @@ import (
 	"github.com/infera/infera/fleet"
 )
 
-// A lease on a standalone worker counts one request, follows its breaker
+// A lease on a standalone worker counts one request once sent (twice Sent
+// is still one; a lease never sent counts none), follows its breaker
 // (faults trip it, the cooldown admits one probe, a successful probe closes
 // it) and ends like any lease.
 func TestAcquireExternalFollowsTheWorkersBreaker(t *testing.T) {
@@ -26,6 +27,11 @@ func TestAcquireExternalFollowsTheWorkersBreaker(t *testing.T) {
 		if got := loadOf(w); got != [5]int64{1, 0, 0, 0, 1} {
 			t.Fatalf("held: load %v", got)
 		}
+		if reqs.Get() != uint64(i) {
+			t.Fatalf("attempt %d counted before it was sent: %d", i, reqs.Get())
+		}
+		l.Sent()
+		l.Sent()
 		l.Done(OutcomeFault)
 		if got := loadOf(w); got != [5]int64{} {
 			t.Fatalf("done: load %v", got)
@@ -45,8 +51,16 @@ func TestAcquireExternalFollowsTheWorkersBreaker(t *testing.T) {
 	if other.AcquireExternal(w, clock) {
 		t.Fatal("a second attempt took the probe slot")
 	}
+	l.Sent()
 	l.FirstToken()
 	l.Done(OutcomeSuccess)
+	if !l.AcquireExternal(w, clock) {
+		t.Fatal("a closed breaker refused")
+	}
+	l.Done(OutcomeNeutral) // handed back unsent
+	if reqs.Get() != 3 {
+		t.Fatalf("requests %d, want 3 sent", reqs.Get())
+	}
 	if w.Breaker.State() != fleet.BreakerClosed {
 		t.Fatalf("a successful probe left the breaker %d", w.Breaker.State())
 	}
