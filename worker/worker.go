@@ -186,7 +186,7 @@ func (c *Cmd) Start(ctx context.Context) (*Sidecar, error) {
 	if err := s.buildRecord(ctx); err != nil {
 		return nil, err
 	}
-	if err := s.startNATS(); err != nil {
+	if err := s.startNATS(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.connectDiscovery(); err != nil {
@@ -357,14 +357,30 @@ func (s *Sidecar) engineModels(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-func (s *Sidecar) startNATS() error {
+func (s *Sidecar) startNATS(ctx context.Context) error {
 	c := s.c
 	if c.RequestTransport != "nats" && c.KVEventTransport != "nats" {
 		return nil
 	}
-	nc, err := nats.Connect(c.NatsURL, append(broker.Reconnect(), nats.Name("infera-worker-"+s.rec.ID))...)
-	if err != nil {
-		return fmt.Errorf("cannot connect to NATS %s: %w", logx.RedactURL(c.NatsURL), logx.StripURL(err))
+	// The broker may come up after the worker (both started by systemd at
+	// boot): retry until ctx ends, as registration does. Nothing is
+	// registered before the subscriptions are in.
+	var nc *nats.Conn
+	for delay := 250 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
+		var err error
+		nc, err = nats.Connect(c.NatsURL, append(broker.Reconnect(), nats.Name("infera-worker-"+s.rec.ID))...)
+		if err == nil {
+			break
+		}
+		err = fmt.Errorf("cannot connect to NATS %s: %w", logx.RedactURL(c.NatsURL), logx.StripURL(err))
+		slog.Warn("worker: cannot connect to the broker yet, retrying", "id", s.rec.ID, "err", err, "retry_in", delay)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-s.engineDone:
+			return fmt.Errorf("engine exited before the broker was reachable: %v", s.engineErr)
+		case <-time.After(delay):
+		}
 	}
 	s.nc = nc
 	if c.RequestTransport == "nats" {

@@ -443,3 +443,63 @@ func TestRegisterWaitsForEtcd(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A broker that comes up after the worker (both started at boot) is waited
+// for, as discovery is: the worker subscribes once it is up, then
+// registers, and serves requests over NATS.
+func TestStartWaitsForTheBroker(t *testing.T) {
+	e := testsrv.StartEtcd(t)
+	ns := testsrv.StartNATS(t)
+	ns.Stop()
+	eng := &fakeEngine{}
+	eng.healthy.Store(true)
+	url := serveEngine(t, eng)
+	sink := watchEtcd(t, e.Endpoint)
+	c := parse(t, "--id", "lateb1", "--engine-url", url, "--discovery-backend", "etcd", "--etcd-endpoint", e.Endpoint,
+		"--request-transport", "nats", "--kv-event-transport", "zmq", "--nats-url", ns.URL,
+		"--drain-propagation", "0s", "--drain-grace", "0s")
+	started := make(chan error, 1)
+	var s *Sidecar
+	go func() {
+		var err error
+		s, err = c.Start(context.Background())
+		started <- err
+	}()
+	time.Sleep(700 * time.Millisecond)
+	if _, ok := sink.get("lateb1"); ok {
+		t.Fatal("registered before its broker was up")
+	}
+	select {
+	case err := <-started:
+		t.Fatalf("Start returned while the broker was down: %v", err)
+	default:
+	}
+	ns.Start()
+	select {
+	case err := <-started:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("worker did not start after the broker came up")
+	}
+	waitFor(t, 5*time.Second, "registered", func() bool { _, ok := sink.get("lateb1"); return ok })
+	nc, err := nats.Connect(ns.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cli, err := broker.NewClient(broker.ClientConfig{Conn: nc, IdleTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	st, err := cli.Do(context.Background(), "lateb1", &broker.Request{Path: "/stream?n=2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	if err := s.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
