@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -471,5 +472,36 @@ func TestAStreamRequestAnsweredWithPlainJSONIsNotRelayedAsEvents(t *testing.T) {
 	}
 	if got := ask("whole"); !strings.HasPrefix(got, "HTTP/1.1 200") || !strings.Contains(got, okJSON) || strings.Contains(got, "data:") {
 		t.Fatalf("a whole JSON answer to a stream request:\n%s", got)
+	}
+}
+
+// A request naming a later HTTP/1.x (none exists yet) is served as HTTP/1.1,
+// as RFC 9110 section 6.2 asks, streamed too; HTTP/2.0 on an HTTP/1
+// connection is not.
+func TestALaterHTTP1MinorVersionIsServedAsHTTP11(t *testing.T) {
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if !bytes.Contains(ctx.PostBody(), []byte(`"stream":true`)) {
+			okHandler(ctx)
+			return
+		}
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			w.WriteString("data: {\"choices\":[]}\n\ndata: [DONE]\n\n")
+		})
+	})
+	r := startRouter(t, nil, nil, up.url)
+	for _, body := range []string{chatBody, strings.Replace(chatBody, `{`, `{"stream":true,`, 1)} {
+		req := "POST /v1/chat/completions HTTP/1.2\r\nHost: x\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+		resp := rawClient(t, r.url, req, 3*time.Second)
+		if !strings.HasPrefix(resp, "HTTP/1.1 200") || !strings.Contains(resp, "Connection: close") {
+			t.Fatalf("over HTTP/1.2: %q", resp)
+		}
+		if strings.Contains(body, "stream") && !strings.HasSuffix(resp, "data: [DONE]\n\n") && !strings.HasSuffix(resp, "data: [DONE]\n\n\r\n0\r\n\r\n") {
+			t.Fatalf("the stream over HTTP/1.2 is not whole: %q", resp)
+		}
+	}
+	req := "POST /v1/chat/completions HTTP/2.0\r\nHost: x\r\nContent-Length: " + strconv.Itoa(len(chatBody)) + "\r\n\r\n" + chatBody
+	if resp := rawClient(t, r.url, req, 3*time.Second); strings.HasPrefix(resp, "HTTP/1.1 200") {
+		t.Fatalf("over HTTP/2.0: %q", resp)
 	}
 }

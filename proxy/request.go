@@ -287,7 +287,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		uncounted = true
 		return
 	}
-	if !ctx.Request.Header.IsHTTP11() {
+	if !ctx.Request.Header.IsHTTP11() && !laterHTTP1(ctx.Request.Header.Protocol()) {
 		// Streams and relayed bodies go out chunked, which HTTP/1.0 does
 		// not know (fasthttp cannot end a body by closing instead). As
 		// Envoy does by default: 426.
@@ -621,4 +621,14 @@ func insertModel(dst, body []byte, obj int, model string) []byte {
 		dst = append(dst, ',')
 	}
 	return append(dst, body[obj+1:]...)
+}
+
+// laterHTTP1 reports whether proto is HTTP/1.x with x above 1 (no such
+// version exists yet): RFC 9110 section 6.2 has a server answer it as the
+// highest 1.x it speaks, 1.1, where fasthttp treats it as 1.0. It is
+// served (its client knows chunked framing); fasthttp closes the
+// connection after the answer unless the request asked for keep-alive,
+// which is allowed.
+func laterHTTP1(proto []byte) bool {
+	return len(proto) == 8 && string(proto[:7]) == "HTTP/1." && proto[7] >= '2' && proto[7] <= '9'
 }
