@@ -1,11 +1,14 @@
 package sched
 
 import (
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/zeebo/xxh3"
 )
 
 // maxCanarySeq bounds the precomputed weighted round-robin sequence; rules
@@ -81,6 +84,23 @@ func (cr *canaryRule) next() string {
 	i := cr.smooth()
 	cr.mu.Unlock()
 	return cr.services[i]
+}
+
+// canarySession returns the service of the worker r's session is bound
+// to, when session affinity is on and that service is one of the rule's
+// targets: a session keeps its side of the split (and its engine's cache)
+// instead of following the rule's sequence on each turn, which only new
+// sessions and requests without a session advance. "" otherwise.
+func (s *Scheduler) canarySession(c *compiled, cr *canaryRule, r *Request) string {
+	sa := &c.cfg.SessionAffinity
+	if !sa.Enabled || len(r.SessionID) == 0 {
+		return ""
+	}
+	w := s.affinity(c).get(xxh3.Hash(r.SessionID), s.Now(), int64(sa.TTLSeconds*float64(time.Second)))
+	if w == nil || w.Removed() || !slices.Contains(cr.services, w.Service) {
+		return ""
+	}
+	return w.Service
 }
 
 // smooth runs one turn of smooth weighted round-robin.

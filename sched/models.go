@@ -148,8 +148,13 @@ func (s *Scheduler) route(c *compiled, v *fleet.View, r *Request, dst []*fleet.W
 			if !globMatch(rule.pat, lowerName()) {
 				continue
 			}
-			svc := rule.next()
 			n := len(dst)
+			if svc := s.canarySession(c, rule, r); svc != "" {
+				if dst = appendRole(dst, v.ByService[svc], r); len(dst) > n {
+					return dst, byService, svc, nil
+				}
+			}
+			svc := rule.next()
 			dst = appendRole(dst, v.ByService[svc], r)
 			if len(dst) > n {
 				return dst, byService, svc, nil

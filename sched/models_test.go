@@ -2,6 +2,7 @@ package sched
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"regexp"
 	"strings"
@@ -391,5 +392,57 @@ func TestAReloadKeepsAnUnchangedCanaryRulesRotation(t *testing.T) {
 	}
 	if got["deepseek-canary"] != 2 || got["deepseek"] != 18 {
 		t.Fatalf("20 requests, one reload before each: %v, want 18:2", got)
+	}
+}
+
+// With session affinity on, a session bound to a worker of one of a canary
+// rule's services keeps that service on its next turns (and so its worker,
+// in strong and soft mode alike) instead of following the split's sequence;
+// new sessions and requests without one still split by the weights; a
+// service whose weight a reload sets to 0 lets its sessions go.
+func TestACanaryRuleKeepsABoundSessionOnItsService(t *testing.T) {
+	s := modelFleet(t)
+	targets := []config.CanaryTarget{{Service: "deepseek", Weight: 1}, {Service: "deepseek-canary", Weight: 1}}
+	for _, mode := range []string{"strong", "soft"} {
+		cfg := cfgWith(t, func(c *config.Config) {
+			c.Canary.Enabled = true
+			c.Canary.Rules = []config.CanaryRule{{Model: "deepseek-*", Targets: targets}}
+			c.SessionAffinity.Enabled = true
+			c.SessionAffinity.Mode = mode
+		})
+		home := map[string]string{}
+		sides := map[string]int{}
+		for turn := 0; turn < 5; turn++ {
+			for i := 0; i < 5; i++ { // odd: the split's sequence moves on each turn
+				id := fmt.Sprintf("%s-%d", mode, i)
+				d, err := s.Pick(cfg, &Request{Model: []byte("deepseek-v3"), SessionID: []byte(id)}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if turn == 0 {
+					home[id] = d.Worker.ID
+					sides[d.Worker.Service]++
+				} else if d.Worker.ID != home[id] || d.Layer != LayerAffinity {
+					t.Fatalf("%s: session %s turn %d went to %s by %s/%s, bound to %s", mode, id, turn, d.Worker.ID, d.Layer, d.Reason, home[id])
+				}
+			}
+		}
+		if sides["deepseek"]+sides["deepseek-canary"] != 5 || sides["deepseek"] < 2 || sides["deepseek-canary"] < 2 {
+			t.Fatalf("%s: five new sessions split %v, want 3:2", mode, sides)
+		}
+		// The canary's weight set to 0: its sessions move to the other side.
+		off := cfgWith(t, func(c *config.Config) {
+			*c = *cfg
+			c.Canary.Rules = []config.CanaryRule{{Model: "deepseek-*", Targets: []config.CanaryTarget{{Service: "deepseek", Weight: 1}, {Service: "deepseek-canary", Weight: 0}}}}
+		})
+		for id := range home {
+			d, err := s.Pick(off, &Request{Model: []byte("deepseek-v3"), SessionID: []byte(id)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Worker.Service != "deepseek" {
+				t.Fatalf("%s: session %s stayed on %s after its weight went to 0", mode, id, d.Worker.Service)
+			}
+		}
 	}
 }
