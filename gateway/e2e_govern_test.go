@@ -113,6 +113,7 @@ func metricF(t *testing.T, url, series string) float64 {
 // local midnight, the global key beyond every limit, and a reload that
 // raises the quota without a restart.
 func TestE2EGovernUsersQuotaErrorsAndReload(t *testing.T) {
+	clearOfMidnight(t, "UTC", 30*time.Second) // its day quota is counted whole
 	_, eng := startEngine(t, "--speedup", "50")
 	ka, ha := newKey(t)
 	kb, hb := newKey(t)
@@ -280,6 +281,7 @@ func TestE2EGovernSeatsSpreadAndRefuse(t *testing.T) {
 // against a quota of T weighted tokens with max_tokens set, the tokens
 // charged (from the engine's usage) never exceed T.
 func TestE2EGovernNoOvershootUnder200ConcurrentRequests(t *testing.T) {
+	clearOfMidnight(t, "UTC", 30*time.Second) // its day quota is counted whole
 	_, eng := startEngine(t, "--speedup", "50", "--max-batch", "256")
 	kr, hr := newKey(t)
 	kt, ht := newKey(t)
@@ -580,6 +582,7 @@ func TestE2EGovernTimezoneDSTAndCrossMidnight(t *testing.T) {
 // counters: a user's daily quota (also under 200 concurrent requests
 // spread over both), and the gateway's concurrency seats.
 func TestE2EGovernRedisTwoRoutersShareOneQuota(t *testing.T) {
+	clearOfMidnight(t, "UTC", 30*time.Second) // its day quota is counted whole
 	rd := testsrv.StartRedis(t)
 	_, eng := startEngine(t, "--speedup", "50", "--max-batch", "256")
 	ks, hs := newKey(t)
@@ -695,6 +698,7 @@ func TestE2EGovernRedisScopeReloadCountsTheSeatsInFlight(t *testing.T) {
 // with a concurrency of 1 of its own and on the engine, is never refused;
 // and a refusal of the deferred admission still answers in OpenAI's shape.
 func TestE2EGovernRedisOneRoundTripPerRequest(t *testing.T) {
+	clearOfMidnight(t, "UTC", 30*time.Second) // its day quota is counted whole
 	rd := testsrv.StartRedis(t)
 	_, eng := startEngine(t, "--speedup", "50")
 	k, h := newKey(t)

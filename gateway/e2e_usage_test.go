@@ -19,6 +19,7 @@ import (
 func TestE2EAdminUserUsageIsTheRoutersCounters(t *testing.T) {
 	for _, state := range []string{"memory", "redis"} {
 		t.Run(state, func(t *testing.T) {
+			clearOfMidnight(t, "Asia/Tokyo", 30*time.Second) // the day's quota is read whole
 			_, eng := startEngine(t, "--speedup", "50")
 			key, hash := newKey(t)
 			cfg := filepath.Join(t.TempDir(), "infera.json")
@@ -75,5 +76,21 @@ func TestE2EAdminUserUsageIsTheRoutersCounters(t *testing.T) {
 				t.Fatalf("an unknown user: %s", r)
 			}
 		})
+	}
+}
+
+// clearOfMidnight waits, when the next midnight in zone is closer than d,
+// until it has passed: a test that reads a day's quota whole must not
+// straddle two days.
+func clearOfMidnight(t *testing.T, zone string, d time.Duration) {
+	t.Helper()
+	loc, err := time.LoadLocation(zone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().In(loc)
+	y, m, day := now.Date()
+	if left := time.Date(y, m, day+1, 0, 0, 0, 0, loc).Sub(now); left < d {
+		time.Sleep(left + 100*time.Millisecond)
 	}
 }
