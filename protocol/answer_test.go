@@ -158,3 +158,14 @@ func TestEngineErrorsConvertToTheClientShape(t *testing.T) {
 		t.Errorf("responses error %s", got)
 	}
 }
+
+// A stop sequence longer than the converter's stack buffer is still matched:
+// the answer reports stop_sequence with it, not end_turn.
+func TestALongStopSequenceIsReportedAsTheStopSequence(t *testing.T) {
+	long := strings.Repeat("Z", 300)
+	m := anthropicMeta(t, `{"model":"claude-client","max_tokens":5,"stop_sequences":["`+long+`"],"messages":[{"role":"user","content":"x"}]}`)
+	got, err := ChatToAnthropic(nil, []byte(`{"choices":[{"message":{"content":"a"},"finish_reason":"stop","stop_reason":"`+long+`"}]}`), m)
+	if err != nil || !strings.Contains(string(got), `"stop_reason":"stop_sequence","stop_sequence":"`+long+`"`) {
+		t.Fatalf("%v: %s", err, got)
+	}
+}

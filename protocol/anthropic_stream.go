@@ -137,7 +137,9 @@ func (c *StreamConverter) aEnd() {
 	} else {
 		c.out = append(c.out, "null"...)
 	}
-	c.out = append(c.out, `},"usage":`...)
+	// The SDKs type these as required and nullable in the delta too, and
+	// @anthropic-ai/sdk's finalMessage copies stop_details from it.
+	c.out = append(c.out, `,"stop_details":null,"container":null},"usage":`...)
 	u := c.usage
 	if !u.Seen {
 		u.PromptTokens = int64(c.m.PromptTokens)

@@ -215,7 +215,11 @@ func anthropicStop(finish, stopReason []byte, tools bool, m *Meta) (string, []by
 	}
 	if stopReason != nil && len(m.stopEnds) > 0 {
 		var buf [256]byte
-		if len(stopReason) <= len(buf) && m.isStop(unescape(buf[:0], stopReason)) {
+		dst := buf[:0]
+		if len(stopReason) > len(buf) {
+			dst = nil // a long sequence: allocated, rare
+		}
+		if m.isStop(unescape(dst, stopReason)) {
 			return "stop_sequence", stopReason
 		}
 	}

@@ -90,7 +90,7 @@ func TestAnthropicStreamEventSequence(t *testing.T) {
 		`"index":1,"delta":{"type":"text_delta","text":"lo \"w\"\n"}}`,
 		`{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"call_a","name":"get","input":{}}}`,
 		`"index":2,"delta":{"type":"input_json_delta","partial_json":"{\"c\":"}}`,
-		`{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"input_tokens":8,"cache_creation_input_tokens":0,"cache_read_input_tokens":4,"output_tokens":7,"output_tokens_details":null,"server_tool_use":null}}`,
+		`{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null,"stop_details":null,"container":null},"usage":{"input_tokens":8,"cache_creation_input_tokens":0,"cache_read_input_tokens":4,"output_tokens":7,"output_tokens_details":null,"server_tool_use":null}}`,
 	} {
 		if !bytes.Contains(out, []byte(s)) {
 			t.Errorf("missing %s", s)

@@ -50,11 +50,11 @@ await step("messages.create", async () => {
 // not undefined.
 function allTyped(m) {
   for (const k of ["container", "diagnostics", "stop_details", "stop_sequence"]) {
-    assert.ok(k in m, `message without ${k}`);
+    assert.ok(m[k] !== undefined, `message without ${k}`); // "in" is true for a key set to undefined
   }
   for (const k of ["cache_creation", "cache_creation_input_tokens", "cache_read_input_tokens", "inference_geo",
     "output_tokens_details", "server_tool_use", "service_tier", "speed"]) {
-    assert.ok(k in m.usage, `usage without ${k}`);
+    assert.ok(m.usage[k] !== undefined, `usage without ${k}`);
   }
   assert.equal(m.usage.cache_creation.ephemeral_5m_input_tokens, 0);
 }
