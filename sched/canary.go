@@ -90,14 +90,18 @@ func (cr *canaryRule) next() string {
 // to, when session affinity is on and that service is one of the rule's
 // targets: a session keeps its side of the split (and its engine's cache)
 // instead of following the rule's sequence on each turn, which only new
-// sessions and requests without a session advance. "" otherwise.
+// sessions and requests without a session advance. "" otherwise, and
+// when the bound worker cannot take the request (it left or drains, this
+// request already failed on it, its breaker is open): the sequence
+// decides, as for a new session, and the session is re-bound.
 func (s *Scheduler) canarySession(c *compiled, cr *canaryRule, r *Request) string {
 	sa := &c.cfg.SessionAffinity
 	if !sa.Enabled || len(r.SessionID) == 0 {
 		return ""
 	}
-	w := s.affinity(c).get(xxh3.Hash(r.SessionID), s.Now(), int64(sa.TTLSeconds*float64(time.Second)))
-	if w == nil || w.Removed() || !slices.Contains(cr.services, w.Service) {
+	now := s.Now()
+	w := s.affinity(c).get(xxh3.Hash(r.SessionID), now, int64(sa.TTLSeconds*float64(time.Second)))
+	if w == nil || !live(w) || r.tried(w) || !w.Breaker.Available(now) || !slices.Contains(cr.services, w.Service) {
 		return ""
 	}
 	return w.Service

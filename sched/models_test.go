@@ -430,6 +430,26 @@ func TestACanaryRuleKeepsABoundSessionOnItsService(t *testing.T) {
 		if sides["deepseek"]+sides["deepseek-canary"] != 5 || sides["deepseek"] < 2 || sides["deepseek-canary"] < 2 {
 			t.Fatalf("%s: five new sessions split %v, want 3:2", mode, sides)
 		}
+		// A retry after the bound worker failed, or its breaker open: the
+		// session's service has no other worker, so the split decides (the
+		// other side; the service kept would leave nothing to try).
+		for id, wid := range home {
+			w := s.Fleet.Get(wid)
+			other := "deepseek"
+			if w.Service == "deepseek" {
+				other = "deepseek-canary"
+			}
+			for i := 0; i < 4; i++ { // both positions of the 1:1 sequence, twice
+				d, err := s.Pick(cfg, &Request{Model: []byte("deepseek-v3"), SessionID: []byte(id), Tried: []int{w.Idx}}, nil)
+				if err == nil && d.Worker.Service == other {
+					break
+				}
+				if i == 3 {
+					t.Fatalf("%s: session %s's retry after %s failed: %v %v", mode, id, wid, err, d.Worker)
+				}
+			}
+			break
+		}
 		// The canary's weight set to 0: its sessions move to the other side.
 		off := cfgWith(t, func(c *config.Config) {
 			*c = *cfg
