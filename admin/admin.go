@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"reflect"
@@ -365,6 +366,10 @@ type errUnavailable struct{ err error }
 func (e *errUnavailable) Error() string { return "management storage unavailable: " + e.err.Error() }
 func (e *errUnavailable) Unwrap() error { return e.err }
 
+// casRetryFor bounds how long an unconditional change retries when other
+// replicas keep committing first.
+const casRetryFor = 10 * time.Second
+
 // change builds a new config from the current one with mutate and commits
 // it. ifVersion 0 bases the change on whatever is current (retrying when a
 // concurrent change lands first); otherwise a different current version is
@@ -375,6 +380,7 @@ func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(d
 	if err := a.syncFile(); err != nil {
 		return nil, 0, err
 	}
+	var deadline time.Time
 	for attempt := 0; ; attempt++ {
 		cur, ver := a.store.Current()
 		if ifVersion != 0 && ifVersion != ver {
@@ -398,13 +404,33 @@ func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(d
 		if same(cur, next) {
 			return cur, ver, nil
 		}
+		if a.store.Path() == "" {
+			if name := startupChanged(cur, next); name != "" {
+				return nil, 0, startupErr(name)
+			}
+		}
 		a.pending.Store(&pendingChange{cfg: next, who: who, action: action})
 		nv, err := a.st.commit(next, ver, who)
 		a.pending.Store(nil)
 		var vc *config.VersionConflict
 		if errors.As(err, &vc) {
-			if ifVersion == 0 && attempt < 3 {
-				continue
+			// Unconditional (a creation, an import without If-Match):
+			// another write landed first and was adopted; base the change
+			// on it and try again. With Redis the other writers are
+			// replicas that may keep winning for a while: retry with a
+			// growing random pause, so replicas in step fall out of it,
+			// for as long as a client would wait.
+			if ifVersion == 0 {
+				if attempt == 0 {
+					deadline = time.Now().Add(casRetryFor)
+				}
+				if attempt < 3 {
+					continue
+				}
+				if a.st.kind() == "redis" && time.Now().Before(deadline) {
+					time.Sleep(time.Duration(rand.Int64N(int64(min(attempt, 20)) * int64(time.Millisecond))))
+					continue
+				}
 			}
 			return nil, 0, &errConflict{have: vc.Have, msg: vc.Error()}
 		}
@@ -435,6 +461,29 @@ func (a *Admin) syncFile() error {
 		return &errConflict{have: a.store.Version(), msg: fmt.Sprintf("the config file %q was edited by hand and does not load (%v): fix or revert it first", a.store.Path(), err)}
 	}
 	return nil
+}
+
+// startupSections are read from the config file once, at start.
+var startupSections = []string{"llm_gateway", "storage"}
+
+// startupChanged names the first startup section that differs between x
+// and y ("" if none).
+func startupChanged(x, y *config.Config) string {
+	if !reflect.DeepEqual(x.LLMGateway, y.LLMGateway) {
+		return "llm_gateway"
+	}
+	if len(x.Storage) != 0 || len(y.Storage) != 0 {
+		if !reflect.DeepEqual(x.Storage, y.Storage) {
+			return "storage"
+		}
+	}
+	return ""
+}
+
+// startupErr refuses a change of startup configuration on a router without
+// a config file: nothing would carry it to the next start.
+func startupErr(name string) error {
+	return &httpError{status: http.StatusConflict, msg: name + " is startup configuration, read from the config file at start: this router has no config file (--config), so a change here would never take effect; use --persist-snapshot-dir"}
 }
 
 // same reports whether two configs encode identically.

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -205,10 +206,17 @@ func decodeAny(data []byte) (any, error) {
 	if err := dec.Decode(&v); err != nil {
 		return nil, &config.FieldError{Msg: "cannot parse the body as JSON: " + err.Error()}
 	}
-	if dec.More() {
+	if !atEnd(dec) {
 		return nil, &config.FieldError{Msg: "unexpected data after the JSON value"}
 	}
 	return v, nil
+}
+
+// atEnd reports whether dec has nothing but white space left. (Decoder.More
+// is false before a stray '}' or ']', so it cannot tell.)
+func atEnd(dec *json.Decoder) bool {
+	_, err := dec.Token()
+	return err == io.EOF
 }
 
 // ifMatch checks the request's If-Match against the current version and
@@ -227,10 +235,21 @@ func (a *Admin) ifMatch(r *http.Request, required bool) (uint64, error) {
 		return 0, nil
 	}
 	cur, ver := a.store.Current()
+	weak := false
 	for _, t := range strings.Split(h, ",") {
-		if strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(t), "W/")) == etag(cur, ver) {
+		t = strings.TrimSpace(t)
+		if strings.HasPrefix(t, "W/") {
+			// If-Match compares strongly (RFC 9110 13.1.1): a weak tag
+			// never matches. The ETags given out here are all strong.
+			weak = true
+			continue
+		}
+		if t == etag(cur, ver) {
 			return ver, nil
 		}
+	}
+	if weak {
+		return 0, &httpError{status: http.StatusPreconditionFailed, msg: "If-Match compares strong ETags only (RFC 9110 13.1.1): send the ETag exactly as GET returned it, without W/"}
 	}
 	want := uint64(0)
 	if v, _, ok := strings.Cut(strings.Trim(strings.TrimSpace(h), `"`), "-"); ok {
@@ -373,10 +392,8 @@ func (a *Admin) writeSection(w http.ResponseWriter, r *http.Request) error {
 	if !isSection(name) {
 		return &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no config section %q (sections: %s)", name, strings.Join(sections(), ", "))}
 	}
-	if (name == "llm_gateway" || name == "storage") && a.store.Path() == "" {
-		// Startup configuration, read once from the config file: without
-		// one, nothing would carry the change to the next start.
-		return &httpError{status: http.StatusConflict, msg: name + " is startup configuration, read from the config file at start: this router has no config file (--config), so a change here would never take effect; use --persist-snapshot-dir"}
+	if slices.Contains(startupSections, name) && a.store.Path() == "" {
+		return startupErr(name) // even one that would change nothing: the section cannot be edited here
 	}
 	base, err := a.ifMatch(r, true)
 	if err != nil {
@@ -552,6 +569,26 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	cur, curVer := a.store.Current()
+	if a.store.Path() == "" {
+		// Without a config file the startup sections cannot change (see
+		// startupErr): the import keeps this router's, as a restore keeps
+		// the file's.
+		curDoc, err := encodeClear(cur)
+		if err != nil {
+			return err
+		}
+		cd, err := decodeDoc(curDoc)
+		if err != nil {
+			return err
+		}
+		for _, name := range startupSections {
+			if v, ok := cd[name]; ok {
+				in[name] = v
+			} else {
+				delete(in, name)
+			}
+		}
+	}
 	next, err := a.seal.parseDoc(in, cur)
 	if err != nil {
 		var fe *config.FieldError
@@ -560,7 +597,11 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		}
 		return err
 	}
-	if r.URL.Query().Get("dry_run") == "1" {
+	dry, err := flagParam(r, "dry_run")
+	if err != nil {
+		return err
+	}
+	if dry {
 		// The ETag names the config the changes were listed against: an
 		// import sent with it applies only if nothing changed meanwhile.
 		setVersionHeaders(w, cur, curVer)
@@ -596,6 +637,24 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// flagParam reads a boolean query parameter: absent is false; present
+// with no value, 1, true, yes or on is true; 0, false, no or off is false;
+// anything else is refused, so a misspelt dry run never writes.
+func flagParam(r *http.Request, name string) (bool, error) {
+	q := r.URL.Query()
+	if !q.Has(name) {
+		return false, nil
+	}
+	switch v := strings.ToLower(q.Get(name)); v {
+	case "", "1", "true", "yes", "on":
+		return true, nil
+	case "0", "false", "no", "off":
+		return false, nil
+	default:
+		return false, &config.FieldError{Path: name, Msg: fmt.Sprintf("%q: want true or false (1 or 0)", v)}
+	}
+}
+
 // decodeStrictInto decodes a JSON object into v, refusing unknown fields.
 func decodeStrictInto(data []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -610,6 +669,9 @@ func decodeStrictInto(data []byte, v any) error {
 			return &config.FieldError{Path: path, Msg: "unknown field " + f}
 		}
 		return &config.FieldError{Msg: "cannot parse the body: " + err.Error()}
+	}
+	if !atEnd(dec) {
+		return &config.FieldError{Msg: "unexpected data after the JSON object"}
 	}
 	return nil
 }

@@ -528,3 +528,73 @@ func TestATemplateBodysTypeErrorNamesTheFieldInTheBody(t *testing.T) {
 		t.Fatalf("%d %s", r.status, r.body)
 	}
 }
+
+// If-Match compares strongly (RFC 9110 13.1.1): the current ETag marked
+// weak does not match, and the answer says why.
+func TestAWeakETagInIfMatchIsRefused(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	tag := e.etag()
+	r := e.do("PUT", "/api/config/load_balancing", `{"algorithm":"round-robin"}`, "If-Match", "W/"+tag)
+	if r.status != http.StatusPreconditionFailed || !strings.Contains(string(r.body), "W/") || e.etag() != tag {
+		t.Fatalf("weak ETag: %d %s", r.status, r.body)
+	}
+	if r := e.do("PUT", "/api/config/load_balancing", `{"algorithm":"round-robin"}`, "If-Match", "W/"+tag+", "+tag); r.status != 200 {
+		t.Fatalf("the strong one of a list: %d %s", r.status, r.body)
+	}
+}
+
+// Every body is one JSON value: a stray brace or bracket after it, or a
+// second value, is refused (json.Decoder.More is false before '}' and ']').
+func TestDataAfterTheJSONBodyIsRefused(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	for _, tail := range []string{"}", "]", " {}", "x"} {
+		if r := e.do("POST", "/api/users", `{"name":"carol"}`+tail); r.status != 400 {
+			t.Fatalf("user body + %q: %d %s", tail, r.status, r.body)
+		}
+		if r := e.do("PATCH", "/api/config/session_affinity", `{"ttl_s":90}`+tail, "If-Match", e.etag()); r.status != 400 {
+			t.Fatalf("section body + %q: %d %s", tail, r.status, r.body)
+		}
+		if r := e.do("PUT", "/api/config", `{}`+tail, "If-Match", e.etag()); r.status != 400 {
+			t.Fatalf("config body + %q: %d %s", tail, r.status, r.body)
+		}
+		if r := e.do("POST", "/api/templates", `{"name":"gold"}`+tail); r.status != 400 {
+			t.Fatalf("template body + %q: %d %s", tail, r.status, r.body)
+		}
+	}
+	if len(e.store.Load().Users) != 0 || len(e.store.Load().UserLimit.Templates) != 0 {
+		t.Fatal("a refused body changed the config")
+	}
+	if r := e.do("POST", "/api/users", "{\"name\":\"carol\"}\n \t"); r.status != 201 {
+		t.Fatalf("trailing white space: %d %s", r.status, r.body)
+	}
+}
+
+// Without a config file the startup sections (llm_gateway, storage) cannot
+// change through any write: not a section write, not the whole config, and
+// an import keeps this router's own.
+func TestStartupSectionsDoNotChangeWithoutAConfigFile(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	if r := e.do("PUT", "/api/config", `{"llm_gateway":{"persist_snapshot_dir":"/tmp/x"}}`, "If-Match", e.etag()); r.status != http.StatusConflict || !strings.Contains(string(r.body), "llm_gateway") {
+		t.Fatalf("PUT /api/config: %d %s", r.status, r.body)
+	}
+	if r := e.do("PUT", "/api/config", `{"storage":[{"mount_path":"/mnt/x/"}]}`, "If-Match", e.etag()); r.status != http.StatusConflict || !strings.Contains(string(r.body), "storage") {
+		t.Fatalf("PUT /api/config storage: %d %s", r.status, r.body)
+	}
+	// A snapshot from a router with a config file and its own startup settings.
+	src := newEnv(t, envOpts{file: `{"llm_gateway":{"persist_snapshot_dir":"/tmp/x"},"session_affinity":{"enabled":true}}`})
+	exp := src.do("GET", "/api/backup/export", "")
+	if exp.status != 200 {
+		t.Fatalf("export: %d", exp.status)
+	}
+	if r := e.do("POST", "/api/backup/import", string(exp.body)); r.status != 200 {
+		t.Fatalf("import: %d %s", r.status, r.body)
+	}
+	got := e.store.Load()
+	if !got.SessionAffinity.Enabled || got.LLMGateway.PersistSnapshotDir != "" {
+		t.Fatalf("after the import: session affinity %v, persist_snapshot_dir %q", got.SessionAffinity.Enabled, got.LLMGateway.PersistSnapshotDir)
+	}
+	// With a config file the whole-config write carries it to the next start.
+	if r := src.do("PUT", "/api/config", `{"llm_gateway":{"persist_snapshot_dir":"/tmp/y"}}`, "If-Match", src.etag()); r.status != 200 {
+		t.Fatalf("with a config file: %d %s", r.status, r.body)
+	}
+}

@@ -404,7 +404,7 @@ func decodeDoc(data []byte) (map[string]any, error) {
 	if err := dec.Decode(&doc); err != nil {
 		return nil, &config.FieldError{Msg: "cannot parse JSON: " + err.Error()}
 	}
-	if dec.More() {
+	if !atEnd(dec) {
 		return nil, &config.FieldError{Msg: "unexpected data after the JSON object"}
 	}
 	if doc == nil {

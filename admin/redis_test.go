@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -275,4 +276,36 @@ func TestRedisUnconditionalWriteOnAStaleReplicaAppliesOnTheLatestData(t *testing
 	if r := b.do("PUT", "/api/config/load_balancing", `{"algorithm":"round-robin"}`, "If-Match", stale); r.status != 409 {
 		t.Fatalf("stale If-Match: %d %s", r.status, r.body)
 	}
+}
+
+// Creations without If-Match on two replicas at once all land: each one
+// that loses the compare-and-set in Redis adopts the winner's data and
+// tries again (it used to give up with 409 after four losses).
+func TestRedisConcurrentCreationsOnTwoReplicasAllLand(t *testing.T) {
+	rs := startRedis(t)
+	a := newEnv(t, envOpts{state: rs.url()})
+	b := newEnv(t, envOpts{state: rs.url()})
+	const each = 15
+	var wg sync.WaitGroup
+	codes := make(chan string, 2*each)
+	for i := 0; i < each; i++ {
+		for _, e := range []*env{a, b} {
+			name := fmt.Sprintf("u%d-%p", i, e)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if r := e.do("POST", "/api/users", `{"name":"`+name[:min(len(name), 40)]+`"}`); r.status != 201 {
+					codes <- fmt.Sprintf("%s: %d %s", name, r.status, r.body)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		t.Error(c)
+	}
+	eventually(t, 2*time.Second, "both replicas hold every user", func() bool {
+		return len(a.store.Load().Users) == 2*each && len(b.store.Load().Users) == 2*each
+	})
 }
