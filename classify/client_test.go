@@ -271,3 +271,27 @@ func listen(tb testing.TB) net.Listener {
 	}
 	return ln
 }
+
+// The reference classifier takes one JSON object per request: data after
+// it, even a stray brace, is a 400 (json.Decoder.More is false before '}').
+func TestTheReferenceServerRefusesDataAfterTheBody(t *testing.T) {
+	base := serve(t, NewServer(Heuristic{L2Bytes: 200, L3Bytes: 2000, Keywords: DefaultKeywords}, "", 0))
+	post := func(body string) int {
+		t.Helper()
+		res, err := http.Post(base+ClassifyPath, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	in := `{"model":"auto","text":"hi","text_bytes":2}`
+	if s := post(in + "\n"); s != 200 {
+		t.Fatalf("one object: %d", s)
+	}
+	for _, tail := range []string{"}", "]", "{}", "x"} {
+		if s := post(in + tail); s != 400 {
+			t.Errorf("object + %q: %d, want 400", tail, s)
+		}
+	}
+}

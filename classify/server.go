@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -118,7 +119,11 @@ func NewServer(h Heuristic, apiKey string, delay time.Duration) *http.Server {
 			writeErr(w, http.StatusBadRequest, `want a JSON object {"model":string,"text":string,"text_bytes":int}`)
 			return
 		}
-		if dec.More() {
+		if _, err := dec.Token(); err != io.EOF { // More is false before a stray '}'
+			if errors.As(err, new(*http.MaxBytesError)) {
+				writeErr(w, http.StatusRequestEntityTooLarge, "request body too large")
+				return
+			}
 			writeErr(w, http.StatusBadRequest, "unexpected data after the JSON object")
 			return
 		}

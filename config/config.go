@@ -297,7 +297,9 @@ func Default() *Config {
 // after the object is refused, so a reload never silently empties the fleet.
 func Parse(data []byte) (*Config, error) {
 	c := Default()
-	data = bytes.TrimSpace(data)
+	// A UTF-8 byte order mark (some Windows editors write one) is ignored,
+	// as RFC 8259 section 8.1 allows.
+	data = bytes.TrimSpace(bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")))
 	if len(data) == 0 {
 		return nil, &FieldError{Msg: "config is empty (an interrupted write?): want a JSON object, {} for all defaults"}
 	}

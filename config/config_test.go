@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -196,6 +197,53 @@ func TestParseNamesTheWholePathOfAnUnknownNestedField(t *testing.T) {
 		var fe *FieldError
 		if !errors.As(err, &fe) || fe.Path != c.path || !strings.Contains(fe.Msg, "unknown field") {
 			t.Errorf("Parse(%s): %v, want the unknown field at %s", c.in, err, c.path)
+		}
+	}
+}
+
+// A config saved by an editor that writes a UTF-8 byte order mark loads
+// (RFC 8259 8.1 lets a parser ignore it); it used to be refused as "not a
+// JSON object", which named nothing the operator could see.
+func TestAConfigWithAByteOrderMarkLoads(t *testing.T) {
+	c, err := Parse([]byte("\xef\xbb\xbf{\"load_balancing\":{\"algorithm\":\"round-robin\"}}\n"))
+	if err != nil || c.LoadBalancing.Algorithm != "round-robin" {
+		t.Fatalf("%v", err)
+	}
+	if _, err := Parse([]byte("\xef\xbb\xbf")); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Fatalf("a lone BOM: %v", err)
+	}
+}
+
+// A worker listing an empty model name would serve nothing while its
+// health says ok: the config is refused, naming the worker.
+func TestAWorkerWithAnEmptyModelNameIsRefused(t *testing.T) {
+	for _, models := range []string{`[""]`, `["m",""]`, `["m\u0000"]`} {
+		_, err := Parse([]byte(`{"workers":[{"id":"a","url":"http://127.0.0.1:1","models":` + models + `}]}`))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Path != "workers[0]" || !strings.Contains(fe.Msg, "models[") {
+			t.Errorf("models %s: %v", models, err)
+		}
+	}
+}
+
+// Quota template names are path segments of the admin API and shown in
+// the console: printable, without '/', without surrounding spaces, at most
+// 64 bytes. A space inside ("Gold tier") is fine.
+func TestQuotaTemplateNamesArePrintableAndBounded(t *testing.T) {
+	doc := func(name string) []byte {
+		b, _ := json.Marshal(name)
+		return []byte(`{"user_limit":{"templates":[{"name":` + string(b) + `}]}}`)
+	}
+	for _, name := range []string{"gold", "Gold tier", "tier-1.v2", "金", strings.Repeat("x", 64)} {
+		if _, err := Parse(doc(name)); err != nil {
+			t.Errorf("%q refused: %v", name, err)
+		}
+	}
+	for _, name := range []string{"a/b", " gold", "gold ", "go\nld", "\x1b[31mred", strings.Repeat("x", 65), "\xff"} {
+		_, err := Parse(doc(name))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Path != "user_limit.templates[0].name" {
+			t.Errorf("%q: %v", name, err)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 	_ "time/tzdata" // user_limit.timezone must load on hosts without /usr/share/zoneinfo
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -345,6 +346,9 @@ func (u *UserLimit) validate(c *Config) error {
 		if t.Name == "" {
 			return fieldErr(p+".name", "is required")
 		}
+		if !validTemplateName(t.Name) {
+			return fieldErr(p+".name", "%q: want 1-%d bytes of UTF-8 without control characters or '/', not starting or ending with a space", t.Name, maxTemplateName)
+		}
 		if templates[t.Name] {
 			return fieldErr(p+".name", "duplicate template %q", t.Name)
 		}
@@ -485,6 +489,25 @@ func ValidUserName(s string) bool {
 		c := s[i]
 		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 		if !alnum && (i == 0 || strings.IndexByte("._@+-", c) < 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// maxTemplateName bounds a quota template's name.
+const maxTemplateName = 64
+
+// validTemplateName reports whether s may name a quota template: it is a
+// path segment of the admin API (/api/templates/{name}) and is shown in
+// the console and the logs, so it is printable UTF-8 without '/' and
+// without surrounding spaces; a console user may still write "Gold tier".
+func validTemplateName(s string) bool {
+	if s == "" || len(s) > maxTemplateName || !utf8.ValidString(s) || strings.TrimSpace(s) != s {
+		return false
+	}
+	for _, r := range s {
+		if r == '/' || unicode.IsControl(r) || r == utf8.RuneError {
 			return false
 		}
 	}

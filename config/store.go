@@ -576,6 +576,9 @@ func (s *Store) reload(asked bool) (bool, error) {
 		return false, err
 	}
 	if bytes.Equal(data, s.lastData) && !(asked && hasSecretRefs(data)) {
+		// A broken edit reverted: the same broken bytes again later are a
+		// new edit, to be reported and counted again.
+		s.badData, s.badErr = nil, nil
 		s.mu.Unlock()
 		return false, nil // unchanged (a reload asked for resolves env: and file: references again: a rotated key)
 	}
@@ -648,6 +651,7 @@ func (s *Store) Watch(interval time.Duration, stop <-chan struct{}) {
 			if err != nil {
 				if !missing { // once per disappearance; the config serving stays
 					missing = true
+					reloadsFailed.Inc()
 					slog.Warn("config file unreadable; keeping the config serving", "path", s.path, "err", err)
 				}
 				continue

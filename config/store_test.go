@@ -246,6 +246,40 @@ func TestMarshalFileKeepsLiteralSecretsAndReferences(t *testing.T) {
 
 // A config file that disappears (deleted, an unmounted volume) is logged
 // once by the poll, not silently ignored; the config serving stays.
+// A broken edit, reverted, then made again is a new edit: refused,
+// logged and counted again (the revert used to leave the broken bytes
+// marked as already reported, and the second time went unnoticed).
+func TestABrokenEditMadeAgainAfterARevertIsReportedAgain(t *testing.T) {
+	good := `{"load_balancing":{"algorithm":"round-robin"}}`
+	bad := `{"load_balancing":{"algorithm":"nope"}}`
+	s, path := openTemp(t, good)
+	write := func(doc string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(doc), 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(bad)
+	if _, err := s.Reload(); err == nil {
+		t.Fatal("the broken edit was not refused")
+	}
+	write(good)
+	if _, err := s.Reload(); err != nil || s.Refused() != nil {
+		t.Fatalf("the revert: %v, refused %v", err, s.Refused())
+	}
+	write(bad)
+	failed := reloadsFailed.Get()
+	if _, err := s.Reload(); err == nil {
+		t.Fatal("the same broken edit, made again, was not refused")
+	}
+	if reloadsFailed.Get() != failed+1 || s.Refused() == nil {
+		t.Fatalf("not counted (%d) or not marked refused (%v)", reloadsFailed.Get()-failed, s.Refused())
+	}
+	if s.Load().LoadBalancing.Algorithm != "round-robin" {
+		t.Fatal("the config serving changed")
+	}
+}
+
 func TestWatchLogsAConfigFileThatDisappearsOnce(t *testing.T) {
 	var mu sync.Mutex
 	var buf bytes.Buffer
@@ -262,6 +296,7 @@ func TestWatchLogsAConfigFileThatDisappearsOnce(t *testing.T) {
 	stop := make(chan struct{})
 	defer close(stop)
 	go s.Watch(10*time.Millisecond, stop)
+	failed := reloadsFailed.Get()
 	os.Remove(path)
 	deadline := time.Now().Add(5 * time.Second)
 	for !strings.Contains(logged(), "config file unreadable") {
@@ -273,6 +308,9 @@ func TestWatchLogsAConfigFileThatDisappearsOnce(t *testing.T) {
 	time.Sleep(150 * time.Millisecond) // 15 more polls
 	if n := strings.Count(logged(), "config file unreadable"); n != 1 {
 		t.Fatalf("logged %d times:\n%s", n, logged())
+	}
+	if n := reloadsFailed.Get() - failed; n != 1 {
+		t.Fatalf("infera_config_reloads_total{result=\"error\"} rose by %d, want 1 (once per disappearance)", n)
 	}
 	if s.Load().LoadBalancing.Algorithm != "round-robin" {
 		t.Fatal("the config serving changed")

@@ -78,6 +78,13 @@ func (r *Record) Validate() error {
 	if len(r.Models) > maxModels {
 		return fmt.Errorf("worker record %q: %d models, at most %d", r.ID, len(r.Models), maxModels)
 	}
+	for i, m := range r.Models {
+		// An empty name would make a worker that serves nothing while its
+		// health says ok; a control character would forge log lines.
+		if m == "" || len(m) > maxModelLen || strings.IndexFunc(m, func(c rune) bool { return c < ' ' || c == 0x7f }) >= 0 {
+			return fmt.Errorf("worker record %q: models[%d]: want a model name of 1-%d bytes without control characters", r.ID, i, maxModelLen)
+		}
+	}
 	r.Models = dedupe(r.Models) // a model listed twice must not count twice
 	if _, ok := ParseRole(r.Role); !ok {
 		return fmt.Errorf("worker record %q: role %q: want mixed, prefill or decode", r.ID, r.Role)
@@ -94,6 +101,7 @@ func (r *Record) Validate() error {
 const (
 	maxIDLen     = 253
 	maxModels    = 1024
+	maxModelLen  = 512
 	maxBlockSize = 1 << 20 // as in KV events
 )
 

@@ -14,16 +14,19 @@ func TestAHostileRecordIsRefused(t *testing.T) {
 		t.Fatalf("a plain record: %v", err)
 	}
 	for name, edit := range map[string]func(r *Record){
-		"block_size 2^62":           func(r *Record) { r.BlockSize = 1 << 62 },
-		"negative block_size":       func(r *Record) { r.BlockSize = -5 },
-		"id with a newline":         func(r *Record) { r.ID = "d\n\x00" },
-		"id with a space":           func(r *Record) { r.ID = "a b" },
-		"id too long":               func(r *Record) { r.ID = strings.Repeat("x", 300) },
-		"url with credentials":      func(r *Record) { r.URL = "http://admin:s3cret@127.0.0.1:8000" },
-		"kv endpoint not zmq":       func(r *Record) { r.KVEventsEndpoint = "http://127.0.0.1:5557" },
-		"kv port past 65535":        func(r *Record) { r.KVEventsEndpoint = "tcp://127.0.0.1:65535"; r.DPSize = 2 },
-		"kv replay port not number": func(r *Record) { r.KVReplayEndpoint = "tcp://127.0.0.1:x" },
-		"too many models":           func(r *Record) { r.Models = make([]string, 2000) },
+		"block_size 2^62":             func(r *Record) { r.BlockSize = 1 << 62 },
+		"negative block_size":         func(r *Record) { r.BlockSize = -5 },
+		"id with a newline":           func(r *Record) { r.ID = "d\n\x00" },
+		"id with a space":             func(r *Record) { r.ID = "a b" },
+		"id too long":                 func(r *Record) { r.ID = strings.Repeat("x", 300) },
+		"url with credentials":        func(r *Record) { r.URL = "http://admin:s3cret@127.0.0.1:8000" },
+		"kv endpoint not zmq":         func(r *Record) { r.KVEventsEndpoint = "http://127.0.0.1:5557" },
+		"kv port past 65535":          func(r *Record) { r.KVEventsEndpoint = "tcp://127.0.0.1:65535"; r.DPSize = 2 },
+		"kv replay port not number":   func(r *Record) { r.KVReplayEndpoint = "tcp://127.0.0.1:x" },
+		"too many models":             func(r *Record) { r.Models = make([]string, 2000) },
+		"an empty model name":         func(r *Record) { r.Models = []string{"m", ""} },
+		"a model name with a newline": func(r *Record) { r.Models = []string{"m\nlevel=ERROR"} },
+		"a model name of 1 KB":        func(r *Record) { r.Models = []string{strings.Repeat("m", 1024)} },
 	} {
 		r := ok
 		edit(&r)
