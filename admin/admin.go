@@ -386,13 +386,9 @@ func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(d
 		if ifVersion != 0 && ifVersion != ver {
 			return nil, 0, &errConflict{have: ver, msg: fmt.Sprintf("the config changed since version %d (now %d): reload and apply your change again", ifVersion, ver)}
 		}
-		clear, err := encodeClear(cur)
+		doc, err := clearDocOf(cur)
 		if err != nil {
 			return nil, 0, err
-		}
-		doc, err := decodeDoc(clear)
-		if err != nil {
-			return nil, 0, fmt.Errorf("BUG: current config does not decode: %w", err)
 		}
 		if err := mutate(doc); err != nil {
 			return nil, 0, err

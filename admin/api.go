@@ -573,11 +573,7 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		// Without a config file the startup sections cannot change (see
 		// startupErr): the import keeps this router's, as a restore keeps
 		// the file's.
-		curDoc, err := encodeClear(cur)
-		if err != nil {
-			return err
-		}
-		cd, err := decodeDoc(curDoc)
+		cd, err := clearDocOf(cur)
 		if err != nil {
 			return err
 		}
@@ -614,11 +610,7 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	// Import the exact document checked above (sealed secrets opened).
-	clearDoc, err := encodeClear(next)
-	if err != nil {
-		return err
-	}
-	nd, err := decodeDoc(clearDoc)
+	nd, err := clearDocOf(next)
 	if err != nil {
 		return err
 	}

@@ -194,6 +194,19 @@ func encodeClear(c *config.Config) ([]byte, error) {
 	})
 }
 
+// clearDocOf is c as a working document (encodeClear, decoded).
+func clearDocOf(c *config.Config) (map[string]any, error) {
+	data, err := encodeClear(c)
+	if err != nil {
+		return nil, err
+	}
+	doc, err := decodeDoc(data)
+	if err != nil {
+		return nil, fmt.Errorf("BUG: a config does not decode: %w", err)
+	}
+	return doc, nil
+}
+
 // encodeBound encodes c with each literal secret replaced by what f makes
 // of it, knowing the entry and address it belongs to.
 func encodeBound(c *config.Config, f func(owner, address, key string) (string, error)) ([]byte, error) {
