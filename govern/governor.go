@@ -169,9 +169,12 @@ type User struct {
 	name    string
 	enabled bool
 	tmpl    *template // nil: no limits
-	models  *modelSet // nil: every model
-	st      *userState
-	m       *userMetrics // nil: beyond user_limit.metrics_max_users
+	// tmplName names the template that applies (bound, or the default),
+	// even one whose capabilities are all off (tmpl nil then).
+	tmplName string
+	models   *modelSet // nil: every model
+	st       *userState
+	m        *userMetrics // nil: beyond user_limit.metrics_max_users
 }
 
 // Name returns the user's name.
@@ -257,8 +260,11 @@ func (g *Governor) Apply(c *config.Config) error {
 				return fmt.Errorf("users[%d].template: no template %q", i, cu.Template)
 			}
 		}
-		if u.tmpl != nil && !u.tmpl.any {
-			u.tmpl = nil
+		if u.tmpl != nil {
+			u.tmplName = u.tmpl.name
+			if !u.tmpl.any {
+				u.tmpl = nil
+			}
 		}
 		s.users[u.name] = u
 		for j, k := range cu.Keys {

@@ -143,6 +143,19 @@ func TestUserStatusTellsBucketsWindowsAndSlots(t *testing.T) {
 	}
 }
 
+// A user bound to a template whose capabilities are all off still names
+// it: the template limits nothing, but it is the user's.
+func TestUserStatusNamesATemplateWithEveryCapabilityOff(t *testing.T) {
+	c := parseConfig(t, `{"user_limit": {"templates": [{"name": "off",
+			"rate": {"enabled": false, "rpm": 3}, "concurrency": {"enabled": false, "limit": 1}}]},
+		"users": [{"name": "bob", "keys": [], "template": "off"}]}`)
+	g := newGov(t, Options{}, c)
+	st, err := g.UserStatus("bob")
+	if err != nil || st.Template != "off" || st.RPM != nil || st.ConcurrencyLimit != 0 {
+		t.Fatalf("bob: %s %v", js(st), err)
+	}
+}
+
 func js(v any) string {
 	b, _ := json.MarshalIndent(v, "", "  ")
 	return string(b)

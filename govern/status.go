@@ -64,7 +64,7 @@ func (g *Governor) UserStatus(name string) (UserStatus, error) {
 	if u == nil {
 		return UserStatus{}, ErrNoUser
 	}
-	us := UserStatus{User: name, Enabled: u.enabled}
+	us := UserStatus{User: name, Enabled: u.enabled, Template: u.tmplName}
 	t := u.tmpl
 	if t == nil {
 		return us, nil
