@@ -1233,3 +1233,66 @@ func TestATokenIDPromptIsRoutedByPrefix(t *testing.T) {
 		t.Fatalf("routes %q", routes)
 	}
 }
+
+// A Transfer-Encoding other than chunked leaves a request's length
+// unknown (RFC 9112 6.3): 400 and a close, never its body read as the next
+// request on the connection, with or without a Content-Length, in the
+// client's error shape.
+func TestANonChunkedTransferEncodingIsRefusedAndCloses(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, up.url)
+	smuggled := "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+	cases := []struct{ name, req, shape string }{
+		{"post without length", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\n\r\n" + smuggled, `"error":{"message"`},
+		{"get without length", "GET /v1/models HTTP/1.1\r\nHost: x\r\ntransfer-encoding: IDENTITY\r\n\r\n" + smuggled, `"error":{"message"`},
+		{"with a length", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + strconv.Itoa(len(chatBody)) + "\r\nTransfer-Encoding: identity\r\n\r\n" + chatBody, `"error":{"message"`},
+		{"anthropic path", "POST /v1/messages HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\n\r\n" + smuggled, `"type":"error"`},
+	}
+	for _, c := range cases {
+		got := rawClient(t, r.url, c.req, 3*time.Second)
+		if !strings.HasPrefix(got, "HTTP/1.1 400 ") || strings.Count(got, "HTTP/1.1 ") != 1 ||
+			!strings.Contains(got, c.shape) || !strings.Contains(strings.ToLower(got), "connection: close") {
+			t.Fatalf("%s: want one 400 in the client's shape and a close, got %q", c.name, got)
+		}
+	}
+	if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 {
+		t.Fatalf("router not serving after the refusals: %d %s", code, b)
+	}
+}
+
+// A prompt of token ids is kept for routing only up to maxRouteIDs: a body
+// of 16 M ids once took about 7x its size in copies (the ids, the tokens
+// hashed, the prefix layer's bytes). The engine still gets every id, and
+// the count is the whole prompt's.
+func TestLongTokenIDPromptsAreRoutedOnTheirLeadingIDs(t *testing.T) {
+	const n = 1 << 20
+	var got atomic.Int64
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		got.Store(int64(len(ctx.PostBody())))
+		okHandler(ctx)
+	})
+	f := defaultFlags()
+	f.RouterPolicy = "kv-aware"
+	f.MaxBodyBytes, f.MaxInflightBodyBytes = 16<<20, 64<<20
+	r := startRouter(t, f, nil, up.url)
+	body := []byte(`{"model":"m","max_tokens":1,"prompt":[` + strings.Repeat("7,", n-1) + `7]}`)
+	if code, b := post(t, r.url+"/v1/completions", string(body)); code != 200 { // warm
+		t.Fatalf("%d %s", code, b)
+	}
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if code, b := post(t, r.url+"/v1/completions", string(body)); code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	runtime.ReadMemStats(&after)
+	if got.Load() != int64(len(body)) {
+		t.Fatalf("the engine got %d body bytes, want %d", got.Load(), len(body))
+	}
+	// The test's own string copy, the client's request and the router's
+	// body buffers are about 5x the body (11 MiB here); every id kept
+	// and copied for routing made it 26x (55 MiB).
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 12*uint64(len(body)) {
+		t.Fatalf("one request of %d ids (%d KiB) allocated %d KiB", n, len(body)>>10, grew>>10)
+	}
+}

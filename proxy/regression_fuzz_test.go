@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"reflect"
 	"strings"
 	"testing"
@@ -181,4 +182,27 @@ func decodeMessagesWalk(msgs []tokenizer.Message, d []byte, arena *[]byte) ([]to
 	})
 	*arena = a
 	return msgs, err
+}
+
+// FuzzTransferEncodingFieldIsFoundAsAFieldName checks the raw-head scan
+// for a Transfer-Encoding field against splitting the head into lines and
+// comparing each line's name.
+func FuzzTransferEncodingFieldIsFoundAsAFieldName(f *testing.F) {
+	f.Add([]byte("Host: x\r\nTransfer-Encoding: identity\r\n\r\n"))
+	f.Add([]byte("Host: x\r\nX-Transfer-Encoding: identity\r\n\r\n"))
+	f.Add([]byte("transfer-encoding:identity"))
+	f.Add([]byte("Host: transfer-encoding: x\r\n"))
+	f.Add([]byte("TRANSFER-ENCODING"))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		want := false
+		for _, line := range bytes.Split(raw, []byte("\n")) {
+			name, _, ok := bytes.Cut(line, []byte(":"))
+			if ok && bytes.EqualFold(name, []byte("transfer-encoding")) {
+				want = true
+			}
+		}
+		if got := hasTransferEncoding(raw); got != want {
+			t.Fatalf("hasTransferEncoding(%q) = %v, want %v", raw, got, want)
+		}
+	})
 }

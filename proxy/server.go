@@ -341,6 +341,18 @@ func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	if h := &ctx.Request.Header; h.ContentLength() != -1 && (h.ContentLength() <= 0 || h.ConnectionClose()) &&
+		hasTransferEncoding(h.RawHeaders()) {
+		// fasthttp accepts Transfer-Encoding: identity and drops it, leaving
+		// the length to Content-Length or to nothing, so that what follows
+		// would be read as the next request. RFC 9112 6.3: a transfer
+		// coding other than chunked makes the length unknown: 400, close.
+		mBadRequests.Inc()
+		closeUnread(ctx)
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest,
+			"Transfer-Encoding other than chunked: the request's length is unknown", "", "bad_request")
+		return
+	}
 	if s.cors != nil { // cors.go
 		if s.cors.preflight(ctx) {
 			return
@@ -683,4 +695,24 @@ func (s *Server) handleHealth(ctx *fasthttp.RequestCtx) {
 	}
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
+}
+
+// hasTransferEncoding reports whether a raw request head has a
+// Transfer-Encoding field. It is read only for the requests fasthttp left
+// without a chunked body and either with no or an empty body or closing
+// (where it drops a Transfer-Encoding: identity), never on a keep-alive
+// request with a body of a known length.
+func hasTransferEncoding(raw []byte) bool {
+	const name = "transfer-encoding"
+	for len(raw) > len(name) {
+		if raw[len(name)] == ':' && bytes.EqualFold(raw[:len(name)], []byte(name)) {
+			return true
+		}
+		i := bytes.IndexByte(raw, '\n')
+		if i < 0 {
+			break
+		}
+		raw = raw[i+1:]
+	}
+	return false
 }
