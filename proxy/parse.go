@@ -510,8 +510,7 @@ func (b *reqBody) parsePrompt(d []byte) error {
 				if !ok {
 					return errPromptType
 				}
-				b.tokenIDs = append(b.tokenIDs, uint32(n))
-				b.promptTokens++
+				b.appendID(n)
 				return nil
 			})
 			return err
@@ -520,8 +519,7 @@ func (b *reqBody) parsePrompt(d []byte) error {
 			if !ok {
 				return errPromptType
 			}
-			b.tokenIDs = append(b.tokenIDs, uint32(n))
-			b.promptTokens++
+			b.appendID(n)
 		default:
 			return errPromptType
 		}
@@ -536,6 +534,22 @@ func (b *reqBody) parsePrompt(d []byte) error {
 	}
 	b.prompts = max(b.prompts, 1)
 	return nil
+}
+
+// maxRouteIDs bounds the token ids of a prompt kept for routing: the
+// leading 65,536 (4,096 blocks of 16), about the tokens of the leading
+// --router-tokenize-max-bytes of a text prompt by default. A body of 32 MiB
+// holds 16 M ids; copied for the hashes and the prefix layer they took
+// 15 bytes of memory for every 2 of the body.
+const maxRouteIDs = 64 << 10
+
+// appendID counts a prompt's token id and keeps it while the routing
+// bound allows.
+func (b *reqBody) appendID(n int) {
+	if len(b.tokenIDs) < maxRouteIDs {
+		b.tokenIDs = append(b.tokenIDs, uint32(n))
+	}
+	b.promptTokens++
 }
 
 // generations is how many completions the engine generates for the body:

@@ -323,3 +323,24 @@ func validEmbeddingInput(data []byte) bool {
 	}
 	return true
 }
+
+func TestATokenIDPromptKeepsItsLeadingIDsAndCountsAll(t *testing.T) {
+	const n = maxRouteIDs + 1000
+	var b reqBody
+	body := `{"model":"m","prompt":[` + strings.Repeat("3,", n-1) + `4]}`
+	if err := b.parse([]byte(body), kindCompletion); err != nil {
+		t.Fatal(err)
+	}
+	if len(b.tokenIDs) != maxRouteIDs || b.estimateTokens() != n {
+		t.Fatalf("kept %d ids, counted %d; want %d and %d", len(b.tokenIDs), b.estimateTokens(), maxRouteIDs, n)
+	}
+	up := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, up.url)
+	rs := &reqState{parsed: b}
+	if err := r.srv.tokenize(rs, []byte(body), kindCompletion); err != nil {
+		t.Fatal(err)
+	}
+	if got := rs.promptTokens(); len(rs.tokens) != maxRouteIDs || got != n {
+		t.Fatalf("promptTokens = %d, want %d", got, n)
+	}
+}

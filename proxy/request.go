@@ -501,6 +501,9 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 	switch {
 	case len(b.tokenIDs) > 0:
 		rs.tokens = append(rs.tokens, b.tokenIDs...)
+		// Past maxRouteIDs only the leading ids were kept: the count is
+		// the whole prompt's (promptTokens scales by these two).
+		rs.tokCut, rs.tokText = len(b.tokenIDs), b.promptTokens
 	case kind == kindChat:
 		limit := s.o.Flags.RouterTokenizeMaxBytes
 		var tools []byte
