@@ -36,13 +36,17 @@ type Mirror struct {
 	log  *slog.Logger
 	warn logx.Throttle
 
-	q       chan *job     // capacity config.MaxMirrorQueue; admission by the snapshot's queue_size
-	freed   chan struct{} // capacity 1: a sender slot was given back
-	active  atomic.Int64  // jobs being sent (bounded by each job's mirror.concurrency)
-	workers atomic.Int64  // sender goroutines alive (at least one until Close)
-	spawnMu sync.Mutex    // starting a sender, against Close's wg.Wait
-	started bool          // New started the senders (newMirror alone does not)
-	held    atomic.Int64  // bytes of path and body copies held by jobs, and of answers being read (mirror.max_buffer_bytes)
+	q      chan *job     // capacity config.MaxMirrorQueue; admission by the snapshot's queue_size
+	freed  chan struct{} // capacity 1: a sender slot was given back
+	active atomic.Int64  // jobs being sent (bounded by each job's mirror.concurrency)
+	// waiting counts jobs a sender took from q that wait for a slot (the
+	// senders outnumber a lowered mirror.concurrency): still queued for
+	// queue_size.
+	waiting atomic.Int64
+	workers atomic.Int64 // sender goroutines alive (at least one until Close)
+	spawnMu sync.Mutex   // starting a sender, against Close's wg.Wait
+	started bool         // New started the senders (newMirror alone does not)
+	held    atomic.Int64 // bytes of path and body copies held by jobs, and of answers being read (mirror.max_buffer_bytes)
 	closed  atomic.Bool
 	stop    chan struct{}
 	ctx     context.Context // cancelled by Close: aborts dials in flight
@@ -164,7 +168,7 @@ func newMirror(o Options) *Mirror {
 		promptTokens:     s.NewCounter(`infera_mirror_prompt_tokens_total`),
 		completionTokens: s.NewCounter(`infera_mirror_completion_tokens_total`),
 	}
-	s.NewGauge(`infera_mirror_queue_length`, func() float64 { return float64(len(m.q)) })
+	s.NewGauge(`infera_mirror_queue_length`, func() float64 { return float64(m.queued()) })
 	s.NewGauge(`infera_mirror_inflight`, func() float64 { return float64(m.active.Load()) })
 	s.NewGauge(`infera_mirror_buffered_bytes`, func() float64 { return float64(m.held.Load()) })
 	return m
@@ -188,7 +192,7 @@ func (m *Mirror) Offer(cfg *config.Mirror, path, body []byte, stream bool) bool 
 		return false
 	}
 	m.m.sampled.Inc()
-	if len(m.q) >= cfg.QueueSize {
+	if m.queued() >= cfg.QueueSize {
 		m.m.droppedFull.Inc()
 		return false
 	}
@@ -333,6 +337,11 @@ func (m *Mirror) retire(keep int64) bool {
 func (m *Mirror) admit(j *job, limit int64, wait *time.Timer) bool {
 	expires := j.at.Add(millis(j.cfg.TimeoutMS))
 	waited := false
+	defer func() {
+		if waited {
+			m.waiting.Add(-1)
+		}
+	}()
 	for {
 		left := time.Until(expires)
 		if left <= 0 {
@@ -355,7 +364,10 @@ func (m *Mirror) admit(j *job, limit int64, wait *time.Timer) bool {
 			}
 			return true
 		}
-		waited = true
+		if !waited {
+			waited = true
+			m.waiting.Add(1)
+		}
 		wait.Reset(left)
 		select {
 		case <-m.freed:
@@ -369,6 +381,10 @@ func (m *Mirror) admit(j *job, limit int64, wait *time.Timer) bool {
 		wait.Stop()
 	}
 }
+
+// queued is how many sampled jobs wait for a sender: in the queue, or
+// taken by a sender that waits for a slot.
+func (m *Mirror) queued() int { return len(m.q) + int(m.waiting.Load()) }
 
 // drain drops the queued jobs at shutdown.
 func (m *Mirror) drain() {

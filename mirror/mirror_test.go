@@ -944,3 +944,51 @@ func testAnswerBudget(t *testing.T, stream bool) {
 	}
 	eventually(t, "the budget given back", func() bool { return m.held.Load() == 0 })
 }
+
+// A reload that lowers mirror.concurrency leaves more senders alive than
+// it allows until they idle out; the jobs they take and hold waiting for
+// a slot still count against queue_size.
+func TestMirrorQueueSizeHoldsWhileSendersOutnumberALoweredConcurrency(t *testing.T) {
+	var hold atomic.Bool
+	hold.Store(true)
+	release := make(chan struct{})
+	defer close(release)
+	tg := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		if hold.Load() {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+		w.WriteHeader(200)
+	})
+	m, _ := startMirror(t)
+	wide := mirrorCfg(tg.url)
+	wide.Concurrency, wide.QueueSize, wide.TimeoutMS = 8, 100, 1000
+	for i := 0; i < 8; i++ {
+		m.Offer(wide, []byte("/v1/completions"), []byte(`{"model":"m"}`), false)
+		eventually(t, "a sender per job", func() bool { return m.active.Load() == int64(i+1) })
+	}
+	eventually(t, "the held jobs to time out", func() bool { return m.active.Load() == 0 })
+	if n := m.workers.Load(); n != 8 {
+		t.Fatalf("%d senders alive, want 8", n)
+	}
+	narrow := mirrorCfg(tg.url)
+	narrow.Concurrency, narrow.QueueSize, narrow.TimeoutMS = 1, 2, 5000
+	before := m.m.droppedFull.Get()
+	accepted := 0
+	for i := 0; i < 10; i++ {
+		if m.Offer(narrow, []byte("/v1/completions"), []byte(`{"model":"m"}`), false) {
+			accepted++
+		}
+		time.Sleep(5 * time.Millisecond) // the idle senders take what is queued
+	}
+	// One sending, two waiting (in the queue or held by a sender).
+	if accepted > 3 || int(m.m.droppedFull.Get()-before) != 10-accepted {
+		t.Fatalf("accepted %d of 10 with concurrency 1 and queue_size 2 (dropped %d), want at most 3",
+			accepted, m.m.droppedFull.Get()-before)
+	}
+	if q := m.queued(); q > 2 {
+		t.Fatalf("queue length %d, want at most 2", q)
+	}
+}
