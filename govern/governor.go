@@ -47,7 +47,14 @@ type Governor struct {
 
 	mu     sync.Mutex // serializes Apply; guards states
 	states map[string]*userState
-	cals   map[string]*calendar
+	// gone keeps the counters of users a reload removed, so that adding
+	// one back does not hand it a fresh quota (with Redis they are keyed
+	// by name and stay anyway); goneOrder bounds it to maxGone, oldest
+	// removal dropped first. Guarded by mu.
+	gone      map[string]*userState
+	goneOrder []goneEntry
+	goneSeq   uint64
+	cals      map[string]*calendar
 
 	seats seatLimiter
 	rds   *redisState // nil: in-process counters
@@ -250,6 +257,9 @@ func (g *Governor) Apply(c *config.Config) error {
 		cu := &c.Users[i]
 		st := g.states[cu.Name]
 		if st == nil {
+			st = g.gone[cu.Name] // removed earlier: taken back below
+		}
+		if st == nil {
 			st = newUserState(cu.Name)
 		}
 		states[cu.Name] = st
@@ -302,6 +312,7 @@ func (g *Governor) Apply(c *config.Config) error {
 		}
 	}
 	g.states = states
+	g.keepGone(removed)
 	s.rl = compileRateLimit(&c.RateLimit)
 	g.snap.Store(s)
 	// Limits may have grown or a user's template changed: serve the queues.
@@ -314,6 +325,53 @@ func (g *Governor) Apply(c *config.Config) error {
 	}
 	g.applied.Store(c)
 	return nil
+}
+
+// maxGone bounds the counters kept of removed users.
+const maxGone = 10000
+
+// goneEntry is one removal: st filed at its seq-th removal.
+type goneEntry struct {
+	st  *userState
+	seq uint64
+}
+
+// keepGone files the states of the users a reload removed and unfiles
+// those of the users it has back (g.states); past maxGone the oldest
+// removals are forgotten. Called with mu held.
+func (g *Governor) keepGone(removed []*userState) {
+	if g.gone == nil {
+		g.gone = map[string]*userState{}
+	}
+	for name := range g.gone {
+		if g.states[name] != nil {
+			delete(g.gone, name)
+		}
+	}
+	for _, st := range removed {
+		g.goneSeq++
+		st.goneSeq = g.goneSeq
+		g.gone[st.name] = st
+		g.goneOrder = append(g.goneOrder, goneEntry{st, st.goneSeq})
+	}
+	live := func(e goneEntry) bool { return g.gone[e.st.name] == e.st && e.st.goneSeq == e.seq }
+	for len(g.gone) > maxGone {
+		e := g.goneOrder[0]
+		g.goneOrder = g.goneOrder[1:]
+		if live(e) {
+			delete(g.gone, e.st.name)
+		}
+	}
+	if len(g.goneOrder) > 2*len(g.gone)+64 { // entries of users added back or removed again
+		order := g.goneOrder[:0]
+		for _, e := range g.goneOrder {
+			if live(e) {
+				order = append(order, e)
+			}
+		}
+		clear(g.goneOrder[len(order):])
+		g.goneOrder = order
+	}
 }
 
 func compileRateLimit(r *config.RateLimit) rlConf {

@@ -77,8 +77,9 @@ func milli(x float64) int64 { return int64(math.Ceil(x * 1000)) }
 // userState is a user's counters (in process) and admission queue. It
 // outlives reloads while the user exists.
 type userState struct {
-	name string
-	m    *userMetrics // guarded by Governor.mu
+	name    string
+	m       *userMetrics // guarded by Governor.mu
+	goneSeq uint64       // its last removal by a reload (Governor.keepGone); guarded by Governor.mu
 
 	mu     sync.Mutex
 	active int // requests holding a concurrency slot

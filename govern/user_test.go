@@ -784,3 +784,63 @@ func TestADayThatBeginsWithADSTJumpBeginsAtTheJump(t *testing.T) {
 		t.Fatalf("the 8th: %s .. %s", time.Unix(next.start, 0).In(loc), time.Unix(next.end, 0).In(loc))
 	}
 }
+
+// A reload that removes a user and a later one that adds it back do not
+// hand it a fresh quota or concurrency: its counters are kept while it is
+// away (with Redis they are keyed by its name anyway).
+func TestAUserRemovedAndAddedBackKeepsItsCounters(t *testing.T) {
+	stores(t, func(t *testing.T, o Options) {
+		key, hash := mintKey(t)
+		clk := newFakeClock(t0)
+		o.Now = clk.Now
+		tmpl := `{"name":"t","concurrency":{"enabled":true,"limit":1},"quota":{"enabled":true,"windows":[{"period":"day","max_requests":2}]}}`
+		c := userConfig(t, hash, tmpl, "")
+		g := newGov(t, o, c)
+		holder := admitOK(t, g, identify(t, g, key), Request{})
+		holder.FirstToken()
+		if err := g.Apply(parseConfig(t, `{"users":[{"name":"bob","keys":[]}]}`)); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Apply(c); err != nil {
+			t.Fatal(err)
+		}
+		u := identify(t, g, key)
+		admitRejected(t, g, u, Request{}, CodeConcurrencyUser) // the one in flight still counts
+		holder.Done(Usage{})
+		tk := admitOK(t, g, u, Request{}) // second of the day
+		tk.FirstToken()
+		tk.Done(Usage{})
+		admitRejected(t, g, u, Request{}, CodeQuotaRequestsDay)
+	})
+}
+
+// The counters of removed users are kept for the latest maxGone removals.
+func TestTheCountersOfRemovedUsersAreBounded(t *testing.T) {
+	var sb strings.Builder
+	sb.WriteString(`{"users":[`)
+	for i := 0; i < maxGone+10; i++ {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		fmt.Fprintf(&sb, `{"name":"u%d","keys":[]}`, i)
+	}
+	sb.WriteString(`]}`)
+	all := parseConfig(t, sb.String())
+	g := newGov(t, Options{}, all)
+	for i := 0; i < 3; i++ { // remove all, add all back, remove all again
+		if err := g.Apply(parseConfig(t, `{"users":[]}`)); err != nil {
+			t.Fatal(err)
+		}
+		if len(g.gone) != maxGone || len(g.goneOrder) > 2*maxGone+64 {
+			t.Fatalf("round %d: %d removed users kept (order %d), want %d", i, len(g.gone), len(g.goneOrder), maxGone)
+		}
+		if i < 2 {
+			if err := g.Apply(all); err != nil {
+				t.Fatal(err)
+			}
+			if len(g.gone) != 0 {
+				t.Fatalf("round %d: %d kept after adding every user back", i, len(g.gone))
+			}
+		}
+	}
+}
