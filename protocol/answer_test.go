@@ -40,20 +40,20 @@ func TestChatAnswerConvertsToAnthropicMessage(t *testing.T) {
 	usage := `"usage":{"prompt_tokens":10,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":6}}`
 	wantUsage := `"stop_details":null,"container":null,"diagnostics":null,"usage":{"input_tokens":4,"cache_creation_input_tokens":0,"cache_read_input_tokens":6,"output_tokens":4,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}`
 	f("text, end_turn, cached tokens", `{"id":"c","model":"engine-model","choices":[{"index":0,"message":{"role":"assistant","content":"Hi \"you\""},"finish_reason":"stop"}],`+usage+`}`,
-		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"Hi \"you\""}],"stop_reason":"end_turn","stop_sequence":null,`+wantUsage+`}`)
+		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"Hi \"you\"","citations":null}],"stop_reason":"end_turn","stop_sequence":null,`+wantUsage+`}`)
 	f("length is max_tokens", `{"choices":[{"message":{"content":"a"},"finish_reason":"length"}]}`,
-		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"a"}],"stop_reason":"max_tokens","stop_sequence":null,"stop_details":null,"container":null,"diagnostics":null,"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}}`)
+		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"a","citations":null}],"stop_reason":"max_tokens","stop_sequence":null,"stop_details":null,"container":null,"diagnostics":null,"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}}`)
 	f("vLLM stop_reason names the stop sequence", `{"choices":[{"message":{"content":"a"},"finish_reason":"stop","stop_reason":"END"}]}`,
-		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"a"}],"stop_reason":"stop_sequence","stop_sequence":"END","stop_details":null,"container":null,"diagnostics":null,"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}}`)
+		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"a","citations":null}],"stop_reason":"stop_sequence","stop_sequence":"END","stop_details":null,"container":null,"diagnostics":null,"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}}`)
 	f("SGLang matched_stop names the stop sequence", `{"choices":[{"message":{"content":"a"},"finish_reason":"stop","matched_stop":"END"}]}`,
-		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"a"}],"stop_reason":"stop_sequence","stop_sequence":"END","stop_details":null,"container":null,"diagnostics":null,"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}}`)
+		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"text","text":"a","citations":null}],"stop_reason":"stop_sequence","stop_sequence":"END","stop_details":null,"container":null,"diagnostics":null,"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}}`)
 	f("reasoning, tool calls (object arguments, bad arguments), tool_use", `{"choices":[{"message":{"content":null,"reasoning_content":"hmm","tool_calls":[
 		{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\": [1, \"x\"]}"}},
 		{"id":"call_2","type":"function","function":{"name":"g","arguments":"not json"}}]},"finish_reason":"tool_calls"}],`+usage+`}`,
 		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[{"type":"thinking","thinking":"hmm","signature":""},
-		{"type":"tool_use","id":"call_1","name":"f","input":{"a":[1,"x"]}},{"type":"tool_use","id":"call_2","name":"g","input":{}}],"stop_reason":"tool_use","stop_sequence":null,`+wantUsage+`}`)
+		{"type":"tool_use","id":"call_1","name":"f","input":{"a":[1,"x"]},"caller":{"type":"direct"}},{"type":"tool_use","id":"call_2","name":"g","input":{},"caller":{"type":"direct"}}],"stop_reason":"tool_use","stop_sequence":null,`+wantUsage+`}`)
 	f("content_filter is refusal", `{"choices":[{"message":{"content":""},"finish_reason":"content_filter"}]}`,
-		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[],"stop_reason":"refusal","stop_sequence":null,"stop_details":null,"container":null,"diagnostics":null,"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}}`)
+		`{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[],"stop_reason":"refusal","stop_sequence":null,"stop_details":{"type":"refusal","category":null,"explanation":null},"container":null,"diagnostics":null,"usage":{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}}`)
 	if _, err := ChatToAnthropic(nil, []byte(`{"choices":`), m); err == nil || err.(*Error).Status != 502 {
 		t.Errorf("unreadable engine answer: %v", err)
 	}
@@ -70,7 +70,7 @@ func TestChatAnswerConvertsToAnthropicMessage(t *testing.T) {
 }
 
 func TestChatAnswerConvertsToResponse(t *testing.T) {
-	m := responsesMeta(t, `{"model":"gpt-client","input":"x","instructions":"be nice","max_output_tokens":20,"temperature":0.5,"tools":[{"type":"function","name":"f"}],"tool_choice":"auto","metadata":{"k":"v"},"user":"u","reasoning":{"effort":"low"}}`)
+	m := responsesMeta(t, `{"model":"gpt-client","input":"x","instructions":"be nice","max_output_tokens":20,"temperature":0.5,"tools":[{"type":"function","name":"f"}],"tool_choice":"auto","metadata":{"k":"v"},"user":"u","reasoning":{"effort":"low"},"text":{"verbosity":"low"}}`)
 	got, err := ChatToResponses(nil, []byte(`{"choices":[{"message":{"content":"answer","reasoning_content":"think","tool_calls":[{"id":"call_9","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":10,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":6},"completion_tokens_details":{"reasoning_tokens":2}}}`), m)
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +82,10 @@ func TestChatAnswerConvertsToResponse(t *testing.T) {
 		`"type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"think"}],"status":"completed"}`,
 		`"type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","text":"answer","annotations":[],"logprobs":[]}]}`,
 		`"type":"function_call","call_id":"call_9","name":"f","arguments":"{\"a\":1}","status":"completed"}`,
-		`"temperature":0.5`, `"tools":[{"type":"function","name":"f"}]`, `"tool_choice":"auto"`, `"user":"u"`, `"metadata":{"k":"v"}`, `"reasoning":{"effort":"low"}`,
+		`"temperature":0.5`, `"tools":[{"type":"function","name":"f"}]`, `"tool_choice":"auto"`, `"user":"u"`, `"metadata":{"k":"v"}`,
+		// The API answers every key of these objects: those the request
+		// left out have their defaults.
+		`"reasoning":{"effort":"low","summary":null}`, `"text":{"verbosity":"low","format":{"type":"text"}}`,
 		`"usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":6},"output_tokens":4,"output_tokens_details":{"reasoning_tokens":2},"total_tokens":14}`,
 	} {
 		if !strings.Contains(s, want) {

@@ -37,7 +37,7 @@ func (sp span) ok() bool { return sp.e > sp.s }
 type anthropicReq struct {
 	model, messages, system, maxTokens, stopSeqs, stream span
 	temperature, topP, topK, metadata, tools, toolChoice span
-	thinking, outputConfig                               span
+	thinking, outputConfig, outputFormat                 span
 }
 
 // conv is the output state of one request conversion.
@@ -123,6 +123,8 @@ func anthropicToChat(dst, body []byte, opt *Options, m *Meta, countOnly bool) ([
 			r.thinking = sp
 		case "output_config":
 			r.outputConfig = sp
+		case "output_format": // the structured-outputs beta's name of output_config.format
+			r.outputFormat = sp
 		}
 		return nil
 	})
@@ -221,6 +223,9 @@ func anthropicToChat(dst, body []byte, opt *Options, m *Meta, countOnly bool) ([
 			return dst[:mark], err
 		}
 		c.out = opt.Reasoning.appendFields(c.out, rs)
+		if err := c.anthropicFormat(r); err != nil {
+			return dst[:mark], err
+		}
 	}
 	if c.lastAssistant {
 		// Anthropic continues a final assistant message (prefill); chat
@@ -1100,7 +1105,7 @@ func (c *conv) anthropicTools(r anthropicReq, countOnly bool) error {
 		if t[0] != '{' {
 			return badRequest("tools", pathErr("tools[%d] must be an object", n))
 		}
-		var typ, name, desc, schema []byte
+		var typ, name, desc, schema, strict []byte
 		fields(t, func(k []byte, s, e int) error {
 			switch string(k) {
 			case "type":
@@ -1111,6 +1116,8 @@ func (c *conv) anthropicTools(r anthropicReq, countOnly bool) error {
 				desc = t[s:e]
 			case "input_schema":
 				schema = t[s:e]
+			case "strict":
+				strict = t[s:e]
 			}
 			return nil
 		})
@@ -1138,6 +1145,10 @@ func (c *conv) anthropicTools(r anthropicReq, countOnly bool) error {
 			c.out = append(c.out, `{"type":"object","properties":{}}`...)
 		} else {
 			return badRequest("tools", pathErr("tools[%d].input_schema must be an object", n))
+		}
+		if strict != nil && (strict[0] == 't' || strict[0] == 'f') {
+			c.out = append(c.out, `,"strict":`...)
+			c.out = append(c.out, strict...)
 		}
 		c.out = append(c.out, "}}"...)
 		n++
@@ -1194,6 +1205,50 @@ func (c *conv) anthropicTools(r anthropicReq, countOnly bool) error {
 	return nil
 }
 
+// anthropicFormat writes output_config.format (structured outputs; the
+// beta's top-level output_format too) as response_format: Anthropic's
+// {"type":"json_schema","schema":{...}} is always strict and unnamed, a
+// chat engine's json_schema needs a name.
+func (c *conv) anthropicFormat(r anthropicReq) error {
+	var format []byte
+	param := "output_config.format"
+	if r.outputConfig.ok() && c.d[r.outputConfig.s] == '{' {
+		oc := c.v(r.outputConfig)
+		fields(oc, func(k []byte, s, e int) error {
+			if string(k) == "format" {
+				format = oc[s:e]
+			}
+			return nil
+		})
+	}
+	if (format == nil || isNull(format)) && r.outputFormat.ok() {
+		format, param = c.v(r.outputFormat), "output_format"
+	}
+	if format == nil || isNull(format) {
+		return nil
+	}
+	if format[0] != '{' {
+		return badRequest(param, param+" must be an object")
+	}
+	var typ, schema []byte
+	fields(format, func(k []byte, s, e int) error {
+		switch string(k) {
+		case "type":
+			typ = format[s:e]
+		case "schema":
+			schema = format[s:e]
+		}
+		return nil
+	})
+	if !strIs(typ, "json_schema") || schema == nil || schema[0] != '{' {
+		return badRequest(param, param+` must be {"type":"json_schema","schema":{...}}`)
+	}
+	c.out = append(c.out, `,"response_format":{"type":"json_schema","json_schema":{"name":"output","schema":`...)
+	c.out = append(c.out, schema...)
+	c.out = append(c.out, `,"strict":true}}`...)
+	return nil
+}
+
 // anthropicReasoning reads thinking and output_config.effort.
 func (c *conv) anthropicReasoning(r anthropicReq) (reasoning, error) {
 	var rs reasoning
@@ -1221,10 +1276,10 @@ func (c *conv) anthropicReasoning(r anthropicReq) (reasoning, error) {
 			rs.level = c.opt.Reasoning.budgetEffort(n)
 		case strIs(typ, "disabled"):
 			rs.level = effOff
-		case strIs(typ, "adaptive"):
+		case strIs(typ, "adaptive"), strIs(typ, "between_tools"):
 			rs.level = effOn
 		default:
-			return rs, badRequest("thinking", "thinking.type must be enabled, disabled or adaptive")
+			return rs, badRequest("thinking", "thinking.type must be enabled, disabled, adaptive or between_tools")
 		}
 	}
 	if r.outputConfig.ok() && c.d[r.outputConfig.s] == '{' && rs.level != effOff {
@@ -1237,7 +1292,7 @@ func (c *conv) anthropicReasoning(r anthropicReq) (reasoning, error) {
 			return nil
 		})
 		if eff != nil && !isNull(eff) && eff[0] != '"' {
-			return rs, badRequest("output_config", "output_config.effort must be low, medium, high or max")
+			return rs, badRequest("output_config", "output_config.effort must be low, medium, high, xhigh or max")
 		}
 		if raw, ok := rawStr(eff); ok {
 			switch string(raw) {
@@ -1247,10 +1302,10 @@ func (c *conv) anthropicReasoning(r anthropicReq) (reasoning, error) {
 				rs.level = effMedium
 			case "high":
 				rs.level = effHigh
-			case "max":
+			case "xhigh", "max":
 				rs.level = effXHigh
 			default:
-				return rs, badRequest("output_config", "output_config.effort must be low, medium, high or max")
+				return rs, badRequest("output_config", "output_config.effort must be low, medium, high, xhigh or max")
 			}
 		}
 	}

@@ -72,7 +72,7 @@ func (c *StreamConverter) aDelta(idx int) {
 func (c *StreamConverter) aText(raw []byte) {
 	if c.cur != blockText {
 		c.aOpen()
-		c.out = append(c.out, `{"type":"text","text":""}`...)
+		c.out = append(c.out, `{"type":"text","text":"","citations":null}`...)
 		c.aOpened()
 		c.cur = blockText
 	}
@@ -104,7 +104,7 @@ func (c *StreamConverter) aOpenTool(i int) {
 	c.out = append(c.out, t.id...)
 	c.out = append(c.out, `","name":"`...)
 	c.out = append(c.out, t.name...)
-	c.out = append(c.out, `","input":{}}`...)
+	c.out = append(c.out, `","input":{},"caller":{"type":"direct"}}`...)
 	c.aOpened()
 	c.cur = blockTool
 }
@@ -139,7 +139,13 @@ func (c *StreamConverter) aEnd() {
 	}
 	// The SDKs type these as required and nullable in the delta too, and
 	// @anthropic-ai/sdk's finalMessage copies stop_details from it.
-	c.out = append(c.out, `,"stop_details":null,"container":null},"usage":`...)
+	c.out = append(c.out, `,"stop_details":`...)
+	if reason == "refusal" {
+		c.out = append(c.out, anthropicRefusalDetails...)
+	} else {
+		c.out = append(c.out, "null"...)
+	}
+	c.out = append(c.out, `,"container":null},"usage":`...)
 	u := c.usage
 	if !u.Seen {
 		u.PromptTokens = int64(c.m.PromptTokens)

@@ -35,6 +35,15 @@ func TestAnthropicRequestFieldsConvertToChat(t *testing.T) {
 		`{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"max_tokens":1}`)
 	f("system blocks joined", opt, `{"model":"m","max_tokens":1,"system":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}},{"type":"text","text":"b"}],"messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","messages":[{"role":"system","content":"a\nb"},{"role":"user","content":"hi"}],"max_tokens":1}`)
+	// Structured outputs (the SDK's messages.parse) become a strict named
+	// json_schema; so does the beta's top-level output_format; a tool's
+	// strict is kept.
+	f("output_config.format", opt, `{"model":"m","max_tokens":1,"output_config":{"format":{"type":"json_schema","schema":{"type":"object","properties":{"a":{"type":"integer"}}}}},"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1,"response_format":{"type":"json_schema","json_schema":{"name":"output","schema":{"type":"object","properties":{"a":{"type":"integer"}}},"strict":true}}}`)
+	f("output_format (beta)", opt, `{"model":"m","max_tokens":1,"output_format":{"type":"json_schema","schema":{"type":"object"}},"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1,"response_format":{"type":"json_schema","json_schema":{"name":"output","schema":{"type":"object"},"strict":true}}}`)
+	f("tool strict", opt, `{"model":"m","max_tokens":1,"tools":[{"name":"f","input_schema":{"type":"object"},"strict":true}],"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"},"strict":true}}]}`)
 	moved := `{"model":"m","max_tokens":1,"system":"top","messages":[{"role":"user","content":"a"},{"role":"system","content":"mid"},{"role":"user","content":"b"}]}`
 	f("in-array system moved to the front (the user turns it parted are one)", opt, moved,
 		`{"model":"m","messages":[{"role":"system","content":"top\nmid"},{"role":"user","content":"a\nb"}],"max_tokens":1}`)
@@ -130,6 +139,8 @@ func TestAnthropicRequestErrorsNameTheField(t *testing.T) {
 	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user"}]}`, "messages", "messages[0].content: field required")
 	// A number where the effort name goes was ignored (a name not known was refused).
 	f(`{"model":"m","max_tokens":1,"thinking":{"type":"adaptive"},"output_config":{"effort":5},"messages":[{"role":"user","content":"x"}]}`, "output_config", "effort must be")
+	f(`{"model":"m","max_tokens":1,"output_config":{"format":{"type":"xml"}},"messages":[{"role":"user","content":"x"}]}`, "output_config.format", "json_schema")
+	f(`{"model":"m","max_tokens":1,"output_format":"json","messages":[{"role":"user","content":"x"}]}`, "output_format", "must be an object")
 	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"a"},{"role":"user","content":[{"type":"video"}]}]}`, "messages", "messages[1].content: unsupported content block type")
 	f(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"file","file_id":"f"}}]}]}`, "messages", "base64 or url")
 	// in a run of turns, the error names the turn that holds the bad block

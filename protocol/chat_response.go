@@ -255,6 +255,9 @@ const (
 		`"inference_geo":null,"output_tokens_details":null,"server_tool_use":null,"service_tier":null,"speed":null}`
 	anthropicDeltaUsageRest = `,"output_tokens_details":null,"server_tool_use":null}`
 	anthropicMessageNulls   = `,"stop_details":null,"container":null,"diagnostics":null`
+	// anthropicRefusalDetails is a refusal's stop_details: an engine names
+	// no category.
+	anthropicRefusalDetails = `{"type":"refusal","category":null,"explanation":null}`
 )
 
 // ChatToAnthropic converts a chat completion body (an engine's 200 answer)
@@ -292,7 +295,7 @@ func ChatToAnthropic(dst, body []byte, m *Meta) ([]byte, error) {
 			dst = append(dst, `\n`...)
 		}
 		dst = append(dst, r.refusal...)
-		dst = append(dst, `"}`...)
+		dst = append(dst, `","citations":null}`...)
 	}
 	tools := false
 	r.eachToolCall(func(tc toolCall) {
@@ -308,7 +311,7 @@ func ChatToAnthropic(dst, body []byte, m *Meta) ([]byte, error) {
 		dst = append(dst, tc.name...)
 		dst = append(dst, `","input":`...)
 		dst = appendArgsObject(dst, tc)
-		dst = append(dst, '}')
+		dst = append(dst, `,"caller":{"type":"direct"}}`...)
 	})
 	reason, seq := anthropicStop(r.finish, r.stopReason, tools, m)
 	if len(r.refusal) > 0 && reason == "end_turn" {
@@ -324,7 +327,12 @@ func ChatToAnthropic(dst, body []byte, m *Meta) ([]byte, error) {
 	} else {
 		dst = append(dst, "null"...)
 	}
-	dst = append(dst, anthropicMessageNulls...)
+	if reason == "refusal" {
+		dst = append(dst, `,"stop_details":`+anthropicRefusalDetails...)
+		dst = append(dst, anthropicMessageNulls[len(`,"stop_details":null`):]...)
+	} else {
+		dst = append(dst, anthropicMessageNulls...)
+	}
 	dst = append(dst, `,"usage":`...)
 	dst = appendAnthropicUsage(dst, &r.usage, true)
 	return append(dst, '}'), nil

@@ -116,6 +116,36 @@ func (m *Meta) setEcho(f echoField, v []byte) {
 	m.echoSpans[f] = [2]int32{int32(s), int32(len(m.echo))}
 }
 
+// setEchoObj is setEcho for an object whose keys the API always answers
+// with: a key in defs that v lacks is added with its default value
+// ({"verbosity":"low"} is echoed as {"verbosity":"low","format":{"type":"text"}}).
+func (m *Meta) setEchoObj(f echoField, v []byte, defs ...[2]string) {
+	s := len(m.echo)
+	m.echo = compactJSON(m.echo, v)
+	for _, d := range defs {
+		found := false
+		fields(v, func(k []byte, _, _ int) error {
+			if string(k) == d[0] {
+				found = true
+			}
+			return nil
+		})
+		if found || len(m.echo) == s || m.echo[len(m.echo)-1] != '}' {
+			continue
+		}
+		m.echo = m.echo[:len(m.echo)-1]
+		if m.echo[len(m.echo)-1] != '{' {
+			m.echo = append(m.echo, ',')
+		}
+		m.echo = append(m.echo, '"')
+		m.echo = append(m.echo, d[0]...)
+		m.echo = append(m.echo, `":`...)
+		m.echo = append(m.echo, d[1]...)
+		m.echo = append(m.echo, '}')
+	}
+	m.echoSpans[f] = [2]int32{int32(s), int32(len(m.echo))}
+}
+
 // appendEcho appends the echoed raw value of f, or def when the request
 // did not set it.
 func (m *Meta) appendEcho(dst []byte, f echoField, def string) []byte {

@@ -28,6 +28,8 @@ func TestReasoningMappingTable(t *testing.T) {
 		{pass, anth(`,"thinking":{"type":"enabled","budget_tokens":32000}`), base + `,"reasoning_effort":"high"}`},
 		{pass, anth(`,"thinking":{"type":"disabled"}`), base + `}`},
 		{pass, anth(`,"thinking":{"type":"adaptive"},"output_config":{"effort":"max"}`), base + `,"reasoning_effort":"xhigh"}`},
+		{pass, anth(`,"output_config":{"effort":"xhigh"}`), base + `,"reasoning_effort":"xhigh"}`},
+		{mapET, anth(`,"thinking":{"type":"between_tools"}`), base + `,"chat_template_kwargs":{"enable_thinking":true}}`},
 		{mapET, anth(`,"thinking":{"type":"enabled","budget_tokens":1024}`), base + `,"chat_template_kwargs":{"enable_thinking":true}}`},
 		{mapET, anth(`,"thinking":{"type":"disabled"}`), base + `,"chat_template_kwargs":{"enable_thinking":false}}`},
 		{mapET, anth(`,"thinking":{"type":"adaptive"}`), base + `,"chat_template_kwargs":{"enable_thinking":true}}`},

@@ -206,7 +206,7 @@ func ResponsesToChat(dst, body []byte, opt *Options, m *Meta) ([]byte, error) {
 		if v[0] != '{' {
 			return fail(badRequest("reasoning", "reasoning must be an object"))
 		}
-		m.setEcho(echoReasoning, v)
+		m.setEchoObj(echoReasoning, v, [2]string{"effort", "null"}, [2]string{"summary", "null"})
 		var eff []byte
 		fields(v, func(k []byte, s, e int) error {
 			if string(k) == "effort" {
@@ -640,7 +640,7 @@ func (c *conv) responsesText(sp span) error {
 	if v[0] != '{' {
 		return badRequest("text", "text must be an object")
 	}
-	c.m.setEcho(echoText, v)
+	c.m.setEchoObj(echoText, v, [2]string{"format", `{"type":"text"}`})
 	var format []byte
 	fields(v, func(k []byte, s, e int) error {
 		if string(k) == "format" {

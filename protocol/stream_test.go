@@ -88,7 +88,7 @@ func TestAnthropicStreamEventSequence(t *testing.T) {
 	for _, s := range []string{
 		`{"type":"message_start","message":{"id":"msg_test","type":"message","role":"assistant","model":"claude-client","content":[],"stop_reason":null,"stop_sequence":null,"stop_details":null,"container":null,"diagnostics":null,"usage":{"input_tokens":11,`,
 		`"index":1,"delta":{"type":"text_delta","text":"lo \"w\"\n"}}`,
-		`{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"call_a","name":"get","input":{}}}`,
+		`{"type":"content_block_start","index":2,"content_block":{"type":"tool_use","id":"call_a","name":"get","input":{},"caller":{"type":"direct"}}}`,
 		`"index":2,"delta":{"type":"input_json_delta","partial_json":"{\"c\":"}}`,
 		`{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null,"stop_details":null,"container":null},"usage":{"input_tokens":8,"cache_creation_input_tokens":0,"cache_read_input_tokens":4,"output_tokens":7,"output_tokens_details":null,"server_tool_use":null}}`,
 	} {
@@ -508,7 +508,7 @@ func TestARefusalIsKeptInBothProtocols(t *testing.T) {
 	const why = `I can't help with that.`
 	ans := `{"choices":[{"message":{"role":"assistant","content":null,"refusal":"` + why + `"},"finish_reason":"stop"}]}`
 	a, err := ChatToAnthropic(nil, []byte(ans), &Meta{API: Anthropic, Model: []byte("m")})
-	if err != nil || !bytes.Contains(a, []byte(`"content":[{"type":"text","text":"`+why+`"}],"stop_reason":"refusal"`)) {
+	if err != nil || !bytes.Contains(a, []byte(`"content":[{"type":"text","text":"`+why+`","citations":null}],"stop_reason":"refusal","stop_sequence":null,"stop_details":{"type":"refusal","category":null,"explanation":null}`)) {
 		t.Fatalf("Message: %v %s", err, a)
 	}
 	r, err := ChatToResponses(nil, []byte(ans), &Meta{API: Responses, Model: []byte("m")})
@@ -519,7 +519,7 @@ func TestARefusalIsKeptInBothProtocols(t *testing.T) {
 	up := chunkLine(`{"role":"assistant","refusal":"I can't "}`, "null") + chunkLine(`{"refusal":"help with that."}`, "null") +
 		chunkLine(`{}`, `"stop"`) + usageLine + "data: [DONE]\n\n"
 	out := convertStream(t, &Meta{API: Anthropic, Model: []byte("m")}, up)
-	if _, err := checkAnthropicSSE(out); err != nil || !bytes.Contains(out, []byte(`"stop_reason":"refusal"`)) || !bytes.Contains(out, []byte(`"text":"help with that."`)) {
+	if _, err := checkAnthropicSSE(out); err != nil || !bytes.Contains(out, []byte(`"stop_reason":"refusal","stop_sequence":null,"stop_details":{"type":"refusal","category":null,"explanation":null}`)) || !bytes.Contains(out, []byte(`"text":"help with that."`)) {
 		t.Fatalf("Messages stream: %v\n%s", err, out)
 	}
 	out = convertStream(t, &Meta{API: Responses, Model: []byte("m")}, up)

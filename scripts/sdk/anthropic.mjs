@@ -57,6 +57,10 @@ function allTyped(m) {
     assert.ok(m.usage[k] !== undefined, `usage without ${k}`);
   }
   assert.equal(m.usage.cache_creation.ephemeral_5m_input_tokens, 0);
+  for (const b of m.content) {
+    if (b.type === "text") assert.ok(b.citations !== undefined, "text block without citations");
+    if (b.type === "tool_use") assert.equal(b.caller?.type, "direct", "tool_use block without caller");
+  }
 }
 
 await step("messages.stream", async () => {
@@ -100,6 +104,7 @@ await step("tool use", async () => {
   assert.equal(call.name, "get_weather");
   assert.equal(typeof call.input, "object");
   assert.ok(call.id.length > 0);
+  allTyped(m);
 
   // the same through a stream: the SDK rebuilds input from input_json_delta
   const s = await client.messages.stream({ model, max_tokens: 64, tools, messages: [ask] }).finalMessage();
@@ -107,6 +112,7 @@ await step("tool use", async () => {
   assert.ok(scall, "no streamed tool_use block");
   assert.deepEqual(scall.input, call.input);
   assert.equal(s.stop_reason, "tool_use");
+  allTyped(s);
 
   const m2 = await client.messages.create({
     model, max_tokens: 16, tools,
