@@ -109,15 +109,28 @@ func (c *cors) decorate(ctx *fasthttp.RequestCtx) {
 }
 
 // validHeaderList reports a comma-separated list of header names (what
-// Access-Control-Request-Headers holds); anything else is not echoed.
+// Access-Control-Request-Headers holds: RFC 9110 tokens, optional spaces or
+// tabs around the commas); anything else is not echoed.
 func validHeaderList(v []byte) bool {
 	if len(v) > 2048 {
 		return false
 	}
-	for _, c := range v {
-		if c != ',' && c != ' ' && (c <= ' ' || c >= 0x7f || c == ':' || c == '"') {
-			return false
+	names := 0
+	for len(v) > 0 {
+		i := bytes.IndexByte(v, ',')
+		if i < 0 {
+			i = len(v)
 		}
+		name := bytes.Trim(v[:i], " \t")
+		for _, c := range name {
+			if !tokenChar[c] {
+				return false
+			}
+		}
+		if len(name) > 0 {
+			names++
+		}
+		v = v[min(i+1, len(v)):]
 	}
-	return true
+	return names > 0
 }

@@ -44,10 +44,17 @@ func TestCORSAnswersAllowedOriginsOnly(t *testing.T) {
 	if bad.StatusCode != 403 || bad.Header.Get("Access-Control-Allow-Origin") != "" {
 		t.Fatalf("preflight from another origin: %d %v", bad.StatusCode, bad.Header)
 	}
-	junk := corsDo(t, "OPTIONS", url, map[string]string{"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST",
-		"Access-Control-Request-Headers": `x"y`}, "")
-	if junk.StatusCode != 204 || junk.Header.Get("Access-Control-Allow-Headers") != "" {
-		t.Fatalf("a request-headers list that is not one was echoed: %v", junk.Header)
+	for _, list := range []string{`x"y`, `x a, y`, `x-a;evil=1`, `x-a, y=1`, ` , `, `x(y)`} {
+		junk := corsDo(t, "OPTIONS", url, map[string]string{"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST",
+			"Access-Control-Request-Headers": list}, "")
+		if junk.StatusCode != 204 || junk.Header.Get("Access-Control-Allow-Headers") != "" {
+			t.Fatalf("a request-headers list that is not one (%q) was echoed: %v", list, junk.Header)
+		}
+	}
+	tabs := corsDo(t, "OPTIONS", url, map[string]string{"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST",
+		"Access-Control-Request-Headers": "x-a,\tx-b ,x-c"}, "")
+	if tabs.Header.Get("Access-Control-Allow-Headers") != "x-a,\tx-b ,x-c" {
+		t.Fatalf("a list with spaces and tabs around its commas was not echoed: %v", tabs.Header)
 	}
 
 	for key, status := range map[string]int{"sk-cors": 200, "wrong": 401} {
