@@ -23,9 +23,40 @@ type answerPlan struct {
 	tool *toolPlan
 	// toolID is the call's id (set once the answer's id is known).
 	toolID string
+	// text, when set, is the answer's content as pieces, one per token
+	// (a response_format's JSON).
+	text []string
 }
 
-func (p *answerPlan) active() bool { return p != nil && (p.reasoning > 0 || p.tool != nil) }
+func (p *answerPlan) active() bool {
+	return p != nil && (p.reasoning > 0 || p.tool != nil || p.text != nil)
+}
+
+// formatPieces is the answer a response_format asks for, as per-token
+// pieces: for a json_schema an object of its required properties
+// (simArguments), for json_object "{}"; nil for text or none. Engines with
+// guided decoding (vLLM, SGLang) answer in the schema's shape.
+func formatPieces(rf json.RawMessage) []string {
+	if isNull(rf) {
+		return nil
+	}
+	var f struct {
+		Type       string `json:"type"`
+		JSONSchema struct {
+			Schema json.RawMessage `json:"schema"`
+		} `json:"json_schema"`
+	}
+	if json.Unmarshal(rf, &f) != nil {
+		return nil
+	}
+	switch f.Type {
+	case "json_schema":
+		return splitPieces(simArguments(f.JSONSchema.Schema), 4)
+	case "json_object":
+		return []string{"{}"}
+	}
+	return nil
+}
 
 // toolPlan is the tool call an answer makes.
 type toolPlan struct {
@@ -191,6 +222,10 @@ func (s *Server) plan(g *genRequest, max int) (answerPlan, int) {
 		p.tool = g.tool
 		return p, min(max, len(g.tool.pieces))
 	}
+	if g.format != nil {
+		p.text = g.format
+		return p, min(max, len(g.format))
+	}
 	if s.cfg.Reasoning && g.thinking {
 		p.reasoning = max / 2
 	}
@@ -206,6 +241,9 @@ func appendJSONStr(dst []byte, s string) []byte {
 func (p *answerPlan) finishReason(n int) string {
 	if p.tool != nil && n >= len(p.tool.pieces) {
 		return "tool_calls"
+	}
+	if p.text != nil && n >= len(p.text) {
+		return "stop"
 	}
 	return "length"
 }
@@ -243,6 +281,13 @@ func (p *answerPlan) appendFull(dst, head []byte, n, prompt, cached int) []byte 
 		dst = append(dst, `,"arguments":`...)
 		dst = appendJSONStr(dst, p.toolArgs(n))
 		dst = append(dst, `}}]`...)
+	} else if p.text != nil {
+		text := ""
+		for i := 0; i < n && i < len(p.text); i++ {
+			text += p.text[i]
+		}
+		dst = append(dst, `"content":`...)
+		dst = appendJSONStr(dst, text)
 	} else {
 		r := min(p.reasoning, n)
 		if r > 0 {
@@ -290,6 +335,10 @@ func (t *tokenStream) renderPlanned(n int, final bool) {
 			b = append(b, `"arguments":`...)
 			b = appendJSONStr(b, p.tool.pieces[i])
 			b = append(b, `}}]},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+		case p.text != nil && i < len(p.text):
+			b = append(b, `"choices":[{"index":0,"delta":{"content":`...)
+			b = appendJSONStr(b, p.text[i])
+			b = append(b, `},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
 		case i < p.reasoning:
 			b = append(b, `"choices":[{"index":0,"delta":{"reasoning_content":"`...)
 			b = append(b, fillerWords[i%len(fillerWords)]...)

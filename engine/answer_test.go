@@ -258,3 +258,57 @@ func TestNativeProtocols(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// A response_format json_schema is answered in the schema's shape, as an
+// engine with guided decoding does (what an Anthropic structured output
+// becomes through the router), streamed in pieces; json_object with {}.
+func TestResponseFormatIsAnsweredInTheSchemasShape(t *testing.T) {
+	e := startEngine(t, nil)
+	schema := `"response_format":{"type":"json_schema","json_schema":{"name":"output","strict":true,"schema":{"type":"object","properties":{"city":{"type":"string"},"n":{"type":"integer"}},"required":["city","n"]}}}`
+	ask := `"messages":[{"role":"user","content":"where?"}]`
+	f := func(body, wantContent, wantFinish string) {
+		t.Helper()
+		code, b, _ := e.post(t, "/v1/chat/completions", body)
+		var r plannedChunk
+		if code != 200 || json.Unmarshal(b, &r) != nil {
+			t.Fatalf("%d %s", code, b)
+		}
+		ch := r.Choices[0]
+		if ch.Message.Content == nil || *ch.Message.Content != wantContent || *ch.FinishReason != wantFinish {
+			t.Fatalf("want content %q finish %q: %s", wantContent, wantFinish, b)
+		}
+	}
+	f(`{"model":"sim-model",`+schema+`,`+ask+`}`, `{"city":"sim","n":1}`, "stop")
+	f(`{"model":"sim-model","max_tokens":2,`+schema+`,`+ask+`}`, `{"city":"s`, "length")
+	f(`{"model":"sim-model","response_format":{"type":"json_object"},`+ask+`}`, `{}`, "stop")
+
+	resp, err := testClient.Post(e.base+"/v1/chat/completions", "application/json", strings.NewReader(
+		`{"model":"sim-model","stream":true,`+schema+`,`+ask+`}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := readSSE(t, resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text, finish string
+	for _, d := range data[:len(data)-1] {
+		var c plannedChunk
+		if err := json.Unmarshal([]byte(d), &c); err != nil {
+			t.Fatalf("%q: %v", d, err)
+		}
+		if len(c.Choices) == 0 {
+			continue
+		}
+		if p := c.Choices[0].Delta.Content; p != nil {
+			text += *p
+		}
+		if fr := c.Choices[0].FinishReason; fr != nil {
+			finish = *fr
+		}
+	}
+	if text != `{"city":"sim","n":1}` || finish != "stop" {
+		t.Fatalf("streamed %q finish %q", text, finish)
+	}
+}

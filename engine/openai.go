@@ -23,6 +23,9 @@ type genRequest struct {
 	// to reason, and the tool call it would make.
 	thinking bool
 	tool     *toolPlan
+	// format is the answer text a response_format json_schema asks for
+	// (guided decoding), split into per-token pieces.
+	format []string
 }
 
 type chatWire struct {
@@ -38,6 +41,7 @@ type chatWire struct {
 	ToolChoice         json.RawMessage            `json:"tool_choice"`
 	ReasoningEffort    *string                    `json:"reasoning_effort"`
 	ChatTemplateKwargs map[string]json.RawMessage `json:"chat_template_kwargs"`
+	ResponseFormat     json.RawMessage            `json:"response_format"`
 }
 
 type completionWire struct {
@@ -132,7 +136,7 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 		return genRequest{}, dst, text, err
 	}
 	g := genRequest{chat: true, model: w.Model, stream: w.Stream, maxTokens: mt,
-		thinking: wantsThinking(&w), tool: chooseTool(&w)}
+		thinking: wantsThinking(&w), tool: chooseTool(&w), format: formatPieces(w.ResponseFormat)}
 	if w.StreamOptions != nil {
 		g.includeUsage = w.StreamOptions.IncludeUsage
 	}
