@@ -50,6 +50,13 @@ type simReq struct {
 	ReasoningEffort string          `json:"reasoning_effort"`
 	Kwargs          map[string]bool `json:"chat_template_kwargs"`
 	Stop            []string        `json:"stop"`
+	ResponseFormat  *struct {
+		Type       string `json:"type"`
+		JSONSchema *struct {
+			Name   string          `json:"name"`
+			Schema json.RawMessage `json:"schema"`
+		} `json:"json_schema"`
+	} `json:"response_format"`
 }
 
 type simAnswer struct {
@@ -123,6 +130,14 @@ func (simEngine) answer(body []byte) (*simReq, simAnswer, string) {
 	text := "Hello from the simulated engine, it is a fine day"
 	if last.Role == "tool" {
 		text = "The tool said: " + lastText
+	}
+	if f := r.ResponseFormat; f != nil {
+		// A constrained engine answers in the schema's shape (the one
+		// scripts/sdk asks for: an object with a string answer).
+		if f.Type != "json_schema" || f.JSONSchema == nil || f.JSONSchema.Name == "" || !json.Valid(f.JSONSchema.Schema) {
+			return nil, simAnswer{}, "engine: response_format needs a named json_schema"
+		}
+		text = `{"answer": "Paris"}`
 	}
 	a.words = strings.SplitAfter(text, " ")
 	if len(r.Stop) > 0 {

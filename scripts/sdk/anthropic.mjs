@@ -122,6 +122,18 @@ await step("tool use", async () => {
   assert.ok(m2.content.some((b) => b.type === "text" && b.text.length > 0), "no answer after the tool result");
 });
 
+await step("structured output (messages.parse)", async () => {
+  // The engine answers in the schema's shape, as guided decoding does: protocol's
+  // test engine with {"answer": "Paris"}, infera engine with "sim" for a string.
+  if (typeof client.messages.parse !== "function") return; // an SDK before structured outputs
+  const m = await client.messages.parse({
+    model, max_tokens: 64,
+    output_config: { format: { type: "json_schema", schema: { type: "object", properties: { answer: { type: "string" } }, required: ["answer"], additionalProperties: false } } },
+    messages: [{ role: "user", content: "Capital of France? Answer in JSON." }],
+  });
+  assert.ok(["Paris", "sim"].includes(m.parsed_output?.answer), `parsed_output ${JSON.stringify(m.parsed_output)}`);
+});
+
 await step("thinking", async () => {
   const params = { model, max_tokens: 32, thinking: { type: "enabled", budget_tokens: 1024 },
     messages: [{ role: "user", content: "think first" }] };
