@@ -1296,3 +1296,38 @@ func TestLongTokenIDPromptsAreRoutedOnTheirLeadingIDs(t *testing.T) {
 		t.Fatalf("one request of %d ids (%d KiB) allocated %d KiB", n, len(body)>>10, grew>>10)
 	}
 }
+
+// A request that expects 100 Continue with a Content-Length over
+// --max-body-bytes gets its 413 at once, in the client's shape, and no 100
+// Continue (which invited a body the router refused after 8 KiB); one
+// within the limit is still granted.
+func TestAnOversizedBodyThatExpectsContinueGets413BeforeIt(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.MaxBodyBytes = 1 << 20
+	r := startRouter(t, f, nil, up.url)
+	for path, shape := range map[string]string{"/v1/chat/completions": `"code":"request_too_large"`, "/v1/messages": `"type":"request_too_large"`} {
+		got := rawClient(t, r.url, "POST "+path+" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 99999999\r\n\r\n", 3*time.Second)
+		if !strings.HasPrefix(got, "HTTP/1.1 413 ") || strings.Contains(got, "100 Continue") || !strings.Contains(got, shape) ||
+			strings.Count(got, "HTTP/1.1 ") != 1 || !strings.Contains(strings.ToLower(got), "connection: close") {
+			t.Fatalf("%s: want a 413 in the client's shape before any body, got %q", path, got)
+		}
+	}
+	c, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", len(chatBody))
+	br := bufio.NewReader(c)
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "HTTP/1.1 100 ") {
+		t.Fatalf("within the limit: want 100 Continue first, got %q %v", line, err)
+	}
+	br.ReadString('\n') // the blank line after it
+	c.Write([]byte(chatBody))
+	if line, err = br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200 ") {
+		t.Fatalf("within the limit: want 200 after the body, got %q %v", line, err)
+	}
+}
