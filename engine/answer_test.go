@@ -148,23 +148,9 @@ func TestAnswerShapingToolCalls(t *testing.T) {
 		`{"role":"tool","tool_call_id":"c1","content":"sunny"}]}`, "", "", "length")
 
 	// streamed: the call opens with id and name; arguments arrive in pieces
-	resp, err := testClient.Post(e.base+"/v1/chat/completions", "application/json", strings.NewReader(
-		`{"model":"sim-model","stream":true,`+weatherTools+`,`+ask+`}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	data, err := readSSE(t, resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var args, name, id, finish string
 	pieces := 0
-	for _, d := range data[:len(data)-1] {
-		var c plannedChunk
-		if err := json.Unmarshal([]byte(d), &c); err != nil {
-			t.Fatalf("%q: %v", d, err)
-		}
+	for _, c := range streamChunks(t, e, `{"model":"sim-model","stream":true,`+weatherTools+`,`+ask+`}`) {
 		for _, tc := range c.Choices[0].Delta.ToolCalls {
 			pieces++
 			args += tc.Function.Arguments
@@ -282,22 +268,8 @@ func TestResponseFormatIsAnsweredInTheSchemasShape(t *testing.T) {
 	f(`{"model":"sim-model","max_tokens":2,`+schema+`,`+ask+`}`, `{"city":"s`, "length")
 	f(`{"model":"sim-model","response_format":{"type":"json_object"},`+ask+`}`, `{}`, "stop")
 
-	resp, err := testClient.Post(e.base+"/v1/chat/completions", "application/json", strings.NewReader(
-		`{"model":"sim-model","stream":true,`+schema+`,`+ask+`}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	data, err := readSSE(t, resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var text, finish string
-	for _, d := range data[:len(data)-1] {
-		var c plannedChunk
-		if err := json.Unmarshal([]byte(d), &c); err != nil {
-			t.Fatalf("%q: %v", d, err)
-		}
+	for _, c := range streamChunks(t, e, `{"model":"sim-model","stream":true,`+schema+`,`+ask+`}`) {
 		if len(c.Choices) == 0 {
 			continue
 		}
@@ -311,4 +283,28 @@ func TestResponseFormatIsAnsweredInTheSchemasShape(t *testing.T) {
 	if text != `{"city":"sim","n":1}` || finish != "stop" {
 		t.Fatalf("streamed %q finish %q", text, finish)
 	}
+}
+
+// streamChunks posts a streaming chat body and returns its chunks before
+// [DONE].
+func streamChunks(t *testing.T, e *testEngine, body string) []plannedChunk {
+	t.Helper()
+	resp, err := testClient.Post(e.base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := readSSE(t, resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []plannedChunk
+	for _, d := range data[:len(data)-1] {
+		var c plannedChunk
+		if err := json.Unmarshal([]byte(d), &c); err != nil {
+			t.Fatalf("%q: %v", d, err)
+		}
+		out = append(out, c)
+	}
+	return out
 }
