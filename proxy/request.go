@@ -312,7 +312,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		switch err {
 		case errBodyTooLarge:
 			mBadRequests.Inc()
-			writeError(ctx, fasthttp.StatusRequestEntityTooLarge, typeInvalidRequest, "request body exceeds --max-body-bytes", "", "request_too_large")
+			s.writeBodyTooLarge(ctx)
 		case errBodyBudget:
 			mBodyBudget.Inc()
 			writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable, "the router is out of request body memory; retry later", "", "overloaded")

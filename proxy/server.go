@@ -238,11 +238,17 @@ func New(o Options) *Server {
 func (s *Server) handleExpect(ctx *fasthttp.RequestCtx) int {
 	if n := ctx.Request.Header.ContentLength(); s.flags.MaxBodyBytes > 0 && n > s.flags.MaxBodyBytes {
 		mBadRequests.Inc()
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, typeInvalidRequest,
-			"request body exceeds --max-body-bytes ("+strconv.Itoa(s.flags.MaxBodyBytes)+" bytes)", "", "request_too_large")
+		s.writeBodyTooLarge(ctx)
 		return fasthttp.StatusRequestEntityTooLarge
 	}
 	return fasthttp.StatusContinue
+}
+
+// writeBodyTooLarge answers a body over --max-body-bytes (announced,
+// prefetched or streamed): 413 in the client's shape.
+func (s *Server) writeBodyTooLarge(ctx *fasthttp.RequestCtx) {
+	writeError(ctx, fasthttp.StatusRequestEntityTooLarge, typeInvalidRequest,
+		"request body exceeds --max-body-bytes ("+strconv.Itoa(s.flags.MaxBodyBytes)+" bytes)", "", "request_too_large")
 }
 
 // Serve serves connections from ln until Shutdown. Temporary accept errors
@@ -340,8 +346,7 @@ func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		closeUnread(ctx)
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, typeInvalidRequest,
-			"request body exceeds --max-body-bytes ("+strconv.Itoa(s.flags.MaxBodyBytes)+" bytes)", "", "request_too_large")
+		s.writeBodyTooLarge(ctx)
 	case errors.As(err, &small):
 		headerBytes := s.flags.MaxHeaderBytes
 		if headerBytes <= 0 {
