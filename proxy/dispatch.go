@@ -407,6 +407,10 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		}
 	}
 	rs.gov.committed(status)
+	sse := rs.sreq.Stream && status < 400 && eventStream(up.contentType())
+	if eof && sse && up.closeDelimited() {
+		eof = false // the relay tells a whole stream from a cut one (endOrCut)
+	}
 	rs.scanUsage(rs.rbuf[:n])
 	first := rs.rbuf[:n]
 	if status >= 400 {
@@ -432,7 +436,7 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	*rl = relay{
 		s: s, rs: rs, up: up,
 		buf: rs.rbuf, pending: first,
-		sse:     rs.sreq.Stream && status < 400 && eventStream(up.contentType()),
+		sse:     sse,
 		idle:    rs.call.idle,
 		total:   rs.call.total,
 		client:  ctx.Conn(),

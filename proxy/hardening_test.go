@@ -884,6 +884,105 @@ func TestStreamBrokenAfterItsEndGetsNoErrorEvent(t *testing.T) {
 // midStreamErrors reads infera_stream_errors_total{phase="mid_stream"}.
 func midStreamErrors() uint64 { return mMidStreamErr.Get() }
 
+// 14. A stream whose body ends only when the engine closes its connection
+// (HTTP/1.0, or Connection: close with neither Content-Length nor chunked
+// framing) and that closes before its protocol's end (data: [DONE], or the
+// converted stream's message_stop) is a broken stream, as a chunked one
+// cut the same way is: the client gets the error event and the worker is
+// blamed. It used to be relayed as complete. The same stream ending in
+// [DONE] is complete; both the engine's close right after its last event
+// (often one read with the end of the body) and after a pause are checked.
+func TestACloseDelimitedStreamCutBeforeItsEndIsBroken(t *testing.T) {
+	const chunk = `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"hi"},"finish_reason":null}]}` + "\n\n"
+	anthropic := strings.Replace(anthropicBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
+	for _, tc := range []struct {
+		name, head, path, body string
+		pause, done            bool
+	}{
+		{"http/1.0 cut", "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n", "/v1/chat/completions", streamBody, false, false},
+		{"connection close cut after a pause", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n", "/v1/chat/completions", streamBody, true, false},
+		{"anthropic cut", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n", "/v1/messages", anthropic, true, false},
+		{"http/1.0 complete", "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n", "/v1/chat/completions", streamBody, false, true},
+		{"connection close complete after a pause", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n", "/v1/chat/completions", streamBody, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := startRaw(t, func(n int, req string, c net.Conn) {
+				out := tc.head + chunk
+				if tc.done {
+					out += "data: [DONE]\n\n"
+				}
+				if tc.pause {
+					c.Write([]byte(out))
+					time.Sleep(50 * time.Millisecond)
+				} else {
+					c.Write([]byte(out))
+				}
+				c.Close()
+			})
+			f := defaultFlags()
+			f.RequestMaxRetries = 0
+			f.BreakerFailureThreshold = 1
+			r := startRouter(t, f, nil, up.url)
+			before := midStreamErrors()
+			code, b := post(t, r.url+tc.path, tc.body)
+			st := r.fl.Get("w0").Breaker.State()
+			if tc.done {
+				if code != 200 || strings.Contains(b, "error") || !strings.HasSuffix(b, chunk+"data: [DONE]\n\n") || st != fleet.BreakerClosed || midStreamErrors() != before {
+					t.Fatalf("a complete stream: %d %q, breaker %d", code, b, st)
+				}
+				return
+			}
+			want := "the worker's response stream broke"
+			if code != 200 || !strings.Contains(b, want) || strings.Count(b, want) != 1 || strings.Contains(b, "message_stop") {
+				t.Fatalf("a cut stream reached the client as %d %q", code, b)
+			}
+			if tc.path == "/v1/messages" && !strings.Contains(b, "event: error") {
+				t.Fatalf("no Anthropic error event: %q", b)
+			}
+			if st == fleet.BreakerClosed || midStreamErrors() == before {
+				t.Fatalf("the worker was not blamed: breaker %d, mid-stream errors %v -> %v", st, before, midStreamErrors())
+			}
+		})
+	}
+}
+
+// 15. A non-streamed answer larger than the relay's buffer that the engine
+// cuts mid-body (it promised more bytes than it sent) is the worker's
+// fault: it is counted and blamed as a broken answer, and the client sees
+// a short body on a closed connection, never a complete-looking one. It
+// used to be taken for a client that left (the relay's returned error came
+// back as the client's), so the engine was never blamed.
+func TestAPlainAnswerCutMidBodyBlamesTheWorker(t *testing.T) {
+	const promised, sent = 100000, 50000
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", promised)
+		c.Write(bytes.Repeat([]byte("x"), sent))
+		time.Sleep(50 * time.Millisecond)
+		c.Close()
+	})
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	f.BreakerFailureThreshold = 1
+	r := startRouter(t, f, nil, up.url)
+	gone := mClientGone.Get()
+	before := midStreamErrors()
+	resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, rerr := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if rerr == nil || len(b) >= promised {
+		t.Fatalf("the client read %d bytes (err %v): a cut answer looked complete", len(b), rerr)
+	}
+	if st := r.fl.Get("w0").Breaker.State(); st == fleet.BreakerClosed || midStreamErrors() == before {
+		t.Fatalf("the worker was not blamed: breaker %d, mid-stream errors %v -> %v", st, before, midStreamErrors())
+	}
+	if mClientGone.Get() != gone {
+		t.Fatal("the engine's cut was counted as a client that left")
+	}
+}
+
 // A prompt the tokenizer is slow on (one 3 MB word: BPE costs about 1 us a
 // byte where its caches do not help) is tokenized only up to
 // --router-tokenize-max-bytes, cut where the tokens of the part are those

@@ -749,6 +749,7 @@ func (u *fakeUp) copyHeaders(*fasthttp.ResponseHeader)   {}
 func (u *fakeUp) header([]byte) []byte                   { return nil }
 func (u *fakeUp) contentType() []byte                    { return nil }
 func (u *fakeUp) contentLength() int64                   { return -1 }
+func (u *fakeUp) closeDelimited() bool                   { return false }
 func (u *fakeUp) setReadDeadline(time.Time)              {}
 func (u *fakeUp) finish(bool)                            {}
 func (u *fakeUp) readFailure(err error, _ bool) *failure { return fail(failBroken, err) }

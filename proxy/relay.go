@@ -100,7 +100,7 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 				return total, nil
 			}
 		}
-		err = r.brokeAfterEnd(err)
+		err = r.endOrCut(err)
 		if err == io.EOF {
 			r.upEOF = true
 			if r.held > 0 { // the last event, unterminated: as the engine sent it
@@ -160,7 +160,7 @@ func (r *relay) Read(p []byte) (int, error) {
 		r.noteTail(p[:n])
 		r.armWrite()
 	}
-	err = r.brokeAfterEnd(err)
+	err = r.endOrCut(err)
 	switch {
 	case err == nil:
 		return n, nil
@@ -318,6 +318,23 @@ func (r *relay) brokeAfterEnd(err error) error {
 	return io.EOF
 }
 
+// errCutBeforeEnd is a close-delimited stream's end before its protocol's.
+var errCutBeforeEnd = errors.New("the worker closed its stream before the stream's end")
+
+// endOrCut classifies how a read of a stream ended: brokeAfterEnd, and a
+// close-delimited stream that ends (the worker closed its connection)
+// before its protocol's ending (OpenAI's data: [DONE], Anthropic's
+// message_stop, a converted stream's end) is broken, not complete: that
+// close is how a crashed or killed engine looks, and a chunked or sized
+// body would have said it was cut.
+func (r *relay) endOrCut(err error) error {
+	err = r.brokeAfterEnd(err)
+	if err == io.EOF && r.sse && r.up.closeDelimited() && !r.endedCleanly() {
+		return errCutBeforeEnd
+	}
+	return err
+}
+
 // endedCleanly reports whether the stream sent so far, with what is
 // pending, is complete in its protocol.
 func (r *relay) endedCleanly() bool {
@@ -432,7 +449,7 @@ func (r *relay) readStaged(p []byte) (int, error) {
 				break
 			}
 		}
-		err = r.brokeAfterEnd(err)
+		err = r.endOrCut(err)
 		switch {
 		case err == io.EOF:
 			r.upEOF = true
@@ -449,23 +466,25 @@ func (r *relay) readStaged(p []byte) (int, error) {
 }
 
 // CloseWithError implements fasthttp.ReadCloserWithError: the response is
-// over. err != nil means writing to the client failed (the client left or
-// stalled past its write timeout): the upstream is closed so the engine
+// over. A failure of the upstream comes first: a plain body cut by the
+// worker is ended by returning its error, which fasthttp hands back here.
+// Otherwise err != nil means writing to the client failed (the client left
+// or stalled past its write timeout): the upstream is closed so the engine
 // stops generating, and the worker is not blamed.
 func (r *relay) CloseWithError(err error) error {
 	rs := r.rs
 	outcome := r.outcome
 	end := endComplete
 	switch {
+	case r.failed != nil && (err == nil || r.failed.kind != failCanceled):
+		r.up.finish(false)
+		outcome = r.failed.outcome()
+		end = endUpstreamErr
 	case err != nil:
 		mClientGone.Inc()
 		r.up.finish(false)
 		outcome = sched.OutcomeNeutral
 		end = endClientGone
-	case r.failed != nil:
-		r.up.finish(false)
-		outcome = r.failed.outcome()
-		end = endUpstreamErr
 	case r.upEOF:
 		r.up.finish(!r.cutAfterEnd)
 	default:

@@ -33,6 +33,10 @@ type upResponse interface {
 	contentType() []byte
 	// contentLength is the body length, -1 when unknown.
 	contentLength() int64
+	// closeDelimited reports a body that ends only when the worker closes
+	// the connection (HTTP/1.x with neither Content-Length nor chunked
+	// framing): its end looks the same as a crash.
+	closeDelimited() bool
 	// read reads body bytes; io.EOF at the end. A failure is returned as is
 	// (classify it with readFailure).
 	read(p []byte) (int, error)

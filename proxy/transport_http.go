@@ -136,6 +136,11 @@ func (u *httpUpstream) contentLength() int64 {
 	return c.clen
 }
 
+func (u *httpUpstream) closeDelimited() bool {
+	c := u.conn()
+	return !c.chunked && c.clen < 0
+}
+
 func (u *httpUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
 	c := u.conn()
 	for i := range c.hdrs {

@@ -137,6 +137,9 @@ func (u *natsUpstream) contentType() []byte {
 	return u.ctype
 }
 
+// closeDelimited is false: a NATS stream ends with its own last message.
+func (u *natsUpstream) closeDelimited() bool { return false }
+
 func (u *natsUpstream) contentLength() int64 {
 	if v := u.st.Header().Get("Content-Length"); v != "" {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
