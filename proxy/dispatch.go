@@ -222,6 +222,15 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 			m, rerr = up.read(rs.rbuf[n:])
 			n += m
 		}
+		// A stream commits on its first whole event: SSE comments (an
+		// engine's keep-alive) and half an event are not the first packet,
+		// so an engine that sends them and then dies or stalls past
+		// stream_first_packet_s can still be retried elsewhere.
+		for !whole && status < 400 && rerr == nil && n < len(rs.rbuf) && !hasEvent(rs.rbuf[:n]) {
+			var m int
+			m, rerr = up.read(rs.rbuf[n:])
+			n += m
+		}
 		if rerr == nil || rerr == io.EOF {
 			s.live.remove(rs)
 			rs.lease.FirstToken()
@@ -455,6 +464,20 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	if rs.sreq.Stream {
 		resp.ImmediateHeaderFlush = true
 	}
+}
+
+// hasEvent reports whether p starts with a whole SSE event that has a
+// field: something other than comment lines (":...") and blank lines.
+func hasEvent(p []byte) bool {
+	p = p[:completeEvents(p)]
+	lineStart := true
+	for _, ch := range p {
+		if lineStart && ch != '\n' && ch != '\r' && ch != ':' {
+			return true
+		}
+		lineStart = ch == '\n' || ch == '\r'
+	}
+	return false
 }
 
 // eventStream reports whether an answer's Content-Type is an event stream

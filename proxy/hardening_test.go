@@ -946,6 +946,61 @@ func TestACloseDelimitedStreamCutBeforeItsEndIsBroken(t *testing.T) {
 	}
 }
 
+// 16. A stream commits to the client on its first whole event, not on its
+// first bytes: an engine that sends a keep-alive comment (or half an
+// event) and then dies, or stalls past stream_first_packet_s, is retried
+// on another worker and the client gets one clean stream. Before, the
+// comment committed the answer, and the client got the error event.
+func TestAStreamCommitsOnItsFirstEventNotAComment(t *testing.T) {
+	good := startRaw(t, func(n int, req string, c net.Conn) {
+		ev := "data: {\"i\":0}\n\ndata: [DONE]\n\n"
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(ev), ev)
+	})
+	for _, tc := range []struct {
+		name  string
+		first string
+		stall bool
+	}{
+		{"comment then a crash", ": keep-alive\n\n", false},
+		{"half an event then a crash", "data: {\"i\"", false},
+		{"comment then a stall", ": keep-alive\n\n", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			release := make(chan struct{})
+			defer close(release)
+			bad := startRaw(t, func(n int, req string, c net.Conn) {
+				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+				fmt.Fprintf(c, "%x\r\n%s\r\n", len(tc.first), tc.first)
+				if tc.stall {
+					select {
+					case <-release:
+					case <-time.After(3 * time.Second):
+					}
+				} else {
+					time.Sleep(30 * time.Millisecond)
+				}
+				c.(*net.TCPConn).SetLinger(0)
+				c.Close()
+			})
+			cfg := config.Default()
+			cfg.Timeouts.StreamFirstPacketSeconds = 0.3
+			f := defaultFlags()
+			f.RequestMaxRetries = 1
+			r := startRouter(t, f, cfg, bad.url, good.url)
+			for i := 0; i < 2; i++ {
+				t0 := time.Now()
+				code, b := post(t, r.url+"/v1/chat/completions", streamBody)
+				if code != 200 || b != "data: {\"i\":0}\n\ndata: [DONE]\n\n" {
+					t.Fatalf("request %d: %d %q after %v", i, code, b, time.Since(t0))
+				}
+			}
+			if bad.conns.Load() == 0 {
+				t.Fatal("the misbehaving worker was never tried")
+			}
+		})
+	}
+}
+
 // 15. A non-streamed answer larger than the relay's buffer that the engine
 // cuts mid-body (it promised more bytes than it sent) is the worker's
 // fault: it is counted and blamed as a broken answer, and the client sees
@@ -1428,5 +1483,27 @@ func TestAnOversizedBodyThatExpectsContinueGets413BeforeIt(t *testing.T) {
 	c.Write([]byte(chatBody))
 	if line, err = br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200 ") {
 		t.Fatalf("within the limit: want 200 after the body, got %q %v", line, err)
+	}
+}
+
+// A stream's first packet is a whole event with a field; comments, blank
+// lines and a cut event are not, whatever the line endings.
+func TestFirstPacketIsAWholeEventWithAField(t *testing.T) {
+	for in, want := range map[string]bool{
+		"":                               false,
+		": ping\n\n":                     false,
+		": ping\r\n\r\n:x\n\n":           false,
+		"\n\n\n":                         false,
+		"data: {\"a\"":                   false,
+		": ping\n\ndata: {\"a\":1}":      false,
+		"data: {}\n\n":                   true,
+		": ping\r\n\r\ndata: {}\r\n\r\n": true,
+		": ping\r\rdata: 1\r\r":          true,
+		"event: ping\ndata: {}\n\n":      true,
+		":c\ndata: x\n\n":                true,
+	} {
+		if got := hasEvent([]byte(in)); got != want {
+			t.Errorf("hasEvent(%q) = %v, want %v", in, got, want)
+		}
 	}
 }

@@ -467,6 +467,32 @@ func TestAHeadWithoutItsBodyIsAnInvalidResponse(t *testing.T) {
 	}
 }
 
+// A response head that breaks off part-way (inside the status line or the
+// headers, then a close or a reset) is an invalid response too: both
+// workers are tried and the client gets 502 upstream_protocol_error, not
+// the 503 no_workers_reachable of workers that never answered.
+func TestAHeadCutPartWayIsAnInvalidResponse(t *testing.T) {
+	for _, head := range []string{"HTT", "HTTP/1.1 200 OK\r\n", "HTTP/1.1 200 OK\r\nContent-Type: appl", "HTTP/1.1 100 Continue\r\n\r\n"} {
+		t.Run(head, func(t *testing.T) {
+			cut := func(n int, req string, c net.Conn) {
+				c.Write([]byte(head))
+				time.Sleep(20 * time.Millisecond)
+				c.(*net.TCPConn).SetLinger(0)
+				c.Close()
+			}
+			a, b := startRaw(t, cut), startRaw(t, cut)
+			r := startRouter(t, nil, nil, a.url, b.url)
+			code, body := post(t, r.url+"/v1/chat/completions", chatBody)
+			if code != 502 || !strings.Contains(body, "upstream_protocol_error") {
+				t.Fatalf("%d %s", code, body)
+			}
+			if a.conns.Load() == 0 || b.conns.Load() == 0 {
+				t.Fatalf("both workers tried? %d %d", a.conns.Load(), b.conns.Load())
+			}
+		})
+	}
+}
+
 func TestRetryOn429And5xxNotMidStream(t *testing.T) {
 	var busy atomic.Bool
 	busy.Store(true)

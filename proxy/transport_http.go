@@ -90,7 +90,7 @@ func (httpTransport) roundTrip(c *call) (upResponse, *failure) {
 		case isTimeout(err):
 			return nil, c.timeoutFailure(deadline, err)
 		case errors.Is(err, errUpMalformed), errors.Is(err, errUpUpgrade), errors.Is(err, errUpHeaderSize),
-			errors.Is(err, errUpInterim):
+			errors.Is(err, errUpInterim), errors.Is(err, errUpHeadCut):
 			return nil, fail(failProtocol, err)
 		}
 		return nil, fail(failConnect, err)

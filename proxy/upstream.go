@@ -52,6 +52,7 @@ var (
 	errUpUpgrade    = errors.New("worker switched protocols (101)")
 	errUpHeaderSize = errors.New("response header from worker too large")
 	errUpInterim    = errors.New("too many interim (1xx) responses from worker")
+	errUpHeadCut    = errors.New("the worker's response head broke off")
 	errUpNoConns    = errors.New("too many connections to worker")
 )
 
@@ -395,6 +396,9 @@ func (c *upConn) readHead() error {
 			if err == bufio.ErrBufferFull {
 				return errUpHeaderSize
 			}
+			if len(line) > 0 || interim > 0 {
+				return headCut(err)
+			}
 			return err
 		}
 		st, http10, ok := parseStatusLine(line)
@@ -403,7 +407,7 @@ func (c *upConn) readHead() error {
 		}
 		headLen, err := c.readHeaders()
 		if err != nil {
-			return err
+			return headCut(err)
 		}
 		if st == 101 {
 			return errUpUpgrade
@@ -429,6 +433,18 @@ func (c *upConn) readHead() error {
 		}
 		return nil
 	}
+}
+
+// headCut classifies a read error after the first bytes of a response
+// head: the worker answered, then broke off (a close, a reset), which is an
+// invalid response, not a connection that could not be used (a stale
+// keep-alive connection gives its error before any byte). A timeout stays
+// a timeout.
+func headCut(err error) error {
+	if isTimeout(err) || errors.Is(err, errUpHeaderSize) || errors.Is(err, errUpMalformed) {
+		return err
+	}
+	return errUpHeadCut
 }
 
 // earlyAnswer reads the answer an engine sent before it stopped taking the
