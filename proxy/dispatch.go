@@ -433,6 +433,9 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	}
 	countStatus(status)
 	if eof {
+		if f := rs.convFailure(); f != nil { // a whole converted stream the engine left incomplete
+			outcome = f.outcome()
+		}
 		resp.SetBody(first)
 		up.finish(true)
 		rs.lease.Done(outcome)

@@ -892,24 +892,42 @@ func midStreamErrors() uint64 { return mMidStreamErr.Get() }
 // blamed. It used to be relayed as complete. The same stream ending in
 // [DONE] is complete; both the engine's close right after its last event
 // (often one read with the end of the body) and after a pause are checked.
+// A converted stream left without its finish is the worker's fault however
+// it was framed (sized here, read whole with the head).
 func TestACloseDelimitedStreamCutBeforeItsEndIsBroken(t *testing.T) {
 	const chunk = `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"hi"},"finish_reason":null}]}` + "\n\n"
 	anthropic := strings.Replace(anthropicBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
+	filtered := strings.Replace(streamBody, `"stream":true`, `"stream":true,"stream_options":{"include_usage":false}`, 1)
+	const http10 = "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
 	for _, tc := range []struct {
 		name, head, path, body string
 		pause, done            bool
+		end                    string // the engine's last bytes when done ("data: [DONE]\n\n" if empty)
 	}{
-		{"http/1.0 cut", "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n", "/v1/chat/completions", streamBody, false, false},
-		{"connection close cut after a pause", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n", "/v1/chat/completions", streamBody, true, false},
-		{"anthropic cut", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n", "/v1/messages", anthropic, true, false},
-		{"http/1.0 complete", "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n", "/v1/chat/completions", streamBody, false, true},
-		{"connection close complete after a pause", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n", "/v1/chat/completions", streamBody, true, true},
+		{"filtered complete, [DONE] unterminated", http10, "/v1/chat/completions", filtered, true, true, "data: [DONE]"},
+		{"passthrough complete, [DONE] unterminated", http10, "/v1/chat/completions", streamBody, true, true, "data: [DONE]"},
+		{"filtered cut", http10, "/v1/chat/completions", filtered, true, false, ""},
+		{"anthropic complete", http10, "/v1/messages", anthropic, true, true, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\ndata: [DONE]"},
+		{"http/1.0 cut", "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n", "/v1/chat/completions", streamBody, false, false, ""},
+		{"connection close cut after a pause", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n", "/v1/chat/completions", streamBody, true, false, ""},
+		{"anthropic cut", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n", "/v1/messages", anthropic, true, false, ""},
+		{"anthropic sized, no finish", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n", "/v1/messages", anthropic, true, false, ""},
+		{"http/1.0 complete", "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n", "/v1/chat/completions", streamBody, false, true, ""},
+		{"connection close complete after a pause", "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n", "/v1/chat/completions", streamBody, true, true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up := startRaw(t, func(n int, req string, c net.Conn) {
-				out := tc.head + chunk
+				out := chunk
 				if tc.done {
-					out += "data: [DONE]\n\n"
+					if tc.end == "" {
+						tc.end = "data: [DONE]\n\n"
+					}
+					out += tc.end
+				}
+				if strings.Contains(tc.head, "%d") {
+					out = fmt.Sprintf(tc.head, len(out)) + out
+				} else {
+					out = tc.head + out
 				}
 				if tc.pause {
 					c.Write([]byte(out))
@@ -927,12 +945,19 @@ func TestACloseDelimitedStreamCutBeforeItsEndIsBroken(t *testing.T) {
 			code, b := post(t, r.url+tc.path, tc.body)
 			st := r.fl.Get("w0").Breaker.State()
 			if tc.done {
-				if code != 200 || strings.Contains(b, "error") || !strings.HasSuffix(b, chunk+"data: [DONE]\n\n") || st != fleet.BreakerClosed || midStreamErrors() != before {
+				ending := chunk + "data: [DONE]"
+				if tc.path == "/v1/messages" {
+					ending = "event: message_stop\ndata: {\"type\":\"message_stop\"}"
+				}
+				if code != 200 || strings.Contains(b, "error") || !strings.HasSuffix(strings.TrimRight(b, "\n"), ending) || st != fleet.BreakerClosed || midStreamErrors() != before {
 					t.Fatalf("a complete stream: %d %q, breaker %d", code, b, st)
 				}
 				return
 			}
 			want := "the worker's response stream broke"
+			if tc.path == "/v1/messages" {
+				want = "the engine's stream ended before the answer was complete" // the converter's own
+			}
 			if code != 200 || !strings.Contains(b, want) || strings.Count(b, want) != 1 || strings.Contains(b, "message_stop") {
 				t.Fatalf("a cut stream reached the client as %d %q", code, b)
 			}

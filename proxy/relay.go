@@ -100,27 +100,31 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 				return total, nil
 			}
 		}
-		err = r.endOrCut(err)
+		err = r.brokeAfterEnd(err)
 		if err == io.EOF {
-			r.upEOF = true
-			if r.held > 0 { // the last event, unterminated: as the engine sent it
-				m, werr := r.write(w, r.buf[:r.held])
-				r.held = 0
-				total += int64(m)
-				if werr != nil {
-					return total, werr
-				}
+			// What the end of the body still sends: the last event,
+			// unterminated, as the engine sent it (held), or what a
+			// transforming stage kept back.
+			var last []byte
+			if r.held > 0 {
+				last = r.buf[:r.held]
+			} else if r.st != nil {
+				last = r.st.finish(r.st.out[:0])
 			}
-			if r.st != nil {
-				if p := r.st.finish(r.st.out[:0]); len(p) > 0 {
-					m, werr := r.write(w, p)
+			if !r.cutShort(last) {
+				r.upEOF = true
+				r.held = 0
+				if len(last) > 0 {
+					m, werr := r.write(w, last)
 					total += int64(m)
 					if werr != nil {
 						return total, werr
 					}
 				}
+				r.convFailed() // a converted stream the engine left incomplete
+				break
 			}
-			break
+			err = errCutBeforeEnd
 		}
 		if err != nil {
 			r.upstreamFailed(err)
@@ -160,7 +164,10 @@ func (r *relay) Read(p []byte) (int, error) {
 		r.noteTail(p[:n])
 		r.armWrite()
 	}
-	err = r.endOrCut(err)
+	err = r.brokeAfterEnd(err)
+	if err == io.EOF && r.cutShort(nil) {
+		err = errCutBeforeEnd
+	}
 	switch {
 	case err == nil:
 		return n, nil
@@ -321,18 +328,36 @@ func (r *relay) brokeAfterEnd(err error) error {
 // errCutBeforeEnd is a close-delimited stream's end before its protocol's.
 var errCutBeforeEnd = errors.New("the worker closed its stream before the stream's end")
 
-// endOrCut classifies how a read of a stream ended: brokeAfterEnd, and a
-// close-delimited stream that ends (the worker closed its connection)
-// before its protocol's ending (OpenAI's data: [DONE], Anthropic's
-// message_stop, a converted stream's end) is broken, not complete: that
-// close is how a crashed or killed engine looks, and a chunked or sized
-// body would have said it was cut.
-func (r *relay) endOrCut(err error) error {
-	err = r.brokeAfterEnd(err)
-	if err == io.EOF && r.sse && r.up.closeDelimited() && !r.endedCleanly() {
-		return errCutBeforeEnd
+// cutShort reports a close-delimited stream (its body ends only when the
+// worker closes the connection: HTTP/1.0, or Connection: close with
+// neither Content-Length nor chunked framing) that ended before its
+// protocol's end (OpenAI's data: [DONE], Anthropic's message_stop), with
+// last, what the end of the body still sends. That close is how a crashed
+// or killed engine looks, where a chunked or sized body would have said it
+// was cut: it is a broken stream, not a complete one. A converted stream's
+// converter judges its own end (convFailed); a passthrough Responses
+// stream ends with an event type the tail does not show, so it is taken as
+// complete.
+func (r *relay) cutShort(last []byte) bool {
+	if !r.sse || !r.up.closeDelimited() || r.st != nil && r.st.conv != nil {
+		return false
 	}
-	return err
+	if r.rs.proto.api == protocol.Responses {
+		return false
+	}
+	return !r.endsWith(last)
+}
+
+// endsWith reports whether the bytes sent so far, then more, end with a
+// stream's protocol ending (line breaks after it aside).
+func (r *relay) endsWith(more []byte) bool {
+	var w [2 * tailLen]byte
+	t := append(w[:0], r.tail[tailLen-r.ntail:]...)
+	t = append(t, more[max(0, len(more)-tailLen):]...)
+	for len(t) > 0 && (t[len(t)-1] == '\n' || t[len(t)-1] == '\r') {
+		t = t[:len(t)-1]
+	}
+	return bytes.HasSuffix(t, endDone) || bytes.HasSuffix(t, endDoneNoSpace) || bytes.HasSuffix(t, endMessageStop)
 }
 
 // endedCleanly reports whether the stream sent so far, with what is
@@ -341,38 +366,43 @@ func (r *relay) endedCleanly() bool {
 	if r.st != nil && r.st.conv != nil {
 		return r.st.conv.Finished()
 	}
-	var w [2 * tailLen]byte
-	t := append(w[:0], r.tail[tailLen-r.ntail:]...)
-	t = append(t, r.pending[max(0, len(r.pending)-tailLen):]...)
 	if r.held > 0 { // an ending the engine did not terminate: "data: [DONE]", then a cut
-		t = append(t[:0], r.tail[tailLen-r.ntail:]...)
-		t = append(t, r.buf[max(0, r.held-tailLen):r.held]...)
+		return r.endsWith(r.buf[:r.held])
 	}
-	for len(t) > 0 && (t[len(t)-1] == '\n' || t[len(t)-1] == '\r') {
-		t = t[:len(t)-1]
-	}
-	return bytes.HasSuffix(t, endDone) || bytes.HasSuffix(t, endDoneNoSpace) || bytes.HasSuffix(t, endMessageStop)
+	return r.endsWith(r.pending)
 }
 
 // convFailed reports whether a converted stream was ended by its
 // converter with an error event (the engine's error chunk, a malformed
-// chunk): the client's stream is over, so the relay stops there, records
-// the failure and closes the upstream, which stops the engine, instead of
-// reading on until the engine finishes.
+// chunk, a stream left without its finish): the client's stream is over,
+// so the relay stops there, records the failure and closes the upstream,
+// which stops the engine, instead of reading on until the engine finishes.
 func (r *relay) convFailed() bool {
 	if r.st == nil || r.st.conv == nil || !r.st.conv.Failed() {
 		return false
 	}
 	if r.failed == nil {
-		err := r.st.conv.Err()
-		if err == nil {
-			err = errEngineStreamError
-		}
-		r.failed = fail(failBroken, err)
-		mMidStreamErr.Inc()
-		logUpstreamError(r.rs.lease.Worker, r.failed)
+		r.failed = r.rs.convFailure()
 	}
 	return true
+}
+
+// convFailure returns the failure of a converted stream its converter
+// ended with an error event, counted and logged; nil when the stream is
+// not converted or did not fail. Call it once per request.
+func (rs *reqState) convFailure() *failure {
+	c := rs.proto.conv
+	if c == nil || !c.Failed() {
+		return nil
+	}
+	err := c.Err()
+	if err == nil {
+		err = errEngineStreamError
+	}
+	f := fail(failBroken, err)
+	mMidStreamErr.Inc()
+	logUpstreamError(rs.lease.Worker, f)
+	return f
 }
 
 var errEngineStreamError = errors.New("the engine's stream carried an error")
@@ -449,11 +479,16 @@ func (r *relay) readStaged(p []byte) (int, error) {
 				break
 			}
 		}
-		err = r.endOrCut(err)
+		err = r.brokeAfterEnd(err)
+		if err == io.EOF {
+			if r.pending = r.st.finish(r.pending); r.cutShort(r.pending) {
+				err = errCutBeforeEnd
+			}
+		}
 		switch {
 		case err == io.EOF:
 			r.upEOF = true
-			r.pending = r.st.finish(r.pending)
+			r.convFailed() // a converted stream the engine left incomplete
 		case err != nil:
 			r.upstreamFailed(err)
 			r.pending = append(r.pending, r.errorEvent()...)
