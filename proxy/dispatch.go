@@ -227,6 +227,13 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 		// so an engine that sends them and then dies or stalls past
 		// stream_first_packet_s can still be retried elsewhere.
 		for !whole && status < 400 && rerr == nil && n < len(rs.rbuf) && !hasEvent(rs.rbuf[:n]) {
+			if c.idle > 0 && n > 0 { // bytes came: stream_idle_s bounds the wait for more, as after the commit
+				dl := time.Now().Add(c.idle)
+				if !c.firstByte.IsZero() && c.firstByte.Before(dl) {
+					dl = c.firstByte
+				}
+				up.setReadDeadline(dl)
+			}
 			var m int
 			m, rerr = up.read(rs.rbuf[n:])
 			n += m
@@ -457,6 +464,9 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	}
 	if rs.proto.relaying {
 		rl.st = &rs.proto // the relay transforms the answer (protocols.go)
+	}
+	if !sse {
+		up.setReadDeadline(rs.call.total) // a plain body: only the total cap, never the first packet's, bounds the rest
 	}
 	rs.handedOff = true
 	size := up.contentLength()

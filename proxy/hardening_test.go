@@ -1532,3 +1532,77 @@ func TestFirstPacketIsAWholeEventWithAField(t *testing.T) {
 		}
 	}
 }
+
+func TestACommentThenAStallEndsOnTheIdleTimeoutWithoutAFirstPacketTimeout(t *testing.T) {
+	for _, first := range []string{": keep-alive\n\n", "data: {\"i\""} {
+		t.Run(strings.TrimSpace(first), func(t *testing.T) {
+			release := make(chan struct{})
+			defer close(release)
+			up := startRaw(t, func(n int, req string, c net.Conn) {
+				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+				fmt.Fprintf(c, "%x\r\n%s\r\n", len(first), first)
+				select { // stalls (bounded for the test)
+				case <-release:
+				case <-time.After(5 * time.Second):
+				}
+				c.Close()
+			})
+			cfg := config.Default()
+			cfg.Timeouts.StreamFirstPacketSeconds = 0 // disabled
+			cfg.Timeouts.StreamIdleSeconds = 0.3
+			f := defaultFlags()
+			f.RequestMaxRetries = 0
+			r := startRouter(t, f, cfg, up.url)
+			cl := &http.Client{Timeout: 2 * time.Second}
+			t0 := time.Now()
+			resp, err := cl.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(streamBody))
+			if err != nil {
+				t.Fatalf("no answer %v after %v: the idle timeout (0.3s) never fired", err, time.Since(t0))
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || !strings.Contains(string(b), "timed out") {
+				t.Fatalf("after %v: %q %v", time.Since(t0), b, err)
+			}
+		})
+	}
+}
+
+// H2: a close-delimited (HTTP/1.0) engine that sends a keep-alive comment
+// and then crashes is not retried: EOF ends the hasEvent loop as if it
+// were a complete answer, commit hands it to the relay, and cutShort turns
+// it into a mid-stream error. The same engine with chunked framing is
+// retried on the good worker (TestAStreamCommitsOnItsFirstEventNotAComment).
+func TestASlowClientOfAPlainAnswerToAStreamRequestIsNotTheWorkersFault(t *testing.T) {
+	body := strings.Repeat("x", 16<<20)
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
+		c.Write([]byte(body))
+	})
+	cfg := config.Default()
+	cfg.Timeouts.StreamFirstPacketSeconds = 0.5
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	f.BreakerFailureThreshold = 1
+	f.ClientWriteTimeout = 10 * time.Second
+	r := startRouter(t, f, cfg, up.url)
+	c, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(streamBody), streamBody)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	head := make([]byte, 512)
+	if _, err := c.Read(head); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // a slow client; well within its write timeout
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	io.Copy(io.Discard, c)
+	time.Sleep(100 * time.Millisecond)
+	if st := r.fl.Get("w0").Breaker.State(); st != fleet.BreakerClosed {
+		t.Fatalf("a slow client tripped the worker's breaker: state %d", st)
+	}
+}
+
