@@ -906,6 +906,7 @@ func TestACloseDelimitedStreamCutBeforeItsEndIsBroken(t *testing.T) {
 	}{
 		{"filtered complete, [DONE] unterminated", http10, "/v1/chat/completions", filtered, true, true, "data: [DONE]"},
 		{"passthrough complete, [DONE] unterminated", http10, "/v1/chat/completions", streamBody, true, true, "data: [DONE]"},
+		{"passthrough complete, [DONE] with a trailing space", http10, "/v1/chat/completions", streamBody, true, true, "data: [DONE] \n\n"},
 		{"filtered cut", http10, "/v1/chat/completions", filtered, true, false, ""},
 		{"anthropic complete", http10, "/v1/messages", anthropic, true, true, `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\ndata: [DONE]"},
 		{"http/1.0 cut", "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n", "/v1/chat/completions", streamBody, false, false, ""},
@@ -949,7 +950,7 @@ func TestACloseDelimitedStreamCutBeforeItsEndIsBroken(t *testing.T) {
 				if tc.path == "/v1/messages" {
 					ending = "event: message_stop\ndata: {\"type\":\"message_stop\"}"
 				}
-				if code != 200 || strings.Contains(b, "error") || !strings.HasSuffix(strings.TrimRight(b, "\n"), ending) || st != fleet.BreakerClosed || midStreamErrors() != before {
+				if code != 200 || strings.Contains(b, "error") || !strings.HasSuffix(strings.TrimRight(b, " \n"), ending) || st != fleet.BreakerClosed || midStreamErrors() != before {
 					t.Fatalf("a complete stream: %d %q, breaker %d", code, b, st)
 				}
 				return

@@ -354,7 +354,7 @@ func (r *relay) endsWith(more []byte) bool {
 	var w [2 * tailLen]byte
 	t := append(w[:0], r.tail[tailLen-r.ntail:]...)
 	t = append(t, more[max(0, len(more)-tailLen):]...)
-	for len(t) > 0 && (t[len(t)-1] == '\n' || t[len(t)-1] == '\r') {
+	for len(t) > 0 && (t[len(t)-1] == '\n' || t[len(t)-1] == '\r' || t[len(t)-1] == ' ' || t[len(t)-1] == '\t') {
 		t = t[:len(t)-1]
 	}
 	return bytes.HasSuffix(t, endDone) || bytes.HasSuffix(t, endDoneNoSpace) || bytes.HasSuffix(t, endMessageStop)
