@@ -1606,4 +1606,3 @@ func TestASlowClientOfAPlainAnswerToAStreamRequestIsNotTheWorkersFault(t *testin
 		t.Fatalf("a slow client tripped the worker's breaker: state %d", st)
 	}
 }
-
