@@ -425,7 +425,7 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	rs.gov.committed(status)
 	sse := rs.sreq.Stream && status < 400 && eventStream(up.contentType())
 	if eof && sse && up.closeDelimited() {
-		eof = false // the relay tells a whole stream from a cut one (endOrCut)
+		eof = false // the relay tells a whole stream from a cut one (cutShort)
 	}
 	rs.scanUsage(rs.rbuf[:n])
 	first := rs.rbuf[:n]
@@ -465,8 +465,11 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	if rs.proto.relaying {
 		rl.st = &rs.proto // the relay transforms the answer (protocols.go)
 	}
-	if !sse {
-		up.setReadDeadline(rs.call.total) // a plain body: only the total cap, never the first packet's, bounds the rest
+	if rs.sreq.Stream && !sse {
+		// A plain body to a stream request: only the total cap, never the
+		// first packet's deadline, bounds the rest (a non-streaming
+		// request's deadline is the total cap already).
+		up.setReadDeadline(rs.call.total)
 	}
 	rs.handedOff = true
 	size := up.contentLength()
