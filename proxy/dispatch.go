@@ -238,6 +238,13 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 			m, rerr = up.read(rs.rbuf[n:])
 			n += m
 		}
+		if rerr == io.EOF && !whole && status < 400 && endJudged(up) && !hasEvent(rs.rbuf[:n]) {
+			// A close-delimited stream that ended before its first event
+			// (a keep-alive, half an event, then the engine's close) is
+			// how a crashed engine looks: nothing reached the client, so
+			// another worker may take the request.
+			rerr = errCutBeforeEnd
+		}
 		if rerr == nil || rerr == io.EOF {
 			s.live.remove(rs)
 			rs.lease.FirstToken()
@@ -424,7 +431,8 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	}
 	rs.gov.committed(status)
 	sse := rs.sreq.Stream && status < 400 && eventStream(up.contentType())
-	if eof && sse && up.closeDelimited() {
+	judge := sse && endJudged(up)
+	if eof && judge {
 		eof = false // the relay tells a whole stream from a cut one (cutShort)
 	}
 	rs.scanUsage(rs.rbuf[:n])
@@ -455,12 +463,13 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	*rl = relay{
 		s: s, rs: rs, up: up,
 		buf: rs.rbuf, pending: first,
-		sse:     sse,
-		idle:    rs.call.idle,
-		total:   rs.call.total,
-		client:  ctx.Conn(),
-		wto:     s.flags.ClientWriteTimeout,
-		outcome: outcome,
+		sse:      sse,
+		judgeEnd: judge,
+		idle:     rs.call.idle,
+		total:    rs.call.total,
+		client:   ctx.Conn(),
+		wto:      s.flags.ClientWriteTimeout,
+		outcome:  outcome,
 	}
 	if rs.proto.relaying {
 		rl.st = &rs.proto // the relay transforms the answer (protocols.go)
@@ -502,6 +511,26 @@ func eventStream(ct []byte) bool {
 	const es = "text/event-stream"
 	return len(ct) == 0 || len(ct) >= len(es) && eqFold(ct[:len(es)], es)
 }
+
+// namesEventStream reports a Content-Type that names an event stream.
+func namesEventStream(ct []byte) bool {
+	return len(ct) > 0 && eventStream(ct)
+}
+
+// endJudged reports a close-delimited event stream whose end the router
+// can judge from its bytes (cutShort): its Content-Type names
+// text/event-stream (an engine that names none may have answered plain
+// JSON, whose end says nothing) and it is not content-encoded (a gzip
+// body's tail shows no data: [DONE]).
+func endJudged(up upResponse) bool {
+	if !up.closeDelimited() || !namesEventStream(up.contentType()) {
+		return false
+	}
+	ce := up.header(hdrContentEncoding)
+	return len(ce) == 0 || eqFold(ce, "identity")
+}
+
+var hdrContentEncoding = []byte("Content-Encoding")
 
 // statusOutcome is the breaker outcome of a response with status.
 func statusOutcome(status int) sched.Outcome {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -986,17 +987,26 @@ func TestAStreamCommitsOnItsFirstEventNotAComment(t *testing.T) {
 		name  string
 		first string
 		stall bool
+		// http10: the stream is close-delimited, so the engine's close
+		// looks like an end, not a cut.
+		http10 bool
 	}{
-		{"comment then a crash", ": keep-alive\n\n", false},
-		{"half an event then a crash", "data: {\"i\"", false},
-		{"comment then a stall", ": keep-alive\n\n", true},
+		{"comment then a crash", ": keep-alive\n\n", false, false},
+		{"half an event then a crash", "data: {\"i\"", false, false},
+		{"comment then a stall", ": keep-alive\n\n", true, false},
+		{"http/1.0: comment then a close", ": keep-alive\n\n", false, true},
+		{"http/1.0: half an event then a close", "data: {\"i\"", false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			release := make(chan struct{})
 			defer close(release)
 			bad := startRaw(t, func(n int, req string, c net.Conn) {
-				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
-				fmt.Fprintf(c, "%x\r\n%s\r\n", len(tc.first), tc.first)
+				if tc.http10 {
+					c.Write([]byte("HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + tc.first))
+				} else {
+					c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+					fmt.Fprintf(c, "%x\r\n%s\r\n", len(tc.first), tc.first)
+				}
 				if tc.stall {
 					select {
 					case <-release:
@@ -1005,7 +1015,9 @@ func TestAStreamCommitsOnItsFirstEventNotAComment(t *testing.T) {
 				} else {
 					time.Sleep(30 * time.Millisecond)
 				}
-				c.(*net.TCPConn).SetLinger(0)
+				if !tc.http10 { // (a close-delimited body ends at a clean close)
+					c.(*net.TCPConn).SetLinger(0)
+				}
 				c.Close()
 			})
 			cfg := config.Default()
@@ -1022,6 +1034,45 @@ func TestAStreamCommitsOnItsFirstEventNotAComment(t *testing.T) {
 			}
 			if bad.conns.Load() == 0 {
 				t.Fatal("the misbehaving worker was never tried")
+			}
+		})
+	}
+}
+
+// A close-delimited answer whose end says nothing about completeness is
+// not judged cut at the engine's close: a plain JSON answer to a stream
+// request with no Content-Type, a gzip-encoded event stream (its tail
+// shows no data: [DONE]). Both reach the client whole, and the worker is
+// not blamed.
+func TestACloseDelimitedAnswerThatIsNotAPlainEventStreamEndsAtTheClose(t *testing.T) {
+	const chunk = "data: {\"i\":0}\n\ndata: [DONE]\n\n"
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write([]byte(chunk))
+	zw.Close()
+	const json = `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`
+	for _, tc := range []struct {
+		name, head, body, want string
+	}{
+		{"json without a content-type", "HTTP/1.0 200 OK\r\n\r\n", json, json},
+		{"gzip-encoded event stream", "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n\r\n", gz.String(), chunk},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := startRaw(t, func(n int, req string, c net.Conn) {
+				c.Write([]byte(tc.head + tc.body))
+				c.Close()
+			})
+			f := defaultFlags()
+			f.RequestMaxRetries = 0
+			f.BreakerFailureThreshold = 1
+			r := startRouter(t, f, nil, up.url)
+			before := midStreamErrors()
+			code, b := post(t, r.url+"/v1/chat/completions", streamBody)
+			if code != 200 || b != tc.want || midStreamErrors() != before {
+				t.Fatalf("a whole answer became %d %q", code, b)
+			}
+			if st := r.fl.Get("w0").Breaker.State(); st != fleet.BreakerClosed {
+				t.Fatalf("the worker was blamed: breaker %d", st)
 			}
 		})
 	}

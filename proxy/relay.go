@@ -28,11 +28,14 @@ type relay struct {
 	upEOF   bool
 	failed  *failure
 	sse     bool
-	idle    time.Duration
-	total   time.Time
-	client  net.Conn
-	wto     time.Duration
-	outcome sched.Outcome // at a clean end of the body
+	// judgeEnd: a close-delimited event stream whose end the relay judges
+	// (endJudged, cutShort).
+	judgeEnd bool
+	idle     time.Duration
+	total    time.Time
+	client   net.Conn
+	wto      time.Duration
+	outcome  sched.Outcome // at a clean end of the body
 	// tail holds the last bytes sent (ntail of them): the SSE framing of
 	// an error event, and whether a broken stream had already ended.
 	tail  [tailLen]byte
@@ -334,12 +337,14 @@ var errCutBeforeEnd = errors.New("the worker closed its stream before the stream
 // protocol's end (OpenAI's data: [DONE], Anthropic's message_stop), with
 // last, what the end of the body still sends. That close is how a crashed
 // or killed engine looks, where a chunked or sized body would have said it
-// was cut: it is a broken stream, not a complete one. A converted stream's
+// was cut: it is a broken stream, not a complete one. Only a stream that
+// names text/event-stream and is not content-encoded is judged (endJudged).
+// A converted stream's
 // converter judges its own end (convFailed); a passthrough Responses
 // stream ends with an event type the tail does not show, so it is taken as
 // complete.
 func (r *relay) cutShort(last []byte) bool {
-	if !r.sse || !r.up.closeDelimited() || r.st != nil && r.st.conv != nil {
+	if !r.judgeEnd || r.st != nil && r.st.conv != nil {
 		return false
 	}
 	if r.rs.proto.api == protocol.Responses {
@@ -481,8 +486,12 @@ func (r *relay) readStaged(p []byte) (int, error) {
 		}
 		err = r.brokeAfterEnd(err)
 		if err == io.EOF {
-			if r.pending = r.st.finish(r.pending); r.cutShort(r.pending) {
+			// What the end still sends; on a cut, the half event a stage
+			// held back is dropped, as WriteTo drops it.
+			if rest := r.st.finish(r.pending); r.cutShort(rest) {
 				err = errCutBeforeEnd
+			} else {
+				r.pending = rest
 			}
 		}
 		switch {
