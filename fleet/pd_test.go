@@ -78,3 +78,58 @@ func TestViewCountsPDWorkersAndBootstrapChangesReplaceTheWorker(t *testing.T) {
 		t.Fatalf("PD=%d with the decode draining, want 1", n)
 	}
 }
+
+// HandoffFailed blames the side of a failed PD handoff the workers' last
+// handoffs point at, and the decode worker when nothing does.
+func TestHandoffFailedBlamesTheSideTheLastHandoffsPointAt(t *testing.T) {
+	var serial uint32
+	w := func() *Worker { serial++; return &Worker{Serial: serial} }
+	t.Run("a prefill worker failing two decode workers in a row is blamed, until a handoff of its is taken", func(t *testing.T) {
+		p, d0, d1, d2 := w(), w(), w(), w()
+		if HandoffFailed(p, d0) {
+			t.Fatal("a first failure, with no evidence, blamed the prefill worker")
+		}
+		if !HandoffFailed(p, d1) {
+			t.Fatal("blamed the second decode worker in a row to fail the prefill worker's KV")
+		}
+		if !HandoffFailed(p, d2) {
+			t.Fatal("a blamed prefill worker's next failed handoff blamed the decode worker")
+		}
+		HandoffTaken(p, d0)
+		if HandoffFailed(p, d1) {
+			t.Fatal("the blame outlived a handoff that was taken")
+		}
+	})
+	t.Run("a decode worker failing two prefill workers' KV in a row is blamed", func(t *testing.T) {
+		p0, p1, d := w(), w(), w()
+		if HandoffFailed(p0, d) || HandoffFailed(p1, d) {
+			t.Fatal("a decode worker failing two prefill workers' handoffs was not blamed")
+		}
+		p2 := w()
+		if HandoffFailed(p2, d) {
+			t.Fatal("a blamed decode worker's next failure blamed the prefill worker")
+		}
+	})
+	t.Run("a prefill worker whose last handoff was taken is not blamed", func(t *testing.T) {
+		p, d0, d1 := w(), w(), w()
+		HandoffTaken(p, d0)
+		if HandoffFailed(p, d1) {
+			t.Fatal("blamed the prefill worker whose last handoff was taken")
+		}
+	})
+	t.Run("a decode worker whose last handoff was taken blames the prefill worker", func(t *testing.T) {
+		p0, p1, d := w(), w(), w()
+		HandoffTaken(p0, d)
+		if !HandoffFailed(p1, d) {
+			t.Fatal("blamed the decode worker whose last handoff was taken")
+		}
+	})
+	t.Run("the same pair failing again with no other handoff blames the decode worker", func(t *testing.T) {
+		p, d := w(), w()
+		for i := 0; i < 3; i++ {
+			if HandoffFailed(p, d) {
+				t.Fatalf("failure %d blamed the prefill worker", i)
+			}
+		}
+	})
+}

@@ -118,6 +118,82 @@ type Worker struct {
 
 	// Prompt and cached tokens of the answers' reported usage.
 	usagePrompt, usageCached atomic.Int64
+
+	// handoff is the worker's record of its last PD KV handoff
+	// (HandoffFailed): handoffNone, handoffTaken, handoffBlamed, or the
+	// peer's Serial+2 when it failed with that peer.
+	handoff atomic.Uint64
+}
+
+// Handoff records (Worker.handoff).
+const (
+	handoffNone   = 0
+	handoffTaken  = 1
+	handoffBlamed = ^uint64(0)
+)
+
+// HandoffFailed records that decode worker d answered 5xx to a request
+// whose KV prefill worker p had handed off, and reports which of them is
+// blamed: p (true) or d (false). Either may be at fault (d's engine, or a
+// KV endpoint of p that d cannot reach), so the records of both workers'
+// last handoffs decide:
+//
+//  1. p's last handoff failed with another decode worker (or p is already
+//     blamed): p is blamed, and stays blamed until a handoff of its is
+//     taken;
+//  2. the same for d and another prefill worker: d is blamed;
+//  3. p's last handoff was taken: d is blamed;
+//  4. d's last handoff was taken: p is blamed;
+//  5. no evidence (a first failure, or the same pair failing again with no
+//     other handoff through either): d is blamed, as for a request that is
+//     not disaggregated.
+//
+// So a prefill engine whose KV endpoint cannot be reached trips its own
+// breaker instead of every healthy decode worker's, and a sick decode
+// engine still trips its own.
+func HandoffFailed(p, d *Worker) (prefillBlamed bool) {
+	pl, dl := p.handoff.Load(), d.handoff.Load()
+	failedElsewhere := func(rec uint64, peer *Worker) bool {
+		return rec == handoffBlamed || rec > handoffTaken && rec != uint64(peer.Serial)+2
+	}
+	switch {
+	case failedElsewhere(pl, d):
+		prefillBlamed = true
+		p.handoff.Store(handoffBlamed)
+		d.handoffFailed(p)
+	case failedElsewhere(dl, p):
+		d.handoff.Store(handoffBlamed)
+		p.handoffFailed(d)
+	case pl == handoffTaken:
+		p.handoffFailed(d)
+		d.handoffFailed(p)
+	case dl == handoffTaken:
+		prefillBlamed = true
+		p.handoffFailed(d)
+		d.handoffFailed(p)
+	default:
+		p.handoffFailed(d)
+		d.handoffFailed(p)
+	}
+	return prefillBlamed
+}
+
+// handoffFailed records a failed handoff with peer, unless w is blamed.
+func (w *Worker) handoffFailed(peer *Worker) {
+	if w.handoff.Load() != handoffBlamed {
+		w.handoff.Store(uint64(peer.Serial) + 2)
+	}
+}
+
+// HandoffTaken records that decode worker d took prefill worker p's KV
+// (its answer began): both records start over.
+func HandoffTaken(p, d *Worker) {
+	if p.handoff.Load() != handoffTaken {
+		p.handoff.Store(handoffTaken)
+	}
+	if d.handoff.Load() != handoffTaken {
+		d.handoff.Store(handoffTaken)
+	}
 }
 
 // Draining reports whether the worker is draining (no new requests).

@@ -208,43 +208,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 		}
 		// Read the first bytes before committing, so a failure before
 		// the first byte can still go to another worker.
-		n, rerr := up.read(rs.rbuf)
-		// A non-streamed answer that fits the buffer is read whole
-		// before its head is committed: an engine that breaks it off (a
-		// body shorter than its Content-Length, a bad chunk) gets the
-		// client a 502 in its error shape, not a cut connection.
-		//
-		// So is a successful answer to a stream request that is not an
-		// event stream (an engine that answered plain JSON).
-		whole := !rs.sreq.Stream || status < 400 && !eventStream(up.contentType())
-		for whole && rerr == nil && n > 0 && n < len(rs.rbuf) {
-			var m int
-			m, rerr = up.read(rs.rbuf[n:])
-			n += m
-		}
-		// A stream commits on its first whole event: SSE comments (an
-		// engine's keep-alive) and half an event are not the first packet,
-		// so an engine that sends them and then dies or stalls past
-		// stream_first_packet_s can still be retried elsewhere.
-		for !whole && status < 400 && rerr == nil && n < len(rs.rbuf) && !hasEvent(rs.rbuf[:n]) {
-			if c.idle > 0 && n > 0 { // bytes came: stream_idle_s bounds the wait for more, as after the commit
-				dl := time.Now().Add(c.idle)
-				if !c.firstByte.IsZero() && c.firstByte.Before(dl) {
-					dl = c.firstByte
-				}
-				up.setReadDeadline(dl)
-			}
-			var m int
-			m, rerr = up.read(rs.rbuf[n:])
-			n += m
-		}
-		if rerr == io.EOF && !whole && status < 400 && endJudged(up) && !hasEvent(rs.rbuf[:n]) {
-			// A close-delimited stream that ended before its first event
-			// (a keep-alive, half an event, then the engine's close) is
-			// how a crashed engine looks: nothing reached the client, so
-			// another worker may take the request.
-			rerr = errCutBeforeEnd
-		}
+		n, rerr := readFirst(rs, c, up, status)
 		if rerr == nil || rerr == io.EOF {
 			s.live.remove(rs)
 			rs.lease.FirstToken()
@@ -258,10 +222,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 		// answer broken off part-way is an invalid response, and another
 		// worker may take the request (it was a broken stream, not
 		// retried, though the client had seen none of it).
-		f = up.readFailure(rerr, false)
-		if f.kind != failCanceled && !c.total.IsZero() && isTimeout(rerr) && !time.Now().Before(c.total) {
-			f = fail(failWallClock, rerr) // the request's own cap, not the worker (as the relay has it)
-		}
+		f = firstReadFailure(c, up, rerr)
 		c.cancel.unset() // first: an abort must not reach the recycled connection's next user
 		up.finish(false)
 	}
@@ -278,6 +239,61 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 		return attemptStop
 	}
 	return attemptFailed
+}
+
+// readFirst reads an answer's first bytes into rs.rbuf before its head is
+// committed to the client, so that a failure before them can still go to
+// another worker (the mixed dispatch's attempt and the PD decode legs).
+// An error other than io.EOF means nothing usable came: classify it with
+// firstReadFailure.
+func readFirst(rs *reqState, c *call, up upResponse, status int) (int, error) {
+	n, rerr := up.read(rs.rbuf)
+	// A non-streamed answer that fits the buffer is read whole
+	// before its head is committed: an engine that breaks it off (a
+	// body shorter than its Content-Length, a bad chunk) gets the
+	// client a 502 in its error shape, not a cut connection.
+	//
+	// So is a successful answer to a stream request that is not an
+	// event stream (an engine that answered plain JSON).
+	whole := !rs.sreq.Stream || status < 400 && !eventStream(up.contentType())
+	for whole && rerr == nil && n > 0 && n < len(rs.rbuf) {
+		var m int
+		m, rerr = up.read(rs.rbuf[n:])
+		n += m
+	}
+	// A stream commits on its first whole event: SSE comments (an
+	// engine's keep-alive) and half an event are not the first packet,
+	// so an engine that sends them and then dies or stalls past
+	// stream_first_packet_s can still be retried elsewhere.
+	for !whole && status < 400 && rerr == nil && n < len(rs.rbuf) && !hasEvent(rs.rbuf[:n]) {
+		if c.idle > 0 && n > 0 { // bytes came: stream_idle_s bounds the wait for more, as after the commit
+			dl := time.Now().Add(c.idle)
+			if !c.firstByte.IsZero() && c.firstByte.Before(dl) {
+				dl = c.firstByte
+			}
+			up.setReadDeadline(dl)
+		}
+		var m int
+		m, rerr = up.read(rs.rbuf[n:])
+		n += m
+	}
+	if rerr == io.EOF && !whole && status < 400 && endJudged(up) && !hasEvent(rs.rbuf[:n]) {
+		// A close-delimited stream that ended before its first event
+		// (a keep-alive, half an event, then the engine's close) is
+		// how a crashed engine looks: nothing reached the client, so
+		// another worker may take the request.
+		rerr = errCutBeforeEnd
+	}
+	return n, rerr
+}
+
+// firstReadFailure classifies an error of readFirst.
+func firstReadFailure(c *call, up upResponse, rerr error) *failure {
+	f := up.readFailure(rerr, false)
+	if f.kind != failCanceled && !c.total.IsZero() && isTimeout(rerr) && !time.Now().Before(c.total) {
+		f = fail(failWallClock, rerr) // the request's own cap, not the worker (as the relay has it)
+	}
+	return f
 }
 
 // refusesGateway reports the statuses by which an upstream refuses the
@@ -322,6 +338,14 @@ func (s *Server) answerFailed(ctx *fasthttp.RequestCtx, rs *reqState, res *tries
 // when to come back (Retry-After; Retry-After-Ms, which the OpenAI and
 // Anthropic SDKs read first) and whether to (X-Should-Retry).
 var retryHeaders = [...][]byte{[]byte("Retry-After"), []byte("Retry-After-Ms"), []byte("X-Should-Retry")}
+
+// stashRetry keeps an error answer's retryHeaders in dst: an engine's 429
+// or 503 says when (and whether) to come back.
+func stashRetry(dst *[len(retryHeaders)][]byte, up upResponse) {
+	for i, name := range retryHeaders {
+		dst[i] = append(dst[i][:0], up.header(name)...)
+	}
+}
 
 // relayStashed answers with the error answer stashed in rs (stashAnswer),
 // in the client's protocol (protocols.go).
@@ -377,9 +401,7 @@ func (rs *reqState) stashAnswer(up upResponse, status int, slot *abortSlot) {
 	if err == io.EOF && len(b) > 0 {
 		rs.errStatus = status
 		rs.errType = append(rs.errType[:0], up.contentType()...)
-		for i, name := range retryHeaders { // an engine's 429 or 503 says when (and whether) to come back
-			rs.errRetry[i] = append(rs.errRetry[i][:0], up.header(name)...)
-		}
+		stashRetry(&rs.errRetry, up)
 		up.finish(slot.unset())
 		return
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/broker"
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/sched"
 	"github.com/valyala/fasthttp"
 )
@@ -86,9 +87,14 @@ type pdDispatch struct {
 	// room: either may be the one that hangs. The attempt ends as a timeout
 	// held against neither worker, and the next attempt takes neither.
 	waited bool
+	// blamed: the decode leg answered 5xx before the prefill leg ended, and
+	// the handoff records blame the prefill worker (fleet.HandoffFailed):
+	// the prefill leg, stopped, ends as a fault.
+	blamed bool
 	// The prefill's error answer (status >= 400), relayed when it is final.
 	errStatus        int
 	errBody, errType []byte
+	errRetry         [len(retryHeaders)][]byte
 	done             chan struct{} // the prefill goroutine ended (capacity 1)
 }
 
@@ -392,14 +398,19 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		if f == nil {
 			status = up.status()
 			if status < 500 && status != fasthttp.StatusTooManyRequests {
-				n, rerr := up.read(rs.rbuf)
-				if n > 0 || rerr == nil || rerr == io.EOF {
+				// The answer commits as the mixed dispatch's does: whole, or
+				// on its first event (a keep-alive is no answer yet).
+				n, rerr := readFirst(rs, c, up, status)
+				if rerr == nil || rerr == io.EOF {
 					// The decode engine has the KV: the transfer is over.
 					p.pl.Done(sched.OutcomeSuccess)
+					if status < 400 {
+						fleet.HandoffTaken(p.pl.Worker, rs.lease.Worker)
+					}
 					s.pdCommit(ctx, cfg, rs, p, up, n, rerr == io.EOF, res)
 					return
 				}
-				f = up.readFailure(rerr, false)
+				f = firstReadFailure(c, up, rerr)
 				c.cancel.unset() // first: an abort must not reach the recycled connection's next user
 				up.finish(false)
 			} else {
@@ -407,7 +418,16 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 				f = &failure{kind: failStatus, status: status}
 			}
 		}
-		s.decodeFailed(rs, f, status)
+		if status >= 500 && fleet.HandoffFailed(p.pl.Worker, rs.lease.Worker) {
+			// The handoff records blame the prefill worker's KV, not
+			// this decode worker.
+			rs.lease.Done(sched.OutcomeNeutral)
+			p.pl.Done(sched.OutcomeFault)
+			mUpstreamErr.Inc()
+			r.Tried = append(r.Tried, p.pl.Worker.Idx)
+		} else {
+			s.decodeFailed(rs, f, status)
+		}
 		r.Tried = append(r.Tried, rs.lease.Worker.Idx)
 		if !o.failed(sched.LegDecode, f, c.cancel.wasAborted() || f.kind == failCanceled) {
 			p.pl.Done(sched.OutcomeNeutral)
@@ -515,6 +535,9 @@ func (s *Server) pullPrefill(cfg *config.Config, rs *reqState, p *pdDispatch, to
 		}
 		return f
 	}
+	if status >= 400 {
+		stashRetry(&rs.errRetry, up) // this answer's, not an earlier decode answer's
+	}
 	if !c.cancel.unset() {
 		// The client left while the answer was read: its connection is closed.
 		up.finish(false)
@@ -554,7 +577,9 @@ func (s *Server) pullPrefill(cfg *config.Config, rs *reqState, p *pdDispatch, to
 		mPDNoKVParams.Inc()
 	}
 	p.kvp = append(p.kvp[:0], kvp...)
-	p.pl.Verdict(sched.OutcomeSuccess) // the prefill worker did its part; the lease ends at the transfer
+	// The lease ends at the transfer, with its verdict: a handoff that
+	// decode workers cannot take is the prefill worker's fault
+	// (fleet.HandoffFailed).
 	return nil
 }
 
@@ -647,7 +672,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		c.body = dbody
 		p.mu.Lock()
 		p.committed, p.pfail, p.dcall, p.errStatus = false, nil, c, 0
-		p.ended, p.waited = false, false
+		p.ended, p.waited, p.blamed = false, false, false
 		p.mu.Unlock()
 		p.refs.Add(1)
 		go p.pushPrefill()
@@ -657,12 +682,14 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		if f == nil {
 			status = up.status()
 			if status < 500 && status != fasthttp.StatusTooManyRequests {
+				// The answer commits as the mixed dispatch's does: whole, or
+				// on its first event (a keep-alive is no answer yet).
 				var rerr error
-				n, rerr = up.read(rs.rbuf)
-				if ok = n > 0 || rerr == nil || rerr == io.EOF; ok {
+				n, rerr = readFirst(rs, c, up, status)
+				if ok = rerr == nil || rerr == io.EOF; ok {
 					eof = rerr == io.EOF
 				} else {
-					f = up.readFailure(rerr, false)
+					f = firstReadFailure(c, up, rerr)
 				}
 			}
 		}
@@ -677,8 +704,17 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		if !committed && f != nil && f.kind == failTimeout && !p.ended {
 			p.waited = true
 		}
+		// A decode 5xx while the prefill leg still waits to push its KV:
+		// either worker may be at fault; the handoff records decide
+		// (fleet.HandoffFailed).
+		blamed := !committed && f == nil && status >= 500 && !p.ended &&
+			fleet.HandoffFailed(p.pl.Worker, rs.lease.Worker)
+		p.blamed = blamed
 		p.mu.Unlock()
 		if committed {
+			if status >= 200 && status <= 299 {
+				fleet.HandoffTaken(p.pl.Worker, rs.lease.Worker)
+			}
 			if status < 200 || status > 299 {
 				// The decode engine refused the request (its answer is the
 				// client's): it never joins the room, so the prefill leg
@@ -729,6 +765,9 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 				rs.errStatus = p.errStatus
 				rs.errBody = append(rs.errBody[:0], p.errBody...)
 				rs.errType = append(rs.errType[:0], p.errType...)
+				for i := range p.errRetry {
+					rs.errRetry[i] = append(rs.errRetry[i][:0], p.errRetry[i]...)
+				}
 				s.relayStashed(ctx, rs)
 				res.committed = true
 				return
@@ -739,7 +778,13 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 				rs.errStatus = p.errStatus
 				rs.errBody = append(rs.errBody[:0], p.errBody...)
 				rs.errType = append(rs.errType[:0], p.errType...)
+				for i := range p.errRetry {
+					rs.errRetry[i] = append(rs.errRetry[i][:0], p.errRetry[i]...)
+				}
 			}
+		} else if blamed {
+			rs.lease.Done(sched.OutcomeNeutral) // the prefill leg took the fault (pushPrefill)
+			r.Tried = append(r.Tried, rs.lease.Worker.Idx, p.pl.Worker.Idx)
 		} else {
 			s.decodeFailed(rs, f, status)
 			r.Tried = append(r.Tried, rs.lease.Worker.Idx)
@@ -784,6 +829,7 @@ func (p *pdDispatch) pushPrefill() {
 				p.errStatus = status
 				p.errBody = append(p.errBody[:0], body...)
 				p.errType = append(p.errType[:0], up.contentType()...)
+				stashRetry(&p.errRetry, up)
 				p.mu.Unlock()
 			}
 			alive := p.pc.cancel.unset()
@@ -794,6 +840,16 @@ func (p *pdDispatch) pushPrefill() {
 				p.pl.FirstToken()
 			}
 			for err == nil {
+				// After its first bytes the leg is bounded as a stream is,
+				// by stream_idle_s (prefill_timeout_s only bounds the wait
+				// for them, and may be 0).
+				if p.pc.idle > 0 {
+					dl := time.Now().Add(p.pc.idle)
+					if !p.pc.total.IsZero() && p.pc.total.Before(dl) {
+						dl = p.pc.total
+					}
+					up.setReadDeadline(dl)
+				}
 				_, err = up.read(p.buf)
 			}
 			if err == io.EOF {
@@ -811,9 +867,14 @@ func (p *pdDispatch) pushPrefill() {
 	}
 	p.mu.Lock()
 	p.ended = true
-	waited := p.waited
+	waited, blamed := p.waited, p.blamed
 	p.mu.Unlock()
-	if waited && f != nil && p.pc.cancel.wasAborted() {
+	if blamed && f != nil && f.kind == failCanceled {
+		// Stopped because a decode worker could not take its KV, and the
+		// handoff records blame this worker (pdPush).
+		outcome = sched.OutcomeFault
+		mUpstreamErr.Inc()
+	} else if waited && f != nil && p.pc.cancel.wasAborted() {
 		// Neither leg can be blamed (see pdDispatch.waited): a timeout, on
 		// no breaker.
 		f = fail(failTimeout, errDecodeWaited)

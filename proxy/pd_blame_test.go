@@ -3,7 +3,9 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -195,6 +197,320 @@ func TestPDAClientLeavingIsNoLegFailure(t *testing.T) {
 			after := [2]uint64{mPDLegFailures[sched.LegPrefill].Get(), mPDLegFailures[sched.LegDecode].Get()}
 			if after != before {
 				t.Fatalf("leg failures (prefill, decode) went from %v to %v for a client that left", before, after)
+			}
+		})
+	}
+}
+
+// A PD decode answer that breaks after its head (non-stream) or after an
+// SSE comment (stream) is retried on another decode worker, as the mixed
+// dispatch retries: it used to commit on its first byte, and the client got
+// a cut 200.
+func TestPDDecodeAnswerBrokenBeforeItsFirstEventIsRetried(t *testing.T) {
+	for _, mode := range []string{"vllm", "sglang"} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/stream=%v", mode, stream), func(t *testing.T) {
+				var pl legLog
+				var ok atomic.Int32
+				var p string
+				if mode == "vllm" {
+					p = startUpstream(t, vllmPrefill(&pl, "e", &ok)).url
+				} else {
+					p = startUpstream(t, okHandler).url
+				}
+				bad := startRaw(t, func(n int, req string, c net.Conn) {
+					if stream {
+						c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+						fmt.Fprintf(c, "%x\r\n%s\r\n", len(": keep-alive\n\n"), ": keep-alive\n\n")
+					} else {
+						c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"choices\""))
+					}
+					time.Sleep(30 * time.Millisecond)
+					c.(*net.TCPConn).SetLinger(0)
+					c.Close()
+				})
+				good := startUpstream(t, decodeEngine(&legLog{}, "", &ok))
+				f := defaultFlags()
+				f.RequestMaxRetries = 1
+				f.RouterPolicy = "round-robin"
+				r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) {
+					c.PD.Mode = mode
+					c.PD.DecodePolicy = "round-robin"
+				}), pdWorker("p", p, "prefill", ""), pdWorker("d0", bad.url, "decode", ""), pdWorker("d1", good.url, "decode", ""))
+				body := chatBody
+				if stream {
+					body = streamBody
+				}
+				for i := 0; i < 2; i++ {
+					code, b := postNoFail(r.url+"/v1/chat/completions", body, 5*time.Second)
+					if code != 200 || (stream && (strings.Contains(b, "error") || !strings.HasSuffix(b, "data: [DONE]\n\n"))) || (!stream && b != okJSON) {
+						t.Fatalf("request %d: %d %q; want the good decode worker's answer", i, code, b)
+					}
+				}
+				if bad.conns.Load() == 0 {
+					t.Fatal("the broken decode worker was never tried")
+				}
+			})
+		}
+	}
+}
+
+// postNoFail posts and returns the status and what of the body arrived
+// (a read error is appended, not fatal).
+func postNoFail(url, body string, d time.Duration) (int, string) {
+	c := &fasthttp.Client{ReadTimeout: d, WriteTimeout: d}
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(url)
+	req.Header.SetMethod("POST")
+	req.Header.SetContentType("application/json")
+	req.SetBodyString(body)
+	if err := c.DoTimeout(req, resp, d); err != nil {
+		return -1, "ERR: " + err.Error()
+	}
+	return resp.StatusCode(), string(resp.Body())
+}
+
+// SGLang, pd.prefill_timeout_s 0, a stream: the prefill engine sends its
+// head and a first chunk, then goes quiet while the decode leg answers the
+// client in full. stream_idle_s bounds the prefill leg's reads after its
+// first bytes, so its lease ends; before, it was held until the engine
+// closed the connection.
+func TestPDSGLangPrefillLegQuietAfterTheCommitEndsOnStreamIdle(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	p := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+		ev := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"
+		fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+		select {
+		case <-release:
+		case <-time.After(5 * time.Second):
+		}
+	})
+	var ok atomic.Int32
+	d := startUpstream(t, decodeEngine(&legLog{}, "bootstrap_room", &ok))
+	r := startPDRouter(t, nil, pdConfig(t, func(c *config.Config) {
+		c.PD.Mode = "sglang"
+		c.PD.PrefillTimeoutSeconds = 0
+		c.Timeouts.StreamIdleSeconds = 0.3
+		c.Timeouts.StreamFirstPacketSeconds = 0.3
+	}), pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+	code, b := postWithin(t, r.url+"/v1/chat/completions", streamBody, 5*time.Second)
+	if code != 200 || !strings.HasSuffix(b, "data: [DONE]\n\n") {
+		t.Fatalf("%d %q", code, b)
+	}
+	w := r.fl.View().ByID([]byte("p"))
+	if !holdsWithin(2*time.Second, func() bool { return w.Load.Requests.Load() == 0 }) {
+		t.Fatalf("the prefill leg, quiet for 2 s with stream_idle_s 0.3, still holds its lease (requests %d)", w.Load.Requests.Load())
+	}
+}
+
+// SGLang. Prefill worker p0's bootstrap server cannot be reached (a wrong
+// bootstrap_port in its record, or its KV server died while its HTTP API
+// lives): every decode engine paired with it fails at once with a 500,
+// while p0 waits for a decode engine to join the room. Once two decode
+// workers in a row failed p0's handoffs, p0 is blamed: its breaker opens,
+// the healthy decode workers' stay closed. Before, the decode workers took
+// every fault and p0 none.
+func TestPDSGLangUnreachableBootstrapBlamesThePrefillWorkerNotTheDecodeWorkers(t *testing.T) {
+	sp := newSGLangRooms()
+	defer sp.stop()
+	var ok atomic.Int32
+	badP := startUpstream(t, hangUntilClosed)
+	goodP := startUpstream(t, sp.prefill(&legLog{}, &ok))
+	dec := sp.decode(&legLog{}, &ok)
+	decode := func(ctx *fasthttp.RequestCtx) {
+		if strings.Contains(string(ctx.PostBody()), `"bootstrap_port":1111`) {
+			ctx.SetStatusCode(500)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"error":{"message":"KV transfer failed: bootstrap_room 1: cannot reach the prefill engine's KV server","type":"server_error"}}`)
+			return
+		}
+		dec(ctx)
+	}
+	// Three decode workers to two prefill workers, both round-robin: p0
+	// meets every decode worker in turn. (Two and two would pair p0 with
+	// the same decode worker every time, where nothing tells them apart:
+	// the decode worker is blamed, fleet.HandoffFailed's rule 5.)
+	d0 := startUpstream(t, decode)
+	d1 := startUpstream(t, decode)
+	d2 := startUpstream(t, decode)
+	f := defaultFlags()
+	f.BreakerFailureThreshold = 2
+	f.RequestMaxRetries = 2
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) {
+		c.PD.Mode = "sglang"
+		c.PD.DecodePolicy = "round-robin"
+	}),
+		pdWorker("p0", badP.url, "prefill", `{"pd_mode":"sglang","bootstrap_port":1111}`),
+		pdWorker("p1", goodP.url, "prefill", `{"pd_mode":"sglang","bootstrap_port":8998}`),
+		pdWorker("d0", d0.url, "decode", ""), pdWorker("d1", d1.url, "decode", ""), pdWorker("d2", d2.url, "decode", ""))
+	for i := 0; i < 10; i++ {
+		if code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 5*time.Second); code != 200 {
+			t.Fatalf("request %d: %d %s (a retry on another pair should have served it)", i, code, b)
+		}
+	}
+	noLoadLeft(t, r.fl)
+	v := r.fl.View()
+	for _, id := range []string{"d0", "d1", "d2"} {
+		if st := v.ByID([]byte(id)).Breaker.State(); st != fleet.BreakerClosed {
+			t.Errorf("healthy decode worker %s blamed for p0's unreachable KV server: breaker %v", id, st)
+		}
+	}
+	if _, pf := v.ByID([]byte("p0")).Counts(); pf == 0 || v.ByID([]byte("p0")).Breaker.State() == fleet.BreakerClosed {
+		t.Fatalf("p0, whose KV server cannot be reached, was not blamed: %d faults, breaker %v", pf, v.ByID([]byte("p0")).Breaker.State())
+	}
+}
+
+// The vLLM counterpart: prefill worker p0 answers kv_transfer_params naming
+// a side channel the decode engines cannot reach; each decode engine fails
+// the read with a 500. p0 takes the faults, not the healthy decode
+// workers (it used to be credited a success for each).
+func TestPDVLLMUnreachableSideChannelBlamesThePrefillWorkerNotTheDecodeWorkers(t *testing.T) {
+	var ok atomic.Int32
+	bad := func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"cmpl-1","choices":[{"index":0,"message":{"role":"assistant","content":"a"},"finish_reason":"length"}],` +
+			`"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[[1]],"remote_engine_id":"bad","remote_request_id":"cmpl-1","remote_host":"10.9.9.9","remote_port":5600}}`)
+	}
+	badP := startUpstream(t, bad)
+	goodP := startUpstream(t, vllmPrefill(&legLog{}, "good", &ok))
+	decode := func(ctx *fasthttp.RequestCtx) {
+		if strings.Contains(string(ctx.PostBody()), `10.9.9.9`) {
+			ctx.SetStatusCode(500)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"error":{"message":"KV transfer failed: cannot reach the prefill engine's side channel","type":"server_error"}}`)
+			return
+		}
+		decodeEngine(&legLog{}, "kv_transfer_params", &ok)(ctx)
+	}
+	d0 := startUpstream(t, decode)
+	d1 := startUpstream(t, decode)
+	f := defaultFlags()
+	f.BreakerFailureThreshold = 2
+	f.RequestMaxRetries = 2
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) {
+		c.PD.Mode = "vllm"
+		c.PD.DecodePolicy = "round-robin"
+	}),
+		pdWorker("p0", badP.url, "prefill", ""), pdWorker("p1", goodP.url, "prefill", ""),
+		pdWorker("d0", d0.url, "decode", ""), pdWorker("d1", d1.url, "decode", ""))
+	for i := 0; i < 10; i++ {
+		postWithin(t, r.url+"/v1/chat/completions", chatBody, 5*time.Second)
+	}
+	noLoadLeft(t, r.fl)
+	v := r.fl.View()
+	p0 := v.ByID([]byte("p0"))
+	_, pf := p0.Counts()
+	_, f0 := v.ByID([]byte("d0")).Counts()
+	_, f1 := v.ByID([]byte("d1")).Counts()
+	// The first failure has no evidence either way (the decode worker is
+	// blamed); from the second on, p0's handoffs have failed two decode
+	// workers and p0 takes the faults.
+	if pf < 2 || f0+f1 > 1 || p0.Breaker.State() == fleet.BreakerClosed {
+		t.Fatalf("faults: p0 (bad side channel) %d (breaker %v), healthy d0 %d, d1 %d", pf, p0.Breaker.State(), f0, f1)
+	}
+	for _, id := range []string{"d0", "d1"} {
+		if st := v.ByID([]byte(id)).Breaker.State(); st != fleet.BreakerClosed {
+			t.Errorf("healthy decode worker %s blamed for p0's side channel: breaker %v", id, st)
+		}
+	}
+}
+
+// vLLM. The decode leg's 503 carried Retry-After; the retry's prefill leg
+// failed 500 without one, and that prefill answer, relayed as the last
+// failure, carries no Retry-After (it used to carry the decode worker's).
+func TestPDPrefillErrorIsRelayedWithItsOwnRetryAfter(t *testing.T) {
+	var ok atomic.Int32
+	var n atomic.Int32
+	good := vllmPrefill(&legLog{}, "e", &ok)
+	p := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if n.Add(1) == 1 {
+			good(ctx)
+			return
+		}
+		ctx.SetStatusCode(500)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"prefill broke","type":"server_error"}}`)
+	})
+	dec := func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(503)
+		ctx.Response.Header.Set("Retry-After", "30")
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"decode overloaded","type":"server_error"}}`)
+	}
+	d0, d1 := startUpstream(t, dec), startUpstream(t, dec)
+	f := defaultFlags()
+	f.RequestMaxRetries = 1
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) { c.PD.Mode = "vllm" }),
+		pdWorker("p", p.url, "prefill", ""), pdWorker("d0", d0.url, "decode", ""), pdWorker("d1", d1.url, "decode", ""))
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 500 || !strings.Contains(string(b), "prefill broke") {
+		t.Fatalf("the last failure, the prefill's answer, was not relayed: %d %s", resp.StatusCode, b)
+	}
+	if ra := resp.Header.Get("Retry-After"); ra != "" {
+		t.Fatalf("the prefill's answer was relayed with Retry-After %q, which the prefill engine never sent", ra)
+	}
+}
+
+// The other way round: a sick decode engine that answers 5xx to every
+// request, behind two healthy prefill workers, is blamed, not the prefill
+// workers whose KV it was handed: its handoffs fail with both prefill
+// workers (fleet.HandoffFailed's rule 2), and their own handoffs to the
+// healthy decode worker are taken.
+func TestPDSickDecodeWorkerIsBlamedNotThePrefillWorkers(t *testing.T) {
+	for _, mode := range []string{"vllm", "sglang"} {
+		t.Run(mode, func(t *testing.T) {
+			var ok atomic.Int32
+			var p0, p1 string
+			sp := newSGLangRooms()
+			defer sp.stop()
+			good := decodeEngine(&legLog{}, "kv_transfer_params", &ok)
+			if mode == "vllm" {
+				p0 = startUpstream(t, vllmPrefill(&legLog{}, "e0", &ok)).url
+				p1 = startUpstream(t, vllmPrefill(&legLog{}, "e1", &ok)).url
+			} else {
+				p0 = startUpstream(t, sp.prefill(&legLog{}, &ok)).url
+				p1 = startUpstream(t, sp.prefill(&legLog{}, &ok)).url
+				good = sp.decode(&legLog{}, &ok)
+			}
+			sick := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+				ctx.SetStatusCode(500)
+				ctx.SetContentType("application/json")
+				ctx.SetBodyString(`{"error":{"message":"CUDA error: an illegal memory access was encountered","type":"server_error"}}`)
+			})
+			d1 := startUpstream(t, good)
+			f := defaultFlags()
+			f.BreakerFailureThreshold = 2
+			f.RequestMaxRetries = 2
+			r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) {
+				c.PD.Mode = mode
+				c.PD.DecodePolicy = "round-robin"
+			}),
+				pdWorker("p0", p0, "prefill", `{"pd_mode":"`+mode+`","bootstrap_port":8998}`),
+				pdWorker("p1", p1, "prefill", `{"pd_mode":"`+mode+`","bootstrap_port":8998}`),
+				pdWorker("d0", sick.url, "decode", ""), pdWorker("d1", d1.url, "decode", ""))
+			for i := 0; i < 10; i++ {
+				if code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 5*time.Second); code != 200 {
+					t.Fatalf("request %d: %d %s", i, code, b)
+				}
+			}
+			noLoadLeft(t, r.fl)
+			v := r.fl.View()
+			if st := v.ByID([]byte("d0")).Breaker.State(); st == fleet.BreakerClosed {
+				t.Errorf("the sick decode worker's breaker stayed closed")
+			}
+			for _, id := range []string{"p0", "p1"} {
+				if _, pf := v.ByID([]byte(id)).Counts(); pf != 0 {
+					t.Errorf("healthy prefill worker %s blamed %d times for the sick decode worker", id, pf)
+				}
 			}
 		})
 	}
