@@ -124,6 +124,14 @@ func TestHandoffFailedBlamesTheSideTheLastHandoffsPointAt(t *testing.T) {
 			t.Fatal("blamed the decode worker whose last handoff was taken")
 		}
 	})
+	t.Run("both workers failing with others blames the decode worker", func(t *testing.T) {
+		p0, p1, d0, d1 := w(), w(), w(), w()
+		HandoffFailed(p0, d0)
+		HandoffFailed(p1, d1)
+		if HandoffFailed(p0, d1) {
+			t.Fatal("a decode tier failing as a whole blamed a prefill worker")
+		}
+	})
 	t.Run("the same pair failing again with no other handoff blames the decode worker", func(t *testing.T) {
 		p, d := w(), w()
 		for i := 0; i < 3; i++ {

@@ -139,13 +139,14 @@ const (
 // last handoffs decide:
 //
 //  1. p's last handoff failed with another decode worker (or p is already
-//     blamed): p is blamed, and stays blamed until a handoff of its is
-//     taken;
+//     blamed), and d's did not fail with another prefill worker: p is
+//     blamed, and stays blamed until a handoff of its is taken;
 //  2. the same for d and another prefill worker: d is blamed;
 //  3. p's last handoff was taken: d is blamed;
 //  4. d's last handoff was taken: p is blamed;
-//  5. no evidence (a first failure, or the same pair failing again with no
-//     other handoff through either): d is blamed, as for a request that is
+//  5. no evidence (a first failure, the same pair failing again with no
+//     other handoff through either, or both failing with others, as when
+//     a whole decode tier fails): d is blamed, as for a request that is
 //     not disaggregated.
 //
 // So a prefill engine whose KV endpoint cannot be reached trips its own
@@ -156,14 +157,20 @@ func HandoffFailed(p, d *Worker) (prefillBlamed bool) {
 	failedElsewhere := func(rec uint64, peer *Worker) bool {
 		return rec == handoffBlamed || rec > handoffTaken && rec != uint64(peer.Serial)+2
 	}
+	pe, de := failedElsewhere(pl, d), failedElsewhere(dl, p)
 	switch {
-	case failedElsewhere(pl, d):
+	case pe && !de:
 		prefillBlamed = true
 		p.handoff.Store(handoffBlamed)
 		d.handoffFailed(p)
-	case failedElsewhere(dl, p):
+	case de && !pe:
 		d.handoff.Store(handoffBlamed)
 		p.handoffFailed(d)
+	case pe && de:
+		// Both failed with others (a decode tier failing as a whole, say):
+		// no evidence either way.
+		p.handoffFailed(d)
+		d.handoffFailed(p)
 	case pl == handoffTaken:
 		p.handoffFailed(d)
 		d.handoffFailed(p)
