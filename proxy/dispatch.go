@@ -265,7 +265,9 @@ func readFirst(rs *reqState, c *call, up upResponse, status int) (int, error) {
 	// engine's keep-alive) and half an event are not the first packet,
 	// so an engine that sends them and then dies or stalls past
 	// stream_first_packet_s can still be retried elsewhere.
-	for !whole && status < 400 && rerr == nil && n < len(rs.rbuf) && !hasEvent(rs.rbuf[:n]) {
+	// (A content-encoded stream shows no event in its bytes: it commits on
+	// its first ones.)
+	for !whole && status < 400 && rerr == nil && n < len(rs.rbuf) && !hasEvent(rs.rbuf[:n]) && !encoded(up) {
 		if c.idle > 0 && n > 0 { // bytes came: stream_idle_s bounds the wait for more, as after the commit
 			dl := time.Now().Add(c.idle)
 			if !c.firstByte.IsZero() && c.firstByte.Before(dl) {
@@ -548,8 +550,14 @@ func endJudged(up upResponse) bool {
 	if !up.closeDelimited() || !namesEventStream(up.contentType()) {
 		return false
 	}
+	return !encoded(up)
+}
+
+// encoded reports a content-encoded body (gzip, say): its bytes are not
+// the protocol's.
+func encoded(up upResponse) bool {
 	ce := up.header(hdrContentEncoding)
-	return len(ce) == 0 || eqFold(ce, "identity")
+	return len(ce) > 0 && !eqFold(ce, "identity")
 }
 
 var hdrContentEncoding = []byte("Content-Encoding")

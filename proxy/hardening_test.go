@@ -1657,3 +1657,42 @@ func TestASlowClientOfAPlainAnswerToAStreamRequestIsNotTheWorkersFault(t *testin
 		t.Fatalf("a slow client tripped the worker's breaker: state %d", st)
 	}
 }
+
+// A gzip-encoded event stream (chunked; the client's Accept-Encoding is
+// forwarded) shows no event in its compressed bytes: it commits on its
+// first bytes. Before, readFirst looked for a whole SSE event in them, so
+// a gzip stream whose end took longer than stream_first_packet_s was never
+// committed: it timed out as "no first packet" and the worker was blamed.
+func TestAGzipEventStreamCommitsOnItsFirstBytes(t *testing.T) {
+	var first, rest bytes.Buffer
+	zw := gzip.NewWriter(&first)
+	zw.Write([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n"))
+	zw.Flush()
+	n := first.Len()
+	zw.Write([]byte("data: [DONE]\n\n"))
+	zw.Close()
+	rest.Write(first.Bytes()[n:])
+	up := startRaw(t, func(_ int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"))
+		fmt.Fprintf(c, "%x\r\n%s\r\n", n, first.Bytes()[:n])
+		time.Sleep(1500 * time.Millisecond)
+		fmt.Fprintf(c, "%x\r\n%s\r\n0\r\n\r\n", rest.Len(), rest.Bytes())
+	})
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	cfg := config.Default()
+	cfg.Timeouts.StreamFirstPacketSeconds = 0.5
+	r := startRouter(t, f, cfg, up.url)
+	req, _ := http.NewRequest("POST", r.url+"/v1/chat/completions", strings.NewReader(streamBody))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept-Encoding", "gzip")
+	resp, err := (&http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableCompression: true}}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %q: a gzip stream whose first event came at once was failed as having no first packet", resp.StatusCode, b)
+	}
+}

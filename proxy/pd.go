@@ -404,7 +404,7 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 				if rerr == nil || rerr == io.EOF {
 					// The decode engine has the KV: the transfer is over.
 					p.pl.Done(sched.OutcomeSuccess)
-					if status < 400 {
+					if status < 400 && len(p.kvp) > 0 {
 						fleet.HandoffTaken(p.pl.Worker, rs.lease.Worker)
 					}
 					s.pdCommit(ctx, cfg, rs, p, up, n, rerr == io.EOF, res)
@@ -418,15 +418,22 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 				f = &failure{kind: failStatus, status: status}
 			}
 		}
-		if status >= 500 && fleet.HandoffFailed(p.pl.Worker, rs.lease.Worker) {
-			// The handoff records blame the prefill worker's KV, not
-			// this decode worker.
+		// A decode 500 after a handoff may be the prefill worker's KV
+		// (fleet.HandoffFailed); without params no KV was handed off (the
+		// decode engine computed the prompt itself).
+		if handoffAmbiguous(status) && len(p.kvp) > 0 && fleet.HandoffFailed(p.pl.Worker, rs.lease.Worker) {
 			rs.lease.Done(sched.OutcomeNeutral)
 			p.pl.Done(sched.OutcomeFault)
 			mUpstreamErr.Inc()
 			r.Tried = append(r.Tried, p.pl.Worker.Idx)
 		} else {
 			s.decodeFailed(rs, f, status)
+			if status != 0 {
+				// The decode engine answered for itself: the prefill
+				// worker did its part, and a half-open breaker learns it
+				// (its lease ends below, or with the next decode leg).
+				p.pl.Verdict(sched.OutcomeSuccess)
+			}
 		}
 		r.Tried = append(r.Tried, rs.lease.Worker.Idx)
 		if !o.failed(sched.LegDecode, f, c.cancel.wasAborted() || f.kind == failCanceled) {
@@ -445,6 +452,13 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	}
 	o.finish(res)
 }
+
+// handoffAmbiguous reports a decode leg's answer after the KV handoff that
+// may be either worker's fault (fleet.HandoffFailed): a 500, which is how
+// vLLM and SGLang fail a request whose KV transfer failed. Other 5xx (503
+// overloaded, 502 or 504 from a proxy in front of it) are the decode
+// worker's own state.
+func handoffAmbiguous(status int) bool { return status == fasthttp.StatusInternalServerError }
 
 // neverReached reports whether a failed leg's request never reached its
 // worker: the connection could not be dialled, the router's connection
@@ -707,7 +721,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		// A decode 5xx while the prefill leg still waits to push its KV:
 		// either worker may be at fault; the handoff records decide
 		// (fleet.HandoffFailed).
-		blamed := !committed && f == nil && status >= 500 && !p.ended &&
+		blamed := !committed && f == nil && handoffAmbiguous(status) && !p.ended &&
 			fleet.HandoffFailed(p.pl.Worker, rs.lease.Worker)
 		p.blamed = blamed
 		p.mu.Unlock()
@@ -844,9 +858,11 @@ func (p *pdDispatch) pushPrefill() {
 				// by stream_idle_s (prefill_timeout_s only bounds the wait
 				// for them, and may be 0).
 				if p.pc.idle > 0 {
+					// (firstByte: pd.prefill_timeout_s, capped by the
+					// total; it still bounds the whole answer.)
 					dl := time.Now().Add(p.pc.idle)
-					if !p.pc.total.IsZero() && p.pc.total.Before(dl) {
-						dl = p.pc.total
+					if !p.pc.firstByte.IsZero() && p.pc.firstByte.Before(dl) {
+						dl = p.pc.firstByte
 					}
 					up.setReadDeadline(dl)
 				}

@@ -515,3 +515,175 @@ func TestPDSickDecodeWorkerIsBlamedNotThePrefillWorkers(t *testing.T) {
 		})
 	}
 }
+
+// SGLang, a stream, pd.prefill_timeout_s 0.5, stream_idle_s 5: the prefill
+// engine sends its head and a first chunk, then never finishes (its KV push
+// hangs); the decode engine waits for the KV. docs/pd.md: prefill_timeout_s
+// is the "longest time from sending a prefill leg to its complete answer",
+// and "a prefill leg that reaches its own deadline first is blamed as
+// before". The stream_idle_s bound on the prefill leg's reads after its
+// first bytes keeps the prefill deadline too (it replaced it at aadadeb:
+// the leg ran until stream_idle_s, or the total for a trickling engine).
+func TestPDSGLangPrefillTimeoutStillBoundsTheLegAfterItsFirstBytes(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	p := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+		ev := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"
+		fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+		select {
+		case <-release:
+		case <-time.After(8 * time.Second):
+		}
+	})
+	d := startUpstream(t, hangUntilClosed)
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	f.BreakerFailureThreshold = 1
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) {
+		c.PD.Mode = "sglang"
+		c.PD.PrefillTimeoutSeconds = 0.5
+		c.Timeouts.StreamIdleSeconds = 5
+		c.Timeouts.StreamFirstPacketSeconds = 10
+	}), pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+	start := time.Now()
+	code, b := postWithin(t, r.url+"/v1/chat/completions", streamBody, 10*time.Second)
+	el := time.Since(start)
+	if el > 2*time.Second {
+		t.Fatalf("%d %q after %v: the prefill leg ran past pd.prefill_timeout_s 0.5 s (until stream_idle_s 5 s)", code, b, el)
+	}
+	if _, pf := r.fl.View().ByID([]byte("p")).Counts(); pf == 0 {
+		t.Fatalf("%d %q: the prefill worker that hit its own deadline was not blamed", code, b)
+	}
+	noLoadLeft(t, r.fl)
+}
+
+// vLLM. The prefill worker's breaker is open and its cooldown over: the
+// next request is its probe. The prefill leg does its part (a valid
+// kv_transfer_params answer); the decode worker is sick (500), and the
+// handoff records blame the decode worker (no evidence against the
+// prefill: fleet.HandoffFailed's rule 5). The prefill worker's breaker
+// learns the success; at aadadeb its lease ended neutral (the probe
+// abandoned), so the breaker stayed open and every later request could
+// only probe it, one at a time, as long as decode legs kept failing.
+func TestPDVLLMPrefillProbeLearnsSuccessWhenTheDecodeWorkerIsBlamed(t *testing.T) {
+	var pst, dst atomic.Int32
+	p := startUpstream(t, vllmPrefill(&legLog{}, "e", &pst))
+	d := startUpstream(t, decodeEngine(&legLog{}, "kv_transfer_params", &dst))
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	f.BreakerFailureThreshold = 1
+	f.BreakerCooldownS = 0.2
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) { c.PD.Mode = "vllm" }),
+		pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+	pst.Store(500) // the prefill worker fails once: its breaker opens
+	if code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 5*time.Second); code < 500 {
+		t.Fatalf("%d %s", code, b)
+	}
+	pw := r.fl.View().ByID([]byte("p"))
+	if pw.Breaker.State() == fleet.BreakerClosed {
+		t.Fatal("setup: the prefill worker's breaker did not open")
+	}
+	pst.Store(0)
+	dst.Store(500)
+	time.Sleep(300 * time.Millisecond) // the cooldown: the next prefill leg is the probe
+	if code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 5*time.Second); code != 500 {
+		t.Fatalf("%d %s, want the decode worker's 500", code, b)
+	}
+	noLoadLeft(t, r.fl)
+	if _, df := r.fl.View().ByID([]byte("d")).Counts(); df == 0 {
+		t.Fatal("setup: the decode worker was not blamed")
+	}
+	if st := pw.Breaker.State(); st != fleet.BreakerClosed {
+		t.Fatalf("the prefill worker answered its probe in full, the decode worker was blamed, yet its breaker is %s", fleet.BreakerStateName(st))
+	}
+}
+
+// vLLM. A prefill answer without kv_transfer_params (its first token was a
+// stop) hands no KV off: the decode leg computes the prompt itself. A decode
+// 500 to such a request cannot be the prefill engine's KV endpoint: the
+// decode worker is blamed, never the prefill worker (at aadadeb the handoff
+// records' rule 4 blamed it).
+func TestPDVLLMDecodeFailureWithoutAHandoffIsNotBlamedOnThePrefill(t *testing.T) {
+	var ok atomic.Int32
+	good := startUpstream(t, vllmPrefill(&legLog{}, "e", &ok))
+	stop := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"cmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"stop"}],` +
+			`"kv_transfer_params":null}`)
+	})
+	d := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if !strings.Contains(string(ctx.PostBody()), "remote_engine_id") {
+			ctx.SetStatusCode(500) // the decode engine's own failure (it had the whole prompt to compute)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"error":{"message":"CUDA out of memory","type":"server_error"}}`)
+			return
+		}
+		decodeEngine(&legLog{}, "kv_transfer_params", &ok)(ctx)
+	})
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	f.BreakerFailureThreshold = 1
+	f.RouterPolicy = "round-robin"
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) { c.PD.Mode = "vllm" }),
+		pdWorker("p0", good.url, "prefill", ""), pdWorker("p1", stop.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+	codes := []int{}
+	for i := 0; i < 2; i++ {
+		code, _ := postWithin(t, r.url+"/v1/chat/completions", chatBody, 5*time.Second)
+		codes = append(codes, code)
+	}
+	noLoadLeft(t, r.fl)
+	v := r.fl.View()
+	_, p1f := v.ByID([]byte("p1")).Counts()
+	_, df := v.ByID([]byte("d")).Counts()
+	if p1f != 0 || df == 0 {
+		t.Fatalf("answers %v: prefill p1 (which handed no KV off) has %d faults, decode d %d", codes, p1f, df)
+	}
+}
+
+// A decode engine's 503 (overloaded) is its own state, not an ambiguous
+// handoff failure: with one prefill worker and two overloaded decode
+// workers, the prefill worker takes no fault, however many decode workers
+// in a row answer 503 to its handoffs.
+func TestPDDecodeOverloadIsNeverBlamedOnThePrefillWorker(t *testing.T) {
+	for _, mode := range []string{"vllm", "sglang"} {
+		t.Run(mode, func(t *testing.T) {
+			var ok atomic.Int32
+			sp := newSGLangRooms()
+			defer sp.stop()
+			p := startUpstream(t, vllmPrefill(&legLog{}, "e", &ok)).url
+			if mode == "sglang" {
+				p = startUpstream(t, hangUntilClosed).url // waits for a decode engine to join the room
+			}
+			busy := func(ctx *fasthttp.RequestCtx) {
+				ctx.SetStatusCode(503)
+				ctx.SetContentType("application/json")
+				ctx.SetBodyString(`{"error":{"message":"overloaded","type":"server_error"}}`)
+			}
+			d0, d1 := startUpstream(t, busy), startUpstream(t, busy)
+			f := defaultFlags()
+			f.RequestMaxRetries = 1
+			f.BreakerFailureThreshold = 100
+			r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) {
+				c.PD.Mode = mode
+				c.PD.DecodePolicy = "round-robin"
+			}), pdWorker("p", p, "prefill", `{"pd_mode":"`+mode+`","bootstrap_port":8998}`),
+				pdWorker("d0", d0.url, "decode", ""), pdWorker("d1", d1.url, "decode", ""))
+			for i := 0; i < 3; i++ {
+				if code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 5*time.Second); code != 503 {
+					t.Fatalf("request %d: %d %s, want the decode engines' 503", i, code, b)
+				}
+			}
+			noLoadLeft(t, r.fl)
+			v := r.fl.View()
+			if _, pf := v.ByID([]byte("p")).Counts(); pf != 0 {
+				t.Fatalf("the prefill worker took %d faults for overloaded decode workers", pf)
+			}
+			_, f0 := v.ByID([]byte("d0")).Counts()
+			_, f1 := v.ByID([]byte("d1")).Counts()
+			if f0+f1 != 6 {
+				t.Fatalf("decode faults %d + %d, want 6 (3 requests, 2 attempts each)", f0, f1)
+			}
+		})
+	}
+}
