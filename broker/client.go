@@ -494,6 +494,7 @@ func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream
 			}
 		}
 		s.pendingData = first.Data
+		s.closeDelimited = first.Header.Get(HdrCloseDelimited) == "1"
 		if first.Header.Get(HdrLast) == "1" {
 			s.finished, s.err = true, io.EOF
 			s.release()
@@ -532,6 +533,10 @@ type Stream struct {
 	deadline  time.Time
 	firstByte time.Time
 	timer     *time.Timer
+	// readDeadline is the reader's bound on its next waits
+	// (SetReadDeadline); closeDelimited is HdrCloseDelimited of the head.
+	readDeadline   time.Time
+	closeDelimited bool
 
 	mu         sync.Mutex
 	q          []*nats.Msg
@@ -566,6 +571,15 @@ func (s *Stream) Status() int { return s.status }
 
 // Header returns the engine's response headers (hop-by-hop ones removed).
 func (s *Stream) Header() http.Header { return s.header }
+
+// CloseDelimited reports a body the engine ended by closing its connection
+// (HdrCloseDelimited): its end may be a crash.
+func (s *Stream) CloseDelimited() bool { return s.closeDelimited }
+
+// SetReadDeadline bounds the waits of the next reads (zero: none) besides
+// the stream's own timeouts: a read past it fails with ErrIdleTimeout and
+// stops the worker's request. Called by the goroutine that reads.
+func (s *Stream) SetReadDeadline(t time.Time) { s.readDeadline = t }
 
 // ID returns the request id (as sent in cancel notices).
 func (s *Stream) ID() string { return s.id }
@@ -679,7 +693,15 @@ func (s *Stream) wait() (*nats.Msg, error) {
 				d, isDeadline, isFirst = left, false, true
 			}
 		}
-		if d > 0 || isDeadline || isFirst {
+		isRead := false
+		if !s.readDeadline.IsZero() && (s.deadline.IsZero() || s.readDeadline.Before(s.deadline)) {
+			// The reader's own bound (SetReadDeadline); the total cap is
+			// the stream's (ErrMaxDuration).
+			if left := time.Until(s.readDeadline); (d == 0 && !isDeadline && !isFirst) || left < d {
+				d, isDeadline, isFirst, isRead = left, false, false, true
+			}
+		}
+		if d > 0 || isDeadline || isFirst || isRead {
 			if d <= 0 {
 				d = 1
 			}

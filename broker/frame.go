@@ -24,6 +24,11 @@ const (
 	HdrTopic  = "Infera-Topic"
 	HdrLast   = "Infera-Last"
 	HdrProbe  = "Infera-Probe"
+	// HdrCloseDelimited, "1" on a head, says the engine's body ends only
+	// when it closes its connection (HTTP/1.0, or neither Content-Length
+	// nor chunked framing): its end looks the same as a crash, so the
+	// router judges it as it does over HTTP.
+	HdrCloseDelimited = "Infera-Close-Delimited"
 	// HdrOpen, on the router's probe of a worker's cancel subject, lists
 	// (space-separated) the request ids the router has open there; the
 	// worker answers the ones it does not know in HdrUnknown.

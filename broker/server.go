@@ -429,6 +429,29 @@ func (s *Server) reply(to string, seq uint64, kind string, status int, errMsg st
 	return s.nc.PublishMsg(m)
 }
 
+// replyHead sends the head of a response whose body follows in chunks;
+// closeDelimited is HdrCloseDelimited's value ("" for none).
+func (s *Server) replyHead(to string, resp *http.Response, closeDelimited string) error {
+	m := nats.NewMsg(to)
+	for k, vs := range resp.Header {
+		if skipHeader(k) {
+			continue
+		}
+		for _, v := range vs {
+			if validHeaderValue(v) {
+				m.Header.Add(k, v)
+			}
+		}
+	}
+	m.Header.Set(HdrKind, KindHead)
+	m.Header.Set(HdrSeq, "0")
+	m.Header.Set(HdrStatus, strconv.Itoa(resp.StatusCode))
+	if closeDelimited != "" {
+		m.Header.Set(HdrCloseDelimited, closeDelimited)
+	}
+	return s.nc.PublishMsg(m)
+}
+
 func (s *Server) replyLast(to string, resp *http.Response, body []byte) {
 	m := nats.NewMsg(to)
 	for k, vs := range resp.Header {
@@ -573,8 +596,10 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 	bp := s.bufs.Get().(*[]byte)
 	defer s.bufs.Put(bp)
 	buf := *bp
-	if resp.ContentLength >= 0 && resp.ContentLength <= int64(len(buf)) {
-		// Small fixed-length body: head and body in one message.
+	if resp.ContentLength >= 0 && resp.ContentLength <= int64(len(buf)) && resp.StatusCode < 400 {
+		// Small fixed-length body: head and body in one message. (Not an
+		// error answer: its head goes out at once, so the router bounds
+		// the wait for its body and may retry it, as over HTTP.)
 		n, err := io.ReadFull(resp.Body, buf[:resp.ContentLength])
 		// From here the router has the whole reply as soon as it is out: a
 		// probe would find the request over there and answer 'gone'.
@@ -593,7 +618,11 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 		}
 		return
 	}
-	if err := s.reply(m.Reply, 0, KindHead, resp.StatusCode, "", resp.Header, nil); err != nil {
+	var cd string
+	if resp.ContentLength < 0 && len(resp.TransferEncoding) == 0 {
+		cd = "1"
+	}
+	if err := s.replyHead(m.Reply, resp, cd); err != nil {
 		return
 	}
 	seq := uint64(1)

@@ -229,7 +229,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 	rs.lease.Done(f.outcome())
 	s.countFailure(d.Worker, f)
 	res.last = f
-	if f.kind != failConnect {
+	if !f.unreachable() {
 		res.allConnect = false
 	}
 	// The failed connection is closed; unset (not reset) keeps an abort
@@ -268,12 +268,19 @@ func readFirst(rs *reqState, c *call, up upResponse, status int) (int, error) {
 	// (A content-encoded stream shows no event in its bytes: it commits on
 	// its first ones.)
 	for !whole && status < 400 && rerr == nil && n < len(rs.rbuf) && !hasEvent(rs.rbuf[:n]) && !encoded(up) {
-		if c.idle > 0 && n > 0 { // bytes came: stream_idle_s bounds the wait for more, as after the commit
-			dl := time.Now().Add(c.idle)
-			if !c.firstByte.IsZero() && c.firstByte.Before(dl) {
-				dl = c.firstByte
+		if n > 0 {
+			// Bytes came: the first packet's deadline still holds (a NATS
+			// stream drops it at its first chunk), and stream_idle_s
+			// bounds the wait for more, as after the commit.
+			dl := c.firstByte
+			if c.idle > 0 {
+				if idle := time.Now().Add(c.idle); dl.IsZero() || idle.Before(dl) {
+					dl = idle
+				}
 			}
-			up.setReadDeadline(dl)
+			if !dl.IsZero() {
+				up.setReadDeadline(dl)
+			}
 		}
 		var m int
 		m, rerr = up.read(rs.rbuf[n:])
@@ -605,7 +612,7 @@ func (s *Server) writeFailure(ctx *fasthttp.RequestCtx, f *failure, allConnect b
 	}
 	c := f.class()
 	status, typ, code, msg := f.httpStatus(), c.typ, c.code, c.msg
-	if f.kind == failConnect && allConnect {
+	if f.unreachable() && allConnect {
 		status, typ, code, msg = fasthttp.StatusServiceUnavailable, typeUnavailable, "no_workers_reachable", "no worker could be reached"
 	}
 	if f.kind == failStatus {

@@ -106,6 +106,13 @@ var (
 // isTimeout reports whether err is a deadline that passed, whatever the
 // transport: a socket deadline (HTTP) or the broker's wait for a reply
 // message or its cap on the whole request (NATS).
+// unreachable reports a failure to reach the engine at all: the
+// connection could not be made or broke before a response head (over NATS,
+// the worker could not reach its engine, failEngine). When every attempt
+// failed so, the client gets 503 no_workers_reachable over either
+// transport.
+func (f *failure) unreachable() bool { return f.kind == failConnect || f.kind == failEngine }
+
 func isTimeout(err error) bool {
 	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, broker.ErrIdleTimeout) || errors.Is(err, broker.ErrMaxDuration) {
 		return true

@@ -226,7 +226,7 @@ func (o *pdOutcome) finish(res *tries) {
 // (infera_stream_client_disconnects_total counts it, once), and no retry.
 func (o *pdOutcome) failed(leg sched.Leg, f *failure, left bool) bool {
 	o.last = f
-	if f.kind != failConnect {
+	if !f.unreachable() {
 		o.allConnect = false
 	}
 	if left {

@@ -137,8 +137,10 @@ func (u *natsUpstream) contentType() []byte {
 	return u.ctype
 }
 
-// closeDelimited is false: a NATS stream ends with its own last message.
-func (u *natsUpstream) closeDelimited() bool { return false }
+// closeDelimited reports an engine body that ended with the engine's
+// close, as the worker saw it (broker.HdrCloseDelimited): the NATS stream
+// ends with its own last message either way.
+func (u *natsUpstream) closeDelimited() bool { return u.st.CloseDelimited() }
 
 func (u *natsUpstream) contentLength() int64 {
 	if v := u.st.Header().Get("Content-Length"); v != "" {
@@ -176,7 +178,9 @@ func (u *natsUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
 
 func (u *natsUpstream) read(p []byte) (int, error) { return u.st.Read(p) }
 
-func (u *natsUpstream) setReadDeadline(time.Time) {} // the broker stream enforces idle and total
+// setReadDeadline bounds the next reads, besides the broker stream's own
+// idle and total timeouts.
+func (u *natsUpstream) setReadDeadline(t time.Time) { u.st.SetReadDeadline(t) }
 
 func (u *natsUpstream) finish(ok bool) {
 	u.st.Close() // publishes a cancel unless the reply finished

@@ -1,0 +1,368 @@
+// End-to-end checks that a misbehaving engine is handled alike over HTTP
+// and NATS: the same hand-written engine answers behind a static HTTP
+// worker and behind a NATS worker sidecar.
+
+package gateway
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/testsrv"
+)
+
+// rawEngine is an engine whose chat answers are written by hand on the
+// hijacked connection; /health and /v1/models answer normally.
+type rawEngine struct {
+	url     string
+	hits    atomic.Int32
+	aborted atomic.Int32 // the router closed the connection while the engine held it
+}
+
+func startRawEngine(t *testing.T, model string, answer func(e *rawEngine, c net.Conn)) *rawEngine {
+	t.Helper()
+	e := &rawEngine{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/models":
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model"}]}`, model)
+		case "/v1/chat/completions":
+			e.hits.Add(1)
+			io.Copy(io.Discard, r.Body)
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			answer(e, c)
+		default:
+			io.WriteString(w, "ok")
+		}
+	}))
+	t.Cleanup(srv.Close)
+	e.url = srv.URL
+	return e
+}
+
+// waitClosed blocks until the peer closes c (or 30 s), counting it as an abort.
+func (e *rawEngine) waitClosed(c net.Conn) {
+	c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	b := make([]byte, 512)
+	for {
+		if _, err := c.Read(b); err != nil {
+			if !isTimeoutErr(err) {
+				e.aborted.Add(1)
+			}
+			c.Close()
+			return
+		}
+	}
+}
+
+func isTimeoutErr(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
+
+const goodChunk = `data: {"id":"g","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":"from the good engine"},"finish_reason":null}]}` + "\n\n"
+
+func goodStream(e *rawEngine, c net.Conn) {
+	io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"+goodChunk+"data: [DONE]\n\n")
+	c.Close()
+}
+
+const sseChunkedHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+func chunk(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }
+
+// misbehaveFleet starts a router over transport in front of the given
+// engines (model "m"), with the given config file and extra flags.
+func misbehaveFleet(t *testing.T, transport, etcd, natsURL, prefix, cfg string, extra []string, engines ...*rawEngine) (*Gateway, string) {
+	t.Helper()
+	var common []string
+	if transport == "nats" {
+		common = transportFlags(etcd, natsURL, "nats", prefix)
+		for i, e := range engines {
+			startWorker(t, append([]string{"--id", fmt.Sprintf("%s%d", strings.Trim(strings.ReplaceAll(prefix, "/", "-"), "-"), i),
+				"--engine-url", e.url, "--models", "m", "--lease-ttl", "2s"}, common...)...)
+		}
+	} else {
+		var urls []string
+		for _, e := range engines {
+			urls = append(urls, e.url)
+		}
+		common = []string{"--workers", strings.Join(urls, ","), "--worker-model", "m"}
+	}
+	cfgPath := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfgPath, cfg)
+	rt, r := startServe(t, append(append([]string{"--router-policy", "round-robin", "--config", cfgPath}, extra...), common...)...)
+	waitRoutable(t, rt, len(engines))
+	return rt, r
+}
+
+func workerOf(rt *Gateway, e *rawEngine) *fleet.Worker {
+	for _, w := range rt.fleet.View().All {
+		if strings.TrimRight(w.URL, "/") == strings.TrimRight(e.url, "/") {
+			return w
+		}
+	}
+	return nil
+}
+
+// waitLoadZero fails unless every worker's load counters return to zero.
+func waitLoadZero(t *testing.T, rt *Gateway) {
+	t.Helper()
+	for end := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		bad := ""
+		for _, w := range rt.fleet.View().All {
+			l := &w.Load
+			if l.Requests.Load() != 0 || l.Tokens.Load() != 0 || l.PrefillTokens.Load() != 0 || l.Blocks.Load() != 0 || l.Pending.Load() != 0 {
+				bad += fmt.Sprintf(" %s: req=%d tok=%d prefill=%d blocks=%d pending=%d", w.ID, l.Requests.Load(), l.Tokens.Load(),
+					l.PrefillTokens.Load(), l.Blocks.Load(), l.Pending.Load())
+			}
+		}
+		if bad == "" {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("load counters did not return to zero:%s", bad)
+		}
+	}
+}
+
+// postTimed posts body with a client timeout; err is non-nil on a hang.
+func postTimed(url, body string, timeout time.Duration) (int, string, time.Duration, error) {
+	c := &http.Client{Timeout: timeout}
+	t0 := time.Now()
+	resp, err := c.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, "", time.Since(t0), err
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, string(b), time.Since(t0), err
+}
+
+const rvStreamChat = `{"model":"m","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"misbehave"}]}`
+
+// A stream whose engine sends an SSE comment (a keep-alive) after its head
+// and then nothing more, or nothing but keep-alives, has not sent its first
+// packet: over HTTP the attempt fails at stream_first_packet_s and the
+// request goes to the other worker. Over NATS the same engine must be
+// treated alike (docs/router.md "Failover", "Timeouts").
+func TestE2EStreamCommentThenStallIsAFirstPacketTimeoutOverEveryTransport(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	for _, mode := range []string{"stall", "keepalives"} {
+		for _, transport := range []string{"http", "nats"} {
+			t.Run(mode+"/"+transport, func(t *testing.T) {
+				bad := startRawEngine(t, "m", func(e *rawEngine, c net.Conn) {
+					io.WriteString(c, sseChunkedHead+chunk(": keep-alive\n\n"))
+					if mode == "stall" {
+						e.waitClosed(c)
+						return
+					}
+					for i := 0; i < 150; i++ {
+						time.Sleep(200 * time.Millisecond)
+						if _, err := io.WriteString(c, chunk(": keep-alive\n\n")); err != nil {
+							e.aborted.Add(1)
+							c.Close()
+							return
+						}
+					}
+					c.Close()
+				})
+				good := startRawEngine(t, "m", goodStream)
+				rt, r := misbehaveFleet(t, transport, etcd.Endpoint, nsrv.URL, "/rv1-"+mode+"-"+transport+"/", `{"timeouts":{"stream_first_packet_s":0.5}}`,
+					[]string{"--request-max-retries", "1"}, bad, good)
+				for i := 0; i < 2; i++ {
+					st, b, el, err := postTimed(r+"/v1/chat/completions", rvStreamChat, 8*time.Second)
+					if err != nil || st != 200 || !strings.Contains(b, "from the good engine") || strings.Contains(b, `"error"`) || el > 4*time.Second {
+						t.Fatalf("request %d over %s: %d after %v (%v): %q; want the good engine's stream within ~1 s (first packet 0.5 s, then a retry)",
+							i, transport, st, el.Round(time.Millisecond), err, clip(b))
+					}
+				}
+				if bad.hits.Load() == 0 {
+					t.Fatal("the misbehaving engine was never tried")
+				}
+				for end := time.Now().Add(2 * time.Second); bad.aborted.Load() != bad.hits.Load(); time.Sleep(20 * time.Millisecond) {
+					if time.Now().After(end) {
+						t.Fatalf("the misbehaving engine's requests were not aborted: %d of %d", bad.aborted.Load(), bad.hits.Load())
+					}
+				}
+				waitLoadZero(t, rt)
+			})
+		}
+	}
+}
+
+// A close-delimited event stream (no Content-Length, no chunking; the body
+// ends when the engine closes) that the engine closes after a keep-alive
+// comment, before its first event, is how a crashed engine looks: over
+// HTTP it is retried on another worker (TestACloseDelimitedStreamCutBeforeItsEndIsBroken).
+// One cut after its first event, before data: [DONE], is broken: the
+// client gets an error event and the worker is blamed. Over NATS the
+// worker forwards the same engine's answer; the router must judge it alike.
+func TestE2ECloseDelimitedStreamCutIsBrokenOverEveryTransport(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	const closeHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+	for _, transport := range []string{"http", "nats"} {
+		t.Run("before-first-event/"+transport, func(t *testing.T) {
+			bad := startRawEngine(t, "m", func(e *rawEngine, c net.Conn) {
+				io.WriteString(c, closeHead+": keep-alive\n\n")
+				c.Close()
+			})
+			good := startRawEngine(t, "m", goodStream)
+			rt, r := misbehaveFleet(t, transport, etcd.Endpoint, nsrv.URL, "/rv2a-"+transport+"/", `{}`,
+				[]string{"--request-max-retries", "1"}, bad, good)
+			for i := 0; i < 2; i++ {
+				st, b, el, err := postTimed(r+"/v1/chat/completions", rvStreamChat, 8*time.Second)
+				if err != nil || st != 200 || !strings.Contains(b, "from the good engine") {
+					t.Fatalf("request %d over %s: %d after %v (%v): %q; want the good engine's stream (the crashed one retried)",
+						i, transport, st, el.Round(time.Millisecond), err, clip(b))
+				}
+			}
+			if bad.hits.Load() == 0 {
+				t.Fatal("the misbehaving engine was never tried")
+			}
+			waitLoadZero(t, rt)
+		})
+		t.Run("after-first-event/"+transport, func(t *testing.T) {
+			bad := startRawEngine(t, "m", func(e *rawEngine, c net.Conn) {
+				io.WriteString(c, closeHead+goodChunk)
+				c.Close()
+			})
+			rt, r := misbehaveFleet(t, transport, etcd.Endpoint, nsrv.URL, "/rv2b-"+transport+"/", `{}`,
+				[]string{"--request-max-retries", "1", "--breaker-failure-threshold", "1", "--breaker-cooldown-s", "60"}, bad)
+			st, b, el, err := postTimed(r+"/v1/chat/completions", rvStreamChat, 8*time.Second)
+			if err != nil || st != 200 || !strings.Contains(b, `"error"`) || !strings.HasSuffix(b, "data: [DONE]\n\n") {
+				t.Fatalf("over %s: %d after %v (%v): %q; want the stream ended with an error event and [DONE]", transport, st, el, err, clip(b))
+			}
+			if w := workerOf(rt, bad); w == nil || w.Breaker.State() != 2 {
+				t.Fatalf("over %s: the worker whose stream broke was not blamed (breaker state %v)", transport, w.Breaker.State())
+			}
+			waitLoadZero(t, rt)
+		})
+	}
+}
+
+// Engines that answer something unusable before any response head: one
+// that accepts the request and closes (a crash), one that answers bytes
+// that are not HTTP. Each is retried on the other worker, and with every
+// worker doing it the client gets the same error over both transports.
+func TestE2EEnginesFailingBeforeAHeadClassifyAlikeOverEveryTransport(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	modes := map[string]func(e *rawEngine, c net.Conn){
+		"closed":  func(e *rawEngine, c net.Conn) { c.Close() },
+		"garbage": func(e *rawEngine, c net.Conn) { io.WriteString(c, "garbage garbage\r\n\r\n"); c.Close() },
+		"cut-chunked": func(e *rawEngine, c net.Conn) {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"+chunk(`{"id":`))
+			c.Close()
+		},
+	}
+	got := map[string]map[string]string{}
+	for _, mode := range []string{"closed", "garbage", "cut-chunked"} {
+		got[mode] = map[string]string{}
+		for _, transport := range []string{"http", "nats"} {
+			t.Run(mode+"/"+transport, func(t *testing.T) {
+				a := startRawEngine(t, "m", modes[mode])
+				b := startRawEngine(t, "m", modes[mode])
+				rt, r := misbehaveFleet(t, transport, etcd.Endpoint, nsrv.URL, "/rv3-"+mode+"-"+transport+"/", `{}`,
+					[]string{"--request-max-retries", "1", "--breaker-failure-threshold", "1", "--breaker-cooldown-s", "60"}, a, b)
+				st, body, el, err := postTimed(r+"/v1/chat/completions", `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"x"}]}`, 8*time.Second)
+				if err != nil {
+					t.Fatalf("%v after %v", err, el)
+				}
+				if a.hits.Load()+b.hits.Load() != 2 {
+					t.Errorf("over %s: %d engine attempts, want 2", transport, a.hits.Load()+b.hits.Load())
+				}
+				code := ""
+				if i := strings.Index(body, `"code":"`); i >= 0 {
+					code = body[i+8:]
+					code = code[:strings.IndexByte(code, '"')]
+				}
+				got[mode][transport] = fmt.Sprintf("%d %s", st, code)
+				for _, e := range []*rawEngine{a, b} {
+					if w := workerOf(rt, e); w == nil || w.Breaker.State() != 2 {
+						t.Errorf("over %s: a worker whose engine failed was not blamed", transport)
+					}
+				}
+				waitLoadZero(t, rt)
+			})
+		}
+		if got[mode]["http"] != got[mode]["nats"] {
+			t.Errorf("%s: over http the client got %q, over nats %q", mode, got[mode]["http"], got[mode]["nats"])
+		}
+	}
+}
+
+// A client that leaves while its stream is not committed yet (the engine
+// sent its head and a keep-alive, then nothing) has the engine request
+// aborted and every load counter returned, over both transports.
+func TestE2EClientLeavingAnUncommittedStreamAbortsTheEngineOverEveryTransport(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	for _, transport := range []string{"http", "nats"} {
+		t.Run(transport, func(t *testing.T) {
+			bad := startRawEngine(t, "m", func(e *rawEngine, c net.Conn) {
+				io.WriteString(c, sseChunkedHead+chunk(": keep-alive\n\n"))
+				e.waitClosed(c)
+			})
+			rt, r := misbehaveFleet(t, transport, etcd.Endpoint, nsrv.URL, "/rv4-"+transport+"/", `{}`, []string{"--request-max-retries", "0"}, bad)
+			_, _, _, err := postTimed(r+"/v1/chat/completions", rvStreamChat, 700*time.Millisecond)
+			if err == nil {
+				t.Fatal("the uncommitted stream answered")
+			}
+			for end := time.Now().Add(3 * time.Second); bad.aborted.Load() != 1; time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(end) {
+					t.Fatalf("over %s: the engine was not told the client left", transport)
+				}
+			}
+			waitLoadZero(t, rt)
+		})
+	}
+}
+
+// An engine that answers an error (503, with a Content-Length) and then
+// stalls part-way through its short body: over HTTP the router reads the
+// error answer it may retry within stashRestWait (2 s) of its first bytes,
+// then gives up on it and tries the other worker (docs/router.md
+// "Failover"). Over NATS the same engine must not hold the request until
+// non_stream_total_s and then fail it as nobody's fault.
+func TestE2EAnErrorAnswerThatStallsIsRetriedOverEveryTransport(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	for _, transport := range []string{"http", "nats"} {
+		t.Run(transport, func(t *testing.T) {
+			bad := startRawEngine(t, "m", func(e *rawEngine, c net.Conn) {
+				io.WriteString(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"error\":")
+				e.waitClosed(c)
+			})
+			good := startRawEngine(t, "m", func(e *rawEngine, c net.Conn) {
+				body := `{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"from the good engine"},"finish_reason":"stop"}]}`
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+				c.Close()
+			})
+			rt, r := misbehaveFleet(t, transport, etcd.Endpoint, nsrv.URL, "/rv5-"+transport+"/", `{"timeouts":{"non_stream_total_s":6}}`,
+				[]string{"--request-max-retries", "1"}, bad, good)
+			for i := 0; i < 2; i++ {
+				st, b, el, err := postTimed(r+"/v1/chat/completions", `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"x"}]}`, 10*time.Second)
+				if err != nil || st != 200 || !strings.Contains(b, "from the good engine") || el > 4*time.Second {
+					t.Fatalf("request %d over %s: %d after %v (%v): %q; want the good engine's answer within ~2 s", i, transport, st, el.Round(time.Millisecond), err, clip(b))
+				}
+			}
+			waitLoadZero(t, rt)
+		})
+	}
+}
