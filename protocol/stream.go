@@ -138,7 +138,10 @@ type StreamConverter struct {
 	// waits until the arguments are whole, another call opens, or the end.
 	heldText    []byte
 	heldRefusal []byte // a refusal that arrived while text was held
-	failed      bool   // the stream ended with an error event
+	// heldThinking is reasoning that arrived while text is held: a
+	// thinking block would stop the tool block just as text would.
+	heldThinking []byte
+	failed       bool // the stream ended with an error event
 
 	// Responses only
 	seq   int64
@@ -177,16 +180,17 @@ func (c *StreamConverter) Reset(m *Meta) {
 	}
 	c.sse.reset()
 	*c = StreamConverter{
-		m:           m,
-		sse:         c.sse,
-		finish:      c.finish[:0],
-		stopReason:  c.stopReason[:0],
-		tools:       c.tools[:0],
-		remap:       c.remap[:0],
-		items:       c.items[:0],
-		acc:         reuse(c.acc),
-		heldText:    reuse(c.heldText),
-		heldRefusal: reuse(c.heldRefusal),
+		m:            m,
+		sse:          c.sse,
+		finish:       c.finish[:0],
+		stopReason:   c.stopReason[:0],
+		tools:        c.tools[:0],
+		remap:        c.remap[:0],
+		items:        c.items[:0],
+		acc:          reuse(c.acc),
+		heldText:     reuse(c.heldText),
+		heldRefusal:  reuse(c.heldRefusal),
+		heldThinking: reuse(c.heldThinking),
 	}
 }
 
@@ -415,7 +419,11 @@ func (c *StreamConverter) onChoice(ch []byte) error {
 		})
 		if len(reasoning) > 0 {
 			c.deltas++
-			c.emitThinking(reasoning)
+			if c.holdingText() {
+				c.heldThinking = append(c.heldThinking, reasoning...)
+			} else {
+				c.emitThinking(reasoning)
+			}
 		}
 		if len(content) > 0 {
 			c.deltas++
@@ -557,7 +565,7 @@ func (c *StreamConverter) onToolCall(idx int64, id, name, args []byte) error {
 		c.deltas++
 		c.emitToolArgs(int(idx), args)
 		t.scan.feed(args)
-		if len(c.heldText)+len(c.heldRefusal) > 0 && t.scan.complete() {
+		if len(c.heldThinking)+len(c.heldText)+len(c.heldRefusal) > 0 && t.scan.complete() {
 			c.flushText()
 		}
 	}
@@ -574,9 +582,13 @@ func (c *StreamConverter) holdingText() bool {
 	return t.opened && !t.scan.complete()
 }
 
-// flushText sends the held text, then the held refusal (closing the tool
+// flushText sends the held reasoning, text, then refusal (closing the tool
 // block).
 func (c *StreamConverter) flushText() {
+	if len(c.heldThinking) > 0 {
+		c.emitThinking(c.heldThinking)
+		c.heldThinking = c.heldThinking[:0]
+	}
 	if len(c.heldText) > 0 {
 		c.emitText(c.heldText)
 		c.heldText = c.heldText[:0]

@@ -138,6 +138,10 @@ func (f *UsageFilter) Filter(dst, src []byte) []byte {
 	return dst
 }
 
+// Held returns the incomplete event the filter holds back (Flush sends
+// it): valid until the next Filter, Flush or Reset.
+func (f *UsageFilter) Held() []byte { return f.carry }
+
 // Flush appends what is held back at the end of the stream.
 func (f *UsageFilter) Flush(dst []byte) []byte {
 	dst = f.event(dst, f.carry)

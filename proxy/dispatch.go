@@ -494,22 +494,17 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	*rl = relay{
 		s: s, rs: rs, up: up,
 		buf: rs.rbuf, pending: first,
-		sse:      sse,
-		judgeEnd: judge,
-		idle:     rs.call.idle,
-		total:    rs.call.total,
-		client:   ctx.Conn(),
-		wto:      s.flags.ClientWriteTimeout,
-		outcome:  outcome,
+		sse:       sse,
+		judgeEnd:  judge,
+		streamReq: rs.sreq.Stream,
+		idle:      rs.call.idle,
+		total:     rs.call.total,
+		client:    ctx.Conn(),
+		wto:       s.flags.ClientWriteTimeout,
+		outcome:   outcome,
 	}
 	if rs.proto.relaying {
 		rl.st = &rs.proto // the relay transforms the answer (protocols.go)
-	}
-	if rs.sreq.Stream && !sse {
-		// A plain body to a stream request: only the total cap, never the
-		// first packet's deadline, bounds the rest (a non-streaming
-		// request's deadline is the total cap already).
-		up.setReadDeadline(rs.call.total)
 	}
 	rs.handedOff = true
 	size := up.contentLength()

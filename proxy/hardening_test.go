@@ -1696,3 +1696,67 @@ func TestAGzipEventStreamCommitsOnItsFirstBytes(t *testing.T) {
 		t.Fatalf("%d %q: a gzip stream whose first event came at once was failed as having no first packet", resp.StatusCode, b)
 	}
 }
+
+// A stream request (passthrough /v1/messages or /v1/responses) whose engine
+// answers an error head and then stalls its body: stream_idle_s must bound
+// the wait, as it does for the converted request and for an event stream.
+// Before, with the default stream_total_s 0 nothing did: the client hung
+// and the worker's load stayed taken until the engine closed (after the
+// client left too: the relay was blocked in a read without a deadline).
+func TestAStalledErrorBodyOfAStreamRequestIsBoundedByTheIdleTimeout(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n{\"type\":\"error\","))
+		time.Sleep(6 * time.Second) // then the engine closes: the test ends
+		c.Close()
+	})
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/messages", strings.Replace(anthropicBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)},
+		{"/v1/responses", `{"model":"m","input":"hi","stream":true}`},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			cfg := protoConfig(func(p *config.Protocol) { p.AnthropicPassthrough, p.ResponsesPassthrough = true, true })
+			cfg.Timeouts.StreamIdleSeconds, cfg.Timeouts.StreamFirstPacketSeconds = 1, 1
+			f := defaultFlags()
+			f.RequestMaxRetries = 0
+			r := startRouter(t, f, cfg, up.url)
+			cl := &http.Client{Timeout: 3 * time.Second}
+			start := time.Now()
+			resp, err := cl.Post(r.url+tc.path, "application/json", strings.NewReader(tc.body))
+			if err == nil {
+				_, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+			if took := time.Since(start); took > 2500*time.Millisecond {
+				t.Fatalf("the answer was not bounded by stream_idle_s (1 s): still open after %v (%v)", took, err)
+			}
+			waitFor(t, func() bool { return r.fl.Get("w0").Load.Requests.Load() == 0 }, "load released")
+		})
+	}
+}
+
+// A chat stream whose usage chunk the filter removes (the client did not
+// ask for usage) and whose engine ends with "data: [DONE]" and then breaks
+// its connection before the event's blank line: the stream had ended, as
+// the relay judges it when the client asked for usage (no filter). Before,
+// with the filter the [DONE] it held was dropped, the client got an error
+// event instead, and the worker was blamed.
+func TestAFilteredStreamEndedByDoneThenCutIsComplete(t *testing.T) {
+	chunk := func(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			chunk(`data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}]}`+"\n\n") +
+			chunk(`data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}`+"\n\n") +
+			chunk("data: [DONE]\n")))
+		time.Sleep(30 * time.Millisecond)
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	})
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startRouter(t, f, nil, up.url)
+	_, b := postH(t, r.url+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	time.Sleep(30 * time.Millisecond)
+	if _, fails := r.fl.Get("w0").Counts(); strings.Contains(b, `"error"`) || !strings.Contains(b, "data: [DONE]") || fails != 0 {
+		t.Fatalf("a stream ended by [DONE] got an error event or blamed the worker (failures %d):\n%q", fails, b)
+	}
+}

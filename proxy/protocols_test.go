@@ -911,3 +911,58 @@ func TestCountTokensReservesItsDecodeBufferInTheBodyBudget(t *testing.T) {
 		}
 	}
 }
+
+// Reasoning that arrives while a tool call's arguments are still streaming
+// (held text is, for this reason) must not stop the tool block: the rest
+// of the arguments then went to a block already stopped
+// (content_block_delta after content_block_stop; Responses:
+// function_call_arguments.delta after the item's output_item.done, whose
+// arguments were cut).
+func TestReasoningInsideAToolCallDoesNotStopItsBlock(t *testing.T) {
+	chunk := func(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			chunk(`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","function":{"name":"f","arguments":"{\"a\""}}]},"finish_reason":null}]}`+"\n\n") +
+			chunk(`data: {"choices":[{"index":0,"delta":{"reasoning_content":"hmm"},"finish_reason":null}]}`+"\n\n") +
+			chunk(`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]},"finish_reason":null}]}`+"\n\n") +
+			chunk(`data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`+"\n\n") +
+			chunk("data: [DONE]\n\n") + "0\r\n\r\n"))
+	})
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startRouter(t, f, nil, up.url)
+
+	_, b := postH(t, r.url+"/v1/messages", strings.Replace(anthropicBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1), nil)
+	stopped := map[float64]bool{}
+	for _, ev := range sseEvents(t, b) {
+		var d struct {
+			Index float64 `json:"index"`
+		}
+		json.Unmarshal([]byte(ev[1]), &d)
+		switch ev[0] {
+		case "content_block_stop":
+			stopped[d.Index] = true
+		case "content_block_delta":
+			if stopped[d.Index] {
+				t.Fatalf("Messages: a delta for block %v after its content_block_stop:\n%s", d.Index, b)
+			}
+		}
+	}
+
+	_, b = postH(t, r.url+"/v1/responses", `{"model":"m","input":"hi","stream":true}`, nil)
+	done := map[float64]bool{}
+	for _, ev := range sseEvents(t, b) {
+		var d struct {
+			OutputIndex float64 `json:"output_index"`
+		}
+		json.Unmarshal([]byte(ev[1]), &d)
+		switch ev[0] {
+		case "response.output_item.done":
+			done[d.OutputIndex] = true
+		case "response.function_call_arguments.delta":
+			if done[d.OutputIndex] {
+				t.Fatalf("Responses: an arguments delta for item %v after its output_item.done:\n%s", d.OutputIndex, b)
+			}
+		}
+	}
+}

@@ -31,11 +31,13 @@ type relay struct {
 	// judgeEnd: a close-delimited event stream whose end the relay judges
 	// (endJudged, cutShort).
 	judgeEnd bool
-	idle     time.Duration
-	total    time.Time
-	client   net.Conn
-	wto      time.Duration
-	outcome  sched.Outcome // at a clean end of the body
+	// streamReq: the client asked for a stream (armRead).
+	streamReq bool
+	idle      time.Duration
+	total     time.Time
+	client    net.Conn
+	wto       time.Duration
+	outcome   sched.Outcome // at a clean end of the body
 	// tail holds the last bytes sent (ntail of them): the SSE framing of
 	// an error event, and whether a broken stream had already ended.
 	tail  [tailLen]byte
@@ -186,11 +188,14 @@ func (r *relay) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// armRead bounds the next upstream read. For a stream the idle timeout
-// starts now, when the relay is ready for more, so time spent blocked on a
-// slow client never counts against the worker; the total cap still does.
+// armRead bounds the next upstream read. For a stream request the idle
+// timeout starts now, when the relay is ready for more, so time spent
+// blocked on a slow client never counts against the worker; the total cap
+// still does. So for whatever body answers a stream request (an event
+// stream, an error answer, plain JSON): stream_idle_s is the client's
+// bound on any silence.
 func (r *relay) armRead() {
-	if !r.sse {
+	if !r.streamReq {
 		return // non-streaming: the total deadline set before the head holds
 	}
 	now := time.Now()
@@ -373,6 +378,11 @@ func (r *relay) endedCleanly() bool {
 	}
 	if r.held > 0 { // an ending the engine did not terminate: "data: [DONE]", then a cut
 		return r.endsWith(r.buf[:r.held])
+	}
+	if r.st != nil && r.st.stage == stageFilter {
+		if held := r.st.filter.Held(); len(held) > 0 { // the same, held by the usage filter
+			return r.endsWith(held)
+		}
 	}
 	return r.endsWith(r.pending)
 }
