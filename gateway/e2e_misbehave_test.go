@@ -366,3 +366,78 @@ func TestE2EAnErrorAnswerThatStallsIsRetriedOverEveryTransport(t *testing.T) {
 		})
 	}
 }
+
+// An engine whose response head breaks off part-way (a status line and half
+// a header, then a close) sent something that is not a usable HTTP
+// response: over HTTP the client gets 502 upstream_protocol_error
+// (docs/router.md), and over NATS too: the worker reports a head cut
+// part-way as a protocol failure (it was a failure before a head, which
+// fca34b6 counted as unreachable: 503 no_workers_reachable).
+func TestE2EAHeadCutPartWayClassifiesAlikeOverEveryTransport(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	cut := func(e *rawEngine, c net.Conn) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: appl")
+		c.Close()
+	}
+	got := map[string]string{}
+	for _, transport := range []string{"http", "nats"} {
+		t.Run(transport, func(t *testing.T) {
+			a := startRawEngine(t, "m", cut)
+			b := startRawEngine(t, "m", cut)
+			_, r := misbehaveFleet(t, transport, etcd.Endpoint, nsrv.URL, "/rvd1-"+transport+"/", `{}`,
+				[]string{"--request-max-retries", "1"}, a, b)
+			st, body, el, err := postTimed(r+"/v1/chat/completions", `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"x"}]}`, 8*time.Second)
+			if err != nil {
+				t.Fatalf("%v after %v", err, el)
+			}
+			code := ""
+			if i := strings.Index(body, `"code":"`); i >= 0 {
+				code = body[i+8:]
+				code = code[:strings.IndexByte(code, '"')]
+			}
+			got[transport] = fmt.Sprintf("%d %s", st, code)
+		})
+	}
+	if got["http"] != got["nats"] {
+		t.Errorf("a head cut part-way: over http the client got %q, over nats %q", got["http"], got["nats"])
+	}
+}
+
+// A close-delimited event stream cut before its first event (a keep-alive,
+// then the engine's close) is an invalid response: over HTTP the attempt is
+// failProtocol, and with every worker doing it the client gets 502
+// upstream_protocol_error. So over NATS: a failure after the head is never
+// a worker that could not be reached (it was failConnect there, and the
+// client got 503 no_workers_reachable).
+func TestE2EACloseDelimitedStreamCutBeforeItsFirstEventClassifiesAlikeOverEveryTransport(t *testing.T) {
+	etcd := testsrv.StartEtcd(t)
+	nsrv := testsrv.StartNATS(t)
+	const closeHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+	cut := func(e *rawEngine, c net.Conn) {
+		io.WriteString(c, closeHead+": keep-alive\n\n")
+		c.Close()
+	}
+	got := map[string]string{}
+	for _, transport := range []string{"http", "nats"} {
+		t.Run(transport, func(t *testing.T) {
+			a := startRawEngine(t, "m", cut)
+			b := startRawEngine(t, "m", cut)
+			_, r := misbehaveFleet(t, transport, etcd.Endpoint, nsrv.URL, "/rvd2-"+transport+"/", `{}`,
+				[]string{"--request-max-retries", "1"}, a, b)
+			st, body, el, err := postTimed(r+"/v1/chat/completions", rvStreamChat, 8*time.Second)
+			if err != nil {
+				t.Fatalf("%v after %v", err, el)
+			}
+			code := ""
+			if i := strings.Index(body, `"code":"`); i >= 0 {
+				code = body[i+8:]
+				code = code[:strings.IndexByte(code, '"')]
+			}
+			got[transport] = fmt.Sprintf("%d %s", st, code)
+		})
+	}
+	if got["http"] != got["nats"] {
+		t.Errorf("a close-delimited stream cut before its first event: over http the client got %q, over nats %q", got["http"], got["nats"])
+	}
+}

@@ -188,7 +188,13 @@ func (u *natsUpstream) finish(ok bool) {
 }
 
 func (u *natsUpstream) readFailure(err error, afterFirstByte bool) *failure {
-	return u.t.failure(err, afterFirstByte, false)
+	f := u.t.failure(err, afterFirstByte, false)
+	if f.kind == failConnect {
+		// The head came (errCutBeforeEnd, say): an invalid response, as
+		// over HTTP, not a worker that could not be reached.
+		f = fail(failProtocol, err)
+	}
+	return f
 }
 
 // forEachHeaderLine calls f for each "Name: value\r\n" line of a header
