@@ -370,6 +370,29 @@ func (e *errUnavailable) Unwrap() error { return e.err }
 // replicas keep committing first.
 const casRetryFor = 10 * time.Second
 
+// cloneDoc deep-copies a decoded JSON document.
+func cloneDoc(doc map[string]any) map[string]any {
+	return cloneJSON(doc).(map[string]any)
+}
+
+func cloneJSON(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		m := make(map[string]any, len(v))
+		for k, e := range v {
+			m[k] = cloneJSON(e)
+		}
+		return m
+	case []any:
+		l := make([]any, len(v))
+		for i, e := range v {
+			l[i] = cloneJSON(e)
+		}
+		return l
+	}
+	return v
+}
+
 // change builds a new config from the current one with mutate and commits
 // it. ifVersion 0 bases the change on whatever is current (retrying when a
 // concurrent change lands first); otherwise a different current version is
@@ -393,7 +416,10 @@ func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(d
 		if err := mutate(doc); err != nil {
 			return nil, 0, err
 		}
-		next, err := a.seal.parseDoc(doc, cur)
+		// parseDoc writes placeholders into what it walks, and mutate's
+		// values are the caller's, reused by the next attempt: it walks a
+		// copy (a retry read the placeholders as literal keys).
+		next, err := a.seal.parseDoc(cloneDoc(doc), cur)
 		if err != nil {
 			return nil, 0, err
 		}

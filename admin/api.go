@@ -719,7 +719,17 @@ func (f *authFailures) failed(ip string, now time.Time) {
 				}
 			}
 			if len(f.m) >= maxAuthTracked {
-				return // a flood from many addresses: each still pays a wrong key
+				// A flood from many addresses: the oldest window goes, so
+				// every new address is still counted (skipping the count
+				// turned the lockout off for all further addresses).
+				var oldest string
+				var at time.Time
+				for k, o := range f.m {
+					if oldest == "" || o.start.Before(at) {
+						oldest, at = k, o.start
+					}
+				}
+				delete(f.m, oldest)
 			}
 		}
 		w = &authWin{start: now}
@@ -728,10 +738,15 @@ func (f *authFailures) failed(ip string, now time.Time) {
 	w.n++
 }
 
-// remoteIP is the address part of a RemoteAddr.
+// remoteIP is the address part of a RemoteAddr; for IPv6 its /64, which
+// one client holds whole (so a guesser cannot spread its tries over it).
 func remoteIP(addr string) string {
-	if h, _, err := net.SplitHostPort(addr); err == nil {
-		return h
+	h, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		h = addr
 	}
-	return addr
+	if ip := net.ParseIP(h); ip != nil && ip.To4() == nil {
+		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	}
+	return h
 }

@@ -320,12 +320,15 @@ type heldSecrets struct {
 	byKey  map[string]*heldSecret
 }
 
+// heldSecretPrefix begins every placeholder a parse holds a secret under.
+const heldSecretPrefix = "infera-held-secret-"
+
 func newHeldSecrets() *heldSecrets {
 	var nonce [12]byte
 	if _, err := rand.Read(nonce[:]); err != nil {
 		panic("BUG: crypto/rand: " + err.Error())
 	}
-	return &heldSecrets{prefix: "infera-held-secret-" + hex.EncodeToString(nonce[:]) + "-", byKey: map[string]*heldSecret{}}
+	return &heldSecrets{prefix: heldSecretPrefix + hex.EncodeToString(nonce[:]) + "-", byKey: map[string]*heldSecret{}}
 }
 
 func (h *heldSecrets) hold(s *heldSecret) string {
@@ -471,6 +474,10 @@ func (s *sealer) parseDoc(doc map[string]any, cur *config.Config) (*config.Confi
 				return str, nil
 			}
 			return held.hold(&heldSecret{ref: str}), nil
+		}
+		if strings.HasPrefix(str, heldSecretPrefix) {
+			// Another parse's placeholder is never a key.
+			return nil, &config.FieldError{Path: path, Msg: "is an internal placeholder, not a key: enter the key again"}
 		}
 		fp, ok := isRedacted(str)
 		if !ok {

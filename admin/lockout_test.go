@@ -1,0 +1,65 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// clientFrom is an HTTP client whose connections come from source address ip.
+func clientFrom(ip string) *http.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 5 * time.Second}
+	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, n, a string) (net.Conn, error) { return d.DialContext(ctx, n, a) }}}
+}
+
+func wrongKeyFrom(t *testing.T, url, ip string) int {
+	req, _ := http.NewRequest("GET", url+"/api/version", nil)
+	req.Header.Set("Authorization", "Bearer wrong-guess")
+	res, err := clientFrom(ip).Do(req)
+	if err != nil {
+		t.Fatalf("from %s: %v", ip, err)
+	}
+	res.Body.Close()
+	return res.StatusCode
+}
+
+// The lockout holds for an address however many other addresses sent a
+// wrong key in the same minute: one wrong key from each of maxAuthTracked
+// addresses used to turn the limit off for every further address.
+func TestWrongKeyLockoutHoldsWhenManyAddressesGuess(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	url := e.srv.URL
+	if !strings.HasPrefix(url, "http://127.0.0.1:") {
+		t.Skip("needs the IPv4 loopback")
+	}
+	for i := 0; i < maxAuthTracked; i++ {
+		wrongKeyFrom(t, url, fmt.Sprintf("127.2.%d.%d", i/250, i%250+1))
+	}
+	attacker := "127.3.0.1"
+	for i := 1; i <= 3*maxAuthFailures; i++ {
+		if wrongKeyFrom(t, url, attacker) == http.StatusTooManyRequests {
+			return
+		}
+	}
+	t.Fatalf("%d wrong keys from %s in a minute and never 429", 3*maxAuthFailures, attacker)
+}
+
+// Every address of an IPv6 /64 is one client to the lockout: a guesser
+// cannot spread its tries over the 2^64 addresses it holds.
+func TestAnIPv6SlashSixtyFourIsOneAddressToTheLockout(t *testing.T) {
+	a, b := remoteIP("[2001:db8:1:2::1]:5000"), remoteIP("[2001:db8:1:2:ffff:ffff:ffff:ffff]:6000")
+	if a != b || a != "2001:db8:1:2::/64" {
+		t.Fatalf("%q and %q", a, b)
+	}
+	if c := remoteIP("[2001:db8:1:3::1]:5000"); c == a {
+		t.Fatalf("another /64 shares %q", c)
+	}
+	if v4 := remoteIP("127.0.0.1:80"); v4 != "127.0.0.1" {
+		t.Fatalf("IPv4: %q", v4)
+	}
+}
