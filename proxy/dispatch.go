@@ -187,6 +187,13 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 		f = &failure{kind: failUpstreamAuth, cause: fmt.Errorf("%s answered %d to the gateway's credentials", rs.ext.cur.label, up.status())}
 		c.cancel.unset()
 		up.finish(false)
+	} else if f == nil && rs.ext.cur != nil && up.status() >= 300 && up.status() < 400 {
+		// A redirect is no answer to relay: a client following its
+		// Location would send its request to the provider past the
+		// gateway. An invalid response, the upstream's fault.
+		f = fail(failProtocol, fmt.Errorf("%s answered a redirect (%d)", rs.ext.cur.label, up.status()))
+		c.cancel.unset()
+		up.finish(false)
 	}
 	if f == nil {
 		status := up.status()
@@ -255,7 +262,10 @@ func readFirst(rs *reqState, c *call, up upResponse, status int) (int, error) {
 	//
 	// So is a successful answer to a stream request that is not an
 	// event stream (an engine that answered plain JSON).
-	whole := !rs.sreq.Stream || status < 400 && !eventStream(up.contentType())
+	//
+	// So is an external upstream's error answer, whatever was asked: the
+	// gateway's key it may echo is scrubbed from what the first read holds.
+	whole := !rs.sreq.Stream || status < 400 && !eventStream(up.contentType()) || status >= 400 && rs.ext.cur != nil
 	for whole && rerr == nil && n > 0 && n < len(rs.rbuf) {
 		var m int
 		m, rerr = up.read(rs.rbuf[n:])
@@ -438,6 +448,9 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		h.SetContentTypeBytes(ct)
 	}
 	up.copyHeaders(h)
+	if rs.ext.cur != nil {
+		dropKeyHeaders(h, rs.ext.cur) // external.go
+	}
 	d := &rs.lease.Decision
 	if cfg.Debug.DecisionHeader {
 		if u := rs.ext.cur; u != nil {

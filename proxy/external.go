@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"github.com/valyala/fasthttp"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,24 @@ func scrubKey(b []byte, u *extUpstream) []byte {
 		return b
 	}
 	return bytes.ReplaceAll(b, []byte(k), []byte(config.RedactedSecret))
+}
+
+// dropKeyHeaders removes from h the headers whose value holds u's key (an
+// upstream that echoes the gateway's credentials in a header).
+func dropKeyHeaders(h *fasthttp.ResponseHeader, u *extUpstream) {
+	k := u.key.Reveal()
+	if len(k) < 4 {
+		return
+	}
+	var drop [][]byte
+	for name, v := range h.All() {
+		if bytes.Contains(v, []byte(k)) {
+			drop = append(drop, append([]byte(nil), name...))
+		}
+	}
+	for _, name := range drop {
+		h.DelBytes(name)
+	}
 }
 
 // extUpstream is one external upstream. Immutable once published; a config

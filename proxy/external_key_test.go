@@ -1,0 +1,105 @@
+// The gateway's key to an external upstream never reaches the client, and
+// a redirect from one is never relayed.
+
+package proxy
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/config"
+)
+
+const reKey = "sk-gateway-SECRET-0123456789"
+
+// reSplitOnly routes everything to one external upstream (no failover, so
+// its error answer is relayed, not stashed).
+func reSplitOnly(addr string) *config.Config {
+	return splitConfig(config.SplitWeight,
+		config.Proxy{Local: true, Weight: 0},
+		config.Proxy{Name: "ext", Address: addr, APIKey: config.NewSecret(reKey), Weight: 1},
+	)
+}
+
+// A streamed request answered 400/500 by the external upstream with a
+// chunked error body in two writes: the whole error answer is read before
+// its head is committed, so the key in the second write is scrubbed too
+// (it was relayed unscrubbed after the first read).
+func TestTheGatewaysKeyInALaterChunkOfAnErrorBodyIsScrubbed(t *testing.T) {
+	for _, status := range []int{400, 500} {
+		up := startRaw(t, func(n int, req string, c net.Conn) {
+			c.Write([]byte("HTTP/1.1 " + strconv.Itoa(status) + " X\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"))
+			p1 := `{"error":{"message":"Incorrect API key provided: `
+			c.Write([]byte(strconv.FormatInt(int64(len(p1)), 16) + "\r\n" + p1 + "\r\n"))
+			time.Sleep(100 * time.Millisecond)
+			p2 := reKey + `","type":"invalid_request_error"}}`
+			c.Write([]byte(strconv.FormatInt(int64(len(p2)), 16) + "\r\n" + p2 + "\r\n0\r\n\r\n"))
+		})
+		r := startRouterWith(t, nil, reSplitOnly(up.url), nil)
+		body := `{"model":"gpt-4o","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+		for _, path := range []string{"/v1/chat/completions", "/v1/messages", "/v1/responses"} {
+			if path == "/v1/responses" {
+				body = `{"model":"gpt-4o","stream":true,"input":"hi"}`
+			}
+			resp, b := postWith(t, r.url+path, body, nil)
+			if strings.Contains(b, reKey) {
+				t.Errorf("%s status %d: the gateway's upstream key reached the client: %d %q", path, status, resp.StatusCode, b)
+			}
+		}
+	}
+}
+
+// An error answer that echoes the key in a header (a debug echo of the
+// request's Authorization) is relayed without that header.
+func TestTheGatewaysKeyInAnErrorAnswersHeaderNeverReachesTheClient(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		body := `{"error":{"message":"rate limited"}}`
+		c.Write([]byte("HTTP/1.1 429 Too Many Requests\r\nX-Echo-Authorization: Bearer " + reKey + "\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body))
+	})
+	r := startRouterWith(t, nil, reSplitOnly(up.url), nil)
+	resp, b := postWith(t, r.url+"/v1/chat/completions", gptBody, nil)
+	for k, vs := range resp.Header {
+		for _, v := range vs {
+			if strings.Contains(v, reKey) {
+				t.Fatalf("the gateway's upstream key reached the client in header %s: %q (%d %s)", k, v, resp.StatusCode, b)
+			}
+		}
+	}
+}
+
+// An external upstream answering a redirect (an http:// address an API
+// redirects to https://, say) is an invalid response: the client gets an
+// error in its protocol's shape, never the 3xx with the upstream's
+// Location (which it used to get, as a success).
+func TestARedirectFromAnExternalUpstreamIsAnInvalidResponse(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 308 Permanent Redirect\r\nLocation: https://api.provider.example/v1/chat/completions\r\nContent-Length: 0\r\n\r\n"))
+	})
+	r := startRouterWith(t, nil, reSplitOnly(up.url), nil)
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/chat/completions", gptBody},
+		{"/v1/messages", `{"model":"gpt-4o","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}`},
+	} {
+		resp, b := reNoRedirectPost(t, r.url+tc.path, tc.body)
+		if resp.StatusCode < 400 || resp.Header.Get("Location") != "" {
+			t.Errorf("%s: a redirect of the external upstream reached the client: %d Location %q body %.200q",
+				tc.path, resp.StatusCode, resp.Header.Get("Location"), b)
+		}
+	}
+}
+
+func reNoRedirectPost(t *testing.T, url, body string) (*http.Response, string) {
+	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }, Timeout: 10 * time.Second}
+	resp, err := c.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(b)
+}
