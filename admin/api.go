@@ -680,6 +680,10 @@ const (
 type authFailures struct {
 	mu sync.Mutex
 	m  map[string]*authWin
+	// overflow counts the wrong keys of untracked addresses while every
+	// tracked window is a lockout (a flood from more addresses than are
+	// tracked): when it locks, every untracked address is locked with it.
+	overflow authWin
 }
 
 type authWin struct {
@@ -692,10 +696,17 @@ func (f *authFailures) locked(ip string, now time.Time) (time.Duration, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	w := f.m[ip]
-	if w == nil || w.n < maxAuthFailures {
+	if w == nil {
+		w = &f.overflow // an address the table could not take
+	}
+	if w.n < maxAuthFailures {
 		return 0, false
 	}
 	left := w.start.Add(authWindow).Sub(now)
+	if left <= 0 && w == &f.overflow {
+		f.overflow = authWin{}
+		return 0, false
+	}
 	if left <= 0 {
 		delete(f.m, ip)
 		return 0, false
@@ -719,15 +730,25 @@ func (f *authFailures) failed(ip string, now time.Time) {
 				}
 			}
 			if len(f.m) >= maxAuthTracked {
-				// A flood from many addresses: the oldest window goes, so
-				// every new address is still counted (skipping the count
-				// turned the lockout off for all further addresses).
+				// A flood from many addresses: the oldest window that is
+				// no lockout goes, so every new address is still counted
+				// (skipping the count turned the lockout off for all
+				// further addresses) and no locked address is freed by
+				// others' guesses. When every window is a lockout, the
+				// address is counted in the shared overflow window.
 				var oldest string
 				var at time.Time
 				for k, o := range f.m {
-					if oldest == "" || o.start.Before(at) {
+					if o.n < maxAuthFailures && (oldest == "" || o.start.Before(at)) {
 						oldest, at = k, o.start
 					}
+				}
+				if oldest == "" {
+					if o := &f.overflow; o.n == 0 || now.Sub(o.start) > authWindow {
+						*o = authWin{start: now}
+					}
+					f.overflow.n++
+					return
 				}
 				delete(f.m, oldest)
 			}

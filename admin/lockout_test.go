@@ -63,3 +63,27 @@ func TestAnIPv6SlashSixtyFourIsOneAddressToTheLockout(t *testing.T) {
 		t.Fatalf("IPv4: %q", v4)
 	}
 }
+
+// An address locked out stays locked until its minute ends: a guesser
+// with maxAuthTracked more addresses (one wrong key each) must not evict
+// its own locked window and guess again at once.
+func TestALockedAddressCannotEvictItsOwnWindow(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	url := e.srv.URL
+	if !strings.HasPrefix(url, "http://127.0.0.1:") {
+		t.Skip("needs the IPv4 loopback")
+	}
+	attacker := "127.5.0.1"
+	for i := 0; i < maxAuthFailures; i++ {
+		wrongKeyFrom(t, url, attacker)
+	}
+	if s := wrongKeyFrom(t, url, attacker); s != http.StatusTooManyRequests {
+		t.Fatalf("not locked after %d wrong keys: %d", maxAuthFailures, s)
+	}
+	for i := 0; i < maxAuthTracked; i++ {
+		wrongKeyFrom(t, url, fmt.Sprintf("127.6.%d.%d", i/250, i%250+1))
+	}
+	if s := wrongKeyFrom(t, url, attacker); s != http.StatusTooManyRequests {
+		t.Fatalf("the locked address guessed again within its minute after %d other addresses sent one wrong key each: %d", maxAuthTracked, s)
+	}
+}

@@ -197,18 +197,23 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 	}
 	if f == nil {
 		status := up.status()
-		if (status >= 500 || status == fasthttp.StatusTooManyRequests) && mayRetry {
+		retry := (status >= 500 || status == fasthttp.StatusTooManyRequests) && mayRetry
+		if retry || status >= 400 && rs.ext.cur != nil {
+			// Kept aside whole (up to stashMax): an answer another
+			// attempt may replace, or an external upstream's error
+			// answer, whose every byte is scrubbed of the gateway's key
+			// before it is relayed (answerFailed).
 			rs.stashAnswer(up, status, &c.cancel)
 			f = &failure{kind: failStatus, status: status}
-			if status == fasthttp.StatusTooManyRequests {
+			if status < 500 {
 				rs.lease.Done(sched.OutcomeNeutral)
 			} else {
 				rs.lease.Done(sched.OutcomeFault)
 				mUpstreamErr.Inc()
 			}
 			res.last, res.allConnect = f, false
-			if c.cancel.wasAborted() {
-				res.stop = true // the client left
+			if !retry || c.cancel.wasAborted() {
+				res.stop = true // relayed as it is, or the client left
 				return attemptStop
 			}
 			return attemptFailed
@@ -262,11 +267,16 @@ func readFirst(rs *reqState, c *call, up upResponse, status int) (int, error) {
 	//
 	// So is a successful answer to a stream request that is not an
 	// event stream (an engine that answered plain JSON).
-	//
-	// So is an external upstream's error answer, whatever was asked: the
-	// gateway's key it may echo is scrubbed from what the first read holds.
-	whole := !rs.sreq.Stream || status < 400 && !eventStream(up.contentType()) || status >= 400 && rs.ext.cur != nil
+	whole := !rs.sreq.Stream || status < 400 && !eventStream(up.contentType())
 	for whole && rerr == nil && n > 0 && n < len(rs.rbuf) {
+		if rs.sreq.Stream && c.idle > 0 {
+			// Bytes came: stream_idle_s bounds the wait for more.
+			dl := time.Now().Add(c.idle)
+			if !c.firstByte.IsZero() && c.firstByte.Before(dl) {
+				dl = c.firstByte
+			}
+			up.setReadDeadline(dl)
+		}
 		var m int
 		m, rerr = up.read(rs.rbuf[n:])
 		n += m

@@ -103,3 +103,53 @@ func reNoRedirectPost(t *testing.T, url, body string) (*http.Response, string) {
 	resp.Body.Close()
 	return resp, string(b)
 }
+
+// An external upstream's error answer that echoes the gateway's key past
+// the first 32 KiB read (or across its end) is scrubbed too (the answer
+// is kept aside whole, up to 256 KiB, before it is relayed): the
+// client can place the key there by padding whatever the upstream echoes
+// (a long model name, say).
+func TestTheGatewaysKeyPastTheFirstReadOfAnErrorBodyIsScrubbed(t *testing.T) {
+	for _, off := range []int{relayBufSize - 10, relayBufSize + 1000} {
+		body := `{"error":{"message":"` + strings.Repeat("x", off-len(`{"error":{"message":"`)) + reKey + `"}}`
+		if strings.Index(body, reKey) != off {
+			t.Fatalf("bad offset")
+		}
+		up := startRaw(t, func(n int, req string, c net.Conn) {
+			c.Write([]byte("HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body))
+		})
+		r := startRouterWith(t, nil, reSplitOnly(up.url), nil)
+		for _, stream := range []string{"false", "true"} {
+			req := `{"model":"gpt-4o","max_tokens":8,"stream":` + stream + `,"messages":[{"role":"user","content":"hi"}]}`
+			for _, path := range []string{"/v1/chat/completions", "/v1/messages"} {
+				resp, b := postWith(t, r.url+path, req, nil)
+				if strings.Contains(b, reKey) || strings.Contains(b, reKey[:len(reKey)/2]) && strings.Contains(b, reKey[len(reKey)/2:]) && !strings.Contains(b, "***") {
+					t.Errorf("key at body offset %d, %s stream=%s: the gateway's upstream key reached the client (%d, %d bytes)", off, path, stream, resp.StatusCode, len(b))
+				}
+			}
+		}
+	}
+}
+
+// An external upstream's error answer to a stream request is read whole
+// before its head goes out; a stall in it is bounded (2 s once its first
+// bytes came, as for any answer kept aside), never by
+// stream_first_packet_s alone.
+func TestAStalledExternalErrorBodyOfAStreamRequestIsBounded(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 500 X\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"))
+		p1 := `{"error":{"message":"partial`
+		c.Write([]byte("1c\r\n" + p1 + "\r\n"))
+		time.Sleep(8 * time.Second)
+	})
+	cfg := reSplitOnly(up.url)
+	cfg.Timeouts.StreamIdleSeconds = 1
+	cfg.Timeouts.StreamFirstPacketSeconds = 30
+	r := startRouterWith(t, nil, cfg, nil)
+	body := `{"model":"gpt-4o","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	start := time.Now()
+	resp, b := postWith(t, r.url+"/v1/chat/completions", body, nil)
+	if el := time.Since(start); el > 4*time.Second {
+		t.Fatalf("a stalled error body with stream_idle_s 1 held the client %v: %d %q", el, resp.StatusCode, b)
+	}
+}
