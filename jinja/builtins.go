@@ -737,6 +737,10 @@ func (st *state) simpleFilter(v Value, name string) (Value, error) {
 		case "length":
 			return Int(int64(len(items))), nil
 		case "reverse":
+			// A copy: charged an element a step, as a[::-1] is.
+			if err := st.charge(len(items)); err != nil {
+				return Value{}, err
+			}
 			out := st.values(len(items))
 			for i, x := range items {
 				out[len(items)-1-i] = x

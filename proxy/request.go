@@ -490,6 +490,34 @@ func (s *Server) hashPrompt(rs *reqState, body []byte, kind int) error {
 // small ones.
 const maxRouteMessages = 1024
 
+// maxRouteElems bounds the tool calls of the rendered messages, and the
+// tools, for routing: the template builds objects for each (kilobytes
+// for a 40-byte call), so a body of many small ones would cost far more
+// than its size. Past it the chat is not tokenized (rs.tokSkip).
+const maxRouteElems = 1024
+
+var errTooManyElems = errors.New("too many elements to render for routing")
+
+// countElems counts the elements of the array at d[i].
+func countElems(d []byte, i int) int {
+	n := 0
+	forEachElem(d, i, func(int, int) error { n++; return nil })
+	return n
+}
+
+// overElems reports whether the array at d[i] has more than limit
+// elements (counting stops there).
+func overElems(d []byte, i, limit int) bool {
+	n := 0
+	_, err := forEachElem(d, i, func(int, int) error {
+		if n++; n > limit {
+			return errTooManyElems
+		}
+		return nil
+	})
+	return err == errTooManyElems
+}
+
 // tokenize fills rs.tokens with the prompt's token ids: a token-id prompt
 // as is, a chat rendered with the chat template, or the prompt text. Within
 // --router-tokenize-max-bytes: a chat renders only the leading messages
@@ -511,13 +539,24 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 		if b.toolsEnd > 0 {
 			tools = body[b.toolsStart:b.toolsEnd]
 		}
-		if limit > 0 && len(tools) > limit {
+		if limit > 0 && len(tools) > limit || len(tools) > 0 && tools[0] == '[' && overElems(tools, 0, maxRouteElems) {
 			rs.tokSkip = true
 			mTokenizeCut.Inc()
 			return nil
 		}
 		arr := body[b.msgStart:b.msgEnd]
 		k, part, whole := routeMessages(arr, b.msgSpans, b.restSize, limit)
+		calls := 0
+		for i := range b.msgSpans[:k] {
+			if c := b.msgSpans[i].toolCalls; c.e > c.s && arr[c.s] == '[' {
+				if overElems(arr, c.s, maxRouteElems-calls) {
+					rs.tokSkip = true
+					mTokenizeCut.Inc()
+					return nil
+				}
+				calls += countElems(arr, c.s)
+			}
+		}
 		all := k == len(b.msgSpans) && b.restSize == 0
 		rs.msgs = decodeMessages(rs.msgs[:0], arr, b.msgSpans[:k], &rs.arena)
 		var err error
