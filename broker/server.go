@@ -429,9 +429,9 @@ func (s *Server) reply(to string, seq uint64, kind string, status int, errMsg st
 	return s.nc.PublishMsg(m)
 }
 
-// replyHead sends the head of a response whose body follows in chunks;
-// closeDelimited is HdrCloseDelimited's value ("" for none).
-func (s *Server) replyHead(to string, resp *http.Response, closeDelimited string) error {
+// headMsg is the head of resp as a reply message to to: the engine's
+// headers a client may see, its status, sequence 0.
+func headMsg(to string, resp *http.Response) *nats.Msg {
 	m := nats.NewMsg(to)
 	for k, vs := range resp.Header {
 		if skipHeader(k) {
@@ -446,27 +446,22 @@ func (s *Server) replyHead(to string, resp *http.Response, closeDelimited string
 	m.Header.Set(HdrKind, KindHead)
 	m.Header.Set(HdrSeq, "0")
 	m.Header.Set(HdrStatus, strconv.Itoa(resp.StatusCode))
+	return m
+}
+
+// replyHead sends the head of a response whose body follows in chunks;
+// closeDelimited is HdrCloseDelimited's value ("" for none).
+func (s *Server) replyHead(to string, resp *http.Response, closeDelimited string) error {
+	m := headMsg(to, resp)
 	if closeDelimited != "" {
 		m.Header.Set(HdrCloseDelimited, closeDelimited)
 	}
 	return s.nc.PublishMsg(m)
 }
 
+// replyLast sends a whole response, head and body, in one message.
 func (s *Server) replyLast(to string, resp *http.Response, body []byte) {
-	m := nats.NewMsg(to)
-	for k, vs := range resp.Header {
-		if skipHeader(k) {
-			continue
-		}
-		for _, v := range vs {
-			if validHeaderValue(v) {
-				m.Header.Add(k, v)
-			}
-		}
-	}
-	m.Header.Set(HdrKind, KindHead)
-	m.Header.Set(HdrSeq, "0")
-	m.Header.Set(HdrStatus, strconv.Itoa(resp.StatusCode))
+	m := headMsg(to, resp)
 	m.Header.Set(HdrLast, "1")
 	m.Data = body
 	s.nc.PublishMsg(m)

@@ -269,13 +269,8 @@ func readFirst(rs *reqState, c *call, up upResponse, status int) (int, error) {
 	// event stream (an engine that answered plain JSON).
 	whole := !rs.sreq.Stream || status < 400 && !eventStream(up.contentType())
 	for whole && rerr == nil && n > 0 && n < len(rs.rbuf) {
-		if rs.sreq.Stream && c.idle > 0 {
-			// Bytes came: stream_idle_s bounds the wait for more.
-			dl := time.Now().Add(c.idle)
-			if !c.firstByte.IsZero() && c.firstByte.Before(dl) {
-				dl = c.firstByte
-			}
-			up.setReadDeadline(dl)
+		if rs.sreq.Stream {
+			c.armMore(up)
 		}
 		var m int
 		m, rerr = up.read(rs.rbuf[n:])
@@ -289,18 +284,7 @@ func readFirst(rs *reqState, c *call, up upResponse, status int) (int, error) {
 	// its first ones.)
 	for !whole && status < 400 && rerr == nil && n < len(rs.rbuf) && !hasEvent(rs.rbuf[:n]) && !encoded(up) {
 		if n > 0 {
-			// Bytes came: the first packet's deadline still holds (a NATS
-			// stream drops it at its first chunk), and stream_idle_s
-			// bounds the wait for more, as after the commit.
-			dl := c.firstByte
-			if c.idle > 0 {
-				if idle := time.Now().Add(c.idle); dl.IsZero() || idle.Before(dl) {
-					dl = idle
-				}
-			}
-			if !dl.IsZero() {
-				up.setReadDeadline(dl)
-			}
+			c.armMore(up)
 		}
 		var m int
 		m, rerr = up.read(rs.rbuf[n:])
@@ -314,6 +298,22 @@ func readFirst(rs *reqState, c *call, up upResponse, status int) (int, error) {
 		rerr = errCutBeforeEnd
 	}
 	return n, rerr
+}
+
+// armMore bounds the wait for more of an answer once its first bytes
+// came, before the commit: the first packet's deadline still holds (a NATS
+// stream drops its own at its first chunk), and stream_idle_s bounds the
+// wait, as after the commit.
+func (c *call) armMore(up upResponse) {
+	dl := c.firstByte
+	if c.idle > 0 {
+		if idle := time.Now().Add(c.idle); dl.IsZero() || idle.Before(dl) {
+			dl = idle
+		}
+	}
+	if !dl.IsZero() {
+		up.setReadDeadline(dl)
+	}
 }
 
 // firstReadFailure classifies an error of readFirst.

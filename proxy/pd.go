@@ -776,12 +776,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			f, leg = pf, sched.LegPrefill
 			if f.kind == failStatus && f.status < 500 && f.status != fasthttp.StatusTooManyRequests && p.errStatus != 0 {
 				s.live.remove(rs)
-				rs.errStatus = p.errStatus
-				rs.errBody = append(rs.errBody[:0], p.errBody...)
-				rs.errType = append(rs.errType[:0], p.errType...)
-				for i := range p.errRetry {
-					rs.errRetry[i] = append(rs.errRetry[i][:0], p.errRetry[i]...)
-				}
+				p.stashedInto(rs)
 				s.relayStashed(ctx, rs)
 				res.committed = true
 				return
@@ -789,12 +784,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			if f.kind == failStatus && p.errStatus != 0 {
 				// A prefill 5xx or 429: the answer relayed if it is the last
 				// failure, as the vLLM mode and mixed workers do.
-				rs.errStatus = p.errStatus
-				rs.errBody = append(rs.errBody[:0], p.errBody...)
-				rs.errType = append(rs.errType[:0], p.errType...)
-				for i := range p.errRetry {
-					rs.errRetry[i] = append(rs.errRetry[i][:0], p.errRetry[i]...)
-				}
+				p.stashedInto(rs)
 			}
 		} else if blamed {
 			rs.lease.Done(sched.OutcomeNeutral) // the prefill leg took the fault (pushPrefill)
@@ -857,15 +847,7 @@ func (p *pdDispatch) pushPrefill() {
 				// After its first bytes the leg is bounded as a stream is,
 				// by stream_idle_s (prefill_timeout_s only bounds the wait
 				// for them, and may be 0).
-				if p.pc.idle > 0 {
-					// (firstByte: pd.prefill_timeout_s, capped by the
-					// total; it still bounds the whole answer.)
-					dl := time.Now().Add(p.pc.idle)
-					if !p.pc.firstByte.IsZero() && p.pc.firstByte.Before(dl) {
-						dl = p.pc.firstByte
-					}
-					up.setReadDeadline(dl)
-				}
+				p.pc.armMore(up) // (firstByte: pd.prefill_timeout_s, capped by the total)
 				_, err = up.read(p.buf)
 			}
 			if err == io.EOF {
@@ -916,6 +898,17 @@ func (p *pdDispatch) pushPrefill() {
 	}
 	p.done <- struct{}{}
 	p.release()
+}
+
+// stashedInto copies the prefill's error answer into rs (relayStashed
+// sends it). After the prefill goroutine ended: no lock needed.
+func (p *pdDispatch) stashedInto(rs *reqState) {
+	rs.errStatus = p.errStatus
+	rs.errBody = append(rs.errBody[:0], p.errBody...)
+	rs.errType = append(rs.errType[:0], p.errType...)
+	for i := range p.errRetry {
+		rs.errRetry[i] = append(rs.errRetry[i][:0], p.errRetry[i]...)
+	}
 }
 
 // appendRequestID appends a random request id (32 hex digits).

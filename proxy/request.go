@@ -498,24 +498,17 @@ const maxRouteElems = 1024
 
 var errTooManyElems = errors.New("too many elements to render for routing")
 
-// countElems counts the elements of the array at d[i].
-func countElems(d []byte, i int) int {
+// elems counts the elements of the array at d[i], up to limit+1 (it
+// stops there).
+func elems(d []byte, i, limit int) int {
 	n := 0
-	forEachElem(d, i, func(int, int) error { n++; return nil })
-	return n
-}
-
-// overElems reports whether the array at d[i] has more than limit
-// elements (counting stops there).
-func overElems(d []byte, i, limit int) bool {
-	n := 0
-	_, err := forEachElem(d, i, func(int, int) error {
+	forEachElem(d, i, func(int, int) error {
 		if n++; n > limit {
 			return errTooManyElems
 		}
 		return nil
 	})
-	return err == errTooManyElems
+	return n
 }
 
 // tokenize fills rs.tokens with the prompt's token ids: a token-id prompt
@@ -539,7 +532,7 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 		if b.toolsEnd > 0 {
 			tools = body[b.toolsStart:b.toolsEnd]
 		}
-		if limit > 0 && len(tools) > limit || len(tools) > 0 && tools[0] == '[' && overElems(tools, 0, maxRouteElems) {
+		if limit > 0 && len(tools) > limit || len(tools) > 0 && tools[0] == '[' && elems(tools, 0, maxRouteElems) > maxRouteElems {
 			rs.tokSkip = true
 			mTokenizeCut.Inc()
 			return nil
@@ -549,12 +542,11 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 		calls := 0
 		for i := range b.msgSpans[:k] {
 			if c := b.msgSpans[i].toolCalls; c.e > c.s && arr[c.s] == '[' {
-				if overElems(arr, c.s, maxRouteElems-calls) {
+				if calls += elems(arr, c.s, maxRouteElems-calls); calls > maxRouteElems {
 					rs.tokSkip = true
 					mTokenizeCut.Inc()
 					return nil
 				}
-				calls += countElems(arr, c.s)
 			}
 		}
 		all := k == len(b.msgSpans) && b.restSize == 0
