@@ -34,7 +34,7 @@ func (t *Template) acquireState() *state {
 		st.strBud = 16 * t.opts.MaxOutput
 		return st
 	}
-	return &state{opts: &t.opts, strBud: 16 * t.opts.MaxOutput}
+	return &state{opts: &t.opts, strBud: 16 * t.opts.MaxOutput, keepsLoop: t.keepsLoop}
 }
 
 func (t *Template) releaseState(st *state) {
@@ -45,7 +45,9 @@ func (t *Template) releaseState(st *state) {
 // reset empties the arenas, dropping references to render values so that
 // the pool does not keep callers' data alive.
 func (st *state) reset() {
-	st.steps, st.depth = 0, 0
+	st.steps, st.depth, st.mem = 0, 0, 0
+	clear(st.spareLoops) // pooled objects, reset below
+	st.spareLoops = st.spareLoops[:0]
 	if cap(st.strs) > maxPooledStrBytes {
 		st.strs = nil
 	}
@@ -126,6 +128,7 @@ func (st *state) values(n int) []Value {
 	}
 	s := st.vals[st.nvals : st.nvals+n : st.nvals+n]
 	st.nvals += n
+	st.mem += n * valueSize
 	return s
 }
 
@@ -139,12 +142,14 @@ func (st *state) array(kind Kind, items []Value) Value {
 		st.arrs = append(st.arrs, a)
 	}
 	st.narrs++
+	st.mem += arraySize
 	a.items = items
 	return Value{kind: kind, arr: a}
 }
 
 // newObject returns an empty object from the pool.
 func (st *state) newObject() *Object {
+	st.mem += objectSize
 	if st.nobjs < len(st.objs) {
 		o := st.objs[st.nobjs]
 		st.nobjs++
@@ -158,6 +163,7 @@ func (st *state) newObject() *Object {
 
 // newEnv returns an empty scope below parent.
 func (st *state) newEnv(parent *env) *env {
+	st.mem += envSize
 	if st.nenvs < len(st.envs) {
 		e := st.envs[st.nenvs]
 		st.nenvs++
@@ -169,6 +175,31 @@ func (st *state) newEnv(parent *env) *env {
 	st.nenvs++
 	return e
 }
+
+// loopObject returns a loop object with its keys set, a finished loop's
+// if there is one (forLoop).
+func (st *state) loopObject() *Object {
+	if n := len(st.spareLoops); n > 0 {
+		o := st.spareLoops[n-1]
+		st.spareLoops = st.spareLoops[:n-1]
+		return o
+	}
+	o := st.newObject()
+	o.keys = append(o.keys, loopKeys...)
+	o.vals = append(o.vals, make([]Value, len(loopKeys))...)
+	st.mem += len(loopKeys) * (stringSize + valueSize)
+	return o
+}
+
+// Approximate sizes charged to Options.maxMem; an object or scope is
+// charged its header and room for two entries.
+const (
+	valueSize  = int(unsafe.Sizeof(Value{}))
+	stringSize = int(unsafe.Sizeof(""))
+	arraySize  = int(unsafe.Sizeof(arrayData{}))
+	objectSize = int(unsafe.Sizeof(Object{})) + 2*(stringSize+valueSize)
+	envSize    = int(unsafe.Sizeof(env{})) + 2*(stringSize+valueSize)
+)
 
 // buf returns a scratch byte buffer for rendering a nested block; give it
 // back with putBuf (buffers nest like the blocks).

@@ -14,7 +14,10 @@ import (
 type Template struct {
 	body []node
 	opts Options
-	pool sync.Pool // *state, see arena.go
+	// keepsLoop: the template may hold a loop object past its iteration
+	// (loopref.go), so each iteration builds a fresh one.
+	keepsLoop bool
+	pool      sync.Pool // *state, see arena.go
 }
 
 // Options tunes rendering. The zero value matches @huggingface/jinja.
@@ -54,7 +57,7 @@ func ParseWithOptions(src string, opts Options) (*Template, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Template{body: body, opts: opts}, nil
+	return &Template{body: body, opts: opts, keepsLoop: keepsLoop(body)}, nil
 }
 
 // Error is a template runtime error, including raise_exception.
@@ -93,6 +96,10 @@ type state struct {
 	steps  int
 	depth  int
 	strBud int // bytes that string-building operations may still allocate
+	mem    int // bytes of arena values, objects and scopes handed out (Options.maxMem)
+
+	keepsLoop  bool      // the template's (Template.keepsLoop)
+	spareLoops []*Object // loop objects of finished loops, for the next ones
 
 	// Arenas, reset between renders (arena.go).
 	strs  []byte
@@ -113,8 +120,8 @@ type state struct {
 
 func (st *state) step() error {
 	st.steps++
-	if st.steps > st.opts.MaxSteps {
-		return limitf("template exceeded %d evaluation steps", st.opts.MaxSteps)
+	if st.steps > st.opts.MaxSteps || st.mem > st.opts.maxMem() {
+		return st.overBudget()
 	}
 	return nil
 }
@@ -122,11 +129,23 @@ func (st *state) step() error {
 // charge counts n units of work against the step budget.
 func (st *state) charge(n int) error {
 	st.steps += n
-	if st.steps > st.opts.MaxSteps {
-		return limitf("template exceeded %d evaluation steps", st.opts.MaxSteps)
+	if st.steps > st.opts.MaxSteps || st.mem > st.opts.maxMem() {
+		return st.overBudget()
 	}
 	return nil
 }
+
+func (st *state) overBudget() error {
+	if st.steps > st.opts.MaxSteps {
+		return limitf("template exceeded %d evaluation steps", st.opts.MaxSteps)
+	}
+	return limitf("template held more than %d bytes of values", st.opts.maxMem())
+}
+
+// maxMem bounds the bytes of values, objects and scopes a render may hold
+// (strings have their own budget, 16 times MaxOutput): steps alone do not
+// bound memory, as one step may build a whole object.
+func (o *Options) maxMem() int { return 4 * o.MaxOutput }
 
 // spend charges n bytes of string building to the budget.
 func (st *state) spend(n int) error {
@@ -513,6 +532,12 @@ func (st *state) forLoop(dst []byte, n *forNode, e *env) ([]byte, error) {
 	}
 	noIteration := true
 	var loop *Object
+	if !st.keepsLoop && len(items) > 0 {
+		// No reference to a loop object outlives its iteration: one object
+		// serves them all, and goes back for the next loop when this ends.
+		loop = st.loopObject()
+		defer func() { st.spareLoops = append(st.spareLoops, loop) }()
+	}
 	for i, cur := range items {
 		if err := st.step(); err != nil {
 			return dst, err
@@ -524,11 +549,14 @@ func (st *state) forLoop(dst []byte, n *forNode, e *env) ([]byte, error) {
 		if i < len(items)-1 {
 			next = items[i+1]
 		}
-		// A fresh loop object per iteration: templates may keep references.
-		loop = st.newObject()
-		loop.keys = append(loop.keys, loopKeys...)
-		loop.vals = append(loop.vals, Int(int64(i+1)), Int(int64(i)), Int(int64(len(items)-i)), Int(int64(len(items)-i-1)),
-			Bool(i == 0), Bool(i == len(items)-1), Int(int64(len(items))), prev, next)
+		if st.keepsLoop {
+			// The template may keep references: a fresh object each time.
+			loop = st.newObject()
+			loop.keys = append(loop.keys, loopKeys...)
+			loop.vals = append(loop.vals, make([]Value, len(loopKeys))...)
+			st.mem += len(loopKeys) * (stringSize + valueSize)
+		}
+		setLoop(loop.vals, i, len(items), prev, next)
 		scope.set("loop", ObjectValue(loop))
 		if err := bind(scope, cur); err != nil {
 			return dst, err
@@ -554,6 +582,13 @@ func (st *state) forLoop(dst []byte, n *forNode, e *env) ([]byte, error) {
 }
 
 var loopKeys = []string{"index", "index0", "revindex", "revindex0", "first", "last", "length", "previtem", "nextitem"}
+
+// setLoop fills the values of a loop object (in loopKeys' order) for
+// iteration i of n.
+func setLoop(v []Value, i, n int, prev, next Value) {
+	v[0], v[1], v[2], v[3] = Int(int64(i+1)), Int(int64(i)), Int(int64(n-i)), Int(int64(n-i-1))
+	v[4], v[5], v[6], v[7], v[8] = Bool(i == 0), Bool(i == n-1), Int(int64(n)), prev, next
+}
 
 func (st *state) member(n *memberExpr, e *env) (Value, error) {
 	if c, ok := n.object.(*callExpr); ok && n.computed {

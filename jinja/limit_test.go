@@ -2,6 +2,8 @@ package jinja
 
 import (
 	"fmt"
+	"runtime"
+	"strings"
 	"testing"
 )
 
@@ -30,6 +32,68 @@ func TestRenderLimitsAreToldApartFromTemplateErrors(t *testing.T) {
 		}
 		if IsLimit(fmt.Errorf("wrapped: %w", err)) != tc.limit {
 			t.Fatalf("%s: IsLimit does not see through wrapping", tc.src)
+		}
+	}
+}
+
+// Memory is bounded with steps: an empty nested loop (78 bytes of template)
+// built a loop object of nine keys every iteration, charged one step, and
+// reached 4 GB before the default 10-million-step bound stopped it. Here a
+// million steps may allocate at most 64 MB.
+func TestEmptyNestedLoopsAreBoundedInMemory(t *testing.T) {
+	src := "{% for i in range(65536) %}{% for j in range(65536) %}{% endfor %}{% endfor %}"
+	if alloc, err := renderAlloc(t, src, Options{MaxSteps: 1_000_000}); !IsLimit(err) || alloc > 64<<20 {
+		t.Fatalf("1 million steps of empty loop iterations: %v, allocated %d MB", err, alloc>>20)
+	}
+}
+
+// A template that keeps its loop objects gets a fresh one each iteration,
+// and what they hold is charged to the values budget (4 x MaxOutput), not
+// only to the step count.
+func TestLoopObjectsATemplateKeepsAreBoundedInMemory(t *testing.T) {
+	src := "{% for i in range(65536) %}{% for j in range(65536) %}{% set x = loop %}{% endfor %}{% endfor %}"
+	alloc, err := renderAlloc(t, src, Options{MaxOutput: 1 << 20})
+	if !IsLimit(err) || !strings.Contains(err.Error(), "bytes of values") || alloc > 16<<20 {
+		t.Fatalf("kept loop objects under a 4 MB values budget: %v, allocated %d MB", err, alloc>>20)
+	}
+}
+
+func renderAlloc(t *testing.T, src string, opts Options) (uint64, error) {
+	t.Helper()
+	tpl, err := ParseWithOptions(src, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	_, err = tpl.Render(nil, nil)
+	runtime.ReadMemStats(&m1)
+	return m1.TotalAlloc - m0.TotalAlloc, err
+}
+
+// One loop object serves every iteration of a loop only where no reference
+// to it can outlive the iteration; a template that keeps one, directly or
+// through a macro (macros see their caller's scope), sees each iteration's
+// own values.
+func TestLoopObjectsKeepTheirIterationsValues(t *testing.T) {
+	for _, tc := range []struct{ src, want string }{
+		{`{% for i in ['a','b'] %}{% for j in [1,2] %}{{ loop.index }}{% endfor %}{{ loop.index }}{% endfor %}`, "121122"},
+		{`{% for i in [1,2] %}{% for j in [] %}{% else %}{{ loop.index }}{% endfor %}{% endfor %}`, "12"},
+		{`{% set ns = namespace(a=none) %}{% for i in [1,2,3] %}{% if loop.first %}{% set ns.a = loop %}{% endif %}{% endfor %}{{ ns.a.index }}`, "1"},
+		{`{% set ns = namespace(a=[]) %}{% for i in [1,2,3] %}{% set ns.a = ns.a + [loop] %}{% endfor %}{% for l in ns.a %}{{ l.index }}{% endfor %}`, "123"},
+		{`{% macro keep() %}{% set ns.a = loop %}{% endmacro %}{% set ns = namespace(a=none) %}{% for i in [1,2,3] %}{% if loop.first %}{{ keep() }}{% endif %}{% endfor %}{{ ns.a.index }}`, "1"},
+		{`{% for i in [1,2] %}{% for j in [3] %}{% endfor %}{{ loop.last }}{% endfor %}`, "falsetrue"},
+	} {
+		tpl, err := Parse(tc.src)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.src, err)
+		}
+		for range 2 { // warm: the second render reuses the pooled state
+			out, err := tpl.Render(nil, nil)
+			if err != nil || string(out) != tc.want {
+				t.Fatalf("%s: %q, %v; want %q", tc.src, out, err, tc.want)
+			}
 		}
 	}
 }
