@@ -16,7 +16,9 @@ func FuzzTemplate(f *testing.F) {
 		"{{ x }}", "{% for a in xs %}{{ loop.index }}{% endfor %}", "{% set ns = namespace(a=1) %}{% set ns.a = 2 %}{{ ns.a }}",
 		"{% macro m(a, b=2) %}{{ a ~ b }}{{ m(a) }}{% endmacro %}{{ m(1) }}", "{{ 'a'|tojson(indent=2) }}", "{{ xs[::-1] }}",
 		"{%- if a -%}x{%- elif b -%}y{%- else -%}z{%- endif -%}", "{# c #}{{ (1, 2) }}", "{{ {'a': [1, {'b': none}]}|tojson }}",
-		"{% for x in range(100000) %}{{ x }}{% endfor %}", "{{ 'abc'.split('b')[-1].strip().upper() }}",
+		"{% for x in range(100000) %}{{ x }}{% endfor %}",
+		"{% set ns = namespace(a=none) %}{% for x in xs %}{% if loop.first %}{% set ns.a = loop %}{% endif %}{% for y in xs %}{% endfor %}{% endfor %}{{ ns.a.index }}",
+		"{% macro k() %}{{ loop.index }}{% endmacro %}{% for x in xs %}{% for y in [1] %}{% endfor %}{{ k() }}{% else %}{{ loop }}{% endfor %}", "{{ 'abc'.split('b')[-1].strip().upper() }}",
 	} {
 		f.Add(s)
 	}
@@ -39,6 +41,18 @@ func FuzzTemplate(f *testing.F) {
 		out2, err2 := tpl.Render(nil, vars.Object())
 		if string(out2) != string(out) || (err == nil) != (err2 == nil) || (err != nil && err.Error() != err2.Error()) {
 			t.Fatalf("second render differs: %q, %v; first %q, %v", out2, err2, out, err)
+		}
+		// Where the template keeps no loop object (loopref.go), sharing one
+		// across iterations renders what a fresh object each would.
+		if !tpl.keepsLoop {
+			fresh := &Template{body: tpl.body, opts: tpl.opts, keepsLoop: true}
+			out3, err3 := fresh.Render(nil, vars.Object())
+			if IsLimit(err) && IsLimit(err3) {
+				return // the two spend the values budget differently
+			}
+			if string(out3) != string(out) || (err == nil) != (err3 == nil) || (err != nil && err.Error() != err3.Error()) {
+				t.Fatalf("fresh loop objects render %q, %v; a shared one %q, %v", out3, err3, out, err)
+			}
 		}
 	})
 }
