@@ -13,6 +13,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/internal/logx"
+	"github.com/infera/infera/internal/netpeek"
 	"github.com/infera/infera/upstream"
 	"github.com/valyala/fasthttp"
 )
@@ -247,15 +248,31 @@ func (c *Client) target(rawURL string) (*target, error) {
 		return nil, err
 	}
 	t := &target{url: rawURL, host: ep.Host, uri: u.RequestURI()}
+	isTLS := ep.TLS
 	t.hc = &fasthttp.HostClient{
-		Addr:                          ep.Addr,
-		Name:                          "infera",
-		IsTLS:                         ep.TLS,
-		MaxConns:                      4096,
-		MaxConnWaitTimeout:            50 * time.Millisecond,
-		MaxIdleConnDuration:           30 * time.Second,
-		MaxResponseBodySize:           MaxAnswerBytes,
-		MaxIdemponentCallAttempts:     1,
+		Addr:                ep.Addr,
+		Name:                "infera",
+		IsTLS:               ep.TLS,
+		MaxConns:            4096,
+		MaxConnWaitTimeout:  50 * time.Millisecond,
+		MaxIdleConnDuration: 30 * time.Second,
+		MaxResponseBodySize: MaxAnswerBytes,
+		// A pooled connection the classifier closed while it idled (its
+		// keep-alive timeout: 5 s for uvicorn and Node) refuses the write
+		// (netpeek.Conn) and the call goes on another; nothing else is
+		// tried twice.
+		DialTimeout: func(addr string, timeout time.Duration) (net.Conn, error) {
+			nc, err := fasthttp.DialTimeout(addr, timeout)
+			if err != nil {
+				return nil, err
+			}
+			c := netpeek.NewConn(nc, isTLS)
+			return &c, nil
+		},
+		MaxIdemponentCallAttempts: 4,
+		RetryIfErr: func(_ *fasthttp.Request, _ int, err error) (bool, bool) {
+			return false, errors.Is(err, netpeek.ErrStale)
+		},
 		NoDefaultUserAgentHeader:      true,
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,

@@ -295,3 +295,34 @@ func TestTheReferenceServerRefusesDataAfterTheBody(t *testing.T) {
 		}
 	}
 }
+
+// A classifier whose keep-alive idle timeout is shorter than the client's
+// (uvicorn's and Node's is 5 s) closes the pooled connection while it
+// idles; the next call found it dead and took the fallback tier, every
+// other request under sparse traffic, although the classifier was up.
+func TestAClassifierThatClosedAnIdleConnectionStillClassifies(t *testing.T) {
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			w.Write([]byte(`{"tier":"L3"}`))
+		}),
+		IdleTimeout: 100 * time.Millisecond, // the classifier's keep-alive timeout
+	}
+	base := serve(t, srv)
+	cfg := smartCfg(base + ClassifyPath)
+	var c Client
+	defer c.Close()
+	bad := 0
+	for i := 0; i < 5; i++ {
+		r := c.Classify(cfg, []byte("auto"), []byte("hello"))
+		if r.Outcome != OutcomeOK || r.Tier != TierL3 {
+			bad++
+			t.Logf("call %d: %+v (outcome %s)", i, r, r.Outcome)
+		}
+		time.Sleep(300 * time.Millisecond) // longer than the classifier's idle timeout
+	}
+	if bad > 0 {
+		t.Fatalf("%d of 5 calls to a healthy classifier got the fallback tier", bad)
+	}
+}

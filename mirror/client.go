@@ -126,12 +126,8 @@ func (m *Mirror) closeIdle() {
 // target's keep-alive timeout): nothing reached the target, so nothing is
 // mirrored twice.
 func retryStale(_ *fasthttp.Request, _ int, err error) (resetTimeout, retry bool) {
-	return false, errors.Is(err, errStale)
+	return false, errors.Is(err, netpeek.ErrStale)
 }
-
-// errStale: a pooled connection was found closed (or carrying bytes nobody
-// asked for) before a request was written on it.
-var errStale = errors.New("mirror: pooled connection closed by the target")
 
 // dial opens a connection to the target: at most the connect timeout, and
 // at most the request's budget when fasthttp passes one. Connections are
@@ -146,7 +142,7 @@ func (m *Mirror) dial(addr string, timeout time.Duration, isTLS bool) (net.Conn,
 	if err != nil {
 		return nil, err
 	}
-	c := &conn{Conn: nc, set: &m.conns, fd: netpeek.SockFD(nc), tls: isTLS}
+	c := &conn{Conn: netpeek.NewConn(nc, isTLS), set: &m.conns}
 	if !m.conns.add(c) {
 		nc.Close()
 		return nil, errClosed
@@ -157,39 +153,14 @@ func (m *Mirror) dial(addr string, timeout time.Duration, isTLS bool) (net.Conn,
 var errClosed = errors.New("mirror: closed")
 
 // conn is a connection to the target, as fasthttp sees it (TLS, when used,
-// is layered above it by fasthttp).
+// is layered above it by fasthttp). A pooled connection the target closed
+// while it idled, or one with bytes waiting that no request asked for,
+// refuses the request's first write (netpeek.ErrStale; fasthttp closes it
+// and tries another).
 type conn struct {
-	net.Conn
-	set *connSet
-	fd  int // the socket, for peek; -1 if unknown
-	// tls: TLS runs over the connection; its records (a session ticket,
-	// an alert) may wait on an idle connection without poisoning it.
-	tls bool
-	// used: the connection has carried an answer, so the next write
-	// starts a request on a pooled connection. Reads and writes of one
-	// connection happen in sequence (HTTP/1.1 without pipelining), handed
-	// from sender to sender through fasthttp's pool.
-	used bool
+	netpeek.Conn
+	set  *connSet
 	once sync.Once
-}
-
-func (c *conn) Read(p []byte) (int, error) {
-	c.used = true
-	return c.Conn.Read(p)
-}
-
-// Write checks a pooled connection before the first write of a request:
-// a connection the target closed while it was idle, or one with bytes
-// waiting that no request asked for, gives errStale (nothing is written;
-// fasthttp closes the connection and tries another).
-func (c *conn) Write(p []byte) (int, error) {
-	if c.used {
-		c.used = false
-		if st := netpeek.Peek(c.fd); st == netpeek.Closed || st == netpeek.Data && !c.tls {
-			return 0, errStale
-		}
-	}
-	return c.Conn.Write(p)
 }
 
 func (c *conn) Close() error {

@@ -992,3 +992,31 @@ func TestMirrorQueueSizeHoldsWhileSendersOutnumberALoweredConcurrency(t *testing
 		t.Fatalf("queue length %d, want at most 2", q)
 	}
 }
+
+// A TLS target that closes an idle keep-alive connection sends its
+// close_notify record before the FIN: the record waiting on the pooled
+// connection is no session ticket, and the next mirrored request goes on
+// another connection (it failed, "connection closed early").
+func TestAMirrorOverTLSRetriesAConnectionTheTargetClosedWhileIdle(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, `{"usage":{"prompt_tokens":5,"completion_tokens":6}}`)
+	}))
+	srv.Config.IdleTimeout = 50 * time.Millisecond
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	m, lb := startMirror(t)
+	pool := x509.NewCertPool()
+	pool.AddCert(srv.Certificate())
+	m.tlsConfig = &tls.Config{RootCAs: pool}
+	cfg := mirrorCfg(srv.URL)
+	cfg.LogRecording = true
+	for i := 1; i <= 4; i++ {
+		m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false)
+		eventually(t, "the log line", func() bool { return len(lb.lines(t)) == i })
+		time.Sleep(200 * time.Millisecond) // the target closes the idle connection
+	}
+	if m.m.ok.Get() != 4 || m.m.failed.Get() != 0 {
+		t.Fatalf("ok %d, error %d: log %s", m.m.ok.Get(), m.m.failed.Get(), lb.String())
+	}
+}

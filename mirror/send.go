@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/infera/infera/internal/netpeek"
 	"github.com/infera/infera/upstream"
 	"github.com/valyala/fasthttp"
 )
@@ -388,7 +389,7 @@ func describe(err error) string {
 		return le.Error()
 	case isTimeout(err):
 		return "timeout"
-	case errors.Is(err, errStale) || errors.Is(err, fasthttp.ErrConnectionClosed):
+	case errors.Is(err, netpeek.ErrStale) || errors.Is(err, fasthttp.ErrConnectionClosed):
 		return "connection closed early"
 	case errors.Is(err, fasthttp.ErrNoFreeConns):
 		return "no free connections"

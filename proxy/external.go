@@ -5,17 +5,20 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"github.com/valyala/fasthttp"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/classify"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
 	upstreams "github.com/infera/infera/upstream"
+	"github.com/valyala/fasthttp"
 )
 
 // External upstreams: a split proxy's external APIs and the member gateways
@@ -38,17 +41,92 @@ const (
 
 // scrubKey replaces u's own key, where an answer of u (an error: an
 // "incorrect API key" message) echoes it, with "***": the gateway's key at
-// an external upstream is never the client's to see. b is returned when
-// it holds no key (or u is nil, a local worker).
+// an external upstream is never the client's to see. The echo may be
+// JSON-escaped in part (Go's encoder writes & < > as \u0026..., .NET's +
+// as \u002B, PHP's / as \/): each character of the key matches itself or
+// any of its JSON escapes. b is returned when it holds no key (or u is nil,
+// a local worker).
 func scrubKey(b []byte, u *extUpstream) []byte {
 	if u == nil {
 		return b
 	}
 	k := u.key.Reveal()
-	if len(k) < 4 || !bytes.Contains(b, []byte(k)) {
+	if len(k) < 4 || !bytes.Contains(b, []byte(k)) && bytes.IndexByte(b, '\\') < 0 {
 		return b
 	}
-	return bytes.ReplaceAll(b, []byte(k), []byte(config.RedactedSecret))
+	var out []byte
+	last := 0
+	for i := 0; i < len(b); i++ {
+		if b[i] != k[0] && b[i] != '\\' {
+			continue
+		}
+		end, ok := matchEscaped(b, i, k)
+		if !ok {
+			continue
+		}
+		out = append(append(out, b[last:i]...), config.RedactedSecret...)
+		last, i = end, end-1
+	}
+	if out == nil {
+		return b
+	}
+	return append(out, b[last:]...)
+}
+
+// matchEscaped reports whether b holds k at i, each of k's characters
+// written as itself or as a JSON escape of it, and where the match ends.
+func matchEscaped(b []byte, i int, k string) (int, bool) {
+	for len(k) > 0 {
+		r, size := utf8.DecodeRuneInString(k)
+		if i < len(b) && b[i] == k[0] {
+			i, k = i+1, k[1:] // a byte of a character written as itself
+			continue
+		}
+		if i+1 >= len(b) || b[i] != '\\' {
+			return 0, false
+		}
+		switch e := b[i+1]; {
+		case e == '/' || e == '\\' || e == '"':
+			if r != rune(e) {
+				return 0, false
+			}
+			i += 2
+		case e == 'u':
+			v, n := jsonEscapedRune(b[i:])
+			if n == 0 || v != r {
+				return 0, false
+			}
+			i += n
+		default:
+			return 0, false
+		}
+		k = k[size:]
+	}
+	return i, true
+}
+
+// jsonEscapedRune decodes the \uXXXX escape (or surrogate pair) at the
+// start of b, and its length; 0 when there is none.
+func jsonEscapedRune(b []byte) (rune, int) {
+	hex4 := func(b []byte) (rune, bool) {
+		if len(b) < 6 || b[0] != '\\' || b[1] != 'u' {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(string(b[2:6]), 16, 16)
+		return rune(v), err == nil
+	}
+	r, ok := hex4(b)
+	if !ok {
+		return 0, 0
+	}
+	if utf16.IsSurrogate(r) {
+		lo, ok := hex4(b[6:])
+		if !ok {
+			return 0, 0
+		}
+		return utf16.DecodeRune(r, lo), 12
+	}
+	return r, 6
 }
 
 // dropKeyHeaders removes from h the headers whose value holds u's key (an

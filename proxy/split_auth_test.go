@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -102,6 +103,45 @@ func TestAnExternalUpstreamsErrorAnswerNeverEchoesTheGatewaysKey(t *testing.T) {
 		resp, b := postWith(t, r.url+"/v1/chat/completions", gptBody, nil)
 		if resp.StatusCode != status || strings.Contains(b, "sk-echo-9876") || !strings.Contains(b, "Bearer ***, again ***") {
 			t.Fatalf("%d: %d %s", status, resp.StatusCode, b)
+		}
+	}
+}
+
+// An upstream whose JSON encoder escapes characters of the echoed key
+// (Go's encoding/json writes & as \u0026, .NET's + as \u002B, PHP's / as
+// \/) still has the key scrubbed: the client decodes the escapes and would
+// read the key.
+func TestAnEscapedEchoOfTheGatewaysKeyIsScrubbed(t *testing.T) {
+	const key = "sk-Ab/Cd+Ef&Gh"
+	for name, echoed := range map[string]string{
+		"go":         `sk-Ab/Cd+Ef\u0026Gh`,
+		"dotnet":     `sk-Ab/Cd\u002BEf\u0026Gh`,
+		"php":        `sk-Ab\/Cd+Ef&Gh`,
+		"every char": `\u0073\u006b\u002d\u0041\u0062\u002f\u0043\u0064\u002b\u0045\u0066\u0026\u0047\u0068`,
+	} {
+		echo := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+			if string(ctx.Request.Header.Peek("Authorization")) != "Bearer "+key {
+				ctx.SetStatusCode(500)
+				return
+			}
+			ctx.SetStatusCode(400)
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"error":{"message":"Incorrect API key provided: ` + echoed + ` (\u0041)","type":"invalid_request_error"}}`)
+		})
+		cfg := splitConfig(config.SplitPrefix,
+			config.Proxy{Local: true},
+			config.Proxy{Name: "echo", Address: echo.url, APIKey: config.NewSecret(key), ModelRules: []string{"gpt"}},
+		)
+		r := startRouterWith(t, nil, cfg, nil, deadURL(t))
+		resp, b := postWith(t, r.url+"/v1/chat/completions", gptBody, nil)
+		var v struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(b), &v); err != nil || resp.StatusCode != 400 ||
+			v.Error.Message != "Incorrect API key provided: *** (A)" {
+			t.Fatalf("%s: %d %s (message %q, %v)", name, resp.StatusCode, b, v.Error.Message, err)
 		}
 	}
 }
