@@ -61,10 +61,20 @@ func (t *template) estimate(r Request) estimate {
 	out *= int64(max(r.Generations, 1))
 	p := int64(max(r.PromptTokens, 0))
 	return estimate{
-		tpm:   p + out,
+		tpm:   min(p+out, maxCount),
 		quota: milli(float64(p)*t.wPrompt + float64(out)*t.wOut),
 	}
 }
+
+// maxCount bounds an estimate or a charge, in tokens or milli weighted
+// tokens. It is far above any limit, so a request estimated at it is
+// refused wherever a token limit applies, and its sums stay integers:
+// max_tokens 2^31 times n and a batch's prompts (2^20) times an output
+// weight of 5 passed 2^63 milli tokens and wrapped to a negative estimate
+// that the quota admitted; Redis's Lua numbers (doubles) stored the window
+// as a float HINCRBY could no longer add to, voiding the quota for the
+// rest of its window.
+const maxCount = 1 << 50
 
 func (t *template) weighted(u Usage) int64 {
 	prompt := max(u.PromptTokens, 0)
@@ -72,7 +82,12 @@ func (t *template) weighted(u Usage) int64 {
 	return milli(float64(prompt-cached)*t.wIn + float64(cached)*t.wCached + float64(max(u.CompletionTokens, 0))*t.wOut)
 }
 
-func milli(x float64) int64 { return int64(math.Ceil(x * 1000)) }
+func milli(x float64) int64 {
+	if !(x < maxCount/1000) { // NaN included
+		return maxCount
+	}
+	return int64(math.Ceil(x * 1000))
+}
 
 // userState is a user's counters (in process) and admission queue. It
 // outlives reloads while the user exists.

@@ -844,3 +844,51 @@ func TestTheCountersOfRemovedUsersAreBounded(t *testing.T) {
 		}
 	}
 }
+
+// A request the parser accepts (max_tokens <= 2^31, n/best_of times the
+// prompts of a batch <= 2^20) whose weighted estimate passes 2^63 milli
+// tokens (an output weight of 5, as for a model whose output costs 5x its
+// input) overflows the estimate's int64 conversion: the estimate becomes
+// MinInt64, the token quota check passes and the window's count drops by
+// 2^63. While such a request is in flight (in process), and with Redis
+// for the rest of the window (the count is stored as a float that
+// HINCRBY cannot add to any more), the user's token quota no longer holds.
+func TestAHugeEstimateIsRefusedNotWrapped(t *testing.T) {
+	stores(t, func(t *testing.T, o Options) {
+		key, hash := mintKey(t)
+		c := userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"weights":{"input":1,"output":5,"cached":1},
+			"windows":[{"period":"month","max_tokens":1000}]}}`, "")
+		g := newGov(t, o, c)
+		u := identify(t, g, key)
+		// A batched /v1/completions body: 16 prompts, n 65536, max_tokens 2^31.
+		huge := Request{PromptTokens: 16, MaxTokens: 1 << 31, Generations: 1 << 20}
+		tk, rej := g.Admit(context.Background(), u, huge)
+		if rej == nil {
+			t.Errorf("a request estimated at 2^31 x 2^20 x 5 tokens was admitted under a quota of 1000 tokens")
+			// The engine refuses it (400): the request counts, no tokens.
+			tk.FirstToken()
+			tk.Done(Usage{Known: true})
+			if g.rds != nil {
+				syncState(t, g)
+			}
+		}
+		// Now 100 requests of 100 weighted tokens each (20 prompt + 16 x 5):
+		// at most 10 fit in the month's 1000 tokens.
+		admitted := 0
+		for range 100 {
+			tk, rej := g.Admit(context.Background(), u, Request{PromptTokens: 20, MaxTokens: 16})
+			if rej != nil {
+				continue
+			}
+			admitted++
+			tk.FirstToken()
+			tk.Done(Usage{Known: true, PromptTokens: 20, CompletionTokens: 16})
+			if g.rds != nil {
+				syncState(t, g)
+			}
+		}
+		if admitted > 10 {
+			t.Errorf("%d requests of 100 weighted tokens admitted under a monthly quota of 1000 tokens", admitted)
+		}
+	})
+}

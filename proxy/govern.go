@@ -99,6 +99,11 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqStat
 	// The engine generates up to max_tokens for each choice of each prompt.
 	req := govern.Request{PromptTokens: r.PromptTokens, MaxTokens: max(0, r.MaxTokens), Generations: rs.parsed.generations(),
 		NoOutput: poolingKind(rs.acc.kind), Model: rs.parsed.model}
+	if rs.acc.kind == kindCountTokens {
+		// Counting tokens (passed through to the engine) runs no model:
+		// it counts as a request, and costs no tokens (as at Anthropic).
+		req.PromptTokens, req.NoOutput = 0, true
+	}
 	g := s.gov
 	if g.Shared() && g.Limited() && !cfg.SplitProxy.Enabled && !s.globalOn(cfg) && !(cfg.Mirror.Enabled && s.o.Mirror != nil) &&
 		!cfg.SmartModelSelection.Enabled {

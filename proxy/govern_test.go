@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -672,5 +673,104 @@ func TestDeferredAdmissionInRedisQueuesWithoutTheLeaseAndRefusesInShape(t *testi
 	want(t, apiCall(t, r.url, key, chatBody), 429, "quota_requests_day") // 2 a day
 	if up.hits.Load() != 2 {
 		t.Fatalf("the engine saw %d requests, want 2", up.hits.Load())
+	}
+}
+
+// One batched /v1/completions request (16 prompts, n 65536, max_tokens
+// 2^31: the most the parser accepts) under an output weight of 5 is
+// refused by a 1000-token quota. Its estimate overflowed and wrapped
+// negative: it was admitted, and with Redis the month's count became a
+// float no later request could add to, voiding the quota.
+func TestAnEstimatePastAnyLimitIsRefusedNotWrapped(t *testing.T) {
+	for _, backend := range []string{"local", "redis"} {
+		t.Run(backend, func(t *testing.T) {
+			up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+				if strings.Contains(string(ctx.PostBody()), `"n":65536`) {
+					// vLLM refuses max_tokens beyond the context.
+					ctx.SetStatusCode(400)
+					ctx.SetBodyString(`{"error":{"message":"max_tokens is too large","type":"BadRequestError","param":null,"code":"bad_request"}}`)
+					return
+				}
+				ctx.SetContentType("application/json")
+				ctx.SetBodyString(`{"id":"x","object":"text_completion","model":"m","choices":[{"index":0,"text":"hi","finish_reason":"stop"}],"usage":{"prompt_tokens":20,"completion_tokens":16,"total_tokens":36}}`)
+			})
+			key, hash := mintKey(t)
+			cfg := govConfig(t, fmt.Sprintf(`{
+				"user_limit": {"templates": [{"name": "t", "default": true,
+					"quota": {"enabled": true, "weights": {"input": 1, "output": 5, "cached": 1},
+						"windows": [{"period": "month", "max_tokens": 1000}]}}]},
+				"users": [{"name": "huge-dan", "keys": [%q]}]}`, hash))
+			state := ""
+			if backend == "redis" {
+				state = testsrv.StartRedis(t).URL
+			}
+			r := startRouterGov(t, nil, cfg, newGovernorAt(t, state, cfg), up.url)
+			prompts := strings.TrimSuffix(strings.Repeat(`"a",`, 16), ",")
+			huge := `{"model":"m","prompt":[` + prompts + `],"n":65536,"max_tokens":2147483648}`
+			res := postPath(t, r.url, "/v1/completions", key, huge)
+			if res.status == 429 {
+				t.Logf("huge request refused: %s", res.body)
+			} else {
+				t.Errorf("a request estimated at ~1.1e16 weighted tokens was not refused by a 1000-token quota: %d %s", res.status, res.body)
+			}
+			// 36 reported tokens, weighted 20 + 16x5 = 100 each: 10 fit.
+			ok := 0
+			for range 30 {
+				if res := postPath(t, r.url, "/v1/completions", key, `{"model":"m","prompt":"hello","max_tokens":16}`); res.status == 200 {
+					ok++
+				}
+			}
+			if ok > 10 {
+				t.Errorf("%d requests of 100 weighted tokens served under a 1000-token monthly quota", ok)
+			}
+		})
+	}
+}
+
+// A /v1/messages/count_tokens request passed through to the engine
+// (protocol.anthropic_passthrough) runs no model and costs no tokens. Its
+// admission pre-deducted default_output_tokens (1024), and the engine's
+// answer ({"input_tokens": n}) carries no usage to settle it: each count
+// cost ~1024 tokens of TPM and quota, and Claude Code counts tokens often.
+func TestCountingTokensPassedThroughCostsNoTokens(t *testing.T) {
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		if strings.HasSuffix(string(ctx.Path()), "/count_tokens") {
+			ctx.SetBodyString(`{"input_tokens":12}`)
+			return
+		}
+		ctx.SetBodyString(`{"id":"m1","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":12,"output_tokens":2}}`)
+	})
+	key, hash := mintKey(t)
+	cfg := govConfig(t, fmt.Sprintf(`{
+		"protocol": {"anthropic_passthrough": true},
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"quota": {"enabled": true, "windows": [{"period": "day", "max_tokens": 100000}]},
+			"rate": {"enabled": true, "tpm": 3000}}]},
+		"users": [{"name": "count-erin", "keys": [%q]}]}`, hash))
+	r := startRouterGov(t, nil, cfg, newGovernor(t, cfg), up.url)
+	body := `{"model":"m","messages":[{"role":"user","content":"how many tokens is this?"}]}`
+	for i := range 3 {
+		req, _ := http.NewRequest("POST", r.url+"/v1/messages/count_tokens", strings.NewReader(body))
+		req.Header.Set("x-api-key", key)
+		req.Header.Set("anthropic-version", "2023-06-01")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("count_tokens #%d: %d %s", i+1, resp.StatusCode, b)
+		}
+	}
+	charged := metricFloat(t, r.url, `infera_user_quota_tokens_total{user="count-erin"}`)
+	if charged != 0 {
+		t.Errorf("3 token counts (prompts of ~12 tokens, nothing generated) charged %v tokens to the user's quota", charged)
+	}
+	// A real request now: refused by TPM, which the token counts spent.
+	res := postPath(t, r.url, "/v1/chat/completions", key, `{"model":"m","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`)
+	if res.status != 200 {
+		t.Errorf("a 16-token request after 3 token counts, under a TPM of 3000: %d %s", res.status, res.body)
 	}
 }
