@@ -142,6 +142,9 @@ type StreamConverter struct {
 	// thinking block would stop the tool block just as text would.
 	heldThinking []byte
 	failed       bool // the stream ended with an error event
+	// Messages only: text, then a refusal, were sent (a refusal after text
+	// is set apart by a newline, as in a whole answer).
+	textSent, refusalSent bool
 
 	// Responses only
 	seq   int64
@@ -562,6 +565,13 @@ func (c *StreamConverter) onToolCall(idx int64, id, name, args []byte) error {
 		return nil
 	}
 	if len(args) > 0 {
+		if c.cur != blockTool || c.liveTool != int(idx)+1 {
+			// Its block was stopped (text followed its whole arguments),
+			// and a stopped block is final for the client, which may have
+			// run the call: what follows whole arguments is whitespace
+			// (vLLM's end-of-stream flush), or junk that would spoil them.
+			return nil
+		}
 		c.deltas++
 		c.emitToolArgs(int(idx), args)
 		t.scan.feed(args)
@@ -604,10 +614,17 @@ func (c *StreamConverter) flushText() {
 func (c *StreamConverter) emitRefusal(raw []byte) {
 	if c.m.API == Responses {
 		c.rRefusal(raw)
-	} else {
-		c.aText(raw)
+		return
 	}
+	if c.textSent && !c.refusalSent {
+		c.aText(escapedNewline) // as a whole answer joins them (chat_response.go)
+	}
+	c.refusalSent = true
+	c.aText(raw)
 }
+
+// escapedNewline is "\n" inside a JSON string.
+var escapedNewline = []byte(`\n`)
 
 // ---- dispatch to the protocol emitters ----
 
@@ -624,6 +641,7 @@ func (c *StreamConverter) emitText(raw []byte) {
 	if c.m.API == Responses {
 		c.rText(raw)
 	} else {
+		c.textSent = c.textSent || len(raw) > 0
 		c.aText(raw)
 	}
 }

@@ -966,3 +966,105 @@ func TestReasoningInsideAToolCallDoesNotStopItsBlock(t *testing.T) {
 		}
 	}
 }
+
+// A tool call's arguments fragment that arrives after text stopped the
+// call's block (its arguments were whole, then text, then one more
+// fragment of the same call: vLLM's end-of-stream flush of unstreamed
+// argument tokens) is dropped: a stopped block, a done item, is final for
+// the client, which may have run the call (Messages sent an
+// input_json_delta after content_block_stop; Responses an arguments delta
+// after output_item.done, and response.completed disagreed with it).
+func TestAToolCallsFragmentAfterItsBlockStoppedIsDropped(t *testing.T) {
+	chunk := func(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			chunk(`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},"finish_reason":null}]}`+"\n\n") +
+			chunk(`data: {"choices":[{"index":0,"delta":{"content":"\n"},"finish_reason":null}]}`+"\n\n") +
+			chunk(`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":" "}}]},"finish_reason":"tool_calls"}]}`+"\n\n") +
+			chunk("data: [DONE]\n\n") + "0\r\n\r\n"))
+	})
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startRouter(t, f, nil, up.url)
+
+	var errs []string
+	_, b := postH(t, r.url+"/v1/messages", strings.Replace(anthropicBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1), nil)
+	stopped := map[float64]bool{}
+	for _, ev := range sseEvents(t, b) {
+		var d struct {
+			Index float64 `json:"index"`
+		}
+		json.Unmarshal([]byte(ev[1]), &d)
+		switch ev[0] {
+		case "content_block_stop":
+			stopped[d.Index] = true
+		case "content_block_delta":
+			if stopped[d.Index] {
+				errs = append(errs, fmt.Sprintf("Messages: a delta for block %v after its content_block_stop:\n%s", d.Index, b))
+			}
+		}
+	}
+
+	_, b = postH(t, r.url+"/v1/responses", `{"model":"m","input":"hi","stream":true}`, nil)
+	done := map[float64]bool{}
+	for _, ev := range sseEvents(t, b) {
+		var d struct {
+			OutputIndex float64 `json:"output_index"`
+		}
+		json.Unmarshal([]byte(ev[1]), &d)
+		switch ev[0] {
+		case "response.output_item.done":
+			done[d.OutputIndex] = true
+		case "response.function_call_arguments.delta":
+			if done[d.OutputIndex] {
+				errs = append(errs, fmt.Sprintf("Responses: an arguments delta for item %v after its output_item.done:\n%s", d.OutputIndex, b))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		t.Fatal(strings.Join(errs, "\n\n"))
+	}
+}
+
+// The same engine answer (content, then a refusal) reads the same on
+// /v1/messages streamed or not: content, a newline, the refusal (streamed,
+// the refusal was glued to the content).
+func TestARefusalAfterTextReadsTheSameStreamedOrNot(t *testing.T) {
+	e := &chatEngine{}
+	e.answer = func(ctx *fasthttp.RequestCtx) bool {
+		if !strings.Contains(string(ctx.PostBody()), `"stream":true`) {
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"id":"c1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Sure.","refusal":"I cannot help with that."},"finish_reason":"stop"}]}`)
+			return true
+		}
+		ctx.SetContentType("text/event-stream")
+		ctx.SetBodyString(`data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"Sure."},"finish_reason":null}]}` + "\n\n" +
+			`data: {"choices":[{"index":0,"delta":{"refusal":"I cannot help with that."},"finish_reason":null}]}` + "\n\n" +
+			`data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\n" + "data: [DONE]\n\n")
+		return true
+	}
+	up := startChatEngine(t, e)
+	r := startRouter(t, nil, nil, up.url)
+
+	_, b := postH(t, r.url+"/v1/messages", anthropicBody, nil)
+	var msg struct {
+		Content []struct{ Type, Text string } `json:"content"`
+	}
+	if err := json.Unmarshal([]byte(b), &msg); err != nil || len(msg.Content) != 1 {
+		t.Fatalf("non-streamed: %v %s", err, b)
+	}
+	_, sb := postH(t, r.url+"/v1/messages", strings.Replace(anthropicBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1), nil)
+	streamed := ""
+	for _, ev := range sseEvents(t, sb) {
+		var d struct {
+			Delta struct{ Type, Text string } `json:"delta"`
+		}
+		json.Unmarshal([]byte(ev[1]), &d)
+		if ev[0] == "content_block_delta" {
+			streamed += d.Delta.Text
+		}
+	}
+	if streamed != msg.Content[0].Text {
+		t.Fatalf("the same answer reads differently:\n non-streamed text %q\n     streamed text %q", msg.Content[0].Text, streamed)
+	}
+}
