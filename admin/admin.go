@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"reflect"
 	"strconv"
 	"strings"
@@ -67,11 +68,16 @@ type Options struct {
 	AuditSize int
 	// RedisStartTimeout is how long New waits for Redis. Default 10s.
 	RedisStartTimeout time.Duration
+	// AllowedHosts are the host names API requests may name in Host
+	// besides IP addresses, localhost and the machine's name (a leading
+	// dot allows subdomains, "*" any name): see hostAllowed.
+	AllowedHosts []string
 }
 
 // OptionsFromFlags maps `infera serve` flags to Options.
 func OptionsFromFlags(f *config.Serve, store *config.Store) Options {
-	o := Options{Store: store, State: f.State, SnapshotDir: f.PersistSnapshotDir, SealKey: f.AdminSealKey}
+	o := Options{Store: store, State: f.State, SnapshotDir: f.PersistSnapshotDir, SealKey: f.AdminSealKey,
+		AllowedHosts: append([]string{f.AdminHost}, f.AdminAllowedHosts...)}
 	switch {
 	case f.AdminKey != "":
 		o.Key, o.KeyLabel = f.AdminKey, "admin-key"
@@ -102,6 +108,8 @@ type Admin struct {
 	audit   *auditLog
 	snaps   *snapshots // nil without a snapshot dir, or with Redis
 	started time.Time
+	// hostname is this machine's name, lower case (hostAllowed).
+	hostname string
 
 	mu      sync.Mutex // serializes changes made through the admin
 	pending atomic.Pointer[pendingChange]
@@ -185,12 +193,13 @@ func New(o Options) (*Admin, error) {
 		o.KeyLabel = "admin-key"
 	}
 	a := &Admin{
-		o:       o,
-		store:   o.Store,
-		seal:    newSealer(o.SealKey, o.Key),
-		audit:   newAuditLog(o.AuditSize),
-		started: time.Now(),
-		stop:    make(chan struct{}),
+		o:        o,
+		store:    o.Store,
+		seal:     newSealer(o.SealKey, o.Key),
+		audit:    newAuditLog(o.AuditSize),
+		started:  time.Now(),
+		hostname: machineName(),
+		stop:     make(chan struct{}),
 	}
 	a.keySum = sha256.Sum256([]byte(o.Key))
 	a.wg.Add(1)
@@ -571,4 +580,13 @@ func (a *Admin) onStoreChange(old, cur *config.Config) {
 // case-insensitive, and go-redis accepts REDIS://).
 func hasPrefixFold(s, prefix string) bool {
 	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
+// machineName is this machine's host name, lower case ("" if unknown).
+func machineName() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return ""
+	}
+	return strings.ToLower(strings.TrimSuffix(h, "."))
 }

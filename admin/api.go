@@ -80,6 +80,16 @@ func (e *httpError) Error() string { return e.msg }
 
 func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !a.hostAllowed(r.Host) {
+			// A page that re-points its own name at this listener (DNS
+			// rebinding) reaches it from the operator's browser as its own
+			// origin, key header and all: refused before the key is
+			// checked or counted, so it can neither guess nor lock the
+			// operator out.
+			authLog.Warn("admin request refused: its Host is not one this listener answers for (--admin-allowed-hosts)", "remote", r.RemoteAddr, "path", r.URL.Path)
+			writeJSON(w, http.StatusMisdirectedRequest, errBody("", "this admin listener does not answer for the request's Host; name it with --admin-allowed-hosts"))
+			return
+		}
 		ip := remoteIP(r.RemoteAddr)
 		if wait, locked := a.fails.locked(ip, time.Now()); locked {
 			// Too many wrong keys from this address: the key is not even
@@ -770,4 +780,36 @@ func remoteIP(addr string) string {
 		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
 	}
 	return h
+}
+
+// hostAllowed reports whether an API request naming host (Host, with or
+// without a port) is answered: an IP address, localhost and its
+// subdomains, this machine's name, or one of Options.AllowedHosts (a
+// leading dot allows the name and its subdomains, "*" any name). A request
+// without Host (HTTP/1.0) comes from no browser and is answered.
+func (a *Admin) hostAllowed(host string) bool {
+	if host == "" {
+		return true
+	}
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+	if net.ParseIP(host) != nil {
+		return true
+	}
+	host = strings.ToLower(host)
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") || host == a.hostname {
+		return true
+	}
+	for _, h := range a.o.AllowedHosts {
+		h = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(h), "."))
+		switch {
+		case h == "*" || h == host:
+			return true
+		case strings.HasPrefix(h, ".") && (host == h[1:] || strings.HasSuffix(host, h)):
+			return true
+		}
+	}
+	return false
 }

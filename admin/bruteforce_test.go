@@ -1,6 +1,9 @@
 package admin
 
 import (
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -48,5 +51,68 @@ func TestRequestsWithoutAKeyDoNotLockTheAddressOut(t *testing.T) {
 	}
 	if r := e.do("GET", "/api/version", ""); r.status != 200 {
 		t.Fatalf("the right key after requests without one: %d %s", r.status, r.body)
+	}
+}
+
+// A page the operator opens can reach the loopback admin listener through
+// DNS rebinding: its own name (rebind.attacker.example) resolves to
+// 127.0.0.1 after the page loaded, so its fetches are same-origin to the
+// browser and may carry any Authorization header. The admin listener
+// refuses a Host it does not answer for (421) before the key is checked
+// or counted: ten such fetches with a made-up key locked the operator
+// (same address, 127.0.0.1) out for a minute, again every minute.
+func TestAForeignHostCannotLockTheOperatorOut(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	port := e.srv.URL[strings.LastIndex(e.srv.URL, ":")+1:]
+	for i := 0; i < maxAuthFailures; i++ {
+		req, _ := http.NewRequest("GET", e.srv.URL+"/api/version", nil)
+		req.Host = "rebind.attacker.example:" + port // what the browser sends after the rebinding
+		req.Header.Set("Authorization", "Bearer guess")
+		req.Header.Set("Origin", "http://rebind.attacker.example:"+port)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusMisdirectedRequest {
+			t.Fatalf("a request for Host rebind.attacker.example: %d, want 421", res.StatusCode)
+		}
+	}
+	// The operator, with the right key, from the same machine.
+	if r := e.do("GET", "/api/version", ""); r.status != http.StatusOK {
+		t.Fatalf("the operator's right key after %d requests for Host rebind.attacker.example: %d %s", maxAuthFailures, r.status, r.body)
+	}
+}
+
+// The admin API answers for IP addresses, localhost, this machine's name,
+// --admin-host and --admin-allowed-hosts (a leading dot: subdomains too),
+// and nothing else a page could re-point at the listener.
+func TestTheAdminAPIAnswersOnlyTheHostsItKnows(t *testing.T) {
+	a := &Admin{o: Options{AllowedHosts: []string{"127.0.0.1", "admin.internal", ".svc.cluster.local"}}, hostname: "gw-1"}
+	for host, want := range map[string]bool{
+		"":                                 true,
+		"127.0.0.1:8081":                   true,
+		"10.1.2.3":                         true,
+		"[::1]:8081":                       true,
+		"localhost:8081":                   true,
+		"LocalHost.":                       true,
+		"console.localhost":                true,
+		"gw-1:8081":                        true,
+		"admin.internal":                   true,
+		"infera.ns.svc.cluster.local:8081": true,
+		"svc.cluster.local":                true,
+		"rebind.attacker.example":          false,
+		"admin.internal.evil.example":      false,
+		"evilsvc.cluster.local":            false,
+		"localhost.evil.example":           false,
+		"gw-1.evil.example":                false,
+	} {
+		if got := a.hostAllowed(host); got != want {
+			t.Errorf("Host %q: answered %v, want %v", host, got, want)
+		}
+	}
+	if !(&Admin{o: Options{AllowedHosts: []string{"*"}}}).hostAllowed("any.example") {
+		t.Error(`--admin-allowed-hosts "*" refused a name`)
 	}
 }
