@@ -1760,3 +1760,24 @@ func TestAFilteredStreamEndedByDoneThenCutIsComplete(t *testing.T) {
 		t.Fatalf("a stream ended by [DONE] got an error event or blamed the worker (failures %d):\n%q", fails, b)
 	}
 }
+
+// An engine's response header whose name is not an HTTP token ("X@Y",
+// "X(Y)", "X/Y") is dropped, the rest of the answer relayed: clients that
+// check field names (Go's net/http, h11 under httpx) failed the whole
+// exchange on it. (A value with a control byte makes the response invalid.)
+func TestAnEngineHeaderClientsCannotParseIsDropped(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nX@Engine: 1\r\nX(Y): 2\r\nX/Y: 3\r\nX-Engine-Ok: yes\r\n" +
+			"Content-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(okJSON)) + "\r\n\r\n" + okJSON))
+	})
+	r := startRouter(t, nil, nil, up.url)
+	resp, err := http.Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	if err != nil {
+		t.Fatalf("the client could not read the router's answer: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != okJSON || resp.Header.Get("X-Engine-Ok") != "yes" {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
+	}
+}

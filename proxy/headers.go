@@ -195,6 +195,12 @@ var tokenChar = func() (t [256]bool) {
 	return t
 }()
 
+// relayableHeader reports whether an engine's response header may reach
+// the client: a name that is a token and a value without control bytes.
+// Others are dropped, not relayed: HTTP clients that check field names
+// (Go's net/http, h11 under httpx) fail the whole answer on one.
+func relayableHeader(k, v []byte) bool { return validHeaderName(k) && validHeaderValue(v) }
+
 func validHeaderValue(v []byte) bool {
 	for _, c := range v {
 		if (c < ' ' && c != '\t') || c == 0x7f {

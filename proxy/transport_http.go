@@ -145,7 +145,7 @@ func (u *httpUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
 	c := u.conn()
 	for i := range c.hdrs {
 		k, v := c.header(i)
-		if isHopHeader(k) || isFramingOrOwnHeader(k) || c.namedByConnection(k) {
+		if isHopHeader(k) || isFramingOrOwnHeader(k) || c.namedByConnection(k) || !relayableHeader(k, v) {
 			continue
 		}
 		h.AddBytesKV(k, v)

@@ -169,7 +169,7 @@ func (u *natsUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
 			continue
 		}
 		for _, v := range vs {
-			if validHeaderValue([]byte(v)) {
+			if relayableHeader(kb, []byte(v)) {
 				h.Add(k, v)
 			}
 		}
