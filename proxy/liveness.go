@@ -149,9 +149,18 @@ func clientFD(ctx *fasthttp.RequestCtx) (fd int, tls bool) {
 }
 
 // clientLeft reports whether the client of socket fd closed or reset it.
+// Bytes waiting ahead of its FIN (a TLS record, a pipelined request that
+// the server's read buffer did not take) hide the close from a peek: then
+// the socket's state tells.
 func clientLeft(fd int, tls bool) bool {
 	if tls {
 		return netpeek.PeerClosed(fd)
 	}
-	return netpeek.Peek(fd) == netpeek.Closed
+	switch netpeek.Peek(fd) {
+	case netpeek.Closed:
+		return true
+	case netpeek.Data:
+		return netpeek.PeerClosed(fd)
+	}
+	return false
 }

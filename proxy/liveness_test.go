@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"fmt"
 	"net"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,4 +90,42 @@ func TestWatchdogRegistryForgetsStatesThePoolDropped(t *testing.T) {
 		t.Fatalf("registry holds %d states after a GC, want only the live one", len(l.reg))
 	}
 	runtime.KeepAlive(kept)
+}
+
+// A client that pipelines a request behind a slow non-streaming one, more
+// of it than the server's read buffer took, then closes its connection:
+// its engine request is cancelled. The watchdog's peek saw the unread
+// pipelined bytes (the FIN is behind them) and took the client for
+// present, and the engine generated for nobody until it answered.
+func TestAPipeliningClientThatLeavesCancelsTheEngineRequest(t *testing.T) {
+	closed := make(chan time.Time, 1)
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		b := make([]byte, 1)
+		c.SetReadDeadline(time.Now().Add(8 * time.Second))
+		if _, err := c.Read(b); err != nil {
+			closed <- time.Now()
+		}
+	})
+	r := startRouter(t, nil, nil, up.url)
+	c, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Repeat(" ", 40000) + chatBody
+	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody) +
+		fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(big), big)
+	if _, err := c.Write([]byte(req)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	left := time.Now()
+	c.Close()
+	select {
+	case at := <-closed:
+		if d := at.Sub(left); d > 2*time.Second {
+			t.Fatalf("engine connection closed %v after the client left", d)
+		}
+	case <-time.After(4 * time.Second):
+		t.Fatal("the engine request was not cancelled within 4 s of the client leaving (its pipelined bytes hide the close)")
+	}
 }
