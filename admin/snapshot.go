@@ -178,8 +178,9 @@ func decodeSnapshot(data []byte) (map[string]any, *snapshotFile, error) {
 
 // read loads and validates a stored snapshot. Unlike an import, it must
 // carry its checksum: infera writes one in every snapshot, so a stored
-// one without it was edited.
-func (s *snapshots) read(name string) (*config.Config, *snapshotFile, error) {
+// one without it was edited. Its secret references are taken only where
+// base holds them (sealer.parseStored).
+func (s *snapshots) read(name string, base *config.Config) (*config.Config, *snapshotFile, error) {
 	data, err := os.ReadFile(filepath.Join(s.dir, name))
 	if err != nil {
 		return nil, nil, err
@@ -191,7 +192,7 @@ func (s *snapshots) read(name string) (*config.Config, *snapshotFile, error) {
 	if f.SHA256 == "" {
 		return nil, nil, &config.FieldError{Path: "sha256", Msg: "is missing: a stored snapshot always has one, so this one was edited"}
 	}
-	c, err := s.seal.parseDoc(doc, nil)
+	c, err := s.seal.parseStored(doc, base)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -288,7 +289,7 @@ func (a *Admin) snapshot(kind string) (info SnapshotInfo, err error) {
 // valid, falling back to older ones with a logged reason.
 func (a *Admin) restoreNewest() error {
 	s := a.snaps
-	info, c, f, err := s.newestUsable()
+	info, c, f, err := s.newestUsable(a.store.Load())
 	if err != nil || c == nil {
 		return err
 	}
@@ -306,13 +307,13 @@ func (a *Admin) restoreNewest() error {
 // newestUsable returns the newest snapshot that reads back whole and
 // valid, logging why each newer one was skipped; c is nil when none is
 // usable (logged when there were some).
-func (s *snapshots) newestUsable() (SnapshotInfo, *config.Config, *snapshotFile, error) {
+func (s *snapshots) newestUsable(base *config.Config) (SnapshotInfo, *config.Config, *snapshotFile, error) {
 	list, err := s.list()
 	if err != nil {
 		return SnapshotInfo{}, nil, nil, err
 	}
 	for _, info := range list {
-		c, f, err := s.read(info.Name)
+		c, f, err := s.read(info.Name, base)
 		if err != nil {
 			slog.Error("snapshot unusable; trying the previous one", "name", info.Name, "reason", err)
 			continue
@@ -336,7 +337,7 @@ func (s *snapshots) newestUsable() (SnapshotInfo, *config.Config, *snapshotFile,
 // keeps the file's previous bytes beside it as <file>.before-restore.
 func (a *Admin) restoreNewerThanFile() error {
 	s, path := a.snaps, a.store.Path()
-	info, c, f, err := s.newestUsable()
+	info, c, f, err := s.newestUsable(a.store.Load())
 	if err != nil || c == nil {
 		return err // none usable: the file serves
 	}
