@@ -181,6 +181,7 @@ func (f *Fleet) upsertLocked(r Record) error {
 			return fmt.Errorf("cannot add worker %q: %w", r.ID, err)
 		}
 	}
+	f.registerMetrics(w)
 	f.byID[r.ID] = w
 	slog.Info("worker added", "id", w.ID, "url", w.URL, "models", w.Models, "role", w.Role.String())
 	return nil
@@ -228,20 +229,54 @@ func (f *Fleet) newWorker(r Record) (*Worker, error) {
 		w.Idx = f.next
 		f.next++
 	}
-	lbl := fmt.Sprintf(`{worker=%q}`, w.ID)
-	w.mRequests = f.ms.GetOrCreateCounter(`infera_router_worker_requests_total` + lbl)
-	w.mFailures = f.ms.GetOrCreateCounter(`infera_router_worker_failures_total` + lbl)
-	f.ms.GetOrCreateGauge(`infera_router_worker_breaker_state`+lbl, func() float64 { return float64(w.Breaker.State()) })
-	f.ms.GetOrCreateGauge(`infera_router_worker_active_requests`+lbl, func() float64 { return float64(w.Load.Requests.Load()) })
-	f.ms.GetOrCreateGauge(`infera_router_worker_active_tokens`+lbl, func() float64 { return float64(w.Load.Tokens.Load()) })
-	f.ms.GetOrCreateGauge(`infera_router_worker_prefix_hit_rate`+lbl, func() float64 { return max(w.HitRate(), 0) })
-	f.ms.GetOrCreateGauge(`infera_router_worker_routable`+lbl, func() float64 {
-		if w.Draining() || w.Removed() {
-			return 0
-		}
-		return 1 // ACTIVE as far as discovery is concerned
-	})
 	return w, nil
+}
+
+// Per-worker series, named infera_router_worker_<name>{worker="<id>"}.
+// registerMetrics creates them once the worker is admitted, unregisterMetrics
+// drops them when it leaves.
+var (
+	workerCounters = [...]string{"requests_total", "failures_total"} // w.mRequests, w.mFailures
+	workerGauges   = [...]struct {
+		name  string
+		value func(w *Worker) float64
+	}{
+		{"breaker_state", func(w *Worker) float64 { return float64(w.Breaker.State()) }},
+		{"active_requests", func(w *Worker) float64 { return float64(w.Load.Requests.Load()) }},
+		{"active_tokens", func(w *Worker) float64 { return float64(w.Load.Tokens.Load()) }},
+		{"prefix_hit_rate", func(w *Worker) float64 { return max(w.HitRate(), 0) }},
+		{"routable", func(w *Worker) float64 {
+			if w.Draining() || w.Removed() {
+				return 0
+			}
+			return 1 // ACTIVE as far as discovery is concerned
+		}},
+	}
+)
+
+func workerSeries(name, id string) string {
+	return fmt.Sprintf(`infera_router_worker_%s{worker=%q}`, name, id)
+}
+
+// registerMetrics creates w's series. It is called only for a worker every
+// hook admitted: the gauges read w, so a refused worker's would export it,
+// and stand in (GetOrCreateGauge) for the next worker with its id.
+func (f *Fleet) registerMetrics(w *Worker) {
+	w.mRequests = f.ms.GetOrCreateCounter(workerSeries(workerCounters[0], w.ID))
+	w.mFailures = f.ms.GetOrCreateCounter(workerSeries(workerCounters[1], w.ID))
+	for _, g := range workerGauges {
+		f.ms.GetOrCreateGauge(workerSeries(g.name, w.ID), func() float64 { return g.value(w) })
+	}
+}
+
+// unregisterMetrics drops w's series.
+func (f *Fleet) unregisterMetrics(w *Worker) {
+	for _, name := range workerCounters {
+		f.ms.UnregisterMetric(workerSeries(name, w.ID))
+	}
+	for _, g := range workerGauges {
+		f.ms.UnregisterMetric(workerSeries(g.name, w.ID))
+	}
 }
 
 func (f *Fleet) releaseIdx(w *Worker) {
@@ -255,10 +290,7 @@ func (f *Fleet) removeLocked(w *Worker) {
 	for _, h := range f.hooks {
 		h.WorkerRemoved(w)
 	}
-	lbl := fmt.Sprintf(`{worker=%q}`, w.ID)
-	for _, name := range []string{"requests_total", "failures_total", "breaker_state", "active_requests", "active_tokens", "routable", "prefix_hit_rate"} {
-		f.ms.UnregisterMetric("infera_router_worker_" + name + lbl)
-	}
+	f.unregisterMetrics(w)
 	slog.Info("worker removed", "id", w.ID, "url", w.URL)
 }
 

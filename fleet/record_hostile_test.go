@@ -1,8 +1,11 @@
 package fleet
 
 import (
+	"bytes"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A discovery record is input from the network: fields routing and the KV
@@ -58,5 +61,79 @@ func TestAModelListedTwiceMakesOneCandidate(t *testing.T) {
 	}
 	if n := len(f.View().ByModel["m"]); n != 1 {
 		t.Fatalf("the worker is %d candidates for m", n)
+	}
+}
+
+// refuseHook refuses workers while refuse is set (as discovery's
+// AgreementHook refuses a record whose transports disagree).
+type refuseHook struct{ refuse bool }
+
+func (h *refuseHook) WorkerAdded(w *Worker) error {
+	if h.refuse {
+		return errors.New("transport mismatch")
+	}
+	return nil
+}
+
+func (h *refuseHook) WorkerRemoved(w *Worker) {}
+
+// metricLine returns the line of f's metrics that starts with prefix, or "".
+func metricLine(f *Fleet, prefix string) string {
+	var b bytes.Buffer
+	f.ms.WritePrometheus(&b)
+	for _, l := range strings.Split(b.String(), "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
+}
+
+// A worker a hook refuses is not in the fleet (docs/admin.md: "Workers
+// refused at registration ... are not in the fleet"): its per-worker
+// gauges must not be left behind, and above all must not stand in for the
+// worker once a later record of the same id is admitted. They used to:
+// the gauges were registered before the hooks ran and never unregistered
+// on a refusal, so the refused worker was exported as routable, and the
+// admitted one's GetOrCreateGauge got back the gauges reading the refused
+// worker (no load, breaker closed) for as long as it lived.
+func TestARefusedWorkerLeavesNoGaugesBehind(t *testing.T) {
+	f := NewFleet(BreakerConfig{Threshold: 1, Cooldown: time.Minute, MaxCooldown: time.Minute})
+	defer f.Close()
+	h := &refuseHook{refuse: true}
+	f.AddHook(h)
+	rec := Record{ID: "w1", URL: "http://127.0.0.1:9001", Models: []string{"m"}, KVEventTransport: "zmq"}
+	if err := f.Upsert(rec); err == nil {
+		t.Fatal("the hook's refusal was not reported")
+	}
+	if l := metricLine(f, `infera_router_worker_`); l != "" {
+		t.Errorf("refused worker still exported: %q", l)
+	}
+	// The operator fixes the record; the worker joins.
+	h.refuse = false
+	rec.KVEventTransport = ""
+	if err := f.Upsert(rec); err != nil {
+		t.Fatal(err)
+	}
+	w := f.Get("w1")
+	w.Acquire(100, 50, 1)
+	w.Acquire(100, 50, 1)
+	w.Fault(time.Now().UnixNano()) // threshold 1: the breaker opens
+	for _, want := range []string{
+		`infera_router_worker_routable{worker="w1"} 1`,
+		`infera_router_worker_active_requests{worker="w1"} 2`,
+		`infera_router_worker_active_tokens{worker="w1"} 200`,
+		`infera_router_worker_breaker_state{worker="w1"} 2`,
+		`infera_router_worker_failures_total{worker="w1"} 1`,
+	} {
+		name := want[:strings.LastIndexByte(want, ' ')+1]
+		if got := metricLine(f, name); got != want {
+			t.Errorf("admitted worker: %q, want %q", got, want)
+		}
+	}
+	// Removed, it leaves no series either.
+	f.Remove("w1")
+	if l := metricLine(f, `infera_router_worker_`); l != "" {
+		t.Errorf("removed worker still exported: %q", l)
 	}
 }
