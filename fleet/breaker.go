@@ -102,12 +102,21 @@ func (b *Breaker) Success(probe bool) {
 }
 
 // Failure records a fault (connect error, 5xx, timeout) at now (unix ns).
-func (b *Breaker) Failure(now int64) {
+// probe tells whether the failed request was the half-open probe: only the
+// probe's fault re-opens a half-open breaker (and doubles the cooldown). A
+// non-probe fault in half-open (a request dispatched before the trip, or a
+// forced dispatch, ending while the probe is in flight) says nothing about
+// the worker since the cooldown and is ignored, as Success ignores a
+// non-probe success: the probe decides.
+func (b *Breaker) Failure(now int64, probe bool) {
 	if b.cfg == nil || b.cfg.Threshold <= 0 {
 		return
 	}
 	switch b.state.Load() {
 	case BreakerHalfOpen:
+		if !probe {
+			return
+		}
 		b.mu.Lock()
 		if b.state.Load() == BreakerHalfOpen {
 			cd := b.cooldown * 2

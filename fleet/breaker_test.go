@@ -16,7 +16,7 @@ func TestBreakerTripsAfterThreshold(t *testing.T) {
 		t.Helper()
 		b := newBreaker(threshold, time.Second, 4*time.Second)
 		for i := 0; i < faults; i++ {
-			b.Failure(0)
+			b.Failure(0, false)
 		}
 		if open := b.State() == BreakerOpen; open != wantOpen {
 			t.Fatalf("threshold %d faults %d: open=%v", threshold, faults, open)
@@ -31,11 +31,11 @@ func TestBreakerTripsAfterThreshold(t *testing.T) {
 	f(0, 100, false) // disabled
 	// A success in between resets the consecutive count.
 	b := newBreaker(3, time.Second, 4*time.Second)
-	b.Failure(0)
-	b.Failure(0)
+	b.Failure(0, false)
+	b.Failure(0, false)
 	b.Success(false)
-	b.Failure(0)
-	b.Failure(0)
+	b.Failure(0, false)
+	b.Failure(0, false)
 	if b.State() != BreakerClosed {
 		t.Fatalf("non-consecutive faults opened the breaker")
 	}
@@ -44,7 +44,7 @@ func TestBreakerTripsAfterThreshold(t *testing.T) {
 func TestBreakerProbeCycle(t *testing.T) {
 	s := int64(time.Second)
 	b := newBreaker(1, time.Second, 4*time.Second)
-	b.Failure(0)
+	b.Failure(0, false)
 	if b.Available(s / 2) {
 		t.Fatalf("available within cooldown")
 	}
@@ -65,7 +65,7 @@ func TestBreakerProbeCycle(t *testing.T) {
 	// Failed probe doubles the cooldown: 2s, then 4s, capped at 4s.
 	now := s
 	for _, want := range []int64{2 * s, 4 * s, 4 * s} {
-		b.Failure(now)
+		b.Failure(now, true) // the probe's fault
 		if b.Available(now+want-1) || !b.Available(now+want) {
 			t.Fatalf("cooldown after failed probe at %d: want %d", now, want)
 		}
@@ -79,7 +79,7 @@ func TestBreakerProbeCycle(t *testing.T) {
 	if b.State() != BreakerClosed || !b.Available(now) {
 		t.Fatalf("not restored")
 	}
-	b.Failure(now)
+	b.Failure(now, false)
 	if !b.Available(now + s) {
 		t.Fatalf("cooldown not reset to 1s after success")
 	}
@@ -91,5 +91,35 @@ func TestBreakerProbeCycle(t *testing.T) {
 	}
 	if b.Trips() != 5 {
 		t.Fatalf("trips %d", b.Trips())
+	}
+}
+
+// docs/router.md: "then one probe request is admitted: success closes the
+// breaker, a fault doubles the cooldown". A fault of a request dispatched
+// before the trip (a long stream, a request forced while every candidate
+// was open) that ends while the probe is in flight is not the probe's
+// outcome: it must not re-open the breaker and discard the probe's success.
+// It used to: Failure in half-open re-opened the breaker whoever failed,
+// doubling the cooldown, and the probe's Success(true) then found the
+// breaker open and was ignored.
+func TestAStragglersFaultDoesNotOverrideTheProbe(t *testing.T) {
+	b := newBreaker(1, time.Second, 8*time.Second)
+	t0 := int64(0)
+	b.Failure(t0, false) // trips
+	now := t0 + int64(2*time.Second)
+	ok, probe := b.Admit(now)
+	if !ok || !probe {
+		t.Fatalf("Admit after the cooldown = %v, %v; want the probe", ok, probe)
+	}
+	b.Failure(now+1, false) // a request dispatched before the trip fails now
+	if s := b.State(); s != BreakerHalfOpen {
+		t.Fatalf("a straggler's fault moved the half-open breaker to %s (trips %d)", BreakerStateName(s), b.Trips())
+	}
+	b.Success(true) // the probe succeeds
+	if s := b.State(); s != BreakerClosed {
+		t.Fatalf("after a successful probe the breaker is %s (trips %d)", BreakerStateName(s), b.Trips())
+	}
+	if b.Trips() != 1 {
+		t.Fatalf("trips %d, want 1", b.Trips())
 	}
 }

@@ -118,7 +118,7 @@ func TestARefusedWorkerLeavesNoGaugesBehind(t *testing.T) {
 	w := f.Get("w1")
 	w.Acquire(100, 50, 1)
 	w.Acquire(100, 50, 1)
-	w.Fault(time.Now().UnixNano()) // threshold 1: the breaker opens
+	w.Fault(time.Now().UnixNano(), false) // threshold 1: the breaker opens
 	for _, want := range []string{
 		`infera_router_worker_routable{worker="w1"} 1`,
 		`infera_router_worker_active_requests{worker="w1"} 2`,

@@ -256,12 +256,13 @@ func (w *Worker) Release(tokens, prompt, blocks int64, firstTokenSeen bool) {
 }
 
 // Fault records a worker fault at now (unix ns): the breaker counts it and
-// infera_router_worker_failures_total moves.
-func (w *Worker) Fault(now int64) {
+// infera_router_worker_failures_total moves. probe tells whether the
+// request held the breaker's half-open probe (Breaker.Failure).
+func (w *Worker) Fault(now int64, probe bool) {
 	if w.mFailures != nil {
 		w.mFailures.Inc()
 	}
-	w.Breaker.Failure(now)
+	w.Breaker.Failure(now, probe)
 }
 
 // Counts returns how many requests were sent to w and how many of them

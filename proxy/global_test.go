@@ -250,7 +250,7 @@ func TestFreeOfByScope(t *testing.T) {
 	f(config.RateLimit{Scope: config.ScopeInstance}, 3*UnlimitedWorkerSlots-4)
 	fl.Get("a1").FirstToken(0) // one of a1's requests is decoding now
 	f(config.RateLimit{Scope: config.ScopeInstance, PrefillConcurrency: 4}, 2+4+3)
-	fl.Get("b1").Fault(1) // threshold 1: b1's breaker opens
+	fl.Get("b1").Fault(1, false) // threshold 1: b1's breaker opens
 	f(config.RateLimit{Scope: config.ScopeInstance, OverallConcurrency: 4}, 1+4)
 }
 

@@ -100,7 +100,7 @@ func TestAffinityRebind(t *testing.T) {
 	home := pick(t, s, cfg, sess("x")).Worker
 	// Breaker open: re-bound, not failed.
 	for i := 0; i < 3; i++ {
-		home.Breaker.Failure(s.Now())
+		home.Breaker.Failure(s.Now(), false)
 	}
 	d := pick(t, s, cfg, sess("x"))
 	if d.Worker == home || d.Reason != ReasonAffinityRebind {

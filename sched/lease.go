@@ -159,9 +159,9 @@ func (l *Lease) FirstToken() {
 }
 
 // Done ends the attempt: the load units return, the breaker learns the
-// outcome (a fault counts toward tripping; success closes a half-open
-// breaker only when this lease held the probe; neutral hands the probe
-// back), and attached seats end. Only the first call has an effect.
+// outcome (a fault counts toward tripping; success closes, and a fault
+// re-opens, a half-open breaker only when this lease held the probe;
+// neutral hands the probe back), and attached seats end. Only the first call has an effect.
 func (l *Lease) Done(o Outcome) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -208,7 +208,7 @@ func (l *Lease) tellBreaker(o Outcome) {
 	case OutcomeSuccess:
 		w.Breaker.Success(l.Probe)
 	case OutcomeFault:
-		w.Fault(l.now())
+		w.Fault(l.now(), l.Probe)
 	default:
 		w.Breaker.Abandon(l.Probe)
 	}

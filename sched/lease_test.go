@@ -260,6 +260,58 @@ func TestLeaseVerdictSettlesTheProbeBeforeDone(t *testing.T) {
 	}
 }
 
+// A lease taken before the breaker tripped (a long stream) that ends in a
+// fault while the probe is in flight is not the probe: only the probe's
+// outcome settles a half-open breaker. It used to re-open it (doubling the
+// cooldown), and the probe's success then found it open and was ignored.
+func TestAStragglersLeaseFaultDoesNotOverrideTheProbe(t *testing.T) {
+	s, c := newTestSched(t, workers(1, "m")...) // threshold 3, cooldown 1s
+	cfg := config.Default()
+	var straggler, l Lease
+	if err := s.Acquire(cfg, &Request{Model: []byte("m")}, nil, &straggler); err != nil || straggler.Probe {
+		t.Fatalf("straggler: %v, probe %v", err, straggler.Probe)
+	}
+	w := straggler.Worker
+	for range 3 {
+		if err := s.Acquire(cfg, &Request{Model: []byte("m")}, nil, &l); err != nil {
+			t.Fatal(err)
+		}
+		l.Done(OutcomeFault)
+	}
+	c.add(2 * time.Second)
+	if err := s.Acquire(cfg, &Request{Model: []byte("m")}, nil, &l); err != nil || !l.Probe {
+		t.Fatalf("no probe: %v", err)
+	}
+	straggler.Done(OutcomeFault)
+	if w.Breaker.State() != fleet.BreakerHalfOpen {
+		t.Fatalf("the straggler's fault settled the probe: state %s", fleet.BreakerStateName(w.Breaker.State()))
+	}
+	l.Done(OutcomeSuccess)
+	if w.Breaker.State() != fleet.BreakerClosed || w.Breaker.Trips() != 1 {
+		t.Fatalf("after the probe's success: state %s, trips %d; want closed, 1",
+			fleet.BreakerStateName(w.Breaker.State()), w.Breaker.Trips())
+	}
+	if _, failures := w.Counts(); failures != 4 {
+		t.Fatalf("failures_total %d, want 4 (the straggler's fault is still counted)", failures)
+	}
+	// The probe's own fault still re-opens the breaker.
+	for range 3 {
+		if err := s.Acquire(cfg, &Request{Model: []byte("m")}, nil, &l); err != nil {
+			t.Fatal(err)
+		}
+		l.Done(OutcomeFault)
+	}
+	c.add(2 * time.Second)
+	if err := s.Acquire(cfg, &Request{Model: []byte("m")}, nil, &l); err != nil || !l.Probe {
+		t.Fatalf("no second probe: %v", err)
+	}
+	l.Done(OutcomeFault)
+	if w.Breaker.State() != fleet.BreakerOpen || w.Breaker.Trips() != 3 {
+		t.Fatalf("after the probe's fault: state %s, trips %d; want open, 3",
+			fleet.BreakerStateName(w.Breaker.State()), w.Breaker.Trips())
+	}
+}
+
 // A request's retries are not decisions of their own in
 // infera_route_decisions_total: one per request (each retry's lease
 // counted one, inflating the dashboard's decisions by layer).

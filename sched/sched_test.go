@@ -441,7 +441,7 @@ func TestBreakerInPick(t *testing.T) {
 	v := s.Fleet.View()
 	bad := v.Routable[0]
 	for i := 0; i < 3; i++ {
-		bad.Breaker.Failure(s.Now())
+		bad.Breaker.Failure(s.Now(), false)
 	}
 	// Excluded while open.
 	for i := 0; i < 30; i++ {
@@ -467,7 +467,7 @@ func TestBreakerInPick(t *testing.T) {
 	// All open: still dispatches (fallback), no error.
 	for _, w := range v.Routable {
 		for i := 0; i < 3; i++ {
-			w.Breaker.Failure(s.Now())
+			w.Breaker.Failure(s.Now(), false)
 		}
 	}
 	d := pick(t, s, cfg, &Request{Model: []byte("m")})
