@@ -286,13 +286,24 @@ type frame struct {
 	payload  []byte
 }
 
-// blockRef maps an engine hash to the router's hash and its chain's root.
-type blockRef struct{ hash, root uint64 }
+// blockRef maps an engine hash to the router's hash and its chain's root;
+// n is how many times the engine stored the hash and has not removed it
+// yet (vLLM may hold two physical blocks under one hash and announce each).
+type blockRef struct {
+	hash, root uint64
+	n          uint32
+}
 
 type rankState struct {
 	started bool
 	next    uint64
 	blocks  map[uint64]blockRef // engine hash -> router hash
+	// refs counts, per router hash, the engine blocks stored and not yet
+	// removed that map to it (the sum of their n): blocks with the same
+	// tokens but other engine hashes (vLLM keys cache_salt, multimodal
+	// extra_keys and lora_id into its hash; the router does not) are one
+	// router block, which leaves the index with the last of them.
+	refs map[uint64]uint32
 	// lastClear is when the rank's index entries were last cleared; dirty
 	// says a clear was put off (clears come at most every minClearEvery:
 	// each one walks the whole index, so a publisher that clears or
@@ -472,7 +483,7 @@ func (ws *workerState) handleFrames(msg [][]byte) {
 func (ws *workerState) rank(r int) *rankState {
 	rs := ws.ranks[r]
 	if rs == nil {
-		rs = &rankState{blocks: map[uint64]blockRef{}}
+		rs = &rankState{blocks: map[uint64]blockRef{}, refs: map[uint64]uint32{}}
 		ws.ranks[r] = rs
 	}
 	return rs
@@ -637,6 +648,7 @@ func (ws *workerState) clearRank(rank int, rs *rankState) {
 		rs.dirty = true
 	}
 	rs.blocks = map[uint64]blockRef{} // clear() would keep the peak size
+	rs.refs = map[uint64]uint32{}
 	rs.since, rs.sinceBlocks = nil, 0 // what came after an earlier clear goes too
 	if rs.dirty {
 		ws.flushClear(rank, rs, false)
@@ -762,7 +774,20 @@ func (ws *workerState) applyStored(e *Event, rank int, rs *rankState) {
 		root = ws.scratch[0]
 	}
 	for i, h := range e.Hashes {
-		rs.blocks[h] = blockRef{hash: ws.scratch[i], root: root}
+		ref, ok := rs.blocks[h]
+		if ok && (ref.hash != ws.scratch[i] || ref.root != root) {
+			// The engine hash now names other blocks (a collision, or a
+			// publisher that lies): the ones it named go.
+			ws.release(rank, rs, h, ref, ref.n)
+			ok = false
+		}
+		if ok {
+			ref.n++
+		} else {
+			ref = blockRef{hash: ws.scratch[i], root: root, n: 1}
+		}
+		rs.blocks[h] = ref
+		rs.refs[ref.hash]++
 	}
 	if err := ws.m.cfg.Index.Store(ws.idx, rank, root, seed, e.HasParent, ws.scratch); err != nil {
 		ws.mDropped.Inc()
@@ -779,10 +804,9 @@ func (ws *workerState) applyRemoved(e *Event, rank int, rs *rankState) {
 	var root uint64
 	for _, eh := range e.Hashes {
 		ref, ok := rs.blocks[eh]
-		if !ok {
-			continue
+		if !ok || !rs.unref(eh, ref, 1) {
+			continue // unknown, or the engine still holds a block with its tokens
 		}
-		delete(rs.blocks, eh)
 		if len(run) > 0 && ref.root != root {
 			idx.Remove(ws.idx, rank, root, run)
 			ws.noteSince(rank, rs, indexOp{remove: true, root: root, hashes: run})
@@ -797,6 +821,36 @@ func (ws *workerState) applyRemoved(e *Event, rank int, rs *rankState) {
 	}
 	ws.scratch = run
 	ws.mApplied.Inc()
+}
+
+// unref drops k of the n stored copies of engine hash eh (ref is
+// rs.blocks[eh]) from the counts and reports whether no engine block of
+// ref's router hash is left: then it leaves the index.
+func (rs *rankState) unref(eh uint64, ref blockRef, k uint32) bool {
+	if ref.n > k {
+		ref.n -= k
+		rs.blocks[eh] = ref
+	} else {
+		k = ref.n
+		delete(rs.blocks, eh)
+	}
+	if c := rs.refs[ref.hash]; c > k {
+		rs.refs[ref.hash] = c - k
+		return false
+	}
+	delete(rs.refs, ref.hash)
+	return true
+}
+
+// release drops k stored copies of engine hash eh (ref is rs.blocks[eh])
+// and removes its router block from the index if none is left. ws.mu held.
+func (ws *workerState) release(rank int, rs *rankState, eh uint64, ref blockRef, k uint32) {
+	if !rs.unref(eh, ref, k) {
+		return
+	}
+	one := [1]uint64{ref.hash}
+	ws.m.cfg.Index.Remove(ws.idx, rank, ref.root, one[:])
+	ws.noteSince(rank, rs, indexOp{remove: true, root: ref.root, hashes: one[:]})
 }
 
 // connectEndpoint turns an advertised bind address (tcp://*:5557,

@@ -379,3 +379,114 @@ func TestDataParallelRanks(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestRemovingOneOfTwoEngineBlocksWithTheSameTokensKeepsTheOther: two
+// engine blocks with the same tokens but different engine hashes (vLLM
+// keys cache_salt, multimodal extra_keys and lora_id into its hash; the
+// router ignores them) map to one router hash. The engine evicting one of
+// them must not drop the router hash while the other is still cached, and
+// blocks stored below the remaining chain later must be indexed. Each
+// engine hash used to map to its router hash with no count of the others:
+// the first removal took the router block out of the index, and the next
+// block stored below it was dropped for its unknown parent.
+func TestRemovingOneOfTwoEngineBlocksWithTheSameTokensKeepsTheOther(t *testing.T) {
+	m, x, w := newFedWorker(t)
+	sys := tokensFor(1, 2)
+	salted1 := []uint64{0x1001, 0x1002} // tenant A's salt
+	salted2 := []uint64{0x2001, 0x2002} // tenant B's salt: same tokens
+	seq := uint64(0)
+	feed := func(b []byte) {
+		m.Feed(w.ID, 0, nil, seq, appendBatchTrailer(b, false, 0))
+		seq++
+	}
+	b := appendBatchHeader(nil, false, 1, 2)
+	b = appendStored(b, false, salted1, 0, false, sys, bs)
+	b = appendStored(b, false, salted2, 0, false, sys, bs)
+	feed(b)
+	waitFor(t, "the prefix", func() bool { return overlap(x, w.Idx, sys) == 2 })
+	// Tenant A's copy is evicted; tenant B's stays in the engine.
+	b = appendBatchHeader(nil, false, 2, 1)
+	b = appendRemoved(b, false, salted1)
+	feed(b)
+	// Tenant B's next turn is stored below its cached prefix.
+	user := append(append([]uint32(nil), sys...), tokensFor(2, 1)...)
+	b = appendBatchHeader(nil, false, 3, 1)
+	b = appendStored(b, false, []uint64{0x2003}, salted2[1], true, user[2*bs:], bs)
+	feed(b)
+	waitFor(t, "three batches", func() bool { st := m.Stats(w.ID); return st.Applied+st.Dropped >= 4 })
+	time.Sleep(20 * time.Millisecond)
+	if got := overlap(x, w.Idx, user); got != 3 {
+		t.Fatalf("engine caches 3 blocks of the prompt (tenant B's chain), index says %d (stats %+v)", got, m.Stats(w.ID))
+	}
+	// Tenant B's copy goes too: now nothing of the prefix is cached.
+	b = appendBatchHeader(nil, false, 4, 1)
+	b = appendRemoved(b, false, append(append([]uint64(nil), salted2...), 0x2003))
+	feed(b)
+	waitFor(t, "the last copy removed", func() bool { return overlap(x, w.Idx, user) == 0 })
+}
+
+// TestAnEngineHashStoredTwiceSurvivesOneRemoval: vLLM can hold two
+// physical blocks under one block hash (the same prefix computed twice),
+// announcing each (BlockStored) and each eviction (BlockRemoved): after one
+// eviction the engine still has the block. The first BlockRemoved used to
+// take it out of the index.
+func TestAnEngineHashStoredTwiceSurvivesOneRemoval(t *testing.T) {
+	m, x, w := newFedWorker(t)
+	sys := tokensFor(1, 2)
+	hs := []uint64{0x1001, 0x1002}
+	b := appendBatchHeader(nil, false, 1, 1)
+	b = appendStored(b, false, hs, 0, false, sys, bs)
+	m.Feed(w.ID, 0, nil, 0, appendBatchTrailer(b, false, 0))
+	b = appendBatchHeader(nil, false, 2, 1)
+	b = appendStored(b, false, hs, 0, false, sys, bs)
+	m.Feed(w.ID, 0, nil, 1, appendBatchTrailer(b, false, 0))
+	b = appendBatchHeader(nil, false, 3, 1)
+	b = appendRemoved(b, false, hs)
+	m.Feed(w.ID, 0, nil, 2, appendBatchTrailer(b, false, 0))
+	waitFor(t, "three batches", func() bool { return m.Stats(w.ID).Applied >= 3 })
+	if got := overlap(x, w.Idx, sys); got != 2 {
+		t.Fatalf("engine still holds one copy of both blocks, index says %d", got)
+	}
+	// The second removal takes the last copy.
+	m.Feed(w.ID, 0, nil, 3, appendBatchTrailer(b, false, 0))
+	waitFor(t, "the last copy removed", func() bool { return overlap(x, w.Idx, sys) == 0 })
+}
+
+// TestAClearResetsTheCountsOfStoredBlocks: AllBlocksCleared forgets how
+// many times each block was stored: a block stored twice, cleared, then
+// stored once more leaves the index with its next removal.
+func TestAClearResetsTheCountsOfStoredBlocks(t *testing.T) {
+	x := radix.New()
+	m, err := NewManager(ManagerConfig{Index: x})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ws := m.newWorkerState(&fleet.Worker{Idx: 1, ID: "w", BlockSize: bs})
+	defer ws.unregisterMetrics()
+	sys := tokensFor(1, 2)
+	hs := []uint64{0x1001, 0x1002}
+	batch := func(ts float64, ev func([]byte) []byte) []byte {
+		return appendBatchTrailer(ev(appendBatchHeader(nil, false, ts, 1)), false, 0)
+	}
+	stored := func(b []byte) []byte { return appendStored(b, false, hs, 0, false, sys, bs) }
+	ws.handle(0, batch(1, stored))
+	ws.handle(1, batch(2, stored))
+	ws.handle(2, batch(3, func(b []byte) []byte { return appendCleared(b, false) }))
+	ws.handle(3, batch(4, stored))
+	if got := overlap(x, 1, sys); got != 2 {
+		t.Fatalf("stored after the clear: index says %d blocks, want 2", got)
+	}
+	ws.handle(4, batch(5, func(b []byte) []byte { return appendRemoved(b, false, hs) }))
+	waitFor(t, "the put-off clear", func() bool {
+		ws.mu.Lock()
+		defer ws.mu.Unlock()
+		return !ws.ranks[0].dirty
+	})
+	if got := overlap(x, 1, sys); got != 0 {
+		t.Fatalf("removed once after the clear: index says %d blocks, want 0", got)
+	}
+	if rs := ws.ranks[0]; len(rs.blocks) != 0 || len(rs.refs) != 0 {
+		t.Fatalf("counts left: %d engine hashes, %d router hashes", len(rs.blocks), len(rs.refs))
+	}
+}
