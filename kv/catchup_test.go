@@ -169,6 +169,61 @@ func TestABatchNumberedAsTheLastButMadeLaterIsARestart(t *testing.T) {
 	}
 }
 
+// TestARestartedEngineIsCaughtUpFromItsReplayBuffer: an engine restarts
+// at the same endpoint (the worker record is unchanged, so the manager
+// keeps its sequence state). Its first batch, holding the shared system
+// prompt, is lost to the SUB's reconnect (slow joiner); the next one (seq 1,
+// below the old instance's next) is taken for a restart and resyncs. The
+// restarted engine keeps batch 0 in its replay buffer, as on first contact,
+// so the system prompt must be learned from it and the user turn stored on
+// it indexed. A restart used to resync without the catch-up first contact
+// does, so the user turn was dropped for its unknown parent.
+func TestARestartedEngineIsCaughtUpFromItsReplayBuffer(t *testing.T) {
+	x := radix.New()
+	m, err := NewManager(ManagerConfig{Index: x, Transport: "zmq", ReplayTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	// The restarted engine: batch 0 = the system prompt, sent before the
+	// router's SUB reconnected (nobody subscribed: only its replay buffer
+	// holds it).
+	p := newTestPublisher(t, true, engine.LayoutLegacy)
+	sys := tokensFor(1, 3)
+	hs := engineHashes(1, 4)
+	p.BlockStored(hs[:3], 0, false, sys, bs)
+	waitFor(t, "batch 0 of the restarted engine", func() bool { return p.Sent() >= 1 })
+	w := &fleet.Worker{Idx: 3, ID: "w", KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
+	ws := m.newWorkerState(w)
+	defer ws.unregisterMetrics()
+	if ws.replayFn == nil {
+		t.Fatal("no replay function")
+	}
+	old := func(s uint64, tag int) []byte {
+		b := appendBatchHeader(nil, false, float64(s), 1)
+		b = appendStored(b, false, engineHashes(tag, 1), 0, false, tokensFor(tag, 1), bs)
+		return appendBatchTrailer(b, false, 0)
+	}
+	// The old engine instance: batches 0..9, as received live.
+	for s := uint64(0); s < 10; s++ {
+		ws.handle(s, old(s, 100+int(s)))
+	}
+	// The restarted engine's batch 1, received live: the user turn on the
+	// system prompt.
+	user := append(append([]uint32(nil), sys...), tokensFor(2, 1)...)
+	b := appendBatchHeader(nil, false, 1000, 1)
+	b = appendStored(b, false, hs[3:], hs[2], true, user[3*bs:], bs)
+	ws.handle(1, appendBatchTrailer(b, false, 0))
+	if got := overlap(x, 3, user); got != 4 {
+		t.Fatalf("restarted engine caches 4 blocks of the prompt, index says %d (dropped %d, resyncs %d, catch-ups %d)",
+			got, ws.mDropped.Get(), ws.mResyncs.Get(), ws.mCatchUps.Get())
+	}
+	// Each batch once: the system prompt from the replay, the user turn live.
+	if st := ws.mApplied.Get(); st != 10+2 || ws.mCatchUps.Get() != 1 {
+		t.Fatalf("applied %d events (want 12), catch-ups %d (want 1)", st, ws.mCatchUps.Get())
+	}
+}
+
 // newFedWorker is a manager with one worker whose batches the test feeds
 // (Feed, as over NATS).
 func newFedWorker(t *testing.T) (*Manager, *radix.Index, *fleet.Worker) {

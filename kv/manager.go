@@ -510,10 +510,8 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 	rs := ws.rank(b.DPRank)
 	switch {
 	case !rs.started || seq == rs.next:
-		if !rs.started && seq > 0 && ws.replayFn != nil && !ws.stopped.Load() {
-			rank := b.DPRank
-			ws.catchUp(rank, rs, seq)
-			if b, err = ws.dec.Decode(payload); err != nil { // the decoder was reused
+		if !rs.started {
+			if b = ws.catchUpBefore(b, rs, seq, payload); b == nil {
 				return
 			}
 		}
@@ -528,10 +526,15 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 		// relay reconnect). Only a repeat of the last batch counts as stale.
 		// A batch 0 again is a restart after one batch; so is a batch
 		// numbered as the last one but made at another time (a restart
-		// whose earlier batches were lost).
+		// whose earlier batches were lost). The new publisher's batches
+		// before this one are in its replay buffer: it is caught up from
+		// them, as on first contact.
 		if seq != rs.next-1 || seq == 0 || b.TS != rs.lastTS {
 			ws.logf("KV event publisher restarted, resyncing", "rank", b.DPRank, "seq", seq, "want", rs.next)
 			ws.resync(b.DPRank, rs)
+			if b = ws.catchUpBefore(b, rs, seq, payload); b == nil {
+				return
+			}
 			ws.apply(b, rs)
 			rs.next = seq + 1
 			return
@@ -589,12 +592,29 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 	rs.next = seq + 1
 }
 
+// catchUpBefore catches the rank of b (the batch seq, decoded from
+// payload) up from the replay buffer (catchUp) when the worker has one and
+// seq is not the first batch, and returns b decoded again (catchUp reuses
+// the decoder), or nil if that fails.
+func (ws *workerState) catchUpBefore(b *Batch, rs *rankState, seq uint64, payload []byte) *Batch {
+	if seq == 0 || ws.replayFn == nil || ws.stopped.Load() {
+		return b
+	}
+	ws.catchUp(b.DPRank, rs, seq)
+	b, err := ws.dec.Decode(payload)
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
 // catchUp fills a rank the router starts following mid-stream (the
-// router's start, a worker added, a new publisher) from the engine's
-// replay buffer, every batch before seq: vLLM announces a block once, when
-// it is computed, so blocks cached before the router listened (a shared
-// system prompt) would never be indexed, and every block stored on their
-// chain later would be dropped for its unknown parent. The buffer holds
+// router's start, a worker added, a new publisher, a publisher restarted
+// at the same endpoint) from the engine's replay buffer, every batch
+// before seq: vLLM announces a block once, when it is computed, so blocks
+// cached before the router listened (a shared system prompt) would never
+// be indexed, and every block stored on their chain later would be
+// dropped for its unknown parent. The buffer holds
 // the latest batches (10,000 by default in vLLM); whatever it no longer
 // holds stays unknown. A replay that fails before reaching seq leaves
 // nothing behind (what it applied may have been removed in the batches
@@ -621,7 +641,7 @@ func (ws *workerState) catchUp(rank int, rs *rankState, seq uint64) {
 		return
 	}
 	if err != nil {
-		ws.logf("KV event replay on first contact failed; blocks cached before it stay unknown", "rank", rank, "err", err)
+		ws.logf("KV event replay on first contact or restart failed; blocks cached before it stay unknown", "rank", rank, "err", err)
 	}
 	if got {
 		ws.resync(rank, rs)
