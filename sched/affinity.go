@@ -230,7 +230,7 @@ func (sh *affShard) remove(i uint32) {
 func (s *Scheduler) affinityLookup(c *compiled, avail []*fleet.Worker, r *Request, now int64, ls *loadStats) (*fleet.Worker, Reason) {
 	sa := &c.cfg.SessionAffinity
 	t := s.affinity(c)
-	w := t.get(xxh3.Hash(r.SessionID), now, int64(sa.TTLSeconds*float64(time.Second)))
+	w := t.get(sessionKey(r), now, int64(sa.TTLSeconds*float64(time.Second)))
 	if w == nil {
 		return nil, ReasonAffinityNew
 	}
@@ -255,7 +255,16 @@ func (s *Scheduler) affinityLookup(c *compiled, avail []*fleet.Worker, r *Reques
 }
 
 func (s *Scheduler) affinityBind(c *compiled, r *Request, w *fleet.Worker, now int64) {
-	s.affinity(c).bind(xxh3.Hash(r.SessionID), w, now)
+	s.affinity(c).bind(sessionKey(r), w, now)
+}
+
+// sessionKey is the affinity table's key for r: its session and the model
+// it names. A session that uses several models (Claude Code's main and
+// small models, chat beside embeddings) has a worker for each: one
+// binding for the session re-bound it to each model's worker in turn, and
+// every turn of the main model lost its KV cache.
+func sessionKey(r *Request) uint64 {
+	return xxh3.HashSeed(r.Model, xxh3.Hash(r.SessionID))
 }
 
 func contains(ws []*fleet.Worker, w *fleet.Worker) bool {

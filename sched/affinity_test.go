@@ -375,3 +375,26 @@ func TestAReloadLoweringMaxEntriesEvictsWithoutARequest(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// One session, two models served by different workers (Claude Code, the
+// client the spec names for the session header, sends its main model and
+// a small model in the same session; a RAG client interleaves embeddings
+// and chat). The chat turns keep their worker (and its KV cache): a
+// session is bound per model. One binding per session was re-bound to the
+// other model's worker, and the next chat turn was load balanced afresh.
+func TestASessionUsingTwoModelsKeepsAWorkerForEach(t *testing.T) {
+	recs := append(workers(3, "chat"), rec("e0", "", "embed"), rec("e1", "", "embed"))
+	s, _ := newTestSched(t, recs...)
+	for _, mode := range []string{"strong", "soft"} {
+		cfg := affCfg(t, func(sa *config.SessionAffinity) { sa.Mode = mode })
+		id := "sess-" + mode
+		home := pick(t, s, cfg, &Request{Model: []byte("chat"), SessionID: []byte(id)}).Worker
+		for turn := 0; turn < 3; turn++ {
+			pick(t, s, cfg, &Request{Model: []byte("embed"), SessionID: []byte(id), LoadOnly: true})
+			d := pick(t, s, cfg, &Request{Model: []byte("chat"), SessionID: []byte(id)})
+			if d.Layer != LayerAffinity || d.Worker != home {
+				t.Fatalf("%s: chat turn %d after an embed request of the session: %s by %s/%s, session was bound to %s", mode, turn, d.Worker.ID, d.Layer, d.Reason, home.ID)
+			}
+		}
+	}
+}

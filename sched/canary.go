@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
-	"github.com/zeebo/xxh3"
 )
 
 // maxCanarySeq bounds the precomputed weighted round-robin sequence; rules
@@ -100,7 +99,7 @@ func (s *Scheduler) canarySession(c *compiled, cr *canaryRule, r *Request) strin
 		return ""
 	}
 	now := s.Now()
-	w := s.affinity(c).get(xxh3.Hash(r.SessionID), now, int64(sa.TTLSeconds*float64(time.Second)))
+	w := s.affinity(c).get(sessionKey(r), now, int64(sa.TTLSeconds*float64(time.Second)))
 	if w == nil || !live(w) || r.tried(w) || !w.Breaker.Available(now) || !slices.Contains(cr.services, w.Service) {
 		return ""
 	}
