@@ -475,3 +475,35 @@ func TestBreakerInPick(t *testing.T) {
 		t.Fatalf("all open: %s %s", d.Layer, d.Reason)
 	}
 }
+
+// The scheduling breaker trips under cooldown_s 600; the operator reloads
+// cooldown_s to 1 (every parameter is hot-reloadable, "changes take
+// effect immediately"). Two seconds later the breaker probes (and the
+// probe in time closes it): it kept the deadline the old cooldown set, and
+// every decision skipped the layers for the rest of the ten minutes.
+func TestAReloadedCooldownAppliesToAnOpenSchedBreaker(t *testing.T) {
+	s, _ := newTestSched(t, workers(4, "m")...)
+	sc := &slowClock{}
+	sc.ns.Store(1_700_000_000 * int64(time.Second))
+	s.Now = sc.now
+	long := cfgWith(t, func(c *config.Config) {
+		c.SchedTimeout.WaitTimeoutMS = 5
+		c.SchedTimeout.CooldownSeconds = 600
+		c.SchedTimeout.ProbeWaitMS = 5
+	})
+	r := &Request{Model: []byte("m")}
+	sc.step.Store(int64(10 * time.Millisecond)) // every decision times out
+	for i := 0; i < 20 && s.SchedBreakerState() != sbOpen; i++ {
+		pick(t, s, long, r)
+	}
+	if s.SchedBreakerState() != sbOpen {
+		t.Fatal("breaker did not trip")
+	}
+	short := cfgWith(t, func(c *config.Config) { *c = *long; c.SchedTimeout.CooldownSeconds = 1 })
+	sc.step.Store(int64(time.Microsecond))
+	sc.ns.Add(int64(2 * time.Second))
+	d := pick(t, s, short, r)
+	if d.Reason == ReasonSchedBreakerOpen || s.SchedBreakerState() != sbClosed {
+		t.Fatalf("2 s after cooldown_s was reloaded to 1: %s/%s, breaker state %d (want a probe that closes it)", d.Layer, d.Reason, s.SchedBreakerState())
+	}
+}

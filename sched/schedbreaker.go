@@ -35,10 +35,13 @@ const (
 // for cooldown_s; then one decision probes under probe_wait_ms: in time
 // closes the breaker, late reopens it. Disabled, only the timeout applies.
 type schedBreaker struct {
-	state     atomic.Int32
-	openUntil atomic.Int64
-	buckets   [sbWindowSeconds]sbBucket
-	trips     atomic.Uint64
+	state atomic.Int32
+	// openedAt is when it last opened (unix ns): it stays open until
+	// cooldown_s of the config in force has passed since, so a reload of
+	// cooldown_s applies to an open breaker too.
+	openedAt atomic.Int64
+	buckets  [sbWindowSeconds]sbBucket
+	trips    atomic.Uint64
 }
 
 type sbBucket struct {
@@ -59,7 +62,7 @@ func (b *schedBreaker) enter(st *config.SchedTimeout, now int64) sbMode {
 	case sbClosed:
 		return sbNormal
 	case sbOpen:
-		if now >= b.openUntil.Load() && b.state.CompareAndSwap(sbOpen, sbHalfOpen) {
+		if now >= b.openedAt.Load()+int64(st.CooldownSeconds*float64(time.Second)) && b.state.CompareAndSwap(sbOpen, sbHalfOpen) {
 			return sbProbe
 		}
 	}
@@ -74,7 +77,7 @@ func (b *schedBreaker) done(st *config.SchedTimeout, now int64, failed, probe bo
 	if probe {
 		if failed {
 			m.probeFail.Inc()
-			b.openUntil.Store(now + int64(st.CooldownSeconds*float64(time.Second)))
+			b.openedAt.Store(now)
 			b.state.Store(sbOpen)
 		} else {
 			m.probeOK.Inc()
@@ -99,7 +102,7 @@ func (b *schedBreaker) done(st *config.SchedTimeout, now int64, failed, probe bo
 	attempts, fails := b.window(sec)
 	if attempts >= sbMinSamples && float64(fails) >= st.TripFailureRatio*float64(attempts) {
 		if b.state.CompareAndSwap(sbClosed, sbOpen) {
-			b.openUntil.Store(now + int64(st.CooldownSeconds*float64(time.Second)))
+			b.openedAt.Store(now)
 			b.trips.Add(1)
 			m.trips.Inc()
 		}
