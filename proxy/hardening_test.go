@@ -1781,3 +1781,38 @@ func TestAnEngineHeaderClientsCannotParseIsDropped(t *testing.T) {
 		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, b)
 	}
 }
+
+// An empty completions prompt (an empty string, an empty batch, a batch
+// holding an empty string or an empty token list) is refused with 400
+// naming prompt, as an empty messages is: it was routed to a worker as if
+// it were a prompt. A batch of non-empty prompts still goes through.
+func TestAnEmptyCompletionsPromptIsRefused(t *testing.T) {
+	var hits atomic.Int32
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		hits.Add(1)
+		okHandler(ctx)
+	})
+	r := startRouter(t, nil, nil, up.url)
+	for _, body := range []string{
+		`{"model":"m","prompt":[]}`,
+		`{"model":"m","prompt":""}`,
+		`{"model":"m","prompt":[[]]}`,
+		`{"model":"m","prompt":["a",""]}`,
+		`{"model":"m","prompt":[[1,2],[]]}`,
+	} {
+		code, b := post(t, r.url+"/v1/completions", body)
+		if code != 400 || !strings.Contains(b, `"param":"prompt"`) {
+			t.Errorf("%s: %d %s, want 400 naming prompt", body, code, trunc(b))
+			continue
+		}
+		checkOpenAIError(t, b)
+	}
+	if hits.Load() != 0 {
+		t.Fatalf("%d empty prompts reached the engine", hits.Load())
+	}
+	for _, body := range []string{`{"model":"m","prompt":["a","b"]}`, `{"model":"m","prompt":[[1,2],[3]]}`, `{"model":"m","prompt":[1,2]}`, `{"model":"m","prompt":" "}`} {
+		if code, b := post(t, r.url+"/v1/completions", body); code != 200 {
+			t.Errorf("%s: %d %s", body, code, trunc(b))
+		}
+	}
+}

@@ -104,6 +104,7 @@ var (
 	errMessages      = &badRequestError{msg: "messages must be an array of objects", param: "messages"}
 	errNoPrompt      = &badRequestError{msg: "prompt is required", param: "prompt"}
 	errPromptType    = &badRequestError{msg: "prompt must be a string, an array of strings, or an array of token ids", param: "prompt"}
+	errEmptyPrompt   = &badRequestError{msg: "prompt must not be empty: give a non-empty string, or a non-empty array of non-empty strings or token-id arrays", param: "prompt"}
 	errMalformedJSON = &badRequestError{msg: "malformed JSON in request body"}
 	errEmptyModel    = &badRequestError{msg: "model must not be empty", param: "model"}
 )
@@ -479,6 +480,9 @@ func (b *reqBody) parsePrompt(d []byte) error {
 	}
 	switch d[b.promptStart] {
 	case '"':
+		if b.promptEnd-b.promptStart == 2 {
+			return errEmptyPrompt
+		}
 		b.text = unescape(b.text, d[b.promptStart+1:b.promptEnd-1])
 		return nil
 	case '[':
@@ -488,7 +492,9 @@ func (b *reqBody) parsePrompt(d []byte) error {
 	first := true
 	isIDs := false
 	b.prompts = 0
+	elems := 0
 	_, err := forEachElem(d, b.promptStart, func(vs, ve int) error {
+		elems++
 		c := d[vs]
 		if first {
 			isIDs = c != '"' && c != '['
@@ -499,13 +505,18 @@ func (b *reqBody) parsePrompt(d []byte) error {
 		}
 		switch {
 		case c == '"' && !isIDs:
+			if ve-vs == 2 {
+				return errEmptyPrompt // an engine refuses an empty prompt of a batch
+			}
 			if len(b.text) > 0 {
 				b.text = append(b.text, '\n')
 			}
 			b.text = unescape(b.text, d[vs+1:ve-1])
 		case c == '[' && !isIDs:
 			// batch of token-id arrays: count them
+			ids := 0
 			_, err := forEachElem(d, vs, func(s, e int) error {
+				ids++
 				n, ok := parseInt(d[s:e])
 				if !ok {
 					return errPromptType
@@ -513,6 +524,9 @@ func (b *reqBody) parsePrompt(d []byte) error {
 				b.appendID(n)
 				return nil
 			})
+			if err == nil && ids == 0 {
+				return errEmptyPrompt
+			}
 			return err
 		case isIDs && (c >= '0' && c <= '9'):
 			n, ok := parseInt(d[vs:ve])
@@ -531,6 +545,9 @@ func (b *reqBody) parsePrompt(d []byte) error {
 			return err
 		}
 		return errPromptType
+	}
+	if elems == 0 {
+		return errEmptyPrompt
 	}
 	b.prompts = max(b.prompts, 1)
 	return nil
