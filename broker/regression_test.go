@@ -3,10 +3,18 @@ package broker
 import (
 	"context"
 	"errors"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/testsrv"
 )
 
 // TestStopAcceptingAnswersEveryPublishedRequest: requests published while the worker
@@ -74,5 +82,64 @@ func TestCancelBeforeHandlerRegistersStillCancels(t *testing.T) {
 	}
 	if a := r.eng.active.Load(); a > 0 {
 		t.Fatalf("%d of %d canceled requests still run at the engine", a, n)
+	}
+}
+
+// A small fixed-length answer (a body that fits one chunk) goes out as one
+// message, head and body, unless the engine's headers and the body pass
+// the broker's max_payload together: then head, body and end go apart,
+// headers kept. The headers were copied unbounded, the publish failed with
+// nats.ErrMaxPayload unseen, and the router heard nothing until its probes
+// gave up on the worker (a 502 blamed on it) or the idle timeout.
+func TestAnAnswerWhoseHeadersPassTheChunkMarginIsDelivered(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(conf, []byte("max_payload: 16384\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ns := testsrv.StartNATSArgs(t, "-c", conf)
+	body := strings.Repeat("b", 15000)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/embeddings", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Engine-Trace", strings.Repeat("t", 3000)) // 3 KB of headers
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		w.Write([]byte(body))
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: mux}
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+
+	wnc, rnc := connect(t, ns.URL), connect(t, ns.URL)
+	if rnc.MaxPayload() != 16384 {
+		t.Fatalf("max payload %d", rnc.MaxPayload())
+	}
+	srv, err := NewServer(ServerConfig{Conn: wnc, WorkerID: "w1", EngineURL: "http://" + ln.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	cli, err := NewClient(ClientConfig{Conn: rnc, IdleTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	s, err := cli.Do(ctx, "w1", &Request{Path: "/v1/embeddings", Body: []byte(`{"model":"m","input":"x"}`)})
+	if err != nil {
+		t.Fatalf("Do after %v: %v (the worker's answer was dropped)", time.Since(t0).Round(time.Millisecond), err)
+	}
+	defer s.Close()
+	if got := readAll(t, s); s.Status() != 200 || got != body || len(s.Header().Get("X-Engine-Trace")) != 3000 {
+		t.Fatalf("status %d, %d body bytes, trace header of %d bytes", s.Status(), len(got), len(s.Header().Get("X-Engine-Trace")))
 	}
 }

@@ -407,16 +407,7 @@ func (s *Server) rememberEarlyLocked(id string) {
 
 func (s *Server) reply(to string, seq uint64, kind string, status int, errMsg string, hdr http.Header, data []byte) error {
 	m := nats.NewMsg(to)
-	for k, vs := range hdr {
-		if skipHeader(k) {
-			continue
-		}
-		for _, v := range vs {
-			if validHeaderValue(v) {
-				m.Header.Add(k, v)
-			}
-		}
-	}
+	s.copyHeaders(m.Header, hdr, len(data))
 	m.Header.Set(HdrKind, kind)
 	m.Header.Set(HdrSeq, strconv.FormatUint(seq, 10))
 	if status != 0 {
@@ -431,18 +422,9 @@ func (s *Server) reply(to string, seq uint64, kind string, status int, errMsg st
 
 // headMsg is the head of resp as a reply message to to: the engine's
 // headers a client may see, its status, sequence 0.
-func headMsg(to string, resp *http.Response) *nats.Msg {
+func (s *Server) headMsg(to string, resp *http.Response) *nats.Msg {
 	m := nats.NewMsg(to)
-	for k, vs := range resp.Header {
-		if skipHeader(k) {
-			continue
-		}
-		for _, v := range vs {
-			if validHeaderValue(v) {
-				m.Header.Add(k, v)
-			}
-		}
-	}
+	s.copyHeaders(m.Header, resp.Header, 0)
 	m.Header.Set(HdrKind, KindHead)
 	m.Header.Set(HdrSeq, "0")
 	m.Header.Set(HdrStatus, strconv.Itoa(resp.StatusCode))
@@ -452,19 +434,77 @@ func headMsg(to string, resp *http.Response) *nats.Msg {
 // replyHead sends the head of a response whose body follows in chunks;
 // closeDelimited is HdrCloseDelimited's value ("" for none).
 func (s *Server) replyHead(to string, resp *http.Response, closeDelimited string) error {
-	m := headMsg(to, resp)
+	m := s.headMsg(to, resp)
 	if closeDelimited != "" {
 		m.Header.Set(HdrCloseDelimited, closeDelimited)
 	}
 	return s.nc.PublishMsg(m)
 }
 
-// replyLast sends a whole response, head and body, in one message.
+// replyLast sends a whole response, head and body, in one message, or in
+// three (head, body, end) when the engine's headers and the body together
+// pass the broker's max_payload.
 func (s *Server) replyLast(to string, resp *http.Response, body []byte) {
-	m := headMsg(to, resp)
+	m := s.headMsg(to, resp)
+	if headerBytes(m.Header)+len(body) > int(s.nc.MaxPayload()) {
+		if s.nc.PublishMsg(m) != nil {
+			return // NATS gone: nobody to tell
+		}
+		dm := nats.NewMsg(to)
+		dm.Header.Set(HdrKind, KindData)
+		dm.Header.Set(HdrSeq, "1")
+		dm.Data = body
+		if s.nc.PublishMsg(dm) == nil {
+			s.reply(to, 2, KindEnd, 0, "", nil, nil)
+		}
+		return
+	}
 	m.Header.Set(HdrLast, "1")
 	m.Data = body
 	s.nc.PublishMsg(m)
+}
+
+// ownHeaderBytes is room kept in a reply for the broker's own headers
+// (kind, sequence, status, last, error).
+const ownHeaderBytes = 512
+
+// copyHeaders adds to dst the engine headers of src a client may see, as
+// many as fit, beside a body of n bytes and the broker's own headers, in
+// the broker's max_payload: a reply that does not fit is refused by NATS,
+// and the router would wait for it in vain. Headers past that are dropped
+// (logged).
+func (s *Server) copyHeaders(dst nats.Header, src http.Header, n int) {
+	budget := int(s.nc.MaxPayload()) - n - ownHeaderBytes
+	dropped := 0
+	for k, vs := range src {
+		if skipHeader(k) {
+			continue
+		}
+		for _, v := range vs {
+			if !validHeaderValue(v) {
+				continue
+			}
+			if budget -= len(k) + len(v) + 4; budget < 0 {
+				dropped++
+				continue
+			}
+			dst.Add(k, v)
+		}
+	}
+	if dropped > 0 {
+		slog.Warn("engine headers dropped: they pass the broker's max_payload", "worker", s.cfg.WorkerID, "dropped", dropped)
+	}
+}
+
+// headerBytes is about the size of h encoded in a NATS message.
+func headerBytes(h nats.Header) int {
+	n := len("NATS/1.0\r\n\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
 }
 
 // replyEngineError answers a request whose engine exchange failed before
