@@ -51,10 +51,10 @@ func TestGatePassesOverFullWorkersWhileAnotherIsOpen(t *testing.T) {
 }
 
 func TestGateIsClearedByReset(t *testing.T) {
-	r := &Request{Gate: &fullGate{}}
+	r := &Request{Gate: &fullGate{}, Tentative: true}
 	r.Reset()
-	if r.Gate != nil {
-		t.Fatal("Reset kept the gate")
+	if r.Gate != nil || r.Tentative {
+		t.Fatal("Reset kept the gate or the tentative mark")
 	}
 }
 
@@ -79,4 +79,50 @@ func TestASessionsFullBoundWorkerKeepsTheBinding(t *testing.T) {
 			t.Fatalf("after its bound worker was full once: %s (%s), want %s", d.Worker.ID, d.Reason, bound.ID)
 		}
 	}
+}
+
+// A tentative pick (request rate limiting: the lease may be handed back
+// while the request waits for a seat) binds the session and records the
+// prompt only when Commit says it was dispatched. A new session's first
+// pick, every worker full, was handed back; the request then took a seat
+// on the other worker. The handed-back pick used to bind the session and
+// record the prompt: the pick that served the request saw a bound worker
+// whose seats were full (affinity-overloaded: binding kept), so the
+// session's next turn went to a worker that never saw it, and the prefix
+// index claimed that worker held the prompt.
+func TestATentativePickBindsAndRecordsOnlyWhenCommitted(t *testing.T) {
+	s, _ := newTestSched(t, workers(2, "m")...)
+	cfg := cfgWith(t, func(c *config.Config) {
+		c.SessionAffinity.Enabled = true
+		c.SessionAffinity.Mode = "strong"
+		c.PrefixCache.Enabled = true
+	})
+	base := prompt("system prompt. ", 1024)
+	v := s.Fleet.View()
+	r := &Request{Model: []byte("m"), SessionID: []byte("s1"), Prompt: base, Tentative: true,
+		Gate: &fullGate{full: map[string]bool{"w000": true, "w001": true}}}
+	handedBack := pick(t, s, cfg, r).Worker
+	served := v.Routable[0]
+	if served == handedBack {
+		served = v.Routable[1]
+	}
+	r.Gate = &fullGate{full: map[string]bool{handedBack.ID: true}} // the seat freed on the other
+	d := pick(t, s, cfg, r)
+	if d.Worker != served {
+		t.Fatalf("the pick after the seat wait: %s (%s), want %s", d.Worker.ID, d.Reason, served.ID)
+	}
+	s.Commit(cfg, r, &d)
+	if d := pick(t, s, cfg, sessPrompt("s1", base)); d.Worker != served || d.Reason != ReasonAffinityHit {
+		t.Fatalf("the session's next turn: %s (%s), want %s, which served its first", d.Worker.ID, d.Reason, served.ID)
+	}
+	if d := pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: base, Tried: []int{served.Idx}}); d.Layer == LayerPrefix {
+		t.Fatalf("%s is a prefix hit: the handed-back pick's worker is recorded as holding the prompt", d.Worker.ID)
+	}
+	if d := pick(t, s, cfg, &Request{Model: []byte("m"), Prompt: base}); d.Worker != served || d.Layer != LayerPrefix {
+		t.Fatalf("the prompt again: %s by %s, want %s by prefix (the committed pick records it)", d.Worker.ID, d.Layer, served.ID)
+	}
+}
+
+func sessPrompt(id string, p []byte) *Request {
+	return &Request{Model: []byte("m"), SessionID: []byte(id), Prompt: p}
 }

@@ -50,6 +50,12 @@ type Request struct {
 	// Gate, when set, lets Pick pass over candidates that cannot take the
 	// request now (gate.go); Reset clears it.
 	Gate Gate
+	// Tentative makes Pick leave the session binding and the prefix index
+	// record of its decision to Commit: the caller may hand the lease back
+	// unused (request rate limiting's seat wait), and only the attempt
+	// that is dispatched may bind the session and claim the prompt. Reset
+	// clears it.
+	Tentative bool
 
 	// phash holds the chained hashes of the prompt's full blocks (prefix
 	// index); its capacity is kept by Reset.
@@ -362,7 +368,7 @@ func (s *Scheduler) Acquire(cfg *config.Config, r *Request, scratch []*fleet.Wor
 // breaker is open, the three layers (session affinity, prefix caching or
 // KV, load balancing) under the scheduling wait timeout, falling back to
 // local round-robin. The dispatch is then recorded in the session table and
-// the prefix index.
+// the prefix index (with r.Tentative, by Commit).
 func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker) (Decision, error) {
 	now := s.Now()
 	if err := s.CheckSession(cfg, r); err != nil {
@@ -606,7 +612,8 @@ func (s *Scheduler) roundRobin(ws []*fleet.Worker) *fleet.Worker {
 	return RoundRobin.Pick(ws, &s.rr)
 }
 
-// finish records the dispatch: session binding, prefix index, metrics.
+// finish records the dispatch: metrics, then (unless r.Tentative leaves
+// them to Commit) session binding and prefix index.
 func (s *Scheduler) finish(cfg *config.Config, c *compiled, r *Request, d *Decision, now int64) {
 	d.Leg = r.Leg
 	if r.Leg == LegDecode {
@@ -619,6 +626,26 @@ func (s *Scheduler) finish(cfg *config.Config, c *compiled, r *Request, d *Decis
 		r.counted = true
 		s.m.countLayer(d.Layer)
 	}
+	if !r.Tentative {
+		s.commit(cfg, c, r, d, now)
+	}
+}
+
+// Commit records d, a decision Pick made for r while r.Tentative was set,
+// once the request is dispatched on it: the session binding (when d
+// re-binds the session) and the prefix index record, which Pick makes at
+// once for a request that is not tentative. Call it once, for the decision
+// the request is sent on; decisions handed back unused bind and record
+// nothing (TestATentativePickBindsAndRecordsOnlyWhenCommitted).
+func (s *Scheduler) Commit(cfg *config.Config, r *Request, d *Decision) {
+	if d.Worker == nil || d.Leg == LegDecode {
+		return
+	}
+	s.commit(cfg, s.compiled(cfg), r, d, s.Now())
+}
+
+// commit binds the session and records the prompt for d's worker.
+func (s *Scheduler) commit(cfg *config.Config, c *compiled, r *Request, d *Decision, now int64) {
 	if d.rebind && cfg.SessionAffinity.Enabled && len(r.SessionID) > 0 {
 		s.affinityBind(c, r, d.Worker, now)
 	}
