@@ -48,3 +48,55 @@ func TestAClaudeCodeSessionKeepsItsMainModelsWorkerAcrossModels(t *testing.T) {
 		}
 	}
 }
+
+// Session affinity with request rate limiting's seat queue. Both workers
+// are at their one seat; a new session's first request queues. Its first
+// lease (every candidate full: the gate is ignored; round-robin takes w1)
+// is handed back while the request waits; w0 frees first and serves the
+// request. The session's next turn must go to w0, which has its context.
+// The handed-back lease used to bind the session to w1 and record its
+// prompt there; the pick that served it then saw w1 as the bound worker
+// whose seats were full (affinity-overloaded: binding kept), and the next
+// turn went to w1 by affinity, a worker that never saw the session.
+func TestAQueuedSessionIsBoundToTheWorkerThatServedIt(t *testing.T) {
+	a, b := startHold(t), startHold(t)
+	r, g := govRouter(t, nil, `{"rate_limit": {"scope": "instance", "prefill_concurrency": 1,
+		"overlimit": "queue", "queue_size": 10, "queue_timeout_ms": 5000},
+		"session_affinity": {"enabled": true, "mode": "strong"},
+		"debug": {"decision_header": true}}`, a.url, b.url)
+	ra := async(t, r.url, "", chatBody)
+	waitUntil(t, "w0 busy", func() bool { return a.inflight.Load() == 1 })
+	rb := async(t, r.url, "", chatBody)
+	waitUntil(t, "both workers busy", func() bool { return a.inflight.Load() == 1 && b.inflight.Load() == 1 })
+	hdr := map[string]string{"X-Session-Id": "conversation-1"}
+	type res struct {
+		worker, route string
+		status        int
+	}
+	turn := func() res {
+		resp, body := postWith(t, r.url+"/v1/chat/completions", chatBody, hdr)
+		if resp.StatusCode != 200 {
+			t.Errorf("%d %s", resp.StatusCode, body)
+		}
+		return res{resp.Header.Get("X-Infera-Worker"), resp.Header.Get("X-Infera-Route"), resp.StatusCode}
+	}
+	first := make(chan res, 1)
+	go func() { first <- turn() }()
+	waitUntil(t, "a queued request", func() bool { return g.QueueLength() == 1 })
+	a.release <- struct{}{} // w0 frees first: the queued request goes there
+	waitUntil(t, "the queued request on w0", func() bool { return a.hits.Load() == 2 && a.inflight.Load() == 1 })
+	a.release <- struct{}{}
+	f := <-first
+	b.release <- struct{}{}
+	want(t, <-ra, 200, "")
+	want(t, <-rb, 200, "")
+	if f.worker != "w0" {
+		t.Fatalf("the session's first turn was served by %s (%s)", f.worker, f.route)
+	}
+	a.release <- struct{}{}
+	b.release <- struct{}{}
+	next := turn()
+	if next.worker != f.worker {
+		t.Fatalf("the session's second turn went to %s (%s); its first turn was served by %s (hits w0 %d, w1 %d)", next.worker, next.route, f.worker, a.hits.Load(), b.hits.Load())
+	}
+}

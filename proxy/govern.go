@@ -196,7 +196,10 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 	sg := &rs.gov.gate
 	sg.g = g
 	r.Gate = sg
-	defer func() { r.Gate = nil }()
+	// A lease handed back below must not bind the session or record the
+	// prompt: only the one kept does (Commit).
+	r.Tentative = true
+	defer func() { r.Gate, r.Tentative = nil, false }()
 	for round := 0; round < 3; round++ {
 		sg.reset()
 		if err := s.sched.Acquire(cfg, r, rs.scratch[:0], l); err != nil {
@@ -234,6 +237,7 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 			seat, i, rej = g.TryAcquire(tg, ph)
 		}
 		if rej == nil && i == 0 {
+			s.sched.Commit(cfg, r, &l.Decision)
 			h.attach(l, seat)
 			return nil
 		}
@@ -263,6 +267,7 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 			return err
 		}
 		if l.Worker == x {
+			s.sched.Commit(cfg, r, &l.Decision)
 			h.attach(l, seat)
 			return nil
 		}
