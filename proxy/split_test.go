@@ -222,6 +222,41 @@ func TestSplitLocalFailureFailsOverToExternal(t *testing.T) {
 	}
 }
 
+// A canary rule splits "m" 2:1 between service "stable" (one worker,
+// answering 500) and service "canary" (one healthy worker); the router may
+// retry once. Every request's retry must reach the healthy canary worker.
+// The retry used to re-run the rule's sequence (stable, canary, stable,
+// ...): the second request's retry got "stable" again, whose only worker
+// it had tried, Pick answered ErrExhausted, and the client got the broken
+// worker's 500 with a retry left and a healthy service.
+func TestACanaryFailoverReachesTheHealthyService(t *testing.T) {
+	bad := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(500)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"boom","type":"server_error"}}`)
+	})
+	good := startUpstream(t, okHandler)
+	cfg := config.Default()
+	cfg.Canary.Enabled = true
+	cfg.Canary.Rules = []config.CanaryRule{{Model: "m", Targets: []config.CanaryTarget{{Service: "stable", Weight: 2}, {Service: "canary", Weight: 1}}}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r := startRouter(t, nil, cfg, bad.url, good.url)
+	if errs := r.fl.Sync([]fleet.Record{
+		{ID: "w0", URL: bad.url, Service: "stable", Models: []string{"m"}},
+		{ID: "w1", URL: good.url, Service: "canary", Models: []string{"m"}},
+	}); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	for i := 0; i < 6; i++ {
+		resp := postPath(t, r.url, "/v1/chat/completions", "", chatBody)
+		if resp.status != 200 {
+			t.Fatalf("request %d: %d %s (bad worker hits %d, good worker hits %d)", i, resp.status, resp.body, bad.hits.Load(), good.hits.Load())
+		}
+	}
+}
+
 // Under the weight strategy any window of requests is split by the weights.
 func TestSplitWeightSharesTraffic(t *testing.T) {
 	local := startUpstream(t, okHandler)

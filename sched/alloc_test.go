@@ -62,3 +62,29 @@ func TestPickNoAlloc(t *testing.T) {
 		})
 	}
 }
+
+// A canary rule's turn, also one passed to the rule's other service (its
+// own worker tried, or its breaker open), allocates nothing.
+func TestCanaryPickNoAlloc(t *testing.T) {
+	s := modelFleet(t)
+	cfg := cfgWith(t, func(c *config.Config) {
+		c.Canary.Enabled = true
+		c.Canary.Rules = []config.CanaryRule{{Model: "deepseek-*", Targets: []config.CanaryTarget{{Service: "deepseek", Weight: 1}, {Service: "deepseek-canary", Weight: 1}}}}
+	})
+	scratch := make([]*fleet.Worker, 0, 8)
+	for _, tried := range []bool{false, true} {
+		r := &Request{Model: []byte("deepseek-v3"), Tried: make([]int, 0, 1)}
+		if tried {
+			r.Tried = append(r.Tried, s.Fleet.Get("ds").Idx)
+		}
+		n := testing.AllocsPerRun(200, func() {
+			d, err := s.Pick(cfg, r, scratch)
+			if err != nil || tried && d.Worker.ID != "ds2" {
+				t.Fatalf("tried %v: %v %v", tried, d.Worker, err)
+			}
+		})
+		if n != 0 {
+			t.Fatalf("tried %v: %.1f allocs/op", tried, n)
+		}
+	}
+}

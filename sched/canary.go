@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 )
 
 // maxCanarySeq bounds the precomputed weighted round-robin sequence; rules
@@ -70,19 +71,94 @@ func newCanaryRule(r config.CanaryRule) *canaryRule {
 	return cr
 }
 
-// next returns the service for the next matched request.
-func (cr *canaryRule) next() string {
+// next returns the index in services of the next matched request's turn
+// (-1 when the rule has no service).
+func (cr *canaryRule) next() int {
 	if len(cr.services) == 0 {
-		return ""
+		return -1
 	}
 	if cr.seq != nil {
 		n := cr.ctr.Add(1) - 1
-		return cr.services[cr.seq[n%uint64(len(cr.seq))]]
+		return int(cr.seq[n%uint64(len(cr.seq))])
 	}
 	cr.mu.Lock()
 	i := cr.smooth()
 	cr.mu.Unlock()
-	return cr.services[i]
+	return i
+}
+
+// canaryService returns the service of cr that r goes to; "" when no
+// service of cr has a routable worker (model routing decides).
+//
+// The session's service comes first (canarySession), then the rule's
+// turn (next). A turn that lands on a service none of whose workers can
+// take r (each already tried by r, draining, or with its breaker open)
+// passes to the rule's other services in order after it, so a retry
+// reaches a healthy service instead of ErrExhausted, and a service the
+// breakers took out gets no traffic while another can serve. With every
+// service healthy the turn is kept, so the split stays exact. When no
+// service can take r, the first (from the turn) with an untried worker
+// is kept, else the first with any routable worker: Pick then dispatches
+// anyway (every breaker open) or answers ErrExhausted, as it would for
+// the turn's service.
+func (s *Scheduler) canaryService(c *compiled, cr *canaryRule, v *fleet.View, r *Request, now int64) string {
+	if svc := s.canarySession(c, cr, r, now); svc != "" && len(v.ByService[svc]) > 0 {
+		return svc
+	}
+	turn := cr.next()
+	if turn < 0 {
+		return ""
+	}
+	open, some := -1, -1
+	for k := range cr.services {
+		i := (turn + k) % len(cr.services)
+		ws := v.ByService[cr.services[i]]
+		if len(ws) == 0 {
+			continue
+		}
+		if some < 0 {
+			some = i
+		}
+		switch canTake(ws, r, now) {
+		case takeNow:
+			return cr.services[i]
+		case takeOpen:
+			if open < 0 {
+				open = i
+			}
+		}
+	}
+	switch {
+	case open >= 0:
+		return cr.services[open]
+	case some >= 0:
+		return cr.services[some]
+	}
+	return ""
+}
+
+// take says how one of a set of workers can take a request.
+type take uint8
+
+const (
+	takeNone take = iota // every worker was tried by the request, or drains
+	takeOpen             // untried workers, every one's breaker open
+	takeNow              // an untried worker whose breaker lets it through
+)
+
+// canTake returns how one of ws can take r at now.
+func canTake(ws []*fleet.Worker, r *Request, now int64) take {
+	t := takeNone
+	for _, w := range ws {
+		if !live(w) || r.tried(w) {
+			continue
+		}
+		if w.Breaker.Available(now) {
+			return takeNow
+		}
+		t = takeOpen
+	}
+	return t
 }
 
 // canarySession returns the service of the worker r's session is bound
@@ -93,12 +169,11 @@ func (cr *canaryRule) next() string {
 // when the bound worker cannot take the request (it left or drains, this
 // request already failed on it, its breaker is open): the sequence
 // decides, as for a new session, and the session is re-bound.
-func (s *Scheduler) canarySession(c *compiled, cr *canaryRule, r *Request) string {
+func (s *Scheduler) canarySession(c *compiled, cr *canaryRule, r *Request, now int64) string {
 	sa := &c.cfg.SessionAffinity
 	if !sa.Enabled || len(r.SessionID) == 0 {
 		return ""
 	}
-	now := s.Now()
 	w := s.affinity(c).get(sessionKey(r), now, int64(sa.TTLSeconds*float64(time.Second)))
 	if w == nil || !live(w) || r.tried(w) || !w.Breaker.Available(now) || !slices.Contains(cr.services, w.Service) {
 		return ""

@@ -116,7 +116,8 @@ const maxModelName = 256
 // route appends to dst the candidate workers for r: canary rule, model
 // mapping, exact / fuzzy model match, default model. It returns the model
 // name resolved (may be "" when a service decided) and the canary service.
-func (s *Scheduler) route(c *compiled, v *fleet.View, r *Request, dst []*fleet.Worker) ([]*fleet.Worker, string, string, error) {
+// now is the time the workers' breakers are asked at.
+func (s *Scheduler) route(c *compiled, v *fleet.View, r *Request, now int64, dst []*fleet.Worker) ([]*fleet.Worker, string, string, error) {
 	if len(v.Routable) == 0 {
 		return dst, "", "", ErrNoWorkers
 	}
@@ -148,16 +149,8 @@ func (s *Scheduler) route(c *compiled, v *fleet.View, r *Request, dst []*fleet.W
 			if !globMatch(rule.pat, lowerName()) {
 				continue
 			}
-			n := len(dst)
-			if svc := s.canarySession(c, rule, r); svc != "" {
-				if dst = appendRole(dst, v.ByService[svc], r); len(dst) > n {
-					return dst, byService, svc, nil
-				}
-			}
-			svc := rule.next()
-			dst = appendRole(dst, v.ByService[svc], r)
-			if len(dst) > n {
-				return dst, byService, svc, nil
+			if svc := s.canaryService(c, rule, v, r, now); svc != "" {
+				return appendRole(dst, v.ByService[svc], r), byService, svc, nil
 			}
 			s.m.canaryEmpty.Inc()
 			break

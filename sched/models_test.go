@@ -238,7 +238,7 @@ func TestCanarySplit(t *testing.T) {
 	}
 	ab := map[string]int{}
 	for i := 0; i < 10000; i++ {
-		ab[cr.next()]++
+		ab[cr.services[cr.next()]]++
 	}
 	if ab["a"] != 7001 || ab["b"] != 2999 {
 		t.Fatalf("large weights %v", ab)
@@ -463,6 +463,114 @@ func TestACanaryRuleKeepsABoundSessionOnItsService(t *testing.T) {
 			if d.Worker.Service != "deepseek" {
 				t.Fatalf("%s: session %s stayed on %s after its weight went to 0", mode, id, d.Worker.Service)
 			}
+		}
+	}
+}
+
+// A canary split 1:1 between two services of one worker each. Request X
+// goes to "deepseek" and fails there; meanwhile request Y takes the rule's
+// next turn. X's retry (Tried = [ds]) must go to the healthy
+// "deepseek-canary" worker. It used to get "deepseek" again from the
+// rule's sequence, whose only worker X had tried, and Pick answered
+// ErrExhausted (the proxy then reported X's failure, with retries and a
+// healthy service left).
+func TestACanaryRetryIsNotExhaustedWhileTheOtherServiceIsHealthy(t *testing.T) {
+	s := modelFleet(t)
+	cfg := cfgWith(t, func(c *config.Config) {
+		c.Canary.Enabled = true
+		c.Canary.Rules = []config.CanaryRule{{Model: "deepseek-*", Targets: []config.CanaryTarget{{Service: "deepseek", Weight: 1}, {Service: "deepseek-canary", Weight: 1}}}}
+	})
+	x := &Request{Model: []byte("deepseek-v3")}
+	dx := pick(t, s, cfg, x)
+	if dx.Worker.ID != "ds" {
+		t.Fatalf("first turn went to %s", dx.Worker.ID)
+	}
+	pick(t, s, cfg, &Request{Model: []byte("deepseek-v3")}) // Y: the canary's turn
+	x.Tried = append(x.Tried, dx.Worker.Idx)                // X failed on ds
+	d, err := s.Pick(cfg, x, nil)
+	if err != nil {
+		t.Fatalf("retry of a canary request after its worker failed: %v (deepseek-canary's worker is healthy and untried)", err)
+	}
+	if d.Worker.ID != "ds2" || d.Service != "deepseek-canary" {
+		t.Fatalf("retry went to %s (service %q)", d.Worker.ID, d.Service)
+	}
+	// Both services' workers tried: exhausted, as before.
+	x.Tried = append(x.Tried, d.Worker.Idx)
+	if _, err := s.Pick(cfg, x, nil); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("every target's worker tried: %v, want ErrExhausted", err)
+	}
+}
+
+// A canary rule splits 1:1 between "deepseek" (its only worker's breaker
+// open) and "deepseek-canary" (healthy). The open worker must get nothing
+// while a target service has an available worker. The rule used to hand
+// the open service its turns, Pick's "every candidate is open, dispatch
+// anyway" fallback saw only that service's worker, and half the requests
+// went to the worker the breaker took out. With both services' workers
+// open, requests are still dispatched anyway, over both services.
+func TestACanaryDoesNotDispatchToAServiceWhoseWorkersAreAllOpen(t *testing.T) {
+	s := modelFleet(t)
+	cfg := cfgWith(t, func(c *config.Config) {
+		c.Canary.Enabled = true
+		c.Canary.Rules = []config.CanaryRule{{Model: "deepseek-*", Targets: []config.CanaryTarget{{Service: "deepseek", Weight: 1}, {Service: "deepseek-canary", Weight: 1}}}}
+	})
+	bad := s.Fleet.Get("ds")
+	for i := 0; i < 3; i++ {
+		bad.Breaker.Failure(s.Now(), false)
+	}
+	open := 0
+	for i := 0; i < 10; i++ {
+		d := pick(t, s, cfg, &Request{Model: []byte("deepseek-v3")})
+		if d.Worker == bad {
+			open++
+			if open == 1 {
+				t.Logf("request %d: %s %s/%s", i, d.Worker.ID, d.Layer, d.Reason)
+			}
+		}
+	}
+	if open > 0 {
+		t.Fatalf("%d of 10 requests dispatched to the breaker-open worker while deepseek-canary's worker was available", open)
+	}
+	other := s.Fleet.Get("ds2")
+	for i := 0; i < 3; i++ {
+		other.Breaker.Failure(s.Now(), false)
+	}
+	got := map[string]int{}
+	for i := 0; i < 4; i++ {
+		d := pick(t, s, cfg, &Request{Model: []byte("deepseek-v3")})
+		if d.Reason != ReasonAllBreakersOpen || d.Service != d.Worker.Service {
+			t.Fatalf("every target open: %s by %s/%s (service %q)", d.Worker.ID, d.Layer, d.Reason, d.Service)
+		}
+		got[d.Worker.ID]++
+	}
+	if got["ds"] != 2 || got["ds2"] != 2 {
+		t.Fatalf("every target open: %v, want the 1:1 split", got)
+	}
+}
+
+// A canary rule publishes the alias "gpt-4o" over two services; the
+// canary service has no routable worker yet (not deployed, scaled to 0,
+// draining). GET /v1/models lists "gpt-4o" (one target has workers), and
+// every request for it must reach the other service. Every request whose
+// turn fell on the empty service used to fall through to model routing,
+// where no worker serves "gpt-4o": 404 model_not_found on half the
+// requests for a listed model.
+func TestACanaryAliasIsServedWhileOneTargetHasNoWorkers(t *testing.T) {
+	s := modelFleet(t)
+	cfg := cfgWith(t, func(c *config.Config) {
+		c.Canary.Enabled = true
+		c.Canary.Rules = []config.CanaryRule{{Model: "gpt-4o", Targets: []config.CanaryTarget{{Service: "deepseek", Weight: 1}, {Service: "not-deployed-yet", Weight: 1}}}}
+	})
+	if !contains2(s.Models(cfg, s.Fleet.View()), "gpt-4o") {
+		t.Fatalf("gpt-4o not listed")
+	}
+	for i := 0; i < 4; i++ {
+		d, err := s.Pick(cfg, &Request{Model: []byte("gpt-4o")}, nil)
+		if err != nil {
+			t.Fatalf("request %d for gpt-4o (listed by /v1/models, service deepseek has a free worker): %v", i, err)
+		}
+		if d.Worker.Service != "deepseek" {
+			t.Fatalf("request %d went to %s", i, d.Worker.ID)
 		}
 	}
 }

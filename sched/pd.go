@@ -187,7 +187,7 @@ func (s *Scheduler) Topology(cfg *config.Config, r *Request, scratch []*fleet.Wo
 	p := &r.pd
 	p.reset()
 	p.routed = true
-	all, model, svc, err := s.route(c, v, r, scratch[:0])
+	all, model, svc, err := s.route(c, v, r, s.Now(), scratch[:0])
 	var named, namedPrefill *fleet.Worker
 	if s.Mode == ModeDirect {
 		named = directNamed(v, r.DirectWorker, r, fleet.RolePrefill, true)
@@ -298,10 +298,10 @@ func sortByID(ws []*fleet.Worker) {
 // itself) it is route, keeping the leg's role when the fleet has PD
 // workers; after Topology it is the request's own candidates of the leg's
 // role that are still live, paired by aligned index when that applies.
-func (s *Scheduler) candidates(c *compiled, v *fleet.View, r *Request, dst []*fleet.Worker) ([]*fleet.Worker, string, string, error) {
+func (s *Scheduler) candidates(c *compiled, v *fleet.View, r *Request, now int64, dst []*fleet.Worker) ([]*fleet.Worker, string, string, error) {
 	p := &r.pd
 	if !p.routed {
-		dst, model, svc, err := s.route(c, v, r, dst)
+		dst, model, svc, err := s.route(c, v, r, now, dst)
 		if err != nil || (v.PD == 0 && r.Leg == LegMixed) {
 			return dst, model, svc, err
 		}

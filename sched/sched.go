@@ -386,7 +386,7 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 			return d, nil
 		}
 	}
-	all, model, svc, err := s.candidates(c, v, r, scratch[:0])
+	all, model, svc, err := s.candidates(c, v, r, now, scratch[:0])
 	if err != nil {
 		s.m.countErr(err)
 		return Decision{}, err
