@@ -162,6 +162,54 @@ func TestModelRoutingCannotLeadAUserToAModelOutsideItsList(t *testing.T) {
 	want(t, apiCall(t, r.url, kb, chat("Qwen3-8B")), 200, "")
 }
 
+// A user may call only "gpt-4o", an alias a canary rule splits between
+// service "cheap" and a canary service with no worker yet; model routing
+// has default_model "big" (a model the user may not call). Every request
+// must reach "cheap". Access control checks the served model of a
+// default-model fallback (allowsModel), but ServedModel used to answer ""
+// as soon as a canary rule matched the name; when the rule's turn fell on
+// the empty service, route fell through to model routing, where "gpt-4o"
+// is unmatched and became the default model: the user's request was
+// served by "big". With no canary worker at all the name falls through
+// for every request, and access control refuses it.
+func TestACanaryFallThroughDoesNotServeAModelTheUserMayNotCall(t *testing.T) {
+	small, big := startUpstream(t, okHandler), startUpstream(t, okHandler)
+	ka, ha := mintKey(t)
+	f := defaultFlags()
+	f.APIKey = "global-secret"
+	r, _ := govRouter(t, f, fmt.Sprintf(`{
+		"users": [{"name": "ann", "keys": [%q], "models": ["gpt-4o"]}],
+		"model_routing": {"enabled": true, "default_model": "big"},
+		"canary": {"enabled": true, "rules": [{"model": "gpt-4o", "targets": [{"service": "cheap", "weight": 1}, {"service": "cheap-canary", "weight": 1}]}]}}`, ha), small.url, big.url)
+	if errs := r.fl.Sync([]fleet.Record{
+		{ID: "w0", URL: small.url, Service: "cheap", Models: []string{"small"}},
+		{ID: "w1", URL: big.url, Models: []string{"big"}},
+	}); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	gpt4o := `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`
+	// Control: the default model itself is refused.
+	want(t, apiCall(t, r.url, ka, `{"model":"big","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`), 403, "model_not_allowed")
+	for i := 0; i < 4; i++ {
+		apiCall(t, r.url, ka, gpt4o)
+	}
+	if n := big.hits.Load(); n > 0 {
+		t.Fatalf("%d of ann's 4 requests for gpt-4o were served by model big, which ann may not call (small got %d)", n, small.hits.Load())
+	}
+	if n := small.hits.Load(); n != 4 {
+		t.Fatalf("cheap's worker served %d of ann's 4 requests for gpt-4o", n)
+	}
+	// Neither service has a worker: gpt-4o falls through to the default
+	// model, which ann may not call.
+	if errs := r.fl.Sync([]fleet.Record{{ID: "w1", URL: big.url, Models: []string{"big"}}}); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	want(t, apiCall(t, r.url, ka, gpt4o), 403, "model_not_allowed")
+	if n := big.hits.Load(); n > 0 {
+		t.Fatalf("gpt-4o with no canary worker was served by model big, which ann may not call")
+	}
+}
+
 // Smart model selection's choice must be on the user's list too; a
 // refused request's admission is refunded.
 func TestSmartSelectionCannotLeadAUserToAModelOutsideItsList(t *testing.T) {

@@ -87,8 +87,20 @@ func (cr *canaryRule) next() int {
 	return i
 }
 
+// routable reports whether one of cr's services has a routable worker in
+// v: when none has, model routing decides (route, ServedModel).
+func (cr *canaryRule) routable(v *fleet.View) bool {
+	for _, svc := range cr.services {
+		if len(v.ByService[svc]) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // canaryService returns the service of cr that r goes to; "" when no
-// service of cr has a routable worker (model routing decides).
+// service of cr has a routable worker (cr.routable is false: model
+// routing decides).
 //
 // The session's service comes first (canarySession), then the rule's
 // turn (next). A turn that lands on a service none of whose workers can

@@ -196,9 +196,11 @@ func (s *Scheduler) route(c *compiled, v *fleet.View, r *Request, now int64, dst
 // ServedModel returns the served model another name resolves to under
 // cfg's model routing: a fuzzy match or the default model ("" when name is
 // served as it is, when a canary rule or a model mapping decides by
-// service, or when nothing matches). Access control checks it beside the
-// name asked for (users[].models). It does not allocate for names up to
-// 256 bytes.
+// service, or when nothing matches). A canary rule none of whose services
+// has a routable worker does not decide, as in route: the model routing
+// that then serves the name is what ServedModel answers. Access control
+// checks it beside the name asked for (users[].models). It does not
+// allocate for names up to 256 bytes.
 func (s *Scheduler) ServedModel(cfg *config.Config, name []byte) string {
 	mr := &cfg.ModelRouting
 	if !mr.Enabled || len(name) > maxModelNameLen {
@@ -218,9 +220,15 @@ func (s *Scheduler) ServedModel(cfg *config.Config, name []byte) string {
 	}
 	if cfg.Canary.Enabled {
 		for _, rule := range c.canary {
-			if globMatch(rule.pat, lower) {
+			if !globMatch(rule.pat, lower) {
+				continue
+			}
+			if rule.routable(v) {
 				return ""
 			}
+			// No target has a routable worker: route falls through to
+			// model routing, and so does the check.
+			break
 		}
 	}
 	for i := range c.mappings {

@@ -574,3 +574,32 @@ func TestACanaryAliasIsServedWhileOneTargetHasNoWorkers(t *testing.T) {
 		}
 	}
 }
+
+// A canary name none of whose services has a routable worker falls through
+// to model routing, and ServedModel (access control's check) says what
+// model routing serves it with; while a service has a worker, the rule
+// decides and ServedModel answers "". It used to answer "" as soon as a
+// canary rule matched, and a fall-through to the default model was never
+// checked against the user's models.
+func TestServedModelOfACanaryNameThatFallsThrough(t *testing.T) {
+	s := modelFleet(t)
+	cfg := cfgWith(t, func(c *config.Config) {
+		c.ModelRouting.Enabled = true
+		c.ModelRouting.DefaultModel = "Llama-3.1-8B-Instruct"
+		c.Canary.Enabled = true
+		c.Canary.Rules = []config.CanaryRule{
+			{Model: "gpt-4o", Targets: []config.CanaryTarget{{Service: "nowhere", Weight: 1}, {Service: "nowhere-canary", Weight: 1}}},
+			{Model: "gpt-*", Targets: []config.CanaryTarget{{Service: "deepseek", Weight: 1}}},
+		}
+	})
+	if got := s.ServedModel(cfg, []byte("gpt-4o")); got != "Llama-3.1-8B-Instruct" {
+		t.Fatalf("ServedModel(gpt-4o) = %q, want the default model", got)
+	}
+	d := pick(t, s, cfg, &Request{Model: []byte("gpt-4o")})
+	if d.Model != "Llama-3.1-8B-Instruct" {
+		t.Fatalf("gpt-4o served as %q by %s", d.Model, d.Worker.ID)
+	}
+	if got := s.ServedModel(cfg, []byte("gpt-5")); got != "" {
+		t.Fatalf("ServedModel(gpt-5) = %q, want \"\" (its rule's service has a worker)", got)
+	}
+}
