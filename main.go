@@ -17,9 +17,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
+	"syscall"
 
 	"github.com/alecthomas/kong"
 	"github.com/infera/infera/bench"
@@ -121,6 +123,16 @@ func run(args []string, stderr io.Writer) int {
 		// One line, not the whole usage: the flag or variable and why.
 		fmt.Fprintf(stderr, "infera: %v (see infera --help)\n", err)
 		return 2
+	}
+	switch ctx.Command() {
+	case "serve", "worker", "engine":
+		// A service whose log reader goes away (journald restarted, a
+		// `| tee` or log shipper that exits) must keep serving: Go's
+		// default kills the process on its next write to fd 1 or 2, and
+		// systemd counts death by SIGPIPE as a clean exit, so
+		// Restart=on-failure did not bring it back. Ignored, the write
+		// fails and the process goes on.
+		signal.Ignore(syscall.SIGPIPE)
 	}
 	if err := ctx.Run(); err != nil {
 		slog.Error("fatal", "err", err)

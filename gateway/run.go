@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/infera/infera/internal/holdhup"
 	"golang.org/x/sys/unix"
 )
 
@@ -40,6 +41,9 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 		t := time.NewTicker(d / 2)
 		defer t.Stop()
 		watchdog = t.C
+	}
+	if holdhup.Pending() {
+		sig <- syscall.SIGHUP // one sent while the router started: act on it now
 	}
 	for {
 		select {

@@ -1,6 +1,10 @@
 package gateway
 
 import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -33,5 +37,36 @@ func TestSIGHUPDuringStartupDoesNotKillTheRouter(t *testing.T) {
 	case <-c.done:
 		t.Fatalf("the router died of a SIGHUP during startup: %v", c.cmd.ProcessState)
 	case <-time.After(time.Second):
+	}
+}
+
+// A SIGHUP sent for a config edit after New has read the file for the last
+// time and before Run registers its handler is acted on once Run starts:
+// holdhup's placeholder took it and dropped it, and with --config-poll 0
+// (reload on SIGHUP only) the edit was never applied. In `infera serve` the
+// window is the rest of New, net.Listen and the start-up log line.
+func TestASIGHUPBetweenNewAndRunIsActedOn(t *testing.T) {
+	_, e1 := startEngine(t, "--speedup", "50")
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	os.WriteFile(cfg, []byte(`{"debug":{"decision_header":false}}`), 0o600)
+	g, err := New(parseServe(t, "--workers", e1, "--config", cfg, "--config-poll", "0", "--admin-port", "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The operator's edit and its SIGHUP, while the router is still starting.
+	os.WriteFile(cfg, []byte(`{"debug":{"decision_header":true}}`), 0o600)
+	syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	time.Sleep(100 * time.Millisecond)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-done; g.Close() })
+	time.Sleep(500 * time.Millisecond)
+	if !g.Store().Load().Debug.DecisionHeader {
+		t.Fatalf("the edit signalled with SIGHUP during start-up was never applied (config version %d): the SIGHUP was dropped", g.Store().Version())
 	}
 }

@@ -25,8 +25,24 @@ func init() {
 }
 
 // Hold makes SIGHUP's default action go away for good (once per process):
-// a channel nobody reads stays registered. gateway.New calls it too, for
-// a program that embeds the router.
+// a channel nobody reads but Pending stays registered. gateway.New calls
+// it too, for a program that embeds the router.
 var Hold = sync.OnceFunc(func() {
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+	signal.Notify(held, syscall.SIGHUP)
 })
+
+// held keeps one SIGHUP that arrived while nobody handled it.
+var held = make(chan os.Signal, 1)
+
+// Pending reports whether a SIGHUP arrived since Hold that no handler
+// took, and forgets it: the server's handler, once registered, acts on it
+// (a config edit signalled while the router started, after it last read
+// the file, was lost).
+func Pending() bool {
+	select {
+	case <-held:
+		return true
+	default:
+		return false
+	}
+}
