@@ -18,9 +18,11 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"regexp"
 	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/alecthomas/kong"
@@ -121,7 +123,7 @@ func run(args []string, stderr io.Writer) int {
 	ctx, err := parser.Parse(args)
 	if err != nil {
 		// One line, not the whole usage: the flag or variable and why.
-		fmt.Fprintf(stderr, "infera: %v (see infera --help)\n", err)
+		fmt.Fprintf(stderr, "infera: %v%s (see infera --help)\n", err, envSource(parser, args, err.Error()))
 		return 2
 	}
 	switch ctx.Command() {
@@ -139,4 +141,41 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// flagRef finds the flags an error message names.
+var flagRef = regexp.MustCompile(`--[a-z0-9][a-z0-9-]*`)
+
+// envSource names the environment variable a flag named in msg took its
+// value from, when the command line did not give it: " (from INFERA_X)",
+// never the value (it may be a key). An operator whose unit reads an
+// environment file saw only a flag they never typed.
+func envSource(p *kong.Kong, args []string, msg string) string {
+	for _, ref := range flagRef.FindAllString(msg, -1) {
+		name := ref[2:]
+		given := false
+		for _, a := range args {
+			if a == ref || strings.HasPrefix(a, ref+"=") {
+				given = true
+			}
+		}
+		if given {
+			continue
+		}
+		var env string
+		kong.Visit(p.Model, func(n kong.Visitable, next kong.Next) error {
+			if f, ok := n.(*kong.Flag); ok && f.Name == name {
+				for _, e := range f.Envs {
+					if _, set := os.LookupEnv(e); set && env == "" {
+						env = e
+					}
+				}
+			}
+			return next(nil)
+		})
+		if env != "" {
+			return " (from " + env + ")"
+		}
+	}
+	return ""
 }

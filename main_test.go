@@ -155,3 +155,36 @@ func TestKeyCommandIsMounted(t *testing.T) {
 		t.Fatalf("the printed user entry does not parse: %v: %s", err, got.User)
 	}
 }
+
+// A bad value that came from an INFERA_* variable names the variable (never
+// the value: it may be a key): an operator whose unit reads an environment
+// file saw only a flag they never typed.
+func TestABadValueFromTheEnvironmentNamesItsVariable(t *testing.T) {
+	for _, env := range []string{"INFERA_PORT=99999", "INFERA_LOG_LEVEL=verbose", "INFERA_ROUTER_POLICY=fastest",
+		"INFERA_REQUEST_TRANSPORT=grpc", "INFERA_KV_BLOCK_SIZE=0"} {
+		k, v, _ := strings.Cut(env, "=")
+		t.Run(k, func(t *testing.T) {
+			t.Setenv(k, v)
+			var out bytes.Buffer
+			if code := run([]string{"serve"}, &out); code != 2 || !strings.Contains(out.String(), "(from "+k+")") {
+				t.Fatalf("exit %d, printed %q; want exit 2 naming %s", code, out.String(), k)
+			}
+		})
+	}
+}
+
+// A key with white space around it (a newline from a Kubernetes secret made
+// with --from-file) is refused at start, without echoing it: no client
+// could present it (header values lose it), and every request got 401.
+func TestAKeyWithWhiteSpaceAroundItRefusesTheStart(t *testing.T) {
+	for _, k := range []string{"INFERA_API_KEY", "INFERA_ADMIN_KEY"} {
+		t.Run(k, func(t *testing.T) {
+			t.Setenv(k, "sk-0123456789abcdef0123\n")
+			var out bytes.Buffer
+			if code := run([]string{"serve"}, &out); code != 2 || !strings.Contains(out.String(), "white space") ||
+				strings.Contains(out.String(), "0123456789abcdef") {
+				t.Fatalf("exit %d, printed %q", code, out.String())
+			}
+		})
+	}
+}

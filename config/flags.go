@@ -122,6 +122,13 @@ func (s *Serve) Validate() error {
 	if (s.TLSCertFile == "") != (s.TLSKeyFile == "") {
 		return fmt.Errorf("--tls-cert-file and --tls-key-file go together")
 	}
+	for _, k := range []struct{ flag, v string }{{"--api-key", s.APIKey}, {"--admin-key", s.AdminKey}, {"--admin-seal-key", s.AdminSealKey}} {
+		// No client can present a key that starts or ends with spaces or
+		// a newline (header values lose them): every request got 401.
+		if k.v != strings.TrimSpace(k.v) {
+			return fmt.Errorf("%s starts or ends with white space (a newline from a secret file?): no client could present it; remove it", k.flag)
+		}
+	}
 	if s.RequestMaxRetries < 0 {
 		return fmt.Errorf("--request-max-retries must be >= 0")
 	}

@@ -3,6 +3,7 @@ package discovery
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -214,6 +215,53 @@ func StaticRecords(workers, workerModels []string, cfg *config.Config) []fleet.R
 		rs = append(rs, r)
 	}
 	return rs
+}
+
+// CheckWorkerFlag refuses --workers (INFERA_WORKERS) entries the fleet
+// could not take, or an id given twice, as the config file's workers are
+// refused: a bad entry was logged and skipped, and the router started with
+// part of its fleet, or none, as if all were well.
+func CheckWorkerFlag(workers []string) error {
+	seen := map[string]bool{}
+	for _, r := range StaticRecords(workers, []string{"m"}, &config.Config{}) {
+		if err := r.Validate(); err != nil {
+			return fmt.Errorf("--workers %s: %w", r.ID, err)
+		}
+	}
+	for _, spec := range workers {
+		if id := flagWorkerID(spec); id != "" {
+			if seen[id] {
+				return fmt.Errorf("--workers: id %q is given twice", id)
+			}
+			seen[id] = true
+		}
+	}
+	return nil
+}
+
+// CheckConfigAgainstFlag refuses a config whose workers reuse an id of
+// --workers: the flag's entry won and the config's was dropped without a
+// word (its edits did nothing).
+func CheckConfigAgainstFlag(cfg *config.Config, workers []string) error {
+	for _, spec := range workers {
+		id := flagWorkerID(spec)
+		for i := range cfg.Workers {
+			if id != "" && cfg.Workers[i].Record().ID == id {
+				return &config.FieldError{Path: fmt.Sprintf("workers[%d].id", i), Msg: fmt.Sprintf("%q is also a worker of --workers: give each worker one id", id)}
+			}
+		}
+	}
+	return nil
+}
+
+// flagWorkerID is the id of one --workers entry (as StaticRecords reads
+// it), "" for an empty one.
+func flagWorkerID(spec string) string {
+	spec = strings.TrimSpace(spec)
+	if i := strings.Index(spec, "="); i > 0 && !strings.Contains(spec[:i], "/") {
+		return spec[:i]
+	}
+	return spec
 }
 
 // FetchModels asks a worker for its model ids (empty on failure).

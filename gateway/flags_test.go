@@ -1,6 +1,9 @@
 package gateway
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/alecthomas/kong"
@@ -22,4 +25,53 @@ func parseServe(t *testing.T, args ...string) *config.Serve {
 		t.Fatalf("parse %v: %v", args, err)
 	}
 	return &c.Serve
+}
+
+// Two static workers given the same id in --workers (INFERA_WORKERS) refuse
+// the start, as the config file's do ("duplicate id"): the second was
+// dropped without a word, half the intended fleet missing.
+func TestADuplicateWorkerIDInTheWorkersFlagRefusesTheStart(t *testing.T) {
+	f := parseServe(t, "--workers", "a=http://127.0.0.1:18901,a=http://127.0.0.1:18902",
+		"--worker-model", "sim-model", "--admin-port", "0")
+	g, err := New(f)
+	if err == nil {
+		n := g.Workers()
+		g.Close()
+		t.Fatalf("--workers with id a twice started with %d worker(s); want a start-up error naming the duplicate id (as the config file's workers get)", n)
+	}
+	if !strings.Contains(err.Error(), `id "a" is given twice`) {
+		t.Fatalf("error %q does not name the id", err)
+	}
+}
+
+// A config file worker with the id of one of --workers refuses the start
+// (and a reload that brings one is refused): it was dropped without a
+// word, its url never served, and edits to it did nothing.
+func TestAConfigWorkerWithAWorkersFlagIDRefusesTheStart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "infera.json")
+	os.WriteFile(path, []byte(`{"workers":[{"id":"a","url":"http://127.0.0.1:18903","models":["sim-model"]}]}`), 0o644)
+	f := parseServe(t, "--workers", "a=http://127.0.0.1:18901", "--worker-model", "sim-model",
+		"--config", path, "--config-poll", "0", "--admin-port", "0")
+	g, err := New(f)
+	if err == nil {
+		w := g.Fleet().Get("a")
+		g.Close()
+		t.Fatalf("config worker a (http://127.0.0.1:18903) and --workers a=http://127.0.0.1:18901 both accepted; serving %s only. Want a start-up error naming the clash", w.URL)
+	}
+}
+
+// A --workers entry the fleet cannot take (not http or https) refuses the
+// start, as the same worker in the config file does: it was logged and
+// skipped, and the router started with no worker.
+func TestAnUnusableWorkersFlagEntryRefusesTheStart(t *testing.T) {
+	f := parseServe(t, "--workers", "ftp://127.0.0.1:18901", "--worker-model", "sim-model", "--admin-port", "0")
+	g, err := New(f)
+	if err == nil {
+		n := g.Workers()
+		g.Close()
+		t.Fatalf("--workers ftp://127.0.0.1:18901 started with %d workers; want a start-up error as the config file gets", n)
+	}
+	if !strings.Contains(err.Error(), "--workers") {
+		t.Fatalf("error %q does not name --workers", err)
+	}
 }

@@ -156,7 +156,13 @@ func New(f *config.Serve) (*Gateway, error) {
 
 	switch f.DiscoveryBackend {
 	case discovery.BackendStatic:
+		if err := discovery.CheckWorkerFlag(f.Workers); err != nil {
+			return nil, err
+		}
 		check := func(c *config.Config) error {
+			if err := discovery.CheckConfigAgainstFlag(c, f.Workers); err != nil {
+				return err
+			}
 			return discovery.CheckStaticWorkers(c, f.RequestTransport, f.KVEventTransport)
 		}
 		if err := startCheck(f, check(store.Load())); err != nil {
