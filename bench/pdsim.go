@@ -382,8 +382,9 @@ func SimulatePD(reqs []TraceRequest, cfg PDSimConfig) (*SimResult, error) {
 			fail(sq, res.Err)
 		}
 	}
+	stopped := false // --duration passed: no more arrivals
 	nextArrival := func() (time.Duration, bool) {
-		if issued >= len(reqs) {
+		if stopped || issued >= len(reqs) {
 			return 0, false
 		}
 		switch lc.Arrival {
@@ -403,8 +404,7 @@ func SimulatePD(reqs []TraceRequest, cfg PDSimConfig) (*SimResult, error) {
 	for {
 		at, ok := nextArrival()
 		if ok && lc.Duration > 0 && at > lc.Duration {
-			ok = false
-			issued = len(reqs)
+			ok, stopped = false, true // the requests never sent are not results
 		}
 		for len(q) > 0 && q[0].eng >= 0 && q[0].at != next[q[0].eng] {
 			heap.Pop(&q) // a stale step end

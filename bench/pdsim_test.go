@@ -133,3 +133,24 @@ func TestPDFlags(t *testing.T) {
 		t.Fatal("a fleet without prefill engines accepted")
 	}
 }
+
+// The same in the PD simulator: a run cut by --duration used to return the
+// requests it never issued as failed results (status 0).
+func TestSimulatePDDurationReportsOnlyIssuedRequests(t *testing.T) {
+	reqs := pdWorkload(t, 40, 6)
+	lc := DefaultLoadConfig()
+	lc.Arrival, lc.Rate = ArrivalPoisson, 10
+	lc.Duration = time.Second
+	core := testCore(1)
+	core.CapacityBlocks = 8192
+	r, err := SimulatePD(reqs, PDSimConfig{Prefill: 1, Decode: 1, Mode: "sglang", Core: core, Policy: "least-requests", Load: lc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Summarize("pd", r.Run.Results, r.Run.ITLs, r.Run.Wall, SLO{}, 1)
+	t.Logf("results %d, ok %d, errors %d (%v)", s.Requests, s.OK, s.Errors, s.ErrorsByStatus)
+	if s.Errors != 0 || s.Requests != s.OK || s.Requests == 0 || s.Requests >= len(reqs) {
+		t.Fatalf("a duration-limited PD simulation of %d requests reports %d results, %d ok, %d errors (%v)",
+			len(reqs), s.Requests, s.OK, s.Errors, s.ErrorsByStatus)
+	}
+}

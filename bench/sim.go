@@ -352,8 +352,9 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 			}
 		}
 	}
+	stopped := false // --duration passed: no more arrivals
 	nextArrival := func() (time.Duration, bool) {
-		if issued >= len(reqs) {
+		if stopped || issued >= len(reqs) {
 			return 0, false
 		}
 		switch lc.Arrival {
@@ -373,8 +374,9 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 	for {
 		at, ok := nextArrival()
 		if ok && lc.Duration > 0 && at > lc.Duration {
-			ok = false
-			issued = len(reqs) // stop issuing
+			// Stop issuing; the requests never sent are not results (as
+			// RunLoad reports only what it sent).
+			ok, stopped = false, true
 		}
 		// Drop stale heap entries.
 		for len(q) > 0 && q[0].at != engines[q[0].eng].next {

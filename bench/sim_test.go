@@ -214,3 +214,24 @@ func TestSimulateFlagMappings(t *testing.T) {
 		t.Fatal("--kv-overlap-weight 0 must reach the scorer as 0, not as the default")
 	}
 }
+
+// A simulation cut by --duration reports only the requests it issued, as
+// RunLoad does. It used to return every request of the workload, the ones
+// never sent as failures (status 0): they inflated the errors and deflated
+// the goodput.
+func TestSimulateDurationReportsOnlyIssuedRequests(t *testing.T) {
+	reqs := smallShared(40)
+	lc := DefaultLoadConfig()
+	lc.Arrival, lc.Rate = ArrivalPoisson, 10 // 40 arrivals take ~4 s
+	lc.Duration = time.Second
+	r, err := Simulate(reqs, SimConfig{Engines: 2, Core: testCore(1), Policy: "round-robin", Load: lc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Summarize("sim", r.Run.Results, r.Run.ITLs, r.Run.Wall, SLO{}, 2)
+	t.Logf("results %d, ok %d, errors %d (%v), goodput fraction %.3f", s.Requests, s.OK, s.Errors, s.ErrorsByStatus, s.GoodputFrac)
+	if s.Errors != 0 || s.Requests != s.OK || s.Requests == 0 || s.Requests >= len(reqs) {
+		t.Fatalf("a duration-limited simulation of %d requests reports %d results, %d ok, %d errors (%v)",
+			len(reqs), s.Requests, s.OK, s.Errors, s.ErrorsByStatus)
+	}
+}
