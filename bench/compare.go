@@ -174,9 +174,13 @@ func Compare(ctx context.Context, reqs []TraceRequest, workload string, c Compar
 	return out, nil
 }
 
-// simulate replays run's observed arrivals in the simulator.
+// simulate replays run's observed arrivals in the simulator: whatever the
+// load's arrival mode (poisson, closed), the simulator sends each request
+// when the client sent it, and every request the client sent.
 func (c *CompareConfig) simulate(reqs []TraceRequest, pol string, run *Run, engines int) (Summary, error) {
-	sim, err := Simulate(ObservedArrivals(reqs, run.Results), SimConfig{Engines: engines, Core: *c.SimCheck, Policy: pol, Model: c.Model, Load: c.Load})
+	lc := c.Load
+	lc.Arrival, lc.Duration = ArrivalTrace, 0
+	sim, err := Simulate(ObservedArrivals(reqs, run.Results), SimConfig{Engines: engines, Core: *c.SimCheck, Policy: pol, Model: c.Model, Load: lc})
 	if err != nil {
 		return Summary{}, err
 	}

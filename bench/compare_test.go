@@ -152,3 +152,43 @@ func TestAgreeTolerance(t *testing.T) {
 	f(s(100, 1000, 0.56), s(100, 1000, 0.5), false) // hit rate 0.05
 	f(s(64, 1000, 0.5), s(100, 1000, 0.5), false)   // both directions
 }
+
+// compare --sim-check replays the arrivals the client observed, whatever
+// the load's arrival mode. Under --arrival poisson it used to draw a fresh
+// Poisson process (the simulator's own, not the client's), and under
+// closed it sent each request as one finished, so the real run was checked
+// against other arrival times.
+func TestSimCheckReplaysObservedArrivals(t *testing.T) {
+	reqs := smallShared(10)
+	// The real client observed all ten sends within 90 ms.
+	results := make([]Result, len(reqs))
+	for i := range results {
+		results[i] = Result{Index: i, Start: time.Duration(i) * 10 * time.Millisecond, Status: 200}
+	}
+	core := testCore(1)
+	f := func(arrival string, rate float64, concurrency int) {
+		t.Helper()
+		lc := DefaultLoadConfig()
+		lc.Arrival, lc.Rate, lc.Concurrency = arrival, rate, concurrency
+		c := CompareConfig{Load: lc, SimCheck: &core, Model: "sim-model"}
+		ss, err := c.simulate(reqs, "round-robin", &Run{Results: results}, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		replay := lc
+		replay.Arrival = ArrivalTrace
+		sim, err := Simulate(ObservedArrivals(reqs, results), SimConfig{Engines: 2, Core: core, Policy: "round-robin", Load: replay})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Summarize("want", sim.Run.Results, sim.Run.ITLs, sim.Run.Wall, SLO{}, 2)
+		t.Logf("--arrival %s: sim-check wall %.2f s, TTFT mean %.1f ms; observed arrivals replayed: wall %.2f s, TTFT mean %.1f ms",
+			arrival, ss.WallS, ss.TTFT.Mean, want.WallS, want.TTFT.Mean)
+		if ss.WallS != want.WallS || ss.TTFT != want.TTFT || ss.Requests != len(reqs) {
+			t.Fatalf("sim-check under --arrival %s did not replay the observed arrivals (wall %.2f s vs %.2f s, %d requests)",
+				arrival, ss.WallS, want.WallS, ss.Requests)
+		}
+	}
+	f(ArrivalPoisson, 0.5, 16) // a fresh Poisson draw spans ~20 s
+	f(ArrivalClosed, 20, 1)    // one at a time: each waits for the last
+}
