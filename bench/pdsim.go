@@ -291,7 +291,7 @@ func SimulatePD(reqs []TraceRequest, cfg PDSimConfig) (*SimResult, error) {
 					res.TTFT = ev.At - sq.arrival
 					sq.dl.FirstToken()
 					sq.first = true
-				} else {
+				} else if lc.Stream {
 					gap := ev.At - sq.lastTok
 					res.ITLSum += gap
 					res.ITLCount++
@@ -305,6 +305,9 @@ func SimulatePD(reqs []TraceRequest, cfg PDSimConfig) (*SimResult, error) {
 					res.E2E = ev.At - sq.arrival
 					res.OutputTokens = ev.Tokens
 					res.Status = 200
+					if !lc.Stream {
+						res.TTFT, res.Whole = res.E2E, true // read whole, as the client measures it
+					}
 					sq.dl.Done(sched.OutcomeSuccess)
 					sq.pre.Prompt, sq.dec.Prompt = nil, nil
 					sq.sr = sched.Request{}

@@ -154,3 +154,26 @@ func TestSimulatePDDurationReportsOnlyIssuedRequests(t *testing.T) {
 			len(reqs), s.Requests, s.OK, s.Errors, s.ErrorsByStatus)
 	}
 }
+
+// The same in the PD simulator: under --no-stream it used to report
+// streamed TTFT and TPOT where the client reads each answer whole.
+func TestSimulatePDNoStreamReportsAnswersReadWhole(t *testing.T) {
+	reqs := pdWorkload(t, 10, 6)
+	lc := DefaultLoadConfig()
+	lc.Stream = false
+	core := testCore(1)
+	core.CapacityBlocks = 8192
+	r, err := SimulatePD(reqs, PDSimConfig{Prefill: 1, Decode: 1, Mode: "vllm", Core: core, Policy: "least-requests", Load: lc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Summarize("pd", r.Run.Results, r.Run.ITLs, r.Run.Wall, SLO{}, 1)
+	if s.OK != len(reqs) || s.TPOT.N != 0 || s.ITL.N != 0 {
+		t.Fatalf("--no-stream PD simulation: %d of %d ok, TPOT n=%d, ITL n=%d", s.OK, len(reqs), s.TPOT.N, s.ITL.N)
+	}
+	for _, res := range r.Run.Results {
+		if !res.Whole || res.TTFT != res.E2E {
+			t.Fatalf("request %d: TTFT %v, E2E %v, Whole %v", res.Index, res.TTFT, res.E2E, res.Whole)
+		}
+	}
+}

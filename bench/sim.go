@@ -312,24 +312,32 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 			}
 		}
 	}
+	// firstByte is the router's first byte of sq's answer at t: the first
+	// token of a stream, the whole answer otherwise (the engine writes a
+	// non-streamed answer when it is done).
+	firstByte := func(sq *simReq, t time.Duration) {
+		sq.worker.FirstToken(sq.prefill)
+		if observer != nil {
+			observer.ObserveFirstToken(sq.worker, sq.prefill, t-sq.arrival)
+		}
+		sq.first = true
+	}
 	finishEvents = func(evs []engine.Event) {
 		for _, ev := range evs {
 			sq := ev.Req.Tag.(*simReq)
 			res := sq.res
 			if ev.Tokens == 1 {
 				res.TTFT = ev.At - sq.arrival
-				sq.worker.FirstToken(sq.prefill)
-				if observer != nil {
-					observer.ObserveFirstToken(sq.worker, sq.prefill, res.TTFT)
+				if lc.Stream {
+					firstByte(sq, ev.At)
 				}
-				sq.first = true
 				if dyn != nil {
 					dyn.firstToken(sq.idx)
 				}
 				res.CachedTokens = ev.Req.CachedTokens
 				promptSum += int64(len(ev.Req.Prompt))
 				cachedSum += int64(ev.Req.CachedTokens)
-			} else {
+			} else if lc.Stream {
 				gap := ev.At - sq.lastTok
 				res.ITLSum += gap
 				res.ITLCount++
@@ -343,6 +351,12 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 				res.E2E = ev.At - sq.arrival
 				res.OutputTokens = ev.Tokens
 				res.Status = 200
+				if !lc.Stream {
+					// Read whole, as the client measures it: TTFT is
+					// the whole answer's time, and no TPOT or ITL.
+					firstByte(sq, ev.At)
+					res.TTFT, res.Whole = res.E2E, true
+				}
 				sq.worker.Release(sq.tokens, sq.prefill, sq.blocks, sq.first)
 				if dyn != nil {
 					dyn.finished(sq.idx)

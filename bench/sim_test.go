@@ -235,3 +235,28 @@ func TestSimulateDurationReportsOnlyIssuedRequests(t *testing.T) {
 			len(reqs), s.Requests, s.OK, s.Errors, s.ErrorsByStatus)
 	}
 }
+
+// Under --no-stream the simulator reports what the client measures of an
+// answer read whole: TTFT = E2E, no TPOT or inter-token gaps. It used to
+// report streamed figures (TTFT at the first token, TPOT), so compare
+// --no-stream --sim-check compared different quantities and disagreed.
+func TestSimulateNoStreamReportsAnswersReadWhole(t *testing.T) {
+	reqs := smallShared(10)
+	lc := DefaultLoadConfig()
+	lc.Stream = false
+	r, err := Simulate(reqs, SimConfig{Engines: 2, Core: testCore(1), Policy: "round-robin", Load: lc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Summarize("sim", r.Run.Results, r.Run.ITLs, r.Run.Wall, SLO{}, 2)
+	t.Logf("--no-stream simulation: TTFT mean %.1f ms, E2E mean %.1f ms, TPOT n=%d, ITL n=%d", s.TTFT.Mean, s.E2E.Mean, s.TPOT.N, s.ITL.N)
+	if s.OK != len(reqs) || s.TPOT.N != 0 || s.ITL.N != 0 {
+		t.Fatalf("--no-stream simulation: %d of %d ok, TPOT n=%d, ITL n=%d", s.OK, len(reqs), s.TPOT.N, s.ITL.N)
+	}
+	for _, res := range r.Run.Results {
+		if !res.Whole || res.TTFT != res.E2E || res.ITLCount != 0 {
+			t.Fatalf("request %d simulated without streaming: TTFT %v, E2E %v, Whole %v, %d gaps; the client reports TTFT = E2E for a whole answer",
+				res.Index, res.TTFT, res.E2E, res.Whole, res.ITLCount)
+		}
+	}
+}
