@@ -3,6 +3,8 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +63,53 @@ func TestReadSSE(t *testing.T) {
 	err := c.readSSE(st, time.Now(), &res)
 	if err == nil || !strings.Contains(err.Error(), "after 1 chunks") {
 		t.Fatalf("mid-stream error event: %v", err)
+	}
+}
+
+// A stream that ends (EOF) without data: [DONE] was cut: summaries file it
+// under stream-error. readSSE used to accept it once a token had arrived,
+// so a cut request counted as OK with a shortened E2E and its partial
+// token count.
+func TestReadSSECutStreamIsAnError(t *testing.T) {
+	c := &Client{}
+	tok := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok \"},\"finish_reason\":null}]}\n\n"
+	f := func(stream string) {
+		t.Helper()
+		st := &sseState{br: bufio.NewReader(strings.NewReader(stream))}
+		var res Result
+		err := c.readSSE(st, time.Now(), &res)
+		if err == nil || !strings.Contains(err.Error(), "without data: [DONE]") {
+			t.Fatalf("a stream cut after %d tokens is not reported as cut: %v", res.OutputTokens, err)
+		}
+	}
+	f(tok + tok)
+	f("")
+	// Usage without [DONE] is cut too: [DONE] ends every OpenAI stream.
+	f(tok + "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1}}\n\n")
+}
+
+// End to end through Client.Do: an upstream that sends two tokens of a
+// 32-token answer and ends its chunked stream without [DONE] or usage
+// used to count as a successful request.
+func TestClientDoCountsCutStreamAsStreamError(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for range 2 {
+			w.Write([]byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok \"},\"finish_reason\":null}]}\n\n"))
+			w.(http.Flusher).Flush()
+		}
+	}))
+	defer srv.Close()
+	cl, err := NewClient(srv.URL, 4, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res Result
+	cl.Do("/v1/chat/completions", []byte(`{"max_tokens":32,"stream":true}`), true, &res)
+	s := Summarize("x", []Result{res}, nil, time.Second, SLO{}, 1)
+	t.Logf("status %d err %q output tokens %d; summary ok %d errors %v", res.Status, res.Err, res.OutputTokens, s.OK, s.ErrorsByStatus)
+	if res.OK() || s.ErrorsByStatus["stream-error"] != 1 {
+		t.Fatalf("a stream cut after 2 of 32 tokens (no [DONE]): ok %v, errors %v", res.OK(), s.ErrorsByStatus)
 	}
 }
 

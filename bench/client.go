@@ -206,7 +206,7 @@ func (c *Client) readSSE(st *sseState, start time.Time, res *Result) error {
 	st.itls = st.itls[:0]
 	var last time.Time
 	chunks := 0
-	gotUsage := false
+	gotUsage, done := false, false
 	for {
 		line, err := st.br.ReadSlice('\n')
 		if err == bufio.ErrBufferFull {
@@ -219,6 +219,7 @@ func (c *Client) readSSE(st *sseState, start time.Time, res *Result) error {
 		if len(line) > 0 && bytes.HasPrefix(line, dataPrefix) {
 			data := bytes.TrimSpace(line[len(dataPrefix):])
 			if bytes.Equal(data, doneMarker) {
+				done = true
 				break
 			}
 			now := time.Now()
@@ -260,6 +261,11 @@ func (c *Client) readSSE(st *sseState, start time.Time, res *Result) error {
 	res.E2E = time.Since(start)
 	if !gotUsage {
 		res.OutputTokens = chunks
+	}
+	if !done {
+		// The stream was cut: an OpenAI stream ends with data: [DONE],
+		// after its finish_reason and usage.
+		return fmt.Errorf("stream ended without data: [DONE] after %d chunks", chunks)
 	}
 	if chunks == 0 {
 		return errors.New("stream ended without content")
