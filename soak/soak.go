@@ -376,11 +376,12 @@ func oneRequest(hc *http.Client, url string, n int64, stream bool, maxTokens int
 		return outLost, status + "-malformed"
 	}
 	if !stream {
-		var r struct {
-			Choices []json.RawMessage `json:"choices"`
-		}
+		var r answerChoices
 		if json.Unmarshal(b, &r) != nil || len(r.Choices) == 0 {
 			return outLost, status + "-malformed"
+		}
+		if !r.finished() {
+			return outLost, status + "-no-finish"
 		}
 		return outOK, status
 	}
@@ -391,10 +392,13 @@ func oneRequest(hc *http.Client, url string, n int64, stream bool, maxTokens int
 	case done == 0 || !bytes.HasSuffix(b, []byte("data: [DONE]\n\n")):
 		return outLost, status + "-stream-cut"
 	}
-	// Every event must be a complete JSON object.
+	// Every event must be a complete JSON object, and a complete answer
+	// carries its finish_reason (as the engine's last chunk does, before
+	// usage and [DONE]): a stream cut and then closed with [DONE] and no
+	// error event is not one.
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	sc.Buffer(make([]byte, 1<<16), 1<<20)
-	errEvent := false
+	errEvent, finished := false, false
 	for sc.Scan() {
 		line := sc.Bytes()
 		if !bytes.HasPrefix(line, []byte("data: ")) || bytes.Equal(line, []byte("data: [DONE]")) {
@@ -406,11 +410,35 @@ func oneRequest(hc *http.Client, url string, n int64, stream bool, maxTokens int
 		if bytes.HasPrefix(line, []byte(`data: {"error"`)) {
 			errEvent = true
 		}
+		var ev answerChoices
+		if json.Unmarshal(line[6:], &ev) == nil && ev.finished() {
+			finished = true
+		}
 	}
-	if errEvent {
+	switch {
+	case errEvent:
 		return outCleanError, status + "-error-event"
+	case !finished:
+		return outLost, status + "-no-finish"
 	}
 	return outOK, status
+}
+
+// answerChoices is the part of an answer or a stream chunk the soak checks.
+type answerChoices struct {
+	Choices []struct {
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+}
+
+// finished reports whether a choice carries a finish_reason.
+func (a *answerChoices) finished() bool {
+	for _, c := range a.Choices {
+		if c.FinishReason != nil && *c.FinishReason != "" {
+			return true
+		}
+	}
+	return false
 }
 
 func setFault(port int, f string) {

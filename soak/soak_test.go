@@ -3,6 +3,8 @@ package soak
 import (
 	"bytes"
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,4 +41,35 @@ func TestShortSoakLosesNothing(t *testing.T) {
 	if rep.Lost != 0 || rep.Duplicated != 0 || rep.OK == 0 || len(rep.Chaos) < 4 {
 		t.Fatalf("lost %d duplicated %d ok %d chaos %v\n%s", rep.Lost, rep.Duplicated, rep.OK, rep.Chaos, log.String())
 	}
+}
+
+// A request counts as OK only if it ends in a complete answer, one that
+// carries its finish_reason. A stream that stops after its first token
+// but is closed with data: [DONE] and no error event used to count as OK:
+// a router that papered over a cut stream would pass the soak with
+// "0 lost".
+func TestTruncatedStreamEndingInDoneIsLost(t *testing.T) {
+	const (
+		tok  = `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"tok "},"finish_reason":null}]}` + "\n\n"
+		fin  = `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}` + "\n\n"
+		done = "data: [DONE]\n\n"
+	)
+	f := func(stream bool, body string, want outcome) {
+		t.Helper()
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if stream {
+				w.Header().Set("Content-Type", "text/event-stream")
+			}
+			_, _ = w.Write([]byte(body))
+		}))
+		defer srv.Close()
+		if out, status := oneRequest(srv.Client(), srv.URL, 1, stream, 8); out != want {
+			t.Fatalf("stream %v, body %q: outcome %d (status %q), want %d", stream, body, out, status, want)
+		}
+	}
+	f(true, tok+done, outLost)
+	f(true, tok+fin+done, outOK)
+	f(true, tok+`data: {"error":{"message":"cut"}}`+"\n\n"+done, outCleanError)
+	f(false, `{"choices":[{"index":0,"message":{"role":"assistant","content":"tok"},"finish_reason":null}]}`, outLost)
+	f(false, `{"choices":[{"index":0,"message":{"role":"assistant","content":"tok"},"finish_reason":"stop"}]}`, outOK)
 }
