@@ -131,7 +131,7 @@ var fieldMeta = map[string]meta{
 	"split_proxy":                       {label: "Split proxy", group: "Routing", help: "Forward part of the traffic to external upstream APIs next to the local service, with failover. Not counted by request rate limiting."},
 	"split_proxy.enabled":               {label: "Enabled"},
 	"split_proxy.strategy":              {label: "Splitting strategy", options: []string{"weight", "prefix"}, help: "weight: by the proxies' weights, whatever the model. prefix: the first proxy whose model rules match."},
-	"split_proxy.proxies":               {label: "Proxy list", item: "Proxy", help: "Exactly one local service entry plus any external upstreams; list order is the order of prefix matching and failover."},
+	"split_proxy.proxies":               {label: "Proxy list", item: "Proxy", help: "At least one local service entry plus any external upstreams; list order is the order of prefix matching and failover."},
 	"split_proxy.proxies[].name":        {label: "Name"},
 	"split_proxy.proxies[].local":       {label: "Local service", help: "The gateway's own fleet."},
 	"split_proxy.proxies[].status":      {label: "Status", options: []string{"enabled", "disabled"}},

@@ -43,7 +43,7 @@ type SplitProxy struct {
 	Enabled bool `json:"enabled"`
 	// Strategy is weight (default) or prefix.
 	Strategy SplitStrategy `json:"strategy"`
-	// Proxies holds exactly one local entry (the local fleet) and any
+	// Proxies holds at least one local entry (the local fleet) and any
 	// number of external upstreams. List order is the order of prefix
 	// matching and of failover.
 	Proxies []Proxy `json:"proxies"`
@@ -326,9 +326,6 @@ func (s *SplitProxy) validate() error {
 		}
 		if p.Local {
 			locals++
-			if locals > 1 {
-				return fieldErr(path+".local", "a second local service entry: the list holds exactly one")
-			}
 			if p.Address != "" {
 				return fieldErr(path+".address", "the local service takes no address (it is this gateway's fleet)")
 			}
@@ -372,7 +369,7 @@ func (s *SplitProxy) validate() error {
 		}
 	}
 	if locals == 0 {
-		return fieldErr("split_proxy.proxies", "must contain one local service entry ({\"local\": true}) for this gateway's own fleet")
+		return fieldErr("split_proxy.proxies", "must contain at least one local service entry ({\"local\": true}) for this gateway's own fleet")
 	}
 	if s.Enabled && s.Strategy == SplitWeight && weights == 0 {
 		return fieldErr("split_proxy.proxies", "the weights of the enabled proxies sum to 0: under the weight strategy no proxy would receive requests")

@@ -86,7 +86,7 @@ func TestUpstreamSectionsValidation(t *testing.T) {
 	bad(`{"split_proxy":{"enabled":true,"strategy":"","proxies":[`+localOnly+`]}}`, "split_proxy.strategy", "required")
 	bad(sp("weight"), "split_proxy.proxies", "one local service entry")
 	bad(sp("weight", extA), "split_proxy.proxies", "one local service entry")
-	bad(sp("weight", localOnly, `{"local":true,"name":"l2"}`), "split_proxy.proxies[1].local", "exactly one")
+	ok(sp("weight", localOnly, `{"local":true,"name":"l2"}`)) // at least one local entry, as the spec says
 	bad(sp("weight", `{"local":true,"failover":true,"weight":1}`), "split_proxy.proxies[0].failover", "cannot be a failover target")
 	bad(sp("weight", `{"local":true,"address":"http://x","weight":1}`), "split_proxy.proxies[0].address", "no address")
 	bad(sp("weight", `{"local":true,"api_key":"k","weight":1}`), "split_proxy.proxies[0].api_key", "no API key")

@@ -585,3 +585,34 @@ func idleConns(p *httpPool) int {
 	defer p.mu.Unlock()
 	return len(p.idle)
 }
+
+// The split proxy's list holds at least one local entry, as the spec says,
+// not exactly one: under prefix, local rules can sit before and after an
+// external entry (local m, external gpt-*, local for the rest). A second
+// local entry was refused.
+func TestASplitProxyListMayHoldSeveralLocalEntries(t *testing.T) {
+	local := startUpstream(t, okHandler)
+	ext := startUpstream(t, okHandler)
+	cfg := splitConfig(config.SplitPrefix,
+		config.Proxy{Name: "m-local", Local: true, ModelRules: []string{"m"}},
+		config.Proxy{Name: "ext", Address: ext.url, APIKey: config.NewSecret("sk-ext"), ModelRules: []string{"gpt-*"}},
+		config.Proxy{Name: "rest", Local: true},
+	)
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r := startRouterWith(t, nil, cfg, nil, local.url)
+	for model, want := range map[string]string{"gpt-4o": "split:ext", "m": ""} {
+		resp, b := postWith(t, r.url+"/v1/chat/completions", `{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`, nil)
+		if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != want {
+			t.Fatalf("%s: %d upstream %q, want %q: %s", model, resp.StatusCode, resp.Header.Get("X-Infera-Upstream"), want, b)
+		}
+	}
+	if local.hits.Load() != 1 || ext.hits.Load() != 1 {
+		t.Fatalf("local %d ext %d, want 1 and 1", local.hits.Load(), ext.hits.Load())
+	}
+	two := splitConfig(config.SplitPrefix, config.Proxy{Name: "a", Local: true}, config.Proxy{Name: "a", Local: true})
+	if err := two.Validate(); err == nil || !strings.Contains(err.Error(), "duplicate name") {
+		t.Fatalf("two local entries of one name: %v", err)
+	}
+}

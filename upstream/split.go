@@ -16,7 +16,8 @@ import (
 //     Splitter.Next or a random number), with probability weight/sum.
 //     Under the prefix strategy, the first enabled proxy in list order with
 //     a model rule matching model (see MatchRule); when none matches, the
-//     local service.
+//     first local service entry (the list holds at least one; several let
+//     local rules sit before and after external ones).
 //  2. the failover targets: the enabled, failover-flagged external
 //     proxies in list order, the primary excluded. The local service is
 //     never a failover target.
@@ -56,8 +57,8 @@ func matchPrefix(sp *config.SplitProxy, model []byte) int {
 		if !p.Active() {
 			continue
 		}
-		if p.Local {
-			local = i
+		if p.Local && local < 0 {
+			local = i // the first local entry takes what no rule matches
 		}
 		for _, rule := range p.ModelRules {
 			if MatchRule(rule, model) {
