@@ -85,7 +85,12 @@ local function admit(h, seats, A)
       local stored = tonumber(v[1])
       -- the same window, or one a timezone change moved (window.holds)
       local nows = math.floor(now / 1000)
-      if stored ~= nil and (stored == start or (stored ~= 0 and 4 * (start - stored) < 3 * len and stored < start + len and nows < stored + len)) then
+      if stored ~= nil and stored >= start + len then
+        -- A later window already began (another router's clock, or its
+        -- call, ran ahead): this late admission counts in it, and the
+        -- window stays (writing its older start reset the new window).
+        r = tonumber(v[2]) or 0; k = tonumber(v[3]) or 0; start = stored
+      elseif stored ~= nil and (stored == start or (stored ~= 0 and 4 * (start - stored) < 3 * len and stored < start + len and nows < stored + len)) then
         r = tonumber(v[2]) or 0; k = tonumber(v[3]) or 0
       end
       if maxr > 0 and r + 1 > maxr then fails = fails + 2^(%[4]d + p) end

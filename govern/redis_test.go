@@ -705,3 +705,53 @@ func TestRedisACallThatTimedOutButRanLaterLeavesNoPhantomSlotOrSeat(t *testing.T
 		tk.Done(Usage{})
 	}
 }
+
+// An admission stamped just before a window boundary that reaches Redis
+// after the new window's first admissions (a router's clock a millisecond
+// behind, or its call queued behind another's) counts in the new window and
+// leaves it standing: it wrote its older start, and the next admission of
+// the new window found the count reset to zero.
+func TestAQuotaWindowSurvivesALateAdmissionOfThePreviousOne(t *testing.T) {
+	rs := startRedis(t)
+	key, hash := mintKey(t)
+	o := redisOptions(t, rs)
+	midnight := time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
+	c1 := newFakeClock(midnight.Add(time.Millisecond))
+	c2 := newFakeClock(midnight.Add(-time.Millisecond))
+	o1, o2 := o, o
+	o1.Now, o2.Now = c1.Now, c2.Now
+	c := userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":3}]}}`, "")
+	g1, g2 := newGov(t, o1, c), newGov(t, o2, c)
+	u1, u2 := identify(t, g1, key), identify(t, g2, key)
+	admit := func(g *Governor, u *User) bool {
+		tk, rej := g.Admit(context.Background(), u, Request{PromptTokens: 1, MaxTokens: 1})
+		if rej != nil {
+			return false
+		}
+		tk.FirstToken()
+		tk.Done(Usage{Known: true, PromptTokens: 1, CompletionTokens: 1})
+		syncState(t, g)
+		return true
+	}
+	// The new day on router 1: two requests.
+	for i := 0; i < 2; i++ {
+		if !admit(g1, u1) {
+			t.Fatal("refused early")
+		}
+	}
+	// Router 2's last request of the old day reaches Redis now.
+	if !admit(g2, u2) {
+		t.Fatal("router 2 refused")
+	}
+	// The new day has had at least 2 requests (3 counting the late one):
+	// router 1 may admit at most 1 more.
+	n := 0
+	for i := 0; i < 5; i++ {
+		if admit(g1, u1) {
+			n++
+		}
+	}
+	if n > 1 {
+		t.Fatalf("day quota max_requests 3: after 2 requests of the new day (and 1 late one of the previous day), router 1 admitted %d more in the same day", n)
+	}
+}
