@@ -125,9 +125,16 @@ func anthropicToChat(dst, body []byte, opt *Options, m *Meta, countOnly bool) ([
 			r.outputConfig = sp
 		case "output_format": // the structured-outputs beta's name of output_config.format
 			r.outputFormat = sp
+		case "thread":
+			if body[vs] != 'n' { // null: no thread
+				return errThreadUnsupported
+			}
 		}
 		return nil
 	})
+	if err == errThreadUnsupported {
+		return dst, err
+	}
 	if err != nil || skipSpace(body, end) != len(body) {
 		return dst, errMalformedBody
 	}

@@ -397,7 +397,11 @@ func ChatToResponses(dst, body []byte, m *Meta) ([]byte, error) {
 			dst = append(dst, ',')
 		}
 		n++
-		dst = appendFunctionCallItem(dst, nil, tc.id, tc.name, tc.args, tc.argsObj, itemStatus(status, n == items))
+		args := tc.args
+		if !tc.argsObj && blankArgs(args) {
+			args = emptyArgs // as OpenAI sends a call without arguments: the SDKs JSON.parse them
+		}
+		dst = appendFunctionCallItem(dst, nil, tc.id, tc.name, args, tc.argsObj, itemStatus(status, n == items))
 	})
 	dst = append(dst, ']')
 	dst = appendResponseTail(dst, m, &r.usage, true)
@@ -570,6 +574,21 @@ func appendOutputText(dst, text []byte) []byte {
 
 // appendFunctionCallItem appends a function_call output item; callID empty
 // gets a fresh call id.
+// emptyArgs is the arguments of a call that takes none, as OpenAI sends
+// them (a JSON string's content).
+var emptyArgs = []byte("{}")
+
+// blankArgs reports whether a call's arguments string is empty or white
+// space: an engine calling a function without arguments may send "".
+func blankArgs(args []byte) bool {
+	for _, c := range args {
+		if c != ' ' && c != '\t' && c != '\n' && c != '\r' {
+			return false
+		}
+	}
+	return true
+}
+
 func appendFunctionCallItem(dst, id, callID, name, args []byte, argsObj bool, status string) []byte {
 	dst = append(dst, `{"id":"`...)
 	dst = appendItemID(dst, id, "fc_")

@@ -50,6 +50,9 @@ type Error struct {
 	Type    string // OpenAI error type (TypeInvalidRequest, ...)
 	Param   string // the offending request field, "" when none
 	Message string
+	// Code is a machine-readable code clients act on ("" for none):
+	// Anthropic's error.details.error_code, OpenAI's error.code.
+	Code string
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -129,10 +132,30 @@ func AppendError(dst []byte, api API, status int, typ, param, msg string) []byte
 	return dst
 }
 
-// Append appends e in api's error shape (see AppendError).
+// Append appends e in api's error shape (see AppendError), with its Code
+// when it has one.
 func (e *Error) Append(dst []byte, api API) []byte {
-	return AppendError(dst, api, e.Status, e.Type, e.Param, e.Message)
+	b := AppendError(dst, api, e.Status, e.Type, e.Param, e.Message)
+	if e.Code == "" {
+		return b
+	}
+	if api == Anthropic { // ...,"message":"..."}} → ...,"details":{"error_code":"..."}}}
+		b = append(b[:len(b)-2], `,"details":{"error_code":`...)
+		b = appendStr(b, e.Code)
+		return append(b, "}}}"...)
+	}
+	b = b[:len(b)-len(`"code":null}}`)] // ...,"code":null}} → ...,"code":"..."}}
+	b = append(b, `"code":`...)
+	b = appendStr(b, e.Code)
+	return append(b, "}}"...)
 }
+
+// errThreadUnsupported refuses an Anthropic message thread (the request's
+// thread field): the gateway holds no conversation, and a continued
+// thread carries only its new messages. The SDKs (toolRunner, thread())
+// take this code for "send the whole conversation without thread".
+var errThreadUnsupported = &Error{Status: 400, Type: TypeInvalidRequest, Param: "thread", Code: "thread_unsupported_request",
+	Message: "message threads are not supported here: send the whole conversation without thread"}
 
 func appendNullable(dst []byte, s string) []byte {
 	if s == "" {

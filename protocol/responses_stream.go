@@ -222,6 +222,11 @@ func (c *StreamConverter) rCloseAs(status string) {
 		c.rPart("response.content_part.done", k, true)
 	case blockTool:
 		t := &c.tools[it.tool]
+		if blankArgs(t.args) {
+			// A call without arguments: "{}", as OpenAI streams it (the
+			// SDKs JSON.parse a finished call's arguments).
+			c.emitToolArgs(it.tool, emptyArgs)
+		}
 		c.rEvent("response.function_call_arguments.done")
 		c.rItemRef(k)
 		c.out = append(c.out, `,"name":"`...)

@@ -40,3 +40,28 @@ func TestOfficialSDKsParseConvertedAnswers(t *testing.T) {
 		})
 	}
 }
+
+// TestAnthropicSDKMessageThreadsAreRefused runs scripts/sdk/threads.mjs: the
+// Anthropic SDK's toolRunner sends a thread field by default and, on its
+// second turn, only the tool results, counting on the server to hold the
+// conversation. The front door holds none: it refuses the thread
+// (thread_unsupported_request) and the SDK falls back to the full history.
+// The field was dropped, and the engine got the tool results alone.
+func TestAnthropicSDKMessageThreadsAreRefused(t *testing.T) {
+	node, err := exec.LookPath("node")
+	dir := filepath.Join("..", "scripts", "sdk")
+	if d := os.Getenv("INFERA_SDK_DIR"); d != "" {
+		dir = d
+	}
+	if _, e := os.Stat(filepath.Join(dir, "node_modules", "@anthropic-ai", "sdk")); err != nil || e != nil {
+		t.Skip("node or the SDKs are not installed; run make deps")
+	}
+	base := startGateway(t, DefaultOptions())
+	cmd := exec.Command(node, filepath.Join(dir, "threads.mjs"))
+	cmd.Env = append(os.Environ(), "INFERA_BASE_URL="+base, "INFERA_MODEL=claude-sim", "INFERA_API_KEY=test-key")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("threads.mjs failed: %v\n%s", err, out)
+	}
+	t.Logf("%s", out)
+}
