@@ -431,7 +431,13 @@ func compileTemplate(ct *config.QuotaTemplate) (*template, error) {
 		t.rpm, t.tpm = r.RPM, r.TPM
 		t.any = true
 	}
-	t.defOut = ct.Rate.DefaultOutputTokens
+	if ct.Rate.Enabled {
+		// The spec: the default output estimate applies only when rate
+		// limiting is on (a value kept while it is off changes nothing);
+		// without it a request without max_tokens reserves its prompt
+		// alone against token quotas, and is charged its usage at the end.
+		t.defOut = ct.Rate.DefaultOutputTokens
+	}
 	t.counted = t.quota || t.concLimit > 0 || t.rpm > 0 || t.tpm > 0
 	return t, nil
 }

@@ -774,3 +774,20 @@ func TestCountingTokensPassedThroughCostsNoTokens(t *testing.T) {
 		t.Errorf("a 16-token request after 3 token counts, under a TPM of 3000: %d %s", res.status, res.body)
 	}
 }
+
+// rate.default_output_tokens applies only when rate limiting is on, as the
+// spec says ("Applies only when rate limiting is enabled"): a value kept
+// while it is off changes nothing. It was the quota's output estimate
+// anyway, and a request without max_tokens got 429 quota_tokens_day with
+// nothing used.
+func TestTheDefaultOutputEstimateAppliesOnlyWhenRateLimitingIsOn(t *testing.T) {
+	up := startUpstream(t, okHandler) // usage 7 prompt + 1 completion
+	key, hash := mintKey(t)
+	r, _ := govRouter(t, nil, fmt.Sprintf(`{
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"quota": {"enabled": true, "windows": [{"period": "day", "max_tokens": 50000}]},
+			"rate": {"enabled": false, "tpm": 1000000, "default_output_tokens": 100000}}]},
+		"users": [{"name": "dave", "keys": [%q]}]}`, hash), up.url)
+	noMax := `{"model":"m","messages":[{"role":"user","content":"hello there"}]}`
+	want(t, apiCall(t, r.url, key, noMax), 200, "")
+}
