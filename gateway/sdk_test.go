@@ -54,7 +54,8 @@ func nodeSDK(t *testing.T, modules ...string) (node, dir string) {
 func runSDKScript(t *testing.T, node, dir, script, base, key string) {
 	t.Helper()
 	cmd := exec.Command(node, filepath.Join(dir, script))
-	cmd.Env = append(os.Environ(), "INFERA_BASE_URL="+base, "INFERA_MODEL=sim-model", "INFERA_API_KEY="+key, "INFERA_EXPECT_THINKING=1")
+	cmd.Env = append(os.Environ(), "INFERA_BASE_URL="+base, "INFERA_MODEL=sim-model", "INFERA_API_KEY="+key, "INFERA_EXPECT_THINKING=1",
+		"INFERA_ROUTER=1") // the router itself: /v1/models too
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s failed: %v\n%s", script, err, out)

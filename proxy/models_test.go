@@ -35,7 +35,8 @@ func TestAServedModelCanBeRetrievedByID(t *testing.T) {
 	}
 	for path, id := range map[string]string{"/v1/models/m": "m", "/v1/models/Qwen/Qwen3-8B": "Qwen/Qwen3-8B", "/v1/models/Qwen%2FQwen3-8B": "Qwen/Qwen3-8B"} {
 		code, b := get("GET", path)
-		if want := `{"id":"` + id + `","object":"model","created":0,"owned_by":"infera"}`; code != 200 || b != want {
+		if want := `{"id":"` + id + `","object":"model","created":0,"owned_by":"infera","type":"model","display_name":"` + id +
+			`","created_at":"1970-01-01T00:00:00Z"}`; code != 200 || b != want {
 			t.Fatalf("%s: %d %s, want %s", path, code, b, want)
 		}
 	}

@@ -530,24 +530,49 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*govern.User, bool) {
 func (s *Server) handleModels(ctx *fasthttp.RequestCtx, u *govern.User) {
 	v := s.sched.Fleet.View()
 	models := s.sched.Models(s.store.Load(), v)
-	b := make([]byte, 0, 64+64*len(models))
+	b := make([]byte, 0, 96+128*len(models))
 	b = append(b, `{"object":"list","data":[`...)
-	n := 0
+	first, last := "", ""
 	for _, m := range models {
 		if !u.AllowsModel(m) {
 			continue
 		}
-		if n > 0 {
+		if last != "" {
 			b = append(b, ',')
 		}
-		n++
-		b = append(b, `{"id":`...)
-		b = appendJSONString(b, m)
-		b = append(b, `,"object":"model","created":0,"owned_by":"infera"}`...)
+		if first == "" {
+			first = m
+		}
+		last = m
+		b = appendModel(b, m)
 	}
-	b = append(b, "]}"...)
+	// Anthropic's list fields beside OpenAI's: both SDKs' models.list()
+	// read one body (each ignores the other's fields).
+	b = append(b, `],"has_more":false,"first_id":`...)
+	b = appendNullableString(b, first)
+	b = append(b, `,"last_id":`...)
+	b = appendNullableString(b, last)
+	b = append(b, '}')
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
+}
+
+// appendModel appends the model object of m in OpenAI's shape (id, object,
+// created, owned_by) with Anthropic's fields (type, display_name,
+// created_at), so that either SDK reads what it expects.
+func appendModel(b []byte, m string) []byte {
+	b = append(b, `{"id":`...)
+	b = appendJSONString(b, m)
+	b = append(b, `,"object":"model","created":0,"owned_by":"infera","type":"model","display_name":`...)
+	b = appendJSONString(b, m)
+	return append(b, `,"created_at":"1970-01-01T00:00:00Z"}`...)
+}
+
+func appendNullableString(b []byte, s string) []byte {
+	if s == "" {
+		return append(b, "null"...)
+	}
+	return appendJSONString(b, s)
 }
 
 var modelsPrefix = []byte("/v1/models/")
@@ -563,9 +588,7 @@ func (s *Server) handleModel(ctx *fasthttp.RequestCtx, u *govern.User, id []byte
 	}
 	for _, m := range s.sched.Models(s.store.Load(), s.sched.Fleet.View()) {
 		if m == string(id) && u.AllowsModel(m) {
-			b := append(make([]byte, 0, 64+len(m)), `{"id":`...)
-			b = appendJSONString(b, m)
-			b = append(b, `,"object":"model","created":0,"owned_by":"infera"}`...)
+			b := appendModel(make([]byte, 0, 128+2*len(m)), m)
 			ctx.SetContentType("application/json")
 			ctx.SetBody(b)
 			return

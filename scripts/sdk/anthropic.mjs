@@ -167,4 +167,19 @@ await step("error shape", async () => {
   );
 });
 
+if (process.env.INFERA_ROUTER === "1") {
+  // The router's /v1/models carries Anthropic's fields beside OpenAI's.
+  await step("models", async () => {
+    const page = await client.models.list();
+    const m = page.data.find((x) => x.id === model);
+    assert.ok(m, `no ${model} in ${JSON.stringify(page.data)}`);
+    assert.equal(m.type, "model");
+    assert.equal(m.display_name, model);
+    assert.ok(!Number.isNaN(new Date(m.created_at).getTime()), `created_at ${m.created_at}`);
+    assert.equal(page.has_more, false);
+    const one = await client.models.retrieve(model);
+    assert.equal(one.display_name, model);
+  });
+}
+
 console.log("anthropic sdk check: ok");
