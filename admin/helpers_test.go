@@ -38,6 +38,9 @@ type envOpts struct {
 	sealKey     string
 	fleet       Fleet
 	backup      *config.Backup
+	// syncInterval is how often a Redis replica compares versions
+	// (0: 200 ms).
+	syncInterval time.Duration
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -67,7 +70,10 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if o.key == "" {
 		o.key = testKey
 	}
-	opts := Options{Store: e.store, Key: o.key, SealKey: o.sealKey, State: o.state, SnapshotDir: o.snapshotDir, Fleet: o.fleet, SyncInterval: 200e6}
+	opts := Options{Store: e.store, Key: o.key, SealKey: o.sealKey, State: o.state, SnapshotDir: o.snapshotDir, Fleet: o.fleet, SyncInterval: 200 * time.Millisecond}
+	if o.syncInterval != 0 {
+		opts.SyncInterval = o.syncInterval
+	}
 	if o.backup != nil {
 		b := *o.backup
 		opts.Backup = func(*config.Config) config.Backup { return b }

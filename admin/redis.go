@@ -24,7 +24,8 @@ import (
 // Writes are compare-and-set on the version in one Lua script, which also
 // publishes; replicas adopt a new version on the message, and every
 // SyncInterval compare versions in case a message was lost (for example
-// while their connection was down).
+// while their connection was down). A Redis that lost the data, or went
+// back to an older version of it, gets the replicas' data back.
 
 var casScript = redis.NewScript(`
 local cur = redis.call('HGET', KEYS[1], 'version')
@@ -43,6 +44,19 @@ if redis.call('HEXISTS', KEYS[1], 'doc') == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'doc', ARGV[2], 'version', ARGV[1], 'updated_at', ARGV[3], 'by', ARGV[4])
 redis.call('PUBLISH', KEYS[2], ARGV[1])
 return 1
+`)
+
+// restoreScript writes a replica's document back at the replica's version
+// when Redis still holds the older version the replica read (ARGV[1]): of
+// replicas racing to put their data back, one writes and the others find
+// a version they did not read, and adopt or restore against it.
+var restoreScript = redis.NewScript(`
+if redis.call('HEXISTS', KEYS[1], 'doc') == 0 or redis.call('HGET', KEYS[1], 'version') ~= ARGV[1] then
+	return {0, redis.call('HGET', KEYS[1], 'version') or '0'}
+end
+redis.call('HSET', KEYS[1], 'doc', ARGV[3], 'version', ARGV[2], 'updated_at', ARGV[4], 'by', ARGV[5])
+redis.call('PUBLISH', KEYS[2], ARGV[2])
+return {1, ARGV[2]}
 `)
 
 type redisStorage struct {
@@ -226,7 +240,8 @@ func (r *redisStorage) commit(c *config.Config, ifVersion uint64, who actor) (ui
 }
 
 // cas runs the compare-and-set script; retry is true when Redis had lost
-// the data and this replica put its copy back.
+// the data, or held an older version than ours, and this replica put its
+// copy back.
 func (r *redisStorage) cas(c *config.Config, data []byte, expect, by string) (uint64, bool, error) {
 	ifVersion, _ := strconv.ParseUint(expect, 10, 64)
 	ctx, cancel := context.WithTimeout(r.ctx, redisOpTimeout)
@@ -249,6 +264,13 @@ func (r *redisStorage) cas(c *config.Config, data []byte, expect, by string) (ui
 			// Redis lost the data: put ours back and try once more.
 			r.check()
 			return 0, true, &config.VersionConflict{Want: ifVersion, Have: v, Reason: "Redis had lost the data"}
+		}
+		if v < ifVersion {
+			// Redis went back to older data (restarted from its
+			// persistence, or a failover to a lagging replica): put ours
+			// back and try once more.
+			r.check()
+			return 0, true, &config.VersionConflict{Want: ifVersion, Have: v, Reason: "Redis held older data than this replica"}
 		}
 		// Adopt the other replica's write now rather than when its message
 		// arrives: a change based on whatever is current retries on it, and
@@ -309,10 +331,20 @@ func (r *redisStorage) poll() {
 
 // check compares the version in Redis with ours and adopts Redis's data
 // when it is newer. A Redis without data (restarted without persistence,
-// or flushed) is seeded back with what this replica serves.
+// or flushed) is seeded back with what this replica serves, and so is a
+// Redis holding an older version than ours (see restore).
 func (r *redisStorage) check() {
 	r.checkMu.Lock()
 	defer r.checkMu.Unlock()
+	// A restore that loses the race to another replica's looks again, to
+	// adopt that replica's newer version or restore over its older one.
+	for pass := 0; pass < 3 && r.checkOnce(); pass++ {
+	}
+}
+
+// checkOnce is one pass of check; it reports whether to look again.
+// checkMu must be held.
+func (r *redisStorage) checkOnce() bool {
 	ctx, cancel := context.WithTimeout(r.ctx, redisOpTimeout)
 	defer cancel()
 	vals, err := r.client.HMGet(ctx, r.key, "doc", "version").Result()
@@ -321,7 +353,7 @@ func (r *redisStorage) check() {
 			slog.Warn("lost Redis; serving the last management data until it is back", "addr", r.addr, "err", err)
 		}
 		r.connected = false
-		return
+		return false
 	}
 	if !r.connected {
 		r.connected = true
@@ -333,11 +365,17 @@ func (r *redisStorage) check() {
 		if err == nil && seeded {
 			slog.Warn("Redis had lost the management data; put this replica's copy back", "addr", r.addr, "version", v)
 		}
-		return
+		return false
 	}
 	v, err := strconv.ParseUint(fmt.Sprint(vals[1]), 10, 64)
-	if err != nil || v <= r.a.store.Version() {
-		return // nothing newer (our own commit may have landed since the read)
+	if err != nil {
+		return false
+	}
+	if v < r.a.store.Version() {
+		return r.restore(v)
+	}
+	if v == r.a.store.Version() {
+		return false // nothing newer (our own commit may have landed since the read)
 	}
 	c, err := r.parse(doc)
 	if err != nil {
@@ -345,13 +383,61 @@ func (r *redisStorage) check() {
 			r.badVer = v
 			slog.Error("management data in Redis does not load; keeping the current config", "addr", r.addr, "version", v, "err", err)
 		}
-		return
+		return false
 	}
 	r.mu.Lock()
 	if v > r.a.store.Version() { // never back: a write of ours may have come in between
 		r.a.store.Replace(c, v)
 	}
 	r.mu.Unlock()
+	return false
+}
+
+// restore writes this replica's document back to a Redis that holds an
+// older version (old) than ours: Redis went back in time (restarted from
+// an RDB or AOF written before the last changes, or a failover to a
+// replica behind the primary), and the replicas hold the writes it lost.
+// Their data wins: every write they serve was acknowledged to a client,
+// while Redis's older document only lacks some of them. (A write made on
+// top of Redis's older data before a replica notices, by a replica started
+// after the rollback, is overwritten.)
+//
+// The document goes back at our own version, not above it: a version then
+// still names one document, so replicas at that version have nothing to
+// adopt, those behind it adopt it, and a replica that was itself behind
+// and restored first is overwritten by the next one that holds a newer
+// version, until Redis holds the newest any replica had. Writes then carry
+// on from there, above what every replica holds.
+//
+// It reports whether to look again: another replica changed Redis first.
+// checkMu must be held.
+func (r *redisStorage) restore(old uint64) bool {
+	c, v := r.a.store.Current()
+	if v <= old {
+		return true // a write of ours landed since the read
+	}
+	data, err := r.a.seal.encodeSealed(c)
+	if err != nil {
+		slog.Error("cannot encode this replica's management data to put it back into Redis", "addr", r.addr, "err", err)
+		return false
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, redisOpTimeout)
+	defer cancel()
+	res, err := restoreScript.Run(ctx, r.client, []string{r.key, r.channel},
+		old, v, string(data), time.Now().UTC().Format(time.RFC3339), "replica").Slice()
+	if err != nil {
+		return false // the next check tries again
+	}
+	if len(res) != 2 {
+		slog.Error("BUG: unexpected answer from the restore script", "answer", res)
+		return false
+	}
+	if fmt.Sprint(res[0]) != "1" {
+		return true
+	}
+	slog.Warn(fmt.Sprintf("Redis held version %d of the management data, older than ours %d: wrote ours back as %d", old, v, v),
+		"addr", r.addr, "redis_version", old, "version", v)
+	return false
 }
 
 func (r *redisStorage) close() {
