@@ -840,3 +840,34 @@ func TestPDClientLeavesEndsBothLegs(t *testing.T) {
 		})
 	}
 }
+
+// With responses_passthrough on and prefill/decode workers in the fleet, a
+// /v1/responses request is converted: the PD legs speak chat completions
+// (vLLM's 1-token prefill and kv_transfer_params exist there only). Passed
+// through, the prefill leg kept the client's max_output_tokens (500) beside
+// an appended max_tokens vLLM's Responses API has no field for, handed
+// over no KV, and both legs generated the whole answer.
+func TestAResponsesRequestToPDPairsIsConvertedEvenInPassthrough(t *testing.T) {
+	var pl, dl legLog
+	var ok atomic.Int32
+	p := startUpstream(t, vllmPrefill(&pl, "engine-p", &ok))
+	d := startUpstream(t, decodeEngine(&dl, `"remote_engine_id":"engine-p"`, &ok))
+	r := startPDRouter(t, nil, pdConfig(t, func(c *config.Config) {
+		c.PD.Mode = "vllm"
+		c.Protocol.ResponsesPassthrough = true
+	}), pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+	resp, err := http.Post(r.url+"/v1/responses", "application/json",
+		strings.NewReader(`{"model":"m","input":"hi","max_output_tokens":500}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	pb := pl.last(t)
+	if _, has := pb["max_output_tokens"]; has || pb["max_tokens"] != float64(1) || pb["messages"] == nil {
+		t.Fatalf("prefill leg %s: want a chat request capped at 1 token", pl.bodies[0])
+	}
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"object":"response"`) {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+}

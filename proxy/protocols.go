@@ -136,8 +136,11 @@ var (
 	mReqResponses   = metrics.NewCounter(`infera_requests_total{endpoint="responses"}`)
 	mConverted      = metrics.NewCounter(`infera_protocol_requests_total{mode="convert"}`)
 	mPassedThrough  = metrics.NewCounter(`infera_protocol_requests_total{mode="passthrough"}`)
-	mConvertErrors  = metrics.NewCounter(`infera_protocol_conversion_errors_total`)
-	mUsageFiltered  = metrics.NewCounter(`infera_stream_usage_chunks_removed_total`)
+	// mPDConverted counts passthrough requests converted because the fleet
+	// has prefill/decode workers (also counted as convert).
+	mPDConverted   = metrics.NewCounter(`infera_protocol_passthrough_converted_for_pd_total`)
+	mConvertErrors = metrics.NewCounter(`infera_protocol_conversion_errors_total`)
+	mUsageFiltered = metrics.NewCounter(`infera_stream_usage_chunks_removed_total`)
 )
 
 // handleProtocol serves the three protocol paths through the one request
@@ -266,6 +269,16 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 		chat, err = protocol.AnthropicCountTokensToChat(p.buf[:0], body, opt, &p.meta)
 	default:
 		chat, err = protocol.ResponsesToChat(p.buf[:0], body, opt, &p.meta)
+	}
+	if pass && s.sched.Fleet.View().PD > 0 {
+		// Prefill/decode pairs speak chat completions (vLLM's 1-token
+		// prefill and kv_transfer_params, SGLang's bootstrap fields exist
+		// there only): passed through, a Responses prefill leg kept its
+		// max_output_tokens and handed over no KV, so both legs generated
+		// the whole answer. With PD workers in the fleet the request is
+		// converted (one the converter refuses is refused).
+		pass = false
+		mPDConverted.Inc()
 	}
 	if pass {
 		mPassedThrough.Inc()
