@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 )
@@ -26,10 +27,26 @@ func newCORS(origins []string) *cors {
 	for _, o := range origins {
 		if o == "*" {
 			c.any = true
+			continue
 		}
-		c.origins = append(c.origins, []byte(o))
+		c.origins = append(c.origins, []byte(browserOrigin(o)))
 	}
 	return c
+}
+
+// browserOrigin is o as a browser sends it in Origin: scheme and host in
+// lower case, no default port (https://App.Example.com:443 is sent as
+// https://app.example.com). The flag took the other spellings, and no
+// page's Origin ever matched them.
+func browserOrigin(o string) string {
+	o = strings.ToLower(o)
+	switch {
+	case strings.HasPrefix(o, "https://"):
+		return strings.TrimSuffix(o, ":443")
+	case strings.HasPrefix(o, "http://"):
+		return strings.TrimSuffix(o, ":80")
+	}
+	return o
 }
 
 var (
@@ -96,16 +113,20 @@ func (c *cors) preflight(ctx *fasthttp.RequestCtx) bool {
 	return true
 }
 
-// decorate adds the CORS headers to an answer to an allowed origin.
+// decorate adds the CORS headers to an answer to an allowed origin. With
+// origins listed, every answer depends on Origin and says so (Vary), so
+// that a cache never hands an allowed page the copy made for another.
 func (c *cors) decorate(ctx *fasthttp.RequestCtx) {
+	rh := &ctx.Response.Header
+	if len(c.origins) > 0 {
+		rh.AddBytesKV(hdrVary, varyOrigin)
+	}
 	allow := c.allowed(ctx.Request.Header.PeekBytes(hdrOrigin))
 	if allow == nil {
 		return
 	}
-	rh := &ctx.Response.Header
 	rh.SetCanonical(hdrACAllowOrigin, allow)
 	rh.SetCanonical(hdrACExposeHeaders, corsExposed)
-	rh.AddBytesKV(hdrVary, varyOrigin)
 }
 
 // validHeaderList reports a comma-separated list of header names (what

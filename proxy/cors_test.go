@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/valyala/fasthttp"
 )
 
 func corsDo(t *testing.T, method, url string, hdr map[string]string, body string) *http.Response {
@@ -82,5 +84,101 @@ func TestCORSAnswersAllowedOriginsOnly(t *testing.T) {
 	r3 := startRouter(t, nil, nil, up.url)
 	if resp := corsDo(t, "OPTIONS", r3.url+"/v1/chat/completions", map[string]string{"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST"}, ""); resp.StatusCode == 204 || resp.Header.Get("Access-Control-Allow-Origin") != "" {
 		t.Fatalf("CORS off: %d %v", resp.StatusCode, resp.Header)
+	}
+}
+
+// The router alone answers CORS: an engine's Access-Control-* headers (vLLM
+// and SGLang answer any Origin with Access-Control-Allow-Origin: *) are
+// dropped. They were relayed, so with CORS off, or for an origin not
+// allowed, any page could read the answers (a text/plain simple request to
+// /v1/messages needs no preflight), and Allow-Credentials got through.
+func TestTheEnginesCORSHeadersNeverReachTheClient(t *testing.T) {
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if o := ctx.Request.Header.Peek("Origin"); len(o) > 0 {
+			ctx.Response.Header.Set("Access-Control-Allow-Origin", "*")
+			ctx.Response.Header.Set("Access-Control-Allow-Credentials", "true")
+		}
+		okHandler(ctx)
+	})
+	// CORS off, an open router (a loopback deployment): a page's simple
+	// request (text/plain, no preflight) from any origin.
+	r := startRouter(t, nil, nil, up.url)
+	resp := corsDo(t, "POST", r.url+"/v1/chat/completions", map[string]string{"Origin": "https://evil.example", "Content-Type": "text/plain"}, chatBody)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if v := resp.Header.Get("Access-Control-Allow-Origin"); v != "" {
+		t.Errorf("CORS off: the answer to https://evil.example carries Access-Control-Allow-Origin %q (the engine's, relayed)", v)
+	}
+	// CORS on for one origin: another origin must get no CORS header, and
+	// credentials are never allowed.
+	f := defaultFlags()
+	f.CORSAllowOrigins = []string{"https://app.example.com"}
+	r2 := startRouter(t, f, nil, up.url)
+	resp = corsDo(t, "POST", r2.url+"/v1/chat/completions", map[string]string{"Origin": "https://evil.example", "Content-Type": "text/plain"}, chatBody)
+	if v := resp.Header.Get("Access-Control-Allow-Origin"); v != "" {
+		t.Errorf("origin not allowed: the answer carries Access-Control-Allow-Origin %q", v)
+	}
+	resp = corsDo(t, "POST", r2.url+"/v1/chat/completions", map[string]string{"Origin": "https://app.example.com", "Content-Type": "text/plain"}, chatBody)
+	if v := resp.Header.Get("Access-Control-Allow-Credentials"); v != "" {
+		t.Errorf("allowed origin: the answer carries Access-Control-Allow-Credentials %q, which the router never sends", v)
+	}
+	// vLLM (FastAPI) parses only an application/json body; a page's simple
+	// request is text/plain. On /v1/messages the router converts the body
+	// and sends it as application/json (appendForwardHeaders, jsonBody),
+	// so the page's text/plain request is served, and readable.
+	vllm := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Request.Header.ContentType()) != "application/json" {
+			ctx.SetStatusCode(422)
+			return
+		}
+		if o := ctx.Request.Header.Peek("Origin"); len(o) > 0 {
+			ctx.Response.Header.Set("Access-Control-Allow-Origin", "*")
+		}
+		okHandler(ctx)
+	})
+	r3 := startRouter(t, nil, nil, vllm.url)
+	resp = corsDo(t, "POST", r3.url+"/v1/messages", map[string]string{"Origin": "https://evil.example", "Content-Type": "text/plain;charset=UTF-8"},
+		`{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`)
+	if v := resp.Header.Get("Access-Control-Allow-Origin"); resp.StatusCode == 200 && v != "" {
+		t.Errorf("CORS off, /v1/messages from a page's text/plain simple request: 200 with Access-Control-Allow-Origin %q: the page reads the answer", v)
+	}
+}
+
+// --cors-allow-origins matches origins as browsers send them (host in lower
+// case, no default port): https://App.Example.com and
+// https://app.example.com:443 were accepted at start and never matched, so
+// every preflight of the page got 403.
+func TestCORSOriginsAreMatchedAsBrowsersSendThem(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	for _, cfgd := range []string{"https://App.Example.com", "https://app.example.com:443"} {
+		f := defaultFlags()
+		f.CORSAllowOrigins = []string{cfgd}
+		f.MaxInflightBodyBytes = 256 << 20
+		if err := f.Validate(); err != nil {
+			t.Logf("refused at start: %v", err)
+			continue // refused at start: fine
+		}
+		r := startRouter(t, f, nil, up.url)
+		pre := corsDo(t, "OPTIONS", r.url+"/v1/chat/completions", map[string]string{"Origin": "https://app.example.com", "Access-Control-Request-Method": "POST"}, "")
+		if pre.StatusCode != 204 {
+			t.Errorf("--cors-allow-origins %s was accepted at start, but the browser's Origin https://app.example.com gets %d", cfgd, pre.StatusCode)
+		}
+	}
+}
+
+// With origins listed, every answer depends on Origin and says Vary:
+// Origin, not only those to an allowed origin: a cache could hand the
+// allowed page a copy made without the CORS header.
+func TestAnswersThatDependOnOriginAlwaysSayVaryOrigin(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.CORSAllowOrigins = []string{"https://app.example.com"}
+	r := startRouter(t, f, nil, up.url)
+	for _, origin := range []string{"", "https://evil.example"} {
+		resp := corsDo(t, "GET", r.url+"/v1/models", map[string]string{"Origin": origin}, "")
+		if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Vary"), "Origin") {
+			t.Errorf("GET /v1/models with Origin %q: %d, Vary %q", origin, resp.StatusCode, resp.Header.Values("Vary"))
+		}
 	}
 }

@@ -33,13 +33,20 @@ func isHopHeader(k []byte) bool {
 	return false
 }
 
-// isFramingOrOwnHeader reports response headers the router writes itself.
+// isFramingOrOwnHeader reports response headers the router writes itself,
+// CORS's included.
 //
 // That includes the router's decision headers: a member region or another
 // gateway behind the split proxy writes its own, naming its internal
 // workers, and only this router's (under debug.decision_header) may reach
 // the client.
 func isFramingOrOwnHeader(k []byte) bool {
+	if len(k) > len("Access-Control-") && eqFold(k[:len("Access-Control-")], "Access-Control-") {
+		// The router alone answers CORS (--cors-allow-origins): vLLM and
+		// SGLang answer any Origin with Access-Control-Allow-Origin: *,
+		// which let every page read the answers of a router with CORS off.
+		return true
+	}
 	if len(k) > len("X-Infera-") && eqFold(k[:len("X-Infera-")], "X-Infera-") {
 		switch r := k[len("X-Infera-"):]; len(r) {
 		case 4:
