@@ -1816,3 +1816,27 @@ func TestAnEmptyCompletionsPromptIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// A wrong key on /tokenize, /detokenize or /debug/route closes the
+// connection without reading the body, as on the inference endpoints: the
+// connection stayed open and up to 256 KiB of each body were read to serve
+// the next request on it.
+func TestAWrongKeyOnTheDebugEndpointsClosesWithoutReadingTheBody(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.APIKey = "sk-right"
+	r := startRouter(t, f, nil, up.url)
+	for _, path := range []string{"/tokenize", "/detokenize", "/debug/route"} {
+		body := `{"model":"m","prompt":"` + strings.Repeat("a", 200<<10) + `"}`
+		req := "POST " + path + " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-wrong\r\nContent-Type: application/json\r\nContent-Length: " +
+			strconv.Itoa(len(body)) + "\r\n\r\n" + body +
+			"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-wrong\r\n\r\n"
+		got := rawClient(t, r.url, req, 2*time.Second)
+		if !strings.HasPrefix(got, "HTTP/1.1 401") {
+			t.Fatalf("%s: %.200q", path, got)
+		}
+		if n := strings.Count(got, "HTTP/1.1 401"); n != 1 {
+			t.Errorf("%s: the connection stayed open after a wrong key: the %d-byte body was read and the next request answered too (%d answers)", path, len(body), n)
+		}
+	}
+}

@@ -519,10 +519,15 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*govern.User, bool) {
 		}
 		mUnauthorized.Inc()
 		writeError(ctx, rej.Status, rej.Type(), rej.Message, "", rej.Code.String())
+		closeUnread(ctx)
 		return nil, false
 	}
 	mUnauthorized.Inc()
 	writeError(ctx, fasthttp.StatusUnauthorized, typeAuth, "invalid or missing API key", "", "invalid_api_key")
+	// Every endpoint, not only inference: the connection closes and no
+	// more of the body is read (/tokenize, /debug/route read up to 256 KiB
+	// of it to serve the next request on the connection).
+	closeUnread(ctx)
 	return nil, false
 }
 
