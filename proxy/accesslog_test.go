@@ -384,3 +384,32 @@ func TestTheAccessLogCountsRetries(t *testing.T) {
 		t.Fatal("no line says a request was retried past the dead worker")
 	}
 }
+// An inference request answered 413 before its body (Expect: 100-continue
+// with a Content-Length over --max-body-bytes, answered from fasthttp's
+// hook) has its X-Request-Id and its access-log line, as every inference
+// answer does: the handler never ran, and it had neither.
+func TestAnAnswerBeforeTheBodyHasItsRequestIDAndAccessLogLine(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r, lines, _ := accessRouter(t, "", up.url)
+	big := 2 << 20 // over defaultFlags' 1 MiB
+	for _, tc := range []struct{ id, extra string }{{"over-expect", "Expect: 100-continue\r\n"}, {"over-plain", ""}} {
+		req := "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: " + tc.id + "\r\nContent-Type: application/json\r\n" + tc.extra +
+			"Content-Length: " + strconv.Itoa(big) + "\r\n\r\n"
+		if tc.extra == "" {
+			req += strings.Repeat("a", 16<<10)
+		}
+		got := rawClient(t, r.url, req, 2*time.Second)
+		if !strings.HasPrefix(got, "HTTP/1.1 413") {
+			t.Fatalf("%s: %.200q", tc.id, got)
+		}
+		if !strings.Contains(got, "X-Request-Id: "+tc.id+"\r\n") {
+			t.Errorf("%s: the 413 carries no X-Request-Id (\"every inference answer carries X-Request-Id\"): %q", tc.id, got)
+		}
+	}
+	ids := byRequestID(lines())
+	for _, id := range []string{"over-expect", "over-plain"} {
+		if ids[id] == nil {
+			t.Errorf("no access-log line for the 413 of request %s (lines: %v)", id, ids)
+		}
+	}
+}

@@ -241,6 +241,40 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, rs *reqState) error {
 	return nil
 }
 
+// answered finishes an inference request's answer, whoever wrote it (the
+// handler, or handleExpect's 413 before any body): every answer carries
+// the request id, the access log learns the status (a relayed body
+// follows, its head is written), and the state is released unless a
+// relay took it.
+func (s *Server) answered(ctx *fasthttp.RequestCtx, rs *reqState) {
+	ctx.Response.Header.SetCanonical(hdrRequestIDBytes, rs.reqID)
+	if rs.acc.kind == kindMessages || rs.acc.kind == kindCountTokens {
+		// Anthropic's own header, which its SDKs expose as the
+		// answer's _request_id.
+		ctx.Response.Header.SetCanonical(hdrAnthropicRequestID, rs.reqID)
+		if !rs.handedOff && ctx.Response.StatusCode() >= 400 {
+			addAnthropicRequestID(&ctx.Response, rs.reqID)
+		}
+	}
+	if rs.gov.lim.Any() {
+		rs.gov.rlBuf = setRateLimitHeaders(ctx, &rs.gov.lim, rs.gov.rlBuf)
+	}
+	rs.acc.status = ctx.Response.StatusCode()
+	if s.access != nil {
+		rs.acc.on, rs.acc.client = true, clientAddr(ctx)
+		if rs.acc.status >= 400 && !rs.handedOff {
+			rs.acc.noteErrorCode(ctx.Response.Body())
+		}
+	}
+	if !rs.handedOff {
+		end := endComplete
+		if rs.acc.status == 499 { // the client left before the answer
+			end = endClientGone
+		}
+		s.releaseState(rs, end)
+	}
+}
+
 func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	rs := s.acquireState()
 	rs.start = time.Now()
@@ -254,34 +288,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		if uncounted {
 			countStatus(ctx.Response.StatusCode())
 		}
-		// Every answer carries the request id; the access log learns the
-		// status now (a relayed body follows, its head is written).
-		ctx.Response.Header.SetCanonical(hdrRequestIDBytes, rs.reqID)
-		if rs.acc.kind == kindMessages || rs.acc.kind == kindCountTokens {
-			// Anthropic's own header, which its SDKs expose as the
-			// answer's _request_id.
-			ctx.Response.Header.SetCanonical(hdrAnthropicRequestID, rs.reqID)
-			if !rs.handedOff && ctx.Response.StatusCode() >= 400 {
-				addAnthropicRequestID(&ctx.Response, rs.reqID)
-			}
-		}
-		if rs.gov.lim.Any() {
-			rs.gov.rlBuf = setRateLimitHeaders(ctx, &rs.gov.lim, rs.gov.rlBuf)
-		}
-		rs.acc.status = ctx.Response.StatusCode()
-		if s.access != nil {
-			rs.acc.on, rs.acc.client = true, clientAddr(ctx)
-			if rs.acc.status >= 400 && !rs.handedOff {
-				rs.acc.noteErrorCode(ctx.Response.Body())
-			}
-		}
-		if !rs.handedOff {
-			end := endComplete
-			if rs.acc.status == 499 { // the client left before the answer
-				end = endClientGone
-			}
-			s.releaseState(rs, end)
-		}
+		s.answered(ctx, rs)
 	}()
 	if !ctx.IsPost() {
 		methodNotAllowed(ctx, "use POST", "POST")

@@ -239,9 +239,44 @@ func (s *Server) handleExpect(ctx *fasthttp.RequestCtx) int {
 	if n := ctx.Request.Header.ContentLength(); s.flags.MaxBodyBytes > 0 && n > s.flags.MaxBodyBytes {
 		mBadRequests.Inc()
 		s.writeBodyTooLarge(ctx)
+		countStatus(fasthttp.StatusRequestEntityTooLarge)
+		if kind, ok := inferenceKind(ctx.Path()); ok {
+			// An inference request's answer, as any other's: its request
+			// id and its access-log line (it had neither: the handler
+			// never runs after this hook's answer).
+			rs := s.acquireState()
+			rs.start = time.Now()
+			takeRequestID(ctx, rs)
+			rs.acc.kind = kind
+			s.answered(ctx, rs)
+		}
 		return fasthttp.StatusRequestEntityTooLarge
 	}
 	return fasthttp.StatusContinue
+}
+
+// inferenceKind is the kind of an inference endpoint's path (handle's
+// routes), false for other paths.
+func inferenceKind(path []byte) (int, bool) {
+	switch string(path) {
+	case "/v1/chat/completions":
+		return kindChat, true
+	case "/v1/completions":
+		return kindCompletion, true
+	case "/v1/embeddings":
+		return kindEmbeddings, true
+	case "/v1/rerank", "/rerank", "/v2/rerank":
+		return kindRerank, true
+	case "/v1/score", "/score":
+		return kindScore, true
+	case "/v1/messages":
+		return kindMessages, true
+	case "/v1/messages/count_tokens":
+		return kindCountTokens, true
+	case "/v1/responses":
+		return kindResponses, true
+	}
+	return 0, false
 }
 
 // writeBodyTooLarge answers a body over --max-body-bytes (announced,
@@ -382,36 +417,26 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		defer s.cors.decorate(ctx) // after the handler: an error answer resets the headers
 	}
 	path := ctx.Path()
+	if kind, ok := inferenceKind(path); ok {
+		switch kind {
+		case kindMessages, kindCountTokens, kindResponses:
+			s.handleProtocol(ctx, kind) // protocols.go
+			return
+		case kindChat:
+			mReqChat.Inc()
+		case kindCompletion:
+			mReqCompletion.Inc()
+		case kindEmbeddings:
+			mReqEmbeddings.Inc() // embeddings.go
+		case kindRerank:
+			mReqRerank.Inc() // rerank.go
+		case kindScore:
+			mReqScore.Inc()
+		}
+		s.handleInference(ctx, kind)
+		return
+	}
 	switch string(path) {
-	case "/v1/chat/completions":
-		mReqChat.Inc()
-		s.handleInference(ctx, kindChat)
-		return
-	case "/v1/completions":
-		mReqCompletion.Inc()
-		s.handleInference(ctx, kindCompletion)
-		return
-	case "/v1/embeddings":
-		mReqEmbeddings.Inc()
-		s.handleInference(ctx, kindEmbeddings) // embeddings.go
-		return
-	case "/v1/rerank", "/rerank", "/v2/rerank":
-		mReqRerank.Inc()
-		s.handleInference(ctx, kindRerank) // rerank.go
-		return
-	case "/v1/score", "/score":
-		mReqScore.Inc()
-		s.handleInference(ctx, kindScore)
-		return
-	case "/v1/messages":
-		s.handleProtocol(ctx, kindMessages) // protocols.go
-		return
-	case "/v1/messages/count_tokens":
-		s.handleProtocol(ctx, kindCountTokens)
-		return
-	case "/v1/responses":
-		s.handleProtocol(ctx, kindResponses)
-		return
 	case "/v1/models":
 		if !readOnly(ctx) {
 			return
