@@ -31,6 +31,7 @@ import (
 	"github.com/infera/infera/tokenizer"
 	"github.com/infera/infera/upstream"
 	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
 )
 
 // Gateway is everything `infera serve` runs, wired together.
@@ -73,7 +74,8 @@ type Gateway struct {
 // transports, discovery (synced, or serving the last known list with a
 // warning), scheduler and the HTTP front door. Serve or Run it next.
 func New(f *config.Serve) (*Gateway, error) {
-	holdhup.Hold() // for an embedding caller; `infera serve` holds it from its first init on
+	holdhup.Hold()                   // for an embedding caller; `infera serve` holds it from its first init on
+	redis.SetLogger(logx.NewRedis()) // the Redis client's own lines go through slog
 	if err := f.Validate(); err != nil {
 		return nil, err
 	}

@@ -1,15 +1,21 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A SIGHUP that arrives while the router is still starting (here: waiting
@@ -69,4 +75,41 @@ func TestASIGHUPBetweenNewAndRunIsActedOn(t *testing.T) {
 	if !g.Store().Load().Debug.DecisionHeader {
 		t.Fatalf("the edit signalled with SIGHUP during start-up was never applied (config version %d): the SIGHUP was dropped", g.Store().Version())
 	}
+}
+
+// The router hands the Redis client's own lines (a pool that cannot dial)
+// to slog, at warning level: they went unstructured to standard error,
+// whatever --log-level said.
+func TestTheRedisClientsOwnLinesGoThroughSlog(t *testing.T) {
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewJSONHandler(lockedWriter{&mu, &buf}, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	defer slog.SetDefault(old)
+	g, err := New(parseServe(t, "--workers", "a=http://127.0.0.1:1", "--worker-model", "m", "--admin-port", "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(freePort(t)), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	if c.Ping(context.Background()).Err() == nil {
+		t.Fatal("a closed port answered")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(buf.String(), `"msg":"redis client: redis: connection pool: failed to dial`) {
+		t.Fatalf("slog got %q", buf.String())
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -4,7 +4,9 @@ package logx
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -45,4 +47,18 @@ func (t *Throttle) log(level slog.Level, msg string, args []any) {
 		args = append(args, "suppressed", n)
 	}
 	slog.Log(context.Background(), level, msg, args...)
+}
+
+// Redis passes the Redis client library's own lines (a pool that cannot
+// dial, a pub/sub that reconnects) to slog at warning level, throttled to
+// one a second: the library printed them unstructured on standard error,
+// whatever --log-level said. Install it with redis.SetLogger(logx.NewRedis()).
+type Redis struct{ t Throttle }
+
+// NewRedis returns the Redis client's logger.
+func NewRedis() *Redis { return &Redis{t: Throttle{Every: time.Second}} }
+
+// Printf implements the Redis client's logging interface.
+func (r *Redis) Printf(_ context.Context, format string, v ...any) {
+	r.t.Warn("redis client: " + strings.TrimSpace(fmt.Sprintf(format, v...)))
 }
