@@ -189,16 +189,9 @@ func StaticRecords(workers, workerModels []string, cfg *config.Config) []fleet.R
 	var rs []fleet.Record
 	seen := map[string]bool{}
 	for _, spec := range workers {
-		spec = strings.TrimSpace(spec)
-		if spec == "" {
+		id, u := workerSpec(spec)
+		if id == "" {
 			continue
-		}
-		id, u := spec, spec
-		if i := strings.Index(spec, "="); i > 0 && !strings.Contains(spec[:i], "/") {
-			id, u = spec[:i], spec[i+1:]
-		}
-		if !strings.Contains(u, "://") {
-			u = "http://" + u
 		}
 		if seen[id] {
 			continue
@@ -223,13 +216,15 @@ func StaticRecords(workers, workerModels []string, cfg *config.Config) []fleet.R
 // part of its fleet, or none, as if all were well.
 func CheckWorkerFlag(workers []string) error {
 	seen := map[string]bool{}
+	// A placeholder model: the records are checked for what the flag
+	// gives (id, URL), not for models, which may be asked later.
 	for _, r := range StaticRecords(workers, []string{"m"}, &config.Config{}) {
 		if err := r.Validate(); err != nil {
 			return fmt.Errorf("--workers %s: %w", r.ID, err)
 		}
 	}
 	for _, spec := range workers {
-		if id := flagWorkerID(spec); id != "" {
+		if id, _ := workerSpec(spec); id != "" {
 			if seen[id] {
 				return fmt.Errorf("--workers: id %q is given twice", id)
 			}
@@ -244,7 +239,7 @@ func CheckWorkerFlag(workers []string) error {
 // word (its edits did nothing).
 func CheckConfigAgainstFlag(cfg *config.Config, workers []string) error {
 	for _, spec := range workers {
-		id := flagWorkerID(spec)
+		id, _ := workerSpec(spec)
 		for i := range cfg.Workers {
 			if id != "" && cfg.Workers[i].Record().ID == id {
 				return &config.FieldError{Path: fmt.Sprintf("workers[%d].id", i), Msg: fmt.Sprintf("%q is also a worker of --workers: give each worker one id", id)}
@@ -254,14 +249,21 @@ func CheckConfigAgainstFlag(cfg *config.Config, workers []string) error {
 	return nil
 }
 
-// flagWorkerID is the id of one --workers entry (as StaticRecords reads
-// it), "" for an empty one.
-func flagWorkerID(spec string) string {
+// workerSpec reads one --workers entry, URL or id=URL (a URL without a
+// scheme is http): its id and URL, "" for an empty entry.
+func workerSpec(spec string) (id, url string) {
 	spec = strings.TrimSpace(spec)
-	if i := strings.Index(spec, "="); i > 0 && !strings.Contains(spec[:i], "/") {
-		return spec[:i]
+	if spec == "" {
+		return "", ""
 	}
-	return spec
+	id, url = spec, spec
+	if i := strings.Index(spec, "="); i > 0 && !strings.Contains(spec[:i], "/") {
+		id, url = spec[:i], spec[i+1:]
+	}
+	if !strings.Contains(url, "://") {
+		url = "http://" + url
+	}
+	return id, url
 }
 
 // FetchModels asks a worker for its model ids (empty on failure).

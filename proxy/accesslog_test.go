@@ -384,6 +384,7 @@ func TestTheAccessLogCountsRetries(t *testing.T) {
 		t.Fatal("no line says a request was retried past the dead worker")
 	}
 }
+
 // An inference request answered 413 before its body (Expect: 100-continue
 // with a Content-Length over --max-body-bytes, answered from fasthttp's
 // hook) has its X-Request-Id and its access-log line, as every inference

@@ -305,9 +305,8 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		uncounted = true
 		return
 	}
-	user, ok := s.authenticate(ctx)
+	user, ok := s.authenticate(ctx) // a refusal closes the connection, the body unread
 	if !ok {
-		closeUnread(ctx) // the body was not read
 		uncounted = true
 		return
 	}
