@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"errors"
+	"slices"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/config"
@@ -23,7 +24,8 @@ var (
 // the first response byte. The local entry is the local fleet, with its own
 // retries across workers and global scheduling; an external entry is one
 // attempt through httpTransport, and takes no request rate limiting seat
-// (external upstreams follow their own limits).
+// (external upstreams follow their own limits). A request that arrived
+// forwarded upstream.MaxForwards times tries the local entries only.
 func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries) {
 	sp := &cfg.SplitProxy
 	tbl := s.ext.splitTable(sp)
@@ -32,6 +34,11 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		rnd = s.splitter.Next()
 	}
 	rs.ext.plan = upstreams.Plan(rs.ext.plan[:0], sp, rs.sreq.Model, rnd)
+	if upstreams.Forwards(&ctx.Request.Header) >= upstreams.MaxForwards {
+		// Forwarded through as many gateways as a chain may have: a split
+		// proxy entry leads back here. Only the local entries are tried.
+		rs.ext.plan = slices.DeleteFunc(rs.ext.plan, func(i int) bool { return !sp.Proxies[i].Local })
+	}
 	plan := rs.ext.plan
 	for i, idx := range plan {
 		if i > 0 {

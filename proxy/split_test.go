@@ -16,6 +16,7 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/sched"
+	upstreams "github.com/infera/infera/upstream"
 	"github.com/valyala/fasthttp"
 )
 
@@ -614,5 +615,32 @@ func TestASplitProxyListMayHoldSeveralLocalEntries(t *testing.T) {
 	two := splitConfig(config.SplitPrefix, config.Proxy{Name: "a", Local: true}, config.Proxy{Name: "a", Local: true})
 	if err := two.Validate(); err == nil || !strings.Contains(err.Error(), "duplicate name") {
 		t.Fatalf("two local entries of one name: %v", err)
+	}
+}
+
+// A split proxy entry that leads back to the gateway (its own address here;
+// two gateways listing each other alike) is followed at most
+// upstreams.MaxForwards times: the request then goes to the local entries
+// only. Each forward used to be split again, so one client request became
+// thousands, until the connection limit answered 503.
+func TestASplitProxyEntryLeadingBackToTheGatewayDoesNotLoop(t *testing.T) {
+	r := startRouterWith(t, nil, nil, nil, startUpstream(t, okHandler).url)
+	cfg := splitConfig(config.SplitPrefix,
+		config.Proxy{Local: true, ModelRules: []string{"m"}},
+		config.Proxy{Name: "self", Address: r.url + "/v1", ModelRules: []string{"*"}})
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r.store.Set(cfg)
+	resp, b := postWith(t, r.url+"/v1/chat/completions", gptBody, nil)
+	sent := r.srv.ext.set.GetOrCreateCounter(`infera_split_proxy_requests_total{proxy="self"}`).Get()
+	if sent != upstreams.MaxForwards || resp.StatusCode != 503 {
+		t.Fatalf("one request was forwarded to the gateway itself %d times (want %d), answer %d %s", sent, upstreams.MaxForwards, resp.StatusCode, b)
+	}
+	// A model of the local entry is served, whatever the count.
+	resp, b = postWith(t, r.url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		map[string]string{upstreams.ForwardsHeader: "99"})
+	if resp.StatusCode != 200 {
+		t.Fatalf("local model after %s 99: %d %s", upstreams.ForwardsHeader, resp.StatusCode, b)
 	}
 }

@@ -21,6 +21,22 @@ const (
 	// forwarded.
 	HopHeader = "X-Infera-Hop"
 
+	// ForwardsHeader counts the gateways a request has passed through on
+	// its way to an external upstream: every request a gateway sends to a
+	// split proxy entry or a member gateway carries the count it arrived
+	// with (0 without the header) plus one (AppendHeaders). A gateway
+	// sends a request that arrived with MaxForwards or more to none of its
+	// split proxy's external entries (only to its local fleet), so a split
+	// proxy entry that leads back to the gateway (its own address, or two
+	// gateways that list each other) cannot multiply one client request
+	// into thousands. A client sending it only opts out of the external
+	// entries.
+	ForwardsHeader = "X-Infera-Forwards"
+	// MaxForwards is the count of ForwardsHeader at which a request goes
+	// to no more external split proxy entries: a chain of gateways may be
+	// this long (a gateway in front of a gateway in front of an API).
+	MaxForwards = 4
+
 	// MaxCapacityBytes bounds a capacity answer read by the Poller.
 	MaxCapacityBytes = 1 << 20
 	// MaxCapacityModels bounds the models of one report.

@@ -16,7 +16,9 @@
 //     capacity for a model.
 //   - AppendHeaders: the header block of a request to an external upstream
 //     (its key instead of the client's credentials, client headers from a
-//     fixed list, HopHeader). The proxy sends it over its own HTTP/1.1
+//     fixed list, HopHeader, ForwardsHeader: how many gateways the
+//     request passed, so a split proxy entry leading back to the gateway
+//     cannot loop). The proxy sends it over its own HTTP/1.1
 //     client, the one it uses for local engines.
 //   - DescribeError: transport failures in fixed words for log lines.
 //

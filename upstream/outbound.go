@@ -1,6 +1,8 @@
 package upstream
 
 import (
+	"strconv"
+
 	"github.com/infera/infera/config"
 	"github.com/valyala/fasthttp"
 )
@@ -26,7 +28,8 @@ var forwardedHeaders = [...]string{
 //     header for a member gateway); "Content-Type: application/json" when
 //     the client sent none (the body is JSON);
 //   - "Authorization: Bearer <key>" when key is set;
-//   - HopHeader "1" when hop is true (global scheduling).
+//   - HopHeader "1" when hop is true (global scheduling);
+//   - ForwardsHeader, the count the request arrived with plus one.
 //
 // The client's Authorization, Cookie, API-key headers,
 // Forwarded/X-Forwarded-*, hop-by-hop headers and everything else never
@@ -52,7 +55,27 @@ func AppendHeaders(dst []byte, in *fasthttp.RequestHeader, key config.Secret, ho
 	if hop {
 		dst = append(dst, HopHeader+": 1\r\n"...)
 	}
-	return dst
+	dst = append(dst, ForwardsHeader+": "...)
+	dst = strconv.AppendInt(dst, int64(Forwards(in)+1), 10)
+	return append(dst, "\r\n"...)
+}
+
+// Forwards is the ForwardsHeader count a request arrived with: 0 without
+// the header, at most MaxForwards (a value that is not a count, MaxForwards:
+// only a gateway or a client opting out sends the header).
+func Forwards(in *fasthttp.RequestHeader) int {
+	v := in.Peek(ForwardsHeader)
+	if len(v) == 0 {
+		return 0
+	}
+	n := 0
+	for _, c := range v {
+		if c < '0' || c > '9' || n >= MaxForwards {
+			return MaxForwards
+		}
+		n = n*10 + int(c-'0')
+	}
+	return min(n, MaxForwards)
 }
 
 var jsonType = []byte("application/json")
@@ -103,7 +126,7 @@ func isCredentialHeader(h string) bool {
 	for _, c := range [...]string{"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key",
 		"Connection", "Keep-Alive", "Transfer-Encoding", "Upgrade", "Te", "Trailer", "Host", "Content-Length",
 		"Expect", "Proxy-Connection", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto",
-		"X-Real-Ip", HopHeader} {
+		"X-Real-Ip", HopHeader, ForwardsHeader} {
 		if equalFoldString(c, h) {
 			return true
 		}

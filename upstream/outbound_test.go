@@ -76,7 +76,7 @@ func TestAppendHeadersSendsOnlyAllowedHeadersAndTheUpstreamKey(t *testing.T) {
 	want := map[string]string{
 		"Authorization": "Bearer sk-upstream", "Content-Type": "application/json", "Accept": "text/event-stream",
 		"User-Agent": "sdk/1.0", "X-Request-Id": "req-1", "X-Session-Id": "sess-1", HopHeader: "1",
-		"Content-Length": "32", "Host": "api.example.com:8443",
+		ForwardsHeader: "1", "Content-Length": "32", "Host": "api.example.com:8443",
 	}
 	check := func(g got, want map[string]string) {
 		t.Helper()
@@ -98,14 +98,16 @@ func TestAppendHeadersSendsOnlyAllowedHeadersAndTheUpstreamKey(t *testing.T) {
 
 	// extra may not name a credential; without a key and without hop: no
 	// Authorization and no hop header; a missing Content-Type is JSON.
-	for _, extra := range []string{"Authorization", "cookie", "x-api-key", "Host", "X-Infera-Hop", "Content-Length", "bad name"} {
+	// A request that arrived forwarded counts one more.
+	in.Set(ForwardsHeader, "2")
+	for _, extra := range []string{"Authorization", "cookie", "x-api-key", "Host", "X-Infera-Hop", "X-Infera-Forwards", "Content-Length", "bad name"} {
 		in.Del("Content-Type")
 		g = send(AppendHeaders(nil, &in, config.Secret{}, false, extra, []byte("req-1")), "/v1/completions")
 		if g.uri != "/compatible/v1/completions" {
 			t.Fatalf("uri %s", g.uri)
 		}
 		check(g, map[string]string{"Content-Type": "application/json", "Accept": "text/event-stream",
-			"User-Agent": "sdk/1.0", "X-Request-Id": "req-1", "Content-Length": "32", "Host": "api.example.com:8443"})
+			"User-Agent": "sdk/1.0", "X-Request-Id": "req-1", ForwardsHeader: "3", "Content-Length": "32", "Host": "api.example.com:8443"})
 	}
 }
 
@@ -120,4 +122,26 @@ func TestAppendHeadersDropsControlCharacters(t *testing.T) {
 	if strings.Contains(got, "User-Agent") || !strings.Contains(got, "Accept: ok\r\n") || strings.Contains(got, "X-Request-Id") {
 		t.Fatalf("block %q", got)
 	}
+}
+
+// Forwards reads the count a request arrived with, bounded by MaxForwards;
+// a value that is not a count stops forwarding.
+func TestForwardsReadsTheArrivedCount(t *testing.T) {
+	f := func(v string, want int) {
+		t.Helper()
+		var in fasthttp.RequestHeader
+		if v != "" {
+			in.Set(ForwardsHeader, v)
+		}
+		if got := Forwards(&in); got != want {
+			t.Fatalf("Forwards(%q) = %d, want %d", v, got, want)
+		}
+	}
+	f("", 0)
+	f("0", 0)
+	f("3", 3)
+	f("4", MaxForwards)
+	f("99999999999999999999999", MaxForwards)
+	f("-1", MaxForwards)
+	f("x", MaxForwards)
 }
