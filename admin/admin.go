@@ -192,11 +192,12 @@ func New(o Options) (*Admin, error) {
 	if o.KeyLabel == "" {
 		o.KeyLabel = "admin-key"
 	}
+	seal := newSealer(o.SealKey, o.Key)
 	a := &Admin{
 		o:        o,
 		store:    o.Store,
-		seal:     newSealer(o.SealKey, o.Key),
-		audit:    newAuditLog(o.AuditSize),
+		seal:     seal,
+		audit:    newAuditLog(o.AuditSize, seal),
 		started:  time.Now(),
 		hostname: machineName(),
 		stop:     make(chan struct{}),
@@ -352,8 +353,8 @@ func (a *Admin) checkKey(k string) bool {
 
 // etag is the version and a digest of the content, so a version number
 // from before a restart never matches a different config.
-func etag(c *config.Config, v uint64) string {
-	data, err := encodeRedacted(c)
+func (a *Admin) etag(c *config.Config, v uint64) string {
+	data, err := a.seal.encodeRedacted(c)
 	if err != nil {
 		panic("BUG: " + err.Error())
 	}

@@ -169,7 +169,7 @@ func (a *Admin) writeErr(w http.ResponseWriter, err error) {
 	switch {
 	case errors.As(err, &ce):
 		cur, ver := a.store.Current()
-		w.Header().Set("ETag", etag(cur, ver))
+		w.Header().Set("ETag", a.etag(cur, ver))
 		b := errBody("", ce.msg)
 		b.Error.Version = ce.have
 		writeJSON(w, http.StatusConflict, b)
@@ -254,7 +254,7 @@ func (a *Admin) ifMatch(r *http.Request, required bool) (uint64, error) {
 			weak = true
 			continue
 		}
-		if t == etag(cur, ver) {
+		if t == a.etag(cur, ver) {
 			return ver, nil
 		}
 	}
@@ -272,8 +272,8 @@ func (a *Admin) ifMatch(r *http.Request, required bool) (uint64, error) {
 	return 0, &errConflict{have: ver, msg: msg}
 }
 
-func setVersionHeaders(w http.ResponseWriter, c *config.Config, v uint64) {
-	w.Header().Set("ETag", etag(c, v))
+func (a *Admin) setVersionHeaders(w http.ResponseWriter, c *config.Config, v uint64) {
+	w.Header().Set("ETag", a.etag(c, v))
 	w.Header().Set("X-Config-Version", strconv.FormatUint(v, 10))
 }
 
@@ -314,19 +314,19 @@ type Version struct {
 
 func (a *Admin) getVersion(w http.ResponseWriter, r *http.Request) error {
 	c, v := a.store.Current()
-	setVersionHeaders(w, c, v)
-	writeJSON(w, http.StatusOK, Version{Version: v, ETag: etag(c, v), Storage: a.st.kind(), ConfigPath: a.store.Path(),
+	a.setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusOK, Version{Version: v, ETag: a.etag(c, v), Storage: a.st.kind(), ConfigPath: a.store.Path(),
 		Snapshots: a.snaps != nil, Started: a.started, KeyLabel: a.o.KeyLabel})
 	return nil
 }
 
 func (a *Admin) getConfig(w http.ResponseWriter, r *http.Request) error {
 	c, v := a.store.Current()
-	data, err := encodeRedacted(c)
+	data, err := a.seal.encodeRedacted(c)
 	if err != nil {
 		return err
 	}
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	writeRaw(w, http.StatusOK, data)
 	return nil
 }
@@ -357,18 +357,18 @@ func (a *Admin) putConfig(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	data, err := encodeRedacted(c)
+	data, err := a.seal.encodeRedacted(c)
 	if err != nil {
 		return err
 	}
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	writeRaw(w, http.StatusOK, data)
 	return nil
 }
 
 // sectionOf returns section name of c's redacted encoding.
-func sectionOf(c *config.Config, name string) (json.RawMessage, error) {
-	data, err := encodeRedacted(c)
+func (s *sealer) sectionOf(c *config.Config, name string) (json.RawMessage, error) {
+	data, err := s.encodeRedacted(c)
 	if err != nil {
 		return nil, err
 	}
@@ -385,11 +385,11 @@ func (a *Admin) getSection(w http.ResponseWriter, r *http.Request) error {
 		return &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no config section %q (sections: %s)", name, strings.Join(sections(), ", "))}
 	}
 	c, v := a.store.Current()
-	sec, err := sectionOf(c, name)
+	sec, err := a.seal.sectionOf(c, name)
 	if err != nil {
 		return err
 	}
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	writeRaw(w, http.StatusOK, sec)
 	return nil
 }
@@ -434,11 +434,11 @@ func (a *Admin) writeSection(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	sec, err := sectionOf(c, name)
+	sec, err := a.seal.sectionOf(c, name)
 	if err != nil {
 		return err
 	}
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	writeRaw(w, http.StatusOK, sec)
 	return nil
 }
@@ -540,7 +540,7 @@ func (a *Admin) getExport(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.Header().Set("Content-Disposition", `attachment; filename="infera-snapshot-`+now.Format(snapshotTimeLayout)+`.json"`)
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(data)
 	return nil
@@ -610,8 +610,8 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 	if dry {
 		// The ETag names the config the changes were listed against: an
 		// import sent with it applies only if nothing changed meanwhile.
-		setVersionHeaders(w, cur, curVer)
-		writeJSON(w, http.StatusOK, map[string]any{"valid": true, "snapshot_version": f.Version, "changes": diff(cur, next)})
+		a.setVersionHeaders(w, cur, curVer)
+		writeJSON(w, http.StatusOK, map[string]any{"valid": true, "snapshot_version": f.Version, "changes": diff(a.seal, cur, next)})
 		return nil
 	}
 	if a.snaps != nil {
@@ -634,8 +634,8 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	setVersionHeaders(w, c, v)
-	writeJSON(w, http.StatusOK, map[string]any{"version": v, "etag": etag(c, v), "storage": a.st.kind()})
+	a.setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusOK, map[string]any{"version": v, "etag": a.etag(c, v), "storage": a.st.kind()})
 	return nil
 }
 

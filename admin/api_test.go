@@ -371,7 +371,7 @@ func TestAuditRecordsWhoWhenWhat(t *testing.T) {
 }
 
 func TestAuditLogIsBounded(t *testing.T) {
-	l := newAuditLog(3)
+	l := newAuditLog(3, nil)
 	a, b := config.Default(), config.Default()
 	b.Debug.DecisionHeader = true
 	for i := 0; i < 5; i++ {
@@ -418,7 +418,7 @@ func TestAuditDiffOfAListThatGainsItems(t *testing.T) {
 	a := config.Default()
 	b := config.Default()
 	b.Canary = config.Canary{Enabled: true, Rules: []config.CanaryRule{{Model: "*", Targets: []config.CanaryTarget{{Service: "s", Weight: 1}}}}}
-	got := diff(a, b)
+	got := diff(nil, a, b)
 	for _, c := range got {
 		if c.Path == "canary.rules" {
 			t.Fatalf("the list itself reported as removed: %+v", got)
@@ -427,7 +427,7 @@ func TestAuditDiffOfAListThatGainsItems(t *testing.T) {
 	if len(got) != 4 {
 		t.Fatalf("changes: %+v", got)
 	}
-	if back := diff(b, a); len(back) != 4 {
+	if back := diff(nil, b, a); len(back) != 4 {
 		t.Fatalf("reverse changes: %+v", back)
 	}
 }

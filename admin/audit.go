@@ -59,6 +59,8 @@ type auditLog struct {
 	queue   []queuedChange
 	drainMu sync.Mutex // serializes drains: entries keep the order of changes
 	kick    chan struct{}
+
+	seal *sealer // fingerprints the secrets of the changes
 }
 
 // queuedChange is a change not recorded yet.
@@ -70,8 +72,8 @@ type queuedChange struct {
 	old, cur *config.Config
 }
 
-func newAuditLog(n int) *auditLog {
-	return &auditLog{entries: make([]AuditEntry, n), kick: make(chan struct{}, 1)}
+func newAuditLog(n int, seal *sealer) *auditLog {
+	return &auditLog{entries: make([]AuditEntry, n), kick: make(chan struct{}, 1), seal: seal}
 }
 
 // add queues a change (cheap: it runs under the store lock).
@@ -113,7 +115,7 @@ func (l *auditLog) drain() {
 }
 
 func (l *auditLog) record(at time.Time, who actor, action string, version uint64, old, cur *config.Config) {
-	changes := diff(old, cur)
+	changes := diff(l.seal, old, cur)
 	e := AuditEntry{Time: at, Who: who.Who, Remote: who.Remote, Action: action, Version: version}
 	if len(changes) > maxAuditChanges {
 		e.More = len(changes) - maxAuditChanges
@@ -156,9 +158,9 @@ func (l *auditLog) list(limit int) []AuditEntry {
 }
 
 // diff lists the settings that differ between two configs, by JSON path,
-// with secrets redacted.
-func diff(old, cur *config.Config) []Change {
-	a, b := flatten(old), flatten(cur)
+// with secrets redacted (fingerprinted by s).
+func diff(s *sealer, old, cur *config.Config) []Change {
+	a, b := flatten(s, old), flatten(s, cur)
 	var out []Change
 	for p, nv := range b {
 		if ov, ok := a[p]; !ok || ov != nv {
@@ -221,12 +223,12 @@ func (x *memberIndex) has(path string) bool {
 	return false
 }
 
-func flatten(c *config.Config) map[string]string {
+func flatten(s *sealer, c *config.Config) map[string]string {
 	m := map[string]string{}
 	if c == nil {
 		return m
 	}
-	data, err := encodeRedacted(c)
+	data, err := s.encodeRedacted(c)
 	if err != nil {
 		return m
 	}

@@ -49,12 +49,12 @@ func mustParse(tb testing.TB, doc string) *config.Config {
 func TestAuditDiffOfListsThatGainMembers(t *testing.T) {
 	old := mustParse(t, usersDoc(t, 3, false))
 	cur := mustParse(t, usersDoc(t, 3, true))
-	for _, c := range diff(old, cur) {
+	for _, c := range diff(nil, old, cur) {
 		if !strings.HasSuffix(c.Path, ".keys[0]") || c.Old != "(none)" || !strings.HasPrefix(c.New, "key ") {
 			t.Errorf("old->new: unexpected change %+v", c)
 		}
 	}
-	back := diff(cur, old)
+	back := diff(nil, cur, old)
 	if len(back) != 3 {
 		t.Fatalf("new->old: %d changes, want 3: %+v", len(back), back)
 	}
@@ -77,7 +77,7 @@ func TestAuditDiffOfManyListsThatGainMembersIsNotQuadratic(t *testing.T) {
 		old := mustParse(t, usersDoc(t, n, false))
 		cur := mustParse(t, usersDoc(t, n, true))
 		start := time.Now()
-		d := diff(old, cur)
+		d := diff(nil, old, cur)
 		el := time.Since(start)
 		if len(d) != n {
 			t.Fatalf("%d users: %d changes, want %d", n, len(d), n)
@@ -141,7 +141,7 @@ func BenchmarkAuditDiffListsThatGainMembers(b *testing.B) {
 		b.Run(fmt.Sprintf("users=%d", n), func(b *testing.B) {
 			b.ReportAllocs()
 			for i := 0; i < b.N; i++ {
-				if d := diff(old, cur); len(d) != n {
+				if d := diff(nil, old, cur); len(d) != n {
 					b.Fatalf("%d changes", len(d))
 				}
 			}

@@ -61,14 +61,25 @@ const (
 
 var secretType = reflect.TypeFor[config.Secret]()
 
-// fingerprint identifies a secret without revealing it: 32 bits of a hash
-// of a high-entropy key.
-func fingerprint(clear string) string {
-	sum := sha256.Sum256([]byte("infera secret fingerprint\x00" + clear))
-	return hex.EncodeToString(sum[:4])
+// fingerprint identifies a secret without revealing it: 32 bits of an
+// HMAC under a key derived from the seal key. It is in API answers, ETags
+// and audit lines: unkeyed, anyone who read one could confirm a guess of a
+// weak secret offline. Gateways with the same seal key (replicas, a
+// restart) agree on it; without any key (no admin API) it is keyed by this
+// process.
+func (s *sealer) fingerprint(clear string) string {
+	key := localFingerprintKey
+	if s != nil {
+		key = s.fpKey
+	}
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte(clear))
+	return hex.EncodeToString(mac.Sum(nil)[:4])
 }
 
-func redacted(clear string) string { return redactPrefix + fingerprint(clear) }
+var localFingerprintKey = randomKey(32)
+
+func (s *sealer) redacted(clear string) string { return redactPrefix + s.fingerprint(clear) }
 
 // isRedacted reports whether v is a redacted form, and its fingerprint
 // ("" for the bare placeholder).
@@ -92,8 +103,9 @@ func isRedacted(v string) (fp string, ok bool) {
 // sealer encrypts literal secrets at rest. A nil *sealer (no key) leaves
 // them in clear.
 type sealer struct {
-	aead cipher.AEAD   // seals, and opens first
-	old  []cipher.AEAD // also open: the admin key's, when a seal key is set
+	aead  cipher.AEAD   // seals, and opens first
+	old   []cipher.AEAD // also open: the admin key's, when a seal key is set
+	fpKey []byte        // keys fingerprints (of the key that seals)
 }
 
 // newSealer seals with the first non-empty key of sealKey and adminKey and
@@ -105,7 +117,7 @@ func newSealer(sealKey, adminKey string) *sealer {
 			continue
 		}
 		if s == nil {
-			s = &sealer{aead: sealAEAD(k)}
+			s = &sealer{aead: sealAEAD(k), fpKey: deriveKey(k, "infera admin secret fingerprints v1")}
 		} else if k != sealKey {
 			s.old = append(s.old, sealAEAD(k))
 		}
@@ -114,11 +126,7 @@ func newSealer(sealKey, adminKey string) *sealer {
 }
 
 func sealAEAD(secret string) cipher.AEAD {
-	key, err := hkdf.Key(sha256.New, []byte(secret), nil, "infera admin sealed secrets v1", 32)
-	if err != nil {
-		panic("BUG: hkdf: " + err.Error())
-	}
-	blk, err := aes.NewCipher(key)
+	blk, err := aes.NewCipher(deriveKey(secret, "infera admin sealed secrets v1"))
 	if err != nil {
 		panic("BUG: aes: " + err.Error())
 	}
@@ -127,6 +135,15 @@ func sealAEAD(secret string) cipher.AEAD {
 		panic("BUG: gcm: " + err.Error())
 	}
 	return aead
+}
+
+// deriveKey derives a 32-byte key for purpose from secret (HKDF-SHA256).
+func deriveKey(secret, purpose string) []byte {
+	key, err := hkdf.Key(sha256.New, []byte(secret), nil, purpose, 32)
+	if err != nil {
+		panic("BUG: hkdf: " + err.Error())
+	}
+	return key
 }
 
 // sealAAD is the additional data of a sealed secret: the entry and the
@@ -221,8 +238,8 @@ func encodeBound(c *config.Config, f func(owner, address, key string) (string, e
 	})
 }
 
-func encodeRedacted(c *config.Config) ([]byte, error) {
-	return config.EncodeJSON(c, func(_, key string) (string, error) { return redacted(key), nil })
+func (s *sealer) encodeRedacted(c *config.Config) ([]byte, error) {
+	return config.EncodeJSON(c, func(_, key string) (string, error) { return s.redacted(key), nil })
 }
 
 // encodeSealed is the form of snapshots and of Redis.
@@ -231,13 +248,22 @@ func (s *sealer) encodeSealed(c *config.Config) ([]byte, error) {
 }
 
 // literalSecrets maps the fingerprints of c's literal secrets to the keys.
-func literalSecrets(c *config.Config) map[string]string {
+func (s *sealer) literalSecrets(c *config.Config) map[string]string {
 	m := map[string]string{}
 	config.EncodeJSON(c, func(_, key string) (string, error) {
-		m[fingerprint(key)] = key
+		m[s.fingerprint(key)] = key
 		return "", nil
 	})
 	return m
+}
+
+// randomKey returns n random bytes: a key of this process only.
+func randomKey(n int) []byte {
+	key := make([]byte, n)
+	if _, err := rand.Read(key); err != nil {
+		panic("BUG: crypto/rand: " + err.Error())
+	}
+	return key
 }
 
 const carriedPrefix = "carry:v1:"
@@ -253,10 +279,7 @@ type carrySealer struct {
 var carrier = newCarrySealer()
 
 func newCarrySealer() *carrySealer {
-	key := make([]byte, 64)
-	if _, err := rand.Read(key); err != nil {
-		panic("BUG: crypto/rand: " + err.Error())
-	}
+	key := randomKey(64)
 	blk, err := aes.NewCipher(key[:32])
 	if err != nil {
 		panic("BUG: aes: " + err.Error())
@@ -404,7 +427,7 @@ func (h *heldSecrets) resolve(s *sealer, c, cur, refs *config.Config) error {
 			}
 			*sl.Secret = *prev.Secret
 		default:
-			if !known || prev.Secret.Ref() != "" || !prev.Secret.IsSet() || fingerprint(prev.Secret.Reveal()) != hs.fp {
+			if !known || prev.Secret.Ref() != "" || !prev.Secret.IsSet() || s.fingerprint(prev.Secret.Reveal()) != hs.fp {
 				return &config.FieldError{Path: sl.Path, Msg: msgOtherUpstream}
 			}
 			if prev.Address != sl.Address {
@@ -496,7 +519,7 @@ func (s *sealer) parseDocRefs(doc map[string]any, cur, refs *config.Config) (*co
 			if cur != nil {
 				// Bound to nothing: through the API it stands only for
 				// the key the same entry holds at the same address.
-				return held.hold(&heldSecret{fp: fingerprint(clear)}), nil
+				return held.hold(&heldSecret{fp: s.fingerprint(clear)}), nil
 			}
 			str = clear
 		}
@@ -517,7 +540,7 @@ func (s *sealer) parseDocRefs(doc map[string]any, cur, refs *config.Config) (*co
 		if known == nil {
 			known = map[string]string{}
 			if cur != nil {
-				known = literalSecrets(cur)
+				known = s.literalSecrets(cur)
 			}
 		}
 		if fp == "" {

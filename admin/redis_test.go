@@ -274,7 +274,7 @@ func TestRedisUnconditionalWriteOnAStaleReplicaAppliesOnTheLatestData(t *testing
 			len(got.Users), got.Debug.DecisionHeader, b.store.Version(), v+2)
 	}
 	// A conditional write with the stale ETag still conflicts.
-	stale := etag(cfg, v)
+	stale := b.a.etag(cfg, v)
 	if r := b.do("PUT", "/api/config/load_balancing", `{"algorithm":"round-robin"}`, "If-Match", stale); r.status != 409 {
 		t.Fatalf("stale If-Match: %d %s", r.status, r.body)
 	}

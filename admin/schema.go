@@ -299,7 +299,7 @@ func toDoc(v any) map[string]any {
 	var data []byte
 	var err error
 	if c, ok := v.(*config.Config); ok {
-		data, err = encodeRedacted(c)
+		data, err = (*sealer)(nil).encodeRedacted(c) // the defaults: no secret set
 	} else {
 		data, err = json.Marshal(v)
 	}

@@ -3,7 +3,9 @@ package admin
 import (
 	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -187,5 +189,51 @@ func TestASealKeySetApartKeepsExportsClosedToTheAdminKey(t *testing.T) {
 	withSeal := newEnv(t, envOpts{sealKey: sealKey})
 	if r := withSeal.do("POST", "/api/backup/import", string(exp.body)); r.status != 200 {
 		t.Fatalf("restore with the seal key: %d %s", r.status, r.body)
+	}
+}
+
+// A redacted secret ("***" and 8 hex digits) is in every API answer, in
+// the ETag's digest and in the audit log's lines. It was 32 bits of an
+// unkeyed SHA-256 of the secret, so whoever read one (a log reader, an
+// operator when --admin-seal-key is set apart from the admin key) could
+// confirm a guess of a weak mirror token or upstream key offline. Now it
+// is keyed by the seal key: a guess hashed as anyone can hash it matches
+// neither the answer nor the log, and replicas with the same seal key
+// still agree on it (a redacted value read from one is kept by another).
+func TestASecretsFingerprintCannotConfirmAGuessOffline(t *testing.T) {
+	const guess = "password123"
+	logs := captureLogs(t)
+	e := newEnv(t, envOpts{file: `{}`, sealKey: "seal-key-one-0123456789"})
+	r := e.put("mirror", `{"enabled":true,"target_address":"http://127.0.0.1:9","auth_token":"`+guess+`"}`, 200)
+	shown, _ := r.json(t)["auth_token"].(string)
+	fp, ok := isRedacted(shown)
+	if !ok || fp == "" {
+		t.Fatalf("auth_token answered %q, want ***xxxxxxxx", shown)
+	}
+	sum := sha256.Sum256([]byte("infera secret fingerprint\x00" + guess))
+	if offline := hex.EncodeToString(sum[:4]); fp == offline {
+		t.Fatalf("the fingerprint %s is the unkeyed hash of the secret: anyone can confirm a guess with it", fp)
+	}
+	e.do("GET", "/api/audit", "") // the audit line is logged by then
+	if !strings.Contains(logs.String(), shown) {
+		t.Fatalf("the audit line does not show the secret as %s:\n%s", shown, logs.String())
+	}
+
+	// The same secret under the same seal key: the same fingerprint, which
+	// another replica (or this one after a restart) keeps on a write back.
+	same := newEnv(t, envOpts{file: `{}`, sealKey: "seal-key-one-0123456789"})
+	same.put("mirror", `{"enabled":true,"target_address":"http://127.0.0.1:9","auth_token":"`+guess+`"}`, 200)
+	if got := same.do("GET", "/api/config/mirror", "").json(t)["auth_token"]; got != shown {
+		t.Fatalf("another gateway with the same seal key shows %v, want %s", got, shown)
+	}
+	same.put("mirror", `{"enabled":true,"target_address":"http://127.0.0.1:9","auth_token":"`+shown+`","sampling_ratio":0.5}`, 200)
+	if got := same.store.Load().Mirror.AuthToken.Reveal(); got != guess {
+		t.Fatalf("a redacted token written back stood for %q, want the token kept", got)
+	}
+	// Another seal key: another fingerprint.
+	other := newEnv(t, envOpts{file: `{}`, sealKey: "seal-key-two-0123456789"})
+	other.put("mirror", `{"enabled":true,"target_address":"http://127.0.0.1:9","auth_token":"`+guess+`"}`, 200)
+	if got := other.do("GET", "/api/config/mirror", "").json(t)["auth_token"]; got == shown {
+		t.Fatalf("another seal key gives the same fingerprint %v: it does not depend on the key", got)
 	}
 }

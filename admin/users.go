@@ -62,7 +62,7 @@ func (a *Admin) listUsers(w http.ResponseWriter, r *http.Request) error {
 	for _, u := range c.Users {
 		out = append(out, viewOf(u))
 	}
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	writeJSON(w, http.StatusOK, map[string]any{"users": out})
 	return nil
 }
@@ -82,7 +82,7 @@ func (a *Admin) getUser(w http.ResponseWriter, r *http.Request) error {
 	if !ok {
 		return &httpError{status: http.StatusNotFound, msg: "no such user"}
 	}
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	writeJSON(w, http.StatusOK, viewOf(u))
 	return nil
 }
@@ -193,7 +193,7 @@ func (a *Admin) createUser(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	u, _ := findUser(c, in.Name)
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	writeJSON(w, http.StatusCreated, map[string]any{
 		"user": viewOf(u),
 		"key":  key,
@@ -240,7 +240,7 @@ func (a *Admin) putUser(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	u, _ := findUser(c, name)
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	writeJSON(w, http.StatusOK, viewOf(u))
 	return nil
 }
@@ -263,7 +263,7 @@ func (a *Admin) deleteUser(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -292,7 +292,7 @@ func (a *Admin) addKey(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	u, _ := findUser(c, name)
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	writeJSON(w, http.StatusCreated, map[string]any{
 		"user": viewOf(u),
 		"key":  key,
@@ -332,7 +332,7 @@ func (a *Admin) deleteKey(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	u, _ := findUser(c, name)
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	writeJSON(w, http.StatusOK, viewOf(u))
 	return nil
 }
@@ -363,7 +363,7 @@ func (a *Admin) listTemplates(w http.ResponseWriter, r *http.Request) error {
 	if ts == nil {
 		ts = []config.QuotaTemplate{}
 	}
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	writeJSON(w, http.StatusOK, map[string]any{"templates": ts})
 	return nil
 }
@@ -383,7 +383,7 @@ func (a *Admin) getTemplate(w http.ResponseWriter, r *http.Request) error {
 	if !ok {
 		return &httpError{status: http.StatusNotFound, msg: "no such quota template"}
 	}
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	writeJSON(w, http.StatusOK, t)
 	return nil
 }
@@ -442,7 +442,7 @@ func (a *Admin) createTemplate(w http.ResponseWriter, r *http.Request) error {
 		return templateErr(err, idx)
 	}
 	t, _ := findTemplate(c, name)
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	writeJSON(w, http.StatusCreated, t)
 	return nil
 }
@@ -475,7 +475,7 @@ func (a *Admin) putTemplate(w http.ResponseWriter, r *http.Request) error {
 		return templateErr(err, idx)
 	}
 	t, _ := findTemplate(c, name)
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	writeJSON(w, http.StatusOK, t)
 	return nil
 }
@@ -498,7 +498,7 @@ func (a *Admin) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	setVersionHeaders(w, c, v)
+	a.setVersionHeaders(w, c, v)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
