@@ -40,7 +40,7 @@ func findChromium(t *testing.T) string {
 // With INFERA_UPDATE_SCREENSHOTS=1 it saves docs/img/console.png (docs/img/console-fleet.png is taken from
 // a real gateway's fleet by gateway's TestE2EAdminConsoleDrivesTheRouter).
 func TestConsoleInBrowser(t *testing.T) {
-	bin := findChromium(t)
+	ctx := newBrowser(t)
 	ff := &fakeFleet{
 		workers: []WorkerInfo{
 			{ID: "engine-a", URL: "http://127.0.0.1:8101", Models: []string{"qwen3-8b"}, Service: "qwen3-8b", Role: "mixed", Status: "routable", Breaker: "closed", ActiveRequests: 7, ActiveTokens: 5120, PendingRequests: 1, KVBlocks: 18342, HitRate: 0.62, Requests: 12004},
@@ -54,32 +54,6 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 
 	dl := t.TempDir()
-	actx, cancel := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(bin),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.WindowSize(1360, 1000),
-		chromedp.UserDataDir(t.TempDir()),
-		// Chromium keeps its singleton socket in a directory of its own
-		// under TMPDIR, which a killed browser leaves behind: one per run.
-		chromedp.Env("TMPDIR="+shortTempDir(t)),
-	)
-	defer cancel()
-	ctx, cancel2 := chromedp.NewContext(actx)
-	defer cancel2()
-	ctx, cancel3 := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel3()
-	if err := chromedp.Do(ctx); err != nil { // starts the browser, bound to ctx
-		t.Fatalf("cannot start %s: %v", bin, err)
-	}
-
 	step := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
@@ -268,6 +242,76 @@ func TestConsoleInBrowser(t *testing.T) {
 	if !c2.SessionAffinity.Enabled || c2.SessionAffinity.TTLSeconds != 600 || len(c2.Users) != 1 || c2.Users[0].Name != "erin" {
 		t.Fatalf("import did not restore: %+v users=%d", c2.SessionAffinity, len(c2.Users))
 	}
+}
+
+// A set secret shows in the console as an empty field with its
+// fingerprint, and an empty field keeps it. Nothing in the console removed
+// one: a mirror's token, or the key of a split proxy entry turned into the
+// local service (which takes none, so every save was refused) stayed until
+// the entry was deleted. Remove clears it; saving without it keeps it.
+func TestTheConsoleRemovesASetSecret(t *testing.T) {
+	ctx := newBrowser(t)
+	e := newEnv(t, envOpts{file: `{"mirror":{"enabled":true,"target_address":"http://127.0.0.1:9","auth_token":"mirror-token-0123"}}`})
+	css := func(s string) chromedp.CSS { return chromedp.CSS(s) }
+	step := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		defer cancel()
+		if err := chromedp.Do(sctx, steps...); err != nil {
+			body, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText.slice(0, 2000)`))
+			t.Fatalf("%s: %v; the page shows:\n%s", what, err, body)
+		}
+	}
+	saved := chromedp.Poll[chromedp.Void](`document.querySelector('#save-status').textContent.startsWith('Saved')`, chromedp.WithPollingTimeout(5*time.Second))
+	step("sign in", chromedp.Navigate(e.srv.URL+"/"), chromedp.WaitVisible(css("#admin-key")),
+		chromedp.SendKeys(css("#admin-key"), testKey), chromedp.Click(css("#login")), chromedp.WaitVisible(css("#fleet")))
+	step("mirror page", chromedp.Navigate(e.srv.URL+"/#/section/mirror"), chromedp.WaitVisible(css("#f-mirror_auth_token")))
+	step("save another setting",
+		chromedp.SendKeys(css("#f-mirror_sampling_ratio"), "5"), chromedp.Click(css("#save")), saved)
+	if m := e.store.Load().Mirror; m.AuthToken.Reveal() != "mirror-token-0123" || m.SamplingRatio == 0 {
+		t.Fatalf("a save that left the token's field empty: token %q, sampling ratio %v (want the token kept)", m.AuthToken.Reveal(), m.SamplingRatio)
+	}
+	step("remove the token", chromedp.WaitVisible(css(`[data-clear="mirror.auth_token"]`)),
+		chromedp.Click(css(`[data-clear="mirror.auth_token"]`)), chromedp.Click(css("#save")), saved)
+	if m := e.store.Load().Mirror; m.AuthToken.IsSet() || !m.Enabled {
+		t.Fatalf("after Remove and Save: token set %v, mirror enabled %v (want no token, the rest kept)", m.AuthToken.IsSet(), m.Enabled)
+	}
+	if c, _ := config.ReadFile(e.path); c.Mirror.AuthToken.IsSet() {
+		t.Fatal("the removed token is still in the config file")
+	}
+}
+
+// newBrowser starts headless Chromium for the test, stopped at its end,
+// and returns the context of its tab (60 s); it skips without Chromium.
+func newBrowser(t *testing.T) context.Context {
+	t.Helper()
+	bin := findChromium(t)
+	actx, cancel := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(bin),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.WindowSize(1360, 1000),
+		chromedp.UserDataDir(t.TempDir()),
+		// Chromium keeps its singleton socket in a directory of its own
+		// under TMPDIR, which a killed browser leaves behind: one per run.
+		chromedp.Env("TMPDIR="+shortTempDir(t)),
+	)
+	t.Cleanup(cancel)
+	ctx, cancel2 := chromedp.NewContext(actx)
+	t.Cleanup(cancel2)
+	ctx, cancel3 := context.WithTimeout(ctx, 60*time.Second)
+	t.Cleanup(cancel3)
+	if err := chromedp.Do(ctx); err != nil { // starts the browser, bound to ctx
+		t.Fatalf("cannot start %s: %v", bin, err)
+	}
+	return ctx
 }
 
 // shortTempDir is a temporary directory with a short path, removed at the

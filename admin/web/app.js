@@ -302,13 +302,19 @@ function leafInput(f, obj, path, onchange) {
     }
     case 'secret': {
       const isSet = typeof cur === 'string' && cur.startsWith('***');
+      let keep = isSet; // an empty field keeps the set secret, until Remove
       const inp = h('input', {
         type: 'password', id, autocomplete: 'off', value: isSet ? '' : (cur || ''),
         placeholder: isSet ? '•••••••• set (' + cur.slice(3) + ') — type to replace' : 'key, env:NAME or file:PATH',
-        oninput: (e) => set(e.target.value === '' && isSet ? cur : e.target.value),
+        oninput: (e) => set(e.target.value === '' && keep ? cur : e.target.value),
       });
       if (!isSet && cur) inp.type = 'text'; // a reference such as env:NAME is not secret
-      return inp;
+      if (!isSet) return inp;
+      const remove = h('button', {
+        type: 'button', class: 'small', 'data-clear': path, text: 'Remove', title: 'Remove the secret (on Save)',
+        onclick: () => { keep = false; inp.value = ''; inp.placeholder = 'removed on Save — or type a new one'; remove.disabled = true; set(''); },
+      });
+      return h('div', { class: 'inrow' }, inp, remove);
     }
     case 'strings': {
       const arr = Array.isArray(cur) ? cur : [];
