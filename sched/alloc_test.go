@@ -88,3 +88,23 @@ func TestCanaryPickNoAlloc(t *testing.T) {
 		}
 	}
 }
+
+// An unmatched name served by a default model that is an alias (routed
+// again by its mapping) allocates nothing.
+func TestDefaultAliasPickNoAlloc(t *testing.T) {
+	s := modelFleet(t)
+	cfg := routeCfg(t, func(mr *config.ModelRouting) {
+		mr.DefaultModel = "chat"
+		mr.Mappings = []config.ModelMapping{{Pattern: "chat", Services: []string{"qwen72"}}}
+	})
+	scratch := make([]*fleet.Worker, 0, 8)
+	r := &Request{Model: []byte("unknown-model")}
+	n := testing.AllocsPerRun(200, func() {
+		if d, err := s.Pick(cfg, r, scratch); err != nil || d.Worker.ID != "q72" {
+			t.Fatalf("%v %v", d.Worker, err)
+		}
+	})
+	if n != 0 {
+		t.Fatalf("%.1f allocs/op", n)
+	}
+}

@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -20,6 +21,7 @@ type compiled struct {
 	mappings     []compiledMapping
 	canary       []*canaryRule
 	defaultModel []byte
+	defaultLower []byte // defaultModel lower-cased, for the rules' patterns
 }
 
 type compiledMapping struct {
@@ -89,6 +91,7 @@ func compile(cfg *config.Config, prev *compiled) *compiled {
 	}
 	if cfg.ModelRouting.DefaultModel != "" {
 		c.defaultModel = []byte(cfg.ModelRouting.DefaultModel)
+		c.defaultLower = appendLower(nil, c.defaultModel)
 	}
 	return c
 }
@@ -121,15 +124,20 @@ func (s *Scheduler) route(c *compiled, v *fleet.View, r *Request, now int64, dst
 	if len(v.Routable) == 0 {
 		return dst, "", "", ErrNoWorkers
 	}
-	cfg := c.cfg
-	mr := &cfg.ModelRouting
 	name := r.Model
 	if len(name) > maxModelNameLen {
 		return dst, "", "", &UnknownModelError{Model: string(name[:64]) + "..."}
 	}
-	if len(name) == 0 && mr.Enabled && len(c.defaultModel) > 0 {
+	if len(name) == 0 && c.cfg.ModelRouting.Enabled && len(c.defaultModel) > 0 {
 		name = c.defaultModel
 	}
+	return s.routeName(c, v, r, name, now, dst)
+}
+
+// routeName is route for the model name (r's, or the default model).
+func (s *Scheduler) routeName(c *compiled, v *fleet.View, r *Request, name []byte, now int64, dst []*fleet.Worker) ([]*fleet.Worker, string, string, error) {
+	cfg := c.cfg
+	mr := &cfg.ModelRouting
 	var buf [maxModelName]byte
 	var lower []byte
 	lowered := false
@@ -186,16 +194,19 @@ func (s *Scheduler) route(c *compiled, v *fleet.View, r *Request, now int64, dst
 		return appendRole(dst, v.ByModel[model], r), model, "", nil
 	}
 	if len(c.defaultModel) > 0 && string(name) != mr.DefaultModel {
-		if model := mi.resolve(c.defaultModel, mr.FuzzyMatch); model != "" {
-			return appendRole(dst, v.ByModel[model], r), model, "", nil
+		// An unmatched name is served as the default model is: by its
+		// canary rule or model mapping (an alias), else the model it names.
+		if ws, model, svc, err := s.routeName(c, v, r, c.defaultModel, now, dst); !errors.Is(err, ErrUnknownModel) {
+			return ws, model, svc, err
 		}
 	}
 	return dst, "", "", s.unknownModel(c, v, name)
 }
 
 // ServedModel returns the served model another name resolves to under
-// cfg's model routing: a fuzzy match or the default model ("" when name is
-// served as it is, when a canary rule or a model mapping decides by
+// cfg's model routing: a fuzzy match or the default model (the default
+// model's own name when a canary rule or a model mapping serves it; "" when
+// name is served as it is, when a canary rule or a model mapping decides by
 // service, or when nothing matches). A canary rule none of whose services
 // has a routable worker does not decide, as in route: the model routing
 // that then serves the name is what ServedModel answers. Access control
@@ -218,32 +229,48 @@ func (s *Scheduler) ServedModel(cfg *config.Config, name []byte) string {
 	} else {
 		lower = appendLower(nil, name)
 	}
-	if cfg.Canary.Enabled {
-		for _, rule := range c.canary {
-			if !globMatch(rule.pat, lower) {
-				continue
-			}
-			if rule.routable(v) {
-				return ""
-			}
-			// No target has a routable worker: route falls through to
-			// model routing, and so does the check.
-			break
-		}
-	}
-	for i := range c.mappings {
-		if globMatch(c.mappings[i].pat, lower) {
-			return ""
-		}
+	if c.byRule(v, lower) {
+		return ""
 	}
 	mi := s.modelIndex(v)
 	if model := mi.resolve(name, mr.FuzzyMatch); model != "" {
 		return model
 	}
 	if len(c.defaultModel) > 0 && string(name) != mr.DefaultModel {
+		if c.byRule(v, c.defaultLower) {
+			// The default model is an alias: a pattern that lets the name
+			// through must not open it.
+			return mr.DefaultModel
+		}
 		return mi.resolve(c.defaultModel, mr.FuzzyMatch)
 	}
 	return ""
+}
+
+// byRule reports whether a canary rule or a model mapping routes the
+// (lower-cased) name by service, as route does: a canary rule none of
+// whose targets has a routable worker does not decide (route falls
+// through to model routing).
+func (c *compiled) byRule(v *fleet.View, lower []byte) bool {
+	if c.cfg.Canary.Enabled {
+		for _, rule := range c.canary {
+			if !globMatch(rule.pat, lower) {
+				continue
+			}
+			if rule.routable(v) {
+				return true
+			}
+			break
+		}
+	}
+	if c.cfg.ModelRouting.Enabled {
+		for i := range c.mappings {
+			if globMatch(c.mappings[i].pat, lower) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // appendRole appends ws (every role: the PD legs' roles are kept by

@@ -603,3 +603,52 @@ func TestServedModelOfACanaryNameThatFallsThrough(t *testing.T) {
 		t.Fatalf("ServedModel(gpt-5) = %q, want \"\" (its rule's service has a worker)", got)
 	}
 }
+
+// A default model that is an alias (a model mapping's or a canary rule's
+// name) serves the names nothing else matches, as it serves requests
+// without a model: unmatched names got 404, only the default's served
+// models were tried. Access control checks the alias (ServedModel).
+func TestADefaultModelThatIsAnAliasServesUnmatchedNames(t *testing.T) {
+	s := modelFleet(t)
+	mapped := routeCfg(t, func(mr *config.ModelRouting) {
+		mr.DefaultModel = "chat"
+		mr.Mappings = []config.ModelMapping{{Pattern: "chat", Services: []string{"qwen72"}}}
+	})
+	canary := cfgWith(t, func(c *config.Config) {
+		c.ModelRouting.Enabled = true
+		c.ModelRouting.DefaultModel = "chat"
+		c.Canary.Enabled = true
+		c.Canary.Rules = []config.CanaryRule{{Model: "chat", Targets: []config.CanaryTarget{{Service: "deepseek", Weight: 1}}}}
+	})
+	down := routeCfg(t, func(mr *config.ModelRouting) {
+		mr.DefaultModel = "chat"
+		mr.Mappings = []config.ModelMapping{{Pattern: "chat", Services: []string{"nobody"}}}
+	})
+	f := func(cfg *config.Config, model, wantSvc string) {
+		t.Helper()
+		d, err := s.Pick(cfg, &Request{Model: []byte(model)}, nil)
+		if err != nil {
+			t.Fatalf("%q: %s", model, err)
+		}
+		if d.Worker.Service != wantSvc || !d.Rewrite || d.Model != d.Worker.Models[0] {
+			t.Fatalf("%q -> %s as %q (rewrite %v), want service %s as its model", model, d.Worker.Service, d.Model, d.Rewrite, wantSvc)
+		}
+	}
+	f(mapped, "", "qwen72")
+	f(mapped, "unknown-model", "qwen72")
+	f(canary, "unknown-model", "deepseek")
+	if d := pick(t, s, mapped, &Request{Model: []byte("qwen2.5-72b")}); d.Model != "Qwen2.5-72B-Instruct" {
+		t.Fatalf("a served model's abbreviation went to %q", d.Model)
+	}
+	if _, err := s.Pick(down, &Request{Model: []byte("unknown-model")}, nil); !errors.Is(err, ErrNoWorkers) {
+		t.Fatalf("default alias without workers: %v, want no workers", err)
+	}
+	for _, cfg := range []*config.Config{mapped, canary} {
+		if got := s.ServedModel(cfg, []byte("unknown-model")); got != "chat" {
+			t.Fatalf("ServedModel(unknown-model) = %q, want the default alias", got)
+		}
+	}
+	if got := s.ServedModel(mapped, []byte("chat")); got != "" {
+		t.Fatalf("ServedModel(chat) = %q, want \"\" (its mapping decides)", got)
+	}
+}
