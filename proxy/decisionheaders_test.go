@@ -52,3 +52,24 @@ func TestAnUpstreamGatewaysDecisionHeadersNeverReachTheClient(t *testing.T) {
 		}
 	}
 }
+
+// With the decision header on, every answer to a request smart model
+// selection classified says its tier, an error answer too (the tier's
+// model not served here): only answers relayed from a worker said it.
+func TestAClassifiedRequestsErrorAnswerCarriesItsTier(t *testing.T) {
+	cls := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`{"tier":"L3"}`) })
+	up := startUpstream(t, okHandler)
+	for _, on := range []bool{false, true} {
+		cfg := config.Default()
+		cfg.Debug.DecisionHeader = on
+		cfg.SmartModelSelection = config.SmartModelSelection{Enabled: true, ClassifierURL: cls.url + "/v1/classify",
+			TimeoutMS: 10000, FallbackTier: "L1", MatchModels: []string{"auto"},
+			Tiers: config.TierModels{L1: "m", L2: "m", L3: "not-served"}, MaxTextBytes: 8192}
+		r := startRouter(t, nil, cfg, up.url)
+		resp, body := postWith(t, r.url+"/v1/chat/completions", `{"model":"auto","messages":[{"role":"user","content":"hi"}]}`, nil)
+		want := map[bool]string{false: "", true: "L3"}[on]
+		if resp.StatusCode != 404 || resp.Header.Get("X-Infera-Tier") != want {
+			t.Fatalf("decision header %v: %d X-Infera-Tier %q, want 404 and %q: %s", on, resp.StatusCode, resp.Header.Get("X-Infera-Tier"), want, body)
+		}
+	}
+}

@@ -470,9 +470,6 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			rs.route = d.AppendRoute(rs.route[:0])
 			h.SetBytesV("X-Infera-Route", rs.route)
 		}
-		if rs.ext.tier != 0 {
-			h.Set("X-Infera-Tier", rs.ext.tier.String()) // smart.go
-		}
 	}
 	outcome := statusOutcome(status)
 	if status >= 400 {

@@ -519,10 +519,12 @@ type extState struct {
 	path, hdr []byte
 	// tier is smart model selection's tier (0: not applied); model the
 	// tier's model the request is forwarded as; modelBuf backs
-	// sched.Request.Model once rewritten.
-	tier     classify.Tier
-	model    string
-	modelBuf []byte
+	// sched.Request.Model once rewritten. tierHeader: the answer, whatever
+	// it is, carries X-Infera-Tier (debug.decision_header; answered).
+	tier       classify.Tier
+	tierHeader bool
+	model      string
+	modelBuf   []byte
 }
 
 func (e *extState) reset() {

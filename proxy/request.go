@@ -243,11 +243,14 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, rs *reqState) error {
 
 // answered finishes an inference request's answer, whoever wrote it (the
 // handler, or handleExpect's 413 before any body): every answer carries
-// the request id, the access log learns the status (a relayed body
-// follows, its head is written), and the state is released unless a
-// relay took it.
+// the request id (and smart model selection's tier with the decision
+// header on), the access log learns the status (a relayed body follows,
+// its head is written), and the state is released unless a relay took it.
 func (s *Server) answered(ctx *fasthttp.RequestCtx, rs *reqState) {
 	ctx.Response.Header.SetCanonical(hdrRequestIDBytes, rs.reqID)
+	if rs.ext.tierHeader { // smart.go: a refusal or failure of the tier's model says which tier too
+		ctx.Response.Header.Set("X-Infera-Tier", rs.ext.tier.String())
+	}
 	if rs.acc.kind == kindMessages || rs.acc.kind == kindCountTokens {
 		// Anthropic's own header, which its SDKs expose as the
 		// answer's _request_id.

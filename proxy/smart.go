@@ -11,7 +11,8 @@ import (
 // model the request is routed and forwarded as. It runs before model
 // routing and the split proxy, so the tier's model may be served locally or
 // by an external upstream. The tier is returned in X-Infera-Tier with the
-// decision header on; classify counts it
+// decision header on, on every answer (answered), an error too; classify
+// counts it
 // (infera_smart_selection_total{tier,source}).
 func (s *Server) selectModel(cfg *config.Config, rs *reqState) {
 	sm := &cfg.SmartModelSelection
@@ -20,7 +21,7 @@ func (s *Server) selectModel(cfg *config.Config, rs *reqState) {
 		return
 	}
 	res := s.classifier.Classify(sm, r.Model, rs.parsed.text)
-	rs.ext.tier = res.Tier
+	rs.ext.tier, rs.ext.tierHeader = res.Tier, cfg.Debug.DecisionHeader
 	if res.Model == "" {
 		return
 	}
