@@ -281,12 +281,36 @@ func TestTheConsoleRemovesASetSecret(t *testing.T) {
 	}
 }
 
+// The console is opened under a name the admin API does not answer for
+// (a Kubernetes service name not in --admin-allowed-hosts): signing in
+// said only "The admin API answered 421.", not why, nor the flag that
+// fixes it, which the API's answer names.
+func TestTheConsoleSaysWhyTheAdminAPIRefusedTheSignIn(t *testing.T) {
+	ctx := newBrowser(t, chromedp.Flag("host-resolver-rules", "MAP admin.example 127.0.0.1"))
+	e := newEnv(t, envOpts{})
+	url := strings.Replace(e.srv.URL, "127.0.0.1", "admin.example", 1)
+	css := func(s string) chromedp.CSS { return chromedp.CSS(s) }
+	sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := chromedp.Do(sctx, chromedp.Navigate(url+"/"), chromedp.WaitVisible(css("#admin-key")),
+		chromedp.SendKeys(css("#admin-key"), testKey), chromedp.Click(css("#login")), chromedp.WaitVisible(css("#login-error"))); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := chromedp.Run(ctx, chromedp.Text(css("#login-error")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(msg, "421") || !strings.Contains(msg, "--admin-allowed-hosts") {
+		t.Fatalf("the sign-in error says %q: want the status and the API's reason (--admin-allowed-hosts)", msg)
+	}
+}
+
 // newBrowser starts headless Chromium for the test, stopped at its end,
 // and returns the context of its tab (60 s); it skips without Chromium.
-func newBrowser(t *testing.T) context.Context {
+func newBrowser(t *testing.T, opts ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	bin := findChromium(t)
-	actx, cancel := chromedp.NewExecAllocator(context.Background(),
+	actx, cancel := chromedp.NewExecAllocator(context.Background(), append([]chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(bin),
 		chromedp.Headless,
 		chromedp.NoSandbox,
@@ -301,8 +325,8 @@ func newBrowser(t *testing.T) context.Context {
 		chromedp.UserDataDir(t.TempDir()),
 		// Chromium keeps its singleton socket in a directory of its own
 		// under TMPDIR, which a killed browser leaves behind: one per run.
-		chromedp.Env("TMPDIR="+shortTempDir(t)),
-	)
+		chromedp.Env("TMPDIR=" + shortTempDir(t)),
+	}, opts...)...)
 	t.Cleanup(cancel)
 	ctx, cancel2 := chromedp.NewContext(actx)
 	t.Cleanup(cancel2)

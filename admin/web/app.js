@@ -96,9 +96,12 @@ function loginPage(msg) {
       S.key = input.value.trim();
       const r = await fetch('/api/version', { headers: { Authorization: 'Bearer ' + S.key } });
       if (r.status !== 200) {
+        // Anything else (421: a Host the API does not answer for) says why.
+        let why = '';
+        try { why = ((await r.json()).error || {}).message || ''; } catch (e) { /* not JSON */ }
         err.hidden = false;
         err.textContent = r.status === 401 ? 'That key is not the admin key.'
-          : r.status === 429 ? lockedOut(r) : 'The admin API answered ' + r.status + '.';
+          : r.status === 429 ? lockedOut(r) : 'The admin API answered ' + r.status + (why ? ': ' + why : '.');
         return;
       }
       sessionStorage.setItem('infera.adminKey', S.key);
