@@ -153,3 +153,21 @@ func TestAStalledExternalErrorBodyOfAStreamRequestIsBounded(t *testing.T) {
 		t.Fatalf("a stalled error body with stream_idle_s 1 held the client %v: %d %q", el, resp.StatusCode, b)
 	}
 }
+
+// An external upstream's 4xx error answer that breaks before its end (cut
+// short, or stalled past the 2 s an answer kept aside gets) cannot be
+// relayed: the client gets 502 upstream_error, consistent with itself, as
+// for a broken 5xx (it got the 4xx status with server_error wording).
+func TestABrokenExternal4xxAnswerIsA502(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"error\":"))
+	})
+	r := startRouterWith(t, nil, reSplitOnly(up.url), nil)
+	for _, path := range []string{"/v1/chat/completions", "/v1/messages"} {
+		resp, b := postWith(t, r.url+path, `{"model":"gpt-4o","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`, nil)
+		if resp.StatusCode != 502 || !strings.Contains(b, "error") {
+			t.Errorf("%s: a 400 cut short by the external upstream answered %d %q, want 502", path, resp.StatusCode, b)
+		}
+	}
+}
+

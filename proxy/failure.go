@@ -84,13 +84,13 @@ func (f *failure) outcome() sched.Outcome { return failClasses[f.kind].outcome }
 
 func (f *failure) retryable() bool { return failClasses[f.kind].retry }
 
-// httpStatus is the status the client gets.
+// httpStatus is the status the client gets: for a failStatus (whose
+// answer is relayed when it could be kept, relayStashed), 429 as the
+// worker said, else 502: an error answer that could not be read whole (a
+// 4xx cut short or stalled) is a broken answer, not the client's fault.
 func (f *failure) httpStatus() int {
-	if f.kind == failStatus && f.status != 0 {
-		if f.status >= 500 {
-			return 502
-		}
-		return f.status
+	if f.kind == failStatus && f.status == 429 {
+		return 429
 	}
 	return failClasses[f.kind].status
 }
