@@ -171,3 +171,24 @@ func TestABrokenExternal4xxAnswerIsA502(t *testing.T) {
 	}
 }
 
+// An external API's (or engine's) headers that speak for its own origin
+// never reach the client, who would take them as the router's: a
+// load balancer's Set-Cookie (Cloudflare's __cf_bm in front of OpenAI), a
+// Strict-Transport-Security with includeSubDomains, an Alt-Svc. Both were
+// relayed, over plain and streamed answers and error answers alike.
+func TestAnUpstreamsOriginHeadersNeverReachTheClient(t *testing.T) {
+	hdrs := "Set-Cookie: __cf_bm=upstream; path=/; domain=.provider.example\r\nStrict-Transport-Security: max-age=31536000; includeSubDomains\r\nAlt-Svc: h3=\":443\"\r\n"
+	for _, status := range []string{"200 OK", "429 Too Many Requests"} {
+		up := startRaw(t, func(n int, req string, c net.Conn) {
+			body := `{"id":"x","object":"chat.completion","model":"gpt-4o","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`
+			c.Write([]byte("HTTP/1.1 " + status + "\r\n" + hdrs + "Content-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body))
+		})
+		r := startRouterWith(t, nil, reSplitOnly(up.url), nil)
+		resp, b := postWith(t, r.url+"/v1/chat/completions", gptBody, nil)
+		for _, k := range []string{"Set-Cookie", "Strict-Transport-Security", "Alt-Svc"} {
+			if v := resp.Header.Get(k); v != "" {
+				t.Errorf("%s: the upstream's %s reached the client: %q (%d %.80q)", status, k, v, resp.StatusCode, b)
+			}
+		}
+	}
+}

@@ -34,7 +34,11 @@ func isHopHeader(k []byte) bool {
 }
 
 // isFramingOrOwnHeader reports response headers the router writes itself,
-// CORS's included.
+// CORS's included, and those that speak for the engine's or provider's
+// origin, which the client would take as the router's: Set-Cookie (an
+// API's load balancer cookie, Cloudflare's __cf_bm), Strict-Transport-
+// Security (its includeSubDomains would pin the router's domain) and
+// Alt-Svc (an HTTP/3 endpoint of the provider's).
 //
 // That includes the router's decision headers: a member region or another
 // gateway behind the split proxy writes its own, naming its internal
@@ -69,12 +73,16 @@ func isFramingOrOwnHeader(k []byte) bool {
 		return eqFold(k, "Date")
 	case 6:
 		return eqFold(k, "Server")
+	case 7:
+		return eqFold(k, "Alt-Svc")
 	case 10:
-		return eqFold(k, "Request-Id") // Anthropic's request id: the router's on /v1/messages
+		return eqFold(k, "Request-Id") || eqFold(k, "Set-Cookie") // Anthropic's request id: the router's on /v1/messages
 	case 12:
 		return eqFold(k, "Content-Type") || eqFold(k, hdrRequestID) // the router sets the request id
 	case 14:
 		return eqFold(k, "Content-Length")
+	case 25:
+		return eqFold(k, "Strict-Transport-Security")
 	}
 	return false
 }
