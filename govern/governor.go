@@ -157,6 +157,9 @@ type snapshot struct {
 	userDry   bool
 	userOpen  bool // admit when the state store fails
 	rl        rlConf
+	// replaced is closed when the next Apply replaces this snapshot: it
+	// wakes the queued requests to read their queue timeout again.
+	replaced chan struct{}
 }
 
 // rlConf is request rate limiting, compiled.
@@ -218,7 +221,7 @@ type winLimit struct {
 func (g *Governor) Apply(c *config.Config) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	s := &snapshot{keys: map[string]*keyRecord{}, users: map[string]*User{}}
+	s := &snapshot{keys: map[string]*keyRecord{}, users: map[string]*User{}, replaced: make(chan struct{})}
 	ul := c.UserLimit
 	tz := ul.Timezone
 	if tz == "" {
@@ -314,7 +317,9 @@ func (g *Governor) Apply(c *config.Config) error {
 	g.states = states
 	g.keepGone(removed)
 	s.rl = compileRateLimit(&c.RateLimit)
-	g.snap.Store(s)
+	if old := g.snap.Swap(s); old != nil {
+		close(old.replaced)
+	}
 	// Limits may have grown or a user's template changed: serve the queues.
 	g.seats.reloaded()
 	for _, st := range states {
@@ -471,16 +476,29 @@ func (g *Governor) Identify(key []byte) (*User, *Rejection) {
 	return rec.user, nil
 }
 
-// waitCtx waits for ch, ctx or the timeout; it reports which ended it.
-func waitCtx(ctx context.Context, ch <-chan struct{}, timeout time.Duration) (granted, timedOut bool) {
-	t := time.NewTimer(timeout)
+// waitQueued waits for ch (the grant), ctx or the queue timeout, measured
+// from since; timeout reads it from a snapshot. A reload wakes the wait to
+// read it again from the new snapshot, so a queued request follows a
+// changed timeout as a new one would: shortened below the time it has
+// waited, it ends at once. It reports which ended it.
+func (g *Governor) waitQueued(ctx context.Context, ch <-chan struct{}, since time.Time, timeout func(s *snapshot) time.Duration) (granted, timedOut bool) {
+	s := g.snap.Load()
+	t := time.NewTimer(time.Until(since.Add(timeout(s))))
 	defer t.Stop()
-	select {
-	case <-ch:
-		return true, false
-	case <-ctx.Done():
-		return false, false
-	case <-t.C:
-		return false, true
+	for {
+		select {
+		case <-ch:
+			return true, false
+		case <-ctx.Done():
+			return false, false
+		case <-t.C:
+		case <-s.replaced:
+		}
+		s = g.snap.Load()
+		d := time.Until(since.Add(timeout(s)))
+		if d <= 0 {
+			return false, true
+		}
+		t.Reset(d)
 	}
 }

@@ -1499,7 +1499,7 @@ func (g *Governor) acquireRemote(ctx context.Context, rl *rlConf, targets []Targ
 	l.mu.Unlock()
 	hitQueued(code)
 	r.poke()
-	return g.waitSeat(ctx, w, rl.timeout)
+	return g.waitSeat(ctx, w)
 }
 
 func b01(b bool) int {

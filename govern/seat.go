@@ -415,13 +415,14 @@ func (g *Governor) acquire(ctx context.Context, targets []Target, ph Phase, wait
 	seatQueued.Add(1)
 	l.mu.Unlock()
 	hitQueued(code)
-	return g.waitSeat(ctx, w, rl.timeout)
+	return g.waitSeat(ctx, w)
 }
 
-// waitSeat waits for w to be granted (both backends).
-func (g *Governor) waitSeat(ctx context.Context, w *seatWaiter, timeout time.Duration) (Seat, int, *Rejection) {
+// waitSeat waits for w to be granted (both backends), up to the current
+// rate_limit.queue_timeout_ms.
+func (g *Governor) waitSeat(ctx context.Context, w *seatWaiter) (Seat, int, *Rejection) {
 	l := &g.seats
-	granted, timedOut := waitCtx(ctx, w.ch, timeout)
+	granted, timedOut := g.waitQueued(ctx, w.ch, w.since, seatTimeout)
 	l.mu.Lock()
 	if w.state == waiting {
 		l.dequeueLocked(w)
@@ -446,6 +447,8 @@ func (g *Governor) waitSeat(ctx context.Context, w *seatWaiter, timeout time.Dur
 	}
 	return w.seat, w.idx, nil
 }
+
+func seatTimeout(s *snapshot) time.Duration { return s.rl.timeout }
 
 // enqueueLocked queues w. Lock must be held.
 func (l *seatLimiter) enqueueLocked(w *seatWaiter) {

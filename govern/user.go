@@ -443,7 +443,7 @@ func (g *Governor) queueUser(ctx context.Context, u *User, t *template, ts *tick
 	if g.rds != nil {
 		g.rds.kickUser(st)
 	}
-	granted, timedOut := waitCtx(ctx, w.ch, t.concTimeout)
+	granted, timedOut := g.waitQueued(ctx, w.ch, w.since, func(s *snapshot) time.Duration { return w.timeout(s, st) })
 	st.mu.Lock()
 	gone := !granted && w.state == waiting
 	if gone {
@@ -556,6 +556,16 @@ func (w *waiter) current(s *snapshot, st *userState) (*template, estimate) {
 		return nil, estimate{}
 	}
 	return t, t.estimate(w.r)
+}
+
+// timeout is how long w may wait under snapshot s: its user's current
+// template's queue timeout (the one it was queued under when the user is
+// gone or no longer queues: the reload refuses it then).
+func (w *waiter) timeout(s *snapshot, st *userState) time.Duration {
+	if u := s.users[st.name]; u != nil && u.st == st && u.tmpl != nil && u.tmpl.concQueue {
+		return u.tmpl.concTimeout
+	}
+	return w.t.concTimeout
 }
 
 func (g *Governor) userReloaded(st *userState) {

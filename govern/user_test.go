@@ -661,6 +661,83 @@ func TestAReloadSwitchingTheSeatQueueToRejectRefusesItsQueuedRequests(t *testing
 	})
 }
 
+// A reload that changes a queue's timeout applies to the requests already
+// waiting, measured from when each was queued, as it does to a new one:
+// shortened below the time they have waited they are refused at once,
+// lengthened they wait on past the old timeout (they kept the timeout
+// they were queued with, 30 s or 500 ms here).
+func TestAReloadOfTheQueueTimeoutAppliesToQueuedRequests(t *testing.T) {
+	wait := func(t *testing.T, g *Governor, queued func() bool, admit func() *Rejection, apply func(ms int)) {
+		t.Helper()
+		got := make(chan *Rejection, 1)
+		go func() { got <- admit() }()
+		waitFor(t, queued)
+		time.Sleep(100 * time.Millisecond)
+		apply(50)
+		if rej := recvWithin(t, got, 2*time.Second, "the queued request after its timeout was shortened"); rej == nil || rej.Status != 429 {
+			t.Fatalf("the queued request after its timeout was shortened: %v, want a 429", rej)
+		}
+		apply(500)
+		go func() { got <- admit() }()
+		waitFor(t, queued)
+		apply(30000)
+		select {
+		case rej := <-got:
+			t.Fatalf("the queued request ended (%v) within 1 s, although its timeout was lengthened to 30 s", rej)
+		case <-time.After(time.Second):
+		}
+		apply(50)
+		if rej := recvWithin(t, got, 2*time.Second, "the queued request"); rej == nil || rej.Status != 429 {
+			t.Fatalf("the queued request: %v, want a 429", rej)
+		}
+	}
+	t.Run("seats", func(t *testing.T) {
+		stores(t, func(t *testing.T, o Options) {
+			rl := func(ms int) *config.Config {
+				return parseConfig(t, fmt.Sprintf(`{"rate_limit":{"overall_concurrency":1,"overlimit":"queue","queue_size":10,"queue_timeout_ms":%d}}`, ms))
+			}
+			g := newGov(t, o, rl(30000))
+			holder := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+			defer holder.Done()
+			wait(t, g, func() bool { g.seats.mu.Lock(); defer g.seats.mu.Unlock(); return g.seats.q.n == 1 },
+				func() *Rejection {
+					s, _, rej := g.Acquire(context.Background(), []Target{w1}, PhaseMixed)
+					if rej == nil {
+						s.Done()
+					}
+					return rej
+				},
+				func(ms int) {
+					if err := g.Apply(rl(ms)); err != nil {
+						t.Fatal(err)
+					}
+				})
+		})
+	})
+	t.Run("user", func(t *testing.T) {
+		stores(t, func(t *testing.T, o Options) {
+			key, hash := mintKey(t)
+			g := newGov(t, o, userConfig(t, hash, concTemplate(1, 30000), ""))
+			u := identify(t, g, key)
+			holder := admitOK(t, g, u, Request{})
+			defer holder.Done(Usage{})
+			wait(t, g, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 1 },
+				func() *Rejection {
+					tk, rej := g.Admit(context.Background(), u, Request{})
+					if rej == nil {
+						tk.Done(Usage{})
+					}
+					return rej
+				},
+				func(ms int) {
+					if err := g.Apply(userConfig(t, hash, concTemplate(1, ms), "")); err != nil {
+						t.Fatal(err)
+					}
+				})
+		})
+	})
+}
+
 // A reload turning rate_limit.dry_run on serves the requests already
 // queued at once, as a new request would be (they waited for a seat to
 // free: up to queue_timeout_ms).
