@@ -1016,3 +1016,24 @@ func TestE2EARedisSharedConfigKeepsStaticWorkersOffAnEtcdRouter(t *testing.T) {
 		t.Fatalf("the shared config has %d workers on the etcd router, want the 1 it ignores", n)
 	}
 }
+
+// Removing the last user of a router without --api-key opens its front
+// door (documented): the change is logged as a warning, not made unseen.
+func TestRemovingTheLastUserWithoutAnAPIKeyWarnsTheRouterIsOpen(t *testing.T) {
+	logs := captureLogs(t)
+	_, e1 := startEngine(t, "--speedup", "50")
+	ag := startAdminServe(t, "--workers", "engine-a="+e1, "--worker-model", "sim-model", "--router-policy", "round-robin")
+	waitRoutable(t, ag.g, 1)
+	if r := ag.api("PUT", "/api/config/users", `[{"name":"last"}]`, "If-Match", ag.etag()); r.status != 200 {
+		t.Fatalf("PUT users: %s", r)
+	}
+	if strings.Contains(logs.String(), "no users left") {
+		t.Fatalf("warned while a user was left: %s", logs.String())
+	}
+	if r := ag.api("DELETE", "/api/users/last", "", "If-Match", ag.etag()); r.status != 200 && r.status != 204 {
+		t.Fatalf("DELETE user: %s", r)
+	}
+	if !strings.Contains(logs.String(), "no users left and no --api-key") {
+		t.Fatalf("the last user's removal opened the router without a warning: %s", logs.String())
+	}
+}

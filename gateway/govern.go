@@ -30,8 +30,15 @@ func (g *Gateway) setupGovern() error {
 		return fmt.Errorf("governance: %w", err)
 	}
 	g.store.OnChange(func(_, c *config.Config) {
+		closed := gov.AuthRequired()
 		if err := gov.Apply(c); err != nil {
 			slog.Error("governance settings not applied; the previous ones stay", "err", err)
+			return
+		}
+		if closed && !gov.AuthRequired() && g.flags.APIKey == "" {
+			// Documented (no users and no --api-key: open), but a change
+			// that removed the last user must not open the door unseen.
+			slog.Warn("the configuration has no users left and no --api-key is set: the inference endpoints now take requests without a key")
 		}
 	})
 	return nil
