@@ -210,6 +210,11 @@ type pdOutcome struct {
 	fails      [3]int // by sched.Leg
 	retries    int
 	acc        *accessEntry // counts the retries for the access log
+	// retrying: the leg whose failure allowed another attempt, counted as
+	// a retry once that attempt holds its leases (retried), as a mixed
+	// request's is: not when no worker is left to take it.
+	retrying bool
+	retryLeg sched.Leg
 }
 
 // finish reports the failures to the dispatch (which answers, or tries the
@@ -237,10 +242,20 @@ func (o *pdOutcome) failed(leg sched.Leg, f *failure, left bool) bool {
 	if !f.retryable() || o.fails[leg] > o.retries {
 		return false
 	}
-	mPDRetries[leg].Inc()
+	o.retrying, o.retryLeg = true, leg
+	return true
+}
+
+// retried counts the retry a failure allowed (failed), once the attempt
+// that follows it holds its leases.
+func (o *pdOutcome) retried() {
+	if !o.retrying {
+		return
+	}
+	o.retrying = false
+	mPDRetries[o.retryLeg].Inc()
 	mRetries.Inc()
 	o.acc.retries++
-	return true
 }
 
 // pdAcquire takes the lease of r's next leg; on error the outcome is
@@ -368,6 +383,7 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			p.pl.Done(sched.OutcomeNeutral)
 			return
 		}
+		o.retried()
 		if needPrefill {
 			f := s.pullPrefill(cfg, rs, p, total)
 			if f != nil {
@@ -665,6 +681,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			p.pl.Done(sched.OutcomeNeutral)
 			return
 		}
+		o.retried()
 		// One room per sequence, uniform in [0, 2^63-1], fresh per attempt
 		// and the same in both legs' bodies.
 		p.rooms = p.rooms[:0]

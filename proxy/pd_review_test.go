@@ -559,3 +559,63 @@ func TestPDVLLMNoPrefillIsSentWithoutADecodeWorkerLeftToReadIt(t *testing.T) {
 	}
 	noLoadLeft(t, r.fl)
 }
+
+// A retry is counted (infera_request_retries_total, infera_pd_retries_total,
+// the access log's retries) when another attempt follows the failed one, as
+// for mixed workers: a pair whose only prefill worker failed was counted a
+// retry that never happened, in both modes.
+func TestPDRetriesAreCountedOnlyWhenAnotherAttemptFollows(t *testing.T) {
+	sp := newSGLangRooms()
+	defer sp.stop()
+	var pl, dl legLog
+	var fail, ok atomic.Int32
+	fail.Store(503)
+	retries := func(r *testRouter) (total, prefill string) {
+		return metricValue(t, r.url, "infera_request_retries_total"), metricValue(t, r.url, `infera_pd_retries_total{leg="prefill"}`)
+	}
+	for _, mode := range []string{"vllm", "sglang"} {
+		pre, bad, dec := vllmPrefill(&pl, "engine-p1", &ok), vllmPrefill(&pl, "engine-p0", &fail), decodeEngine(&dl, "kv_transfer_params", &ok)
+		if mode == "sglang" {
+			pre, bad, dec = sp.prefill(&pl, &ok), sp.prefill(&pl, &fail), sp.decode(&dl, &ok)
+		}
+		p0, p1, d0 := startUpstream(t, bad), startUpstream(t, pre), startUpstream(t, dec)
+		boot := `{"pd_mode":"` + mode + `","bootstrap_port":8998}`
+		cfg := pdConfig(t, func(c *config.Config) { c.PD.Mode = mode })
+
+		// The only prefill worker fails: nothing follows it.
+		r := startPDRouter(t, nil, cfg, pdWorker("p0", p0.url, "prefill", boot), pdWorker("d0", d0.url, "decode", ""))
+		total, prefill := retries(r)
+		if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 503 {
+			t.Fatalf("%s: %d %s", mode, code, b)
+		}
+		if t2, p2 := retries(r); t2 != total || p2 != prefill {
+			t.Fatalf("%s: a failure with no worker left to try counted a retry: retries %s -> %s, prefill leg %s -> %s", mode, total, t2, prefill, p2)
+		}
+		noLoadLeft(t, r.fl)
+
+		// A second prefill worker takes the retry: one retry.
+		r = startPDRouter(t, nil, cfg, pdWorker("p0", p0.url, "prefill", boot), pdWorker("p1", p1.url, "prefill", boot),
+			pdWorker("d0", d0.url, "decode", ""))
+		r.fl.View().ByID([]byte("p1")).Acquire(1, 0, 1) // p0 first
+		total, _ = retries(r)
+		code, b := post(t, r.url+"/v1/chat/completions", chatBody)
+		r.fl.View().ByID([]byte("p1")).Release(1, 0, 1, false)
+		if code != 200 {
+			t.Fatalf("%s: %d %s", mode, code, b)
+		}
+		if t2, _ := retries(r); metricDelta(t, total, t2) != 1 {
+			t.Fatalf("%s: a retry on another prefill worker: retries %s -> %s, want one more", mode, total, t2)
+		}
+		noLoadLeft(t, r.fl)
+	}
+}
+
+func metricDelta(t *testing.T, before, after string) int {
+	t.Helper()
+	a, err1 := strconv.Atoi(before)
+	b, err2 := strconv.Atoi(after)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("counters %q, %q", before, after)
+	}
+	return b - a
+}
