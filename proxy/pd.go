@@ -197,6 +197,7 @@ func (s *Server) dispatchPD(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *re
 		s.pdPull(ctx, cfg, rs, p, res)
 	} else {
 		s.pdPush(ctx, cfg, rs, p, res)
+		rs.call.once = false // the split proxy's next upstream may follow on it
 	}
 	p.release()
 	return true
@@ -697,10 +698,12 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			dbody = p.dbody
 		}
 		pc := &p.pc
+		// Both legs carry the attempt's rooms: neither is sent twice
+		// (call.once); a retry takes new rooms.
 		*pc = call{lease: &p.pl, method: c.method, path: p.path, hdr: p.hdr, body: p.pbody, stream: r.Stream,
-			total: total, idle: idle, firstByte: prefillDeadline(cfg, total), now: time.Now().UnixNano()}
+			total: total, idle: idle, firstByte: prefillDeadline(cfg, total), now: time.Now().UnixNano(), once: true}
 		c = decodeCall(cfg, rs, p, total, idle)
-		c.body = dbody
+		c.body, c.once = dbody, true
 		p.mu.Lock()
 		p.committed, p.pfail, p.dcall, p.errStatus = false, nil, c, 0
 		p.ended, p.waited, p.blamed = false, false, false

@@ -619,3 +619,76 @@ func metricDelta(t *testing.T, before, after string) int {
 	}
 	return b - a
 }
+
+// An SGLang prefill engine that takes a leg on a reused keep-alive
+// connection, pushes its KV, then drops the connection without an answer:
+// the leg was not sent again on a fresh connection with the same
+// bootstrap_room. It was (the transport's resend of a stale keep-alive),
+// and the second prefill waited for a decode engine that had already
+// taken the room's KV, holding the prefill worker's lease (and prefill
+// seat) until pd.prefill_timeout_s, 300 s by default, after the client had
+// its answer.
+func TestPDSGLangLegDroppedOnAReusedConnectionIsNotSentAgainWithItsRoom(t *testing.T) {
+	sp := newSGLangRooms()
+	defer sp.stop()
+	var pl, dl legLog
+	var ok, n atomic.Int32
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	dups := 0
+	pre := func(ctx *fasthttp.RequestCtx) {
+		room := roomOf(ctx.PostBody())
+		mu.Lock()
+		dup := seen[room]
+		seen[room] = true
+		if dup {
+			dups++
+		}
+		mu.Unlock()
+		if dup {
+			// A real engine waits for the room's decode engine, which
+			// already took the KV, until its bootstrap timeout.
+			select {
+			case <-sp.stopped:
+			case <-time.After(noPartner):
+			}
+			ctx.SetStatusCode(500)
+			return
+		}
+		if n.Add(1) != 2 {
+			sp.prefill(&pl, &ok)(ctx)
+			return
+		}
+		// The second request, on the first one's pooled connection: the
+		// KV is pushed, the decode engine answers, the connection drops.
+		pl.add(ctx)
+		close(sp.ch(sp.rooms, room))
+		select {
+		case <-sp.ch(sp.joined, room):
+		case <-sp.stopped:
+		}
+		time.Sleep(100 * time.Millisecond) // the decode answer reaches the client first
+		ctx.HijackSetNoResponse(true)
+		ctx.Hijack(func(c net.Conn) { c.Close() })
+	}
+	p0, d0 := startUpstream(t, pre), startUpstream(t, sp.decode(&dl, &ok))
+	r := startPDRouter(t, nil, pdConfig(t, func(c *config.Config) { c.PD.Mode = "sglang" }),
+		pdWorker("p0", p0.url, "prefill", `{"pd_mode":"sglang","bootstrap_port":8998}`), pdWorker("d0", d0.url, "decode", ""))
+	for i := 0; i < 2; i++ {
+		if code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 5*time.Second); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, b)
+		}
+		if !holdsWithin(time.Second, func() bool { return r.fl.View().ByID([]byte("p0")).Load.Requests.Load() == 0 }) {
+			mu.Lock()
+			d := dups
+			mu.Unlock()
+			t.Fatalf("request %d: the prefill lease is still held a second after the answer (prefill legs sent again with their room: %d)", i, d)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if dups != 0 {
+		t.Fatalf("%d prefill legs were sent again with a room already used", dups)
+	}
+	noLoadLeft(t, r.fl)
+}

@@ -74,6 +74,12 @@ type call struct {
 	// did (--nats-req-max-duration counts from it, over every attempt).
 	now   int64
 	begin time.Time
+	// once: the request must not reach its engine twice (an SGLang leg:
+	// its bootstrap_room is one transfer's). It is sent again on a fresh
+	// connection only when writing it to a reused one failed, never after
+	// it was written: a reused connection closed without an answer may be
+	// an engine that took the request and then dropped it.
+	once bool
 
 	cancel abortSlot
 }

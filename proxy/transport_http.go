@@ -64,7 +64,8 @@ func (httpTransport) roundTrip(c *call) (upResponse, *failure) {
 		c.cancel.set(uc)
 		uc.setDeadline(deadline)
 		err = uc.writeRequest(c.method, c.path, c.hdr, c.body)
-		if err == nil {
+		written := err == nil
+		if written {
 			err = uc.readHead()
 		} else if uc.earlyAnswer(err, deadline) && !(reused && try == 0 && uc.code == 408) {
 			// The engine answered before taking all of the request (413
@@ -83,9 +84,11 @@ func (httpTransport) roundTrip(c *call) (upResponse, *failure) {
 		switch {
 		case aborted || c.cancel.wasAborted():
 			return nil, failureCanceled
-		case reused && try == 0 && isStale(err):
+		case reused && try == 0 && isStale(err) && !(c.once && written):
 			// The engine closed the idle keep-alive connection as we
 			// reused it: nothing was processed; try a fresh connection.
+			// (A request sent once is sent again only if it could not be
+			// written: see call.once.)
 			continue
 		case isTimeout(err):
 			return nil, c.timeoutFailure(deadline, err)
