@@ -199,6 +199,12 @@ func (s *Server) dispatchPD(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *re
 		s.pdPush(ctx, cfg, rs, p, res)
 		rs.call.once = false // the split proxy's next upstream may follow on it
 	}
+	if !res.committed && res.last != nil && res.last.kind != failCanceled {
+		// The last attempt's failed workers did not cache the prompt, as
+		// forgetFailed says of a mixed request's (a retry's pick does it
+		// for the attempts before).
+		s.sched.ForgetTried(r)
+	}
 	p.release()
 	return true
 }

@@ -692,3 +692,37 @@ func TestPDSGLangLegDroppedOnAReusedConnectionIsNotSentAgainWithItsRoom(t *testi
 	}
 	noLoadLeft(t, r.fl)
 }
+
+// A PD request whose last attempt failed on its prefill worker leaves no
+// prefix record of that worker, as a mixed request's last failed attempt
+// does (TestALastFailedAttemptLeavesNoPrefixRecord): the prefix layer sent
+// the same prompt's next request back to the prefill worker that had
+// failed it, as a prefix hit, in both modes.
+func TestPDALastFailedPrefillLeavesNoPrefixRecord(t *testing.T) {
+	sp := newSGLangRooms()
+	defer sp.stop()
+	var pl legLog
+	var fail, ok atomic.Int32
+	fail.Store(500)
+	for _, mode := range []string{"vllm", "sglang"} {
+		var aServed atomic.Int32
+		a, b, d := vllmPrefill(&pl, "engine-a", &fail), vllmPrefill(&pl, "engine-b", &ok), decodeEngine(&legLog{}, "kv_transfer_params", &ok)
+		if mode == "sglang" {
+			a, b, d = sp.prefill(&pl, &fail), sp.prefill(&pl, &ok), sp.decode(&legLog{}, &ok)
+		}
+		ua := startUpstream(t, func(ctx *fasthttp.RequestCtx) { aServed.Add(1); a(ctx) })
+		ub, ud := startUpstream(t, b), startUpstream(t, d)
+		f := defaultFlags()
+		f.RequestMaxRetries = 0
+		f.BreakerFailureThreshold = 100
+		boot := `{"pd_mode":"` + mode + `","bootstrap_port":8998}`
+		r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) {
+			c.PD.Mode = mode
+			c.PD.SGLangIndependentPairing = mode == "sglang"
+			c.PrefixCache.Enabled = true
+			c.Debug.DecisionHeader = true
+		}), pdWorker("a", ua.url, "prefill", boot), pdWorker("b", ub.url, "prefill", boot), pdWorker("d", ud.url, "decode", ""))
+		testLastFailedAttempt(t, r, &aServed)
+		noLoadLeft(t, r.fl)
+	}
+}

@@ -555,6 +555,14 @@ func (s *Scheduler) forgetTried(v *fleet.View, r *Request) {
 	}
 }
 
+// ForgetTried is Forget for every worker r tried since its last pick: a
+// PD request's last attempt, whose legs each had a pick of their own.
+func (s *Scheduler) ForgetTried(r *Request) {
+	if len(r.Tried) > r.forgot {
+		s.forgetTried(s.Fleet.View(), r)
+	}
+}
+
 // Forget takes w, the worker of r's last attempt, off the prefix index
 // blocks that attempt recorded it on, when it failed and no other attempt
 // follows (a retry's Pick does this for the workers tried before it): the
