@@ -197,8 +197,8 @@ func (s *Server) dispatchPD(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *re
 		s.pdPull(ctx, cfg, rs, p, res)
 	} else {
 		s.pdPush(ctx, cfg, rs, p, res)
-		rs.call.once = false // the split proxy's next upstream may follow on it
 	}
+	rs.call.once = false // the split proxy's next upstream may follow on it
 	if !res.committed && res.last != nil && res.last.kind != failCanceled {
 		// The last attempt's failed workers did not cache the prompt, as
 		// forgetFailed says of a mixed request's (a retry's pick does it
@@ -413,6 +413,7 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		}
 		p.dbody = appendPullDecodeBody(p.dbody[:0], rs.body, legModel(rs, &rs.lease.Decision), p.kvp)
 		c = decodeCall(cfg, rs, p, total, idle)
+		c.once = len(p.kvp) > 0 // its read frees the KV
 		up, f := s.tr.roundTrip(c)
 		status := 0
 		// reached: the decode worker got the request, even partly, so its
@@ -538,6 +539,7 @@ func (s *Server) pullPrefill(cfg *config.Config, rs *reqState, p *pdDispatch, to
 	p.pbody = appendPullPrefillBody(p.pbody[:0], rs.body, legModel(rs, &p.pl.Decision))
 	c.lease, c.path, c.hdr, c.body, c.stream = &p.pl, p.path, p.hdr, p.pbody, false
 	c.total, c.idle = total, 0
+	c.once = true // the engine holds the KV of each prefill it takes
 	c.now = time.Now().UnixNano()
 	c.firstByte = prefillDeadline(cfg, total)
 	p.firstPacket = time.Time{}
@@ -705,7 +707,8 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		}
 		pc := &p.pc
 		// Both legs carry the attempt's rooms: neither is sent twice
-		// (call.once); a retry takes new rooms.
+		// (call.once); a retry takes new rooms. (vLLM's legs are not
+		// either: pullPrefill, pdPull.)
 		*pc = call{lease: &p.pl, method: c.method, path: p.path, hdr: p.hdr, body: p.pbody, stream: r.Stream,
 			total: total, idle: idle, firstByte: prefillDeadline(cfg, total), now: time.Now().UnixNano(), once: true}
 		c = decodeCall(cfg, rs, p, total, idle)

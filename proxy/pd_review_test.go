@@ -726,3 +726,60 @@ func TestPDALastFailedPrefillLeavesNoPrefixRecord(t *testing.T) {
 		noLoadLeft(t, r.fl)
 	}
 }
+
+// vLLM legs are not sent twice either: a prefill leg makes its engine hold
+// the prompt's KV for a read (VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s), and
+// a decode leg's read frees it. An engine that took a leg on a reused
+// keep-alive connection and dropped it without an answer got it again on
+// a fresh connection: a second prefill whose first one's KV stayed held,
+// or a second read of KV the first had freed (the engine's 500 "KV
+// transfer failed" went to the client, and the handoff records could
+// blame the prefill worker for the decode engine's fault).
+func TestPDVLLMLegDroppedOnAReusedConnectionIsNotSentAgain(t *testing.T) {
+	drop := func(ctx *fasthttp.RequestCtx) {
+		ctx.HijackSetNoResponse(true)
+		ctx.Hijack(func(c net.Conn) { c.Close() })
+	}
+	for _, leg := range []string{"prefill", "decode"} {
+		var pl, dl legLog
+		var ok atomic.Int32
+		pre, dec := vllmPrefill(&pl, "engine-p", &ok), decodeEngine(&dl, "kv_transfer_params", &ok)
+		if leg == "prefill" {
+			inner := pre
+			pre = func(ctx *fasthttp.RequestCtx) {
+				if pl.n() == 1 { // the second prefill leg, on the first one's connection
+					pl.add(ctx)
+					drop(ctx)
+					return
+				}
+				inner(ctx)
+			}
+		} else {
+			inner := dec
+			dec = func(ctx *fasthttp.RequestCtx) {
+				if dl.n() == 1 { // the second decode leg reads the KV, then drops
+					dl.add(ctx)
+					drop(ctx)
+					return
+				}
+				inner(ctx)
+			}
+		}
+		p, d := startUpstream(t, pre), startUpstream(t, dec)
+		f := defaultFlags()
+		f.RequestMaxRetries = 0 // one leg of each role per request
+		r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) { c.PD.Mode = "vllm" }),
+			pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+		if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 {
+			t.Fatalf("%s: %d %s", leg, code, b)
+		}
+		code, b := post(t, r.url+"/v1/chat/completions", chatBody)
+		if pl.n() != 2 || dl.n() > 2 {
+			t.Fatalf("%s dropped: %d prefill and %d decode legs sent for 2 requests without retries (answer %d %s)", leg, pl.n(), dl.n(), code, b)
+		}
+		if code != 502 && code != 503 {
+			t.Fatalf("%s dropped: %d %s, want 502 or 503 (the worker closed the connection without an answer)", leg, code, b)
+		}
+		noLoadLeft(t, r.fl)
+	}
+}

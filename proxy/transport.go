@@ -74,8 +74,10 @@ type call struct {
 	// did (--nats-req-max-duration counts from it, over every attempt).
 	now   int64
 	begin time.Time
-	// once: the request must not reach its engine twice (an SGLang leg:
-	// its bootstrap_room is one transfer's). It is sent again on a fresh
+	// once: the request must not reach its engine twice (a PD leg: an
+	// SGLang leg's bootstrap_room is one transfer's, a vLLM prefill makes
+	// its engine hold the KV for one read, which a decode leg with
+	// kv_transfer_params does and frees). It is sent again on a fresh
 	// connection only when writing it to a reused one failed, never after
 	// it was written: a reused connection closed without an answer may be
 	// an engine that took the request and then dropped it.
