@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/engine"
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/radix"
 )
@@ -221,5 +222,40 @@ func TestABlockStoredAfterAPutOffClearStaysIndexed(t *testing.T) {
 				t.Error("the put-off clear did not run")
 			}
 		})
+	}
+}
+
+// A publisher's message larger than maxMessageBytes must never reach the
+// router (ZMQ reads a message whole before handing it over: one 512 MiB
+// frame took 1 GiB of the router's memory): the SUB socket drops the
+// publisher and reconnects, the message is lost like any other, and the
+// batches after it are followed again.
+func TestAKVEventMessageOverTheSizeLimitIsNotReceived(t *testing.T) {
+	old := maxMessageBytes
+	maxMessageBytes = 64 << 10
+	t.Cleanup(func() { maxMessageBytes = old }) // after the manager's Close
+	m, x := newTestManager(t, "zmq")
+	p := newTestPublisher(t, false, engine.LayoutLegacy)
+	w := &fleet.Worker{Idx: 1, ID: "w", KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
+	if err := m.WorkerAdded(w); err != nil {
+		t.Fatal(err)
+	}
+	connect(t, p, x, w.Idx)
+	quiesce(p)
+	const n = 8192 // about 170 KB of msgpack
+	big := tokensFor(1, n)
+	p.BlockStored(engineHashes(1, n), 0, false, big, bs)
+	waitFor(t, "the big batch sent", func() bool { return p.Pending() == 0 })
+	small := tokensFor(2, 1)
+	deadline := time.Now().Add(5 * time.Second)
+	for overlap(x, w.Idx, small) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("batches after the oversized one are not followed (stats %+v)", m.Stats(w.ID))
+		}
+		p.BlockStored(engineHashes(2, 1), 0, false, small, bs)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := overlap(x, w.Idx, big); got != 0 {
+		t.Fatalf("a %d-block batch over the %d-byte message limit was received and indexed (%d blocks)", n, maxMessageBytes, got)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
@@ -16,6 +17,14 @@ import (
 
 // ZMQAvailable reports whether this binary was built with ZMQ support.
 const ZMQAvailable = true
+
+// maxMessageBytes bounds one message a KV event or replay socket accepts
+// (ZMQ_MAXMSGSIZE): ZMQ reads a message whole before handing it over, so
+// without it one frame of any size from a publisher is held in memory
+// (twice: ZMQ's copy and Go's). A peer that sends more is disconnected and
+// reconnected; the message is lost, a gap like any other. vLLM's batches
+// hold one scheduler step, well under a megabyte. A var for tests.
+var maxMessageBytes int64 = 64 << 20
 
 // runZMQ owns the worker's SUB socket: it polls with a timeout so it can
 // stop, handles every message in order, drains frames queued by Feed, and
@@ -46,6 +55,9 @@ func (ws *workerState) subscribeOnce(ep string) error {
 	if err := sock.SetRcvhwm(ws.m.cfg.RcvHWM); err != nil {
 		return fmt.Errorf("cannot set RCVHWM: %w", err)
 	}
+	if err := sock.SetMaxmsgsize(maxMessageBytes); err != nil {
+		return fmt.Errorf("cannot set MAXMSGSIZE: %w", err)
+	}
 	if err := sock.SetSubscribe(""); err != nil {
 		return fmt.Errorf("cannot subscribe: %w", err)
 	}
@@ -56,8 +68,28 @@ func (ws *workerState) subscribeOnce(ep string) error {
 			return fmt.Errorf("cannot connect SUB to %q: %w", rankEndpoint(ep, r), err)
 		}
 	}
+	// ZMQ drops a publisher that sent a message over maxMessageBytes for
+	// good (a protocol error: no reconnect), so every disconnection makes
+	// the subscriber start over with a new socket.
+	mon := fmt.Sprintf("inproc://infera-kv-sub-%d", monitorSeq.Add(1))
+	if err := sock.Monitor(mon, zmq.EVENT_DISCONNECTED); err != nil {
+		return fmt.Errorf("cannot monitor SUB socket: %w", err)
+	}
+	events, err := zmq.NewSocket(zmq.PAIR)
+	if err != nil {
+		return fmt.Errorf("cannot create monitor socket: %w", err)
+	}
+	_ = events.SetLinger(0)
+	defer func() {
+		_ = sock.Monitor("", 0) // stopped before its reader goes
+		_ = events.Close()
+	}()
+	if err := events.Connect(mon); err != nil {
+		return fmt.Errorf("cannot connect monitor socket: %w", err)
+	}
 	poller := zmq.NewPoller()
 	poller.Add(sock, zmq.POLLIN)
+	poller.Add(events, zmq.POLLIN)
 	for !ws.stopped.Load() {
 		ws.drainFeed()
 		polled, err := poller.Poll(ws.m.cfg.PollInterval)
@@ -71,16 +103,41 @@ func (ws *workerState) subscribeOnce(ep string) error {
 			continue
 		}
 		// Handle what is queued now, bounded so stop stays responsive.
-		for i := 0; i < 1024 && !ws.stopped.Load(); i++ {
-			msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
-			if err != nil {
-				if zmq.AsErrno(err) == zmq.Errno(11) { // EAGAIN
-					break
-				}
-				return fmt.Errorf("cannot receive: %w", err)
-			}
-			ws.handleFrames(msg)
+		if err := ws.receive(sock, 1024); err != nil {
+			return err
 		}
+		for _, p := range polled {
+			if p.Socket != events {
+				continue
+			}
+			_, addr, _, err := events.RecvEvent(0)
+			if err != nil {
+				return fmt.Errorf("cannot read monitor event: %w", err)
+			}
+			// What came before the disconnection is handled first.
+			if err := ws.receive(sock, ws.m.cfg.RcvHWM); err != nil {
+				return err
+			}
+			return fmt.Errorf("publisher %s disconnected (it stopped, or sent a message over %d bytes)", addr, maxMessageBytes)
+		}
+	}
+	return nil
+}
+
+// monitorSeq names the SUB sockets' monitor endpoints.
+var monitorSeq atomic.Uint64
+
+// receive handles up to n messages queued on sock.
+func (ws *workerState) receive(sock *zmq.Socket, n int) error {
+	for i := 0; i < n && !ws.stopped.Load(); i++ {
+		msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
+		if err != nil {
+			if zmq.AsErrno(err) == zmq.Errno(11) { // EAGAIN
+				return nil
+			}
+			return fmt.Errorf("cannot receive: %w", err)
+		}
+		ws.handleFrames(msg)
 	}
 	return nil
 }
@@ -100,6 +157,9 @@ func Replay(endpoint string, start uint64, timeout time.Duration, fn func(seq ui
 	}
 	defer sock.Close()
 	_ = sock.SetLinger(0)
+	if err := sock.SetMaxmsgsize(maxMessageBytes); err != nil {
+		return fmt.Errorf("cannot set MAXMSGSIZE: %w", err)
+	}
 	if err := sock.Connect(endpoint); err != nil {
 		return fmt.Errorf("cannot connect to replay endpoint %q: %w", endpoint, err)
 	}
