@@ -259,3 +259,45 @@ func TestAKVEventMessageOverTheSizeLimitIsNotReceived(t *testing.T) {
 		t.Fatalf("a %d-block batch over the %d-byte message limit was received and indexed (%d blocks)", n, maxMessageBytes, got)
 	}
 }
+
+// A publisher that stores blocks and never removes any (or numbers its
+// batches with ever new data-parallel ranks) must not grow the router
+// without bound: one rank holds at most maxRankBlocks, a worker follows
+// at most dp_size ranks, and what is past that is dropped and counted.
+// A flood of 16-chain batches grew a router by 4.9 GB in 28 s.
+func TestAWorkerFloodingStoredBlocksIsBoundedInMemory(t *testing.T) {
+	old := maxRankBlocks
+	maxRankBlocks = 1000
+	t.Cleanup(func() { maxRankBlocks = old })
+	x := radix.New()
+	m, err := NewManager(ManagerConfig{Index: x})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	w := &fleet.Worker{Idx: 2, ID: "flood", BlockSize: bs}
+	ws := m.newWorkerState(w)
+	defer ws.unregisterMetrics()
+	const chains, n = 50, 100
+	seq := uint64(0)
+	for rank := 0; rank < 3; rank++ {
+		for c := 0; c < chains; c++ {
+			tag := rank*chains + c
+			b := appendBatchHeader(nil, false, 1, 1)
+			b = appendStored(b, false, engineHashes(tag, n), 0, false, tokensFor(tag, n), bs)
+			ws.handle(seq, appendBatchTrailer(b, false, rank))
+			seq++
+		}
+	}
+	held := 0
+	for _, rs := range ws.ranks {
+		held += len(rs.blocks)
+	}
+	t.Logf("index holds %d blocks of the worker, its maps %d, in %d ranks; dropped %d", x.WorkerBlocks(w.Idx), held, len(ws.ranks), ws.mDropped.Get())
+	if got := x.WorkerBlocks(w.Idx); got > int64(maxRankBlocks) || held > maxRankBlocks {
+		t.Fatalf("a worker of one rank holds %d blocks in the index and %d in its maps, over the %d one rank may hold", got, held, maxRankBlocks)
+	}
+	if overlap(x, w.Idx, tokensFor(0, n)) != n {
+		t.Fatalf("the blocks stored before the bound are not indexed")
+	}
+}

@@ -337,6 +337,14 @@ type indexOp struct {
 // off is done at once (one walk of the index per that many blocks).
 var maxSinceBlocks = 1 << 16 // a var for tests
 
+// maxRankBlocks bounds the engine blocks one (worker, rank) may hold in the
+// router (its index entries and the engine-hash maps, about 130 bytes a
+// block): 8Mi, more blocks than any GPU's KV cache holds (128Mi tokens
+// in 16-token blocks, 8Mi in SGLang's 1-token pages). A publisher that
+// stores without ever removing grew the router by gigabytes a minute;
+// past the bound its BlockStored events are dropped. A var for tests.
+var maxRankBlocks = 1 << 23
+
 // minClearEvery is the least time between two index clears of one rank.
 const minClearEvery = 100 * time.Millisecond
 
@@ -505,6 +513,14 @@ func (ws *workerState) handle(seq uint64, payload []byte) {
 				}
 			}
 		}
+		return
+	}
+	if ws.ranks[b.DPRank] == nil && len(ws.ranks) >= max(1, ws.w.DPSize) {
+		// Each rank may hold maxRankBlocks: a worker follows as many as
+		// its dp_size (whichever numbers they have: one vLLM rank may be
+		// a worker of its own).
+		ws.mDropped.Inc()
+		ws.logf("KV event batch of more data-parallel ranks than the worker's dp_size, dropped", "rank", b.DPRank, "dp_size", ws.w.DPSize)
 		return
 	}
 	rs := ws.rank(b.DPRank)
@@ -767,6 +783,11 @@ func (ws *workerState) applyStored(e *Event, rank int, rs *rankState) {
 	if len(e.Hashes) == 0 || len(e.Tokens) != len(e.Hashes)*bs {
 		ws.mMalformed.Inc()
 		ws.logf("BlockStored with inconsistent token count", "blocks", len(e.Hashes), "tokens", len(e.Tokens), "block_size", bs)
+		return
+	}
+	if len(rs.blocks)+len(e.Hashes) > maxRankBlocks {
+		ws.mDropped.Inc()
+		ws.logf("BlockStored beyond the blocks a rank may hold (a publisher that never removes any?), dropped", "rank", rank, "held", len(rs.blocks), "max", maxRankBlocks)
 		return
 	}
 	var seed, root uint64

@@ -229,7 +229,7 @@ func TestWorkerRemovalPurges(t *testing.T) {
 
 func TestFeedSequencing(t *testing.T) {
 	m, x := newTestManager(t, "nats")
-	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
+	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs, DPSize: 2}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}
