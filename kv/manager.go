@@ -23,9 +23,14 @@ type ManagerConfig struct {
 	// Transport is "zmq" to open one SUB socket per worker that advertises
 	// a KV events endpoint; anything else means events arrive through Feed.
 	Transport string
-	// QueueSize bounds the per-worker queue of frames delivered by Feed
-	// (default 4096); frames beyond it are dropped and counted.
+	// QueueSize bounds the per-worker queue of frames received (from the
+	// SUB socket, or delivered by Feed) and not yet applied (default
+	// 4096); frames beyond it are dropped and counted.
 	QueueSize int
+	// QueueBytes bounds the payload bytes in that queue (default 256 MiB):
+	// a frame that does not fit is dropped and counted, unless the queue
+	// is empty. The gap is then recovered or resynced.
+	QueueBytes int64
 	// RcvHWM is the ZMQ receive high-water mark per SUB socket, in messages
 	// (default 100000); ZMQ drops beyond it and the gap is recovered.
 	RcvHWM int
@@ -48,8 +53,9 @@ type ManagerConfig struct {
 }
 
 // Manager keeps the index in step with every worker's KV events. It is a
-// fleet.Hook: WorkerAdded starts one goroutine per worker (owning its ZMQ
-// socket when Transport is zmq), WorkerRemoved stops it and purges the
+// fleet.Hook: WorkerAdded starts one goroutine per worker that applies its
+// queued frames, and one more that owns its ZMQ socket and queues what it
+// receives when Transport is zmq; WorkerRemoved stops them and purges the
 // worker's entries before returning.
 type Manager struct {
 	cfg ManagerConfig
@@ -122,6 +128,9 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 	if cfg.QueueSize <= 0 {
 		cfg.QueueSize = 4096
 	}
+	if cfg.QueueBytes <= 0 {
+		cfg.QueueBytes = 256 << 20
+	}
 	if cfg.RcvHWM <= 0 {
 		cfg.RcvHWM = 100000
 	}
@@ -191,12 +200,18 @@ func (m *Manager) WorkerAdded(w *fleet.Worker) error {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		if m.cfg.Transport == "zmq" && w.KVEventsEndpoint != "" {
-			ws.runZMQ()
-		} else {
-			ws.runFeed()
-		}
+		ws.runFeed()
 	}()
+	if m.cfg.Transport == "zmq" && w.KVEventsEndpoint != "" {
+		// The socket is read as fast as it fills, into the queue bounded
+		// in bytes: what ZMQ holds itself is bounded only in messages
+		// (RcvHWM), and applying a batch is slower than receiving it.
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			ws.runZMQ()
+		}()
+	}
 	return nil
 }
 
@@ -232,11 +247,24 @@ func (m *Manager) Feed(workerID string, instance uint64, topic []byte, seq uint6
 	if ws == nil {
 		return false
 	}
-	f := frame{instance: instance, seq: seq, payload: append([]byte(nil), payload...)}
+	return ws.enqueue(frame{instance: instance, seq: seq, payload: append([]byte(nil), payload...)})
+}
+
+// enqueue queues f for the worker's goroutine without blocking: a frame
+// beyond QueueSize frames or QueueBytes bytes is dropped and counted (one
+// frame fits whatever its size when nothing is queued).
+func (ws *workerState) enqueue(f frame) bool {
+	n := int64(len(f.payload))
+	if q := ws.queued.Add(n); q > n && q > ws.m.cfg.QueueBytes {
+		ws.queued.Add(-n)
+		ws.mDropped.Inc()
+		return false
+	}
 	select {
 	case ws.feed <- f:
 		return true
 	default:
+		ws.queued.Add(-n)
 		ws.mDropped.Inc()
 		return false
 	}
@@ -357,6 +385,7 @@ type workerState struct {
 	idx       int
 	blockSize int
 	feed      chan frame
+	queued    atomic.Int64 // payload bytes in feed
 	done      chan struct{}
 
 	mu      sync.Mutex
@@ -454,38 +483,28 @@ func (ws *workerState) runFeed() {
 			return
 		case f := <-ws.feed:
 			ws.handleFrame(&f)
+			ws.queued.Add(-int64(len(f.payload)))
 		}
 	}
 }
 
-// drainFeed handles frames queued by Feed without blocking.
-func (ws *workerState) drainFeed() {
-	for {
-		select {
-		case f := <-ws.feed:
-			ws.handleFrame(&f)
-		default:
-			return
-		}
-	}
-}
-
-// handleFrame handles one frame queued by Feed if it comes from the
-// publisher the worker follows.
+// handleFrame handles one queued frame if it comes from the publisher the
+// worker follows (the ZMQ socket's frames have instance 0: its one
+// publisher).
 func (ws *workerState) handleFrame(f *frame) {
 	if ws.follow(f.instance) {
 		ws.handle(f.seq, f.payload)
 	}
 }
 
-// handleFrames handles one ZMQ multipart message.
-func (ws *workerState) handleFrames(msg [][]byte) {
+// enqueueFrames queues one ZMQ multipart message.
+func (ws *workerState) enqueueFrames(msg [][]byte) {
 	if len(msg) != 3 || len(msg[1]) != 8 {
 		ws.mMalformed.Inc()
 		ws.logf("malformed KV event message", "frames", len(msg))
 		return
 	}
-	ws.handle(binary.BigEndian.Uint64(msg[1]), msg[2])
+	ws.enqueue(frame{seq: binary.BigEndian.Uint64(msg[1]), payload: msg[2]})
 }
 
 func (ws *workerState) rank(r int) *rankState {

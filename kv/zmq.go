@@ -27,8 +27,8 @@ const ZMQAvailable = true
 var maxMessageBytes int64 = 64 << 20
 
 // runZMQ owns the worker's SUB socket: it polls with a timeout so it can
-// stop, handles every message in order, drains frames queued by Feed, and
-// recreates the socket after errors.
+// stop, queues every message in order for the worker's goroutine
+// (runFeed), and recreates the socket after errors.
 func (ws *workerState) runZMQ() {
 	ep := connectEndpoint(ws.w.KVEventsEndpoint, ws.w.Addr)
 	for !ws.stopped.Load() {
@@ -91,7 +91,6 @@ func (ws *workerState) subscribeOnce(ep string) error {
 	poller.Add(sock, zmq.POLLIN)
 	poller.Add(events, zmq.POLLIN)
 	for !ws.stopped.Load() {
-		ws.drainFeed()
 		polled, err := poller.Poll(ws.m.cfg.PollInterval)
 		if err != nil {
 			if errors.Is(err, zmq.Errno(4)) { // EINTR
@@ -102,7 +101,7 @@ func (ws *workerState) subscribeOnce(ep string) error {
 		if len(polled) == 0 {
 			continue
 		}
-		// Handle what is queued now, bounded so stop stays responsive.
+		// Queue what has come, bounded so stop stays responsive.
 		if err := ws.receive(sock, 1024); err != nil {
 			return err
 		}
@@ -114,7 +113,7 @@ func (ws *workerState) subscribeOnce(ep string) error {
 			if err != nil {
 				return fmt.Errorf("cannot read monitor event: %w", err)
 			}
-			// What came before the disconnection is handled first.
+			// What came before the disconnection is queued first.
 			if err := ws.receive(sock, ws.m.cfg.RcvHWM); err != nil {
 				return err
 			}
@@ -127,7 +126,7 @@ func (ws *workerState) subscribeOnce(ep string) error {
 // monitorSeq names the SUB sockets' monitor endpoints.
 var monitorSeq atomic.Uint64
 
-// receive handles up to n messages queued on sock.
+// receive queues up to n messages waiting on sock.
 func (ws *workerState) receive(sock *zmq.Socket, n int) error {
 	for i := 0; i < n && !ws.stopped.Load(); i++ {
 		msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
@@ -137,7 +136,7 @@ func (ws *workerState) receive(sock *zmq.Socket, n int) error {
 			}
 			return fmt.Errorf("cannot receive: %w", err)
 		}
-		ws.handleFrames(msg)
+		ws.enqueueFrames(msg)
 	}
 	return nil
 }

@@ -14,7 +14,6 @@ var errNoZMQ = errors.New("kv: built without cgo: ZMQ transport unavailable")
 
 func (ws *workerState) runZMQ() {
 	ws.logf("cannot subscribe to KV events", "err", errNoZMQ)
-	ws.runFeed()
 }
 
 // Replay is unavailable without cgo.
