@@ -245,7 +245,7 @@ func (d *Decoder) decodeEvent() error {
 				return err
 			}
 			if err := d.field(&e, string(k)); err != nil {
-				return fmt.Errorf("%s: %w", k, err)
+				return fmt.Errorf("%s: %w", fieldName(k), err)
 			}
 		}
 	} else {
@@ -294,6 +294,20 @@ var (
 	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}
 	removedFields = []string{"block_hashes", "medium", "group_idx"}
 )
+
+// fieldName names map field k in an error, which is logged: a name the
+// decoder knows, never the publisher's bytes.
+func fieldName(k []byte) string {
+	if string(k) == "type" {
+		return "type"
+	}
+	for _, f := range storedFields { // removedFields' names are among them
+		if string(k) == f {
+			return f
+		}
+	}
+	return "unknown field"
+}
 
 // field decodes the value of the named field into e; unknown names skip it.
 func (d *Decoder) field(e *Event, name string) error {

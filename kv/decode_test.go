@@ -243,3 +243,24 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// The error of a malformed batch is logged (throttled): it must not carry
+// the publisher's bytes, as a map event's field name did, whole (a 1 MiB
+// name made a 1 MiB log line).
+func TestADecodeErrorDoesNotCarryThePublishersBytes(t *testing.T) {
+	name := strings.Repeat("A", 1<<20)
+	b := mpAppendArray(nil, 2)
+	b = mpAppendFloat(b, 1)
+	b = mpAppendArray(b, 1)
+	b = mpAppendMap(b, 1)
+	b = mpAppendStr(b, name)
+	b = append(b, 0xc1) // an invalid type byte as its value
+	var d Decoder
+	_, err := d.Decode(b)
+	if err == nil {
+		t.Fatal("Decode accepted an invalid value")
+	}
+	if len(err.Error()) > 200 || strings.Contains(err.Error(), "AAAA") {
+		t.Fatalf("the decode error carries the publisher's bytes (%d bytes): %.80q...", len(err.Error()), err.Error())
+	}
+}
