@@ -37,8 +37,17 @@ func SubscribeKVEvents(nc *nats.Conn, fn KVFunc) (*nats.Subscription, error) {
 		seq, err := strconv.ParseUint(seqStr, 10, 64)
 		inst, instOK := parseInstance(m.Header[HdrInstance])
 		if err != nil || !instOK || !ValidWorkerID(id) {
+			// Which part was malformed, never the publisher's bytes
+			// (STYLE): the worker id only once it is a valid one.
 			mKVBad.Inc()
-			badKVLog.Warn("dropping malformed KV event", "subject", m.Subject, "seq", seqStr)
+			switch {
+			case !ValidWorkerID(id):
+				badKVLog.Warn("dropping malformed KV event", "reason", "worker id in subject", "subject_bytes", len(m.Subject))
+			case err != nil:
+				badKVLog.Warn("dropping malformed KV event", "reason", HdrSeq+" header", "worker", id)
+			default:
+				badKVLog.Warn("dropping malformed KV event", "reason", HdrInstance+" header", "worker", id)
+			}
 			return
 		}
 		mKVRecv.Inc()
