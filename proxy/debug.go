@@ -34,8 +34,7 @@ func (s *Server) debugBody(ctx *fasthttp.RequestCtx) *reqState {
 	rs := s.acquireState()
 	if err := s.readBody(ctx, rs); err != nil {
 		s.releaseState(rs, endComplete)
-		ctx.SetConnectionClose()
-		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "request body not accepted", "", "")
+		s.writeBodyError(ctx, err) // as for inference requests: 413, 503, 408 or 400
 		return nil
 	}
 	return rs

@@ -131,3 +131,53 @@ func dialRouter(t *testing.T, url string) net.Conn {
 	conn.SetDeadline(time.Now().Add(10 * time.Second))
 	return conn
 }
+
+// /tokenize, /detokenize and /debug/route answer a body they cannot take
+// as the inference endpoints do: 413 request_too_large over
+// --max-body-bytes, read to its end first (lingering close), so a client
+// still sending reads the answer; 408 past --body-timeout. They answered
+// 400 "request body not accepted" and closed the socket on the unread
+// body: the client's write was reset before it could read even that.
+func TestTheIntrospectionEndpointsAnswerABodyTheyCannotTakeAsInferenceDoes(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy = "kv-aware"
+	f.MaxBodyBytes = 1 << 20
+	f.BodyTimeout = 300 * time.Millisecond
+	r := startRouter(t, f, nil, up.url)
+	addr := strings.TrimPrefix(r.url, "http://")
+	body := bytes.Repeat([]byte("x"), 32<<20)
+	for _, path := range []string{"/tokenize", "/detokenize", "/debug/route"} {
+		t.Run(path, func(t *testing.T) {
+			conn, err := net.Dial("tcp4", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(20 * time.Second))
+			fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", path, len(body))
+			if _, err := conn.Write(body); err != nil {
+				t.Fatalf("sending the body: %v", err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatalf("no answer: %v", err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 413 || !resp.Close || !bytes.Contains(b, []byte(`"code":"request_too_large"`)) {
+				t.Fatalf("over --max-body-bytes: %d (close %v) %s", resp.StatusCode, resp.Close, b)
+			}
+
+			slow := dialRouter(t, r.url)
+			fmt.Fprintf(slow, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 20000\r\n\r\n%s", path, strings.Repeat("x", 9000))
+			resp, err = http.ReadResponse(bufio.NewReader(slow), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ = io.ReadAll(resp.Body)
+			if resp.StatusCode != 408 || !bytes.Contains(b, []byte("request_timeout")) {
+				t.Fatalf("past --body-timeout: %d %s", resp.StatusCode, b)
+			}
+		})
+	}
+}

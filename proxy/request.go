@@ -241,6 +241,33 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, rs *reqState) error {
 	return nil
 }
 
+// writeBodyError answers a request whose body readBody did not deliver
+// (err): 413 over --max-body-bytes, 503 when the in-flight body memory is
+// exhausted, 408 past --body-timeout, else 400. The connection is closed
+// after the answer; the rest of a body on its way is read and discarded
+// first (a lingering close), so the client can finish sending and read it.
+func (s *Server) writeBodyError(ctx *fasthttp.RequestCtx, err error) {
+	ctx.SetConnectionClose()
+	if err == errBodyTooLarge || err == errBodyBudget {
+		closeUnread(ctx) // the rest of the body is on its way (not a slow client's)
+	}
+	switch err {
+	case errBodyTooLarge:
+		mBadRequests.Inc()
+		s.writeBodyTooLarge(ctx)
+	case errBodyBudget:
+		mBodyBudget.Inc()
+		writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable, "the router is out of request body memory; retry later", "", "overloaded")
+	default:
+		mBadRequests.Inc()
+		if isTimeout(err) {
+			writeError(ctx, fasthttp.StatusRequestTimeout, typeInvalidRequest, "request body not received within --body-timeout", "", "request_timeout")
+			break
+		}
+		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "request body not received", "", "bad_request")
+	}
+}
+
 // answered finishes an inference request's answer, whoever wrote it (the
 // handler, or handleExpect's 413 before any body): every answer carries
 // the request id (and smart model selection's tier with the decision
@@ -315,25 +342,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	}
 	rs.gov.user = user
 	if err := s.readBody(ctx, rs); err != nil {
-		ctx.SetConnectionClose()
-		if err == errBodyTooLarge || err == errBodyBudget {
-			closeUnread(ctx) // the rest of the body is on its way (not a slow client's)
-		}
-		switch err {
-		case errBodyTooLarge:
-			mBadRequests.Inc()
-			s.writeBodyTooLarge(ctx)
-		case errBodyBudget:
-			mBodyBudget.Inc()
-			writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable, "the router is out of request body memory; retry later", "", "overloaded")
-		default:
-			mBadRequests.Inc()
-			if isTimeout(err) {
-				writeError(ctx, fasthttp.StatusRequestTimeout, typeInvalidRequest, "request body not received within --body-timeout", "", "request_timeout")
-				break
-			}
-			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "request body not received", "", "bad_request")
-		}
+		s.writeBodyError(ctx, err)
 		uncounted = true
 		return
 	}
