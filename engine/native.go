@@ -4,6 +4,7 @@ import (
 	"io"
 
 	"github.com/infera/infera/protocol"
+	"github.com/infera/infera/tokenizer"
 	"github.com/valyala/fasthttp"
 )
 
@@ -86,7 +87,10 @@ func (s *Server) countTokens(ctx *fasthttp.RequestCtx, m *protocol.Meta) {
 	msgs, tools, err := protocol.ChatMessages(nil, chat, &arena)
 	var text []byte
 	if err == nil {
-		text, err = s.tok.RenderChat(nil, msgs, tools, true)
+		text, err = s.tok.RenderChat(nil, msgs, tools, !m.ContinueFinal)
+		if err == nil && m.ContinueFinal && len(msgs) > 0 {
+			text = tokenizer.ContinueFinalMessage(text, msgs[len(msgs)-1].Content) // a prefill is continued
+		}
 	}
 	if err != nil {
 		s.nativeError(ctx, protocol.Anthropic, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest, Message: "cannot render the prompt: " + err.Error()})

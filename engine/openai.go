@@ -36,6 +36,10 @@ type chatWire struct {
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	MaxTokens           *int64          `json:"max_tokens"`
 	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
+	// The prompt's end, as vLLM renders it: the generation prompt unless
+	// add_generation_prompt is false or the final message is continued.
+	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
+	ContinueFinalMessage bool  `json:"continue_final_message"`
 
 	// Read by answer shaping (answer.go).
 	ToolChoice         json.RawMessage            `json:"tool_choice"`
@@ -126,9 +130,13 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 	if !isNull(w.Tools) {
 		tools = w.Tools
 	}
-	text, err := tok.RenderChat(text[:0], msgs, tools, true)
+	addGen := (w.AddGenerationPrompt == nil || *w.AddGenerationPrompt) && !w.ContinueFinalMessage
+	text, err := tok.RenderChat(text[:0], msgs, tools, addGen)
 	if err != nil {
 		return genRequest{}, dst, text, badRequest("cannot render chat prompt: %s", err)
+	}
+	if w.ContinueFinalMessage {
+		text = tokenizer.ContinueFinalMessage(text, msgs[len(msgs)-1].Content)
 	}
 	dst = tok.Encode(dst, text)
 	mt, err := maxTokensOf(w.MaxCompletionTokens, w.MaxTokens)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -680,5 +681,33 @@ func TestServerDisconnectWhileWaiting(t *testing.T) {
 	s := e.waitStats(t, "non-stream aborted", func(s Stats) bool { return s.Aborted == 2 && s.Active == 0 })
 	if s.Completed != 0 || s.CacheBlocksUsed != s.CacheBlocksCached {
 		t.Fatalf("stats %+v", s)
+	}
+}
+
+// A chat that turns the generation prompt off, or continues its final
+// message (an Anthropic prefill, converted), is prompted as vLLM renders it:
+// no generation prompt, and the final message cut after its content. The
+// engine always rendered the generation prompt, so its prompt_tokens (and
+// its KV blocks) were not vLLM's.
+func TestAContinuedFinalMessageIsPromptedAsVLLMRendersIt(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.NativeProtocols = true })
+	count := func(text string) int { return len(tokenizer.Simple{}.Encode(nil, []byte(text))) }
+	const user = `{"role":"user","content":"What is the capital of France?"}`
+	for _, c := range []struct{ path, body, want string }{
+		{"/v1/chat/completions", `{"max_tokens":1,"add_generation_prompt":false,"messages":[` + user + `]}`,
+			"<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"},
+		{"/v1/chat/completions", `{"max_tokens":1,"add_generation_prompt":false,"continue_final_message":true,"messages":[` + user + `,{"role":"assistant","content":"The capital is "}]}`,
+			"<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nThe capital is"},
+		{"/v1/messages/count_tokens", `{"model":"sim-model","messages":[` + user + `,{"role":"assistant","content":"The capital is "}]}`,
+			"<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nThe capital is"},
+	} {
+		code, b, _ := e.post(t, c.path, c.body)
+		want := `"prompt_tokens":` + strconv.Itoa(count(c.want)) + `,`
+		if c.path == "/v1/messages/count_tokens" {
+			want = `{"input_tokens":` + strconv.Itoa(count(c.want)) + `}`
+		}
+		if code != 200 || !strings.Contains(string(b), want) {
+			t.Fatalf("%s %s: %d %s, want %s", c.path, c.body, code, b, want)
+		}
 	}
 }

@@ -238,6 +238,7 @@ func anthropicToChat(dst, body []byte, opt *Options, m *Meta, countOnly bool) ([
 		// Anthropic continues a final assistant message (prefill); chat
 		// engines (vLLM, SGLang) do so when asked.
 		c.out = append(c.out, `,"add_generation_prompt":false,"continue_final_message":true`...)
+		m.ContinueFinal = true
 	}
 	c.out = append(c.out, '}')
 	return c.out, nil

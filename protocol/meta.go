@@ -22,6 +22,11 @@ type Meta struct {
 	// chat: Anthropic's message_start reports it as input_tokens (the
 	// engine's own count arrives with the final message_delta). 0: unknown.
 	PromptTokens int
+	// ContinueFinal: the converted chat continues its final message (an
+	// assistant prefill; the chat asks for continue_final_message), so its
+	// prompt ends with that message's content, not a generation prompt
+	// (tokenizer.ContinueFinalMessage).
+	ContinueFinal bool
 	// ID is the answer's id (msg_... or resp_...), Created its Unix time.
 	ID      []byte
 	Created int64

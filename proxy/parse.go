@@ -55,6 +55,11 @@ type reqBody struct {
 	// has a stream_options key.
 	objStart   int
 	streamOpts bool
+	// noGenPrompt and continueFinal are a chat's add_generation_prompt
+	// false and continue_final_message true (the last copy of each, as
+	// the engine reads them): its prompt ends without a generation prompt,
+	// or with its final message's content (tokenize).
+	noGenPrompt, continueFinal bool
 }
 
 func (b *reqBody) reset() {
@@ -212,6 +217,10 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			if kind != kindRerank {
 				return -1, nil
 			}
+		case "add_generation_prompt", "continue_final_message":
+			if kind != kindChat {
+				return -1, nil
+			}
 		case "text_1", "text_2":
 			if kind != kindScore {
 				return -1, nil
@@ -318,6 +327,10 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			if once(rkAux, name) {
 				b.auxStart, b.auxEnd = vs, ve
 			}
+		case "add_generation_prompt":
+			b.noGenPrompt = string(v) == "false"
+		case "continue_final_message":
+			b.continueFinal = string(v) == "true"
 		case "top_n":
 			if _, ok := parseInt(v); !ok && string(v) != "null" {
 				perr = errTopN

@@ -500,7 +500,11 @@ func (s *Server) countTokens(ctx *fasthttp.RequestCtx, rs *reqState, chat []byte
 		return
 	}
 	if err == nil {
-		rs.render, err = tok.RenderChat(rs.render[:0], msgs[:k], tools, k == len(msgs) && rest == 0)
+		all, cont := k == len(msgs) && rest == 0, rs.proto.meta.ContinueFinal
+		rs.render, err = tok.RenderChat(rs.render[:0], msgs[:k], tools, all && !cont)
+		if err == nil && all && cont && k > 0 {
+			rs.render = tokenizer.ContinueFinalMessage(rs.render, msgs[k-1].Content) // a prefill is continued
+		}
 	}
 	if err != nil {
 		writeProtoError(ctx, protocol.Anthropic, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest,

@@ -80,3 +80,54 @@ func TestARenderStoppedByTheRoutersOwnBoundsIsRoutedWithoutHashes(t *testing.T) 
 		t.Fatalf("the engine got %d requests", hits.Load())
 	}
 }
+
+// A chat that turns the generation prompt off, or continues its final
+// message (continue_final_message: what the Anthropic conversion asks for
+// an assistant prefill), is tokenized as vLLM renders it: without the
+// generation prompt, and cut after the final message's content. The router
+// always appended the generation prompt (and, for a continued message, the
+// template's end of turn), so /tokenize, count_tokens and the block
+// hashes of such a prompt differed from the engine's at its end.
+func TestAChatThatContinuesItsFinalMessageIsTokenizedAsTheEngineRendersIt(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy = "kv-aware" // the built-in Simple tokenizer (ChatML-like)
+	r := startRouter(t, f, nil, up.url)
+	tokens := func(path, body string) []uint32 {
+		t.Helper()
+		code, b := post(t, r.url+path, body)
+		var got struct {
+			Tokens      []uint32 `json:"tokens"`
+			InputTokens int      `json:"input_tokens"`
+		}
+		if code != 200 || json.Unmarshal([]byte(b), &got) != nil {
+			t.Fatalf("%s: %d %s", path, code, b)
+		}
+		if got.Tokens == nil {
+			got.Tokens = make([]uint32, got.InputTokens)
+		}
+		return got.Tokens
+	}
+	encode := func(text string) []uint32 { return tokenizer.Simple{}.Encode(nil, []byte(text)) }
+	const user = `{"role":"user","content":"What is the capital of France?"}`
+	for _, c := range []struct{ body, want string }{
+		{`{"model":"m","messages":[` + user + `]}`,
+			"<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"},
+		{`{"model":"m","messages":[` + user + `],"add_generation_prompt":false}`,
+			"<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"},
+		{`{"model":"m","add_generation_prompt":true,"add_generation_prompt":false,"messages":[` + user + `]}`,
+			"<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"}, // the last copy, as the engine reads it
+		{`{"model":"m","messages":[` + user + `,{"role":"assistant","content":"The capital is "}],"add_generation_prompt":false,"continue_final_message":true}`,
+			"<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nThe capital is"},
+	} {
+		if got, want := tokens("/tokenize", c.body), encode(c.want); !slices.Equal(got, want) {
+			t.Fatalf("/tokenize %s:\ngot  %q\nwant %q", c.body, tokenizer.Simple{}.AppendDecode(nil, got), c.want)
+		}
+	}
+	// An Anthropic prefill: counted as the engine renders the converted
+	// chat, which continues the assistant's message.
+	got := tokens("/v1/messages/count_tokens", `{"model":"m","messages":[`+user+`,{"role":"assistant","content":"The capital is "}]}`)
+	if want := encode("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nThe capital is"); len(got) != len(want) {
+		t.Fatalf("count_tokens of a prefill: %d, want %d", len(got), len(want))
+	}
+}

@@ -570,7 +570,12 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 		all := k == len(b.msgSpans) && b.restSize == 0
 		rs.msgs = decodeMessages(rs.msgs[:0], arr, b.msgSpans[:k], &rs.arena)
 		var err error
-		rs.render, err = s.o.Tokenizer.RenderChat(rs.render[:0], rs.msgs, tools, all)
+		// As the engine renders it: the generation prompt unless the chat
+		// turns it off or continues its final message (then cut after it).
+		rs.render, err = s.o.Tokenizer.RenderChat(rs.render[:0], rs.msgs, tools, all && !b.noGenPrompt && !b.continueFinal)
+		if err == nil && all && b.continueFinal && len(rs.msgs) > 0 {
+			rs.render = tokenizer.ContinueFinalMessage(rs.render, rs.msgs[len(rs.msgs)-1].Content)
+		}
 		if err != nil {
 			// A part the template wants whole, or a render the router's
 			// own bounds stopped (the engine renders it with its own):
