@@ -118,7 +118,7 @@ func TestAChatThatContinuesItsFinalMessageIsTokenizedAsTheEngineRendersIt(t *tes
 		{`{"model":"m","add_generation_prompt":true,"add_generation_prompt":false,"messages":[` + user + `]}`,
 			"<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"}, // the last copy, as the engine reads it
 		{`{"model":"m","messages":[` + user + `,{"role":"assistant","content":"The capital is "}],"add_generation_prompt":false,"continue_final_message":true}`,
-			"<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nThe capital is"},
+			"<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nThe capital is "},
 	} {
 		if got, want := tokens("/tokenize", c.body), encode(c.want); !slices.Equal(got, want) {
 			t.Fatalf("/tokenize %s:\ngot  %q\nwant %q", c.body, tokenizer.Simple{}.AppendDecode(nil, got), c.want)
@@ -127,7 +127,7 @@ func TestAChatThatContinuesItsFinalMessageIsTokenizedAsTheEngineRendersIt(t *tes
 	// An Anthropic prefill: counted as the engine renders the converted
 	// chat, which continues the assistant's message.
 	got := tokens("/v1/messages/count_tokens", `{"model":"m","messages":[`+user+`,{"role":"assistant","content":"The capital is "}]}`)
-	if want := encode("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nThe capital is"); len(got) != len(want) {
+	if want := encode("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nThe capital is "); len(got) != len(want) {
 		t.Fatalf("count_tokens of a prefill: %d, want %d", len(got), len(want))
 	}
 }

@@ -17,18 +17,19 @@ import (
 // not hold the content (the engine refuses that request) is returned
 // whole. It allocates nothing.
 func ContinueFinalMessage(rendered []byte, final string) []byte {
-	trimmed := bytes.TrimFunc(unsafe.Slice(unsafe.StringData(final), len(final)), pyspace)
+	content := unsafe.Slice(unsafe.StringData(final), len(final))
+	trimmed := bytes.TrimFunc(content, pyspace)
 	i := bytes.LastIndex(rendered, trimmed)
 	if i < 0 {
 		return rendered
 	}
-	n := len(trimmed)
-	if bytes.Equal(bytes.TrimFunc(rendered[i:], pyspace), trimmed) {
-		// Nothing but spacing after the content: the content's own
-		// trailing spacing is kept (Hugging Face cuts at its full length).
-		n = len(final)
+	// Where the content starts (its leading spacing trimmed) and, when the
+	// template kept it whole from there, to its full length; else (the
+	// template trimmed its trailing spacing) to its trimmed length.
+	if n := len(bytes.TrimLeftFunc(content, pyspace)); i+n <= len(rendered) && string(rendered[i:i+n]) == final {
+		return rendered[:i+n]
 	}
-	return rendered[:min(i+n, len(rendered))]
+	return rendered[:i+len(trimmed)]
 }
 
 // pyspace is Python's str.isspace, which str.strip trims: Go's spaces and

@@ -16,7 +16,9 @@ func TestContinueFinalMessageCutsAfterTheFinalContent(t *testing.T) {
 	}
 	chat := "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 	f(chat+"Sure<|im_end|>\n", "Sure", chat+"Sure")
-	f(chat+"Sure <|im_end|>\n", "Sure ", chat+"Sure")     // trailing spacing before the end of turn is cut
+	f(chat+"Sure <|im_end|>\n", "Sure ", chat+"Sure ")    // the template kept the trailing spacing: kept
+	f(chat+"Sure<|im_end|>\n", "Sure ", chat+"Sure")      // the template trimmed it: cut after the trimmed content
+	f(chat+" Sure<|im_end|>\n", " Sure", chat+" Sure")    // leading spacing: cut after the trimmed content
 	f(chat+"Sure\n", "Sure\n", chat+"Sure\n")             // a template that ends on the content keeps its spacing
 	f(chat+"Sure\n\x1c", "Sure\n\x1c", chat+"Sure\n\x1c") // Python's str.strip trims U+001C too
 	f("<|im_start|>user\nSure<|im_end|>\n<|im_start|>assistant\nSure<|im_end|>\n", "Sure",
