@@ -199,6 +199,8 @@ var (
 	keyCached   = []byte(`"cached_tokens":`)
 	keyContent  = []byte(`"content":"`)
 	keyText     = []byte(`"text":"`)
+	keyReason   = []byte(`"reasoning_content":"`)
+	keyReason2  = []byte(`"reasoning":"`)
 	keyErrorObj = []byte(`"error":`)
 )
 
@@ -279,9 +281,11 @@ func (c *Client) readSSE(st *sseState, start time.Time, res *Result) error {
 }
 
 // hasContent reports whether an SSE chunk carries generated text: a non-empty
-// "content" (chat) or "text" (completions) string.
+// "content" (chat) or "text" (completions) string, or a reasoning model's
+// "reasoning_content" (vLLM, SGLang) or "reasoning" (newer vLLM): reasoning
+// tokens are output tokens, timed like the answer's.
 func hasContent(data []byte) bool {
-	for _, k := range [...][]byte{keyContent, keyText} {
+	for _, k := range [...][]byte{keyContent, keyText, keyReason, keyReason2} {
 		if i := bytes.Index(data, k); i >= 0 {
 			j := i + len(k)
 			if j < len(data) && data[j] != '"' {

@@ -182,3 +182,39 @@ func compareSimulatorWithEngine(t *testing.T) error {
 	}
 	return nil
 }
+
+// A reasoning model streams its first tokens as reasoning_content (vLLM's
+// and SGLang's reasoning parsers): they are output tokens, so TTFT is the
+// first of them and every gap after it is an inter-token gap, as vLLM's
+// benchmark_serving counts them. Counting only "content" put TTFT after
+// the whole reasoning and left those gaps out of ITL and TPOT.
+func TestClientDoTimesReasoningTokens(t *testing.T) {
+	srv, err := engine.NewServer(engine.Config{ID: "r0", Models: []string{"sim-model"}, Core: testCore(1), DefaultMaxTokens: 16, Reasoning: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	cl, err := NewClient("http://"+ln.Addr().String(), 4, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(`{"model":"sim-model","messages":[{"role":"user","content":"think first"}],"max_tokens":16,` +
+		`"chat_template_kwargs":{"enable_thinking":true},"stream":true,"stream_options":{"include_usage":true}}`)
+	var res Result
+	cl.Do("/v1/chat/completions", body, true, &res)
+	if !res.OK() {
+		t.Fatalf("request failed: %+v", res)
+	}
+	t.Logf("TTFT %v, E2E %v, %d output tokens, %d inter-token gaps", res.TTFT, res.E2E, res.OutputTokens, res.ITLCount)
+	if res.OutputTokens != 16 || res.ITLCount != 15 || len(cl.TakeITLs()) != 15 {
+		t.Fatalf("16 streamed tokens (8 of them reasoning) must give 15 inter-token gaps, got %d of %d tokens", res.ITLCount, res.OutputTokens)
+	}
+	if res.TTFT > res.E2E/2 {
+		t.Fatalf("TTFT %v is past the reasoning tokens (E2E %v): it must be the first token's", res.TTFT, res.E2E)
+	}
+}
