@@ -113,6 +113,48 @@ func TestClientDoCountsCutStreamAsStreamError(t *testing.T) {
 	}
 }
 
+// JSON may put whitespace after its colons (Python's json.dumps does, as
+// OpenAI-compatible servers built on it send): the client must read the
+// tokens and usage of such answers as it reads compact ones. It used to
+// match "content":" and "usage":{ byte for byte, and so counted every
+// streamed answer as an error and every whole one as one token.
+func TestClientDoReadsJSONWithWhitespace(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		usage := `"usage": {"prompt_tokens": 100, "completion_tokens": 3, "total_tokens": 103, "prompt_tokens_details": {"cached_tokens": 48}}`
+		if r.URL.RawQuery != "stream" {
+			w.Header().Set("Content-Type", "application/json")
+			w.Write([]byte(`{"choices": [{"index": 0, "message": {"role": "assistant", "content": "a b c"}, "finish_reason": "length"}], ` + usage + `}`))
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Write([]byte("data: {\"choices\": [{\"index\": 0, \"delta\": {\"role\": \"assistant\", \"content\": \"\"}}]}\n\n"))
+		for range 3 {
+			w.Write([]byte("data: {\"choices\": [{\"index\": 0, \"delta\": {\"content\": \"tok \"}, \"finish_reason\": null}]}\n\n"))
+			w.(http.Flusher).Flush()
+		}
+		w.Write([]byte("data: {\"choices\": [], " + usage + "}\n\ndata: [DONE]\n\n"))
+	}))
+	defer srv.Close()
+	cl, err := NewClient(srv.URL, 4, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stream := range []bool{true, false} {
+		path := "/v1/chat/completions"
+		if stream {
+			path += "?stream"
+		}
+		var res Result
+		cl.Do(path, []byte(`{"max_tokens":3}`), stream, &res)
+		if !res.OK() || res.OutputTokens != 3 || res.PromptTokens != 100 || res.CachedTokens != 48 {
+			t.Fatalf("stream %v: ok %v (%q), %d output, %d prompt, %d cached tokens; want 3, 100, 48", stream, res.OK(), res.Err, res.OutputTokens, res.PromptTokens, res.CachedTokens)
+		}
+		if stream && res.ITLCount != 2 {
+			t.Fatalf("3 streamed tokens must give 2 inter-token gaps, got %d", res.ITLCount)
+		}
+	}
+}
+
 func BenchmarkReadSSE(b *testing.B) {
 	stream := sseStream(256)
 	c := &Client{}

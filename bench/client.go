@@ -193,14 +193,14 @@ func (c *Client) Do(path string, body []byte, stream bool, res *Result) {
 var (
 	dataPrefix  = []byte("data:")
 	doneMarker  = []byte("[DONE]")
-	keyUsage    = []byte(`"usage":{`)
+	keyUsage    = []byte(`"usage":`)
 	keyPrompt   = []byte(`"prompt_tokens":`)
 	keyCompl    = []byte(`"completion_tokens":`)
 	keyCached   = []byte(`"cached_tokens":`)
-	keyContent  = []byte(`"content":"`)
-	keyText     = []byte(`"text":"`)
-	keyReason   = []byte(`"reasoning_content":"`)
-	keyReason2  = []byte(`"reasoning":"`)
+	keyContent  = []byte(`"content":`)
+	keyText     = []byte(`"text":`)
+	keyReason   = []byte(`"reasoning_content":`)
+	keyReason2  = []byte(`"reasoning":`)
 	keyErrorObj = []byte(`"error":`)
 )
 
@@ -286,14 +286,26 @@ func (c *Client) readSSE(st *sseState, start time.Time, res *Result) error {
 // tokens are output tokens, timed like the answer's.
 func hasContent(data []byte) bool {
 	for _, k := range [...][]byte{keyContent, keyText, keyReason, keyReason2} {
-		if i := bytes.Index(data, k); i >= 0 {
-			j := i + len(k)
-			if j < len(data) && data[j] != '"' {
+		for b := data; ; {
+			i := bytes.Index(b, k)
+			if i < 0 {
+				break
+			}
+			b = skipSpace(b[i+len(k):])
+			if len(b) > 1 && b[0] == '"' && b[1] != '"' {
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// skipSpace drops the JSON whitespace that may follow a key's colon.
+func skipSpace(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\n' || b[0] == '\r') {
+		b = b[1:]
+	}
+	return b
 }
 
 // parseUsage fills token counts from a chunk holding a non-null usage object.
@@ -302,7 +314,10 @@ func parseUsage(data []byte, res *Result) bool {
 	if i < 0 {
 		return false
 	}
-	u := data[i:]
+	u := skipSpace(data[i+len(keyUsage):])
+	if len(u) == 0 || u[0] != '{' {
+		return false // "usage":null
+	}
 	ok := false
 	if v, found := intAfter(u, keyPrompt); found {
 		res.PromptTokens, ok = v, true
@@ -321,10 +336,7 @@ func intAfter(b, key []byte) (int, bool) {
 	if i < 0 {
 		return 0, false
 	}
-	b = b[i+len(key):]
-	for len(b) > 0 && b[0] == ' ' {
-		b = b[1:]
-	}
+	b = skipSpace(b[i+len(key):])
 	n, digits := 0, 0
 	for _, ch := range b {
 		if ch < '0' || ch > '9' || digits > 12 {
