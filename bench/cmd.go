@@ -74,9 +74,12 @@ type WorkloadFlags struct {
 	GenFlags
 }
 
-// Build loads or generates the workload, scaled and capped. It returns the
-// requests and a short description.
-func (w *WorkloadFlags) Build(stderr io.Writer) ([]TraceRequest, string, error) {
+// Build loads or generates the workload, scaled and capped, for requests
+// sent by arrival mode arrival. It returns the requests and a short
+// description. --duration drops the requests stamped past it only when they
+// are sent at their timestamps (ArrivalTrace); closed and poisson runs send
+// them at their own pace, and RunLoad and Simulate stop those at --duration.
+func (w *WorkloadFlags) Build(stderr io.Writer, arrival string) ([]TraceRequest, string, error) {
 	var reqs []TraceRequest
 	name := w.Workload
 	if w.Trace != "" {
@@ -102,7 +105,11 @@ func (w *WorkloadFlags) Build(stderr io.Writer) ([]TraceRequest, string, error) 
 	if !(w.Speedup > 0) {
 		return nil, "", fmt.Errorf("--speedup must be > 0")
 	}
-	reqs = ScaleTrace(reqs, w.Speedup, w.MaxRequests, w.Duration.Milliseconds())
+	var cutMS int64
+	if arrival == ArrivalTrace {
+		cutMS = w.Duration.Milliseconds()
+	}
+	reqs = ScaleTrace(reqs, w.Speedup, w.MaxRequests, cutMS)
 	if len(reqs) == 0 {
 		return nil, "", fmt.Errorf("workload %s has no requests", name)
 	}
@@ -179,7 +186,7 @@ type ReplayCmd struct {
 
 // Run implements the command.
 func (c *ReplayCmd) Run() error {
-	reqs, name, err := c.Build(os.Stderr)
+	reqs, name, err := c.Build(os.Stderr, c.Arrival)
 	if err != nil {
 		return err
 	}
@@ -275,7 +282,7 @@ func (c *CompareCmd) Run() error {
 	if err != nil {
 		return err
 	}
-	reqs, name, err := c.Build(os.Stderr)
+	reqs, name, err := c.Build(os.Stderr, c.Arrival)
 	if err != nil {
 		return err
 	}
@@ -371,7 +378,7 @@ type SimulateCmd struct {
 func (c *SimulateCmd) Run() error {
 	// The simulated fleet logs every worker joining; keep the output readable.
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	reqs, name, err := c.Build(os.Stderr)
+	reqs, name, err := c.Build(os.Stderr, c.Arrival)
 	if err != nil {
 		return err
 	}

@@ -2,12 +2,17 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/alecthomas/kong"
 
 	"github.com/infera/infera/engine"
 )
@@ -216,5 +221,46 @@ func TestClientDoTimesReasoningTokens(t *testing.T) {
 	}
 	if res.TTFT > res.E2E/2 {
 		t.Fatalf("TTFT %v is past the reasoning tokens (E2E %v): it must be the first token's", res.TTFT, res.E2E)
+	}
+}
+
+// --duration bounds a run in time under every arrival mode. It also cut
+// the workload to the requests whose trace timestamps fall inside it,
+// which under closed and poisson arrivals (sent at once or at --rate, not
+// at their timestamps) ended the run early: closed-loop `replay --duration
+// 1s` against a fast engine sent the 15 requests stamped in the first
+// second (at the generator's --rate 20) and stopped after 0.04 s.
+func TestReplayDurationBoundsAClosedLoopByTime(t *testing.T) {
+	tm := engine.DefaultTimeModel()
+	tm.Speedup = 50
+	url := startEngine(t, "e0", engine.CoreConfig{BlockSize: 16, CapacityBlocks: 4096, MaxBatch: 32, MaxPrefillTokens: 8192, Time: tm})
+	out := filepath.Join(t.TempDir(), "replay.json")
+	var cli struct {
+		Bench Cmd `cmd:""`
+	}
+	p, err := kong.New(&cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kctx, err := p.Parse([]string{"bench", "replay", "--url", url, "--arrival", "closed", "--concurrency", "8",
+		"--requests", "5000", "--duration", "1s", "--output-tokens", "8", "--json", out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kctx.Run(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct{ Summary Summary }
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	s := rep.Summary
+	t.Logf("closed loop, --duration 1s: %d requests (%d ok) in %.2f s", s.Requests, s.OK, s.WallS)
+	if s.WallS < 0.9 || s.Requests <= 20 || s.Requests >= 5000 || s.OK != s.Requests {
+		t.Fatalf("a closed loop bounded by --duration 1s ran %.2f s and sent %d requests (%d ok)", s.WallS, s.Requests, s.OK)
 	}
 }
