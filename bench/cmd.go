@@ -190,14 +190,14 @@ func (c *ReplayCmd) Run() error {
 	if err != nil {
 		return err
 	}
-	cl, err := NewClient(c.URL, c.MaxInFlight, true)
+	lc := c.config(&c.WorkloadFlags)
+	cl, err := NewClient(c.URL, lc.InFlight(), true)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := signalContext()
 	defer cancel()
 	fmt.Fprintf(os.Stderr, "replaying %d requests of %s against %s\n", len(reqs), name, c.URL)
-	lc := c.config(&c.WorkloadFlags)
 	lc.Progress = NewProgress(os.Stderr, "replay")
 	run, err := RunLoad(ctx, cl, reqs, lc)
 	if err != nil {

@@ -321,7 +321,7 @@ func (c *CompareConfig) runPolicy(ctx context.Context, reqs []TraceRequest, pol 
 		return Summary{}, nil, err
 	}
 	c.logf("policy %-15s router %s, %d engines ready; sending %d requests", pol, routerURL, len(engines), len(reqs))
-	cl, err := NewClient(routerURL, 4096, true)
+	cl, err := NewClient(routerURL, c.Load.InFlight(), true)
 	if err != nil {
 		return Summary{}, nil, err
 	}

@@ -79,6 +79,20 @@ func (c *LoadConfig) Validate() error {
 	return nil
 }
 
+// InFlight returns the most requests the load keeps in flight: Concurrency
+// in a closed loop, MaxInFlight (4096 when unset) in an open one. A Client
+// allowed fewer connections queues the rest inside itself, their clock
+// running.
+func (c *LoadConfig) InFlight() int {
+	if c.Arrival == ArrivalClosed {
+		return c.Concurrency
+	}
+	if c.MaxInFlight <= 0 {
+		return 4096
+	}
+	return c.MaxInFlight
+}
+
 // Path returns the request path for the API.
 func (c *LoadConfig) Path() string {
 	if c.API == "completions" {
@@ -197,11 +211,7 @@ func RunLoad(ctx context.Context, cl *Client, reqs []TraceRequest, cfg LoadConfi
 			}()
 		}
 	default:
-		maxIn := cfg.MaxInFlight
-		if maxIn <= 0 {
-			maxIn = 4096
-		}
-		sem := make(chan struct{}, maxIn)
+		sem := make(chan struct{}, cfg.InFlight())
 		rng := rand.New(rand.NewPCG(cfg.Seed, 77))
 		var at time.Duration
 		timer := time.NewTimer(time.Hour)

@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -234,6 +237,18 @@ func TestReplayDurationBoundsAClosedLoopByTime(t *testing.T) {
 	tm := engine.DefaultTimeModel()
 	tm.Speedup = 50
 	url := startEngine(t, "e0", engine.CoreConfig{BlockSize: 16, CapacityBlocks: 4096, MaxBatch: 32, MaxPrefillTokens: 8192, Time: tm})
+	s := runReplay(t, "--url", url, "--arrival", "closed", "--concurrency", "8",
+		"--requests", "5000", "--duration", "1s", "--output-tokens", "8")
+	t.Logf("closed loop, --duration 1s: %d requests (%d ok) in %.2f s", s.Requests, s.OK, s.WallS)
+	if s.WallS < 0.9 || s.Requests <= 20 || s.Requests >= 5000 || s.OK != s.Requests {
+		t.Fatalf("a closed loop bounded by --duration 1s ran %.2f s and sent %d requests (%d ok)", s.WallS, s.Requests, s.OK)
+	}
+}
+
+// runReplay runs `infera bench replay args...` as the command line parses it
+// and returns its summary.
+func runReplay(t *testing.T, args ...string) Summary {
+	t.Helper()
 	out := filepath.Join(t.TempDir(), "replay.json")
 	var cli struct {
 		Bench Cmd `cmd:""`
@@ -242,8 +257,7 @@ func TestReplayDurationBoundsAClosedLoopByTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kctx, err := p.Parse([]string{"bench", "replay", "--url", url, "--arrival", "closed", "--concurrency", "8",
-		"--requests", "5000", "--duration", "1s", "--output-tokens", "8", "--json", out})
+	kctx, err := p.Parse(append([]string{"bench", "replay", "--json", out}, args...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,9 +272,31 @@ func TestReplayDurationBoundsAClosedLoopByTime(t *testing.T) {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatal(err)
 	}
-	s := rep.Summary
-	t.Logf("closed loop, --duration 1s: %d requests (%d ok) in %.2f s", s.Requests, s.OK, s.WallS)
-	if s.WallS < 0.9 || s.Requests <= 20 || s.Requests >= 5000 || s.OK != s.Requests {
-		t.Fatalf("a closed loop bounded by --duration 1s ran %.2f s and sent %d requests (%d ok)", s.WallS, s.Requests, s.OK)
+	return rep.Summary
+}
+
+// A closed loop keeps --concurrency requests in flight whatever
+// --max-in-flight (the open-loop cap) says. The client was sized by
+// --max-in-flight alone, so `--arrival closed --concurrency 8
+// --max-in-flight 2` kept 2 requests in flight, and the other 6 waited for a
+// connection inside the client with their clock running: against an engine
+// their TTFT mean was 40.1 ms instead of 1.7 ms.
+func TestReplayClosedLoopKeepsItsConcurrencyInFlight(t *testing.T) {
+	var cur, peak atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := cur.Add(1)
+		defer cur.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		time.Sleep(50 * time.Millisecond)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"choices":[{"index":0,"message":{"role":"assistant","content":"a"},"finish_reason":"length"}],"usage":{"prompt_tokens":10,"completion_tokens":1}}`))
+	}))
+	defer srv.Close()
+	s := runReplay(t, "--url", srv.URL, "--arrival", "closed", "--concurrency", "4", "--max-in-flight", "1",
+		"--requests", "8", "--no-stream")
+	t.Logf("closed loop of 4 with --max-in-flight 1: %d/%d ok, peak %d in flight at the server", s.OK, s.Requests, peak.Load())
+	if s.OK != 8 || peak.Load() != 4 {
+		t.Fatalf("a closed loop of 4 kept at most %d requests in flight (%d/%d ok)", peak.Load(), s.OK, s.Requests)
 	}
 }

@@ -167,7 +167,7 @@ func (f *PDFlags) runPD(ctx context.Context, reqs []TraceRequest, pol string, p,
 		return Summary{}, nil, err
 	}
 	c.logf("%s: router %s, %d prefill and %d decode engines ready; sending %d requests", name, routerURL, p, d, len(reqs))
-	cl, err := NewClient(routerURL, 4096, true)
+	cl, err := NewClient(routerURL, c.Load.InFlight(), true)
 	if err != nil {
 		return Summary{}, nil, err
 	}
