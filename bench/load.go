@@ -152,6 +152,10 @@ type Run struct {
 	Dropped int
 }
 
+// errOverload is the error of an open-loop arrival refused by MaxInFlight:
+// never sent, it is not a transport error (Summarize counts it apart).
+const errOverload = "overload: too many requests in flight"
+
 var bodyPool = sync.Pool{New: func() any { return &bodyBuf{} }}
 
 type bodyBuf struct{ body, scratch []byte }
@@ -237,7 +241,7 @@ func RunLoad(ctx context.Context, cl *Client, reqs []TraceRequest, cfg LoadConfi
 			case sem <- struct{}{}:
 			default:
 				dropped++
-				results[i] = Result{Index: i, Start: time.Since(t0), Err: "overload: too many requests in flight"}
+				results[i] = Result{Index: i, Start: time.Since(t0), Err: errOverload}
 				sent[i] = true
 				continue
 			}

@@ -300,3 +300,21 @@ func TestReplayClosedLoopKeepsItsConcurrencyInFlight(t *testing.T) {
 		t.Fatalf("a closed loop of 4 kept at most %d requests in flight (%d/%d ok)", peak.Load(), s.OK, s.Requests)
 	}
 }
+
+// Open-loop arrivals beyond --max-in-flight are never sent: they count as
+// errors apart ("overload", as LoadConfig.MaxInFlight says), not under "0",
+// which is a transport error (a connection refused, reset or timed out).
+func TestOpenLoopOverloadIsNotATransportError(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(100 * time.Millisecond)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"choices":[{"index":0,"message":{"role":"assistant","content":"a"},"finish_reason":"length"}],"usage":{"prompt_tokens":10,"completion_tokens":1}}`))
+	}))
+	defer srv.Close()
+	s := runReplay(t, "--url", srv.URL, "--arrival", "poisson", "--rate", "200", "--max-in-flight", "1",
+		"--requests", "10", "--no-stream")
+	t.Logf("%d/%d ok, errors %v", s.OK, s.Requests, s.ErrorsByStatus)
+	if s.Errors == 0 || s.ErrorsByStatus["overload"] != s.Errors {
+		t.Fatalf("arrivals refused by --max-in-flight 1: errors %v, want them all as overload", s.ErrorsByStatus)
+	}
+}

@@ -88,7 +88,10 @@ type Summary struct {
 	OK       int     `json:"ok"`
 	Errors   int     `json:"errors"`
 	WallS    float64 `json:"wall_s"`
-	// ErrorsByStatus counts failures by HTTP status ("0" = transport error).
+	// ErrorsByStatus counts failures by HTTP status ("0" = transport error,
+	// "stream-error" = a 200 stream cut or ended by an error event,
+	// "overload" = an open-loop arrival refused by --max-in-flight, never
+	// sent).
 	ErrorsByStatus map[string]int `json:"errors_by_status,omitempty"`
 	// Throughput is successful requests per second of wall time.
 	Throughput float64 `json:"throughput_rps"`
@@ -140,8 +143,11 @@ func Summarize(name string, results []Result, itls []time.Duration, wall time.Du
 				s.ErrorsByStatus = map[string]int{}
 			}
 			key := strconv.Itoa(r.Status)
-			if r.Status == 200 {
+			switch {
+			case r.Status == 200:
 				key = "stream-error" // 200 OK, then an error event or a cut stream
+			case r.Err == errOverload:
+				key = "overload"
 			}
 			s.ErrorsByStatus[key]++
 			continue
