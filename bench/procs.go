@@ -166,6 +166,10 @@ func ResolveBin(explicit string) (string, error) {
 // Pid returns the process id.
 func (p *Proc) Pid() int { return p.cmd.Process.Pid }
 
+// Signal sends sig to the process unless it has ended (and was waited
+// for): never to a process that reused its pid, as a kill(2) of Pid could.
+func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
 // StartProcEnv is StartProc with extra environment variables (KEY=VALUE).
 func StartProcEnv(name, logDir string, env []string, bin string, args ...string) (*Proc, error) {
 	logPath := filepath.Join(logDir, name+".log")

@@ -89,10 +89,25 @@ func (c *Cmd) Run() error {
 }
 
 type engineProc struct {
-	id     string
-	port   int
+	id   string
+	port int
+
+	// mu guards eng, worker and down: a restart replaces the processes
+	// while the chaos loop picks its next victim.
+	mu     sync.Mutex
 	eng    *bench.Proc
 	worker *bench.Proc
+	down   bool // killed, not yet restarted: no chaos event picks it
+}
+
+// procs returns e's processes, or nils while it is down.
+func (e *engineProc) procs() (eng, worker *bench.Proc) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.down {
+		return nil, nil
+	}
+	return e.eng, e.worker
 }
 
 func (c *Cmd) run(ctx context.Context, log io.Writer) (*Report, error) {
@@ -162,7 +177,9 @@ func (c *Cmd) run(ctx context.Context, log io.Writer) (*Report, error) {
 			p.Stop()
 			return err
 		}
-		e.eng, e.worker = p, w
+		e.mu.Lock()
+		e.eng, e.worker, e.down = p, w, false
+		e.mu.Unlock()
 		return nil
 	}
 	for i := range engines {
@@ -174,8 +191,11 @@ func (c *Cmd) run(ctx context.Context, log io.Writer) (*Report, error) {
 	}
 	defer func() {
 		for _, e := range engines {
-			e.worker.Stop()
-			e.eng.Stop()
+			e.mu.Lock()
+			eng, w := e.eng, e.worker
+			e.mu.Unlock()
+			w.Stop()
+			eng.Stop()
 		}
 		natsMu.Lock()
 		nats.Stop()
@@ -294,13 +314,30 @@ func (c *Cmd) run(ctx context.Context, log io.Writer) (*Report, error) {
 				}
 				continue
 			}
+			// The drawn engine, or the next one up: one killed and not yet
+			// restarted is never picked (its pid may be another process's).
 			i := rng.IntN(len(engines))
-			e := engines[i]
+			var e *engineProc
+			var eng, w *bench.Proc
+			for j := range engines {
+				if e = engines[(i+j)%len(engines)]; e != nil {
+					if eng, w = e.procs(); eng != nil {
+						i = (i + j) % len(engines)
+						break
+					}
+				}
+			}
+			if eng == nil {
+				continue // every engine is down
+			}
 			switch k % 4 {
 			case 0:
 				note("kill -9 " + e.id + ", restart in 8 s")
-				syscall.Kill(e.eng.Pid(), syscall.SIGKILL)
-				syscall.Kill(e.worker.Pid(), syscall.SIGKILL)
+				e.mu.Lock()
+				e.down = true
+				e.mu.Unlock()
+				eng.Signal(syscall.SIGKILL)
+				w.Signal(syscall.SIGKILL)
 				go func(i int) {
 					time.Sleep(8 * time.Second)
 					if err := startEngine(i); err != nil {
@@ -309,8 +346,8 @@ func (c *Cmd) run(ctx context.Context, log io.Writer) (*Report, error) {
 				}(i)
 			case 1:
 				note("hang " + e.id + " (SIGSTOP) for 15 s")
-				syscall.Kill(e.eng.Pid(), syscall.SIGSTOP)
-				go func(p int) { time.Sleep(15 * time.Second); syscall.Kill(p, syscall.SIGCONT) }(e.eng.Pid())
+				eng.Signal(syscall.SIGSTOP)
+				go func() { time.Sleep(15 * time.Second); eng.Signal(syscall.SIGCONT) }()
 			case 2:
 				note("500 storm on " + e.id + " for 20 s")
 				setFault(e.port, `{"mode":"error","status":500,"rate":0.7}`)
