@@ -730,3 +730,63 @@ func TestE2EGovernRedisOneRoundTripPerRequest(t *testing.T) {
 	}
 	govPost(t, r, k, body).want(t, 429, "quota_requests_day") // 41 used
 }
+
+// A request queued for a seat on the only worker its model is routed to
+// stops waiting when a reload removes that worker, and is picked again:
+// it gets the 503 no_workers a new request gets, at once, not the 429
+// of its queue timeout (30 s here), nor a 503 when the held stream ends;
+// a worker the reload adds to the service serves it. Both backends.
+func TestE2EGovernAQueuedRequestWhoseWorkersLeavePicksAgain(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	for _, state := range []string{"", rd.URL} {
+		t.Run("state="+state, func(t *testing.T) {
+			_, e1 := startEngine(t)
+			_, e2 := startEngine(t) // real time: the held stream lasts ~24 s
+			_, e3 := startEngine(t, "--speedup", "5")
+			conf := func(workers string) string {
+				return `{"workers": [` + workers + `],
+					"model_routing": {"enabled": true, "mappings": [{"pattern": "sim-*", "services": ["B"]}]},
+					"rate_limit": {"scope": "instance", "overall_concurrency": 1, "overlimit": "queue", "queue_timeout_ms": 30000}}`
+			}
+			w1 := fmt.Sprintf(`{"id": "e1", "url": %q, "models": ["sim-model"], "service": "A"}`, e1)
+			w2 := fmt.Sprintf(`{"id": "e2", "url": %q, "models": ["sim-model"], "service": "B"}`, e2)
+			w3 := fmt.Sprintf(`{"id": "e3", "url": %q, "models": ["sim-model"], "service": "B"}`, e3)
+			cfg := filepath.Join(t.TempDir(), "infera.json")
+			writeConfig(t, cfg, conf(w1+","+w2))
+			args := []string{"--config", cfg, "--config-poll", "100ms"}
+			if state != "" {
+				args = append(args, "--state", state)
+			}
+			_, r := startServe(t, args...)
+			seatQ := func() float64 { return metricF(t, r, "infera_rate_limit_queue_length") }
+			body := chatJSON("sim-model", "queued", 2, false)
+			for _, c := range []struct {
+				workers string
+				status  int
+				code    string
+			}{{w1, 503, "no_workers"}, {w1 + "," + w3, 200, ""}} {
+				writeConfig(t, cfg, conf(w1+","+w2))
+				waitUntil(t, "e2 back", func() bool { return govPost(t, r, "", body).status == 200 })
+				held := holdStream(t, r, "") // e2's one seat
+				got := make(chan govAnswer, 1)
+				go func() { got <- govPost(t, r, "", body) }()
+				waitUntil(t, "queued for e2's seat", func() bool { return seatQ() == 1 })
+				t0 := time.Now()
+				writeConfig(t, cfg, conf(c.workers))
+				select {
+				case a := <-got:
+					a.want(t, c.status, c.code)
+					if el := time.Since(t0); el > 5*time.Second {
+						t.Fatalf("the queued request was answered %v after the reload", el)
+					}
+				case <-time.After(15 * time.Second):
+					t.Fatalf("the queued request still waits 15 s after the reload removed its worker")
+				}
+				if n := seatQ(); n != 0 {
+					t.Fatalf("%v requests still queued", n)
+				}
+				held.Body.Close()
+			}
+		})
+	}
+}

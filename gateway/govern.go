@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/govern"
 )
 
@@ -29,6 +30,9 @@ func (g *Gateway) setupGovern() error {
 	if err := gov.Apply(g.store.Load()); err != nil {
 		return fmt.Errorf("governance: %w", err)
 	}
+	// A request queued for a seat whose every candidate a reload or the
+	// discovery removes picks again at once (govern.Governor.Retarget).
+	g.fleet.AddHook(retargetHook{gov})
 	g.store.OnChange(func(_, c *config.Config) {
 		closed := gov.AuthRequired()
 		if err := gov.Apply(c); err != nil {
@@ -43,3 +47,9 @@ func (g *Gateway) setupGovern() error {
 	})
 	return nil
 }
+
+// retargetHook tells the governor's seat queue that a worker left.
+type retargetHook struct{ gov *govern.Governor }
+
+func (h retargetHook) WorkerAdded(*fleet.Worker) error { return nil }
+func (h retargetHook) WorkerRemoved(*fleet.Worker)     { h.gov.Retarget() }

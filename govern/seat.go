@@ -342,7 +342,43 @@ func (g *Governor) releaseSeat(ss *seatState, held uint64) {
 // limit configured it returns the zero Seat and index 0. targets must not
 // be empty.
 func (g *Governor) Acquire(ctx context.Context, targets []Target, ph Phase) (Seat, int, *Rejection) {
-	return g.acquire(ctx, targets, ph, true)
+	return g.acquire(ctx, targets, ph, true, nil)
+}
+
+// AcquireUnless is Acquire for a request whose targets may leave the
+// fleet while it waits: when Retarget finds gone reporting true (none of
+// targets can serve it any more), the request leaves the queue at once,
+// holding nothing, and gets TargetsGone, to pick its targets again. gone
+// is called with the queue's lock held, only while the request is queued:
+// it must be short and must not call back into the Governor.
+func (g *Governor) AcquireUnless(ctx context.Context, targets []Target, ph Phase, gone func() bool) (Seat, int, *Rejection) {
+	return g.acquire(ctx, targets, ph, true, gone)
+}
+
+// TargetsGone is AcquireUnless's answer to a request whose targets all
+// left while it waited. It is never a client's answer: the caller picks
+// the request's targets again (another instance may serve it, or none:
+// then it is answered as a new request would be).
+var TargetsGone = &Rejection{Code: CodeNone, Status: 503, Message: "every instance the request waited for left the fleet"}
+
+// Retarget tells the queued requests that instances left the fleet: a
+// request queued through AcquireUnless whose gone reports true leaves the
+// queue with TargetsGone (both backends). Without it such a request
+// waited for a seat no instance would free until its queue timeout (429),
+// while a new request got the fleet's answer at once.
+func (g *Governor) Retarget() {
+	l := &g.seats
+	l.mu.Lock()
+	for w := l.q.head; w != nil; {
+		next := w.next
+		if w.gone != nil && w.gone() {
+			l.dequeueLocked(w)
+			w.state, w.rej = rejected, TargetsGone
+			w.ch <- struct{}{}
+		}
+		w = next
+	}
+	l.mu.Unlock()
 }
 
 // TryAcquire is Acquire that never waits: when no target has a free seat
@@ -352,17 +388,17 @@ func (g *Governor) Acquire(ctx context.Context, targets []Target, ph Phase) (Sea
 // back what it should not hold while queued), which counts the request as
 // queued, or as rejected when the queue is full or its wait times out.
 func (g *Governor) TryAcquire(targets []Target, ph Phase) (Seat, int, *Rejection) {
-	return g.acquire(context.Background(), targets, ph, false)
+	return g.acquire(context.Background(), targets, ph, false, nil)
 }
 
-func (g *Governor) acquire(ctx context.Context, targets []Target, ph Phase, wait bool) (Seat, int, *Rejection) {
+func (g *Governor) acquire(ctx context.Context, targets []Target, ph Phase, wait bool, gone func() bool) (Seat, int, *Rejection) {
 	s := g.snap.Load()
 	rl := &s.rl
 	if !rl.limited || len(targets) == 0 {
 		return Seat{}, 0, nil
 	}
 	if g.rds != nil {
-		return g.acquireRemote(ctx, rl, targets, ph, wait)
+		return g.acquireRemote(ctx, rl, targets, ph, wait, gone)
 	}
 	l := &g.seats
 	l.mu.Lock()
@@ -407,11 +443,14 @@ func (g *Governor) acquire(ctx context.Context, targets []Target, ph Phase, wait
 		hit(code, false)
 		return Seat{}, -1, reject(code, 0, true)
 	}
-	w := &seatWaiter{ch: make(chan struct{}, 1), ph: ph, code: code, since: time.Now(), lvs: make([]levels, len(targets))}
+	w := &seatWaiter{ch: make(chan struct{}, 1), ph: ph, code: code, since: time.Now(), lvs: make([]levels, len(targets)), gone: gone}
 	for i := range targets {
 		w.lvs[i] = l.levels(&targets[i])
 	}
-	l.enqueueLocked(w)
+	if !l.enqueueLocked(w) {
+		l.mu.Unlock()
+		return Seat{}, -1, TargetsGone
+	}
 	seatQueued.Add(1)
 	l.mu.Unlock()
 	hitQueued(code)
@@ -450,12 +489,17 @@ func (g *Governor) waitSeat(ctx context.Context, w *seatWaiter) (Seat, int, *Rej
 
 func seatTimeout(s *snapshot) time.Duration { return s.rl.timeout }
 
-// enqueueLocked queues w. Lock must be held.
-func (l *seatLimiter) enqueueLocked(w *seatWaiter) {
+// enqueueLocked queues w, unless its targets left already (a Retarget
+// ran between its pick and now): then it reports false. Lock must be held.
+func (l *seatLimiter) enqueueLocked(w *seatWaiter) bool {
+	if w.gone != nil && w.gone() {
+		return false
+	}
 	l.q.push(w)
 	for i := range w.lvs {
 		w.lvs[i].wait(1)
 	}
+	return true
 }
 
 // dequeueLocked removes w from the queue; a w no longer queued is left
@@ -531,7 +575,8 @@ type seatWaiter struct {
 	ch         chan struct{}
 	ph         Phase
 	code       Code
-	lvs        []levels // per target; waits on the counters of the current scope
+	lvs        []levels    // per target; waits on the counters of the current scope
+	gone       func() bool // AcquireUnless: the targets left (Retarget)
 	since      time.Time
 	state      waitState
 	rej        *Rejection

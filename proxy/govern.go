@@ -252,7 +252,10 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 			if !g.Queues() || rej.Code == govern.CodeStateUnavailable {
 				return rej
 			}
-			if seat, i, rej = g.Acquire(&rs.gov.ctx, tg, ph); rej != nil {
+			if seat, i, rej = g.AcquireUnless(&rs.gov.ctx, tg, ph, rs.gov.targetsGone); rej != nil {
+				if rej == govern.TargetsGone {
+					continue // every candidate left the fleet while it waited: pick again
+				}
 				return rej
 			}
 		}
@@ -336,6 +339,18 @@ func (gs *govState) seatTargets(w *fleet.Worker) ([]govern.Target, []*fleet.Work
 	}
 	gs.targets, gs.tw = tg, tw
 	return tg, tw
+}
+
+// targetsGone reports whether every worker of the request's seat wait
+// (tw) left the fleet: the governor's Retarget asks it while the request
+// is queued (govern.Governor.AcquireUnless).
+func (gs *govState) targetsGone() bool {
+	for _, w := range gs.tw {
+		if !w.Removed() {
+			return false
+		}
+	}
+	return true
 }
 
 func target(w *fleet.Worker) govern.Target {
