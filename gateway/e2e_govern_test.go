@@ -790,3 +790,48 @@ func TestE2EGovernAQueuedRequestWhoseWorkersLeavePicksAgain(t *testing.T) {
 		})
 	}
 }
+
+// A request queued for a seat whose user a reload disables is refused at
+// once with the 403 a new request of the user gets; it was served when
+// the seat freed, after the user was disabled. Both backends.
+func TestE2EGovernAQueuedRequestOfAUserAReloadDisablesIsRefused(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	for _, state := range []string{"", rd.URL} {
+		t.Run("state="+state, func(t *testing.T) {
+			engS, eng := startEngine(t) // real time: the held stream lasts ~24 s
+			ka, ha := newKey(t)
+			conf := func(enabled bool) string {
+				return fmt.Sprintf(`{"rate_limit": {"overall_concurrency": 1, "overlimit": "queue", "queue_timeout_ms": 30000},
+					"users": [{"name": "queued-carol", "keys": [%q], "enabled": %v}]}`, ha, enabled)
+			}
+			cfg := filepath.Join(t.TempDir(), "infera.json")
+			writeConfig(t, cfg, conf(true))
+			args := []string{"--workers", eng, "--config", cfg, "--config-poll", "100ms"}
+			if state != "" {
+				args = append(args, "--state", state)
+			}
+			_, r := startServe(t, args...)
+			seatQ := func() float64 { return metricF(t, r, "infera_rate_limit_queue_length") }
+			held := holdStream(t, r, ka)
+			before := engS.Stats().RequestsTotal
+			got := make(chan govAnswer, 1)
+			go func() { got <- govPost(t, r, ka, chatJSON("sim-model", "queued", 2, false)) }()
+			waitUntil(t, "queued for the seat", func() bool { return seatQ() == 1 })
+			writeConfig(t, cfg, conf(false))
+			select {
+			case a := <-got:
+				a.want(t, 403, "user_disabled")
+			case <-time.After(10 * time.Second):
+				held.Body.Close()
+				t.Fatalf("the disabled user's queued request still waits 10 s after the reload: %+v", <-got)
+			}
+			if n := seatQ(); n != 0 {
+				t.Fatalf("%v requests still queued", n)
+			}
+			if n := engS.Stats().RequestsTotal; n != before {
+				t.Fatalf("the engine got %d requests of the disabled user", n-before)
+			}
+			held.Body.Close()
+		})
+	}
+}

@@ -320,7 +320,10 @@ func (g *Governor) Apply(c *config.Config) error {
 	if old := g.snap.Swap(s); old != nil {
 		close(old.replaced)
 	}
-	// Limits may have grown or a user's template changed: serve the queues.
+	// A user disabled or removed: its requests queued for a seat stop
+	// waiting. Limits may have grown or a user's template changed: serve
+	// the queues.
+	g.Retarget()
 	g.seats.reloaded()
 	for _, st := range states {
 		g.userReloaded(st)

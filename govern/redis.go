@@ -1462,7 +1462,7 @@ func (g *Governor) seatAnswer(rl *rlConf, ss *seatState, i int, idx []int, code 
 }
 
 // acquireRemote is acquire with the seats in Redis.
-func (g *Governor) acquireRemote(ctx context.Context, rl *rlConf, targets []Target, ph Phase, wait bool, gone func() bool) (Seat, int, *Rejection) {
+func (g *Governor) acquireRemote(ctx context.Context, rl *rlConf, targets []Target, ph Phase, wait bool, stale func() *Rejection) (Seat, int, *Rejection) {
 	l := &g.seats
 	r := g.rds
 	lvs, cands, idx := g.seatCandidates(rl, targets)
@@ -1493,10 +1493,10 @@ func (g *Governor) acquireRemote(ctx context.Context, rl *rlConf, targets []Targ
 		hit(code, false)
 		return Seat{}, -1, reject(code, 0, true)
 	}
-	w := &seatWaiter{ch: make(chan struct{}, 1), ph: ph, code: code, since: time.Now(), lvs: lvs, gone: gone}
-	if !l.enqueueLocked(w) {
+	w := &seatWaiter{ch: make(chan struct{}, 1), ph: ph, code: code, since: time.Now(), lvs: lvs, stale: stale}
+	if rej := l.enqueueLocked(w); rej != nil {
 		l.mu.Unlock()
-		return Seat{}, -1, TargetsGone
+		return Seat{}, -1, rej
 	}
 	seatQueued.Add(1)
 	l.mu.Unlock()

@@ -345,14 +345,17 @@ func (g *Governor) Acquire(ctx context.Context, targets []Target, ph Phase) (Sea
 	return g.acquire(ctx, targets, ph, true, nil)
 }
 
-// AcquireUnless is Acquire for a request whose targets may leave the
-// fleet while it waits: when Retarget finds gone reporting true (none of
-// targets can serve it any more), the request leaves the queue at once,
-// holding nothing, and gets TargetsGone, to pick its targets again. gone
-// is called with the queue's lock held, only while the request is queued:
-// it must be short and must not call back into the Governor.
-func (g *Governor) AcquireUnless(ctx context.Context, targets []Target, ph Phase, gone func() bool) (Seat, int, *Rejection) {
-	return g.acquire(ctx, targets, ph, true, gone)
+// AcquireUnless is Acquire for a request that may stop waiting: when
+// stale answers non-nil as the request queues, or when Retarget asks it
+// (a worker left the fleet, a reload), the request leaves the queue at
+// once, holding nothing, with that answer: TargetsGone when none of
+// targets can serve it any more (the caller picks them again), or the
+// refusal a new request would get (Revoked: a reload disabled its user).
+// stale is called with the queue's lock held, only while the request is
+// queued: it must be short and must not call back into the Governor but
+// for Revoked.
+func (g *Governor) AcquireUnless(ctx context.Context, targets []Target, ph Phase, stale func() *Rejection) (Seat, int, *Rejection) {
+	return g.acquire(ctx, targets, ph, true, stale)
 }
 
 // TargetsGone is AcquireUnless's answer to a request whose targets all
@@ -361,20 +364,23 @@ func (g *Governor) AcquireUnless(ctx context.Context, targets []Target, ph Phase
 // then it is answered as a new request would be).
 var TargetsGone = &Rejection{Code: CodeNone, Status: 503, Message: "every instance the request waited for left the fleet"}
 
-// Retarget tells the queued requests that instances left the fleet: a
-// request queued through AcquireUnless whose gone reports true leaves the
-// queue with TargetsGone (both backends). Without it such a request
-// waited for a seat no instance would free until its queue timeout (429),
-// while a new request got the fleet's answer at once.
+// Retarget asks the requests queued through AcquireUnless whether they
+// still wait (an instance left the fleet; Apply asks it too): one whose
+// stale answers leaves the queue with that answer (both backends).
+// Without it such a request waited for a seat no instance would free, or
+// was served for a user a reload had disabled, until its queue timeout
+// (429) or a seat freed, while a new request got its answer at once.
 func (g *Governor) Retarget() {
 	l := &g.seats
 	l.mu.Lock()
 	for w := l.q.head; w != nil; {
 		next := w.next
-		if w.gone != nil && w.gone() {
-			l.dequeueLocked(w)
-			w.state, w.rej = rejected, TargetsGone
-			w.ch <- struct{}{}
+		if w.stale != nil {
+			if rej := w.stale(); rej != nil {
+				l.dequeueLocked(w)
+				w.state, w.rej = rejected, rej
+				w.ch <- struct{}{}
+			}
 		}
 		w = next
 	}
@@ -391,14 +397,14 @@ func (g *Governor) TryAcquire(targets []Target, ph Phase) (Seat, int, *Rejection
 	return g.acquire(context.Background(), targets, ph, false, nil)
 }
 
-func (g *Governor) acquire(ctx context.Context, targets []Target, ph Phase, wait bool, gone func() bool) (Seat, int, *Rejection) {
+func (g *Governor) acquire(ctx context.Context, targets []Target, ph Phase, wait bool, stale func() *Rejection) (Seat, int, *Rejection) {
 	s := g.snap.Load()
 	rl := &s.rl
 	if !rl.limited || len(targets) == 0 {
 		return Seat{}, 0, nil
 	}
 	if g.rds != nil {
-		return g.acquireRemote(ctx, rl, targets, ph, wait, gone)
+		return g.acquireRemote(ctx, rl, targets, ph, wait, stale)
 	}
 	l := &g.seats
 	l.mu.Lock()
@@ -443,13 +449,13 @@ func (g *Governor) acquire(ctx context.Context, targets []Target, ph Phase, wait
 		hit(code, false)
 		return Seat{}, -1, reject(code, 0, true)
 	}
-	w := &seatWaiter{ch: make(chan struct{}, 1), ph: ph, code: code, since: time.Now(), lvs: make([]levels, len(targets)), gone: gone}
+	w := &seatWaiter{ch: make(chan struct{}, 1), ph: ph, code: code, since: time.Now(), lvs: make([]levels, len(targets)), stale: stale}
 	for i := range targets {
 		w.lvs[i] = l.levels(&targets[i])
 	}
-	if !l.enqueueLocked(w) {
+	if rej := l.enqueueLocked(w); rej != nil {
 		l.mu.Unlock()
-		return Seat{}, -1, TargetsGone
+		return Seat{}, -1, rej
 	}
 	seatQueued.Add(1)
 	l.mu.Unlock()
@@ -489,17 +495,20 @@ func (g *Governor) waitSeat(ctx context.Context, w *seatWaiter) (Seat, int, *Rej
 
 func seatTimeout(s *snapshot) time.Duration { return s.rl.timeout }
 
-// enqueueLocked queues w, unless its targets left already (a Retarget
-// ran between its pick and now): then it reports false. Lock must be held.
-func (l *seatLimiter) enqueueLocked(w *seatWaiter) bool {
-	if w.gone != nil && w.gone() {
-		return false
+// enqueueLocked queues w, unless it is stale already (a Retarget ran
+// between its pick and now): then it returns the answer. Lock must be
+// held.
+func (l *seatLimiter) enqueueLocked(w *seatWaiter) *Rejection {
+	if w.stale != nil {
+		if rej := w.stale(); rej != nil {
+			return rej
+		}
 	}
 	l.q.push(w)
 	for i := range w.lvs {
 		w.lvs[i].wait(1)
 	}
-	return true
+	return nil
 }
 
 // dequeueLocked removes w from the queue; a w no longer queued is left
@@ -575,8 +584,8 @@ type seatWaiter struct {
 	ch         chan struct{}
 	ph         Phase
 	code       Code
-	lvs        []levels    // per target; waits on the counters of the current scope
-	gone       func() bool // AcquireUnless: the targets left (Retarget)
+	lvs        []levels          // per target; waits on the counters of the current scope
+	stale      func() *Rejection // AcquireUnless: why it stops waiting (Retarget)
 	since      time.Time
 	state      waitState
 	rej        *Rejection

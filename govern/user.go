@@ -542,6 +542,14 @@ func (s *snapshot) revoked(st *userState, r *Request) *Rejection {
 	return nil
 }
 
+// Revoked is the refusal a request of u admitted earlier, for model,
+// would get now as a new one (a reload removed or disabled u, or no
+// longer allows it model); nil while it is still allowed. A request
+// waiting for a seat asks it (AcquireUnless).
+func (g *Governor) Revoked(u *User, model []byte) *Rejection {
+	return g.snap.Load().revoked(u.st, &Request{Model: model})
+}
+
 // current returns the template w is served under and its estimate under
 // it: its user's template in s (a reload applies to the requests already
 // queued), nil when that one counts nothing (w takes nothing). When the

@@ -252,7 +252,12 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 			if !g.Queues() || rej.Code == govern.CodeStateUnavailable {
 				return rej
 			}
-			if seat, i, rej = g.AcquireUnless(&rs.gov.ctx, tg, ph, rs.gov.targetsGone); rej != nil {
+			if seat, i, rej = g.AcquireUnless(&rs.gov.ctx, tg, ph, func() *govern.Rejection { return s.seatWaitStale(rs) }); rej != nil {
+				switch rej.Code {
+				case govern.CodeInvalidKey, govern.CodeUserDisabled, govern.CodeModelNotAllowed:
+					rs.gov.refused = rej // a reload revoked the user while it waited
+					return errUserRefused
+				}
 				if rej == govern.TargetsGone {
 					continue // every candidate left the fleet while it waited: pick again
 				}
@@ -341,16 +346,23 @@ func (gs *govState) seatTargets(w *fleet.Worker) ([]govern.Target, []*fleet.Work
 	return tg, tw
 }
 
-// targetsGone reports whether every worker of the request's seat wait
-// (tw) left the fleet: the governor's Retarget asks it while the request
-// is queued (govern.Governor.AcquireUnless).
-func (gs *govState) targetsGone() bool {
-	for _, w := range gs.tw {
-		if !w.Removed() {
-			return false
+// seatWaitStale says why rs, queued for a seat, stops waiting
+// (govern.Governor.AcquireUnless; the governor asks it as rs queues, when
+// a worker leaves the fleet and at a reload): its user's refusal when a
+// reload revoked the user (as a new request's), TargetsGone when every
+// worker of the wait (tw) left the fleet; nil while it waits on.
+func (s *Server) seatWaitStale(rs *reqState) *govern.Rejection {
+	if u := rs.gov.user; u != nil {
+		if rej := s.gov.Revoked(u, rs.parsed.model); rej != nil {
+			return rej
 		}
 	}
-	return true
+	for _, w := range rs.gov.tw {
+		if !w.Removed() {
+			return nil
+		}
+	}
+	return govern.TargetsGone
 }
 
 func target(w *fleet.Worker) govern.Target {
