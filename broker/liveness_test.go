@@ -437,3 +437,77 @@ func TestAStreamFailsWhenItsWorkerDies(t *testing.T) {
 		})
 	}
 }
+
+// A worker that shuts down with requests in flight (its drain timed out)
+// aborts them: their routers must hear so at once. Nothing told them: the
+// requests failed only when the routers' probes found the worker gone,
+// 6-8 s later (a stream), or went to another worker that late (a request
+// still waiting for its engine).
+func TestAWorkerClosedWithRequestsInFlightAnswersThem(t *testing.T) {
+	for _, tc := range []struct {
+		name, path string
+		midStream  bool
+	}{
+		{"before the head", "/stream?n=1&every=1ms&before=10s", false},
+		{"mid-stream", "/stream?n=100&every=100ms", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, ClientConfig{}, ServerConfig{})
+			type result struct {
+				s   *Stream
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				s, err := r.cli.Do(context.Background(), "w1", &Request{Path: tc.path})
+				done <- result{s, err}
+			}()
+			var s *Stream
+			if tc.midStream {
+				res := <-done
+				if res.err != nil {
+					t.Fatal(res.err)
+				}
+				s = res.s
+				defer s.Close()
+				if _, err := s.Next(); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				for i := 0; r.srv.InFlight() != 1; i++ {
+					if i > 200 {
+						t.Fatal("the worker never took the request")
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			start := time.Now()
+			go r.srv.Close() // the drain timed out
+			if tc.midStream {
+				go func() {
+					var err error
+					for err == nil {
+						_, err = s.Next()
+					}
+					done <- result{nil, err}
+				}()
+			}
+			var err error
+			select {
+			case res := <-done:
+				err = res.err
+			case <-time.After(10 * time.Second):
+				t.Fatal("the request still waits for a worker that shut down")
+			}
+			if d := time.Since(start); d > time.Second {
+				t.Fatalf("the request failed %v after its worker shut down (%v)", d, err)
+			}
+			if err == nil || err == io.EOF || errors.Is(err, ErrWorkerGone) {
+				t.Fatalf("got %v, want the worker's own answer", err)
+			}
+			if !tc.midStream && !Retryable(err) {
+				t.Fatalf("a request the worker never answered is not retryable: %v", err)
+			}
+		})
+	}
+}

@@ -82,6 +82,11 @@ type Server struct {
 	wg       sync.WaitGroup
 	bufs     sync.Pool
 
+	// closing: Close is aborting the requests in flight (a drain that
+	// timed out): unlike a router's cancel, nothing told their routers, so
+	// each is answered (see Server.answerErr).
+	closing atomic.Bool
+
 	mu   sync.Mutex
 	reqs map[string]*served
 	// early holds cancels that arrived before their request: the request
@@ -262,6 +267,7 @@ func (s *Server) StopAccepting() {
 // goroutines.
 func (s *Server) Close() {
 	s.StopAccepting()
+	s.closing.Store(true)
 	s.mu.Lock()
 	for _, r := range s.reqs {
 		r.cancel()
@@ -538,6 +544,24 @@ func engineFailure(err error) string {
 	return ReasonBroken
 }
 
+// errShutdown is why a request aborted by Close failed.
+var errShutdown = errors.New("the worker shut down with the request in flight")
+
+// answerErr is the error to answer a request with whose engine exchange
+// ended with err on ctx, or nil when no answer is due: its router canceled
+// it (or is gone), so nobody listens. A request Close aborted gets
+// errShutdown: its router still waits, and would notice only when its
+// probes of this worker found it gone, 6-8 s later.
+func (s *Server) answerErr(ctx context.Context, err error) error {
+	switch {
+	case ctx.Err() == nil && !errors.Is(err, context.Canceled):
+		return err
+	case s.closing.Load():
+		return errShutdown
+	}
+	return nil
+}
+
 // stopProbing ends the probes of request id (see Server.probeLoop).
 func (s *Server) stopProbing(id string) {
 	s.mu.Lock()
@@ -623,7 +647,7 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 	req.ContentLength = int64(len(m.Data))
 	resp, err := s.hc.Do(req)
 	if err != nil {
-		if ctx.Err() == nil {
+		if err = s.answerErr(ctx, err); err != nil {
 			s.stopProbing(id) // the router has its answer once this is out
 			s.replyEngineError(m.Reply, err)
 		}
@@ -645,7 +669,7 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 			s.replyLast(m.Reply, resp, buf[:n])
 			return
 		}
-		if ctx.Err() == nil {
+		if err = s.answerErr(ctx, err); err != nil {
 			// The engine answered and broke off: as over HTTP, the head
 			// and what came of the body, then the break.
 			slog.Warn("engine answer broke", "worker", s.cfg.WorkerID, "path", path, "err", err)
@@ -687,7 +711,7 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 			return
 		}
 		if rerr != nil {
-			if ctx.Err() != nil || errors.Is(rerr, context.Canceled) {
+			if rerr = s.answerErr(ctx, rerr); rerr == nil {
 				return // canceled by the router: it is not listening
 			}
 			slog.Warn("engine stream broke", "worker", s.cfg.WorkerID, "path", path, "err", rerr)
