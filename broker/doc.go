@@ -34,7 +34,8 @@
 //
 //	Infera-Kind: head   first message: Infera-Status is the engine's HTTP
 //	                    status; other headers are the engine's response
-//	                    headers (hop-by-hop ones removed). Data may be empty.
+//	                    headers (hop-by-hop ones removed; Content-Length is
+//	                    kept when the body follows). Data may be empty.
 //	                    With Infera-Last: 1, Data is the whole body and no
 //	                    more messages follow (small fixed-length responses).
 //	Infera-Kind: data   one body chunk, exactly as the engine wrote it.

@@ -441,6 +441,11 @@ func (s *Server) headMsg(to string, resp *http.Response) *nats.Msg {
 // closeDelimited is HdrCloseDelimited's value ("" for none).
 func (s *Server) replyHead(to string, resp *http.Response, closeDelimited string) error {
 	m := s.headMsg(to, resp)
+	if resp.ContentLength >= 0 {
+		// copyHeaders drops it with the framing headers, but the router
+		// frames its client's answer by it, as over HTTP.
+		m.Header.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	}
 	if closeDelimited != "" {
 		m.Header.Set(HdrCloseDelimited, closeDelimited)
 	}

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -628,6 +629,45 @@ func TestE2EAnAnswerBrokenAfterItsHeadIsInvalidOverEveryTransport(t *testing.T) 
 		}
 		if n := tried.Load(); n != 2 {
 			t.Fatalf("over %s: %d engines tried, want 2", transport, n)
+		}
+	})
+}
+
+// A non-streamed answer larger than the worker's one-message reply (32
+// KiB) reaches the client with the engine's Content-Length, over NATS as
+// over HTTP: the worker dropped the header with the hop-by-hop ones, so
+// the router, which frames the client's answer by it, relayed every such
+// answer chunked.
+func TestE2EALargeAnswerKeepsItsContentLengthOverEveryTransport(t *testing.T) {
+	body := `{"id":"big","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"` +
+		strings.Repeat("a", 100<<10) + `"},"finish_reason":"stop"}]}`
+	eachTransport(t, func(t *testing.T, transport string, common []string) {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/v1/models":
+				io.WriteString(w, `{"object":"list","data":[{"id":"big","object":"model"}]}`)
+			case "/v1/chat/completions":
+				w.Header().Set("Content-Type", "application/json")
+				w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+				io.WriteString(w, body)
+			default:
+				io.WriteString(w, "ok")
+			}
+		}))
+		t.Cleanup(srv.Close)
+		if transport == "nats" {
+			startWorker(t, append([]string{"--id", "big0", "--engine-url", srv.URL, "--models", "big", "--lease-ttl", "2s"}, common...)...)
+		} else {
+			common = []string{"--workers", srv.URL}
+		}
+		rt, r := startServe(t, common...)
+		waitRoutable(t, rt, 1)
+		resp, b := doPost(t, r+"/v1/chat/completions", `{"model":"big","messages":[{"role":"user","content":"x"}]}`)
+		if resp.StatusCode != 200 || string(b) != body {
+			t.Fatalf("over %s: %d, %d bytes", transport, resp.StatusCode, len(b))
+		}
+		if resp.ContentLength != int64(len(body)) {
+			t.Fatalf("over %s: Content-Length %d (Transfer-Encoding %q), want %d", transport, resp.ContentLength, resp.TransferEncoding, len(body))
 		}
 	})
 }
