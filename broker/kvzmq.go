@@ -12,14 +12,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/VictoriaMetrics/metrics"
 	"github.com/nats-io/nats.go"
 	zmq "github.com/pebbe/zmq4"
 )
 
 var (
-	mRelayFrames = metrics.NewCounter(`infera_worker_kv_relay_frames_total`)
-	mRelayBad    = metrics.NewCounter(`infera_worker_kv_relay_bad_frames_total`)
+	mRelayFrames = WorkerMetrics.NewCounter(`infera_worker_kv_relay_frames_total`)
+	mRelayBad    = WorkerMetrics.NewCounter(`infera_worker_kv_relay_bad_frames_total`)
 )
 
 // StartKVRelay connects the SUB socket and starts relaying.

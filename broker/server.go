@@ -19,13 +19,17 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
+// WorkerMetrics holds the worker side's series (infera_worker_*), which
+// the sidecar serves (infera worker --metrics-addr); a router has none.
+var WorkerMetrics = metrics.NewSet()
+
 var (
-	mSrvRequests = metrics.NewCounter(`infera_worker_nats_requests_total`)
-	mSrvRejected = metrics.NewCounter(`infera_worker_nats_requests_rejected_total`)
-	mSrvCanceled = metrics.NewCounter(`infera_worker_nats_requests_canceled_total`)
+	mSrvRequests = WorkerMetrics.NewCounter(`infera_worker_nats_requests_total`)
+	mSrvRejected = WorkerMetrics.NewCounter(`infera_worker_nats_requests_rejected_total`)
+	mSrvCanceled = WorkerMetrics.NewCounter(`infera_worker_nats_requests_canceled_total`)
 	// mSrvReaderGone counts requests cancelled because the router that
 	// asked was gone (its inbox had no subscriber).
-	mSrvReaderGone = metrics.NewCounter(`infera_worker_nats_requests_reader_gone_total`)
+	mSrvReaderGone = WorkerMetrics.NewCounter(`infera_worker_nats_requests_reader_gone_total`)
 )
 
 // ServerConfig configures the worker side of the NATS request transport.

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/broker"
 	"github.com/infera/infera/discovery"
 	"github.com/infera/infera/fleet"
@@ -60,6 +61,7 @@ type Cmd struct {
 	KVEventTransport  string `help:"How KV events reach the router: nats or zmq (must match the server)." default:"nats" enum:"nats,zmq" env:"INFERA_KV_EVENT_TRANSPORT"`
 	NatsURL           string `help:"NATS broker URL (also NATS_SERVER / NATS_URL)." env:"INFERA_NATS_URL,NATS_SERVER,NATS_URL"`
 	NatsReqMaxPending int    `help:"Requests in flight at this worker over NATS before it answers 429; 0 = off." default:"0" env:"INFERA_NATS_REQ_MAX_PENDING"`
+	MetricsAddr       string `help:"Address to serve the sidecar's own metrics on (GET /metrics: infera_worker_* and process metrics), e.g. 127.0.0.1:9400; empty: not served." env:"INFERA_WORKER_METRICS_ADDR"`
 
 	DrainTimeout       time.Duration `help:"Longest wait for in-flight requests after SIGTERM." default:"60s" env:"INFERA_DRAIN_TIMEOUT"`
 	DrainPropagation   time.Duration `help:"Time for the router to see DRAINING before in-flight requests are counted." default:"1s" env:"INFERA_DRAIN_PROPAGATION"`
@@ -83,8 +85,9 @@ type Sidecar struct {
 	hc  *http.Client
 	rec fleet.Record
 	reg registrar
-	// closers run at the end of Drain (etcd client).
-	closers []func()
+	// closers run at the end of Drain (etcd client, metrics listener).
+	closers     []func()
+	metricsAddr string
 
 	nc    *nats.Conn
 	srv   *broker.Server
@@ -187,6 +190,9 @@ func (c *Cmd) Start(ctx context.Context) (*Sidecar, error) {
 		return nil, err
 	}
 	if err := s.startNATS(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.serveMetrics(); err != nil {
 		return nil, err
 	}
 	if err := s.connectDiscovery(); err != nil {
@@ -402,6 +408,31 @@ func (s *Sidecar) startNATS(ctx context.Context) error {
 	}
 	return nil
 }
+
+// serveMetrics serves GET /metrics on --metrics-addr until teardown.
+func (s *Sidecar) serveMetrics() error {
+	if s.c.MetricsAddr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", s.c.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("cannot listen on --metrics-addr %s: %w", s.c.MetricsAddr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		broker.WorkerMetrics.WritePrometheus(w)
+		metrics.WriteProcessMetrics(w)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	s.metricsAddr = ln.Addr().String()
+	s.closers = append(s.closers, func() { srv.Close() })
+	return nil
+}
+
+// MetricsAddr returns the address GET /metrics is served on ("" for none).
+func (s *Sidecar) MetricsAddr() string { return s.metricsAddr }
 
 func (s *Sidecar) connectDiscovery() error {
 	c := s.c

@@ -503,3 +503,67 @@ func TestStartWaitsForTheBroker(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The worker side's metrics (infera_worker_*, docs/fleet.md) are the
+// sidecar's: --metrics-addr serves them. The sidecar served nothing, so no
+// one could scrape a series the docs list.
+func TestTheSidecarServesItsMetrics(t *testing.T) {
+	e := testsrv.StartEtcd(t)
+	ns := testsrv.StartNATS(t)
+	eng := &fakeEngine{}
+	eng.healthy.Store(true)
+	url := serveEngine(t, eng)
+	c := parse(t, "--id", "wm1", "--engine-url", url, "--discovery-backend", "etcd", "--etcd-endpoint", e.Endpoint,
+		"--request-transport", "nats", "--kv-event-transport", "zmq", "--nats-url", ns.URL,
+		"--drain-propagation", "0s", "--metrics-addr", "127.0.0.1:0")
+	s, err := c.Start(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Drain(context.Background())
+	nc, err := nats.Connect(ns.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cli, err := broker.NewClient(broker.ClientConfig{Conn: nc, IdleTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	scrape := func() string {
+		t.Helper()
+		resp, err := http.Get("http://" + s.MetricsAddr() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET /metrics: %d %s", resp.StatusCode, b)
+		}
+		return string(b)
+	}
+	count := func(page string) int {
+		for _, l := range strings.Split(page, "\n") {
+			if v, ok := strings.CutPrefix(l, "infera_worker_nats_requests_total "); ok {
+				n, _ := strconv.Atoi(v)
+				return n
+			}
+		}
+		t.Fatalf("no infera_worker_nats_requests_total in:\n%s", page)
+		return 0
+	}
+	before := count(scrape())
+	st, err := cli.Do(context.Background(), "wm1", &broker.Request{Path: "/stream?n=1&every=1ms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	if page := scrape(); count(page) != before+1 || !strings.Contains(page, "process_cpu_seconds_total") {
+		t.Fatalf("after one request, want infera_worker_nats_requests_total %d and process metrics:\n%s", before+1, page)
+	}
+	if page := scrape(); strings.Contains(page, "infera_nats_requests_total") {
+		t.Fatalf("the sidecar serves the router's series:\n%s", page)
+	}
+}
