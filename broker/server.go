@@ -547,6 +547,8 @@ func engineFailure(err error) string {
 		return ReasonUnreachable
 	case strings.Contains(err.Error(), "malformed"): // net/http's words for a head that is not HTTP
 		return ReasonProtocol
+	case strings.Contains(err.Error(), "transfer encoding"): // a coding other than chunked, as over HTTP
+		return ReasonProtocol
 	case errors.Is(err, io.ErrUnexpectedEOF): // a head cut part-way: it answered, not HTTP
 		return ReasonProtocol
 	}

@@ -633,6 +633,54 @@ func TestE2EAnAnswerBrokenAfterItsHeadIsInvalidOverEveryTransport(t *testing.T) 
 	})
 }
 
+// An engine answer framed with a transfer coding other than chunked is not
+// a usable HTTP/1.1 response: over HTTP and over NATS alike another worker
+// is tried and the client gets 502 upstream_protocol_error. The worker
+// reported it as a connection broken before a head, so over NATS the
+// client got 503 no_workers_reachable.
+func TestE2EAnUnknownTransferCodingIsAnInvalidResponseOverEveryTransport(t *testing.T) {
+	eachTransport(t, func(t *testing.T, transport string, common []string) {
+		var urls []string
+		var tried atomic.Int32
+		for i := 0; i < 2; i++ {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				switch r.URL.Path {
+				case "/v1/models":
+					io.WriteString(w, `{"object":"list","data":[{"id":"te","object":"model"}]}`)
+				case "/v1/chat/completions":
+					tried.Add(1)
+					c, _, err := w.(http.Hijacker).Hijack()
+					if err != nil {
+						return
+					}
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: gzip\r\n\r\n{\"id\":1}")
+					c.Close()
+				default:
+					io.WriteString(w, "ok")
+				}
+			}))
+			t.Cleanup(srv.Close)
+			urls = append(urls, srv.URL)
+		}
+		if transport == "nats" {
+			for i, u := range urls {
+				startWorker(t, append([]string{"--id", fmt.Sprintf("te%d", i), "--engine-url", u, "--models", "te", "--lease-ttl", "2s"}, common...)...)
+			}
+		} else {
+			common = []string{"--workers", strings.Join(urls, ",")}
+		}
+		rt, r := startServe(t, append([]string{"--router-policy", "round-robin", "--request-max-retries", "1"}, common...)...)
+		waitRoutable(t, rt, 2)
+		resp, b := doPost(t, r+"/v1/chat/completions", `{"model":"te","max_tokens":2,"messages":[{"role":"user","content":"x"}]}`)
+		if resp.StatusCode != 502 || !strings.Contains(string(b), "upstream_protocol_error") {
+			t.Fatalf("over %s: %d %s", transport, resp.StatusCode, b)
+		}
+		if n := tried.Load(); n != 2 {
+			t.Fatalf("over %s: %d engines tried, want 2", transport, n)
+		}
+	})
+}
+
 // A non-streamed answer larger than the worker's one-message reply (32
 // KiB) reaches the client with the engine's Content-Length, over NATS as
 // over HTTP: the worker dropped the header with the hop-by-hop ones, so
