@@ -15,7 +15,7 @@ deps: deps-apt tokenizer sdk
 
 deps-apt:
 	@missing=""; \
-	for b in pkg-config:pkg-config etcd:etcd-server nats-server:nats-server nginx:nginx-light wrk:wrk redis-server:redis-server chromium:chromium; do \
+	for b in pkg-config:pkg-config etcd:etcd-server nats-server:nats-server nginx:nginx-light wrk:wrk redis-server:redis-server chromium:chromium strace:strace systemd-analyze:systemd; do \
 		cmd=$${b%%:*}; pkg=$${b##*:}; \
 		command -v $$cmd >/dev/null 2>&1 || [ -x /usr/sbin/$$cmd ] || missing="$$missing $$pkg"; \
 	done; \

@@ -5,20 +5,26 @@ package deploy
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"io/fs"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/alecthomas/kong"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/engine"
 	"github.com/infera/infera/gateway"
+	"github.com/infera/infera/internal/testsrv"
 )
 
 var metricRef = regexp.MustCompile(`infera_[a-z0-9_]+`)
@@ -75,29 +81,12 @@ func defined(t *testing.T) map[string]bool {
 // sends a request, and lists the metric names on its /metrics.
 func liveMetrics(t *testing.T) []string {
 	t.Helper()
-	var ec struct {
-		Engine engine.Cmd `cmd:""`
-	}
-	p, _ := kong.New(&ec, append(config.KongOptions(), kong.Name("infera"))...)
-	if _, err := p.Parse([]string{"engine", "--speedup", "100"}); err != nil {
-		t.Fatal(err)
-	}
-	ecfg, err := ec.Engine.Config()
-	if err != nil {
-		t.Fatal(err)
-	}
-	eln, _ := net.Listen("tcp4", "127.0.0.1:0")
-	es, err := engine.NewServer(ecfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go es.Serve(eln)
-	defer es.Close()
+	eng := startEngine(t)
 	var sc struct {
 		Serve config.Serve `cmd:""`
 	}
-	p, _ = kong.New(&sc, append(config.KongOptions(), kong.Name("infera"))...)
-	if _, err := p.Parse([]string{"serve", "--workers", "a=http://" + eln.Addr().String()}); err != nil {
+	p, _ := kong.New(&sc, append(config.KongOptions(), kong.Name("infera"))...)
+	if _, err := p.Parse([]string{"serve", "--workers", "a=http://" + eng}); err != nil {
 		t.Fatal(err)
 	}
 	g, err := gateway.New(&sc.Serve)
@@ -195,4 +184,200 @@ func TestSystemdUnitIsNotifyWithHardening(t *testing.T) {
 			t.Fatalf("unit lacks %q", want)
 		}
 	}
+}
+
+// Every system call the router makes while it serves (a worker with KV
+// events over ZMQ, a request, a SIGHUP reload, the SIGTERM drain) is one
+// the unit's SystemCallFilter= lines allow: a call they deny kills the
+// process with SIGSYS. libzmq's I/O threads call sched_setscheduler
+// (pthread_setschedparam, at start, aborting if it fails), which
+// ~@resources denied: under the unit the router died with "Bad system
+// call" as the first worker with a kv_events_endpoint was added, the
+// unit's single-box setup, and Restart= brought it back to die again.
+func TestTheUnitsSystemCallFilterAllowsWhatTheRouterCalls(t *testing.T) {
+	for _, bin := range []string{"strace", "systemd-analyze"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			if os.Getenv("INFERA_REQUIRE_SERVERS") == "1" {
+				t.Fatalf("%s is not installed and INFERA_REQUIRE_SERVERS=1 (run make deps)", bin)
+			}
+			t.Skipf("%s is not installed (run make deps)", bin)
+		}
+	}
+	allowed := unitSyscalls(t)
+
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "infera")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Dir = ".."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	eng := startEngine(t)
+	cfg := filepath.Join(dir, "infera.json")
+	os.WriteFile(cfg, []byte(fmt.Sprintf(`{"workers":[{"id":"e1","url":"http://%s","models":["sim-model"],"kv_events_endpoint":"tcp://127.0.0.1:%d"}]}`,
+		eng, testsrv.FreePort(t))), 0o644)
+	port := testsrv.FreePort(t)
+	trace := filepath.Join(dir, "strace.out")
+	cmd := exec.Command("strace", "-f", "-qq", "-o", trace, bin, "serve", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--admin-port", "0", "--config", cfg, "--router-policy", "kv-aware")
+	logf, err := os.Create(filepath.Join(dir, "router.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd.Stderr = logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the router with strace, for the kill below
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var waitErr error
+	exited := make(chan struct{})
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	defer func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // a no-op once they ended
+		<-exited
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("router log:\n%s", b)
+		}
+	}()
+	url := "http://127.0.0.1:" + strconv.Itoa(port)
+	var served bool
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !served; time.Sleep(100 * time.Millisecond) {
+		select {
+		case <-exited:
+			t.Fatalf("the router exited while starting: %v", waitErr)
+		default:
+		}
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(
+			`{"model":"sim-model","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"hello"}]}`))
+		if err != nil {
+			continue
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		served = resp.StatusCode == 200
+	}
+	if !served {
+		t.Fatal("the router never answered")
+	}
+	pid := routerPID(t, cmd.Process.Pid)
+	syscall.Kill(pid, syscall.SIGHUP)
+	time.Sleep(300 * time.Millisecond)
+	syscall.Kill(pid, syscall.SIGTERM)
+	select {
+	case <-exited:
+		if waitErr != nil {
+			t.Fatalf("strace: %v", waitErr)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the router did not stop")
+	}
+	b, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^\d+ +([a-z0-9_]+)\(`).FindAllStringSubmatch(string(b), -1) {
+		used[m[1]] = true
+	}
+	if !used["accept4"] && !used["accept"] {
+		t.Fatalf("the trace holds no accept: %d calls", len(used))
+	}
+	for c := range used {
+		if !allowed[c] {
+			t.Errorf("the router calls %s, which the unit's SystemCallFilter= denies (the process would be killed with SIGSYS)", c)
+		}
+	}
+}
+
+// unitSyscalls is the set of system calls the unit's SystemCallFilter=
+// lines allow, applied in order as systemd does: the first line makes an
+// allow list, a ~ line removes its calls, a later line adds its calls back.
+func unitSyscalls(t *testing.T) map[string]bool {
+	t.Helper()
+	out, err := exec.Command("systemd-analyze", "syscall-filter").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups := map[string][]string{}
+	var cur string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.TrimSpace(line)
+		switch {
+		case f == "" || strings.HasPrefix(f, "#"):
+		case !strings.HasPrefix(line, " ") && strings.HasPrefix(f, "@"):
+			cur = f
+		case cur != "":
+			groups[cur] = append(groups[cur], f)
+		}
+	}
+	var expand func(name string, into map[string]bool, v bool)
+	expand = func(name string, into map[string]bool, v bool) {
+		if !strings.HasPrefix(name, "@") {
+			into[name] = v
+			return
+		}
+		if _, ok := groups[name]; !ok {
+			t.Fatalf("unknown system call group %s", name)
+		}
+		for _, m := range groups[name] {
+			expand(m, into, v)
+		}
+	}
+	unit, err := os.ReadFile("infera.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := map[string]bool{}
+	lines := regexp.MustCompile(`(?m)^SystemCallFilter=(.*)$`).FindAllStringSubmatch(string(unit), -1)
+	if len(lines) == 0 || strings.HasPrefix(lines[0][1], "~") {
+		t.Fatalf("the unit's SystemCallFilter= lines do not start with an allow list: %q", lines)
+	}
+	for _, l := range lines {
+		v := !strings.HasPrefix(l[1], "~")
+		for _, name := range strings.Fields(strings.TrimPrefix(l[1], "~")) {
+			expand(name, allowed, v)
+		}
+	}
+	return allowed
+}
+
+// routerPID is the pid of the router strace runs (its first child).
+func routerPID(t *testing.T, strace int) int {
+	t.Helper()
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(strace) + "/task/" + strconv.Itoa(strace) + "/children")
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		t.Fatalf("strace (%d) has no child", strace)
+	}
+	pid, _ := strconv.Atoi(f[0])
+	return pid
+}
+
+// startEngine starts a simulated engine and returns its host:port.
+func startEngine(t *testing.T) string {
+	t.Helper()
+	var ec struct {
+		Engine engine.Cmd `cmd:""`
+	}
+	p, _ := kong.New(&ec, append(config.KongOptions(), kong.Name("infera"))...)
+	if _, err := p.Parse([]string{"engine", "--speedup", "100"}); err != nil {
+		t.Fatal(err)
+	}
+	ecfg, err := ec.Engine.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	eln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	es, err := engine.NewServer(ecfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go es.Serve(eln)
+	t.Cleanup(func() { es.Close() })
+	return eln.Addr().String()
 }
