@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/internal/holdhup"
 )
 
 // The router speaks sd_notify on a real NOTIFY_SOCKET datagram socket:
@@ -161,45 +163,7 @@ func TestShutdownDrainsInFlightStreams(t *testing.T) {
 // serving: the refused bytes were reported once, so the reload returned no
 // error and systemd was told "serving" as if the file had been loaded.
 func TestSIGHUPOverARefusedFileSaysRejected(t *testing.T) {
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "notify.sock")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	t.Setenv("NOTIFY_SOCKET", sock)
-
-	_, e1 := startEngine(t, "--speedup", "50")
-	cfgPath := filepath.Join(dir, "infera.json")
-	os.WriteFile(cfgPath, []byte(`{}`), 0o644)
-	f := parseServe(t, "--workers", "a="+e1, "--config", cfgPath, "--config-poll", "0", "--router-policy", "round-robin")
-	g, err := New(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx, ln) }()
-	defer func() { cancel(); <-done }()
-	next := func() string {
-		t.Helper()
-		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-		buf := make([]byte, 4096)
-		n, _, err := conn.ReadFromUnix(buf)
-		if err != nil {
-			t.Fatalf("no sd_notify message: %v", err)
-		}
-		return string(buf[:n])
-	}
-	if m := next(); !strings.Contains(m, "READY=1") {
-		t.Fatalf("first message %q", m)
-	}
+	g, cfgPath, next := startNotifyingRouter(t)
 	os.WriteFile(cfgPath, []byte(`{"debug":{"decision_header":"yes"}}`), 0o644)
 	if _, err := g.Store().Reload(); err == nil { // as the poll would
 		t.Fatal("the bad file was loaded")
@@ -216,6 +180,73 @@ func TestSIGHUPOverARefusedFileSaysRejected(t *testing.T) {
 	if g.Store().Version() != 1 {
 		t.Fatalf("version %d: the refused file was applied", g.Store().Version())
 	}
+}
+
+// A reload's reason with a newline in it (a config key spelled with one:
+// the decoder's error names it as it was decoded) stays in STATUS=: the
+// sd_notify message is newline-separated assignments, and the reason's
+// own lines were sent as assignments of their own (STOPPING=1, which has
+// systemd stop the unit, or MAINPID=).
+func TestANewlineInARejectedReloadsReasonStaysInStatus(t *testing.T) {
+	_, cfgPath, next := startNotifyingRouter(t)
+	os.WriteFile(cfgPath, []byte(`{"x\nSTOPPING=1\rMAINPID=1":1}`), 0o644)
+	syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	if m := next(); !strings.HasPrefix(m, "RELOADING=1\n") {
+		t.Fatalf("%q, want RELOADING=1", m)
+	}
+	m := next()
+	lines := strings.Split(m, "\n")
+	if len(lines) != 2 || lines[0] != "READY=1" || !strings.HasPrefix(lines[1], "STATUS=config reload rejected") || strings.ContainsAny(lines[1], "\r") {
+		t.Fatalf("%q: want READY=1 and one STATUS= line", m)
+	}
+}
+
+// startNotifyingRouter runs a router with a config file (polled only on
+// SIGHUP) whose sd_notify messages arrive on a real NOTIFY_SOCKET datagram
+// socket; next returns the next message, READY=1 already read.
+func startNotifyingRouter(t *testing.T) (g *Gateway, cfgPath string, next func() string) {
+	t.Helper()
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	t.Setenv("NOTIFY_SOCKET", sock)
+
+	_, e1 := startEngine(t, "--speedup", "50")
+	cfgPath = filepath.Join(dir, "infera.json")
+	os.WriteFile(cfgPath, []byte(`{}`), 0o644)
+	f := parseServe(t, "--workers", "a="+e1, "--config", cfgPath, "--config-poll", "0", "--router-policy", "round-robin")
+	g, err = New(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	holdhup.Pending() // a SIGHUP an earlier test sent is not this router's to act on
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-done })
+	next = func() string {
+		t.Helper()
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 4096)
+		n, _, err := conn.ReadFromUnix(buf)
+		if err != nil {
+			t.Fatalf("no sd_notify message: %v", err)
+		}
+		return string(buf[:n])
+	}
+	if m := next(); !strings.Contains(m, "READY=1") {
+		t.Fatalf("first message %q", m)
+	}
+	return g, cfgPath, next
 }
 
 // A stream still open when the drain timeout runs out is cut, and Run

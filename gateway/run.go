@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -62,7 +63,7 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 				}
 				notify("RELOADING=1\nMONOTONIC_USEC=" + strconv.FormatInt(monotonicUsec(), 10))
 				if _, err := g.store.ReloadAsked(); err != nil {
-					notify("READY=1\nSTATUS=config reload rejected (" + err.Error() + "); previous config serving")
+					notify("READY=1\nSTATUS=config reload rejected (" + oneLine(err.Error()) + "); previous config serving")
 				} else {
 					notify("READY=1\nSTATUS=serving")
 				}
@@ -114,6 +115,19 @@ func notify(state string) {
 	if _, err := daemon.SdNotify(false, state); err != nil {
 		slog.Warn("sd_notify failed", "err", err)
 	}
+}
+
+// oneLine is s with its control characters made spaces: an sd_notify
+// message is newline-separated assignments, so a reason's own line breaks
+// (a config key spelled with one, as the decoder's error names it) would
+// send assignments of their own (STOPPING=1, MAINPID=...).
+func oneLine(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < ' ' || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
 }
 
 // monotonicUsec is CLOCK_MONOTONIC in microseconds, as systemd expects in
