@@ -94,7 +94,12 @@ func TestSystemdNotifyMessages(t *testing.T) {
 		t.Fatal("SIGHUP did not reload the config")
 	}
 	cancel()
-	next("STOPPING=1")
+	// The stop's time: the drain (--shutdown-timeout, 30 s by default) and
+	// the cut after it, so systemd does not SIGKILL a longer drain at the
+	// unit's TimeoutStopSec.
+	if m := next("STOPPING=1"); !strings.Contains(m, "EXTEND_TIMEOUT_USEC=37000000") {
+		t.Fatalf("STOPPING=1 without the drain's EXTEND_TIMEOUT_USEC: %q", m)
+	}
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
 	}

@@ -26,7 +26,7 @@ import (
 // READY=1 once the listener is up and the fleet had its first sync;
 // RELOADING=1 with MONOTONIC_USEC, then READY=1, around each SIGHUP reload;
 // WATCHDOG=1 every half WatchdogSec while the server is serving; STOPPING=1
-// when the drain starts.
+// when the drain starts, with EXTEND_TIMEOUT_USEC covering the drain.
 func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 	// Signals first: a SIGHUP that arrives once the server answers must
 	// find a handler (its default action ends the process).
@@ -78,11 +78,14 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 }
 
 func (g *Gateway) drain() error {
-	notify("STOPPING=1")
 	timeout := g.flags.ShutdownTimeout
 	if timeout <= 0 {
 		timeout = 30 * time.Second
 	}
+	// The stop takes up to the drain, the cut after it and a margin:
+	// systemd extends the unit's TimeoutStopSec to that if it is shorter
+	// (a longer --shutdown-timeout was SIGKILLed mid-drain at 45 s).
+	notify("STOPPING=1\nEXTEND_TIMEOUT_USEC=" + strconv.FormatInt((timeout+cutGrace+stopMargin).Microseconds(), 10))
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	err := g.Shutdown(ctx)
@@ -108,6 +111,10 @@ func (g *Gateway) drain() error {
 // cutGrace bounds the wait, after the drain timeout, for the cut requests
 // to end.
 const cutGrace = 2 * time.Second
+
+// stopMargin is what the stop may take past the drain and the cut (the
+// process's own exit), in the EXTEND_TIMEOUT_USEC of STOPPING=1.
+const stopMargin = 5 * time.Second
 
 // notify sends an sd_notify message when NOTIFY_SOCKET is set (a no-op
 // otherwise).
