@@ -203,6 +203,23 @@ func (s *Scheduler) routeName(c *compiled, v *fleet.View, r *Request, name []byt
 	return dst, "", "", s.unknownModel(c, v, name)
 }
 
+// errModelsPending answers a name no worker is known to serve while a
+// routable worker's models are not known yet (a static worker listed
+// without them, whose engine has not answered /v1/models: an engine
+// started after the router): 503, which clients retry, not a 404 that
+// would be wrong once the models are learned.
+var errModelsPending = fmt.Errorf("%w: the models of a worker are not known yet", ErrNoWorkers)
+
+// modelsPending reports a routable worker whose models are not known.
+func modelsPending(v *fleet.View) bool {
+	for _, w := range v.Routable {
+		if len(w.Models) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // ServedModel returns the served model another name resolves to under
 // cfg's model routing: a fuzzy match or the default model (the default
 // model's own name when a canary rule or a model mapping serves it; "" when
@@ -279,7 +296,12 @@ func appendRole(dst, ws []*fleet.Worker, r *Request) []*fleet.Worker {
 	return append(dst, ws...)
 }
 
+// unknownModel is the error for a name no worker serves: ErrUnknownModel
+// (404), or errModelsPending while a routable worker's models are not known.
 func (s *Scheduler) unknownModel(c *compiled, v *fleet.View, name []byte) error {
+	if modelsPending(v) {
+		return errModelsPending
+	}
 	return &UnknownModelError{Model: string(name), Close: closeNames(s.Models(c.cfg, v), string(name), 5)}
 }
 

@@ -507,3 +507,22 @@ func TestAReloadedCooldownAppliesToAnOpenSchedBreaker(t *testing.T) {
 		t.Fatalf("2 s after cooldown_s was reloaded to 1: %s/%s, breaker state %d (want a probe that closes it)", d.Layer, d.Reason, s.SchedBreakerState())
 	}
 }
+
+// A name no worker is known to serve, while a routable worker's models are
+// not known yet (a static worker listed without --worker-model whose engine
+// has not answered /v1/models), is ErrNoWorkers (503, which clients
+// retry), not ErrUnknownModel (404): it was 404 until the engine, started
+// after the router, was asked again.
+func TestAnUnknownNameWhileAWorkersModelsArePendingIsNoWorkers(t *testing.T) {
+	s, _ := newTestSched(t, rec("a", "", "m"), rec("b", ""))
+	cfg := config.Default()
+	if _, err := s.Pick(cfg, &Request{Model: []byte("x")}, nil); !errors.Is(err, ErrNoWorkers) || errors.Is(err, ErrUnknownModel) {
+		t.Fatalf("a worker's models pending: %v, want ErrNoWorkers", err)
+	}
+	if err := s.Fleet.Upsert(rec("b", "", "m2")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pick(cfg, &Request{Model: []byte("x")}, nil); !errors.Is(err, ErrUnknownModel) {
+		t.Fatalf("every worker's models known: %v, want ErrUnknownModel", err)
+	}
+}
