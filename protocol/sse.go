@@ -12,58 +12,73 @@ var errEventTooLarge = &Error{Status: 502, Type: TypeServer, Message: "the engin
 // sseReader splits an upstream SSE byte stream, delivered in arbitrary
 // pieces, into events and hands each event's data to a callback. Only the
 // data field matters for chat streams; event names, ids, retry fields and
-// comments are skipped. Lines end with "\n" or "\r\n".
+// comments are skipped. Lines end with "\n", "\r\n" or a bare "\r", as
+// the SSE specification allows (and the SDKs' parsers read).
 type sseReader struct {
 	line    []byte // an incomplete line carried to the next feed
 	data    []byte // the current event's data
 	hasData bool
+	// afterCR: the last feed ended with a line's "\r"; a "\n" opening
+	// the next belongs to it.
+	afterCR bool
 }
 
 func (r *sseReader) reset() {
-	r.line, r.data, r.hasData = reuse(r.line), reuse(r.data), false
+	r.line, r.data, r.hasData, r.afterCR = reuse(r.line), reuse(r.data), false, false
+}
+
+// lineEnd returns the index of the first line end in b ("\n", "\r\n" or
+// a bare "\r") and its length; -1 when b holds none.
+func lineEnd(b []byte) (int, int) {
+	nl := bytes.IndexByte(b, '\n')
+	s := b
+	if nl >= 0 {
+		s = b[:nl]
+	}
+	cr := bytes.IndexByte(s, '\r')
+	switch {
+	case cr < 0:
+		return nl, 1
+	case cr == nl-1:
+		return cr, 2
+	}
+	return cr, 1
 }
 
 // feed consumes src, calling f with the data of each complete event. f's
 // argument is valid only during the call.
 func (r *sseReader) feed(src []byte, f func(data []byte) error) error {
-	if len(r.line) > 0 {
-		nl := bytes.IndexByte(src, '\n')
-		if nl < 0 {
+	if r.afterCR && len(src) > 0 {
+		r.afterCR = false
+		if src[0] == '\n' {
+			src = src[1:]
+		}
+	}
+	for len(src) > 0 {
+		i, n := lineEnd(src)
+		if i < 0 {
 			if len(r.line)+len(src) > MaxEventBytes {
 				return errEventTooLarge
 			}
 			r.line = append(r.line, src...)
 			return nil
 		}
-		r.line = append(r.line, src[:nl+1]...)
-		src = src[nl+1:]
-		line := r.line
-		if err := r.onLine(line[:len(line)-1], f); err != nil {
+		line := src[:i]
+		if len(r.line) > 0 {
+			r.line = append(r.line, line...)
+			line = r.line
+		}
+		r.afterCR = n == 1 && src[i] == '\r' && i+1 == len(src)
+		src = src[i+n:]
+		if err := r.onLine(line, f); err != nil {
 			return err
 		}
 		r.line = r.line[:0]
-	}
-	for len(src) > 0 {
-		nl := bytes.IndexByte(src, '\n')
-		if nl < 0 {
-			if len(src) > MaxEventBytes {
-				return errEventTooLarge
-			}
-			r.line = append(r.line[:0], src...)
-			return nil
-		}
-		if err := r.onLine(src[:nl], f); err != nil {
-			return err
-		}
-		src = src[nl+1:]
 	}
 	return nil
 }
 
 func (r *sseReader) onLine(line []byte, f func(data []byte) error) error {
-	if n := len(line); n > 0 && line[n-1] == '\r' {
-		line = line[:n-1]
-	}
 	if len(line) == 0 {
 		return r.dispatch(f)
 	}

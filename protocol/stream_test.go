@@ -192,6 +192,8 @@ func TestStreamEndingsAndFailures(t *testing.T) {
 		{"engine error chunk", chunkLine(`{"content":"a"}`, "null") + `data: {"error":{"message":"out of KV","type":"internal_error"}}` + "\n\n", "error", "out of KV"},
 		{"malformed chunk", "data: {\"choices\":[\n\n", "error", "malformed stream chunk"},
 		{"comments, event names and CRLF are skipped", ": keepalive\r\nevent: chunk\r\nid: 7\r\n" + strings.ReplaceAll(chunkLine(`{"content":"a"}`, `"stop"`), "\n", "\r\n") + "data: [DONE]\r\n\r\n", "", ""},
+		{"bare CR line ends", strings.ReplaceAll(": ping\nevent: chunk\n"+chunkLine(`{"content":"a"}`, "null")+"data:"+strings.TrimPrefix(chunkLine(`{}`, `"stop"`), "data: ")+usageLine+"data: [DONE]\n\n", "\n", "\r"), "", ""},
+		{"a multi-line data event with bare CR and CRLF line ends", "data: {\"choices\":[{\"index\":0,\r\ndata: \"delta\":{\"content\":\"a\"},\rdata: \"finish_reason\":\"stop\"}]}\r\r\ndata: [DONE]\r\r", "", ""},
 		{"last event without its blank line", chunkLine(`{"content":"a"}`, `"stop"`) + "data: [DONE]", "", ""},
 		{"tool arguments before the name", chunkLine(`{"tool_calls":[{"index":0,"function":{"arguments":"{\"a\":1}"}}]}`, "null") + chunkLine(`{"tool_calls":[{"index":0,"id":"x","function":{"name":"n"}}]}`, `"tool_calls"`) + "data: [DONE]\n\n", "", `{\"a\":1}`},
 	} {

@@ -186,19 +186,15 @@ func (f *UsageFilter) event(dst, ev []byte) []byte {
 }
 
 // strayBreaks returns the length of the blank lines that open ev (the
-// longest run of CR and LF ending in LF). An extra blank line between two
+// longest run of CR and LF). An extra blank line between two
 // events belongs to neither: whether it was framed as the end of one read
 // or the start of the next event depends on where reads split the stream,
 // so it is relayed even when its event is dropped, and the client gets the
 // same bytes for any split.
 func strayBreaks(ev []byte) int {
 	n := 0
-	for i, c := range ev {
-		if c == '\n' {
-			n = i + 1
-		} else if c != '\r' {
-			break
-		}
+	for n < len(ev) && (ev[n] == '\n' || ev[n] == '\r') {
+		n++
 	}
 	return n
 }
@@ -210,12 +206,11 @@ func (f *UsageFilter) usageOnly(ev []byte) bool {
 	n := 0
 	for len(ev) > 0 {
 		line := ev
-		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
-			line, ev = ev[:i], ev[i+1:]
+		if i, n := lineEnd(ev); i >= 0 {
+			line, ev = ev[:i], ev[i+n:]
 		} else {
 			ev = nil
 		}
-		line = bytes.TrimSuffix(line, []byte{'\r'})
 		if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
 			if n > 0 {
 				d = append(d, '\n')
@@ -248,37 +243,66 @@ func (f *UsageFilter) usageOnly(ev []byte) bool {
 }
 
 // lastEventEnd returns the index after the last event end (a blank line:
-// "\n\n" or "\n\r\n") in b, 0 when there is none.
+// "\n\n", "\n\r\n", or "\r\r" in a stream whose lines end in a bare CR) in
+// b, 0 when there is none.
 func lastEventEnd(b []byte) int {
-	j := len(b)
-	for j > 0 {
+	end := 0
+	for j := len(b); j > 0; {
 		i := bytes.LastIndexByte(b[:j], '\n')
 		if i < 1 {
-			return 0
+			break
 		}
 		if b[i-1] == '\n' || (b[i-1] == '\r' && i >= 2 && b[i-2] == '\n') {
+			end = i + 1
+			break
+		}
+		j = i
+	}
+	for j := len(b); j > end+1; { // a bare CR end after it
+		i := bytes.LastIndexByte(b[end:j], '\r') + end
+		if i < end+1 {
+			break
+		}
+		if b[i-1] == '\r' {
 			return i + 1
 		}
 		j = i
 	}
-	return 0
+	return end
 }
 
 // nextEventEnd returns the index after the first event end in b, 0 when
 // there is none.
 func nextEventEnd(b []byte) int {
-	off := 0
-	for {
+	end := 0
+	for off := 0; ; {
 		i := bytes.IndexByte(b[off:], '\n')
 		if i < 0 {
-			return 0
+			break
 		}
 		i += off
 		if i+1 < len(b) && b[i+1] == '\n' {
-			return i + 2
+			end = i + 2
+			break
 		}
 		if i+2 < len(b) && b[i+1] == '\r' && b[i+2] == '\n' {
-			return i + 3
+			end = i + 3
+			break
+		}
+		off = i + 1
+	}
+	lim := len(b)
+	if end > 0 {
+		lim = end
+	}
+	for off := 0; ; { // a bare CR end before it
+		i := bytes.IndexByte(b[off:lim], '\r')
+		if i < 0 {
+			return end
+		}
+		i += off
+		if i+1 < lim && b[i+1] == '\r' {
+			return i + 2
 		}
 		off = i + 1
 	}

@@ -61,6 +61,36 @@ func TestUsageFilterRemovesOnlyTheUsageChunk(t *testing.T) {
 	}
 }
 
+// An engine whose lines end in a bare CR (as the SSE specification
+// allows) gets its usage chunk removed, and each event is relayed when it
+// arrives: the filter found no event end in such a stream, so it held the
+// whole stream back (up to 8 MiB) and relayed it with the usage chunk.
+func TestUsageFilterReadsBareCRFraming(t *testing.T) {
+	cr := func(s string) string { return strings.ReplaceAll(s, "\n", "\r") }
+	first := cr(chunkLine(`{"content":"a"}`, "null"))
+	content := first + cr(chunkLine(`{}`, `"stop"`))
+	in := content + cr(usageLine) + "data: [DONE]\r\r"
+	want := content + "data: [DONE]\r\r"
+	for seed := uint64(0); seed < 50; seed++ {
+		var f UsageFilter
+		var out []byte
+		for _, p := range splitRandom(rand.New(rand.NewPCG(seed, 9)), []byte(in), 1+int(seed)) {
+			out = f.Filter(out, p)
+		}
+		out = f.Flush(out)
+		if string(out) != want {
+			t.Fatalf("split %d:\n got %q\nwant %q", seed, out, want)
+		}
+		if u := f.Usage; !u.Seen || u.PromptTokens != 12 || u.CompletionTokens != 7 {
+			t.Fatalf("usage %+v", u)
+		}
+	}
+	var f UsageFilter
+	if out := f.Filter(nil, []byte(first)); string(out) != first {
+		t.Fatalf("a whole event is held back: %q", out)
+	}
+}
+
 // An extra blank line before the usage chunk reaches the client whichever
 // read it arrived in: the client gets the same bytes for every split of
 // the stream (the fuzzer found it dropped with the usage chunk when both

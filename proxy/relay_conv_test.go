@@ -2,6 +2,10 @@ package proxy
 
 import (
 	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -42,5 +46,63 @@ func TestAConvertedStreamEndsAtItsErrorEvent(t *testing.T) {
 	}
 	if took > 1500*time.Millisecond { // the engine goes on for 3 s
 		t.Fatalf("the client stream ended with an error event but the response stayed open %v (until the engine finished)", took)
+	}
+}
+
+// An engine whose SSE lines end in a bare CR (the SSE specification allows
+// CRLF, LF or CR) streams through every front door: a chat stream whose
+// client did not ask for usage was held back whole by the usage filter
+// (no event end found) and relayed at the end with the usage chunk, and a
+// converted stream ended at once with "malformed stream chunk".
+func TestABareCRStreamIsRelayedFilteredAndConvertedAsItArrives(t *testing.T) {
+	const stall = 600 * time.Millisecond
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+		ev := func(s string) { fmt.Fprintf(c, "%x\r\n%s\r\r\r\n", len(s)+2, s) }
+		ev(`data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},"finish_reason":null}]}`)
+		time.Sleep(stall)
+		ev(`data:{"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}]}`)
+		ev(`data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9}}`)
+		ev(`data: [DONE]`)
+		c.Write([]byte("0\r\n\r\n"))
+	})
+	r := startRouter(t, nil, nil, up.url)
+	for _, tc := range []struct{ path, body, first, end string }{
+		{"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`, `"Hel"`, "data: [DONE]\r\r"},
+		{"/v1/messages", `{"model":"m","stream":true,"max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`, `"Hel"`, "event: message_stop"},
+		{"/v1/responses", `{"model":"m","stream":true,"input":"hi"}`, `"Hel"`, "event: response.completed"},
+	} {
+		start := time.Now()
+		resp, err := http.Post(r.url+tc.path, "application/json", strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []byte
+		var first time.Duration
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := resp.Body.Read(buf)
+			got = append(got, buf[:n]...)
+			if first == 0 && strings.Contains(string(got), tc.first) {
+				first = time.Since(start)
+			}
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", tc.path, err)
+			}
+		}
+		resp.Body.Close()
+		b := string(got)
+		if first == 0 || first >= stall {
+			t.Errorf("%s: the first event arrived after %v, when the engine finished (%v)", tc.path, first, stall)
+		}
+		if strings.Contains(b, "event: error") || !strings.Contains(b, `"lo"`) || !strings.Contains(b, tc.end) {
+			t.Errorf("%s: %q", tc.path, b)
+		}
+		if tc.path == "/v1/chat/completions" && strings.Contains(b, "prompt_tokens") {
+			t.Errorf("the client did not ask for usage and got the usage chunk: %q", b)
+		}
 	}
 }
