@@ -48,27 +48,50 @@ func EnsureStreamUsage(dst, body []byte) (out []byte, clientAsked bool, err erro
 		return body, false, nil // the engine refuses it as it would have
 	}
 	o := body[opts.s:opts.e]
-	var inc span
+	var inc, cont span
 	fields(o, func(k []byte, s, e int) error {
-		if string(k) == "include_usage" {
+		switch string(k) {
+		case "include_usage":
 			inc = span{opts.s + s, opts.s + e}
+		case "continuous_usage_stats":
+			cont = span{opts.s + s, opts.s + e}
 		}
 		return nil
 	})
-	if inc.ok() {
-		if body[inc.s] == 't' {
-			return body, true, nil
+	if inc.ok() && body[inc.s] == 't' {
+		return body, true, nil
+	}
+	// The edit that asks for usage: include_usage set to true, or put
+	// first in the options.
+	at, cut, with := inc.s, inc.e, "true"
+	if !inc.ok() {
+		at, cut, with = opts.s+1, opts.s+1, `"include_usage":true,`
+		if j := skipSpace(body, opts.s+1); body[j] == '}' {
+			with = with[:len(with)-1]
 		}
-		out = append(dst, body[:inc.s]...)
-		out = append(out, "true"...)
-		return append(out, body[inc.e:]...), false, nil
 	}
-	out = append(dst, body[:opts.s+1]...)
-	out = append(out, `"include_usage":true`...)
-	if j := skipSpace(body, opts.s+1); body[j] != '}' {
-		out = append(out, ',')
+	// vLLM sends continuous usage stats (usage in every chunk) only with
+	// include_usage: a client that asked for them without it gets no
+	// usage, so they are turned off with the usage the router asks for
+	// (the usage filter removes only the final usage-only chunk).
+	if !cont.ok() || body[cont.s] != 't' {
+		cont = span{}
 	}
-	return append(out, body[opts.s+1:]...), false, nil
+	out = dst
+	if cont.ok() && cont.s < at {
+		out = append(out, body[:cont.s]...)
+		out = append(out, "false"...)
+		out = append(out, body[cont.e:at]...)
+	} else {
+		out = append(out, body[:at]...)
+	}
+	out = append(out, with...)
+	if cont.ok() && cont.s > at {
+		out = append(out, body[cut:cont.s]...)
+		out = append(out, "false"...)
+		cut = cont.e
+	}
+	return append(out, body[cut:]...), false, nil
 }
 
 // InsertStreamUsage appends body to dst with stream_options asking for

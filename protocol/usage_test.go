@@ -22,6 +22,11 @@ func TestEnsureStreamUsageAsksTheEngine(t *testing.T) {
 	f(`{"stream":true,"stream_options":{"continuous_usage_stats":false}}`, `{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":false}}`, false)
 	f(`{"stream":true,"stream_options":{"include_usage":false}}`, `{"stream":true,"stream_options":{"include_usage":true}}`, false)
 	f(`{"stream":true,"stream_options":{"include_usage":true}}`, `{"stream":true,"stream_options":{"include_usage":true}}`, true)
+	// continuous usage stats come only with include_usage (vLLM): off unless the client asked for usage
+	f(`{"stream":true,"stream_options":{"continuous_usage_stats":true}}`, `{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":false}}`, false)
+	f(`{"stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true}}`, `{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":false}}`, false)
+	f(`{"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":false}}`, `{"stream":true,"stream_options":{"continuous_usage_stats":false,"include_usage":true}}`, false)
+	f(`{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`, `{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`, true)
 	// the engine reads the last duplicate: so do we
 	f(`{"stream":true,"stream_options":{"include_usage":true,"include_usage":false}}`, `{"stream":true,"stream_options":{"include_usage":true,"include_usage":true}}`, false)
 	f(`{"stream":false,"stream":true}`, `{"stream_options":{"include_usage":true},"stream":false,"stream":true}`, false)

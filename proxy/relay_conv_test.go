@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -104,5 +105,50 @@ func TestABareCRStreamIsRelayedFilteredAndConvertedAsItArrives(t *testing.T) {
 		if tc.path == "/v1/chat/completions" && strings.Contains(b, "prompt_tokens") {
 			t.Errorf("the client did not ask for usage and got the usage chunk: %q", b)
 		}
+	}
+}
+
+// A chat client that set stream_options.continuous_usage_stats without
+// include_usage gets no usage from vLLM (continuous usage comes only with
+// include_usage): through the router, which asks the engine for usage, it
+// got a usage object in every chunk (the usage filter removes only the
+// final usage-only chunk), while the router still counts the tokens.
+func TestContinuousUsageStatsWithoutIncludeUsageSendsTheClientNoUsage(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		_, body, _ := strings.Cut(req, "\r\n\r\n")
+		var r struct {
+			StreamOptions struct {
+				IncludeUsage    bool `json:"include_usage"`
+				ContinuousUsage bool `json:"continuous_usage_stats"`
+			} `json:"stream_options"`
+		}
+		json.Unmarshal([]byte(body), &r)
+		inc, cont := r.StreamOptions.IncludeUsage, r.StreamOptions.IncludeUsage && r.StreamOptions.ContinuousUsage // as vLLM reads them
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+		ev := func(s string) { s = "data: " + s + "\n\n"; fmt.Fprintf(c, "%x\r\n%s\r\n", len(s), s) }
+		for i, d := range []string{`{"content":"Hel"},"finish_reason":null`, `{"content":"lo"},"finish_reason":"stop"`} {
+			u := ""
+			if cont {
+				u = fmt.Sprintf(`,"usage":{"prompt_tokens":7,"completion_tokens":%d,"total_tokens":%d}`, i+1, 8+i)
+			}
+			ev(`{"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":` + d + `}]` + u + `}`)
+		}
+		if inc {
+			ev(`{"id":"x","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9}}`)
+		}
+		ev("[DONE]")
+		c.Write([]byte("0\r\n\r\n"))
+	})
+	r := startRouter(t, nil, nil, up.url)
+	for _, opts := range []string{`{"continuous_usage_stats":true}`, `{"include_usage":false,"continuous_usage_stats":true}`} {
+		resp, b := postH(t, r.url+"/v1/chat/completions", `{"model":"m","stream":true,"stream_options":`+opts+`,"messages":[{"role":"user","content":"hi"}]}`, nil)
+		if resp.StatusCode != 200 || !strings.Contains(b, `"lo"`) || strings.Contains(b, "usage") {
+			t.Errorf("stream_options %s: %d %q", opts, resp.StatusCode, b)
+		}
+	}
+	// asked for both: usage in every chunk and the usage chunk, as vLLM sends them
+	_, b := postH(t, r.url+"/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"messages":[{"role":"user","content":"hi"}]}`, nil)
+	if strings.Count(b, `"usage"`) != 3 {
+		t.Errorf("asked for continuous usage: %q", b)
 	}
 }
