@@ -29,7 +29,8 @@ type sseEvent struct {
 
 // parseClientSSE splits converter output into events, each with exactly
 // one event: line and one data: line holding a JSON object whose type is
-// the event name.
+// the event name. A comment (":", an engine's keep-alive passed on) is a
+// block of its own, skipped as SSE parsers skip it.
 func parseClientSSE(out []byte) ([]sseEvent, error) {
 	var evs []sseEvent
 	s := string(out)
@@ -40,6 +41,9 @@ func parseClientSSE(out []byte) ([]sseEvent, error) {
 		return nil, fmt.Errorf("output does not end with a blank line: %q", tail(s))
 	}
 	for _, block := range strings.Split(strings.TrimSuffix(s, "\n\n"), "\n\n") {
+		if block == ":" {
+			continue
+		}
 		lines := strings.Split(block, "\n")
 		if len(lines) != 2 || !strings.HasPrefix(lines[0], "event: ") || !strings.HasPrefix(lines[1], "data: ") {
 			return nil, fmt.Errorf("malformed event %q", block)

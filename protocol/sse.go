@@ -9,11 +9,19 @@ const MaxEventBytes = 8 << 20
 
 var errEventTooLarge = &Error{Status: 502, Type: TypeServer, Message: "the engine sent an SSE event larger than 8 MiB"}
 
+// sseHandler takes what an sseReader reads: each event's data (valid only
+// during the call), and each comment line (an engine's keep-alive).
+type sseHandler interface {
+	onData(data []byte) error
+	onComment()
+}
+
 // sseReader splits an upstream SSE byte stream, delivered in arbitrary
-// pieces, into events and hands each event's data to a callback. Only the
-// data field matters for chat streams; event names, ids, retry fields and
-// comments are skipped. Lines end with "\n", "\r\n" or a bare "\r", as
-// the SSE specification allows (and the SDKs' parsers read).
+// pieces, into events and hands each event's data to a handler. Only the
+// data field matters for chat streams; event names, ids and retry fields
+// are skipped, and a comment is only reported. Lines end with "\n",
+// "\r\n" or a bare "\r", as the SSE specification allows (and the SDKs'
+// parsers read).
 type sseReader struct {
 	line    []byte // an incomplete line carried to the next feed
 	data    []byte // the current event's data
@@ -45,9 +53,8 @@ func lineEnd(b []byte) (int, int) {
 	return cr, 1
 }
 
-// feed consumes src, calling f with the data of each complete event. f's
-// argument is valid only during the call.
-func (r *sseReader) feed(src []byte, f func(data []byte) error) error {
+// feed consumes src, handing h the data of each complete event.
+func (r *sseReader) feed(src []byte, h sseHandler) error {
 	if r.afterCR && len(src) > 0 {
 		r.afterCR = false
 		if src[0] == '\n' {
@@ -70,7 +77,7 @@ func (r *sseReader) feed(src []byte, f func(data []byte) error) error {
 		}
 		r.afterCR = n == 1 && src[i] == '\r' && i+1 == len(src)
 		src = src[i+n:]
-		if err := r.onLine(line, f); err != nil {
+		if err := r.onLine(line, h); err != nil {
 			return err
 		}
 		r.line = r.line[:0]
@@ -78,12 +85,16 @@ func (r *sseReader) feed(src []byte, f func(data []byte) error) error {
 	return nil
 }
 
-func (r *sseReader) onLine(line []byte, f func(data []byte) error) error {
+func (r *sseReader) onLine(line []byte, h sseHandler) error {
 	if len(line) == 0 {
-		return r.dispatch(f)
+		return r.dispatch(h)
+	}
+	if line[0] == ':' {
+		h.onComment()
+		return nil
 	}
 	if len(line) < 5 || string(line[:5]) != "data:" {
-		return nil // event:, id:, retry:, a comment, or an unknown field
+		return nil // event:, id:, retry:, or an unknown field
 	}
 	v := line[5:]
 	if len(v) > 0 && v[0] == ' ' {
@@ -100,24 +111,24 @@ func (r *sseReader) onLine(line []byte, f func(data []byte) error) error {
 	return nil
 }
 
-func (r *sseReader) dispatch(f func(data []byte) error) error {
+func (r *sseReader) dispatch(h sseHandler) error {
 	if !r.hasData {
 		return nil
 	}
-	err := f(r.data)
+	err := h.onData(r.data)
 	r.data, r.hasData = r.data[:0], false
 	return err
 }
 
 // flush delivers an event left open at the end of the stream (an engine
 // that does not end its last event with a blank line).
-func (r *sseReader) flush(f func(data []byte) error) error {
+func (r *sseReader) flush(h sseHandler) error {
 	if len(r.line) > 0 {
 		line := r.line
 		r.line = r.line[:0]
-		if err := r.onLine(line, f); err != nil {
+		if err := r.onLine(line, h); err != nil {
 			return err
 		}
 	}
-	return r.dispatch(f)
+	return r.dispatch(h)
 }

@@ -228,7 +228,7 @@ func (c *StreamConverter) Feed(dst, src []byte) []byte {
 	if !c.started {
 		c.start()
 	}
-	if err := c.sse.feed(src, c.onData); err != nil {
+	if err := c.sse.feed(src, c); err != nil {
 		c.failWith(err)
 	}
 	dst = c.out
@@ -248,7 +248,7 @@ func (c *StreamConverter) Finish(dst []byte) []byte {
 	if !c.started {
 		c.start()
 	}
-	if err := c.sse.flush(c.onData); err != nil {
+	if err := c.sse.flush(c); err != nil {
 		c.failWith(err)
 	}
 	if !c.finished {
@@ -295,6 +295,16 @@ func (c *StreamConverter) failWith(err error) {
 		return
 	}
 	c.fail(502, TypeServer, "the engine sent a malformed stream")
+}
+
+// onComment passes an engine's keep-alive (an SSE comment line) on as a
+// comment of the client's stream, so a converted stream is no quieter than
+// the engine's: a client or proxy that drops an idle stream keeps it as it
+// would keep the engine's. The output is always between whole events here.
+func (c *StreamConverter) onComment() {
+	if !c.finished {
+		c.out = append(c.out, ":\n\n"...)
+	}
 }
 
 // onData handles one upstream event's data.

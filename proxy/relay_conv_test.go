@@ -152,3 +152,49 @@ func TestContinuousUsageStatsWithoutIncludeUsageSendsTheClientNoUsage(t *testing
 		t.Errorf("asked for continuous usage: %q", b)
 	}
 }
+
+// An engine's keep-alive comments reach a converted stream's client as
+// comments, as they reach a chat client: the converter skipped them, so
+// while the engine only kept its stream alive the Messages or Responses
+// client got nothing at all, and a client or proxy that drops an idle
+// stream dropped it.
+func TestAnEnginesKeepAlivesReachAConvertedStream(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+		ev := func(s string) { fmt.Fprintf(c, "%x\r\n%s\r\n", len(s), s) }
+		ev(`data: {"choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}]}` + "\n\n")
+		for i := 0; i < 4; i++ {
+			time.Sleep(150 * time.Millisecond)
+			ev(": keep-alive\n\n")
+		}
+		ev(`data: {"choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop"}]}` + "\n\ndata: [DONE]\n\n")
+		c.Write([]byte("0\r\n\r\n"))
+	})
+	r := startRouter(t, nil, nil, up.url)
+	for _, p := range [][2]string{
+		{"/v1/messages", `{"model":"m","stream":true,"max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`},
+		{"/v1/responses", `{"model":"m","stream":true,"input":"hi"}`},
+	} {
+		resp, err := http.Post(r.url+p[0], "application/json", strings.NewReader(p[1]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []byte
+		reads := 0
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := resp.Body.Read(buf)
+			if n > 0 {
+				reads++
+				got = append(got, buf[:n]...)
+			}
+			if err != nil {
+				break
+			}
+		}
+		resp.Body.Close()
+		if k := strings.Count(string(got), ":\n\n"); k != 4 || reads < 5 || !strings.Contains(string(got), `"lo"`) {
+			t.Errorf("%s: %d keep-alives in %d reads: %q", p[0], k, reads, got)
+		}
+	}
+}
