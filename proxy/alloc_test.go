@@ -27,29 +27,32 @@ func TestNonStreamZeroAlloc(t *testing.T) {
 
 // With the real Qwen3 tokenizer and chat template, a chat with a system
 // prompt, an assistant tool call, a tool result and tools is rendered,
-// encoded and hashed without allocating.
+// encoded and hashed without allocating, with chat_template_kwargs too (a
+// client's enable_thinking with every request is parsed once).
 func TestKVAwareQwen3ChatWithToolsZeroAlloc(t *testing.T) {
 	dir := qwen3Dir(t)
 	up := startUpstream(t, okHandler)
 	f := defaultFlags()
 	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
 	r := startRouter(t, f, nil, up.url)
-	hc, req := benchClient(t, r.url, false)
-	req.SetBodyString(`{"model":"m","max_tokens":8,"tools":[{"type":"function","function":{"name":"get_weather","description":"Weather in a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}],` +
-		`"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is the weather in Paris?"},` +
-		`{"role":"assistant","content":"","tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},` +
-		`{"role":"tool","tool_call_id":"call_1","content":"18 C, clear"},{"role":"user","content":"And tomorrow?"}]}`)
-	resp := fasthttp.AcquireResponse()
-	do := func() {
-		if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
-			t.Fatal(err, resp.StatusCode(), string(resp.Body()))
+	for _, kwargs := range []string{"", `"chat_template_kwargs":{"enable_thinking":false},`} {
+		hc, req := benchClient(t, r.url, false)
+		req.SetBodyString(`{"model":"m","max_tokens":8,` + kwargs + `"tools":[{"type":"function","function":{"name":"get_weather","description":"Weather in a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}],` +
+			`"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is the weather in Paris?"},` +
+			`{"role":"assistant","content":"","tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},` +
+			`{"role":"tool","tool_call_id":"call_1","content":"18 C, clear"},{"role":"user","content":"And tomorrow?"}]}`)
+		resp := fasthttp.AcquireResponse()
+		do := func() {
+			if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+				t.Fatal(err, resp.StatusCode(), string(resp.Body()))
+			}
 		}
-	}
-	for i := 0; i < 200; i++ {
-		do()
-	}
-	if n := testing.AllocsPerRun(1000, do); n > 1.05 {
-		t.Fatalf("%.2f allocs per proxied request, want at most fasthttp's 1", n)
+		for i := 0; i < 200; i++ {
+			do()
+		}
+		if n := testing.AllocsPerRun(1000, do); n > 1.05 {
+			t.Fatalf("%s: %.2f allocs per proxied request, want at most fasthttp's 1", kwargs, n)
+		}
 	}
 }
 

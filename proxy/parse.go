@@ -45,8 +45,11 @@ type reqBody struct {
 	promptStart, promptEnd int // also input, query and text_1
 	auxStart, auxEnd       int // documents, text_2
 	toolsStart, toolsEnd   int
-	nMessages              int
-	msgErr                 error
+	// kwStart and kwEnd span a chat's chat_template_kwargs (the last copy,
+	// as the engine reads it); a chat's documents are the aux span.
+	kwStart, kwEnd int
+	nMessages      int
+	msgErr         error
 	// msgSpans locates the fields of the first maxRouteMessages messages,
 	// for decodeMessages; restSize is the size (msgSpan.size) of the rest.
 	msgSpans []msgSpan
@@ -213,11 +216,15 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			if kind != kindEmbeddings {
 				return -1, nil
 			}
-		case "query", "documents", "top_n":
+		case "query", "top_n":
 			if kind != kindRerank {
 				return -1, nil
 			}
-		case "add_generation_prompt", "continue_final_message":
+		case "documents":
+			if kind != kindRerank && kind != kindChat {
+				return -1, nil
+			}
+		case "add_generation_prompt", "continue_final_message", "chat_template_kwargs":
 			if kind != kindChat {
 				return -1, nil
 			}
@@ -324,9 +331,11 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			if key[0] == 't' {
 				name = "text_2"
 			}
-			if once(rkAux, name) {
+			if kind == kindChat || once(rkAux, name) { // a chat's: the last, as the engine reads it
 				b.auxStart, b.auxEnd = vs, ve
 			}
+		case "chat_template_kwargs":
+			b.kwStart, b.kwEnd = vs, ve
 		case "add_generation_prompt":
 			b.noGenPrompt = string(v) == "false"
 		case "continue_final_message":
@@ -396,7 +405,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 func (b *reqBody) insertStreamUsage(dst, d []byte) []byte {
 	out := protocol.InsertStreamUsage(dst, d, b.objStart)
 	at, delta := b.objStart+1, len(out)-len(dst)-len(d)
-	for _, x := range [...]*int{&b.modelStart, &b.modelEnd, &b.msgStart, &b.msgEnd, &b.promptStart, &b.promptEnd, &b.toolsStart, &b.toolsEnd} {
+	for _, x := range [...]*int{&b.modelStart, &b.modelEnd, &b.msgStart, &b.msgEnd, &b.promptStart, &b.promptEnd, &b.toolsStart, &b.toolsEnd, &b.auxStart, &b.auxEnd, &b.kwStart, &b.kwEnd} {
 		if *x >= at {
 			*x += delta
 		}

@@ -131,3 +131,65 @@ func TestAChatThatContinuesItsFinalMessageIsTokenizedAsTheEngineRendersIt(t *tes
 		t.Fatalf("count_tokens of a prefill: %d, want %d", len(got), len(want))
 	}
 }
+
+// A chat's chat_template_kwargs reach the template as vLLM passes them:
+// its keys are template variables set over the request's own (Qwen3's
+// enable_thinking: false adds the empty think block to the generation
+// prompt; add_generation_prompt and tools are replaced), also in a stream
+// (whose body the router rewrites before tokenizing); documents reach it as
+// the request gives them. The router ignored them: the engine saw 13 tokens
+// where the router hashed and counted 9. Kwargs the router cannot render
+// as the engine would (another template) leave the chat without hashes.
+func TestChatTemplateKwargsReachTheTemplateAsVLLMPassesThem(t *testing.T) {
+	dir := qwen3Dir(t)
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, f, nil, up.url)
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const (
+		user     = `<|im_start|>user` + "\n" + `hi<|im_end|>` + "\n"
+		gen      = `<|im_start|>assistant` + "\n"
+		noThink  = `<think>` + "\n\n" + `</think>` + "\n\n"
+		tool     = `{"type":"function","function":{"name":"f","description":"d","parameters":{}}}`
+		toolText = `{"type": "function", "function": {"name": "f", "description": "d", "parameters": {}}}`
+	)
+	withTools := `<|im_start|>system` + "\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n" +
+		"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n" + toolText + "\n</tools>\n\n" +
+		"For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n" +
+		"<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" + user + gen
+	msgs := `"messages":[{"role":"user","content":"hi"}]`
+	f2 := func(name, body, want string) {
+		t.Helper()
+		code, b := post(t, r.url+"/tokenize", body)
+		if code != 200 {
+			t.Fatalf("%s: /tokenize: %d %s", name, code, b)
+		}
+		var got struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if err := json.Unmarshal([]byte(b), &got); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got.Tokens, tok.Encode(nil, []byte(want))) {
+			t.Errorf("%s: router encoded %q, want %q", name, tok.Decode(got.Tokens), want)
+		}
+	}
+	f2("no kwargs", `{"model":"m",`+msgs+`}`, user+gen)
+	f2("thinking off", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"enable_thinking":false}}`, user+gen+noThink)
+	f2("thinking off, streamed", `{"model":"m","stream":true,`+msgs+`,"chat_template_kwargs":{"enable_thinking":false}}`, user+gen+noThink)
+	f2("thinking on", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"enable_thinking":true}}`, user+gen)
+	f2("the last copy", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"enable_thinking":false},"chat_template_kwargs":null}`, user+gen)
+	f2("add_generation_prompt replaced", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"add_generation_prompt":false}}`, user)
+	f2("tools replaced", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"tools":[`+tool+`]}}`, withTools)
+	f2("tools removed", `{"model":"m",`+msgs+`,"tools":[`+tool+`],"chat_template_kwargs":{"tools":null}}`, user+gen)
+	f2("another template", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"chat_template":"{{ 1 }}"}}`, "")
+	f2("not an object", `{"model":"m",`+msgs+`,"chat_template_kwargs":[1]}`, "")
+	deep := strings.Repeat(`[`, 40) + strings.Repeat(`]`, 40)
+	f2("nested deeply", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"x":`+deep+`}}`, "")
+	many := "[" + strings.Repeat("0,", 2000) + "0]"
+	f2("too many values", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"x":`+many+`}}`, "")
+}

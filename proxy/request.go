@@ -546,11 +546,10 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 		rs.tokCut, rs.tokText = len(b.tokenIDs), b.promptTokens
 	case kind == kindChat:
 		limit := s.o.Flags.RouterTokenizeMaxBytes
-		var tools []byte
-		if b.toolsEnd > 0 {
-			tools = body[b.toolsStart:b.toolsEnd]
-		}
-		if limit > 0 && len(tools) > limit || len(tools) > 0 && tools[0] == '[' && elems(tools, 0, maxRouteElems) > maxRouteElems {
+		f, ok := b.chatFields(body)
+		if !ok || limit > 0 && len(f.Tools)+len(f.Documents)+len(f.Kwargs) > limit ||
+			len(f.Tools) > 0 && elems(f.Tools, 0, maxRouteElems) > maxRouteElems ||
+			len(f.Documents) > 0 && elems(f.Documents, 0, maxRouteElems) > maxRouteElems {
 			rs.tokSkip = true
 			mTokenizeCut.Inc()
 			return nil
@@ -569,10 +568,11 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 		}
 		all := k == len(b.msgSpans) && b.restSize == 0
 		rs.msgs = decodeMessages(rs.msgs[:0], arr, b.msgSpans[:k], &rs.arena)
+		f.Leading = !all
 		var err error
 		// As the engine renders it: the generation prompt unless the chat
 		// turns it off or continues its final message (then cut after it).
-		rs.render, err = s.o.Tokenizer.RenderChat(rs.render[:0], rs.msgs, tools, all && !b.noGenPrompt && !b.continueFinal)
+		rs.render, err = tokenizer.RenderChatFields(s.o.Tokenizer, rs.render[:0], rs.msgs, f, all && !b.noGenPrompt && !b.continueFinal)
 		if err == nil && all && b.continueFinal && len(rs.msgs) > 0 {
 			rs.render = tokenizer.ContinueFinalMessage(rs.render, rs.msgs[len(rs.msgs)-1].Content)
 		}
@@ -600,6 +600,78 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 		rs.tokens = s.encodeLeading(rs, b.text)
 	}
 	return nil
+}
+
+// maxKwargsDepth bounds the nesting of a chat_template_kwargs rendered
+// for routing (its values, at most maxRouteElems, are bounded too).
+const maxKwargsDepth = 16
+
+// chatFields returns the fields of the chat body d (which b was parsed
+// from) that its template reads besides the messages, as vLLM passes them:
+// tools and documents arrays, chat_template_kwargs. ok is false when the
+// router cannot render the chat as the engine would: chat_template_kwargs
+// is not an object, names a key with an escape, a template of its own, or
+// apply_chat_template's tokenize, continue_final_message or conversation
+// (or the messages: transformers refuses them twice), or holds more than
+// maxRouteElems values or nests deeper than maxKwargsDepth.
+func (b *reqBody) chatFields(d []byte) (f tokenizer.ChatFields, ok bool) {
+	if b.toolsEnd > 0 {
+		f.Tools = d[b.toolsStart:b.toolsEnd]
+	}
+	if b.auxEnd > 0 && d[b.auxStart] == '[' {
+		f.Documents = d[b.auxStart:b.auxEnd]
+	}
+	if b.kwEnd == 0 || d[b.kwStart] == 'n' {
+		return f, true
+	}
+	f.Kwargs = d[b.kwStart:b.kwEnd]
+	if f.Kwargs[0] != '{' {
+		return f, false
+	}
+	n := 0
+	_, err := forEachField(d, b.kwStart, func(key []byte, vs, ve int) error {
+		switch string(key) {
+		case "chat_template":
+			if d[vs] == 'n' {
+				break // the model's template, as without it
+			}
+			return errTooManyElems
+		case "tokenize", "continue_final_message", "conversation", "messages":
+			return errTooManyElems
+		}
+		if hasEscape(key) || !countValues(d, vs, 1, &n) {
+			return errTooManyElems
+		}
+		return nil
+	})
+	return f, err == nil
+}
+
+// countValues adds the JSON value at d[i], and the values nested in it, to
+// *n; false when *n passes maxRouteElems or the value nests deeper than
+// maxKwargsDepth.
+func countValues(d []byte, i, depth int, n *int) bool {
+	if *n++; *n > maxRouteElems || depth > maxKwargsDepth {
+		return false
+	}
+	var err error
+	switch d[i] {
+	case '{':
+		_, err = forEachField(d, i, func(_ []byte, vs, _ int) error {
+			if !countValues(d, vs, depth+1, n) {
+				return errTooManyElems
+			}
+			return nil
+		})
+	case '[':
+		_, err = forEachElem(d, i, func(vs, _ int) error {
+			if !countValues(d, vs, depth+1, n) {
+				return errTooManyElems
+			}
+			return nil
+		})
+	}
+	return err == nil
 }
 
 // routeMessages returns how many leading messages of the messages array d

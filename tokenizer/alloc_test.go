@@ -41,3 +41,23 @@ func TestRenderChatEncodeAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderChatWithKwargsAllocs proves that a chat_template_kwargs seen
+// recently (a client's enable_thinking with every request) is not parsed
+// again: a warm render with it allocates nothing either.
+func TestRenderChatWithKwargsAllocs(t *testing.T) {
+	h := loadQwen3(t)
+	c := chats1K()[0]
+	f := ChatFields{Tools: c.tools, Kwargs: []byte(`{"enable_thinking":false}`)}
+	text, err := h.RenderChatFields(nil, c.msgs, f, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := testing.AllocsPerRun(50, func() { text, err = h.RenderChatFields(text[:0], c.msgs, f, true) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("RenderChatFields with chat_template_kwargs allocates %.1f times per call, want 0", n)
+	}
+}

@@ -40,6 +40,7 @@ type HF struct {
 	bosToken string
 	eosToken string
 	tools    toolsCache
+	kwargs   toolsCache // parsed chat_template_kwargs objects, as tools
 }
 
 type addedToken struct {
@@ -504,13 +505,51 @@ var ErrNoChatTemplate = errors.New("tokenizer has no chat_template")
 // as the JSON string they are. A warm call (the same tools, if any, seen
 // recently) allocates nothing beyond the growth of dst.
 func (h *HF) RenderChat(dst []byte, msgs []Message, tools []byte, addGenerationPrompt bool) ([]byte, error) {
-	toolsV, err := h.tools.parse(tools)
+	return h.RenderChatFields(dst, msgs, ChatFields{Tools: tools}, addGenerationPrompt)
+}
+
+// RenderChatFields implements FieldsRenderer: RenderChat with the
+// request's documents and chat_template_kwargs too. The same tools and
+// chat_template_kwargs seen recently are not parsed again, so a warm call
+// without documents allocates nothing beyond the growth of dst.
+func (h *HF) RenderChatFields(dst []byte, msgs []Message, f ChatFields, addGenerationPrompt bool) ([]byte, error) {
+	toolsV, err := h.tools.parse(f.Tools)
 	if err != nil {
 		return dst, fmt.Errorf("cannot parse tools: %w", err)
 	}
+	docs, kw, err := h.parseFields(f)
+	if err != nil {
+		return dst, err
+	}
 	cv := acquireChatVars()
 	defer cv.release()
-	return h.render(dst, cv, cv.messages(msgs), toolsV, addGenerationPrompt, nil)
+	return h.render(dst, cv, cv.messages(msgs), toolsV, docs, addGenerationPrompt, kw, f.Leading)
+}
+
+// parseFields parses f's documents (not cached: they change with every
+// request) and chat_template_kwargs (an object, or nil when absent).
+func (h *HF) parseFields(f ChatFields) (docs jinja.Value, kw *jinja.Object, err error) {
+	docs = jinja.Undefined()
+	if len(f.Documents) > 0 {
+		if docs, err = jinja.FromJSON(f.Documents); err != nil {
+			return docs, nil, fmt.Errorf("cannot parse documents: %w", err)
+		}
+		if docs.Kind() == jinja.KindNull {
+			docs = jinja.Undefined()
+		}
+	}
+	kwV, err := h.kwargs.parse(f.Kwargs)
+	if err != nil {
+		return docs, nil, fmt.Errorf("cannot parse chat_template_kwargs: %w", err)
+	}
+	switch kwV.Kind() {
+	case jinja.KindObject:
+		kw = kwV.Object()
+	case jinja.KindUndefined, jinja.KindNull:
+	default:
+		return docs, nil, errors.New("chat_template_kwargs must be a JSON object")
+	}
+	return docs, kw, nil
 }
 
 // RenderChatJSON renders a conversation given as a raw JSON messages array
@@ -534,10 +573,24 @@ func (h *HF) RenderChatJSON(dst []byte, messages, tools []byte, addGenerationPro
 	}
 	cv := acquireChatVars()
 	defer cv.release()
-	return h.render(dst, cv, msgs, toolsV, addGenerationPrompt, extra)
+	return h.render(dst, cv, msgs, toolsV, jinja.Undefined(), addGenerationPrompt, extra, false)
 }
 
-func (h *HF) render(dst []byte, cv *chatVars, msgs, tools jinja.Value, addGen bool, extra *jinja.Object) ([]byte, error) {
+// applyChatTemplateParams are the parameters of transformers'
+// apply_chat_template that it consumes itself: given in
+// chat_template_kwargs they never reach the template as variables (tools,
+// documents and add_generation_prompt do, replacing the request's).
+var applyChatTemplateParams = [...]string{"conversation", "chat_template", "continue_final_message", "tokenize",
+	"padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+
+// render renders the template with msgs, tools, documents (each unset when
+// undefined), add_generation_prompt and the special tokens, then extra's
+// keys over them, as transformers renders vLLM's chat_template_kwargs
+// (merged over the request's tools, documents and add_generation_prompt):
+// all but the parameters apply_chat_template consumes, and, when leading
+// (the leading messages of a longer chat, rendered as the earlier turn's
+// prompt), add_generation_prompt.
+func (h *HF) render(dst []byte, cv *chatVars, msgs, tools, docs jinja.Value, addGen bool, extra *jinja.Object, leading bool) ([]byte, error) {
 	if h.chat == nil {
 		return dst, ErrNoChatTemplate
 	}
@@ -546,11 +599,23 @@ func (h *HF) render(dst []byte, cv *chatVars, msgs, tools jinja.Value, addGen bo
 	if !tools.IsUndefined() {
 		vars.Set("tools", tools)
 	}
+	if !docs.IsUndefined() {
+		vars.Set("documents", docs)
+	}
 	vars.Set("add_generation_prompt", jinja.Bool(addGen))
 	vars.Set("bos_token", jinja.String(h.bosToken))
 	vars.Set("eos_token", jinja.String(h.eosToken))
 	if extra != nil {
+	keys:
 		for _, k := range extra.Keys() {
+			if leading && k == "add_generation_prompt" {
+				continue
+			}
+			for _, p := range applyChatTemplateParams {
+				if k == p {
+					continue keys
+				}
+			}
 			v, _ := extra.Get(k)
 			vars.Set(k, v)
 		}

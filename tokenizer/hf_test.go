@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -122,14 +124,18 @@ func TestQwen3ChatReference(t *testing.T) {
 			t.Fatalf("Encode(rendered %q):\n got %v\nwant %v", got, ids, rec.IDs)
 		}
 		// The typed Message path must agree wherever the conversation fits
-		// the Message struct (and enable_thinking is unset: RenderChat has
-		// no knob for it).
-		if rec.Representable && rec.EnableThinking == nil {
+		// the Message struct, enable_thinking given as the request's
+		// chat_template_kwargs.
+		if rec.Representable {
 			var msgs []Message
 			if err := json.Unmarshal(rec.Messages, &msgs); err != nil {
 				t.Fatal(err)
 			}
-			got2, err := h.RenderChat(nil, msgs, tools, rec.AddGenerationPrompt)
+			f := ChatFields{Tools: tools}
+			if rec.EnableThinking != nil {
+				f.Kwargs = []byte(`{"enable_thinking":` + strconv.FormatBool(*rec.EnableThinking) + `}`)
+			}
+			got2, err := RenderChatFields(h, nil, msgs, f, rec.AddGenerationPrompt)
 			if err != nil {
 				t.Fatalf("RenderChat: %v", err)
 			}
@@ -245,4 +251,69 @@ func TestLoadSmall(t *testing.T) {
 	if id, ok := h.TokenID("<s>"); !ok || id != 300 || h.EOSToken() != "<s>" {
 		t.Fatalf("TokenID/EOSToken = %d %v %q", id, ok, h.EOSToken())
 	}
+}
+
+// A request's documents and chat_template_kwargs reach the template as vLLM
+// passes them to transformers: documents as the request gives them, each
+// kwarg a variable set over the others (tools, documents,
+// add_generation_prompt, bos_token) except apply_chat_template's own
+// parameters, which it consumes; a leading part of a chat is rendered
+// without a generation prompt whatever the kwargs say.
+func TestChatFieldsReachTheTemplateAsVLLMPassesThem(t *testing.T) {
+	loadQwen3(t)
+	dir := t.TempDir()
+	if err := os.Symlink(mustAbs(t, qwen3Dir+"/tokenizer.json"), filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(qwen3Dir + "/tokenizer_config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["chat_template"] = `{% if documents %}{% for d in documents %}[{{ d.title }}:{{ d.text }}]{% endfor %}{% endif %}` +
+		`{{ messages | length }}|{{ tools | length if tools else 'none' }}|{{ add_generation_prompt }}|{{ bos_token }}|` +
+		`{{ x | tojson if x is defined else '-' }}|{{ tokenize is defined }}{{ chat_template is defined }}{{ continue_final_message is defined }}`
+	if raw, err = json.Marshal(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []Message{{Role: "user", Content: "hi"}}
+	check := func(name string, f ChatFields, addGen bool, want string) {
+		t.Helper()
+		got, err := RenderChatFields(h, nil, msgs, f, addGen)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if string(got) != want {
+			t.Errorf("%s: rendered %q, want %q", name, got, want)
+		}
+	}
+	docs := []byte(`[{"title":"a","text":"one"},{"title":"b","text":"two"}]`)
+	check("documents", ChatFields{Documents: docs}, true, `[a:one][b:two]1|none|true||-|falsefalsefalse`)
+	check("kwargs", ChatFields{Documents: docs, Tools: []byte(`[1]`),
+		Kwargs: []byte(`{"x":{"k":[1,"s"]},"add_generation_prompt":false,"bos_token":"<s>","tools":[1,2],"documents":[],` +
+			`"tokenize":true,"chat_template":"ignored","continue_final_message":true}`)}, true,
+		`1|2|false|<s>|{"k": [1, "s"]}|falsefalsefalse`)
+	check("leading", ChatFields{Kwargs: []byte(`{"add_generation_prompt":true}`), Leading: true}, false, `1|none|false||-|falsefalsefalse`)
+	if _, err := RenderChatFields(h, nil, msgs, ChatFields{Kwargs: []byte(`[1]`)}, true); err == nil {
+		t.Error("chat_template_kwargs that are not an object were rendered")
+	}
+}
+
+func mustAbs(t *testing.T, path string) string {
+	t.Helper()
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return abs
 }

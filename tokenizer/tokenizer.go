@@ -42,6 +42,42 @@ type Tokenizer interface {
 	RenderChat(dst []byte, msgs []Message, tools []byte, addGenerationPrompt bool) ([]byte, error)
 }
 
+// ChatFields are the fields of a chat request that vLLM passes to the chat
+// template besides its messages, as raw JSON (nil when absent).
+type ChatFields struct {
+	// Tools is the tools array.
+	Tools []byte
+	// Documents is the documents array (RAG templates read it).
+	Documents []byte
+	// Kwargs is chat_template_kwargs, a JSON object (or null): its keys
+	// are template variables set over the others (tools, documents,
+	// add_generation_prompt, bos_token, ...), as vLLM merges them, for
+	// example Qwen3's enable_thinking. apply_chat_template's own parameters
+	// (chat_template, continue_final_message, ...) are not variables.
+	Kwargs []byte
+	// Leading: the messages are the leading part of a longer chat,
+	// rendered as the prompt of the earlier turn that ended there, so
+	// Kwargs' add_generation_prompt does not apply.
+	Leading bool
+}
+
+// FieldsRenderer is a Tokenizer whose chat template reads ChatFields (HF;
+// Simple renders tools only, as infera engine does).
+type FieldsRenderer interface {
+	RenderChatFields(dst []byte, msgs []Message, f ChatFields, addGenerationPrompt bool) ([]byte, error)
+}
+
+var _ FieldsRenderer = (*HF)(nil)
+
+// RenderChatFields renders msgs with t, with f when t reads it
+// (FieldsRenderer), else with f.Tools only.
+func RenderChatFields(t Tokenizer, dst []byte, msgs []Message, f ChatFields, addGenerationPrompt bool) ([]byte, error) {
+	if fr, ok := t.(FieldsRenderer); ok {
+		return fr.RenderChatFields(dst, msgs, f, addGenerationPrompt)
+	}
+	return t.RenderChat(dst, msgs, f.Tools, addGenerationPrompt)
+}
+
 // Decoder is a tokenizer that can turn token ids back into text (both
 // tokenizers here can).
 type Decoder interface {
