@@ -193,3 +193,43 @@ func TestChatTemplateKwargsReachTheTemplateAsVLLMPassesThem(t *testing.T) {
 	many := "[" + strings.Repeat("0,", 2000) + "0]"
 	f2("too many values", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"x":`+many+`}}`, "")
 }
+
+// vLLM validates each tool into its ChatCompletionToolsParam and hands the
+// template tool.model_dump(): type first ("function" when absent), then
+// function with its name, description and parameters first (null when
+// absent), other keys after. Qwen3 writes each tool with tojson, so a tool
+// without a description, or with its keys in another order, rendered other
+// text in the router than in the engine, and every block hash of the chat
+// (the tools lead the prompt) missed the engine's cache.
+func TestToolsRenderAsVLLMDumpsThem(t *testing.T) {
+	dir := qwen3Dir(t)
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, f, nil, up.url)
+	tokens := func(tools string) []uint32 {
+		t.Helper()
+		code, b := post(t, r.url+"/tokenize", `{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":`+tools+`}`)
+		if code != 200 {
+			t.Fatalf("/tokenize: %d %s", code, b)
+		}
+		var got struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if err := json.Unmarshal([]byte(b), &got); err != nil {
+			t.Fatal(err)
+		}
+		return got.Tokens
+	}
+	dumped := tokens(`[{"type":"function","function":{"name":"f","description":null,"parameters":{"type":"object"},"x":1},"y":2}]`)
+	for _, tools := range []string{
+		`[{"type":"function","function":{"name":"f","parameters":{"type":"object"},"x":1},"y":2}]`,
+		`[{"y":2,"function":{"x":1,"parameters":{"type":"object"},"name":"f"},"type":"function"}]`,
+		`[{"function":{"name":"f","parameters":{"type":"object"},"x":1},"y":2}]`,
+	} {
+		if got := tokens(tools); !slices.Equal(got, dumped) {
+			tok, _ := tokenizer.Load(dir)
+			t.Errorf("tools %s: router encoded %q, want %q", tools, tok.Decode(got), tok.Decode(dumped))
+		}
+	}
+}

@@ -128,8 +128,8 @@ const (
 )
 
 // parse returns the value of the JSON tools array (undefined for blank
-// input).
-func (c *toolsCache) parse(tools []byte) (jinja.Value, error) {
+// input), passed through dump (when not nil) before it is cached.
+func (c *toolsCache) parse(tools []byte, dump func(jinja.Value) jinja.Value) (jinja.Value, error) {
 	if len(bytes.TrimSpace(tools)) == 0 {
 		return jinja.Undefined(), nil
 	}
@@ -143,6 +143,9 @@ func (c *toolsCache) parse(tools []byte) (jinja.Value, error) {
 	if err != nil {
 		return jinja.Undefined(), err
 	}
+	if dump != nil {
+		v = dump(v)
+	}
 	if len(tools) <= toolsCacheMaxLen {
 		c.mu.Lock()
 		if _, dup := c.m[string(tools)]; !dup {
@@ -155,4 +158,63 @@ func (c *toolsCache) parse(tools []byte) (jinja.Value, error) {
 		c.mu.Unlock()
 	}
 	return v, nil
+}
+
+// dumpTools returns the tools array v as vLLM hands it to the template: each
+// tool validated into its ChatCompletionToolsParam and dumped again
+// (pydantic's model_dump): "type" ("function" when absent) and "function"
+// first, then the tool's other keys; in the function its name, description
+// and parameters first, null when absent, then its other keys, each in
+// their order. A tool of another shape is left as it is (vLLM refuses it).
+func dumpTools(v jinja.Value) jinja.Value {
+	if v.Kind() != jinja.KindArray {
+		return v
+	}
+	items := v.Items()
+	out := make([]jinja.Value, len(items))
+	for i, t := range items {
+		out[i] = dumpTool(t)
+	}
+	return jinja.Array(out...)
+}
+
+func dumpTool(t jinja.Value) jinja.Value {
+	if t.Kind() != jinja.KindObject {
+		return t
+	}
+	to := t.Object()
+	fn, ok := to.Get("function")
+	if !ok || fn.Kind() != jinja.KindObject {
+		return t
+	}
+	fo := fn.Object()
+	nf := jinja.NewObject(fo.Len() + 2)
+	for _, k := range [...]string{"name", "description", "parameters"} {
+		v, ok := fo.Get(k)
+		if !ok {
+			v = jinja.Null()
+		}
+		nf.Set(k, v)
+	}
+	copyOthers(nf, fo)
+	nt := jinja.NewObject(to.Len() + 1)
+	typ, ok := to.Get("type")
+	if !ok {
+		typ = jinja.String("function")
+	}
+	nt.Set("type", typ)
+	nt.Set("function", jinja.ObjectValue(nf))
+	copyOthers(nt, to)
+	return jinja.ObjectValue(nt)
+}
+
+// copyOthers sets in dst each key of src that dst does not hold yet, in
+// src's order.
+func copyOthers(dst, src *jinja.Object) {
+	for _, k := range src.Keys() {
+		if _, ok := dst.Get(k); !ok {
+			v, _ := src.Get(k)
+			dst.Set(k, v)
+		}
+	}
 }

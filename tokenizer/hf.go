@@ -513,7 +513,7 @@ func (h *HF) RenderChat(dst []byte, msgs []Message, tools []byte, addGenerationP
 // chat_template_kwargs seen recently are not parsed again, so a warm call
 // without documents allocates nothing beyond the growth of dst.
 func (h *HF) RenderChatFields(dst []byte, msgs []Message, f ChatFields, addGenerationPrompt bool) ([]byte, error) {
-	toolsV, err := h.tools.parse(f.Tools)
+	toolsV, err := h.tools.parse(f.Tools, dumpTools)
 	if err != nil {
 		return dst, fmt.Errorf("cannot parse tools: %w", err)
 	}
@@ -538,7 +538,7 @@ func (h *HF) parseFields(f ChatFields) (docs jinja.Value, kw *jinja.Object, err 
 			docs = jinja.Undefined()
 		}
 	}
-	kwV, err := h.kwargs.parse(f.Kwargs)
+	kwV, err := h.kwargs.parse(f.Kwargs, nil)
 	if err != nil {
 		return docs, nil, fmt.Errorf("cannot parse chat_template_kwargs: %w", err)
 	}
@@ -564,7 +564,7 @@ func (h *HF) RenderChatJSON(dst []byte, messages, tools []byte, addGenerationPro
 	if msgs.Kind() != jinja.KindArray {
 		return dst, errors.New("messages must be a JSON array")
 	}
-	toolsV, err := h.tools.parse(tools)
+	toolsV, err := h.tools.parse(tools, dumpTools)
 	if err != nil {
 		return dst, fmt.Errorf("cannot parse tools: %w", err)
 	}
