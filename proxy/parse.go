@@ -308,9 +308,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 				b.promptStart, b.promptEnd = vs, ve
 			}
 		case "tools":
-			if v[0] == '[' {
-				b.toolsStart, b.toolsEnd = vs, ve
-			}
+			b.toolsStart, b.toolsEnd = vs, ve // the last, as the engine reads it
 		case "n", "best_of":
 			if n, ok := parseInt(v); ok && n > b.choices {
 				b.choices = min(n, 1<<16)

@@ -233,3 +233,33 @@ func TestToolsRenderAsVLLMDumpsThem(t *testing.T) {
 		}
 	}
 }
+
+// A chat naming tools twice is rendered with the last copy, as the engine
+// (Python's json, the last duplicate key wins) reads it: the router kept
+// the last array, so "tools":[...],"tools":null rendered tools the engine
+// never saw.
+func TestTheLastToolsOfAChatAreRendered(t *testing.T) {
+	dir := qwen3Dir(t)
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, f, nil, up.url)
+	tokens := func(tools string) string {
+		t.Helper()
+		code, b := post(t, r.url+"/tokenize", `{"model":"m","messages":[{"role":"user","content":"hi"}]`+tools+`}`)
+		if code != 200 {
+			t.Fatalf("/tokenize: %d %s", code, b)
+		}
+		return b
+	}
+	const tool = `[{"type":"function","function":{"name":"f","description":"d","parameters":{}}}]`
+	none := tokens("")
+	for _, tools := range []string{`,"tools":` + tool + `,"tools":null`, `,"tools":` + tool + `,"tools":[]`} {
+		if got := tokens(tools); got != none {
+			t.Errorf("%s: router encoded %s, want %s", tools, got, none)
+		}
+	}
+	if got := tokens(`,"tools":null,"tools":` + tool); got == none {
+		t.Error("the last tools were not rendered")
+	}
+}

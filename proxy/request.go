@@ -615,7 +615,7 @@ const maxKwargsDepth = 16
 // (or the messages: transformers refuses them twice), or holds more than
 // maxRouteElems values or nests deeper than maxKwargsDepth.
 func (b *reqBody) chatFields(d []byte) (f tokenizer.ChatFields, ok bool) {
-	if b.toolsEnd > 0 {
+	if b.toolsEnd > 0 && d[b.toolsStart] == '[' {
 		f.Tools = d[b.toolsStart:b.toolsEnd]
 	}
 	if b.auxEnd > 0 && d[b.auxStart] == '[' {
