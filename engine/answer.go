@@ -79,8 +79,11 @@ type toolWire struct {
 // reasoning_effort other than none/minimal. An explicit enable_thinking
 // false wins.
 func wantsThinking(w *chatWire) bool {
-	if v, ok := w.ChatTemplateKwargs["enable_thinking"]; ok {
-		return string(bytes.TrimSpace(v)) == "true"
+	var kw struct {
+		EnableThinking *bool `json:"enable_thinking"`
+	}
+	if json.Unmarshal(w.ChatTemplateKwargs, &kw) == nil && kw.EnableThinking != nil {
+		return *kw.EnableThinking
 	}
 	if w.ReasoningEffort != nil {
 		switch *w.ReasoningEffort {

@@ -173,3 +173,33 @@ func TestServerWithHFTokenizer(t *testing.T) {
 		t.Fatalf("%d %s, want prompt_tokens %d", code, b, want)
 	}
 }
+
+// A chat's chat_template_kwargs reach the engine's chat template as vLLM
+// passes them: Qwen3 with enable_thinking false renders the empty think
+// block after the generation prompt, 4 tokens more. The engine ignored
+// them (9 prompt tokens where vLLM counts 13) while the router renders
+// them, so router and engine hashed such chats differently.
+func TestServerRendersChatTemplateKwargs(t *testing.T) {
+	const dir = "../testdata/tokenizers/qwen3"
+	cfg, err := parseCmd(t, "--tokenizer="+dir, "--speedup=50").Config()
+	if err != nil {
+		t.Skipf("tokenizer not loadable here: %v", err)
+	}
+	srv, err := NewServer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	e := &testEngine{srv: srv, base: "http://" + ln.Addr().String()}
+	for kwargs, want := range map[string]int{``: 9, `,"chat_template_kwargs":{"enable_thinking":false}`: 13, `,"chat_template_kwargs":null`: 9} {
+		code, b, _ := e.post(t, "/v1/chat/completions", `{"max_tokens":2,"messages":[{"role":"user","content":"hi"}]`+kwargs+`}`)
+		if code != 200 || !strings.Contains(string(b), `"prompt_tokens":`+strconv.Itoa(want)+`,`) {
+			t.Errorf("%s: %d %s, want prompt_tokens %d", kwargs, code, b, want)
+		}
+	}
+}

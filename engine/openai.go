@@ -29,9 +29,13 @@ type genRequest struct {
 }
 
 type chatWire struct {
-	Model               string          `json:"model"`
-	Messages            []messageWire   `json:"messages"`
-	Tools               json.RawMessage `json:"tools"`
+	Model    string          `json:"model"`
+	Messages []messageWire   `json:"messages"`
+	Tools    json.RawMessage `json:"tools"`
+	// Documents and ChatTemplateKwargs reach the chat template as vLLM
+	// passes them (tokenizer.ChatFields).
+	Documents           json.RawMessage `json:"documents"`
+	ChatTemplateKwargs  json.RawMessage `json:"chat_template_kwargs"`
 	Stream              bool            `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	MaxTokens           *int64          `json:"max_tokens"`
@@ -42,10 +46,9 @@ type chatWire struct {
 	ContinueFinalMessage bool  `json:"continue_final_message"`
 
 	// Read by answer shaping (answer.go).
-	ToolChoice         json.RawMessage            `json:"tool_choice"`
-	ReasoningEffort    *string                    `json:"reasoning_effort"`
-	ChatTemplateKwargs map[string]json.RawMessage `json:"chat_template_kwargs"`
-	ResponseFormat     json.RawMessage            `json:"response_format"`
+	ToolChoice      json.RawMessage `json:"tool_choice"`
+	ReasoningEffort *string         `json:"reasoning_effort"`
+	ResponseFormat  json.RawMessage `json:"response_format"`
 }
 
 type completionWire struct {
@@ -131,7 +134,14 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 		tools = w.Tools
 	}
 	addGen := (w.AddGenerationPrompt == nil || *w.AddGenerationPrompt) && !w.ContinueFinalMessage
-	text, err := tok.RenderChat(text[:0], msgs, tools, addGen)
+	f := tokenizer.ChatFields{Tools: tools}
+	if !isNull(w.Documents) {
+		f.Documents = w.Documents
+	}
+	if !isNull(w.ChatTemplateKwargs) {
+		f.Kwargs = w.ChatTemplateKwargs
+	}
+	text, err := tokenizer.RenderChatFields(tok, text[:0], msgs, f, addGen)
 	if err != nil {
 		return genRequest{}, dst, text, badRequest("cannot render chat prompt: %s", err)
 	}
