@@ -224,12 +224,17 @@ func anthropicToChat(dst, body []byte, opt *Options, m *Meta, countOnly bool) ([
 	if err := c.anthropicTools(r, countOnly); err != nil {
 		return dst[:mark], err
 	}
-	if !countOnly {
-		rs, err := c.anthropicReasoning(r)
-		if err != nil {
-			return dst[:mark], err
-		}
+	// A count gets the reasoning fields too: mapped to
+	// chat_template_kwargs.enable_thinking they change the rendered
+	// prompt. Its thinking field is not checked (it is ignored when bad).
+	rs, err := c.anthropicReasoning(r)
+	if err != nil && !countOnly {
+		return dst[:mark], err
+	}
+	if err == nil {
 		c.out = opt.Reasoning.appendFields(c.out, rs)
+	}
+	if !countOnly {
 		if err := c.anthropicFormat(r); err != nil {
 			return dst[:mark], err
 		}

@@ -167,8 +167,8 @@ func TestCountTokensNeedsNoMaxTokensAndRendersThePrompt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"hello"},{"role":"assistant","content":"","tool_calls":[{"id":"t1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"t1","content":"ok"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}`
-	if !jsonEqual(chat, []byte(want)) {
+	want := `{"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":"hello"},{"role":"assistant","content":"","tool_calls":[{"id":"t1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"t1","content":"ok"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"reasoning_effort":"low"}`
+	if !jsonEqual(chat, []byte(want)) { // the reasoning fields too: mapped to enable_thinking they change the prompt
 		t.Fatalf("got %s", chat)
 	}
 	var arena []byte

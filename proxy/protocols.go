@@ -501,7 +501,18 @@ func (s *Server) countTokens(ctx *fasthttp.RequestCtx, rs *reqState, chat []byte
 	}
 	if err == nil {
 		all, cont := k == len(msgs) && rest == 0, rs.proto.meta.ContinueFinal
-		rs.render, err = tok.RenderChat(rs.render[:0], msgs[:k], tools, all && !cont)
+		// The converted chat's chat_template_kwargs (the reasoning
+		// mapping's enable_thinking) render as the request's would.
+		var kw []byte
+		forEachField(chat, skipSpace(chat, 0), func(key []byte, vs, ve int) error {
+			if string(key) == "chat_template_kwargs" {
+				kw = chat[vs:ve]
+			}
+			return nil
+		})
+		f, _ := chatFieldsOf(tools, nil, kw) // the router's own kwargs: always renderable
+		f.Leading = !all
+		rs.render, err = tokenizer.RenderChatFields(tok, rs.render[:0], msgs[:k], f, all && !cont)
 		if err == nil && all && cont && k > 0 {
 			rs.render = tokenizer.ContinueFinalMessage(rs.render, msgs[k-1].Content) // a prefill is continued
 		}

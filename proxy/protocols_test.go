@@ -1068,3 +1068,41 @@ func TestARefusalAfterTextReadsTheSameStreamedOrNot(t *testing.T) {
 		t.Fatalf("the same answer reads differently:\n non-streamed text %q\n     streamed text %q", msg.Content[0].Text, streamed)
 	}
 }
+
+// In map mode a Messages request's thinking becomes
+// chat_template_kwargs.enable_thinking, which changes the prompt Qwen3's
+// template renders (disabled: the empty think block after the generation
+// prompt). count_tokens counted the prompt without it: 9 tokens for "hi"
+// where the same body sent to /v1/messages is rendered, hashed and
+// answered (input_tokens) with 13. A bad thinking field is still ignored
+// by the count.
+func TestCountTokensRendersTheThinkingTheRequestWould(t *testing.T) {
+	dir := qwen3Dir(t)
+	e := &chatEngine{}
+	up := startChatEngine(t, e)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, f, protoConfig(func(c *config.Protocol) { c.ReasoningEffortMode = "map" }), up.url)
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const user = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+	for thinking, want := range map[string]string{
+		``:                                user,
+		`"thinking":{"type":"disabled"},`: user + "<think>\n\n</think>\n\n",
+		`"thinking":{"type":"enabled","budget_tokens":2048},`: user,
+		`"thinking":{"type":"bogus"},`:                        user,
+	} {
+		resp, b := postH(t, r.url+"/v1/messages/count_tokens", `{"model":"m",`+thinking+`"messages":[{"role":"user","content":"hi"}]}`, nil)
+		var c struct {
+			InputTokens int `json:"input_tokens"`
+		}
+		if resp.StatusCode != 200 || json.Unmarshal([]byte(b), &c) != nil {
+			t.Fatalf("%s: %d %s", thinking, resp.StatusCode, b)
+		}
+		if n := len(tok.Encode(nil, []byte(want))); c.InputTokens != n {
+			t.Errorf("%s: counted %d tokens, want %d (%q)", thinking, c.InputTokens, n, want)
+		}
+	}
+}

@@ -607,39 +607,56 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 const maxKwargsDepth = 16
 
 // chatFields returns the fields of the chat body d (which b was parsed
-// from) that its template reads besides the messages, as vLLM passes them:
-// tools and documents arrays, chat_template_kwargs. ok is false when the
-// router cannot render the chat as the engine would: chat_template_kwargs
-// is not an object, names a key with an escape, a template of its own, or
-// apply_chat_template's tokenize, continue_final_message or conversation
-// (or the messages: transformers refuses them twice), or holds more than
-// maxRouteElems values or nests deeper than maxKwargsDepth.
-func (b *reqBody) chatFields(d []byte) (f tokenizer.ChatFields, ok bool) {
-	if b.toolsEnd > 0 && d[b.toolsStart] == '[' {
-		f.Tools = d[b.toolsStart:b.toolsEnd]
+// from) that its template reads besides the messages (chatFieldsOf).
+func (b *reqBody) chatFields(d []byte) (tokenizer.ChatFields, bool) {
+	var tools, docs, kw []byte
+	if b.toolsEnd > 0 {
+		tools = d[b.toolsStart:b.toolsEnd]
 	}
-	if b.auxEnd > 0 && d[b.auxStart] == '[' {
-		f.Documents = d[b.auxStart:b.auxEnd]
+	if b.auxEnd > 0 {
+		docs = d[b.auxStart:b.auxEnd]
 	}
-	if b.kwEnd == 0 || d[b.kwStart] == 'n' {
+	if b.kwEnd > 0 {
+		kw = d[b.kwStart:b.kwEnd]
+	}
+	return chatFieldsOf(tools, docs, kw)
+}
+
+// chatFieldsOf returns a chat's tools, documents and chat_template_kwargs
+// values (nil when absent) as vLLM passes them to the template: tools and
+// documents when they are arrays, chat_template_kwargs when it is not null.
+// ok is false when the router cannot render the chat as the engine would:
+// chat_template_kwargs is not an object, names a key with an escape, a
+// template of its own, or apply_chat_template's tokenize,
+// continue_final_message or conversation (or the messages: transformers
+// refuses them twice), or holds more than maxRouteElems values or nests
+// deeper than maxKwargsDepth.
+func chatFieldsOf(tools, docs, kw []byte) (f tokenizer.ChatFields, ok bool) {
+	if len(tools) > 0 && tools[0] == '[' {
+		f.Tools = tools
+	}
+	if len(docs) > 0 && docs[0] == '[' {
+		f.Documents = docs
+	}
+	if len(kw) == 0 || kw[0] == 'n' {
 		return f, true
 	}
-	f.Kwargs = d[b.kwStart:b.kwEnd]
-	if f.Kwargs[0] != '{' {
+	f.Kwargs = kw
+	if kw[0] != '{' {
 		return f, false
 	}
 	n := 0
-	_, err := forEachField(d, b.kwStart, func(key []byte, vs, ve int) error {
+	_, err := forEachField(kw, 0, func(key []byte, vs, ve int) error {
 		switch string(key) {
 		case "chat_template":
-			if d[vs] == 'n' {
+			if kw[vs] == 'n' {
 				break // the model's template, as without it
 			}
 			return errTooManyElems
 		case "tokenize", "continue_final_message", "conversation", "messages":
 			return errTooManyElems
 		}
-		if hasEscape(key) || !countValues(d, vs, 1, &n) {
+		if hasEscape(key) || !countValues(kw, vs, 1, &n) {
 			return errTooManyElems
 		}
 		return nil
