@@ -181,6 +181,14 @@ func (s *Server) handleDebugRoute(ctx *fasthttp.RequestCtx, u *govern.User) {
 	defer s.releaseState(rs, endComplete)
 	body := rs.body
 	kind := kindOf(rs, body)
+	if kind == kindChat {
+		// As a request's: the reasoning mode may rewrite it (map mode's
+		// enable_thinking changes the rendered prompt and its hashes).
+		var ok bool
+		if body, kind, _, ok = s.frontDoor(ctx, s.store.Load(), rs, kind); !ok {
+			return
+		}
+	}
 	if err := rs.parsed.parse(body, kind); err != nil {
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "", "")
 		return
