@@ -141,6 +141,15 @@ func securityHeaders(h http.Handler) http.Handler {
 		if strings.HasPrefix(r.URL.Path, "/api/") {
 			hd.Set("Cache-Control", "no-store")
 		}
+		if r.TransferEncoding != nil {
+			// net/http reads Content-Length with chunked as chunked, drops
+			// the Content-Length (so it cannot be told apart here) and keeps
+			// the connection: RFC 9112 6.1 requires closing it (a front
+			// proxy that framed the request by its length reads what follows
+			// as another request). The console and curl send a length, so
+			// every chunked request closes its connection.
+			hd.Set("Connection", "close")
+		}
 		h.ServeHTTP(w, r)
 	})
 }
