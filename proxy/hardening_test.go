@@ -1840,3 +1840,60 @@ func TestAWrongKeyOnTheDebugEndpointsClosesWithoutReadingTheBody(t *testing.T) {
 		}
 	}
 }
+
+// A chunked request's framing counts against --max-body-bytes: fasthttp
+// skips chunk extensions without bound, so a body of a few bytes carried a
+// GiB of extension past the limit to the engine (3.4 CPU-seconds of the
+// router's, byte by byte), and fasthttp read all of it after a 404 too, to
+// keep the connection. Its wire bytes may be at most twice the limit:
+// beyond, 413 (the engine never sees it) or the connection closes; small
+// chunks still pass.
+func TestChunkExtensionsCannotCarryABodyPastTheLimit(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, up.url)
+	extBytes := 32 * r.flags.MaxBodyBytes
+	send := func(path string) (answer string, wrote error) {
+		t.Helper()
+		c, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		done := make(chan error, 1)
+		go func() {
+			w := bufio.NewWriter(c)
+			fmt.Fprintf(w, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x;", path, len(chatBody))
+			ext := bytes.Repeat([]byte("e"), 64<<10)
+			for range extBytes / len(ext) {
+				if _, err := w.Write(ext); err != nil {
+					done <- err
+					return
+				}
+			}
+			fmt.Fprintf(w, "\r\n%s\r\n0\r\n\r\n", chatBody)
+			done <- w.Flush()
+		}()
+		got, _ := io.ReadAll(c)
+		return string(got), <-done
+	}
+	if got, _ := send("/v1/chat/completions"); !strings.HasPrefix(got, "HTTP/1.1 413 ") || up.hits.Load() != 0 {
+		t.Fatalf("a %d-byte body behind %d MiB of chunk extension: engine hits %d, answer %.200q",
+			len(chatBody), extBytes>>20, up.hits.Load(), got)
+	}
+	// (The 404 may be lost to the reset of a connection closed with the
+	// client's bytes unread.)
+	if got, wrote := send("/nope"); wrote == nil || got != "" && !strings.HasPrefix(got, "HTTP/1.1 404 ") {
+		t.Fatalf("a 404's body behind %d MiB of chunk extension was read whole (answer %.100q)", extBytes>>20, got)
+	}
+	var small strings.Builder
+	small.WriteString("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+	for i := range len(chatBody) {
+		fmt.Fprintf(&small, "1;n=%d\r\n%c\r\n", i, chatBody[i])
+	}
+	small.WriteString("0\r\n\r\n")
+	if got := rawClient(t, r.url, small.String()+"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 3*time.Second); !strings.HasPrefix(got, "HTTP/1.1 200 ") ||
+		strings.Count(got, "HTTP/1.1 200 ") != 2 || up.hits.Load() != 1 {
+		t.Fatalf("a body in one-byte chunks, then a request on the connection: engine hits %d, answer %.300q", up.hits.Load(), got)
+	}
+}

@@ -120,7 +120,47 @@ type clientConn struct {
 	// linger says the answer was written before the request's body was
 	// read (closeUnread): Close must not reset the connection.
 	linger atomic.Bool
+	// wireLeft, while wireBound, is how many more bytes the connection
+	// may read for a chunked request (boundWire); only the goroutine
+	// serving the connection reads it, so it needs no lock.
+	wireLeft  int64
+	wireBound bool
 }
+
+// errWireBound is a chunked request that took more bytes than its bound
+// (boundWire).
+var errWireBound = errors.New("chunked request framing exceeds its bound")
+
+// Read reads from the connection, within the bound of a chunked request
+// (boundWire).
+func (c *clientConn) Read(b []byte) (int, error) {
+	if !c.wireBound {
+		return c.Conn.Read(b)
+	}
+	if c.wireLeft <= 0 {
+		return 0, errWireBound
+	}
+	if int64(len(b)) > c.wireLeft {
+		b = b[:c.wireLeft]
+	}
+	n, err := c.Conn.Read(b)
+	c.wireLeft -= int64(n)
+	return n, err
+}
+
+// boundWire starts a request on the connection: a chunked one (chunked)
+// may read n more bytes, whatever reads them (readBody, or fasthttp
+// discarding a body the handler left), another one is not bounded here.
+// fasthttp skips chunk extensions without a bound and byte by byte: a body
+// of a few bytes carried a GiB of them past --max-body-bytes. The bound
+// lasts until the next request starts, so its head is read under what
+// is left.
+func (c *clientConn) boundWire(chunked bool, n int64) {
+	c.wireLeft, c.wireBound = n, chunked
+}
+
+// wireSpent reports whether boundWire's bound is used up.
+func (c *clientConn) wireSpent() bool { return c.wireBound && c.wireLeft <= 0 }
 
 // Close closes the connection and, the first time, gives its slot back. A
 // connection whose request body was left unread lingers instead: closing

@@ -234,6 +234,9 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, rs *reqState) error {
 		}
 		if err != nil {
 			rs.body = buf
+			if c, ok := ctx.Conn().(*clientConn); ok && c.wireSpent() {
+				return errBodyTooLarge // its chunk framing (handle); fasthttp's chunk errors do not unwrap
+			}
 			return err
 		}
 	}

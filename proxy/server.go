@@ -398,6 +398,13 @@ func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	if c, ok := ctx.Conn().(*clientConn); ok {
+		// A chunked request's framing (sizes, extensions, trailers) takes
+		// at most as many bytes on the wire as its body may have, read by
+		// readBody or discarded by fasthttp after an answer that left it
+		// (one-byte chunks of a body of a third of the limit pass).
+		c.boundWire(ctx.Request.Header.ContentLength() == -1, 2*int64(s.flags.MaxBodyBytes)+64<<10)
+	}
 	if h := &ctx.Request.Header; h.ContentLength() != -1 && (h.ContentLength() <= 0 || h.ConnectionClose()) &&
 		hasTransferEncoding(h.RawHeaders()) {
 		// fasthttp accepts Transfer-Encoding: identity and drops it, leaving
