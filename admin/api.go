@@ -141,13 +141,15 @@ func securityHeaders(h http.Handler) http.Handler {
 		if strings.HasPrefix(r.URL.Path, "/api/") {
 			hd.Set("Cache-Control", "no-store")
 		}
-		if r.TransferEncoding != nil {
-			// net/http reads Content-Length with chunked as chunked, drops
-			// the Content-Length (so it cannot be told apart here) and keeps
-			// the connection: RFC 9112 6.1 requires closing it (a front
-			// proxy that framed the request by its length reads what follows
-			// as another request). The console and curl send a length, so
-			// every chunked request closes its connection.
+		if r.TransferEncoding != nil || !r.ProtoAtLeast(1, 1) {
+			// net/http reads Content-Length with chunked as chunked, and
+			// ignores Transfer-Encoding in HTTP/1.0 (the bytes after the head
+			// are the next request), dropping the fields it overrode, so
+			// neither can be told apart here; and it keeps the connection:
+			// RFC 9112 6.1 requires closing it after both (a front proxy
+			// that framed the request otherwise reads what follows as another
+			// request). The console and curl send a length over HTTP/1.1, so
+			// every chunked or HTTP/1.0 request closes its connection.
 			hd.Set("Connection", "close")
 		}
 		h.ServeHTTP(w, r)
