@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/internal/h1"
 	"github.com/nats-io/nats.go"
 )
 
@@ -139,8 +141,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		early:  map[string]time.Time{},
 	}
 	if s.hc == nil {
+		// Engine answers are judged as the router's HTTP client judges
+		// them (judgedConn).
+		dial, dialTLS := dialJudged(&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}, nil)
 		s.hc = &http.Client{Transport: &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			DialContext:         dial,
+			DialTLSContext:      dialTLS,
 			MaxIdleConnsPerHost: 1024,
 			IdleConnTimeout:     90 * time.Second,
 			DisableCompression:  true,
@@ -545,6 +551,8 @@ func engineFailure(err error) string {
 	switch {
 	case errors.As(err, &op) && op.Op == "dial":
 		return ReasonUnreachable
+	case h1.Invalid(err): // a head the router's HTTP client refuses too (judgedConn)
+		return ReasonProtocol
 	case strings.Contains(err.Error(), "malformed"): // net/http's words for a head that is not HTTP
 		return ReasonProtocol
 	case strings.Contains(err.Error(), "transfer encoding"): // a coding other than chunked, as over HTTP
@@ -645,7 +653,7 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 		s.reply(m.Reply, 0, KindError, http.StatusBadRequest, fmt.Sprintf("bad path %q", path), nil, nil)
 		return
 	}
-	req, err := http.NewRequestWithContext(ctx, method, s.engine+path, bytes.NewReader(m.Data))
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, judgedTrace), method, s.engine+path, bytes.NewReader(m.Data))
 	if err != nil {
 		s.reply(m.Reply, 0, KindError, http.StatusBadRequest, err.Error(), nil, nil)
 		return

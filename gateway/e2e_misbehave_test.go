@@ -441,3 +441,88 @@ func TestE2EACloseDelimitedStreamCutBeforeItsFirstEventClassifiesAlikeOverEveryT
 		t.Errorf("a close-delimited stream cut before its first event: over http the client got %q, over nats %q", got["http"], got["nats"])
 	}
 }
+
+// An engine answer the router's HTTP client refuses (ambiguous framing,
+// an obsolete folded header, a control byte in a header, two different
+// Content-Lengths) is refused over NATS too, with the same error class,
+// and an odd answer it takes (an interim 102, a bare-LF head, a 204 or 304
+// carrying bytes) reaches the client alike over NATS: the worker judges
+// its engine's heads by the router's rules (internal/h1). net/http, which
+// the worker reads its engine with, took Content-Length beside chunked
+// framing (200 and the body over NATS, 502 over HTTP) and an HTTP/1.0
+// answer marked chunked (200 with the raw chunk framing as the body).
+func TestE2EAMalformedAnswerIsJudgedAlikeOverEveryTransport(t *testing.T) {
+	const ok = `{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`
+	cl := fmt.Sprintf("Content-Length: %d\r\n", len(ok))
+	const ct = "Content-Type: application/json\r\n"
+	answers := map[string]string{
+		"cl-and-chunked":  "HTTP/1.1 200 OK\r\n" + ct + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk(ok) + "0\r\n\r\n",
+		"http10-chunked":  "HTTP/1.0 200 OK\r\n" + ct + "Transfer-Encoding: chunked\r\n\r\n" + chunk(ok) + "0\r\n\r\n",
+		"obs-fold":        "HTTP/1.1 200 OK\r\n" + ct + "X-A: a\r\n b\r\n" + cl + "\r\n" + ok,
+		"two-lengths":     "HTTP/1.1 200 OK\r\n" + ct + cl + fmt.Sprintf("Content-Length: %d\r\n", len(ok)+1) + "\r\n" + ok,
+		"nul-in-header":   "HTTP/1.1 200 OK\r\n" + ct + "X-A: a\x00b\r\n" + cl + "\r\n" + ok,
+		"101":             "HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: upgrade\r\n\r\n",
+		"102-then-200":    "HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 200 OK\r\n" + ct + cl + "\r\n" + ok,
+		"bare-lf":         "HTTP/1.1 200 OK\n" + strings.ReplaceAll(ct+cl, "\r\n", "\n") + "\n" + ok,
+		"204-with-a-body": "HTTP/1.1 204 No Content\r\n" + ct + "\r\n" + ok,
+		"304-with-a-body": "HTTP/1.1 304 Not Modified\r\n" + ct + cl + "\r\n" + ok,
+	}
+	refused := map[string]bool{"cl-and-chunked": true, "http10-chunked": true, "obs-fold": true, "two-lengths": true, "nul-in-header": true, "101": true}
+	var names []string
+	for k := range answers {
+		names = append(names, k)
+	}
+	got := map[string]map[string]string{"http": {}, "nats": {}}
+	eachTransport(t, func(t *testing.T, transport string, common []string) {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/v1/models":
+				io.WriteString(w, `{"object":"list","data":[{"id":"mal","object":"model"}]}`)
+			case "/v1/chat/completions":
+				b, _ := io.ReadAll(r.Body)
+				answer := ""
+				for name, a := range answers {
+					if strings.Contains(string(b), `"content":"`+name+`"`) {
+						answer = a
+					}
+				}
+				c, _, err := w.(http.Hijacker).Hijack()
+				if err != nil {
+					return
+				}
+				io.WriteString(c, answer)
+				c.Close()
+			default:
+				io.WriteString(w, "ok")
+			}
+		}))
+		t.Cleanup(srv.Close)
+		if transport == "nats" {
+			startWorker(t, append([]string{"--id", "mal0", "--engine-url", srv.URL, "--models", "mal", "--lease-ttl", "2s"}, common...)...)
+		} else {
+			common = []string{"--workers", srv.URL}
+		}
+		rt, r := startServe(t, append([]string{"--request-max-retries", "0"}, common...)...)
+		waitRoutable(t, rt, 1)
+		for _, name := range names {
+			st, body, el, err := postTimed(r+"/v1/chat/completions", `{"model":"mal","max_tokens":2,"messages":[{"role":"user","content":"`+name+`"}]}`, 8*time.Second)
+			if err != nil {
+				t.Fatalf("%s: %v after %v", name, err, el)
+			}
+			res := fmt.Sprintf("%d %s", st, body)
+			if i := strings.Index(body, `"code":"`); i >= 0 && st >= 400 {
+				code := body[i+8:]
+				res = fmt.Sprintf("%d %s", st, code[:strings.IndexByte(code, '"')])
+			}
+			got[transport][name] = res
+			if refused[name] && res != "502 upstream_protocol_error" {
+				t.Errorf("%s over %s: %s, want 502 upstream_protocol_error", name, transport, res)
+			}
+		}
+	})
+	for _, name := range names {
+		if got["http"][name] != got["nats"][name] {
+			t.Errorf("%s: over http the client got %q, over nats %q", name, got["http"][name], got["nats"][name])
+		}
+	}
+}

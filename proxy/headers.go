@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"github.com/infera/infera/internal/h1"
 	"github.com/valyala/fasthttp"
 )
 
@@ -101,17 +102,7 @@ func isSecretHeader(k []byte) bool {
 	return false
 }
 
-func eqFold(b []byte, s string) bool {
-	if len(b) != len(s) {
-		return false
-	}
-	for i := 0; i < len(b); i++ {
-		if b[i]|0x20 != s[i]|0x20 {
-			return false
-		}
-	}
-	return true
-}
+func eqFold(b []byte, s string) bool { return h1.EqFold(b, s) }
 
 // appendForwardHeaders appends the client's request headers that go to the
 // engine, as "Name: value\r\n" lines. Left out: hop-by-hop headers and the
@@ -168,7 +159,7 @@ func namedIn(v, k []byte) bool {
 		for i < len(v) && v[i] != ',' {
 			i++
 		}
-		if eqFoldBytes(trimOWS(v[:i]), k) {
+		if h1.EqFoldBytes(h1.TrimOWS(v[:i]), k) {
 			return true
 		}
 		if i == len(v) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/h1"
 	"github.com/valyala/fasthttp"
 )
 
@@ -67,7 +68,7 @@ func (httpTransport) roundTrip(c *call) (upResponse, *failure) {
 		written := err == nil
 		if written {
 			err = uc.readHead()
-		} else if uc.earlyAnswer(err, deadline) && !(reused && try == 0 && uc.code == 408) {
+		} else if uc.earlyAnswer(err, deadline) && !(reused && try == 0 && uc.Code == 408) {
 			// The engine answered before taking all of the request (413
 			// to a body over its limit, say): that answer is the
 			// engine's, not a connection failure. A 408 on a reused
@@ -92,8 +93,7 @@ func (httpTransport) roundTrip(c *call) (upResponse, *failure) {
 			continue
 		case isTimeout(err):
 			return nil, c.timeoutFailure(deadline, err)
-		case errors.Is(err, errUpMalformed), errors.Is(err, errUpUpgrade), errors.Is(err, errUpHeaderSize),
-			errors.Is(err, errUpInterim), errors.Is(err, errUpHeadCut):
+		case h1.Invalid(err):
 			return nil, fail(failProtocol, err)
 		}
 		return nil, fail(failConnect, err)
@@ -124,31 +124,31 @@ var _ upResponse = (*httpUpstream)(nil)
 
 func (u *httpUpstream) conn() *upConn { return (*upConn)(u) }
 
-func (u *httpUpstream) status() int { return u.conn().code }
+func (u *httpUpstream) status() int { return u.conn().Code }
 
 func (u *httpUpstream) contentType() []byte {
 	c := u.conn()
-	return c.hbuf[c.ctype[0]:c.ctype[1]]
+	return c.Buf[c.CType[0]:c.CType[1]]
 }
 
 func (u *httpUpstream) contentLength() int64 {
 	c := u.conn()
-	if c.chunked {
+	if c.Chunked {
 		return -1
 	}
-	return c.clen
+	return c.CLen
 }
 
 func (u *httpUpstream) closeDelimited() bool {
 	c := u.conn()
-	return !c.chunked && c.clen < 0
+	return !c.Chunked && c.CLen < 0
 }
 
 func (u *httpUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
 	c := u.conn()
-	for i := range c.hdrs {
-		k, v := c.header(i)
-		if isHopHeader(k) || isFramingOrOwnHeader(k) || c.namedByConnection(k) || !relayableHeader(k, v) {
+	for i := range c.Hdrs {
+		k, v := c.Header(i)
+		if isHopHeader(k) || isFramingOrOwnHeader(k) || c.NamedByConnection(k) || !relayableHeader(k, v) {
 			continue
 		}
 		h.AddBytesKV(k, v)
@@ -157,8 +157,8 @@ func (u *httpUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
 
 func (u *httpUpstream) header(name []byte) []byte {
 	c := u.conn()
-	for i := range c.hdrs {
-		if k, v := c.header(i); bytes.EqualFold(k, name) {
+	for i := range c.Hdrs {
+		if k, v := c.Header(i); bytes.EqualFold(k, name) {
 			return v
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/h1"
 	"github.com/infera/infera/internal/netpeek"
 	"github.com/infera/infera/internal/sockio"
 )
@@ -28,31 +29,22 @@ import (
 // per-read deadlines and aborts.
 
 const (
-	upReadBufSize  = 16 << 10
-	upMaxHeaderLen = 64 << 10
-	upMaxHeaders   = 100
-	upIdleMax      = 55 * time.Second // engines close idle keep-alives; stay below common 60 s
-	// upMaxInterim bounds the interim (1xx) answers skipped before the
-	// final one, and upMaxInterimLen their bytes together: an engine that
-	// sends them without end does not hold the request.
-	upMaxInterim    = 8
-	upMaxInterimLen = upMaxHeaderLen
+	upReadBufSize = h1.ReadBufSize // a head is judged by h1, as the worker judges its engine's
+	upMaxHeaders  = h1.MaxHeaders
+	upIdleMax     = 55 * time.Second // engines close idle keep-alives; stay below common 60 s
+	upMaxInterim  = h1.MaxInterim
 	// upEarlyAnswerWait bounds the read of an answer the engine sent before
 	// it stopped taking the request (earlyAnswer): the peer is gone, so all
 	// of it is already in the socket.
 	upEarlyAnswerWait = 50 * time.Millisecond
-	// upMaxConnTokens is the capacity of Connection token spans a
-	// connection keeps between responses; an engine that names more gets
-	// them for its response only.
-	upMaxConnTokens = 64
+	upMaxConnTokens   = h1.MaxConnTokens
 )
 
 var (
-	errUpMalformed  = errors.New("malformed response from worker")
-	errUpUpgrade    = errors.New("worker switched protocols (101)")
-	errUpHeaderSize = errors.New("response header from worker too large")
-	errUpInterim    = errors.New("too many interim (1xx) responses from worker")
-	errUpHeadCut    = errors.New("the worker's response head broke off")
+	errUpMalformed  = h1.ErrMalformed
+	errUpUpgrade    = h1.ErrUpgrade
+	errUpHeaderSize = h1.ErrHeaderSize
+	errUpInterim    = h1.ErrInterim
 	errUpNoConns    = errors.New("too many connections to worker")
 )
 
@@ -238,14 +230,7 @@ type upConn struct {
 	idleSince int64 // coarseNow when it went back to the pool
 
 	// Response head.
-	code       int
-	hbuf       []byte   // the header block, copied out of br
-	hdrs       [][4]int // key start, key end, value start, value end in hbuf
-	ctype      [2]int   // Content-Type value span (0,0 = none)
-	connTokens [][2]int // spans of the tokens of Connection headers
-	clen       int64    // -1 unknown
-	chunked    bool
-	closeAfter bool // Connection: close, or no framing (read to EOF)
+	h1.Head
 
 	// Body state.
 	st       bodyState
@@ -291,16 +276,7 @@ func (c *upConn) release() {
 }
 
 func (c *upConn) resetResponse() {
-	c.code = 0
-	c.hbuf = c.hbuf[:0]
-	c.hdrs = c.hdrs[:0]
-	c.ctype = [2]int{}
-	c.connTokens = c.connTokens[:0]
-	if cap(c.connTokens) > upMaxConnTokens {
-		c.connTokens = nil // a hostile engine's long list is not kept for the connection's life
-	}
-	c.clen = -1
-	c.chunked, c.closeAfter = false, false
+	c.Head.Reset()
 	c.st, c.remain, c.eof, c.bodyErr = stSize, 0, false, nil
 }
 
@@ -383,68 +359,24 @@ func (c *upConn) writeRequest(method, path []byte, hdr []byte, body []byte) erro
 	return err
 }
 
-// readHead reads the response status line and headers. Interim answers
-// (100 Continue, 103 Early Hints, any 1xx but 101) are skipped, at most
-// upMaxInterim of them and upMaxInterimLen bytes together; 101 Switching
-// Protocols is an error and the connection is not reused.
+// readHead reads the response head (h1.Head.Read: the router's judgement
+// of an engine's answer, which the worker sidecar shares) and readies the
+// body reader for its framing. An answer h1 refuses is never reused.
 func (c *upConn) readHead() error {
 	c.resetResponse()
-	interim, interimLen := 0, 0
-	for {
-		line, err := c.br.ReadSlice('\n')
-		if err != nil {
-			if err == bufio.ErrBufferFull {
-				return errUpHeaderSize
-			}
-			if len(line) > 0 || interim > 0 {
-				return headCut(err)
-			}
-			return err
-		}
-		st, http10, ok := parseStatusLine(line)
-		if !ok {
-			return errUpMalformed
-		}
-		headLen, err := c.readHeaders()
-		if err != nil {
-			return headCut(err)
-		}
-		if st == 101 {
-			return errUpUpgrade
-		}
-		if st < 200 {
-			interim++
-			interimLen += len(line) + headLen
-			if interim > upMaxInterim || interimLen > upMaxInterimLen {
-				return errUpInterim
-			}
-			c.hbuf, c.hdrs, c.ctype = c.hbuf[:0], c.hdrs[:0], [2]int{}
-			continue
-		}
-		c.code = st
-		if err := c.frame(); err != nil {
-			return err
-		}
-		if http10 {
-			if c.chunked {
-				return errUpMalformed // chunked framing does not exist in HTTP/1.0: ambiguous, refuse
-			}
-			c.closeAfter = true
-		}
-		return nil
-	}
-}
-
-// headCut classifies a read error after the first bytes of a response
-// head: the worker answered, then broke off (a close, a reset), which is an
-// invalid response, not a connection that could not be used (a stale
-// keep-alive connection gives its error before any byte). A timeout stays
-// a timeout.
-func headCut(err error) error {
-	if isTimeout(err) || errors.Is(err, errUpHeaderSize) || errors.Is(err, errUpMalformed) {
+	if err := c.Head.Read(c.br); err != nil {
 		return err
 	}
-	return errUpHeadCut
+	switch {
+	case c.Chunked:
+		c.st = stSize
+	case c.CLen >= 0:
+		c.st, c.remain = stData, c.CLen
+		c.eof = c.CLen == 0
+	default:
+		c.st, c.remain = stData, -1
+	}
+	return nil
 }
 
 // earlyAnswer reads the answer an engine sent before it stopped taking the
@@ -470,193 +402,8 @@ func (c *upConn) earlyAnswer(werr error, deadline time.Time) bool {
 	if err != nil {
 		return false
 	}
-	c.closeAfter = true // the request was not all sent
+	c.CloseAfter = true // the request was not all sent
 	return true
-}
-
-// parseStatusLine parses "HTTP/1.x NNN reason".
-func parseStatusLine(line []byte) (status int, http10, ok bool) {
-	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || (line[7] != '0' && line[7] != '1') || line[8] != ' ' {
-		return 0, false, false
-	}
-	d := line[9:12]
-	if d[0] < '1' || d[0] > '9' || d[1] < '0' || d[1] > '9' || d[2] < '0' || d[2] > '9' {
-		return 0, false, false
-	}
-	if len(line) > 12 && line[12] != ' ' && line[12] != '\r' && line[12] != '\n' {
-		return 0, false, false
-	}
-	return int(d[0]-'0')*100 + int(d[1]-'0')*10 + int(d[2]-'0'), line[7] == '0', true
-}
-
-// readHeaders reads a header section into hbuf and hdrs; n is the number
-// of bytes it read.
-func (c *upConn) readHeaders() (n int, err error) {
-	for {
-		line, err := c.br.ReadSlice('\n')
-		if err != nil {
-			if err == bufio.ErrBufferFull {
-				return n, errUpHeaderSize
-			}
-			return n, err
-		}
-		n += len(line)
-		line = trimCRLF(line)
-		if len(line) == 0 {
-			return n, nil
-		}
-		if len(c.hdrs) >= upMaxHeaders || len(c.hbuf)+len(line) > upMaxHeaderLen {
-			return n, errUpHeaderSize
-		}
-		colon := bytes.IndexByte(line, ':')
-		if colon <= 0 || line[0] == ' ' || line[0] == '\t' {
-			return n, errUpMalformed // no name, or obsolete line folding
-		}
-		name := line[:colon]
-		for _, ch := range name {
-			if ch <= ' ' || ch >= 0x7f {
-				return n, errUpMalformed
-			}
-		}
-		val := trimOWS(line[colon+1:])
-		for _, ch := range val {
-			if (ch < ' ' && ch != '\t') || ch == 0x7f {
-				return n, errUpMalformed
-			}
-		}
-		off := len(c.hbuf)
-		c.hbuf = append(c.hbuf, name...)
-		vs := len(c.hbuf)
-		c.hbuf = append(c.hbuf, val...)
-		c.hdrs = append(c.hdrs, [4]int{off, vs, vs, len(c.hbuf)})
-	}
-}
-
-func trimCRLF(b []byte) []byte {
-	if n := len(b); n > 0 && b[n-1] == '\n' {
-		b = b[:n-1]
-		if n := len(b); n > 0 && b[n-1] == '\r' {
-			b = b[:n-1]
-		}
-	}
-	return b
-}
-
-func trimOWS(b []byte) []byte {
-	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
-		b = b[1:]
-	}
-	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
-		b = b[:len(b)-1]
-	}
-	return b
-}
-
-// frame reads the framing headers: Content-Length, Transfer-Encoding,
-// Connection (and the headers it names), Content-Type.
-func (c *upConn) frame() error {
-	c.clen = -1
-	teSeen := false
-	for _, h := range c.hdrs {
-		k, v := c.hbuf[h[0]:h[1]], c.hbuf[h[2]:h[3]]
-		switch {
-		case eqFold(k, "Content-Length"):
-			n, ok := parseContentLength(v)
-			if !ok || (c.clen >= 0 && c.clen != n) {
-				return errUpMalformed
-			}
-			c.clen = n
-		case eqFold(k, "Transfer-Encoding"):
-			// Exactly one transfer coding, chunked, as Go's net/http
-			// accepts: any other coding (gzip, chunked) would reach the
-			// client still coded, with nothing saying so; chunked twice
-			// is not HTTP (RFC 9112 6.1).
-			if teSeen || !eqFold(v, "chunked") {
-				return errUpMalformed
-			}
-			teSeen = true
-			c.chunked = true
-		case eqFold(k, "Connection"):
-			c.addConnTokens(h[2], h[3])
-		case eqFold(k, "Content-Type"):
-			c.ctype = [2]int{h[2], h[3]}
-		}
-	}
-	if teSeen && c.clen >= 0 {
-		return errUpMalformed // both framings: refuse (smuggling)
-	}
-	switch {
-	case c.code == 204 || c.code == 304:
-		c.clen, c.chunked = 0, false
-	case c.chunked:
-	case c.clen >= 0:
-	default:
-		c.closeAfter = true // body ends when the connection closes
-	}
-	switch {
-	case c.chunked:
-		c.st = stSize
-	case c.clen >= 0:
-		c.st, c.remain = stData, c.clen
-		c.eof = c.clen == 0
-	default:
-		c.st, c.remain = stData, -1
-	}
-	return nil
-}
-
-// addConnTokens records the spans of the comma-separated tokens of a
-// Connection header value at hbuf[vs:ve], all of them (every header a token
-// names is hop-by-hop), and notes "close". The spans' slice keeps its
-// capacity (up to upMaxConnTokens) from one response to the next: no
-// allocation per response.
-func (c *upConn) addConnTokens(vs, ve int) {
-	i := vs
-	for i < ve {
-		j := i
-		for j < ve && c.hbuf[j] != ',' {
-			j++
-		}
-		s, e := i, j
-		for s < e && (c.hbuf[s] == ' ' || c.hbuf[s] == '\t') {
-			s++
-		}
-		for e > s && (c.hbuf[e-1] == ' ' || c.hbuf[e-1] == '\t') {
-			e--
-		}
-		if e > s {
-			if eqFold(c.hbuf[s:e], "close") {
-				c.closeAfter = true
-			}
-			c.connTokens = append(c.connTokens, [2]int{s, e})
-		}
-		i = j + 1
-	}
-}
-
-// namedByConnection reports whether header k is named by the response's
-// Connection header (and so hop-by-hop).
-func (c *upConn) namedByConnection(k []byte) bool {
-	for _, t := range c.connTokens {
-		if eqFoldBytes(k, c.hbuf[t[0]:t[1]]) {
-			return true
-		}
-	}
-	return false
-}
-
-func parseContentLength(v []byte) (int64, bool) {
-	if len(v) == 0 || len(v) > 18 {
-		return 0, false
-	}
-	var n int64
-	for _, ch := range v {
-		if ch < '0' || ch > '9' {
-			return 0, false
-		}
-		n = n*10 + int64(ch-'0')
-	}
-	return n, true
 }
 
 // bodyState is where the body reader is in the response framing.
@@ -728,7 +475,7 @@ func (c *upConn) step(p []byte, block bool) (n int, progressed bool, err error) 
 		if err != nil {
 			return 0, true, unexpected(err)
 		}
-		if len(trimCRLF(line)) == 0 {
+		if len(h1.TrimCRLF(line)) == 0 {
 			return 0, true, io.EOF
 		}
 		if c.remain--; c.remain < -upMaxHeaders {
@@ -765,7 +512,7 @@ func (c *upConn) step(p []byte, block bool) (n int, progressed bool, err error) 
 		return 0, true, unexpected(err)
 	}
 	if c.remain == 0 {
-		if !c.chunked {
+		if !c.Chunked {
 			return m, true, io.EOF
 		}
 		c.st, c.remain = stCRLF, 0
@@ -795,7 +542,7 @@ func (c *upConn) readCRLF() error {
 	if err != nil {
 		return unexpected(err)
 	}
-	if len(trimCRLF(line)) != 0 {
+	if len(h1.TrimCRLF(line)) != 0 {
 		return errUpMalformed
 	}
 	return nil
@@ -809,11 +556,11 @@ func (c *upConn) readChunkSize() (int64, error) {
 		}
 		return 0, unexpected(err)
 	}
-	line = trimCRLF(line)
+	line = h1.TrimCRLF(line)
 	if i := bytes.IndexByte(line, ';'); i >= 0 {
 		line = line[:i]
 	}
-	line = trimOWS(line)
+	line = h1.TrimOWS(line)
 	if len(line) == 0 || len(line) > 15 {
 		return 0, errUpMalformed
 	}
@@ -838,7 +585,7 @@ func (c *upConn) readChunkSize() (int64, error) {
 // finish ends the response on this connection: back to the pool when the
 // body was read to its end and nothing else arrived, closed otherwise.
 func (c *upConn) finish() {
-	if c.eof && c.bodyErr == nil && !c.closeAfter && c.br.Buffered() == 0 && !c.wasAborted() {
+	if c.eof && c.bodyErr == nil && !c.CloseAfter && c.br.Buffered() == 0 && !c.wasAborted() {
 		// An armed deadline stays: the next request sets its own (or
 		// clears it), and an idle connection has no read pending.
 		p := c.pool
@@ -847,22 +594,4 @@ func (c *upConn) finish() {
 		return
 	}
 	c.closeConn()
-}
-
-// header returns the i-th header's key and value.
-func (c *upConn) header(i int) ([]byte, []byte) {
-	h := c.hdrs[i]
-	return c.hbuf[h[0]:h[1]], c.hbuf[h[2]:h[3]]
-}
-
-func eqFoldBytes(a, b []byte) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i]|0x20 != b[i]|0x20 {
-			return false
-		}
-	}
-	return true
 }

@@ -24,14 +24,14 @@ func parseResponse(b []byte) (status int, body []byte, reusable bool, err error)
 			break
 		}
 		if rerr != nil {
-			return c.code, body, false, rerr
+			return c.Code, body, false, rerr
 		}
 		if n == 0 && c.eof {
 			break
 		}
 	}
-	reusable = c.eof && c.bodyErr == nil && !c.closeAfter && c.br.Buffered() == 0
-	return c.code, body, reusable, nil
+	reusable = c.eof && c.bodyErr == nil && !c.CloseAfter && c.br.Buffered() == 0
+	return c.Code, body, reusable, nil
 }
 
 func TestUpstreamResponseParsing(t *testing.T) {

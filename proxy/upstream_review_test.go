@@ -91,14 +91,14 @@ func TestConnectionTokensBeyondEightAreKeptWithoutAllocating(t *testing.T) {
 	}
 	parse()
 	for _, k := range toks {
-		if !c.namedByConnection([]byte(strings.ToLower(k))) {
+		if !c.NamedByConnection([]byte(strings.ToLower(k))) {
 			t.Fatalf("%s is named by Connection but not seen so", k)
 		}
 	}
-	if c.namedByConnection([]byte("X-T40")) || c.namedByConnection([]byte("Content-Length")) {
+	if c.NamedByConnection([]byte("X-T40")) || c.NamedByConnection([]byte("Content-Length")) {
 		t.Fatal("a header Connection does not name is seen as named")
 	}
-	if !c.closeAfter {
+	if !c.CloseAfter {
 		t.Fatal("Connection: close among other tokens is not seen")
 	}
 	if urRaceEnabled() {
@@ -108,10 +108,10 @@ func TestConnectionTokensBeyondEightAreKeptWithoutAllocating(t *testing.T) {
 		t.Fatalf("parsing a response with 40 Connection tokens allocates %v times per response on a reused connection", a)
 	}
 	// A connection does not keep a hostile engine's long list.
-	c.connTokens = make([][2]int, 0, upMaxConnTokens+1)
+	c.ConnTokens = make([][2]int, 0, upMaxConnTokens+1)
 	c.resetResponse()
-	if c.connTokens != nil {
-		t.Fatalf("a connection keeps %d token spans between responses", cap(c.connTokens))
+	if c.ConnTokens != nil {
+		t.Fatalf("a connection keeps %d token spans between responses", cap(c.ConnTokens))
 	}
 }
 
