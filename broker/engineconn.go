@@ -2,6 +2,7 @@ package broker
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"net"
@@ -31,6 +32,7 @@ type judgedConn struct {
 	rec  headRecorder
 	// pending: bytes read while judging a head, not yet handed to net/http.
 	pending []byte
+	fbuf    []byte // a head without its unparsable header lines
 }
 
 // headRecorder reads the connection for a head being judged and keeps
@@ -75,9 +77,46 @@ func (c *judgedConn) Read(p []byte) (int, error) {
 	if herr := c.head.Read(c.br); herr != nil {
 		return 0, herr
 	}
-	// net/http reads the head (and what came after it) as it came.
-	c.pending = c.rec.buf[n:]
+	// net/http reads the head (and what came after it) as it came, but for
+	// headers whose name is no token: the router drops those and relays
+	// the answer, where net/http would fail it whole.
+	out := c.rec.buf
+	for i := range c.head.Hdrs {
+		if k, _ := c.head.Header(i); !h1.ValidName(k) {
+			c.fbuf = dropBadNames(c.fbuf[:0], c.rec.buf, c.rec.fed-c.br.Buffered())
+			out = c.fbuf
+			break
+		}
+	}
+	n = copy(p, out)
+	c.pending = out[n:]
 	return n, err
+}
+
+// dropBadNames appends to dst the bytes of b, the first headLen of which
+// are response heads (interim ones, then the final one), without the
+// header lines whose name is not a token.
+func dropBadNames(dst, b []byte, headLen int) []byte {
+	start := true // the next line is a status line
+	for i := 0; i < headLen; {
+		e := bytes.IndexByte(b[i:headLen], '\n')
+		if e < 0 {
+			e = headLen - i - 1
+		}
+		line := b[i : i+e+1]
+		i += e + 1
+		name, _, hasColon := bytes.Cut(line, []byte(":"))
+		switch {
+		case start:
+			start = false
+		case len(h1.TrimCRLF(line)) == 0:
+			start = true
+		case hasColon && !h1.ValidName(name):
+			continue
+		}
+		dst = append(dst, line...)
+	}
+	return append(dst, b[headLen:]...)
 }
 
 // expectHead marks the connection of a request about to be written.

@@ -446,8 +446,9 @@ func TestE2EACloseDelimitedStreamCutBeforeItsFirstEventClassifiesAlikeOverEveryT
 // an obsolete folded header, a control byte in a header, two different
 // Content-Lengths) is refused over NATS too, with the same error class,
 // and an odd answer it takes (an interim 102, a bare-LF head, a 204 or 304
-// carrying bytes) reaches the client alike over NATS: the worker judges
-// its engine's heads by the router's rules (internal/h1). net/http, which
+// carrying bytes, a header whose name is no token, which the router drops)
+// reaches the client alike over NATS: the worker judges its engine's heads
+// by the router's rules (internal/h1). net/http, which
 // the worker reads its engine with, took Content-Length beside chunked
 // framing (200 and the body over NATS, 502 over HTTP) and an HTTP/1.0
 // answer marked chunked (200 with the raw chunk framing as the body).
@@ -466,6 +467,7 @@ func TestE2EAMalformedAnswerIsJudgedAlikeOverEveryTransport(t *testing.T) {
 		"bare-lf":         "HTTP/1.1 200 OK\n" + strings.ReplaceAll(ct+cl, "\r\n", "\n") + "\n" + ok,
 		"204-with-a-body": "HTTP/1.1 204 No Content\r\n" + ct + "\r\n" + ok,
 		"304-with-a-body": "HTTP/1.1 304 Not Modified\r\n" + ct + cl + "\r\n" + ok,
+		"no-token-name":   "HTTP/1.1 102 Processing\r\nX(B): c\r\n\r\nHTTP/1.1 200 OK: fine\r\n" + ct + "X@A: b\r\n" + cl + "\r\n" + ok,
 	}
 	refused := map[string]bool{"cl-and-chunked": true, "http10-chunked": true, "obs-fold": true, "two-lengths": true, "nul-in-header": true, "101": true}
 	var names []string

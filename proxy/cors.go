@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strings"
 
+	"github.com/infera/infera/internal/h1"
 	"github.com/valyala/fasthttp"
 )
 
@@ -143,10 +144,8 @@ func validHeaderList(v []byte) bool {
 			i = len(v)
 		}
 		name := bytes.Trim(v[:i], " \t")
-		for _, c := range name {
-			if !tokenChar[c] {
-				return false
-			}
+		if len(name) > 0 && !h1.ValidName(name) {
+			return false
 		}
 		if len(name) > 0 {
 			names++

@@ -175,31 +175,7 @@ func namedIn(v, k []byte) bool {
 // validHeaderName reports whether k is an RFC 9110 token: what an engine's
 // HTTP parser takes as a field name (fasthttp's server lets some others
 // through, such as names with spaces).
-func validHeaderName(k []byte) bool {
-	if len(k) == 0 {
-		return false
-	}
-	for _, c := range k {
-		if !tokenChar[c] {
-			return false
-		}
-	}
-	return true
-}
-
-// tokenChar marks the RFC 9110 tchar bytes.
-var tokenChar = func() (t [256]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c], t[c-'a'+'A'] = true, true
-	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
-	}
-	return t
-}()
+func validHeaderName(k []byte) bool { return h1.ValidName(k) }
 
 // relayableHeader reports whether an engine's response header may reach
 // the client: a name that is a token and a value without control bytes.

@@ -350,3 +350,33 @@ func EqFoldBytes(a, b []byte) bool {
 	}
 	return true
 }
+
+// ValidName reports whether k is an RFC 9110 token, what Go's net/http and
+// h11 take as a field name: a head h1 reads may carry other names (the
+// router drops those headers, and so does the worker, whose net/http would
+// fail the whole answer on one).
+func ValidName(k []byte) bool {
+	if len(k) == 0 {
+		return false
+	}
+	for _, c := range k {
+		if !tokenChar[c] {
+			return false
+		}
+	}
+	return true
+}
+
+// tokenChar marks the RFC 9110 tchar bytes.
+var tokenChar = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return t
+}()
