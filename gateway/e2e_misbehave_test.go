@@ -448,7 +448,9 @@ func TestE2EACloseDelimitedStreamCutBeforeItsFirstEventClassifiesAlikeOverEveryT
 // and an odd answer it takes (an interim 102, a bare-LF head, a 204 or 304
 // carrying bytes, a header whose name is no token, which the router drops)
 // reaches the client alike over NATS: the worker judges its engine's heads
-// by the router's rules (internal/h1). net/http, which
+// by the router's rules (internal/h1). Chunked framing net/http refuses
+// (a bare LF in it, a space before a chunk size, a trailer that is no
+// header line) the router refuses too: it relayed such answers as 200. net/http, which
 // the worker reads its engine with, took Content-Length beside chunked
 // framing (200 and the body over NATS, 502 over HTTP) and an HTTP/1.0
 // answer marked chunked (200 with the raw chunk framing as the body).
@@ -467,9 +469,13 @@ func TestE2EAMalformedAnswerIsJudgedAlikeOverEveryTransport(t *testing.T) {
 		"bare-lf":         "HTTP/1.1 200 OK\n" + strings.ReplaceAll(ct+cl, "\r\n", "\n") + "\n" + ok,
 		"204-with-a-body": "HTTP/1.1 204 No Content\r\n" + ct + "\r\n" + ok,
 		"304-with-a-body": "HTTP/1.1 304 Not Modified\r\n" + ct + cl + "\r\n" + ok,
+		"chunk-bare-lf":   "HTTP/1.1 200 OK\r\n" + ct + "Transfer-Encoding: chunked\r\n\r\n" + fmt.Sprintf("%x\n%s\n0\n\n", len(ok), ok),
+		"chunk-size-sp":   "HTTP/1.1 200 OK\r\n" + ct + "Transfer-Encoding: chunked\r\n\r\n" + " " + chunk(ok) + "0\r\n\r\n",
+		"trailer-junk":    "HTTP/1.1 200 OK\r\n" + ct + "Transfer-Encoding: chunked\r\n\r\n" + chunk(ok) + "0\r\nnot a header\r\n\r\n",
 		"no-token-name":   "HTTP/1.1 102 Processing\r\nX(B): c\r\n\r\nHTTP/1.1 200 OK: fine\r\n" + ct + "X@A: b\r\n" + cl + "\r\n" + ok,
 	}
-	refused := map[string]bool{"cl-and-chunked": true, "http10-chunked": true, "obs-fold": true, "two-lengths": true, "nul-in-header": true, "101": true}
+	refused := map[string]bool{"cl-and-chunked": true, "http10-chunked": true, "obs-fold": true, "two-lengths": true, "nul-in-header": true, "101": true,
+		"chunk-bare-lf": true, "chunk-size-sp": true, "trailer-junk": true}
 	var names []string
 	for k := range answers {
 		names = append(names, k)

@@ -475,8 +475,17 @@ func (c *upConn) step(p []byte, block bool) (n int, progressed bool, err error) 
 		if err != nil {
 			return 0, true, unexpected(err)
 		}
-		if len(h1.TrimCRLF(line)) == 0 {
+		line, ok := chunkLine(line)
+		if !ok {
+			return 0, true, errUpMalformed
+		}
+		if len(line) == 0 {
 			return 0, true, io.EOF
+		}
+		// A trailer is a header line, as net/http (the worker's engine
+		// client) reads it.
+		if name, _, err := h1.HeaderLine(line); err != nil || !h1.ValidName(name) {
+			return 0, true, errUpMalformed
 		}
 		if c.remain--; c.remain < -upMaxHeaders {
 			return 0, true, errUpHeaderSize
@@ -542,10 +551,22 @@ func (c *upConn) readCRLF() error {
 	if err != nil {
 		return unexpected(err)
 	}
-	if len(h1.TrimCRLF(line)) != 0 {
+	if len(line) != 2 || line[0] != '\r' {
 		return errUpMalformed
 	}
 	return nil
+}
+
+// chunkLine returns a line of chunked framing without its CRLF, and false
+// when it does not end in CRLF or holds another CR: a bare LF ends header
+// lines, never chunked framing (RFC 9112 erratum 7633), and net/http, with
+// which the worker reads its engine, refuses it there.
+func chunkLine(line []byte) ([]byte, bool) {
+	n := len(line)
+	if n < 2 || line[n-2] != '\r' || bytes.IndexByte(line[:n-2], '\r') >= 0 {
+		return nil, false
+	}
+	return line[:n-2], true
 }
 
 func (c *upConn) readChunkSize() (int64, error) {
@@ -556,12 +577,19 @@ func (c *upConn) readChunkSize() (int64, error) {
 		}
 		return 0, unexpected(err)
 	}
-	line = h1.TrimCRLF(line)
+	line, ok := chunkLine(line)
+	if !ok {
+		return 0, errUpMalformed
+	}
+	// As net/http reads it: trailing white space, then the extensions,
+	// go; what is left is the size, nothing around it.
+	for n := len(line); n > 0 && (line[n-1] == ' ' || line[n-1] == '\t'); n = len(line) {
+		line = line[:n-1]
+	}
 	if i := bytes.IndexByte(line, ';'); i >= 0 {
 		line = line[:i]
 	}
-	line = h1.TrimOWS(line)
-	if len(line) == 0 || len(line) > 15 {
+	if len(line) == 0 || len(line) > 16 || len(line) == 16 && line[0] > '7' { // 16 digits fit int64 below 8
 		return 0, errUpMalformed
 	}
 	var n int64

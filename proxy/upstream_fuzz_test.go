@@ -68,6 +68,13 @@ func TestUpstreamResponseParsing(t *testing.T) {
 	bad("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
 	bad("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n")
 	bad("HTTP/1.1 200 OK\r\nBad\x00Header: 1\r\n\r\n")
+	// Chunked framing net/http refuses (the worker reads its engine with it).
+	bad("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\nok\n0\n\n")
+	bad("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\n0\r\n\r\n")
+	bad("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n 2\r\nok\r\n0\r\n\r\n")
+	bad("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2 ;x\r\nok\r\n0\r\n\r\n")
+	bad("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nnot a header\r\n\r\n")
+	f("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2 \r\nok\r\n0\r\nX-T: 1\r\n\r\n", 200, "ok", true)
 }
 
 // FuzzUpstreamResponse feeds arbitrary engine bytes to the upstream

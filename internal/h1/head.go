@@ -175,21 +175,9 @@ func (h *Head) readHeaders(br *bufio.Reader) (n int, err error) {
 		if len(h.Hdrs) >= MaxHeaders || len(h.Buf)+len(line) > MaxHeaderLen {
 			return n, ErrHeaderSize
 		}
-		colon := bytes.IndexByte(line, ':')
-		if colon <= 0 || line[0] == ' ' || line[0] == '\t' {
-			return n, ErrMalformed // no name, or obsolete line folding
-		}
-		name := line[:colon]
-		for _, ch := range name {
-			if ch <= ' ' || ch >= 0x7f {
-				return n, ErrMalformed
-			}
-		}
-		val := TrimOWS(line[colon+1:])
-		for _, ch := range val {
-			if (ch < ' ' && ch != '\t') || ch == 0x7f {
-				return n, ErrMalformed
-			}
+		name, val, err := HeaderLine(line)
+		if err != nil {
+			return n, err
 		}
 		off := len(h.Buf)
 		h.Buf = append(h.Buf, name...)
@@ -197,6 +185,30 @@ func (h *Head) readHeaders(br *bufio.Reader) (n int, err error) {
 		h.Buf = append(h.Buf, val...)
 		h.Hdrs = append(h.Hdrs, [4]int{off, vs, vs, len(h.Buf)})
 	}
+}
+
+// HeaderLine splits a header field line (its line end trimmed) into its
+// name and its value (OWS trimmed), or reports ErrMalformed: no name,
+// obsolete line folding, a space or a control byte in the name, a control
+// byte in the value.
+func HeaderLine(line []byte) (name, val []byte, err error) {
+	colon := bytes.IndexByte(line, ':')
+	if colon <= 0 || line[0] == ' ' || line[0] == '\t' {
+		return nil, nil, ErrMalformed // no name, or obsolete line folding
+	}
+	name = line[:colon]
+	for _, ch := range name {
+		if ch <= ' ' || ch >= 0x7f {
+			return nil, nil, ErrMalformed
+		}
+	}
+	val = TrimOWS(line[colon+1:])
+	for _, ch := range val {
+		if (ch < ' ' && ch != '\t') || ch == 0x7f {
+			return nil, nil, ErrMalformed
+		}
+	}
+	return name, val, nil
 }
 
 // TrimCRLF removes a trailing "\n" or "\r\n".
