@@ -450,7 +450,9 @@ func TestE2EACloseDelimitedStreamCutBeforeItsFirstEventClassifiesAlikeOverEveryT
 // reaches the client alike over NATS: the worker judges its engine's heads
 // by the router's rules (internal/h1). Chunked framing net/http refuses
 // (a bare LF in it, a space before a chunk size, a trailer that is no
-// header line) the router refuses too: it relayed such answers as 200. net/http, which
+// header line, chunk extensions past its allowance) the router refuses
+// too: it relayed such answers as 200; a folded trailer line, which
+// net/http takes, it took as invalid. net/http, which
 // the worker reads its engine with, took Content-Length beside chunked
 // framing (200 and the body over NATS, 502 over HTTP) and an HTTP/1.0
 // answer marked chunked (200 with the raw chunk framing as the body).
@@ -472,10 +474,12 @@ func TestE2EAMalformedAnswerIsJudgedAlikeOverEveryTransport(t *testing.T) {
 		"chunk-bare-lf":   "HTTP/1.1 200 OK\r\n" + ct + "Transfer-Encoding: chunked\r\n\r\n" + fmt.Sprintf("%x\n%s\n0\n\n", len(ok), ok),
 		"chunk-size-sp":   "HTTP/1.1 200 OK\r\n" + ct + "Transfer-Encoding: chunked\r\n\r\n" + " " + chunk(ok) + "0\r\n\r\n",
 		"trailer-junk":    "HTTP/1.1 200 OK\r\n" + ct + "Transfer-Encoding: chunked\r\n\r\n" + chunk(ok) + "0\r\nnot a header\r\n\r\n",
+		"ext-overhead":    "HTTP/1.1 200 OK\r\n" + ct + "Transfer-Encoding: chunked\r\n\r\n" + strings.Repeat("1;"+strings.Repeat("x", 2000)+"\r\n{\r\n", 10) + "0\r\n\r\n",
+		"trailer-fold":    "HTTP/1.1 200 OK\r\n" + ct + "Transfer-Encoding: chunked\r\n\r\n" + chunk(ok) + "0\r\nX-T: a\r\n b\r\n\r\n",
 		"no-token-name":   "HTTP/1.1 102 Processing\r\nX(B): c\r\n\r\nHTTP/1.1 200 OK: fine\r\n" + ct + "X@A: b\r\n" + cl + "\r\n" + ok,
 	}
 	refused := map[string]bool{"cl-and-chunked": true, "http10-chunked": true, "obs-fold": true, "two-lengths": true, "nul-in-header": true, "101": true,
-		"chunk-bare-lf": true, "chunk-size-sp": true, "trailer-junk": true}
+		"chunk-bare-lf": true, "chunk-size-sp": true, "trailer-junk": true, "ext-overhead": true}
 	var names []string
 	for k := range answers {
 		names = append(names, k)

@@ -183,11 +183,4 @@ func validHeaderName(k []byte) bool { return h1.ValidName(k) }
 // (Go's net/http, h11 under httpx) fail the whole answer on one.
 func relayableHeader(k, v []byte) bool { return validHeaderName(k) && validHeaderValue(v) }
 
-func validHeaderValue(v []byte) bool {
-	for _, c := range v {
-		if (c < ' ' && c != '\t') || c == 0x7f {
-			return false
-		}
-	}
-	return true
-}
+func validHeaderValue(v []byte) bool { return h1.ValidValue(v) }

@@ -235,6 +235,7 @@ type upConn struct {
 	// Body state.
 	st       bodyState
 	remain   int64 // bytes left in the body (Content-Length) or current chunk
+	excess   int64 // chunked framing bytes beyond net/http's allowance (readChunkSize)
 	eof      bool
 	bodyErr  error
 	deadline time.Time // current read deadline
@@ -277,7 +278,7 @@ func (c *upConn) release() {
 
 func (c *upConn) resetResponse() {
 	c.Head.Reset()
-	c.st, c.remain, c.eof, c.bodyErr = stSize, 0, false, nil
+	c.st, c.remain, c.eof, c.bodyErr, c.excess = stSize, 0, false, nil, 0
 }
 
 // quiet reports whether an idle connection is still open and nothing
@@ -483,8 +484,13 @@ func (c *upConn) step(p []byte, block bool) (n int, progressed bool, err error) 
 			return 0, true, io.EOF
 		}
 		// A trailer is a header line, as net/http (the worker's engine
-		// client) reads it.
-		if name, _, err := h1.HeaderLine(line); err != nil || !h1.ValidName(name) {
+		// client) reads it, which folds a line that starts with white
+		// space into the trailer before it.
+		if line[0] == ' ' || line[0] == '\t' {
+			if c.remain == 0 || !h1.ValidValue(line) {
+				return 0, true, errUpMalformed
+			}
+		} else if name, _, err := h1.HeaderLine(line); err != nil || !h1.ValidName(name) {
 			return 0, true, errUpMalformed
 		}
 		if c.remain--; c.remain < -upMaxHeaders {
@@ -581,6 +587,7 @@ func (c *upConn) readChunkSize() (int64, error) {
 	if !ok {
 		return 0, errUpMalformed
 	}
+	c.excess += int64(len(line)) + 2
 	// As net/http reads it: trailing white space, then the extensions,
 	// go; what is left is the size, nothing around it.
 	for n := len(line); n > 0 && (line[n-1] == ' ' || line[n-1] == '\t'); n = len(line) {
@@ -606,6 +613,14 @@ func (c *upConn) readChunkSize() (int64, error) {
 			return 0, errUpMalformed
 		}
 		n = n<<4 | int64(d)
+	}
+	// net/http allows 16 bytes of framing a chunk, plus twice its data,
+	// and refuses an answer whose framing (chunk extensions, mostly)
+	// passes that by 16 KiB.
+	if d := 16 + 2*n; d < 0 || d >= c.excess {
+		c.excess = 0
+	} else if c.excess -= d; c.excess > 16<<10 {
+		return 0, errUpMalformed
 	}
 	return n, nil
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -75,6 +76,13 @@ func TestUpstreamResponseParsing(t *testing.T) {
 	bad("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2 ;x\r\nok\r\n0\r\n\r\n")
 	bad("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nnot a header\r\n\r\n")
 	f("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2 \r\nok\r\n0\r\nX-T: 1\r\n\r\n", 200, "ok", true)
+	// net/http folds a trailer line that starts with white space into the
+	// one before it, and refuses framing past its allowance (16 bytes a
+	// chunk and twice its data, plus 16 KiB).
+	f("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX-T: 1\r\n 2\r\n\r\n", 200, "ok", true)
+	bad("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n X-T: 1\r\n\r\n")
+	bad("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + strings.Repeat("1;"+strings.Repeat("x", 2000)+"\r\nk\r\n", 10) + "0\r\n\r\n")
+	f("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"+strings.Repeat("1;"+strings.Repeat("x", 2000)+"\r\nk\r\n", 8)+"0\r\n\r\n", 200, "kkkkkkkk", true)
 }
 
 // FuzzUpstreamResponse feeds arbitrary engine bytes to the upstream

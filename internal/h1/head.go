@@ -203,12 +203,21 @@ func HeaderLine(line []byte) (name, val []byte, err error) {
 		}
 	}
 	val = TrimOWS(line[colon+1:])
-	for _, ch := range val {
-		if (ch < ' ' && ch != '\t') || ch == 0x7f {
-			return nil, nil, ErrMalformed
-		}
+	if !ValidValue(val) {
+		return nil, nil, ErrMalformed
 	}
 	return name, val, nil
+}
+
+// ValidValue reports whether v holds no control byte but HT (what net/http
+// takes in a header value; obs-text is taken).
+func ValidValue(v []byte) bool {
+	for _, ch := range v {
+		if (ch < ' ' && ch != '\t') || ch == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // TrimCRLF removes a trailing "\n" or "\r\n".
