@@ -147,12 +147,12 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		return nil, fmt.Errorf("cannot set reply inbox limits: %w", err)
 	}
 	c.sub = sub
-	go c.probeLoop()
+	go c.probeLoop(probeEvery) // read here: a test may change it once this returns
 	return c, nil
 }
 
-func (c *Client) probeLoop() {
-	t := time.NewTicker(probeEvery)
+func (c *Client) probeLoop(every time.Duration) {
+	t := time.NewTicker(every)
 	defer t.Stop()
 	var workers []string
 	var failed []*Stream

@@ -190,7 +190,7 @@ func (s *Server) Start() error {
 		return fmt.Errorf("cannot flush NATS subscriptions: %w", err)
 	}
 	s.probeStop = make(chan struct{})
-	go s.probeLoop()
+	go s.probeLoop(probeEvery) // read here: a test may change it once this returns
 	return nil
 }
 
@@ -201,8 +201,8 @@ var probeEvery = 2 * time.Second
 
 const probeStrikes = 3
 
-func (s *Server) probeLoop() {
-	t := time.NewTicker(probeEvery)
+func (s *Server) probeLoop(every time.Duration) {
+	t := time.NewTicker(every)
 	defer t.Stop()
 	type probe struct{ subject, reply string }
 	var probes []probe
