@@ -1897,3 +1897,41 @@ func TestChunkExtensionsCannotCarryABodyPastTheLimit(t *testing.T) {
 		t.Fatalf("a body in one-byte chunks, then a request on the connection: engine hits %d, answer %.300q", up.hits.Load(), got)
 	}
 }
+
+// The wire bound of a chunked request (boundWire) ends with its answer: a
+// chunked request that came within a few bytes of it, answered, leaves its
+// keep-alive connection to serve the next request whole. The next request's
+// head was read under what the chunked one left: 400 malformed HTTP request
+// and a reset, for the chat the router served (readBody) and for the 404
+// whose body fasthttp discarded.
+func TestARequestAfterAChunkedOneNearItsWireBoundIsServed(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.MaxBodyBytes = 4096
+	r := startRouter(t, f, nil, up.url)
+	bound := 2*f.MaxBodyBytes + 64<<10
+	for _, tc := range []struct{ path, status string }{{"/v1/chat/completions", "200"}, {"/nope", "404"}} {
+		c, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		br := bufio.NewReader(c)
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n", tc.path)
+		time.Sleep(100 * time.Millisecond) // the head alone: the bound counts every byte of the body
+		head, tail := fmt.Sprintf("%x;", len(chatBody)), fmt.Sprintf("\r\n%s\r\n0\r\n\r\n", chatBody)
+		io.WriteString(c, head+strings.Repeat("e", bound-16-len(head)-len(tail))+tail)
+		res, err := http.ReadResponse(br, nil)
+		if err != nil || !strings.HasPrefix(res.Status, tc.status) {
+			t.Fatalf("%s: chunked request 16 bytes within its bound: %v %v", tc.path, res, err)
+		}
+		io.Copy(io.Discard, res.Body)
+		time.Sleep(100 * time.Millisecond) // answered, the connection idle
+		io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+		res, err = http.ReadResponse(br, nil)
+		if err != nil || res.StatusCode != 200 {
+			t.Fatalf("%s: the next request on the connection: %v %v", tc.path, res, err)
+		}
+		c.Close()
+	}
+}

@@ -153,10 +153,22 @@ func (c *clientConn) Read(b []byte) (int, error) {
 // discarding a body the handler left), another one is not bounded here.
 // fasthttp skips chunk extensions without a bound and byte by byte: a body
 // of a few bytes carried a GiB of them past --max-body-bytes. The bound
-// lasts until the next request starts, so its head is read under what
-// is left.
+// lasts until the request's answer is out (endWireBound): its body has
+// then been read whole, by the handler or by fasthttp's discard, or the
+// connection closes.
 func (c *clientConn) boundWire(chunked bool, n int64) {
 	c.wireLeft, c.wireBound = n, chunked
+}
+
+// endWireBound is the server's ConnState hook: a connection gone idle
+// (its answer out) ends its request's bound (boundWire), so the next
+// request's head is not read under what a chunked one left of it (a
+// request after one that came near its bound got 400 and a reset). It
+// runs on the goroutine serving the connection, as Read does.
+func endWireBound(nc net.Conn, st fasthttp.ConnState) {
+	if c, ok := nc.(*clientConn); ok && st == fasthttp.StateIdle {
+		c.boundWire(false, 0)
+	}
 }
 
 // wireSpent reports whether boundWire's bound is used up.

@@ -222,6 +222,7 @@ func New(o Options) *Server {
 		Logger:                serverLogger{},
 		ErrorHandler:          s.handleServerError,
 		ExpectHandler:         s.handleExpect,
+		ConnState:             endWireBound,
 		CloseOnShutdown:       true,
 		// Nothing reads ctx.Time(): no clock read per request for it.
 		LazyRequestTime: true,
