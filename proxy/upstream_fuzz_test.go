@@ -61,6 +61,8 @@ func TestUpstreamResponseParsing(t *testing.T) {
 	bad("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n")
 	bad("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n")
 	bad("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok")
+	bad("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 02\r\n\r\nok") // net/http compares them as written
+	f("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length:  2 \r\n\r\nok", 200, "ok", true)
 	bad("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n")
 	bad("HTTP/1.1 200 OK\r\n Folded: x\r\n\r\n")
 	bad("HTTP/2 200\r\n\r\n")

@@ -247,15 +247,18 @@ func TrimOWS(b []byte) []byte {
 func (h *Head) frame() error {
 	h.CLen = -1
 	teSeen := false
+	var clv []byte // the first Content-Length value
 	for _, s := range h.Hdrs {
 		k, v := h.Buf[s[0]:s[1]], h.Buf[s[2]:s[3]]
 		switch {
 		case EqFold(k, "Content-Length"):
+			// Several are spelt alike, as Go's net/http takes them (with
+			// which the worker reads its engine): 5 beside 05 is refused.
 			n, ok := parseContentLength(v)
-			if !ok || (h.CLen >= 0 && h.CLen != n) {
+			if !ok || (clv != nil && !bytes.Equal(clv, v)) {
 				return ErrMalformed
 			}
-			h.CLen = n
+			clv, h.CLen = v, n
 		case EqFold(k, "Transfer-Encoding"):
 			// Exactly one transfer coding, chunked, as Go's net/http
 			// accepts: any other coding (gzip, chunked) would reach the
