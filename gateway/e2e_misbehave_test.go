@@ -446,7 +446,8 @@ func TestE2EACloseDelimitedStreamCutBeforeItsFirstEventClassifiesAlikeOverEveryT
 // an obsolete folded header, a control byte in a header, two different
 // Content-Lengths, or equal ones spelt apart, 5 and 05, which net/http
 // refused and the router took: 503 no_workers_reachable over NATS, 200
-// over HTTP) is refused over NATS too, with the same error class,
+// over HTTP; or an interim 103 with such framing headers, which net/http
+// refused too) is refused over NATS too, with the same error class,
 // and an odd answer it takes (an interim 102, a bare-LF head, a 204 or 304
 // carrying bytes, a header whose name is no token, which the router drops)
 // reaches the client alike over NATS: the worker judges its engine's heads
@@ -479,10 +480,13 @@ func TestE2EAMalformedAnswerIsJudgedAlikeOverEveryTransport(t *testing.T) {
 		"ext-overhead":        "HTTP/1.1 200 OK\r\n" + ct + "Transfer-Encoding: chunked\r\n\r\n" + strings.Repeat("1;"+strings.Repeat("x", 2000)+"\r\n{\r\n", 10) + "0\r\n\r\n",
 		"trailer-fold":        "HTTP/1.1 200 OK\r\n" + ct + "Transfer-Encoding: chunked\r\n\r\n" + chunk(ok) + "0\r\nX-T: a\r\n b\r\n\r\n",
 		"no-token-name":       "HTTP/1.1 102 Processing\r\nX(B): c\r\n\r\nHTTP/1.1 200 OK: fine\r\n" + ct + "X@A: b\r\n" + cl + "\r\n" + ok,
+		"interim-two-lengths": "HTTP/1.1 103 Early Hints\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nHTTP/1.1 200 OK\r\n" + ct + cl + "\r\n" + ok,
+		"interim-gzip":        "HTTP/1.1 103 Early Hints\r\nTransfer-Encoding: gzip\r\n\r\nHTTP/1.1 200 OK\r\n" + ct + cl + "\r\n" + ok,
 		"lengths-spelt-apart": "HTTP/1.1 200 OK\r\n" + ct + cl + fmt.Sprintf("Content-Length: 0%d\r\n", len(ok)) + "\r\n" + ok,
 	}
 	refused := map[string]bool{"cl-and-chunked": true, "http10-chunked": true, "obs-fold": true, "two-lengths": true, "nul-in-header": true, "101": true,
-		"chunk-bare-lf": true, "chunk-size-sp": true, "trailer-junk": true, "ext-overhead": true, "lengths-spelt-apart": true}
+		"chunk-bare-lf": true, "chunk-size-sp": true, "trailer-junk": true, "ext-overhead": true, "lengths-spelt-apart": true,
+		"interim-two-lengths": true, "interim-gzip": true}
 	var names []string
 	for k := range answers {
 		names = append(names, k)

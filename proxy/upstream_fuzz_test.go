@@ -61,7 +61,11 @@ func TestUpstreamResponseParsing(t *testing.T) {
 	bad("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n")
 	bad("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n")
 	bad("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok")
-	bad("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 02\r\n\r\nok") // net/http compares them as written
+	// net/http compares Content-Lengths as written, and judges an interim head's framing.
+	bad("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 02\r\n\r\nok")
+	bad("HTTP/1.1 103 Early Hints\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	bad("HTTP/1.1 103 Early Hints\r\nTransfer-Encoding: gzip\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	f("HTTP/1.1 103 Early Hints\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", 200, "ok", true)
 	f("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length:  2 \r\n\r\nok", 200, "ok", true)
 	bad("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n")
 	bad("HTTP/1.1 200 OK\r\n Folded: x\r\n\r\n")

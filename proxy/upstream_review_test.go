@@ -157,11 +157,11 @@ func TestInterimAnswersAreSkippedWithinBounds(t *testing.T) {
 	ok(interim(1, "Link: </a>; rel=preload\r\n") + final)
 	ok("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 199 Misc\r\nX: 1\r\n\r\n" + final)
 	ok(interim(upMaxInterim, "") + final)
-	// The interim answer's headers are not the final answer's.
-	st, _, _, err := parseResponse([]byte(interim(1, "Content-Length: 5\r\nTransfer-Encoding: gzip\r\n") + final))
-	if err != nil || st != 200 {
-		t.Fatalf("an interim answer's framing headers were taken: %d %v", st, err)
-	}
+	// The interim answer's headers are not the final answer's (valid ones:
+	// net/http, the worker's engine client, fails an answer whose interim
+	// head has two Content-Lengths or a coding but chunked, and so does h1).
+	ok(interim(1, "Content-Length: 5\r\nConnection: close\r\n") + final)
+	refused(interim(1, "Transfer-Encoding: gzip\r\n")+final, errUpMalformed)
 	refused(interim(upMaxInterim+1, "")+final, errUpInterim)
 	big := "Link: " + strings.Repeat("x", 3000) + "\r\n"
 	refused(interim(5, strings.Repeat(big, 5))+final, errUpInterim) // 5 x 15 KB > 64 KB

@@ -70,7 +70,8 @@ func (h *Head) Reset() {
 
 // Read resets h and reads a response head from br. Interim answers (100
 // Continue, 103 Early Hints, any 1xx but 101) are skipped, at most
-// MaxInterim of them and MaxInterimLen bytes together; 101 Switching
+// MaxInterim of them and MaxInterimLen bytes together, if their framing
+// headers are valid; 101 Switching
 // Protocols is ErrUpgrade. A read error before any byte is returned as
 // is; after the first byte it is ErrHeadCut (a timeout stays a timeout).
 func (h *Head) Read(br *bufio.Reader) error {
@@ -104,7 +105,14 @@ func (h *Head) Read(br *bufio.Reader) error {
 			if interim > MaxInterim || interimLen > MaxInterimLen {
 				return ErrInterim
 			}
-			h.Buf, h.Hdrs, h.CType = h.Buf[:0], h.Hdrs[:0], [2]int{}
+			// Its framing headers are judged as a final head's: Go's
+			// net/http (the worker's engine client) fails the answer on
+			// an interim head with two Content-Lengths or a coding but
+			// chunked.
+			if err := h.frame(); err != nil {
+				return err
+			}
+			h.Reset()
 			continue
 		}
 		h.Code = st
