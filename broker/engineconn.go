@@ -78,15 +78,20 @@ func (c *judgedConn) Read(p []byte) (int, error) {
 		return 0, herr
 	}
 	// net/http reads the head (and what came after it) as it came, but for
-	// headers whose name is no token: the router drops those and relays
-	// the answer, where net/http would fail it whole.
+	// headers whose name is no token, in the final head or an interim one:
+	// the router drops those and relays the answer, where net/http would
+	// fail it whole. c.head holds the final head's headers only: after
+	// interim answers (rare) every head is filtered.
 	out := c.rec.buf
-	for i := range c.head.Hdrs {
-		if k, _ := c.head.Header(i); !h1.ValidName(k) {
-			c.fbuf = dropBadNames(c.fbuf[:0], c.rec.buf, c.rec.fed-c.br.Buffered())
-			out = c.fbuf
-			break
-		}
+	st, _, _ := h1.ParseStatusLine(out)
+	filter := st < 200
+	for i := 0; i < len(c.head.Hdrs) && !filter; i++ {
+		k, _ := c.head.Header(i)
+		filter = !h1.ValidName(k)
+	}
+	if filter {
+		c.fbuf = dropBadNames(c.fbuf[:0], c.rec.buf, c.rec.fed-c.br.Buffered())
+		out = c.fbuf
 	}
 	n = copy(p, out)
 	c.pending = out[n:]
