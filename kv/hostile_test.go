@@ -3,12 +3,17 @@
 package kv
 
 import (
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/infera/infera/engine"
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/radix"
+	zmq "github.com/pebbe/zmq4"
 )
 
 // A block size so large that len(hashes)*block_size overflows to 0 (a
@@ -258,6 +263,115 @@ func TestAKVEventMessageOverTheSizeLimitIsNotReceived(t *testing.T) {
 	if got := overlap(x, w.Idx, big); got != 0 {
 		t.Fatalf("a %d-block batch over the %d-byte message limit was received and indexed (%d blocks)", n, maxMessageBytes, got)
 	}
+}
+
+// rankPub is a raw PUB socket standing for one data-parallel rank's
+// publisher: single-block BlockStored batches, numbered from 0.
+type rankPub struct {
+	sock *zmq.Socket
+	seq  uint64
+}
+
+// bindRankPub binds a PUB socket on port (0: any free one), nil when the
+// port cannot be had.
+func bindRankPub(port int) *rankPub {
+	sock, err := zmq.NewSocket(zmq.PUB)
+	if err != nil {
+		return nil
+	}
+	_ = sock.SetLinger(0)
+	ep := "tcp://127.0.0.1:*"
+	if port > 0 {
+		ep = "tcp://127.0.0.1:" + strconv.Itoa(port)
+	}
+	if err := sock.Bind(ep); err != nil {
+		_ = sock.Close()
+		return nil
+	}
+	return &rankPub{sock: sock}
+}
+
+func (p *rankPub) port() int {
+	ep, _ := p.sock.GetLastEndpoint()
+	n, _ := strconv.Atoi(ep[strings.LastIndexByte(ep, ':')+1:])
+	return n
+}
+
+func (p *rankPub) store(t *testing.T, tag, rank int) {
+	t.Helper()
+	b := appendBatchHeader(nil, false, float64(p.seq+1), 1)
+	b = appendStored(b, false, engineHashes(tag, 1), 0, false, tokensFor(tag, 1), bs)
+	var s [8]byte
+	binary.BigEndian.PutUint64(s[:], p.seq)
+	p.seq++
+	if _, err := p.sock.SendMessage([]byte{}, s[:], appendBatchTrailer(b, false, rank)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A data-parallel worker's ranks share one SUB socket. When one rank's
+// publisher goes (an engine restart, or a message over the size limit)
+// only that rank is connected again: the subscriber started over with a
+// new socket, so what the other ranks published meanwhile was lost, a gap
+// that, without a replay endpoint, resynced them and dropped every block
+// they had indexed.
+func TestARankWhosePublisherGoesLeavesTheOtherRanksFollowed(t *testing.T) {
+	x := radix.New()
+	m, err := NewManager(ManagerConfig{Index: x, Transport: "zmq", PollInterval: 20 * time.Millisecond,
+		ReplayTimeout: time.Second, ReconnectDelay: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	var p0, p1 *rankPub
+	for i := 0; i < 20 && p1 == nil; i++ { // rank 1 publishes on rank 0's port + 1
+		if p0 = bindRankPub(0); p0 == nil {
+			t.Fatal("cannot bind a PUB socket")
+		}
+		if p1 = bindRankPub(p0.port() + 1); p1 == nil {
+			_ = p0.sock.Close()
+		}
+	}
+	if p1 == nil {
+		t.Skip("no two adjacent free ports")
+	}
+	defer func() { _ = p0.sock.Close(); _ = p1.sock.Close() }()
+	w := &fleet.Worker{Idx: 1, ID: "dp", KVEventsEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", p0.port()), BlockSize: bs, DPSize: 2}
+	if err := m.WorkerAdded(w); err != nil {
+		t.Fatal(err)
+	}
+	follow := func(p *rankPub, tag, rank int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for overlap(x, w.Idx, tokensFor(tag, 1)) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("rank %d is not followed (stats %+v)", rank, m.Stats(w.ID))
+			}
+			p.store(t, tag, rank)
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	follow(p0, 1, 0)
+	follow(p1, 2, 1)
+	// Rank 1's engine restarts while rank 0 keeps publishing.
+	port1 := p1.port()
+	_ = p1.sock.Close()
+	p1 = nil
+	for i := 0; i < 150; i++ {
+		if p1 == nil && i >= 10 {
+			p1 = bindRankPub(port1) // the port comes free as ZMQ closes
+		}
+		p0.store(t, 100+i, 0)
+		time.Sleep(10 * time.Millisecond)
+	}
+	if p1 == nil {
+		t.Skip("rank 1's port was taken meanwhile")
+	}
+	follow(p0, 3, 0)
+	if st := m.Stats(w.ID); st.Gaps != 0 || st.Resyncs != 0 || overlap(x, w.Idx, tokensFor(1, 1)) == 0 {
+		t.Fatalf("rank 0 lost batches as rank 1's publisher went (stats %+v); its blocks indexed before: %d", st, overlap(x, w.Idx, tokensFor(1, 1)))
+	}
+	follow(p1, 4, 1) // the restarted rank is followed again
 }
 
 // A publisher that stores blocks and never removes any (or numbers its

@@ -63,14 +63,19 @@ func (ws *workerState) subscribeOnce(ep string) error {
 	}
 	// One SUB socket follows every data-parallel rank: rank r publishes on
 	// the base port + r; batches carry their rank, tracked separately.
-	for r := 0; r < max(1, ws.w.DPSize); r++ {
-		if err := sock.Connect(rankEndpoint(ep, r)); err != nil {
-			return fmt.Errorf("cannot connect SUB to %q: %w", rankEndpoint(ep, r), err)
+	eps := make([]string, max(1, ws.w.DPSize))
+	for r := range eps {
+		eps[r] = rankEndpoint(ep, r)
+		if err := sock.Connect(eps[r]); err != nil {
+			return fmt.Errorf("cannot connect SUB to %q: %w", eps[r], err)
 		}
 	}
 	// ZMQ drops a publisher that sent a message over maxMessageBytes for
 	// good (a protocol error: no reconnect), so every disconnection makes
-	// the subscriber start over with a new socket.
+	// the subscriber connect to that rank's endpoint again, ReconnectDelay
+	// later (redial); the other ranks' connections stay (a new socket lost
+	// what they sent meanwhile: a gap that, without replay, cleared their
+	// index entries).
 	mon := fmt.Sprintf("inproc://infera-kv-sub-%d", monitorSeq.Add(1))
 	if err := sock.Monitor(mon, zmq.EVENT_DISCONNECTED); err != nil {
 		return fmt.Errorf("cannot monitor SUB socket: %w", err)
@@ -90,7 +95,21 @@ func (ws *workerState) subscribeOnce(ep string) error {
 	poller := zmq.NewPoller()
 	poller.Add(sock, zmq.POLLIN)
 	poller.Add(events, zmq.POLLIN)
+	redial := make([]time.Time, len(eps)) // when to connect rank r again (zero: connected)
+	pending := 0
 	for !ws.stopped.Load() {
+		if pending > 0 {
+			now := time.Now()
+			for r, at := range redial {
+				if at.IsZero() || now.Before(at) {
+					continue
+				}
+				if err := sock.Connect(eps[r]); err != nil {
+					return fmt.Errorf("cannot connect SUB to %q: %w", eps[r], err)
+				}
+				redial[r], pending = time.Time{}, pending-1
+			}
+		}
 		polled, err := poller.Poll(ws.m.cfg.PollInterval)
 		if err != nil {
 			if errors.Is(err, zmq.Errno(4)) { // EINTR
@@ -113,14 +132,38 @@ func (ws *workerState) subscribeOnce(ep string) error {
 			if err != nil {
 				return fmt.Errorf("cannot read monitor event: %w", err)
 			}
-			// What came before the disconnection is queued first.
-			if err := ws.receive(sock, ws.m.cfg.RcvHWM); err != nil {
-				return err
+			r := peerRank(eps, addr)
+			if r < 0 {
+				// What came before the disconnection is queued first.
+				if err := ws.receive(sock, ws.m.cfg.RcvHWM); err != nil {
+					return err
+				}
+				return fmt.Errorf("publisher %s disconnected (it stopped, or sent a message over %d bytes)", addr, maxMessageBytes)
 			}
-			return fmt.Errorf("publisher %s disconnected (it stopped, or sent a message over %d bytes)", addr, maxMessageBytes)
+			if redial[r].IsZero() {
+				ws.logf("KV event publisher disconnected (it stopped, or sent a message over the size limit), reconnecting", "endpoint", eps[r], "max_bytes", maxMessageBytes)
+				_ = sock.Disconnect(eps[r]) // gone already when ZMQ dropped it
+				redial[r], pending = time.Now().Add(ws.m.cfg.ReconnectDelay), pending+1
+			}
 		}
 	}
 	return nil
+}
+
+// peerRank returns the rank whose endpoint in eps (rankEndpoint's, all on
+// one host) has the port of addr, a monitor event's peer address; -1 when
+// none has.
+func peerRank(eps []string, addr string) int {
+	i := lastColon(addr)
+	if i < 0 {
+		return -1
+	}
+	for r, ep := range eps {
+		if j := lastColon(ep); j >= 0 && ep[j:] == addr[i:] {
+			return r
+		}
+	}
+	return -1
 }
 
 // monitorSeq names the SUB sockets' monitor endpoints.
