@@ -57,6 +57,10 @@ type relay struct {
 	// passthrough Responses stream (-1: none yet), for its error event.
 	lastSeq  int64
 	trackSeq bool
+	// engineErr: the engine's stream, relayed as it came (or usage
+	// filtered), carried an error event (carriesError); the answer ends
+	// as an upstream error though the stream may end cleanly after it.
+	engineErr bool
 }
 
 var relayPool = sync.Pool{New: func() any { return &relay{} }}
@@ -93,6 +97,7 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 			p := r.buf[:r.held+n]
 			if r.st != nil {
 				p = r.st.feed(p) // may be empty: read again
+				r.noteEngineError(p)
 			}
 			if len(p) > 0 {
 				m, werr := r.emit(w, p, hold)
@@ -166,6 +171,9 @@ func (r *relay) Read(p []byte) (int, error) {
 	n, err := r.up.read(p)
 	if n > 0 {
 		r.rs.scanUsage(p[:n])
+		if r.sse {
+			r.noteEngineError(p[:n])
+		}
 		r.noteTail(p[:n])
 		r.armWrite()
 	}
@@ -240,6 +248,7 @@ func (r *relay) writeEvents(w io.Writer, p []byte) (int, error) {
 		if r.trackSeq {
 			r.noteSeq(p[:cut])
 		}
+		r.noteEngineError(p[:cut])
 		n, err = r.write(w, p[:cut])
 	}
 	r.held = copy(r.buf, p[cut:])
@@ -265,6 +274,53 @@ func (r *relay) noteSeq(p []byte) {
 	}
 	if j > i {
 		r.lastSeq = n
+	}
+}
+
+var (
+	quotedError        = []byte(`"error"`)
+	afterObjectKey     = []byte(`"object":`)
+	afterTypeKey       = []byte(`"type":`)
+	typeResponseFailed = []byte(`"type":"response.failed"`)
+)
+
+// noteEngineError records whether the bytes p of a relayed event stream
+// (not a converted one: its converter judges the engine's chunks) carry
+// the engine's error event.
+func (r *relay) noteEngineError(p []byte) {
+	if r.engineErr || !r.sse || r.st != nil && r.st.conv != nil {
+		return
+	}
+	r.engineErr = carriesError(p) || r.rs.proto.api == protocol.Responses && bytes.Contains(p, typeResponseFailed)
+}
+
+// carriesError reports whether an engine's event stream bytes hold an
+// error object: "error" as an object's first key with a value other than
+// null ({"error":{...}}: OpenAI's, vLLM's and SGLang's error event), or
+// "error" as the value of "object" (older vLLM's error event) or of
+// "type" (Anthropic's and the Responses API's). A quote inside a JSON
+// string is escaped, so no model text (say "content":"error") matches.
+func carriesError(p []byte) bool {
+	for {
+		i := bytes.Index(p, quotedError)
+		if i < 0 {
+			return false
+		}
+		pre := bytes.TrimRight(p[:i], " ")
+		rest := p[i+len(quotedError):]
+		switch {
+		case bytes.HasSuffix(pre, afterObjectKey), bytes.HasSuffix(pre, afterTypeKey):
+			return true
+		case len(pre) > 0 && pre[len(pre)-1] == '{':
+			v := bytes.TrimLeft(rest, " ")
+			if len(v) > 0 && v[0] == ':' {
+				v = bytes.TrimLeft(v[1:], " ")
+				if len(v) > 0 && v[0] != 'n' {
+					return true
+				}
+			}
+		}
+		p = rest
 	}
 }
 
@@ -489,6 +545,7 @@ func (r *relay) readStaged(p []byte) (int, error) {
 		if n > 0 {
 			r.rs.scanUsage(r.buf[:n])
 			r.pending = r.st.feed(r.buf[:n])
+			r.noteEngineError(r.pending)
 			r.armWrite()
 			if r.convFailed() {
 				break
@@ -539,6 +596,16 @@ func (r *relay) CloseWithError(err error) error {
 		r.up.finish(false)
 		outcome = sched.OutcomeNeutral
 		end = endClientGone
+	case r.upEOF && r.engineErr:
+		// The engine reported its own failure inside a stream it then
+		// ended: the client has the engine's error event; the answer is
+		// the worker's failure, as a converted stream's error chunk is.
+		r.up.finish(!r.cutAfterEnd)
+		f := fail(failBroken, errEngineStreamError)
+		mMidStreamErr.Inc()
+		logUpstreamError(rs.lease.Worker, f)
+		outcome = f.outcome()
+		end = endUpstreamErr
 	case r.upEOF:
 		r.up.finish(!r.cutAfterEnd)
 	default:

@@ -198,3 +198,58 @@ func TestAnEnginesKeepAlivesReachAConvertedStream(t *testing.T) {
 		}
 	}
 }
+
+// An engine that reports a failure inside a stream it relays as it came
+// (vLLM and SGLang send data: {"error":{...}}, older vLLM
+// {"object":"error",...}, then data: [DONE]) failed the request: the
+// client gets the engine's events unchanged, and the answer is counted and
+// logged as the worker's failure ("end":"upstream_error", a mid-stream
+// error, a failure on the worker), as a converted stream's error chunk is.
+// It used to count as a complete stream. A model whose text is "error" or
+// holds a quoted {"error": ...} (escaped inside its JSON string) is a
+// complete stream.
+func TestAnEngineErrorEventInARelayedStreamIsTheWorkersFailure(t *testing.T) {
+	const chunk = `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":%s},"finish_reason":null}]}` + "\n\n"
+	filtered := `{"model":"m","stream":true,"stream_options":{"include_usage":false},"messages":[{"role":"user","content":"hi"}]}`
+	plainStream := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct {
+		name, body, event string
+		failed            bool
+	}{
+		{"vllm error object", plainStream, `data: {"error":{"message":"engine blew up","type":"InternalServerError","param":null,"code":500}}` + "\n\n", true},
+		{"older vllm error", plainStream, `data: {"object":"error","message":"engine blew up","type":"InternalServerError","param":null,"code":500}` + "\n\n", true},
+		{"usage filtered", filtered, `data: {"error": {"message":"engine blew up","code":500}}` + "\n\n", true},
+		{"text that says error", plainStream, fmt.Sprintf(chunk, `"error"`), false},
+		{"text holding an error object", plainStream, fmt.Sprintf(chunk, `"{\"error\": \"x\"}"`), false},
+		{"a null error field", plainStream, `data: {"error":null,"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":null}]}` + "\n\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := startRaw(t, func(n int, req string, c net.Conn) {
+				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+				for _, ev := range []string{fmt.Sprintf(chunk, `"hi"`), tc.event,
+					`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\n", "data: [DONE]\n\n"} {
+					fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+					time.Sleep(5 * time.Millisecond)
+				}
+				c.Write([]byte("0\r\n\r\n"))
+			})
+			r, lines, _ := accessRouter(t, "", up.url)
+			before := midStreamErrors()
+			resp, b := send(t, "POST", r.url+"/v1/chat/completions", "", "s", tc.body)
+			if resp.StatusCode != 200 || !strings.Contains(b, tc.event) || strings.Count(b, "data: [DONE]") != 1 {
+				t.Fatalf("%d %q", resp.StatusCode, b)
+			}
+			_, fails := r.fl.Get("w0").Counts()
+			l := byRequestID(lines())["s"]
+			if tc.failed {
+				if l == nil || l["end"] != "upstream_error" || midStreamErrors() != before+1 || fails != 1 {
+					t.Fatalf("engine error event: access log %v, mid-stream errors %d -> %d, worker failures %d", l, before, midStreamErrors(), fails)
+				}
+				return
+			}
+			if l == nil || l["end"] != "complete" || midStreamErrors() != before || fails != 0 {
+				t.Fatalf("no error: access log %v, mid-stream errors %d -> %d, worker failures %d", l, before, midStreamErrors(), fails)
+			}
+		})
+	}
+}
