@@ -55,7 +55,9 @@ func hiddenModel(ctx *fasthttp.RequestCtx, u *govern.User, model []byte) bool {
 	return true
 }
 
-// handleTokenize answers {"tokens":[...],"count":N,"max_model_len":0}.
+// handleTokenize answers {"tokens":[...],"count":N,"max_model_len":0},
+// with "truncated":true (and "estimated_count") when the router encoded
+// only part of the prompt.
 func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx, u *govern.User) {
 	rs := s.debugBody(ctx)
 	if rs == nil {
@@ -89,7 +91,18 @@ func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx, u *govern.User) {
 	}
 	b = append(b, `],"count":`...)
 	b = strconv.AppendInt(b, int64(len(rs.tokens)), 10)
-	b = append(b, `,"max_model_len":0}`...)
+	b = append(b, `,"max_model_len":0`...)
+	// The router encodes only a bounded part of a costly prompt (its
+	// leading part, or nothing: --router-tokenize-max-bytes, the tool and
+	// message bounds): say so, with its estimate of the whole, rather
+	// than answer a count that looks like the prompt's.
+	if rs.tokSkip {
+		b = append(b, `,"truncated":true`...)
+	} else if rs.tokCut > 0 && rs.tokCut < rs.tokText {
+		b = append(b, `,"truncated":true,"estimated_count":`...)
+		b = strconv.AppendInt(b, int64(rs.promptTokens()), 10)
+	}
+	b = append(b, '}')
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
 }

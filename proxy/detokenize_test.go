@@ -75,3 +75,53 @@ func FuzzDetokenizeBody(f *testing.F) {
 		}
 	})
 }
+
+// /tokenize answers what the router encodes; for a prompt it encodes only
+// in part (past --router-tokenize-max-bytes) or not at all (more tools
+// than the router renders) it says so, "truncated":true with its estimate
+// of the whole, where it used to answer a count that looked like the
+// prompt's (0 tokens for the tools). A prompt encoded whole has neither
+// field, as vLLM's answer.
+func TestTokenizeSaysWhenItEncodedOnlyPartOfThePrompt(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizeMaxBytes = "kv-aware", 4096
+	r := startRouter(t, f, nil, up.url)
+	type answer struct {
+		Tokens    []uint32 `json:"tokens"`
+		Count     int      `json:"count"`
+		Truncated *bool    `json:"truncated"`
+		Estimate  *int     `json:"estimated_count"`
+	}
+	ask := func(body string) answer {
+		t.Helper()
+		code, b := post(t, r.url+"/tokenize", body)
+		var a answer
+		if code != 200 || json.Unmarshal([]byte(b), &a) != nil {
+			t.Fatalf("%d %.300s", code, b)
+		}
+		return a
+	}
+	chat := func(content, extra string) string {
+		return `{"model":"m",` + extra + `"messages":[{"role":"user","content":"` + content + `"}]}`
+	}
+	if a := ask(chat("hello there", "")); a.Truncated != nil || a.Estimate != nil || a.Count == 0 || a.Count != len(a.Tokens) {
+		t.Fatalf("a short chat: %+v", a)
+	}
+	long := ask(chat(strings.Repeat("lorem ipsum dolor sit amet ", 2000), "")) // 54 KB
+	if long.Truncated == nil || !*long.Truncated || long.Estimate == nil || *long.Estimate < 5*long.Count || long.Count != len(long.Tokens) {
+		t.Fatalf("a chat past the bound: count %d, truncated %v, estimate %v", long.Count, long.Truncated, long.Estimate)
+	}
+	var tools strings.Builder
+	tools.WriteString(`"tools":[`)
+	for i := 0; i < maxRouteElems+1; i++ {
+		if i > 0 {
+			tools.WriteByte(',')
+		}
+		tools.WriteString(`{"type":"function","function":{"name":"f","parameters":{}}}`)
+	}
+	tools.WriteString(`],`)
+	if a := ask(chat("hello", tools.String())); a.Truncated == nil || !*a.Truncated || a.Estimate != nil || a.Count != 0 {
+		t.Fatalf("a chat with more tools than the router renders: %+v", a)
+	}
+}
