@@ -11,6 +11,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/jinja"
 	"github.com/infera/infera/protocol"
 	"github.com/infera/infera/sched"
 	"github.com/infera/infera/tokenizer"
@@ -518,8 +519,11 @@ func (s *Server) countTokens(ctx *fasthttp.RequestCtx, rs *reqState, chat []byte
 		}
 	}
 	if err != nil {
-		writeProtoError(ctx, protocol.Anthropic, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest,
-			Message: "messages: the prompt cannot be rendered with the model's chat template"})
+		msg := "messages: the prompt cannot be rendered with the model's chat template"
+		if jinja.IsLimit(err) {
+			msg = "messages: the prompt is beyond what the router renders to count (its tools' values, nesting or the template's work)"
+		}
+		writeProtoError(ctx, protocol.Anthropic, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest, Message: msg})
 		return
 	}
 	n := tokenizer.Cut(tok, rs.render, limit)

@@ -125,6 +125,13 @@ const (
 	toolsCacheEntries = 64
 	toolsCacheBytes   = 4 << 20   // of JSON text cached, all entries together
 	toolsCacheMaxLen  = 256 << 10 // larger tools arrays are parsed every time
+	// MaxToolValues bounds the values (scalars and containers) of a tools
+	// array the renderer parses: each costs about 500 bytes and 1 us, so a
+	// tools array of 120,000 tiny values cost 61 MB and 120 ms per render
+	// (varied, so never cached). Past it the render stops with a limit
+	// error (jinja.IsLimit). Real tool schemas hold some tens of values a
+	// tool.
+	MaxToolValues = 16384
 )
 
 // parse returns the value of the JSON tools array (undefined for blank
@@ -139,7 +146,7 @@ func (c *toolsCache) parse(tools []byte, dump func(jinja.Value) jinja.Value) (ji
 	if ok {
 		return v, nil
 	}
-	v, err := jinja.FromJSON(tools)
+	v, err := jinja.FromJSONMax(tools, MaxToolValues)
 	if err != nil {
 		return jinja.Undefined(), err
 	}
