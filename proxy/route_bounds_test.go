@@ -6,6 +6,23 @@ import (
 	"testing"
 )
 
+// routedAlloc sends body to r's chat endpoint and returns what the process
+// allocated while it was answered (200 expected).
+func routedAlloc(t *testing.T, r *testRouter, body string) uint64 {
+	t.Helper()
+	runtime.GC()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	code, b := post(t, r.url+"/v1/chat/completions", body)
+	runtime.ReadMemStats(&m1)
+	if code != 200 {
+		t.Fatalf("%d %.300s", code, b)
+	}
+	alloc := m1.TotalAlloc - m0.TotalAlloc
+	t.Logf("body %d bytes, allocated %d MB (%.0fx)", len(body), alloc>>20, float64(alloc)/float64(len(body)))
+	return alloc
+}
+
 // An assistant message with many tool calls was rendered whole for
 // routing however far it ran past --router-tokenize-max-bytes (the message
 // that crosses the limit is always included): every call decoded and two
@@ -24,16 +41,7 @@ func TestManyToolCallsInOneMessageAreNotRenderedForRouting(t *testing.T) {
 	body := `{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"x","tool_calls":[` +
 		strings.TrimSuffix(strings.Repeat(`{"function":{"name":"a","arguments":"b"}},`, calls), ",") + `]}]}`
 	post(t, r.url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"warm"}]}`)
-	runtime.GC()
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	code, b := post(t, r.url+"/v1/chat/completions", body)
-	runtime.ReadMemStats(&m1)
-	if code != 200 {
-		t.Fatalf("%d %.300s", code, b)
-	}
-	alloc := m1.TotalAlloc - m0.TotalAlloc
-	t.Logf("body %d bytes, allocated %d MB (%.0fx)", len(body), alloc>>20, float64(alloc)/float64(len(body)))
+	alloc := routedAlloc(t, r, body)
 	if alloc > 24*uint64(len(body)) {
 		t.Fatalf("a %d-byte body with %d tool calls allocated %d MB while routed (%.0fx its size)",
 			len(body), calls, alloc>>20, float64(alloc)/float64(len(body)))
@@ -54,16 +62,7 @@ func TestToolsWithinTheByteLimitCostAboutTheirSize(t *testing.T) {
 	const n = 131000
 	body := `{"model":"m","tools":[` + strings.TrimSuffix(strings.Repeat(`0,`, n), ",") +
 		`],"messages":[{"role":"user","content":"hi"}]}`
-	runtime.GC()
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	code, b := post(t, r.url+"/v1/chat/completions", body)
-	runtime.ReadMemStats(&m1)
-	if code != 200 {
-		t.Fatalf("%d %.300s", code, b)
-	}
-	alloc := m1.TotalAlloc - m0.TotalAlloc
-	t.Logf("body %d bytes, allocated %d MB (%.0fx)", len(body), alloc>>20, float64(alloc)/float64(len(body)))
+	alloc := routedAlloc(t, r, body)
 	if alloc > 24*uint64(len(body)) {
 		t.Fatalf("a %d-byte body with %d-byte tools allocated %d MB while routed (%.0fx its size)",
 			len(body), 2*n+1, alloc>>20, float64(alloc)/float64(len(body)))
@@ -85,16 +84,7 @@ func TestDocumentsWithinTheByteLimitCostAboutTheirSize(t *testing.T) {
 	const n = 131000
 	body := `{"model":"m","documents":[{"text":[` + strings.TrimSuffix(strings.Repeat(`0,`, n), ",") +
 		`]}],"messages":[{"role":"user","content":"hi"}]}`
-	runtime.GC()
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	code, b := post(t, r.url+"/v1/chat/completions", body)
-	runtime.ReadMemStats(&m1)
-	if code != 200 {
-		t.Fatalf("%d %.300s", code, b)
-	}
-	alloc := m1.TotalAlloc - m0.TotalAlloc
-	t.Logf("body %d bytes, allocated %d MB (%.0fx)", len(body), alloc>>20, float64(alloc)/float64(len(body)))
+	alloc := routedAlloc(t, r, body)
 	if alloc > 24*uint64(len(body)) {
 		t.Fatalf("a %d-byte body with %d values in its documents allocated %d MB while routed (%.0fx its size)",
 			len(body), n, alloc>>20, float64(alloc)/float64(len(body)))
@@ -116,16 +106,7 @@ func TestToolsOfManyValuesCostNoMoreThanTheirBound(t *testing.T) {
 	const n = 120000
 	body := `{"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","enum":[` +
 		strings.TrimSuffix(strings.Repeat(`0,`, n), ",") + `]}}}],"messages":[{"role":"user","content":"hi"}]}`
-	runtime.GC()
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	code, b := post(t, r.url+"/v1/chat/completions", body)
-	runtime.ReadMemStats(&m1)
-	if code != 200 {
-		t.Fatalf("%d %.300s", code, b)
-	}
-	alloc := m1.TotalAlloc - m0.TotalAlloc
-	t.Logf("body %d bytes, allocated %d MB (%.0fx)", len(body), alloc>>20, float64(alloc)/float64(len(body)))
+	alloc := routedAlloc(t, r, body)
 	if alloc > 16<<20 {
 		t.Fatalf("a %d-byte body with %d values in one tool allocated %d MB while routed", len(body), n, alloc>>20)
 	}
