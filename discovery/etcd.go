@@ -18,6 +18,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 )
 
 // DefaultEtcdPrefix is where worker records live: <prefix><id>.
@@ -134,11 +136,27 @@ func NewEtcdClient(cfg EtcdConfig) (*clientv3.Client, error) {
 		Password:             cfg.Password,
 		Logger:               zap.NewNop(),
 		RejectOldCluster:     false,
+		DialOptions:          []grpc.DialOption{grpc.WithConnectParams(reconnectParams(cfg.DialTimeout))},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot create etcd client for %v: %w", eps, err)
 	}
 	return cli, nil
+}
+
+// reconnectParams bounds how long the client waits between attempts to
+// reconnect to an etcd that went away. gRPC's default backoff grows to
+// 120 s: after an outage of a minute or more the client came back up to
+// two minutes after etcd did, the watcher serving a stale list meanwhile
+// and a worker's lease, renewed by etcd's restart for one TTL, expiring
+// before its heartbeat reached etcd again (the worker left the fleet until
+// it registered again). Attempts every 2 s at most notice etcd within a
+// probe interval and well within a lease TTL.
+func reconnectParams(dialTimeout time.Duration) grpc.ConnectParams {
+	return grpc.ConnectParams{
+		Backoff:           grpcbackoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+		MinConnectTimeout: dialTimeout,
+	}
 }
 
 // EtcdWatcher lists and watches the worker prefix and keeps a Sink in step.

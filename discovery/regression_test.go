@@ -119,3 +119,44 @@ func TestKubeWatchEndingAtOnceIsNotRetriedInATightLoop(t *testing.T) {
 		t.Fatal("the API answers: discovery should stay healthy")
 	}
 }
+
+// After an outage of a minute, etcd's clients came back up to two minutes
+// after etcd did (gRPC's reconnect backoff grows to 120 s): in 50 s
+// outages the watcher served its stale list for 13-27 s more, and a
+// worker's lease, which etcd's restart renews for one TTL, expired before
+// its heartbeat got through, so the worker left the fleet until it
+// registered again. The clients now retry every 2 s at most.
+func TestEtcdClientsReconnectSoonAfterALongOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 50 s etcd outage")
+	}
+	e := testsrv.StartEtcd(t)
+	ctx := context.Background()
+	w := startWatcher(t, EtcdConfig{Endpoints: []string{e.Endpoint}}, newMemSink())
+	cli := etcdClient(t, e.Endpoint)
+	reg := NewEtcdRegistrar(cli, "", 10*time.Second)
+	if err := reg.Register(ctx, rec("w1", "http://127.0.0.1:8100")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Deregister(context.Background()) })
+
+	e.Stop()
+	waitFor(t, 10*time.Second, "the outage noticed", func() bool { ok, _ := w.Health(); return !ok })
+	time.Sleep(50 * time.Second) // long enough for gRPC's default backoff to pass 20 s
+	e.Start()
+	back := time.Now()
+
+	fresh := etcdClient(t, e.Endpoint) // a new client connects at once
+	for time.Since(back) < 12*time.Second {
+		if ok, _ := w.Health(); !ok && time.Since(back) > 6*time.Second {
+			t.Fatalf("the watcher still says etcd is unreachable %v after it came back", time.Since(back).Round(time.Second))
+		}
+		gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		resp, err := fresh.Get(gctx, DefaultEtcdPrefix+"w1")
+		cancel()
+		if err == nil && len(resp.Kvs) == 0 {
+			t.Fatalf("worker w1's record vanished %v after etcd came back: its heartbeat did not reach etcd within its lease", time.Since(back).Round(100*time.Millisecond))
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
