@@ -113,7 +113,8 @@ func (r *EtcdRegistrar) keepAlive(ctx context.Context, lease clientv3.LeaseID, d
 	}
 }
 
-// Update re-puts rec (e.g. Status DRAINING) under the current lease.
+// Update re-puts rec (e.g. Status DRAINING) under the current lease, unless
+// the record is no longer this registration's (ownsKey).
 func (r *EtcdRegistrar) Update(ctx context.Context, rec fleet.Record) error {
 	if err := rec.Validate(); err != nil {
 		return err
@@ -133,13 +134,26 @@ func (r *EtcdRegistrar) Update(ctx context.Context, rec fleet.Record) error {
 	r.rec = rec
 	tctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	if _, err := r.cli.Put(tctx, r.key, string(val), clientv3.WithLease(r.lease)); err != nil {
+	resp, err := r.cli.Txn(tctx).If(r.ownsKey()).Then(clientv3.OpPut(r.key, string(val), clientv3.WithLease(r.lease))).Commit()
+	if err != nil {
 		return fmt.Errorf("cannot put %s: %w", r.key, err)
+	}
+	if !resp.Succeeded {
+		slog.Warn("etcd registrar: the record is no longer this registration's (another sidecar registered this id since); left as it is", "key", r.key)
 	}
 	return nil
 }
 
-// Deregister stops the heartbeat, deletes the record and revokes the lease.
+// ownsKey compares r.key's lease with this registration's: a sidecar that
+// registered the same id since (a rollout's new Pod with a fixed --id)
+// put the record under its own lease, and it is not this one's to change
+// or delete. Lock must be held.
+func (r *EtcdRegistrar) ownsKey() clientv3.Cmp {
+	return clientv3.Compare(clientv3.LeaseValue(r.key), "=", r.lease)
+}
+
+// Deregister stops the heartbeat, deletes the record (unless it is no
+// longer this registration's: ownsKey) and revokes the lease.
 func (r *EtcdRegistrar) Deregister(ctx context.Context) error {
 	r.mu.Lock()
 	cancel, done := r.cancel, r.done
@@ -154,7 +168,7 @@ func (r *EtcdRegistrar) Deregister(ctx context.Context) error {
 	defer r.mu.Unlock()
 	tctx, c := context.WithTimeout(ctx, r.timeout)
 	defer c()
-	_, err := r.cli.Delete(tctx, r.key)
+	_, err := r.cli.Txn(tctx).If(r.ownsKey()).Then(clientv3.OpDelete(r.key)).Commit()
 	if _, rerr := r.cli.Revoke(tctx, r.lease); err == nil && rerr != nil {
 		err = rerr
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -158,5 +159,50 @@ func TestEtcdClientsReconnectSoonAfterALongOutage(t *testing.T) {
 			t.Fatalf("worker w1's record vanished %v after etcd came back: its heartbeat did not reach etcd within its lease", time.Since(back).Round(100*time.Millisecond))
 		}
 		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// Two sidecars with one id (a rollout's new Pod with a fixed --id): the
+// newer registration's record replaces the older's, and the older one's
+// drain then marked it DRAINING under its own lease and deleted it, so
+// the newer sidecar, alive and heartbeating, left the fleet for good (its
+// lease was never lost, so it never registered again). The older one now
+// changes and deletes the record only while it is still its own.
+func TestAnOlderRegistrationsDrainLeavesTheNewerOnesRecord(t *testing.T) {
+	e := testsrv.StartEtcd(t)
+	ctx := context.Background()
+	sink := newMemSink()
+	startWatcher(t, EtcdConfig{Endpoints: []string{e.Endpoint}}, sink)
+	cli := etcdClient(t, e.Endpoint)
+	old := NewEtcdRegistrar(cli, "", 5*time.Second)
+	if err := old.Register(ctx, rec("w1", "http://127.0.0.1:8100")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the old sidecar discovered", func() bool { r, _ := sink.get("w1"); return r.URL == "http://127.0.0.1:8100" })
+	newer := NewEtcdRegistrar(cli, "", 5*time.Second)
+	if err := newer.Register(ctx, rec("w1", "http://127.0.0.1:8101")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { newer.Deregister(context.Background()) })
+	waitFor(t, 5*time.Second, "the new sidecar discovered", func() bool { r, _ := sink.get("w1"); return r.URL == "http://127.0.0.1:8101" })
+
+	drained := rec("w1", "http://127.0.0.1:8100")
+	drained.Status = fleet.StatusDraining
+	if err := old.Update(ctx, drained); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Deregister(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // events, if any, reach the watcher
+	if r, ok := sink.get("w1"); !ok || r.URL != "http://127.0.0.1:8101" || r.Status == fleet.StatusDraining {
+		t.Fatalf("after the old sidecar drained, the fleet has w1 %v %+v; want the new sidecar's ACTIVE record", ok, r)
+	}
+	resp, err := cli.Get(ctx, DefaultEtcdPrefix+"w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 || !strings.Contains(string(resp.Kvs[0].Value), "8101") {
+		t.Fatalf("etcd holds %v for w1; want the new sidecar's record", resp.Kvs)
 	}
 }
