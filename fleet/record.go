@@ -61,6 +61,11 @@ func (r *Record) Validate() error {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("worker record %q: url must be http(s)://host:port", r.ID)
 	}
+	if port := u.Port(); strings.HasSuffix(u.Host, ":") || port != "" && !validPort(port) {
+		// The worker's address would be host::80 or a port nothing
+		// listens on: every request to it fails to connect.
+		return fmt.Errorf("worker record %q: url port must be 1-65535", r.ID)
+	}
 	if u.User != nil { // it would be logged and shown; engine keys go in headers
 		return fmt.Errorf("worker record %q: url must not hold credentials", r.ID)
 	}
@@ -120,6 +125,13 @@ func checkZMQEndpoint(ep string, dpSize int) error {
 		return fmt.Errorf("kv endpoint %q: want tcp://host:port with port + dp_size - 1 <= 65535", ep)
 	}
 	return nil
+}
+
+// validPort reports whether p (digits, as url.Parse leaves it) is a TCP
+// port a worker can listen on.
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
 }
 
 // dedupe drops repeated entries of ms, keeping the first of each.

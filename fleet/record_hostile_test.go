@@ -137,3 +137,23 @@ func TestARefusedWorkerLeavesNoGaugesBehind(t *testing.T) {
 		t.Errorf("removed worker still exported: %q", l)
 	}
 }
+
+// A worker url with an empty or out-of-range port was admitted and
+// routed to: "http://127.0.0.1:" became the address 127.0.0.1::80, and
+// ports 0 and 99999 cannot be dialled, so every request picked for the
+// worker failed to connect (503 no_workers_reachable when it was the only
+// one). Such a record is refused as a bad one.
+func TestAWorkerURLWithAnUnusablePortIsRefused(t *testing.T) {
+	for _, u := range []string{"http://127.0.0.1:", "http://127.0.0.1:0", "http://127.0.0.1:99999", "https://[::1]:", "http://[::1]:65536"} {
+		r := Record{ID: "w1", URL: u, Models: []string{"m"}}
+		if err := r.Validate(); err == nil {
+			t.Errorf("%s: accepted", u)
+		}
+	}
+	for _, u := range []string{"http://127.0.0.1", "http://127.0.0.1:1", "http://127.0.0.1:65535", "https://[::1]", "http://[::1]:8000", "http://engine.local:8100/"} {
+		r := Record{ID: "w1", URL: u, Models: []string{"m"}}
+		if err := r.Validate(); err != nil {
+			t.Errorf("%s: %v", u, err)
+		}
+	}
+}
