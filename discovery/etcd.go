@@ -346,12 +346,16 @@ func (w *EtcdWatcher) list(ctx context.Context) (int64, error) {
 			recs = append(recs, rec)
 		}
 	}
-	for _, err := range w.sink.Sync(recs) {
-		w.st.badRecord("sync", err)
-	}
 	clear(w.known)
 	for _, r := range recs {
 		w.known[r.ID] = true
+	}
+	for _, err := range w.sink.Sync(recs) {
+		w.st.badRecord("sync", err)
+		// Not in the fleet, as a refused watch event is not.
+		if se := (*fleet.SkippedError)(nil); errors.As(err, &se) {
+			delete(w.known, se.ID)
+		}
 	}
 	w.setWorkers()
 	w.rev.Store(resp.Header.Revision)

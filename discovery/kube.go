@@ -302,6 +302,14 @@ func (w *KubeWatcher) list(ctx context.Context) error {
 	}
 	for _, err := range w.sink.Sync(recs) {
 		w.st.badRecord("sync", err)
+		// Not routed, as a refused watch event's Pod is not.
+		if se := (*fleet.SkippedError)(nil); errors.As(err, &se) {
+			for k, r := range w.byPod {
+				if r.ID == se.ID {
+					delete(w.byPod, k)
+				}
+			}
+		}
 	}
 	w.rv = pl.Metadata.ResourceVersion
 	w.setWorkers()

@@ -206,3 +206,61 @@ func TestAnOlderRegistrationsDrainLeavesTheNewerOnesRecord(t *testing.T) {
 		t.Fatalf("etcd holds %v for w1; want the new sidecar's record", resp.Kvs)
 	}
 }
+
+// A record the fleet refuses (here its transport disagrees with the
+// server's) is no worker, whether the watcher saw it in a watch event or
+// in a list: the list counted it, so after a restart or a relist /health
+// said "3 workers" and infera_discovery_workers was 3 for a fleet of 2,
+// where the watch had said 2.
+func TestARecordTheFleetRefusesIsNotCountedAfterAList(t *testing.T) {
+	e := testsrv.StartEtcd(t)
+	ctx := context.Background()
+	cli := etcdClient(t, e.Endpoint)
+	for _, kv := range [][2]string{
+		{"/infera/workers/w1", `{"id":"w1","url":"http://127.0.0.1:8100","models":["m"]}`},
+		{"/infera/workers/w2", `{"id":"w2","url":"http://127.0.0.1:8101","models":["m"],"request_transport":"nats"}`},
+	} {
+		if _, err := cli.Put(ctx, kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fl := fleet.NewFleet(fleet.BreakerConfig{})
+	t.Cleanup(fl.Close)
+	fl.AddHook(&AgreementHook{RequestTransport: "http", KVTransport: "zmq"})
+	w := startWatcher(t, EtcdConfig{Endpoints: []string{e.Endpoint}}, fl)
+	if n := len(fl.View().All); n != 1 {
+		t.Fatalf("the fleet has %d workers, want 1", n)
+	}
+	if _, detail := w.Health(); !strings.Contains(detail, "(1 workers") {
+		t.Fatalf("health says %q for a fleet of 1", detail)
+	}
+
+	f := newFakeKube("tok")
+	srv := startFakeKube(t, f)
+	for i, ann := range []string{
+		`{"id":"k1","url":"http://10.0.0.1:8100","models":["m"]}`,
+		`{"id":"k2","url":"http://10.0.0.2:8100","models":["m"],"request_transport":"nats"}`,
+	} {
+		f.set(podSpec{ns: "ns", name: fmt.Sprintf("p%d", i), labels: workerLabels, phase: "Running", ready: true, ann: strp(ann)}, false)
+	}
+	kfl := fleet.NewFleet(fleet.BreakerConfig{})
+	t.Cleanup(kfl.Close)
+	kfl.AddHook(&AgreementHook{RequestTransport: "http", KVTransport: "zmq"})
+	kw, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "tok"}, KubeWatcherConfig{Namespace: "ns", LabelSelector: "app=infera,tier=worker"}, kfl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kw.Start()
+	t.Cleanup(kw.Close)
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := kw.WaitSynced(wctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(kfl.View().All); n != 1 {
+		t.Fatalf("the Kubernetes fleet has %d workers, want 1", n)
+	}
+	if _, detail := kw.Health(); !strings.Contains(detail, "(1 workers)") {
+		t.Fatalf("Kubernetes health says %q for a fleet of 1", detail)
+	}
+}

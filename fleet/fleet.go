@@ -131,9 +131,19 @@ func (f *Fleet) Remove(id string) {
 	}
 }
 
+// SkippedError is a record Sync skipped: the fleet holds no worker with
+// its ID (unless another record of rs had the same ID).
+type SkippedError struct {
+	ID  string
+	Err error
+}
+
+func (e *SkippedError) Error() string { return e.Err.Error() }
+func (e *SkippedError) Unwrap() error { return e.Err }
+
 // Sync makes the fleet exactly rs: unknown workers are added, changed ones
-// updated, missing ones removed. Invalid records are skipped and returned
-// as errors.
+// updated, missing ones removed. Invalid records, and records a hook
+// refused, are skipped and returned as errors (*SkippedError).
 func (f *Fleet) Sync(rs []Record) []error {
 	var errs []error
 	f.mu.Lock()
@@ -141,11 +151,11 @@ func (f *Fleet) Sync(rs []Record) []error {
 	keep := make(map[string]bool, len(rs))
 	for _, r := range rs {
 		if err := r.Validate(); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, &SkippedError{ID: r.ID, Err: err})
 			continue
 		}
 		if err := f.upsertLocked(r); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, &SkippedError{ID: r.ID, Err: err})
 			continue
 		}
 		keep[r.ID] = true
