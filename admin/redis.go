@@ -122,10 +122,13 @@ func newRedisStorage(a *Admin) (*redisStorage, error) {
 	if err := r.loadOrSeed(); err != nil {
 		return nil, err
 	}
-	a.store.SetReloadSink(func(c *config.Config) error {
+	a.store.SetReloadSink(func(c *config.Config, refsOnly bool) error {
 		// A hand edit of the config file is a write to the shared data.
 		a.mu.Lock()
 		defer a.mu.Unlock()
+		if refsOnly {
+			return r.rereadRefs()
+		}
 		a.pending.Store(&pendingChange{cfg: c, who: actor{Who: "config file"}, action: "reload"})
 		defer a.pending.Store(nil)
 		_, err := r.commit(c, 0, actor{Who: "config file"})
@@ -136,6 +139,39 @@ func newRedisStorage(a *Admin) (*redisStorage, error) {
 }
 
 func (r *redisStorage) kind() string { return "redis" }
+
+// rereadRefs resolves the secret references (env:, file:) of the config
+// this replica serves again: a SIGHUP with the config file unchanged asks
+// for a rotated key. Redis holds the references, not their values, and
+// every replica reads its own, so nothing is written there; and the file's
+// content is no change of the shared data (handed to Redis as one, it
+// overwrote every change made through the API since the file was written,
+// users and keys included, on every replica). a.mu must be held.
+func (r *redisStorage) rereadRefs() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cur, v := r.a.store.Current()
+	data, err := config.MarshalFile(cur)
+	if err != nil {
+		return err
+	}
+	next, err := config.Parse(data) // resolves the references again
+	if err != nil {
+		return err
+	}
+	was, now := cur.AppendSecretSlots(nil), next.AppendSecretSlots(nil)
+	changed := len(was) != len(now)
+	for i := 0; !changed && i < len(was); i++ {
+		changed = was[i].Secret.Reveal() != now[i].Secret.Reveal()
+	}
+	if !changed {
+		return nil
+	}
+	r.a.pending.Store(&pendingChange{cfg: next, who: actor{Who: "config file"}, action: "reload secret references"})
+	r.a.store.Replace(next, v)
+	r.a.pending.Store(nil)
+	return nil
+}
 
 // loadOrSeed adopts the data in Redis, or seeds an empty Redis with the
 // newest snapshot of --persist-snapshot-dir (migration to Redis) or else

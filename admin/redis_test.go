@@ -382,3 +382,49 @@ func writeRedisDoc(t *testing.T, e *env, rs *redisServer, edit func(map[string]a
 	c.Publish(context.Background(), "infera:admin:changes", v+1)
 	return v + 1
 }
+
+// A SIGHUP with the config file unchanged (log rotation, a certificate
+// renewal: systemctl reload) reads the file's secret references again, a
+// rotated key, and nothing else: with the data in Redis, the file's content
+// is no change of it. It was handed to Redis as one, so the users, keys and
+// settings made through the API since were gone on every replica (and with
+// no users left, the inference endpoints took requests without a key).
+func TestASIGHUPOnAnUnchangedConfigFileKeepsTheRedisData(t *testing.T) {
+	rs := startRedis(t)
+	tok := filepath.Join(t.TempDir(), "mirror-token")
+	if err := os.WriteFile(tok, []byte("mirror-token-one"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := `{"mirror": {"enabled": true, "target_address": "http://127.0.0.1:9", "sampling_ratio": 1, "auth_token": "file:` + tok + `"}}`
+	e := newEnv(t, envOpts{state: rs.url(), file: file})
+	b := newEnv(t, envOpts{state: rs.url(), file: file}) // replicas share the config file
+	if r := e.do("POST", "/api/users", `{"name":"alice"}`); r.status != 201 {
+		t.Fatalf("create user: %d %s", r.status, r.body)
+	}
+	e.put("session_affinity", `{"ttl_s":42}`, 200)
+	v := e.store.Version()
+	eventually(t, 3*time.Second, "replica B adopts the writes", func() bool { return b.store.Version() == v })
+
+	if err := os.WriteFile(tok, []byte("mirror-token-two"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.ReloadAsked(); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.store.Load().Mirror.AuthToken.Reveal(); got != "mirror-token-two" {
+		t.Fatalf("mirror token after SIGHUP %q, want the rotated one", got)
+	}
+	time.Sleep(500 * time.Millisecond) // the other replica's sync interval is 200 ms
+	for name, r := range map[string]*env{"the replica sent SIGHUP": e, "the other replica": b} {
+		c := r.store.Load()
+		if _, ok := findUser(c, "alice"); !ok || c.SessionAffinity.TTLSeconds != 42 {
+			t.Fatalf("%s lost the API's changes: users %d, ttl_s %v (version %d, was %d)", name, len(c.Users), c.SessionAffinity.TTLSeconds, r.store.Version(), v)
+		}
+	}
+	cl := redis.NewClient(&redis.Options{Addr: rs.addr()})
+	defer cl.Close()
+	doc, err := cl.HGet(context.Background(), "infera:admin:data", "doc").Result()
+	if err != nil || !strings.Contains(doc, `"alice"`) {
+		t.Fatalf("Redis lost the user: %v", err)
+	}
+}

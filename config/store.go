@@ -51,7 +51,7 @@ type Store struct {
 	onChange []func(old, cur *Config)
 	// sink, when set, receives configs read from the file instead of a local
 	// swap (shared storage: the change comes back through Replace).
-	sink func(c *Config) error
+	sink func(c *Config, refsOnly bool) error
 	// check, when set, is what a config must pass beyond Validate (SetCheck).
 	check func(c *Config) error
 }
@@ -200,8 +200,10 @@ func (s *Store) parseLocked(data []byte) (*Config, error) {
 // SetReloadSink makes file reloads hand the parsed config to f instead of
 // swapping it in: with shared storage (Redis) a hand edit of the file
 // becomes a write to the storage, and comes back to every replica through
-// Replace. nil restores local swaps.
-func (s *Store) SetReloadSink(f func(c *Config) error) {
+// Replace. refsOnly is true when the file did not change and was read again
+// only to resolve its secret references again (ReloadAsked, a rotated key):
+// then c is no change of the shared data. nil restores local swaps.
+func (s *Store) SetReloadSink(f func(c *Config, refsOnly bool) error) {
 	s.mu.Lock()
 	s.sink = f
 	s.mu.Unlock()
@@ -575,7 +577,8 @@ func (s *Store) reload(asked bool) (bool, error) {
 		slog.Error("config reload rejected; keeping previous config", "path", s.path, "err", err)
 		return false, err
 	}
-	if bytes.Equal(data, s.lastData) && !(asked && hasSecretRefs(data)) {
+	unchanged := bytes.Equal(data, s.lastData)
+	if unchanged && !(asked && hasSecretRefs(data)) {
 		// A broken edit reverted: the same broken bytes again later are a
 		// new edit, to be reported and counted again.
 		s.badData, s.badErr = nil, nil
@@ -607,8 +610,14 @@ func (s *Store) reload(asked bool) (bool, error) {
 		// The sink writes to shared storage and comes back through Replace,
 		// which takes the lock.
 		s.mu.Unlock()
-		if err := sink(c); err != nil {
+		if err := sink(c, unchanged); err != nil {
 			reloadsFailed.Inc()
+			if unchanged {
+				// Nothing of the file is to be stored: the next poll must not
+				// take it for a change.
+				slog.Error("secret references of the config file not read again; keeping the previous config", "path", s.path, "err", err)
+				return false, err
+			}
 			slog.Error("config file changed but cannot be stored; keeping previous config", "path", s.path, "err", err)
 			s.mu.Lock()
 			// Try again on the next poll (or SIGHUP).
@@ -617,7 +626,11 @@ func (s *Store) reload(asked bool) (bool, error) {
 			return false, err
 		}
 		reloadsOK.Inc()
-		slog.Info("config file changed; stored", "path", s.path)
+		if unchanged {
+			slog.Info("secret references of the config file read again", "path", s.path)
+		} else {
+			slog.Info("config file changed; stored", "path", s.path)
+		}
 		return true, nil
 	}
 	s.swap(c, s.ver.Load()+1)

@@ -143,7 +143,7 @@ func TestReloadSinkReceivesFileChanges(t *testing.T) {
 	s, path := openTemp(t, `{}`)
 	var got []*Config
 	fail := true
-	s.SetReloadSink(func(c *Config) error {
+	s.SetReloadSink(func(c *Config, _ bool) error {
 		if fail {
 			return errors.New("storage down")
 		}
