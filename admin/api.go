@@ -256,6 +256,7 @@ func (a *Admin) ifMatch(r *http.Request, required bool) (uint64, error) {
 		return 0, nil
 	}
 	cur, ver := a.store.Current()
+	etag := a.etag(cur, ver) // once: it encodes the whole config, and a header may list thousands of tags
 	weak := false
 	for _, t := range strings.Split(h, ",") {
 		t = strings.TrimSpace(t)
@@ -265,7 +266,7 @@ func (a *Admin) ifMatch(r *http.Request, required bool) (uint64, error) {
 			weak = true
 			continue
 		}
-		if t == a.etag(cur, ver) {
+		if t == etag {
 			return ver, nil
 		}
 	}

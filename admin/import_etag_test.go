@@ -1,8 +1,11 @@
 package admin
 
 import (
+	"fmt"
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 )
 
 // A dry-run import answers the ETag of the config its changes were listed
@@ -51,5 +54,28 @@ func TestADryRunImportInAnySpellingChangesNothing(t *testing.T) {
 	}
 	if r := e.do("POST", "/api/backup/import?dry_run=false", string(exp.body)); r.status != 200 || !e.store.Load().SessionAffinity.Enabled {
 		t.Fatalf("dry_run=false imports: %d %s", r.status, r.body)
+	}
+}
+
+// The current ETag is computed once per If-Match, however many tags the
+// header lists: computing it encodes the whole config, and it was computed
+// again for every tag, so one request whose If-Match was 60,000 commas kept
+// a core busy for 5 s on a default config (longer the more users).
+func TestAnIfMatchListingManyTagsCostsOneETag(t *testing.T) {
+	var doc strings.Builder
+	doc.WriteString(`{"users":[`)
+	for i := range 500 {
+		if i > 0 {
+			doc.WriteByte(',')
+		}
+		fmt.Fprintf(&doc, `{"name":"user-%d","template":"","enabled":true}`, i)
+	}
+	doc.WriteString(`]}`)
+	e := newEnv(t, envOpts{file: doc.String()})
+	tags := strings.Repeat(`"1-000000000000",`, 3000) + e.etag()
+	start := time.Now()
+	r := e.do("PATCH", "/api/config/debug", `{"decision_header":true}`, "If-Match", tags)
+	if took := time.Since(start); r.status != 200 || took > 3*time.Second {
+		t.Fatalf("If-Match of 3001 tags: %d in %v: %s", r.status, took, r.body)
 	}
 }
