@@ -370,10 +370,21 @@ type errConflict struct {
 
 func (e *errConflict) Error() string { return e.msg }
 
-// errUnavailable is a storage that cannot be reached.
-type errUnavailable struct{ err error }
+// errUnavailable is a storage that cannot be reached. maybeApplied is set
+// when a write was sent but not answered in time: Redis may still run it
+// (a stalled server, a reply lost on the way), and the replicas then adopt
+// it like any other write.
+type errUnavailable struct {
+	err          error
+	maybeApplied bool
+}
 
-func (e *errUnavailable) Error() string { return "management storage unavailable: " + e.err.Error() }
+func (e *errUnavailable) Error() string {
+	if e.maybeApplied {
+		return "management storage did not answer in time (" + e.err.Error() + "): the write may still be applied when it does; GET /api/version shows whether it was"
+	}
+	return "management storage unavailable: " + e.err.Error()
+}
 func (e *errUnavailable) Unwrap() error { return e.err }
 
 // casRetryFor bounds how long an unconditional change retries when other

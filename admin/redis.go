@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -287,7 +288,7 @@ func (r *redisStorage) cas(c *config.Config, data []byte, expect, by string) (ui
 		expect, string(data), time.Now().UTC().Format(time.RFC3339), by).Slice()
 	if err != nil {
 		r.mu.Unlock()
-		return 0, false, &errUnavailable{err: err}
+		return 0, false, &errUnavailable{err: err, maybeApplied: unanswered(err)}
 	}
 	if len(res) != 2 {
 		r.mu.Unlock()
@@ -317,6 +318,17 @@ func (r *redisStorage) cas(c *config.Config, data []byte, expect, by string) (ui
 	r.a.store.Replace(c, v)
 	r.mu.Unlock()
 	return v, false, nil
+}
+
+// unanswered reports whether err may have come after the command reached
+// Redis: a timeout other than the dial's. Redis then may still run it.
+func unanswered(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
 
 func (r *redisStorage) adopt(c *config.Config, v uint64, who actor, action string) {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -426,5 +427,41 @@ func TestASIGHUPOnAnUnchangedConfigFileKeepsTheRedisData(t *testing.T) {
 	doc, err := cl.HGet(context.Background(), "infera:admin:data", "doc").Result()
 	if err != nil || !strings.Contains(doc, `"alice"`) {
 		t.Fatalf("Redis lost the user: %v", err)
+	}
+}
+
+// A write Redis does not answer in time (a stalled server, a reply lost on
+// the way) is not known to have failed: Redis may run it once it goes on,
+// and the replicas then adopt it. The 503 says so; it said only
+// "management storage unavailable", which the docs read as "the write was
+// not applied", and the write landed (as here) once Redis resumed.
+func TestAWriteRedisDidNotAnswerInTimeSaysItMayStillLand(t *testing.T) {
+	rs := startRedis(t)
+	// No version poll holds the pooled connection when Redis stops, so the
+	// write goes out on it (a new connection's handshake would stall first).
+	e := newEnv(t, envOpts{state: rs.url(), syncInterval: time.Minute})
+	e.put("session_affinity", `{"ttl_s":66}`, 200) // Redis has the script: the next write is one EVALSHA
+	if err := rs.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			rs.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}
+	defer resume()
+	r := e.do("PATCH", "/api/config/session_affinity", `{"ttl_s":77}`, "If-Match", "*")
+	resume()
+	if _, msg := r.errPath(t); r.status != 503 || !strings.Contains(msg, "may still be applied") {
+		t.Fatalf("write Redis did not answer: %d %q", r.status, msg)
+	}
+	eventually(t, 3*time.Second, "the write lands once Redis goes on", func() bool { return e.store.Load().SessionAffinity.TTLSeconds == 77 })
+
+	rs.stop() // down: refused at once, and never applied
+	r = e.do("PATCH", "/api/config/session_affinity", `{"ttl_s":88}`, "If-Match", "*")
+	if _, msg := r.errPath(t); r.status != 503 || strings.Contains(msg, "may still be applied") {
+		t.Fatalf("write with Redis down: %d %q", r.status, msg)
 	}
 }
