@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"strconv"
 	"sync"
 	"time"
@@ -74,6 +75,7 @@ type redisStorage struct {
 
 	checkMu   sync.Mutex
 	badVer    uint64 // version whose document failed to parse (logged once)
+	badErr    error  // why badVer failed
 	connected bool
 
 	ctx    context.Context
@@ -313,11 +315,28 @@ func (r *redisStorage) cas(c *config.Config, data []byte, expect, by string) (ui
 		// arrives: a change based on whatever is current retries on it, and
 		// a conditional one's next GET shows it.
 		r.check()
+		if err := r.unloadable(v); err != nil {
+			return 0, false, err
+		}
 		return 0, false, &config.VersionConflict{Want: ifVersion, Have: v, Reason: "changed in Redis by another replica"}
 	}
 	r.a.store.Replace(c, v)
 	r.mu.Unlock()
 	return v, false, nil
+}
+
+// unloadable is the answer to a write that lost to version v in Redis when
+// this replica could not load v (a newer build's settings, another seal
+// key, a hand edit of Redis): no retry can succeed, and overwriting v would
+// drop what it holds. nil when v loaded (or was never read).
+func (r *redisStorage) unloadable(v uint64) error {
+	r.checkMu.Lock()
+	defer r.checkMu.Unlock()
+	if r.badVer != v || r.a.store.Version() >= v {
+		return nil
+	}
+	return &httpError{status: http.StatusConflict, msg: fmt.Sprintf(
+		"Redis holds version %d of the management data, which this replica cannot load (%v): a write from here would overwrite it; fix the data in Redis, or write through a replica that loads it", v, r.badErr)}
 }
 
 // unanswered reports whether err may have come after the command reached
@@ -428,7 +447,7 @@ func (r *redisStorage) checkOnce() bool {
 	c, err := r.parse(doc)
 	if err != nil {
 		if r.badVer != v {
-			r.badVer = v
+			r.badVer, r.badErr = v, err
 			slog.Error("management data in Redis does not load; keeping the current config", "addr", r.addr, "version", v, "err", err)
 		}
 		return false

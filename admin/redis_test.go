@@ -465,3 +465,28 @@ func TestAWriteRedisDidNotAnswerInTimeSaysItMayStillLand(t *testing.T) {
 		t.Fatalf("write with Redis down: %d %q", r.status, msg)
 	}
 }
+
+// A write that loses to a version in Redis this replica cannot load (a
+// newer build's setting, another seal key, a hand edit of Redis) is
+// refused at once, saying why: no retry can succeed. It retried for 10 s
+// and answered "changed in Redis by another replica: reload and retry",
+// which the client did, to the same answer, forever.
+func TestAWriteOverRedisDataThisReplicaCannotLoadSaysSoAtOnce(t *testing.T) {
+	rs := startRedis(t)
+	e := newEnv(t, envOpts{state: rs.url()})
+	v := writeRedisDoc(t, e, rs, func(doc map[string]any) { doc["a_newer_setting"] = true })
+	logs := captureLogs(t)
+	eventually(t, 3*time.Second, "the replica reads the version", func() bool {
+		return strings.Contains(logs.String(), "does not load")
+	})
+	start := time.Now()
+	r := e.do("PATCH", "/api/config/session_affinity", `{"ttl_s":77}`, "If-Match", "*")
+	_, msg := r.errPath(t)
+	if took := time.Since(start); r.status != 409 || took > 5*time.Second ||
+		!strings.Contains(msg, fmt.Sprintf("version %d", v)) || !strings.Contains(msg, "a_newer_setting") {
+		t.Fatalf("write over version %d it cannot load: %d after %v: %q", v, r.status, took, msg)
+	}
+	if e.store.Load().SessionAffinity.TTLSeconds == 77 {
+		t.Fatal("the write was applied")
+	}
+}
