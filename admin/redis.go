@@ -162,12 +162,7 @@ func (r *redisStorage) rereadRefs() error {
 	if err != nil {
 		return err
 	}
-	was, now := cur.AppendSecretSlots(nil), next.AppendSecretSlots(nil)
-	changed := len(was) != len(now)
-	for i := 0; !changed && i < len(was); i++ {
-		changed = was[i].Secret.Reveal() != now[i].Secret.Reveal()
-	}
-	if !changed {
+	if config.SameSecrets(cur, next) {
 		return nil
 	}
 	r.a.pending.Store(&pendingChange{cfg: next, who: actor{Who: "config file"}, action: "reload secret references"})

@@ -606,6 +606,13 @@ func (s *Store) reload(asked bool) (bool, error) {
 		return false, err
 	}
 	s.lastData, s.badData = data, nil
+	if unchanged && s.sink == nil && SameSecrets(c, s.cur.Load()) {
+		// Read again only for its references, and none resolves to
+		// another key: no new version (it made every ETag an operator
+		// held stale at each log rotation's SIGHUP).
+		s.mu.Unlock()
+		return false, nil
+	}
 	if sink := s.sink; sink != nil {
 		// The sink writes to shared storage and comes back through Replace,
 		// which takes the lock.
@@ -773,6 +780,21 @@ func (c *Config) validateStartup() error {
 		return fieldErr("llm_gateway.persist_snapshot_dir", "%q is in no storage[].mount_path", dir)
 	}
 	return nil
+}
+
+// SameSecrets reports whether x and y, configs of the same document, hold
+// the same secret values (references resolved) at every secret setting.
+func SameSecrets(x, y *Config) bool {
+	a, b := x.AppendSecretSlots(nil), y.AppendSecretSlots(nil)
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Secret.Reveal() != b[i].Secret.Reveal() {
+			return false
+		}
+	}
+	return true
 }
 
 // hasSecretRefs reports whether a config file may hold env: or file:

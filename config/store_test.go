@@ -364,3 +364,26 @@ func TestAReloadAskedForReadsARotatedSecretFile(t *testing.T) {
 		t.Fatalf("token after SIGHUP %q, want the rotated one", got)
 	}
 }
+
+// A reload asked for on an unchanged file whose references resolve to the
+// same keys as before (a SIGHUP for log rotation or a certificate renewal)
+// makes no new version: it made one at every SIGHUP, so every ETag an
+// operator held went stale and their next write got 409.
+func TestASIGHUPThatRotatesNoKeyMakesNoVersion(t *testing.T) {
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key")
+	os.WriteFile(keyFile, []byte("sk-ONE\n"), 0o600)
+	path := filepath.Join(dir, "c.json")
+	os.WriteFile(path, []byte(`{"mirror":{"enabled":true,"target_address":"http://127.0.0.1:9","auth_token":"file:`+keyFile+`"}}`), 0o644)
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := s.ReloadAsked(); changed || err != nil || s.Version() != 1 {
+		t.Fatalf("SIGHUP rotating nothing: changed %v, err %v, version %d", changed, err, s.Version())
+	}
+	os.WriteFile(keyFile, []byte("sk-TWO\n"), 0o600)
+	if changed, err := s.ReloadAsked(); !changed || err != nil || s.Version() != 2 || s.Load().Mirror.AuthToken.Reveal() != "sk-TWO" {
+		t.Fatalf("SIGHUP after a rotation: changed %v, err %v, version %d", changed, err, s.Version())
+	}
+}
