@@ -608,6 +608,13 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	next, err := a.seal.parseDoc(in, cur)
+	if err == nil {
+		// What this router's flags make unusable (a worker id --workers
+		// also gives, static workers under etcd discovery) is refused here,
+		// as the write will refuse it: before the dry run calls the file
+		// valid, and before the snapshot taken ahead of the import.
+		err = a.store.Check(next)
+	}
 	if err != nil {
 		var fe *config.FieldError
 		if errors.As(err, &fe) {

@@ -452,3 +452,35 @@ func TestASnapshotCannotMakeTheGatewayReadHostFiles(t *testing.T) {
 		t.Fatalf("the edited snapshot was restored: mirror %v to %s", m.Enabled, m.TargetAddress)
 	}
 }
+
+// An import holding what this router's flags refuse (a worker id --workers
+// also gives, static workers under etcd discovery: the store's check) is
+// refused by the dry run and by the import before anything is written. The
+// dry run answered valid, and the import took the pre-import snapshot
+// (rotating out the oldest manual one) before the write refused it.
+func TestAnImportTheRoutersFlagsRefuseIsRefusedBeforeTheDryRunAndTheSnapshot(t *testing.T) {
+	e := newEnv(t, envOpts{snapshotDir: t.TempDir()})
+	e.store.SetCheck(func(c *config.Config) error {
+		if len(c.Workers) > 0 {
+			return &config.FieldError{Path: "workers", Msg: "static workers are for --discovery-backend static"}
+		}
+		return nil
+	})
+	var f snapshotFile
+	json.Unmarshal(e.do("GET", "/api/backup/export", "").body, &f)
+	f.SHA256 = ""
+	f.Config = json.RawMessage(`{"workers":[{"id":"a","url":"http://127.0.0.1:9","models":["m"]}]}`)
+	body, _ := json.Marshal(f)
+	v := e.store.Version()
+	for _, q := range []string{"?dry_run=1", ""} {
+		r := e.do("POST", "/api/backup/import"+q, string(body))
+		if p, _ := r.errPath(t); r.status != 400 || p != "config.workers" {
+			t.Fatalf("import%s of what the flags refuse: %d %s", q, r.status, r.body)
+		}
+	}
+	var b Backup
+	json.Unmarshal(e.do("GET", "/api/backup", "").body, &b)
+	if e.store.Version() != v || len(b.Snapshots) != 0 {
+		t.Fatalf("a refused import left version %d (was %d) and snapshots %+v", e.store.Version(), v, b.Snapshots)
+	}
+}
