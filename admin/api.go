@@ -590,6 +590,12 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// A hand edit of the file the poll has not seen is what the import
+	// must be compared with; one that does not parse refuses it (as every
+	// write) before the dry run calls it valid or the snapshot is taken.
+	if err := a.syncFile(); err != nil {
+		return err
+	}
 	cur, curVer := a.store.Current()
 	if a.store.Path() == "" {
 		// Without a config file the startup sections cannot change (see

@@ -484,3 +484,25 @@ func TestAnImportTheRoutersFlagsRefuseIsRefusedBeforeTheDryRunAndTheSnapshot(t *
 		t.Fatalf("a refused import left version %d (was %d) and snapshots %+v", e.store.Version(), v, b.Snapshots)
 	}
 }
+
+// While the config file holds a hand edit that does not parse, an import is
+// refused as every write is, by the dry run too, and takes no snapshot:
+// the dry run answered valid, and each import wrote a pre-import snapshot
+// (rotating out the oldest manual one) before answering 409.
+func TestAnImportOverABrokenHandEditTakesNoSnapshot(t *testing.T) {
+	e := newEnv(t, envOpts{file: `{}`, snapshotDir: t.TempDir()})
+	exp := string(e.do("GET", "/api/backup/export", "").body)
+	if err := os.WriteFile(e.path, []byte(`{"load_balancing":`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"?dry_run=1", ""} {
+		if r := e.do("POST", "/api/backup/import"+q, exp); r.status != 409 {
+			t.Fatalf("import%s over a broken hand edit: %d %s", q, r.status, r.body)
+		}
+	}
+	var b Backup
+	json.Unmarshal(e.do("GET", "/api/backup", "").body, &b)
+	if len(b.Snapshots) != 0 {
+		t.Fatalf("a refused import wrote snapshots %+v", b.Snapshots)
+	}
+}
