@@ -447,9 +447,11 @@ func TestASnapshotCannotMakeTheGatewayReadHostFiles(t *testing.T) {
 			os.Remove(filepath.Join(dir, n))
 		}
 	}
-	e2 := newEnv(t, envOpts{snapshotDir: dir, backup: &keep})
-	if m := e2.store.Load().Mirror; m.Enabled || m.AuthToken.Reveal() == "host-only-credential-4711" {
-		t.Fatalf("the edited snapshot was restored: mirror %v to %s", m.Enabled, m.TargetAddress)
+	// Without a config file, no snapshot that restores refuses the start.
+	store := config.NewStore("", nil)
+	_, err = New(Options{Store: store, Key: testKey, SnapshotDir: dir})
+	if m := store.Load().Mirror; err == nil || !strings.Contains(err.Error(), "secret reference") || m.Enabled || m.AuthToken.Reveal() == "host-only-credential-4711" {
+		t.Fatalf("the edited snapshot: start %v, mirror %v to %s", err, m.Enabled, m.TargetAddress)
 	}
 }
 
@@ -504,5 +506,40 @@ func TestAnImportOverABrokenHandEditTakesNoSnapshot(t *testing.T) {
 	json.Unmarshal(e.do("GET", "/api/backup", "").body, &b)
 	if len(b.Snapshots) != 0 {
 		t.Fatalf("a refused import wrote snapshots %+v", b.Snapshots)
+	}
+}
+
+// Without a config file, a snapshot directory whose snapshots none restores
+// (sealed under another key: the admin key was changed without
+// --admin-seal-key) refuses the start, saying why. The router started from
+// the defaults: no users, so with no --api-key the inference endpoints took
+// requests without a key, and its first snapshot hid the real ones. With a
+// config file the file serves, as before.
+func TestSnapshotsNoneOfWhichRestoresRefuseAStartWithoutAConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	e := newEnv(t, envOpts{snapshotDir: dir})
+	e.put("mirror", `{"target_address":"http://127.0.0.1:9","auth_token":"sk-mirror-0815"}`, 200)
+	if r := e.do("POST", "/api/users", `{"name":"alice"}`); r.status != 201 {
+		t.Fatalf("create user: %d %s", r.status, r.body)
+	}
+	e.a.Close() // the shutdown snapshot
+	before, _ := os.ReadDir(dir)
+
+	_, err := New(Options{Store: config.NewStore("", nil), Key: "another-admin-key-0123456789", SnapshotDir: dir})
+	if err == nil || !strings.Contains(err.Error(), "none of the") || !strings.Contains(err.Error(), "mirror.auth_token") {
+		t.Fatalf("start with snapshots sealed under another key: %v", err)
+	}
+	if after, _ := os.ReadDir(dir); len(after) != len(before) {
+		t.Fatalf("the refused start changed the snapshot directory: %d files, was %d", len(after), len(before))
+	}
+	// With the right key it restores.
+	e2 := newEnv(t, envOpts{snapshotDir: dir})
+	if _, ok := findUser(e2.store.Load(), "alice"); !ok {
+		t.Fatal("the snapshots did not restore with their key")
+	}
+	// With a config file, the file serves.
+	e3 := newEnv(t, envOpts{snapshotDir: dir, file: `{}`, key: "another-admin-key-0123456789"})
+	if len(e3.store.Load().Users) != 0 {
+		t.Fatal("the config file did not serve")
 	}
 }

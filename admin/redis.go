@@ -200,15 +200,16 @@ func (r *redisStorage) loadOrSeed() error {
 		if err != nil {
 			return err
 		}
-		list, _ := s.list()
-		for _, info := range list {
-			sc, _, err := s.read(info.Name, r.a.store.Load())
-			if err != nil {
-				slog.Error("snapshot unusable for seeding Redis; trying the previous one", "name", info.Name, "reason", err)
-				continue
-			}
+		info, sc, _, err := s.newestUsable(r.a.store.Load())
+		var none *errNoUsableSnapshot
+		if errors.As(err, &none) && r.a.store.Path() != "" {
+			slog.Error("no usable snapshot to seed Redis from; seeding it from the config file", "err", err)
+		} else if err != nil {
+			// Without a config file the defaults would go to every replica.
+			return fmt.Errorf("cannot seed Redis from --persist-snapshot-dir: %w", err)
+		}
+		if sc != nil {
 			c, from = sc, "snapshot "+info.Name
-			break
 		}
 	}
 	seeded, err := r.seed(c, 1, actor{Who: "startup"})

@@ -305,25 +305,46 @@ func (a *Admin) restoreNewest() error {
 }
 
 // newestUsable returns the newest snapshot that reads back whole and
-// valid, logging why each newer one was skipped; c is nil when none is
-// usable (logged when there were some).
+// valid, logging why each newer one was skipped; c is nil when there is
+// none, and err an *errNoUsableSnapshot when there were some but none is
+// usable.
 func (s *snapshots) newestUsable(base *config.Config) (SnapshotInfo, *config.Config, *snapshotFile, error) {
 	list, err := s.list()
 	if err != nil {
 		return SnapshotInfo{}, nil, nil, err
 	}
+	var first error
 	for _, info := range list {
 		c, f, err := s.read(info.Name, base)
 		if err != nil {
 			slog.Error("snapshot unusable; trying the previous one", "name", info.Name, "reason", err)
+			if first == nil {
+				first = fmt.Errorf("%s: %w", info.Name, err)
+			}
 			continue
 		}
 		return info, c, f, nil
 	}
 	if len(list) > 0 {
-		slog.Error("no usable snapshot", "dir", s.dir, "tried", len(list))
+		return SnapshotInfo{}, nil, nil, &errNoUsableSnapshot{dir: s.dir, n: len(list), newest: first}
 	}
 	return SnapshotInfo{}, nil, nil, nil
+}
+
+// errNoUsableSnapshot is a snapshot directory holding snapshots of which
+// none restores (sealed with another key, all damaged). Without a config
+// file that refuses the start: the defaults instead would serve no users
+// (with no --api-key, the inference endpoints open to anyone) and their
+// first snapshot would hide the real ones.
+type errNoUsableSnapshot struct {
+	dir    string
+	n      int
+	newest error
+}
+
+func (e *errNoUsableSnapshot) Error() string {
+	return fmt.Sprintf("none of the %d snapshots in %s restores (the newest, %v): start with the key they were sealed with (--admin-seal-key, else --admin-key or --api-key), or move them out of the directory to start without them",
+		e.n, e.dir, e.newest)
 }
 
 // restoreNewerThanFile is the start with a config file and a snapshot
@@ -338,8 +359,13 @@ func (s *snapshots) newestUsable(base *config.Config) (SnapshotInfo, *config.Con
 func (a *Admin) restoreNewerThanFile() error {
 	s, path := a.snaps, a.store.Path()
 	info, c, f, err := s.newestUsable(a.store.Load())
+	var none *errNoUsableSnapshot
+	if errors.As(err, &none) {
+		slog.Error("no usable snapshot; serving the config file", "config", path, "err", err)
+		return nil
+	}
 	if err != nil || c == nil {
-		return err // none usable: the file serves
+		return err // none: the file serves
 	}
 	cur := a.store.Load()
 	c.LLMGateway, c.Storage = cur.LLMGateway, cur.Storage
