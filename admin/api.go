@@ -466,6 +466,17 @@ func mergePatch(target, patch any) any {
 		t = map[string]any{}
 	}
 	for k, v := range p {
+		if _, ok := t[k]; !ok {
+			// Settings are matched ignoring case, as a PUT and the config
+			// file match them: a patch key in another case is that setting
+			// (kept beside it, the two read as one setting given twice).
+			for tk := range t {
+				if strings.EqualFold(tk, k) {
+					k = tk
+					break
+				}
+			}
+		}
 		if v == nil {
 			delete(t, k)
 			continue

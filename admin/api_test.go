@@ -598,3 +598,19 @@ func TestStartupSectionsDoNotChangeWithoutAConfigFile(t *testing.T) {
 		t.Fatalf("with a config file: %d %s", r.status, r.body)
 	}
 }
+
+// A merge patch names a setting in any case, as a PUT and the config file
+// do. The patch key was kept beside the setting's own, so the two read as
+// one setting given twice: 400 "repeated key" for a key given once, while
+// a PUT with the same body was applied.
+func TestAMergePatchKeyInAnotherCaseSetsTheSetting(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	r := e.do("PATCH", "/api/config/session_affinity", `{"TTL_S":5,"Enabled":true}`, "If-Match", "*")
+	if sa := e.store.Load().SessionAffinity; r.status != 200 || sa.TTLSeconds != 5 || !sa.Enabled {
+		t.Fatalf("PATCH in another case: %d %s", r.status, r.body)
+	}
+	r = e.do("PATCH", "/api/config/session_affinity", `{"Ttl_S":null}`, "If-Match", "*")
+	if sa := e.store.Load().SessionAffinity; r.status != 200 || sa.TTLSeconds != 1800 || !sa.Enabled {
+		t.Fatalf("PATCH null in another case: %d %s", r.status, r.body)
+	}
+}
