@@ -400,6 +400,14 @@ func readTemplate(w http.ResponseWriter, r *http.Request) (map[string]any, error
 	if err := config.RepeatedKey(body, ""); err != nil { // the map kept one copy
 		return nil, err
 	}
+	// Settings match in any case (as the config reads them): the name is
+	// looked up by its own spelling here, so "Name" is taken as "name".
+	for k, v := range doc {
+		if k != "name" && strings.EqualFold(k, "name") {
+			delete(doc, k)
+			doc["name"] = v
+		}
+	}
 	return doc, nil
 }
 

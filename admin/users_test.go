@@ -234,3 +234,22 @@ func TestUserModelsAreSetKeptAndCleared(t *testing.T) {
 		t.Fatalf("PUT with no models: %d %s, %v", r.status, r.body, models())
 	}
 }
+
+// A template body may spell "name" in another case, as the config reads
+// every setting. POST {"Name":"silver"} created the template but answered
+// 201 with an empty one (name "", weights 0: the name was looked up by its
+// exact spelling), and a PUT with "Name" got 400 "repeated key".
+func TestATemplateNamedInAnotherCase(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	r := e.do("POST", "/api/templates", `{"Name":"silver","rate":{"enabled":true,"rpm":5}}`)
+	if m := r.json(t); r.status != 201 || m["name"] != "silver" {
+		t.Fatalf("create with Name: %d %s", r.status, r.body)
+	}
+	r = e.do("PUT", "/api/templates/silver", `{"NAME":"silver","rate":{"enabled":true,"rpm":7}}`, "If-Match", e.etag())
+	if m := r.json(t); r.status != 200 || m["name"] != "silver" {
+		t.Fatalf("put with NAME: %d %s", r.status, r.body)
+	}
+	if ts := e.store.Load().UserLimit.Templates; len(ts) != 1 || ts[0].Rate.RPM != 7 {
+		t.Fatalf("templates %+v", ts)
+	}
+}
