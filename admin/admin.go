@@ -447,9 +447,9 @@ func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(d
 		if same(cur, next) {
 			return cur, ver, nil
 		}
-		if a.store.Path() == "" {
+		if why := a.startupFixed(); why != "" {
 			if name := startupChanged(cur, next); name != "" {
-				return nil, 0, startupErr(name)
+				return nil, 0, startupErr(name, why)
 			}
 		}
 		a.pending.Store(&pendingChange{cfg: next, who: who, action: action})
@@ -523,10 +523,22 @@ func startupChanged(x, y *config.Config) string {
 	return ""
 }
 
-// startupErr refuses a change of startup configuration on a router without
-// a config file: nothing would carry it to the next start.
-func startupErr(name string) error {
-	return &httpError{status: http.StatusConflict, msg: name + " is startup configuration, read from the config file at start: this router has no config file (--config), so a change here would never take effect; use --persist-snapshot-dir"}
+// startupFixed says why the startup sections cannot change through the
+// API on this router ("" when they can): the start reads them from the
+// config file, and nothing would carry a change there.
+func (a *Admin) startupFixed() string {
+	switch {
+	case a.store.Path() == "":
+		return "this router has no config file (--config), so a change here would never take effect; use --persist-snapshot-dir"
+	case a.st != nil && a.st.kind() == "redis":
+		return "with --state redis the API writes to Redis, never to the config file, so a change here would never take effect; edit it in the config file"
+	}
+	return ""
+}
+
+// startupErr refuses a change of startup configuration (see startupFixed).
+func startupErr(name, why string) error {
+	return &httpError{status: http.StatusConflict, msg: name + " is startup configuration, read from the config file at start: " + why}
 }
 
 // same reports whether two configs encode identically.

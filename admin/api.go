@@ -414,8 +414,8 @@ func (a *Admin) writeSection(w http.ResponseWriter, r *http.Request) error {
 	if !isSection(name) {
 		return &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no config section %q (sections: %s)", name, strings.Join(sections(), ", "))}
 	}
-	if slices.Contains(startupSections, name) && a.store.Path() == "" {
-		return startupErr(name) // even one that would change nothing: the section cannot be edited here
+	if why := a.startupFixed(); why != "" && slices.Contains(startupSections, name) {
+		return startupErr(name, why) // even one that would change nothing: the section cannot be edited here
 	}
 	base, err := a.ifMatch(r, true)
 	if err != nil {
@@ -608,10 +608,10 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	cur, curVer := a.store.Current()
-	if a.store.Path() == "" {
-		// Without a config file the startup sections cannot change (see
-		// startupErr): the import keeps this router's, as a restore keeps
-		// the file's.
+	if a.startupFixed() != "" {
+		// Without a config file, or with Redis, the startup sections
+		// cannot change (see startupFixed): the import keeps this
+		// router's, as a restore keeps the file's.
 		cd, err := clearDocOf(cur)
 		if err != nil {
 			return err

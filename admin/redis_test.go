@@ -490,3 +490,27 @@ func TestAWriteOverRedisDataThisReplicaCannotLoadSaysSoAtOnce(t *testing.T) {
 		t.Fatal("the write was applied")
 	}
 }
+
+// With --state redis the startup sections (llm_gateway, storage) cannot
+// change through the API: the start reads them from the config file, and
+// API writes go to Redis only. A change was stored in Redis and logged as
+// taking "effect at the next start", which never came.
+func TestStartupSectionsCannotChangeThroughRedis(t *testing.T) {
+	rs := startRedis(t)
+	e := newEnv(t, envOpts{state: rs.url(), file: `{}`})
+	r := e.put("llm_gateway", `{"persist_snapshot_dir":"/tmp/x"}`, 409)
+	if !strings.Contains(string(r.body), "--state redis") {
+		t.Fatalf("llm_gateway through Redis: %s", r.body)
+	}
+	var f snapshotFile
+	json.Unmarshal(e.do("GET", "/api/backup/export", "").body, &f)
+	f.SHA256 = ""
+	f.Config = json.RawMessage(`{"llm_gateway":{"persist_snapshot_dir":"/tmp/x"},"debug":{"decision_header":true}}`)
+	body, _ := json.Marshal(f)
+	if r := e.do("POST", "/api/backup/import", string(body)); r.status != 200 {
+		t.Fatalf("import: %d %s", r.status, r.body)
+	}
+	if c := e.store.Load(); c.LLMGateway.PersistSnapshotDir != "" || !c.Debug.DecisionHeader {
+		t.Fatalf("import through Redis: llm_gateway %+v, debug %+v", c.LLMGateway, c.Debug)
+	}
+}
