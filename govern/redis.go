@@ -510,6 +510,11 @@ func newRedisState(g *Governor, o Options) (*redisState, error) {
 	// instead of every request waiting out the retries.
 	ro.DialerRetries = 1
 	ro.DisableIdentity = true
+	// Pipelines on the main pool: go-redis's dedicated pipeline pool, when
+	// a new connection's handshake (HELLO) times out, dials another on the
+	// main pool and waits for its handshake too, so a call on a new
+	// connection to a stalled Redis waited two read timeouts.
+	ro.PipelinePoolSize = -1
 	ro.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	var rid [6]byte
 	if _, err := rand.Read(rid[:]); err != nil {
@@ -575,7 +580,7 @@ func (r *redisState) call(s *redis.Script, keys []string, args ...any) *redis.Cm
 	}
 	batch := r.takeLocked()
 	r.qmu.Unlock()
-	r.send(batch)
+	r.send(batch, false)
 	return <-c.done
 }
 
@@ -603,9 +608,9 @@ func (r *redisState) takeLocked() []*scriptCall {
 }
 
 // send sends batch, then hands what was queued meanwhile to the
-// dispatcher.
-func (r *redisState) send(batch []*scriptCall) {
-	r.exec(batch)
+// dispatcher. probe: batch goes as a stall's probe (exec).
+func (r *redisState) send(batch []*scriptCall, probe bool) {
+	r.exec(batch, probe)
 	r.qmu.Lock()
 	r.busy = false
 	more := len(r.q) > 0
@@ -638,7 +643,7 @@ func (r *redisState) dispatch() {
 					batch := r.takeLocked()
 					r.qmu.Unlock()
 					if len(batch) > 0 {
-						r.exec(batch)
+						r.exec(batch, true)
 					}
 					return
 				}
@@ -655,6 +660,33 @@ func (r *redisState) dispatch() {
 			// A sender is out (it wakes this loop when done), or nothing to do.
 			force = force && len(r.q) > 0
 			r.qmu.Unlock()
+		case r.waiting == 0 && r.stalled.Load() != 0:
+			// Only ends while Redis stalls: sent now, they would hold the
+			// pipeline out for a timeout, and the stall's probe would wait
+			// behind them. A probe carries them, or, once the hold is over
+			// and no call came, they go as the probe themselves.
+			r.qmu.Unlock()
+			if ok, _ := r.mayCall(); ok {
+				r.qmu.Lock()
+				if r.busy || len(r.q) == 0 {
+					r.qmu.Unlock()
+					continue
+				}
+				batch := r.takeLocked()
+				r.qmu.Unlock()
+				if lingering {
+					linger.Stop()
+					lingering = false
+				}
+				force = false
+				r.send(batch, true)
+				continue
+			}
+			if lingering {
+				linger.Stop()
+			}
+			linger.Reset(max(time.Until(time.Unix(0, r.stalled.Load())), time.Millisecond))
+			lingering, force = true, false
 		case r.waiting == 0 && !force && r.delay > 0:
 			// Only ends: wait a little for a call to carry them.
 			r.qmu.Unlock()
@@ -670,7 +702,7 @@ func (r *redisState) dispatch() {
 				lingering = false
 			}
 			force = false
-			r.send(batch)
+			r.send(batch, false)
 		}
 	}
 }
@@ -678,21 +710,35 @@ func (r *redisState) dispatch() {
 // exec sends batch as one pipeline and hands out the answers; ends queued
 // next to each other go as one endsScript. A batch that finds Redis
 // without the scripts (restarted) loads them and is sent again (a script
-// refused with NOSCRIPT did not run).
-func (r *redisState) exec(batch []*scriptCall) {
+// refused with NOSCRIPT did not run). While Redis stalls, a batch's calls
+// fail at once but the stall's probe, and its ends wait for the probe
+// unless they are it (probe).
+func (r *redisState) exec(batch []*scriptCall, probe bool) {
 	if until := r.stalled.Load(); until != 0 && time.Now().UnixNano() < until {
 		// Calls queued behind the pipeline that timed out fail at once
-		// too; ends go on.
+		// too.
 		kept := batch[:0]
 		for _, c := range batch {
 			if c.done != nil && !c.probe {
 				c.done <- stalledCmd()
 				continue
 			}
+			probe = probe || c.probe
 			kept = append(kept, c)
 		}
 		if batch = kept; len(batch) == 0 {
 			return
+		}
+		if !probe {
+			// Only ends: they wait for the stall's probe (dispatch), ahead
+			// of what was queued meanwhile.
+			r.qmu.Lock()
+			if !r.closed {
+				r.q = append(batch, r.q...)
+				r.qmu.Unlock()
+				return
+			}
+			r.qmu.Unlock()
 		}
 	}
 	if ahead := r.takeEndedRedo(); len(ahead) > 0 {

@@ -2,6 +2,7 @@ package govern
 
 import (
 	"context"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -100,6 +101,58 @@ func TestRedisStallFailsCallsAtOnceAfterTheFirstTimeout(t *testing.T) {
 		t.Fatal("no call was failed at once")
 	}
 	<-busy
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		open := mStateFailOpen.Get()
+		admitOK(t, g, u, Request{}).Done(Usage{})
+		if mStateFailOpen.Get() == open {
+			return // counted in Redis again
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("5 s after the stall admissions still fail open")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestRedisAStallsProbeWaitsOneTimeout: Redis stalls for seconds (stopped
+// here). Past the first timeout every admission but the stall's probes
+// fails at once; a probe waits one timeout (1 s), no more. A probe waited
+// three: behind an end-only pipeline the stall's hold let out (one
+// timeout), then its own on a new connection, whose handshake go-redis
+// timed out and retried on another connection (two).
+func TestRedisAStallsProbeWaitsOneTimeout(t *testing.T) {
+	rs := startRedis(t)
+	key, hash := mintKey(t)
+	o := redisOptions(t, rs)
+	g := newGov(t, o, userConfig(t, hash, `{"name":"t","rate":{"enabled":true,"rpm":100000}}`, ""))
+	u := identify(t, g, key)
+	admitOK(t, g, u, Request{}).Done(Usage{})
+	if err := rs.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	cont := func() {
+		if stopped {
+			stopped = false
+			rs.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(cont)
+	start := time.Now()
+	var worst time.Duration
+	for i := 0; time.Since(start) < 6*time.Second; i++ {
+		s := time.Now()
+		admitOK(t, g, u, Request{}).Done(Usage{}) // fail open
+		if d := time.Since(s); i > 0 && d > worst {
+			worst = d // the first waits out the stall's first timeout
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cont()
+	if worst > 1500*time.Millisecond {
+		t.Fatalf("an admission in the stall waited %v, want at most one timeout", worst)
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		open := mStateFailOpen.Get()
