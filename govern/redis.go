@@ -332,6 +332,8 @@ type redisState struct {
 	// pipelines sent.
 	redo  []redoRelease
 	execs atomic.Uint64
+	// flushing: a call of flushRedo is out.
+	flushing atomic.Bool
 	// stalled is the time (Unix ns) until which a call fails at once,
 	// 0 while Redis answers (mayCall).
 	stalled atomic.Int64
@@ -1128,7 +1130,32 @@ func (r *redisState) loop() {
 		}
 		r.pumpUsers()
 		r.pumpSeats()
+		r.flushRedo()
 	}
+}
+
+// flushRedo sends the returns kept for sending again (redo) when no
+// pipeline would: they go ahead of the router's next pipeline, or once
+// Redis answered one, and a router without traffic sent none, so the slot
+// or seat of a call that timed out in a stall (Redis ran it when it read
+// it) stayed taken for every router until its lease expired. Not in a
+// stall's hold: its probe carries them.
+func (r *redisState) flushRedo() {
+	if until := r.stalled.Load(); until != 0 && time.Now().UnixNano() < until {
+		return
+	}
+	r.qmu.Lock()
+	idle := len(r.redo) > 0 && !r.busy && len(r.q) == 0 && !r.closed
+	r.qmu.Unlock()
+	if !idle || !r.flushing.CompareAndSwap(false, true) {
+		return
+	}
+	r.g.wg.Add(1)
+	go func() {
+		defer r.g.wg.Done()
+		defer r.flushing.Store(false)
+		r.call(endsScript, nil) // an answer sends the rest (exec, resendRedo)
+	}()
 }
 
 // listen turns release notifications into kicks.

@@ -167,6 +167,53 @@ func TestRedisAStallsProbeWaitsOneTimeout(t *testing.T) {
 	}
 }
 
+// TestRedisAPhantomSlotIsReturnedWithoutTraffic: an admission times out
+// in a stall that outlasts its probe too, and Redis runs it when it reads
+// it: its slot is taken for a request admitted uncounted (fail open).
+// Its return was kept for when Redis answers, but went out only ahead of
+// the router's next pipeline: a router without traffic left the slot taken
+// for every router until its lease expired (15 s; with a limit of one,
+// the other router refused the user's every request meanwhile).
+func TestRedisAPhantomSlotIsReturnedWithoutTraffic(t *testing.T) {
+	rs := startRedis(t)
+	key, hash := mintKey(t)
+	o := redisOptions(t, rs)
+	c := userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":1}}`, "")
+	g1, g2 := newGov(t, o, c), newGov(t, o, c)
+	u1, u2 := identify(t, g1, key), identify(t, g2, key)
+	admitOK(t, g1, u1, Request{}).Done(Usage{}) // scripts and connections warm
+	syncState(t, g1)
+	admitOK(t, g2, u2, Request{}).Done(Usage{})
+	syncState(t, g2)
+	if err := rs.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	cont := func() {
+		if stopped {
+			stopped = false
+			rs.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(cont)
+	start := time.Now()
+	admitOK(t, g1, u1, Request{}).Done(Usage{}) // times out: admitted uncounted
+	time.Sleep(4500*time.Millisecond - time.Since(start)) // past the probe of its return
+	cont()
+	deadline := time.Now().Add(4 * time.Second)
+	for {
+		tk, rej := g2.Admit(context.Background(), u2, Request{})
+		if rej == nil {
+			tk.Done(Usage{})
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("4 s after the stall the other router still meets the slot of the call that timed out: %v", rej)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // The returns that failed while Redis was down go out ahead of the first
 // calls once it is back: Redis restarted from its data (dump or AOF)
 // holds the slot and the seat of requests that ended meanwhile, and the
