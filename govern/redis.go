@@ -941,8 +941,8 @@ func (r *redisState) admitUser(st *userState, t *template, ts *ticketState, cs *
 // run. The counters such a call charged (a request, its estimate) stay
 // charged.
 func (r *redisState) undoSlots(err error, member, msg string, sets ...string) {
-	if errors.Is(err, errStateClosed) || len(sets) == 0 {
-		return
+	if errors.Is(err, errStateClosed) || errors.Is(err, errStateStalled) || len(sets) == 0 {
+		return // never sent: in a stall, those would fill redo and evict real returns
 	}
 	mStateUndone.Inc()
 	args := []any{member, r.wake, msg}

@@ -197,7 +197,62 @@ func TestRedisAPhantomSlotIsReturnedWithoutTraffic(t *testing.T) {
 	}
 	t.Cleanup(cont)
 	start := time.Now()
+	admitOK(t, g1, u1, Request{}).Done(Usage{})           // times out: admitted uncounted
+	time.Sleep(4500*time.Millisecond - time.Since(start)) // past the probe of its return
+	cont()
+	deadline := time.Now().Add(4 * time.Second)
+	for {
+		tk, rej := g2.Admit(context.Background(), u2, Request{})
+		if rej == nil {
+			tk.Done(Usage{})
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("4 s after the stall the other router still meets the slot of the call that timed out: %v", rej)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestRedisCallsFailedAtOnceInAStallKeepNoReturns: in a stall, the calls
+// failed at once (never sent) queued the return of their slot and kept it
+// for sending again, as a call that timed out must; the list of kept
+// returns (16,384) filled with them, evicting the return of the call that
+// did time out and ran: its slot stayed taken for every router until its
+// lease expired (the other router refused the user 429 concurrency_user).
+func TestRedisCallsFailedAtOnceInAStallKeepNoReturns(t *testing.T) {
+	rs := startRedis(t)
+	key, hash := mintKey(t)
+	o := redisOptions(t, rs)
+	c := userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":1}}`, "")
+	g1, g2 := newGov(t, o, c), newGov(t, o, c)
+	u1, u2 := identify(t, g1, key), identify(t, g2, key)
+	admitOK(t, g1, u1, Request{}).Done(Usage{})
+	syncState(t, g1)
+	admitOK(t, g2, u2, Request{}).Done(Usage{})
+	syncState(t, g2)
+	if err := rs.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	cont := func() {
+		if stopped {
+			stopped = false
+			rs.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(cont)
+	start := time.Now()
 	admitOK(t, g1, u1, Request{}).Done(Usage{}) // times out: admitted uncounted
+	for range maxRedo + 100 {
+		admitOK(t, g1, u1, Request{}).Done(Usage{}) // failed at once: never sent
+	}
+	g1.rds.qmu.Lock()
+	kept := len(g1.rds.redo)
+	g1.rds.qmu.Unlock()
+	if kept > 2 {
+		t.Errorf("%d returns kept for sending again, want those of the call that timed out", kept)
+	}
 	time.Sleep(4500*time.Millisecond - time.Since(start)) // past the probe of its return
 	cont()
 	deadline := time.Now().Add(4 * time.Second)
