@@ -197,10 +197,11 @@ func StaticRecords(workers, workerModels []string, cfg *config.Config) []fleet.R
 			continue
 		}
 		seen[id] = true
-		rs = append(rs, fleet.Record{ID: id, URL: strings.TrimRight(u, "/"), Models: workerModels, Status: fleet.StatusActive})
+		rs = append(rs, fleet.Record{ID: id, URL: fleet.EngineRoot(strings.TrimRight(u, "/")), Models: workerModels, Status: fleet.StatusActive})
 	}
 	for i := range cfg.Workers {
 		r := cfg.Workers[i].Record()
+		r.URL = fleet.EngineRoot(r.URL) // as Validate leaves it: models are asked, and known, by it
 		if seen[r.ID] {
 			continue
 		}

@@ -70,3 +70,38 @@ func TestStaticWorkerCarriesPDBootstrap(t *testing.T) {
 		t.Fatal("bad pd_mode accepted")
 	}
 }
+
+// A --workers entry given as an OpenAI base URL (http://host:port/v1, as
+// SDKs take it) had its models asked at /v1/v1/models: the worker never
+// learned them and the router answered 503 no_workers for good. Its /v1 is
+// the engine's root: the models are asked at /v1/models and the worker
+// serves; a config file's worker alike.
+func TestAStaticWorkerGivenAsAnOpenAIBaseURLLearnsItsModels(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if string(ctx.Path()) != "/v1/models" {
+			ctx.SetStatusCode(404)
+			return
+		}
+		ctx.SetBodyString(`{"data":[{"id":"m"}]}`)
+	}}
+	go srv.Serve(ln)
+	defer srv.Shutdown()
+	base := "http://" + ln.Addr().String()
+	cfg, err := config.Parse([]byte(`{"workers":[{"id":"c","url":"` + base + `/v1/"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := fleet.NewFleet(fleet.BreakerConfig{Threshold: 3})
+	defer fl.Close()
+	st := NewStatic(fl, []string{"a=" + base + "/v1"}, nil)
+	st.Apply(cfg)
+	for _, id := range []string{"a", "c"} {
+		if w := fl.Get(id); w == nil || w.URL != base || len(w.Models) != 1 || w.Models[0] != "m" {
+			t.Fatalf("worker %s: %+v", id, w)
+		}
+	}
+}

@@ -69,6 +69,17 @@ func (r *Record) Validate() error {
 	if u.User != nil { // it would be logged and shown; engine keys go in headers
 		return fmt.Errorf("worker record %q: url must not hold credentials", r.ID)
 	}
+	// The router sends the engine's own paths (/v1/chat/completions,
+	// /v1/models) to host:port. A trailing /v1 (an OpenAI base URL) names
+	// the engine's root and is dropped (EngineRoot). Another path would be
+	// ignored by requests but not by the models lookup, so it is refused,
+	// but for a worker reached over NATS, whose sidecar talks to its engine
+	// at the URL as given.
+	if root := EngineRoot(r.URL); root != r.URL {
+		r.URL = root
+	} else if p := strings.TrimRight(u.Path, "/"); (p != "" || u.RawQuery != "" || u.Fragment != "") && r.RequestTransport != "nats" {
+		return fmt.Errorf("worker record %q: url must be scheme://host:port (the router adds the engine's /v1/... paths), not %q", r.ID, u.Path+queryPart(u))
+	}
 	if r.DPSize < 0 || r.DPSize > 1024 {
 		return fmt.Errorf("worker record %q: dp_size %d out of range", r.ID, r.DPSize)
 	}
@@ -125,6 +136,29 @@ func checkZMQEndpoint(ep string, dpSize int) error {
 		return fmt.Errorf("kv endpoint %q: want tcp://host:port with port + dp_size - 1 <= 65535", ep)
 	}
 	return nil
+}
+
+// EngineRoot returns a worker url given as an OpenAI base URL
+// (http://host:8000/v1) as its engine's root (http://host:8000): the
+// router adds the /v1/... paths itself. Other urls come back unchanged.
+func EngineRoot(raw string) string {
+	t := strings.TrimRight(raw, "/")
+	if !strings.HasSuffix(t, "/v1") {
+		return raw
+	}
+	u, err := url.Parse(t)
+	if err != nil || u.Path != "/v1" || u.RawQuery != "" || u.Fragment != "" || u.Host == "" {
+		return raw
+	}
+	u.Path, u.RawPath = "", ""
+	return u.String()
+}
+
+func queryPart(u *url.URL) string {
+	if u.RawQuery == "" {
+		return ""
+	}
+	return "?" + u.RawQuery
 }
 
 // validPort reports whether p (digits, as url.Parse leaves it) is a TCP

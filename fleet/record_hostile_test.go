@@ -157,3 +157,33 @@ func TestAWorkerURLWithAnUnusablePortIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// The router sends the engine's own paths to a worker's host:port. A url
+// given as an OpenAI base URL (http://host:8000/v1) had its models asked at
+// /v1/v1/models and never served (503 no_workers for good); its /v1 is
+// dropped. Another path was ignored by requests but not by that lookup: it
+// is refused, but for a worker reached over NATS (its sidecar talks to the
+// engine at the URL as given).
+func TestAWorkerURLsPathIsItsEnginesRootOrRefused(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://127.0.0.1:8000/v1":  "http://127.0.0.1:8000",
+		"http://127.0.0.1:8000/v1/": "http://127.0.0.1:8000",
+		"https://engine:8443/":      "https://engine:8443/",
+		"http://127.0.0.1:8000":     "http://127.0.0.1:8000",
+	} {
+		r := Record{ID: "w1", URL: in, Models: []string{"m"}}
+		if err := r.Validate(); err != nil || r.URL != want {
+			t.Errorf("%s: %q, %v; want %q", in, r.URL, err, want)
+		}
+	}
+	for _, u := range []string{"http://127.0.0.1:8000/engine-a", "http://127.0.0.1:8000/v1/chat/completions", "http://127.0.0.1:8000/v1?x=1", "http://127.0.0.1:8000?key=1"} {
+		r := Record{ID: "w1", URL: u, Models: []string{"m"}}
+		if err := r.Validate(); err == nil {
+			t.Errorf("%s: accepted", u)
+		}
+		r = Record{ID: "w1", URL: u, Models: []string{"m"}, RequestTransport: "nats"}
+		if err := r.Validate(); err != nil || r.URL != u {
+			t.Errorf("%s over NATS: %q, %v", u, r.URL, err)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -52,7 +53,7 @@ func TestReloadDoesNotWaitForStaticWorkersModels(t *testing.T) {
 	os.WriteFile(path, []byte(`{"workers":[{"id":"a","url":"`+e1+`","models":["sim-model"]}]}`), 0o644)
 	g, _ := startServe(t, "--config", path, "--config-poll", "0", "--router-policy", "round-robin")
 	os.WriteFile(path, []byte(`{"workers":[{"id":"a","url":"`+e1+`","models":["sim-model"]},`+
-		`{"id":"h1","url":"http://`+hung.Addr().String()+`"},{"id":"h2","url":"http://`+hung.Addr().String()+`/v2"},`+
+		`{"id":"h1","url":"http://`+hung.Addr().String()+`"},{"id":"h2","url":"http://localhost:`+strconv.Itoa(hung.Addr().(*net.TCPAddr).Port)+`"},`+
 		`{"id":"b","url":"`+e2+`"}]}`), 0o644)
 	start := time.Now()
 	if ok, err := g.Store().Reload(); !ok || err != nil {
