@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/internal/logx"
 	"github.com/valyala/fasthttp"
 )
@@ -201,6 +202,10 @@ type accessEntry struct {
 	// retries counts the attempts that followed a failed one (mixed
 	// workers, or either PD leg).
 	retries int
+	// tried is the worker of the last local attempt (the decode worker of
+	// a PD pair): named when every attempt failed and the lease, which a
+	// retry that found no candidate reset, holds none.
+	tried *fleet.Worker
 }
 
 // maxErrorCode bounds the error code the access log shows.
@@ -286,6 +291,9 @@ func (s *Server) logAccess(rs *reqState, end string) {
 		b = append(b, `,"upstream":`...)
 		b = appendJSONString(b, u.label)
 	} else if w := rs.lease.Worker; w != nil {
+		b = append(b, `,"worker":`...)
+		b = appendJSONString(b, w.ID)
+	} else if w := a.tried; w != nil {
 		b = append(b, `,"worker":`...)
 		b = appendJSONString(b, w.ID)
 	}

@@ -414,3 +414,24 @@ func TestAnAnswerBeforeTheBodyHasItsRequestIDAndAccessLogLine(t *testing.T) {
 		}
 	}
 }
+
+// A request every attempt of which failed names the last worker it tried,
+// as operations.md says: when the retry found no other candidate (the one
+// worker was dead) the line named none.
+func TestTheAccessLogNamesTheLastWorkerTriedWhenEveryAttemptFailed(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "access.log")
+	l, err := OpenAccessLog(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRouterWith(t, defaultFlags(), nil, func(o *Options) { o.AccessLog = l }, deadURL(t))
+	if resp, body := send(t, "POST", r.url+"/v1/chat/completions", "", "dead-1", chatBody); resp.StatusCode < 500 {
+		t.Fatalf("a dead worker answered %d: %s", resp.StatusCode, body)
+	}
+	r.srv.Shutdown()
+	l.Close()
+	got := readAccessLog(t, path)
+	if len(got) != 1 || got[0]["worker"] != "w0" {
+		t.Fatalf("want one line naming w0: %v", got)
+	}
+}

@@ -120,7 +120,7 @@ func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		if d.Reason == sched.ReasonAllBreakersOpen {
 			res.fleetDown = true
 		}
-		rs.ext.cur = nil
+		rs.ext.cur, rs.acc.tried = nil, d.Worker
 		c.path, c.hdr = rs.path, rs.hdr
 		switch s.attempt(ctx, cfg, rs, s.tr, attempt < attempts-1 || more, res) {
 		case attemptCommitted:

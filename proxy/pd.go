@@ -293,6 +293,9 @@ func (s *Server) pdAcquire(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 		if l.Reason == sched.ReasonAllBreakersOpen {
 			o.fleetDown = true
 		}
+		if l == &rs.lease {
+			rs.acc.tried = l.Worker // the access log's worker (accesslog.go)
+		}
 		return true
 	}
 	if o.last == nil {
