@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/url"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -76,7 +77,7 @@ func NewFleet(bc BreakerConfig) *Fleet {
 		}
 		metrics.WriteMetadataIfNeeded(w, "infera_router_worker_breaker_trips_total", "counter")
 		for _, wk := range v.All {
-			fmt.Fprintf(w, "infera_router_worker_breaker_trips_total{worker=%q} %d\n", wk.ID, wk.Breaker.Trips())
+			fmt.Fprintf(w, "infera_router_worker_breaker_trips_total{worker=%s} %d\n", QuoteLabel(wk.ID), wk.Breaker.Trips())
 		}
 	})
 	return f
@@ -265,8 +266,23 @@ var (
 )
 
 func workerSeries(name, id string) string {
-	return fmt.Sprintf(`infera_router_worker_%s{worker=%q}`, name, id)
+	return `infera_router_worker_` + name + `{worker=` + QuoteLabel(id) + `}`
 }
+
+// QuoteLabel quotes s as a Prometheus text-format label value: a
+// backslash, a double quote and a newline escaped (the format's only
+// escapes), invalid UTF-8 as U+FFFD, every other rune as it is. Go's %q is
+// not this: it writes \u00a0, \x.. and \t, which Prometheus's parser
+// refuses (a worker id may hold any rune but spaces and ASCII controls).
+func QuoteLabel(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if strings.ContainsAny(s, "\"\\\n") {
+		s = labelEscaper.Replace(s)
+	}
+	return `"` + s + `"`
+}
+
+var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
 
 // registerMetrics creates w's series. It is called only for a worker every
 // hook admitted: the gauges read w, so a refused worker's would export it,

@@ -3,6 +3,7 @@ package fleet
 import (
 	"bytes"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -184,6 +185,77 @@ func TestAWorkerURLsPathIsItsEnginesRootOrRefused(t *testing.T) {
 		r = Record{ID: "w1", URL: u, Models: []string{"m"}, RequestTransport: "nats"}
 		if err := r.Validate(); err != nil || r.URL != u {
 			t.Errorf("%s over NATS: %q, %v", u, r.URL, err)
+		}
+	}
+}
+
+// parseLabelValue reads a Prometheus text-format label value after its
+// opening quote as Prometheus's parser (expfmt) does: \\, \" and \n are
+// the only escapes; any other one refuses the whole scrape.
+func parseLabelValue(s string) (v string, rest string, err error) {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '"':
+			return b.String(), s[i+1:], nil
+		case '\\':
+			if i+1 == len(s) {
+				return "", "", errors.New("unterminated escape")
+			}
+			i++
+			switch s[i] {
+			case '\\', '"':
+				b.WriteByte(s[i])
+			case 'n':
+				b.WriteByte('\n')
+			default:
+				return "", "", errors.New(`invalid escape sequence \` + string(s[i]))
+			}
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return "", "", errors.New("unterminated label value")
+}
+
+// A worker id is any run of 1-253 bytes without spaces or ASCII control
+// characters, so it may hold quotes, backslashes and Unicode that is not
+// printable (a no-break space, a line separator, a zero-width space from a
+// copied annotation). Every per-worker series names it in a label value
+// Prometheus reads back as the id: %q wrote such runes as \u00a0, an
+// escape the text format does not have (expfmt refuses the whole scrape;
+// Prometheus's own scraper keeps the six characters, so the label was not
+// the id /health and the access log show).
+func TestAWorkerIDOfAnyRunesIsExportedAsALabelPrometheusReadsBack(t *testing.T) {
+	f := NewFleet(BreakerConfig{Threshold: 1, Cooldown: time.Minute, MaxCooldown: time.Minute})
+	defer f.Close()
+	ids := []string{"w\u00a0nbsp", "w\u2028ls", "w\u200bzw", "q\"uote", `back\slash`, "w\u0085nel", "é"}
+	for i, id := range ids {
+		r := Record{ID: id, URL: "http://127.0.0.1:" + strconv.Itoa(9001+i), Models: []string{"m"}}
+		if err := f.Upsert(r); err != nil {
+			t.Fatalf("%q: %v", id, err)
+		}
+	}
+	var b bytes.Buffer
+	f.ms.WritePrometheus(&b)
+	seen := map[string]int{}
+	for _, l := range strings.Split(b.String(), "\n") {
+		i := strings.Index(l, `{worker="`)
+		if !strings.HasPrefix(l, "infera_router_worker_") || i < 0 {
+			continue
+		}
+		v, rest, err := parseLabelValue(l[i+len(`{worker="`):])
+		if err != nil {
+			t.Fatalf("%v in %q", err, l)
+		}
+		if !strings.HasPrefix(rest, "} ") {
+			t.Fatalf("label value not closed where the id ends: %q", l)
+		}
+		seen[v]++
+	}
+	for _, id := range ids {
+		if seen[id] != 8 { // 2 counters, 5 gauges, breaker trips
+			t.Errorf("worker %q: %d series read back with its id, want 8 (%v)", id, seen[id], seen)
 		}
 	}
 }

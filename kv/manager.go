@@ -416,7 +416,7 @@ func (m *Manager) newWorkerState(w *fleet.Worker) *workerState {
 	if ws.blockSize <= 0 {
 		ws.blockSize = m.cfg.BlockSize
 	}
-	ws.labels = fmt.Sprintf(`{worker=%q}`, w.ID)
+	ws.labels = `{worker=` + fleet.QuoteLabel(w.ID) + `}`
 	c := func(name string) *metrics.Counter {
 		full := name + ws.labels
 		ws.metricNames = append(ws.metricNames, full)

@@ -490,3 +490,19 @@ func TestAClearResetsTheCountsOfStoredBlocks(t *testing.T) {
 		t.Fatalf("counts left: %d engine hashes, %d router hashes", len(rs.blocks), len(rs.refs))
 	}
 }
+
+// A worker id may hold runes %q escapes (a no-break space, a quote): the
+// KV series name it in a label value Prometheus's text format reads back
+// as the id (\u00a0 is no escape of that format: the scrape was refused).
+func TestAWorkerIDOfAnyRunesIsALabelPrometheusReadsBack(t *testing.T) {
+	m, _ := newTestManager(t, "nats")
+	w := &fleet.Worker{Idx: 1, ID: "w\u00a0\"x"}
+	if err := m.WorkerAdded(w); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	m.ms.WritePrometheus(&buf)
+	if want := "infera_kv_events_applied_total{worker=\"w\u00a0\\\"x\"} 0"; !strings.Contains(buf.String(), want) {
+		t.Fatalf("metrics lack %s:\n%s", want, buf.String())
+	}
+}
