@@ -435,3 +435,43 @@ func TestTheAccessLogNamesTheLastWorkerTriedWhenEveryAttemptFailed(t *testing.T)
 		t.Fatalf("want one line naming w0: %v", got)
 	}
 }
+
+// An engine's error answer to a stream request (plain JSON, not an event
+// stream) names its error code in the access log however it arrives: in
+// one read, as over HTTP with a Content-Length, or in several, as a chunked
+// body or NATS's head, body and end messages bring it. A stream request's
+// error answer was committed on its first read and relayed, so a body that
+// came in two reads left the line without its error (over NATS every
+// stream request's engine error did).
+func TestTheAccessLogNamesAStreamRequestsErrorAnswerThatArrivesInParts(t *testing.T) {
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.HijackSetNoResponse(true)
+		ctx.Hijack(func(c net.Conn) {
+			c.Write([]byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+				"13\r\n{\"error\":{\"message\"\r\n"))
+			time.Sleep(50 * time.Millisecond)
+			c.Write([]byte("2f\r\n:\"busy\",\"type\":\"x\",\"code\":\"engine_overloaded\"}}\r\n0\r\n\r\n"))
+			time.Sleep(50 * time.Millisecond)
+			c.Close()
+		})
+	})
+	path := filepath.Join(t.TempDir(), "access.log")
+	l, err := OpenAccessLog(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := defaultFlags()
+	f.RequestMaxRetries = 0 // the answer is relayed, not kept aside for another attempt
+	r := startRouterWith(t, f, nil, func(o *Options) { o.AccessLog = l }, up.url)
+	streamBody := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	resp, b := send(t, "POST", r.url+"/v1/chat/completions", "", "err-in-parts", streamBody)
+	if resp.StatusCode != 503 || b != `{"error":{"message":"busy","type":"x","code":"engine_overloaded"}}` {
+		t.Fatalf("relayed: %d %q", resp.StatusCode, b)
+	}
+	r.srv.Shutdown()
+	l.Close()
+	got := byRequestID(readAccessLog(t, path))["err-in-parts"]
+	if got == nil || got["status"] != 503.0 || got["error"] != "engine_overloaded" {
+		t.Fatalf("want status 503 and error engine_overloaded: %v", got)
+	}
+}

@@ -265,9 +265,11 @@ func readFirst(rs *reqState, c *call, up upResponse, status int) (int, error) {
 	// body shorter than its Content-Length, a bad chunk) gets the
 	// client a 502 in its error shape, not a cut connection.
 	//
-	// So is a successful answer to a stream request that is not an
-	// event stream (an engine that answered plain JSON).
-	whole := !rs.sreq.Stream || status < 400 && !eventStream(up.contentType())
+	// So is any answer to a stream request that is not an event stream:
+	// an engine that answered plain JSON, or its error answer (whose
+	// error code the access log names, however many reads bring it: NATS
+	// brings head, body and end apart).
+	whole := !rs.sreq.Stream || !eventStream(up.contentType())
 	for whole && rerr == nil && n > 0 && n < len(rs.rbuf) {
 		if rs.sreq.Stream {
 			c.armMore(up)

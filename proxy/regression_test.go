@@ -68,9 +68,11 @@ func TestStreamed4xxProbeEndDoesNotFreeNewerProbe(t *testing.T) {
 		case 1: // trips the breaker (threshold 1)
 			ctx.SetStatusCode(500)
 			ctx.SetBodyString(`{"error":{"message":"boom"}}`)
-		case 2: // the probe: a slow 4xx body
+		case 2: // the probe: a slow 4xx body, as an event stream (a plain
+			// JSON error answer to a stream request is read whole before
+			// its head is relayed, as a non-stream request's is)
 			ctx.SetStatusCode(400)
-			ctx.SetContentType("application/json")
+			ctx.SetContentType("text/event-stream")
 			ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 				w.WriteString(`{"error":`)
 				w.Flush()
