@@ -475,3 +475,19 @@ func TestTheAccessLogNamesAStreamRequestsErrorAnswerThatArrivesInParts(t *testin
 		t.Fatalf("want status 503 and error engine_overloaded: %v", got)
 	}
 }
+
+// A count_tokens request the router answers itself (conversion mode)
+// names the model the client asked for, as every line does; it had none.
+func TestTheAccessLogNamesTheModelOfACountTokensRequest(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r, lines, _ := accessRouter(t, "", up.url)
+	resp, b := send(t, "POST", r.url+"/v1/messages/count_tokens", "", "count-1",
+		`{"model":"m","messages":[{"role":"user","content":"hello there"}]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("count_tokens: %d %s", resp.StatusCode, b)
+	}
+	got := byRequestID(lines())["count-1"]
+	if got == nil || got["path"] != "/v1/messages/count_tokens" || got["model"] != "m" {
+		t.Fatalf("want the count_tokens line to name model m: %v", got)
+	}
+}

@@ -311,6 +311,7 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 	mConverted.Inc()
 	if kind == kindCountTokens {
 		p.buf = chat
+		rs.parsed.model = p.meta.Model // the access log's model: no parse follows
 		// The user's model list applies as to Messages (and as the engine
 		// applies it in passthrough mode after the router's check).
 		if u := rs.gov.user; u != nil && !s.allowsModel(cfg, u, p.meta.Model) {
