@@ -295,12 +295,16 @@ func (r *relay) noteEngineError(p []byte) {
 }
 
 // carriesError reports whether an engine's event stream bytes hold an
-// error object: "error" as an object's first key with a value other than
-// null ({"error":{...}}: OpenAI's, vLLM's and SGLang's error event), or
-// "error" as the value of "object" (older vLLM's error event) or of
-// "type" (Anthropic's and the Responses API's). A quote inside a JSON
-// string is escaped, so no model text (say "content":"error") matches.
+// error object: "error" as the first key of an event's data with a value
+// other than null (data: {"error":{...}}: OpenAI's, vLLM's and SGLang's
+// error event), or "error" as the value of "object" (older vLLM's error
+// event) or of "type" (Anthropic's and the Responses API's). A quote
+// inside a JSON string is escaped, so no model text (say
+// "content":"error") matches; an object nested in the data whose first
+// key is "error" (a legacy completion's top_logprobs {"error":-0.01}, a
+// tool's parameters a Responses event echoes) is no error event.
 func carriesError(p []byte) bool {
+	start := p
 	for {
 		i := bytes.Index(p, quotedError)
 		if i < 0 {
@@ -311,7 +315,7 @@ func carriesError(p []byte) bool {
 		switch {
 		case bytes.HasSuffix(pre, afterObjectKey), bytes.HasSuffix(pre, afterTypeKey):
 			return true
-		case len(pre) > 0 && pre[len(pre)-1] == '{':
+		case len(pre) > 0 && pre[len(pre)-1] == '{' && dataStart(start[:len(start)-len(p)+len(pre)-1]):
 			v := bytes.TrimLeft(rest, " ")
 			if len(v) > 0 && v[0] == ':' {
 				v = bytes.TrimLeft(v[1:], " ")
@@ -322,6 +326,20 @@ func carriesError(p []byte) bool {
 		}
 		p = rest
 	}
+}
+
+var dataField = []byte("data:")
+
+// dataStart reports whether the bytes before an object's opening brace
+// end with a line's data: field (spaces after it aside): the object is an
+// event's data, not one nested in it.
+func dataStart(p []byte) bool {
+	p = bytes.TrimRight(p, " ")
+	if !bytes.HasSuffix(p, dataField) {
+		return false
+	}
+	p = p[:len(p)-len(dataField)]
+	return len(p) == 0 || p[len(p)-1] == '\n' || p[len(p)-1] == '\r'
 }
 
 // completeEvents returns the length of p's leading whole SSE events: up to

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/config"
 	"github.com/valyala/fasthttp"
 )
 
@@ -249,6 +250,59 @@ func TestAnEngineErrorEventInARelayedStreamIsTheWorkersFailure(t *testing.T) {
 			}
 			if l == nil || l["end"] != "complete" || midStreamErrors() != before || fails != 0 {
 				t.Fatalf("no error: access log %v, mid-stream errors %d -> %d, worker failures %d", l, before, midStreamErrors(), fails)
+			}
+		})
+	}
+}
+
+// An object nested in an event's data whose first key is "error" is no
+// engine error event: a legacy completion's top_logprobs maps tokens to
+// their logprobs ({"error":-0.01,...} when the model's likely token is
+// "error"), and a passthrough Responses event echoes the request's tools,
+// whose parameters may name a property "error" first. Both healthy streams
+// were logged "end":"upstream_error", counted as mid-stream errors and
+// blamed on the worker. Only the event's data itself, data: {"error":...},
+// is the engine's error event.
+func TestAnObjectNestedInAnEventWhoseFirstKeyIsErrorIsNoEngineError(t *testing.T) {
+	cmpl := `data: {"id":"c","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"error","logprobs":{"text_offset":[0],"token_logprobs":[-0.01],"tokens":["error"],"top_logprobs":[{"error":-0.01,"Error":-4.6}]},"finish_reason":null}]}` + "\n\n"
+	created := "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"r\",\"error\":null,\"tools\":[{\"type\":\"function\",\"name\":\"report\",\"parameters\":{\"type\": \"object\", \"properties\": {\"error\": {\"type\": \"string\"}}}}]}}\n\n"
+	completed := "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":1,\"response\":{\"id\":\"r\",\"status\":\"completed\",\"error\":null}}\n\n"
+	for _, tc := range []struct {
+		name, path, body string
+		events           []string
+	}{
+		{"legacy completion logprobs", "/v1/completions", `{"model":"m","stream":true,"prompt":"hi","logprobs":2}`, []string{cmpl, cmpl, "data: [DONE]\n\n"}},
+		{"responses tools echoed", "/v1/responses", `{"model":"m","stream":true,"input":"hi"}`, []string{created, completed}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := startRaw(t, func(n int, req string, c net.Conn) {
+				c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+				for _, ev := range tc.events {
+					fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+					time.Sleep(5 * time.Millisecond)
+				}
+				c.Write([]byte("0\r\n\r\n"))
+			})
+			cfg := config.Default()
+			cfg.Protocol.ResponsesPassthrough = true
+			path := t.TempDir() + "/access.log"
+			al, err := OpenAccessLog(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { al.Close() })
+			r := startRouterWith(t, nil, cfg, func(o *Options) { o.AccessLog = al }, up.url)
+			before := midStreamErrors()
+			resp, b := send(t, "POST", r.url+tc.path, "", "s", tc.body)
+			if resp.StatusCode != 200 || !strings.Contains(b, tc.events[1]) {
+				t.Fatalf("%d %q", resp.StatusCode, b)
+			}
+			_, fails := r.fl.Get("w0").Counts()
+			r.srv.Shutdown()
+			al.Close()
+			l := byRequestID(readAccessLog(t, path))["s"]
+			if l == nil || l["end"] != "complete" || midStreamErrors() != before || fails != 0 {
+				t.Fatalf("a healthy stream: access log %v, mid-stream errors %d -> %d, worker failures %d", l, before, midStreamErrors(), fails)
 			}
 		})
 	}
