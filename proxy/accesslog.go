@@ -206,6 +206,10 @@ type accessEntry struct {
 	// a PD pair): named when every attempt failed and the lease, which a
 	// retry that found no candidate reset, holds none.
 	tried *fleet.Worker
+	// failed: an answer written whole (not relayed) carried the worker's
+	// failure (a stream read whole that holds the engine's error event):
+	// it ends upstream_error.
+	failed bool
 }
 
 // maxErrorCode bounds the error code the access log shows.

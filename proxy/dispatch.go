@@ -500,9 +500,19 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		}
 	}
 	countStatus(status)
+	// The engine's error event in the stream's first bytes (vLLM's and
+	// SGLang's answer to a request that fails before its first token).
+	engineErr := sse && rs.engineError(first)
 	if eof {
-		if f := rs.convFailure(); f != nil { // a whole converted stream the engine left incomplete
+		f := rs.convFailure() // a whole converted stream the engine left incomplete
+		if f == nil && engineErr {
+			f = fail(failBroken, errEngineStreamError)
+			mMidStreamErr.Inc()
+			logUpstreamError(rs.lease.Worker, f)
+		}
+		if f != nil {
 			outcome = f.outcome()
+			rs.acc.failed = true
 		}
 		resp.SetBody(first)
 		up.finish(true)
@@ -524,6 +534,7 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		client:    ctx.Conn(),
 		wto:       s.flags.ClientWriteTimeout,
 		outcome:   outcome,
+		engineErr: engineErr,
 	}
 	if rs.proto.relaying {
 		rl.st = &rs.proto // the relay transforms the answer (protocols.go)

@@ -288,10 +288,20 @@ var (
 // (not a converted one: its converter judges the engine's chunks) carry
 // the engine's error event.
 func (r *relay) noteEngineError(p []byte) {
-	if r.engineErr || !r.sse || r.st != nil && r.st.conv != nil {
+	if r.engineErr || !r.sse {
 		return
 	}
-	r.engineErr = carriesError(p) || r.rs.proto.api == protocol.Responses && bytes.Contains(p, typeResponseFailed)
+	r.engineErr = r.rs.engineError(p)
+}
+
+// engineError reports whether the bytes p of an event stream answering rs
+// carry the engine's error event; never for a converted stream (its
+// converter judges the engine's chunks).
+func (rs *reqState) engineError(p []byte) bool {
+	if rs.proto.conv != nil {
+		return false
+	}
+	return carriesError(p) || rs.proto.api == protocol.Responses && bytes.Contains(p, typeResponseFailed)
 }
 
 // carriesError reports whether an engine's event stream bytes hold an

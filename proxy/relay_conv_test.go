@@ -307,3 +307,52 @@ func TestAnObjectNestedInAnEventWhoseFirstKeyIsErrorIsNoEngineError(t *testing.T
 		})
 	}
 }
+
+// An engine that fails a request before its first token answers 200 with
+// its error event first (vLLM and SGLang: data: {"error":{...}} then
+// data: [DONE]), often in one write. Those first bytes were never judged:
+// read with the head, they were relayed (or, when they were the whole
+// body, written at once) and the request was logged "end":"complete",
+// neither counted as a mid-stream error nor blamed on the worker, for a
+// client that asks for usage and, through the usage filter, for one that
+// does not.
+func TestAnEngineErrorEventInAStreamsFirstBytesIsTheWorkersFailure(t *testing.T) {
+	errEv := `data: {"error": {"message": "engine blew up", "type": "InternalServerError", "param": null, "code": 500}}` + "\n\n"
+	filtered := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	withUsage := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct {
+		name, body string
+		oneWrite   bool
+	}{
+		{"whole stream in one write, usage filtered", filtered, true},
+		{"whole stream in one write", withUsage, true},
+		{"first event alone, usage filtered", filtered, false},
+		{"first event alone", withUsage, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := startRaw(t, func(n int, req string, c net.Conn) {
+				head := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+				first := fmt.Sprintf("%x\r\n%s\r\n", len(errEv), errEv)
+				rest := fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len("data: [DONE]\n\n"), "data: [DONE]\n\n")
+				if tc.oneWrite {
+					c.Write([]byte(head + first + rest))
+					return
+				}
+				c.Write([]byte(head + first))
+				time.Sleep(20 * time.Millisecond)
+				c.Write([]byte(rest))
+			})
+			r, lines, _ := accessRouter(t, "", up.url)
+			before := midStreamErrors()
+			resp, b := send(t, "POST", r.url+"/v1/chat/completions", "", "s", tc.body)
+			if resp.StatusCode != 200 || !strings.HasPrefix(b, errEv) || strings.Count(b, "data: [DONE]") != 1 {
+				t.Fatalf("%d %q", resp.StatusCode, b)
+			}
+			_, fails := r.fl.Get("w0").Counts()
+			l := byRequestID(lines())["s"]
+			if l == nil || l["end"] != "upstream_error" || midStreamErrors() != before+1 || fails != 1 {
+				t.Fatalf("engine error event first: access log %v, mid-stream errors %d -> %d, worker failures %d", l, before, midStreamErrors(), fails)
+			}
+		})
+	}
+}

@@ -303,6 +303,8 @@ func (s *Server) answered(ctx *fasthttp.RequestCtx, rs *reqState) {
 		end := endComplete
 		if rs.acc.status == 499 { // the client left before the answer
 			end = endClientGone
+		} else if rs.acc.failed {
+			end = endUpstreamErr
 		}
 		s.releaseState(rs, end)
 	}
