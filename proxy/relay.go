@@ -278,10 +278,10 @@ func (r *relay) noteSeq(p []byte) {
 }
 
 var (
-	quotedError        = []byte(`"error"`)
-	afterObjectKey     = []byte(`"object":`)
-	afterTypeKey       = []byte(`"type":`)
-	typeResponseFailed = []byte(`"type":"response.failed"`)
+	quotedError      = []byte(`"error"`)
+	afterObjectKey   = []byte(`"object":`)
+	afterTypeKey     = []byte(`"type":`)
+	quotedRespFailed = []byte(`"response.failed"`)
 )
 
 // noteEngineError records whether the bytes p of a relayed event stream
@@ -301,55 +301,92 @@ func (rs *reqState) engineError(p []byte) bool {
 	if rs.proto.conv != nil {
 		return false
 	}
-	return carriesError(p) || rs.proto.api == protocol.Responses && bytes.Contains(p, typeResponseFailed)
+	return carriesError(p) || rs.proto.api == protocol.Responses && responseFailed(p)
+}
+
+// responseFailed reports whether the bytes p of a Responses event stream
+// hold a response.failed event: "type":"response.failed" in an event's
+// data (inData), not in an object of the request it echoes.
+func responseFailed(p []byte) bool {
+	off := 0
+	for {
+		i := bytes.Index(p[off:], quotedRespFailed)
+		if i < 0 {
+			return false
+		}
+		i += off
+		pre := bytes.TrimRight(p[off:i], " ")
+		off = i + len(quotedRespFailed)
+		if bytes.HasSuffix(pre, afterTypeKey) && inData(p, i) {
+			return true
+		}
+	}
 }
 
 // carriesError reports whether an engine's event stream bytes hold an
 // error object: "error" as the first key of an event's data with a value
-// other than null (data: {"error":{...}}: OpenAI's, vLLM's and SGLang's
-// error event), or "error" as the value of "object" (older vLLM's error
-// event) or of "type" (Anthropic's and the Responses API's). A quote
+// other than null (data: {"error":{...}}: OpenAI's, vLLM's and SGLang's error
+// event), or "error" as the value of the data's "object" (older vLLM's
+// error event) or "type" (Anthropic's and the Responses API's). A quote
 // inside a JSON string is escaped, so no model text (say
-// "content":"error") matches; an object nested in the data whose first
-// key is "error" (a legacy completion's top_logprobs {"error":-0.01}, a
-// tool's parameters a Responses event echoes) is no error event.
+// "content":"error") matches; nor does an object nested in the data (a
+// legacy completion's top_logprobs {"error":-0.01}, the tools, metadata
+// or schema of the request a Responses event echoes, which a client
+// chooses).
 func carriesError(p []byte) bool {
-	start := p
+	off := 0
 	for {
-		i := bytes.Index(p, quotedError)
+		i := bytes.Index(p[off:], quotedError)
 		if i < 0 {
 			return false
 		}
-		pre := bytes.TrimRight(p[:i], " ")
-		rest := p[i+len(quotedError):]
+		i += off
+		pre := bytes.TrimRight(p[off:i], " ")
+		off = i + len(quotedError)
+		v := bytes.TrimLeft(p[off:], " ")
 		switch {
 		case bytes.HasSuffix(pre, afterObjectKey), bytes.HasSuffix(pre, afterTypeKey):
-			return true
-		case len(pre) > 0 && pre[len(pre)-1] == '{' && dataStart(start[:len(start)-len(p)+len(pre)-1]):
-			v := bytes.TrimLeft(rest, " ")
-			if len(v) > 0 && v[0] == ':' {
-				v = bytes.TrimLeft(v[1:], " ")
-				if len(v) > 0 && v[0] != 'n' {
-					return true
-				}
+			if inData(p, i) {
+				return true
+			}
+		case len(pre) > 0 && pre[len(pre)-1] == '{' && len(v) > 0 && v[0] == ':':
+			v = bytes.TrimLeft(v[1:], " ")
+			if len(v) > 0 && v[0] != 'n' && inData(p, i) {
+				return true
 			}
 		}
-		p = rest
 	}
 }
 
 var dataField = []byte("data:")
 
-// dataStart reports whether the bytes before an object's opening brace
-// end with a line's data: field (spaces after it aside): the object is an
-// event's data, not one nested in it.
-func dataStart(p []byte) bool {
-	p = bytes.TrimRight(p, " ")
-	if !bytes.HasSuffix(p, dataField) {
+// inData reports whether p[i], outside any JSON string, lies directly in
+// an event's data object: its line is a data: field whose value is an
+// object, and p[i] is in that object, not in one nested in it.
+func inData(p []byte, i int) bool {
+	line := p[bytes.LastIndexAny(p[:i], "\r\n")+1 : i]
+	if !bytes.HasPrefix(line, dataField) {
 		return false
 	}
-	p = p[:len(p)-len(dataField)]
-	return len(p) == 0 || p[len(p)-1] == '\n' || p[len(p)-1] == '\r'
+	line = bytes.TrimLeft(line[len(dataField):], " ")
+	if len(line) == 0 || line[0] != '{' {
+		return false
+	}
+	depth, str := 0, false
+	for k := 0; k < len(line); k++ {
+		switch c := line[k]; {
+		case str && c == '\\':
+			k++
+		case c == '"':
+			str = !str
+		case str:
+		case c == '{', c == '[':
+			depth++
+		case c == '}', c == ']':
+			depth--
+		}
+	}
+	return depth == 1 && !str
 }
 
 // completeEvents returns the length of p's leading whole SSE events: up to

@@ -356,3 +356,80 @@ func TestAnEngineErrorEventInAStreamsFirstBytesIsTheWorkersFailure(t *testing.T)
 		})
 	}
 }
+
+// A passthrough Responses stream echoes the client's request in its
+// response.created (metadata, tools, the text format's schema): a client
+// whose metadata or tool schema says "type":"error" or "object":"error"
+// made each of its healthy streams the worker's failure, so any client
+// could open a healthy worker's breaker with a few requests. Only the
+// event's data itself names an error event.
+func TestAClientsObjectEchoedInAStreamIsNoEngineError(t *testing.T) {
+	created := "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"r\",\"error\":null,\"metadata\":{\"type\":\"error\",\"object\": \"error\"},\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{\"e\":{\"type\": \"error\"},\"f\":{\"type\":\"response.failed\"}}}}]}}\n\n"
+	completed := "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":1,\"response\":{\"id\":\"r\",\"status\":\"completed\",\"error\":null,\"metadata\":{\"type\":\"error\"}}}\n\n"
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+		for _, ev := range []string{created, completed} {
+			fmt.Fprintf(c, "%x\r\n%s\r\n", len(ev), ev)
+			time.Sleep(5 * time.Millisecond)
+		}
+		c.Write([]byte("0\r\n\r\n"))
+	})
+	cfg := config.Default()
+	cfg.Protocol.ResponsesPassthrough = true
+	r := startRouter(t, nil, cfg, up.url)
+	before := midStreamErrors()
+	for i := 0; i < 3; i++ {
+		code, b := post(t, r.url+"/v1/responses", `{"model":"m","stream":true,"input":"hi","metadata":{"type":"error","object":"error"}}`)
+		if code != 200 || !strings.Contains(b, completed) {
+			t.Fatalf("%d %q", code, b)
+		}
+	}
+	if _, fails := r.fl.Get("w0").Counts(); midStreamErrors() != before || fails != 0 {
+		t.Fatalf("healthy streams echoing the client's metadata: mid-stream errors %d -> %d, worker failures %d", before, midStreamErrors(), fails)
+	}
+}
+
+// carriesError finds the engine's error event in every framing and shape
+// engines send (vLLM's and SGLang's data: {"error": ...}, older vLLM's
+// "object": "error", Anthropic's and the Responses API's "type": "error",
+// spaced as Python's json.dumps writes, LF, CRLF or CR framed), and no
+// "error" inside a string or an object nested in an event's data.
+func TestOnlyAnEventsOwnErrorObjectIsAnEngineError(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want bool
+	}{
+		{"data:{\"error\":{}}\n\n", true},
+		{"data: {\"error\": {\"message\": \"x\"}}\r\n\r\n", true},
+		{"data: {\"x\":1}\r\rdata: {\"error\": {\"message\": \"x\"}}\r\r", true},
+		{"event: error\r\ndata: {\"type\": \"error\", \"error\": {\"type\": \"overloaded_error\"}}\r\n\r\n", true},
+		{"data: {\"object\": \"error\", \"message\": \"m\"}\n\n", true},
+		{"event: error\ndata: {\"code\":\"x\",\"message\":\"m\",\"param\":null,\"sequence_number\":3,\"type\":\"error\"}\n\n", true},
+		{"data: {\"error\": {\"object\": \"error\", \"message\": \"m\"}}\n\n", true},
+		{"data: {\"id\":\"a\\\"{[\",\"type\":\"error\"}\n\n", true},
+		{"data: {\"id\":\"c\",\"error\":\"\"}\n\n", false},
+		{"data: {\"choices\":[{\"logprobs\":{\"top_logprobs\":[{\"error\":-1}]}}]}\n\n", false},
+		{"data: {\"error\":null}\n\n", false},
+		{"data: {\"error\": null, \"x\": 1}\n\n", false},
+		{": {\"error\":1}\n\n", false},
+		{"data: \"error\"\n\n", false},
+		{"data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"function\":{\"arguments\":\"{\\\"error\\\": {\\\"type\\\": \\\"error\\\"}}\"}}]}}]}\n\n", false},
+		{"data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"\\\"error\\\"\"}}]}\n\n", false},
+	} {
+		if got := carriesError([]byte(c.in)); got != c.want {
+			t.Errorf("%q: %v want %v", c.in, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		in   string
+		want bool
+	}{
+		{"event: response.failed\ndata: {\"type\":\"response.failed\",\"sequence_number\":4,\"response\":{\"status\":\"failed\"}}\n\n", true},
+		{"event: response.failed\r\ndata: {\"type\": \"response.failed\", \"sequence_number\": 4}\r\n\r\n", true},
+		{"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"metadata\":{\"type\":\"response.failed\"}}}\n\n", false},
+	} {
+		if got := responseFailed([]byte(c.in)); got != c.want {
+			t.Errorf("response.failed in %q: %v want %v", c.in, got, c.want)
+		}
+	}
+}
