@@ -1,6 +1,10 @@
 package protocol
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/infera/infera/internal/jsonscan"
+)
 
 // EnsureStreamUsage makes a streaming chat completions body ask the engine
 // for usage (stream_options.include_usage: true), so the router always
@@ -178,7 +182,7 @@ func (f *UsageFilter) Flush(dst []byte) []byte {
 // with the copied bytes rather than with the event: relayed either way.)
 func (f *UsageFilter) events(dst, b []byte) []byte {
 	for len(b) > 0 {
-		i := bytes.Index(b, keyUsage)
+		i := jsonscan.IndexKey(b, keyUsage)
 		if i < 0 {
 			return append(dst, b...)
 		}
@@ -202,7 +206,7 @@ func (f *UsageFilter) events(dst, b []byte) []byte {
 // event relays one SSE event, or, when it is a usage-only chunk, only the
 // blank lines that open it (see strayBreaks).
 func (f *UsageFilter) event(dst, ev []byte) []byte {
-	if !bytes.Contains(ev, keyUsage) || !f.usageOnly(ev) {
+	if jsonscan.IndexKey(ev, keyUsage) < 0 || !f.usageOnly(ev) {
 		return append(dst, ev...)
 	}
 	return append(dst, ev[:strayBreaks(ev)]...)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/jsonscan"
 	"github.com/infera/infera/jinja"
 	"github.com/infera/infera/protocol"
 	"github.com/infera/infera/sched"
@@ -769,7 +770,7 @@ func (u *usage) scanProtocol(b []byte, api protocol.API) { u.scanAPI(b, api) }
 func (u *usage) parseProtocol(b []byte, api protocol.API) {
 	off := 0
 	for {
-		i := bytes.Index(b[off:], keyUsage)
+		i := jsonscan.IndexKey(b[off:], keyUsage)
 		if i < 0 {
 			break
 		}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/infera/infera/internal/jsonscan"
 	"github.com/infera/infera/protocol"
 	"github.com/infera/infera/sched"
 )
@@ -301,8 +302,76 @@ func (rs *reqState) engineError(p []byte) bool {
 	if rs.proto.conv != nil {
 		return false
 	}
+	if rs.proto.api == protocol.Chat {
+		return chatCarriesError(p)
+	}
 	return carriesError(p) || rs.proto.api == protocol.Responses && responseFailed(p)
 }
+
+// chatCarriesError is carriesError for a chat or completions stream, whose
+// error events (vLLM's and SGLang's data: {"error":{...}}, older vLLM's
+// {"object":"error",...}) put the mark first in their data: only the
+// start of each data line is looked at, where carriesError searches all
+// of p (about 40 ns for a 220-byte chat chunk against 90).
+func chatCarriesError(p []byte) bool {
+	for len(p) > 0 {
+		if bytes.HasPrefix(p, dataField) && errorFirst(p[len(dataField):]) {
+			return true
+		}
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			i = bytes.IndexByte(p, '\r') // a stream framed by bare CRs
+		}
+		if i < 0 {
+			return false
+		}
+		p = p[i+1:]
+	}
+	return false
+}
+
+// errorFirst reports whether the data value v (after "data:") is an object
+// whose first member is "error" with a value other than null, or "object"
+// or "type" with the value "error".
+func errorFirst(v []byte) bool {
+	v = skipBlanks(v)
+	if len(v) == 0 || v[0] != '{' {
+		return false
+	}
+	v = skipBlanks(v[1:])
+	var key []byte
+	switch {
+	case bytes.HasPrefix(v, quotedError):
+		key = quotedError
+	case bytes.HasPrefix(v, quotedObject):
+		key = quotedObject
+	case bytes.HasPrefix(v, quotedType):
+		key = quotedType
+	default:
+		return false
+	}
+	v = v[len(key):] // engines write no space before a colon, nor does carriesError take one
+	if len(v) == 0 || v[0] != ':' {
+		return false
+	}
+	v = skipBlanks(v[1:])
+	if &key[0] == &quotedError[0] {
+		return len(v) > 0 && v[0] != 'n'
+	}
+	return bytes.HasPrefix(v, quotedError)
+}
+
+func skipBlanks(v []byte) []byte {
+	for len(v) > 0 && v[0] == ' ' {
+		v = v[1:]
+	}
+	return v
+}
+
+var (
+	quotedObject = []byte(`"object"`)
+	quotedType   = []byte(`"type"`)
+)
 
 // responseFailed reports whether the bytes p of a Responses event stream
 // hold a response.failed event: "type":"response.failed" in an event's
@@ -336,7 +405,7 @@ func responseFailed(p []byte) bool {
 func carriesError(p []byte) bool {
 	off := 0
 	for {
-		i := bytes.Index(p[off:], quotedError)
+		i := jsonscan.IndexTail(p[off:], quotedError, 3) // `ror"` is rare in text; `"` and `e` are not
 		if i < 0 {
 			return false
 		}

@@ -420,6 +420,29 @@ func TestOnlyAnEventsOwnErrorObjectIsAnEngineError(t *testing.T) {
 			t.Errorf("%q: %v want %v", c.in, got, c.want)
 		}
 	}
+	// A chat stream's error event puts its mark first: only that is looked at.
+	for _, c := range []struct {
+		in   string
+		want bool
+	}{
+		{"data:{\"error\":{}}\n\n", true},
+		{"data: {\"error\": {\"message\": \"x\"}}\r\n\r\n", true},
+		{"data: {\"x\":1}\r\rdata: {\"error\": {\"message\": \"x\"}}\r\r", true},
+		{"data: {\"x\":1}\n\ndata: { \"object\": \"error\", \"message\": \"m\"}\n\n", true},
+		{"data: {\"error\": {\"object\": \"error\", \"message\": \"m\"}}\n\n", true},
+		{"data: {\"id\":\"c\",\"error\":\"\"}\n\n", false},
+		{"data: {\"choices\":[{\"logprobs\":{\"top_logprobs\":[{\"error\":-1}]}}]}\n\n", false},
+		{"data: {\"error\":null}\n\n", false},
+		{"data: {\"error\": null, \"x\": 1}\n\n", false},
+		{": {\"error\":1}\n\n", false},
+		{"data: \"error\"\n\n", false},
+		{"data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"delta\":{\"content\":\"error\"}}]}\n\n", false},
+		{"data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"function\":{\"arguments\":\"{\\\"error\\\": {\\\"type\\\": \\\"error\\\"}}\"}}]}}]}\n\n", false},
+	} {
+		if got := chatCarriesError([]byte(c.in)); got != c.want {
+			t.Errorf("chat stream %q: %v want %v", c.in, got, c.want)
+		}
+	}
 	for _, c := range []struct {
 		in   string
 		want bool
@@ -432,4 +455,18 @@ func TestOnlyAnEventsOwnErrorObjectIsAnEngineError(t *testing.T) {
 			t.Errorf("response.failed in %q: %v want %v", c.in, got, c.want)
 		}
 	}
+}
+
+// The chat stream's check (the mark first in an event's data) finds
+// nothing the general one (the mark anywhere directly in the data) would
+// not, and neither panics on any bytes.
+func FuzzChatErrorCheckIsWithinTheGeneralOne(f *testing.F) {
+	for _, s := range []string{"data: {\"error\":{}}\n\n", "data: { \"object\": \"error\"}\r\r", "data:{\"type\":\"error\"}\r\n\r\n", "data: {\"x\":1}\n\ndata: {\"error\":null}\n\n", "data: {"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, p []byte) {
+		if chatCarriesError(p) && !carriesError(p) {
+			t.Fatalf("%q: an error event for a chat stream only", p)
+		}
+	})
 }

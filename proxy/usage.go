@@ -4,6 +4,7 @@ import (
 	"bytes"
 
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/jsonscan"
 	"github.com/infera/infera/protocol"
 )
 
@@ -91,6 +92,9 @@ func (u *usage) parse(b []byte) {
 	if i >= 0 {
 		after = len(b) - i - len(keyUsage)
 	}
+	if after == 0 || bytes.IndexByte(keyUsage, b[len(b)-1]) < 0 {
+		return // an event's end, say: no key's start
+	}
 	for k := min(len(keyUsage)-1, after); k > 0; k-- {
 		if bytes.HasSuffix(b, keyUsage[:k]) {
 			u.ncarry = copy(u.carry[:], b[len(b)-k:])
@@ -103,12 +107,12 @@ func (u *usage) parse(b []byte) {
 // is vectorised where LastIndex hashes byte by byte (Rabin-Karp), and a
 // body or chunk holds the key once or not at all.
 func lastIndex(b, key []byte) int {
-	i := bytes.Index(b, key)
+	i := jsonscan.IndexKey(b, key)
 	if i < 0 {
 		return -1
 	}
 	for {
-		j := bytes.Index(b[i+1:], key)
+		j := jsonscan.IndexKey(b[i+1:], key)
 		if j < 0 {
 			return i
 		}
@@ -149,7 +153,7 @@ func objectEnd(b []byte) int {
 }
 
 func intAfter(b, key []byte) (int, bool) {
-	i := bytes.Index(b, key)
+	i := jsonscan.IndexKey(b, key)
 	if i < 0 {
 		return 0, false
 	}

@@ -170,3 +170,16 @@ func TestProtocolUsageReadInPartsAndAcrossReadBoundaries(t *testing.T) {
 		check(u, "byte by byte")
 	}
 }
+
+// BenchmarkEngineErrorCheckSSEEvent checks one streamed event for the
+// engine's error event, as every chunk of a relayed stream is.
+func BenchmarkEngineErrorCheckSSEEvent(b *testing.B) {
+	ev := []byte("data: {\"id\":\"chatcmpl-b3f1c0a2d4e5\",\"object\":\"chat.completion.chunk\",\"created\":1733450000,\"model\":\"Qwen/Qwen3-8B\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" your request regarding\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n")
+	b.ReportAllocs()
+	b.SetBytes(int64(len(ev)))
+	for b.Loop() {
+		if chatCarriesError(ev) {
+			b.Fatal("a healthy event taken for an error")
+		}
+	}
+}

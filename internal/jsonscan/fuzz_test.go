@@ -1,6 +1,7 @@
 package jsonscan
 
 import (
+	"bytes"
 	"encoding/json"
 	"testing"
 	"unicode/utf8"
@@ -100,6 +101,26 @@ func FuzzScanString(f *testing.F) {
 		var back string
 		if err := json.Unmarshal(out, &back); err != nil || back != want {
 			t.Fatalf("AppendString(%q) = %s: decodes to %q (%v)", got, out, back, err)
+		}
+	})
+}
+
+// IndexTail (IndexKey's search) is bytes.Index: it finds the first whole
+// key, not its tail after other bytes, and nothing in a text too short.
+func FuzzIndexKeyIsBytesIndex(f *testing.F) {
+	for _, s := range []string{`{"usage":1}`, `xusage""usage"`, `"usage`, `usage"`, ``, `""usage""usage"`} {
+		f.Add([]byte(s), []byte(`"usage"`))
+	}
+	f.Add([]byte(`"er"error"`), []byte(`"error"`))
+	f.Fuzz(func(t *testing.T, b, key []byte) {
+		if len(key) < 2 {
+			return
+		}
+		want := bytes.Index(b, key)
+		for k := 1; k < len(key); k++ {
+			if got := IndexTail(b, key, k); got != want {
+				t.Fatalf("IndexTail(%q, %q, %d) = %d, want %d", b, key, k, got, want)
+			}
 		}
 	})
 }
