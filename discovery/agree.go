@@ -62,25 +62,39 @@ type AgreementHook struct {
 	RequestTransport, KVTransport string
 	KVAware                       bool
 	BlockSize                     int
-	logged                        map[string]bool // under the fleet lock
+	// Under the fleet lock. warned holds the live workers whose block size
+	// was warned about (dropped when they leave); rejected the ids whose
+	// exclusion was logged (never added, so never removed: bounded by
+	// maxRejectedLogged instead).
+	warned, rejected map[string]bool
 }
+
+// maxRejectedLogged bounds AgreementHook.rejected: beyond it the set is
+// cleared, so an excluded worker is logged again at worst once per that
+// many other excluded ids (discovery retries excluded records on every
+// sync; with pod-name ids the set of ids ever seen has no bound).
+const maxRejectedLogged = 1024
 
 var _ fleet.Hook = (*AgreementHook)(nil)
 
 // WorkerAdded implements fleet.Hook.
 func (a *AgreementHook) WorkerAdded(w *fleet.Worker) error {
-	if a.logged == nil {
-		a.logged = map[string]bool{}
-	}
 	if ok, reason := Agrees(w.Record, a.RequestTransport, a.KVTransport); !ok {
-		if !a.logged[w.ID] {
-			a.logged[w.ID] = true
+		if !a.rejected[w.ID] {
+			if a.rejected == nil || len(a.rejected) >= maxRejectedLogged {
+				a.rejected = map[string]bool{}
+			}
+			a.rejected[w.ID] = true
 			slog.Error("worker excluded: transports disagree with this server (match the flags fleet-wide)", "worker", w.ID, "reason", reason)
 		}
 		return fmt.Errorf("transport mismatch: %s", reason)
 	}
-	if a.KVAware && w.BlockSize > 0 && w.BlockSize != a.BlockSize && !a.logged[w.ID+"/bs"] {
-		a.logged[w.ID+"/bs"] = true
+	delete(a.rejected, w.ID)
+	if a.KVAware && w.BlockSize > 0 && w.BlockSize != a.BlockSize && !a.warned[w.ID] {
+		if a.warned == nil {
+			a.warned = map[string]bool{}
+		}
+		a.warned[w.ID] = true
 		slog.Warn("worker's KV block size differs from --kv-block-size: its cache will never match prompts",
 			"worker", w.ID, "worker_block_size", w.BlockSize, "kv_block_size", a.BlockSize)
 	}
@@ -88,4 +102,4 @@ func (a *AgreementHook) WorkerAdded(w *fleet.Worker) error {
 }
 
 // WorkerRemoved implements fleet.Hook.
-func (a *AgreementHook) WorkerRemoved(w *fleet.Worker) {}
+func (a *AgreementHook) WorkerRemoved(w *fleet.Worker) { delete(a.warned, w.ID) }
