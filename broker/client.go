@@ -338,6 +338,24 @@ func (c *Client) Pending(workerID string) int {
 // Forget drops the pending counter of a removed worker.
 func (c *Client) Forget(workerID string) { c.pending.Delete(workerID) }
 
+// Retain drops the pending counters of the workers keep refuses. A request
+// dispatched to a worker as it was removed (it took the worker from the
+// fleet's previous view) re-creates the counter Forget dropped: call Retain
+// with the live workers when one leaves, so such counters last until the
+// next removal rather than forever.
+func (c *Client) Retain(keep func(workerID string) bool) {
+	c.pending.Range(func(id string, _ *atomic.Int64) bool {
+		if !keep(id) {
+			c.pending.Delete(id)
+		}
+		return true
+	})
+}
+
+// Counters returns how many workers hold a pending counter (for metrics
+// and tests).
+func (c *Client) Counters() int { return c.pending.Size() }
+
 func (c *Client) dispatch(m *nats.Msg) {
 	id := m.Subject[len(c.prefix):]
 	if w, ok := strings.CutPrefix(id, goneTag); ok {

@@ -132,7 +132,7 @@ func New(f *config.Serve) (*Gateway, error) {
 	if f.RequestTransport == "http" {
 		g.fleet.AddHook(proxy.HTTPHook(f))
 	} else {
-		g.fleet.AddHook(forgetHook{g.natsClient})
+		g.fleet.AddHook(&forgetHook{bc: g.natsClient})
 	}
 	g.sched = sched.NewScheduler(g.fleet, policy)
 	g.sched.Mode = mode
@@ -388,13 +388,27 @@ func (g *Gateway) connectNATS() error {
 	return nil
 }
 
-// forgetHook drops a removed worker's NATS admission counter.
-type forgetHook struct{ bc *broker.Client }
+// forgetHook drops a removed worker's NATS admission counter, and those of
+// other workers no longer in the fleet (a request dispatched to a worker
+// as it was removed re-creates its counter after Forget).
+type forgetHook struct {
+	bc   *broker.Client
+	live map[string]bool // under the fleet lock
+}
 
-func (h forgetHook) WorkerAdded(w *fleet.Worker) error { return nil }
-func (h forgetHook) WorkerRemoved(w *fleet.Worker) {
+func (h *forgetHook) WorkerAdded(w *fleet.Worker) error {
+	if h.live == nil {
+		h.live = map[string]bool{}
+	}
+	h.live[w.ID] = true
+	return nil
+}
+
+func (h *forgetHook) WorkerRemoved(w *fleet.Worker) {
+	delete(h.live, w.ID)
 	if h.bc != nil {
 		h.bc.Forget(w.ID)
+		h.bc.Retain(func(id string) bool { return h.live[id] })
 	}
 }
 
