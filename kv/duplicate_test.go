@@ -96,7 +96,7 @@ func (r *dupRig) settle(workerID string, relays ...*broker.KVRelay) {
 	r.m.mu.RLock()
 	ws := r.m.byID[workerID]
 	r.m.mu.RUnlock()
-	waitFor(r.t, "feed queue drained", func() bool { return len(ws.feed) == 0 })
+	waitFor(r.t, "feed queue drained", func() bool { return ws.queuedFrames() == 0 })
 	time.Sleep(50 * time.Millisecond) // the last frame taken is handled
 }
 

@@ -53,10 +53,12 @@ type ManagerConfig struct {
 }
 
 // Manager keeps the index in step with every worker's KV events. It is a
-// fleet.Hook: WorkerAdded starts one goroutine per worker that applies its
-// queued frames, and one more that owns its ZMQ socket and queues what it
-// receives when Transport is zmq; WorkerRemoved stops them and purges the
-// worker's entries before returning.
+// fleet.Hook: a worker gets one goroutine that applies its queued frames
+// once it has something to apply (the first frame starts it), and one more
+// that owns its ZMQ socket and queues what it receives when Transport is
+// zmq and the worker has an endpoint; WorkerRemoved stops them and purges
+// the worker's entries before returning. A worker that sends no events
+// costs no goroutine and no queue.
 type Manager struct {
 	cfg ManagerConfig
 	ms  *metrics.Set
@@ -197,11 +199,6 @@ func (m *Manager) WorkerAdded(w *fleet.Worker) error {
 	}
 	m.byID[w.ID] = ws
 	m.mu.Unlock()
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		ws.runFeed()
-	}()
 	if m.cfg.Transport == "zmq" && w.KVEventsEndpoint != "" {
 		// The socket is read as fast as it fills, into the queue bounded
 		// in bytes: what ZMQ holds itself is bounded only in messages
@@ -260,14 +257,61 @@ func (ws *workerState) enqueue(f frame) bool {
 		ws.mDropped.Inc()
 		return false
 	}
-	select {
-	case ws.feed <- f:
-		return true
-	default:
+	ws.qmu.Lock()
+	if ws.stopped.Load() || len(ws.q)-ws.qhead >= ws.m.cfg.QueueSize {
+		ws.qmu.Unlock()
 		ws.queued.Add(-n)
 		ws.mDropped.Inc()
 		return false
 	}
+	ws.q = append(ws.q, f)
+	if !ws.running {
+		// The first frame starts the goroutine that applies them. Under
+		// qmu and before stop's barrier on it, so Close's Wait follows
+		// this Add.
+		ws.running = true
+		ws.m.wg.Add(1)
+		go func() {
+			defer ws.m.wg.Done()
+			ws.runFeed()
+		}()
+	}
+	ws.qmu.Unlock()
+	select {
+	case ws.sig <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// dequeue takes the oldest queued frame; ok is false when none is queued.
+func (ws *workerState) dequeue() (f frame, ok bool) {
+	ws.qmu.Lock()
+	defer ws.qmu.Unlock()
+	if ws.qhead == len(ws.q) {
+		return frame{}, false
+	}
+	f = ws.q[ws.qhead]
+	ws.q[ws.qhead] = frame{}
+	ws.qhead++
+	if ws.qhead == len(ws.q) {
+		// Drained: a burst's backing array (up to QueueSize frames) is
+		// not kept for a worker that has gone quiet.
+		ws.qhead = 0
+		if cap(ws.q) > 64 {
+			ws.q = nil
+		} else {
+			ws.q = ws.q[:0]
+		}
+	}
+	return f, true
+}
+
+// queuedFrames returns how many frames wait to be applied.
+func (ws *workerState) queuedFrames() int {
+	ws.qmu.Lock()
+	defer ws.qmu.Unlock()
+	return len(ws.q) - ws.qhead
 }
 
 // WorkerStats are one worker's event counters. Duplicates counts frames
@@ -384,9 +428,17 @@ type workerState struct {
 	w         *fleet.Worker
 	idx       int
 	blockSize int
-	feed      chan frame
-	queued    atomic.Int64 // payload bytes in feed
-	done      chan struct{}
+	// q[qhead:] holds the frames received and not yet applied (at most
+	// QueueSize, allocated as they come); running says the goroutine that
+	// applies them was started (by the first frame). Under qmu. sig wakes
+	// that goroutine.
+	qmu     sync.Mutex
+	q       []frame
+	qhead   int
+	running bool
+	sig     chan struct{}
+	queued  atomic.Int64 // payload bytes in q
+	done    chan struct{}
 
 	mu      sync.Mutex
 	stopped atomic.Bool
@@ -410,7 +462,7 @@ type workerState struct {
 func (m *Manager) newWorkerState(w *fleet.Worker) *workerState {
 	ws := &workerState{
 		m: m, w: w, idx: w.Idx, blockSize: w.BlockSize,
-		feed: make(chan frame, m.cfg.QueueSize), done: make(chan struct{}),
+		sig: make(chan struct{}, 1), done: make(chan struct{}),
 		ranks: map[int]*rankState{},
 	}
 	if ws.blockSize <= 0 {
@@ -463,6 +515,9 @@ func (ws *workerState) stop() {
 	ws.mu.Lock()
 	//lint:ignore SA2001 a barrier: once we hold mu, the in-flight apply is done
 	ws.mu.Unlock()
+	ws.qmu.Lock()
+	ws.q, ws.qhead = nil, 0 // no enqueue after stopped (checked under qmu)
+	ws.qmu.Unlock()
 	close(ws.done)
 }
 
@@ -481,7 +536,13 @@ func (ws *workerState) runFeed() {
 		select {
 		case <-ws.done:
 			return
-		case f := <-ws.feed:
+		case <-ws.sig:
+		}
+		for !ws.stopped.Load() {
+			f, ok := ws.dequeue()
+			if !ok {
+				break
+			}
 			ws.handleFrame(&f)
 			ws.queued.Add(-int64(len(f.payload)))
 		}

@@ -100,12 +100,12 @@ func TestAPublisherFasterThanTheRouterIsBoundedInMemory(t *testing.T) {
 	}
 	// Every message received: queued or dropped.
 	deadline = time.Now().Add(5 * time.Second)
-	for int(ws.mDropped.Get())+len(ws.feed) < n && time.Now().Before(deadline) {
+	for int(ws.mDropped.Get())+ws.queuedFrames() < n && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	grew := rss(t) - before
 	t.Logf("%d messages of %d MiB sent while the worker's goroutine was stalled: RSS grew %d MiB, %d dropped, %d queued (%d bytes)",
-		n, size>>20, grew>>20, ws.mDropped.Get(), len(ws.feed), ws.queued.Load())
+		n, size>>20, grew>>20, ws.mDropped.Get(), ws.queuedFrames(), ws.queued.Load())
 	if grew > n*size*3/5 {
 		t.Fatalf("the router's memory grew by %d MiB for %d MiB sent (a queue bound of %d MiB)", grew>>20, n*size>>20, budget>>20)
 	}
