@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -22,7 +23,9 @@ const BackendStatic = "static"
 // --worker-model) plus the config snapshot's workers. Workers listed
 // without models are asked for their /v1/models; until they answer they
 // are retried every few seconds, and a worker that already learned its
-// models keeps them through a transient /v1/models failure.
+// models keeps them through a transient /v1/models failure. Learned models
+// are asked again every StaticModelsRefresh: an engine restarted behind the
+// same URL with another model is then routed to for the new one.
 type Static struct {
 	fl      *fleet.Fleet
 	workers []string
@@ -31,13 +34,22 @@ type Static struct {
 	wake    chan struct{} // Run: ask the workers without models now
 	stop    chan struct{}
 	once    sync.Once
+	// retry and refresh are Run's periods (tests shorten them): asking
+	// the workers whose models are not known yet, and again those that
+	// learned theirs.
+	retry, refresh time.Duration
 }
+
+// StaticModelsRefresh is how often Run asks the static workers listed
+// without models for their /v1/models again once they answered.
+const StaticModelsRefresh = 30 * time.Second
 
 var _ Backend = (*Static)(nil)
 
 // NewStatic returns the static backend for fl.
 func NewStatic(fl *fleet.Fleet, workers, workerModels []string) *Static {
-	return &Static{fl: fl, workers: workers, models: workerModels, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	return &Static{fl: fl, workers: workers, models: workerModels, wake: make(chan struct{}, 1), stop: make(chan struct{}),
+		retry: 5 * time.Second, refresh: StaticModelsRefresh}
 }
 
 // Apply makes the fleet the static list under cfg, first asking the
@@ -66,19 +78,19 @@ func (s *Static) Changed(cfg *config.Config) {
 
 // apply syncs the fleet with the records under the config cfg returns,
 // called under the lock (so that a sync with an older config never
-// follows one with a newer); a record without models takes those of the
-// live worker at the same URL, else fetched's for its URL. It reports
-// whether some worker was left without models.
+// follows one with a newer); a record without models takes fetched's for
+// its URL, else (not asked, or no answer) those of the live worker at the
+// same URL. It reports whether some worker was left without models.
 func (s *Static) apply(cfg func() *config.Config, fetched map[string][]string) (missing bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rs := StaticRecords(s.workers, s.models, cfg())
 	for i := range rs {
 		if len(rs[i].Models) == 0 {
-			rs[i].Models = knownModels(s.fl, &rs[i])
+			rs[i].Models = fetched[rs[i].URL]
 		}
 		if len(rs[i].Models) == 0 {
-			rs[i].Models = fetched[rs[i].URL]
+			rs[i].Models = knownModels(s.fl, &rs[i])
 		}
 		missing = missing || len(rs[i].Models) == 0
 	}
@@ -142,13 +154,29 @@ func fetchModels(urls []string, got func(url string, models []string)) {
 // fetchParallel bounds the /v1/models requests in flight at once.
 const fetchParallel = 16
 
+// learnedModels returns the URLs of the records without models whose live
+// worker learned its models, with those models.
+func learnedModels(rs []fleet.Record, fl *fleet.Fleet) map[string][]string {
+	known := map[string][]string{}
+	for i := range rs {
+		if len(rs[i].Models) == 0 {
+			if ms := knownModels(fl, &rs[i]); ms != nil {
+				known[rs[i].URL] = ms
+			}
+		}
+	}
+	return known
+}
+
 // Run asks the static workers whose models are not known yet, every 5 s
-// and at once after a Changed that left some, until stopped. load returns
-// the current config snapshot; each answer is synced into the fleet with
-// the config current when it came.
+// and at once after a Changed that left some, and every refresh those that
+// learned theirs, until stopped. load returns the current config snapshot;
+// each new answer is synced into the fleet with the config current when it
+// came (an answer naming the models already known changes nothing).
 func (s *Static) Run(load func() *config.Config) {
-	t := time.NewTicker(5 * time.Second)
+	t := time.NewTicker(min(s.retry, s.refresh))
 	defer t.Stop()
+	lastRefresh := time.Now()
 	for {
 		select {
 		case <-s.stop:
@@ -156,15 +184,31 @@ func (s *Static) Run(load func() *config.Config) {
 		case <-t.C:
 		case <-s.wake:
 		}
+		rs := StaticRecords(s.workers, s.models, load())
+		urls := missingModels(rs, s.fl)
+		var known map[string][]string
+		if time.Since(lastRefresh) >= s.refresh {
+			lastRefresh = time.Now()
+			known = learnedModels(rs, s.fl)
+			for u := range known {
+				if !slices.Contains(urls, u) {
+					urls = append(urls, u)
+				}
+			}
+		}
 		fetched := map[string][]string{}
-		fetchModels(missingModels(StaticRecords(s.workers, s.models, load()), s.fl), func(url string, models []string) {
+		fetchModels(urls, func(url string, models []string) {
+			if len(models) == 0 || slices.Equal(models, known[url]) {
+				return
+			}
+			if known[url] != nil {
+				slog.Info("static worker's models changed", "url", url, "was", known[url], "now", models)
+			}
 			fetched[url] = models
 			select {
 			case <-s.stop:
 			default:
-				if len(models) > 0 {
-					s.apply(load, fetched)
-				}
+				s.apply(load, fetched)
 			}
 		})
 	}

@@ -4,6 +4,7 @@ import (
 	"net"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
@@ -103,5 +104,53 @@ func TestAStaticWorkerGivenAsAnOpenAIBaseURLLearnsItsModels(t *testing.T) {
 		if w := fl.Get(id); w == nil || w.URL != base || len(w.Models) != 1 || w.Models[0] != "m" {
 			t.Fatalf("worker %s: %+v", id, w)
 		}
+	}
+}
+
+// An engine restarted behind the same static URL with another model: its
+// models are asked again (Run, every refresh), and the router serves the
+// new one. Before, the models learned once were kept forever: requests for
+// the new model were 404 and those for the old one went to an engine that
+// no longer served it. A refresh naming the same models keeps the worker.
+func TestAStaticWorkerRestartedWithAnotherModelIsAskedAgain(t *testing.T) {
+	var model atomic.Value
+	model.Store("old")
+	var calls atomic.Int64
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		calls.Add(1)
+		ctx.SetBodyString(`{"data":[{"id":"` + model.Load().(string) + `"}]}`)
+	}}
+	go srv.Serve(ln)
+	defer srv.Shutdown()
+	fl := fleet.NewFleet(fleet.BreakerConfig{Threshold: 3})
+	defer fl.Close()
+	st := NewStatic(fl, []string{"a=http://" + ln.Addr().String()}, nil)
+	st.retry, st.refresh = 20*time.Millisecond, 50*time.Millisecond
+	st.Apply(config.Default())
+	w1 := fl.Get("a")
+	if w1 == nil || len(fl.View().ByModel["old"]) != 1 {
+		t.Fatalf("setup: %v", w1)
+	}
+	go st.Run(config.Default)
+	defer st.Close()
+	// Same answer: the same worker (breaker, load, KV entries kept).
+	deadline := time.Now().Add(5 * time.Second)
+	for n := calls.Load(); calls.Load() < n+2 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if fl.Get("a") != w1 {
+		t.Fatal("a refresh naming the same models replaced the worker")
+	}
+	model.Store("new")
+	deadline = time.Now().Add(5 * time.Second)
+	for len(fl.View().ByModel["new"]) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(fl.View().ByModel["new"]) != 1 || len(fl.View().ByModel["old"]) != 0 {
+		t.Fatalf("after the engine changed its model the fleet serves %v", fl.View().Models)
 	}
 }
