@@ -46,6 +46,9 @@ type KubeWatcher struct {
 	h    *health
 
 	byPod map[string]fleet.Record // namespace/name -> record routed; loop only
+	// owner maps a worker id to the Pod (namespace/name) whose record the
+	// sink holds, when several routed Pods advertise it; loop only.
+	owner map[string]string
 	rv    string
 
 	workers atomic.Int64
@@ -289,15 +292,33 @@ func (w *KubeWatcher) list(ctx context.Context) error {
 	}
 	recs := make([]fleet.Record, 0, len(pl.Items))
 	clear(w.byPod)
+	// One record per id: with two Ready Pods advertising one id (a rollout
+	// with a fixed --id) the sink got both, and the second replaced the
+	// first, the worker made anew (KV entries, breaker and counters reset)
+	// twice on every relist. The Pod the sink holds keeps the id, else the
+	// last one listed (as the sink kept before).
+	prev := w.owner
+	w.owner = map[string]string{}
+	at := map[string]int{} // id -> index in recs
 	for i := range pl.Items {
 		p := &pl.Items[i]
 		rec, ok, bad := w.record(p)
 		if bad != nil {
 			w.st.badRecord(p.key(), bad)
 		}
-		if ok {
+		if !ok {
+			continue
+		}
+		w.byPod[p.key()] = rec
+		j, dup := at[rec.ID]
+		switch {
+		case !dup:
+			at[rec.ID] = len(recs)
 			recs = append(recs, rec)
-			w.byPod[p.key()] = rec
+			w.owner[rec.ID] = p.key()
+		case prev[rec.ID] != w.owner[rec.ID]:
+			recs[j] = rec
+			w.owner[rec.ID] = p.key()
 		}
 	}
 	for _, err := range w.sink.Sync(recs) {
@@ -309,6 +330,7 @@ func (w *KubeWatcher) list(ctx context.Context) error {
 					delete(w.byPod, k)
 				}
 			}
+			delete(w.owner, se.ID)
 		}
 	}
 	w.rv = pl.Metadata.ResourceVersion
@@ -316,14 +338,22 @@ func (w *KubeWatcher) list(ctx context.Context) error {
 	return nil
 }
 
-// podWithID returns the record of a routed Pod advertising id.
-func (w *KubeWatcher) podWithID(id string) (fleet.Record, bool) {
-	for _, r := range w.byPod {
+// podWithID returns the key and record of a routed Pod advertising id.
+func (w *KubeWatcher) podWithID(id string) (string, fleet.Record, bool) {
+	for k, r := range w.byPod {
 		if r.ID == id {
-			return r, true
+			return k, r, true
 		}
 	}
-	return fleet.Record{}, false
+	return "", fleet.Record{}, false
+}
+
+// setOwner records that the sink holds key's record for id.
+func (w *KubeWatcher) setOwner(id, key string) {
+	if w.owner == nil {
+		w.owner = map[string]string{}
+	}
+	w.owner[id] = key
 }
 
 func (w *KubeWatcher) setWorkers() {
@@ -422,12 +452,16 @@ func (w *KubeWatcher) apply(ev *kubeEvent) error {
 		delete(w.byPod, key)
 		// Another routable Pod may advertise the same id (a rollout with a
 		// fixed --id): it keeps the worker, so hand it back to the sink.
-		if other, ok := w.podWithID(old.ID); ok {
+		if k, other, ok := w.podWithID(old.ID); ok {
 			if err := w.sink.Upsert(other); err != nil {
 				w.st.badRecord(key, err)
+				delete(w.owner, old.ID)
+			} else {
+				w.setOwner(old.ID, k)
 			}
 		} else {
 			w.sink.Remove(old.ID)
+			delete(w.owner, old.ID)
 		}
 	}
 	if routable {
@@ -435,6 +469,7 @@ func (w *KubeWatcher) apply(ev *kubeEvent) error {
 			w.st.badRecord(key, err)
 		} else {
 			w.byPod[key] = rec
+			w.setOwner(rec.ID, key)
 		}
 	}
 	w.setWorkers()

@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/fleet"
 )
 
 // fakeKube speaks the Kubernetes list/watch wire format for Pods: a PodList
@@ -552,4 +554,44 @@ func FuzzParseKubeconfig(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		ParseKubeconfig(data, "")
 	})
+}
+
+// Two Ready Pods advertising one worker id (a rollout with a fixed --id):
+// each relist gave the fleet both records, and the second replaced the
+// first, so the worker was made anew (KV entries, breaker, counters reset)
+// twice per relist. A relist now keeps the Pod the fleet holds.
+func TestKubeRelistWithTwoPodsOfOneIDKeepsTheWorker(t *testing.T) {
+	f := newFakeKube("tok")
+	srv := startFakeKube(t, f)
+	pod := func(name, ip string) podSpec {
+		return podSpec{ns: "infera", name: name, labels: workerLabels, phase: "Running", ready: true,
+			ann: strp(fmt.Sprintf(`{"id":"w","url":"http://%s:8100","models":["m"],"status":"ACTIVE"}`, ip))}
+	}
+	f.set(pod("p1", "10.0.0.1"), false)
+	f.set(pod("p2", "10.0.0.2"), false)
+	fl := fleet.NewFleet(fleet.BreakerConfig{})
+	defer fl.Close()
+	w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "tok"}, KubeWatcherConfig{}, fl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w0 := fl.Get("w")
+	if w0 == nil {
+		t.Fatal("no worker w after the first list")
+	}
+	for i := 0; i < 5; i++ {
+		watches := f.watches.Load()
+		f.expire(false)
+		waitFor(t, 5*time.Second, "relist and watch again", func() bool { return f.watches.Load() > watches })
+		if got := fl.Get("w"); got != w0 {
+			t.Fatalf("relist %d made worker w anew (%s, was %s)", i+1, got.URL, w0.URL)
+		}
+	}
 }
