@@ -408,7 +408,12 @@ func (h *forgetHook) WorkerRemoved(w *fleet.Worker) {
 	delete(h.live, w.ID)
 	if h.bc != nil {
 		h.bc.Forget(w.ID)
-		h.bc.Retain(func(id string) bool { return h.live[id] })
+		// Only when some worker not live must hold one: a mass removal
+		// (a relist) then does not walk the counters once per worker.
+		// Stale counters stay fewer than the live workers.
+		if h.bc.Counters() > len(h.live) {
+			h.bc.Retain(func(id string) bool { return h.live[id] })
+		}
 	}
 }
 
