@@ -227,7 +227,7 @@ func strayBreaks(ev []byte) int {
 }
 
 // usageOnly reports whether the SSE event ev is a chat chunk with no
-// choices and a usage object, recording the usage.
+// choices (empty, null or absent) and a usage object, recording the usage.
 func (f *UsageFilter) usageOnly(ev []byte) bool {
 	d := f.scratch[:0]
 	n := 0
@@ -251,12 +251,15 @@ func (f *UsageFilter) usageOnly(ev []byte) bool {
 	if i >= len(d) || d[i] != '{' {
 		return false
 	}
-	emptyChoices, usage := false, []byte(nil)
+	// No choices: an empty array as vLLM, SGLang and llama.cpp send, or
+	// null, or none at all (the OpenAI SDK's stream helper throws on the
+	// last two, and the client did not ask for the chunk).
+	emptyChoices, usage := true, []byte(nil)
 	end, err := walkObject(d, i, 0, func(k []byte, s, e int) error {
 		switch string(k) {
 		case "choices":
 			v := d[s:e]
-			emptyChoices = v[0] == '[' && skipSpace(v, 1) == len(v)-1
+			emptyChoices = v[0] == 'n' || v[0] == '[' && skipSpace(v, 1) == len(v)-1
 		case "usage":
 			usage = d[s:e]
 		}

@@ -115,3 +115,26 @@ func TestUsageFilterRelaysAStrayBlankLineForAnySplit(t *testing.T) {
 		}
 	}
 }
+
+// A usage chunk whose choices are null or absent (not the empty array
+// vLLM, SGLang and llama.cpp send) is a usage chunk too: it reached the
+// client that did not ask for it, and the OpenAI SDK's stream helper
+// threw on it (chunk.choices is not iterable). A chunk with usage null and
+// no choices is relayed, as any chunk without a usage object is.
+func TestUsageFilterRemovesAUsageChunkWithoutChoices(t *testing.T) {
+	for _, ev := range []string{
+		"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2,\"total_tokens\":5}}\n\n",
+		"data: {\"id\":\"c\",\"choices\":null,\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2,\"total_tokens\":5}}\n\n",
+	} {
+		var f UsageFilter
+		out := f.Flush(f.Filter(nil, []byte(ev+"data: [DONE]\n\n")))
+		if string(out) != "data: [DONE]\n\n" || !f.Usage.Seen || f.Usage.PromptTokens != 3 || f.Usage.CompletionTokens != 2 {
+			t.Errorf("%q: relayed %q, usage %+v", ev, out, f.Usage)
+		}
+	}
+	var f UsageFilter
+	keep := "data: {\"id\":\"c\",\"usage\":null}\n\n"
+	if out := f.Flush(f.Filter(nil, []byte(keep))); string(out) != keep {
+		t.Errorf("a chunk without a usage object: %q", out)
+	}
+}
