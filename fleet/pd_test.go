@@ -141,3 +141,20 @@ func TestHandoffFailedBlamesTheSideTheLastHandoffsPointAt(t *testing.T) {
 		}
 	})
 }
+
+// HandoffTimedOut judges by the same records, but blames the prefill
+// worker (whose deadline passed) when nothing points either way.
+func TestHandoffTimedOutBlamesTheDecodeWorkerOnlyOnEvidence(t *testing.T) {
+	var serial uint32
+	w := func() *Worker { serial++; return &Worker{Serial: serial} }
+	p0, p1, d := w(), w(), w()
+	if !HandoffTimedOut(p0, d) {
+		t.Fatal("a first timeout, with no evidence, blamed the decode worker")
+	}
+	if HandoffTimedOut(p1, d) {
+		t.Fatal("a decode worker that two prefill workers timed out waiting for was not blamed")
+	}
+	if HandoffTimedOut(p0, d) {
+		t.Fatal("a blamed decode worker's next timeout blamed the prefill worker")
+	}
+}

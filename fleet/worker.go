@@ -152,7 +152,23 @@ const (
 // So a prefill engine whose KV endpoint cannot be reached trips its own
 // breaker instead of every healthy decode worker's, and a sick decode
 // engine still trips its own.
-func HandoffFailed(p, d *Worker) (prefillBlamed bool) {
+func HandoffFailed(p, d *Worker) (prefillBlamed bool) { return judgeHandoff(p, d, false) }
+
+// HandoffTimedOut records that SGLang prefill worker p timed out waiting
+// for decode worker d to join its bootstrap room while d had not answered
+// either, and reports which of them is blamed: p (true) or d (false).
+// Either engine may hang (each waits for the other), so the records decide
+// as for HandoffFailed, except that with no evidence (rule 5) p is blamed:
+// the leg that reached its own deadline.
+//
+// So a hung decode engine, which every prefill engine paired with it
+// waits for, trips its own breaker instead of the healthy prefill
+// workers'.
+func HandoffTimedOut(p, d *Worker) (prefillBlamed bool) { return judgeHandoff(p, d, true) }
+
+// judgeHandoff applies HandoffFailed's rules; prefillByDefault is the
+// verdict without evidence.
+func judgeHandoff(p, d *Worker, prefillByDefault bool) (prefillBlamed bool) {
 	pl, dl := p.handoff.Load(), d.handoff.Load()
 	failedElsewhere := func(rec uint64, peer *Worker) bool {
 		return rec == handoffBlamed || rec > handoffTaken && rec != uint64(peer.Serial)+2
@@ -169,6 +185,7 @@ func HandoffFailed(p, d *Worker) (prefillBlamed bool) {
 	case pe && de:
 		// Both failed with others (a decode tier failing as a whole, say):
 		// no evidence either way.
+		prefillBlamed = prefillByDefault
 		p.handoffFailed(d)
 		d.handoffFailed(p)
 	case pl == handoffTaken:
@@ -179,6 +196,7 @@ func HandoffFailed(p, d *Worker) (prefillBlamed bool) {
 		p.handoffFailed(d)
 		d.handoffFailed(p)
 	default:
+		prefillBlamed = prefillByDefault
 		p.handoffFailed(d)
 		d.handoffFailed(p)
 	}

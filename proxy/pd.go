@@ -91,6 +91,14 @@ type pdDispatch struct {
 	// the handoff records blame the prefill worker (fleet.HandoffFailed):
 	// the prefill leg, stopped, ends as a fault.
 	blamed bool
+	// decodeBlamed: the prefill leg timed out (pd.prefill_timeout_s) while
+	// the decode leg still waited for its first byte. The prefill engine
+	// waits for the decode engine to join the room, so either may hang: the
+	// handoff records decide (fleet.HandoffTimedOut), and when they blame
+	// the decode worker its leg ends as the fault. Set by the
+	// prefill goroutine, read by the dispatch after p.done.
+	decodeBlamed bool
+	dw           *fleet.Worker // the attempt's decode worker (SGLang)
 	// The prefill's error answer (status >= 400), relayed when it is final.
 	errStatus        int
 	errBody, errType []byte
@@ -165,6 +173,10 @@ var (
 	// errDecodeWaited: the decode leg timed out before its first byte while
 	// the prefill leg had not answered (see pdDispatch.waited).
 	errDecodeWaited = errors.New("no prefill answer when the decode leg, which waits for its KV, timed out")
+	// errRoomNotJoined: the SGLang prefill leg timed out while the decode
+	// leg had not answered, and the handoff records blame the decode worker
+	// (pdDispatch.decodeBlamed).
+	errRoomNotJoined = errors.New("the prefill leg timed out waiting for the decode engine to join the bootstrap room")
 )
 
 // dispatchPD serves r by a prefill+decode pair when its topology says so,
@@ -719,6 +731,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		p.mu.Lock()
 		p.committed, p.pfail, p.dcall, p.errStatus = false, nil, c, 0
 		p.ended, p.waited, p.blamed = false, false, false
+		p.decodeBlamed, p.dw = false, rs.lease.Worker
 		p.mu.Unlock()
 		p.refs.Add(1)
 		go p.pushPrefill()
@@ -794,10 +807,16 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		leg := sched.LegDecode
 		if pf != nil {
 			// The prefill failed first: the decode engine never got its KV.
-			// It is blamed only for its own connection failure.
+			// It is blamed only for its own connection failure, or when the
+			// prefill timed out waiting for it to join the room and the
+			// handoff records blame it (pushPrefill).
 			if f != nil && (f.kind == failConnect || f.kind == failNoResponder || f.kind == failEngine) {
 				s.decodeFailed(rs, f, 0)
 				r.Tried = append(r.Tried, rs.lease.Worker.Idx)
+			} else if p.decodeBlamed {
+				s.decodeFailed(rs, fail(failTimeout, errRoomNotJoined), 0)
+				r.Tried = append(r.Tried, rs.lease.Worker.Idx)
+				leg = sched.LegDecode
 			} else {
 				rs.lease.Done(sched.OutcomeNeutral)
 				if pf.cause == errDecodeWaited {
@@ -805,7 +824,9 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 				}
 			}
 			r.Tried = append(r.Tried, p.pl.Worker.Idx)
-			f, leg = pf, sched.LegPrefill
+			if f = pf; !p.decodeBlamed {
+				leg = sched.LegPrefill
+			}
 			if f.kind == failStatus && f.status < 500 && f.status != fasthttp.StatusTooManyRequests && p.errStatus != 0 {
 				s.live.remove(rs)
 				p.stashedInto(rs)
@@ -898,8 +919,20 @@ func (p *pdDispatch) pushPrefill() {
 	p.mu.Lock()
 	p.ended = true
 	waited, blamed := p.waited, p.blamed
+	if f != nil && f.kind == failTimeout && !p.committed && p.dcall != nil && !waited && !blamed {
+		// Timed out while the decode leg waits for its KV: either engine
+		// may hang (see pdDispatch.decodeBlamed). The failure is set now so
+		// that the decode leg cannot commit after the verdict.
+		p.decodeBlamed = !fleet.HandoffTimedOut(p.pl.Worker, p.dw)
+		p.pfail = f
+		p.dcall.cancel.abort()
+	}
+	decodeBlamed := p.decodeBlamed
 	p.mu.Unlock()
-	if blamed && f != nil && f.kind == failCanceled {
+	if decodeBlamed {
+		// The decode worker takes the fault (pdPush); this leg ends neutral.
+		outcome = sched.OutcomeNeutral
+	} else if blamed && f != nil && f.kind == failCanceled {
 		// Stopped because a decode worker could not take its KV, and the
 		// handoff records blame this worker (pdPush).
 		outcome = sched.OutcomeFault

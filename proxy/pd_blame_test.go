@@ -687,3 +687,97 @@ func TestPDDecodeOverloadIsNeverBlamedOnThePrefillWorker(t *testing.T) {
 		})
 	}
 }
+
+// SGLang. Decode engine d0 hangs: it never joins its rooms, so every
+// prefill engine paired with it waits for it until pd.prefill_timeout_s.
+// Which engine hangs is for the handoff records to tell (the prefill
+// engine waits for the decode engine as much as the other way round): d0,
+// which fails with every prefill worker, takes the faults and its breaker
+// opens; the healthy prefill workers take at most the first one (no
+// evidence yet). Before, every such timeout
+// was the prefill worker's: 10 of 10 faults on the healthy prefill
+// engines (one breaker tripped), none on d0, and every request that met d0
+// waited the full prefill timeout.
+func TestPDSGLangPrefillTimingOutOnAHungDecodeEngineBlamesTheDecodeWorker(t *testing.T) {
+	sp := newSGLangRooms()
+	defer sp.stop()
+	var ok atomic.Int32
+	p0 := startUpstream(t, sp.prefill(&legLog{}, &ok))
+	p1 := startUpstream(t, sp.prefill(&legLog{}, &ok))
+	hung := startUpstream(t, hangUntilClosed)
+	d1 := startUpstream(t, sp.decode(&legLog{}, &ok))
+	f := defaultFlags()
+	f.BreakerFailureThreshold = 2
+	f.RequestMaxRetries = 2
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) {
+		c.PD.Mode = "sglang"
+		c.PD.DecodePolicy = "round-robin"
+		c.PD.SGLangIndependentPairing = true
+		c.PD.PrefillTimeoutSeconds = 0.3
+	}),
+		pdWorker("p0", p0.url, "prefill", `{"pd_mode":"sglang","bootstrap_port":8998}`),
+		pdWorker("p1", p1.url, "prefill", `{"pd_mode":"sglang","bootstrap_port":8998}`),
+		pdWorker("d0", hung.url, "decode", ""), pdWorker("d1", d1.url, "decode", ""))
+	for i := 0; i < 8; i++ {
+		if code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 5*time.Second); code != 200 {
+			t.Fatalf("request %d: %d %s (a retry on another pair should have served it)", i, code, b)
+		}
+	}
+	noLoadLeft(t, r.fl)
+	v := r.fl.View()
+	// The first timeout has no evidence either way (the prefill worker,
+	// whose deadline it was, is blamed); from the second on, d0 has failed
+	// two prefill workers and takes the faults.
+	_, f0 := v.ByID([]byte("p0")).Counts()
+	_, f1 := v.ByID([]byte("p1")).Counts()
+	if f0+f1 > 1 {
+		t.Errorf("healthy prefill workers blamed for d0's hang: p0 %d faults, p1 %d", f0, f1)
+	}
+	for _, id := range []string{"p0", "p1"} {
+		if st := v.ByID([]byte(id)).Breaker.State(); st != fleet.BreakerClosed {
+			t.Errorf("healthy prefill worker %s blamed for d0's hang: breaker %v", id, st)
+		}
+	}
+	d0 := v.ByID([]byte("d0"))
+	if _, df := d0.Counts(); df < 2 || d0.Breaker.State() == fleet.BreakerClosed {
+		t.Fatalf("d0, which never joins a room, was not blamed: %d faults, breaker %v", df, d0.Breaker.State())
+	}
+}
+
+// The counterpart: prefill engine p0 hangs. Its timeouts stay its own
+// (without evidence the leg that reached its deadline is blamed), and the
+// healthy decode workers take none.
+func TestPDSGLangPrefillTimingOutOnAHungPrefillEngineStillBlamesThePrefillWorker(t *testing.T) {
+	sp := newSGLangRooms()
+	defer sp.stop()
+	var ok atomic.Int32
+	hung := startUpstream(t, hangUntilClosed)
+	p1 := startUpstream(t, sp.prefill(&legLog{}, &ok))
+	d0 := startUpstream(t, sp.decode(&legLog{}, &ok))
+	d1 := startUpstream(t, sp.decode(&legLog{}, &ok))
+	f := defaultFlags()
+	f.BreakerFailureThreshold = 2
+	f.RequestMaxRetries = 2
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) {
+		c.PD.Mode = "sglang"
+		c.PD.DecodePolicy = "round-robin"
+		c.PD.SGLangIndependentPairing = true
+		c.PD.PrefillTimeoutSeconds = 0.3
+	}),
+		pdWorker("p0", hung.url, "prefill", `{"pd_mode":"sglang","bootstrap_port":8998}`),
+		pdWorker("p1", p1.url, "prefill", `{"pd_mode":"sglang","bootstrap_port":8998}`),
+		pdWorker("d0", d0.url, "decode", ""), pdWorker("d1", d1.url, "decode", ""))
+	for i := 0; i < 6; i++ {
+		if code, b := postWithin(t, r.url+"/v1/chat/completions", chatBody, 5*time.Second); code != 200 {
+			t.Fatalf("request %d: %d %s (a retry on another pair should have served it)", i, code, b)
+		}
+	}
+	noLoadLeft(t, r.fl)
+	v := r.fl.View()
+	_, f0 := v.ByID([]byte("d0")).Counts()
+	_, f1 := v.ByID([]byte("d1")).Counts()
+	p0 := v.ByID([]byte("p0"))
+	if _, pf := p0.Counts(); pf < 2 || f0+f1 > 0 || p0.Breaker.State() == fleet.BreakerClosed {
+		t.Fatalf("faults: hung p0 %d (breaker %v), healthy d0 %d, d1 %d", pf, p0.Breaker.State(), f0, f1)
+	}
+}
