@@ -664,6 +664,11 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 		}
 	}
 	req.ContentLength = int64(len(m.Data))
+	// Never replayed by net/http: a client's Idempotency-Key (passed
+	// through) made a POST replayable, and a reused connection that closed
+	// after the write got it sent again, a PD leg twice. The router retries
+	// a request that got no answer on another worker itself.
+	req.GetBody = nil
 	resp, err := s.hc.Do(req)
 	if err != nil {
 		if err = s.answerErr(ctx, err); err != nil {
