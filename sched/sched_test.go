@@ -41,7 +41,7 @@ func cfgWith(t testing.TB, f func(c *config.Config)) *config.Config {
 
 // rec describes worker id serving models in service svc (svc "" = first model).
 func rec(id, svc string, models ...string) fleet.Record {
-	return fleet.Record{ID: id, URL: "http://127.0.0.1:1/" + id, Service: svc, Models: models}
+	return fleet.Record{ID: id, URL: "http://" + id + ".test:1", Service: svc, Models: models}
 }
 
 func newTestSched(t testing.TB, recs ...fleet.Record) (*Scheduler, *clock) {
