@@ -477,8 +477,8 @@ func TestAWriteRedisDidNotAnswerInTimeSaysItMayStillLand(t *testing.T) {
 func TestAWriteOverRedisDataThisReplicaCannotLoadSaysSoAtOnce(t *testing.T) {
 	rs := startRedis(t)
 	e := newEnv(t, envOpts{state: rs.url()})
+	logs := captureLogs(t) // before the write: the replica may read it at once
 	v := writeRedisDoc(t, e, rs, func(doc map[string]any) { doc["a_newer_setting"] = true })
-	logs := captureLogs(t)
 	eventually(t, 3*time.Second, "the replica reads the version", func() bool {
 		return strings.Contains(logs.String(), "does not load")
 	})
