@@ -506,9 +506,7 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	if eof {
 		f := rs.convFailure() // a whole converted stream the engine left incomplete
 		if f == nil && engineErr {
-			f = fail(failBroken, errEngineStreamError)
-			mMidStreamErr.Inc()
-			logUpstreamError(rs.lease.Worker, f)
+			f = rs.engineStreamFailure(nil)
 		}
 		if f != nil {
 			outcome = f.outcome()

@@ -334,38 +334,30 @@ func chatCarriesError(p []byte) bool {
 // whose first member is "error" with a value other than null, or "object"
 // or "type" with the value "error".
 func errorFirst(v []byte) bool {
-	v = skipBlanks(v)
+	v = bytes.TrimLeft(v, " ")
 	if len(v) == 0 || v[0] != '{' {
 		return false
 	}
-	v = skipBlanks(v[1:])
-	var key []byte
+	v = bytes.TrimLeft(v[1:], " ")
+	errKey := bytes.HasPrefix(v, quotedError)
 	switch {
-	case bytes.HasPrefix(v, quotedError):
-		key = quotedError
+	case errKey:
+		v = v[len(quotedError):]
 	case bytes.HasPrefix(v, quotedObject):
-		key = quotedObject
+		v = v[len(quotedObject):]
 	case bytes.HasPrefix(v, quotedType):
-		key = quotedType
+		v = v[len(quotedType):]
 	default:
 		return false
 	}
-	v = v[len(key):] // engines write no space before a colon, nor does carriesError take one
-	if len(v) == 0 || v[0] != ':' {
+	if len(v) == 0 || v[0] != ':' { // engines write no space before a colon, nor does carriesError take one
 		return false
 	}
-	v = skipBlanks(v[1:])
-	if &key[0] == &quotedError[0] {
+	v = bytes.TrimLeft(v[1:], " ")
+	if errKey {
 		return len(v) > 0 && v[0] != 'n'
 	}
 	return bytes.HasPrefix(v, quotedError)
-}
-
-func skipBlanks(v []byte) []byte {
-	for len(v) > 0 && v[0] == ' ' {
-		v = v[1:]
-	}
-	return v
 }
 
 var (
@@ -379,7 +371,7 @@ var (
 func responseFailed(p []byte) bool {
 	off := 0
 	for {
-		i := bytes.Index(p[off:], quotedRespFailed)
+		i := jsonscan.IndexKey(p[off:], quotedRespFailed)
 		if i < 0 {
 			return false
 		}
@@ -600,7 +592,13 @@ func (rs *reqState) convFailure() *failure {
 	if c == nil || !c.Failed() {
 		return nil
 	}
-	err := c.Err()
+	return rs.engineStreamFailure(c.Err())
+}
+
+// engineStreamFailure returns the failure of a stream whose engine reported
+// an error inside it (err, or errEngineStreamError when nil), counted as a
+// mid-stream error and logged against the worker.
+func (rs *reqState) engineStreamFailure(err error) *failure {
 	if err == nil {
 		err = errEngineStreamError
 	}
@@ -735,10 +733,7 @@ func (r *relay) CloseWithError(err error) error {
 		// ended: the client has the engine's error event; the answer is
 		// the worker's failure, as a converted stream's error chunk is.
 		r.up.finish(!r.cutAfterEnd)
-		f := fail(failBroken, errEngineStreamError)
-		mMidStreamErr.Inc()
-		logUpstreamError(rs.lease.Worker, f)
-		outcome = f.outcome()
+		outcome = rs.engineStreamFailure(nil).outcome()
 		end = endUpstreamErr
 	case r.upEOF:
 		r.up.finish(!r.cutAfterEnd)
