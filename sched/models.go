@@ -373,19 +373,8 @@ func modelFor(w *fleet.Worker, resolved string, req []byte) string {
 			}
 		}
 	}
-	for _, m := range w.Models {
-		if m == string(req) {
-			return m
-		}
-	}
-	if len(req) > 0 && len(req) <= maxModelName {
-		var a, b [maxModelName]byte
-		rq := appendCollapsed(a[:0], req, true)
-		for _, m := range w.Models {
-			if len(m) <= maxModelName && string(appendCollapsed(b[:0], m, true)) == string(rq) {
-				return m
-			}
-		}
+	if m := notationOf(w, req); m != "" {
+		return m
 	}
 	if len(w.Models) == 1 {
 		return w.Models[0]
@@ -399,6 +388,94 @@ func modelFor(w *fleet.Worker, resolved string, req []byte) string {
 			}
 		}
 		return w.Models[0]
+	}
+	return ""
+}
+
+// directModel returns the model to forward to w, the worker router mode
+// direct named, for the requested name: the model routing would have w
+// serve when it routes the name to w (the name in another notation, a
+// fuzzy match, an alias of w's service, the default model); otherwise the
+// name as w serves it in another notation, else "" (forwarded as asked).
+// The picker is trusted with the worker, not with the model: a worker
+// that does not serve the name gets it as asked, and its engine answers
+// for it. It used to get its own only model in its place, so a request
+// for a model no worker serves, or one the user may not call, was served
+// by whatever single-model worker the header named
+// (TestADirectWorkerIsNotHandedAModelItDoesNotServe).
+func (s *Scheduler) directModel(c *compiled, v *fleet.View, w *fleet.Worker, name []byte) string {
+	if len(name) <= maxModelNameLen {
+		n := name
+		if len(n) == 0 && c.cfg.ModelRouting.Enabled {
+			n = c.defaultModel
+		}
+		if resolved, ok := s.routesTo(c, v, w, n); ok {
+			return modelFor(w, resolved, name)
+		}
+	}
+	return notationOf(w, name)
+}
+
+// routesTo reports whether route sends the name to w among its
+// candidates, and the model it resolves (as route's), without advancing
+// a canary rule's sequence.
+func (s *Scheduler) routesTo(c *compiled, v *fleet.View, w *fleet.Worker, name []byte) (string, bool) {
+	cfg := c.cfg
+	mr := &cfg.ModelRouting
+	var buf [maxModelName]byte
+	var lower []byte
+	if len(name) <= len(buf) {
+		lower = appendLower(buf[:0], name)
+	} else {
+		lower = appendLower(nil, name)
+	}
+	if cfg.Canary.Enabled {
+		for _, rule := range c.canary {
+			if !globMatch(rule.pat, lower) {
+				continue
+			}
+			if rule.routable(v) {
+				return byService, slices.Contains(rule.services, w.Service)
+			}
+			break
+		}
+	}
+	if !mr.Enabled {
+		return "", len(name) == 0 || slices.Contains(v.ByModel[string(name)], w)
+	}
+	for i := range c.mappings {
+		if globMatch(c.mappings[i].pat, lower) {
+			return byService, slices.Contains(c.mappings[i].services, w.Service)
+		}
+	}
+	if len(name) == 0 {
+		return "", true
+	}
+	if model := s.modelIndex(v).resolve(name, mr.FuzzyMatch); model != "" {
+		return model, slices.Contains(w.Models, model)
+	}
+	if len(c.defaultModel) > 0 && string(name) != mr.DefaultModel {
+		return s.routesTo(c, v, w, c.defaultModel)
+	}
+	return "", false
+}
+
+// notationOf returns w's model that is req exactly or in another notation
+// (case and separators ignored, org prefix too), or "".
+func notationOf(w *fleet.Worker, req []byte) string {
+	for _, m := range w.Models {
+		if m == string(req) {
+			return m
+		}
+	}
+	if len(req) > 0 && len(req) <= maxModelName {
+		var a, b [maxModelName]byte
+		rq := appendCollapsed(a[:0], req, true)
+		for _, m := range w.Models {
+			if len(m) <= maxModelName && string(appendCollapsed(b[:0], m, true)) == string(rq) {
+				return m
+			}
+		}
 	}
 	return ""
 }

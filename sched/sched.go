@@ -381,7 +381,7 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 		s.forgetTried(v, r)
 	}
 	if s.Mode == ModeDirect {
-		if d, ok := s.direct(v, r, now); ok {
+		if d, ok := s.direct(c, v, r, now); ok {
 			s.finish(cfg, c, r, &d, now)
 			return d, nil
 		}
@@ -672,7 +672,7 @@ func (s *Scheduler) commit(cfg *config.Config, c *compiled, r *Request, d *Decis
 // direct resolves router mode direct: the worker named by the header, if it
 // is live and routable. The breaker is not consulted (the upstream picker
 // decides), except that a probe-eligible worker is marked as the probe.
-func (s *Scheduler) direct(v *fleet.View, r *Request, now int64) (Decision, bool) {
+func (s *Scheduler) direct(c *compiled, v *fleet.View, r *Request, now int64) (Decision, bool) {
 	id := r.DirectWorker
 	if r.Leg == LegPrefill {
 		id = r.DirectPrefill
@@ -689,7 +689,7 @@ func (s *Scheduler) direct(v *fleet.View, r *Request, now int64) (Decision, bool
 	if ok, probe := w.Breaker.Admit(now); ok {
 		d.Probe = probe
 	}
-	d.Model = modelFor(w, "", r.Model)
+	d.Model = s.directModel(c, v, w, r.Model)
 	d.Rewrite = d.Model != "" && d.Model != string(r.Model)
 	return d, true
 }

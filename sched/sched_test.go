@@ -182,6 +182,46 @@ func TestDirectMode(t *testing.T) {
 	}
 }
 
+// Router mode direct trusts the header with the worker, not with the
+// model: a named worker that does not serve the requested name gets the
+// name as asked (its engine answers for it), never its own only model in
+// its place. It used to be rewritten to the worker's model, so a request
+// for a model no worker serves, or one its user may not call, was served
+// by the named single-model worker with a 200. Names that model routing
+// sends to the named worker are still rewritten as routing would.
+func TestADirectWorkerIsNotHandedAModelItDoesNotServe(t *testing.T) {
+	s, _ := newTestSched(t, rec("a", "big", "Qwen2.5-72B-Instruct"), rec("b", "", "qwen3-8b"), rec("c", "", "llama-3-8b"))
+	s.Mode = ModeDirect
+	cfg := cfgWith(t, func(c *config.Config) {
+		c.ModelRouting.Enabled = true
+		c.ModelRouting.Mappings = []config.ModelMapping{{Pattern: "gpt-4*", Services: []string{"big"}}}
+	})
+	off := config.Default()
+	f := func(cfg *config.Config, model, worker, want string) {
+		t.Helper()
+		d := pick(t, s, cfg, &Request{Model: []byte(model), DirectWorker: []byte(worker)})
+		if d.Worker.ID != worker || d.Layer != LayerDirect {
+			t.Fatalf("%s to %s: %s by %s", model, worker, d.Worker.ID, d.Layer)
+		}
+		got := model
+		if d.Rewrite {
+			got = d.Model
+		}
+		if got != want {
+			t.Fatalf("%s to %s: forwarded as %q (model %q, rewrite %v), want %q", model, worker, got, d.Model, d.Rewrite, want)
+		}
+	}
+	for _, c := range []*config.Config{cfg, off} {
+		f(c, "llama-3-8b", "b", "llama-3-8b") // another worker's model
+		f(c, "nope", "b", "nope")             // no worker's model
+		f(c, "qwen3-8b", "b", "qwen3-8b")
+		f(c, "QWEN3_8B", "b", "qwen3-8b") // another notation of its own
+	}
+	f(cfg, "gpt-4o", "a", "Qwen2.5-72B-Instruct")      // an alias of its service
+	f(cfg, "gpt-4o", "b", "gpt-4o")                    // an alias of another service
+	f(cfg, "qwen2.5-72b", "a", "Qwen2.5-72B-Instruct") // a fuzzy match
+}
+
 func TestErrors(t *testing.T) {
 	s, _ := newTestSched(t)
 	cfg := config.Default()
