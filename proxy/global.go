@@ -134,7 +134,7 @@ func (s *Server) handleCapacity(ctx *fasthttp.RequestCtx) {
 	}
 	cfg := s.store.Load()
 	v := s.sched.Fleet.View()
-	c := capacityOf(cfg, v, s.sched.Now())
+	c := capacityOf(cfg, v, s.sched.Now(), s.sched.DefaultModelWorkers(cfg, v))
 	if s.o.QueueLength != nil {
 		c.Queued = max(0, s.o.QueueLength())
 	} else {
@@ -148,8 +148,9 @@ func (s *Server) handleCapacity(ctx *fasthttp.RequestCtx) {
 // ns). Free counts the workers that take client requests (mixed and
 // prefill) whose breaker lets requests through; models are the served
 // models, and the names model routing and canary rules accept (wildcards
-// included; a default model accepts any name: "*").
-func capacityOf(cfg *config.Config, v *fleet.View, now int64) upstreams.Capacity {
+// included; a default model accepts any name: "*", with dflt, the
+// default model's workers as model routing finds them).
+func capacityOf(cfg *config.Config, v *fleet.View, now int64, dflt []*fleet.Worker) upstreams.Capacity {
 	rl := &cfg.RateLimit
 	c := upstreams.Capacity{Workers: len(v.Routable), Models: []upstreams.ModelCapacity{}}
 	for _, w := range v.Routable {
@@ -181,12 +182,8 @@ func capacityOf(cfg *config.Config, v *fleet.View, now int64) upstreams.Capacity
 		for _, m := range mr.Mappings {
 			add(m.Pattern, byServices(m.Services))
 		}
-		if dm := mr.DefaultModel; dm != "" {
-			ws := v.ByModel[dm]
-			if len(ws) == 0 {
-				ws = v.ByService[dm]
-			}
-			add("*", ws)
+		if mr.DefaultModel != "" {
+			add("*", dflt)
 		}
 	}
 	if cfg.Canary.Enabled {

@@ -291,3 +291,47 @@ func TestGlobalForwardsAQueueableRequestInsteadOfQueueing(t *testing.T) {
 		t.Fatalf("forwarded after %v: it waited in the local queue first", d)
 	}
 }
+
+// A default model is advertised as "*" with the workers model routing
+// serves it by, whatever names it: the served model in another notation, an
+// abbreviation (fuzzy match) or an alias (a model mapping). Only a default
+// model that was a served model's exact name or a service was advertised:
+// a member whose default model is, say, "mistral" for mistral-7b answered
+// any name itself but reported none, so no region forwarded it one.
+func TestTheCapacityReportAdvertisesADefaultModelAsRoutingServesIt(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r := startRouterWith(t, nil, nil, nil, up.url, up.url)
+	for _, dm := range []string{"m", "M", "alias", "m-*"} {
+		cfg := config.Default()
+		cfg.ModelRouting.Enabled = true
+		cfg.ModelRouting.DefaultModel = dm
+		cfg.ModelRouting.Mappings = []config.ModelMapping{{Pattern: "alias", Services: []string{"m"}}}
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		r.store.Set(cfg)
+		resp, err := http.Get(r.url + upstreams.CapacityPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		c, err := upstreams.ParseCapacity(b)
+		if err != nil {
+			t.Fatalf("%s: %v", b, err)
+		}
+		free := -1
+		for _, m := range c.Models {
+			if m.Name == "*" {
+				free = m.Free
+			}
+		}
+		want := 2 * UnlimitedWorkerSlots
+		if dm == "m-*" {
+			want = -1 // no served model matches it: nothing serves unmatched names
+		}
+		if free != want {
+			t.Fatalf("default model %q: \"*\" free %d, want %d (%s)", dm, free, want, b)
+		}
+	}
+}

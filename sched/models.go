@@ -264,6 +264,47 @@ func (s *Scheduler) ServedModel(cfg *config.Config, name []byte) string {
 	return ""
 }
 
+// DefaultModelWorkers returns the routable workers cfg's default model is
+// served by, found as route finds them for an unmatched name (a canary
+// rule or a model mapping of that name, else the served model it names
+// exactly, in another notation or by fuzzy match); nil when model routing
+// is off, there is no default model or none serves it. The capacity
+// report advertises them as "*". It allocates: not for the request path.
+func (s *Scheduler) DefaultModelWorkers(cfg *config.Config, v *fleet.View) []*fleet.Worker {
+	mr := &cfg.ModelRouting
+	if !mr.Enabled || mr.DefaultModel == "" {
+		return nil
+	}
+	c := s.compiled(cfg)
+	var ws []*fleet.Worker
+	byServices := func(svcs []string) []*fleet.Worker {
+		for _, svc := range svcs {
+			ws = append(ws, v.ByService[svc]...)
+		}
+		return ws
+	}
+	if cfg.Canary.Enabled {
+		for _, rule := range c.canary {
+			if !globMatch(rule.pat, c.defaultLower) {
+				continue
+			}
+			if rule.routable(v) {
+				return byServices(rule.services)
+			}
+			break
+		}
+	}
+	for i := range c.mappings {
+		if globMatch(c.mappings[i].pat, c.defaultLower) {
+			return byServices(c.mappings[i].services)
+		}
+	}
+	if model := s.modelIndex(v).resolve(c.defaultModel, mr.FuzzyMatch); model != "" {
+		return v.ByModel[model]
+	}
+	return nil
+}
+
 // byRule reports whether a canary rule or a model mapping routes the
 // (lower-cased) name by service, as route does: a canary rule none of
 // whose targets has a routable worker does not decide (route falls
