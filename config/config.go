@@ -372,6 +372,11 @@ func (c *Config) Validate() error {
 	if !ValidHeaderName(sa.Header) {
 		return fieldErr("session_affinity.header", "%q is not a valid header name", sa.Header)
 	}
+	if credentialHeader(sa.Header) {
+		// Sessions would be keyed by the client's key: the affinity table
+		// would hold it, and every request of one key would be one session.
+		return fieldErr("session_affinity.header", "%q carries the client's credentials, not a session id", sa.Header)
+	}
 	if err := seconds("session_affinity.ttl_s", sa.TTLSeconds, true); err != nil {
 		return err
 	}
@@ -427,6 +432,10 @@ func (c *Config) Validate() error {
 		p := fmt.Sprintf("model_routing.mappings[%d]", i)
 		if m.Pattern == "" {
 			return fieldErr(p+".pattern", "is required")
+		}
+		if strings.TrimSpace(m.Pattern) != m.Pattern {
+			// Model names are matched as written: it would never match.
+			return fieldErr(p+".pattern", "%q has leading or trailing spaces", m.Pattern)
 		}
 		if len(m.Services) == 0 {
 			return fieldErr(p+".services", "at least one service is required")
@@ -522,4 +531,15 @@ func (c *Config) Validate() error {
 		return err
 	}
 	return c.validateStartup()
+}
+
+// credentialHeader reports whether name is a header that carries a
+// client's credentials (compared case-insensitively).
+func credentialHeader(name string) bool {
+	for _, h := range [...]string{"Authorization", "Proxy-Authorization", "X-Api-Key", "Api-Key", "Cookie"} {
+		if strings.EqualFold(name, h) {
+			return true
+		}
+	}
+	return false
 }

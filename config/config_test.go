@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -245,5 +246,37 @@ func TestQuotaTemplateNamesArePrintableAndBounded(t *testing.T) {
 		if !errors.As(err, &fe) || fe.Path != "user_limit.templates[0].name" {
 			t.Errorf("%q: %v", name, err)
 		}
+	}
+}
+
+// A mapping pattern with surrounding spaces never matched a model name (they
+// are matched as written): it is refused instead of loading as a dead rule.
+func TestAMappingPatternWithSurroundingSpacesIsRefused(t *testing.T) {
+	for _, pat := range []string{" gpt-4*", "gpt-4* ", "\tgpt-4*"} {
+		in := `{"model_routing":{"enabled":true,"mappings":[{"pattern":` + strconv.Quote(pat) + `,"services":["big"]}]}}`
+		_, err := Parse([]byte(in))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Path != "model_routing.mappings[0].pattern" {
+			t.Errorf("pattern %q: err %v, want a FieldError at the pattern", pat, err)
+		}
+	}
+	if _, err := Parse([]byte(`{"model_routing":{"enabled":true,"mappings":[{"pattern":"gpt 4*","services":["big"]}]}}`)); err != nil {
+		t.Errorf("a space inside a pattern is refused: %v", err)
+	}
+}
+
+// The session header may not be one that carries the client's key: the
+// affinity table would hold keys, and all of one key's requests would be
+// one session.
+func TestTheSessionHeaderMayNotBeACredentialHeader(t *testing.T) {
+	for _, h := range []string{"Authorization", "authorization", "X-Api-Key", "x-api-key", "Proxy-Authorization", "Cookie", "api-key"} {
+		_, err := Parse([]byte(`{"session_affinity":{"enabled":true,"header":"` + h + `"}}`))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Path != "session_affinity.header" {
+			t.Errorf("header %s: err %v, want a FieldError at session_affinity.header", h, err)
+		}
+	}
+	if _, err := Parse([]byte(`{"session_affinity":{"enabled":true,"header":"X-Claude-Code-Session-Id"}}`)); err != nil {
+		t.Errorf("a session header is refused: %v", err)
 	}
 }
