@@ -347,9 +347,10 @@ func (s *Scheduler) unknownModel(c *compiled, v *fleet.View, name []byte) error 
 }
 
 // Models returns what a client may ask for under cfg, sorted: the models
-// routable workers serve, the default model, and the plain (wildcard-free)
+// routable workers serve, the default model, the plain (wildcard-free)
 // names of model mappings and canary rules whose services have routable
-// workers. GET /v1/models lists these.
+// workers, and smart model selection's plain match_models names when one
+// of its tiers' models is among them. GET /v1/models lists these.
 func (s *Scheduler) Models(cfg *config.Config, v *fleet.View) []string {
 	seen := map[string]bool{}
 	var out []string
@@ -390,6 +391,21 @@ func (s *Scheduler) Models(cfg *config.Config, v *fleet.View) []string {
 			}
 			if !strings.Contains(r.Model, "*") && hasWorkers(svcs) {
 				add(r.Model)
+			}
+		}
+	}
+	if sm := &cfg.SmartModelSelection; sm.Enabled && len(sm.MatchModels) > 0 {
+		// A smart-selection name ("auto") is a model a client may ask for
+		// once one of its tiers' models is: clients pick from this list.
+		served := false
+		for _, t := range [...]string{sm.Tiers.L1, sm.Tiers.L2, sm.Tiers.L3} {
+			if t != "" && (seen[t] || cfg.ModelRouting.Enabled && s.modelIndex(v).resolve([]byte(t), cfg.ModelRouting.FuzzyMatch) != "") {
+				served = true
+			}
+		}
+		for _, p := range sm.MatchModels {
+			if served && !strings.Contains(p, "*") {
+				add(p)
 			}
 		}
 	}

@@ -652,3 +652,31 @@ func TestADefaultModelThatIsAnAliasServesUnmatchedNames(t *testing.T) {
 		t.Fatalf("ServedModel(chat) = %q, want \"\" (its mapping decides)", got)
 	}
 }
+
+// Smart model selection's plain match_models names ("auto") are models a
+// client may ask for: /v1/models lists them (clients pick from the list;
+// models.retrieve("auto") answered 404 while chat with it was served), once
+// one of the tiers' models is served, and never a wildcard.
+func TestSmartSelectionNamesAreListedWhenATierIsServed(t *testing.T) {
+	s := modelFleet(t)
+	cfg := cfgWith(t, func(c *config.Config) {
+		c.SmartModelSelection.Enabled = true
+		c.SmartModelSelection.ClassifierURL = "http://classifier.test:1/classify"
+		c.SmartModelSelection.MatchModels = []string{"auto", "smart-*"}
+		c.ModelRouting.Enabled = true
+		c.SmartModelSelection.Tiers = config.TierModels{L1: "nope", L2: "qwen2.5-72b", L3: "nope-either"}
+	})
+	got := s.Models(cfg, s.Fleet.View())
+	if !contains2(got, "auto") || contains2(got, "smart-*") {
+		t.Fatalf("Models %v: want auto listed, no wildcard", got)
+	}
+	dead := cfgWith(t, func(c *config.Config) {
+		c.SmartModelSelection.Enabled = true
+		c.SmartModelSelection.ClassifierURL = "http://classifier.test:1/classify"
+		c.SmartModelSelection.MatchModels = []string{"auto"}
+		c.SmartModelSelection.Tiers = config.TierModels{L1: "nope", L2: "nope", L3: "nope"}
+	})
+	if got := s.Models(dead, s.Fleet.View()); contains2(got, "auto") {
+		t.Fatalf("Models %v lists auto while no tier's model is served", got)
+	}
+}
