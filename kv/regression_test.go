@@ -4,6 +4,7 @@ package kv
 
 import (
 	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -103,4 +104,38 @@ func TestClearedEngineMapReleasesItsPeakSize(t *testing.T) {
 		t.Fatalf("AllBlocksCleared freed only %d KiB of the engine-hash map", (before-min(before, after))>>10)
 	}
 	runtime.KeepAlive(ws)
+}
+
+// TestEveryWorkerOfALargeFleetIsFollowedOverZMQ: following a worker takes
+// three ZMQ sockets, and ZMQ's default limit (1023 sockets) stopped the
+// router at 341 workers: 59 of 400 never had their KV events read (their
+// subscribers retried "too many open files" forever).
+func TestEveryWorkerOfALargeFleetIsFollowedOverZMQ(t *testing.T) {
+	m, x := newTestManager(t, "zmq")
+	p := newTestPublisher(t, false, engine.LayoutLegacy)
+	const n = 400
+	for i := 0; i < n; i++ {
+		w := &fleet.Worker{Idx: i, ID: "w" + strconv.Itoa(i), KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
+		if err := m.WorkerAdded(w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	probe := tokensFor(999, 1)
+	following := func() int {
+		got := 0
+		for _, o := range x.Match(nil, HashBlocks(nil, probe, bs, "")) {
+			if o.Blocks > 0 {
+				got++
+			}
+		}
+		return got
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for following() < n && time.Now().Before(deadline) {
+		p.BlockStored(engineHashes(999, 1), 0, false, probe, bs)
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := following(); got != n {
+		t.Fatalf("%d of %d workers indexed the probe", got, n)
+	}
 }

@@ -9,10 +9,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/infera/infera/radix"
 )
 
 // ZMQAvailable reports whether this binary was built with ZMQ support.
@@ -25,6 +28,20 @@ const ZMQAvailable = true
 // reconnected; the message is lost, a gap like any other. vLLM's batches
 // hold one scheduler step, well under a megabyte. A var for tests.
 var maxMessageBytes int64 = 64 << 20
+
+// maxSockets is the ZMQ context's socket limit. Following one worker takes
+// three sockets (the SUB, its monitor's and the monitor reader) and a
+// fourth while a replay runs; ZMQ's default, 1023, stopped at 341
+// workers: the others' subscribers failed with "too many open files" and
+// retried forever, their KV events never read. Set before any socket
+// exists: ZMQ reads it when the context makes its first socket.
+const maxSockets = 4*radix.MaxWorkers + 64
+
+func init() {
+	if err := zmq.SetMaxSockets(maxSockets); err != nil {
+		slog.Error("cannot raise the ZMQ socket limit; KV events of workers past the default limit are not read", "max_sockets", maxSockets, "err", err)
+	}
+}
 
 // runZMQ owns the worker's SUB socket: it polls with a timeout so it can
 // stop, queues every message in order for the worker's goroutine
