@@ -415,3 +415,30 @@ func TestAWorkerFloodingStoredBlocksIsBoundedInMemory(t *testing.T) {
 		t.Fatalf("the blocks stored before the bound are not indexed")
 	}
 }
+
+// TestAnEngineHashNamedTwiceInOneEventLeavesNothingAfterItsRemoval: a
+// BlockStored naming one engine hash for two blocks (a publisher that lies)
+// released the first block before it was indexed, then indexed it: no
+// engine hash named it any more, so removing every hash the engine stored
+// left the worker credited with it until a clear.
+func TestAnEngineHashNamedTwiceInOneEventLeavesNothingAfterItsRemoval(t *testing.T) {
+	x := radix.New()
+	m, err := NewManager(ManagerConfig{Index: x, Transport: "nats"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ws := m.newWorkerState(&fleet.Worker{Idx: 0, ID: "twice", BlockSize: bs})
+	defer ws.unregisterMetrics()
+	a := tokensFor(1, 3)
+	h := uint64(7)
+	b := appendBatchHeader(nil, false, 1, 1)
+	b = appendStored(b, false, []uint64{h, h, h}, 0, false, a, bs)
+	ws.handle(0, appendBatchTrailer(b, false, 0))
+	b = appendBatchHeader(nil, false, 2, 1)
+	b = appendRemoved(b, false, []uint64{h})
+	ws.handle(1, appendBatchTrailer(b, false, 0))
+	if n, o := x.WorkerBlocks(0), overlap(x, 0, a); n != 0 || o != 0 {
+		t.Fatalf("after removing the only engine hash stored, the worker holds %d blocks, matches %d", n, o)
+	}
+}

@@ -894,13 +894,14 @@ func (ws *workerState) applyStored(e *Event, rank int, rs *rankState) {
 	if !e.HasParent {
 		root = ws.scratch[0]
 	}
+	released := false
 	for i, h := range e.Hashes {
 		ref, ok := rs.blocks[h]
 		if ok && (ref.hash != ws.scratch[i] || ref.root != root) {
 			// The engine hash now names other blocks (a collision, or a
 			// publisher that lies): the ones it named go.
 			ws.release(rank, rs, h, ref, ref.n)
-			ok = false
+			ok, released = false, true
 		}
 		if ok {
 			ref.n++
@@ -910,12 +911,26 @@ func (ws *workerState) applyStored(e *Event, rank int, rs *rankState) {
 		rs.blocks[h] = ref
 		rs.refs[ref.hash]++
 	}
-	if err := ws.m.cfg.Index.Store(ws.idx, rank, root, seed, e.HasParent, ws.scratch); err != nil {
+	stored := ws.scratch
+	if released {
+		// An engine hash named twice in this event (a publisher that
+		// lies) released the block it named first before that block was
+		// indexed: the chain is indexed only up to that block, which
+		// would otherwise stay indexed for good (no engine hash left to
+		// remove it by).
+		for i, h := range e.Hashes {
+			if rs.blocks[h].hash != stored[i] {
+				stored = stored[:i]
+				break
+			}
+		}
+	}
+	if err := ws.m.cfg.Index.Store(ws.idx, rank, root, seed, e.HasParent, stored); err != nil {
 		ws.mDropped.Inc()
 		ws.logf("cannot index stored blocks", "err", err)
 		return
 	}
-	ws.noteSince(rank, rs, indexOp{root: root, parent: seed, hasParent: e.HasParent, hashes: ws.scratch})
+	ws.noteSince(rank, rs, indexOp{root: root, parent: seed, hasParent: e.HasParent, hashes: stored})
 	ws.mApplied.Inc()
 }
 
