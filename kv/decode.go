@@ -83,6 +83,16 @@ type span struct{ h0, h1, t0, t1 int }
 // MiB; a batch of vLLM's holds a few thousand tokens per scheduler step).
 const maxKeptTokens = 1 << 20
 
+// maxBatchHashes and maxBatchTokens bound the block hashes and token ids
+// one batch may hold (64 MiB decoded each): a hash or token id takes one
+// byte of msgpack and 8 or 4 decoded, so a 60 MiB frame of small integers
+// made the decoder allocate 2.8 GB and hold 1 GiB. A batch of vLLM's holds
+// one scheduler step; a rank holds at most maxRankBlocks blocks.
+const (
+	maxBatchHashes = 1 << 23
+	maxBatchTokens = 1 << 24
+)
+
 // ErrMalformed wraps every decoding error.
 var ErrMalformed = errors.New("malformed KV event payload")
 
@@ -324,6 +334,9 @@ func (d *Decoder) field(e *Event, name string) error {
 		if err != nil {
 			return err
 		}
+		if len(d.hashes)+n > maxBatchHashes {
+			return fmt.Errorf("batch holds more than %d block hashes", maxBatchHashes)
+		}
 		for i := 0; i < n; i++ {
 			h, err := d.hash()
 			if err != nil {
@@ -344,6 +357,9 @@ func (d *Decoder) field(e *Event, name string) error {
 		n, err := r.arrayLen()
 		if err != nil {
 			return err
+		}
+		if len(d.tokens)+n > maxBatchTokens {
+			return fmt.Errorf("batch holds more than %d token ids", maxBatchTokens)
 		}
 		for i := 0; i < n; i++ {
 			v, neg, err := r.int()

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"math"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -262,5 +263,49 @@ func TestADecodeErrorDoesNotCarryThePublishersBytes(t *testing.T) {
 	}
 	if len(err.Error()) > 200 || strings.Contains(err.Error(), "AAAA") {
 		t.Fatalf("the decode error carries the publisher's bytes (%d bytes): %.80q...", len(err.Error()), err.Error())
+	}
+}
+
+// TestAHugeArrayOfSmallIntegersIsRefusedWithoutAmplifyingMemory: a hash or
+// token id takes one byte of msgpack and 8 or 4 bytes decoded, so a frame
+// within the socket's 64 MiB bound decoded to gigabytes: a 60 MiB
+// BlockRemoved of zeros allocated 2.8 GB, held 1 GiB and took 9.6 s to
+// handle. A batch of more hashes than a rank may hold is refused unread.
+func TestAHugeArrayOfSmallIntegersIsRefusedWithoutAmplifyingMemory(t *testing.T) {
+	n := 1<<23 + 1 // maxBatchHashes + 1
+	p := appendBatchHeader(nil, false, 1, 1)
+	p = mpAppendArray(p, 2)
+	p = mpAppendStr(p, "BlockRemoved")
+	p = append(p, 0xdd, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	p = append(p, make([]byte, n)...) // n fixint zeros
+	p = appendBatchTrailer(p, false, 0)
+	var d Decoder
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := d.Decode(p)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a batch of %d hashes decoded: %v", n, err)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20 {
+		t.Fatalf("refusing a %d MiB batch allocated %d MiB", len(p)>>20, alloc>>20)
+	}
+	n = 1<<24 + 1 // maxBatchTokens + 1
+	p = appendBatchHeader(nil, false, 1, 1)
+	p = mpAppendArray(p, 4)
+	p = mpAppendStr(p, "BlockStored")
+	p = appendHashes(p, []uint64{1})
+	p = mpAppendNil(p)
+	p = append(p, 0xdd, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	p = append(p, make([]byte, n)...)
+	p = appendBatchTrailer(p, false, 0)
+	runtime.ReadMemStats(&before)
+	_, err = d.Decode(p)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrMalformed) {
+		t.Fatalf("a batch of %d token ids decoded: %v", n, err)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20 {
+		t.Fatalf("refusing a %d MiB batch allocated %d MiB", len(p)>>20, alloc>>20)
 	}
 }
