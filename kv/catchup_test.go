@@ -3,6 +3,7 @@
 package kv
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -234,4 +235,33 @@ func newFedWorker(t *testing.T) (*Manager, *radix.Index, *fleet.Worker) {
 		t.Fatal(err)
 	}
 	return m, x, w
+}
+
+// TestAReplayEndpointAdvertisedAsABindAddressIsReached: a record may give
+// its endpoints as the engine binds them (vLLM's kv-events-config,
+// tcp://*:5558). The events endpoint was connected to on the worker's host,
+// the replay endpoint as it was: ZMQ refused tcp://* ("invalid argument"),
+// so every catch-up and gap replay failed, and the blocks stored on chains
+// cached before the router listened were dropped for their unknown parents.
+func TestAReplayEndpointAdvertisedAsABindAddressIsReached(t *testing.T) {
+	m, x := newTestManager(t, "zmq")
+	p := newTestPublisher(t, true, engine.LayoutMap)
+	sys := tokensFor(1, 3)
+	hs := engineHashes(1, 4)
+	p.BlockStored(hs[:3], 0, false, sys, bs) // nobody subscribed: buffered only
+	waitFor(t, "the batch before the router", func() bool { return p.Sent() >= 1 })
+	time.Sleep(5 * time.Millisecond) // in a batch of its own, before the probes
+	bind := func(ep string) string { return strings.Replace(ep, "tcp://127.0.0.1:", "tcp://*:", 1) }
+	w := &fleet.Worker{Idx: 2, ID: "w", Addr: "127.0.0.1:8000", KVEventsEndpoint: bind(p.Endpoint()),
+		KVReplayEndpoint: bind(p.ReplayEndpoint()), BlockSize: bs}
+	if err := m.WorkerAdded(w); err != nil {
+		t.Fatal(err)
+	}
+	connect(t, p, x, w.Idx)
+	user := append(append([]uint32(nil), sys...), tokensFor(2, 1)...)
+	p.BlockStored(hs[3:], hs[2], true, user[3*bs:], bs)
+	waitFor(t, "the user turn on the system prompt", func() bool { return overlap(x, w.Idx, user) == 4 })
+	if st := m.Stats(w.ID); st.CatchUps != 1 || st.Dropped != 0 {
+		t.Fatalf("stats %+v, want one catch-up and nothing dropped", st)
+	}
 }

@@ -493,7 +493,9 @@ func (m *Manager) newWorkerState(w *fleet.Worker) *workerState {
 	// events themselves come over ZMQ; over NATS a gap resyncs instead of
 	// blocking the feed on an engine the router may not reach.
 	if w.KVReplayEndpoint != "" && m.cfg.Transport == "zmq" {
-		ep, timeout := w.KVReplayEndpoint, m.cfg.ReplayTimeout
+		// Given as the engine binds it (tcp://*:5558), as the events
+		// endpoint may be: connected to on the worker's host.
+		ep, timeout := connectEndpoint(w.KVReplayEndpoint, w.Addr), m.cfg.ReplayTimeout
 		ws.replayFn = func(rank int, start uint64, fn func(uint64, []byte)) error {
 			return Replay(rankEndpoint(ep, rank), start, timeout, fn)
 		}
