@@ -265,3 +265,24 @@ func TestAReplayEndpointAdvertisedAsABindAddressIsReached(t *testing.T) {
 		t.Fatalf("stats %+v, want one catch-up and nothing dropped", st)
 	}
 }
+
+// TestALoRANameLongerThanAModelNameIsNotKept: adapter names from events
+// are kept for the router's lifetime; a name longer than any model name a
+// worker may serve (512 bytes) is no model a request can ask for, and a
+// publisher naming 256 adapters of 1 MiB held 516 MiB after it left.
+func TestALoRANameLongerThanAModelNameIsNotKept(t *testing.T) {
+	m, _, w := newFedWorker(t)
+	for i, name := range []string{strings.Repeat("a", 512), strings.Repeat("b", 513)} {
+		ev := appendStored(nil, true, engineHashes(i+1, 1), 0, false, tokensFor(i+1, 1), bs)
+		ev = mpAppendStr(ev[:len(ev)-1], name) // lora_name, not nil
+		m.Feed(w.ID, 0, nil, uint64(i), appendBatchTrailer(append(appendBatchHeader(nil, false, 1, 1), ev...), false, 0))
+	}
+	waitFor(t, "both batches", func() bool { return m.Stats(w.ID).Applied == 2 })
+	long := strings.Repeat("a", 512)
+	if got := m.IsLora([]byte(long)); got != long {
+		t.Fatalf("a 512-byte adapter name is not known")
+	}
+	if got := m.IsLora([]byte(strings.Repeat("b", 513))); got != "" {
+		t.Fatalf("a 513-byte adapter name is kept")
+	}
+}

@@ -74,8 +74,14 @@ type Manager struct {
 }
 
 // maxLoraNames bounds the adapter names kept (a hostile publisher could
-// send a new one in every event).
-const maxLoraNames = 4096
+// send a new one in every event), maxLoraNameLen their length: a longer
+// name is no model a worker may serve (fleet bounds model names at 512
+// bytes), and names are kept for the router's lifetime: 256 names of 1 MiB
+// held 516 MiB after their worker left.
+const (
+	maxLoraNames   = 4096
+	maxLoraNameLen = 512
+)
 
 // IsLora returns the LoRA adapter name model is, when some engine stored
 // blocks for it (vLLM's lora_name), else "": such a prompt's blocks are
@@ -91,6 +97,9 @@ func (m *Manager) IsLora(model []byte) string {
 
 // sawLora records an adapter name from an event.
 func (m *Manager) sawLora(name []byte) {
+	if len(name) > maxLoraNameLen {
+		return
+	}
 	if p := m.loras.Load(); p != nil {
 		if _, ok := (*p)[string(name)]; ok {
 			return
@@ -115,7 +124,8 @@ func (m *Manager) sawLora(name []byte) {
 			next[k] = v
 		}
 	}
-	next[string(name)] = string(name)
+	k := string(name)
+	next[k] = k
 	m.loras.Store(&next)
 }
 
