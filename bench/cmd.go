@@ -227,6 +227,15 @@ type EngineFlags struct {
 	DecodePerSeq     time.Duration `help:"Engine decode cost per running sequence." default:"150us" env:"INFERA_BENCH_DECODE_PER_SEQ"`
 }
 
+// check refuses engine flags the engines would refuse, before anything
+// divides by them (warnOversized, the ceiling).
+func (e *EngineFlags) check() error {
+	if e.BlockSize < 1 || e.BlockSize > 65536 {
+		return fmt.Errorf("--block-size must be in [1, 65536], got %d", e.BlockSize)
+	}
+	return nil
+}
+
 func (e *EngineFlags) timeModel() engine.TimeModel {
 	return engine.TimeModel{PrefillBase: e.PrefillBase, PrefillPerToken: e.PrefillPerToken, PrefillPerSeq: e.PrefillPerSeq,
 		DecodeBase: e.DecodeBase, DecodePerSeq: e.DecodePerSeq, Speedup: e.EngineSpeedup}
@@ -284,6 +293,9 @@ func (c *CompareCmd) Run() error {
 	}
 	reqs, name, err := c.Build(os.Stderr, c.Arrival)
 	if err != nil {
+		return err
+	}
+	if err := c.EngineFlags.check(); err != nil {
 		return err
 	}
 	warnOversized(os.Stderr, reqs, c.BlockSize, c.KVCapacityBlocks)
@@ -380,6 +392,9 @@ func (c *SimulateCmd) Run() error {
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	reqs, name, err := c.Build(os.Stderr, c.Arrival)
 	if err != nil {
+		return err
+	}
+	if err := c.EngineFlags.check(); err != nil {
 		return err
 	}
 	warnOversized(os.Stderr, reqs, c.BlockSize, c.KVCapacityBlocks)

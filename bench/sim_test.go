@@ -1,8 +1,11 @@
 package bench
 
 import (
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/alecthomas/kong"
 
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/kvroute"
@@ -258,5 +261,34 @@ func TestSimulateNoStreamReportsAnswersReadWhole(t *testing.T) {
 			t.Fatalf("request %d simulated without streaming: TTFT %v, E2E %v, Whole %v, %d gaps; the client reports TTFT = E2E for a whole answer",
 				res.Index, res.TTFT, res.E2E, res.Whole, res.ITLCount)
 		}
+	}
+}
+
+// A zero --block-size is refused with an error. warnOversized divided by it
+// first: `infera bench simulate --block-size 0` (and compare) panicked with
+// an integer divide by zero.
+func TestSimulateAndCompareRefuseAZeroBlockSize(t *testing.T) {
+	for _, cmd := range []string{"simulate", "compare"} {
+		var cli struct {
+			Bench Cmd `cmd:""`
+		}
+		p, err := kong.New(&cli)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kctx, err := p.Parse([]string{"bench", cmd, "--block-size", "0", "--requests", "5", "--no-ceiling", "--svg", "", "--json", ""})
+		if err != nil {
+			t.Fatal(err)
+		}
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Fatalf("bench %s --block-size 0 panicked: %v", cmd, r)
+				}
+			}()
+			if err := kctx.Run(); err == nil || !strings.Contains(err.Error(), "--block-size") {
+				t.Fatalf("bench %s --block-size 0: err %v, want a --block-size error", cmd, err)
+			}
+		}()
 	}
 }
