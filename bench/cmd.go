@@ -171,8 +171,26 @@ func writeJSONFile(path string, v any) error {
 	return f.Close()
 }
 
+// signalContext returns a context cancelled by the first SIGINT or SIGTERM:
+// the run stops issuing requests and waits for those in flight (each
+// bounded by --timeout). The signals are then handed back to their default
+// action, so a second one ends the process at once: a request hung in an
+// engine no longer holds an interrupted run for up to --timeout.
 func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case sig := <-ch:
+			signal.Stop(ch)
+			fmt.Fprintf(os.Stderr, "%v: stopping; waiting for the requests in flight (again to quit now)\n", sig)
+			cancel()
+		case <-ctx.Done():
+			signal.Stop(ch)
+		}
+	}()
+	return ctx, cancel
 }
 
 // ReplayCmd is `infera bench replay`.

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync/atomic"
@@ -316,5 +318,71 @@ func TestOpenLoopOverloadIsNotATransportError(t *testing.T) {
 	t.Logf("%d/%d ok, errors %v", s.OK, s.Requests, s.ErrorsByStatus)
 	if s.Errors == 0 || s.ErrorsByStatus["overload"] != s.Errors {
 		t.Fatalf("arrivals refused by --max-in-flight 1: errors %v, want them all as overload", s.ErrorsByStatus)
+	}
+}
+
+// A second Ctrl-C ends an interrupted replay at once. The first stops
+// issuing and waits for the requests in flight, each bounded by --timeout;
+// the second was swallowed too, so a replay whose request hung in an engine
+// could only be killed (it waited out --timeout: 5 minutes by default).
+func TestReplayQuitsOnASecondInterrupt(t *testing.T) {
+	if url := os.Getenv("INFERA_BENCH_TEST_REPLAY_URL"); url != "" {
+		var cli struct {
+			Bench Cmd `cmd:""`
+		}
+		p, err := kong.New(&cli)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kctx, err := p.Parse([]string{"bench", "replay", "--url", url, "--requests", "1", "--no-stream", "--timeout", "1m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = kctx.Run()
+		return
+	}
+	arrived := make(chan struct{}, 1)
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case arrived <- struct{}{}:
+		default:
+		}
+		select { // an engine that hangs
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestReplayQuitsOnASecondInterrupt$")
+	cmd.Env = append(os.Environ(), "INFERA_BENCH_TEST_REPLAY_URL="+srv.URL)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	defer func() {
+		select {
+		case <-done:
+		default:
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the replay sent nothing; output:\n%s", out.String())
+	}
+	_ = cmd.Process.Signal(os.Interrupt)
+	time.Sleep(300 * time.Millisecond)
+	_ = cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("an interrupted replay with a hung request still runs 5 s after a second Ctrl-C")
 	}
 }
