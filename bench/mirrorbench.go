@@ -77,7 +77,9 @@ var mirrorModes = []string{"off", "copy", "on"}
 
 // Run implements the command.
 func (c *MirrorCmd) Run() error {
-	rep, err := RunMirrorBench(context.Background(), c, os.Stderr)
+	ctx, cancel := signalContext()
+	defer cancel()
+	rep, err := RunMirrorBench(ctx, c, os.Stderr)
 	if rep != nil {
 		_ = WriteMirrorTable(os.Stdout, rep)
 	}
@@ -225,7 +227,7 @@ func waitMirrorMode(ctx context.Context, url string, cl *Client, body []byte, mo
 // router's CPU until the mirror has nothing queued or in flight.
 func mirrorPhase(ctx context.Context, c *MirrorCmd, url string, cl *Client, body []byte, pid int, sink *mirrorSink, mode string) (MirrorPhase, error) {
 	ph := MirrorPhase{Mode: mode}
-	if _, _, err := closedLoop(cl, body, c.Warmup, c.Concurrency); err != nil {
+	if _, _, err := closedLoop(ctx, cl, body, c.Warmup, c.Concurrency); err != nil {
 		return ph, err
 	}
 	if err := waitMirrorIdle(ctx, url); err != nil {
@@ -241,7 +243,7 @@ func mirrorPhase(ctx context.Context, c *MirrorCmd, url string, cl *Client, body
 		return ph, err
 	}
 	t0 := time.Now()
-	lat, errs, err := closedLoop(cl, body, c.Requests, c.Concurrency)
+	lat, errs, err := closedLoop(ctx, cl, body, c.Requests, c.Concurrency)
 	if err != nil {
 		return ph, err
 	}
@@ -270,8 +272,9 @@ func mirrorPhase(ctx context.Context, c *MirrorCmd, url string, cl *Client, body
 }
 
 // closedLoop sends n requests with conc in flight and returns their
-// latencies (ms) and the number of failed ones.
-func closedLoop(cl *Client, body []byte, n, conc int) ([]float64, int, error) {
+// latencies (ms) and the number of failed ones; a cancelled ctx (Ctrl-C)
+// stops it with ctx's error.
+func closedLoop(ctx context.Context, cl *Client, body []byte, n, conc int) ([]float64, int, error) {
 	var (
 		next atomic.Int64
 		errs atomic.Int64
@@ -284,7 +287,7 @@ func closedLoop(cl *Client, body []byte, n, conc int) ([]float64, int, error) {
 		go func() {
 			defer wg.Done()
 			var l []float64
-			for next.Add(1) <= int64(n) {
+			for ctx.Err() == nil && next.Add(1) <= int64(n) {
 				var res Result
 				cl.Do("/v1/chat/completions", body, false, &res)
 				if !res.OK() {
@@ -299,6 +302,9 @@ func closedLoop(cl *Client, body []byte, n, conc int) ([]float64, int, error) {
 		}()
 	}
 	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return lat, int(errs.Load()), err
+	}
 	if e := int(errs.Load()); e > n/100 {
 		return lat, e, fmt.Errorf("%d of %d requests failed", e, n)
 	}

@@ -195,7 +195,9 @@ type ProxyReport struct {
 
 // Run implements the command.
 func (c *ProxyCmd) Run() error {
-	rep, err := RunProxyBench(context.Background(), c, os.Stderr)
+	ctx, cancel := signalContext()
+	defer cancel()
+	rep, err := RunProxyBench(ctx, c, os.Stderr)
 	if rep != nil {
 		_ = WriteProxyTable(os.Stdout, rep)
 	}
@@ -353,14 +355,14 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 		for _, t := range targets {
 			order = append(order, key{t.name, kind})
 			if c.Warmup > 0 {
-				if _, err := wrkCPU(c, t, body, c.Warmup, dir); err != nil {
+				if _, err := wrkCPU(ctx, c, t, body, c.Warmup, dir); err != nil {
 					return rep, fmt.Errorf("%s (%s) warm-up: %w", t.name, kind, err)
 				}
 			}
 		}
 		for round := 0; round < c.Rounds; round++ {
 			for _, t := range targets {
-				r, err := wrkCPU(c, t, body, c.Duration, dir)
+				r, err := wrkCPU(ctx, c, t, body, c.Duration, dir)
 				if err != nil {
 					return rep, fmt.Errorf("%s (%s): %w", t.name, kind, err)
 				}
@@ -413,8 +415,10 @@ var (
 	wrkErrors = regexp.MustCompile(`Non-2xx or 3xx responses: (\d+)|Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)`)
 )
 
-// wrkCPU runs wrk against t for d and measures the target's CPU time.
-func wrkCPU(c *ProxyCmd, t proxyTarget, body []byte, d time.Duration, dir string) (proxyRun, error) {
+// wrkCPU runs wrk against t for d and measures the target's CPU time. A
+// cancelled ctx (Ctrl-C) kills wrk, so the caller returns and its deferred
+// cleanup stops nginx and the proxies and removes the temp dir.
+func wrkCPU(ctx context.Context, c *ProxyCmd, t proxyTarget, body []byte, d time.Duration, dir string) (proxyRun, error) {
 	script := filepath.Join(dir, "post.lua")
 	lua := "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = " + strconv.Quote(string(body)) + "\n"
 	if err := os.WriteFile(script, []byte(lua), 0o644); err != nil {
@@ -428,8 +432,13 @@ func wrkCPU(c *ProxyCmd, t proxyTarget, body []byte, d time.Duration, dir string
 		}
 	}
 	secs := max(1, int(d.Round(time.Second).Seconds()))
-	out, err := exec.Command(c.Wrk, "-t", strconv.Itoa(c.WrkThreads), "-c", strconv.Itoa(c.Concurrency), "-d", strconv.Itoa(secs)+"s",
-		"--latency", "-s", script, t.url+"/v1/chat/completions").CombinedOutput()
+	cmd := exec.CommandContext(ctx, c.Wrk, "-t", strconv.Itoa(c.WrkThreads), "-c", strconv.Itoa(c.Concurrency), "-d", strconv.Itoa(secs)+"s",
+		"--latency", "-s", script, t.url+"/v1/chat/completions")
+	cmd.SysProcAttr = procAttr()
+	out, err := cmd.CombinedOutput()
+	if cerr := ctx.Err(); cerr != nil {
+		return proxyRun{}, cerr
+	}
 	if err != nil {
 		return proxyRun{}, fmt.Errorf("wrk failed: %w: %s", err, out)
 	}

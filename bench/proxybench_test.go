@@ -1,13 +1,19 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"os"
+	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/alecthomas/kong"
 )
 
 func TestProcCPUReadsThisProcess(t *testing.T) {
@@ -154,4 +160,162 @@ func TestPairedCPURatioCancelsDriftBetweenRounds(t *testing.T) {
 	if err := WriteProxyTable(&b, rep); err != nil || !strings.Contains(b.String(), "1.20x (1.20-1.20)") || !strings.Contains(b.String(), "same round") {
 		t.Fatalf("%v\n%s", err, b.String())
 	}
+}
+
+// Ctrl-C stops `infera bench proxy` cleanly: wrk is killed, nginx and the
+// proxies are stopped and the temp dir is removed. The command ran with no
+// signal handling, so SIGINT ended it at once: the nginx master died of
+// its Pdeathsig and its workers were left running, orphaned, holding their
+// listening port, with the temp dir (nginx.conf, logs, post.lua) left in
+// /tmp.
+func TestProxyBenchInterruptLeavesNoNginxOrTempDir(t *testing.T) {
+	if args := os.Getenv("INFERA_BENCH_TEST_PROXY_ARGS"); args != "" {
+		var cli struct {
+			Bench Cmd `cmd:""`
+		}
+		p, err := kong.New(&cli)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kctx, err := p.Parse(append([]string{"bench", "proxy"}, strings.Fields(args)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = kctx.Run()
+		return
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc")
+	}
+	for _, b := range []string{"/usr/bin/wrk", "/usr/sbin/nginx"} {
+		if _, err := os.Stat(b); err != nil {
+			t.Skipf("%s not installed", b)
+		}
+	}
+	bin := inferaBin(t)
+	tmp := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestProxyBenchInterruptLeavesNoNginxOrTempDir$")
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp, "INFERA_BENCH_TEST_PROXY_ARGS=--infera-bin "+bin+
+		" --no-naive --no-floors --kinds json --duration 30s --rounds 1 --warmup 0s --concurrency 4 --wrk-threads 1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	var workers []int
+	defer func() {
+		select {
+		case <-done:
+		default:
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		for _, pid := range workers {
+			if procAlive(pid) {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}()
+	// Wait for wrk to run against a target (nginx is up by then) and note
+	// the nginx workers.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if time.Now().After(deadline) {
+			t.Fatalf("wrk never ran; output:\n%s", out.String())
+		}
+		select {
+		case <-done:
+			t.Fatalf("bench proxy ended early; output:\n%s", out.String())
+		default:
+		}
+		master, wrk := 0, false
+		for pid, cl := range procCmdlines() {
+			if strings.Contains(cl, tmp) && strings.HasPrefix(cl, "nginx: master") {
+				master = pid
+			}
+			if strings.HasPrefix(cl, "/usr/bin/wrk") && strings.Contains(cl, tmp) {
+				wrk = true
+			}
+		}
+		if master != 0 && wrk {
+			workers = procChildren(master)
+			if len(workers) > 0 {
+				break
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("bench proxy still runs 20 s after Ctrl-C; output:\n%s", out.String())
+	}
+	time.Sleep(200 * time.Millisecond) // the workers' exit
+	for _, pid := range workers {
+		if procAlive(pid) {
+			t.Errorf("nginx worker %d still runs after bench proxy was interrupted", pid)
+		}
+	}
+	if ents, _ := os.ReadDir(tmp); len(ents) > 0 {
+		t.Errorf("bench proxy left %s in %s", ents[0].Name(), tmp)
+	}
+}
+
+// procCmdlines maps every process's pid to its command line (arguments
+// joined by spaces).
+func procCmdlines() map[int]string {
+	out := map[int]string{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		out[pid] = strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+	}
+	return out
+}
+
+// procStat returns a process's state and parent pid from /proc/PID/stat.
+func procStat(pid int) (state byte, ppid int, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 {
+		return 0, 0, false
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	return f[0][0], ppid, true
+}
+
+func procChildren(parent int) []int {
+	var out []int
+	for pid := range procCmdlines() {
+		if _, pp, ok := procStat(pid); ok && pp == parent {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// procAlive reports whether pid runs (not gone, not a zombie).
+func procAlive(pid int) bool {
+	st, _, ok := procStat(pid)
+	return ok && st != 'Z' && st != 'X'
 }
