@@ -62,6 +62,33 @@ func TestTimeModel(t *testing.T) {
 	}
 }
 
+// A huge slow-down saturates: it never wraps to a negative duration. The
+// conversion overflowed, so `infera engine --speedup 1e-300` and a slow
+// fault with factor 1e308 answered at once (a step of "1" ns).
+func TestTimeModelHugeSlowDownSaturates(t *testing.T) {
+	for _, m := range []TimeModel{
+		{PrefillBase: 8 * time.Millisecond, DecodeBase: 12 * time.Millisecond, Speedup: 1e-300},
+		{PrefillBase: 8 * time.Millisecond, DecodeBase: 12 * time.Millisecond, Slow: 1e308},
+	} {
+		if d := m.StepTime(100, 1, 1); d < 24*time.Hour {
+			t.Fatalf("speedup %v, slow %v: a step takes %v", m.Speedup, m.Slow, d)
+		}
+		if d := m.TransferTime(1); d < 0 {
+			t.Fatalf("speedup %v, slow %v: a transfer takes %v", m.Speedup, m.Slow, d)
+		}
+	}
+	c := newTestCore(t, CoreConfig{BlockSize: 16, CapacityBlocks: 64, MaxBatch: 4,
+		Time: TimeModel{PrefillBase: 8 * time.Millisecond, DecodeBase: 12 * time.Millisecond, Slow: 1e308}})
+	req := &Request{Prompt: make([]uint32, 20), MaxTokens: 2}
+	if err := c.Submit(req, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, next := c.Step(0, nil)
+	if next < 24*time.Hour {
+		t.Fatalf("the first step of a 1e308-times slowed engine ends at %v", next)
+	}
+}
+
 func TestCoreSingleRequestTiming(t *testing.T) {
 	c := newTestCore(t, testCoreConfig())
 	r := &Request{Prompt: seqTokens(1, 100), MaxTokens: 5}

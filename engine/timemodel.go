@@ -92,8 +92,19 @@ func (m TimeModel) scale(d time.Duration) time.Duration {
 	if f == 1 {
 		return d
 	}
-	return time.Duration(float64(d) * f)
+	v := float64(d) * f
+	if v >= float64(maxScaled) {
+		// A huge slow-down (--speedup 1e-300, a slow fault's factor 1e308)
+		// overflowed the conversion to a negative duration: the slowest
+		// engine answered at once.
+		return maxScaled
+	}
+	return time.Duration(v)
 }
+
+// maxScaled caps a scaled duration (about 36 years), leaving room to add
+// a prefill and a decode time to a clock's now without overflow.
+const maxScaled = time.Duration(1 << 60)
 
 // PrefillTime is the duration of prefilling seqs sequences holding
 // uncachedTokens prompt tokens in total that are not in the prefix cache.
