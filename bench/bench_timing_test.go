@@ -171,3 +171,31 @@ func BenchmarkReadSSE(b *testing.B) {
 		}
 	}
 }
+
+// An answer read whole must be an answer: a 200 carrying an error object
+// (`infera engine` with an error fault of status 200; a gateway that wraps
+// its errors so) or a page that is not JSON counted as a success with one
+// output token, while the same error in a stream counted as a stream-error.
+func TestClientDoCountsA200ErrorBodyAsAnError(t *testing.T) {
+	for _, body := range []string{
+		`{"error":{"message":"engine error","type":"server_error","param":null,"code":null}}`,
+		`<html><body>hello</body></html>`,
+		``,
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Write([]byte(body))
+		}))
+		cl, err := NewClient(srv.URL, 4, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res Result
+		cl.Do("/v1/chat/completions", []byte(`{"max_tokens":3}`), false, &res)
+		srv.Close()
+		s := Summarize("x", []Result{res}, nil, time.Second, SLO{}, 1)
+		if res.OK() || s.Errors != 1 {
+			t.Fatalf("200 with body %q: ok %v, errors %v", body, res.OK(), s.ErrorsByStatus)
+		}
+	}
+}

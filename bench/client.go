@@ -202,6 +202,7 @@ var (
 	keyReason   = []byte(`"reasoning_content":`)
 	keyReason2  = []byte(`"reasoning":`)
 	keyErrorObj = []byte(`"error":`)
+	keyChoices  = []byte(`"choices"`)
 )
 
 func (c *Client) readSSE(st *sseState, start time.Time, res *Result) error {
@@ -353,6 +354,12 @@ func readJSONBody(br *bufio.Reader, res *Result) error {
 	body, err := io.ReadAll(io.LimitReader(br, 64<<20))
 	if err != nil {
 		return fmt.Errorf("cannot read response: %w", err)
+	}
+	if !bytes.Contains(body, keyChoices) {
+		// Not an answer: an error object sent with status 200 (as the
+		// stream's error event is), or a page that is not JSON at all. It
+		// counted as a success with one output token.
+		return fmt.Errorf("answer without choices: %.200s", body)
 	}
 	if !parseUsage(body, res) {
 		res.OutputTokens = 1

@@ -89,7 +89,8 @@ type Summary struct {
 	Errors   int     `json:"errors"`
 	WallS    float64 `json:"wall_s"`
 	// ErrorsByStatus counts failures by HTTP status ("0" = transport error,
-	// "stream-error" = a 200 stream cut or ended by an error event,
+	// "stream-error" = a 200 stream cut or ended by an error event, or a
+	// 200 answer read whole with no choices,
 	// "overload" = an open-loop arrival refused by --max-in-flight, never
 	// sent).
 	ErrorsByStatus map[string]int `json:"errors_by_status,omitempty"`
@@ -145,7 +146,7 @@ func Summarize(name string, results []Result, itls []time.Duration, wall time.Du
 			key := strconv.Itoa(r.Status)
 			switch {
 			case r.Status == 200:
-				key = "stream-error" // 200 OK, then an error event or a cut stream
+				key = "stream-error" // 200 OK, then an error event, a cut stream or no choices
 			case r.Err == errOverload:
 				key = "overload"
 			}
