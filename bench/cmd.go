@@ -316,7 +316,8 @@ func (c *CompareCmd) Run() error {
 	if err := c.EngineFlags.check(); err != nil {
 		return err
 	}
-	warnOversized(os.Stderr, reqs, c.BlockSize, c.KVCapacityBlocks)
+	lc := c.config(&c.WorkloadFlags)
+	warnOversized(os.Stderr, reqs, &lc, c.BlockSize, c.KVCapacityBlocks)
 	if err := c.PDFlags.Check(c.Engines); err != nil {
 		return err
 	}
@@ -324,7 +325,7 @@ func (c *CompareCmd) Run() error {
 	defer cancel()
 	cc := CompareConfig{Bin: bin, Policies: splitList(c.Policies), Engines: c.Engines, EngineURLs: splitList(c.EngineURLs),
 		Engine: c.engineConfig(), KVEvents: c.KVEvents, ServeArgs: c.ServeArg, Model: c.Model,
-		Load: c.config(&c.WorkloadFlags), SLO: c.slo(), LogDir: c.LogDir, Log: os.Stderr, Ceiling: c.Ceiling,
+		Load: lc, SLO: c.slo(), LogDir: c.LogDir, Log: os.Stderr, Ceiling: c.Ceiling,
 		Progress: func(label string) *Progress { return NewProgress(os.Stderr, label) }}
 	if c.SimCheck {
 		core := c.coreConfig()
@@ -415,8 +416,8 @@ func (c *SimulateCmd) Run() error {
 	if err := c.EngineFlags.check(); err != nil {
 		return err
 	}
-	warnOversized(os.Stderr, reqs, c.BlockSize, c.KVCapacityBlocks)
 	lc := c.config(&c.WorkloadFlags)
+	warnOversized(os.Stderr, reqs, &lc, c.BlockSize, c.KVCapacityBlocks)
 	var ceil *Ceiling
 	if c.Ceiling {
 		cl, err := computeCeiling(os.Stderr, reqs, c.Engines, c.KVCapacityBlocks, c.BlockSize, lc)
@@ -525,11 +526,15 @@ func (c *GenCmd) Run() error {
 }
 
 // warnOversized tells the user when requests can never fit one engine's KV
-// cache (they get 400 from the engine), naming the flag to raise.
-func warnOversized(w io.Writer, reqs []TraceRequest, blockSize, capacityBlocks int) {
+// cache (they get 400 from the engine), naming the flag to raise. It counts
+// the prompts as sent (lc: the chat template, --bytes-per-token), as the
+// engines and the simulator do.
+func warnOversized(w io.Writer, reqs []TraceRequest, lc *LoadConfig, blockSize, capacityBlocks int) {
+	pr := newPromptRenderer(lc)
 	n, largest := 0, 0
-	for _, r := range reqs {
-		need := (r.InputLength + r.OutputLength + blockSize - 1) / blockSize
+	for i := range reqs {
+		r := &reqs[i]
+		need := (pr.promptTokens(r) + r.OutputLength + blockSize - 1) / blockSize
 		if need > capacityBlocks {
 			n++
 		}

@@ -447,10 +447,13 @@ type promptRenderer struct {
 	tok  tokenizer.Simple
 	text []byte
 	msgs []tokenizer.Message
+	// chatFrame is the chat template's length in bytes around the
+	// message (-1: not measured yet).
+	chatFrame int
 }
 
 func newPromptRenderer(lc *LoadConfig) *promptRenderer {
-	return &promptRenderer{lc: lc, msgs: make([]tokenizer.Message, 1)}
+	return &promptRenderer{lc: lc, msgs: make([]tokenizer.Message, 1), chatFrame: -1}
 }
 
 // render returns request i's prompt text (what the proxy matches on; valid
@@ -463,6 +466,24 @@ func (p *promptRenderer) render(i int, r *TraceRequest) ([]byte, []uint32) {
 		return p.text, p.tok.Encode(make([]uint32, 0, len(rendered)/4+1), rendered)
 	}
 	return p.text, p.tok.Encode(make([]uint32, 0, len(p.text)/4+1), p.text)
+}
+
+// promptTokens returns the length of render's token ids without rendering:
+// the prompt text is InputLength * BytesPerToken bytes, the chat template
+// adds a fixed frame around it, and tokenizer.Simple makes one token of
+// every 4 bytes (TestPromptTokensMatchesRender).
+func (p *promptRenderer) promptTokens(r *TraceRequest) int {
+	_, bpt := p.lc.Prompt.norm()
+	n := max(r.InputLength*bpt, 0)
+	if p.lc.API == "chat" {
+		if p.chatFrame < 0 {
+			p.msgs[0] = tokenizer.Message{Role: "user"}
+			frame, _ := p.tok.RenderChat(nil, p.msgs, nil, true)
+			p.chatFrame = len(frame)
+		}
+		n += p.chatFrame
+	}
+	return (n + 3) / 4
 }
 
 // poisson yields exponential inter-arrival gaps.

@@ -132,14 +132,51 @@ func FuzzParseTrace(f *testing.F) {
 
 func TestWarnOversized(t *testing.T) {
 	var b strings.Builder
+	lc := DefaultLoadConfig()
+	lc.API = "completions" // the prompt as the trace says, no chat template
 	reqs := []TraceRequest{{InputLength: 100, OutputLength: 28}, {InputLength: 1000, OutputLength: 24}}
-	warnOversized(&b, reqs, 16, 8) // 8 and 64 blocks needed
+	warnOversized(&b, reqs, &lc, 16, 8) // 8 and 64 blocks needed
 	if !strings.Contains(b.String(), "1 of 2 requests") || !strings.Contains(b.String(), "at least 64") {
 		t.Fatalf("warning %q", b.String())
 	}
 	b.Reset()
-	warnOversized(&b, reqs, 16, 64)
+	warnOversized(&b, reqs, &lc, 16, 64)
 	if b.Len() != 0 {
 		t.Fatalf("unexpected warning %q", b.String())
+	}
+}
+
+// The warning counts the prompt as the engines see it: with the chat
+// template (13 tokens under the built-in tokenizer) a request of 100 + 28
+// tokens needs 9 blocks of 16, not 8. It counted the trace's lengths, so on
+// the Mooncake trace it said 545 requests would be refused where 546 were,
+// and its "raise --kv-capacity-blocks to at least 7737" still left one
+// request refused.
+func TestWarnOversizedCountsTheChatTemplate(t *testing.T) {
+	var b strings.Builder
+	lc := DefaultLoadConfig()
+	reqs := []TraceRequest{{InputLength: 100, OutputLength: 28}}
+	warnOversized(&b, reqs, &lc, 16, 8)
+	if !strings.Contains(b.String(), "1 of 1 requests") || !strings.Contains(b.String(), "at least 9") {
+		t.Fatalf("a chat request of 100 + 28 tokens on engines of 8 blocks of 16: warning %q", b.String())
+	}
+}
+
+// promptTokens is the length of the prompt render sends, for every API and
+// --bytes-per-token.
+func TestPromptTokensMatchesRender(t *testing.T) {
+	for _, api := range []string{"chat", "completions"} {
+		for _, bpt := range []int{0, 1, 2, 3, 4, 5, 7} {
+			lc := DefaultLoadConfig()
+			lc.API, lc.Prompt.BytesPerToken = api, bpt
+			pr := newPromptRenderer(&lc)
+			for _, in := range []int{1, 2, 3, 5, 100, 511, 512, 513, 2000} {
+				r := TraceRequest{InputLength: in, OutputLength: 1, HashIDs: []int64{1, 2}}
+				_, toks := pr.render(7, &r)
+				if got := pr.promptTokens(&r); got != len(toks) {
+					t.Fatalf("api %s, %d bytes per token, %d input tokens: promptTokens %d, render %d", api, bpt, in, got, len(toks))
+				}
+			}
+		}
 	}
 }
