@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
@@ -237,7 +238,7 @@ type EngineFlags struct {
 	KVCapacityBlocks int           `name:"kv-capacity-blocks" help:"Engine KV cache capacity in blocks." default:"1024" env:"INFERA_BENCH_KV_CAPACITY_BLOCKS"`
 	MaxBatch         int           `help:"Engine max running sequences." default:"64" env:"INFERA_BENCH_MAX_BATCH"`
 	MaxPrefillTokens int           `help:"Engine uncached prompt tokens per step (0: no cap)." default:"8192" env:"INFERA_BENCH_MAX_PREFILL_TOKENS"`
-	EngineSpeedup    float64       `help:"Engine time model speed-up (divides every simulated duration)." default:"2" env:"INFERA_BENCH_ENGINE_SPEEDUP"`
+	EngineSpeedup    float64       `help:"Engine time model speed-up (divides every simulated duration; positive and finite, as infera engine --speedup)." default:"2" env:"INFERA_BENCH_ENGINE_SPEEDUP"`
 	PrefillBase      time.Duration `help:"Engine fixed cost of a prefill step." default:"8ms" env:"INFERA_BENCH_PREFILL_BASE"`
 	PrefillPerToken  time.Duration `help:"Engine prefill cost per uncached token." default:"80us" env:"INFERA_BENCH_PREFILL_PER_TOKEN"`
 	PrefillPerSeq    time.Duration `help:"Engine prefill cost per sequence." default:"250us" env:"INFERA_BENCH_PREFILL_PER_SEQ"`
@@ -250,6 +251,11 @@ type EngineFlags struct {
 func (e *EngineFlags) check() error {
 	if e.BlockSize < 1 || e.BlockSize > 65536 {
 		return fmt.Errorf("--block-size must be in [1, 65536], got %d", e.BlockSize)
+	}
+	// As infera engine refuses it: a simulated engine runs the same time
+	// model a compare run's engines would.
+	if !(e.EngineSpeedup > 0) || math.IsInf(e.EngineSpeedup, 0) {
+		return fmt.Errorf("--engine-speedup must be positive and finite, got %v", e.EngineSpeedup)
 	}
 	return nil
 }
@@ -396,7 +402,7 @@ type SimulateCmd struct {
 	KVOverlapWeight float64   `name:"kv-overlap-weight" help:"kv-aware duplicate-cost weight (as infera serve): 1 is the calibrated default, 0 routes on predicted TTFT alone." default:"1.0" env:"INFERA_BENCH_KV_OVERLAP_WEIGHT"`
 	KVLoadBound     float64   `name:"kv-load-bound" help:"kv-aware bounded load: requests in flight a worker may carry above the mean, as a fraction, before it costs (as infera serve; < 0 disables)." default:"0.2" env:"INFERA_BENCH_KV_LOAD_BOUND"`
 	KVLearnSpeed    bool      `name:"kv-learn-speed" help:"kv-aware learns each engine's prefill speed from first tokens (as infera serve)." default:"false" env:"INFERA_BENCH_KV_LEARN_SPEED"`
-	EngineSlow      []float64 `name:"engine-slow" help:"Slow-down factor per simulated engine, cycled over the fleet (e.g. 1,2: every other engine at half speed)." sep:"," env:"INFERA_BENCH_ENGINE_SLOW"`
+	EngineSlow      []float64 `name:"engine-slow" help:"Slow-down factor per simulated engine, cycled over the fleet (e.g. 1,2: every other engine at half speed; each positive and finite)." sep:"," env:"INFERA_BENCH_ENGINE_SLOW"`
 	Ceiling         bool      `help:"Compute the pooled-cache hit-rate ceiling (one LRU cache of engines x --kv-capacity-blocks, no timing) and each policy's share of it." default:"true" negatable:"" env:"INFERA_BENCH_CEILING"`
 	EngineFlags
 	WorkloadFlags
@@ -415,6 +421,16 @@ func (c *SimulateCmd) Run() error {
 	}
 	if err := c.EngineFlags.check(); err != nil {
 		return err
+	}
+	for _, f := range c.EngineSlow {
+		if !(f > 0) || math.IsInf(f, 0) {
+			return fmt.Errorf("--engine-slow: every factor must be positive and finite, got %v", f)
+		}
+	}
+	for _, f := range c.EngineSlow {
+		if !(f > 0) || math.IsInf(f, 0) {
+			return fmt.Errorf("--engine-slow: every factor must be positive and finite, got %v", f)
+		}
 	}
 	lc := c.config(&c.WorkloadFlags)
 	warnOversized(os.Stderr, reqs, &lc, c.BlockSize, c.KVCapacityBlocks)

@@ -292,3 +292,33 @@ func TestSimulateAndCompareRefuseAZeroBlockSize(t *testing.T) {
 		}()
 	}
 }
+
+// A time model infera engine refuses is refused by simulate too (it ran
+// --engine-speedup 0 and --engine-slow 0 or -1 as 1: another model than the
+// one a compare run's engines would run), and by compare before it starts
+// its engines.
+func TestSimulateRefusesATimeModelTheEngineRefuses(t *testing.T) {
+	for _, args := range [][]string{
+		{"simulate", "--engine-speedup=0"},
+		{"simulate", "--engine-speedup=-2"},
+		{"compare", "--engine-speedup=0"},
+		{"simulate", "--engine-slow=1,0"},
+		{"simulate", "--engine-slow=-1"},
+	} {
+		var cli struct {
+			Bench Cmd `cmd:""`
+		}
+		p, err := kong.New(&cli)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kctx, err := p.Parse(append([]string{"bench"}, append(args, "--requests", "5", "--no-ceiling", "--svg", "", "--json", "")...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		flag, _, _ := strings.Cut(args[1], "=")
+		if err := kctx.Run(); err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("bench %v: err %v, want a %s error", args, err, flag)
+		}
+	}
+}
