@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -34,8 +35,10 @@ type ManagerConfig struct {
 	// RcvHWM is the ZMQ receive high-water mark per SUB socket, in messages
 	// (default 100000); ZMQ drops beyond it and the gap is recovered.
 	RcvHWM int
-	// PollInterval bounds how long a subscriber waits before checking for
-	// shutdown (default 100ms).
+	// PollInterval bounds how long a ZMQ subscriber waits before it looks
+	// at its socket's monitor again (a publisher's disconnection, when the
+	// socket itself did not wake it; default 500ms). Stopping wakes it at
+	// once.
 	PollInterval time.Duration
 	// ReplayTimeout bounds one replay request (default 2s).
 	ReplayTimeout time.Duration
@@ -147,7 +150,7 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 		cfg.RcvHWM = 100000
 	}
 	if cfg.PollInterval <= 0 {
-		cfg.PollInterval = 100 * time.Millisecond
+		cfg.PollInterval = 500 * time.Millisecond
 	}
 	if cfg.ReplayTimeout <= 0 {
 		cfg.ReplayTimeout = 2 * time.Second
@@ -452,6 +455,9 @@ type workerState struct {
 
 	mu      sync.Mutex
 	stopped atomic.Bool
+	// wake is the file a ZMQ subscriber waits on (nil when none): stop
+	// moves its deadline to the past.
+	wake atomic.Pointer[os.File]
 
 	dec     Decoder
 	ranks   map[int]*rankState
@@ -523,6 +529,9 @@ func (ws *workerState) unregisterMetrics() {
 func (ws *workerState) stop() {
 	if ws.stopped.Swap(true) {
 		return
+	}
+	if f := ws.wake.Load(); f != nil {
+		_ = f.SetReadDeadline(time.Unix(1, 0)) // closed already: nothing to wake
 	}
 	ws.mu.Lock()
 	//lint:ignore SA2001 a barrier: once we hold mu, the in-flight apply is done
