@@ -46,7 +46,15 @@ async function api(method, path, body, headers) {
     opts.body = typeof body === 'string' ? body : JSON.stringify(body);
     opts.headers['Content-Type'] = 'application/json';
   }
-  const res = await fetch(path, opts);
+  let res;
+  try {
+    res = await fetch(path, opts);
+  } catch (e) {
+    // The router is down or restarting (or the network is): an answer like
+    // any failed one, so that every page says so instead of silently
+    // keeping what it showed.
+    return { status: 0, ok: false, data: { error: { message: 'The admin API cannot be reached (' + e.message + '): is the router running?' } }, etag: null, text: '' };
+  }
   if (res.status === 401) { logout('Your admin key was refused.'); throw new Error('unauthorized'); }
   if (res.status === 429) { logout(lockedOut(res)); throw new Error('locked out'); }
   const text = await res.text();
@@ -74,6 +82,27 @@ function setVersion(v) {
   S.version = v;
   const el = $('#ver');
   if (el) el.textContent = 'config v' + v;
+}
+
+// failedPage shows why a page could not be loaded, with a Retry, instead of
+// an error answer rendered as if it were (empty) data.
+function failedPage(active, title, r, retry) {
+  layout(active, h('div', { class: 'page-head' }, h('h1', { text: title })),
+    h('div', { class: 'banner error', id: 'page-error' }, 'This page could not be loaded: ', errOf(r).message, ' ',
+      h('button', { type: 'button', class: 'small', id: 'retry', onclick: () => retry(), text: 'Retry' })));
+}
+
+// staleStamp marks a refreshing page's "live" stamp when a refresh failed:
+// what the page shows is from the last refresh that worked.
+function staleStamp(stamp, r) {
+  stamp.classList.add('stale');
+  stamp.textContent = 'not refreshed' + (stamp.dataset.last ? ' since ' + stamp.dataset.last : '') + ': ' + errOf(r).message;
+}
+
+function freshStamp(stamp) {
+  stamp.classList.remove('stale');
+  stamp.dataset.last = new Date().toLocaleTimeString();
+  stamp.textContent = 'live · ' + stamp.dataset.last;
 }
 
 function clearTimers() { S.timers.forEach(clearInterval); S.timers = []; }
@@ -125,6 +154,12 @@ const PAGES = [
 async function start() {
   if (!S.key) return loginPage();
   const [schema, ver] = await Promise.all([api('GET', '/api/schema'), api('GET', '/api/version')]);
+  if (!schema.ok || !ver.ok) {
+    $('#app').replaceChildren(h('div', { class: 'login' }, h('h1', { text: 'infera' }),
+      h('div', { class: 'card' }, h('div', { class: 'banner error', id: 'start-error' }, 'The console cannot start: ', errOf(schema.ok ? ver : schema).message),
+        h('div', { class: 'actions' }, h('button', { class: 'primary', id: 'retry', onclick: () => start(), text: 'Retry' })))));
+    return;
+  }
   S.schema = schema.data.sections;
   S.info = ver.data;
   window.addEventListener('hashchange', route);
@@ -195,7 +230,7 @@ async function fleetPage() {
       body)));
   const load = async () => {
     const r = await api('GET', '/api/fleet');
-    if (!r.ok) return;
+    if (!r.ok) return staleStamp(stamp, r);
     const ws = r.data.workers;
     const routable = ws.filter((w) => w.status === 'routable').length;
     const open = ws.filter((w) => w.breaker && w.breaker !== 'closed').length;
@@ -221,7 +256,7 @@ async function fleetPage() {
         h('td', { class: 'num' }, h('span', { class: 'pct' }, bar, pctText(w.hit_rate))),
         h('td', { class: 'num', text: w.requests >= 0 ? w.requests + (w.failures > 0 ? ' (' + w.failures + ' failed)' : '') : '–' }));
     }) : [h('tr', {}, h('td', { colspan: 10, class: 'empty', text: 'No workers yet.' }))]));
-    stamp.textContent = 'live · ' + new Date().toLocaleTimeString();
+    freshStamp(stamp);
   };
   await load();
   S.timers.push(setInterval(load, 2000));
@@ -229,20 +264,22 @@ async function fleetPage() {
 
 async function rulesPage() {
   const body = h('tbody');
+  const stamp = h('span', { class: 'live', id: 'rules-live', text: 'live' });
   layout('rules',
-    h('div', { class: 'page-head' }, h('h1', { text: 'Rule hit counters' }), h('span', { class: 'live', text: 'live' })),
+    h('div', { class: 'page-head' }, h('h1', { text: 'Rule hit counters' }), stamp),
     h('p', { class: 'lede', text: 'How often each rule matched and what it decided. In dry-run mode rules are evaluated and counted but block nothing: observe first, then enforce.' }),
     h('div', { class: 'card' }, h('table', { id: 'rules' },
       h('thead', {}, h('tr', {}, h('th', { text: 'Rule' }), h('th', { text: 'Result' }), h('th', { text: 'Mode' }), h('th', { class: 'num', text: 'Hits' }))), body)));
   const load = async () => {
     const r = await api('GET', '/api/rules');
-    if (!r.ok) return;
+    if (!r.ok) return staleStamp(stamp, r);
     const rs = r.data.rules;
     body.replaceChildren(...(rs.length ? rs.map((x) => h('tr', {},
       h('td', { class: 'mono', text: x.rule }),
       h('td', {}, badge(x.result, x.result === 'pass' ? 'ok' : x.result === 'block' ? 'bad' : 'warn')),
       h('td', {}, x.dry_run ? badge('dry run', 'warn') : badge('enforced')),
       h('td', { class: 'num', text: x.count }))) : [h('tr', {}, h('td', { colspan: 4, class: 'empty', text: 'No rule has been evaluated yet.' }))]));
+    freshStamp(stamp);
   };
   await load();
   S.timers.push(setInterval(load, 2000));
@@ -251,6 +288,7 @@ async function rulesPage() {
 async function auditPage() {
   const r = await api('GET', '/api/audit?limit=200');
   if (location.hash !== '#/audit') return; // left while the log loaded
+  if (!r.ok) return failedPage('audit', 'Audit log', r, auditPage);
   const rows = (r.data.entries || []).map((e) => h('tr', {},
     h('td', { class: 'mono', text: new Date(e.time).toLocaleString() }),
     h('td', { text: 'v' + e.version }),
@@ -460,6 +498,7 @@ async function sectionPage(key) {
   if (!f) return layout('', h('div', { class: 'banner error', text: 'No section ' + key }));
   const r = await api('GET', '/api/config/' + key);
   if (location.hash !== '#/section/' + key) return; // left while the section loaded
+  if (!r.ok) return failedPage('section/' + key, f.label, r, () => sectionPage(key));
   let etag = r.etag;
   const holder = { [key]: r.data };
   const banner = h('div', { class: 'banner error', id: 'form-error', hidden: true });
@@ -493,8 +532,9 @@ async function sectionPage(key) {
       banner.replaceChildren('Someone changed the configuration since you opened this page (now version ' + (res.data.error.version || '?') + '). ',
         h('button', { type: 'button', class: 'small', onclick: () => sectionPage(key), text: 'Reload (discards your edits)' }));
     } else {
-      showError(form, banner, errOf(res));
-      status.textContent = 'Not saved: fix the highlighted setting';
+      const e = errOf(res);
+      showError(form, banner, e);
+      status.textContent = e.path ? 'Not saved: fix the highlighted setting' : 'Not saved';
     }
   };
   render();
@@ -516,6 +556,7 @@ async function usersPage() {
   if (!here()) return;
   const [ur, tr] = await Promise.all([api('GET', '/api/users'), api('GET', '/api/templates')]);
   if (!here()) return;
+  if (!ur.ok || !tr.ok) return failedPage('users', 'Users & API keys', ur.ok ? tr : ur, usersPage);
   let etag = ur.etag;
   const templates = (tr.data && tr.data.templates || []).map((t) => t.name);
   const banner = h('div', { class: 'banner error', id: 'users-error', hidden: true });
@@ -653,9 +694,11 @@ async function backupPage() {
   if (!here()) return;
   const r = await api('GET', '/api/backup');
   if (!here()) return;
+  if (!r.ok) return failedPage('backup', 'Backup & restore', r, backupPage);
   const b = r.data;
   const redis = b.mode === 'redis';
   const banner = h('div', { class: 'banner error', id: 'backup-error', hidden: true });
+  const fail = (res) => { const e = errOf(res); banner.hidden = false; banner.replaceChildren(e.path ? h('code', { text: e.path }) : '', ' ', e.message); };
   const preview = h('div', { id: 'import-preview' });
   const fileInput = h('input', { type: 'file', id: 'import-file', accept: 'application/json,.json' });
   fileInput.addEventListener('change', async () => {
@@ -679,14 +722,14 @@ async function backupPage() {
         class: 'primary', id: 'import-confirm', text: redis ? 'Import to Redis' : 'Import', onclick: async () => {
           // The preview's ETag: if the config changed since, the import is refused (409), not applied unseen.
           const res = await api('POST', '/api/backup/import', text, dry.etag ? { 'If-Match': dry.etag } : undefined);
-          if (res.ok) { toast('Imported: now version ' + res.data.version); backupPage(); } else { const e = errOf(res); banner.hidden = false; banner.replaceChildren(e.path ? h('code', { text: e.path }) : '', ' ', e.message); }
+          if (res.ok) { toast('Imported: now version ' + res.data.version); backupPage(); } else fail(res);
         },
       }), h('button', { onclick: () => { preview.replaceChildren(); fileInput.value = ''; }, text: 'Cancel' }))));
   });
   const exportBtn = h('button', {
     class: 'primary', id: 'export', text: 'Export', onclick: async () => {
       const res = await api('GET', '/api/backup/export');
-      if (!res.ok) return;
+      if (!res.ok) return fail(res);
       download('infera-snapshot-v' + S.version + '.json', res.text);
       toast('Snapshot exported');
     },
@@ -697,7 +740,7 @@ async function backupPage() {
     h('td', {}, h('button', {
       class: 'small', text: 'Download', onclick: async () => {
         const res = await api('GET', '/api/backup/snapshots/' + encodeURIComponent(s.name));
-        if (res.ok) download(s.name, res.text);
+        if (res.ok) download(s.name, res.text); else fail(res);
       },
     }))));
   const modeText = redis
@@ -713,7 +756,7 @@ async function backupPage() {
       h('div', { class: 'actions' }, exportBtn, b.mode === 'snapshots' ? h('button', {
         id: 'snapshot-now', text: 'Take a snapshot now', onclick: async () => {
           const res = await api('POST', '/api/backup');
-          if (res.ok) { toast('Snapshot ' + res.data.name + ' written'); backupPage(); }
+          if (res.ok) { toast('Snapshot ' + res.data.name + ' written'); backupPage(); } else fail(res);
         },
       }) : null)),
     h('div', { class: 'card' }, h('h2', { text: redis ? 'Import to Redis' : 'Import' }),
