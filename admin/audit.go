@@ -184,11 +184,21 @@ func diff(s *sealer, old, cur *config.Config) []Change {
 			(c.Old == "(none)" && isEmptyJSON(c.New) && ia.has(c.Path)) {
 			continue
 		}
+		// No list and an empty one are the same, as same counts them (the
+		// console saves [] where there was none): not a change.
+		if (c.Old == "null" && c.New == "[]" || c.Old == "[]" && c.New == "null") && !nilMeansDefault[lastKey(c.Path)] {
+			continue
+		}
 		kept = append(kept, c)
 	}
 	out = kept
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out
+}
+
+// lastKey is the last object key of a flattened path.
+func lastKey(path string) string {
+	return path[strings.LastIndexByte(path, '.')+1:]
 }
 
 func isEmptyJSON(v string) bool { return v == "null" || v == "[]" || v == "{}" }
