@@ -18,7 +18,8 @@ import (
 // refreshing stopped for good after a page change, a page opened meanwhile
 // never replaced the one shown (and opening it again once the API was back
 // did nothing: same address), a Save said "Unsaved changes" and nothing
-// else, and a 502 page rendered as "No users yet.". Each now says the API
+// else, Sign in did nothing at all, and a 502 page rendered as "No users
+// yet.". Each now says the API
 // failed, and the page comes back with Retry or the next Save.
 func TestTheConsoleSaysWhenTheAdminAPIFails(t *testing.T) {
 	ctx := newBrowser(t)
@@ -72,8 +73,15 @@ func TestTheConsoleSaysWhenTheAdminAPIFails(t *testing.T) {
 		return chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(8*time.Second))
 	}
 
-	step("sign in", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(css("#admin-key")),
-		chromedp.SendKeys(css("#admin-key"), testKey), chromedp.Click(css("#login")), chromedp.WaitVisible(css("#fleet")),
+	// Signing in while the API is down says so (the button did nothing).
+	down.Store(true)
+	step("sign in while down", chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(css("#admin-key")),
+		chromedp.SendKeys(css("#admin-key"), testKey), chromedp.Click(css("#login")), chromedp.WaitVisible(css("#login-error")))
+	if s := text("#login-error"); !strings.Contains(s, "cannot be reached") {
+		t.Fatalf("signing in with the API down says %q", s)
+	}
+	down.Store(false)
+	step("sign in", chromedp.Click(css("#login")), chromedp.WaitVisible(css("#fleet")),
 		poll(`document.querySelector('#fleet-live').textContent.startsWith('live ·')`))
 
 	// The fleet page, refreshing every 2 s, says its numbers are stale.

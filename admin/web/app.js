@@ -123,7 +123,14 @@ function loginPage(msg) {
     onsubmit: async (ev) => {
       ev.preventDefault();
       S.key = input.value.trim();
-      const r = await fetch('/api/version', { headers: { Authorization: 'Bearer ' + S.key } });
+      let r;
+      try {
+        r = await fetch('/api/version', { headers: { Authorization: 'Bearer ' + S.key } });
+      } catch (e) {
+        err.hidden = false;
+        err.textContent = 'The admin API cannot be reached (' + e.message + '): is the router running?';
+        return;
+      }
       if (r.status !== 200) {
         // Anything else (421: a Host the API does not answer for) says why.
         let why = '';
