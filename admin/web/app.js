@@ -533,7 +533,10 @@ async function sectionPage(key) {
       document.body.classList.remove('dirty');
       status.textContent = 'Saved · version ' + S.version;
       toast('Saved: ' + f.label + ' is live (version ' + S.version + ')');
-    } else if (res.status === 409) {
+    } else if (res.status === 409 && res.etag && res.etag !== etag) {
+      // Another ETag: the configuration changed meanwhile. (Another 409,
+      // such as a broken hand edit of the config file, says why below:
+      // reloading would not help.)
       banner.className = 'banner warn';
       banner.hidden = false;
       banner.replaceChildren('Someone changed the configuration since you opened this page (now version ' + (res.data.error.version || '?') + '). ',
@@ -570,7 +573,7 @@ async function usersPage() {
   const fail = (res) => { const e = errOf(res); banner.hidden = false; banner.replaceChildren(e.path ? h('code', { text: e.path }) : '', ' ', e.message); };
   const after = async (res, okStatus) => {
     if (res.status === okStatus) { etag = res.etag || etag; return true; }
-    if (res.status === 409) { banner.hidden = false; banner.className = 'banner warn'; banner.textContent = 'The configuration changed meanwhile: reloaded, please retry.'; setTimeout(usersPage, 1200); return false; }
+    if (res.status === 409 && res.etag && res.etag !== etag) { banner.hidden = false; banner.className = 'banner warn'; banner.textContent = 'The configuration changed meanwhile: reloaded, please retry.'; setTimeout(usersPage, 1200); return false; }
     fail(res); return false;
   };
   const tplSelect = (cur, onchange, id) => h('select', { id, onchange },
