@@ -644,13 +644,31 @@ async function usersPage() {
     h('div', { class: 'card' }, h('table', { id: 'users' },
       h('thead', {}, h('tr', {}, ['User', 'Quota template', 'Enabled', 'Keys (by id)', 'Models', 'Usage now', ''].map((t) => h('th', { text: t })))),
       h('tbody', {}, rows.length ? rows : h('tr', {}, h('td', { colspan: 7, class: 'empty', text: 'No users yet.' }))))));
-  // Each user's standing against its limits, from the router's counters.
-  for (const u of ur.data.users || []) {
-    api('GET', '/api/users/' + encodeURIComponent(u.name) + '/usage').then((res) => {
-      const cell = document.querySelector('td[data-usage="' + CSS.escape(u.name) + '"]');
-      if (cell) cell.replaceChildren(...usageChips(res));
-    });
-  }
+  // Each user's standing against its limits, from the router's counters:
+  // for the rows on screen (or scrolled to), a few requests at a time, for
+  // this rendering of the page only. (One request per user at once overran
+  // the browser's queue with thousands of users, failing most of them, and
+  // each edit's re-render queued as many again ahead of the next edit.)
+  const gen = S.usersGen = (S.usersGen || 0) + 1;
+  const queue = [];
+  let running = 0;
+  const seen = new IntersectionObserver((entries) => {
+    for (const en of entries) {
+      if (en.isIntersecting) { seen.unobserve(en.target); queue.push(en.target); }
+    }
+    pump();
+  }, { rootMargin: '300px' });
+  const pump = () => {
+    if (S.usersGen !== gen || !here()) { seen.disconnect(); return; }
+    while (running < 4 && queue.length) {
+      const cell = queue.shift();
+      running++;
+      api('GET', '/api/users/' + encodeURIComponent(cell.dataset.usage) + '/usage').then((res) => {
+        if (cell.isConnected) cell.replaceChildren(...usageChips(res));
+      }).finally(() => { running--; pump(); });
+    }
+  };
+  document.querySelectorAll('td[data-usage]').forEach((td) => seen.observe(td));
 }
 
 // usageChips renders GET /api/users/{name}/usage: what is left of each
