@@ -406,6 +406,16 @@ func (s *Server) relayStashed(ctx *fasthttp.RequestCtx, rs *reqState) {
 // connection another request has taken from the pool.
 func (rs *reqState) stashAnswer(up upResponse, status int, slot *abortSlot) {
 	rs.errStatus = 0
+	if encoded(up) {
+		// A content-encoded answer (gzip) is relayed without its
+		// Content-Encoding (relayStashed), and an external upstream's
+		// cannot be scrubbed of the gateway's key: not kept, as a broken
+		// one (the client gets the router's own error).
+		rs.errBody = rs.errBody[:0]
+		slot.unset()
+		up.finish(false)
+		return
+	}
 	b := rs.errBody[:0]
 	var err error
 	for reads := 0; err == nil; reads++ {

@@ -4,6 +4,9 @@
 package proxy
 
 import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -188,6 +191,46 @@ func TestAnUpstreamsOriginHeadersNeverReachTheClient(t *testing.T) {
 		for _, k := range []string{"Set-Cookie", "Strict-Transport-Security", "Alt-Svc"} {
 			if v := resp.Header.Get(k); v != "" {
 				t.Errorf("%s: the upstream's %s reached the client: %q (%d %.80q)", status, k, v, resp.StatusCode, b)
+			}
+		}
+	}
+}
+
+// An external upstream's error answer with a Content-Encoding (a gzip body
+// the gateway never asked for) cannot be scrubbed of the gateway's key,
+// and a kept-aside answer is relayed without its Content-Encoding: it is
+// not relayed. The client used to get the compressed bytes as
+// "application/json" with no Content-Encoding (an unreadable answer), and
+// gunzipping them gave it the gateway's key.
+func TestAContentEncodedErrorAnswerOfAnExternalUpstreamIsNotRelayed(t *testing.T) {
+	var zb bytes.Buffer
+	zw := gzip.NewWriter(&zb)
+	zw.Write([]byte(`{"error":{"message":"Incorrect API key provided: Bearer ` + reKey + `","type":"invalid_request_error"}}`))
+	zw.Close()
+	gz := zb.String()
+	for _, status := range []int{400, 500} {
+		up := startRaw(t, func(n int, req string, c net.Conn) {
+			c.Write([]byte("HTTP/1.1 " + strconv.Itoa(status) + " X\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: " +
+				strconv.Itoa(len(gz)) + "\r\n\r\n" + gz))
+		})
+		r := startRouterWith(t, nil, reSplitOnly(up.url), nil)
+		for _, path := range []string{"/v1/chat/completions", "/v1/messages"} {
+			body := gptBody
+			if path == "/v1/messages" {
+				body = `{"model":"gpt-4o","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`
+			}
+			resp, b := postWith(t, r.url+path, body, nil)
+			plain := b
+			if zr, err := gzip.NewReader(strings.NewReader(b)); err == nil {
+				d, _ := io.ReadAll(zr)
+				plain = string(d)
+			}
+			if strings.Contains(plain, reKey) {
+				t.Errorf("%s status %d: the gateway's upstream key reached the client in a compressed body", path, status)
+			}
+			if !json.Valid([]byte(b)) || !strings.Contains(b, `"error"`) {
+				t.Errorf("%s status %d: the client got no readable error answer: %d Content-Encoding %q %q",
+					path, status, resp.StatusCode, resp.Header.Get("Content-Encoding"), b)
 			}
 		}
 	}
