@@ -77,6 +77,12 @@ func (s *Server) attemptExternal(ctx *fasthttp.RequestCtx, cfg *config.Config, r
 		}
 		return attemptFailed
 	}
+	if res.last != nil {
+		// An attempt that follows a failed one (the local fleet's, another
+		// entry's): a retry, as across workers.
+		mRetries.Inc()
+		rs.acc.retries++
+	}
 	c := &rs.call
 	rs.ext.cur = u
 	path := rs.path

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -642,5 +643,46 @@ func TestASplitProxyEntryLeadingBackToTheGatewayDoesNotLoop(t *testing.T) {
 		map[string]string{upstreams.ForwardsHeader: "99"})
 	if resp.StatusCode != 200 {
 		t.Fatalf("local model after %s 99: %d %s", upstreams.ForwardsHeader, resp.StatusCode, b)
+	}
+}
+
+// A request the local fleet failed (a dead worker) and a failover entry
+// answered says so in the access log: retries counts the attempt that
+// followed the failed one, as it does for a retry across workers. It was
+// absent, and the line read as if the external upstream had been the only
+// try. A request the local fleet had no worker for (no attempt failed)
+// has none.
+func TestTheAccessLogCountsASplitFailoverAsARetry(t *testing.T) {
+	ext := startUpstream(t, okHandler)
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true, Weight: 1},
+		config.Proxy{Name: "ext", Address: ext.url, Failover: true},
+	)
+	path := filepath.Join(t.TempDir(), "access.log")
+	l, err := OpenAccessLog(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startRouterWith(t, nil, cfg, func(o *Options) { o.AccessLog = l }, deadURL(t))
+	for _, id := range []string{"dead-local", "unknown-model"} {
+		body := chatBody
+		if id == "unknown-model" {
+			body = gptBody
+		}
+		if resp, b := postWith(t, r.url+"/v1/chat/completions", body, map[string]string{"X-Request-Id": id}); resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", id, resp.StatusCode, b)
+		}
+	}
+	r.srv.Shutdown()
+	l.Close()
+	got := map[string]any{}
+	for _, line := range readAccessLog(t, path) {
+		if line["upstream"] != "split:ext" {
+			t.Errorf("line not from the failover entry: %v", line)
+		}
+		got[line["request_id"].(string)] = line["retries"]
+	}
+	if got["dead-local"] != 1.0 || got["unknown-model"] != nil {
+		t.Fatalf("retries: dead local worker %v (want 1), unknown model %v (want none)", got["dead-local"], got["unknown-model"])
 	}
 }
