@@ -128,7 +128,8 @@ type Mirror struct {
 	// MaxMirrorConcurrency.
 	Concurrency int `json:"concurrency"`
 	// MaxBufferBytes bounds the bytes the mirror holds: request copies
-	// (queued and in flight) and the kept parts of the answers being read;
+	// (queued and in flight, with the target_model copy of one being
+	// sent) and the kept parts of the answers being read;
 	// a sampled request that would exceed it is dropped as for a full
 	// queue, an answer is read on without being kept. 0 means the default, 268435456
 	// (256 MiB); see BufferBytes.

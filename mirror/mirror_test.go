@@ -1020,3 +1020,43 @@ func TestAMirrorOverTLSRetriesAConnectionTheTargetClosedWhileIdle(t *testing.T) 
 		t.Fatalf("ok %d, error %d: log %s", m.m.ok.Get(), m.m.failed.Get(), lb.String())
 	}
 }
+
+// With target_model set, the sender sends a second copy of the body (the
+// model substituted): it counts in max_buffer_bytes while it is held, so a
+// request sampled while the budget holds both copies of another is
+// dropped. It was not counted: the mirror held up to twice the budget (the
+// in-flight requests' substituted copies on top of every request copy).
+func TestMirrorSubstitutedCopiesCountInTheByteBudget(t *testing.T) {
+	got := make(chan struct{}, 4)
+	release := make(chan struct{})
+	tg := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		got <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(200)
+	})
+	defer close(release)
+	m, _ := startMirror(t)
+	cfg := mirrorCfg(tg.url)
+	cfg.TargetModel = "canary"
+	body := []byte(`{"model":"m","prompt":"` + strings.Repeat("x", 1000) + `"}`)
+	path := []byte("/v1/completions")
+	per := int64(len(body) + len(path))
+	cfg.MaxBufferBytes = 2*per + per/2 // two request copies, or one with its substituted copy
+	if !m.Offer(cfg, path, body, false) {
+		t.Fatal("first offer refused")
+	}
+	select {
+	case <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the target never got the first request")
+	}
+	if h := m.held.Load(); h < per+int64(len(body)) {
+		t.Errorf("held %d bytes while a %d-byte request and its substituted copy are in flight", h, per)
+	}
+	if m.Offer(cfg, path, body, false) {
+		t.Fatalf("a second request was taken while the budget (%d) held both copies of the first (%d bytes counted)", cfg.MaxBufferBytes, m.held.Load())
+	}
+}

@@ -26,6 +26,7 @@ type result struct {
 	status           int
 	err              error
 	timedOut         bool
+	dropped          bool          // not sent: no room in mirror.max_buffer_bytes for the substituted copy
 	ttfe             time.Duration // first SSE event (streams) or response headers
 	bytes            int64
 	events           int
@@ -74,6 +75,10 @@ func (m *Mirror) sendJob(j *job) {
 	s := acquireSender()
 	m.do(s, j, deadline, &res)
 	releaseSender(s)
+	if res.dropped {
+		m.m.droppedFull.Inc()
+		return
+	}
 	end := time.Now()
 	if res.err != nil && (!end.Before(deadline) || isTimeout(res.err)) {
 		res.timedOut = true
@@ -171,6 +176,17 @@ func (m *Mirror) do(s *sender, j *job, deadline time.Time, res *result) {
 			}
 			s.model, s.modelOf = append(s.model[:0], q...), cfg.TargetModel
 		}
+		// The substituted copy is held while the request is sent: it counts
+		// in mirror.max_buffer_bytes with the job (given back when the job
+		// is released). Without room the request is dropped, as for a full
+		// queue.
+		need := int64(len(j.body) + len(s.model))
+		if m.held.Add(need) > cfg.BufferBytes() {
+			m.held.Add(-need)
+			res.dropped = true
+			return
+		}
+		j.held += need
 		j.scratch = replaceModelQuoted(j.scratch[:0], j.body, s.model)
 		body = j.scratch
 	}
