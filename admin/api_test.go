@@ -332,7 +332,7 @@ func TestSecretsAreRedactedAndKeptByFingerprint(t *testing.T) {
 			t.Fatalf("secret %s in the audit log or a log line", s)
 		}
 	}
-	if !strings.Contains(string(audit.body), "split_proxy.proxies[1].api_key") {
+	if !strings.Contains(string(audit.body), `split_proxy.proxies[\"ext-b\"].api_key`) {
 		t.Fatalf("key change not audited: %s", audit.body)
 	}
 }

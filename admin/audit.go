@@ -260,6 +260,16 @@ func flatten(s *sealer, c *config.Config) map[string]string {
 			if len(t) == 0 {
 				m[path] = "[]"
 			}
+			// Members named uniquely (users, quota templates, workers,
+			// upstream entries) are told by name: deleting the first of
+			// three users read as two renames and a deletion.
+			if names := memberNames(t); names != nil {
+				for i, e := range t {
+					data, _ := json.Marshal(names[i])
+					walk(path+"["+string(data)+"]", e)
+				}
+				break
+			}
 			for i, e := range t {
 				walk(fmt.Sprintf("%s[%d]", path, i), e)
 			}
@@ -272,6 +282,32 @@ func flatten(s *sealer, c *config.Config) map[string]string {
 	}
 	walk("", doc)
 	return m
+}
+
+// memberNames returns the names of a list's members when each is an
+// object whose "name" (else "id") is a string, not empty and unique in the
+// list; nil otherwise (the members are then told by position).
+func memberNames(list []any) []string {
+	for _, key := range [...]string{"name", "id"} {
+		names := make([]string, 0, len(list))
+		seen := make(map[string]bool, len(list))
+		for _, e := range list {
+			o, ok := e.(map[string]any)
+			if !ok {
+				return nil
+			}
+			n, ok := o[key].(string)
+			if !ok || n == "" || seen[n] {
+				break
+			}
+			seen[n] = true
+			names = append(names, n)
+		}
+		if len(names) == len(list) {
+			return names
+		}
+	}
+	return nil
 }
 
 // auditString quotes a value for the audit log: a user key hash shows only

@@ -148,3 +148,21 @@ func BenchmarkAuditDiffListsThatGainMembers(b *testing.B) {
 		})
 	}
 }
+
+// Members of a list named uniquely are told by name: deleting the first of
+// three users read as two renames (users[0].name "u0" -> "u1", its key
+// changed) and a deletion of the last.
+func TestAuditDiffTellsADeletedUserByName(t *testing.T) {
+	old := mustParse(t, usersDoc(t, 3, true))
+	cur := mustParse(t, `{}`)
+	cur.Users = append(cur.Users, old.Users[1:]...)
+	ch := diff(nil, old, cur)
+	if len(ch) == 0 {
+		t.Fatal("no change")
+	}
+	for _, c := range ch {
+		if !strings.HasPrefix(c.Path, `users["u0"]`) || c.New != "(none)" {
+			t.Errorf("unexpected change %+v: want only users[\"u0\"] gone", c)
+		}
+	}
+}
