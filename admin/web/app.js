@@ -116,7 +116,7 @@ function logout(msg) {
 }
 
 function loginPage(msg) {
-  const input = h('input', { type: 'password', id: 'admin-key', autocomplete: 'current-password', placeholder: 'Admin key' });
+  const input = h('input', { type: 'password', id: 'admin-key', autocomplete: 'off', placeholder: 'Admin key' });
   const err = h('div', { class: 'banner error', id: 'login-error', text: msg || '' });
   if (!msg) err.hidden = true;
   const form = h('form', {
