@@ -364,7 +364,11 @@ func (r *redisStorage) subscribe() {
 	defer r.wg.Done()
 	ps := r.client.Subscribe(r.ctx, r.channel)
 	defer ps.Close()
-	ch := ps.Channel() // go-redis reconnects and resubscribes on its own
+	// go-redis reconnects and resubscribes on its own; what was published
+	// meanwhile is lost, so each (re)subscription's confirmation is a
+	// reason to look as a message is: a write that landed while the
+	// subscription was down (a stall broke it) waited for the next poll.
+	ch := ps.ChannelWithSubscriptions()
 	for {
 		select {
 		case <-r.ctx.Done():

@@ -441,6 +441,11 @@ func TestAWriteRedisDidNotAnswerInTimeSaysItMayStillLand(t *testing.T) {
 	// write goes out on it (a new connection's handshake would stall first).
 	e := newEnv(t, envOpts{state: rs.url(), syncInterval: time.Minute})
 	e.put("session_affinity", `{"ttl_s":66}`, 200) // Redis has the script: the next write is one EVALSHA
+	// The write's own notification makes the replica read the version;
+	// stopped during that read, Redis would hold the pooled connection
+	// and the write would wait for a new one's handshake, never sent (the
+	// test then failed about one run in three).
+	time.Sleep(300 * time.Millisecond)
 	if err := rs.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -516,4 +521,26 @@ func TestStartupSectionsCannotChangeThroughRedis(t *testing.T) {
 	if c := e.store.Load(); c.LLMGateway.PersistSnapshotDir != "" || !c.Debug.DecisionHeader {
 		t.Fatalf("import through Redis: llm_gateway %+v, debug %+v", c.LLMGateway, c.Debug)
 	}
+}
+
+// go-redis resubscribes on its own after its subscription connection
+// breaks, and what was published meanwhile is lost: the resubscription
+// itself makes the replica compare versions. A newer version that came
+// while it was not subscribed (written here without a notification)
+// waited for the next poll (a minute here; SyncInterval in general).
+func TestAResubscribedReplicaLearnsAWriteItsSubscriptionMissed(t *testing.T) {
+	rs := startRedis(t)
+	e := newEnv(t, envOpts{state: rs.url(), syncInterval: time.Minute})
+	e.put("session_affinity", `{"ttl_s":66}`, 200)
+	v := e.store.Version()
+	cl := redis.NewClient(&redis.Options{Addr: rs.addr()})
+	defer cl.Close()
+	ctx := context.Background()
+	if err := cl.HSet(ctx, "infera:admin:data", "version", v+1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the replica adopts the version its subscription missed", func() bool { return e.store.Version() == v+1 })
 }
