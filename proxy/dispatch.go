@@ -57,7 +57,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 		return
 	}
 	s.live.remove(rs)
-	s.answerFailed(ctx, rs, &res)
+	s.answerFailed(ctx, cfg, rs, &res)
 }
 
 // tries is how a request's attempts went.
@@ -335,7 +335,7 @@ func refusesGateway(status int) bool {
 }
 
 // answerFailed answers a request no attempt committed an answer for.
-func (s *Server) answerFailed(ctx *fasthttp.RequestCtx, rs *reqState, res *tries) {
+func (s *Server) answerFailed(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries) {
 	if rej := rs.gov.refused; rej != nil { // the user's deferred admission (govern.go)
 		s.writeRejection(ctx, rs, rej)
 		return
@@ -359,7 +359,7 @@ func (s *Server) answerFailed(ctx *fasthttp.RequestCtx, rs *reqState, res *tries
 	if last.kind == failStatus && rs.errStatus != 0 {
 		// Every worker tried answered an error: relay the last answer, as a
 		// proxy does with an upstream's response.
-		s.relayStashed(ctx, rs)
+		s.relayStashed(ctx, cfg, rs, rs.acc.tried)
 		return
 	}
 	s.writeFailure(ctx, last, res.allConnect && (res.fleetDown || !s.untriedWorker(&rs.sreq)))
@@ -379,12 +379,21 @@ func stashRetry(dst *[len(retryHeaders)][]byte, up upResponse) {
 }
 
 // relayStashed answers with the error answer stashed in rs (stashAnswer),
-// in the client's protocol (protocols.go).
-func (s *Server) relayStashed(ctx *fasthttp.RequestCtx, rs *reqState) {
+// in the client's protocol (protocols.go). w is the worker that answered
+// it (rs.ext.cur's upstream when that is set), named by the decision
+// headers as on any relayed answer.
+func (s *Server) relayStashed(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, w *fleet.Worker) {
 	countStatus(rs.errStatus)
 	rs.gov.committed(rs.errStatus) // a 4xx (a PD leg's) counts against the user
 	resetResponse(ctx)
 	ctx.SetStatusCode(rs.errStatus)
+	if cfg.Debug.DecisionHeader {
+		if u := rs.ext.cur; u != nil {
+			ctx.Response.Header.Set("X-Infera-Upstream", u.label)
+		} else if w != nil {
+			ctx.Response.Header.Set("X-Infera-Worker", w.ID)
+		}
+	}
 	body := rs.errorBody()
 	if len(rs.errType) > 0 {
 		ctx.Response.Header.SetContentTypeBytes(rs.errType)

@@ -413,7 +413,7 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 				if f.kind == failStatus && f.status < 500 && f.status != fasthttp.StatusTooManyRequests {
 					// The engine refused the request (4xx): relay it.
 					s.live.remove(rs)
-					s.relayStashed(ctx, rs)
+					s.relayStashed(ctx, cfg, rs, p.pl.Worker)
 					res.committed = true
 					return
 				}
@@ -830,7 +830,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			if f.kind == failStatus && f.status < 500 && f.status != fasthttp.StatusTooManyRequests && p.errStatus != 0 {
 				s.live.remove(rs)
 				p.stashedInto(rs)
-				s.relayStashed(ctx, rs)
+				s.relayStashed(ctx, cfg, rs, p.pl.Worker)
 				res.committed = true
 				return
 			}

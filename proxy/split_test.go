@@ -686,3 +686,43 @@ func TestTheAccessLogCountsASplitFailoverAsARetry(t *testing.T) {
 		t.Fatalf("retries: dead local worker %v (want 1), unknown model %v (want none)", got["dead-local"], got["unknown-model"])
 	}
 }
+
+// With debug.decision_header, an error answer relayed after the walk (the
+// last one kept while the next entry was tried) names who answered it, as
+// every other relayed answer does: an external entry's carried no
+// X-Infera-Upstream, a local worker's 5xx no X-Infera-Worker.
+func TestARelayedErrorAnswerNamesWhoAnsweredIt(t *testing.T) {
+	busy := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(429)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"slow down","type":"rate_limit_error"}}`)
+	})
+	cfg := splitConfig(config.SplitPrefix,
+		config.Proxy{Local: true},
+		config.Proxy{Name: "ext", Address: busy.url, ModelRules: []string{"gpt"}},
+	)
+	r := startRouterWith(t, nil, cfg, nil, deadURL(t))
+	resp, b := postWith(t, r.url+"/v1/chat/completions", gptBody, nil)
+	if resp.StatusCode != 429 || !strings.Contains(b, "slow down") {
+		t.Fatalf("got %d %s, want the upstream's 429", resp.StatusCode, b)
+	}
+	if got := resp.Header.Get("X-Infera-Upstream"); got != "split:ext" {
+		t.Errorf("X-Infera-Upstream %q, want split:ext", got)
+	}
+
+	local := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(503)
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"engine overloaded","type":"server_error"}}`)
+	})
+	lc := config.Default()
+	lc.Debug.DecisionHeader = true
+	r2 := startRouterWith(t, nil, lc, nil, local.url)
+	resp, b = postWith(t, r2.url+"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
+	if resp.StatusCode != 503 || !strings.Contains(b, "engine overloaded") {
+		t.Fatalf("got %d %s, want the worker's 503", resp.StatusCode, b)
+	}
+	if got := resp.Header.Get("X-Infera-Worker"); got != "w0" {
+		t.Errorf("X-Infera-Worker %q, want w0", got)
+	}
+}
