@@ -206,6 +206,27 @@ func TestANewlineInARejectedReloadsReasonStaysInStatus(t *testing.T) {
 	}
 }
 
+// A rejected reload's STATUS= ends when a good config is applied without a
+// SIGHUP (the file fixed and picked up by the poll): it said "config reload
+// rejected ...; previous config serving" until the next SIGHUP, so
+// systemctl status showed a rejection while the fixed file served.
+func TestARejectedReloadsStatusEndsWhenTheFixedFileIsLoaded(t *testing.T) {
+	g, cfgPath, next := startNotifyingRouter(t)
+	os.WriteFile(cfgPath, []byte(`{"debug":{"decision_header":"yes"}}`), 0o644)
+	syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	next() // RELOADING=1
+	if m := next(); !strings.Contains(m, "STATUS=config reload rejected") {
+		t.Fatalf("%q, want the rejection in STATUS=", m)
+	}
+	os.WriteFile(cfgPath, []byte(`{"debug":{"decision_header":true}}`), 0o644)
+	if ok, err := g.Store().Reload(); !ok || err != nil { // as the poll would
+		t.Fatalf("the fixed file was not loaded: %v %v", ok, err)
+	}
+	if m := next(); m != "STATUS=serving" {
+		t.Fatalf("%q after the fixed file was loaded, want STATUS=serving", m)
+	}
+}
+
 // startNotifyingRouter runs a router with a config file (polled only on
 // SIGHUP) whose sd_notify messages arrive on a real NOTIFY_SOCKET datagram
 // socket; next returns the next message, READY=1 already read.

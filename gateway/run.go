@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/infera/infera/config"
 	"github.com/infera/infera/internal/holdhup"
 	"golang.org/x/sys/unix"
 )
@@ -46,6 +47,19 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 	if holdhup.Pending() {
 		sig <- syscall.SIGHUP // one sent while the router started: act on it now
 	}
+	// A config applied after a rejected reload (the file fixed and picked
+	// up by the poll, or another replica's change) ends the rejection that
+	// STATUS= still shows: systemctl status kept saying "config reload
+	// rejected" for as long as no SIGHUP came. The hook runs under the
+	// store's lock: it only signals the loop, which sends.
+	changed := make(chan struct{}, 1)
+	g.store.OnChange(func(_, _ *config.Config) {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	})
+	rejected := false
 	for {
 		select {
 		case err := <-errc:
@@ -55,6 +69,11 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 			return fmt.Errorf("serve: %w", err)
 		case <-watchdog:
 			notify("WATCHDOG=1")
+		case <-changed:
+			if rejected && g.store.Refused() == nil {
+				rejected = false
+				notify("STATUS=serving")
+			}
 		case s := <-sig:
 			if s == syscall.SIGHUP {
 				g.reloadTLS()                             // a renewed certificate
@@ -62,7 +81,9 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 					slog.Warn("access log not reopened; writing to the old file", "err", err)
 				}
 				notify("RELOADING=1\nMONOTONIC_USEC=" + strconv.FormatInt(monotonicUsec(), 10))
-				if _, err := g.store.ReloadAsked(); err != nil {
+				_, err := g.store.ReloadAsked()
+				rejected = err != nil
+				if rejected {
 					notify("READY=1\nSTATUS=config reload rejected (" + oneLine(err.Error()) + "); previous config serving")
 				} else {
 					notify("READY=1\nSTATUS=serving")
