@@ -370,7 +370,7 @@ func (g *Gateway) connectNATS() error {
 		return fmt.Errorf("cannot connect to NATS: %w", logx.StripURL(err)) // url errors quote the URL, password included
 	}
 	if !nc.IsConnected() {
-		slog.Warn("NATS broker not reachable at start; retrying while the router serves", "url", logx.RedactURL(f.NatsURL))
+		slog.Warn("NATS broker not reachable at start; retrying while the router serves", "url", logx.RedactNATSURL(f.NatsURL))
 	}
 	g.nc = nc
 	g.health["nats"] = func() (bool, string) { return nc.IsConnected(), nc.Status().String() }

@@ -378,7 +378,7 @@ func (s *Sidecar) startNATS(ctx context.Context) error {
 		if err == nil {
 			break
 		}
-		err = fmt.Errorf("cannot connect to NATS %s: %w", logx.RedactURL(c.NatsURL), logx.StripURL(err))
+		err = fmt.Errorf("cannot connect to NATS %s: %w", logx.RedactNATSURL(c.NatsURL), logx.StripURL(err))
 		slog.Warn("worker: cannot connect to the broker yet, retrying", "id", s.rec.ID, "err", err, "retry_in", delay)
 		select {
 		case <-ctx.Done():

@@ -32,3 +32,25 @@ func TestStripURLDropsTheQuotedURL(t *testing.T) {
 		t.Errorf("StripURL: %q", s)
 	}
 }
+
+// A NATS URL's secrets never reach a log line, however nats.go reads them:
+// a user name without a password is the token (nats://TOKEN@host), and the
+// URL may be a comma-separated list, its entries without a scheme. The
+// token and every password after the list's first entry were logged in
+// clear ("NATS broker not reachable at start", "cannot connect to NATS").
+func TestRedactNATSURLHidesTokensAndEveryListEntrysPassword(t *testing.T) {
+	for _, raw := range []string{
+		"nats://hunter2@127.0.0.1:4222",
+		"nats://127.0.0.1:4222,nats://u:hunter2@127.0.0.2:4222",
+		"nats://127.0.0.1:4222, tls://hunter2@127.0.0.2:4222",
+		"u:hunter2@127.0.0.1:4222",
+		"127.0.0.1:4222,hunter2@127.0.0.2",
+	} {
+		if got := RedactNATSURL(raw); strings.Contains(got, "hunter2") {
+			t.Errorf("RedactNATSURL(%q) = %q", raw, got)
+		}
+	}
+	if got := RedactNATSURL("nats://127.0.0.1:4222,nats://127.0.0.2:4222"); got != "nats://127.0.0.1:4222,nats://127.0.0.2:4222" {
+		t.Errorf("URLs without secrets changed: %q", got)
+	}
+}
