@@ -55,7 +55,11 @@ func (httpTransport) roundTrip(c *call) (upResponse, *failure) {
 		uc, reused, err := p.get(deadline)
 		if err != nil {
 			switch {
-			case errors.Is(err, errUpNoConns):
+			case errors.Is(err, errUpNoConns), errors.Is(err, syscall.EMFILE), errors.Is(err, syscall.ENFILE):
+				// The router's own limit (per worker, or its open
+				// files: the socket could not be made): not the
+				// worker's fault, whose breaker a descriptor shortage
+				// tripped, the whole fleet's with it.
 				return nil, fail(failLocalConns, err)
 			case isTimeout(err):
 				return nil, c.timeoutFailure(deadline, err)
