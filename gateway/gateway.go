@@ -507,6 +507,11 @@ func startCheck(f *config.Serve, err error) error {
 		slog.Warn("the shared config holds a setting this router cannot use; it is ignored here", "err", err)
 		return nil
 	}
+	if f.Config == "" {
+		// Without a file the config was restored from a snapshot (the
+		// defaults pass every check): name it, and the way out.
+		return fmt.Errorf("the config restored from the newest snapshot in --persist-snapshot-dir %q: %w (start with the flags it was taken under, or move the snapshots out of the directory to start without them)", f.PersistSnapshotDir, err)
+	}
 	return fmt.Errorf("config %q: %w", f.Config, err)
 }
 
