@@ -388,6 +388,13 @@ func (a *Admin) restoreNewerThanFile() error {
 			"config", path, "modified", fi.ModTime().UTC(), "snapshot", info.Name)
 		return nil
 	}
+	if err := a.store.Check(c); err != nil {
+		// What this router's flags refuse (static workers under etcd
+		// discovery): written to the file, it refused this start and
+		// every later one.
+		slog.Error("snapshot not restored: this router's flags refuse it; serving the config file", "config", path, "snapshot", info.Name, "err", err)
+		return nil
+	}
 	old, err := os.ReadFile(path)
 	if err == nil {
 		err = config.WriteFileAtomic(path+".before-restore", old, fi.Mode().Perm())

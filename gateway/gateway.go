@@ -106,6 +106,18 @@ func New(f *config.Serve) (*Gateway, error) {
 		tlsExpiry(g.certs)
 	}
 	startupBackup(f, store)
+	if f.State == "" {
+		// What these flags refuse, already while a snapshot is restored
+		// into the config file: a snapshot they refuse replaced the file,
+		// then the start was refused, and so was every later one (the
+		// file, now newer, holds it). The backends are resolved as they
+		// will be for that config; the resolved check replaces this one.
+		store.SetCheck(func(c *config.Config) error {
+			ff := *f
+			ff.ResolveBackends(len(f.Workers) > 0 || len(c.Workers) > 0)
+			return flagCheck(&ff, c)
+		})
+	}
 	// Before anything reads the store: it may restore a snapshot or load
 	// the config from Redis.
 	if err := g.openAdmin(); err != nil {
@@ -161,12 +173,7 @@ func New(f *config.Serve) (*Gateway, error) {
 		if err := discovery.CheckWorkerFlag(f.Workers); err != nil {
 			return nil, err
 		}
-		check := func(c *config.Config) error {
-			if err := discovery.CheckConfigAgainstFlag(c, f.Workers); err != nil {
-				return err
-			}
-			return discovery.CheckStaticWorkers(c, f.RequestTransport, f.KVEventTransport)
-		}
+		check := func(c *config.Config) error { return flagCheck(f, c) }
 		if err := startCheck(f, check(store.Load())); err != nil {
 			return nil, err
 		}
@@ -180,14 +187,7 @@ func New(f *config.Serve) (*Gateway, error) {
 		// The config's workers are static discovery's; with etcd or
 		// Kubernetes they would be ignored without a word (as --workers,
 		// which checkBackends refuses).
-		backend := f.DiscoveryBackend
-		check := func(c *config.Config) error {
-			if len(c.Workers) > 0 {
-				return &config.FieldError{Path: "workers", Msg: "static workers are for --discovery-backend static; with " + backend +
-					" workers register themselves (infera worker): remove them"}
-			}
-			return nil
-		}
+		check := func(c *config.Config) error { return flagCheck(f, c) }
 		if err := startCheck(f, check(store.Load())); err != nil {
 			return nil, err
 		}
@@ -492,6 +492,25 @@ func startupBackup(f *config.Serve, store *config.Store) {
 			slog.Warn("llm_gateway.persist_snapshot_dir changed: it takes effect at the next start", "now", f.PersistSnapshotDir)
 		}
 	})
+}
+
+// flagCheck refuses what the flags f (their backends resolved) make
+// unusable in c: with static discovery a worker id --workers also gives
+// and workers the transports cannot reach; with etcd or Kubernetes any
+// static worker (the config's workers are static discovery's: they would
+// be ignored without a word, as --workers, which checkBackends refuses).
+func flagCheck(f *config.Serve, c *config.Config) error {
+	if f.DiscoveryBackend == discovery.BackendStatic {
+		if err := discovery.CheckConfigAgainstFlag(c, f.Workers); err != nil {
+			return err
+		}
+		return discovery.CheckStaticWorkers(c, f.RequestTransport, f.KVEventTransport)
+	}
+	if len(c.Workers) > 0 {
+		return &config.FieldError{Path: "workers", Msg: "static workers are for --discovery-backend static; with " + f.DiscoveryBackend +
+			" workers register themselves (infera worker): remove them"}
+	}
+	return nil
 }
 
 // startCheck judges the failed check err (a setting this router's flags
