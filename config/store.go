@@ -585,7 +585,11 @@ func (s *Store) reload(asked bool) (bool, error) {
 		s.mu.Unlock()
 		return false, nil // unchanged (a reload asked for resolves env: and file: references again: a rotated key)
 	}
-	if s.badData != nil && bytes.Equal(data, s.badData) {
+	if s.badData != nil && bytes.Equal(data, s.badData) && !(asked && hasSecretRefs(data)) {
+		// (A reload asked for reads the references again: the key file
+		// a refused rotation named may be fixed now. Their refusal was
+		// answered again and again, with the key file fixed, until the
+		// config file itself changed.)
 		err := s.badErr
 		s.mu.Unlock()
 		if !asked {

@@ -365,6 +365,34 @@ func TestAReloadAskedForReadsARotatedSecretFile(t *testing.T) {
 	}
 }
 
+// A rotation refused (the key file held a bad key) is retried by the next
+// reload asked for once the key file is fixed: the refusal of the
+// unchanged config file was answered again at every SIGHUP, the key file
+// never read again, and the old key kept being sent until the config file
+// itself changed.
+func TestAReloadAskedForAfterARefusedRotationReadsTheFixedSecretFile(t *testing.T) {
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key")
+	os.WriteFile(keyFile, []byte("sk-ONE\n"), 0o600)
+	path := filepath.Join(dir, "c.json")
+	os.WriteFile(path, []byte(`{"mirror":{"enabled":true,"target_address":"http://127.0.0.1:9","auth_token":"file:`+keyFile+`"}}`), 0o644)
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(keyFile, []byte("sk TWO with spaces\n"), 0o600)
+	if changed, err := s.ReloadAsked(); changed || err == nil {
+		t.Fatalf("a bad key was taken: %v %v", changed, err)
+	}
+	os.WriteFile(keyFile, []byte("sk-THREE\n"), 0o600)
+	if changed, err := s.ReloadAsked(); !changed || err != nil {
+		t.Fatalf("reload asked for after the key file was fixed: %v %v", changed, err)
+	}
+	if got := s.Load().Mirror.AuthToken.Reveal(); got != "sk-THREE" {
+		t.Fatalf("token %q, want the fixed key file's", got)
+	}
+}
+
 // A reload asked for on an unchanged file whose references resolve to the
 // same keys as before (a SIGHUP for log rotation or a certificate renewal)
 // makes no new version: it made one at every SIGHUP, so every ETag an
