@@ -1935,3 +1935,12 @@ func TestARequestAfterAChunkedOneNearItsWireBoundIsServed(t *testing.T) {
 		c.Close()
 	}
 }
+
+// The answer to a connection over --max-conns has the error type of the
+// router's other 503s (service_unavailable): it said
+// service_unavailable_error, a type no other answer has.
+func TestTheMaxConnsRefusalHasTheRoutersUnavailableType(t *testing.T) {
+	if !bytes.Contains(tooManyConns, []byte(`"type":"`+typeUnavailable+`"`)) {
+		t.Fatalf("--max-conns refusal %q, want the type %q", tooManyConns, typeUnavailable)
+	}
+}

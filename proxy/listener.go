@@ -54,7 +54,7 @@ func (l *listener) cutAll() int {
 // tooManyConns is the answer to a connection over --max-conns (the request
 // is not read: its path, and so its protocol, are not known).
 var tooManyConns = func() []byte {
-	body := `{"error":{"message":"too many open connections (--max-conns); retry","type":"service_unavailable_error","param":null,"code":"too_many_connections"}}`
+	body := `{"error":{"message":"too many open connections (--max-conns); retry","type":"` + typeUnavailable + `","param":null,"code":"too_many_connections"}}`
 	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) +
 		"\r\nRetry-After: 1\r\nConnection: close\r\n\r\n" + body)
 }()
