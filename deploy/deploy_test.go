@@ -381,3 +381,38 @@ func startEngine(t *testing.T) string {
 	t.Cleanup(func() { es.Close() })
 	return eln.Addr().String()
 }
+
+// The install steps of docs/operations.md write /etc/default/infera, which
+// holds the API key, readable by root alone: written with the usual umask
+// (022) it was world-readable, so every local user could read the key.
+func TestTheInstallStepsEnvironmentFileIsNotWorldReadable(t *testing.T) {
+	doc, err := os.ReadFile("../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var step string
+	for _, line := range strings.Split(string(doc), "\n") {
+		if strings.Contains(line, "> /etc/default/infera") {
+			step = line
+			break
+		}
+	}
+	if step == "" {
+		t.Fatal("docs/operations.md has no step writing /etc/default/infera")
+	}
+	env := filepath.Join(t.TempDir(), "infera")
+	cmd := exec.Command("sh", "-c", "umask 022; "+strings.ReplaceAll(step, "/etc/default/infera", env))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", step, err, out)
+	}
+	fi, err := os.Stat(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		t.Fatalf("the install step %q writes the environment file with mode %v: its keys are readable by others", step, fi.Mode().Perm())
+	}
+	if b, _ := os.ReadFile(env); !strings.Contains(string(b), "INFERA_API_KEY=") {
+		t.Fatalf("the step wrote %q", b)
+	}
+}
