@@ -227,6 +227,27 @@ func TestARejectedReloadsStatusEndsWhenTheFixedFileIsLoaded(t *testing.T) {
 	}
 }
 
+// The same when the broken edit is reverted: the file holds the serving
+// config's bytes again, so the poll applies nothing, and the rejection
+// stayed in STATUS= until the next SIGHUP.
+func TestARejectedReloadsStatusEndsWhenTheEditIsReverted(t *testing.T) {
+	g, cfgPath, next := startNotifyingRouter(t)
+	good, _ := os.ReadFile(cfgPath)
+	os.WriteFile(cfgPath, []byte(`{"debug":{"decision_header":"yes"}}`), 0o644)
+	syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	next() // RELOADING=1
+	if m := next(); !strings.Contains(m, "STATUS=config reload rejected") {
+		t.Fatalf("%q, want the rejection in STATUS=", m)
+	}
+	os.WriteFile(cfgPath, good, 0o644)
+	if ok, err := g.Store().Reload(); ok || err != nil { // as the poll would: nothing to apply
+		t.Fatalf("the reverted file: %v %v", ok, err)
+	}
+	if m := next(); m != "STATUS=serving" {
+		t.Fatalf("%q after the edit was reverted, want STATUS=serving", m)
+	}
+}
+
 // startNotifyingRouter runs a router with a config file (polled only on
 // SIGHUP) whose sd_notify messages arrive on a real NOTIFY_SOCKET datagram
 // socket; next returns the next message, READY=1 already read.

@@ -48,10 +48,12 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 		sig <- syscall.SIGHUP // one sent while the router started: act on it now
 	}
 	// A config applied after a rejected reload (the file fixed and picked
-	// up by the poll, or another replica's change) ends the rejection that
-	// STATUS= still shows: systemctl status kept saying "config reload
-	// rejected" for as long as no SIGHUP came. The hook runs under the
-	// store's lock: it only signals the loop, which sends.
+	// up by the poll, or another replica's change), or the file put back
+	// as it was (the broken edit reverted, the missing file restored),
+	// ends the rejection that STATUS= still shows: systemctl status kept
+	// saying "config reload rejected" for as long as no SIGHUP came. The
+	// hook runs under the store's lock: it only signals the loop, which
+	// sends; while rejected, the file is looked at every second.
 	changed := make(chan struct{}, 1)
 	g.store.OnChange(func(_, _ *config.Config) {
 		select {
@@ -60,6 +62,22 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 		}
 	})
 	rejected := false
+	var recheck <-chan time.Time
+	var recheckT *time.Ticker
+	defer func() {
+		if recheckT != nil {
+			recheckT.Stop()
+		}
+	}()
+	settled := func() {
+		if !rejected || !g.fileServes() {
+			return
+		}
+		rejected = false
+		recheckT.Stop()
+		recheckT, recheck = nil, nil
+		notify("STATUS=serving")
+	}
 	for {
 		select {
 		case err := <-errc:
@@ -70,10 +88,9 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 		case <-watchdog:
 			notify("WATCHDOG=1")
 		case <-changed:
-			if rejected && g.store.Refused() == nil {
-				rejected = false
-				notify("STATUS=serving")
-			}
+			settled()
+		case <-recheck:
+			settled()
 		case s := <-sig:
 			if s == syscall.SIGHUP {
 				g.reloadTLS()                             // a renewed certificate
@@ -84,8 +101,16 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 				_, err := g.store.ReloadAsked()
 				rejected = err != nil
 				if rejected {
+					if recheckT == nil {
+						recheckT = time.NewTicker(time.Second)
+						recheck = recheckT.C
+					}
 					notify("READY=1\nSTATUS=config reload rejected (" + oneLine(err.Error()) + "); previous config serving")
 				} else {
+					if recheckT != nil {
+						recheckT.Stop()
+						recheckT, recheck = nil, nil
+					}
 					notify("READY=1\nSTATUS=serving")
 				}
 				continue
@@ -127,6 +152,19 @@ func (g *Gateway) drain() error {
 		return nil
 	}
 	return err
+}
+
+// fileServes reports whether the config file no longer holds what a
+// reload refused: it can be read, and its bytes are not the refused ones
+// (a refused rotation of a secret file keeps them refused until a reload
+// asked for takes the key).
+func (g *Gateway) fileServes() bool {
+	if p := g.store.Path(); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return false
+		}
+	}
+	return g.store.Refused() == nil
 }
 
 // cutGrace bounds the wait, after the drain timeout, for the cut requests
