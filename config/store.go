@@ -52,6 +52,11 @@ type Store struct {
 	// sink, when set, receives configs read from the file instead of a local
 	// swap (shared storage: the change comes back through Replace).
 	sink func(c *Config, refsOnly bool) error
+	// storing counts the reloads whose config the sink is storing (its
+	// bytes are lastData already, but do not serve yet); refsRefused is a
+	// rotation (the references read again) the sink could not store.
+	storing     int
+	refsRefused bool
 	// check, when set, is what a config must pass beyond Validate (SetCheck).
 	check func(c *Config) error
 }
@@ -565,6 +570,28 @@ func (s *Store) Refused() error {
 	return nil
 }
 
+// FileServes reports whether the config file holds what serves: it can
+// be read, its bytes are those last read or written and not ones a reload
+// refused (a refused rotation of a secret file keeps its bytes refused
+// until a reload asked for takes the key; a change the reload sink could
+// not store is not the last read until a poll stores it). True without a
+// file.
+func (s *Store) FileServes() bool {
+	if s.path == "" {
+		return true
+	}
+	data, err := os.ReadFile(s.path)
+	if err != nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.storing > 0 || s.refsRefused || s.badData != nil && bytes.Equal(data, s.badData) {
+		return false
+	}
+	return bytes.Equal(data, s.lastData)
+}
+
 func (s *Store) reload(asked bool) (bool, error) {
 	if s.path == "" {
 		return false, nil
@@ -609,7 +636,7 @@ func (s *Store) reload(asked bool) (bool, error) {
 		slog.Error("config reload rejected; keeping previous config", "path", s.path, "err", err)
 		return false, err
 	}
-	s.lastData, s.badData = data, nil
+	s.lastData, s.badData, s.refsRefused = data, nil, false
 	if unchanged && s.sink == nil && SameSecrets(c, s.cur.Load()) {
 		// Read again only for its references, and none resolves to
 		// another key: no new version (it made every ETag an operator
@@ -620,8 +647,18 @@ func (s *Store) reload(asked bool) (bool, error) {
 	if sink := s.sink; sink != nil {
 		// The sink writes to shared storage and comes back through Replace,
 		// which takes the lock.
+		s.storing++
 		s.mu.Unlock()
-		if err := sink(c, unchanged); err != nil {
+		err := sink(c, unchanged)
+		s.mu.Lock()
+		s.storing--
+		s.refsRefused = err != nil && unchanged
+		if err != nil && !unchanged {
+			// Try again on the next poll (or SIGHUP).
+			s.lastData, s.lastStat = nil, fileStamp{size: -1}
+		}
+		s.mu.Unlock()
+		if err != nil {
 			reloadsFailed.Inc()
 			if unchanged {
 				// Nothing of the file is to be stored: the next poll must not
@@ -630,10 +667,6 @@ func (s *Store) reload(asked bool) (bool, error) {
 				return false, err
 			}
 			slog.Error("config file changed but cannot be stored; keeping previous config", "path", s.path, "err", err)
-			s.mu.Lock()
-			// Try again on the next poll (or SIGHUP).
-			s.lastData, s.lastStat = nil, fileStamp{size: -1}
-			s.mu.Unlock()
 			return false, err
 		}
 		reloadsOK.Inc()

@@ -415,3 +415,50 @@ func TestASIGHUPThatRotatesNoKeyMakesNoVersion(t *testing.T) {
 		t.Fatalf("SIGHUP after a rotation: changed %v, err %v, version %d", changed, err, s.Version())
 	}
 }
+
+// FileServes: the file holds what serves once a refused edit is reverted,
+// not while the refused bytes or a change the sink could not store are in
+// it, nor while it is missing.
+func TestFileServesFollowsWhatTheFileHolds(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.json")
+	good := []byte(`{}`)
+	os.WriteFile(path, good, 0o644)
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.FileServes() {
+		t.Fatal("the file read at start does not serve")
+	}
+	os.WriteFile(path, []byte(`{"debug":{"decision_header":"yes"}}`), 0o644)
+	if _, err := s.ReloadAsked(); err == nil || s.FileServes() {
+		t.Fatalf("a refused edit serves (%v)", err)
+	}
+	os.WriteFile(path, good, 0o644)
+	if !s.FileServes() {
+		t.Fatal("the reverted file does not serve")
+	}
+	os.Remove(path)
+	if s.FileServes() {
+		t.Fatal("a missing file serves")
+	}
+	s.SetReloadSink(func(*Config, bool) error { return errors.New("redis down") })
+	os.WriteFile(path, []byte(`{"debug":{"decision_header":true}}`), 0o644)
+	if _, err := s.ReloadAsked(); err == nil || s.FileServes() {
+		t.Fatalf("a change the sink could not store serves (%v)", err)
+	}
+	// A rotation the sink could not store.
+	keyFile := filepath.Join(t.TempDir(), "key")
+	os.WriteFile(keyFile, []byte("sk-ONE"), 0o600)
+	ref := []byte(`{"mirror":{"enabled":true,"target_address":"http://127.0.0.1:9","auth_token":"file:` + keyFile + `"}}`)
+	os.WriteFile(path, ref, 0o644)
+	s.SetReloadSink(nil)
+	if ok, err := s.ReloadAsked(); !ok || err != nil || !s.FileServes() {
+		t.Fatalf("the file with a reference: %v %v, serves %v", ok, err, s.FileServes())
+	}
+	s.SetReloadSink(func(*Config, bool) error { return errors.New("redis down") })
+	os.WriteFile(keyFile, []byte("sk-TWO"), 0o600)
+	if _, err := s.ReloadAsked(); err == nil || s.FileServes() {
+		t.Fatalf("a rotation the sink could not store serves (%v)", err)
+	}
+}

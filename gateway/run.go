@@ -70,7 +70,7 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 		}
 	}()
 	settled := func() {
-		if !rejected || !g.fileServes() {
+		if !rejected || !g.store.FileServes() {
 			return
 		}
 		rejected = false
@@ -152,19 +152,6 @@ func (g *Gateway) drain() error {
 		return nil
 	}
 	return err
-}
-
-// fileServes reports whether the config file no longer holds what a
-// reload refused: it can be read, and its bytes are not the refused ones
-// (a refused rotation of a secret file keeps them refused until a reload
-// asked for takes the key).
-func (g *Gateway) fileServes() bool {
-	if p := g.store.Path(); p != "" {
-		if _, err := os.Stat(p); err != nil {
-			return false
-		}
-	}
-	return g.store.Refused() == nil
 }
 
 // cutGrace bounds the wait, after the drain timeout, for the cut requests
