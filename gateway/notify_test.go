@@ -345,3 +345,18 @@ func TestADrainThatRunsOutEndsTheStopWithoutAnError(t *testing.T) {
 		t.Fatal("Run did not return after the drain timeout")
 	}
 }
+
+// --shutdown-timeout 0 drains for the default 30 s (docs/router.md), and
+// the "shutting down" line and STOPPING=1's extension say that figure:
+// the line said drain_timeout=0s while the drain took 30 s.
+func TestAZeroShutdownTimeoutDrainsForTheDefaultAndSaysSo(t *testing.T) {
+	f := parseServe(t, "--workers", "a=http://127.0.0.1:1", "--shutdown-timeout", "0")
+	g, err := New(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if d := g.drainTimeout(); d != 30*time.Second {
+		t.Fatalf("drain timeout %v, want 30s", d)
+	}
+}

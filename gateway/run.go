@@ -115,7 +115,7 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 				}
 				continue
 			}
-			slog.Info("shutting down", "signal", s.String(), "drain_timeout", g.flags.ShutdownTimeout.String())
+			slog.Info("shutting down", "signal", s.String(), "drain_timeout", g.drainTimeout().String())
 			return g.drain()
 		case <-ctx.Done():
 			return g.drain()
@@ -123,11 +123,16 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 	}
 }
 
-func (g *Gateway) drain() error {
-	timeout := g.flags.ShutdownTimeout
-	if timeout <= 0 {
-		timeout = 30 * time.Second
+// drainTimeout is --shutdown-timeout, 0 (or less) meaning the default 30 s.
+func (g *Gateway) drainTimeout() time.Duration {
+	if g.flags.ShutdownTimeout <= 0 {
+		return 30 * time.Second
 	}
+	return g.flags.ShutdownTimeout
+}
+
+func (g *Gateway) drain() error {
+	timeout := g.drainTimeout()
 	// The stop takes up to the drain, the cut after it and a margin:
 	// systemd extends the unit's TimeoutStopSec to that if it is shorter
 	// (a longer --shutdown-timeout was SIGKILLed mid-drain at 45 s).
