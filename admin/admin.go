@@ -223,7 +223,7 @@ func New(o Options) (*Admin, error) {
 	if o.Key == "" && o.Addr != "" {
 		slog.Warn("admin API off: no --admin-key and no --api-key")
 	}
-	if o.Key == "" && o.SealKey == "" {
+	if o.Key == "" && o.SealKey == "" && (o.SnapshotDir != "" || o.State != "") {
 		slog.Warn("no admin key: upstream keys in snapshots are stored in clear (set --admin-key or --admin-seal-key to seal them)")
 	}
 	a.store.OnChange(a.onStoreChange)

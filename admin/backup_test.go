@@ -543,3 +543,23 @@ func TestSnapshotsNoneOfWhichRestoresRefuseAStartWithoutAConfigFile(t *testing.T
 		t.Fatal("the config file did not serve")
 	}
 }
+
+// The warning that upstream keys are stored unsealed is given where they
+// are stored (snapshots, Redis), not to every router without an admin key:
+// one without a snapshot directory or --state stores none.
+func TestTheUnsealedKeysWarningIsGivenOnlyWhereKeysAreStored(t *testing.T) {
+	for _, c := range []struct {
+		dir  string
+		warn bool
+	}{{"", false}, {t.TempDir(), true}} {
+		logs := captureLogs(t)
+		a, err := New(Options{Store: config.NewStore("", nil), SnapshotDir: c.dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Close()
+		if got := strings.Contains(logs.String(), "stored in clear"); got != c.warn {
+			t.Errorf("snapshot dir %q: warned %v, want %v", c.dir, got, c.warn)
+		}
+	}
+}

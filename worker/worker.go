@@ -501,7 +501,11 @@ func (s *Sidecar) drain(ctx context.Context) error {
 		s.srv.StopAccepting()
 	}
 	if err := s.waitIdle(dctx); err != nil {
-		slog.Warn("worker: drain timeout, requests still in flight", "id", rec.ID, "in_flight", s.InFlight(), "err", err)
+		args := []any{"id", rec.ID, "err", err}
+		if n := s.InFlight(); n >= 0 { // known over NATS only
+			args = append(args, "in_flight", n)
+		}
+		slog.Warn("worker: drain timeout, requests still in flight", args...)
 	}
 	if err := s.reg.Deregister(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("cannot deregister: %w", err))
