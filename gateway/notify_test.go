@@ -97,7 +97,7 @@ func TestSystemdNotifyMessages(t *testing.T) {
 	// The stop's time: the drain (--shutdown-timeout, 30 s by default) and
 	// the cut after it, so systemd does not SIGKILL a longer drain at the
 	// unit's TimeoutStopSec.
-	if m := next("STOPPING=1"); !strings.Contains(m, "EXTEND_TIMEOUT_USEC=37000000") {
+	if m := next("STOPPING=1"); !strings.Contains(m, "EXTEND_TIMEOUT_USEC=47000000") {
 		t.Fatalf("STOPPING=1 without the drain's EXTEND_TIMEOUT_USEC: %q", m)
 	}
 	if err := <-done; err != nil {

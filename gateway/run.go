@@ -163,9 +163,13 @@ func (g *Gateway) drain() error {
 // to end.
 const cutGrace = 2 * time.Second
 
-// stopMargin is what the stop may take past the drain and the cut (the
-// process's own exit), in the EXTEND_TIMEOUT_USEC of STOPPING=1.
-const stopMargin = 5 * time.Second
+// stopMargin is what the stop may take past the drain and the cut, in the
+// EXTEND_TIMEOUT_USEC of STOPPING=1: the admin listener's own shutdown (up
+// to 5 s for its requests), the last snapshot (a file on a mount), closing
+// discovery and the KV subscribers, and the exit. At 5 s the admin
+// listener's wait alone could use it up and systemd SIGKILL the router
+// before its last snapshot was written.
+const stopMargin = 15 * time.Second
 
 // notify sends an sd_notify message when NOTIFY_SOCKET is set (a no-op
 // otherwise).
