@@ -119,6 +119,31 @@ func TestABodyPastTheBodyTimeoutGets408(t *testing.T) {
 	}
 }
 
+// --body-timeout 0 is the default 60 s, as --header-timeout 0 is its
+// default: the body is not left under the head's deadline. It was, so a
+// body still arriving when --header-timeout (10 s) ran out got 408 "not
+// received within --body-timeout".
+func TestABodyTimeoutOfZeroIsTheDefaultNotTheHeaderTimeout(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.HeaderTimeout = 300 * time.Millisecond
+	f.BodyTimeout = 0
+	r := startRouter(t, f, nil, up.url)
+	conn := dialRouter(t, r.url)
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 20000) + `"}]}`
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:9000])
+	time.Sleep(800 * time.Millisecond) // past --header-timeout, well within the body's
+	io.WriteString(conn, body[9000:])
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+}
+
 // dialRouter opens a raw connection to the router at url, closed at the
 // test's end, with a 10 s deadline.
 func dialRouter(t *testing.T, url string) net.Conn {

@@ -189,10 +189,14 @@ func (s *Server) readBody(ctx *fasthttp.RequestCtx, rs *reqState) error {
 		return nil
 	}
 	if cl < 0 || cl > 8<<10 {
-		// More than fasthttp pre-read: the rest comes from the client now.
-		if t := s.flags.BodyTimeout; t > 0 {
-			ctx.Conn().SetReadDeadline(time.Now().Add(t))
+		// More than fasthttp pre-read: the rest comes from the client now,
+		// under --body-timeout (0: its default, as --header-timeout 0 is
+		// its own; the head's deadline would otherwise still cut the body).
+		t := s.flags.BodyTimeout
+		if t <= 0 {
+			t = 60 * time.Second
 		}
+		ctx.Conn().SetReadDeadline(time.Now().Add(t))
 	}
 	const step = 32 << 10
 	buf := rs.body[:0]
