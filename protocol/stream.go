@@ -2,6 +2,8 @@ package protocol
 
 import (
 	"sync"
+
+	"github.com/infera/infera/internal/jsonscan"
 )
 
 // maxStreamTools bounds the tool calls of one streamed answer.
@@ -261,6 +263,63 @@ func (c *StreamConverter) Finish(dst []byte) []byte {
 	dst = c.out
 	c.out = nil
 	return dst
+}
+
+// FeedAnswer writes a whole chat completion (an engine that answered the
+// stream request with one JSON body) as the client's complete stream:
+// its reasoning, text, refusal and tool calls as the events a stream of
+// them would give, then the closing events. It appends nothing and
+// returns false when body is not a readable chat completion (the caller
+// answers with an error instead).
+func (c *StreamConverter) FeedAnswer(dst, body []byte) ([]byte, bool) {
+	if c.finished || c.started {
+		return dst, false
+	}
+	r, err := parseChat(body)
+	if err != nil {
+		return dst, false
+	}
+	c.out = dst
+	c.start()
+	c.usage = r.usage
+	if len(r.reasoning) > 0 {
+		c.deltas++
+		c.emitThinking(r.reasoning)
+	}
+	if len(r.content) > 0 {
+		c.deltas++
+		c.emitText(r.content)
+	}
+	if len(r.refusal) > 0 {
+		c.deltas++
+		c.refused = true
+		c.emitRefusal(r.refusal)
+	}
+	idx := int64(0)
+	r.eachToolCall(func(tc toolCall) {
+		if err != nil {
+			return
+		}
+		args := tc.args
+		if tc.argsObj { // an object, not a string: sent as the string it encodes
+			args = jsonscan.AppendStringBody(nil, bytesString(tc.args))
+		}
+		err = c.onToolCall(idx, tc.id, tc.name, args)
+		idx++
+	})
+	if err != nil {
+		c.failWith(err)
+	} else {
+		// A whole answer is complete, as ChatToAnthropic and
+		// ChatToResponses take it, whatever its finish_reason.
+		c.gotFinish = true
+		c.finish = append(c.finish[:0], r.finish...)
+		c.stopReason = append(c.stopReason[:0], r.stopReason...)
+		c.end()
+	}
+	dst = c.out
+	c.out = nil
+	return dst, true
 }
 
 // Fail ends the stream with an error event in the client protocol (for an

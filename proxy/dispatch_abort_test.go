@@ -505,3 +505,51 @@ func TestALaterHTTP1MinorVersionIsServedAsHTTP11(t *testing.T) {
 		t.Fatalf("over HTTP/2.0: %q", resp)
 	}
 }
+
+// A converted stream request (Messages, Responses) whose engine answers
+// with one plain JSON chat completion gets that answer as its protocol's
+// whole stream: the client asked for events and its SDK reads nothing
+// else. The converter took the JSON for stream bytes, and the client got
+// a 200 stream of message_start and an "ended before the answer was
+// complete" error event, the engine's answer dropped.
+func TestAConvertedStreamAnsweredWithPlainJSONIsStreamedWhole(t *testing.T) {
+	const answer = `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant",` +
+		`"reasoning_content":"hmm","content":"hi","tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":{"a":"b\n"}}}]},` +
+		`"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":7,"completion_tokens":5,"total_tokens":12}}`
+	w := startRaw(t, func(n int, req string, c net.Conn) { c.Write([]byte(jsonAnswer(answer))) })
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startPDRouter(t, f, nil, fleet.Record{ID: "w", URL: w.url, Models: []string{"m"}})
+	ask := func(path, body string) string {
+		return rawClient(t, r.url, "POST "+path+" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+
+			strconv.Itoa(len(body))+"\r\nConnection: close\r\n\r\n"+body, 5*time.Second)
+	}
+	tools := `"tools":[{"name":"f","input_schema":{"type":"object"}}]`
+	got := ask("/v1/messages", `{"model":"m","max_tokens":9,"stream":true,`+tools+`,"messages":[{"role":"user","content":"x"}]}`)
+	_, body, _ := strings.Cut(got, "\r\n\r\n")
+	if !strings.HasPrefix(got, "HTTP/1.1 200") || !strings.Contains(strings.ToLower(got), "content-type: text/event-stream") {
+		t.Fatalf("Messages:\n%s", got)
+	}
+	var types []string
+	for _, ev := range sseEvents(t, body) {
+		types = append(types, ev[0])
+	}
+	want := "message_start content_block_start ping content_block_delta content_block_stop " +
+		"content_block_start content_block_delta content_block_stop content_block_start content_block_delta content_block_stop " +
+		"message_delta message_stop"
+	if strings.Join(types, " ") != want {
+		t.Fatalf("Messages events:\n got %s\nwant %s\n%s", strings.Join(types, " "), want, body)
+	}
+	for _, s := range []string{`"thinking":"hmm"`, `"text":"hi"`, `"partial_json":"{\"a\":\"b\\n\"}"`, `"stop_reason":"tool_use"`, `"output_tokens":5`} {
+		if !strings.Contains(body, s) {
+			t.Fatalf("Messages stream lacks %s:\n%s", s, body)
+		}
+	}
+	got = ask("/v1/responses", `{"model":"m","stream":true,"input":"x","tools":[{"type":"function","name":"f"}]}`)
+	_, body, _ = strings.Cut(got, "\r\n\r\n")
+	if !strings.HasPrefix(got, "HTTP/1.1 200") || strings.Contains(body, "event: error") ||
+		!strings.Contains(body, "event: response.completed") || !strings.Contains(body, `"arguments":"{\"a\":\"b\\n\"}"`) ||
+		!strings.Contains(body, `"delta":"hi"`) {
+		t.Fatalf("Responses:\n%s", got)
+	}
+}

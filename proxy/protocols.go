@@ -550,7 +550,10 @@ func (s *Server) transformHead(ctx *fasthttp.RequestCtx, rs *reqState, up upResp
 	p := &rs.proto
 	h := &ctx.Response.Header
 	encoded := len(h.Peek(fasthttp.HeaderContentEncoding)) > 0
-	if p.mode == protoConvert && (status >= 400 || !rs.sreq.Stream || encoded) {
+	// A converted stream request answered with one body that is not an
+	// event stream (plain JSON) is read whole too, and written as the
+	// client's stream (commitConverted).
+	if p.mode == protoConvert && (status >= 400 || !rs.sreq.Stream || encoded || !eventStream(up.contentType())) {
 		s.commitConverted(ctx, rs, up, status, first, eof, outcome, encoded)
 		return nil, false, true
 	}
@@ -585,6 +588,7 @@ func (s *Server) commitConverted(ctx *fasthttp.RequestCtx, rs *reqState, up upRe
 		body, f = s.readAnswer(rs, up, first)
 	}
 	var out []byte
+	ctype := "application/json"
 	if f != nil {
 		up.finish(false)
 		if f.kind == failCanceled {
@@ -611,6 +615,10 @@ func (s *Server) commitConverted(ctx *fasthttp.RequestCtx, rs *reqState, up upRe
 		rs.scanUsage(body)
 		if status >= 400 {
 			out = protocol.ConvertError(p.out[:0], p.api, status, body)
+		} else if rs.sreq.Stream && s.streamWholeAnswer(rs, body) {
+			// The client asked for a stream: it gets one (an SDK's stream
+			// reader finds no events in a JSON body).
+			ctype, out = "text/event-stream", p.out
 		} else {
 			var err error
 			if p.api == protocol.Anthropic {
@@ -630,13 +638,29 @@ func (s *Server) commitConverted(ctx *fasthttp.RequestCtx, rs *reqState, up upRe
 	resp := &ctx.Response
 	resp.Header.SetStatusCode(status)
 	resp.Header.Del(fasthttp.HeaderContentEncoding)
-	resp.Header.SetContentType("application/json")
+	resp.Header.SetContentType(ctype)
 	resp.SetBody(out) // a copy: rs (and out) is reused once the handler returns
 	countStatus(status)
 	rs.lease.Done(outcome)
 	rs.usage.record(rs.lease.Worker)
 	rs.dur = time.Since(rs.start)
 	mDuration.Update(rs.dur.Seconds())
+}
+
+// streamWholeAnswer writes the whole chat completion body, the answer to
+// a converted stream request, as the client protocol's stream into
+// rs.proto.out. It reports false, writing nothing, when body is not a
+// readable chat completion.
+func (s *Server) streamWholeAnswer(rs *reqState, body []byte) bool {
+	p := &rs.proto
+	p.meta.PromptTokens = rs.promptTokens()
+	c := protocol.AcquireStreamConverter(&p.meta)
+	defer protocol.ReleaseStreamConverter(c)
+	out, ok := c.FeedAnswer(p.out[:0], body)
+	if ok {
+		p.out = out
+	}
+	return ok
 }
 
 // readAnswer reads the rest of a non-streamed answer after first (the
