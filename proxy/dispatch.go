@@ -549,7 +549,7 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		idle:      rs.call.idle,
 		total:     rs.call.total,
 		client:    ctx.Conn(),
-		wto:       s.flags.ClientWriteTimeout,
+		wto:       s.wto,
 		outcome:   outcome,
 		engineErr: engineErr,
 	}

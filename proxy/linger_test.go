@@ -206,3 +206,15 @@ func TestTheIntrospectionEndpointsAnswerABodyTheyCannotTakeAsInferenceDoes(t *te
 		})
 	}
 }
+
+// --client-write-timeout 0 is its default (60 s), as the other timeouts'
+// 0 is theirs: it switched the write bound off, so a client that stopped
+// reading held its stream and the engine's slot until the engine finished.
+func TestAClientWriteTimeoutOfZeroIsTheDefault(t *testing.T) {
+	f := defaultFlags()
+	f.ClientWriteTimeout = 0
+	s := startRouter(t, f, nil).srv
+	if s.srv.WriteTimeout != 60*time.Second || s.wto != 60*time.Second {
+		t.Fatalf("write bound %v (relay %v), want 60s", s.srv.WriteTimeout, s.wto)
+	}
+}

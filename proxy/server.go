@@ -106,6 +106,9 @@ type Options struct {
 type Server struct {
 	o     Options
 	flags *config.Serve
+	// wto is --client-write-timeout, 0 meaning its default (60 s) as the
+	// other timeouts' 0 means theirs.
+	wto   time.Duration
 	store *config.Store
 	sched *sched.Scheduler
 	srv   *fasthttp.Server
@@ -181,6 +184,9 @@ func New(o Options) *Server {
 	} else {
 		s.tr = httpTransport{}
 	}
+	if s.wto = f.ClientWriteTimeout; s.wto <= 0 {
+		s.wto = 60 * time.Second
+	}
 	header := f.HeaderTimeout
 	if header <= 0 {
 		header = 10 * time.Second
@@ -211,7 +217,7 @@ func New(o Options) *Server {
 		// (pipelining requests it never reads the answers of) is
 		// disconnected. A relay (a stream, a large body) re-arms it before
 		// each write, so a stream may last for hours.
-		WriteTimeout: f.ClientWriteTimeout,
+		WriteTimeout: s.wto,
 		// The listener enforces --max-conns with an answer in the error
 		// shape; fasthttp's cap is above it (a closed connection's slot
 		// is given back to the listener a moment before fasthttp's).
