@@ -111,9 +111,16 @@ func (c *StreamConverter) aOpenTool(i int) {
 
 // aToolArgs emits an arguments fragment as input_json_delta, for the open
 // tool block (a call that opened while another streamed is held and sent
-// whole at the end: onToolCalls).
+// whole at the end: onToolCalls). Only what keeps the arguments a JSON
+// object's prefix is sent (jsonPrefix): the SDKs parse partial_json as it
+// streams and throw on anything else, losing the stream; arguments that
+// are not JSON are {} in a whole answer too.
 func (c *StreamConverter) aToolArgs(i int, raw []byte) {
-	c.aDelta(c.tools[i].block)
+	t := &c.tools[i]
+	if raw = raw[:t.prefix.feed(raw)]; len(raw) == 0 {
+		return
+	}
+	c.aDelta(t.block)
 	c.out = append(c.out, `input_json_delta","partial_json":"`...)
 	c.out = append(c.out, raw...)
 	c.out = append(c.out, `"}}`...)

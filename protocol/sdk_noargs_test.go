@@ -60,3 +60,64 @@ func TestResponsesSDKParsesANoArgumentFunctionCall(t *testing.T) {
 	}
 	t.Logf("%s", out)
 }
+
+// An engine's tool call whose arguments are not JSON (a model that writes
+// prose where the call's arguments go; vLLM's tool parsers stream it as it
+// comes), or JSON followed by junk: the Anthropic SDK's messages.stream
+// parses partial_json as it streams and threw on the first character no
+// JSON continues with, losing the whole stream. Only the part that keeps
+// the input a JSON object's prefix is sent: {} for prose (as a whole
+// answer gives), the object for an object followed by junk.
+func TestAnthropicSDKStreamsAToolCallWhoseArgumentsAreNotJSON(t *testing.T) {
+	node, err := exec.LookPath("node")
+	dir := filepath.Join("..", "scripts", "sdk")
+	if d := os.Getenv("INFERA_SDK_DIR"); d != "" {
+		dir = d
+	}
+	if _, e := os.Stat(filepath.Join(dir, "node_modules", "@anthropic-ai", "sdk")); err != nil || e != nil {
+		t.Skip("node or the SDKs are not installed; run make deps")
+	}
+	chunk := func(delta string) string {
+		return `data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":` + delta + `,"finish_reason":null}]}` + "\n\n"
+	}
+	stream := func(args ...string) string {
+		s := chunk(`{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]}`)
+		for _, a := range args {
+			s += chunk(`{"tool_calls":[{"index":0,"function":{"arguments":` + a + `}}]}`)
+		}
+		return s + `data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}` + "\n\n" +
+			`data: {"id":"c","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9}}` + "\n\ndata: [DONE]\n\n"
+	}
+	for _, c := range []struct {
+		name, stream, want string
+	}{
+		{"prose", stream(`"I will call it "`, `"with city=Paris"`), `{}`},
+		{"object then junk", stream(`"{\"city\": \"Pa"`, `"ris\"} and then"`, `" some words"`), `{"city":"Paris"}`},
+		{"an escaped quote split from its string", stream(`"{\"city\": \"say \\\""`, `"hi\\\"\"}"`), `{"city":"say \"hi\""}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				body, _ := io.ReadAll(r.Body)
+				opt := DefaultOptions()
+				var m Meta
+				if _, err := AnthropicToChat(nil, body, &opt, &m); err != nil {
+					t.Errorf("AnthropicToChat: %v", err)
+					w.WriteHeader(400)
+					return
+				}
+				w.Header().Set("Content-Type", "text/event-stream")
+				sc := AcquireStreamConverter(&m)
+				defer ReleaseStreamConverter(sc)
+				w.Write(sc.Finish(sc.Feed(nil, []byte(c.stream))))
+			}))
+			defer srv.Close()
+			cmd := exec.Command(node, filepath.Join(dir, "badargs.mjs"))
+			cmd.Env = append(os.Environ(), "INFERA_BASE_URL="+srv.URL, "INFERA_MODEL=m", "INFERA_EXPECT_INPUT="+c.want)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("badargs.mjs failed: %v\n%s", err, out)
+			}
+			t.Logf("%s", out)
+		})
+	}
+}

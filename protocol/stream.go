@@ -29,7 +29,8 @@ type streamTool struct {
 	opened         bool
 	block          int // Anthropic block index / Responses output index
 	itemID         []byte
-	scan           argsScan // whether the arguments sent so far are a whole JSON value
+	scan           argsScan   // whether the arguments sent so far are a whole JSON value
+	prefix         jsonPrefix // Anthropic: how much of the arguments is a JSON object's prefix
 }
 
 // argsScan follows a tool call's arguments (the raw, JSON-escaped body of
