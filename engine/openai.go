@@ -162,7 +162,9 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 }
 
 // flattenContent turns a message content (string, null, or array of parts)
-// into text; only text parts contribute.
+// into text as vLLM flattens it for a template that takes content as a
+// string, and as the router renders it (proxy.appendTextParts): the
+// non-empty texts of the "type": "text" parts, joined by "\n".
 func flattenContent(raw json.RawMessage) (string, error) {
 	if isNull(raw) {
 		return "", nil
@@ -181,10 +183,16 @@ func flattenContent(raw json.RawMessage) (string, error) {
 			return "", err
 		}
 		var sb []byte
+		n := 0
 		for _, p := range parts {
-			if p.Type == "text" || (p.Type == "" && p.Text != "") {
-				sb = append(sb, p.Text...)
+			if p.Type != "text" || p.Text == "" {
+				continue
 			}
+			if n > 0 {
+				sb = append(sb, '\n')
+			}
+			n++
+			sb = append(sb, p.Text...)
 		}
 		return string(sb), nil
 	}
