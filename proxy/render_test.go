@@ -263,3 +263,57 @@ func TestTheLastToolsOfAChatAreRendered(t *testing.T) {
 		t.Error("the last tools were not rendered")
 	}
 }
+
+// A chat longer than --router-tokenize-max-bytes renders its leading
+// messages ending on a user message, the first one too: a conversation with
+// no system prompt whose first answer passed the bound ([user, assistant,
+// user]) rendered [user, assistant], so Qwen3's template wrote the answer as
+// the final turn (with a think block) and the router's tokens left the
+// engine's after 9 tokens: /tokenize answered 18 tokens, not truncated, for
+// a prompt whose first 18 the engine did not have.
+func TestALongChatsPartEndsOnItsFirstUserMessage(t *testing.T) {
+	dir := qwen3Dir(t)
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	f.RouterTokenizeMaxBytes = 4096
+	r := startRouter(t, f, nil, up.url)
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []tokenizer.Message{
+		{Role: "user", Content: "Summarize the report."},
+		{Role: "assistant", Content: strings.Repeat("The report says many things. ", 300)},
+		{Role: "user", Content: "Shorter, please."},
+	}
+	body, err := json.Marshal(map[string]any{"model": "m", "messages": msgs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, b := post(t, r.url+"/tokenize", string(body))
+	if code != 200 {
+		t.Fatalf("/tokenize: %d %s", code, b)
+	}
+	var got struct {
+		Tokens    []uint32 `json:"tokens"`
+		Truncated bool     `json:"truncated"`
+	}
+	if err := json.Unmarshal([]byte(b), &got); err != nil {
+		t.Fatal(err)
+	}
+	render, err := tok.RenderChat(nil, msgs, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := tok.Encode(nil, render)
+	part, err := tok.RenderChat(nil, msgs[:1], nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := tok.Encode(nil, part)
+	if !slices.Equal(got.Tokens, want) || !slices.Equal(want, full[:len(want)]) || !got.Truncated {
+		t.Fatalf("router encoded %.120q (%d tokens, truncated %v), want the first user message's %q (%d), leading the whole's %.120q",
+			tok.Decode(got.Tokens), len(got.Tokens), got.Truncated, part, len(want), render)
+	}
+}

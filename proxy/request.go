@@ -734,7 +734,7 @@ func leading(n, rest, limit int, size func(i int) int, isUser func(i int) bool) 
 		k++
 	}
 	if k < n || rest > 0 {
-		for j := k; j > 1; j-- {
+		for j := k; j >= 1; j-- {
 			if isUser(j - 1) {
 				for i := j; i < k; i++ {
 					part -= size(i)
