@@ -25,7 +25,9 @@
 // render allocates nothing (arena.go explains why that is safe). Callers
 // that build variables for every render can do the same with Object.Reset
 // and List.
-// Bad templates and bad input return errors; evaluation is bounded in
-// recursion depth, steps and output size so hostile templates cannot hang or
-// crash the process.
+// Bad templates and bad input return errors; parsing refuses templates
+// nested more than 200 levels deep (blocks, parentheses, calls, and the
+// links of operator, filter and attribute chains), and evaluation is
+// bounded in recursion depth, steps and output size, so hostile templates
+// cannot hang or crash the process.
 package jinja

@@ -97,3 +97,39 @@ func TestLoopObjectsKeepTheirIterationsValues(t *testing.T) {
 		}
 	}
 }
+
+// A left-deep chain (a + b + c ..., a and b ..., a.b.c ..., a|f|g ...)
+// nests as deep as it is long in the tree that rendering recurses through:
+// its links count against the parser's nesting bound as parentheses do. A
+// tokenizer_config.json whose template summed 400,000 terms (8 MB) parsed,
+// and its first render overflowed the goroutine stack: a fatal error that
+// killed the router on its first chat request (25,000 terms took 240 MB of
+// stack a render). Chains as long as real templates hold still render.
+func TestLongOperatorChainsAreBoundedAsNestingIs(t *testing.T) {
+	for _, link := range []string{" + 1", " ~ 'a'", " and true", " or false", " == 1", " * 1", " ** 1",
+		" is defined", "|string", ".real", "[0]"} {
+		long := "{{ 1" + strings.Repeat(link, 100_000) + " }}"
+		if _, err := Parse(long); err == nil || !strings.Contains(err.Error(), "nested too deeply") {
+			t.Fatalf("a chain of 100,000 %q parsed (err %v)", link, err)
+		}
+	}
+	for _, src := range []string{
+		"{{ 1" + strings.Repeat(" + 1", 100) + " }}",
+		"{{ ('a' ~ 'b'" + strings.Repeat(" ~ 'b'", 60) + ")|length }}",
+		"{% for m in messages %}{% if m.role == 'user' and m.content and not m.content.startswith('x') and m.content|length > 0 %}{{ m.content ~ '|' ~ m.role ~ '|' ~ loop.index }}{% endif %}{% endfor %}",
+	} {
+		tpl, err := Parse(src)
+		if err != nil {
+			t.Fatalf("%.60s: %v", src, err)
+		}
+		m := NewObject(2)
+		m.Set("role", String("user"))
+		m.Set("content", String("hi"))
+		vars := NewObject(1)
+		vars.Set("messages", Array(ObjectValue(m)))
+		out, err := tpl.Render(nil, vars)
+		if err != nil || len(out) == 0 {
+			t.Fatalf("%.60s: %q %v", src, out, err)
+		}
+	}
+}

@@ -211,6 +211,18 @@ func (p *parser) enter() error {
 	return nil
 }
 
+// link enters one more link of a left-deep chain (a + b + c, a and b,
+// a.b.c, a|f|g) and counts it in *n, which the caller leaves when the
+// chain ends (p.depth -= *n): each link nests the chain so far one level
+// deeper in the tree that evaluation recurses through, so chains count
+// against maxParseDepth as parentheses do. Uncounted, a template of
+// 400,000 "+" (8 MB) overflowed the goroutine stack on its first render,
+// killing the process, and one of 25,000 took 240 MB of stack a render.
+func (p *parser) link(n *int) error {
+	*n++
+	return p.enter()
+}
+
 func parse(toks []token) ([]node, error) {
 	p := &parser{toks: toks}
 	var body []node
@@ -539,9 +551,14 @@ func (p *parser) parseExpression() (node, error) {
 }
 
 func (p *parser) parseOr() (node, error) {
+	links := 0
+	defer func() { p.depth -= links }()
 	left, err := p.parseAnd()
 	for err == nil && p.isIdent("or") {
 		p.pos++
+		if err = p.link(&links); err != nil {
+			break
+		}
 		var right node
 		if right, err = p.parseAnd(); err == nil {
 			left = newBinary("or", left, right)
@@ -551,9 +568,14 @@ func (p *parser) parseOr() (node, error) {
 }
 
 func (p *parser) parseAnd() (node, error) {
+	links := 0
+	defer func() { p.depth -= links }()
 	left, err := p.parseNot()
 	for err == nil && p.isIdent("and") {
 		p.pos++
+		if err = p.link(&links); err != nil {
+			break
+		}
 		var right node
 		if right, err = p.parseNot(); err == nil {
 			left = newBinary("and", left, right)
@@ -579,6 +601,8 @@ func (p *parser) parseNot() (node, error) {
 }
 
 func (p *parser) parseComparison() (node, error) {
+	links := 0
+	defer func() { p.depth -= links }()
 	left, err := p.parseAdditive()
 	for err == nil {
 		var op string
@@ -595,6 +619,9 @@ func (p *parser) parseComparison() (node, error) {
 		default:
 			return left, nil
 		}
+		if err = p.link(&links); err != nil {
+			break
+		}
 		var right node
 		if right, err = p.parseAdditive(); err == nil {
 			left = newBinary(op, left, right)
@@ -604,10 +631,15 @@ func (p *parser) parseComparison() (node, error) {
 }
 
 func (p *parser) parseAdditive() (node, error) {
+	links := 0
+	defer func() { p.depth -= links }()
 	left, err := p.parseMultiplicative()
 	for err == nil && p.is(tAdditive) {
 		op := p.toks[p.pos].val
 		p.pos++
+		if err = p.link(&links); err != nil {
+			break
+		}
 		var right node
 		if right, err = p.parseMultiplicative(); err == nil {
 			left = newBinary(op, left, right)
@@ -617,10 +649,15 @@ func (p *parser) parseAdditive() (node, error) {
 }
 
 func (p *parser) parseMultiplicative() (node, error) {
+	links := 0
+	defer func() { p.depth -= links }()
 	left, err := p.parsePower()
 	for err == nil && p.is(tMultiplicative) {
 		op := p.toks[p.pos].val
 		p.pos++
+		if err = p.link(&links); err != nil {
+			break
+		}
 		var right node
 		if right, err = p.parsePower(); err == nil {
 			left = newBinary(op, left, right)
@@ -630,9 +667,14 @@ func (p *parser) parseMultiplicative() (node, error) {
 }
 
 func (p *parser) parsePower() (node, error) {
+	links := 0
+	defer func() { p.depth -= links }()
 	left, err := p.parseTest()
 	for err == nil && p.is(tPower) {
 		p.pos++
+		if err = p.link(&links); err != nil {
+			break
+		}
 		var right node
 		if right, err = p.parseTest(); err == nil {
 			left = newBinary("**", left, right)
@@ -642,9 +684,14 @@ func (p *parser) parsePower() (node, error) {
 }
 
 func (p *parser) parseTest() (node, error) {
+	links := 0
+	defer func() { p.depth -= links }()
 	operand, err := p.parseFilter()
 	for err == nil && p.isIdent("is") {
 		p.pos++
+		if err = p.link(&links); err != nil {
+			return nil, err
+		}
 		negate := p.isIdent("not")
 		if negate {
 			p.pos++
@@ -663,9 +710,14 @@ func (p *parser) parseTest() (node, error) {
 }
 
 func (p *parser) parseFilter() (node, error) {
+	links := 0
+	defer func() { p.depth -= links }()
 	operand, err := p.parseUnarySign()
 	for err == nil && p.is(tPipe) {
 		p.pos++
+		if err = p.link(&links); err != nil {
+			return nil, err
+		}
 		var f node
 		if f, err = p.parsePrimary(); err != nil {
 			return nil, err
@@ -825,9 +877,14 @@ func (p *parser) parseArgs(params bool) ([]node, error) {
 }
 
 func (p *parser) parseMember(object node) (node, error) {
+	links := 0
+	defer func() { p.depth -= links }()
 	for p.is(tDot) || p.is(tOpenSquare) {
 		computed := p.toks[p.pos].typ == tOpenSquare
 		p.pos++
+		if err := p.link(&links); err != nil {
+			return nil, err
+		}
 		var prop node
 		var err error
 		if computed {
