@@ -55,7 +55,11 @@ func TestRender(t *testing.T) {
 	f("{% set ns = namespace(v=1) %}{% for x in [1] %}{% set ns.v = 2 %}{% endfor %}{{ ns.v }}", "", "2")
 	// Numbers print as JavaScript does, floats keep one decimal.
 	f("{{ 1 }} {{ 1.0 }} {{ 2.50 }} {{ 10 / 4 }} {{ 1000 }} {{ 7 // 2 }} {{ -7 % 3 }}", "", "1 1.0 2.5 2.5 1000 3 -1")
-	f("{{ big }} {{ small }} {{ neg }}", `{"big": 1e21, "small": 1.5e-7, "neg": -0.5}`, "1e+21 1.5e-7 -0.5")
+	// A float of the data prints as Python's repr (vLLM renders with
+	// Python): 1.5e-07, 100000.0 for 1E5, 1.0 for 1.0.
+	f("{{ big }} {{ small }} {{ neg }} {{ e5 }} {{ one }} {{ nz }}", `{"big": 1e21, "small": 1.5e-7, "neg": -0.5, "e5": 1E5, "one": 1.0, "nz": -0.0}`, "1e+21 1.5e-07 -0.5 100000.0 1.0 -0.0")
+	f("{{ o|tojson }}", `{"o": {"min": 0.0, "max": 1.0, "step": 0.25, "n": 3, "tiny": 1e-05, "huge": 1.5e16, "mid": 123456.789}}`,
+		`{"min": 0.0, "max": 1.0, "step": 0.25, "n": 3, "tiny": 1e-05, "huge": 1.5e+16, "mid": 123456.789}`)
 	// tojson: key order, non-ASCII kept, separators, indent.
 	f("{{ o|tojson }}", `{"o": {"b": 1, "a": [true, null], "é": "ü\u2028"}}`, "{\"b\": 1, \"a\": [true, null], \"é\": \"ü\u2028\"}")
 	f("{{ o|tojson(indent=2) }}", `{"o": {"a": [1, {}], "b": []}}`, "{\n  \"a\": [\n    1,\n    {}\n  ],\n  \"b\": []\n}")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 )
 
 const maxJSONDepth = 128
@@ -69,6 +70,11 @@ func decodeValue(dec *json.Decoder, depth int, left *int) (Value, error) {
 		f, err := strconv.ParseFloat(string(t), 64)
 		if err != nil && !errors.Is(err, strconv.ErrRange) { // JSON.parse overflows to ±Infinity
 			return Value{}, fmt.Errorf("bad number %q: %w", t, err)
+		}
+		if strings.ContainsAny(string(t), ".eE") {
+			// A float in the document, as Python's json.loads reads it:
+			// vLLM's template renders 1.0 and 1E5 as 1.0 and 100000.0.
+			return Float(f), nil
 		}
 		return Number(f), nil
 	case json.Delim:

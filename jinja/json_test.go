@@ -1,6 +1,8 @@
 package jinja
 
 import (
+	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 )
@@ -26,5 +28,31 @@ func TestFromJSONBoundsAreLimitErrors(t *testing.T) {
 	}
 	if _, err := FromJSON([]byte(`[1,`)); err == nil || IsLimit(err) {
 		t.Fatalf("broken JSON: %v, want a plain error", err)
+	}
+}
+
+// Floats print as Python's repr does (str, and json.dumps in tojson), as
+// the engine's template renders them (vLLM runs Python): checked against
+// 600 values Python printed (testdata/pyfloat.json: the float as JSON, then
+// its repr). A tool schema's "minimum": 0.0 rendered "0" and 1E5
+// "100000", so the prompt's blocks after the tools differed from the
+// engine's.
+func TestFloatsPrintAsPythonsRepr(t *testing.T) {
+	data, err := os.ReadFile("testdata/pyfloat.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pairs [][2]string
+	if err := json.Unmarshal(data, &pairs); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pairs {
+		v, err := FromJSON([]byte(p[0]))
+		if err != nil {
+			t.Fatalf("%s: %v", p[0], err)
+		}
+		if got := string(appendString(nil, v)); got != p[1] {
+			t.Errorf("%s printed %q, Python %q", p[0], got, p[1])
+		}
 	}
 }

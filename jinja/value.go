@@ -329,6 +329,75 @@ func jsNumber(dst []byte, f float64) []byte {
 	return dst
 }
 
+// pyFloat formats f as Python's repr(float) does (str and json.dumps
+// too): the shortest digits that read back as f, positional with at least
+// one decimal digit when the exponent is in [-4, 16), else d.ddde±XX.
+// vLLM renders chat templates with Python: a tool schema's 1.0 or 1E5 is
+// "1.0" and "100000.0" in the engine's prompt.
+func pyFloat(dst []byte, f float64) []byte {
+	switch {
+	case math.IsNaN(f):
+		return append(dst, "NaN"...)
+	case math.IsInf(f, 1):
+		return append(dst, "Infinity"...)
+	case math.IsInf(f, -1):
+		return append(dst, "-Infinity"...)
+	case f == 0:
+		if math.Signbit(f) {
+			return append(dst, "-0.0"...)
+		}
+		return append(dst, "0.0"...)
+	}
+	var buf [32]byte
+	e := strconv.AppendFloat(buf[:0], f, 'e', -1, 64) // [-]d[.ddd]e±XX
+	if e[0] == '-' {
+		dst = append(dst, '-')
+		e = e[1:]
+	}
+	i := bytes.IndexByte(e, 'e')
+	mant, exp10 := e[:i], e[i+1:]
+	exp, _ := strconv.Atoi(string(exp10))
+	var digs [24]byte
+	d := append(digs[:0], mant[0])
+	if len(mant) > 2 {
+		d = append(d, mant[2:]...)
+	}
+	if exp < -4 || exp >= 16 {
+		dst = append(dst, d[0])
+		if len(d) > 1 {
+			dst = append(dst, '.')
+			dst = append(dst, d[1:]...)
+		}
+		dst = append(dst, 'e')
+		if exp < 0 {
+			dst, exp = append(dst, '-'), -exp
+		} else {
+			dst = append(dst, '+')
+		}
+		if exp < 10 {
+			dst = append(dst, '0')
+		}
+		return strconv.AppendInt(dst, int64(exp), 10)
+	}
+	if exp < 0 {
+		dst = append(dst, "0."...)
+		for k := 0; k < -exp-1; k++ {
+			dst = append(dst, '0')
+		}
+		return append(dst, d...)
+	}
+	if len(d) <= exp+1 {
+		dst = append(dst, d...)
+		for k := len(d); k < exp+1; k++ {
+			dst = append(dst, '0')
+		}
+		return append(dst, ".0"...)
+	}
+	dst = append(dst, d[:exp+1]...)
+	dst = append(dst, '.')
+	return append(dst, d[exp+1:]...)
+}
+
 // appendString appends v as @huggingface/jinja's toString renders it.
 func appendString(dst []byte, v Value) []byte {
 	switch v.kind {
@@ -337,13 +406,7 @@ func appendString(dst []byte, v Value) []byte {
 	case KindInt:
 		return jsNumber(dst, v.num)
 	case KindFloat:
-		if v.num == 0 && math.Signbit(v.num) {
-			return append(dst, "-0.0"...)
-		}
-		if v.num == math.Trunc(v.num) && math.Abs(v.num) < 1e21 {
-			return strconv.AppendFloat(dst, v.num, 'f', 1, 64)
-		}
-		return jsNumber(dst, v.num)
+		return pyFloat(dst, v.num)
 	case KindBool:
 		if v.num != 0 {
 			return append(dst, "true"...)
@@ -417,6 +480,9 @@ func appendJSONUpTo(dst []byte, v Value, o jsonOptions, depth int, undefinedToNu
 	case KindInt, KindFloat:
 		if math.IsNaN(v.num) || math.IsInf(v.num, 0) {
 			return append(dst, "null"...)
+		}
+		if v.kind == KindFloat {
+			return pyFloat(dst, v.num) // json.dumps writes a float as repr does
 		}
 		return jsNumber(dst, v.num)
 	case KindBool:
