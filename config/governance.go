@@ -329,7 +329,10 @@ func validQueue(prefix, overlimit string, size int, timeoutMS float64) error {
 }
 
 func (u *UserLimit) validate(c *Config) error {
-	if _, err := time.LoadLocation(u.Timezone); err != nil { // "" is UTC
+	// "" is UTC. time.LoadLocation also takes "Local", the host's zone
+	// (the process's TZ): not an IANA name, and routers started with
+	// different TZ would disagree on every window and period.
+	if _, err := time.LoadLocation(u.Timezone); err != nil || u.Timezone == "Local" {
 		return fieldErr("user_limit.timezone", "%q is not an IANA timezone", u.Timezone)
 	}
 	if err := validStateError("user_limit.on_state_error", u.OnStateError); err != nil {

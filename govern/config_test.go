@@ -67,6 +67,22 @@ func TestGovernanceSettingsAreValidatedWithTheirPath(t *testing.T) {
 	}
 }
 
+// "Local" is no IANA zone: time.LoadLocation takes it as the host's zone,
+// so the windows and periods followed the process's TZ (a router started
+// with TZ=Asia/Tokyo began its day at 15:00 UTC, one beside it at 00:00).
+func TestTheTimezoneLocalIsRefused(t *testing.T) {
+	_, err := config.Parse([]byte(`{"user_limit":{"timezone":"Local"}}`))
+	var fe *config.FieldError
+	if !errors.As(err, &fe) || fe.Path != "user_limit.timezone" {
+		t.Fatalf("got %v, want an error at user_limit.timezone", err)
+	}
+	for _, tz := range []string{"", "UTC", "Europe/Berlin"} {
+		if _, err := config.Parse([]byte(`{"user_limit":{"timezone":"` + tz + `"}}`)); err != nil {
+			t.Fatalf("%q: %v", tz, err)
+		}
+	}
+}
+
 func TestPerUserSeriesAreBounded(t *testing.T) {
 	_, h1 := mintKey(t)
 	_, h2 := mintKey(t)
