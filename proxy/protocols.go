@@ -778,11 +778,12 @@ var (
 	keyInputTokens  = []byte(`"input_tokens"`)
 	keyOutputTokens = []byte(`"output_tokens"`)
 	keyCacheRead    = []byte(`"cache_read_input_tokens"`)
+	keyCacheWrite   = []byte(`"cache_creation_input_tokens"`)
 )
 
 // scanProtocol is scan for Anthropic and Responses usage objects: prompt
-// tokens are Anthropic's input plus cache reads (Anthropic counts cache
-// reads apart), or Responses' input_tokens. Unlike a chat stream's, the
+// tokens are Anthropic's input plus cache reads and cache writes (Anthropic
+// counts both apart from input_tokens), or Responses' input_tokens. Unlike a chat stream's, the
 // numbers come in parts (Anthropic's message_start holds the input,
 // message_delta the output, often in one read), so every usage object of
 // b is read in order; one cut by a read boundary is carried to the next
@@ -831,7 +832,8 @@ func (u *usage) applyProtocol(obj []byte, api protocol.API) {
 	cached, okCached := 0, false
 	if api == protocol.Anthropic {
 		cached, okCached = intAfter(obj, keyCacheRead)
-		in += cached
+		written, _ := intAfter(obj, keyCacheWrite) // prompt tokens computed (and cached): not cache hits
+		in += cached + written
 	} else {
 		cached, okCached = intAfter(obj, keyCached)
 	}

@@ -171,6 +171,28 @@ func TestProtocolUsageReadInPartsAndAcrossReadBoundaries(t *testing.T) {
 	}
 }
 
+// TestAnthropicCacheWritesCountAsPromptTokens: Anthropic's input_tokens
+// leaves out the prompt tokens read from and written to its cache; the
+// written ones were computed like any input (a prompt of 1000 tokens, 900
+// of them written to the cache, was charged 100 against the user's TPM
+// and token quotas).
+func TestAnthropicCacheWritesCountAsPromptTokens(t *testing.T) {
+	for _, c := range []struct {
+		body   string
+		cached int
+	}{
+		{`{"id":"msg_1","type":"message","content":[],"usage":{"input_tokens":100,"cache_creation_input_tokens":900,"cache_read_input_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":900,"ephemeral_1h_input_tokens":0},"output_tokens":7}}`, 0},
+		{"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":60,\"cache_creation_input_tokens\":900,\"cache_read_input_tokens\":40,\"output_tokens\":1}}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":7}}\n\n", 40},
+	} {
+		var u usage
+		u.scanProtocol([]byte(c.body), protocol.Anthropic)
+		if !u.seen || u.prompt != 1000 || u.cached != c.cached || u.completion != 7 {
+			t.Fatalf("%s: prompt %d cached %d completion %d, want 1000 %d 7", c.body, u.prompt, u.cached, u.completion, c.cached)
+		}
+	}
+}
+
 // BenchmarkEngineErrorCheckSSEEvent checks one streamed event for the
 // engine's error event, as every chunk of a relayed stream is.
 func BenchmarkEngineErrorCheckSSEEvent(b *testing.B) {
