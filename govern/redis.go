@@ -1251,6 +1251,16 @@ func (r *redisState) pumpUsers() {
 			}
 			st.mu.Unlock()
 			now := r.g.now().UnixNano()
+			if rej, _ := r.g.outsideQueued(s, st, w, now); rej != nil {
+				st.mu.Lock()
+				if w.state == waiting {
+					st.q.remove(w)
+					w.state, w.rej = rejected, rej
+					w.ch <- struct{}{}
+				}
+				st.mu.Unlock()
+				continue
+			}
 			t, e := w.current(s, st)
 			if t == nil { // no rule counts any more: nothing to take
 				st.mu.Lock()

@@ -495,6 +495,19 @@ func (g *Governor) pumpLocal(st *userState) {
 			w.ch <- struct{}{}
 			continue
 		}
+		if rej, t := g.outsideQueued(s, st, w, now); rej != nil {
+			st.q.remove(w)
+			if t.rpm > 0 {
+				st.rpm.refill(t.rpm, now)
+			}
+			if t.tpm > 0 {
+				st.tpm.refill(t.tpm, now)
+			}
+			rej.Limits = st.limitsLocked(t)
+			w.state, w.rej = rejected, rej
+			w.ch <- struct{}{}
+			continue
+		}
 		t, e := w.current(s, st)
 		if t == nil { // no rule counts any more: nothing to take
 			st.q.remove(w)
@@ -524,6 +537,31 @@ func (g *Governor) pumpLocal(st *userState) {
 		}
 		w.ch <- struct{}{}
 	}
+}
+
+// outsideQueued is the refusal of queued request w if it were admitted at
+// now, outside the allowed periods of its user's current template (its
+// wait outlasted the period, or a reload restricted the periods): the
+// queue head is admitted against every rule, as a new request is. It
+// returns nil when allowed, or in dry run (counted), else the refusal and
+// that template.
+func (g *Governor) outsideQueued(s *snapshot, st *userState, w *waiter, now int64) (*Rejection, *template) {
+	t := w.t
+	if u := s.users[st.name]; u != nil && u.st == st {
+		t = u.tmpl
+	}
+	if t == nil || t.periods == nil {
+		return nil, nil
+	}
+	if minute, wd := s.cal.state(now / 1e9).local(now / 1e9); t.periods.has(wd, minute) {
+		return nil, nil
+	}
+	dry := s.userDry || t.dry
+	hit(CodeOutsidePeriod, dry)
+	if dry {
+		return nil, nil
+	}
+	return g.outsidePeriod(s.cal, t.periods, now), t
 }
 
 // revoked is the refusal of a queued request whose user a reload removed,

@@ -231,6 +231,39 @@ func TestAllowedPeriodsAcrossMidnightAndDSTName403AndTheNextTime(t *testing.T) {
 	admitOK(t, g, identify(t, g, key), Request{}).Done(Usage{})
 }
 
+// A queued request is admitted against every rule when a slot frees: one
+// whose wait outlasted its user's allowed period is refused as a new
+// request is then (403 outside_allowed_period), not served outside it.
+func TestAQueuedRequestIsNotAdmittedOutsideTheAllowedPeriods(t *testing.T) {
+	stores(t, func(t *testing.T, o Options) {
+		key, hash := mintKey(t)
+		now := time.Now().UTC().Truncate(time.Minute).Add(30 * time.Second)
+		clk := newFakeClock(now)
+		o.Now = clk.Now
+		day := strings.ToLower(now.Weekday().String()[:3])
+		tmpl := fmt.Sprintf(`{"name":"t","periods":{"enabled":true,"segments":[{"days":[%q],"start":"00:00","end":%q}]},
+			"concurrency":{"enabled":true,"limit":1,"overlimit":"queue","queue_size":5,"queue_timeout_ms":30000}}`, day, now.Format("15:04"))
+		g := newGov(t, o, userConfig(t, hash, tmpl, ""))
+		u := identify(t, g, key)
+		holder := admitOK(t, g, u, Request{})
+		got := make(chan *Rejection, 1)
+		go func() {
+			tk, rej := g.Admit(context.Background(), u, Request{})
+			if rej == nil {
+				tk.Done(Usage{})
+			}
+			got <- rej
+		}()
+		waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 1 })
+		clk.Advance(time.Minute) // the allowed period ends while it waits
+		holder.Done(Usage{})
+		rej := recvWithin(t, got, 5*time.Second, "the queued request")
+		if rej == nil || rej.Code != CodeOutsidePeriod || rej.Status != 403 || rej.RetryAfter <= 0 {
+			t.Fatalf("the queued request admitted after its allowed period: %+v", rej)
+		}
+	})
+}
+
 func TestUserConcurrencyRejectsOverTheLimit(t *testing.T) {
 	key, hash := mintKey(t)
 	g := newGov(t, Options{}, userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":2}}`, ""))
