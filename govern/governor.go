@@ -185,10 +185,18 @@ type User struct {
 	models   *modelSet // nil: every model
 	st       *userState
 	m        *userMetrics // nil: beyond user_limit.metrics_max_users
+	snap     *snapshot    // the configuration it belongs to
 }
 
 // Name returns the user's name.
 func (u *User) Name() string { return u.name }
+
+// Stale reports whether u (from Identify) belongs to a configuration a
+// reload has replaced since: the caller identifies the key again before
+// admitting the request, as a new request's key (a user disabled, removed
+// or given another template or model list while its request's body was
+// still arriving was admitted as it stood at authentication).
+func (g *Governor) Stale(u *User) bool { return u != nil && u.snap != g.snap.Load() }
 
 // template is a quota template, compiled.
 type template struct {
@@ -266,7 +274,7 @@ func (g *Governor) Apply(c *config.Config) error {
 			st = newUserState(cu.Name)
 		}
 		states[cu.Name] = st
-		u := &User{name: cu.Name, enabled: cu.Enabled, tmpl: def, st: st, models: compileModels(cu.Models)}
+		u := &User{name: cu.Name, enabled: cu.Enabled, tmpl: def, st: st, models: compileModels(cu.Models), snap: s}
 		if cu.Template != "" {
 			u.tmpl = tmpls[cu.Template]
 			if u.tmpl == nil {

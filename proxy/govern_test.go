@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -790,4 +791,63 @@ func TestTheDefaultOutputEstimateAppliesOnlyWhenRateLimitingIsOn(t *testing.T) {
 		"users": [{"name": "dave", "keys": [%q]}]}`, hash), up.url)
 	noMax := `{"model":"m","messages":[{"role":"user","content":"hello there"}]}`
 	want(t, apiCall(t, r.url, key, noMax), 200, "")
+}
+
+// A request's key is checked again when a reload came while its body was
+// arriving (authentication runs before the body is read): a user disabled,
+// removed, or given another model list meanwhile is answered as a new
+// request would be. Such a request was admitted and served as the user
+// stood when its headers came.
+func TestAReloadWhileTheBodyArrivesAppliesToTheRequest(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	key, hash := mintKey(t)
+	users := func(extra string) *config.Config {
+		return govConfig(t, fmt.Sprintf(`{"user_limit": {"templates": [{"name": "t", "default": true, "rate": {"enabled": true, "rpm": 1000}}]},
+			"users": [{"name": "alice", "keys": [%q]%s}, {"name": "bob"}]}`, hash, extra))
+	}
+	cfg := users("")
+	g := newGovernor(t, cfg)
+	r := startRouterGov(t, nil, cfg, g, up.url)
+	body := `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"` + strings.Repeat("x ", 100_000) + `"}]}`
+	for _, tc := range []struct {
+		name   string
+		reload *config.Config
+		status int
+		code   string
+	}{
+		{"disabled", users(`, "enabled": false`), 403, "user_disabled"},
+		{"removed", govConfig(t, `{"users": [{"name": "bob"}]}`), 401, "invalid_api_key"},
+		{"models", users(`, "models": ["other"]`), 403, "model_not_allowed"},
+		{"unchanged", users(""), 200, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := g.Apply(cfg); err != nil {
+				t.Fatal(err)
+			}
+			c, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body[:70_000])
+			waitUntil(t, "the request is being read", func() bool { return r.srv.states.n.Load() == 1 })
+			time.Sleep(50 * time.Millisecond) // authenticated, reading the body
+			if err := g.Apply(tc.reload); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.WriteString(c, body[70_000:]); err != nil {
+				t.Fatal(err)
+			}
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status || !strings.Contains(string(b), `"code":"`+tc.code+`"`) && tc.code != "" {
+				t.Fatalf("got %d %s, want %d %s", resp.StatusCode, b, tc.status, tc.code)
+			}
+		})
+	}
 }

@@ -355,6 +355,16 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		uncounted = true
 		return
 	}
+	if user != nil && s.gov.Stale(user) {
+		// A reload while the body arrived: the key is checked again, as a
+		// new request's (its user may be disabled, removed, or limited
+		// otherwise now).
+		if user, ok = s.authenticate(ctx); !ok {
+			uncounted = true
+			return
+		}
+		rs.gov.user = user
+	}
 	cfg := s.store.Load()
 	// Protocol front doors, reasoning mode (protocols.go): body is what
 	// routing parses, kind how; pathKind names the engine's path.
