@@ -46,8 +46,17 @@ func writeNoTokenizer(ctx *fasthttp.RequestCtx) {
 
 // hiddenModel answers 404 model_not_found, as /v1/models/{model} does,
 // when u may not call the body's model (users[].models): the debugging
-// endpoints do not tell a restricted user which other models exist.
-func hiddenModel(ctx *fasthttp.RequestCtx, u *govern.User, model []byte) bool {
+// endpoints do not tell a restricted user which other models exist. A user
+// a reload replaced while the body arrived is identified again first, as
+// an inference request's is (its model list may be narrower now, or the
+// user gone); authenticate answers when the key no longer passes.
+func (s *Server) hiddenModel(ctx *fasthttp.RequestCtx, u *govern.User, model []byte) bool {
+	if u != nil && s.gov.Stale(u) {
+		var ok bool
+		if u, ok = s.authenticate(ctx); !ok {
+			return true
+		}
+	}
 	if len(model) == 0 || u.AllowsModel(string(model)) {
 		return false
 	}
@@ -74,7 +83,7 @@ func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx, u *govern.User) {
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "", "")
 		return
 	}
-	if hiddenModel(ctx, u, rs.parsed.model) {
+	if s.hiddenModel(ctx, u, rs.parsed.model) {
 		return
 	}
 	if err := s.tokenize(rs, body, kind); err != nil {
@@ -206,7 +215,7 @@ func (s *Server) handleDebugRoute(ctx *fasthttp.RequestCtx, u *govern.User) {
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "", "")
 		return
 	}
-	if hiddenModel(ctx, u, rs.parsed.model) {
+	if s.hiddenModel(ctx, u, rs.parsed.model) {
 		return
 	}
 	r := &rs.sreq

@@ -851,3 +851,62 @@ func TestAReloadWhileTheBodyArrivesAppliesToTheRequest(t *testing.T) {
 		})
 	}
 }
+
+// /tokenize and /debug/route authenticate before their body arrives, as
+// inference does: a reload during the upload that narrows the user's model
+// list (or removes the user) applies to them too. Their model check used
+// the user as it stood at authentication.
+func TestAReloadWhileADebugBodyArrivesAppliesToIt(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	key, hash := mintKey(t)
+	users := func(extra string) *config.Config {
+		return govConfig(t, fmt.Sprintf(`{"users": [{"name": "alice", "keys": [%q]%s}, {"name": "bob"}]}`, hash, extra))
+	}
+	cfg := users("")
+	g := newGovernor(t, cfg)
+	f := defaultFlags()
+	f.RouterPolicy = "kv-aware"
+	r := startRouterGov(t, f, cfg, g, up.url)
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x ", 60_000) + `"}]}`
+	for _, path := range []string{"/tokenize", "/debug/route"} {
+		for _, tc := range []struct {
+			name   string
+			reload *config.Config
+			status int
+		}{
+			{"models", users(`, "models": ["other"]`), 404},
+			{"removed", govConfig(t, `{"users": [{"name": "bob"}]}`), 401},
+			{"unchanged", users(""), 200},
+		} {
+			t.Run(path+" "+tc.name, func(t *testing.T) {
+				if err := g.Apply(cfg); err != nil {
+					t.Fatal(err)
+				}
+				c, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", path, key, len(body), body[:50_000])
+				waitUntil(t, "the request is being read", func() bool { return r.srv.states.n.Load() == 1 })
+				time.Sleep(50 * time.Millisecond) // authenticated, reading the body
+				if err := g.Apply(tc.reload); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := io.WriteString(c, body[50_000:]); err != nil {
+					t.Fatal(err)
+				}
+				c.SetReadDeadline(time.Now().Add(5 * time.Second))
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != tc.status {
+					t.Fatalf("got %d %.200s, want %d", resp.StatusCode, b, tc.status)
+				}
+			})
+		}
+	}
+}
