@@ -22,6 +22,16 @@ type Hook interface {
 	WorkerRemoved(w *Worker)
 }
 
+// PublishHook is a Hook that is also told, after the WorkerAdded and
+// WorkerRemoved calls of a change, that the change's View is published:
+// what it does then (wake requests waiting on a removed worker, to pick
+// again) sees the workers the same change added. WorkerRemoved runs
+// before the View without the worker is published.
+type PublishHook interface {
+	Hook
+	Published()
+}
+
 // View is an immutable snapshot of the fleet, swapped atomically on change.
 type View struct {
 	// All holds every live worker, draining ones included, ordered by ID.
@@ -355,6 +365,11 @@ func (f *Fleet) publishLocked() {
 	}
 	sort.Strings(v.Models)
 	f.view.Store(v)
+	for _, h := range f.hooks {
+		if p, ok := h.(PublishHook); ok {
+			p.Published()
+		}
+	}
 }
 
 // ByID returns the worker with id from All (sorted by ID), or nil.

@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/infera/infera/config"
@@ -32,7 +33,7 @@ func (g *Gateway) setupGovern() error {
 	}
 	// A request queued for a seat whose every candidate a reload or the
 	// discovery removes picks again at once (govern.Governor.Retarget).
-	g.fleet.AddHook(retargetHook{gov})
+	g.fleet.AddHook(&retargetHook{gov: gov})
 	g.store.OnChange(func(_, c *config.Config) {
 		closed := gov.AuthRequired()
 		if err := gov.Apply(c); err != nil {
@@ -48,8 +49,20 @@ func (g *Gateway) setupGovern() error {
 	return nil
 }
 
-// retargetHook tells the governor's seat queue that a worker left.
-type retargetHook struct{ gov *govern.Governor }
+// retargetHook tells the governor's seat queue that a worker left, once
+// the fleet's View without it (and with the workers the same change
+// added) is published: a request waiting on it picks again at once, and
+// picked from the View before the change when told from WorkerRemoved (a
+// reload that replaced a service's only worker answered it no_workers).
+type retargetHook struct {
+	gov     *govern.Governor
+	removed atomic.Bool
+}
 
-func (h retargetHook) WorkerAdded(*fleet.Worker) error { return nil }
-func (h retargetHook) WorkerRemoved(*fleet.Worker)     { h.gov.Retarget() }
+func (h *retargetHook) WorkerAdded(*fleet.Worker) error { return nil }
+func (h *retargetHook) WorkerRemoved(*fleet.Worker)     { h.removed.Store(true) }
+func (h *retargetHook) Published() {
+	if h.removed.Swap(false) {
+		h.gov.Retarget()
+	}
+}
