@@ -336,12 +336,8 @@ func jsNumber(dst []byte, f float64) []byte {
 // "1.0" and "100000.0" in the engine's prompt.
 func pyFloat(dst []byte, f float64) []byte {
 	switch {
-	case math.IsNaN(f):
-		return append(dst, "NaN"...)
-	case math.IsInf(f, 1):
-		return append(dst, "Infinity"...)
-	case math.IsInf(f, -1):
-		return append(dst, "-Infinity"...)
+	case math.IsNaN(f) || math.IsInf(f, 0):
+		return jsNumber(dst, f) // NaN, Infinity, -Infinity: as json.dumps writes them
 	case f == 0:
 		if math.Signbit(f) {
 			return append(dst, "-0.0"...)
