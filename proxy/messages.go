@@ -73,9 +73,13 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *
 							case "name":
 								tc.Function.Name = str(span{fs, fe})
 							case "arguments":
-								if d[fs] == '"' {
+								switch d[fs] {
+								case '"':
 									tc.Function.Arguments = str(span{fs, fe})
-								} else {
+								case '{', '[':
+									// Given as JSON: vLLM renders it as it is
+									// (a number, true or null as an empty
+									// object: arguments "", which is not JSON).
 									start := len(a)
 									a = append(a, d[fs:fe]...)
 									tc.Function.Arguments = arenaString(a[start:])

@@ -317,3 +317,54 @@ func TestALongChatsPartEndsOnItsFirstUserMessage(t *testing.T) {
 			tok.Decode(got.Tokens), len(got.Tokens), got.Truncated, part, len(want), render)
 	}
 }
+
+// Tool call arguments are tokenized as vLLM renders them: decoded from the
+// client's JSON (string or, as some clients send it, an object) and written
+// by the template's tojson, so a compact string, a spaced one and an object
+// give the same tokens, the engine's; arguments that are not JSON (or a
+// number) render as an empty object, as vLLM's json.loads fallback does.
+// The router rendered the client's string as it was and every block after
+// an agent's first tool call differed from the engine's.
+func TestToolCallArgumentsAreTokenizedAsVLLMDecodesThem(t *testing.T) {
+	dir := qwen3Dir(t)
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, f, nil, up.url)
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := func(args string) []uint32 {
+		t.Helper()
+		body := `{"model":"m","messages":[{"role":"user","content":"Weather in Paris?"},` +
+			`{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":` + args + `}}]},` +
+			`{"role":"tool","tool_call_id":"c1","content":"18 C"}]}`
+		code, b := post(t, r.url+"/tokenize", body)
+		var got struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if code != 200 || json.Unmarshal([]byte(b), &got) != nil {
+			t.Fatalf("/tokenize: %d %s", code, b)
+		}
+		return got.Tokens
+	}
+	render := func(rendered string) []uint32 {
+		t.Helper()
+		text := "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n" +
+			`{"name": "get_weather", "arguments": ` + rendered + "}\n</tool_call><|im_end|>\n" +
+			"<|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+		return tok.Encode(nil, []byte(text))
+	}
+	for _, c := range []struct{ args, rendered string }{
+		{`"{\"city\":\"Paris\",\"days\":2}"`, `{"city": "Paris", "days": 2}`},
+		{`"{\"city\": \"Paris\", \"days\": 2}"`, `{"city": "Paris", "days": 2}`},
+		{`{"city":"Paris","days":2}`, `{"city": "Paris", "days": 2}`},
+		{`"not json"`, `{}`},
+		{`5`, `{}`},
+	} {
+		if got, want := tokens(c.args), render(c.rendered); !slices.Equal(got, want) {
+			t.Errorf("arguments %s: the router encoded\n%q\nwant\n%q", c.args, tok.Decode(got), tok.Decode(want))
+		}
+	}
+}

@@ -2,7 +2,9 @@ package tokenizer
 
 import (
 	"bytes"
+	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/infera/infera/jinja"
 )
@@ -65,17 +67,21 @@ func (cv *chatVars) list() *jinja.List {
 
 // messages returns msgs as template values: objects with role and content
 // always set, and name, tool_call_id, tool_calls and reasoning_content set
-// only when non-empty; tool call arguments are passed as the JSON string
-// they are.
-func (cv *chatVars) messages(msgs []Message) jinja.Value {
+// only when non-empty; tool call arguments are decoded (args) as vLLM
+// decodes them before rendering.
+func (cv *chatVars) messages(msgs []Message, args *toolsCache) (jinja.Value, error) {
 	arr := cv.list()
 	for i := range msgs {
-		arr.Append(cv.message(&msgs[i]))
+		v, err := cv.message(&msgs[i], args)
+		if err != nil {
+			return jinja.Undefined(), err
+		}
+		arr.Append(v)
 	}
-	return arr.Value()
+	return arr.Value(), nil
 }
 
-func (cv *chatVars) message(m *Message) jinja.Value {
+func (cv *chatVars) message(m *Message, args *toolsCache) (jinja.Value, error) {
 	o := cv.object()
 	o.Set("role", jinja.String(m.Role))
 	o.Set("content", jinja.String(m.Content))
@@ -98,7 +104,11 @@ func (cv *chatVars) message(m *Message) jinja.Value {
 			}
 			f := cv.object()
 			f.Set("name", jinja.String(tc.Function.Name))
-			f.Set("arguments", jinja.String(tc.Function.Arguments))
+			a, err := args.arguments(tc.Function.Arguments)
+			if err != nil {
+				return jinja.Undefined(), err
+			}
+			f.Set("arguments", a)
 			c.Set("function", jinja.ObjectValue(f))
 			calls.Append(jinja.ObjectValue(c))
 		}
@@ -107,7 +117,7 @@ func (cv *chatVars) message(m *Message) jinja.Value {
 	if m.ReasoningContent != "" {
 		o.Set("reasoning_content", jinja.String(m.ReasoningContent))
 	}
-	return jinja.ObjectValue(o)
+	return jinja.ObjectValue(o), nil
 }
 
 // toolsCache keeps the parsed form of recently seen tools arrays: clients
@@ -116,15 +126,19 @@ func (cv *chatVars) message(m *Message) jinja.Value {
 // values are immutable (templates only assign to namespaces), so renders
 // share them. Bounded: a full cache is cleared.
 type toolsCache struct {
-	mu    sync.RWMutex
-	m     map[string]jinja.Value
-	bytes int // sum of the cached keys' lengths
+	mu      sync.RWMutex
+	m       map[string]jinja.Value
+	bytes   int // sum of the cached keys' lengths
+	entries int // bound on the entries; 0: toolsCacheEntries
 }
 
 const (
 	toolsCacheEntries = 64
-	toolsCacheBytes   = 4 << 20   // of JSON text cached, all entries together
-	toolsCacheMaxLen  = 256 << 10 // larger tools arrays are parsed every time
+	// argsCacheEntries bounds the decoded tool call arguments kept: an
+	// agent's conversation holds many calls, all sent again every turn.
+	argsCacheEntries = 1024
+	toolsCacheBytes  = 4 << 20   // of JSON text cached, all entries together
+	toolsCacheMaxLen = 256 << 10 // larger tools arrays are parsed every time
 	// MaxToolValues bounds the values (scalars and containers) of a tools
 	// array the renderer parses: each costs about 500 bytes and 1 us, so a
 	// tools array of 120,000 tiny values cost 61 MB and 120 ms per render
@@ -153,17 +167,59 @@ func (c *toolsCache) parse(tools []byte, dump func(jinja.Value) jinja.Value) (ji
 	if dump != nil {
 		v = dump(v)
 	}
-	if len(tools) <= toolsCacheMaxLen {
-		c.mu.Lock()
-		if _, dup := c.m[string(tools)]; !dup {
-			if c.m == nil || len(c.m) >= toolsCacheEntries || c.bytes+len(tools) > toolsCacheBytes {
-				c.m, c.bytes = make(map[string]jinja.Value, toolsCacheEntries), 0
-			}
-			c.m[string(tools)] = v
-			c.bytes += len(tools)
-		}
-		c.mu.Unlock()
+	c.store(unsafe.String(unsafe.SliceData(tools), len(tools)), v)
+	return v, nil
+}
+
+// store caches v as the value of key (copied: callers' keys may live in
+// reused memory), unless key is over toolsCacheMaxLen.
+func (c *toolsCache) store(key string, v jinja.Value) {
+	if len(key) > toolsCacheMaxLen {
+		return
 	}
+	n := c.entries
+	if n == 0 {
+		n = toolsCacheEntries
+	}
+	c.mu.Lock()
+	if _, dup := c.m[key]; !dup {
+		if c.m == nil || len(c.m) >= n || c.bytes+len(key) > toolsCacheBytes {
+			c.m, c.bytes = make(map[string]jinja.Value, n), 0
+		}
+		c.m[strings.Clone(key)] = v
+		c.bytes += len(key)
+	}
+	c.mu.Unlock()
+}
+
+// emptyArguments is the arguments of a tool call whose arguments are not
+// JSON: an empty object, as vLLM renders them. Values are immutable.
+var emptyArguments = jinja.ObjectValue(jinja.NewObject(0))
+
+// arguments returns a tool call's arguments (the JSON text the client sent,
+// decoded from its string) as vLLM hands them to the chat template: its
+// chat_utils decodes every assistant tool call's arguments string with
+// json.loads (an empty object when that fails) before rendering, because
+// templates expect a mapping, so Qwen3's template writes them with tojson
+// (`{"city": "Paris"}`) and not as the client's text (`{"city":"Paris"}`);
+// SGLang decodes them too. The decoded values are cached as tools are: an
+// agent's conversation sends the same calls with every turn. Past
+// MaxToolValues values the render stops with a limit error.
+func (c *toolsCache) arguments(s string) (jinja.Value, error) {
+	c.mu.RLock()
+	v, ok := c.m[s]
+	c.mu.RUnlock()
+	if ok {
+		return v, nil
+	}
+	v, err := jinja.FromJSONMax(unsafe.Slice(unsafe.StringData(s), len(s)), MaxToolValues)
+	if err != nil {
+		if jinja.IsLimit(err) {
+			return jinja.Undefined(), err
+		}
+		v = emptyArguments
+	}
+	c.store(s, v)
 	return v, nil
 }
 

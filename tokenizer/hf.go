@@ -41,6 +41,7 @@ type HF struct {
 	eosToken string
 	tools    toolsCache
 	kwargs   toolsCache // parsed chat_template_kwargs objects, as tools
+	args     toolsCache // decoded tool call arguments, as tools
 }
 
 type addedToken struct {
@@ -102,6 +103,7 @@ func Load(dir string) (*HF, error) {
 		return nil, fmt.Errorf("cannot parse %q: %w", path, err)
 	}
 	h := &HF{}
+	h.args.entries = argsCacheEntries
 	h.model.cache = newWordCache()
 	h.sections = newSectionCache()
 	if err := h.loadModel(&tj); err != nil {
@@ -501,8 +503,9 @@ var ErrNoChatTemplate = errors.New("tokenizer has no chat_template")
 
 // RenderChat implements Tokenizer. Messages become objects with role and
 // content always set, and name, tool_call_id, tool_calls and
-// reasoning_content set only when non-empty; tool call arguments are passed
-// as the JSON string they are. A warm call (the same tools, if any, seen
+// reasoning_content set only when non-empty; tool call arguments are
+// decoded from their JSON text as vLLM decodes them (an empty object when
+// they are not JSON). A warm call (the same tools, if any, seen
 // recently) allocates nothing beyond the growth of dst.
 func (h *HF) RenderChat(dst []byte, msgs []Message, tools []byte, addGenerationPrompt bool) ([]byte, error) {
 	return h.RenderChatFields(dst, msgs, ChatFields{Tools: tools}, addGenerationPrompt)
@@ -523,7 +526,11 @@ func (h *HF) RenderChatFields(dst []byte, msgs []Message, f ChatFields, addGener
 	}
 	cv := acquireChatVars()
 	defer cv.release()
-	return h.render(dst, cv, cv.messages(msgs), toolsV, docs, addGenerationPrompt, kw, f.Leading)
+	msgsV, err := cv.messages(msgs, &h.args)
+	if err != nil {
+		return dst, err
+	}
+	return h.render(dst, cv, msgsV, toolsV, docs, addGenerationPrompt, kw, f.Leading)
 }
 
 // parseFields parses f's documents (not cached: they change with every

