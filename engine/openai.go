@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -69,7 +70,8 @@ type messageWire struct {
 	Name             string               `json:"name"`
 	ToolCallID       string               `json:"tool_call_id"`
 	ToolCalls        []tokenizer.ToolCall `json:"tool_calls"`
-	ReasoningContent string               `json:"reasoning_content"`
+	Reasoning        *string              `json:"reasoning"`
+	ReasoningContent *string              `json:"reasoning_content"` // deprecated name: vLLM reads it when reasoning is absent
 }
 
 type contentPart struct {
@@ -126,7 +128,10 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 		}
 		msgs[i] = tokenizer.Message{
 			Role: m.Role, Content: content, Name: m.Name, ToolCallID: m.ToolCallID,
-			ToolCalls: m.ToolCalls, ReasoningContent: m.ReasoningContent,
+			ToolCalls: m.ToolCalls,
+		}
+		if r := cmp.Or(m.Reasoning, m.ReasoningContent); r != nil {
+			msgs[i].ReasoningContent, msgs[i].HasReasoning = *r, true
 		}
 	}
 	var tools []byte

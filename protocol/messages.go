@@ -107,7 +107,7 @@ func ChatMessagesN(msgs []tokenizer.Message, chat []byte, arena *[]byte, limit i
 			fields(mv, func(k []byte, s, e int) error {
 				v := mv[s:e]
 				switch string(k) {
-				case "content", "reasoning_content":
+				case "content", "reasoning", "reasoning_content":
 					rest += textLen(v)
 				case "tool_calls":
 					if v[0] == '[' {
@@ -135,6 +135,9 @@ func ChatMessagesN(msgs []tokenizer.Message, chat []byte, arena *[]byte, limit i
 			return nil
 		}
 		var m tokenizer.Message
+		// vLLM takes reasoning when it is given (not null), else the
+		// deprecated reasoning_content.
+		var reasoning, reasoningContent []byte
 		fields(mv, func(k []byte, s, e int) error {
 			v := mv[s:e]
 			switch string(k) {
@@ -166,8 +169,10 @@ func ChatMessagesN(msgs []tokenizer.Message, chat []byte, arena *[]byte, limit i
 				m.Name = str(v)
 			case "tool_call_id":
 				m.ToolCallID = str(v)
+			case "reasoning":
+				reasoning = v
 			case "reasoning_content":
-				m.ReasoningContent = str(v)
+				reasoningContent = v
 			case "tool_calls":
 				if v[0] != '[' {
 					return nil
@@ -206,6 +211,13 @@ func ChatMessagesN(msgs []tokenizer.Message, chat []byte, arena *[]byte, limit i
 			}
 			return nil
 		})
+		r := reasoning
+		if len(r) == 0 || r[0] == 'n' {
+			r = reasoningContent
+		}
+		if len(r) > 0 && r[0] == '"' {
+			m.ReasoningContent, m.HasReasoning = str(r), true
+		}
 		msgs = append(msgs, m)
 		return nil
 	})

@@ -41,3 +41,32 @@ func TestChatMessagesNDecodesAtMostItsLimit(t *testing.T) {
 		t.Fatalf("no limit: %d messages, rest %d, %v", len(all), rest, err)
 	}
 }
+
+// A message's reasoning is decoded as vLLM reads it: reasoning when given
+// (not null), else the deprecated reasoning_content; an empty one is given.
+// count_tokens and the engine's native protocols decoded reasoning_content
+// alone.
+func TestChatMessagesReadReasoningAsVLLMDoes(t *testing.T) {
+	for _, c := range []struct {
+		fields string
+		want   string
+		has    bool
+	}{
+		{`"reasoning":"R1"`, "R1", true},
+		{`"reasoning":"R1","reasoning_content":"R2"`, "R1", true},
+		{`"reasoning_content":"R2","reasoning":"R1"`, "R1", true},
+		{`"reasoning":null,"reasoning_content":"R2"`, "R2", true},
+		{`"reasoning_content":""`, "", true},
+		{`"reasoning_content":null`, "", false},
+		{`"reasoning":5`, "", false},
+	} {
+		var arena []byte
+		msgs, _, err := ChatMessages(nil, []byte(`{"messages":[{"role":"assistant","content":"x",`+c.fields+`}]}`), &arena)
+		if err != nil || len(msgs) != 1 {
+			t.Fatalf("%s: %v %d", c.fields, err, len(msgs))
+		}
+		if m := msgs[0]; m.ReasoningContent != c.want || m.HasReasoning != c.has {
+			t.Errorf("%s: reasoning %q given %v, want %q %v", c.fields, m.ReasoningContent, m.HasReasoning, c.want, c.has)
+		}
+	}
+}

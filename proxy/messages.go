@@ -21,7 +21,7 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *
 	need := 0 // the decoded strings are no longer than the fields' values
 	for i := range spans {
 		sp := &spans[i]
-		for _, v := range [...]span{sp.role, sp.content, sp.name, sp.toolCallID, sp.reasoning, sp.toolCalls} {
+		for _, v := range [...]span{sp.role, sp.content, sp.name, sp.toolCallID, sp.reasoningSpan(), sp.toolCalls} {
 			need += v.e - v.s
 		}
 	}
@@ -54,7 +54,9 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *
 		}
 		m.Name = str(sp.name)
 		m.ToolCallID = str(sp.toolCallID)
-		m.ReasoningContent = str(sp.reasoning)
+		if r := sp.reasoningSpan(); r.e > r.s && d[r.s] == '"' {
+			m.ReasoningContent, m.HasReasoning = str(r), true
+		}
 		if c := sp.toolCalls; c.e > c.s && d[c.s] == '[' {
 			forEachElem(d, c.s, func(cs, ce int) error {
 				var tc tokenizer.ToolCall

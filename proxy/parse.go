@@ -76,14 +76,19 @@ type span struct{ s, e int }
 // msgSpan holds the values of one chat message's fields that the chat
 // template reads (the last of a repeated key, as a JSON decoder would).
 type msgSpan struct {
-	role, content, name, toolCallID, reasoning, toolCalls span
+	role, content, name, toolCallID, toolCalls span
+	// reasoning and reasoningContent: an assistant's reasoning under its
+	// current name and its deprecated one (vLLM takes reasoning when it is
+	// given, else reasoning_content).
+	reasoning, reasoningContent span
 }
 
 // size is the message's weight for extrapolating a prompt's length from
 // its leading messages: its content, reasoning and tool-call bytes, plus
 // one.
 func (sp *msgSpan) size() int {
-	return 1 + sp.content.e - sp.content.s + sp.toolCalls.e - sp.toolCalls.s + sp.reasoning.e - sp.reasoning.s
+	r := sp.reasoningSpan()
+	return 1 + sp.content.e - sp.content.s + sp.toolCalls.e - sp.toolCalls.s + r.e - r.s
 }
 
 // trimIDs empties ids, dropping them when they grew large.
@@ -447,8 +452,10 @@ func (b *reqBody) parseMessagesAt(d []byte, vs int) (int, error) {
 				sp.name = span{s - vs, e - vs}
 			case "tool_call_id":
 				sp.toolCallID = span{s - vs, e - vs}
+			case "reasoning":
+				sp.reasoning = valueSpan(d, s, e, vs)
 			case "reasoning_content":
-				sp.reasoning = span{s - vs, e - vs}
+				sp.reasoningContent = valueSpan(d, s, e, vs)
 			case "tool_calls":
 				sp.toolCalls = span{s - vs, e - vs}
 			}
@@ -604,4 +611,24 @@ func (b *reqBody) estimateTokens() int {
 
 func (b *reqBody) String() string {
 	return fmt.Sprintf("model=%q stream=%v max_tokens=%d text=%dB", b.model, b.stream, b.maxTokens, len(b.text))
+}
+
+// reasoningSpan is the message's reasoning as vLLM reads it: its
+// reasoning field unless absent, else reasoning_content (vLLM's request
+// model renames the deprecated reasoning_content to reasoning when
+// reasoning is not given; a null one is not recorded).
+func (sp *msgSpan) reasoningSpan() span {
+	if sp.reasoning.e > sp.reasoning.s {
+		return sp.reasoning
+	}
+	return sp.reasoningContent
+}
+
+// valueSpan is d[s:e]'s span relative to vs, or no span for a null (an
+// absent field, as for vLLM's request model).
+func valueSpan(d []byte, s, e, vs int) span {
+	if d[s] == 'n' {
+		return span{}
+	}
+	return span{s - vs, e - vs}
 }

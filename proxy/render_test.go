@@ -368,3 +368,63 @@ func TestToolCallArgumentsAreTokenizedAsVLLMDecodesThem(t *testing.T) {
 		}
 	}
 }
+
+// An assistant's reasoning is tokenized as current vLLM renders it: its
+// request model renames the deprecated reasoning_content to reasoning when
+// reasoning is not given (null is not given), and its chat_utils hands the
+// template an assistant's reasoning (as reasoning and reasoning_content),
+// no other role's. The router read reasoning_content alone, so a client
+// echoing vLLM's newer `reasoning` field back (an agent's tool-call turn)
+// was tokenized without it, and a user message's reasoning_content was
+// rendered.
+func TestReasoningIsTokenizedAsVLLMReadsIt(t *testing.T) {
+	dir := qwen3Dir(t)
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, f, nil, up.url)
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		user, assistant string // extra fields of the user's and the assistant's message
+		content         string
+		want            *string // the reasoning the template gets
+	}{
+		{``, `"reasoning":"R1",`, "ok", ptr("R1")},
+		{``, `"reasoning":"R1","reasoning_content":"R2",`, "ok", ptr("R1")},
+		{``, `"reasoning_content":"R2","reasoning":"R1",`, "ok", ptr("R1")},
+		{``, `"reasoning":null,"reasoning_content":"R2",`, "ok", ptr("R2")},
+		{``, `"reasoning_content":"R2",`, "ok", ptr("R2")},
+		{``, `"reasoning_content":"",`, "<think>in content</think>ok", ptr("")},
+		{``, `"reasoning_content":null,`, "<think>in content</think>ok", nil},
+		{`"reasoning":"U","reasoning_content":"U",`, ``, "ok", nil},
+	} {
+		body := `{"model":"m","messages":[{"role":"user",` + c.user + `"content":"Weather?"},` +
+			`{"role":"assistant",` + c.assistant + `"content":"` + c.content + `","tool_calls":[{"id":"c1","type":"function","function":{"name":"w","arguments":"{}"}}]},` +
+			`{"role":"tool","tool_call_id":"c1","content":"18 C"}]}`
+		code, b := post(t, r.url+"/tokenize", body)
+		var got struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if code != 200 || json.Unmarshal([]byte(b), &got) != nil {
+			t.Fatalf("/tokenize: %d %s", code, b)
+		}
+		msgs := []tokenizer.Message{{Role: "user", Content: "Weather?"}, {Role: "assistant", Content: c.content,
+			ToolCalls: []tokenizer.ToolCall{{ID: "c1", Type: "function"}}}, {Role: "tool", ToolCallID: "c1", Content: "18 C"}}
+		msgs[1].ToolCalls[0].Function.Name, msgs[1].ToolCalls[0].Function.Arguments = "w", "{}"
+		if c.want != nil {
+			msgs[1].ReasoningContent, msgs[1].HasReasoning = *c.want, true
+		}
+		text, err := tok.RenderChat(nil, msgs, nil, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := tok.Encode(nil, text); !slices.Equal(got.Tokens, want) {
+			t.Errorf("user {%s} assistant {%s}: the router encoded\n%q\nwant\n%q", c.user, c.assistant, tok.Decode(got.Tokens), text)
+		}
+	}
+}
+
+func ptr(s string) *string { return &s }

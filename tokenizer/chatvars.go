@@ -66,8 +66,9 @@ func (cv *chatVars) list() *jinja.List {
 }
 
 // messages returns msgs as template values: objects with role and content
-// always set, and name, tool_call_id, tool_calls and reasoning_content set
-// only when non-empty; tool call arguments are decoded (args) as vLLM
+// always set, name, tool_call_id and tool_calls set only when non-empty,
+// an assistant's reasoning as reasoning and reasoning_content when given;
+// tool call arguments are decoded (args) as vLLM
 // decodes them before rendering.
 func (cv *chatVars) messages(msgs []Message, args *toolsCache) (jinja.Value, error) {
 	arr := cv.list()
@@ -114,8 +115,12 @@ func (cv *chatVars) message(m *Message, args *toolsCache) (jinja.Value, error) {
 		}
 		o.Set("tool_calls", calls.Value())
 	}
-	if m.ReasoningContent != "" {
-		o.Set("reasoning_content", jinja.String(m.ReasoningContent))
+	if m.Role == "assistant" && (m.ReasoningContent != "" || m.HasReasoning) {
+		// As vLLM's chat_utils sets them: under the current name and the
+		// deprecated one, which Qwen3's template reads.
+		r := jinja.String(m.ReasoningContent)
+		o.Set("reasoning", r)
+		o.Set("reasoning_content", r)
 	}
 	return jinja.ObjectValue(o), nil
 }

@@ -101,7 +101,7 @@ type chatRecord struct {
 
 func TestQwen3ChatReference(t *testing.T) {
 	h := loadQwen3(t)
-	viaMessages, decoded := 0, 0
+	viaMessages, decoded, emptyReasoning := 0, 0, 0
 	n := readJSONL(t, "testdata/qwen3_chat_ref.jsonl", func(line []byte) {
 		var rec chatRecord
 		if err := json.Unmarshal(line, &rec); err != nil {
@@ -133,8 +133,21 @@ func TestQwen3ChatReference(t *testing.T) {
 		// Qwen3's template writes them with tojson.
 		if rec.Representable {
 			var msgs []Message
+			var given []struct {
+				Reasoning *string `json:"reasoning_content"`
+			}
 			if err := json.Unmarshal(rec.Messages, &msgs); err != nil {
 				t.Fatal(err)
+			}
+			if err := json.Unmarshal(rec.Messages, &given); err != nil {
+				t.Fatal(err)
+			}
+			for i := range msgs {
+				// An empty reasoning is given (a string, unlike null).
+				msgs[i].HasReasoning = given[i].Reasoning != nil
+				if msgs[i].HasReasoning && *given[i].Reasoning == "" {
+					emptyReasoning++
+				}
 			}
 			f := ChatFields{Tools: tools}
 			if rec.EnableThinking != nil {
@@ -156,8 +169,9 @@ func TestQwen3ChatReference(t *testing.T) {
 	if n < 50 {
 		t.Fatalf("only %d reference conversations", n)
 	}
-	if viaMessages < 20 || decoded < 10 {
-		t.Fatalf("only %d conversations exercised RenderChat, %d of them with arguments vLLM decodes", viaMessages, decoded)
+	if viaMessages < 20 || decoded < 10 || emptyReasoning == 0 {
+		t.Fatalf("only %d conversations exercised RenderChat, %d of them with arguments vLLM decodes, %d empty reasonings",
+			viaMessages, decoded, emptyReasoning)
 	}
 	t.Logf("%d conversations, %d also through RenderChat", n, viaMessages)
 }

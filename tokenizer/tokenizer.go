@@ -16,8 +16,14 @@ type Message struct {
 	Name       string     `json:"name,omitempty"`
 	ToolCallID string     `json:"tool_call_id,omitempty"`
 	ToolCalls  []ToolCall `json:"tool_calls,omitempty"`
-	// ReasoningContent is rendered by templates that know it (Qwen3).
+	// ReasoningContent is an assistant's reasoning, rendered by templates
+	// that know it (Qwen3) as vLLM hands it to them: as both `reasoning`
+	// and `reasoning_content`, on assistant messages only.
 	ReasoningContent string `json:"reasoning_content,omitempty"`
+	// HasReasoning marks a reasoning given empty: vLLM renders "" (a
+	// string, which Qwen3's template takes over the content's think
+	// block), unlike an absent one. A non-empty ReasoningContent is given.
+	HasReasoning bool `json:"-"`
 }
 
 // ToolCall is an assistant's function call.

@@ -181,10 +181,8 @@ function conversation(idx) {
     const r = rand();
     if (r < 0.25) {
       a.reasoning_content = pick(reasonings);
-      if (a.reasoning_content === "") representable = false;
     } else if (r < 0.3) {
       a.reasoning_content = null;
-      representable = false;
     }
     if (rand() < 0.35) {
       const objectArgs = rand() < 0.3;
@@ -220,14 +218,21 @@ for (let i = 0; chats.length < 80 && i < 1000; i++) {
   }
   c.text = text;
   c.ids = tok.encode(text, { add_special_tokens: false });
-  // vllm_text: the prompt vLLM renders for the same request. Its chat_utils
-  // decodes every assistant tool call's arguments string with json.loads
-  // before rendering (an empty object when that fails, or when arguments is
-  // neither a string nor an object or array), so templates see a mapping;
-  // the router renders as vLLM does.
+  // vllm_text: the prompt vLLM renders for the same request, which the
+  // router renders too. Its request model renames a message's deprecated
+  // reasoning_content to reasoning (when reasoning is not given; null is
+  // not given), and its chat_utils hands an assistant's reasoning to the
+  // template as both reasoning and reasoning_content (other roles' not at
+  // all), and decodes every assistant tool call's arguments string with
+  // json.loads (an empty object when that fails, or when arguments is
+  // neither a string nor an object or array), so templates see a mapping.
   const vmsgs = structuredClone(c.messages);
-  let decoded = false;
   for (const m of vmsgs) {
+    const rc = m.reasoning_content;
+    delete m.reasoning_content;
+    if (rc != null && m.reasoning == null) m.reasoning = rc;
+    if (m.role !== "assistant" || m.reasoning == null) delete m.reasoning;
+    else m.reasoning_content = m.reasoning;
     if (m.role !== "assistant" || !Array.isArray(m.tool_calls)) continue;
     for (const tc of m.tool_calls) {
       const a = tc.function.arguments;
@@ -237,14 +242,12 @@ for (let i = 0; chats.length < 80 && i < 1000; i++) {
         } catch {
           tc.function.arguments = {};
         }
-        decoded = true;
       } else if (a === null || typeof a !== "object") {
         tc.function.arguments = {};
-        decoded = true;
       }
     }
   }
-  c.vllm_text = decoded ? template.render({ ...vars, messages: vmsgs }) : text;
+  c.vllm_text = template.render({ ...vars, messages: vmsgs });
   chats.push(c);
 }
 
