@@ -1257,7 +1257,9 @@ func (st *state) unary(n *unaryExpr, e *env) (Value, error) {
 // what + and ~ concatenate.
 func jsValueString(dst []byte, v Value) []byte {
 	switch v.kind {
-	case KindInt, KindFloat:
+	case KindInt:
+		return appendInt(dst, v)
+	case KindFloat:
 		return jsNumber(dst, v.num)
 	case KindArray, KindTuple:
 		for i, it := range v.arr.items {

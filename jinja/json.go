@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -75,6 +76,12 @@ func decodeValue(dec *json.Decoder, depth int, left *int) (Value, error) {
 			// A float in the document, as Python's json.loads reads it:
 			// vLLM's template renders 1.0 and 1E5 as 1.0 and 100000.0.
 			return Float(f), nil
+		}
+		if math.Abs(f) >= 1<<53 {
+			// An integer a float64 does not hold exactly: Python's
+			// json.loads reads it whole and the template prints it so
+			// (9223372036854775807, not 9223372036854775808).
+			return Value{kind: KindInt, num: f, str: string(t)}, nil
 		}
 		return Number(f), nil
 	case json.Delim:

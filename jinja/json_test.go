@@ -56,3 +56,46 @@ func TestFloatsPrintAsPythonsRepr(t *testing.T) {
 		}
 	}
 }
+
+// Integers of a JSON document that a float64 does not hold exactly print
+// whole, as Python's json.loads reads them and vLLM's template prints them
+// (str, and json.dumps in tojson): a tool schema's "maximum":
+// 9223372036854775807 printed 9223372036854775808 and the blocks after the
+// tools differed from the engine's. testdata/pyint.json holds the value,
+// Python's str and json.dumps of {"m": value}.
+func TestLargeIntegersPrintAsPythonPrintsThem(t *testing.T) {
+	data, err := os.ReadFile("testdata/pyint.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cases [][3]string
+	if err := json.Unmarshal(data, &cases); err != nil {
+		t.Fatal(err)
+	}
+	tojson, err := Parse("{{ d|tojson }}|{{ d.m }}|{{ d.m ~ '' }}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases {
+		v, err := FromJSON([]byte(c[0]))
+		if err != nil {
+			t.Fatalf("%s: %v", c[0], err)
+		}
+		if got := string(appendString(nil, v)); got != c[1] {
+			t.Errorf("%s printed %q, Python %q", c[0], got, c[1])
+		}
+		d, err := FromJSON([]byte(`{"m":` + c[0] + `}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		vars := NewObject(1)
+		vars.Set("d", d)
+		out, err := tojson.Render(nil, vars)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := c[2] + "|" + c[1] + "|" + c[1]; string(out) != want {
+			t.Errorf("%s rendered %q, want %q", c[0], out, want)
+		}
+	}
+}

@@ -394,13 +394,23 @@ func pyFloat(dst []byte, f float64) []byte {
 	return append(dst, d[exp+1:]...)
 }
 
+// appendInt appends the integer v: its digits as the JSON document gave
+// them when a float64 does not hold it exactly (FromJSON), else as a
+// number.
+func appendInt(dst []byte, v Value) []byte {
+	if v.str != "" {
+		return append(dst, v.str...)
+	}
+	return jsNumber(dst, v.num)
+}
+
 // appendString appends v as @huggingface/jinja's toString renders it.
 func appendString(dst []byte, v Value) []byte {
 	switch v.kind {
 	case KindString:
 		return append(dst, v.str...)
 	case KindInt:
-		return jsNumber(dst, v.num)
+		return appendInt(dst, v)
 	case KindFloat:
 		return pyFloat(dst, v.num)
 	case KindBool:
@@ -429,7 +439,9 @@ func jsPrimitiveString(dst []byte, v Value) []byte {
 	switch v.kind {
 	case KindUndefined, KindNull:
 		return dst
-	case KindInt, KindFloat:
+	case KindInt:
+		return appendInt(dst, v)
+	case KindFloat:
 		return jsNumber(dst, v.num)
 	}
 	return appendString(dst, v)
@@ -480,7 +492,7 @@ func appendJSONUpTo(dst []byte, v Value, o jsonOptions, depth int, undefinedToNu
 		if v.kind == KindFloat {
 			return pyFloat(dst, v.num) // json.dumps writes a float as repr does
 		}
-		return jsNumber(dst, v.num)
+		return appendInt(dst, v)
 	case KindBool:
 		return appendString(dst, v)
 	case KindString:
