@@ -56,6 +56,10 @@ type Member struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
+	// wake tells the member's loop that poll_interval_ms changed, so it
+	// times its next poll by the new interval, not the one its timer was
+	// set with.
+	wake chan struct{}
 
 	pollsOK, pollsErr, forwardedTotal *metrics.Counter
 	gaugeName                         string
@@ -91,8 +95,10 @@ func NewPoller() *Poller {
 
 // Update applies a config snapshot: members added start being polled,
 // removed ones stop, and a member whose URL or key changed starts afresh
-// (no report until its first poll). Intervals, timeouts and thresholds
-// apply from the next poll and the next Pick. A disabled section stops
+// (no report until its first poll). Timeouts and thresholds apply from
+// the next poll and the next Pick; a changed interval times the next poll
+// of every member from its last one (at once if the new interval has
+// already passed since). A disabled section stops
 // every poll.
 func (p *Poller) Update(g *config.GlobalScheduling) error {
 	p.mu.Lock()
@@ -101,6 +107,7 @@ func (p *Poller) Update(g *config.GlobalScheduling) error {
 		return errors.New("poller is closed")
 	}
 	old := *p.members.Load()
+	oldCfg := p.cfg.Load()
 	var want []config.Member
 	if g.Enabled {
 		want = g.Members
@@ -147,17 +154,23 @@ func (p *Poller) Update(g *config.GlobalScheduling) error {
 	}
 	p.cfg.Store(g)
 	p.members.Store(&next)
+	newInterval := oldCfg != nil && oldCfg.PollIntervalMS != g.PollIntervalMS
 	for _, m := range next {
 		if fresh[m] {
 			p.wg.Add(1)
 			go p.loop(m)
+		} else if newInterval {
+			select {
+			case m.wake <- struct{}{}:
+			default:
+			}
 		}
 	}
 	return nil
 }
 
 func (p *Poller) newMember(cm *config.Member, ep Endpoint) *Member {
-	m := &Member{name: cm.Name, url: cm.URL, key: cm.APIKey, ep: ep}
+	m := &Member{name: cm.Name, url: cm.URL, key: cm.APIKey, ep: ep, wake: make(chan struct{}, 1)}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.logThrottle.Every = 30 * time.Second
 	lbl := fmt.Sprintf(`{member=%q`, cm.Name)
@@ -202,17 +215,29 @@ func (p *Poller) loop(m *Member) {
 	defer p.wg.Done()
 	t := time.NewTimer(0)
 	defer t.Stop()
+	var last time.Time // start of the last poll
 	for {
 		select {
 		case <-m.ctx.Done():
 			return
+		case <-m.wake:
+			// A reload changed poll_interval_ms: the next poll is due
+			// one new interval after the last one (at once if that has
+			// passed), not when the old interval's timer fires.
+			t.Reset(time.Until(last.Add(jittered(ms(p.cfg.Load().PollIntervalMS)))))
+			continue
 		case <-t.C:
 		}
 		g := p.cfg.Load()
+		last = time.Now()
 		p.poll(m, g)
-		iv := ms(g.PollIntervalMS)
-		t.Reset(iv - iv/10 + rand.N(iv/5+1))
+		t.Reset(jittered(ms(g.PollIntervalMS)))
 	}
+}
+
+// jittered returns iv give or take 10%.
+func jittered(iv time.Duration) time.Duration {
+	return iv - iv/10 + rand.N(iv/5+1)
 }
 
 // poll fetches one report and stores it, or clears the member's report.

@@ -305,3 +305,34 @@ func TestPollerFollowsReloads(t *testing.T) {
 		t.Fatal("polls continue after Close")
 	}
 }
+
+// A reload that shortens poll_interval_ms applies to members already
+// polled: their loops slept out the old interval, so a member polled every
+// minute was polled next a minute later, and with stale_after_ms lowered
+// with it, its report was stale (not a candidate) all that while.
+func TestAReloadedPollIntervalAppliesToTheNextPoll(t *testing.T) {
+	a := startMember(t, "k", capFor(4, "m"))
+	p := NewPoller()
+	defer p.Close()
+	slow := gsConfig(a.member("a"))
+	slow.PollIntervalMS, slow.StaleAfterMS = 60_000, 120_000
+	if err := p.Update(slow); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "first poll", func() bool { return a.polls.Load() == 1 })
+	if err := p.Update(gsConfig(a.member("a"))); err != nil { // 20 ms
+		t.Fatal(err)
+	}
+	eventually(t, "polls at the new interval", func() bool { return a.polls.Load() >= 3 })
+	// Lengthened again: the member waits the new interval from its last
+	// poll, it is not polled at once.
+	if err := p.Update(slow); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	n := a.polls.Load()
+	time.Sleep(200 * time.Millisecond)
+	if d := a.polls.Load() - n; d != 0 {
+		t.Fatalf("polled %d times within 200 ms of a reload to a 60 s interval", d)
+	}
+}
