@@ -347,7 +347,9 @@ func (g *Gateway) setupUpstreams() error {
 	if err := g.poller.Update(&g.store.Load().GlobalScheduling); err != nil {
 		return fmt.Errorf("global_scheduling: %w", err)
 	}
+	g.mirror.Update(&g.store.Load().Mirror)
 	g.store.OnChange(func(_, cur *config.Config) {
+		g.mirror.Update(&cur.Mirror)
 		if err := g.poller.Update(&cur.GlobalScheduling); err != nil {
 			slog.Warn("global scheduling: members not updated", "err", err)
 		}

@@ -38,7 +38,10 @@ type Mirror struct {
 
 	q      chan *job     // capacity config.MaxMirrorQueue; admission by the snapshot's queue_size
 	freed  chan struct{} // capacity 1: a sender slot was given back
-	active atomic.Int64  // jobs being sent (bounded by each job's mirror.concurrency)
+	active atomic.Int64  // jobs being sent (bounded by mirror.concurrency: limit's, else each job's)
+	// limit is mirror.concurrency of the config in force (Update), 0 until
+	// the first Update: each job then goes by its own snapshot's.
+	limit atomic.Int64
 	// waiting counts jobs a sender took from q that wait for a slot (the
 	// senders outnumber a lowered mirror.concurrency): still queued for
 	// queue_size.
@@ -225,6 +228,39 @@ func (m *Mirror) Offer(cfg *config.Mirror, path, body []byte, stream bool) bool 
 	}
 }
 
+// Update tells the Mirror the config in force (call it at start and on
+// every reload): its mirror.concurrency bounds the senders at once, the
+// jobs sampled before the reload included. A raised limit wakes the jobs
+// waiting for a slot; without it they kept the limit of the snapshot they
+// were sampled under, so after mirror.concurrency went from 1 to 8 the
+// queue (the requests sampled after the reload too) still drained one at
+// a time behind a slow target until the old jobs expired.
+func (m *Mirror) Update(cfg *config.Mirror) {
+	n := int64(max(1, cfg.Concurrency))
+	if old := m.limit.Swap(n); n <= old {
+		return
+	}
+	select {
+	case m.freed <- struct{}{}: // a woken sender passes it on while slots are left
+	default:
+	}
+	// Senders for the jobs already queued, up to the new limit (Offer
+	// starts them only as new jobs come).
+	for i := len(m.q); i > 0 && m.workers.Load() < n; i-- {
+		m.spawn(n)
+	}
+}
+
+// limitFor is the number of jobs that may be sent at once while j is
+// taken: mirror.concurrency of the config in force, or of j's snapshot
+// before the first Update.
+func (m *Mirror) limitFor(j *job) int64 {
+	if n := m.limit.Load(); n > 0 {
+		return n
+	}
+	return int64(max(1, j.cfg.Concurrency))
+}
+
 // Close stops mirroring: queued jobs are dropped (counted), requests in
 // flight are cancelled, and Close returns when every goroutine has ended.
 // Offer returns false afterwards. Idempotent.
@@ -296,15 +332,15 @@ func (m *Mirror) worker() {
 			m.workers.Add(-1)
 			return
 		}
-		limit := int64(max(1, j.cfg.Concurrency))
 		if wait == nil {
 			wait = time.NewTimer(time.Hour)
 			wait.Stop()
 		}
-		if !m.admit(j, limit, wait) {
+		if !m.admit(j, wait) {
 			continue
 		}
 		m.send(j)
+		limit := m.limitFor(j)
 		m.release(j)
 		m.active.Add(-1)
 		select {
@@ -330,11 +366,12 @@ func (m *Mirror) retire(keep int64) bool {
 	}
 }
 
-// admit takes a sender slot for j, at most limit at once, waiting while
-// they are all taken. It reports false when j expired (its timeout_ms
+// admit takes a sender slot for j, at most limitFor(j) at once (looked up
+// again at each wake-up, so a reload applies to a waiting job), waiting
+// while they are all taken. It reports false when j expired (its timeout_ms
 // counts from sampling) or the Mirror closed: j is then dropped, counted
 // and released.
-func (m *Mirror) admit(j *job, limit int64, wait *time.Timer) bool {
+func (m *Mirror) admit(j *job, wait *time.Timer) bool {
 	expires := j.at.Add(millis(j.cfg.TimeoutMS))
 	waited := false
 	defer func() {
@@ -349,7 +386,7 @@ func (m *Mirror) admit(j *job, limit int64, wait *time.Timer) bool {
 			m.release(j)
 			return false
 		}
-		n := m.active.Load()
+		n, limit := m.active.Load(), m.limitFor(j)
 		if n < limit {
 			if !m.active.CompareAndSwap(n, n+1) {
 				continue

@@ -1060,3 +1060,56 @@ func TestMirrorSubstitutedCopiesCountInTheByteBudget(t *testing.T) {
 		t.Fatalf("a second request was taken while the budget (%d) held both copies of the first (%d bytes counted)", cfg.MaxBufferBytes, m.held.Load())
 	}
 }
+
+// A reload that raises mirror.concurrency applies to the jobs already
+// sampled: they waited for a slot under the limit of the snapshot they
+// were sampled under, so with concurrency 1 and a target holding one
+// request, raising it to 8 left the queue (and the senders started for
+// the jobs sampled after the reload, which took the old jobs first)
+// waiting for that request to end or the old jobs to expire: through the
+// real binary, the copies of requests made after the reload were sent
+// about 10 s later, when the held one ended.
+func TestARaisedMirrorConcurrencyAppliesToTheJobsAlreadyQueued(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	var held atomic.Bool
+	tg := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		if held.CompareAndSwap(false, true) { // the first request is held
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+		w.WriteHeader(200)
+	})
+	m, _ := startMirror(t)
+	narrow := mirrorCfg(tg.url)
+	narrow.Concurrency, narrow.TimeoutMS = 1, 30_000
+	m.Update(narrow)
+	m.Offer(narrow, []byte("/v1/completions"), []byte(`{"model":"held"}`), false)
+	eventually(t, "the held job sent", func() bool { return held.Load() && m.active.Load() == 1 })
+	for i := 0; i < 3; i++ {
+		m.Offer(narrow, []byte("/v1/completions"), []byte(`{"model":"old"}`), false)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := tg.hits.Load(); n != 0 {
+		t.Fatalf("%d answered with concurrency 1 while one is held", n)
+	}
+	wide := mirrorCfg(tg.url)
+	wide.Concurrency, wide.TimeoutMS = 8, 30_000
+	m.Update(wide)
+	for i := 0; i < 3; i++ {
+		m.Offer(wide, []byte("/v1/completions"), []byte(`{"model":"new"}`), false)
+	}
+	eventually(t, "the six others sent beside the held one", func() bool { return tg.hits.Load() == 6 })
+	// Lowered again: the held request takes the only slot, so jobs
+	// sampled under the wide snapshot wait too.
+	m.Update(narrow)
+	for i := 0; i < 2; i++ {
+		m.Offer(wide, []byte("/v1/completions"), []byte(`{"model":"after"}`), false)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := tg.hits.Load(); n != 6 {
+		t.Fatalf("%d answered, want 6: a lowered concurrency let more through", n)
+	}
+}
