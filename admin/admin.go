@@ -418,6 +418,9 @@ func cloneJSON(v any) any {
 // it. ifVersion 0 bases the change on whatever is current (retrying when a
 // concurrent change lands first); otherwise a different current version is
 // a conflict. A change that changes nothing commits nothing.
+// A change that makes a new version is counted in
+// infera_config_applies_total{result="ok"} (a refused one is counted by
+// the API route, countRefused).
 func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(doc map[string]any) error) (*config.Config, uint64, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -480,6 +483,7 @@ func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(d
 		if err != nil {
 			return nil, 0, err
 		}
+		config.CountApply(true)
 		return next, nv, nil
 	}
 }

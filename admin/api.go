@@ -26,12 +26,29 @@ const maxBodyBytes = 4 << 20
 // authLog throttles refused-key lines: a scanner must not flood the log.
 var authLog = logx.Throttle{Every: time.Second}
 
+// countRefused counts the writes h refuses (an invalid value, a body that
+// does not parse, a stale or missing If-Match, ...) in
+// infera_config_applies_total{result="error"}; a dry run is no write.
+// change counts the ones that make a new version.
+func countRefused(h func(w http.ResponseWriter, r *http.Request) error) func(w http.ResponseWriter, r *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		err := h(w, r)
+		if err != nil && !r.URL.Query().Has("dry_run") {
+			config.CountApply(false)
+		}
+		return err
+	}
+}
+
 // Handler returns the admin API and console handler. Every /api/ path
 // needs "Authorization: Bearer <admin key>"; the console's static files do
 // not (they hold no data).
 func (a *Admin) Handler() http.Handler {
 	mux := http.NewServeMux()
 	api := func(pattern string, h func(w http.ResponseWriter, r *http.Request) error) {
+		if !strings.HasPrefix(pattern, "GET ") && pattern != "POST /api/backup" {
+			h = countRefused(h) // a write of the config, users or templates
+		}
 		mux.Handle(pattern, a.authed(h))
 	}
 	api("GET /api/version", a.getVersion)

@@ -214,6 +214,18 @@ func (s *Store) SetReloadSink(f func(c *Config, refsOnly bool) error) {
 	s.mu.Unlock()
 }
 
+// CountApply counts one admin API write in infera_config_applies_total:
+// result ok when it made a new version, error when it was refused (an
+// invalid value, a stale If-Match, a write the storage refused). The admin
+// counts its writes, whatever the storage; Apply counts nothing.
+func CountApply(ok bool) {
+	if ok {
+		appliesOK.Inc()
+	} else {
+		appliesFailed.Inc()
+	}
+}
+
 // Apply validates c and swaps it in when ifVersion is the current version
 // (ifVersion 0 skips the check), writing it back to the config file first
 // when the store has one. It returns the new version.
@@ -224,35 +236,29 @@ func (s *Store) SetReloadSink(f func(c *Config, refsOnly bool) error) {
 // write, since overwriting it would destroy someone's edit.
 func (s *Store) Apply(c *Config, ifVersion uint64) (uint64, error) {
 	if err := c.Validate(); err != nil {
-		appliesFailed.Inc()
 		return 0, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.check != nil {
 		if err := s.check(c); err != nil {
-			appliesFailed.Inc()
 			return 0, err
 		}
 	}
 	if s.path != "" && s.sink == nil {
 		if err := s.pickUpHandEditLocked(); err != nil {
-			appliesFailed.Inc()
 			return 0, &VersionConflict{Want: ifVersion, Have: s.ver.Load(), Reason: err.Error()}
 		}
 	}
 	if have := s.ver.Load(); ifVersion != 0 && ifVersion != have {
-		appliesFailed.Inc()
 		return 0, &VersionConflict{Want: ifVersion, Have: have}
 	}
 	if s.path != "" && s.sink == nil {
 		data, err := MarshalFile(c)
 		if err != nil {
-			appliesFailed.Inc()
 			return 0, err
 		}
 		if err := WriteFileAtomic(s.path, data, 0o644); err != nil {
-			appliesFailed.Inc()
 			return 0, fmt.Errorf("cannot write config back to %q (the change was not applied): %w", s.path, err)
 		}
 		s.lastData, s.badData = data, nil
@@ -262,7 +268,6 @@ func (s *Store) Apply(c *Config, ifVersion uint64) (uint64, error) {
 	}
 	v := s.ver.Load() + 1
 	s.swap(c, v)
-	appliesOK.Inc()
 	return v, nil
 }
 
