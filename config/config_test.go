@@ -280,3 +280,18 @@ func TestTheSessionHeaderMayNotBeACredentialHeader(t *testing.T) {
 		t.Errorf("a session header is refused: %v", err)
 	}
 }
+
+// The prefix index's sweep period has a floor: each sweep walks the index,
+// and at 1e-6 s an empty index cost 14% of a core.
+func TestAMaintenanceIntervalTooShortToSweepIsRefused(t *testing.T) {
+	for _, v := range []string{"1e-6", "0.001", "0.009"} {
+		_, err := Parse([]byte(`{"prefix_index":{"maintenance_interval_s":` + v + `}}`))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Path != "prefix_index.maintenance_interval_s" {
+			t.Errorf("%s: err %v, want a FieldError at prefix_index.maintenance_interval_s", v, err)
+		}
+	}
+	if _, err := Parse([]byte(`{"prefix_index":{"maintenance_interval_s":0.01}}`)); err != nil {
+		t.Errorf("10 ms is refused: %v", err)
+	}
+}
