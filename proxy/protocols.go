@@ -201,6 +201,18 @@ func sameSlice(a, b []byte) bool {
 // whose memory is reused by the next request. The new body's bytes are
 // reserved in the in-flight body budget.
 func (s *Server) swapBody(ctx *fasthttp.RequestCtx, rs *reqState, b []byte) bool {
+	if !s.reserveMade(ctx, rs, b) {
+		return false
+	}
+	rs.proto.buf, rs.body = rs.body, b
+	return true
+}
+
+// reserveMade reserves a body the router made from the client's (a
+// converted body, a rewritten one, a passthrough chat view) in the
+// in-flight body budget, given back when the request ends; it answers
+// 503 and returns false when the budget is spent.
+func (s *Server) reserveMade(ctx *fasthttp.RequestCtx, rs *reqState, b []byte) bool {
 	if !s.bodies.reserve(int64(len(b))) {
 		mBodyBudget.Inc()
 		countStatus(fasthttp.StatusServiceUnavailable)
@@ -209,7 +221,6 @@ func (s *Server) swapBody(ctx *fasthttp.RequestCtx, rs *reqState, b []byte) bool
 		return false
 	}
 	rs.reserved += int64(len(b))
-	rs.proto.buf, rs.body = rs.body, b
 	return true
 }
 
@@ -303,6 +314,11 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 			}
 		}
 		p.buf = chat
+		// The view is held until the request ends, beside the client's
+		// body: it is reserved like a converted body (it is one).
+		if !s.reserveMade(ctx, rs, chat) {
+			return nil, 0, 0, false
+		}
 		return chat, kindChat, kind, true
 	}
 	if err != nil {

@@ -1138,3 +1138,38 @@ func TestDebugRouteRewritesTheReasoningAsARequestIs(t *testing.T) {
 		t.Fatalf("reasoning_effort high: debug route hashed %v, the request is routed on %v", got, want)
 	}
 }
+
+// In passthrough the router makes a chat view of the client's body for
+// routing and holds it until the request ends, beside the body: it is
+// reserved in the in-flight body budget as a converted body is (it was
+// outside it, so passthrough Messages and Responses requests held twice
+// the bytes the budget allowed).
+func TestAPassthroughChatViewIsReservedInTheBodyBudget(t *testing.T) {
+	e := &chatEngine{answer: func(ctx *fasthttp.RequestCtx) bool {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"object":"response","usage":{"input_tokens":4,"output_tokens":1}}`)
+		return true
+	}}
+	up := startChatEngine(t, e)
+	body := `{"model":"m","input":"` + strings.Repeat("abcd ", 4000) + `"}` // 20 KB
+	cfg := protoConfig(func(p *config.Protocol) { p.ResponsesPassthrough = true })
+	f := defaultFlags()
+	f.MaxInflightBodyBytes = 30000 // the body, not its chat view too
+	r := startRouter(t, f, cfg, up.url)
+	resp, b := postH(t, r.url+"/v1/responses", body, nil)
+	if resp.StatusCode != 503 {
+		t.Fatalf("%d %s, want 503", resp.StatusCode, b)
+	}
+	checkOpenAIError(t, b)
+	if n := e.count(); n != 0 {
+		t.Fatalf("the engine got %d requests", n)
+	}
+	f2 := defaultFlags()
+	f2.MaxInflightBodyBytes = 50000
+	r2 := startRouter(t, f2, cfg, up.url)
+	for i := 0; i < 3; i++ { // given back: the next request fits again
+		if resp, b := postH(t, r2.url+"/v1/responses", body, nil); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, b)
+		}
+	}
+}
