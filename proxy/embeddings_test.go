@@ -109,6 +109,21 @@ func TestEmbeddingsAreRoutedLikeInference(t *testing.T) {
 	}
 }
 
+// A null dimensions is no dimensions, as for encoding_format: vLLM and
+// infera engine read it so, and the OpenAI Python SDK sends null for
+// dimensions=None. The router refused it with 400 naming dimensions.
+func TestAnEmbeddingsRequestWithNullDimensionsIsServed(t *testing.T) {
+	eng := startEmbedEngine(t)
+	r := startRouter(t, nil, nil, eng.url)
+	body := `{"model":"m","input":"a","dimensions":null,"encoding_format":null}`
+	if res := embedCall(t, r.url, "", body); res.status != 200 {
+		t.Fatalf("%d %s", res.status, res.body)
+	}
+	if _, bodies := eng.seen(); len(bodies) != 1 || bodies[0] != body {
+		t.Fatalf("the engine got %q", bodies)
+	}
+}
+
 // Bodies that are not an embeddings request get OpenAI's 400 with the
 // parameter named, and never reach the engine.
 func TestMalformedEmbeddingsRequestsAreRefused(t *testing.T) {

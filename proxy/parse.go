@@ -352,7 +352,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 				perr = errEncodingFormat
 			}
 		case "dimensions":
-			if n, ok := parseInt(v); !ok || n == 0 {
+			if n, ok := parseInt(v); (!ok || n == 0) && string(v) != "null" {
 				perr = errDimensions
 			}
 		}
