@@ -76,6 +76,9 @@ type protoState struct {
 	// relaying is set once the relay transforms the answer (the stage is
 	// in effect).
 	relaying bool
+	// coarse: a passthrough body the converter refused, routed on a
+	// minimal view (routingView); its prompt is estimated from its size.
+	coarse bool
 
 	meta   protocol.Meta
 	conv   *protocol.StreamConverter // while a converted stream is relayed
@@ -312,6 +315,7 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 				writeProtoError(ctx, p.api, asProtoError(err))
 				return nil, 0, 0, false
 			}
+			p.coarse = true
 		}
 		p.buf = chat
 		// The view is held until the request ends, beside the client's
@@ -363,6 +367,14 @@ func (s *Server) afterParse(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *re
 	switch p.mode {
 	case protoPassthrough:
 		b.modelStart, b.modelEnd = modelSpan(rs.body)
+		if p.coarse {
+			// The view's prompt is empty: the user limits and the load
+			// weigh the client's body instead, about 4 bytes a token, as
+			// for embeddings (an 8,000-token input was estimated at one
+			// token, and four at once passed a 5,000 TPM bucket).
+			b.promptTokens = max(1, (len(rs.body)+3)/4)
+			rs.tokSkip = true // nothing to hash: routed by load
+		}
 		return body, true
 	case protoConvert:
 		if b.stream {
@@ -447,11 +459,12 @@ func passthroughKeys(body []byte) error {
 // router routes or accounts on.
 var passthroughRoutingKeys = [...]string{"model", "stream", "max_tokens", "max_output_tokens", "messages", "input"}
 
-// routingView appends a minimal chat body that routes like body: its model
-// and stream flag, an empty prompt. For passthrough requests the converter
-// refused.
+// routingView appends a minimal chat body that routes like body: its model,
+// stream flag and output limit (max_tokens or max_output_tokens, when a
+// plain integer), an empty prompt (afterParse estimates it from the body's
+// size). For passthrough requests the converter refused.
 func routingView(dst, body []byte) ([]byte, error) {
-	var model []byte
+	var model, maxOut []byte
 	stream := false
 	i := skipSpace(body, 0)
 	end, err := forEachField(body, i, func(key []byte, vs, ve int) error {
@@ -460,6 +473,10 @@ func routingView(dst, body []byte) ([]byte, error) {
 			model = body[vs:ve]
 		case "stream":
 			stream = body[vs] == 't'
+		case "max_tokens", "max_output_tokens":
+			if _, ok := parseInt(body[vs:ve]); ok {
+				maxOut = body[vs:ve]
+			}
 		}
 		return nil
 	})
@@ -474,6 +491,11 @@ func routingView(dst, body []byte) ([]byte, error) {
 	}
 	if stream {
 		dst = append(dst, `"stream":true,`...)
+	}
+	if maxOut != nil {
+		dst = append(dst, `"max_tokens":`...)
+		dst = append(dst, maxOut...)
+		dst = append(dst, ',')
 	}
 	return append(dst, `"messages":[{"role":"user","content":""}]}`...), nil
 }

@@ -1173,3 +1173,35 @@ func TestAPassthroughChatViewIsReservedInTheBodyBudget(t *testing.T) {
 		}
 	}
 }
+
+// A passthrough body the converter refuses (a server tool, a stored
+// previous_response_id) is routed on a minimal view with an empty prompt:
+// the user limits weigh the client's body instead (about 4 bytes a token)
+// and its output limit. The view's one-token prompt let four concurrent
+// 8,000-token requests through a 5,000 TPM bucket that admits one such
+// convertible request.
+func TestACoarselyRoutedPassthroughBodyIsEstimatedFromItsSize(t *testing.T) {
+	e := &chatEngine{answer: func(ctx *fasthttp.RequestCtx) bool {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"object":"response","status":"completed","output":[]}`) // no usage: the estimate stays charged
+		return true
+	}}
+	up := startChatEngine(t, e)
+	key, hash := mintKey(t)
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r, _ := govRouter(t, f, fmt.Sprintf(`{
+		"protocol": {"responses_passthrough": true},
+		"user_limit": {"templates": [{"name": "t", "default": true, "rate": {"enabled": true, "tpm": 5000}}]},
+		"users": [{"name": "alice", "keys": [%q]}]}`, hash), up.url)
+	body := `{"model":"m","input":"` + strings.Repeat("word ", 8000) + `","max_output_tokens":10,"tools":[{"type":"web_search"}]}`
+	if res := postPath(t, r.url, "/v1/responses", key, body); res.status != 200 {
+		t.Fatalf("first: %d %s", res.status, res.body) // larger than the bucket: passes while it is full
+	}
+	if res := postPath(t, r.url, "/v1/responses", key, body); res.status != 429 || res.code != "rate_limit_tpm" {
+		t.Fatalf("second: %d %s, want 429 rate_limit_tpm", res.status, res.body)
+	}
+	if n := e.count(); n != 1 {
+		t.Fatalf("the engine got %d requests, want 1", n)
+	}
+}
