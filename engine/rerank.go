@@ -130,7 +130,11 @@ func (s *Server) handleRerank(ctx *fasthttp.RequestCtx) {
 	out = append(out, `","model":`...)
 	mj, _ := json.Marshal(model)
 	out = append(out, mj...)
-	out = append(out, `,"usage":{"total_tokens":`...)
+	// vLLM's RerankUsage: prompt_tokens and total_tokens (the router
+	// reconciles user limits and counts usage from prompt_tokens).
+	out = append(out, `,"usage":{"prompt_tokens":`...)
+	out = strconv.AppendInt(out, int64(tokens), 10)
+	out = append(out, `,"total_tokens":`...)
 	out = strconv.AppendInt(out, int64(tokens), 10)
 	out = append(out, `},"results":[`...)
 	for i, r := range results {

@@ -10,7 +10,8 @@ type rerankAnswer struct {
 	ID    string `json:"id"`
 	Model string `json:"model"`
 	Usage struct {
-		TotalTokens int `json:"total_tokens"`
+		PromptTokens *int `json:"prompt_tokens"`
+		TotalTokens  int  `json:"total_tokens"`
 	} `json:"usage"`
 	Results []struct {
 		Index    int `json:"index"`
@@ -87,5 +88,18 @@ func TestScoreScoresPairs(t *testing.T) {
 	}
 	if code, b, _ := e.post(t, "/v1/score", `{"model":"sim-model","text_1":["a","b"],"text_2":["c","d","e"]}`); code != 400 {
 		t.Fatalf("2 against 3: %d %s", code, b)
+	}
+}
+
+// A rerank answer's usage holds prompt_tokens beside total_tokens, as
+// vLLM's RerankUsage does: with total_tokens alone the router read no
+// usage, so rerank tokens never reached infera_usage_tokens_total and a
+// user's limits kept the router's estimate instead of the engine's count.
+func TestRerankUsageHasPromptTokensAsVLLMs(t *testing.T) {
+	e := startEngine(t, nil)
+	code, b, _ := e.post(t, "/v1/rerank", `{"model":"sim-model","query":"what is this","documents":["alpha beta gamma","delta"]}`)
+	var a rerankAnswer
+	if code != 200 || json.Unmarshal(b, &a) != nil || a.Usage.PromptTokens == nil || *a.Usage.PromptTokens != a.Usage.TotalTokens || a.Usage.TotalTokens == 0 {
+		t.Fatalf("%d %s", code, b)
 	}
 }
