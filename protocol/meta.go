@@ -115,6 +115,11 @@ func (m *Meta) isStop(s []byte) bool {
 	return false
 }
 
+// EchoSize is the bytes m holds copied from the request for the answer to
+// echo (a Response's tools, metadata, instructions: up to the body's
+// size), for the caller's memory accounting.
+func (m *Meta) EchoSize() int { return len(m.echo) }
+
 func (m *Meta) setEcho(f echoField, v []byte) {
 	s := len(m.echo)
 	m.echo = compactJSON(m.echo, v) // raw newlines would break SSE data lines

@@ -204,26 +204,29 @@ func sameSlice(a, b []byte) bool {
 // whose memory is reused by the next request. The new body's bytes are
 // reserved in the in-flight body budget.
 func (s *Server) swapBody(ctx *fasthttp.RequestCtx, rs *reqState, b []byte) bool {
-	if !s.reserveMade(ctx, rs, b) {
+	if !s.reserveMade(ctx, rs, len(b)) {
 		return false
 	}
 	rs.proto.buf, rs.body = rs.body, b
 	return true
 }
 
-// reserveMade reserves a body the router made from the client's (a
-// converted body, a rewritten one, a passthrough chat view) in the
-// in-flight body budget, given back when the request ends; it answers
-// 503 and returns false when the budget is spent.
-func (s *Server) reserveMade(ctx *fasthttp.RequestCtx, rs *reqState, b []byte) bool {
-	if !s.bodies.reserve(int64(len(b))) {
+// reserveMade reserves n bytes the router made from the client's body (a
+// converted body, a rewritten one, a passthrough chat view, the settings
+// a Response echoes) in the in-flight body budget, given back when the
+// request ends; it answers 503 and returns false when the budget is spent.
+func (s *Server) reserveMade(ctx *fasthttp.RequestCtx, rs *reqState, n int) bool {
+	if n == 0 {
+		return true
+	}
+	if !s.bodies.reserve(int64(n)) {
 		mBodyBudget.Inc()
 		countStatus(fasthttp.StatusServiceUnavailable)
 		ctx.SetConnectionClose()
 		writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable, "the router is out of request body memory; retry later", "", "overloaded")
 		return false
 	}
-	rs.reserved += int64(len(b))
+	rs.reserved += int64(n)
 	return true
 }
 
@@ -319,8 +322,9 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 		}
 		p.buf = chat
 		// The view is held until the request ends, beside the client's
-		// body: it is reserved like a converted body (it is one).
-		if !s.reserveMade(ctx, rs, chat) {
+		// body: it is reserved like a converted body (it is one), with
+		// the copies the conversion kept for the answer's echo.
+		if !s.reserveMade(ctx, rs, len(chat)+p.meta.EchoSize()) {
 			return nil, 0, 0, false
 		}
 		return chat, kindChat, kind, true
@@ -345,7 +349,9 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 		return nil, 0, 0, false
 	}
 	p.mode = protoConvert
-	if !s.swapBody(ctx, rs, chat) {
+	// The settings a Response echoes (its tools: up to the body's size)
+	// are held until the request ends, beside the two bodies.
+	if !s.reserveMade(ctx, rs, p.meta.EchoSize()) || !s.swapBody(ctx, rs, chat) {
 		return nil, 0, 0, false
 	}
 	// Converted answers are read and rewritten by the router: the engine

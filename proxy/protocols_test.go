@@ -1205,3 +1205,29 @@ func TestACoarselyRoutedPassthroughBodyIsEstimatedFromItsSize(t *testing.T) {
 		t.Fatalf("the engine got %d requests, want 1", n)
 	}
 }
+
+// A converted Responses request keeps, for the answer to echo, a copy of
+// its settings (its tools, metadata, instructions) until it ends: up to
+// the body's size again, reserved in the in-flight body budget with the
+// client's body and the converted one (it was outside it).
+func TestAResponsesEchoIsReservedInTheBodyBudget(t *testing.T) {
+	up := startChatEngine(t, &chatEngine{})
+	tool := `{"type":"function","name":"f","description":"` + strings.Repeat("abcd ", 20) + `","parameters":{"type":"object"}}`
+	body := `{"model":"m","input":"hi","tools":[` + strings.Repeat(tool+",", 150) + tool + `]}` // 27 KB of tools
+	f := defaultFlags()
+	f.MaxInflightBodyBytes = 70000 // the body and its conversion (about 58 KB), not the echoed tools too
+	r := startRouter(t, f, nil, up.url)
+	resp, b := postH(t, r.url+"/v1/responses", body, nil)
+	if resp.StatusCode != 503 {
+		t.Fatalf("%d %.200s, want 503", resp.StatusCode, b)
+	}
+	checkOpenAIError(t, b)
+	f2 := defaultFlags()
+	f2.MaxInflightBodyBytes = 100000
+	r2 := startRouter(t, f2, nil, up.url)
+	for i := 0; i < 3; i++ { // given back: the next request fits again
+		if resp, b := postH(t, r2.url+"/v1/responses", body, nil); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %.200s", i, resp.StatusCode, b)
+		}
+	}
+}
