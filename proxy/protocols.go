@@ -375,10 +375,10 @@ func (s *Server) afterParse(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *re
 		b.modelStart, b.modelEnd = modelSpan(rs.body)
 		if p.coarse {
 			// The view's prompt is empty: the user limits and the load
-			// weigh the client's body instead, about 4 bytes a token, as
-			// for embeddings (an 8,000-token input was estimated at one
-			// token, and four at once passed a 5,000 TPM bucket).
-			b.promptTokens = max(1, (len(rs.body)+3)/4)
+			// weigh the client's body instead (an 8,000-token input was
+			// estimated at one token, and four at once passed a 5,000 TPM
+			// bucket).
+			b.promptTokens = coarseTokens(rs.body)
 			rs.tokSkip = true // nothing to hash: routed by load
 		}
 		return body, true
@@ -464,6 +464,39 @@ func passthroughKeys(body []byte) error {
 // passthroughRoutingKeys are the keys of a Messages or Responses body the
 // router routes or accounts on.
 var passthroughRoutingKeys = [...]string{"model", "stream", "max_tokens", "max_output_tokens", "messages", "input"}
+
+// coarseTokens estimates the prompt tokens of a passthrough body the
+// converter refused: about 4 bytes a token, as for embeddings, except that
+// a run of 1 KiB or more of base64 characters (a PDF's, an image's or
+// audio's data, the usual reason the converter refuses) counts nothing,
+// as images do not count in a converted prompt's estimate: at 4 bytes a
+// token a 2 MB PDF would be 500,000 tokens, past many quota windows.
+func coarseTokens(body []byte) int {
+	n, run := 0, 0
+	for _, c := range body {
+		if base64Char[c] {
+			run++
+			continue
+		}
+		if run < 1024 {
+			n += run
+		}
+		run = 0
+		n++
+	}
+	if run < 1024 {
+		n += run
+	}
+	return max(1, (n+3)/4)
+}
+
+// base64Char holds the characters of base64 (standard and URL-safe).
+var base64Char = func() (t [256]bool) {
+	for _, c := range []byte("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_") {
+		t[c] = true
+	}
+	return t
+}()
 
 // routingView appends a minimal chat body that routes like body: its model,
 // stream flag and output limit (max_tokens or max_output_tokens, when a

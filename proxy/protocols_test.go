@@ -1231,3 +1231,33 @@ func TestAResponsesEchoIsReservedInTheBodyBudget(t *testing.T) {
 		}
 	}
 }
+
+// ...but a coarse body's base64 data (a PDF's, an image's) counts nothing,
+// as images do not in a converted prompt's estimate: two requests with a
+// 256 KiB document and a short question fit a 5,000 TPM bucket.
+func TestACoarselyRoutedBodysBase64DataIsNotCountedAsText(t *testing.T) {
+	e := &chatEngine{answer: func(ctx *fasthttp.RequestCtx) bool {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"msg_1","type":"message","content":[]}`) // no usage: the estimate stays charged
+		return true
+	}}
+	up := startChatEngine(t, e)
+	key, hash := mintKey(t)
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r, _ := govRouter(t, f, fmt.Sprintf(`{
+		"protocol": {"anthropic_passthrough": true},
+		"user_limit": {"templates": [{"name": "t", "default": true, "rate": {"enabled": true, "tpm": 5000}}]},
+		"users": [{"name": "alice", "keys": [%q]}]}`, hash), up.url)
+	pdf := strings.Repeat("JVBERi0xLjQKJcfs", 1<<14) // 256 KiB of base64: 65,536 tokens at 4 bytes a token
+	body := `{"model":"m","max_tokens":100,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"` +
+		pdf + `"}},{"type":"text","text":"What does this say?"}]}]}`
+	for i := 0; i < 2; i++ {
+		if res := postPath(t, r.url, "/v1/messages", key, body); res.status != 200 {
+			t.Fatalf("request %d: %d %s", i, res.status, res.body)
+		}
+	}
+	if n := e.count(); n != 2 {
+		t.Fatalf("the engine got %d requests, want 2", n)
+	}
+}
