@@ -119,7 +119,11 @@ func (s *Server) handleTokenize(ctx *fasthttp.RequestCtx, u *govern.User) {
 // maxDetokenize bounds the ids of one /detokenize request.
 const maxDetokenize = 1 << 20
 
-var errDetokenize = &badRequestError{msg: "tokens is required: an array of token ids", param: "tokens"}
+var (
+	errDetokenize        = &badRequestError{msg: "tokens is required: an array of token ids", param: "tokens"}
+	errDetokenizeID      = &badRequestError{msg: "tokens: each token id must be an integer in [0, 4294967295]", param: "tokens"}
+	errDetokenizeTooMany = &badRequestError{msg: "tokens: more than " + strconv.Itoa(maxDetokenize) + " token ids", param: "tokens"}
+)
 
 // handleDetokenize answers vLLM's POST /detokenize ({"tokens": [ids]}) with
 // the router's tokenizer: {"prompt": text}, invalid UTF-8 replaced.
@@ -169,8 +173,11 @@ func detokenizeIDs(dst []uint32, body []byte) ([]uint32, error) {
 		seen = true
 		_, err := forEachElem(body, vs, func(s, e int) error {
 			n, err := strconv.ParseUint(string(body[s:e]), 10, 32) // token ids span uint32
-			if err != nil || len(dst) >= maxDetokenize {
-				return errDetokenize
+			if err != nil {
+				return errDetokenizeID
+			}
+			if len(dst) >= maxDetokenize {
+				return errDetokenizeTooMany
 			}
 			dst = append(dst, uint32(n))
 			return nil

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 )
@@ -123,5 +124,24 @@ func TestTokenizeSaysWhenItEncodedOnlyPartOfThePrompt(t *testing.T) {
 	tools.WriteString(`],`)
 	if a := ask(chat("hello", tools.String())); a.Truncated == nil || !*a.Truncated || a.Estimate != nil || a.Count != 0 {
 		t.Fatalf("a chat with more tools than the router renders: %+v", a)
+	}
+}
+
+// A /detokenize body with a bad token id or too many ids is told what is
+// wrong with its ids; it was told "tokens is required", as if it had none.
+func TestDetokenizeSaysWhatIsWrongWithTheIDs(t *testing.T) {
+	for _, c := range []struct{ body, want string }{
+		{`{"tokens":[1,-1]}`, "integer in [0, 4294967295]"},
+		{`{"tokens":[1.5]}`, "integer in [0, 4294967295]"},
+		{`{"tokens":[4294967296]}`, "integer in [0, 4294967295]"},
+		{`{"tokens":[` + strings.Repeat("1,", maxDetokenize) + `1]}`, "more than 1048576 token ids"},
+		{`{"model":"m"}`, "tokens is required"},
+		{`{"tokens":"1 2"}`, "tokens is required"},
+	} {
+		_, err := detokenizeIDs(nil, []byte(c.body))
+		var br *badRequestError
+		if !errors.As(err, &br) || !strings.Contains(br.msg, c.want) || br.param != "tokens" {
+			t.Errorf("%.40s: %v, want a tokens error saying %q", c.body, err, c.want)
+		}
 	}
 }
