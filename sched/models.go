@@ -152,16 +152,11 @@ func (s *Scheduler) routeName(c *compiled, v *fleet.View, r *Request, name []byt
 		}
 		return lower
 	}
+	canaryMatched := false
 	if cfg.Canary.Enabled {
-		for _, rule := range c.canary {
-			if !globMatch(rule.pat, lowerName()) {
-				continue
-			}
-			if svc := s.canaryService(c, rule, v, r, now); svc != "" {
-				return appendRole(dst, v.ByService[svc], r), byService, svc, nil
-			}
-			s.m.canaryEmpty.Inc()
-			break
+		var svc string
+		if dst, svc, canaryMatched = s.canaryRoute(c, v, r, lowerName(), now, dst); svc != "" {
+			return dst, byService, svc, nil
 		}
 	}
 	if !mr.Enabled {
@@ -191,6 +186,18 @@ func (s *Scheduler) routeName(c *compiled, v *fleet.View, r *Request, name []byt
 	}
 	mi := s.modelIndex(v)
 	if model := mi.resolve(name, mr.FuzzyMatch); model != "" {
+		if cfg.Canary.Enabled && !canaryMatched {
+			// Another notation of a served model (or its abbreviation,
+			// org prefix, wildcard) is that model: its canary rule splits
+			// it as it splits the model's own name.
+			var mb [maxModelName]byte
+			if ml := appendLower(mb[:0], model); string(ml) != string(lowerName()) {
+				var svc string
+				if dst, svc, _ = s.canaryRoute(c, v, r, ml, now, dst); svc != "" {
+					return dst, byService, svc, nil
+				}
+			}
+		}
 		return appendRole(dst, v.ByModel[model], r), model, "", nil
 	}
 	if len(c.defaultModel) > 0 && string(name) != mr.DefaultModel {
@@ -201,6 +208,33 @@ func (s *Scheduler) routeName(c *compiled, v *fleet.View, r *Request, name []byt
 		}
 	}
 	return dst, "", "", s.unknownModel(c, v, name)
+}
+
+// canaryRoute runs c's canary rules for the lower-cased model name: the
+// first rule matching it decides, appending its chosen service's workers
+// to dst, unless none of its services has a routable worker (svc is "",
+// matched true: model routing decides).
+func (s *Scheduler) canaryRoute(c *compiled, v *fleet.View, r *Request, lower []byte, now int64, dst []*fleet.Worker) (ws []*fleet.Worker, svc string, matched bool) {
+	rule := c.canaryRule(lower)
+	if rule == nil {
+		return dst, "", false
+	}
+	if svc := s.canaryService(c, rule, v, r, now); svc != "" {
+		return appendRole(dst, v.ByService[svc], r), svc, true
+	}
+	s.m.canaryEmpty.Inc()
+	return dst, "", true
+}
+
+// canaryRule returns the first canary rule of c matching the lower-cased
+// name, or nil.
+func (c *compiled) canaryRule(lower []byte) *canaryRule {
+	for _, rule := range c.canary {
+		if globMatch(rule.pat, lower) {
+			return rule
+		}
+	}
+	return nil
 }
 
 // errModelsPending answers a name no worker is known to serve while a
@@ -486,15 +520,13 @@ func (s *Scheduler) routesTo(c *compiled, v *fleet.View, w *fleet.Worker, name [
 	} else {
 		lower = appendLower(nil, name)
 	}
+	canaryMatched := false
 	if cfg.Canary.Enabled {
-		for _, rule := range c.canary {
-			if !globMatch(rule.pat, lower) {
-				continue
-			}
+		if rule := c.canaryRule(lower); rule != nil {
 			if rule.routable(v) {
 				return byService, slices.Contains(rule.services, w.Service)
 			}
-			break
+			canaryMatched = true
 		}
 	}
 	if !mr.Enabled {
@@ -509,6 +541,15 @@ func (s *Scheduler) routesTo(c *compiled, v *fleet.View, w *fleet.Worker, name [
 		return "", true
 	}
 	if model := s.modelIndex(v).resolve(name, mr.FuzzyMatch); model != "" {
+		if cfg.Canary.Enabled && !canaryMatched {
+			// As route: the served model's canary rule splits it.
+			var mb [maxModelName]byte
+			if ml := appendLower(mb[:0], model); string(ml) != string(lower) {
+				if rule := c.canaryRule(ml); rule != nil && rule.routable(v) {
+					return byService, slices.Contains(rule.services, w.Service)
+				}
+			}
+		}
 		return model, slices.Contains(w.Models, model)
 	}
 	if len(c.defaultModel) > 0 && string(name) != mr.DefaultModel {

@@ -680,3 +680,55 @@ func TestSmartSelectionNamesAreListedWhenATierIsServed(t *testing.T) {
 		t.Fatalf("Models %v lists auto while no tier's model is served", got)
 	}
 }
+
+// A canary rule for a served model splits that model however the request
+// spells it: another notation (case, separators), and with fuzzy matching
+// an org prefix or an abbreviation, name the same model, and model routing
+// sends them to its workers. Such names used to skip the rule (it was
+// matched against the name as written only) and all went to the model's
+// own service, while a name model routing did not know at all was split,
+// as the default model, by the same rule: 1000 requests for "qwen3_8b"
+// under a 30:70 canary of "qwen3-8b" all reached the stable service.
+func TestACanaryRuleSplitsItsModelAskedInAnotherNotation(t *testing.T) {
+	s := modelFleet(t)
+	for _, fuzzy := range []bool{true, false} {
+		cfg := cfgWith(t, func(c *config.Config) {
+			c.ModelRouting.Enabled = true
+			c.ModelRouting.FuzzyMatch = fuzzy
+			c.Canary.Enabled = true
+			c.Canary.Rules = []config.CanaryRule{{Model: "deepseek-v3", Targets: []config.CanaryTarget{{Service: "deepseek", Weight: 1}, {Service: "deepseek-canary", Weight: 1}}}}
+		})
+		names := []string{"DeepSeek_V3", "DEEPSEEK V3"}
+		if fuzzy {
+			names = append(names, "deepseek-ai/DeepSeek-V3", "deepseek-ai/deepseek_v3")
+		}
+		for _, name := range names {
+			got := map[string]int{}
+			for i := 0; i < 10; i++ {
+				d, err := s.Pick(cfg, &Request{Model: []byte(name)}, nil)
+				if err != nil {
+					t.Fatalf("fuzzy %v, %q: %v", fuzzy, name, err)
+				}
+				got[d.Worker.Service]++
+				want := "deepseek-v3"
+				if d.Worker.Service == "deepseek-canary" {
+					want = "deepseek-v3.1"
+				}
+				if d.Service != d.Worker.Service || d.Model != want || !d.Rewrite {
+					t.Fatalf("fuzzy %v, %q: service %q on %s, model %q (rewrite %v), want %q", fuzzy, name, d.Service, d.Worker.ID, d.Model, d.Rewrite, want)
+				}
+			}
+			if got["deepseek"] != 5 || got["deepseek-canary"] != 5 {
+				t.Fatalf("fuzzy %v, %q: split %v, want 5:5 as for deepseek-v3", fuzzy, name, got)
+			}
+			// Router mode direct naming the canary's worker: it gets the
+			// name as its service serves it, as for "deepseek-v3".
+			s.Mode = ModeDirect
+			d, err := s.Pick(cfg, &Request{Model: []byte(name), DirectWorker: []byte("ds2")}, nil)
+			s.Mode = ModeAuto
+			if err != nil || d.Worker.ID != "ds2" || d.Model != "deepseek-v3.1" {
+				t.Fatalf("fuzzy %v, %q direct to ds2: %v %v model %q", fuzzy, name, err, d.Worker, d.Model)
+			}
+		}
+	}
+}
