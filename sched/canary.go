@@ -103,7 +103,7 @@ func (cr *canaryRule) routable(v *fleet.View) bool {
 // routing decides).
 //
 // The session's service comes first (canarySession), then the rule's
-// turn (next). A turn that lands on a service none of whose workers can
+// turn (next), taken once per request: its later picks keep it. A turn that lands on a service none of whose workers can
 // take r (each already tried by r, draining, or with its breaker open)
 // passes to the rule's other services in order after it, so a retry
 // reaches a healthy service instead of ErrExhausted, and a service the
@@ -117,9 +117,16 @@ func (s *Scheduler) canaryService(c *compiled, cr *canaryRule, v *fleet.View, r 
 	if svc := s.canarySession(c, cr, r, now); svc != "" && len(v.ByService[svc]) > 0 {
 		return svc
 	}
-	turn := cr.next()
-	if turn < 0 {
-		return ""
+	turn := r.cturn - 1
+	if r.canary != cr || turn < 0 {
+		// The request's first pick under this rule takes a turn; a pick
+		// again (after a seat wait for the worker that pick chose, a
+		// retry) keeps it: a new turn sent it to another service, which
+		// held no seat for it.
+		if turn = cr.next(); turn < 0 {
+			return ""
+		}
+		r.canary, r.cturn = cr, turn+1
 	}
 	open, some := -1, -1
 	for k := range cr.services {

@@ -732,3 +732,46 @@ func TestACanaryRuleSplitsItsModelAskedInAnotherNotation(t *testing.T) {
 		}
 	}
 }
+
+// onlyGate leaves Pick only w, as request rate limiting's seat wait does
+// once a seat freed on w.
+type onlyGate struct{ w *fleet.Worker }
+
+func (g onlyGate) Full(w *fleet.Worker) bool { return w != g.w }
+
+// A request picked again (request rate limiting's seat wait: a tentative
+// pick, a wait for a seat on the chosen worker or another candidate, a
+// pick that must return that worker) keeps the canary service of its
+// first pick: one request, one turn of the split. Every pick took a new
+// turn, so the second pick of a 1:1 rule went to the other service, whose
+// workers held no seat for it; the proxy started over and gave up after
+// three rounds: 65 of 200 requests for a 1:1 canary under
+// overall_concurrency 1 with overlimit queue got 503 no_workers on two
+// idle engines (none without the canary).
+func TestARequestPickedAgainKeepsItsCanaryTurn(t *testing.T) {
+	s := modelFleet(t)
+	cfg := cfgWith(t, func(c *config.Config) {
+		c.Canary.Enabled = true
+		c.Canary.Rules = []config.CanaryRule{{Model: "deepseek-*", Targets: []config.CanaryTarget{{Service: "deepseek", Weight: 1}, {Service: "deepseek-canary", Weight: 1}}}}
+	})
+	got := map[string]int{}
+	for i := 0; i < 10; i++ {
+		r := &Request{Model: []byte("deepseek-v3"), Tentative: true}
+		d1, err := s.Pick(cfg, r, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Gate = onlyGate{d1.Worker}
+		d2, err := s.Pick(cfg, r, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d2.Worker != d1.Worker || d2.Service != d1.Service {
+			t.Fatalf("request %d: first pick %s (%s), picked again %s (%s)", i, d1.Worker.ID, d1.Service, d2.Worker.ID, d2.Service)
+		}
+		got[d2.Service]++
+	}
+	if got["deepseek"] != 5 || got["deepseek-canary"] != 5 {
+		t.Fatalf("10 requests picked twice each split %v, want 5:5", got)
+	}
+}

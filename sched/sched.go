@@ -80,6 +80,11 @@ type Request struct {
 	// ones (nil: no gate): a session's bound worker that is only full
 	// keeps its binding (affinityLookup).
 	gated []*fleet.Worker
+	// canary is the canary rule that gave r a turn, and cturn that turn
+	// plus one (canaryService): r's later picks (after a seat wait, a
+	// retry) keep it, so a request takes one turn of the split.
+	canary *canaryRule
+	cturn  int
 }
 
 // keepBlocks bounds the per-block buffers (prefix hashes and snapshots) a
