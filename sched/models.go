@@ -334,6 +334,12 @@ func (s *Scheduler) DefaultModelWorkers(cfg *config.Config, v *fleet.View) []*fl
 		}
 	}
 	if model := s.modelIndex(v).resolve(c.defaultModel, mr.FuzzyMatch); model != "" {
+		if cfg.Canary.Enabled && c.canaryRule(c.defaultLower) == nil {
+			// As route: the served model's canary rule splits it.
+			if rule := c.canaryRule(appendLower(nil, model)); rule != nil && rule.routable(v) {
+				return byServices(rule.services)
+			}
+		}
 		return v.ByModel[model]
 	}
 	return nil

@@ -721,6 +721,12 @@ func TestACanaryRuleSplitsItsModelAskedInAnotherNotation(t *testing.T) {
 			if got["deepseek"] != 5 || got["deepseek-canary"] != 5 {
 				t.Fatalf("fuzzy %v, %q: split %v, want 5:5 as for deepseek-v3", fuzzy, name, got)
 			}
+			// As the default model, the capacity report counts both
+			// services' workers, as route sends it to both.
+			dcfg := cfgWith(t, func(c *config.Config) { *c = *cfg; c.ModelRouting.DefaultModel = name })
+			if ws := s.DefaultModelWorkers(dcfg, s.Fleet.View()); len(ws) != 2 {
+				t.Fatalf("fuzzy %v, default model %q: DefaultModelWorkers %v, want ds and ds2", fuzzy, name, ws)
+			}
 			// Router mode direct naming the canary's worker: it gets the
 			// name as its service serves it, as for "deepseek-v3".
 			s.Mode = ModeDirect
