@@ -194,7 +194,7 @@ func capacityOf(cfg *config.Config, v *fleet.View, now int64, dflt []*fleet.Work
 					svcs = append(svcs, t.Service)
 				}
 			}
-			add(r.Model, byServices(svcs))
+			add(strings.TrimSpace(r.Model), byServices(svcs)) // the name the rule matches
 		}
 	}
 	return c

@@ -335,3 +335,34 @@ func TestTheCapacityReportAdvertisesADefaultModelAsRoutingServesIt(t *testing.T)
 		}
 	}
 }
+
+// A canary rule's model written with surrounding spaces matches the name
+// without them (the rule's pattern is trimmed), and that name is the one
+// GET /v1/models and the capacity report advertise. They listed " alias ",
+// spaces included: a client asking for the listed name got 404, with
+// " alias " as the close name to try, and no region forwarded "alias".
+func TestACanaryNameWithSurroundingSpacesIsListedAsItMatches(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r := startRouterWith(t, nil, nil, nil, up.url)
+	cfg := config.Default()
+	cfg.Canary.Enabled = true
+	cfg.Canary.Rules = []config.CanaryRule{{Model: " alias ", Targets: []config.CanaryTarget{{Service: "m", Weight: 1}}}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r.store.Set(cfg)
+	for _, path := range []string{"/v1/models", upstreams.CapacityPath} {
+		resp, err := http.Get(r.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(b), `"alias"`) || strings.Contains(string(b), `" alias "`) {
+			t.Fatalf("%s lists %s, want \"alias\"", path, b)
+		}
+	}
+	if resp, body := postWith(t, r.url+"/v1/chat/completions", `{"model":"alias","messages":[{"role":"user","content":"hi"}]}`, nil); resp.StatusCode != 200 {
+		t.Fatalf("alias: %d %s", resp.StatusCode, body)
+	}
+}

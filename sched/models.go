@@ -429,8 +429,9 @@ func (s *Scheduler) Models(cfg *config.Config, v *fleet.View) []string {
 					svcs = append(svcs, t.Service)
 				}
 			}
-			if !strings.Contains(r.Model, "*") && hasWorkers(svcs) {
-				add(r.Model)
+			// The name the rule matches: its pattern is trimmed.
+			if m := strings.TrimSpace(r.Model); !strings.Contains(m, "*") && hasWorkers(svcs) {
+				add(m)
 			}
 		}
 	}
