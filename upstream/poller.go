@@ -98,8 +98,8 @@ func NewPoller() *Poller {
 // (no report until its first poll). Timeouts and thresholds apply from
 // the next poll and the next Pick; a changed interval times the next poll
 // of every member from its last one (at once if the new interval has
-// already passed since). A disabled section stops
-// every poll.
+// already passed since, or if its report is stale by a staleness bound
+// the reload shrank). A disabled section stops every poll.
 func (p *Poller) Update(g *config.GlobalScheduling) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -154,12 +154,15 @@ func (p *Poller) Update(g *config.GlobalScheduling) error {
 	}
 	p.cfg.Store(g)
 	p.members.Store(&next)
-	newInterval := oldCfg != nil && oldCfg.PollIntervalMS != g.PollIntervalMS
+	// A kept member's next poll was timed with the old interval: a changed
+	// interval, or a staleness bound that shrank (its report may be stale
+	// by the new bound long before that poll), re-times it (loop).
+	retime := oldCfg != nil && (oldCfg.PollIntervalMS != g.PollIntervalMS || g.StaleAfterMS < oldCfg.StaleAfterMS)
 	for _, m := range next {
 		if fresh[m] {
 			p.wg.Add(1)
 			go p.loop(m)
-		} else if newInterval {
+		} else if retime {
 			select {
 			case m.wake <- struct{}{}:
 			default:
@@ -223,8 +226,14 @@ func (p *Poller) loop(m *Member) {
 		case <-m.wake:
 			// A reload changed poll_interval_ms: the next poll is due
 			// one new interval after the last one (at once if that has
-			// passed), not when the old interval's timer fires.
-			t.Reset(time.Until(last.Add(jittered(ms(p.cfg.Load().PollIntervalMS)))))
+			// passed, or if the report is stale by the new bound), not
+			// when the old interval's timer fires.
+			g := p.cfg.Load()
+			due := last.Add(jittered(ms(g.PollIntervalMS)))
+			if time.Since(last) >= ms(g.StaleAfterMS) {
+				due = time.Now()
+			}
+			t.Reset(time.Until(due))
 			continue
 		case <-t.C:
 		}

@@ -336,3 +336,27 @@ func TestAReloadedPollIntervalAppliesToTheNextPoll(t *testing.T) {
 		t.Fatalf("polled %d times within 200 ms of a reload to a 60 s interval", d)
 	}
 }
+
+// A reload that shortens the poll interval (and the staleness bound with
+// it) must not leave a kept member out of Pick until the poll its old
+// interval scheduled: the report it holds is stale by the new bound.
+func TestPollerPollsAtOnceWhenAReloadShortensTheInterval(t *testing.T) {
+	a := startMember(t, "k", capFor(4, "m"))
+	p := NewPoller()
+	defer p.Close()
+	slow := gsConfig(a.member("a"))
+	slow.PollIntervalMS, slow.StaleAfterMS = 30000, 60000
+	if err := p.Update(slow); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a picked", func() bool { return pickName(p, "m") == "a" })
+	time.Sleep(120 * time.Millisecond) // older than the new bound below
+	fast := gsConfig(a.member("a"))
+	fast.PollIntervalMS, fast.StaleAfterMS = 20, 100
+	if err := p.Update(fast); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a picked after the reload", func() bool { return pickName(p, "m") == "a" })
+	n := a.polls.Load()
+	eventually(t, "polls at the new interval", func() bool { return a.polls.Load() >= n+3 })
+}
