@@ -28,7 +28,8 @@ import (
 // Pick runs on the request path (only when the local fleet is saturated):
 // it reads atomics and allocates nothing.
 //
-// Metrics (one series per member, resolved when the member is added):
+// Metrics (one series per member, resolved when the member is added and
+// unregistered when a reload removes or replaces it):
 //
 //	infera_global_capacity_polls_total{member,result="ok"|"error"}
 //	infera_global_member_free{member}       free capacity as Pick sees it (-1: no fresh report)
@@ -62,7 +63,7 @@ type Member struct {
 	wake chan struct{}
 
 	pollsOK, pollsErr, forwardedTotal *metrics.Counter
-	gaugeName                         string
+	lbl                               string // `{member="name"`
 	logThrottle                       logx.Throttle
 }
 
@@ -142,7 +143,9 @@ func (p *Poller) Update(g *config.GlobalScheduling) error {
 	for _, o := range old {
 		if !keep[o] {
 			o.cancel()
-			p.set.UnregisterMetric(o.gaugeName)
+			for _, n := range o.seriesNames() {
+				p.set.UnregisterMetric(n)
+			}
 		}
 	}
 	fresh := make(map[*Member]bool, len(want))
@@ -176,12 +179,12 @@ func (p *Poller) newMember(cm *config.Member, ep Endpoint) *Member {
 	m := &Member{name: cm.Name, url: cm.URL, key: cm.APIKey, ep: ep, wake: make(chan struct{}, 1)}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.logThrottle.Every = 30 * time.Second
-	lbl := fmt.Sprintf(`{member=%q`, cm.Name)
-	m.pollsOK = p.set.GetOrCreateCounter(`infera_global_capacity_polls_total` + lbl + `,result="ok"}`)
-	m.pollsErr = p.set.GetOrCreateCounter(`infera_global_capacity_polls_total` + lbl + `,result="error"}`)
-	m.forwardedTotal = p.set.GetOrCreateCounter(`infera_global_forwarded_total` + lbl + `}`)
-	m.gaugeName = `infera_global_member_free` + lbl + `}`
-	p.set.NewGauge(m.gaugeName, func() float64 {
+	m.lbl = fmt.Sprintf(`{member=%q`, cm.Name)
+	names := m.seriesNames()
+	m.pollsOK = p.set.GetOrCreateCounter(names[0])
+	m.pollsErr = p.set.GetOrCreateCounter(names[1])
+	m.forwardedTotal = p.set.GetOrCreateCounter(names[2])
+	p.set.NewGauge(names[3], func() float64 {
 		g := p.cfg.Load()
 		if g == nil {
 			return -1
@@ -193,6 +196,18 @@ func (p *Poller) newMember(cm *config.Member, ep Endpoint) *Member {
 		return float64(int64(r.cap.Free) - m.forwarded.Load())
 	})
 	return m
+}
+
+// seriesNames returns the names of the member's series: polls ok, polls
+// failed, forwarded, free. A member that leaves the config takes them off
+// /metrics.
+func (m *Member) seriesNames() [4]string {
+	return [4]string{
+		`infera_global_capacity_polls_total` + m.lbl + `,result="ok"}`,
+		`infera_global_capacity_polls_total` + m.lbl + `,result="error"}`,
+		`infera_global_forwarded_total` + m.lbl + `}`,
+		`infera_global_member_free` + m.lbl + `}`,
+	}
 }
 
 // Close stops every poll and unregisters the metrics.

@@ -1,8 +1,10 @@
 package upstream
 
 import (
+	"bytes"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -359,4 +361,31 @@ func TestPollerPollsAtOnceWhenAReloadShortensTheInterval(t *testing.T) {
 	eventually(t, "a picked after the reload", func() bool { return pickName(p, "m") == "a" })
 	n := a.polls.Load()
 	eventually(t, "polls at the new interval", func() bool { return a.polls.Load() >= n+3 })
+}
+
+// A member a reload removes takes every one of its series off /metrics,
+// its poll and forward counters as well as its free gauge.
+func TestPollerRemovedMemberLeavesMetrics(t *testing.T) {
+	a := startMember(t, "k", capFor(4, "m"))
+	b := startMember(t, "k", capFor(4, "m"))
+	p := NewPoller()
+	defer p.Close()
+	if err := p.Update(gsConfig(a.member("gone-a"), b.member("kept-b"))); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "gone-a picked", func() bool { return pickName(p, "m") == "gone-a" })
+	p.Pick([]byte("m")).Forwarded()
+	if err := p.Update(gsConfig(b.member("kept-b"))); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	p.set.WritePrometheus(&buf)
+	if strings.Contains(buf.String(), `member="gone-a"`) {
+		t.Fatalf("a removed member's series stay:\n%s", buf.String())
+	}
+	for _, want := range []string{`infera_global_capacity_polls_total{member="kept-b",result="ok"}`, `infera_global_member_free{member="kept-b"}`} {
+		if !strings.Contains(buf.String(), want) {
+			t.Fatalf("kept member's %s missing:\n%s", want, buf.String())
+		}
+	}
 }
