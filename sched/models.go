@@ -109,7 +109,8 @@ func (c *compiled) canaryFor(r config.CanaryRule) *canaryRule {
 }
 
 // maxModelNameLen is the longest model name accepted; longer ones are
-// unknown models (bounds the work of pattern matching on client input).
+// unknown models (bounds the work of pattern matching on client input;
+// upstream.MaxModelBytes, global scheduling's bound, is the same).
 const maxModelNameLen = 1024
 
 // maxModelName bounds the model names matched without allocation; longer

@@ -41,6 +41,12 @@ const (
 	MaxCapacityBytes = 1 << 20
 	// MaxCapacityModels bounds the models of one report.
 	MaxCapacityModels = 4096
+	// MaxModelBytes is the longest model name a gateway serves (longer
+	// ones are unknown models to its scheduler: sched's maxModelNameLen).
+	// Pick forwards no request for a longer name: no member would serve
+	// it, and matching a client's megabytes-long name against every
+	// member's patterns cost seconds of CPU per request.
+	MaxModelBytes = 1024
 )
 
 // Capacity is a gateway's report of how much more work it can take now.

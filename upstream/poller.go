@@ -316,11 +316,11 @@ func (p *Poller) fetch(m *Member, timeout time.Duration) (Capacity, error) {
 // one with the most free capacity for it (its report's, less the requests
 // forwarded to it since), provided that is at least min_free; ties go to
 // the first in list order. It returns nil when global scheduling is
-// disabled or no member qualifies. The caller must not forward a request
-// that carries HopHeader.
+// disabled, no member qualifies, or model is longer than MaxModelBytes.
+// The caller must not forward a request that carries HopHeader.
 func (p *Poller) Pick(model []byte) *Member {
 	g := p.cfg.Load()
-	if g == nil || !g.Enabled {
+	if g == nil || !g.Enabled || len(model) > MaxModelBytes {
 		return nil
 	}
 	now := time.Now()

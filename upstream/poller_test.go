@@ -389,3 +389,21 @@ func TestPollerRemovedMemberLeavesMetrics(t *testing.T) {
 		}
 	}
 }
+
+// A model name longer than any gateway serves is forwarded to no member,
+// even one that reports "*": matching a client's megabytes-long name
+// against a member's patterns took seconds of CPU per request, to forward
+// a request the member refuses.
+func TestPollerPicksNoMemberForAModelNameLongerThanAnyGatewayServes(t *testing.T) {
+	a := startMember(t, "k", capFor(4, "*"))
+	p := NewPoller()
+	defer p.Close()
+	if err := p.Update(gsConfig(a.member("a"))); err != nil {
+		t.Fatal(err)
+	}
+	longest := strings.Repeat("m", MaxModelBytes)
+	eventually(t, "a picked", func() bool { return pickName(p, longest) == "a" })
+	if got := pickName(p, longest+"m"); got != "" {
+		t.Fatalf("a %d-byte model name was forwarded to %q", len(longest)+1, got)
+	}
+}
