@@ -97,7 +97,10 @@ func hasHeader(h *fasthttp.RequestHeader, k string) bool {
 }
 
 // localSaturated reports whether the local fleet cannot take r now:
-// Options.Saturated when set; with the governor's seats in process,
+// Options.Saturated when set; when every worker serving r's model exactly
+// has its breaker open (no rate limit needed: the capacity report counts
+// them for nothing, and the request would go to a dead engine); with the
+// governor's seats in process,
 // Server.Saturated (govern.go: no candidate has a free seat and the request
 // could not wait for one); otherwise, when rate_limit sets a concurrency
 // limit, whether every routable worker serving r's model exactly is at its
@@ -109,6 +112,8 @@ func (s *Server) localSaturated(cfg *config.Config, r *sched.Request) bool {
 	var sat bool
 	if f := s.o.Saturated; f != nil {
 		sat = f(cfg, r)
+	} else if s.breakersOpen(r) {
+		sat = true
 	} else if s.gov != nil && !s.gov.Shared() {
 		sat = s.Saturated(cfg, r)
 	} else {
@@ -123,6 +128,23 @@ func (s *Server) localSaturated(cfg *config.Config, r *sched.Request) bool {
 		mGlobalSaturated.Inc()
 	}
 	return sat
+}
+
+// breakersOpen reports whether r's model has workers (by its exact name)
+// and none that takes client requests (mixed or prefill) has a breaker
+// that lets requests through.
+func (s *Server) breakersOpen(r *sched.Request) bool {
+	ws := s.sched.Fleet.View().ByModel[string(r.Model)]
+	if len(ws) == 0 {
+		return false
+	}
+	now := s.sched.Now()
+	for _, w := range ws {
+		if w.Role != fleet.RoleDecode && w.Breaker.Available(now) {
+			return false
+		}
+	}
+	return true
 }
 
 // handleCapacity answers GET upstream.CapacityPath: how much more work this

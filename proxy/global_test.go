@@ -366,3 +366,37 @@ func TestACanaryNameWithSurroundingSpacesIsListedAsItMatches(t *testing.T) {
 		t.Fatalf("alias: %d %s", resp.StatusCode, body)
 	}
 }
+
+// A model whose every local worker has its breaker open (its engines are
+// down) is forwarded to a member that serves it, with or without a
+// concurrency limit: the capacity report already counts those workers for
+// nothing, but the request was dispatched to a dead engine and answered
+// 503 while the member had room.
+func TestGlobalForwardsWhenEveryLocalWorkerForTheModelHasItsBreakerOpen(t *testing.T) {
+	engB := startUpstream(t, okHandler)
+	fb := defaultFlags()
+	fb.APIKey = "key-b"
+	b := startRouterWith(t, fb, config.Default(), nil, engB.url)
+	for _, limited := range []bool{false, true} {
+		cfgA := globalConfig(config.Member{Name: "b", URL: b.url, APIKey: config.NewSecret("key-b")})
+		if limited { // request rate limiting's seats answer Saturated
+			cfgA.RateLimit.OverallConcurrency = 4
+		}
+		pa := startPoller(t, &cfgA.GlobalScheduling)
+		g := newGovernor(t, cfgA)
+		a := startRouterWith(t, nil, cfgA, func(o *Options) { o.Poller, o.Governor = pa, g }, deadURL(t))
+		waitFor(t, func() bool { _, _, ok := pa.Members()[0].Report(); return ok }, "A's report of B")
+		w := a.fl.View().ByModel["m"][0]
+		now := time.Now().UnixNano()
+		for i := 0; i < a.flags.BreakerFailureThreshold; i++ {
+			w.Breaker.Failure(now, false)
+		}
+		if w.Breaker.Available(time.Now().UnixNano()) {
+			t.Fatal("breaker did not open")
+		}
+		resp, body := postWith(t, a.url+"/v1/chat/completions", chatBody, nil)
+		if resp.StatusCode != 200 || body != okJSON || resp.Header.Get("X-Infera-Upstream") != "global:b" {
+			t.Fatalf("rate limit %v: %d %s %v", limited, resp.StatusCode, body, resp.Header)
+		}
+	}
+}
