@@ -63,12 +63,17 @@ func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		if m == nil {
 			break
 		}
-		picked = true
 		u := tbl.member(m.Name())
 		if u == nil {
 			m.Failed() // the poller has a newer member list than this request's snapshot
 			continue
 		}
+		if !u.w.Breaker.Available(s.sched.Now()) {
+			// Nothing would be sent: not a forward, nor a failed one.
+			m.Failed()
+			continue
+		}
+		picked = true
 		m.Forwarded()
 		switch s.attemptExternal(ctx, cfg, rs, u, true, true, &fr) {
 		case attemptCommitted:

@@ -400,3 +400,45 @@ func TestGlobalForwardsWhenEveryLocalWorkerForTheModelHasItsBreakerOpen(t *testi
 		}
 	}
 }
+
+// A member whose breaker is open is not forwarded to: nothing is sent, so
+// neither infera_global_forwarded_total nor forward_failed_total counts it
+// (both counted every request that picked it: 10 "forwarded" requests the
+// member never received), and a request no other member takes counts in
+// no_member_total.
+func TestAMemberWhoseBreakerIsOpenCountsNoForward(t *testing.T) {
+	engB := startUpstream(t, okHandler)
+	fb := defaultFlags()
+	fb.APIKey = "key-b"
+	b := startRouterWith(t, fb, config.Default(), nil, engB.url)
+	cfgA := globalConfig(config.Member{Name: "brk", URL: b.url, APIKey: config.NewSecret("key-b")})
+	pa := startPoller(t, &cfgA.GlobalScheduling)
+	a := startRouterWith(t, nil, cfgA, func(o *Options) { o.Poller = pa }, deadURL(t))
+	a.fl.Remove("w0") // A serves nothing: every request for "m" wants a member
+	waitFor(t, func() bool { _, _, ok := pa.Members()[0].Report(); return ok }, "A's report of B")
+	u := a.srv.ext.memberTable(&cfgA.GlobalScheduling).member("brk")
+	now := time.Now().UnixNano()
+	for i := 0; i < a.flags.BreakerFailureThreshold; i++ {
+		u.w.Breaker.Failure(now, false)
+	}
+	failed0, none0 := mGlobalFailed.Get(), mGlobalNoMember.Get()
+	for i := 0; i < 3; i++ {
+		waitFor(t, func() bool { _, _, ok := pa.Members()[0].Report(); return ok }, "A's report of B")
+		resp, body := postWith(t, a.url+"/v1/chat/completions", chatBody, nil)
+		if resp.StatusCode == 200 {
+			t.Fatalf("answered through a member whose breaker is open: %s", body)
+		}
+	}
+	if n := engB.hits.Load(); n != 0 {
+		t.Fatalf("B's engine got %d requests", n)
+	}
+	if v := metricValue(t, a.url, `infera_global_forwarded_total{member="brk"}`); v != "0" {
+		t.Fatalf("infera_global_forwarded_total = %s, want 0", v)
+	}
+	if d := mGlobalFailed.Get() - failed0; d != 0 {
+		t.Fatalf("infera_global_forward_failed_total counted %d", d)
+	}
+	if d := mGlobalNoMember.Get() - none0; d != 3 {
+		t.Fatalf("infera_global_no_member_total counted %d of 3 requests no member could take", d)
+	}
+}
