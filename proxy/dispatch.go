@@ -13,6 +13,7 @@ import (
 	"github.com/infera/infera/govern"
 	"github.com/infera/infera/internal/logx"
 	"github.com/infera/infera/sched"
+	upstreams "github.com/infera/infera/upstream"
 	"github.com/valyala/fasthttp"
 )
 
@@ -92,6 +93,10 @@ func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 	}
 	attempts := 1 + s.flags.RequestMaxRetries
 	failed := false
+	// Another region may take what the local fleet failed (every candidate
+	// tried): the last local attempt's 5xx or 429 answer is then kept
+	// aside too, relayed when no member takes the request.
+	more = more || s.globalOn(cfg) && !res.globalTried && !hasHeader(&ctx.Request.Header, upstreams.HopHeader)
 	for attempt := 0; attempt < attempts; attempt++ {
 		if err := s.acquire(cfg, rs, &rs.lease, &rs.gov.seat); err != nil {
 			if err == errUserRefused { // the deferred admission (govern.go): answerFailed answers it
@@ -104,7 +109,8 @@ func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 			}
 			if failed {
 				res.fleetDown = true // every candidate was tried
-				return               // report the last worker failure
+				s.failOverGlobal(ctx, cfg, rs, res)
+				return // else report the last failure
 			}
 			res.schedErr = err
 			if noWorker(err) && s.globalOn(cfg) {
@@ -133,8 +139,20 @@ func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		r.Tried = append(r.Tried, d.Worker.Idx)
 		if attempt == attempts-1 {
 			s.forgetFailed(rs, res, d.Worker)
+			s.failOverGlobal(ctx, cfg, rs, res)
 		}
 	}
+}
+
+// failOverGlobal forwards a request whose local attempts all failed before
+// the first byte to another region (forwardGlobal), unless the last
+// failure may not be retried anywhere (the client left, the request's own
+// deadline).
+func (s *Server) failOverGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries) {
+	if res.stop || res.committed || !s.globalOn(cfg) {
+		return
+	}
+	s.forwardGlobal(ctx, cfg, rs, res)
 }
 
 // forgetFailed takes the worker of a request's last failed attempt off the

@@ -89,8 +89,16 @@ func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 	if !picked {
 		mGlobalNoMember.Inc()
 	}
-	if res.schedErr != nil && fr.last != nil {
+	switch {
+	case fr.last == nil:
+	case res.schedErr != nil:
+		// The local fleet had no worker: the members' failure is the one.
 		res.last, res.allConnect, res.fleetDown = fr.last, fr.allConnect, true
+	case res.last != nil:
+		// Local attempts failed first (failOverGlobal): the last failure,
+		// a member's, is what the client gets (its answer, stashed over
+		// the local one, names the member).
+		res.last, res.allConnect, res.fleetDown = fr.last, res.allConnect && fr.allConnect, true
 	}
 	return false
 }

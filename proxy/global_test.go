@@ -442,3 +442,44 @@ func TestAMemberWhoseBreakerIsOpenCountsNoForward(t *testing.T) {
 		t.Fatalf("infera_global_no_member_total counted %d of 3 requests no member could take", d)
 	}
 }
+
+// A request whose local attempts all fail before the first byte (the
+// engine refuses connections, or answers 503) is forwarded to a member
+// that serves the model, as docs/upstreams.md says ("every candidate was
+// already tried"): the local failure was answered 503 until the worker's
+// breaker opened. With no member to take it, the local engine's own
+// answer is still what the client gets.
+func TestGlobalTakesARequestEveryLocalWorkerFailed(t *testing.T) {
+	engB := startUpstream(t, okHandler)
+	fb := defaultFlags()
+	fb.APIKey = "key-b"
+	b := startRouterWith(t, fb, config.Default(), nil, engB.url)
+	busy := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(503)
+		ctx.Response.Header.Set("Retry-After", "7")
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"error":{"message":"engine busy","type":"server_error"}}`)
+	})
+	for _, local := range []string{deadURL(t), busy.url} {
+		cfgA := globalConfig(config.Member{Name: "b", URL: b.url, APIKey: config.NewSecret("key-b")})
+		pa := startPoller(t, &cfgA.GlobalScheduling)
+		a := startRouterWith(t, nil, cfgA, func(o *Options) { o.Poller = pa }, local)
+		waitFor(t, func() bool { _, _, ok := pa.Members()[0].Report(); return ok }, "A's report of B")
+		resp, body := postWith(t, a.url+"/v1/chat/completions", chatBody, nil)
+		if resp.StatusCode != 200 || body != okJSON || resp.Header.Get("X-Infera-Upstream") != "global:b" {
+			t.Fatalf("local %s: %d %s %v", local, resp.StatusCode, body, resp.Header)
+		}
+		if w := a.fl.View().ByModel["m"][0]; !w.Breaker.Available(time.Now().UnixNano()) {
+			t.Fatalf("local %s: one failure opened the breaker: the test no longer checks a closed one", local)
+		}
+		noLoadLeft(t, a.fl)
+	}
+	// No member: the local engine's 503 and its Retry-After are relayed.
+	cfgA := globalConfig(config.Member{Name: "b", URL: b.url, APIKey: config.NewSecret("key-b")})
+	pa := startPoller(t, &cfgA.GlobalScheduling)
+	a := startRouterWith(t, nil, cfgA, func(o *Options) { o.Poller = pa }, busy.url)
+	resp, body := postWith(t, a.url+"/v1/chat/completions", chatBody, map[string]string{upstreams.HopHeader: "1"})
+	if resp.StatusCode != 503 || !strings.Contains(body, "engine busy") || resp.Header.Get("Retry-After") != "7" {
+		t.Fatalf("a request no member may take: %d %s %v", resp.StatusCode, body, resp.Header)
+	}
+}
