@@ -377,7 +377,11 @@ func (s *Server) answerFailed(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *
 	if last.kind == failStatus && rs.errStatus != 0 {
 		// Every worker tried answered an error: relay the last answer, as a
 		// proxy does with an upstream's response.
-		s.relayStashed(ctx, cfg, rs, rs.acc.tried)
+		w := rs.acc.tried
+		if rs.errFrom != nil {
+			w = rs.errFrom // a PD prefill leg's answer
+		}
+		s.relayStashed(ctx, cfg, rs, w)
 		return
 	}
 	s.writeFailure(ctx, last, res.allConnect && (res.fleetDown || !s.untriedWorker(&rs.sreq)))
@@ -432,7 +436,7 @@ func (s *Server) relayStashed(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *
 // aborts) no longer points at it: a client leaving later must not close a
 // connection another request has taken from the pool.
 func (rs *reqState) stashAnswer(up upResponse, status int, slot *abortSlot) {
-	rs.errStatus = 0
+	rs.errStatus, rs.errFrom = 0, nil
 	if encoded(up) {
 		// A content-encoded answer (gzip) is relayed without its
 		// Content-Encoding (relayStashed), and an external upstream's

@@ -601,7 +601,7 @@ func (s *Server) pullPrefill(cfg *config.Config, rs *reqState, p *pdDispatch, to
 	up.finish(true)
 	mPDPrefillTime.UpdateDuration(start)
 	if status >= 400 {
-		rs.errStatus = status
+		rs.errStatus, rs.errFrom = status, p.pl.Worker
 		rs.errBody = append(rs.errBody[:0], body...)
 		rs.errType = append(rs.errType[:0], up.contentType()...)
 		f = &failure{kind: failStatus, status: status}
@@ -968,7 +968,7 @@ func (p *pdDispatch) pushPrefill() {
 // stashedInto copies the prefill's error answer into rs (relayStashed
 // sends it). After the prefill goroutine ended: no lock needed.
 func (p *pdDispatch) stashedInto(rs *reqState) {
-	rs.errStatus = p.errStatus
+	rs.errStatus, rs.errFrom = p.errStatus, p.pl.Worker
 	rs.errBody = append(rs.errBody[:0], p.errBody...)
 	rs.errType = append(rs.errType[:0], p.errType...)
 	for i := range p.errRetry {

@@ -781,3 +781,60 @@ func TestPDSGLangPrefillTimingOutOnAHungPrefillEngineStillBlamesThePrefillWorker
 		t.Fatalf("faults: hung p0 %d (breaker %v), healthy d0 %d, d1 %d", pf, p0.Breaker.State(), f0, f1)
 	}
 }
+
+// A prefill engine's error answer relayed as the last failure names that
+// prefill worker in X-Infera-Worker (debug.decision_header), as a mixed
+// worker's relayed answer names it: it named the decode worker, which in
+// vLLM mode was never sent the request.
+func TestPDRelayedPrefillErrorNamesThePrefillWorker(t *testing.T) {
+	for _, mode := range []string{"vllm", "sglang"} {
+		t.Run(mode, func(t *testing.T) {
+			var dl legLog
+			var ok atomic.Int32
+			sp := newSGLangRooms()
+			defer sp.stop()
+			sick := func(id string) fasthttp.RequestHandler {
+				return func(ctx *fasthttp.RequestCtx) {
+					ctx.SetStatusCode(503)
+					ctx.SetContentType("application/json")
+					ctx.SetBodyString(`{"error":{"message":"prefill ` + id + ` overloaded","type":"server_error"}}`)
+				}
+			}
+			p0, p1 := startUpstream(t, sick("p0")), startUpstream(t, sick("p1"))
+			dec := decodeEngine(&dl, "kv_transfer_params", &ok)
+			if mode == "sglang" {
+				dec = sp.decode(&dl, &ok) // waits for a prefill that never comes
+			}
+			d := startUpstream(t, dec)
+			f := defaultFlags()
+			f.RequestMaxRetries = 1
+			r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) {
+				c.PD.Mode = mode
+				c.Debug.DecisionHeader = true
+			}),
+				pdWorker("p0", p0.url, "prefill", `{"bootstrap_port":8998}`),
+				pdWorker("p1", p1.url, "prefill", `{"bootstrap_port":8998}`),
+				pdWorker("d0", d.url, "decode", ""))
+			resp, err := (&http.Client{Timeout: 5 * time.Second}).Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 503 {
+				t.Fatalf("the last prefill answer was not relayed: %d %s", resp.StatusCode, b)
+			}
+			want := "p0"
+			if strings.Contains(string(b), "prefill p1 ") {
+				want = "p1"
+			}
+			if got := resp.Header.Get("X-Infera-Worker"); got != want {
+				t.Fatalf("prefill %s's answer (%s) was relayed naming worker %q", want, b, got)
+			}
+			if mode == "vllm" && dl.n() != 0 {
+				t.Fatalf("the decode worker got %d requests", dl.n())
+			}
+			noLoadLeft(t, r.fl)
+		})
+	}
+}

@@ -56,6 +56,9 @@ type reqState struct {
 	errStatus        int
 	errBody, errType []byte
 	errRetry         [len(retryHeaders)][]byte // the stashed answer's retryHeaders
+	// errFrom is the PD prefill worker whose answer is stashed (nil: the
+	// worker of rs.acc.tried, a mixed worker or decode leg, answered it).
+	errFrom *fleet.Worker
 
 	// Split proxy, global scheduling, smart model selection (external.go).
 	ext extState
@@ -100,6 +103,7 @@ func (rs *reqState) Reset() {
 	rs.fwd, rs.rewrite, rs.route, rs.hdr, rs.path = nil, trimBuf(rs.rewrite), rs.route[:0], rs.hdr[:0], rs.path[:0]
 	rs.scratchOut = trimBuf(rs.scratchOut)
 	rs.errStatus, rs.errBody, rs.errType = 0, trimBuf(rs.errBody), rs.errType[:0] // a prefill's error answer may reach pdMaxAnswer
+	rs.errFrom = nil
 	for i := range rs.errRetry {
 		rs.errRetry[i] = rs.errRetry[i][:0]
 	}
