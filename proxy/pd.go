@@ -838,6 +838,10 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 				// A prefill 5xx or 429: the answer relayed if it is the last
 				// failure, as the vLLM mode and mixed workers do.
 				p.stashedInto(rs)
+			} else if f.kind == failStatus {
+				// Its answer broke or outgrew pdMaxAnswer: kept nowhere, and
+				// an earlier attempt's stashed answer is not this failure's.
+				rs.errStatus = 0
 			}
 		} else if blamed {
 			rs.lease.Done(sched.OutcomeNeutral) // the prefill leg took the fault (pushPrefill)

@@ -838,3 +838,56 @@ func TestPDRelayedPrefillErrorNamesThePrefillWorker(t *testing.T) {
 		})
 	}
 }
+
+// An SGLang prefill engine's error answer that breaks before its end is
+// kept nowhere, and no earlier attempt's answer stands in for it: the
+// client got the 503 (and Retry-After) a decode worker answered on the
+// attempt before, as if that were the last failure.
+func TestPDSGLangBrokenPrefillErrorDoesNotRelayAnEarlierAnswer(t *testing.T) {
+	var pl, dl legLog
+	var ok atomic.Int32
+	sp := newSGLangRooms()
+	defer sp.stop()
+	p := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		pl.add(ctx)
+		time.Sleep(200 * time.Millisecond) // after the first attempt's decode answer
+		ctx.HijackSetNoResponse(true)
+		ctx.Hijack(func(c net.Conn) { // the engine dies while it sends its error answer
+			c.Write([]byte("HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"error\":"))
+		})
+	})
+	var calls atomic.Int32
+	wait := sp.decode(&dl, &ok) // waits for the KV
+	dec := func(ctx *fasthttp.RequestCtx) {
+		if calls.Add(1) == 1 { // the first attempt's decode worker
+			ctx.SetStatusCode(503)
+			ctx.Response.Header.Set("Retry-After", "30")
+			ctx.SetContentType("application/json")
+			ctx.SetBodyString(`{"error":{"message":"decode overloaded","type":"server_error"}}`)
+			return
+		}
+		wait(ctx)
+	}
+	d0, d1 := startUpstream(t, dec), startUpstream(t, dec)
+	f := defaultFlags()
+	f.RequestMaxRetries = 1
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) {
+		c.PD.Mode = "sglang"
+	}),
+		pdWorker("p0", p.url, "prefill", `{"bootstrap_port":8998}`),
+		pdWorker("d0", d0.url, "decode", ""), pdWorker("d1", d1.url, "decode", ""))
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Post(r.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if calls.Load() != 2 || dl.n() != 1 {
+		t.Fatalf("want two attempts, the second waiting for its KV: %d decode legs", calls.Load())
+	}
+	if resp.StatusCode != 502 || strings.Contains(string(b), "decode overloaded") || resp.Header.Get("Retry-After") != "" {
+		t.Fatalf("the last failure was a broken prefill answer; the client got %d (Retry-After %q) %s",
+			resp.StatusCode, resp.Header.Get("Retry-After"), b)
+	}
+	noLoadLeft(t, r.fl)
+}
