@@ -537,3 +537,59 @@ func TestAlignedRoundRobinRotatesPerGroup(t *testing.T) {
 		t.Fatalf("decode legs %v, want 10 each", n)
 	}
 }
+
+// A decode leg picked tentatively (request rate limiting: a pick handed
+// back while the request waits for a seat, then picked again) is counted
+// once, for the decision it is sent on (Commit), as the request's own
+// decision is: infera_pd_decode_decisions_total counted every pick, 22 for
+// 12 decode legs of which 10 had queued for a seat.
+func TestADecodeLegPickedAgainForASeatIsCountedOnce(t *testing.T) {
+	s, _ := newTestSched(t,
+		pdRec("p0", "prefill", "", "m"), pdRec("d0", "decode", "", "m"), pdRec("d1", "decode", "", "m"))
+	cfg := cfgWith(t, func(c *config.Config) { c.PD.Mode = "vllm" })
+	count := func() (n uint64) {
+		for _, c := range s.pd.decode {
+			if c != nil {
+				n += c.Get()
+			}
+		}
+		return n
+	}
+	before := count()
+	scratch := make([]*fleet.Worker, 0, 16)
+	r := &Request{Model: []byte("m")}
+	if top, err := s.Topology(cfg, r, scratch); err != nil || top != TopologyPD {
+		t.Fatalf("topology %s, %v", top, err)
+	}
+	var pl, dl Lease
+	r.SetLeg(LegPrefill, nil)
+	if err := s.Acquire(cfg, r, scratch, &pl); err != nil {
+		t.Fatal(err)
+	}
+	defer pl.Done(OutcomeSuccess)
+	r.SetLeg(LegDecode, pl.Worker)
+	r.Tentative = true
+	for i := 0; i < 3; i++ { // picked, handed back (no seat yet), picked again
+		if err := s.Acquire(cfg, r, scratch, &dl); err != nil {
+			t.Fatal(err)
+		}
+		if i < 2 {
+			dl.Done(OutcomeNeutral)
+		}
+	}
+	s.Commit(cfg, r, &dl.Decision)
+	r.Tentative = false
+	dl.Done(OutcomeSuccess)
+	if n := count() - before; n != 1 {
+		t.Fatalf("one decode leg counted %d decode decisions", n)
+	}
+	// Without rate limiting (not tentative) each pick is sent: counted.
+	r.SetLeg(LegDecode, pl.Worker)
+	if err := s.Acquire(cfg, r, scratch, &dl); err != nil {
+		t.Fatal(err)
+	}
+	dl.Done(OutcomeSuccess)
+	if n := count() - before; n != 2 {
+		t.Fatalf("two decode legs counted %d decode decisions", n)
+	}
+}

@@ -631,8 +631,12 @@ func (s *Scheduler) finish(cfg *config.Config, c *compiled, r *Request, d *Decis
 	d.Leg = r.Leg
 	if r.Leg == LegDecode {
 		// The prefill leg's decision bound the session and indexed the
-		// prompt (its worker computes and caches it).
-		s.pd.countDecode(d)
+		// prompt (its worker computes and caches it). A tentative pick is
+		// counted once it is kept (Commit): picks handed back while the
+		// request waits for a seat are no decode legs.
+		if !r.Tentative {
+			s.pd.countDecode(d)
+		}
 		return
 	}
 	if !r.counted {
@@ -649,9 +653,14 @@ func (s *Scheduler) finish(cfg *config.Config, c *compiled, r *Request, d *Decis
 // re-binds the session) and the prefix index record, which Pick makes at
 // once for a request that is not tentative. Call it once, for the decision
 // the request is sent on; decisions handed back unused bind and record
-// nothing (TestATentativePickBindsAndRecordsOnlyWhenCommitted).
+// nothing (TestATentativePickBindsAndRecordsOnlyWhenCommitted). A decode
+// leg's decision is counted here (infera_pd_decode_decisions_total).
 func (s *Scheduler) Commit(cfg *config.Config, r *Request, d *Decision) {
-	if d.Worker == nil || d.Leg == LegDecode {
+	if d.Worker == nil {
+		return
+	}
+	if d.Leg == LegDecode {
+		s.pd.countDecode(d) // counted here, not at the tentative pick (finish)
 		return
 	}
 	s.commit(cfg, s.compiled(cfg), r, d, s.Now())
