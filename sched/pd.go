@@ -312,7 +312,7 @@ func (s *Scheduler) candidates(c *compiled, v *fleet.View, r *Request, now int64
 		return dst, model, svc, nil
 	}
 	n := len(dst)
-	dst = p.appendLeg(dst, r)
+	dst = p.appendLeg(dst, r, now)
 	if len(dst) == n {
 		return dst, "", "", legError(r.Leg)
 	}
@@ -355,9 +355,11 @@ const maxGroups = 4096
 // workers that is P[i] with D[i]; with 2 prefill and 6 decode workers P[0]
 // pairs with D[0], D[2], D[4] and P[1] with D[1], D[3], D[5]. A prefill
 // worker is a candidate only while one of its decode workers is live and
-// untried; the decode leg's candidates are its prefill worker's decode
-// workers.
-func (p *pdRoute) appendLeg(dst []*fleet.Worker, r *Request) []*fleet.Worker {
+// untried, and, while any group has one, one whose breaker is not open
+// (a group whose decode workers are all open would get its decode leg by
+// the all-open fallback); the decode leg's candidates are its prefill
+// worker's decode workers.
+func (p *pdRoute) appendLeg(dst []*fleet.Worker, r *Request, now int64) []*fleet.Worker {
 	role := r.Leg.role()
 	k := min(p.np, p.nd)
 	if !p.aligned || r.Leg == LegMixed || k == 0 {
@@ -373,15 +375,21 @@ func (p *pdRoute) appendLeg(dst []*fleet.Worker, r *Request) []*fleet.Worker {
 		// A decode worker named by router mode direct (and not tried yet)
 		// is the only one the prefill worker must pair with.
 		named := p.decode != nil && live(p.decode) && !r.tried(p.decode) && slices.Contains(p.cands, p.decode)
-		j := 0
-		for _, w := range p.cands {
-			if w.Role != fleet.RoleDecode {
-				continue
+		// First the groups with a decode worker whose breaker is not open;
+		// when there are none, every group with a live untried one.
+		for pass, found := 0, false; pass < 2 && !found; pass++ {
+			j := 0
+			for _, w := range p.cands {
+				if w.Role != fleet.RoleDecode {
+					continue
+				}
+				if g := j % k; g < maxGroups && live(w) && !r.tried(w) && (!named || w == p.decode) &&
+					(pass == 1 || w.Breaker.Available(now)) {
+					marks[g/64] |= 1 << (g % 64)
+					found = true
+				}
+				j++
 			}
-			if g := j % k; g < maxGroups && live(w) && !r.tried(w) && (!named || w == p.decode) {
-				marks[g/64] |= 1 << (g % 64)
-			}
-			j++
 		}
 		i := 0
 		for _, w := range p.cands {

@@ -593,3 +593,48 @@ func TestADecodeLegPickedAgainForASeatIsCountedOnce(t *testing.T) {
 		t.Fatalf("two decode legs counted %d decode decisions", n)
 	}
 }
+
+// Under aligned pairing, a prefill worker whose every decode worker has an
+// open breaker is no candidate while another group has a decode worker
+// that can take the leg: its prefill was picked, its decode leg sent to the
+// open-breaker worker anyway (the all-open fallback of its group), and with
+// a dead decode engine half the requests of a 2P2D fleet failed (503
+// no_workers_reachable with --request-max-retries 0) though a healthy pair
+// was there. When every group's decode workers are open, the pair is still
+// tried, as every open candidate is.
+func TestAlignedPairingAvoidsAGroupWhoseDecodeBreakersAreOpen(t *testing.T) {
+	s, clk := newTestSched(t,
+		pdRec("p0", "prefill", "", "m"), pdRec("p1", "prefill", "", "m"),
+		pdRec("d0", "decode", "", "m"), pdRec("d1", "decode", "", "m"))
+	_ = clk
+	cfg := cfgWith(t, func(c *config.Config) { c.PD.Mode = "sglang"; c.LoadBalancing.Algorithm = "round-robin" })
+	v := s.Fleet.View()
+	d1 := v.ByID([]byte("d1"))
+	for i := 0; i < 3; i++ {
+		d1.Breaker.Failure(s.Now(), false)
+	}
+	if d1.Breaker.Available(s.Now()) {
+		t.Fatal("d1's breaker did not open")
+	}
+	for i := 0; i < 10; i++ {
+		p, d := pair(t, s, cfg, &Request{Model: []byte("m")})
+		if p.Worker.ID != "p0" || d.Worker.ID != "d0" {
+			t.Fatalf("request %d: paired %s with %s (by %s), want p0 with d0", i, p.Worker.ID, d.Worker.ID, d.Layer)
+		}
+	}
+	d0 := v.ByID([]byte("d0"))
+	for i := 0; i < 3; i++ {
+		d0.Breaker.Failure(s.Now(), false)
+	}
+	seen := map[string]bool{}
+	for i := 0; i < 10; i++ {
+		p, d := pair(t, s, cfg, &Request{Model: []byte("m")})
+		seen[p.Worker.ID+"/"+d.Worker.ID] = true
+		if d.Reason != ReasonAllBreakersOpen {
+			t.Fatalf("every decode breaker open: decode %s by %s (%v)", d.Worker.ID, d.Layer, d.Reason)
+		}
+	}
+	if !seen["p0/d0"] || !seen["p1/d1"] || len(seen) != 2 {
+		t.Fatalf("every decode breaker open: pairs %v, want both aligned pairs tried", seen)
+	}
+}
