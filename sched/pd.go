@@ -187,7 +187,8 @@ func (s *Scheduler) Topology(cfg *config.Config, r *Request, scratch []*fleet.Wo
 	p := &r.pd
 	p.reset()
 	p.routed = true
-	all, model, svc, err := s.route(c, v, r, s.Now(), scratch[:0])
+	now := s.Now()
+	all, model, svc, err := s.route(c, v, r, now, scratch[:0])
 	var named, namedPrefill *fleet.Worker
 	if s.Mode == ModeDirect {
 		named = directNamed(v, r.DirectWorker, r, fleet.RolePrefill, true)
@@ -196,12 +197,18 @@ func (s *Scheduler) Topology(cfg *config.Config, r *Request, scratch []*fleet.Wo
 	p.cands = append(p.cands, all...)
 	sortByID(p.cands)
 	p.model, p.svc = model, svc
+	var upPrefill, upDecode, upMixed int // candidates whose breaker admits requests
 	for _, w := range p.cands {
+		up := w.Breaker.Available(now)
 		switch w.Role {
 		case fleet.RolePrefill:
 			p.np++
+			upPrefill += b2i(up)
 		case fleet.RoleDecode:
 			p.nd++
+			upDecode += b2i(up)
+		default:
+			upMixed += b2i(up)
 		}
 	}
 	hasPrefill := p.np > 0 || namedPrefill != nil
@@ -209,6 +216,12 @@ func (s *Scheduler) Topology(cfg *config.Config, r *Request, scratch []*fleet.Wo
 		p.decode = named
 	}
 	pd := p.np > 0 && p.nd > 0
+	if pd && upMixed > 0 && (upPrefill == 0 || upDecode == 0) {
+		// Every prefill or every decode candidate's breaker is open: the
+		// pair would only be tried by the all-open fallback, while a mixed
+		// worker can take the request.
+		pd = false
+	}
 	if named != nil {
 		switch {
 		case named.Role == fleet.RoleMixed:
@@ -496,4 +509,11 @@ func (p *pdSched) countDecode(d *Decision) {
 	if c := p.decode[d.Layer]; c != nil {
 		c.Inc()
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

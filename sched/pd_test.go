@@ -638,3 +638,40 @@ func TestAlignedPairingAvoidsAGroupWhoseDecodeBreakersAreOpen(t *testing.T) {
 		t.Fatalf("every decode breaker open: pairs %v, want both aligned pairs tried", seen)
 	}
 }
+
+// A model served by mixed workers and by prefill/decode pairs goes to a
+// mixed worker while every prefill or every decode candidate has an open
+// breaker: every request went to the pair, its decode leg to the dead
+// decode worker by the all-open fallback, and failed (12 of 12 answered
+// 503 no_workers_reachable) while a healthy mixed worker stood idle. With
+// the mixed workers' breakers open too, the pair is tried as before.
+func TestTopologyGoesMixedWhileNoPairCanBeAdmitted(t *testing.T) {
+	s, _ := newTestSched(t, rec("mx", "", "m"), pdRec("p0", "prefill", "", "m"), pdRec("d0", "decode", "", "m"))
+	cfg := cfgWith(t, func(c *config.Config) { c.PD.Mode = "sglang" })
+	top := func() Topology {
+		t.Helper()
+		top, err := s.Topology(cfg, &Request{Model: []byte("m")}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return top
+	}
+	v := s.Fleet.View()
+	trip := func(id string) {
+		w := v.ByID([]byte(id))
+		for i := 0; i < 3; i++ {
+			w.Breaker.Failure(s.Now(), false)
+		}
+	}
+	if top() != TopologyPD {
+		t.Fatal("a healthy pair does not serve the request")
+	}
+	trip("d0")
+	if top() != TopologyMixed {
+		t.Fatal("every decode breaker open: the request still goes to the pair, not the healthy mixed worker")
+	}
+	trip("mx")
+	if top() != TopologyPD {
+		t.Fatal("every breaker open: the pair is no longer tried")
+	}
+}
