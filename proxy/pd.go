@@ -140,7 +140,9 @@ func (p *pdDispatch) release() {
 		p.rooms = nil
 	}
 	*p = pdDispatch{done: p.done, buf: p.buf[:cap(p.buf)], rooms: p.rooms[:0],
-		hdr: p.hdr[:0], path: p.path[:0], pbody: p.pbody[:0], dbody: p.dbody[:0], kvp: p.kvp[:0],
+		// The legs' bodies are copies of the client's: a large one is not
+		// kept (as reqState.Reset does not keep the body).
+		hdr: p.hdr[:0], path: p.path[:0], pbody: trimBuf(p.pbody), dbody: trimBuf(p.dbody), kvp: trimBuf(p.kvp),
 		errBody: trimBuf(p.errBody), errType: p.errType[:0]}
 	pdPool.Put(p)
 }

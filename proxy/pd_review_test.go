@@ -783,3 +783,21 @@ func TestPDVLLMLegDroppedOnAReusedConnectionIsNotSentAgain(t *testing.T) {
 		noLoadLeft(t, r.fl)
 	}
 }
+
+// A pooled PD dispatch does not keep a large request's leg bodies: each
+// leg body is a copy of the client's body (with the router's fields), and
+// the pool kept them whole, as the request state does not
+// (reqState.Reset). After a burst of 16 concurrent 4 MB vLLM requests,
+// the router's heap stayed at 55 MB through steady small traffic and
+// repeated GCs (a mixed fleet's went back to 6 MB).
+func TestAPooledPDDispatchDoesNotPinALargeRequestsBodies(t *testing.T) {
+	p := pdPool.Get().(*pdDispatch)
+	p.refs.Store(1)
+	p.pbody = make([]byte, 4<<20)
+	p.dbody = make([]byte, 4<<20)
+	p.kvp = make([]byte, 1<<20)
+	p.release()
+	if cap(p.pbody) > 256<<10 || cap(p.dbody) > 256<<10 || cap(p.kvp) > 256<<10 {
+		t.Fatalf("the pooled dispatch keeps %d, %d and %d bytes of leg bodies", cap(p.pbody), cap(p.dbody), cap(p.kvp))
+	}
+}
