@@ -73,7 +73,9 @@ type tries struct {
 	// candidate at its concurrency limit, the queue full or timed out).
 	seatRej *govern.Rejection
 	// globalTried: global scheduling already had its go (forwardGlobal).
-	globalTried bool
+	// globalBusy: the model is no local worker's, and the members serving
+	// it had no room.
+	globalTried, globalBusy bool
 	// allConnect: every failure was a connection failure; fleetDown: no
 	// candidate is left (every one tried, or every breaker open).
 	allConnect, fleetDown bool
@@ -362,6 +364,13 @@ func (s *Server) answerFailed(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *
 	if last == nil {
 		if res.seatRej != nil {
 			s.writeRejection(ctx, rs, res.seatRej)
+			return
+		}
+		if res.globalBusy {
+			countStatus(fasthttp.StatusServiceUnavailable)
+			writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable,
+				"the model is served by other regions, none of which has room for this request now; retry later", "", "global_capacity_exhausted")
+			ctx.Response.Header.Set("Retry-After", "1")
 			return
 		}
 		if res.schedErr != nil {

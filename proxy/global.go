@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"strings"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -88,6 +89,9 @@ func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 	}
 	if !picked {
 		mGlobalNoMember.Inc()
+		// A model no local worker serves that members serve, all of them
+		// without room now: busy (503), not unknown (404).
+		res.globalBusy = errors.Is(res.schedErr, sched.ErrUnknownModel) && s.o.Poller.Serves(rs.sreq.Model)
 	}
 	switch {
 	case fr.last == nil:

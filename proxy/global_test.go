@@ -483,3 +483,37 @@ func TestGlobalTakesARequestEveryLocalWorkerFailed(t *testing.T) {
 		t.Fatalf("a request no member may take: %d %s %v", resp.StatusCode, body, resp.Header)
 	}
 }
+
+// A model no local worker serves whose members (serving it) have no room
+// now is busy, not unknown: 503 global_capacity_exhausted with a
+// Retry-After, where it was 404 model_not_found (a burst of 40 requests
+// for a model served in one other region with 2 free got 38 404s).
+func TestAModelServedOnlyByFullMembersIsBusyNotUnknown(t *testing.T) {
+	engB := startUpstream(t, okHandler)
+	fb := defaultFlags()
+	fb.APIKey = "key-b"
+	b := startRouterWith(t, fb, config.Default(), nil, engB.url)
+	cfgA := globalConfig(config.Member{Name: "b", URL: b.url, APIKey: config.NewSecret("key-b")})
+	cfgA.GlobalScheduling.MinFree = 1 << 20 // no report ever has that much room
+	pa := startPoller(t, &cfgA.GlobalScheduling)
+	a := startRouterWith(t, nil, cfgA, func(o *Options) { o.Poller = pa }, deadURL(t))
+	engA := startUpstream(t, okHandler)
+	a.fl.Remove("w0")
+	if err := a.fl.Upsert(fleet.Record{ID: "wa", URL: engA.url, Models: []string{"a-only"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { _, _, ok := pa.Members()[0].Report(); return ok }, "A's report of B")
+	resp, body := postWith(t, a.url+"/v1/chat/completions", chatBody, nil)
+	if resp.StatusCode != 503 || !strings.Contains(body, "global_capacity_exhausted") || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a model only full members serve: %d %s %v", resp.StatusCode, body, resp.Header)
+	}
+	checkOpenAIError(t, body)
+	// A model nobody serves is still unknown.
+	resp, body = postWith(t, a.url+"/v1/chat/completions", strings.Replace(chatBody, `"m"`, `"x"`, 1), nil)
+	if resp.StatusCode != 404 {
+		t.Fatalf("unserved model: %d %s", resp.StatusCode, body)
+	}
+	if engB.hits.Load() != 0 {
+		t.Fatalf("B's engine got %d requests", engB.hits.Load())
+	}
+}

@@ -345,6 +345,24 @@ func (p *Poller) Pick(model []byte) *Member {
 	return best
 }
 
+// Serves reports whether a member's current report (not stale) lists
+// model, whatever its free capacity: a model served elsewhere whose members
+// have no room now is busy, not unknown.
+func (p *Poller) Serves(model []byte) bool {
+	g := p.cfg.Load()
+	if g == nil || !g.Enabled || len(model) > MaxModelBytes {
+		return false
+	}
+	now := time.Now()
+	stale := ms(g.StaleAfterMS)
+	for _, m := range *p.members.Load() {
+		if r := m.report.Load(); r != nil && now.Sub(r.at) <= stale && r.cap.FreeFor(model) >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Members returns the members in config order (for the capacity view of
 // an admin page or a test).
 func (p *Poller) Members() []*Member { return *p.members.Load() }
