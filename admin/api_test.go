@@ -2,6 +2,7 @@ package admin
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"strings"
@@ -320,11 +321,33 @@ func TestSecretsAreRedactedAndKeptByFingerprint(t *testing.T) {
 	if p, _ := r.errPath(t); p != "split_proxy.proxies[2].api_key" {
 		t.Fatalf("unknown fingerprint error at %q", p)
 	}
-	// The file keeps the keys (it is where they live); the audit log and
-	// the log lines never show them.
+	// The file keeps the keys sealed (the write stores none in clear: it
+	// held every key in clear, the operator's and the API's); the gateway
+	// opens them at start; the audit log and the log lines never show them.
 	data, _ := os.ReadFile(e.path)
-	if !strings.Contains(string(data), "sk-new-333") || !strings.Contains(string(data), "sk-secret-a-111") {
-		t.Fatalf("config file lost a key:\n%s", data)
+	for _, s := range []string{"sk-new-333", "sk-secret-a-111", "sk-secret-b-222"} {
+		if strings.Contains(string(data), s) {
+			t.Fatalf("config file holds %s in clear:\n%s", s, data)
+		}
+	}
+	if strings.Count(string(data), `"enc:v2:`) != 2 {
+		t.Fatalf("config file does not hold the two keys sealed:\n%s", data)
+	}
+	s2, err := config.OpenWith(e.path, FileSecretCodec(&config.Serve{AdminKey: testKey}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps := s2.Load().SplitProxy.Proxies; ps[1].APIKey.Reveal() != "sk-new-333" || ps[2].APIKey.Reveal() != "sk-secret-a-111" {
+		t.Fatalf("a restart with the same key lost a key: %s %s", ps[1].APIKey.Reveal(), ps[2].APIKey.Reveal())
+	}
+	// Another key (or none) opens nothing: refused at the setting, never
+	// sent upstream as the sealed text.
+	for _, codec := range []config.SecretCodec{nil, FileSecretCodec(&config.Serve{AdminKey: "another-admin-key-0123456789"})} {
+		_, err := config.OpenWith(e.path, codec)
+		var fe *config.FieldError
+		if !errors.As(err, &fe) || fe.Path != "split_proxy.proxies[1].api_key" {
+			t.Fatalf("opened with another key: %v", err)
+		}
 	}
 	audit := e.do("GET", "/api/audit", "")
 	for _, s := range []string{"sk-new-333", "sk-secret-a-111", "sk-secret-b-222"} {

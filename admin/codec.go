@@ -201,6 +201,46 @@ func (s *sealer) openRaw(b64 string, aad []byte, msg string) (string, error) {
 	return string(clear), nil
 }
 
+// fileCodec seals the literal secrets an admin write puts in the config
+// file (config.Store.Apply) and opens them when the file is read back.
+type fileCodec struct{ s *sealer }
+
+func (f fileCodec) Seal(owner, address, key string) (string, error) {
+	return f.s.seal(owner, address, key)
+}
+
+func (f fileCodec) Open(sealed, owner, address string) (string, error) {
+	if strings.HasPrefix(sealed, sealedPrefixV1) {
+		return f.s.openV1(sealed)
+	}
+	if !strings.HasPrefix(sealed, sealedPrefix) {
+		return "", errors.New("is a malformed sealed secret")
+	}
+	key, err := f.s.open(sealed, owner, address)
+	if err == nil && isReference(key) {
+		return "", errors.New(msgReference) // the gateway seals keys only
+	}
+	return key, err
+}
+
+// FileSecretCodec is the codec of the config file for a gateway started
+// with f: with a seal key (--admin-seal-key, else the admin key, else
+// --api-key, as for snapshots) the literal secrets an admin API write puts
+// in the file are sealed (enc:v2:, bound to their entry and address) and
+// opened when it is read; nil without any key (they are then written in
+// clear, as without the admin API).
+func FileSecretCodec(f *config.Serve) config.SecretCodec {
+	key := f.AdminKey
+	if key == "" {
+		key = f.APIKey
+	}
+	s := newSealer(f.AdminSealKey, key)
+	if s == nil {
+		return nil
+	}
+	return fileCodec{s}
+}
+
 // encodeClear is the form of the working document a change is built from
 // and of comparisons: literal secrets are carried (see the top of this
 // file), deterministically, so that equal configs encode equally within

@@ -60,7 +60,13 @@ func newEnv(t *testing.T, o envOpts) *env {
 				t.Fatal(err)
 			}
 		}
-		e.store, err = config.Open(e.path)
+		key := o.key
+		if key == "" {
+			key = testKey
+		}
+		// As the gateway opens it (gateway.New): admin writes seal the
+		// file's literal secrets.
+		e.store, err = config.OpenWith(e.path, FileSecretCodec(&config.Serve{AdminKey: key, AdminSealKey: o.sealKey}))
 		if err != nil {
 			t.Fatal(err)
 		}

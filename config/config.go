@@ -295,7 +295,13 @@ func Default() *Config {
 // The document must be exactly one JSON object: an empty file (as a
 // non-atomic writer leaves it mid-write), null, another type, or anything
 // after the object is refused, so a reload never silently empties the fleet.
-func Parse(data []byte) (*Config, error) {
+func Parse(data []byte) (*Config, error) { return ParseWith(data, nil) }
+
+// ParseWith is Parse for a config file whose literal secrets may be
+// sealed (enc:v2:..., written by an admin API write through Store.Apply):
+// codec opens each at its entry and address. Without a codec, or where it
+// cannot open one, a sealed secret is refused at its path.
+func ParseWith(data []byte, codec SecretCodec) (*Config, error) {
 	c := Default()
 	// A UTF-8 byte order mark (some Windows editors write one) is ignored,
 	// as RFC 8259 section 8.1 allows.
@@ -318,6 +324,9 @@ func Parse(data []byte) (*Config, error) {
 		return nil, err
 	}
 	c.normalize()
+	if codec != nil {
+		c.openSealed(codec)
+	}
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}

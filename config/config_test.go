@@ -295,3 +295,39 @@ func TestAMaintenanceIntervalTooShortToSweepIsRefused(t *testing.T) {
 		t.Errorf("10 ms is refused: %v", err)
 	}
 }
+
+// A sealed secret (enc:...) in a config file is opened by the store's
+// codec at its entry and address, or refused at its path: it was taken as
+// the key itself, and the sealed text went upstream as a bearer token.
+func TestASealedSecretIsOpenedByTheCodecOrRefused(t *testing.T) {
+	doc := `{"mirror":{"target_address":"http://127.0.0.1:9","auth_token":"enc:v2:sealed-mirror-key"}}`
+	_, err := Parse([]byte(doc))
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Path != "mirror.auth_token" || strings.Contains(fe.Error(), "sealed-mirror-key") {
+		t.Fatalf("without a codec: %v, want a FieldError at mirror.auth_token not echoing it", err)
+	}
+	c, err := ParseWith([]byte(doc), testCodec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Mirror.AuthToken.Reveal(); got != "key-of-mirror-at-http://127.0.0.1:9" {
+		t.Fatalf("opened as %q", got)
+	}
+	// Written back by a store with the codec, literal secrets are sealed.
+	data, err := MarshalFileWith(c, testCodec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `"enc:v2:sealed-key-of-mirror-at-http://127.0.0.1:9"`) {
+		t.Fatalf("written as\n%s", data)
+	}
+}
+
+// testCodec "opens" enc:v2:X as "key-of-<owner>-at-<address>" and seals a
+// key as enc:v2:sealed-<key>.
+type testCodec struct{}
+
+func (testCodec) Seal(owner, address, key string) (string, error) { return "enc:v2:sealed-" + key, nil }
+func (testCodec) Open(sealed, owner, address string) (string, error) {
+	return "key-of-" + owner + "-at-" + address, nil
+}

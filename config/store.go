@@ -59,6 +59,9 @@ type Store struct {
 	refsRefused bool
 	// check, when set, is what a config must pass beyond Validate (SetCheck).
 	check func(c *Config) error
+	// codec seals the literal secrets Apply writes to the file and opens
+	// them when it is read (OpenWith); nil writes them in clear.
+	codec SecretCodec
 }
 
 // VersionConflict is returned by Apply when the caller's version is not
@@ -93,9 +96,15 @@ func NewStore(path string, c *Config) *Store {
 }
 
 // Open reads the config file at path (when non-empty) and returns a Store.
-func Open(path string) (*Store, error) {
+func Open(path string) (*Store, error) { return OpenWith(path, nil) }
+
+// OpenWith is Open for a store whose file writes seal literal secrets with
+// codec (nil: written in clear), and whose reads open them (ParseWith).
+func OpenWith(path string, codec SecretCodec) (*Store, error) {
 	if path == "" {
-		return NewStore("", nil), nil
+		s := NewStore("", nil)
+		s.codec = codec
+		return s, nil
 	}
 	// The file's stamp is taken before it is read: an edit that lands in
 	// between changes the stamp after the one kept, so the watch reads it.
@@ -107,11 +116,12 @@ func Open(path string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := Parse(data)
+	c, err := ParseWith(data, codec)
 	if err != nil {
 		return nil, err
 	}
 	s := NewStore(path, c)
+	s.codec = codec
 	s.lastData, s.lastStat = data, st
 	return s, nil
 }
@@ -192,7 +202,7 @@ func (s *Store) Check(c *Config) error {
 
 // parseLocked parses file bytes and runs the check. Lock must be held.
 func (s *Store) parseLocked(data []byte) (*Config, error) {
-	c, err := Parse(data)
+	c, err := ParseWith(data, s.codec)
 	if err == nil && s.check != nil {
 		err = s.check(c)
 	}
@@ -254,7 +264,7 @@ func (s *Store) Apply(c *Config, ifVersion uint64) (uint64, error) {
 		return 0, &VersionConflict{Want: ifVersion, Have: have}
 	}
 	if s.path != "" && s.sink == nil {
-		data, err := MarshalFile(c)
+		data, err := MarshalFileWith(c, s.codec)
 		if err != nil {
 			return 0, err
 		}
@@ -302,10 +312,26 @@ func (s *Store) pickUpHandEditLocked() error {
 
 // MarshalFile renders c as the config file Apply writes: indented JSON
 // with every setting spelled out in field order, literal secrets in clear
-// (the file is where they came from; references such as env:NAME stay
+// (MarshalFileWith seals them; references such as env:NAME stay
 // references), ending in a newline.
-func MarshalFile(c *Config) ([]byte, error) {
-	data, err := EncodeJSON(c, nil)
+func MarshalFile(c *Config) ([]byte, error) { return MarshalFileWith(c, nil) }
+
+// MarshalFileWith is MarshalFile with literal secrets sealed by codec,
+// each for its entry and address (nil: in clear).
+func MarshalFileWith(c *Config, codec SecretCodec) ([]byte, error) {
+	var literal func(path, key string) (string, error)
+	if codec != nil {
+		slots := c.AppendSecretSlots(nil)
+		literal = func(path, key string) (string, error) {
+			for i := range slots {
+				if slots[i].Path == path {
+					return codec.Seal(slots[i].Owner, slots[i].Address, key)
+				}
+			}
+			return "", fmt.Errorf("BUG: secret %s is not among AppendSecretSlots", path)
+		}
+	}
+	data, err := EncodeJSON(c, literal)
 	if err != nil {
 		return nil, err
 	}

@@ -607,6 +607,45 @@ type Secret struct {
 	value string // the credential; "" when unset
 	ref   string // "env:NAME" or "file:PATH" when given by reference
 	err   string // why the secret is invalid (reported with its path by validation)
+	// sealed is the sealed form read from a config file (enc:...), until
+	// ParseWith's codec opens it.
+	sealed string
+}
+
+// SecretCodec seals the literal secrets Store.Apply writes to the config
+// file and opens them when the file is read back (package admin's sealer:
+// AES-256-GCM under the seal key, bound to the secret's entry and
+// address), so that keys entered through the admin API are never stored
+// in clear.
+type SecretCodec interface {
+	// Seal returns the sealed form of key, the secret of entry owner at
+	// address.
+	Seal(owner, address, key string) (string, error)
+	// Open returns the key sealed (Seal's result) for entry owner at
+	// address; its error says why not, never the key.
+	Open(sealed, owner, address string) (string, error)
+}
+
+// msgSealed is the problem of a sealed secret nothing opened.
+const msgSealed = "is sealed (enc:...): only a gateway started with the seal key it was sealed with (--admin-seal-key, else --admin-key or --api-key) opens it; re-enter the key otherwise"
+
+// openSealed opens c's sealed secrets with codec, each at its entry and
+// address; a secret it cannot open keeps the reason, reported at its path
+// by validation.
+func (c *Config) openSealed(codec SecretCodec) {
+	for _, sl := range c.AppendSecretSlots(nil) {
+		sec := sl.Secret
+		if sec.sealed == "" {
+			continue
+		}
+		key, err := codec.Open(sec.sealed, sl.Owner, sl.Address)
+		if err != nil {
+			sec.err = err.Error()
+			continue
+		}
+		*sec = Secret{value: key}
+		sec.checkValue()
+	}
 }
 
 // RedactedSecret is how a literal secret is rendered everywhere.
@@ -686,6 +725,10 @@ func (s *Secret) UnmarshalJSON(b []byte) error {
 		// and the audit log show (***1a2b3c4d): a pasted dump must never
 		// become the key sent upstream.
 		s.err = "is a redacted form (\"***\", \"***<fingerprint>\") of a secret: give the key itself, env:NAME or file:PATH"
+	case strings.HasPrefix(v, "enc:"):
+		// Sealed by an admin API write to the file: opened by ParseWith's
+		// codec, never taken as the key itself.
+		s.sealed, s.err = v, msgSealed
 	case strings.HasPrefix(v, "env:"):
 		name := v[len("env:"):]
 		s.ref = v

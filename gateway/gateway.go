@@ -87,7 +87,7 @@ func New(f *config.Serve) (*Gateway, error) {
 	if !ok {
 		return nil, fmt.Errorf("--router-mode %q: want auto or direct", f.RouterMode)
 	}
-	store, err := config.Open(f.Config)
+	store, err := config.OpenWith(f.Config, admin.FileSecretCodec(f))
 	if err != nil {
 		return nil, fmt.Errorf("--config %s: %w", f.Config, err)
 	}
