@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/internal/logx"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 	"github.com/puzpuzpuz/xsync/v3"
@@ -871,10 +872,27 @@ func (s *Stream) release() {
 // connection (router and worker sidecars): retry forever, every 250 ms plus
 // up to 100 ms of jitter (nats.go waits 2 s by default). While the broker
 // is away every NATS request is a 503, so each second counts.
+//
+// Forever includes a broker that refuses the credentials for a while (a
+// bad auth config pushed then rolled back, an account resolver not up yet):
+// by default nats.go closes the connection for good once a server answers
+// the same auth error twice in a row, and the process stayed off the
+// broker until restarted. The library's asynchronous errors (that refusal,
+// a slow consumer, a permissions violation) go to slog, throttled, instead
+// of a line on standard error per reconnect attempt.
 func Reconnect() []nats.Option {
+	t := &logx.Throttle{Every: 10 * time.Second}
 	return []nats.Option{
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, 100*time.Millisecond),
+		nats.IgnoreAuthErrorAbort(),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if sub != nil {
+				t.Warn("NATS error", "err", err, "subject", sub.Subject)
+				return
+			}
+			t.Warn("NATS error", "err", err)
+		}),
 	}
 }
