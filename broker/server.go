@@ -681,6 +681,12 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 	bp := s.bufs.Get().(*[]byte)
 	defer s.bufs.Put(bp)
 	buf := *bp
+	// The broker reconnected to may take less than the one NewServer saw
+	// (a cluster node configured apart, a restart with a new config): a
+	// reply past its max_payload would be refused, and the answer lost.
+	if max := int(s.nc.MaxPayload()) - 1024; max > 0 && len(buf) > max {
+		buf = buf[:max]
+	}
 	if resp.ContentLength >= 0 && resp.ContentLength <= int64(len(buf)) && resp.StatusCode < 400 {
 		// Small fixed-length body: head and body in one message. (Not an
 		// error answer: its head goes out at once, so the router bounds
