@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -53,6 +54,13 @@ type Gateway struct {
 	health     map[string]proxy.HealthCheck
 	ctx        context.Context
 	cancel     context.CancelFunc
+
+	// natsLate: the broker was not reachable when nc was made.
+	// natsConnected, once set, is called when nc connects for the first
+	// time after such a start (nats.go's connected callback, on its own
+	// goroutine).
+	natsLate      bool
+	natsConnected atomic.Pointer[func()]
 
 	tok     tokenizer.Tokenizer
 	kvm     *kv.Manager
@@ -267,6 +275,16 @@ func New(f *config.Serve) (*Gateway, error) {
 	g.srv = proxy.New(opts)
 	if g.nc != nil {
 		g.nc.SetReconnectHandler(func(*nats.Conn) { g.srv.BrokerReconnected() })
+		// A router started while the broker was down connects for the
+		// first time through the connected callback, not the reconnected
+		// one; the workers' sidecars are reconnecting too, so their "no
+		// responders" until they subscribe again is the broker's fault
+		// then as after any reconnect.
+		connected := func() { g.srv.BrokerReconnected() }
+		g.natsConnected.Store(&connected)
+		if g.natsLate && g.nc.IsConnected() {
+			g.srv.BrokerReconnected() // it came before the handler was set
+		}
 	}
 	if err := g.startAdmin(); err != nil {
 		return nil, err
@@ -367,11 +385,17 @@ func (g *Gateway) connectNATS() error {
 	// starts and serves what it can, /health says what is missing (503
 	// with --request-transport nats, degraded with KV events alone),
 	// instead of a crash loop for as long as the broker is away.
-	nc, err := nats.Connect(f.NatsURL, append(broker.Reconnect(), nats.Name("infera-serve"), nats.RetryOnFailedConnect(true))...)
+	connected := nats.ConnectHandler(func(*nats.Conn) {
+		if h := g.natsConnected.Load(); h != nil {
+			(*h)()
+		}
+	})
+	nc, err := nats.Connect(f.NatsURL, append(broker.Reconnect(), nats.Name("infera-serve"), nats.RetryOnFailedConnect(true), connected)...)
 	if err != nil {
 		return fmt.Errorf("cannot connect to NATS: %w", logx.StripURL(err)) // url errors quote the URL, password included
 	}
 	if !nc.IsConnected() {
+		g.natsLate = true
 		slog.Warn("NATS broker not reachable at start; retrying while the router serves", "url", logx.RedactNATSURL(f.NatsURL))
 	}
 	g.nc = nc
