@@ -1,9 +1,12 @@
 package broker
 
 import (
+	"bytes"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,5 +51,60 @@ func TestAConnectionKeepsRetryingThroughABrokerThatRefusedItsCredentials(t *test
 			t.Fatalf("not reconnected once the broker took the credentials again: status %v, last error %v", nc.Status(), nc.LastError())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for slog and the test together.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestARouterStartedWithCredentialsTheBrokerRefusesSaysWhy: the router
+// starts while its broker cannot be connected to (RetryOnFailedConnect)
+// and keeps retrying; it said only "NATS broker not reachable at start",
+// whatever the reason, and nothing more for as long as it retried: a
+// token the broker refuses (or a TLS or port mistake) looked like a
+// broker that is down. nats.go reports neither to the async error
+// handler while it makes its first connection; the failed attempts are
+// logged (throttled) with their reason, never the URL's credentials.
+func TestARouterStartedWithCredentialsTheBrokerRefusesSaysWhy(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(conf, []byte(`authorization { token: "right-token" }`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ns := testsrv.StartNATSArgs(t, "-c", conf)
+	lb := &syncBuffer{}
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(lb, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+
+	url := strings.Replace(ns.URL, "nats://", "nats://wrong-token@", 1)
+	nc, err := nats.Connect(url, append(Reconnect(), nats.RetryOnFailedConnect(true))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	deadline := time.Now().Add(3 * time.Second)
+	for !strings.Contains(strings.ToLower(lb.String()), "authorization violation") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no reason logged while the broker refused the token: %q", lb.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if strings.Contains(lb.String(), "wrong-token") {
+		t.Fatalf("the token was logged: %q", lb.String())
 	}
 }

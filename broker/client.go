@@ -879,7 +879,11 @@ func (s *Stream) release() {
 // the same auth error twice in a row, and the process stayed off the
 // broker until restarted. The library's asynchronous errors (that refusal,
 // a slow consumer, a permissions violation) go to slog, throttled, instead
-// of a line on standard error per reconnect attempt.
+// of a line on standard error per reconnect attempt; so do failed connect
+// attempts (refused, TLS, and a refusal of the credentials while a
+// RetryOnFailedConnect connection makes its first connection, which
+// nats.go reports there only), with their reason: a router started with a
+// token the broker refuses logged only that the broker was not reachable.
 func Reconnect() []nats.Option {
 	t := &logx.Throttle{Every: 10 * time.Second}
 	return []nats.Option{
@@ -893,6 +897,9 @@ func Reconnect() []nats.Option {
 				return
 			}
 			t.Warn("NATS error", "err", err)
+		}),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			t.Warn("NATS broker not connected; retrying", "err", err)
 		}),
 	}
 }
