@@ -167,6 +167,10 @@ func (c *Client) probeLoop(every time.Duration) {
 		case <-t.C:
 		}
 		tick++
+		// The ids a probe lists must fit the broker's max_payload beside
+		// the message's other headers: a probe past it is never sent, and
+		// a dead worker's requests would wait for their idle timeout.
+		idBytes := int(c.nc.MaxPayload()) - ownHeaderBytes
 		workers, failed, lost = workers[:0], failed[:0], lost[:0]
 		for w, ids := range open {
 			open[w] = ids[:0]
@@ -213,7 +217,7 @@ func (c *Client) probeLoop(every time.Duration) {
 			// their end yet.
 			if s.seenTick == 0 {
 				s.seenTick = tick
-			} else if !s.endQueued.Load() && len(open[s.worker]) < maxOpenPerProbe {
+			} else if ids := len(open[s.worker]); !s.endQueued.Load() && ids < maxOpenPerProbe && (ids+1)*(len(s.id)+1) <= idBytes {
 				s.asked = tick
 				open[s.worker] = append(open[s.worker], s.id)
 			}
