@@ -888,12 +888,20 @@ func (s *Stream) release() {
 // RetryOnFailedConnect connection makes its first connection, which
 // nats.go reports there only), with their reason: a router started with a
 // token the broker refuses logged only that the broker was not reachable.
+//
+// A broker that hangs, or a network path to it that goes dark without a
+// reset, leaves the connection open: only unanswered pings tell. nats.go
+// pings every 2 minutes and gives up after two outstanding, so for 4-6
+// minutes /health said ok and every NATS request hung until its own
+// timeout; a ping every 5 s gives such a connection up within 15 s.
 func Reconnect() []nats.Option {
 	t := &logx.Throttle{Every: 10 * time.Second}
 	return []nats.Option{
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, 100*time.Millisecond),
+		nats.PingInterval(5 * time.Second),
+		nats.MaxPingsOutstanding(2),
 		nats.IgnoreAuthErrorAbort(),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			if sub != nil {
