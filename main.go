@@ -123,7 +123,12 @@ func run(args []string, stderr io.Writer) int {
 	ctx, err := parser.Parse(args)
 	if err != nil {
 		// One line, not the whole usage: the flag or variable and why.
-		fmt.Fprintf(stderr, "infera: %v%s (see infera --help)\n", err, envSource(parser, args, err.Error()))
+		msg := err.Error()
+		env := envSource(parser, args, msg)
+		if env != "" {
+			msg = hideEnvValue(msg, env) + " (from " + env + ")"
+		}
+		fmt.Fprintf(stderr, "infera: %s (see infera --help)\n", msg)
 		return 2
 	}
 	switch ctx.Command() {
@@ -146,10 +151,27 @@ func run(args []string, stderr io.Writer) int {
 // flagRef finds the flags an error message names.
 var flagRef = regexp.MustCompile(`--[a-z0-9][a-z0-9-]*`)
 
+// hideEnvValue removes from kong's message the value environment variable
+// env holds (kong writes `got "abc" (from envar INFERA_X="abc")`): it may
+// be a key, and the message goes to the journal.
+func hideEnvValue(msg, env string) string {
+	msg = strings.ReplaceAll(msg, " (from envar "+env+"="+strconv.Quote(os.Getenv(env))+")", "")
+	if v := os.Getenv(env); v != "" {
+		msg = strings.ReplaceAll(msg, strconv.Quote(v), "a value")
+		if len(v) >= 8 {
+			// Unquoted too, when it is long enough to be a key and not a
+			// number the message's own text holds.
+			msg = strings.ReplaceAll(msg, v, "(value not shown)")
+		}
+	}
+	return msg
+}
+
 // envSource names the environment variable a flag named in msg took its
-// value from, when the command line did not give it: " (from INFERA_X)",
-// never the value (it may be a key). An operator whose unit reads an
-// environment file saw only a flag they never typed.
+// value from, when the command line did not give it ("" otherwise), so the
+// message can say " (from INFERA_X)", never the value (it may be a key).
+// An operator whose unit reads an environment file saw only a flag they
+// never typed.
 func envSource(p *kong.Kong, args []string, msg string) string {
 	for _, ref := range flagRef.FindAllString(msg, -1) {
 		name := ref[2:]
@@ -174,7 +196,7 @@ func envSource(p *kong.Kong, args []string, msg string) string {
 			return next(nil)
 		})
 		if env != "" {
-			return " (from " + env + ")"
+			return env
 		}
 	}
 	return ""

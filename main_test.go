@@ -188,3 +188,21 @@ func TestAKeyWithWhiteSpaceAroundItRefusesTheStart(t *testing.T) {
 		})
 	}
 }
+
+// A bad value from the environment is not printed (it may be a key, and
+// the line goes to the journal): kong's message held it twice,
+// `got "sk-..." (from envar INFERA_X="sk-...")`.
+func TestABadValueFromTheEnvironmentIsNotPrinted(t *testing.T) {
+	for _, env := range []string{"INFERA_NATS_REQ_MAX_PENDING=sk-secret-0123456789", "INFERA_BODY_TIMEOUT=sk-secret-0123456789",
+		"INFERA_LOG_LEVEL=sk-secret-0123456789"} {
+		k, v, _ := strings.Cut(env, "=")
+		t.Run(k, func(t *testing.T) {
+			t.Setenv(k, v)
+			var out bytes.Buffer
+			if code := run([]string{"serve"}, &out); code != 2 || strings.Contains(out.String(), "secret-0123456789") ||
+				!strings.Contains(out.String(), "(from "+k+")") {
+				t.Fatalf("exit %d, printed %q", code, out.String())
+			}
+		})
+	}
+}
