@@ -871,3 +871,44 @@ func TestAResponsesRequestToPDPairsIsConvertedEvenInPassthrough(t *testing.T) {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
 }
+
+// A completion batching several prompts is not split into vLLM legs: the
+// prefill engine answers the kv_transfer_params of its first prompt only
+// (vLLM's serving_completion takes final_res_batch[0]'s), so the decode leg
+// read that prompt's KV for every prompt of the batch and the prefill
+// engine held the other prompts' blocks until its abort timeout. One
+// worker serves the batch as the client sent it; a single prompt (also
+// given as a one-element list) still goes to the pair.
+func TestAVLLMBatchOfPromptsIsServedWholeByOneWorker(t *testing.T) {
+	var pl, dl legLog
+	var ok atomic.Int32
+	p := startUpstream(t, vllmPrefill(&pl, "engine-p", &ok))
+	d := startUpstream(t, func(ctx *fasthttp.RequestCtx) { // a vLLM instance: with or without remote KV
+		dl.add(ctx)
+		okHandler(ctx)
+	})
+	r := startPDRouter(t, nil, pdConfig(t, func(c *config.Config) { c.PD.Mode = "vllm" }),
+		pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+	batch := `{"model":"m","max_tokens":4,"prompt":["first prompt","second prompt"]}`
+	code, b := post(t, r.url+"/v1/completions", batch)
+	if code != 200 {
+		t.Fatalf("batch: %d %s", code, b)
+	}
+	if n := pl.n() + dl.n(); n != 1 {
+		t.Fatalf("the batch was sent %d times (prefill %d, decode %d), want once whole", n, pl.n(), dl.n())
+	}
+	var sent string
+	if pl.n() == 1 {
+		sent = pl.bodies[0]
+	} else {
+		sent = dl.bodies[0]
+	}
+	if strings.Contains(sent, "kv_transfer_params") || !strings.Contains(sent, `"second prompt"`) {
+		t.Fatalf("the batch went as %s", sent)
+	}
+	noLoadLeft(t, r.fl)
+	if code, b := post(t, r.url+"/v1/completions", `{"model":"m","max_tokens":4,"prompt":["one prompt"]}`); code != 200 || pl.n()+dl.n() != 3 {
+		t.Fatalf("a one-prompt list: %d %s (legs %d)", code, b, pl.n()+dl.n())
+	}
+	noLoadLeft(t, r.fl)
+}

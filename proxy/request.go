@@ -413,6 +413,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	r.Stream = rs.parsed.stream
 	r.MaxTokens = rs.parsed.maxTokens
 	r.PromptTokens = rs.parsed.estimateTokens()
+	r.Prompts = rs.parsed.prompts
 	r.Prompt = rs.parsed.text
 	if len(r.Prompt) == 0 && len(rs.parsed.tokenIDs) > 0 {
 		rs.parsed.idText = sched.AppendTokenPrompt(rs.parsed.idText[:0], rs.parsed.tokenIDs)

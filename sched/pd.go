@@ -126,6 +126,9 @@ type pdRoute struct {
 	prefill *fleet.Worker
 	// decode is the decode worker router mode direct named, if any.
 	decode *fleet.Worker
+	// whole: a decode worker serves the request whole, prefill included
+	// (a vLLM batch on a fleet without mixed workers: Topology).
+	whole bool
 }
 
 func (p *pdRoute) reset() {
@@ -275,6 +278,20 @@ func (s *Scheduler) Topology(cfg *config.Config, r *Request, scratch []*fleet.Wo
 			clear(p.cands[k:])
 			p.cands = p.cands[:k]
 		}
+	}
+	if mode == PDModeVLLM && r.Prompts > 1 && named == nil {
+		// vLLM's prefill answer carries the kv_transfer_params of its first
+		// prompt only (serving_completion: final_res_batch[0]): the decode
+		// leg would read that prompt's KV for every prompt of the batch,
+		// and the prefill engine would hold the others' blocks until its
+		// abort timeout. One worker serves the batch whole: a mixed one,
+		// else a decode worker (a vLLM instance without kv_transfer_params
+		// computes the prompt itself).
+		if len(p.cands) == p.np+p.nd {
+			r.Leg, p.whole = LegDecode, true
+		}
+		s.pd.mixed.Inc()
+		return TopologyMixed, nil
 	}
 	p.mode = mode
 	p.aligned = mode == PDModeSGLang && !cfg.PD.SGLangIndependentPairing
@@ -471,14 +488,14 @@ func (s *Scheduler) leaseLoad(r *Request, d *Decision) (tokens, prefill, blocks 
 	}
 	prompt := int64(r.PromptTokens)
 	tokens, prefill = prompt+int64(maxTokens), d.PrefillTokens(r)
-	switch r.Leg {
-	case LegPrefill:
+	switch {
+	case r.Leg == LegPrefill:
 		tokens = prompt + 1
-	case LegDecode:
+	case r.Leg == LegDecode && !r.pd.whole:
 		prefill = 0
 	}
 	bs := int64(max(1, s.BlockSize))
-	if r.Leg != LegDecode {
+	if r.Leg != LegDecode || r.pd.whole {
 		if o, ok := s.KV.(FirstTokenObserver); ok {
 			if q, ok := o.(interface{ Observing() bool }); !ok || q.Observing() {
 				obs = o

@@ -23,6 +23,10 @@ type Request struct {
 	MaxTokens int
 	// PromptTokens is the prompt length estimate in tokens.
 	PromptTokens int
+	// Prompts is how many prompts the body batches (a completion prompt
+	// that is a list; 1, or 0 when unknown, otherwise). A vLLM
+	// prefill/decode pair does not take a batch (Topology).
+	Prompts int
 	// Prompt is the prompt text (completion prompt, or chat message contents
 	// concatenated) used for prefix matching.
 	Prompt []byte
