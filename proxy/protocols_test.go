@@ -1261,3 +1261,20 @@ func TestACoarselyRoutedBodysBase64DataIsNotCountedAsText(t *testing.T) {
 		t.Fatalf("the engine got %d requests, want 2", n)
 	}
 }
+
+// An unknown path under /v1/messages gets Anthropic's 404 with a request
+// id, in its headers and its body, as every other Anthropic answer of the
+// router (it had none); a client's valid X-Request-Id is the one.
+func TestAnUnknownMessagesPathCarriesARequestID(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, up.url)
+	resp, body := postWith(t, r.url+"/v1/messages/batches", anthropicBody, nil)
+	if resp.StatusCode != 404 || resp.Header.Get("X-Request-Id") == "" || resp.Header.Get("Request-Id") != resp.Header.Get("X-Request-Id") {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	checkAnthropicError(t, body, "not_found_error")
+	resp, body = postWith(t, r.url+"/v1/messages/batches", anthropicBody, map[string]string{"X-Request-Id": "mine-1"})
+	if resp.Header.Get("Request-Id") != "mine-1" || !strings.Contains(body, `"request_id":"mine-1"`) {
+		t.Fatalf("%v %s", resp.Header, body)
+	}
+}

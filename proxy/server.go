@@ -22,6 +22,7 @@ import (
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/govern"
 	"github.com/infera/infera/mirror"
+	"github.com/infera/infera/protocol"
 	"github.com/infera/infera/sched"
 	"github.com/infera/infera/tokenizer"
 	upstreams "github.com/infera/infera/upstream"
@@ -505,6 +506,17 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "unknown path", "", "unknown_path")
+	if apiOfPath(path) == protocol.Anthropic {
+		// Anthropic's answers carry a request id (header and error body),
+		// which its SDKs report: an unknown path under /v1/messages too.
+		id := ctx.Request.Header.Peek(hdrRequestID)
+		if !validRequestID(id) {
+			id = appendRequestID(nil)
+		}
+		ctx.Response.Header.SetCanonical(hdrRequestIDBytes, id)
+		ctx.Response.Header.SetCanonical(hdrAnthropicRequestID, id)
+		addAnthropicRequestID(&ctx.Response, id)
+	}
 }
 
 // methodNotAllowed answers 405 method_not_allowed with the Allow header
