@@ -243,7 +243,7 @@ func promptTokens(dst []uint32, raw json.RawMessage, tok tokenizer.Tokenizer, de
 		if err := json.Unmarshal(b, &s); err != nil {
 			return dst, badRequest("cannot parse prompt: %s", err)
 		}
-		return tok.Encode(dst, []byte(s)), nil
+		return tokenizer.EncodePrompt(tok, dst, []byte(s)), nil
 	case '[':
 		var items []json.RawMessage
 		if err := json.Unmarshal(b, &items); err != nil {

@@ -3,6 +3,9 @@ package proxy
 import (
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -143,5 +146,55 @@ func TestDetokenizeSaysWhatIsWrongWithTheIDs(t *testing.T) {
 		if !errors.As(err, &br) || !strings.Contains(br.msg, c.want) || br.param != "tokens" {
 			t.Errorf("%.40s: %v, want a tokens error saying %q", c.body, err, c.want)
 		}
+	}
+}
+
+// With a tokenizer whose post-processor puts a BOS before a sequence (as
+// DeepSeek-R1-Distill-Qwen's and Llama 3.1's do), a completion's prompt is
+// tokenized after that BOS, as vLLM encodes it (add_special_tokens is on
+// for completions), and a chat is not (its template writes bos_token, and
+// vLLM adds none). The router ignored the post-processor: /tokenize of a
+// prompt answered one token fewer than the engine's, and every block hash
+// of a completion differed from the engine's.
+func TestACompletionPromptIsTokenizedAfterTheBOSTheEngineAdds(t *testing.T) {
+	src := qwen3Dir(t)
+	raw, err := os.ReadFile(filepath.Join(src, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &tj); err != nil {
+		t.Fatal(err)
+	}
+	tj["post_processor"] = json.RawMessage(`{"type":"TemplateProcessing",
+		"single":[{"SpecialToken":{"id":"<|endoftext|>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],
+		"pair":[],"special_tokens":{"<|endoftext|>":{"id":"<|endoftext|>","ids":[151643],"tokens":["<|endoftext|>"]}}}`)
+	dir := t.TempDir()
+	raw, _ = json.Marshal(tj)
+	cfg, _ := os.ReadFile(filepath.Join(src, "tokenizer_config.json"))
+	if os.WriteFile(filepath.Join(dir, "tokenizer.json"), raw, 0o644) != nil || os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfg, 0o644) != nil {
+		t.Fatal("cannot write the tokenizer")
+	}
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, f, nil, up.url)
+	tokens := func(body string) []uint32 {
+		t.Helper()
+		code, b := post(t, r.url+"/tokenize", body)
+		var a struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if code != 200 || json.Unmarshal([]byte(b), &a) != nil {
+			t.Fatalf("%d %.300s", code, b)
+		}
+		return a.Tokens
+	}
+	// "hello world" is [14990, 1879] under Qwen3's vocab.
+	if got, want := tokens(`{"model":"m","prompt":"hello world"}`), []uint32{151643, 14990, 1879}; !slices.Equal(got, want) {
+		t.Fatalf("prompt tokens %v, want %v", got, want)
+	}
+	if got := tokens(`{"model":"m","messages":[{"role":"user","content":"hello world"}]}`); len(got) == 0 || got[0] != 151644 {
+		t.Fatalf("chat tokens %v, want <|im_start|> (151644) first and no BOS", got)
 	}
 }

@@ -620,6 +620,9 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 			rs.tokText = int(int64(rs.tokText) * int64(whole) / int64(max(part, 1)))
 		}
 	default:
+		// As the engine encodes a prompt: after the tokenizer's special
+		// tokens (a BOS), if it adds any.
+		rs.tokens = tokenizer.AppendPromptPrefix(s.o.Tokenizer, rs.tokens)
 		rs.tokens = s.encodeLeading(rs, b.text)
 	}
 	return nil

@@ -35,6 +35,10 @@ type HF struct {
 
 	sections sectionCache
 
+	// prefix: the special tokens the post-processor puts before a plain
+	// prompt's tokens (a BOS), as the engine encodes a completion's prompt.
+	prefix []uint32
+
 	chat     *jinja.Template
 	chatSrc  string
 	bosToken string
@@ -150,6 +154,9 @@ func (h *HF) loadModel(tj *hfJSON) error {
 		return err
 	}
 	if err := checkByteLevel(tj.Decoder, "decoder"); err != nil {
+		return err
+	}
+	if err := h.checkPostProcessor(tj.PostProcessor); err != nil {
 		return err
 	}
 
@@ -324,6 +331,71 @@ func checkByteLevel(raw json.RawMessage, what string) error {
 	return nil
 }
 
+// postProcessor is the part of a post_processor Load reads.
+type postProcessor struct {
+	Type       string          `json:"type"`
+	Processors []postProcessor `json:"processors"`
+	Single     []struct {
+		SpecialToken *struct {
+			ID string `json:"id"`
+		} `json:"SpecialToken"`
+		Sequence *struct {
+			ID string `json:"id"`
+		} `json:"Sequence"`
+	} `json:"single"`
+	SpecialTokens map[string]struct {
+		IDs []uint32 `json:"ids"`
+	} `json:"special_tokens"`
+}
+
+// checkPostProcessor accepts no post_processor, ByteLevel (it moves
+// offsets only) and a TemplateProcessing whose template for one sequence
+// is special tokens then the sequence (Llama 3.1's and DeepSeek's BOS),
+// alone or in a Sequence. Those tokens become h.prefix: the engine puts
+// them before a plain prompt's tokens (vLLM's add_special_tokens, on by
+// default for completions), not before a rendered chat's.
+func (h *HF) checkPostProcessor(raw json.RawMessage) error {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	var p postProcessor
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return fmt.Errorf("cannot parse post_processor: %w", err)
+	}
+	procs := []postProcessor{p}
+	if p.Type == "Sequence" {
+		procs = p.Processors
+	}
+	seen := false
+	for _, p := range procs {
+		switch p.Type {
+		case "ByteLevel":
+			continue
+		case "TemplateProcessing":
+		default:
+			return fmt.Errorf("post_processor %q is not supported", p.Type)
+		}
+		if seen {
+			return errors.New("post_processor with two TemplateProcessing steps is not supported")
+		}
+		seen = true
+		for i, piece := range p.Single {
+			switch {
+			case piece.Sequence != nil && piece.Sequence.ID == "A" && i == len(p.Single)-1:
+			case piece.SpecialToken != nil && i < len(p.Single)-1:
+				st, ok := p.SpecialTokens[piece.SpecialToken.ID]
+				if !ok || len(st.IDs) == 0 {
+					return fmt.Errorf("post_processor special token %q has no ids", piece.SpecialToken.ID)
+				}
+				h.prefix = append(h.prefix, st.IDs...)
+			default:
+				return errors.New("post_processor template for one sequence is not supported (only special tokens before the sequence are)")
+			}
+		}
+	}
+	return nil
+}
+
 func (h *HF) loadConfig(data []byte) error {
 	var cfg struct {
 		ChatTemplate json.RawMessage `json:"chat_template"`
@@ -403,6 +475,12 @@ func (h *HF) TokenID(tok string) (uint32, bool) {
 	id, ok := h.vocab[tok]
 	return id, ok
 }
+
+// AppendPromptPrefix appends the ids the engine puts before a plain
+// prompt's tokens (its post-processor's special tokens, such as Llama
+// 3.1's <|begin_of_text|>; none for Qwen). A rendered chat holds its
+// own (the template writes bos_token) and gets none.
+func (h *HF) AppendPromptPrefix(dst []uint32) []uint32 { return append(dst, h.prefix...) }
 
 // EOSToken returns tokenizer_config.json's eos_token.
 func (h *HF) EOSToken() string { return h.eosToken }

@@ -84,6 +84,29 @@ func RenderChatFields(t Tokenizer, dst []byte, msgs []Message, f ChatFields, add
 	return t.RenderChat(dst, msgs, f.Tools, addGenerationPrompt)
 }
 
+// PromptPrefixer is a tokenizer that puts special tokens before a plain
+// prompt's tokens, as the engine does for a completion's prompt (HF, from
+// its post-processor).
+type PromptPrefixer interface {
+	AppendPromptPrefix(dst []uint32) []uint32
+}
+
+var _ PromptPrefixer = (*HF)(nil)
+
+// AppendPromptPrefix appends t's prompt prefix (PromptPrefixer), if any.
+func AppendPromptPrefix(t Tokenizer, dst []uint32) []uint32 {
+	if p, ok := t.(PromptPrefixer); ok {
+		dst = p.AppendPromptPrefix(dst)
+	}
+	return dst
+}
+
+// EncodePrompt appends the token ids of a plain (not chat) prompt to dst:
+// t's prompt prefix, if any, then text's ids.
+func EncodePrompt(t Tokenizer, dst []uint32, text []byte) []uint32 {
+	return t.Encode(AppendPromptPrefix(t, dst), text)
+}
+
 // Decoder is a tokenizer that can turn token ids back into text (both
 // tokenizers here can).
 type Decoder interface {
