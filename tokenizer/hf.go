@@ -282,7 +282,7 @@ func (h *HF) checkNormalizer(raw json.RawMessage) error {
 	case c.Type == "Sequence" && len(c.Normalizers) == 1 && c.Normalizers[0].Type == "NFC":
 		h.nfc = true
 	default:
-		return fmt.Errorf("normalizer %s is not supported", raw)
+		return fmt.Errorf("normalizer %s is not supported", brief(raw))
 	}
 	return nil
 }
@@ -293,14 +293,14 @@ func (h *HF) checkPreTokenizer(raw json.RawMessage) error {
 		return fmt.Errorf("cannot parse pre_tokenizer: %w", err)
 	}
 	if c.Type != "Sequence" || len(c.Pretokenizers) != 2 {
-		return fmt.Errorf("pre_tokenizer %s is not supported (want Sequence[Split, ByteLevel])", raw)
+		return fmt.Errorf("pre_tokenizer %s is not supported (want Sequence[Split, ByteLevel])", brief(raw))
 	}
 	split, bl := c.Pretokenizers[0], c.Pretokenizers[1]
 	var pat struct {
 		Regex *string `json:"Regex"`
 	}
 	if split.Type != "Split" || json.Unmarshal(split.Pattern, &pat) != nil || pat.Regex == nil {
-		return fmt.Errorf("pre_tokenizer %s is not supported (want a Split with a Regex)", raw)
+		return fmt.Errorf("pre_tokenizer %s is not supported (want a Split with a Regex)", brief(raw))
 	}
 	switch *pat.Regex {
 	case qwen2Pattern:
@@ -314,9 +314,31 @@ func (h *HF) checkPreTokenizer(raw json.RawMessage) error {
 		return fmt.Errorf("pre_tokenizer split behavior %q invert=%v is not supported", split.Behavior, split.Invert)
 	}
 	if bl.Type != "ByteLevel" || bl.AddPrefixSpace || (bl.UseRegex != nil && *bl.UseRegex) {
-		return fmt.Errorf("pre_tokenizer %s is not supported (want ByteLevel without prefix space or regex)", raw)
+		return fmt.Errorf("pre_tokenizer %s is not supported (want ByteLevel without prefix space or regex)", brief(raw))
 	}
 	return nil
+}
+
+// maxBrief bounds the JSON of a tokenizer component quoted in an error.
+const maxBrief = 300
+
+// brief returns a component's JSON for an error message: on one line, and
+// cut at maxBrief bytes (a normalizer's precompiled_charsmap alone is
+// hundreds of kilobytes).
+func brief(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if json.Compact(&b, raw) != nil {
+		b.Reset()
+		b.Write(raw)
+	}
+	if b.Len() <= maxBrief {
+		return b.String()
+	}
+	cut := maxBrief
+	for cut > 0 && !utf8.RuneStart(b.Bytes()[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (%d bytes)", b.Bytes()[:cut], len(raw))
 }
 
 func checkByteLevel(raw json.RawMessage, what string) error {
@@ -328,7 +350,7 @@ func checkByteLevel(raw json.RawMessage, what string) error {
 		return fmt.Errorf("cannot parse %s: %w", what, err)
 	}
 	if c.Type != "ByteLevel" {
-		return fmt.Errorf("%s %s is not supported", what, raw)
+		return fmt.Errorf("%s %s is not supported", what, brief(raw))
 	}
 	return nil
 }

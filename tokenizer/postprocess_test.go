@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -107,6 +108,27 @@ func TestLoadRefusesAPostProcessorItDoesNotApply(t *testing.T) {
 		_, err := Load(writeSmall(t, c.post))
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "post_processor") {
 			t.Errorf("%v: Load error %v, want one naming %s", c.post, err, c.want)
+		}
+	}
+}
+
+// An unsupported component is named in an error of one line and bounded
+// size: Load quoted its JSON as the file holds it, so DeepSeek V3's
+// pre_tokenizer made a 1.3 KB fatal log line of 40 indented lines, and a
+// normalizer's precompiled_charsmap (hundreds of kilobytes) one that size.
+func TestAnUnsupportedComponentIsNamedBriefly(t *testing.T) {
+	charsmap := strings.Repeat("ALQCAACEAAAAAACAAQAAgMz8AgC4BQAAhyIAgMzk", 5000)
+	for _, c := range []struct{ tokJSON, want string }{
+		{`{"normalizer": {"type": "Sequence", "normalizers": [{"type": "Precompiled", "precompiled_charsmap": "` + charsmap + `"}]}, "model": {"type": "BPE", "vocab": {}, "merges": []}}`, `normalizer {"type":"Sequence","normalizers":[{"type":"Precompiled"`},
+		{"{\"pre_tokenizer\": {\n    \"type\": \"Sequence\",\n    \"pretokenizers\": [\n        {\"type\": \"Digits\"}\n    ]\n}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", `pre_tokenizer {"type":"Sequence","pretokenizers":[{"type":"Digits"}]} is not supported`},
+	} {
+		dir := t.TempDir()
+		if err := os.WriteFile(dir+"/tokenizer.json", []byte(c.tokJSON), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Load(dir)
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") || len(err.Error()) > 600 {
+			t.Errorf("Load error (%d bytes) %.400q, want one line under 600 bytes naming %s", len(fmt.Sprint(err)), err, c.want)
 		}
 	}
 }
