@@ -13,7 +13,8 @@ import (
 	"github.com/infera/infera/jinja"
 )
 
-// Cmd is the `infera tokenize` command: it prints the token ids of stdin,
+// Cmd is the `infera tokenize` command: it prints the token ids of stdin
+// (a plain prompt, after the tokenizer's prompt prefix, or a chat),
 // space separated on one line, then the count. It is a debugging aid for
 // checking that the router tokenizes prompts as the engines do.
 type Cmd struct {
@@ -58,12 +59,17 @@ func (c *Cmd) Run() error {
 		return fmt.Errorf("cannot read stdin: %w", err)
 	}
 	text := input
+	var ids []uint32
 	if c.Chat {
 		if text, err = c.render(h, input); err != nil {
 			return err
 		}
+		ids = h.Encode(nil, text)
+	} else {
+		// A plain prompt, as the router and the engine encode one: after
+		// the post-processor's special tokens (a BOS), if any.
+		ids = EncodePrompt(h, nil, text)
 	}
-	ids := h.Encode(nil, text)
 	w := bufio.NewWriter(out)
 	if c.Text {
 		w.Write(text)

@@ -132,3 +132,18 @@ func TestAnUnsupportedComponentIsNamedBriefly(t *testing.T) {
 		}
 	}
 }
+
+// `infera tokenize` of plain text answers what the router's /tokenize and
+// the engine give a prompt: after the post-processor's BOS. It printed the
+// ids without it, so the tool meant for checking the router against the
+// engine disagreed with both on Llama 3.1.
+func TestTheTokenizeCommandEncodesAPromptAfterTheBOS(t *testing.T) {
+	var out strings.Builder
+	c := Cmd{Tokenizer: writeSmall(t, template(bosPiece, seqA)), Stdin: strings.NewReader("ab a"), Stdout: &out}
+	if err := c.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if want := "300 256 32 97\ncount: 4\n"; out.String() != want {
+		t.Fatalf("infera tokenize = %q, want %q", out.String(), want)
+	}
+}
