@@ -557,6 +557,9 @@ func (st *state) forLoop(dst []byte, n *forNode, e *env) ([]byte, error) {
 			st.mem += len(loopKeys) * (stringSize + valueSize)
 		}
 		setLoop(loop.vals, i, len(items), prev, next)
+		// Each iteration starts from the enclosing scope, as in Jinja2: a
+		// set in one iteration's body is gone in the next.
+		scope.names, scope.vals = scope.names[:0], scope.vals[:0]
 		scope.set("loop", ObjectValue(loop))
 		if err := bind(scope, cur); err != nil {
 			return dst, err
