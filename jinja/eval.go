@@ -497,7 +497,7 @@ func (st *state) forLoop(dst []byte, n *forNode, e *env) ([]byte, error) {
 		case *ident:
 			s.set(lv.name, cur)
 		case *tupleLit:
-			if cur.kind != KindArray {
+			if !cur.isArray() {
 				return errorf("cannot unpack non-iterable type: %s", cur.kind)
 			}
 			if len(lv.items) != len(cur.arr.items) {

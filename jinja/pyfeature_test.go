@@ -54,3 +54,7 @@ func pyFeature(t *testing.T, name string) {
 func TestSetInALoopBodyDoesNotOutliveItsIteration(t *testing.T) {
 	pyFeature(t, "set_in_loop_body_does_not_outlive_its_iteration")
 }
+
+func TestForUnpacksTupleLiterals(t *testing.T) {
+	pyFeature(t, "for_unpacks_tuple_literals")
+}

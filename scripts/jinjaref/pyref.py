@@ -221,6 +221,10 @@ FEATURES = [
     ("set_in_loop_body_does_not_outlive_its_iteration",
      "{% for m in xs %}{% if m > 1 %}{% set r = m %}{% endif %}[{{ 'y' if r is defined else 'n' }}{{ r }}]{% endfor %}",
      {"xs": [2, 1, 3, 0]}),
+    # meetkai/functionary-medium-v3.2 loops over a list of tuple literals.
+    ("for_unpacks_tuple_literals",
+     "{% for field, name in [('maximum', 'Maximum'), ('minimum', 'Minimum')] %}{% if field in p %}{{ name }}: {{ p[field] }};{% endif %}{% endfor %}",
+     {"p": {"minimum": 1, "maximum": 9}}),
 ]
 FEATURES_OUT = "jinja/testdata/pyref_features.json"
 
