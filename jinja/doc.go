@@ -12,6 +12,9 @@
 //     "true"/"false"; floats with an integral value print as "1.0".
 //   - str.strip/lstrip/rstrip ignore their argument and strip whitespace.
 //   - Arrays and objects print as JSON (tojson without indent).
+//   - == and != compare numbers, strings and booleans as JavaScript's ==
+//     does ('1' == 1 is true); lists and dicts compare by value, as in
+//     Python.
 //   - A break or continue discards the output of the current iteration.
 //   - Object key order is insertion order (array-index-like keys first, as in
 //     JavaScript objects).

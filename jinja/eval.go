@@ -584,6 +584,54 @@ func (st *state) forLoop(dst []byte, n *forNode, e *env) ([]byte, error) {
 	return dst, nil
 }
 
+// equal implements == as Python's jinja2 does for lists and dicts: by
+// value, element by element (charged a step each), where JavaScript's ==
+// compares their references. Other values compare as looseEqual.
+func (st *state) equal(a, b Value, depth int) (bool, error) {
+	if sameRef(a, b) {
+		return true, nil
+	}
+	switch {
+	case a.isArray() && b.isArray():
+		if a.kind != b.kind || len(a.arr.items) != len(b.arr.items) {
+			return false, nil
+		}
+	case a.kind == KindObject && b.kind == KindObject:
+		if a.obj.Len() != b.obj.Len() {
+			return false, nil
+		}
+	default:
+		return looseEqual(a, b), nil
+	}
+	if depth >= maxJSONDepth {
+		return false, limitf("values nested more than %d deep compared", maxJSONDepth)
+	}
+	if a.isArray() {
+		if err := st.charge(len(a.arr.items)); err != nil {
+			return false, err
+		}
+		for i := range a.arr.items {
+			if eq, err := st.equal(a.arr.items[i], b.arr.items[i], depth+1); !eq || err != nil {
+				return false, err
+			}
+		}
+		return true, nil
+	}
+	if err := st.charge(a.obj.Len()); err != nil {
+		return false, err
+	}
+	for i, k := range a.obj.keys {
+		bv, ok := b.obj.Get(k)
+		if !ok {
+			return false, nil
+		}
+		if eq, err := st.equal(a.obj.vals[i], bv, depth+1); !eq || err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
 var loopKeys = []string{"index", "index0", "revindex", "revindex0", "first", "last", "length", "previtem", "nextitem"}
 
 // setLoop fills the values of a loop object (in loopKeys' order) for
@@ -1324,10 +1372,12 @@ func (st *state) binary(n *binaryExpr, e *env) (Value, error) {
 		return Value{}, err
 	}
 	switch op {
-	case opEq:
-		return Bool(looseEqual(left, right)), nil
-	case opNe:
-		return Bool(!looseEqual(left, right)), nil
+	case opEq, opNe:
+		eq, err := st.equal(left, right, 0)
+		if err != nil {
+			return Value{}, err
+		}
+		return Bool(eq == (op == opEq)), nil
 	}
 	switch {
 	case left.kind == KindUndefined || right.kind == KindUndefined:

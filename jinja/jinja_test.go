@@ -71,8 +71,8 @@ func TestRender(t *testing.T) {
 	f("{% macro m(a, b='B') %}{{ a }}{{ b }}{{ kwargs }}{% endmacro %}{{ m(1) }}|{{ m(1, c=3) }}", "", "1B{}|1B{\"c\": 3}")
 	f("{% macro list() %}[{{ caller('x') }}]{% endmacro %}{% call(v) list() %}<{{ v }}>{% endcall %}", "", "[<x>]")
 	f("{% filter upper %}a{{ 'b' }}{% endfilter %}", "", "AB")
-	// Equality is JavaScript's loose equality.
-	f("{{ '1' == 1 }}{{ true == 1 }}{{ none == nope }}{{ [] == [] }}{{ 0 == '' }}", "", "truetruetruefalsetrue")
+	// Equality is JavaScript's loose equality, but lists and dicts compare by value.
+	f("{{ '1' == 1 }}{{ true == 1 }}{{ none == nope }}{{ [] == [] }}{{ 0 == '' }}", "", "truetruetruetruetrue") // [] == [] by value, as Python compares lists
 	f("{{ strftime_now('%Y-%m-%d %H:%M %b %B %%') }}", "", time.Now().Format("2006-01-02 15:04 Jan January %"))
 }
 

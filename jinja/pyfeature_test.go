@@ -58,3 +58,7 @@ func TestSetInALoopBodyDoesNotOutliveItsIteration(t *testing.T) {
 func TestForUnpacksTupleLiterals(t *testing.T) {
 	pyFeature(t, "for_unpacks_tuple_literals")
 }
+
+func TestEqualComparesDictsAndListsByValue(t *testing.T) {
+	pyFeature(t, "equal_compares_dicts_and_lists_by_value")
+}

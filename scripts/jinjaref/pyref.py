@@ -225,6 +225,13 @@ FEATURES = [
     ("for_unpacks_tuple_literals",
      "{% for field, name in [('maximum', 'Maximum'), ('minimum', 'Minimum')] %}{% if field in p %}{{ name }}: {{ p[field] }};{% endif %}{% endfor %}",
      {"p": {"minimum": 1, "maximum": 9}}),
+    # Mistral v0.3/Nemo/Small put the tools before the user message that
+    # equals (==) the last one: dicts compare by value.
+    ("equal_compares_dicts_and_lists_by_value",
+     "{% for m in ms %}{{ 'T' if m == ms[-1] else 'F' }}{{ 'T' if m != ms[-1] else 'F' }}{% endfor %}"
+     "|{{ 'T' if [1, {'a': [2]}] == [1, {'a': [2]}] else 'F' }}{{ 'T' if {'a': 1, 'b': 2} == {'b': 2, 'a': 1} else 'F' }}"
+     "{{ 'T' if [1, 2] == [1, 2, 3] else 'F' }}{{ 'T' if {'a': 1} == {'a': 2} else 'F' }}{{ 'T' if {'a': 1} == {'b': 1} else 'F' }}",
+     {"ms": [{"role": "user", "content": "yes"}, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "yes"}]}),
 ]
 FEATURES_OUT = "jinja/testdata/pyref_features.json"
 
