@@ -862,6 +862,15 @@ func (st *state) simpleFilter(v Value, name string) (Value, error) {
 			return String(st.toString(v)), nil
 		}
 		return Value{}, errorf("unknown BooleanValue filter: %s", name)
+	case v.kind == KindUndefined:
+		// Python's Undefined is an empty string to the string filters and
+		// an empty sequence to length.
+		switch name {
+		case "trim", "upper", "lower", "title", "capitalize", "string":
+			return String(""), nil
+		case "length":
+			return Int(0), nil
+		}
 	}
 	return Value{}, errorf("cannot apply filter %q to type: %s", name, v.kind)
 }

@@ -62,3 +62,7 @@ func TestForUnpacksTupleLiterals(t *testing.T) {
 func TestEqualComparesDictsAndListsByValue(t *testing.T) {
 	pyFeature(t, "equal_compares_dicts_and_lists_by_value")
 }
+
+func TestStringFiltersOfUndefinedAreEmpty(t *testing.T) {
+	pyFeature(t, "string_filters_of_undefined_are_empty")
+}

@@ -232,6 +232,11 @@ FEATURES = [
      "|{{ 'T' if [1, {'a': [2]}] == [1, {'a': [2]}] else 'F' }}{{ 'T' if {'a': 1, 'b': 2} == {'b': 2, 'a': 1} else 'F' }}"
      "{{ 'T' if [1, 2] == [1, 2, 3] else 'F' }}{{ 'T' if {'a': 1} == {'a': 2} else 'F' }}{{ 'T' if {'a': 1} == {'b': 1} else 'F' }}",
      {"ms": [{"role": "user", "content": "yes"}, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "yes"}]}),
+    # Hermes 2 Pro / Hermes 3 write 'param_fields.description|trim' for
+    # every tool parameter, described or not.
+    ("string_filters_of_undefined_are_empty",
+     "[{{ p.description|trim }}][{{ p.nope|upper }}{{ p.nope|lower }}{{ p.nope|title }}{{ p.nope|capitalize }}{{ p.nope|string }}][{{ p.nope|length }}]",
+     {"p": {"type": "string"}}),
 ]
 FEATURES_OUT = "jinja/testdata/pyref_features.json"
 
