@@ -37,6 +37,13 @@ func newGlobals() *env {
 		return String(st.view(mark)), nil
 	}))
 	g.set("namespace", fn("namespace", builtinNamespace))
+	// Python's dict, a global of jinja2's default environment: the same
+	// arguments as namespace, a plain object.
+	g.set("dict", fn("dict", func(st *state, e *env, args []Value) (Value, error) {
+		v, err := builtinNamespace(st, e, args)
+		v.kind = KindObject
+		return v, err
+	}))
 	return g
 }
 

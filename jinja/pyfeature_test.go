@@ -66,3 +66,7 @@ func TestEqualComparesDictsAndListsByValue(t *testing.T) {
 func TestStringFiltersOfUndefinedAreEmpty(t *testing.T) {
 	pyFeature(t, "string_filters_of_undefined_are_empty")
 }
+
+func TestDictBuildsAMapping(t *testing.T) {
+	pyFeature(t, "dict_builds_a_mapping")
+}

@@ -237,6 +237,11 @@ FEATURES = [
     ("string_filters_of_undefined_are_empty",
      "[{{ p.description|trim }}][{{ p.nope|upper }}{{ p.nope|lower }}{{ p.nope|title }}{{ p.nope|capitalize }}{{ p.nope|string }}][{{ p.nope|length }}]",
      {"p": {"type": "string"}}),
+    # CISCai/Mistral-7B-Instruct-v0.3-SOTA-GGUF builds tool results and
+    # calls with dict(...).
+    ("dict_builds_a_mapping",
+     "{{ dict(call_id=m.id, content=m.content)|tojson }}|{{ dict(m, z=1)|tojson }}|{{ dict([('a', 1)])['a'] }}",
+     {"m": {"id": "call_1", "content": "22.5 ü"}}),
 ]
 FEATURES_OUT = "jinja/testdata/pyref_features.json"
 
