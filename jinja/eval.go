@@ -1311,7 +1311,7 @@ func jsValueString(dst []byte, v Value) []byte {
 	case KindInt:
 		return appendInt(dst, v)
 	case KindFloat:
-		return jsNumber(dst, v.num)
+		return pyFloat(dst, v.num) // Python's str(1.0) is "1.0"
 	case KindArray, KindTuple:
 		for i, it := range v.arr.items {
 			if i > 0 {

@@ -70,3 +70,7 @@ func TestStringFiltersOfUndefinedAreEmpty(t *testing.T) {
 func TestDictBuildsAMapping(t *testing.T) {
 	pyFeature(t, "dict_builds_a_mapping")
 }
+
+func TestConcatAndJoinWriteFloatsAsPythonStr(t *testing.T) {
+	pyFeature(t, "concat_and_join_write_floats_as_python_str")
+}

@@ -442,7 +442,7 @@ func jsPrimitiveString(dst []byte, v Value) []byte {
 	case KindInt:
 		return appendInt(dst, v)
 	case KindFloat:
-		return jsNumber(dst, v.num)
+		return pyFloat(dst, v.num) // Python's str(1.0) is "1.0"
 	}
 	return appendString(dst, v)
 }

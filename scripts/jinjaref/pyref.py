@@ -242,6 +242,10 @@ FEATURES = [
     ("dict_builds_a_mapping",
      "{{ dict(call_id=m.id, content=m.content)|tojson }}|{{ dict(m, z=1)|tojson }}|{{ dict([('a', 1)])['a'] }}",
      {"m": {"id": "call_1", "content": "22.5 ü"}}),
+    # meetkai/functionary-medium-v3.2 writes a parameter's bounds with ~.
+    ("concat_and_join_write_floats_as_python_str",
+     "{{ 'Maximum=' ~ p.maximum }} {{ p.minimum ~ '<' }} {{ 'x' + p.maximum|string }} {{ [p.maximum, p.minimum, p.big, p.tiny, 3, p.nz]|join(',') }}",
+     {"p": {"maximum": 1.0, "minimum": 0.5, "big": 1e20, "tiny": 1e-7, "nz": -0.0}}),
 ]
 FEATURES_OUT = "jinja/testdata/pyref_features.json"
 
