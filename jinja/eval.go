@@ -1488,5 +1488,23 @@ func (st *state) binary(n *binaryExpr, e *env) (Value, error) {
 			return Bool(!right.obj.has(left.str)), nil
 		}
 	}
+	if op == opMul && (left.kind == KindString && right.kind == KindInt || left.kind == KindInt && right.kind == KindString) {
+		// Python repeats a string: ' ' * 4 is four spaces.
+		s, times := left.str, right.num
+		if left.kind == KindInt {
+			s, times = right.str, left.num
+		}
+		if times <= 0 || s == "" {
+			return String(""), nil
+		}
+		if float64(len(s))*times > float64(st.opts.MaxOutput) {
+			return Value{}, limitf("template string exceeds %d bytes", st.opts.MaxOutput)
+		}
+		mark := len(st.strs)
+		for i := 0; i < int(times); i++ {
+			st.strs = append(st.strs, s...)
+		}
+		return String(st.view(mark)), st.spend(len(st.strs) - mark)
+	}
 	return Value{}, errorf("unknown operator %q between %s and %s", n.op, left.kind, right.kind)
 }

@@ -74,3 +74,15 @@ func TestDictBuildsAMapping(t *testing.T) {
 func TestConcatAndJoinWriteFloatsAsPythonStr(t *testing.T) {
 	pyFeature(t, "concat_and_join_write_floats_as_python_str")
 }
+
+func TestStarRepeatsAString(t *testing.T) {
+	pyFeature(t, "star_repeats_a_string")
+	// Bounded as any string the template builds.
+	tpl, err := Parse("{{ 'xy' * 1000000000000 }}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := tpl.Render(nil, nil); err == nil {
+		t.Fatalf("a 2 TB string rendered (%d bytes)", len(out))
+	}
+}

@@ -246,6 +246,11 @@ FEATURES = [
     ("concat_and_join_write_floats_as_python_str",
      "{{ 'Maximum=' ~ p.maximum }} {{ p.minimum ~ '<' }} {{ 'x' + p.maximum|string }} {{ [p.maximum, p.minimum, p.big, p.tiny, 3, p.nz]|join(',') }}",
      {"p": {"maximum": 1.0, "minimum": 0.5, "big": 1e20, "tiny": 1e-7, "nz": -0.0}}),
+    # meetkai/functionary-medium-v3.2 indents nested parameters with
+    # ' ' * depth.
+    ("star_repeats_a_string",
+     "[{{ ' ' * n }}][{{ 2 * 'ab' }}][{{ 'x' * 0 }}][{{ 'x' * -1 }}][{{ 'ü' * 3 }}]",
+     {"n": 4}),
 ]
 FEATURES_OUT = "jinja/testdata/pyref_features.json"
 
