@@ -1170,11 +1170,13 @@ func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Valu
 			}
 			out := st.values(len(items))[:0]
 			for _, it := range items {
-				r := false
-				if a, ok := it.obj.Get(attr.str); ok {
-					if r, err = test(a, val); err != nil {
-						return Value{}, err
-					}
+				// A missing attribute is undefined, and tested as such:
+				// selectattr("tool_calls", "undefined") keeps the items
+				// without one.
+				a, _ := it.obj.Get(attr.str)
+				r, err := test(a, val)
+				if err != nil {
+					return Value{}, err
 				}
 				if r == (name == "selectattr") {
 					out = append(out, it)

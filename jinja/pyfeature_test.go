@@ -86,3 +86,7 @@ func TestStarRepeatsAString(t *testing.T) {
 		t.Fatalf("a 2 TB string rendered (%d bytes)", len(out))
 	}
 }
+
+func TestSelectattrTestsAMissingAttributeAsUndefined(t *testing.T) {
+	pyFeature(t, "selectattr_tests_a_missing_attribute_as_undefined")
+}
