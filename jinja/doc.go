@@ -15,9 +15,18 @@
 //   - == and != compare numbers, strings and booleans as JavaScript's ==
 //     does ('1' == 1 is true); lists and dicts compare by value, as in
 //     Python.
+//   - + with a string operand writes the other one as a string (Python
+//     raises TypeError for str + dict or str + list).
+//   - Dict literals take string keys only, and a for loop refuses to iterate
+//     a string (Python iterates its characters).
 //   - A break or continue discards the output of the current iteration.
 //   - Object key order is insertion order (array-index-like keys first, as in
 //     JavaScript objects).
+//
+// Where Python's jinja2 (in the environment transformers, and so vLLM,
+// renders chat templates with) differs otherwise, jinja/ follows Python:
+// scripts/jinjaref/pyref.py renders real templates (testdata/templates)
+// with it, and TestPythonJinjaReference compares byte for byte.
 //
 // The package owns parsing, evaluation and value conversion. It knows nothing
 // about tokenizers or chat messages: callers pass variables as Values.

@@ -101,6 +101,12 @@ ANSWERS_WITH_THINK = [
 
 TOOL_NAMES = ["get_weather", "search_web", "calc"]
 
+# Whether conversations hold list contents (which vLLM flattens to a string
+# for most templates) and nulls (a null content, a null description), whose
+# renders differ by the departures doc.go lists; --all turns them on.
+PARTS = False
+NULLS = False
+
 
 def rand_scalar(r):
     return r.choice([
@@ -141,7 +147,7 @@ def rand_tool(r, name):
     }
     keys = r.sample(list(props), r.randint(0, len(props)))
     fn = {"name": name}
-    if r.random() < 0.8:
+    if not NULLS or r.random() < 0.8:
         fn["description"] = r.choice(["Get the current weather", "Search the web.\nReturns results.", 'Calc "things" <fast>'])
     else:
         fn["description"] = None
@@ -151,7 +157,7 @@ def rand_tool(r, name):
 
 def rand_content(r, parts_ok):
     text = r.choice(TEXTS)
-    if parts_ok and r.random() < 0.03:
+    if PARTS and parts_ok and r.random() < 0.03:
         return [{"type": "text", "text": text}, {"type": "text", "text": r.choice(TEXTS)}]
     return text
 
@@ -189,7 +195,7 @@ def conversation(r):
                 })
             m["tool_calls"] = calls
             if r.random() < 0.3:
-                m["content"] = r.choice(["", None])
+                m["content"] = r.choice(["", None] if NULLS else [""])
             msgs.append(m)
             for c in calls:
                 tm = {"role": "tool", "tool_call_id": c["id"], "content": r.choice(["22.5", '{"temp": 22.5, "unit": "celsius"}', "ok ünï", "\nresult\n"])}
@@ -205,6 +211,36 @@ def conversation(r):
         v["enable_thinking"] = r.random() < 0.5
     return v
 
+
+# Conversations every reference holds: a user repeating the last message
+# with tools (Mistral's 'message == user_messages[-1]'), and a reasoning
+# turn before thinking is turned off (GLM's per-iteration 'set').
+FIXED = [
+    {
+        "messages": [
+            {"role": "system", "content": "You are helpful."},
+            {"role": "user", "content": "yes"},
+            {"role": "assistant", "content": "Sure?", "reasoning_content": "Ask again."},
+            {"role": "user", "content": "yes"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "calc", "description": "Calc", "parameters": {"type": "object", "properties": {"x": {"type": "number", "maximum": 1.0, "minimum": 0.5}}, "required": ["x"]}}}],
+        "documents": None,
+        "add_generation_prompt": True,
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "a1", "reasoning_content": "r1"},
+            {"role": "user", "content": "q2"},
+            {"role": "assistant", "content": "a2"},
+            {"role": "assistant", "content": "a3"},
+        ],
+        "tools": None,
+        "documents": None,
+        "add_generation_prompt": False,
+        "enable_thinking": False,
+    },
+]
 
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
 
@@ -251,6 +287,12 @@ FEATURES = [
     ("star_repeats_a_string",
      "[{{ ' ' * n }}][{{ 2 * 'ab' }}][{{ 'x' * 0 }}][{{ 'x' * -1 }}][{{ 'ü' * 3 }}]",
      {"n": 4}),
+    # Mistral Nemo checks that the messages without tool_calls alternate.
+    ("selectattr_tests_a_missing_attribute_as_undefined",
+     "{% for m in ms | rejectattr('role', 'equalto', 'tool') | selectattr('tool_calls', 'undefined') %}{{ loop.index0 }}{{ m.role }},{% endfor %}"
+     "|{{ ms | selectattr('tool_calls', 'defined') | list | length }}{{ ms | rejectattr('tool_calls', 'undefined') | list | length }}"
+     "{{ ms | selectattr('tool_calls') | list | length }}{{ ms | rejectattr('tool_calls') | list | length }}{{ ms | selectattr('name', 'equalto', 'f') | list | length }}",
+     {"ms": [{"role": "user"}, {"role": "assistant", "tool_calls": [{"name": "f"}]}, {"role": "tool", "name": "f"}, {"role": "assistant"}, {"role": "assistant"}]}),
 ]
 FEATURES_OUT = "jinja/testdata/pyref_features.json"
 
@@ -274,10 +316,13 @@ def main():
     ap.add_argument("-n", type=int, default=12)
     ap.add_argument("-o", default="jinja/testdata/pyref.json")
     ap.add_argument("--seed", type=int, default=171)
+    ap.add_argument("--all", action="store_true", help="also list contents and nulls")
     args = ap.parse_args()
+    global PARTS, NULLS
+    PARTS = NULLS = args.all
     features()
     r = random.Random(args.seed)
-    convs = [conversation(r) for _ in range(args.n)]
+    convs = FIXED + [conversation(r) for _ in range(args.n)]
     names = sorted(os.path.basename(p)[: -len(".jinja")] for p in glob.glob("jinja/testdata/templates/*.jinja"))
     cases = []
     for name in names:
