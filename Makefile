@@ -45,6 +45,7 @@ scripts/sdk/node_modules/openai/package.json: scripts/sdk/package-lock.json
 ## tokref: regenerate the tokenizer/jinja reference outputs (Node 20 + npm)
 tokref:
 	cd scripts/tokref && npm ci --no-audit --no-fund && node gen.mjs && node nfc.mjs
+	python3 scripts/tokref/vllm_text.py
 
 VERSION  := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 

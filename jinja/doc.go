@@ -10,7 +10,8 @@
 //     lstrip_blocks on, one trailing newline removed).
 //   - None and undefined values print as nothing; booleans print as
 //     "true"/"false"; floats with an integral value print as "1.0".
-//   - str.strip/lstrip/rstrip ignore their argument and strip whitespace.
+//   - str.strip/lstrip/rstrip ignore their argument and strip whitespace
+//     (Options.PythonStrip honours it, as Python does; the tokenizer sets it).
 //   - Arrays and objects print as JSON (tojson without indent).
 //   - == and != compare numbers, strings and booleans as JavaScript's ==
 //     does ('1' == 1 is true); lists and dicts compare by value, as in

