@@ -696,8 +696,8 @@ func (h *HF) RenderChatJSON(dst []byte, messages, tools []byte, addGenerationPro
 var applyChatTemplateParams = [...]string{"conversation", "chat_template", "continue_final_message", "tokenize",
 	"padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
 
-// render renders the template with msgs, tools, documents (each unset when
-// undefined), add_generation_prompt and the special tokens, then extra's
+// render renders the template with msgs, tools, documents (None when
+// absent, as transformers passes them), add_generation_prompt and the special tokens, then extra's
 // keys over them, as transformers renders vLLM's chat_template_kwargs
 // (merged over the request's tools, documents and add_generation_prompt):
 // all but the parameters apply_chat_template consumes, and, when leading
@@ -709,12 +709,17 @@ func (h *HF) render(dst []byte, cv *chatVars, msgs, tools, docs jinja.Value, add
 	}
 	vars := cv.object()
 	vars.Set("messages", msgs)
-	if !tools.IsUndefined() {
-		vars.Set("tools", tools)
+	// Absent tools and documents are None, as transformers passes them
+	// (render_jinja_template's tools=None, documents=None): a template's
+	// `tools is not none` is false, `tools is defined` true.
+	if tools.IsUndefined() {
+		tools = jinja.Null()
 	}
-	if !docs.IsUndefined() {
-		vars.Set("documents", docs)
+	if docs.IsUndefined() {
+		docs = jinja.Null()
 	}
+	vars.Set("tools", tools)
+	vars.Set("documents", docs)
 	vars.Set("add_generation_prompt", jinja.Bool(addGen))
 	vars.Set("bos_token", jinja.String(h.bosToken))
 	vars.Set("eos_token", jinja.String(h.eosToken))

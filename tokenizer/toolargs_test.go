@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"unsafe"
+
+	"github.com/infera/infera/jinja"
 )
 
 // An assistant tool call's arguments are rendered as vLLM renders them:
@@ -61,5 +63,24 @@ func TestToolCallArgumentsCacheKeepsItsOwnKey(t *testing.T) {
 	}
 	if !strings.Contains(string(got), `"arguments": {"k": "other"}`) {
 		t.Fatalf("after the arena changed the render holds\n%s\nwant the new arguments", got)
+	}
+}
+
+// Absent tools and documents reach the template as None, as transformers
+// passes them: a template testing `tools is not none` (Mistral's, once it
+// set an undefined tools to none) saw them undefined, which is not none.
+func TestAbsentToolsAndDocumentsAreNone(t *testing.T) {
+	tpl, err := jinja.ParseWithOptions(`[{{ 'T' if tools is defined else 'F' }}{{ 'T' if tools is not none else 'F' }}{{ 'T' if documents is none else 'F' }}]`,
+		jinja.Options{PythonStrip: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &HF{chat: tpl}
+	got, err := h.RenderChat(nil, []Message{{Role: "user", Content: "hi"}}, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "[TFT]" { // what Python's jinja2 prints with tools=None, documents=None
+		t.Fatalf("rendered %s", got)
 	}
 }
