@@ -724,6 +724,10 @@ func (st *state) simpleFilter(v Value, name string) (Value, error) {
 		return v, nil
 	case "tojson":
 		return st.jsonString(v, jsonOptions{})
+	case "string":
+		if st.opts.PythonPrint && v.kind == KindNull {
+			return String("None"), nil
+		}
 	}
 	switch {
 	case v.isArray():
@@ -758,7 +762,7 @@ func (st *state) simpleFilter(v Value, name string) (Value, error) {
 		case "join":
 			mark := len(st.strs)
 			for _, x := range items {
-				st.strs = jsPrimitiveString(st.strs, x)
+				st.strs = st.joinItem(st.strs, x)
 			}
 			return String(st.view(mark)), st.spend(len(st.strs) - mark)
 		case "string":
@@ -894,14 +898,28 @@ func (st *state) jsonString(v Value, o jsonOptions) (Value, error) {
 	return String(st.view(mark)), nil
 }
 
-// toString returns v as @huggingface/jinja's toString renders it.
+// toString returns v as @huggingface/jinja's toString renders it (None and
+// booleans as Python's str, with PythonPrint).
 func (st *state) toString(v Value) string {
 	if v.kind == KindString {
 		return v.str
 	}
 	mark := len(st.strs)
-	st.strs = appendString(st.strs, v)
+	if d, ok := st.pyScalar(st.strs, v); ok {
+		st.strs = d
+	} else {
+		st.strs = appendString(st.strs, v)
+	}
 	return st.view(mark)
+}
+
+// joinItem appends an item of a join (jsPrimitiveString, or None and
+// booleans as Python's str with PythonPrint).
+func (st *state) joinItem(dst []byte, v Value) []byte {
+	if d, ok := st.pyScalar(dst, v); ok {
+		return d
+	}
+	return jsPrimitiveString(dst, v)
 }
 
 // indent indents the lines of s by width spaces: the first line only when
@@ -1074,7 +1092,7 @@ func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Valu
 			if i > 0 {
 				st.strs = append(st.strs, sep.str...)
 			}
-			st.strs = jsPrimitiveString(st.strs, x)
+			st.strs = st.joinItem(st.strs, x)
 		}
 		return String(st.view(mark)), st.spend(len(st.strs) - mark)
 	case "int", "float":

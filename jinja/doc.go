@@ -9,7 +9,9 @@
 //   - The template is preprocessed as transformers does (trim_blocks and
 //     lstrip_blocks on, one trailing newline removed).
 //   - None and undefined values print as nothing; booleans print as
-//     "true"/"false"; floats with an integral value print as "1.0".
+//     "true"/"false" (Options.PythonPrint writes None, True and False as
+//     Python's str does; the tokenizer sets it); floats with an integral
+//     value print as "1.0".
 //   - str.strip/lstrip/rstrip ignore their argument and strip whitespace
 //     (Options.PythonStrip honours it, as Python does; the tokenizer sets it).
 //   - Arrays and objects print as JSON (tojson without indent).

@@ -26,6 +26,12 @@ type Options struct {
 	// as Python does. @huggingface/jinja ignores the argument and strips
 	// whitespace, which is the default here.
 	PythonStrip bool
+	// PythonPrint writes None and booleans as Python's str does ("None",
+	// "True", "False") where a value becomes text: output, ~ and +, join
+	// and the string filter. @huggingface/jinja writes nothing for null
+	// and "true"/"false", which is the default here. Undefined is "" both
+	// ways; tojson writes JSON either way.
+	PythonPrint bool
 	// MaxOutput bounds the rendered output and every intermediate string,
 	// in bytes. Zero means 16 MiB.
 	MaxOutput int
@@ -266,6 +272,9 @@ func (st *state) stmt(dst []byte, n node, e *env) ([]byte, error) {
 	if err != nil {
 		return dst, err
 	}
+	if d, ok := st.pyScalar(dst, v); ok {
+		return d, nil
+	}
 	switch v.kind {
 	case KindNull, KindUndefined:
 		return dst, nil
@@ -275,6 +284,25 @@ func (st *state) stmt(dst []byte, n node, e *env) ([]byte, error) {
 		}
 	}
 	return appendString(dst, v), nil
+}
+
+// pyScalar appends None or a boolean as Python's str writes them when the
+// template was parsed with PythonPrint; ok is false for other values (and
+// without the option).
+func (st *state) pyScalar(dst []byte, v Value) ([]byte, bool) {
+	if !st.opts.PythonPrint {
+		return dst, false
+	}
+	switch v.kind {
+	case KindNull:
+		return append(dst, "None"...), true
+	case KindBool:
+		if v.num != 0 {
+			return append(dst, "True"...), true
+		}
+		return append(dst, "False"...), true
+	}
+	return dst, false
 }
 
 func (st *state) eval(n node, e *env) (Value, error) {
@@ -1339,10 +1367,16 @@ func (st *state) concat(a, b Value) (Value, error) {
 	mark := len(st.strs)
 	if a.kind == KindString && st.atTop(a.str) {
 		mark -= len(a.str)
-	} else {
+	} else if d, ok := st.pyScalar(st.strs, a); ok {
+		st.strs = d
+	} else if a.kind != KindUndefined || !st.opts.PythonPrint {
 		st.strs = jsValueString(st.strs, a)
 	}
-	st.strs = jsValueString(st.strs, b)
+	if d, ok := st.pyScalar(st.strs, b); ok {
+		st.strs = d
+	} else if b.kind != KindUndefined || !st.opts.PythonPrint {
+		st.strs = jsValueString(st.strs, b)
+	}
 	if err := st.spend(len(st.strs) - mark); err != nil {
 		return Value{}, err
 	}
@@ -1378,6 +1412,10 @@ func (st *state) binary(n *binaryExpr, e *env) (Value, error) {
 			return Value{}, err
 		}
 		return Bool(eq == (op == opEq)), nil
+	}
+	if op == opConcat && st.opts.PythonPrint {
+		// Python's ~ writes None as "None" and undefined as "".
+		return st.concat(left, right)
 	}
 	switch {
 	case left.kind == KindUndefined || right.kind == KindUndefined:

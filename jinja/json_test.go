@@ -99,3 +99,38 @@ func TestLargeIntegersPrintAsPythonPrintsThem(t *testing.T) {
 		}
 	}
 }
+
+// With PythonPrint, None and booleans become text as Python's str writes
+// them (output, ~, join, the string filter), as vLLM's templates print
+// them: Qwen3-Coder's and Qwen3.5's tool calls write a boolean argument
+// with |string (True, where @huggingface/jinja writes true), and a tool
+// without a description printed nothing where vLLM prints None. The want
+// text is what Python's jinja2 printed; without the option the output
+// stays @huggingface/jinja's.
+func TestPythonPrintWritesNoneAndBooleansAsPython(t *testing.T) {
+	const src = "{{ none }}|{{ true }}|{{ false }}|{{ 'a' ~ none ~ true }}|{{ [true, none, 1]|join(',') }}|{{ true|string }}|{{ none|string }}|{{ x }}|{{ d.flag }}|{{ 'v=' + d.flag|string }}|{{ u }}|{{ [1, true]|tojson }}"
+	vars := NewObject(2)
+	vars.Set("x", Null())
+	d := NewObject(1)
+	d.Set("flag", Bool(false))
+	vars.Set("d", ObjectValue(d))
+	for _, c := range []struct {
+		py        bool
+		src, want string
+	}{
+		{true, src, "None|True|False|aNoneTrue|True,None,1|True|None|None|False|v=False||[1, true]"},
+		{false, "{{ none }}|{{ true }}|{{ [true, none, 1]|join(',') }}|{{ true|string }}|{{ x }}|{{ d.flag }}", "|true|true,,1|true||false"},
+	} {
+		tpl, err := ParseWithOptions(c.src, Options{PythonPrint: c.py})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := tpl.Render(nil, vars)
+		if err != nil {
+			t.Fatalf("PythonPrint %v: %v", c.py, err)
+		}
+		if string(out) != c.want {
+			t.Errorf("PythonPrint %v:\n got %s\nwant %s", c.py, out, c.want)
+		}
+	}
+}

@@ -26,7 +26,6 @@ var pyrefDepartures = map[string]string{
 	"hfjs-HuggingFaceTB-SmolLM3-3B":                 "dict|string is Python's repr: refused",
 	"hfjs-MadeAgents-Hammer2.1":                     "prints dicts: JSON, not Python's repr",
 	"hfjs-LiquidAI-LFM2.5-VL-450M":                  "prints dicts and booleans: JSON and true/false, not Python's repr",
-	"hfjs-Qwen-Qwen3.5-4B":                          "prints boolean tool-call arguments: true/false, not True/False",
 }
 
 // TestPythonJinjaReference renders real chat templates
@@ -85,7 +84,7 @@ func TestPythonJinjaReference(t *testing.T) {
 			}
 			// PythonStrip as vLLM strips (the tokenizer parses chat
 			// templates so, docs/kv.md).
-			tpl, err = ParseWithOptions(string(src), Options{PythonStrip: true, Now: now})
+			tpl, err = ParseWithOptions(string(src), Options{PythonStrip: true, PythonPrint: true, Now: now})
 			if err != nil {
 				tplErrs[c.Template] = err
 			}

@@ -438,11 +438,13 @@ func (h *HF) loadConfig(data []byte) error {
 	if src == "" {
 		return nil
 	}
-	// Strips as Python's str.strip does (with its chars argument): vLLM
-	// renders the template with Python's jinja2, and Qwen3's
+	// Strips as Python's str.strip does (with its chars argument) and
+	// writes None and booleans as Python's str does: vLLM renders the
+	// template with Python's jinja2. Qwen3's
 	// content.split('</think>')[-1].lstrip('\n') keeps a leading space
-	// that @huggingface/jinja's strip drops.
-	if h.chat, err = jinja.ParseWithOptions(src, jinja.Options{PythonStrip: true}); err != nil {
+	// that @huggingface/jinja's strip drops, and Qwen3-Coder's and
+	// Qwen3.5's tool calls write a boolean argument as True.
+	if h.chat, err = jinja.ParseWithOptions(src, jinja.Options{PythonStrip: true, PythonPrint: true}); err != nil {
 		return fmt.Errorf("cannot parse chat_template: %w", err)
 	}
 	h.chatSrc = src

@@ -290,7 +290,8 @@ func TestLoadSmall(t *testing.T) {
 // kwarg a variable set over the others (tools, documents,
 // add_generation_prompt, bos_token) except apply_chat_template's own
 // parameters, which it consumes; a leading part of a chat is rendered
-// without a generation prompt whatever the kwargs say.
+// without a generation prompt whatever the kwargs say. Booleans print as
+// Python's str writes them (True), as vLLM's template prints them.
 func TestChatFieldsReachTheTemplateAsVLLMPassesThem(t *testing.T) {
 	loadQwen3(t)
 	dir := t.TempDir()
@@ -330,12 +331,12 @@ func TestChatFieldsReachTheTemplateAsVLLMPassesThem(t *testing.T) {
 		}
 	}
 	docs := []byte(`[{"title":"a","text":"one"},{"title":"b","text":"two"}]`)
-	check("documents", ChatFields{Documents: docs}, true, `[a:one][b:two]1|none|true||-|falsefalsefalse`)
+	check("documents", ChatFields{Documents: docs}, true, `[a:one][b:two]1|none|True||-|FalseFalseFalse`)
 	check("kwargs", ChatFields{Documents: docs, Tools: []byte(`[1]`),
 		Kwargs: []byte(`{"x":{"k":[1,"s"]},"add_generation_prompt":false,"bos_token":"<s>","tools":[1,2],"documents":[],` +
 			`"tokenize":true,"chat_template":"ignored","continue_final_message":true}`)}, true,
-		`1|2|false|<s>|{"k": [1, "s"]}|falsefalsefalse`)
-	check("leading", ChatFields{Kwargs: []byte(`{"add_generation_prompt":true}`), Leading: true}, false, `1|none|false||-|falsefalsefalse`)
+		`1|2|False|<s>|{"k": [1, "s"]}|FalseFalseFalse`)
+	check("leading", ChatFields{Kwargs: []byte(`{"add_generation_prompt":true}`), Leading: true}, false, `1|none|False||-|FalseFalseFalse`)
 	if _, err := RenderChatFields(h, nil, msgs, ChatFields{Kwargs: []byte(`[1]`)}, true); err == nil {
 		t.Error("chat_template_kwargs that are not an object were rendered")
 	}
