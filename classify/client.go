@@ -129,7 +129,10 @@ type target struct {
 	url  string
 	hc   *fasthttp.HostClient
 	host string
-	uri  string // path and query
+	// uri is the whole URL: a path alone leaves the request's scheme
+	// http, and a TLS HostClient refuses such a request without sending it
+	// (ErrHostClientRedirectToDifferentScheme).
+	uri string
 }
 
 var scratchPool = sync.Pool{New: func() any { return new([]byte) }}
@@ -247,7 +250,7 @@ func (c *Client) target(rawURL string) (*target, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &target{url: rawURL, host: ep.Host, uri: u.RequestURI()}
+	t := &target{url: rawURL, host: ep.Host, uri: u.Scheme + "://" + ep.Host + u.RequestURI()}
 	isTLS := ep.TLS
 	t.hc = &fasthttp.HostClient{
 		Addr:                ep.Addr,

@@ -1,10 +1,12 @@
 package classify
 
 import (
+	"crypto/x509"
 	"encoding/json"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -324,5 +326,39 @@ func TestAClassifierThatClosedAnIdleConnectionStillClassifies(t *testing.T) {
 	}
 	if bad > 0 {
 		t.Fatalf("%d of 5 calls to a healthy classifier got the fallback tier", bad)
+	}
+}
+
+// An https classifier_url is classified over TLS: the request carried no
+// scheme, so the TLS pool refused every call before sending it and each
+// request took the fallback tier (outcome error).
+func TestAnHTTPSClassifierClassifies(t *testing.T) {
+	var gotAuth atomic.Value
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gotAuth.Store(r.Header.Get("Authorization") + " " + r.Host + " " + r.URL.RequestURI())
+		io.Copy(io.Discard, r.Body)
+		w.Write([]byte(`{"tier":"L3"}`))
+	}))
+	defer srv.Close()
+	cfg := smartCfg(srv.URL + "/v1/classify?x=1")
+	cfg.ClassifierAPIKey = config.NewSecret("ck-tls")
+	var c Client
+	defer c.Close()
+	tg, err := c.target(cfg.ClassifierURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(srv.Certificate())
+	tg.hc.TLSConfig.RootCAs = roots // the test server's certificate, instead of the system's CAs
+	for i := 0; i < 3; i++ {
+		r := c.Classify(cfg, []byte("auto"), []byte("hi"))
+		if r.Outcome != OutcomeOK || r.Tier != TierL3 || r.Model != "large" {
+			t.Fatalf("call %d over https: %+v, want L3 from the classifier", i, r)
+		}
+	}
+	host := strings.TrimPrefix(srv.URL, "https://")
+	if got, want := gotAuth.Load(), "Bearer ck-tls "+host+" /v1/classify?x=1"; got != want {
+		t.Fatalf("classifier received %q, want %q", got, want)
 	}
 }
