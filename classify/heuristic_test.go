@@ -47,3 +47,19 @@ func TestCmdHeuristicFlags(t *testing.T) {
 		t.Fatal("negative delay accepted")
 	}
 }
+
+// A keyword listed twice (--keywords debug,DEBUG) is one keyword: a text
+// holding it is L2, not L3 (it counted once per listing, so one word made
+// L3 where the docs ask for two distinct keywords).
+func TestAKeywordListedTwiceCountsOnce(t *testing.T) {
+	h, err := (&Cmd{L2Bytes: 100, L3Bytes: 1000, Keywords: []string{"debug", "DEBUG", " debug ", "prove"}}).Heuristic()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.Classify("debug this", 0); got != TierL2 {
+		t.Fatalf("one keyword listed three times: %v, want L2 (keywords %q)", got, h.Keywords)
+	}
+	if got := h.Classify("debug and prove this", 0); got != TierL3 {
+		t.Fatalf("two distinct keywords: %v, want L3", got)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,7 +41,9 @@ func (c *Cmd) Heuristic() (Heuristic, error) {
 	}
 	h := Heuristic{L2Bytes: c.L2Bytes, L3Bytes: c.L3Bytes}
 	for _, k := range c.Keywords {
-		if k = strings.TrimSpace(k); k != "" {
+		// A keyword given twice (in any case) is still one keyword: two
+		// distinct ones make L3.
+		if k = strings.TrimSpace(k); k != "" && !slices.ContainsFunc(h.Keywords, func(o string) bool { return strings.EqualFold(o, k) }) {
 			h.Keywords = append(h.Keywords, k)
 		}
 	}
