@@ -506,6 +506,10 @@ func (s *SmartModelSelection) validate() error {
 		if strings.TrimSpace(p) == "" {
 			return fieldErr(fmt.Sprintf("smart_model_selection.match_models[%d]", i), "is empty")
 		}
+		if strings.TrimSpace(p) != p {
+			// Model names are matched as written: it would never match.
+			return fieldErr(fmt.Sprintf("smart_model_selection.match_models[%d]", i), "%q has leading or trailing spaces", p)
+		}
 	}
 	for _, t := range []struct{ path, model string }{
 		{"smart_model_selection.tiers.L1", s.Tiers.L1},
@@ -517,6 +521,10 @@ func (s *SmartModelSelection) validate() error {
 		}
 		if s.Enabled && strings.TrimSpace(t.model) == "" {
 			return fieldErr(t.path, "a model is required for every tier when smart model selection is enabled")
+		}
+		if strings.TrimSpace(t.model) != t.model {
+			// The request is forwarded as this name: no worker serves it.
+			return fieldErr(t.path, "%q has leading or trailing spaces", t.model)
 		}
 	}
 	if s.Enabled {

@@ -263,3 +263,24 @@ func TestDurationsBelowAMicrosecondAreRefused(t *testing.T) {
 		t.Fatalf("stream_idle_s 1e-9: %v", err)
 	}
 }
+
+// A match_models name with surrounding spaces never matches a request's
+// model (smart selection silently did nothing), and a tier's model with
+// them is served by no worker (every request of that tier got 404):
+// refused at load and reload, as model_routing's patterns are.
+func TestSmartSelectionNamesWithSurroundingSpacesAreRefused(t *testing.T) {
+	f := func(doc, path string) {
+		t.Helper()
+		_, err := parseUpstreams(doc)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Path != path || !strings.Contains(fe.Msg, "leading or trailing spaces") {
+			t.Fatalf("parse %s: err %v, want a FieldError at %q about spaces", doc, err, path)
+		}
+	}
+	f(`{"smart_model_selection":{"match_models":["auto"," auto"]}}`, "smart_model_selection.match_models[1]")
+	f(`{"smart_model_selection":{"enabled":true,"classifier_url":"http://x","tiers":{"L1":"a ","L2":"b","L3":"c"}}}`, "smart_model_selection.tiers.L1")
+	f(`{"smart_model_selection":{"enabled":true,"classifier_url":"http://x","tiers":{"L1":"a","L2":"b","L3":"\tc"}}}`, "smart_model_selection.tiers.L3")
+	if _, err := parseUpstreams(`{"smart_model_selection":{"enabled":true,"classifier_url":"http://x","match_models":["auto","gpt-*"],"tiers":{"L1":"a","L2":"b","L3":"c"}}}`); err != nil {
+		t.Fatal(err)
+	}
+}
