@@ -252,6 +252,10 @@ func (c *Client) target(rawURL string) (*target, error) {
 	}
 	t := &target{url: rawURL, host: ep.Host, uri: u.Scheme + "://" + ep.Host + u.RequestURI()}
 	isTLS := ep.TLS
+	var tlsConf *tls.Config
+	if isTLS {
+		tlsConf = &tls.Config{ServerName: u.Hostname()}
+	}
 	t.hc = &fasthttp.HostClient{
 		Addr:                ep.Addr,
 		Name:                "infera",
@@ -264,13 +268,39 @@ func (c *Client) target(rawURL string) (*target, error) {
 		// keep-alive timeout: 5 s for uvicorn and Node) refuses the write
 		// (netpeek.Conn) and the call goes on another; nothing else is
 		// tried twice.
+		//
+		// timeout is what is left of the call's budget. The TLS handshake
+		// is made here, within it: fasthttp would leave it to the first
+		// write of the request, where no read deadline is set yet, so a
+		// classifier that accepted the connection and never answered the
+		// handshake held the request forever.
 		DialTimeout: func(addr string, timeout time.Duration) (net.Conn, error) {
+			if timeout <= 0 {
+				timeout = fasthttp.DefaultDialTimeout
+			}
+			deadline := time.Now().Add(timeout)
 			nc, err := fasthttp.DialTimeout(addr, timeout)
 			if err != nil {
 				return nil, err
 			}
 			c := netpeek.NewConn(nc, isTLS)
-			return &c, nil
+			if !isTLS {
+				return &c, nil
+			}
+			tc := tls.Client(&c, tlsConf)
+			if err := tc.SetDeadline(deadline); err != nil {
+				tc.Close()
+				return nil, err
+			}
+			if err := tc.Handshake(); err != nil {
+				tc.Close()
+				return nil, err
+			}
+			if err := tc.SetDeadline(time.Time{}); err != nil {
+				tc.Close()
+				return nil, err
+			}
+			return tc, nil
 		},
 		MaxIdemponentCallAttempts: 4,
 		RetryIfErr: func(_ *fasthttp.Request, _ int, err error) (bool, bool) {
@@ -281,7 +311,7 @@ func (c *Client) target(rawURL string) (*target, error) {
 		DisablePathNormalizing:        true,
 	}
 	if ep.TLS {
-		t.hc.TLSConfig = &tls.Config{ServerName: u.Hostname()}
+		t.hc.TLSConfig = tlsConf
 	}
 	next := &targets{cur: t}
 	if old := c.cur.Load(); old != nil {

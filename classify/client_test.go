@@ -362,3 +362,54 @@ func TestAnHTTPSClassifierClassifies(t *testing.T) {
 		t.Fatalf("classifier received %q, want %q", got, want)
 	}
 }
+
+// An https classifier that accepts the connection and never answers the TLS
+// handshake gives the fallback tier after timeout_ms: the handshake ran
+// without a read deadline, so the request waited forever (a live router's
+// request was still waiting after 10 minutes, with timeout_ms 300).
+func TestAClassifierStuckInTheTLSHandshakeTimesOut(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var mu sync.Mutex
+	var conns []net.Conn
+	defer func() {
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never read or written
+			mu.Unlock()
+		}
+	}()
+	cfg := smartCfg("https://" + ln.Addr().String() + "/v1/classify")
+	cfg.TimeoutMS = 200
+	cfg.FallbackTier = "L1"
+	var c Client
+	defer c.Close()
+	done := make(chan Result, 1)
+	start := time.Now()
+	go func() { done <- c.Classify(cfg, []byte("auto"), []byte("hi")) }()
+	select {
+	case r := <-done:
+		if r.Outcome != OutcomeTimeout || r.Tier != TierL1 {
+			t.Fatalf("%+v, want the fallback L1 after a timeout", r)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Fatalf("took %v with timeout_ms 200", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Classify still waiting after 5 s with timeout_ms 200 (the TLS handshake has no deadline)")
+	}
+}
