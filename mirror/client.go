@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"crypto/tls"
 	"errors"
 	"net"
 	"sync"
@@ -147,7 +148,43 @@ func (m *Mirror) dial(addr string, timeout time.Duration, isTLS bool) (net.Conn,
 		nc.Close()
 		return nil, errClosed
 	}
-	return c, nil
+	if !isTLS {
+		return c, nil
+	}
+	// The TLS handshake is made here, within the same bound: fasthttp would
+	// leave it to the request's first write, before any read deadline is
+	// set, so a target that accepted the connection and never answered the
+	// handshake held its sender forever.
+	tc := tls.Client(c, m.clientTLSConfig(addr))
+	if err := tc.SetDeadline(time.Now().Add(timeout)); err != nil {
+		tc.Close()
+		return nil, err
+	}
+	if err := tc.Handshake(); err != nil {
+		tc.Close()
+		return nil, err
+	}
+	if err := tc.SetDeadline(time.Time{}); err != nil {
+		tc.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
+// clientTLSConfig is the TLS configuration of a connection to addr: the
+// mirror's (Go's defaults when nil), with addr's host as the server name
+// unless it names one.
+func (m *Mirror) clientTLSConfig(addr string) *tls.Config {
+	cfg := &tls.Config{}
+	if m.tlsConfig != nil {
+		cfg = m.tlsConfig.Clone()
+	}
+	if cfg.ServerName == "" {
+		if host, _, err := net.SplitHostPort(addr); err == nil {
+			cfg.ServerName = host
+		}
+	}
+	return cfg
 }
 
 var errClosed = errors.New("mirror: closed")

@@ -1113,3 +1113,53 @@ func TestARaisedMirrorConcurrencyAppliesToTheJobsAlreadyQueued(t *testing.T) {
 		t.Fatalf("%d answered, want 6: a lowered concurrency let more through", n)
 	}
 }
+
+// An https target that accepts the connection and never answers the TLS
+// handshake costs a sender timeout_ms, not forever: the handshake ran
+// without a read deadline, so each sender that met it stayed in flight
+// (a live router with timeout_ms 1000 and concurrency 2 mirrored nothing
+// more: 2 in flight and the rest queued, a minute later).
+func TestATargetStuckInTheTLSHandshakeTimesOut(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var mu sync.Mutex
+	var held []net.Conn
+	defer func() {
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // never read or written
+			mu.Unlock()
+		}
+	}()
+	m, lb := startMirror(t)
+	cfg := mirrorCfg("https://" + ln.Addr().String())
+	cfg.TimeoutMS = 200
+	cfg.Concurrency = 1
+	cfg.LogRecording = true
+	for i := 1; i <= 2; i++ {
+		m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false)
+		eventually(t, fmt.Sprintf("the log line of request %d", i), func() bool { return len(lb.lines(t)) == i })
+	}
+	for _, l := range lb.lines(t) {
+		if l["result"] == "ok" {
+			t.Fatalf("log line %v", l)
+		}
+	}
+	if n := m.active.Load(); n != 0 {
+		t.Fatalf("%d senders still in flight", n)
+	}
+}
