@@ -79,9 +79,11 @@ var logThrottle = logx.Throttle{Every: 10 * time.Second}
 
 // Applies reports whether smart model selection applies to a request for
 // model: the section is enabled and model matches one of match_models
-// (all models when the list is empty). It does not allocate.
+// (all models when the list is empty). A name longer than any gateway
+// serves (upstream.MaxModelBytes) is not classified: the classifier got
+// the whole name, up to the body's size. It does not allocate.
 func Applies(cfg *config.SmartModelSelection, model []byte) bool {
-	if !cfg.Enabled {
+	if !cfg.Enabled || len(model) > upstream.MaxModelBytes {
 		return false
 	}
 	if len(cfg.MatchModels) == 0 {

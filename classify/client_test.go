@@ -261,6 +261,10 @@ func TestApplies(t *testing.T) {
 	f("smart-chat", true)
 	f("gpt-4o", false)
 	f("autox", false)
+	// A name longer than any gateway serves is not classified (the
+	// classifier got it whole: 200 KB from one request).
+	f("smart-"+strings.Repeat("x", 1018), true)
+	f("smart-"+strings.Repeat("x", 1019), false)
 	cfg.Enabled = false
 	f("auto", false)
 }

@@ -1,7 +1,11 @@
 package proxy
 
 import (
+	"fmt"
+	"net"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/infera/infera/config"
 	"github.com/valyala/fasthttp"
@@ -71,5 +75,41 @@ func TestAClassifiedRequestsErrorAnswerCarriesItsTier(t *testing.T) {
 		if resp.StatusCode != 404 || resp.Header.Get("X-Infera-Tier") != want {
 			t.Fatalf("decision header %v: %d X-Infera-Tier %q, want 404 and %q: %s", on, resp.StatusCode, resp.Header.Get("X-Infera-Tier"), want, body)
 		}
+	}
+}
+
+// A client that leaves while the classifier is being asked is not sent to
+// an engine: it was, and the engine's request was cancelled only once the
+// liveness watchdog noticed (review 173: five clients that gave up after
+// 0.5 s on a 2 s classifier each reached the engine at 2 s).
+func TestAClientGoneWhileClassifiedIsNotSentToAnEngine(t *testing.T) {
+	release := make(chan struct{})
+	cls := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		<-release
+		ctx.SetBodyString(`{"tier":"L1"}`)
+	})
+	up := startUpstream(t, okHandler)
+	cfg := config.Default()
+	cfg.SmartModelSelection = config.SmartModelSelection{Enabled: true, ClassifierURL: cls.url + "/v1/classify",
+		TimeoutMS: 10000, FallbackTier: "L1", MatchModels: []string{"auto"},
+		Tiers: config.TierModels{L1: "m", L2: "m", L3: "m"}, MaxTextBytes: 8192}
+	r := startRouter(t, nil, cfg, up.url)
+	c, err := net.Dial("tcp", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"auto","messages":[{"role":"user","content":"hi"}]}`
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	time.Sleep(200 * time.Millisecond) // the router is waiting for the classifier
+	c.Close()
+	time.Sleep(100 * time.Millisecond)
+	close(release)
+	time.Sleep(300 * time.Millisecond)
+	if n := up.hits.Load(); n != 0 {
+		t.Fatalf("the engine got %d requests of a client that had left", n)
+	}
+	// A client that stays is served.
+	if resp, b := postWith(t, r.url+"/v1/chat/completions", body, nil); resp.StatusCode != 200 || up.hits.Load() != 1 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
 }

@@ -443,7 +443,16 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		return
 	}
 	if cfg.SmartModelSelection.Enabled && !poolingKind(kind) {
-		s.selectModel(cfg, rs) // smart.go: may change r.Model before model routing
+		asked := s.selectModel(cfg, rs) // smart.go: may change r.Model before model routing
+		if asked {
+			// The classifier took up to timeout_ms: a client that left
+			// meanwhile is not sent to an engine (it was, and cancelled
+			// only once the liveness watchdog noticed).
+			if fd, tls := clientFD(ctx); fd >= 0 && clientLeft(fd, tls) {
+				dropClient(ctx)
+				return
+			}
+		}
 		if u := rs.gov.user; u.LimitsModels() && rs.ext.model != "" && !s.allowsModel(cfg, u, r.Model) {
 			// The tier's model is outside the user's list (its admission is
 			// refunded when the request state is released: nothing served).

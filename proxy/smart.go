@@ -13,19 +13,21 @@ import (
 // by an external upstream. The tier is returned in X-Infera-Tier with the
 // decision header on, on every answer (answered), an error too; classify
 // counts it
-// (infera_smart_selection_total{tier,source}).
-func (s *Server) selectModel(cfg *config.Config, rs *reqState) {
+// (infera_smart_selection_total{tier,source}). It reports whether the
+// classifier was asked.
+func (s *Server) selectModel(cfg *config.Config, rs *reqState) bool {
 	sm := &cfg.SmartModelSelection
 	r := &rs.sreq
 	if !classify.Applies(sm, r.Model) {
-		return
+		return false
 	}
 	res := s.classifier.Classify(sm, r.Model, rs.parsed.text)
 	rs.ext.tier, rs.ext.tierHeader = res.Tier, cfg.Debug.DecisionHeader
 	if res.Model == "" {
-		return
+		return true
 	}
 	rs.ext.model = res.Model
 	rs.ext.modelBuf = append(rs.ext.modelBuf[:0], res.Model...)
 	r.Model = rs.ext.modelBuf
+	return true
 }
