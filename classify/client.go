@@ -289,20 +289,7 @@ func (c *Client) target(rawURL string) (*target, error) {
 			if !isTLS {
 				return &c, nil
 			}
-			tc := tls.Client(&c, tlsConf)
-			if err := tc.SetDeadline(deadline); err != nil {
-				tc.Close()
-				return nil, err
-			}
-			if err := tc.Handshake(); err != nil {
-				tc.Close()
-				return nil, err
-			}
-			if err := tc.SetDeadline(time.Time{}); err != nil {
-				tc.Close()
-				return nil, err
-			}
-			return tc, nil
+			return netpeek.Handshake(&c, tlsConf, deadline)
 		},
 		MaxIdemponentCallAttempts: 4,
 		RetryIfErr: func(_ *fasthttp.Request, _ int, err error) (bool, bool) {

@@ -155,20 +155,7 @@ func (m *Mirror) dial(addr string, timeout time.Duration, isTLS bool) (net.Conn,
 	// leave it to the request's first write, before any read deadline is
 	// set, so a target that accepted the connection and never answered the
 	// handshake held its sender forever.
-	tc := tls.Client(c, m.clientTLSConfig(addr))
-	if err := tc.SetDeadline(time.Now().Add(timeout)); err != nil {
-		tc.Close()
-		return nil, err
-	}
-	if err := tc.Handshake(); err != nil {
-		tc.Close()
-		return nil, err
-	}
-	if err := tc.SetDeadline(time.Time{}); err != nil {
-		tc.Close()
-		return nil, err
-	}
-	return tc, nil
+	return netpeek.Handshake(c, m.clientTLSConfig(addr), time.Now().Add(timeout))
 }
 
 // clientTLSConfig is the TLS configuration of a connection to addr: the
