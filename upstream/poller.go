@@ -319,13 +319,27 @@ func (p *Poller) fetch(m *Member, timeout time.Duration) (Capacity, error) {
 // disabled, no member qualifies, or model is longer than MaxModelBytes.
 // The caller must not forward a request that carries HopHeader.
 func (p *Poller) Pick(model []byte) *Member {
+	best, _ := p.scan(model)
+	return best
+}
+
+// Serves reports whether a member's current report (not stale) lists
+// model, whatever its free capacity: a model served elsewhere whose members
+// have no room now is busy, not unknown.
+func (p *Poller) Serves(model []byte) bool {
+	_, serves := p.scan(model)
+	return serves
+}
+
+// scan goes over the members' current reports for model: best is Pick's
+// choice, serves whether any report lists model at all.
+func (p *Poller) scan(model []byte) (best *Member, serves bool) {
 	g := p.cfg.Load()
 	if g == nil || !g.Enabled || len(model) > MaxModelBytes {
-		return nil
+		return nil, false
 	}
 	now := time.Now()
 	stale := ms(g.StaleAfterMS)
-	var best *Member
 	bestFree := int64(0)
 	for _, m := range *p.members.Load() {
 		r := m.report.Load()
@@ -336,31 +350,14 @@ func (p *Poller) Pick(model []byte) *Member {
 		if f < 0 {
 			continue
 		}
+		serves = true
 		free := int64(f) - m.forwarded.Load()
 		if free < int64(g.MinFree) || best != nil && free <= bestFree {
 			continue
 		}
 		best, bestFree = m, free
 	}
-	return best
-}
-
-// Serves reports whether a member's current report (not stale) lists
-// model, whatever its free capacity: a model served elsewhere whose members
-// have no room now is busy, not unknown.
-func (p *Poller) Serves(model []byte) bool {
-	g := p.cfg.Load()
-	if g == nil || !g.Enabled || len(model) > MaxModelBytes {
-		return false
-	}
-	now := time.Now()
-	stale := ms(g.StaleAfterMS)
-	for _, m := range *p.members.Load() {
-		if r := m.report.Load(); r != nil && now.Sub(r.at) <= stale && r.cap.FreeFor(model) >= 0 {
-			return true
-		}
-	}
-	return false
+	return best, serves
 }
 
 // Members returns the members in config order (for the capacity view of
