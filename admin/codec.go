@@ -246,7 +246,7 @@ func FileSecretCodec(f *config.Serve) config.SecretCodec {
 // file), deterministically, so that equal configs encode equally within
 // this process. It never leaves the process.
 func encodeClear(c *config.Config) ([]byte, error) {
-	return encodeBound(c, func(owner, address, key string) (string, error) {
+	return config.EncodeBound(c, func(owner, address, key string) (string, error) {
 		return carrier.seal(owner, address, key), nil
 	})
 }
@@ -264,27 +264,13 @@ func clearDocOf(c *config.Config) (map[string]any, error) {
 	return doc, nil
 }
 
-// encodeBound encodes c with each literal secret replaced by what f makes
-// of it, knowing the entry and address it belongs to.
-func encodeBound(c *config.Config, f func(owner, address, key string) (string, error)) ([]byte, error) {
-	slots := c.AppendSecretSlots(nil)
-	return config.EncodeJSON(c, func(path, key string) (string, error) {
-		for i := range slots {
-			if slots[i].Path == path {
-				return f(slots[i].Owner, slots[i].Address, key)
-			}
-		}
-		return "", fmt.Errorf("BUG: secret %s is not among config.AppendSecretSlots", path)
-	})
-}
-
 func (s *sealer) encodeRedacted(c *config.Config) ([]byte, error) {
 	return config.EncodeJSON(c, func(_, key string) (string, error) { return s.redacted(key), nil })
 }
 
 // encodeSealed is the form of snapshots and of Redis.
 func (s *sealer) encodeSealed(c *config.Config) ([]byte, error) {
-	return encodeBound(c, s.seal)
+	return config.EncodeBound(c, s.seal)
 }
 
 // literalSecrets maps the fingerprints of c's literal secrets to the keys.

@@ -319,19 +319,13 @@ func MarshalFile(c *Config) ([]byte, error) { return MarshalFileWith(c, nil) }
 // MarshalFileWith is MarshalFile with literal secrets sealed by codec,
 // each for its entry and address (nil: in clear).
 func MarshalFileWith(c *Config, codec SecretCodec) ([]byte, error) {
-	var literal func(path, key string) (string, error)
+	var data []byte
+	var err error
 	if codec != nil {
-		slots := c.AppendSecretSlots(nil)
-		literal = func(path, key string) (string, error) {
-			for i := range slots {
-				if slots[i].Path == path {
-					return codec.Seal(slots[i].Owner, slots[i].Address, key)
-				}
-			}
-			return "", fmt.Errorf("BUG: secret %s is not among AppendSecretSlots", path)
-		}
+		data, err = EncodeBound(c, codec.Seal)
+	} else {
+		data, err = EncodeJSON(c, nil)
 	}
-	data, err := EncodeJSON(c, literal)
 	if err != nil {
 		return nil, err
 	}
@@ -347,6 +341,21 @@ var (
 	secretType    = reflect.TypeFor[Secret]()
 	marshalerType = reflect.TypeFor[json.Marshaler]()
 )
+
+// EncodeBound is EncodeJSON with each literal secret replaced by what f
+// makes of it, knowing the entry and address it belongs to
+// (AppendSecretSlots).
+func EncodeBound(c *Config, f func(owner, address, key string) (string, error)) ([]byte, error) {
+	slots := c.AppendSecretSlots(nil)
+	return EncodeJSON(c, func(path, key string) (string, error) {
+		for i := range slots {
+			if slots[i].Path == path {
+				return f(slots[i].Owner, slots[i].Address, key)
+			}
+		}
+		return "", fmt.Errorf("BUG: secret %s is not among AppendSecretSlots", path)
+	})
+}
 
 // EncodeJSON encodes c as compact JSON, fields in declaration order, as
 // encoding/json would except for literal secrets: a Secret holding a key
