@@ -15,6 +15,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/testsrv"
 )
 
 // serve starts srv on a free loopback port and returns its base URL.
@@ -372,32 +373,8 @@ func TestAnHTTPSClassifierClassifies(t *testing.T) {
 // without a read deadline, so the request waited forever (a live router's
 // request was still waiting after 10 minutes, with timeout_ms 300).
 func TestAClassifierStuckInTheTLSHandshakeTimesOut(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var mu sync.Mutex
-	var conns []net.Conn
-	defer func() {
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	}()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c) // held open, never read or written
-			mu.Unlock()
-		}
-	}()
-	cfg := smartCfg("https://" + ln.Addr().String() + "/v1/classify")
+	addr := testsrv.Silent(t) // never answers the handshake
+	cfg := smartCfg("https://" + addr + "/v1/classify")
 	cfg.TimeoutMS = 200
 	cfg.FallbackTier = "L1"
 	var c Client

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/testsrv"
 	"github.com/valyala/fasthttp"
 )
 
@@ -1120,33 +1121,9 @@ func TestARaisedMirrorConcurrencyAppliesToTheJobsAlreadyQueued(t *testing.T) {
 // (a live router with timeout_ms 1000 and concurrency 2 mirrored nothing
 // more: 2 in flight and the rest queued, a minute later).
 func TestATargetStuckInTheTLSHandshakeTimesOut(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var mu sync.Mutex
-	var held []net.Conn
-	defer func() {
-		mu.Lock()
-		for _, c := range held {
-			c.Close()
-		}
-		mu.Unlock()
-	}()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c) // never read or written
-			mu.Unlock()
-		}
-	}()
+	addr := testsrv.Silent(t) // never answers the handshake
 	m, lb := startMirror(t)
-	cfg := mirrorCfg("https://" + ln.Addr().String())
+	cfg := mirrorCfg("https://" + addr)
 	cfg.TimeoutMS = 200
 	cfg.Concurrency = 1
 	cfg.LogRecording = true

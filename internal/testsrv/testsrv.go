@@ -323,3 +323,37 @@ func (n *NATS) Stop() { n.p.stop() }
 
 // Restart stops and starts the server.
 func (n *NATS) Restart() { n.Stop(); n.Start() }
+
+// Silent starts a TCP server on loopback that accepts connections and
+// holds them open without reading or writing (a TLS server that never
+// answers the handshake, an HTTP server that never answers), and returns
+// its address; it stops, closing the connections, in t.Cleanup.
+func Silent(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	return ln.Addr().String()
+}
