@@ -46,6 +46,9 @@ type Mirror struct {
 	// senders outnumber a lowered mirror.concurrency): still queued for
 	// queue_size.
 	waiting atomic.Int64
+	// off: the config in force (Update) has mirroring disabled (or a
+	// sampling ratio of 0): jobs sampled before are dropped, not sent.
+	off     atomic.Bool
 	workers atomic.Int64 // sender goroutines alive (at least one until Close)
 	spawnMu sync.Mutex   // starting a sender, against Close's wg.Wait
 	started bool         // New started the senders (newMirror alone does not)
@@ -108,6 +111,7 @@ type mirrorMetrics struct {
 	set                                       *metrics.Set
 	sampled                                   *metrics.Counter
 	droppedFull, droppedExpired, droppedClose *metrics.Counter
+	droppedOff                                *metrics.Counter
 	ok, httpError, failed, timeout            *metrics.Counter
 	duration                                  *metrics.Histogram
 	promptTokens, completionTokens            *metrics.Counter
@@ -120,6 +124,7 @@ type mirrorMetrics struct {
 //	infera_mirror_dropped_total{reason="queue_full"} sampled but the queue or the byte budget was full
 //	infera_mirror_dropped_total{reason="expired"}    timed out before being sent
 //	infera_mirror_dropped_total{reason="shutdown"}   still queued at Close
+//	infera_mirror_dropped_total{reason="disabled"}   still queued when a reload disabled mirroring
 //	infera_mirror_requests_total{result="ok"|"http_error"|"error"|"timeout"}
 //	infera_mirror_request_duration_seconds           sampling to the answer's end
 //	infera_mirror_prompt_tokens_total, infera_mirror_completion_tokens_total (from the target's usage)
@@ -163,6 +168,7 @@ func newMirror(o Options) *Mirror {
 		droppedFull:      s.NewCounter(`infera_mirror_dropped_total{reason="queue_full"}`),
 		droppedExpired:   s.NewCounter(`infera_mirror_dropped_total{reason="expired"}`),
 		droppedClose:     s.NewCounter(`infera_mirror_dropped_total{reason="shutdown"}`),
+		droppedOff:       s.NewCounter(`infera_mirror_dropped_total{reason="disabled"}`),
 		ok:               s.NewCounter(`infera_mirror_requests_total{result="ok"}`),
 		httpError:        s.NewCounter(`infera_mirror_requests_total{result="http_error"}`),
 		failed:           s.NewCounter(`infera_mirror_requests_total{result="error"}`),
@@ -235,13 +241,31 @@ func (m *Mirror) Offer(cfg *config.Mirror, path, body []byte, stream bool) bool 
 // were sampled under, so after mirror.concurrency went from 1 to 8 the
 // queue (the requests sampled after the reload too) still drained one at
 // a time behind a slow target until the old jobs expired.
+//
+// A config that disables mirroring (enabled false, or sampling_ratio 0)
+// drops the jobs sampled before it that are still queued or waiting for a
+// slot (counted as reason "disabled"): an operator who switches mirroring
+// off, a misbehaving target say, sees no more copies sent. Copies already
+// in flight finish (within their timeout_ms).
 func (m *Mirror) Update(cfg *config.Mirror) {
 	n := int64(max(1, cfg.Concurrency))
-	if old := m.limit.Swap(n); n <= old {
+	off := !cfg.Enabled || cfg.SamplingRatio <= 0
+	m.off.Store(off)
+	if off {
+		for len(m.q) > 0 {
+			select {
+			case j := <-m.q:
+				m.m.droppedOff.Inc()
+				m.release(j)
+			default:
+			}
+		}
+	}
+	if old := m.limit.Swap(n); n <= old && !off {
 		return
 	}
 	select {
-	case m.freed <- struct{}{}: // a woken sender passes it on while slots are left
+	case m.freed <- struct{}{}: // a woken sender passes it on while slots are left (or drops its job, off)
 	default:
 	}
 	// Senders for the jobs already queued, up to the new limit (Offer
@@ -332,6 +356,11 @@ func (m *Mirror) worker() {
 			m.workers.Add(-1)
 			return
 		}
+		if m.off.Load() {
+			m.m.droppedOff.Inc()
+			m.release(j)
+			continue
+		}
 		if wait == nil {
 			wait = time.NewTimer(time.Hour)
 			wait.Stop()
@@ -369,8 +398,8 @@ func (m *Mirror) retire(keep int64) bool {
 // admit takes a sender slot for j, at most limitFor(j) at once (looked up
 // again at each wake-up, so a reload applies to a waiting job), waiting
 // while they are all taken. It reports false when j expired (its timeout_ms
-// counts from sampling) or the Mirror closed: j is then dropped, counted
-// and released.
+// counts from sampling), mirroring was disabled by a reload, or the Mirror
+// closed: j is then dropped, counted and released.
 func (m *Mirror) admit(j *job, wait *time.Timer) bool {
 	expires := j.at.Add(millis(j.cfg.TimeoutMS))
 	waited := false
@@ -380,6 +409,18 @@ func (m *Mirror) admit(j *job, wait *time.Timer) bool {
 		}
 	}()
 	for {
+		if m.off.Load() {
+			if waited {
+				// Pass the wake-up on: the other waiting jobs go too.
+				select {
+				case m.freed <- struct{}{}:
+				default:
+				}
+			}
+			m.m.droppedOff.Inc()
+			m.release(j)
+			return false
+		}
 		left := time.Until(expires)
 		if left <= 0 {
 			m.m.droppedExpired.Inc()

@@ -1140,3 +1140,53 @@ func TestATargetStuckInTheTLSHandshakeTimesOut(t *testing.T) {
 		t.Fatalf("%d senders still in flight", n)
 	}
 }
+
+// Switching mirroring off by a reload stops the copies sampled before it:
+// those still queued, and those a sender took but that wait for a slot,
+// are dropped (reason "disabled"), not sent for up to timeout_ms more to a
+// target the operator has just turned away from. Switched on again, new
+// copies go out.
+func TestDisablingMirroringDropsTheCopiesNotSentYet(t *testing.T) {
+	release := make(chan struct{})
+	var arrived atomic.Int64
+	tg := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		arrived.Add(1)
+		if r.Header.Get("X-Infera-Mirror") != "" && arrived.Load() == 1 {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+		w.WriteHeader(200)
+	})
+	m, _ := startMirror(t)
+	on := mirrorCfg(tg.url)
+	on.Concurrency, on.TimeoutMS = 1, 30_000
+	m.Update(on)
+	m.Offer(on, []byte("/v1/completions"), []byte(`{"model":"held"}`), false)
+	eventually(t, "the held copy in flight", func() bool { return arrived.Load() == 1 && m.active.Load() == 1 })
+	// Senders beyond the one that is busy, idle, so that the next copies
+	// are taken and wait for the only slot (the waiting path), besides
+	// those left in the queue.
+	m.spawn(3)
+	m.spawn(3)
+	for i := 0; i < 5; i++ {
+		if !m.Offer(on, []byte("/v1/completions"), []byte(`{"model":"queued"}`), false) {
+			t.Fatal("a copy refused while mirroring is on")
+		}
+	}
+	eventually(t, "copies waiting for the slot", func() bool { return m.waiting.Load() == 2 && m.queued() == 5 })
+	off := *on
+	off.Enabled = false
+	m.Update(&off)
+	eventually(t, "the queue emptied", func() bool { return m.queued() == 0 && m.m.droppedOff.Get() == 5 })
+	close(release)
+	eventually(t, "the held copy answered", func() bool { return m.active.Load() == 0 })
+	time.Sleep(100 * time.Millisecond)
+	if n := arrived.Load(); n != 1 {
+		t.Fatalf("%d copies reached the target, want 1 (the one in flight before mirroring was switched off)", n)
+	}
+	m.Update(on)
+	m.Offer(on, []byte("/v1/completions"), []byte(`{"model":"again"}`), false)
+	eventually(t, "a copy sent once mirroring is on again", func() bool { return arrived.Load() == 2 })
+}
