@@ -50,6 +50,11 @@ type Serve struct {
 	RequestTransport string `help:"How requests reach workers: nats or http. Default nats; http with static discovery (engines without a worker sidecar)." env:"INFERA_REQUEST_TRANSPORT" placeholder:"nats"`
 	KVEventTransport string `help:"How KV events flow: nats or zmq. Default nats; zmq with static discovery." env:"INFERA_KV_EVENT_TRANSPORT" placeholder:"nats"`
 	NatsURL          string `help:"NATS broker URL (also NATS_SERVER / NATS_URL)." env:"INFERA_NATS_URL,NATS_SERVER,NATS_URL"`
+	NatsCredsFile    string `name:"nats-creds-file" help:"NATS .creds file (user JWT and NKey seed) for a broker in operator (JWT) mode." env:"INFERA_NATS_CREDS_FILE" type:"path"`
+	NatsNkeySeedFile string `name:"nats-nkey-seed-file" help:"File holding a NATS user NKey seed (SU...) the broker knows by its public key." env:"INFERA_NATS_NKEY_SEED_FILE" type:"path"`
+	NatsTLSCAFile    string `name:"nats-tls-ca-file" help:"PEM CA verifying the NATS broker's certificate (instead of the system's); requires TLS." env:"INFERA_NATS_TLS_CA_FILE" type:"path"`
+	NatsTLSCertFile  string `name:"nats-tls-cert-file" help:"PEM client certificate for the NATS broker (mutual TLS, with --nats-tls-key-file); requires TLS." env:"INFERA_NATS_TLS_CERT_FILE" type:"path"`
+	NatsTLSKeyFile   string `name:"nats-tls-key-file" help:"PEM private key of --nats-tls-cert-file." env:"INFERA_NATS_TLS_KEY_FILE" type:"path"`
 
 	RouterMode        string  `help:"auto: select in-process; direct: trust x-worker-instance-id." default:"auto" enum:"auto,direct" env:"INFERA_ROUTER_MODE"`
 	RouterPolicy      string  `help:"kv-aware or a load-balancing policy (round-robin, least-requests, least-tokens, config: use the config file's load_balancing)." default:"kv-aware" enum:"kv-aware,round-robin,least-requests,least-tokens,config" env:"INFERA_ROUTER_POLICY"`

@@ -390,7 +390,12 @@ func (g *Gateway) connectNATS() error {
 			(*h)()
 		}
 	})
-	nc, err := nats.Connect(f.NatsURL, append(broker.Reconnect(), nats.Name("infera-serve"), nats.RetryOnFailedConnect(true), connected)...)
+	sec, err := broker.Security{CredsFile: f.NatsCredsFile, NkeySeedFile: f.NatsNkeySeedFile,
+		CAFile: f.NatsTLSCAFile, CertFile: f.NatsTLSCertFile, KeyFile: f.NatsTLSKeyFile}.Options(f.NatsURL)
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(f.NatsURL, append(append(broker.Reconnect(), sec...), nats.Name("infera-serve"), nats.RetryOnFailedConnect(true), connected)...)
 	if err != nil {
 		return fmt.Errorf("cannot connect to NATS: %w", logx.StripURL(err)) // url errors quote the URL, password included
 	}

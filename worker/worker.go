@@ -60,6 +60,11 @@ type Cmd struct {
 	RequestTransport  string `help:"How the router reaches this worker: nats or http (must match the server)." default:"nats" enum:"nats,http" env:"INFERA_REQUEST_TRANSPORT"`
 	KVEventTransport  string `help:"How KV events reach the router: nats or zmq (must match the server)." default:"nats" enum:"nats,zmq" env:"INFERA_KV_EVENT_TRANSPORT"`
 	NatsURL           string `help:"NATS broker URL (also NATS_SERVER / NATS_URL)." env:"INFERA_NATS_URL,NATS_SERVER,NATS_URL"`
+	NatsCredsFile     string `name:"nats-creds-file" help:"NATS .creds file (user JWT and NKey seed) for a broker in operator (JWT) mode." env:"INFERA_NATS_CREDS_FILE" type:"path"`
+	NatsNkeySeedFile  string `name:"nats-nkey-seed-file" help:"File holding a NATS user NKey seed (SU...) the broker knows by its public key." env:"INFERA_NATS_NKEY_SEED_FILE" type:"path"`
+	NatsTLSCAFile     string `name:"nats-tls-ca-file" help:"PEM CA verifying the NATS broker's certificate (instead of the system's); requires TLS." env:"INFERA_NATS_TLS_CA_FILE" type:"path"`
+	NatsTLSCertFile   string `name:"nats-tls-cert-file" help:"PEM client certificate for the NATS broker (mutual TLS, with --nats-tls-key-file); requires TLS." env:"INFERA_NATS_TLS_CERT_FILE" type:"path"`
+	NatsTLSKeyFile    string `name:"nats-tls-key-file" help:"PEM private key of --nats-tls-cert-file." env:"INFERA_NATS_TLS_KEY_FILE" type:"path"`
 	NatsReqMaxPending int    `help:"Requests in flight at this worker over NATS before it answers 429; 0 = off." default:"0" env:"INFERA_NATS_REQ_MAX_PENDING"`
 	MetricsAddr       string `help:"Address to serve the sidecar's own metrics on (GET /metrics: infera_worker_* and process metrics), e.g. 127.0.0.1:9400; empty: not served." env:"INFERA_WORKER_METRICS_ADDR"`
 
@@ -138,6 +143,9 @@ func (c *Cmd) validate() error {
 		if c.NatsURL == "" {
 			return fmt.Errorf("--nats-url (or NATS_SERVER / NATS_URL) is required with nats transports")
 		}
+		if _, err := c.natsSecurity().Options(c.NatsURL); err != nil {
+			return err
+		}
 	}
 	if c.KVEventTransport == "nats" && c.KVEventsEndpoint == "" {
 		return fmt.Errorf("--kv-event-transport nats needs --kv-events-endpoint (the engine's ZMQ PUB address to relay)")
@@ -149,6 +157,12 @@ func (c *Cmd) validate() error {
 		return fmt.Errorf("--nats-req-max-pending, --drain-timeout and --lease-ttl must be >= 0")
 	}
 	return nil
+}
+
+// natsSecurity is the broker authentication and TLS of the --nats-* flags.
+func (c *Cmd) natsSecurity() broker.Security {
+	return broker.Security{CredsFile: c.NatsCredsFile, NkeySeedFile: c.NatsNkeySeedFile,
+		CAFile: c.NatsTLSCAFile, CertFile: c.NatsTLSCertFile, KeyFile: c.NatsTLSKeyFile}
 }
 
 // DefaultID returns <hostname>-<port of engineURL>, usable as a NATS token.
@@ -371,10 +385,15 @@ func (s *Sidecar) startNATS(ctx context.Context) error {
 	// The broker may come up after the worker (both started by systemd at
 	// boot): retry until ctx ends, as registration does. Nothing is
 	// registered before the subscriptions are in.
+	sec, err := c.natsSecurity().Options(c.NatsURL)
+	if err != nil {
+		return err
+	}
+	opts := append(append(broker.Reconnect(), sec...), nats.Name("infera-worker-"+s.rec.ID))
 	var nc *nats.Conn
 	for delay := 250 * time.Millisecond; ; delay = min(2*delay, 5*time.Second) {
 		var err error
-		nc, err = nats.Connect(c.NatsURL, append(broker.Reconnect(), nats.Name("infera-worker-"+s.rec.ID))...)
+		nc, err = nats.Connect(c.NatsURL, opts...)
 		if err == nil {
 			break
 		}

@@ -567,3 +567,65 @@ func TestTheSidecarServesItsMetrics(t *testing.T) {
 		t.Fatalf("the sidecar serves the router's series:\n%s", page)
 	}
 }
+
+// The sidecar reaches a broker in operator (JWT) mode over mutual TLS
+// (--nats-creds-file, --nats-tls-*), and reaches it again after the
+// broker restarts; a .creds file that is not one refuses the start before
+// anything is launched, naming the flag, never the content.
+func TestTheSidecarReachesABrokerWithCredsOverMutualTLS(t *testing.T) {
+	opConf, creds := testsrv.NATSOperatorConf(t)
+	tlsConf, certs := testsrv.NATSTLSConf(t)
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	var b []byte
+	for _, p := range []string{opConf, tlsConf} {
+		c, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = append(b, c...)
+	}
+	if err := os.WriteFile(conf, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := testsrv.StartEtcd(t)
+	ns := testsrv.StartNATSArgs(t, "-c", conf)
+	eng := &fakeEngine{}
+	eng.healthy.Store(true)
+	url := serveEngine(t, eng)
+	args := func(credsFile string) []string {
+		return []string{"--id", "wsec", "--engine-url", url, "--models", "m", "--discovery-backend", "etcd", "--etcd-endpoint", e.Endpoint,
+			"--request-transport", "nats", "--kv-event-transport", "zmq", "--nats-url", ns.URL, "--drain-propagation", "0s",
+			"--nats-creds-file", credsFile, "--nats-tls-ca-file", certs.CA, "--nats-tls-cert-file", certs.ClientCert, "--nats-tls-key-file", certs.ClientKey}
+	}
+	bad := filepath.Join(t.TempDir(), "bad.creds")
+	if err := os.WriteFile(bad, []byte("hunter2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := parse(t, args(bad)...).Start(context.Background()); err == nil {
+		s.Drain(context.Background())
+		t.Fatal("the sidecar started with a .creds file that is not one")
+	} else if !strings.Contains(err.Error(), "--nats-creds-file") || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("error %q: want the flag named, never the content", err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := parse(t, args(creds)...).Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Drain(context.Background())
+	connected := func() {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !s.nc.IsConnected() {
+			if time.Now().After(deadline) {
+				t.Fatalf("not connected to the broker: %v, last error %v", s.nc.Status(), s.nc.LastError())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	connected()
+	ns.Restart()
+	connected()
+}
