@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -230,10 +231,18 @@ func (c *Client) probeLoop(every time.Duration) {
 		}
 		c.mu.Unlock()
 		for _, s := range failed {
+			if err := c.denied(s.worker); err != nil {
+				s.fail(err)
+				continue
+			}
 			mWorkerGone.Inc()
 			s.fail(wrap(ErrWorkerGone, s.worker))
 		}
 		for _, s := range lost {
+			if err := c.denied(s.worker); err != nil {
+				s.fail(err)
+				continue
+			}
 			mWorkerGone.Inc()
 			s.fail(wrap(ErrWorkerGone, s.worker+": the worker does not know the request (restarted under the same id)"))
 		}
@@ -253,6 +262,23 @@ func (c *Client) probeLoop(every time.Duration) {
 // maxOpenPerProbe caps the request ids one probe asks a worker about
 // (about 23 KB); with more open, the map's order picks which.
 const maxOpenPerProbe = 1000
+
+// denied is ErrDenied when the broker's last error on this connection is
+// a permissions violation for the worker's request subject: the request
+// never reached the worker (which then does not know it, or the router's
+// user may not publish its probes either), so the router's NATS user is
+// at fault, not the worker. nil otherwise.
+func (c *Client) denied(worker string) error {
+	err := c.nc.LastError()
+	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) {
+		return nil
+	}
+	subj := ReqSubject(worker)
+	if !strings.Contains(err.Error(), `"`+subj+`"`) {
+		return nil
+	}
+	return wrap(ErrDenied, subj)
+}
 
 // unknownStrikes is how many probe rounds in a row a worker must answer
 // that it does not know a request before the request fails.

@@ -67,6 +67,12 @@ var (
 	// longer knew the request two probes in a row (it was restarted under
 	// the same id). 502; retryable before the first reply.
 	ErrWorkerGone = &Error{Status: http.StatusBadGateway, Retryable: true, msg: "worker gone (its NATS subscriptions vanished)"}
+	// ErrDenied: the broker refused the router's publish to the worker's
+	// request subject (a permissions violation: the router's NATS user
+	// lacks publish rights on infera.req.>); found when the request's
+	// probes give up on it. Not the worker's fault. 503; retryable (another
+	// worker's subject may be allowed).
+	ErrDenied = &Error{Status: http.StatusServiceUnavailable, Retryable: true, msg: "the broker refused the router's publish (NATS permissions violation: the router's user needs publish rights on " + ReqPrefix + ">)"}
 	// ErrTooLarge: the request does not fit one NATS message. 413.
 	ErrTooLarge = &Error{Status: http.StatusRequestEntityTooLarge, Retryable: false, msg: "request larger than NATS max payload"}
 	// ErrNATS: publishing failed (connection closed or reconnecting). 503,

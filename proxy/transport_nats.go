@@ -89,7 +89,7 @@ func (t *natsTransport) failure(err error, afterFirstByte, aborted bool) *failur
 		return fail(failTimeout, err)
 	case errors.Is(err, broker.ErrMaxDuration):
 		return fail(failWallClock, err)
-	case errors.Is(err, broker.ErrConnLost), errors.Is(err, broker.ErrNATS):
+	case errors.Is(err, broker.ErrConnLost), errors.Is(err, broker.ErrNATS), errors.Is(err, broker.ErrDenied):
 		return fail(failBroker, err)
 	case errors.Is(err, broker.ErrTooLarge):
 		return fail(failTooLarge, err)
