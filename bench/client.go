@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/infera/infera/internal/logx"
 )
 
 // Result is what the client measured for one request. Durations are from the
@@ -72,6 +74,9 @@ type Client struct {
 	mu   sync.Mutex
 	itls []time.Duration
 	keep bool
+	// auth is the Authorization header sent with every request (empty:
+	// none); see SetAPIKey.
+	auth []byte
 }
 
 // NewClient returns a client for baseURL (http://host:port) allowing
@@ -80,7 +85,12 @@ type Client struct {
 func NewClient(baseURL string, maxConns int, keepITLs bool) (*Client, error) {
 	u, err := url.Parse(baseURL)
 	if err != nil || u.Scheme != "http" || u.Host == "" {
-		return nil, fmt.Errorf("target %q must be http://host:port", baseURL)
+		return nil, fmt.Errorf("target %q must be http://host:port", logx.RedactURL(baseURL))
+	}
+	if u.User != nil {
+		// Credentials in the URL were never sent, and the URL is printed
+		// (progress, table, JSON): the key goes in --api-key.
+		return nil, fmt.Errorf("target %q must be http://host:port without credentials: give the API key with --api-key", logx.RedactURL(baseURL))
 	}
 	if maxConns <= 0 {
 		maxConns = 512
@@ -99,6 +109,15 @@ func NewClient(baseURL string, maxConns int, keepITLs bool) (*Client, error) {
 		WriteBufferSize:               64 << 10,
 	}
 	return &Client{hc: hc, host: u.Host, keep: keepITLs}, nil
+}
+
+// SetAPIKey makes every request carry "Authorization: Bearer key" (as
+// OpenAI clients send it; an empty key sends none). Set it before use.
+func (c *Client) SetAPIKey(key string) {
+	c.auth = nil
+	if key != "" {
+		c.auth = []byte("Bearer " + key)
+	}
 }
 
 // CloseIdle closes idle connections.
@@ -137,6 +156,9 @@ func (c *Client) Do(path string, body []byte, stream bool, res *Result) {
 	req.SetRequestURI(path)
 	req.Header.SetHost(c.host)
 	req.Header.SetContentType("application/json")
+	if len(c.auth) > 0 {
+		req.Header.SetBytesV(fasthttp.HeaderAuthorization, c.auth)
+	}
 	req.SetBodyRaw(body)
 
 	start := time.Now()

@@ -198,6 +198,7 @@ func signalContext() (context.Context, context.CancelFunc) {
 type ReplayCmd struct {
 	URL     string `help:"Base URL of the router or engine." default:"http://127.0.0.1:8000" env:"INFERA_BENCH_URL"`
 	Workers int    `help:"Fleet size for the load imbalance (0: workers seen in X-Infera-Worker)." default:"0" env:"INFERA_BENCH_WORKERS"`
+	APIKey  string `name:"api-key" help:"API key of the endpoint, sent as 'Authorization: Bearer <key>' and never printed (empty: none)." default:"" env:"INFERA_BENCH_API_KEY"`
 	WorkloadFlags
 	LoadFlags
 	OutputFlags
@@ -214,6 +215,7 @@ func (c *ReplayCmd) Run() error {
 	if err != nil {
 		return err
 	}
+	cl.SetAPIKey(c.APIKey)
 	ctx, cancel := signalContext()
 	defer cancel()
 	fmt.Fprintf(os.Stderr, "replaying %d requests of %s against %s\n", len(reqs), name, c.URL)

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -384,5 +385,66 @@ func TestReplayQuitsOnASecondInterrupt(t *testing.T) {
 	case <-done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("an interrupted replay with a hung request still runs 5 s after a second Ctrl-C")
+	}
+}
+
+// replay --api-key sends the key as OpenAI clients do ("Authorization:
+// Bearer"), so an endpoint with a key (infera serve --api-key, vLLM
+// --api-key) can be measured; it had no way to send one, and every request
+// of a replay against `infera serve --api-key` failed with 401. The key
+// is never printed: a URL carrying credentials (never sent, and printed in
+// the progress line, the table and the JSON) is refused, its password
+// redacted in the error.
+func TestReplaySendsTheAPIKeyAndNeverPrintsIt(t *testing.T) {
+	const key = "sk-test-NEVERPRINTED"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+key {
+			w.WriteHeader(http.StatusUnauthorized)
+			w.Write([]byte(`{"error":{"message":"bad key","type":"invalid_request_error"}}`))
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"choices":[{"index":0,"message":{"role":"assistant","content":"a"},"finish_reason":"length"}],"usage":{"prompt_tokens":10,"completion_tokens":1}}`))
+	}))
+	defer srv.Close()
+	replay := func(args ...string) ([]byte, error) {
+		out := filepath.Join(t.TempDir(), "replay.json")
+		var cli struct {
+			Bench Cmd `cmd:""`
+		}
+		p, err := kong.New(&cli)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kctx, err := p.Parse(append([]string{"bench", "replay", "--requests", "5", "--rate", "200", "--no-stream", "--json", out}, args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kctx.Run(); err != nil {
+			return nil, err
+		}
+		return os.ReadFile(out)
+	}
+	b, err := replay("--url", srv.URL, "--api-key", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct{ Summary Summary }
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Summary.OK != 5 {
+		t.Fatalf("with --api-key: %d/%d ok, errors %v", rep.Summary.OK, rep.Summary.Requests, rep.Summary.ErrorsByStatus)
+	}
+	if bytes.Contains(b, []byte(key)) {
+		t.Fatalf("the JSON results hold the API key:\n%s", b)
+	}
+	u := strings.Replace(srv.URL, "http://", "http://user:"+key+"@", 1)
+	b, err = replay("--url", u)
+	if err == nil {
+		t.Fatalf("a URL with credentials (which are not sent) was accepted; results:\n%s", b)
+	}
+	if strings.Contains(err.Error(), key) {
+		t.Fatalf("the error shows the key: %v", err)
 	}
 }
