@@ -228,10 +228,18 @@ func (c *ReplayCmd) Run() error {
 	if err := WriteTable(os.Stdout, []Summary{s}); err != nil {
 		return err
 	}
-	return writeJSONFile(c.JSON, struct {
+	if err := writeJSONFile(c.JSON, struct {
 		Workload string  `json:"workload"`
 		Summary  Summary `json:"summary"`
-	}{name, s})
+	}{name, s}); err != nil {
+		return err
+	}
+	if s.OK == 0 && s.Requests > 0 {
+		// As compare: an unreachable endpoint, a wrong model or key is a
+		// failed run, and the table's error counts do not say why.
+		return fmt.Errorf("every request failed (first error: %s)", firstErr(run.Results))
+	}
+	return nil
 }
 
 // EngineFlags mirror `infera engine`'s model flags.

@@ -448,3 +448,36 @@ func TestReplaySendsTheAPIKeyAndNeverPrintsIt(t *testing.T) {
 		t.Fatalf("the error shows the key: %v", err)
 	}
 }
+
+// A replay whose every request failed is a failed run. It printed a table
+// of "0/20" and "errors 0:20" and exited 0, against a port nothing listens
+// on, a wrong --model or a missing key alike: the reason (connection
+// refused, 404, 401) was shown nowhere and a script saw success.
+func TestReplayFailsWhenEveryRequestFails(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	out := filepath.Join(t.TempDir(), "replay.json")
+	var cli struct {
+		Bench Cmd `cmd:""`
+	}
+	p, err := kong.New(&cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kctx, err := p.Parse([]string{"bench", "replay", "--url", "http://" + addr, "--requests", "4", "--rate", "200", "--json", out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = kctx.Run()
+	t.Logf("replay against a closed port: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "every request failed") || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("a replay whose 4 requests were refused returned %v, want an error saying why", err)
+	}
+	if _, err := os.Stat(out); err != nil {
+		t.Fatalf("the results of a failed run must still be written: %v", err)
+	}
+}
