@@ -65,6 +65,10 @@ func (g *GenFlags) config() GenConfig {
 	return c
 }
 
+// maxBytesPerToken bounds --bytes-per-token: no tokenizer averages more
+// bytes per token, and a prompt is InputLength times as many bytes.
+const maxBytesPerToken = 64
+
 // WorkloadFlags select and shape the workload.
 type WorkloadFlags struct {
 	Trace         string        `help:"Mooncake JSONL trace (timestamp ms, input_length, output_length, hash_ids); empty uses --workload." default:"" env:"INFERA_BENCH_TRACE" type:"path"`
@@ -81,6 +85,19 @@ type WorkloadFlags struct {
 // are sent at their timestamps (ArrivalTrace); closed and poisson runs send
 // them at their own pace, and RunLoad and Simulate stop those at --duration.
 func (w *WorkloadFlags) Build(stderr io.Writer, arrival string) ([]TraceRequest, string, error) {
+	// As Generate checks them for a generated workload: a trace's prompts
+	// are rendered with them too (a block of --tokens-per-block x
+	// --bytes-per-token bytes per hash id), and a value <= 0 was replaced
+	// by the default without a word.
+	if w.TokensPerBlock < 1 || w.TokensPerBlock > 1<<16 {
+		return nil, "", fmt.Errorf("--tokens-per-block must be in [1, 65536], got %d", w.TokensPerBlock)
+	}
+	if w.BytesPerToken < 1 || w.BytesPerToken > maxBytesPerToken {
+		return nil, "", fmt.Errorf("--bytes-per-token must be in [1, %d], got %d", maxBytesPerToken, w.BytesPerToken)
+	}
+	if w.MaxRequests < 0 {
+		return nil, "", fmt.Errorf("--max-requests must not be negative (0: all), got %d", w.MaxRequests)
+	}
 	var reqs []TraceRequest
 	name := w.Workload
 	if w.Trace != "" {

@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -319,6 +321,56 @@ func TestSimulateRefusesATimeModelTheEngineRefuses(t *testing.T) {
 		flag, _, _ := strings.Cut(args[1], "=")
 		if err := kctx.Run(); err == nil || !strings.Contains(err.Error(), flag) {
 			t.Errorf("bench %v: err %v, want a %s error", args, err, flag)
+		}
+	}
+}
+
+// The prompt-shape flags are checked for a trace as bench gen checks them
+// for a generated workload. With --trace, --tokens-per-block and
+// --bytes-per-token of 0 or below ran as 512 and 4 without a word, a
+// negative --max-requests as "all", and a large --tokens-per-block built
+// a whole block per hash id: simulate of one 10-token request with
+// --tokens-per-block 50000000 took 5.4 s and 955 MB.
+func TestWorkloadFlagsOutOfRangeAreRefused(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "one.jsonl")
+	if err := os.WriteFile(trace, []byte(`{"timestamp":0,"input_length":10,"output_length":2,"hash_ids":[1]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ cmd, flag, value string }{
+		{"simulate", "--tokens-per-block", "50000000"},
+		{"simulate", "--tokens-per-block", "0"},
+		{"simulate", "--tokens-per-block", "-5"},
+		{"simulate", "--bytes-per-token", "0"},
+		{"simulate", "--bytes-per-token", "-2"},
+		{"simulate", "--bytes-per-token", "100000"},
+		{"simulate", "--max-requests", "-1"},
+		{"replay", "--bytes-per-token", "0"},
+		{"compare", "--tokens-per-block", "0"},
+	} {
+		var cli struct {
+			Bench Cmd `cmd:""`
+		}
+		p, err := kong.New(&cli)
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"bench", c.cmd, "--trace", trace, c.flag + "=" + c.value, "--json", ""}
+		switch c.cmd {
+		case "simulate":
+			args = append(args, "--engines", "1", "--policies", "round-robin")
+		case "replay":
+			args = append(args, "--url", "http://127.0.0.1:1")
+		case "compare":
+			// Nothing to start: a run that got past the flags fails
+			// on the engine's cache clear.
+			args = append(args, "--svg", "", "--engine-urls", "http://127.0.0.1:1", "--no-ceiling", "--log-dir", t.TempDir())
+		}
+		kctx, err := p.Parse(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kctx.Run(); err == nil || !strings.Contains(err.Error(), c.flag) {
+			t.Errorf("bench %s %s=%s: err %v, want a %s error", c.cmd, c.flag, c.value, err, c.flag)
 		}
 	}
 }
