@@ -449,6 +449,10 @@ func (c *SimulateCmd) Run() error {
 	if err := c.EngineFlags.check(); err != nil {
 		return err
 	}
+	if len(splitList(c.Policies)) == 0 {
+		// As compare refuses it: the run printed an empty table.
+		return fmt.Errorf("no policies to simulate: --policies is empty")
+	}
 	for _, f := range c.EngineSlow {
 		if !(f > 0) || math.IsInf(f, 0) {
 			return fmt.Errorf("--engine-slow: every factor must be positive and finite, got %v", f)

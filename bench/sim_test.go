@@ -374,3 +374,24 @@ func TestWorkloadFlagsOutOfRangeAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// simulate with no policy (--policies "" or ",") is refused, as compare
+// refuses it; it printed a table of row labels and no column, and exited 0.
+func TestSimulateRefusesNoPolicies(t *testing.T) {
+	for _, pols := range []string{"", ",", " , "} {
+		var cli struct {
+			Bench Cmd `cmd:""`
+		}
+		p, err := kong.New(&cli)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kctx, err := p.Parse([]string{"bench", "simulate", "--policies", pols, "--requests", "5", "--engines", "1", "--no-ceiling"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kctx.Run(); err == nil || !strings.Contains(err.Error(), "no policies") {
+			t.Errorf("bench simulate --policies %q: err %v, want a refusal", pols, err)
+		}
+	}
+}
