@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -68,6 +70,9 @@ func (r *Result) TPOT() time.Duration {
 type Client struct {
 	hc   *fasthttp.HostClient
 	host string
+	// prefix is the base URL's path, before every request's path (a
+	// trailing /v1 dropped: the request's path has it).
+	prefix string
 	// Timeout bounds one request end to end (0: none).
 	Timeout time.Duration
 	// ITLs, when non-nil, receives every inter-token gap (guarded by mu).
@@ -79,24 +84,39 @@ type Client struct {
 	auth []byte
 }
 
-// NewClient returns a client for baseURL (http://host:port) allowing
+// NewClient returns a client for baseURL (http(s)://host[:port][/path]) allowing
 // maxConns concurrent connections. keepITLs records every inter-token gap
 // for distribution summaries.
 func NewClient(baseURL string, maxConns int, keepITLs bool) (*Client, error) {
 	u, err := url.Parse(baseURL)
-	if err != nil || u.Scheme != "http" || u.Host == "" {
-		return nil, fmt.Errorf("target %q must be http://host:port", logx.RedactURL(baseURL))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("target %q must be http(s)://host[:port][/path]", logx.RedactURL(baseURL))
 	}
 	if u.User != nil {
 		// Credentials in the URL were never sent, and the URL is printed
 		// (progress, table, JSON): the key goes in --api-key.
-		return nil, fmt.Errorf("target %q must be http://host:port without credentials: give the API key with --api-key", logx.RedactURL(baseURL))
+		return nil, fmt.Errorf("target %q must be http(s)://host[:port][/path] without credentials: give the API key with --api-key", logx.RedactURL(baseURL))
 	}
+	tls := u.Scheme == "https"
+	addr := u.Host
+	if u.Port() == "" {
+		if tls {
+			addr = net.JoinHostPort(u.Hostname(), "443")
+		} else {
+			addr = net.JoinHostPort(u.Hostname(), "80")
+		}
+	}
+	// A base path is put before every request's path; a trailing /v1 is
+	// shared with the request's (https://host/v1 and https://host are the
+	// same target), as OpenAI clients take base URLs.
+	prefix := strings.TrimSuffix(u.EscapedPath(), "/")
+	prefix = strings.TrimSuffix(prefix, "/v1")
 	if maxConns <= 0 {
 		maxConns = 512
 	}
 	hc := &fasthttp.HostClient{
-		Addr:                          u.Host,
+		Addr:                          addr,
+		IsTLS:                         tls,
 		MaxConns:                      maxConns,
 		StreamResponseBody:            true,
 		ReadTimeout:                   0,
@@ -108,7 +128,7 @@ func NewClient(baseURL string, maxConns int, keepITLs bool) (*Client, error) {
 		ReadBufferSize:                16 << 10,
 		WriteBufferSize:               64 << 10,
 	}
-	return &Client{hc: hc, host: u.Host, keep: keepITLs}, nil
+	return &Client{hc: hc, host: u.Host, prefix: prefix, keep: keepITLs}, nil
 }
 
 // SetAPIKey makes every request carry "Authorization: Bearer key" (as
@@ -153,8 +173,13 @@ func (c *Client) Do(path string, body []byte, stream bool, res *Result) {
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod(fasthttp.MethodPost)
-	req.SetRequestURI(path)
+	req.SetRequestURI(c.prefix + path)
 	req.Header.SetHost(c.host)
+	if c.hc.IsTLS {
+		u := req.URI() // parsed now: its host is the one sent
+		u.SetScheme("https")
+		u.SetHost(c.host)
+	}
 	req.Header.SetContentType("application/json")
 	if len(c.auth) > 0 {
 		req.Header.SetBytesV(fasthttp.HeaderAuthorization, c.auth)

@@ -481,3 +481,43 @@ func TestReplayFailsWhenEveryRequestFails(t *testing.T) {
 		t.Fatalf("the results of a failed run must still be written: %v", err)
 	}
 }
+
+// A hosted OpenAI-compatible endpoint is https, often with a base path
+// (https://host/v1, https://host/openai/v1): replay reaches it (it refused
+// every https URL) and puts the base path before the request's, a
+// trailing /v1 shared as OpenAI clients do.
+func TestReplayReachesAnHTTPSEndpointUnderItsBasePath(t *testing.T) {
+	var got atomic.Value
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.URL.Path)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"choices":[{"index":0,"message":{"role":"assistant","content":"a"},"finish_reason":"length"}],"usage":{"prompt_tokens":10,"completion_tokens":1}}`))
+	}))
+	defer srv.Close()
+	for base, want := range map[string]string{
+		srv.URL:                      "/v1/chat/completions",
+		srv.URL + "/v1":              "/v1/chat/completions",
+		srv.URL + "/v1/":             "/v1/chat/completions",
+		srv.URL + "/openai/v1":       "/openai/v1/chat/completions",
+		srv.URL + "/serving-engine/": "/serving-engine/v1/chat/completions",
+	} {
+		cl, err := NewClient(base, 2, false)
+		if err != nil {
+			t.Fatalf("%s: %v", base, err)
+		}
+		cl.hc.TLSConfig = srv.Client().Transport.(*http.Transport).TLSClientConfig
+		var res Result
+		cl.Do("/v1/chat/completions", []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`), false, &res)
+		if res.Err != "" || res.Status != 200 {
+			t.Fatalf("%s: status %d err %q", base, res.Status, res.Err)
+		}
+		if p, _ := got.Load().(string); p != want {
+			t.Fatalf("%s: the endpoint got %s, want %s", base, p, want)
+		}
+	}
+	for _, bad := range []string{"ftp://h:1", "https://", "http://h:1/v1?x=1", "h:1"} {
+		if _, err := NewClient(bad, 1, false); err == nil {
+			t.Fatalf("%q accepted", bad)
+		}
+	}
+}
