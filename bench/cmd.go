@@ -241,6 +241,9 @@ func (c *ReplayCmd) Run() error {
 	if err != nil {
 		return err
 	}
+	if w := run.behindWarning(); w != "" {
+		fmt.Fprintln(os.Stderr, "WARNING: "+w)
+	}
 	s := Summarize(c.URL, run.Results, run.ITLs, run.Wall, c.slo(), c.Workers)
 	if err := WriteTable(os.Stdout, []Summary{s}); err != nil {
 		return err

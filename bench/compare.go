@@ -334,6 +334,9 @@ func (c *CompareConfig) runPolicy(ctx context.Context, reqs []TraceRequest, pol 
 	if err != nil {
 		return Summary{}, nil, err
 	}
+	if w := run.behindWarning(); w != "" {
+		c.logf("WARNING: policy %s: %s", pol, w)
+	}
 	s := Summarize(pol, run.Results, run.ITLs, run.Wall, c.SLO, len(engines))
 	if layers, err := scrapeLayers(routerURL + "/metrics"); err == nil {
 		s.Layers = layers

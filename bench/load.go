@@ -150,6 +150,23 @@ type Run struct {
 	Wall time.Duration
 	// Dropped counts open-loop arrivals refused by MaxInFlight.
 	Dropped int
+	// Behind counts the trace's requests stamped within Duration that were
+	// never sent: the issuing loop fell behind the timestamps (the client
+	// machine could not keep up with the trace's rate) and Duration ended
+	// first. MaxLag is the largest delay of a send after its stamp (open
+	// loop).
+	Behind int
+	MaxLag time.Duration
+}
+
+// behindWarning says how many of the trace's requests were never sent
+// because the client fell behind (empty: none).
+func (r *Run) behindWarning() string {
+	if r.Behind == 0 {
+		return ""
+	}
+	return fmt.Sprintf("the client fell behind the trace: %d requests stamped within --duration were never sent (sends lagged their stamps by up to %v); lower --speedup, or run the client on a less loaded machine",
+		r.Behind, r.MaxLag.Round(time.Millisecond))
 }
 
 // errOverload is the error of an open-loop arrival refused by MaxInFlight:
@@ -196,7 +213,8 @@ func RunLoad(ctx context.Context, cl *Client, reqs []TraceRequest, cfg LoadConfi
 		}
 	}
 	var wg sync.WaitGroup
-	dropped := 0
+	dropped, behind := 0, 0
+	var maxLag time.Duration
 	switch cfg.Arrival {
 	case ArrivalClosed:
 		var next atomic.Int64
@@ -235,7 +253,16 @@ func RunLoad(ctx context.Context, cl *Client, reqs []TraceRequest, cfg LoadConfi
 				case <-timer.C:
 				}
 			} else if ctx.Err() != nil {
+				if cfg.Arrival != ArrivalPoisson && cfg.Duration > 0 && time.Since(t0) >= cfg.Duration {
+					for j := i; j < len(reqs); j++ {
+						if time.Duration(reqs[j].Timestamp)*time.Millisecond < cfg.Duration {
+							behind++
+						}
+					}
+				}
 				break loop
+			} else {
+				maxLag = max(maxLag, -d)
 			}
 			select {
 			case sem <- struct{}{}:
@@ -256,7 +283,7 @@ func RunLoad(ctx context.Context, cl *Client, reqs []TraceRequest, cfg LoadConfi
 	}
 	wg.Wait()
 	cfg.Progress.Done()
-	run := &Run{Wall: time.Since(t0), Dropped: dropped, ITLs: cl.TakeITLs()}
+	run := &Run{Wall: time.Since(t0), Dropped: dropped, Behind: behind, MaxLag: maxLag, ITLs: cl.TakeITLs()}
 	run.Results = results[:0]
 	for i := range results {
 		if sent[i] {

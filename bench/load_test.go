@@ -521,3 +521,36 @@ func TestReplayReachesAnHTTPSEndpointUnderItsBasePath(t *testing.T) {
 		}
 	}
 }
+
+// A trace faster than the client can issue (a high --speedup on a loaded
+// machine) is cut by --duration with requests never sent: the run says how
+// many (they were silently missing: 1,958 of 6,401 requests stamped within
+// 2 s were sent, and nothing told).
+func TestATraceTheClientFellBehindOnCountsTheRequestsNeverSent(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(50 * time.Millisecond)
+		w.Write([]byte(`{"choices":[{"index":0,"message":{"role":"assistant","content":"a"},"finish_reason":"length"}],"usage":{"prompt_tokens":10,"completion_tokens":1}}`))
+	}))
+	defer srv.Close()
+	cl, err := NewClient(srv.URL, 1, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 50,000 requests stamped at 0 ms, one in flight at most (the others
+	// are refused at once), and 1 ms to issue them: no machine issues them
+	// all in time.
+	const n = 50_000
+	reqs := make([]TraceRequest, n)
+	for i := range reqs {
+		reqs[i] = TraceRequest{InputLength: 16, OutputLength: 1}
+	}
+	lc := DefaultLoadConfig()
+	lc.Stream, lc.MaxInFlight, lc.Duration, lc.Timeout = false, 1, time.Millisecond, 5*time.Second
+	run, err := RunLoad(context.Background(), cl, reqs, lc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.Behind == 0 || run.Behind+len(run.Results) != n {
+		t.Fatalf("%d sent and %d behind of %d stamped within --duration", len(run.Results), run.Behind, n)
+	}
+}

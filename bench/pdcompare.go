@@ -176,6 +176,9 @@ func (f *PDFlags) runPD(ctx context.Context, reqs []TraceRequest, pol string, p,
 	if err != nil {
 		return Summary{}, nil, err
 	}
+	if w := run.behindWarning(); w != "" {
+		c.logf("WARNING: %s: %s", name, w)
+	}
 	s := Summarize(name, run.Results, run.ITLs, run.Wall, c.SLO, d)
 	if layers, err := scrapeLayers(routerURL + "/metrics"); err == nil {
 		s.Layers = layers
