@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -169,6 +170,9 @@ func (r *Run) behindWarning() string {
 		r.Behind, r.MaxLag.Round(time.Millisecond))
 }
 
+// errDurationOver ends a run's issuing at LoadConfig.Duration.
+var errDurationOver = errors.New("--duration is over")
+
 // errOverload is the error of an open-loop arrival refused by MaxInFlight:
 // never sent, it is not a transport error (Summarize counts it apart).
 const errOverload = "overload: too many requests in flight"
@@ -185,14 +189,14 @@ func RunLoad(ctx context.Context, cl *Client, reqs []TraceRequest, cfg LoadConfi
 		return nil, err
 	}
 	cl.Timeout = cfg.Timeout
-	if cfg.Duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
-		defer cancel()
-	}
 	results := make([]Result, len(reqs))
 	sent := make([]bool, len(reqs))
 	path := cfg.Path()
+	if cfg.Duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, cfg.Duration, errDurationOver)
+		defer cancel()
+	}
 	t0 := time.Now()
 	var done, cached, prompt atomic.Int64
 	one := func(i int) {
@@ -253,7 +257,7 @@ func RunLoad(ctx context.Context, cl *Client, reqs []TraceRequest, cfg LoadConfi
 				case <-timer.C:
 				}
 			} else if ctx.Err() != nil {
-				if cfg.Arrival != ArrivalPoisson && cfg.Duration > 0 && time.Since(t0) >= cfg.Duration {
+				if cfg.Arrival != ArrivalPoisson && context.Cause(ctx) == errDurationOver {
 					for j := i; j < len(reqs); j++ {
 						if time.Duration(reqs[j].Timestamp)*time.Millisecond < cfg.Duration {
 							behind++

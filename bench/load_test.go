@@ -244,7 +244,7 @@ func TestReplayDurationBoundsAClosedLoopByTime(t *testing.T) {
 		"--requests", "5000", "--duration", "1s", "--output-tokens", "8")
 	t.Logf("closed loop, --duration 1s: %d requests (%d ok) in %.2f s", s.Requests, s.OK, s.WallS)
 	if s.WallS < 0.9 || s.Requests <= 20 || s.Requests >= 5000 || s.OK != s.Requests {
-		t.Fatalf("a closed loop bounded by --duration 1s ran %.2f s and sent %d requests (%d ok)", s.WallS, s.Requests, s.OK)
+		t.Fatalf("a closed loop bounded by --duration 1s ran %.2f s and sent %d requests (%d ok, errors %v)", s.WallS, s.Requests, s.OK, s.ErrorsByStatus)
 	}
 }
 
