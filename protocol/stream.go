@@ -407,8 +407,17 @@ func (c *StreamConverter) onData(data []byte) error {
 		return errBadChunk
 	}
 	if errObj != nil || flatErr {
-		// The engine reported an error inside the stream.
-		c.fail(502, TypeServer, engineErrorMessage(data))
+		// The engine reported an error inside the stream: its code (vLLM's
+		// and SGLang's error chunks carry the HTTP status it stands for)
+		// classifies it, as the status of an error answer does.
+		status, typ := 502, TypeServer
+		if flatErr {
+			errObj = data[i:end]
+		}
+		if n := engineErrorCode(errObj); n != 0 {
+			status, typ = n, ""
+		}
+		c.fail(status, typ, engineErrorMessage(data))
 		return nil
 	}
 	if choices == nil || choices[0] != '[' {
@@ -426,6 +435,26 @@ func (c *StreamConverter) onData(data []byte) error {
 }
 
 var errBadChunk = &Error{Status: 502, Type: TypeServer, Message: "the engine sent a malformed stream chunk"}
+
+// engineErrorCode is the "code" of an engine's error object when it is an
+// HTTP error status (400-599), else 0.
+func engineErrorCode(obj []byte) int {
+	code := 0
+	if len(obj) == 0 || obj[0] != '{' {
+		return 0
+	}
+	fields(obj, func(k []byte, s, e int) error {
+		if string(k) == "code" {
+			if n, ok := intVal(obj[s:e]); ok && n >= 400 && n <= 599 {
+				code = int(n)
+			} else {
+				code = 0
+			}
+		}
+		return nil
+	})
+	return code
+}
 
 // engineErrorMessage extracts the message of an error chunk (the engine's
 // words, re-encoded), or a generic one.

@@ -715,3 +715,32 @@ func TestADeprecatedFunctionCallAnswerBecomesAToolCall(t *testing.T) {
 		t.Errorf("Responses stream: %d function calls done", done)
 	}
 }
+
+// An engine's error chunk inside a stream carries the HTTP status it stands
+// for (vLLM's and SGLang's "code"): the client's error event is typed by it
+// as an error answer of that status is, not always as a server error.
+func TestStreamEngineErrorChunkIsTypedByItsCode(t *testing.T) {
+	am := anthropicMeta(t, `{"model":"c","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	rm := responsesMeta(t, `{"model":"g","stream":true,"input":"x"}`)
+	f := func(chunk, anthropicType, responsesCode string) {
+		t.Helper()
+		up := chunkLine(`{"content":"a"}`, "null") + "data: " + chunk + "\n\n"
+		out := convertStream(t, am, up)
+		if want := `event: error` + "\n" + `data: {"type":"error","error":{"type":"` + anthropicType + `",`; !bytes.Contains(out, []byte(want)) {
+			t.Errorf("anthropic, %s: want %s\n%s", chunk, want, out)
+		}
+		out = convertStream(t, rm, up)
+		if want := `"code":"` + responsesCode + `"`; !bytes.Contains(out, []byte(want)) {
+			t.Errorf("responses, %s: want %s\n%s", chunk, want, out)
+		}
+	}
+	f(`{"error":{"message":"too long","type":"BadRequestError","param":null,"code":400}}`, "invalid_request_error", "invalid_request_error")
+	f(`{"error":{"object":"error","message":"busy","type":"ServiceUnavailableError","param":null,"code":503}}`, "overloaded_error", "service_unavailable")
+	f(`{"object":"error","message":"slow down","type":"RateLimitError","code":429}`, "rate_limit_error", "rate_limit_error")
+	f(`{"error":{"message":"x","code":529}}`, "overloaded_error", "server_error")
+	f(`{"error":{"message":"x","code":413}}`, "request_too_large", "invalid_request_error")
+	f(`{"error":{"message":"boom","type":"InternalServerError","code":500}}`, "api_error", "server_error")
+	f(`{"error":{"message":"out of KV","type":"internal_error"}}`, "api_error", "server_error")
+	f(`{"error":{"message":"x","code":"bad_thing"}}`, "api_error", "server_error")
+	f(`{"error":{"message":"x","code":200}}`, "api_error", "server_error")
+}
