@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"slices"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/classify"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/internal/jsonscan"
 	"github.com/infera/infera/jinja"
@@ -345,6 +347,9 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 			writeError(ctx, fasthttp.StatusForbidden, typePermission, notAllowedModel(p.meta.Model), "model", "model_not_allowed")
 			return nil, 0, 0, false
 		}
+		if s.unservedModel(ctx, cfg, rs, p.meta.Model) {
+			return nil, 0, 0, false
+		}
 		s.countTokens(ctx, rs, chat)
 		return nil, 0, 0, false
 	}
@@ -537,6 +542,33 @@ func routingView(dst, body []byte) ([]byte, error) {
 		dst = append(dst, ',')
 	}
 	return append(dst, `"messages":[{"role":"user","content":""}]}`...), nil
+}
+
+// unservedModel answers 404 not_found_error, as a Messages request for the
+// model gets it, when the router counts tokens for a model nothing serves:
+// no canary rule, model mapping, served model (exact, another notation,
+// fuzzy) or default model takes it (sched.UnknownModel), no smart model
+// selection applies to it and no member region serves it. With the split
+// proxy on, an external upstream may serve any name: the count is
+// answered. It reports whether it answered.
+func (s *Server) unservedModel(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, model []byte) bool {
+	if cfg.SplitProxy.Enabled {
+		return false
+	}
+	err := s.sched.UnknownModel(cfg, model)
+	if !errors.Is(err, sched.ErrUnknownModel) {
+		return false
+	}
+	if sm := &cfg.SmartModelSelection; sm.Enabled && classify.Applies(sm, model) {
+		return false
+	}
+	if s.globalOn(cfg) && s.o.Poller.Serves(model) {
+		return false
+	}
+	r := &rs.sreq
+	r.Model = model
+	s.writeSchedError(ctx, r, err)
+	return true
 }
 
 // countTokens answers POST /v1/messages/count_tokens (conversion mode):

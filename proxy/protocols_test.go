@@ -1278,3 +1278,53 @@ func TestAnUnknownMessagesPathCarriesARequestID(t *testing.T) {
 		t.Fatalf("%v %s", resp.Header, body)
 	}
 }
+
+// count_tokens, answered by the router in conversion mode, refuses a model
+// nothing serves as a Messages request for it is refused (404
+// not_found_error in Anthropic's shape), and counts for every name model
+// routing takes: another notation, a fuzzy match, a mapping, the default
+// model. It counted for any name (200 {"input_tokens":N}).
+func TestCountTokensForAModelNothingServesIsNotFound(t *testing.T) {
+	e := &chatEngine{}
+	up := startChatEngine(t, e)
+	f := func(cfg *config.Config, model string, want int) {
+		t.Helper()
+		r := startRouter(t, nil, cfg, up.url)
+		body := `{"model":"` + model + `","messages":[{"role":"user","content":"x"}]}`
+		resp, b := postH(t, r.url+"/v1/messages/count_tokens", body, nil)
+		if resp.StatusCode != want {
+			t.Fatalf("%q: %d %s, want %d", model, resp.StatusCode, b, want)
+		}
+		if want == 404 {
+			id := resp.Header.Get("Request-Id")
+			if start, end := `{"type":"error","error":{"type":"not_found_error","message":"The model `+"`"+model+"`"+` does not exist or is not served by any worker`, `"},"request_id":"`+id+`"}`; id == "" || !strings.HasPrefix(b, start) || !strings.HasSuffix(b, end) {
+				t.Fatalf("%q: %s, want %s...%s", model, b, start, end)
+			}
+			// The same answer as a Messages request for that model.
+			resp2, b2 := postH(t, r.url+"/v1/messages", `{"model":"`+model+`","max_tokens":3,"messages":[{"role":"user","content":"x"}]}`, nil)
+			if resp2.StatusCode != 404 || !strings.Contains(b2, `"not_found_error"`) {
+				t.Fatalf("%q: messages %d %s", model, resp2.StatusCode, b2)
+			}
+		}
+	}
+	plain := config.Default()
+	plain.ModelRouting.Enabled = false
+	f(plain, "m", 200)
+	f(plain, "nosuch", 404)
+	f(plain, "M", 404)
+	routed := config.Default()
+	routed.ModelRouting.Enabled, routed.ModelRouting.FuzzyMatch = true, true
+	f(routed, "M", 200)
+	f(routed, "org/m", 200)
+	f(routed, "nosuch", 404)
+	mapped := config.Default()
+	mapped.ModelRouting.Enabled = true
+	mapped.ModelRouting.Mappings = []config.ModelMapping{{Pattern: "gpt-4*", Services: []string{"m"}}}
+	f(mapped, "gpt-4o", 200)
+	defaulted := config.Default()
+	defaulted.ModelRouting.Enabled, defaulted.ModelRouting.DefaultModel = true, "m"
+	f(defaulted, "nosuch", 200)
+	if e.count() != 0 {
+		t.Fatal("count_tokens reached the engine in conversion mode")
+	}
+}

@@ -299,6 +299,55 @@ func (s *Scheduler) ServedModel(cfg *config.Config, name []byte) string {
 	return ""
 }
 
+// UnknownModel returns the error route gives a request for the model name
+// when nothing serves it (an *UnknownModelError: 404; errModelsPending while
+// a routable worker's models are not known), without picking a worker: no
+// canary turn is taken and nothing is counted. nil when a canary rule, a
+// model mapping, a served model (exact, another notation, fuzzy) or the
+// default model takes the name, or when the fleet has no routable worker
+// (route's ErrNoWorkers, not an unknown model). For answers the router makes
+// itself for a model (count_tokens), which must not count a model the
+// request path would refuse.
+func (s *Scheduler) UnknownModel(cfg *config.Config, name []byte) error {
+	v := s.Fleet.View()
+	if len(v.Routable) == 0 {
+		return nil
+	}
+	if len(name) > maxModelNameLen {
+		return &UnknownModelError{Model: string(name[:64]) + "..."}
+	}
+	c := s.compiled(cfg)
+	if len(name) == 0 && cfg.ModelRouting.Enabled && len(c.defaultModel) > 0 {
+		name = c.defaultModel
+	}
+	if s.routes(c, v, name) {
+		return nil
+	}
+	return s.unknownModel(c, v, name)
+}
+
+// routes reports whether routeName finds a route for name (workers or a
+// service's refusal), as UnknownModel needs it.
+func (s *Scheduler) routes(c *compiled, v *fleet.View, name []byte) bool {
+	mr := &c.cfg.ModelRouting
+	if c.byRule(v, appendLower(nil, name)) {
+		return true
+	}
+	if len(name) == 0 {
+		return true
+	}
+	if !mr.Enabled {
+		return len(v.ByModel[string(name)]) > 0
+	}
+	if s.modelIndex(v).resolve(name, mr.FuzzyMatch) != "" {
+		return true
+	}
+	if len(c.defaultModel) > 0 && string(name) != mr.DefaultModel {
+		return s.routes(c, v, c.defaultModel)
+	}
+	return false
+}
+
 // DefaultModelWorkers returns the routable workers cfg's default model is
 // served by, found as route finds them for an unmatched name (a canary
 // rule or a model mapping of that name, else the served model it names

@@ -781,3 +781,49 @@ func TestARequestPickedAgainKeepsItsCanaryTurn(t *testing.T) {
 		t.Fatalf("10 requests picked twice each split %v, want 5:5", got)
 	}
 }
+
+// UnknownModel says ErrUnknownModel exactly for the names Pick refuses as
+// unknown, under every kind of model routing, and takes no canary turn.
+func TestUnknownModelAgreesWithPick(t *testing.T) {
+	s := modelFleet(t)
+	cfgs := []*config.Config{
+		cfgWith(t, nil),
+		routeCfg(t, nil),
+		routeCfg(t, func(mr *config.ModelRouting) { mr.FuzzyMatch = false }),
+		routeCfg(t, func(mr *config.ModelRouting) {
+			mr.Mappings = []config.ModelMapping{{Pattern: "gpt-4*", Services: []string{"qwen72"}}, {Pattern: "dead-*", Services: []string{"nowhere"}}}
+		}),
+		routeCfg(t, func(mr *config.ModelRouting) { mr.DefaultModel = "Llama-3.1-8B-Instruct" }),
+		cfgWith(t, func(c *config.Config) {
+			c.ModelRouting.Enabled = true
+			c.Canary.Enabled = true
+			c.Canary.Rules = []config.CanaryRule{
+				{Model: "claude-*", Targets: []config.CanaryTarget{{Service: "deepseek", Weight: 1}, {Service: "deepseek-canary", Weight: 1}}},
+				{Model: "gone", Targets: []config.CanaryTarget{{Service: "nowhere", Weight: 1}}},
+			}
+		}),
+	}
+	names := []string{"", "Qwen2.5-72B-Instruct", "qwen2.5-72b-instruct", "Qwen2.5-7B-Instruct", "qwen-72b", "gpt-4o", "dead-1",
+		"claude-3", "gone", "nosuch", "Llama-3.1-8B-Instruct", "deepseek-v3", strings.Repeat("x", 2000)}
+	for i, cfg := range cfgs {
+		for _, n := range names {
+			_, perr := s.Pick(cfg, &Request{Model: []byte(n)}, nil)
+			uerr := s.UnknownModel(cfg, []byte(n))
+			if errors.Is(perr, ErrUnknownModel) != errors.Is(uerr, ErrUnknownModel) {
+				t.Errorf("config %d, %.20q: Pick %v, UnknownModel %v", i, n, perr, uerr)
+			}
+		}
+	}
+	// No canary turn is taken: the rule's picks alternate as before.
+	cfg := cfgs[len(cfgs)-1]
+	var got []string
+	for range 4 {
+		d := pick(t, s, cfg, &Request{Model: []byte("claude-3")})
+		got = append(got, d.Worker.ID)
+		s.UnknownModel(cfg, []byte("claude-3"))
+		s.UnknownModel(cfg, []byte("claude-3"))
+	}
+	if got[0] == got[1] || got[0] != got[2] || got[1] != got[3] {
+		t.Errorf("canary picks %v, want them alternating", got)
+	}
+}
