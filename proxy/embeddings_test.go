@@ -43,6 +43,8 @@ type embedEngine struct {
 	paths  []string
 	bodies []string
 	tokens atomic.Int64
+	// totalOnly: usage as older vLLM reranks report it, total_tokens alone.
+	totalOnly atomic.Bool
 }
 
 func startEmbedEngine(t *testing.T) *embedEngine {
@@ -54,6 +56,10 @@ func startEmbedEngine(t *testing.T) *embedEngine {
 		e.bodies = append(e.bodies, string(ctx.PostBody()))
 		e.mu.Unlock()
 		ctx.SetContentType("application/json")
+		if e.totalOnly.Load() {
+			fmt.Fprintf(ctx, `{"id":"rerank-1","model":"m","usage":{"total_tokens":%d},"results":[{"index":0,"document":{"text":"a"},"relevance_score":0.5}]}`, e.tokens.Load())
+			return
+		}
 		fmt.Fprintf(ctx, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":"AACAPw=="}],"model":"m","usage":{"prompt_tokens":%d,"total_tokens":%d}}`,
 			e.tokens.Load(), e.tokens.Load())
 	})

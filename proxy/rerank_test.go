@@ -97,3 +97,15 @@ func TestRerankTokensCountAgainstTheUsersTPM(t *testing.T) {
 	want(t, postPath(t, r.url, "/v1/rerank", key, rerankBody), 200, "")
 	want(t, postPath(t, r.url, "/v1/rerank", key, rerankBody), 429, "rate_limit_tpm")
 }
+
+// Older vLLM reranks report usage as {"total_tokens":N} alone (no
+// prompt_tokens): N is read as the prompt tokens, so the user's TPM is
+// reconciled with it. It was not read: the router's small estimate stood,
+// and a 3,000-token rerank left a 1,000 TPM bucket open.
+func TestRerankUsageWithOnlyTotalTokensCountsAgainstTheUsersTPM(t *testing.T) {
+	eng, r, key := tpmRouter(t)
+	eng.totalOnly.Store(true)
+	eng.tokens.Store(3000)
+	want(t, postPath(t, r.url, "/v1/rerank", key, rerankBody), 200, "")
+	want(t, postPath(t, r.url, "/v1/rerank", key, rerankBody), 429, "rate_limit_tpm")
+}

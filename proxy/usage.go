@@ -31,6 +31,7 @@ var (
 	keyPrompt     = []byte(`"prompt_tokens"`)
 	keyCompletion = []byte(`"completion_tokens"`)
 	keyCached     = []byte(`"cached_tokens"`)
+	keyTotal      = []byte(`"total_tokens"`)
 )
 
 // scan looks for a usage object in b, the next chunk of a body (a whole
@@ -73,11 +74,22 @@ func (u *usage) parse(b []byte) {
 		if objectEnd(obj) < 0 && len(b)-i <= usageCarry {
 			u.ncarry = copy(u.carry[:], b[i:])
 		}
-		if n, ok := intAfter(obj, keyPrompt); ok {
+		n, okPrompt := intAfter(obj, keyPrompt)
+		if okPrompt {
 			u.prompt, u.seen = n, true
 		}
-		if n, ok := intAfter(obj, keyCompletion); ok {
+		n, okCompletion := intAfter(obj, keyCompletion)
+		if okCompletion {
 			u.completion, u.seen = n, true
+		}
+		if !okPrompt && !okCompletion {
+			// vLLM's rerank answers before its RerankUsage had
+			// prompt_tokens: {"total_tokens":N}, all of them prompt.
+			if end := objectEnd(obj); end >= 0 {
+				if n, ok := intAfter(obj[:end], keyTotal); ok {
+					u.prompt, u.seen = n, true
+				}
+			}
 		}
 		if n, ok := intAfter(obj, keyCached); ok {
 			u.cached = n

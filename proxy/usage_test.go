@@ -205,3 +205,19 @@ func BenchmarkEngineErrorCheckSSEEvent(b *testing.B) {
 		}
 	}
 }
+
+// An older vLLM rerank's usage, {"total_tokens":N} alone, is N prompt
+// tokens, however the body is cut.
+func TestUsageWithOnlyTotalTokensIsPromptTokens(t *testing.T) {
+	b := []byte(`{"id":"rerank-1","model":"m","usage":{"total_tokens":1234},"results":[{"index":0,"document":{"text":"total_tokens"},"relevance_score":0.5}]}`)
+	check := func(u usage, how string) {
+		t.Helper()
+		if !u.seen || u.prompt != 1234 || u.completion != 0 {
+			t.Fatalf("%s: %+v", how, u)
+		}
+	}
+	check(scanChunks(b), "whole")
+	for i := 0; i <= len(b); i++ {
+		check(scanChunks(b[:i], b[i:]), fmt.Sprintf("cut at %d", i))
+	}
+}
