@@ -25,12 +25,17 @@ const (
 // from the status), else OpenAI's:
 // {"error":{"message":...,"type":...,"param":...,"code":...}}.
 func writeError(ctx *fasthttp.RequestCtx, status int, typ, msg, param, code string) {
+	writeErrorAPI(ctx, apiOfPath(ctx.Path()), status, typ, msg, param, code) // protocols.go
+}
+
+// writeErrorAPI is writeError in api's shape.
+func writeErrorAPI(ctx *fasthttp.RequestCtx, api protocol.API, status int, typ, msg, param, code string) {
 	resetResponse(ctx)
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
 	b := ctx.Response.BodyWriter()
 	buf := make([]byte, 0, 96+len(msg))
-	if apiOfPath(ctx.Path()) == protocol.Anthropic { // protocols.go
+	if api == protocol.Anthropic {
 		b.Write(protocol.AppendError(buf, protocol.Anthropic, status, typ, param, msg))
 		return
 	}

@@ -1944,3 +1944,47 @@ func TestTheMaxConnsRefusalHasTheRoutersUnavailableType(t *testing.T) {
 		t.Fatalf("--max-conns refusal %q, want the type %q", tooManyConns, typeUnavailable)
 	}
 }
+
+// fasthttp's own answers to what it cannot read (431 for a head over
+// --max-header-bytes, 400 for a malformed head or framing, 408 for a head
+// not received within --header-timeout) carry an X-Request-Id as every
+// other answer does; they had none. fasthttp resets the request before its
+// error hook runs, so the path is not known: the shape is OpenAI's, on
+// /v1/messages too (docs/protocols.md). A head it read whose URI it cannot
+// parse was answered in OpenAI's shape without an id on /v1/messages too.
+func TestFasthttpsOwnErrorAnswersCarryARequestID(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) { c.Write([]byte(jsonAnswer(okJSON))) })
+	f := defaultFlags()
+	f.HeaderTimeout = 300 * time.Millisecond
+	r := startRouter(t, f, nil, up.url)
+	ids := map[string]bool{}
+	for _, tc := range []struct{ name, req, status string }{
+		{"head too large", "POST /v1/messages HTTP/1.1\r\nHost: x\r\nX-Request-Id: mine\r\nBaggage: " + strings.Repeat("v", 20<<10) + "\r\n\r\n", "431"},
+		{"malformed header line", "POST /v1/messages HTTP/1.1\r\nHost: x\r\nBad Header\r\nContent-Length: 2\r\n\r\n{}", "400"},
+		{"two Content-Lengths", "POST /v1/messages/count_tokens HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}", "400"},
+		{"head not received in time", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", "408"},
+	} {
+		got := rawClient(t, r.url, tc.req, 5*time.Second)
+		head, body, _ := strings.Cut(got, "\r\n\r\n")
+		if !strings.HasPrefix(head, "HTTP/1.1 "+tc.status) || !strings.HasPrefix(body, `{"error":{"message":`) {
+			t.Fatalf("%s:\n%.400s", tc.name, got)
+		}
+		id := ""
+		for _, l := range strings.Split(head, "\r\n") {
+			if v, ok := strings.CutPrefix(l, "X-Request-Id: "); ok {
+				id = v
+			}
+		}
+		if len(id) != 32 || ids[id] {
+			t.Fatalf("%s: X-Request-Id %q (seen: %v)\n%s", tc.name, id, ids, head)
+		}
+		ids[id] = true
+	}
+	// A head fasthttp read but whose Host is no URI it parses: the path is
+	// known, and the answer is the endpoint's, with the client's id.
+	got := rawClient(t, r.url, "POST /v1/messages?beta=true HTTP/1.1\r\nHost: [::1\r\nX-Request-Id: my-id-1\r\nContent-Length: 2\r\n\r\n{}", 5*time.Second)
+	if !strings.HasPrefix(got, "HTTP/1.1 400") || !strings.Contains(got, "\r\nX-Request-Id: my-id-1\r\n") || !strings.Contains(got, "\r\nRequest-Id: my-id-1\r\n") ||
+		!strings.HasSuffix(got, `{"type":"error","error":{"type":"invalid_request_error","message":"malformed HTTP request"},"request_id":"my-id-1"}`) {
+		t.Fatalf("a bad Host on /v1/messages:\n%s", got)
+	}
+}

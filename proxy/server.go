@@ -382,8 +382,22 @@ func (s *Server) BrokerReconnected() {
 
 // handleServerError answers requests fasthttp could not parse. The error
 // text is never echoed: it can hold raw request bytes (credentials).
+//
+// Every answer carries a request id, these too. fasthttp resets the
+// request before it calls this hook when the head, or the first bytes of
+// the body, could not be read: the path, the client's own X-Request-Id and
+// so the protocol are then unknown (the answer is in OpenAI's shape, with
+// a new id). When the head was read (its Host or request target is no URI
+// fasthttp can parse), the request target's path names the protocol, and
+// an inference endpoint's answer is finished as any other's: the client's
+// id, Anthropic's Request-Id and request_id, the access log.
 func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 	mBadRequests.Inc()
+	path := ctx.Request.Header.RequestURI() // empty when the request was reset
+	if i := bytes.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	api := apiOfPath(path)
 	var to interface{ Timeout() bool }
 	var small *fasthttp.ErrSmallBuffer
 	switch {
@@ -395,14 +409,28 @@ func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 		if headerBytes <= 0 {
 			headerBytes = 16 << 10
 		}
-		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, typeInvalidRequest,
+		writeErrorAPI(ctx, api, fasthttp.StatusRequestHeaderFieldsTooLarge, typeInvalidRequest,
 			"request line and headers exceed --max-header-bytes ("+strconv.Itoa(headerBytes)+" bytes)", "", "headers_too_large")
 		closeUnread(ctx)
 	case errors.As(err, &to) && to.Timeout():
-		writeError(ctx, fasthttp.StatusRequestTimeout, typeInvalidRequest, "request not received in time", "", "request_timeout")
+		writeErrorAPI(ctx, api, fasthttp.StatusRequestTimeout, typeInvalidRequest, "request not received in time", "", "request_timeout")
 	default:
-		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "malformed HTTP request", "", "bad_request")
+		writeErrorAPI(ctx, api, fasthttp.StatusBadRequest, typeInvalidRequest, "malformed HTTP request", "", "bad_request")
 	}
+	if kind, ok := inferenceKind(path); ok {
+		rs := s.acquireState()
+		rs.start = time.Now()
+		takeRequestID(ctx, rs)
+		rs.acc.kind = kind
+		s.answered(ctx, rs)
+		return
+	}
+	var id [32]byte
+	if v := ctx.Request.Header.Peek(hdrRequestID); validRequestID(v) {
+		ctx.Response.Header.SetCanonical(hdrRequestIDBytes, v)
+		return
+	}
+	ctx.Response.Header.SetCanonical(hdrRequestIDBytes, appendRequestID(id[:0]))
 }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
