@@ -539,6 +539,9 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		eof = false // the relay tells a whole stream from a cut one (cutShort)
 	}
 	rs.scanUsage(rs.rbuf[:n])
+	if rs.proto.passesResponses() && status < 300 && rs.ext.cur == nil {
+		s.respAff.learn(rs.rbuf[:n], d.Worker) // respaffinity.go
+	}
 	first := rs.rbuf[:n]
 	if status >= 400 {
 		first = scrubKey(first, rs.ext.cur)

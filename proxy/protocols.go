@@ -322,6 +322,11 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 			}
 			p.coarse = true
 		}
+		if kind == kindResponses {
+			// A follow-up goes to the engine holding its previous
+			// response (respaffinity.go).
+			rs.sreq.Prefer = s.respAff.lookup(body)
+		}
 		p.buf = chat
 		// The view is held until the request ends, beside the client's
 		// body: it is reserved like a converted body (it is one), with
@@ -644,6 +649,12 @@ func (s *Server) countTokens(ctx *fasthttp.RequestCtx, rs *reqState, chat []byte
 	rs.proto.out = protocol.AppendCountTokens(rs.proto.out[:0], rs.promptTokens())
 	ctx.SetContentType("application/json")
 	ctx.SetBody(rs.proto.out)
+}
+
+// passesResponses reports a Responses request passed through: its answer
+// names the response an engine stored (respaffinity.go).
+func (p *protoState) passesResponses() bool {
+	return p.mode == protoPassthrough && p.api == protocol.Responses
 }
 
 // transforms reports whether the answer may be rewritten (converted or

@@ -140,6 +140,9 @@ type Server struct {
 	classifier *classify.Client
 
 	proto protoFront // conversion options per config snapshot (protocols.go)
+	// respAff routes Responses follow-ups to the worker that answered
+	// their previous response, in passthrough (respaffinity.go).
+	respAff respAffinity
 }
 
 // HTTPHook returns the fleet hook that gives each worker an HTTP connection

@@ -38,6 +38,11 @@ type Request struct {
 	// mixed or decode worker, DirectPrefill the prefill worker.
 	DirectWorker  []byte
 	DirectPrefill []byte
+	// Prefer is the Serial of the worker r goes to when it is an available
+	// candidate, before any layer (a Responses follow-up to the engine
+	// that stored its previous response); 0 for none. When it is not one
+	// (removed, tried, breaker open, full), the layers decide.
+	Prefer uint32
 	// Leg is the part of the request the next Acquire picks a worker for
 	// (pd.go): the whole request (LegMixed, the zero value), or a PD pair's
 	// prefill or decode leg (set with SetLeg).
@@ -431,7 +436,12 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 	case r.Leg == LegDecode:
 		d = s.pickDecode(cfg, avail, now) // pd.decode_policy
 	default:
-		d = s.decide(cfg, c, v, avail, r, now)
+		if r.Prefer != 0 {
+			d = preferred(avail, r.Prefer)
+		}
+		if d.Worker == nil {
+			d = s.decide(cfg, c, v, avail, r, now)
+		}
 		if ok, probe := d.Worker.Breaker.Admit(now); ok {
 			d.Probe = probe
 		} else {
@@ -444,6 +454,17 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 	d.Rewrite = d.Model != "" && d.Model != string(r.Model)
 	s.finish(cfg, c, r, &d, now)
 	return d, nil
+}
+
+// preferred is the decision for the worker of Serial serial among avail
+// (Request.Prefer); none when it is not among them.
+func preferred(avail []*fleet.Worker, serial uint32) Decision {
+	for _, w := range avail {
+		if w.Serial == serial {
+			return Decision{Worker: w, Layer: LayerAffinity, Reason: ReasonAffinityHit}
+		}
+	}
+	return Decision{}
 }
 
 // decide runs the layers under the scheduling breaker and wait timeout.

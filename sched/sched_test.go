@@ -566,3 +566,33 @@ func TestAnUnknownNameWhileAWorkersModelsArePendingIsNoWorkers(t *testing.T) {
 		t.Fatalf("every worker's models known: %v, want ErrUnknownModel", err)
 	}
 }
+
+// Request.Prefer sends a request to that worker when it is an available
+// candidate, before the layers; a tried one, or a Serial no worker has,
+// leaves the decision to them.
+func TestPickPrefersTheNamedWorker(t *testing.T) {
+	s, _ := newTestSched(t, rec("a", "s", "m"), rec("b", "s", "m"), rec("c", "s", "m"))
+	cfg := cfgWith(t, nil)
+	var b *fleet.Worker
+	for _, w := range s.Fleet.View().Routable {
+		if w.ID == "b" {
+			b = w
+		}
+	}
+	for range 5 {
+		d := pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: b.Serial})
+		if d.Worker != b || d.Layer != LayerAffinity || d.Reason != ReasonAffinityHit {
+			t.Fatalf("%s %v %v", d.Worker.ID, d.Layer, d.Reason)
+		}
+	}
+	if d := pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: b.Serial, Tried: []int{b.Idx}}); d.Worker == b {
+		t.Fatal("a tried worker was preferred")
+	}
+	seen := map[string]bool{}
+	for range 6 {
+		seen[pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: 999}).Worker.ID] = true
+	}
+	if len(seen) < 2 {
+		t.Fatalf("an unknown Serial decided: %v", seen)
+	}
+}

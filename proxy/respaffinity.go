@@ -1,0 +1,145 @@
+package proxy
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/jsonscan"
+)
+
+// Responses affinity: in passthrough mode an engine that stores responses
+// (vLLM's Responses API) answers a follow-up's previous_response_id only
+// when it holds that response, so the follow-up goes to the worker that
+// answered the response it names. The router learns the id from the
+// answer's first read (a whole Response's "id", or a stream's first
+// event's "response":{"id":...}) and keeps which worker (its Serial: a
+// worker replaced by discovery or a reload is another worker) answered it,
+// for the last respAffinityMax ids. A follow-up whose worker is gone,
+// tried, open or full is routed as any request (the engine then says the
+// response is unknown).
+
+// respAffinityMax bounds the ids kept (about 100 bytes each).
+const respAffinityMax = 1 << 16
+
+var (
+	mPrevResponseRouted  = metrics.NewCounter(`infera_protocol_previous_response_total{result="known"}`)
+	mPrevResponseUnknown = metrics.NewCounter(`infera_protocol_previous_response_total{result="unknown"}`)
+)
+
+// respAffinity maps response ids to the Serial of the worker that answered
+// them, the oldest evicted first.
+type respAffinity struct {
+	n    atomic.Int64 // entries, read without the lock
+	mu   sync.Mutex
+	m    map[string]uint32
+	ring []string // ids in the order learned; next is the oldest at capacity
+	next int
+}
+
+// learn records the response id in first, an answer's first read, as
+// answered by w.
+func (a *respAffinity) learn(first []byte, w *fleet.Worker) {
+	id := responseID(first)
+	if id == nil || w == nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m == nil {
+		a.m = make(map[string]uint32)
+	}
+	if _, ok := a.m[string(id)]; ok {
+		a.m[string(id)] = w.Serial
+		return
+	}
+	key := string(id)
+	if len(a.ring) < respAffinityMax {
+		a.ring = append(a.ring, key)
+	} else {
+		delete(a.m, a.ring[a.next])
+		a.ring[a.next] = key
+		a.next = (a.next + 1) % respAffinityMax
+	}
+	a.m[key] = w.Serial
+	a.n.Store(int64(len(a.m)))
+}
+
+// lookup returns the Serial of the worker that answered the response a
+// Responses body's previous_response_id names; 0 when it names none or
+// one not known.
+func (a *respAffinity) lookup(body []byte) uint32 {
+	if a.n.Load() == 0 {
+		return 0
+	}
+	var prev []byte
+	forEachField(body, skipSpace(body, 0), func(k []byte, vs, ve int) error {
+		if string(k) == "previous_response_id" && body[vs] == '"' {
+			prev = body[vs+1 : ve-1]
+		}
+		return nil
+	})
+	if len(prev) == 0 {
+		return 0
+	}
+	a.mu.Lock()
+	serial := a.m[string(prev)]
+	a.mu.Unlock()
+	if serial == 0 {
+		mPrevResponseUnknown.Inc()
+	} else {
+		mPrevResponseRouted.Inc()
+	}
+	return serial
+}
+
+var (
+	errFound    = errors.New("found")
+	keyResponse = []byte(`"response"`)
+)
+
+// responseID returns the id of the Response an answer's first read holds:
+// a whole Response's top-level "id", or in a stream the "id" of the first
+// event's "response" object (response.created). nil when there is none, it
+// is cut, or it is not a plain id (1-128 visible ASCII characters, no
+// escapes).
+func responseID(b []byte) []byte {
+	i := skipSpace(b, 0)
+	if i >= len(b) {
+		return nil
+	}
+	if b[i] != '{' {
+		k := jsonscan.IndexKey(b, keyResponse)
+		if k < 0 {
+			return nil
+		}
+		i = skipSpace(b, k+len(keyResponse))
+		if i >= len(b) || b[i] != ':' {
+			return nil
+		}
+		if i = skipSpace(b, i+1); i >= len(b) || b[i] != '{' {
+			return nil
+		}
+	}
+	var id []byte
+	forEachField(b, i, func(k []byte, vs, ve int) error {
+		if string(k) == "id" {
+			if b[vs] == '"' {
+				id = b[vs+1 : ve-1]
+			}
+			return errFound
+		}
+		return nil
+	})
+	if !validRequestID(id) {
+		return nil
+	}
+	for _, c := range id {
+		if c == '\\' || c == '"' {
+			return nil
+		}
+	}
+	return id
+}
