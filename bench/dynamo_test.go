@@ -55,7 +55,7 @@ func TestDynamoEmulationWeighsPrefillBlocksAgainstActiveBlocks(t *testing.T) {
 // zero; in a simulation the kv layer routes every request.
 func TestDynamoEmulationAccountsActiveRequests(t *testing.T) {
 	ix := radix.New()
-	w := &fleet.Worker{Idx: 0, ID: "w0"}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 0, ID: "w0"}
 	d := newDynamoScorer(ix, 16, 1)
 	a := &sched.Request{PromptTokens: 48, BlockHashes: []uint64{1, 2, 3}}
 	b := &sched.Request{PromptTokens: 64, BlockHashes: []uint64{1, 2, 3, 4}}

@@ -65,13 +65,17 @@ type Fleet struct {
 	serial uint32
 	hooks  []Hook
 	view   atomic.Pointer[View]
+	// retired holds, by ID, the Load of removed workers with requests
+	// still in flight, for a worker added again with the same ID and
+	// address (Worker.Load).
+	retired map[string]retiredLoad
 
 	ms *metrics.Set
 }
 
 // NewFleet returns an empty fleet whose workers use breaker settings bc.
 func NewFleet(bc BreakerConfig) *Fleet {
-	f := &Fleet{breaker: bc, byID: map[string]*Worker{}, ms: metrics.NewSet()}
+	f := &Fleet{breaker: bc, byID: map[string]*Worker{}, retired: map[string]retiredLoad{}, ms: metrics.NewSet()}
 	metrics.RegisterSet(f.ms)
 	f.view.Store(&View{ByModel: map[string][]*Worker{}, ByService: map[string][]*Worker{}})
 	// In the fleet's own set (not the default one) so that several fleets
@@ -199,6 +203,7 @@ func (f *Fleet) upsertLocked(r Record) error {
 				h.WorkerRemoved(w)
 			}
 			f.releaseIdx(w)
+			f.retireLoad(w)
 			return fmt.Errorf("cannot add worker %q: %w", r.ID, err)
 		}
 	}
@@ -239,6 +244,7 @@ func (f *Fleet) newWorker(r Record) (*Worker, error) {
 		w.Service = w.Models[0]
 	}
 	w.PD = parsePD(&r, u.Hostname())
+	w.Load = f.inheritLoad(w.ID, w.Addr)
 	w.draining.Store(r.Status == StatusDraining)
 	w.Breaker.init(&f.breaker)
 	f.serial++
@@ -315,6 +321,47 @@ func (f *Fleet) unregisterMetrics(w *Worker) {
 	}
 }
 
+// retiredLoad is the Load of a removed worker that had requests in flight.
+type retiredLoad struct {
+	addr string
+	load *Load
+}
+
+// busy reports whether requests still hold load units of l.
+func (l *Load) busy() bool {
+	return l.Requests.Load() != 0 || l.Tokens.Load() != 0 || l.PrefillTokens.Load() != 0 ||
+		l.Blocks.Load() != 0 || l.Pending.Load() != 0
+}
+
+// retireLoad keeps w's Load for a worker added again with its ID and
+// address while w's requests still run, and forgets the retired loads
+// whose requests have all ended. Lock must be held.
+func (f *Fleet) retireLoad(w *Worker) {
+	for id, rl := range f.retired {
+		if !rl.load.busy() {
+			delete(f.retired, id)
+		}
+	}
+	if w.Load.busy() {
+		f.retired[w.ID] = retiredLoad{addr: w.Addr, load: w.Load}
+	}
+}
+
+// inheritLoad returns the Load for a new worker with id at addr: the
+// retired one of a worker with the same id and address whose requests
+// still run (the engine is still serving them: the balancer must see
+// them, and their releases must land on the counters it reads), else a
+// fresh one. Lock must be held.
+func (f *Fleet) inheritLoad(id, addr string) *Load {
+	if rl, ok := f.retired[id]; ok {
+		delete(f.retired, id)
+		if rl.addr == addr {
+			return rl.load
+		}
+	}
+	return new(Load)
+}
+
 func (f *Fleet) releaseIdx(w *Worker) {
 	f.free = append(f.free, w.Idx)
 }
@@ -323,6 +370,7 @@ func (f *Fleet) removeLocked(w *Worker) {
 	delete(f.byID, w.ID)
 	w.removed.Store(true)
 	f.releaseIdx(w)
+	f.retireLoad(w)
 	for _, h := range f.hooks {
 		h.WorkerRemoved(w)
 	}

@@ -15,7 +15,7 @@ import "github.com/VictoriaMetrics/metrics"
 // URL, Addr, TLS and Client before the worker's first request; they are
 // immutable afterwards, as for fleet workers.
 func NewStandalone(id string, bc *BreakerConfig, requests, failures *metrics.Counter) *Worker {
-	w := &Worker{Idx: -1, ID: id, Service: id}
+	w := &Worker{Idx: -1, ID: id, Service: id, Load: new(Load)}
 	w.Breaker.init(bc)
 	w.mRequests, w.mFailures = requests, failures
 	return w

@@ -106,7 +106,12 @@ type Worker struct {
 	// set by a fleet hook before the worker becomes routable.
 	Client any
 
-	Load    Load
+	// Load is the worker's in-flight load. A worker that replaces one
+	// with the same ID and address (a changed record, or one removed and
+	// added again while requests it took still run) shares its
+	// predecessor's Load: the balancer sees the requests still running on
+	// the engine, and their releases land on the counters it reads.
+	Load    *Load
 	Breaker Breaker
 
 	draining atomic.Bool

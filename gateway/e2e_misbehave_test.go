@@ -124,7 +124,7 @@ func waitLoadZero(t *testing.T, rt *Gateway) {
 	for end := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		bad := ""
 		for _, w := range rt.fleet.View().All {
-			l := &w.Load
+			l := w.Load
 			if l.Requests.Load() != 0 || l.Tokens.Load() != 0 || l.PrefillTokens.Load() != 0 || l.Blocks.Load() != 0 || l.Pending.Load() != 0 {
 				bad += fmt.Sprintf(" %s: req=%d tok=%d prefill=%d blocks=%d pending=%d", w.ID, l.Requests.Load(), l.Tokens.Load(),
 					l.PrefillTokens.Load(), l.Blocks.Load(), l.Pending.Load())

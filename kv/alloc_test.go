@@ -19,7 +19,7 @@ func TestPublisherCheckAllocatesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	ws := m.newWorkerState(&fleet.Worker{Idx: 0, ID: "alloc", BlockSize: 16})
+	ws := m.newWorkerState(&fleet.Worker{Load: new(fleet.Load), Idx: 0, ID: "alloc", BlockSize: 16})
 	defer ws.unregisterMetrics()
 	ws.follow(7)
 	ws.follow(8) // a change: 8 is followed

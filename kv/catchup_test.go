@@ -25,7 +25,7 @@ func TestBlocksCachedBeforeTheRouterListenedAreLearnedFromTheReplayBuffer(t *tes
 	p.BlockStored(hs[:3], 0, false, sys, bs) // nobody subscribed: buffered only
 	waitFor(t, "the batch before the router", func() bool { return p.Sent() >= 1 })
 	time.Sleep(5 * time.Millisecond) // in a batch of its own, before the probes
-	w := &fleet.Worker{Idx: 2, ID: "w", KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 2, ID: "w", KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +194,7 @@ func TestARestartedEngineIsCaughtUpFromItsReplayBuffer(t *testing.T) {
 	hs := engineHashes(1, 4)
 	p.BlockStored(hs[:3], 0, false, sys, bs)
 	waitFor(t, "batch 0 of the restarted engine", func() bool { return p.Sent() >= 1 })
-	w := &fleet.Worker{Idx: 3, ID: "w", KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 3, ID: "w", KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
 	ws := m.newWorkerState(w)
 	defer ws.unregisterMetrics()
 	if ws.replayFn == nil {
@@ -230,7 +230,7 @@ func TestARestartedEngineIsCaughtUpFromItsReplayBuffer(t *testing.T) {
 func newFedWorker(t *testing.T) (*Manager, *radix.Index, *fleet.Worker) {
 	t.Helper()
 	m, x := newTestManager(t, "nats")
-	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 0, ID: "w", BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +252,7 @@ func TestAReplayEndpointAdvertisedAsABindAddressIsReached(t *testing.T) {
 	waitFor(t, "the batch before the router", func() bool { return p.Sent() >= 1 })
 	time.Sleep(5 * time.Millisecond) // in a batch of its own, before the probes
 	bind := func(ep string) string { return strings.Replace(ep, "tcp://127.0.0.1:", "tcp://*:", 1) }
-	w := &fleet.Worker{Idx: 2, ID: "w", Addr: "127.0.0.1:8000", KVEventsEndpoint: bind(p.Endpoint()),
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 2, ID: "w", Addr: "127.0.0.1:8000", KVEventsEndpoint: bind(p.Endpoint()),
 		KVReplayEndpoint: bind(p.ReplayEndpoint()), BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)

@@ -34,7 +34,7 @@ func newDupRig(t *testing.T, workerID string) (*dupRig, *fleet.Worker) {
 	t.Helper()
 	ns := testsrv.StartNATS(t)
 	m, _ := newTestManager(t, "nats")
-	w := &fleet.Worker{Idx: 0, ID: workerID, BlockSize: bs}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 0, ID: workerID, BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func newFeeder(t *testing.T, takeover time.Duration) *feeder {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.Close)
-	ws := m.newWorkerState(&fleet.Worker{Idx: 0, ID: "dup", BlockSize: bs})
+	ws := m.newWorkerState(&fleet.Worker{Load: new(fleet.Load), Idx: 0, ID: "dup", BlockSize: bs})
 	t.Cleanup(ws.unregisterMetrics)
 	return &feeder{t: t, ws: ws, x: x, seq: map[uint64]uint64{}}
 }

@@ -21,7 +21,7 @@ func FuzzHandle(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer m.Close()
-		ws := m.newWorkerState(&fleet.Worker{Idx: 1, ID: "fuzz", BlockSize: 1})
+		ws := m.newWorkerState(&fleet.Worker{Load: new(fleet.Load), Idx: 1, ID: "fuzz", BlockSize: 1})
 		defer ws.unregisterMetrics()
 		ws.handle(seq, payload)
 		ws.handle(seq+1, payload)

@@ -31,7 +31,7 @@ func TestABlockSizeThatOverflowsTheTokenCheckDoesNotPanic(t *testing.T) {
 	if err := rec.Validate(); err == nil {
 		t.Fatal("fleet validation accepts block_size 2^62")
 	}
-	ws := m.newWorkerState(&fleet.Worker{Idx: 1, ID: "evil", BlockSize: rec.BlockSize})
+	ws := m.newWorkerState(&fleet.Worker{Load: new(fleet.Load), Idx: 1, ID: "evil", BlockSize: rec.BlockSize})
 	defer ws.unregisterMetrics()
 	// Legacy BlockStored with 4 hashes, no parent, no tokens, block_size omitted
 	// (trailing defaults dropped): ["BlockStored", [h1..h4], nil, []]
@@ -68,7 +68,7 @@ func TestAClearFloodFromAWorkerWithNothingCachedCostsNoIndexWalks(t *testing.T) 
 			t.Fatal(err)
 		}
 	}
-	ws := m.newWorkerState(&fleet.Worker{Idx: 7, ID: "evil", BlockSize: bs})
+	ws := m.newWorkerState(&fleet.Worker{Load: new(fleet.Load), Idx: 7, ID: "evil", BlockSize: bs})
 	defer ws.unregisterMetrics()
 	const n = 2000
 	b := mpAppendArray(nil, 2)
@@ -97,7 +97,7 @@ func TestAPublisherRestartAfterOneBatchResyncs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	ws := m.newWorkerState(&fleet.Worker{Idx: 2, ID: "w", BlockSize: bs})
+	ws := m.newWorkerState(&fleet.Worker{Load: new(fleet.Load), Idx: 2, ID: "w", BlockSize: bs})
 	defer ws.unregisterMetrics()
 	batch := func(tag int) []byte {
 		b := appendBatchHeader(nil, false, 1, 1)
@@ -126,7 +126,7 @@ func TestResyncClearsOfARankAreSpacedOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	ws := m.newWorkerState(&fleet.Worker{Idx: 3, ID: "flappy", BlockSize: bs})
+	ws := m.newWorkerState(&fleet.Worker{Load: new(fleet.Load), Idx: 3, ID: "flappy", BlockSize: bs})
 	defer ws.unregisterMetrics()
 	batch := func(tag int) []byte {
 		b := appendBatchHeader(nil, false, 1, 1)
@@ -170,7 +170,7 @@ func TestABlockStoredAfterAPutOffClearStaysIndexed(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer m.Close()
-			ws := m.newWorkerState(&fleet.Worker{Idx: 4, ID: "clearer", BlockSize: bs})
+			ws := m.newWorkerState(&fleet.Worker{Load: new(fleet.Load), Idx: 4, ID: "clearer", BlockSize: bs})
 			defer ws.unregisterMetrics()
 			stored := func(tag, n int) []byte {
 				b := appendBatchHeader(nil, false, 1, 1)
@@ -241,7 +241,7 @@ func TestAKVEventMessageOverTheSizeLimitIsNotReceived(t *testing.T) {
 	t.Cleanup(func() { maxMessageBytes = old }) // after the manager's Close
 	m, x := newTestManager(t, "zmq")
 	p := newTestPublisher(t, false, engine.LayoutLegacy)
-	w := &fleet.Worker{Idx: 1, ID: "w", KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 1, ID: "w", KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +336,7 @@ func TestARankWhosePublisherGoesLeavesTheOtherRanksFollowed(t *testing.T) {
 		t.Skip("no two adjacent free ports")
 	}
 	defer func() { _ = p0.sock.Close(); _ = p1.sock.Close() }()
-	w := &fleet.Worker{Idx: 1, ID: "dp", KVEventsEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", p0.port()), BlockSize: bs, DPSize: 2}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 1, ID: "dp", KVEventsEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", p0.port()), BlockSize: bs, DPSize: 2}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}
@@ -389,7 +389,7 @@ func TestAWorkerFloodingStoredBlocksIsBoundedInMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	w := &fleet.Worker{Idx: 2, ID: "flood", BlockSize: bs}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 2, ID: "flood", BlockSize: bs}
 	ws := m.newWorkerState(w)
 	defer ws.unregisterMetrics()
 	const chains, n = 50, 100
@@ -428,7 +428,7 @@ func TestAnEngineHashNamedTwiceInOneEventLeavesNothingAfterItsRemoval(t *testing
 		t.Fatal(err)
 	}
 	defer m.Close()
-	ws := m.newWorkerState(&fleet.Worker{Idx: 0, ID: "twice", BlockSize: bs})
+	ws := m.newWorkerState(&fleet.Worker{Load: new(fleet.Load), Idx: 0, ID: "twice", BlockSize: bs})
 	defer ws.unregisterMetrics()
 	a := tokensFor(1, 3)
 	h := uint64(7)

@@ -25,7 +25,7 @@ func TestAWorkerWithoutKVEventsCostsNoQueueNorGoroutine(t *testing.T) {
 		g0 := runtime.NumGoroutine()
 		const n = 1000
 		for i := 0; i < n; i++ {
-			if err := m.WorkerAdded(&fleet.Worker{Idx: i, ID: fmt.Sprint("w", i)}); err != nil {
+			if err := m.WorkerAdded(&fleet.Worker{Load: new(fleet.Load), Idx: i, ID: fmt.Sprint("w", i)}); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -86,7 +86,7 @@ func benchmarkApply(b *testing.B, asFrame bool) {
 		if m, err = NewManager(ManagerConfig{Index: radix.New()}); err != nil {
 			b.Fatal(err)
 		}
-		ws = m.newWorkerState(&fleet.Worker{Idx: 0, ID: "bench", BlockSize: 16})
+		ws = m.newWorkerState(&fleet.Worker{Load: new(fleet.Load), Idx: 0, ID: "bench", BlockSize: 16})
 	}
 	reset()
 	b.ReportAllocs()
@@ -120,7 +120,7 @@ func BenchmarkPublisherCheck(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer m.Close()
-	ws := m.newWorkerState(&fleet.Worker{Idx: 0, ID: "bench", BlockSize: 16})
+	ws := m.newWorkerState(&fleet.Worker{Load: new(fleet.Load), Idx: 0, ID: "bench", BlockSize: 16})
 	defer ws.unregisterMetrics()
 	ws.follow(7)
 	ws.follow(8)

@@ -112,7 +112,7 @@ func TestSubscribeLayouts(t *testing.T) {
 		t.Run(string(layout), func(t *testing.T) {
 			m, x := newTestManager(t, "zmq")
 			p := newTestPublisher(t, false, layout)
-			w := &fleet.Worker{Idx: i, ID: "w" + string(layout), KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
+			w := &fleet.Worker{Load: new(fleet.Load), Idx: i, ID: "w" + string(layout), KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
 			if err := m.WorkerAdded(w); err != nil {
 				t.Fatal(err)
 			}
@@ -144,7 +144,7 @@ func TestSubscribeLayouts(t *testing.T) {
 func TestGapRecoveredByReplay(t *testing.T) {
 	m, x := newTestManager(t, "zmq")
 	p := newTestPublisher(t, true, engine.LayoutLegacy)
-	w := &fleet.Worker{Idx: 3, ID: "w", KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 3, ID: "w", KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestGapRecoveredByReplay(t *testing.T) {
 func TestGapWithoutReplay(t *testing.T) {
 	m, x := newTestManager(t, "zmq")
 	p := newTestPublisher(t, false, engine.LayoutLegacy)
-	w := &fleet.Worker{Idx: 1, ID: "w", KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 1, ID: "w", KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}
@@ -194,8 +194,8 @@ func TestGapWithoutReplay(t *testing.T) {
 func TestWorkerRemovalPurges(t *testing.T) {
 	m, x := newTestManager(t, "zmq")
 	p := newTestPublisher(t, false, engine.LayoutMap)
-	w := &fleet.Worker{Idx: 2, ID: "w", KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
-	other := &fleet.Worker{Idx: 5, ID: "other", BlockSize: bs}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 2, ID: "w", KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
+	other := &fleet.Worker{Load: new(fleet.Load), Idx: 5, ID: "other", BlockSize: bs}
 	for _, x := range []*fleet.Worker{w, other} {
 		if err := m.WorkerAdded(x); err != nil {
 			t.Fatal(err)
@@ -229,7 +229,7 @@ func TestWorkerRemovalPurges(t *testing.T) {
 
 func TestFeedSequencing(t *testing.T) {
 	m, x := newTestManager(t, "nats")
-	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs, DPSize: 2}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 0, ID: "w", BlockSize: bs, DPSize: 2}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +306,7 @@ func TestRoutesToCachingEngine(t *testing.T) {
 	var pubs []*engine.Publisher
 	for i := range 2 {
 		p := newTestPublisher(t, true, []engine.EventLayout{engine.LayoutLegacy, engine.LayoutMap}[i])
-		w := &fleet.Worker{Idx: i, ID: fmt.Sprintf("engine%d", i), KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
+		w := &fleet.Worker{Load: new(fleet.Load), Idx: i, ID: fmt.Sprintf("engine%d", i), KVEventsEndpoint: p.Endpoint(), KVReplayEndpoint: p.ReplayEndpoint(), BlockSize: bs}
 		if err := m.WorkerAdded(w); err != nil {
 			t.Fatal(err)
 		}
@@ -360,7 +360,7 @@ func TestDataParallelRanks(t *testing.T) {
 	if got := rankEndpoint(pubs[0].Endpoint(), 1); got != pubs[1].Endpoint() {
 		t.Fatalf("rank 1 endpoint %q, want %q", got, pubs[1].Endpoint())
 	}
-	w := &fleet.Worker{Idx: 3, ID: "dp", KVEventsEndpoint: pubs[0].Endpoint(), BlockSize: bs, DPSize: 2}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 3, ID: "dp", KVEventsEndpoint: pubs[0].Endpoint(), BlockSize: bs, DPSize: 2}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}
@@ -462,7 +462,7 @@ func TestAClearResetsTheCountsOfStoredBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	ws := m.newWorkerState(&fleet.Worker{Idx: 1, ID: "w", BlockSize: bs})
+	ws := m.newWorkerState(&fleet.Worker{Load: new(fleet.Load), Idx: 1, ID: "w", BlockSize: bs})
 	defer ws.unregisterMetrics()
 	sys := tokensFor(1, 2)
 	hs := []uint64{0x1001, 0x1002}
@@ -496,7 +496,7 @@ func TestAClearResetsTheCountsOfStoredBlocks(t *testing.T) {
 // as the id (\u00a0 is no escape of that format: the scrape was refused).
 func TestAWorkerIDOfAnyRunesIsALabelPrometheusReadsBack(t *testing.T) {
 	m, _ := newTestManager(t, "nats")
-	w := &fleet.Worker{Idx: 1, ID: "w\u00a0\"x"}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 1, ID: "w\u00a0\"x"}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}

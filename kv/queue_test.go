@@ -52,7 +52,7 @@ func TestAPublisherFasterThanTheRouterIsBoundedInMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	ep, _ := pub.GetLastEndpoint()
-	w := &fleet.Worker{Idx: 1, ID: "w", KVEventsEndpoint: ep, BlockSize: bs}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 1, ID: "w", KVEventsEndpoint: ep, BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}

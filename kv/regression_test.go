@@ -19,7 +19,7 @@ import (
 // old one, and the old engine's blocks stay in the index.
 func TestPublisherRestartWithoutSeqZeroIsDetected(t *testing.T) {
 	m, x := newTestManager(t, "nats")
-	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 0, ID: "w", BlockSize: bs}
 	if err := m.WorkerAdded(w); err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestClearedEngineMapReleasesItsPeakSize(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	w := &fleet.Worker{Idx: 0, ID: "w", BlockSize: bs}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 0, ID: "w", BlockSize: bs}
 	ws := m.newWorkerState(w)
 	const n = 200000
 	b := appendBatchHeader(nil, false, 1, 1)
@@ -115,7 +115,7 @@ func TestEveryWorkerOfALargeFleetIsFollowedOverZMQ(t *testing.T) {
 	p := newTestPublisher(t, false, engine.LayoutLegacy)
 	const n = 400
 	for i := 0; i < n; i++ {
-		w := &fleet.Worker{Idx: i, ID: "w" + strconv.Itoa(i), KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
+		w := &fleet.Worker{Load: new(fleet.Load), Idx: i, ID: "w" + strconv.Itoa(i), KVEventsEndpoint: p.Endpoint(), BlockSize: bs}
 		if err := m.WorkerAdded(w); err != nil {
 			t.Fatal(err)
 		}

@@ -37,7 +37,7 @@ func TestFollowedWorkersWaitWithoutAThreadEach(t *testing.T) {
 	before := threads(t)
 	const n = 200
 	for i := 0; i < n; i++ {
-		if err := m.WorkerAdded(&fleet.Worker{Idx: i, ID: fmt.Sprint("w", i), KVEventsEndpoint: pub.Endpoint()}); err != nil {
+		if err := m.WorkerAdded(&fleet.Worker{Load: new(fleet.Load), Idx: i, ID: fmt.Sprint("w", i), KVEventsEndpoint: pub.Endpoint()}); err != nil {
 			t.Fatal(err)
 		}
 	}

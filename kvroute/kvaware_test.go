@@ -27,7 +27,7 @@ func newKVFixture(t testing.TB, n int) *kvFixture {
 	t.Helper()
 	f := &kvFixture{x: radix.New()}
 	for i := range n {
-		f.ws = append(f.ws, &fleet.Worker{Idx: i, ID: fmt.Sprintf("w%d", i), Serial: uint32(i + 1)})
+		f.ws = append(f.ws, &fleet.Worker{Load: new(fleet.Load), Idx: i, ID: fmt.Sprintf("w%d", i), Serial: uint32(i + 1)})
 	}
 	for i := range 8 {
 		f.hashes = append(f.hashes, uint64(i+1)*0x9e3779b97f4a7c15)
@@ -219,7 +219,7 @@ func TestKVAwareNewPrefixRendezvous(t *testing.T) {
 	x := radix.New()
 	var ws []*fleet.Worker
 	for i := range 4 {
-		ws = append(ws, &fleet.Worker{Idx: i, ID: fmt.Sprintf("engine-%d", i)})
+		ws = append(ws, &fleet.Worker{Load: new(fleet.Load), Idx: i, ID: fmt.Sprintf("engine-%d", i)})
 	}
 	common := []uint64{11, 22}
 	for i := range ws {
@@ -495,7 +495,7 @@ func TestKVAwareLearnsSpeed(t *testing.T) {
 		t.Fatalf("explain with speeds: %+v", e)
 	}
 	// A new worker on w1's Idx starts over (at the fleet's mean speed).
-	fresh := &fleet.Worker{Idx: 1, ID: "w1-new", Serial: 77}
+	fresh := &fleet.Worker{Load: new(fleet.Load), Idx: 1, ID: "w1-new", Serial: 77}
 	if v := k.speedOf(fresh); v != 0 {
 		t.Fatalf("a new worker inherited a speed: %v", v)
 	}
@@ -563,7 +563,7 @@ func TestKVAwareConcurrent(t *testing.T) {
 	wg.Wait()
 	for _, w := range fx.ws {
 		if w.Load.Requests.Load() != 0 || w.Load.PrefillTokens.Load() != 0 {
-			t.Fatalf("load counters leaked: %+v", &w.Load)
+			t.Fatalf("load counters leaked: %+v", w.Load)
 		}
 	}
 }
@@ -603,6 +603,6 @@ func TestKVAwareCachePressure(t *testing.T) {
 	}
 	fx.x.Remove(0, 0, hs[0], hs[3:]) // w0 evicts 6 of its 10
 	f("after eviction", fx.ws, 0.4, 0.5)
-	fresh := &fleet.Worker{Idx: 0, ID: "w0-new", Serial: 99}
+	fresh := &fleet.Worker{Load: new(fleet.Load), Idx: 0, ID: "w0-new", Serial: 99}
 	f("new worker on a reused Idx", []*fleet.Worker{fresh, fx.ws[1]}, 0.8, 1)
 }

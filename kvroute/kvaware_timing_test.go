@@ -21,7 +21,7 @@ func BenchmarkPickKV(b *testing.B) {
 			}
 			ws := make([]*fleet.Worker, n)
 			for i := range ws {
-				ws[i] = &fleet.Worker{Idx: i, ID: fmt.Sprint(i)}
+				ws[i] = &fleet.Worker{Load: new(fleet.Load), Idx: i, ID: fmt.Sprint(i)}
 				ws[i].Load.Blocks.Store(int64(i % 7))
 				if err := x.Store(i, 0, 0, 0, false, hashes[:1+i*37%512]); err != nil {
 					b.Fatal(err)
@@ -53,7 +53,7 @@ func BenchmarkPickKVSerial(b *testing.B) {
 	}
 	ws := make([]*fleet.Worker, 8)
 	for i := range ws {
-		ws[i] = &fleet.Worker{Idx: i, ID: fmt.Sprintf("engine-%d", i)}
+		ws[i] = &fleet.Worker{Load: new(fleet.Load), Idx: i, ID: fmt.Sprintf("engine-%d", i)}
 		ws[i].Acquire(int64(1000*i), int64(100*i), int64(i%7))
 		if err := x.Store(i, 0, 0, 0, false, hashes[:1+i*61%512]); err != nil {
 			b.Fatal(err)

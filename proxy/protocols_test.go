@@ -778,7 +778,7 @@ func TestRelayReadTransformsLikeWriteTo(t *testing.T) {
 	opt := protocolDefaultOptions()
 	run := func(stage stageKind, failAt int, useRead bool) string {
 		rs := &reqState{rbuf: make([]byte, relayBufSize)}
-		rs.lease.Worker = &fleet.Worker{ID: "w"}
+		rs.lease.Worker = &fleet.Worker{Load: new(fleet.Load), ID: "w"}
 		p := &rs.proto
 		if _, err := protocolAnthropicToChat(&opt, &p.meta); err != nil {
 			t.Fatal(err)

@@ -215,7 +215,7 @@ func (t *affinityTable) entries() int {
 // The spec: "when the limit is reached, the oldest records are evicted".
 func TestAffinityEvictsOnlyAtTheLimitAndTheOldestFirst(t *testing.T) {
 	tab := newAffinityTable(1024)
-	w := &fleet.Worker{}
+	w := &fleet.Worker{Load: new(fleet.Load)}
 	key := func(i int) uint64 { return uint64(i+1) * 0x9E3779B97F4A7C15 }
 	for i := 0; i < 1001; i++ {
 		tab.bind(key(i), w, int64(i+1))
@@ -264,7 +264,7 @@ func TestAffinityReloadOfMaxEntriesKeepsTheNewestBindings(t *testing.T) {
 // Concurrent binds past the limit leave the table at the limit exactly.
 func TestAffinityConcurrentBindsStayAtTheLimit(t *testing.T) {
 	tab := newAffinityTable(1000)
-	w := &fleet.Worker{}
+	w := &fleet.Worker{Load: new(fleet.Load)}
 	var wg sync.WaitGroup
 	for g := 0; g < 8; g++ {
 		wg.Add(1)

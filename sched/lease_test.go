@@ -12,7 +12,7 @@ import (
 )
 
 func loadOf(w *fleet.Worker) [5]int64 {
-	l := &w.Load
+	l := w.Load
 	return [5]int64{l.Requests.Load(), l.Tokens.Load(), l.PrefillTokens.Load(), l.Blocks.Load(), l.Pending.Load()}
 }
 

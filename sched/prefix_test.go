@@ -41,7 +41,7 @@ func TestPrefixIndexBasics(t *testing.T) {
 	f(300, 2)
 	f(1024, 8)
 
-	w := &fleet.Worker{Idx: 3, Serial: 7}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 3, Serial: 7}
 	r := &Request{Prompt: prompt("xyz", 1024)}
 	if d, _ := p.hashAndMatch(r, 0, 0, nil); d != 0 {
 		t.Fatalf("empty index matched %d", d)
@@ -62,7 +62,7 @@ func TestPrefixIndexBasics(t *testing.T) {
 	// Recording again adds no blocks; other workers share the entries.
 	p.record(r.phash, nil, w, 0)
 	for i := 0; i < prefixSlots+2; i++ {
-		p.record(r.phash, nil, &fleet.Worker{Idx: 10 + i, Serial: uint32(10 + i)}, 0)
+		p.record(r.phash, nil, &fleet.Worker{Load: new(fleet.Load), Idx: 10 + i, Serial: uint32(10 + i)}, 0)
 	}
 	if p.Len() != 8 {
 		t.Fatalf("len %d after re-record", p.Len())
@@ -395,7 +395,7 @@ func TestDecisionPrefillTokens(t *testing.T) {
 // every block, beside the others.
 func TestRecordUsesTheMatchSnapshotOfEachBlock(t *testing.T) {
 	p := newPrefixIndex(128, 0)
-	w1, w2 := &fleet.Worker{Idx: 1, Serial: 1}, &fleet.Worker{Idx: 2, Serial: 2}
+	w1, w2 := &fleet.Worker{Load: new(fleet.Load), Idx: 1, Serial: 1}, &fleet.Worker{Load: new(fleet.Load), Idx: 2, Serial: 2}
 	r := &Request{Prompt: prompt("shared system prompt", 1024)}
 	p.hashAndMatch(r, 0, 0, nil)
 	if len(r.psnap) != 0 {
@@ -435,7 +435,7 @@ func TestLateMatchLeavesNoSnapshots(t *testing.T) {
 	p := newPrefixIndex(128, 0)
 	r := &Request{Prompt: prompt("long", 128*200)}
 	p.hashAndMatch(r, 0, 0, nil)
-	p.record(r.phash, r.psnap, &fleet.Worker{Idx: 1, Serial: 1}, 0)
+	p.record(r.phash, r.psnap, &fleet.Worker{Load: new(fleet.Load), Idx: 1, Serial: 1}, 0)
 	r.Reset()
 	r.Prompt = prompt("long", 128*200)
 	clock := func() int64 { return 2 }
@@ -451,7 +451,7 @@ func TestResetDropsHugePrefixBuffers(t *testing.T) {
 	for _, blocks := range []int{8, 4 * keepBlocks} {
 		r := &Request{Prompt: prompt("p", 128*blocks)}
 		p.hashAndMatch(r, 0, 0, nil)
-		p.record(r.phash, r.psnap, &fleet.Worker{Idx: 1, Serial: 1}, 0)
+		p.record(r.phash, r.psnap, &fleet.Worker{Load: new(fleet.Load), Idx: 1, Serial: 1}, 0)
 		p.hashAndMatch(r, 0, 0, nil) // every block matches: blocks snapshots
 		if len(r.phash) != blocks || len(r.psnap) != blocks {
 			t.Fatalf("%d blocks: %d hashes, %d snapshots", blocks, len(r.phash), len(r.psnap))
@@ -467,8 +467,8 @@ func TestResetDropsHugePrefixBuffers(t *testing.T) {
 func TestPromptsSharingPartOfAGroupMatchAndRecordEachBlockOnce(t *testing.T) {
 	const bs = 16
 	p := newPrefixIndex(bs, 0)
-	w1 := &fleet.Worker{Idx: 1, Serial: 1}
-	w2 := &fleet.Worker{Idx: 2, Serial: 2}
+	w1 := &fleet.Worker{Load: new(fleet.Load), Idx: 1, Serial: 1}
+	w2 := &fleet.Worker{Load: new(fleet.Load), Idx: 2, Serial: 2}
 	shared := prompt("the same system prompt, ", 12*bs) // one group and a half
 	a := &Request{Prompt: append(append([]byte{}, shared...), prompt("first question ", 8*bs)...)}
 	b := &Request{Prompt: append(append([]byte{}, shared...), prompt("second question", 8*bs)...)}
@@ -510,7 +510,7 @@ func TestPrefixMatchAgreesWithAPlainSetOfRecordedPrefixes(t *testing.T) {
 	recorded := map[string][]int{} // prompt prefix (whole blocks) -> workers, oldest first
 	workers := make([]*fleet.Worker, 4)
 	for i := range workers {
-		workers[i] = &fleet.Worker{Idx: i, Serial: uint32(i + 1)}
+		workers[i] = &fleet.Worker{Load: new(fleet.Load), Idx: i, Serial: uint32(i + 1)}
 	}
 	bases := make([][]byte, 3)
 	for i := range bases {

@@ -104,7 +104,7 @@ func benchPick(b *testing.B, layer string, n, size int) {
 // case) and reports the heap bytes per indexed block.
 func BenchmarkPrefixIndexInsert(b *testing.B) {
 	p := newPrefixIndex(128, 0)
-	w := &fleet.Worker{Idx: 1, Serial: 1}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 1, Serial: 1}
 	buf := make([]byte, 1024)
 	r := &Request{}
 	var before, after runtime.MemStats
@@ -133,7 +133,7 @@ func BenchmarkPrefixIndexInsert(b *testing.B) {
 // parallel goroutines.
 func BenchmarkPrefixIndexMatch(b *testing.B) {
 	p := newPrefixIndex(128, 0)
-	w := &fleet.Worker{Idx: 1, Serial: 1}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 1, Serial: 1}
 	prompts := make([][]byte, 1024)
 	for i := range prompts {
 		prompts[i] = make([]byte, 1024)
@@ -161,7 +161,7 @@ func BenchmarkPrefixIndexMatch(b *testing.B) {
 // BenchmarkAffinity measures a session lookup hit.
 func BenchmarkAffinity(b *testing.B) {
 	t := newAffinityTable(100000)
-	w := &fleet.Worker{}
+	w := &fleet.Worker{Load: new(fleet.Load)}
 	for i := 0; i < 100000; i++ {
 		t.bind(uint64(i)*0x9E3779B97F4A7C15, w, 1)
 	}
@@ -180,7 +180,7 @@ func BenchmarkAffinity(b *testing.B) {
 // full table (max_entries 100000): each bind evicts the table's oldest.
 func BenchmarkAffinityNewSessionAtTheLimit(b *testing.B) {
 	t := newAffinityTable(100000)
-	w := &fleet.Worker{}
+	w := &fleet.Worker{Load: new(fleet.Load)}
 	for i := 0; i < 100000; i++ {
 		t.bind(uint64(i+1)*0x9E3779B97F4A7C15, w, int64(i+1))
 	}
@@ -228,7 +228,7 @@ func BenchmarkReadMemory(b *testing.B) {
 // work of the prefix index when every block is a hit.
 func BenchmarkPrefixIndexMatchRecord(b *testing.B) {
 	p := newPrefixIndex(128, 0)
-	w := &fleet.Worker{Idx: 1, Serial: 1}
+	w := &fleet.Worker{Load: new(fleet.Load), Idx: 1, Serial: 1}
 	prompt := make([]byte, 1024)
 	r0 := &Request{Prompt: prompt}
 	p.hashAndMatch(r0, 0, 0, nil)
