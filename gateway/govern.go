@@ -49,8 +49,8 @@ func (g *Gateway) setupGovern() error {
 	return nil
 }
 
-// retargetHook tells the governor's seat queue that a worker left, once
-// the fleet's View without it (and with the workers the same change
+// retargetHook tells the governor a worker's service (WorkerAdded), and
+// its seat queue that a worker left, once the fleet's View without it (and with the workers the same change
 // added) is published: a request waiting on it picks again at once, and
 // picked from the View before the change when told from WorkerRemoved (a
 // reload that replaced a service's only worker answered it no_workers).
@@ -59,8 +59,16 @@ type retargetHook struct {
 	removed atomic.Bool
 }
 
-func (h *retargetHook) WorkerAdded(*fleet.Worker) error { return nil }
-func (h *retargetHook) WorkerRemoved(*fleet.Worker)     { h.removed.Store(true) }
+// WorkerAdded moves the seats in flight on the worker's id to its service
+// (a reload or the discovery replaced its record with another service):
+// with rate_limit.scope service they count there from now on
+// (govern.Governor.MoveInstance).
+func (h *retargetHook) WorkerAdded(w *fleet.Worker) error {
+	h.gov.MoveInstance(govern.Target{Instance: w.ID, Service: w.Service})
+	return nil
+}
+
+func (h *retargetHook) WorkerRemoved(*fleet.Worker) { h.removed.Store(true) }
 func (h *retargetHook) Published() {
 	if h.removed.Swap(false) {
 		h.gov.Retarget()

@@ -63,10 +63,16 @@ var counterCodes = [3]Code{CodeConcurrencyOverall, CodeConcurrencyPrefill, CodeC
 // scope's sets; at a reload that changes the scope, the router copies the
 // seats it holds into the new scope's sets (followScopes), and a seat is
 // removed from every set it is in.
+//
+// An instance's seats count on the counters of the service it belongs to
+// now (service): a reload or the discovery that moves it to another
+// service moves the counts of its seats in flight there (moveLocked), and
+// their ends return them there.
 type counters struct {
 	n       [3]int
 	waiting int
 	keys    [3]string // Redis sorted sets of the scope's seats
+	service string    // an instance's: the service its seats count on
 }
 
 // parts are the counters a phase holds.
@@ -155,9 +161,63 @@ func (l *seatLimiter) newCounters(k scopeKind, name string) *counters {
 	return c
 }
 
-// levels returns the counters of t at every scope. Lock must be held.
+// levels returns the counters of t at every scope: t's instance's seats
+// move to t.Service first if they counted on another service. Lock must be
+// held.
 func (l *seatLimiter) levels(t *Target) levels {
-	return levels{scopeInstance: l.counter(scopeInstance, t), scopeService: l.counter(scopeService, t), scopeGateway: l.gw}
+	inst := l.counter(scopeInstance, t)
+	if inst.service != t.Service {
+		l.moveLocked(inst, t.Service)
+	}
+	return levels{scopeInstance: inst, scopeService: l.counter(scopeService, t), scopeGateway: l.gw}
+}
+
+// current returns lv with the service level its instance counts on now
+// (lv was resolved before a move). Lock must be held.
+func (l *seatLimiter) current(lv levels) levels {
+	if inst := lv[scopeInstance]; inst != nil && lv[scopeService] != nil {
+		if c := l.svc[inst.service]; c != lv[scopeService] {
+			lv[scopeService] = l.counter(scopeService, &Target{Service: inst.service})
+		}
+	}
+	return lv
+}
+
+// moveLocked makes instance counters inst count on service svc: the
+// counts of its seats in flight leave its old service's counters for
+// svc's. Lock must be held.
+func (l *seatLimiter) moveLocked(inst *counters, svc string) {
+	if inst.n != [3]int{} {
+		from := l.counter(scopeService, &Target{Service: inst.service})
+		to := l.counter(scopeService, &Target{Service: svc})
+		for i := range inst.n {
+			from.n[i] -= inst.n[i]
+			to.n[i] += inst.n[i]
+		}
+	}
+	inst.service = svc
+}
+
+// MoveInstance tells the seats that instance t.Instance belongs to service
+// t.Service now (a reload or the discovery changed its record): its seats
+// in flight count on t.Service's counters from now on, and their ends
+// return them there; the old service's counters no longer count them, and
+// requests queued for them are served. Without it (before), the moved
+// seats stayed on the old service until they ended, where they still
+// held its seats and the new service admitted past its limit. In process
+// only: with Redis the seats stay in the sets they were taken in.
+func (g *Governor) MoveInstance(t Target) {
+	l := &g.seats
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	inst := l.inst[t.Instance]
+	if inst == nil || inst.service == t.Service {
+		return
+	}
+	l.moveLocked(inst, t.Service)
+	if l.q.n > 0 {
+		l.pumpLocked()
+	}
 }
 
 // counter returns the counters of t's scope. Lock must be held.
@@ -318,15 +378,16 @@ func (g *Governor) releaseSeat(ss *seatState, held uint64) {
 	l := &g.seats
 	scope := g.snap.Load().rl.scope
 	l.mu.Lock()
+	lv := l.current(ss.lv)
 	for i := range 3 {
 		if held&(1<<i) != 0 {
-			for _, c := range ss.lv {
+			for _, c := range lv {
 				c.n[i]--
 			}
 			heldSeats[i].Add(-1)
 		}
 	}
-	if ss.lv[scope].waiting > 0 {
+	if lv[scope].waiting > 0 || ss.lv[scope].waiting > 0 {
 		l.pumpLocked()
 	}
 	l.mu.Unlock()
@@ -529,6 +590,7 @@ func (l *seatLimiter) pumpLocked() {
 	for w := l.q.head; w != nil; {
 		next := w.next
 		for i, lv := range w.lvs {
+			lv = l.current(lv) // its instance may have moved since it queued
 			// In dry run nothing waits: the first target takes it, over
 			// the limit, as a new request would (a reload turned it on).
 			if rl.limited && !rl.dry && lv[rl.scope].full(w.ph, &rl.lim) != CodeNone {

@@ -380,3 +380,50 @@ func TestAScopeReloadServesTheQueueUnderTheNewScope(t *testing.T) {
 	s.Done()
 	acquireOK(t, g, []Target{w3}, PhaseMixed, 0).Done()
 }
+
+// With rate_limit.scope service, a worker a reload moves to another
+// service takes its seats in flight along: the new service counts them
+// (and refuses past its limit), the old one no longer does, and their ends
+// return them where they count, so every counter is back to zero once idle.
+// Before, the moved seats stayed on the old service until they ended: with
+// overall_concurrency 2 and w1's 2 streams moved from svc-a to svc-b,
+// svc-b admitted 2 more (4 running on it) and svc-a refused its own.
+func TestAMovedInstancesSeatsCountOnItsNewService(t *testing.T) {
+	for _, how := range []string{"a request for it", "the fleet's hook"} {
+		t.Run(how, func(t *testing.T) {
+			g := rlConfig(t, `{"scope":"service","overall_concurrency":2}`)
+			a := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+			b := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+			moved := Target{Instance: w1.Instance, Service: w3.Service}
+			if how == "the fleet's hook" {
+				g.MoveInstance(moved)
+				if !g.Full(w3, PhaseMixed) {
+					t.Fatal("svc-b has a free seat with w1's 2 moved there")
+				}
+				acquireRejected(t, g, []Target{w3}, PhaseMixed, CodeConcurrencyOverall)
+			} else {
+				acquireRejected(t, g, []Target{moved}, PhaseMixed, CodeConcurrencyOverall)
+				acquireRejected(t, g, []Target{w3}, PhaseMixed, CodeConcurrencyOverall)
+			}
+			c := acquireOK(t, g, []Target{w2}, PhaseMixed, 0) // svc-a is free now
+			d := acquireOK(t, g, []Target{w2}, PhaseMixed, 0)
+			a.Done()
+			e := acquireOK(t, g, []Target{w3}, PhaseMixed, 0)
+			acquireRejected(t, g, []Target{w3}, PhaseMixed, CodeConcurrencyOverall)
+			acquireRejected(t, g, []Target{w2}, PhaseMixed, CodeConcurrencyOverall)
+			for _, s := range []Seat{b, c, d, e} {
+				s.Done()
+			}
+			l := &g.seats
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			for _, m := range []map[string]*counters{l.inst, l.svc} {
+				for k, c := range m {
+					if c.n != [3]int{} {
+						t.Errorf("%s: %v seats held once idle", k, c.n)
+					}
+				}
+			}
+		})
+	}
+}
