@@ -29,11 +29,19 @@ var (
 func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries) {
 	sp := &cfg.SplitProxy
 	tbl := s.ext.splitTable(sp)
-	var rnd uint64
+	bound := -1
 	if sp.Strategy != config.SplitPrefix {
-		rnd = s.splitter.Next()
+		// A session keeps the entry it started on: only new sessions and
+		// requests without one take the splitter's next turn, so the
+		// weights split sessions, not turns (as a canary rule does).
+		if bound = s.splitBound(cfg, sp, tbl, rs); bound >= 0 {
+			rs.ext.plan = upstreams.PlanFrom(rs.ext.plan[:0], sp, bound)
+		} else {
+			rs.ext.plan = upstreams.Plan(rs.ext.plan[:0], sp, rs.sreq.Model, s.splitter.Next())
+		}
+	} else {
+		rs.ext.plan = upstreams.Plan(rs.ext.plan[:0], sp, rs.sreq.Model, 0)
 	}
-	rs.ext.plan = upstreams.Plan(rs.ext.plan[:0], sp, rs.sreq.Model, rnd)
 	if upstreams.Forwards(&ctx.Request.Header) >= upstreams.MaxForwards {
 		// Forwarded through as many gateways as a chain may have: a split
 		// proxy entry leads back here. Only the local entries are tried.
@@ -57,11 +65,48 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 			continue // an address config validation should have refused
 		}
 		switch s.attemptExternal(ctx, cfg, rs, u, false, more, res) {
-		case attemptCommitted, attemptStop:
+		case attemptCommitted:
+			if sp.Strategy != config.SplitPrefix && idx != bound {
+				s.sched.BindSession(cfg, &rs.sreq, u.w)
+			}
+			return
+		case attemptStop:
 			return
 		}
 	}
 	res.fleetDown = true // every entry of the plan was tried
+}
+
+// splitBound returns the weight strategy's entry that rs's session is
+// bound to (session affinity on), or -1: the local entry when the session
+// is bound to a worker of the fleet, the external entry whose upstream
+// served it last otherwise. An entry that is disabled, weighs 0 (a reload
+// moves its sessions to the others) or whose breaker is open lets the
+// weights decide, and the session is bound where it is served then.
+func (s *Server) splitBound(cfg *config.Config, sp *config.SplitProxy, tbl *extTable, rs *reqState) int {
+	w := s.sched.BoundWorker(cfg, &rs.sreq)
+	if w == nil {
+		return -1
+	}
+	for i := range sp.Proxies {
+		p := &sp.Proxies[i]
+		if !p.Active() || p.Weight <= 0 {
+			continue
+		}
+		if p.Local {
+			if w.Idx >= 0 {
+				return i
+			}
+			continue
+		}
+		if u := tbl.ups[i]; u != nil && u.w.ID == w.ID {
+			if !u.w.Breaker.Available(s.sched.Now()) {
+				return -1
+			}
+			return i
+		}
+	}
+	return -1
 }
 
 // attemptExternal sends one attempt to an external upstream: a lease on its

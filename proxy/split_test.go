@@ -726,3 +726,81 @@ func TestARelayedErrorAnswerNamesWhoAnsweredIt(t *testing.T) {
 		t.Errorf("X-Infera-Worker %q, want w0", got)
 	}
 }
+
+// Under the weight strategy with session affinity on, a session stays on
+// the entry its first request went to (the local service or an external
+// upstream): the weights split sessions, not turns, as a canary rule
+// does; requests without a session still take turns. A reload that sets
+// an entry's weight to 0 moves its sessions to the others, where they stay.
+// Before, every turn drew again: 20 sessions of 5 turns on 1:1:2 weights
+// each went to 2 or 3 entries, the external ones included, losing the
+// engines' prompt cache on every switch.
+func TestASplitSessionStaysOnTheEntryItStartedOn(t *testing.T) {
+	local := startUpstream(t, okHandler)
+	a := startUpstream(t, okHandler)
+	b := startUpstream(t, okHandler)
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true, Weight: 1},
+		config.Proxy{Name: "a", Address: a.url, Weight: 1},
+		config.Proxy{Name: "b", Address: b.url, Weight: 2},
+	)
+	cfg.SessionAffinity.Enabled = true
+	r := startRouterWith(t, nil, cfg, nil, local.url)
+	where := func(sess string) string {
+		t.Helper()
+		hdr := map[string]string{}
+		if sess != "" {
+			hdr["X-Session-Id"] = sess
+		}
+		resp, body := postWith(t, r.url+"/v1/chat/completions", chatBody, hdr)
+		if resp.StatusCode != 200 {
+			t.Fatalf("session %q: %d %s", sess, resp.StatusCode, body)
+		}
+		if u := resp.Header.Get("X-Infera-Upstream"); u != "" {
+			return u
+		}
+		return "local"
+	}
+	const sessions = 20
+	first := map[string]string{}
+	for turn := range 5 {
+		for i := range sessions {
+			sess := fmt.Sprintf("sess-%d", i)
+			got := where(sess)
+			if turn == 0 {
+				first[sess] = got
+			} else if got != first[sess] {
+				t.Fatalf("turn %d of %s went to %s, its first to %s", turn, sess, got, first[sess])
+			}
+			where("") // a request without a session takes a turn between
+		}
+	}
+	count := map[string]int{}
+	for _, u := range first {
+		count[u]++
+	}
+	if count["local"] < 3 || count["split:a"] < 3 || count["split:b"] < 7 {
+		t.Fatalf("sessions split 1:1:2 as %v", count)
+	}
+
+	c := *cfg
+	c.SplitProxy.Proxies = append([]config.Proxy(nil), cfg.SplitProxy.Proxies...)
+	c.SplitProxy.Proxies[1].Weight = 0
+	r.store.Set(&c)
+	for turn := range 3 {
+		for i := range sessions {
+			sess := fmt.Sprintf("sess-%d", i)
+			got := where(sess)
+			switch {
+			case got == "split:a":
+				t.Fatalf("%s went to a, weighing 0", sess)
+			case first[sess] != "split:a" && got != first[sess]:
+				t.Fatalf("%s moved from %s to %s at a reload that left its entry alone", sess, first[sess], got)
+			case turn == 0:
+				first[sess] = got
+			case got != first[sess]:
+				t.Fatalf("turn %d of %s after the reload went to %s, its first to %s", turn, sess, got, first[sess])
+			}
+		}
+	}
+}

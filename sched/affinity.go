@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
 	"github.com/zeebo/xxh3"
 )
@@ -274,4 +275,28 @@ func contains(ws []*fleet.Worker, w *fleet.Worker) bool {
 		}
 	}
 	return false
+}
+
+// BoundWorker returns the worker r's session is bound to (for r's model),
+// refreshing the binding, or nil: affinity off, no session id, no binding
+// or an expired one. The split proxy keeps a session on the entry it
+// started on by it: a fleet worker (the local service) or the standalone
+// worker of an external entry (BindSession).
+func (s *Scheduler) BoundWorker(cfg *config.Config, r *Request) *fleet.Worker {
+	if !cfg.SessionAffinity.Enabled || len(r.SessionID) == 0 {
+		return nil
+	}
+	c := s.compiled(cfg)
+	return s.affinity(c).get(sessionKey(r), s.Now(), int64(cfg.SessionAffinity.TTLSeconds*float64(time.Second)))
+}
+
+// BindSession binds r's session (for r's model) to w, a worker outside the
+// fleet that served it (a split proxy's external entry); the scheduler
+// binds sessions to fleet workers itself. A later pick for the local
+// fleet finds w among no candidates and binds the worker it picks.
+func (s *Scheduler) BindSession(cfg *config.Config, r *Request, w *fleet.Worker) {
+	if !cfg.SessionAffinity.Enabled || len(r.SessionID) == 0 {
+		return
+	}
+	s.affinityBind(s.compiled(cfg), r, w, s.Now())
 }

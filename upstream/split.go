@@ -38,6 +38,14 @@ func Plan(dst []int, sp *config.SplitProxy, model []byte, r uint64) []int {
 	default: // weight; config validation refuses anything else
 		primary = pickWeighted(sp, r)
 	}
+	return PlanFrom(dst, sp, primary)
+}
+
+// PlanFrom is Plan with the primary choice given (-1: none): primary, then
+// the failover targets. The split proxy gives the entry a session started
+// on under the weight strategy (session affinity on). It does not
+// allocate when dst has room.
+func PlanFrom(dst []int, sp *config.SplitProxy, primary int) []int {
 	if primary >= 0 {
 		dst = append(dst, primary)
 	}
