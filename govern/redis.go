@@ -1509,6 +1509,40 @@ func (r *redisState) followScope(ss *seatState) {
 	r.end(endMigrate, keys, []any{ss.member, r.g.now().UnixMilli() + r.ttl.Milliseconds(), 2 * r.ttl.Milliseconds()})
 }
 
+// moveService moves the seats this router holds on the instance whose
+// sets are inst into the sets of the service whose sets are svc (a reload
+// or the discovery moved the instance to that service): a seat in its old
+// service's sets is copied to the new ones and then removed from the old
+// (two ends, in order with the others: one returned before they run is
+// neither copied nor left behind), and its later return and a scope reload
+// use the new service's sets. O(seats held), at a worker's registration.
+func (r *redisState) moveService(inst, svc [3]string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ss := range r.seats {
+		if ss.keys[scopeInstance] != inst || ss.keys[scopeService] == svc {
+			continue
+		}
+		old := ss.keys[scopeService]
+		ss.keys[scopeService] = svc
+		held := ss.state.Load() & ssHeld
+		if held == 0 || ss.in&(1<<scopeService) == 0 {
+			continue
+		}
+		keys := make([]string, 0, 4)
+		from := make([]string, 0, 2)
+		for i := range 3 {
+			if held&(1<<i) != 0 {
+				keys = append(keys, old[i], svc[i])
+				from = append(from, old[i])
+			}
+		}
+		r.leases[ss.member] = ss.heldKeys(held)
+		r.end(endMigrate, keys, []any{ss.member, r.g.now().UnixMilli() + r.ttl.Milliseconds(), 2 * r.ttl.Milliseconds()})
+		r.end(endRelease, from, []any{ss.member, r.wake, "rl"})
+	}
+}
+
 // seatCandidates returns the counters of targets at every scope (lvs, one
 // per target; a request that queues waits on them), and the counters in
 // scope a seat may be taken on now (cands, with their indexes in

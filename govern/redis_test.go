@@ -755,3 +755,41 @@ func TestAQuotaWindowSurvivesALateAdmissionOfThePreviousOne(t *testing.T) {
 		t.Fatalf("day quota max_requests 3: after 2 requests of the new day (and 1 late one of the previous day), router 1 admitted %d more in the same day", n)
 	}
 }
+
+// With Redis, a worker moved to another service takes the seats a router
+// holds on it along: the new service's sets count them on every router,
+// the old one's no longer do, and their return empties the sets.
+func TestRedisAMovedInstancesSeatsCountOnItsNewService(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	c := parseConfig(t, `{"rate_limit":{"scope":"service","overall_concurrency":2}}`)
+	g, h := newGov(t, o, c), newGov(t, o, c)
+	a := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	b := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	g.MoveInstance(Target{Instance: w1.Instance, Service: w3.Service})
+	syncState(t, g)
+	cl := rs.client(t)
+	card := func(svc string) int64 {
+		t.Helper()
+		n, err := cl.ZCard(context.Background(), o.RedisPrefix+"{rl}:s:"+svc+":overall").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if na, nb := card("svc-a"), card("svc-b"); na != 0 || nb != 2 {
+		t.Fatalf("after the move: svc-a holds %d seats, svc-b %d; want 0 and 2", na, nb)
+	}
+	acquireRejected(t, h, []Target{w3}, PhaseMixed, CodeConcurrencyOverall)
+	x := acquireOK(t, h, []Target{w2}, PhaseMixed, 0)
+	y := acquireOK(t, h, []Target{w2}, PhaseMixed, 0)
+	for _, s := range []Seat{a, b, x, y} {
+		s.Done()
+	}
+	syncState(t, g)
+	syncState(t, h)
+	if na, nb := card("svc-a"), card("svc-b"); na != 0 || nb != 0 {
+		t.Fatalf("once idle: svc-a holds %d seats, svc-b %d", na, nb)
+	}
+	acquireOK(t, h, []Target{w3}, PhaseMixed, 0).Done()
+}

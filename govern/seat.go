@@ -204,10 +204,15 @@ func (l *seatLimiter) moveLocked(inst *counters, svc string) {
 // return them there; the old service's counters no longer count them, and
 // requests queued for them are served. Without it (before), the moved
 // seats stayed on the old service until they ended, where they still
-// held its seats and the new service admitted past its limit. In process
-// only: with Redis the seats stay in the sets they were taken in.
+// held its seats and the new service admitted past its limit. With Redis
+// the seats this router holds on the instance move to the service's sets
+// (as a scope reload copies them, within --state-end-delay).
 func (g *Governor) MoveInstance(t Target) {
 	l := &g.seats
+	if g.rds != nil {
+		g.rds.moveService(l.newCounters(scopeInstance, t.Instance).keys, l.newCounters(scopeService, t.Service).keys)
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	inst := l.inst[t.Instance]
