@@ -12,6 +12,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,14 +41,49 @@ func countRefused(h func(w http.ResponseWriter, r *http.Request) error) func(w h
 	}
 }
 
+// onlyParams refuses a write whose query has a parameter other than
+// names, or one of them twice: a misspelt ?dryrun=1 (or ?DRY_RUN=1, or a
+// ?dry_run=1 sent to another write) would otherwise be ignored and the
+// write applied for real.
+func onlyParams(h func(w http.ResponseWriter, r *http.Request) error, names ...string) func(w http.ResponseWriter, r *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		q := r.URL.Query()
+		keys := make([]string, 0, len(q))
+		for k := range q {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			switch {
+			case !slices.Contains(names, k):
+				want := "this endpoint takes none"
+				if len(names) > 0 {
+					want = "want " + strings.Join(names, ", ")
+				}
+				return &config.FieldError{Path: k, Msg: fmt.Sprintf("unknown query parameter %q: %s (nothing was changed)", k, want)}
+			case len(q[k]) > 1:
+				return &config.FieldError{Path: k, Msg: fmt.Sprintf("query parameter %q given %d times: give it once (nothing was changed)", k, len(q[k]))}
+			}
+		}
+		return h(w, r)
+	}
+}
+
 // Handler returns the admin API and console handler. Every /api/ path
 // needs "Authorization: Bearer <admin key>"; the console's static files do
 // not (they hold no data).
 func (a *Admin) Handler() http.Handler {
 	mux := http.NewServeMux()
 	api := func(pattern string, h func(w http.ResponseWriter, r *http.Request) error) {
-		if !strings.HasPrefix(pattern, "GET ") && pattern != "POST /api/backup" {
-			h = countRefused(h) // a write of the config, users or templates
+		if !strings.HasPrefix(pattern, "GET ") {
+			params := []string(nil)
+			if pattern == "POST /api/backup/import" {
+				params = []string{"dry_run"}
+			}
+			h = onlyParams(h, params...)
+			if pattern != "POST /api/backup" {
+				h = countRefused(h) // a write of the config, users or templates
+			}
 		}
 		mux.Handle(pattern, a.authed(h))
 	}

@@ -79,3 +79,29 @@ func TestAnIfMatchListingManyTagsCostsOneETag(t *testing.T) {
 		t.Fatalf("If-Match of 3001 tags: %d in %v: %s", r.status, took, r.body)
 	}
 }
+
+// A dry run asked for under another name (?dryrun=1, ?DRY_RUN=1, ?dry-run)
+// or twice, and a query parameter on any other write, is refused: it was
+// ignored and the import (or the write) applied for real.
+func TestAMisspeltDryRunParameterNeverImports(t *testing.T) {
+	e := newEnv(t, envOpts{file: `{}`})
+	e.put("session_affinity", `{"enabled":true}`, 200)
+	exp := e.do("GET", "/api/backup/export", "")
+	e.put("session_affinity", `{"enabled":false}`, 200)
+	before := e.etag()
+	for _, q := range []string{"dryrun=1", "DRY_RUN=1", "dry-run", "dryRun=true", "dry_run=1&dry_run=0", "dry_run=1&force=1"} {
+		r := e.do("POST", "/api/backup/import?"+q, string(exp.body))
+		if path, _ := r.errPath(t); r.status != 400 || path == "" || e.etag() != before || e.store.Load().SessionAffinity.Enabled {
+			t.Fatalf("%s: %d %s, the config changed: %v", q, r.status, r.body, e.etag() != before)
+		}
+	}
+	if r := e.do("PATCH", "/api/config/session_affinity?dry_run=1", `{"enabled":true}`, "If-Match", "*"); r.status != 400 || e.etag() != before {
+		t.Fatalf("PATCH ?dry_run=1: %d %s, the config changed: %v", r.status, r.body, e.etag() != before)
+	}
+	if r := e.do("POST", "/api/users?dry_run=1", `{"name":"ann"}`); r.status != 400 || e.etag() != before {
+		t.Fatalf("POST /api/users?dry_run=1: %d %s, the config changed: %v", r.status, r.body, e.etag() != before)
+	}
+	if r := e.do("POST", "/api/backup/import?dry_run=1", string(exp.body)); r.status != 200 || e.etag() != before {
+		t.Fatalf("dry_run=1: %d %s", r.status, r.body)
+	}
+}
