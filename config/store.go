@@ -300,9 +300,13 @@ func (s *Store) pickUpHandEditLocked() error {
 	if err != nil {
 		return fmt.Errorf("the config file %q was edited by hand and does not parse (%v): fix or revert it first", s.path, err)
 	}
+	same := s.sameSettingsLocked(c) && SameSecrets(c, s.cur.Load())
 	s.lastData, s.badData = data, nil
 	if statErr == nil {
 		s.lastStat = st
+	}
+	if same {
+		return nil // rewritten, not changed (see sameSettingsLocked)
 	}
 	s.swap(c, s.ver.Load()+1)
 	reloadsOK.Inc()
@@ -676,6 +680,16 @@ func (s *Store) reload(asked bool) (bool, error) {
 		slog.Error("config reload rejected; keeping previous config", "path", s.path, "err", err)
 		return false, err
 	}
+	if !unchanged && s.sameSettingsLocked(c) {
+		// Rewritten with the same settings (re-indented, keys reordered,
+		// written again by a deployment tool, sealed keys replaced by the
+		// same keys in clear): no edit. Only its references may resolve to
+		// other keys, as at a SIGHUP. (It made a version with no change,
+		// turning every ETag an operator held stale, and with --state
+		// redis it overwrote every change made through the API since the
+		// file was written, on every replica.)
+		unchanged = true
+	}
 	s.lastData, s.badData, s.refsRefused = data, nil, false
 	if unchanged && s.sink == nil && SameSecrets(c, s.cur.Load()) {
 		// Read again only for its references, and none resolves to
@@ -857,6 +871,26 @@ func (c *Config) validateStartup() error {
 		return fieldErr("llm_gateway.persist_snapshot_dir", "%q is in no storage[].mount_path", dir)
 	}
 	return nil
+}
+
+// sameSettingsLocked reports whether c, parsed from new bytes of the file,
+// has the settings of the bytes the store last read or wrote (secret
+// references compared as written, literal secrets by value): the file was
+// rewritten, not edited. Lock must be held.
+func (s *Store) sameSettingsLocked(c *Config) bool {
+	if s.lastData == nil {
+		return false
+	}
+	prev, err := ParseWith(s.lastData, s.codec)
+	if err != nil {
+		return false
+	}
+	a, err := MarshalFile(c)
+	if err != nil {
+		return false
+	}
+	b, err := MarshalFile(prev)
+	return err == nil && bytes.Equal(a, b)
 }
 
 // SameSecrets reports whether x and y, configs of the same document, hold
