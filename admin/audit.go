@@ -160,7 +160,8 @@ func (l *auditLog) list(limit int) []AuditEntry {
 // diff lists the settings that differ between two configs, by JSON path,
 // with secrets redacted (fingerprinted by s).
 func diff(s *sealer, old, cur *config.Config) []Change {
-	a, b := flatten(s, old), flatten(s, cur)
+	a, ra := flatten(s, old)
+	b, rb := flatten(s, cur)
 	var out []Change
 	for p, nv := range b {
 		if ov, ok := a[p]; !ok || ov != nv {
@@ -192,8 +193,56 @@ func diff(s *sealer, old, cur *config.Config) []Change {
 		kept = append(kept, c)
 	}
 	out = kept
+	// Members told by name lose their position: a list whose members
+	// stayed but moved (split proxies and global members are tried in list
+	// order) is told by its names in the old and the new order.
+	for p, on := range ra {
+		if nn, ok := rb[p]; ok && reordered(on, nn) {
+			out = append(out, Change{Path: p, Old: auditNames(on), New: auditNames(nn)})
+		}
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
 	return out
+}
+
+// reordered tells whether the members both lists name are in another
+// order in y than in x.
+func reordered(x, y []string) bool {
+	inX := make(map[string]bool, len(x))
+	for _, n := range x {
+		inX[n] = true
+	}
+	inY := make(map[string]bool, len(y))
+	for _, n := range y {
+		inY[n] = true
+	}
+	i, j := 0, 0
+	for {
+		for i < len(x) && !inY[x[i]] {
+			i++
+		}
+		for j < len(y) && !inX[y[j]] {
+			j++
+		}
+		if i == len(x) || j == len(y) {
+			return false
+		}
+		if x[i] != y[j] {
+			return true
+		}
+		i++
+		j++
+	}
+}
+
+// auditNames is a list's member names for the audit log, cut as a long
+// value is.
+func auditNames(names []string) string {
+	data, _ := json.Marshal(names)
+	if len(data) > maxAuditValue {
+		return string(data[:maxAuditValue]) + "..."
+	}
+	return string(data)
 }
 
 // lastKey is the last object key of a flattened path.
@@ -233,18 +282,21 @@ func (x *memberIndex) has(path string) bool {
 	return false
 }
 
-func flatten(s *sealer, c *config.Config) map[string]string {
+// flatten maps every setting of c to its value by path, and the path of
+// every list told by name to its members' names, in order.
+func flatten(s *sealer, c *config.Config) (map[string]string, map[string][]string) {
 	m := map[string]string{}
+	order := map[string][]string{}
 	if c == nil {
-		return m
+		return m, order
 	}
 	data, err := s.encodeRedacted(c)
 	if err != nil {
-		return m
+		return m, order
 	}
 	doc, err := decodeDoc(data)
 	if err != nil {
-		return m
+		return m, order
 	}
 	var walk func(path string, v any)
 	walk = func(path string, v any) {
@@ -264,6 +316,7 @@ func flatten(s *sealer, c *config.Config) map[string]string {
 			// upstream entries) are told by name: deleting the first of
 			// three users read as two renames and a deletion.
 			if names := memberNames(t); names != nil {
+				order[path] = names
 				for i, e := range t {
 					data, _ := json.Marshal(names[i])
 					walk(path+"["+string(data)+"]", e)
@@ -281,7 +334,7 @@ func flatten(s *sealer, c *config.Config) map[string]string {
 		}
 	}
 	walk("", doc)
-	return m
+	return m, order
 }
 
 // memberNames returns the names of a list's members when each is an

@@ -166,3 +166,31 @@ func TestAuditDiffTellsADeletedUserByName(t *testing.T) {
 		}
 	}
 }
+
+// Members told by name that only moved are a change: split proxies are
+// tried in list order (prefix rules, failover), and a reorder that sends a
+// model to another upstream was recorded as no change at all (changed=0).
+// Members added or removed are told by their own changes, not as a move.
+func TestAuditDiffTellsMembersThatMoved(t *testing.T) {
+	const sp = `{"split_proxy":{"enabled":true,"strategy":"prefix","proxies":[%s]}}`
+	a := `{"name":"a","address":"http://10.0.0.1:8000","model_rules":["gpt-"]}`
+	b := `{"name":"b","address":"http://10.0.0.2:8000","model_rules":["gpt-4"]}`
+	c := `{"name":"c","address":"http://10.0.0.3:8000","model_rules":["o1"]}`
+	local := `{"name":"local","local":true}`
+	doc := func(members ...string) *config.Config {
+		return mustParse(t, fmt.Sprintf(sp, strings.Join(members, ",")))
+	}
+	got := diff(nil, doc(a, b, local), doc(b, a, local))
+	if len(got) != 1 || got[0].Path != "split_proxy.proxies" || got[0].Old != `["a","b","local"]` || got[0].New != `["b","a","local"]` {
+		t.Fatalf("a reorder: %+v", got)
+	}
+	// Adding and removing members is no move.
+	for _, d := range diff(nil, doc(a, b, local), doc(c, a, local)) {
+		if d.Path == "split_proxy.proxies" {
+			t.Fatalf("b removed and c added read as a move: %+v", d)
+		}
+	}
+	if got := diff(nil, doc(a, b, local), doc(a, b, local)); len(got) != 0 {
+		t.Fatalf("no change: %+v", got)
+	}
+}
