@@ -45,6 +45,9 @@ type Options struct {
 	// holders of the admin key cannot open an export; secrets Key sealed
 	// before are still opened (and sealed with SealKey when next written).
 	SealKey string
+	// OlderKeys only open secrets sealed before (OptionsFromFlags: the
+	// --api-key when --admin-key is set apart, the admin key's default).
+	OlderKeys []string
 	// KeyLabel names the key in the audit log (which flag gave it).
 	KeyLabel string
 	// State is "" (management data in the config file or in memory) or a
@@ -84,6 +87,7 @@ func OptionsFromFlags(f *config.Serve, store *config.Store) Options {
 	case f.APIKey != "":
 		o.Key, o.KeyLabel = f.APIKey, "api-key"
 	}
+	o.OlderKeys = olderKeys(f)
 	if f.AdminPort != 0 {
 		o.Addr = net.JoinHostPort(f.AdminHost, strconv.Itoa(f.AdminPort))
 		if o.Key != "" && len(o.Key) < minKeyLen {
@@ -192,7 +196,7 @@ func New(o Options) (*Admin, error) {
 	if o.KeyLabel == "" {
 		o.KeyLabel = "admin-key"
 	}
-	seal := newSealer(o.SealKey, o.Key)
+	seal := newSealer(o.SealKey, o.Key, o.OlderKeys...)
 	a := &Admin{
 		o:        o,
 		store:    o.Store,

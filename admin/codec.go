@@ -110,19 +110,35 @@ type sealer struct {
 
 // newSealer seals with the first non-empty key of sealKey and adminKey and
 // opens with either.
-func newSealer(sealKey, adminKey string) *sealer {
+//
+// older are keys that sealed before and only open (--api-key, the admin
+// key's default, when --admin-key is set apart later).
+func newSealer(sealKey, adminKey string, older ...string) *sealer {
 	var s *sealer
-	for _, k := range []string{sealKey, adminKey} {
-		if k == "" {
+	seen := map[string]bool{}
+	for _, k := range append([]string{sealKey, adminKey}, older...) {
+		if k == "" || seen[k] {
 			continue
 		}
+		seen[k] = true
 		if s == nil {
 			s = &sealer{aead: sealAEAD(k), fpKey: deriveKey(k, "infera admin secret fingerprints v1")}
-		} else if k != sealKey {
+		} else {
 			s.old = append(s.old, sealAEAD(k))
 		}
 	}
 	return s
+}
+
+// olderKeys are the keys that may have sealed secrets before under the
+// flags f: --api-key, when --admin-key is set apart (an operator who
+// follows security.md's advice after admin writes sealed the file under
+// the admin key's default: the gateway did not start).
+func olderKeys(f *config.Serve) []string {
+	if f.AdminKey != "" && f.APIKey != "" && f.APIKey != f.AdminKey {
+		return []string{f.APIKey}
+	}
+	return nil
 }
 
 func sealAEAD(secret string) cipher.AEAD {
@@ -234,7 +250,7 @@ func FileSecretCodec(f *config.Serve) config.SecretCodec {
 	if key == "" {
 		key = f.APIKey
 	}
-	s := newSealer(f.AdminSealKey, key)
+	s := newSealer(f.AdminSealKey, key, olderKeys(f)...)
 	if s == nil {
 		return nil
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"github.com/infera/infera/config"
 	"strings"
 	"testing"
 )
@@ -235,5 +236,45 @@ func TestASecretsFingerprintCannotConfirmAGuessOffline(t *testing.T) {
 	other.put("mirror", `{"enabled":true,"target_address":"http://127.0.0.1:9","auth_token":"`+guess+`"}`, 200)
 	if got := other.do("GET", "/api/config/mirror", "").json(t)["auth_token"]; got == shown {
 		t.Fatalf("another seal key gives the same fingerprint %v: it does not depend on the key", got)
+	}
+}
+
+// An operator who used the admin API with --api-key alone (the admin key's
+// default: the file's and the snapshots' secrets are sealed under it) and
+// then sets --admin-key apart, as security.md advises, still starts: the
+// --api-key opens what it sealed, and the next write seals under the new
+// admin key. The gateway refused to start ("re-enter the secret").
+func TestSettingTheAdminKeyApartStillOpensWhatTheAPIKeySealed(t *testing.T) {
+	const apiKey, adminKey = "api-key-0123456789abcdef", "admin-key-0123456789abcdef"
+	before := FileSecretCodec(&config.Serve{APIKey: apiKey})
+	sealed, err := before.Seal("split_proxy.proxies[\"ext\"].api_key", "http://10.0.0.1:8000", "sk-upstream-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := FileSecretCodec(&config.Serve{APIKey: apiKey, AdminKey: adminKey})
+	got, err := after.Open(sealed, "split_proxy.proxies[\"ext\"].api_key", "http://10.0.0.1:8000")
+	if err != nil || got != "sk-upstream-1" {
+		t.Fatalf("with --admin-key set apart the file's secret: %q, %v", got, err)
+	}
+	resealed, err := after.Seal("split_proxy.proxies[\"ext\"].api_key", "http://10.0.0.1:8000", "sk-upstream-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone := FileSecretCodec(&config.Serve{AdminKey: adminKey})
+	if got, err := alone.Open(resealed, "split_proxy.proxies[\"ext\"].api_key", "http://10.0.0.1:8000"); err != nil || got != "sk-upstream-1" {
+		t.Fatalf("a write after the change does not seal under the admin key: %q, %v", got, err)
+	}
+	if _, err := alone.Open(sealed, "split_proxy.proxies[\"ext\"].api_key", "http://10.0.0.1:8000"); err == nil {
+		t.Fatal("a key that never sealed it opened the secret")
+	}
+	// The same for snapshots, exports and Redis.
+	o := OptionsFromFlags(&config.Serve{APIKey: apiKey, AdminKey: adminKey}, nil)
+	s0 := newSealer("", apiKey)
+	snap, err := s0.seal("mirror.auth_token", "http://10.0.0.2:8000", "tok-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := newSealer(o.SealKey, o.Key, o.OlderKeys...).open(snap, "mirror.auth_token", "http://10.0.0.2:8000"); err != nil || got != "tok-1" {
+		t.Fatalf("a snapshot sealed under --api-key: %q, %v", got, err)
 	}
 }
