@@ -728,6 +728,11 @@ func (st *state) simpleFilter(v Value, name string) (Value, error) {
 		if st.opts.PythonPrint && v.kind == KindNull {
 			return String("None"), nil
 		}
+		if st.opts.PythonPrint && (v.isArray() || v.isObject()) {
+			// Python's str: the container's repr.
+			s := st.toString(v)
+			return String(s), st.spend(len(s))
+		}
 	}
 	switch {
 	case v.isArray():

@@ -14,10 +14,13 @@
 //     value print as "1.0".
 //   - str.strip/lstrip/rstrip ignore their argument and strip whitespace
 //     (Options.PythonStrip honours it, as Python does; the tokenizer sets it).
-//   - Arrays and objects print as JSON (tojson without indent).
+//   - Arrays and objects print as JSON (tojson without indent)
+//     (Options.PythonPrint writes them, and the string filter turns them
+//     into, Python's repr: "{'k': [None, True]}"; the tokenizer sets it).
 //   - == and != compare numbers, strings and booleans as JavaScript's ==
-//     does ('1' == 1 is true); lists and dicts compare by value, as in
-//     Python.
+//     does ('1' == 1 is true; Options.PythonCompare compares as Python
+//     does, '1' == 1 false; the tokenizer sets it); lists and dicts
+//     compare by value, as in Python.
 //   - + with a string operand writes the other one as a string (Python
 //     raises TypeError for str + dict or str + list).
 //   - Dict literals take string keys only, and a for loop refuses to iterate

@@ -30,8 +30,14 @@ type Options struct {
 	// "True", "False") where a value becomes text: output, ~ and +, join
 	// and the string filter. @huggingface/jinja writes nothing for null
 	// and "true"/"false", which is the default here. Undefined is "" both
-	// ways; tojson writes JSON either way.
+	// ways; tojson writes JSON either way. Lists and dicts are written as
+	// Python's repr ("['a', None]", "{'k': True}") instead of JSON.
 	PythonPrint bool
+	// PythonCompare makes == and != compare as Python does: a string never
+	// equals a number ('1' == 1 is false), undefined equals only undefined
+	// and None only None; numbers and booleans compare by value (True == 1).
+	// @huggingface/jinja compares as JavaScript's == does, the default here.
+	PythonCompare bool
 	// MaxOutput bounds the rendered output and every intermediate string,
 	// in bytes. Zero means 16 MiB.
 	MaxOutput int
@@ -286,9 +292,9 @@ func (st *state) stmt(dst []byte, n node, e *env) ([]byte, error) {
 	return appendString(dst, v), nil
 }
 
-// pyScalar appends None or a boolean as Python's str writes them when the
-// template was parsed with PythonPrint; ok is false for other values (and
-// without the option).
+// pyScalar appends None, a boolean, a list or a dict as Python's str writes
+// them (a container as its repr, appendPyRepr) when the template was parsed
+// with PythonPrint; ok is false for other values (and without the option).
 func (st *state) pyScalar(dst []byte, v Value) ([]byte, bool) {
 	if !st.opts.PythonPrint {
 		return dst, false
@@ -301,6 +307,8 @@ func (st *state) pyScalar(dst []byte, v Value) ([]byte, bool) {
 			return append(dst, "True"...), true
 		}
 		return append(dst, "False"...), true
+	case KindArray, KindTuple, KindObject, KindKwargs, KindNamespace:
+		return appendPyRepr(dst, v, 0, len(dst)+jsonHardLimit), true
 	}
 	return dst, false
 }
@@ -614,7 +622,8 @@ func (st *state) forLoop(dst []byte, n *forNode, e *env) ([]byte, error) {
 
 // equal implements == as Python's jinja2 does for lists and dicts: by
 // value, element by element (charged a step each), where JavaScript's ==
-// compares their references. Other values compare as looseEqual.
+// compares their references. Other values compare as looseEqual (pyEqual
+// with PythonCompare).
 func (st *state) equal(a, b Value, depth int) (bool, error) {
 	if sameRef(a, b) {
 		return true, nil
@@ -629,6 +638,9 @@ func (st *state) equal(a, b Value, depth int) (bool, error) {
 			return false, nil
 		}
 	default:
+		if st.opts.PythonCompare {
+			return pyEqual(a, b), nil
+		}
 		return looseEqual(a, b), nil
 	}
 	if depth >= maxJSONDepth {

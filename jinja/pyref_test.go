@@ -23,9 +23,6 @@ var pyrefDepartures = map[string]string{
 	"hfjs-CohereLabs-command-a-reasoning-08-2025":   "loops over a string content: refused (vLLM passes these templates a list of parts)",
 	"hfjs-meta-llama-Llama-3.2-11B-Vision-Instruct": "loops over a string content: refused (vLLM passes these templates a list of parts)",
 	"hfjs-meta-llama-Llama-Guard-3-11B-Vision":      "selectattr over a string content: refused",
-	"hfjs-HuggingFaceTB-SmolLM3-3B":                 "dict|string is Python's repr: refused",
-	"hfjs-MadeAgents-Hammer2.1":                     "prints dicts: JSON, not Python's repr",
-	"hfjs-LiquidAI-LFM2.5-VL-450M":                  "prints dicts and booleans: JSON and true/false, not Python's repr",
 }
 
 // TestPythonJinjaReference renders real chat templates
@@ -84,7 +81,7 @@ func TestPythonJinjaReference(t *testing.T) {
 			}
 			// PythonStrip as vLLM strips (the tokenizer parses chat
 			// templates so, docs/kv.md).
-			tpl, err = ParseWithOptions(string(src), Options{PythonStrip: true, PythonPrint: true, Now: now})
+			tpl, err = ParseWithOptions(string(src), Options{PythonStrip: true, PythonPrint: true, PythonCompare: true, Now: now})
 			if err != nil {
 				tplErrs[c.Template] = err
 			}

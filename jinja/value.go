@@ -637,6 +637,21 @@ func looseEqual(a, b Value) bool {
 	return sameRef(a, b)
 }
 
+// pyEqual implements Python's == on the values' payloads (jinja2's
+// Undefined equals only another Undefined; bool is an int).
+func pyEqual(a, b Value) bool {
+	switch {
+	case a.kind == KindUndefined || b.kind == KindUndefined,
+		a.kind == KindNull || b.kind == KindNull:
+		return a.kind == b.kind
+	case (a.isNumber() || a.kind == KindBool) && (b.isNumber() || b.kind == KindBool):
+		return a.num == b.num
+	case a.kind == KindString && b.kind == KindString:
+		return a.str == b.str
+	}
+	return sameRef(a, b)
+}
+
 // strictEqual implements JavaScript's === on the values' payloads.
 func strictEqual(a, b Value) bool {
 	an, bn := a.kind == KindUndefined || a.kind == KindNull, b.kind == KindUndefined || b.kind == KindNull

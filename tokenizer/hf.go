@@ -444,7 +444,7 @@ func (h *HF) loadConfig(data []byte) error {
 	// content.split('</think>')[-1].lstrip('\n') keeps a leading space
 	// that @huggingface/jinja's strip drops, and Qwen3-Coder's and
 	// Qwen3.5's tool calls write a boolean argument as True.
-	if h.chat, err = jinja.ParseWithOptions(src, jinja.Options{PythonStrip: true, PythonPrint: true}); err != nil {
+	if h.chat, err = jinja.ParseWithOptions(src, jinja.Options{PythonStrip: true, PythonPrint: true, PythonCompare: true}); err != nil {
 		return fmt.Errorf("cannot parse chat_template: %w", err)
 	}
 	h.chatSrc = src
