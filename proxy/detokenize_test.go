@@ -157,6 +157,74 @@ func TestDetokenizeSaysWhatIsWrongWithTheIDs(t *testing.T) {
 // prompt answered one token fewer than the engine's, and every block hash
 // of a completion differed from the engine's.
 func TestACompletionPromptIsTokenizedAfterTheBOSTheEngineAdds(t *testing.T) {
+	dir := bosQwen3Dir(t)
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, f, nil, up.url)
+	// "hello world" is [14990, 1879] under Qwen3's vocab.
+	if got, want := routerTokens(t, r.url, `{"model":"m","prompt":"hello world"}`), []uint32{151643, 14990, 1879}; !slices.Equal(got, want) {
+		t.Fatalf("prompt tokens %v, want %v", got, want)
+	}
+	if got := routerTokens(t, r.url, `{"model":"m","messages":[{"role":"user","content":"hello world"}]}`); len(got) == 0 || got[0] != 151644 {
+		t.Fatalf("chat tokens %v, want <|im_start|> (151644) first and no BOS", got)
+	}
+}
+
+// A request's add_special_tokens is read as vLLM reads it (the last copy;
+// its default is true for a completion, false for a chat): a completion
+// with add_special_tokens false is encoded without the BOS, a chat with it
+// true after the BOS (vLLM's ChatCompletionRequest.build_tok_params and
+// CompletionRequest pass it to the tokenizer's encode). The router ignored
+// it: such a completion was hashed one token off the engine's prompt
+// (every block hash differed), and such a chat too.
+func TestAddSpecialTokensOfTheRequestIsHonoured(t *testing.T) {
+	dir := bosQwen3Dir(t)
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, f, nil, up.url)
+	const bos = 151643
+	for _, c := range []struct {
+		body string
+		want []uint32
+	}{
+		{`{"model":"m","prompt":"hello world","add_special_tokens":false}`, []uint32{14990, 1879}},
+		{`{"model":"m","prompt":"hello world","add_special_tokens":true}`, []uint32{bos, 14990, 1879}},
+		{`{"model":"m","prompt":"hello world","add_special_tokens":null}`, []uint32{bos, 14990, 1879}},
+		{`{"model":"m","add_special_tokens":true,"prompt":"hello world","add_special_tokens":false}`, []uint32{14990, 1879}},
+	} {
+		if got := routerTokens(t, r.url, c.body); !slices.Equal(got, c.want) {
+			t.Errorf("%s: tokens %v, want %v", c.body, got, c.want)
+		}
+	}
+	chat := `"messages":[{"role":"user","content":"hello world"}]`
+	plain := routerTokens(t, r.url, `{"model":"m",`+chat+`}`)
+	if got := routerTokens(t, r.url, `{"model":"m",`+chat+`,"add_special_tokens":false}`); !slices.Equal(got, plain) {
+		t.Errorf("chat with add_special_tokens false: %v, want %v", got, plain)
+	}
+	if got, want := routerTokens(t, r.url, `{"model":"m",`+chat+`,"add_special_tokens":true}`), append([]uint32{bos}, plain...); !slices.Equal(got, want) {
+		t.Errorf("chat with add_special_tokens true: %v, want %v", got, want)
+	}
+}
+
+// routerTokens returns the router's /tokenize answer's tokens for body.
+func routerTokens(t *testing.T, url, body string) []uint32 {
+	t.Helper()
+	code, b := post(t, url+"/tokenize", body)
+	var a struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	if code != 200 || json.Unmarshal([]byte(b), &a) != nil {
+		t.Fatalf("%s: %d %.300s", body, code, b)
+	}
+	return a.Tokens
+}
+
+// bosQwen3Dir is Qwen3's tokenizer with a post-processor that puts
+// <|endoftext|> (151643) before a sequence, as Llama 3.1's puts its BOS.
+func bosQwen3Dir(t *testing.T) string {
+	t.Helper()
 	src := qwen3Dir(t)
 	raw, err := os.ReadFile(filepath.Join(src, "tokenizer.json"))
 	if err != nil {
@@ -175,26 +243,5 @@ func TestACompletionPromptIsTokenizedAfterTheBOSTheEngineAdds(t *testing.T) {
 	if os.WriteFile(filepath.Join(dir, "tokenizer.json"), raw, 0o644) != nil || os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfg, 0o644) != nil {
 		t.Fatal("cannot write the tokenizer")
 	}
-	up := startUpstream(t, okHandler)
-	f := defaultFlags()
-	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
-	r := startRouter(t, f, nil, up.url)
-	tokens := func(body string) []uint32 {
-		t.Helper()
-		code, b := post(t, r.url+"/tokenize", body)
-		var a struct {
-			Tokens []uint32 `json:"tokens"`
-		}
-		if code != 200 || json.Unmarshal([]byte(b), &a) != nil {
-			t.Fatalf("%d %.300s", code, b)
-		}
-		return a.Tokens
-	}
-	// "hello world" is [14990, 1879] under Qwen3's vocab.
-	if got, want := tokens(`{"model":"m","prompt":"hello world"}`), []uint32{151643, 14990, 1879}; !slices.Equal(got, want) {
-		t.Fatalf("prompt tokens %v, want %v", got, want)
-	}
-	if got := tokens(`{"model":"m","messages":[{"role":"user","content":"hello world"}]}`); len(got) == 0 || got[0] != 151644 {
-		t.Fatalf("chat tokens %v, want <|im_start|> (151644) first and no BOS", got)
-	}
+	return dir
 }

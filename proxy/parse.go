@@ -63,6 +63,10 @@ type reqBody struct {
 	// the engine reads them): its prompt ends without a generation prompt,
 	// or with its final message's content (tokenize).
 	noGenPrompt, continueFinal bool
+	// addSpecial is the request's add_special_tokens (the last copy, as
+	// the engine reads it): 't' true, 'f' false, 0 absent or null (vLLM's
+	// default: true for a completion, false for a chat).
+	addSpecial byte
 }
 
 func (b *reqBody) reset() {
@@ -233,6 +237,10 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			if kind != kindChat {
 				return -1, nil
 			}
+		case "add_special_tokens":
+			if kind != kindChat && kind != kindCompletion {
+				return -1, nil
+			}
 		case "text_1", "text_2":
 			if kind != kindScore {
 				return -1, nil
@@ -339,6 +347,13 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			}
 		case "chat_template_kwargs":
 			b.kwStart, b.kwEnd = vs, ve
+		case "add_special_tokens":
+			switch v[0] {
+			case 't', 'f':
+				b.addSpecial = v[0]
+			default:
+				b.addSpecial = 0
+			}
 		case "add_generation_prompt":
 			b.noGenPrompt = string(v) == "false"
 		case "continue_final_message":

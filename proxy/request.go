@@ -620,6 +620,11 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 			}
 			return err
 		}
+		if b.addSpecial == 't' {
+			// The client's add_special_tokens: the engine encodes the
+			// rendered chat after the tokenizer's special tokens too.
+			rs.tokens = tokenizer.AppendPromptPrefix(s.o.Tokenizer, rs.tokens)
+		}
 		rs.tokens = s.encodeLeading(rs, rs.render)
 		if !all {
 			// The rest of the conversation renders about like its part.
@@ -630,8 +635,11 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 		}
 	default:
 		// As the engine encodes a prompt: after the tokenizer's special
-		// tokens (a BOS), if it adds any.
-		rs.tokens = tokenizer.AppendPromptPrefix(s.o.Tokenizer, rs.tokens)
+		// tokens (a BOS), if it adds any, unless the client's
+		// add_special_tokens is false.
+		if b.addSpecial != 'f' {
+			rs.tokens = tokenizer.AppendPromptPrefix(s.o.Tokenizer, rs.tokens)
+		}
 		rs.tokens = s.encodeLeading(rs, b.text)
 	}
 	return nil
