@@ -67,6 +67,9 @@ type reqBody struct {
 	// the engine reads it): 't' true, 'f' false, 0 absent or null (vLLM's
 	// default: true for a completion, false for a chat).
 	addSpecial byte
+	// effortStart and effortEnd span a chat's reasoning_effort (the last
+	// copy), which vLLM passes to the chat template.
+	effortStart, effortEnd int
 }
 
 func (b *reqBody) reset() {
@@ -233,7 +236,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			if kind != kindRerank && kind != kindChat {
 				return -1, nil
 			}
-		case "add_generation_prompt", "continue_final_message", "chat_template_kwargs":
+		case "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "reasoning_effort":
 			if kind != kindChat {
 				return -1, nil
 			}
@@ -347,6 +350,8 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			}
 		case "chat_template_kwargs":
 			b.kwStart, b.kwEnd = vs, ve
+		case "reasoning_effort":
+			b.effortStart, b.effortEnd = vs, ve
 		case "add_special_tokens":
 			switch v[0] {
 			case 't', 'f':
@@ -423,7 +428,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 func (b *reqBody) insertStreamUsage(dst, d []byte) []byte {
 	out := protocol.InsertStreamUsage(dst, d, b.objStart)
 	at, delta := b.objStart+1, len(out)-len(dst)-len(d)
-	for _, x := range [...]*int{&b.modelStart, &b.modelEnd, &b.msgStart, &b.msgEnd, &b.promptStart, &b.promptEnd, &b.toolsStart, &b.toolsEnd, &b.auxStart, &b.auxEnd, &b.kwStart, &b.kwEnd} {
+	for _, x := range [...]*int{&b.modelStart, &b.modelEnd, &b.msgStart, &b.msgEnd, &b.promptStart, &b.promptEnd, &b.toolsStart, &b.toolsEnd, &b.auxStart, &b.auxEnd, &b.kwStart, &b.kwEnd, &b.effortStart, &b.effortEnd} {
 		if *x >= at {
 			*x += delta
 		}

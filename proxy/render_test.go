@@ -194,6 +194,50 @@ func TestChatTemplateKwargsReachTheTemplateAsVLLMPassesThem(t *testing.T) {
 	f2("too many values", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"x":`+many+`}}`, "")
 }
 
+// A chat's reasoning_effort reaches the template as vLLM (v0.28,
+// ChatCompletionRequest.build_chat_params; PR #43401) passes it: as the
+// reasoning_effort variable, over chat_template_kwargs', and as
+// enable_thinking (false for "none", true otherwise) unless
+// chat_template_kwargs names enable_thinking. Qwen3's template reads
+// enable_thinking: a chat with reasoning_effort "none" gets the empty think
+// block in the engine's prompt, and the router hashed it without.
+func TestReasoningEffortReachesTheTemplateAsVLLMPassesIt(t *testing.T) {
+	dir := qwen3Dir(t)
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, f, nil, up.url)
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const (
+		user    = `<|im_start|>user` + "\n" + `hi<|im_end|>` + "\n"
+		gen     = `<|im_start|>assistant` + "\n"
+		noThink = `<think>` + "\n\n" + `</think>` + "\n\n"
+		msgs    = `"messages":[{"role":"user","content":"hi"}]`
+	)
+	for _, c := range []struct{ name, body, want string }{
+		{"none", `{"model":"m",` + msgs + `,"reasoning_effort":"none"}`, user + gen + noThink},
+		{"high", `{"model":"m",` + msgs + `,"reasoning_effort":"high"}`, user + gen},
+		{"null", `{"model":"m",` + msgs + `,"reasoning_effort":null}`, user + gen},
+		{"the last copy", `{"model":"m",` + msgs + `,"reasoning_effort":"high","reasoning_effort":"none"}`, user + gen + noThink},
+		{"kwargs' enable_thinking kept", `{"model":"m",` + msgs + `,"reasoning_effort":"none","chat_template_kwargs":{"enable_thinking":true}}`, user + gen},
+		{"over kwargs' reasoning_effort", `{"model":"m",` + msgs + `,"reasoning_effort":"none","chat_template_kwargs":{"reasoning_effort":"high"}}`, user + gen + noThink},
+	} {
+		code, b := post(t, r.url+"/tokenize", c.body)
+		var got struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if code != 200 || json.Unmarshal([]byte(b), &got) != nil {
+			t.Fatalf("%s: /tokenize: %d %s", c.name, code, b)
+		}
+		if !slices.Equal(got.Tokens, tok.Encode(nil, []byte(c.want))) {
+			t.Errorf("%s: router encoded %q, want %q", c.name, tok.Decode(got.Tokens), c.want)
+		}
+	}
+}
+
 // vLLM validates each tool into its ChatCompletionToolsParam and hands the
 // template tool.model_dump(): type first ("function" when absent), then
 // function with its name, description and parameters first (null when

@@ -663,7 +663,34 @@ func (b *reqBody) chatFields(d []byte) (tokenizer.ChatFields, bool) {
 	if b.kwEnd > 0 {
 		kw = d[b.kwStart:b.kwEnd]
 	}
-	return chatFieldsOf(tools, docs, kw)
+	f, ok := chatFieldsOf(tools, docs, kw)
+	if b.effortEnd > 0 {
+		f.ReasoningEffort = reasoningEffort(d[b.effortStart:b.effortEnd])
+	}
+	return f, ok
+}
+
+// reasoningEffort returns the reasoning_effort value v (raw JSON) as vLLM
+// accepts it, or "" for null and for values vLLM refuses (it answers 400:
+// no prompt to match).
+func reasoningEffort(v []byte) string {
+	switch string(v) {
+	case `"none"`:
+		return "none"
+	case `"minimal"`:
+		return "minimal"
+	case `"low"`:
+		return "low"
+	case `"medium"`:
+		return "medium"
+	case `"high"`:
+		return "high"
+	case `"xhigh"`:
+		return "xhigh"
+	case `"max"`:
+		return "max"
+	}
+	return ""
 }
 
 // chatFieldsOf returns a chat's tools, documents and chat_template_kwargs

@@ -638,7 +638,7 @@ func (h *HF) RenderChatFields(dst []byte, msgs []Message, f ChatFields, addGener
 	if err != nil {
 		return dst, err
 	}
-	return h.render(dst, cv, msgsV, toolsV, docs, addGenerationPrompt, kw, f.Leading)
+	return h.render(dst, cv, msgsV, toolsV, docs, addGenerationPrompt, kw, f.ReasoningEffort, f.Leading)
 }
 
 // parseFields parses f's documents (not cached: they change with every
@@ -688,7 +688,7 @@ func (h *HF) RenderChatJSON(dst []byte, messages, tools []byte, addGenerationPro
 	}
 	cv := acquireChatVars()
 	defer cv.release()
-	return h.render(dst, cv, msgs, toolsV, jinja.Undefined(), addGenerationPrompt, extra, false)
+	return h.render(dst, cv, msgs, toolsV, jinja.Undefined(), addGenerationPrompt, extra, "", false)
 }
 
 // applyChatTemplateParams are the parameters of transformers'
@@ -704,8 +704,9 @@ var applyChatTemplateParams = [...]string{"conversation", "chat_template", "cont
 // (merged over the request's tools, documents and add_generation_prompt):
 // all but the parameters apply_chat_template consumes, and, when leading
 // (the leading messages of a longer chat, rendered as the earlier turn's
-// prompt), add_generation_prompt.
-func (h *HF) render(dst []byte, cv *chatVars, msgs, tools, docs jinja.Value, addGen bool, extra *jinja.Object, leading bool) ([]byte, error) {
+// prompt), add_generation_prompt. A request's reasoning effort (effort,
+// "" when absent) is set over them as vLLM sets it (ChatFields).
+func (h *HF) render(dst []byte, cv *chatVars, msgs, tools, docs jinja.Value, addGen bool, extra *jinja.Object, effort string, leading bool) ([]byte, error) {
 	if h.chat == nil {
 		return dst, ErrNoChatTemplate
 	}
@@ -738,6 +739,12 @@ func (h *HF) render(dst []byte, cv *chatVars, msgs, tools, docs jinja.Value, add
 			}
 			v, _ := extra.Get(k)
 			vars.Set(k, v)
+		}
+	}
+	if effort != "" {
+		vars.Set("reasoning_effort", jinja.String(effort))
+		if _, given := extra.Get("enable_thinking"); !given {
+			vars.Set("enable_thinking", jinja.Bool(effort != "none"))
 		}
 	}
 	out, err := h.chat.Render(dst, vars)

@@ -342,6 +342,41 @@ func TestChatFieldsReachTheTemplateAsVLLMPassesThem(t *testing.T) {
 	}
 }
 
+// A request's reasoning effort reaches the template as vLLM v0.28's
+// ChatCompletionRequest.build_chat_params passes it: reasoning_effort over
+// chat_template_kwargs' (gpt-oss and Qwen3.8 branch on its value), and
+// enable_thinking, whether it is other than "none", unless
+// chat_template_kwargs names enable_thinking (vLLM PR #43401).
+func TestReasoningEffortIsATemplateVariableAsVLLMPassesIt(t *testing.T) {
+	loadQwen3(t)
+	dir := t.TempDir()
+	if err := os.Symlink(mustAbs(t, qwen3Dir+"/tokenizer.json"), filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := json.Marshal(map[string]string{"chat_template": `{{ reasoning_effort }}|{{ enable_thinking }}`})
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ effort, kw, want string }{
+		{"low", "", "low|True"},
+		{"none", "", "none|False"},
+		{"max", `{"reasoning_effort":"low","enable_thinking":false}`, "max|False"},
+		{"none", `{"enable_thinking":null}`, "none|None"},
+		{"", `{"reasoning_effort":"low"}`, "low|"},
+		{"", "", "|"},
+	} {
+		got, err := RenderChatFields(h, nil, []Message{{Role: "user", Content: "hi"}},
+			ChatFields{Kwargs: []byte(c.kw), ReasoningEffort: c.effort}, true)
+		if err != nil || string(got) != c.want {
+			t.Errorf("effort %q kwargs %s: %q %v, want %q", c.effort, c.kw, got, err, c.want)
+		}
+	}
+}
+
 func mustAbs(t *testing.T, path string) string {
 	t.Helper()
 	abs, err := filepath.Abs(path)

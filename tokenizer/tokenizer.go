@@ -61,6 +61,14 @@ type ChatFields struct {
 	// example Qwen3's enable_thinking. apply_chat_template's own parameters
 	// (chat_template, continue_final_message, ...) are not variables.
 	Kwargs []byte
+	// ReasoningEffort is the request's reasoning_effort ("" when absent or
+	// null). vLLM passes it to the template as the reasoning_effort
+	// variable, over chat_template_kwargs' (gpt-oss and Qwen3.8 read it),
+	// and, unless chat_template_kwargs names enable_thinking, sets
+	// enable_thinking to whether it is other than "none" (vLLM PR #43401:
+	// ChatCompletionRequest.build_chat_params, merged with
+	// renderers.merge_kwargs).
+	ReasoningEffort string
 	// Leading: the messages are the leading part of a longer chat,
 	// rendered as the prompt of the earlier turn that ended there, so
 	// Kwargs' add_generation_prompt does not apply.
