@@ -622,10 +622,15 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 		}
 		if b.addSpecial == 't' {
 			// The client's add_special_tokens: the engine encodes the
-			// rendered chat after the tokenizer's special tokens too.
+			// rendered chat between the tokenizer's special tokens too.
 			rs.tokens = tokenizer.AppendPromptPrefix(s.o.Tokenizer, rs.tokens)
+			rs.tokens = s.encodeLeading(rs, rs.render)
+			if all && rs.tokCut == rs.tokText {
+				rs.tokens = tokenizer.AppendPromptSuffix(s.o.Tokenizer, rs.tokens)
+			}
+		} else {
+			rs.tokens = s.encodeLeading(rs, rs.render)
 		}
-		rs.tokens = s.encodeLeading(rs, rs.render)
 		if !all {
 			// The rest of the conversation renders about like its part.
 			if rs.tokCut == rs.tokText {
@@ -641,6 +646,10 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 			rs.tokens = tokenizer.AppendPromptPrefix(s.o.Tokenizer, rs.tokens)
 		}
 		rs.tokens = s.encodeLeading(rs, b.text)
+		if b.addSpecial != 'f' && rs.tokCut == rs.tokText && b.prompts == 1 {
+			// And after them (an EOS), when the prompt was encoded whole.
+			rs.tokens = tokenizer.AppendPromptSuffix(s.o.Tokenizer, rs.tokens)
+		}
 	}
 	return nil
 }

@@ -36,8 +36,10 @@ type HF struct {
 	sections sectionCache
 
 	// prefix: the special tokens the post-processor puts before a plain
-	// prompt's tokens (a BOS), as the engine encodes a completion's prompt.
-	prefix []uint32
+	// prompt's tokens (a BOS), as the engine encodes a completion's prompt;
+	// suffix: those it puts after them (an EOS, with LlamaTokenizerFast's
+	// add_eos_token).
+	prefix, suffix []uint32
 
 	chat     *jinja.Template
 	chatSrc  string
@@ -422,15 +424,43 @@ func (h *HF) checkPostProcessor(raw json.RawMessage) error {
 
 func (h *HF) loadConfig(data []byte) error {
 	var cfg struct {
-		ChatTemplate json.RawMessage `json:"chat_template"`
-		BOS          json.RawMessage `json:"bos_token"`
-		EOS          json.RawMessage `json:"eos_token"`
+		ChatTemplate   json.RawMessage `json:"chat_template"`
+		BOS            json.RawMessage `json:"bos_token"`
+		EOS            json.RawMessage `json:"eos_token"`
+		TokenizerClass string          `json:"tokenizer_class"`
+		AddBOS         *bool           `json:"add_bos_token"`
+		AddEOS         *bool           `json:"add_eos_token"`
 	}
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		return err
 	}
 	h.bosToken = tokenString(cfg.BOS)
 	h.eosToken = tokenString(cfg.EOS)
+	switch cfg.TokenizerClass {
+	case "LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast":
+		// transformers (v4) loads these as LlamaTokenizerFast (or
+		// CodeLlamaTokenizerFast), whose __init__ calls
+		// update_post_processor: tokenizer.json's post_processor is
+		// replaced by a TemplateProcessing of bos_token when add_bos_token
+		// (default true), the sequence, and eos_token when add_eos_token
+		// (default false).
+		addBOS, addEOS := cfg.AddBOS == nil || *cfg.AddBOS, cfg.AddEOS != nil && *cfg.AddEOS
+		h.prefix, h.suffix = nil, nil
+		if addBOS {
+			id, err := h.specialID("bos_token", cfg.BOS, h.bosToken)
+			if err != nil {
+				return err
+			}
+			h.prefix = []uint32{id}
+		}
+		if addEOS {
+			id, err := h.specialID("eos_token", cfg.EOS, h.eosToken)
+			if err != nil {
+				return err
+			}
+			h.suffix = []uint32{id}
+		}
+	}
 	src, err := chatTemplateSource(cfg.ChatTemplate)
 	if err != nil {
 		return err
@@ -449,6 +479,20 @@ func (h *HF) loadConfig(data []byte) error {
 	}
 	h.chatSrc = src
 	return nil
+}
+
+// specialID returns the id of the special token tok (tokenizer_config.json's
+// name, its raw value), which a LlamaTokenizerFast adds around a sequence:
+// transformers refuses to load one without it.
+func (h *HF) specialID(name string, raw json.RawMessage, tok string) (uint32, error) {
+	if tok == "" {
+		return 0, fmt.Errorf("add_%s is on (LlamaTokenizerFast's default for bos) but %s is %s", name, name, brief(raw))
+	}
+	id, ok := h.TokenID(tok)
+	if !ok {
+		return 0, fmt.Errorf("%s %q is not in the vocabulary", name, tok)
+	}
+	return id, nil
 }
 
 // tokenString accepts "tok", {"content": "tok"} or null.
@@ -511,6 +555,11 @@ func (h *HF) TokenID(tok string) (uint32, bool) {
 // 3.1's <|begin_of_text|>; none for Qwen). A rendered chat holds its
 // own (the template writes bos_token) and gets none.
 func (h *HF) AppendPromptPrefix(dst []uint32) []uint32 { return append(dst, h.prefix...) }
+
+// AppendPromptSuffix appends the ids the engine puts after a plain prompt's
+// tokens (an EOS, for a LlamaTokenizerFast with add_eos_token; none for
+// most tokenizers).
+func (h *HF) AppendPromptSuffix(dst []uint32) []uint32 { return append(dst, h.suffix...) }
 
 // EOSToken returns tokenizer_config.json's eos_token.
 func (h *HF) EOSToken() string { return h.eosToken }

@@ -385,3 +385,64 @@ func mustAbs(t *testing.T, path string) string {
 	}
 	return abs
 }
+
+// A tokenizer_config.json whose tokenizer_class is LlamaTokenizerFast (as
+// DeepSeek-R1-Distill-Qwen's) is loaded by transformers v4 as that class,
+// whose __init__ calls update_post_processor: tokenizer.json's
+// post_processor is replaced by bos_token when add_bos_token (default
+// true), the sequence, and eos_token when add_eos_token (default false).
+// The router read tokenizer.json's post_processor alone: a config with
+// add_bos_token false got a BOS the engine does not put before a
+// completion's prompt, and one with add_eos_token true lacked its EOS.
+func TestLlamaTokenizerFastAddBOSAndAddEOSAreRead(t *testing.T) {
+	loadQwen3(t)
+	raw, err := os.ReadFile(qwen3Dir + "/tokenizer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &tj); err != nil {
+		t.Fatal(err)
+	}
+	bosPost := json.RawMessage(`{"type":"TemplateProcessing",
+		"single":[{"SpecialToken":{"id":"<|endoftext|>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],
+		"pair":[],"special_tokens":{"<|endoftext|>":{"id":"<|endoftext|>","ids":[151643],"tokens":["<|endoftext|>"]}}}`)
+	const bos, eos = 151643, 151645 // <|endoftext|>, <|im_end|>
+	hello := []uint32{14990, 1879}  // "hello world"
+	load := func(post json.RawMessage, cfg string) (*HF, error) {
+		t.Helper()
+		dir := t.TempDir()
+		tj["post_processor"] = post
+		raw, _ := json.Marshal(tj)
+		if os.WriteFile(filepath.Join(dir, "tokenizer.json"), raw, 0o644) != nil ||
+			os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(cfg), 0o644) != nil {
+			t.Fatal("cannot write the tokenizer")
+		}
+		return Load(dir)
+	}
+	const toks = `"bos_token":"<|endoftext|>","eos_token":"<|im_end|>"`
+	for _, c := range []struct {
+		name, cfg string
+		post      json.RawMessage
+		want      []uint32
+	}{
+		{"PreTrainedTokenizerFast: the post_processor's", `{"tokenizer_class":"PreTrainedTokenizerFast","add_bos_token":false,` + toks + `}`, bosPost, append([]uint32{bos}, hello...)},
+		{"no class: the post_processor's", `{` + toks + `}`, bosPost, append([]uint32{bos}, hello...)},
+		{"Llama, add_bos_token false", `{"tokenizer_class":"LlamaTokenizerFast","add_bos_token":false,` + toks + `}`, bosPost, hello},
+		{"Llama, add_bos_token by default", `{"tokenizer_class":"LlamaTokenizerFast",` + toks + `}`, json.RawMessage(`null`), append([]uint32{bos}, hello...)},
+		{"Llama, add_eos_token true", `{"tokenizer_class":"LlamaTokenizer","add_bos_token":true,"add_eos_token":true,` + toks + `}`, bosPost, []uint32{bos, 14990, 1879, eos}},
+		{"Llama, neither", `{"tokenizer_class":"LlamaTokenizerFast","add_bos_token":false,"add_eos_token":false,` + toks + `}`, bosPost, hello},
+	} {
+		h, err := load(c.post, c.cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := EncodePrompt(h, nil, []byte("hello world")); !slices.Equal(got, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+	// transformers refuses a LlamaTokenizerFast that adds a BOS it lacks.
+	if _, err := load(bosPost, `{"tokenizer_class":"LlamaTokenizerFast","bos_token":null}`); err == nil {
+		t.Error("a LlamaTokenizerFast adding a null bos_token loaded")
+	}
+}

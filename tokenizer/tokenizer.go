@@ -109,10 +109,27 @@ func AppendPromptPrefix(t Tokenizer, dst []uint32) []uint32 {
 	return dst
 }
 
+// PromptSuffixer is a tokenizer that puts special tokens after a plain
+// prompt's tokens (HF, for a LlamaTokenizerFast with add_eos_token).
+type PromptSuffixer interface {
+	AppendPromptSuffix(dst []uint32) []uint32
+}
+
+var _ PromptSuffixer = (*HF)(nil)
+
+// AppendPromptSuffix appends t's prompt suffix (PromptSuffixer), if any.
+func AppendPromptSuffix(t Tokenizer, dst []uint32) []uint32 {
+	if p, ok := t.(PromptSuffixer); ok {
+		dst = p.AppendPromptSuffix(dst)
+	}
+	return dst
+}
+
 // EncodePrompt appends the token ids of a plain (not chat) prompt to dst:
-// t's prompt prefix, if any, then text's ids.
+// t's prompt prefix, if any, then text's ids, then t's prompt suffix, if
+// any.
 func EncodePrompt(t Tokenizer, dst []uint32, text []byte) []uint32 {
-	return t.Encode(AppendPromptPrefix(t, dst), text)
+	return AppendPromptSuffix(t, t.Encode(AppendPromptPrefix(t, dst), text))
 }
 
 // Decoder is a tokenizer that can turn token ids back into text (both
