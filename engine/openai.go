@@ -75,8 +75,8 @@ type messageWire struct {
 }
 
 type contentPart struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
+	Type string  `json:"type"`
+	Text *string `json:"text"`
 }
 
 // errBadRequest marks client errors (400).
@@ -122,13 +122,12 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 		if m.Role == "" {
 			return genRequest{}, dst, text, badRequest("messages[%d].role is required", i)
 		}
-		content, err := flattenContent(m.Content)
-		if err != nil {
-			return genRequest{}, dst, text, badRequest("messages[%d].content: %s", i, err)
-		}
 		msgs[i] = tokenizer.Message{
-			Role: m.Role, Content: content, Name: m.Name, ToolCallID: m.ToolCallID,
+			Role: m.Role, Name: m.Name, ToolCallID: m.ToolCallID,
 			ToolCalls: m.ToolCalls,
+		}
+		if err := flattenContent(&msgs[i], m.Content); err != nil {
+			return genRequest{}, dst, text, badRequest("messages[%d].content: %s", i, err)
 		}
 		if r := cmp.Or(m.Reasoning, m.ReasoningContent); r != nil {
 			msgs[i].ReasoningContent, msgs[i].HasReasoning = *r, true
@@ -166,42 +165,55 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 	return g, dst, text, nil
 }
 
-// flattenContent turns a message content (string, null, or array of parts)
-// into text as vLLM flattens it for a template that takes content as a
-// string, and as the router renders it (proxy.appendTextParts): the
-// non-empty texts of the "type": "text" parts, joined by "\n".
-func flattenContent(raw json.RawMessage) (string, error) {
+// flattenContent sets m's content from raw (a string, null, or an array of
+// parts) as the router sets it (proxy.decodeMessages): Content as vLLM
+// flattens it for a template that takes content as a string (the non-empty
+// texts of the "type": "text" parts, joined by "\n"), and for an array
+// its text parts (and media parts, as their modality) for a template that
+// loops over the content.
+func flattenContent(m *tokenizer.Message, raw json.RawMessage) error {
 	if isNull(raw) {
-		return "", nil
+		m.NoContent = true
+		return nil
 	}
 	b := bytes.TrimSpace(raw)
 	switch b[0] {
 	case '"':
-		var s string
-		if err := json.Unmarshal(b, &s); err != nil {
-			return "", err
-		}
-		return s, nil
+		return json.Unmarshal(b, &m.Content)
 	case '[':
 		var parts []contentPart
 		if err := json.Unmarshal(b, &parts); err != nil {
-			return "", err
+			return err
 		}
 		var sb []byte
 		n := 0
+		m.ContentArray = true
 		for _, p := range parts {
-			if p.Type != "text" || p.Text == "" {
+			switch p.Type {
+			case "image_url", "input_image", "image_pil", "image_embeds":
+				m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "image"})
+			case "audio_url", "input_audio", "audio_embeds":
+				m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "audio"})
+			case "video_url":
+				m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "video"})
+			}
+			if p.Type != "text" || p.Text == nil {
+				continue
+			}
+			m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "text", Text: *p.Text})
+			if *p.Text == "" {
 				continue
 			}
 			if n > 0 {
 				sb = append(sb, '\n')
 			}
 			n++
-			sb = append(sb, p.Text...)
+			sb = append(sb, *p.Text...)
 		}
-		return string(sb), nil
+		m.Content = string(sb)
+		return nil
 	}
-	return "", errors.New("must be a string or an array of content parts")
+	return errors.New("must be a string or an array of content parts")
 }
 
 // parseCompletion decodes a completion request and appends its prompt tokens

@@ -41,16 +41,20 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *
 		sp := &spans[i]
 		var m tokenizer.Message
 		if len(msgs) < cap(msgs) {
-			// Reuse the tool-call slice a previous request left in this slot.
-			m.ToolCalls = msgs[: len(msgs)+1 : len(msgs)+1][len(msgs)].ToolCalls[:0]
+			// Reuse the tool-call and part slices a previous request left
+			// in this slot.
+			prev := &msgs[: len(msgs)+1 : len(msgs)+1][len(msgs)]
+			m.ToolCalls, m.Parts = prev.ToolCalls[:0], prev.Parts[:0]
 		}
 		m.Role = str(sp.role)
 		if c := sp.content; c.e > c.s && d[c.s] == '[' {
 			start := len(a)
-			a = appendTextParts(a, d, c.s)
+			a, m.Parts = appendTextParts(a, d, c.s, m.Parts)
 			m.Content = arenaString(a[start:])
+			m.ContentArray = true
 		} else {
 			m.Content = str(c)
+			m.NoContent = c.e == c.s || d[c.s] == 'n'
 		}
 		m.Name = str(sp.name)
 		m.ToolCallID = str(sp.toolCallID)
@@ -106,8 +110,12 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *
 // vLLM flattens it for a template that takes content as a string: the
 // non-empty texts of the parts of type "text", joined by "\n" (the last of
 // duplicate keys counts, as for the engine's JSON decoder). The result is
-// never longer than the array's JSON.
-func appendTextParts(a, d []byte, i int) []byte {
+// never longer than the array's JSON. It appends to parts the parts as
+// vLLM keeps them for a template that loops over the content: each text
+// part whose text is a string (its Text in a, which must not grow past its
+// capacity: decodeMessages' arena), and each image, audio or video part as
+// its modality.
+func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart) ([]byte, []tokenizer.ContentPart) {
 	n := 0
 	forEachElem(d, i, func(ps, pe int) error {
 		if d[ps] != '{' {
@@ -123,18 +131,46 @@ func appendTextParts(a, d []byte, i int) []byte {
 			}
 			return nil
 		})
-		if text.e-text.s <= 2 || d[text.s] != '"' || !isJSONString(d[typ.s:typ.e], "text") {
+		if m := partModality(d[typ.s:typ.e]); m != "" {
+			parts = append(parts, tokenizer.ContentPart{Type: m})
+			return nil
+		}
+		if text.e-text.s < 2 || d[text.s] != '"' || !isJSONString(d[typ.s:typ.e], "text") {
+			return nil
+		}
+		if text.e-text.s == 2 {
+			parts = append(parts, tokenizer.ContentPart{Type: "text"})
 			return nil
 		}
 		if n > 0 {
 			a = append(a, '\n')
 		}
 		n++
+		start := len(a)
 		a = unescape(a, d[text.s+1:text.e-1])
+		parts = append(parts, tokenizer.ContentPart{Type: "text", Text: arenaString(a[start:])})
 		return nil
 	})
-	return a
+	return a, parts
 }
+
+// partModality returns the modality vLLM renders a media content part of
+// type typ (raw JSON) as, or "".
+func partModality(typ []byte) string {
+	if len(typ) < 2 || typ[0] != '"' {
+		return ""
+	}
+	for _, m := range partModalities {
+		if isJSONString(typ, m[0]) {
+			return m[1]
+		}
+	}
+	return ""
+}
+
+// partModalities are vLLM's media content part types and their modality.
+var partModalities = [...][2]string{{"image_url", "image"}, {"input_image", "image"}, {"image_pil", "image"},
+	{"image_embeds", "image"}, {"audio_url", "audio"}, {"input_audio", "audio"}, {"audio_embeds", "audio"}, {"video_url", "video"}}
 
 // isJSONString reports whether the JSON value v is a string that decodes to
 // s (len(s) <= 32).

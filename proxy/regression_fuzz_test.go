@@ -63,6 +63,9 @@ func normalize(ms []tokenizer.Message) []tokenizer.Message {
 		if len(m.ToolCalls) == 0 {
 			m.ToolCalls = nil
 		}
+		if len(m.Parts) == 0 {
+			m.Parts = nil
+		}
 		out[i] = m
 	}
 	return out
@@ -88,21 +91,23 @@ func decodeMessagesWalk(msgs []tokenizer.Message, d []byte, arena *[]byte) ([]to
 			return errMessages
 		}
 		var m tokenizer.Message
-		if len(msgs) < cap(msgs) {
-			// Reuse the tool-call slice a previous request left in this slot.
-			m.ToolCalls = msgs[: len(msgs)+1 : len(msgs)+1][len(msgs)].ToolCalls[:0]
-		}
+		m.NoContent = true // until a content that is not null
 		_, err := forEachField(d, vs, func(key []byte, s, e int) error {
 			switch string(key) {
 			case "role":
 				m.Role = str(d[s:e])
 			case "content":
+				m.NoContent, m.ContentArray, m.Parts = d[s] == 'n', false, nil
 				if d[s] == '[' {
-					// vLLM: "\n".join of the non-empty texts of type "text" parts.
+					// vLLM: "\n".join of the non-empty texts of type "text"
+					// parts; the parts as vLLM keeps them for a template
+					// that loops over the content.
+					m.ContentArray = true
 					var texts []string
 					forEachElem(d, s, func(ps, pe int) error {
 						if d[ps] == '{' {
 							var typ, text string
+							textIsString := false
 							forEachField(d, ps, func(k []byte, ks, ke int) error {
 								v := "" // the last of duplicate keys counts
 								if d[ks] == '"' {
@@ -112,10 +117,22 @@ func decodeMessagesWalk(msgs []tokenizer.Message, d []byte, arena *[]byte) ([]to
 								case "type":
 									typ = v
 								case "text":
-									text = v
+									text, textIsString = v, d[ks] == '"'
 								}
 								return nil
 							})
+							switch typ {
+							case "image_url", "input_image", "image_pil", "image_embeds":
+								m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "image"})
+							case "audio_url", "input_audio", "audio_embeds":
+								m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "audio"})
+							case "video_url":
+								m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "video"})
+							case "text":
+								if textIsString {
+									m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "text", Text: text})
+								}
+							}
 							if typ == "text" && text != "" {
 								texts = append(texts, text)
 							}

@@ -3,6 +3,8 @@ package proxy
 import (
 	"encoding/json"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -472,3 +474,53 @@ func TestReasoningIsTokenizedAsVLLMReadsIt(t *testing.T) {
 }
 
 func ptr(s string) *string { return &s }
+
+// A template that loops over a message's content (Qwen2.5-VL's, Llama 3.2
+// Vision's) gets each content as a list of parts, as vLLM's
+// --chat-template-content-format auto detects and hands it over
+// (vllm/renderers/hf.py, chat_utils._parse_chat_message_content): a string
+// is one text part, each text part of an array stays a part (an empty one
+// too), media parts become {"type": "image"}, an absent or null content no
+// parts, and a tool message's text parts are joined by "\n" into a string.
+// The router passed every content as a string, the text parts joined: a
+// chat of text and image parts rendered "a\nb" where the engine rendered
+// "a<|vision_start|><|image_pad|><|vision_end|>b", and templates without
+// a string fallback (Llama 3.2 Vision's) refused every chat, routed
+// without hashes. The expected prompt is Python jinja2's render of vLLM's
+// conversation.
+func TestContentLoopingTemplatesGetContentPartsAsVLLMPassesThem(t *testing.T) {
+	src := qwen3Dir(t)
+	tpl, err := os.ReadFile("../jinja/testdata/templates/hfjs-Qwen-Qwen2.5-VL-7B-Instruct.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	abs, _ := filepath.Abs(filepath.Join(src, "tokenizer.json"))
+	cfg, _ := json.Marshal(map[string]string{"chat_template": string(tpl), "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"})
+	if os.Symlink(abs, filepath.Join(dir, "tokenizer.json")) != nil || os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfg, 0o644) != nil {
+		t.Fatal("cannot write the tokenizer")
+	}
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, f, nil, up.url)
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"m","messages":[
+		{"role":"system","content":"You are helpful."},
+		{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"http://x/i.png"}},{"type":"text","text":""},{"type":"text","text":"b"}]},
+		{"role":"assistant","content":"ok"},
+		{"role":"tool","content":[{"type":"text","text":"r1"},{"type":"text","text":""},{"type":"text","text":"r2"}]},
+		{"role":"user","content":[{"type":"text","text":"again"}]},
+		{"role":"assistant","content":null}]}`
+	want := "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\na<|vision_start|><|image_pad|><|vision_end|>b<|im_end|>\n" +
+		"<|im_start|>assistant\nok<|im_end|>\n<|im_start|>tool\nr1\n\nr2<|im_end|>\n<|im_start|>user\nagain<|im_end|>\n" +
+		"<|im_start|>assistant\n<|im_end|>\n<|im_start|>assistant\n"
+	for i := 0; i < 2; i++ { // the second time with the message slots reused
+		if got := routerTokens(t, r.url, body); !slices.Equal(got, tok.Encode(nil, []byte(want))) {
+			t.Fatalf("router encoded %q, want %q", tok.Decode(got), want)
+		}
+	}
+}

@@ -70,10 +70,16 @@ func (cv *chatVars) list() *jinja.List {
 // an assistant's reasoning as reasoning and reasoning_content when given;
 // tool call arguments are decoded (args) as vLLM
 // decodes them before rendering.
-func (cv *chatVars) messages(msgs []Message, args *toolsCache) (jinja.Value, error) {
+//
+// With parts (the template loops over message contents: vLLM's "openai"
+// content format), a content is a list of parts ({"type": "text", "text":
+// ...}) as vLLM's chat_utils makes it: a string is one text part, an
+// absent or null content none; a tool message's parts that are all text
+// are joined by "\n" into a string, as vLLM does for tool results.
+func (cv *chatVars) messages(msgs []Message, args *toolsCache, parts bool) (jinja.Value, error) {
 	arr := cv.list()
 	for i := range msgs {
-		v, err := cv.message(&msgs[i], args)
+		v, err := cv.message(&msgs[i], args, parts)
 		if err != nil {
 			return jinja.Undefined(), err
 		}
@@ -82,10 +88,14 @@ func (cv *chatVars) messages(msgs []Message, args *toolsCache) (jinja.Value, err
 	return arr.Value(), nil
 }
 
-func (cv *chatVars) message(m *Message, args *toolsCache) (jinja.Value, error) {
+func (cv *chatVars) message(m *Message, args *toolsCache, parts bool) (jinja.Value, error) {
 	o := cv.object()
 	o.Set("role", jinja.String(m.Role))
-	o.Set("content", jinja.String(m.Content))
+	if parts {
+		o.Set("content", cv.contentParts(m))
+	} else {
+		o.Set("content", jinja.String(m.Content))
+	}
 	if m.Name != "" {
 		o.Set("name", jinja.String(m.Name))
 	}
@@ -123,6 +133,56 @@ func (cv *chatVars) message(m *Message, args *toolsCache) (jinja.Value, error) {
 		o.Set("reasoning_content", r)
 	}
 	return jinja.ObjectValue(o), nil
+}
+
+// contentParts returns m's content as vLLM's chat_utils hands it to a
+// template in the "openai" content format (cv.messages).
+func (cv *chatVars) contentParts(m *Message) jinja.Value {
+	if m.Role == "tool" {
+		if !m.ContentArray {
+			return jinja.String(m.Content) // "" when absent: no parts, joined
+		}
+		allText := true
+		for i := range m.Parts {
+			allText = allText && m.Parts[i].Type == "text"
+		}
+		if allText {
+			return jinja.String(joinPartTexts(m))
+		}
+	}
+	l := cv.list()
+	switch {
+	case m.ContentArray:
+		for i := range m.Parts {
+			p := cv.object()
+			p.Set("type", jinja.String(m.Parts[i].Type))
+			if m.Parts[i].Type == "text" {
+				p.Set("text", jinja.String(m.Parts[i].Text))
+			}
+			l.Append(jinja.ObjectValue(p))
+		}
+	case !m.NoContent:
+		p := cv.object()
+		p.Set("type", jinja.String("text"))
+		p.Set("text", jinja.String(m.Content))
+		l.Append(jinja.ObjectValue(p))
+	}
+	return l.Value()
+}
+
+// joinPartTexts returns the texts of m's parts joined by "\n", empty ones
+// included (vLLM's tool-message join): Content when none is empty.
+func joinPartTexts(m *Message) string {
+	for i := range m.Parts {
+		if m.Parts[i].Text == "" {
+			texts := make([]string, len(m.Parts))
+			for j := range m.Parts {
+				texts[j] = m.Parts[j].Text
+			}
+			return strings.Join(texts, "\n")
+		}
+	}
+	return m.Content
 }
 
 // toolsCache keeps the parsed form of recently seen tools arrays: clients

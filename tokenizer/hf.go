@@ -41,13 +41,16 @@ type HF struct {
 	// add_eos_token).
 	prefix, suffix []uint32
 
-	chat     *jinja.Template
-	chatSrc  string
-	bosToken string
-	eosToken string
-	tools    toolsCache
-	kwargs   toolsCache // parsed chat_template_kwargs objects, as tools
-	args     toolsCache // decoded tool call arguments, as tools
+	chat    *jinja.Template
+	chatSrc string
+	// contentParts: the template loops over message contents, so it gets
+	// them as lists of parts (vLLM's --chat-template-content-format auto).
+	contentParts bool
+	bosToken     string
+	eosToken     string
+	tools        toolsCache
+	kwargs       toolsCache // parsed chat_template_kwargs objects, as tools
+	args         toolsCache // decoded tool call arguments, as tools
 }
 
 type addedToken struct {
@@ -478,6 +481,7 @@ func (h *HF) loadConfig(data []byte) error {
 		return fmt.Errorf("cannot parse chat_template: %w", err)
 	}
 	h.chatSrc = src
+	h.contentParts = h.chat.IteratesMessageContent()
 	return nil
 }
 
@@ -683,7 +687,7 @@ func (h *HF) RenderChatFields(dst []byte, msgs []Message, f ChatFields, addGener
 	}
 	cv := acquireChatVars()
 	defer cv.release()
-	msgsV, err := cv.messages(msgs, &h.args)
+	msgsV, err := cv.messages(msgs, &h.args, h.contentParts)
 	if err != nil {
 		return dst, err
 	}

@@ -24,6 +24,20 @@ type Message struct {
 	// string, which Qwen3's template takes over the content's think
 	// block), unlike an absent one. A non-empty ReasoningContent is given.
 	HasReasoning bool `json:"-"`
+	// ContentArray marks a content given as an array of parts: Parts are
+	// its parts as vLLM keeps them for a template that loops over the
+	// content (the "openai" content format), and Content their texts as
+	// vLLM joins them for one that does not (the non-empty texts joined by
+	// "\n"). NoContent marks a content absent or null.
+	ContentArray, NoContent bool          `json:"-"`
+	Parts                   []ContentPart `json:"-"`
+}
+
+// ContentPart is one part of a message's content as vLLM hands it to a
+// template in the "openai" content format: {"type": "text", "text": Text}
+// for a text part, {"type": Type} for media ("image", "audio", "video").
+type ContentPart struct {
+	Type, Text string
 }
 
 // ToolCall is an assistant's function call.
