@@ -32,3 +32,55 @@ func TestContentPartsRenderJoinedAsTheRouterJoinsThem(t *testing.T) {
 	f(`[{"text":"untyped"},{"type":"image_url","text":"not text"},{"type":"text","text":"only"}]`, "only")
 	f(`[{"type":"\u0074ext","text":"escaped type"}]`, "escaped type")
 }
+
+// bosSimple is the Simple tokenizer with a BOS (id 7) before a plain
+// prompt, as a tokenizer whose post-processor adds one.
+type bosSimple struct{ tokenizer.Simple }
+
+func (bosSimple) AppendPromptPrefix(dst []uint32) []uint32 { return append(dst, 7) }
+
+// The engine reads add_special_tokens as vLLM does (true by default for a
+// completion, false for a chat) and passes a chat's reasoning_effort to the
+// template, as the router now does for its block hashes; it ignored both,
+// so the engine's prompt (and KV events) differed from vLLM's and the
+// router's.
+func TestAddSpecialTokensAndReasoningEffortAreReadAsVLLMReadsThem(t *testing.T) {
+	tok := bosSimple{}
+	comp := func(body string) []uint32 {
+		t.Helper()
+		_, ids, err := parseCompletion([]byte(body), tok, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	if ids := comp(`{"prompt":"abcd"}`); len(ids) != 2 || ids[0] != 7 {
+		t.Errorf("completion: %v, want the BOS first", ids)
+	}
+	if ids := comp(`{"prompt":"abcd","add_special_tokens":false}`); len(ids) != 1 {
+		t.Errorf("completion with add_special_tokens false: %v, want no BOS", ids)
+	}
+	chat := func(body string) []uint32 {
+		t.Helper()
+		_, ids, _, err := parseChat([]byte(body), tok, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	msgs := `"messages":[{"role":"user","content":"hi"}]`
+	if ids := chat(`{` + msgs + `}`); len(ids) == 0 || ids[0] == 7 {
+		t.Errorf("chat: %v, want no BOS", ids)
+	}
+	if ids := chat(`{` + msgs + `,"add_special_tokens":true}`); len(ids) == 0 || ids[0] != 7 {
+		t.Errorf("chat with add_special_tokens true: %v, want the BOS first", ids)
+	}
+	qwen, err := tokenizer.Load("../testdata/tokenizers/qwen3")
+	if err != nil {
+		t.Skip(err)
+	}
+	_, _, text, err := parseChat([]byte(`{`+msgs+`,"reasoning_effort":"none"}`), qwen, nil, nil)
+	if want := "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"; err != nil || string(text) != want {
+		t.Errorf("reasoning_effort none: %q %v, want %q", text, err, want)
+	}
+}

@@ -45,6 +45,9 @@ type chatWire struct {
 	// add_generation_prompt is false or the final message is continued.
 	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
 	ContinueFinalMessage bool  `json:"continue_final_message"`
+	// AddSpecialTokens: the rendered prompt is encoded between the
+	// tokenizer's special tokens (vLLM: false by default for a chat).
+	AddSpecialTokens *bool `json:"add_special_tokens"`
 
 	// Read by answer shaping (answer.go).
 	ToolChoice      json.RawMessage `json:"tool_choice"`
@@ -53,11 +56,14 @@ type chatWire struct {
 }
 
 type completionWire struct {
-	Model         string          `json:"model"`
-	Prompt        json.RawMessage `json:"prompt"`
-	Stream        bool            `json:"stream"`
-	StreamOptions *streamOptions  `json:"stream_options"`
-	MaxTokens     *int64          `json:"max_tokens"`
+	Model  string          `json:"model"`
+	Prompt json.RawMessage `json:"prompt"`
+	// AddSpecialTokens: false encodes the prompt without the tokenizer's
+	// special tokens (vLLM: true by default for a completion).
+	AddSpecialTokens *bool          `json:"add_special_tokens"`
+	Stream           bool           `json:"stream"`
+	StreamOptions    *streamOptions `json:"stream_options"`
+	MaxTokens        *int64         `json:"max_tokens"`
 }
 
 type streamOptions struct {
@@ -145,6 +151,12 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 	if !isNull(w.ChatTemplateKwargs) {
 		f.Kwargs = w.ChatTemplateKwargs
 	}
+	if w.ReasoningEffort != nil {
+		switch e := *w.ReasoningEffort; e {
+		case "none", "minimal", "low", "medium", "high", "xhigh", "max":
+			f.ReasoningEffort = e
+		}
+	}
 	text, err := tokenizer.RenderChatFields(tok, text[:0], msgs, f, addGen)
 	if err != nil {
 		return genRequest{}, dst, text, badRequest("cannot render chat prompt: %s", err)
@@ -152,7 +164,11 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 	if w.ContinueFinalMessage {
 		text = tokenizer.ContinueFinalMessage(text, msgs[len(msgs)-1].Content)
 	}
-	dst = tok.Encode(dst, text)
+	if w.AddSpecialTokens != nil && *w.AddSpecialTokens {
+		dst = tokenizer.EncodePrompt(tok, dst, text)
+	} else {
+		dst = tok.Encode(dst, text)
+	}
 	mt, err := maxTokensOf(w.MaxCompletionTokens, w.MaxTokens)
 	if err != nil {
 		return genRequest{}, dst, text, err
@@ -226,7 +242,8 @@ func parseCompletion(body []byte, tok tokenizer.Tokenizer, dst []uint32) (genReq
 	if isNull(w.Prompt) {
 		return genRequest{}, dst, badRequest("prompt is required")
 	}
-	dst, err := promptTokens(dst, w.Prompt, tok, 0)
+	special := w.AddSpecialTokens == nil || *w.AddSpecialTokens
+	dst, err := promptTokens(dst, w.Prompt, tok, special, 0)
 	if err != nil {
 		return genRequest{}, dst, err
 	}
@@ -244,7 +261,7 @@ func parseCompletion(body []byte, tok tokenizer.Tokenizer, dst []uint32) (genReq
 // promptTokens handles "text", ["text"], [1,2,3] and [[1,2,3]]. A batch of
 // several prompts is refused: the engine serves one sequence per request
 // (answering the first alone, with 200, dropped the others silently).
-func promptTokens(dst []uint32, raw json.RawMessage, tok tokenizer.Tokenizer, depth int) ([]uint32, error) {
+func promptTokens(dst []uint32, raw json.RawMessage, tok tokenizer.Tokenizer, special bool, depth int) ([]uint32, error) {
 	b := bytes.TrimSpace(raw)
 	if len(b) == 0 {
 		return dst, badRequest("prompt is required")
@@ -254,6 +271,9 @@ func promptTokens(dst []uint32, raw json.RawMessage, tok tokenizer.Tokenizer, de
 		var s string
 		if err := json.Unmarshal(b, &s); err != nil {
 			return dst, badRequest("cannot parse prompt: %s", err)
+		}
+		if !special {
+			return tok.Encode(dst, []byte(s)), nil
 		}
 		return tokenizer.EncodePrompt(tok, dst, []byte(s)), nil
 	case '[':
@@ -272,7 +292,7 @@ func promptTokens(dst []uint32, raw json.RawMessage, tok tokenizer.Tokenizer, de
 			if len(items) > 1 {
 				return dst, badRequest("%d prompts in one request: infera engine serves one prompt per request (batched prompts are not modelled)", len(items))
 			}
-			return promptTokens(dst, first, tok, depth+1)
+			return promptTokens(dst, first, tok, special, depth+1)
 		}
 		for i, it := range items {
 			var v int64
