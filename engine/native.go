@@ -89,7 +89,7 @@ func (s *Server) countTokens(ctx *fasthttp.RequestCtx, m *protocol.Meta) {
 	if err == nil {
 		text, err = s.tok.RenderChat(nil, msgs, tools, !m.ContinueFinal)
 		if err == nil && m.ContinueFinal && len(msgs) > 0 {
-			text = tokenizer.ContinueFinalMessage(text, msgs[len(msgs)-1].Content) // a prefill is continued
+			text = tokenizer.ContinueFinalMessage(text, tokenizer.FinalContent(s.tok, &msgs[len(msgs)-1])) // a prefill is continued
 		}
 	}
 	if err != nil {

@@ -162,7 +162,7 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 		return genRequest{}, dst, text, badRequest("cannot render chat prompt: %s", err)
 	}
 	if w.ContinueFinalMessage {
-		text = tokenizer.ContinueFinalMessage(text, msgs[len(msgs)-1].Content)
+		text = tokenizer.ContinueFinalMessage(text, tokenizer.FinalContent(tok, &msgs[len(msgs)-1]))
 	}
 	if w.AddSpecialTokens != nil && *w.AddSpecialTokens {
 		dst = tokenizer.EncodePrompt(tok, dst, text)

@@ -631,7 +631,7 @@ func (s *Server) countTokens(ctx *fasthttp.RequestCtx, rs *reqState, chat []byte
 		f.Leading = !all
 		rs.render, err = tokenizer.RenderChatFields(tok, rs.render[:0], msgs[:k], f, all && !cont)
 		if err == nil && all && cont && k > 0 {
-			rs.render = tokenizer.ContinueFinalMessage(rs.render, msgs[k-1].Content) // a prefill is continued
+			rs.render = tokenizer.ContinueFinalMessage(rs.render, tokenizer.FinalContent(tok, &msgs[k-1])) // a prefill is continued
 		}
 	}
 	if err != nil {

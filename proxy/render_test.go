@@ -523,4 +523,13 @@ func TestContentLoopingTemplatesGetContentPartsAsVLLMPassesThem(t *testing.T) {
 			t.Fatalf("router encoded %q, want %q", tok.Decode(got), want)
 		}
 	}
+	// continue_final_message cuts after the final message's last text part,
+	// as transformers' apply_chat_template finds it in a list of parts (the
+	// parts' texts joined by "\n" are not in the prompt: it was not cut).
+	body = `{"model":"m","add_generation_prompt":false,"continue_final_message":true,"messages":[
+		{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}`
+	want = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\nab"
+	if got := routerTokens(t, r.url, body); !slices.Equal(got, tok.Encode(nil, []byte(want))) {
+		t.Fatalf("continued: router encoded %q, want %q", tok.Decode(got), want)
+	}
 }

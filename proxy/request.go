@@ -606,7 +606,7 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 		// turns it off or continues its final message (then cut after it).
 		rs.render, err = tokenizer.RenderChatFields(s.o.Tokenizer, rs.render[:0], rs.msgs, f, all && !b.noGenPrompt && !b.continueFinal)
 		if err == nil && all && b.continueFinal && len(rs.msgs) > 0 {
-			rs.render = tokenizer.ContinueFinalMessage(rs.render, rs.msgs[len(rs.msgs)-1].Content)
+			rs.render = tokenizer.ContinueFinalMessage(rs.render, tokenizer.FinalContent(s.o.Tokenizer, &rs.msgs[len(rs.msgs)-1]))
 		}
 		if err != nil {
 			// A part the template wants whole, or a render the router's

@@ -32,6 +32,23 @@ func ContinueFinalMessage(rendered []byte, final string) []byte {
 	return rendered[:i+len(trimmed)]
 }
 
+// FinalContent returns the text of m, a conversation's final message, that
+// ContinueFinalMessage cuts after, as transformers' apply_chat_template
+// finds it: the content, or, when t renders contents as parts (vLLM's
+// "openai" content format) and m's was given as an array, the text of its
+// last text part ("" when it has none: the engine refuses the request).
+func FinalContent(t Tokenizer, m *Message) string {
+	if p, ok := t.(interface{ RendersContentParts() bool }); ok && p.RendersContentParts() && m.ContentArray {
+		for i := len(m.Parts) - 1; i >= 0; i-- {
+			if m.Parts[i].Type == "text" {
+				return m.Parts[i].Text
+			}
+		}
+		return ""
+	}
+	return m.Content
+}
+
 // pyspace is Python's str.isspace, which str.strip trims: Go's spaces and
 // the separators U+001C..U+001F.
 func pyspace(r rune) bool { return unicode.IsSpace(r) || r >= 0x1c && r <= 0x1f }

@@ -568,6 +568,11 @@ func (h *HF) AppendPromptSuffix(dst []uint32) []uint32 { return append(dst, h.su
 // EOSToken returns tokenizer_config.json's eos_token.
 func (h *HF) EOSToken() string { return h.eosToken }
 
+// RendersContentParts reports whether the chat template gets message
+// contents as lists of parts (it loops over them: vLLM's "openai" content
+// format).
+func (h *HF) RendersContentParts() bool { return h.contentParts }
+
 // ChatTemplate returns the chat template source, or "" if there is none.
 func (h *HF) ChatTemplate() string { return h.chatSrc }
 
