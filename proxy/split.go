@@ -81,8 +81,9 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 // bound to (session affinity on), or -1: the local entry when the session
 // is bound to a worker of the fleet, the external entry whose upstream
 // served it last otherwise. An entry that is disabled, weighs 0 (a reload
-// moves its sessions to the others) or whose breaker is open lets the
-// weights decide, and the session is bound where it is served then.
+// moves its sessions to the others) or whose breaker is open, or a fleet
+// worker that left or whose breaker is open, lets the weights decide, and
+// the session is bound where it is served then.
 func (s *Server) splitBound(cfg *config.Config, sp *config.SplitProxy, tbl *extTable, rs *reqState) int {
 	w := s.sched.BoundWorker(cfg, &rs.sreq)
 	if w == nil {
@@ -94,10 +95,18 @@ func (s *Server) splitBound(cfg *config.Config, sp *config.SplitProxy, tbl *extT
 			continue
 		}
 		if p.Local {
-			if w.Idx >= 0 {
-				return i
+			if w.Idx < 0 {
+				continue
 			}
-			continue
+			// A fleet worker that left (removed, replaced, draining) or
+			// whose breaker is open no longer holds the session's cache:
+			// the weights decide, as for an external entry. Held on the
+			// local entry, the session was refused there on every turn
+			// once no local worker served its model.
+			if w.Removed() || w.Draining() || !w.Breaker.Available(s.sched.Now()) {
+				return -1
+			}
+			return i
 		}
 		if u := tbl.ups[i]; u != nil && u.w.ID == w.ID {
 			if !u.w.Breaker.Available(s.sched.Now()) {

@@ -804,3 +804,48 @@ func TestASplitSessionStaysOnTheEntryItStartedOn(t *testing.T) {
 		}
 	}
 }
+
+// A session bound to a local worker that left the fleet (removed, or
+// draining) is not held on the local entry: the weights decide again, as
+// for a disabled or weightless entry. Before, splitBound returned the
+// local entry for any fleet worker the table still named (and refreshed
+// the binding), so with the only local worker gone every turn of such a
+// session went to the local service and got 503, turn after turn, while a
+// new session was split onto the external upstream.
+func TestASplitSessionBoundToAWorkerThatLeftIsSplitAgain(t *testing.T) {
+	local := startUpstream(t, okHandler)
+	a := startUpstream(t, okHandler)
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true, Weight: 1},
+		config.Proxy{Name: "a", Address: a.url, Weight: 1},
+	)
+	cfg.SessionAffinity.Enabled = true
+	r := startRouterWith(t, nil, cfg, nil, local.url)
+	var bound []string
+	for i := 0; i < 20 && len(bound) < 4; i++ {
+		sess := fmt.Sprintf("sess-%d", i)
+		resp, body := postWith(t, r.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": sess})
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", sess, resp.StatusCode, body)
+		}
+		if resp.Header.Get("X-Infera-Upstream") == "" {
+			bound = append(bound, sess)
+		}
+	}
+	if len(bound) == 0 {
+		t.Fatal("no session went to the local entry")
+	}
+	if errs := r.fl.Sync(nil); len(errs) > 0 { // the local worker leaves
+		t.Fatal(errs)
+	}
+	for _, sess := range bound {
+		served := false
+		for turn := 0; turn < 8 && !served; turn++ {
+			resp, _ := postWith(t, r.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": sess})
+			served = resp.StatusCode == 200 && resp.Header.Get("X-Infera-Upstream") == "split:a"
+		}
+		if !served {
+			t.Fatalf("%s, bound to the worker that left, never went to the external entry in 8 turns", sess)
+		}
+	}
+}
