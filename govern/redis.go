@@ -1525,21 +1525,24 @@ func (r *redisState) moveService(inst, svc [3]string) {
 		}
 		old := ss.keys[scopeService]
 		ss.keys[scopeService] = svc
-		held := ss.state.Load() & ssHeld
-		if held == 0 || ss.in&(1<<scopeService) == 0 {
+		if ss.in&(1<<scopeService) == 0 {
 			continue
 		}
-		keys := make([]string, 0, 4)
-		from := make([]string, 0, 2)
-		for i := range 3 {
-			if held&(1<<i) != 0 {
-				keys = append(keys, old[i], svc[i])
-				from = append(from, old[i])
+		// held lacks the counters whose return is under way (Done or
+		// FirstToken took them, their end is not queued yet): that end
+		// will name the new sets, so the old ones are cleared of every
+		// counter here, not only of those copied.
+		if held := ss.state.Load() & ssHeld; held != 0 {
+			keys := make([]string, 0, 4)
+			for i := range 3 {
+				if held&(1<<i) != 0 {
+					keys = append(keys, old[i], svc[i])
+				}
 			}
+			r.leases[ss.member] = ss.heldKeys(held)
+			r.end(endMigrate, keys, []any{ss.member, r.g.now().UnixMilli() + r.ttl.Milliseconds(), 2 * r.ttl.Milliseconds()})
 		}
-		r.leases[ss.member] = ss.heldKeys(held)
-		r.end(endMigrate, keys, []any{ss.member, r.g.now().UnixMilli() + r.ttl.Milliseconds(), 2 * r.ttl.Milliseconds()})
-		r.end(endRelease, from, []any{ss.member, r.wake, "rl"})
+		r.end(endRelease, old[:], []any{ss.member, r.wake, "rl"})
 	}
 }
 

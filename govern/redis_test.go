@@ -793,3 +793,68 @@ func TestRedisAMovedInstancesSeatsCountOnItsNewService(t *testing.T) {
 	}
 	acquireOK(t, h, []Target{w3}, PhaseMixed, 0).Done()
 }
+
+// A seat whose return is under way (Done has taken its counters, its end
+// is not queued yet) as its instance moves to another service is removed
+// from the sets it is in. Before, MoveInstance skipped it (nothing held)
+// but already named the new service's sets for it, so the return removed
+// it from svc-b's sets, where it never was, and left it in svc-a's: 1
+// overall and 1 prefill member there, holding a seat of svc-a until its
+// lease expired.
+func TestRedisASeatReturnedAsItsInstanceMovesLeavesNothingBehind(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	c := parseConfig(t, `{"rate_limit":{"scope":"service","overall_concurrency":2}}`)
+	g := newGov(t, o, c)
+	cl := rs.client(t)
+	card := func(svc, part string) int64 {
+		t.Helper()
+		n, err := cl.ZCard(context.Background(), o.RedisPrefix+"{rl}:s:"+svc+":"+part).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, firstToken := range []bool{false, true} {
+		a := acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+		ss := a.ss
+		// Done's first half: the counters are taken from the seat...
+		var st uint64
+		for {
+			st = ss.state.Load()
+			bit := uint64(ssDoneBusy)
+			clear := uint64(ssHeld | ssActive)
+			if firstToken { // or FirstToken's: the prefill seat only
+				bit, clear = ssFTBusy, 1<<cPrefill
+			}
+			if ss.state.CompareAndSwap(st, st&^clear|bit) {
+				break
+			}
+		}
+		// ...the instance moves...
+		g.MoveInstance(Target{Instance: w1.Instance, Service: w3.Service})
+		// ...and the return is queued.
+		if firstToken {
+			g.rds.releaseSeat(ss, 1<<cPrefill)
+			ss.unbusy(ssFTBusy)
+			syncState(t, g)
+			if na, nb := card("svc-a", "prefill"), card("svc-b", "prefill"); na != 0 || nb != 0 {
+				t.Fatalf("prefill returned during the move: svc-a holds %d prefill seats, svc-b %d; want 0 and 0", na, nb)
+			}
+			if na, nb := card("svc-a", "overall"), card("svc-b", "overall"); na != 0 || nb != 1 {
+				t.Fatalf("prefill returned during the move: svc-a holds %d overall seats, svc-b %d; want 0 and 1", na, nb)
+			}
+			a.Done()
+		} else {
+			g.rds.releaseSeat(ss, st&ssHeld)
+			ss.unbusy(ssDoneBusy)
+		}
+		syncState(t, g)
+		for _, part := range []string{"overall", "prefill"} {
+			if na, nb := card("svc-a", part), card("svc-b", part); na != 0 || nb != 0 {
+				t.Fatalf("firstToken=%v, once idle: svc-a holds %d %s seats, svc-b %d", firstToken, na, part, nb)
+			}
+		}
+		g.MoveInstance(Target{Instance: w1.Instance, Service: w1.Service}) // back for the next round
+	}
+}
