@@ -130,6 +130,18 @@ type Worker struct {
 	handoff atomic.Uint64
 }
 
+// Ref names an engine across its worker's replacements: a worker replaced
+// by a reload or by discovery with the same id and address (another
+// Serial) is the same engine, holding what the old one held (its KV
+// cache, the responses it stored).
+type Ref struct{ ID, URL string }
+
+// Ref is w's engine.
+func (w *Worker) Ref() Ref { return Ref{w.ID, w.URL} }
+
+// Is reports whether w is the engine r names.
+func (r Ref) Is(w *Worker) bool { return r.ID == w.ID && r.URL == w.URL }
+
 // Handoff records (Worker.handoff).
 const (
 	handoffNone   = 0

@@ -15,8 +15,9 @@ import (
 // when it holds that response, so the follow-up goes to the worker that
 // answered the response it names. The router learns the id from the
 // answer's first read (a whole Response's "id", or a stream's first
-// event's "response":{"id":...}) and keeps which worker (its Serial: a
-// worker replaced by discovery or a reload is another worker) answered it,
+// event's "response":{"id":...}) and keeps which engine answered it (its
+// worker's id and address: a worker a reload or discovery replaced with the
+// same id and address is the same engine, which still holds the response),
 // for the last respAffinityMax ids. A follow-up whose worker is gone,
 // tried, open or full is routed as any request (the engine then says the
 // response is unknown).
@@ -29,12 +30,12 @@ var (
 	mPrevResponseUnknown = metrics.NewCounter(`infera_protocol_previous_response_total{result="unknown"}`)
 )
 
-// respAffinity maps response ids to the Serial of the worker that answered
-// them, the oldest evicted first.
+// respAffinity maps response ids to the engine that answered them, the
+// oldest evicted first.
 type respAffinity struct {
 	n    atomic.Int64 // entries, read without the lock
 	mu   sync.Mutex
-	m    map[string]uint32
+	m    map[string]fleet.Ref
 	ring []string // ids in the order learned; next is the oldest at capacity
 	next int
 }
@@ -49,10 +50,13 @@ func (a *respAffinity) learn(first []byte, w *fleet.Worker) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.m == nil {
-		a.m = make(map[string]uint32)
+		a.m = make(map[string]fleet.Ref)
 	}
 	if _, ok := a.m[string(id)]; ok {
-		a.m[string(id)] = w.Serial
+		// The first engine keeps it: vLLM lets a client choose a
+		// response's id (request_id), and a client that knew another's
+		// id must not move that conversation's follow-ups to an engine
+		// holding a response it planted.
 		return
 	}
 	key := string(id)
@@ -63,16 +67,16 @@ func (a *respAffinity) learn(first []byte, w *fleet.Worker) {
 		a.ring[a.next] = key
 		a.next = (a.next + 1) % respAffinityMax
 	}
-	a.m[key] = w.Serial
+	a.m[key] = w.Ref()
 	a.n.Store(int64(len(a.m)))
 }
 
-// lookup returns the Serial of the worker that answered the response a
-// Responses body's previous_response_id names; 0 when it names none or
+// lookup returns the engine that answered the response a Responses
+// body's previous_response_id names; the zero Ref when it names none or
 // one not known.
-func (a *respAffinity) lookup(body []byte) uint32 {
+func (a *respAffinity) lookup(body []byte) fleet.Ref {
 	if a.n.Load() == 0 {
-		return 0
+		return fleet.Ref{}
 	}
 	var prev []byte
 	forEachField(body, skipSpace(body, 0), func(k []byte, vs, ve int) error {
@@ -82,17 +86,17 @@ func (a *respAffinity) lookup(body []byte) uint32 {
 		return nil
 	})
 	if len(prev) == 0 {
-		return 0
+		return fleet.Ref{}
 	}
 	a.mu.Lock()
-	serial := a.m[string(prev)]
+	ref := a.m[string(prev)]
 	a.mu.Unlock()
-	if serial == 0 {
+	if ref.ID == "" {
 		mPrevResponseUnknown.Inc()
 	} else {
 		mPrevResponseRouted.Inc()
 	}
-	return serial
+	return ref
 }
 
 var (

@@ -137,9 +137,24 @@ func TestResponsesAffinityIsBounded(t *testing.T) {
 	if len(a.m) != respAffinityMax || len(a.ring) != respAffinityMax {
 		t.Fatalf("%d ids, ring %d", len(a.m), len(a.ring))
 	}
-	if a.lookup([]byte(`{"previous_response_id":"resp_3"}`)) != 0 || a.lookup([]byte(fmt.Sprintf(`{"previous_response_id":"resp_%d"}`, respAffinityMax+9))) != w.Serial {
+	if a.lookup([]byte(`{"previous_response_id":"resp_3"}`)) != (fleet.Ref{}) || a.lookup([]byte(fmt.Sprintf(`{"previous_response_id":"resp_%d"}`, respAffinityMax+9))) != w.Ref() {
 		t.Fatal("not the oldest evicted")
 	}
 }
 
-var fleetWorkerStub = fleet.Worker{Serial: 7}
+var fleetWorkerStub = fleet.Worker{Serial: 7, ID: "w7", URL: "http://10.0.0.7:8000"}
+
+// A response id learned again from another engine (vLLM lets a client
+// choose the id: request_id) keeps its first engine: another client who
+// knows the id cannot move the conversation's follow-ups to the engine
+// holding a response it planted under the same id.
+func TestAResponseIDKeepsTheEngineThatAnsweredItFirst(t *testing.T) {
+	var a respAffinity
+	first := &fleet.Worker{ID: "a", URL: "http://10.0.0.1:8000"}
+	other := &fleet.Worker{ID: "b", URL: "http://10.0.0.2:8000"}
+	a.learn([]byte(`{"id":"resp_victim"}`), first)
+	a.learn([]byte(`{"id":"resp_victim"}`), other)
+	if got := a.lookup([]byte(`{"previous_response_id":"resp_victim"}`)); got != first.Ref() {
+		t.Fatalf("the follow-up goes to %v, want the first engine %v", got, first.Ref())
+	}
+}

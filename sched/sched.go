@@ -38,11 +38,12 @@ type Request struct {
 	// mixed or decode worker, DirectPrefill the prefill worker.
 	DirectWorker  []byte
 	DirectPrefill []byte
-	// Prefer is the Serial of the worker r goes to when it is an available
+	// Prefer is the engine r goes to when its worker is an available
 	// candidate, before any layer (a Responses follow-up to the engine
-	// that stored its previous response); 0 for none. When it is not one
-	// (removed, tried, breaker open, full), the layers decide.
-	Prefer uint32
+	// that stored its previous response, also after a reload replaced its
+	// worker with the same id and address); the zero Ref for none. When it
+	// is not one (removed, tried, breaker open, full), the layers decide.
+	Prefer fleet.Ref
 	// Leg is the part of the request the next Acquire picks a worker for
 	// (pd.go): the whole request (LegMixed, the zero value), or a PD pair's
 	// prefill or decode leg (set with SetLeg).
@@ -436,7 +437,7 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 	case r.Leg == LegDecode:
 		d = s.pickDecode(cfg, avail, now) // pd.decode_policy
 	default:
-		if r.Prefer != 0 {
+		if r.Prefer.ID != "" {
 			d = preferred(avail, r.Prefer)
 		}
 		if d.Worker == nil {
@@ -456,11 +457,11 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 	return d, nil
 }
 
-// preferred is the decision for the worker of Serial serial among avail
+// preferred is the decision for the worker of engine ref among avail
 // (Request.Prefer); none when it is not among them.
-func preferred(avail []*fleet.Worker, serial uint32) Decision {
+func preferred(avail []*fleet.Worker, ref fleet.Ref) Decision {
 	for _, w := range avail {
-		if w.Serial == serial {
+		if ref.Is(w) {
 			return Decision{Worker: w, Layer: LayerAffinity, Reason: ReasonAffinityHit}
 		}
 	}

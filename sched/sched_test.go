@@ -567,9 +567,9 @@ func TestAnUnknownNameWhileAWorkersModelsArePendingIsNoWorkers(t *testing.T) {
 	}
 }
 
-// Request.Prefer sends a request to that worker when it is an available
-// candidate, before the layers; a tried one, or a Serial no worker has,
-// leaves the decision to them.
+// Request.Prefer sends a request to that engine's worker when it is an
+// available candidate, before the layers; a tried one, or an engine no
+// worker is, leaves the decision to them.
 func TestPickPrefersTheNamedWorker(t *testing.T) {
 	s, _ := newTestSched(t, rec("a", "s", "m"), rec("b", "s", "m"), rec("c", "s", "m"))
 	cfg := cfgWith(t, nil)
@@ -580,19 +580,41 @@ func TestPickPrefersTheNamedWorker(t *testing.T) {
 		}
 	}
 	for range 5 {
-		d := pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: b.Serial})
+		d := pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: b.Ref()})
 		if d.Worker != b || d.Layer != LayerAffinity || d.Reason != ReasonAffinityHit {
 			t.Fatalf("%s %v %v", d.Worker.ID, d.Layer, d.Reason)
 		}
 	}
-	if d := pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: b.Serial, Tried: []int{b.Idx}}); d.Worker == b {
+	if d := pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: b.Ref(), Tried: []int{b.Idx}}); d.Worker == b {
 		t.Fatal("a tried worker was preferred")
 	}
 	seen := map[string]bool{}
 	for range 6 {
-		seen[pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: 999}).Worker.ID] = true
+		seen[pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: fleet.Ref{ID: "b", URL: "http://elsewhere:1"}}).Worker.ID] = true
 	}
 	if len(seen) < 2 {
-		t.Fatalf("an unknown Serial decided: %v", seen)
+		t.Fatalf("an engine no worker is decided: %v", seen)
+	}
+	// A reload that replaces b's worker (same id and address, another
+	// model list: a new Serial) leaves the engine, and what it stored,
+	// where it was: the request still goes there (it was routed by the
+	// layers, to an engine that answered 404 for the response it named).
+	ref := b.Ref()
+	if err := s.Fleet.Upsert(rec("b", "s", "m", "m2")); err != nil {
+		t.Fatal(err)
+	}
+	var nb *fleet.Worker
+	for _, w := range s.Fleet.View().Routable {
+		if w.ID == "b" {
+			nb = w
+		}
+	}
+	if nb == nil || nb.Serial == b.Serial {
+		t.Fatal("the upsert did not replace b's worker")
+	}
+	for range 5 {
+		if d := pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: ref}); d.Worker != nb {
+			t.Fatalf("after b's worker was replaced: %s", d.Worker.ID)
+		}
 	}
 }
