@@ -231,7 +231,7 @@ func (c *Client) probeLoop(every time.Duration) {
 		}
 		c.mu.Unlock()
 		for _, s := range failed {
-			if err := c.denied(s.worker); err != nil {
+			if err := c.denied(s); err != nil {
 				s.fail(err)
 				continue
 			}
@@ -239,7 +239,7 @@ func (c *Client) probeLoop(every time.Duration) {
 			s.fail(wrap(ErrWorkerGone, s.worker))
 		}
 		for _, s := range lost {
-			if err := c.denied(s.worker); err != nil {
+			if err := c.denied(s); err != nil {
 				s.fail(err)
 				continue
 			}
@@ -264,16 +264,19 @@ func (c *Client) probeLoop(every time.Duration) {
 const maxOpenPerProbe = 1000
 
 // denied is ErrDenied when the broker's last error on this connection is
-// a permissions violation for the worker's request subject: the request
-// never reached the worker (which then does not know it, or the router's
-// user may not publish its probes either), so the router's NATS user is
-// at fault, not the worker. nil otherwise.
-func (c *Client) denied(worker string) error {
+// a permissions violation for the worker's request subject that came after
+// s was published: the request never reached the worker (which then does
+// not know it, or the router's user may not publish its probes either), so
+// the router's NATS user is at fault, not the worker. nil otherwise: nats.go
+// keeps a connection's last error until it reconnects, so a violation from
+// before the publish (rights granted since by a broker reload) says
+// nothing of s.
+func (c *Client) denied(s *Stream) error {
 	err := c.nc.LastError()
-	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) {
+	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) || err == s.lastErr {
 		return nil
 	}
-	subj := ReqSubject(worker)
+	subj := ReqSubject(s.worker)
 	if !strings.Contains(err.Error(), `"`+subj+`"`) {
 		return nil
 	}
@@ -510,6 +513,7 @@ func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream
 	}
 	s.reqIdle = req.Idle
 	s.firstByte = req.FirstByte
+	s.lastErr = c.nc.LastError() // denied: what the broker said before this publish
 	c.mu.Lock()
 	c.streams[id] = s
 	c.mu.Unlock()
@@ -582,6 +586,9 @@ type Stream struct {
 	deadline  time.Time
 	firstByte time.Time
 	timer     *time.Timer
+	// lastErr is the connection's LastError just before the request was
+	// published (Client.denied).
+	lastErr error
 	// readDeadline is the reader's bound on its next waits
 	// (SetReadDeadline); closeDelimited is HdrCloseDelimited of the head.
 	readDeadline   time.Time
