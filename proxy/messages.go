@@ -16,8 +16,9 @@ import (
 // retain them). Decoded JSON strings are never longer than their encoding,
 // so an arena of the spans' total length never reallocates and the strings
 // stay put. Steady state: no allocations unless messages
-// carry tool calls.
-func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *[]byte) []tokenizer.Message {
+// carry tool calls. A content given as parts keeps them (Message.Parts) only
+// with parts set: the tokenizer renders contents as parts.
+func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *[]byte, parts bool) []tokenizer.Message {
 	need := 0 // the decoded strings are no longer than the fields' values
 	for i := range spans {
 		sp := &spans[i]
@@ -49,7 +50,7 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *
 		m.Role = str(sp.role)
 		if c := sp.content; c.e > c.s && d[c.s] == '[' {
 			start := len(a)
-			a, m.Parts = appendTextParts(a, d, c.s, m.Parts)
+			a, m.Parts = appendTextParts(a, d, c.s, m.Parts, parts)
 			m.Content = arenaString(a[start:])
 			m.ContentArray = true
 		} else {
@@ -114,8 +115,9 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *
 // vLLM keeps them for a template that loops over the content: each text
 // part whose text is a string (its Text in a, which must not grow past its
 // capacity: decodeMessages' arena), and each image, audio or video part as
-// its modality.
-func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart) ([]byte, []tokenizer.ContentPart) {
+// its modality, when keep is set (the tokenizer renders parts: they cost 32
+// bytes each, where a flattened part costs nothing).
+func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep bool) ([]byte, []tokenizer.ContentPart) {
 	n := 0
 	forEachElem(d, i, func(ps, pe int) error {
 		if d[ps] != '{' {
@@ -132,14 +134,18 @@ func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart) ([]byte,
 			return nil
 		})
 		if m := partModality(d[typ.s:typ.e]); m != "" {
-			parts = append(parts, tokenizer.ContentPart{Type: m})
+			if keep {
+				parts = append(parts, tokenizer.ContentPart{Type: m})
+			}
 			return nil
 		}
 		if text.e-text.s < 2 || d[text.s] != '"' || !isJSONString(d[typ.s:typ.e], "text") {
 			return nil
 		}
 		if text.e-text.s == 2 {
-			parts = append(parts, tokenizer.ContentPart{Type: "text"})
+			if keep {
+				parts = append(parts, tokenizer.ContentPart{Type: "text"})
+			}
 			return nil
 		}
 		if n > 0 {
@@ -148,7 +154,9 @@ func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart) ([]byte,
 		n++
 		start := len(a)
 		a = unescape(a, d[text.s+1:text.e-1])
-		parts = append(parts, tokenizer.ContentPart{Type: "text", Text: arenaString(a[start:])})
+		if keep {
+			parts = append(parts, tokenizer.ContentPart{Type: "text", Text: arenaString(a[start:])})
+		}
 		return nil
 	})
 	return a, parts

@@ -29,7 +29,7 @@ func FuzzDecodeMessages(f *testing.F) {
 				b := &rs.parsed
 				arr := data[b.msgStart:b.msgEnd]
 				size := len(arr)
-				msgs := decodeMessages(nil, arr, b.msgSpans, &rs.arena)
+				msgs := decodeMessages(nil, arr, b.msgSpans, &rs.arena, true)
 				// Every decoded string lives in the arena, which never
 				// outgrows the messages array: nothing was reallocated
 				// under them.

@@ -533,3 +533,66 @@ func TestContentLoopingTemplatesGetContentPartsAsVLLMPassesThem(t *testing.T) {
 		t.Fatalf("continued: router encoded %q, want %q", tok.Decode(got), want)
 	}
 }
+
+// A content given as many parts costs the router no more than its text:
+// the parts are kept (32 bytes each, in a pooled message slot) only for a
+// template that gets contents as parts, and such a template, which builds
+// an object per part, renders at most maxRouteElems of them, as tool calls;
+// past that the chat is routed without tokens. Before, every part was kept
+// whatever the template, and all of them rendered: one request of 1.4
+// million image parts (29 MB) took the router from 47 to 329 MB RSS.
+func TestAContentOfManyPartsCostsNoMoreThanItsText(t *testing.T) {
+	manyParts := func(n int) string {
+		parts := make([]string, n) // n parts: text and image in turn
+		for i := range parts {
+			parts[i] = `{"type":"text","text":"a"}`
+			if i%2 == 1 {
+				parts[i] = `{"type":"image_url"}`
+			}
+		}
+		return `{"model":"m","messages":[{"role":"user","content":[` + strings.Join(parts, ",") + `]}]}`
+	}
+	tokenize := func(r *testRouter, body string) *reqState {
+		t.Helper()
+		rs := &reqState{}
+		if err := rs.parsed.parse([]byte(body), kindChat); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.srv.tokenize(rs, []byte(body), kindChat); err != nil {
+			t.Fatal(err)
+		}
+		return rs
+	}
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy = "kv-aware"
+	simple := startRouter(t, f, nil, up.url)
+	rs := tokenize(simple, manyParts(20000))
+	if rs.tokSkip || len(rs.tokens) == 0 {
+		t.Fatalf("the built-in tokenizer did not tokenize the chat (skipped %v)", rs.tokSkip)
+	}
+	if n := cap(rs.msgs[0].Parts); n != 0 {
+		t.Fatalf("a template that takes contents as strings: %d parts kept", n)
+	}
+
+	src := qwen3Dir(t)
+	tpl, err := os.ReadFile("../jinja/testdata/templates/hfjs-Qwen-Qwen2.5-VL-7B-Instruct.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	abs, _ := filepath.Abs(filepath.Join(src, "tokenizer.json"))
+	cfg, _ := json.Marshal(map[string]string{"chat_template": string(tpl), "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"})
+	if os.Symlink(abs, filepath.Join(dir, "tokenizer.json")) != nil || os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfg, 0o644) != nil {
+		t.Fatal("cannot write the tokenizer")
+	}
+	f = defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	parts := startRouter(t, f, nil, up.url)
+	if rs := tokenize(parts, manyParts(maxRouteElems)); rs.tokSkip || len(rs.msgs[0].Parts) != maxRouteElems {
+		t.Fatalf("%d parts: skipped %v, %d parts kept", maxRouteElems, rs.tokSkip, len(rs.msgs[0].Parts))
+	}
+	if rs := tokenize(parts, manyParts(maxRouteElems+1)); !rs.tokSkip {
+		t.Fatalf("%d parts rendered for routing, want at most %d", len(rs.msgs[0].Parts), maxRouteElems)
+	}
+}

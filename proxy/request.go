@@ -541,13 +541,21 @@ func (s *Server) hashPrompt(rs *reqState, body []byte, kind int) error {
 // small ones.
 const maxRouteMessages = 1024
 
-// maxRouteElems bounds the tool calls of the rendered messages, and the
+// maxRouteElems bounds the tool calls of the rendered messages (and their
+// content parts, for a template that gets contents as parts), and the
 // tools, for routing: the template builds objects for each (kilobytes
 // for a 40-byte call), so a body of many small ones would cost far more
 // than its size. Past it the chat is not tokenized (rs.tokSkip).
 const maxRouteElems = 1024
 
 var errTooManyElems = errors.New("too many elements to render for routing")
+
+// rendersParts reports whether t's chat template gets message contents as
+// lists of parts (tokenizer.HF.RendersContentParts).
+func rendersParts(t tokenizer.Tokenizer) bool {
+	p, ok := t.(interface{ RendersContentParts() bool })
+	return ok && p.RendersContentParts()
+}
 
 // elems counts the elements of the array at d[i], up to limit+1 (it
 // stops there).
@@ -589,6 +597,7 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 		arr := body[b.msgStart:b.msgEnd]
 		k, part, whole := routeMessages(arr, b.msgSpans, b.restSize, limit)
 		calls := 0
+		parts := rendersParts(s.o.Tokenizer)
 		for i := range b.msgSpans[:k] {
 			if c := b.msgSpans[i].toolCalls; c.e > c.s && arr[c.s] == '[' {
 				if calls += elems(arr, c.s, maxRouteElems-calls); calls > maxRouteElems {
@@ -597,9 +606,18 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 					return nil
 				}
 			}
+			// A template that loops over contents gets an object per
+			// content part, as per tool call.
+			if c := b.msgSpans[i].content; parts && c.e > c.s && arr[c.s] == '[' {
+				if calls += elems(arr, c.s, maxRouteElems-calls); calls > maxRouteElems {
+					rs.tokSkip = true
+					mTokenizeCut.Inc()
+					return nil
+				}
+			}
 		}
 		all := k == len(b.msgSpans) && b.restSize == 0
-		rs.msgs = decodeMessages(rs.msgs[:0], arr, b.msgSpans[:k], &rs.arena)
+		rs.msgs = decodeMessages(rs.msgs[:0], arr, b.msgSpans[:k], &rs.arena, parts)
 		f.Leading = !all
 		var err error
 		// As the engine renders it: the generation prompt unless the chat
