@@ -574,6 +574,18 @@ func checkBackends(f *config.Serve) error {
 	if f.DiscoveryBackend != discovery.BackendStatic && len(f.Workers) > 0 {
 		return fmt.Errorf("--workers is for --discovery-backend static; with %s workers register themselves (infera worker)", f.DiscoveryBackend)
 	}
+	if f.RequestTransport != "nats" && f.KVEventTransport != "nats" {
+		// The broker's credentials and TLS files would be neither read
+		// nor used: a router believed to authenticate (or to verify the
+		// broker) would not even check the files.
+		for _, fl := range [...]struct{ name, v string }{{"--nats-creds-file", f.NatsCredsFile}, {"--nats-nkey-seed-file", f.NatsNkeySeedFile},
+			{"--nats-tls-ca-file", f.NatsTLSCAFile}, {"--nats-tls-cert-file", f.NatsTLSCertFile}, {"--nats-tls-key-file", f.NatsTLSKeyFile}} {
+			if fl.v != "" {
+				return fmt.Errorf("%s is for the NATS broker, which this router does not use (--request-transport %s, --kv-event-transport %s): set --request-transport nats or --kv-event-transport nats, or drop it",
+					fl.name, f.RequestTransport, f.KVEventTransport)
+			}
+		}
+	}
 	return nil
 }
 

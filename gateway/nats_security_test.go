@@ -73,3 +73,22 @@ func TestABadNATSSeedFileRefusesTheRouterStart(t *testing.T) {
 		t.Fatalf("error %q: want the flag named, never the content", err)
 	}
 }
+
+// The broker's credential and TLS flags on a router that uses no broker
+// (HTTP requests, ZMQ KV events) refuse the start, as --workers with
+// another discovery does: they were accepted without a word, their files
+// not even read, by a router an operator believed authenticated.
+func TestNATSSecurityFlagsWithoutABrokerRefuseTheRouterStart(t *testing.T) {
+	for _, flag := range []string{"--nats-creds-file", "--nats-nkey-seed-file", "--nats-tls-ca-file", "--nats-tls-cert-file", "--nats-tls-key-file"} {
+		f := parseServe(t, "--workers", "a=http://127.0.0.1:1", "--worker-model", "m",
+			"--request-transport", "http", "--kv-event-transport", "zmq", flag, "/nonexistent/file")
+		g, err := New(f)
+		if err == nil {
+			g.Close()
+			t.Fatalf("%s: the router started without using NATS", flag)
+		}
+		if !strings.Contains(err.Error(), flag) || !strings.Contains(err.Error(), "does not use") {
+			t.Fatalf("%s: error %q does not name the flag and why", flag, err)
+		}
+	}
+}
