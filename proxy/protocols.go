@@ -344,6 +344,13 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 	if kind == kindCountTokens {
 		p.buf = chat
 		rs.parsed.model = p.meta.Model // the access log's model: no parse follows
+		if len(p.meta.Model) == 0 {
+			// As a Messages request's model "" is refused (parse).
+			mBadRequests.Inc()
+			countStatus(fasthttp.StatusBadRequest)
+			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, errEmptyModel.msg, errEmptyModel.param, "")
+			return nil, 0, 0, false
+		}
 		// The user's model list applies as to Messages (and as the engine
 		// applies it in passthrough mode after the router's check).
 		if u := rs.gov.user; u != nil && !s.allowsModel(cfg, u, p.meta.Model) {

@@ -593,6 +593,27 @@ func TestCountTokensWithTheRoutersTokenizer(t *testing.T) {
 	}
 }
 
+// An empty model name is refused by count_tokens as by Messages (400
+// "model must not be empty"); it was counted (200), even with a default
+// model, which Messages does not apply to "" either.
+func TestCountTokensForAnEmptyModelIsRefusedAsMessagesRefusesIt(t *testing.T) {
+	up := startChatEngine(t, &chatEngine{})
+	for _, routing := range []bool{false, true} {
+		cfg := config.Default()
+		cfg.ModelRouting.Enabled = routing
+		if routing {
+			cfg.ModelRouting.DefaultModel = "m"
+		}
+		r := startRouter(t, nil, cfg, up.url)
+		want, wantBody := postH(t, r.url+"/v1/messages", `{"model":"","max_tokens":3,"messages":[{"role":"user","content":"x"}]}`, nil)
+		resp, b := postH(t, r.url+"/v1/messages/count_tokens", `{"model":"","messages":[{"role":"user","content":"x"}]}`, nil)
+		if want.StatusCode != 400 || resp.StatusCode != want.StatusCode || !strings.Contains(b, `"type":"invalid_request_error","message":"model must not be empty"`) ||
+			!strings.Contains(b, `"request_id":"`+resp.Header.Get("Request-Id")+`"`) {
+			t.Fatalf("routing %v: count_tokens %d %s; messages %d %s", routing, resp.StatusCode, b, want.StatusCode, wantBody)
+		}
+	}
+}
+
 // Past --router-tokenize-max-bytes count_tokens extrapolates from the part
 // it encodes (Simple: 4 bytes a token, so the estimate is close), and tools
 // larger than the bound are refused in Anthropic's shape.
