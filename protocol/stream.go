@@ -113,6 +113,7 @@ type StreamConverter struct {
 	err error // the first conversion error; the stream is over
 
 	started, finished bool
+	failStatus        int  // the HTTP status of the failure the stream ended with (fail)
 	gotFinish         bool // a finish_reason arrived
 	refused           bool // the engine sent a refusal (chat's delta.refusal)
 	finish            []byte
@@ -347,6 +348,41 @@ func (c *StreamConverter) Failed() bool { return c.failed }
 
 // Err returns the conversion error that ended the stream, if any.
 func (c *StreamConverter) Err() error { return c.err }
+
+// FailStatus is the HTTP status of the failure a Failed stream ended with:
+// an engine's error chunk's code (400-599), else 502.
+func (c *StreamConverter) FailStatus() int { return c.failStatus }
+
+// EngineErrorStatus is the HTTP status an engine's error event stands for:
+// the "code" (400-599) of data's "error" object (vLLM's and SGLang's
+// {"error":{...,"code":400}}) or of data itself when it is the error
+// (older vLLM's {"object":"error",...,"code":400}); 0 when data holds none.
+func EngineErrorStatus(data []byte) int {
+	i := skipSpace(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		return 0
+	}
+	var errObj []byte
+	flatErr := false
+	end, err := walkObject(data, i, 0, func(k []byte, s, e int) error {
+		switch string(k) {
+		case "error":
+			if !isNull(data[s:e]) {
+				errObj = data[s:e]
+			}
+		case "object":
+			flatErr = strIs(data[s:e], "error")
+		}
+		return nil
+	})
+	if err != nil {
+		return 0
+	}
+	if flatErr {
+		errObj = data[i:end]
+	}
+	return engineErrorCode(errObj)
+}
 
 func (c *StreamConverter) failWith(err error) {
 	c.err = err
@@ -806,6 +842,7 @@ func (c *StreamConverter) end() {
 
 func (c *StreamConverter) fail(status int, typ, msg string) {
 	c.finished, c.failed = true, true
+	c.failStatus = status
 	if c.m.API == Responses {
 		c.rError(status, typ, msg)
 	} else {

@@ -556,10 +556,14 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	// The engine's error event in the stream's first bytes (vLLM's and
 	// SGLang's answer to a request that fails before its first token).
 	engineErr := sse && rs.engineError(first)
+	errStatus := 0
+	if engineErr {
+		errStatus = engineErrorStatus(first)
+	}
 	if eof {
 		f := rs.convFailure() // a whole converted stream the engine left incomplete
 		if f == nil && engineErr {
-			f = rs.engineStreamFailure(nil)
+			f = rs.engineStreamFailure(nil, errStatus)
 		}
 		if f != nil {
 			outcome = f.outcome()
@@ -577,15 +581,16 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	*rl = relay{
 		s: s, rs: rs, up: up,
 		buf: rs.rbuf, pending: first,
-		sse:       sse,
-		judgeEnd:  judge,
-		streamReq: rs.sreq.Stream,
-		idle:      rs.call.idle,
-		total:     rs.call.total,
-		client:    ctx.Conn(),
-		wto:       s.wto,
-		outcome:   outcome,
-		engineErr: engineErr,
+		sse:             sse,
+		judgeEnd:        judge,
+		streamReq:       rs.sreq.Stream,
+		idle:            rs.call.idle,
+		total:           rs.call.total,
+		client:          ctx.Conn(),
+		wto:             s.wto,
+		outcome:         outcome,
+		engineErr:       engineErr,
+		engineErrStatus: errStatus,
 	}
 	if rs.proto.relaying {
 		rl.st = &rs.proto // the relay transforms the answer (protocols.go)

@@ -32,6 +32,7 @@ const (
 	failSlowReader              // NATS: the client read the stream too slowly; its buffered replies overflowed
 	failUpstreamAuth            // an external upstream refused the gateway's own credentials (401, 403, 407)
 	failAnswerTooLarge          // a PD prefill answer outgrew what the router holds (not the worker's fault)
+	failEngineRefused           // the engine's error event inside a stream stands for a client error (4xx)
 	numFailKinds
 )
 
@@ -47,23 +48,24 @@ type failClass struct {
 }
 
 var failClasses = [numFailKinds]failClass{
-	failNone:         {sched.OutcomeNeutral, false, 502, typeServer, "upstream_error", "upstream error"},
-	failConnect:      {sched.OutcomeFault, true, 502, typeServer, "upstream_unreachable", "the selected worker could not be reached"},
-	failTimeout:      {sched.OutcomeFault, true, 504, typeTimeout, "timeout", "the worker timed out (no answer before the deadline)"},
-	failProtocol:     {sched.OutcomeFault, true, 502, typeServer, "upstream_protocol_error", "the worker sent an invalid response"},
-	failStatus:       {sched.OutcomeFault, true, 502, typeServer, "upstream_error", "the worker failed"},
-	failLocalConns:   {sched.OutcomeNeutral, true, 503, typeUnavailable, "router_connection_limit", "too many concurrent requests to the selected worker"},
-	failBusy:         {sched.OutcomeNeutral, true, 429, typeRateLimit, "worker_busy", "the selected worker is at capacity"},
-	failNoResponder:  {sched.OutcomeFault, true, 503, typeUnavailable, "worker_unavailable", "the selected worker is not serving requests"},
-	failBroker:       {sched.OutcomeNeutral, true, 503, typeUnavailable, "broker_unavailable", "the message broker is unavailable"},
-	failEngine:       {sched.OutcomeFault, true, 502, typeServer, "upstream_unreachable", "the worker could not reach its engine"},
-	failTooLarge:     {sched.OutcomeNeutral, false, 413, typeInvalidRequest, "request_too_large", "the request is too large for the request transport"},
-	failSpent:        {sched.OutcomeNeutral, false, 504, typeTimeout, "timeout", "the request deadline passed before a worker answered"},
-	failWallClock:    {sched.OutcomeNeutral, false, 504, typeTimeout, "timeout", "the request timed out (its total time limit passed)"},
-	failCanceled:     {sched.OutcomeNeutral, false, 499, typeInvalidRequest, "client_closed_request", "the client closed the request"},
-	failBroken:       {sched.OutcomeFault, false, 502, typeServer, "upstream_error", "the worker's response stream broke"},
-	failSlowReader:   {sched.OutcomeNeutral, false, 499, typeInvalidRequest, "client_too_slow", "the stream was cut: the client read it more slowly than the engine wrote it"},
-	failUpstreamAuth: {sched.OutcomeFault, true, 502, typeServer, "upstream_auth_error", "the upstream refused the gateway's credentials"},
+	failNone:          {sched.OutcomeNeutral, false, 502, typeServer, "upstream_error", "upstream error"},
+	failConnect:       {sched.OutcomeFault, true, 502, typeServer, "upstream_unreachable", "the selected worker could not be reached"},
+	failTimeout:       {sched.OutcomeFault, true, 504, typeTimeout, "timeout", "the worker timed out (no answer before the deadline)"},
+	failProtocol:      {sched.OutcomeFault, true, 502, typeServer, "upstream_protocol_error", "the worker sent an invalid response"},
+	failStatus:        {sched.OutcomeFault, true, 502, typeServer, "upstream_error", "the worker failed"},
+	failLocalConns:    {sched.OutcomeNeutral, true, 503, typeUnavailable, "router_connection_limit", "too many concurrent requests to the selected worker"},
+	failBusy:          {sched.OutcomeNeutral, true, 429, typeRateLimit, "worker_busy", "the selected worker is at capacity"},
+	failNoResponder:   {sched.OutcomeFault, true, 503, typeUnavailable, "worker_unavailable", "the selected worker is not serving requests"},
+	failBroker:        {sched.OutcomeNeutral, true, 503, typeUnavailable, "broker_unavailable", "the message broker is unavailable"},
+	failEngine:        {sched.OutcomeFault, true, 502, typeServer, "upstream_unreachable", "the worker could not reach its engine"},
+	failTooLarge:      {sched.OutcomeNeutral, false, 413, typeInvalidRequest, "request_too_large", "the request is too large for the request transport"},
+	failSpent:         {sched.OutcomeNeutral, false, 504, typeTimeout, "timeout", "the request deadline passed before a worker answered"},
+	failWallClock:     {sched.OutcomeNeutral, false, 504, typeTimeout, "timeout", "the request timed out (its total time limit passed)"},
+	failCanceled:      {sched.OutcomeNeutral, false, 499, typeInvalidRequest, "client_closed_request", "the client closed the request"},
+	failBroken:        {sched.OutcomeFault, false, 502, typeServer, "upstream_error", "the worker's response stream broke"},
+	failSlowReader:    {sched.OutcomeNeutral, false, 499, typeInvalidRequest, "client_too_slow", "the stream was cut: the client read it more slowly than the engine wrote it"},
+	failUpstreamAuth:  {sched.OutcomeFault, true, 502, typeServer, "upstream_auth_error", "the upstream refused the gateway's credentials"},
+	failEngineRefused: {sched.OutcomeNeutral, false, 400, typeInvalidRequest, "upstream_request_error", "the engine refused the request inside its stream"},
 	failAnswerTooLarge: {sched.OutcomeNeutral, false, 502, typeServer, "upstream_answer_too_large",
 		"the prefill answer exceeds the 8 MiB the router holds (what the request asked of it is too large)"},
 }

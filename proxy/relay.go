@@ -62,6 +62,9 @@ type relay struct {
 	// filtered), carried an error event (carriesError); the answer ends
 	// as an upstream error though the stream may end cleanly after it.
 	engineErr bool
+	// engineErrStatus is the HTTP status the engine's error event stands
+	// for (its code), 0 when it gave none.
+	engineErrStatus int
 }
 
 var relayPool = sync.Pool{New: func() any { return &relay{} }}
@@ -292,7 +295,33 @@ func (r *relay) noteEngineError(p []byte) {
 	if r.engineErr || !r.sse {
 		return
 	}
-	r.engineErr = r.rs.engineError(p)
+	if r.engineErr = r.rs.engineError(p); r.engineErr {
+		r.engineErrStatus = engineErrorStatus(p)
+	}
+}
+
+// engineErrorStatus is the HTTP status the first error event in the bytes p
+// of an event stream stands for (protocol.EngineErrorStatus of its data),
+// 0 when it gives none.
+func engineErrorStatus(p []byte) int {
+	for len(p) > 0 {
+		line := p
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			i = bytes.IndexByte(p, '\r')
+		}
+		if i >= 0 {
+			line, p = p[:i], p[i+1:]
+		} else {
+			p = nil
+		}
+		if data, ok := bytes.CutPrefix(line, dataField); ok {
+			if n := protocol.EngineErrorStatus(bytes.TrimRight(data, "\r")); n != 0 {
+				return n
+			}
+		}
+	}
+	return 0
 }
 
 // engineError reports whether the bytes p of an event stream answering rs
@@ -592,17 +621,25 @@ func (rs *reqState) convFailure() *failure {
 	if c == nil || !c.Failed() {
 		return nil
 	}
-	return rs.engineStreamFailure(c.Err())
+	return rs.engineStreamFailure(c.Err(), c.FailStatus())
 }
 
 // engineStreamFailure returns the failure of a stream whose engine reported
 // an error inside it (err, or errEngineStreamError when nil), counted as a
-// mid-stream error and logged against the worker.
-func (rs *reqState) engineStreamFailure(err error) *failure {
+// mid-stream error and logged against the worker. status is the HTTP
+// status the engine's error stands for (its code; 0 when it gave none): a
+// client error (4xx) is not the worker's fault, as a 4xx answer is not
+// (statusOutcome): a client whose requests fail inside the stream (an
+// over-long prompt, say) must not trip a healthy worker's breaker.
+func (rs *reqState) engineStreamFailure(err error, status int) *failure {
 	if err == nil {
 		err = errEngineStreamError
 	}
-	f := fail(failBroken, err)
+	kind := failBroken
+	if status >= 400 && status < 500 {
+		kind = failEngineRefused
+	}
+	f := fail(kind, err)
 	mMidStreamErr.Inc()
 	logUpstreamError(rs.lease.Worker, f)
 	return f
@@ -733,7 +770,7 @@ func (r *relay) CloseWithError(err error) error {
 		// ended: the client has the engine's error event; the answer is
 		// the worker's failure, as a converted stream's error chunk is.
 		r.up.finish(!r.cutAfterEnd)
-		outcome = rs.engineStreamFailure(nil).outcome()
+		outcome = rs.engineStreamFailure(nil, r.engineErrStatus).outcome()
 		end = endUpstreamErr
 	case r.upEOF:
 		r.up.finish(!r.cutAfterEnd)

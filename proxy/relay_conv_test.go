@@ -208,21 +208,29 @@ func TestAnEnginesKeepAlivesReachAConvertedStream(t *testing.T) {
 // error, a failure on the worker), as a converted stream's error chunk is.
 // It used to count as a complete stream. A model whose text is "error" or
 // holds a quoted {"error": ...} (escaped inside its JSON string) is a
-// complete stream.
+// complete stream. An error event whose code is a client error (4xx: a
+// prompt too long for the model, say) fails the request but is not the
+// worker's fault, as a 4xx answer is not: it was counted against the
+// worker, so a client sending such requests tripped a healthy worker's
+// breaker; the same holds in a converted stream.
 func TestAnEngineErrorEventInARelayedStreamIsTheWorkersFailure(t *testing.T) {
 	const chunk = `data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":%s},"finish_reason":null}]}` + "\n\n"
 	filtered := `{"model":"m","stream":true,"stream_options":{"include_usage":false},"messages":[{"role":"user","content":"hi"}]}`
 	plainStream := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 	for _, tc := range []struct {
 		name, body, event string
-		failed            bool
+		failed, blamed    bool
 	}{
-		{"vllm error object", plainStream, `data: {"error":{"message":"engine blew up","type":"InternalServerError","param":null,"code":500}}` + "\n\n", true},
-		{"older vllm error", plainStream, `data: {"object":"error","message":"engine blew up","type":"InternalServerError","param":null,"code":500}` + "\n\n", true},
-		{"usage filtered", filtered, `data: {"error": {"message":"engine blew up","code":500}}` + "\n\n", true},
-		{"text that says error", plainStream, fmt.Sprintf(chunk, `"error"`), false},
-		{"text holding an error object", plainStream, fmt.Sprintf(chunk, `"{\"error\": \"x\"}"`), false},
-		{"a null error field", plainStream, `data: {"error":null,"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":null}]}` + "\n\n", false},
+		{"vllm error object", plainStream, `data: {"error":{"message":"engine blew up","type":"InternalServerError","param":null,"code":500}}` + "\n\n", true, true},
+		{"older vllm error", plainStream, `data: {"object":"error","message":"engine blew up","type":"InternalServerError","param":null,"code":500}` + "\n\n", true, true},
+		{"usage filtered", filtered, `data: {"error": {"message":"engine blew up","code":500}}` + "\n\n", true, true},
+		{"no code", plainStream, `data: {"error":{"message":"out of KV blocks","type":"internal_error"}}` + "\n\n", true, true},
+		{"vllm client error", plainStream, `data: {"error":{"message":"prompt too long","type":"BadRequestError","param":null,"code":400}}` + "\n\n", true, false},
+		{"older vllm client error", plainStream, `data: {"object":"error","message":"prompt too long","type":"BadRequestError","param":null,"code":400}` + "\n\n", true, false},
+		{"usage filtered client error", filtered, `data: {"error": {"message":"prompt too long","code":422}}` + "\n\n", true, false},
+		{"text that says error", plainStream, fmt.Sprintf(chunk, `"error"`), false, false},
+		{"text holding an error object", plainStream, fmt.Sprintf(chunk, `"{\"error\": \"x\"}"`), false, false},
+		{"a null error field", plainStream, `data: {"error":null,"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":null}]}` + "\n\n", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up := startRaw(t, func(n int, req string, c net.Conn) {
@@ -241,10 +249,28 @@ func TestAnEngineErrorEventInARelayedStreamIsTheWorkersFailure(t *testing.T) {
 				t.Fatalf("%d %q", resp.StatusCode, b)
 			}
 			_, fails := r.fl.Get("w0").Counts()
+			errs := midStreamErrors()
+			var convFails uint64
+			if tc.failed {
+				// The same error in a converted stream.
+				body := `{"model":"m","stream":true,"max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`
+				if resp, b := send(t, "POST", r.url+"/v1/messages", "", "m", body); resp.StatusCode != 200 || !strings.Contains(b, "event: error") {
+					t.Fatalf("converted: %d %q", resp.StatusCode, b)
+				}
+				_, f2 := r.fl.Get("w0").Counts()
+				convFails = f2 - fails
+			}
 			l := byRequestID(lines())["s"]
 			if tc.failed {
-				if l == nil || l["end"] != "upstream_error" || midStreamErrors() != before+1 || fails != 1 {
-					t.Fatalf("engine error event: access log %v, mid-stream errors %d -> %d, worker failures %d", l, before, midStreamErrors(), fails)
+				want := 0
+				if tc.blamed {
+					want = 1
+				}
+				if l == nil || l["end"] != "upstream_error" || errs != before+1 || int(fails) != want {
+					t.Fatalf("engine error event: access log %v, mid-stream errors %d -> %d, worker failures %d (want %d)", l, before, errs, fails, want)
+				}
+				if int(convFails) != want {
+					t.Fatalf("converted stream: worker failures +%d, want +%d", convFails, want)
 				}
 				return
 			}
@@ -469,4 +495,20 @@ func FuzzChatErrorCheckIsWithinTheGeneralOne(f *testing.F) {
 			t.Fatalf("%q: an error event for a chat stream only", p)
 		}
 	})
+}
+
+func TestEngineErrorStatusReadsTheErrorEventsCode(t *testing.T) {
+	for in, want := range map[string]int{
+		"data: {\"x\":1}\n\ndata: {\"error\":{\"message\":\"m\",\"code\":400}}\n\n":     400,
+		"data:{\"object\":\"error\",\"message\":\"m\",\"code\":503}\r\n\r\n":            503,
+		"data: {\"error\":{\"message\":\"m\",\"code\":\"bad\"}}\n\n":                    0,
+		"data: {\"error\":{\"message\":\"m\"}}\n\n":                                     0,
+		"data: {\"error\":{\"message\":\"m\",\"code\":200}}\n\n":                        0,
+		"data: {\"id\":\"c\",\"choices\":[{\"delta\":{\"content\":\"code 400\"}}]}\n\n": 0,
+		"data: {\"error\":{\"code\":4":                                                  0,
+	} {
+		if got := engineErrorStatus([]byte(in)); got != want {
+			t.Errorf("%q: %d, want %d", in, got, want)
+		}
+	}
 }
