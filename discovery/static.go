@@ -294,6 +294,42 @@ func CheckConfigAgainstFlag(cfg *config.Config, workers []string) error {
 	return nil
 }
 
+// CheckSameEngine refuses two static workers, of --workers or of cfg's
+// workers, whose urls name one engine (fleet.EngineKey), naming both: each
+// became a worker of its own, and the engine got two shares of the
+// traffic, two breakers and two load counters that each saw half its
+// load. With --request-transport nats a worker's url is its sidecar's view
+// of its engine (http://127.0.0.1:8000 on every host), so it is not
+// checked.
+func CheckSameEngine(workers []string, cfg *config.Config, requestTransport string) error {
+	if requestTransport == "nats" {
+		return nil
+	}
+	type owner struct{ id, where string }
+	seen := map[string]owner{}
+	for _, spec := range workers {
+		id, u := workerSpec(spec)
+		if id == "" {
+			continue
+		}
+		k := fleet.EngineKey(u)
+		if o, dup := seen[k]; dup && o.id != id {
+			return fmt.Errorf("--workers: %q and %q name one engine, %s: give each engine one worker", o.id, id, fleet.EngineRoot(strings.TrimRight(u, "/")))
+		}
+		seen[k] = owner{id, "--workers"}
+	}
+	for i := range cfg.Workers {
+		r := cfg.Workers[i].Record()
+		k := fleet.EngineKey(r.URL)
+		if o, dup := seen[k]; dup && o.id != r.ID {
+			return &config.FieldError{Path: fmt.Sprintf("workers[%d].url", i),
+				Msg: fmt.Sprintf("worker %q names the engine of %s worker %q, %s: give each engine one worker", r.ID, o.where, o.id, fleet.EngineRoot(r.URL))}
+		}
+		seen[k] = owner{r.ID, fmt.Sprintf("workers[%d]", i)}
+	}
+	return nil
+}
+
 // workerSpec reads one --workers entry, URL or id=URL (a URL without a
 // scheme is http): its id and URL, "" for an empty entry.
 func workerSpec(spec string) (id, url string) {

@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -152,5 +153,24 @@ func TestAStaticWorkerRestartedWithAnotherModelIsAskedAgain(t *testing.T) {
 	}
 	if len(fl.View().ByModel["new"]) != 1 || len(fl.View().ByModel["old"]) != 0 {
 		t.Fatalf("after the engine changed its model the fleet serves %v", fl.View().Models)
+	}
+}
+
+// Over NATS a worker's url is its sidecar's view of its engine (the same
+// http://127.0.0.1:8000 on every host): two such workers are two engines.
+// Over HTTP they are one, however the url is spelt.
+func TestCheckSameEngineOnlyOverHTTP(t *testing.T) {
+	cfg := &config.Config{Workers: []config.WorkerSpec{{ID: "a", URL: "http://127.0.0.1:8000"}, {ID: "b", URL: "http://127.0.0.1:8000/"}}}
+	if err := CheckSameEngine(nil, cfg, "nats"); err != nil {
+		t.Fatalf("nats: %v", err)
+	}
+	if err := CheckSameEngine(nil, cfg, "http"); err == nil || !strings.Contains(err.Error(), `"a"`) || !strings.Contains(err.Error(), `"b"`) {
+		t.Fatalf("http: %v, want both ids named", err)
+	}
+	if err := CheckSameEngine([]string{"a=http://h:1", "b=https://h:1", "c=http://h:2"}, &config.Config{}, "http"); err != nil {
+		t.Fatalf("three engines: %v", err)
+	}
+	if err := CheckSameEngine([]string{"a=H:80", "b=http://h"}, &config.Config{}, "http"); err == nil {
+		t.Fatal("H:80 and http://h are one engine")
 	}
 }

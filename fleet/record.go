@@ -3,6 +3,7 @@ package fleet
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/url"
 	"slices"
 	"strconv"
@@ -136,6 +137,27 @@ func checkZMQEndpoint(ep string, dpSize int) error {
 		return fmt.Errorf("kv endpoint %q: want tcp://host:port with port + dp_size - 1 <= 65535", ep)
 	}
 	return nil
+}
+
+// EngineKey returns what names the engine a worker url reaches, for
+// telling whether two workers name one engine: scheme and host lower-case,
+// the default port spelt out, a trailing slash and an OpenAI base URL's
+// /v1 dropped (http://H:80/v1/ and http://h are one engine). A url that
+// does not parse is its own key.
+func EngineKey(raw string) string {
+	u, err := url.Parse(strings.TrimRight(EngineRoot(strings.TrimSpace(raw)), "/"))
+	if err != nil || u.Host == "" {
+		return raw
+	}
+	scheme := strings.ToLower(u.Scheme)
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if scheme == "https" {
+			port = "443"
+		}
+	}
+	return scheme + "://" + net.JoinHostPort(strings.ToLower(u.Hostname()), port) + u.EscapedPath()
 }
 
 // EngineRoot returns a worker url given as an OpenAI base URL

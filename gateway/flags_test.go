@@ -75,3 +75,57 @@ func TestAnUnusableWorkersFlagEntryRefusesTheStart(t *testing.T) {
 		t.Fatalf("error %q does not name --workers", err)
 	}
 }
+
+// Two static workers whose urls name one engine refuse the start, naming
+// both ids, wherever they come from (--workers twice, --workers and the
+// config file, the config file twice), and a reload that brings one is
+// refused: each became a worker, so the engine took two shares of the
+// traffic under two breakers and two load counters, each seeing half its
+// load.
+func TestTwoStaticWorkersNamingOneEngineRefuseTheStart(t *testing.T) {
+	refused := func(what string, cfg string, workers string, want ...string) {
+		t.Helper()
+		args := []string{"--worker-model", "sim-model", "--admin-port", "0", "--request-transport", "http", "--kv-event-transport", "zmq"}
+		if workers != "" {
+			args = append(args, "--workers", workers)
+		}
+		if cfg != "" {
+			path := filepath.Join(t.TempDir(), "infera.json")
+			os.WriteFile(path, []byte(cfg), 0o644)
+			args = append(args, "--config", path, "--config-poll", "0")
+		}
+		g, err := New(parseServe(t, args...))
+		if err == nil {
+			n := g.Workers()
+			g.Close()
+			t.Fatalf("%s: started with %d workers for one engine; want a start-up error naming both ids", what, n)
+		}
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				t.Fatalf("%s: error %q does not name %s", what, err, w)
+			}
+		}
+	}
+	refused("--workers twice", "", "a=http://127.0.0.1:18901,b=http://127.0.0.1:18901/v1/", `"a"`, `"b"`)
+	refused("--workers and the config file", `{"workers":[{"id":"a","url":"http://127.0.0.1:18901","models":["sim-model"]}]}`,
+		"http://127.0.0.1:18901", `"a"`, `"http://127.0.0.1:18901"`, "workers[0].url")
+	refused("the config file twice", `{"workers":[{"id":"a","url":"http://LOCALHOST:80","models":["sim-model"]},{"id":"b","url":"http://localhost","models":["sim-model"]}]}`,
+		"", `"a"`, `"b"`, "workers[1].url")
+
+	// A reload that brings one is refused; the fleet keeps its worker.
+	path := filepath.Join(t.TempDir(), "infera.json")
+	os.WriteFile(path, []byte(`{"workers":[{"id":"a","url":"http://127.0.0.1:18902","models":["sim-model"]}]}`), 0o644)
+	g, err := New(parseServe(t, "--workers", "w=http://127.0.0.1:18901", "--worker-model", "sim-model", "--admin-port", "0",
+		"--request-transport", "http", "--kv-event-transport", "zmq", "--config", path, "--config-poll", "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	os.WriteFile(path, []byte(`{"workers":[{"id":"a","url":"http://127.0.0.1:18901","models":["sim-model"]}]}`), 0o644)
+	if _, err := g.Store().Reload(); err == nil || !strings.Contains(err.Error(), `"w"`) {
+		t.Fatalf("reload naming w's engine for a: err %v, want it refused naming w", err)
+	}
+	if n := g.Workers(); n != 2 || g.Fleet().Get("a").URL != "http://127.0.0.1:18902" {
+		t.Fatalf("after the refused reload: %d workers, a at %s", n, g.Fleet().Get("a").URL)
+	}
+}

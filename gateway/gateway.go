@@ -181,6 +181,9 @@ func New(f *config.Serve) (*Gateway, error) {
 		if err := discovery.CheckWorkerFlag(f.Workers); err != nil {
 			return nil, err
 		}
+		if err := discovery.CheckSameEngine(f.Workers, &config.Config{}, f.RequestTransport); err != nil {
+			return nil, err
+		}
 		check := func(c *config.Config) error { return flagCheck(f, c) }
 		if err := startCheck(f, check(store.Load())); err != nil {
 			return nil, err
@@ -533,6 +536,9 @@ func startupBackup(f *config.Serve, store *config.Store) {
 func flagCheck(f *config.Serve, c *config.Config) error {
 	if f.DiscoveryBackend == discovery.BackendStatic {
 		if err := discovery.CheckConfigAgainstFlag(c, f.Workers); err != nil {
+			return err
+		}
+		if err := discovery.CheckSameEngine(f.Workers, c, f.RequestTransport); err != nil {
 			return err
 		}
 		return discovery.CheckStaticWorkers(c, f.RequestTransport, f.KVEventTransport)
