@@ -595,3 +595,66 @@ func TestKubeRelistWithTwoPodsOfOneIDKeepsTheWorker(t *testing.T) {
 		}
 	}
 }
+
+// Two Pods advertising one engine under two ids (a copied --advertise-url,
+// a Service url given to every worker) made two workers of it: the engine
+// took two shares of the traffic under two breakers. The router (over
+// HTTP) now routes to one of them, and the other joins when the first
+// leaves, by a watch event or a relist.
+func TestKubeTwoPodsAdvertisingOneEngineAreRoutedOnce(t *testing.T) {
+	f := newFakeKube("tok")
+	srv := startFakeKube(t, f)
+	pod := func(name, id string) podSpec {
+		return podSpec{ns: "infera", name: name, labels: workerLabels, phase: "Running", ready: true,
+			ann: strp(fmt.Sprintf(`{"id":%q,"url":"http://10.0.0.9:8100","models":["m"],"status":"ACTIVE"}`, id))}
+	}
+	f.set(pod("p1", "a"), false)
+	f.set(pod("p2", "b"), false)
+	fl := fleet.NewFleet(fleet.BreakerConfig{})
+	defer fl.Close()
+	fl.OneWorkerPerEngine()
+	w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "tok"}, KubeWatcherConfig{}, fl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(fl.View().All); n != 1 {
+		t.Fatalf("after the list: %d workers for one engine, want 1", n)
+	}
+	held := fl.View().All[0].ID
+	other, otherPod, heldPod := "b", "p2", "p1"
+	if held == "b" {
+		other, otherPod, heldPod = "a", "p1", "p2"
+	}
+	f.del("infera", heldPod)
+	waitFor(t, 5*time.Second, other+" joins when "+held+"'s Pod is deleted", func() bool {
+		v := fl.View()
+		return len(v.All) == 1 && v.All[0].ID == other
+	})
+	// A third Pod on that engine waits; a relist that no longer lists the
+	// routed Pod routes it at once.
+	f.set(pod("p3", "c"), false)
+	time.Sleep(200 * time.Millisecond)
+	if v := fl.View(); len(v.All) != 1 || v.All[0].ID != other {
+		t.Fatalf("p3 joined beside %s", other)
+	}
+	f.mu.Lock()
+	f.rv++
+	delete(f.pods, "infera/"+otherPod) // silently: only a relist sees it
+	f.mu.Unlock()
+	f.expire(false)
+	waitFor(t, 5*time.Second, "c joins after the relist", func() bool {
+		v := fl.View()
+		return len(v.All) == 1 && v.All[0].ID == "c"
+	})
+	p3 := pod("p3", "c")
+	p3.deleting = true
+	f.set(p3, false)
+	waitFor(t, 5*time.Second, "terminating p3 removed", func() bool { return len(fl.View().All) == 0 })
+}

@@ -69,13 +69,21 @@ type Fleet struct {
 	// still in flight, for a worker added again with the same ID and
 	// address (Worker.Load).
 	retired map[string]retiredLoad
+	// With onePerEngine (OneWorkerPerEngine), engines maps the
+	// EngineKey of each live worker's url to its id, and shadow holds, by
+	// id, the records left out because a live worker of another id names
+	// their engine: one of them joins when that engine is free again.
+	onePerEngine bool
+	engines      map[string]string
+	shadow       map[string]Record
 
 	ms *metrics.Set
 }
 
 // NewFleet returns an empty fleet whose workers use breaker settings bc.
 func NewFleet(bc BreakerConfig) *Fleet {
-	f := &Fleet{breaker: bc, byID: map[string]*Worker{}, retired: map[string]retiredLoad{}, ms: metrics.NewSet()}
+	f := &Fleet{breaker: bc, byID: map[string]*Worker{}, retired: map[string]retiredLoad{},
+		engines: map[string]string{}, shadow: map[string]Record{}, ms: metrics.NewSet()}
 	metrics.RegisterSet(f.ms)
 	f.view.Store(&View{ByModel: map[string][]*Worker{}, ByService: map[string][]*Worker{}})
 	// In the fleet's own set (not the default one) so that several fleets
@@ -112,6 +120,22 @@ func (f *Fleet) AddHook(h Hook) {
 	}
 }
 
+// OneWorkerPerEngine makes the fleet route to one worker per engine: a
+// record whose url names the engine of a live worker with another id
+// (EngineKey: the same engine registered twice, by two sidecars, a copied
+// --advertise-url, a stale record) is left out, with a warning naming both
+// ids, and joins once that engine is free again (its worker removed or
+// moved). Without it each became a worker, and the engine took two shares
+// of the traffic under two breakers and two load counters, each seeing
+// half its load. For servers that reach engines at their urls
+// (--request-transport http); over NATS a url is a sidecar's view of its
+// engine, the same on every host. Call before the first worker is added.
+func (f *Fleet) OneWorkerPerEngine() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.onePerEngine = true
+}
+
 // View returns the current snapshot.
 func (f *Fleet) View() *View { return f.view.Load() }
 
@@ -132,6 +156,7 @@ func (f *Fleet) Upsert(r Record) error {
 	if err := f.upsertLocked(r); err != nil {
 		return err
 	}
+	f.promoteLocked()
 	f.publishLocked()
 	return nil
 }
@@ -140,8 +165,13 @@ func (f *Fleet) Upsert(r Record) error {
 func (f *Fleet) Remove(id string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if _, ok := f.shadow[id]; ok {
+		delete(f.shadow, id)
+		return
+	}
 	if w := f.byID[id]; w != nil {
 		f.removeLocked(w)
+		f.promoteLocked()
 		f.publishLocked()
 	}
 }
@@ -175,16 +205,37 @@ func (f *Fleet) Sync(rs []Record) []error {
 		}
 		keep[r.ID] = true
 	}
+	for id := range f.shadow {
+		if !keep[id] {
+			delete(f.shadow, id)
+		}
+	}
 	for id, w := range f.byID {
 		if !keep[id] {
 			f.removeLocked(w)
 		}
 	}
+	f.promoteLocked()
 	f.publishLocked()
 	return errs
 }
 
 func (f *Fleet) upsertLocked(r Record) error {
+	if f.onePerEngine {
+		key := EngineKey(r.URL)
+		if other, held := f.engines[key]; held && other != r.ID {
+			if old := f.byID[r.ID]; old != nil {
+				f.removeLocked(old) // moved onto another worker's engine
+			}
+			if prev, had := f.shadow[r.ID]; !had || EngineKey(prev.URL) != key {
+				slog.Warn("two workers name one engine: routing to one of them (give each engine one worker)",
+					"engine", r.URL, "routed", other, "left_out", r.ID)
+			}
+			f.shadow[r.ID] = r
+			return nil
+		}
+		delete(f.shadow, r.ID)
+	}
 	if old := f.byID[r.ID]; old != nil {
 		if sameEndpoint(&old.Record, &r) {
 			old.draining.Store(r.Status == StatusDraining)
@@ -209,6 +260,9 @@ func (f *Fleet) upsertLocked(r Record) error {
 	}
 	f.registerMetrics(w)
 	f.byID[r.ID] = w
+	if f.onePerEngine {
+		f.engines[EngineKey(w.URL)] = w.ID
+	}
 	slog.Info("worker added", "id", w.ID, "url", w.URL, "models", w.Models, "role", w.Role.String())
 	return nil
 }
@@ -368,6 +422,11 @@ func (f *Fleet) releaseIdx(w *Worker) {
 
 func (f *Fleet) removeLocked(w *Worker) {
 	delete(f.byID, w.ID)
+	if f.onePerEngine {
+		if key := EngineKey(w.URL); f.engines[key] == w.ID {
+			delete(f.engines, key)
+		}
+	}
 	w.removed.Store(true)
 	f.releaseIdx(w)
 	f.retireLoad(w)
@@ -376,6 +435,31 @@ func (f *Fleet) removeLocked(w *Worker) {
 	}
 	f.unregisterMetrics(w)
 	slog.Info("worker removed", "id", w.ID, "url", w.URL)
+}
+
+// promoteLocked adds the left-out records (OneWorkerPerEngine) whose
+// engine no live worker names any more, in id order. Lock must be held.
+func (f *Fleet) promoteLocked() {
+	if len(f.shadow) == 0 {
+		return
+	}
+	ids := make([]string, 0, len(f.shadow))
+	for id := range f.shadow {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		r := f.shadow[id]
+		if _, held := f.engines[EngineKey(r.URL)]; held {
+			continue
+		}
+		delete(f.shadow, id)
+		if err := f.upsertLocked(r); err != nil {
+			slog.Error("worker left out for naming another worker's engine cannot join now that the engine is free", "worker", id, "err", err)
+			continue
+		}
+		slog.Info("worker left out for naming another worker's engine joins: the engine is free", "worker", id, "engine", r.URL)
+	}
 }
 
 func (f *Fleet) publishLocked() {

@@ -142,6 +142,12 @@ func New(f *config.Serve) (*Gateway, error) {
 		Cooldown:    f.BreakerCooldown(),
 		MaxCooldown: f.BreakerMaxCooldown(),
 	})
+	if f.RequestTransport == "http" {
+		// A url is where the router reaches the engine: one engine, one
+		// worker, whatever discovery says (over NATS a url is a sidecar's
+		// view of its engine, the same on every host).
+		g.fleet.OneWorkerPerEngine()
+	}
 	g.fleet.AddHook(&discovery.AgreementHook{RequestTransport: f.RequestTransport, KVTransport: f.KVEventTransport,
 		KVAware: policy == sched.PolicyKVAware, BlockSize: f.KVBlockSize})
 	if f.RequestTransport == "nats" || f.KVEventTransport == "nats" {
