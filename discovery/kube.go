@@ -278,7 +278,7 @@ func (w *KubeWatcher) list(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cannot build list request: %w", err)
 	}
-	resp, err := w.c.hc.Do(w.c.newRequest(req))
+	resp, err := w.c.do(req)
 	if err != nil {
 		return fmt.Errorf("cannot list pods: %w", err)
 	}
@@ -379,7 +379,7 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cannot build watch request: %w", err)
 	}
-	resp, err := w.c.hc.Do(w.c.newRequest(req))
+	resp, err := w.c.do(req)
 	if err != nil {
 		w.setHealth(false, err)
 		return fmt.Errorf("cannot watch pods: %w", err)

@@ -71,9 +71,8 @@ func (r *KubeRegistrar) patch(ctx context.Context, val *string) error {
 	if err != nil {
 		return fmt.Errorf("cannot build patch request: %w", err)
 	}
-	req = r.c.newRequest(req)
 	req.Header.Set("Content-Type", "application/merge-patch+json")
-	resp, err := r.c.hc.Do(req)
+	resp, err := r.c.do(req)
 	if err != nil {
 		return fmt.Errorf("cannot patch pod %s/%s: %w", r.namespace, r.pod, err)
 	}

@@ -157,7 +157,10 @@ func writeStatus(w http.ResponseWriter, code int, reason, msg string) {
 }
 
 func (f *fakeKube) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Header.Get("Authorization") != "Bearer "+f.token {
+	f.mu.Lock()
+	token := f.token // a test may rotate it
+	f.mu.Unlock()
+	if r.Header.Get("Authorization") != "Bearer "+token {
 		writeStatus(w, 401, "Unauthorized", "bad token")
 		return
 	}
@@ -657,4 +660,43 @@ func TestKubeTwoPodsAdvertisingOneEngineAreRoutedOnce(t *testing.T) {
 	p3.deleting = true
 	f.set(p3, false)
 	waitFor(t, 5*time.Second, "terminating p3 removed", func() bool { return len(fl.View().All) == 0 })
+}
+
+// A token file rotated to a new token, the old one refused at once (a
+// service account re-created, a kubeconfig tokenFile rewritten by a
+// credentials tool): the client kept the old token until a minute after it
+// last read the file, so discovery was down up to a minute. A 401 now makes
+// the next request read the file again, as client-go does.
+func TestKubeARotatedTokenFileIsReadAgainOnUnauthorized(t *testing.T) {
+	f := newFakeKube("old")
+	srv := startFakeKube(t, f)
+	tf := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tf, []byte("old\n"), 0o600)
+	f.set(podSpec{ns: "infera", name: "p1", labels: workerLabels, phase: "Running", ready: true, ann: strp(recJSON("w1"))}, false)
+	sink := newMemSink()
+	w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, TokenFile: tf}, KubeWatcherConfig{}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	f.token = "new"
+	f.mu.Unlock()
+	os.WriteFile(tf, []byte("new\n"), 0o600)
+	lists := f.lists.Load()
+	f.set(podSpec{ns: "infera", name: "p2", labels: workerLabels, phase: "Running", ready: true, ann: strp(recJSON("w2"))}, true)
+	f.expire(false) // the open watch ends: the next list sends the token
+	waitFor(t, 5*time.Second, "the relist with the rotated token finds w2", func() bool {
+		_, ok := sink.get("w2")
+		return ok && f.lists.Load() > lists
+	})
+	if ok, detail := w.Health(); !ok {
+		t.Fatalf("health: %s", detail)
+	}
 }

@@ -31,7 +31,7 @@ type KubeConfig struct {
 	// Server is the API base URL, e.g. https://10.0.0.1:443.
 	Server string
 	// Token is a bearer token; TokenFile, when set, is re-read every
-	// minute (projected service-account tokens rotate).
+	// minute (projected service-account tokens rotate) and after a 401.
 	Token     string
 	TokenFile string
 	// CAData verifies the API server (PEM).
@@ -261,6 +261,21 @@ func (c *kubeClient) bearer() string {
 		}
 	}
 	return c.token
+}
+
+// do sends req with the credentials. On a 401 the token file is read
+// again by the next request, as client-go does: a token rotated with the
+// old one refused at once (a re-created service account, a kubeconfig
+// tokenFile a credentials tool rewrote) was kept for up to a minute, and
+// discovery was down meanwhile.
+func (c *kubeClient) do(req *http.Request) (*http.Response, error) {
+	resp, err := c.hc.Do(c.newRequest(req))
+	if err == nil && resp.StatusCode == http.StatusUnauthorized && c.kc.TokenFile != "" {
+		c.mu.Lock()
+		c.tokenRead = time.Time{}
+		c.mu.Unlock()
+	}
+	return resp, err
 }
 
 func (c *kubeClient) newRequest(req *http.Request) *http.Request {
