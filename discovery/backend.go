@@ -37,8 +37,8 @@ type Options struct {
 	EtcdCAFile, EtcdCertFile, EtcdKeyFile string
 	EtcdUsername, EtcdPassword            string
 	// Kubernetes: --kubeconfig (empty: in-cluster), --k8s-namespace (empty:
-	// the service account's / kubeconfig context's namespace; "*" or
-	// "all": every namespace), --k8s-label-selector, --k8s-annotation.
+	// the service account's / kubeconfig context's namespace, "default"
+	// when the context names none; "*" or "all": every namespace), --k8s-label-selector, --k8s-annotation.
 	Kubeconfig       string
 	K8sNamespace     string
 	K8sLabelSelector string
@@ -77,7 +77,11 @@ func New(o Options, sink Sink) (Backend, error) {
 		ns := o.K8sNamespace
 		switch ns {
 		case "":
-			ns = kc.Namespace
+			// A context naming no namespace means "default", as kubectl
+			// reads it (not every namespace).
+			if ns = kc.Namespace; ns == "" {
+				ns = "default"
+			}
 		case "*", "all":
 			ns = ""
 		}

@@ -700,3 +700,38 @@ func TestKubeARotatedTokenFileIsReadAgainOnUnauthorized(t *testing.T) {
 		t.Fatalf("health: %s", detail)
 	}
 }
+
+// A kubeconfig whose context names no namespace means "default", as
+// kubectl reads it: discovery watched every namespace instead, and routed
+// to the worker Pods of any namespace the selector matched (a staging
+// copy of the fleet), or failed with 403 under a namespaced Role.
+func TestKubeconfigWithoutANamespaceWatchesTheDefaultOne(t *testing.T) {
+	f := newFakeKube("tok")
+	srv := startFakeKube(t, f)
+	f.set(podSpec{ns: "default", name: "p1", labels: workerLabels, phase: "Running", ready: true, ann: strp(recJSON("prod"))}, false)
+	f.set(podSpec{ns: "staging", name: "p1", labels: workerLabels, phase: "Running", ready: true, ann: strp(recJSON("staging"))}, false)
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	os.WriteFile(path, []byte(fmt.Sprintf("clusters:\n- name: c\n  cluster:\n    server: %s\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\nusers:\n- name: u\n  user:\n    token: tok\n", srv.URL)), 0o600)
+	sink := newMemSink()
+	b, err := StartSynced(Options{Backend: BackendKubernetes, Kubeconfig: path, K8sLabelSelector: "app=infera"}, sink, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, ok := sink.get("staging"); ok || sink.len() != 1 {
+		t.Fatalf("workers %v, want prod's alone", sink.m)
+	}
+	if _, detail := b.Health(); !strings.Contains(detail, "namespace default") {
+		t.Fatalf("health %q", detail)
+	}
+	// "all" still watches every namespace.
+	sink2 := newMemSink()
+	b2, err := StartSynced(Options{Backend: BackendKubernetes, Kubeconfig: path, K8sNamespace: "all", K8sLabelSelector: "app=infera"}, sink2, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	if sink2.len() != 2 {
+		t.Fatalf("all namespaces: workers %v", sink2.m)
+	}
+}
