@@ -56,6 +56,21 @@ func TestOneEngineRegisteredUnderTwoIDsIsRoutedOnce(t *testing.T) {
 	must(f.Upsert(rec("b", "http://10.0.0.1:8000")))
 	want("b moved onto a's engine", "a")
 
+	// The holder draining lets the other serve the engine meanwhile; the
+	// holder back to ACTIVE is then left out.
+	d := rec("a", "http://10.0.0.1:8000")
+	d.Status = StatusDraining
+	must(f.Upsert(d))
+	if v := f.View(); len(v.All) != 2 || len(v.Routable) != 1 || v.Routable[0].ID != "b" {
+		t.Fatalf("a draining: all %d, routable %v", len(v.All), v.Routable)
+	}
+	must(f.Upsert(rec("a", "http://10.0.0.1:8000")))
+	want("a active again, b holds the engine", "b")
+	f.Remove("b")
+	want("b removed: a joins", "a")
+	must(f.Upsert(rec("b", "http://10.0.0.1:8000")))
+	want("b names a's engine again", "a")
+
 	// A left-out worker removed is forgotten: a's removal adds nothing.
 	f.Remove("b")
 	f.Remove("a")

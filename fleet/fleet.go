@@ -124,8 +124,8 @@ func (f *Fleet) AddHook(h Hook) {
 // record whose url names the engine of a live worker with another id
 // (EngineKey: the same engine registered twice, by two sidecars, a copied
 // --advertise-url, a stale record) is left out, with a warning naming both
-// ids, and joins once that engine is free again (its worker removed or
-// moved). Without it each became a worker, and the engine took two shares
+// ids, and joins once that engine is free again (its worker removed,
+// moved or draining). Without it each became a worker, and the engine took two shares
 // of the traffic under two breakers and two load counters, each seeing
 // half its load. For servers that reach engines at their urls
 // (--request-transport http); over NATS a url is a sidecar's view of its
@@ -223,7 +223,7 @@ func (f *Fleet) Sync(rs []Record) []error {
 func (f *Fleet) upsertLocked(r Record) error {
 	if f.onePerEngine {
 		key := EngineKey(r.URL)
-		if other, held := f.engines[key]; held && other != r.ID {
+		if other, held := f.engineHolder(key, r.ID); held {
 			if old := f.byID[r.ID]; old != nil {
 				f.removeLocked(old) // moved onto another worker's engine
 			}
@@ -437,8 +437,24 @@ func (f *Fleet) removeLocked(w *Worker) {
 	slog.Info("worker removed", "id", w.ID, "url", w.URL)
 }
 
+// engineHolder returns the id of the live worker, other than id, whose
+// url names the engine key (OneWorkerPerEngine), unless it is draining:
+// the engine then serves through the other record meanwhile. Lock must be
+// held.
+func (f *Fleet) engineHolder(key, id string) (string, bool) {
+	other, ok := f.engines[key]
+	if !ok || other == id {
+		return "", false
+	}
+	if w := f.byID[other]; w == nil || w.Draining() {
+		return "", false
+	}
+	return other, true
+}
+
 // promoteLocked adds the left-out records (OneWorkerPerEngine) whose
-// engine no live worker names any more, in id order. Lock must be held.
+// engine no live worker names any more, or only a draining one, in id
+// order. Lock must be held.
 func (f *Fleet) promoteLocked() {
 	if len(f.shadow) == 0 {
 		return
@@ -450,7 +466,7 @@ func (f *Fleet) promoteLocked() {
 	sort.Strings(ids)
 	for _, id := range ids {
 		r := f.shadow[id]
-		if _, held := f.engines[EngineKey(r.URL)]; held {
+		if _, held := f.engineHolder(EngineKey(r.URL), id); held {
 			continue
 		}
 		delete(f.shadow, id)
