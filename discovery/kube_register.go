@@ -67,18 +67,40 @@ func (r *KubeRegistrar) patch(ctx context.Context, val *string) error {
 	u := r.c.base + "/api/v1/namespaces/" + url.PathEscape(r.namespace) + "/pods/" + url.PathEscape(r.pod)
 	tctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(tctx, http.MethodPatch, u, bytes.NewReader(body))
+	// A merge patch of one annotation is idempotent: one that failed for
+	// a passing reason (the API server restarting or overloaded, a token
+	// rotated: 401 reads the file again) is sent again within the timeout.
+	// Once was all: the DRAINING mark or the deregistration was lost, and
+	// the router kept routing to the draining worker, or to a worker
+	// whose engine is gone.
+	for delay := 200 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+		retry, err := r.patchOnce(tctx, u, body)
+		if err == nil || !retry {
+			return err
+		}
+		select {
+		case <-tctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+	}
+}
+
+// patchOnce sends one patch; retry says whether its failure may pass.
+func (r *KubeRegistrar) patchOnce(ctx context.Context, u string, body []byte) (retry bool, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPatch, u, bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("cannot build patch request: %w", err)
+		return false, fmt.Errorf("cannot build patch request: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/merge-patch+json")
 	resp, err := r.c.do(req)
 	if err != nil {
-		return fmt.Errorf("cannot patch pod %s/%s: %w", r.namespace, r.pod, err)
+		return true, fmt.Errorf("cannot patch pod %s/%s: %w", r.namespace, r.pod, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("cannot patch pod %s/%s: %w", r.namespace, r.pod, apiError(resp))
+		retry = resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode/100 == 5
+		return retry, fmt.Errorf("cannot patch pod %s/%s: %w", r.namespace, r.pod, apiError(resp))
 	}
-	return nil
+	return false, nil
 }

@@ -735,3 +735,82 @@ func TestKubeconfigWithoutANamespaceWatchesTheDefaultOne(t *testing.T) {
 		t.Fatalf("all namespaces: workers %v", sink2.m)
 	}
 }
+
+// The sidecar's patch of its Pod (the record, DRAINING, the removal) is
+// sent again when it fails for a passing reason: a 503 from an API server
+// restarting, a 401 after the token file rotated. It was sent once: the
+// DRAINING mark was lost and the router kept routing to a draining worker
+// (seen with a rotated token: "cannot mark DRAINING: ... 401").
+func TestKubeRegistrarRetriesAPatchThatFailedForAPassingReason(t *testing.T) {
+	f := newFakeKube("tok")
+	var fail atomic.Int64 // PATCHes to answer 503
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPatch && fail.Add(-1) >= 0 {
+			writeStatus(w, 503, "ServiceUnavailable", "apiserver is shutting down")
+			return
+		}
+		f.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	f.set(podSpec{ns: "infera", name: "p1", labels: workerLabels, phase: "Running", ready: true}, false)
+	tf := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tf, []byte("tok"), 0o600)
+	kc := &KubeConfig{Server: srv.URL, TokenFile: tf}
+	sink := newMemSink()
+	w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "tok"}, KubeWatcherConfig{Namespace: "infera"}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Close()
+	reg, err := NewKubeRegistrar(kc, "infera", "p1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	r := rec("w1", "http://10.0.0.1:8100")
+	fail.Store(2)
+	if err := reg.Register(ctx, r); err != nil {
+		t.Fatalf("register through two 503s: %v", err)
+	}
+	waitFor(t, 5*time.Second, "registered", func() bool { _, ok := sink.get("w1"); return ok })
+
+	// The token rotates, the old one refused at once: the DRAINING mark
+	// gets a 401, reads the file again and is sent again.
+	reg.c.bearer() // the old token cached
+	f.mu.Lock()
+	f.token = "tok2"
+	f.mu.Unlock()
+	os.WriteFile(tf, []byte("tok2"), 0o600)
+	r.Status = fleet.StatusDraining
+	if err := reg.Update(ctx, r); err != nil {
+		t.Fatalf("DRAINING after the token rotated: %v", err)
+	}
+	f.mu.Lock()
+	f.token = "tok" // the watcher's
+	f.mu.Unlock()
+	waitFor(t, 5*time.Second, "draining", func() bool { g, _ := sink.get("w1"); return g.Status == fleet.StatusDraining })
+
+	// A refusal that will not pass (403: RBAC) is not retried.
+	f.mu.Lock()
+	f.token = "tok"
+	f.mu.Unlock()
+	os.WriteFile(tf, []byte("tok"), 0o600)
+	fail.Store(1)
+	if err := reg.Deregister(ctx); err != nil {
+		t.Fatalf("deregister through a 503: %v", err)
+	}
+	waitFor(t, 5*time.Second, "deregistered", func() bool { _, ok := sink.get("w1"); return !ok })
+	forbidden := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeStatus(w, 403, "Forbidden", `pods "p1" is forbidden: User "x" cannot patch resource "pods"`)
+	}))
+	defer forbidden.Close()
+	reg2, _ := NewKubeRegistrar(&KubeConfig{Server: forbidden.URL, Token: "t"}, "infera", "p1", "")
+	start := time.Now()
+	if err := reg2.Register(ctx, rec("w1", "http://10.0.0.1:8100")); err == nil || !strings.Contains(err.Error(), "forbidden") {
+		t.Fatalf("403: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("a 403 was retried for %v", d)
+	}
+}
