@@ -142,6 +142,7 @@ const shortWatch = time.Second
 
 func (w *KubeWatcher) loop(ctx context.Context) {
 	var delay time.Duration
+	var listedAt time.Time
 	needList := true
 	for ctx.Err() == nil {
 		if needList {
@@ -155,7 +156,7 @@ func (w *KubeWatcher) loop(ctx context.Context) {
 				continue
 			}
 			w.setHealth(true, nil)
-			needList = false
+			needList, listedAt = false, time.Now()
 		}
 		err := w.watch(ctx)
 		if ctx.Err() != nil {
@@ -168,6 +169,15 @@ func (w *KubeWatcher) loop(ctx context.Context) {
 			// Resume from rv, but not in a tight loop (client-go's "very
 			// short watch").
 			w.st.log.Warn("kubernetes discovery: watch ended at once; retrying with a delay", "err", err)
+			delay = backoff(delay, 10*time.Second)
+			sleep(ctx, delay)
+		case errors.Is(err, errGone) && time.Since(listedAt) < shortWatch:
+			// The resource version of the list just made is already
+			// too old: relisting at once looped, thousands of lists a
+			// second against the API server.
+			w.st.relists.Inc()
+			w.st.log.Warn("kubernetes discovery: the listed resource version expired at once; relisting with a delay", "err", err)
+			needList = true
 			delay = backoff(delay, 10*time.Second)
 			sleep(ctx, delay)
 		case errors.Is(err, errGone):

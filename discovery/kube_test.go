@@ -246,10 +246,10 @@ func (f *fakeKube) watch(w http.ResponseWriter, r *http.Request, ns, sel string)
 	}
 	timeout, _ := strconv.Atoi(r.URL.Query().Get("timeoutSeconds"))
 	f.mu.Lock()
-	gone, httpGone := from < f.minRV, f.httpGone
+	gone, httpGone, minRV := from < f.minRV, f.httpGone, f.minRV
 	f.mu.Unlock()
 	if gone && httpGone {
-		writeStatus(w, 410, "Expired", fmt.Sprintf("too old resource version: %d (%d)", from, f.minRV))
+		writeStatus(w, 410, "Expired", fmt.Sprintf("too old resource version: %d (%d)", from, minRV))
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -121,6 +121,49 @@ func TestKubeWatchEndingAtOnceIsNotRetriedInATightLoop(t *testing.T) {
 	}
 }
 
+// A watch from the resource version a list just returned that is answered
+// 410 Gone (as a status or an ERROR event: an API server behind a load
+// balancer whose watch cache lags, or one that misbehaves) is relisted
+// with a growing delay: it was relisted at once, 3,600-7,200 full Pod
+// lists a second against the API server for as long as that went on. A
+// 410 on a watch that ran a while still relists at once.
+func TestKubeAResourceVersionExpiredAtOnceIsNotRelistedInATightLoop(t *testing.T) {
+	for _, httpGone := range []bool{true, false} {
+		f := newFakeKube("tok")
+		srv := startFakeKube(t, f)
+		f.set(podSpec{ns: "infera", name: "p1", labels: workerLabels, phase: "Running", ready: true, ann: strp(recJSON("w1"))}, false)
+		sink := newMemSink()
+		w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "tok"}, KubeWatcherConfig{}, sink)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Start()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := w.WaitSynced(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		f.mu.Lock()
+		f.minRV, f.httpGone = 1<<40, httpGone // every resource version too old
+		f.mu.Unlock()
+		l0 := f.lists.Load()
+		time.Sleep(2 * time.Second)
+		if n := f.lists.Load() - l0; n > 10 {
+			w.Close()
+			t.Fatalf("http 410 %v: %d lists in 2 s against a server that answers every watch 410", httpGone, n)
+		}
+		// The server heals: the watcher relists (within its delay) and
+		// watches again.
+		f.mu.Lock()
+		f.minRV = 0
+		f.mu.Unlock()
+		time.Sleep(3 * time.Second) // past the longest delay grown so far
+		f.set(podSpec{ns: "infera", name: "p2", labels: workerLabels, phase: "Running", ready: true, ann: strp(recJSON("w2"))}, false)
+		waitFor(t, 12*time.Second, "w2 seen once the server healed", func() bool { _, ok := sink.get("w2"); return ok })
+		w.Close()
+	}
+}
+
 // After an outage of a minute, etcd's clients came back up to two minutes
 // after etcd did (gRPC's reconnect backoff grows to 120 s): in 50 s
 // outages the watcher served its stale list for 13-27 s more, and a
