@@ -89,6 +89,15 @@ func TestOneEngineRegisteredUnderTwoIDsIsRoutedOnce(t *testing.T) {
 		t.Fatal(errs)
 	}
 	want("relist without a", "b", "c")
+	// A relist (a static reload) swapping two workers' engines converges
+	// in the one sync.
+	if errs := f.Sync([]Record{rec("b", "http://10.0.0.3:8000"), rec("c", "http://10.0.0.1:8000")}); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	want("swapped", "b", "c")
+	if f.Get("b").URL != "http://10.0.0.3:8000" || f.Get("c").URL != "http://10.0.0.1:8000" {
+		t.Fatalf("swap: b at %s, c at %s", f.Get("b").URL, f.Get("c").URL)
+	}
 	if errs := f.Sync(nil); len(errs) > 0 || len(f.shadow) != 0 || len(f.engines) != 0 {
 		t.Fatalf("empty relist: errs %v, shadow %v, engines %v", errs, f.shadow, f.engines)
 	}
