@@ -196,7 +196,10 @@ func TestServerRendersChatTemplateKwargs(t *testing.T) {
 	}
 	go func() { _ = srv.Serve(ln) }()
 	e := &testEngine{srv: srv, base: "http://" + ln.Addr().String()}
-	for kwargs, want := range map[string]int{``: 9, `,"chat_template_kwargs":{"enable_thinking":false}`: 13, `,"chat_template_kwargs":null`: 9} {
+	for kwargs, want := range map[string]int{``: 9, `,"chat_template_kwargs":{"enable_thinking":false}`: 13, `,"chat_template_kwargs":null`: 9,
+		// The request's own add_generation_prompt (true by default) is
+		// merged over the kwargs', as vLLM merges it (tokenizer.HF.render).
+		`,"chat_template_kwargs":{"add_generation_prompt":false}`: 9} {
 		code, b, _ := e.post(t, "/v1/chat/completions", `{"max_tokens":2,"messages":[{"role":"user","content":"hi"}]`+kwargs+`}`)
 		if code != 200 || !strings.Contains(string(b), `"prompt_tokens":`+strconv.Itoa(want)+`,`) {
 			t.Errorf("%s: %d %s, want prompt_tokens %d", kwargs, code, b, want)

@@ -635,7 +635,6 @@ func (s *Server) countTokens(ctx *fasthttp.RequestCtx, rs *reqState, chat []byte
 			return nil
 		})
 		f, _ := chatFieldsOf(tools, nil, kw) // the router's own kwargs: always renderable
-		f.Leading = !all
 		rs.render, err = tokenizer.RenderChatFields(tok, rs.render[:0], msgs[:k], f, all && !cont)
 		if err == nil && all && cont && k > 0 {
 			rs.render = tokenizer.ContinueFinalMessage(rs.render, tokenizer.FinalContent(tok, &msgs[k-1])) // a prefill is continued

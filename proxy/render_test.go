@@ -134,14 +134,20 @@ func TestAChatThatContinuesItsFinalMessageIsTokenizedAsTheEngineRendersIt(t *tes
 	}
 }
 
-// A chat's chat_template_kwargs reach the template as vLLM passes them:
-// its keys are template variables set over the request's own (Qwen3's
-// enable_thinking: false adds the empty think block to the generation
-// prompt; add_generation_prompt and tools are replaced), also in a stream
-// (whose body the router rewrites before tokenizing); documents reach it as
-// the request gives them. The router ignored them: the engine saw 13 tokens
-// where the router hashed and counted 9. Kwargs the router cannot render
-// as the engine would (another template) leave the chat without hashes.
+// A chat's chat_template_kwargs reach the template as vLLM (v0.19 and
+// later, through v0.28) passes them: its keys are template variables set
+// over the request's tools (Qwen3's enable_thinking: false adds the empty
+// think block to the generation prompt; tools are replaced), under the
+// request's own add_generation_prompt, continue_final_message, documents
+// and reasoning_effort (ChatCompletionRequest.build_chat_params merges
+// them over the kwargs with renderers.merge_kwargs), and a null or "auto"
+// value is dropped (ChatParams.with_defaults); also in a stream (whose
+// body the router rewrites before tokenizing). The router ignored them:
+// the engine saw 13 tokens where the router hashed and counted 9; then let
+// every kwarg win, so {"add_generation_prompt": false} was hashed 3
+// tokens short of the engine's prompt and {"tools": null} without the
+// request's tools. Kwargs the router cannot render as the engine would
+// (another template) leave the chat without hashes.
 func TestChatTemplateKwargsReachTheTemplateAsVLLMPassesThem(t *testing.T) {
 	dir := qwen3Dir(t)
 	up := startUpstream(t, okHandler)
@@ -185,9 +191,12 @@ func TestChatTemplateKwargsReachTheTemplateAsVLLMPassesThem(t *testing.T) {
 	f2("thinking off, streamed", `{"model":"m","stream":true,`+msgs+`,"chat_template_kwargs":{"enable_thinking":false}}`, user+gen+noThink)
 	f2("thinking on", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"enable_thinking":true}}`, user+gen)
 	f2("the last copy", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"enable_thinking":false},"chat_template_kwargs":null}`, user+gen)
-	f2("add_generation_prompt replaced", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"add_generation_prompt":false}}`, user)
+	f2("the request's add_generation_prompt", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"add_generation_prompt":false}}`, user+gen)
+	f2("the request's add_generation_prompt, false", `{"model":"m",`+msgs+`,"add_generation_prompt":false,"chat_template_kwargs":{"add_generation_prompt":true}}`, user)
+	f2("the request's continue_final_message", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"continue_final_message":true}}`, user+gen)
 	f2("tools replaced", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"tools":[`+tool+`]}}`, withTools)
-	f2("tools removed", `{"model":"m",`+msgs+`,"tools":[`+tool+`],"chat_template_kwargs":{"tools":null}}`, user+gen)
+	f2("null tools dropped", `{"model":"m",`+msgs+`,"tools":[`+tool+`],"chat_template_kwargs":{"tools":null}}`, withTools)
+	f2("null enable_thinking dropped", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"enable_thinking":null}}`, user+gen)
 	f2("another template", `{"model":"m",`+msgs+`,"chat_template_kwargs":{"chat_template":"{{ 1 }}"}}`, "")
 	f2("not an object", `{"model":"m",`+msgs+`,"chat_template_kwargs":[1]}`, "")
 	deep := strings.Repeat(`[`, 40) + strings.Repeat(`]`, 40)

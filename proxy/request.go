@@ -618,7 +618,6 @@ func (s *Server) tokenize(rs *reqState, body []byte, kind int) error {
 		}
 		all := k == len(b.msgSpans) && b.restSize == 0
 		rs.msgs = decodeMessages(rs.msgs[:0], arr, b.msgSpans[:k], &rs.arena, parts)
-		f.Leading = !all
 		var err error
 		// As the engine renders it: the generation prompt unless the chat
 		// turns it off or continues its final message (then cut after it).
@@ -725,9 +724,10 @@ func reasoningEffort(v []byte) string {
 // documents when they are arrays, chat_template_kwargs when it is not null.
 // ok is false when the router cannot render the chat as the engine would:
 // chat_template_kwargs is not an object, names a key with an escape, a
-// template of its own, or apply_chat_template's tokenize,
-// continue_final_message or conversation (or the messages: transformers
-// refuses them twice), or holds more than maxRouteElems values or nests
+// template of its own, or apply_chat_template's tokenize or conversation
+// (or the messages: transformers refuses them twice; a
+// continue_final_message there is the request's own, which vLLM merges
+// over it), or holds more than maxRouteElems values or nests
 // deeper than maxKwargsDepth; or documents hold more than maxRouteElems
 // values or nest deeper than maxKwargsDepth (the template gets an object
 // for each value: 256 KB of [{"text":[0,0,...]}] cost 54 MB and 90 ms of
@@ -758,7 +758,7 @@ func chatFieldsOf(tools, docs, kw []byte) (f tokenizer.ChatFields, ok bool) {
 				break // the model's template, as without it
 			}
 			return errTooManyElems
-		case "tokenize", "continue_final_message", "conversation", "messages":
+		case "tokenize", "conversation", "messages":
 			return errTooManyElems
 		}
 		if hasEscape(key) || !countValues(kw, vs, 1, &n) {

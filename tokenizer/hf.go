@@ -696,7 +696,7 @@ func (h *HF) RenderChatFields(dst []byte, msgs []Message, f ChatFields, addGener
 	if err != nil {
 		return dst, err
 	}
-	return h.render(dst, cv, msgsV, toolsV, docs, addGenerationPrompt, kw, f.ReasoningEffort, f.Leading)
+	return h.render(dst, cv, msgsV, toolsV, docs, addGenerationPrompt, kw, f.ReasoningEffort)
 }
 
 // parseFields parses f's documents (not cached: they change with every
@@ -746,25 +746,28 @@ func (h *HF) RenderChatJSON(dst []byte, messages, tools []byte, addGenerationPro
 	}
 	cv := acquireChatVars()
 	defer cv.release()
-	return h.render(dst, cv, msgs, toolsV, jinja.Undefined(), addGenerationPrompt, extra, "", false)
+	return h.render(dst, cv, msgs, toolsV, jinja.Undefined(), addGenerationPrompt, extra, "")
 }
 
 // applyChatTemplateParams are the parameters of transformers'
 // apply_chat_template that it consumes itself: given in
-// chat_template_kwargs they never reach the template as variables (tools,
-// documents and add_generation_prompt do, replacing the request's).
+// chat_template_kwargs they never reach the template as variables (tools
+// and documents do, as vLLM merges them: render).
 var applyChatTemplateParams = [...]string{"conversation", "chat_template", "continue_final_message", "tokenize",
 	"padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
 
 // render renders the template with msgs, tools, documents (None when
-// absent, as transformers passes them), add_generation_prompt and the special tokens, then extra's
-// keys over them, as transformers renders vLLM's chat_template_kwargs
-// (merged over the request's tools, documents and add_generation_prompt):
-// all but the parameters apply_chat_template consumes, and, when leading
-// (the leading messages of a longer chat, rendered as the earlier turn's
-// prompt), add_generation_prompt. A request's reasoning effort (effort,
-// "" when absent) is set over them as vLLM sets it (ChatFields).
-func (h *HF) render(dst []byte, cv *chatVars, msgs, tools, docs jinja.Value, addGen bool, extra *jinja.Object, effort string, leading bool) ([]byte, error) {
+// absent, as transformers passes them), add_generation_prompt and the
+// special tokens, then extra's keys (chat_template_kwargs) over them as
+// vLLM merges them (ChatCompletionRequest.build_chat_params, then
+// ChatParams.with_defaults in OnlineRenderer.preprocess_chat, both through
+// renderers.merge_kwargs, which drops the values None and "auto"): the
+// request's add_generation_prompt, continue_final_message, documents and
+// reasoning_effort (effort, "" when absent) are merged over the kwargs,
+// and the kwargs over the request's tools; a kwarg that is null or
+// "auto" is dropped; apply_chat_template's own parameters never become
+// variables.
+func (h *HF) render(dst []byte, cv *chatVars, msgs, tools, docs jinja.Value, addGen bool, extra *jinja.Object, effort string) ([]byte, error) {
 	if h.chat == nil {
 		return dst, ErrNoChatTemplate
 	}
@@ -776,7 +779,8 @@ func (h *HF) render(dst []byte, cv *chatVars, msgs, tools, docs jinja.Value, add
 	if tools.IsUndefined() {
 		tools = jinja.Null()
 	}
-	if docs.IsUndefined() {
+	docsGiven := !docs.IsUndefined() && docs.Kind() != jinja.KindNull
+	if !docsGiven {
 		docs = jinja.Null()
 	}
 	vars.Set("tools", tools)
@@ -787,8 +791,17 @@ func (h *HF) render(dst []byte, cv *chatVars, msgs, tools, docs jinja.Value, add
 	if extra != nil {
 	keys:
 		for _, k := range extra.Keys() {
-			if leading && k == "add_generation_prompt" {
-				continue
+			switch k {
+			case "add_generation_prompt":
+				continue // the request's own, always given (default true)
+			case "documents":
+				if docsGiven {
+					continue
+				}
+			case "reasoning_effort":
+				if effort != "" {
+					continue
+				}
 			}
 			for _, p := range applyChatTemplateParams {
 				if k == p {
@@ -796,11 +809,16 @@ func (h *HF) render(dst []byte, cv *chatVars, msgs, tools, docs jinja.Value, add
 				}
 			}
 			v, _ := extra.Get(k)
+			if v.Kind() == jinja.KindNull || v.Kind() == jinja.KindString && v.Str() == "auto" {
+				continue // merge_kwargs' unset values
+			}
 			vars.Set(k, v)
 		}
 	}
 	if effort != "" {
 		vars.Set("reasoning_effort", jinja.String(effort))
+		// vLLM adds enable_thinking unless the kwargs name it (even as
+		// null, which merge_kwargs then drops).
 		if _, given := extra.Get("enable_thinking"); !given {
 			vars.Set("enable_thinking", jinja.Bool(effort != "none"))
 		}

@@ -287,10 +287,9 @@ func TestLoadSmall(t *testing.T) {
 
 // A request's documents and chat_template_kwargs reach the template as vLLM
 // passes them to transformers: documents as the request gives them, each
-// kwarg a variable set over the others (tools, documents,
-// add_generation_prompt, bos_token) except apply_chat_template's own
-// parameters, which it consumes; a leading part of a chat is rendered
-// without a generation prompt whatever the kwargs say. Booleans print as
+// kwarg a variable set over tools and bos_token, under the request's
+// add_generation_prompt and documents (TestRequestFieldsAreMergedOverKwargsAsVLLMMergesThem),
+// except apply_chat_template's own parameters, which it consumes. Booleans print as
 // Python's str writes them (True), as vLLM's template prints them.
 func TestChatFieldsReachTheTemplateAsVLLMPassesThem(t *testing.T) {
 	loadQwen3(t)
@@ -335,10 +334,65 @@ func TestChatFieldsReachTheTemplateAsVLLMPassesThem(t *testing.T) {
 	check("kwargs", ChatFields{Documents: docs, Tools: []byte(`[1]`),
 		Kwargs: []byte(`{"x":{"k":[1,"s"]},"add_generation_prompt":false,"bos_token":"<s>","tools":[1,2],"documents":[],` +
 			`"tokenize":true,"chat_template":"ignored","continue_final_message":true}`)}, true,
-		`1|2|False|<s>|{"k": [1, "s"]}|FalseFalseFalse`)
-	check("leading", ChatFields{Kwargs: []byte(`{"add_generation_prompt":true}`), Leading: true}, false, `1|none|False||-|FalseFalseFalse`)
+		`[a:one][b:two]1|2|True|<s>|{"k": [1, "s"]}|FalseFalseFalse`)
+	check("kwargs' generation prompt", ChatFields{Kwargs: []byte(`{"add_generation_prompt":true}`)}, false, `1|none|False||-|FalseFalseFalse`)
 	if _, err := RenderChatFields(h, nil, msgs, ChatFields{Kwargs: []byte(`[1]`)}, true); err == nil {
 		t.Error("chat_template_kwargs that are not an object were rendered")
+	}
+}
+
+// chat_template_kwargs are merged with the request's own fields as vLLM
+// (v0.19 and later, through v0.28) merges them: build_chat_params sets the
+// request's add_generation_prompt, continue_final_message, documents and
+// reasoning_effort over the kwargs (renderers.merge_kwargs, which skips
+// the request's None values), then OnlineRenderer.preprocess_chat's
+// ChatParams.with_defaults sets the result over the request's tools,
+// dropping the kwargs' None and "auto" values. The router let every kwarg
+// win: a client's {"add_generation_prompt": false} cut the generation
+// prompt the engine renders, a {"tools": null} dropped the request's
+// tools the engine renders, and {"enable_thinking": null} reached the
+// template as None where the engine's gets nothing.
+func TestRequestFieldsAreMergedOverKwargsAsVLLMMergesThem(t *testing.T) {
+	loadQwen3(t)
+	dir := t.TempDir()
+	if err := os.Symlink(mustAbs(t, qwen3Dir+"/tokenizer.json"), filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := json.Marshal(map[string]string{"chat_template": `{{ add_generation_prompt }}|{{ documents | tojson }}|` +
+		`{{ tools | tojson }}|{{ 'undef' if x is undefined else x }}|{{ reasoning_effort | default('-') }}|` +
+		`{{ 'undef' if enable_thinking is undefined else enable_thinking }}`})
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []Message{{Role: "user", Content: "hi"}}
+	for _, c := range []struct {
+		name   string
+		f      ChatFields
+		addGen bool
+		want   string
+	}{
+		{"the request's generation prompt", ChatFields{Kwargs: []byte(`{"add_generation_prompt":false}`)}, true, `True|null|null|undef|-|undef`},
+		{"the request's documents", ChatFields{Documents: []byte(`[{"t":"r"}]`), Kwargs: []byte(`{"documents":[{"t":"k"}]}`)}, true, `True|[{"t": "r"}]|null|undef|-|undef`},
+		{"the kwargs' documents", ChatFields{Kwargs: []byte(`{"documents":[{"t":"k"}]}`)}, true, `True|[{"t": "k"}]|null|undef|-|undef`},
+		{"the kwargs' tools", ChatFields{Tools: []byte(`[1]`), Kwargs: []byte(`{"tools":[2]}`)}, true, `True|null|[2]|undef|-|undef`},
+		{"null tools dropped", ChatFields{Tools: []byte(`[1]`), Kwargs: []byte(`{"tools":null}`)}, true, `True|null|[1]|undef|-|undef`},
+		{"null and auto dropped", ChatFields{Kwargs: []byte(`{"x":null,"enable_thinking":"auto"}`)}, true, `True|null|null|undef|-|undef`},
+		{"other values kept", ChatFields{Kwargs: []byte(`{"x":"Auto"}`)}, true, `True|null|null|Auto|-|undef`},
+		{"the request's effort", ChatFields{ReasoningEffort: "low", Kwargs: []byte(`{"reasoning_effort":"high"}`)}, true, `True|null|null|undef|low|True`},
+		{"the kwargs' effort", ChatFields{Kwargs: []byte(`{"reasoning_effort":"high"}`)}, true, `True|null|null|undef|high|undef`},
+		{"a null enable_thinking named", ChatFields{ReasoningEffort: "none", Kwargs: []byte(`{"enable_thinking":null}`)}, true, `True|null|null|undef|none|undef`},
+	} {
+		got, err := RenderChatFields(h, nil, msgs, c.f, c.addGen)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if string(got) != c.want {
+			t.Errorf("%s: rendered %q, want %q", c.name, got, c.want)
+		}
 	}
 }
 
@@ -365,7 +419,7 @@ func TestReasoningEffortIsATemplateVariableAsVLLMPassesIt(t *testing.T) {
 		{"low", "", "low|True"},
 		{"none", "", "none|False"},
 		{"max", `{"reasoning_effort":"low","enable_thinking":false}`, "max|False"},
-		{"none", `{"enable_thinking":null}`, "none|None"},
+		{"none", `{"enable_thinking":null}`, "none|"}, // named, so not set; then dropped as None
 		{"", `{"reasoning_effort":"low"}`, "low|"},
 		{"", "", "|"},
 	} {

@@ -70,10 +70,12 @@ type ChatFields struct {
 	// Documents is the documents array (RAG templates read it).
 	Documents []byte
 	// Kwargs is chat_template_kwargs, a JSON object (or null): its keys
-	// are template variables set over the others (tools, documents,
-	// add_generation_prompt, bos_token, ...), as vLLM merges them, for
-	// example Qwen3's enable_thinking. apply_chat_template's own parameters
-	// (chat_template, continue_final_message, ...) are not variables.
+	// are template variables merged as vLLM merges them (HF.render): over
+	// tools and the special tokens, under the request's own
+	// add_generation_prompt, documents and reasoning_effort, for example
+	// Qwen3's enable_thinking; a null or "auto" value is dropped.
+	// apply_chat_template's own parameters (chat_template,
+	// continue_final_message, ...) are not variables.
 	Kwargs []byte
 	// ReasoningEffort is the request's reasoning_effort ("" when absent or
 	// null). vLLM passes it to the template as the reasoning_effort
@@ -83,10 +85,6 @@ type ChatFields struct {
 	// ChatCompletionRequest.build_chat_params, merged with
 	// renderers.merge_kwargs).
 	ReasoningEffort string
-	// Leading: the messages are the leading part of a longer chat,
-	// rendered as the prompt of the earlier turn that ended there, so
-	// Kwargs' add_generation_prompt does not apply.
-	Leading bool
 }
 
 // FieldsRenderer is a Tokenizer whose chat template reads ChatFields (HF;
