@@ -31,6 +31,11 @@ func TestContentPartsRenderJoinedAsTheRouterJoinsThem(t *testing.T) {
 	f(`[{"type":"text","text":""},{"type":"text","text":"a"},{"type":"text","text":""},{"type":"text","text":"b"}]`, "a\nb")
 	f(`[{"text":"untyped"},{"type":"image_url","text":"not text"},{"type":"text","text":"only"}]`, "only")
 	f(`[{"type":"\u0074ext","text":"escaped type"}]`, "escaped type")
+	// vLLM's other text part types (chat_utils' TEXT_PART_TYPES), which
+	// the engine, as the router, skipped: Responses-style input_text and
+	// output_text, a refusal's "refusal", a thinking part's "thinking".
+	f(`[{"type":"input_text","text":"a"},{"type":"refusal","refusal":"r"},{"type":"thinking","thinking":"t"},`+
+		`{"type":"output_text"},{"type":"refusal","text":"not its key"},{"type":"output_text","text":"o"}]`, "a\nr\nt\no")
 }
 
 // bosSimple is the Simple tokenizer with a BOS (id 7) before a plain

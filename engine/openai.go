@@ -81,8 +81,10 @@ type messageWire struct {
 }
 
 type contentPart struct {
-	Type string  `json:"type"`
-	Text *string `json:"text"`
+	Type     string  `json:"type"`
+	Text     *string `json:"text"`
+	Refusal  *string `json:"refusal"`
+	Thinking *string `json:"thinking"`
 }
 
 // errBadRequest marks client errors (400).
@@ -184,7 +186,7 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 // flattenContent sets m's content from raw (a string, null, or an array of
 // parts) as the router sets it (proxy.decodeMessages): Content as vLLM
 // flattens it for a template that takes content as a string (the non-empty
-// texts of the "type": "text" parts, joined by "\n"), and for an array
+// texts of the text parts, of vLLM's text part types, joined by "\n"), and for an array
 // its text parts (and media parts, as their modality) for a template that
 // loops over the content.
 func flattenContent(m *tokenizer.Message, raw json.RawMessage) error {
@@ -213,18 +215,38 @@ func flattenContent(m *tokenizer.Message, raw json.RawMessage) error {
 			case "video_url":
 				m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "video"})
 			}
-			if p.Type != "text" || p.Text == nil {
+			// vLLM's text part types (chat_utils' TEXT_PART_TYPES), each
+			// a text part; a null text drops a "text" or "refusal" part,
+			// and the others only from the joined string.
+			var text *string
+			keepNone := false
+			switch p.Type {
+			case "text":
+				text = p.Text
+			case "input_text", "output_text":
+				text, keepNone = p.Text, true
+			case "refusal":
+				text = p.Refusal
+			case "thinking":
+				text, keepNone = p.Thinking, true
+			default:
 				continue
 			}
-			m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "text", Text: *p.Text})
-			if *p.Text == "" {
+			if text == nil {
+				if keepNone {
+					m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "text", NullText: true})
+				}
+				continue
+			}
+			m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "text", Text: *text})
+			if *text == "" {
 				continue
 			}
 			if n > 0 {
 				sb = append(sb, '\n')
 			}
 			n++
-			sb = append(sb, *p.Text...)
+			sb = append(sb, *text...)
 		}
 		m.Content = string(sb)
 		return nil

@@ -109,27 +109,37 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *
 
 // appendTextParts appends the text of the content parts array at d[i] as
 // vLLM flattens it for a template that takes content as a string: the
-// non-empty texts of the parts of type "text", joined by "\n" (the last of
+// non-empty texts of its text parts, joined by "\n" (the last of
 // duplicate keys counts, as for the engine's JSON decoder). The result is
 // never longer than the array's JSON. It appends to parts the parts as
 // vLLM keeps them for a template that loops over the content: each text
-// part whose text is a string (its Text in a, which must not grow past its
-// capacity: decodeMessages' arena), and each image, audio or video part as
-// its modality, when keep is set (the tokenizer renders parts: they cost 32
-// bytes each, where a flattened part costs nothing).
+// part (its Text in a, which must not grow past its capacity:
+// decodeMessages' arena), and each image, audio or video part as its
+// modality, when keep is set (the tokenizer renders parts: they cost 32
+// bytes each, where a flattened part costs nothing). Text parts are
+// vLLM's TEXT_PART_TYPES (chat_utils' _parse_chat_message_content_part):
+// "text", "input_text" and "output_text" (their "text"), "refusal" (its
+// "refusal") and "thinking" (its "thinking"), each a {"type": "text"}
+// part; one whose text is null or absent is dropped, except that an
+// "input_text", "output_text" or "thinking" part stays a part (its text
+// None) for a template that loops.
 func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep bool) ([]byte, []tokenizer.ContentPart) {
 	n := 0
 	forEachElem(d, i, func(ps, pe int) error {
 		if d[ps] != '{' {
 			return nil
 		}
-		var typ, text span
+		var typ, text, refusal, thinking span
 		forEachField(d, ps, func(k []byte, ks, ke int) error {
 			switch string(k) {
 			case "type":
 				typ = span{ks, ke}
 			case "text":
 				text = span{ks, ke}
+			case "refusal":
+				refusal = span{ks, ke}
+			case "thinking":
+				thinking = span{ks, ke}
 			}
 			return nil
 		})
@@ -139,7 +149,26 @@ func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep boo
 			}
 			return nil
 		}
-		if text.e-text.s < 2 || d[text.s] != '"' || !isJSONString(d[typ.s:typ.e], "text") {
+		t := d[typ.s:typ.e]
+		keepNone := false
+		switch {
+		case isJSONString(t, "text"):
+		case isJSONString(t, "input_text"), isJSONString(t, "output_text"):
+			keepNone = true
+		case isJSONString(t, "refusal"):
+			text = refusal
+		case isJSONString(t, "thinking"):
+			text, keepNone = thinking, true
+		default:
+			return nil
+		}
+		if text.e == text.s || d[text.s] == 'n' {
+			if keepNone && keep {
+				parts = append(parts, tokenizer.ContentPart{Type: "text", NullText: true})
+			}
+			return nil
+		}
+		if text.e-text.s < 2 || d[text.s] != '"' {
 			return nil
 		}
 		if text.e-text.s == 2 {

@@ -15,6 +15,7 @@ func FuzzDecodeMessages(f *testing.F) {
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x\ud83d\ude00"}],"tool_calls":[{"id":"1","function":{"name":"f","arguments":{"a":1}}}]}]}`,
 		`{"model":"m","prompt":[[1,2],[3]]}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","text":"b"},{"type":"text","text":""},{"text":"c","type":"t\u0065xt","text":"d"},{"type":"text","text":"e","text":1}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"refusal","refusal":"r","text":"x"},{"type":"thinking","thinking":null},{"type":"output_text"},{"type":"refusal"},{"type":"output_text","text":""}]}]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -106,8 +107,10 @@ func decodeMessagesWalk(msgs []tokenizer.Message, d []byte, arena *[]byte) ([]to
 					var texts []string
 					forEachElem(d, s, func(ps, pe int) error {
 						if d[ps] == '{' {
-							var typ, text string
-							textIsString := false
+							var typ string
+							vals := map[string]string{} // text, refusal, thinking
+							strs := map[string]bool{}   // ... given as a string
+							nulls := map[string]bool{}  // ... given as null
 							forEachField(d, ps, func(k []byte, ks, ke int) error {
 								v := "" // the last of duplicate keys counts
 								if d[ks] == '"' {
@@ -116,11 +119,12 @@ func decodeMessagesWalk(msgs []tokenizer.Message, d []byte, arena *[]byte) ([]to
 								switch string(k) {
 								case "type":
 									typ = v
-								case "text":
-									text, textIsString = v, d[ks] == '"'
+								case "text", "refusal", "thinking":
+									vals[string(k)], strs[string(k)], nulls[string(k)] = v, d[ks] == '"', d[ks] == 'n'
 								}
 								return nil
 							})
+							key, keepNone := "", false // vLLM's TEXT_PART_TYPES
 							switch typ {
 							case "image_url", "input_image", "image_pil", "image_embeds":
 								m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "image"})
@@ -129,12 +133,26 @@ func decodeMessagesWalk(msgs []tokenizer.Message, d []byte, arena *[]byte) ([]to
 							case "video_url":
 								m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "video"})
 							case "text":
-								if textIsString {
-									m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "text", Text: text})
-								}
+								key = "text"
+							case "input_text", "output_text":
+								key, keepNone = "text", true
+							case "refusal":
+								key = "refusal"
+							case "thinking":
+								key, keepNone = "thinking", true
 							}
-							if typ == "text" && text != "" {
-								texts = append(texts, text)
+							_, given := vals[key]
+							switch {
+							case key == "":
+							case !given || nulls[key]:
+								if keepNone {
+									m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "text", NullText: true})
+								}
+							case strs[key]:
+								m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "text", Text: vals[key]})
+								if vals[key] != "" {
+									texts = append(texts, vals[key])
+								}
 							}
 						}
 						return nil

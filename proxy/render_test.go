@@ -605,3 +605,58 @@ func TestAContentOfManyPartsCostsNoMoreThanItsText(t *testing.T) {
 		t.Fatalf("%d parts rendered for routing, want at most %d", len(rs.msgs[0].Parts), maxRouteElems)
 	}
 }
+
+// vLLM parses every one of its text part types as text (chat_utils'
+// TEXT_PART_TYPES, _parse_chat_message_content_part): "text", "input_text"
+// and "output_text" (their "text"), "refusal" (its "refusal") and
+// "thinking" (its "thinking"), each a {"type": "text"} part, and joins the
+// non-empty texts by "\n" for a template that takes content as a string.
+// A "text" or "refusal" part without its text is dropped; an "input_text",
+// "output_text" or "thinking" one only from the joined string (a template
+// that loops over the parts gets its text as None). The router skipped
+// every type but "text": a Responses-style chat of input_text parts was
+// hashed with an empty user turn, 2 of its 8 tokens missing, and Qwen3's
+// prompt lost the assistant's refusal. The expected parts prompt is Python
+// jinja2's render of vLLM's conversation.
+func TestTextPartTypesRenderAsVLLMParsesThem(t *testing.T) {
+	dir := qwen3Dir(t)
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const parts = `[{"type":"input_text","text":"a"},{"type":"thinking","thinking":"t"},{"type":"refusal","refusal":"r"},` +
+		`{"type":"output_text"},{"type":"refusal","text":"dropped"},{"type":"input_text","text":""},{"type":"output_text","text":"o"}]`
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, f, nil, up.url)
+	body := `{"model":"m","messages":[{"role":"user","content":` + parts + `},{"role":"assistant","content":[{"type":"refusal","refusal":"No."}]},` +
+		`{"role":"user","content":[{"type":"input_text","text":"why"}]}]}`
+	want := "<|im_start|>user\na\nt\nr\no<|im_end|>\n<|im_start|>assistant\nNo.<|im_end|>\n<|im_start|>user\nwhy<|im_end|>\n<|im_start|>assistant\n"
+	if got := routerTokens(t, r.url, body); !slices.Equal(got, tok.Encode(nil, []byte(want))) {
+		t.Fatalf("string content: router encoded %q, want %q", tok.Decode(got), want)
+	}
+
+	// A template that loops over the parts (Qwen2.5-VL's).
+	tpl, err := os.ReadFile("../jinja/testdata/templates/hfjs-Qwen-Qwen2.5-VL-7B-Instruct.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vl := t.TempDir()
+	abs, _ := filepath.Abs(filepath.Join(dir, "tokenizer.json"))
+	cfg, _ := json.Marshal(map[string]string{"chat_template": string(tpl), "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"})
+	if os.Symlink(abs, filepath.Join(vl, "tokenizer.json")) != nil || os.WriteFile(filepath.Join(vl, "tokenizer_config.json"), cfg, 0o644) != nil {
+		t.Fatal("cannot write the tokenizer")
+	}
+	if tok, err = tokenizer.Load(vl); err != nil {
+		t.Fatal(err)
+	}
+	f.RouterTokenizerPath = vl
+	r = startRouter(t, f, nil, up.url)
+	body = `{"model":"m","messages":[{"role":"user","content":` + strings.Replace(parts, `"t"},`, `"t"},{"type":"input_image","image_url":"http://x/i.png"},`, 1) + `}]}`
+	want = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\na" +
+		"t<|vision_start|><|image_pad|><|vision_end|>rNoneo<|im_end|>\n<|im_start|>assistant\n"
+	if got := routerTokens(t, r.url, body); !slices.Equal(got, tok.Encode(nil, []byte(want))) {
+		t.Fatalf("parts: router encoded %q, want %q", tok.Decode(got), want)
+	}
+}

@@ -157,7 +157,11 @@ func (cv *chatVars) contentParts(m *Message) jinja.Value {
 			p := cv.object()
 			p.Set("type", jinja.String(m.Parts[i].Type))
 			if m.Parts[i].Type == "text" {
-				p.Set("text", jinja.String(m.Parts[i].Text))
+				if m.Parts[i].NullText {
+					p.Set("text", jinja.Null())
+				} else {
+					p.Set("text", jinja.String(m.Parts[i].Text))
+				}
 			}
 			l.Append(jinja.ObjectValue(p))
 		}

@@ -35,9 +35,14 @@ type Message struct {
 
 // ContentPart is one part of a message's content as vLLM hands it to a
 // template in the "openai" content format: {"type": "text", "text": Text}
-// for a text part, {"type": Type} for media ("image", "audio", "video").
+// for a text part (of any of vLLM's text part types: "text", "input_text",
+// "output_text", "refusal", "thinking"), {"type": Type} for media
+// ("image", "audio", "video").
 type ContentPart struct {
 	Type, Text string
+	// NullText: the text is None (an "input_text", "output_text" or
+	// "thinking" part whose text is null or absent, which vLLM keeps).
+	NullText bool
 }
 
 // ToolCall is an assistant's function call.
