@@ -239,7 +239,14 @@ func bosQwen3Dir(t *testing.T) string {
 		"pair":[],"special_tokens":{"<|endoftext|>":{"id":"<|endoftext|>","ids":[151643],"tokens":["<|endoftext|>"]}}}`)
 	dir := t.TempDir()
 	raw, _ = json.Marshal(tj)
-	cfg, _ := os.ReadFile(filepath.Join(src, "tokenizer_config.json"))
+	// Without Qwen3's add_bos_token (false), which would replace the
+	// post-processor (transformers v5), as Llama 3.1's config names none.
+	var c map[string]json.RawMessage
+	if raw, err := os.ReadFile(filepath.Join(src, "tokenizer_config.json")); err != nil || json.Unmarshal(raw, &c) != nil {
+		t.Fatal("cannot read the tokenizer config")
+	}
+	delete(c, "add_bos_token")
+	cfg, _ := json.Marshal(c)
 	if os.WriteFile(filepath.Join(dir, "tokenizer.json"), raw, 0o644) != nil || os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfg, 0o644) != nil {
 		t.Fatal("cannot write the tokenizer")
 	}

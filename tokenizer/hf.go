@@ -37,8 +37,7 @@ type HF struct {
 
 	// prefix: the special tokens the post-processor puts before a plain
 	// prompt's tokens (a BOS), as the engine encodes a completion's prompt;
-	// suffix: those it puts after them (an EOS, with LlamaTokenizerFast's
-	// add_eos_token).
+	// suffix: those it puts after them (an EOS, with add_eos_token).
 	prefix, suffix []uint32
 
 	chat    *jinja.Template
@@ -427,37 +426,37 @@ func (h *HF) checkPostProcessor(raw json.RawMessage) error {
 
 func (h *HF) loadConfig(data []byte) error {
 	var cfg struct {
-		ChatTemplate   json.RawMessage `json:"chat_template"`
-		BOS            json.RawMessage `json:"bos_token"`
-		EOS            json.RawMessage `json:"eos_token"`
-		TokenizerClass string          `json:"tokenizer_class"`
-		AddBOS         *bool           `json:"add_bos_token"`
-		AddEOS         *bool           `json:"add_eos_token"`
+		ChatTemplate json.RawMessage `json:"chat_template"`
+		BOS          json.RawMessage `json:"bos_token"`
+		EOS          json.RawMessage `json:"eos_token"`
+		AddBOS       json.RawMessage `json:"add_bos_token"`
+		AddEOS       json.RawMessage `json:"add_eos_token"`
 	}
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		return err
 	}
 	h.bosToken = tokenString(cfg.BOS)
 	h.eosToken = tokenString(cfg.EOS)
-	switch cfg.TokenizerClass {
-	case "LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast":
-		// transformers (v4) loads these as LlamaTokenizerFast (or
-		// CodeLlamaTokenizerFast), whose __init__ calls
-		// update_post_processor: tokenizer.json's post_processor is
-		// replaced by a TemplateProcessing of bos_token when add_bos_token
-		// (default true), the sequence, and eos_token when add_eos_token
-		// (default false).
-		addBOS, addEOS := cfg.AddBOS == nil || *cfg.AddBOS, cfg.AddEOS != nil && *cfg.AddEOS
+	if len(cfg.AddBOS) > 0 || len(cfg.AddEOS) > 0 {
+		// As transformers v5 loads every tokenizer class (the current vLLM
+		// release installs v5: its pin excludes only 5.0-5.5.0), with or
+		// without a tokenizer_class: TokenizersBackend.__init__
+		// (tokenization_utils_tokenizers.py) calls update_post_processor
+		// when tokenizer_config.json names add_bos_token or add_eos_token,
+		// replacing tokenizer.json's post_processor by bos_token when
+		// add_bos_token (default false), the sequence, and eos_token when
+		// add_eos_token (default false); a null bos_token or eos_token is
+		// left out. Otherwise tokenizer.json's post_processor stands.
 		h.prefix, h.suffix = nil, nil
-		if addBOS {
-			id, err := h.specialID("bos_token", cfg.BOS, h.bosToken)
+		if truthy(cfg.AddBOS) && h.bosToken != "" {
+			id, err := h.specialID("bos_token", h.bosToken)
 			if err != nil {
 				return err
 			}
 			h.prefix = []uint32{id}
 		}
-		if addEOS {
-			id, err := h.specialID("eos_token", cfg.EOS, h.eosToken)
+		if truthy(cfg.AddEOS) && h.eosToken != "" {
+			id, err := h.specialID("eos_token", h.eosToken)
 			if err != nil {
 				return err
 			}
@@ -486,12 +485,9 @@ func (h *HF) loadConfig(data []byte) error {
 }
 
 // specialID returns the id of the special token tok (tokenizer_config.json's
-// name, its raw value), which a LlamaTokenizerFast adds around a sequence:
-// transformers refuses to load one without it.
-func (h *HF) specialID(name string, raw json.RawMessage, tok string) (uint32, error) {
-	if tok == "" {
-		return 0, fmt.Errorf("add_%s is on (LlamaTokenizerFast's default for bos) but %s is %s", name, name, brief(raw))
-	}
+// name), which the post-processor adds around a sequence (transformers
+// would add a token missing from the vocabulary as a new one).
+func (h *HF) specialID(name, tok string) (uint32, error) {
 	id, ok := h.TokenID(tok)
 	if !ok {
 		return 0, fmt.Errorf("%s %q is not in the vocabulary", name, tok)
@@ -499,7 +495,28 @@ func (h *HF) specialID(name string, raw json.RawMessage, tok string) (uint32, er
 	return id, nil
 }
 
-// tokenString accepts "tok", {"content": "tok"} or null.
+// truthy reports whether the JSON value v is true as Python's bool() has
+// it: not null, false, 0, "", [] or {}.
+func truthy(v json.RawMessage) bool {
+	var x any
+	if json.Unmarshal(v, &x) != nil {
+		return false
+	}
+	switch x := x.(type) {
+	case bool:
+		return x
+	case float64:
+		return x != 0
+	case string:
+		return x != ""
+	case []any:
+		return len(x) > 0
+	case map[string]any:
+		return len(x) > 0
+	}
+	return false
+}
+
 func tokenString(raw json.RawMessage) string {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {

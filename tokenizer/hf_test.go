@@ -440,15 +440,20 @@ func mustAbs(t *testing.T, path string) string {
 	return abs
 }
 
-// A tokenizer_config.json whose tokenizer_class is LlamaTokenizerFast (as
-// DeepSeek-R1-Distill-Qwen's) is loaded by transformers v4 as that class,
-// whose __init__ calls update_post_processor: tokenizer.json's
-// post_processor is replaced by bos_token when add_bos_token (default
-// true), the sequence, and eos_token when add_eos_token (default false).
-// The router read tokenizer.json's post_processor alone: a config with
-// add_bos_token false got a BOS the engine does not put before a
-// completion's prompt, and one with add_eos_token true lacked its EOS.
-func TestLlamaTokenizerFastAddBOSAndAddEOSAreRead(t *testing.T) {
+// add_bos_token and add_eos_token are read as transformers v5 reads them
+// (the version the current vLLM release installs: its pin excludes only
+// 5.0-5.5.0), for every tokenizer class and without one:
+// TokenizersBackend.__init__ calls update_post_processor when
+// tokenizer_config.json names either, replacing tokenizer.json's
+// post_processor by bos_token when add_bos_token (default false), the
+// sequence, and eos_token when add_eos_token (default false), a null token
+// left out; otherwise tokenizer.json's post_processor stands. The router
+// read them for the Llama classes only, as transformers v4 did (BOS by
+// default, a null bos_token refused): a PreTrainedTokenizerFast config
+// with add_bos_token false (a Llama 3 fine-tune's, to avoid a double BOS)
+// got a BOS the engine does not put before a completion's prompt, one
+// with add_eos_token true lacked the EOS and kept the BOS the engine drops.
+func TestAddBOSAndAddEOSAreReadAsTransformersV5ReadsThem(t *testing.T) {
 	loadQwen3(t)
 	raw, err := os.ReadFile(qwen3Dir + "/tokenizer.json")
 	if err != nil {
@@ -480,12 +485,18 @@ func TestLlamaTokenizerFastAddBOSAndAddEOSAreRead(t *testing.T) {
 		post      json.RawMessage
 		want      []uint32
 	}{
-		{"PreTrainedTokenizerFast: the post_processor's", `{"tokenizer_class":"PreTrainedTokenizerFast","add_bos_token":false,` + toks + `}`, bosPost, append([]uint32{bos}, hello...)},
-		{"no class: the post_processor's", `{` + toks + `}`, bosPost, append([]uint32{bos}, hello...)},
+		{"no keys: the post_processor's", `{"tokenizer_class":"PreTrainedTokenizerFast",` + toks + `}`, bosPost, append([]uint32{bos}, hello...)},
+		{"no class, no keys: the post_processor's", `{` + toks + `}`, bosPost, append([]uint32{bos}, hello...)},
+		{"Llama, no keys: the post_processor's", `{"tokenizer_class":"LlamaTokenizerFast",` + toks + `}`, json.RawMessage(`null`), hello},
+		{"PreTrainedTokenizerFast, add_bos_token false", `{"tokenizer_class":"PreTrainedTokenizerFast","add_bos_token":false,` + toks + `}`, bosPost, hello},
+		{"PreTrainedTokenizerFast, add_eos_token true", `{"tokenizer_class":"PreTrainedTokenizerFast","add_eos_token":true,` + toks + `}`, bosPost, []uint32{14990, 1879, eos}},
+		{"Qwen2Tokenizer, add_bos_token true", `{"tokenizer_class":"Qwen2Tokenizer","add_bos_token":true,` + toks + `}`, json.RawMessage(`null`), append([]uint32{bos}, hello...)},
+		{"no class, add_bos_token true", `{"add_bos_token":true,` + toks + `}`, json.RawMessage(`null`), append([]uint32{bos}, hello...)},
+		{"a null bos_token left out", `{"tokenizer_class":"LlamaTokenizerFast","add_bos_token":true,"bos_token":null}`, bosPost, hello},
 		{"Llama, add_bos_token false", `{"tokenizer_class":"LlamaTokenizerFast","add_bos_token":false,` + toks + `}`, bosPost, hello},
-		{"Llama, add_bos_token by default", `{"tokenizer_class":"LlamaTokenizerFast",` + toks + `}`, json.RawMessage(`null`), append([]uint32{bos}, hello...)},
 		{"Llama, add_eos_token true", `{"tokenizer_class":"LlamaTokenizer","add_bos_token":true,"add_eos_token":true,` + toks + `}`, bosPost, []uint32{bos, 14990, 1879, eos}},
 		{"Llama, neither", `{"tokenizer_class":"LlamaTokenizerFast","add_bos_token":false,"add_eos_token":false,` + toks + `}`, bosPost, hello},
+		{"Qwen3's config: neither", `{"tokenizer_class":"Qwen2Tokenizer","add_bos_token":false,"bos_token":null,"eos_token":"<|im_end|>"}`, json.RawMessage(`{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":false,"use_regex":false}`), hello},
 	} {
 		h, err := load(c.post, c.cfg)
 		if err != nil {
@@ -495,8 +506,9 @@ func TestLlamaTokenizerFastAddBOSAndAddEOSAreRead(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}
-	// transformers refuses a LlamaTokenizerFast that adds a BOS it lacks.
-	if _, err := load(bosPost, `{"tokenizer_class":"LlamaTokenizerFast","bos_token":null}`); err == nil {
-		t.Error("a LlamaTokenizerFast adding a null bos_token loaded")
+	// A special token outside the vocabulary (transformers adds it as a
+	// new token) is refused.
+	if _, err := load(bosPost, `{"add_bos_token":true,"bos_token":"<not a token>"}`); err == nil {
+		t.Error("a config adding a bos_token outside the vocabulary loaded")
 	}
 }

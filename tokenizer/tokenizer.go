@@ -127,7 +127,7 @@ func AppendPromptPrefix(t Tokenizer, dst []uint32) []uint32 {
 }
 
 // PromptSuffixer is a tokenizer that puts special tokens after a plain
-// prompt's tokens (HF, for a LlamaTokenizerFast with add_eos_token).
+// prompt's tokens (HF, for a tokenizer_config.json with add_eos_token).
 type PromptSuffixer interface {
 	AppendPromptSuffix(dst []uint32) []uint32
 }
