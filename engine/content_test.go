@@ -36,6 +36,10 @@ func TestContentPartsRenderJoinedAsTheRouterJoinsThem(t *testing.T) {
 	// output_text, a refusal's "refusal", a thinking part's "thinking".
 	f(`[{"type":"input_text","text":"a"},{"type":"refusal","refusal":"r"},{"type":"thinking","thinking":"t"},`+
 		`{"type":"output_text"},{"type":"refusal","text":"not its key"},{"type":"output_text","text":"o"}]`, "a\nr\nt\no")
+	// Keys are read exactly, as vLLM's part.get("text") and the router read
+	// them; encoding/json took "Text" and "TYPE" too (a chat the router
+	// counted 8 tokens, the engine 14).
+	f(`[{"type":"text","Text":"zzz"},{"TYPE":"text","text":"yyy"},{"type":"refusal","Refusal":"xxx"},{"type":"text","text":"w"}]`, "w")
 }
 
 // bosSimple is the Simple tokenizer with a BOS (id 7) before a plain

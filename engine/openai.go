@@ -81,10 +81,37 @@ type messageWire struct {
 }
 
 type contentPart struct {
-	Type     string  `json:"type"`
-	Text     *string `json:"text"`
-	Refusal  *string `json:"refusal"`
-	Thinking *string `json:"thinking"`
+	Type     string
+	Text     *string
+	Refusal  *string
+	Thinking *string
+}
+
+// UnmarshalJSON reads the part's keys exactly as vLLM's chat_utils reads
+// them (part.get("text"), ...): encoding/json would also take "Text" or
+// "TYPE", which vLLM and the router ignore.
+func (p *contentPart) UnmarshalJSON(b []byte) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	*p = contentPart{}
+	if v, ok := m["type"]; ok && !isNull(v) {
+		if err := json.Unmarshal(v, &p.Type); err != nil {
+			return err
+		}
+	}
+	for _, f := range [...]struct {
+		key string
+		dst **string
+	}{{"text", &p.Text}, {"refusal", &p.Refusal}, {"thinking", &p.Thinking}} {
+		if v, ok := m[f.key]; ok {
+			if err := json.Unmarshal(v, f.dst); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // errBadRequest marks client errors (400).
