@@ -93,3 +93,31 @@ func TestAddSpecialTokensAndReasoningEffortAreReadAsVLLMReadsThem(t *testing.T) 
 		t.Errorf("reasoning_effort none: %q %v, want %q", text, err, want)
 	}
 }
+
+// A chat request's and its messages' keys are read exactly, as vLLM's
+// pydantic request model and chat_utils (message.get("content")) and the
+// router read them: encoding/json also took "Content",
+// "Chat_Template_Kwargs" or "Add_Generation_Prompt", so through the
+// binaries a Qwen3 chat with {"role":"user","Content":"zzz zzz zzz"} was
+// counted 8 prompt tokens by the router and 14 by the engine, one with
+// "Add_Generation_Prompt": false 9 and 6.
+func TestRequestKeysAreReadExactlyAsVLLMReadsThem(t *testing.T) {
+	render := func(body string) string {
+		t.Helper()
+		_, _, text, err := parseChat([]byte(body), tokenizer.Simple{}, nil, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		return string(text)
+	}
+	const want = "<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n"
+	if got := render(`{"messages":[{"role":"user","Content":"zzz"}]}`); got != want {
+		t.Errorf("a message's Content: rendered %q, want %q", got, want)
+	}
+	if got := render(`{"messages":[{"role":"user","content":""}],"Add_Generation_Prompt":false}`); got != want {
+		t.Errorf("Add_Generation_Prompt: rendered %q, want %q", got, want)
+	}
+	if got := render(`{"messages":[{"role":"user","content":""}],"add_generation_prompt":true,"add_generation_prompt":false}`); got != "<|im_start|>user\n<|im_end|>\n" {
+		t.Errorf("the last copy: rendered %q", got)
+	}
+}

@@ -80,6 +80,49 @@ type messageWire struct {
 	ReasoningContent *string              `json:"reasoning_content"` // deprecated name: vLLM reads it when reasoning is absent
 }
 
+// UnmarshalJSON reads the request's keys exactly, as vLLM's pydantic
+// request model and the router read them: encoding/json also matched
+// "Chat_Template_Kwargs" or "Add_Generation_Prompt", which vLLM ignores.
+func (w *chatWire) UnmarshalJSON(b []byte) error {
+	*w = chatWire{}
+	return unmarshalExact(b, map[string]any{
+		"model": &w.Model, "messages": &w.Messages, "tools": &w.Tools, "documents": &w.Documents,
+		"chat_template_kwargs": &w.ChatTemplateKwargs, "stream": &w.Stream, "stream_options": &w.StreamOptions,
+		"max_tokens": &w.MaxTokens, "max_completion_tokens": &w.MaxCompletionTokens,
+		"add_generation_prompt": &w.AddGenerationPrompt, "continue_final_message": &w.ContinueFinalMessage,
+		"add_special_tokens": &w.AddSpecialTokens, "tool_choice": &w.ToolChoice,
+		"reasoning_effort": &w.ReasoningEffort, "response_format": &w.ResponseFormat,
+	})
+}
+
+// UnmarshalJSON reads the message's keys exactly, as vLLM's chat_utils
+// (message.get("content"), ...) and the router read them.
+func (m *messageWire) UnmarshalJSON(b []byte) error {
+	*m = messageWire{}
+	return unmarshalExact(b, map[string]any{
+		"role": &m.Role, "content": &m.Content, "name": &m.Name, "tool_call_id": &m.ToolCallID,
+		"tool_calls": &m.ToolCalls, "reasoning": &m.Reasoning, "reasoning_content": &m.ReasoningContent,
+	})
+}
+
+// unmarshalExact decodes the JSON object b into fields, the destination of
+// each key, matched exactly (encoding/json matches struct fields ignoring
+// case); other keys are ignored. A key given twice counts its last copy.
+func unmarshalExact(b []byte, fields map[string]any) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	for k, dst := range fields {
+		if v, ok := m[k]; ok {
+			if err := json.Unmarshal(v, dst); err != nil {
+				return fmt.Errorf("%s: %w", k, err)
+			}
+		}
+	}
+	return nil
+}
+
 type contentPart struct {
 	Type     string
 	Text     *string
@@ -91,27 +134,8 @@ type contentPart struct {
 // them (part.get("text"), ...): encoding/json would also take "Text" or
 // "TYPE", which vLLM and the router ignore.
 func (p *contentPart) UnmarshalJSON(b []byte) error {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(b, &m); err != nil {
-		return err
-	}
 	*p = contentPart{}
-	if v, ok := m["type"]; ok && !isNull(v) {
-		if err := json.Unmarshal(v, &p.Type); err != nil {
-			return err
-		}
-	}
-	for _, f := range [...]struct {
-		key string
-		dst **string
-	}{{"text", &p.Text}, {"refusal", &p.Refusal}, {"thinking", &p.Thinking}} {
-		if v, ok := m[f.key]; ok {
-			if err := json.Unmarshal(v, f.dst); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return unmarshalExact(b, map[string]any{"type": &p.Type, "text": &p.Text, "refusal": &p.Refusal, "thinking": &p.Thinking})
 }
 
 // errBadRequest marks client errors (400).
