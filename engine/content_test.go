@@ -46,7 +46,7 @@ func TestContentPartsRenderJoinedAsTheRouterJoinsThem(t *testing.T) {
 // prompt, as a tokenizer whose post-processor adds one.
 type bosSimple struct{ tokenizer.Simple }
 
-func (bosSimple) AppendPromptPrefix(dst []uint32) []uint32 { return append(dst, 7) }
+func (bosSimple) PromptSpecialTokens() (prefix, suffix []uint32) { return []uint32{7}, nil }
 
 // The engine reads add_special_tokens as vLLM does (true by default for a
 // completion, false for a chat) and passes a chat's reasoning_effort to the

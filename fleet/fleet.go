@@ -377,7 +377,7 @@ func (f *Fleet) unregisterMetrics(w *Worker) {
 
 // retiredLoad is the Load of a removed worker that had requests in flight.
 type retiredLoad struct {
-	addr string
+	ref  Ref
 	load *Load
 }
 
@@ -397,7 +397,7 @@ func (f *Fleet) retireLoad(w *Worker) {
 		}
 	}
 	if w.Load.busy() {
-		f.retired[w.ID] = retiredLoad{addr: w.Addr, load: w.Load}
+		f.retired[w.ID] = retiredLoad{ref: w.Ref(), load: w.Load}
 	}
 }
 
@@ -409,7 +409,7 @@ func (f *Fleet) retireLoad(w *Worker) {
 func (f *Fleet) inheritLoad(id, addr string) *Load {
 	if rl, ok := f.retired[id]; ok {
 		delete(f.retired, id)
-		if rl.addr == addr {
+		if rl.ref == (Ref{id, addr}) {
 			return rl.load
 		}
 	}

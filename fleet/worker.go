@@ -133,14 +133,15 @@ type Worker struct {
 // Ref names an engine across its worker's replacements: a worker replaced
 // by a reload or by discovery with the same id and address (another
 // Serial) is the same engine, holding what the old one held (its KV
-// cache, the responses it stored).
-type Ref struct{ ID, URL string }
+// cache, the responses it stored, the requests it runs: the fleet carries
+// its Load over by the same test, inheritLoad).
+type Ref struct{ ID, Addr string }
 
 // Ref is w's engine.
-func (w *Worker) Ref() Ref { return Ref{w.ID, w.URL} }
+func (w *Worker) Ref() Ref { return Ref{w.ID, w.Addr} }
 
 // Is reports whether w is the engine r names.
-func (r Ref) Is(w *Worker) bool { return r.ID == w.ID && r.URL == w.URL }
+func (r Ref) Is(w *Worker) bool { return r == w.Ref() }
 
 // Handoff records (Worker.handoff).
 const (

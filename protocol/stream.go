@@ -447,10 +447,7 @@ func (c *StreamConverter) onData(data []byte) error {
 		// and SGLang's error chunks carry the HTTP status it stands for)
 		// classifies it, as the status of an error answer does.
 		status, typ := 502, TypeServer
-		if flatErr {
-			errObj = data[i:end]
-		}
-		if n := engineErrorCode(errObj); n != 0 {
+		if n := EngineErrorStatus(data); n != 0 {
 			status, typ = n, ""
 		}
 		c.fail(status, typ, engineErrorMessage(data))

@@ -142,7 +142,7 @@ func TestResponsesAffinityIsBounded(t *testing.T) {
 	}
 }
 
-var fleetWorkerStub = fleet.Worker{Serial: 7, ID: "w7", URL: "http://10.0.0.7:8000"}
+var fleetWorkerStub = fleet.Worker{Serial: 7, ID: "w7", URL: "http://10.0.0.7:8000", Addr: "10.0.0.7:8000"}
 
 // A response id learned again from another engine (vLLM lets a client
 // choose the id: request_id) keeps its first engine: another client who
@@ -150,8 +150,8 @@ var fleetWorkerStub = fleet.Worker{Serial: 7, ID: "w7", URL: "http://10.0.0.7:80
 // holding a response it planted under the same id.
 func TestAResponseIDKeepsTheEngineThatAnsweredItFirst(t *testing.T) {
 	var a respAffinity
-	first := &fleet.Worker{ID: "a", URL: "http://10.0.0.1:8000"}
-	other := &fleet.Worker{ID: "b", URL: "http://10.0.0.2:8000"}
+	first := &fleet.Worker{ID: "a", URL: "http://10.0.0.1:8000", Addr: "10.0.0.1:8000"}
+	other := &fleet.Worker{ID: "b", URL: "http://10.0.0.2:8000", Addr: "10.0.0.2:8000"}
 	a.learn([]byte(`{"id":"resp_victim"}`), first)
 	a.learn([]byte(`{"id":"resp_victim"}`), other)
 	if got := a.lookup([]byte(`{"previous_response_id":"resp_victim"}`)); got != first.Ref() {

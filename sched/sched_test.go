@@ -590,7 +590,7 @@ func TestPickPrefersTheNamedWorker(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for range 6 {
-		seen[pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: fleet.Ref{ID: "b", URL: "http://elsewhere:1"}}).Worker.ID] = true
+		seen[pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: fleet.Ref{ID: "b", Addr: "elsewhere:1"}}).Worker.ID] = true
 	}
 	if len(seen) < 2 {
 		t.Fatalf("an engine no worker is decided: %v", seen)

@@ -571,16 +571,13 @@ func (h *HF) TokenID(tok string) (uint32, bool) {
 	return id, ok
 }
 
-// AppendPromptPrefix appends the ids the engine puts before a plain
+// PromptSpecialTokens returns the ids the engine puts before a plain
 // prompt's tokens (its post-processor's special tokens, such as Llama
-// 3.1's <|begin_of_text|>; none for Qwen). A rendered chat holds its
-// own (the template writes bos_token) and gets none.
-func (h *HF) AppendPromptPrefix(dst []uint32) []uint32 { return append(dst, h.prefix...) }
-
-// AppendPromptSuffix appends the ids the engine puts after a plain prompt's
-// tokens (an EOS, for a LlamaTokenizerFast with add_eos_token; none for
-// most tokenizers).
-func (h *HF) AppendPromptSuffix(dst []uint32) []uint32 { return append(dst, h.suffix...) }
+// 3.1's <|begin_of_text|>; none for Qwen) and after them (an EOS, with
+// add_eos_token; none for most tokenizers). A rendered chat holds its own
+// (the template writes bos_token) and gets none unless the request asks
+// for add_special_tokens.
+func (h *HF) PromptSpecialTokens() (prefix, suffix []uint32) { return h.prefix, h.suffix }
 
 // EOSToken returns tokenizer_config.json's eos_token.
 func (h *HF) EOSToken() string { return h.eosToken }

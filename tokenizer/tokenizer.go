@@ -109,35 +109,30 @@ func RenderChatFields(t Tokenizer, dst []byte, msgs []Message, f ChatFields, add
 	return t.RenderChat(dst, msgs, f.Tools, addGenerationPrompt)
 }
 
-// PromptPrefixer is a tokenizer that puts special tokens before a plain
-// prompt's tokens, as the engine does for a completion's prompt (HF, from
-// its post-processor).
-type PromptPrefixer interface {
-	AppendPromptPrefix(dst []uint32) []uint32
+// PromptSpecials is a tokenizer that puts special tokens around a plain
+// prompt's tokens, as the engine does for a completion's prompt (HF: a
+// BOS before from its post-processor, an EOS after for a
+// tokenizer_config.json with add_eos_token).
+type PromptSpecials interface {
+	PromptSpecialTokens() (prefix, suffix []uint32)
 }
 
-var _ PromptPrefixer = (*HF)(nil)
+var _ PromptSpecials = (*HF)(nil)
 
-// AppendPromptPrefix appends t's prompt prefix (PromptPrefixer), if any.
+// AppendPromptPrefix appends t's prompt prefix (PromptSpecials), if any.
 func AppendPromptPrefix(t Tokenizer, dst []uint32) []uint32 {
-	if p, ok := t.(PromptPrefixer); ok {
-		dst = p.AppendPromptPrefix(dst)
+	if p, ok := t.(PromptSpecials); ok {
+		prefix, _ := p.PromptSpecialTokens()
+		dst = append(dst, prefix...)
 	}
 	return dst
 }
 
-// PromptSuffixer is a tokenizer that puts special tokens after a plain
-// prompt's tokens (HF, for a tokenizer_config.json with add_eos_token).
-type PromptSuffixer interface {
-	AppendPromptSuffix(dst []uint32) []uint32
-}
-
-var _ PromptSuffixer = (*HF)(nil)
-
-// AppendPromptSuffix appends t's prompt suffix (PromptSuffixer), if any.
+// AppendPromptSuffix appends t's prompt suffix (PromptSpecials), if any.
 func AppendPromptSuffix(t Tokenizer, dst []uint32) []uint32 {
-	if p, ok := t.(PromptSuffixer); ok {
-		dst = p.AppendPromptSuffix(dst)
+	if p, ok := t.(PromptSpecials); ok {
+		_, suffix := p.PromptSpecialTokens()
+		dst = append(dst, suffix...)
 	}
 	return dst
 }
