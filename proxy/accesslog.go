@@ -369,11 +369,16 @@ func validRequestID(v []byte) bool {
 
 // takeRequestID sets rs.reqID from the request, or to a new id.
 func takeRequestID(ctx *fasthttp.RequestCtx, rs *reqState) {
+	rs.reqID = appendClientRequestID(rs.reqID[:0], ctx)
+}
+
+// appendClientRequestID appends the request's id: the client's
+// X-Request-Id when it is a valid one, else a new id.
+func appendClientRequestID(dst []byte, ctx *fasthttp.RequestCtx) []byte {
 	if v := ctx.Request.Header.Peek(hdrRequestID); validRequestID(v) {
-		rs.reqID = append(rs.reqID[:0], v...)
-		return
+		return append(dst, v...)
 	}
-	rs.reqID = appendRequestID(rs.reqID[:0])
+	return appendRequestID(dst)
 }
 
 // appendRequestIDHeader appends the request id's header line.

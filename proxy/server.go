@@ -428,12 +428,8 @@ func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 		s.answered(ctx, rs)
 		return
 	}
-	var id [32]byte
-	if v := ctx.Request.Header.Peek(hdrRequestID); validRequestID(v) {
-		ctx.Response.Header.SetCanonical(hdrRequestIDBytes, v)
-		return
-	}
-	ctx.Response.Header.SetCanonical(hdrRequestIDBytes, appendRequestID(id[:0]))
+	var id [128]byte
+	ctx.Response.Header.SetCanonical(hdrRequestIDBytes, appendClientRequestID(id[:0], ctx))
 }
 
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
@@ -540,10 +536,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	if apiOfPath(path) == protocol.Anthropic {
 		// Anthropic's answers carry a request id (header and error body),
 		// which its SDKs report: an unknown path under /v1/messages too.
-		id := ctx.Request.Header.Peek(hdrRequestID)
-		if !validRequestID(id) {
-			id = appendRequestID(nil)
-		}
+		id := appendClientRequestID(nil, ctx)
 		ctx.Response.Header.SetCanonical(hdrRequestIDBytes, id)
 		ctx.Response.Header.SetCanonical(hdrAnthropicRequestID, id)
 		addAnthropicRequestID(&ctx.Response, id)
