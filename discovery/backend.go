@@ -14,7 +14,8 @@ type Backend interface {
 	// WaitSynced waits for the first successful list.
 	WaitSynced(ctx context.Context) error
 	// Health reports backend connectivity for /health; when not ok the
-	// fleet is the last known list.
+	// fleet is the last known list, or (Kubernetes, watch forbidden) one
+	// refreshed by relists alone.
 	Health() (ok bool, detail string)
 	// Close stops the backend.
 	Close()

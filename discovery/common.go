@@ -38,8 +38,12 @@ type backendStats struct {
 	bad     *metrics.Counter
 	relists *metrics.Counter
 	healthy atomic.Int64
-	workers atomic.Int64
-	log     logx.Throttle
+	// degraded is 1 while the backend answers but serves only part of
+	// its function (Kubernetes: watch forbidden, fleet refreshed by
+	// relists alone).
+	degraded atomic.Int64
+	workers  atomic.Int64
+	log      logx.Throttle
 }
 
 var (
@@ -58,6 +62,7 @@ func statsFor(backend string) *backendStats {
 	s.bad = metrics.GetOrCreateCounter(`infera_discovery_bad_records_total` + lbl)
 	s.relists = metrics.GetOrCreateCounter(`infera_discovery_relists_total` + lbl)
 	metrics.GetOrCreateGauge(`infera_discovery_healthy`+lbl, func() float64 { return float64(s.healthy.Load()) })
+	metrics.GetOrCreateGauge(`infera_discovery_degraded`+lbl, func() float64 { return float64(s.degraded.Load()) })
 	metrics.GetOrCreateGauge(`infera_discovery_workers`+lbl, func() float64 { return float64(s.workers.Load()) })
 	stats[backend] = s
 	return s

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,8 +53,11 @@ type KubeWatcher struct {
 	rv    string
 
 	workers atomic.Int64
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	// denied holds the API server's refusal of the watch (403) while
+	// the fleet is refreshed by relists alone; empty when watching.
+	denied atomic.Pointer[string]
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 // NewKubeWatcher returns a watcher using kc; Start runs it.
@@ -100,6 +104,11 @@ func (w *KubeWatcher) Health() (ok bool, detail string) {
 	ok, since, lastErr, synced := w.h.get()
 	n := w.workers.Load()
 	switch {
+	case ok && w.denied.Load() != nil:
+		// Not down (the lists work), but changes are seen only by the
+		// relists: /health says degraded.
+		return false, fmt.Sprintf("kubernetes: the watch on pods is forbidden (%s): RBAC needs the watch verb on pods in %s; serving pods %q from relists every %s (%d workers)",
+			*w.denied.Load(), w.nsName(), w.cfg.LabelSelector, forbiddenRelist, n)
 	case ok:
 		return true, fmt.Sprintf("kubernetes: watching pods %q in %s (%d workers)", w.cfg.LabelSelector, w.nsName(), n)
 	case !synced:
@@ -139,6 +148,32 @@ var errGone = errors.New("resource version too old (410 Gone)")
 var errShortWatch = errors.New("the watch ended less than a second after it began, with no event")
 
 const shortWatch = time.Second
+
+// errWatchForbidden is a watch the API server refused with 403 (RBAC
+// grants list but not watch).
+var errWatchForbidden = errors.New("watch forbidden")
+
+// forbiddenRelist is how often the fleet is relisted while the watch is
+// forbidden; a variable for tests.
+var forbiddenRelist = 10 * time.Second
+
+// setDenied records that the watch is forbidden (err) or allowed again
+// (nil), logging the change.
+func (w *KubeWatcher) setDenied(err error) {
+	if err == nil {
+		if w.denied.Swap(nil) != nil {
+			w.st.degraded.Store(0)
+			slog.Info("kubernetes discovery: the watch on pods is allowed again")
+		}
+		return
+	}
+	msg := strings.TrimPrefix(err.Error(), errWatchForbidden.Error()+": ")
+	if w.denied.Swap(&msg) == nil {
+		w.st.degraded.Store(1)
+		slog.Warn("kubernetes discovery: the API server forbids watching pods; RBAC needs the watch verb on pods (list alone is granted): serving from relists",
+			"scope", w.nsName(), "every", forbiddenRelist, "err", err)
+	}
+}
 
 func (w *KubeWatcher) loop(ctx context.Context) {
 	var delay time.Duration
@@ -180,6 +215,13 @@ func (w *KubeWatcher) loop(ctx context.Context) {
 			needList = true
 			delay = backoff(delay, 10*time.Second)
 			sleep(ctx, delay)
+		case errors.Is(err, errWatchForbidden):
+			// Served by relists (the list is allowed), reported by
+			// Health until a watch is allowed again.
+			w.st.relists.Inc()
+			w.setDenied(err)
+			needList, delay = true, 0
+			sleep(ctx, forbiddenRelist)
 		case errors.Is(err, errGone):
 			w.st.relists.Inc()
 			slog.Info("kubernetes discovery: relisting", "reason", err)
@@ -395,9 +437,13 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 		return fmt.Errorf("cannot watch pods: %w", err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusForbidden {
+		return fmt.Errorf("%w: %w", errWatchForbidden, apiError(resp))
+	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("cannot watch pods: %w", apiError(resp))
 	}
+	w.setDenied(nil)
 	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
 	began := time.Now()
 	for events := 0; ; events++ {
