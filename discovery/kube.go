@@ -34,7 +34,18 @@ type KubeWatcherConfig struct {
 	WatchTimeout time.Duration
 	// RequestTimeout bounds a list; default 30s.
 	RequestTimeout time.Duration
+	// IdleTimeout is the longest a watch may stay silent, its response
+	// headers included, before it is dropped and resumed from the last
+	// resource version (a connection to an API server that stopped
+	// answering, with no FIN or RST, went unnoticed until the watch's own
+	// timeout). The API server sends a bookmark roughly every minute on a
+	// watch that asks for them; default DefaultWatchIdleTimeout.
+	IdleTimeout time.Duration
 }
+
+// DefaultWatchIdleTimeout is KubeWatcherConfig.IdleTimeout's default: the
+// API server's bookmark interval (about a minute) and half as much again.
+const DefaultWatchIdleTimeout = 90 * time.Second
 
 // KubeWatcher lists and watches worker Pods and keeps a Sink in step. A
 // Pod is routed only when it is Running, Ready, not terminating and
@@ -74,6 +85,9 @@ func NewKubeWatcher(kc *KubeConfig, cfg KubeWatcherConfig, sink Sink) (*KubeWatc
 	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 30 * time.Second
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultWatchIdleTimeout
 	}
 	return &KubeWatcher{cfg: cfg, c: c, sink: sink, st: statsFor(BackendKubernetes), h: newHealth(), byPod: map[string]fleet.Record{}}, nil
 }
@@ -147,6 +161,10 @@ var errGone = errors.New("resource version too old (410 Gone)")
 // shortWatch after it began.
 var errShortWatch = errors.New("the watch ended less than a second after it began, with no event")
 
+// errSilentWatch is a watch that sent nothing, not even its response
+// headers or a bookmark, for KubeWatcherConfig.IdleTimeout.
+var errSilentWatch = errors.New("watch silent")
+
 const shortWatch = time.Second
 
 // errWatchForbidden is a watch the API server refused with 403 (RBAC
@@ -200,6 +218,12 @@ func (w *KubeWatcher) loop(ctx context.Context) {
 		switch {
 		case err == nil:
 			delay = 0 // server closed the watch normally: resume from rv
+		case errors.Is(err, errSilentWatch):
+			// Resumed from rv at once (the silence took IdleTimeout);
+			// Health says the API is unreachable until it answers.
+			w.st.log.Warn("kubernetes discovery: the watch went silent; resuming it", "err", err)
+			w.setHealth(false, err)
+			delay = 0
 		case errors.Is(err, errShortWatch):
 			// Resume from rv, but not in a tight loop (client-go's "very
 			// short watch").
@@ -423,16 +447,27 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 	q.Set("timeoutSeconds", fmt.Sprint(int(w.cfg.WatchTimeout/time.Second)))
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// Client-side watchdog: a silent stream (partition) is cut after the
-	// server-side timeout plus a margin.
+	// Client-side watchdogs: a watch running past the server-side timeout
+	// plus a margin, or sending nothing (headers, events, bookmarks) for
+	// IdleTimeout, is cut: an API server that stops answering without
+	// closing the connection (a partition) was noticed only after 5m30s.
 	dog := time.AfterFunc(w.cfg.WatchTimeout+30*time.Second, cancel)
 	defer dog.Stop()
+	var silent atomic.Bool
+	idle := time.AfterFunc(w.cfg.IdleTimeout, func() { silent.Store(true); cancel() })
+	defer idle.Stop()
+	silentErr := func() error {
+		return fmt.Errorf("%w for %s: the API server sent nothing, not even a bookmark", errSilentWatch, w.cfg.IdleTimeout)
+	}
 	req, err := http.NewRequestWithContext(wctx, http.MethodGet, w.podsURL(q), nil)
 	if err != nil {
 		return fmt.Errorf("cannot build watch request: %w", err)
 	}
 	resp, err := w.c.do(req)
 	if err != nil {
+		if ctx.Err() == nil && silent.Load() {
+			return silentErr()
+		}
 		w.setHealth(false, err)
 		return fmt.Errorf("cannot watch pods: %w", err)
 	}
@@ -444,7 +479,9 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 		return fmt.Errorf("cannot watch pods: %w", apiError(resp))
 	}
 	w.setDenied(nil)
-	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
+	w.setHealth(true, nil)
+	idle.Reset(w.cfg.IdleTimeout)
+	dec := json.NewDecoder(bufio.NewReaderSize(idleReader{resp.Body, idle, w.cfg.IdleTimeout}, 64<<10))
 	began := time.Now()
 	for events := 0; ; events++ {
 		var ev kubeEvent
@@ -455,8 +492,11 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 				}
 				return nil
 			}
+			if ctx.Err() == nil && silent.Load() {
+				return silentErr()
+			}
 			if ctx.Err() == nil && wctx.Err() != nil {
-				return errors.New("watch stream silent for too long")
+				return errors.New("watch ran past its server-side timeout")
 			}
 			return fmt.Errorf("watch stream: %w", err)
 		}
@@ -464,6 +504,22 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// idleReader re-arms the idle watchdog t for d after every read that
+// brought bytes.
+type idleReader struct {
+	r io.Reader
+	t *time.Timer
+	d time.Duration
+}
+
+func (r idleReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if n > 0 {
+		r.t.Reset(r.d)
+	}
+	return n, err
 }
 
 func (w *KubeWatcher) apply(ev *kubeEvent) error {

@@ -35,6 +35,9 @@ type fakeKube struct {
 	httpGone bool
 	notify   chan struct{}
 	kill     chan struct{}
+	// bookmarkEvery, when set, sends a BOOKMARK that often on an open
+	// watch, as the API server does about every minute.
+	bookmarkEvery time.Duration
 
 	lists, watches atomic.Int64
 }
@@ -270,6 +273,14 @@ func (f *fakeKube) watch(w http.ResponseWriter, r *http.Request, ns, sel string)
 	send("BOOKMARK", map[string]any{"kind": "Pod", "apiVersion": "v1", "metadata": map[string]any{"resourceVersion": strconv.Itoa(from)}})
 	f.mu.Unlock()
 	end := time.After(time.Duration(timeout) * time.Second)
+	var tick <-chan time.Time
+	f.mu.Lock()
+	if f.bookmarkEvery > 0 {
+		t := time.NewTicker(f.bookmarkEvery)
+		defer t.Stop()
+		tick = t.C
+	}
+	f.mu.Unlock()
 	for {
 		f.mu.Lock()
 		var evs []fakeEv
@@ -295,6 +306,8 @@ func (f *fakeKube) watch(w http.ResponseWriter, r *http.Request, ns, sel string)
 		}
 		select {
 		case <-notify:
+		case <-tick:
+			send("BOOKMARK", map[string]any{"kind": "Pod", "apiVersion": "v1", "metadata": map[string]any{"resourceVersion": strconv.Itoa(from)}})
 		case <-kill:
 			send("ERROR", gone410)
 			return

@@ -2,8 +2,10 @@ package discovery
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -65,4 +67,122 @@ func TestKubeAForbiddenWatchIsReportedAndServedByRelists(t *testing.T) {
 	}
 	f.set(pod("p3", "w3"), false)
 	waitFor(t, 5*time.Second, "w3 seen by the watch", func() bool { _, ok := sink.get("w3"); return ok })
+}
+
+// silentWriter swallows everything a handler writes while silent is set,
+// and on that request for good once it swallowed something: the
+// connection stays open and nothing more arrives, as from an API server
+// that stopped answering without a FIN or RST (a partition).
+type silentWriter struct {
+	http.ResponseWriter
+	silent *atomic.Bool
+	dead   *bool // the handler's goroutine only
+}
+
+func (w silentWriter) mute() bool {
+	if w.silent.Load() {
+		*w.dead = true
+	}
+	return *w.dead
+}
+
+func (w silentWriter) WriteHeader(code int) {
+	if !w.mute() {
+		w.ResponseWriter.WriteHeader(code)
+	}
+}
+
+func (w silentWriter) Write(b []byte) (int, error) {
+	if w.mute() {
+		return len(b), nil
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w silentWriter) Flush() {
+	if !w.mute() {
+		w.ResponseWriter.(http.Flusher).Flush()
+	}
+}
+
+// A watch whose API server goes silent without closing the connection
+// was noticed only when the client-side watchdog cut it, 5m30s after it
+// began: meanwhile /health said ok and the fleet missed every change. A
+// watch now sends nothing for IdleTimeout at most (the server sends
+// bookmarks); past it the watch is dropped, health says so, and it is
+// resumed from the last resource version as soon as the server answers,
+// leaving no connection or goroutine behind.
+func TestKubeASilentWatchIsNoticedWithinTheIdleTimeoutAndResumed(t *testing.T) {
+	f := newFakeKube("tok")
+	f.bookmarkEvery = 100 * time.Millisecond
+	var silent atomic.Bool
+	var open atomic.Int64 // server connections not closed
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("watch") != "" {
+			f.ServeHTTP(silentWriter{w, &silent, new(bool)}, r)
+			return
+		}
+		f.ServeHTTP(w, r)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			open.Add(-1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	g0 := runtime.NumGoroutine()
+	pod := func(name, id string) podSpec {
+		return podSpec{ns: "infera", name: name, labels: workerLabels, phase: "Running", ready: true, ann: strp(recJSON(id))}
+	}
+	f.set(pod("p1", "w1"), false)
+	sink := newMemSink()
+	const idle = 500 * time.Millisecond
+	w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "tok"}, KubeWatcherConfig{Namespace: "infera", IdleTimeout: idle}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Second, "the watch", func() bool { return f.watches.Load() == 1 })
+	// Bookmarks keep a quiet watch alive: no cut, health ok.
+	watches := f.watches.Load()
+	time.Sleep(3 * idle)
+	if ok, d := w.Health(); !ok || f.watches.Load() != watches {
+		t.Fatalf("a quiet watch with bookmarks: health %v %q, %d watches more", ok, d, f.watches.Load()-watches)
+	}
+	lists := f.lists.Load()
+
+	silent.Store(true)
+	start := time.Now()
+	waitFor(t, 3*idle, "the silent watch noticed", func() bool {
+		ok, d := w.Health()
+		return !ok && strings.Contains(d, "silent")
+	})
+	if d := time.Since(start); d > 2*idle { // the bound, and slack for a loaded machine
+		t.Fatalf("noticed after %v, bound %v", d, idle)
+	}
+	f.set(pod("p2", "w2"), false) // while silent
+	time.Sleep(4 * idle)          // several silent watches, each cut
+	if n := open.Load(); n > 3 {
+		t.Fatalf("%d connections open after the silent watches were cut", n)
+	}
+
+	silent.Store(false)
+	waitFor(t, 3*idle, "healthy once the server answers", func() bool { ok, _ := w.Health(); return ok })
+	waitFor(t, 2*time.Second, "the change made while silent, seen by the resumed watch", func() bool { _, ok := sink.get("w2"); return ok })
+	if f.lists.Load() != lists {
+		t.Fatalf("%d relists: the watch should resume from its resource version", f.lists.Load()-lists)
+	}
+	w.Close()
+	srv.CloseClientConnections()
+	waitFor(t, 2*time.Second, "no goroutine left", func() bool { return runtime.NumGoroutine() <= g0+2 })
 }
