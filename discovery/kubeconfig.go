@@ -6,7 +6,9 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -69,14 +71,57 @@ func InClusterConfig() (*KubeConfig, error) {
 // JSON): server, certificate-authority(-data), insecure-skip-tls-verify,
 // token / tokenFile, client-certificate(-data) / client-key(-data) and the
 // context namespace. Exec and auth-provider plugins are not supported.
+//
+// path may be a list of files separated as in $KUBECONFIG (":" on Unix),
+// read as kubectl reads it: files that do not exist are skipped, and the
+// others merged, the first file to set current-context, or to name a
+// context, cluster or user, winning (the whole entry: a later file's entry
+// of the same name is not merged into it). Relative file paths are taken
+// from the directory of the file that names them.
 func LoadKubeconfig(path string) (*KubeConfig, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("cannot read kubeconfig: %w", err)
+	if !strings.ContainsRune(path, os.PathListSeparator) {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("cannot read kubeconfig: %w", err)
+		}
+		kc, err := ParseKubeconfig(data, filepath.Dir(path))
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+		}
+		return kc, nil
 	}
-	kc, err := ParseKubeconfig(data, filepath.Dir(path))
+	var roots []map[string]any
+	var read []string
+	hint := ""
+	seen := map[string]bool{}
+	for _, p := range filepath.SplitList(path) {
+		if p == "" || seen[p] {
+			continue
+		}
+		seen[p] = true
+		data, err := os.ReadFile(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // as kubectl: a missing file of the list is skipped
+		}
+		if err != nil {
+			return nil, fmt.Errorf("cannot read kubeconfig: %w", err)
+		}
+		root, h, err := decodeKubeconfig(data)
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %s: %w", p, err)
+		}
+		absPaths(root, filepath.Dir(p))
+		roots, read = append(roots, root), append(read, p)
+		if hint == "" {
+			hint = h
+		}
+	}
+	if len(roots) == 0 {
+		return nil, fmt.Errorf("cannot read kubeconfig: none of %q exists", path)
+	}
+	kc, err := kubeconfigFrom(mergeKubeconfigs(roots), "", hint)
 	if err != nil {
-		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+		return nil, fmt.Errorf("kubeconfig %s: %w", strings.Join(read, string(os.PathListSeparator)), err)
 	}
 	return kc, nil
 }
@@ -84,16 +129,24 @@ func LoadKubeconfig(path string) (*KubeConfig, error) {
 // ParseKubeconfig parses kubeconfig data; relative file paths are taken
 // from dir.
 func ParseKubeconfig(data []byte, dir string) (*KubeConfig, error) {
+	root, hint, err := decodeKubeconfig(data)
+	if err != nil {
+		return nil, err
+	}
+	return kubeconfigFrom(root, dir, hint)
+}
+
+// decodeKubeconfig parses kubeconfig data into its top-level mapping; hint
+// is a note for errors about what the file may have meant.
+func decodeKubeconfig(data []byte) (root map[string]any, hint string, err error) {
 	var doc any
-	hint := ""
 	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' {
 		if err := json.Unmarshal(t, &doc); err != nil {
-			return nil, fmt.Errorf("cannot parse JSON: %w", err)
+			return nil, "", fmt.Errorf("cannot parse JSON: %w", err)
 		}
 	} else {
-		var err error
 		if doc, err = parseYAML(data); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		if usesFlowStyle(data) {
 			hint = " (the file uses flow-style YAML, {...} or [...], which is read as plain strings: write it in block style, as kubectl config view --flatten prints it)"
@@ -101,8 +154,70 @@ func ParseKubeconfig(data []byte, dir string) (*KubeConfig, error) {
 	}
 	root, ok := doc.(map[string]any)
 	if !ok {
-		return nil, fmt.Errorf("top level is not a mapping")
+		return nil, "", fmt.Errorf("top level is not a mapping")
 	}
+	return root, hint, nil
+}
+
+// kubeFilePaths are the file-path fields of a kubeconfig's entries.
+var kubeFilePaths = map[string][]string{
+	"clusters": {"certificate-authority"},
+	"users":    {"client-certificate", "client-key", "tokenFile"},
+}
+
+// absPaths makes the relative file paths of root's entries relative to dir,
+// as kubectl resolves them against the file that names them.
+func absPaths(root map[string]any, dir string) {
+	for list, fields := range kubeFilePaths {
+		field := strings.TrimSuffix(list, "s")
+		items, _ := root[list].([]any)
+		for _, it := range items {
+			m, _ := it.(map[string]any)
+			f, _ := m[field].(map[string]any)
+			for _, k := range fields {
+				if v := str(f[k]); v != "" {
+					f[k] = rel(dir, v)
+				}
+			}
+		}
+	}
+}
+
+// mergeKubeconfigs merges kubeconfig documents as kubectl merges the files
+// of $KUBECONFIG: the first to set current-context, or to name a context,
+// cluster or user, wins.
+func mergeKubeconfigs(roots []map[string]any) map[string]any {
+	out := map[string]any{}
+	for _, list := range []string{"clusters", "contexts", "users"} {
+		var merged []any
+		named := map[string]bool{}
+		for _, root := range roots {
+			items, _ := root[list].([]any)
+			for _, it := range items {
+				m, _ := it.(map[string]any)
+				if m == nil || named[str(m["name"])] {
+					continue
+				}
+				named[str(m["name"])] = true
+				merged = append(merged, it)
+			}
+		}
+		if merged != nil {
+			out[list] = merged
+		}
+	}
+	for _, root := range roots {
+		if cur := str(root["current-context"]); cur != "" {
+			out["current-context"] = cur
+			break
+		}
+	}
+	return out
+}
+
+// kubeconfigFrom resolves a kubeconfig document's current context;
+// relative file paths are taken from dir.
+func kubeconfigFrom(root map[string]any, dir, hint string) (*KubeConfig, error) {
 	cur := str(root["current-context"])
 	ctx := named(root["contexts"], cur, "context")
 	if ctx == nil {
