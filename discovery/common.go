@@ -43,6 +43,7 @@ type backendStats struct {
 	// relists alone).
 	degraded atomic.Int64
 	workers  atomic.Int64
+	leftOut  atomic.Int64
 	log      logx.Throttle
 }
 
@@ -64,7 +65,44 @@ func statsFor(backend string) *backendStats {
 	metrics.GetOrCreateGauge(`infera_discovery_healthy`+lbl, func() float64 { return float64(s.healthy.Load()) })
 	metrics.GetOrCreateGauge(`infera_discovery_degraded`+lbl, func() float64 { return float64(s.degraded.Load()) })
 	metrics.GetOrCreateGauge(`infera_discovery_workers`+lbl, func() float64 { return float64(s.workers.Load()) })
+	metrics.GetOrCreateGauge(`infera_discovery_left_out_workers`+lbl, func() float64 { return float64(s.leftOut.Load()) })
 	stats[backend] = s
+	return s
+}
+
+// leftOutSink is a Sink that may hold a record without routing it
+// (*fleet.Fleet with OneWorkerPerEngine: one engine named by two ids).
+type leftOutSink interface{ LeftOut(id string) bool }
+
+var _ leftOutSink = (*fleet.Fleet)(nil)
+
+// workerCount is what a watcher's health line and gauges report: the
+// distinct worker ids its sink routes, and those it holds left out.
+type workerCount struct{ routed, leftOut atomic.Int64 }
+
+// set counts ids (each once) against sink and publishes the counts to st.
+func (c *workerCount) set(sink Sink, ids map[string]bool, st *backendStats) {
+	lo, _ := sink.(leftOutSink)
+	var routed, left int64
+	for id := range ids {
+		if lo != nil && lo.LeftOut(id) {
+			left++
+		} else {
+			routed++
+		}
+	}
+	c.routed.Store(routed)
+	c.leftOut.Store(left)
+	st.workers.Store(routed)
+	st.leftOut.Store(left)
+}
+
+// String says how many workers are routed, and how many left out.
+func (c *workerCount) String() string {
+	s := fmt.Sprintf("%d workers", c.routed.Load())
+	if n := c.leftOut.Load(); n > 0 {
+		s += fmt.Sprintf(", %d left out: their engine is another worker's", n)
+	}
 	return s
 }
 

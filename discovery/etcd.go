@@ -170,7 +170,7 @@ type EtcdWatcher struct {
 	known map[string]bool // ids in the sink; watcher goroutine only
 
 	rev     atomic.Int64
-	workers atomic.Int64
+	workers workerCount
 
 	// relist asks the watch to end and relist, saying why (an outage
 	// ended, etcd came back with fewer revisions).
@@ -230,14 +230,14 @@ func (w *EtcdWatcher) Close() {
 // Health reports whether etcd is reachable; detail says what is served.
 func (w *EtcdWatcher) Health() (ok bool, detail string) {
 	ok, since, lastErr, synced := w.h.get()
-	n, rev := w.workers.Load(), w.rev.Load()
+	n, rev := &w.workers, w.rev.Load()
 	switch {
 	case ok:
-		return true, fmt.Sprintf("etcd: watching %s (%d workers, revision %d)", w.cfg.Prefix, n, rev)
+		return true, fmt.Sprintf("etcd: watching %s (%s, revision %d)", w.cfg.Prefix, n, rev)
 	case !synced:
 		return false, fmt.Sprintf("etcd: never reached (%s); no workers known", lastErr)
 	default:
-		return false, fmt.Sprintf("etcd unreachable since %s (%s); serving last known list of %d workers (revision %d)",
+		return false, fmt.Sprintf("etcd unreachable since %s (%s); serving last known list of %s (revision %d)",
 			since.UTC().Format(time.RFC3339), lastErr, n, rev)
 	}
 }
@@ -253,7 +253,7 @@ func (w *EtcdWatcher) setHealth(ok bool, err error) {
 			slog.Info("etcd discovery: etcd reachable again")
 			w.askRelist(errors.New("etcd recovered from an outage"))
 		} else {
-			slog.Warn("etcd discovery: etcd unreachable, serving last known workers", "workers", w.workers.Load(), "err", err)
+			slog.Warn("etcd discovery: etcd unreachable, serving last known workers", "workers", w.workers.routed.Load(), "err", err)
 		}
 	}
 }
@@ -362,10 +362,7 @@ func (w *EtcdWatcher) list(ctx context.Context) (int64, error) {
 	return resp.Header.Revision, nil
 }
 
-func (w *EtcdWatcher) setWorkers() {
-	w.workers.Store(int64(len(w.known)))
-	w.st.workers.Store(int64(len(w.known)))
-}
+func (w *EtcdWatcher) setWorkers() { w.workers.set(w.sink, w.known, w.st) }
 
 func (w *EtcdWatcher) parse(key, val []byte) (fleet.Record, bool) {
 	id := string(key[len(w.cfg.Prefix):])

@@ -63,7 +63,7 @@ type KubeWatcher struct {
 	owner map[string]string
 	rv    string
 
-	workers atomic.Int64
+	workers workerCount
 	// denied holds the API server's refusal of the watch (403) while
 	// the fleet is refreshed by relists alone; empty when watching.
 	denied atomic.Pointer[string]
@@ -116,19 +116,19 @@ func (w *KubeWatcher) Close() {
 // Health reports whether the API server answers; detail says what is served.
 func (w *KubeWatcher) Health() (ok bool, detail string) {
 	ok, since, lastErr, synced := w.h.get()
-	n := w.workers.Load()
+	n := &w.workers
 	switch {
 	case ok && w.denied.Load() != nil:
 		// Not down (the lists work), but changes are seen only by the
 		// relists: /health says degraded.
-		return false, fmt.Sprintf("kubernetes: the watch on pods is forbidden (%s): RBAC needs the watch verb on pods in %s; serving pods %q from relists every %s (%d workers)",
+		return false, fmt.Sprintf("kubernetes: the watch on pods is forbidden (%s): RBAC needs the watch verb on pods in %s; serving pods %q from relists every %s (%s)",
 			*w.denied.Load(), w.nsName(), w.cfg.LabelSelector, forbiddenRelist, n)
 	case ok:
-		return true, fmt.Sprintf("kubernetes: watching pods %q in %s (%d workers)", w.cfg.LabelSelector, w.nsName(), n)
+		return true, fmt.Sprintf("kubernetes: watching pods %q in %s (%s)", w.cfg.LabelSelector, w.nsName(), n)
 	case !synced:
 		return false, fmt.Sprintf("kubernetes: API never reached (%s); no workers known", lastErr)
 	default:
-		return false, fmt.Sprintf("kubernetes API unreachable since %s (%s); serving last known list of %d workers",
+		return false, fmt.Sprintf("kubernetes API unreachable since %s (%s); serving last known list of %s",
 			since.UTC().Format(time.RFC3339), lastErr, n)
 	}
 }
@@ -150,7 +150,7 @@ func (w *KubeWatcher) setHealth(ok bool, err error) {
 		if ok {
 			slog.Info("kubernetes discovery: API reachable again")
 		} else {
-			slog.Warn("kubernetes discovery: API unreachable, serving last known workers", "workers", w.workers.Load(), "err", err)
+			slog.Warn("kubernetes discovery: API unreachable, serving last known workers", "workers", w.workers.routed.Load(), "err", err)
 		}
 	}
 }
@@ -432,9 +432,14 @@ func (w *KubeWatcher) setOwner(id, key string) {
 	w.owner[id] = key
 }
 
+// setWorkers counts the worker ids of the routed Pods: two Pods of one id
+// are one worker, and a record the sink leaves out is counted apart.
 func (w *KubeWatcher) setWorkers() {
-	w.workers.Store(int64(len(w.byPod)))
-	w.st.workers.Store(int64(len(w.byPod)))
+	ids := make(map[string]bool, len(w.byPod))
+	for _, r := range w.byPod {
+		ids[r.ID] = true
+	}
+	w.workers.set(w.sink, ids, w.st)
 }
 
 // watch streams events from w.rv until the server ends the watch (nil),

@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/infera/infera/fleet"
 )
 
 // A service account allowed to list Pods but not to watch them (a Role
@@ -185,4 +188,56 @@ func TestKubeASilentWatchIsNoticedWithinTheIdleTimeoutAndResumed(t *testing.T) {
 	w.Close()
 	srv.CloseClientConnections()
 	waitFor(t, 2*time.Second, "no goroutine left", func() bool { return runtime.NumGoroutine() <= g0+2 })
+}
+
+// Two Pods advertising one engine under two ids (one routed, the other
+// left out by the fleet) and two Pods of one id (a rollout with a fixed
+// --id) were each counted as a worker: the health line said 4 workers for
+// 2 routed. It now counts what is routed and names the left-out ones
+// apart.
+func TestKubeHealthCountsWhatIsRouted(t *testing.T) {
+	f := newFakeKube("tok")
+	srv := startFakeKube(t, f)
+	pod := func(name, id, url string) podSpec {
+		return podSpec{ns: "infera", name: name, labels: workerLabels, phase: "Running", ready: true,
+			ann: strp(`{"id":"` + id + `","url":"` + url + `","models":["m"],"status":"ACTIVE"}`)}
+	}
+	f.set(pod("p1", "a", "http://10.0.0.9:8100"), false)
+	f.set(pod("p2", "b", "http://10.0.0.9:8100"), false) // a's engine
+	f.set(pod("p3", "c", "http://10.0.0.8:8100"), false)
+	f.set(pod("p4", "c", "http://10.0.0.8:8100"), false) // c again
+	fl := fleet.NewFleet(fleet.BreakerConfig{})
+	defer fl.Close()
+	fl.OneWorkerPerEngine()
+	w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "tok"}, KubeWatcherConfig{Namespace: "infera"}, fl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, routed, leftOut int) {
+		t.Helper()
+		want := fmt.Sprintf("(%d workers", routed)
+		if leftOut > 0 {
+			want = fmt.Sprintf("(%d workers, %d left out", routed, leftOut)
+		}
+		waitFor(t, 5*time.Second, what, func() bool {
+			_, d := w.Health()
+			return len(fl.View().All) == routed && strings.Contains(d, want) && statsFor(BackendKubernetes).workers.Load() == int64(routed)
+		})
+	}
+	check("after the list", 2, 1)
+	// By watch events: another Pod on a's engine, then a's Pod gone (b
+	// joins).
+	f.set(pod("p5", "d", "http://10.0.0.9:8100"), false)
+	check("a third id on a's engine", 2, 2)
+	f.del("infera", "p1")
+	check("a's Pod deleted", 2, 1)
+	f.del("infera", "p3")
+	check("one of c's Pods deleted", 2, 1)
 }

@@ -176,6 +176,15 @@ func (f *Fleet) Remove(id string) {
 	}
 }
 
+// LeftOut reports whether the record of id is held but not routed
+// (OneWorkerPerEngine): a live worker of another id names its engine.
+func (f *Fleet) LeftOut(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.shadow[id]
+	return ok
+}
+
 // SkippedError is a record Sync skipped: the fleet holds no worker with
 // its ID (unless another record of rs had the same ID).
 type SkippedError struct {
