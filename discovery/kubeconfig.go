@@ -11,12 +11,15 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/infera/infera/internal/logx"
 )
 
 // In-cluster service-account files.
@@ -42,6 +45,12 @@ type KubeConfig struct {
 	ClientCertData, ClientKeyData []byte
 	// Insecure skips server verification.
 	Insecure bool
+	// TLSServerName, when set, is the name the API server's certificate
+	// is verified against (kubeconfig tls-server-name).
+	TLSServerName string
+	// ProxyURL, when set, is the proxy the API is reached through
+	// (kubeconfig proxy-url: http, https or socks5).
+	ProxyURL string
 	// Namespace is the default namespace (service account or context).
 	Namespace string
 }
@@ -69,7 +78,7 @@ func InClusterConfig() (*KubeConfig, error) {
 
 // LoadKubeconfig reads the current context of a kubeconfig file (YAML or
 // JSON): server, certificate-authority(-data), insecure-skip-tls-verify,
-// token / tokenFile, client-certificate(-data) / client-key(-data) and the
+// tls-server-name, proxy-url, token / tokenFile, client-certificate(-data) / client-key(-data) and the
 // context namespace. Exec and auth-provider plugins are not supported.
 //
 // path may be a list of files separated as in $KUBECONFIG (":" on Unix),
@@ -236,6 +245,11 @@ func kubeconfigFrom(root map[string]any, dir, hint string) (*KubeConfig, error) 
 		return nil, fmt.Errorf("cluster %q has no server%s", str(ctx["cluster"]), hint)
 	}
 	kc.Insecure = str(cl["insecure-skip-tls-verify"]) == "true"
+	// Both were ignored: the API server's certificate was checked against
+	// the server's host (a TLS error where kubectl connects), and the API
+	// reached directly instead of through the cluster's proxy.
+	kc.TLSServerName = str(cl["tls-server-name"])
+	kc.ProxyURL = str(cl["proxy-url"])
 	var err error
 	if kc.CAData, err = dataOrFile(cl, "certificate-authority", dir); err != nil {
 		return nil, err
@@ -339,7 +353,7 @@ func newKubeClient(kc *KubeConfig) (*kubeClient, error) {
 	if !strings.HasPrefix(kc.Server, "https://") && !strings.HasPrefix(kc.Server, "http://") {
 		return nil, fmt.Errorf("kubernetes: server %q must be http(s)://", kc.Server)
 	}
-	tc := &tls.Config{InsecureSkipVerify: kc.Insecure, MinVersion: tls.VersionTLS12}
+	tc := &tls.Config{InsecureSkipVerify: kc.Insecure, MinVersion: tls.VersionTLS12, ServerName: kc.TLSServerName}
 	if len(kc.CAData) > 0 {
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(kc.CAData) {
@@ -354,7 +368,16 @@ func newKubeClient(kc *KubeConfig) (*kubeClient, error) {
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}
+	var proxy func(*http.Request) (*url.URL, error)
+	if kc.ProxyURL != "" {
+		u, err := url.Parse(kc.ProxyURL)
+		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "socks5") {
+			return nil, fmt.Errorf("kubernetes: proxy-url %q: want http://, https:// or socks5://host:port", logx.RedactURL(kc.ProxyURL))
+		}
+		proxy = http.ProxyURL(u)
+	}
 	tr := &http.Transport{
+		Proxy:               proxy,
 		TLSClientConfig:     tc,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		TLSHandshakeTimeout: 5 * time.Second,

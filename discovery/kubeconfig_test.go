@@ -1,9 +1,16 @@
 package discovery
 
 import (
+	"context"
+	"encoding/base64"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
@@ -108,5 +115,77 @@ users:
 	// One path is read as before: a missing one is an error.
 	if _, err := LoadKubeconfig(missing); err == nil {
 		t.Fatal("a single missing kubeconfig was accepted")
+	}
+}
+
+// A kubeconfig's tls-server-name and proxy-url were parsed past and
+// ignored: the API server's certificate was checked against the server
+// url's host (a TLS error where kubectl connects), and the API was reached
+// directly, not through the cluster's proxy. Both now apply.
+func TestKubeconfigTLSServerNameAndProxyURLApply(t *testing.T) {
+	f := newFakeKube("tok")
+	f.set(podSpec{ns: "infera", name: "p1", labels: workerLabels, phase: "Running", ready: true, ann: strp(recJSON("w1"))}, false)
+	tlsSrv := httptest.NewTLSServer(f) // its certificate names example.com and 127.0.0.1
+	defer tlsSrv.Close()
+	ca := base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: tlsSrv.Certificate().Raw}))
+	dir := t.TempDir()
+	load := func(cluster string) (*KubeConfig, error) {
+		t.Helper()
+		p := filepath.Join(dir, "kubeconfig")
+		doc := "current-context: x\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n    namespace: infera\n" +
+			"clusters:\n- name: c\n  cluster:\n" + cluster + "users:\n- name: u\n  user:\n    token: tok\n"
+		if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return LoadKubeconfig(p)
+	}
+	list := func(kc *KubeConfig) error {
+		t.Helper()
+		w, err := NewKubeWatcher(kc, KubeWatcherConfig{Namespace: "infera"}, newMemSink())
+		if err != nil {
+			return err
+		}
+		return w.list(context.Background())
+	}
+	tlsCluster := func(name string) string {
+		return fmt.Sprintf("    server: %s\n    certificate-authority-data: %s\n    tls-server-name: %s\n", tlsSrv.URL, ca, name)
+	}
+	kc, err := load(tlsCluster("not-the-api.example"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := list(kc); err == nil || !strings.Contains(err.Error(), "not-the-api.example") {
+		t.Fatalf("a tls-server-name the certificate does not name: %v", err)
+	}
+	kc, err = load(tlsCluster("example.com"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := list(kc); err != nil {
+		t.Fatalf("tls-server-name example.com: %v", err)
+	}
+
+	var proxied atomic.Int64
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.IsAbs() { // absolute-form: a request for a proxy
+			proxied.Add(1)
+		}
+		f.ServeHTTP(w, r)
+	}))
+	defer proxy.Close()
+	// The API server's url does not resolve: only the proxy reaches it.
+	kc, err = load(fmt.Sprintf("    server: http://kube-api.invalid:6443\n    proxy-url: %s\n", proxy.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := list(kc); err != nil || proxied.Load() == 0 {
+		t.Fatalf("through proxy-url: %v, %d requests proxied", err, proxied.Load())
+	}
+	kc, err = load("    server: http://kube-api.invalid:6443\n    proxy-url: ftp://user:pw@proxy\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := list(kc); err == nil || !strings.Contains(err.Error(), "proxy-url") || strings.Contains(err.Error(), "pw") {
+		t.Fatalf("an unusable proxy-url: %v", err)
 	}
 }
