@@ -81,6 +81,9 @@ type protoState struct {
 	// coarse: a passthrough body the converter refused, routed on a
 	// minimal view (routingView); its prompt is estimated from its size.
 	coarse bool
+	// noStore: a passthrough Responses request with "store": false; the
+	// engine keeps no answer, so its id is not learned (respaffinity.go).
+	noStore bool
 
 	meta   protocol.Meta
 	conv   *protocol.StreamConverter // while a converted stream is relayed
@@ -325,7 +328,7 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 		if kind == kindResponses {
 			// A follow-up goes to the engine holding its previous
 			// response (respaffinity.go).
-			rs.sreq.Prefer = s.respAff.lookup(body)
+			rs.sreq.Prefer, p.noStore = s.respAff.lookup(body)
 		}
 		p.buf = chat
 		// The view is held until the request ends, beside the client's
@@ -657,10 +660,11 @@ func (s *Server) countTokens(ctx *fasthttp.RequestCtx, rs *reqState, chat []byte
 	ctx.SetBody(rs.proto.out)
 }
 
-// passesResponses reports a Responses request passed through: its answer
-// names the response an engine stored (respaffinity.go).
+// passesResponses reports a Responses request passed through whose answer
+// names a response the engine stored (not "store": false;
+// respaffinity.go).
 func (p *protoState) passesResponses() bool {
-	return p.mode == protoPassthrough && p.api == protocol.Responses
+	return p.mode == protoPassthrough && p.api == protocol.Responses && !p.noStore
 }
 
 // transforms reports whether the answer may be rewritten (converted or

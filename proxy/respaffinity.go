@@ -72,31 +72,39 @@ func (a *respAffinity) learn(first []byte, w *fleet.Worker) {
 }
 
 // lookup returns the engine that answered the response a Responses
-// body's previous_response_id names; the zero Ref when it names none or
-// one not known.
-func (a *respAffinity) lookup(body []byte) fleet.Ref {
-	if a.n.Load() == 0 {
-		return fleet.Ref{}
-	}
+// body's previous_response_id names (the zero Ref when it names none or
+// one not known), and whether the body asks the engine not to store its
+// answer ("store": false: nothing to learn from the answer).
+func (a *respAffinity) lookup(body []byte) (ref fleet.Ref, noStore bool) {
 	var prev []byte
 	forEachField(body, skipSpace(body, 0), func(k []byte, vs, ve int) error {
-		if string(k) == "previous_response_id" && body[vs] == '"' {
-			prev = body[vs+1 : ve-1]
+		switch string(k) {
+		case "previous_response_id":
+			prev = nil
+			if body[vs] == '"' {
+				prev = body[vs+1 : ve-1]
+			}
+		case "store":
+			// The last copy counts, as the engine's JSON decoder reads it.
+			noStore = string(body[vs:ve]) == "false"
 		}
 		return nil
 	})
-	if len(prev) == 0 {
-		return fleet.Ref{}
+	if len(prev) == 0 || a.n.Load() == 0 {
+		if len(prev) > 0 {
+			mPrevResponseUnknown.Inc()
+		}
+		return fleet.Ref{}, noStore
 	}
 	a.mu.Lock()
-	ref := a.m[string(prev)]
+	ref = a.m[string(prev)]
 	a.mu.Unlock()
 	if ref.ID == "" {
 		mPrevResponseUnknown.Inc()
 	} else {
 		mPrevResponseRouted.Inc()
 	}
-	return ref
+	return ref, noStore
 }
 
 var (

@@ -23,6 +23,7 @@ func storingResponsesEngine(t *testing.T, name string) *upstream {
 		var req struct {
 			Stream bool   `json:"stream"`
 			Prev   string `json:"previous_response_id"`
+			Store  *bool  `json:"store"`
 		}
 		json.Unmarshal(ctx.PostBody(), &req)
 		mu.Lock()
@@ -35,7 +36,9 @@ func storingResponsesEngine(t *testing.T, name string) *upstream {
 		}
 		n++
 		id := fmt.Sprintf("resp_%s_%d", name, n)
-		stored[id] = true
+		if req.Store == nil || *req.Store {
+			stored[id] = true
+		}
 		resp := `{"id":"` + id + `","object":"response","created_at":1,"status":"completed","model":"m","output":[{"id":"msg_1","type":"message","role":"assistant","status":"completed","content":[{"type":"output_text","text":"hi","annotations":[]}]}],"usage":{"input_tokens":3,"output_tokens":1,"total_tokens":4}}`
 		if !req.Stream {
 			ctx.SetBodyString(resp)
@@ -137,7 +140,10 @@ func TestResponsesAffinityIsBounded(t *testing.T) {
 	if len(a.m) != respAffinityMax || len(a.ring) != respAffinityMax {
 		t.Fatalf("%d ids, ring %d", len(a.m), len(a.ring))
 	}
-	if a.lookup([]byte(`{"previous_response_id":"resp_3"}`)) != (fleet.Ref{}) || a.lookup([]byte(fmt.Sprintf(`{"previous_response_id":"resp_%d"}`, respAffinityMax+9))) != w.Ref() {
+	if ref, _ := a.lookup([]byte(`{"previous_response_id":"resp_3"}`)); ref != (fleet.Ref{}) {
+		t.Fatal("the oldest kept")
+	}
+	if ref, _ := a.lookup([]byte(fmt.Sprintf(`{"previous_response_id":"resp_%d"}`, respAffinityMax+9))); ref != w.Ref() {
 		t.Fatal("not the oldest evicted")
 	}
 }
@@ -154,7 +160,53 @@ func TestAResponseIDKeepsTheEngineThatAnsweredItFirst(t *testing.T) {
 	other := &fleet.Worker{ID: "b", URL: "http://10.0.0.2:8000", Addr: "10.0.0.2:8000"}
 	a.learn([]byte(`{"id":"resp_victim"}`), first)
 	a.learn([]byte(`{"id":"resp_victim"}`), other)
-	if got := a.lookup([]byte(`{"previous_response_id":"resp_victim"}`)); got != first.Ref() {
+	if got, _ := a.lookup([]byte(`{"previous_response_id":"resp_victim"}`)); got != first.Ref() {
 		t.Fatalf("the follow-up goes to %v, want the first engine %v", got, first.Ref())
 	}
+}
+
+// An answer to a request with "store": false is not stored by the engine
+// (a follow-up naming it fails anyway): its id takes no slot. Such answers
+// were learned, and 65,536 of them pushed every stored response's id out.
+func TestAnAnswerNotStoredTakesNoAffinitySlot(t *testing.T) {
+	a, b := storingResponsesEngine(t, "a"), storingResponsesEngine(t, "b")
+	cfg := config.Default()
+	cfg.Protocol.ResponsesPassthrough = true
+	r := startRouter(t, nil, cfg, a.url, b.url)
+	for i, body := range []string{
+		`{"model":"m","input":"x","store":false}`,
+		`{"model":"m","input":"x","store":false,"stream":true}`,
+		`{"model":"m","input":"x","store":true,"store":false}`,
+	} {
+		if resp, got := postH(t, r.url+"/v1/responses", body, nil); resp.StatusCode != 200 {
+			t.Fatalf("%d: %d %s", i, resp.StatusCode, got)
+		}
+	}
+	if n := r.srv.respAff.n.Load(); n != 0 {
+		t.Fatalf("%d ids of unstored answers kept", n)
+	}
+	for _, body := range []string{`{"model":"m","input":"x"}`, `{"model":"m","input":"x","store":true}`, `{"model":"m","input":"x","store":null}`} {
+		if resp, got := postH(t, r.url+"/v1/responses", body, nil); resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, got)
+		}
+	}
+	if n := r.srv.respAff.n.Load(); n != 3 {
+		t.Fatalf("%d ids of stored answers kept, want 3", n)
+	}
+}
+
+func TestLookupReadsStore(t *testing.T) {
+	var a respAffinity
+	f := func(body string, want bool) {
+		t.Helper()
+		if _, got := a.lookup([]byte(body)); got != want {
+			t.Errorf("%s: noStore %v, want %v", body, got, want)
+		}
+	}
+	f(`{"model":"m"}`, false)
+	f(`{"model":"m","store":false}`, true)
+	f(`{"model":"m","store":true}`, false)
+	f(`{"model":"m","store":null}`, false)
+	f(`{"model":"m","store":false,"store":true}`, false)
+	f(`{"model":"m","metadata":{"store":false}}`, false)
 }
