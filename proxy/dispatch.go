@@ -540,7 +540,7 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	}
 	rs.scanUsage(rs.rbuf[:n])
 	if rs.proto.passesResponses() && status < 300 && rs.ext.cur == nil {
-		s.respAff.learn(rs.rbuf[:n], d.Worker) // respaffinity.go
+		rs.proto.resp.start(&s.respAff, rs.rbuf[:n], d.Worker) // respaffinity.go
 	}
 	first := rs.rbuf[:n]
 	if status >= 400 {

@@ -84,6 +84,9 @@ type protoState struct {
 	// noStore: a passthrough Responses request with "store": false; the
 	// engine keeps no answer, so its id is not learned (respaffinity.go).
 	noStore bool
+	// resp gathers the head of a passthrough Responses answer whose id
+	// did not come with the first read (respaffinity.go).
+	resp respScan
 
 	meta   protocol.Meta
 	conv   *protocol.StreamConverter // while a converted stream is relayed
@@ -102,9 +105,11 @@ func (p *protoState) reset() {
 	}
 	p.filter.Reset()
 	p.meta.Reset()
+	p.resp.reset()
 	*p = protoState{
 		meta:   p.meta,
 		filter: p.filter,
+		resp:   p.resp,
 		buf:    trimBuf(p.buf),
 		out:    trimBuf(p.out),
 		in:     trimBuf(p.in),
@@ -895,13 +900,17 @@ func (rs *reqState) errorBody() []byte {
 }
 
 // scanUsage records the usage in an answer chunk: chat usage, or in
-// passthrough the client protocol's usage object.
+// passthrough the client protocol's usage object (and a Responses
+// answer's id the first read did not hold).
 func (rs *reqState) scanUsage(b []byte) {
 	if rs.proto.mode != protoPassthrough {
 		rs.usage.scan(b)
 		return
 	}
 	rs.usage.scanProtocol(b, rs.proto.api)
+	if rs.proto.resp.a != nil {
+		rs.proto.resp.more(b) // an id not in the first read (respaffinity.go)
+	}
 }
 
 var (

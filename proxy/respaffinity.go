@@ -20,7 +20,8 @@ import (
 // same id and address is the same engine, which still holds the response),
 // for the last respAffinityMax ids. A follow-up whose worker is gone,
 // tried, open or full is routed as any request (the engine then says the
-// response is unknown).
+// response is unknown). An id that comes after the first read is looked
+// for in the answer's head (respScan).
 
 // respAffinityMax bounds the ids kept (about 100 bytes each).
 const respAffinityMax = 1 << 16
@@ -40,12 +41,12 @@ type respAffinity struct {
 	next int
 }
 
-// learn records the response id in first, an answer's first read, as
-// answered by w.
-func (a *respAffinity) learn(first []byte, w *fleet.Worker) {
-	id := responseID(first)
+// learn records the response id in head, the start of an answer, as
+// answered by w. It reports whether head held one.
+func (a *respAffinity) learn(head []byte, w *fleet.Worker) bool {
+	id := responseID(head)
 	if id == nil || w == nil {
-		return
+		return id != nil
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -57,7 +58,7 @@ func (a *respAffinity) learn(first []byte, w *fleet.Worker) {
 		// response's id (request_id), and a client that knew another's
 		// id must not move that conversation's follow-ups to an engine
 		// holding a response it planted.
-		return
+		return true
 	}
 	key := string(id)
 	if len(a.ring) < respAffinityMax {
@@ -69,6 +70,58 @@ func (a *respAffinity) learn(first []byte, w *fleet.Worker) {
 	}
 	a.m[key] = w.Ref()
 	a.n.Store(int64(len(a.m)))
+	return true
+}
+
+// An answer's id may come after the router's first read (readFirst): a
+// stream whose first packet is an SSE field of no event (retry:), an
+// engine that orders the Response's fields otherwise. The relay then
+// gathers the answer's head, up to respScanMax bytes and respScanReads
+// reads, until it holds the id.
+const (
+	respScanMax   = 64 << 10
+	respScanReads = 32
+)
+
+// respScan gathers the head of a passthrough Responses answer whose first
+// read held no response id. Part of the pooled request state.
+type respScan struct {
+	a     *respAffinity // nil: not scanning
+	w     *fleet.Worker
+	head  []byte
+	reads int
+}
+
+// start learns the id in an answer's first read from w, or starts
+// gathering its head when the first read holds none.
+func (sc *respScan) start(a *respAffinity, first []byte, w *fleet.Worker) {
+	if a.learn(first, w) || len(first) >= respScanMax {
+		return
+	}
+	sc.a, sc.w, sc.reads = a, w, 0
+	sc.head = append(sc.head[:0], first...)
+}
+
+// more adds the next read p of the answer and learns its id once the head
+// holds it; it stops at the bounds.
+func (sc *respScan) more(p []byte) {
+	if sc.a == nil || len(p) == 0 {
+		return
+	}
+	sc.head = append(sc.head, p[:min(len(p), respScanMax-len(sc.head))]...)
+	sc.reads++
+	if sc.a.learn(sc.head, sc.w) || len(sc.head) >= respScanMax || sc.reads >= respScanReads {
+		sc.a, sc.w = nil, nil
+	}
+}
+
+// reset clears sc for the next request; a large head is dropped.
+func (sc *respScan) reset() {
+	h := sc.head[:0]
+	if cap(h) > 16<<10 {
+		h = nil
+	}
+	*sc = respScan{head: h}
 }
 
 // lookup returns the engine that answered the response a Responses

@@ -1,11 +1,13 @@
 package proxy
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
@@ -16,6 +18,14 @@ import (
 // response store on: every answer's id is stored, and a request whose
 // previous_response_id this engine did not answer gets 404.
 func storingResponsesEngine(t *testing.T, name string) *upstream {
+	return storingResponsesEngineSplit(t, name, false)
+}
+
+// storingResponsesEngineSplit is storingResponsesEngine; with split its
+// answers come in two pieces, the second after a pause: a whole answer is
+// cut in the middle of its id, a stream starts with an SSE retry field
+// alone (the router's first read then holds no id).
+func storingResponsesEngineSplit(t *testing.T, name string, split bool) *upstream {
 	var mu sync.Mutex
 	stored := map[string]bool{}
 	n := 0
@@ -40,14 +50,31 @@ func storingResponsesEngine(t *testing.T, name string) *upstream {
 			stored[id] = true
 		}
 		resp := `{"id":"` + id + `","object":"response","created_at":1,"status":"completed","model":"m","output":[{"id":"msg_1","type":"message","role":"assistant","status":"completed","content":[{"type":"output_text","text":"hi","annotations":[]}]}],"usage":{"input_tokens":3,"output_tokens":1,"total_tokens":4}}`
-		if !req.Stream {
-			ctx.SetBodyString(resp)
+		body := resp
+		if req.Stream {
+			ctx.SetContentType("text/event-stream")
+			created := strings.Replace(resp, `"status":"completed"`, `"status":"in_progress"`, 1)
+			body = fmt.Sprintf("event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":%s}\n\n", created) +
+				fmt.Sprintf("event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":1,\"response\":%s}\n\n", resp)
+		}
+		if !split {
+			ctx.SetBodyString(body)
 			return
 		}
-		ctx.SetContentType("text/event-stream")
-		created := strings.Replace(resp, `"status":"completed"`, `"status":"in_progress"`, 1)
-		fmt.Fprintf(ctx, "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":%s}\n\n", created)
-		fmt.Fprintf(ctx, "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":1,\"response\":%s}\n\n", resp)
+		cut := strings.Index(body, "resp_") + 3
+		head := body[:cut]
+		if req.Stream {
+			// An SSE field line that is no event of the protocol
+			// (the reconnection time) is the stream's first packet.
+			head, cut = "retry: 3000\n\n", 0
+		}
+		ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+			w.WriteString(head)
+			w.Flush()
+			time.Sleep(30 * time.Millisecond)
+			w.WriteString(body[cut:])
+			w.Flush()
+		})
 	})
 }
 
@@ -56,7 +83,19 @@ func storingResponsesEngine(t *testing.T, name string) *upstream {
 // config reload; the engines store responses each for itself. It was routed
 // by load: round-robin sent every follow-up to the other engine (404).
 func TestAResponsesFollowUpGoesToTheWorkerHoldingItsPreviousResponse(t *testing.T) {
-	a, b := storingResponsesEngine(t, "a"), storingResponsesEngine(t, "b")
+	testFollowUps(t, false)
+}
+
+// An answer whose id arrives after the router's first read (a slow engine,
+// a stream that starts with a comment) is learned too. Only the first read
+// was scanned: each such conversation's follow-ups were routed by load, and
+// half of them reached the other engine (404).
+func TestAResponseIDThatArrivesAfterTheFirstReadIsLearned(t *testing.T) {
+	testFollowUps(t, true)
+}
+
+func testFollowUps(t *testing.T, split bool) {
+	a, b := storingResponsesEngineSplit(t, "a", split), storingResponsesEngineSplit(t, "b", split)
 	cfg := config.Default()
 	cfg.Protocol.ResponsesPassthrough = true
 	r := startRouter(t, nil, cfg, a.url, b.url)
@@ -209,4 +248,52 @@ func TestLookupReadsStore(t *testing.T) {
 	f(`{"model":"m","store":null}`, false)
 	f(`{"model":"m","store":false,"store":true}`, false)
 	f(`{"model":"m","metadata":{"store":false}}`, false)
+}
+
+// The head of an answer is gathered across reads, within bounds: an id
+// 40 KiB into a whole answer (after a long instructions field, a first
+// read of 32 KiB) is learned; one past respScanMax is not, nor one after
+// respScanReads reads.
+func TestAResponseIDIsLookedForInTheAnswersHead(t *testing.T) {
+	w := &fleetWorkerStub
+	f := func(name string, body string, read int, want bool) {
+		t.Helper()
+		var a respAffinity
+		var sc respScan
+		b := []byte(body)
+		first := b[:min(read, len(b))]
+		sc.start(&a, first, w)
+		for b = b[len(first):]; len(b) > 0; {
+			k := min(read, len(b))
+			sc.more(b[:k])
+			b = b[k:]
+		}
+		ref, _ := a.lookup([]byte(`{"previous_response_id":"resp_x"}`))
+		if got := ref == w.Ref(); got != want {
+			t.Errorf("%s: learned %v, want %v", name, got, want)
+		}
+		if sc.a != nil {
+			t.Errorf("%s: still scanning after the answer", name)
+		}
+		sc.reset()
+	}
+	long := strings.Repeat("x", 40<<10)
+	f("id after 40 KiB", `{"instructions":"`+long+`","id":"resp_x"}`, 32<<10, true)
+	f("id in the first read", `{"id":"resp_x","instructions":"`+long+`"}`, 32<<10, true)
+	f("stream after a retry field", "retry: 10\n\nevent: response.created\ndata: {\"response\":{\"id\":\"resp_x\"}}\n\n", 14, true)
+	f("id past the bound", `{"instructions":"`+strings.Repeat("x", respScanMax)+`","id":"resp_x"}`, 32<<10, false)
+	f("id after too many reads", `{"instructions":"`+strings.Repeat("x", 200*respScanReads)+`","id":"resp_x"}`, 100, false)
+}
+
+func BenchmarkRespScanMore(b *testing.B) {
+	var a respAffinity
+	var sc respScan
+	first := []byte("retry: 10\n\n")
+	rest := []byte("event: response.created\ndata: {\"response\":{\"id\":\"resp_x\"}}\n\n")
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		sc.start(&a, first, &fleetWorkerStub)
+		sc.more(rest)
+		sc.reset()
+	}
 }
