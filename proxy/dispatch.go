@@ -540,7 +540,11 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	}
 	rs.scanUsage(rs.rbuf[:n])
 	if rs.proto.passesResponses() && status < 300 && rs.ext.cur == nil {
-		rs.proto.resp.start(&s.respAff, rs.rbuf[:n], d.Worker) // respaffinity.go
+		c := respCred{addr: clientAddr(ctx)}
+		if u := rs.gov.user; u != nil {
+			c = respCred{user: u.Name()}
+		}
+		rs.proto.resp.start(&s.respAff, rs.rbuf[:n], d.Worker, c) // respaffinity.go
 	}
 	first := rs.rbuf[:n]
 	if status >= 400 {

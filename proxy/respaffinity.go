@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 
@@ -18,7 +19,8 @@ import (
 // event's "response":{"id":...}) and keeps which engine answered it (its
 // worker's id and address: a worker a reload or discovery replaced with the
 // same id and address is the same engine, which still holds the response),
-// for the last respAffinityMax ids. A follow-up whose worker is gone,
+// for the last respAffinityMax ids, shared fairly among credentials
+// (respAffinity). A follow-up whose worker is gone,
 // tried, open or full is routed as any request (the engine then says the
 // response is unknown). An id that comes after the first read is looked
 // for in the answer's head (respScan).
@@ -31,19 +33,40 @@ var (
 	mPrevResponseUnknown = metrics.NewCounter(`infera_protocol_previous_response_total{result="unknown"}`)
 )
 
-// respAffinity maps response ids to the engine that answered them, the
-// oldest evicted first.
+// respAffinity maps response ids to the engine that answered them. The
+// ids are kept per credential, each credential's oldest first; when the
+// table is full a new id displaces the oldest id of the credential that
+// holds the most (its own when it holds as many), so one credential
+// cannot push out the ids of another that holds fewer.
 type respAffinity struct {
-	n    atomic.Int64 // entries, read without the lock
-	mu   sync.Mutex
-	m    map[string]fleet.Ref
-	ring []string // ids in the order learned; next is the oldest at capacity
-	next int
+	n      atomic.Int64 // entries, read without the lock
+	mu     sync.Mutex
+	limit  int // the ids kept; 0: respAffinityMax
+	m      map[string]fleet.Ref
+	owners map[respCred]*respOwner
+	heap   []*respOwner // a max-heap by ids held
 }
 
+// respCred is who asked for a response: the user (users configured),
+// else the client's address (the global --api-key, or none, is shared).
+type respCred struct {
+	user string
+	addr netip.Addr
+}
+
+// respOwner is a credential's ids, the oldest at head.
+type respOwner struct {
+	cred respCred
+	ids  []string
+	head int
+	hi   int // its index in the heap
+}
+
+func (o *respOwner) held() int { return len(o.ids) - o.head }
+
 // learn records the response id in head, the start of an answer, as
-// answered by w. It reports whether head held one.
-func (a *respAffinity) learn(head []byte, w *fleet.Worker) bool {
+// answered by w for the credential c. It reports whether head held one.
+func (a *respAffinity) learn(head []byte, w *fleet.Worker, c respCred) bool {
 	id := responseID(head)
 	if id == nil || w == nil {
 		return id != nil
@@ -52,6 +75,7 @@ func (a *respAffinity) learn(head []byte, w *fleet.Worker) bool {
 	defer a.mu.Unlock()
 	if a.m == nil {
 		a.m = make(map[string]fleet.Ref)
+		a.owners = make(map[respCred]*respOwner)
 	}
 	if _, ok := a.m[string(id)]; ok {
 		// The first engine keeps it: vLLM lets a client choose a
@@ -61,16 +85,89 @@ func (a *respAffinity) learn(head []byte, w *fleet.Worker) bool {
 		return true
 	}
 	key := string(id)
-	if len(a.ring) < respAffinityMax {
-		a.ring = append(a.ring, key)
-	} else {
-		delete(a.m, a.ring[a.next])
-		a.ring[a.next] = key
-		a.next = (a.next + 1) % respAffinityMax
+	o := a.owners[c]
+	limit := a.limit
+	if limit <= 0 {
+		limit = respAffinityMax
 	}
+	if len(a.m) >= limit {
+		v := a.heap[0]
+		if o != nil && o.held() >= v.held() {
+			v = o
+		}
+		a.evict(v)
+		if v == o && o.held() == 0 {
+			o = nil // evict dropped it
+		}
+	}
+	if o == nil {
+		o = &respOwner{cred: c, hi: len(a.heap)}
+		a.owners[c] = o
+		a.heap = append(a.heap, o)
+	}
+	o.ids = append(o.ids, key)
+	a.up(o.hi)
 	a.m[key] = w.Ref()
 	a.n.Store(int64(len(a.m)))
 	return true
+}
+
+// evict forgets o's oldest id, and o when it holds none then. Lock must
+// be held.
+func (a *respAffinity) evict(o *respOwner) {
+	delete(a.m, o.ids[o.head])
+	o.ids[o.head] = ""
+	if o.head++; o.head >= 64 && o.head*2 >= len(o.ids) {
+		o.ids = o.ids[:copy(o.ids, o.ids[o.head:])]
+		o.head = 0
+	}
+	if o.held() > 0 {
+		a.down(o.hi)
+		return
+	}
+	delete(a.owners, o.cred)
+	last := len(a.heap) - 1
+	i := o.hi
+	a.swap(i, last)
+	a.heap[last] = nil
+	a.heap = a.heap[:last]
+	if i < last {
+		a.down(i)
+		a.up(i)
+	}
+}
+
+func (a *respAffinity) swap(i, j int) {
+	a.heap[i], a.heap[j] = a.heap[j], a.heap[i]
+	a.heap[i].hi, a.heap[j].hi = i, j
+}
+
+func (a *respAffinity) up(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if a.heap[p].held() >= a.heap[i].held() {
+			return
+		}
+		a.swap(i, p)
+		i = p
+	}
+}
+
+func (a *respAffinity) down(i int) {
+	for {
+		l, big := 2*i+1, i
+		if l < len(a.heap) && a.heap[l].held() > a.heap[big].held() {
+			big = l
+		}
+		if r := l + 1; r < len(a.heap) && a.heap[r].held() > a.heap[big].held() {
+			big = r
+		}
+		if big == i {
+			return
+		}
+		a.swap(i, big)
+		i = big
+	}
 }
 
 // An answer's id may come after the router's first read (readFirst): a
@@ -88,17 +185,18 @@ const (
 type respScan struct {
 	a     *respAffinity // nil: not scanning
 	w     *fleet.Worker
+	cred  respCred
 	head  []byte
 	reads int
 }
 
 // start learns the id in an answer's first read from w, or starts
 // gathering its head when the first read holds none.
-func (sc *respScan) start(a *respAffinity, first []byte, w *fleet.Worker) {
-	if a.learn(first, w) || len(first) >= respScanMax {
+func (sc *respScan) start(a *respAffinity, first []byte, w *fleet.Worker, c respCred) {
+	if a.learn(first, w, c) || len(first) >= respScanMax {
 		return
 	}
-	sc.a, sc.w, sc.reads = a, w, 0
+	sc.a, sc.w, sc.cred, sc.reads = a, w, c, 0
 	sc.head = append(sc.head[:0], first...)
 }
 
@@ -110,8 +208,8 @@ func (sc *respScan) more(p []byte) {
 	}
 	sc.head = append(sc.head, p[:min(len(p), respScanMax-len(sc.head))]...)
 	sc.reads++
-	if sc.a.learn(sc.head, sc.w) || len(sc.head) >= respScanMax || sc.reads >= respScanReads {
-		sc.a, sc.w = nil, nil
+	if sc.a.learn(sc.head, sc.w, sc.cred) || len(sc.head) >= respScanMax || sc.reads >= respScanReads {
+		sc.a, sc.w, sc.cred = nil, nil, respCred{}
 	}
 }
 

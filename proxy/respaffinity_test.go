@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"math/rand"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -174,16 +176,118 @@ func TestResponsesAffinityIsBounded(t *testing.T) {
 	var a respAffinity
 	w := &fleetWorkerStub
 	for i := 0; i < respAffinityMax+10; i++ {
-		a.learn([]byte(fmt.Sprintf(`{"id":"resp_%d"}`, i)), w)
+		a.learn([]byte(fmt.Sprintf(`{"id":"resp_%d"}`, i)), w, respCred{})
 	}
-	if len(a.m) != respAffinityMax || len(a.ring) != respAffinityMax {
-		t.Fatalf("%d ids, ring %d", len(a.m), len(a.ring))
+	if len(a.m) != respAffinityMax || a.heap[0].held() != respAffinityMax {
+		t.Fatalf("%d ids, %d held", len(a.m), a.heap[0].held())
 	}
 	if ref, _ := a.lookup([]byte(`{"previous_response_id":"resp_3"}`)); ref != (fleet.Ref{}) {
 		t.Fatal("the oldest kept")
 	}
 	if ref, _ := a.lookup([]byte(fmt.Sprintf(`{"previous_response_id":"resp_%d"}`, respAffinityMax+9))); ref != w.Ref() {
 		t.Fatal("not the oldest evicted")
+	}
+}
+
+// One credential's many answers cannot push out another's ids: a full
+// table gives way at the credential holding the most. The table was one
+// ring: a client sending 65,536 Responses requests pushed every other
+// client's ids out, and their follow-ups reached engines that answered 404.
+func TestOneCredentialCannotPushOutAnothersResponseIDs(t *testing.T) {
+	var a respAffinity
+	w := &fleetWorkerStub
+	alice, bob := respCred{user: "alice"}, respCred{addr: netip.MustParseAddr("10.1.1.1")}
+	for i := 0; i < 100; i++ {
+		a.learn([]byte(fmt.Sprintf(`{"id":"resp_alice_%d"}`, i)), w, alice)
+	}
+	for i := 0; i < 2*respAffinityMax; i++ {
+		a.learn([]byte(fmt.Sprintf(`{"id":"resp_bob_%d"}`, i)), w, bob)
+	}
+	if len(a.m) != respAffinityMax {
+		t.Fatalf("%d ids kept", len(a.m))
+	}
+	for i := 0; i < 100; i++ {
+		if ref, _ := a.lookup([]byte(fmt.Sprintf(`{"previous_response_id":"resp_alice_%d"}`, i))); ref != w.Ref() {
+			t.Fatalf("alice's id %d pushed out by bob's answers", i)
+		}
+	}
+	// Bob keeps his newest, the rest of the table.
+	if ref, _ := a.lookup([]byte(fmt.Sprintf(`{"previous_response_id":"resp_bob_%d"}`, 2*respAffinityMax-1))); ref != w.Ref() {
+		t.Fatal("bob's newest id not kept")
+	}
+	if got := a.owners[bob].held(); got != respAffinityMax-100 {
+		t.Fatalf("bob holds %d", got)
+	}
+	// Many credentials share the table: each new one takes from the
+	// largest, so the table ends even (64 ids among bob and 8 others).
+	a = respAffinity{limit: 64}
+	for i := 0; i < 64; i++ {
+		a.learn([]byte(fmt.Sprintf(`{"id":"resp_big_%d"}`, i)), w, bob)
+	}
+	for c := 0; c < 8; c++ {
+		for i := 0; i < 8; i++ {
+			a.learn([]byte(fmt.Sprintf(`{"id":"resp_%d_%d"}`, c, i)), w, respCred{user: fmt.Sprint(c)})
+		}
+	}
+	if len(a.m) != 64 {
+		t.Fatalf("%d ids", len(a.m))
+	}
+	for c, o := range a.owners {
+		if o.held() < 7 || o.held() > 8 {
+			t.Fatalf("%v holds %d, want 7 or 8", c, o.held())
+		}
+	}
+	checkRespHeap(t, &a)
+}
+
+// checkRespHeap checks the table's invariants.
+func checkRespHeap(t *testing.T, a *respAffinity) {
+	t.Helper()
+	n := 0
+	for i, o := range a.heap {
+		if o.hi != i || a.owners[o.cred] != o || o.held() <= 0 {
+			t.Fatalf("heap entry %d: hi %d, held %d", i, o.hi, o.held())
+		}
+		if i > 0 && a.heap[(i-1)/2].held() < o.held() {
+			t.Fatalf("heap order broken at %d", i)
+		}
+		for _, id := range o.ids[o.head:] {
+			if _, ok := a.m[id]; !ok {
+				t.Fatalf("%s held but not mapped", id)
+			}
+		}
+		n += o.held()
+	}
+	if n != len(a.m) || len(a.owners) != len(a.heap) {
+		t.Fatalf("%d held, %d mapped, %d owners, heap %d", n, len(a.m), len(a.owners), len(a.heap))
+	}
+}
+
+// A random mix of credentials keeps the table's invariants.
+func TestResponsesAffinityTableStaysConsistent(t *testing.T) {
+	a := respAffinity{limit: 500}
+	w := &fleetWorkerStub
+	rnd := rand.New(rand.NewSource(1))
+	for i := 0; i < 20000; i++ {
+		c := respCred{user: fmt.Sprint(rnd.Intn(1 + rnd.Intn(40)))}
+		a.learn([]byte(fmt.Sprintf(`{"id":"resp_%d"}`, rnd.Intn(30000))), w, c)
+		if i%997 == 0 {
+			checkRespHeap(t, &a)
+		}
+	}
+	checkRespHeap(t, &a)
+}
+
+func BenchmarkRespAffinityLearn(b *testing.B) {
+	a := respAffinity{limit: 4096}
+	ids := make([][]byte, 8192)
+	for i := range ids {
+		ids[i] = []byte(fmt.Sprintf(`{"id":"resp_%d"}`, i))
+	}
+	creds := []respCred{{user: "a"}, {user: "b"}, {addr: netip.MustParseAddr("10.0.0.1")}}
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		a.learn(ids[i%len(ids)], &fleetWorkerStub, creds[i%len(creds)])
 	}
 }
 
@@ -197,8 +301,8 @@ func TestAResponseIDKeepsTheEngineThatAnsweredItFirst(t *testing.T) {
 	var a respAffinity
 	first := &fleet.Worker{ID: "a", URL: "http://10.0.0.1:8000", Addr: "10.0.0.1:8000"}
 	other := &fleet.Worker{ID: "b", URL: "http://10.0.0.2:8000", Addr: "10.0.0.2:8000"}
-	a.learn([]byte(`{"id":"resp_victim"}`), first)
-	a.learn([]byte(`{"id":"resp_victim"}`), other)
+	a.learn([]byte(`{"id":"resp_victim"}`), first, respCred{user: "victim"})
+	a.learn([]byte(`{"id":"resp_victim"}`), other, respCred{user: "other"})
 	if got, _ := a.lookup([]byte(`{"previous_response_id":"resp_victim"}`)); got != first.Ref() {
 		t.Fatalf("the follow-up goes to %v, want the first engine %v", got, first.Ref())
 	}
@@ -262,7 +366,7 @@ func TestAResponseIDIsLookedForInTheAnswersHead(t *testing.T) {
 		var sc respScan
 		b := []byte(body)
 		first := b[:min(read, len(b))]
-		sc.start(&a, first, w)
+		sc.start(&a, first, w, respCred{})
 		for b = b[len(first):]; len(b) > 0; {
 			k := min(read, len(b))
 			sc.more(b[:k])
@@ -292,8 +396,43 @@ func BenchmarkRespScanMore(b *testing.B) {
 	rest := []byte("event: response.created\ndata: {\"response\":{\"id\":\"resp_x\"}}\n\n")
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
-		sc.start(&a, first, &fleetWorkerStub)
+		sc.start(&a, first, &fleetWorkerStub, respCred{})
 		sc.more(rest)
 		sc.reset()
+	}
+}
+
+// Through the router: each user's ids are their own share of the table.
+// Bob's many answers (the table holds 8 ids here) left alice's
+// conversations without their engine, and her follow-ups got 404.
+func TestAUsersFollowUpsSurviveAnotherUsersManyResponses(t *testing.T) {
+	a, b := storingResponsesEngine(t, "a"), storingResponsesEngine(t, "b")
+	ka, ha := mintKey(t)
+	kb, hb := mintKey(t)
+	r, _ := govRouter(t, nil, fmt.Sprintf(`{"protocol": {"responses_passthrough": true},
+		"users": [{"name": "alice", "keys": [%q]}, {"name": "bob", "keys": [%q]}]}`, ha, hb), a.url, b.url)
+	r.srv.respAff.limit = 8
+	post := func(key, body string) string {
+		t.Helper()
+		res := postPath(t, r.url, "/v1/responses", key, body)
+		if res.status != 200 {
+			t.Fatalf("%d %s", res.status, res.body)
+		}
+		var v struct{ ID string }
+		json.Unmarshal([]byte(res.body), &v)
+		return v.ID
+	}
+	ids := []string{post(ka, `{"model":"m","input":"x"}`), post(ka, `{"model":"m","input":"x"}`)}
+	for i := 0; i < 30; i++ {
+		post(kb, `{"model":"m","input":"x"}`)
+	}
+	for _, id := range ids {
+		if ref, _ := r.srv.respAff.lookup([]byte(`{"previous_response_id":"` + id + `"}`)); ref.ID == "" {
+			t.Fatalf("alice's %s pushed out by bob's answers", id)
+		}
+		next := post(ka, `{"model":"m","input":"x","previous_response_id":"`+id+`"}`)
+		if next[:6] != id[:6] {
+			t.Fatalf("%s followed %s", next, id)
+		}
 	}
 }
