@@ -208,6 +208,13 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 		w := l.Worker
 		ph := phaseOf(w)
 		tg, tw := rs.gov.seatTargets(w)
+		if r.Prefer.ID != "" && r.Prefer.Is(w) {
+			// A Responses follow-up on the engine holding its previous
+			// response (respaffinity.go): another engine's seat is no
+			// use (it answers 404), so it takes or waits for a seat there.
+			tg, tw = tg[:1], tw[:1]
+			rs.gov.targets, rs.gov.tw = tg, tw
+		}
 		var seat govern.Seat
 		var i int
 		var rej *govern.Rejection

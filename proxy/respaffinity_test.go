@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand"
+	"net/http"
 	"net/netip"
 	"strings"
 	"sync"
@@ -28,6 +30,13 @@ func storingResponsesEngine(t *testing.T, name string) *upstream {
 // cut in the middle of its id, a stream starts with an SSE retry field
 // alone (the router's first read then holds no id).
 func storingResponsesEngineSplit(t *testing.T, name string, split bool) *upstream {
+	return storingResponsesEngineHold(t, name, split, nil)
+}
+
+// storingResponsesEngineHold is storingResponsesEngineSplit; a request
+// whose input is "hold" waits for a value on h.release first (up to 10 s),
+// counted in h.inflight.
+func storingResponsesEngineHold(t *testing.T, name string, split bool, h *holdUpstream) *upstream {
 	var mu sync.Mutex
 	stored := map[string]bool{}
 	n := 0
@@ -36,8 +45,17 @@ func storingResponsesEngineSplit(t *testing.T, name string, split bool) *upstrea
 			Stream bool   `json:"stream"`
 			Prev   string `json:"previous_response_id"`
 			Store  *bool  `json:"store"`
+			Input  any    `json:"input"`
 		}
 		json.Unmarshal(ctx.PostBody(), &req)
+		if h != nil && req.Input == "hold" {
+			h.inflight.Add(1)
+			select {
+			case <-h.release:
+			case <-time.After(10 * time.Second):
+			}
+			h.inflight.Add(-1)
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		ctx.SetContentType("application/json")
@@ -434,5 +452,93 @@ func TestAUsersFollowUpsSurviveAnotherUsersManyResponses(t *testing.T) {
 		if next[:6] != id[:6] {
 			t.Fatalf("%s followed %s", next, id)
 		}
+	}
+}
+
+// A follow-up whose engine (the only one holding its previous response)
+// is at its concurrency limit waits for that engine's seat, as any queued
+// request waits, and under overlimit reject is refused (429): it is not
+// sent to another engine, which can only answer 404. It was: the gate
+// passed over the full engine and the follow-up got the other's 404.
+func TestAFollowUpWaitsForTheFullEngineHoldingItsPreviousResponse(t *testing.T) {
+	for _, overlimit := range []string{"queue", "reject", "gone"} {
+		t.Run(overlimit, func(t *testing.T) {
+			mode := overlimit
+			if mode == "gone" {
+				mode = "queue"
+			}
+			ha, hb := &holdUpstream{release: make(chan struct{}, 10)}, &holdUpstream{release: make(chan struct{}, 10)}
+			a, b := storingResponsesEngineHold(t, "a", false, ha), storingResponsesEngineHold(t, "b", false, hb)
+			r, g := govRouter(t, nil, `{"protocol": {"responses_passthrough": true},
+				"rate_limit": {"overall_concurrency": 1, "overlimit": "`+mode+`", "queue_timeout_ms": 5000}}`, a.url, b.url)
+			post := func(body string) apiResp {
+				// (not postPath: it stops the goroutine on an engine's error)
+				resp, err := http.Post(r.url+"/v1/responses", "application/json", strings.NewReader(body))
+				if err != nil {
+					return apiResp{body: err.Error()}
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return apiResp{status: resp.StatusCode, body: string(b)}
+			}
+			res := post(`{"model":"m","input":"x"}`)
+			var v struct{ ID string }
+			json.Unmarshal([]byte(res.body), &v)
+			if res.status != 200 || v.ID == "" {
+				t.Fatalf("%d %s", res.status, res.body)
+			}
+			holder := ha
+			if v.ID[:6] == "resp_b" {
+				holder = hb
+			}
+			defer func() { holder.release <- struct{}{} }() // (an extra one stays unread)
+			// The engine holding the response takes a long request.
+			long := make(chan apiResp, 1)
+			go func() { long <- post(`{"model":"m","input":"hold","previous_response_id":"` + v.ID + `"}`) }()
+			waitUntil(t, "the engine busy", func() bool { return holder.inflight.Load() == 1 })
+			follow := make(chan apiResp, 1)
+			go func() { follow <- post(`{"model":"m","input":"x","previous_response_id":"` + v.ID + `"}`) }()
+			if overlimit == "reject" {
+				got := <-follow
+				if got.status != 429 {
+					t.Fatalf("follow-up: %d %s, want 429", got.status, got.body)
+				}
+				holder.release <- struct{}{}
+				<-long
+				return
+			}
+			select {
+			case got := <-follow:
+				t.Fatalf("follow-up answered while its engine is full: %d %s", got.status, got.body)
+			case <-time.After(300 * time.Millisecond):
+			}
+			if overlimit == "gone" {
+				// The engine leaves the fleet while the follow-up waits:
+				// it is routed as any request, and the engine that gets it
+				// answers (vLLM: 404).
+				other := fleet.Record{ID: "w1", URL: b.url, Models: []string{"m"}}
+				if holder == hb {
+					other = fleet.Record{ID: "w0", URL: a.url, Models: []string{"m"}}
+				}
+				if errs := r.fl.Sync([]fleet.Record{other}); len(errs) > 0 {
+					t.Fatal(errs)
+				}
+				g.Retarget() // as the gateway's fleet hook does
+				if got := <-follow; got.status != 404 || !strings.Contains(got.body, "not found") {
+					t.Fatalf("follow-up after its engine left: %d %s", got.status, got.body)
+				}
+				return
+			}
+			holder.release <- struct{}{}
+			if got := <-long; got.status != 200 {
+				t.Fatalf("long: %d %s", got.status, got.body)
+			}
+			got := <-follow
+			var w struct{ ID string }
+			json.Unmarshal([]byte(got.body), &w)
+			if got.status != 200 || w.ID[:6] != v.ID[:6] {
+				t.Fatalf("follow-up: %d %s", got.status, got.body)
+			}
+		})
 	}
 }

@@ -126,3 +126,23 @@ func TestATentativePickBindsAndRecordsOnlyWhenCommitted(t *testing.T) {
 func sessPrompt(id string, p []byte) *Request {
 	return &Request{Model: []byte("m"), SessionID: []byte(id), Prompt: p}
 }
+
+// A preferred engine (Request.Prefer: a Responses follow-up's) that the
+// gate finds full is chosen still: only it holds what the request names,
+// and its caller waits for its seat. It was passed over for an open one.
+func TestAPreferredWorkerTheGateFindsFullIsChosen(t *testing.T) {
+	s, _ := newTestSched(t, workers(3, "m")...)
+	cfg := cfgWith(t, func(c *config.Config) { c.LoadBalancing.Algorithm = "round-robin" })
+	g := &fullGate{full: map[string]bool{"w000": true}}
+	w0 := s.Fleet.Get("w000")
+	for i := 0; i < 4; i++ {
+		d := pick(t, s, cfg, &Request{Model: []byte("m"), Gate: g, Prefer: w0.Ref()})
+		if d.Worker != w0 || d.Reason != ReasonAffinityHit {
+			t.Fatalf("pick %d chose %s (%v), want the preferred full w000", i, d.Worker.ID, d.Reason)
+		}
+	}
+	// Tried, it is not a candidate: the open ones are.
+	if d := pick(t, s, cfg, &Request{Model: []byte("m"), Gate: g, Prefer: w0.Ref(), Tried: []int{w0.Idx}}); d.Worker == w0 {
+		t.Fatal("a tried preferred worker was chosen")
+	}
+}

@@ -41,8 +41,10 @@ type Request struct {
 	// Prefer is the engine r goes to when its worker is an available
 	// candidate, before any layer (a Responses follow-up to the engine
 	// that stored its previous response, also after a reload replaced its
-	// worker with the same id and address); the zero Ref for none. When it
-	// is not one (removed, tried, breaker open, full), the layers decide.
+	// worker with the same id and address); the zero Ref for none. A
+	// candidate the Gate finds full is taken still (the caller waits for
+	// it); when it is not a candidate (removed, tried, breaker open), the
+	// layers decide.
 	Prefer fleet.Ref
 	// Leg is the part of the request the next Acquire picks a worker for
 	// (pd.go): the whole request (LegMixed, the zero value), or a PD pair's
@@ -438,7 +440,14 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 		d = s.pickDecode(cfg, avail, now) // pd.decode_policy
 	default:
 		if r.Prefer.ID != "" {
-			d = preferred(avail, r.Prefer)
+			// A candidate the gate found full counts too: only this
+			// engine holds what the request names (its caller waits for
+			// a seat there).
+			cands := avail
+			if r.gated != nil {
+				cands = r.gated
+			}
+			d = preferred(cands, r.Prefer)
 		}
 		if d.Worker == nil {
 			d = s.decide(cfg, c, v, avail, r, now)
