@@ -130,10 +130,19 @@ func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		}
 		rs.ext.cur, rs.acc.tried = nil, d.Worker
 		c.path, c.hdr = rs.path, rs.hdr
-		switch s.attempt(ctx, cfg, rs, s.tr, attempt < attempts-1 || more, res) {
+		// A Responses follow-up on the engine holding its previous
+		// response (respaffinity.go) is not retried elsewhere: another
+		// engine can only answer 404, hiding the failure the client may
+		// retry.
+		pinned := r.Prefer.ID != "" && r.Prefer.Is(d.Worker)
+		switch s.attempt(ctx, cfg, rs, s.tr, (attempt < attempts-1 || more) && !pinned, res) {
 		case attemptCommitted:
 			return
 		case attemptStop:
+			s.forgetFailed(rs, res, d.Worker)
+			return
+		}
+		if pinned {
 			s.forgetFailed(rs, res, d.Worker)
 			return
 		}

@@ -35,7 +35,8 @@ func storingResponsesEngineSplit(t *testing.T, name string, split bool) *upstrea
 
 // storingResponsesEngineHold is storingResponsesEngineSplit; a request
 // whose input is "hold" waits for a value on h.release first (up to 10 s),
-// counted in h.inflight.
+// counted in h.inflight; a follow-up whose input is "busy" gets 503 (the
+// engine overloaded).
 func storingResponsesEngineHold(t *testing.T, name string, split bool, h *holdUpstream) *upstream {
 	var mu sync.Mutex
 	stored := map[string]bool{}
@@ -62,6 +63,11 @@ func storingResponsesEngineHold(t *testing.T, name string, split bool, h *holdUp
 		if req.Prev != "" && !stored[req.Prev] {
 			ctx.SetStatusCode(404)
 			fmt.Fprintf(ctx, `{"error":{"message":"Response with id '%s' not found.","type":"invalid_request_error","param":null,"code":404}}`, req.Prev)
+			return
+		}
+		if h != nil && req.Input == "busy" {
+			ctx.SetStatusCode(503)
+			ctx.SetBodyString(`{"error":{"message":"the engine is overloaded","type":"server_error","param":null,"code":503}}`)
 			return
 		}
 		n++
@@ -540,5 +546,39 @@ func TestAFollowUpWaitsForTheFullEngineHoldingItsPreviousResponse(t *testing.T) 
 				t.Fatalf("follow-up: %d %s", got.status, got.body)
 			}
 		})
+	}
+}
+
+// A follow-up that fails on the engine holding its previous response (503:
+// overloaded; its connection refused) is not retried on another engine,
+// which can only answer 404 "not found": the client gets the failure it
+// may retry. It was retried, and the client got the other engine's 404.
+func TestAFollowUpIsNotRetriedAwayFromTheEngineHoldingItsPreviousResponse(t *testing.T) {
+	ha, hb := &holdUpstream{}, &holdUpstream{}
+	a, b := storingResponsesEngineHold(t, "a", false, ha), storingResponsesEngineHold(t, "b", false, hb)
+	cfg := config.Default()
+	cfg.Protocol.ResponsesPassthrough = true
+	f := defaultFlags()
+	f.RequestMaxRetries = 2
+	r := startRouter(t, f, cfg, a.url, b.url)
+	resp, got := postH(t, r.url+"/v1/responses", `{"model":"m","input":"x"}`, nil)
+	var v struct{ ID string }
+	json.Unmarshal([]byte(got), &v)
+	if resp.StatusCode != 200 || v.ID == "" {
+		t.Fatalf("%d %s", resp.StatusCode, got)
+	}
+	resp, got = postH(t, r.url+"/v1/responses", `{"model":"m","input":"busy","previous_response_id":"`+v.ID+`"}`, nil)
+	if resp.StatusCode != 503 || !strings.Contains(got, "overloaded") {
+		t.Fatalf("follow-up on an overloaded engine: %d %s, want its 503", resp.StatusCode, got)
+	}
+	// Its engine down (connection refused): a 502, not another's 404.
+	holder := a
+	if v.ID[:6] == "resp_b" {
+		holder = b
+	}
+	holder.srv.Shutdown()
+	resp, got = postH(t, r.url+"/v1/responses", `{"model":"m","input":"x","previous_response_id":"`+v.ID+`"}`, nil)
+	if resp.StatusCode != 502 && resp.StatusCode != 503 || !strings.Contains(got, `"error"`) {
+		t.Fatalf("follow-up on a down engine: %d %s, want 502 or 503", resp.StatusCode, got)
 	}
 }
