@@ -328,6 +328,7 @@ type CompareCmd struct {
 	InferaBin  string   `name:"infera-bin" help:"infera binary to run engines and routers with (default: this executable)." default:"" env:"INFERA_BENCH_INFERA_BIN"`
 	KVEvents   bool     `name:"kv-events" help:"Connect kv-aware routers to the engines' ZMQ KV event streams." default:"true" negatable:"" env:"INFERA_BENCH_KV_EVENTS"`
 	ServeArg   []string `name:"serve-arg" help:"Extra flag for infera serve (repeatable)." env:"INFERA_BENCH_SERVE_ARG"`
+	APIKey     string   `name:"api-key" help:"API key the routers take (with --serve-arg=--api-key=<key>), sent as 'Authorization: Bearer <key>' and never printed (empty: none)." default:"" env:"INFERA_BENCH_API_KEY"`
 	LogDir     string   `help:"Directory for child process logs (default: a new temp dir)." default:"" env:"INFERA_BENCH_LOG_DIR"`
 	SVG        string   `name:"svg" help:"Write the TTFT CDF and hit-rate chart here (empty: none)." default:"bench-compare.svg" env:"INFERA_BENCH_SVG"`
 	JSON       string   `name:"json" help:"Write results as JSON here (empty: none)." default:"bench-compare.json" env:"INFERA_BENCH_JSON"`
@@ -360,7 +361,7 @@ func (c *CompareCmd) Run() error {
 	ctx, cancel := signalContext()
 	defer cancel()
 	cc := CompareConfig{Bin: bin, Policies: splitList(c.Policies), Engines: c.Engines, EngineURLs: splitList(c.EngineURLs),
-		Engine: c.engineConfig(), KVEvents: c.KVEvents, ServeArgs: c.ServeArg, Model: c.Model,
+		Engine: c.engineConfig(), KVEvents: c.KVEvents, ServeArgs: c.ServeArg, APIKey: c.APIKey, Model: c.Model,
 		Load: lc, SLO: c.slo(), LogDir: c.LogDir, Log: os.Stderr, Ceiling: c.Ceiling,
 		Progress: func(label string) *Progress { return NewProgress(os.Stderr, label) }}
 	if c.SimCheck {

@@ -46,6 +46,10 @@ type CompareConfig struct {
 	KVEvents bool
 	// ServeArgs are extra `infera serve` flags.
 	ServeArgs []string
+	// APIKey is sent as "Authorization: Bearer <key>" to the routers (the
+	// readiness probe and every request), for routers started with
+	// --api-key in ServeArgs; never printed (empty: none).
+	APIKey string
 	// Model is the served model name.
 	Model string
 	Load  LoadConfig
@@ -309,7 +313,10 @@ func (c *CompareConfig) runPolicy(ctx context.Context, reqs []TraceRequest, pol 
 	routerURL := "http://127.0.0.1:" + strconv.Itoa(port)
 	args := []string{"serve", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 		"--discovery-backend", "static", "--config", cfgPath, "--router-policy", routerPolicy,
-		"--kv-block-size", strconv.Itoa(c.Engine.BlockSize)}
+		"--kv-block-size", strconv.Itoa(c.Engine.BlockSize),
+		// With --api-key the admin listener would start on its default
+		// port, 8081, and a router fails to start when it is taken.
+		"--admin-port", "0"}
 	args = append(args, c.ServeArgs...)
 	rp, err := StartProc(pol+"-router", c.LogDir, c.Bin, args...)
 	if err != nil {
@@ -317,7 +324,7 @@ func (c *CompareConfig) runPolicy(ctx context.Context, reqs []TraceRequest, pol 
 	}
 	g.Add(rp)
 	model := []byte(`"` + c.Model + `"`)
-	if err := WaitHTTP(ctx, rp, routerURL+"/v1/models", c.ReadyTimeout, func(b []byte) bool { return bytes.Contains(b, model) }); err != nil {
+	if err := waitHTTPKey(ctx, rp, routerURL+"/v1/models", c.APIKey, c.ReadyTimeout, func(b []byte) bool { return bytes.Contains(b, model) }); err != nil {
 		return Summary{}, nil, err
 	}
 	c.logf("policy %-15s router %s, %d engines ready; sending %d requests", pol, routerURL, len(engines), len(reqs))
@@ -325,6 +332,7 @@ func (c *CompareConfig) runPolicy(ctx context.Context, reqs []TraceRequest, pol 
 	if err != nil {
 		return Summary{}, nil, err
 	}
+	cl.SetAPIKey(c.APIKey)
 	defer cl.CloseIdle()
 	lc := c.Load
 	if c.Progress != nil {

@@ -192,3 +192,61 @@ func TestSimCheckReplaysObservedArrivals(t *testing.T) {
 	f(ArrivalPoisson, 0.5, 16) // a fresh Poisson draw spans ~20 s
 	f(ArrivalClosed, 20, 1)    // one at a time: each waits for the last
 }
+
+// compare and its PD fleet start routers with --serve-arg flags; a router
+// started with --api-key answered the readiness probe and every replayed
+// request with 401 (the run died "not ready after 20s"), since neither the
+// probe nor the replay client could send a key. --api-key gives it to both,
+// never in the log, the results or the router's admin listener (which a
+// keyed router opened on the fixed port 8081).
+func TestCompareSendsTheAPIKeyToTheRoutersItStarts(t *testing.T) {
+	bin := inferaBin(t)
+	const key = "compare-key-5f0c1e9a7b3d"
+	c := DefaultGenConfig(WorkloadShared)
+	c.Requests, c.Rate, c.SystemPrompts, c.SystemTokens, c.Users, c.OutputTokens = 6, 50, 2, 256, 4, 4
+	reqs, err := Generate(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc := DefaultLoadConfig()
+	lc.Timeout = 20 * time.Second
+	var logBuf bytes.Buffer
+	logDir := t.TempDir()
+	cc := CompareConfig{Bin: bin, Policies: []string{"round-robin"}, Engines: 2,
+		Engine:    EngineConfig{BlockSize: 16, KVCapacityBlocks: 1024, MaxBatch: 16, MaxPrefillTokens: 8192, Speedup: 4},
+		ServeArgs: []string{"--api-key=" + key}, APIKey: key,
+		Load: lc, LogDir: logDir, Log: &logBuf, ReadyTimeout: 15 * time.Second}
+	res, err := Compare(context.Background(), reqs, "tiny", cc)
+	if err == nil {
+		pd := PDFlags{PD: "1:1", PDMode: "sglang", PDDecodePolicy: "least-requests", PDTransferBase: time.Millisecond, PDTransferPerBlock: 40 * time.Microsecond}
+		res, err = pd.comparePD(context.Background(), res, reqs, cc)
+	}
+	if err != nil {
+		t.Fatalf("%v\n%s", err, logBuf.String())
+	}
+	if len(res.Summaries) != 2 {
+		t.Fatalf("want the mixed and the PD fleet's summaries, got %d", len(res.Summaries))
+	}
+	for _, s := range res.Summaries {
+		if s.OK != len(reqs) {
+			t.Fatalf("%s: %d/%d ok, errors %v", s.Name, s.OK, s.Requests, s.ErrorsByStatus)
+		}
+	}
+	var js bytes.Buffer
+	if err := WriteJSON(&js, res); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(js.Bytes(), []byte(key)) || bytes.Contains(logBuf.Bytes(), []byte(key)) {
+		t.Fatal("the API key is printed in the progress log or the results")
+	}
+	logs, _ := filepath.Glob(filepath.Join(logDir, "*router.log"))
+	if len(logs) != 2 {
+		t.Fatalf("want two router logs, got %v", logs)
+	}
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		if bytes.Contains(b, []byte("admin API and console listening")) {
+			t.Fatalf("%s: the router opened its admin listener (default port 8081):\n%s", l, b)
+		}
+	}
+}

@@ -155,7 +155,10 @@ func (f *PDFlags) runPD(ctx context.Context, reqs []TraceRequest, pol string, p,
 	routerURL := "http://127.0.0.1:" + strconv.Itoa(port)
 	args := []string{"serve", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 		"--discovery-backend", "static", "--config", cfgPath, "--router-policy", routerPolicy,
-		"--kv-block-size", strconv.Itoa(c.Engine.BlockSize)}
+		"--kv-block-size", strconv.Itoa(c.Engine.BlockSize),
+		// With --api-key the admin listener would start on its default
+		// port, 8081, and a router fails to start when it is taken.
+		"--admin-port", "0"}
 	args = append(args, c.ServeArgs...)
 	rp, err := StartProc(tag+"-router", c.LogDir, c.Bin, args...)
 	if err != nil {
@@ -163,7 +166,7 @@ func (f *PDFlags) runPD(ctx context.Context, reqs []TraceRequest, pol string, p,
 	}
 	g.Add(rp)
 	model := []byte(`"` + c.Model + `"`)
-	if err := WaitHTTP(ctx, rp, routerURL+"/v1/models", c.ReadyTimeout, func(b []byte) bool { return bytes.Contains(b, model) }); err != nil {
+	if err := waitHTTPKey(ctx, rp, routerURL+"/v1/models", c.APIKey, c.ReadyTimeout, func(b []byte) bool { return bytes.Contains(b, model) }); err != nil {
 		return Summary{}, nil, err
 	}
 	c.logf("%s: router %s, %d prefill and %d decode engines ready; sending %d requests", name, routerURL, p, d, len(reqs))
@@ -171,6 +174,7 @@ func (f *PDFlags) runPD(ctx context.Context, reqs []TraceRequest, pol string, p,
 	if err != nil {
 		return Summary{}, nil, err
 	}
+	cl.SetAPIKey(c.APIKey)
 	defer cl.CloseIdle()
 	run, err := RunLoad(ctx, cl, reqs, c.Load)
 	if err != nil {

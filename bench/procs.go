@@ -75,13 +75,19 @@ func (p *Proc) Stop() {
 // WaitHTTP polls GET url until it answers 200 (and, when check is not nil,
 // check accepts the body) or timeout passes or the process exits.
 func WaitHTTP(ctx context.Context, p *Proc, url string, timeout time.Duration, check func([]byte) bool) error {
+	return waitHTTPKey(ctx, p, url, "", timeout, check)
+}
+
+// waitHTTPKey is WaitHTTP sending "Authorization: Bearer key" (none when
+// key is empty), for a router started with --api-key.
+func waitHTTPKey(ctx context.Context, p *Proc, url, key string, timeout time.Duration, check func([]byte) bool) error {
 	deadline := time.Now().Add(timeout)
 	var last string
 	for time.Now().Before(deadline) {
 		if p != nil && p.Exited() {
 			return fmt.Errorf("%s exited (%v) before it was ready; log tail:\n%s", p.Name, p.err, p.LogTail(2000))
 		}
-		status, body, err := fasthttp.GetTimeout(nil, url, time.Second)
+		status, body, err := getWithKey(url, key, time.Second)
 		if err == nil && status == 200 && (check == nil || check(body)) {
 			return nil
 		}
@@ -129,6 +135,24 @@ func (g *Group) StopAll() {
 		go func() { defer wg.Done(); p.Stop() }()
 	}
 	wg.Wait()
+}
+
+// getWithKey GETs url with "Authorization: Bearer key" (none when key is
+// empty) and returns the status and a copy of the body.
+func getWithKey(url, key string, timeout time.Duration) (int, []byte, error) {
+	if key == "" {
+		return fasthttp.GetTimeout(nil, url, timeout)
+	}
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(url)
+	req.Header.Set(fasthttp.HeaderAuthorization, "Bearer "+key)
+	if err := fasthttp.DoTimeout(req, resp, timeout); err != nil {
+		return 0, nil, err
+	}
+	return resp.StatusCode(), append([]byte(nil), resp.Body()...), nil
 }
 
 // postJSON POSTs body to url and returns an error unless it answers 2xx.
