@@ -554,3 +554,48 @@ func TestATraceTheClientFellBehindOnCountsTheRequestsNeverSent(t *testing.T) {
 		t.Fatalf("%d sent and %d behind of %d stamped within --duration", len(run.Results), run.Behind, n)
 	}
 }
+
+// replay --json carries the figures of the table: the imbalance over the
+// workers seen (no --workers) was written with "workers": 0 beside it, as
+// though it had been computed over none.
+func TestReplayJSONNamesTheWorkersOfTheImbalance(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Infera-Engine-Id", "engine-"+strconv.Itoa(int(n.Add(1)%3)))
+		w.Write([]byte(`{"choices":[{"index":0,"message":{"role":"assistant","content":"a"},"finish_reason":"length"}],"usage":{"prompt_tokens":10,"completion_tokens":1}}`))
+	}))
+	defer srv.Close()
+	for _, c := range []struct {
+		args    []string
+		workers int
+	}{{nil, 3}, {[]string{"--workers", "4"}, 4}} {
+		out := filepath.Join(t.TempDir(), "replay.json")
+		var cli struct {
+			Bench Cmd `cmd:""`
+		}
+		p, err := kong.New(&cli)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kctx, err := p.Parse(append([]string{"bench", "replay", "--url", srv.URL, "--requests", "9", "--rate", "200", "--no-stream", "--json", out}, c.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kctx.Run(); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep struct{ Summary Summary }
+		if err := json.Unmarshal(b, &rep); err != nil {
+			t.Fatal(err)
+		}
+		s := rep.Summary
+		if s.Workers != c.workers || len(s.PerWorker) != 3 || s.Imbalance != Imbalance(s.PerWorker, c.workers) {
+			t.Fatalf("%v: workers %d (want %d), per worker %v, imbalance %v", c.args, s.Workers, c.workers, s.PerWorker, s.Imbalance)
+		}
+	}
+}

@@ -117,7 +117,8 @@ type Summary struct {
 	CeilingHitRate float64 `json:"ceiling_hit_rate,omitempty"`
 	CeilingShare   float64 `json:"ceiling_share,omitempty"`
 	// PerWorker counts successful requests per worker; Imbalance is max/mean
-	// over Workers workers (those that served nothing count as 0).
+	// over Workers workers (those that served nothing count as 0): the
+	// fleet size given, else the number of workers seen.
 	PerWorker map[string]int `json:"per_worker,omitempty"`
 	Workers   int            `json:"workers"`
 	Imbalance float64        `json:"imbalance"`
@@ -188,6 +189,9 @@ func Summarize(name string, results []Result, itls []time.Duration, wall time.Du
 	}
 	if s.PromptTokens > 0 {
 		s.HitRate = float64(s.CachedTokens) / float64(s.PromptTokens)
+	}
+	if workers <= 0 {
+		workers = len(s.PerWorker) // as Imbalance counts them
 	}
 	s.Workers = workers
 	s.Imbalance = Imbalance(s.PerWorker, workers)
