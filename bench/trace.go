@@ -51,9 +51,12 @@ func ParseTrace(r io.Reader) (reqs []TraceRequest, bad []LineError, err error) {
 	for {
 		buf = buf[:0]
 		var rerr error
+		long := false // the line is longer than maxTraceLine: the rest is skipped
 		for {
 			chunk, isPrefix, e := br.ReadLine()
-			if len(buf)+len(chunk) <= maxTraceLine {
+			if long || len(buf)+len(chunk) > maxTraceLine {
+				long = true
+			} else {
 				buf = append(buf, chunk...)
 			}
 			if e != nil {
@@ -67,11 +70,15 @@ func ParseTrace(r io.Reader) (reqs []TraceRequest, bad []LineError, err error) {
 		if rerr != nil && rerr != io.EOF {
 			return reqs, bad, fmt.Errorf("cannot read trace at line %d: %w", line+1, rerr)
 		}
-		if rerr == io.EOF && len(buf) == 0 {
+		if rerr == io.EOF && len(buf) == 0 && !long {
 			break
 		}
 		line++
-		if b := bytes.TrimSpace(buf); len(b) > 0 {
+		if long {
+			// Its start alone was no line to parse: it was reported as
+			// bad JSON (unexpected end of input).
+			bad = append(bad, LineError{Line: line, Err: fmt.Errorf("line longer than %d bytes (the longest a trace line may be)", maxTraceLine)})
+		} else if b := bytes.TrimSpace(buf); len(b) > 0 {
 			var tr TraceRequest
 			if e := parseTraceLine(b, &tr); e != nil {
 				bad = append(bad, LineError{Line: line, Err: e})

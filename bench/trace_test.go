@@ -180,3 +180,25 @@ func TestPromptTokensMatchesRender(t *testing.T) {
 		}
 	}
 }
+
+// A line past the reader's bound was reported as "bad JSON: unexpected
+// end of JSON input" (its first 16 MB, cut): the report now says what is
+// wrong, with its line number and the bound, and the lines after it keep
+// their numbers.
+func TestParseTraceNamesALineTooLong(t *testing.T) {
+	good := `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}`
+	long := `{"timestamp": 1, "input_length": 600, "output_length": 5, "hash_ids": [` + strings.Repeat("1, ", maxTraceLine/3) + `1]}`
+	in := good + "\n" + long + "\n{bad\n" + good + "\n" + long // the last without a newline
+	reqs, bad, err := ParseTrace(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) != 2 || len(bad) != 3 || bad[0].Line != 2 || bad[1].Line != 3 || bad[2].Line != 5 {
+		t.Fatalf("got %d requests, bad lines %v", len(reqs), bad)
+	}
+	for _, i := range []int{0, 2} {
+		if msg := bad[i].Error(); !strings.Contains(msg, "longer than 16777216 bytes") || strings.Contains(msg, "JSON") {
+			t.Fatalf("bad line %d reported as %q", bad[i].Line, msg)
+		}
+	}
+}
