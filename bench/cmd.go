@@ -494,7 +494,8 @@ func (c *SimulateCmd) Run() error {
 		}
 		sums = append(sums, s)
 	}
-	sums, err = c.PDFlags.simulatePD(os.Stderr, sums, reqs, splitList(c.Policies), c.Engines, c.coreConfig(), c.Model, c.config(&c.WorkloadFlags), c.slo(), c.KVOverlapWeight)
+	sums, err = c.PDFlags.simulatePD(os.Stderr, sums, reqs, splitList(c.Policies), c.Engines, c.coreConfig(), c.Model, c.config(&c.WorkloadFlags), c.slo(),
+		overlapWeightFromFlag(c.KVOverlapWeight), kvroute.LoadBoundFromFlag(c.KVLoadBound))
 	if err != nil {
 		return err
 	}

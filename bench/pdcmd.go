@@ -56,9 +56,11 @@ func (f *PDFlags) pdName(p, d int, policy string) string {
 }
 
 // simulatePD appends, for each policy, the PD fleet's summary after the
-// mixed fleet's (the summaries of sums, in policy order).
+// mixed fleet's (the summaries of sums, in policy order). kvOverlapWeight
+// and kvLoadBound are SimConfig's (mapped from the flags), so the prefill
+// leg's kv-aware router is the mixed fleet's.
 func (f *PDFlags) simulatePD(log io.Writer, sums []Summary, reqs []TraceRequest, policies []string, engines int,
-	core engine.CoreConfig, model string, lc LoadConfig, slo SLO, kvOverlapWeight float64) ([]Summary, error) {
+	core engine.CoreConfig, model string, lc LoadConfig, slo SLO, kvOverlapWeight, kvLoadBound float64) ([]Summary, error) {
 	p, d, ok, err := f.pdFleet(engines)
 	if !ok || err != nil {
 		return sums, err
@@ -68,7 +70,7 @@ func (f *PDFlags) simulatePD(log io.Writer, sums []Summary, reqs []TraceRequest,
 	for i, pol := range policies {
 		r, err := SimulatePD(reqs, PDSimConfig{Prefill: p, Decode: d, Mode: f.PDMode, Core: core, Policy: pol,
 			DecodePolicy: f.PDDecodePolicy, IndependentPairing: f.PDIndependentPairing, Model: model, Load: lc,
-			KVOverlapWeight: kvOverlapWeight})
+			KVOverlapWeight: kvOverlapWeight, KVLoadBound: kvLoadBound})
 		if err != nil {
 			return sums, fmt.Errorf("PD fleet, policy %s: %w", pol, err)
 		}

@@ -42,8 +42,10 @@ type PDSimConfig struct {
 	Load               LoadConfig
 	// MaxITLSamples caps the recorded inter-token gaps (0: 4 million).
 	MaxITLSamples int
-	// KVOverlapWeight is the kv-aware cost weight (0: 1.0).
+	// KVOverlapWeight is the kv-aware cost weight, as SimConfig's (0: 1.0,
+	// negative: 0); KVLoadBound its bounded load, as SimConfig's.
 	KVOverlapWeight float64
+	KVLoadBound     float64
 }
 
 // pdSimReq is one request in flight: its two legs on two engines.
@@ -162,11 +164,8 @@ func SimulatePD(reqs []TraceRequest, cfg PDSimConfig) (*SimResult, error) {
 	var ix *radix.Index
 	if kvAware {
 		ix = radix.New()
-		w := cfg.KVOverlapWeight
-		if w <= 0 {
-			w = 1
-		}
-		s.KV = kvroute.NewKVAware(kvroute.KVAwareConfig{Index: ix, OverlapWeight: w, BlockSize: cfg.Core.BlockSize, Seed: 1})
+		s.KV = kvroute.NewKVAware(kvroute.KVAwareConfig{Index: ix, OverlapWeight: simWeight(cfg.KVOverlapWeight), BlockSize: cfg.Core.BlockSize, Seed: 1,
+			LoadBound: cfg.KVLoadBound})
 	}
 	var now time.Duration
 	base := time.Unix(1_700_000_000, 0).UnixNano()

@@ -1,9 +1,14 @@
 package bench
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/alecthomas/kong"
 )
 
 // pdWorkload: long prompts, long outputs (where the mixed engine's
@@ -175,5 +180,49 @@ func TestSimulatePDNoStreamReportsAnswersReadWhole(t *testing.T) {
 		if !res.Whole || res.TTFT != res.E2E {
 			t.Fatalf("request %d: TTFT %v, E2E %v, Whole %v", res.Index, res.TTFT, res.E2E, res.Whole)
 		}
+	}
+}
+
+// simulate --pd runs the same kv-aware router on the PD fleet's prefill
+// leg as on the mixed fleet: --kv-overlap-weight 0 (predicted TTFT alone)
+// and --kv-load-bound were applied to the mixed fleet only, the PD fleet
+// running weight 1 and the default bound whatever the flags said (hit
+// rate 0.750 under weight 0 and 1 alike), so the side-by-side compared two
+// different routers.
+func TestSimulatePDTakesTheKVAwareFlagsOfTheMixedFleet(t *testing.T) {
+	pdHitRate := func(args ...string) float64 {
+		t.Helper()
+		out := filepath.Join(t.TempDir(), "sim.json")
+		var cli struct {
+			Bench Cmd `cmd:""`
+		}
+		p, err := kong.New(&cli)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kctx, err := p.Parse(append([]string{"bench", "simulate", "--engines", "8", "--pd", "4:4", "--policies", "kv-aware",
+			"--workload", "chat", "--requests", "600", "--rate", "60", "--no-ceiling", "--json", out}, args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kctx.Run(); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res struct{ Summaries []Summary }
+		if err := json.Unmarshal(b, &res); err != nil || len(res.Summaries) != 2 || !strings.HasPrefix(res.Summaries[1].Name, "pd ") {
+			t.Fatalf("%v: %s", err, b)
+		}
+		return res.Summaries[1].HitRate
+	}
+	def := pdHitRate()
+	if w0 := pdHitRate("--kv-overlap-weight", "0"); w0 == def {
+		t.Fatalf("PD fleet: --kv-overlap-weight 0 gives the default's hit rate %.4f", def)
+	}
+	if b := pdHitRate("--kv-load-bound=-1"); b == def {
+		t.Fatalf("PD fleet: --kv-load-bound -1 gives the default's hit rate %.4f", def)
 	}
 }
