@@ -355,7 +355,7 @@ func (c *CompareCmd) Run() error {
 	}
 	lc := c.config(&c.WorkloadFlags)
 	warnOversized(os.Stderr, reqs, &lc, c.BlockSize, c.KVCapacityBlocks)
-	if err := c.PDFlags.Check(c.Engines); err != nil {
+	if err := c.PDFlags.checkCompare(c.Engines, splitList(c.EngineURLs)); err != nil {
 		return err
 	}
 	ctx, cancel := signalContext()

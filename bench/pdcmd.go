@@ -50,6 +50,26 @@ func (f *PDFlags) Check(engines int) error {
 	return err
 }
 
+// checkCompare is Check for bench compare, which also refuses what only
+// comparePD would find, after the whole mixed-fleet comparison had run.
+func (f *PDFlags) checkCompare(engines int, engineURLs []string) error {
+	p, _, ok, err := f.pdFleet(engines)
+	switch {
+	case err != nil || !ok:
+		return err
+	case len(engineURLs) > 0:
+		return errPDEngineURLs
+	case p > 250:
+		return errPDTooManyPrefill
+	}
+	return nil
+}
+
+var (
+	errPDEngineURLs     = fmt.Errorf("--pd starts its own engines: it cannot be used with --engine-urls")
+	errPDTooManyPrefill = fmt.Errorf("--pd: at most 250 prefill engines (one loopback address each)")
+)
+
 // pdName names a PD run in the summaries.
 func (f *PDFlags) pdName(p, d int, policy string) string {
 	return fmt.Sprintf("pd %dP%dD %s %s", p, d, f.PDMode, policy)

@@ -28,10 +28,10 @@ func (f *PDFlags) comparePD(ctx context.Context, res *CompareResult, reqs []Trac
 		return res, err
 	}
 	if len(cc.EngineURLs) > 0 {
-		return res, fmt.Errorf("--pd starts its own engines: it cannot be used with --engine-urls")
+		return res, errPDEngineURLs
 	}
 	if p > 250 {
-		return res, fmt.Errorf("--pd: at most 250 prefill engines (one loopback address each)")
+		return res, errPDTooManyPrefill
 	}
 	// The defaults Compare applied to its own copy of cc.
 	cc.LogDir = res.LogDir

@@ -2,9 +2,13 @@ package bench
 
 import (
 	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -224,5 +228,36 @@ func TestSimulatePDTakesTheKVAwareFlagsOfTheMixedFleet(t *testing.T) {
 	}
 	if b := pdHitRate("--kv-load-bound=-1"); b == def {
 		t.Fatalf("PD fleet: --kv-load-bound -1 gives the default's hit rate %.4f", def)
+	}
+}
+
+// compare --pd with --engine-urls is refused before anything runs: the
+// refusal came from the PD stage, after every policy had run on the mixed
+// fleet (the engines' caches cleared, a router started per policy), and the
+// results of that run were thrown away with it.
+func TestComparePDRefusesEngineURLsBeforeRunning(t *testing.T) {
+	var hits atomic.Int64
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.Write([]byte("{}"))
+	}))
+	defer eng.Close()
+	var cli struct {
+		Bench Cmd `cmd:""`
+	}
+	p, err := kong.New(&cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kctx, err := p.Parse([]string{"bench", "compare", "--pd", "1:1", "--engines", "2", "--engine-urls", eng.URL + "," + eng.URL,
+		"--infera-bin", "/bin/false", "--policies", "round-robin", "--requests", "5", "--no-ceiling", "--svg", "", "--json", "", "--log-dir", t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kctx.Run(); !errors.Is(err, errPDEngineURLs) {
+		t.Fatalf("compare --pd --engine-urls: %v, want %v", err, errPDEngineURLs)
+	}
+	if n := hits.Load(); n != 0 {
+		t.Fatalf("the engines got %d requests before --pd --engine-urls was refused", n)
 	}
 }
