@@ -92,6 +92,16 @@ func (c *GenConfig) Validate() error {
 	if c.ThinkMS < 0 || math.IsNaN(c.ThinkMS) {
 		return fmt.Errorf("think time must be >= 0")
 	}
+	if c.Workload == WorkloadChat || c.Workload == WorkloadAgent {
+		// A session ends at a turn longer than maxTraceTokens/2: if even
+		// its first turn (the preamble block and a new message of up to
+		// 1.5 x the mean) can be, sessions may produce no request and the
+		// generator never reaches c.Requests.
+		if first := c.BlockTokens + c.QuestionTokens/2 + c.QuestionTokens; first > maxTraceTokens/2 {
+			return fmt.Errorf("question-tokens %d is too long for %s sessions: a first turn may reach %d tokens (one %d-token preamble block and up to 1.5 x the mean), over the %d a turn may have",
+				c.QuestionTokens, c.Workload, first, c.BlockTokens, maxTraceTokens/2)
+		}
+	}
 	return nil
 }
 

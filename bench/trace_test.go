@@ -2,9 +2,11 @@ package bench
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseTrace(t *testing.T) {
@@ -199,6 +201,43 @@ func TestParseTraceNamesALineTooLong(t *testing.T) {
 	for _, i := range []int{0, 2} {
 		if msg := bad[i].Error(); !strings.Contains(msg, "longer than 16777216 bytes") || strings.Contains(msg, "JSON") {
 			t.Fatalf("bad line %d reported as %q", bad[i].Line, msg)
+		}
+	}
+}
+
+// bench gen --workload chat --question-tokens 4194304 (in the accepted
+// range) spun forever writing nothing: every session's first turn was past
+// the longest turn a session may have, so no session yielded a request and
+// the generator never reached --requests. Such a value is refused; the
+// largest one accepted generates.
+func TestGenerateRefusesSessionsWhoseFirstTurnCannotFit(t *testing.T) {
+	gen := func(w string, q int) error {
+		t.Helper()
+		c := DefaultGenConfig(w)
+		c.Requests, c.QuestionTokens = 5, q
+		done := make(chan error, 1)
+		go func() {
+			reqs, err := Generate(c)
+			if err == nil && len(reqs) != c.Requests {
+				err = fmt.Errorf("generated %d requests of %d", len(reqs), c.Requests)
+			}
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s --question-tokens %d: Generate still running after 10s", w, q)
+			return nil
+		}
+	}
+	largest := (maxTraceTokens/2 - TraceBlockTokens) * 2 / 3
+	for _, w := range []string{WorkloadChat, WorkloadAgent} {
+		if err := gen(w, maxTraceTokens); err == nil || !strings.Contains(err.Error(), "question-tokens") {
+			t.Fatalf("%s --question-tokens %d: %v, want a question-tokens error", w, maxTraceTokens, err)
+		}
+		if err := gen(w, largest); err != nil {
+			t.Fatalf("%s --question-tokens %d: %v", w, largest, err)
 		}
 	}
 }
