@@ -328,6 +328,13 @@ func SimulatePD(reqs []TraceRequest, cfg PDSimConfig) (*SimResult, error) {
 		r := &reqs[i]
 		res := &results[i]
 		res.Index, res.Start = i, now
+		if lc.Arrival != ArrivalClosed && inflight >= lc.InFlight() {
+			// As RunLoad: an open-loop arrival past --max-in-flight is
+			// refused, never sent.
+			res.Err = errOverload
+			run.Dropped++
+			return
+		}
 		text = lc.Prompt.AppendPrompt(text[:0], r.HashIDs, r.InputLength, uint64(i)+1)
 		var prompt []uint32
 		if lc.API == "chat" {

@@ -262,6 +262,13 @@ func Simulate(reqs []TraceRequest, cfg SimConfig) (*SimResult, error) {
 		r := &reqs[i]
 		res := &results[i]
 		res.Index, res.Start = i, t
+		if lc.Arrival != ArrivalClosed && inflight >= lc.InFlight() {
+			// As RunLoad: an open-loop arrival past --max-in-flight is
+			// refused, never sent.
+			res.Err = errOverload
+			run.Dropped++
+			return
+		}
 		text, prompt := pr.render(i, r)
 		sr.Reset()
 		sr.Model = []byte(cfg.Model)

@@ -395,3 +395,48 @@ func TestSimulateRefusesNoPolicies(t *testing.T) {
 		}
 	}
 }
+
+// --max-in-flight bounds the simulated client as it bounds the real one:
+// an open-loop arrival past it is an "overload" error, never sent. The
+// simulators took the flag and ignored it (0 overloads at 200 req/s on one
+// engine under --max-in-flight 3), so simulate and replay disagreed on the
+// same overloaded run.
+func TestSimulateHonoursMaxInFlight(t *testing.T) {
+	reqs := smallShared(200)
+	lc := DefaultLoadConfig()
+	lc.Arrival, lc.Rate, lc.MaxInFlight = ArrivalPoisson, 200, 3
+	core := testCore(1)
+	check := func(name string, run *Run) {
+		t.Helper()
+		s := Summarize(name, run.Results, run.ITLs, run.Wall, SLO{}, 0)
+		if s.ErrorsByStatus["overload"] == 0 || s.ErrorsByStatus["overload"] != run.Dropped || s.OK+s.Errors != len(reqs) || s.OK == 0 {
+			t.Fatalf("%s: --max-in-flight 3 at 200 req/s: %d ok, errors %v, dropped %d", name, s.OK, s.ErrorsByStatus, run.Dropped)
+		}
+		// Requests in flight never pass the cap: at every sent request's
+		// start, fewer than 3 others were in flight.
+		for _, r := range run.Results {
+			if r.Err == errOverload {
+				continue
+			}
+			n := 0
+			for _, o := range run.Results {
+				if o.Err != errOverload && o.Index != r.Index && o.Start <= r.Start && o.Start+o.E2E > r.Start {
+					n++
+				}
+			}
+			if n >= 3 {
+				t.Fatalf("%s: request %d started with %d others in flight", name, r.Index, n)
+			}
+		}
+	}
+	r, err := Simulate(reqs, SimConfig{Engines: 1, Core: core, Policy: "round-robin", Load: lc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("mixed", r.Run)
+	pr, err := SimulatePD(reqs, PDSimConfig{Prefill: 1, Decode: 1, Mode: "sglang", Core: core, Policy: "least-requests", DecodePolicy: "least-requests", Load: lc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("pd", pr.Run)
+}
