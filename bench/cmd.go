@@ -166,6 +166,9 @@ func (l *LoadFlags) Validate() error {
 	if !l.Stream && l.SloTPOT > 0 {
 		return fmt.Errorf("--slo-tpot needs streamed answers (--stream): without them there is no time per output token")
 	}
+	if l.TokenPrompts && l.API != "completions" {
+		return errTokenPromptsChat
+	}
 	return nil
 }
 

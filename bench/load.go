@@ -74,6 +74,9 @@ func (c *LoadConfig) Validate() error {
 	default:
 		return fmt.Errorf("unknown api %q: want chat or completions", c.API)
 	}
+	if c.TokenPrompts && c.API != "completions" {
+		return errTokenPromptsChat
+	}
 	if c.Duration < 0 || c.Timeout < 0 {
 		return fmt.Errorf("duration and timeout must not be negative")
 	}
@@ -169,6 +172,10 @@ func (r *Run) behindWarning() string {
 	return fmt.Sprintf("the client fell behind the trace: %d requests stamped within --duration were never sent (sends lagged their stamps by up to %v); lower --speedup, or run the client on a less loaded machine",
 		r.Behind, r.MaxLag.Round(time.Millisecond))
 }
+
+// errTokenPromptsChat refuses --token-prompts without --api completions: a
+// chat message is text, and the flag was taken and did nothing.
+var errTokenPromptsChat = errors.New("--token-prompts needs --api completions (a chat message is text)")
 
 // errDurationOver ends a run's issuing at LoadConfig.Duration.
 var errDurationOver = errors.New("--duration is over")

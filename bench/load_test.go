@@ -599,3 +599,30 @@ func TestReplayJSONNamesTheWorkersOfTheImbalance(t *testing.T) {
 		}
 	}
 }
+
+// --token-prompts sends completions prompts as token ids; with the default
+// --api chat it was taken and did nothing (the prompts went as text), in
+// replay, compare and simulate alike. It is refused at parse time.
+func TestTokenPromptsWithoutCompletionsIsRefused(t *testing.T) {
+	for _, cmd := range []string{"replay", "compare", "simulate"} {
+		var cli struct {
+			Bench Cmd `cmd:""`
+		}
+		p, err := kong.New(&cli)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = p.Parse([]string{"bench", cmd, "--token-prompts"})
+		if err == nil || !strings.Contains(err.Error(), "--token-prompts needs --api completions") {
+			t.Fatalf("bench %s --token-prompts (--api chat): %v", cmd, err)
+		}
+		if _, err := p.Parse([]string{"bench", cmd, "--token-prompts", "--api", "completions"}); err != nil {
+			t.Fatalf("bench %s --token-prompts --api completions: %v", cmd, err)
+		}
+	}
+	lc := DefaultLoadConfig()
+	lc.TokenPrompts = true
+	if err := lc.Validate(); err == nil {
+		t.Fatal("LoadConfig with TokenPrompts and API chat accepted")
+	}
+}
