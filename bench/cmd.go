@@ -45,6 +45,20 @@ type GenFlags struct {
 	TokensPerBlock int     `help:"Tokens one trace hash id stands for (512 in Mooncake traces)." default:"512" env:"INFERA_BENCH_TOKENS_PER_BLOCK"`
 }
 
+// Validate refuses negative lengths where 0 stands for the workload's
+// default: a negative value was replaced by the default without a word.
+func (g *GenFlags) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"--question-tokens", g.QuestionTokens}, {"--turns", g.Turns}, {"--output-tokens", g.OutputTokens}} {
+		if f.v < 0 {
+			return fmt.Errorf("%s must not be negative (0: the workload's default), got %d", f.name, f.v)
+		}
+	}
+	return nil
+}
+
 func (g *GenFlags) config() GenConfig {
 	c := DefaultGenConfig(g.Workload)
 	c.Requests, c.Rate, c.Seed = g.Requests, g.Rate, g.Seed

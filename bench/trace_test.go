@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/alecthomas/kong"
 )
 
 func TestParseTrace(t *testing.T) {
@@ -238,6 +240,29 @@ func TestGenerateRefusesSessionsWhoseFirstTurnCannotFit(t *testing.T) {
 		}
 		if err := gen(w, largest); err != nil {
 			t.Fatalf("%s --question-tokens %d: %v", w, largest, err)
+		}
+	}
+}
+
+// --question-tokens, --turns and --output-tokens take 0 for the
+// workload's default; a negative value was taken as 0 without a word
+// (bench gen --output-tokens -5 wrote answers of about 48 tokens).
+func TestGenFlagsRefuseNegativeLengths(t *testing.T) {
+	for _, cmd := range []string{"gen", "replay", "simulate", "compare"} {
+		for _, flag := range []string{"--question-tokens", "--turns", "--output-tokens"} {
+			var cli struct {
+				Bench Cmd `cmd:""`
+			}
+			p, err := kong.New(&cli)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.Parse([]string{"bench", cmd, flag + "=-5"}); err == nil || !strings.Contains(err.Error(), flag+" must not be negative") {
+				t.Fatalf("bench %s %s=-5: %v", cmd, flag, err)
+			}
+			if _, err := p.Parse([]string{"bench", cmd, flag + "=0"}); err != nil {
+				t.Fatalf("bench %s %s=0: %v", cmd, flag, err)
+			}
 		}
 	}
 }
