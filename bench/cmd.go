@@ -231,7 +231,7 @@ func signalContext() (context.Context, context.CancelFunc) {
 // ReplayCmd is `infera bench replay`.
 type ReplayCmd struct {
 	URL     string `help:"Base URL of the router or engine: http(s)://host[:port][/path] (a trailing /v1 is shared with the request path)." default:"http://127.0.0.1:8000" env:"INFERA_BENCH_URL"`
-	Workers int    `help:"Fleet size for the load imbalance (0: workers seen in X-Infera-Worker or X-Infera-Engine-Id)." default:"0" env:"INFERA_BENCH_WORKERS"`
+	Workers int    `help:"Fleet size for the load imbalance (0: workers seen in X-Infera-Worker or X-Infera-Engine-Id; never fewer than those seen)." default:"0" env:"INFERA_BENCH_WORKERS"`
 	APIKey  string `name:"api-key" help:"API key of the endpoint, sent as 'Authorization: Bearer <key>' and never printed (empty: none)." default:"" env:"INFERA_BENCH_API_KEY"`
 	WorkloadFlags
 	LoadFlags

@@ -557,7 +557,9 @@ func TestATraceTheClientFellBehindOnCountsTheRequestsNeverSent(t *testing.T) {
 
 // replay --json carries the figures of the table: the imbalance over the
 // workers seen (no --workers) was written with "workers": 0 beside it, as
-// though it had been computed over none.
+// though it had been computed over none. A --workers below the workers
+// seen counts those seen: max/mean over 1 of 3 evenly loaded workers read
+// 0.33, below the 1 of a perfectly even spread.
 func TestReplayJSONNamesTheWorkersOfTheImbalance(t *testing.T) {
 	var n atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -569,7 +571,7 @@ func TestReplayJSONNamesTheWorkersOfTheImbalance(t *testing.T) {
 	for _, c := range []struct {
 		args    []string
 		workers int
-	}{{nil, 3}, {[]string{"--workers", "4"}, 4}} {
+	}{{nil, 3}, {[]string{"--workers", "4"}, 4}, {[]string{"--workers", "1"}, 3}} {
 		out := filepath.Join(t.TempDir(), "replay.json")
 		var cli struct {
 			Bench Cmd `cmd:""`

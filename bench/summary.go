@@ -118,7 +118,7 @@ type Summary struct {
 	CeilingShare   float64 `json:"ceiling_share,omitempty"`
 	// PerWorker counts successful requests per worker; Imbalance is max/mean
 	// over Workers workers (those that served nothing count as 0): the
-	// fleet size given, else the number of workers seen.
+	// fleet size given, else (or when more) the number of workers seen.
 	PerWorker map[string]int `json:"per_worker,omitempty"`
 	Workers   int            `json:"workers"`
 	Imbalance float64        `json:"imbalance"`
@@ -190,9 +190,10 @@ func Summarize(name string, results []Result, itls []time.Duration, wall time.Du
 	if s.PromptTokens > 0 {
 		s.HitRate = float64(s.CachedTokens) / float64(s.PromptTokens)
 	}
-	if workers <= 0 {
-		workers = len(s.PerWorker) // as Imbalance counts them
-	}
+	// The fleet size given, else the workers seen; never fewer than seen
+	// (a max/mean over fewer workers than served is below 1, an even
+	// spread's figure, however uneven the load).
+	workers = max(workers, len(s.PerWorker))
 	s.Workers = workers
 	s.Imbalance = Imbalance(s.PerWorker, workers)
 	return s
