@@ -80,9 +80,7 @@ func New(o Options, sink Sink) (Backend, error) {
 		case "":
 			// A context naming no namespace means "default", as kubectl
 			// reads it (not every namespace).
-			if ns = kc.Namespace; ns == "" {
-				ns = "default"
-			}
+			ns = kc.NamespaceOrDefault()
 		case "*", "all":
 			ns = ""
 		}

@@ -55,6 +55,15 @@ type KubeConfig struct {
 	Namespace string
 }
 
+// NamespaceOrDefault is the namespace kubectl works in: the service
+// account's or the context's, "default" when neither names one.
+func (kc *KubeConfig) NamespaceOrDefault() string {
+	if kc.Namespace == "" {
+		return "default"
+	}
+	return kc.Namespace
+}
+
 // InClusterConfig builds a config from the Pod's service account and
 // KUBERNETES_SERVICE_HOST/PORT.
 func InClusterConfig() (*KubeConfig, error) {

@@ -53,7 +53,7 @@ type Cmd struct {
 	LeaseTTL         time.Duration `help:"etcd lease TTL; a dead worker disappears within it." default:"10s" env:"INFERA_LEASE_TTL"`
 	Kubeconfig       string        `help:"kubeconfig file, or a list of them as in KUBECONFIG (a:b: merged as kubectl merges them, missing files skipped; default: in-cluster service account)." env:"INFERA_KUBECONFIG" type:"path"`
 	PodName          string        `help:"This Pod's name (downward API)." env:"POD_NAME"`
-	PodNamespace     string        `help:"This Pod's namespace (downward API)." env:"POD_NAMESPACE"`
+	PodNamespace     string        `help:"This Pod's namespace (downward API); empty: the service account's, else the kubeconfig context's, else default." env:"POD_NAMESPACE"`
 	PodIP            string        `help:"This Pod's IP (downward API); without --advertise-url the record advertises the engine at this IP." env:"POD_IP"`
 	K8sAnnotation    string        `name:"k8s-annotation" help:"Pod annotation holding the worker record." default:"infera.io/worker" env:"INFERA_K8S_ANNOTATION"`
 
@@ -480,7 +480,10 @@ func (s *Sidecar) connectDiscovery() error {
 		}
 		ns := c.PodNamespace
 		if ns == "" {
-			ns = kc.Namespace
+			// As the router reads it, and kubectl: the service account's
+			// namespace, else the context's, else "default". A context
+			// naming none was refused, asking for POD_NAMESPACE.
+			ns = kc.NamespaceOrDefault()
 		}
 		if s.reg, err = discovery.NewKubeRegistrar(kc, ns, c.PodName, c.K8sAnnotation); err != nil {
 			return err
