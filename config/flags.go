@@ -42,7 +42,7 @@ type Serve struct {
 	EtcdKeyFile      string   `help:"etcd TLS client key." env:"INFERA_ETCD_KEY_FILE"`
 	EtcdUsername     string   `help:"etcd auth user." env:"INFERA_ETCD_USERNAME"`
 	EtcdPassword     string   `help:"etcd auth password." env:"INFERA_ETCD_PASSWORD"`
-	Kubeconfig       string   `help:"kubeconfig file for --discovery-backend kubernetes, or a list of them as in KUBECONFIG (a:b: merged as kubectl merges them, missing files skipped; empty: in-cluster service account)." env:"INFERA_KUBECONFIG,KUBECONFIG"`
+	Kubeconfig       string   `help:"kubeconfig file for --discovery-backend kubernetes, or a list of them as in KUBECONFIG (a:b: merged as kubectl merges them, missing files skipped, a leading ~ of each the home directory; empty: in-cluster service account)." env:"INFERA_KUBECONFIG,KUBECONFIG"`
 	K8sNamespace     string   `name:"k8s-namespace" help:"Namespace to watch (empty: the service account's or kubeconfig context's, default when it names none; all: every namespace)." env:"INFERA_K8S_NAMESPACE"`
 	K8sAnnotation    string   `name:"k8s-annotation" help:"Pod annotation holding the worker record." default:"infera.io/worker" env:"INFERA_K8S_ANNOTATION"`
 	K8sLabelSelector string   `name:"k8s-label-selector" help:"Pod label selector for --discovery-backend kubernetes." default:"app.kubernetes.io/component=infera-worker" env:"INFERA_K8S_LABEL_SELECTOR"`

@@ -98,6 +98,7 @@ func InClusterConfig() (*KubeConfig, error) {
 // from the directory of the file that names them.
 func LoadKubeconfig(path string) (*KubeConfig, error) {
 	if !strings.ContainsRune(path, os.PathListSeparator) {
+		path = expandHome(path)
 		data, err := os.ReadFile(path)
 		if err != nil {
 			return nil, fmt.Errorf("cannot read kubeconfig: %w", err)
@@ -113,7 +114,7 @@ func LoadKubeconfig(path string) (*KubeConfig, error) {
 	hint := ""
 	seen := map[string]bool{}
 	for _, p := range filepath.SplitList(path) {
-		if p == "" || seen[p] {
+		if p = expandHome(p); p == "" || seen[p] {
 			continue
 		}
 		seen[p] = true
@@ -142,6 +143,22 @@ func LoadKubeconfig(path string) (*KubeConfig, error) {
 		return nil, fmt.Errorf("kubeconfig %s: %w", strings.Join(read, string(os.PathListSeparator)), err)
 	}
 	return kc, nil
+}
+
+// expandHome expands a leading ~ of a kubeconfig path to the home
+// directory ($HOME, as client-go finds it). A shell expands only the
+// first ~ of --kubeconfig ~/a:~/b, and none in a value it never saw (a
+// config file, a manifest's env): the second file was read as ./~/b,
+// missing, and silently skipped.
+func expandHome(p string) string {
+	if p != "~" && !strings.HasPrefix(p, "~/") {
+		return p
+	}
+	home, err := os.UserHomeDir()
+	if err != nil || home == "" {
+		return p
+	}
+	return filepath.Join(home, p[1:])
 }
 
 // ParseKubeconfig parses kubeconfig data; relative file paths are taken

@@ -189,3 +189,32 @@ func TestKubeconfigTLSServerNameAndProxyURLApply(t *testing.T) {
 		t.Fatalf("an unusable proxy-url: %v", err)
 	}
 }
+
+// Every entry of a kubeconfig list has its leading ~ expanded, not only
+// the first (which a shell expands): ~/b was read as ./~/b, missing, and
+// skipped without a word, so its context was never read.
+func TestKubeconfigListExpandsEveryTilde(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	write := func(name, doc string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(home, name), []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a", "clusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\n")
+	write("b", "current-context: x\ncontexts:\n- name: x\n  context:\n    cluster: c\n    namespace: from-b\n")
+	for _, path := range []string{"~/a:~/b", home + "/a:~/b", "~/b:~/a"} {
+		kc, err := LoadKubeconfig(path)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if kc.Server != "https://10.0.0.1:6443" || kc.Namespace != "from-b" {
+			t.Fatalf("%s: server %q namespace %q, want both files read", path, kc.Server, kc.Namespace)
+		}
+	}
+	write("c", "current-context: x\ncontexts:\n- name: x\n  context:\n    cluster: c\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.0.2:6443\n")
+	if kc, err := LoadKubeconfig("~/c"); err != nil || kc.Server != "https://10.0.0.2:6443" {
+		t.Fatalf("~/c: %+v, %v", kc, err)
+	}
+}

@@ -84,3 +84,31 @@ func TestTheSidecarsNamespaceIsDefaultWhenTheContextNamesNone(t *testing.T) {
 		t.Fatalf("patched %q, want %q", got, want)
 	}
 }
+
+// --kubeconfig ~/a:~/b reads both files: the flag was typed as a path, so
+// only the first ~ was expanded and ~/b skipped as missing.
+func TestTheSidecarsKubeconfigListExpandsEveryTilde(t *testing.T) {
+	unsetEnv(t, "POD_NAMESPACE")
+	unsetEnv(t, "INFERA_KUBECONFIG")
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	api := &fakeKubeAPI{}
+	srv := httptest.NewServer(api)
+	defer srv.Close()
+	if err := os.WriteFile(filepath.Join(home, "a"), []byte("clusters:\n- name: c\n  cluster:\n    server: "+srv.URL+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(home, "b"), []byte("current-context: x\ncontexts:\n- name: x\n  context:\n    cluster: c\n    namespace: from-b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := &Sidecar{c: parse(t, "--discovery-backend", "kubernetes", "--kubeconfig", "~/a:~/b", "--pod-name", "x")}
+	if err := s.connectDiscovery(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.reg.Deregister(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := api.paths(); len(got) != 1 || got[0] != "/api/v1/namespaces/from-b/pods/x" {
+		t.Fatalf("patched %q, want /api/v1/namespaces/from-b/pods/x", got)
+	}
+}

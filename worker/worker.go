@@ -51,7 +51,7 @@ type Cmd struct {
 	EtcdUsername     string        `help:"etcd auth user." env:"INFERA_ETCD_USERNAME"`
 	EtcdPassword     string        `help:"etcd auth password." env:"INFERA_ETCD_PASSWORD"`
 	LeaseTTL         time.Duration `help:"etcd lease TTL; a dead worker disappears within it." default:"10s" env:"INFERA_LEASE_TTL"`
-	Kubeconfig       string        `help:"kubeconfig file, or a list of them as in KUBECONFIG (a:b: merged as kubectl merges them, missing files skipped; default: in-cluster service account)." env:"INFERA_KUBECONFIG" type:"path"`
+	Kubeconfig       string        `help:"kubeconfig file, or a list of them as in KUBECONFIG (a:b: merged as kubectl merges them, missing files skipped; default: in-cluster service account; a leading ~ of each is the home directory)." env:"INFERA_KUBECONFIG"`
 	PodName          string        `help:"This Pod's name (downward API)." env:"POD_NAME"`
 	PodNamespace     string        `help:"This Pod's namespace (downward API); empty: the service account's, else the kubeconfig context's, else default." env:"POD_NAMESPACE"`
 	PodIP            string        `help:"This Pod's IP (downward API); without --advertise-url the record advertises the engine at this IP." env:"POD_IP"`
