@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/internal/logx"
+	"golang.org/x/net/http/httpproxy"
 )
 
 // In-cluster service-account files.
@@ -49,7 +50,8 @@ type KubeConfig struct {
 	// is verified against (kubeconfig tls-server-name).
 	TLSServerName string
 	// ProxyURL, when set, is the proxy the API is reached through
-	// (kubeconfig proxy-url: http, https or socks5).
+	// (kubeconfig proxy-url: http, https or socks5); when empty,
+	// HTTPS_PROXY/HTTP_PROXY/NO_PROXY apply, as in client-go.
 	ProxyURL string
 	// Namespace is the default namespace (service account or context).
 	Namespace string
@@ -394,7 +396,12 @@ func newKubeClient(kc *KubeConfig) (*kubeClient, error) {
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}
-	var proxy func(*http.Request) (*url.URL, error)
+	// Without proxy-url, HTTPS_PROXY/HTTP_PROXY/NO_PROXY apply, as in
+	// client-go (net/http's ProxyFromEnvironment, read here rather than
+	// once per process); they were ignored, and the API dialled directly
+	// where kubectl went through the proxy.
+	envProxy := httpproxy.FromEnvironment().ProxyFunc()
+	proxy := func(r *http.Request) (*url.URL, error) { return envProxy(r.URL) }
 	if kc.ProxyURL != "" {
 		u, err := url.Parse(kc.ProxyURL)
 		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "socks5") {

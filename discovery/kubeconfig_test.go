@@ -1,15 +1,19 @@
 package discovery
 
 import (
+	"bufio"
 	"context"
 	"encoding/base64"
 	"encoding/pem"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 )
@@ -216,5 +220,136 @@ func TestKubeconfigListExpandsEveryTilde(t *testing.T) {
 	write("c", "current-context: x\ncontexts:\n- name: x\n  context:\n    cluster: c\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.0.2:6443\n")
 	if kc, err := LoadKubeconfig("~/c"); err != nil || kc.Server != "https://10.0.0.2:6443" {
 		t.Fatalf("~/c: %+v, %v", kc, err)
+	}
+}
+
+// connectProxy is a loopback CONNECT proxy that tunnels every target to
+// to (a loopback address), counting the targets it was asked for.
+type connectProxy struct {
+	ln      net.Listener
+	to      string
+	mu      sync.Mutex
+	targets []string
+}
+
+func newConnectProxy(t *testing.T, to string) *connectProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &connectProxy{ln: ln, to: to}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go p.serve(c)
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return p
+}
+
+func (p *connectProxy) serve(c net.Conn) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	req, err := http.ReadRequest(br)
+	if err != nil || req.Method != http.MethodConnect {
+		return
+	}
+	p.mu.Lock()
+	p.targets = append(p.targets, req.Host)
+	p.mu.Unlock()
+	up, err := net.Dial("tcp", p.to)
+	if err != nil {
+		io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\n\r\n")
+		return
+	}
+	defer up.Close()
+	io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n")
+	go func() { io.Copy(up, br); up.Close() }()
+	io.Copy(c, up)
+}
+
+func (p *connectProxy) seen() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.targets...)
+}
+
+// HTTPS_PROXY/HTTP_PROXY/NO_PROXY apply to the Kubernetes API, as in
+// client-go, and a kubeconfig proxy-url wins over them: they were
+// ignored, and the API dialled directly where kubectl went through the
+// proxy.
+func TestKubeAPIIsReachedThroughTheProxyOfTheEnvironment(t *testing.T) {
+	for _, k := range []string{"HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy", "REQUEST_METHOD"} {
+		t.Setenv(k, "")
+		os.Unsetenv(k)
+	}
+	f := newFakeKube("tok")
+	f.set(podSpec{ns: "infera", name: "p1", labels: workerLabels, phase: "Running", ready: true, ann: strp(recJSON("w1"))}, false)
+	tlsSrv := httptest.NewTLSServer(f) // its certificate names example.com
+	defer tlsSrv.Close()
+	proxy := newConnectProxy(t, tlsSrv.Listener.Addr().String())
+	ca := base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: tlsSrv.Certificate().Raw}))
+	// The API server's name does not resolve: only a proxy reaches it
+	// (and a loopback address is never proxied, as net/http has it).
+	load := func(extra string) *KubeConfig {
+		t.Helper()
+		doc := "current-context: x\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n    namespace: infera\n" +
+			"clusters:\n- name: c\n  cluster:\n    server: https://kube-api.invalid:6443\n    certificate-authority-data: " + ca +
+			"\n    tls-server-name: example.com\n" + extra + "users:\n- name: u\n  user:\n    token: tok\n"
+		kc, err := ParseKubeconfig([]byte(doc), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kc
+	}
+	list := func(kc *KubeConfig) error {
+		t.Helper()
+		w, err := NewKubeWatcher(kc, KubeWatcherConfig{Namespace: "infera"}, newMemSink())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.list(context.Background())
+	}
+
+	t.Setenv("HTTPS_PROXY", "http://"+proxy.ln.Addr().String())
+	if err := list(load("")); err != nil {
+		t.Fatalf("through HTTPS_PROXY: %v", err)
+	}
+	if got := proxy.seen(); len(got) == 0 || got[0] != "kube-api.invalid:6443" {
+		t.Fatalf("CONNECT targets %q, want kube-api.invalid:6443", got)
+	}
+
+	// NO_PROXY names the API server: dialled directly (asked of the
+	// transport, so that nothing is dialled here).
+	t.Setenv("NO_PROXY", ".invalid")
+	c, err := newKubeClient(load(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodGet, "https://kube-api.invalid:6443/api/v1/pods", nil)
+	if u, err := c.hc.Transport.(*http.Transport).Proxy(req); u != nil || err != nil {
+		t.Fatalf("NO_PROXY=.invalid: proxy %v, %v; want none", u, err)
+	}
+	os.Unsetenv("NO_PROXY")
+
+	// proxy-url wins over HTTPS_PROXY, which now leads nowhere.
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := dead.Addr().String()
+	dead.Close()
+	t.Setenv("HTTPS_PROXY", "http://"+deadAddr)
+	before := len(proxy.seen())
+	if err := list(load("    proxy-url: http://" + proxy.ln.Addr().String() + "\n")); err != nil {
+		t.Fatalf("proxy-url with HTTPS_PROXY elsewhere: %v", err)
+	}
+	if len(proxy.seen()) == before {
+		t.Fatal("proxy-url was not used")
 	}
 }
