@@ -428,6 +428,16 @@ func (h *heldSecrets) resolve(s *sealer, c, cur, refs *config.Config) error {
 		return m
 	}
 	curSlots, refSlots := slots(cur), slots(refs)
+	// Sealed secrets that do not open (another seal key) are all named in
+	// one error, so the operator fixes them from one attempt.
+	var unopened *config.FieldError
+	var others []string
+	fail := func(err error) error {
+		if unopened != nil {
+			return config.UnopenedSecrets(unopened.Path, unopened.Msg, others)
+		}
+		return err
+	}
 	for _, sl := range c.AppendSecretSlots(nil) {
 		hs := h.byKey[sl.Secret.Reveal()]
 		if hs == nil {
@@ -441,42 +451,50 @@ func (h *heldSecrets) resolve(s *sealer, c, cur, refs *config.Config) error {
 		case hs.sealed != "":
 			key, err := s.open(hs.sealed, sl.Owner, sl.Address)
 			if err != nil {
-				return &config.FieldError{Path: sl.Path, Msg: err.Error()}
+				if unopened == nil {
+					unopened = &config.FieldError{Path: sl.Path, Msg: err.Error()}
+				} else {
+					others = append(others, sl.Path)
+				}
+				continue
 			}
 			if isReference(key) {
 				// The gateway seals keys only; references stay in clear.
-				return &config.FieldError{Path: sl.Path, Msg: msgReference}
+				return fail(&config.FieldError{Path: sl.Path, Msg: msgReference})
 			}
 			sec := config.NewSecret(key)
 			if err := sec.Check(sl.Path); err != nil {
-				return err
+				return fail(err)
 			}
 			*sl.Secret = sec
 		case hs.carried:
 			if hs.owner != sl.Owner || hs.address != sl.Address {
-				return &config.FieldError{Path: sl.Path, Msg: msgAddressChanged}
+				return fail(&config.FieldError{Path: sl.Path, Msg: msgAddressChanged})
 			}
 			*sl.Secret = config.NewSecret(hs.key)
 		case hs.ref != "":
 			if !known || prev.Secret.Ref() != hs.ref {
 				if cur == nil {
-					return &config.FieldError{Path: sl.Path, Msg: msgStoredRef}
+					return fail(&config.FieldError{Path: sl.Path, Msg: msgStoredRef})
 				}
-				return &config.FieldError{Path: sl.Path, Msg: msgReference}
+				return fail(&config.FieldError{Path: sl.Path, Msg: msgReference})
 			}
 			if prev.Address != sl.Address {
-				return &config.FieldError{Path: sl.Path, Msg: msgAddressChanged}
+				return fail(&config.FieldError{Path: sl.Path, Msg: msgAddressChanged})
 			}
 			*sl.Secret = *prev.Secret
 		default:
 			if !known || prev.Secret.Ref() != "" || !prev.Secret.IsSet() || s.fingerprint(prev.Secret.Reveal()) != hs.fp {
-				return &config.FieldError{Path: sl.Path, Msg: msgOtherUpstream}
+				return fail(&config.FieldError{Path: sl.Path, Msg: msgOtherUpstream})
 			}
 			if prev.Address != sl.Address {
-				return &config.FieldError{Path: sl.Path, Msg: msgAddressChanged}
+				return fail(&config.FieldError{Path: sl.Path, Msg: msgAddressChanged})
 			}
 			*sl.Secret = *prev.Secret
 		}
+	}
+	if unopened != nil {
+		return fail(nil)
 	}
 	// A placeholder left anywhere would become an upstream's key.
 	_, err := config.EncodeJSON(c, func(path, key string) (string, error) {

@@ -327,6 +327,9 @@ func ParseWith(data []byte, codec SecretCodec) (*Config, error) {
 	if codec != nil {
 		c.openSealed(codec)
 	}
+	if err := c.unopenedSealed(); err != nil {
+		return nil, err
+	}
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}

@@ -656,6 +656,50 @@ func (c *Config) openSealed(codec SecretCodec) {
 	}
 }
 
+// MaxNamedUnopened bounds how many other settings the error of a sealed
+// secret that cannot be opened names (UnopenedSecrets).
+const MaxNamedUnopened = 16
+
+// UnopenedSecrets is the error of sealed secrets that cannot be opened:
+// the first one's path and reason, and the paths of the others (at most
+// MaxNamedUnopened, then how many more), so an operator who started with
+// the wrong seal key learns every setting to fix from one attempt.
+func UnopenedSecrets(path, msg string, others []string) *FieldError {
+	if len(others) == 0 {
+		return &FieldError{Path: path, Msg: msg}
+	}
+	named := others
+	if len(named) > MaxNamedUnopened {
+		named = named[:MaxNamedUnopened]
+	}
+	msg = fmt.Sprintf("%s; %d more sealed secret(s) cannot be opened either: %s", msg, len(others), strings.Join(named, ", "))
+	if n := len(others) - len(named); n > 0 {
+		msg += fmt.Sprintf(" and %d more", n)
+	}
+	return &FieldError{Path: path, Msg: msg}
+}
+
+// unopenedSealed reports every sealed secret of c left unopened (no codec,
+// or one that could not open it) at once; nil when there is none.
+func (c *Config) unopenedSealed() error {
+	var first *SecretSlot
+	var others []string
+	for _, sl := range c.AppendSecretSlots(nil) {
+		if sl.Secret.sealed == "" || sl.Secret.err == "" {
+			continue
+		}
+		if first == nil {
+			first = &sl
+			continue
+		}
+		others = append(others, sl.Path)
+	}
+	if first == nil {
+		return nil
+	}
+	return UnopenedSecrets(first.Path, first.Secret.err, others)
+}
+
 // RedactedSecret is how a literal secret is rendered everywhere.
 const RedactedSecret = "***"
 
