@@ -1,10 +1,13 @@
 package admin
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/infera/infera/config"
@@ -268,10 +271,47 @@ func (a *Admin) deleteUser(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// readAddKeyBody checks that the body of POST /api/users/{name}/keys is
+// empty or {}: a key has no label or expiry here, so a client that sends
+// {"name":"ci","expires_at":...} is told, not left believing it set them.
+func readAddKeyBody(w http.ResponseWriter, r *http.Request) error {
+	body, err := readBody(w, r, 64<<10)
+	if err != nil {
+		return err
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
+	doc, err := decodeDoc(body)
+	if err != nil {
+		return err
+	}
+	if len(doc) == 0 {
+		return nil
+	}
+	fields := make([]string, 0, len(doc))
+	for k := range doc {
+		if len(k) > 64 { // the caller's text, told back bounded
+			k = strings.ToValidUTF8(k[:64], "") + "..."
+		}
+		fields = append(fields, strconv.Quote(k))
+	}
+	sort.Strings(fields)
+	first, _ := strconv.Unquote(fields[0])
+	if len(fields) > 8 {
+		fields = append(fields[:8], fmt.Sprintf("and %d more", len(fields)-8))
+	}
+	return &config.FieldError{Path: first, Msg: "unknown field(s) " + strings.Join(fields, ", ") +
+		": a new key takes no settings (no name, no expiry; keys are told apart by their id): send no body, then revoke the key by its id when it is no longer needed"}
+}
+
 func (a *Admin) addKey(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	base, err := a.ifMatch(r, false)
 	if err != nil {
+		return err
+	}
+	if err := readAddKeyBody(w, r); err != nil {
 		return err
 	}
 	key, hash, err := govern.NewKey()
