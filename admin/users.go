@@ -325,6 +325,9 @@ func (a *Admin) addKey(w http.ResponseWriter, r *http.Request) error {
 		}
 		m := users(doc)[i].(map[string]any)
 		keys, _ := m["keys"].([]any)
+		if len(keys) >= config.MaxAPIUserKeys {
+			return &httpError{status: http.StatusConflict, msg: fmt.Sprintf("user %q has %d keys, the most the API mints for one user (%d): revoke one (DELETE /api/users/{name}/keys/{id}) before adding another", name, len(keys), config.MaxAPIUserKeys)}
+		}
 		m["keys"] = append(keys, hash)
 		return nil
 	})

@@ -261,6 +261,12 @@ const (
 	MaxUserModelPattern = 256
 )
 
+// MaxAPIUserKeys bounds the keys POST /api/users/{name}/keys lets one
+// user hold (rotation needs two or three). It is not a validation rule: a
+// config or snapshot holding more still loads, and the API mints no more
+// until some are revoked.
+const MaxAPIUserKeys = 64
+
 // User is one API user.
 type User struct {
 	// Name identifies the user in metrics, logs and counters: 1-64 of
