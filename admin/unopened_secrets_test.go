@@ -60,6 +60,9 @@ func TestEverySealedSecretThatCannotBeOpenedIsNamedAtStart(t *testing.T) {
 	// The snapshots, under another key.
 	_, err = New(Options{Store: config.NewStore("", nil), Key: "another-admin-key-0123456789", SnapshotDir: dir})
 	wantsAllUnopened(t, "snapshots", err)
+	// The snapshots, without any key.
+	_, err = New(Options{Store: config.NewStore("", nil), SnapshotDir: dir})
+	wantsAllUnopened(t, "snapshots without a key", err)
 }
 
 func TestUnopenedSecretsNamesABoundedList(t *testing.T) {
