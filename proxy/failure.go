@@ -113,6 +113,17 @@ var (
 // the worker could not reach its engine, failEngine). When every attempt
 // failed so, the client gets 503 no_workers_reachable over either
 // transport.
+// refusal reports whether f is the upstream's refusal of the request or
+// its fault (a 5xx or 429 answer, unreachable, a timeout, an invalid
+// answer, the gateway's key refused), as opposed to the client's doing
+// (a 4xx answer, a client that left, the request's own deadline).
+func (f *failure) refusal() bool {
+	if f.kind == failStatus {
+		return f.status >= 500 || f.status == 429
+	}
+	return f.outcome() == sched.OutcomeFault
+}
+
 func (f *failure) unreachable() bool { return f.kind == failConnect || f.kind == failEngine }
 
 func isTimeout(err error) bool {

@@ -64,7 +64,15 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		if u == nil {
 			continue // an address config validation should have refused
 		}
-		switch s.attemptExternal(ctx, cfg, rs, u, false, more, res) {
+		ar := s.attemptExternal(ctx, cfg, rs, u, false, more, res)
+		if ar != attemptCommitted && idx == bound && res.last != nil && res.last.refusal() {
+			// The entry the session is bound to refused it (429, 5xx,
+			// unreachable, ...): its next request is split again. Held
+			// there, a session whose entry kept answering 429 (which
+			// never opens its breaker) failed on every turn.
+			s.sched.UnbindSession(cfg, &rs.sreq, u.w)
+		}
+		switch ar {
 		case attemptCommitted:
 			if sp.Strategy != config.SplitPrefix && idx != bound {
 				s.sched.BindSession(cfg, &rs.sreq, u.w)

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -846,6 +847,76 @@ func TestASplitSessionBoundToAWorkerThatLeftIsSplitAgain(t *testing.T) {
 		}
 		if !served {
 			t.Fatalf("%s, bound to the worker that left, never went to the external entry in 8 turns", sess)
+		}
+	}
+}
+
+// A session bound to an external entry that starts refusing it (429,
+// which never opens the entry's breaker, or 5xx below the breaker's
+// threshold) is split again after the refusal, and served where the
+// weights send it then; while the entry works, its sessions stay on it.
+// Before, splitBound kept the session on the entry: every turn of it was
+// answered 429 while the local worker was idle.
+func TestASplitSessionWhoseEntryRefusesItIsSplitAgain(t *testing.T) {
+	local := startUpstream(t, okHandler)
+	var refuse atomic.Int32
+	a := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if st := refuse.Load(); st != 0 {
+			ctx.SetStatusCode(int(st))
+			ctx.SetBodyString(`{"error":{"message":"slow down","type":"rate_limit"}}`)
+			return
+		}
+		okHandler(ctx)
+	})
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true, Weight: 1},
+		config.Proxy{Name: "a", Address: a.url, Weight: 1},
+	)
+	cfg.SessionAffinity.Enabled = true
+	r := startRouterWith(t, nil, cfg, nil, local.url)
+	turn := func(sess string) (int, string) {
+		resp, _ := postWith(t, r.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": sess})
+		return resp.StatusCode, resp.Header.Get("X-Infera-Upstream")
+	}
+	var onA []string
+	for i := 0; i < 20 && len(onA) < 4; i++ {
+		sess := fmt.Sprintf("sess-%d", i)
+		if code, up := turn(sess); code == 200 && up == "split:a" {
+			onA = append(onA, sess)
+		}
+	}
+	if len(onA) == 0 {
+		t.Fatal("no session went to the external entry")
+	}
+	for _, sess := range onA { // bound while the entry works
+		if code, up := turn(sess); code != 200 || up != "split:a" {
+			t.Fatalf("%s left the working entry: %d %q", sess, code, up)
+		}
+	}
+	for _, status := range []int32{429, 503} {
+		refuse.Store(status)
+		for _, sess := range onA {
+			served := false
+			for n := 0; n < 8 && !served; n++ {
+				code, up := turn(sess)
+				served = code == 200 && up == ""
+			}
+			if !served {
+				t.Fatalf("%s, bound to an entry answering %d, never reached the local worker in 8 turns", sess, status)
+			}
+			// Served locally, it stays there.
+			if code, up := turn(sess); code != 200 || up != "" {
+				t.Fatalf("%s left the local entry it was split to: %d %q", sess, code, up)
+			}
+		}
+		refuse.Store(0)
+		// Sessions the weights send to the entry again get bound there.
+		onA = onA[:0]
+		for i := 100 * int(status); i < 100*int(status)+20 && len(onA) < 4; i++ {
+			sess := fmt.Sprintf("sess-%d", i)
+			if code, up := turn(sess); code == 200 && up == "split:a" {
+				onA = append(onA, sess)
+			}
 		}
 	}
 }

@@ -197,6 +197,21 @@ func (t *affinityTable) trim() {
 	t.evictions.Add(uint64(n))
 }
 
+// unbind removes key's binding if it is to w (a request that bound the
+// session elsewhere meanwhile keeps its binding).
+func (t *affinityTable) unbind(key uint64, w *fleet.Worker) {
+	sh := t.shard(key)
+	sh.mu.Lock()
+	i, ok := sh.m[key]
+	if !ok || sh.ents[i].w != w {
+		sh.mu.Unlock()
+		return
+	}
+	sh.remove(i)
+	sh.mu.Unlock()
+	t.count.Add(-1)
+}
+
 // sweep removes bindings idle for longer than ttl.
 func (t *affinityTable) sweep(now, ttl int64) int {
 	removed := 0
@@ -299,4 +314,17 @@ func (s *Scheduler) BindSession(cfg *config.Config, r *Request, w *fleet.Worker)
 		return
 	}
 	s.affinityBind(s.compiled(cfg), r, w, s.Now())
+}
+
+// UnbindSession drops r's session's binding (for r's model) if it is to w,
+// a worker outside the fleet that refused the session's request (a split
+// proxy's external entry answering 429 or 5xx, or unreachable): its next
+// request is split again rather than sent back to it.
+func (s *Scheduler) UnbindSession(cfg *config.Config, r *Request, w *fleet.Worker) {
+	if !cfg.SessionAffinity.Enabled || len(r.SessionID) == 0 {
+		return
+	}
+	if t := s.aff.Load(); t != nil {
+		t.unbind(sessionKey(r), w)
+	}
 }
