@@ -1,6 +1,9 @@
 package protocol
 
-import "github.com/infera/infera/config"
+import (
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/jsonscan"
+)
 
 // ReasoningMode says what happens to a request's reasoning controls.
 type ReasoningMode uint8
@@ -50,6 +53,14 @@ const (
 var effortNames = [...]string{effNone: "none", effMinimal: "minimal", effLow: "low", effMedium: "medium", effHigh: "high", effXHigh: "xhigh"}
 
 func parseEffort(raw []byte) effort {
+	var buf [32]byte
+	if jsonscan.HasEscape(raw) {
+		// As the engine reads it, decoded: "\u006eone" is "none".
+		if len(raw) > len(buf) {
+			return effOther
+		}
+		raw = unescape(buf[:0], raw)
+	}
 	for e := effNone; e <= effXHigh; e++ {
 		if string(raw) == effortNames[e] {
 			return e

@@ -103,3 +103,24 @@ func TestRewriteChatReasoning(t *testing.T) {
 		t.Error("a non-string reasoning_effort must be refused")
 	}
 }
+
+// A reasoning_effort is read decoded, as the engine reads it: "\u006eone"
+// is "none". It was compared as raw bytes, so in map mode an escaped
+// "none" or "minimal" turned thinking on where the table turns it off.
+func TestAnEscapedReasoningEffortIsMappedAsItsValue(t *testing.T) {
+	r := NewOptions(&config.Protocol{ReasoningEffortMode: "map"}).Reasoning
+	for _, in := range []string{
+		`{"reasoning_effort":"\u006eone","model":"m"}`,
+		`{"reasoning_effort":"min\u0069mal","model":"m"}`,
+	} {
+		got, err := RewriteChatReasoning(nil, []byte(in), &r)
+		if want := `{"model":"m","chat_template_kwargs":{"enable_thinking":false}}`; err != nil || string(got) != want {
+			t.Errorf("%s:\n got %s (%v)\nwant %s", in, got, err, want)
+		}
+	}
+	r = NewOptions(&config.Protocol{ReasoningEffortMode: "map", ReasoningMap: config.ReasoningMap{Target: "both"}}).Reasoning
+	got, _ := RewriteChatReasoning(nil, []byte(`{"reasoning_effort":"\u006eone"}`), &r)
+	if want := `{"reasoning_effort":"none","chat_template_kwargs":{"enable_thinking":false}}`; string(got) != want {
+		t.Errorf("target both: got %s, want %s", got, want)
+	}
+}

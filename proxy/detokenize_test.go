@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"os"
@@ -205,6 +206,117 @@ func TestAddSpecialTokensOfTheRequestIsHonoured(t *testing.T) {
 	}
 	if got, want := routerTokens(t, r.url, `{"model":"m",`+chat+`,"add_special_tokens":true}`), append([]uint32{bos}, plain...); !slices.Equal(got, want) {
 		t.Errorf("chat with add_special_tokens true: %v, want %v", got, want)
+	}
+}
+
+// add_special_tokens is read as the engine's request model reads a bool
+// (pydantic, lax): JSON decoded first, so "\u0066alse", "False", 0 and
+// "no" are false, "\u0074rue", 1 and "yes" true. The router compared the
+// raw bytes' first character: such a completion was encoded with the BOS
+// the engine leaves out (every block hash one token off), such a chat
+// without the BOS the engine puts in.
+func TestAddSpecialTokensIsReadAsTheEngineDecodesIt(t *testing.T) {
+	dir := bosQwen3Dir(t)
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, f, nil, up.url)
+	const bos = 151643
+	for _, v := range []string{`"\u0066alse"`, `"false"`, `"False"`, `0`, `0.0`, `"no"`, `"0"`, `"off"`} {
+		body := `{"model":"m","prompt":"hello world","add_special_tokens":` + v + `}`
+		if got, want := routerTokens(t, r.url, body), []uint32{14990, 1879}; !slices.Equal(got, want) {
+			t.Errorf("%s: tokens %v, want %v", body, got, want)
+		}
+	}
+	chat := `"messages":[{"role":"user","content":"hello world"}]`
+	plain := routerTokens(t, r.url, `{"model":"m",`+chat+`}`)
+	for _, v := range []string{`"\u0074rue"`, `"true"`, `"TRUE"`, `1`, `1e0`, `"yes"`, `"on"`, `"t"`} {
+		body := `{"model":"m",` + chat + `,"add_special_tokens":` + v + `}`
+		if got, want := routerTokens(t, r.url, body), append([]uint32{bos}, plain...); !slices.Equal(got, want) {
+			t.Errorf("%s: tokens %v, want %v", body, got, want)
+		}
+	}
+	// add_generation_prompt and continue_final_message alike.
+	noGen := routerTokens(t, r.url, `{"model":"m",`+chat+`,"add_generation_prompt":false}`)
+	if slices.Equal(noGen, plain) {
+		t.Fatal("add_generation_prompt false renders as the default")
+	}
+	for _, v := range []string{`"\u0066alse"`, `0`, `"No"`} {
+		body := `{"model":"m",` + chat + `,"add_generation_prompt":` + v + `}`
+		if got := routerTokens(t, r.url, body); !slices.Equal(got, noGen) {
+			t.Errorf("%s: tokens %v, want %v", body, got, noGen)
+		}
+	}
+}
+
+// laxBoolRef is pydantic's lax bool on the value encoding/json decodes.
+func laxBoolRef(v []byte) byte {
+	var x any
+	if json.Unmarshal(v, &x) != nil {
+		return 0
+	}
+	switch x := x.(type) {
+	case bool:
+		if x {
+			return 't'
+		}
+		return 'f'
+	case float64:
+		switch x {
+		case 0:
+			return 'f'
+		case 1:
+			return 't'
+		}
+	case string:
+		if !isASCII(x) {
+			return 0 // compared case-insensitively in ASCII only
+		}
+		switch strings.ToLower(x) {
+		case "1", "t", "y", "on", "yes", "true":
+			return 't'
+		case "0", "f", "n", "no", "off", "false":
+			return 'f'
+		}
+	}
+	return 0
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
+// laxBool agrees with a decode-then-compare reference on any JSON value.
+func FuzzLaxBool(f *testing.F) {
+	for _, s := range []string{`true`, `false`, `null`, `0`, `1`, `1.0`, `-0`, `2`, `"\u0074rue"`, `"False"`, `"yes"`, `"\u004fN"`, `"tru"`, `"true "`, `[]`, `{}`, `"\u0131"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, v []byte) {
+		if !json.Valid(v) {
+			return
+		}
+		v = bytes.TrimSpace(v) // the parser hands over the value without space
+		if got, want := laxBool(v), laxBoolRef(v); got != want {
+			t.Fatalf("laxBool(%s) = %q, want %q", v, got, want)
+		}
+	})
+}
+
+// reasoning_effort is decoded before it is compared, as the engine reads
+// it; a template gets "low" for "\u006cow" (it got nothing).
+func TestReasoningEffortIsReadDecoded(t *testing.T) {
+	for in, want := range map[string]string{
+		`"low"`: "low", `"\u006cow"`: "low", `"\u0068igh"`: "high", `"n\u006fne"`: "none",
+		`"LOW"`: "", `null`: "", `"low "`: "", `"\u006cow\u006cow\u006cow\u006cow"`: "",
+	} {
+		if got := reasoningEffort([]byte(in)); got != want {
+			t.Errorf("reasoningEffort(%s) = %q, want %q", in, got, want)
+		}
 	}
 }
 

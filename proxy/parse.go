@@ -353,16 +353,11 @@ func (b *reqBody) parse(d []byte, kind int) error {
 		case "reasoning_effort":
 			b.effortStart, b.effortEnd = vs, ve
 		case "add_special_tokens":
-			switch v[0] {
-			case 't', 'f':
-				b.addSpecial = v[0]
-			default:
-				b.addSpecial = 0
-			}
+			b.addSpecial = laxBool(v)
 		case "add_generation_prompt":
-			b.noGenPrompt = string(v) == "false"
+			b.noGenPrompt = laxBool(v) == 'f'
 		case "continue_final_message":
-			b.continueFinal = string(v) == "true"
+			b.continueFinal = laxBool(v) == 't'
 		case "top_n":
 			if _, ok := parseInt(v); !ok && string(v) != "null" {
 				perr = errTopN
@@ -438,6 +433,62 @@ func (b *reqBody) insertStreamUsage(dst, d []byte) []byte {
 	}
 	b.streamOpts, b.includeUsage = true, true
 	return out
+}
+
+// laxBool reads the JSON value v as vLLM's request models (pydantic's lax
+// bool) read a bool field: 't' for true, 1 and the strings "1", "t", "y",
+// "on", "yes", "true"; 'f' for false, 0 and "0", "f", "n", "no", "off",
+// "false" (strings decoded and in any case: "\u0074rue" and "False" too);
+// 0 for null and for values the engine refuses. It allocates nothing.
+func laxBool(v []byte) byte {
+	switch string(v) {
+	case "true", "1":
+		return 't'
+	case "false", "0":
+		return 'f'
+	}
+	if len(v) == 0 {
+		return 0
+	}
+	if v[0] != '"' {
+		if v[0] == '-' || v[0] >= '0' && v[0] <= '9' {
+			// A number: 0 or 1 (1.0, 1e0, -0 alike, as Python reads them).
+			if f, err := strconv.ParseFloat(string(v), 64); err == nil {
+				switch f {
+				case 0:
+					return 'f'
+				case 1:
+					return 't'
+				}
+			}
+		}
+		return 0
+	}
+	raw := v[1 : len(v)-1]
+	var buf [16]byte
+	if hasEscape(raw) {
+		if len(raw) > len(buf) {
+			return 0
+		}
+		raw = unescape(buf[:0], raw)
+	}
+	if len(raw) > 5 {
+		return 0
+	}
+	var low [5]byte
+	for i, c := range raw {
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		low[i] = c
+	}
+	switch string(low[:len(raw)]) {
+	case "1", "t", "y", "on", "yes", "true":
+		return 't'
+	case "0", "f", "n", "no", "off", "false":
+		return 'f'
+	}
+	return 0
 }
 
 func hasEscape(raw []byte) bool {

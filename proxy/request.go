@@ -699,21 +699,33 @@ func (b *reqBody) chatFields(d []byte) (tokenizer.ChatFields, bool) {
 // reasoningEffort returns the reasoning_effort value v (raw JSON) as vLLM
 // accepts it, or "" for null and for values vLLM refuses (it answers 400:
 // no prompt to match).
+// The string is decoded first, as the engine reads it: "\u006cow" is "low".
 func reasoningEffort(v []byte) string {
-	switch string(v) {
-	case `"none"`:
+	if len(v) < 2 || v[0] != '"' {
+		return ""
+	}
+	raw := v[1 : len(v)-1]
+	var buf [16]byte
+	if hasEscape(raw) {
+		if len(raw) > len(buf) {
+			return ""
+		}
+		raw = unescape(buf[:0], raw)
+	}
+	switch string(raw) {
+	case "none":
 		return "none"
-	case `"minimal"`:
+	case "minimal":
 		return "minimal"
-	case `"low"`:
+	case "low":
 		return "low"
-	case `"medium"`:
+	case "medium":
 		return "medium"
-	case `"high"`:
+	case "high":
 		return "high"
-	case `"xhigh"`:
+	case "xhigh":
 		return "xhigh"
-	case `"max"`:
+	case "max":
 		return "max"
 	}
 	return ""
