@@ -31,10 +31,10 @@ const (
 func (t *Template) acquireState() *state {
 	if v := t.pool.Get(); v != nil {
 		st := v.(*state)
-		st.strBud = 16 * t.opts.MaxOutput
+		st.strBud = strBudget * t.opts.MaxOutput
 		return st
 	}
-	return &state{opts: &t.opts, strBud: 16 * t.opts.MaxOutput, keepsLoop: t.keepsLoop}
+	return &state{opts: &t.opts, strBud: strBudget * t.opts.MaxOutput, keepsLoop: t.keepsLoop}
 }
 
 func (t *Template) releaseState(st *state) {

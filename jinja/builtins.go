@@ -469,6 +469,9 @@ func stringMethod(st *state, s, name string, args []Value) (Value, error) {
 		if count.kind == KindInt && count.num >= 0 {
 			n = int(count.num)
 		}
+		if err := st.fits(replacedLen(s, oldV.str, newV.str, n)); err != nil {
+			return Value{}, err
+		}
 		mark := len(st.strs)
 		if oldV.str == "" {
 			st.strs = appendReplaceEmpty(st.strs, s, newV.str, n)
@@ -481,6 +484,21 @@ func stringMethod(st *state, s, name string, args []Value) (Value, error) {
 		return String(st.view(mark)), nil
 	}
 	return Value{}, errorf("unknown string method %s", name)
+}
+
+// replacedLen is the length of s with the first n (all if n < 0)
+// occurrences of old replaced by repl (appendReplace, appendReplaceEmpty).
+func replacedLen(s, old, repl string, n int) int {
+	var k int
+	if old == "" {
+		k = utf8.RuneCountInString(s) + 1
+	} else {
+		k = strings.Count(s, old)
+	}
+	if n >= 0 && n < k {
+		k = n
+	}
+	return len(s) + k*(len(repl)-len(old))
 }
 
 // appendReplace appends s with the first n (all if n < 0) occurrences of
@@ -768,6 +786,9 @@ func (st *state) simpleFilter(v Value, name string) (Value, error) {
 			mark := len(st.strs)
 			for _, x := range items {
 				st.strs = st.joinItem(st.strs, x)
+				if err := st.fits(len(st.strs) - mark); err != nil {
+					return Value{}, err
+				}
 			}
 			return String(st.view(mark)), st.spend(len(st.strs) - mark)
 		case "string":
@@ -775,7 +796,7 @@ func (st *state) simpleFilter(v Value, name string) (Value, error) {
 				return Value{}, err
 			}
 			mark := len(st.strs)
-			st.strs = appendJSON(st.strs, v, jsonOptions{}, 0, false)
+			st.strs = appendJSONUpTo(st.strs, v, jsonOptions{}, 0, false, mark+st.opts.MaxOutput)
 			return String(st.view(mark)), st.spend(len(st.strs) - mark)
 		case "unique":
 			if err := st.charge(len(items)); err != nil {
@@ -896,7 +917,7 @@ func (st *state) jsonString(v Value, o jsonOptions) (Value, error) {
 		return Value{}, err
 	}
 	mark := len(st.strs)
-	st.strs = appendJSON(st.strs, v, o, 0, true)
+	st.strs = appendJSONUpTo(st.strs, v, o, 0, true, mark+st.opts.MaxOutput)
 	if err := st.spend(len(st.strs) - mark); err != nil {
 		return Value{}, err
 	}
@@ -1090,6 +1111,9 @@ func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Valu
 				}
 				first = false
 				st.strs = utf8.AppendRune(st.strs, r)
+				if err := st.fits(len(st.strs) - mark); err != nil {
+					return Value{}, err
+				}
 			}
 			return String(st.view(mark)), st.spend(len(st.strs) - mark)
 		}
@@ -1098,6 +1122,9 @@ func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Valu
 				st.strs = append(st.strs, sep.str...)
 			}
 			st.strs = st.joinItem(st.strs, x)
+			if err := st.fits(len(st.strs) - mark); err != nil {
+				return Value{}, err // refused as it grows, not once built
+			}
 		}
 		return String(st.view(mark)), st.spend(len(st.strs) - mark)
 	case "int", "float":
@@ -1241,6 +1268,11 @@ func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Valu
 			}
 			first := arg(1, "first", Bool(false))
 			blank := arg(2, "blank", Bool(false))
+			// At most width spaces a line: refused before it is built
+			// (10 million newlines indented by 100 built 1 GB first).
+			if err := st.fits(len(v.str) + (strings.Count(v.str, "\n")+1)*max(int(w.num), 0)); err != nil {
+				return Value{}, err
+			}
 			out := st.indent(v.str, int(w.num), first.Truth(), blank.Truth())
 			return String(out), st.spend(len(out))
 		case "replace":

@@ -155,7 +155,7 @@ func (st *state) overBudget() error {
 }
 
 // maxMem bounds the bytes of values, objects and scopes a render may hold
-// (strings have their own budget, 16 times MaxOutput): steps alone do not
+// (strings have their own budget, strBudget times MaxOutput): steps alone do not
 // bound memory, as one step may build a whole object.
 func (o *Options) maxMem() int { return 4 * o.MaxOutput }
 
@@ -166,7 +166,30 @@ func (st *state) spend(n int) error {
 	}
 	st.strBud -= n
 	if st.strBud < 0 {
-		return limitf("template built more than %d bytes of strings", 16*st.opts.MaxOutput)
+		return limitf("template built more than %d bytes of strings", strBudget*st.opts.MaxOutput)
+	}
+	return nil
+}
+
+// strBudget is how many times MaxOutput a render may build in strings
+// (concatenations, filters, methods), all of them together. Real chat
+// templates build at most about 4.5 times their output (67 templates of
+// testdata/templates on a 5 MB conversation with tools: LFM2.5-VL 15.4 MB
+// for 3.5 MB of output, most about 1-2 times); 16 let a hostile template
+// build 256 MiB (1.4 GB allocated, seconds of CPU) on every request.
+const strBudget = 4
+
+// fits refuses a string of n bytes about to be built: longer than
+// MaxOutput, or past the string budget. Operations whose result may be
+// many times their operands (replace, indent, join) check before or while
+// they build, not after: a replace of 20 characters by a 10 MB string
+// built 200 MB before the budget refused it.
+func (st *state) fits(n int) error {
+	if n > st.opts.MaxOutput {
+		return limitf("template string exceeds %d bytes", st.opts.MaxOutput)
+	}
+	if n > st.strBud {
+		return limitf("template built more than %d bytes of strings", strBudget*st.opts.MaxOutput)
 	}
 	return nil
 }
@@ -308,7 +331,9 @@ func (st *state) pyScalar(dst []byte, v Value) ([]byte, bool) {
 		}
 		return append(dst, "False"...), true
 	case KindArray, KindTuple, KindObject, KindKwargs, KindNamespace:
-		return appendPyRepr(dst, v, 0, len(dst)+jsonHardLimit), true
+		// Up to MaxOutput: more is refused anyway (it printed up to
+		// jsonHardLimit, 64 MiB, before the output bound refused it).
+		return appendPyRepr(dst, v, 0, len(dst)+st.opts.MaxOutput), true
 	}
 	return dst, false
 }

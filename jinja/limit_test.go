@@ -133,3 +133,36 @@ func TestLongOperatorChainsAreBoundedAsNestingIs(t *testing.T) {
 		}
 	}
 }
+
+// Strings a render builds are refused before (or while) they are built,
+// not once they are: replace, indent and join make results many times
+// their operands, and printing a container (Python's repr, tojson) is
+// bounded by MaxOutput, not by a 64 MiB hard limit. All strings together
+// are bounded by strBudget x MaxOutput (4; it was 16). With the default
+// 16 MiB MaxOutput, before: 10 million newlines indented by 100 took
+// 21.7 s and 5.4 GB, a replace of 20 characters by a 10 MB string built
+// 1.1 GB, a join of ten 10 MB strings 4.8 s and 1.1 GB, printing a list
+// sharing its sublists 1 s and 310 MB, and a loop of string building up to
+// 256 MiB 1.4 GB and up to 5 s, on every request.
+func TestHostileStringBuildingIsRefusedBeforeItIsBuilt(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		src      string
+		maxAlloc uint64
+	}{
+		{`{{ ('x' * 1000).replace('x', 'y' * 100000)|length }}`, 4 * mib},
+		{`{{ ('x' * 1000).replace('', 'y' * 100000)|length }}`, 4 * mib},
+		{`{{ ('\n' * 100000)|indent(1000, true, true)|length }}`, 4 * mib},
+		{`{% set s = 'y' * 500000 %}{{ [s,s,s,s,s,s,s,s,s,s,s,s,s,s,s,s,s,s,s,s]|join(s)|length }}`, 8 * mib},
+		{`{% set s = 'y' * 500000 %}{{ (s ~ s ~ s)|join('-')|length }}`, 8 * mib},
+		{`{% set s = 'y' * 100000 %}{% set a = [s,s,s,s,s,s,s,s,s,s] %}{% set b = [a,a,a,a,a,a,a,a,a,a] %}{{ [b,b,b,b,b,b,b,b,b,b] }}`, 8 * mib},
+		{`{% set s = 'y' * 100000 %}{% set a = [s,s,s,s,s,s,s,s,s,s] %}{% set b = [a,a,a,a,a,a,a,a,a,a] %}{{ [b,b,b,b,b,b,b,b,b,b]|string|length }}`, 8 * mib},
+		{`{% set s = 'y' * 100000 %}{% set a = [s,s,s,s,s,s,s,s,s,s] %}{% set b = [a,a,a,a,a,a,a,a,a,a] %}{{ [b,b,b,b,b,b,b,b,b,b]|tojson|length }}`, 8 * mib},
+		{`{% for i in range(1000) %}{% set s = 'x' * 1000000 %}{% endfor %}`, 32 * mib},
+	} {
+		alloc, err := renderAlloc(t, tc.src, Options{PythonStrip: true, PythonPrint: true, PythonCompare: true, MaxOutput: mib})
+		if !IsLimit(err) || alloc > tc.maxAlloc {
+			t.Errorf("%s: %v, allocated %.1f MB (want a bound's refusal within %d MB)", tc.src, err, float64(alloc)/mib, tc.maxAlloc/mib)
+		}
+	}
+}
