@@ -56,6 +56,16 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		u := tbl.ups[idx]
 		if sp.Proxies[idx].Local {
 			s.dispatchLocal(ctx, cfg, rs, res, more)
+			if !res.committed && res.last != nil && res.last.refusal() {
+				// Every local worker tried refused the session (a 429
+				// opens no breaker): its binding to the local worker
+				// (its own, or the one the scheduler just gave it) is
+				// dropped, and its next request is split again, as for
+				// an external entry.
+				if w := s.sched.BoundWorker(cfg, &rs.sreq); w != nil && w.Idx >= 0 {
+					s.sched.UnbindSession(cfg, &rs.sreq, w)
+				}
+			}
 			if res.committed || res.stop || res.schedErr != nil && !noWorker(res.schedErr) {
 				return
 			}

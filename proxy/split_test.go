@@ -920,3 +920,55 @@ func TestASplitSessionWhoseEntryRefusesItIsSplitAgain(t *testing.T) {
 		}
 	}
 }
+
+// The same for a session bound to the local entry: when every local worker
+// tried refuses it (429 opens no breaker), its next request is split
+// again. Before, the session stayed bound to the local worker and got its
+// 429 on every turn while the external entry was free (seen with the
+// binary: 5 sessions out of 10, 5 turns out of 5).
+func TestASplitSessionWhoseLocalWorkersRefuseItIsSplitAgain(t *testing.T) {
+	var refuse atomic.Bool
+	local := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if refuse.Load() {
+			ctx.SetStatusCode(429)
+			ctx.SetBodyString(`{"error":{"message":"busy","type":"rate_limit"}}`)
+			return
+		}
+		okHandler(ctx)
+	})
+	a := startUpstream(t, okHandler)
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true, Weight: 1},
+		config.Proxy{Name: "a", Address: a.url, Weight: 1},
+	)
+	cfg.SessionAffinity.Enabled = true
+	r := startRouterWith(t, nil, cfg, nil, local.url)
+	turn := func(sess string) (int, string) {
+		resp, _ := postWith(t, r.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": sess})
+		return resp.StatusCode, resp.Header.Get("X-Infera-Upstream")
+	}
+	var onLocal []string
+	for i := 0; i < 20 && len(onLocal) < 4; i++ {
+		sess := fmt.Sprintf("sess-%d", i)
+		if code, up := turn(sess); code == 200 && up == "" {
+			onLocal = append(onLocal, sess)
+		}
+	}
+	if len(onLocal) == 0 {
+		t.Fatal("no session went to the local entry")
+	}
+	refuse.Store(true)
+	for _, sess := range onLocal {
+		served := false
+		for n := 0; n < 8 && !served; n++ {
+			code, up := turn(sess)
+			served = code == 200 && up == "split:a"
+		}
+		if !served {
+			t.Fatalf("%s, bound to a local worker answering 429, never reached the external entry in 8 turns", sess)
+		}
+		if code, up := turn(sess); code != 200 || up != "split:a" {
+			t.Fatalf("%s left the entry it was split to: %d %q", sess, code, up)
+		}
+	}
+}

@@ -317,9 +317,10 @@ func (s *Scheduler) BindSession(cfg *config.Config, r *Request, w *fleet.Worker)
 }
 
 // UnbindSession drops r's session's binding (for r's model) if it is to w,
-// a worker outside the fleet that refused the session's request (a split
-// proxy's external entry answering 429 or 5xx, or unreachable): its next
-// request is split again rather than sent back to it.
+// a worker that refused the session's request (a split proxy's external
+// entry answering 429 or 5xx, or unreachable; or the fleet worker the
+// local entry's last attempt went to): its next request is split again
+// rather than sent back to it.
 func (s *Scheduler) UnbindSession(cfg *config.Config, r *Request, w *fleet.Worker) {
 	if !cfg.SessionAffinity.Enabled || len(r.SessionID) == 0 {
 		return
