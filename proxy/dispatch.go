@@ -87,7 +87,7 @@ type tries struct {
 func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries, more bool) {
 	r := &rs.sreq
 	c := &rs.call
-	if s.globalOn(cfg) && s.localSaturated(cfg, r) && s.forwardGlobal(ctx, cfg, rs, res) {
+	if s.globalOn(cfg) && !s.pinnedLocal(r) && s.localSaturated(cfg, r) && s.forwardGlobal(ctx, cfg, rs, res) {
 		return
 	}
 	if !poolingKind(rs.acc.kind) && s.dispatchPD(ctx, cfg, rs, res) {

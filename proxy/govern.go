@@ -298,7 +298,8 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 // local seat: the local fleet is saturated for it. Global scheduling may
 // forward it to another region, the split proxy may fail over to an
 // external upstream (which takes no seat); otherwise the client gets the
-// refusal (answerFailed). A request whose client left while it waited
+// refusal (answerFailed); a Responses follow-up kept on its local engine
+// (pinnedLocal) is not forwarded. A request whose client left while it waited
 // for a seat stops here (499).
 func (s *Server) seatRefused(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries, rej *govern.Rejection) {
 	if rs.gov.ctx.Err() != nil {
@@ -307,7 +308,7 @@ func (s *Server) seatRefused(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *r
 	}
 	// The refusal is what the client gets, unless a later attempt fails.
 	res.seatRej, res.last = rej, nil
-	if s.globalOn(cfg) && rej.Code != govern.CodeStateUnavailable {
+	if s.globalOn(cfg) && rej.Code != govern.CodeStateUnavailable && !s.pinnedLocal(&rs.sreq) {
 		mGlobalSaturated.Inc()
 		s.forwardGlobal(ctx, cfg, rs, res)
 	}

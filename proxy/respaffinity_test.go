@@ -582,3 +582,77 @@ func TestAFollowUpIsNotRetriedAwayFromTheEngineHoldingItsPreviousResponse(t *tes
 		t.Fatalf("follow-up on a down engine: %d %s, want 502 or 503", resp.StatusCode, got)
 	}
 }
+
+// A follow-up pinned to a local engine that holds its previous response
+// is not forwarded to another region when that engine is full: the other
+// region's engines cannot know the id (404). It gets the local answer:
+// 429 under overlimit reject, a wait for the seat under queue. It was
+// forwarded (before any local try, and again on the seat refusal), and
+// the client got the member's 404.
+func TestAFollowUpPinnedToALocalEngineIsNotForwardedToAnotherRegion(t *testing.T) {
+	for _, overlimit := range []string{"reject", "queue"} {
+		t.Run(overlimit, func(t *testing.T) {
+			engM := storingResponsesEngine(t, "m")
+			cfgM := config.Default()
+			cfgM.Protocol.ResponsesPassthrough = true
+			m := startRouterWith(t, nil, cfgM, nil, engM.url)
+			ha := &holdUpstream{release: make(chan struct{}, 10)}
+			a := storingResponsesEngineHold(t, "a", false, ha)
+			cfgA := globalConfig(config.Member{Name: "m", URL: m.url})
+			cfgA.Protocol.ResponsesPassthrough = true
+			cfgA.RateLimit.OverallConcurrency, cfgA.RateLimit.Overlimit = 1, overlimit
+			cfgA.RateLimit.QueueSize, cfgA.RateLimit.QueueTimeoutMS = 10, 5000
+			g := newGovernor(t, cfgA)
+			pa := startPoller(t, &cfgA.GlobalScheduling)
+			r := startRouterWith(t, nil, cfgA, func(o *Options) { o.Poller = pa; o.Governor = g }, a.url)
+			waitFor(t, func() bool { _, _, ok := pa.Members()[0].Report(); return ok }, "the member's report")
+			post := func(body string) apiResp {
+				resp, err := http.Post(r.url+"/v1/responses", "application/json", strings.NewReader(body))
+				if err != nil {
+					return apiResp{body: err.Error()}
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return apiResp{status: resp.StatusCode, body: string(b)}
+			}
+			res := post(`{"model":"m","input":"x"}`)
+			var v struct{ ID string }
+			json.Unmarshal([]byte(res.body), &v)
+			if res.status != 200 || !strings.HasPrefix(v.ID, "resp_a") {
+				t.Fatalf("%d %s", res.status, res.body)
+			}
+			defer func() { ha.release <- struct{}{} }()
+			long := make(chan apiResp, 1)
+			go func() { long <- post(`{"model":"m","input":"hold","previous_response_id":"` + v.ID + `"}`) }()
+			waitUntil(t, "the engine busy", func() bool { return ha.inflight.Load() == 1 })
+			follow := make(chan apiResp, 1)
+			go func() { follow <- post(`{"model":"m","input":"x","previous_response_id":"` + v.ID + `"}`) }()
+			if overlimit == "reject" {
+				if got := <-follow; got.status != 429 {
+					t.Fatalf("follow-up: %d %s, want the local 429", got.status, got.body)
+				}
+			} else {
+				select {
+				case got := <-follow:
+					t.Fatalf("follow-up answered while its engine is full: %d %s", got.status, got.body)
+				case <-time.After(300 * time.Millisecond):
+				}
+			}
+			ha.release <- struct{}{}
+			if got := <-long; got.status != 200 {
+				t.Fatalf("long: %d %s", got.status, got.body)
+			}
+			if overlimit == "queue" {
+				got := <-follow
+				var w struct{ ID string }
+				json.Unmarshal([]byte(got.body), &w)
+				if got.status != 200 || !strings.HasPrefix(w.ID, "resp_a") {
+					t.Fatalf("follow-up: %d %s", got.status, got.body)
+				}
+			}
+			if n := engM.hits.Load(); n != 0 {
+				t.Fatalf("the member's engine got %d requests", n)
+			}
+		})
+	}
+}
