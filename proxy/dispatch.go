@@ -762,6 +762,13 @@ func (s *Server) writeSchedError(ctx *fasthttp.RequestCtx, r *sched.Request, err
 	case errors.Is(err, sched.ErrNoWorkers), errors.Is(err, sched.ErrExhausted):
 		countStatus(503)
 		writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable, "no worker available for this request", "", "no_workers")
+	case errors.Is(err, sched.ErrPreferredOnTrial):
+		// A Responses follow-up whose engine is on trial after failures
+		// (respaffinity.go): another engine can only answer 404.
+		countStatus(503)
+		writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable,
+			"the engine holding previous_response_id (worker "+r.Prefer.ID+") is unavailable: it failed, and its trial request is in flight; retry shortly", "", "worker_on_trial")
+		ctx.Response.Header.Set("Retry-After", "1")
 	case errors.Is(err, sched.ErrSessionRequired):
 		countStatus(400)
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "", "session_required")

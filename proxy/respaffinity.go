@@ -20,9 +20,12 @@ import (
 // worker's id and address: a worker a reload or discovery replaced with the
 // same id and address is the same engine, which still holds the response),
 // for the last respAffinityMax ids, shared fairly among credentials
-// (respAffinity). A follow-up whose worker is gone,
-// tried, open or full is routed as any request (the engine then says the
-// response is unknown). An id that comes after the first read is looked
+// (respAffinity). A follow-up whose worker is full waits for its seat
+// there (govern.go), one whose worker is on trial (half-open, its trial
+// taken) is answered 503 (sched.ErrPreferredOnTrial), and one whose worker
+// fails is not retried elsewhere (dispatch.go); one whose worker is gone or
+// open is routed as any request (the engine then says the response is
+// unknown). An id that comes after the first read is looked
 // for in the answer's head (respScan).
 
 // respAffinityMax bounds the ids kept (about 100 bytes each).

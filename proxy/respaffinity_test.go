@@ -656,3 +656,62 @@ func TestAFollowUpPinnedToALocalEngineIsNotForwardedToAnotherRegion(t *testing.T
 		})
 	}
 }
+
+// A follow-up whose engine (the only one holding its previous response)
+// is half-open, its one trial request taken by another request, is
+// answered 503 with Retry-After, naming that engine unavailable: it is not
+// re-picked by load onto another engine, which can only answer 404. Once
+// the trial succeeds the follow-ups go to the engine again. It was
+// re-picked, and the client got the other engine's 404.
+func TestAFollowUpWhoseEngineIsOnTrialIsAnsweredUnavailable(t *testing.T) {
+	ha, hb := &holdUpstream{release: make(chan struct{}, 10)}, &holdUpstream{release: make(chan struct{}, 10)}
+	a, b := storingResponsesEngineHold(t, "a", false, ha), storingResponsesEngineHold(t, "b", false, hb)
+	cfg := config.Default()
+	cfg.Protocol.ResponsesPassthrough = true
+	f := defaultFlags()
+	f.BreakerFailureThreshold, f.BreakerCooldownS = 1, 0.2
+	r := startRouter(t, f, cfg, a.url, b.url)
+	resp, got := postH(t, r.url+"/v1/responses", `{"model":"m","input":"x"}`, nil)
+	var v struct{ ID string }
+	json.Unmarshal([]byte(got), &v)
+	if resp.StatusCode != 200 || v.ID == "" {
+		t.Fatalf("%d %s", resp.StatusCode, got)
+	}
+	holder := ha
+	if v.ID[:6] == "resp_b" {
+		holder = hb
+	}
+	defer func() { holder.release <- struct{}{} }()
+	// The engine fails (its breaker opens), then after the cooldown a
+	// follow-up becomes its trial and is held.
+	if resp, got := postH(t, r.url+"/v1/responses", `{"model":"m","input":"busy","previous_response_id":"`+v.ID+`"}`, nil); resp.StatusCode != 503 {
+		t.Fatalf("busy: %d %s", resp.StatusCode, got)
+	}
+	time.Sleep(300 * time.Millisecond)
+	long := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(r.url+"/v1/responses", "application/json", strings.NewReader(`{"model":"m","input":"hold","previous_response_id":"`+v.ID+`"}`))
+		if err != nil {
+			long <- 0
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		long <- resp.StatusCode
+	}()
+	waitUntil(t, "the trial held", func() bool { return holder.inflight.Load() == 1 })
+	resp, got = postH(t, r.url+"/v1/responses", `{"model":"m","input":"x","previous_response_id":"`+v.ID+`"}`, nil)
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(got, `"error"`) || strings.Contains(got, "not found") {
+		t.Fatalf("follow-up during its engine's trial: %d %q %s, want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), got)
+	}
+	holder.release <- struct{}{}
+	if st := <-long; st != 200 {
+		t.Fatalf("the trial: %d", st)
+	}
+	resp, got = postH(t, r.url+"/v1/responses", `{"model":"m","input":"x","previous_response_id":"`+v.ID+`"}`, nil)
+	var w struct{ ID string }
+	json.Unmarshal([]byte(got), &w)
+	if resp.StatusCode != 200 || w.ID[:6] != v.ID[:6] {
+		t.Fatalf("follow-up after the trial: %d %s", resp.StatusCode, got)
+	}
+}

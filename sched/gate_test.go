@@ -1,7 +1,9 @@
 package sched
 
 import (
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
@@ -144,5 +146,54 @@ func TestAPreferredWorkerTheGateFindsFullIsChosen(t *testing.T) {
 	// Tried, it is not a candidate: the open ones are.
 	if d := pick(t, s, cfg, &Request{Model: []byte("m"), Gate: g, Prefer: w0.Ref(), Tried: []int{w0.Idx}}); d.Worker == w0 {
 		t.Fatal("a tried preferred worker was chosen")
+	}
+}
+
+// probeGate takes w's probe slot when it is asked about w: another request
+// won the half-open trial between the candidate filter and Admit.
+type probeGate struct {
+	w   *fleet.Worker
+	now func() int64
+}
+
+func (g *probeGate) Full(w *fleet.Worker) bool {
+	if w == g.w {
+		g.w.Breaker.Admit(g.now())
+	}
+	return false
+}
+
+// A preferred engine (Request.Prefer) whose breaker is half-open with its
+// one trial slot taken by another request is not replaced by another
+// engine (which cannot hold what the request names): Pick fails with
+// ErrPreferredOnTrial, whether the trial was taken before this pick or
+// during it. It was re-picked by load.
+func TestAPreferredWorkerOnTrialIsNotReplaced(t *testing.T) {
+	s, c := newTestSched(t, workers(3, "m")...)
+	cfg := cfgWith(t, func(c *config.Config) { c.LoadBalancing.Algorithm = "round-robin" })
+	w0 := s.Fleet.Get("w000")
+	for i := 0; i < 3; i++ { // threshold 3
+		w0.Breaker.Failure(s.Now(), false)
+	}
+	c.add(2 * time.Second) // past the cooldown: the next pick of w0 is its trial
+	// Taken during the pick.
+	_, err := s.Pick(cfg, &Request{Model: []byte("m"), Prefer: w0.Ref(), Gate: &probeGate{w: w0, now: s.Now}}, make([]*fleet.Worker, 0, 8))
+	if !errors.Is(err, ErrPreferredOnTrial) {
+		t.Fatalf("trial taken during the pick: %v, want ErrPreferredOnTrial", err)
+	}
+	// Taken before it (w0 half-open).
+	for i := 0; i < 3; i++ {
+		if _, err := s.Pick(cfg, &Request{Model: []byte("m"), Prefer: w0.Ref()}, make([]*fleet.Worker, 0, 8)); !errors.Is(err, ErrPreferredOnTrial) {
+			t.Fatalf("pick %d: %v, want ErrPreferredOnTrial", i, err)
+		}
+	}
+	// A request that prefers no engine goes to another one.
+	if d := pick(t, s, cfg, &Request{Model: []byte("m")}); d.Worker == w0 {
+		t.Fatal("w0 on trial was chosen")
+	}
+	// The trial succeeds: w0 is preferred again.
+	w0.Breaker.Success(true)
+	if d := pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: w0.Ref()}); d.Worker != w0 {
+		t.Fatalf("after the trial: %s", d.Worker.ID)
 	}
 }

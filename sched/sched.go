@@ -43,8 +43,9 @@ type Request struct {
 	// that stored its previous response, also after a reload replaced its
 	// worker with the same id and address); the zero Ref for none. A
 	// candidate the Gate finds full is taken still (the caller waits for
-	// it); when it is not a candidate (removed, tried, breaker open), the
-	// layers decide.
+	// it); one whose breaker is half-open with its trial slot taken makes
+	// Pick fail with ErrPreferredOnTrial; when it is not a candidate
+	// (removed, tried, breaker open), the layers decide.
 	Prefer fleet.Ref
 	// Leg is the part of the request the next Acquire picks a worker for
 	// (pd.go): the whole request (LegMixed, the zero value), or a PD pair's
@@ -205,13 +206,17 @@ func appendRatio(dst []byte, x float64) []byte {
 }
 
 // Errors returned by Pick. Proxy mapping: ErrSessionRequired -> 400,
-// ErrUnknownModel (an *UnknownModelError) -> 404, ErrNoWorkers and
-// ErrExhausted -> 503.
+// ErrUnknownModel (an *UnknownModelError) -> 404, ErrNoWorkers,
+// ErrExhausted and ErrPreferredOnTrial -> 503.
 var (
 	ErrNoWorkers       = errors.New("no workers available")
 	ErrUnknownModel    = errors.New("model not served by any worker")
 	ErrExhausted       = errors.New("all candidate workers were tried")
 	ErrSessionRequired = errors.New("session id header is required")
+	// ErrPreferredOnTrial: the engine Request.Prefer names is half-open
+	// and another request holds its one trial slot. Only that engine holds
+	// what the request names, so it is not sent elsewhere.
+	ErrPreferredOnTrial = errors.New("the preferred worker's breaker is half-open and its trial request is in flight")
 )
 
 // UnknownModelError is returned when no worker may serve the requested
@@ -429,6 +434,9 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 		r.gated = avail
 		avail = gate(r.Gate, avail)
 	}
+	if r.Prefer.ID != "" && r.Leg != LegDecode && onTrial(open, r.Prefer) {
+		return Decision{}, ErrPreferredOnTrial
+	}
 	var d Decision
 	switch {
 	case len(avail) == 0 && len(open) == 0:
@@ -454,6 +462,10 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 		}
 		if ok, probe := d.Worker.Breaker.Admit(now); ok {
 			d.Probe = probe
+		} else if r.Prefer.ID != "" && r.Prefer.Is(d.Worker) {
+			// Another request took the preferred worker's probe slot:
+			// no other engine holds what the request names.
+			return Decision{}, ErrPreferredOnTrial
 		} else {
 			// Another request took the chosen worker's probe slot.
 			d = s.readmit(cfg, avail, d.Worker, now)
@@ -475,6 +487,17 @@ func preferred(avail []*fleet.Worker, ref fleet.Ref) Decision {
 		}
 	}
 	return Decision{}
+}
+
+// onTrial reports whether the worker of engine ref is among open (not
+// available) with its breaker half-open: its trial request is in flight.
+func onTrial(open []*fleet.Worker, ref fleet.Ref) bool {
+	for _, w := range open {
+		if ref.Is(w) {
+			return w.Breaker.State() == fleet.BreakerHalfOpen
+		}
+	}
+	return false
 }
 
 // decide runs the layers under the scheduling breaker and wait timeout.
