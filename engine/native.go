@@ -32,7 +32,20 @@ func (s *Server) handleNative(ctx *fasthttp.RequestCtx, path string) {
 	case "/v1/messages":
 		chat, err = protocol.AnthropicToChat(nil, ctx.PostBody(), &nativeOptions, m)
 	case "/v1/responses":
-		chat, err = protocol.ResponsesToChat(nil, ctx.PostBody(), &nativeOptions, m)
+		prev, noStore, body := responsesFollowUp(ctx.PostBody())
+		if prev != nil && !s.resp.has(prev) {
+			s.badRequests.Add(1)
+			ctx.SetStatusCode(fasthttp.StatusNotFound)
+			ctx.SetContentType("application/json")
+			ctx.SetBody(appendResponseNotFound(nil, prev))
+			return
+		}
+		chat, err = protocol.ResponsesToChat(nil, body, &nativeOptions, m)
+		defer func() {
+			if err == nil && !noStore && ctx.Response.StatusCode() < 400 {
+				s.resp.add(m.ID) // respstore.go
+			}
+		}()
 	default:
 		s.countTokens(ctx, m)
 		return

@@ -79,6 +79,8 @@ type Server struct {
 
 	pd *pd // nil for the mixed role
 
+	resp respStore // the Responses answered (native protocols)
+
 	closeOnce sync.Once
 }
 

@@ -50,12 +50,14 @@ func nodeSDK(t *testing.T, modules ...string) (node, dir string) {
 	return node, dir
 }
 
-// runSDKScript runs a scripts/sdk check against the router at base.
-func runSDKScript(t *testing.T, node, dir, script, base, key string) {
+// runSDKScript runs a scripts/sdk check against the router at base, with
+// env added to its environment.
+func runSDKScript(t *testing.T, node, dir, script, base, key string, env ...string) {
 	t.Helper()
 	cmd := exec.Command(node, filepath.Join(dir, script))
 	cmd.Env = append(os.Environ(), "INFERA_BASE_URL="+base, "INFERA_MODEL=sim-model", "INFERA_API_KEY="+key, "INFERA_EXPECT_THINKING=1",
 		"INFERA_ROUTER=1") // the router itself: /v1/models too
+	cmd.Env = append(cmd.Env, env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s failed: %v\n%s", script, err, out)
@@ -67,7 +69,8 @@ func runSDKScript(t *testing.T, node, dir, script, base, key string) {
 // (@anthropic-ai/sdk: messages.create, messages.stream, tool use over two
 // turns, thinking, countTokens, the error shape) and the official OpenAI
 // SDK's responses.create (plain, streamed, function tools, reasoning, the
-// refusal of previous_response_id) through `infera serve` to simulated
+// refusal of previous_response_id; in passthrough, follow-ups answered by
+// the engine holding their previous response) through `infera serve` to simulated
 // engines that reason and call tools, in both modes:
 //   - conversion: the engines speak chat completions only (they answer
 //     404 on /v1/messages), so every answer the SDKs accept was converted;
@@ -79,9 +82,10 @@ func TestAnthropicAndResponsesSDKs(t *testing.T) {
 	node, dir := nodeSDK(t, filepath.Join("@anthropic-ai", "sdk"), "openai")
 	for _, mode := range []struct {
 		name, engineFlag, protocol string
+		env                        []string
 	}{
-		{"conversion", "--reasoning", `{"reasoning_effort_mode":"map"}`},
-		{"passthrough", "--native-protocols", `{"anthropic_passthrough":true,"responses_passthrough":true}`},
+		{"conversion", "--reasoning", `{"reasoning_effort_mode":"map"}`, nil},
+		{"passthrough", "--native-protocols", `{"anthropic_passthrough":true,"responses_passthrough":true}`, []string{"INFERA_RESPONSES_STORED=1"}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
 			_, e1 := startEngine(t, "--speedup", "50", "--tool-calls", "--reasoning", mode.engineFlag)
@@ -92,7 +96,7 @@ func TestAnthropicAndResponsesSDKs(t *testing.T) {
 			}
 			_, r := startServe(t, "--workers", e1+","+e2, "--api-key", "sdk-key", "--config", cfg)
 			for _, script := range []string{"anthropic.mjs", "responses.mjs"} {
-				runSDKScript(t, node, dir, script, r, "sdk-key")
+				runSDKScript(t, node, dir, script, r, "sdk-key", mode.env...)
 			}
 		})
 	}

@@ -1,6 +1,8 @@
 // Drives an infera router's /v1/responses with the official OpenAI Node
 // SDK's responses.create: plain and streamed, function tools over two
-// turns, and the refusal of previous_response_id.
+// turns, and the refusal of previous_response_id (with
+// INFERA_RESPONSES_STORED=1, engines that store responses behind a
+// passthrough router: follow-ups answered, an unknown id 404).
 //
 // Environment: INFERA_BASE_URL (http://127.0.0.1:PORT, no /v1),
 // INFERA_API_KEY, INFERA_MODEL; INFERA_EXPECT_THINKING=1 also requires
@@ -114,11 +116,31 @@ await step("reasoning", async () => {
   assert.ok(textOf(r).length > 0, "no output text after reasoning");
 });
 
-await step("previous_response_id refused", async () => {
-  await assert.rejects(
-    client.responses.create({ model, input: "again", previous_response_id: "resp_123" }),
-    (e) => e.status === 400 && e.error?.type === "invalid_request_error" && e.error?.param === "previous_response_id",
-  );
-});
+if (process.env.INFERA_RESPONSES_STORED === "1") {
+  // Passthrough to engines that store responses: a follow-up reaches the
+  // engine holding its previous response (turn after turn), an unknown id
+  // is the engine's 404.
+  await step("previous_response_id followed", async () => {
+    let prev = await client.responses.create({ model, input: "hi", max_output_tokens: 8 });
+    for (let i = 0; i < 4; i++) {
+      const r = await client.responses.create({ model, input: "again", previous_response_id: prev.id, max_output_tokens: 8 });
+      assert.ok(r.id && r.id !== prev.id, "no new id");
+      prev = r;
+    }
+  });
+  await step("unknown previous_response_id", async () => {
+    await assert.rejects(
+      client.responses.create({ model, input: "again", previous_response_id: "resp_123" }),
+      (e) => e.status === 404 && e.error?.type === "invalid_request_error" && /not found/.test(e.error?.message),
+    );
+  });
+} else {
+  await step("previous_response_id refused", async () => {
+    await assert.rejects(
+      client.responses.create({ model, input: "again", previous_response_id: "resp_123" }),
+      (e) => e.status === 400 && e.error?.type === "invalid_request_error" && e.error?.param === "previous_response_id",
+    );
+  });
+}
 
 console.log("responses sdk check: ok");

@@ -1,0 +1,113 @@
+package engine
+
+import (
+	"bytes"
+	"sync"
+
+	"github.com/infera/infera/internal/jsonscan"
+)
+
+// Stored responses (native protocols): like vLLM with its Responses store
+// on, the engine keeps the Responses it answered ("store": false ones
+// excepted) and answers a follow-up naming one in previous_response_id; an
+// id it does not hold is answered as vLLM answers it, 404 "Response with id
+// '...' not found.". It keeps the last respStoreMax ids only, not their
+// content: a follow-up is generated from its own input (the simulated
+// answer does not depend on the conversation), which is what a router's
+// routing of follow-ups needs to be tested end to end.
+
+// respStoreMax bounds the ids kept.
+const respStoreMax = 4096
+
+// respStore is the ids of the Responses an engine answered, the oldest
+// forgotten first.
+type respStore struct {
+	mu   sync.Mutex
+	max  int // 0: respStoreMax
+	ids  map[string]struct{}
+	ring []string
+	next int // the oldest, once ring is full
+}
+
+func (r *respStore) add(id []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.ids[string(id)]; ok {
+		return
+	}
+	if r.ids == nil {
+		r.ids = make(map[string]struct{})
+	}
+	limit := r.max
+	if limit <= 0 {
+		limit = respStoreMax
+	}
+	k := string(id)
+	if len(r.ring) < limit {
+		r.ring = append(r.ring, k)
+	} else {
+		delete(r.ids, r.ring[r.next])
+		r.ring[r.next] = k
+		r.next = (r.next + 1) % len(r.ring)
+	}
+	r.ids[k] = struct{}{}
+}
+
+func (r *respStore) has(id []byte) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.ids[string(id)]
+	return ok
+}
+
+var (
+	keyPrevResponse = []byte(`"previous_response_id"`)
+	keyStore        = []byte(`"store"`)
+)
+
+// responsesFollowUp reads a Responses request body's previous_response_id
+// (decoded; nil when absent, null, empty or not a string) and whether it
+// says "store": false (the last copy of a key counts, as vLLM's decoder
+// reads it). When body names a previous response, next is body with every
+// previous_response_id value replaced by null (the request conversion
+// refuses one: it is the router's, which stores nothing). A body that is
+// not a JSON object is left to the conversion to refuse.
+func responsesFollowUp(body []byte) (prev []byte, noStore bool, next []byte) {
+	if !bytes.Contains(body, keyPrevResponse) && !bytes.Contains(body, keyStore) {
+		return nil, false, body
+	}
+	var spans [][2]int
+	_, err := jsonscan.WalkObject(body, 0, 64, func(k []byte, vs, ve int) error {
+		switch string(k) {
+		case "previous_response_id":
+			prev = nil
+			if body[vs] == '"' {
+				if raw, _, err := jsonscan.ScanString(body, vs); err == nil && len(raw) > 0 {
+					prev = jsonscan.Unescape(nil, raw)
+					spans = append(spans, [2]int{vs, ve})
+				}
+			}
+		case "store":
+			noStore = string(body[vs:ve]) == "false"
+		}
+		return nil
+	})
+	if err != nil || prev == nil {
+		return nil, noStore && err == nil, body
+	}
+	next = make([]byte, 0, len(body))
+	at := 0
+	for _, sp := range spans {
+		next = append(append(next, body[at:sp[0]]...), "null"...)
+		at = sp[1]
+	}
+	return prev, noStore, append(next, body[at:]...)
+}
+
+// appendResponseNotFound appends vLLM's answer to a follow-up naming a
+// response it does not hold (serving_responses.py, _make_not_found_error).
+func appendResponseNotFound(dst, id []byte) []byte {
+	dst = append(dst, `{"error":{"message":`...)
+	dst = jsonscan.AppendString(dst, "Response with id '"+string(id)+"' not found.")
+	return append(dst, `,"type":"invalid_request_error","param":"response_id","code":404}}`...)
+}
