@@ -157,6 +157,7 @@ type ProxyCmd struct {
 	TokenizerPath string        `help:"Also measure kv-aware with this tokenizer and chat template (e.g. testdata/tokenizers/qwen3)." default:"" env:"INFERA_BENCH_TOKENIZER_PATH"`
 	Kinds         []string      `help:"Upstream answer kinds: json, sse." default:"json,sse" env:"INFERA_BENCH_KINDS"`
 	ServeArg      []string      `name:"serve-arg" help:"Extra flag for every infera serve (repeatable)." env:"INFERA_BENCH_SERVE_ARG"`
+	APIKey        string        `name:"api-key" help:"API key the infera targets take (with --serve-arg=--api-key=<key>), sent as 'Authorization: Bearer <key>' to them only (readiness check and wrk) and never printed (empty: none)." default:"" env:"INFERA_BENCH_API_KEY"`
 	BaselineBin   string        `name:"baseline-bin" help:"Also measure round-robin through this other infera binary (an earlier build, say), side by side in the same run." default:"" env:"INFERA_BENCH_BASELINE_BIN"`
 	Naive         bool          `help:"Also measure the thinnest fasthttp reverse proxy (HostClient.Do, body streamed back; nothing else) as a reference, with the same GOMAXPROCS." default:"true" negatable:"" env:"INFERA_BENCH_NAIVE"`
 	Floors        bool          `help:"Also measure the floors of a Go proxy: two byte-for-byte relays with no HTTP library, one goroutine per connection (go goroutine floor) and one epoll event loop per nginx worker (go epoll floor, Linux), and fasthttp's server in front of the first one's upstream side (fasthttp server floor)." default:"true" negatable:"" env:"INFERA_BENCH_FLOORS"`
@@ -210,7 +211,8 @@ func (c *ProxyCmd) Run() error {
 type proxyTarget struct {
 	name string
 	url  string
-	pid  int // 0: not measured (the direct path)
+	pid  int    // 0: not measured (the direct path)
+	key  string // API key sent to it (the infera targets with --api-key)
 }
 
 // chatBody returns a chat request of about n bytes.
@@ -275,7 +277,8 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 	}
 	// start runs one Go proxy (this binary with args, given its port) and
 	// waits until it answers /v1/models as ready says.
-	start := func(name, bin string, ready func([]byte) bool, args func(port string) []string) error {
+	// key is the API key it takes (empty: none).
+	start := func(name, bin, key string, ready func([]byte) bool, args func(port string) []string) error {
 		port, err := FreePort()
 		if err != nil {
 			return err
@@ -286,14 +289,14 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 			return err
 		}
 		g.Add(p)
-		if err := WaitHTTP(ctx, p, u+"/v1/models", 20*time.Second, ready); err != nil {
+		if err := waitHTTPKey(ctx, p, u+"/v1/models", key, 20*time.Second, ready); err != nil {
 			return err
 		}
-		targets = append(targets, proxyTarget{name: name, url: u, pid: p.Pid()})
+		targets = append(targets, proxyTarget{name: name, url: u, pid: p.Pid(), key: key})
 		return nil
 	}
 	serveBin := func(name, bin string, extra ...string) error {
-		return start(name, bin, func(b []byte) bool { return bytes.Contains(b, []byte("sim-model")) }, func(port string) []string {
+		return start(name, bin, c.APIKey, func(b []byte) bool { return bytes.Contains(b, []byte("sim-model")) }, func(port string) []string {
 			args := append([]string{"serve", "--host", "127.0.0.1", "--port", port, "--discovery-backend", "static",
 				"--workers", "fixed=" + be.URL, "--worker-model", "sim-model", "--admin-port", "0", "--log-level", "warn"}, extra...)
 			return append(args, c.ServeArg...)
@@ -301,7 +304,7 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 	}
 	serve := func(name string, extra ...string) error { return serveBin(name, bin, extra...) }
 	if c.Naive {
-		if err := start("naive fasthttp", bin, nil, func(port string) []string {
+		if err := start("naive fasthttp", bin, "", nil, func(port string) []string {
 			return []string{"bench", "naive-proxy", "--listen", "127.0.0.1:" + port, "--upstream", strings.TrimPrefix(be.URL, "http://")}
 		}); err != nil {
 			return nil, err
@@ -309,18 +312,18 @@ func RunProxyBench(ctx context.Context, c *ProxyCmd, log io.Writer) (*ProxyRepor
 	}
 	if c.Floors {
 		up := strings.TrimPrefix(be.URL, "http://")
-		if err := start("go goroutine floor", bin, nil, func(port string) []string {
+		if err := start("go goroutine floor", bin, "", nil, func(port string) []string {
 			return []string{"bench", "naive-proxy", "--lean", "--listen", "127.0.0.1:" + port, "--upstream", up}
 		}); err != nil {
 			return nil, err
 		}
-		if err := start("fasthttp server floor", bin, nil, func(port string) []string {
+		if err := start("fasthttp server floor", bin, "", nil, func(port string) []string {
 			return []string{"bench", "naive-proxy", "--server-floor", "--listen", "127.0.0.1:" + port, "--upstream", up}
 		}); err != nil {
 			return nil, err
 		}
 		if runtime.GOOS == "linux" {
-			if err := start("go epoll floor", bin, nil, func(port string) []string {
+			if err := start("go epoll floor", bin, "", nil, func(port string) []string {
 				return []string{"bench", "naive-proxy", "--loops", strconv.Itoa(max(c.NginxWorkers, 1)), "--listen", "127.0.0.1:" + port, "--upstream", up}
 			}); err != nil {
 				return nil, err
@@ -415,12 +418,23 @@ var (
 	wrkErrors = regexp.MustCompile(`Non-2xx or 3xx responses: (\d+)|Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)`)
 )
 
+// wrkScript is the wrk script POSTing body, with "Authorization: Bearer key"
+// when key is not empty (the key is in the script, not on wrk's command
+// line, so it is not in the process list).
+func wrkScript(body []byte, key string) string {
+	lua := "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\n"
+	if key != "" {
+		lua += "wrk.headers[\"Authorization\"] = " + strconv.Quote("Bearer "+key) + "\n"
+	}
+	return lua + "wrk.body = " + strconv.Quote(string(body)) + "\n"
+}
+
 // wrkCPU runs wrk against t for d and measures the target's CPU time. A
 // cancelled ctx (Ctrl-C) kills wrk, so the caller returns and its deferred
 // cleanup stops nginx and the proxies and removes the temp dir.
 func wrkCPU(ctx context.Context, c *ProxyCmd, t proxyTarget, body []byte, d time.Duration, dir string) (proxyRun, error) {
 	script := filepath.Join(dir, "post.lua")
-	lua := "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = " + strconv.Quote(string(body)) + "\n"
+	lua := wrkScript(body, t.key)
 	if err := os.WriteFile(script, []byte(lua), 0o644); err != nil {
 		return proxyRun{}, fmt.Errorf("cannot write wrk script: %w", err)
 	}

@@ -327,3 +327,45 @@ func procAlive(pid int) bool {
 	st, _, ok := procStat(pid)
 	return ok && st != 'Z' && st != 'X'
 }
+
+// With --api-key, the infera targets started with --serve-arg=--api-key are
+// checked for readiness and loaded by wrk with the key: they were reported
+// "not ready" (401) before; the direct path gets no key.
+func TestProxyBenchAPIKeyReachesInferaTargets(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/wrk"); err != nil {
+		if os.Getenv("INFERA_REQUIRE_SERVERS") != "" {
+			t.Fatal("wrk not installed (make deps)")
+		}
+		t.Skip("wrk not installed")
+	}
+	const key = "bench-proxy-secret-key"
+	c := &ProxyCmd{Concurrency: 4, Duration: time.Second, Rounds: 1, StreamChunks: 2, PromptBytes: 256,
+		InferaBin: inferaBin(t), GoMaxProcs: 2, Nginx: "", Wrk: "/usr/bin/wrk", WrkThreads: 1, Kinds: []string{"json"},
+		ServeArg: []string{"--api-key=" + key}, APIKey: key}
+	var log strings.Builder
+	rep, err := RunProxyBench(context.Background(), c, &log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	infera := 0
+	for _, tg := range rep.Targets {
+		if tg.RPS <= 0 || tg.Errors != 0 {
+			t.Fatalf("%+v", tg)
+		}
+		if strings.HasPrefix(tg.Target, "infera") {
+			infera++
+		}
+	}
+	if infera != 2 {
+		t.Fatalf("%d infera measurements, want 2", infera)
+	}
+	if strings.Contains(log.String(), key) {
+		t.Fatalf("the key was printed:\n%s", log.String())
+	}
+	if s := wrkScript([]byte(`{}`), ""); strings.Contains(s, "Authorization") {
+		t.Fatalf("a target without a key got one:\n%s", s)
+	}
+	if s := wrkScript([]byte(`{}`), key); !strings.Contains(s, `wrk.headers["Authorization"] = "Bearer `+key+`"`) {
+		t.Fatalf("no key header:\n%s", s)
+	}
+}
