@@ -89,6 +89,27 @@ func (c *GenConfig) Validate() error {
 			return fmt.Errorf("%s must be in [1, %d], got %d", v.name, maxTraceTokens, v.v)
 		}
 	}
+	// A generated length is up to 1.5 x its mean (around): the trace
+	// reader skips a line whose input_length or output_length is over
+	// maxTraceTokens, so gen must not be able to write one.
+	longest := func(mean int) int { return mean/2 + mean }
+	tooLong := func(flag string, mean, reach int, what string) error {
+		return fmt.Errorf("%s %d is too long for the %s workload: a request may reach %d tokens (%s), over the %d a trace line may have",
+			flag, mean, c.Workload, reach, what, maxTraceTokens)
+	}
+	if n := longest(c.OutputTokens); n > maxTraceTokens {
+		return tooLong("output-tokens", c.OutputTokens, n, "up to 1.5 x the mean")
+	}
+	if n := longest(c.PromptTokens); c.Workload == WorkloadUnique && n > maxTraceTokens {
+		return tooLong("prompt-tokens", c.PromptTokens, n, "up to 1.5 x the mean")
+	}
+	if c.Workload == WorkloadShared {
+		sys := (c.SystemTokens + c.BlockTokens - 1) / c.BlockTokens * c.BlockTokens
+		if n := sys + longest(c.QuestionTokens); n > maxTraceTokens {
+			return fmt.Errorf("system-tokens %d and question-tokens %d are too long for the shared-prefix workload: a request may reach %d tokens (the system prompt in whole %d-token blocks and a question of up to 1.5 x the mean), over the %d a trace line may have",
+				c.SystemTokens, c.QuestionTokens, n, c.BlockTokens, maxTraceTokens)
+		}
+	}
 	if c.ThinkMS < 0 || math.IsNaN(c.ThinkMS) {
 		return fmt.Errorf("think time must be >= 0")
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 )
 
 // TraceBlockTokens is the number of tokens one Mooncake hash id stands for.
@@ -149,21 +150,34 @@ func ReadTraceFile(path string) ([]TraceRequest, []LineError, error) {
 	return reqs, bad, nil
 }
 
-// WriteTrace writes reqs as Mooncake JSONL.
+// appendTraceLine appends r as one Mooncake JSONL line, without the newline.
+func appendTraceLine(line []byte, r *TraceRequest) []byte {
+	line = fmt.Appendf(line, `{"timestamp": %d, "input_length": %d, "output_length": %d, "hash_ids": [`, r.Timestamp, r.InputLength, r.OutputLength)
+	for j, id := range r.HashIDs {
+		if j > 0 {
+			line = append(line, ", "...)
+		}
+		line = strconv.AppendInt(line, id, 10)
+	}
+	return append(line, "]}"...)
+}
+
+// WriteTrace writes reqs as Mooncake JSONL. It refuses, before writing
+// anything, a request ParseTrace would skip as a bad line (a length out of
+// range, a line longer than maxTraceLine, ...): a trace it writes reads back
+// whole.
 func WriteTrace(w io.Writer, reqs []TraceRequest) error {
-	bw := bufio.NewWriter(w)
 	var line []byte
 	for i := range reqs {
-		r := &reqs[i]
-		line = line[:0]
-		line = fmt.Appendf(line, `{"timestamp": %d, "input_length": %d, "output_length": %d, "hash_ids": [`, r.Timestamp, r.InputLength, r.OutputLength)
-		for j, id := range r.HashIDs {
-			if j > 0 {
-				line = append(line, ", "...)
-			}
-			line = fmt.Appendf(line, "%d", id)
+		line = appendTraceLine(line[:0], &reqs[i])
+		var tr TraceRequest
+		if err := parseTraceLine(line, &tr); err != nil {
+			return fmt.Errorf("cannot write trace: request %d (timestamp %d ms) would be skipped by the trace reader: %w", i, reqs[i].Timestamp, err)
 		}
-		line = append(line, "]}\n"...)
+	}
+	bw := bufio.NewWriter(w)
+	for i := range reqs {
+		line = append(appendTraceLine(line[:0], &reqs[i]), '\n')
 		if _, err := bw.Write(line); err != nil {
 			return fmt.Errorf("cannot write trace: %w", err)
 		}

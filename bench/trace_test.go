@@ -104,6 +104,53 @@ func TestWriteTraceRoundTrip(t *testing.T) {
 	}
 }
 
+// bench gen wrote lengths up to 1.5 x the mean past the reader's bound
+// (--output-tokens 4000000: output_length up to 6,000,000 > 4,194,304) and
+// lines past its 16 MiB bound; --trace then skipped them as bad lines. Now
+// either the flags are refused or every line written reads back.
+func TestGenNeverWritesWhatTheReaderSkips(t *testing.T) {
+	f := func(name string, edit func(c *GenConfig), wantRefused string) {
+		t.Helper()
+		c := DefaultGenConfig(WorkloadUnique)
+		c.Requests = 4
+		edit(&c)
+		reqs, err := Generate(c)
+		if err != nil {
+			if wantRefused == "" || !strings.Contains(err.Error(), wantRefused) {
+				t.Fatalf("%s: %v, want refused naming %q", name, err, wantRefused)
+			}
+			return
+		}
+		var buf bytes.Buffer
+		if err := WriteTrace(&buf, reqs); err != nil {
+			if wantRefused == "" || !strings.Contains(err.Error(), wantRefused) {
+				t.Fatalf("%s: %v, want refused naming %q", name, err, wantRefused)
+			}
+			if buf.Len() != 0 {
+				t.Fatalf("%s: %d bytes written before the refusal", name, buf.Len())
+			}
+			return
+		}
+		back, bad, err := ParseTrace(&buf)
+		if err != nil || len(bad) > 0 || len(back) != len(reqs) {
+			t.Fatalf("%s: wrote %d requests, read back %d, bad lines %v, err %v", name, len(reqs), len(back), bad, err)
+		}
+		if wantRefused != "" {
+			t.Fatalf("%s: accepted, want refused naming %q", name, wantRefused)
+		}
+	}
+	f("output 4M", func(c *GenConfig) { c.OutputTokens = 4_000_000 }, "output-tokens")
+	f("output at the bound", func(c *GenConfig) { c.OutputTokens = 2_796_202 }, "")
+	f("unique prompt 3M", func(c *GenConfig) { c.PromptTokens = 3_000_000 }, "prompt-tokens")
+	f("shared system 4M", func(c *GenConfig) {
+		c.Workload, c.SystemPrompts, c.Users, c.SystemTokens, c.QuestionTokens = WorkloadShared, 1, 1, 4_000_000, 200_000
+	}, "question-tokens")
+	f("line over 16 MiB", func(c *GenConfig) { // 2.5M one-token blocks: about 21 MB of hash ids
+		c.Workload, c.SystemPrompts, c.Users, c.Requests = WorkloadShared, 1, 1, 1
+		c.SystemTokens, c.QuestionTokens, c.BlockTokens = 2_500_000, 100, 1
+	}, "longer than")
+}
+
 func TestRealTraceParses(t *testing.T) {
 	const path = "/work/shared/traces/mooncake_conversation_trace.jsonl"
 	if _, err := os.Stat(path); err != nil {
