@@ -134,18 +134,50 @@ func (w *WorkloadFlags) Build(stderr io.Writer, arrival string) ([]TraceRequest,
 		}
 		reqs = rs
 	}
-	if !(w.Speedup > 0) {
-		return nil, "", fmt.Errorf("--speedup must be > 0")
+	if !(w.Speedup > 0) || math.IsInf(w.Speedup, 0) {
+		return nil, "", fmt.Errorf("--speedup must be positive and finite, got %v", w.Speedup)
 	}
 	var cutMS int64
 	if arrival == ArrivalTrace {
 		cutMS = w.Duration.Milliseconds()
 	}
+	for i := range reqs {
+		if w.MaxRequests > 0 && i >= w.MaxRequests {
+			break
+		}
+		ts := float64(reqs[i].Timestamp-reqs[0].Timestamp) / w.Speedup
+		if cutMS > 0 && ts >= float64(cutMS) {
+			break
+		}
+		if ts > maxScheduleMS {
+			return nil, "", fmt.Errorf("--speedup %v stretches the workload's schedule to %.4g ms (request %d), over the %.0f ms a schedule may span: raise --speedup",
+				w.Speedup, ts, i+1, float64(maxScheduleMS))
+		}
+	}
 	reqs = ScaleTrace(reqs, w.Speedup, w.MaxRequests, cutMS)
 	if len(reqs) == 0 {
 		return nil, "", fmt.Errorf("workload %s has no requests", name)
 	}
+	if arrival == ArrivalPoisson {
+		if err := checkPoissonRate(w.Rate, len(reqs)); err != nil {
+			return nil, "", err
+		}
+	}
 	return reqs, name, nil
+}
+
+// checkPoissonRate refuses a --rate whose Poisson schedule of n arrivals
+// may pass maxScheduleMS: n exponential gaps of mean 1/rate s add up to
+// n/rate s, and to more than 2n+40 of those means almost never.
+func checkPoissonRate(rate float64, n int) error {
+	if !(rate > 0) || math.IsInf(rate, 0) {
+		return fmt.Errorf("--rate must be positive and finite for --arrival poisson, got %v", rate)
+	}
+	if span := float64(2*n+40) / rate * 1000; span > maxScheduleMS {
+		return fmt.Errorf("--rate %v is too low for %d poisson arrivals: their schedule may reach %.4g ms, over the %.0f ms a schedule may span: raise --rate",
+			rate, n, span, float64(maxScheduleMS))
+	}
+	return nil
 }
 
 func (w *WorkloadFlags) prompt() PromptConfig {

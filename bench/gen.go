@@ -130,6 +130,20 @@ type gen struct {
 	c      *GenConfig
 	rng    *rand.Rand
 	nextID int64
+	// late is the first timestamp (ms) past maxScheduleMS, 0 if none.
+	late float64
+}
+
+// stamp returns t (ms) as a timestamp, noting one past maxScheduleMS (or
+// NaN): converting it to int64 gave garbage (negative times).
+func (g *gen) stamp(t float64) int64 {
+	if !(t <= maxScheduleMS) {
+		if g.late == 0 {
+			g.late = t
+		}
+		return 0
+	}
+	return int64(t)
 }
 
 func (g *gen) newIDs(dst []int64, n int) []int64 {
@@ -169,6 +183,14 @@ func Generate(c GenConfig) ([]TraceRequest, error) {
 	default:
 		out = g.sessions()
 	}
+	if g.late != 0 {
+		think := ""
+		if c.Workload == WorkloadChat || c.Workload == WorkloadAgent {
+			think = fmt.Sprintf(" or lower --think-ms (%v)", c.ThinkMS)
+		}
+		return nil, fmt.Errorf("the generated schedule of %d requests reaches %.4g ms, over the %.0f ms a schedule may span: raise --rate (%v)%s",
+			c.Requests, g.late, float64(maxScheduleMS), c.Rate, think)
+	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Timestamp < out[j].Timestamp })
 	if len(out) > c.Requests {
 		out = out[:c.Requests]
@@ -197,7 +219,7 @@ func (g *gen) shared() []TraceRequest {
 		q := g.around(c.QuestionTokens)
 		ids := append([]int64(nil), sys[userSys[u]]...)
 		ids = g.newIDs(ids, g.blocksFor(q))
-		out = append(out, TraceRequest{Timestamp: int64(t), InputLength: sysTokens + q, OutputLength: g.around(c.OutputTokens), HashIDs: ids})
+		out = append(out, TraceRequest{Timestamp: g.stamp(t), InputLength: sysTokens + q, OutputLength: g.around(c.OutputTokens), HashIDs: ids})
 	}
 	return out
 }
@@ -209,7 +231,7 @@ func (g *gen) unique() []TraceRequest {
 	for range c.Requests {
 		t += g.exp(1000 / c.Rate)
 		n := g.around(c.PromptTokens)
-		out = append(out, TraceRequest{Timestamp: int64(t), InputLength: n, OutputLength: g.around(c.OutputTokens), HashIDs: g.newIDs(nil, g.blocksFor(n))})
+		out = append(out, TraceRequest{Timestamp: g.stamp(t), InputLength: n, OutputLength: g.around(c.OutputTokens), HashIDs: g.newIDs(nil, g.blocksFor(n))})
 	}
 	return out
 }
@@ -238,7 +260,7 @@ func (g *gen) sessions() []TraceRequest {
 				ids = g.newIDs(ids, need)
 			}
 			o := g.around(c.OutputTokens)
-			out = append(out, TraceRequest{Timestamp: int64(ts), InputLength: length, OutputLength: o, HashIDs: append([]int64(nil), ids...)})
+			out = append(out, TraceRequest{Timestamp: g.stamp(ts), InputLength: length, OutputLength: o, HashIDs: append([]int64(nil), ids...)})
 			length += o
 			ts += g.exp(c.ThinkMS) + float64(o)*20 // the client waits for the answer (about 20 ms/token) then thinks
 		}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -439,4 +440,69 @@ func TestSimulateHonoursMaxInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("pd", pr.Run)
+}
+
+// A --speedup or --rate whose schedule cannot be represented is refused,
+// naming the flag, by every command taking it: --speedup 1e-300 or
+// --arrival poisson --rate 1e-300 turned the timestamps into float-to-int64
+// garbage (negative times), every request was sent at once and the figures
+// looked normal.
+func TestScheduleTooLongToRepresentIsRefused(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "two.jsonl")
+	if err := os.WriteFile(trace, []byte(`{"timestamp":0,"input_length":10,"output_length":2,"hash_ids":[1]}`+"\n"+
+		`{"timestamp":1000,"input_length":10,"output_length":2,"hash_ids":[2]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		cmd, flag string
+		args      []string
+	}{
+		{"simulate", "--speedup", []string{"--trace", trace, "--speedup=1e-300"}},
+		{"simulate", "--speedup", []string{"--trace", trace, "--speedup=+Inf"}},
+		{"simulate", "--speedup", []string{"--requests", "20", "--speedup=1e-300"}},
+		{"simulate", "--rate", []string{"--trace", trace, "--arrival", "poisson", "--rate=1e-300"}},
+		{"simulate", "--rate", []string{"--requests", "20", "--arrival", "poisson", "--rate=1e-300"}},
+		{"simulate", "--rate", []string{"--requests", "20", "--rate=1e-300"}},
+		{"replay", "--speedup", []string{"--trace", trace, "--speedup=1e-300"}},
+		{"replay", "--rate", []string{"--trace", trace, "--arrival", "poisson", "--rate=1e-300"}},
+		{"compare", "--speedup", []string{"--trace", trace, "--speedup=1e-300"}},
+		{"compare", "--rate", []string{"--requests", "20", "--arrival", "poisson", "--rate=1e-300"}},
+		{"gen", "--rate", []string{"--requests", "20", "--rate=1e-300"}},
+		{"gen", "--think-ms", []string{"--workload", "chat", "--requests", "20", "--think-ms=1e300"}},
+	} {
+		var cli struct {
+			Bench Cmd `cmd:""`
+		}
+		p, err := kong.New(&cli)
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := append([]string{"bench", c.cmd}, c.args...)
+		switch c.cmd {
+		case "simulate":
+			args = append(args, "--engines", "1", "--policies", "round-robin", "--no-ceiling", "--json", "")
+		case "replay":
+			args = append(args, "--url", "http://127.0.0.1:1", "--json", "")
+		case "compare":
+			args = append(args, "--svg", "", "--json", "", "--engine-urls", "http://127.0.0.1:1", "--no-ceiling", "--log-dir", t.TempDir())
+		case "gen":
+			args = append(args, "--out", filepath.Join(t.TempDir(), "out.jsonl"))
+		}
+		kctx, err := p.Parse(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := kctx.Run(); err == nil || !strings.Contains(err.Error(), c.flag) {
+			t.Errorf("bench %s %v: err %v, want a %s error", c.cmd, c.args, err, c.flag)
+		}
+	}
+	// The longest representable schedules still run.
+	w := WorkloadFlags{Trace: trace, Speedup: 1e-9, BytesPerToken: 4, GenFlags: GenFlags{TokensPerBlock: 512, Rate: 1}}
+	if reqs, _, err := w.Build(io.Discard, ArrivalTrace); err != nil || reqs[1].Timestamp < 1e12-1 { // 1000 / 1e-9 rounds down
+		t.Fatalf("a 1e12 ms schedule: %v %+v", err, reqs)
+	}
+	w.Speedup, w.Rate = 1, 100*1000/maxScheduleMS
+	if _, _, err := w.Build(io.Discard, ArrivalPoisson); err != nil {
+		t.Fatalf("two poisson arrivals at --rate %v: %v", w.Rate, err)
+	}
 }

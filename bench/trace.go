@@ -41,6 +41,14 @@ const (
 	maxTraceLine   = 16 << 20
 )
 
+// maxScheduleMS bounds a workload's schedule: the time from its first
+// request to its last, in ms, after --speedup, or a generated or Poisson
+// schedule at --rate (about 31.7 years). Timestamps become time.Durations
+// (ns, at most about 292 years), and simulated service times are added to
+// them: a longer schedule overflowed, into negative times that sent every
+// request at once.
+const maxScheduleMS = 1e12
+
 // ParseTrace reads a Mooncake JSONL trace from r. Bad lines are skipped and
 // returned as LineErrors (1-based line numbers); blank lines are ignored.
 // The returned requests are sorted by timestamp (stable). err is only set
