@@ -10,9 +10,14 @@ import (
 // prefix cache hit rate of one LRU cache as large as the whole fleet's KV
 // capacity, fed the same prompts in the same order, with no timing (each
 // request's blocks are inserted and released before the next one arrives).
-// A router over separate engine caches can at best approach it: it is the
-// yardstick of routing quality, measured in the units of Summary.HitRate
-// (cached prompt tokens / prompt tokens).
+// It is the yardstick of routing quality, measured in the units of
+// Summary.HitRate (cached prompt tokens / prompt tokens): a reference point,
+// not an upper bound. Separate engine caches with affinity routing can beat
+// it: one LRU evicts by fleet-wide recency, so a run of prompts that are
+// not reused again pushes every session's prefix out of it, while each of
+// N partitioned caches is flushed only by what is routed to it (on the
+// Mooncake trace, 500 requests, 8 engines of 8,192 blocks, kv-aware reaches
+// 112.8% of it and prefix 105.2%).
 type Ceiling struct {
 	// Blocks is the pooled cache's capacity (engines x blocks per engine).
 	Blocks int `json:"blocks"`
