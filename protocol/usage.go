@@ -16,8 +16,9 @@ import (
 // asked), else the rewritten body appended to dst (no allocation when dst
 // has room for len(body)+40 bytes). The engine reads the last of duplicate
 // keys, so the last stream, stream_options and include_usage count and the
-// last one is the one rewritten. A body that is not a JSON object is
-// returned unchanged with an *Error.
+// last one is the one rewritten; their values are read as vLLM reads a
+// bool (jsonscan.LaxBool: "true", 1 and "yes" are true). A body that is
+// not a JSON object is returned unchanged with an *Error.
 func EnsureStreamUsage(dst, body []byte) (out []byte, clientAsked bool, err error) {
 	start := skipSpace(body, 0)
 	if start >= len(body) || body[start] != '{' {
@@ -36,7 +37,7 @@ func EnsureStreamUsage(dst, body []byte) (out []byte, clientAsked bool, err erro
 	if werr != nil || skipSpace(body, end) != len(body) {
 		return body, false, errMalformedBody
 	}
-	if !stream.ok() || body[stream.s] != 't' {
+	if !stream.ok() || jsonscan.LaxBool(body[stream.s:stream.e]) != 't' {
 		return body, false, nil
 	}
 	if !opts.ok() {
@@ -62,7 +63,7 @@ func EnsureStreamUsage(dst, body []byte) (out []byte, clientAsked bool, err erro
 		}
 		return nil
 	})
-	if inc.ok() && body[inc.s] == 't' {
+	if inc.ok() && jsonscan.LaxBool(body[inc.s:inc.e]) == 't' {
 		return body, true, nil
 	}
 	// The edit that asks for usage: include_usage set to true, or put
@@ -78,7 +79,7 @@ func EnsureStreamUsage(dst, body []byte) (out []byte, clientAsked bool, err erro
 	// include_usage: a client that asked for them without it gets no
 	// usage, so they are turned off with the usage the router asks for
 	// (the usage filter removes only the final usage-only chunk).
-	if !cont.ok() || body[cont.s] != 't' {
+	if !cont.ok() || jsonscan.LaxBool(body[cont.s:cont.e]) != 't' {
 		cont = span{}
 	}
 	out = dst

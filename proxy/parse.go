@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/infera/infera/internal/jsonscan"
 	"github.com/infera/infera/protocol"
 )
 
@@ -280,13 +281,16 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			if !once(rkStream, "stream") {
 				return ve, nil
 			}
-			switch v[0] {
+			// Read as the engine reads it: "true", 1 and "yes" stream too.
+			switch laxBool(v) {
 			case 't':
 				b.stream = true
-			case 'f', 'n':
+			case 'f':
 				b.stream = false
 			default:
-				perr = errStreamType
+				if string(v) != "null" {
+					perr = errStreamType
+				}
 			}
 		case "max_tokens", "max_completion_tokens":
 			completion := len(key) == len("max_completion_tokens")
@@ -311,7 +315,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			b.streamOpts = true
 			if v[0] == '{' {
 				forEachField(d, vs, func(k []byte, s, e int) error {
-					if string(k) == "include_usage" && d[s] == 't' {
+					if string(k) == "include_usage" && laxBool(d[s:e]) == 't' {
 						b.includeUsage = true
 					} else if foldedKey(k) != nil && perr == nil {
 						perr = caseVariantKey(k)
@@ -436,60 +440,9 @@ func (b *reqBody) insertStreamUsage(dst, d []byte) []byte {
 }
 
 // laxBool reads the JSON value v as vLLM's request models (pydantic's lax
-// bool) read a bool field: 't' for true, 1 and the strings "1", "t", "y",
-// "on", "yes", "true"; 'f' for false, 0 and "0", "f", "n", "no", "off",
-// "false" (strings decoded and in any case: "\u0074rue" and "False" too);
-// 0 for null and for values the engine refuses. It allocates nothing.
-func laxBool(v []byte) byte {
-	switch string(v) {
-	case "true", "1":
-		return 't'
-	case "false", "0":
-		return 'f'
-	}
-	if len(v) == 0 {
-		return 0
-	}
-	if v[0] != '"' {
-		if v[0] == '-' || v[0] >= '0' && v[0] <= '9' {
-			// A number: 0 or 1 (1.0, 1e0, -0 alike, as Python reads them).
-			if f, err := strconv.ParseFloat(string(v), 64); err == nil {
-				switch f {
-				case 0:
-					return 'f'
-				case 1:
-					return 't'
-				}
-			}
-		}
-		return 0
-	}
-	raw := v[1 : len(v)-1]
-	var buf [16]byte
-	if hasEscape(raw) {
-		if len(raw) > len(buf) {
-			return 0
-		}
-		raw = unescape(buf[:0], raw)
-	}
-	if len(raw) > 5 {
-		return 0
-	}
-	var low [5]byte
-	for i, c := range raw {
-		if c >= 'A' && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		low[i] = c
-	}
-	switch string(low[:len(raw)]) {
-	case "1", "t", "y", "on", "yes", "true":
-		return 't'
-	case "0", "f", "n", "no", "off", "false":
-		return 'f'
-	}
-	return 0
-}
+// bool) read a bool field (jsonscan.LaxBool): 't' true, 'f' false, 0 for
+// null and for values the engine refuses.
+func laxBool(v []byte) byte { return jsonscan.LaxBool(v) }
 
 func hasEscape(raw []byte) bool {
 	for _, c := range raw {

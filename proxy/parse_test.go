@@ -64,7 +64,7 @@ func TestParseBody(t *testing.T) {
 	bad(kindChat, `{"model":"m","messages":[1]}`, errMessages)
 	bad(kindChat, `{"model":"m","messages":{}}`, errNoMessages)
 	bad(kindChat, `{"model":"m","max_tokens":1.5,"messages":[{}]}`, errMaxTokens)
-	bad(kindChat, `{"model":"m","stream":1,"messages":[{}]}`, errStreamType)
+	bad(kindChat, `{"model":"m","stream":2,"messages":[{}]}`, errStreamType)
 	bad(kindCompletion, `{"model":"m","prompt":[1,"a"]}`, errPromptType)
 	bad(kindCompletion, `{"model":"m","prompt":[-1]}`, errPromptType)
 	bad(kindCompletion, `{"model":"m","prompt":true}`, errPromptType)

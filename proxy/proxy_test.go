@@ -231,7 +231,7 @@ func TestBadInput(t *testing.T) {
 	check("/v1/chat/completions", `{"model":"m"}`, 400)
 	check("/v1/chat/completions", `{"model":"m","messages":[]}`, 400)
 	check("/v1/chat/completions", `{"model":"m","messages":"x"}`, 400)
-	check("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"}`, 400)
+	check("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"maybe"}`, 400)
 	check("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":-1}`, 400)
 	check("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}]} trailing`, 400)
 	check("/v1/completions", `{"model":"m"}`, 400)

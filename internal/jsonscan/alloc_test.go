@@ -42,3 +42,16 @@ func TestScanningAllocatesNothing(t *testing.T) {
 		t.Fatalf("%v allocations per run, want 0", n)
 	}
 }
+
+// LaxBool allocates nothing, escaped words and numbers included.
+func TestLaxBoolAllocatesNothing(t *testing.T) {
+	vals := [][]byte{[]byte(`true`), []byte(`"True"`), []byte(`"\u0074\u0072\u0075\u0065"`), []byte(`1.0`), []byte(`"maybe"`), []byte(`1e999`)}
+	n := testing.AllocsPerRun(200, func() {
+		for _, v := range vals {
+			LaxBool(v)
+		}
+	})
+	if n != 0 {
+		t.Fatalf("%v allocations per run, want 0", n)
+	}
+}

@@ -61,3 +61,11 @@ func BenchmarkAppendString(b *testing.B) {
 		buf = AppendString(buf[:0], s)
 	}
 }
+
+func BenchmarkLaxBool(b *testing.B) {
+	vals := [][]byte{[]byte(`true`), []byte(`"True"`), []byte(`"\u0074rue"`), []byte(`1.0`)}
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		LaxBool(vals[i&3])
+	}
+}
