@@ -121,3 +121,53 @@ func TestRequestKeysAreReadExactlyAsVLLMReadsThem(t *testing.T) {
 		t.Errorf("the last copy: rendered %q", got)
 	}
 }
+
+// The engine's bools are read as vLLM's pydantic models read them (lax
+// mode): "add_special_tokens":"false" or 0 leaves the BOS out, "stream":
+// "true" streams, "include_usage":"yes" asks for usage. They were decoded
+// as Go bools, so each of these was a 400 ("cannot unmarshal string into
+// Go value of type bool") that vLLM answers.
+func TestBoolFieldsAreReadAsVLLMReadsThem(t *testing.T) {
+	tok := bosSimple{}
+	for _, v := range []string{`false`, `"false"`, `0`, `"No"`, `"\u0066alse"`, `"off"`} {
+		body := `{"prompt":"abcd","add_special_tokens":` + v + `,"stream":"true","stream_options":{"include_usage":"yes"}}`
+		g, ids, err := parseCompletion([]byte(body), tok, nil)
+		if err != nil || len(ids) != 1 || !g.stream || !g.includeUsage {
+			t.Errorf("%s: %+v %v %v, want a stream with usage and no BOS", body, g, ids, err)
+		}
+	}
+	msgs := `"messages":[{"role":"user","content":"hi"}]`
+	for _, v := range []string{`true`, `"true"`, `1`, `"Yes"`, `"on"`} {
+		body := `{` + msgs + `,"add_special_tokens":` + v + `,"stream":` + v + `,"stream_options":{"include_usage":` + v + `}}`
+		g, ids, _, err := parseChat([]byte(body), tok, nil, nil)
+		if err != nil || len(ids) == 0 || ids[0] != 7 || !g.stream || !g.includeUsage {
+			t.Errorf("%s: %+v %v %v, want a stream with usage and the BOS", body, g, ids, err)
+		}
+	}
+	plain, _ := render(t, `{`+msgs+`}`)
+	noGen, _ := render(t, `{`+msgs+`,"add_generation_prompt":false}`)
+	for _, v := range []string{`"false"`, `0`, `"n"`} {
+		if got, err := render(t, `{`+msgs+`,"add_generation_prompt":`+v+`}`); err != nil || got != noGen || got == plain {
+			t.Errorf("add_generation_prompt %s: %q %v, want %q", v, got, err, noGen)
+		}
+	}
+	for _, v := range []string{`null`} {
+		if got, err := render(t, `{`+msgs+`,"add_generation_prompt":`+v+`,"stream":null,"continue_final_message":null}`); err != nil || got != plain {
+			t.Errorf("null: %q %v, want %q", got, err, plain)
+		}
+	}
+	for _, body := range []string{
+		`{` + msgs + `,"stream":"maybe"}`, `{` + msgs + `,"stream":2}`, `{` + msgs + `,"add_special_tokens":[]}`,
+		`{` + msgs + `,"continue_final_message":"sure"}`, `{` + msgs + `,"stream":true,"stream_options":{"include_usage":"x"}}`,
+	} {
+		if _, _, _, err := parseChat([]byte(body), tok, nil, nil); err == nil {
+			t.Errorf("%s: accepted, want refused as vLLM refuses it", body)
+		}
+	}
+}
+
+func render(t *testing.T, body string) (string, error) {
+	t.Helper()
+	_, _, text, err := parseChat([]byte(body), tokenizer.Simple{}, nil, nil)
+	return string(text), err
+}

@@ -9,6 +9,7 @@ import (
 
 	"encoding/json"
 
+	"github.com/infera/infera/internal/jsonscan"
 	"github.com/infera/infera/tokenizer"
 )
 
@@ -37,17 +38,17 @@ type chatWire struct {
 	// passes them (tokenizer.ChatFields).
 	Documents           json.RawMessage `json:"documents"`
 	ChatTemplateKwargs  json.RawMessage `json:"chat_template_kwargs"`
-	Stream              bool            `json:"stream"`
+	Stream              laxBool         `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	MaxTokens           *int64          `json:"max_tokens"`
 	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
 	// The prompt's end, as vLLM renders it: the generation prompt unless
 	// add_generation_prompt is false or the final message is continued.
-	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
-	ContinueFinalMessage bool  `json:"continue_final_message"`
+	AddGenerationPrompt  *laxBool `json:"add_generation_prompt"`
+	ContinueFinalMessage laxBool  `json:"continue_final_message"`
 	// AddSpecialTokens: the rendered prompt is encoded between the
 	// tokenizer's special tokens (vLLM: false by default for a chat).
-	AddSpecialTokens *bool `json:"add_special_tokens"`
+	AddSpecialTokens *laxBool `json:"add_special_tokens"`
 
 	// Read by answer shaping (answer.go).
 	ToolChoice      json.RawMessage `json:"tool_choice"`
@@ -60,14 +61,34 @@ type completionWire struct {
 	Prompt json.RawMessage `json:"prompt"`
 	// AddSpecialTokens: false encodes the prompt without the tokenizer's
 	// special tokens (vLLM: true by default for a completion).
-	AddSpecialTokens *bool          `json:"add_special_tokens"`
-	Stream           bool           `json:"stream"`
+	AddSpecialTokens *laxBool       `json:"add_special_tokens"`
+	Stream           laxBool        `json:"stream"`
 	StreamOptions    *streamOptions `json:"stream_options"`
 	MaxTokens        *int64         `json:"max_tokens"`
 }
 
 type streamOptions struct {
-	IncludeUsage bool `json:"include_usage"`
+	IncludeUsage laxBool `json:"include_usage"`
+}
+
+// laxBool is a request's bool read as vLLM's pydantic request models read
+// one (lax mode, jsonscan.LaxBool): true, 1 and the strings "true", "yes",
+// "on", "t", "y", "1" in any ASCII case are true; false, 0 and their
+// counterparts false; null leaves the default; anything else is refused.
+type laxBool bool
+
+func (b *laxBool) UnmarshalJSON(v []byte) error {
+	switch jsonscan.LaxBool(bytes.TrimSpace(v)) {
+	case 't':
+		*b = true
+	case 'f':
+		*b = false
+	default:
+		if !isNull(v) {
+			return errors.New("input should be a valid boolean")
+		}
+	}
+	return nil
 }
 
 type messageWire struct {
@@ -196,7 +217,7 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 	if !isNull(w.Tools) {
 		tools = w.Tools
 	}
-	addGen := (w.AddGenerationPrompt == nil || *w.AddGenerationPrompt) && !w.ContinueFinalMessage
+	addGen := (w.AddGenerationPrompt == nil || bool(*w.AddGenerationPrompt)) && !bool(w.ContinueFinalMessage)
 	f := tokenizer.ChatFields{Tools: tools}
 	if !isNull(w.Documents) {
 		f.Documents = w.Documents
@@ -226,10 +247,10 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 	if err != nil {
 		return genRequest{}, dst, text, err
 	}
-	g := genRequest{chat: true, model: w.Model, stream: w.Stream, maxTokens: mt,
+	g := genRequest{chat: true, model: w.Model, stream: bool(w.Stream), maxTokens: mt,
 		thinking: wantsThinking(&w), tool: chooseTool(&w), format: formatPieces(w.ResponseFormat)}
 	if w.StreamOptions != nil {
-		g.includeUsage = w.StreamOptions.IncludeUsage
+		g.includeUsage = bool(w.StreamOptions.IncludeUsage)
 	}
 	return g, dst, text, nil
 }
@@ -315,7 +336,7 @@ func parseCompletion(body []byte, tok tokenizer.Tokenizer, dst []uint32) (genReq
 	if isNull(w.Prompt) {
 		return genRequest{}, dst, badRequest("prompt is required")
 	}
-	special := w.AddSpecialTokens == nil || *w.AddSpecialTokens
+	special := w.AddSpecialTokens == nil || bool(*w.AddSpecialTokens)
 	dst, err := promptTokens(dst, w.Prompt, tok, special, 0)
 	if err != nil {
 		return genRequest{}, dst, err
@@ -324,9 +345,9 @@ func parseCompletion(body []byte, tok tokenizer.Tokenizer, dst []uint32) (genReq
 	if err != nil {
 		return genRequest{}, dst, err
 	}
-	g := genRequest{model: w.Model, stream: w.Stream, maxTokens: mt}
+	g := genRequest{model: w.Model, stream: bool(w.Stream), maxTokens: mt}
 	if w.StreamOptions != nil {
-		g.includeUsage = w.StreamOptions.IncludeUsage
+		g.includeUsage = bool(w.StreamOptions.IncludeUsage)
 	}
 	return g, dst, nil
 }

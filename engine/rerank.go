@@ -23,7 +23,7 @@ type rerankRequest struct {
 	Query           *string           `json:"query"`
 	Documents       []json.RawMessage `json:"documents"`
 	TopN            *int              `json:"top_n"`
-	ReturnDocuments *bool             `json:"return_documents"`
+	ReturnDocuments *laxBool          `json:"return_documents"`
 }
 
 type scoreRequest struct {
@@ -143,7 +143,7 @@ func (s *Server) handleRerank(ctx *fasthttp.RequestCtx) {
 		}
 		out = append(out, `{"index":`...)
 		out = strconv.AppendInt(out, int64(r.index), 10)
-		if req.ReturnDocuments == nil || *req.ReturnDocuments {
+		if req.ReturnDocuments == nil || bool(*req.ReturnDocuments) {
 			tj, _ := json.Marshal(texts[r.index])
 			out = append(out, `,"document":{"text":`...)
 			out = append(out, tj...)

@@ -45,10 +45,13 @@ func TestRerankRanksDocumentsSharingTheQuerysWordsFirst(t *testing.T) {
 			}
 		}
 	}
-	code, b, _ := e.post(t, "/v1/rerank", `{"model":"sim-model","query":"deep","documents":["a","deep","b"],"top_n":1,"return_documents":false}`)
-	var a rerankAnswer
-	if code != 200 || json.Unmarshal(b, &a) != nil || len(a.Results) != 1 || a.Results[0].Index != 1 || a.Results[0].Document != nil {
-		t.Fatalf("top_n 1 without documents: %d %s", code, b)
+	// return_documents is read as vLLM reads a bool: "false" and 0 too.
+	for _, v := range []string{`false`, `"false"`, `0`} {
+		code, b, _ := e.post(t, "/v1/rerank", `{"model":"sim-model","query":"deep","documents":["a","deep","b"],"top_n":1,"return_documents":`+v+`}`)
+		var a rerankAnswer
+		if code != 200 || json.Unmarshal(b, &a) != nil || len(a.Results) != 1 || a.Results[0].Index != 1 || a.Results[0].Document != nil {
+			t.Fatalf("top_n 1 without documents (%s): %d %s", v, code, b)
+		}
 	}
 	for body, status := range map[string]int{
 		`{"model":"sim-model","documents":["a"]}`:           400,
