@@ -14,9 +14,9 @@ import "unsafe"
 // (fmt.Sprintf, strings.Clone).
 //
 // Strings are views into strs: bytes are only ever appended to it, so a view
-// never changes while its render runs. When an append outgrows strs, Go
-// copies it to a larger array and the old views keep the old array alive;
-// the larger one is kept for the next render.
+// never changes while its render runs. When an append outgrows strs, it is
+// copied to a larger array (reserve: twice as large) and the old views keep
+// the old array alive; the larger one is kept for the next render.
 
 // Retention limits: a state that grew beyond them (a huge or hostile render)
 // drops the excess instead of keeping it in the pool.
@@ -111,8 +111,30 @@ func (st *state) atTop(s string) bool {
 	return n > 0 && n <= len(st.strs) && unsafe.StringData(s) == &st.strs[len(st.strs)-n]
 }
 
+// reserve makes room for n more bytes at the top of the string arena. The
+// arena doubles, up to the most a render may build (the strings budget,
+// plus one string that the budget refuses once built): Go's append grows a
+// large slice by a quarter, copying it whole each time, so a render
+// filling its 64 MiB budget allocated 385-469 MB. Doubling copies and
+// allocates at most about twice what is built. Builders whose result size
+// is known (or bounded) reserve it first; the others rely on append.
+func (st *state) reserve(n int) {
+	if n <= cap(st.strs)-len(st.strs) {
+		return
+	}
+	need := len(st.strs) + n
+	c := max(2*cap(st.strs), need, 4096)
+	if lim := (strBudget + 1) * st.opts.MaxOutput; c > lim && need <= lim {
+		c = lim
+	}
+	s := make([]byte, len(st.strs), c)
+	copy(s, st.strs)
+	st.strs = s
+}
+
 // strBytes returns an arena copy of b.
 func (st *state) strBytes(b []byte) string {
+	st.reserve(len(b))
 	mark := len(st.strs)
 	st.strs = append(st.strs, b...)
 	return st.view(mark)

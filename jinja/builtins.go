@@ -469,9 +469,11 @@ func stringMethod(st *state, s, name string, args []Value) (Value, error) {
 		if count.kind == KindInt && count.num >= 0 {
 			n = int(count.num)
 		}
-		if err := st.fits(replacedLen(s, oldV.str, newV.str, n)); err != nil {
+		rn := replacedLen(s, oldV.str, newV.str, n)
+		if err := st.fits(rn); err != nil {
 			return Value{}, err
 		}
+		st.reserve(rn)
 		mark := len(st.strs)
 		if oldV.str == "" {
 			st.strs = appendReplaceEmpty(st.strs, s, newV.str, n)
@@ -785,6 +787,7 @@ func (st *state) simpleFilter(v Value, name string) (Value, error) {
 		case "join":
 			mark := len(st.strs)
 			for _, x := range items {
+				st.reserve(len(x.str))
 				st.strs = st.joinItem(st.strs, x)
 				if err := st.fits(len(st.strs) - mark); err != nil {
 					return Value{}, err
@@ -1118,6 +1121,7 @@ func (st *state) callFilter(v Value, name string, argNodes []node, e *env) (Valu
 			return String(st.view(mark)), st.spend(len(st.strs) - mark)
 		}
 		for i, x := range v.arr.items {
+			st.reserve(len(sep.str) + len(x.str))
 			if i > 0 {
 				st.strs = append(st.strs, sep.str...)
 			}

@@ -1401,6 +1401,13 @@ func (st *state) concat(a, b Value) (Value, error) {
 	}
 	// A chain a + b + c builds each partial result at the top of the string
 	// arena: when a is the latest string, extend it in place.
+	if b.kind == KindString {
+		if a.kind == KindString && st.atTop(a.str) {
+			st.reserve(len(b.str))
+		} else {
+			st.reserve(len(a.str) + len(b.str))
+		}
+	}
 	mark := len(st.strs)
 	if a.kind == KindString && st.atTop(a.str) {
 		mark -= len(a.str)
@@ -1575,6 +1582,7 @@ func (st *state) binary(n *binaryExpr, e *env) (Value, error) {
 		if float64(len(s))*times > float64(st.opts.MaxOutput) {
 			return Value{}, limitf("template string exceeds %d bytes", st.opts.MaxOutput)
 		}
+		st.reserve(len(s) * int(times))
 		mark := len(st.strs)
 		for i := 0; i < int(times); i++ {
 			st.strs = append(st.strs, s...)
