@@ -31,3 +31,25 @@ func TestStringBuildingUpToTheBudgetAllocatesASmallMultipleOfIt(t *testing.T) {
 		}
 	}
 }
+
+// Upper- and lower-casing, title, capitalize, slicing a string and the
+// indent attribute build strings like any other builder, so they are
+// charged to the strings budget. They were not: 1000 upper-cased copies of
+// a 100 KB string built 100 MB and allocated 450 MB at MaxOutput 1 MiB
+// (a 4 MiB budget), bounded only by the 10 million evaluation steps.
+func TestEveryStringBuilderIsChargedToTheBudget(t *testing.T) {
+	const mib = 1 << 20
+	for _, src := range []string{
+		`{% set s = 'y' * 100000 %}{% for i in range(1000) %}{% set t = s|upper %}{% endfor %}`,
+		`{% set s = 'Y' * 100000 %}{% for i in range(1000) %}{% set t = s.lower() %}{% endfor %}`,
+		`{% set s = 'y' * 100000 %}{% for i in range(1000) %}{% set t = s|title %}{% endfor %}`,
+		`{% set s = 'y' * 100000 %}{% for i in range(1000) %}{% set t = s|capitalize %}{% endfor %}`,
+		`{% set s = 'é' * 50000 %}{% for i in range(1000) %}{% set t = s[::-1] %}{% endfor %}`,
+		`{% set s = 'y\n' * 50000 %}{% for i in range(1000) %}{% set t = s.indent %}{% endfor %}`,
+	} {
+		alloc, err := renderAlloc(t, src, Options{PythonStrip: true, PythonPrint: true, PythonCompare: true, MaxOutput: mib})
+		if !IsLimit(err) || alloc > 4*strBudget*mib {
+			t.Errorf("%s: %v, allocated %.1f MB (want the strings budget's refusal within %d MB)", src, err, float64(alloc)/mib, 4*strBudget)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+	"unsafe"
 )
 
 var globals = newGlobals()
@@ -333,9 +334,9 @@ func stringMethod(st *state, s, name string, args []Value) (Value, error) {
 	}
 	switch name {
 	case "upper":
-		return String(st.mapCase(s, 'a', 'z', unicode.ToUpper)), nil
+		return st.built(st.mapCase(s, 'a', 'z', unicode.ToUpper), s)
 	case "lower":
-		return String(st.mapCase(s, 'A', 'Z', unicode.ToLower)), nil
+		return st.built(st.mapCase(s, 'A', 'Z', unicode.ToLower), s)
 	case "strip":
 		return String(stripChars(st, s, args, true, true)), nil
 	case "lstrip":
@@ -343,16 +344,17 @@ func stringMethod(st *state, s, name string, args []Value) (Value, error) {
 	case "rstrip":
 		return String(stripChars(st, s, args, false, true)), nil
 	case "title":
-		return String(st.titleCase(s)), nil
+		return st.built(st.titleCase(s), s)
 	case "capitalize":
 		if s == "" {
 			return String(""), nil
 		}
 		r, size := utf8.DecodeRuneInString(s)
+		st.reserve(len(s) + utf8.UTFMax)
 		mark := len(st.strs)
 		st.strs = utf8.AppendRune(st.strs, unicode.ToUpper(r))
 		st.strs = append(st.strs, s[size:]...)
-		return String(st.view(mark)), nil
+		return String(st.view(mark)), st.spend(len(st.strs) - mark)
 	case "startswith", "endswith":
 		if len(args) == 0 {
 			return Value{}, errorf("%s() requires at least one argument", name)
@@ -542,14 +544,24 @@ func appendReplaceEmpty(dst []byte, s, repl string, n int) []byte {
 	return dst
 }
 
+// built returns out, a string built from in, charged to the strings
+// budget unless it is in itself (nothing was built).
+func (st *state) built(out, in string) (Value, error) {
+	if len(out) > 0 && unsafe.StringData(out) == unsafe.StringData(in) {
+		return String(out), nil
+	}
+	return String(out), st.spend(len(out))
+}
+
 // mapCase returns s with every code point mapped by conv, as strings.ToUpper
 // and strings.ToLower do; for ASCII s, changing only bytes in [lo, hi].
 func (st *state) mapCase(s string, lo, hi byte, conv func(rune) rune) string {
-	mark := len(st.strs)
 	if isASCII(s) {
 		if !hasByteIn(s, lo, hi) {
 			return s
 		}
+		st.reserve(len(s))
+		mark := len(st.strs)
 		st.strs = append(st.strs, s...)
 		b := st.strs[mark:]
 		for i, c := range b {
@@ -559,6 +571,8 @@ func (st *state) mapCase(s string, lo, hi byte, conv func(rune) rune) string {
 		}
 		return st.view(mark)
 	}
+	st.reserve(len(s))
+	mark := len(st.strs)
 	for _, r := range s {
 		st.strs = utf8.AppendRune(st.strs, conv(r))
 	}
@@ -568,6 +582,7 @@ func (st *state) mapCase(s string, lo, hi byte, conv func(rune) rune) string {
 // titleCase upper-cases every ASCII word character that follows a non-word
 // character, as /\b\w/g does.
 func (st *state) titleCase(s string) string {
+	st.reserve(len(s))
 	mark := len(st.strs)
 	st.strs = append(st.strs, s...)
 	b := st.strs[mark:]
@@ -851,7 +866,11 @@ func (st *state) simpleFilter(v Value, name string) (Value, error) {
 		case "trim":
 			return String(jsTrim(v.str)), nil
 		case "indent":
-			return String(st.indent(v.str, 4, false, false)), nil
+			if err := st.fits(len(v.str) + strings.Count(v.str, "\n")*4); err != nil {
+				return Value{}, err
+			}
+			out := st.indent(v.str, 4, false, false)
+			return String(out), st.spend(len(out))
 		case "join", "string":
 			return v, nil
 		case "int":

@@ -831,20 +831,46 @@ func (st *state) slice(obj Value, s *sliceExpr, e *env) (Value, error) {
 		}
 		return String(obj.str[start:stop]), nil // ASCII: a substring
 	}
-	var rbuf []rune
-	if n <= 256 {
-		var arr [256]rune
-		rbuf = arr[:0]
-	}
-	rs := rbuf
-	for _, r := range obj.str {
-		rs = append(rs, r)
-	}
+	k := sliceLen(start, stop, step)
+	st.reserve(min(len(obj.str), k*utf8.UTFMax))
 	mark := len(st.strs)
-	for i, k := 0, sliceLen(start, stop, step); i < k; i++ {
-		st.strs = utf8.AppendRune(st.strs, rs[start+i*step])
+	st.strs = appendRuneSlice(st.strs, obj.str, n, start, step, k)
+	return String(st.view(mark)), st.spend(len(st.strs) - mark)
+}
+
+// appendRuneSlice appends the k code points of s (n of them) at start,
+// start+step, ... (a step other than 0) without a copy of s's code points:
+// forwards for a positive step, backwards for a negative one.
+func appendRuneSlice(dst []byte, s string, n, start, step, k int) []byte {
+	if k <= 0 {
+		return dst
 	}
-	return String(st.view(mark)), nil
+	if step > 0 {
+		i, next := 0, start
+		for _, r := range s {
+			if i == next {
+				dst = utf8.AppendRune(dst, r)
+				if k--; k == 0 {
+					break
+				}
+				next += step
+			}
+			i++
+		}
+		return dst
+	}
+	for i, next := n-1, start; len(s) > 0; i-- {
+		r, size := utf8.DecodeLastRuneInString(s)
+		s = s[:len(s)-size]
+		if i == next {
+			dst = utf8.AppendRune(dst, r)
+			if k--; k == 0 {
+				break
+			}
+			next += step
+		}
+	}
+	return dst
 }
 
 // sliceBounds ports @huggingface/jinja's slice helper: the first index,
