@@ -4,8 +4,10 @@ package proxy
 
 import (
 	"io"
+	"strings"
 	"testing"
 
+	"github.com/infera/infera/fleet"
 	"github.com/valyala/fasthttp"
 )
 
@@ -116,6 +118,23 @@ func TestEmbeddingsZeroAlloc(t *testing.T) {
 		}
 		if n := testing.AllocsPerRun(1000, do); n > 1.05 {
 			t.Fatalf("%s: %.2f allocs per request, want at most fasthttp's 1", path, n)
+		}
+	}
+}
+
+// Looking up a previous_response_id decodes its escapes on the stack.
+func TestLookingUpAnEscapedPreviousResponseIDDoesNotAllocate(t *testing.T) {
+	var a respAffinity
+	w := &fleet.Worker{ID: "a", URL: "http://10.0.0.1:8000", Addr: "10.0.0.1:8000"}
+	a.learn([]byte(`{"id":"resp_Abc"}`), w, respCred{user: "u"})
+	for _, body := range []string{
+		`{"model":"m","previous_response_id":"resp_Abc"}`,
+		`{"model":"m","previous_response_id":"resp_\u0041bc"}`,
+		`{"model":"m","previous_response_id":"` + strings.Repeat(`\u0078`, 128) + `"}`,
+	} {
+		b := []byte(body)
+		if n := testing.AllocsPerRun(100, func() { a.lookup(b) }); n != 0 {
+			t.Fatalf("%s: %v allocations", body, n)
 		}
 	}
 }

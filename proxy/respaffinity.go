@@ -250,8 +250,22 @@ func (a *respAffinity) lookup(body []byte) (ref fleet.Ref, noStore bool) {
 		}
 		return fleet.Ref{}, noStore
 	}
+	// The engine decodes the id's escapes ("resp_\u0041..." is
+	// "resp_A..."): look it up decoded. The ids kept are plain, at most
+	// 128 bytes (responseID), so a longer one is not among them, and the
+	// buffer on the stack holds any that may be.
+	var buf [128]byte
+	id := prev
+	if hasEscape(id) {
+		id = nil // decodes to more than 128 bytes: not kept
+		if len(prev) <= 6*len(buf) {
+			if d := unescape(buf[:0], prev); len(d) <= len(buf) {
+				id = d
+			}
+		}
+	}
 	a.mu.Lock()
-	ref = a.m[string(prev)]
+	ref = a.m[string(id)]
 	a.mu.Unlock()
 	if ref.ID == "" {
 		mPrevResponseUnknown.Inc()

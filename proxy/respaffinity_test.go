@@ -715,3 +715,71 @@ func TestAFollowUpWhoseEngineIsOnTrialIsAnsweredUnavailable(t *testing.T) {
 		t.Fatalf("follow-up after the trial: %d %s", resp.StatusCode, got)
 	}
 }
+
+// A previous_response_id with JSON escapes names the id it decodes to, as
+// the engine reads it: "resp_\u0041bc" is the follow-up of "resp_Abc" and
+// goes to the engine holding it (without allocating:
+// TestLookingUpAnEscapedPreviousResponseIDDoesNotAllocate). It was looked up as
+// raw bytes, counted unknown and routed by load (the engine then answered
+// 404 or, holding the response, the wrong engine was never asked).
+func TestAnEscapedPreviousResponseIDNamesItsDecodedID(t *testing.T) {
+	var a respAffinity
+	w := &fleet.Worker{ID: "a", URL: "http://10.0.0.1:8000", Addr: "10.0.0.1:8000"}
+	long := "resp_" + strings.Repeat("x", 123) // 128 bytes, the longest kept
+	for _, id := range []string{"resp_Abc", "resp_a/b", long} {
+		a.learn([]byte(`{"id":"`+id+`"}`), w, respCred{user: "u"})
+	}
+	f := func(prev string, want fleet.Ref) {
+		t.Helper()
+		body := []byte(`{"model":"m","previous_response_id":"` + prev + `"}`)
+		if got, _ := a.lookup(body); got != want {
+			t.Fatalf("%s: %v, want %v", prev, got, want)
+		}
+	}
+	f(`resp_Abc`, w.Ref())
+	f(`resp_\u0041bc`, w.Ref())
+	f(`\u0072\u0065\u0073\u0070\u005f\u0041\u0062\u0063`, w.Ref())
+	f(`resp_a\/b`, w.Ref())
+	f(`resp_\u0078`+strings.Repeat("x", 122), w.Ref())
+	f(strings.Repeat(`\u0078`, 130), fleet.Ref{}) // decodes past 128 bytes
+	f(`resp_\u0041bd`, fleet.Ref{})
+	f(`resp_\u0061bc`, fleet.Ref{})
+}
+
+// FuzzPreviousResponseIDLookup: whatever escapes a previous_response_id
+// holds, lookup finds the engine of the id it decodes to, as
+// encoding/json (and the engine) reads it, and never panics.
+func FuzzPreviousResponseIDLookup(f *testing.F) {
+	for _, s := range []string{`resp_Abc`, `resp_\u0041bc`, `\ud83d\ude00`, `a\"b`, `\u00e9`, `x\\y`} {
+		f.Add(s)
+	}
+	w := &fleet.Worker{ID: "a", URL: "http://10.0.0.1:8000", Addr: "10.0.0.1:8000"}
+	f.Fuzz(func(t *testing.T, raw string) {
+		body := []byte(`{"previous_response_id":"` + raw + `"}`)
+		var v struct {
+			ID string `json:"previous_response_id"`
+		}
+		if json.Unmarshal(body, &v) != nil {
+			return
+		}
+		var a respAffinity
+		a.learn([]byte(`{"id":"x"}`), w, respCred{}) // the table is not empty
+		a.learn([]byte(`{"id":`+string(mustJSON(v.ID))+`}`), w, respCred{})
+		got, _ := a.lookup(body)
+		want := fleet.Ref{}
+		if responseID([]byte(`{"id":`+string(mustJSON(v.ID))+`}`)) != nil {
+			want = w.Ref() // a plain id, kept
+		}
+		if got != want {
+			t.Fatalf("%q (decoded %q): %v, want %v", raw, v.ID, got, want)
+		}
+	})
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
