@@ -50,6 +50,10 @@ func (b *Breaker) State() int32 { return b.state.Load() }
 // Trips returns how many times the breaker opened.
 func (b *Breaker) Trips() uint64 { return b.trips.Load() }
 
+// OpenUntil returns when (unix ns) the cooldown of the breaker's last
+// opening ends: the worker is excluded until then while it is open.
+func (b *Breaker) OpenUntil() int64 { return b.openUntil.Load() }
+
 // Available reports whether the worker may be a candidate at now (unix ns):
 // closed, or open with the cooldown elapsed (the next dispatch is the probe).
 func (b *Breaker) Available(now int64) bool {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/infera/infera/config"
@@ -737,6 +738,16 @@ func (s *Server) countFailure(w *fleet.Worker, f *failure) {
 	logUpstreamError(w, f)
 }
 
+// cooldownLeft is the whole seconds, rounded up and at least 1, until the
+// cooldown of the breaker of engine ref's worker ends (Retry-After).
+func (s *Server) cooldownLeft(ref fleet.Ref) int64 {
+	var left int64
+	if w := s.sched.Fleet.Get(ref.ID); w != nil && ref.Is(w) {
+		left = w.Breaker.OpenUntil() - s.sched.Now()
+	}
+	return max(1, (left+int64(time.Second)-1)/int64(time.Second))
+}
+
 func (s *Server) writeSchedError(ctx *fasthttp.RequestCtx, r *sched.Request, err error) {
 	switch {
 	case errors.Is(err, sched.ErrUnknownModel):
@@ -769,6 +780,14 @@ func (s *Server) writeSchedError(ctx *fasthttp.RequestCtx, r *sched.Request, err
 		writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable,
 			"the engine holding previous_response_id (worker "+r.Prefer.ID+") is unavailable: it failed, and its trial request is in flight; retry shortly", "", "worker_on_trial")
 		ctx.Response.Header.Set("Retry-After", "1")
+	case errors.Is(err, sched.ErrPreferredOpen):
+		// A Responses follow-up whose engine's breaker is open: back when
+		// its cooldown ends (its trial then decides).
+		countStatus(503)
+		writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable,
+			"the engine holding previous_response_id (worker "+r.Prefer.ID+") is unavailable: it failed, and is excluded until its cooldown ends; retry then", "", "worker_breaker_open")
+		var b [20]byte
+		ctx.Response.Header.SetBytesV("Retry-After", strconv.AppendInt(b[:0], s.cooldownLeft(r.Prefer), 10))
 	case errors.Is(err, sched.ErrSessionRequired):
 		countStatus(400)
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "", "session_required")

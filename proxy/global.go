@@ -109,20 +109,18 @@ func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 
 // pinnedLocal reports whether r is a Responses follow-up kept on the local
 // engine holding its previous response (respaffinity.go): that engine is in
-// the fleet and its breaker is not open (closed, its cooldown over, or
-// half-open). Another region's engines cannot know the id (404), so such a
-// request is never forwarded: it waits for or is refused its seat there, as
-// the local rules say. A follow-up whose engine is gone or behind an open
-// breaker is routed as any request.
+// the fleet, whatever its breaker's state. Another region's engines cannot
+// know the id (404), so such a request is never forwarded: it waits for or
+// is refused its seat there, as the local rules say, or is answered 503
+// while the engine's breaker is open or on trial (sched.ErrPreferredOpen,
+// sched.ErrPreferredOnTrial). A follow-up whose engine is gone is routed
+// as any request.
 func (s *Server) pinnedLocal(r *sched.Request) bool {
 	if r.Prefer.ID == "" {
 		return false
 	}
 	w := s.sched.Fleet.Get(r.Prefer.ID)
-	if w == nil || !r.Prefer.Is(w) {
-		return false
-	}
-	return w.Breaker.Available(s.sched.Now()) || w.Breaker.State() == fleet.BreakerHalfOpen
+	return w != nil && r.Prefer.Is(w)
 }
 
 // hasHeader reports whether the request carries header k, whatever its

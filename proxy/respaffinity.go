@@ -22,9 +22,10 @@ import (
 // for the last respAffinityMax ids, shared fairly among credentials
 // (respAffinity). A follow-up whose worker is full waits for its seat
 // there (govern.go), one whose worker is on trial (half-open, its trial
-// taken) is answered 503 (sched.ErrPreferredOnTrial), and one whose worker
-// fails is not retried elsewhere (dispatch.go); one whose worker is gone or
-// open is routed as any request (the engine then says the response is
+// taken) or open (its cooldown not over) is answered 503
+// (sched.ErrPreferredOnTrial, sched.ErrPreferredOpen), and one whose
+// worker fails is not retried elsewhere (dispatch.go); one whose worker is
+// gone is routed as any request (the engine then says the response is
 // unknown). An id that comes after the first read is looked
 // for in the answer's head (respScan).
 

@@ -783,3 +783,82 @@ func mustJSON(v any) []byte {
 	}
 	return b
 }
+
+// A follow-up whose engine (the only one holding its previous response)
+// has its breaker open, the cooldown not over, is answered 503 with
+// Retry-After the cooldown left (whole seconds, rounded up), naming the
+// engine: it is not routed by load onto another engine, which can only
+// answer 404. After the cooldown the follow-up is the engine's trial and
+// is answered there. It was routed by load and got the other engine's 404.
+func TestAFollowUpWhoseEngineIsBehindAnOpenBreakerIsAnsweredUnavailable(t *testing.T) {
+	h := &holdUpstream{release: make(chan struct{}, 10)}
+	a, b := storingResponsesEngineHold(t, "a", false, h), storingResponsesEngineHold(t, "b", false, h)
+	cfg := config.Default()
+	cfg.Protocol.ResponsesPassthrough = true
+	f := defaultFlags()
+	f.BreakerFailureThreshold, f.BreakerCooldownS = 1, 1.5
+	r := startRouter(t, f, cfg, a.url, b.url)
+	resp, got := postH(t, r.url+"/v1/responses", `{"model":"m","input":"x"}`, nil)
+	var v struct{ ID string }
+	json.Unmarshal([]byte(got), &v)
+	if resp.StatusCode != 200 || v.ID == "" {
+		t.Fatalf("%d %s", resp.StatusCode, got)
+	}
+	// The engine fails: its breaker opens for 1.5 s.
+	if resp, got := postH(t, r.url+"/v1/responses", `{"model":"m","input":"busy","previous_response_id":"`+v.ID+`"}`, nil); resp.StatusCode != 503 {
+		t.Fatalf("busy: %d %s", resp.StatusCode, got)
+	}
+	for i := 0; i < 3; i++ {
+		resp, got = postH(t, r.url+"/v1/responses", `{"model":"m","input":"x","previous_response_id":"`+v.ID+`"}`, nil)
+		if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "2" || !strings.Contains(got, `"worker_breaker_open"`) || strings.Contains(got, "not found") {
+			t.Fatalf("follow-up %d while its engine's breaker is open: %d %q %s, want 503 with Retry-After: 2", i, resp.StatusCode, resp.Header.Get("Retry-After"), got)
+		}
+	}
+	// A request naming no response goes to the other engine meanwhile.
+	if resp, got := postH(t, r.url+"/v1/responses", `{"model":"m","input":"x"}`, nil); resp.StatusCode != 200 || strings.Contains(got, v.ID[:6]+"_") {
+		t.Fatalf("a new conversation: %d %s", resp.StatusCode, got)
+	}
+	time.Sleep(1600 * time.Millisecond)
+	resp, got = postH(t, r.url+"/v1/responses", `{"model":"m","input":"x","previous_response_id":"`+v.ID+`"}`, nil)
+	var w struct{ ID string }
+	json.Unmarshal([]byte(got), &w)
+	if resp.StatusCode != 200 || w.ID[:6] != v.ID[:6] {
+		t.Fatalf("follow-up after the cooldown: %d %s", resp.StatusCode, got)
+	}
+}
+
+// With global scheduling on, a follow-up whose local engine's breaker is
+// open (every local worker open: the local fleet counts as saturated) is
+// not forwarded to another region either, whose engines cannot know the
+// id: it is answered 503 worker_breaker_open. It was forwarded and got the
+// member's 404.
+func TestAFollowUpBehindAnOpenBreakerIsNotForwardedToAnotherRegion(t *testing.T) {
+	engM := storingResponsesEngine(t, "m")
+	cfgM := config.Default()
+	cfgM.Protocol.ResponsesPassthrough = true
+	m := startRouterWith(t, nil, cfgM, nil, engM.url)
+	a := storingResponsesEngineHold(t, "a", false, &holdUpstream{release: make(chan struct{}, 10)})
+	cfgA := globalConfig(config.Member{Name: "m", URL: m.url})
+	cfgA.Protocol.ResponsesPassthrough = true
+	pa := startPoller(t, &cfgA.GlobalScheduling)
+	f := defaultFlags()
+	f.BreakerFailureThreshold, f.BreakerCooldownS, f.RequestMaxRetries = 1, 30, 0
+	r := startRouterWith(t, f, cfgA, func(o *Options) { o.Poller = pa }, a.url)
+	waitFor(t, func() bool { _, _, ok := pa.Members()[0].Report(); return ok }, "the member's report")
+	resp, got := postH(t, r.url+"/v1/responses", `{"model":"m","input":"x"}`, nil)
+	var v struct{ ID string }
+	json.Unmarshal([]byte(got), &v)
+	if resp.StatusCode != 200 || !strings.HasPrefix(v.ID, "resp_a") {
+		t.Fatalf("%d %s", resp.StatusCode, got)
+	}
+	if resp, got := postH(t, r.url+"/v1/responses", `{"model":"m","input":"busy","previous_response_id":"`+v.ID+`"}`, nil); resp.StatusCode != 503 {
+		t.Fatalf("busy: %d %s", resp.StatusCode, got)
+	}
+	resp, got = postH(t, r.url+"/v1/responses", `{"model":"m","input":"x","previous_response_id":"`+v.ID+`"}`, nil)
+	if ra := resp.Header.Get("Retry-After"); resp.StatusCode != 503 || !strings.Contains(got, `"worker_breaker_open"`) || (ra != "30" && ra != "29") {
+		t.Fatalf("follow-up behind an open breaker: %d %q %s, want 503 worker_breaker_open, Retry-After: 30", resp.StatusCode, ra, got)
+	}
+	if n := engM.hits.Load(); n != 0 {
+		t.Fatalf("the member's engine got %d requests", n)
+	}
+}

@@ -197,3 +197,44 @@ func TestAPreferredWorkerOnTrialIsNotReplaced(t *testing.T) {
 		t.Fatalf("after the trial: %s", d.Worker.ID)
 	}
 }
+
+// A preferred engine (Request.Prefer) whose breaker is open, its cooldown
+// not over, is not replaced by another engine either, also when every
+// candidate is open (where other requests are dispatched anyway): Pick
+// fails with ErrPreferredOpen. After the cooldown its pick is the trial.
+// A request preferring an engine that left the fleet is routed by load.
+// It was re-picked by load.
+func TestAPreferredWorkerBehindAnOpenBreakerIsNotReplaced(t *testing.T) {
+	s, c := newTestSched(t, workers(3, "m")...)
+	cfg := cfgWith(t, func(c *config.Config) { c.LoadBalancing.Algorithm = "round-robin" })
+	w0 := s.Fleet.Get("w000")
+	for i := 0; i < 3; i++ { // threshold 3
+		w0.Breaker.Failure(s.Now(), false)
+	}
+	for i := 0; i < 3; i++ {
+		if _, err := s.Pick(cfg, &Request{Model: []byte("m"), Prefer: w0.Ref()}, make([]*fleet.Worker, 0, 8)); !errors.Is(err, ErrPreferredOpen) {
+			t.Fatalf("pick %d: %v, want ErrPreferredOpen", i, err)
+		}
+	}
+	if d := pick(t, s, cfg, &Request{Model: []byte("m")}); d.Worker == w0 {
+		t.Fatal("w0 behind an open breaker was chosen")
+	}
+	// Every candidate open.
+	for _, id := range []string{"w001", "w002"} {
+		for i := 0; i < 3; i++ {
+			s.Fleet.Get(id).Breaker.Failure(s.Now(), false)
+		}
+	}
+	if _, err := s.Pick(cfg, &Request{Model: []byte("m"), Prefer: w0.Ref()}, make([]*fleet.Worker, 0, 8)); !errors.Is(err, ErrPreferredOpen) {
+		t.Fatalf("every candidate open: %v, want ErrPreferredOpen", err)
+	}
+	c.add(2 * time.Second) // past the cooldown
+	d := pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: w0.Ref()})
+	if d.Worker != w0 || !d.Probe {
+		t.Fatalf("after the cooldown: %s probe=%v, want w000's trial", d.Worker.ID, d.Probe)
+	}
+	gone := fleet.Ref{ID: "w999", Addr: "10.9.9.9:1"}
+	if _, err := s.Pick(cfg, &Request{Model: []byte("m"), Prefer: gone}, make([]*fleet.Worker, 0, 8)); err != nil {
+		t.Fatalf("an engine gone: %v", err)
+	}
+}

@@ -44,8 +44,9 @@ type Request struct {
 	// worker with the same id and address); the zero Ref for none. A
 	// candidate the Gate finds full is taken still (the caller waits for
 	// it); one whose breaker is half-open with its trial slot taken makes
-	// Pick fail with ErrPreferredOnTrial; when it is not a candidate
-	// (removed, tried, breaker open), the layers decide.
+	// Pick fail with ErrPreferredOnTrial, one whose breaker is open (its
+	// cooldown not over) with ErrPreferredOpen; when it is not a candidate
+	// (removed, tried), the layers decide.
 	Prefer fleet.Ref
 	// Leg is the part of the request the next Acquire picks a worker for
 	// (pd.go): the whole request (LegMixed, the zero value), or a PD pair's
@@ -207,7 +208,7 @@ func appendRatio(dst []byte, x float64) []byte {
 
 // Errors returned by Pick. Proxy mapping: ErrSessionRequired -> 400,
 // ErrUnknownModel (an *UnknownModelError) -> 404, ErrNoWorkers,
-// ErrExhausted and ErrPreferredOnTrial -> 503.
+// ErrExhausted, ErrPreferredOnTrial and ErrPreferredOpen -> 503.
 var (
 	ErrNoWorkers       = errors.New("no workers available")
 	ErrUnknownModel    = errors.New("model not served by any worker")
@@ -217,6 +218,10 @@ var (
 	// and another request holds its one trial slot. Only that engine holds
 	// what the request names, so it is not sent elsewhere.
 	ErrPreferredOnTrial = errors.New("the preferred worker's breaker is half-open and its trial request is in flight")
+	// ErrPreferredOpen: the engine Request.Prefer names has its breaker
+	// open, the cooldown not over (fleet.Breaker.OpenUntil). Not sent
+	// elsewhere either, for the same reason.
+	ErrPreferredOpen = errors.New("the preferred worker's breaker is open")
 )
 
 // UnknownModelError is returned when no worker may serve the requested
@@ -434,8 +439,10 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 		r.gated = avail
 		avail = gate(r.Gate, avail)
 	}
-	if r.Prefer.ID != "" && r.Leg != LegDecode && onTrial(open, r.Prefer) {
-		return Decision{}, ErrPreferredOnTrial
+	if r.Prefer.ID != "" && r.Leg != LegDecode {
+		if err := preferredExcluded(open, r.Prefer); err != nil {
+			return Decision{}, err
+		}
 	}
 	var d Decision
 	switch {
@@ -463,8 +470,12 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 		if ok, probe := d.Worker.Breaker.Admit(now); ok {
 			d.Probe = probe
 		} else if r.Prefer.ID != "" && r.Prefer.Is(d.Worker) {
-			// Another request took the preferred worker's probe slot:
-			// no other engine holds what the request names.
+			// Another request took the preferred worker's probe slot, or
+			// its breaker opened: no other engine holds what the request
+			// names.
+			if d.Worker.Breaker.State() == fleet.BreakerOpen {
+				return Decision{}, ErrPreferredOpen
+			}
 			return Decision{}, ErrPreferredOnTrial
 		} else {
 			// Another request took the chosen worker's probe slot.
@@ -489,15 +500,21 @@ func preferred(avail []*fleet.Worker, ref fleet.Ref) Decision {
 	return Decision{}
 }
 
-// onTrial reports whether the worker of engine ref is among open (not
-// available) with its breaker half-open: its trial request is in flight.
-func onTrial(open []*fleet.Worker, ref fleet.Ref) bool {
+// preferredExcluded tells why the worker of engine ref, when it is among
+// open (not available), may not take the request: ErrPreferredOnTrial
+// when its breaker is half-open (its trial request in flight),
+// ErrPreferredOpen when it is open (its cooldown not over); nil when it is
+// not among them.
+func preferredExcluded(open []*fleet.Worker, ref fleet.Ref) error {
 	for _, w := range open {
 		if ref.Is(w) {
-			return w.Breaker.State() == fleet.BreakerHalfOpen
+			if w.Breaker.State() == fleet.BreakerHalfOpen {
+				return ErrPreferredOnTrial
+			}
+			return ErrPreferredOpen
 		}
 	}
-	return false
+	return nil
 }
 
 // decide runs the layers under the scheduling breaker and wait timeout.
