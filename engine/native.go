@@ -41,6 +41,9 @@ func (s *Server) handleNative(ctx *fasthttp.RequestCtx, path string) {
 			return
 		}
 		chat, err = protocol.ResponsesToChat(nil, body, &nativeOptions, m)
+		// The Response echoes the request's previous_response_id and
+		// store (true unless the request says false), as vLLM's does.
+		m.PrevResponseID, m.Stored = append(m.PrevResponseID[:0], prev...), !noStore
 		defer func() {
 			if err == nil && !noStore && ctx.Response.StatusCode() < 400 {
 				s.resp.add(m.ID) // respstore.go

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -66,4 +67,67 @@ func TestTheEngineAnswersFollowUpsOfTheResponsesItStored(t *testing.T) {
 	// An empty or null previous_response_id names none.
 	create(`{"model":"sim-model","input":"hi","max_output_tokens":2,"previous_response_id":null}`)
 	create(`{"model":"sim-model","input":"hi","max_output_tokens":2,"previous_response_id":""}`)
+}
+
+// The engine's Response echoes the request's previous_response_id
+// (decoded) and store (true unless the request says false), whole and in
+// a stream's events, as vLLM's does (ResponsesResponse.from_request). It
+// echoed "previous_response_id":null,"store":false for a stored follow-up.
+func TestTheEnginesResponseEchoesPreviousResponseIDAndStore(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.NativeProtocols = true })
+	type echo struct {
+		ID    string  `json:"id"`
+		Prev  *string `json:"previous_response_id"`
+		Store *bool   `json:"store"`
+	}
+	check := func(body string, wantPrev string, wantStore bool) string {
+		t.Helper()
+		id := ""
+		for _, stream := range []bool{false, true} {
+			b := body
+			if stream {
+				b = strings.Replace(body, `{`, `{"stream":true,`, 1)
+			}
+			code, got, _ := e.post(t, "/v1/responses", b)
+			if code != 200 {
+				t.Fatalf("%s: %d %s", b, code, got)
+			}
+			objs := []string{string(got)}
+			if stream {
+				objs = objs[:0]
+				for _, line := range strings.Split(string(got), "\n") {
+					if d, ok := strings.CutPrefix(line, "data: "); ok && strings.Contains(d, `"response":{`) {
+						var ev struct{ Response json.RawMessage }
+						json.Unmarshal([]byte(d), &ev)
+						objs = append(objs, string(ev.Response))
+					}
+				}
+				if len(objs) < 2 {
+					t.Fatalf("stream %s: %s", b, got)
+				}
+			}
+			for _, o := range objs {
+				var v echo
+				if err := json.Unmarshal([]byte(o), &v); err != nil || v.Store == nil {
+					t.Fatalf("%s: %v %s", b, err, o)
+				}
+				prev := ""
+				if v.Prev != nil {
+					prev = *v.Prev
+				}
+				if prev != wantPrev || *v.Store != wantStore {
+					t.Fatalf("%s (stream %v): previous_response_id %q store %v, want %q %v: %s", b, stream, prev, *v.Store, wantPrev, wantStore, o)
+				}
+				if !stream {
+					id = v.ID
+				}
+			}
+		}
+		return id
+	}
+	first := check(`{"model":"sim-model","input":"hi","max_output_tokens":2}`, "", true)
+	check(`{"model":"sim-model","input":"hi","max_output_tokens":2,"previous_response_id":"`+first+`"}`, first, true)
+	check(`{"model":"sim-model","input":"hi","max_output_tokens":2,"previous_response_id":"`+first[:5]+`\u00`+fmt.Sprintf("%02x", first[5])+first[6:]+`","store":true}`, first, true)
+	check(`{"model":"sim-model","input":"hi","max_output_tokens":2,"previous_response_id":"`+first+`","store":false}`, first, false)
+	check(`{"model":"sim-model","input":"hi","max_output_tokens":2,"store":false}`, "", false)
 }

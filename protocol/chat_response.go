@@ -461,9 +461,21 @@ func appendResponseHead(dst []byte, m *Meta, status, incompleteReason string) []
 func appendResponseTail(dst []byte, m *Meta, u *Usage, withUsage bool) []byte {
 	dst = append(dst, `,"parallel_tool_calls":`...)
 	dst = m.appendEcho(dst, echoParallelToolCalls, "true")
-	dst = append(dst, `,"previous_response_id":null,"reasoning":`...)
+	dst = append(dst, `,"previous_response_id":`...)
+	if len(m.PrevResponseID) > 0 {
+		dst = appendBytesStr(dst, m.PrevResponseID)
+	} else {
+		dst = append(dst, "null"...)
+	}
+	dst = append(dst, `,"reasoning":`...)
 	dst = m.appendEcho(dst, echoReasoning, `{"effort":null,"summary":null}`)
-	dst = append(dst, `,"store":false,"temperature":`...)
+	dst = append(dst, `,"store":`...)
+	if m.Stored {
+		dst = append(dst, "true"...)
+	} else {
+		dst = append(dst, "false"...)
+	}
+	dst = append(dst, `,"temperature":`...)
 	dst = m.appendEcho(dst, echoTemperature, "1")
 	dst = append(dst, `,"text":`...)
 	dst = m.appendEcho(dst, echoText, `{"format":{"type":"text"}}`)

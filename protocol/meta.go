@@ -30,6 +30,14 @@ type Meta struct {
 	// ID is the answer's id (msg_... or resp_...), Created its Unix time.
 	ID      []byte
 	Created int64
+	// PrevResponseID and Stored are what a Response object echoes as
+	// previous_response_id (decoded; empty: null) and store, for an
+	// answerer that stores responses (the engine: the request's, store
+	// defaulting to true, as vLLM echoes them), set by it after the
+	// conversion. The conversion itself stores nothing and refuses a
+	// previous_response_id: left alone they echo null and false.
+	PrevResponseID []byte
+	Stored         bool
 
 	// stops holds the decoded stop sequences back to back; stopEnds their
 	// end offsets.
@@ -63,6 +71,7 @@ const (
 // Reset clears m for another request, keeping its buffers (up to 256 KiB
 // each).
 func (m *Meta) Reset() {
+	prev := reuse(m.PrevResponseID)
 	*m = Meta{
 		Model:     m.Model[:0],
 		ID:        m.ID[:0],
@@ -71,6 +80,7 @@ func (m *Meta) Reset() {
 		echo:      reuse(m.echo), // echoed tools can be large
 		MaxTokens: -1,
 	}
+	m.PrevResponseID = prev
 }
 
 func (m *Meta) start(api API, prefix string) {

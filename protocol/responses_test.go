@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -85,4 +86,28 @@ func TestResponsesRequestRefusals(t *testing.T) {
 	f(`{"model":"g","input":[{"type":"function_call_output","call_id":"c","output":5}]}`, "input", ".output must be")
 	f(`{"model":"g","input":"x","tools":[{"type":"function","name":"f","parameters":"x"}]}`, "tools", "JSON Schema object")
 	f(`{"model":"g","input":"x","reasoning":{"effort":3}}`, "reasoning", "must be a string")
+}
+
+// A Response echoes previous_response_id and store from Meta: what an
+// answerer that stores responses (the engine) sets, the id JSON-escaped;
+// null and false when left alone (the conversion stores nothing). They
+// were always null and false.
+func TestAResponseEchoesPreviousResponseIDAndStore(t *testing.T) {
+	chat := []byte(`{"id":"c","object":"chat.completion","created":1,"model":"g","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+	f := func(prev string, stored bool, want string) {
+		t.Helper()
+		opt := DefaultOptions()
+		var m Meta
+		if _, err := ResponsesToChat(nil, []byte(`{"model":"g","input":"x"}`), &opt, &m); err != nil {
+			t.Fatal(err)
+		}
+		m.PrevResponseID, m.Stored = append(m.PrevResponseID, prev...), stored
+		got, err := ChatToResponses(nil, chat, &m)
+		if err != nil || !strings.Contains(string(got), want) || !json.Valid(got) {
+			t.Fatalf("%q %v: %v %s, want %s", prev, stored, err, got, want)
+		}
+	}
+	f("", false, `"previous_response_id":null,"reasoning":{"effort":null,"summary":null},"store":false,`)
+	f("resp_1", true, `"previous_response_id":"resp_1","reasoning":{"effort":null,"summary":null},"store":true,`)
+	f(`resp_"x`, false, `"previous_response_id":"resp_\"x",`)
 }
