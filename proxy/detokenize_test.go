@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/infera/infera/internal/jsonscan"
 )
 
 // POST /detokenize (vLLM's) turns the router's tokens back into the text:
@@ -301,8 +303,8 @@ func FuzzLaxBool(f *testing.F) {
 			return
 		}
 		v = bytes.TrimSpace(v) // the parser hands over the value without space
-		if got, want := laxBool(v), laxBoolRef(v); got != want {
-			t.Fatalf("laxBool(%s) = %q, want %q", v, got, want)
+		if got, want := jsonscan.LaxBool(v), laxBoolRef(v); got != want {
+			t.Fatalf("jsonscan.LaxBool(%s) = %q, want %q", v, got, want)
 		}
 	})
 }

@@ -105,14 +105,6 @@ var (
 	failureSpent    = &failure{kind: failSpent}
 )
 
-// isTimeout reports whether err is a deadline that passed, whatever the
-// transport: a socket deadline (HTTP) or the broker's wait for a reply
-// message or its cap on the whole request (NATS).
-// unreachable reports a failure to reach the engine at all: the
-// connection could not be made or broke before a response head (over NATS,
-// the worker could not reach its engine, failEngine). When every attempt
-// failed so, the client gets 503 no_workers_reachable over either
-// transport.
 // refusal reports whether f is the upstream's refusal of the request or
 // its fault (a 5xx or 429 answer, unreachable, a timeout, an invalid
 // answer, the gateway's key refused), as opposed to the client's doing
@@ -124,8 +116,16 @@ func (f *failure) refusal() bool {
 	return f.outcome() == sched.OutcomeFault
 }
 
+// unreachable reports a failure to reach the engine at all: the
+// connection could not be made or broke before a response head (over NATS,
+// the worker could not reach its engine, failEngine). When every attempt
+// failed so, the client gets 503 no_workers_reachable over either
+// transport.
 func (f *failure) unreachable() bool { return f.kind == failConnect || f.kind == failEngine }
 
+// isTimeout reports whether err is a deadline that passed, whatever the
+// transport: a socket deadline (HTTP) or the broker's wait for a reply
+// message or its cap on the whole request (NATS).
 func isTimeout(err error) bool {
 	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, broker.ErrIdleTimeout) || errors.Is(err, broker.ErrMaxDuration) {
 		return true

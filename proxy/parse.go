@@ -282,7 +282,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 				return ve, nil
 			}
 			// Read as the engine reads it: "true", 1 and "yes" stream too.
-			switch laxBool(v) {
+			switch jsonscan.LaxBool(v) {
 			case 't':
 				b.stream = true
 			case 'f':
@@ -315,7 +315,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			b.streamOpts = true
 			if v[0] == '{' {
 				forEachField(d, vs, func(k []byte, s, e int) error {
-					if string(k) == "include_usage" && laxBool(d[s:e]) == 't' {
+					if string(k) == "include_usage" && jsonscan.LaxBool(d[s:e]) == 't' {
 						b.includeUsage = true
 					} else if foldedKey(k) != nil && perr == nil {
 						perr = caseVariantKey(k)
@@ -357,11 +357,11 @@ func (b *reqBody) parse(d []byte, kind int) error {
 		case "reasoning_effort":
 			b.effortStart, b.effortEnd = vs, ve
 		case "add_special_tokens":
-			b.addSpecial = laxBool(v)
+			b.addSpecial = jsonscan.LaxBool(v)
 		case "add_generation_prompt":
-			b.noGenPrompt = laxBool(v) == 'f'
+			b.noGenPrompt = jsonscan.LaxBool(v) == 'f'
 		case "continue_final_message":
-			b.continueFinal = laxBool(v) == 't'
+			b.continueFinal = jsonscan.LaxBool(v) == 't'
 		case "top_n":
 			if _, ok := parseInt(v); !ok && string(v) != "null" {
 				perr = errTopN
@@ -438,11 +438,6 @@ func (b *reqBody) insertStreamUsage(dst, d []byte) []byte {
 	b.streamOpts, b.includeUsage = true, true
 	return out
 }
-
-// laxBool reads the JSON value v as vLLM's request models (pydantic's lax
-// bool) read a bool field (jsonscan.LaxBool): 't' true, 'f' false, 0 for
-// null and for values the engine refuses.
-func laxBool(v []byte) byte { return jsonscan.LaxBool(v) }
 
 func hasEscape(raw []byte) bool {
 	for _, c := range raw {

@@ -536,7 +536,7 @@ func routingView(dst, body []byte) ([]byte, error) {
 		case "model":
 			model = body[vs:ve]
 		case "stream":
-			stream = laxBool(body[vs:ve]) == 't' // as the engine reads it
+			stream = jsonscan.LaxBool(body[vs:ve]) == 't' // as the engine reads it
 		case "max_tokens", "max_output_tokens":
 			if _, ok := parseInt(body[vs:ve]); ok {
 				maxOut = body[vs:ve]
