@@ -67,6 +67,11 @@ type tries struct {
 	committed bool     // an answer was committed to the client
 	stop      bool     // the last failure may not be retried anywhere (client gone, deadline)
 	last      *failure // the last attempt's failure
+	// lastW is the worker whose attempt failed last (last's): a fleet
+	// worker, an external upstream's standalone worker, or nil when the
+	// failure is no attempt's (a seat refused, the client gone). The split
+	// proxy unbinds a session only from the worker that refused it.
+	lastW *fleet.Worker
 	// schedErr is the scheduler's refusal before any local attempt (no
 	// worker for the model, ...).
 	schedErr error
@@ -241,7 +246,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 				rs.lease.Done(sched.OutcomeFault)
 				mUpstreamErr.Inc()
 			}
-			res.last, res.allConnect = f, false
+			res.last, res.lastW, res.allConnect = f, d.Worker, false
 			if !retry || c.cancel.wasAborted() {
 				res.stop = true // relayed as it is, or the client left
 				return attemptStop
@@ -270,7 +275,7 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 	}
 	rs.lease.Done(f.outcome())
 	s.countFailure(d.Worker, f)
-	res.last = f
+	res.last, res.lastW = f, d.Worker
 	if !f.unreachable() {
 		res.allConnect = false
 	}

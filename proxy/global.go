@@ -81,7 +81,7 @@ func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 			res.committed = true
 			return true
 		case attemptStop:
-			res.stop, res.last = true, fr.last
+			res.stop, res.last, res.lastW = true, fr.last, fr.lastW
 			return true
 		}
 		mGlobalFailed.Inc()
@@ -97,12 +97,12 @@ func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 	case fr.last == nil:
 	case res.schedErr != nil:
 		// The local fleet had no worker: the members' failure is the one.
-		res.last, res.allConnect, res.fleetDown = fr.last, fr.allConnect, true
+		res.last, res.lastW, res.allConnect, res.fleetDown = fr.last, fr.lastW, fr.allConnect, true
 	case res.last != nil:
 		// Local attempts failed first (failOverGlobal): the last failure,
 		// a member's, is what the client gets (its answer, stashed over
 		// the local one, names the member).
-		res.last, res.allConnect, res.fleetDown = fr.last, res.allConnect && fr.allConnect, true
+		res.last, res.lastW, res.allConnect, res.fleetDown = fr.last, fr.lastW, res.allConnect && fr.allConnect, true
 	}
 	return false
 }

@@ -303,11 +303,11 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 // for a seat stops here (499).
 func (s *Server) seatRefused(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries, rej *govern.Rejection) {
 	if rs.gov.ctx.Err() != nil {
-		res.stop, res.last = true, fail(failCanceled, nil)
+		res.stop, res.last, res.lastW = true, fail(failCanceled, nil), nil
 		return
 	}
 	// The refusal is what the client gets, unless a later attempt fails.
-	res.seatRej, res.last = rej, nil
+	res.seatRej, res.last, res.lastW = rej, nil, nil
 	if s.globalOn(cfg) && rej.Code != govern.CodeStateUnavailable && !s.pinnedLocal(&rs.sreq) {
 		mGlobalSaturated.Inc()
 		s.forwardGlobal(ctx, cfg, rs, res)

@@ -226,6 +226,7 @@ func (s *Server) dispatchPD(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *re
 // pdOutcome collects a PD request's failures for the final answer.
 type pdOutcome struct {
 	last       *failure
+	lastW      *fleet.Worker // the worker of the leg that failed last
 	allConnect bool
 	fleetDown  bool
 	fails      [3]int // by sched.Leg
@@ -241,17 +242,18 @@ type pdOutcome struct {
 // finish reports the failures to the dispatch (which answers, or tries the
 // split proxy's next upstream unless the failure may not be retried).
 func (o *pdOutcome) finish(res *tries) {
-	res.last = o.last
+	res.last, res.lastW = o.last, o.lastW
 	res.allConnect = res.allConnect && o.allConnect
 	res.fleetDown = res.fleetDown || o.fleetDown
 	res.stop = o.last != nil && !o.last.retryable()
 }
 
-// failed records f on leg; it reports whether the request may try again.
-// left says the client left, which made the leg fail: not a leg failure
-// (infera_stream_client_disconnects_total counts it, once), and no retry.
-func (o *pdOutcome) failed(leg sched.Leg, f *failure, left bool) bool {
-	o.last = f
+// failed records f on leg, whose worker is w; it reports whether the
+// request may try again. left says the client left, which made the leg
+// fail: not a leg failure (infera_stream_client_disconnects_total counts
+// it, once), and no retry.
+func (o *pdOutcome) failed(leg sched.Leg, w *fleet.Worker, f *failure, left bool) bool {
+	o.last, o.lastW = f, w
 	if !f.unreachable() {
 		o.allConnect = false
 	}
@@ -420,7 +422,7 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 					return
 				}
 				r.Tried = append(r.Tried, p.pl.Worker.Idx)
-				if !o.failed(sched.LegPrefill, f, c.cancel.wasAborted() || f.kind == failCanceled) {
+				if !o.failed(sched.LegPrefill, p.pl.Worker, f, c.cancel.wasAborted() || f.kind == failCanceled) {
 					break
 				}
 				c.cancel.reset()
@@ -477,7 +479,7 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			}
 		}
 		r.Tried = append(r.Tried, rs.lease.Worker.Idx)
-		if !o.failed(sched.LegDecode, f, c.cancel.wasAborted() || f.kind == failCanceled) {
+		if !o.failed(sched.LegDecode, rs.lease.Worker, f, c.cancel.wasAborted() || f.kind == failCanceled) {
 			p.pl.Done(sched.OutcomeNeutral)
 			break
 		}
@@ -852,7 +854,11 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			s.decodeFailed(rs, f, status)
 			r.Tried = append(r.Tried, rs.lease.Worker.Idx)
 		}
-		if !o.failed(leg, f, pf == nil && c.cancel.wasAborted() || f.kind == failCanceled) {
+		lw := rs.lease.Worker
+		if leg == sched.LegPrefill {
+			lw = p.pl.Worker
+		}
+		if !o.failed(leg, lw, f, pf == nil && c.cancel.wasAborted() || f.kind == failCanceled) {
 			break // out of retries, or the client left
 		}
 		c.cancel.reset()

@@ -56,15 +56,16 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		u := tbl.ups[idx]
 		if sp.Proxies[idx].Local {
 			s.dispatchLocal(ctx, cfg, rs, res, more)
-			if !res.committed && res.last != nil && res.last.refusal() {
-				// Every local worker tried refused the session (a 429
-				// opens no breaker): its binding to the local worker
-				// (its own, or the one the scheduler just gave it) is
-				// dropped, and its next request is split again, as for
-				// an external entry.
-				if w := s.sched.BoundWorker(cfg, &rs.sreq); w != nil && w.Idx >= 0 {
-					s.sched.UnbindSession(cfg, &rs.sreq, w)
-				}
+			if !res.committed && res.last != nil && res.last.refusal() && res.lastW != nil && res.lastW.Idx >= 0 {
+				// The local worker of the last attempt refused the
+				// session (a 429 opens no breaker): if the session is
+				// bound to it (its own worker, or the one the scheduler
+				// just gave it), the binding is dropped and its next
+				// request is split again, as for an external entry. A
+				// refusal by another worker (a soft-mode overflow turn,
+				// a prefill leg, a member region) leaves the binding to
+				// the worker that holds the session's cache alone.
+				s.sched.UnbindSession(cfg, &rs.sreq, res.lastW)
 			}
 			if res.committed || res.stop || res.schedErr != nil && !noWorker(res.schedErr) {
 				return
@@ -75,11 +76,13 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 			continue // an address config validation should have refused
 		}
 		ar := s.attemptExternal(ctx, cfg, rs, u, false, more, res)
-		if ar != attemptCommitted && idx == bound && res.last != nil && res.last.refusal() {
+		if ar != attemptCommitted && idx == bound && res.last != nil && res.lastW == u.w && res.last.refusal() {
 			// The entry the session is bound to refused it (429, 5xx,
 			// unreachable, ...): its next request is split again. Held
 			// there, a session whose entry kept answering 429 (which
-			// never opens its breaker) failed on every turn.
+			// never opens its breaker) failed on every turn. An entry
+			// that was not tried (its breaker's probe slot taken) left
+			// an earlier failure in res.last: not its refusal.
 			s.sched.UnbindSession(cfg, &rs.sreq, u.w)
 		}
 		switch ar {

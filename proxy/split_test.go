@@ -972,3 +972,107 @@ func TestASplitSessionWhoseLocalWorkersRefuseItIsSplitAgain(t *testing.T) {
 		}
 	}
 }
+
+// A session's binding is dropped only when the worker it is bound to
+// refuses it. In soft mode a turn of a session whose worker is overloaded
+// goes to another worker without moving the binding; when that other
+// worker refuses the turn (429), the session keeps its worker (and its KV
+// cache) for its next turn. Before, the local entry dropped whatever
+// binding the session had after any local refusal, so the turn refused by
+// the other worker also cost the session the worker that held its cache.
+func TestASplitSessionKeepsItsWorkerWhenAnotherWorkerRefusesATurn(t *testing.T) {
+	hold := make(chan struct{})
+	a := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if strings.Contains(string(ctx.PostBody()), "hold") {
+			<-hold
+		}
+		okHandler(ctx)
+	})
+	b := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(429)
+		ctx.SetBodyString(`{"error":{"message":"busy","type":"rate_limit"}}`)
+	})
+	// A failover entry that refuses too: the request is answered with a
+	// failure, and no entry binds the session.
+	ext := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetStatusCode(503)
+		ctx.SetBodyString(`{"error":{"message":"down","type":"server_error"}}`)
+	})
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true, Weight: 1},
+		config.Proxy{Name: "x", Address: ext.url, Weight: 0, Failover: true},
+	)
+	cfg.SessionAffinity.Enabled = true
+	cfg.SessionAffinity.Mode = "soft"
+	cfg.PrefixCache.Enabled = false
+	f := defaultFlags()
+	f.RequestMaxRetries = 0 // the turn refused by b is not retried on a
+	r := startRouterWith(t, f, cfg, nil, a.url, b.url)
+	var held sync.WaitGroup
+	t.Cleanup(func() { close(hold); held.Wait() })
+
+	turn := func(sess string) int {
+		resp, _ := postWith(t, r.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": sess})
+		return resp.StatusCode
+	}
+	bound := func(sess string) string {
+		w := r.srv.sched.BoundWorker(r.store.Load(), &sched.Request{Model: []byte("m"), SessionID: []byte(sess)})
+		if w == nil {
+			return ""
+		}
+		return w.ID
+	}
+	sess := ""
+	for i := 0; i < 10 && sess == ""; i++ {
+		s := fmt.Sprintf("sess-%d", i)
+		if turn(s) == 200 && bound(s) == "w0" {
+			sess = s
+		}
+	}
+	if sess == "" {
+		t.Fatal("no session was bound to worker a")
+	}
+	// Two requests held on a (b refuses the ones it gets) overload it:
+	// load 2 against an average of 1, above soft_max_load_ratio 1.5.
+	var wa *fleet.Worker
+	for _, w := range r.fl.View().ByIdx {
+		if w != nil && w.ID == "w0" {
+			wa = w
+		}
+	}
+	holdBody := `{"model":"m","messages":[{"role":"user","content":"hold"}],"max_tokens":4}`
+	for i := 0; i < 20 && wa.Load.Requests.Load() < 2; i++ {
+		onA, onB := wa.Load.Requests.Load(), b.hits.Load()
+		held.Add(1)
+		go func() {
+			defer held.Done()
+			req, _ := http.NewRequest("POST", r.url+"/v1/chat/completions", strings.NewReader(holdBody))
+			req.Header.Set("Content-Type", "application/json")
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+		deadline := time.Now().Add(2 * time.Second)
+		for wa.Load.Requests.Load() == onA && b.hits.Load() == onB && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if n := wa.Load.Requests.Load(); n < 2 {
+		t.Fatalf("%d requests held on a, want 2", n)
+	}
+	refused := false
+	for n := 0; n < 8 && !refused; n++ {
+		code := turn(sess)
+		refused = code != 200
+		if !refused && bound(sess) != "w0" {
+			t.Fatalf("a turn served while a was overloaded moved %s to %q", sess, bound(sess))
+		}
+	}
+	if !refused {
+		t.Fatal("no turn of the session went to b in 8 turns")
+	}
+	if got := bound(sess); got != "w0" {
+		t.Fatalf("after b refused a turn, %s is bound to %q, want w0 (a, which never refused it)", sess, got)
+	}
+}
