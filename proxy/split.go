@@ -129,7 +129,10 @@ func (s *Server) splitBound(cfg *config.Config, sp *config.SplitProxy, tbl *extT
 			}
 			return i
 		}
-		if u := tbl.ups[i]; u != nil && u.w.ID == w.ID {
+		// An external entry's worker is standalone (Idx < 0): a fleet
+		// worker whose id happens to be "split:<name>" is the local
+		// entry's, not that entry's.
+		if u := tbl.ups[i]; u != nil && w.Idx < 0 && u.w.ID == w.ID {
 			if !u.w.Breaker.Available(s.sched.Now()) {
 				return -1
 			}

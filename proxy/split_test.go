@@ -1076,3 +1076,49 @@ func TestASplitSessionKeepsItsWorkerWhenAnotherWorkerRefusesATurn(t *testing.T) 
 		t.Fatalf("after b refused a turn, %s is bound to %q, want w0 (a, which never refused it)", sess, got)
 	}
 }
+
+// A session bound to a local worker stays on the local entry whatever the
+// worker's id: an external entry's worker is told from a fleet worker by
+// its index, not by its id alone. Before, a fleet worker whose id was an
+// external entry's worker id ("split:<name>") matched that entry, listed
+// before the local one, and every later turn of its sessions went to the
+// external upstream.
+func TestASplitSessionOnALocalWorkerNamedLikeAnEntryStaysLocal(t *testing.T) {
+	local := startUpstream(t, okHandler)
+	a := startUpstream(t, okHandler)
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Name: "a", Address: a.url, Weight: 1},
+		config.Proxy{Local: true, Weight: 1},
+	)
+	cfg.SessionAffinity.Enabled = true
+	r := startRouterWith(t, nil, cfg, nil)
+	if errs := r.fl.Sync([]fleet.Record{{ID: "split:a", URL: local.url, Models: []string{"m"}}}); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	turn := func(sess string) string {
+		resp, body := postWith(t, r.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": sess})
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", sess, resp.StatusCode, body)
+		}
+		if u := resp.Header.Get("X-Infera-Upstream"); u != "" {
+			return u
+		}
+		return "local"
+	}
+	var onLocal []string
+	for i := 0; i < 20 && len(onLocal) < 4; i++ {
+		if sess := fmt.Sprintf("sess-%d", i); turn(sess) == "local" {
+			onLocal = append(onLocal, sess)
+		}
+	}
+	if len(onLocal) == 0 {
+		t.Fatal("no session went to the local entry")
+	}
+	for _, sess := range onLocal {
+		for n := range 3 {
+			if got := turn(sess); got != "local" {
+				t.Fatalf("turn %d of %s, bound to local worker split:a, went to %s", n+1, sess, got)
+			}
+		}
+	}
+}
