@@ -72,6 +72,10 @@ type tries struct {
 	// failure is no attempt's (a seat refused, the client gone). The split
 	// proxy unbinds a session only from the worker that refused it.
 	lastW *fleet.Worker
+	// relayedBy is the worker whose 429 or 5xx answer was committed as
+	// the client's answer (no other attempt could follow it); nil when the
+	// committed answer is not a refusal.
+	relayedBy *fleet.Worker
 	// schedErr is the scheduler's refusal before any local attempt (no
 	// worker for the model, ...).
 	schedErr error
@@ -85,6 +89,20 @@ type tries struct {
 	// allConnect: every failure was a connection failure; fleetDown: no
 	// candidate is left (every one tried, or every breaker open).
 	allConnect, fleetDown bool
+}
+
+// refuser is the worker whose refusal (429, 5xx, unreachable, a timeout,
+// ...: failure.refusal) ended the request's attempts: the last failed
+// attempt's, or the one whose 429 or 5xx answer was relayed as the answer;
+// nil when the request was not refused.
+func (res *tries) refuser() *fleet.Worker {
+	if res.committed {
+		return res.relayedBy
+	}
+	if res.last != nil && res.last.refusal() {
+		return res.lastW
+	}
+	return nil
 }
 
 // dispatchLocal tries the local fleet: up to 1+--request-max-retries
@@ -263,6 +281,9 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 			mTTFT.Update(rs.ttft.Seconds())
 			s.commit(ctx, cfg, rs, up, status, n, rerr == io.EOF)
 			res.committed = true
+			if status >= 500 || status == fasthttp.StatusTooManyRequests {
+				res.relayedBy = d.Worker
+			}
 			return attemptCommitted
 		}
 		// Nothing has reached the client yet, whatever was read: an

@@ -56,16 +56,17 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		u := tbl.ups[idx]
 		if sp.Proxies[idx].Local {
 			s.dispatchLocal(ctx, cfg, rs, res, more)
-			if !res.committed && res.last != nil && res.last.refusal() && res.lastW != nil && res.lastW.Idx >= 0 {
+			if w := res.refuser(); w != nil && w.Idx >= 0 {
 				// The local worker of the last attempt refused the
-				// session (a 429 opens no breaker): if the session is
+				// session (a 429 opens no breaker), its answer kept
+				// aside or relayed (no retry left): if the session is
 				// bound to it (its own worker, or the one the scheduler
 				// just gave it), the binding is dropped and its next
 				// request is split again, as for an external entry. A
 				// refusal by another worker (a soft-mode overflow turn,
 				// a prefill leg, a member region) leaves the binding to
 				// the worker that holds the session's cache alone.
-				s.sched.UnbindSession(cfg, &rs.sreq, res.lastW)
+				s.sched.UnbindSession(cfg, &rs.sreq, w)
 			}
 			if res.committed || res.stop || res.schedErr != nil && !noWorker(res.schedErr) {
 				return

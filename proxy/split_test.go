@@ -1122,3 +1122,58 @@ func TestASplitSessionOnALocalWorkerNamedLikeAnEntryStaysLocal(t *testing.T) {
 		}
 	}
 }
+
+// With --request-max-retries 0 the local worker's 429 is the client's
+// answer at once (no other attempt may replace it): the session bound to
+// that worker is split again on its next request all the same. Before,
+// only a refusal kept aside (another attempt might follow) unbound it; a
+// relayed one left the session on the refusing worker, 429 on every turn
+// while the external entry was free.
+func TestASplitSessionWhoseLocalWorkerAnswers429WithoutRetriesIsSplitAgain(t *testing.T) {
+	var refuse atomic.Bool
+	local := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if refuse.Load() {
+			ctx.SetStatusCode(429)
+			ctx.SetBodyString(`{"error":{"message":"busy","type":"rate_limit"}}`)
+			return
+		}
+		okHandler(ctx)
+	})
+	a := startUpstream(t, okHandler)
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true, Weight: 1},
+		config.Proxy{Name: "a", Address: a.url, Weight: 1},
+	)
+	cfg.SessionAffinity.Enabled = true
+	f := defaultFlags()
+	f.RequestMaxRetries = 0
+	r := startRouterWith(t, f, cfg, nil, local.url)
+	turn := func(sess string) (int, string) {
+		resp, _ := postWith(t, r.url+"/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": sess})
+		return resp.StatusCode, resp.Header.Get("X-Infera-Upstream")
+	}
+	var onLocal []string
+	for i := 0; i < 20 && len(onLocal) < 4; i++ {
+		sess := fmt.Sprintf("sess-%d", i)
+		if code, up := turn(sess); code == 200 && up == "" {
+			onLocal = append(onLocal, sess)
+		}
+	}
+	if len(onLocal) == 0 {
+		t.Fatal("no session went to the local entry")
+	}
+	refuse.Store(true)
+	for _, sess := range onLocal {
+		served := false
+		for n := 0; n < 8 && !served; n++ {
+			code, up := turn(sess)
+			served = code == 200 && up == "split:a"
+		}
+		if !served {
+			t.Fatalf("%s, bound to a local worker answering 429, never reached the external entry in 8 turns", sess)
+		}
+		if code, up := turn(sess); code != 200 || up != "split:a" {
+			t.Fatalf("%s left the entry it was split to: %d %q", sess, code, up)
+		}
+	}
+}
