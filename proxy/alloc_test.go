@@ -122,6 +122,28 @@ func TestEmbeddingsZeroAlloc(t *testing.T) {
 	}
 }
 
+// Learning an answer's escaped id decodes it on the stack: an id already
+// kept (a Response answered again, a stream's later events) costs nothing,
+// whole or streamed.
+func TestLearningAnEscapedResponseIDDoesNotAllocate(t *testing.T) {
+	var a respAffinity
+	w := &fleet.Worker{ID: "a", URL: "http://10.0.0.1:8000", Addr: "10.0.0.1:8000"}
+	a.learn([]byte(`{"id":"resp_Abc"}`), w, respCred{user: "u"})
+	for _, head := range []string{
+		`{"id":"resp_\u0041bc","object":"response"}`,
+		"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"\\u0072esp_Abc\"",
+		`{"id":"` + strings.Repeat(`\u0078`, 129) + `"}`, // decodes past respIDMax
+	} {
+		b := []byte(head)
+		if n := testing.AllocsPerRun(100, func() { a.learn(b, w, respCred{user: "u"}) }); n != 0 {
+			t.Fatalf("%s: %v allocations", head, n)
+		}
+	}
+	if n := a.n.Load(); n != 1 {
+		t.Fatalf("%d ids kept, want 1", n)
+	}
+}
+
 // Looking up a previous_response_id decodes its escapes on the stack.
 func TestLookingUpAnEscapedPreviousResponseIDDoesNotAllocate(t *testing.T) {
 	var a respAffinity

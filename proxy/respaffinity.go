@@ -71,7 +71,8 @@ func (o *respOwner) held() int { return len(o.ids) - o.head }
 // learn records the response id in head, the start of an answer, as
 // answered by w for the credential c. It reports whether head held one.
 func (a *respAffinity) learn(head []byte, w *fleet.Worker, c respCred) bool {
-	id := responseID(head)
+	var buf [respIDMax]byte
+	id := responseID(&buf, head)
 	if id == nil || w == nil {
 		return id != nil
 	}
@@ -252,10 +253,10 @@ func (a *respAffinity) lookup(body []byte) (ref fleet.Ref, noStore bool) {
 		return fleet.Ref{}, noStore
 	}
 	// The engine decodes the id's escapes ("resp_\u0041..." is
-	// "resp_A..."): look it up decoded. The ids kept are plain, at most
-	// 128 bytes (responseID), so a longer one is not among them, and the
-	// buffer on the stack holds any that may be.
-	var buf [128]byte
+	// "resp_A..."): look it up decoded. The ids kept are decoded, at most
+	// respIDMax bytes (responseID), so a longer one is not among them, and
+	// the buffer on the stack holds any that may be.
+	var buf [respIDMax]byte
 	id := prev
 	if hasEscape(id) {
 		id = nil // decodes to more than 128 bytes: not kept
@@ -281,12 +282,17 @@ var (
 	keyResponse = []byte(`"response"`)
 )
 
+// respIDMax bounds the ids kept: a longer one (decoded) is not learned, and
+// a follow-up naming one is routed as any request.
+const respIDMax = 128
+
 // responseID returns the id of the Response an answer's first read holds:
 // a whole Response's top-level "id", or in a stream the "id" of the first
-// event's "response" object (response.created). nil when there is none, it
-// is cut, or it is not a plain id (1-128 visible ASCII characters, no
-// escapes).
-func responseID(b []byte) []byte {
+// event's "response" object (response.created), decoded as the client and
+// the engine read it ("resp_\u0061bc" is resp_abc; escapes are decoded into
+// buf, on the caller's stack). nil when there is none, it is cut, or it is
+// not an id kept (1-respIDMax visible ASCII characters once decoded).
+func responseID(buf *[respIDMax]byte, b []byte) []byte {
 	i := skipSpace(b, 0)
 	if i >= len(b) {
 		return nil
@@ -314,13 +320,20 @@ func responseID(b []byte) []byte {
 		}
 		return nil
 	})
-	if !validRequestID(id) {
-		return nil
-	}
-	for _, c := range id {
-		if c == '\\' || c == '"' {
+	if hasEscape(id) {
+		// An escape is at most 6 bytes for one: longer contents decode
+		// to more than respIDMax bytes.
+		if len(id) > 6*respIDMax {
 			return nil
 		}
+		d := unescape(buf[:0], id)
+		if len(d) > len(buf) {
+			return nil // grown off the stack: not kept
+		}
+		id = d
+	}
+	if !validRequestID(id) {
+		return nil
 	}
 	return id
 }

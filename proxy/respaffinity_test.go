@@ -38,6 +38,21 @@ func storingResponsesEngineSplit(t *testing.T, name string, split bool) *upstrea
 // counted in h.inflight; a follow-up whose input is "busy" gets 503 (the
 // engine overloaded).
 func storingResponsesEngineHold(t *testing.T, name string, split bool, h *holdUpstream) *upstream {
+	return storingResponsesEngineOpt(t, name, respEngineOpt{split: split, hold: h})
+}
+
+// respEngineOpt shapes a storingResponsesEngine's answers.
+type respEngineOpt struct {
+	split bool          // storingResponsesEngineSplit
+	hold  *holdUpstream // storingResponsesEngineHold
+	// escapeID writes each answer's id with its "resp_" prefix JSON-escaped
+	// ("\u0072\u0065\u0073\u0070\u005f..."): the same id, as a client or
+	// the engine's own decoder reads it.
+	escapeID bool
+}
+
+func storingResponsesEngineOpt(t *testing.T, name string, o respEngineOpt) *upstream {
+	split, h := o.split, o.hold
 	var mu sync.Mutex
 	stored := map[string]bool{}
 	n := 0
@@ -75,7 +90,11 @@ func storingResponsesEngineHold(t *testing.T, name string, split bool, h *holdUp
 		if req.Store == nil || *req.Store {
 			stored[id] = true
 		}
-		resp := `{"id":"` + id + `","object":"response","created_at":1,"status":"completed","model":"m","output":[{"id":"msg_1","type":"message","role":"assistant","status":"completed","content":[{"type":"output_text","text":"hi","annotations":[]}]}],"usage":{"input_tokens":3,"output_tokens":1,"total_tokens":4}}`
+		wire := id
+		if o.escapeID {
+			wire = `\u0072\u0065\u0073\u0070\u005f` + id[len("resp_"):]
+		}
+		resp := `{"id":"` + wire + `","object":"response","created_at":1,"status":"completed","model":"m","output":[{"id":"msg_1","type":"message","role":"assistant","status":"completed","content":[{"type":"output_text","text":"hi","annotations":[]}]}],"usage":{"input_tokens":3,"output_tokens":1,"total_tokens":4}}`
 		body := resp
 		if req.Stream {
 			ctx.SetContentType("text/event-stream")
@@ -177,7 +196,8 @@ func testFollowUps(t *testing.T, split bool) {
 func TestResponseIDOfAnAnswersFirstRead(t *testing.T) {
 	f := func(in, want string) {
 		t.Helper()
-		if got := string(responseID([]byte(in))); got != want {
+		var buf [respIDMax]byte
+		if got := string(responseID(&buf, []byte(in))); got != want {
 			t.Errorf("%.60q: %q, want %q", in, got, want)
 		}
 	}
@@ -187,7 +207,13 @@ func TestResponseIDOfAnAnswersFirstRead(t *testing.T) {
 	f("event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_9\",\"output\":[]}}\n\n", "resp_9")
 	f("event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"object\":\"response\",\"id\":\"resp_9\"", "resp_9")
 	f("event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_", "")
-	f(`{"id":"a\"b"}`, "")
+	f(`{"id":"a\"b"}`, `a"b`) // decoded, as the client reads it
+	f(`{"id":"resp_\u0061bc"}`, "resp_abc")
+	f("event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_\\u0041\\/1\"", "resp_A/1")
+	f(`{"id":"`+strings.Repeat(`\u0078`, 128)+`"}`, strings.Repeat("x", 128))
+	f(`{"id":"`+strings.Repeat(`\u0078`, 129)+`"}`, "")
+	f(`{"id":"resp_\u00e9"}`, "") // not ASCII once decoded
+	f(`{"id":"resp_\u0020"}`, "") // a space
 	f(`{"id":"`+strings.Repeat("x", 129)+`"}`, "")
 	f(`{"id":7}`, "")
 	f(`{"error":{"message":"x"}}`, "")
@@ -376,6 +402,59 @@ func TestLookupReadsStore(t *testing.T) {
 	f(`{"model":"m","store":null}`, false)
 	f(`{"model":"m","store":false,"store":true}`, false)
 	f(`{"model":"m","metadata":{"store":false}}`, false)
+}
+
+// An engine that writes its Response's id with JSON escapes names the id
+// it decodes to ("resp_\u0061..." is resp_a...), as the client reads it:
+// the follow-up naming that decoded id goes to this engine, whole or
+// streamed, whether the id came in the first read or after it. The raw
+// escaped bytes were refused (not a plain id): nothing was learned, and
+// the follow-ups went by load, half of them to the other engine (404).
+func TestAnEscapedResponseIDIsLearnedDecoded(t *testing.T) {
+	for _, split := range []bool{false, true} {
+		a := storingResponsesEngineOpt(t, "a", respEngineOpt{split: split, escapeID: true})
+		b := storingResponsesEngineOpt(t, "b", respEngineOpt{split: split, escapeID: true})
+		cfg := config.Default()
+		cfg.Protocol.ResponsesPassthrough = true
+		r := startRouter(t, nil, cfg, a.url, b.url)
+		for conv := 0; conv < 4; conv++ {
+			stream := conv%2 == 1
+			body := func(prev string) string {
+				b := `{"model":"m","input":"hello","stream":` + fmt.Sprint(stream)
+				if prev != "" {
+					b += `,"previous_response_id":"` + prev + `"`
+				}
+				return b + "}"
+			}
+			idOf := func(body string) string {
+				t.Helper()
+				resp, got := postH(t, r.url+"/v1/responses", body, nil)
+				if resp.StatusCode != 200 {
+					t.Fatalf("split %v conversation %d: %d %s", split, conv, resp.StatusCode, got)
+				}
+				if stream {
+					_, got, _ = strings.Cut(got, "data: ")
+					got, _, _ = strings.Cut(got, "\n")
+					var ev struct {
+						Response struct{ ID string } `json:"response"`
+					}
+					json.Unmarshal([]byte(got), &ev)
+					return ev.Response.ID
+				}
+				var v struct{ ID string }
+				json.Unmarshal([]byte(got), &v)
+				return v.ID
+			}
+			id := idOf(body(""))
+			for turn := 0; turn < 3; turn++ {
+				next := idOf(body(id)) // decoded by encoding/json, as an SDK sends it
+				if next == "" || next[:6] != id[:6] {
+					t.Fatalf("split %v conversation %d turn %d: %q followed %q", split, conv, turn, next, id)
+				}
+				id = next
+			}
+		}
+	}
 }
 
 // The head of an answer is gathered across reads, within bounds: an id
@@ -767,7 +846,8 @@ func FuzzPreviousResponseIDLookup(f *testing.F) {
 		a.learn([]byte(`{"id":`+string(mustJSON(v.ID))+`}`), w, respCred{})
 		got, _ := a.lookup(body)
 		want := fleet.Ref{}
-		if responseID([]byte(`{"id":`+string(mustJSON(v.ID))+`}`)) != nil {
+		var buf [respIDMax]byte
+		if responseID(&buf, []byte(`{"id":`+string(mustJSON(v.ID))+`}`)) != nil {
 			want = w.Ref() // a plain id, kept
 		}
 		if got != want {
