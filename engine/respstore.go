@@ -68,7 +68,8 @@ var (
 // responsesFollowUp reads a Responses request body's previous_response_id
 // (decoded; nil when absent, null, empty or not a string) and whether it
 // says "store": false (the last copy of a key counts, as vLLM's decoder
-// reads it). When body names a previous response, next is body with every
+// reads it; a lax bool, jsonscan.LaxBool, as its pydantic model reads it:
+// 0, "false", "off" are false too). When body names a previous response, next is body with every
 // previous_response_id value replaced by null (the request conversion
 // refuses one: it is the router's, which stores nothing). A body that is
 // not a JSON object is left to the conversion to refuse.
@@ -88,7 +89,9 @@ func responsesFollowUp(body []byte) (prev []byte, noStore bool, next []byte) {
 				}
 			}
 		case "store":
-			noStore = string(body[vs:ve]) == "false"
+			// A lax bool, as vLLM's pydantic model reads it: 0,
+			// "false", "off", "No" are false too.
+			noStore = jsonscan.LaxBool(body[vs:ve]) == 'f'
 		}
 		return nil
 	})

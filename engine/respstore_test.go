@@ -131,3 +131,42 @@ func TestTheEnginesResponseEchoesPreviousResponseIDAndStore(t *testing.T) {
 	check(`{"model":"sim-model","input":"hi","max_output_tokens":2,"previous_response_id":"`+first+`","store":false}`, first, false)
 	check(`{"model":"sim-model","input":"hi","max_output_tokens":2,"store":false}`, "", false)
 }
+
+// The request's store is read as vLLM's pydantic model reads a bool (lax
+// mode, jsonscan.LaxBool): 0, "false", "off", "No", "\u006e" are false and
+// the Response is not kept (a follow-up naming it gets 404); 1, "yes",
+// "ON" are true. Only the literal false was: "store":0 and "store":"false"
+// were stored, where vLLM keeps nothing.
+func TestTheEngineReadsStoreAsALaxBool(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.NativeProtocols = true })
+	followUp := func(store, id string) int {
+		t.Helper()
+		code, b, _ := e.post(t, "/v1/responses", `{"model":"sim-model","input":"again","max_output_tokens":2,"previous_response_id":"`+id+`"}`)
+		if code != 200 && code != 404 {
+			t.Fatalf("store %s: follow-up: %d %s", store, code, b)
+		}
+		return code
+	}
+	for _, c := range []struct {
+		store string
+		kept  bool
+	}{
+		{`0`, false}, {`0.0`, false}, {`"false"`, false}, {`"off"`, false}, {`"No"`, false}, {`"\u006e"`, false}, {`"F"`, false},
+		{`1`, true}, {`"yes"`, true}, {`"ON"`, true}, {`"t"`, true}, {`true`, true},
+	} {
+		for _, stream := range []bool{false, true} {
+			code, b, _ := e.post(t, "/v1/responses", `{"model":"sim-model","input":"hi","max_output_tokens":2,"stream":`+fmt.Sprint(stream)+`,"store":`+c.store+`}`)
+			i := strings.Index(string(b), `"id":"resp_`)
+			if code != 200 || i < 0 {
+				t.Fatalf("store %s: %d %s", c.store, code, b)
+			}
+			id := string(b[i+6 : i+6+strings.IndexByte(string(b[i+6:]), '"')])
+			if !strings.Contains(string(b), `"store":`+fmt.Sprint(c.kept)) {
+				t.Fatalf("store %s: the Response does not say store %v: %s", c.store, c.kept, b)
+			}
+			if got := followUp(c.store, id) == 200; got != c.kept {
+				t.Fatalf("store %s (stream %v): kept %v, want %v", c.store, stream, got, c.kept)
+			}
+		}
+	}
+}

@@ -230,7 +230,8 @@ func (sc *respScan) reset() {
 // lookup returns the engine that answered the response a Responses
 // body's previous_response_id names (the zero Ref when it names none or
 // one not known), and whether the body asks the engine not to store its
-// answer ("store": false: nothing to learn from the answer).
+// answer ("store": false, or 0, "false", "off"... as jsonscan.LaxBool reads
+// it: nothing to learn from the answer).
 func (a *respAffinity) lookup(body []byte) (ref fleet.Ref, noStore bool) {
 	var prev []byte
 	forEachField(body, skipSpace(body, 0), func(k []byte, vs, ve int) error {
@@ -241,8 +242,10 @@ func (a *respAffinity) lookup(body []byte) (ref fleet.Ref, noStore bool) {
 				prev = body[vs+1 : ve-1]
 			}
 		case "store":
-			// The last copy counts, as the engine's JSON decoder reads it.
-			noStore = string(body[vs:ve]) == "false"
+			// The last copy counts, as the engine's JSON decoder reads
+			// it, and as a lax bool, as vLLM's pydantic model reads it:
+			// 0, "false", "off", "No" are false too.
+			noStore = jsonscan.LaxBool(body[vs:ve]) == 'f'
 		}
 		return nil
 	})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/jsonscan"
 	"github.com/valyala/fasthttp"
 )
 
@@ -58,10 +59,10 @@ func storingResponsesEngineOpt(t *testing.T, name string, o respEngineOpt) *upst
 	n := 0
 	return startUpstream(t, func(ctx *fasthttp.RequestCtx) {
 		var req struct {
-			Stream bool   `json:"stream"`
-			Prev   string `json:"previous_response_id"`
-			Store  *bool  `json:"store"`
-			Input  any    `json:"input"`
+			Stream bool            `json:"stream"`
+			Prev   string          `json:"previous_response_id"`
+			Store  json.RawMessage `json:"store"`
+			Input  any             `json:"input"`
 		}
 		json.Unmarshal(ctx.PostBody(), &req)
 		if h != nil && req.Input == "hold" {
@@ -87,7 +88,8 @@ func storingResponsesEngineOpt(t *testing.T, name string, o respEngineOpt) *upst
 		}
 		n++
 		id := fmt.Sprintf("resp_%s_%d", name, n)
-		if req.Store == nil || *req.Store {
+		// store: true by default, read as vLLM reads it (a lax bool).
+		if req.Store == nil || jsonscan.LaxBool(req.Store) != 'f' {
 			stored[id] = true
 		}
 		wire := id
@@ -370,6 +372,13 @@ func TestAnAnswerNotStoredTakesNoAffinitySlot(t *testing.T) {
 		`{"model":"m","input":"x","store":false}`,
 		`{"model":"m","input":"x","store":false,"stream":true}`,
 		`{"model":"m","input":"x","store":true,"store":false}`,
+		// Lax bools, as vLLM's pydantic model reads them.
+		`{"model":"m","input":"x","store":0}`,
+		`{"model":"m","input":"x","store":0.0}`,
+		`{"model":"m","input":"x","store":"false"}`,
+		`{"model":"m","input":"x","store":"OFF","stream":true}`,
+		`{"model":"m","input":"x","store":"\u006eo"}`,
+		`{"model":"m","input":"x","store":"f"}`,
 	} {
 		if resp, got := postH(t, r.url+"/v1/responses", body, nil); resp.StatusCode != 200 {
 			t.Fatalf("%d: %d %s", i, resp.StatusCode, got)
@@ -378,13 +387,15 @@ func TestAnAnswerNotStoredTakesNoAffinitySlot(t *testing.T) {
 	if n := r.srv.respAff.n.Load(); n != 0 {
 		t.Fatalf("%d ids of unstored answers kept", n)
 	}
-	for _, body := range []string{`{"model":"m","input":"x"}`, `{"model":"m","input":"x","store":true}`, `{"model":"m","input":"x","store":null}`} {
+	stored := []string{`{"model":"m","input":"x"}`, `{"model":"m","input":"x","store":true}`, `{"model":"m","input":"x","store":null}`,
+		`{"model":"m","input":"x","store":1}`, `{"model":"m","input":"x","store":"Yes"}`, `{"model":"m","input":"x","store":"on"}`}
+	for _, body := range stored {
 		if resp, got := postH(t, r.url+"/v1/responses", body, nil); resp.StatusCode != 200 {
 			t.Fatalf("%d %s", resp.StatusCode, got)
 		}
 	}
-	if n := r.srv.respAff.n.Load(); n != 3 {
-		t.Fatalf("%d ids of stored answers kept, want 3", n)
+	if n := r.srv.respAff.n.Load(); n != int64(len(stored)) {
+		t.Fatalf("%d ids of stored answers kept, want %d", n, len(stored))
 	}
 }
 
@@ -401,6 +412,12 @@ func TestLookupReadsStore(t *testing.T) {
 	f(`{"model":"m","store":true}`, false)
 	f(`{"model":"m","store":null}`, false)
 	f(`{"model":"m","store":false,"store":true}`, false)
+	f(`{"model":"m","store":0}`, true)
+	f(`{"model":"m","store":"false"}`, true)
+	f(`{"model":"m","store":"\u0046alse"}`, true)
+	f(`{"model":"m","store":"n"}`, true)
+	f(`{"model":"m","store":1}`, false)
+	f(`{"model":"m","store":"TRUE"}`, false)
 	f(`{"model":"m","metadata":{"store":false}}`, false)
 }
 
