@@ -69,7 +69,7 @@ var (
 // (decoded; nil when absent, null, empty or not a string) and whether it
 // says "store": false (the last copy of a key counts, as vLLM's decoder
 // reads it; a lax bool, jsonscan.LaxBool, as its pydantic model reads it:
-// 0, "false", "off" are false too). When body names a previous response, next is body with every
+// 0, "false", "off" are false too; null is not true, so not stored). When body names a previous response, next is body with every
 // previous_response_id value replaced by null (the request conversion
 // refuses one: it is the router's, which stores nothing). A body that is
 // not a JSON object is left to the conversion to refuse.
@@ -90,8 +90,9 @@ func responsesFollowUp(body []byte) (prev []byte, noStore bool, next []byte) {
 			}
 		case "store":
 			// A lax bool, as vLLM's pydantic model reads it: 0,
-			// "false", "off", "No" are false too.
-			noStore = jsonscan.LaxBool(body[vs:ve]) == 'f'
+			// "false", "off", "No" are false too; null (None) is not
+			// stored either, as vLLM stores only "if request.store".
+			noStore = jsonscan.LaxBool(body[vs:ve]) != 't'
 		}
 		return nil
 	})

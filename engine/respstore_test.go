@@ -152,6 +152,7 @@ func TestTheEngineReadsStoreAsALaxBool(t *testing.T) {
 		kept  bool
 	}{
 		{`0`, false}, {`0.0`, false}, {`"false"`, false}, {`"off"`, false}, {`"No"`, false}, {`"\u006e"`, false}, {`"F"`, false},
+		{`null`, false}, // None: vLLM stores only "if request.store"
 		{`1`, true}, {`"yes"`, true}, {`"ON"`, true}, {`"t"`, true}, {`true`, true},
 	} {
 		for _, stream := range []bool{false, true} {

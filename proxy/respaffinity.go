@@ -230,8 +230,8 @@ func (sc *respScan) reset() {
 // lookup returns the engine that answered the response a Responses
 // body's previous_response_id names (the zero Ref when it names none or
 // one not known), and whether the body asks the engine not to store its
-// answer ("store": false, or 0, "false", "off"... as jsonscan.LaxBool reads
-// it: nothing to learn from the answer).
+// answer ("store" false, or 0, "false", "off"... as jsonscan.LaxBool reads
+// it, or null: nothing to learn from the answer; absent is true).
 func (a *respAffinity) lookup(body []byte) (ref fleet.Ref, noStore bool) {
 	var prev []byte
 	forEachField(body, skipSpace(body, 0), func(k []byte, vs, ve int) error {
@@ -244,8 +244,10 @@ func (a *respAffinity) lookup(body []byte) (ref fleet.Ref, noStore bool) {
 		case "store":
 			// The last copy counts, as the engine's JSON decoder reads
 			// it, and as a lax bool, as vLLM's pydantic model reads it:
-			// 0, "false", "off", "No" are false too.
-			noStore = jsonscan.LaxBool(body[vs:ve]) == 'f'
+			// 0, "false", "off", "No" are false too. vLLM stores only
+			// "if request.store" (serving_responses.py): null (None)
+			// is not stored either, nor a value it refuses (400).
+			noStore = jsonscan.LaxBool(body[vs:ve]) != 't'
 		}
 		return nil
 	})

@@ -88,8 +88,9 @@ func storingResponsesEngineOpt(t *testing.T, name string, o respEngineOpt) *upst
 		}
 		n++
 		id := fmt.Sprintf("resp_%s_%d", name, n)
-		// store: true by default, read as vLLM reads it (a lax bool).
-		if req.Store == nil || jsonscan.LaxBool(req.Store) != 'f' {
+		// store: true by default, read as vLLM reads it (a lax bool;
+		// null is None, and vLLM stores only "if request.store").
+		if req.Store == nil || jsonscan.LaxBool(req.Store) == 't' {
 			stored[id] = true
 		}
 		wire := id
@@ -379,6 +380,10 @@ func TestAnAnswerNotStoredTakesNoAffinitySlot(t *testing.T) {
 		`{"model":"m","input":"x","store":"OFF","stream":true}`,
 		`{"model":"m","input":"x","store":"\u006eo"}`,
 		`{"model":"m","input":"x","store":"f"}`,
+		// null: vLLM's store is Optional[bool] = True, stored only
+		// "if request.store", and None is not.
+		`{"model":"m","input":"x","store":null}`,
+		`{"model":"m","input":"x","store":true,"store":null,"stream":true}`,
 	} {
 		if resp, got := postH(t, r.url+"/v1/responses", body, nil); resp.StatusCode != 200 {
 			t.Fatalf("%d: %d %s", i, resp.StatusCode, got)
@@ -387,7 +392,7 @@ func TestAnAnswerNotStoredTakesNoAffinitySlot(t *testing.T) {
 	if n := r.srv.respAff.n.Load(); n != 0 {
 		t.Fatalf("%d ids of unstored answers kept", n)
 	}
-	stored := []string{`{"model":"m","input":"x"}`, `{"model":"m","input":"x","store":true}`, `{"model":"m","input":"x","store":null}`,
+	stored := []string{`{"model":"m","input":"x"}`, `{"model":"m","input":"x","store":true}`, `{"model":"m","input":"x","store":null,"store":true}`,
 		`{"model":"m","input":"x","store":1}`, `{"model":"m","input":"x","store":"Yes"}`, `{"model":"m","input":"x","store":"on"}`}
 	for _, body := range stored {
 		if resp, got := postH(t, r.url+"/v1/responses", body, nil); resp.StatusCode != 200 {
@@ -410,7 +415,8 @@ func TestLookupReadsStore(t *testing.T) {
 	f(`{"model":"m"}`, false)
 	f(`{"model":"m","store":false}`, true)
 	f(`{"model":"m","store":true}`, false)
-	f(`{"model":"m","store":null}`, false)
+	f(`{"model":"m","store":null}`, true)    // None: vLLM stores "if request.store"
+	f(`{"model":"m","store":"maybe"}`, true) // refused by vLLM (400): nothing kept
 	f(`{"model":"m","store":false,"store":true}`, false)
 	f(`{"model":"m","store":0}`, true)
 	f(`{"model":"m","store":"false"}`, true)
