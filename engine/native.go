@@ -15,8 +15,14 @@ import (
 // router in passthrough mode forwards these paths to engines like this.
 
 // nativeOptions are the conversion options of native endpoints: reasoning
-// controls become reasoning_effort, which answer shaping reads.
-var nativeOptions = protocol.DefaultOptions()
+// controls become reasoning_effort, which answer shaping reads, and stream
+// is read as vLLM's pydantic models read a bool (lax mode: "stream":1 and
+// "stream":"true" stream).
+var nativeOptions = func() protocol.Options {
+	o := protocol.DefaultOptions()
+	o.LaxStream = true
+	return o
+}()
 
 func (s *Server) handleNative(ctx *fasthttp.RequestCtx, path string) {
 	api := protocol.Anthropic
@@ -32,17 +38,24 @@ func (s *Server) handleNative(ctx *fasthttp.RequestCtx, path string) {
 	case "/v1/messages":
 		chat, err = protocol.AnthropicToChat(nil, ctx.PostBody(), &nativeOptions, m)
 	case "/v1/responses":
-		prev, noStore, body := responsesFollowUp(ctx.PostBody())
-		if prev != nil && !s.resp.has(prev) {
+		prev, noStore, body, ferr := responsesFollowUp(ctx.PostBody())
+		if ferr != nil {
+			s.nativeError(ctx, api, ferr)
+			return
+		}
+		chat, err = protocol.ResponsesToChat(nil, body, &nativeOptions, m)
+		// vLLM validates the request (pydantic) before it looks the
+		// previous response up: a request it refuses is a 400 first.
+		if err == nil && prev != nil && !s.resp.has(prev) {
 			s.badRequests.Add(1)
 			ctx.SetStatusCode(fasthttp.StatusNotFound)
 			ctx.SetContentType("application/json")
 			ctx.SetBody(appendResponseNotFound(nil, prev))
 			return
 		}
-		chat, err = protocol.ResponsesToChat(nil, body, &nativeOptions, m)
 		// The Response echoes the request's previous_response_id and
-		// store (true unless the request says false), as vLLM's does.
+		// store (true unless the request's is a lax false or null), as
+		// vLLM's does.
 		m.PrevResponseID, m.Stored = append(m.PrevResponseID[:0], prev...), !noStore
 		defer func() {
 			if err == nil && !noStore && ctx.Response.StatusCode() < 400 {

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/infera/infera/internal/jsonscan"
+	"github.com/infera/infera/protocol"
 )
 
 // Stored responses (native protocols): like vLLM with its Responses store
@@ -67,18 +68,24 @@ var (
 
 // responsesFollowUp reads a Responses request body's previous_response_id
 // (decoded; nil when absent, null, empty or not a string) and whether it
-// says "store": false (the last copy of a key counts, as vLLM's decoder
-// reads it; a lax bool, jsonscan.LaxBool, as its pydantic model reads it:
-// 0, "false", "off" are false too; null is not true, so not stored). When body names a previous response, next is body with every
-// previous_response_id value replaced by null (the request conversion
-// refuses one: it is the router's, which stores nothing). A body that is
-// not a JSON object is left to the conversion to refuse.
-func responsesFollowUp(body []byte) (prev []byte, noStore bool, next []byte) {
+// says not to store the Response (the last copy of a key counts, as vLLM's
+// decoder reads it; a lax bool, jsonscan.LaxBool, as its pydantic model
+// reads it: 0, "false", "off" are false too; null is not true, so not
+// stored). A store pydantic cannot read as a bool ("maybe", 2, []) is
+// refused with its 400, as vLLM refuses the request. When body names a
+// previous response, next is body with every previous_response_id value
+// replaced by null (the request conversion refuses one: it is the router's,
+// which stores nothing). A body that is not a JSON object is left to the
+// conversion to refuse.
+func responsesFollowUp(body []byte) (prev []byte, noStore bool, next []byte, err error) {
 	if !bytes.Contains(body, keyPrevResponse) && !bytes.Contains(body, keyStore) {
-		return nil, false, body
+		return nil, false, body, nil
 	}
-	var spans [][2]int
-	_, err := jsonscan.WalkObject(body, 0, 64, func(k []byte, vs, ve int) error {
+	var (
+		spans    [][2]int
+		badStore bool
+	)
+	_, werr := jsonscan.WalkObject(body, 0, 64, func(k []byte, vs, ve int) error {
 		switch string(k) {
 		case "previous_response_id":
 			prev = nil
@@ -92,12 +99,21 @@ func responsesFollowUp(body []byte) (prev []byte, noStore bool, next []byte) {
 			// A lax bool, as vLLM's pydantic model reads it: 0,
 			// "false", "off", "No" are false too; null (None) is not
 			// stored either, as vLLM stores only "if request.store".
-			noStore = jsonscan.LaxBool(body[vs:ve]) != 't'
+			v := jsonscan.LaxBool(body[vs:ve])
+			noStore = v != 't'
+			badStore = v == 0 && string(body[vs:ve]) != "null"
 		}
 		return nil
 	})
-	if err != nil || prev == nil {
-		return nil, noStore && err == nil, body
+	if werr != nil {
+		return nil, false, body, nil
+	}
+	if badStore {
+		return nil, true, body, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest, Param: "store",
+			Message: "store: Input should be a valid boolean, unable to interpret input"}
+	}
+	if prev == nil {
+		return nil, noStore, body, nil
 	}
 	next = make([]byte, 0, len(body))
 	at := 0
@@ -105,7 +121,7 @@ func responsesFollowUp(body []byte) (prev []byte, noStore bool, next []byte) {
 		next = append(append(next, body[at:sp[0]]...), "null"...)
 		at = sp[1]
 	}
-	return prev, noStore, append(next, body[at:]...)
+	return prev, noStore, append(next, body[at:]...), nil
 }
 
 // appendResponseNotFound appends vLLM's answer to a follow-up naming a

@@ -171,3 +171,55 @@ func TestTheEngineReadsStoreAsALaxBool(t *testing.T) {
 		}
 	}
 }
+
+// The engine's /v1/responses (and /v1/messages) read stream as vLLM's
+// pydantic request models read a bool (lax mode): 1, "true", "Yes", "on",
+// "\u0074" stream; 0, "false", "off", null do not; what pydantic refuses
+// (2, "maybe", [], {}) is a 400 naming stream, as is a store it cannot
+// read. The engine took only the JSON booleans: "stream":1 and
+// "stream":"true" were refused with "stream must be a boolean", which
+// vLLM accepts.
+func TestTheEnginesResponsesReadStreamAsVLLMDoes(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.NativeProtocols = true })
+	bodies := map[string]string{
+		"/v1/responses": `{"model":"sim-model","input":"hi","max_output_tokens":2,"stream":%s}`,
+		"/v1/messages":  `{"model":"sim-model","max_tokens":2,"messages":[{"role":"user","content":"hi"}],"stream":%s}`,
+	}
+	for path, tmpl := range bodies {
+		for _, c := range []struct {
+			v    string
+			want int // 1 a stream, 0 a whole answer, 400 refused
+		}{
+			{`1`, 1}, {`"true"`, 1}, {`"Yes"`, 1}, {`"on"`, 1}, {`"\u0074"`, 1}, {`1.0`, 1}, {`true`, 1},
+			{`0`, 0}, {`"false"`, 0}, {`"off"`, 0}, {`null`, 0}, {`false`, 0},
+			{`2`, 400}, {`"maybe"`, 400}, {`[]`, 400}, {`{}`, 400}, {`""`, 400},
+		} {
+			body := fmt.Sprintf(tmpl, c.v)
+			code, b, h := e.post(t, path, body)
+			switch c.want {
+			case 400:
+				var v struct {
+					Error struct{ Message, Type, Param string }
+				}
+				if path == "/v1/messages" {
+					if code != 400 || !strings.Contains(string(b), "stream") {
+						t.Errorf("%s %s: %d %s, want 400 naming stream", path, body, code, b)
+					}
+					continue
+				}
+				if code != 400 || json.Unmarshal(b, &v) != nil || v.Error.Param != "stream" || v.Error.Type != "invalid_request_error" || !strings.Contains(v.Error.Message, "valid boolean") {
+					t.Errorf("%s %s: %d %s, want 400 on stream", path, body, code, b)
+				}
+			default:
+				stream := strings.HasPrefix(h.Get("Content-Type"), "text/event-stream")
+				if code != 200 || stream != (c.want == 1) {
+					t.Errorf("%s %s: %d %s %.80s, want 200 streamed %v", path, body, code, h.Get("Content-Type"), b, c.want == 1)
+				}
+			}
+		}
+	}
+	code, b, _ := e.post(t, "/v1/responses", `{"model":"sim-model","input":"hi","max_output_tokens":2,"store":"maybe","previous_response_id":"resp_unknown"}`)
+	if code != 400 || !strings.Contains(string(b), `"param":"store"`) {
+		t.Errorf("store \"maybe\": %d %s, want 400 on store", code, b)
+	}
+}

@@ -160,12 +160,9 @@ func anthropicToChat(dst, body []byte, opt *Options, m *Meta, countOnly bool) ([
 		m.MaxTokens = n
 	}
 	if r.stream.ok() && !countOnly {
-		switch v := c.v(r.stream); v[0] {
-		case 't':
-			m.Stream = true
-		case 'f', 'n':
-		default:
-			return dst, badRequest("stream", "stream must be a boolean")
+		var err error
+		if m.Stream, err = opt.readStream(c.v(r.stream)); err != nil {
+			return dst, err
 		}
 	}
 	if !r.messages.ok() || c.d[r.messages.s] != '[' {

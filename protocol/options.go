@@ -88,6 +88,38 @@ type Options struct {
 	// place; off, all system content goes to the front as one message.
 	PreserveSystemPosition bool
 	Reasoning              ReasoningOptions
+	// LaxStream reads a request's stream as vLLM's pydantic request models
+	// read a bool (lax mode, jsonscan.LaxBool: 1, "true", "yes", "on"... are
+	// true, 0, "false", "no", "off"... false), refusing what they refuse:
+	// the engine's native endpoints, served as vLLM serves them. Off (the
+	// router's conversion), stream is a JSON boolean or null, as the
+	// Anthropic and OpenAI APIs specify.
+	LaxStream bool
+}
+
+// readStream reads a request's stream value v (non-empty): whether it asks
+// for a stream, or the 400 that refuses it (Options.LaxStream).
+func (o *Options) readStream(v []byte) (bool, error) {
+	if o.LaxStream {
+		switch jsonscan.LaxBool(v) {
+		case 't':
+			return true, nil
+		case 'f':
+			return false, nil
+		}
+		if isNull(v) {
+			return false, nil
+		}
+		// pydantic's wording, as vLLM answers it.
+		return false, badRequest("stream", "stream: Input should be a valid boolean, unable to interpret input")
+	}
+	switch v[0] {
+	case 't':
+		return true, nil
+	case 'f', 'n':
+		return false, nil
+	}
+	return false, badRequest("stream", "stream must be a boolean")
 }
 
 // NewOptions builds Options from the config section (validated by config),

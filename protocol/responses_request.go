@@ -102,12 +102,8 @@ func ResponsesToChat(dst, body []byte, opt *Options, m *Meta) ([]byte, error) {
 	}
 	m.Model = unescape(m.Model, modelRaw)
 	if r.stream.ok() {
-		switch c.v(r.stream)[0] {
-		case 't':
-			m.Stream = true
-		case 'f', 'n':
-		default:
-			return fail(badRequest("stream", "stream must be a boolean"))
+		if m.Stream, err = opt.readStream(c.v(r.stream)); err != nil {
+			return fail(err)
 		}
 	}
 	if !r.input.ok() || isNull(c.v(r.input)) {

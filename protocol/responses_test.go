@@ -111,3 +111,36 @@ func TestAResponseEchoesPreviousResponseIDAndStore(t *testing.T) {
 	f("resp_1", true, `"previous_response_id":"resp_1","reasoning":{"effort":null,"summary":null},"store":true,`)
 	f(`resp_"x`, false, `"previous_response_id":"resp_\"x",`)
 }
+
+// Options.LaxStream reads stream as vLLM's pydantic models read a bool (the
+// engine's native endpoints); off, stream is a JSON boolean or null, as the
+// Anthropic and OpenAI APIs specify (the router's conversion).
+func TestStreamIsLaxOnlyWithLaxStream(t *testing.T) {
+	strict, lax := DefaultOptions(), DefaultOptions()
+	lax.LaxStream = true
+	f := func(o *Options, v string, want bool, wantErr bool) {
+		t.Helper()
+		var m Meta
+		_, err := ResponsesToChat(nil, []byte(`{"model":"m","input":"x","stream":`+v+`}`), o, &m)
+		if (err != nil) != wantErr || err == nil && m.Stream != want {
+			t.Errorf("lax %v, stream %s: %v %v, want %v (error %v)", o.LaxStream, v, m.Stream, err, want, wantErr)
+		}
+		_, err = AnthropicToChat(nil, []byte(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"stream":`+v+`}`), o, &m)
+		if (err != nil) != wantErr || err == nil && m.Stream != want {
+			t.Errorf("anthropic, lax %v, stream %s: %v %v, want %v (error %v)", o.LaxStream, v, m.Stream, err, want, wantErr)
+		}
+	}
+	for _, o := range []*Options{&strict, &lax} {
+		f(o, `true`, true, false)
+		f(o, `false`, false, false)
+		f(o, `null`, false, false)
+		f(o, `"maybe"`, false, true)
+		f(o, `2`, false, true)
+	}
+	f(&strict, `1`, false, true)
+	f(&strict, `"true"`, false, true)
+	f(&lax, `1`, true, false)
+	f(&lax, `"true"`, true, false)
+	f(&lax, `"OFF"`, false, false)
+	f(&lax, `0`, false, false)
+}
