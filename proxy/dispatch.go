@@ -814,6 +814,15 @@ func (s *Server) writeSchedError(ctx *fasthttp.RequestCtx, r *sched.Request, err
 			"the engine holding previous_response_id (worker "+r.Prefer.ID+") is unavailable: it failed, and is excluded until its cooldown ends; retry then", "", "worker_breaker_open")
 		var b [20]byte
 		ctx.Response.Header.SetBytesV("Retry-After", strconv.AppendInt(b[:0], s.cooldownLeft(r.Prefer), 10))
+	case errors.Is(err, sched.ErrPreferredDraining):
+		// A Responses follow-up whose engine is draining (respaffinity.go):
+		// drain admits no new request (the sidecar counts in-flight work
+		// to stop the engine, and over NATS stops taking requests), and
+		// no other engine holds the response. It is leaving for good: not
+		// a 503 an SDK would retry into the same answer.
+		countStatus(410)
+		writeError(ctx, fasthttp.StatusGone, typeInvalidRequest,
+			"the engine holding previous_response_id (worker "+r.Prefer.ID+") is draining: it is leaving the fleet and takes no new requests, and no other engine holds the response; send the whole conversation in input", "previous_response_id", "previous_response_draining")
 	case errors.Is(err, sched.ErrSessionRequired):
 		countStatus(400)
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "", "session_required")

@@ -113,7 +113,8 @@ func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 // know the id (404), so such a request is never forwarded: it waits for or
 // is refused its seat there, as the local rules say, or is answered 503
 // while the engine's breaker is open or on trial (sched.ErrPreferredOpen,
-// sched.ErrPreferredOnTrial). A follow-up whose engine is gone is routed
+// sched.ErrPreferredOnTrial), 410 while it is draining
+// (sched.ErrPreferredDraining). A follow-up whose engine is gone is routed
 // as any request.
 func (s *Server) pinnedLocal(r *sched.Request) bool {
 	if r.Prefer.ID == "" {

@@ -23,7 +23,8 @@ import (
 // (respAffinity). A follow-up whose worker is full waits for its seat
 // there (govern.go), one whose worker is on trial (half-open, its trial
 // taken) or open (its cooldown not over) is answered 503
-// (sched.ErrPreferredOnTrial, sched.ErrPreferredOpen), and one whose
+// (sched.ErrPreferredOnTrial, sched.ErrPreferredOpen), one whose worker
+// is draining is answered 410 (sched.ErrPreferredDraining), and one whose
 // worker fails is not retried elsewhere (dispatch.go); one whose worker is
 // gone is routed as any request (the engine then says the response is
 // unknown). An id that comes after the first read is looked

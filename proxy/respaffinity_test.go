@@ -965,3 +965,70 @@ func TestAFollowUpBehindAnOpenBreakerIsNotForwardedToAnotherRegion(t *testing.T)
 		t.Fatalf("the member's engine got %d requests", n)
 	}
 }
+
+// A follow-up whose engine is draining (its record says DRAINING: it
+// finishes its in-flight work, takes no new request, and leaves) is
+// answered 410 previous_response_draining, naming the worker: drain admits
+// no new request, and no other engine holds the response. Once the worker
+// is ACTIVE again its follow-ups reach it; once it is gone they are routed
+// as any request. The draining worker was passed over by load and the
+// follow-up reached the other engine, which answered 404 "not found" for a
+// response that existed.
+func TestAFollowUpWhoseEngineIsDrainingIsAnsweredGone(t *testing.T) {
+	a, b := storingResponsesEngine(t, "a"), storingResponsesEngine(t, "b")
+	cfg := config.Default()
+	cfg.Protocol.ResponsesPassthrough = true
+	r := startRouter(t, nil, cfg, a.url, b.url)
+	urls := map[string]string{"w0": a.url, "w1": b.url}
+	idOf := func(body string) string {
+		t.Helper()
+		resp, got := postH(t, r.url+"/v1/responses", body, nil)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", body, resp.StatusCode, got)
+		}
+		var v struct{ ID string }
+		json.Unmarshal([]byte(got), &v)
+		return v.ID
+	}
+	first := idOf(`{"model":"m","input":"hi"}`)
+	w, other := "w0", "w1"
+	if strings.HasPrefix(first, "resp_b_") {
+		w, other = "w1", "w0"
+	}
+	set := func(id, status string) {
+		t.Helper()
+		if err := r.fl.Upsert(fleet.Record{ID: id, URL: urls[id], Models: []string{"m"}, Status: status}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(w, fleet.StatusDraining)
+	follow := `{"model":"m","input":"more","previous_response_id":"` + first + `"}`
+	for _, stream := range []bool{false, true} {
+		body := follow
+		if stream {
+			body = strings.Replace(follow, `{`, `{"stream":true,`, 1)
+		}
+		resp, got := postH(t, r.url+"/v1/responses", body, nil)
+		var e struct {
+			Error struct{ Message, Type, Param, Code string }
+		}
+		json.Unmarshal([]byte(got), &e)
+		if resp.StatusCode != 410 || e.Error.Code != "previous_response_draining" || e.Error.Param != "previous_response_id" ||
+			!strings.Contains(e.Error.Message, "worker "+w+")") || strings.Contains(got, first) {
+			t.Fatalf("stream %v: %d %s, want 410 previous_response_draining naming worker %s", stream, resp.StatusCode, got, w)
+		}
+	}
+	// Other requests go to the worker still ACTIVE.
+	if id := idOf(`{"model":"m","input":"new"}`); !strings.HasPrefix(id, "resp_"+map[string]string{"w0": "a", "w1": "b"}[other]+"_") {
+		t.Fatalf("a new conversation went to %q", id)
+	}
+	set(w, fleet.StatusActive)
+	if next := idOf(follow); next[:7] != first[:7] {
+		t.Fatalf("ACTIVE again: %q followed %q", next, first)
+	}
+	// Gone: routed as any request (the other engine answers 404).
+	r.fl.Remove(w)
+	if resp, got := postH(t, r.url+"/v1/responses", follow, nil); resp.StatusCode != 404 {
+		t.Fatalf("worker gone: %d %s, want the other engine's 404", resp.StatusCode, got)
+	}
+}

@@ -238,3 +238,48 @@ func TestAPreferredWorkerBehindAnOpenBreakerIsNotReplaced(t *testing.T) {
 		t.Fatalf("an engine gone: %v", err)
 	}
 }
+
+// A preferred engine (Request.Prefer) that is draining is not replaced by
+// another engine, nor sent the request: Pick fails with
+// ErrPreferredDraining, also when it is the only worker of the model.
+// Once it is ACTIVE again it is picked; a request preferring an engine at
+// another address (a new worker under the id) is routed by load. It was
+// passed over by load (the other engine answered 404).
+func TestAPreferredWorkerThatIsDrainingIsNotReplaced(t *testing.T) {
+	rs := workers(2, "m")
+	s, _ := newTestSched(t, rs...)
+	cfg := cfgWith(t, func(c *config.Config) { c.LoadBalancing.Algorithm = "round-robin" })
+	w0 := s.Fleet.Get("w000")
+	ref := w0.Ref()
+	drain := rs[0]
+	drain.Status = fleet.StatusDraining
+	if err := s.Fleet.Upsert(drain); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if _, err := s.Pick(cfg, &Request{Model: []byte("m"), Prefer: ref}, make([]*fleet.Worker, 0, 8)); !errors.Is(err, ErrPreferredDraining) {
+			t.Fatalf("pick %d: %v, want ErrPreferredDraining", i, err)
+		}
+	}
+	if d := pick(t, s, cfg, &Request{Model: []byte("m")}); d.Worker.ID == "w000" {
+		t.Fatal("the draining w000 was chosen")
+	}
+	// The only worker of its model.
+	s.Fleet.Remove("w001")
+	if _, err := s.Pick(cfg, &Request{Model: []byte("m"), Prefer: ref}, make([]*fleet.Worker, 0, 8)); !errors.Is(err, ErrPreferredDraining) {
+		t.Fatalf("alone: %v, want ErrPreferredDraining", err)
+	}
+	if err := s.Fleet.Upsert(rs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if d := pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: ref}); d.Worker.ID != "w000" {
+		t.Fatalf("ACTIVE again: %s", d.Worker.ID)
+	}
+	other := fleet.Ref{ID: ref.ID, Addr: "10.9.9.9:1"}
+	if err := s.Fleet.Upsert(drain); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pick(cfg, &Request{Model: []byte("m"), Prefer: other}, make([]*fleet.Worker, 0, 8)); errors.Is(err, ErrPreferredDraining) {
+		t.Fatal("another engine under the id counted as the draining one")
+	}
+}

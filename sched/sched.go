@@ -3,6 +3,7 @@ package sched
 import (
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,8 +46,9 @@ type Request struct {
 	// candidate the Gate finds full is taken still (the caller waits for
 	// it); one whose breaker is half-open with its trial slot taken makes
 	// Pick fail with ErrPreferredOnTrial, one whose breaker is open (its
-	// cooldown not over) with ErrPreferredOpen; when it is not a candidate
-	// (removed, tried), the layers decide.
+	// cooldown not over) with ErrPreferredOpen, one draining with
+	// ErrPreferredDraining; when it is not a candidate (removed, tried),
+	// the layers decide.
 	Prefer fleet.Ref
 	// Leg is the part of the request the next Acquire picks a worker for
 	// (pd.go): the whole request (LegMixed, the zero value), or a PD pair's
@@ -208,7 +210,8 @@ func appendRatio(dst []byte, x float64) []byte {
 
 // Errors returned by Pick. Proxy mapping: ErrSessionRequired -> 400,
 // ErrUnknownModel (an *UnknownModelError) -> 404, ErrNoWorkers,
-// ErrExhausted, ErrPreferredOnTrial and ErrPreferredOpen -> 503.
+// ErrExhausted, ErrPreferredOnTrial and ErrPreferredOpen -> 503,
+// ErrPreferredDraining -> 410.
 var (
 	ErrNoWorkers       = errors.New("no workers available")
 	ErrUnknownModel    = errors.New("model not served by any worker")
@@ -222,6 +225,12 @@ var (
 	// open, the cooldown not over (fleet.Breaker.OpenUntil). Not sent
 	// elsewhere either, for the same reason.
 	ErrPreferredOpen = errors.New("the preferred worker's breaker is open")
+	// ErrPreferredDraining: the engine Request.Prefer names is draining
+	// (its record says DRAINING: it finishes its in-flight requests, takes
+	// no new one, and leaves the fleet). Only that engine holds what the
+	// request names, so it is not sent elsewhere (another engine can only
+	// answer 404), nor to it.
+	ErrPreferredDraining = errors.New("the preferred worker is draining")
 )
 
 // UnknownModelError is returned when no worker may serve the requested
@@ -413,6 +422,9 @@ func (s *Scheduler) Pick(cfg *config.Config, r *Request, scratch []*fleet.Worker
 			return d, nil
 		}
 	}
+	if r.Prefer.ID != "" && r.Leg != LegDecode && preferredDraining(v, r.Prefer) {
+		return Decision{}, ErrPreferredDraining
+	}
 	all, model, svc, err := s.candidates(c, v, r, now, scratch[:0])
 	if err != nil {
 		s.m.countErr(err)
@@ -498,6 +510,13 @@ func preferred(avail []*fleet.Worker, ref fleet.Ref) Decision {
 		}
 	}
 	return Decision{}
+}
+
+// preferredDraining reports whether the worker of engine ref is in the
+// fleet and draining (Request.Prefer, ErrPreferredDraining).
+func preferredDraining(v *fleet.View, ref fleet.Ref) bool {
+	i := sort.Search(len(v.All), func(i int) bool { return v.All[i].ID >= ref.ID })
+	return i < len(v.All) && ref.Is(v.All[i]) && v.All[i].Draining()
 }
 
 // preferredExcluded tells why the worker of engine ref, when it is among
