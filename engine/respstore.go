@@ -78,7 +78,9 @@ var (
 // which stores nothing). A body that is not a JSON object is left to the
 // conversion to refuse.
 func responsesFollowUp(body []byte) (prev []byte, noStore bool, next []byte, err error) {
-	if !bytes.Contains(body, keyPrevResponse) && !bytes.Contains(body, keyStore) {
+	// A body naming neither key is passed over unread, unless it holds an
+	// escape: "st\u006fre" is the key store, as vLLM's decoder reads it.
+	if !bytes.Contains(body, keyPrevResponse) && !bytes.Contains(body, keyStore) && bytes.IndexByte(body, '\\') < 0 {
 		return nil, false, body, nil
 	}
 	var (

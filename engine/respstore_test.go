@@ -223,3 +223,37 @@ func TestTheEnginesResponsesReadStreamAsVLLMDoes(t *testing.T) {
 		t.Errorf("store \"maybe\": %d %s, want 400 on store", code, b)
 	}
 }
+
+// A key written with JSON escapes is the key it decodes to, as vLLM's JSON
+// decoder reads it: "st\u006fre":false is not stored, and
+// "previous_\u0072esponse_id" names a previous response (404 when the
+// engine does not hold it, answered when it does). A quick byte search
+// for the plain keys passed such bodies over: the first was stored, the
+// second refused with the router's 400 "this gateway does not store
+// responses".
+func TestTheEngineReadsEscapedResponsesKeys(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.NativeProtocols = true })
+	post := func(body string) (int, string) {
+		t.Helper()
+		code, b, _ := e.post(t, "/v1/responses", body)
+		return code, string(b)
+	}
+	code, b := post(`{"model":"sim-model","input":"hi","max_output_tokens":2,"st\u006fre":false}`)
+	var v struct{ ID string }
+	if code != 200 || json.Unmarshal([]byte(b), &v) != nil || !strings.Contains(b, `"store":false`) {
+		t.Fatalf("escaped store: %d %s", code, b)
+	}
+	if code, b := post(`{"model":"sim-model","input":"again","max_output_tokens":2,"previous_response_id":"` + v.ID + `"}`); code != 404 {
+		t.Fatalf("follow-up of an unstored response: %d %s, want 404", code, b)
+	}
+	if code, b := post(`{"model":"sim-model","input":"again","max_output_tokens":2,"previous_\u0072esponse_id":"resp_unknown"}`); code != 404 || !strings.Contains(b, "resp_unknown") {
+		t.Fatalf("escaped previous_response_id, unknown: %d %s, want 404", code, b)
+	}
+	code, b = post(`{"model":"sim-model","input":"hi","max_output_tokens":2}`)
+	if code != 200 || json.Unmarshal([]byte(b), &v) != nil {
+		t.Fatalf("%d %s", code, b)
+	}
+	if code, b := post(`{"model":"sim-model","input":"again","max_output_tokens":2,"previous_\u0072esponse_id":"` + v.ID + `"}`); code != 200 || !strings.Contains(b, `"previous_response_id":"`+v.ID+`"`) {
+		t.Fatalf("escaped previous_response_id, held: %d %s, want 200 echoing it", code, b)
+	}
+}

@@ -415,8 +415,9 @@ func TestLookupReadsStore(t *testing.T) {
 	f(`{"model":"m"}`, false)
 	f(`{"model":"m","store":false}`, true)
 	f(`{"model":"m","store":true}`, false)
-	f(`{"model":"m","store":null}`, true)    // None: vLLM stores "if request.store"
-	f(`{"model":"m","store":"maybe"}`, true) // refused by vLLM (400): nothing kept
+	f(`{"model":"m","store":null}`, true)       // None: vLLM stores "if request.store"
+	f(`{"model":"m","store":"maybe"}`, true)    // refused by vLLM (400): nothing kept
+	f(`{"model":"m","st\u006fre":false}`, true) // the key decoded, as the engine reads it
 	f(`{"model":"m","store":false,"store":true}`, false)
 	f(`{"model":"m","store":0}`, true)
 	f(`{"model":"m","store":"false"}`, true)
