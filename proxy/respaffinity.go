@@ -70,12 +70,13 @@ type respOwner struct {
 func (o *respOwner) held() int { return len(o.ids) - o.head }
 
 // learn records the response id in head, the start of an answer, as
-// answered by w for the credential c. It reports whether head held one.
+// answered by w for the credential c. It reports whether head held the
+// answer's id, kept or not (one not kept ends the scan: respScan).
 func (a *respAffinity) learn(head []byte, w *fleet.Worker, c respCred) bool {
 	var buf [respIDMax]byte
-	id := responseID(&buf, head)
+	id, found := responseID(&buf, head)
 	if id == nil || w == nil {
-		return id != nil
+		return found
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -197,7 +198,8 @@ type respScan struct {
 }
 
 // start learns the id in an answer's first read from w, or starts
-// gathering its head when the first read holds none.
+// gathering its head when the first read holds none (an id there but not
+// kept ends it: no later read can change it).
 func (sc *respScan) start(a *respAffinity, first []byte, w *fleet.Worker, c respCred) {
 	if a.learn(first, w, c) || len(first) >= respScanMax {
 		return
@@ -297,31 +299,32 @@ const respIDMax = 128
 // event's "response" object (response.created), decoded as the client and
 // the engine read it ("resp_\u0061bc" is resp_abc; escapes are decoded into
 // buf, on the caller's stack). nil when there is none, it is cut, or it is
-// not an id kept (1-respIDMax visible ASCII characters once decoded).
-func responseID(buf *[respIDMax]byte, b []byte) []byte {
+// not an id kept (1-respIDMax visible ASCII characters once decoded);
+// found reports whether b held the answer's id whole, kept or not.
+func responseID(buf *[respIDMax]byte, b []byte) (id []byte, found bool) {
 	i := skipSpace(b, 0)
 	if i >= len(b) {
-		return nil
+		return nil, false
 	}
 	if b[i] != '{' {
 		k := jsonscan.IndexKey(b, keyResponse)
 		if k < 0 {
-			return nil
+			return nil, false
 		}
 		i = skipSpace(b, k+len(keyResponse))
 		if i >= len(b) || b[i] != ':' {
-			return nil
+			return nil, false
 		}
 		if i = skipSpace(b, i+1); i >= len(b) || b[i] != '{' {
-			return nil
+			return nil, false
 		}
 	}
-	var id []byte
 	forEachField(b, i, func(k []byte, vs, ve int) error {
 		if string(k) == "id" {
 			if b[vs] == '"' {
 				id = b[vs+1 : ve-1]
 			}
+			found = true
 			return errFound
 		}
 		return nil
@@ -330,16 +333,16 @@ func responseID(buf *[respIDMax]byte, b []byte) []byte {
 		// An escape is at most 6 bytes for one: longer contents decode
 		// to more than respIDMax bytes.
 		if len(id) > 6*respIDMax {
-			return nil
+			return nil, found
 		}
 		d := unescape(buf[:0], id)
 		if len(d) > len(buf) {
-			return nil // grown off the stack: not kept
+			return nil, found // grown off the stack: not kept
 		}
 		id = d
 	}
 	if !validRequestID(id) {
-		return nil
+		return nil, found
 	}
-	return id
+	return id, found
 }

@@ -200,7 +200,7 @@ func TestResponseIDOfAnAnswersFirstRead(t *testing.T) {
 	f := func(in, want string) {
 		t.Helper()
 		var buf [respIDMax]byte
-		if got := string(responseID(&buf, []byte(in))); got != want {
+		if got, _ := responseID(&buf, []byte(in)); string(got) != want {
 			t.Errorf("%.60q: %q, want %q", in, got, want)
 		}
 	}
@@ -871,7 +871,7 @@ func FuzzPreviousResponseIDLookup(f *testing.F) {
 		got, _ := a.lookup(body)
 		want := fleet.Ref{}
 		var buf [respIDMax]byte
-		if responseID(&buf, []byte(`{"id":`+string(mustJSON(v.ID))+`}`)) != nil {
+		if id, _ := responseID(&buf, []byte(`{"id":`+string(mustJSON(v.ID))+`}`)); id != nil {
 			want = w.Ref() // a plain id, kept
 		}
 		if got != want {
@@ -1031,5 +1031,40 @@ func TestAFollowUpWhoseEngineIsDrainingIsAnsweredGone(t *testing.T) {
 	r.fl.Remove(w)
 	if resp, got := postH(t, r.url+"/v1/responses", follow, nil); resp.StatusCode != 404 {
 		t.Fatalf("worker gone: %d %s, want the other engine's 404", resp.StatusCode, got)
+	}
+}
+
+// An answer whose id has come but is not one the table keeps (decoded
+// longer than respIDMax, not visible ASCII, not a string: a client-chosen
+// request_id) ends the scan at once. The scan went on gathering the head
+// for respScanReads reads or respScanMax bytes, parsing the growing head on
+// every read of the stream, and the head, grown past 16 KiB, was dropped
+// from the pool (an allocation per such request).
+func TestAnIDNotKeptEndsTheScan(t *testing.T) {
+	var a respAffinity
+	w := &fleet.Worker{ID: "a", URL: "http://10.0.0.1:8000", Addr: "10.0.0.1:8000"}
+	var sc respScan
+	for _, first := range []string{
+		`{"id":"resp_` + strings.Repeat("x", 200) + `","object":"response"`,
+		`{"id":7,"object":"response"`,
+		"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_\\u00e9\",",
+		"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":null,",
+	} {
+		sc.reset()
+		sc.start(&a, []byte(first), w, respCred{})
+		if sc.a != nil {
+			t.Errorf("%.50q: still scanning", first)
+		}
+	}
+	if a.n.Load() != 0 {
+		t.Fatalf("%d ids kept", a.n.Load())
+	}
+	// An id that has not come yet is waited for.
+	for _, first := range []string{"retry: 3000\n\n", `{"object":"response","instructions":"long`, `{"id":"resp_ab`} {
+		sc.reset()
+		sc.start(&a, []byte(first), w, respCred{})
+		if sc.a == nil {
+			t.Errorf("%q: not scanning", first)
+		}
 	}
 }
