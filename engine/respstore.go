@@ -67,7 +67,7 @@ var (
 )
 
 // responsesFollowUp reads a Responses request body's previous_response_id
-// (decoded; nil when absent, null, empty or not a string) and whether it
+// (decoded; nil when absent, null or not a string; empty, not nil, for "") and whether it
 // says not to store the Response (the last copy of a key counts, as vLLM's
 // decoder reads it; a lax bool, jsonscan.LaxBool, as its pydantic model
 // reads it: 0, "false", "off" are false too; null is not true, so not
@@ -92,8 +92,10 @@ func responsesFollowUp(body []byte) (prev []byte, noStore bool, next []byte, err
 		case "previous_response_id":
 			prev = nil
 			if body[vs] == '"' {
-				if raw, _, err := jsonscan.ScanString(body, vs); err == nil && len(raw) > 0 {
-					prev = jsonscan.Unescape(nil, raw)
+				// "" is an id too: vLLM looks it up ("if
+				// prev_response_id is not None") and answers 404.
+				if raw, _, err := jsonscan.ScanString(body, vs); err == nil {
+					prev = jsonscan.Unescape(make([]byte, 0, len(raw)), raw)
 					spans = append(spans, [2]int{vs, ve})
 				}
 			}

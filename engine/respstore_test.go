@@ -64,9 +64,11 @@ func TestTheEngineAnswersFollowUpsOfTheResponsesItStored(t *testing.T) {
 	create(`{"model":"sim-model","input":"more","max_output_tokens":2,"previous_response_id":"` + streamed + `"}`)
 	// Bounded: the oldest ids are forgotten (3 kept).
 	notFound(first)
-	// An empty or null previous_response_id names none.
+	// A null previous_response_id names none; an empty one names the id
+	// "", which vLLM looks up ("if prev_response_id is not None",
+	// serving_responses.py) and does not hold: 404. It was taken for none.
 	create(`{"model":"sim-model","input":"hi","max_output_tokens":2,"previous_response_id":null}`)
-	create(`{"model":"sim-model","input":"hi","max_output_tokens":2,"previous_response_id":""}`)
+	notFound("")
 }
 
 // The engine's Response echoes the request's previous_response_id
