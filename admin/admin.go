@@ -448,6 +448,9 @@ func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(d
 		// values are the caller's, reused by the next attempt: it walks a
 		// copy (a retry read the placeholders as literal keys).
 		next, err := a.seal.parseDoc(cloneDoc(doc), cur)
+		if err == nil {
+			err = keysCapErr(cur, next)
+		}
 		if err != nil {
 			return nil, 0, err
 		}

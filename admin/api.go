@@ -685,6 +685,9 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		// valid, and before the snapshot taken ahead of the import.
 		err = a.store.Check(next)
 	}
+	if err == nil {
+		err = keysCapErr(cur, next)
+	}
 	if err != nil {
 		var fe *config.FieldError
 		if errors.As(err, &fe) {
@@ -721,6 +724,12 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	})
 	if err != nil {
+		var fe *config.FieldError
+		if errors.As(err, &fe) {
+			// A change landed since the check above: the path is still
+			// the snapshot's.
+			fe.Path = join("config", fe.Path)
+		}
 		return err
 	}
 	a.setVersionHeaders(w, c, v)

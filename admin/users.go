@@ -115,6 +115,39 @@ func (a *Admin) getUserUsage(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// keysCapErr refuses a write that would leave a user of next with more
+// keys than config.MaxAPIUserKeys, unless the user held at least as many
+// in cur (data from before the cap keeps loading, and may be written back
+// as it is or with fewer keys, but not grow). The error names the user and
+// the count, never a key.
+func keysCapErr(cur, next *config.Config) error {
+	var held map[string]int
+	for i := range next.Users {
+		u := &next.Users[i]
+		if len(u.Keys) <= config.MaxAPIUserKeys {
+			continue
+		}
+		if held == nil {
+			held = make(map[string]int)
+			for j := range cur.Users {
+				if n := len(cur.Users[j].Keys); n > config.MaxAPIUserKeys {
+					held[cur.Users[j].Name] = n
+				}
+			}
+		}
+		had := held[u.Name]
+		if len(u.Keys) <= had {
+			continue
+		}
+		msg := fmt.Sprintf("user %q would hold %d API keys: at most %d per user (revoke keys, or give them to another user)", u.Name, len(u.Keys), config.MaxAPIUserKeys)
+		if had > 0 {
+			msg = fmt.Sprintf("user %q would hold %d API keys: it holds %d, more than the %d a user may hold, and a write may keep or lower that but not grow it", u.Name, len(u.Keys), had, config.MaxAPIUserKeys)
+		}
+		return &config.FieldError{Path: fmt.Sprintf("users[%d].keys", i), Msg: msg}
+	}
+	return nil
+}
+
 func stringsAny(ss []string) []any {
 	out := make([]any, len(ss))
 	for i, s := range ss {

@@ -261,10 +261,11 @@ const (
 	MaxUserModelPattern = 256
 )
 
-// MaxAPIUserKeys bounds the keys POST /api/users/{name}/keys lets one
-// user hold (rotation needs two or three). It is not a validation rule: a
-// config or snapshot holding more still loads, and the API mints no more
-// until some are revoked.
+// MaxAPIUserKeys bounds the keys the admin API lets one user hold
+// (rotation needs two or three): POST /api/users/{name}/keys mints no more,
+// and no other API write (a section write, an import) grows a user past it.
+// It is not a validation rule: a config or snapshot holding more still
+// loads, and an API write may keep a user at what it holds.
 const MaxAPIUserKeys = 64
 
 // User is one API user.
