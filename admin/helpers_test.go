@@ -21,7 +21,7 @@ const testKey = "test-admin-key-0123456789"
 
 // env is an admin behind a real loopback HTTP server.
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	a     *Admin
 	store *config.Store
 	srv   *httptest.Server
@@ -43,7 +43,7 @@ type envOpts struct {
 	syncInterval time.Duration
 }
 
-func newEnv(t *testing.T, o envOpts) *env {
+func newEnv(t testing.TB, o envOpts) *env {
 	t.Helper()
 	e := &env{t: t}
 	var err error
@@ -106,7 +106,7 @@ type resp struct {
 	hdr    http.Header
 }
 
-func (r resp) json(t *testing.T) map[string]any {
+func (r resp) json(t testing.TB) map[string]any {
 	t.Helper()
 	var m map[string]any
 	if err := json.Unmarshal(r.body, &m); err != nil {
@@ -116,7 +116,7 @@ func (r resp) json(t *testing.T) map[string]any {
 }
 
 // errPath returns the error's path and message.
-func (r resp) errPath(t *testing.T) (string, string) {
+func (r resp) errPath(t testing.TB) (string, string) {
 	t.Helper()
 	var e errorJSON
 	if err := json.Unmarshal(r.body, &e); err != nil {

@@ -22,12 +22,12 @@ import (
 // redisServer is a real redis-server on a free loopback port, without
 // persistence (a restart loses everything: the hardest case).
 type redisServer struct {
-	t    *testing.T
+	t    testing.TB
 	port int
 	cmd  *exec.Cmd
 }
 
-func startRedis(t *testing.T) *redisServer {
+func startRedis(t testing.TB) *redisServer {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {

@@ -215,6 +215,9 @@ func (a *Admin) createUser(w http.ResponseWriter, r *http.Request) error {
 		if in.Name != "" && userIndex(doc, in.Name) >= 0 {
 			return &httpError{status: http.StatusConflict, msg: fmt.Sprintf("user %q exists", in.Name)}
 		}
+		if n := len(users(doc)); n >= config.MaxAPIUsers {
+			return &httpError{status: http.StatusConflict, msg: fmt.Sprintf("there are %d users, the most POST /api/users creates (%d): delete users (DELETE /api/users/{name}) before creating another", n, config.MaxAPIUsers)}
+		}
 		u := map[string]any{"name": in.Name, "template": "", "enabled": enabled, "keys": []any{hash}}
 		if in.Template != nil {
 			u["template"] = *in.Template

@@ -268,6 +268,12 @@ const (
 // loads, and an API write may keep a user at what it holds.
 const MaxAPIUserKeys = 64
 
+// MaxAPIUsers bounds the users POST /api/users creates: at this many users
+// it creates no more (409) until some are deleted. Like MaxAPIUserKeys it
+// is not a validation rule: a config, snapshot or import holding more
+// still loads.
+const MaxAPIUsers = 10000
+
 // User is one API user.
 type User struct {
 	// Name identifies the user in metrics, logs and counters: 1-64 of
