@@ -7,7 +7,6 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -437,9 +436,13 @@ func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(d
 		if ifVersion != 0 && ifVersion != ver {
 			return nil, 0, &errConflict{have: ver, msg: fmt.Sprintf("the config changed since version %d (now %d): reload and apply your change again", ifVersion, ver)}
 		}
-		doc, err := clearDocOf(cur)
+		curData, err := encodeClear(cur)
 		if err != nil {
 			return nil, 0, err
+		}
+		doc, err := decodeDoc(curData)
+		if err != nil {
+			return nil, 0, fmt.Errorf("BUG: a config does not decode: %w", err)
 		}
 		if err := mutate(doc); err != nil {
 			return nil, 0, err
@@ -454,7 +457,7 @@ func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(d
 		if err != nil {
 			return nil, 0, err
 		}
-		if same(cur, next) {
+		if sameAs(curData, next) {
 			return cur, ver, nil
 		}
 		if why := a.startupFixed(); why != "" {
@@ -552,46 +555,87 @@ func startupErr(name, why string) error {
 	return &httpError{status: http.StatusConflict, msg: name + " is startup configuration, read from the config file at start: " + why}
 }
 
-// same reports whether two configs encode identically.
-func same(x, y *config.Config) bool {
-	a, err1 := encodeClear(x)
-	b, err2 := encodeClear(y)
-	if err1 != nil || err2 != nil {
-		return false
-	}
-	if bytes.Equal(a, b) {
-		return true
-	}
-	// An empty list and no list mean the same (the console saves [] where
-	// the file had nothing): saving an unchanged form makes no version.
-	var va, vb any
-	if json.Unmarshal(a, &va) != nil || json.Unmarshal(b, &vb) != nil {
-		return false
-	}
-	return reflect.DeepEqual(noEmptyLists(va), noEmptyLists(vb))
+// sameAs reports whether config y is the same as the config whose clear
+// encoding (encodeClear) is xData (see sameEncoding).
+func sameAs(xData []byte, y *config.Config) bool {
+	b, err := encodeClear(y)
+	return err == nil && sameEncoding(xData, b)
 }
 
-// noEmptyLists replaces every empty JSON array in v with null, but for
-// the settings where the two differ (nilMeansDefault).
-func noEmptyLists(v any) any {
-	switch t := v.(type) {
-	case []any:
-		if len(t) == 0 {
-			return nil
-		}
-		for i := range t {
-			t[i] = noEmptyLists(t[i])
-		}
-	case map[string]any:
-		for k, e := range t {
-			if nilMeansDefault[k] {
-				continue
+// sameEncoding reports whether two encodings of configs are the same, an
+// empty list and null counting as the same (the console saves [] where the
+// file had nothing: saving an unchanged form makes no version), but in
+// the settings where the two differ (nilMeansDefault). Both come from the
+// same encoder (fields in one order, map keys sorted, compact), so this is
+// one pass over the bytes: decoding both to compare them allocated about
+// ten times the document on every write.
+func sameEncoding(x, y []byte) bool {
+	inString, escaped := false, false
+	// kept[d] tells whether the container open at depth d is (within) a
+	// nilMeansDefault setting, where [] and null differ.
+	var buf [32]bool
+	kept := buf[:0]
+	i, j := 0, 0
+	for i < len(x) && j < len(y) {
+		c := x[i]
+		if c == y[j] {
+			switch {
+			case escaped:
+				escaped = false
+			case inString:
+				escaped = c == '\\'
+				inString = c != '"'
+			case c == '"':
+				inString = true
+			case c == '{' || c == '[':
+				kept = append(kept, keptAt(x, i, kept))
+			case c == '}' || c == ']':
+				if len(kept) > 0 {
+					kept = kept[:len(kept)-1]
+				}
 			}
-			t[k] = noEmptyLists(e)
+			i++
+			j++
+			continue
+		}
+		if inString || keptAt(x, i, kept) {
+			return false
+		}
+		switch {
+		case bytes.HasPrefix(x[i:], []byte("[]")) && bytes.HasPrefix(y[j:], []byte("null")):
+			i, j = i+2, j+4
+		case bytes.HasPrefix(x[i:], []byte("null")) && bytes.HasPrefix(y[j:], []byte("[]")):
+			i, j = i+4, j+2
+		default:
+			return false
 		}
 	}
-	return v
+	return i == len(x) && j == len(y)
 }
+
+// keptAt tells whether the value at x[i] is (within) a nilMeansDefault
+// setting, kept being the containers open around it.
+func keptAt(x []byte, i int, kept []bool) bool {
+	if len(kept) > 0 && kept[len(kept)-1] {
+		return true
+	}
+	for _, k := range nilMeansDefaultKeys {
+		if bytes.HasSuffix(x[:i], k) {
+			return true
+		}
+	}
+	return false
+}
+
+// nilMeansDefaultKeys are the nilMeansDefault settings as they precede
+// their value in an encoding: "name":
+var nilMeansDefaultKeys = func() [][]byte {
+	var out [][]byte
+	for k := range nilMeansDefault {
+		out = append(out, []byte(`"`+k+`":`))
+	}
+	return out
+}()
 
 // nilMeansDefault names the list settings whose absence is a default and
 // whose empty list is a choice: protocol.reasoning_map.thinking_off_efforts

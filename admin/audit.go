@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/jsonscan"
 )
 
 // Bounds of one audit entry.
@@ -160,8 +162,12 @@ func (l *auditLog) list(limit int) []AuditEntry {
 // diff lists the settings that differ between two configs, by JSON path,
 // with secrets redacted (fingerprinted by s).
 func diff(s *sealer, old, cur *config.Config) []Change {
-	a, ra := flatten(s, old)
-	b, rb := flatten(s, cur)
+	a, ra, b, rb := flattenChanged(s, old, cur)
+	return diffFlat(a, ra, b, rb)
+}
+
+// diffFlat lists the differences of two flattened configs (flatten).
+func diffFlat(a map[string]string, ra map[string][]string, b map[string]string, rb map[string][]string) []Change {
 	var out []Change
 	for p, nv := range b {
 		if ov, ok := a[p]; !ok || ov != nv {
@@ -298,43 +304,212 @@ func flatten(s *sealer, c *config.Config) (map[string]string, map[string][]strin
 	if err != nil {
 		return m, order
 	}
-	var walk func(path string, v any)
-	walk = func(path string, v any) {
-		switch t := v.(type) {
-		case map[string]any:
-			if len(t) == 0 {
-				m[path] = "{}"
-			}
-			for k, e := range t {
-				walk(join(path, k), e)
-			}
-		case []any:
-			if len(t) == 0 {
-				m[path] = "[]"
-			}
-			// Members named uniquely (users, quota templates, workers,
-			// upstream entries) are told by name: deleting the first of
-			// three users read as two renames and a deletion.
-			if names := memberNames(t); names != nil {
-				order[path] = names
-				for i, e := range t {
-					data, _ := json.Marshal(names[i])
-					walk(path+"["+string(data)+"]", e)
-				}
-				break
-			}
+	flattenValue(m, order, "", doc)
+	return m, order
+}
+
+// flattenValue adds v at path, and everything below it, to m and order
+// (see flatten).
+func flattenValue(m map[string]string, order map[string][]string, path string, v any) {
+	switch t := v.(type) {
+	case map[string]any:
+		if len(t) == 0 {
+			m[path] = "{}"
+		}
+		for k, e := range t {
+			flattenValue(m, order, join(path, k), e)
+		}
+	case []any:
+		if len(t) == 0 {
+			m[path] = "[]"
+		}
+		// Members named uniquely (users, quota templates, workers,
+		// upstream entries) are told by name: deleting the first of
+		// three users read as two renames and a deletion.
+		if names := memberNames(t); names != nil {
+			order[path] = names
 			for i, e := range t {
-				walk(fmt.Sprintf("%s[%d]", path, i), e)
+				flattenValue(m, order, memberPath(path, names[i]), e)
 			}
-		case string:
-			m[path] = auditString(t)
-		default:
-			data, _ := json.Marshal(t)
-			m[path] = string(data)
+			break
+		}
+		for i, e := range t {
+			flattenValue(m, order, fmt.Sprintf("%s[%d]", path, i), e)
+		}
+	case string:
+		m[path] = auditString(t)
+	default:
+		data, _ := json.Marshal(t)
+		m[path] = string(data)
+	}
+}
+
+// memberPath is the path of a list member told by name.
+func memberPath(path, name string) string {
+	data, _ := json.Marshal(name)
+	return path + "[" + string(data) + "]"
+}
+
+// maxScanLevels bounds the nesting jsonscan walks in an encoded config
+// (the config nests a handful of levels).
+const maxScanLevels = 64
+
+// flattenChanged is flatten of old and of cur, leaving out what the two
+// encode alike: a top-level section with the same bytes, and a member
+// (told by name) with the same bytes in a list of members told by name on
+// both sides (the lists' names are still all in the orders). Equal parts
+// make no change, so diffFlat finds the same changes; a write that adds one
+// user to 10,000 walks that user, not 20,000 (flattening both configs whole
+// was most of what such a write allocated).
+func flattenChanged(s *sealer, old, cur *config.Config) (a map[string]string, ra map[string][]string, b map[string]string, rb map[string][]string) {
+	if old == nil || cur == nil {
+		a, ra = flatten(s, old)
+		b, rb = flatten(s, cur)
+		return a, ra, b, rb
+	}
+	da, err1 := s.encodeRedacted(old)
+	db, err2 := s.encodeRedacted(cur)
+	secA, ok1 := topSections(da)
+	secB, ok2 := topSections(db)
+	if err1 != nil || err2 != nil || !ok1 || !ok2 {
+		a, ra = flatten(s, old)
+		b, rb = flatten(s, cur)
+		return a, ra, b, rb
+	}
+	a, ra, b, rb = map[string]string{}, map[string][]string{}, map[string]string{}, map[string][]string{}
+	for k, x := range secA {
+		y, ok := secB[k]
+		switch {
+		case !ok:
+			flattenRaw(a, ra, k, x)
+		case bytes.Equal(x, y):
+		case !flattenNamedChanged(a, ra, b, rb, k, x, y):
+			flattenRaw(a, ra, k, x)
+			flattenRaw(b, rb, k, y)
 		}
 	}
-	walk("", doc)
-	return m, order
+	for k, y := range secB {
+		if _, ok := secA[k]; !ok {
+			flattenRaw(b, rb, k, y)
+		}
+	}
+	return a, ra, b, rb
+}
+
+// flattenNamedChanged flattens the members of lists x and y (at path) that
+// differ, when both are non-empty lists of members told by name; it
+// reports false, having done nothing, otherwise.
+func flattenNamedChanged(a map[string]string, ra map[string][]string, b map[string]string, rb map[string][]string, path string, x, y []byte) bool {
+	xs, ys := listMembers(x), listMembers(y)
+	if len(xs) == 0 || len(ys) == 0 {
+		return false
+	}
+	nx, ny := rawMemberNames(xs), rawMemberNames(ys)
+	if nx == nil || ny == nil {
+		return false
+	}
+	ra[path], rb[path] = nx, ny
+	byName := func(names []string, raw [][]byte) map[string][]byte {
+		m := make(map[string][]byte, len(names))
+		for i, n := range names {
+			m[n] = raw[i]
+		}
+		return m
+	}
+	inX, inY := byName(nx, xs), byName(ny, ys)
+	for i, n := range nx {
+		if r, ok := inY[n]; !ok || !bytes.Equal(r, xs[i]) {
+			flattenRaw(a, ra, memberPath(path, n), xs[i])
+		}
+	}
+	for i, n := range ny {
+		if r, ok := inX[n]; !ok || !bytes.Equal(r, ys[i]) {
+			flattenRaw(b, rb, memberPath(path, n), ys[i])
+		}
+	}
+	return true
+}
+
+// flattenRaw flattens the encoded value raw at path.
+func flattenRaw(m map[string]string, order map[string][]string, path string, raw []byte) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return
+	}
+	flattenValue(m, order, path, v)
+}
+
+// topSections splits an encoded config into its top-level sections (the
+// values are slices of data); ok is false when data is not one object.
+func topSections(data []byte) (map[string][]byte, bool) {
+	secs := make(map[string][]byte, 32)
+	end, err := jsonscan.WalkObject(data, 0, maxScanLevels, func(key []byte, vs, ve int) error {
+		secs[string(key)] = data[vs:ve]
+		return nil
+	})
+	if err != nil || jsonscan.SkipSpace(data, end) != len(data) {
+		return nil, false
+	}
+	return secs, true
+}
+
+// listMembers splits an encoded list into its members (slices of raw); nil
+// when raw is not a list, or an empty one.
+func listMembers(raw []byte) [][]byte {
+	if len(raw) == 0 || raw[0] != '[' {
+		return nil
+	}
+	var out [][]byte
+	if _, err := jsonscan.WalkArray(raw, 0, maxScanLevels, func(vs, ve int) error {
+		out = append(out, raw[vs:ve])
+		return nil
+	}); err != nil {
+		return nil
+	}
+	return out
+}
+
+// rawMemberNames is memberNames of encoded members.
+func rawMemberNames(members [][]byte) []string {
+	for _, key := range [...]string{"name", "id"} {
+		names := make([]string, 0, len(members))
+		seen := make(map[string]bool, len(members))
+		for _, e := range members {
+			if len(e) == 0 || e[0] != '{' {
+				return nil
+			}
+			n, ok := objectString(e, key)
+			if !ok || n == "" || seen[n] {
+				break
+			}
+			seen[n] = true
+			names = append(names, n)
+		}
+		if len(names) == len(members) {
+			return names
+		}
+	}
+	return nil
+}
+
+// objectString returns the string member key of the encoded object obj
+// (the last one, as a decoded map keeps); ok is false when there is none or
+// it is not a string.
+func objectString(obj []byte, key string) (string, bool) {
+	var val []byte
+	found := false
+	_, err := jsonscan.WalkObject(obj, 0, maxScanLevels, func(k []byte, vs, ve int) error {
+		if string(k) == key {
+			val, found = obj[vs:ve], true
+		}
+		return nil
+	})
+	if err != nil || !found || len(val) < 2 || val[0] != '"' {
+		return "", false
+	}
+	return string(jsonscan.Key(val[1 : len(val)-1])), true
 }
 
 // memberNames returns the names of a list's members when each is an

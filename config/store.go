@@ -334,6 +334,7 @@ func MarshalFileWith(c *Config, codec SecretCodec) ([]byte, error) {
 		return nil, err
 	}
 	var out bytes.Buffer
+	out.Grow(len(data) + len(data)/2) // the indentation (a users list grows by about a third)
 	if err := json.Indent(&out, data, "", "  "); err != nil {
 		return nil, fmt.Errorf("BUG: cannot indent encoded config: %w", err)
 	}
@@ -368,15 +369,28 @@ func EncodeBound(c *Config, f func(owner, address, key string) (string, error)) 
 // literal writes the key itself. json.Marshal(c) writes "***" instead,
 // which Parse refuses, so use EncodeJSON for anything that is parsed back.
 func EncodeJSON(c *Config, literal func(path, key string) (string, error)) ([]byte, error) {
-	b, err := encodeValue(nil, reflect.ValueOf(c).Elem(), "", literal)
+	// Sized like the last encoding: a large config is encoded several
+	// times per admin write, and growing the buffer copied it each time.
+	hint := encodeSizeHint.Load()
+	b, err := encodeValue(make([]byte, 0, hint+hint/8+512), reflect.ValueOf(c).Elem(), "", literal)
 	if err != nil {
 		return nil, fmt.Errorf("cannot encode config: %w", err)
 	}
+	encodeSizeHint.Store(int64(len(b)))
 	return b, nil
 }
 
+// encodeSizeHint is the length of the last EncodeJSON.
+var encodeSizeHint atomic.Int64
+
 func encodeValue(b []byte, v reflect.Value, path string, literal func(path, key string) (string, error)) ([]byte, error) {
 	t := v.Type()
+	if plainEncoding && plainType(t) {
+		// No secret below: encoding/json writes what the walk below would,
+		// without a path string and a Marshal call per setting (a users
+		// list of 10,000 took millions of allocations per encoding).
+		return appendPlain(b, v.Interface())
+	}
 	if t == secretType {
 		s := v.Interface().(Secret)
 		out := s.String()
@@ -500,6 +514,62 @@ func encodeFields(b []byte, v reflect.Value, path string, literal func(path, key
 	return b, nil
 }
 
+// plainEncoding lets encodeValue hand plain types to encoding/json (a
+// test turns it off to compare with the walk).
+var plainEncoding = true
+
+// plainTypes caches plainType.
+var plainTypes sync.Map // reflect.Type -> bool
+
+// plainType reports whether encoding/json encodes a value of type t exactly
+// as encodeValue's walk does: no Secret and no JSON marshaler anywhere in
+// it, no interface (whose value could hold one), no embedded field, and
+// maps keyed by strings.
+func plainType(t reflect.Type) bool {
+	if p, ok := plainTypes.Load(t); ok {
+		return p.(bool)
+	}
+	p := plainTypeIn(t, map[reflect.Type]bool{})
+	plainTypes.Store(t, p)
+	return p
+}
+
+func plainTypeIn(t reflect.Type, seen map[reflect.Type]bool) bool {
+	if t == secretType || t.Implements(marshalerType) || reflect.PointerTo(t).Implements(marshalerType) {
+		return false
+	}
+	if seen[t] {
+		return true // a recursive type: decided by its other parts
+	}
+	seen[t] = true
+	switch t.Kind() {
+	case reflect.Bool, reflect.String,
+		reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64,
+		reflect.Float32, reflect.Float64:
+		return true
+	case reflect.Pointer, reflect.Slice, reflect.Array:
+		return plainTypeIn(t.Elem(), seen)
+	case reflect.Map:
+		return t.Key().Kind() == reflect.String && plainTypeIn(t.Elem(), seen)
+	case reflect.Struct:
+		for i := 0; i < t.NumField(); i++ {
+			sf := t.Field(i)
+			if sf.Anonymous {
+				return false
+			}
+			if !sf.IsExported() || sf.Tag.Get("json") == "-" {
+				continue
+			}
+			if !plainTypeIn(sf.Type, seen) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
 func isEmptyValue(v reflect.Value) bool {
 	switch v.Kind() {
 	case reflect.Array, reflect.Map, reflect.Slice, reflect.String:
@@ -515,6 +585,41 @@ func joinPath(path, name string) string {
 		return name
 	}
 	return path + "." + name
+}
+
+// appendPlain appends v as json.Marshal encodes it, without Marshal's
+// copy of the whole encoding. A list is encoded member by member, so
+// encoding/json's buffer holds one member, not the whole list (its pool is
+// emptied by every GC, and regrowing it for a list of 10,000 users cost
+// twice the list per encoding).
+func appendPlain(b []byte, v any) ([]byte, error) {
+	w := appendWriter{b: b}
+	enc := json.NewEncoder(&w)
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Slice || rv.IsNil() || rv.Type().Elem().Kind() == reflect.Uint8 {
+		if err := enc.Encode(v); err != nil {
+			return nil, err
+		}
+		return w.b[:len(w.b)-1], nil // Encode ends the value with a newline
+	}
+	w.b = append(w.b, '[')
+	for i := range rv.Len() {
+		if i > 0 {
+			w.b = append(w.b, ',')
+		}
+		if err := enc.Encode(rv.Index(i).Interface()); err != nil {
+			return nil, err
+		}
+		w.b = w.b[:len(w.b)-1]
+	}
+	return append(w.b, ']'), nil
+}
+
+type appendWriter struct{ b []byte }
+
+func (w *appendWriter) Write(p []byte) (int, error) {
+	w.b = append(w.b, p...)
+	return len(p), nil
 }
 
 func appendJSON(b []byte, v any) ([]byte, error) {
