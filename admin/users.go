@@ -166,9 +166,16 @@ type userInput struct {
 	Models *[]string `json:"models"`
 }
 
+// maxUserBodyBytes bounds the body of POST /api/users and PUT
+// /api/users/{name}: above the largest valid user, whose config.MaxUserModels
+// patterns of config.MaxUserModelPattern bytes may each be written with
+// \u escapes (6 bytes a byte: 393 KB). 64 KiB refused a valid user of 256
+// patterns of 256 bytes (66 KB) with 413.
+const maxUserBodyBytes = 1 << 20
+
 func readUserInput(w http.ResponseWriter, r *http.Request) (userInput, error) {
 	var in userInput
-	body, err := readBody(w, r, 64<<10)
+	body, err := readBody(w, r, maxUserBodyBytes)
 	if err != nil {
 		return in, err
 	}
