@@ -163,14 +163,17 @@ func decodeSnapshot(data []byte) (map[string]any, *snapshotFile, error) {
 		}
 	}
 	doc, err := decodeDoc(f.Config)
-	if err == nil {
-		err = config.RepeatedKey(f.Config, "") // the map kept one copy (an edited export)
-	}
 	if err != nil {
 		var fe *config.FieldError
 		if errors.As(err, &fe) {
 			fe.Path = join("config", fe.Path)
 		}
+		return nil, nil, err
+	}
+	// The decoding kept one copy of a repeated key (an edited export): in
+	// the config (at config.<path>), and in the file's own keys, where a
+	// second "config" was imported and the first silently ignored.
+	if err := config.RepeatedKey(data, ""); err != nil {
 		return nil, nil, err
 	}
 	return doc, &f, nil
