@@ -55,3 +55,27 @@ func TestLaxBoolAllocatesNothing(t *testing.T) {
 		t.Fatalf("%v allocations per run, want 0", n)
 	}
 }
+
+// A number of more than 32 bytes below 10 is read without an allocation
+// too: strconv.ParseFloat(string(v)) copied it to the heap (the compiler's
+// stack buffer for a conversion holds 32 bytes), so a body with
+// "stream":0.99999999999999999999999999999999999 cost one per request.
+func TestLaxBoolReadsALongNumberWithoutAllocating(t *testing.T) {
+	vals := [][]byte{
+		[]byte(`0.99999999999999999999999999999999999`), // 1 as a float64
+		[]byte(`1.00000000000000000000000000000000000000000e0`),
+		[]byte(`-0.000000000000000000000000000000000000001e-400`),
+		[]byte(`0.50000000000000000000000000000000000000000`),
+	}
+	want := []byte{'t', 't', 'f', 0}
+	n := testing.AllocsPerRun(200, func() {
+		for i, v := range vals {
+			if got := LaxBool(v); got != want[i] {
+				t.Fatalf("LaxBool(%s) = %q, want %q", v, got, want[i])
+			}
+		}
+	})
+	if n != 0 {
+		t.Fatalf("%v allocations per run, want 0", n)
+	}
+}

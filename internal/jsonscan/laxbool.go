@@ -1,6 +1,9 @@
 package jsonscan
 
-import "strconv"
+import (
+	"strconv"
+	"unsafe"
+)
 
 // LaxBool reads the JSON value v (without surrounding space) as vLLM's
 // request models (pydantic's lax bool) read a bool field: 't' for true, 1
@@ -56,8 +59,9 @@ func LaxBool(v []byte) byte {
 // laxNumber reads the JSON number v as a lax bool: 'f' when it is 0, 't'
 // when it is 1 (1.0, 1e0, 10e-1, -0 alike, as Python reads them as a
 // float), else 0. Numbers of 10 and more are refused before they are
-// parsed, so ParseFloat never fails (its error allocates); a number of
-// more than 32 bytes below 10 costs one allocation.
+// parsed, so ParseFloat never fails (its error allocates). v is handed to
+// ParseFloat without a copy: string(v) went to the heap for a number of
+// more than 32 bytes, and ParseFloat keeps no reference to its argument.
 func laxNumber(v []byte) byte {
 	i := 0
 	if v[i] == '-' {
@@ -112,7 +116,7 @@ func laxNumber(v []byte) byte {
 	if order+exp >= 1 {
 		return 0 // 10 or more: neither 0 nor 1, and maybe past float64
 	}
-	f, err := strconv.ParseFloat(string(v), 64)
+	f, err := strconv.ParseFloat(unsafe.String(unsafe.SliceData(v), len(v)), 64)
 	if err != nil {
 		return 0
 	}
