@@ -67,8 +67,33 @@ type completionWire struct {
 	MaxTokens        *int64         `json:"max_tokens"`
 }
 
+// streamOptions is a request's stream_options as vLLM's StreamOptions model
+// reads it (vllm/entrypoints/openai/protocol.py): include_usage:
+// Optional[bool] = True, so an empty object asks for the usage chunk and an
+// explicit null (None) does not; keys matched exactly.
 type streamOptions struct {
-	IncludeUsage laxBool `json:"include_usage"`
+	IncludeUsage bool
+}
+
+func (o *streamOptions) UnmarshalJSON(b []byte) error {
+	inc := optBool(true)
+	if err := unmarshalExact(b, map[string]any{"include_usage": &inc}); err != nil {
+		return err
+	}
+	o.IncludeUsage = bool(inc)
+	return nil
+}
+
+// optBool is a pydantic Optional[bool] read in lax mode: as laxBool, but an
+// explicit null is None, which vLLM's code takes as false.
+type optBool bool
+
+func (b *optBool) UnmarshalJSON(v []byte) error {
+	if isNull(v) {
+		*b = false
+		return nil
+	}
+	return (*laxBool)(b).UnmarshalJSON(v)
 }
 
 // laxBool is a request's bool read as vLLM's pydantic request models read
@@ -250,7 +275,7 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 	g := genRequest{chat: true, model: w.Model, stream: bool(w.Stream), maxTokens: mt,
 		thinking: wantsThinking(&w), tool: chooseTool(&w), format: formatPieces(w.ResponseFormat)}
 	if w.StreamOptions != nil {
-		g.includeUsage = bool(w.StreamOptions.IncludeUsage)
+		g.includeUsage = w.StreamOptions.IncludeUsage
 	}
 	return g, dst, text, nil
 }
@@ -347,7 +372,7 @@ func parseCompletion(body []byte, tok tokenizer.Tokenizer, dst []uint32) (genReq
 	}
 	g := genRequest{model: w.Model, stream: bool(w.Stream), maxTokens: mt}
 	if w.StreamOptions != nil {
-		g.includeUsage = bool(w.StreamOptions.IncludeUsage)
+		g.includeUsage = w.StreamOptions.IncludeUsage
 	}
 	return g, dst, nil
 }

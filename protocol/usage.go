@@ -13,12 +13,14 @@ import (
 // UsageFilter unless the force-streaming-usage switch is on.
 //
 // out is body itself when nothing changes (not a stream, or the client
-// asked), else the rewritten body appended to dst (no allocation when dst
+// asked with include_usage), else the rewritten body appended to dst (no allocation when dst
 // has room for len(body)+40 bytes). The engine reads the last of duplicate
 // keys, so the last stream, stream_options and include_usage count and the
 // last one is the one rewritten; their values are read as vLLM reads a
-// bool (jsonscan.LaxBool: "true", 1 and "yes" are true). A body that is
-// not a JSON object is returned unchanged with an *Error.
+// bool (jsonscan.LaxBool: "true", 1 and "yes" are true). As in vLLM's
+// StreamOptions, include_usage defaults to true: "stream_options":{} asks
+// for usage, {"include_usage":null} does not. A body that is not a JSON
+// object is returned unchanged with an *Error.
 func EnsureStreamUsage(dst, body []byte) (out []byte, clientAsked bool, err error) {
 	start := skipSpace(body, 0)
 	if start >= len(body) || body[start] != '{' {
@@ -63,18 +65,30 @@ func EnsureStreamUsage(dst, body []byte) (out []byte, clientAsked bool, err erro
 		}
 		return nil
 	})
-	if inc.ok() && jsonscan.LaxBool(body[inc.s:inc.e]) == 't' {
-		return body, true, nil
-	}
-	// The edit that asks for usage: include_usage set to true, or put
-	// first in the options.
-	at, cut, with := inc.s, inc.e, "true"
+	// vLLM's StreamOptions has include_usage: Optional[bool] = True: an
+	// object without it asks for usage, one with null (None) does not.
+	// Without it, include_usage: true is written in first all the same,
+	// so that an engine with another default (SGLang's is false) reports
+	// the usage the router counts, and the client gets it as from vLLM.
 	if !inc.ok() {
-		at, cut, with = opts.s+1, opts.s+1, `"include_usage":true,`
+		with := `"include_usage":true,`
 		if j := skipSpace(body, opts.s+1); body[j] == '}' {
 			with = with[:len(with)-1]
 		}
+		out = append(dst, body[:opts.s+1]...)
+		out = append(out, with...)
+		return append(out, body[opts.s+1:]...), true, nil
 	}
+	switch v := body[inc.s:inc.e]; jsonscan.LaxBool(v) {
+	case 't':
+		return body, true, nil
+	case 0:
+		if string(v) != "null" {
+			return body, false, nil // the engine refuses it as it would have
+		}
+	}
+	// The edit that asks for usage: include_usage set to true.
+	at, cut, with := inc.s, inc.e, "true"
 	// vLLM sends continuous usage stats (usage in every chunk) only with
 	// include_usage: a client that asked for them without it gets no
 	// usage, so they are turned off with the usage the router asks for

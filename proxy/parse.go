@@ -25,8 +25,10 @@ type reqBody struct {
 	// modelStart and modelEnd span the model value (quotes included).
 	modelStart, modelEnd int
 	stream               bool
-	includeUsage         bool
-	maxTokens            int // -1 when absent
+	// includeUsage: the body's stream_options asks for streaming usage,
+	// as vLLM reads it.
+	includeUsage bool
+	maxTokens    int // -1 when absent
 	// choices is how many completions the engine generates per prompt: the
 	// larger of n and best_of (1 when absent or not a positive integer:
 	// the engine refuses those); prompts is how many prompts a completion
@@ -312,11 +314,14 @@ func (b *reqBody) parse(d []byte, kind int) error {
 				b.maxTokens = n
 			}
 		case "stream_options":
-			b.streamOpts = true
+			// The last one counts, as the engine reads it; its
+			// include_usage defaults to true (vLLM's StreamOptions), its
+			// last copy counts.
+			b.streamOpts, b.includeUsage = true, v[0] == '{'
 			if v[0] == '{' {
 				forEachField(d, vs, func(k []byte, s, e int) error {
-					if string(k) == "include_usage" && jsonscan.LaxBool(d[s:e]) == 't' {
-						b.includeUsage = true
+					if string(k) == "include_usage" {
+						b.includeUsage = jsonscan.LaxBool(d[s:e]) == 't'
 					} else if foldedKey(k) != nil && perr == nil {
 						perr = caseVariantKey(k)
 					}

@@ -37,8 +37,17 @@ func TestParseBody(t *testing.T) {
 	if err := b.parse([]byte(`{"model":"m","prompt":[5,6,7,8]}`), kindCompletion); err != nil || len(b.tokenIDs) != 4 || b.estimateTokens() != 4 {
 		t.Fatalf("token prompt: %v %v", err, b.tokenIDs)
 	}
-	if err := b.parse([]byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"prompt":"x"}`), kindCompletion); err != nil || !b.includeUsage {
-		t.Fatalf("include_usage: %v", err)
+	// stream_options read as vLLM reads them: include_usage defaults to
+	// true, the last copy of each key counts
+	for opts, want := range map[string]bool{
+		`{"include_usage":true}`: true, `{}`: true, `{"continuous_usage_stats":true}`: true, `{"include_usage":"yes"}`: true,
+		`{"include_usage":null}`: false, `{"include_usage":false}`: false, `null`: false,
+		`{"include_usage":true,"include_usage":false}`: false, `{"include_usage":false},"stream_options":{}`: true,
+		`{},"stream_options":null`: false,
+	} {
+		if err := b.parse([]byte(`{"model":"m","stream":true,"stream_options":`+opts+`,"prompt":"x"}`), kindCompletion); err != nil || b.includeUsage != want {
+			t.Errorf("stream_options %s: include_usage %v, want %v (%v)", opts, b.includeUsage, want, err)
+		}
 	}
 
 	bad := func(kind int, in string, want error) {

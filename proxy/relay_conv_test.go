@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/jsonscan"
 	"github.com/valyala/fasthttp"
 )
 
@@ -109,48 +110,96 @@ func TestABareCRStreamIsRelayedFilteredAndConvertedAsItArrives(t *testing.T) {
 	}
 }
 
-// A chat client that set stream_options.continuous_usage_stats without
-// include_usage gets no usage from vLLM (continuous usage comes only with
-// include_usage): through the router, which asks the engine for usage, it
-// got a usage object in every chunk (the usage filter removes only the
-// final usage-only chunk), while the router still counts the tokens.
-func TestContinuousUsageStatsWithoutIncludeUsageSendsTheClientNoUsage(t *testing.T) {
-	up := startRaw(t, func(n int, req string, c net.Conn) {
+// vllmStreamUsage reads a chat body's stream_options as vLLM's
+// StreamOptions model and its chat stream generator do
+// (vllm/entrypoints/openai/protocol.py: include_usage: Optional[bool] =
+// True, continuous_usage_stats: Optional[bool] = False; serving_chat.py:
+// no stream_options, no usage; continuous usage only with include_usage).
+// Bools are read lax (jsonscan.LaxBool); an explicit null is None: false.
+func vllmStreamUsage(body string) (inc, cont bool) {
+	var r struct {
+		StreamOptions map[string]json.RawMessage `json:"stream_options"`
+	}
+	json.Unmarshal([]byte(body), &r)
+	if r.StreamOptions == nil {
+		return false, false
+	}
+	inc = true
+	if v, ok := r.StreamOptions["include_usage"]; ok {
+		inc = jsonscan.LaxBool(v) == 't'
+	}
+	cont = inc && jsonscan.LaxBool(r.StreamOptions["continuous_usage_stats"]) == 't'
+	return inc, cont
+}
+
+// startUsageEngine answers every chat stream as vLLM does for the
+// stream_options it got: two content chunks, each with its usage when
+// continuous usage is on, then the usage chunk when usage is included
+// (prompt 7, completion 2).
+func startUsageEngine(t *testing.T) *rawUpstream {
+	return startRaw(t, func(n int, req string, c net.Conn) {
 		_, body, _ := strings.Cut(req, "\r\n\r\n")
-		var r struct {
-			StreamOptions struct {
-				IncludeUsage    bool `json:"include_usage"`
-				ContinuousUsage bool `json:"continuous_usage_stats"`
-			} `json:"stream_options"`
-		}
-		json.Unmarshal([]byte(body), &r)
-		inc, cont := r.StreamOptions.IncludeUsage, r.StreamOptions.IncludeUsage && r.StreamOptions.ContinuousUsage // as vLLM reads them
+		inc, cont := vllmStreamUsage(body)
 		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
 		ev := func(s string) { s = "data: " + s + "\n\n"; fmt.Fprintf(c, "%x\r\n%s\r\n", len(s), s) }
 		for i, d := range []string{`{"content":"Hel"},"finish_reason":null`, `{"content":"lo"},"finish_reason":"stop"`} {
 			u := ""
 			if cont {
-				u = fmt.Sprintf(`,"usage":{"prompt_tokens":7,"completion_tokens":%d,"total_tokens":%d}`, i+1, 8+i)
+				u = fmt.Sprintf(`,"usage":{"prompt_tokens":7,"total_tokens":%d,"completion_tokens":%d}`, 8+i, i+1)
 			}
 			ev(`{"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":` + d + `}]` + u + `}`)
 		}
 		if inc {
-			ev(`{"id":"x","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9}}`)
+			ev(`{"id":"x","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":7,"total_tokens":9,"completion_tokens":2}}`)
 		}
 		ev("[DONE]")
 		c.Write([]byte("0\r\n\r\n"))
 	})
+}
+
+// A chat stream's client gets the usage vLLM would send it for its
+// stream_options, read as vLLM reads them: an empty object asks for the
+// usage chunk (include_usage defaults to true), continuous usage stats
+// come in every chunk with it, and an include_usage of false or null
+// turns both off. The router, which asks the engine for usage on every
+// stream, removes only the usage chunk it added, and counts the stream's
+// tokens once, whatever the engine sent. Before, "stream_options":{} and
+// {"continuous_usage_stats":true} were taken as not asking: the router
+// rewrote them and removed the usage chunk the client would get from vLLM.
+func TestAStreamsClientGetsTheUsageVLLMWouldSendIt(t *testing.T) {
+	up := startUsageEngine(t)
 	r := startRouter(t, nil, nil, up.url)
-	for _, opts := range []string{`{"continuous_usage_stats":true}`, `{"include_usage":false,"continuous_usage_stats":true}`} {
-		resp, b := postH(t, r.url+"/v1/chat/completions", `{"model":"m","stream":true,"stream_options":`+opts+`,"messages":[{"role":"user","content":"hi"}]}`, nil)
-		if resp.StatusCode != 200 || !strings.Contains(b, `"lo"`) || strings.Contains(b, "usage") {
-			t.Errorf("stream_options %s: %d %q", opts, resp.StatusCode, b)
+	for _, tc := range []struct {
+		opts        string
+		final, each bool // the usage chunk, usage in every content chunk
+	}{
+		{``, false, false},
+		{`,"stream_options":null`, false, false},
+		{`,"stream_options":{}`, true, false},
+		{`,"stream_options":{"include_usage":true}`, true, false},
+		{`,"stream_options":{"include_usage":"yes"}`, true, false},
+		{`,"stream_options":{"include_usage":false}`, false, false},
+		{`,"stream_options":{"include_usage":null}`, false, false},
+		{`,"stream_options":{"continuous_usage_stats":false}`, true, false},
+		{`,"stream_options":{"continuous_usage_stats":true}`, true, true},
+		{`,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`, true, true},
+		{`,"stream_options":{"include_usage":false,"continuous_usage_stats":true}`, false, false},
+		{`,"stream_options":{"continuous_usage_stats":true,"include_usage":null}`, false, false},
+	} {
+		prompt0, out0 := mPromptTokens.Get(), mOutputTokens.Get()
+		resp, b := postH(t, r.url+"/v1/chat/completions", `{"model":"m","stream":true`+tc.opts+`,"messages":[{"role":"user","content":"hi"}]}`, nil)
+		if resp.StatusCode != 200 || !strings.Contains(b, `"lo"`) || !strings.HasSuffix(b, "data: [DONE]\n\n") {
+			t.Fatalf("stream_options %s: %d %q", tc.opts, resp.StatusCode, b)
 		}
-	}
-	// asked for both: usage in every chunk and the usage chunk, as vLLM sends them
-	_, b := postH(t, r.url+"/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"messages":[{"role":"user","content":"hi"}]}`, nil)
-	if strings.Count(b, `"usage"`) != 3 {
-		t.Errorf("asked for continuous usage: %q", b)
+		final := strings.Contains(b, `"choices":[],"usage"`)
+		each := strings.Contains(b, `"finish_reason":null}],"usage"`)
+		if final != tc.final || each != tc.each {
+			t.Errorf("stream_options %s: the client got the usage chunk %v (vLLM sends it: %v), usage in each chunk %v (vLLM: %v)\n%s",
+				tc.opts, final, tc.final, each, tc.each, b)
+		}
+		if dp, dc := mPromptTokens.Get()-prompt0, mOutputTokens.Get()-out0; dp != 7 || dc != 2 {
+			t.Errorf("stream_options %s: the router counted %d prompt and %d completion tokens, the engine reported 7 and 2", tc.opts, dp, dc)
+		}
 	}
 }
 
