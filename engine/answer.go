@@ -319,6 +319,7 @@ func (t *tokenStream) renderPlanned(n int, final bool) {
 		b = append(b, "data: "...)
 		b = append(b, t.head...)
 		b = append(b, chatRoleChunk...)
+		b = t.endChunk(b, 0)
 	}
 	for i := t.sent; i < n; i++ {
 		b = append(b, "data: "...)
@@ -337,11 +338,11 @@ func (t *tokenStream) renderPlanned(n int, final bool) {
 			}
 			b = append(b, `"arguments":`...)
 			b = appendJSONStr(b, p.tool.pieces[i])
-			b = append(b, `}}]},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+			b = append(b, `}}]},"logprobs":null,"finish_reason":null}]`...)
 		case p.text != nil && i < len(p.text):
 			b = append(b, `"choices":[{"index":0,"delta":{"content":`...)
 			b = appendJSONStr(b, p.text[i])
-			b = append(b, `},"logprobs":null,"finish_reason":null}]}`+"\n\n"...)
+			b = append(b, `},"logprobs":null,"finish_reason":null}]`...)
 		case i < p.reasoning:
 			b = append(b, `"choices":[{"index":0,"delta":{"reasoning_content":"`...)
 			b = append(b, fillerWords[i%len(fillerWords)]...)
@@ -351,6 +352,7 @@ func (t *tokenStream) renderPlanned(n int, final bool) {
 			b = append(b, fillerWords[i%len(fillerWords)]...)
 			b = append(b, chatTokenSuffix...)
 		}
+		b = t.endChunk(b, i+1)
 	}
 	t.sent = n
 	if final {
@@ -358,7 +360,8 @@ func (t *tokenStream) renderPlanned(n int, final bool) {
 		b = append(b, t.head...)
 		b = append(b, `"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"`...)
 		b = append(b, p.finishReason(n)...)
-		b = append(b, `"}]}`+"\n\n"...)
+		b = append(b, `"}]`...)
+		b = t.endChunk(b, n)
 		if t.includeUsage {
 			b = append(b, "data: "...)
 			b = append(b, t.head...)

@@ -251,6 +251,7 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool, nat *native
 			srv: s, sq: sq, chat: chat,
 			head:         appendHead(nil, idPrefix, id, object, created, modelJSON),
 			includeUsage: g.includeUsage,
+			continuous:   g.continuousUsage,
 			promptTokens: len(sq.req.Prompt),
 			plan:         planned,
 			closeAfter:   closeAfter,

@@ -19,7 +19,10 @@ type genRequest struct {
 	model        string
 	stream       bool
 	includeUsage bool
-	maxTokens    int // 0: not given
+	// continuousUsage: usage in every chunk (continuous_usage_stats,
+	// which vLLM honours only with include_usage).
+	continuousUsage bool
+	maxTokens       int // 0: not given
 
 	// Chat answer shaping (answer.go): whether the request asks the model
 	// to reason, and the tool call it would make.
@@ -70,17 +73,19 @@ type completionWire struct {
 // streamOptions is a request's stream_options as vLLM's StreamOptions model
 // reads it (vllm/entrypoints/openai/protocol.py): include_usage:
 // Optional[bool] = True, so an empty object asks for the usage chunk and an
-// explicit null (None) does not; keys matched exactly.
+// explicit null (None) does not; continuous_usage_stats: Optional[bool] =
+// False, honoured only with include_usage (serving_chat.py); keys matched
+// exactly.
 type streamOptions struct {
-	IncludeUsage bool
+	IncludeUsage, ContinuousUsage bool
 }
 
 func (o *streamOptions) UnmarshalJSON(b []byte) error {
-	inc := optBool(true)
-	if err := unmarshalExact(b, map[string]any{"include_usage": &inc}); err != nil {
+	inc, cont := optBool(true), optBool(false)
+	if err := unmarshalExact(b, map[string]any{"include_usage": &inc, "continuous_usage_stats": &cont}); err != nil {
 		return err
 	}
-	o.IncludeUsage = bool(inc)
+	o.IncludeUsage, o.ContinuousUsage = bool(inc), bool(inc && cont)
 	return nil
 }
 
@@ -275,7 +280,7 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 	g := genRequest{chat: true, model: w.Model, stream: bool(w.Stream), maxTokens: mt,
 		thinking: wantsThinking(&w), tool: chooseTool(&w), format: formatPieces(w.ResponseFormat)}
 	if w.StreamOptions != nil {
-		g.includeUsage = w.StreamOptions.IncludeUsage
+		g.includeUsage, g.continuousUsage = w.StreamOptions.IncludeUsage, w.StreamOptions.ContinuousUsage
 	}
 	return g, dst, text, nil
 }
@@ -372,7 +377,7 @@ func parseCompletion(body []byte, tok tokenizer.Tokenizer, dst []uint32) (genReq
 	}
 	g := genRequest{model: w.Model, stream: bool(w.Stream), maxTokens: mt}
 	if w.StreamOptions != nil {
-		g.includeUsage = w.StreamOptions.IncludeUsage
+		g.includeUsage, g.continuousUsage = w.StreamOptions.IncludeUsage, w.StreamOptions.ContinuousUsage
 	}
 	return g, dst, nil
 }

@@ -17,15 +17,17 @@ var fillerWords = [...]string{
 	" prompts", " to", " warm", " caches", " and", " spread", " load", ".", "\\n",
 }
 
-// chunk pieces pre-rendered once.
+// chunk pieces pre-rendered once. A streamed chunk's choices end with
+// `}]`: tokenStream.endChunk closes it (with its usage when continuous
+// usage stats are on).
 var (
 	chatTokenPrefix = []byte(`"choices":[{"index":0,"delta":{"content":"`)
-	chatTokenSuffix = []byte(`"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
-	chatRoleChunk   = []byte(`"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}` + "\n\n")
-	chatFinalChunk  = []byte(`"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}` + "\n\n")
+	chatTokenSuffix = []byte(`"},"logprobs":null,"finish_reason":null}]`)
+	chatRoleChunk   = []byte(`"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]`)
+	chatFinalChunk  = []byte(`"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]`)
 	cmplTokenPrefix = []byte(`"choices":[{"index":0,"text":"`)
-	cmplTokenSuffix = []byte(`","logprobs":null,"finish_reason":null}]}` + "\n\n")
-	cmplFinalChunk  = []byte(`"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]}` + "\n\n")
+	cmplTokenSuffix = []byte(`","logprobs":null,"finish_reason":null}]`)
+	cmplFinalChunk  = []byte(`"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]`)
 	usagePrefix     = []byte(`"choices":[],"usage":`)
 	doneChunk       = []byte("data: [DONE]\n\n")
 )

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"sync/atomic"
 	"time"
 )
@@ -64,6 +65,9 @@ type tokenStream struct {
 	head []byte // `{"id":...,"model":...,` shared by every chunk
 
 	includeUsage bool
+	// continuous: usage in every chunk (stream_options'
+	// continuous_usage_stats, with include_usage).
+	continuous   bool
 	promptTokens int
 	plan         *answerPlan // nil: filler text (answer.go)
 
@@ -156,6 +160,7 @@ func (t *tokenStream) render(n int, final bool) {
 		b = append(b, "data: "...)
 		b = append(b, t.head...)
 		b = append(b, chatRoleChunk...)
+		b = t.endChunk(b, 0)
 	}
 	prefix, suffix := cmplTokenPrefix, cmplTokenSuffix
 	if t.chat {
@@ -167,6 +172,7 @@ func (t *tokenStream) render(n int, final bool) {
 		b = append(b, prefix...)
 		b = append(b, fillerWords[i%len(fillerWords)]...)
 		b = append(b, suffix...)
+		b = t.endChunk(b, i+1)
 	}
 	t.sent = n
 	if final {
@@ -177,6 +183,7 @@ func (t *tokenStream) render(n int, final bool) {
 		} else {
 			b = append(b, cmplFinalChunk...)
 		}
+		b = t.endChunk(b, n)
 		if t.includeUsage {
 			b = append(b, "data: "...)
 			b = append(b, t.head...)
@@ -189,6 +196,24 @@ func (t *tokenStream) render(n int, final bool) {
 	}
 	t.buf = b
 	t.pending = b
+}
+
+// endChunk ends a chunk whose choices b ends with: with its usage after c
+// tokens when continuous usage stats are on, as vLLM sends them on every
+// chunk (serving_chat.py, serving_completion.py: a UsageInfo of the prompt
+// tokens and the choice's tokens so far, 0 on the role chunk, in its field
+// order, without details), then the event's end.
+func (t *tokenStream) endChunk(b []byte, c int) []byte {
+	if t.continuous {
+		b = append(b, `,"usage":{"prompt_tokens":`...)
+		b = strconv.AppendInt(b, int64(t.promptTokens), 10)
+		b = append(b, `,"total_tokens":`...)
+		b = strconv.AppendInt(b, int64(t.promptTokens+c), 10)
+		b = append(b, `,"completion_tokens":`...)
+		b = strconv.AppendInt(b, int64(c), 10)
+		b = append(b, '}')
+	}
+	return append(b, "}\n\n"...)
 }
 
 // CloseWithError implements fasthttp.ReadCloserWithError: fasthttp calls it

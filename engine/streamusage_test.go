@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -49,4 +51,69 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// With continuous_usage_stats (and include_usage, its default) every chunk
+// carries the usage so far, as vLLM's stream generators put it
+// (serving_chat.py, serving_completion.py): the prompt tokens, and the
+// choice's tokens so far (0 on the role chunk), prompt_tokens,
+// total_tokens, completion_tokens; the final usage chunk is unchanged.
+// Without include_usage there is none. The engine ignored the option.
+func TestContinuousUsageStatsPutTheUsageSoFarOnEveryChunk(t *testing.T) {
+	plain := startEngine(t, nil)
+	reasoning := startEngine(t, func(c *Config) { c.Reasoning = true })
+	type usage struct {
+		Prompt     *int `json:"prompt_tokens"`
+		Total      *int `json:"total_tokens"`
+		Completion *int `json:"completion_tokens"`
+	}
+	for _, tc := range []struct {
+		e           *testEngine
+		path, rest  string
+		completions []int // per chunk before the usage chunk
+	}{
+		{plain, "/v1/chat/completions", `"messages":[{"role":"user","content":"hi"}]`, []int{0, 1, 2, 3, 3}},
+		{plain, "/v1/completions", `"prompt":"once upon a time"`, []int{1, 2, 3, 3}},
+		{reasoning, "/v1/chat/completions", `"reasoning_effort":"high","messages":[{"role":"user","content":"hi"}]`, []int{0, 1, 2, 3, 3}},
+	} {
+		for _, opts := range []string{`{"continuous_usage_stats":true}`, `{"include_usage":"yes","continuous_usage_stats":1}`} {
+			code, b, _ := tc.e.post(t, tc.path, `{"model":"sim-model","stream":true,"max_tokens":3,"stream_options":`+opts+`,`+tc.rest+`}`)
+			if code != 200 {
+				t.Fatalf("%s %s: %d %s", tc.path, opts, code, b)
+			}
+			var got []int
+			prompt := -1
+			events := strings.Split(strings.TrimSuffix(string(b), "\n\n"), "\n\n")
+			for _, ev := range events[:len(events)-2] { // the usage chunk, [DONE]
+				var c struct {
+					Usage *usage `json:"usage"`
+				}
+				if err := json.Unmarshal([]byte(strings.TrimPrefix(ev, "data: ")), &c); err != nil || c.Usage == nil ||
+					c.Usage.Prompt == nil || c.Usage.Total == nil || c.Usage.Completion == nil || *c.Usage.Total != *c.Usage.Prompt+*c.Usage.Completion {
+					t.Fatalf("%s %s: chunk without its usage so far: %s", tc.path, opts, ev)
+				}
+				if prompt >= 0 && *c.Usage.Prompt != prompt {
+					t.Fatalf("%s %s: prompt tokens change: %s", tc.path, opts, b)
+				}
+				prompt = *c.Usage.Prompt
+				got = append(got, *c.Usage.Completion)
+			}
+			if !slices.Equal(got, tc.completions) {
+				t.Errorf("%s %s: completion tokens per chunk %v, want %v\n%s", tc.path, opts, got, tc.completions, b)
+			}
+			last := events[len(events)-2]
+			var u struct {
+				Choices []any `json:"choices"`
+				Usage   usage `json:"usage"`
+			}
+			if json.Unmarshal([]byte(strings.TrimPrefix(last, "data: ")), &u) != nil || len(u.Choices) != 0 || *u.Usage.Prompt != prompt || *u.Usage.Completion != 3 {
+				t.Errorf("%s %s: usage chunk %s", tc.path, opts, last)
+			}
+		}
+		// continuous usage needs include_usage
+		code, b, _ := tc.e.post(t, tc.path, `{"model":"sim-model","stream":true,"max_tokens":3,"stream_options":{"include_usage":false,"continuous_usage_stats":true},`+tc.rest+`}`)
+		if code != 200 || strings.Contains(string(b), "usage") {
+			t.Errorf("%s without include_usage: %d %s", tc.path, code, b)
+		}
+	}
 }
