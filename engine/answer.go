@@ -75,15 +75,23 @@ type toolWire struct {
 }
 
 // wantsThinking reports whether a chat request asks the model to reason:
-// chat_template_kwargs.enable_thinking true (Qwen3-style templates), or a
-// reasoning_effort other than none/minimal. An explicit enable_thinking
-// false wins.
+// chat_template_kwargs.enable_thinking given, or else a reasoning_effort
+// other than none/minimal. enable_thinking is read as the chat template
+// reads it: Qwen3's closes the thinking block only when `enable_thinking
+// is false`, jinja's test for the boolean false alone, so any other value
+// the template gets ("false", 0, "no", true) leaves the model thinking; a
+// null or "auto" is dropped before the template (vLLM's merge_kwargs,
+// tokenizer.HF.render), as if not given. The key is matched exactly, as
+// the template's variable is named.
 func wantsThinking(w *chatWire) bool {
-	var kw struct {
-		EnableThinking *bool `json:"enable_thinking"`
-	}
-	if json.Unmarshal(w.ChatTemplateKwargs, &kw) == nil && kw.EnableThinking != nil {
-		return *kw.EnableThinking
+	var kw map[string]json.RawMessage
+	if json.Unmarshal(w.ChatTemplateKwargs, &kw) == nil {
+		if v, ok := kw["enable_thinking"]; ok && !isNull(v) {
+			var s string
+			if json.Unmarshal(v, &s) != nil || s != "auto" {
+				return string(bytes.TrimSpace(v)) != "false"
+			}
+		}
 	}
 	if w.ReasoningEffort != nil {
 		switch *w.ReasoningEffort {
