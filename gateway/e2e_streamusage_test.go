@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/engine"
 	"github.com/infera/infera/govern"
 )
 
@@ -132,5 +133,69 @@ func TestE2EContinuousUsageIsRelayedAsAskedAndCountedOnce(t *testing.T) {
 		if int(dp) != want.Prompt || int(dc) != want.Completion {
 			t.Errorf("%s: the router's token metrics counted %v prompt and %v completion tokens, the engine reported %+v", tc.opts, dp, dc, *want)
 		}
+	}
+}
+
+// A stream that breaks before its end is accounted alike whether or not
+// its client asked for continuous usage stats: the estimate stays charged
+// to the user (docs/governance.md: no usage came) and no tokens reach the
+// router's token metrics. The usage on the chunks before the break is the
+// usage so far, not the request's: the router took the last one it saw as
+// the request's usage and reconciled the quota with it (the prompt and the
+// 3 tokens relayed, for a request of up to 40), so asking for continuous
+// usage made a broken stream cheaper, and its metrics counted a part.
+func TestE2EABrokenStreamIsAccountedAlikeWithContinuousUsage(t *testing.T) {
+	clearOfMidnight(t, "UTC", 30*time.Second)
+	es, eng := startEngine(t, "--speedup", "50")
+	if err := es.SetFault(engine.Fault{Mode: engine.FaultCloseMidStream, AfterTokens: 3}); err != nil {
+		t.Fatal(err)
+	}
+	key, hash := newKey(t)
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, fmt.Sprintf(`{
+		"user_limit": {"timezone": "UTC", "templates": [{"name": "std", "default": true,
+			"quota": {"enabled": true, "windows": [{"period": "day", "max_requests": 1000, "max_tokens": 1000000}]}}]},
+		"users": [{"name": "cut-ann", "keys": [%q]}]}`, hash))
+	ag := startAdminServe(t, "--workers", eng, "--config", cfg)
+	quotaTokens := func() float64 {
+		t.Helper()
+		var st govern.UserStatus
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			r := ag.api("GET", "/api/users/cut-ann/usage", "")
+			st = govern.UserStatus{}
+			if r.status != 200 || json.Unmarshal(r.body, &st) != nil || len(st.Quota) != 1 {
+				t.Fatalf("usage: %s", r)
+			}
+			if st.Active == 0 || time.Now().After(deadline) {
+				return st.Quota[0].Tokens
+			}
+		}
+	}
+	charged := map[string]float64{}
+	for _, opts := range []string{``, `,"stream_options":{"include_usage":true}`, `,"stream_options":{"continuous_usage_stats":true}`} {
+		q0 := quotaTokens()
+		p0 := metricF(t, ag.router, `infera_usage_tokens_total{kind="prompt"}`)
+		c0 := metricF(t, ag.router, `infera_usage_tokens_total{kind="completion"}`)
+		body := `{"model":"sim-model","stream":true,"max_tokens":40` + opts + `,"messages":[{"role":"user","content":"a stream that breaks"}]}`
+		req, _ := http.NewRequest("POST", ag.router+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), `"error"`) || strings.Contains(string(b), `"choices":[],"usage"`) {
+			t.Fatalf("%s: want a stream broken after 3 tokens: %d %s", opts, resp.StatusCode, b)
+		}
+		charged[opts] = quotaTokens() - q0
+		dp := metricF(t, ag.router, `infera_usage_tokens_total{kind="prompt"}`) - p0
+		dc := metricF(t, ag.router, `infera_usage_tokens_total{kind="completion"}`) - c0
+		if dp != 0 || dc != 0 {
+			t.Errorf("%s: the router's token metrics counted %v prompt and %v completion tokens of a stream that gave no usage", opts, dp, dc)
+		}
+	}
+	if charged[``] < 40 || charged[`,"stream_options":{"continuous_usage_stats":true}`] != charged[``] || charged[`,"stream_options":{"include_usage":true}`] != charged[``] {
+		t.Errorf("broken streams of one request charged %v: the estimate (with 40 output tokens) for each", charged)
 	}
 }

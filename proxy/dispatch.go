@@ -608,6 +608,7 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		if f != nil {
 			outcome = f.outcome()
 			rs.acc.failed = true
+			rs.usage.forget() // the usage so far of a failed answer (relay.CloseWithError)
 		}
 		resp.SetBody(first)
 		up.finish(true)

@@ -782,6 +782,14 @@ func (r *relay) CloseWithError(err error) error {
 	s := r.s
 	rs.dur = time.Since(rs.start)
 	mDuration.Update(rs.dur.Seconds())
+	if !r.upEOF || r.failed != nil || r.engineErr {
+		// The body did not end as the engine ends an answer: a usage
+		// seen on the way (continuous usage stats, on every chunk) is the
+		// usage so far, not the request's. It is dropped, so the stream
+		// is accounted as one without usage (the user's estimate stays
+		// charged, no tokens in the metrics), whatever the client asked.
+		rs.usage.forget()
+	}
 	rs.usage.record(rs.lease.Worker)
 	rs.lease.Done(outcome)
 	s.releaseState(rs, end)

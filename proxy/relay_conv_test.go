@@ -561,3 +561,24 @@ func TestEngineErrorStatusReadsTheErrorEventsCode(t *testing.T) {
 		}
 	}
 }
+
+// An engine's stream that carries its error event after chunks with their
+// usage so far (continuous usage stats), read whole in the first read, adds
+// no tokens to the router's metrics: the usage so far is not the request's
+// (relay.CloseWithError drops it alike for a stream relayed in parts).
+func TestAFailedStreamReadWholeCountsNoUsageSoFar(t *testing.T) {
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		body := `data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}],"usage":{"prompt_tokens":7,"total_tokens":8,"completion_tokens":1}}` + "\n\n" +
+			`data: {"error":{"message":"engine blew up","type":"InternalServerError","code":500}}` + "\n\n" + "data: [DONE]\n\n"
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	})
+	r := startRouter(t, nil, nil, up.url)
+	prompt0, out0 := mPromptTokens.Get(), mOutputTokens.Get()
+	resp, b := postH(t, r.url+"/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":true},"messages":[{"role":"user","content":"hi"}]}`, nil)
+	if resp.StatusCode != 200 || !strings.Contains(b, "engine blew up") {
+		t.Fatalf("%d %q", resp.StatusCode, b)
+	}
+	if dp, dc := mPromptTokens.Get()-prompt0, mOutputTokens.Get()-out0; dp != 0 || dc != 0 {
+		t.Errorf("a failed stream counted %d prompt and %d completion tokens (its first chunk's usage so far)", dp, dc)
+	}
+}

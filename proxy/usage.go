@@ -182,6 +182,9 @@ func intAfter(b, key []byte) (int, bool) {
 	return n, ok
 }
 
+// forget drops what was read: a partial answer's usage is not its own.
+func (u *usage) forget() { *u = usage{} }
+
 // record counts the usage in the metrics and on the worker that served it
 // (nil when unknown), whose cached share of prompt tokens is its hit rate.
 func (u *usage) record(w *fleet.Worker) {
