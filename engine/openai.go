@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 
 	"encoding/json"
 
@@ -41,7 +42,7 @@ type chatWire struct {
 	// passes them (tokenizer.ChatFields).
 	Documents           json.RawMessage `json:"documents"`
 	ChatTemplateKwargs  json.RawMessage `json:"chat_template_kwargs"`
-	Stream              laxBool         `json:"stream"`
+	Stream              streamFlag      `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	MaxTokens           *int64          `json:"max_tokens"`
 	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
@@ -65,7 +66,7 @@ type completionWire struct {
 	// AddSpecialTokens: false encodes the prompt without the tokenizer's
 	// special tokens (vLLM: true by default for a completion).
 	AddSpecialTokens *laxBool       `json:"add_special_tokens"`
-	Stream           laxBool        `json:"stream"`
+	Stream           streamFlag     `json:"stream"`
 	StreamOptions    *streamOptions `json:"stream_options"`
 	MaxTokens        *int64         `json:"max_tokens"`
 }
@@ -78,6 +79,9 @@ type completionWire struct {
 // exactly.
 type streamOptions struct {
 	IncludeUsage, ContinuousUsage bool
+	// truthy: the object has a key (a non-empty dict, which vLLM's
+	// validate_stream_options refuses without a stream).
+	truthy bool
 }
 
 func (o *streamOptions) UnmarshalJSON(b []byte) error {
@@ -85,8 +89,54 @@ func (o *streamOptions) UnmarshalJSON(b []byte) error {
 	if err := unmarshalExact(b, map[string]any{"include_usage": &inc, "continuous_usage_stats": &cont}); err != nil {
 		return err
 	}
-	o.IncludeUsage, o.ContinuousUsage = bool(inc), bool(inc && cont)
+	o.IncludeUsage, o.ContinuousUsage, o.truthy = bool(inc), bool(inc && cont), pyTruthy(b)
 	return nil
+}
+
+// streamFlag is a request's stream: its value read as a laxBool, and the
+// Python truthiness of its raw JSON value, which vLLM's "before"
+// validators test (data.get("stream")).
+type streamFlag struct{ on, truthy bool }
+
+func (f *streamFlag) UnmarshalJSON(v []byte) error {
+	var b laxBool
+	if err := b.UnmarshalJSON(v); err != nil {
+		return err
+	}
+	f.on, f.truthy = bool(b), pyTruthy(v)
+	return nil
+}
+
+// checkStreamOptions refuses stream_options on a request that does not
+// stream, as vLLM's validate_stream_options does: `if
+// data.get("stream_options") and not data.get("stream")`, on the raw
+// values (so {} passes, and so does "stream":"false").
+func checkStreamOptions(stream streamFlag, opts *streamOptions) error {
+	if opts != nil && opts.truthy && !stream.truthy {
+		return badRequest("Stream options can only be defined when `stream=True`.")
+	}
+	return nil
+}
+
+// pyTruthy reports whether the JSON value v, decoded, is true in Python:
+// not null, false, a zero number, an empty string, array or object.
+func pyTruthy(v []byte) bool {
+	v = bytes.TrimSpace(v)
+	if len(v) == 0 {
+		return false
+	}
+	switch v[0] {
+	case 'n', 'f':
+		return false
+	case 't':
+		return true
+	case '"':
+		return len(v) > 2
+	case '[', '{':
+		return len(bytes.TrimSpace(v[1:len(v)-1])) > 0
+	}
+	f, err := strconv.ParseFloat(string(v), 64)
+	return err != nil || f != 0
 }
 
 // optBool is a pydantic Optional[bool] read in lax mode: as laxBool, but an
@@ -277,7 +327,10 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 	if err != nil {
 		return genRequest{}, dst, text, err
 	}
-	g := genRequest{chat: true, model: w.Model, stream: bool(w.Stream), maxTokens: mt,
+	if err := checkStreamOptions(w.Stream, w.StreamOptions); err != nil {
+		return genRequest{}, dst, text, err
+	}
+	g := genRequest{chat: true, model: w.Model, stream: w.Stream.on, maxTokens: mt,
 		thinking: wantsThinking(&w), tool: chooseTool(&w), format: formatPieces(w.ResponseFormat)}
 	if w.StreamOptions != nil {
 		g.includeUsage, g.continuousUsage = w.StreamOptions.IncludeUsage, w.StreamOptions.ContinuousUsage
@@ -375,7 +428,10 @@ func parseCompletion(body []byte, tok tokenizer.Tokenizer, dst []uint32) (genReq
 	if err != nil {
 		return genRequest{}, dst, err
 	}
-	g := genRequest{model: w.Model, stream: bool(w.Stream), maxTokens: mt}
+	if err := checkStreamOptions(w.Stream, w.StreamOptions); err != nil {
+		return genRequest{}, dst, err
+	}
+	g := genRequest{model: w.Model, stream: w.Stream.on, maxTokens: mt}
 	if w.StreamOptions != nil {
 		g.includeUsage, g.continuousUsage = w.StreamOptions.IncludeUsage, w.StreamOptions.ContinuousUsage
 	}

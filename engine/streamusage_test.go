@@ -117,3 +117,37 @@ func TestContinuousUsageStatsPutTheUsageSoFarOnEveryChunk(t *testing.T) {
 		}
 	}
 }
+
+// stream_options on a request that does not stream is refused, as vLLM's
+// validate_stream_options refuses it ("Stream options can only be defined
+// when `stream=True`."): a "before" validator testing the raw values'
+// Python truthiness (data.get("stream_options") and not
+// data.get("stream")), so an empty object passes and so does the string
+// "false" as stream. The engine answered such a request with 200.
+func TestStreamOptionsWithoutAStreamAreRefusedAsVLLMRefusesThem(t *testing.T) {
+	e := startEngine(t, nil)
+	for _, tc := range []struct {
+		fields string
+		code   int
+	}{
+		{`"stream_options":{"include_usage":true}`, 400},
+		{`"stream":false,"stream_options":{"include_usage":true}`, 400},
+		{`"stream":null,"stream_options":{"continuous_usage_stats":false}`, 400},
+		{`"stream":0,"stream_options":{"include_usage":false}`, 400},
+		{`"stream_options":{}`, 200},
+		{`"stream_options":null`, 200},
+		{`"stream":false,"stream_options":{}`, 200},
+		{`"stream":"false","stream_options":{"include_usage":true}`, 200}, // truthy raw, then not a stream
+		{`"stream":true,"stream_options":{"include_usage":true}`, 200},
+	} {
+		for _, p := range [][2]string{
+			{"/v1/chat/completions", `"messages":[{"role":"user","content":"hi"}]`},
+			{"/v1/completions", `"prompt":"once upon a time"`},
+		} {
+			code, b, _ := e.post(t, p[0], `{"model":"sim-model","max_tokens":2,`+p[1]+`,`+tc.fields+`}`)
+			if code != tc.code || code == 400 && !strings.Contains(string(b), "Stream options can only be defined when `stream=True`.") {
+				t.Errorf("%s %s: %d %s, want %d", p[0], tc.fields, code, b, tc.code)
+			}
+		}
+	}
+}
