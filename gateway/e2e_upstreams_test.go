@@ -681,3 +681,66 @@ func TestE2ESmartSelectionWithWeightSplitRefused(t *testing.T) {
 		t.Fatalf("prefix: %v", err)
 	}
 }
+
+// blackholeAddr returns a loopback address whose listen queue is full: a
+// connect to it hangs (SYNs are dropped) until the dialer gives up.
+func blackholeAddr(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, _ := syscall.Getsockname(fd)
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	for i := 0; i < 2; i++ { // fill the accept queue (never accepted)
+		c, err := net.DialTimeout("tcp4", addr, 300*time.Millisecond)
+		if err != nil {
+			break
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	if c, err := net.DialTimeout("tcp4", addr, 300*time.Millisecond); err == nil {
+		c.Close()
+		t.Fatal("the listen queue is not full")
+	}
+	return addr
+}
+
+// The mirror dials its target within --connect-timeout, as the router
+// dials workers: a target that never accepts costs a mirrored request the
+// router's connect timeout (here 300 ms), not a fixed 3 s, even when
+// mirror.timeout_ms allows much more.
+func TestE2EMirrorDialHonoursConnectTimeout(t *testing.T) {
+	hole := blackholeAddr(t)
+	_, e1 := startEngine(t, "--speedup", "50")
+	cfgPath := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfgPath, fmt.Sprintf(`{"mirror":{"enabled":true,"target_address":"http://%s",
+	  "sampling_ratio":100,"timeout_ms":20000}}`, hole))
+	r := startChild(t, "serve", 0, "--workers", e1, "--config", cfgPath, "--connect-timeout", "300ms")
+	const series = `infera_mirror_requests_total{result="timeout"}`
+	before := metric(t, r.url, series)
+	t0 := time.Now()
+	resp, b := request(t, r.url+"/v1/chat/completions", chatJSON("sim-model", "hello", 2, false), nil)
+	if resp.StatusCode != 200 {
+		t.Fatalf("client answer: %d %s", resp.StatusCode, b)
+	}
+	for metric(t, r.url, series) == before {
+		if time.Since(t0) > 10*time.Second {
+			t.Fatal("the mirrored request to a target that never accepts did not end")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if el := time.Since(t0); el > 1500*time.Millisecond {
+		t.Fatalf("the mirror gave up dialing after %v, not within --connect-timeout 300ms", el)
+	}
+	if got := metric(t, r.url, series); got != "1" {
+		t.Fatalf("%s = %q, want 1", series, got)
+	}
+}

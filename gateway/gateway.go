@@ -368,7 +368,10 @@ func (g *Gateway) setupKV() error {
 // fleet: the traffic mirror, the smart model selection classifier client,
 // and the global scheduling poller, which follows every config change.
 func (g *Gateway) setupUpstreams() error {
-	g.mirror = mirror.New(mirror.Options{})
+	// The mirror dials its target within --connect-timeout, as the
+	// router dials workers and external endpoints (and within the
+	// request's mirror.timeout_ms when that is shorter).
+	g.mirror = mirror.New(mirror.Options{ConnectTimeout: g.flags.ConnectTimeout})
 	g.classifier = &classify.Client{}
 	g.poller = upstream.NewPoller()
 	if err := g.poller.Update(&g.store.Load().GlobalScheduling); err != nil {
