@@ -71,15 +71,27 @@ func (b *Breaker) Available(now int64) bool {
 // the probe, or the cooldown has not elapsed), and probe=true when this
 // request is the half-open probe.
 func (b *Breaker) Admit(now int64) (ok, probe bool) {
+	ok, probe, _ = b.AdmitWhy(now)
+	return ok, probe
+}
+
+// AdmitWhy is Admit that also tells a refusal's cause: onTrial is true
+// when the breaker is half-open and another request holds its one probe
+// slot (taken even between this call's look at the state and its attempt
+// to take it), false when it is open within its cooldown.
+func (b *Breaker) AdmitWhy(now int64) (ok, probe, onTrial bool) {
 	switch b.state.Load() {
 	case BreakerClosed:
-		return true, false
+		return true, false, false
 	case BreakerOpen:
-		if now >= b.openUntil.Load() && b.state.CompareAndSwap(BreakerOpen, BreakerHalfOpen) {
-			return true, true
+		if now < b.openUntil.Load() {
+			return false, false, false
+		}
+		if b.state.CompareAndSwap(BreakerOpen, BreakerHalfOpen) {
+			return true, true, false
 		}
 	}
-	return false, false
+	return false, false, true
 }
 
 // Success records a successful request: it resets the fault count; when

@@ -13,8 +13,11 @@ import (
 )
 
 var (
-	mSplitFailovers   = metrics.NewCounter(`infera_split_proxy_failovers_total`)
-	mSplitUnavailable = metrics.NewCounter(`infera_split_proxy_unavailable_total`)
+	mSplitFailovers = metrics.NewCounter(`infera_split_proxy_failovers_total`)
+	// An external entry skipped: its breaker open within its cooldown, or
+	// half-open with its one probe already in flight.
+	mSplitUnavailableOpen  = metrics.NewCounter(`infera_split_proxy_unavailable_total{reason="breaker_open"}`)
+	mSplitUnavailableTrial = metrics.NewCounter(`infera_split_proxy_unavailable_total{reason="probe_in_flight"}`)
 )
 
 // dispatchSplit tries the split proxy's plan for the request
@@ -150,9 +153,13 @@ func (s *Server) splitBound(cfg *config.Config, sp *config.SplitProxy, tbl *extT
 // header when forwarding to a member gateway), our HTTP/1.1 transport.
 // An unavailable upstream returns attemptFailed without a failure.
 func (s *Server) attemptExternal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, u *extUpstream, hop, mayRetry bool, res *tries) attemptResult {
-	if !rs.lease.AcquireExternal(u.w, s.sched.Now) {
+	if ok, onTrial := rs.lease.AcquireExternal(u.w, s.sched.Now); !ok {
 		if u.kind == extSplit {
-			mSplitUnavailable.Inc()
+			if onTrial {
+				mSplitUnavailableTrial.Inc()
+			} else {
+				mSplitUnavailableOpen.Inc()
+			}
 		}
 		return attemptFailed
 	}

@@ -9,12 +9,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/sched"
@@ -1175,5 +1177,93 @@ func TestASplitSessionWhoseLocalWorkerAnswers429WithoutRetriesIsSplitAgain(t *te
 		if code, up := turn(sess); code != 200 || up != "split:a" {
 			t.Fatalf("%s left the entry it was split to: %d %q", sess, code, up)
 		}
+	}
+}
+
+// unavailableCount returns infera_split_proxy_unavailable_total for
+// reason (0 when the series does not exist).
+func unavailableCount(t *testing.T, reason string) int {
+	t.Helper()
+	var sb strings.Builder
+	metrics.WritePrometheus(&sb, false)
+	series := `infera_split_proxy_unavailable_total{reason="` + reason + `"} `
+	for _, line := range strings.Split(sb.String(), "\n") {
+		if v, ok := strings.CutPrefix(line, series); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatalf("%s%s", series, v)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// An external entry skipped because its breaker is open (within its
+// cooldown) and one skipped because its breaker is half-open with the
+// single probe already in flight are counted apart:
+// infera_split_proxy_unavailable_total{reason="breaker_open"} and
+// {reason="probe_in_flight"}.
+func TestSplitUnavailableEntriesAreCountedByReason(t *testing.T) {
+	gate := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(open)
+	var n atomic.Int64
+	bad := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if n.Add(1) > 1 {
+			<-gate // the probe: held until the second request was skipped
+		}
+		ctx.SetStatusCode(500)
+	})
+	good := startUpstream(t, okHandler)
+	cfg := splitConfig(config.SplitPrefix,
+		config.Proxy{Local: true},
+		config.Proxy{Name: "bad", Address: bad.url, ModelRules: []string{"gpt"}},
+		config.Proxy{Name: "good", Address: good.url, Failover: true},
+	)
+	f := defaultFlags()
+	f.BreakerFailureThreshold, f.BreakerCooldownS = 1, 0.3
+	r := startRouterWith(t, f, cfg, nil, deadURL(t))
+	open0, probe0 := unavailableCount(t, "breaker_open"), unavailableCount(t, "probe_in_flight")
+	for i := 0; i < 2; i++ { // the first opens bad's breaker, the second finds it open
+		if code, b := post(t, r.url+"/v1/chat/completions", gptBody); code != 200 {
+			t.Fatalf("request %d: %d %s", i, code, b)
+		}
+	}
+	if bad.hits.Load() != 1 {
+		t.Fatalf("bad saw %d requests, want 1 (its breaker open after it)", bad.hits.Load())
+	}
+	if got := unavailableCount(t, "breaker_open") - open0; got != 1 {
+		t.Fatalf("breaker_open counted %d, want 1", got)
+	}
+	time.Sleep(400 * time.Millisecond) // the cooldown passes: the next request is the probe
+	probeDone := make(chan int, 1)
+	go func() {
+		code, _ := post(t, r.url+"/v1/chat/completions", gptBody)
+		probeDone <- code
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for bad.hits.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the probe did not reach bad")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if code, b := post(t, r.url+"/v1/chat/completions", gptBody); code != 200 {
+		t.Fatalf("request behind the probe: %d %s", code, b)
+	}
+	open()
+	if code := <-probeDone; code != 200 {
+		t.Fatalf("the probe's request (failed over to good): %d", code)
+	}
+	if bad.hits.Load() != 2 {
+		t.Fatalf("bad saw %d requests, want 2 (the probe's only)", bad.hits.Load())
+	}
+	if got := unavailableCount(t, "probe_in_flight") - probe0; got != 1 {
+		t.Fatalf("probe_in_flight counted %d, want 1", got)
+	}
+	if got := unavailableCount(t, "breaker_open") - open0; got != 1 {
+		t.Fatalf("breaker_open counted %d after the probe, want still 1", got)
 	}
 }

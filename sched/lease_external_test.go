@@ -21,7 +21,7 @@ func TestAcquireExternalFollowsTheWorkersBreaker(t *testing.T) {
 	clock := func() int64 { return now }
 	var l Lease
 	for i := 0; i < 2; i++ {
-		if !l.AcquireExternal(w, clock) {
+		if ok, _ := l.AcquireExternal(w, clock); !ok {
 			t.Fatalf("attempt %d refused with a closed breaker", i)
 		}
 		if got := loadOf(w); got != [5]int64{1, 0, 0, 0, 1} {
@@ -40,21 +40,21 @@ func TestAcquireExternalFollowsTheWorkersBreaker(t *testing.T) {
 	if w.Breaker.State() != fleet.BreakerOpen || reqs.Get() != 2 || fails.Get() != 2 || w.Idx != -1 {
 		t.Fatalf("after two faults: state %d, requests %d, failures %d, idx %d", w.Breaker.State(), reqs.Get(), fails.Get(), w.Idx)
 	}
-	if l.AcquireExternal(w, clock) || l.Held() {
-		t.Fatal("an open breaker admitted an attempt")
+	if ok, onTrial := l.AcquireExternal(w, clock); ok || onTrial || l.Held() {
+		t.Fatalf("an open breaker admitted an attempt, or said its probe was taken (%v, %v)", ok, onTrial)
 	}
 	now += int64(time.Second)
-	if !l.AcquireExternal(w, clock) || !l.Probe {
+	if ok, _ := l.AcquireExternal(w, clock); !ok || !l.Probe {
 		t.Fatal("the cooldown passed: the attempt should be the probe")
 	}
 	var other Lease
-	if other.AcquireExternal(w, clock) {
-		t.Fatal("a second attempt took the probe slot")
+	if ok, onTrial := other.AcquireExternal(w, clock); ok || !onTrial {
+		t.Fatalf("a second attempt took the probe slot, or was not told it was taken (%v, %v)", ok, onTrial)
 	}
 	l.Sent()
 	l.FirstToken()
 	l.Done(OutcomeSuccess)
-	if !l.AcquireExternal(w, clock) {
+	if ok, _ := l.AcquireExternal(w, clock); !ok {
 		t.Fatal("a closed breaker refused")
 	}
 	l.Done(OutcomeNeutral) // handed back unsent
