@@ -1190,3 +1190,58 @@ func TestDisablingMirroringDropsTheCopiesNotSentYet(t *testing.T) {
 	m.Offer(on, []byte("/v1/completions"), []byte(`{"model":"again"}`), false)
 	eventually(t, "a copy sent once mirroring is on again", func() bool { return arrived.Load() == 2 })
 }
+
+// A copy sent to the Anthropic Messages or OpenAI Responses path (the
+// protocol passthrough modes) has its token counts taken from those APIs'
+// usage: input_tokens and output_tokens, in a Messages answer, its
+// message_start and message_delta events, a Responses answer and its
+// response.completed event.
+func TestMirrorTakesTheUsageOfMessagesAndResponsesAnswers(t *testing.T) {
+	tg := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		stream := r.Header.Get("Accept") == "text/event-stream"
+		if stream {
+			w.Header().Set("Content-Type", "text/event-stream")
+		} else {
+			w.Header().Set("Content-Type", "application/json")
+		}
+		switch {
+		case r.URL.Path == "/v1/messages" && stream:
+			io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"m\",\"stop_reason\":null,\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n"+
+				"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n"+
+				"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":15}}\n\n"+
+				"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+		case r.URL.Path == "/v1/messages":
+			io.WriteString(w, `{"id":"msg_2","type":"message","role":"assistant","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":12,"cache_read_input_tokens":0,"output_tokens":6}}`)
+		case stream:
+			io.WriteString(w, "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null}}\n\n"+
+				"event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":5,\"response\":{\"id\":\"resp_1\",\"status\":\"completed\",\"output\":[{\"type\":\"message\",\"content\":[{\"type\":\"output_text\",\"text\":\"hi\"}]}],\"usage\":{\"input_tokens\":33,\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":9,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":42}}}\n\n")
+		default:
+			io.WriteString(w, `{"id":"resp_2","object":"response","status":"completed","output":[],"usage":{"input_tokens":7,"input_tokens_details":{"cached_tokens":0},"output_tokens":3,"total_tokens":10}}`)
+		}
+	})
+	m, lb := startMirror(t)
+	cfg := mirrorCfg(tg.url)
+	cfg.LogRecording = true
+	cfg.Concurrency = 1 // one at a time: the log lines in order
+	cases := []struct {
+		path          string
+		stream        bool
+		prompt, compl float64
+	}{
+		{"/v1/messages", true, 25, 15},
+		{"/v1/messages", false, 12, 6},
+		{"/v1/responses", true, 33, 9},
+		{"/v1/responses", false, 7, 3},
+	}
+	for i, c := range cases {
+		m.Offer(cfg, []byte(c.path), []byte(`{"model":"m","max_tokens":8}`), c.stream)
+		eventually(t, "the log line", func() bool { return len(lb.lines(t)) == i+1 })
+		l := lb.lines(t)[i]
+		if l["usage"] != true || l["prompt_tokens"] != c.prompt || l["completion_tokens"] != c.compl || l["path"] != c.path {
+			t.Fatalf("%s stream=%v: usage %v, tokens %v %v, want %v %v (line %v)", c.path, c.stream, l["usage"], l["prompt_tokens"], l["completion_tokens"], c.prompt, c.compl, l)
+		}
+	}
+	if m.m.promptTokens.Get() != 25+12+33+7 || m.m.completionTokens.Get() != 15+6+9+3 {
+		t.Fatalf("token counters %d %d", m.m.promptTokens.Get(), m.m.completionTokens.Get())
+	}
+}

@@ -32,6 +32,10 @@ type result struct {
 	events           int
 	usage            bool
 	prompt, complete int
+	// api: the answer is an Anthropic Messages or OpenAI Responses one
+	// (input_tokens, output_tokens: scanAPIUsage), not a chat or
+	// completions one (prompt_tokens, completion_tokens: scanUsage).
+	api bool
 }
 
 // sender is the reusable state of one send (pooled): the request URL, the
@@ -222,6 +226,7 @@ func (m *Mirror) do(s *sender, j *job, deadline time.Time, res *result) {
 	}
 	res.status = resp.StatusCode()
 	res.ttfe = time.Since(start)
+	res.api = bytes.HasPrefix(j.path, pathMessages) || bytes.HasPrefix(j.path, pathResponses)
 	r := resp.BodyStream()
 	if r == nil {
 		return // no body (204, 304)
@@ -309,7 +314,7 @@ func (m *Mirror) readBody(s *sender, r io.Reader, k *keeper, res *result) {
 		res.err = err
 		return
 	}
-	scanUsage(buf, res)
+	res.scanUsage(buf)
 }
 
 // readStream reads an SSE answer to its end (the connection is pooled
@@ -370,7 +375,22 @@ func (m *Mirror) event(first *bool, start time.Time, data []byte, res *result) {
 	}
 	res.events++
 	if data != nil {
-		scanUsage(data, res)
+		res.scanUsage(data)
+	}
+}
+
+var (
+	pathMessages  = []byte("/v1/messages")
+	pathResponses = []byte("/v1/responses")
+)
+
+// scanUsage takes the usage of an answer or stream event b, in the form
+// of the API the copy was sent to.
+func (r *result) scanUsage(b []byte) {
+	if r.api {
+		scanAPIUsage(b, r)
+	} else {
+		scanUsage(b, r)
 	}
 }
 

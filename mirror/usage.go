@@ -238,3 +238,123 @@ func skipSpace(b []byte, i int) int {
 	}
 	return i
 }
+
+// apiUsage is what scanAPIUsage found: each count and whether it was there.
+type apiUsage struct {
+	in, out       int
+	hasIn, hasOut bool
+}
+
+// scanAPIUsage takes the token counts of an Anthropic Messages or OpenAI
+// Responses answer or stream event b: a "usage" object with input_tokens
+// and output_tokens, at the top level (a Messages answer, its
+// message_delta event; a Responses answer) or in a top-level "message"
+// (message_start) or "response" object (response.completed). A count
+// present sets its side, one absent leaves it: message_delta carries
+// output_tokens alone, after message_start's input_tokens. A document it
+// cannot walk leaves res unchanged (as scanUsage).
+func scanAPIUsage(b []byte, res *result) {
+	if !bytes.Contains(b, keyUsage) {
+		return
+	}
+	var u apiUsage
+	end, ok := scanAPIObject(b, skipSpace(b, 0), &u, 0)
+	if !ok || skipSpace(b, end) != len(b) {
+		return
+	}
+	if u.hasIn {
+		res.prompt, res.usage = u.in, true
+	}
+	if u.hasOut {
+		res.complete, res.usage = u.out, true
+	}
+}
+
+// scanAPIObject walks the object at b[i:] for scanAPIUsage (depth 0: the
+// document, 1: its "message" or "response").
+func scanAPIObject(b []byte, i int, u *apiUsage, depth int) (end int, ok bool) {
+	if i >= len(b) || b[i] != '{' {
+		return i, false
+	}
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return i + 1, true
+	}
+	for {
+		key, j, ok := scanString(b, i)
+		if !ok {
+			return j, false
+		}
+		i = skipSpace(b, j)
+		if i >= len(b) || b[i] != ':' {
+			return i, false
+		}
+		i = skipSpace(b, i+1)
+		isObj := i < len(b) && b[i] == '{'
+		switch {
+		case isObj && string(key) == "usage":
+			i, ok = scanAPICounts(b, i, u)
+		case isObj && depth == 0 && (string(key) == "message" || string(key) == "response"):
+			i, ok = scanAPIObject(b, i, u, 1)
+		default:
+			i, ok = skipValue(b, i)
+		}
+		if !ok {
+			return i, false
+		}
+		i = skipSpace(b, i)
+		if i >= len(b) {
+			return i, false
+		}
+		if b[i] == '}' {
+			return i + 1, true
+		}
+		if b[i] != ',' {
+			return i, false
+		}
+		i = skipSpace(b, i+1)
+	}
+}
+
+// scanAPICounts reads a usage object's input_tokens and output_tokens.
+func scanAPICounts(b []byte, i int, u *apiUsage) (end int, ok bool) {
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return i + 1, true
+	}
+	for {
+		key, j, ok := scanString(b, i)
+		if !ok {
+			return j, false
+		}
+		i = skipSpace(b, j)
+		if i >= len(b) || b[i] != ':' {
+			return i, false
+		}
+		i = skipSpace(b, i+1)
+		switch string(key) {
+		case "input_tokens":
+			i, u.in, ok = scanCount(b, i)
+			u.hasIn = true
+		case "output_tokens":
+			i, u.out, ok = scanCount(b, i)
+			u.hasOut = true
+		default:
+			i, ok = skipValue(b, i)
+		}
+		if !ok {
+			return i, false
+		}
+		i = skipSpace(b, i)
+		if i >= len(b) {
+			return i, false
+		}
+		if b[i] == '}' {
+			return i + 1, true
+		}
+		if b[i] != ',' {
+			return i, false
+		}
+		i = skipSpace(b, i+1)
+	}
+}

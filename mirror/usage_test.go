@@ -145,3 +145,25 @@ func TestReplaceModelDecodesKeysAsJSONDoes(t *testing.T) {
 	f(`{}`, `{}`)
 	f(``, ``)
 }
+
+func TestScanAPIUsage(t *testing.T) {
+	f := func(b string, usage bool, prompt, complete int) {
+		t.Helper()
+		res := result{prompt: -1, complete: -1}
+		scanAPIUsage([]byte(b), &res)
+		if res.usage != usage || res.prompt != prompt || res.complete != complete {
+			t.Fatalf("scanAPIUsage(%s) = %v %d %d, want %v %d %d", b, res.usage, res.prompt, res.complete, usage, prompt, complete)
+		}
+	}
+	f(`{"usage":{"input_tokens":12,"output_tokens":6}}`, true, 12, 6)
+	f(`{"type":"message_start","message":{"usage":{"input_tokens":25,"output_tokens":1}}}`, true, 25, 1)
+	f(`{"type":"message_delta","delta":{},"usage":{"output_tokens":15}}`, true, -1, 15) // input left as it was
+	f(`{"type":"response.completed","response":{"output":[{"usage":{"input_tokens":1}}],"usage":{"input_tokens":33,"input_tokens_details":{"cached_tokens":2},"output_tokens":9}}}`, true, 33, 9)
+	f(`{"response":{"usage":null}}`, false, -1, -1)
+	f(`{"usage":{"prompt_tokens":3,"completion_tokens":4}}`, false, -1, -1) // not this API's names
+	f(`{"a":{"message":{"usage":{"input_tokens":5}}}}`, false, -1, -1)      // deeper than message/response
+	f(`{"usage":{"input_tokens":12,"output_tokens":6}`, false, -1, -1)      // cut short
+	f(`{"usage":{"input_tokens":1.5,"output_tokens":6}}`, false, -1, -1)    // not a count
+	f(`{"usage":{"input_tokens":12,"output_tokens":6}} x`, false, -1, -1)   // trailing bytes
+	f(`{"text":"\"usage\":{\"input_tokens\":9}"}`, false, -1, -1)           // in a string
+}
