@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -42,5 +43,44 @@ func TestAMirroredCopyIsNotMirroredAgain(t *testing.T) {
 	}
 	if up.hits.Load() != 2 {
 		t.Fatalf("the engine served %d requests", up.hits.Load())
+	}
+}
+
+// The Messages and Responses front doors are mirrored as the engine gets
+// them: converted, as a chat request at /v1/chat/completions; passed
+// through, as the client's bytes at /v1/messages and /v1/responses.
+func TestMessagesAndResponsesAreMirroredAtTheEnginesPath(t *testing.T) {
+	type copy struct{ path, body string }
+	got := make(chan copy, 8)
+	target := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		got <- copy{string(ctx.Path()), string(ctx.PostBody())}
+		okHandler(ctx)
+	})
+	up := startUpstream(t, okHandler)
+	const messages = `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
+	const responses = `{"model":"m","input":"hi","max_output_tokens":4}`
+	for _, pass := range []bool{false, true} {
+		cfg := config.Default()
+		cfg.Protocol.AnthropicPassthrough, cfg.Protocol.ResponsesPassthrough = pass, pass
+		cfg.Mirror = config.Mirror{Enabled: true, TargetAddress: target.url, SamplingRatio: 100,
+			TimeoutMS: 5000, QueueSize: 16, Concurrency: 1, MaxBufferBytes: config.DefaultMirrorBufferBytes}
+		m := mirror.New(mirror.Options{})
+		r := startRouterWith(t, nil, cfg, func(o *Options) { o.Mirror = m }, up.url)
+		for _, c := range []struct{ path, body string }{{"/v1/messages", messages}, {"/v1/responses", responses}} {
+			postWith(t, r.url+c.path, c.body, nil)
+			var cp copy
+			select {
+			case cp = <-got:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("passthrough %v: no copy of %s", pass, c.path)
+			}
+			if pass && (cp.path != c.path || cp.body != c.body) {
+				t.Fatalf("passthrough: %s mirrored as %s %s, want the client's bytes at its path", c.path, cp.path, cp.body)
+			}
+			if !pass && (cp.path != "/v1/chat/completions" || !strings.Contains(cp.body, `"messages"`)) {
+				t.Fatalf("converted: %s mirrored as %s %s, want the chat request", c.path, cp.path, cp.body)
+			}
+		}
+		m.Close()
 	}
 }
