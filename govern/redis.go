@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -247,13 +248,28 @@ local function migrate(K, A)
 end
 `
 
+// renewLua renews a slot's or a seat's lease in the sets K it holds: A
+// member, expiry, ttl. It adds the member where it is missing: Redis lost
+// it (restarted without persistence), or pruned it as expired after it
+// was unreachable for longer than the lease TTL, while the request still
+// runs. Only the router holding the member renews it, in order with its
+// return (both are ends), so a returned member is never added back.
+const renewLua = `
+local function renew(K, A)
+  for _, k in ipairs(K) do
+    redis.call('ZADD', k, tonumber(A[2]), A[1])
+    redis.call('PEXPIRE', k, tonumber(A[3]))
+  end
+end
+`
+
 // endsScript runs the ends of requests queued together (endKind), in
 // order: ARGV holds per end its kind, its number of keys and of
 // arguments, then its arguments; KEYS its keys, end after end. Each end
 // runs on its own (pcall): one that fails (an OOM write refused, a key of
 // the wrong type) does not keep the others from running. It returns the
 // number of ends that failed and the first error.
-var endsScript = redis.NewScript(finishLua + releaseLua + migrateLua + `
+var endsScript = redis.NewScript(finishLua + releaseLua + migrateLua + renewLua + `
 local ki, ai = 1, 1
 local failed, first = 0, ''
 while ai <= #ARGV do
@@ -266,6 +282,7 @@ while ai <= #ARGV do
   local ok, err
   if kind == 'f' then ok, err = pcall(finish, K, A)
   elseif kind == 'm' then ok, err = pcall(migrate, K, A)
+  elseif kind == 'n' then ok, err = pcall(renew, K, A)
   else ok, err = pcall(release, K, A) end
   if not ok then
     failed = failed + 1
@@ -282,6 +299,7 @@ const (
 	endFinish  endKind = "f"
 	endRelease endKind = "r"
 	endMigrate endKind = "m" // a seat copied to another scope's sets (migrateLua)
+	endRenew   endKind = "n" // a lease renewed (renewLua)
 )
 
 // allScripts are loaded at start and whenever Redis answers NOSCRIPT,
@@ -375,6 +393,10 @@ type redoRelease struct {
 	// the next pipeline, before that pipeline's admissions: Redis back
 	// from its AOF would hold the slot against them otherwise.
 	ended bool
+	// renewal: the return of a member whose renewal failed (renewLua; it
+	// may run late, in a stall, after the member's return): sent again
+	// only if the member is no longer held by then.
+	renewal bool
 }
 
 // maxRedo bounds the returns kept for sending again (Redis down for long
@@ -384,12 +406,16 @@ const maxRedo = 1 << 14
 
 // keepRedo keeps a return to send again once Redis answers (redo).
 func (r *redisState) keepRedo(keys []string, args []any, ended bool) {
-	after := r.execs.Load()
+	r.keep(redoRelease{keys: keys, args: args, ended: ended})
+}
+
+func (r *redisState) keep(x redoRelease) {
+	x.after = r.execs.Load()
 	r.qmu.Lock()
 	if len(r.redo) >= maxRedo {
 		r.redo = r.redo[1:]
 	}
-	r.redo = append(r.redo, redoRelease{keys: keys, args: args, after: after, ended: ended})
+	r.redo = append(r.redo, x)
 	r.qmu.Unlock()
 }
 
@@ -432,6 +458,9 @@ func (r *redisState) keepFailedEnds(parts []*scriptCall) {
 			if len(x.args) > 9 && len(x.keys) == 2 && x.args[1] == 1 {
 				r.keepRedo([]string{x.keys[1]}, []any{x.args[0], x.args[8], x.args[9]}, true)
 			}
+		case endRenew:
+			// It may still run (a timeout), after the member's return.
+			r.keep(redoRelease{keys: x.keys, args: []any{x.args[0], r.wake, r.wakeMessage(x.keys[0])}, renewal: true})
 		}
 	}
 }
@@ -452,9 +481,28 @@ func (r *redisState) resendRedo(n uint64) {
 	r.redo = keep
 	r.qmu.Unlock()
 	for _, x := range again {
+		if x.renewal {
+			r.mu.Lock()
+			_, held := r.leases[x.args[0].(string)]
+			r.mu.Unlock()
+			if held {
+				continue // renewed again by the next heartbeat, returned by its end
+			}
+		}
 		mStateUndone.Inc()
 		r.end(endRelease, x.keys, x.args)
 	}
+}
+
+// wakeMessage is the release notification of a member of set k: the
+// user's ("u:<user>") for a user's slot set, the seats' ("rl") else.
+func (r *redisState) wakeMessage(k string) string {
+	if u, ok := strings.CutPrefix(k, r.prefix+"{u:"); ok {
+		if name, ok := strings.CutSuffix(u, "}:seats"); ok {
+			return "u:" + name
+		}
+	}
+	return "rl"
 }
 
 var errStateClosed = errors.New("the governance is closed")
@@ -1191,32 +1239,21 @@ func cutPrefix(s, p string) (string, bool) {
 	return "", false
 }
 
-// heartbeat renews the leases of every slot and seat this router holds.
+// heartbeat renews the leases of every slot and seat this router holds,
+// adding back those Redis lost (renewLua). The renewals are ends, queued
+// under r.mu as the returns are: a return queued after a renewal runs
+// after it, and a slot or seat returned before is no longer in r.leases,
+// so no renewal brings a returned member back. (A renewal that only
+// updated members still present, in a pipeline of its own, left a
+// request's slot and seat uncounted for the rest of the request once
+// Redis lost them: every router admitted past the limits meanwhile.)
 func (r *redisState) heartbeat() {
-	r.mu.Lock()
-	type kv struct{ key, member string }
-	var all []kv
-	for m, keys := range r.leases {
-		for _, k := range keys {
-			all = append(all, kv{k, m})
-		}
-	}
-	r.mu.Unlock()
-	if len(all) == 0 {
-		return
-	}
 	exp := r.g.now().UnixMilli() + r.ttl.Milliseconds()
-	ctx, cancel := r.ctx()
-	defer cancel()
-	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, x := range all {
-			p.ZAddXX(ctx, x.key, redis.Z{Score: float64(exp), Member: x.member})
-			p.PExpire(ctx, x.key, 2*r.ttl)
-		}
-		return nil
-	})
-	if err != nil {
-		r.failed("heartbeat", err, true)
+	ttl := 2 * r.ttl.Milliseconds()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for m, keys := range r.leases {
+		r.end(endRenew, keys, []any{m, exp, ttl})
 	}
 }
 
