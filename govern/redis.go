@@ -1012,12 +1012,13 @@ func (r *redisState) finishUser(ts *ticketState, served bool, u Usage, now int64
 		tpmCharge, quotaCharge = ts.tpmEst, ts.quotaEst
 	}
 	hk, sk := r.userKeys(ts.u.st)
-	rpmCap, tpmCap := int64(0), int64(0)
+	rpmCap, tpmCap := int64(0), int64(0) // 0: not taken, or off now
+	rpm, tpm := ts.rates()
 	if ts.rpm {
-		rpmCap = max(t.rpm, 1)
+		rpmCap = rpm
 	}
 	if ts.tpm {
-		tpmCap = max(t.tpm, 1)
+		tpmCap = tpm
 	}
 	args := make([]any, 0, 14)
 	args = append(args, ts.member, b01(ts.conc), now/1e6, b01(served), rpmCap, tpmCap, tpmCharge-ts.tpmEst, quotaCharge-ts.quotaEst, r.wake, "u:"+ts.u.st.name)

@@ -246,13 +246,14 @@ func (st *userState) finishLocked(ts *ticketState, served bool, u Usage, now int
 	default:
 		tpmCharge, quotaCharge = ts.tpmEst, ts.quotaEst
 	}
-	if ts.rpm && !served && t.rpm > 0 {
-		st.rpm.refill(t.rpm, now)
-		st.rpm.level = min(st.rpm.level+1, float64(t.rpm))
+	rpm, tpm := ts.rates()
+	if ts.rpm && !served && rpm > 0 {
+		st.rpm.refill(rpm, now)
+		st.rpm.level = min(st.rpm.level+1, float64(rpm))
 	}
-	if ts.tpm && t.tpm > 0 {
-		st.tpm.refill(t.tpm, now)
-		st.tpm.level = min(st.tpm.level-float64(tpmCharge-ts.tpmEst), float64(t.tpm))
+	if ts.tpm && tpm > 0 {
+		st.tpm.refill(tpm, now)
+		st.tpm.level = min(st.tpm.level-float64(tpmCharge-ts.tpmEst), float64(tpm))
 	}
 	for p := range numPeriods {
 		w := &ts.win[p]
@@ -267,6 +268,22 @@ func (st *userState) finishLocked(ts *ticketState, served bool, u Usage, now int
 	if ts.conc {
 		st.active--
 	}
+}
+
+// rates returns the RPM and TPM (0: off) of the buckets ts gives back to
+// or charges at its end: its user's as the configuration stands now (a
+// reload since its admission may have changed them; ending under the
+// limits it was admitted under cut a bucket a reload had raised down to
+// the old limit), or its admission's when its user is gone.
+func (ts *ticketState) rates() (rpm, tpm int64) {
+	t := ts.t
+	if u := ts.g.snap.Load().users[ts.u.st.name]; u != nil && u.st == ts.u.st {
+		if u.tmpl == nil {
+			return 0, 0
+		}
+		t = u.tmpl
+	}
+	return t.rpm, t.tpm
 }
 
 // Admit admits a request of user u (nil: an anonymous or admin request,
