@@ -397,6 +397,9 @@ type redoRelease struct {
 	// may run late, in a stall, after the member's return): sent again
 	// only if the member is no longer held by then.
 	renewal bool
+	// kind is the end to send: endRelease (releaseLua) unless it is a
+	// whole reconciliation (endFinish) that never reached Redis.
+	kind endKind
 }
 
 // maxRedo bounds the returns kept for sending again (Redis down for long
@@ -433,7 +436,7 @@ func (r *redisState) takeEndedRedo() []*scriptCall {
 	keep := r.redo[:0]
 	for _, x := range r.redo {
 		if x.ended && len(out) < maxRedoAhead {
-			out = append(out, &scriptCall{end: endRelease, keys: x.keys, args: x.args})
+			out = append(out, &scriptCall{end: x.end(), keys: x.keys, args: x.args})
 		} else {
 			keep = append(keep, x)
 		}
@@ -443,15 +446,35 @@ func (r *redisState) takeEndedRedo() []*scriptCall {
 	return out
 }
 
+// end is the kind of end x sends.
+func (x *redoRelease) end() endKind {
+	if x.kind == "" {
+		return endRelease
+	}
+	return x.kind
+}
+
 // keepFailedEnds keeps for sending again the returns of the ends of an
-// endsScript call that failed: a return as it is, a finish's slot (its
-// counters are not charged twice: the finish may have run).
-func (r *redisState) keepFailedEnds(parts []*scriptCall) {
+// endsScript call that failed with err: a return as it is; a finish whole
+// when the call never reached Redis (it could not connect: Redis down or
+// unreachable), else its slot alone (its counters are not charged twice:
+// the finish may have run).
+func (r *redisState) keepFailedEnds(parts []*scriptCall, err error) {
+	unsent := notSent(err)
 	for _, x := range parts {
 		switch x.end {
 		case endRelease:
 			r.keepRedo(x.keys, x.args, true)
 		case endFinish:
+			if unsent {
+				// The request's refund or reconciliation (its request
+				// count, RPM token, token estimate) and its slot, once
+				// Redis answers: a Redis back with its data (a partition,
+				// a restart from its AOF) would keep the estimate charged
+				// for good otherwise.
+				r.keep(redoRelease{keys: x.keys, args: x.args, ended: true, kind: endFinish})
+				continue
+			}
 			// args: member, concurrency (1: it held a slot), ...; keys:
 			// the user's hash, its slot set; finishLua's last argument
 			// position after the periods names the user for the wake.
@@ -490,8 +513,15 @@ func (r *redisState) resendRedo(n uint64) {
 			}
 		}
 		mStateUndone.Inc()
-		r.end(endRelease, x.keys, x.args)
+		r.end(x.end(), x.keys, x.args)
 	}
+}
+
+// notSent reports whether err is a call's failure to connect to Redis: it
+// never reached Redis, so sending it again counts nothing twice.
+func notSent(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
 }
 
 // wakeMessage is the release notification of a member of set k: the
@@ -852,7 +882,7 @@ func (r *redisState) exec(batch []*scriptCall, probe bool) {
 		res, err := c.cmd.Slice()
 		if err != nil {
 			answered = false
-			r.keepFailedEnds(c.parts)
+			r.keepFailedEnds(c.parts, err)
 		}
 		if err == nil && len(res) == 2 {
 			if n, _ := res[0].(int64); n > 0 {

@@ -1,0 +1,126 @@
+package govern
+
+import (
+	"context"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// outageProxy is a loopback TCP proxy in front of a redis-server that can
+// make it unreachable (every connection closed, new ones refused: the
+// listener is closed) and reachable again on the same port, with its data.
+type outageProxy struct {
+	t      *testing.T
+	addr   string
+	target string
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  []net.Conn
+}
+
+func startOutageProxy(t *testing.T, target string) *outageProxy {
+	p := &outageProxy{t: t, target: target}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.addr = ln.Addr().String()
+	p.serve(ln)
+	t.Cleanup(p.cut)
+	return p
+}
+
+func (p *outageProxy) url() string { return "redis://" + p.addr + "/0" }
+
+func (p *outageProxy) serve(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp4", p.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			go func() { io.Copy(u, c); u.Close(); c.Close() }()
+			go func() { io.Copy(c, u); u.Close(); c.Close() }()
+		}
+	}()
+}
+
+// cut makes Redis unreachable: connecting is refused.
+func (p *outageProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// restore makes Redis reachable again.
+func (p *outageProxy) restore() {
+	ln, err := net.Listen("tcp4", p.addr)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.serve(ln)
+}
+
+// Requests that end while Redis cannot be reached (down, or a partition)
+// are refunded or reconciled once it answers again, when their end never
+// reached it: a Redis back with its data does not keep their estimates
+// (and a refunded request's count) charged for good.
+func TestRedisEndsThatCouldNotReachRedisAreSettledWhenItAnswers(t *testing.T) {
+	rs := startRedis(t)
+	px := startOutageProxy(t, "127.0.0.1:"+strconv.Itoa(rs.port))
+	o := redisOptions(t, rs)
+	o.State = px.url()
+	key, hash := mintKey(t)
+	c := userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":3,"max_tokens":1000}]}}`, "")
+	g := newGov(t, o, c)
+	u := identify(t, g, key)
+	r := Request{PromptTokens: 10, MaxTokens: 10} // an estimate of 20
+	refunded := admitOK(t, g, u, r)
+	served := admitOK(t, g, u, r)
+	served.FirstToken()
+
+	px.cut()
+	for range 3 { // fail open, uncounted; the pool's connections are gone
+		admitOK(t, g, u, r).Done(Usage{})
+	}
+	refunded.Done(Usage{})                                                 // its engine failed: nothing served
+	served.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 2}) // 12 of its 20
+	time.Sleep(50 * time.Millisecond)                                      // the ends fail to connect
+	px.restore()
+
+	h := rs.client(t)
+	hk := o.RedisPrefix + "{u:alice}"
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		v, _ := h.HMGet(context.Background(), hk, "w1r", "w1k").Result()
+		if len(v) == 2 && v[0] == "1" && v[1] == "12000" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the day's requests and milli-tokens %v, want [1 12000] (one request served, 12 tokens)", v)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
