@@ -39,8 +39,11 @@ import (
 // limit, RPM, TPM, TPM need, TPM estimate, dry, key TTL, then per period
 // start (0: not taken), max requests, max tokens, estimate. It returns
 // {failed rules (bit set of codes), RPM retry ms, TPM retry ms, RPM level,
-// TPM level}, the levels in millionths as the admission left them (0
-// when the rule is off).
+// TPM level, then per period the start of the window it counts in (0: not
+// taken)}, the levels in millionths as the admission left them (0 when the
+// rule is off); a window's start is a later one than the argument's when
+// another router began that window already (a late admission counts there,
+// and its end is settled there).
 var admitLua = fmt.Sprintf(`
 local function admit(h, seats, A)
   local now = tonumber(A[1])
@@ -113,7 +116,9 @@ local function admit(h, seats, A)
     if rpm > 0 then rl = rl - 1 end
     if tpm > 0 then tl = tl - est end
   end
-  return {fails, math.ceil(rr), math.ceil(rt), math.floor((rl or 0) * 1000000 + 0.5), math.floor((tl or 0) * 1000000 + 0.5)}
+  local out = {fails, math.ceil(rr), math.ceil(rt), math.floor((rl or 0) * 1000000 + 0.5), math.floor((tl or 0) * 1000000 + 0.5), 0, 0, 0, 0}
+  for _, w in ipairs(wins) do out[6 + w[1]] = w[2] end
+  return out
 end
 `, CodeConcurrencyUser, CodeRPM, CodeTPM, CodeQuotaRequests5h, CodeQuotaTokens5h)
 
@@ -121,7 +126,7 @@ end
 // results.
 const (
 	admitArgc = 10 + 5*numPeriods
-	admitRes  = 5
+	admitRes  = 5 + int(numPeriods)
 )
 
 // seatLua takes a seat on the first candidate with room: K are 3 keys
@@ -181,9 +186,10 @@ for i = 1, %[1]d do A[i] = ARGV[i] end
 for i = %[1]d + 1, #ARGV do S[#S + 1] = ARGV[i] end
 for i = 3, #KEYS do K[#K + 1] = KEYS[i] end
 local r = admit(KEYS[1], KEYS[2], A)
-if #K == 0 or (r[1] ~= 0 and A[9] ~= '1') then return {r[1], r[2], r[3], r[4], r[5], -1, 0, 0} end
-local q = seat(K, S)
-return {r[1], r[2], r[3], r[4], r[5], q[1], q[2], q[3]}
+local q = {-1, 0, 0}
+if #K > 0 and (r[1] == 0 or A[9] == '1') then q = seat(K, S) end
+for i = 1, 3 do r[#r + 1] = q[i] end
+return r
 `, admitArgc))
 )
 
@@ -965,9 +971,19 @@ func (r *redisState) admitted(res []int64, t *template, ts *ticketState, cs *cal
 	if !dry {
 		ts.lim = remoteLimits(t, res[3], res[4])
 	}
+	// The start of the window each period counts in: this router's, or a
+	// later one another router began (this admission is late).
+	var start [numPeriods]int64
 	for p := range numPeriods {
+		start[p] = cs.win[p].start
+		if x := res[5+p]; x > start[p] {
+			start[p] = x
+		}
 		if f.has(quotaRequestsCode(p)) || f.has(quotaTokensCode(p)) {
-			retry = max(retry, cs.win[p].end*1e9-now) // to the ns: Retry-After-Ms
+			// A later window taken as long as this router's (the router
+			// is milliseconds behind: its next refusals name their own).
+			end := start[p] + cs.win[p].end - cs.win[p].start
+			retry = max(retry, end*1e9-now) // to the ns: Retry-After-Ms
 		}
 	}
 	if f == 0 || dry {
@@ -982,7 +998,7 @@ func (r *redisState) admitted(res []int64, t *template, ts *ticketState, cs *cal
 			ts.quotaEst = e.quota
 			for p := range numPeriods {
 				if t.win[p].on {
-					ts.win[p] = takenWin{on: true, start: cs.win[p].start}
+					ts.win[p] = takenWin{on: true, start: start[p]}
 				}
 			}
 		}

@@ -1,0 +1,55 @@
+package govern
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// An admission stamped just before a window's end that reaches Redis after
+// another router began the next window counts in that next window
+// (TestAQuotaWindowSurvivesALateAdmissionOfThePreviousOne), and its end is
+// settled there: a refund gives its request back, a reconciliation
+// replaces its estimate with its usage; and a refusal there tells the time
+// to that window's end.
+func TestALateAdmissionIsSettledInTheWindowItWasCountedIn(t *testing.T) {
+	rs := startRedis(t)
+	key, hash := mintKey(t)
+	o := redisOptions(t, rs)
+	midnight := time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
+	c1 := newFakeClock(midnight.Add(time.Millisecond))
+	c2 := newFakeClock(midnight.Add(-time.Millisecond))
+	o1, o2 := o, o
+	o1.Now, o2.Now = c1.Now, c2.Now
+	c := userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":3,"max_tokens":100}]}}`, "")
+	g1, g2 := newGov(t, o1, c), newGov(t, o2, c)
+	u1, u2 := identify(t, g1, key), identify(t, g2, key)
+	r := Request{PromptTokens: 10, MaxTokens: 20} // an estimate of 30
+	// The new day on router 1: one request of 30 tokens.
+	tk := admitOK(t, g1, u1, r)
+	tk.FirstToken()
+	tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 20})
+	syncState(t, g1)
+	// Router 2's last requests of the old day reach Redis now: one whose
+	// engine failed (refunded), one served with 5 of its 30 tokens.
+	admitOK(t, g2, u2, r).Done(Usage{})
+	tk = admitOK(t, g2, u2, r)
+	tk.FirstToken()
+	tk.Done(Usage{Known: true, PromptTokens: 3, CompletionTokens: 2})
+	syncState(t, g2)
+	// The new day holds 2 requests and 35 tokens: 1 request and 65
+	// tokens are left.
+	h := rs.client(t)
+	v, _ := h.HMGet(context.Background(), o.RedisPrefix+"{u:alice}", "w1r", "w1k").Result()
+	if len(v) != 2 || v[0] != "2" || v[1] != "35000" {
+		t.Fatalf("the new day's requests and milli-tokens: %v, want [2 35000]", v)
+	}
+	last := admitOK(t, g1, u1, Request{PromptTokens: 10, MaxTokens: 55}) // exactly what is left
+	defer last.Done(Usage{})
+	// Router 2 (still before midnight) refused in the new day: its
+	// Retry-After runs to the new day's end, not to its own midnight.
+	rej := admitRejected(t, g2, u2, Request{}, CodeQuotaRequestsDay)
+	if rej.RetryAfter < 86400 {
+		t.Fatalf("Retry-After %d s of a refusal in the day that ends in 86400 s", rej.RetryAfter)
+	}
+}
