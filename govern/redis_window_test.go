@@ -53,3 +53,37 @@ func TestALateAdmissionIsSettledInTheWindowItWasCountedIn(t *testing.T) {
 		t.Fatalf("Retry-After %d s of a refusal in the day that ends in 86400 s", rej.RetryAfter)
 	}
 }
+
+// In process too: an admission that read the clock just before a window's
+// end and takes the user's lock after a request of the next window was
+// admitted counts in the next window and keeps its count (it reset it, and
+// the next request reset it again: the new window started from zero).
+func TestALateAdmissionKeepsTheNextWindowsCountInProcess(t *testing.T) {
+	key, hash := mintKey(t)
+	midnight := time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
+	clk := newFakeClock(midnight.Add(time.Millisecond))
+	c := userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":3,"max_tokens":100}]}}`, "")
+	g := newGov(t, Options{Now: clk.Now}, c)
+	u := identify(t, g, key)
+	r := Request{PromptTokens: 10, MaxTokens: 20} // an estimate of 30
+	tk := admitOK(t, g, u, r)
+	tk.FirstToken()
+	tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 20})
+	clk.Set(midnight.Add(-time.Millisecond)) // the late ones
+	admitOK(t, g, u, r).Done(Usage{})
+	tk = admitOK(t, g, u, r)
+	tk.FirstToken()
+	tk.Done(Usage{Known: true, PromptTokens: 3, CompletionTokens: 2})
+	clk.Set(midnight.Add(2 * time.Millisecond))
+	// 2 requests and 35 tokens counted: 1 request and 65 tokens left.
+	last := admitOK(t, g, u, Request{PromptTokens: 10, MaxTokens: 55})
+	defer last.Done(Usage{})
+	rej := admitRejected(t, g, u, Request{}, CodeQuotaRequestsDay)
+	if rej.RetryAfter < 86399 {
+		t.Fatalf("Retry-After %d s", rej.RetryAfter)
+	}
+	clk.Set(midnight.Add(-time.Millisecond))
+	if rej := admitRejected(t, g, u, Request{}, CodeQuotaRequestsDay); rej.RetryAfter < 86400 {
+		t.Fatalf("Retry-After %d s of a late refusal in the day that ends in 86400 s", rej.RetryAfter)
+	}
+}

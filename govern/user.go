@@ -165,10 +165,19 @@ func (st *userState) checkLocked(t *template, cs *calState, now int64, e estimat
 				continue
 			}
 			c := &st.win[p]
-			if !cs.win[p].holds(c.start, sec) {
-				*c = winCount{}
+			ws := cs.win[p]
+			if c.start >= ws.end {
+				// A later window began already (a request that read the
+				// clock after this one took the lock first): this late
+				// admission counts in it, as with Redis (resetting it
+				// to this one's start lost the new window's count).
+				ws = window{c.start, c.start + ws.end - ws.start}
+			} else {
+				if !ws.holds(c.start, sec) {
+					*c = winCount{}
+				}
+				c.start = ws.start
 			}
-			c.start = cs.win[p].start
 			hit := false
 			if w.maxReq > 0 && c.req+1 > w.maxReq {
 				f |= 1 << quotaRequestsCode(p)
@@ -179,7 +188,7 @@ func (st *userState) checkLocked(t *template, cs *calState, now int64, e estimat
 				hit = true
 			}
 			if hit {
-				retry = max(retry, cs.win[p].end*1e9-now) // to the ns: Retry-After-Ms
+				retry = max(retry, ws.end*1e9-now) // to the ns: Retry-After-Ms
 			}
 		}
 	}
