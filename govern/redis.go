@@ -488,8 +488,12 @@ func (r *redisState) keepFailedEnds(parts []*scriptCall, err error) {
 				r.keepRedo([]string{x.keys[1]}, []any{x.args[0], x.args[8], x.args[9]}, true)
 			}
 		case endRenew:
-			// It may still run (a timeout), after the member's return.
-			r.keep(redoRelease{keys: x.keys, args: []any{x.args[0], r.wake, r.wakeMessage(x.keys[0])}, renewal: true})
+			// It may still run (a timeout), after the member's return;
+			// one never sent keeps nothing (every renewal of a long
+			// outage would fill redo and evict the returns of ends).
+			if !unsent {
+				r.keep(redoRelease{keys: x.keys, args: []any{x.args[0], r.wake, r.wakeMessage(x.keys[0])}, renewal: true})
+			}
 		}
 	}
 }

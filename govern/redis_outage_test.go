@@ -124,3 +124,41 @@ func TestRedisEndsThatCouldNotReachRedisAreSettledWhenItAnswers(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Lease renewals that cannot reach Redis (it is down) keep nothing to send
+// again: over a long outage they would fill the returns kept for Redis's
+// return and evict those of the requests that ended meanwhile.
+func TestRedisRenewalsThatCouldNotReachRedisKeepNothing(t *testing.T) {
+	rs := startRedis(t)
+	px := startOutageProxy(t, "127.0.0.1:"+strconv.Itoa(rs.port))
+	o := redisOptions(t, rs)
+	o.State = px.url()
+	o.LeaseTTL = 300 * time.Millisecond // renewed every 100 ms
+	key, hash := mintKey(t)
+	g := newGov(t, o, userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":5}}`, ""))
+	u := identify(t, g, key)
+	var held []Ticket
+	for range 3 {
+		held = append(held, admitOK(t, g, u, Request{}))
+	}
+	px.cut()
+	for range 3 { // fail open; the pool's connections are gone
+		admitOK(t, g, u, Request{}).Done(Usage{})
+	}
+	time.Sleep(600 * time.Millisecond) // renewals fail to connect
+	g.rds.qmu.Lock()
+	n := 0
+	for _, x := range g.rds.redo {
+		if x.renewal {
+			n++
+		}
+	}
+	g.rds.qmu.Unlock()
+	px.restore()
+	for _, tk := range held {
+		tk.Done(Usage{})
+	}
+	if n > 0 {
+		t.Fatalf("%d renewals that never reached Redis kept to send again", n)
+	}
+}
