@@ -927,7 +927,26 @@ var (
 // message_delta the output, often in one read), so every usage object of
 // b is read in order; one cut by a read boundary is carried to the next
 // scan as scan does.
-func (u *usage) scanProtocol(b []byte, api protocol.API) { u.scanAPI(b, api) }
+func (u *usage) scanProtocol(b []byte, api protocol.API) {
+	if api != protocol.Anthropic {
+		u.scanAPI(b, api)
+		return
+	}
+	// An event type cut by the boundary between the last read and b.
+	var w [2 * (markerLen - 1)]byte
+	n := copy(w[:], u.tail[:u.ntail])
+	n += copy(w[n:], b[:min(len(b), markerLen-1)])
+	u.inMessageStart(w[:n])
+	u.scanAPI(b, api)
+	// Keep the last markerLen-1 bytes read.
+	if len(b) >= len(u.tail) {
+		u.ntail = copy(u.tail[:], b[len(b)-len(u.tail):])
+	} else {
+		keep := min(u.ntail, len(u.tail)-len(b))
+		copy(u.tail[:], u.tail[u.ntail-keep:u.ntail])
+		u.ntail = keep + copy(u.tail[keep:], b)
+	}
+}
 
 // parseProtocol reads every usage object of b in order (reading one twice
 // is harmless: the later ones still come after it).
@@ -941,15 +960,19 @@ func (u *usage) parseProtocol(b []byte, api protocol.API) {
 		i += off
 		obj := b[i+len(keyUsage):]
 		end := objectEnd(obj)
+		start := api == protocol.Anthropic && u.inMessageStart(b[off:i])
 		if end < 0 {
-			u.applyProtocol(obj, api)
+			u.applyProtocol(obj, api, start)
 			if len(b)-i <= usageCarry {
 				u.ncarry = copy(u.carry[:], b[i:])
 			}
 			return
 		}
-		u.applyProtocol(obj[:end], api)
+		u.applyProtocol(obj[:end], api, start)
 		off = i + len(keyUsage) + end
+	}
+	if api == protocol.Anthropic {
+		u.inMessageStart(b[off:]) // the event type a later read's usage belongs to
 	}
 	// The next key may be cut: carry a tail of b (after the last object)
 	// that begins it.
@@ -961,11 +984,37 @@ func (u *usage) parseProtocol(b []byte, api protocol.API) {
 	}
 }
 
+// inMessageStart reports whether a usage object after pre (the bytes of
+// a read since the previous usage object) is an Anthropic
+// message_start's: the last event type pre names, or when it names none
+// the last one an earlier read named (u.inStart, which it updates).
+func (u *usage) inMessageStart(pre []byte) bool {
+	s, d := bytes.LastIndex(pre, evMessageStart), bytes.LastIndex(pre, evMessageDelta)
+	if s != d { // one of them found
+		u.inStart = s > d
+	}
+	return u.inStart
+}
+
+var (
+	evMessageStart = []byte(`"message_start"`)
+	evMessageDelta = []byte(`"message_delta"`)
+)
+
+// markerLen is the length of evMessageStart and evMessageDelta.
+const markerLen = 15
+
 // applyProtocol records the numbers of one usage object (or of its part
-// read so far).
-func (u *usage) applyProtocol(obj []byte, api protocol.API) {
+// read so far). An Anthropic message_start's (start) tells the input
+// only: its output_tokens (0 at vLLM, 1 at Anthropic) is no count of what
+// was generated, so the usage is known (seen) only once the output comes
+// in a later event (message_delta). A stream cut after message_start (the
+// client left, the engine died) keeps its estimate, as a chat stream
+// without usage does; it was reconciled with the output of message_start,
+// nothing, however much the client had received.
+func (u *usage) applyProtocol(obj []byte, api protocol.API, start bool) {
 	in, okIn := intAfter(obj, keyInputTokens)
-	if n, ok := intAfter(obj, keyOutputTokens); ok {
+	if n, ok := intAfter(obj, keyOutputTokens); ok && !start {
 		u.completion, u.seen = n, true
 	}
 	cached, okCached := 0, false
@@ -977,7 +1026,8 @@ func (u *usage) applyProtocol(obj []byte, api protocol.API) {
 		cached, okCached = intAfter(obj, keyCached)
 	}
 	if okIn {
-		u.prompt, u.seen = in, true
+		u.prompt = in
+		u.seen = u.seen || !start
 		if okCached {
 			u.cached = cached
 		}

@@ -20,6 +20,14 @@ type usage struct {
 	// object (or its key): the next chunk is scanned joined to it.
 	carry  [usageCarry]byte
 	ncarry int
+	// inStart: the last Anthropic event type named so far is
+	// message_start (parseProtocol), for a usage object whose event began
+	// in an earlier read.
+	inStart bool
+	// tail is the end of the last read, to find an event type cut by a
+	// read boundary (scanProtocol).
+	tail  [markerLen - 1]byte
+	ntail int
 }
 
 // usageCarry bounds the bytes carried over a read boundary: a usage object

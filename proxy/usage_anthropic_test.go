@@ -1,0 +1,49 @@
+package proxy
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/infera/infera/protocol"
+)
+
+// An Anthropic stream cut after its message_start (the engine died, the
+// client left: no message_delta) has no known usage, however it was read:
+// message_start's usage tells the input alone (vLLM's says output_tokens
+// 0), so the request keeps its estimate, as a chat stream without usage
+// does. It counted as known usage with no output.
+func TestACutAnthropicStreamHasNoKnownUsage(t *testing.T) {
+	b := []byte("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"m\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":30,\"cache_read_input_tokens\":9,\"output_tokens\":0}}}\n\n" +
+		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n" +
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" the \\\"message_delta\\\" of it\"}}\n\n")
+	scan := func(chunks ...[]byte) usage {
+		var u usage
+		for _, c := range chunks {
+			u.scanProtocol(c, protocol.Anthropic)
+		}
+		return u
+	}
+	check := func(u usage, how string) {
+		t.Helper()
+		if u.seen || u.prompt != 39 {
+			t.Fatalf("%s: seen %v prompt %d completion %d, want unseen with prompt 39", how, u.seen, u.prompt, u.completion)
+		}
+	}
+	check(scan(b), "whole")
+	for i := 0; i <= len(b); i++ {
+		check(scan(b[:i], b[i:]), fmt.Sprintf("cut at %d", i))
+		for j := i; j <= len(b) && j < i+40; j++ {
+			check(scan(b[:i], b[i:j], b[j:]), fmt.Sprintf("cut at %d and %d", i, j))
+		}
+	}
+	var u usage
+	for i := range b {
+		u.scanProtocol(b[i:i+1], protocol.Anthropic)
+	}
+	check(u, "byte by byte")
+	// Its message_delta then makes it known.
+	u.scanProtocol([]byte("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":7}}\n\n"), protocol.Anthropic)
+	if !u.seen || u.prompt != 39 || u.completion != 7 || u.cached != 9 {
+		t.Fatalf("after message_delta: %+v", u)
+	}
+}
