@@ -89,7 +89,7 @@ type Serve struct {
 
 	// Gateway state and administration.
 	State              string        `help:"Where counters and management data live: empty for in-process, or redis://[:password@]host:port[/db]." env:"INFERA_STATE"`
-	StateEndDelay      time.Duration `help:"With --state redis: how long a finished request's counter updates (reconciliation, seats given back) may wait in this router to ride in the next admission's round trip before they are sent alone; other routers see them at most this (plus a round trip) late. 0 sends them as soon as the connection is free." default:"2ms" env:"INFERA_STATE_END_DELAY"`
+	StateEndDelay      time.Duration `help:"With --state redis: how long a finished request's counter updates (reconciliation, seats given back) may wait in this router to ride in the next admission's round trip before they are sent alone; other routers see them at most this (plus a round trip) late. 0 sends them as soon as the connection is free; at most 1s." default:"2ms" env:"INFERA_STATE_END_DELAY"`
 	AdminHost          string        `help:"Admin API and console listen address (loopback by default)." default:"127.0.0.1" env:"INFERA_ADMIN_HOST"`
 	AdminPort          int           `help:"Admin API and console port; 0 disables the admin listener." default:"8081" env:"INFERA_ADMIN_PORT"`
 	AdminAllowedHosts  []string      `help:"Host names the admin API answers for besides IP addresses, localhost, this machine's name and --admin-host (a leading dot allows subdomains, * any name); an API request naming another Host is refused (DNS rebinding)." env:"INFERA_ADMIN_ALLOWED_HOSTS" sep:","`
@@ -107,6 +107,10 @@ func (s *Serve) BreakerCooldown() time.Duration {
 func (s *Serve) BreakerMaxCooldown() time.Duration {
 	return time.Duration(s.BreakerMaxCooldownS * float64(time.Second))
 }
+
+// MaxStateEndDelay bounds --state-end-delay: ends (and, riding with them,
+// lease renewals) wait at most this in the router.
+const MaxStateEndDelay = time.Second
 
 // Validate checks cross-flag consistency.
 func (s *Serve) Validate() error {
@@ -133,6 +137,11 @@ func (s *Serve) Validate() error {
 		if k.v != strings.TrimSpace(k.v) {
 			return fmt.Errorf("%s starts or ends with white space (a newline from a secret file?): no client could present it; remove it", k.flag)
 		}
+	}
+	if s.StateEndDelay < 0 || s.StateEndDelay > MaxStateEndDelay {
+		// Lease renewals ride with the ends (govern): a delay near the
+		// lease TTL (15 s, renewed every 5 s) would let held seats lapse.
+		return fmt.Errorf("--state-end-delay %v: want 0 to %v", s.StateEndDelay, MaxStateEndDelay)
 	}
 	if s.RequestMaxRetries < 0 {
 		return fmt.Errorf("--request-max-retries must be >= 0")

@@ -103,3 +103,22 @@ func TestANegativeValueOfAPositiveSettingIsToldItMustBePositive(t *testing.T) {
 		t.Fatalf("non-negative: %v", err)
 	}
 }
+
+// --state-end-delay is bounded: lease renewals of the seats a router holds
+// in Redis wait with the ends, so a delay near the lease TTL (15 s) would
+// let them lapse while the requests still run; a negative one is refused
+// too.
+func TestServeFlagsRefuseAStateEndDelayPastOneSecond(t *testing.T) {
+	for _, d := range []time.Duration{-time.Millisecond, MaxStateEndDelay + time.Millisecond, 14 * time.Second} {
+		f := &Serve{Port: 8000, MaxBodyBytes: 1, BreakerCooldownS: 1, BreakerMaxCooldownS: 2, ConfigPoll: 1, MaxInflightBodyBytes: 1, KVBlockSize: 16, StateEndDelay: d}
+		if err := f.Validate(); err == nil || !strings.Contains(err.Error(), "--state-end-delay") {
+			t.Errorf("--state-end-delay %v accepted: %v", d, err)
+		}
+	}
+	for _, d := range []time.Duration{0, 2 * time.Millisecond, MaxStateEndDelay} {
+		f := &Serve{Port: 8000, MaxBodyBytes: 1, BreakerCooldownS: 1, BreakerMaxCooldownS: 2, ConfigPoll: 1, MaxInflightBodyBytes: 1, KVBlockSize: 16, StateEndDelay: d}
+		if err := f.Validate(); err != nil {
+			t.Errorf("--state-end-delay %v refused: %v", d, err)
+		}
+	}
+}
