@@ -703,7 +703,10 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		// The ETag names the config the changes were listed against: an
 		// import sent with it applies only if nothing changed meanwhile.
 		a.setVersionHeaders(w, cur, curVer)
-		writeJSON(w, http.StatusOK, map[string]any{"valid": true, "snapshot_version": f.Version, "changes": diff(a.seal, cur, next)})
+		// As in the audit log: the first maxAuditChanges changes, and
+		// how many more.
+		changes, more := diffUpTo(a.seal, cur, next, maxAuditChanges)
+		writeJSON(w, http.StatusOK, map[string]any{"valid": true, "snapshot_version": f.Version, "changes": changes, "more": more})
 		return nil
 	}
 	if a.snaps != nil {
@@ -711,12 +714,17 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 			return fmt.Errorf("cannot save the current data before the import (nothing changed): %w", err)
 		}
 	}
-	// Import the exact document checked above (sealed secrets opened).
-	nd, err := clearDocOf(next)
-	if err != nil {
-		return err
-	}
-	c, v, err := a.change(a.who(r), "import", base, func(doc map[string]any) error {
+	// Import the config checked above while its base is current; when
+	// another change landed since (an import without If-Match), the
+	// exact document checked above (sealed secrets opened) over it.
+	var nd map[string]any
+	c, v, err := a.changeChecked(a.who(r), "import", base, next, curVer, func(doc map[string]any) error {
+		if nd == nil {
+			var err error
+			if nd, err = clearDocOf(next); err != nil {
+				return err
+			}
+		}
 		clear(doc)
 		for k, val := range nd {
 			doc[k] = val

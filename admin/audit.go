@@ -117,13 +117,8 @@ func (l *auditLog) drain() {
 }
 
 func (l *auditLog) record(at time.Time, who actor, action string, version uint64, old, cur *config.Config) {
-	changes := diff(l.seal, old, cur)
-	e := AuditEntry{Time: at, Who: who.Who, Remote: who.Remote, Action: action, Version: version}
-	if len(changes) > maxAuditChanges {
-		e.More = len(changes) - maxAuditChanges
-		changes = changes[:maxAuditChanges]
-	}
-	e.Changes = changes
+	changes, more := diffUpTo(l.seal, old, cur, maxAuditChanges)
+	e := AuditEntry{Time: at, Who: who.Who, Remote: who.Remote, Action: action, Version: version, Changes: changes, More: more}
 	logged := make([]string, 0, min(len(changes), 20))
 	for _, c := range changes[:min(len(changes), 20)] {
 		logged = append(logged, c.Path+": "+c.Old+" -> "+c.New)
@@ -162,8 +157,47 @@ func (l *auditLog) list(limit int) []AuditEntry {
 // diff lists the settings that differ between two configs, by JSON path,
 // with secrets redacted (fingerprinted by s).
 func diff(s *sealer, old, cur *config.Config) []Change {
-	a, ra, b, rb := flattenChanged(s, old, cur)
+	a, ra, b, rb := flattenChanged(s, old, cur, nil)
 	return diffFlat(a, ra, b, rb)
+}
+
+// diffUpTo is diff listing at most limit changes, and counting the rest in
+// more. The members of a list told by name (users, templates, workers)
+// are flattened only until limit of them differ: each further member
+// added, removed or changed counts as one change in more, however many of
+// its settings differ. An import of 100,000 users so flattens a few
+// hundred of them, not all (which took most of what an import allocated).
+func diffUpTo(s *sealer, old, cur *config.Config, limit int) (changes []Change, more int) {
+	bud := &memberBudget{left: limit}
+	a, ra, b, rb := flattenChanged(s, old, cur, bud)
+	changes = diffFlat(a, ra, b, rb)
+	more = bud.skipped
+	if len(changes) > limit {
+		more += len(changes) - limit
+		changes = changes[:limit]
+	}
+	return changes, more
+}
+
+// memberBudget bounds how many differing list members a diff flattens
+// (nil: all of them).
+type memberBudget struct {
+	left    int // members still flattened
+	skipped int // differing members counted, not flattened
+}
+
+// take reports whether one more differing member is flattened, counting
+// it as skipped when not.
+func (m *memberBudget) take() bool {
+	if m == nil {
+		return true
+	}
+	if m.left > 0 {
+		m.left--
+		return true
+	}
+	m.skipped++
+	return false
 }
 
 // diffFlat lists the differences of two flattened configs (flatten).
@@ -361,7 +395,10 @@ const maxScanLevels = 64
 // make no change, so diffFlat finds the same changes; a write that adds one
 // user to 10,000 walks that user, not 20,000 (flattening both configs whole
 // was most of what such a write allocated).
-func flattenChanged(s *sealer, old, cur *config.Config) (a map[string]string, ra map[string][]string, b map[string]string, rb map[string][]string) {
+//
+// With bud, at most bud.left differing members of lists told by name are
+// flattened (a list present on one side only counts its members too).
+func flattenChanged(s *sealer, old, cur *config.Config, bud *memberBudget) (a map[string]string, ra map[string][]string, b map[string]string, rb map[string][]string) {
 	if old == nil || cur == nil {
 		a, ra = flatten(s, old)
 		b, rb = flatten(s, cur)
@@ -381,28 +418,64 @@ func flattenChanged(s *sealer, old, cur *config.Config) (a map[string]string, ra
 		y, ok := secB[k]
 		switch {
 		case !ok:
-			flattenRaw(a, ra, k, x)
+			if !flattenNamedOneSide(a, ra, k, x, bud) {
+				flattenRaw(a, ra, k, x)
+			}
 		case bytes.Equal(x, y):
-		case !flattenNamedChanged(a, ra, b, rb, k, x, y):
+		case !flattenNamedChanged(a, ra, b, rb, k, x, y, bud):
 			flattenRaw(a, ra, k, x)
 			flattenRaw(b, rb, k, y)
 		}
 	}
 	for k, y := range secB {
 		if _, ok := secA[k]; !ok {
-			flattenRaw(b, rb, k, y)
+			if !flattenNamedOneSide(b, rb, k, y, bud) {
+				flattenRaw(b, rb, k, y)
+			}
 		}
 	}
 	return a, ra, b, rb
 }
 
+// flattenNamedOneSide flattens the members of list x (at path), present on
+// one side only, within bud, when bud is set and x is a non-empty list of
+// members told by name; it reports false, having done nothing, otherwise.
+func flattenNamedOneSide(m map[string]string, order map[string][]string, path string, x []byte, bud *memberBudget) bool {
+	if bud == nil {
+		return false
+	}
+	xs := listMembers(x)
+	if len(xs) == 0 {
+		return false
+	}
+	nx := rawMemberNames(xs)
+	if nx == nil {
+		return false
+	}
+	order[path] = nx
+	for i, n := range nx {
+		if bud.take() {
+			flattenRaw(m, order, memberPath(path, n), xs[i])
+		}
+	}
+	return true
+}
+
 // flattenNamedChanged flattens the members of lists x and y (at path) that
 // differ, when both are non-empty lists of members told by name; it
 // reports false, having done nothing, otherwise.
-func flattenNamedChanged(a map[string]string, ra map[string][]string, b map[string]string, rb map[string][]string, path string, x, y []byte) bool {
+// A member changed on both sides is flattened on both or neither (bud).
+func flattenNamedChanged(a map[string]string, ra map[string][]string, b map[string]string, rb map[string][]string, path string, x, y []byte, bud *memberBudget) bool {
 	xs, ys := listMembers(x), listMembers(y)
-	if len(xs) == 0 || len(ys) == 0 {
+	switch {
+	case len(xs) == 0 && len(ys) == 0:
 		return false
+	case len(xs) == 0:
+		// An empty (or null) list that gained members is told by the
+		// members alone (as diffFlat tells it), within bud.
+		return flattenNamedOneSide(b, rb, path, y, bud)
+	case len(ys) == 0:
+		return flattenNamedOneSide(a, ra, path, x, bud)
 	}
 	nx, ny := rawMemberNames(xs), rawMemberNames(ys)
 	if nx == nil || ny == nil {
@@ -418,14 +491,20 @@ func flattenNamedChanged(a map[string]string, ra map[string][]string, b map[stri
 	}
 	inX, inY := byName(nx, xs), byName(ny, ys)
 	for i, n := range nx {
-		if r, ok := inY[n]; !ok || !bytes.Equal(r, xs[i]) {
-			flattenRaw(a, ra, memberPath(path, n), xs[i])
+		r, ok := inY[n]
+		if ok && bytes.Equal(r, xs[i]) || !bud.take() {
+			continue
+		}
+		flattenRaw(a, ra, memberPath(path, n), xs[i])
+		if ok {
+			flattenRaw(b, rb, memberPath(path, n), r)
 		}
 	}
 	for i, n := range ny {
-		if r, ok := inX[n]; !ok || !bytes.Equal(r, ys[i]) {
-			flattenRaw(b, rb, memberPath(path, n), ys[i])
+		if _, ok := inX[n]; ok || !bud.take() {
+			continue
 		}
+		flattenRaw(b, rb, memberPath(path, n), ys[i])
 	}
 	return true
 }

@@ -617,9 +617,15 @@ func (s *sealer) parseDocRefs(doc map[string]any, cur, refs *config.Config) (*co
 	if err != nil {
 		return nil, fmt.Errorf("BUG: cannot re-encode a decoded document: %w", err)
 	}
+	// The decoded document is garbage from here (the config is a few
+	// times smaller): an error decodes it again, for its precise path.
 	c, err := config.Parse(data)
 	if err != nil {
-		return nil, refineError(resolved, err)
+		again, derr := decodeDoc(data)
+		if derr != nil {
+			return nil, err
+		}
+		return nil, refineError(again, err)
 	}
 	if len(held.byKey) > 0 {
 		if err := held.resolve(s, c, cur, refs); err != nil {

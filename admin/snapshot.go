@@ -153,12 +153,11 @@ func decodeSnapshot(data []byte) (map[string]any, *snapshotFile, error) {
 	if f.SHA256 != "" {
 		// The digest is over the compact form: indentation (MarshalIndent
 		// of the file, an editor) does not matter, any other change does.
-		var compact bytes.Buffer
-		if err := json.Compact(&compact, f.Config); err != nil {
-			return nil, nil, &config.FieldError{Path: "config", Msg: "is not valid JSON"}
-		}
-		sum := sha256.Sum256(compact.Bytes())
+		sum := compactSHA256(f.Config)
 		if hex.EncodeToString(sum[:]) != strings.ToLower(f.SHA256) {
+			if !json.Valid(f.Config) {
+				return nil, nil, &config.FieldError{Path: "config", Msg: "is not valid JSON"}
+			}
 			return nil, nil, &config.FieldError{Path: "sha256", Msg: "does not match the config: the file is damaged or was edited (remove sha256 to import an edited file on purpose)"}
 		}
 	}
@@ -176,7 +175,39 @@ func decodeSnapshot(data []byte) (map[string]any, *snapshotFile, error) {
 	if err := config.RepeatedKey(data, ""); err != nil {
 		return nil, nil, err
 	}
+	f.Config = nil // a copy of the document, now doc: the header is returned
 	return doc, &f, nil
+}
+
+// compactSHA256 is the SHA-256 of json.Compact(data) for valid JSON data,
+// without a compact copy of it: the white space outside strings is left
+// out as it is hashed.
+func compactSHA256(data []byte) [sha256.Size]byte {
+	h := sha256.New()
+	inString, escaped := false, false
+	start := 0
+	for i, c := range data {
+		switch {
+		case escaped:
+			escaped = false
+		case inString:
+			switch c {
+			case '\\':
+				escaped = true
+			case '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			h.Write(data[start:i])
+			start = i + 1
+		}
+	}
+	h.Write(data[start:])
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
 }
 
 // read loads and validates a stored snapshot. Unlike an import, it must

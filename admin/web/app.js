@@ -743,8 +743,9 @@ async function backupPage() {
       return;
     }
     const ch = dry.data.changes || [];
+    const nch = ch.length + (dry.data.more || 0);
     preview.replaceChildren(h('div', { class: 'banner info' },
-      h('div', { text: file.name + ' is valid. ' + (ch.length ? ch.length + ' setting(s) will change:' : 'It matches the current configuration.') }),
+      h('div', { text: file.name + ' is valid. ' + (nch ? nch + ' setting(s) will change' + (dry.data.more ? ' (the first ' + ch.length + ' listed)' : '') + ':' : 'It matches the current configuration.') }),
       ch.length ? h('div', { class: 'changes' }, h('table', {}, h('tbody', {}, ch.slice(0, 200).map((c) => h('tr', {}, h('td', { class: 'mono', text: c.path }), h('td', { class: 'mono muted', text: c.old }), h('td', { class: 'mono', text: c.new })))))) : null,
       h('div', { class: 'actions' }, h('button', {
         class: 'primary', id: 'import-confirm', text: redis ? 'Import to Redis' : 'Import', onclick: async () => {
