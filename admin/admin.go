@@ -116,6 +116,11 @@ type Admin struct {
 
 	mu      sync.Mutex // serializes changes made through the admin
 	pending atomic.Pointer[pendingChange]
+	// importing is held by the import (or dry run) running: they run one
+	// at a time, from reading the body to recording the audit entry, so
+	// that their peaks of memory (about 12 times the body each, see
+	// postImport) do not add up.
+	importing chan struct{}
 
 	ln   net.Listener
 	srv  *http.Server
@@ -204,6 +209,8 @@ func New(o Options) (*Admin, error) {
 		started:  time.Now(),
 		hostname: machineName(),
 		stop:     make(chan struct{}),
+
+		importing: make(chan struct{}, 1),
 	}
 	a.keySum = sha256.Sum256([]byte(o.Key))
 	a.wg.Add(1)

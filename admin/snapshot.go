@@ -31,10 +31,14 @@ const (
 const (
 	snapshotFormat        = "infera-snapshot"
 	snapshotFormatVersion = 1
-	// maxSnapshotBytes bounds an imported snapshot: as large as the
-	// exports of a config with a few hundred thousand users (the writer
-	// has no bound; 16 MiB refused the export of 110,000 users).
-	maxSnapshotBytes = 256 << 20
+	// maxSnapshotBytes bounds an imported snapshot. An export takes
+	// about 245 bytes a user (one key, a template: 27 MB for 110,000
+	// users, which 16 MiB refused); 64 MiB takes about 270,000 such
+	// users. An import peaks at 12 to 15 times its body
+	// (TestImportMemoryIsASmallMultipleOfTheBody), so under 1 GiB at
+	// this bound, and imports run one at a time (postImport): 256 MiB
+	// let one import grow the heap by several GB.
+	maxSnapshotBytes = 64 << 20
 )
 
 // snapshotFile is the on-disk and export format: the whole management data
