@@ -3,6 +3,7 @@ package engine
 import (
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"encoding/json"
@@ -77,6 +78,10 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"status":"ok"}`)
 	default:
+		if rest, ok := strings.CutPrefix(path, "/v1/responses/"); ok && s.cfg.NativeProtocols {
+			s.handleStoredResponse(ctx, rest) // respstore.go
+			return
+		}
 		s.writeError(ctx, fasthttp.StatusNotFound, "unknown path "+strconv.Quote(path), "invalid_request_error")
 	}
 }

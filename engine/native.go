@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"bytes"
 	"io"
 
+	"github.com/infera/infera/internal/jsonscan"
 	"github.com/infera/infera/protocol"
 	"github.com/infera/infera/tokenizer"
 	"github.com/valyala/fasthttp"
@@ -31,8 +33,9 @@ func (s *Server) handleNative(ctx *fasthttp.RequestCtx, path string) {
 	}
 	m := new(protocol.Meta)
 	var (
-		chat []byte
-		err  error
+		chat   []byte
+		err    error
+		stored bool // a Response the engine keeps
 	)
 	switch path {
 	case "/v1/messages":
@@ -57,9 +60,18 @@ func (s *Server) handleNative(ctx *fasthttp.RequestCtx, path string) {
 		// store (true unless the request's is a lax false or null), as
 		// vLLM's does.
 		m.PrevResponseID, m.Stored = append(m.PrevResponseID[:0], prev...), !noStore
+		stored = !noStore
 		defer func() {
 			if err == nil && !noStore && ctx.Response.StatusCode() < 400 {
-				s.resp.add(m.ID) // respstore.go
+				// Body() would read a stream whole: its Response is
+				// made from the request's meta instead.
+				var resp []byte
+				if ctx.Response.IsBodyStream() {
+					resp = appendStreamedResponse(nil, m)
+				} else {
+					resp = ctx.Response.Body()
+				}
+				s.resp.add(m.ID, resp) // respstore.go
 			}
 		}()
 	default:
@@ -72,6 +84,10 @@ func (s *Server) handleNative(ctx *fasthttp.RequestCtx, path string) {
 	}
 	ctx.Request.SetBody(chat)
 	nat := &nativeStream{m: m}
+	if stored {
+		// A stored stream's Response is its last event's, once it ends.
+		nat.final = func(resp []byte) { s.resp.update(m.ID, resp) }
+	}
 	s.handleGenerate(ctx, true, nat)
 	if nat.t != nil {
 		return // a stream: nativeStream converts it
@@ -144,6 +160,7 @@ func (s *Server) nativeError(ctx *fasthttp.RequestCtx, api protocol.API, err err
 // events as fasthttp reads it.
 type nativeStream struct {
 	m       *protocol.Meta
+	final   func(resp []byte) // gets the last event's "response" object; nil: none wanted
 	t       *tokenStream
 	c       *protocol.StreamConverter
 	in, out []byte
@@ -168,6 +185,16 @@ func (n *nativeStream) Read(p []byte) (int, error) {
 			n.eof = true
 		case err != nil:
 			return 0, err
+		}
+		if n.final != nil && n.c.Finished() {
+			// The Response's last event came with this output.
+			if i := bytes.LastIndex(n.out, keyResponseObj); i >= 0 {
+				vs := i + len(keyResponseObj)
+				if ve, err := jsonscan.SkipValue(n.out, vs, 64); err == nil {
+					n.final(n.out[vs:ve])
+				}
+			}
+			n.final = nil
 		}
 		n.pending = n.out
 	}

@@ -2,7 +2,11 @@ package engine
 
 import (
 	"bytes"
+	"strconv"
+	"strings"
 	"sync"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/infera/infera/internal/jsonscan"
 	"github.com/infera/infera/protocol"
@@ -12,32 +16,38 @@ import (
 // on, the engine keeps the Responses it answered ("store": false ones
 // excepted) and answers a follow-up naming one in previous_response_id; an
 // id it does not hold is answered as vLLM answers it, 404 "Response with id
-// '...' not found.". It keeps the last respStoreMax ids only, not their
-// content: a follow-up is generated from its own input (the simulated
-// answer does not depend on the conversation), which is what a router's
-// routing of follow-ups needs to be tested end to end.
+// '...' not found.". It keeps the last respStoreMax Responses: a whole
+// answer as it was sent, a streamed one as its last event's Response (its
+// id, model and status "in_progress" until it ends); a follow-up is generated from its own
+// input (the simulated answer does not depend on the conversation), which
+// is what a router's routing of follow-ups needs to be tested end to end.
+// GET /v1/responses/{id} answers the stored Response, POST
+// /v1/responses/{id}/cancel refuses it as vLLM refuses to cancel a
+// response that is not queued or in progress (the engine runs no
+// background responses: a request with "background": true is generated
+// as any other).
 
-// respStoreMax bounds the ids kept.
+// respStoreMax bounds the Responses kept.
 const respStoreMax = 4096
 
-// respStore is the ids of the Responses an engine answered, the oldest
-// forgotten first.
+// respStore is the Responses an engine answered (the Response object each
+// retrieve answers), the oldest forgotten first.
 type respStore struct {
 	mu   sync.Mutex
 	max  int // 0: respStoreMax
-	ids  map[string]struct{}
+	ids  map[string][]byte
 	ring []string
 	next int // the oldest, once ring is full
 }
 
-func (r *respStore) add(id []byte) {
+func (r *respStore) add(id, resp []byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.ids[string(id)]; ok {
 		return
 	}
 	if r.ids == nil {
-		r.ids = make(map[string]struct{})
+		r.ids = make(map[string][]byte)
 	}
 	limit := r.max
 	if limit <= 0 {
@@ -51,7 +61,26 @@ func (r *respStore) add(id []byte) {
 		r.ring[r.next] = k
 		r.next = (r.next + 1) % len(r.ring)
 	}
-	r.ids[k] = struct{}{}
+	r.ids[k] = bytes.Clone(resp)
+}
+
+// update replaces the Response stored as id, when it is still held.
+func (r *respStore) update(id, resp []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.ids[string(id)]; ok {
+		r.ids[string(id)] = bytes.Clone(resp)
+	}
+}
+
+var keyResponseObj = []byte(`"response":`)
+
+// get returns the Response stored as id.
+func (r *respStore) get(id []byte) ([]byte, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b, ok := r.ids[string(id)]
+	return b, ok
 }
 
 func (r *respStore) has(id []byte) bool {
@@ -134,4 +163,45 @@ func appendResponseNotFound(dst, id []byte) []byte {
 	dst = append(dst, `{"error":{"message":`...)
 	dst = jsonscan.AppendString(dst, "Response with id '"+string(id)+"' not found.")
 	return append(dst, `,"type":"invalid_request_error","param":"response_id","code":404}}`...)
+}
+
+// appendStreamedResponse appends the Response the engine keeps of a
+// streamed answer until the stream ends (then its last event's Response):
+// its id, model and status.
+func appendStreamedResponse(dst []byte, m *protocol.Meta) []byte {
+	dst = append(dst, `{"id":`...)
+	dst = jsonscan.AppendString(dst, string(m.ID))
+	dst = append(dst, `,"object":"response","status":"in_progress","model":`...)
+	dst = jsonscan.AppendString(dst, string(m.Model))
+	return append(dst, `,"output":[]}`...)
+}
+
+// handleStoredResponse serves GET /v1/responses/{id} (retrieve) and POST
+// /v1/responses/{id}/cancel as vLLM does (api_router.py, serving.py
+// retrieve_responses and cancel_responses): an id not held is 404
+// (_make_not_found_error); a held Response is answered whole, and its
+// cancel is refused with 400 "Cannot cancel a synchronous response." (it is
+// completed: only a queued or in-progress background Response can be).
+func (s *Server) handleStoredResponse(ctx *fasthttp.RequestCtx, rest string) {
+	id, cancel := strings.CutSuffix(rest, "/cancel")
+	if id == "" || strings.Contains(id, "/") {
+		s.writeError(ctx, fasthttp.StatusNotFound, "unknown path "+strconv.Quote(string(ctx.Path())), "invalid_request_error")
+		return
+	}
+	if cancel && !ctx.IsPost() || !cancel && !ctx.IsGet() {
+		s.writeError(ctx, fasthttp.StatusMethodNotAllowed, "Method Not Allowed", "invalid_request_error")
+		return
+	}
+	ctx.SetContentType("application/json")
+	resp, ok := s.resp.get([]byte(id))
+	switch {
+	case !ok:
+		ctx.SetStatusCode(fasthttp.StatusNotFound)
+		ctx.SetBody(appendResponseNotFound(nil, []byte(id)))
+	case cancel:
+		ctx.SetStatusCode(fasthttp.StatusBadRequest)
+		ctx.SetBody(protocol.AppendError(nil, protocol.Responses, 400, protocol.TypeInvalidRequest, "", "Cannot cancel a synchronous response."))
+	default:
+		ctx.SetBody(resp)
+	}
 }

@@ -259,3 +259,67 @@ func TestTheEngineReadsEscapedResponsesKeys(t *testing.T) {
 		t.Fatalf("escaped previous_response_id, held: %d %s, want 200 echoing it", code, b)
 	}
 }
+
+// The engine serves GET /v1/responses/{id} with a Response it stored (a
+// whole one as it was sent, a streamed one as its last event's)
+// and refuses POST /v1/responses/{id}/cancel as vLLM refuses a response
+// that is not background (400 "Cannot cancel a synchronous response.");
+// an id it does not hold is vLLM's 404 on both. It answered both paths 404
+// unknown path.
+func TestTheEngineServesRetrieveAndCancelOfItsStoredResponses(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.NativeProtocols = true })
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := testClient.Get(e.base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	code, whole, _ := e.post(t, "/v1/responses", `{"model":"sim-model","input":"hi","max_output_tokens":2}`)
+	var v struct{ ID string }
+	if code != 200 || json.Unmarshal(whole, &v) != nil {
+		t.Fatalf("%d %s", code, whole)
+	}
+	if code, got := get("/v1/responses/" + v.ID); code != 200 || got != string(whole) {
+		t.Fatalf("retrieve: %d %s, want %s", code, got, whole)
+	}
+	code, got, _ := e.post(t, "/v1/responses/"+v.ID+"/cancel", "")
+	if code != 400 || !strings.Contains(string(got), `"message":"Cannot cancel a synchronous response."`) {
+		t.Fatalf("cancel: %d %s", code, got)
+	}
+	resp, err := testClient.Post(e.base+"/v1/responses", "application/json", strings.NewReader(`{"model":"sim-model","input":"hi","max_output_tokens":2,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	i := strings.Index(string(sb), `"id":"resp_`)
+	if i < 0 {
+		t.Fatalf("stream: %s", sb)
+	}
+	streamed := string(sb[i+6 : i+6+strings.IndexByte(string(sb[i+6:]), '"')])
+	// A stream's Response is its last event's (response.incomplete).
+	var last struct {
+		Response json.RawMessage `json:"response"`
+	}
+	ev := string(sb[strings.LastIndex(string(sb), "data: ")+len("data: "):])
+	if err := json.Unmarshal([]byte(strings.TrimSpace(ev)), &last); err != nil {
+		t.Fatalf("last event %q: %v", ev, err)
+	}
+	if code, got := get("/v1/responses/" + streamed); code != 200 || got != string(last.Response) || !strings.Contains(got, `"status":"incomplete"`) {
+		t.Fatalf("retrieve streamed: %d %q, want %q", code, got, last.Response)
+	}
+	want := `{"error":{"message":"Response with id 'resp_nope' not found.","type":"invalid_request_error","param":"response_id","code":404}}`
+	if code, got := get("/v1/responses/resp_nope"); code != 404 || got != want {
+		t.Fatalf("retrieve unknown: %d %s", code, got)
+	}
+	if code, got, _ := e.post(t, "/v1/responses/resp_nope/cancel", ""); code != 404 || string(got) != want {
+		t.Fatalf("cancel unknown: %d %s", code, got)
+	}
+	if code, got := get("/v1/responses/" + v.ID + "/cancel"); code != 405 {
+		t.Fatalf("GET cancel: %d %s", code, got)
+	}
+}
