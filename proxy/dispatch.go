@@ -35,6 +35,9 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 	}
 	c := &rs.call
 	c.method = methodPOST
+	if rs.acc.kind == kindResponseGet {
+		c.method = methodGET // respstored.go
+	}
 	c.begin = rs.start
 	rs.hdr = appendForwardHeaders(rs.hdr[:0], &ctx.Request.Header, s.authOn(), rs.proto.mode == protoConvert)
 	rs.hdr = appendRequestIDHeader(rs.hdr, rs.reqID)
@@ -50,7 +53,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 	}
 	s.watch(ctx, rs)
 	res := tries{allConnect: true}
-	if cfg.SplitProxy.Enabled {
+	if cfg.SplitProxy.Enabled && !byIDKind(rs.acc.kind) { // a stored Response is a local engine's
 		s.dispatchSplit(ctx, cfg, rs, &res)
 	} else {
 		s.dispatchLocal(ctx, cfg, rs, &res, false)
@@ -114,7 +117,7 @@ func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 	if s.globalOn(cfg) && !s.pinnedLocal(r) && s.localSaturated(cfg, r) && s.forwardGlobal(ctx, cfg, rs, res) {
 		return
 	}
-	if !poolingKind(rs.acc.kind) && s.dispatchPD(ctx, cfg, rs, res) {
+	if !poolingKind(rs.acc.kind) && !byIDKind(rs.acc.kind) && s.dispatchPD(ctx, cfg, rs, res) {
 		return // a prefill+decode pair took it (pd.go); pooling requests never split
 	}
 	attempts := 1 + s.flags.RequestMaxRetries
@@ -805,14 +808,14 @@ func (s *Server) writeSchedError(ctx *fasthttp.RequestCtx, r *sched.Request, err
 		// (respaffinity.go): another engine can only answer 404.
 		countStatus(503)
 		writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable,
-			"the engine holding previous_response_id (worker "+r.Prefer.ID+") is unavailable: it failed, and its trial request is in flight; retry shortly", "", "worker_on_trial")
+			"the engine holding "+heldName(ctx)+" (worker "+r.Prefer.ID+") is unavailable: it failed, and its trial request is in flight; retry shortly", "", "worker_on_trial")
 		ctx.Response.Header.Set("Retry-After", "1")
 	case errors.Is(err, sched.ErrPreferredOpen):
 		// A Responses follow-up whose engine's breaker is open: back when
 		// its cooldown ends (its trial then decides).
 		countStatus(503)
 		writeError(ctx, fasthttp.StatusServiceUnavailable, typeUnavailable,
-			"the engine holding previous_response_id (worker "+r.Prefer.ID+") is unavailable: it failed, and is excluded until its cooldown ends; retry then", "", "worker_breaker_open")
+			"the engine holding "+heldName(ctx)+" (worker "+r.Prefer.ID+") is unavailable: it failed, and is excluded until its cooldown ends; retry then", "", "worker_breaker_open")
 		var b [20]byte
 		ctx.Response.Header.SetBytesV("Retry-After", strconv.AppendInt(b[:0], s.cooldownLeft(r.Prefer), 10))
 	case errors.Is(err, sched.ErrPreferredDraining):
@@ -822,6 +825,11 @@ func (s *Server) writeSchedError(ctx *fasthttp.RequestCtx, r *sched.Request, err
 		// no other engine holds the response. It is leaving for good: not
 		// a 503 an SDK would retry into the same answer.
 		countStatus(410)
+		if _, _, ok := responseByIDKind(ctx.Path()); ok { // respstored.go
+			writeError(ctx, fasthttp.StatusGone, typeInvalidRequest,
+				"the engine holding the response (worker "+r.Prefer.ID+") is draining: it is leaving the fleet and takes no new requests, and no other engine holds the response", "response_id", "response_draining")
+			break
+		}
 		writeError(ctx, fasthttp.StatusGone, typeInvalidRequest,
 			"the engine holding previous_response_id (worker "+r.Prefer.ID+") is draining: it is leaving the fleet and takes no new requests, and no other engine holds the response; send the whole conversation in input", "previous_response_id", "previous_response_draining")
 	case errors.Is(err, sched.ErrSessionRequired):

@@ -98,7 +98,7 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqStat
 	r := &rs.sreq
 	// The engine generates up to max_tokens for each choice of each prompt.
 	req := govern.Request{PromptTokens: r.PromptTokens, MaxTokens: max(0, r.MaxTokens), Generations: rs.parsed.generations(),
-		NoOutput: poolingKind(rs.acc.kind), Model: rs.parsed.model}
+		NoOutput: poolingKind(rs.acc.kind) || byIDKind(rs.acc.kind), Model: rs.parsed.model}
 	if rs.acc.kind == kindCountTokens {
 		// Counting tokens (passed through to the engine) runs no model:
 		// it counts as a request, and costs no tokens (as at Anthropic).

@@ -903,6 +903,9 @@ func (rs *reqState) errorBody() []byte {
 // passthrough the client protocol's usage object (and a Responses
 // answer's id the first read did not hold).
 func (rs *reqState) scanUsage(b []byte) {
+	if byIDKind(rs.acc.kind) {
+		return // a stored Response's usage was counted when it was generated
+	}
 	if rs.proto.mode != protoPassthrough {
 		rs.usage.scan(b)
 		return

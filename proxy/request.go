@@ -500,6 +500,10 @@ func canonicalPath(kind int) []byte {
 		return pathRerank
 	case kindScore:
 		return pathScore
+	case kindResponseGet:
+		return pathResponseGet
+	case kindResponseCancel:
+		return pathResponseCancel
 	}
 	return pathCompletion
 }

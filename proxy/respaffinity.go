@@ -47,9 +47,16 @@ type respAffinity struct {
 	n      atomic.Int64 // entries, read without the lock
 	mu     sync.Mutex
 	limit  int // the ids kept; 0: respAffinityMax
-	m      map[string]fleet.Ref
+	m      map[string]respEntry
 	owners map[respCred]*respOwner
 	heap   []*respOwner // a max-heap by ids held
+}
+
+// respEntry is what the table keeps of a response: the engine that answered
+// it, and the user who asked for it ("" when no users are configured).
+type respEntry struct {
+	ref  fleet.Ref
+	user string
 }
 
 // respCred is who asked for a response: the user (users configured),
@@ -81,7 +88,7 @@ func (a *respAffinity) learn(head []byte, w *fleet.Worker, c respCred) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.m == nil {
-		a.m = make(map[string]fleet.Ref)
+		a.m = make(map[string]respEntry)
 		a.owners = make(map[respCred]*respOwner)
 	}
 	if _, ok := a.m[string(id)]; ok {
@@ -114,7 +121,7 @@ func (a *respAffinity) learn(head []byte, w *fleet.Worker, c respCred) bool {
 	}
 	o.ids = append(o.ids, key)
 	a.up(o.hi)
-	a.m[key] = w.Ref()
+	a.m[key] = respEntry{ref: w.Ref(), user: c.user}
 	a.n.Store(int64(len(a.m)))
 	return true
 }
@@ -275,7 +282,7 @@ func (a *respAffinity) lookup(body []byte) (ref fleet.Ref, noStore bool) {
 		}
 	}
 	a.mu.Lock()
-	ref = a.m[string(id)]
+	ref = a.m[string(id)].ref
 	a.mu.Unlock()
 	if ref.ID == "" {
 		mPrevResponseUnknown.Inc()
@@ -345,4 +352,16 @@ func responseID(buf *[respIDMax]byte, b []byte) (id []byte, found bool) {
 		return nil, found
 	}
 	return id, found
+}
+
+// find returns what the table keeps of the response id (decoded, as a
+// request path is), and whether it is known.
+func (a *respAffinity) find(id []byte) (respEntry, bool) {
+	if a.n.Load() == 0 {
+		return respEntry{}, false
+	}
+	a.mu.Lock()
+	e, ok := a.m[string(id)]
+	a.mu.Unlock()
+	return e, ok
 }

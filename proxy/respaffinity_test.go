@@ -58,6 +58,19 @@ func storingResponsesEngineOpt(t *testing.T, name string, o respEngineOpt) *upst
 	stored := map[string]bool{}
 	n := 0
 	return startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if id, ok := strings.CutPrefix(string(ctx.Path()), "/v1/responses/"); ok && ctx.IsGet() {
+			// Retrieve, as vLLM answers it.
+			mu.Lock()
+			defer mu.Unlock()
+			ctx.SetContentType("application/json")
+			if !stored[id] {
+				ctx.SetStatusCode(404)
+				fmt.Fprintf(ctx, `{"error":{"message":"Response with id '%s' not found.","type":"invalid_request_error","param":"response_id","code":404}}`, id)
+				return
+			}
+			fmt.Fprintf(ctx, `{"id":%q,"object":"response","status":"completed","model":"m","output":[]}`, id)
+			return
+		}
 		var req struct {
 			Stream bool            `json:"stream"`
 			Prev   string          `json:"previous_response_id"`

@@ -287,6 +287,9 @@ func inferenceKind(path []byte) (int, bool) {
 	case "/v1/responses":
 		return kindResponses, true
 	}
+	if kind, _, ok := responseByIDKind(path); ok { // respstored.go
+		return kind, true
+	}
 	return 0, false
 }
 
@@ -463,6 +466,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		switch kind {
 		case kindMessages, kindCountTokens, kindResponses:
 			s.handleProtocol(ctx, kind) // protocols.go
+			return
+		case kindResponseGet, kindResponseCancel:
+			s.handleResponseByID(ctx, kind) // respstored.go
 			return
 		case kindChat:
 			mReqChat.Inc()

@@ -2,7 +2,8 @@
 // SDK's responses.create: plain and streamed, function tools over two
 // turns, and the refusal of previous_response_id (with
 // INFERA_RESPONSES_STORED=1, engines that store responses behind a
-// passthrough router: follow-ups answered, an unknown id 404).
+// passthrough router: follow-ups answered, responses.retrieve and
+// responses.cancel on the engine holding the response, an unknown id 404).
 //
 // Environment: INFERA_BASE_URL (http://127.0.0.1:PORT, no /v1),
 // INFERA_API_KEY, INFERA_MODEL; INFERA_EXPECT_THINKING=1 also requires
@@ -127,6 +128,21 @@ if (process.env.INFERA_RESPONSES_STORED === "1") {
       assert.ok(r.id && r.id !== prev.id, "no new id");
       prev = r;
     }
+  });
+  await step("responses.retrieve and cancel", async () => {
+    // Each on the engine that stored the response (two engines: a
+    // retrieve routed by load would miss half the time).
+    for (let i = 0; i < 4; i++) {
+      const created = await client.responses.create({ model, input: "keep this", max_output_tokens: 8 });
+      const got = await client.responses.retrieve(created.id);
+      assert.equal(got.id, created.id);
+      assert.equal(got.status, created.status);
+      assert.equal(textOf(got), textOf(created));
+      await assert.rejects(client.responses.cancel(created.id),
+        (e) => e.status === 400 && /Cannot cancel a synchronous response/.test(e.error?.message));
+    }
+    await assert.rejects(client.responses.retrieve("resp_123"),
+      (e) => e.status === 404 && e.error?.param === "response_id" && /not found/.test(e.error?.message));
   });
   await step("unknown previous_response_id", async () => {
     await assert.rejects(

@@ -1,0 +1,144 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A stored Response is retrieved (GET /v1/responses/{id}) and cancelled
+// (POST /v1/responses/{id}/cancel) through the router from the one engine
+// of two that answered it, as vLLM serves both endpoints; an id the router
+// does not know is answered 404 in vLLM's shape without asking an engine;
+// the key is needed. The router served neither path (404 unknown path).
+func TestAStoredResponseIsRetrievedAndCancelledOnTheEngineHoldingIt(t *testing.T) {
+	_, e1 := startEngine(t, "--speedup", "50", "--native-protocols")
+	_, e2 := startEngine(t, "--speedup", "50", "--native-protocols")
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, `{"protocol":{"responses_passthrough":true}}`)
+	_, r := startServe(t, "--workers", e1+","+e2, "--api-key", "k", "--config", cfg)
+	do := func(method, path, body string, key string) (int, string, http.Header) {
+		t.Helper()
+		req, _ := http.NewRequest(method, r+path, strings.NewReader(body))
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		buf := make([]byte, 4096)
+		for {
+			n, err := resp.Body.Read(buf)
+			b.Write(buf[:n])
+			if err != nil {
+				break
+			}
+		}
+		resp.Body.Close()
+		return resp.StatusCode, b.String(), resp.Header
+	}
+	for i := 0; i < 4; i++ {
+		code, body, h := do("POST", "/v1/responses", `{"model":"sim-model","input":"hello","max_output_tokens":4}`, "k")
+		if code != 200 {
+			t.Fatalf("create: %d %s", code, body)
+		}
+		var created struct{ ID, Status string }
+		json.Unmarshal([]byte(body), &created)
+		engine := h.Get("X-Infera-Engine-Id")
+		for j := 0; j < 3; j++ {
+			code, got, h := do("GET", "/v1/responses/"+created.ID, "", "k")
+			if code != 200 || h.Get("X-Infera-Engine-Id") != engine {
+				t.Fatalf("retrieve %s (from %s): %d from %q %s", created.ID, engine, code, h.Get("X-Infera-Engine-Id"), got)
+			}
+			var v struct{ ID string }
+			json.Unmarshal([]byte(got), &v)
+			if v.ID != created.ID || got != body {
+				t.Fatalf("retrieve %s: %s, want %s", created.ID, got, body)
+			}
+		}
+		// vLLM refuses to cancel a response that is not background.
+		code, got, h := do("POST", "/v1/responses/"+created.ID+"/cancel", "", "k")
+		if code != 400 || h.Get("X-Infera-Engine-Id") != engine || !strings.Contains(got, "Cannot cancel a synchronous response.") {
+			t.Fatalf("cancel %s (from %s): %d from %q %s", created.ID, engine, code, h.Get("X-Infera-Engine-Id"), got)
+		}
+	}
+	for _, c := range []struct{ method, path string }{{"GET", "/v1/responses/resp_unknown"}, {"POST", "/v1/responses/resp_unknown/cancel"}} {
+		code, got, h := do(c.method, c.path, "", "k")
+		if code != 404 || h.Get("X-Infera-Engine-Id") != "" ||
+			got != `{"error":{"message":"Response with id 'resp_unknown' not found.","type":"invalid_request_error","param":"response_id","code":404}}` {
+			t.Fatalf("%s %s: %d %q %s", c.method, c.path, code, h.Get("X-Infera-Engine-Id"), got)
+		}
+		if code, got, _ := do(c.method, c.path, "", ""); code != 401 {
+			t.Fatalf("%s %s without the key: %d %s", c.method, c.path, code, got)
+		}
+	}
+	if code, got, _ := do("POST", "/v1/responses/resp_x", "", "k"); code != 405 {
+		t.Fatalf("POST retrieve: %d %s", code, got)
+	}
+}
+
+// With users configured, a stored Response is its user's: another user's
+// retrieve or cancel of its id is answered 404 as an unknown id, without
+// reaching the engine. A retrieve counts as a request and costs the user
+// no tokens (it generates nothing; the Response's usage was charged when
+// it was created).
+func TestAStoredResponseIsItsUsersAndItsRetrieveCostsNoTokens(t *testing.T) {
+	_, e1 := startEngine(t, "--speedup", "50", "--native-protocols")
+	_, e2 := startEngine(t, "--speedup", "50", "--native-protocols")
+	alice, ah := newKey(t)
+	bob, bh := newKey(t)
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, fmt.Sprintf(`{"protocol":{"responses_passthrough":true},
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"quota": {"enabled": true, "windows": [{"period": "day", "max_tokens": 100000000}]}}]},
+		"users": [{"name": "rs-alice", "keys": [%q]}, {"name": "rs-bob", "keys": [%q]}]}`, ah, bh))
+	_, r := startServe(t, "--workers", e1+","+e2, "--config", cfg)
+	do := func(method, path, body, key string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, r+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	code, body := do("POST", "/v1/responses", `{"model":"sim-model","input":"hello","max_output_tokens":4}`, alice)
+	if code != 200 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	var created struct{ ID string }
+	json.Unmarshal([]byte(body), &created)
+	charged := metricF(t, r, `infera_user_quota_tokens_total{user="rs-alice"}`)
+	requests := metricF(t, r, `infera_user_requests_total{user="rs-alice"}`)
+	if charged == 0 {
+		t.Fatal("the create charged no tokens")
+	}
+	for i := 0; i < 3; i++ {
+		if code, got := do("GET", "/v1/responses/"+created.ID, "", alice); code != 200 || got != body {
+			t.Fatalf("alice's retrieve: %d %s", code, got)
+		}
+	}
+	if got := metricF(t, r, `infera_user_quota_tokens_total{user="rs-alice"}`); got != charged {
+		t.Fatalf("retrieves charged %v tokens", got-charged)
+	}
+	if got := metricF(t, r, `infera_user_requests_total{user="rs-alice"}`); got != requests+3 {
+		t.Fatalf("requests %v, want %v", got, requests+3)
+	}
+	for _, c := range []struct{ method, path string }{{"GET", "/v1/responses/" + created.ID}, {"POST", "/v1/responses/" + created.ID + "/cancel"}} {
+		if code, got := do(c.method, c.path, "", bob); code != 404 || !strings.Contains(got, "Response with id '"+created.ID+"' not found.") {
+			t.Fatalf("bob's %s %s: %d %s", c.method, c.path, code, got)
+		}
+	}
+}
