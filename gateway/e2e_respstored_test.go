@@ -142,3 +142,49 @@ func TestAStoredResponseIsItsUsersAndItsRetrieveCostsNoTokens(t *testing.T) {
 		}
 	}
 }
+
+// A follow-up naming another user's stored response is answered 404 as
+// the engine answers an id it does not hold, and reaches no engine: the
+// engine holding it would continue that conversation for the other user,
+// handing them its content. The owner's follow-up goes on as before.
+func TestAFollowUpOfAnotherUsersResponseIsNotFound(t *testing.T) {
+	_, e1 := startEngine(t, "--speedup", "50", "--native-protocols")
+	_, e2 := startEngine(t, "--speedup", "50", "--native-protocols")
+	alice, ah := newKey(t)
+	bob, bh := newKey(t)
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, fmt.Sprintf(`{"protocol":{"responses_passthrough":true},
+		"users": [{"name": "fu-alice", "keys": [%q]}, {"name": "fu-bob", "keys": [%q]}]}`, ah, bh))
+	_, r := startServe(t, "--workers", e1+","+e2, "--config", cfg)
+	do := func(body, key string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", r+"/v1/responses", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	code, body := do(`{"model":"sim-model","input":"my secret plan","max_output_tokens":4}`, alice)
+	if code != 200 {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	var created struct{ ID string }
+	json.Unmarshal([]byte(body), &created)
+	before := metricF(t, r, `infera_user_requests_total{user="fu-bob"}`)
+	for _, stream := range []string{"false", "true"} {
+		follow := `{"model":"sim-model","input":"and then?","max_output_tokens":4,"stream":` + stream + `,"previous_response_id":"` + created.ID + `"}`
+		if code, got := do(follow, bob); code != 404 || !strings.Contains(got, "Response with id '"+created.ID+"' not found.") {
+			t.Fatalf("bob's follow-up of alice's response (stream %s): %d %s", stream, code, got)
+		}
+		if code, got := do(follow, alice); code != 200 {
+			t.Fatalf("alice's follow-up (stream %s): %d %s", stream, code, got)
+		}
+	}
+	if got := metricF(t, r, `infera_user_requests_total{user="fu-bob"}`); got != before {
+		t.Fatalf("bob's refused follow-ups were counted as %v requests", got-before)
+	}
+}

@@ -155,7 +155,7 @@ func TestLookingUpAnEscapedPreviousResponseIDDoesNotAllocate(t *testing.T) {
 		`{"model":"m","previous_response_id":"` + strings.Repeat(`\u0078`, 128) + `"}`,
 	} {
 		b := []byte(body)
-		if n := testing.AllocsPerRun(100, func() { a.lookup(b) }); n != 0 {
+		if n := testing.AllocsPerRun(100, func() { a.lookupRef(b) }); n != 0 {
 			t.Fatalf("%s: %v allocations", body, n)
 		}
 	}

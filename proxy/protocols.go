@@ -333,7 +333,31 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 		if kind == kindResponses {
 			// A follow-up goes to the engine holding its previous
 			// response (respaffinity.go).
-			rs.sreq.Prefer, p.noStore = s.respAff.lookup(body)
+			var buf [respIDMax]byte
+			e, id, noStore := s.respAff.lookup(&buf, body)
+			p.noStore = noStore
+			if id != nil {
+				if e.user != "" && (rs.gov.user == nil || rs.gov.user.Name() != e.user) {
+					// Another user's response: continuing it would hand
+					// this user that conversation. Answered as the engine
+					// answers an id it does not hold, as a retrieve of it
+					// is (respstored.go).
+					mPrevResponseUnknown.Inc()
+					mBadRequests.Inc()
+					countStatus(fasthttp.StatusNotFound)
+					resetResponse(ctx)
+					ctx.SetStatusCode(fasthttp.StatusNotFound)
+					ctx.SetContentType("application/json")
+					ctx.SetBody(appendResponseNotFound(nil, id))
+					return nil, 0, 0, false
+				}
+				if e.ref.ID == "" {
+					mPrevResponseUnknown.Inc()
+				} else {
+					mPrevResponseRouted.Inc()
+				}
+			}
+			rs.sreq.Prefer = e.ref
 		}
 		p.buf = chat
 		// The view is held until the request ends, beside the client's

@@ -237,12 +237,13 @@ func (sc *respScan) reset() {
 	*sc = respScan{head: h}
 }
 
-// lookup returns the engine that answered the response a Responses
-// body's previous_response_id names (the zero Ref when it names none or
-// one not known), and whether the body asks the engine not to store its
+// lookup returns what the table keeps of the response a Responses body's
+// previous_response_id names (the zero entry when it names none or one not
+// known), that id as the engine reads it (decoded into buf; nil when the
+// body names none), and whether the body asks the engine not to store its
 // answer ("store" false, or 0, "false", "off"... as jsonscan.LaxBool reads
 // it, or null: nothing to learn from the answer; absent is true).
-func (a *respAffinity) lookup(body []byte) (ref fleet.Ref, noStore bool) {
+func (a *respAffinity) lookup(buf *[respIDMax]byte, body []byte) (e respEntry, id []byte, noStore bool) {
 	var prev []byte
 	forEachField(body, skipSpace(body, 0), func(k []byte, vs, ve int) error {
 		switch string(k) {
@@ -261,35 +262,28 @@ func (a *respAffinity) lookup(body []byte) (ref fleet.Ref, noStore bool) {
 		}
 		return nil
 	})
-	if len(prev) == 0 || a.n.Load() == 0 {
-		if len(prev) > 0 {
-			mPrevResponseUnknown.Inc()
-		}
-		return fleet.Ref{}, noStore
+	if len(prev) == 0 {
+		return respEntry{}, nil, noStore
 	}
 	// The engine decodes the id's escapes ("resp_\u0041..." is
 	// "resp_A..."): look it up decoded. The ids kept are decoded, at most
 	// respIDMax bytes (responseID), so a longer one is not among them, and
-	// the buffer on the stack holds any that may be.
-	var buf [respIDMax]byte
-	id := prev
+	// the caller's buffer on the stack holds any that may be.
+	id = prev
 	if hasEscape(id) {
-		id = nil // decodes to more than 128 bytes: not kept
+		id = prev[:0] // decodes to more than 128 bytes: not kept
 		if len(prev) <= 6*len(buf) {
 			if d := unescape(buf[:0], prev); len(d) <= len(buf) {
 				id = d
 			}
 		}
 	}
-	a.mu.Lock()
-	ref = a.m[string(id)].ref
-	a.mu.Unlock()
-	if ref.ID == "" {
-		mPrevResponseUnknown.Inc()
-	} else {
-		mPrevResponseRouted.Inc()
+	if a.n.Load() != 0 && len(id) > 0 {
+		a.mu.Lock()
+		e = a.m[string(id)]
+		a.mu.Unlock()
 	}
-	return ref, noStore
+	return e, id, noStore
 }
 
 var (

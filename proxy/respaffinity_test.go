@@ -247,10 +247,10 @@ func TestResponsesAffinityIsBounded(t *testing.T) {
 	if len(a.m) != respAffinityMax || a.heap[0].held() != respAffinityMax {
 		t.Fatalf("%d ids, %d held", len(a.m), a.heap[0].held())
 	}
-	if ref, _ := a.lookup([]byte(`{"previous_response_id":"resp_3"}`)); ref != (fleet.Ref{}) {
+	if ref, _ := a.lookupRef([]byte(`{"previous_response_id":"resp_3"}`)); ref != (fleet.Ref{}) {
 		t.Fatal("the oldest kept")
 	}
-	if ref, _ := a.lookup([]byte(fmt.Sprintf(`{"previous_response_id":"resp_%d"}`, respAffinityMax+9))); ref != w.Ref() {
+	if ref, _ := a.lookupRef([]byte(fmt.Sprintf(`{"previous_response_id":"resp_%d"}`, respAffinityMax+9))); ref != w.Ref() {
 		t.Fatal("not the oldest evicted")
 	}
 }
@@ -273,12 +273,12 @@ func TestOneCredentialCannotPushOutAnothersResponseIDs(t *testing.T) {
 		t.Fatalf("%d ids kept", len(a.m))
 	}
 	for i := 0; i < 100; i++ {
-		if ref, _ := a.lookup([]byte(fmt.Sprintf(`{"previous_response_id":"resp_alice_%d"}`, i))); ref != w.Ref() {
+		if ref, _ := a.lookupRef([]byte(fmt.Sprintf(`{"previous_response_id":"resp_alice_%d"}`, i))); ref != w.Ref() {
 			t.Fatalf("alice's id %d pushed out by bob's answers", i)
 		}
 	}
 	// Bob keeps his newest, the rest of the table.
-	if ref, _ := a.lookup([]byte(fmt.Sprintf(`{"previous_response_id":"resp_bob_%d"}`, 2*respAffinityMax-1))); ref != w.Ref() {
+	if ref, _ := a.lookupRef([]byte(fmt.Sprintf(`{"previous_response_id":"resp_bob_%d"}`, 2*respAffinityMax-1))); ref != w.Ref() {
 		t.Fatal("bob's newest id not kept")
 	}
 	if got := a.owners[bob].held(); got != respAffinityMax-100 {
@@ -369,7 +369,7 @@ func TestAResponseIDKeepsTheEngineThatAnsweredItFirst(t *testing.T) {
 	other := &fleet.Worker{ID: "b", URL: "http://10.0.0.2:8000", Addr: "10.0.0.2:8000"}
 	a.learn([]byte(`{"id":"resp_victim"}`), first, respCred{user: "victim"})
 	a.learn([]byte(`{"id":"resp_victim"}`), other, respCred{user: "other"})
-	if got, _ := a.lookup([]byte(`{"previous_response_id":"resp_victim"}`)); got != first.Ref() {
+	if got, _ := a.lookupRef([]byte(`{"previous_response_id":"resp_victim"}`)); got != first.Ref() {
 		t.Fatalf("the follow-up goes to %v, want the first engine %v", got, first.Ref())
 	}
 }
@@ -421,7 +421,7 @@ func TestLookupReadsStore(t *testing.T) {
 	var a respAffinity
 	f := func(body string, want bool) {
 		t.Helper()
-		if _, got := a.lookup([]byte(body)); got != want {
+		if _, got := a.lookupRef([]byte(body)); got != want {
 			t.Errorf("%s: noStore %v, want %v", body, got, want)
 		}
 	}
@@ -512,7 +512,7 @@ func TestAResponseIDIsLookedForInTheAnswersHead(t *testing.T) {
 			sc.more(b[:k])
 			b = b[k:]
 		}
-		ref, _ := a.lookup([]byte(`{"previous_response_id":"resp_x"}`))
+		ref, _ := a.lookupRef([]byte(`{"previous_response_id":"resp_x"}`))
 		if got := ref == w.Ref(); got != want {
 			t.Errorf("%s: learned %v, want %v", name, got, want)
 		}
@@ -567,7 +567,7 @@ func TestAUsersFollowUpsSurviveAnotherUsersManyResponses(t *testing.T) {
 		post(kb, `{"model":"m","input":"x"}`)
 	}
 	for _, id := range ids {
-		if ref, _ := r.srv.respAff.lookup([]byte(`{"previous_response_id":"` + id + `"}`)); ref.ID == "" {
+		if ref, _ := r.srv.respAff.lookupRef([]byte(`{"previous_response_id":"` + id + `"}`)); ref.ID == "" {
 			t.Fatalf("alice's %s pushed out by bob's answers", id)
 		}
 		next := post(ka, `{"model":"m","input":"x","previous_response_id":"`+id+`"}`)
@@ -848,7 +848,7 @@ func TestAnEscapedPreviousResponseIDNamesItsDecodedID(t *testing.T) {
 	f := func(prev string, want fleet.Ref) {
 		t.Helper()
 		body := []byte(`{"model":"m","previous_response_id":"` + prev + `"}`)
-		if got, _ := a.lookup(body); got != want {
+		if got, _ := a.lookupRef(body); got != want {
 			t.Fatalf("%s: %v, want %v", prev, got, want)
 		}
 	}
@@ -881,7 +881,7 @@ func FuzzPreviousResponseIDLookup(f *testing.F) {
 		var a respAffinity
 		a.learn([]byte(`{"id":"x"}`), w, respCred{}) // the table is not empty
 		a.learn([]byte(`{"id":`+string(mustJSON(v.ID))+`}`), w, respCred{})
-		got, _ := a.lookup(body)
+		got, _ := a.lookupRef(body)
 		want := fleet.Ref{}
 		var buf [respIDMax]byte
 		if id, _ := responseID(&buf, []byte(`{"id":`+string(mustJSON(v.ID))+`}`)); id != nil {
@@ -1080,4 +1080,11 @@ func TestAnIDNotKeptEndsTheScan(t *testing.T) {
 			t.Errorf("%q: not scanning", first)
 		}
 	}
+}
+
+// lookupRef is lookup's engine and store flag, for the table's tests.
+func (a *respAffinity) lookupRef(body []byte) (fleet.Ref, bool) {
+	var buf [respIDMax]byte
+	e, _, noStore := a.lookup(&buf, body)
+	return e.ref, noStore
 }
