@@ -58,6 +58,9 @@ type relay struct {
 	// passthrough Responses stream (-1: none yet), for its error event.
 	lastSeq  int64
 	trackSeq bool
+	// respEnded: a relayed Responses stream (passthrough) carried its
+	// terminal event (responseEnded), its end in its protocol.
+	respEnded bool
 	// engineErr: the engine's stream, relayed as it came (or usage
 	// filtered), carried an error event (carriesError); the answer ends
 	// as an upstream error though the stream may end cleanly after it.
@@ -251,6 +254,7 @@ func (r *relay) writeEvents(w io.Writer, p []byte) (int, error) {
 	if cut > 0 {
 		if r.trackSeq {
 			r.noteSeq(p[:cut])
+			r.respEnded = r.respEnded || responseEnded(p[:cut])
 		}
 		r.noteEngineError(p[:cut])
 		n, err = r.write(w, p[:cut])
@@ -397,16 +401,33 @@ var (
 // responseFailed reports whether the bytes p of a Responses event stream
 // hold a response.failed event: "type":"response.failed" in an event's
 // data (inData), not in an object of the request it echoes.
-func responseFailed(p []byte) bool {
+func responseFailed(p []byte) bool { return responseEvent(p, quotedRespFailed) }
+
+var (
+	quotedRespCompleted  = []byte(`"response.completed"`)
+	quotedRespIncomplete = []byte(`"response.incomplete"`)
+)
+
+// responseEnded reports whether the bytes p of a Responses event stream
+// hold the event that ends a Response that was not failed:
+// response.completed or response.incomplete (a Responses stream has no
+// [DONE]: that event is its end, in OpenAI's API as in vLLM's).
+func responseEnded(p []byte) bool {
+	return responseEvent(p, quotedRespCompleted) || responseEvent(p, quotedRespIncomplete)
+}
+
+// responseEvent reports whether the bytes p of a Responses event stream
+// hold an event of type quoted: "type":quoted in an event's data (inData).
+func responseEvent(p, quoted []byte) bool {
 	off := 0
 	for {
-		i := jsonscan.IndexKey(p[off:], quotedRespFailed)
+		i := jsonscan.IndexKey(p[off:], quoted)
 		if i < 0 {
 			return false
 		}
 		i += off
 		pre := bytes.TrimRight(p[off:i], " ")
-		off = i + len(quotedRespFailed)
+		off = i + len(quoted)
 		if bytes.HasSuffix(pre, afterTypeKey) && inData(p, i) {
 			return true
 		}
@@ -586,6 +607,13 @@ func (r *relay) endsWith(more []byte) bool {
 func (r *relay) endedCleanly() bool {
 	if r.st != nil && r.st.conv != nil {
 		return r.st.conv.Finished()
+	}
+	if r.rs.proto.api == protocol.Responses {
+		// A Responses stream ends with its terminal event, which the
+		// tail cannot show (its data, the whole Response, comes after
+		// its type): relayed whole, or the event the engine did not
+		// terminate (held) before the cut.
+		return r.respEnded || r.held > 0 && responseEnded(r.buf[:r.held])
 	}
 	if r.held > 0 { // an ending the engine did not terminate: "data: [DONE]", then a cut
 		return r.endsWith(r.buf[:r.held])
