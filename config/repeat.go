@@ -197,7 +197,7 @@ func walkRepeated(dec *json.Decoder, path string) error {
 			}
 			k, _ := kt.(string)
 			p := joinPath(path, k)
-			fk := string(foldKey(nil, k))
+			fk := string(foldKeyBytes(nil, []byte(k)))
 			if first, ok := seen[fk]; ok {
 				return fieldErr(p, "repeated key (%q came earlier in the same object; only one copy would count): give each setting once", first)
 			}
@@ -218,7 +218,9 @@ func walkRepeated(dec *json.Decoder, path string) error {
 	return err
 }
 
-// foldKeyBytes is foldKey of a key in bytes.
+// foldKeyBytes appends k folded as encoding/json folds a key to match it
+// to a field name: two keys fold alike exactly when they would match the
+// same field.
 func foldKeyBytes(dst, k []byte) []byte {
 	for i := 0; i < len(k); {
 		if c := k[i]; c < utf8.RuneSelf {
@@ -230,34 +232,6 @@ func foldKeyBytes(dst, k []byte) []byte {
 			continue
 		}
 		r, n := utf8.DecodeRune(k[i:])
-		for {
-			r2 := unicode.SimpleFold(r)
-			if r2 <= r {
-				r = r2
-				break
-			}
-			r = r2
-		}
-		dst = utf8.AppendRune(dst, r)
-		i += n
-	}
-	return dst
-}
-
-// foldKey appends k folded as encoding/json folds a key to match it to a
-// field name: two keys fold alike exactly when they would match the same
-// field.
-func foldKey(dst []byte, k string) []byte {
-	for i := 0; i < len(k); {
-		if c := k[i]; c < utf8.RuneSelf {
-			if 'a' <= c && c <= 'z' {
-				c -= 'a' - 'A'
-			}
-			dst = append(dst, c)
-			i++
-			continue
-		}
-		r, n := utf8.DecodeRuneInString(k[i:])
 		for {
 			r2 := unicode.SimpleFold(r)
 			if r2 <= r {
