@@ -578,14 +578,18 @@ var errCutBeforeEnd = errors.New("the worker closed its stream before the stream
 // names text/event-stream and is not content-encoded is judged (endJudged).
 // A converted stream's
 // converter judges its own end (convFailed); a passthrough Responses
-// stream ends with an event type the tail does not show, so it is taken as
-// complete.
+// stream ends with its terminal event (respEnded, responseEnded).
 func (r *relay) cutShort(last []byte) bool {
 	if !r.judgeEnd || r.st != nil && r.st.conv != nil {
 		return false
 	}
 	if r.rs.proto.api == protocol.Responses {
-		return false
+		// Its end is its terminal event (endedCleanly), or the engine's
+		// own failure event (response.failed, error: engineErr). Noted
+		// only where whole events are relayed (WriteTo: trackSeq); Read
+		// sees reads, where an event may be cut, and takes the stream
+		// as complete.
+		return r.trackSeq && !r.engineErr && !r.respEnded && !responseEnded(last)
 	}
 	return !r.endsWith(last)
 }

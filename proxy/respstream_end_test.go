@@ -73,3 +73,59 @@ func TestAResponsesStreamBrokenAfterItsTerminalEventIsComplete(t *testing.T) {
 		})
 	}
 }
+
+// A passthrough Responses stream whose body ends only when the engine
+// closes its connection (HTTP/1.0, or Connection: close without framing)
+// and that closes before its terminal event is broken, as a chat stream
+// closed before its data: [DONE] is (TestACloseDelimitedStreamCutBeforeItsEndIsBroken):
+// the client gets the error event and the worker is blamed. It was relayed
+// as complete (the relay's tail cannot show a Responses stream's end). One
+// that closes after its response.completed, or after the engine's own
+// response.failed (the engine's error, relayed once), is not cut.
+func TestACloseDelimitedResponsesStreamCutBeforeItsEndIsBroken(t *testing.T) {
+	const created = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_cd1\",\"object\":\"response\",\"status\":\"in_progress\",\"usage\":null}}\n\n" +
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":1,\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"hi\"}\n\n"
+	for _, tc := range []struct {
+		name, end string
+		cut       bool
+	}{
+		{"cut", "", true},
+		{"completed", "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":2,\"response\":{\"id\":\"resp_cd1\",\"object\":\"response\",\"status\":\"completed\",\"usage\":{\"input_tokens\":7,\"output_tokens\":5,\"total_tokens\":12}}}\n\n", false},
+		{"completed unterminated", "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":2,\"response\":{\"id\":\"resp_cd1\",\"object\":\"response\",\"status\":\"completed\",\"usage\":{\"input_tokens\":7,\"output_tokens\":5,\"total_tokens\":12}}}", false},
+		{"failed", "event: response.failed\ndata: {\"type\":\"response.failed\",\"sequence_number\":2,\"response\":{\"id\":\"resp_cd1\",\"object\":\"response\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"engine failure\"}}}\n\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := startRaw(t, func(n int, req string, c net.Conn) {
+				c.Write([]byte("HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + created))
+				time.Sleep(30 * time.Millisecond)
+				c.Write([]byte(tc.end))
+				time.Sleep(30 * time.Millisecond)
+				c.Close()
+			})
+			f := defaultFlags()
+			f.RequestMaxRetries = 0
+			f.BreakerFailureThreshold = 1
+			cfg := config.Default()
+			cfg.Protocol.ResponsesPassthrough = true
+			r := startRouter(t, f, cfg, up.url)
+			before := midStreamErrors()
+			code, b := post(t, r.url+"/v1/responses", `{"model":"m","input":"hello","stream":true}`)
+			broke := strings.Count(b, "the worker's response stream broke")
+			if !tc.cut {
+				if code != 200 || broke != 0 || !strings.HasSuffix(b, strings.TrimRight(tc.end, "\n")+"\n\n") && !strings.HasSuffix(b, tc.end) {
+					t.Fatalf("a stream that ended: %d %q", code, b)
+				}
+				if tc.name != "failed" && (r.fl.Get("w0").Breaker.State() != fleet.BreakerClosed || midStreamErrors() != before) {
+					t.Fatalf("the worker was blamed for a complete stream: mid-stream errors %v -> %v", before, midStreamErrors())
+				}
+				return
+			}
+			if code != 200 || broke != 1 || !strings.Contains(b, "event: error") {
+				t.Fatalf("a cut stream reached the client as %d %q", code, b)
+			}
+			if st := r.fl.Get("w0").Breaker.State(); st == fleet.BreakerClosed || midStreamErrors() == before {
+				t.Fatalf("the worker was not blamed: breaker %d, mid-stream errors %v -> %v", st, before, midStreamErrors())
+			}
+		})
+	}
+}
