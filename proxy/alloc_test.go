@@ -132,7 +132,8 @@ func TestLearningAnEscapedResponseIDDoesNotAllocate(t *testing.T) {
 	for _, head := range []string{
 		`{"id":"resp_\u0041bc","object":"response"}`,
 		"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"\\u0072esp_Abc\"",
-		`{"id":"` + strings.Repeat(`\u0078`, 129) + `"}`, // decodes past respIDMax
+		`{"id":"` + strings.Repeat(`\u0078`, 129) + `"}`,       // decodes past respIDMax
+		`{"id":"resp_\u0041` + strings.Repeat("x", 300) + `"}`, // one escape, decodes past respIDMax
 	} {
 		b := []byte(head)
 		if n := testing.AllocsPerRun(100, func() { a.learn(b, w, respCred{user: "u"}) }); n != 0 {
@@ -153,6 +154,10 @@ func TestLookingUpAnEscapedPreviousResponseIDDoesNotAllocate(t *testing.T) {
 		`{"model":"m","previous_response_id":"resp_Abc"}`,
 		`{"model":"m","previous_response_id":"resp_\u0041bc"}`,
 		`{"model":"m","previous_response_id":"` + strings.Repeat(`\u0078`, 128) + `"}`,
+		// A client's id of 300 bytes with one escape: past respIDMax once
+		// decoded, it was decoded onto the heap on every request.
+		`{"model":"m","previous_response_id":"resp_\u0041` + strings.Repeat("x", 300) + `"}`,
+		`{"model":"m","previous_response_id":"` + strings.Repeat("x", 700) + `\n"}`,
 	} {
 		b := []byte(body)
 		if n := testing.AllocsPerRun(100, func() { a.lookupRef(b) }); n != 0 {

@@ -333,7 +333,7 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 		if kind == kindResponses {
 			// A follow-up goes to the engine holding its previous
 			// response (respaffinity.go).
-			var buf [respIDMax]byte
+			var buf [respIDDecodeMax]byte
 			e, id, noStore := s.respAff.lookup(&buf, body)
 			p.noStore = noStore
 			if id != nil {

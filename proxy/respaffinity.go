@@ -80,7 +80,7 @@ func (o *respOwner) held() int { return len(o.ids) - o.head }
 // answered by w for the credential c. It reports whether head held the
 // answer's id, kept or not (one not kept ends the scan: respScan).
 func (a *respAffinity) learn(head []byte, w *fleet.Worker, c respCred) bool {
-	var buf [respIDMax]byte
+	var buf [respIDDecodeMax]byte
 	id, found := responseID(&buf, head)
 	if id == nil || w == nil {
 		return found
@@ -243,7 +243,7 @@ func (sc *respScan) reset() {
 // body names none), and whether the body asks the engine not to store its
 // answer ("store" false, or 0, "false", "off"... as jsonscan.LaxBool reads
 // it, or null: nothing to learn from the answer; absent is true).
-func (a *respAffinity) lookup(buf *[respIDMax]byte, body []byte) (e respEntry, id []byte, noStore bool) {
+func (a *respAffinity) lookup(buf *[respIDDecodeMax]byte, body []byte) (e respEntry, id []byte, noStore bool) {
 	var prev []byte
 	forEachField(body, skipSpace(body, 0), func(k []byte, vs, ve int) error {
 		switch string(k) {
@@ -271,9 +271,9 @@ func (a *respAffinity) lookup(buf *[respIDMax]byte, body []byte) (e respEntry, i
 	// the caller's buffer on the stack holds any that may be.
 	id = prev
 	if hasEscape(id) {
-		id = prev[:0] // decodes to more than 128 bytes: not kept
-		if len(prev) <= 6*len(buf) {
-			if d := unescape(buf[:0], prev); len(d) <= len(buf) {
+		id = prev[:0] // decodes to more than respIDMax bytes: not kept
+		if len(prev) <= len(buf) {
+			if d := unescape(buf[:0], prev); len(d) <= respIDMax {
 				id = d
 			}
 		}
@@ -295,6 +295,14 @@ var (
 // a follow-up naming one is routed as any request.
 const respIDMax = 128
 
+// respIDDecodeMax is the size of the buffer an escaped id is decoded into,
+// on the stack. A JSON escape never decodes to more bytes than it takes
+// (\uXXXX, 6 bytes, is at most 3 in UTF-8), so contents of at most this
+// many bytes decode in it without growing it onto the heap; and no decoded
+// byte takes more than 6, so longer contents decode to more than
+// respIDMax bytes.
+const respIDDecodeMax = 6 * respIDMax
+
 // responseID returns the id of the Response an answer's first read holds:
 // a whole Response's top-level "id", or in a stream the "id" of the first
 // event's "response" object (response.created), decoded as the client and
@@ -302,7 +310,7 @@ const respIDMax = 128
 // buf, on the caller's stack). nil when there is none, it is cut, or it is
 // not an id kept (1-respIDMax visible ASCII characters once decoded);
 // found reports whether b held the answer's id whole, kept or not.
-func responseID(buf *[respIDMax]byte, b []byte) (id []byte, found bool) {
+func responseID(buf *[respIDDecodeMax]byte, b []byte) (id []byte, found bool) {
 	i := skipSpace(b, 0)
 	if i >= len(b) {
 		return nil, false
@@ -333,12 +341,12 @@ func responseID(buf *[respIDMax]byte, b []byte) (id []byte, found bool) {
 	if hasEscape(id) {
 		// An escape is at most 6 bytes for one: longer contents decode
 		// to more than respIDMax bytes.
-		if len(id) > 6*respIDMax {
+		if len(id) > len(buf) {
 			return nil, found
 		}
-		d := unescape(buf[:0], id)
-		if len(d) > len(buf) {
-			return nil, found // grown off the stack: not kept
+		d := unescape(buf[:0], id) // in buf: decoding never grows
+		if len(d) > respIDMax {
+			return nil, found // not kept
 		}
 		id = d
 	}

@@ -212,7 +212,7 @@ func testFollowUps(t *testing.T, split bool) {
 func TestResponseIDOfAnAnswersFirstRead(t *testing.T) {
 	f := func(in, want string) {
 		t.Helper()
-		var buf [respIDMax]byte
+		var buf [respIDDecodeMax]byte
 		if got, _ := responseID(&buf, []byte(in)); string(got) != want {
 			t.Errorf("%.60q: %q, want %q", in, got, want)
 		}
@@ -883,7 +883,7 @@ func FuzzPreviousResponseIDLookup(f *testing.F) {
 		a.learn([]byte(`{"id":`+string(mustJSON(v.ID))+`}`), w, respCred{})
 		got, _ := a.lookupRef(body)
 		want := fleet.Ref{}
-		var buf [respIDMax]byte
+		var buf [respIDDecodeMax]byte
 		if id, _ := responseID(&buf, []byte(`{"id":`+string(mustJSON(v.ID))+`}`)); id != nil {
 			want = w.Ref() // a plain id, kept
 		}
@@ -1084,7 +1084,7 @@ func TestAnIDNotKeptEndsTheScan(t *testing.T) {
 
 // lookupRef is lookup's engine and store flag, for the table's tests.
 func (a *respAffinity) lookupRef(body []byte) (fleet.Ref, bool) {
-	var buf [respIDMax]byte
+	var buf [respIDDecodeMax]byte
 	e, _, noStore := a.lookup(&buf, body)
 	return e.ref, noStore
 }
