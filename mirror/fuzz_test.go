@@ -88,3 +88,113 @@ func FuzzScanUsage(f *testing.F) {
 		}
 	})
 }
+
+// FuzzScanAPIUsage: on any bytes scanAPIUsage never panics, never
+// allocates and never reports a negative count; on a valid JSON object
+// whose keys hold no escape it agrees with refAPIUsage, an ordered walk
+// with encoding/json.
+func FuzzScanAPIUsage(f *testing.F) {
+	f.Add([]byte(`{"type":"message_start","message":{"id":"m","usage":{"input_tokens":25,"output_tokens":1}}}`))
+	f.Add([]byte(`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15}}`))
+	f.Add([]byte(`{"type":"response.completed","response":{"usage":{"input_tokens":33,"input_tokens_details":{"cached_tokens":2},"output_tokens":9}}}`))
+	f.Add([]byte(`{"usage":{"input_tokens":1},"message":{"usage":{"input_tokens":2,"output_tokens":null}},"usage":{"output_tokens":3}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		res := result{prompt: -1, complete: -1}
+		if n := testing.AllocsPerRun(1, func() { scanAPIUsage(b, &result{}) }); n != 0 {
+			t.Fatalf("scanAPIUsage(%q) allocates %v times", b, n)
+		}
+		scanAPIUsage(b, &res)
+		if res.prompt < -1 || res.complete < -1 || !res.usage && (res.prompt != -1 || res.complete != -1) {
+			t.Fatalf("scanAPIUsage(%q) = %v %d %d", b, res.usage, res.prompt, res.complete)
+		}
+		if !json.Valid(b) || bytes.IndexByte(b, '\\') >= 0 {
+			return
+		}
+		usage, prompt, complete := refAPIUsage(b, -1, -1)
+		if res.usage != usage || res.prompt != prompt || res.complete != complete {
+			t.Fatalf("scanAPIUsage(%q) = %v %d %d, reference %v %d %d", b, res.usage, res.prompt, res.complete, usage, prompt, complete)
+		}
+	})
+}
+
+// refAPIUsage is scanAPIUsage's reference: it walks the members of b in
+// order with encoding/json and lets every "usage" object (top level, or in
+// a top-level "message" or "response" object) set the counts it holds, as
+// json.Unmarshal into a *int sets it: null leaves the count as it was. A
+// count that is not a non-negative integer of at most maxTokenDigits
+// digits leaves everything as it was.
+func refAPIUsage(b []byte, prompt, complete int) (bool, int, int) {
+	members := func(b []byte, each func(k string, v json.RawMessage) bool) bool {
+		dec := json.NewDecoder(bytes.NewReader(b))
+		if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+			return false
+		}
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				return false
+			}
+			var v json.RawMessage
+			if dec.Decode(&v) != nil || !each(tok.(string), v) {
+				return false
+			}
+		}
+		return true
+	}
+	isObj := func(v json.RawMessage) bool { return len(v) > 0 && v[0] == '{' }
+	var (
+		in, out       *int
+		hasIn, hasOut bool
+	)
+	count := func(v json.RawMessage, dst **int, has *bool) bool {
+		if string(v) == "null" {
+			return true
+		}
+		if len(v) == 0 || len(v) > maxTokenDigits || len(v) > 1 && v[0] == '0' || bytes.ContainsAny(v, ".eE-+") {
+			return false
+		}
+		var n int
+		if json.Unmarshal(v, &n) != nil {
+			return false
+		}
+		*dst, *has = &n, true
+		return true
+	}
+	usage := func(v json.RawMessage) bool {
+		return members(v, func(k string, v json.RawMessage) bool {
+			switch k {
+			case "input_tokens":
+				return count(v, &in, &hasIn)
+			case "output_tokens":
+				return count(v, &out, &hasOut)
+			}
+			return true
+		})
+	}
+	ok := members(b, func(k string, v json.RawMessage) bool {
+		switch {
+		case !isObj(v):
+			return true
+		case k == "usage":
+			return usage(v)
+		case k == "message" || k == "response":
+			return members(v, func(k string, v json.RawMessage) bool {
+				if k == "usage" && isObj(v) {
+					return usage(v)
+				}
+				return true
+			})
+		}
+		return true
+	})
+	if !ok || !hasIn && !hasOut {
+		return false, prompt, complete
+	}
+	if hasIn {
+		prompt = *in
+	}
+	if hasOut {
+		complete = *out
+	}
+	return true, prompt, complete
+}

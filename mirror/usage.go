@@ -250,8 +250,8 @@ type apiUsage struct {
 // and output_tokens, at the top level (a Messages answer, its
 // message_delta event; a Responses answer) or in a top-level "message"
 // (message_start) or "response" object (response.completed). A count
-// present sets its side, one absent leaves it: message_delta carries
-// output_tokens alone, after message_start's input_tokens. A document it
+// present sets its side, one absent or null leaves it: message_delta
+// carries output_tokens alone, after message_start's input_tokens. A document it
 // cannot walk leaves res unchanged (as scanUsage).
 func scanAPIUsage(b []byte, res *result) {
 	if !bytes.Contains(b, keyUsage) {
@@ -334,9 +334,17 @@ func scanAPICounts(b []byte, i int, u *apiUsage) (end int, ok bool) {
 		i = skipSpace(b, i+1)
 		switch string(key) {
 		case "input_tokens":
+			if j, isNull := literal(b, i, "null"); isNull {
+				i, ok = j, true // absent, as json.Unmarshal into a *int
+				break
+			}
 			i, u.in, ok = scanCount(b, i)
 			u.hasIn = true
 		case "output_tokens":
+			if j, isNull := literal(b, i, "null"); isNull {
+				i, ok = j, true
+				break
+			}
 			i, u.out, ok = scanCount(b, i)
 			u.hasOut = true
 		default:

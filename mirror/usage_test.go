@@ -160,10 +160,13 @@ func TestScanAPIUsage(t *testing.T) {
 	f(`{"type":"message_delta","delta":{},"usage":{"output_tokens":15}}`, true, -1, 15) // input left as it was
 	f(`{"type":"response.completed","response":{"output":[{"usage":{"input_tokens":1}}],"usage":{"input_tokens":33,"input_tokens_details":{"cached_tokens":2},"output_tokens":9}}}`, true, 33, 9)
 	f(`{"response":{"usage":null}}`, false, -1, -1)
-	f(`{"usage":{"prompt_tokens":3,"completion_tokens":4}}`, false, -1, -1) // not this API's names
-	f(`{"a":{"message":{"usage":{"input_tokens":5}}}}`, false, -1, -1)      // deeper than message/response
-	f(`{"usage":{"input_tokens":12,"output_tokens":6}`, false, -1, -1)      // cut short
-	f(`{"usage":{"input_tokens":1.5,"output_tokens":6}}`, false, -1, -1)    // not a count
-	f(`{"usage":{"input_tokens":12,"output_tokens":6}} x`, false, -1, -1)   // trailing bytes
-	f(`{"text":"\"usage\":{\"input_tokens\":9}"}`, false, -1, -1)           // in a string
+	f(`{"message":{"usage":{"output_tokens":null}}}`, false, -1, -1)             // null is absent
+	f(`{"usage":{"input_tokens":null,"output_tokens":4}}`, true, -1, 4)          // null leaves input
+	f(`{"usage":{"input_tokens":3},"usage":{"input_tokens":null}}`, true, 3, -1) // last count wins
+	f(`{"usage":{"prompt_tokens":3,"completion_tokens":4}}`, false, -1, -1)      // not this API's names
+	f(`{"a":{"message":{"usage":{"input_tokens":5}}}}`, false, -1, -1)           // deeper than message/response
+	f(`{"usage":{"input_tokens":12,"output_tokens":6}`, false, -1, -1)           // cut short
+	f(`{"usage":{"input_tokens":1.5,"output_tokens":6}}`, false, -1, -1)         // not a count
+	f(`{"usage":{"input_tokens":12,"output_tokens":6}} x`, false, -1, -1)        // trailing bytes
+	f(`{"text":"\"usage\":{\"input_tokens\":9}"}`, false, -1, -1)                // in a string
 }
