@@ -22,6 +22,17 @@ import (
 // for usage, {"include_usage":null} does not. A body that is not a JSON
 // object is returned unchanged with an *Error.
 func EnsureStreamUsage(dst, body []byte) (out []byte, clientAsked bool, err error) {
+	return EnsureStreamUsageForced(dst, body, false)
+}
+
+// EnsureStreamUsageForced is EnsureStreamUsage for a router that relays
+// the usage to every client when forced (force_stream_usage), as vLLM's
+// --enable-force-include-usage does: its should_include_usage takes
+// include_usage as the client's or forced, and continuous usage as
+// include_usage and the client's continuous_usage_stats, so a forced
+// client that set continuous_usage_stats gets usage in every chunk even
+// with include_usage false; forced, they are left as the client sent them.
+func EnsureStreamUsageForced(dst, body []byte, forced bool) (out []byte, clientAsked bool, err error) {
 	start := skipSpace(body, 0)
 	if start >= len(body) || body[start] != '{' {
 		return body, false, errNotObject
@@ -92,8 +103,9 @@ func EnsureStreamUsage(dst, body []byte) (out []byte, clientAsked bool, err erro
 	// vLLM sends continuous usage stats (usage in every chunk) only with
 	// include_usage: a client that asked for them without it gets no
 	// usage, so they are turned off with the usage the router asks for
-	// (the usage filter removes only the final usage-only chunk).
-	if !cont.ok() || jsonscan.LaxBool(body[cont.s:cont.e]) != 't' {
+	// (the usage filter removes only the final usage-only chunk). Forced,
+	// the client gets usage, and them with it.
+	if forced || !cont.ok() || jsonscan.LaxBool(body[cont.s:cont.e]) != 't' {
 		cont = span{}
 	}
 	out = dst

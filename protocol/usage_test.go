@@ -40,6 +40,24 @@ func TestEnsureStreamUsageAsksTheEngine(t *testing.T) {
 	}
 }
 
+// Forced (force_stream_usage, vLLM's --enable-force-include-usage), the
+// client gets the usage, and continuous usage stats with it when it set
+// them: they are left as the client sent them.
+func TestForcedStreamUsageKeepsContinuousUsageStats(t *testing.T) {
+	f := func(in, want string, asked bool) {
+		t.Helper()
+		out, gotAsked, err := EnsureStreamUsageForced(make([]byte, 0, 256), []byte(in), true)
+		if err != nil || string(out) != want || gotAsked != asked {
+			t.Errorf("%s:\n got %s asked=%v err=%v\nwant %s asked=%v", in, out, gotAsked, err, want, asked)
+		}
+	}
+	f(`{"stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true}}`, `{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`, false)
+	f(`{"stream":true,"stream_options":{"continuous_usage_stats":"yes","include_usage":null}}`, `{"stream":true,"stream_options":{"continuous_usage_stats":"yes","include_usage":true}}`, false)
+	f(`{"stream":true,"stream_options":{"include_usage":false}}`, `{"stream":true,"stream_options":{"include_usage":true}}`, false)
+	f(`{"stream":true,"messages":[]}`, `{"stream_options":{"include_usage":true},"stream":true,"messages":[]}`, false)
+	f(`{"stream":true,"stream_options":{"continuous_usage_stats":true}}`, `{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`, true)
+}
+
 func TestUsageFilterRemovesOnlyTheUsageChunk(t *testing.T) {
 	content := chunkLine(`{"content":"the \"usage\": is"}`, "null") + "data: {\"choices\":[{\"delta\":{}}],\"usage\":null}\n\n" + chunkLine(`{}`, `"stop"`)
 	in := content + usageLine + "data: [DONE]\n\n"

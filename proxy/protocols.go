@@ -449,7 +449,7 @@ func (s *Server) afterParse(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *re
 		out = b.insertStreamUsage(p.buf[:0], body)
 	} else {
 		var err error
-		if out, asked, err = protocol.EnsureStreamUsage(p.buf[:0], body); err != nil {
+		if out, asked, err = protocol.EnsureStreamUsageForced(p.buf[:0], body, cfg.Protocol.ForceStreamUsage); err != nil {
 			return body, true // parse accepted the body; cannot happen
 		}
 	}

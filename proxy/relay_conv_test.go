@@ -157,6 +157,49 @@ func startUsageEngine(t *testing.T) *rawUpstream {
 	})
 }
 
+// With force_stream_usage on, a chat stream's client gets the usage vLLM
+// started with --enable-force-include-usage sends (should_include_usage:
+// include_usage = the client's or forced, continuous usage = include_usage
+// and the client's continuous_usage_stats): the usage chunk always, and
+// usage in every chunk when the client set continuous_usage_stats, even
+// with include_usage false. The router turned continuous_usage_stats off
+// for such a client, as it must without forcing, and it got no per-chunk
+// usage.
+func TestAForcedStreamsClientGetsTheUsageAForcingVLLMSends(t *testing.T) {
+	up := startUsageEngine(t)
+	cfg := config.Default()
+	cfg.Protocol.ForceStreamUsage = true
+	r := startRouter(t, nil, cfg, up.url)
+	for _, tc := range []struct {
+		opts string
+		each bool // usage in every content chunk (the usage chunk: always)
+	}{
+		{``, false},
+		{`,"stream_options":null`, false},
+		{`,"stream_options":{}`, false},
+		{`,"stream_options":{"include_usage":false}`, false},
+		{`,"stream_options":{"continuous_usage_stats":true}`, true},
+		{`,"stream_options":{"include_usage":false,"continuous_usage_stats":true}`, true},
+		{`,"stream_options":{"continuous_usage_stats":"yes","include_usage":null}`, true},
+		{`,"stream_options":{"include_usage":false,"continuous_usage_stats":false}`, false},
+	} {
+		prompt0, out0 := mPromptTokens.Get(), mOutputTokens.Get()
+		resp, b := postH(t, r.url+"/v1/chat/completions", `{"model":"m","stream":true`+tc.opts+`,"messages":[{"role":"user","content":"hi"}]}`, nil)
+		if resp.StatusCode != 200 || !strings.Contains(b, `"lo"`) || !strings.HasSuffix(b, "data: [DONE]\n\n") {
+			t.Fatalf("stream_options %s: %d %q", tc.opts, resp.StatusCode, b)
+		}
+		final := strings.Contains(b, `"choices":[],"usage"`)
+		each := strings.Contains(b, `"finish_reason":null}],"usage"`)
+		if !final || each != tc.each {
+			t.Errorf("stream_options %s: the client got the usage chunk %v (a forcing vLLM sends it), usage in each chunk %v (vLLM: %v)\n%s",
+				tc.opts, final, each, tc.each, b)
+		}
+		if dp, dc := mPromptTokens.Get()-prompt0, mOutputTokens.Get()-out0; dp != 7 || dc != 2 {
+			t.Errorf("stream_options %s: the router counted %d prompt and %d completion tokens, the engine reported 7 and 2", tc.opts, dp, dc)
+		}
+	}
+}
+
 // A chat stream's client gets the usage vLLM would send it for its
 // stream_options, read as vLLM reads them: an empty object asks for the
 // usage chunk (include_usage defaults to true), continuous usage stats
