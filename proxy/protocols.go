@@ -342,13 +342,8 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 					// this user that conversation. Answered as the engine
 					// answers an id it does not hold, as a retrieve of it
 					// is (respstored.go).
-					mPrevResponseUnknown.Inc()
 					mBadRequests.Inc()
-					countStatus(fasthttp.StatusNotFound)
-					resetResponse(ctx)
-					ctx.SetStatusCode(fasthttp.StatusNotFound)
-					ctx.SetContentType("application/json")
-					ctx.SetBody(appendResponseNotFound(nil, id))
+					writeResponseNotFound(ctx, id)
 					return nil, 0, 0, false
 				}
 				if e.ref.ID == "" {

@@ -338,13 +338,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		uncounted = true
 		return
 	}
-	if !ctx.Request.Header.IsHTTP11() && !laterHTTP1(ctx.Request.Header.Protocol()) {
-		// Streams and relayed bodies go out chunked, which HTTP/1.0 does
-		// not know (fasthttp cannot end a body by closing instead). As
-		// Envoy does by default: 426.
-		closeUnread(ctx)
-		writeError(ctx, fasthttp.StatusUpgradeRequired, typeInvalidRequest, "inference requests need HTTP/1.1", "", "http_version_not_supported")
-		ctx.Response.Header.Set("Upgrade", "HTTP/1.1")
+	if refuseHTTP10(ctx) {
 		uncounted = true
 		return
 	}
@@ -899,4 +893,18 @@ func insertModel(dst, body []byte, obj int, model string) []byte {
 // which is allowed.
 func laterHTTP1(proto []byte) bool {
 	return len(proto) == 8 && string(proto[:7]) == "HTTP/1." && proto[7] >= '2' && proto[7] <= '9'
+}
+
+// refuseHTTP10 answers 426 to a request older than HTTP/1.1 and reports
+// whether it did: streams and relayed bodies go out chunked, which
+// HTTP/1.0 does not know (fasthttp cannot end a body by closing instead).
+// As Envoy does by default.
+func refuseHTTP10(ctx *fasthttp.RequestCtx) bool {
+	if ctx.Request.Header.IsHTTP11() || laterHTTP1(ctx.Request.Header.Protocol()) {
+		return false
+	}
+	closeUnread(ctx)
+	writeError(ctx, fasthttp.StatusUpgradeRequired, typeInvalidRequest, "inference requests need HTTP/1.1", "", "http_version_not_supported")
+	ctx.Response.Header.Set("Upgrade", "HTTP/1.1")
+	return true
 }

@@ -85,10 +85,7 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx, kind int) {
 		uncounted = true
 		return
 	}
-	if !ctx.Request.Header.IsHTTP11() && !laterHTTP1(ctx.Request.Header.Protocol()) {
-		closeUnread(ctx)
-		writeError(ctx, fasthttp.StatusUpgradeRequired, typeInvalidRequest, "inference requests need HTTP/1.1", "", "http_version_not_supported")
-		ctx.Response.Header.Set("Upgrade", "HTTP/1.1")
+	if refuseHTTP10(ctx) {
 		uncounted = true
 		return
 	}
@@ -115,12 +112,7 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx, kind int) {
 		}
 	}
 	if !known {
-		mPrevResponseUnknown.Inc()
-		countStatus(fasthttp.StatusNotFound)
-		resetResponse(ctx)
-		ctx.SetStatusCode(fasthttp.StatusNotFound)
-		ctx.SetContentType("application/json")
-		ctx.SetBody(appendResponseNotFound(nil, id))
+		writeResponseNotFound(ctx, id)
 		return
 	}
 	mPrevResponseRouted.Inc()
@@ -179,6 +171,17 @@ func appendPathSegment(dst, id []byte) []byte {
 
 // appendResponseNotFound appends vLLM's answer to an id it does not hold
 // (serving.py, _make_not_found_error).
+// writeResponseNotFound answers vLLM's 404 for a response id the router
+// will not send on: one it does not know, or another user's.
+func writeResponseNotFound(ctx *fasthttp.RequestCtx, id []byte) {
+	mPrevResponseUnknown.Inc()
+	countStatus(fasthttp.StatusNotFound)
+	resetResponse(ctx)
+	ctx.SetStatusCode(fasthttp.StatusNotFound)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(appendResponseNotFound(nil, id))
+}
+
 func appendResponseNotFound(dst, id []byte) []byte {
 	if len(id) > respIDMax {
 		id = id[:respIDMax] // an error never echoes a client's megabyte
