@@ -53,7 +53,7 @@ func (s *Server) handleNative(ctx *fasthttp.RequestCtx, path string) {
 			s.badRequests.Add(1)
 			ctx.SetStatusCode(fasthttp.StatusNotFound)
 			ctx.SetContentType("application/json")
-			ctx.SetBody(appendResponseNotFound(nil, prev))
+			ctx.SetBody(protocol.AppendResponseNotFound(nil, prev))
 			return
 		}
 		// The Response echoes the request's previous_response_id and

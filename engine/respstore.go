@@ -157,14 +157,6 @@ func responsesFollowUp(body []byte) (prev []byte, noStore bool, next []byte, err
 	return prev, noStore, append(next, body[at:]...), nil
 }
 
-// appendResponseNotFound appends vLLM's answer to a follow-up naming a
-// response it does not hold (serving_responses.py, _make_not_found_error).
-func appendResponseNotFound(dst, id []byte) []byte {
-	dst = append(dst, `{"error":{"message":`...)
-	dst = jsonscan.AppendString(dst, "Response with id '"+string(id)+"' not found.")
-	return append(dst, `,"type":"invalid_request_error","param":"response_id","code":404}}`...)
-}
-
 // appendStreamedResponse appends the Response the engine keeps of a
 // streamed answer until the stream ends (then its last event's Response):
 // its id, model and status.
@@ -197,7 +189,7 @@ func (s *Server) handleStoredResponse(ctx *fasthttp.RequestCtx, rest string) {
 	switch {
 	case !ok:
 		ctx.SetStatusCode(fasthttp.StatusNotFound)
-		ctx.SetBody(appendResponseNotFound(nil, []byte(id)))
+		ctx.SetBody(protocol.AppendResponseNotFound(nil, []byte(id)))
 	case cancel:
 		ctx.SetStatusCode(fasthttp.StatusBadRequest)
 		ctx.SetBody(protocol.AppendError(nil, protocol.Responses, 400, protocol.TypeInvalidRequest, "", "Cannot cancel a synchronous response."))

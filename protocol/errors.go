@@ -3,6 +3,8 @@ package protocol
 import (
 	"strconv"
 	"unsafe"
+
+	"github.com/infera/infera/internal/jsonscan"
 )
 
 // API names a client-facing protocol.
@@ -277,4 +279,13 @@ func bytesString(b []byte) string {
 		return ""
 	}
 	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// AppendResponseNotFound appends vLLM's answer to a Responses id it does
+// not hold (serving_responses.py, _make_not_found_error), for a follow-up's
+// previous_response_id and for a retrieve or cancel of the id alike.
+func AppendResponseNotFound(dst, id []byte) []byte {
+	dst = append(dst, `{"error":{"message":`...)
+	dst = jsonscan.AppendString(dst, "Response with id '"+string(id)+"' not found.")
+	return append(dst, `,"type":"invalid_request_error","param":"response_id","code":404}}`...)
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/internal/jsonscan"
+	"github.com/infera/infera/protocol"
 	"github.com/valyala/fasthttp"
 )
 
@@ -169,8 +170,6 @@ func appendPathSegment(dst, id []byte) []byte {
 	return dst
 }
 
-// appendResponseNotFound appends vLLM's answer to an id it does not hold
-// (serving.py, _make_not_found_error).
 // writeResponseNotFound answers vLLM's 404 for a response id the router
 // will not send on: one it does not know, or another user's.
 func writeResponseNotFound(ctx *fasthttp.RequestCtx, id []byte) {
@@ -182,11 +181,12 @@ func writeResponseNotFound(ctx *fasthttp.RequestCtx, id []byte) {
 	ctx.SetBody(appendResponseNotFound(nil, id))
 }
 
+// appendResponseNotFound appends vLLM's 404 (protocol.AppendResponseNotFound)
+// with the id cut to respIDMax bytes and its invalid UTF-8 dropped: an
+// error never echoes a client's megabyte.
 func appendResponseNotFound(dst, id []byte) []byte {
 	if len(id) > respIDMax {
-		id = id[:respIDMax] // an error never echoes a client's megabyte
+		id = id[:respIDMax]
 	}
-	dst = append(dst, `{"error":{"message":`...)
-	dst = appendJSONString(dst, "Response with id '"+strings.ToValidUTF8(string(id), "")+"' not found.")
-	return append(dst, `,"type":"invalid_request_error","param":"response_id","code":404}}`...)
+	return protocol.AppendResponseNotFound(dst, []byte(strings.ToValidUTF8(string(id), "")))
 }
