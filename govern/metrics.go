@@ -38,6 +38,10 @@ var (
 	// mStateUndone counts the slot and seat returns queued for calls that
 	// failed (which may still run when Redis reads them).
 	mStateUndone = metrics.NewCounter(`infera_governance_state_undone_total`)
+	// mStateSettleDropped counts the settlements of requests (finishLua)
+	// that failed ambiguously and did not land within settleResend: no
+	// longer sent, lest a copy count twice.
+	mStateSettleDropped = metrics.NewCounter(`infera_governance_state_settlements_dropped_total`)
 	// mStateStalled counts the calls failed at once while Redis was
 	// stalled (a pipeline timed out less than a second before).
 	mStateStalled = metrics.NewCounter(`infera_governance_state_stalled_total`)

@@ -193,13 +193,18 @@ return r
 `, admitArgc))
 )
 
-// finishLua reconciles a ticket: K the user's hash and slot set, A
-// member, conc, now, served, rpm cap (0: not taken), tpm cap (0: not
-// taken), tpm delta, quota delta, channel, message, then per period: start
-// (0: not taken).
+// finishLua reconciles a ticket (its settlement): K the user's hash, slot
+// set and settlement mark, A member, conc, now, served, rpm cap (0: not
+// taken), tpm cap (0: not taken), tpm delta, quota delta, channel,
+// message, then per period: start (0: not taken), then the mark's TTL
+// (ms). The mark (SET NX, one key per settlement, named by the ticket's
+// member) makes it idempotent: a settlement sent again after an
+// ambiguous failure (a connection reset or a timeout: it may have run)
+// finds its mark and changes nothing, whichever copy Redis runs first.
 const finishLua = `
 local function finish(K, A)
   local h = K[1]
+  if not redis.call('SET', K[3], '1', 'NX', 'PX', A[15]) then return end
   local now = tonumber(A[3])
   local served = A[4] == '1'
   local function adjust(f, cap, delta)
@@ -361,6 +366,8 @@ type redisState struct {
 	// stalled is the time (Unix ns) until which a call fails at once,
 	// 0 while Redis answers (mayCall).
 	stalled atomic.Int64
+	// settleFor is settleResend (tests shorten it before any call).
+	settleFor time.Duration
 
 	kick chan struct{}
 	ps   *redis.PubSub
@@ -377,6 +384,8 @@ type scriptCall struct {
 	done chan *redis.Cmd // nil: an end (nobody waits)
 	// parts are the ends an endsScript call runs (exec).
 	parts []*scriptCall
+	// until: an end sent again (redo) is dropped after it (zero: never).
+	until time.Time
 	probe bool // sent in a stall (mayCall)
 }
 
@@ -404,9 +413,25 @@ type redoRelease struct {
 	// only if the member is no longer held by then.
 	renewal bool
 	// kind is the end to send: endRelease (releaseLua) unless it is a
-	// whole reconciliation (endFinish) that never reached Redis.
+	// whole reconciliation (endFinish, a settlement).
 	kind endKind
+	// until is when a settlement that may have run stops being sent
+	// again (settleResend after its first ambiguous failure): past it, its
+	// mark may have expired in Redis, and a copy that runs would count it
+	// twice. Zero: no copy may have run.
+	until time.Time
 }
+
+// A settlement's mark (finishLua) lives settleMark in Redis (about 130
+// bytes each, one per request: 16 MB at 1,000 requests/s); a settlement
+// whose sending failed ambiguously (it may have run) is sent again until
+// it lands, for up to settleResend after that failure, so that any copy
+// of it that runs finds the mark of the copy that ran before: a copy held
+// in a stalled connection may run up to settleMark-settleResend late.
+const (
+	settleMark   = 2 * time.Minute
+	settleResend = settleMark / 2
+)
 
 // maxRedo bounds the returns kept for sending again (Redis down for long
 // under load): past it the oldest go, and their members expire with their
@@ -440,9 +465,13 @@ func (r *redisState) takeEndedRedo() []*scriptCall {
 	defer r.qmu.Unlock()
 	var out []*scriptCall
 	keep := r.redo[:0]
+	now := time.Now()
 	for _, x := range r.redo {
+		if x.expired(now) {
+			continue
+		}
 		if x.ended && len(out) < maxRedoAhead {
-			out = append(out, &scriptCall{end: x.end(), keys: x.keys, args: x.args})
+			out = append(out, &scriptCall{end: x.end(), keys: x.keys, args: x.args, until: x.until})
 		} else {
 			keep = append(keep, x)
 		}
@@ -450,6 +479,16 @@ func (r *redisState) takeEndedRedo() []*scriptCall {
 	clear(r.redo[len(keep):])
 	r.redo = keep
 	return out
+}
+
+// expired reports whether x is a settlement past its time to be sent
+// again (until), and counts it.
+func (x *redoRelease) expired(now time.Time) bool {
+	if x.until.IsZero() || now.Before(x.until) {
+		return false
+	}
+	mStateSettleDropped.Inc()
+	return true
 }
 
 // end is the kind of end x sends.
@@ -461,10 +500,9 @@ func (x *redoRelease) end() endKind {
 }
 
 // keepFailedEnds keeps for sending again the returns of the ends of an
-// endsScript call that failed with err: a return as it is; a finish whole
-// when the call never reached Redis (it could not connect: Redis down or
-// unreachable), else its slot alone (its counters are not charged twice:
-// the finish may have run).
+// endsScript call that failed with err: a return as it is; a finish
+// (a settlement) whole, tokens and slot, whether it may have run or not:
+// its mark makes it count once (finishLua).
 func (r *redisState) keepFailedEnds(parts []*scriptCall, err error) {
 	unsent := notSent(err)
 	for _, x := range parts {
@@ -472,21 +510,19 @@ func (r *redisState) keepFailedEnds(parts []*scriptCall, err error) {
 		case endRelease:
 			r.keepRedo(x.keys, x.args, true)
 		case endFinish:
-			if unsent {
-				// The request's refund or reconciliation (its request
-				// count, RPM token, token estimate) and its slot, once
-				// Redis answers: a Redis back with its data (a partition,
-				// a restart from its AOF) would keep the estimate charged
-				// for good otherwise.
-				r.keep(redoRelease{keys: x.keys, args: x.args, ended: true, kind: endFinish})
-				continue
+			// The request's refund or reconciliation (its request count,
+			// RPM token, token estimate) and its slot, once Redis answers
+			// (ahead of the next pipeline's admissions): a Redis back
+			// with its data (a partition, a restart from its AOF) would
+			// keep the estimate charged for good otherwise, and a
+			// settlement cut off by a connection reset would be lost
+			// for every router (or, sent again without its mark, counted
+			// twice when it had run).
+			until := x.until
+			if !unsent && until.IsZero() { // the first copy that may have run
+				until = time.Now().Add(r.settleFor)
 			}
-			// args: member, concurrency (1: it held a slot), ...; keys:
-			// the user's hash, its slot set; finishLua's last argument
-			// position after the periods names the user for the wake.
-			if len(x.args) > 9 && len(x.keys) == 2 && x.args[1] == 1 {
-				r.keepRedo([]string{x.keys[1]}, []any{x.args[0], x.args[8], x.args[9]}, true)
-			}
+			r.keep(redoRelease{keys: x.keys, args: x.args, ended: true, kind: endFinish, until: until})
 		case endRenew:
 			// It may still run (a timeout), after the member's return;
 			// one never sent keeps nothing (every renewal of a long
@@ -513,7 +549,11 @@ func (r *redisState) resendRedo(n uint64) {
 	}
 	r.redo = keep
 	r.qmu.Unlock()
+	now := time.Now()
 	for _, x := range again {
+		if x.expired(now) {
+			continue
+		}
 		if x.renewal {
 			r.mu.Lock()
 			_, held := r.leases[x.args[0].(string)]
@@ -523,7 +563,7 @@ func (r *redisState) resendRedo(n uint64) {
 			}
 		}
 		mStateUndone.Inc()
-		r.end(x.end(), x.keys, x.args)
+		r.endUntil(x.end(), x.keys, x.args, x.until)
 	}
 }
 
@@ -611,19 +651,20 @@ func newRedisState(g *Governor, o Options) (*redisState, error) {
 		return nil, err
 	}
 	r := &redisState{
-		g:      g,
-		c:      redis.NewClient(ro),
-		prefix: o.RedisPrefix,
-		wake:   o.RedisPrefix + "wake",
-		id:     hex.EncodeToString(rid[:]),
-		ttl:    o.LeaseTTL,
-		leases: map[string][]string{},
-		seats:  map[string]*seatState{},
-		dirty:  map[*userState]struct{}{},
-		qwake:  make(chan struct{}, 1),
-		delay:  o.EndDelay,
-		kick:   make(chan struct{}, 1),
-		log:    logx.Throttle{Every: 10 * time.Second},
+		g:         g,
+		c:         redis.NewClient(ro),
+		prefix:    o.RedisPrefix,
+		wake:      o.RedisPrefix + "wake",
+		id:        hex.EncodeToString(rid[:]),
+		ttl:       o.LeaseTTL,
+		leases:    map[string][]string{},
+		seats:     map[string]*seatState{},
+		dirty:     map[*userState]struct{}{},
+		qwake:     make(chan struct{}, 1),
+		delay:     o.EndDelay,
+		settleFor: settleResend,
+		kick:      make(chan struct{}, 1),
+		log:       logx.Throttle{Every: 10 * time.Second},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
@@ -677,12 +718,18 @@ func (r *redisState) call(s *redis.Script, keys []string, args ...any) *redis.Cm
 // end queues an end of a request without waiting for it: it runs before
 // any call queued after it. Ends queued together run in one endsScript.
 func (r *redisState) end(kind endKind, keys []string, args []any) {
+	r.endUntil(kind, keys, args, time.Time{})
+}
+
+// endUntil is end for an end sent again that is dropped after until
+// (redoRelease.until; zero: never).
+func (r *redisState) endUntil(kind endKind, keys []string, args []any, until time.Time) {
 	r.qmu.Lock()
 	if r.closed {
 		r.qmu.Unlock()
 		return
 	}
-	r.q = append(r.q, &scriptCall{end: kind, keys: keys, args: args})
+	r.q = append(r.q, &scriptCall{end: kind, keys: keys, args: args, until: until})
 	busy := r.busy
 	r.qmu.Unlock()
 	if !busy {
@@ -1070,7 +1117,7 @@ func (r *redisState) finishUser(ts *ticketState, served bool, u Usage, now int64
 	if ts.tpm {
 		tpmCap = tpm
 	}
-	args := make([]any, 0, 14)
+	args := make([]any, 0, 15)
 	args = append(args, ts.member, b01(ts.conc), now/1e6, b01(served), rpmCap, tpmCap, tpmCharge-ts.tpmEst, quotaCharge-ts.quotaEst, r.wake, "u:"+ts.u.st.name)
 	for p := range numPeriods {
 		if ts.win[p].on {
@@ -1079,12 +1126,13 @@ func (r *redisState) finishUser(ts *ticketState, served bool, u Usage, now int64
 			args = append(args, 0)
 		}
 	}
+	args = append(args, settleMark.Milliseconds())
 	if ts.conc {
 		r.mu.Lock()
 		delete(r.leases, ts.member)
 		r.mu.Unlock()
 	}
-	r.end(endFinish, []string{hk, sk}, args)
+	r.end(endFinish, []string{hk, sk, hk + ":f:" + ts.member}, args)
 	if ts.conc {
 		r.kickUser(ts.u.st) // a local waiter may take the slot at once (its call runs after this end)
 	}
