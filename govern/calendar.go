@@ -63,6 +63,16 @@ type calState struct {
 	from, until int64
 	off         int64 // zone offset, seconds east of UTC
 	win         [numPeriods]window
+	cal         *calendar
+}
+
+// later returns the window of period p that began at start, one after
+// s's (another router, or a request that read the clock after this one,
+// began it): its real end, which is not s's window's length after start
+// when the two differ (months of 28 to 31 days, days of 23 or 25 hours
+// across a DST change). It computes (one allocation): late refusals only.
+func (s *calState) later(p period, start int64) window {
+	return s.cal.compute(start).win[p]
 }
 
 func newCalendar(loc *time.Location) *calendar { return &calendar{loc: loc} }
@@ -81,7 +91,7 @@ func (c *calendar) state(now int64) *calState {
 func (c *calendar) compute(now int64) *calState {
 	t := time.Unix(now, 0).In(c.loc)
 	_, off := t.Zone()
-	s := &calState{off: int64(off), from: now - 1<<40, until: now + 1<<40}
+	s := &calState{off: int64(off), from: now - 1<<40, until: now + 1<<40, cal: c}
 	zs, ze := t.ZoneBounds()
 	if !zs.IsZero() {
 		s.from = zs.Unix()

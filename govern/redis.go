@@ -1031,9 +1031,12 @@ func (r *redisState) admitted(res []int64, t *template, ts *ticketState, cs *cal
 			start[p] = x
 		}
 		if f.has(quotaRequestsCode(p)) || f.has(quotaTokensCode(p)) {
-			// A later window taken as long as this router's (the router
-			// is milliseconds behind: its next refusals name their own).
-			end := start[p] + cs.win[p].end - cs.win[p].start
+			end := cs.win[p].end
+			if start[p] != cs.win[p].start {
+				// A later window: its own end (a month or a DST day
+				// may be longer or shorter than this router's).
+				end = cs.later(p, start[p]).end
+			}
 			retry = max(retry, end*1e9-now) // to the ns: Retry-After-Ms
 		}
 	}

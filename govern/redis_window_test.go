@@ -87,3 +87,52 @@ func TestALateAdmissionKeepsTheNextWindowsCountInProcess(t *testing.T) {
 		t.Fatalf("Retry-After %d s of a late refusal in the day that ends in 86400 s", rej.RetryAfter)
 	}
 }
+
+// A refusal counted in a month another router (or, in process, a request
+// that read the clock later) began already tells the time to that month's
+// real end, not to the end of a month as long as the router's own: past
+// November (30 days) December ends 31 days after it began, past January
+// (31 days) February 28 days after.
+func TestALateRefusalRetriesAtTheEndOfTheMonthThatRefusedIt(t *testing.T) {
+	rs := startRedis(t)
+	key, hash := mintKey(t)
+	c := userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"month","max_requests":1}]}}`, "")
+	for _, tc := range []struct {
+		name           string
+		boundary, next time.Time // the later month's start and end
+	}{
+		{"december after november", time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC), time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{"february after january", time.Date(2027, 2, 1, 0, 0, 0, 0, time.UTC), time.Date(2027, 3, 1, 0, 0, 0, 0, time.UTC)},
+	} {
+		late := tc.boundary.Add(-time.Millisecond) // the refused router's clock, in the month before
+		check := func(t *testing.T, rej *Rejection) {
+			t.Helper()
+			want := tc.next.Sub(late)
+			if rej.RetryAfterMS != want.Milliseconds() || rej.RetryAfter != int((want+time.Second-1)/time.Second) {
+				t.Fatalf("Retry-After %d s (%d ms), want %d ms: the month that refused ends %v", rej.RetryAfter, rej.RetryAfterMS, want.Milliseconds(), tc.next)
+			}
+		}
+		t.Run(tc.name+"/redis", func(t *testing.T) {
+			o := redisOptions(t, rs)
+			o1, o2 := o, o
+			o1.Now = newFakeClock(tc.boundary.Add(time.Millisecond)).Now
+			o2.Now = newFakeClock(late).Now
+			g1, g2 := newGov(t, o1, c), newGov(t, o2, c)
+			tk := admitOK(t, g1, identify(t, g1, key), Request{}) // the new month's one request
+			tk.FirstToken()
+			tk.Done(Usage{Known: true})
+			syncState(t, g1)
+			check(t, admitRejected(t, g2, identify(t, g2, key), Request{}, CodeQuotaRequestsMonth))
+		})
+		t.Run(tc.name+"/in process", func(t *testing.T) {
+			clk := newFakeClock(tc.boundary.Add(time.Millisecond))
+			g := newGov(t, Options{Now: clk.Now}, c)
+			u := identify(t, g, key)
+			tk := admitOK(t, g, u, Request{})
+			tk.FirstToken()
+			tk.Done(Usage{Known: true})
+			clk.Set(late)
+			check(t, admitRejected(t, g, u, Request{}, CodeQuotaRequestsMonth))
+		})
+	}
+}

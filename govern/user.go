@@ -166,13 +166,12 @@ func (st *userState) checkLocked(t *template, cs *calState, now int64, e estimat
 			}
 			c := &st.win[p]
 			ws := cs.win[p]
-			if c.start >= ws.end {
-				// A later window began already (a request that read the
-				// clock after this one took the lock first): this late
-				// admission counts in it, as with Redis (resetting it
-				// to this one's start lost the new window's count).
-				ws = window{c.start, c.start + ws.end - ws.start}
-			} else {
+			// late: a later window began already (a request that read
+			// the clock after this one took the lock first); this late
+			// admission counts in it, as with Redis (resetting it to
+			// this one's start lost the new window's count).
+			late := c.start >= ws.end
+			if !late {
 				if !ws.holds(c.start, sec) {
 					*c = winCount{}
 				}
@@ -188,7 +187,11 @@ func (st *userState) checkLocked(t *template, cs *calState, now int64, e estimat
 				hit = true
 			}
 			if hit {
-				retry = max(retry, ws.end*1e9-now) // to the ns: Retry-After-Ms
+				end := ws.end
+				if late {
+					end = cs.later(p, c.start).end // that window's own end
+				}
+				retry = max(retry, end*1e9-now) // to the ns: Retry-After-Ms
 			}
 		}
 	}
