@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -21,13 +22,25 @@ const BackendStatic = "static"
 
 // Static keeps a fleet equal to the static worker list: --workers (with
 // --worker-model) plus the config snapshot's workers. Workers listed
-// without models are asked for their /v1/models; until they answer they
-// are retried every few seconds, and a worker that already learned its
-// models keeps them through a transient /v1/models failure. Learned models
-// are asked again every StaticModelsRefresh: an engine restarted behind the
-// same URL with another model is then routed to for the new one.
+// without models are asked for their /v1/models, all at once, each ask
+// bounded by ConnectTimeout (its dial) and ModelsTimeout (the whole
+// exchange); until they answer they are retried every few seconds, and a
+// worker that already learned its models keeps them through a transient
+// /v1/models failure. Learned models are asked again every
+// StaticModelsRefresh: an engine restarted behind the same URL with
+// another model is then routed to for the new one.
 type Static struct {
+	// ConnectTimeout bounds dialing a worker to ask its /v1/models (the
+	// router's --connect-timeout); default 3 s. Set before Apply.
+	ConnectTimeout time.Duration
+	// ModelsTimeout bounds one /v1/models exchange, its dial included,
+	// and so the wait of Apply at start, however many workers do not
+	// answer; default StaticModelsTimeout, and never below ConnectTimeout.
+	// Set before Apply.
+	ModelsTimeout time.Duration
+
 	fl      *fleet.Fleet
+	client  *fasthttp.Client
 	workers []string
 	models  []string
 	mu      sync.Mutex    // serializes syncs; never held while asking a worker
@@ -44,19 +57,50 @@ type Static struct {
 // without models for their /v1/models again once they answered.
 const StaticModelsRefresh = 30 * time.Second
 
+// StaticModelsTimeout is Static.ModelsTimeout's default.
+const StaticModelsTimeout = 3 * time.Second
+
 var _ Backend = (*Static)(nil)
 
 // NewStatic returns the static backend for fl.
 func NewStatic(fl *fleet.Fleet, workers, workerModels []string) *Static {
-	return &Static{fl: fl, workers: workers, models: workerModels, wake: make(chan struct{}, 1), stop: make(chan struct{}),
+	s := &Static{fl: fl, workers: workers, models: workerModels, wake: make(chan struct{}, 1), stop: make(chan struct{}),
 		retry: 5 * time.Second, refresh: StaticModelsRefresh}
+	s.client = &fasthttp.Client{
+		// The dial takes the request's remaining time: bounded by it
+		// and by ConnectTimeout. A host that never answers the SYN
+		// held the ask for 3 s whatever --connect-timeout said.
+		DialTimeout: func(addr string, timeout time.Duration) (net.Conn, error) {
+			return (&net.Dialer{Timeout: min(timeout, s.connectTimeout())}).Dial("tcp", addr)
+		},
+		MaxIdemponentCallAttempts: 1, // Run asks again
+		MaxResponseBodySize:       4 << 20,
+	}
+	return s
+}
+
+func (s *Static) connectTimeout() time.Duration {
+	if s.ConnectTimeout > 0 {
+		return s.ConnectTimeout
+	}
+	return 3 * time.Second
+}
+
+func (s *Static) modelsTimeout() time.Duration {
+	t := s.ModelsTimeout
+	if t <= 0 {
+		t = StaticModelsTimeout
+	}
+	return max(t, s.connectTimeout())
 }
 
 // Apply makes the fleet the static list under cfg, first asking the
-// workers listed without models for them (at start).
+// workers listed without models for them (at start), all at once: it
+// waits ModelsTimeout at most, however many do not answer. A worker that
+// has not answered joins without models and Run asks it again.
 func (s *Static) Apply(cfg *config.Config) {
 	fetched := map[string][]string{}
-	fetchModels(missingModels(StaticRecords(s.workers, s.models, cfg), s.fl), func(url string, models []string) {
+	s.fetchModels(missingModels(StaticRecords(s.workers, s.models, cfg), s.fl), time.Now().Add(s.modelsTimeout()), func(url string, models []string) {
 		fetched[url] = models
 	})
 	s.apply(func() *config.Config { return cfg }, fetched)
@@ -125,34 +169,56 @@ func missingModels(rs []fleet.Record, fl *fleet.Fleet) []string {
 	return urls
 }
 
-// fetchModels asks each URL for its models, a few at a time so that a
-// worker that never answers does not hold up the others, and calls got
-// with each answer as it comes (from the calling goroutine, holding no
-// lock).
-func fetchModels(urls []string, got func(url string, models []string)) {
+// fetchModels asks each URL for its models, up to fetchParallel at once
+// (each ask bounded by ModelsTimeout, so a worker that never answers holds
+// up no other beyond that), and calls got with each answer as it comes
+// (from the calling goroutine, holding no lock). With a non-zero
+// deadline it returns then at the latest: the asks not begun are not
+// made, and those still running are left to end on their own timeout,
+// their answers dropped.
+func (s *Static) fetchModels(urls []string, deadline time.Time, got func(url string, models []string)) {
+	if len(urls) == 0 {
+		return
+	}
 	type answer struct {
 		url    string
 		models []string
 	}
-	answers := make(chan answer, len(urls))
+	answers := make(chan answer, len(urls)) // never blocks a late ask
 	sem := make(chan struct{}, fetchParallel)
+	quit := make(chan struct{})
+	defer close(quit)
 	go func() {
 		for _, u := range urls {
-			sem <- struct{}{}
+			select {
+			case sem <- struct{}{}:
+			case <-quit:
+				return
+			}
 			go func() {
 				defer func() { <-sem }()
-				answers <- answer{u, FetchModels(u)}
+				answers <- answer{u, s.fetch(u)}
 			}()
 		}
 	}()
+	var timeout <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		timeout = t.C
+	}
 	for range urls {
-		a := <-answers
-		got(a.url, a.models)
+		select {
+		case a := <-answers:
+			got(a.url, a.models)
+		case <-timeout:
+			return
+		}
 	}
 }
 
 // fetchParallel bounds the /v1/models requests in flight at once.
-const fetchParallel = 16
+const fetchParallel = 64
 
 // learnedModels returns the URLs of the records without models whose live
 // worker learned its models, with those models.
@@ -197,7 +263,7 @@ func (s *Static) Run(load func() *config.Config) {
 			}
 		}
 		fetched := map[string][]string{}
-		fetchModels(urls, func(url string, models []string) {
+		s.fetchModels(urls, time.Time{}, func(url string, models []string) {
 			if len(models) == 0 || slices.Equal(models, known[url]) {
 				return
 			}
@@ -347,14 +413,19 @@ func workerSpec(spec string) (id, url string) {
 	return id, url
 }
 
-// FetchModels asks a worker for its model ids (empty on failure).
-func FetchModels(base string) []string {
+// fetch asks a worker for its model ids (empty on failure), within
+// ModelsTimeout, its dial within ConnectTimeout.
+func (s *Static) fetch(base string) []string {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(base + "/v1/models")
-	if err := fasthttp.DoTimeout(req, resp, 3*time.Second); err != nil || resp.StatusCode() != 200 {
+	err := s.client.DoTimeout(req, resp, s.modelsTimeout())
+	if err == nil && resp.StatusCode() != 200 {
+		err = fmt.Errorf("status %d", resp.StatusCode())
+	}
+	if err != nil {
 		slog.Warn("cannot list worker models; pass --worker-model", "url", base, "err", err)
 		return nil
 	}

@@ -196,6 +196,7 @@ func New(f *config.Serve) (*Gateway, error) {
 		}
 		store.SetCheck(check)
 		st := discovery.NewStatic(g.fleet, f.Workers, f.WorkerModel)
+		st.ConnectTimeout = f.ConnectTimeout
 		st.Apply(store.Load())
 		store.OnChange(func(old, cur *config.Config) { st.Changed(cur) })
 		go st.Run(store.Load)
