@@ -29,23 +29,22 @@ type KubeWatcherConfig struct {
 	LabelSelector string
 	// Annotation holds the record; default DefaultAnnotation.
 	Annotation string
-	// WatchTimeout is the server-side timeout of one watch request (the
-	// watch is then resumed from the last resource version); default 5m.
+	// WatchTimeout is the server-side timeout of one watch request
+	// (timeoutSeconds: the API server ends the watch then, and it is
+	// resumed from the last resource version); default 5m. A watch still
+	// open WatchTimeout and a tenth more (at least a second) after it
+	// began is cut: its API server stopped answering with the connection
+	// left up. A quiet watch is never cut before: an API server sends
+	// bookmarks at its discretion, and one with its watch cache off sends
+	// none.
 	WatchTimeout time.Duration
 	// RequestTimeout bounds a list; default 30s.
 	RequestTimeout time.Duration
-	// IdleTimeout is the longest a watch may stay silent, its response
-	// headers included, before it is dropped and resumed from the last
-	// resource version (a connection to an API server that stopped
-	// answering, with no FIN or RST, went unnoticed until the watch's own
-	// timeout). The API server sends a bookmark roughly every minute on a
-	// watch that asks for them; default DefaultWatchIdleTimeout.
-	IdleTimeout time.Duration
 }
 
-// DefaultWatchIdleTimeout is KubeWatcherConfig.IdleTimeout's default: the
-// API server's bookmark interval (about a minute) and half as much again.
-const DefaultWatchIdleTimeout = 90 * time.Second
+// watchBound is how long a watch of server-side timeout t may stay open
+// before it is cut: t and a tenth more, at least a second.
+func watchBound(t time.Duration) time.Duration { return t + max(t/10, time.Second) }
 
 // KubeWatcher lists and watches worker Pods and keeps a Sink in step. A
 // Pod is routed only when it is Running, Ready, not terminating and
@@ -85,9 +84,6 @@ func NewKubeWatcher(kc *KubeConfig, cfg KubeWatcherConfig, sink Sink) (*KubeWatc
 	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 30 * time.Second
-	}
-	if cfg.IdleTimeout <= 0 {
-		cfg.IdleTimeout = DefaultWatchIdleTimeout
 	}
 	return &KubeWatcher{cfg: cfg, c: c, sink: sink, st: statsFor(BackendKubernetes), h: newHealth(), byPod: map[string]fleet.Record{}}, nil
 }
@@ -161,9 +157,9 @@ var errGone = errors.New("resource version too old (410 Gone)")
 // shortWatch after it began.
 var errShortWatch = errors.New("the watch ended less than a second after it began, with no event")
 
-// errSilentWatch is a watch that sent nothing, not even its response
-// headers or a bookmark, for KubeWatcherConfig.IdleTimeout.
-var errSilentWatch = errors.New("watch silent")
+// errOverdueWatch is a watch still open past watchBound of its
+// server-side timeout: the API server stopped answering.
+var errOverdueWatch = errors.New("watch overdue")
 
 const shortWatch = time.Second
 
@@ -218,10 +214,11 @@ func (w *KubeWatcher) loop(ctx context.Context) {
 		switch {
 		case err == nil:
 			delay = 0 // server closed the watch normally: resume from rv
-		case errors.Is(err, errSilentWatch):
-			// Resumed from rv at once (the silence took IdleTimeout);
-			// Health says the API is unreachable until it answers.
-			w.st.log.Warn("kubernetes discovery: the watch went silent; resuming it", "err", err)
+		case errors.Is(err, errOverdueWatch):
+			// Resumed from rv at once (it took the watch's whole
+			// bound); Health says the API is unreachable until it
+			// answers.
+			w.st.log.Warn("kubernetes discovery: the watch ran past its server-side timeout; resuming it", "err", err)
 			w.setHealth(false, err)
 			delay = 0
 		case errors.Is(err, errShortWatch):
@@ -452,17 +449,21 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 	q.Set("timeoutSeconds", fmt.Sprint(int(w.cfg.WatchTimeout/time.Second)))
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// Client-side watchdogs: a watch running past the server-side timeout
-	// plus a margin, or sending nothing (headers, events, bookmarks) for
-	// IdleTimeout, is cut: an API server that stops answering without
-	// closing the connection (a partition) was noticed only after 5m30s.
-	dog := time.AfterFunc(w.cfg.WatchTimeout+30*time.Second, cancel)
+	// The API server ends the watch after timeoutSeconds, whether events
+	// came or not; one still open well past it has stopped answering
+	// with the connection up (a hung or partitioned server whose TCP
+	// keepalive probes are still answered, by it or by a proxy), and is
+	// cut. A quiet watch is not cut earlier: bookmarks are sent at the
+	// server's discretion, not at any interval, and never by one with
+	// its watch cache off, whose quiet watches were cut every 90 s and
+	// reported as an unreachable API. A dead peer is noticed sooner by
+	// the connection's TCP keepalive (kubeconfig.go).
+	bound := watchBound(w.cfg.WatchTimeout)
+	var overdue atomic.Bool
+	dog := time.AfterFunc(bound, func() { overdue.Store(true); cancel() })
 	defer dog.Stop()
-	var silent atomic.Bool
-	idle := time.AfterFunc(w.cfg.IdleTimeout, func() { silent.Store(true); cancel() })
-	defer idle.Stop()
-	silentErr := func() error {
-		return fmt.Errorf("%w for %s: the API server sent nothing, not even a bookmark", errSilentWatch, w.cfg.IdleTimeout)
+	overdueErr := func() error {
+		return fmt.Errorf("%w: still open %s after it began, past its server-side timeout of %s: the API server stopped answering", errOverdueWatch, bound, w.cfg.WatchTimeout)
 	}
 	req, err := http.NewRequestWithContext(wctx, http.MethodGet, w.podsURL(q), nil)
 	if err != nil {
@@ -470,8 +471,11 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 	}
 	resp, err := w.c.do(req)
 	if err != nil {
-		if ctx.Err() == nil && silent.Load() {
-			return silentErr()
+		if ctx.Err() != nil {
+			return ctx.Err() // closed
+		}
+		if overdue.Load() {
+			return overdueErr()
 		}
 		w.setHealth(false, err)
 		return fmt.Errorf("cannot watch pods: %w", err)
@@ -485,8 +489,7 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 	}
 	w.setDenied(nil)
 	w.setHealth(true, nil)
-	idle.Reset(w.cfg.IdleTimeout)
-	dec := json.NewDecoder(bufio.NewReaderSize(idleReader{resp.Body, idle, w.cfg.IdleTimeout}, 64<<10))
+	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
 	began := time.Now()
 	for events := 0; ; events++ {
 		var ev kubeEvent
@@ -497,11 +500,8 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 				}
 				return nil
 			}
-			if ctx.Err() == nil && silent.Load() {
-				return silentErr()
-			}
-			if ctx.Err() == nil && wctx.Err() != nil {
-				return errors.New("watch ran past its server-side timeout")
+			if ctx.Err() == nil && overdue.Load() {
+				return overdueErr()
 			}
 			return fmt.Errorf("watch stream: %w", err)
 		}
@@ -509,22 +509,6 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 			return err
 		}
 	}
-}
-
-// idleReader re-arms the idle watchdog t for d after every read that
-// brought bytes.
-type idleReader struct {
-	r io.Reader
-	t *time.Timer
-	d time.Duration
-}
-
-func (r idleReader) Read(p []byte) (int, error) {
-	n, err := r.r.Read(p)
-	if n > 0 {
-		r.t.Reset(r.d)
-	}
-	return n, err
 }
 
 func (w *KubeWatcher) apply(ev *kubeEvent) error {

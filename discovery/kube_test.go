@@ -38,6 +38,9 @@ type fakeKube struct {
 	// bookmarkEvery, when set, sends a BOOKMARK that often on an open
 	// watch, as the API server does about every minute.
 	bookmarkEvery time.Duration
+	// noBookmarks sends no BOOKMARK at all, not even the one at the
+	// start of a watch: an API server with its watch cache off.
+	noBookmarks bool
 
 	lists, watches atomic.Int64
 }
@@ -129,6 +132,18 @@ func (f *fakeKube) expire(httpGone bool) {
 	f.httpGone = httpGone
 	close(f.kill)
 	f.kill = make(chan struct{})
+}
+
+// compact makes every resource version so far too old, as etcd's
+// compaction does, leaving open watches running: the next watch from an
+// older resource version is answered 410 (an HTTP status with httpGone,
+// else an ERROR event).
+func (f *fakeKube) compact(httpGone bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rv++
+	f.minRV = f.rv
+	f.httpGone = httpGone
 }
 
 func matches(sel string, labels map[string]string) bool {
@@ -270,12 +285,14 @@ func (f *fakeKube) watch(w http.ResponseWriter, r *http.Request, ns, sel string)
 		return
 	}
 	f.mu.Lock()
-	send("BOOKMARK", map[string]any{"kind": "Pod", "apiVersion": "v1", "metadata": map[string]any{"resourceVersion": strconv.Itoa(from)}})
+	if !f.noBookmarks {
+		send("BOOKMARK", map[string]any{"kind": "Pod", "apiVersion": "v1", "metadata": map[string]any{"resourceVersion": strconv.Itoa(from)}})
+	}
 	f.mu.Unlock()
 	end := time.After(time.Duration(timeout) * time.Second)
 	var tick <-chan time.Time
 	f.mu.Lock()
-	if f.bookmarkEvery > 0 {
+	if f.bookmarkEvery > 0 && !f.noBookmarks {
 		t := time.NewTicker(f.bookmarkEvery)
 		defer t.Stop()
 		tick = t.C

@@ -13,9 +13,13 @@ type memSink struct {
 	mu    sync.Mutex
 	m     map[string]fleet.Record
 	syncs int
+	// upserts and removes count the calls per worker id.
+	upserts, removes map[string]int
 }
 
-func newMemSink() *memSink { return &memSink{m: map[string]fleet.Record{}} }
+func newMemSink() *memSink {
+	return &memSink{m: map[string]fleet.Record{}, upserts: map[string]int{}, removes: map[string]int{}}
+}
 
 func (s *memSink) Sync(rs []fleet.Record) []error {
 	s.mu.Lock()
@@ -39,6 +43,7 @@ func (s *memSink) Upsert(r fleet.Record) error {
 	}
 	s.mu.Lock()
 	s.m[r.ID] = r
+	s.upserts[r.ID]++
 	s.mu.Unlock()
 	return nil
 }
@@ -46,6 +51,7 @@ func (s *memSink) Upsert(r fleet.Record) error {
 func (s *memSink) Remove(id string) {
 	s.mu.Lock()
 	delete(s.m, id)
+	s.removes[id]++
 	s.mu.Unlock()
 }
 
@@ -54,6 +60,14 @@ func (s *memSink) get(id string) (fleet.Record, bool) {
 	defer s.mu.Unlock()
 	r, ok := s.m[id]
 	return r, ok
+}
+
+// calls returns how many times id was upserted and removed, and how many
+// syncs (relists) the sink took.
+func (s *memSink) calls(id string) (upserts, removes, syncs int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.upserts[id], s.removes[id], s.syncs
 }
 
 func (s *memSink) len() int {
