@@ -469,6 +469,9 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cannot build watch request: %w", err)
 	}
+	// Timed from the request, as client-go's reflector does: a proxy
+	// may hold the headers of a quiet watch until the server ends it.
+	began := time.Now()
 	resp, err := w.c.do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -490,7 +493,6 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 	w.setDenied(nil)
 	w.setHealth(true, nil)
 	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
-	began := time.Now()
 	for events := 0; ; events++ {
 		var ev kubeEvent
 		if err := dec.Decode(&ev); err != nil {

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -320,4 +321,52 @@ func TestKubeHealthCountsWhatIsRouted(t *testing.T) {
 	check("a's Pod deleted", 2, 1)
 	f.del("infera", "p3")
 	check("one of c's Pods deleted", 2, 1)
+}
+
+// A proxy in front of the API server may hold a watch's response headers
+// until its first event: a quiet watch then answers its headers only when
+// the server ends it, at timeoutSeconds, with no event. It lasted that
+// long, and is resumed at once, as client-go does (its reflector starts
+// the clock before the request): the watch was timed from its headers,
+// taken for one that ended at once, and resumed after a delay growing to
+// 10 s, the fleet unwatched meanwhile.
+func TestKubeAQuietWatchWhoseHeadersAProxyHeldIsResumedAtOnce(t *testing.T) {
+	var mu sync.Mutex
+	var starts, ends []time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("watch") == "" {
+			fmt.Fprint(w, `{"kind":"PodList","metadata":{"resourceVersion":"7"},"items":[]}`)
+			return
+		}
+		mu.Lock()
+		starts = append(starts, time.Now())
+		mu.Unlock()
+		select { // quiet, its headers held, until the server ends it
+		case <-time.After(1200 * time.Millisecond):
+		case <-r.Context().Done():
+			return
+		}
+		w.WriteHeader(200)
+		mu.Lock()
+		ends = append(ends, time.Now())
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "t"}, KubeWatcherConfig{Namespace: "ns", WatchTimeout: time.Second}, newMemSink())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Close()
+	waitFor(t, 10*time.Second, "four watches", func() bool { mu.Lock(); defer mu.Unlock(); return len(starts) >= 4 })
+	mu.Lock()
+	defer mu.Unlock()
+	var waited time.Duration // between a watch's end and the next one
+	for i := 0; i < 3; i++ {
+		waited += starts[i+1].Sub(ends[i])
+	}
+	if waited > 300*time.Millisecond {
+		t.Fatalf("three quiet watches resumed after %v in all, want at once", waited.Round(time.Millisecond))
+	}
 }
