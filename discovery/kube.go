@@ -163,6 +163,10 @@ var errOverdueWatch = errors.New("watch overdue")
 
 const shortWatch = time.Second
 
+// errWatchThrottled is a watch the API server refused with 429 Too Many
+// Requests (API Priority and Fairness shedding load).
+var errWatchThrottled = errors.New("watch throttled")
+
 // errWatchForbidden is a watch the API server refused with 403 (RBAC
 // grants list but not watch).
 var errWatchForbidden = errors.New("watch forbidden")
@@ -234,6 +238,12 @@ func (w *KubeWatcher) loop(ctx context.Context) {
 			w.st.relists.Inc()
 			w.st.log.Warn("kubernetes discovery: the listed resource version expired at once; relisting with a delay", "err", err)
 			needList = true
+			delay = backoff(delay, 10*time.Second)
+			sleep(ctx, delay)
+		case errors.Is(err, errWatchThrottled):
+			// Asked again from rv after a growing delay, as client-go
+			// does: a relist is the load the server asked to shed.
+			w.st.log.Warn("kubernetes discovery: the API server throttled the watch; retrying it with a delay", "err", err)
 			delay = backoff(delay, 10*time.Second)
 			sleep(ctx, delay)
 		case errors.Is(err, errWatchForbidden):
@@ -484,6 +494,9 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 		return fmt.Errorf("cannot watch pods: %w", err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusTooManyRequests {
+		return fmt.Errorf("%w: %w", errWatchThrottled, apiError(resp))
+	}
 	if resp.StatusCode == http.StatusForbidden {
 		return fmt.Errorf("%w: %w", errWatchForbidden, apiError(resp))
 	}

@@ -370,3 +370,49 @@ func TestKubeAQuietWatchWhoseHeadersAProxyHeldIsResumedAtOnce(t *testing.T) {
 		t.Fatalf("three quiet watches resumed after %v in all, want at once", waited.Round(time.Millisecond))
 	}
 }
+
+// An API server shedding load (API Priority and Fairness) answers a watch
+// 429 Too Many Requests: it is asked again from the same resource version
+// after a growing delay, as client-go's reflector does, with no relist:
+// every 429 relisted, a full Pod list sent to the server that asked for
+// less load, and the delay was not kept between them.
+func TestKubeAWatchAnswered429IsRetriedWithoutARelist(t *testing.T) {
+	f := newFakeKube("tok")
+	var shed atomic.Int64
+	shed.Store(4)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("watch") != "" && shed.Add(-1) >= 0 {
+			w.Header().Set("Retry-After", "1")
+			writeStatus(w, 429, "TooManyRequests", "too many requests, please try again later")
+			return
+		}
+		f.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	pod := func(name, id string) podSpec {
+		return podSpec{ns: "infera", name: name, labels: workerLabels, phase: "Running", ready: true, ann: strp(recJSON(id))}
+	}
+	f.set(pod("p1", "w1"), false)
+	sink := newMemSink()
+	w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "tok"}, KubeWatcherConfig{Namespace: "infera"}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	waitFor(t, 10*time.Second, "a watch past the 429s", func() bool { return f.watches.Load() == 1 })
+	if d := time.Since(start); d < 1500*time.Millisecond { // 0.2 + 0.4 + 0.8 s
+		t.Fatalf("four 429s retried within %v: no growing delay", d.Round(time.Millisecond))
+	}
+	if n := f.lists.Load(); n != 1 {
+		t.Fatalf("%d lists: a 429 relisted", n)
+	}
+	f.set(pod("p2", "w2"), false)
+	waitFor(t, 5*time.Second, "w2 seen by the watch", func() bool { _, ok := sink.get("w2"); return ok })
+}
