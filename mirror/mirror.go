@@ -122,7 +122,7 @@ type mirrorMetrics struct {
 //
 //	infera_mirror_sampled_total                      requests sampled
 //	infera_mirror_dropped_total{reason="queue_full"} sampled but the queue or the byte budget was full
-//	infera_mirror_dropped_total{reason="expired"}    timed out before being sent
+//	infera_mirror_dropped_total{reason="expired"}    timed out before being sent (queued, or taken but not yet handed to the connection)
 //	infera_mirror_dropped_total{reason="shutdown"}   still queued at Close
 //	infera_mirror_dropped_total{reason="disabled"}   still queued when a reload disabled mirroring
 //	infera_mirror_requests_total{result="ok"|"http_error"|"error"|"timeout"}

@@ -417,6 +417,40 @@ func TestMirrorTimeoutDropsExpiredRequests(t *testing.T) {
 	}
 }
 
+// A copy whose timeout_ms ran out after a sender took it but before its
+// request was handed to the connection (the wake-up that admitted it raced
+// its expiry) never reaches the target: it is counted as dropped, reason
+// "expired", like one that expired waiting for a sender, and not as a
+// request that timed out in flight (result "timeout"), which the target saw.
+func TestACopyExpiredBeforeItIsSentIsDroppedNotTimedOut(t *testing.T) {
+	tg := startTarget(t, nil)
+	m, lb := startMirror(t)
+	// The sender runs the real send, once the job's budget has run out.
+	m.send = func(j *job) {
+		time.Sleep(time.Until(j.at.Add(millis(j.cfg.TimeoutMS))) + 5*time.Millisecond)
+		m.sendJob(j)
+	}
+	cfg := mirrorCfg(tg.url)
+	cfg.TimeoutMS = 20
+	cfg.LogRecording = true
+	if !m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false) {
+		t.Fatal("offer refused")
+	}
+	eventually(t, "the copy accounted for", func() bool {
+		return m.m.droppedExpired.Get()+m.m.timeout.Get()+m.m.ok.Get()+m.m.failed.Get() == 1
+	})
+	eventually(t, "the sender to finish", func() bool { return m.active.Load() == 0 && m.held.Load() == 0 })
+	if m.m.droppedExpired.Get() != 1 || m.m.timeout.Get() != 0 {
+		t.Fatalf("dropped as expired %d, timed out %d: want 1 and 0", m.m.droppedExpired.Get(), m.m.timeout.Get())
+	}
+	if tg.hits.Load() != 0 {
+		t.Fatalf("the target got %d requests", tg.hits.Load())
+	}
+	if s := lb.String(); s != "" {
+		t.Fatalf("a log line for a copy never sent: %s", s)
+	}
+}
+
 // A mirrored stream is read to its end by the mirror; the log line has the
 // status, the timings, the number of events and the usage of the last
 // chunk, and nothing secret.

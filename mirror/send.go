@@ -27,6 +27,7 @@ type result struct {
 	err              error
 	timedOut         bool
 	dropped          bool          // not sent: no room in mirror.max_buffer_bytes for the substituted copy
+	expired          bool          // not sent: mirror.timeout_ms ran out before the request was handed to the connection
 	ttfe             time.Duration // first SSE event (streams) or response headers
 	bytes            int64
 	events           int
@@ -81,6 +82,12 @@ func (m *Mirror) sendJob(j *job) {
 	releaseSender(s)
 	if res.dropped {
 		m.m.droppedFull.Inc()
+		return
+	}
+	if res.expired {
+		// Nothing reached the target: a drop, as a job that expired
+		// waiting for a sender, not a request that timed out.
+		m.m.droppedExpired.Inc()
 		return
 	}
 	end := time.Now()
@@ -220,7 +227,18 @@ func (m *Mirror) do(s *sender, j *job, deadline time.Time, res *result) {
 	}
 	req.SetBodyRaw(body)
 	start := time.Now()
-	if err := t.hc.DoDeadline(req, resp, deadline); err != nil {
+	// The budget may have run out since the sender took the job (the
+	// wake-up that admitted it raced its expiry, or the substitution
+	// above): the request is then not sent at all. DoTimeout with what is
+	// left, measured once here, so that fasthttp does not find it spent
+	// either and answer ErrTimeout, which would count as a timeout of a
+	// request the target never saw.
+	left := deadline.Sub(start)
+	if left <= 0 {
+		res.expired = true
+		return
+	}
+	if err := t.hc.DoTimeout(req, resp, left); err != nil {
 		res.err = err
 		return
 	}
