@@ -92,17 +92,24 @@ func FuzzScanUsage(f *testing.F) {
 // FuzzScanAPIUsage: on any bytes scanAPIUsage never panics, never
 // allocates and never reports a negative count; on a valid JSON object
 // whose keys hold no escape it agrees with refAPIUsage, an ordered walk
-// with encoding/json.
+// with encoding/json, for a Messages answer (messages: cache counts are
+// input) and a Responses one.
 func FuzzScanAPIUsage(f *testing.F) {
-	f.Add([]byte(`{"type":"message_start","message":{"id":"m","usage":{"input_tokens":25,"output_tokens":1}}}`))
-	f.Add([]byte(`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15}}`))
-	f.Add([]byte(`{"type":"response.completed","response":{"usage":{"input_tokens":33,"input_tokens_details":{"cached_tokens":2},"output_tokens":9}}}`))
-	f.Add([]byte(`{"usage":{"input_tokens":1},"message":{"usage":{"input_tokens":2,"output_tokens":null}},"usage":{"output_tokens":3}}`))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		res := result{prompt: -1, complete: -1}
-		if n := testing.AllocsPerRun(1, func() { scanAPIUsage(b, &result{}) }); n != 0 {
+	f.Add([]byte(`{"type":"message_start","message":{"id":"m","usage":{"input_tokens":25,"output_tokens":1}}}`), true)
+	f.Add([]byte(`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15}}`), true)
+	f.Add([]byte(`{"type":"response.completed","response":{"usage":{"input_tokens":33,"input_tokens_details":{"cached_tokens":2},"output_tokens":9}}}`), false)
+	f.Add([]byte(`{"usage":{"input_tokens":1},"message":{"usage":{"input_tokens":2,"output_tokens":null}},"usage":{"output_tokens":3}}`), true)
+	f.Add([]byte(`{"type":"message_start","message":{"usage":{"input_tokens":4,"cache_creation_input_tokens":900,"cache_read_input_tokens":40,"output_tokens":1}}}`), true)
+	f.Add([]byte(`{"type":"message_start","message":{"usage":{"input_tokens":4,"cache_creation_input_tokens":900,"cache_read_input_tokens":40,"output_tokens":1}}}`), false)
+	f.Fuzz(func(t *testing.T, b []byte, messages bool) {
+		api := apiResponses
+		if messages {
+			api = apiMessages
+		}
+		if n := testing.AllocsPerRun(1, func() { scanAPIUsage(b, &result{api: api}) }); n != 0 {
 			t.Fatalf("scanAPIUsage(%q) allocates %v times", b, n)
 		}
+		res := result{prompt: -1, complete: -1, api: api}
 		scanAPIUsage(b, &res)
 		if res.prompt < -1 || res.complete < -1 || !res.usage && (res.prompt != -1 || res.complete != -1) {
 			t.Fatalf("scanAPIUsage(%q) = %v %d %d", b, res.usage, res.prompt, res.complete)
@@ -110,9 +117,9 @@ func FuzzScanAPIUsage(f *testing.F) {
 		if !json.Valid(b) || bytes.IndexByte(b, '\\') >= 0 {
 			return
 		}
-		usage, prompt, complete := refAPIUsage(b, -1, -1)
+		usage, prompt, complete := refAPIUsage(b, messages, -1, -1)
 		if res.usage != usage || res.prompt != prompt || res.complete != complete {
-			t.Fatalf("scanAPIUsage(%q) = %v %d %d, reference %v %d %d", b, res.usage, res.prompt, res.complete, usage, prompt, complete)
+			t.Fatalf("scanAPIUsage(%q, messages %v) = %v %d %d, reference %v %d %d", b, messages, res.usage, res.prompt, res.complete, usage, prompt, complete)
 		}
 	})
 }
@@ -120,10 +127,12 @@ func FuzzScanAPIUsage(f *testing.F) {
 // refAPIUsage is scanAPIUsage's reference: it walks the members of b in
 // order with encoding/json and lets every "usage" object (top level, or in
 // a top-level "message" or "response" object) set the counts it holds, as
-// json.Unmarshal into a *int sets it: null leaves the count as it was. A
+// json.Unmarshal into a *int sets it: null leaves the count as it was. The
+// prompt is the sum of the input counts seen (input_tokens, and with
+// messages cache_creation_input_tokens and cache_read_input_tokens). A
 // count that is not a non-negative integer of at most maxTokenDigits
 // digits leaves everything as it was.
-func refAPIUsage(b []byte, prompt, complete int) (bool, int, int) {
+func refAPIUsage(b []byte, messages bool, prompt, complete int) (bool, int, int) {
 	members := func(b []byte, each func(k string, v json.RawMessage) bool) bool {
 		dec := json.NewDecoder(bytes.NewReader(b))
 		if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
@@ -142,31 +151,44 @@ func refAPIUsage(b []byte, prompt, complete int) (bool, int, int) {
 		return true
 	}
 	isObj := func(v json.RawMessage) bool { return len(v) > 0 && v[0] == '{' }
+	inputs := map[string]bool{"input_tokens": true}
+	if messages {
+		inputs["cache_creation_input_tokens"] = true
+		inputs["cache_read_input_tokens"] = true
+	}
+	in := map[string]int{} // the input counts seen, by name
 	var (
-		in, out       *int
-		hasIn, hasOut bool
+		out    *int
+		hasOut bool
 	)
-	count := func(v json.RawMessage, dst **int, has *bool) bool {
+	count := func(v json.RawMessage) (*int, bool) {
 		if string(v) == "null" {
-			return true
+			return nil, true
 		}
 		if len(v) == 0 || len(v) > maxTokenDigits || len(v) > 1 && v[0] == '0' || bytes.ContainsAny(v, ".eE-+") {
-			return false
+			return nil, false
 		}
 		var n int
 		if json.Unmarshal(v, &n) != nil {
-			return false
+			return nil, false
 		}
-		*dst, *has = &n, true
-		return true
+		return &n, true
 	}
 	usage := func(v json.RawMessage) bool {
 		return members(v, func(k string, v json.RawMessage) bool {
-			switch k {
-			case "input_tokens":
-				return count(v, &in, &hasIn)
-			case "output_tokens":
-				return count(v, &out, &hasOut)
+			switch {
+			case inputs[k]:
+				n, ok := count(v)
+				if n != nil {
+					in[k] = *n
+				}
+				return ok
+			case k == "output_tokens":
+				n, ok := count(v)
+				if n != nil {
+					out, hasOut = n, true
+				}
+				return ok
 			}
 			return true
 		})
@@ -187,11 +209,14 @@ func refAPIUsage(b []byte, prompt, complete int) (bool, int, int) {
 		}
 		return true
 	})
-	if !ok || !hasIn && !hasOut {
+	if !ok || len(in) == 0 && !hasOut {
 		return false, prompt, complete
 	}
-	if hasIn {
-		prompt = *in
+	if len(in) > 0 {
+		prompt = 0
+		for _, n := range in {
+			prompt += n
+		}
 	}
 	if hasOut {
 		complete = *out

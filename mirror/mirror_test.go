@@ -1279,3 +1279,64 @@ func TestMirrorTakesTheUsageOfMessagesAndResponsesAnswers(t *testing.T) {
 		t.Fatalf("token counters %d %d", m.m.promptTokens.Get(), m.m.completionTokens.Get())
 	}
 }
+
+// A copy sent to /v1/messages counts Anthropic's total input as its prompt
+// tokens: input_tokens plus cache_creation_input_tokens plus
+// cache_read_input_tokens (Anthropic counts the tokens written to and read
+// from its prompt cache apart from input_tokens), from a whole answer and
+// from a stream's message_start and message_delta (whose input counts,
+// cumulative, replace message_start's when not null). A Responses answer's
+// input_tokens already includes its cached tokens.
+func TestMirrorCountsAnthropicCacheTokensAsPromptTokens(t *testing.T) {
+	tg := startTarget(t, func(w http.ResponseWriter, r *http.Request) {
+		stream := r.Header.Get("Accept") == "text/event-stream"
+		if stream {
+			w.Header().Set("Content-Type", "text/event-stream")
+		} else {
+			w.Header().Set("Content-Type", "application/json")
+		}
+		switch {
+		case r.URL.Path == "/v1/messages" && stream && r.URL.RawQuery == "":
+			// message_delta with its output only.
+			io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"m\",\"stop_reason\":null,\"usage\":{\"input_tokens\":4,\"cache_creation_input_tokens\":900,\"cache_read_input_tokens\":40,\"cache_creation\":{\"ephemeral_5m_input_tokens\":900,\"ephemeral_1h_input_tokens\":0},\"output_tokens\":1}}}\n\n"+
+				"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n"+
+				"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":15}}\n\n"+
+				"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+		case r.URL.Path == "/v1/messages" && stream:
+			// message_delta with cumulative input counts, as Anthropic
+			// sends them now.
+			io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_2\",\"usage\":{\"input_tokens\":4,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"output_tokens\":1}}}\n\n"+
+				"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":4,\"cache_creation_input_tokens\":30,\"cache_read_input_tokens\":70,\"output_tokens\":8}}\n\n"+
+				"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+		case r.URL.Path == "/v1/messages":
+			io.WriteString(w, `{"id":"msg_3","type":"message","role":"assistant","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":12,"cache_creation_input_tokens":100,"cache_read_input_tokens":300,"output_tokens":6}}`)
+		default:
+			io.WriteString(w, `{"id":"resp_1","object":"response","status":"completed","output":[],"usage":{"input_tokens":50,"input_tokens_details":{"cached_tokens":20},"output_tokens":3,"total_tokens":53}}`)
+		}
+	})
+	m, lb := startMirror(t)
+	cfg := mirrorCfg(tg.url)
+	cfg.LogRecording = true
+	cfg.Concurrency = 1 // one at a time: the log lines in order
+	cases := []struct {
+		path          string
+		stream        bool
+		prompt, compl float64
+	}{
+		{"/v1/messages", true, 4 + 900 + 40, 15},
+		{"/v1/messages?delta", true, 4 + 30 + 70, 8},
+		{"/v1/messages", false, 12 + 100 + 300, 6},
+		{"/v1/responses", false, 50, 3},
+	}
+	for i, c := range cases {
+		m.Offer(cfg, []byte(c.path), []byte(`{"model":"m","max_tokens":8}`), c.stream)
+		eventually(t, "the log line", func() bool { return len(lb.lines(t)) == i+1 })
+		l := lb.lines(t)[i]
+		if l["usage"] != true || l["prompt_tokens"] != c.prompt || l["completion_tokens"] != c.compl {
+			t.Fatalf("%s stream=%v: usage %v, tokens %v %v, want %v %v (line %v)", c.path, c.stream, l["usage"], l["prompt_tokens"], l["completion_tokens"], c.prompt, c.compl, l)
+		}
+	}
+	if got, want := m.m.promptTokens.Get(), uint64(944+104+412+50); got != want {
+		t.Fatalf("prompt tokens counted %d, want %d", got, want)
+	}
+}

@@ -33,10 +33,15 @@ type result struct {
 	events           int
 	usage            bool
 	prompt, complete int
-	// api: the answer is an Anthropic Messages or OpenAI Responses one
-	// (input_tokens, output_tokens: scanAPIUsage), not a chat or
-	// completions one (prompt_tokens, completion_tokens: scanUsage).
-	api bool
+	// api is the usage vocabulary of the answer: a chat or completions one
+	// (prompt_tokens, completion_tokens: scanUsage), an Anthropic Messages
+	// or an OpenAI Responses one (input_tokens, output_tokens:
+	// scanAPIUsage).
+	api apiKind
+	// input holds the input parts of a Messages or Responses usage as
+	// last seen (partInput, partCacheWrite, partCacheRead): a stream's
+	// events each may carry some of them, prompt is their sum.
+	input [nParts]int
 }
 
 // sender is the reusable state of one send (pooled): the request URL, the
@@ -244,7 +249,12 @@ func (m *Mirror) do(s *sender, j *job, deadline time.Time, res *result) {
 	}
 	res.status = resp.StatusCode()
 	res.ttfe = time.Since(start)
-	res.api = bytes.HasPrefix(j.path, pathMessages) || bytes.HasPrefix(j.path, pathResponses)
+	switch {
+	case bytes.HasPrefix(j.path, pathMessages):
+		res.api = apiMessages
+	case bytes.HasPrefix(j.path, pathResponses):
+		res.api = apiResponses
+	}
 	r := resp.BodyStream()
 	if r == nil {
 		return // no body (204, 304)
@@ -405,7 +415,7 @@ var (
 // scanUsage takes the usage of an answer or stream event b, in the form
 // of the API the copy was sent to.
 func (r *result) scanUsage(b []byte) {
-	if r.api {
+	if r.api != apiChat {
 		scanAPIUsage(b, r)
 	} else {
 		scanUsage(b, r)

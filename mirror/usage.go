@@ -239,31 +239,70 @@ func skipSpace(b []byte, i int) int {
 	return i
 }
 
+// apiKind is the usage vocabulary of the API a copy was sent to.
+type apiKind uint8
+
+const (
+	// apiChat: chat and completions, prompt_tokens and completion_tokens
+	// (scanUsage).
+	apiChat apiKind = iota
+	// apiResponses: OpenAI Responses, input_tokens (cached tokens
+	// included: input_tokens_details.cached_tokens is a part of it) and
+	// output_tokens (scanAPIUsage).
+	apiResponses
+	// apiMessages: Anthropic Messages, whose input is input_tokens plus
+	// cache_creation_input_tokens plus cache_read_input_tokens (Anthropic
+	// counts the tokens written to and read from its prompt cache apart
+	// from input_tokens), and output_tokens (scanAPIUsage).
+	apiMessages
+)
+
+// Input parts of a Messages usage, as they index apiUsage.in and
+// result.input: Responses has the first only.
+const (
+	partInput      = iota // input_tokens
+	partCacheWrite        // cache_creation_input_tokens
+	partCacheRead         // cache_read_input_tokens
+	nParts
+)
+
 // apiUsage is what scanAPIUsage found: each count and whether it was there.
 type apiUsage struct {
-	in, out       int
-	hasIn, hasOut bool
+	in     [nParts]int
+	hasIn  [nParts]bool
+	out    int
+	hasOut bool
 }
 
-// scanAPIUsage takes the token counts of an Anthropic Messages or OpenAI
-// Responses answer or stream event b: a "usage" object with input_tokens
-// and output_tokens, at the top level (a Messages answer, its
-// message_delta event; a Responses answer) or in a top-level "message"
-// (message_start) or "response" object (response.completed). A count
-// present sets its side, one absent or null leaves it: message_delta
-// carries output_tokens alone, after message_start's input_tokens. A document it
-// cannot walk leaves res unchanged (as scanUsage).
+// scanAPIUsage takes the token counts of an Anthropic Messages (res.api
+// apiMessages) or OpenAI Responses (apiResponses) answer or stream event b:
+// a "usage" object at the top level (a Messages answer, its message_delta
+// event; a Responses answer) or in a top-level "message" (message_start)
+// or "response" object (response.completed). Each count present sets its
+// part, one absent or null leaves it as an earlier event set it, as
+// Anthropic's SDKs accumulate a stream (message_delta carries
+// output_tokens, and its input counts, cumulative, only when not null);
+// the prompt is then the sum of the input parts known: input_tokens, and
+// for Messages cache_creation_input_tokens and cache_read_input_tokens,
+// Anthropic's total input (its prompt caching guide). A document it cannot
+// walk leaves res unchanged (as scanUsage).
 func scanAPIUsage(b []byte, res *result) {
 	if !bytes.Contains(b, keyUsage) {
 		return
 	}
 	var u apiUsage
-	end, ok := scanAPIObject(b, skipSpace(b, 0), &u, 0)
+	end, ok := scanAPIObject(b, skipSpace(b, 0), &u, 0, res.api == apiMessages)
 	if !ok || skipSpace(b, end) != len(b) {
 		return
 	}
-	if u.hasIn {
-		res.prompt, res.usage = u.in, true
+	in := false
+	for k := range u.in {
+		if u.hasIn[k] {
+			res.input[k], in = u.in[k], true
+		}
+	}
+	if in {
+		res.prompt, res.usage = res.input[partInput]+res.input[partCacheWrite]+res.input[partCacheRead], true
 	}
 	if u.hasOut {
 		res.complete, res.usage = u.out, true
@@ -271,8 +310,9 @@ func scanAPIUsage(b []byte, res *result) {
 }
 
 // scanAPIObject walks the object at b[i:] for scanAPIUsage (depth 0: the
-// document, 1: its "message" or "response").
-func scanAPIObject(b []byte, i int, u *apiUsage, depth int) (end int, ok bool) {
+// document, 1: its "message" or "response"); cache: the cache counts are
+// input parts (Messages).
+func scanAPIObject(b []byte, i int, u *apiUsage, depth int, cache bool) (end int, ok bool) {
 	if i >= len(b) || b[i] != '{' {
 		return i, false
 	}
@@ -293,9 +333,9 @@ func scanAPIObject(b []byte, i int, u *apiUsage, depth int) (end int, ok bool) {
 		isObj := i < len(b) && b[i] == '{'
 		switch {
 		case isObj && string(key) == "usage":
-			i, ok = scanAPICounts(b, i, u)
+			i, ok = scanAPICounts(b, i, u, cache)
 		case isObj && depth == 0 && (string(key) == "message" || string(key) == "response"):
-			i, ok = scanAPIObject(b, i, u, 1)
+			i, ok = scanAPIObject(b, i, u, 1, cache)
 		default:
 			i, ok = skipValue(b, i)
 		}
@@ -316,15 +356,26 @@ func scanAPIObject(b []byte, i int, u *apiUsage, depth int) (end int, ok bool) {
 	}
 }
 
-// scanAPICounts reads a usage object's input_tokens and output_tokens.
-func scanAPICounts(b []byte, i int, u *apiUsage) (end int, ok bool) {
+// scanAPICounts reads a usage object's input_tokens, output_tokens and,
+// with cache, cache_creation_input_tokens and cache_read_input_tokens.
+func scanAPICounts(b []byte, i int, u *apiUsage, cache bool) (end int, ok bool) {
 	i = skipSpace(b, i+1)
 	if i < len(b) && b[i] == '}' {
 		return i + 1, true
 	}
+	// count reads the count at b[i:] into *n: null is absent, as
+	// json.Unmarshal into a *int leaves it.
+	count := func(n *int, has *bool) {
+		if j, isNull := literal(b, i, "null"); isNull {
+			i, ok = j, true
+			return
+		}
+		i, *n, ok = scanCount(b, i)
+		*has = true
+	}
 	for {
-		key, j, ok := scanString(b, i)
-		if !ok {
+		key, j, ok0 := scanString(b, i)
+		if !ok0 {
 			return j, false
 		}
 		i = skipSpace(b, j)
@@ -332,23 +383,26 @@ func scanAPICounts(b []byte, i int, u *apiUsage) (end int, ok bool) {
 			return i, false
 		}
 		i = skipSpace(b, i+1)
+		// string(key) compared in place: converting it to a variable
+		// would allocate for a key longer than 32 bytes.
+		part := -1
 		switch string(key) {
 		case "input_tokens":
-			if j, isNull := literal(b, i, "null"); isNull {
-				i, ok = j, true // absent, as json.Unmarshal into a *int
-				break
-			}
-			i, u.in, ok = scanCount(b, i)
-			u.hasIn = true
+			part = partInput
 		case "output_tokens":
-			if j, isNull := literal(b, i, "null"); isNull {
-				i, ok = j, true
-				break
-			}
-			i, u.out, ok = scanCount(b, i)
-			u.hasOut = true
+			count(&u.out, &u.hasOut)
+		case "cache_creation_input_tokens":
+			part = partCacheWrite
+		case "cache_read_input_tokens":
+			part = partCacheRead
 		default:
 			i, ok = skipValue(b, i)
+		}
+		switch {
+		case part == partInput || part > partInput && cache:
+			count(&u.in[part], &u.hasIn[part])
+		case part > partInput:
+			i, ok = skipValue(b, i) // not this API's field
 		}
 		if !ok {
 			return i, false

@@ -149,10 +149,12 @@ func TestReplaceModelDecodesKeysAsJSONDoes(t *testing.T) {
 func TestScanAPIUsage(t *testing.T) {
 	f := func(b string, usage bool, prompt, complete int) {
 		t.Helper()
-		res := result{prompt: -1, complete: -1}
-		scanAPIUsage([]byte(b), &res)
-		if res.usage != usage || res.prompt != prompt || res.complete != complete {
-			t.Fatalf("scanAPIUsage(%s) = %v %d %d, want %v %d %d", b, res.usage, res.prompt, res.complete, usage, prompt, complete)
+		for _, api := range []apiKind{apiMessages, apiResponses} {
+			res := result{prompt: -1, complete: -1, api: api}
+			scanAPIUsage([]byte(b), &res)
+			if res.usage != usage || res.prompt != prompt || res.complete != complete {
+				t.Fatalf("scanAPIUsage(%s) as %d = %v %d %d, want %v %d %d", b, api, res.usage, res.prompt, res.complete, usage, prompt, complete)
+			}
 		}
 	}
 	f(`{"usage":{"input_tokens":12,"output_tokens":6}}`, true, 12, 6)
@@ -169,4 +171,47 @@ func TestScanAPIUsage(t *testing.T) {
 	f(`{"usage":{"input_tokens":1.5,"output_tokens":6}}`, false, -1, -1)         // not a count
 	f(`{"usage":{"input_tokens":12,"output_tokens":6}} x`, false, -1, -1)        // trailing bytes
 	f(`{"text":"\"usage\":{\"input_tokens\":9}"}`, false, -1, -1)                // in a string
+}
+
+// A Messages usage's input is Anthropic's total input: input_tokens plus
+// cache_creation_input_tokens plus cache_read_input_tokens. In a stream
+// each event sets the parts it carries (message_start all of them,
+// message_delta its cumulative counts when not null), the others keep
+// their last value. Responses has no such fields: its input_tokens already
+// includes the cached tokens.
+func TestScanAPIUsageCountsAnthropicCacheTokensAsInput(t *testing.T) {
+	f := func(api apiKind, events []string, usage bool, prompt, complete int) {
+		t.Helper()
+		res := result{api: api}
+		for _, e := range events {
+			scanAPIUsage([]byte(e), &res)
+		}
+		if res.usage != usage || res.prompt != prompt || res.complete != complete {
+			t.Fatalf("scanAPIUsage(%q) = %v %d %d, want %v %d %d", events, res.usage, res.prompt, res.complete, usage, prompt, complete)
+		}
+	}
+	// A whole answer.
+	f(apiMessages, []string{`{"id":"msg_1","type":"message","usage":{"input_tokens":12,"cache_creation_input_tokens":100,"cache_read_input_tokens":300,"cache_creation":{"ephemeral_5m_input_tokens":100,"ephemeral_1h_input_tokens":0},"output_tokens":6}}`}, true, 412, 6)
+	// message_start, then a message_delta with the output only (its
+	// input counts absent or null).
+	start := `{"type":"message_start","message":{"id":"msg_1","usage":{"input_tokens":4,"cache_creation_input_tokens":900,"cache_read_input_tokens":40,"output_tokens":1}}}`
+	f(apiMessages, []string{start, `{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15}}`}, true, 944, 15)
+	f(apiMessages, []string{start, `{"type":"message_delta","usage":{"input_tokens":null,"cache_creation_input_tokens":null,"cache_read_input_tokens":null,"output_tokens":15}}`}, true, 944, 15)
+	// A message_delta with cumulative input counts: they replace
+	// message_start's, part by part.
+	f(apiMessages, []string{start, `{"type":"message_delta","usage":{"input_tokens":5,"cache_creation_input_tokens":900,"cache_read_input_tokens":40,"output_tokens":15}}`}, true, 945, 15)
+	f(apiMessages, []string{start, `{"type":"message_delta","usage":{"cache_read_input_tokens":60,"output_tokens":15}}`}, true, 964, 15)
+	// Cache counts alone are input too; null ones are absent.
+	f(apiMessages, []string{`{"usage":{"cache_read_input_tokens":7}}`}, true, 7, 0)
+	f(apiMessages, []string{`{"usage":{"cache_read_input_tokens":null,"cache_creation_input_tokens":null}}`}, false, 0, 0)
+	// An invalid cache count voids the usage object, as an invalid
+	// input_tokens does.
+	f(apiMessages, []string{`{"usage":{"input_tokens":3,"cache_read_input_tokens":-1,"output_tokens":2}}`}, false, 0, 0)
+	f(apiMessages, []string{`{"usage":{"input_tokens":3,"cache_read_input_tokens":"9","output_tokens":2}}`}, false, 0, 0)
+	// Nested deeper than usage: not counted.
+	f(apiMessages, []string{`{"usage":{"input_tokens":3,"cache_creation":{"cache_read_input_tokens":9},"output_tokens":2}}`}, true, 3, 2)
+	// Responses: input_tokens is the whole input; the Anthropic names are
+	// not its fields.
+	f(apiResponses, []string{`{"type":"response.completed","response":{"usage":{"input_tokens":33,"input_tokens_details":{"cached_tokens":20},"cache_read_input_tokens":20,"output_tokens":9}}}`}, true, 33, 9)
+	f(apiResponses, []string{`{"usage":{"input_tokens":3,"cache_read_input_tokens":"x","output_tokens":2}}`}, true, 3, 2)
 }
