@@ -36,7 +36,9 @@
 // reasoning_content; with --tool-calls, chat requests that offer tools are
 // answered with a tool call. With --native-protocols the engine also serves
 // /v1/messages, /v1/messages/count_tokens and /v1/responses (native.go),
-// converted in-engine with the protocol package as vLLM serves them.
+// converted in-engine with the protocol package as vLLM serves them, with
+// its Responses store on: stored Responses (respstore.go) and background
+// ones (background.go), retrieved and cancelled by id.
 // One scheduler goroutine steps the Core; handlers submit
 // and wait for their tokens. A streamed response is a body stream that
 // fasthttp pulls from; a failed write (client gone) aborts the sequence and

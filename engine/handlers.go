@@ -23,7 +23,7 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 			s.writeError(ctx, fasthttp.StatusMethodNotAllowed, "use POST", "invalid_request_error")
 			return
 		}
-		s.handleGenerate(ctx, path == "/v1/chat/completions", nil)
+		s.handleGenerate(ctx, path == "/v1/chat/completions", nil, nil)
 	case "/v1/messages", "/v1/messages/count_tokens", "/v1/responses":
 		if !s.cfg.NativeProtocols {
 			s.writeError(ctx, fasthttp.StatusNotFound, "unknown path "+strconv.Quote(path), "invalid_request_error")
@@ -154,7 +154,10 @@ func (s *Server) handleFault(ctx *fasthttp.RequestCtx) {
 
 // handleGenerate serves a chat or completion request. nat, when set, wraps
 // a chat stream into the client protocol of a native endpoint (native.go).
-func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool, nat *nativeStream) {
+// stop, when not nil, aborts a non-streamed generation when closed (a
+// cancelled background Response, background.go), as its client leaving
+// does.
+func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool, nat *nativeStream, stop <-chan struct{}) {
 	s.requests.Add(1)
 	sq := newSeq()
 	var (
@@ -301,6 +304,10 @@ func (s *Server) handleGenerate(ctx *fasthttp.RequestCtx, chat bool, nat *native
 				ctx.SetConnectionClose()
 				return
 			}
+		case <-stop:
+			s.abort(sq)
+			s.writeError(ctx, fasthttp.StatusServiceUnavailable, "generation cancelled", "server_error")
+			return
 		case <-s.stop:
 			s.abort(sq)
 			s.writeError(ctx, fasthttp.StatusServiceUnavailable, "engine shutting down", "server_error")

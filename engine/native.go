@@ -41,12 +41,13 @@ func (s *Server) handleNative(ctx *fasthttp.RequestCtx, path string) {
 	case "/v1/messages":
 		chat, err = protocol.AnthropicToChat(nil, ctx.PostBody(), &nativeOptions, m)
 	case "/v1/responses":
-		prev, noStore, body, ferr := responsesFollowUp(ctx.PostBody())
+		f, ferr := responsesFollowUp(ctx.PostBody())
 		if ferr != nil {
 			s.nativeError(ctx, api, ferr)
 			return
 		}
-		chat, err = protocol.ResponsesToChat(nil, body, &nativeOptions, m)
+		prev, noStore := f.prev, f.noStore
+		chat, err = protocol.ResponsesToChat(nil, f.body, &nativeOptions, m)
 		// vLLM validates the request (pydantic) before it looks the
 		// previous response up: a request it refuses is a 400 first.
 		if err == nil && prev != nil && !s.resp.has(prev) {
@@ -60,6 +61,15 @@ func (s *Server) handleNative(ctx *fasthttp.RequestCtx, path string) {
 		// store (true unless the request's is a lax false or null), as
 		// vLLM's does.
 		m.PrevResponseID, m.Stored = append(m.PrevResponseID[:0], prev...), !noStore
+		if err == nil && f.background {
+			if m.Stream {
+				s.nativeError(ctx, api, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest, Param: "background",
+					Message: "background responses cannot be streamed by the simulated engine"})
+				return
+			}
+			s.startBackground(ctx, chat, m) // background.go
+			return
+		}
 		stored = !noStore
 		defer func() {
 			if err == nil && !noStore && ctx.Response.StatusCode() < 400 {
@@ -88,7 +98,7 @@ func (s *Server) handleNative(ctx *fasthttp.RequestCtx, path string) {
 		// A stored stream's Response is its last event's, once it ends.
 		nat.final = func(resp []byte) { s.resp.update(m.ID, resp) }
 	}
-	s.handleGenerate(ctx, true, nat)
+	s.handleGenerate(ctx, true, nat, nil)
 	if nat.t != nil {
 		return // a stream: nativeStream converts it
 	}

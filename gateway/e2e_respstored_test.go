@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/infera/infera/engine"
 )
 
 // A stored Response is retrieved (GET /v1/responses/{id}) and cancelled
@@ -186,5 +189,81 @@ func TestAFollowUpOfAnotherUsersResponseIsNotFound(t *testing.T) {
 	}
 	if got := metricF(t, r, `infera_user_requests_total{user="fu-bob"}`); got != before {
 		t.Fatalf("bob's refused follow-ups were counted as %v requests", got-before)
+	}
+}
+
+// A background Response goes through the router as vLLM serves one: the
+// create is answered at once "queued" by the engine that runs it; a
+// retrieve, a cancel and a retrieve again go to that engine, which answers
+// it queued while it generates it, stops it on the cancel (the engine
+// aborts the sequence) and answers it "cancelled" from then on; a second
+// cancel is vLLM's 400. The simulated engine refused "background": true
+// (400), so the router's retrieve and cancel could not be tested on a
+// response that is running.
+func TestABackgroundResponseIsCancelledOnItsEngineThroughTheRouter(t *testing.T) {
+	s1, e1 := startEngine(t, "--native-protocols") // real time: 12 ms a token
+	s2, e2 := startEngine(t, "--native-protocols")
+	engines := map[string]*engine.Server{s1.ID(): s1, s2.ID(): s2}
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, `{"protocol":{"responses_passthrough":true}}`)
+	_, r := startServe(t, "--workers", e1+","+e2, "--api-key", "k", "--config", cfg)
+	do := func(method, path, body string) (int, map[string]any, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, r+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer k")
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var v map[string]any
+		if err := json.Unmarshal(b, &v); err != nil {
+			t.Fatalf("%s %s: %d %s", method, path, resp.StatusCode, b)
+		}
+		return resp.StatusCode, v, resp.Header.Get("X-Infera-Engine-Id")
+	}
+	start := time.Now()
+	code, created, holder := do("POST", "/v1/responses", `{"model":"sim-model","input":"hello","max_output_tokens":5000,"background":true}`)
+	id, _ := created["id"].(string)
+	if code != 200 || created["status"] != "queued" || created["background"] != true || !strings.HasPrefix(id, "resp_") || engines[holder] == nil {
+		t.Fatalf("create: %d from %q %v", code, holder, created)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("the create took %v: the router or the engine waited for the generation", d)
+	}
+	eng := engines[holder]
+	for deadline := time.Now().Add(10 * time.Second); eng.Stats().Running != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the background generation is not running on its engine")
+		}
+	}
+	if code, v, from := do("GET", "/v1/responses/"+id, ""); code != 200 || from != holder || v["status"] != "queued" {
+		t.Fatalf("retrieve while generating: %d from %q %v", code, from, v)
+	}
+	code, cancelled, from := do("POST", "/v1/responses/"+id+"/cancel", "")
+	if code != 200 || from != holder || cancelled["status"] != "cancelled" || cancelled["id"] != id {
+		t.Fatalf("cancel: %d from %q %v", code, from, cancelled)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if st := eng.Stats(); st.Aborted == 1 && st.Active == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cancelled generation still runs: %+v", eng.Stats())
+		}
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Fatalf("cancelled after %v: the generation was not cut short", d)
+	}
+	if code, v, from := do("GET", "/v1/responses/"+id, ""); code != 200 || from != holder || v["status"] != "cancelled" {
+		t.Fatalf("retrieve after the cancel: %d from %q %v", code, from, v)
+	}
+	if code, v, from := do("POST", "/v1/responses/"+id+"/cancel", ""); code != 400 || from != holder ||
+		!strings.Contains(fmt.Sprint(v["error"]), "Cannot cancel a synchronous response.") {
+		t.Fatalf("second cancel: %d from %q %v", code, from, v)
 	}
 }

@@ -408,6 +408,17 @@ func ChatToResponses(dst, body []byte, m *Meta) ([]byte, error) {
 	return dst, nil
 }
 
+// AppendResponseShell appends a Response object with the given status, no
+// output and no usage: what vLLM stores and answers for a background
+// Response until it ends ("queued") and once it is cancelled
+// ("cancelled"), ResponsesResponse.from_request with output [] and usage
+// None.
+func AppendResponseShell(dst []byte, m *Meta, status string) []byte {
+	dst = appendResponseHead(dst, m, status, "")
+	dst = append(dst, `,"output":[]`...)
+	return appendResponseTail(dst, m, nil, false)
+}
+
 // itemStatus is the status of an output item of a Response with the given
 // status: the last item of an incomplete Response is the one cut
 // (incomplete, as OpenAI reports it), the others are completed.
@@ -439,7 +450,13 @@ func appendResponseHead(dst []byte, m *Meta, status, incompleteReason string) []
 	dst = appendInt(dst, m.Created)
 	dst = append(dst, `,"status":"`...)
 	dst = append(dst, status...)
-	dst = append(dst, `","background":false,"error":null,"incomplete_details":`...)
+	dst = append(dst, `","background":`...)
+	if m.Background {
+		dst = append(dst, "true"...)
+	} else {
+		dst = append(dst, "false"...)
+	}
+	dst = append(dst, `,"error":null,"incomplete_details":`...)
 	if incompleteReason != "" {
 		dst = append(dst, `{"reason":"`...)
 		dst = append(dst, incompleteReason...)

@@ -38,6 +38,10 @@ type Meta struct {
 	// previous_response_id: left alone they echo null and false.
 	PrevResponseID []byte
 	Stored         bool
+	// Background is what a Response object echoes as background: true
+	// for a background Response (the engine's, set by it as Stored), false
+	// otherwise.
+	Background bool
 
 	// stops holds the decoded stop sequences back to back; stopEnds their
 	// end offsets.
