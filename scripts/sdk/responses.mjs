@@ -3,7 +3,8 @@
 // turns, and the refusal of previous_response_id (with
 // INFERA_RESPONSES_STORED=1, engines that store responses behind a
 // passthrough router: follow-ups answered, responses.retrieve and
-// responses.cancel on the engine holding the response, an unknown id 404).
+// responses.cancel on the engine holding the response, a background
+// response created queued and cancelled there, an unknown id 404).
 //
 // Environment: INFERA_BASE_URL (http://127.0.0.1:PORT, no /v1),
 // INFERA_API_KEY, INFERA_MODEL; INFERA_EXPECT_THINKING=1 also requires
@@ -143,6 +144,25 @@ if (process.env.INFERA_RESPONSES_STORED === "1") {
     }
     await assert.rejects(client.responses.retrieve("resp_123"),
       (e) => e.status === 404 && e.error?.param === "response_id" && /not found/.test(e.error?.message));
+  });
+  await step("background responses.create, retrieve and cancel", async () => {
+    // A long background response (seconds of generation): answered at once
+    // queued, retrieved queued (vLLM stores no in_progress for it), then
+    // cancelled on the engine running it.
+    const created = await client.responses.create({ model, input: "take your time", max_output_tokens: 30000, background: true });
+    assert.equal(created.status, "queued");
+    assert.equal(created.background, true);
+    assert.deepEqual(created.output, []);
+    assert.equal(created.usage, null);
+    const got = await client.responses.retrieve(created.id);
+    assert.equal(got.id, created.id);
+    assert.equal(got.status, "queued");
+    const cancelled = await client.responses.cancel(created.id);
+    assert.equal(cancelled.id, created.id);
+    assert.equal(cancelled.status, "cancelled");
+    assert.equal((await client.responses.retrieve(created.id)).status, "cancelled");
+    await assert.rejects(client.responses.cancel(created.id),
+      (e) => e.status === 400 && /Cannot cancel a synchronous response/.test(e.error?.message));
   });
   await step("unknown previous_response_id", async () => {
     await assert.rejects(
