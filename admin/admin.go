@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/lockout"
 	"github.com/infera/infera/internal/logx"
 )
 
@@ -128,7 +129,7 @@ type Admin struct {
 	wg   sync.WaitGroup
 	once sync.Once
 
-	fails authFailures // wrong keys per client address (api.go)
+	fails *lockout.Guard // wrong keys per client address (api.go)
 }
 
 // pendingChange tells the store's change hook who made the change it sees.
@@ -209,6 +210,7 @@ func New(o Options) (*Admin, error) {
 		started:  time.Now(),
 		hostname: machineName(),
 		stop:     make(chan struct{}),
+		fails:    newAuthFailures(),
 
 		importing: make(chan struct{}, 1),
 	}

@@ -15,10 +15,10 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/lockout"
 	"github.com/infera/infera/internal/logx"
 )
 
@@ -143,12 +143,12 @@ func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) htt
 			writeJSON(w, http.StatusMisdirectedRequest, errBody("", "this admin listener does not answer for the request's Host; name it with --admin-allowed-hosts"))
 			return
 		}
-		ip := remoteIP(r.RemoteAddr)
-		if wait, locked := a.fails.locked(ip, time.Now()); locked {
+		ip, _ := lockout.KeyOfString(r.RemoteAddr) // an IPv6 client counts as its /64
+		if wait, locked := a.fails.Locked(ip); locked {
 			// Too many wrong keys from this address: the key is not even
 			// checked until the window ends (no guessing at any speed).
 			authLog.Warn("admin request refused: too many wrong keys from this address", "remote", r.RemoteAddr, "path", r.URL.Path)
-			w.Header().Set("Retry-After", strconv.Itoa(int(wait/time.Second)+1))
+			w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
 			writeJSON(w, http.StatusTooManyRequests, errBody("", "too many wrong admin keys from this address; retry later"))
 			return
 		}
@@ -158,7 +158,7 @@ func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) htt
 				// Only a key presented counts as a guess: a request without
 				// one (a CORS preflight, a page's no-cors request from
 				// another origin) must not lock the operator out.
-				a.fails.failed(ip, time.Now())
+				a.fails.Failed(ip)
 			}
 			// The presented key is never logged or echoed.
 			authLog.Warn("admin request refused: bad or missing key", "remote", r.RemoteAddr, "path", r.URL.Path)
@@ -814,108 +814,17 @@ func decodeStrictInto(data []byte, v any) error {
 	return nil
 }
 
-// Wrong admin keys are limited per client address: after
-// maxAuthFailures in authWindow (counted from the first), the address gets
-// 429 until the window ends, whatever key it sends.
+// Wrong admin keys are limited per client address (internal/lockout):
+// after maxAuthFailures within authWindow (counted from the first), the
+// address gets 429 for authWindow, whatever key it sends.
 const (
 	maxAuthFailures = 10
 	authWindow      = time.Minute
-	maxAuthTracked  = 4096 // addresses tracked; the oldest windows go first
+	maxAuthTracked  = lockout.DefaultTracked // addresses tracked one by one
 )
 
-type authFailures struct {
-	mu sync.Mutex
-	m  map[string]*authWin
-	// overflow counts the wrong keys of untracked addresses while every
-	// tracked window is a lockout (a flood from more addresses than are
-	// tracked): when it locks, every untracked address is locked with it.
-	overflow authWin
-}
-
-type authWin struct {
-	start time.Time
-	n     int
-}
-
-// locked reports whether ip is locked out now, and for how long still.
-func (f *authFailures) locked(ip string, now time.Time) (time.Duration, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	w := f.m[ip]
-	if w == nil {
-		w = &f.overflow // an address the table could not take
-	}
-	if w.n < maxAuthFailures {
-		return 0, false
-	}
-	left := w.start.Add(authWindow).Sub(now)
-	if left <= 0 && w == &f.overflow {
-		f.overflow = authWin{}
-		return 0, false
-	}
-	if left <= 0 {
-		delete(f.m, ip)
-		return 0, false
-	}
-	return left, true
-}
-
-// failed counts a wrong key from ip.
-func (f *authFailures) failed(ip string, now time.Time) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.m == nil {
-		f.m = map[string]*authWin{}
-	}
-	w := f.m[ip]
-	if w == nil || now.Sub(w.start) > authWindow {
-		if w == nil && len(f.m) >= maxAuthTracked {
-			for k, o := range f.m {
-				if now.Sub(o.start) > authWindow {
-					delete(f.m, k)
-				}
-			}
-			if len(f.m) >= maxAuthTracked {
-				// A flood from many addresses: the oldest window that is
-				// no lockout goes, so every new address is still counted
-				// (skipping the count turned the lockout off for all
-				// further addresses) and no locked address is freed by
-				// others' guesses. When every window is a lockout, the
-				// address is counted in the shared overflow window.
-				var oldest string
-				var at time.Time
-				for k, o := range f.m {
-					if o.n < maxAuthFailures && (oldest == "" || o.start.Before(at)) {
-						oldest, at = k, o.start
-					}
-				}
-				if oldest == "" {
-					if o := &f.overflow; o.n == 0 || now.Sub(o.start) > authWindow {
-						*o = authWin{start: now}
-					}
-					f.overflow.n++
-					return
-				}
-				delete(f.m, oldest)
-			}
-		}
-		w = &authWin{start: now}
-		f.m[ip] = w
-	}
-	w.n++
-}
-
-// remoteIP is the address part of a RemoteAddr; for IPv6 its /64, which
-// one client holds whole (so a guesser cannot spread its tries over it).
-func remoteIP(addr string) string {
-	h, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		h = addr
-	}
-	if ip := net.ParseIP(h); ip != nil && ip.To4() == nil {
-		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
-	}
-	return h
+func newAuthFailures() *lockout.Guard {
+	return lockout.New(lockout.Options{Max: maxAuthFailures, Window: authWindow, Tracked: maxAuthTracked})
 }
 
 // hostAllowed reports whether an API request naming host (Host, with or

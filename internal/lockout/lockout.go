@@ -1,0 +1,265 @@
+package lockout
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Options configures a Guard.
+type Options struct {
+	// Max is how many wrong keys from one address within Window lock it
+	// out; 0 turns the guard off (New returns nil).
+	Max int
+	// Window is both the time within which Max wrong keys lock an address
+	// (counted from its first) and how long the lockout then lasts,
+	// counted from the wrong key that caused it. 0: a minute.
+	Window time.Duration
+	// Tracked bounds the addresses whose windows are kept one by one
+	// (memory); 0: DefaultTracked. Beyond it, and while every tracked
+	// window is still open, an address's wrong keys count in a bucket it
+	// shares with the other addresses of its hash (Buckets of them).
+	Tracked int
+	// Now is the clock (tests); nil: time.Now.
+	Now func() time.Time
+}
+
+// DefaultTracked is the addresses tracked one by one by default.
+const DefaultTracked = 4096
+
+const (
+	nShards = 16 // a power of two
+	// Buckets is the number of shared windows of untracked addresses.
+	Buckets         = 16384
+	bucketsPerShard = Buckets / nShards
+)
+
+// Guard counts wrong keys per address. A nil *Guard is off: nothing is
+// ever locked. Safe for concurrent use. Locked takes no lock while no
+// lockout is in force (one atomic load), and one shard's lock otherwise.
+type Guard struct {
+	max    int32
+	window int64 // nanoseconds
+	now    func() time.Time
+	k0, k1 uint64 // hash keys: an address's shard and bucket cannot be chosen
+	per    int    // tracked addresses per shard
+	// until is the latest end of a lockout set (Unix nanoseconds): from
+	// then on no address is locked out, and Locked looks nothing up.
+	until  atomic.Int64
+	shards [nShards]shard
+}
+
+type shard struct {
+	_  [64]byte // its lock on a cache line apart from the neighbour's buckets
+	mu sync.Mutex
+	// m holds the tracked windows; Lock must be held for both.
+	m map[netip.Addr]win
+	// sweep is when the earliest tracked window ends: a full shard is
+	// swept for ended windows only from then on.
+	sweep   int64
+	buckets [bucketsPerShard]win
+}
+
+// win is a window: n wrong keys, ending at until (Unix nanoseconds).
+// Once n reaches max it is a lockout, until counted from that key.
+type win struct {
+	until int64
+	n     int32
+}
+
+// New returns a Guard, or nil when o.Max is 0 (off).
+func New(o Options) *Guard {
+	if o.Max <= 0 {
+		return nil
+	}
+	if o.Window <= 0 {
+		o.Window = time.Minute
+	}
+	if o.Tracked <= 0 {
+		o.Tracked = DefaultTracked
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	g := &Guard{max: int32(min(o.Max, 1<<30)), window: int64(o.Window), now: o.Now,
+		k0: rand.Uint64(), k1: rand.Uint64(), per: max(1, (o.Tracked+nShards-1)/nShards)}
+	for i := range g.shards {
+		g.shards[i].m = make(map[netip.Addr]win)
+	}
+	return g
+}
+
+// Window is the guard's window (how long a lockout lasts).
+func (g *Guard) Window() time.Duration { return time.Duration(g.window) }
+
+// Locked reports whether a is locked out now, and for how long still. A
+// tracked address answers by its own window; an untracked one by its
+// bucket. It does not allocate.
+func (g *Guard) Locked(a netip.Addr) (time.Duration, bool) {
+	if g == nil {
+		return 0, false
+	}
+	now := g.now().UnixNano()
+	if now >= g.until.Load() {
+		return 0, false // no lockout in force anywhere
+	}
+	h := g.hash(a)
+	s := &g.shards[h&(nShards-1)]
+	var left int64
+	s.mu.Lock()
+	if w, ok := s.m[a]; ok {
+		if w.n >= g.max {
+			left = w.until - now
+		}
+		if now >= w.until {
+			delete(s.m, a)
+		}
+	} else if b := &s.buckets[(h>>32)%bucketsPerShard]; b.n >= g.max {
+		left = b.until - now
+	}
+	s.mu.Unlock()
+	if left <= 0 {
+		return 0, false
+	}
+	return time.Duration(left), true
+}
+
+// Failed counts a wrong key from a. It reports whether this key locked a
+// out (once per lockout; for a log line).
+func (g *Guard) Failed(a netip.Addr) bool {
+	if g == nil {
+		return false
+	}
+	now := g.now().UnixNano()
+	h := g.hash(a)
+	s := &g.shards[h&(nShards-1)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, tracked := s.m[a]
+	if !tracked && len(s.m) >= g.per && now >= s.sweep {
+		s.sweepEnded(now)
+	}
+	if tracked || len(s.m) < g.per {
+		if !tracked || now >= w.until {
+			w = g.open(now)
+		}
+		locked := g.count(&w, now)
+		s.m[a] = w
+		return locked
+	}
+	// Every tracked window of the shard is still open (a flood from more
+	// addresses than are tracked): no window is given up for a, which
+	// would let an address guess again once others pushed its count out;
+	// a counts in its bucket instead. A bucket that locks locks every
+	// untracked address that falls in it.
+	b := &s.buckets[(h>>32)%bucketsPerShard]
+	if now >= b.until {
+		*b = g.open(now)
+	}
+	return g.count(b, now)
+}
+
+// open returns a new window starting now. Lock must be held.
+func (g *Guard) open(now int64) win { return win{until: now + g.window} }
+
+// count adds a wrong key to w; the key that reaches max starts a lockout
+// of a whole window. Lock must be held.
+func (g *Guard) count(w *win, now int64) bool {
+	if w.n >= g.max {
+		return false // already locked (a request that raced its lockout)
+	}
+	w.n++
+	if w.n < g.max {
+		return false
+	}
+	w.until = now + g.window
+	for u := g.until.Load(); u < w.until && !g.until.CompareAndSwap(u, w.until); u = g.until.Load() {
+	}
+	return true
+}
+
+// sweepEnded drops the ended windows of a full shard and notes when the
+// earliest of the rest ends. Lock must be held.
+func (s *shard) sweepEnded(now int64) {
+	next := int64(1<<63 - 1)
+	for k, w := range s.m {
+		if now >= w.until {
+			delete(s.m, k)
+		} else {
+			next = min(next, w.until)
+		}
+	}
+	s.sweep = next
+}
+
+// Len is the number of addresses tracked one by one.
+func (g *Guard) Len() int {
+	if g == nil {
+		return 0
+	}
+	n := 0
+	for i := range g.shards {
+		s := &g.shards[i]
+		s.mu.Lock()
+		n += len(s.m)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// hash mixes a's 16 bytes with the guard's random keys (splitmix64's
+// finalizer), so that no client can choose its shard or bucket.
+func (g *Guard) hash(a netip.Addr) uint64 {
+	b := a.As16()
+	x := binary.LittleEndian.Uint64(b[:8]) ^ g.k0
+	y := binary.LittleEndian.Uint64(b[8:]) ^ g.k1
+	return mix(mix(x) ^ y)
+}
+
+func mix(z uint64) uint64 {
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+// Key is the address a client is counted as: an IPv4 address (an
+// IPv4-mapped IPv6 one unmapped), or an IPv6 address's /64, which one
+// client holds whole (so that it cannot spread its guesses over it). The
+// zone is dropped.
+func Key(a netip.Addr) netip.Addr {
+	a = a.Unmap().WithZone("")
+	if a.Is6() {
+		a = netip.PrefixFrom(a, 64).Masked().Addr()
+	}
+	return a
+}
+
+// KeyOf is Key of a connection's remote address (a *net.TCPAddr, without
+// allocating, or any address whose String is host:port). ok is false
+// when it holds no IP address.
+func KeyOf(addr net.Addr) (k netip.Addr, ok bool) {
+	if t, is := addr.(*net.TCPAddr); is {
+		a, ok := netip.AddrFromSlice(t.IP)
+		return Key(a), ok
+	}
+	if addr == nil {
+		return netip.Addr{}, false
+	}
+	return KeyOfString(addr.String())
+}
+
+// KeyOfString is Key of "host:port" (net/http's RemoteAddr) or a bare
+// host address.
+func KeyOfString(s string) (netip.Addr, bool) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return Key(ap.Addr()), true
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return Key(a), true
+	}
+	return netip.Addr{}, false
+}

@@ -1,0 +1,231 @@
+package lockout
+
+import (
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+)
+
+// clock is a settable time for a Guard.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func newGuard(max, tracked int) (*Guard, *clock) {
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	return New(Options{Max: max, Window: time.Minute, Tracked: tracked, Now: c.now}), c
+}
+
+func addr(i int) netip.Addr {
+	return netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
+}
+
+func TestMaxWrongKeysLockAnAddressOutForAWindow(t *testing.T) {
+	g, c := newGuard(3, 0)
+	a, other := addr(1), addr(2)
+	for i := 0; i < 2; i++ {
+		if g.Failed(a) {
+			t.Fatalf("locked after %d wrong keys", i+1)
+		}
+		if _, locked := g.Locked(a); locked {
+			t.Fatalf("locked after %d wrong keys", i+1)
+		}
+	}
+	c.add(30 * time.Second) // the third within the window, counted from the first
+	if !g.Failed(a) {
+		t.Fatal("the third wrong key did not lock")
+	}
+	left, locked := g.Locked(a)
+	if !locked || left != time.Minute {
+		t.Fatalf("locked %v for %v, want a whole minute from the third key", locked, left)
+	}
+	if _, locked := g.Locked(other); locked {
+		t.Fatal("another address is locked")
+	}
+	c.add(59 * time.Second)
+	if left, locked := g.Locked(a); !locked || left != time.Second {
+		t.Fatalf("a second before the end: locked %v for %v", locked, left)
+	}
+	c.add(time.Second)
+	if _, locked := g.Locked(a); locked {
+		t.Fatal("still locked after the window")
+	}
+	// A fresh window: max-1 wrong keys pass again.
+	for i := 0; i < 2; i++ {
+		if g.Failed(a) {
+			t.Fatalf("locked again after %d wrong keys", i+1)
+		}
+	}
+}
+
+func TestWrongKeysSpreadOverMoreThanAWindowDoNotLock(t *testing.T) {
+	g, c := newGuard(3, 0)
+	a := addr(1)
+	for i := 0; i < 10; i++ {
+		if g.Failed(a) {
+			t.Fatalf("locked by wrong key %d, %d s apart", i, 31)
+		}
+		c.add(31 * time.Second) // two per window at most
+	}
+}
+
+// However many other addresses guess, an address's wrong keys within its
+// window all count: it cannot have its window pushed out of the table and
+// start counting again (admin's table gave its oldest open window up to a
+// new address, so that 4097 addresses taking turns guessed without end).
+func TestManyAddressesTakingTurnsAreAllLimited(t *testing.T) {
+	const max, tracked = 10, 64
+	g, _ := newGuard(max, tracked)
+	n := 4 * tracked
+	passed := make([]int, n) // wrong keys checked, per address
+	for round := 0; round < 3*max; round++ {
+		for i := 0; i < n; i++ {
+			if _, locked := g.Locked(addr(i)); !locked {
+				passed[i]++
+				g.Failed(addr(i))
+			}
+		}
+	}
+	// A tracked address has max wrong keys checked (the last one locks
+	// it); an untracked one shares its bucket's max with others.
+	for i, p := range passed {
+		if p > max {
+			t.Fatalf("address %d of %d taking turns had %d wrong keys checked in a window, want at most %d", i, n, p, max)
+		}
+	}
+	if l := g.Len(); l > tracked+nShards {
+		t.Fatalf("%d addresses tracked, bound %d", l, tracked)
+	}
+}
+
+// The table stays bounded under a flood of addresses, each with one wrong
+// key, and the addresses' lockouts still hold.
+func TestTheTableIsBoundedUnderManyAddresses(t *testing.T) {
+	const tracked = 256
+	g, c := newGuard(10, tracked)
+	locked := addr(1 << 20)
+	for i := 0; i < 10; i++ {
+		g.Failed(locked)
+	}
+	per := (tracked + nShards - 1) / nShards
+	for i := 0; i < 100_000; i++ {
+		g.Failed(addr(i))
+		if i%20_000 == 0 {
+			c.add(10 * time.Second) // within the lockout's minute
+		}
+	}
+	if l := g.Len(); l > per*nShards {
+		t.Fatalf("%d addresses tracked, bound %d", l, per*nShards)
+	}
+	if _, ok := g.Locked(locked); !ok {
+		t.Fatal("the flood freed a locked address")
+	}
+	// Once the windows ended, new addresses are tracked one by one again.
+	c.add(2 * time.Minute)
+	fresh := addr(1 << 21)
+	g.Failed(fresh)
+	h := g.hash(fresh)
+	s := &g.shards[h&(nShards-1)]
+	s.mu.Lock()
+	_, tracked1 := s.m[fresh]
+	s.mu.Unlock()
+	if !tracked1 {
+		t.Fatal("a full shard whose windows all ended did not make room")
+	}
+}
+
+// A locked address is never given up to make room: others' wrong keys
+// cannot free it within its window.
+func TestALockedAddressStaysLockedWhateverOthersSend(t *testing.T) {
+	const tracked = 32
+	g, c := newGuard(5, tracked)
+	a := addr(1 << 20)
+	for i := 0; i < 5; i++ {
+		g.Failed(a)
+	}
+	for i := 0; i < 50*tracked; i++ {
+		g.Failed(addr(i))
+	}
+	c.add(59 * time.Second)
+	if _, ok := g.Locked(a); !ok {
+		t.Fatal("others' wrong keys freed a locked address within its window")
+	}
+}
+
+func TestAnOffGuardLocksNothing(t *testing.T) {
+	var g *Guard = New(Options{})
+	if g != nil {
+		t.Fatal("Max 0 made a guard")
+	}
+	if g.Failed(addr(1)) || g.Len() != 0 {
+		t.Fatal("a nil guard counted")
+	}
+	if _, ok := g.Locked(addr(1)); ok {
+		t.Fatal("a nil guard locked")
+	}
+}
+
+// Every address of an IPv6 /64 is one client; IPv4-mapped addresses are
+// their IPv4 address.
+func TestAnIPv6SlashSixtyFourIsOneAddressToTheLockout(t *testing.T) {
+	f := func(s string, want string) {
+		t.Helper()
+		k, ok := KeyOfString(s)
+		if !ok || k.String() != want {
+			t.Fatalf("%q: %v %v, want %s", s, k, ok, want)
+		}
+	}
+	f("[2001:db8:1:2::1]:5000", "2001:db8:1:2::")
+	f("[2001:db8:1:2:ffff:ffff:ffff:ffff]:6000", "2001:db8:1:2::")
+	f("[fe80::1%eth0]:80", "fe80::")
+	f("2001:db8:1:3::1", "2001:db8:1:3::")
+	f("127.0.0.1:80", "127.0.0.1")
+	f("[::ffff:10.1.2.3]:80", "10.1.2.3")
+	k, ok := KeyOf(&net.TCPAddr{IP: net.ParseIP("10.1.2.3"), Port: 9}) // a 16-byte IPv4
+	if !ok || k != netip.MustParseAddr("10.1.2.3") {
+		t.Fatalf("TCPAddr: %v %v", k, ok)
+	}
+	k, ok = KeyOf(&net.TCPAddr{IP: net.ParseIP("2001:db8:1:2::9"), Port: 9})
+	if !ok || k != netip.MustParseAddr("2001:db8:1:2::") {
+		t.Fatalf("TCPAddr v6: %v %v", k, ok)
+	}
+	if _, ok := KeyOfString("pipe"); ok {
+		t.Fatal("a non-IP address has a key")
+	}
+}
+
+func TestConcurrentGuessesAndChecks(t *testing.T) {
+	g, _ := newGuard(10, 128)
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < 5000; i++ {
+				a := addr(w*1000 + i%700)
+				if _, ok := g.Locked(a); !ok {
+					g.Failed(a)
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	if l := g.Len(); l > 128+nShards {
+		t.Fatalf("%d tracked", l)
+	}
+}
