@@ -206,3 +206,25 @@ func TestABadValueFromTheEnvironmentIsNotPrinted(t *testing.T) {
 		})
 	}
 }
+
+// Wrong API keys lock an address out by default (10 within a minute, a
+// minute's lockout); 0 turns it off; a window outside 1s to 24h is
+// refused at start, naming the flag.
+func TestTheWrongKeyLockoutIsOnByDefault(t *testing.T) {
+	f := parseServe(t)
+	if f.AuthLockoutFailures != 10 || f.AuthLockoutWindow != time.Minute {
+		t.Fatalf("defaults: %d within %v", f.AuthLockoutFailures, f.AuthLockoutWindow)
+	}
+	t.Setenv("INFERA_AUTH_LOCKOUT_FAILURES", "0")
+	if f := parseServe(t); f.AuthLockoutFailures != 0 {
+		t.Fatalf("INFERA_AUTH_LOCKOUT_FAILURES=0: %d", f.AuthLockoutFailures)
+	}
+	for _, w := range []string{"0", "500ms", "48h"} {
+		var out bytes.Buffer
+		if code := run([]string{"serve", "--auth-lockout-failures", "5", "--auth-lockout-window", w}, &out); code != 2 ||
+			!strings.Contains(out.String(), "--auth-lockout-window") {
+			t.Fatalf("--auth-lockout-window %s: exit %d, printed %q", w, code, out.String())
+		}
+	}
+	parseServe(t, "--auth-lockout-failures", "0", "--auth-lockout-window", "0") // off: any window
+}

@@ -25,6 +25,10 @@ type Serve struct {
 	// headers must fit in it, and each open client connection holds one.
 	MaxHeaderBytes int    `help:"Largest request line plus headers a client may send (each open client connection holds a buffer of this size); larger get 431." default:"16384" env:"INFERA_MAX_HEADER_BYTES"`
 	APIKey         string `help:"If set, clients must send 'Authorization: Bearer <key>'." env:"INFERA_API_KEY"`
+	// Wrong keys per client address (internal/lockout), whenever the
+	// router authenticates (--api-key or users).
+	AuthLockoutFailures int           `help:"Wrong API keys (--api-key or a user's) from one client address within --auth-lockout-window that lock the address out for that window: 429 with Retry-After, whatever key it sends; 0 turns the lockout off." default:"10" env:"INFERA_AUTH_LOCKOUT_FAILURES"`
+	AuthLockoutWindow   time.Duration `help:"Time within which --auth-lockout-failures wrong keys lock an address out (counted from the first), and how long the lockout lasts (from the last)." default:"1m" env:"INFERA_AUTH_LOCKOUT_WINDOW"`
 
 	RouterTokenizerPath string `help:"Directory with tokenizer.json and tokenizer_config.json used for KV-aware routing." env:"INFERA_ROUTER_TOKENIZER_PATH"`
 	// RouterTokenizeMaxBytes bounds the router's tokenization work per
@@ -137,6 +141,14 @@ func (s *Serve) Validate() error {
 		if k.v != strings.TrimSpace(k.v) {
 			return fmt.Errorf("%s starts or ends with white space (a newline from a secret file?): no client could present it; remove it", k.flag)
 		}
+	}
+	if s.AuthLockoutFailures < 0 {
+		return fmt.Errorf("--auth-lockout-failures %d: want 0 (off) or more", s.AuthLockoutFailures)
+	}
+	if s.AuthLockoutFailures > 0 && (s.AuthLockoutWindow < time.Second || s.AuthLockoutWindow > 24*time.Hour) {
+		// Retry-After is whole seconds; a lockout of days would let one
+		// guesser behind a NAT shut its neighbours out for as long.
+		return fmt.Errorf("--auth-lockout-window %v: want 1s to 24h", s.AuthLockoutWindow)
 	}
 	if s.StateEndDelay < 0 || s.StateEndDelay > MaxStateEndDelay {
 		// Lease renewals ride with the ends (govern): a delay near the

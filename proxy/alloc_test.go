@@ -4,8 +4,10 @@ package proxy
 
 import (
 	"io"
+	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/infera/infera/fleet"
 	"github.com/valyala/fasthttp"
@@ -163,5 +165,38 @@ func TestLookingUpAnEscapedPreviousResponseIDDoesNotAllocate(t *testing.T) {
 		if n := testing.AllocsPerRun(100, func() { a.lookupRef(b) }); n != 0 {
 			t.Fatalf("%s: %v allocations", body, n)
 		}
+	}
+}
+
+// A request with the right key allocates nothing for the wrong-key
+// lockout: with no lockout in force (one atomic load), and with another
+// address locked out (its shard's lookup).
+func TestARightKeyIsCheckedWithoutAllocating(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.APIKey, f.AuthLockoutFailures, f.AuthLockoutWindow = "sk-right-0123456789", 3, time.Minute
+	r := startRouter(t, f, nil, up.url)
+	hc, req := benchClient(t, r.url, false)
+	req.Header.Set("Authorization", "Bearer "+f.APIKey)
+	resp := fasthttp.AcquireResponse()
+	do := func() {
+		if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+			t.Fatal(err, resp.StatusCode())
+		}
+	}
+	for i := 0; i < 200; i++ {
+		do()
+	}
+	if n := testing.AllocsPerRun(2000, do); n > 1.05 {
+		t.Fatalf("no lockout in force: %.2f allocs per request, want at most fasthttp's 1", n)
+	}
+	for i := 0; i < 3; i++ {
+		r.srv.fails.Failed(netip.MustParseAddr("10.1.2.3"))
+	}
+	if _, ok := r.srv.fails.Locked(netip.MustParseAddr("10.1.2.3")); !ok {
+		t.Fatal("the other address is not locked")
+	}
+	if n := testing.AllocsPerRun(2000, do); n > 1.05 {
+		t.Fatalf("another address locked out: %.2f allocs per request, want at most fasthttp's 1", n)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"net/netip"
 	"slices"
 	"sort"
 	"strconv"
@@ -21,6 +22,7 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/govern"
+	"github.com/infera/infera/internal/lockout"
 	"github.com/infera/infera/mirror"
 	"github.com/infera/infera/protocol"
 	"github.com/infera/infera/sched"
@@ -133,7 +135,10 @@ type Server struct {
 	mode      sched.Mode
 	authBytes []byte // "Bearer <key>", nil when no key is set
 	keyBytes  []byte
-	bodies    bodyBudget
+	// fails counts wrong keys per client address (--auth-lockout-*,
+	// lockout.go); nil: off.
+	fails  *lockout.Guard
+	bodies bodyBudget
 
 	ext        *externals         // split proxy entries and member gateways (external.go)
 	splitter   upstreams.Splitter // weight strategy draws
@@ -165,6 +170,7 @@ func New(o Options) *Server {
 		s.keyBytes = []byte(f.APIKey)
 		s.authBytes = []byte("Bearer " + f.APIKey)
 	}
+	s.fails = lockout.New(lockout.Options{Max: f.AuthLockoutFailures, Window: f.AuthLockoutWindow})
 	s.bodies.limit = f.MaxInflightBodyBytes
 	if s.bodies.limit <= 0 {
 		s.bodies.limit = 256 << 20
@@ -583,11 +589,20 @@ func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
 // compared in constant time, or, once users are configured, a user's key
 // (govern.Identify). It returns the user, nil for the global key or when
 // the router is open (no --api-key, no users). On failure it writes 401
-// (403 for a disabled user) and returns false.
+// (403 for a disabled user) and returns false. A client address locked out
+// for wrong keys (lockout.go) gets 429 before its key is even looked at.
 func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*govern.User, bool) {
 	users := s.gov != nil && s.gov.AuthRequired()
 	if s.authBytes == nil && !users {
 		return nil, true
+	}
+	var ip netip.Addr
+	if s.fails != nil {
+		ip, _ = lockout.KeyOf(ctx.RemoteAddr())
+		if wait, locked := s.fails.Locked(ip); locked {
+			writeLockedOut(ctx, wait)
+			return nil, false
+		}
 	}
 	k := clientKey(&ctx.Request.Header)
 	if s.keyBytes != nil && len(k) > 0 && subtle.ConstantTimeCompare(k, s.keyBytes) == 1 {
@@ -598,11 +613,15 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*govern.User, bool) {
 		if rej == nil {
 			return u, true
 		}
+		if rej.Code == govern.CodeInvalidKey {
+			s.wrongKey(ctx, ip, k) // a disabled user's key is no guess
+		}
 		mUnauthorized.Inc()
 		writeError(ctx, rej.Status, rej.Type(), rej.Message, "", rej.Code.String())
 		closeUnread(ctx)
 		return nil, false
 	}
+	s.wrongKey(ctx, ip, k)
 	mUnauthorized.Inc()
 	writeError(ctx, fasthttp.StatusUnauthorized, typeAuth, "invalid or missing API key", "", "invalid_api_key")
 	// Every endpoint, not only inference: the connection closes and no
