@@ -58,7 +58,7 @@ type shard struct {
 	mu sync.Mutex
 	// m holds the tracked windows; Lock must be held for both.
 	m map[netip.Addr]win
-	// sweep is when the earliest tracked window ends: a full shard is
+	// sweep is when the earliest tracked window can end: a full shard is
 	// swept for ended windows only from then on.
 	sweep   int64
 	buckets [bucketsPerShard]win
@@ -141,7 +141,7 @@ func (g *Guard) Failed(a netip.Addr) bool {
 	defer s.mu.Unlock()
 	w, tracked := s.m[a]
 	if !tracked && len(s.m) >= g.per && now >= s.sweep {
-		s.sweepEnded(now)
+		s.sweepEnded(now, g.window)
 	}
 	if tracked || len(s.m) < g.per {
 		if !tracked || now >= w.until {
@@ -183,9 +183,10 @@ func (g *Guard) count(w *win, now int64) bool {
 }
 
 // sweepEnded drops the ended windows of a full shard and notes when the
-// earliest of the rest ends. Lock must be held.
-func (s *shard) sweepEnded(now int64) {
-	next := int64(1<<63 - 1)
+// earliest window can end: the earliest of the rest, or of one opened from
+// now on (a window or lockout lasts a whole window). Lock must be held.
+func (s *shard) sweepEnded(now, window int64) {
+	next := now + window
 	for k, w := range s.m {
 		if now >= w.until {
 			delete(s.m, k)

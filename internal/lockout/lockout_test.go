@@ -229,3 +229,36 @@ func TestConcurrentGuessesAndChecks(t *testing.T) {
 		t.Fatalf("%d tracked", l)
 	}
 }
+
+// sameShard returns n addresses that fall in one shard.
+func sameShard(g *Guard, n int) []netip.Addr {
+	var out []netip.Addr
+	want := g.hash(addr(0)) & (nShards - 1)
+	for i := 0; len(out) < n; i++ {
+		if g.hash(addr(i))&(nShards-1) == want {
+			out = append(out, addr(i))
+		}
+	}
+	return out
+}
+
+// A shard that filled up again after a sweep emptied it makes room again
+// once its windows end: an emptied shard noted no end to wait for, and
+// was never swept again, so every later address counted in a shared
+// window.
+func TestAShardRefilledAfterASweepIsSweptAgain(t *testing.T) {
+	g, c := newGuard(5, nShards) // one tracked address per shard
+	as := sameShard(g, 3)
+	g.Failed(as[0])
+	c.add(2 * time.Minute)
+	g.Failed(as[1]) // the shard is full: a sweep empties it, as[1] is tracked
+	c.add(2 * time.Minute)
+	g.Failed(as[2]) // full again, of an ended window
+	s := &g.shards[g.hash(as[2])&(nShards-1)]
+	s.mu.Lock()
+	_, tracked := s.m[as[2]]
+	s.mu.Unlock()
+	if !tracked {
+		t.Fatal("a shard full of ended windows did not make room")
+	}
+}
