@@ -390,7 +390,14 @@ func testTPMReconciledOver(t *testing.T, transport string) {
 				"windows": [{"period": "day", "max_tokens": 100000000}]},
 			"rate": {"enabled": true, "tpm": 1000000, "default_output_tokens": 10}}]},
 		"users": [{"name": "stream-frank", "keys": [%q]}]}`, h2))
-	waitUntil(t, "the reload", func() bool { return govPost(t, r, k2, chatJSON("sim-model", "x", 1, false)).status == 200 })
+	// Published and applied by the governor: polled with the new key, each
+	// 401 before the reload would be a wrong key, and ten lock the
+	// loopback out (--auth-lockout-failures).
+	waitUntil(t, "the reload", func() bool {
+		c := rt.store.Load()
+		return len(c.Users) == 1 && c.Users[0].Name == "stream-frank" && rt.gov.Applied() == c
+	})
+	govPost(t, r, k2, chatJSON("sim-model", "x", 1, false)).want(t, 200, "")
 	charged2 := func() float64 { return metricF(t, r, `infera_user_quota_tokens_total{user="stream-frank"}`) }
 	c0 := charged2()
 	streamed := func(usage bool) string {

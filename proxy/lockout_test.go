@@ -17,16 +17,16 @@ import (
 	"github.com/infera/infera/internal/logx"
 )
 
-// answer is one answer to a client of a given source address.
-type answer struct {
+// srcAnswer is one answer to a client of a given source address.
+type srcAnswer struct {
 	status int
 	hdr    http.Header
 	body   string
 }
 
-// from sends method path with the headers hdr (name, value pairs) from the
+// sendFrom sends method path with the headers hdr (name, value pairs) from the
 // loopback source address ip, on a connection of its own.
-func from(t *testing.T, ip, url, method, path, body string, hdr ...string) answer {
+func sendFrom(t *testing.T, ip, url, method, path, body string, hdr ...string) srcAnswer {
 	t.Helper()
 	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 5 * time.Second}
 	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
@@ -42,7 +42,7 @@ func from(t *testing.T, ip, url, method, path, body string, hdr ...string) answe
 	}
 	defer res.Body.Close()
 	b, _ := io.ReadAll(res.Body)
-	return answer{res.StatusCode, res.Header, string(b)}
+	return srcAnswer{res.StatusCode, res.Header, string(b)}
 }
 
 func lockoutFlags(failures int, window time.Duration) *config.Serve {
@@ -52,9 +52,9 @@ func lockoutFlags(failures int, window time.Duration) *config.Serve {
 	return f
 }
 
-func chatFrom(t *testing.T, ip, url, key string) answer {
+func chatFrom(t *testing.T, ip, url, key string) srcAnswer {
 	t.Helper()
-	return from(t, ip, url, "POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+key)
+	return sendFrom(t, ip, url, "POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer "+key)
 }
 
 // N wrong keys from one address lock it out for the window: 429 with
@@ -69,11 +69,11 @@ func TestWrongAPIKeysLockTheAddressOut(t *testing.T) {
 	const guesser, other = "127.9.0.1", "127.9.0.2"
 	refused, locks := mLockoutRefused.Get(), mLockouts.Get()
 	for i := 0; i < 5; i++ {
-		var a answer
+		var a srcAnswer
 		if i%2 == 0 {
 			a = chatFrom(t, guesser, r.url, fmt.Sprintf("sk-guess-%d", i))
 		} else {
-			a = from(t, guesser, r.url, "POST", "/v1/messages", `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`,
+			a = sendFrom(t, guesser, r.url, "POST", "/v1/messages", `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`,
 				"x-api-key", fmt.Sprintf("sk-guess-%d", i))
 		}
 		if a.status != 401 {
@@ -102,17 +102,17 @@ func TestWrongAPIKeysLockTheAddressOut(t *testing.T) {
 		Error     struct{ Type, Message string }
 		RequestID string `json:"request_id"`
 	}
-	a = from(t, guesser, r.url, "POST", "/v1/messages", `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`, "x-api-key", f.APIKey)
+	a = sendFrom(t, guesser, r.url, "POST", "/v1/messages", `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`, "x-api-key", f.APIKey)
 	if err := json.Unmarshal([]byte(a.body), &an); a.status != 429 || err != nil || an.Type != "error" || an.Error.Type != "rate_limit_error" ||
 		an.RequestID == "" || a.hdr.Get("Request-Id") != an.RequestID || a.hdr.Get("Retry-After") == "" {
 		t.Fatalf("/v1/messages from the locked address: %d %s, want 429 in Anthropic's shape", a.status, a.body)
 	}
 	for _, path := range []string{"/v1/models", "/v1/models/m"} {
-		if a := from(t, guesser, r.url, "GET", path, "", "Authorization", "Bearer "+f.APIKey); a.status != 429 {
+		if a := sendFrom(t, guesser, r.url, "GET", path, "", "Authorization", "Bearer "+f.APIKey); a.status != 429 {
 			t.Fatalf("GET %s from the locked address: %d %s", path, a.status, a.body)
 		}
 	}
-	if a := from(t, guesser, r.url, "POST", "/v1/embeddings", `{"model":"m","input":"x"}`, "Authorization", "Bearer "+f.APIKey); a.status != 429 {
+	if a := sendFrom(t, guesser, r.url, "POST", "/v1/embeddings", `{"model":"m","input":"x"}`, "Authorization", "Bearer "+f.APIKey); a.status != 429 {
 		t.Fatalf("/v1/embeddings from the locked address: %d %s", a.status, a.body)
 	}
 	if a := chatFrom(t, other, r.url, f.APIKey); a.status != 200 {
@@ -149,7 +149,7 @@ func TestRequestsWithoutAKeyDoNotLockTheAddressOut(t *testing.T) {
 		if i%2 == 1 {
 			hdr = []string{"Authorization", "Basic dXNlcjpwYXNz"}
 		}
-		if a := from(t, ip, r.url, "POST", "/v1/chat/completions", chatBody, hdr...); a.status != 401 {
+		if a := sendFrom(t, ip, r.url, "POST", "/v1/chat/completions", chatBody, hdr...); a.status != 401 {
 			t.Fatalf("request %d without a key: %d %s", i, a.status, a.body)
 		}
 	}
