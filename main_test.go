@@ -207,17 +207,18 @@ func TestABadValueFromTheEnvironmentIsNotPrinted(t *testing.T) {
 	}
 }
 
-// Wrong API keys lock an address out by default (10 within a minute, a
-// minute's lockout); 0 turns it off; a window outside 1s to 24h is
-// refused at start, naming the flag.
-func TestTheWrongKeyLockoutIsOnByDefault(t *testing.T) {
+// The wrong-key lockout is off by default (behind a proxy or NAT every
+// client has one address, and one stale key would lock them all out);
+// turned on, its window defaults to a minute, and a window outside 1s to
+// 24h is refused at start, naming the flag.
+func TestTheWrongKeyLockoutIsOffByDefault(t *testing.T) {
 	f := parseServe(t)
-	if f.AuthLockoutFailures != 10 || f.AuthLockoutWindow != time.Minute {
+	if f.AuthLockoutFailures != 0 || f.AuthLockoutWindow != time.Minute {
 		t.Fatalf("defaults: %d within %v", f.AuthLockoutFailures, f.AuthLockoutWindow)
 	}
-	t.Setenv("INFERA_AUTH_LOCKOUT_FAILURES", "0")
-	if f := parseServe(t); f.AuthLockoutFailures != 0 {
-		t.Fatalf("INFERA_AUTH_LOCKOUT_FAILURES=0: %d", f.AuthLockoutFailures)
+	t.Setenv("INFERA_AUTH_LOCKOUT_FAILURES", "10")
+	if f := parseServe(t); f.AuthLockoutFailures != 10 {
+		t.Fatalf("INFERA_AUTH_LOCKOUT_FAILURES=10: %d", f.AuthLockoutFailures)
 	}
 	for _, w := range []string{"0", "500ms", "48h"} {
 		var out bytes.Buffer

@@ -27,7 +27,7 @@ type Serve struct {
 	APIKey         string `help:"If set, clients must send 'Authorization: Bearer <key>'." env:"INFERA_API_KEY"`
 	// Wrong keys per client address (internal/lockout), whenever the
 	// router authenticates (--api-key or users).
-	AuthLockoutFailures int           `help:"Wrong API keys (--api-key or a user's) from one client address within --auth-lockout-window that lock the address out for that window: 429 with Retry-After, whatever key it sends; 0 turns the lockout off." default:"10" env:"INFERA_AUTH_LOCKOUT_FAILURES"`
+	AuthLockoutFailures int           `help:"Wrong API keys (--api-key or a user's) from one client address within --auth-lockout-window that lock the address out for that window: 429 with Retry-After, whatever key it sends; 0 (the default) turns the lockout off: behind a proxy or NAT every client has one address." default:"0" env:"INFERA_AUTH_LOCKOUT_FAILURES"`
 	AuthLockoutWindow   time.Duration `help:"Time within which --auth-lockout-failures wrong keys lock an address out (counted from the first), and how long the lockout lasts (from the last)." default:"1m" env:"INFERA_AUTH_LOCKOUT_WINDOW"`
 
 	RouterTokenizerPath string `help:"Directory with tokenizer.json and tokenizer_config.json used for KV-aware routing." env:"INFERA_ROUTER_TOKENIZER_PATH"`
