@@ -51,6 +51,9 @@ func (u *usage) scan(b []byte) { u.scanAPI(b, protocol.Chat) }
 // scanAPI is scan for the usage objects of api's answers (scanProtocol).
 func (u *usage) scanAPI(b []byte, api protocol.API) {
 	if u.ncarry > 0 {
+		// The Anthropic event type b begins in: b is read again below,
+		// from its start, after this reading moved past it.
+		inStart := u.inStart
 		var w [2 * usageCarry]byte
 		n := copy(w[:], u.carry[:u.ncarry])
 		n += copy(w[n:], b)
@@ -60,6 +63,7 @@ func (u *usage) scanAPI(b []byte, api protocol.API) {
 			return // still cut, and b is all in the carry now
 		}
 		u.ncarry = 0
+		u.inStart = inStart
 	}
 	u.parseAPI(b, api)
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"fmt"
 	"testing"
 
@@ -45,5 +46,36 @@ func TestACutAnthropicStreamHasNoKnownUsage(t *testing.T) {
 	u.scanProtocol([]byte("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":7}}\n\n"), protocol.Anthropic)
 	if !u.seen || u.prompt != 39 || u.completion != 7 || u.cached != 9 {
 		t.Fatalf("after message_delta: %+v", u)
+	}
+}
+
+// An Anthropic stream read in two parts, the first ending inside the
+// message_start's type (its opening quote: a key's start, carried) and
+// the second ending after message_delta's type but before its usage, has
+// no known usage either: message_start's input was taken for the whole
+// usage with no output, because the second part was read twice, after the
+// carry and alone, and the first reading left the event type it ended in
+// (message_delta) as the one the second reading's usage object belonged
+// to.
+func TestAnAnthropicStreamCutAnywhereBeforeItsMessageDeltaHasNoKnownUsage(t *testing.T) {
+	b := []byte("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":30,\"cache_read_input_tokens\":9,\"output_tokens\":0}}}\n\n" +
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":7}}\n\n")
+	cut := len(b) - len(`"usage":{"output_tokens":7}}`+"\n\n")
+	input := bytes.Index(b, []byte(`"output_tokens":0}`)) + len(`"output_tokens":0}`) // message_start's usage read
+	for i := 0; i <= cut; i++ {
+		for j := i; j <= cut; j++ {
+			var u usage
+			u.scanProtocol(b[:i], protocol.Anthropic)
+			u.scanProtocol(b[i:j], protocol.Anthropic)
+			if u.seen || j >= input && u.prompt != 39 {
+				t.Fatalf("read up to %d and %d, before message_delta's usage: seen %v prompt %d completion %d", i, j, u.seen, u.prompt, u.completion)
+			}
+		}
+	}
+	var u usage
+	u.scanProtocol(b[:36], protocol.Anthropic)
+	u.scanProtocol(b[36:], protocol.Anthropic)
+	if !u.seen || u.prompt != 39 || u.completion != 7 || u.cached != 9 {
+		t.Fatalf("the whole stream: %+v", u)
 	}
 }
