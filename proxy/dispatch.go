@@ -611,7 +611,9 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		if f != nil {
 			outcome = f.outcome()
 			rs.acc.failed = true
-			rs.usage.forget() // the usage so far of a failed answer (relay.CloseWithError)
+			if !rs.usage.settled(sse) {
+				rs.usage.forget() // the usage so far of a failed answer (relay.CloseWithError)
+			}
 		}
 		resp.SetBody(first)
 		up.finish(true)

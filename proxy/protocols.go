@@ -926,6 +926,7 @@ func (rs *reqState) scanUsage(b []byte) {
 		return // a stored Response's usage was counted when it was generated
 	}
 	if rs.proto.mode != protoPassthrough {
+		rs.usage.lines = rs.sreq.Stream // a stream's usage chunk is told by its line (judge)
 		rs.usage.scan(b)
 		return
 	}
@@ -984,13 +985,13 @@ func (u *usage) parseProtocol(b []byte, api protocol.API) {
 		end := objectEnd(obj)
 		start := api == protocol.Anthropic && u.inMessageStart(b[off:i])
 		if end < 0 {
-			u.applyProtocol(obj, api, start)
+			u.applyProtocol(obj, api, start, false)
 			if len(b)-i <= usageCarry {
 				u.ncarry = copy(u.carry[:], b[i:])
 			}
 			return
 		}
-		u.applyProtocol(obj[:end], api, start)
+		u.applyProtocol(obj[:end], api, start, true)
 		off = i + len(keyUsage) + end
 	}
 	if api == protocol.Anthropic {
@@ -1034,10 +1035,19 @@ const markerLen = 15
 // client left, the engine died) keeps its estimate, as a chat stream
 // without usage does; it was reconciled with the output of message_start,
 // nothing, however much the client had received.
-func (u *usage) applyProtocol(obj []byte, api protocol.API, start bool) {
+//
+// whole tells that obj is the whole object: the numbers of a whole usage
+// object other than message_start's are the answer's final count (an
+// Anthropic stream sends it once, in message_delta; a Responses stream in
+// its terminal event), settled however the stream ends after it.
+func (u *usage) applyProtocol(obj []byte, api protocol.API, start, whole bool) {
 	in, okIn := intAfter(obj, keyInputTokens)
-	if n, ok := intAfter(obj, keyOutputTokens); ok && !start {
+	n, okOut := intAfter(obj, keyOutputTokens)
+	if okOut && !start {
 		u.completion, u.seen = n, true
+	}
+	if !start && (okIn || okOut) {
+		u.whole, u.final = whole, whole
 	}
 	cached, okCached := 0, false
 	if api == protocol.Anthropic {

@@ -814,12 +814,17 @@ func (r *relay) CloseWithError(err error) error {
 	s := r.s
 	rs.dur = time.Since(rs.start)
 	mDuration.Update(rs.dur.Seconds())
-	if !r.upEOF || r.failed != nil || r.engineErr {
-		// The body did not end as the engine ends an answer: a usage
-		// seen on the way (continuous usage stats, on every chunk) is the
-		// usage so far, not the request's. It is dropped, so the stream
-		// is accounted as one without usage (the user's estimate stays
-		// charged, no tokens in the metrics), whatever the client asked.
+	if (!r.upEOF || r.failed != nil || r.engineErr) && !rs.usage.settled(r.sse) {
+		// The body did not end as the engine ends an answer, before its
+		// final usage: a usage seen on the way (continuous usage stats,
+		// on every chunk) is the usage so far, not the request's. It is
+		// dropped, so the stream is accounted as one without usage (the
+		// user's estimate stays charged, no tokens in the metrics),
+		// whatever the client asked. The engine's final count, read
+		// whole (a stream's usage chunk, message_delta or terminal
+		// event; a plain body's usage), is the request's however the
+		// answer ended after it: the client left before [DONE] or its
+		// write failed, the engine's connection broke.
 		rs.usage.forget()
 	}
 	rs.usage.record(rs.lease.Worker)

@@ -15,6 +15,16 @@ import (
 type usage struct {
 	prompt, completion, cached int
 	seen                       bool
+	// whole: the numbers were read from a whole usage object (one cut by a
+	// read boundary is read whole with the next read; until then its
+	// numbers may be cut too).
+	whole bool
+	// final: that object is the engine's count of the whole answer, sent
+	// once at the end of a stream: a chat or completions stream's usage
+	// chunk (no choices: judge), an Anthropic message_delta's, a Responses
+	// terminal event's. The other usage on a stream's chunks (vLLM's
+	// continuous_usage_stats) is the usage so far. settled.
+	final bool
 
 	// carry holds the end of the last chunk scanned when it cut a usage
 	// object (or its key): the next chunk is scanned joined to it.
@@ -28,7 +38,31 @@ type usage struct {
 	// read boundary (scanProtocol).
 	tail  [markerLen - 1]byte
 	ntail int
+
+	// What judge needs to know of a chat stream's usage object: whether
+	// its event line names choices. lines: the answer is judged (a
+	// stream request's, rs.scanUsage).
+	lines bool
+	// hit: the last scan read a whole usage object with numbers, its key
+	// at hitKey and its end at hitEnd in the read scanned (a key at a
+	// negative offset began in the carry, at the end of the read before);
+	// off is the offset in the read of the bytes parse looks at.
+	hit            bool
+	hitKey, hitEnd int
+	off            int
+	// lch is what the event line the last read ended in says of its
+	// choices so far, ltail its last bytes (for a key or value the read
+	// boundary cut), and pend that it holds a whole usage object that no
+	// choices preceded: judged at the line's end.
+	lch    uint8
+	ltail  [choicesSpan]byte
+	nltail int
+	pend   bool
 }
+
+// choicesSpan bounds a "choices" key and an empty value (`"choices":[]`,
+// with some spaces) cut by a read boundary.
+const choicesSpan = 32
 
 // usageCarry bounds the bytes carried over a read boundary: a usage object
 // (OpenAI's, vLLM's, SGLang's, with details) is 100-250 bytes.
@@ -50,22 +84,32 @@ func (u *usage) scan(b []byte) { u.scanAPI(b, protocol.Chat) }
 
 // scanAPI is scan for the usage objects of api's answers (scanProtocol).
 func (u *usage) scanAPI(b []byte, api protocol.API) {
+	u.hit = false
 	if u.ncarry > 0 {
 		// The Anthropic event type b begins in: b is read again below,
 		// from its start, after this reading moved past it.
 		inStart := u.inStart
 		var w [2 * usageCarry]byte
 		n := copy(w[:], u.carry[:u.ncarry])
+		u.off = -n
 		n += copy(w[n:], b)
 		u.ncarry = 0
 		u.parseAPI(w[:n], api)
+		u.off = 0
 		if u.ncarry > 0 && len(b) <= usageCarry {
-			return // still cut, and b is all in the carry now
+			// Still cut, and b is all in the carry now.
+			if u.lines && api == protocol.Chat {
+				u.judge(b)
+			}
+			return
 		}
 		u.ncarry = 0
 		u.inStart = inStart
 	}
 	u.parseAPI(b, api)
+	if u.lines && api == protocol.Chat {
+		u.judge(b)
+	}
 }
 
 func (u *usage) parseAPI(b []byte, api protocol.API) {
@@ -94,17 +138,24 @@ func (u *usage) parse(b []byte) {
 		if okCompletion {
 			u.completion, u.seen = n, true
 		}
-		if !okPrompt && !okCompletion {
+		numbers := okPrompt || okCompletion
+		end := objectEnd(obj)
+		if !numbers && end >= 0 {
 			// vLLM's rerank answers before its RerankUsage had
 			// prompt_tokens: {"total_tokens":N}, all of them prompt.
-			if end := objectEnd(obj); end >= 0 {
-				if n, ok := intAfter(obj[:end], keyTotal); ok {
-					u.prompt, u.seen = n, true
-				}
+			if n, ok := intAfter(obj[:end], keyTotal); ok {
+				u.prompt, u.seen, numbers = n, true, true
 			}
 		}
 		if n, ok := intAfter(obj, keyCached); ok {
 			u.cached = n
+		}
+		if numbers {
+			// These numbers are the usage now: final once judged.
+			u.whole, u.final, u.pend = end >= 0, false, false
+			if u.hit = u.whole; u.hit {
+				u.hitKey, u.hitEnd = u.off+i, u.off+i+len(keyUsage)+end
+			}
 		}
 		if u.ncarry > 0 {
 			return
@@ -193,6 +244,178 @@ func intAfter(b, key []byte) (int, bool) {
 	}
 	return n, ok
 }
+
+// judge tells whether the usage object a read b of a chat stream brought
+// (hit) is final: an engine sends its count of the whole answer once, in
+// the usage chunk it ends the stream with, whose choices are empty (vLLM,
+// SGLang, llama.cpp, OpenAI: "choices":[]), null or absent, as
+// protocol.UsageFilter takes it; a chunk with choices (vLLM's
+// continuous_usage_stats) tells the usage so far. The chunk's line may come
+// in parts: what its start said of choices is kept from the read before
+// (lch), and a usage object that no choices preceded waits for its line's
+// end (pend). It allocates nothing.
+func (u *usage) judge(b []byte) {
+	if u.pend && !u.hit {
+		if i := lineBreak(b); i >= 0 {
+			u.pend = false
+			u.final = finalChoices(u.lineChoices(b[:i]))
+		}
+	}
+	if u.hit {
+		u.hit = false
+		u.judgeHit(b)
+	}
+	// The line b ends in, for the next read.
+	rest := b
+	if i := lastLineBreak(b); i >= 0 {
+		rest = b[i+1:]
+		u.lch, u.nltail = choicesAbsent, 0
+		if len(rest) == 0 {
+			return // the common end of a read: an event's
+		}
+		u.lch = choices(rest)
+	} else {
+		u.lch = u.lineChoices(b)
+	}
+	if len(rest) >= choicesSpan {
+		u.nltail = copy(u.ltail[:], rest[len(rest)-choicesSpan:])
+	} else {
+		keep := min(u.nltail, choicesSpan-len(rest))
+		copy(u.ltail[:], u.ltail[u.nltail-keep:u.nltail])
+		u.nltail = keep + copy(u.ltail[keep:], rest)
+	}
+}
+
+// judgeHit judges the usage object of the read b at [hitKey, hitEnd).
+func (u *usage) judgeHit(b []byte) {
+	k, e := max(u.hitKey, 0), max(u.hitEnd, 0)
+	// What its line says of choices before it: in b, or from the reads
+	// before when the line began there.
+	var c uint8
+	if i := lastLineBreak(b[:k]); i >= 0 {
+		c = choices(b[i+1 : k])
+	} else {
+		c = u.lineChoices(b[:k])
+	}
+	switch c {
+	case choicesSome:
+		return // final stays false
+	case choicesNone:
+		u.final = true
+		return
+	}
+	// No choices before the usage: the rest of its line tells.
+	if i := lineBreak(b[e:]); i >= 0 {
+		u.final = finalChoices(choices(b[e : e+i]))
+		return
+	}
+	u.pend = true
+}
+
+// lineChoices is what the line kept from the reads before (lch, ltail),
+// followed by p, says of its choices.
+func (u *usage) lineChoices(p []byte) uint8 {
+	if u.lch == choicesNone || u.lch == choicesSome {
+		return u.lch
+	}
+	c := choices(p)
+	if c == choicesNone || c == choicesSome {
+		return c
+	}
+	if u.nltail == 0 {
+		return c
+	}
+	// A key, or its value, cut by the read boundary: read it joined.
+	var w [2 * choicesSpan]byte
+	n := copy(w[:], u.ltail[:u.nltail])
+	n += copy(w[n:], p[:min(len(p), choicesSpan)])
+	if cj := choices(w[:n]); cj != choicesAbsent {
+		return cj
+	}
+	return c
+}
+
+// lineBreak is the index of the first line break (LF or CR) in p, or -1.
+// A CR is looked for only before the first LF: a stream framed by LFs
+// has none.
+func lineBreak(p []byte) int {
+	i := bytes.IndexByte(p, '\n')
+	if i < 0 {
+		return bytes.IndexByte(p, '\r')
+	}
+	if j := bytes.IndexByte(p[:i], '\r'); j >= 0 {
+		return j
+	}
+	return i
+}
+
+// lastLineBreak is the index of the last line break in p, or -1. It
+// reads p back to its last LF only (bytes.LastIndexByte is not
+// vectorised): a line's length.
+func lastLineBreak(p []byte) int {
+	if n := len(p); n > 0 && (p[n-1] == '\n' || p[n-1] == '\r') {
+		return n - 1
+	}
+	i := bytes.LastIndexByte(p, '\n')
+	if j := bytes.LastIndexByte(p[i+1:], '\r'); j >= 0 {
+		return i + 1 + j
+	}
+	return i
+}
+
+// What a part of an event's data says of its choices (choices).
+const (
+	choicesAbsent uint8 = iota // no "choices" key
+	choicesNone                // "choices":[] or "choices":null
+	choicesSome                // any other value
+	choicesCut                 // the key, and the part ends before its value tells
+)
+
+// finalChoices reports whether a usage chunk whose whole line says c of
+// its choices is the engine's final count.
+func finalChoices(c uint8) bool { return c == choicesAbsent || c == choicesNone }
+
+var keyChoices = []byte(`"choices"`)
+
+// choices reads the value of the "choices" key in p, a part of a chat
+// chunk's line (a key escaped in a string does not match).
+func choices(p []byte) uint8 {
+	i := jsonscan.IndexKey(p, keyChoices)
+	if i < 0 {
+		return choicesAbsent
+	}
+	v := p[i+len(keyChoices):]
+	j := 0
+	for j < len(v) && (v[j] == ' ' || v[j] == ':' || v[j] == '\t') {
+		j++
+	}
+	if j == len(v) {
+		return choicesCut
+	}
+	switch v[j] {
+	case 'n':
+		return choicesNone // null
+	case '[':
+		j++
+		for j < len(v) && (v[j] == ' ' || v[j] == '\t') {
+			j++
+		}
+		if j == len(v) {
+			return choicesCut
+		}
+		if v[j] == ']' {
+			return choicesNone
+		}
+	}
+	return choicesSome
+}
+
+// settled reports whether the usage read is the answer's own, complete
+// count, which stands however the answer ended after it (the client left,
+// the engine's connection broke before its stream's end): a whole usage
+// object, and in an event stream (sse) the one an engine ends it with
+// (final).
+func (u *usage) settled(sse bool) bool { return u.seen && u.whole && (u.final || !sse) }
 
 // forget drops what was read: a partial answer's usage is not its own.
 func (u *usage) forget() { *u = usage{} }

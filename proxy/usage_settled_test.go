@@ -1,0 +1,118 @@
+package proxy
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/infera/infera/protocol"
+)
+
+// A stream's usage is settled (the request's own count, which stands when
+// the stream ends early after it) once the engine's final usage object was
+// read whole: a chat or completions stream's usage chunk, with no choices
+// ([] or null, absent), not the usage so far on a chunk with choices
+// (vLLM's continuous_usage_stats), nor a usage object cut by the end of
+// what was read. Wherever reads cut the stream, it is settled exactly
+// from the end of that object (or, when no choices precede the usage in
+// its chunk, from the end of the chunk's line) on.
+func TestAStreamsUsageIsSettledFromItsFinalUsageChunkOn(t *testing.T) {
+	const final = `"usage":{"prompt_tokens":1234,"completion_tokens":567,"total_tokens":1801,"prompt_tokens_details":{"cached_tokens":89}}`
+	head := "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\","
+	text := func(s, usage string) string {
+		return head + `"choices":[{"index":0,"delta":{"content":"` + s + `"},"finish_reason":null}]` + usage + "}\n\n"
+	}
+	soFar := func(n int) string {
+		return fmt.Sprintf(`,"usage":{"prompt_tokens":1234,"completion_tokens":%d,"total_tokens":%d}`, n, 1234+n)
+	}
+	for _, tc := range []struct {
+		name   string
+		stream string
+		// the stream is settled from the end of the first occurrence of
+		// this on
+		from string
+	}{
+		{"include_usage", text("a", "") + text(`the \"choices\":[] of it`, "") + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", final},
+		{"null usage on every chunk (OpenAI)", text("a", `,"usage":null`) + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", final},
+		{"continuous usage", text("a", soFar(1)) + text("b", soFar(2)) + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", final},
+		{"continuous usage, choices spaced", strings.ReplaceAll(text("a", soFar(1))+head+`"choices" : [ ],`+final+"}\n\n", `"choices":[{`, `"choices": [ {`), final},
+		{"null choices", text("a", soFar(1)) + head + `"choices":null,` + final + "}\n\n", final},
+		{"usage before choices", text("a", soFar(1)) + head + final + `,"choices":[]}` + "\n\ndata: [DONE]\n\n", final + `,"choices":[]}` + "\n"},
+		{"no choices key", text("a", soFar(1)) + "data: {" + final + "}\r\n\r\ndata: [DONE]\r\n\r\n", final + "}\r"},
+		{"legacy completions", "data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"a\",\"finish_reason\":\"length\"}]}\n\n" +
+			"data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[]," + final + "}\n\ndata: [DONE]\n\n", final},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := []byte(tc.stream)
+			from := strings.Index(tc.stream, tc.from) + len(tc.from)
+			check := func(u *usage, read int, how string) {
+				t.Helper()
+				want := read >= from
+				if got := u.settled(true); got != want {
+					t.Fatalf("%s: %d of %d bytes read (settled from %d on): settled %v, want %v (%+v)", how, read, len(b), from, got, want, *u)
+				}
+				if want && (u.prompt != 1234 || u.completion != 567 || u.cached != 89) {
+					t.Fatalf("%s: settled with %d %d %d", how, u.prompt, u.completion, u.cached)
+				}
+			}
+			for i := 0; i <= len(b); i++ {
+				for j := i; j <= len(b); j++ {
+					u := usage{lines: true}
+					u.scan(b[:i])
+					check(&u, i, fmt.Sprintf("cut at %d", i))
+					u.scan(b[i:j])
+					check(&u, j, fmt.Sprintf("cut at %d and %d", i, j))
+					if j < i+40 {
+						u.scan(b[j:])
+						check(&u, len(b), fmt.Sprintf("cut at %d and %d, then the rest", i, j))
+					}
+				}
+			}
+			u := usage{lines: true}
+			for i := range b {
+				u.scan(b[i : i+1])
+				check(&u, i+1, "byte by byte")
+			}
+		})
+	}
+}
+
+// A usage object cut by the end of what was read is not settled, in any
+// protocol, nor an Anthropic message_start's (the input alone); a whole
+// non-streamed answer's usage is.
+func TestAUsageObjectCutOrPartialIsNotSettled(t *testing.T) {
+	body := []byte(`{"id":"x","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":1234,"completion_tokens":567,"total_tokens":1801}}`)
+	end := len(body) - 1 // the usage object's closing brace is the last but one byte
+	for i := 0; i <= len(body); i++ {
+		var u usage
+		u.scan(body[:i])
+		if got := u.settled(false); got != (i >= end) {
+			t.Fatalf("a plain body read up to %d of %d: settled %v", i, len(body), got)
+		}
+	}
+	for _, c := range []struct {
+		api    protocol.API
+		stream string
+		from   string
+	}{
+		{protocol.Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":30,\"cache_read_input_tokens\":9,\"output_tokens\":0}}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":7}}\n\n" +
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", `"usage":{"output_tokens":7}`},
+		{protocol.Responses, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\",\"usage\":null}}\n\n" +
+			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":39,\"input_tokens_details\":{\"cached_tokens\":9},\"output_tokens\":7,\"total_tokens\":46}}}\n\n",
+			`"total_tokens":46}`},
+	} {
+		b := []byte(c.stream)
+		from := strings.Index(c.stream, c.from) + len(c.from)
+		for i := 0; i <= len(b); i++ {
+			for j := i; j <= len(b); j++ {
+				var u usage
+				u.scanProtocol(b[:i], c.api)
+				u.scanProtocol(b[i:j], c.api)
+				if got := u.settled(true); got != (j >= from) {
+					t.Fatalf("%v stream cut at %d and %d (settled from %d on): settled %v (%+v)", c.api, i, j, from, got, u)
+				}
+			}
+		}
+	}
+}
