@@ -403,29 +403,6 @@ func (e *errUnavailable) Unwrap() error { return e.err }
 // replicas keep committing first.
 const casRetryFor = 10 * time.Second
 
-// cloneDoc deep-copies a decoded JSON document.
-func cloneDoc(doc map[string]any) map[string]any {
-	return cloneJSON(doc).(map[string]any)
-}
-
-func cloneJSON(v any) any {
-	switch v := v.(type) {
-	case map[string]any:
-		m := make(map[string]any, len(v))
-		for k, e := range v {
-			m[k] = cloneJSON(e)
-		}
-		return m
-	case []any:
-		l := make([]any, len(v))
-		for i, e := range v {
-			l[i] = cloneJSON(e)
-		}
-		return l
-	}
-	return v
-}
-
 // change builds a new config from the current one with mutate and commits
 // it. ifVersion 0 bases the change on whatever is current (retrying when a
 // concurrent change lands first); otherwise a different current version is
@@ -468,10 +445,7 @@ func (a *Admin) changeChecked(who actor, action string, ifVersion uint64, checke
 			if err := mutate(doc); err != nil {
 				return nil, 0, err
 			}
-			// parseDoc writes placeholders into what it walks, and mutate's
-			// values are the caller's, reused by the next attempt: it walks a
-			// copy (a retry read the placeholders as literal keys).
-			next, err = a.seal.parseDoc(cloneDoc(doc), cur)
+			next, err = a.seal.parseDoc(doc, cur)
 			if err == nil {
 				err = keysCapErr(cur, next)
 			}

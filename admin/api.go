@@ -693,19 +693,13 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		// Without a config file, or with Redis, the startup sections
 		// cannot change (see startupFixed): the import keeps this
 		// router's, as a restore keeps the file's.
-		cd, err := clearDocOf(cur)
+		cd, err := encodeClear(cur)
 		if err != nil {
 			return err
 		}
-		for _, name := range startupSections {
-			if v, ok := cd[name]; ok {
-				in[name] = v
-			} else {
-				delete(in, name)
-			}
-		}
+		in = withSectionsOf(in, cd, startupSections)
 	}
-	next, err := a.seal.parseDoc(in, cur)
+	next, err := a.seal.parseConfig(in, cur)
 	if err == nil {
 		// What this router's flags make unusable (a worker id --workers
 		// also gives, static workers under etcd discovery) is refused here,

@@ -16,8 +16,10 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/jsonscan"
 )
 
 // Literal secrets of the config (upstream API keys, the mirror's token)
@@ -523,116 +525,307 @@ func decodeDoc(data []byte) (map[string]any, error) {
 	return doc, nil
 }
 
-// parseDoc turns a working document into a validated Config: sealed,
-// carried and redacted secrets are resolved, then config.Parse validates.
-// With cur (a write or an import through the API) redacted secrets and
-// references resolve only to what cur holds at the same entry and address
-// (see the top of this file); without it (snapshots and Redis, written by
-// the gateway) references are resolved and redacted secrets refused.
-// Errors are *config.FieldError with the most precise path known.
+// parseDoc is parseConfig of a working document (a write through the
+// API, built as a decoded document).
 func (s *sealer) parseDoc(doc map[string]any, cur *config.Config) (*config.Config, error) {
-	return s.parseDocRefs(doc, cur, cur)
-}
-
-// parseStored parses a document this gateway stored (Redis, a snapshot)
-// as parseDoc does without cur, except that a secret reference is taken
-// only where base (the config this replica serves: its file's, or one it
-// took before) holds the same reference at the same entry and address:
-// whoever can write to Redis or the snapshot directory must not make every
-// replica read a host file or variable and send it to an address of their
-// choosing.
-func (s *sealer) parseStored(doc map[string]any, base *config.Config) (*config.Config, error) {
-	if base == nil {
-		base = &config.Config{}
-	}
-	return s.parseDocRefs(doc, nil, base)
-}
-
-// parseDocRefs is parseDoc, with refs the config whose references a
-// document may keep (nil: any reference is resolved).
-func (s *sealer) parseDocRefs(doc map[string]any, cur, refs *config.Config) (*config.Config, error) {
-	var known map[string]string
-	held := newHeldSecrets()
-	resolved, err := walkDoc(doc, reflect.TypeFor[config.Config](), "", func(path string, t reflect.Type, v any) (any, error) {
-		str, ok := v.(string)
-		if t != secretType || !ok {
-			return v, nil
-		}
-		if strings.HasPrefix(str, carriedPrefix) {
-			owner, address, key, ok := carrier.open(str)
-			if !ok {
-				return nil, &config.FieldError{Path: path, Msg: "is a malformed carried secret: enter the key again"}
-			}
-			return held.hold(&heldSecret{carried: true, owner: owner, address: address, key: key}), nil
-		}
-		if strings.HasPrefix(str, sealedPrefix) {
-			// Opened by held.resolve, which names every one that does not
-			// open (without a key, none does).
-			return held.hold(&heldSecret{sealed: str}), nil
-		}
-		if strings.HasPrefix(str, sealedPrefixV1) {
-			clear, err := s.openV1(str)
-			if err != nil {
-				return nil, &config.FieldError{Path: path, Msg: err.Error()}
-			}
-			if cur != nil {
-				// Bound to nothing: through the API it stands only for
-				// the key the same entry holds at the same address.
-				return held.hold(&heldSecret{fp: s.fingerprint(clear)}), nil
-			}
-			str = clear
-		}
-		if isReference(str) {
-			if refs == nil {
-				return str, nil
-			}
-			return held.hold(&heldSecret{ref: str}), nil
-		}
-		if strings.HasPrefix(str, heldSecretPrefix) {
-			// Another parse's placeholder is never a key.
-			return nil, &config.FieldError{Path: path, Msg: "is an internal placeholder, not a key: enter the key again"}
-		}
-		fp, ok := isRedacted(str)
-		if !ok {
-			return str, nil
-		}
-		if known == nil {
-			known = map[string]string{}
-			if cur != nil {
-				known = s.literalSecrets(cur)
-			}
-		}
-		if fp == "" {
-			return nil, &config.FieldError{Path: path, Msg: "is the bare redacted placeholder \"***\": enter the key (or keep the ***xxxxxxxx form the API gave you to keep the current key)"}
-		}
-		if _, ok := known[fp]; !ok {
-			return nil, &config.FieldError{Path: path, Msg: "is a redacted secret that matches no current key: enter the key again"}
-		}
-		return held.hold(&heldSecret{fp: fp}), nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	data, err := json.Marshal(resolved)
+	data, err := json.Marshal(doc)
 	if err != nil {
 		return nil, fmt.Errorf("BUG: cannot re-encode a decoded document: %w", err)
 	}
-	// The decoded document is garbage from here (the config is a few
-	// times smaller): an error decodes it again, for its precise path.
+	return s.parseRefs(data, cur, cur)
+}
+
+// parseConfig turns a config document (one JSON object, as decodeDoc
+// takes it) into a validated Config: sealed, carried and redacted secrets
+// are resolved, and config.Parse validates. With cur (a write or an
+// import through the API) redacted secrets and references resolve only
+// to what cur holds at the same entry and address (see the top of this
+// file); without it references are resolved and redacted secrets refused.
+// Errors are *config.FieldError with the most precise path known.
+func (s *sealer) parseConfig(data []byte, cur *config.Config) (*config.Config, error) {
+	if err := checkObject(data); err != nil {
+		return nil, err
+	}
+	return s.parseRefs(data, cur, cur)
+}
+
+// parseStored parses a document this gateway stored (Redis, a snapshot)
+// as parseConfig does without cur, except that a secret reference is
+// taken only where base (the config this replica serves: its file's, or
+// one it took before) holds the same reference at the same entry and
+// address: whoever can write to Redis or the snapshot directory must not
+// make every replica read a host file or variable and send it to an
+// address of their choosing.
+func (s *sealer) parseStored(data []byte, base *config.Config) (*config.Config, error) {
+	if err := checkObject(data); err != nil {
+		return nil, err
+	}
+	if base == nil {
+		base = &config.Config{}
+	}
+	return s.parseRefs(data, nil, base)
+}
+
+// checkObject refuses data that decodeDoc refuses, with its error, without
+// decoding data that it takes.
+func checkObject(data []byte) error {
+	if i := jsonscan.SkipSpace(data, 0); i < len(data) && data[i] == '{' && json.Valid(data) {
+		return nil
+	}
+	if _, err := decodeDoc(data); err != nil {
+		return err
+	}
+	panic("BUG: decodeDoc takes what json.Valid refuses")
+}
+
+// parseRefs is parseConfig of a JSON object, with refs the config whose
+// references a document may keep (nil: any reference is resolved).
+//
+// The document is decoded once, by config.Parse, into the typed config:
+// first the secrets are found where the config's types put them
+// (walkSecrets, which skips the sections without any, the users and
+// templates among them) and each that stands for another (sealed,
+// carried, redacted, a reference) is replaced in a copy of the bytes by a
+// placeholder, resolved on the typed config once it is parsed
+// (heldSecrets). Walking the document decoded as generic JSON to do this
+// made an import of 50,000 users peak at 14 to 19 times its body.
+func (s *sealer) parseRefs(data []byte, cur, refs *config.Config) (*config.Config, error) {
+	take := secretTaker{s: s, cur: cur, refs: refs, held: newHeldSecrets()}
+	var edits []secretEdit
+	err := walkSecrets(data, jsonscan.SkipSpace(data, 0), reflect.TypeFor[config.Config](), "", func(path string, vs, ve int, v string) error {
+		nv, err := take.secret(path, v)
+		if err == nil && nv != v {
+			edits = append(edits, secretEdit{vs: vs, ve: ve, v: nv})
+		}
+		return err
+	})
+	if err != nil {
+		var fe *config.FieldError
+		if !errors.As(err, &fe) {
+			err = fmt.Errorf("BUG: cannot walk a valid document: %w", err)
+		}
+		return nil, err
+	}
+	data = spliceSecrets(data, edits)
 	c, err := config.Parse(data)
 	if err != nil {
+		// Errors only: the document decoded, for the precise path.
 		again, derr := decodeDoc(data)
 		if derr != nil {
 			return nil, err
 		}
 		return nil, refineError(again, err)
 	}
-	if len(held.byKey) > 0 {
-		if err := held.resolve(s, c, cur, refs); err != nil {
+	if refs != nil {
+		// Every reference was replaced by a placeholder above: one that
+		// reached config.Parse was read from a host file or variable on
+		// behalf of the caller.
+		for _, sl := range c.AppendSecretSlots(nil) {
+			if sl.Secret.Ref() != "" {
+				return nil, fmt.Errorf("BUG: secret %s was not found by walkSecrets", sl.Path)
+			}
+		}
+	}
+	if len(take.held.byKey) > 0 {
+		if err := take.held.resolve(s, c, cur, refs); err != nil {
 			return nil, err
 		}
 	}
 	return c, nil
+}
+
+// secretTaker decides what each secret of a document parsed by parseRefs
+// stands for.
+type secretTaker struct {
+	s         *sealer
+	cur, refs *config.Config
+	held      *heldSecrets
+	known     map[string]string // fingerprints of cur's literal keys, once needed
+}
+
+// secret returns what config.Parse is to read for the secret v at path:
+// v itself (a key in clear), the key an enc:v1: seal holds (stored data),
+// or a placeholder for a secret resolved on the parsed config.
+func (p *secretTaker) secret(path, v string) (string, error) {
+	s, held := p.s, p.held
+	if strings.HasPrefix(v, carriedPrefix) {
+		owner, address, key, ok := carrier.open(v)
+		if !ok {
+			return "", &config.FieldError{Path: path, Msg: "is a malformed carried secret: enter the key again"}
+		}
+		return held.hold(&heldSecret{carried: true, owner: owner, address: address, key: key}), nil
+	}
+	if strings.HasPrefix(v, sealedPrefix) {
+		// Opened by held.resolve, which names every one that does not
+		// open (without a key, none does).
+		return held.hold(&heldSecret{sealed: v}), nil
+	}
+	if strings.HasPrefix(v, sealedPrefixV1) {
+		clear, err := s.openV1(v)
+		if err != nil {
+			return "", &config.FieldError{Path: path, Msg: err.Error()}
+		}
+		if p.cur != nil {
+			// Bound to nothing: through the API it stands only for
+			// the key the same entry holds at the same address.
+			return held.hold(&heldSecret{fp: s.fingerprint(clear)}), nil
+		}
+		v = clear
+	}
+	if isReference(v) {
+		if p.refs == nil {
+			return v, nil
+		}
+		return held.hold(&heldSecret{ref: v}), nil
+	}
+	if strings.HasPrefix(v, heldSecretPrefix) {
+		// Another parse's placeholder is never a key.
+		return "", &config.FieldError{Path: path, Msg: "is an internal placeholder, not a key: enter the key again"}
+	}
+	fp, ok := isRedacted(v)
+	if !ok {
+		return v, nil
+	}
+	if p.known == nil {
+		p.known = map[string]string{}
+		if p.cur != nil {
+			p.known = s.literalSecrets(p.cur)
+		}
+	}
+	if fp == "" {
+		return "", &config.FieldError{Path: path, Msg: "is the bare redacted placeholder \"***\": enter the key (or keep the ***xxxxxxxx form the API gave you to keep the current key)"}
+	}
+	if _, ok := p.known[fp]; !ok {
+		return "", &config.FieldError{Path: path, Msg: "is a redacted secret that matches no current key: enter the key again"}
+	}
+	return held.hold(&heldSecret{fp: fp}), nil
+}
+
+// secretEdit replaces the JSON string at [vs, ve) of a document by v.
+type secretEdit struct {
+	vs, ve int
+	v      string
+}
+
+// spliceSecrets returns data with edits (in document order) made, in a
+// copy; data itself when there are none.
+func spliceSecrets(data []byte, edits []secretEdit) []byte {
+	if len(edits) == 0 {
+		return data
+	}
+	n := len(data)
+	for _, e := range edits {
+		n += len(e.v) + 2 - (e.ve - e.vs)
+	}
+	out := make([]byte, 0, n+16)
+	last := 0
+	for _, e := range edits {
+		out = append(out, data[last:e.vs]...)
+		out = jsonscan.AppendString(out, e.v)
+		last = e.ve
+	}
+	return append(out, data[last:]...)
+}
+
+// walkLevels bounds the nesting walkSecrets descends: encoding/json's,
+// which the documents it walks already passed.
+const walkLevels = 10001
+
+// walkSecrets calls f, in document order, with the path, the span and the
+// decoded value of every secret in the JSON value at d[i] read as Go type
+// t, as encoding/json decodes it into t. It descends only into values
+// whose type holds a secret (holdsSecret); there, as walkDoc does, it
+// refuses a key that matches no field and a secret that is not a string.
+// A value of another shape than t's it leaves to the decoder, which
+// decodes nothing from it (nor null). d must be valid JSON.
+func walkSecrets(d []byte, i int, t reflect.Type, path string, f func(path string, vs, ve int, v string) error) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if i >= len(d) || !holdsSecret(t) {
+		return nil
+	}
+	if t == secretType {
+		switch d[i] {
+		case 'n':
+			return nil
+		case '"':
+		default:
+			return &config.FieldError{Path: path, Msg: "want a string (the key, env:NAME or file:PATH)"}
+		}
+		raw, ve, err := jsonscan.ScanString(d, i)
+		if err != nil {
+			return err
+		}
+		return f(path, i, ve, string(jsonscan.Key(raw)))
+	}
+	var err error
+	switch t.Kind() {
+	case reflect.Struct:
+		if d[i] != '{' || reflect.PointerTo(t).Implements(unmarshalerType) && !structLike(t) {
+			return nil
+		}
+		_, err = jsonscan.WalkObject(d, i, walkLevels, func(key []byte, vs, _ int) error {
+			ft, ok := config.FieldType(t, string(key))
+			if !ok {
+				return &config.FieldError{Path: join(path, string(key)), Msg: fmt.Sprintf("unknown field %q", key)}
+			}
+			return walkSecrets(d, vs, ft, join(path, string(key)), f)
+		})
+	case reflect.Map:
+		if d[i] != '{' {
+			return nil
+		}
+		_, err = jsonscan.WalkObject(d, i, walkLevels, func(key []byte, vs, _ int) error {
+			return walkSecrets(d, vs, t.Elem(), join(path, string(key)), f)
+		})
+	case reflect.Slice, reflect.Array:
+		if d[i] != '[' {
+			return nil
+		}
+		n := 0
+		_, err = jsonscan.WalkArray(d, i, walkLevels, func(vs, _ int) error {
+			n++
+			return walkSecrets(d, vs, t.Elem(), fmt.Sprintf("%s[%d]", path, n-1), f)
+		})
+	}
+	return err
+}
+
+// holdsSecret reports whether a value of type t can hold a config.Secret.
+func holdsSecret(t reflect.Type) bool {
+	if h, ok := secretHolders.Load(t); ok {
+		return h.(bool)
+	}
+	h := holdsSecretSeen(t, map[reflect.Type]bool{})
+	secretHolders.Store(t, h)
+	return h
+}
+
+var secretHolders sync.Map // reflect.Type -> bool
+
+func holdsSecretSeen(t reflect.Type, seen map[reflect.Type]bool) bool {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == secretType {
+		return true
+	}
+	if seen[t] {
+		return false
+	}
+	seen[t] = true
+	switch t.Kind() {
+	case reflect.Struct:
+		for i := 0; i < t.NumField(); i++ {
+			if holdsSecretSeen(t.Field(i).Type, seen) {
+				return true
+			}
+		}
+	case reflect.Slice, reflect.Array, reflect.Map:
+		return holdsSecretSeen(t.Elem(), seen)
+	}
+	return false
 }
 
 // refineError replaces a decoding error whose path encoding/json could not

@@ -25,11 +25,11 @@ func FuzzImport(f *testing.F) {
 	f.Add([]byte(`{"format":"infera-snapshot","format_version":1,"sha256":"00","config":{}}`))
 	f.Add([]byte(`{"format":"infera-snapshot","format_version":1,"config":{"users":[{"name":"a","keys":["ifr1$x"]}]}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		doc, _, err := decodeSnapshot(data)
+		cfg, _, err := decodeSnapshot(data)
 		if err != nil {
 			return
 		}
-		c, err := seal.parseDoc(doc, nil)
+		c, err := seal.parseConfig(cfg, nil)
 		if err != nil {
 			return
 		}

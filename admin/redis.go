@@ -225,11 +225,7 @@ func (r *redisStorage) loadOrSeed() error {
 }
 
 func (r *redisStorage) parse(doc string) (*config.Config, error) {
-	m, err := decodeDoc([]byte(doc))
-	if err != nil {
-		return nil, err
-	}
-	return r.a.seal.parseStored(m, r.a.store.Load())
+	return r.a.seal.parseStored([]byte(doc), r.a.store.Load())
 }
 
 func (r *redisStorage) seed(c *config.Config, version uint64, who actor) (bool, error) {

@@ -300,3 +300,31 @@ func TestEverySecretIsASlot(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An import is decoded once, into the typed config, with its secrets
+// found in its bytes where the config's types put them: a reference is
+// refused (never read) however its keys are spelt, as encoding/json
+// matches them (any case, escaped), in a section or in a list.
+func TestAnImportedReferenceIsRefusedHoweverItsKeysAreSpelt(t *testing.T) {
+	t.Setenv("INFERA_TEST_IMPORTED_REF", "sk-host-only")
+	e := newEnv(t, envOpts{file: proxiesDoc})
+	before := e.store.Load()
+	f := func(cfg, path, msg string) {
+		t.Helper()
+		snap := `{"format":"` + snapshotFormat + `","format_version":1,"config":` + cfg + `}`
+		for _, q := range []string{"?dry_run=1", ""} {
+			e.wantRefused(e.doWithin("POST", "/api/backup/import"+q, snap), before, path, msg)
+		}
+	}
+	const ref = `"env:INFERA_TEST_IMPORTED_REF"`
+	f(`{"mirror":{"target_address":"http://attacker.invalid","auth_token":`+ref+`}}`, "config.mirror.auth_token", "read from the config file only")
+	f(`{"MIRROR":{"target_address":"http://attacker.invalid","AUTH_TOKEN":`+ref+`}}`, "config.mirror.auth_token", "read from the config file only")
+	f(`{"mirror":{"target_address":"http://attacker.invalid","auth\u005ftoken":`+ref+`}}`, "config.mirror.auth_token", "read from the config file only")
+	f(`{"Split_Proxy":{"proxies":[{"name":"local","local":true,"weight":3},{"name":"x","address":"http://attacker.invalid","Api_Key":`+ref+`,"weight":1}]}}`,
+		"config.split_proxy.proxies[1].api_key", "read from the config file only")
+	// What walkDoc refused in a section holding secrets is refused at the
+	// same path.
+	f(`{"mirror":{"auth_token":7}}`, "config.mirror.auth_token", "want a string")
+	f(`{"mirror":{"auth_tokn":`+ref+`}}`, "config.mirror.auth_tokn", `unknown field "auth_tokn"`)
+	f(`{"mirror":{"auth_token":"***"}}`, "config.mirror.auth_token", "bare redacted placeholder")
+}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"sort"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/jsonscan"
 )
 
 // Snapshot kinds. Automatic snapshots are taken by the backup loop (and at
@@ -45,6 +47,12 @@ const (
 // (the config with users and quota templates; user keys as salted hashes;
 // upstream secrets sealed under the admin key) with a checksum.
 type snapshotFile struct {
+	snapshotHeader
+	Config json.RawMessage `json:"config"`
+}
+
+// snapshotHeader is a snapshot file but its config.
+type snapshotHeader struct {
 	Format        string    `json:"format"`
 	FormatVersion int       `json:"format_version"`
 	CreatedAt     time.Time `json:"created_at"`
@@ -52,9 +60,21 @@ type snapshotFile struct {
 	// Version is the config version the snapshot was taken at.
 	Version uint64 `json:"version"`
 	// SHA256 is the hex digest of Config's bytes exactly as stored.
-	SHA256 string          `json:"sha256"`
-	Config json.RawMessage `json:"config"`
+	SHA256 string `json:"sha256"`
 }
+
+// snapshotRead is a snapshot file decoded without its config, which
+// decodeSnapshot finds in the file's bytes (configSpan): a copy of it
+// (json.RawMessage) was one more body's worth of an import's peak.
+type snapshotRead struct {
+	snapshotHeader
+	Config skipped `json:"config"`
+}
+
+// skipped is a JSON value decoded into nothing.
+type skipped struct{}
+
+func (*skipped) UnmarshalJSON([]byte) error { return nil }
 
 // SnapshotInfo describes a stored snapshot.
 type SnapshotInfo struct {
@@ -123,11 +143,11 @@ func (s *sealer) encodeSnapshot(c *config.Config, version uint64, kind string, n
 		return nil, err
 	}
 	sum := sha256.Sum256(body)
-	f := snapshotFile{
+	f := snapshotFile{snapshotHeader: snapshotHeader{
 		Format: snapshotFormat, FormatVersion: snapshotFormatVersion,
 		CreatedAt: now.UTC(), Kind: kind, Version: version,
-		SHA256: hex.EncodeToString(sum[:]), Config: body,
-	}
+		SHA256: hex.EncodeToString(sum[:]),
+	}, Config: body}
 	data, err := json.MarshalIndent(f, "", "  ")
 	if err != nil {
 		return nil, err
@@ -136,12 +156,13 @@ func (s *sealer) encodeSnapshot(c *config.Config, version uint64, kind string, n
 }
 
 // decodeSnapshot checks a snapshot file and returns its config document
-// (secrets still sealed) and header. It changes nothing.
-func decodeSnapshot(data []byte) (map[string]any, *snapshotFile, error) {
+// (secrets still sealed: a slice of data, which must not change while it
+// is used) and header. It changes nothing.
+func decodeSnapshot(data []byte) ([]byte, *snapshotHeader, error) {
 	if len(data) == 0 {
 		return nil, nil, &config.FieldError{Msg: "the snapshot is empty"}
 	}
-	var f snapshotFile
+	var f snapshotRead
 	if err := json.Unmarshal(data, &f); err != nil {
 		return nil, nil, &config.FieldError{Msg: "not a snapshot: cannot parse JSON (" + err.Error() + ")"}
 	}
@@ -151,22 +172,22 @@ func decodeSnapshot(data []byte) (map[string]any, *snapshotFile, error) {
 	if f.FormatVersion != snapshotFormatVersion {
 		return nil, nil, &config.FieldError{Path: "format_version", Msg: fmt.Sprintf("%d: this build reads version %d", f.FormatVersion, snapshotFormatVersion)}
 	}
-	if len(f.Config) == 0 {
+	cfg := configSpan(data)
+	if len(cfg) == 0 {
 		return nil, nil, &config.FieldError{Path: "config", Msg: "is missing"}
 	}
 	if f.SHA256 != "" {
 		// The digest is over the compact form: indentation (MarshalIndent
 		// of the file, an editor) does not matter, any other change does.
-		sum := compactSHA256(f.Config)
+		sum := compactSHA256(cfg)
 		if hex.EncodeToString(sum[:]) != strings.ToLower(f.SHA256) {
-			if !json.Valid(f.Config) {
+			if !json.Valid(cfg) {
 				return nil, nil, &config.FieldError{Path: "config", Msg: "is not valid JSON"}
 			}
 			return nil, nil, &config.FieldError{Path: "sha256", Msg: "does not match the config: the file is damaged or was edited (remove sha256 to import an edited file on purpose)"}
 		}
 	}
-	doc, err := decodeDoc(f.Config)
-	if err != nil {
+	if err := checkObject(cfg); err != nil {
 		var fe *config.FieldError
 		if errors.As(err, &fe) {
 			fe.Path = join("config", fe.Path)
@@ -179,8 +200,65 @@ func decodeSnapshot(data []byte) (map[string]any, *snapshotFile, error) {
 	if err := config.RepeatedKey(data, ""); err != nil {
 		return nil, nil, err
 	}
-	f.Config = nil // a copy of the document, now doc: the header is returned
-	return doc, &f, nil
+	return cfg, &f.snapshotHeader, nil
+}
+
+// configSpan is the value of the file's config key in a snapshot file
+// that decoded (the last copy, which encoding/json keeps), nil if none.
+func configSpan(data []byte) []byte {
+	var cfg []byte
+	jsonscan.WalkObject(data, 0, walkLevels, func(key []byte, vs, ve int) error {
+		if t, ok := config.FieldType(snapshotReadType, string(key)); ok && t == skippedType {
+			cfg = data[vs:ve]
+		}
+		return nil
+	})
+	return cfg
+}
+
+var (
+	snapshotReadType = reflect.TypeFor[snapshotRead]()
+	skippedType      = reflect.TypeFor[skipped]()
+)
+
+// withSectionsOf returns the config document data (a JSON object) with
+// its top-level sections names (matched as encoding/json matches a key to
+// a field, without regard to case) replaced by those of the config
+// document from, or left out where from has none. data is not changed.
+func withSectionsOf(data, from []byte, names []string) []byte {
+	isName := func(key []byte) bool {
+		for _, n := range names {
+			if strings.EqualFold(string(key), n) {
+				return true
+			}
+		}
+		return false
+	}
+	out := make([]byte, 0, len(data)+64)
+	out = append(out, '{')
+	member := func(raw []byte, v []byte) {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, '"')
+		out = append(out, raw...)
+		out = append(out, '"', ':')
+		out = append(out, v...)
+	}
+	// Both are objects that decoded: the walks cannot fail.
+	for _, src := range []struct {
+		doc   []byte
+		names bool
+	}{{data, false}, {from, true}} {
+		jsonscan.WalkMembers(src.doc, 0, func(raw []byte, vs int) (int, error) {
+			ve, err := jsonscan.SkipValue(src.doc, vs, walkLevels)
+			if err == nil && isName(jsonscan.Key(raw)) == src.names {
+				member(raw, src.doc[vs:ve])
+			}
+			return ve, err
+		})
+	}
+	return append(out, '}')
 }
 
 // compactSHA256 is the SHA-256 of json.Compact(data) for valid JSON data,
@@ -218,19 +296,19 @@ func compactSHA256(data []byte) [sha256.Size]byte {
 // carry its checksum: infera writes one in every snapshot, so a stored
 // one without it was edited. Its secret references are taken only where
 // base holds them (sealer.parseStored).
-func (s *snapshots) read(name string, base *config.Config) (*config.Config, *snapshotFile, error) {
+func (s *snapshots) read(name string, base *config.Config) (*config.Config, *snapshotHeader, error) {
 	data, err := os.ReadFile(filepath.Join(s.dir, name))
 	if err != nil {
 		return nil, nil, err
 	}
-	doc, f, err := decodeSnapshot(data)
+	cfg, f, err := decodeSnapshot(data)
 	if err != nil {
 		return nil, nil, err
 	}
 	if f.SHA256 == "" {
 		return nil, nil, &config.FieldError{Path: "sha256", Msg: "is missing: a stored snapshot always has one, so this one was edited"}
 	}
-	c, err := s.seal.parseStored(doc, base)
+	c, err := s.seal.parseStored(cfg, base)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -346,7 +424,7 @@ func (a *Admin) restoreNewest() error {
 // valid, logging why each newer one was skipped; c is nil when there is
 // none, and err an *errNoUsableSnapshot when there were some but none is
 // usable.
-func (s *snapshots) newestUsable(base *config.Config) (SnapshotInfo, *config.Config, *snapshotFile, error) {
+func (s *snapshots) newestUsable(base *config.Config) (SnapshotInfo, *config.Config, *snapshotHeader, error) {
 	list, err := s.list()
 	if err != nil {
 		return SnapshotInfo{}, nil, nil, err
