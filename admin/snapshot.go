@@ -36,7 +36,7 @@ const (
 	// maxSnapshotBytes bounds an imported snapshot. An export takes
 	// about 245 bytes a user (one key, a template: 27 MB for 110,000
 	// users, which 16 MiB refused); 64 MiB takes about 270,000 such
-	// users. An import peaks at 12 to 15 times its body
+	// users. An import grows the heap by 8 to 11 times its body
 	// (TestImportMemoryIsASmallMultipleOfTheBody), so under 1 GiB at
 	// this bound, and imports run one at a time (postImport): 256 MiB
 	// let one import grow the heap by several GB.
