@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/internal/jsonscan"
@@ -590,6 +591,7 @@ func checkObject(data []byte) error {
 // (heldSecrets). Walking the document decoded as generic JSON to do this
 // made an import of 50,000 users peak at 14 to 19 times its body.
 func (s *sealer) parseRefs(data []byte, cur, refs *config.Config) (*config.Config, error) {
+	data = validUTF8(data)
 	take := secretTaker{s: s, cur: cur, refs: refs, held: newHeldSecrets()}
 	var edits []secretEdit
 	err := walkSecrets(data, jsonscan.SkipSpace(data, 0), reflect.TypeFor[config.Config](), "", func(path string, vs, ve int, v string) error {
@@ -632,6 +634,26 @@ func (s *sealer) parseRefs(data []byte, cur, refs *config.Config) (*config.Confi
 		}
 	}
 	return c, nil
+}
+
+// validUTF8 returns JSON data with each byte that is not valid UTF-8
+// replaced by U+FFFD, as encoding/json reads it (such bytes can only be in
+// strings, where jsonscan refuses them): data itself when it is valid.
+func validUTF8(data []byte) []byte {
+	if utf8.Valid(data) {
+		return data
+	}
+	out := make([]byte, 0, len(data)+len(data)/8)
+	for i := 0; i < len(data); {
+		r, n := utf8.DecodeRune(data[i:])
+		if r == utf8.RuneError && n == 1 {
+			out = utf8.AppendRune(out, utf8.RuneError)
+		} else {
+			out = append(out, data[i:i+n]...)
+		}
+		i += n
+	}
+	return out
 }
 
 // secretTaker decides what each secret of a document parsed by parseRefs

@@ -1,7 +1,9 @@
 package admin
 
 import (
+	"bytes"
 	"encoding/json"
+	"reflect"
 	"testing"
 	"time"
 
@@ -92,6 +94,102 @@ func FuzzSectionWrite(f *testing.F) {
 		}
 		if _, err := json.Marshal(c); err != nil {
 			t.Fatal(err)
+		}
+	})
+}
+
+// parseDecoded is parseRefs as it was before it walked the bytes: the
+// document decoded as generic JSON, its secrets replaced by walkDoc, the
+// map encoded again for config.Parse. The model FuzzParseAgreesWithTheDecodedWalk
+// holds parseRefs to.
+func parseDecoded(s *sealer, data []byte, cur, refs *config.Config) (*config.Config, error) {
+	doc, err := decodeDoc(data)
+	if err != nil {
+		return nil, err
+	}
+	take := secretTaker{s: s, cur: cur, refs: refs, held: newHeldSecrets()}
+	resolved, err := walkDoc(doc, reflect.TypeFor[config.Config](), "", func(path string, t reflect.Type, v any) (any, error) {
+		str, ok := v.(string)
+		if t != secretType || !ok {
+			return v, nil
+		}
+		return take.secret(path, str)
+	})
+	if err != nil {
+		return nil, err
+	}
+	data2, _ := json.Marshal(resolved)
+	c, err := config.Parse(data2)
+	if err != nil {
+		again, derr := decodeDoc(data2)
+		if derr != nil {
+			return nil, err
+		}
+		return nil, refineError(again, err)
+	}
+	if len(take.held.byKey) > 0 {
+		if err := take.held.resolve(s, c, cur, refs); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// FuzzParseAgreesWithTheDecodedWalk holds parseRefs, which finds the
+// secrets in the document's bytes and decodes it once, to the generic
+// walk it replaced (parseDecoded): on any config document without a
+// repeated key (an import's and a snapshot's were refused before), both
+// accept it with the same config or both refuse it.
+func FuzzParseAgreesWithTheDecodedWalk(f *testing.F) {
+	seal := newSealer("", testKey)
+	cur := config.Default()
+	cur.SplitProxy.Proxies = []config.Proxy{{Local: true, Name: "local", Weight: 1}, {Name: "a", Address: "http://127.0.0.1:9", APIKey: config.NewSecret("sk-aaa"), Weight: 1}}
+	cur.SplitProxy.Enabled = true
+	red := seal.redacted("sk-aaa")
+	sealed, _ := seal.seal("split_proxy.proxies/a", "http://127.0.0.1:9", "sk-aaa")
+	carried := carrier.seal("mirror", "http://m", "sk-m")
+	for _, d := range []string{
+		`{}`,
+		`{"split_proxy":{"enabled":true,"proxies":[{"name":"local","local":true,"weight":1},{"name":"a","address":"http://127.0.0.1:9","api_key":"` + red + `","weight":1}]}}`,
+		`{"split_proxy":{"enabled":true,"proxies":[{"name":"local","local":true,"weight":1},{"name":"a","address":"http://127.0.0.1:9","API_KEY":"` + sealed + `","weight":1}]}}`,
+		`{"mirror":{"enabled":true,"target_address":"http://m","auth_token":"` + carried + `"}}`,
+		`{"mirror":{"target_address":"http://m","auth_token":"env:HOME"},"users":[{"name":"u","keys":[]}]}`,
+		`{"mirror":{"auth_token":7},"workers":[{"url":"http://x"}]}`,
+		`{"global_scheduling":{"members":[{"name":"m","url":"http://m","api_key":"k"}]},"smart_model_selection":{"classifier_api_key":"***"}}`,
+		`{"Mirror":{"Auth_Token":"x"},"mirror":{"auth_token":"y"}}`,
+		`{"split_proxy":{"proxies":{"a":1}},"mirror":{"auth_token":"env:HOME"}}`,
+		`{"split_proxy":{"proxies":[null,{"api_key":null}]}}`,
+	} {
+		f.Add([]byte(d), false)
+		f.Add([]byte(d), true)
+	}
+	// Not UTF-8 in a string: encoding/json reads U+FFFD, jsonscan refuses it.
+	f.Add([]byte("{\"\":{\"0\":[{\"0\":\"\xff\"}]}}"), false)
+	f.Add([]byte("{\"users\":[{\"name\":\"u\",\"models\":[\"m\xc3\x28\xff\"]}],\"mirror\":{\"auth_token\":\"k\xff\"}}"), true)
+	f.Fuzz(func(t *testing.T, data []byte, withCur bool) {
+		if !json.Valid(data) || config.RepeatedKey(data, "") != nil {
+			return
+		}
+		var c0 *config.Config
+		if withCur {
+			c0 = cur
+		}
+		a, errA := parseDecoded(seal, data, c0, c0)
+		var b *config.Config
+		errB := checkObject(data)
+		if errB == nil {
+			b, errB = seal.parseRefs(data, c0, c0)
+		}
+		if (errA == nil) != (errB == nil) {
+			t.Fatalf("%s (cur %v): decoded walk %v, parseRefs %v", data, withCur, errA, errB)
+		}
+		if errA != nil {
+			return
+		}
+		ea, _ := encodeClear(a)
+		eb, _ := encodeClear(b)
+		if !bytes.Equal(ea, eb) {
+			t.Fatalf("%s: configs differ\n%s\n%s", data, ea, eb)
 		}
 	})
 }

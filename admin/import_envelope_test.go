@@ -31,3 +31,21 @@ func TestAnImportWithARepeatedEnvelopeKeyIsRefused(t *testing.T) {
 		t.Fatal("a refused import changed the config")
 	}
 }
+
+// Bytes that are not UTF-8 in the strings of an import are read as
+// encoding/json reads them, each as U+FFFD, in the config and in the
+// snapshot file's own keys: the import's walk of the bytes, stricter, made
+// them a 500.
+func TestAnImportReadsBytesThatAreNotUTF8AsEncodingJSONDoes(t *testing.T) {
+	e := newEnv(t, envOpts{file: `{}`})
+	snap := "{\"format\":\"" + snapshotFormat + "\",\"format_version\":1,\"kind\":\"x\xff\",\"config\":" +
+		"{\"users\":[{\"name\":\"u\",\"models\":[\"qwen\xff\xfe-*\"]}]}}"
+	for _, q := range []string{"?dry_run=1", ""} {
+		if r := e.do("POST", "/api/backup/import"+q, snap); r.status != 200 {
+			t.Fatalf("import%s: %d %s", q, r.status, r.body)
+		}
+	}
+	if u := e.store.Load().Users; len(u) != 1 || len(u[0].Models) != 1 || u[0].Models[0] != "qwen\ufffd\ufffd-*" {
+		t.Fatalf("imported users: %+v", u)
+	}
+}

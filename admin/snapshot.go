@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/internal/jsonscan"
@@ -187,6 +188,7 @@ func decodeSnapshot(data []byte) ([]byte, *snapshotHeader, error) {
 			return nil, nil, &config.FieldError{Path: "sha256", Msg: "does not match the config: the file is damaged or was edited (remove sha256 to import an edited file on purpose)"}
 		}
 	}
+	cfg = validUTF8(cfg)
 	if err := checkObject(cfg); err != nil {
 		var fe *config.FieldError
 		if errors.As(err, &fe) {
@@ -206,6 +208,12 @@ func decodeSnapshot(data []byte) ([]byte, *snapshotHeader, error) {
 // configSpan is the value of the file's config key in a snapshot file
 // that decoded (the last copy, which encoding/json keeps), nil if none.
 func configSpan(data []byte) []byte {
+	if !utf8.Valid(data) {
+		// jsonscan refuses what encoding/json reads as U+FFFD: the copy.
+		var f snapshotFile
+		json.Unmarshal(data, &f)
+		return f.Config
+	}
 	var cfg []byte
 	jsonscan.WalkObject(data, 0, walkLevels, func(key []byte, vs, ve int) error {
 		if t, ok := config.FieldType(snapshotReadType, string(key)); ok && t == skippedType {
