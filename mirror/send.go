@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/internal/netpeek"
+	"github.com/infera/infera/protocol"
 	"github.com/infera/infera/upstream"
 	"github.com/valyala/fasthttp"
 )
@@ -41,7 +42,7 @@ type result struct {
 	// input holds the input parts of a Messages or Responses usage as
 	// last seen (partInput, partCacheWrite, partCacheRead): a stream's
 	// events each may carry some of them, prompt is their sum.
-	input [nParts]int
+	input protocol.AnthropicInput
 }
 
 // sender is the reusable state of one send (pooled): the request URL, the

@@ -1,6 +1,10 @@
 package mirror
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/infera/infera/protocol"
+)
 
 var keyUsage = []byte(`"usage"`)
 
@@ -260,10 +264,10 @@ const (
 // Input parts of a Messages usage, as they index apiUsage.in and
 // result.input: Responses has the first only.
 const (
-	partInput      = iota // input_tokens
-	partCacheWrite        // cache_creation_input_tokens
-	partCacheRead         // cache_read_input_tokens
-	nParts
+	partInput      = protocol.AnthropicInputTokens   // input_tokens
+	partCacheWrite = protocol.AnthropicCacheCreation // cache_creation_input_tokens
+	partCacheRead  = protocol.AnthropicCacheRead     // cache_read_input_tokens
+	nParts         = len(protocol.AnthropicInput{})
 )
 
 // apiUsage is what scanAPIUsage found: each count and whether it was there.
@@ -302,7 +306,7 @@ func scanAPIUsage(b []byte, res *result) {
 		}
 	}
 	if in {
-		res.prompt, res.usage = res.input[partInput]+res.input[partCacheWrite]+res.input[partCacheRead], true
+		res.prompt, res.usage = res.input.Total(), true
 	}
 	if u.hasOut {
 		res.complete, res.usage = u.out, true

@@ -364,3 +364,34 @@ func nextEventEnd(b []byte) int {
 		off = i + 1
 	}
 }
+
+// AnthropicInput is the input of an Anthropic Messages answer in the three
+// counts its usage objects carry, indexed by AnthropicInputTokens,
+// AnthropicCacheCreation and AnthropicCacheRead. A reader of the answer
+// sets each count a usage object holds and leaves one that is absent or
+// null as an earlier object set it, as Anthropic's SDKs accumulate a
+// stream (anthropic-sdk-python, lib/streaming/_messages.py
+// accumulate_event): message_start carries all three, message_delta its
+// cumulative counts or null (MessageDeltaUsage documents them nullable).
+// Total is the answer's input tokens.
+type AnthropicInput [3]int
+
+// The counts of AnthropicInput.
+const (
+	// AnthropicInputTokens: input_tokens, the input neither read from nor
+	// written to the prompt cache.
+	AnthropicInputTokens = iota
+	// AnthropicCacheCreation: cache_creation_input_tokens, computed and
+	// written to the cache.
+	AnthropicCacheCreation
+	// AnthropicCacheRead: cache_read_input_tokens, read from the cache.
+	AnthropicCacheRead
+)
+
+// Total is the answer's input tokens: Anthropic counts the tokens written
+// to and read from its prompt cache apart from input_tokens, so its total
+// input is the sum of the three (prompt caching guide, "Tracking cache
+// performance").
+func (in *AnthropicInput) Total() int {
+	return in[AnthropicInputTokens] + in[AnthropicCacheCreation] + in[AnthropicCacheRead]
+}

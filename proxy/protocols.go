@@ -1041,29 +1041,47 @@ const markerLen = 15
 // Anthropic stream sends it once, in message_delta; a Responses stream in
 // its terminal event), settled however the stream ends after it.
 func (u *usage) applyProtocol(obj []byte, api protocol.API, start, whole bool) {
-	in, okIn := intAfter(obj, keyInputTokens)
 	n, okOut := intAfter(obj, keyOutputTokens)
 	if okOut && !start {
 		u.completion, u.seen = n, true
 	}
+	if api == protocol.Anthropic {
+		// Each input count as last set (null or absent leaves it); the
+		// cache reads are the cache hits, the cache writes computed.
+		in := false
+		for part, key := range anthropicInputKeys {
+			if n, ok := intAfter(obj, key); ok {
+				u.input[part], in = n, true
+			}
+		}
+		if !start && (in || okOut) {
+			u.whole, u.final = whole, whole
+		}
+		if in {
+			u.prompt, u.cached = u.input.Total(), u.input[protocol.AnthropicCacheRead]
+			u.seen = u.seen || !start
+		}
+		return
+	}
+	in, okIn := intAfter(obj, keyInputTokens)
 	if !start && (okIn || okOut) {
 		u.whole, u.final = whole, whole
-	}
-	cached, okCached := 0, false
-	if api == protocol.Anthropic {
-		cached, okCached = intAfter(obj, keyCacheRead)
-		written, _ := intAfter(obj, keyCacheWrite) // prompt tokens computed (and cached): not cache hits
-		in += cached + written
-	} else {
-		cached, okCached = intAfter(obj, keyCached)
 	}
 	if okIn {
 		u.prompt = in
 		u.seen = u.seen || !start
-		if okCached {
+		if cached, ok := intAfter(obj, keyCached); ok {
 			u.cached = cached
 		}
 	}
+}
+
+// anthropicInputKeys are the keys of an Anthropic usage's input counts,
+// indexed as protocol.AnthropicInput.
+var anthropicInputKeys = [len(protocol.AnthropicInput{})][]byte{
+	protocol.AnthropicInputTokens:   keyInputTokens,
+	protocol.AnthropicCacheCreation: keyCacheWrite,
+	protocol.AnthropicCacheRead:     keyCacheRead,
 }
 
 // leadingMessages is routeMessages for decoded messages; rest weighs the

@@ -25,6 +25,8 @@ type usage struct {
 	// terminal event's. The other usage on a stream's chunks (vLLM's
 	// continuous_usage_stats) is the usage so far. settled.
 	final bool
+	// input: an Anthropic answer's input counts as last set (applyProtocol).
+	input protocol.AnthropicInput
 
 	// carry holds the end of the last chunk scanned when it cut a usage
 	// object (or its key): the next chunk is scanned joined to it.

@@ -79,3 +79,44 @@ func TestAnAnthropicStreamCutAnywhereBeforeItsMessageDeltaHasNoKnownUsage(t *tes
 		t.Fatalf("the whole stream: %+v", u)
 	}
 }
+
+// An Anthropic stream's input counts are each kept at their last non-null
+// value and summed, as Anthropic's SDKs accumulate them
+// (anthropic-sdk-python accumulate_event): a message_delta whose
+// input_tokens is set but whose cache counts are null (MessageDeltaUsage
+// documents all three as cumulative and nullable) leaves the cache counts
+// of message_start, read whole, cut in reads, or byte by byte; a
+// message_delta with cache counts set replaces them.
+func TestAnthropicInputCountsKeepTheirLastNonNullValues(t *testing.T) {
+	start := "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":60,\"cache_creation_input_tokens\":900,\"cache_read_input_tokens\":40,\"output_tokens\":1}}}\n\n"
+	for _, c := range []struct {
+		delta                      string
+		prompt, completion, cached int
+	}{
+		{"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":60,\"cache_creation_input_tokens\":null,\"cache_read_input_tokens\":null,\"output_tokens\":7}}\n\n", 1000, 7, 40},
+		{"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":null,\"cache_creation_input_tokens\":null,\"cache_read_input_tokens\":50,\"output_tokens\":7}}\n\n", 1010, 7, 50},
+		{"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":70,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":930,\"output_tokens\":7}}\n\n", 1000, 7, 930},
+	} {
+		b := []byte(start + c.delta)
+		check := func(u usage, how string) {
+			t.Helper()
+			if !u.seen || u.prompt != c.prompt || u.completion != c.completion || u.cached != c.cached {
+				t.Fatalf("%s (%s): prompt %d completion %d cached %d seen %v, want %d %d %d", c.delta, how, u.prompt, u.completion, u.cached, u.seen, c.prompt, c.completion, c.cached)
+			}
+		}
+		var u usage
+		u.scanProtocol(b, protocol.Anthropic)
+		check(u, "whole")
+		for i := 0; i <= len(b); i++ {
+			var u usage
+			u.scanProtocol(b[:i], protocol.Anthropic)
+			u.scanProtocol(b[i:], protocol.Anthropic)
+			check(u, fmt.Sprintf("cut at %d", i))
+		}
+		u = usage{}
+		for i := range b {
+			u.scanProtocol(b[i:i+1], protocol.Anthropic)
+		}
+		check(u, "byte by byte")
+	}
+}
