@@ -191,6 +191,12 @@ type User struct {
 // Name returns the user's name.
 func (u *User) Name() string { return u.name }
 
+// LimitsConcurrency reports whether the user's concurrency limit is
+// enforced: its template limits user concurrency, outside dry run.
+func (u *User) LimitsConcurrency() bool {
+	return u != nil && u.tmpl != nil && u.tmpl.concLimit > 0 && !u.tmpl.dry && !u.snap.userDry
+}
+
 // Stale reports whether u (from Identify) belongs to a configuration a
 // reload has replaced since: the caller identifies the key again before
 // admitting the request, as a new request's key (a user disabled, removed

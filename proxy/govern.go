@@ -99,6 +99,12 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqStat
 	// The engine generates up to max_tokens for each choice of each prompt.
 	req := govern.Request{PromptTokens: r.PromptTokens, MaxTokens: max(0, r.MaxTokens), Generations: rs.parsed.generations(),
 		NoOutput: poolingKind(rs.acc.kind) || byIDKind(rs.acc.kind), Model: rs.parsed.model}
+	if rs.proto.background && req.MaxTokens == 0 {
+		// The engine generates a background Response where the router
+		// reads no usage: it is charged its estimate for good, with the
+		// router's output estimate when it sets no max_output_tokens.
+		req.MaxTokens = s.sched.DefaultMaxTokens
+	}
 	if rs.acc.kind == kindCountTokens {
 		// Counting tokens (passed through to the engine) runs no model:
 		// it counts as a request, and costs no tokens (as at Anthropic).

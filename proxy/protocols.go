@@ -84,6 +84,11 @@ type protoState struct {
 	// noStore: a passthrough Responses request with "store": false; the
 	// engine keeps no answer, so its id is not learned (respaffinity.go).
 	noStore bool
+	// background: a passthrough Responses create with "background": true.
+	// The engine answers it at once "queued" ("usage": null) and
+	// generates it afterwards, where no router reads its end: it is
+	// charged its estimate for good (admit, scanUsage).
+	background bool
 	// resp gathers the head of a passthrough Responses answer whose id
 	// did not come with the first read (respaffinity.go).
 	resp respScan
@@ -312,11 +317,12 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 	if pass {
 		mPassedThrough.Inc()
 		p.mode = protoPassthrough
-		if err := passthroughKeys(body); err != nil {
+		background, kerr := passthroughKeys(body)
+		if kerr != nil {
 			// The engine gets the client's body: a key it may read in
 			// another case than the router did, or a repeated routing key
 			// (engines disagree on which copy counts), is refused (parse).
-			writeProtoError(ctx, p.api, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest, Message: err.Error()})
+			writeProtoError(ctx, p.api, &protocol.Error{Status: 400, Type: protocol.TypeInvalidRequest, Message: kerr.Error()})
 			return nil, 0, 0, false
 		}
 		if err != nil {
@@ -353,6 +359,15 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 				}
 			}
 			rs.sreq.Prefer = e.ref
+			if background && rs.gov.user.LimitsConcurrency() {
+				// Its generation would hold no slot: the exchange ends
+				// at once, and the router does not see the engine end it.
+				mBadRequests.Inc()
+				countStatus(fasthttp.StatusForbidden)
+				writeError(ctx, fasthttp.StatusForbidden, typePermission, errBackgroundConcurrency, "background", "background_not_allowed")
+				return nil, 0, 0, false
+			}
+			p.background = background
 		}
 		p.buf = chat
 		// The view is held until the request ends, beside the client's
@@ -480,13 +495,17 @@ func modelSpan(d []byte) (start, end int) {
 }
 
 // passthroughKeys refuses a passthrough body whose top level holds a key
-// the router reads in another case (foldedKey) or a routing key twice.
-func passthroughKeys(body []byte) error {
+// the router reads in another case (foldedKey) or a routing key twice. It
+// reports whether the (last) "background" value is true as vLLM reads a
+// bool (jsonscan.LaxBool: "true", 1 and "yes" too).
+func passthroughKeys(body []byte) (background bool, err error) {
 	var seen uint8
-	var err error
 	forEachField(body, skipSpace(body, 0), func(k []byte, vs, ve int) error {
 		if err != nil {
 			return nil
+		}
+		if string(k) == "background" {
+			background = jsonscan.LaxBool(body[vs:ve]) == 't'
 		}
 		if foldedKey(k) != nil {
 			err = caseVariantKey(k)
@@ -502,8 +521,12 @@ func passthroughKeys(body []byte) error {
 		}
 		return nil
 	})
-	return err
+	return background, err
 }
+
+// errBackgroundConcurrency refuses a background Response to a user with a
+// concurrency limit (docs/governance.md).
+const errBackgroundConcurrency = "background responses are not available to a user with a concurrency limit: the engine generates one after its request has ended, holding no slot; send it without background"
 
 // passthroughRoutingKeys are the keys of a Messages or Responses body the
 // router routes or accounts on.
@@ -930,7 +953,9 @@ func (rs *reqState) scanUsage(b []byte) {
 		rs.usage.scan(b)
 		return
 	}
-	rs.usage.scanProtocol(b, rs.proto.api)
+	if !rs.proto.background { // a queued Response's usage is null: its generation comes later
+		rs.usage.scanProtocol(b, rs.proto.api)
+	}
 	if rs.proto.resp.a != nil {
 		rs.proto.resp.more(b) // an id not in the first read (respaffinity.go)
 	}

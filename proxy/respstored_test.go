@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/valyala/fasthttp"
 )
 
 func TestResponseByIDKind(t *testing.T) {
@@ -134,5 +136,32 @@ func TestARetrieveWhoseEngineLeftIsNotFound(t *testing.T) {
 	}
 	if other.hits.Load() != before {
 		t.Fatal("the retrieve was sent to the other engine")
+	}
+}
+
+// A background Response's create is charged its estimate for good even
+// when the engine's queued answer carries a usage object (vLLM's is null):
+// that usage is not the generation's, which comes later where the router
+// reads no usage, so it is neither reconciled with nor counted in the
+// usage metrics. Without max_output_tokens the estimate's output is the
+// router's default (1024).
+func TestABackgroundCreateKeepsItsEstimate(t *testing.T) {
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"resp_bg1","object":"response","status":"queued","background":true,"output":[],"usage":{"input_tokens":3,"output_tokens":0,"total_tokens":3}}`)
+	})
+	key, hash := mintKey(t)
+	r, _ := govRouter(t, nil, fmt.Sprintf(`{"protocol": {"responses_passthrough": true},
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"quota": {"enabled": true, "windows": [{"period": "day", "max_tokens": 100000}]}}]},
+		"users": [{"name": "bg-carol", "keys": [%q]}]}`, hash), up.url)
+	before := metricFloat(t, r.url, `infera_usage_tokens_total{kind="prompt"}`)
+	body := `{"model":"m","input":"hello there","background":true}`
+	want(t, postPath(t, r.url, "/v1/responses", key, body), 200, "")
+	if got, est := metricFloat(t, r.url, `infera_user_quota_tokens_total{user="bg-carol"}`), float64(coarseTokens([]byte(body))+1024); got != est {
+		t.Fatalf("charged %v tokens, want the estimate %v", got, est)
+	}
+	if got := metricFloat(t, r.url, `infera_usage_tokens_total{kind="prompt"}`); got != before {
+		t.Fatalf("the queued answer's usage was counted: prompt tokens %v -> %v", before, got)
 	}
 }

@@ -1,0 +1,140 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A background Response is charged its estimate when it is created, and
+// keeps it: the create is answered at once "queued" with "usage": null and
+// the engine generates it afterwards, where the router reads no usage. The
+// estimate is the prompt's plus max_output_tokens, or without it the
+// router's default output estimate (1024 tokens), not the prompt alone (the
+// quota was charged ~15 tokens for a generation of up to the engine's
+// default, so a user could generate without limit). Repeated creates are
+// refused once the user's token quota is used.
+func TestABackgroundResponseIsChargedItsEstimateAndTheQuotaRefusesMore(t *testing.T) {
+	s1, e1 := startEngine(t, "--speedup", "50", "--native-protocols")
+	key, hash := newKey(t)
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, fmt.Sprintf(`{"protocol":{"responses_passthrough":true},
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"quota": {"enabled": true, "windows": [{"period": "day", "max_tokens": 3000}]}}]},
+		"users": [{"name": "bg-alice", "keys": [%q]}]}`, hash))
+	_, r := startServe(t, "--workers", e1, "--config", cfg)
+	series := `infera_user_quota_tokens_total{user="bg-alice"}`
+	create := func(body string) (int, map[string]any) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", r+"/v1/responses", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var v map[string]any
+		if err := json.Unmarshal(b, &v); err != nil {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		return resp.StatusCode, v
+	}
+	settle := func() {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); s1.Stats().Active != 0; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the background generations do not end: %+v", s1.Stats())
+			}
+		}
+	}
+	const prompt = 40 // above the router's estimate of these small bodies' prompts
+	// With max_output_tokens: its estimate, kept after the generation ends.
+	code, v := create(`{"model":"sim-model","input":"hello","max_output_tokens":300,"background":true}`)
+	if code != 200 || v["status"] != "queued" || v["usage"] != nil {
+		t.Fatalf("create: %d %v", code, v)
+	}
+	settle()
+	c1 := metricF(t, r, series)
+	if c1 < 300 || c1 > 300+prompt {
+		t.Fatalf("a background create with max_output_tokens 300 charged %v tokens, want its estimate (300 and its prompt's)", c1)
+	}
+	// Its retrieve, the Response ended with its usage, charges nothing
+	// and gives nothing back.
+	req, _ := http.NewRequest("GET", r+"/v1/responses/"+v["id"].(string), nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(got), `"output_tokens":300`) {
+		t.Fatalf("retrieve: %d %s", resp.StatusCode, got)
+	}
+	if c := metricF(t, r, series); c != c1 {
+		t.Fatalf("the retrieve moved the charge from %v to %v", c1, c)
+	}
+	// Without: the default output estimate.
+	code, v = create(`{"model":"sim-model","input":"hello","background":true}`)
+	if code != 200 || v["status"] != "queued" {
+		t.Fatalf("create: %d %v", code, v)
+	}
+	settle()
+	c2 := metricF(t, r, series) - c1
+	if c2 < 1024 || c2 > 1024+prompt {
+		t.Fatalf("a background create without max_output_tokens charged %v tokens, want its estimate (1024 and its prompt's)", c2)
+	}
+	// 3000 - ~1350 used: one more fits, the next does not.
+	code, v = create(`{"model":"sim-model","input":"hello","background":true}`)
+	if code != 200 {
+		t.Fatalf("third create: %d %v", code, v)
+	}
+	for i := 0; i < 3; i++ {
+		code, v = create(`{"model":"sim-model","input":"hello","background":true}`)
+		if e, _ := v["error"].(map[string]any); code != 429 || e["code"] != "quota_tokens_day" {
+			t.Fatalf("create #%d past the quota: %d %v", i+4, code, v)
+		}
+	}
+}
+
+// A user with a concurrency limit is refused a background Response (403
+// background_not_allowed, param background): its generation would hold no
+// slot, since the exchange ends at once and the router does not see the
+// engine end it. The same request without background is served.
+func TestABackgroundResponseIsRefusedToAUserWithAConcurrencyLimit(t *testing.T) {
+	_, e1 := startEngine(t, "--speedup", "50", "--native-protocols")
+	key, hash := newKey(t)
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, fmt.Sprintf(`{"protocol":{"responses_passthrough":true},
+		"user_limit": {"templates": [{"name": "t", "default": true, "concurrency": {"enabled": true, "limit": 1}}]},
+		"users": [{"name": "bg-bob", "keys": [%q]}]}`, hash))
+	_, r := startServe(t, "--workers", e1, "--config", cfg)
+	for _, c := range []struct {
+		bg   string
+		code int
+	}{{`true`, 403}, {`"yes"`, 403}, {`false`, 200}} {
+		req, _ := http.NewRequest("POST", r+"/v1/responses", strings.NewReader(`{"model":"sim-model","input":"hello","max_output_tokens":4,"background":`+c.bg+`}`))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var v struct {
+			Error struct{ Type, Param, Code string }
+		}
+		json.Unmarshal(b, &v)
+		if resp.StatusCode != c.code || c.code == 403 && (v.Error.Code != "background_not_allowed" || v.Error.Param != "background" || v.Error.Type != "permission_error") {
+			t.Fatalf("background %s: %d %s, want %d", c.bg, resp.StatusCode, b, c.code)
+		}
+	}
+}
