@@ -35,8 +35,9 @@ var (
 	mStateRoundTrips = metrics.NewCounter(`infera_governance_state_round_trips_total`)
 	mStateFailOpen   = metrics.NewCounter(`infera_governance_state_fail_total{mode="open"}`)
 	mStateFailShut   = metrics.NewCounter(`infera_governance_state_fail_total{mode="closed"}`)
-	// mStateUndone counts the slot and seat returns queued for calls that
-	// failed (which may still run when Redis reads them).
+	// mStateUndone counts the returns queued for calls that failed after
+	// they were sent (which may have run, or still run when Redis reads
+	// them): a seat's (undoSlots), an admission's (unadmit).
 	mStateUndone = metrics.NewCounter(`infera_governance_state_undone_total`)
 	// mStateSettleDropped counts the settlements of requests (finishLua)
 	// that failed ambiguously and did not land within settleResend: no

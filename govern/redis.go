@@ -28,24 +28,35 @@ import (
 //	                         weighted tokens)
 //	<p>{u:<user>}:seats      sorted set: the user's concurrency slots,
 //	                         member = ticket id, score = lease expiry (ms)
+//	<p>{u:<user>}:f:<ticket> string: "a <start> x4", the record of an
+//	                         admission (the windows it counted in), then
+//	                         "1", the mark of its settlement (finishLua)
 //	<p>{rl}:i:<instance>:<c> sorted set: seats of counter c (overall,
 //	<p>{rl}:s:<service>:<c>  prefill, decode) of an instance, a service or
 //	<p>{rl}:g:<c>            the gateway; member = seat id, score = expiry
 //	<p>wake                  pub/sub channel: "u:<user>" or "rl" when a
 //	                         slot or seat is given back
 
-// admitLua is the user admission: KEYS are the user's hash and slot set,
-// A its arguments (admitArgs): now, member, lease expiry, concurrency
-// limit, RPM, TPM, TPM need, TPM estimate, dry, key TTL, then per period
-// start (0: not taken), max requests, max tokens, estimate. It returns
-// {failed rules (bit set of codes), RPM retry ms, TPM retry ms, RPM level,
-// TPM level, then per period the start of the window it counts in (0: not
-// taken)}, the levels in millionths as the admission left them (0 when the
-// rule is off); a window's start is a later one than the argument's when
-// another router began that window already (a late admission counts there,
-// and its end is settled there).
+// admitLua is the user admission: KEYS are the user's hash, slot set and
+// the ticket's mark (finishLua), A its arguments (admitArgs): now, member,
+// lease expiry, concurrency limit, RPM, TPM, TPM need, TPM estimate, dry,
+// key TTL, then per period start (0: not taken), max requests, max
+// tokens, estimate. It returns {failed rules (bit set of codes), RPM retry
+// ms, TPM retry ms, RPM level, TPM level, then per period the start of the
+// window it counts in (0: not taken)}, the levels in millionths as the
+// admission left them (0 when the rule is off); a window's start is a
+// later one than the argument's when another router began that window
+// already (a late admission counts there, and its end is settled there).
+//
+// An admission that takes something records it in the mark ("a" and the
+// start of the window it counted in per period, for settleMark), so that
+// its return after an ambiguous failure (endUnadmit: its answer lost)
+// gives back exactly what it took; one that finds the mark set runs after
+// that return (it was held in a stalled connection): it takes nothing and
+// returns {-1, ...}.
 var admitLua = fmt.Sprintf(`
-local function admit(h, seats, A)
+local function admit(h, seats, mark, A)
+  if redis.call('EXISTS', mark) == 1 then return {-1, 0, 0, 0, 0, 0, 0, 0, 0} end
   local now = tonumber(A[1])
   local member = A[2]
   local exp = tonumber(A[3])
@@ -113,6 +124,9 @@ local function admit(h, seats, A)
       redis.call('HSET', h, 'w' .. w[1] .. 's', w[2], 'w' .. w[1] .. 'r', w[3], 'w' .. w[1] .. 'k', w[4])
     end
     redis.call('PEXPIRE', h, 3024000000)
+    local st = {0, 0, 0, 0}
+    for _, w in ipairs(wins) do st[w[1] + 1] = w[2] end
+    redis.call('SET', mark, 'a ' .. table.concat(st, ' '), 'PX', %[6]d)
     if rpm > 0 then rl = rl - 1 end
     if tpm > 0 then tl = tl - est end
   end
@@ -120,7 +134,7 @@ local function admit(h, seats, A)
   for _, w in ipairs(wins) do out[6 + w[1]] = w[2] end
   return out
 end
-`, CodeConcurrencyUser, CodeRPM, CodeTPM, CodeQuotaRequests5h, CodeQuotaTokens5h)
+`, CodeConcurrencyUser, CodeRPM, CodeTPM, CodeQuotaRequests5h, CodeQuotaTokens5h, settleMark.Milliseconds())
 
 // admitArgc is the number of the admission's arguments, admitRes of its
 // results.
@@ -173,38 +187,57 @@ end
 `
 
 var (
-	admitScript = redis.NewScript(admitLua + `return admit(KEYS[1], KEYS[2], ARGV)`)
+	admitScript = redis.NewScript(admitLua + `return admit(KEYS[1], KEYS[2], KEYS[3], ARGV)`)
 	seatScript  = redis.NewScript(seatLua + `return seat(KEYS, ARGV)`)
 	// admitSeatScript is a request's admission and its first seat in one
-	// step (one round trip): KEYS the user's 2, then 3 per seat
+	// step (one round trip): KEYS the user's 3, then 3 per seat
 	// candidate; ARGV the admission's admitArgc, then the seat's. The seat
 	// is tried only when the admission passed (or in dry run). It returns
-	// the admission's 5 values, then the seat's 3 ({-1, 0, 0}: not tried).
+	// the admission's values, then the seat's 3 ({-1, 0, 0}: not tried).
 	admitSeatScript = redis.NewScript(admitLua + seatLua + fmt.Sprintf(`
 local A, S, K = {}, {}, {}
 for i = 1, %[1]d do A[i] = ARGV[i] end
 for i = %[1]d + 1, #ARGV do S[#S + 1] = ARGV[i] end
-for i = 3, #KEYS do K[#K + 1] = KEYS[i] end
-local r = admit(KEYS[1], KEYS[2], A)
+for i = 4, #KEYS do K[#K + 1] = KEYS[i] end
+local r = admit(KEYS[1], KEYS[2], KEYS[3], A)
 local q = {-1, 0, 0}
-if #K > 0 and (r[1] == 0 or A[9] == '1') then q = seat(K, S) end
+if #K > 0 and r[1] >= 0 and (r[1] == 0 or A[9] == '1') then q = seat(K, S) end
 for i = 1, 3 do r[#r + 1] = q[i] end
 return r
 `, admitArgc))
 )
 
-// finishLua reconciles a ticket (its settlement): K the user's hash, slot
-// set and settlement mark, A member, conc, now, served, rpm cap (0: not
-// taken), tpm cap (0: not taken), tpm delta, quota delta, channel,
-// message, then per period: start (0: not taken), then the mark's TTL
-// (ms). The mark (SET NX, one key per settlement, named by the ticket's
-// member) makes it idempotent: a settlement sent again after an
-// ambiguous failure (a connection reset or a timeout: it may have run)
-// finds its mark and changes nothing, whichever copy Redis runs first.
+// finishLua settles a ticket: K the user's hash, slot set and the
+// ticket's mark, A member, conc, now, served, rpm cap (0: not taken), tpm
+// cap (0: not taken), tpm delta, quota delta, channel, message, then per
+// period: start (0: not taken), then the mark's TTL (ms). The mark (one
+// key per ticket, named by its member) makes it idempotent: a settlement
+// sent again after an ambiguous failure (a connection reset or a timeout:
+// it may have run) finds it set ("1") and changes nothing, whichever copy
+// Redis runs first.
+//
+// undo (endUnadmit) is the return of an admission whose answer was lost:
+// its request was refused or admitted uncounted. The periods' starts are
+// then the ones the admission recorded in the mark, and a mark without
+// its record means the admission has not run (it finds the mark and takes
+// nothing, admitLua) or took nothing: the counters stay as they are. Its
+// slot and, in K after the mark with its member after the mark's TTL in
+// A, its first seat (admitSeatScript) are removed either way.
 const finishLua = `
-local function finish(K, A)
+local function finish(K, A, undo)
   local h = K[1]
-  if not redis.call('SET', K[3], '1', 'NX', 'PX', A[15]) then return end
+  local m = redis.call('GET', K[3])
+  if m == '1' then return end
+  redis.call('SET', K[3], '1', 'PX', A[15])
+  local starts = {A[11], A[12], A[13], A[14]}
+  if undo then
+    if m then
+      local p = 0
+      for s in string.gmatch(m, '%d+') do p = p + 1; starts[p] = s end
+    else
+      starts = nil
+    end
+  end
   local now = tonumber(A[3])
   local served = A[4] == '1'
   local function adjust(f, cap, delta)
@@ -216,20 +249,27 @@ local function finish(K, A)
     if lvl > cap then lvl = cap end
     redis.call('HSET', h, f .. 'l', lvl, f .. 't', t)
   end
-  local rpm = tonumber(A[5])
-  if rpm > 0 and not served then adjust('r', rpm, 1) end
-  local tpm = tonumber(A[6])
-  if tpm > 0 then adjust('t', tpm, -tonumber(A[7])) end
-  local qd = tonumber(A[8])
-  for p = 0, 3 do
-    local start = A[11 + p]
-    if start ~= '0' and redis.call('HGET', h, 'w' .. p .. 's') == start then
-      if not served then redis.call('HINCRBY', h, 'w' .. p .. 'r', -1) end
-      if qd ~= 0 then redis.call('HINCRBY', h, 'w' .. p .. 'k', qd) end
+  if starts then
+    local rpm = tonumber(A[5])
+    if rpm > 0 and not served then adjust('r', rpm, 1) end
+    local tpm = tonumber(A[6])
+    if tpm > 0 then adjust('t', tpm, -tonumber(A[7])) end
+    local qd = tonumber(A[8])
+    for p = 0, 3 do
+      local start = tonumber(starts[p + 1])
+      if start ~= 0 and tonumber(redis.call('HGET', h, 'w' .. p .. 's')) == start then
+        if not served then redis.call('HINCRBY', h, 'w' .. p .. 'r', -1) end
+        if qd ~= 0 then redis.call('HINCRBY', h, 'w' .. p .. 'k', qd) end
+      end
     end
   end
   if A[2] == '1' and redis.call('ZREM', K[2], A[1]) == 1 then
     redis.call('PUBLISH', A[9], A[10])
+  end
+  if undo and #K > 3 then
+    local n = 0
+    for i = 4, #K do n = n + redis.call('ZREM', K[i], A[16]) end
+    if n > 0 then redis.call('PUBLISH', A[9], 'rl') end
   end
 end
 `
@@ -291,7 +331,8 @@ while ai <= #ARGV do
   for i = 0, na - 1 do A[i + 1] = ARGV[ai + i] end
   ki, ai = ki + nk, ai + na
   local ok, err
-  if kind == 'f' then ok, err = pcall(finish, K, A)
+  if kind == 'f' then ok, err = pcall(finish, K, A, false)
+  elseif kind == 'u' then ok, err = pcall(finish, K, A, true)
   elseif kind == 'm' then ok, err = pcall(migrate, K, A)
   elseif kind == 'n' then ok, err = pcall(renew, K, A)
   else ok, err = pcall(release, K, A) end
@@ -308,6 +349,7 @@ type endKind string
 
 const (
 	endFinish  endKind = "f"
+	endUnadmit endKind = "u" // an admission whose answer was lost, given back (finishLua's undo)
 	endRelease endKind = "r"
 	endMigrate endKind = "m" // a seat copied to another scope's sets (migrateLua)
 	endRenew   endKind = "n" // a lease renewed (renewLua)
@@ -509,6 +551,11 @@ func (r *redisState) keepFailedEnds(parts []*scriptCall, err error) {
 		switch x.end {
 		case endRelease:
 			r.keepRedo(x.keys, x.args, true)
+		case endUnadmit:
+			// The return of an admission whose answer was lost: every
+			// copy is safe (it finds the mark, or the admission's record
+			// gone with it), so it is sent until it lands.
+			r.keep(redoRelease{keys: x.keys, args: x.args, ended: true, kind: endUnadmit})
 		case endFinish:
 			// The request's refund or reconciliation (its request count,
 			// RPM token, token estimate) and its slot, once Redis answers
@@ -1009,14 +1056,14 @@ func (r *redisState) admitArgs(st *userState, t *template, cs *calState, e estim
 		}
 		args = append(args, cs.win[p].start, w.maxReq, w.maxTok, e.quota, cs.win[p].end-cs.win[p].start)
 	}
-	return []string{hk, sk}, args, member
+	return []string{hk, sk, hk + ":f:" + member}, args, member
 }
 
 // admitted applies the admission script's answer res (admitRes values)
 // to ts: the failed rules and the retry time; ts holds what was taken when
 // the admission passed (or in dry run), and the rate limits (not in dry
 // run).
-func (r *redisState) admitted(res []int64, t *template, ts *ticketState, cs *calState, e estimate, dry bool, now int64, member, sk string) (failures, int64) {
+func (r *redisState) admitted(res []int64, t *template, ts *ticketState, cs *calState, e estimate, dry bool, now int64, member string, keys []string) (failures, int64) {
 	f := failures(res[0])
 	retry := max(res[1], res[2]) * 1e6
 	if !dry {
@@ -1043,7 +1090,7 @@ func (r *redisState) admitted(res []int64, t *template, ts *ticketState, cs *cal
 	if f == 0 || dry {
 		ts.at = now
 		ts.remote = true
-		ts.member = member
+		ts.member, ts.mark = member, keys[2]
 		ts.conc = t.concLimit > 0
 		ts.rpm = t.rpm > 0
 		ts.tpm = t.tpm > 0
@@ -1058,7 +1105,7 @@ func (r *redisState) admitted(res []int64, t *template, ts *ticketState, cs *cal
 		}
 		if ts.conc {
 			r.mu.Lock()
-			r.leases[member] = []string{sk}
+			r.leases[member] = []string{keys[1]}
 			r.mu.Unlock()
 		}
 	}
@@ -1070,24 +1117,50 @@ func (r *redisState) admitUser(st *userState, t *template, ts *ticketState, cs *
 	keys, args, member := r.admitArgs(st, t, cs, e, dry, now)
 	res, err := r.call(admitScript, keys, args...).Int64Slice()
 	if err != nil {
-		r.undoSlots(err, member, "u:"+st.name, keys[1])
+		r.unadmit(err, st, t, e, now, keys, member, "", nil)
 		return 0, 0, err
 	}
-	if len(res) != admitRes {
-		return 0, 0, fmt.Errorf("admission script returned %d values", len(res))
+	if len(res) != admitRes || res[0] < 0 {
+		return 0, 0, fmt.Errorf("admission script returned %d values (%v)", len(res), res)
 	}
-	f, retry := r.admitted(res, t, ts, cs, e, dry, now, member, keys[1])
+	f, retry := r.admitted(res, t, ts, cs, e, dry, now, member, keys)
 	return f, retry, nil
 }
 
-// undoSlots queues the return of the slot or seat member a failed call
-// may have taken in sets: a call that timed out (Redis stalled past the
+// unadmit queues the return of what an admission that failed with err
+// may have taken (keys: the user's hash, slot set and the ticket's mark;
+// smember and skeys: its first seat, admitSeatScript, if asked for): a
+// connection reset after the admission was sent, or a timeout, lost its
+// answer, maybe after Redis ran it (a timed-out call still runs when
+// Redis reads it). Its request is refused (fail closed) or admitted
+// uncounted (fail open), so the request count, the RPM token, the token
+// estimate and the slot and seat it took go back: one end (endUnadmit)
+// that gives back exactly what the admission recorded, once, and that
+// the admission, should it run after it, finds and takes nothing
+// (admitLua). It is sent until it lands (keepFailedEnds), and settles at
+// the admission's time now, as finishUser does. A call never sent
+// (closed, failed at once in a stall, or it could not connect) took
+// nothing.
+func (r *redisState) unadmit(err error, st *userState, t *template, e estimate, now int64, keys []string, member, smember string, skeys []string) {
+	if errors.Is(err, errStateClosed) || errors.Is(err, errStateStalled) || notSent(err) {
+		return
+	}
+	mStateUndone.Inc()
+	args := make([]any, 0, 17)
+	args = append(args, member, b01(t.concLimit > 0), now/1e6, 0, t.rpm, t.tpm, -e.tpm, -e.quota, r.wake, "u:"+st.name,
+		0, 0, 0, 0, settleMark.Milliseconds(), smember) // the periods' starts are the admission's record
+	k := make([]string, 0, 3+len(skeys))
+	k = append(append(k, keys...), skeys...)
+	r.end(endUnadmit, k, args)
+}
+
+// undoSlots queues the return of the seat member a failed seat call may
+// have taken in sets: a call that timed out (Redis stalled past the
 // client's timeout) still runs when Redis reads it, and the request,
 // refused (fail closed) or admitted uncounted (fail open), would never
 // return it: every request would meet the phantom until its lease
 // expired. The return (releaseLua) removes nothing when the call did not
-// run. The counters such a call charged (a request, its estimate) stay
-// charged.
+// run. (An admission's are unadmit's.)
 func (r *redisState) undoSlots(err error, member, msg string, sets ...string) {
 	if errors.Is(err, errStateClosed) || errors.Is(err, errStateStalled) || len(sets) == 0 {
 		return // never sent: in a stall, those would fill redo and evict real returns
@@ -1135,7 +1208,7 @@ func (r *redisState) finishUser(ts *ticketState, served bool, u Usage, now int64
 		delete(r.leases, ts.member)
 		r.mu.Unlock()
 	}
-	r.end(endFinish, []string{hk, sk, hk + ":f:" + ts.member}, args)
+	r.end(endFinish, []string{hk, sk, ts.mark}, args)
 	if ts.conc {
 		r.kickUser(ts.u.st) // a local waiter may take the slot at once (its call runs after this end)
 	}
@@ -1217,14 +1290,13 @@ func (g *Governor) admitSeatRemote(s *snapshot, st *userState, t *template, ts *
 	args = append(args, sargs...)
 	res, err := r.call(admitSeatScript, keys, args...).Int64Slice()
 	if err != nil {
-		r.undoSlots(err, member, "u:"+st.name, keys[1])
-		r.undoSlots(err, smember, "rl", skeys...)
+		r.unadmit(err, st, t, e, now, keys[:3], member, smember, skeys)
 		return 0, 0, err
 	}
-	if len(res) != admitRes+3 {
-		return 0, 0, fmt.Errorf("admission script returned %d values", len(res))
+	if len(res) != admitRes+3 || res[0] < 0 {
+		return 0, 0, fmt.Errorf("admission script returned %d values (%v)", len(res), res)
 	}
-	f, retry := r.admitted(res[:admitRes], t, ts, cs, e, dry, now, member, keys[1])
+	f, retry := r.admitted(res[:admitRes], t, ts, cs, e, dry, now, member, keys[:3])
 	if res[admitRes] >= 0 { // the seat was asked for
 		ss, i, code := r.seated(res[admitRes:], rl, cands, sa.ph, smember)
 		sa.seat, sa.idx, sa.rej = g.seatAnswer(rl, ss, i, idx, code)

@@ -13,25 +13,38 @@ import (
 
 // resetProxy is a loopback TCP proxy in front of a redis-server that, once
 // armed, resets the client's connection of the next request whose bytes
-// hold every trigger: before the request reaches Redis (cutBefore: it
-// never runs), or once Redis answered it (cutAfter: it ran, the answer is
-// lost). Either way the client sees a pooled connection reset mid-call.
+// hold every trigger (and one of the cut's anyOf, when set): before the request
+// reaches Redis (cutBefore: it never runs), once Redis answered it
+// (cutAfter: it ran, the answer is lost), or before it reaches Redis but
+// with its bytes held on the connection to Redis until runLate (cutLate:
+// it runs late, as a request stuck in a stalled connection or a proxy's
+// buffer). Either way the client sees a pooled connection reset mid-call.
 type resetProxy struct {
 	t       *testing.T
 	addr    string
 	target  string
 	trigger [][]byte
-	mode    atomic.Int32 // cutNone, cutBefore, cutAfter: armed for one cut
+	cuts    []cut // armed, in order (mu)
 	fired   chan int32
+	late    chan struct{} // runLate: the held request goes to Redis
+	ranLate chan struct{} // Redis answered the held request
 	mu      sync.Mutex
 	conns   []net.Conn
 	ln      net.Listener
+}
+
+// cut is one armed cut: its mode, and bytes of which the request must
+// hold one (none: the triggers suffice).
+type cut struct {
+	mode  int32
+	anyOf [][]byte
 }
 
 const (
 	cutNone int32 = iota
 	cutBefore
 	cutAfter
+	cutLate
 )
 
 func startResetProxy(t *testing.T, target string, trigger ...[]byte) *resetProxy {
@@ -39,7 +52,8 @@ func startResetProxy(t *testing.T, target string, trigger ...[]byte) *resetProxy
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &resetProxy{t: t, addr: ln.Addr().String(), target: target, trigger: trigger, fired: make(chan int32, 1), ln: ln}
+	p := &resetProxy{t: t, addr: ln.Addr().String(), target: target, trigger: trigger, fired: make(chan int32, 1),
+		late: make(chan struct{}), ranLate: make(chan struct{}, 1), ln: ln}
 	go p.serve()
 	t.Cleanup(func() {
 		ln.Close()
@@ -55,7 +69,28 @@ func startResetProxy(t *testing.T, target string, trigger ...[]byte) *resetProxy
 func (p *resetProxy) url() string { return "redis://" + p.addr + "/0" }
 
 // arm makes the next request holding the triggers be cut as mode says.
-func (p *resetProxy) arm(mode int32) { p.mode.Store(mode) }
+func (p *resetProxy) arm(mode int32) { p.armCuts(cut{mode: mode}) }
+
+// armCuts makes the next requests that match them be cut, one per cut, in
+// order.
+func (p *resetProxy) armCuts(cs ...cut) {
+	p.mu.Lock()
+	p.cuts = nil
+	for _, c := range cs {
+		if c.mode != cutNone {
+			p.cuts = append(p.cuts, c)
+		}
+	}
+	p.mu.Unlock()
+}
+
+// runLate sends the request held by a cutLate to Redis and waits for its
+// answer (which nobody reads).
+func (p *resetProxy) runLate() {
+	p.t.Helper()
+	p.late <- struct{}{}
+	recvWithin(p.t, p.ranLate, 3*time.Second, "Redis's answer to the late request")
+}
 
 func (p *resetProxy) serve() {
 	for {
@@ -72,6 +107,7 @@ func (p *resetProxy) serve() {
 		p.conns = append(p.conns, c, u)
 		p.mu.Unlock()
 		var drop atomic.Bool // the next answer is lost (cutAfter)
+		var held atomic.Bool // the next answer is the late request's (cutLate)
 		reset := func(mode int32) {
 			c.(*net.TCPConn).SetLinger(0) // RST, as a Redis or a proxy that kills the connection
 			c.Close()
@@ -86,13 +122,26 @@ func (p *resetProxy) serve() {
 					u.Close()
 					return
 				}
-				if p.matches(buf[:n]) {
-					switch mode := p.mode.Swap(cutNone); mode {
+				if mode := p.take(buf[:n]); mode != cutNone {
+					switch mode {
 					case cutBefore:
 						reset(mode)
 						return
 					case cutAfter:
 						drop.Store(true)
+					case cutLate:
+						late := bytes.Clone(buf[:n])
+						held.Store(true)
+						c.(*net.TCPConn).SetLinger(0)
+						c.Close()
+						p.fired <- mode
+						select {
+						case <-p.late:
+							u.Write(late)
+						case <-time.After(10 * time.Second):
+							u.Close()
+						}
+						return
 					}
 				}
 				if _, err := u.Write(buf[:n]); err != nil {
@@ -113,6 +162,11 @@ func (p *resetProxy) serve() {
 					reset(cutAfter)
 					return
 				}
+				if held.Load() {
+					u.Close()
+					p.ranLate <- struct{}{}
+					return
+				}
 				if _, err := c.Write(buf[:n]); err != nil {
 					u.Close()
 					return
@@ -122,16 +176,29 @@ func (p *resetProxy) serve() {
 	}
 }
 
-func (p *resetProxy) matches(b []byte) bool {
-	if p.mode.Load() == cutNone {
-		return false
+// take returns the mode of the first cut armed if b matches it (and
+// disarms it), else cutNone.
+func (p *resetProxy) take(b []byte) int32 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.cuts) == 0 {
+		return cutNone
 	}
 	for _, x := range p.trigger {
 		if !bytes.Contains(b, x) {
-			return false
+			return cutNone
 		}
 	}
-	return true
+	c := p.cuts[0]
+	hit := len(c.anyOf) == 0
+	for _, x := range c.anyOf {
+		hit = hit || bytes.Contains(b, x)
+	}
+	if !hit {
+		return cutNone
+	}
+	p.cuts = p.cuts[1:]
+	return c.mode
 }
 
 // idle waits until g has nothing queued for Redis and no pipeline out.
@@ -278,5 +345,127 @@ func TestRedisASettlementIsNotSentAgainOnceItsMarkMayHaveExpired(t *testing.T) {
 	v, _ := rs.client(t).HMGet(context.Background(), o.RedisPrefix+"{u:alice}", "w1r", "w1k").Result()
 	if len(v) != 2 || v[0] != "1" || v[1] != "20000" {
 		t.Fatalf("the day's requests and milli-tokens %v, want the estimate [1 20000]", v)
+	}
+}
+
+// An admission (the user's RPM and TPM take, its quota window's count and
+// estimate, its concurrency slot and, with AdmitAcquire, its first seat)
+// sent on a pooled connection that Redis or a proxy resets mid-call is
+// ambiguous: it may have run. Its request is refused (on_state_error
+// closed) or admitted uncounted (open), so whatever the admission took is
+// given back, once, whether it ran before the reset, never ran, or runs
+// late (held in a connection, after the router gave it back), and
+// whether what gives it back is itself cut after it ran and sent again:
+// two routers sharing Redis leave the day window, the RPM and TPM
+// buckets, the slot set and the seat set exactly as the requests served
+// say.
+func TestRedisAnAdmissionOnAResetConnectionChargesNothing(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.LeaseTTL = time.Hour // no renewals in the way
+	o.EndDelay = time.Millisecond
+	clk := newFakeClock(time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)) // buckets do not refill: exact levels
+	o.Now = clk.Now
+	target := "127.0.0.1:" + strconv.Itoa(rs.port)
+	var px [2]*resetProxy
+	for i := range px {
+		px[i] = startResetProxy(t, target, []byte(o.RedisPrefix+"{u:alice}"))
+	}
+	admissions := [][]byte{[]byte(admitScript.Hash()), []byte(admitSeatScript.Hash())}
+	ends := [][]byte{[]byte(endsScript.Hash())}
+	key, hash := mintKey(t)
+	const rpm, tpm = 1000, 1000000
+	var gs [2]*Governor
+	var us [2]*User
+	modes := [2]string{"closed", "open"}
+	for i := range gs {
+		c := userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":100},"rate":{"enabled":true,"rpm":1000,"tpm":1000000},
+			"quota":{"enabled":true,"windows":[{"period":"day","max_requests":1000,"max_tokens":1000000}]}}`, `"rate_limit":{"overall_concurrency":100}`)
+		c.UserLimit.OnStateError = modes[i]
+		oi := o
+		oi.State = px[i].url()
+		gs[i] = newGov(t, oi, c)
+		us[i] = identify(t, gs[i], key)
+	}
+	r := Request{PromptTokens: 10, MaxTokens: 10} // an estimate of 20
+	var served, tokens int64
+	cuts := 0
+	for i := range 32 {
+		g, u, p := gs[i%2], us[i%2], px[i%2]
+		mode := int32(i/2) % 4 // both routers see each kind of cut
+		withSeat := i/8%2 == 1 // AdmitAcquire: the admission and the seat in one script
+		again := i >= 16 && mode != cutNone
+		if again { // the return of the admission runs, its answer is lost: sent again
+			p.armCuts(cut{mode, admissions}, cut{cutAfter, ends})
+		} else {
+			p.armCuts(cut{mode, admissions})
+		}
+		var tk Ticket
+		var seat Seat
+		var rej *Rejection
+		if withSeat {
+			a := g.AdmitAcquire(u, r, []Target{w1}, PhaseMixed)
+			tk, seat, rej = a.Ticket, a.Seat, a.Refused
+			if a.Queue || a.SeatRefused != nil {
+				t.Fatalf("request %d: %+v", i, a)
+			}
+		} else {
+			tk, rej = g.Admit(context.Background(), u, r)
+		}
+		if mode != cutNone {
+			recvWithin(t, p.fired, 3*time.Second, "the admission's connection reset")
+			cuts++
+			if again {
+				recvWithin(t, p.fired, 3*time.Second, "the connection reset of the admission's return")
+			}
+			if modes[i%2] == "closed" {
+				if rej == nil || rej.Code != CodeStateUnavailable {
+					t.Fatalf("request %d, admission cut: %v, want %s", i, rej, CodeStateUnavailable)
+				}
+			} else if rej != nil || tk.ts == nil || tk.ts.remote {
+				t.Fatalf("request %d, admission cut: %v, want admitted uncounted (open)", i, rej)
+			}
+		} else if rej != nil || tk.ts == nil || !tk.ts.remote {
+			t.Fatalf("request %d: %v, want admitted and counted", i, rej)
+		}
+		idle(t, g) // what the router gives back for the cut admission has landed
+		waitFor(t, func() bool { g.rds.qmu.Lock(); defer g.rds.qmu.Unlock(); return len(g.rds.redo) == 0 })
+		if mode == cutLate {
+			p.runLate() // the admission runs now, after it was given back
+		}
+		if rej == nil {
+			tk.FirstToken()
+			use := Usage{Known: true, PromptTokens: 10, CompletionTokens: 1 + i%7}
+			if tk.ts.remote {
+				served++
+				tokens += int64(use.PromptTokens + use.CompletionTokens)
+			}
+			seat.Done()
+			tk.Done(use)
+			idle(t, g)
+		}
+	}
+	if cuts != 24 {
+		t.Fatalf("%d admissions cut, want 24", cuts)
+	}
+	for _, g := range gs {
+		syncState(t, g)
+	}
+	h := rs.client(t)
+	bg := context.Background()
+	v, err := h.HMGet(bg, o.RedisPrefix+"{u:alice}", "w1r", "w1k", "tl", "rl").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []any{strconv.FormatInt(served, 10), strconv.FormatInt(tokens*1000, 10), strconv.FormatInt(tpm-tokens, 10), strconv.FormatInt(rpm-served, 10)}
+	for i, name := range []string{"day's requests", "day's milli-tokens", "TPM level", "RPM level"} {
+		if v[i] != want[i] {
+			t.Errorf("%s %v, want %v (%d requests served, %d tokens; %d admissions cut)", name, v[i], want[i], served, tokens, cuts)
+		}
+	}
+	for _, k := range []string{o.RedisPrefix + "{u:alice}:seats", o.RedisPrefix + "{rl}:i:w1:overall"} {
+		if m := h.ZCard(bg, k).Val(); m != 0 {
+			t.Errorf("%s holds %d members after every request ended", k, m)
+		}
 	}
 }

@@ -32,9 +32,11 @@ type ticketState struct {
 	at               int64 // admission time, ns
 	lim              Limits
 
-	// Redis: the member of the user's seat set, and whether the remote
-	// counters were touched (false after a fail-open admission).
+	// Redis: the member of the user's seat set, the key of its mark
+	// (finishLua), and whether the remote counters were touched (false
+	// after a fail-open admission).
 	member string
+	mark   string
 	remote bool
 }
 
@@ -56,7 +58,7 @@ func (g *Governor) getTicket(u *User, t *template) *ticketState {
 	ts.conc, ts.rpm, ts.tpm, ts.remote = false, false, false, false
 	ts.tpmEst, ts.quotaEst = 0, 0
 	ts.win = [numPeriods]takenWin{}
-	ts.member = ""
+	ts.member, ts.mark = "", ""
 	return ts
 }
 
