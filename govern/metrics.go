@@ -39,10 +39,13 @@ var (
 	// they were sent (which may have run, or still run when Redis reads
 	// them): a seat's (undoSlots), an admission's (unadmit).
 	mStateUndone = metrics.NewCounter(`infera_governance_state_undone_total`)
-	// mStateSettleDropped counts the settlements of requests (finishLua)
+	// mStateSettleExpired counts the settlements of requests (finishLua)
 	// that failed ambiguously and did not land within settleResend: no
-	// longer sent, lest a copy count twice.
-	mStateSettleDropped = metrics.NewCounter(`infera_governance_state_settlements_dropped_total`)
+	// longer sent, lest a copy count twice. mStateSettleEvicted counts the
+	// settlements (finishLua, and the returns of admissions: endUnadmit)
+	// evicted from a full resend queue (maxRedo).
+	mStateSettleExpired = metrics.NewCounter(`infera_governance_state_settlements_dropped_total{reason="expired"}`)
+	mStateSettleEvicted = metrics.NewCounter(`infera_governance_state_settlements_dropped_total{reason="evicted"}`)
 	// mStateStalled counts the calls failed at once while Redis was
 	// stalled (a pipeline timed out less than a second before).
 	mStateStalled = metrics.NewCounter(`infera_governance_state_stalled_total`)

@@ -408,8 +408,10 @@ type redisState struct {
 	// stalled is the time (Unix ns) until which a call fails at once,
 	// 0 while Redis answers (mayCall).
 	stalled atomic.Int64
-	// settleFor is settleResend (tests shorten it before any call).
+	// settleFor is settleResend, maxRedo the bound of redo (tests shorten
+	// them before any call).
 	settleFor time.Duration
+	maxRedo   int
 
 	kick chan struct{}
 	ps   *redis.PubSub
@@ -477,7 +479,9 @@ const (
 
 // maxRedo bounds the returns kept for sending again (Redis down for long
 // under load): past it the oldest go, and their members expire with their
-// lease.
+// lease; a settlement evicted (a request's, or an admission's return)
+// leaves its request's estimate charged, and is counted
+// (infera_governance_state_settlements_dropped_total{reason="evicted"}).
 const maxRedo = 1 << 14
 
 // keepRedo keeps a return to send again once Redis answers (redo).
@@ -488,7 +492,10 @@ func (r *redisState) keepRedo(keys []string, args []any, ended bool) {
 func (r *redisState) keep(x redoRelease) {
 	x.after = r.execs.Load()
 	r.qmu.Lock()
-	if len(r.redo) >= maxRedo {
+	if len(r.redo) >= r.maxRedo {
+		if k := r.redo[0].kind; k == endFinish || k == endUnadmit {
+			mStateSettleEvicted.Inc()
+		}
 		r.redo = r.redo[1:]
 	}
 	r.redo = append(r.redo, x)
@@ -529,7 +536,7 @@ func (x *redoRelease) expired(now time.Time) bool {
 	if x.until.IsZero() || now.Before(x.until) {
 		return false
 	}
-	mStateSettleDropped.Inc()
+	mStateSettleExpired.Inc()
 	return true
 }
 
@@ -710,6 +717,7 @@ func newRedisState(g *Governor, o Options) (*redisState, error) {
 		qwake:     make(chan struct{}, 1),
 		delay:     o.EndDelay,
 		settleFor: settleResend,
+		maxRedo:   maxRedo,
 		kick:      make(chan struct{}, 1),
 		log:       logx.Throttle{Every: 10 * time.Second},
 	}

@@ -162,3 +162,61 @@ func TestRedisRenewalsThatCouldNotReachRedisKeepNothing(t *testing.T) {
 		t.Fatalf("%d renewals that never reached Redis kept to send again", n)
 	}
 }
+
+// The settlements kept for sending again while Redis cannot be reached are
+// bounded (16,384, shortened here to 8): past it the oldest are evicted,
+// their requests keeping their estimates charged, and each one evicted is
+// counted in infera_governance_state_settlements_dropped_total{reason="evicted"}
+// (it went silently). The ones kept land once Redis answers.
+func TestRedisSettlementsEvictedFromAFullResendQueueAreCounted(t *testing.T) {
+	rs := startRedis(t)
+	px := startOutageProxy(t, "127.0.0.1:"+strconv.Itoa(rs.port))
+	o := redisOptions(t, rs)
+	o.State = px.url()
+	o.LeaseTTL = time.Hour // no renewals in the way
+	key, hash := mintKey(t)
+	c := userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":100,"max_tokens":100000}]}}`, "")
+	g := newGov(t, o, c)
+	g.rds.maxRedo = 8
+	u := identify(t, g, key)
+	r := Request{PromptTokens: 10, MaxTokens: 10} // an estimate of 20
+	const n = 12
+	var tks []Ticket
+	for range n {
+		tk := admitOK(t, g, u, r)
+		tk.FirstToken()
+		tks = append(tks, tk)
+	}
+	syncState(t, g)
+	evicted := mStateSettleEvicted.Get()
+	px.cut()
+	for _, tk := range tks { // settled while Redis is down: kept, the oldest evicted
+		tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 2}) // 12 of its 20
+		time.Sleep(5 * time.Millisecond)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for mStateSettleEvicted.Get()-evicted < n-8 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d settlements counted as evicted, want %d (%d kept for 8 places)", mStateSettleEvicted.Get()-evicted, n-8, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	px.restore()
+	h := rs.client(t)
+	hk := o.RedisPrefix + "{u:alice}"
+	want := []any{"12", strconv.Itoa((8*12 + (n-8)*20) * 1000)} // the evicted keep their estimates
+	deadline = time.Now().Add(3 * time.Second)
+	for {
+		v, _ := h.HMGet(context.Background(), hk, "w1r", "w1k").Result()
+		if len(v) == 2 && v[0] == want[0] && v[1] == want[1] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the day's requests and milli-tokens %v, want %v (8 settlements landed, 4 evicted)", v, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := mStateSettleEvicted.Get() - evicted; got != n-8 {
+		t.Fatalf("%d settlements counted as evicted, want %d", got, n-8)
+	}
+}

@@ -312,14 +312,14 @@ func TestRedisASettlementIsNotSentAgainOnceItsMarkMayHaveExpired(t *testing.T) {
 	tk := admitOK(t, g, u, Request{PromptTokens: 10, MaxTokens: 10}) // an estimate of 20
 	idle(t, g)
 	tk.FirstToken()
-	dropped := mStateSettleDropped.Get()
+	dropped := mStateSettleExpired.Get()
 	start := time.Now()
 	sent := 0
 	px.arm(cutBefore)
 	tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 2})
 	// Every copy is cut before Redis reads it (the router's loop sends
 	// them again without traffic), until the settlement is dropped.
-	for mStateSettleDropped.Get() == dropped {
+	for mStateSettleExpired.Get() == dropped {
 		select {
 		case <-px.fired:
 			sent++
