@@ -29,7 +29,14 @@ func TestRedisSlotsAndSeatsInFlightCountAgainAfterRedisLostThem(t *testing.T) {
 	rs.stop()
 	rs.start() // empty: the slot and the seat are gone
 	waitFor(t, func() bool { return g2.rds.c.Ping(context.Background()).Err() == nil })
-	time.Sleep(o.LeaseTTL) // three renewals of g1's leases
+	// g1's next renewals add them back (every 200 ms; under load, a
+	// renewal on a connection the restart closed fails and the next one
+	// lands later: waiting one lease TTL flaked with -race on a loaded machine).
+	h := rs.client(t)
+	waitFor(t, func() bool {
+		bg := context.Background()
+		return h.ZCard(bg, o.RedisPrefix+"{u:alice}:seats").Val() == 1 && h.ZCard(bg, o.RedisPrefix+"{rl}:i:w1:overall").Val() == 1
+	})
 	admitRejected(t, g2, u2, Request{}, CodeConcurrencyUser)
 	acquireRejected(t, g2, []Target{w1}, PhaseMixed, CodeConcurrencyOverall)
 
