@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -134,7 +135,7 @@ func (s *redisServer) url() string { return "redis://127.0.0.1:" + strconv.Itoa(
 func (s *redisServer) start() {
 	s.t.Helper()
 	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--protected-mode", "no")
+		"--save", "", "--appendonly", "no", "--dir", s.dir, "--protected-mode", "no", "--logfile", filepath.Join(s.dir, "redis.log"))
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // no orphan if the test binary dies
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
@@ -150,7 +151,8 @@ func (s *redisServer) start() {
 			return
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatalf("redis-server did not answer: %v", err)
+			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log")) // a failed bind, ...
+			s.t.Fatalf("redis-server did not answer: %v; its log:\n%s", err, log)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
