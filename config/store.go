@@ -344,15 +344,50 @@ func MarshalFileWith(c *Config, codec SecretCodec) ([]byte, error) {
 // appendIndent appends valid JSON src, with no white space after its
 // value, indented as json.Indent(dst, src, "", "  ") indents it.
 func appendIndent(dst, src []byte) []byte {
+	w := indenter{dst: dst}
+	w.indent(src)
+	return w.dst
+}
+
+// indentedLen is len(appendIndent(nil, src)).
+func indentedLen(src []byte) int {
+	w := indenter{count: true}
+	w.indent(src)
+	return w.n
+}
+
+// indenter writes src indented (into dst), or only counts the bytes it
+// would write (count: into n), so the size and the bytes come from one
+// walk of the JSON.
+type indenter struct {
+	dst   []byte
+	n     int
+	count bool
+}
+
+func (w *indenter) put(b ...byte) {
+	if w.count {
+		w.n += len(b)
+		return
+	}
+	w.dst = append(w.dst, b...)
+}
+
+func (w *indenter) newline(depth int) {
+	if w.count {
+		w.n += 1 + 2*depth
+		return
+	}
+	w.dst = append(w.dst, '\n')
+	for range depth {
+		w.dst = append(w.dst, ' ', ' ')
+	}
+}
+
+func (w *indenter) indent(src []byte) {
 	depth := 0
 	open := false // after '{' or '[': an empty one stays {} or []
 	inString, escaped := false, false
-	newline := func() {
-		dst = append(dst, '\n')
-		for range depth {
-			dst = append(dst, ' ', ' ')
-		}
-	}
 	for _, c := range src {
 		if !inString && (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
 			continue // as json.Indent, which takes any valid JSON
@@ -360,7 +395,7 @@ func appendIndent(dst, src []byte) []byte {
 		if open && c != '}' && c != ']' {
 			open = false
 			depth++
-			newline()
+			w.newline(depth)
 		}
 		switch {
 		case escaped:
@@ -373,64 +408,22 @@ func appendIndent(dst, src []byte) []byte {
 		case c == '{' || c == '[':
 			open = true
 		case c == ',':
-			dst = append(dst, c)
-			newline()
+			w.put(c)
+			w.newline(depth)
 			continue
 		case c == ':':
-			dst = append(dst, c, ' ')
+			w.put(c, ' ')
 			continue
 		case c == '}' || c == ']':
 			if open {
 				open = false
 			} else {
 				depth--
-				newline()
+				w.newline(depth)
 			}
 		}
-		dst = append(dst, c)
+		w.put(c)
 	}
-	return dst
-}
-
-// indentedLen is len(appendIndent(nil, src)).
-func indentedLen(src []byte) int {
-	n, depth := len(src), 0
-	open := false
-	inString, escaped := false, false
-	for _, c := range src {
-		if !inString && (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
-			n--
-			continue
-		}
-		if open && c != '}' && c != ']' {
-			open = false
-			depth++
-			n += 1 + 2*depth
-		}
-		switch {
-		case escaped:
-			escaped = false
-		case inString:
-			escaped = c == '\\'
-			inString = c != '"'
-		case c == '"':
-			inString = true
-		case c == '{' || c == '[':
-			open = true
-		case c == ',':
-			n += 1 + 2*depth
-		case c == ':':
-			n++
-		case c == '}' || c == ']':
-			if open {
-				open = false
-			} else {
-				depth--
-				n += 1 + 2*depth
-			}
-		}
-	}
-	return n
 }
 
 var (
