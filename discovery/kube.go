@@ -164,7 +164,10 @@ var errOverdueWatch = errors.New("watch overdue")
 const shortWatch = time.Second
 
 // errWatchThrottled is a watch the API server refused with 429 Too Many
-// Requests (API Priority and Fairness shedding load).
+// Requests (API Priority and Fairness shedding load), or ended with an
+// ERROR event saying it is shedding load or timed out (429 or reason
+// TooManyRequests, 504 ServerTimeout, 500 InternalError): asked again
+// from the same resource version after a delay, not relisted.
 var errWatchThrottled = errors.New("watch throttled")
 
 // errWatchForbidden is a watch the API server refused with 403 (RBAC
@@ -242,7 +245,8 @@ func (w *KubeWatcher) loop(ctx context.Context) {
 			sleep(ctx, delay)
 		case errors.Is(err, errWatchThrottled):
 			// Asked again from rv after a growing delay, as client-go
-			// does: a relist is the load the server asked to shed.
+			// does (a 429 or an internal error, answered or as an ERROR
+			// event): a relist is the load the server asked to shed.
 			w.st.log.Warn("kubernetes discovery: the API server throttled the watch; retrying it with a delay", "err", err)
 			delay = backoff(delay, 10*time.Second)
 			sleep(ctx, delay)
@@ -533,8 +537,15 @@ func (w *KubeWatcher) apply(ev *kubeEvent) error {
 		if err := json.Unmarshal(ev.Object, &st); err != nil {
 			return fmt.Errorf("watch error event: %w", err)
 		}
-		if st.Code == http.StatusGone {
+		switch {
+		case st.Code == http.StatusGone:
 			return fmt.Errorf("%w: %s", errGone, st.Message)
+		case st.Code == http.StatusTooManyRequests || st.Reason == "TooManyRequests" ||
+			st.Reason == "ServerTimeout" || st.Reason == "InternalError" ||
+			st.Code == http.StatusInternalServerError || st.Code == http.StatusGatewayTimeout:
+			// An API server shedding load or timing out ends the watch
+			// with one of these: the resource version is still good.
+			return fmt.Errorf("%w: watch error event %d %s: %s", errWatchThrottled, st.Code, st.Reason, st.Message)
 		}
 		return fmt.Errorf("watch error %d %s: %s", st.Code, st.Reason, st.Message)
 	case "ADDED", "MODIFIED", "DELETED", "BOOKMARK":

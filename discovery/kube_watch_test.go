@@ -416,3 +416,60 @@ func TestKubeAWatchAnswered429IsRetriedWithoutARelist(t *testing.T) {
 	f.set(pod("p2", "w2"), false)
 	waitFor(t, 5*time.Second, "w2 seen by the watch", func() bool { _, ok := sink.get("w2"); return ok })
 }
+
+// An API server shedding load may end an open watch with an ERROR event
+// (a Status: 429 TooManyRequests, 504 ServerTimeout, 500 InternalError)
+// rather than refuse the request: the watch is asked again from the same
+// resource version after a growing delay, as client-go's reflector does
+// (it relists only on 410 Gone); each such event relisted every Pod.
+func TestKubeAWatchEndedByAThrottlingErrorEventIsRetriedWithoutARelist(t *testing.T) {
+	f := newFakeKube("tok")
+	statuses := []struct {
+		code   int
+		reason string
+	}{{429, "TooManyRequests"}, {504, "ServerTimeout"}, {500, "InternalError"}}
+	var shed atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("watch") != "" {
+			if i := shed.Add(1) - 1; i < int64(len(statuses)) {
+				st := statuses[i]
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(200)
+				fmt.Fprintf(w, `{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":%q}}}`+"\n", r.URL.Query().Get("resourceVersion"))
+				fmt.Fprintf(w, `{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","status":"Failure","code":%d,"reason":%q,"message":"too many requests, please try again later"}}`+"\n", st.code, st.reason)
+				return
+			}
+		}
+		f.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	pod := func(name, id string) podSpec {
+		return podSpec{ns: "infera", name: name, labels: workerLabels, phase: "Running", ready: true, ann: strp(recJSON(id))}
+	}
+	f.set(pod("p1", "w1"), false)
+	sink := newMemSink()
+	w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "tok"}, KubeWatcherConfig{Namespace: "infera"}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	waitFor(t, 10*time.Second, "a watch past the error events", func() bool { return f.watches.Load() == 1 })
+	if d := time.Since(start); d < 1200*time.Millisecond { // 0.2 + 0.4 + 0.8 s
+		t.Fatalf("three error events retried within %v: no growing delay", d.Round(time.Millisecond))
+	}
+	if n := f.lists.Load(); n != 1 {
+		t.Fatalf("%d lists: an error event relisted", n)
+	}
+	if ok, d := w.Health(); !ok {
+		t.Fatalf("health %q: the API answered", d)
+	}
+	f.set(pod("p2", "w2"), false)
+	waitFor(t, 5*time.Second, "w2 seen by the watch", func() bool { _, ok := sink.get("w2"); return ok })
+}
