@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/infera/infera/fleet"
@@ -170,6 +171,10 @@ const shortWatch = time.Second
 // from the same resource version after a delay, not relisted.
 var errWatchThrottled = errors.New("watch throttled")
 
+// errWatchRefused is a watch request whose connection was refused: the
+// API server is restarting, or not up yet.
+var errWatchRefused = errors.New("watch refused")
+
 // errWatchForbidden is a watch the API server refused with 403 (RBAC
 // grants list but not watch).
 var errWatchForbidden = errors.New("watch forbidden")
@@ -248,6 +253,16 @@ func (w *KubeWatcher) loop(ctx context.Context) {
 			// does (a 429 or an internal error, answered or as an ERROR
 			// event): a relist is the load the server asked to shed.
 			w.st.log.Warn("kubernetes discovery: the API server throttled the watch; retrying it with a delay", "err", err)
+			delay = backoff(delay, 10*time.Second)
+			sleep(ctx, delay)
+		case errors.Is(err, errWatchRefused):
+			// The API server is down or restarting: asked again from
+			// rv after a growing delay, as client-go does; a relist
+			// from every router is what a server just back up needs
+			// least, and its history since rv is usually still there
+			// (else the watch is answered 410, which relists). Health
+			// says the API is unreachable until it answers.
+			w.st.log.Warn("kubernetes discovery: the API server refused the watch's connection; retrying it with a delay", "err", err)
 			delay = backoff(delay, 10*time.Second)
 			sleep(ctx, delay)
 		case errors.Is(err, errWatchForbidden):
@@ -495,6 +510,9 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 			return overdueErr()
 		}
 		w.setHealth(false, err)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return fmt.Errorf("%w: cannot watch pods: %w", errWatchRefused, err)
+		}
 		return fmt.Errorf("cannot watch pods: %w", err)
 	}
 	defer resp.Body.Close()
@@ -513,7 +531,15 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 	for events := 0; ; events++ {
 		var ev kubeEvent
 		if err := dec.Decode(&ev); err != nil {
-			if errors.Is(err, io.EOF) {
+			// A stream cut mid-way (the API server restarting, a
+			// proxy closing it: io.ErrUnexpectedEOF, a reset) ended
+			// the watch as an end of stream does, the events read so
+			// far applied: it is resumed from rv, as client-go's
+			// stream watcher takes a probable EOF for the watch's end.
+			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+				if ctx.Err() == nil && overdue.Load() {
+					return overdueErr()
+				}
 				if events == 0 && time.Since(began) < shortWatch {
 					return errShortWatch
 				}

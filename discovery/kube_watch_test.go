@@ -473,3 +473,61 @@ func TestKubeAWatchEndedByAThrottlingErrorEventIsRetriedWithoutARelist(t *testin
 	f.set(pod("p2", "w2"), false)
 	waitFor(t, 5*time.Second, "w2 seen by the watch", func() bool { _, ok := sink.get("w2"); return ok })
 }
+
+// An API server restarting breaks the open watch and refuses connections
+// for a while: the watch is asked again from the last resource version
+// after a growing delay, as client-go's reflector does for "connection
+// refused" (it relists only on 410 Gone or an unknown resource version),
+// and the changes made meanwhile come from the server's history. It
+// relisted: a full Pod list from every router at once against an API
+// server just back up.
+func TestKubeAWatchOfARestartingAPIServerResumesFromItsResourceVersion(t *testing.T) {
+	f := newFakeKube("tok")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	serve := func(ln net.Listener) *http.Server {
+		s := &http.Server{Handler: f}
+		go s.Serve(ln)
+		return s
+	}
+	s := serve(ln)
+	defer func() { s.Close() }()
+	pod := func(name, id string) podSpec {
+		return podSpec{ns: "infera", name: name, labels: workerLabels, phase: "Running", ready: true, ann: strp(recJSON(id))}
+	}
+	f.set(pod("p1", "w1"), false)
+	sink := newMemSink()
+	w, err := NewKubeWatcher(&KubeConfig{Server: "http://" + addr, Token: "tok"}, KubeWatcherConfig{Namespace: "infera"}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Second, "the watch", func() bool { return f.watches.Load() == 1 })
+
+	s.Close() // the API server goes down: its watch broken, connections refused
+	waitFor(t, 2*time.Second, "health saying the API is unreachable", func() bool { ok, _ := w.Health(); return !ok })
+	f.set(pod("p2", "w2"), false) // changed while it is down
+	time.Sleep(700 * time.Millisecond)
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("cannot listen on %s again: %v", addr, err)
+	}
+	s = serve(ln)
+	waitFor(t, 5*time.Second, "healthy once the API server is back", func() bool { ok, _ := w.Health(); return ok })
+	waitFor(t, 5*time.Second, "the change made while down, seen by the resumed watch", func() bool { _, ok := sink.get("w2"); return ok })
+	if n := f.lists.Load(); n != 1 {
+		t.Fatalf("%d lists: the restart relisted", n)
+	}
+	if f.watches.Load() < 2 {
+		t.Fatalf("%d watches", f.watches.Load())
+	}
+}
