@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strings"
@@ -30,17 +31,28 @@ type KubeWatcherConfig struct {
 	LabelSelector string
 	// Annotation holds the record; default DefaultAnnotation.
 	Annotation string
-	// WatchTimeout is the server-side timeout of one watch request
+	// WatchTimeout is the least server-side timeout of one watch request
 	// (timeoutSeconds: the API server ends the watch then, and it is
-	// resumed from the last resource version); default 5m. A watch still
-	// open WatchTimeout and a tenth more (at least a second) after it
-	// began is cut: its API server stopped answering with the connection
-	// left up. A quiet watch is never cut before: an API server sends
-	// bookmarks at its discretion, and one with its watch cache off sends
-	// none.
+	// resumed from the last resource version); default 5m. Each watch
+	// asks for one drawn at random in [WatchTimeout, 2*WatchTimeout), in
+	// whole seconds (at least one), as client-go's reflector draws it, so
+	// that routers started together do not re-watch at the same moments.
+	// A watch still open its timeout and a tenth more (at least a
+	// second) after it began is cut: its API server stopped answering
+	// with the connection left up. A quiet watch is never cut before: an
+	// API server sends bookmarks at its discretion, and one with its
+	// watch cache off sends none.
 	WatchTimeout time.Duration
 	// RequestTimeout bounds a list; default 30s.
 	RequestTimeout time.Duration
+}
+
+// watchTimeout draws the server-side timeout of one watch in [least,
+// 2*least), in whole seconds and at least one, as client-go's reflector
+// does (minWatchTimeout * (1 + rand)).
+func watchTimeout(least time.Duration) time.Duration {
+	t := time.Duration(float64(least) * (1 + rand.Float64()))
+	return max(t.Truncate(time.Second), time.Second)
 }
 
 // watchBound is how long a watch of server-side timeout t may stay open
@@ -475,7 +487,8 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 	q.Set("watch", "1")
 	q.Set("resourceVersion", w.rv)
 	q.Set("allowWatchBookmarks", "true")
-	q.Set("timeoutSeconds", fmt.Sprint(int(w.cfg.WatchTimeout/time.Second)))
+	timeout := watchTimeout(w.cfg.WatchTimeout)
+	q.Set("timeoutSeconds", fmt.Sprint(int(timeout/time.Second)))
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// The API server ends the watch after timeoutSeconds, whether events
@@ -487,12 +500,12 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 	// its watch cache off, whose quiet watches were cut every 90 s and
 	// reported as an unreachable API. A dead peer is noticed sooner by
 	// the connection's TCP keepalive (kubeconfig.go).
-	bound := watchBound(w.cfg.WatchTimeout)
+	bound := watchBound(timeout)
 	var overdue atomic.Bool
 	dog := time.AfterFunc(bound, func() { overdue.Store(true); cancel() })
 	defer dog.Stop()
 	overdueErr := func() error {
-		return fmt.Errorf("%w: still open %s after it began, past its server-side timeout of %s: the API server stopped answering", errOverdueWatch, bound, w.cfg.WatchTimeout)
+		return fmt.Errorf("%w: still open %s after it began, past its server-side timeout of %s: the API server stopped answering", errOverdueWatch, bound, timeout)
 	}
 	req, err := http.NewRequestWithContext(wctx, http.MethodGet, w.podsURL(q), nil)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -529,5 +530,52 @@ func TestKubeAWatchOfARestartingAPIServerResumesFromItsResourceVersion(t *testin
 	}
 	if f.watches.Load() < 2 {
 		t.Fatalf("%d watches", f.watches.Load())
+	}
+}
+
+// Each watch asks for a server-side timeout drawn in [5 min, 10 min), as
+// client-go's reflector draws it (minWatchTimeout * (1 + rand)): with a
+// fixed 300 s, routers started together ended and re-watched at the same
+// moments, every 5 minutes, for good.
+func TestKubeEachWatchAsksARandomTimeoutOf5To10Minutes(t *testing.T) {
+	var mu sync.Mutex
+	var asked []int
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		q := r.URL.Query()
+		if q.Get("watch") == "" {
+			fmt.Fprint(w, `{"kind":"PodList","metadata":{"resourceVersion":"7"},"items":[]}`)
+			return
+		}
+		n, err := strconv.Atoi(q.Get("timeoutSeconds"))
+		if err != nil {
+			n = -1
+		}
+		mu.Lock()
+		asked = append(asked, n)
+		mu.Unlock()
+		// One bookmark, then the end: resumed at once.
+		fmt.Fprint(w, `{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"7"}}}`+"\n")
+	}))
+	defer srv.Close()
+	w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "t"}, KubeWatcherConfig{Namespace: "ns"}, newMemSink())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Close()
+	waitFor(t, 5*time.Second, "20 watches", func() bool { mu.Lock(); defer mu.Unlock(); return len(asked) >= 20 })
+	w.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	seen := map[int]bool{}
+	for _, n := range asked {
+		if n < 300 || n >= 600 {
+			t.Fatalf("timeoutSeconds=%d asked, want [300, 600): %v", n, asked)
+		}
+		seen[n] = true
+	}
+	if len(seen) < 2 {
+		t.Fatalf("%d watches all asked timeoutSeconds=%d", len(asked), asked[0])
 	}
 }
