@@ -462,6 +462,17 @@ func (w *KubeWatcher) podWithID(id string) (string, fleet.Record, bool) {
 	return "", fleet.Record{}, false
 }
 
+// heldByAnother reports whether a routed Pod other than key holds id:
+// the sink holds its record for id.
+func (w *KubeWatcher) heldByAnother(id, key string) bool {
+	k, ok := w.owner[id]
+	if !ok || k == key {
+		return false
+	}
+	r, routed := w.byPod[k]
+	return routed && r.ID == id
+}
+
 // setOwner records that the sink holds key's record for id.
 func (w *KubeWatcher) setOwner(id, key string) {
 	if w.owner == nil {
@@ -630,7 +641,13 @@ func (w *KubeWatcher) apply(ev *kubeEvent) error {
 			delete(w.owner, old.ID)
 		}
 	}
-	if routable {
+	if routable && w.heldByAnother(rec.ID, key) {
+		// Another routed Pod holds the id: it keeps the worker until
+		// it goes away, and this Pod stands by (its record kept, handed
+		// over then). Any change to this Pod, or a new Pod of the id,
+		// took the worker over, made anew each time.
+		w.byPod[key] = rec
+	} else if routable {
 		if err := w.sink.Upsert(rec); err != nil {
 			w.st.badRecord(key, err)
 		} else {

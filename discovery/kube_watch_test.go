@@ -579,3 +579,80 @@ func TestKubeEachWatchAsksARandomTimeoutOf5To10Minutes(t *testing.T) {
 		t.Fatalf("%d watches all asked timeoutSeconds=%d", len(asked), asked[0])
 	}
 }
+
+// Two Ready Pods advertising one worker id (a rollout with a fixed --id, a
+// copied manifest): the worker stays with the Pod that holds it until that
+// Pod goes away (deleted, not Ready, terminating, its id changed), then
+// passes to another Pod of the id. Any change to the other Pod (a
+// MODIFIED event: a label, a condition, its record) or a third Pod of the
+// id (ADDED) switched the worker to it, made anew: its KV entries,
+// breaker and counters reset, its engine changed, each time.
+func TestKubeAWorkerIDSharedByTwoPodsStaysWithThePodHoldingIt(t *testing.T) {
+	f := newFakeKube("tok")
+	srv := startFakeKube(t, f)
+	pod := func(name, ip string) podSpec {
+		return podSpec{ns: "infera", name: name, labels: workerLabels, phase: "Running", ready: true,
+			ann: strp(fmt.Sprintf(`{"id":"w","url":"http://%s:8100","models":["m"],"status":"ACTIVE"}`, ip))}
+	}
+	ips := map[string]string{"p1": "10.0.0.1", "p2": "10.0.0.2", "p3": "10.0.0.3"}
+	f.set(pod("p1", ips["p1"]), false)
+	f.set(pod("p2", ips["p2"]), false)
+	fl := fleet.NewFleet(fleet.BreakerConfig{})
+	defer fl.Close()
+	w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "tok"}, KubeWatcherConfig{Namespace: "infera"}, fl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Start()
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w0 := fl.Get("w")
+	if w0 == nil {
+		t.Fatal("no worker w after the list")
+	}
+	holder, other := "p1", "p2"
+	if w0.URL == "http://"+ips["p2"]+":8100" {
+		holder, other = "p2", "p1"
+	}
+	waitFor(t, 2*time.Second, "the watch", func() bool { return f.watches.Load() == 1 })
+	// stays checks, once the watch has seen everything (a sentinel Pod
+	// added after it: events come in order), that w is still w0.
+	sentinels := 0
+	stays := func(what string) {
+		t.Helper()
+		sentinels++
+		id := fmt.Sprintf("s%d", sentinels)
+		f.set(podSpec{ns: "infera", name: id, labels: workerLabels, phase: "Running", ready: true,
+			ann: strp(fmt.Sprintf(`{"id":%q,"url":"http://10.0.1.%d:8100","models":["m"],"status":"ACTIVE"}`, id, sentinels))}, false)
+		waitFor(t, 2*time.Second, what+": seen by the watch", func() bool { return fl.Get(id) != nil })
+		if got := fl.Get("w"); got != w0 {
+			url := "none"
+			if got != nil {
+				url = got.URL
+			}
+			t.Fatalf("%s: worker w switched to %s (was %s, %s's)", what, url, w0.URL, holder)
+		}
+	}
+	// The other Pod changes: a label, then Ready flapping.
+	o := pod(other, ips[other])
+	o.labels = map[string]string{"app": "infera", "tier": "worker", "rev": "2"}
+	f.set(o, false)
+	stays("the other Pod relabelled")
+	o.ready = false
+	f.set(o, false)
+	o.ready = true
+	f.set(o, false)
+	stays("the other Pod Ready again")
+	f.set(pod("p3", ips["p3"]), false)
+	stays("a third Pod of the id added")
+	// The holder goes away: the worker passes to another Pod of the id.
+	f.del("infera", holder)
+	waitFor(t, 2*time.Second, "w on another Pod once its holder is deleted", func() bool {
+		got := fl.Get("w")
+		return got != nil && got.URL != w0.URL
+	})
+}
