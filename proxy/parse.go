@@ -28,7 +28,11 @@ type reqBody struct {
 	// includeUsage: the body's stream_options asks for streaming usage,
 	// as vLLM reads it.
 	includeUsage bool
-	maxTokens    int // -1 when absent
+	// continuousUsage: its stream_options asks for the usage so far on
+	// every chunk (vLLM's continuous_usage_stats, the last copy, read as
+	// vLLM reads a bool). The router never asks for it itself.
+	continuousUsage bool
+	maxTokens       int // -1 when absent
 	// choices is how many completions the engine generates per prompt: the
 	// larger of n and best_of (1 when absent or not a positive integer:
 	// the engine refuses those); prompts is how many prompts a completion
@@ -317,11 +321,13 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			// The last one counts, as the engine reads it; its
 			// include_usage defaults to true (vLLM's StreamOptions), its
 			// last copy counts.
-			b.streamOpts, b.includeUsage = true, v[0] == '{'
+			b.streamOpts, b.includeUsage, b.continuousUsage = true, v[0] == '{', false
 			if v[0] == '{' {
 				forEachField(d, vs, func(k []byte, s, e int) error {
 					if string(k) == "include_usage" {
 						b.includeUsage = jsonscan.LaxBool(d[s:e]) == 't'
+					} else if string(k) == "continuous_usage_stats" {
+						b.continuousUsage = jsonscan.LaxBool(d[s:e]) == 't'
 					} else if foldedKey(k) != nil && perr == nil {
 						perr = caseVariantKey(k)
 					}

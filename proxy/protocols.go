@@ -950,6 +950,7 @@ func (rs *reqState) scanUsage(b []byte) {
 	}
 	if rs.proto.mode != protoPassthrough {
 		rs.usage.lines = rs.sreq.Stream // a stream's usage chunk is told by its line (judge)
+		rs.usage.once = !rs.parsed.continuousUsage
 		rs.usage.scan(b)
 		return
 	}

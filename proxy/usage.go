@@ -45,6 +45,12 @@ type usage struct {
 	// its event line names choices. lines: the answer is judged (a
 	// stream request's, rs.scanUsage).
 	lines bool
+	// once: the request did not ask for continuous usage (vLLM's
+	// continuous_usage_stats), so the engine sends its usage once, at the
+	// stream's end: any whole usage object is final, also on a chunk with
+	// choices (SGLang before its choices:[] usage chunk, TGI and other
+	// OpenAI-compatible engines put it on the chunk with finish_reason).
+	once bool
 	// hit: the last scan read a whole usage object with numbers, its key
 	// at hitKey and its end at hitEnd in the read scanned (a key at a
 	// negative offset began in the carry, at the end of the read before);
@@ -252,8 +258,9 @@ func intAfter(b, key []byte) (int, bool) {
 // the usage chunk it ends the stream with, whose choices are empty (vLLM,
 // SGLang, llama.cpp, OpenAI: "choices":[]), null or absent, as
 // protocol.UsageFilter takes it; a chunk with choices (vLLM's
-// continuous_usage_stats) tells the usage so far. The chunk's line may come
-// in parts: what its start said of choices is kept from the read before
+// continuous_usage_stats) tells the usage so far, when the request asked
+// for it; else (once) the engine sends no usage but its final count,
+// whatever its chunk holds. The chunk's line may come in parts: what its start said of choices is kept from the read before
 // (lch), and a usage object that no choices preceded waits for its line's
 // end (pend). It allocates nothing.
 func (u *usage) judge(b []byte) {
@@ -265,7 +272,11 @@ func (u *usage) judge(b []byte) {
 	}
 	if u.hit {
 		u.hit = false
-		u.judgeHit(b)
+		if u.once {
+			u.final = true
+		} else {
+			u.judgeHit(b)
+		}
 	}
 	// The line b ends in, for the next read.
 	rest := b

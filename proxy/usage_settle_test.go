@@ -24,6 +24,9 @@ const (
 	chatMore  = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"},\"finish_reason\":null}]}\n\n"
 	chatStop  = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n"
 	chatUsage = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"total_tokens\":14,\"completion_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\n"
+	// The usage on the chunk with finish_reason, as OpenAI-compatible
+	// engines other than vLLM and SGLang may send it.
+	chatStopUsage = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":11,\"total_tokens\":14,\"completion_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\n"
 	// vLLM's continuous_usage_stats: the usage so far on every chunk.
 	chatTextSoFar = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hi\"},\"finish_reason\":null}],\"usage\":{\"prompt_tokens\":11,\"total_tokens\":12,\"completion_tokens\":1}}\n\n"
 	chatMoreSoFar = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"},\"finish_reason\":null}],\"usage\":{\"prompt_tokens\":11,\"total_tokens\":13,\"completion_tokens\":2}}\n\n"
@@ -100,6 +103,14 @@ func TestAClientLeavingAfterTheFinalUsageIsChargedThatUsage(t *testing.T) {
 		{"chat: continuous usage, left before the usage chunk", "/v1/chat/completions",
 			strings.Replace(chatReq, `"include_usage":true`, `"include_usage":true,"continuous_usage_stats":true`, 1), ``, sseHead,
 			chatTextSoFar, []string{chatMoreSoFar, chatStop + chatUsage + sseDone}, `"completion_tokens":1`, false},
+		{"chat: the usage on the finish_reason chunk read, left before [DONE]", "/v1/chat/completions", chatReq, ``, sseHead,
+			chatText + chatStopUsage, []string{sseDone}, `"completion_tokens":3`, true},
+		{"chat: the router asked for usage, left, then the finish_reason chunk's write failed", "/v1/chat/completions",
+			strings.Replace(chatReq, `"stream_options":{"include_usage":true},`, "", 1), ``, sseHead,
+			chatText, []string{chatStopUsage, sseDone}, `"content":"Hi"`, true},
+		{"chat: continuous usage, the finish_reason chunk's usage so far read, left before [DONE]", "/v1/chat/completions",
+			strings.Replace(chatReq, `"include_usage":true`, `"include_usage":true,"continuous_usage_stats":true`, 1), ``, sseHead,
+			chatTextSoFar + chatStopUsage, []string{sseDone}, `"completion_tokens":3`, false},
 		{"completions: the usage chunk read, left before [DONE]", "/v1/completions",
 			`{"model":"m","max_tokens":1000,"stream":true,"stream_options":{"include_usage":true},"prompt":"hello"}`, ``, sseHead,
 			complText + complUsage, []string{sseDone}, `"completion_tokens":3`, true},

@@ -29,25 +29,30 @@ func TestAStreamsUsageIsSettledFromItsFinalUsageChunkOn(t *testing.T) {
 		name   string
 		stream string
 		// the stream is settled from the end of the first occurrence of
-		// this on
+		// this on (never when empty)
 		from string
+		// once: the request did not ask for continuous usage
+		once bool
 	}{
-		{"include_usage", text("a", "") + text(`the \"choices\":[] of it`, "") + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", final},
-		{"null usage on every chunk (OpenAI)", text("a", `,"usage":null`) + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", final},
-		{"continuous usage", text("a", soFar(1)) + text("b", soFar(2)) + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", final},
-		{"continuous usage, choices spaced", strings.ReplaceAll(text("a", soFar(1))+head+`"choices" : [ ],`+final+"}\n\n", `"choices":[{`, `"choices": [ {`), final},
-		{"null choices", text("a", soFar(1)) + head + `"choices":null,` + final + "}\n\n", final},
-		{"usage before choices", text("a", soFar(1)) + head + final + `,"choices":[]}` + "\n\ndata: [DONE]\n\n", final + `,"choices":[]}` + "\n"},
-		{"no choices key", text("a", soFar(1)) + "data: {" + final + "}\r\n\r\ndata: [DONE]\r\n\r\n", final + "}\r"},
+		{"include_usage", text("a", "") + text(`the \"choices\":[] of it`, "") + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", final, false},
+		{"null usage on every chunk (OpenAI)", text("a", `,"usage":null`) + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", final, false},
+		{"continuous usage", text("a", soFar(1)) + text("b", soFar(2)) + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", final, false},
+		{"continuous usage, choices spaced", strings.ReplaceAll(text("a", soFar(1))+head+`"choices" : [ ],`+final+"}\n\n", `"choices":[{`, `"choices": [ {`), final, false},
+		{"null choices", text("a", soFar(1)) + head + `"choices":null,` + final + "}\n\n", final, false},
+		{"usage before choices", text("a", soFar(1)) + head + final + `,"choices":[]}` + "\n\ndata: [DONE]\n\n", final + `,"choices":[]}` + "\n", false},
+		{"no choices key", text("a", soFar(1)) + "data: {" + final + "}\r\n\r\ndata: [DONE]\r\n\r\n", final + "}\r", false},
+		{name: "no continuous usage asked: the usage on the finish_reason chunk", stream: text("a", "") + head + `"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],` + final + "}\n\ndata: [DONE]\n\n", from: final, once: true},
+		{name: "no continuous usage asked: the usage before the finish_reason chunk's choices", stream: text("a", `,"usage":null`) + head + final + `,"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\ndata: [DONE]\n\n", from: final, once: true},
+		{name: "continuous usage: the usage so far on the finish_reason chunk", stream: text("a", soFar(1)) + head + `"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],` + strings.TrimPrefix(soFar(2), ",") + "}\n\ndata: [DONE]\n\n"},
 		{"legacy completions", "data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"a\",\"finish_reason\":\"length\"}]}\n\n" +
-			"data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[]," + final + "}\n\ndata: [DONE]\n\n", final},
+			"data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[]," + final + "}\n\ndata: [DONE]\n\n", final, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := []byte(tc.stream)
 			from := strings.Index(tc.stream, tc.from) + len(tc.from)
 			check := func(u *usage, read int, how string) {
 				t.Helper()
-				want := read >= from
+				want := tc.from != "" && read >= from
 				if got := u.settled(true); got != want {
 					t.Fatalf("%s: %d of %d bytes read (settled from %d on): settled %v, want %v (%+v)", how, read, len(b), from, got, want, *u)
 				}
@@ -62,7 +67,7 @@ func TestAStreamsUsageIsSettledFromItsFinalUsageChunkOn(t *testing.T) {
 					if raceEnabled && j > i+40 && j < len(b) && (j-i)%8 != 0 {
 						continue
 					}
-					u := usage{lines: true}
+					u := usage{lines: true, once: tc.once}
 					u.scan(b[:i])
 					check(&u, i, fmt.Sprintf("cut at %d", i))
 					u.scan(b[i:j])
@@ -73,7 +78,7 @@ func TestAStreamsUsageIsSettledFromItsFinalUsageChunkOn(t *testing.T) {
 					}
 				}
 			}
-			u := usage{lines: true}
+			u := usage{lines: true, once: tc.once}
 			for i := range b {
 				u.scan(b[i : i+1])
 				check(&u, i+1, "byte by byte")
