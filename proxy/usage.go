@@ -29,8 +29,10 @@ type usage struct {
 	input protocol.AnthropicInput
 
 	// carry holds the end of the last chunk scanned when it cut a usage
-	// object (or its key): the next chunk is scanned joined to it.
-	carry  [usageCarry]byte
+	// object (or its key), up to usageCarry bytes: the next chunk is
+	// scanned joined to it, here (its second half is the join's room, so
+	// that no read allocates or copies a large buffer onto its stack).
+	carry  [2 * usageCarry]byte
 	ncarry int
 	// inStart: the last Anthropic event type named so far is
 	// message_start (parseProtocol), for a usage object whose event began
@@ -73,8 +75,10 @@ type usage struct {
 const choicesSpan = 32
 
 // usageCarry bounds the bytes carried over a read boundary: a usage object
-// (OpenAI's, vLLM's, SGLang's, with details) is 100-250 bytes.
-const usageCarry = 384
+// is 100-250 bytes compact (OpenAI's, vLLM's, SGLang's, with details), and
+// over 450 with every details field spaced as Python's json.dumps spaces
+// it; one longer than this is never read whole.
+const usageCarry = 1024
 
 var (
 	keyUsage      = []byte(`"usage"`)
@@ -97,12 +101,11 @@ func (u *usage) scanAPI(b []byte, api protocol.API) {
 		// The Anthropic event type b begins in: b is read again below,
 		// from its start, after this reading moved past it.
 		inStart := u.inStart
-		var w [2 * usageCarry]byte
-		n := copy(w[:], u.carry[:u.ncarry])
+		n := u.ncarry
 		u.off = -n
-		n += copy(w[n:], b)
+		n += copy(u.carry[n:], b)
 		u.ncarry = 0
-		u.parseAPI(w[:n], api)
+		u.parseAPI(u.carry[:n], api) // a carry it takes moves down in place
 		u.off = 0
 		if u.ncarry > 0 && len(b) <= usageCarry {
 			// Still cut, and b is all in the carry now.
@@ -135,9 +138,6 @@ func (u *usage) parse(b []byte) {
 	i := lastIndex(b, keyUsage)
 	if i >= 0 {
 		obj := b[i+len(keyUsage):]
-		if objectEnd(obj) < 0 && len(b)-i <= usageCarry {
-			u.ncarry = copy(u.carry[:], b[i:])
-		}
 		n, okPrompt := intAfter(obj, keyPrompt)
 		if okPrompt {
 			u.prompt, u.seen = n, true
@@ -165,7 +165,9 @@ func (u *usage) parse(b []byte) {
 				u.hitKey, u.hitEnd = u.off+i, u.off+i+len(keyUsage)+end
 			}
 		}
-		if u.ncarry > 0 {
+		if end < 0 && len(b)-i <= usageCarry {
+			// Cut: carried last, as b may be the carry itself (scanAPI).
+			u.ncarry = copy(u.carry[:], b[i:])
 			return
 		}
 	}

@@ -318,3 +318,51 @@ func TestAStreamBrokenAfterItsFinalUsageIsChargedThatUsage(t *testing.T) {
 		})
 	}
 }
+
+// An engine's final usage object longer than a short bound (every details
+// field, spaced: over 450 bytes), cut in two by the TCP segments the
+// engine sends, is read whole: the stream broken after it is charged that
+// usage, with the engine's numbers, wherever the cut falls. Past 384
+// bytes the router never read it whole and charged the estimate.
+func TestALongFinalUsageCutByAReadIsChargedThatUsage(t *testing.T) {
+	const chatReq = `{"model":"m","max_tokens":1000,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hello"}]}`
+	long := `"usage": {"prompt_tokens": 11, "total_tokens": 14, "completion_tokens": 3, ` +
+		`"prompt_tokens_details": {"cached_tokens": 4, "audio_tokens": 0, "text_tokens": 7, "image_tokens": 0, "video_tokens": 0}, ` +
+		`"completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0, "text_tokens": 3, "image_tokens": 0}, ` +
+		`"server_tool_use": {"web_search_requests": 0}, "cost_details": {"upstream_inference_cost": null}, "num_cached_tokens": 4}`
+	if len(long) < 450 {
+		t.Fatalf("the usage object has %d bytes", len(long))
+	}
+	usageChunk := "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[]," + long + "}\n\n"
+	at := strings.Index(usageChunk, `"usage"`)
+	for _, cut := range []int{at + 3, at + 40, at + 200, at + 390, at + 430, at + len(long) - 1} {
+		t.Run(fmt.Sprintf("cut %d bytes into the usage", cut-at), func(t *testing.T) {
+			up := startRaw(t, func(n int, req string, c net.Conn) {
+				sent := chatText + chatStop + usageChunk
+				cutAt := len(chatText) + len(chatStop) + cut
+				wire := fmt.Sprintf("%s%x\r\n%s\r\n", sseHead, len(sent), sent)
+				split := len(wire) - len(sent) - 2 + cutAt
+				c.(*net.TCPConn).SetNoDelay(true)
+				c.Write([]byte(wire[:split]))
+				time.Sleep(50 * time.Millisecond) // the router reads the first part alone
+				c.Write([]byte(wire[split:]))
+				time.Sleep(50 * time.Millisecond)
+				c.(*net.TCPConn).SetLinger(0)
+				c.Close() // a reset before data: [DONE]
+			})
+			sr := startSettleRouter(t, ``, up.url)
+			req, _ := http.NewRequest("POST", sr.r.url+"/v1/chat/completions", strings.NewReader(chatReq))
+			req.Header.Set("Authorization", "Bearer "+sr.key)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !strings.Contains(string(b), `"num_cached_tokens": 4}`) {
+				t.Fatalf("want the whole usage relayed: %d %q", resp.StatusCode, b)
+			}
+			sr.check(t, endUpstreamErr, true)
+		})
+	}
+}

@@ -44,6 +44,7 @@ func TestAStreamsUsageIsSettledFromItsFinalUsageChunkOn(t *testing.T) {
 		{name: "no continuous usage asked: the usage on the finish_reason chunk", stream: text("a", "") + head + `"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],` + final + "}\n\ndata: [DONE]\n\n", from: final, once: true},
 		{name: "no continuous usage asked: the usage before the finish_reason chunk's choices", stream: text("a", `,"usage":null`) + head + final + `,"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\ndata: [DONE]\n\n", from: final, once: true},
 		{name: "continuous usage: the usage so far on the finish_reason chunk", stream: text("a", soFar(1)) + head + `"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],` + strings.TrimPrefix(soFar(2), ",") + "}\n\ndata: [DONE]\n\n"},
+		{name: "a long usage object, every details field", stream: text("a", "") + head + `"choices":[],` + longUsage + "}\n\ndata: [DONE]\n\n", from: longUsage},
 		{"legacy completions", "data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"a\",\"finish_reason\":\"length\"}]}\n\n" +
 			"data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[]," + final + "}\n\ndata: [DONE]\n\n", final, false},
 	} {
@@ -84,6 +85,52 @@ func TestAStreamsUsageIsSettledFromItsFinalUsageChunkOn(t *testing.T) {
 				check(&u, i+1, "byte by byte")
 			}
 		})
+	}
+}
+
+// longUsage is a usage object of 1234 prompt tokens (89 cached) and 567
+// completion tokens with every details field OpenAI and the engines send,
+// spaced as Python's json.dumps spaces it: over 500 bytes.
+const longUsage = `"usage": {"prompt_tokens": 1234, "total_tokens": 1801, "completion_tokens": 567, ` +
+	`"prompt_tokens_details": {"cached_tokens": 89, "audio_tokens": 0, "text_tokens": 1145, "image_tokens": 0, "video_tokens": 0}, ` +
+	`"completion_tokens_details": {"reasoning_tokens": 412, "audio_tokens": 0, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0, "text_tokens": 155, "image_tokens": 0}, ` +
+	`"server_tool_use": {"web_search_requests": 0}, "cost_details": {"upstream_inference_cost": null}, "num_cached_tokens": 89}`
+
+// A usage object longer than any short bound, cut by a read boundary at
+// any position, is read whole: a non-streamed answer's is settled from its
+// closing brace on, with its numbers. Past the carry bound (384 bytes) it
+// was never read whole, so never settled.
+func TestALongUsageObjectCutAnywhereIsReadWhole(t *testing.T) {
+	if len(longUsage) < 500 {
+		t.Fatalf("the usage object has %d bytes", len(longUsage))
+	}
+	body := []byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],` + longUsage + `}`)
+	end := len(body) - 1
+	for i := 0; i <= len(body); i++ {
+		var u usage
+		u.scan(body[:i])
+		u.scan(body[i:])
+		if !u.settled(false) || u.prompt != 1234 || u.completion != 567 || u.cached != 89 {
+			t.Fatalf("a plain body cut at %d of %d: settled %v with %d %d %d", i, len(body), u.settled(false), u.prompt, u.completion, u.cached)
+		}
+		u = usage{}
+		u.scan(body[:i])
+		if got := u.settled(false); got != (i >= end) {
+			t.Fatalf("a plain body read up to %d of %d: settled %v", i, len(body), got)
+		}
+	}
+	// A Responses stream's terminal event, as long.
+	resp := []byte("event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\"," +
+		`"usage": {"input_tokens": 1234, "input_tokens_details": {"cached_tokens": 89, "audio_tokens": 0, "text_tokens": 1145, "image_tokens": 0, "video_tokens": 0}, ` +
+		`"output_tokens": 567, "output_tokens_details": {"reasoning_tokens": 412, "audio_tokens": 0, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0, "text_tokens": 155, "image_tokens": 0}, ` +
+		`"total_tokens": 1801, "server_tool_use": {"web_search_requests": 0}, "cost_details": {"upstream_inference_cost": null}}}}` + "\n\n")
+	for i := 0; i <= len(resp); i++ {
+		var u usage
+		u.scanProtocol(resp[:i], protocol.Responses)
+		u.scanProtocol(resp[i:], protocol.Responses)
+		if !u.settled(true) || u.prompt != 1234 || u.completion != 567 || u.cached != 89 {
+			t.Fatalf("a Responses stream cut at %d of %d: settled %v with %d %d %d", i, len(resp), u.settled(true), u.prompt, u.completion, u.cached)
+		}
 	}
 }
 
