@@ -104,6 +104,44 @@ func TestABackgroundResponseIsChargedItsEstimateAndTheQuotaRefusesMore(t *testin
 	}
 }
 
+// A background Response without max_output_tokens is estimated with the
+// output estimate of the user's template (rate.default_output_tokens) when
+// it sets one, as any request without max_tokens is: 3000 here, not the
+// router's default of 1024 (the template's larger estimate was ignored, so
+// a background create cost a third of a foreground one's reservation).
+func TestABackgroundResponseIsEstimatedWithItsTemplatesDefaultOutput(t *testing.T) {
+	s1, e1 := startEngine(t, "--speedup", "50", "--native-protocols")
+	key, hash := newKey(t)
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, fmt.Sprintf(`{"protocol":{"responses_passthrough":true},
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"rate": {"enabled": true, "default_output_tokens": 3000},
+			"quota": {"enabled": true, "windows": [{"period": "day", "max_tokens": 100000}]}}]},
+		"users": [{"name": "bg-carol", "keys": [%q]}]}`, hash))
+	_, r := startServe(t, "--workers", e1, "--config", cfg)
+	req, _ := http.NewRequest("POST", r+"/v1/responses", strings.NewReader(`{"model":"sim-model","input":"hello","background":true}`))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"queued"`) {
+		t.Fatalf("create: %d %s", resp.StatusCode, b)
+	}
+	for deadline := time.Now().Add(10 * time.Second); s1.Stats().Active != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the background generation does not end: %+v", s1.Stats())
+		}
+	}
+	const prompt = 40 // above the router's estimate of this small body's prompt
+	if c := metricF(t, r, `infera_user_quota_tokens_total{user="bg-carol"}`); c < 3000 || c > 3000+prompt {
+		t.Fatalf("a background create without max_output_tokens charged %v tokens, want its template's estimate (3000 and its prompt's)", c)
+	}
+}
+
 // A user with a concurrency limit is refused a background Response (403
 // background_not_allowed, param background): its generation would hold no
 // slot, since the exchange ends at once and the router does not see the

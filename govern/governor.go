@@ -191,6 +191,16 @@ type User struct {
 // Name returns the user's name.
 func (u *User) Name() string { return u.name }
 
+// DefaultOutputTokens is the output estimate of u's template for a request
+// without max_tokens (rate.default_output_tokens, with rate limiting on),
+// or 0 when it sets none.
+func (u *User) DefaultOutputTokens() int64 {
+	if u == nil || u.tmpl == nil {
+		return 0
+	}
+	return u.tmpl.defOut
+}
+
 // LimitsConcurrency reports whether the user's concurrency limit is
 // enforced: its template limits user concurrency, outside dry run.
 func (u *User) LimitsConcurrency() bool {

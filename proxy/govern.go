@@ -101,9 +101,14 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqStat
 		NoOutput: poolingKind(rs.acc.kind) || byIDKind(rs.acc.kind), Model: rs.parsed.model}
 	if rs.proto.background && req.MaxTokens == 0 {
 		// The engine generates a background Response where the router
-		// reads no usage: it is charged its estimate for good, with the
-		// router's output estimate when it sets no max_output_tokens.
+		// reads no usage: it is charged its estimate for good. Without
+		// max_output_tokens, its output is estimated as any request's
+		// without max_tokens: with the user template's
+		// rate.default_output_tokens, else the router's default.
 		req.MaxTokens = s.sched.DefaultMaxTokens
+		if d := u.DefaultOutputTokens(); d > 0 {
+			req.MaxTokens = int(d)
+		}
 	}
 	if rs.acc.kind == kindCountTokens {
 		// Counting tokens (passed through to the engine) runs no model:
