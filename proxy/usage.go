@@ -266,6 +266,13 @@ func intAfter(b, key []byte) (int, bool) {
 // (lch), and a usage object that no choices preceded waits for its line's
 // end (pend). It allocates nothing.
 func (u *usage) judge(b []byte) {
+	if u.once {
+		// Every usage is the final count: no line to follow (the usual
+		// stream, which asked no continuous usage).
+		u.final = u.final || u.hit
+		u.hit = false
+		return
+	}
 	if u.pend && !u.hit {
 		if i := lineBreak(b); i >= 0 {
 			u.pend = false
@@ -274,11 +281,7 @@ func (u *usage) judge(b []byte) {
 	}
 	if u.hit {
 		u.hit = false
-		if u.once {
-			u.final = true
-		} else {
-			u.judgeHit(b)
-		}
+		u.judgeHit(b)
 	}
 	// The line b ends in, for the next read.
 	rest := b
