@@ -537,15 +537,16 @@ func TestATraceTheClientFellBehindOnCountsTheRequestsNeverSent(t *testing.T) {
 		t.Fatal(err)
 	}
 	// 50,000 requests stamped at 0 ms, one in flight at most (the others
-	// are refused at once), and 1 ms to issue them: no machine issues them
-	// all in time.
+	// are refused at once), and 1 ns to issue them: no machine issues them
+	// all in time (with 1 ms a quiet machine refused all 50,000 before the
+	// duration's timer fired: 4 runs of 20 failed).
 	const n = 50_000
 	reqs := make([]TraceRequest, n)
 	for i := range reqs {
 		reqs[i] = TraceRequest{InputLength: 16, OutputLength: 1}
 	}
 	lc := DefaultLoadConfig()
-	lc.Stream, lc.MaxInFlight, lc.Duration, lc.Timeout = false, 1, time.Millisecond, 5*time.Second
+	lc.Stream, lc.MaxInFlight, lc.Duration, lc.Timeout = false, 1, time.Nanosecond, 5*time.Second
 	run, err := RunLoad(context.Background(), cl, reqs, lc)
 	if err != nil {
 		t.Fatal(err)
