@@ -206,6 +206,8 @@ type accessEntry struct {
 	// a PD pair): named when every attempt failed and the lease, which a
 	// retry that found no candidate reset, holds none.
 	tried *fleet.Worker
+	// prefill is the worker of a PD pair's last prefill leg.
+	prefill *fleet.Worker
 	// failed: an answer written whole (not relayed) carried the worker's
 	// failure (a stream read whole that holds the engine's error event):
 	// it ends upstream_error.
@@ -299,6 +301,10 @@ func (s *Server) logAccess(rs *reqState, end string) {
 		b = appendJSONString(b, w.ID)
 	} else if w := a.tried; w != nil {
 		b = append(b, `,"worker":`...)
+		b = appendJSONString(b, w.ID)
+	}
+	if w := a.prefill; w != nil && rs.ext.cur == nil {
+		b = append(b, `,"prefill_worker":`...)
 		b = appendJSONString(b, w.ID)
 	}
 	if u := &rs.usage; u.seen {

@@ -311,6 +311,8 @@ func (s *Server) pdAcquire(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 		}
 		if l == &rs.lease {
 			rs.acc.tried = l.Worker // the access log's worker (accesslog.go)
+		} else {
+			rs.acc.prefill = l.Worker // and its prefill_worker
 		}
 		return true
 	}

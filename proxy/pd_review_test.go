@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -799,5 +800,51 @@ func TestAPooledPDDispatchDoesNotPinALargeRequestsBodies(t *testing.T) {
 	p.release()
 	if cap(p.pbody) > 256<<10 || cap(p.dbody) > 256<<10 || cap(p.kvp) > 256<<10 {
 		t.Fatalf("the pooled dispatch keeps %d, %d and %d bytes of leg bodies", cap(p.pbody), cap(p.dbody), cap(p.kvp))
+	}
+}
+
+// A prefill/decode pair's access-log line names both workers: `worker` the
+// decode worker that answered, `prefill_worker` the prefill worker whose
+// leg computed the prompt (the last one tried when a prefill leg was
+// retried), in both modes. Only the decode worker was named: an operator
+// could not tell which prefill engine served a slow or failed request.
+func TestAPDRequestsAccessLogLineNamesItsPrefillWorker(t *testing.T) {
+	sp := newSGLangRooms()
+	defer sp.stop()
+	var pl, dl legLog
+	var fail, ok atomic.Int32
+	fail.Store(503)
+	for _, mode := range []string{"vllm", "sglang"} {
+		pre, bad, dec := vllmPrefill(&pl, "engine-p1", &ok), vllmPrefill(&pl, "engine-p0", &fail), decodeEngine(&dl, "kv_transfer_params", &ok)
+		if mode == "sglang" {
+			pre, bad, dec = sp.prefill(&pl, &ok), sp.prefill(&pl, &fail), sp.decode(&dl, &ok)
+		}
+		p0, p1, d0 := startUpstream(t, bad), startUpstream(t, pre), startUpstream(t, dec)
+		boot := `{"pd_mode":"` + mode + `","bootstrap_port":8998}`
+		cfg := pdConfig(t, func(c *config.Config) { c.PD.Mode = mode })
+		path := filepath.Join(t.TempDir(), "access.log")
+		l, err := OpenAccessLog(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := startPDRouterWith(t, nil, cfg, nil, func(o *Options) { o.AccessLog = l },
+			pdWorker("p0", p0.url, "prefill", boot), pdWorker("p1", p1.url, "prefill", boot), pdWorker("d0", d0.url, "decode", ""))
+		// p0 first: it fails, p1 takes the retry.
+		r.fl.View().ByID([]byte("p1")).Acquire(1, 0, 1)
+		code, b := post(t, r.url+"/v1/chat/completions", chatBody)
+		r.fl.View().ByID([]byte("p1")).Release(1, 0, 1, false)
+		if code != 200 {
+			t.Fatalf("%s: %d %s", mode, code, b)
+		}
+		r.srv.Shutdown()
+		l.Close()
+		lines := readAccessLog(t, path)
+		if len(lines) != 1 {
+			t.Fatalf("%s: %d access-log lines, want 1", mode, len(lines))
+		}
+		if w, p := lines[0]["worker"], lines[0]["prefill_worker"]; w != "d0" || p != "p1" {
+			t.Fatalf("%s: access log worker %v, prefill_worker %v; want d0 and p1 (the retried prefill leg's worker)", mode, w, p)
+		}
+		noLoadLeft(t, r.fl)
 	}
 }

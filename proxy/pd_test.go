@@ -31,6 +31,13 @@ func startPDRouter(t *testing.T, f *config.Serve, cfg *config.Config, recs ...fl
 // startPDRouterGov is startPDRouter with governance g (nil: none).
 func startPDRouterGov(t *testing.T, f *config.Serve, cfg *config.Config, g *govern.Governor, recs ...fleet.Record) *testRouter {
 	t.Helper()
+	return startPDRouterWith(t, f, cfg, g, nil, recs...)
+}
+
+// startPDRouterWith is startPDRouterGov with opt applied to the server's
+// options (nil: none).
+func startPDRouterWith(t *testing.T, f *config.Serve, cfg *config.Config, g *govern.Governor, opt func(*Options), recs ...fleet.Record) *testRouter {
+	t.Helper()
 	if f == nil {
 		f = defaultFlags()
 	}
@@ -45,7 +52,11 @@ func startPDRouterGov(t *testing.T, f *config.Serve, cfg *config.Config, g *gove
 	mode, _ := sched.ParseMode(f.RouterMode)
 	sc.Mode = mode
 	t.Cleanup(sc.Close)
-	srv := New(Options{Flags: f, Store: store, Sched: sc, BlockSize: 16, Governor: g})
+	o := Options{Flags: f, Store: store, Sched: sc, BlockSize: 16, Governor: g}
+	if opt != nil {
+		opt(&o)
+	}
+	srv := New(o)
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
