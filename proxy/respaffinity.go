@@ -8,6 +8,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/govern"
 	"github.com/infera/infera/internal/jsonscan"
 )
 
@@ -28,7 +29,9 @@ import (
 // worker fails is not retried elsewhere (dispatch.go); one whose worker is
 // gone is routed as any request (the engine then says the response is
 // unknown). An id that comes after the first read is looked
-// for in the answer's head (respScan).
+// for in the answer's head (respScan). With --state redis the table is
+// shared through Redis as well (respshared.go), so that other routers, and
+// this one after a restart, find the engine of an id this one learned.
 
 // respAffinityMax bounds the ids kept (about 100 bytes each).
 const respAffinityMax = 1 << 16
@@ -50,6 +53,9 @@ type respAffinity struct {
 	m      map[string]respEntry
 	owners map[respCred]*respOwner
 	heap   []*respOwner // a max-heap by ids held
+	// records shares the table with the routers using the same state
+	// store (respshared.go); nil: this router's memory only.
+	records *govern.Records
 }
 
 // respEntry is what the table keeps of a response: the engine that answered
@@ -61,9 +67,13 @@ type respEntry struct {
 
 // respCred is who asked for a response: the user (users configured),
 // else the client's address (the global --api-key, or none, is shared).
+// fetched is the one credential of the ids read back from the state store
+// (respshared.go): they are found there again, so they are the first
+// pushed out of a full table.
 type respCred struct {
-	user string
-	addr netip.Addr
+	user    string
+	addr    netip.Addr
+	fetched bool
 }
 
 // respOwner is a credential's ids, the oldest at head.
@@ -85,18 +95,32 @@ func (a *respAffinity) learn(head []byte, w *fleet.Worker, c respCred) bool {
 	if id == nil || w == nil {
 		return found
 	}
+	e := respEntry{ref: w.Ref(), user: c.user}
+	if a.records != nil {
+		if _, ok := a.local(id); ok {
+			return true // no round trip for an id known here (the first engine keeps it, below)
+		}
+		e = a.share(id, e)
+	}
+	a.keep(id, e, c)
+	return true
+}
+
+// keep records e as what the table keeps of the response id, learned for
+// the credential c, unless it keeps one already, and returns what it keeps.
+func (a *respAffinity) keep(id []byte, e respEntry, c respCred) respEntry {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.m == nil {
 		a.m = make(map[string]respEntry)
 		a.owners = make(map[respCred]*respOwner)
 	}
-	if _, ok := a.m[string(id)]; ok {
+	if first, ok := a.m[string(id)]; ok {
 		// The first engine keeps it: vLLM lets a client choose a
 		// response's id (request_id), and a client that knew another's
 		// id must not move that conversation's follow-ups to an engine
 		// holding a response it planted.
-		return true
+		return first
 	}
 	key := string(id)
 	o := a.owners[c]
@@ -121,9 +145,9 @@ func (a *respAffinity) learn(head []byte, w *fleet.Worker, c respCred) bool {
 	}
 	o.ids = append(o.ids, key)
 	a.up(o.hi)
-	a.m[key] = respEntry{ref: w.Ref(), user: c.user}
+	a.m[key] = e
 	a.n.Store(int64(len(a.m)))
-	return true
+	return e
 }
 
 // evict forgets o's oldest id, and o when it holds none then. Lock must
@@ -278,10 +302,8 @@ func (a *respAffinity) lookup(buf *[respIDDecodeMax]byte, body []byte) (e respEn
 			}
 		}
 	}
-	if a.n.Load() != 0 && len(id) > 0 {
-		a.mu.Lock()
-		e = a.m[string(id)]
-		a.mu.Unlock()
+	if len(id) > 0 {
+		e, _ = a.find(id)
 	}
 	return e, id, noStore
 }
@@ -357,8 +379,17 @@ func responseID(buf *[respIDDecodeMax]byte, b []byte) (id []byte, found bool) {
 }
 
 // find returns what the table keeps of the response id (decoded, as a
-// request path is), and whether it is known.
+// request path is), and whether it is known: in this router's memory
+// first, else in the state store (respshared.go).
 func (a *respAffinity) find(id []byte) (respEntry, bool) {
+	if e, ok := a.local(id); ok || a.records == nil {
+		return e, ok
+	}
+	return a.fetch(id)
+}
+
+// local is find in this router's memory only.
+func (a *respAffinity) local(id []byte) (respEntry, bool) {
 	if a.n.Load() == 0 {
 		return respEntry{}, false
 	}

@@ -20,8 +20,10 @@ import (
 // Responses affinity table keeps for it (respaffinity.go), through the one
 // request path (dispatch), pinned there as a follow-up is (full: waits for
 // its seat; on trial or open: 503; draining: 410; failed: not retried
-// elsewhere). An id the table does not hold, holds for another user, or
-// holds for an engine no longer in the fleet, is answered here as vLLM answers an id it does not hold (404): no other
+// elsewhere). The table is this router's memory and, with --state redis,
+// the records other routers share there (respshared.go). An id the table
+// does not hold, holds for another user, or holds for an engine no longer
+// in the fleet, is answered here as vLLM answers an id it does not hold (404): no other
 // engine asked would know it either, and asking every engine would let
 // anyone who guesses ids probe the whole fleet. The request needs the key
 // as any other; it generates nothing, so it counts as a request against

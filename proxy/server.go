@@ -170,6 +170,9 @@ func New(o Options) *Server {
 		s.keyBytes = []byte(f.APIKey)
 		s.authBytes = []byte("Bearer " + f.APIKey)
 	}
+	if o.Governor != nil {
+		s.respAff.records = o.Governor.Records() // nil without --state redis (respshared.go)
+	}
 	s.fails = lockout.New(lockout.Options{Max: f.AuthLockoutFailures, Window: f.AuthLockoutWindow})
 	s.bodies.limit = f.MaxInflightBodyBytes
 	if s.bodies.limit <= 0 {
