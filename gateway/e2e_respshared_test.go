@@ -22,7 +22,7 @@ import (
 // (a background one) and continued (a streamed previous_response_id
 // follow-up) through router B on the engine that holds it; a restarted
 // router finds it too; another user's retrieve and follow-up are 404 as on
-// one router; Redis keeps the engine and the user's name, no key, for a
+// one router, and so is a response whose engine the router's fleet lacks; Redis keeps the engine and the user's name, no key, for a
 // day; an id B fetched once is not asked of Redis again; with Redis down,
 // an id B does not know is 404 and counted, while A still serves the ids
 // it knows. Before, B answered 404 for every id A had created (the table
@@ -129,6 +129,20 @@ func TestRoutersSharingRedisShareTheirStoredResponses(t *testing.T) {
 		ended := strings.Contains(got, "event: response.completed") || strings.Contains(got, "event: response.incomplete")
 		if code != 200 || from != m.engine || !ended || !strings.Contains(got, `"previous_response_id":"`+m.id+`"`) {
 			t.Fatalf("streamed follow-up of %s (held by %s) through C: %d from %q %s", m.id, m.engine, code, from, got)
+		}
+	}
+
+	// A router whose fleet lacks an engine answers its responses 404: the
+	// record names an engine that is not there (a vLLM store is the
+	// engine's memory).
+	rd1 := startChild(t, "serve", 0, "--workers", "e1="+e1, "--config", cfg, "--state", rd.URL)
+	for _, m := range made {
+		want := 200
+		if m.engine != s1.ID() {
+			want = 404
+		}
+		if code, got, _ := do(rd1, "GET", "/v1/responses/"+m.id, "", alice); code != want {
+			t.Fatalf("retrieve %s (held by %s) through a router serving only %s: %d %s, want %d", m.id, m.engine, s1.ID(), code, got, want)
 		}
 	}
 
