@@ -46,6 +46,14 @@ var (
 	// evicted from a full resend queue (maxRedo).
 	mStateSettleExpired = metrics.NewCounter(`infera_governance_state_settlements_dropped_total{reason="expired"}`)
 	mStateSettleEvicted = metrics.NewCounter(`infera_governance_state_settlements_dropped_total{reason="evicted"}`)
+	// mStateReleaseExpired and mStateReleaseEvicted count the ends that
+	// return a concurrency slot or a seat (a release, the return of a
+	// member whose renewal or call failed, a settlement or an admission's
+	// return holding a slot or seat) dropped the same ways: the slot or
+	// seat stays taken in Redis until its lease expires (LeaseTTL after
+	// its last renewal, which came before its return).
+	mStateReleaseExpired = metrics.NewCounter(`infera_governance_state_releases_dropped_total{reason="expired"}`)
+	mStateReleaseEvicted = metrics.NewCounter(`infera_governance_state_releases_dropped_total{reason="evicted"}`)
 	// mStateStalled counts the calls failed at once while Redis was
 	// stalled (a pipeline timed out less than a second before).
 	mStateStalled = metrics.NewCounter(`infera_governance_state_stalled_total`)

@@ -479,8 +479,10 @@ const (
 
 // maxRedo bounds the returns kept for sending again (Redis down for long
 // under load): past it the oldest go, and their members expire with their
-// lease; a settlement evicted (a request's, or an admission's return)
-// leaves its request's estimate charged, and is counted
+// lease (counted in
+// infera_governance_state_releases_dropped_total{reason="evicted"}); a
+// settlement evicted (a request's, or an admission's return) leaves its
+// request's estimate charged, and is counted
 // (infera_governance_state_settlements_dropped_total{reason="evicted"}).
 const maxRedo = 1 << 14
 
@@ -491,15 +493,35 @@ func (r *redisState) keepRedo(keys []string, args []any, ended bool) {
 
 func (r *redisState) keep(x redoRelease) {
 	x.after = r.execs.Load()
+	var out redoRelease
 	r.qmu.Lock()
-	if len(r.redo) >= r.maxRedo {
-		if k := r.redo[0].kind; k == endFinish || k == endUnadmit {
-			mStateSettleEvicted.Inc()
-		}
+	evicted := len(r.redo) >= r.maxRedo
+	if evicted {
+		out = r.redo[0]
 		r.redo = r.redo[1:]
 	}
 	r.redo = append(r.redo, x)
 	r.qmu.Unlock()
+	if !evicted {
+		return
+	}
+	if k := out.kind; k == endFinish || k == endUnadmit {
+		mStateSettleEvicted.Inc()
+	}
+	if out.renewal {
+		// The return of a member whose renewal may run late: lost only
+		// if the member was returned meanwhile (r.mu after r.qmu: never
+		// both held).
+		r.mu.Lock()
+		_, held := r.leases[out.args[0].(string)]
+		r.mu.Unlock()
+		if held {
+			return
+		}
+	}
+	if out.releases() {
+		mStateReleaseEvicted.Inc()
+	}
 }
 
 // maxRedoAhead bounds the ended returns that go ahead of one pipeline's
@@ -537,7 +559,26 @@ func (x *redoRelease) expired(now time.Time) bool {
 		return false
 	}
 	mStateSettleExpired.Inc()
+	if x.releases() {
+		mStateReleaseExpired.Inc()
+	}
 	return true
+}
+
+// releases reports whether x gives back a concurrency slot or a seat: a
+// release (of a seat, of a member whose renewal or call failed), or a
+// settlement or an admission's return whose request held a slot (its
+// second argument, finishLua) or, for an admission's return, a seat (keys
+// after the mark). Dropped, it leaves that slot or seat taken in Redis
+// until its lease expires.
+func (x *redoRelease) releases() bool {
+	switch x.end() {
+	case endRelease:
+		return true
+	case endFinish, endUnadmit:
+		return len(x.args) > 1 && x.args[1] == 1 || x.kind == endUnadmit && len(x.keys) > 3
+	}
+	return false
 }
 
 // end is the kind of end x sends.

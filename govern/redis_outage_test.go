@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/VictoriaMetrics/metrics"
 )
 
 // outageProxy is a loopback TCP proxy in front of a redis-server that can
@@ -218,5 +220,73 @@ func TestRedisSettlementsEvictedFromAFullResendQueueAreCounted(t *testing.T) {
 	}
 	if got := mStateSettleEvicted.Get() - evicted; got != n-8 {
 		t.Fatalf("%d settlements counted as evicted, want %d", got, n-8)
+	}
+}
+
+// The returns of seats kept for sending again while Redis cannot be
+// reached are bounded (shortened here to 2): past it the oldest are
+// evicted and counted in
+// infera_governance_state_releases_dropped_total{reason="evicted"} (they
+// went uncounted), and the seats whose return was evicted stay taken in
+// Redis until their leases expire, LeaseTTL after their return at most
+// (their last renewal came before it): then every seat is free again.
+func TestRedisASeatWhoseReturnWasEvictedIsFreeOnceItsLeaseExpires(t *testing.T) {
+	rs := startRedis(t)
+	px := startOutageProxy(t, "127.0.0.1:"+strconv.Itoa(rs.port))
+	o := redisOptions(t, rs)
+	o.State = px.url()
+	const ttl = 2 * time.Second // renewed every 667 ms while held
+	o.LeaseTTL = ttl
+	g := newGov(t, o, parseConfig(t, `{"rate_limit":{"overall_concurrency":4}}`))
+	g.rds.maxRedo = 2
+	evicted := metrics.GetOrCreateCounter(`infera_governance_state_releases_dropped_total{reason="evicted"}`)
+	var seats []Seat
+	for range 4 {
+		seats = append(seats, acquireOK(t, g, []Target{w1}, PhaseMixed, 0))
+	}
+	syncState(t, g)
+	before := evicted.Get()
+	px.cut()
+	returned := time.Now()
+	for _, s := range seats { // returned while Redis is down: kept, the oldest evicted
+		s.Done()
+		time.Sleep(5 * time.Millisecond)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for evicted.Get()-before < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d seat returns counted as evicted, want 2 (4 kept for 2 places)", evicted.Get()-before)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	px.restore()
+	h := rs.client(t)
+	bg := context.Background()
+	k := o.RedisPrefix + "{rl}:i:w1:overall"
+	live := func() int64 { // the seats a seat acquisition counts now
+		return h.ZCount(bg, k, "("+strconv.FormatInt(time.Now().UnixMilli(), 10), "+inf").Val()
+	}
+	// The 2 returns kept land; the 2 evicted seats stay taken.
+	deadline = time.Now().Add(time.Second)
+	for h.ZCard(bg, k).Val() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d seats in Redis after the kept returns landed, want the 2 evicted", h.ZCard(bg, k).Val())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := live(); n != 2 || time.Since(returned) >= ttl {
+		t.Fatalf("%d seats counted %v after their return, want the 2 evicted within their lease (%v)", n, time.Since(returned), ttl)
+	}
+	for live() > 0 {
+		if time.Since(returned) > ttl+500*time.Millisecond {
+			t.Fatalf("%d seats whose return was evicted still counted %v after it, past their lease (%v)", live(), time.Since(returned), ttl)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for range 4 { // every seat is free again
+		acquireOK(t, g, []Target{w1}, PhaseMixed, 0)
+	}
+	if got := evicted.Get() - before; got != 2 {
+		t.Fatalf("%d seat returns counted as evicted, want 2", got)
 	}
 }

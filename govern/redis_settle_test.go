@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/VictoriaMetrics/metrics"
 )
 
 // resetProxy is a loopback TCP proxy in front of a redis-server that, once
@@ -306,8 +308,9 @@ func TestRedisASettlementIsNotSentAgainOnceItsMarkMayHaveExpired(t *testing.T) {
 	key, hash := mintKey(t)
 	px := startResetProxy(t, "127.0.0.1:"+strconv.Itoa(rs.port), []byte(endsScript.Hash()), []byte(o.RedisPrefix+"{u:alice}"))
 	o.State = px.url()
-	g := newGov(t, o, userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":10,"max_tokens":1000}]}}`, ""))
+	g := newGov(t, o, userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":10},"quota":{"enabled":true,"windows":[{"period":"day","max_requests":10,"max_tokens":1000}]}}`, ""))
 	g.rds.settleFor = 300 * time.Millisecond
+	released := metrics.GetOrCreateCounter(`infera_governance_state_releases_dropped_total{reason="expired"}`).Get()
 	u := identify(t, g, key)
 	tk := admitOK(t, g, u, Request{PromptTokens: 10, MaxTokens: 10}) // an estimate of 20
 	idle(t, g)
@@ -341,10 +344,17 @@ func TestRedisASettlementIsNotSentAgainOnceItsMarkMayHaveExpired(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("%d ends kept to send again", n)
 	}
-	// Never settled: the day keeps the request's estimate.
+	// Never settled: the day keeps the request's estimate, and its slot
+	// stays until its lease expires (counted as a release dropped).
 	v, _ := rs.client(t).HMGet(context.Background(), o.RedisPrefix+"{u:alice}", "w1r", "w1k").Result()
 	if len(v) != 2 || v[0] != "1" || v[1] != "20000" {
 		t.Fatalf("the day's requests and milli-tokens %v, want the estimate [1 20000]", v)
+	}
+	if n := rs.client(t).ZCard(context.Background(), o.RedisPrefix+"{u:alice}:seats").Val(); n != 1 {
+		t.Fatalf("%d concurrency slots in Redis, want the dropped settlement's", n)
+	}
+	if got := metrics.GetOrCreateCounter(`infera_governance_state_releases_dropped_total{reason="expired"}`).Get() - released; got != 1 {
+		t.Fatalf("%d releases counted as expired, want the dropped settlement's slot", got)
 	}
 }
 
