@@ -41,7 +41,8 @@ import (
 // the ticket's mark (finishLua), A its arguments (admitArgs): now, member,
 // lease expiry, concurrency limit, RPM, TPM, TPM need, TPM estimate, dry,
 // key TTL, then per period start (0: not taken), max requests, max
-// tokens, estimate. It returns {failed rules (bit set of codes), RPM retry
+// tokens, estimate, then its deadline (Unix ms, callLife after it was
+// made). It returns {failed rules (bit set of codes), RPM retry
 // ms, TPM retry ms, RPM level, TPM level, then per period the start of the
 // window it counts in (0: not taken)}, the levels in millionths as the
 // admission left them (0 when the rule is off); a window's start is a
@@ -53,10 +54,16 @@ import (
 // its return after an ambiguous failure (endUnadmit: its answer lost)
 // gives back exactly what it took; one that finds the mark set runs after
 // that return (it was held in a stalled connection): it takes nothing and
-// returns {-1, ...}.
+// returns {-1, ...}. One that Redis reads past its deadline (by Redis's
+// clock, TIME) may run after its return's mark expired: it takes nothing
+// and returns {-2, Redis's time (ms), ...} (callLife).
 var admitLua = fmt.Sprintf(`
 local function admit(h, seats, mark, A)
   if redis.call('EXISTS', mark) == 1 then return {-1, 0, 0, 0, 0, 0, 0, 0, 0} end
+  if redis.replicate_commands then redis.replicate_commands() end -- TIME before writes (Redis < 5)
+  local clock = redis.call('TIME')
+  local rnow = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  if rnow > tonumber(A[%[7]d]) then return {-2, rnow, 0, 0, 0, 0, 0, 0, 0} end
   local now = tonumber(A[1])
   local member = A[2]
   local exp = tonumber(A[3])
@@ -134,12 +141,12 @@ local function admit(h, seats, mark, A)
   for _, w in ipairs(wins) do out[6 + w[1]] = w[2] end
   return out
 end
-`, CodeConcurrencyUser, CodeRPM, CodeTPM, CodeQuotaRequests5h, CodeQuotaTokens5h, settleMark.Milliseconds())
+`, CodeConcurrencyUser, CodeRPM, CodeTPM, CodeQuotaRequests5h, CodeQuotaTokens5h, settleMark.Milliseconds(), admitArgc)
 
 // admitArgc is the number of the admission's arguments, admitRes of its
 // results.
 const (
-	admitArgc = 10 + 5*numPeriods
+	admitArgc = 11 + 5*numPeriods
 	admitRes  = 5 + int(numPeriods)
 )
 
@@ -408,10 +415,11 @@ type redisState struct {
 	// stalled is the time (Unix ns) until which a call fails at once,
 	// 0 while Redis answers (mayCall).
 	stalled atomic.Int64
-	// settleFor is settleResend, maxRedo the bound of redo (tests shorten
-	// them before any call).
+	// settleFor is settleResend, maxRedo the bound of redo, callLife
+	// callLife (tests shorten them before any call).
 	settleFor time.Duration
 	maxRedo   int
+	callLife  time.Duration
 
 	kick chan struct{}
 	ps   *redis.PubSub
@@ -476,6 +484,19 @@ const (
 	settleMark   = 2 * time.Minute
 	settleResend = settleMark / 2
 )
+
+// callLife bounds how late Redis may run an admission: it carries a
+// deadline, callLife after the router made it (the router's clock), and
+// one that Redis reads past it (Redis's clock, TIME: a call held in a
+// stalled connection, a proxy's buffer, a TCP retransmission) takes
+// nothing (admitLua). Its return, should its answer be lost, sets the
+// ticket's mark for settleMark from when it runs, after the admission was
+// made, so an admission that runs after its return finds the mark as long
+// as callLife plus the router's clock's lead on Redis's stays below
+// settleMark: exact for clocks up to 90 s apart. A router's clock more
+// than callLife behind Redis's has every admission refused as late (an
+// error: on_state_error decides).
+const callLife = 30 * time.Second
 
 // maxRedo bounds the returns kept for sending again (Redis down for long
 // under load): past it the oldest go, and their members expire with their
@@ -759,6 +780,7 @@ func newRedisState(g *Governor, o Options) (*redisState, error) {
 		delay:     o.EndDelay,
 		settleFor: settleResend,
 		maxRedo:   maxRedo,
+		callLife:  callLife,
 		kick:      make(chan struct{}, 1),
 		log:       logx.Throttle{Every: 10 * time.Second},
 	}
@@ -1105,6 +1127,9 @@ func (r *redisState) admitArgs(st *userState, t *template, cs *calState, e estim
 		}
 		args = append(args, cs.win[p].start, w.maxReq, w.maxTok, e.quota, cs.win[p].end-cs.win[p].start)
 	}
+	// The deadline is the real clock's, not now's (Options.Now): it
+	// bounds the call's time in transit, by Redis's clock.
+	args = append(args, time.Now().Add(r.callLife).UnixMilli())
 	return []string{hk, sk, hk + ":f:" + member}, args, member
 }
 
@@ -1169,11 +1194,25 @@ func (r *redisState) admitUser(st *userState, t *template, ts *ticketState, cs *
 		r.unadmit(err, st, t, e, now, keys, member, "", nil)
 		return 0, 0, err
 	}
-	if len(res) != admitRes || res[0] < 0 {
-		return 0, 0, fmt.Errorf("admission script returned %d values (%v)", len(res), res)
+	if err := r.admitFailed(res, admitRes, args); err != nil {
+		return 0, 0, err
 	}
 	f, retry := r.admitted(res, t, ts, cs, e, dry, now, member, keys)
 	return f, retry, nil
+}
+
+// admitFailed returns the error of an admission's answer res (n values;
+// args its arguments) that took nothing: Redis ran it past its deadline
+// (admitLua), or it is malformed.
+func (r *redisState) admitFailed(res []int64, n int, args []any) error {
+	if len(res) == n && res[0] == -2 {
+		late := time.Duration(res[1]-args[admitArgc-1].(int64)) * time.Millisecond
+		return fmt.Errorf("the state store ran the admission %v past its deadline (%v after it was made, by its clock and this router's): is this router's clock behind the state store's?", late, late+r.callLife)
+	}
+	if len(res) != n || res[0] < 0 {
+		return fmt.Errorf("admission script returned %d values (%v)", len(res), res)
+	}
+	return nil
 }
 
 // unadmit queues the return of what an admission that failed with err
@@ -1342,8 +1381,8 @@ func (g *Governor) admitSeatRemote(s *snapshot, st *userState, t *template, ts *
 		r.unadmit(err, st, t, e, now, keys[:3], member, smember, skeys)
 		return 0, 0, err
 	}
-	if len(res) != admitRes+3 || res[0] < 0 {
-		return 0, 0, fmt.Errorf("admission script returned %d values (%v)", len(res), res)
+	if err := r.admitFailed(res, admitRes+3, args); err != nil {
+		return 0, 0, err
 	}
 	f, retry := r.admitted(res[:admitRes], t, ts, cs, e, dry, now, member, keys[:3])
 	if res[admitRes] >= 0 { // the seat was asked for

@@ -479,3 +479,72 @@ func TestRedisAnAdmissionOnAResetConnectionChargesNothing(t *testing.T) {
 		}
 	}
 }
+
+// An admission whose answer a connection reset lost is given back; if
+// Redis runs it later still (held in a connection or a proxy's buffer)
+// after the mark of its return expired (2 minutes in Redis; expired here
+// at once), it finds no mark, yet it must take nothing: it carries a
+// deadline, callLife after it was made (shortened here), that Redis checks
+// against its own clock. Before, it charged the request, the estimate,
+// the RPM and TPM takes, the slot and the seat of a request that was
+// refused.
+func TestRedisAnAdmissionRunAfterItsReturnsMarkExpiredChargesNothing(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.LeaseTTL = time.Hour // no renewals in the way
+	o.EndDelay = time.Millisecond
+	px := startResetProxy(t, "127.0.0.1:"+strconv.Itoa(rs.port), []byte(o.RedisPrefix+"{u:alice}"))
+	o.State = px.url()
+	key, hash := mintKey(t)
+	c := userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":100},"rate":{"enabled":true,"rpm":1000,"tpm":1000000},
+		"quota":{"enabled":true,"windows":[{"period":"day","max_requests":1000,"max_tokens":1000000}]}}`, `"rate_limit":{"overall_concurrency":100}`)
+	c.UserLimit.OnStateError = "closed"
+	g := newGov(t, o, c)
+	const life = 300 * time.Millisecond
+	g.rds.callLife = life
+	u := identify(t, g, key)
+	h := rs.client(t)
+	bg := context.Background()
+	hk := o.RedisPrefix + "{u:alice}"
+	admissions := [][]byte{[]byte(admitScript.Hash()), []byte(admitSeatScript.Hash())}
+	r := Request{PromptTokens: 10, MaxTokens: 10}
+	for _, withSeat := range []bool{false, true} {
+		px.armCuts(cut{cutLate, admissions})
+		made := time.Now()
+		var rej *Rejection
+		if withSeat {
+			rej = g.AdmitAcquire(u, r, []Target{w1}, PhaseMixed).Refused
+		} else {
+			_, rej = g.Admit(bg, u, r)
+		}
+		recvWithin(t, px.fired, 3*time.Second, "the admission's connection reset")
+		if rej == nil || rej.Code != CodeStateUnavailable {
+			t.Fatalf("seat %v: admission cut: %v, want %s", withSeat, rej, CodeStateUnavailable)
+		}
+		// Its return has landed: the ticket's mark is set.
+		idle(t, g)
+		waitFor(t, func() bool { g.rds.qmu.Lock(); defer g.rds.qmu.Unlock(); return len(g.rds.redo) == 0 })
+		marks := h.Keys(bg, hk+":f:*").Val()
+		if len(marks) != 1 || h.Get(bg, marks[0]).Val() != "1" {
+			t.Fatalf("seat %v: marks %v, want the return's", withSeat, marks)
+		}
+		h.PExpire(bg, marks[0], time.Millisecond) // its 2 minutes are over
+		waitFor(t, func() bool { return h.Exists(bg, marks[0]).Val() == 0 })
+		time.Sleep(time.Until(made.Add(2 * life)))
+		px.runLate() // Redis runs the admission now
+		if n := h.Exists(bg, hk).Val(); n != 0 {
+			t.Errorf("seat %v: the user's counters %v after a refused request, want none", withSeat, h.HGetAll(bg, hk).Val())
+		}
+		for _, k := range []string{hk + ":seats", o.RedisPrefix + "{rl}:i:w1:overall"} {
+			if m := h.ZCard(bg, k).Val(); m != 0 {
+				t.Errorf("seat %v: %s holds %d members after a refused request", withSeat, k, m)
+			}
+		}
+		if t.Failed() {
+			return
+		}
+		for _, k := range h.Keys(bg, hk+":f:*").Val() {
+			h.Del(bg, k)
+		}
+	}
+}
