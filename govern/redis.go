@@ -322,14 +322,35 @@ end
 `
 
 // endsScript runs the ends of requests queued together (endKind), in
-// order: ARGV holds per end its kind, its number of keys and of
-// arguments, then its arguments; KEYS its keys, end after end. Each end
-// runs on its own (pcall): one that fails (an OOM write refused, a key of
-// the wrong type) does not keep the others from running. It returns the
-// number of ends that failed and the first error.
+// order: ARGV holds their deadline (Unix ms, callLife after they were
+// sent), then per end its kind, its number of keys and of arguments, then
+// its arguments; KEYS its keys, end after end. Each end runs on its own
+// (pcall): one that fails (an OOM write refused, a key of the wrong type)
+// does not keep the others from running. It returns the number of ends
+// that failed and the first error.
+//
+// Past the deadline (Redis's clock, TIME: the copy was held in a
+// connection or a proxy's buffer) a settlement (finish) may run after the
+// mark of another copy expired: it only returns its slot (settleLate) and
+// counts as failed. The other ends are safe late: a release removes
+// nothing twice, a seat's copy to another scope's sets copies only a seat
+// still held, an admission's return finds its mark or sets it, and a
+// renewal adds back a member for one lease at most (LeaseTTL after it was
+// made).
 var endsScript = redis.NewScript(finishLua + releaseLua + migrateLua + renewLua + `
-local ki, ai = 1, 1
+local function settleLate(K, A)
+  if A[2] == '1' and redis.call('ZREM', K[2], A[1]) == 1 then
+    redis.call('PUBLISH', A[9], A[10])
+  end
+end
+local ki, ai = 1, 2
 local failed, first = 0, ''
+local late = false
+if #ARGV > 1 then
+  if redis.replicate_commands then redis.replicate_commands() end -- TIME before writes (Redis < 5)
+  local clock = redis.call('TIME')
+  late = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000) > tonumber(ARGV[1])
+end
 while ai <= #ARGV do
   local kind, nk, na = ARGV[ai], tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
   ai = ai + 3
@@ -338,7 +359,10 @@ while ai <= #ARGV do
   for i = 0, na - 1 do A[i + 1] = ARGV[ai + i] end
   ki, ai = ki + nk, ai + na
   local ok, err
-  if kind == 'f' then ok, err = pcall(finish, K, A, false)
+  if kind == 'f' and late then
+    ok, err = pcall(settleLate, K, A)
+    if ok then ok, err = false, 'a settlement ran past its deadline (its slot returned, its counters not): is this router\'s clock behind the state store\'s?' end
+  elseif kind == 'f' then ok, err = pcall(finish, K, A, false)
   elseif kind == 'u' then ok, err = pcall(finish, K, A, true)
   elseif kind == 'm' then ok, err = pcall(migrate, K, A)
   elseif kind == 'n' then ok, err = pcall(renew, K, A)
@@ -478,14 +502,19 @@ type redoRelease struct {
 // bytes each, one per request: 16 MB at 1,000 requests/s); a settlement
 // whose sending failed ambiguously (it may have run) is sent again until
 // it lands, for up to settleResend after that failure, so that any copy
-// of it that runs finds the mark of the copy that ran before: a copy held
-// in a stalled connection may run up to settleMark-settleResend late.
+// of it that runs finds the mark of the copy that ran before. Each copy
+// carries a deadline, callLife after it was sent (endsScript): the last is
+// sent at most settleResend plus a call's timeout (2 s) after the first
+// that may have run, so every copy that counts runs within about 92 s of
+// it, inside its mark's settleMark, while the router's clock runs at most
+// 28 s ahead of Redis's.
 const (
 	settleMark   = 2 * time.Minute
 	settleResend = settleMark / 2
 )
 
-// callLife bounds how late Redis may run an admission: it carries a
+// callLife bounds how late Redis may run an admission (and a settlement,
+// endsScript): it carries a
 // deadline, callLife after the router made it (the router's clock), and
 // one that Redis reads past it (Redis's clock, TIME: a call held in a
 // stalled connection, a proxy's buffer, a TCP retransmission) takes
@@ -1011,8 +1040,17 @@ func (r *redisState) exec(batch []*scriptCall, probe bool) {
 			continue
 		}
 		e := &scriptCall{s: endsScript}
+		// The real clock's, not Options.Now's: it bounds the copy's
+		// time in transit, by Redis's clock (callLife).
+		e.args = append(e.args, time.Now().Add(r.callLife).UnixMilli())
 		for ; i < len(batch) && batch[i].s == nil; i++ {
 			x := batch[i]
+			if !x.until.IsZero() && !time.Now().Before(x.until) {
+				// A settlement sent again that waited past its time in the
+				// queue (a stall's hold): dropped as in redo.
+				(&redoRelease{kind: x.end, args: x.args, keys: x.keys, until: x.until}).expired(time.Now())
+				continue
+			}
 			e.keys = append(e.keys, x.keys...)
 			e.args = append(e.args, string(x.end), len(x.keys), len(x.args))
 			e.args = append(e.args, x.args...)

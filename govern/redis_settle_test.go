@@ -548,3 +548,79 @@ func TestRedisAnAdmissionRunAfterItsReturnsMarkExpiredChargesNothing(t *testing.
 		}
 	}
 }
+
+// A settlement whose connection was reset is sent again until a copy
+// lands; a copy that Redis runs later still (held in a connection or a
+// proxy's buffer) after the mark of the copy that landed expired (2
+// minutes in Redis; expired here at once) must change nothing: the
+// settlement carries a deadline, callLife after it was sent (shortened
+// here), that Redis checks against its own clock. Before, the late copy
+// counted the settlement twice: a refund gave back a second request, a
+// reconciliation refunded the difference to the estimate twice.
+func TestRedisASettlementRunAfterItsMarkExpiredCountsOnce(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.LeaseTTL = time.Hour // no renewals in the way
+	o.EndDelay = time.Millisecond
+	clk := newFakeClock(time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)) // buckets do not refill: exact levels
+	o.Now = clk.Now
+	px := startResetProxy(t, "127.0.0.1:"+strconv.Itoa(rs.port), []byte(endsScript.Hash()), []byte(o.RedisPrefix+"{u:alice}"))
+	o.State = px.url()
+	key, hash := mintKey(t)
+	const tpm = 1000000
+	g := newGov(t, o, userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":100},"rate":{"enabled":true,"tpm":1000000},
+		"quota":{"enabled":true,"windows":[{"period":"day","max_requests":1000,"max_tokens":1000000}]}}`, ""))
+	const life = 300 * time.Millisecond
+	g.rds.callLife = life
+	u := identify(t, g, key)
+	h := rs.client(t)
+	bg := context.Background()
+	hk := o.RedisPrefix + "{u:alice}"
+	r := Request{PromptTokens: 10, MaxTokens: 10} // an estimate of 20
+	var served, tokens int64
+	for _, serve := range []bool{false, true} {
+		tk := admitOK(t, g, u, r)
+		idle(t, g)
+		use := Usage{}
+		if serve {
+			tk.FirstToken()
+			use = Usage{Known: true, PromptTokens: 10, CompletionTokens: 2}
+			served++
+			tokens += 12
+		}
+		px.arm(cutLate)
+		sent := time.Now()
+		tk.Done(use)
+		recvWithin(t, px.fired, 3*time.Second, "the settlement's connection reset")
+		// A copy sent again lands and sets the mark.
+		waitFor(t, func() bool {
+			g.rds.qmu.Lock()
+			defer g.rds.qmu.Unlock()
+			return len(g.rds.redo) == 0 && !g.rds.busy && len(g.rds.q) == 0
+		})
+		marks := h.Keys(bg, hk+":f:*").Val()
+		if len(marks) != 1 || h.Get(bg, marks[0]).Val() != "1" {
+			t.Fatalf("served %v: marks %v, want the settlement's", serve, marks)
+		}
+		h.PExpire(bg, marks[0], time.Millisecond) // its 2 minutes are over
+		waitFor(t, func() bool { return h.Exists(bg, marks[0]).Val() == 0 })
+		time.Sleep(time.Until(sent.Add(2 * life)))
+		px.runLate() // Redis runs the held copy now
+		v, err := h.HMGet(bg, hk, "w1r", "w1k", "tl").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []any{strconv.FormatInt(served, 10), strconv.FormatInt(tokens*1000, 10), strconv.FormatInt(tpm-tokens, 10)}
+		for i, name := range []string{"day's requests", "day's milli-tokens", "TPM level"} {
+			if v[i] != want[i] {
+				t.Errorf("served %v: %s %v, want %v", serve, name, v[i], want[i])
+			}
+		}
+		if m := h.ZCard(bg, hk+":seats").Val(); m != 0 {
+			t.Errorf("served %v: %d concurrency slots left after the request ended", serve, m)
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}
