@@ -54,6 +54,12 @@ var (
 	// its last renewal, which came before its return).
 	mStateReleaseExpired = metrics.NewCounter(`infera_governance_state_releases_dropped_total{reason="expired"}`)
 	mStateReleaseEvicted = metrics.NewCounter(`infera_governance_state_releases_dropped_total{reason="evicted"}`)
+	// mStateSettleClosed and mStateReleaseClosed count the settlements
+	// and the returns of slots and seats the router closed without
+	// sending: its last pipeline failed, or their request ended after
+	// Close.
+	mStateSettleClosed  = metrics.NewCounter(`infera_governance_state_settlements_dropped_total{reason="closed"}`)
+	mStateReleaseClosed = metrics.NewCounter(`infera_governance_state_releases_dropped_total{reason="closed"}`)
 	// mStateStalled counts the calls failed at once while Redis was
 	// stalled (a pipeline timed out less than a second before).
 	mStateStalled = metrics.NewCounter(`infera_governance_state_stalled_total`)

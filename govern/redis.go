@@ -602,6 +602,58 @@ func (r *redisState) takeEndedRedo() []*scriptCall {
 	return out
 }
 
+// takeAllRedo takes every return kept for sending again, as ends, when
+// the router closes: those of ended requests, those waiting for a later
+// pipeline's answer (a call that timed out may still run after them, but
+// none would go later), and the returns of renewals whose member is no
+// longer held.
+func (r *redisState) takeAllRedo() []*scriptCall {
+	r.qmu.Lock()
+	kept := r.redo
+	r.redo = nil
+	r.qmu.Unlock()
+	now := time.Now()
+	var out []*scriptCall
+	for i := range kept {
+		x := &kept[i]
+		if x.expired(now) {
+			continue
+		}
+		if x.renewal {
+			r.mu.Lock()
+			_, held := r.leases[x.args[0].(string)]
+			r.mu.Unlock()
+			if held {
+				continue
+			}
+		}
+		out = append(out, &scriptCall{end: x.end(), keys: x.keys, args: x.args, until: x.until})
+	}
+	return out
+}
+
+// dropRedo counts what is still kept for sending again as the router
+// closes (its last pipeline failed): never sent.
+func (r *redisState) dropRedo() {
+	r.qmu.Lock()
+	kept := r.redo
+	r.redo = nil
+	r.qmu.Unlock()
+	for i := range kept {
+		droppedAtClose(&kept[i])
+	}
+}
+
+// droppedAtClose counts x, an end the router closed without sending.
+func droppedAtClose(x *redoRelease) {
+	if k := x.kind; k == endFinish || k == endUnadmit {
+		mStateSettleClosed.Inc()
+	}
+	if x.releases() {
+		mStateReleaseClosed.Inc()
+	}
+}
+
 // expired reports whether x is a settlement past its time to be sent
 // again (until), and counts it.
 func (x *redoRelease) expired(now time.Time) bool {
@@ -874,6 +926,9 @@ func (r *redisState) endUntil(kind endKind, keys []string, args []any, until tim
 	r.qmu.Lock()
 	if r.closed {
 		r.qmu.Unlock()
+		// A request that ended after the router closed (or a return
+		// sent again once its last pipeline was answered).
+		droppedAtClose(&redoRelease{kind: kind, keys: keys, args: args})
 		return
 	}
 	r.q = append(r.q, &scriptCall{end: kind, keys: keys, args: args, until: until})
@@ -926,9 +981,12 @@ func (r *redisState) dispatch() {
 				if !r.busy {
 					batch := r.takeLocked()
 					r.qmu.Unlock()
-					if len(batch) > 0 {
+					// What is kept to send again goes now, ahead: nothing
+					// would carry it later.
+					if batch = append(r.takeAllRedo(), batch...); len(batch) > 0 {
 						r.exec(batch, true)
 					}
+					r.dropRedo()
 					return
 				}
 				r.qmu.Unlock()

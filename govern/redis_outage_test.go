@@ -290,3 +290,45 @@ func TestRedisASeatWhoseReturnWasEvictedIsFreeOnceItsLeaseExpires(t *testing.T) 
 		t.Fatalf("%d seat returns counted as evicted, want 2", got)
 	}
 }
+
+// A settlement kept to be sent again (its connection was reset) when the
+// router closes is sent before it closes: Redis answers, and the request
+// is charged its usage, not its estimate. Before, the router closed with
+// it in its list of ends to send again, silently: with no other call
+// queued at shutdown nothing carried it.
+func TestRedisASettlementKeptToSendAgainLandsWhenTheRouterCloses(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.LeaseTTL = time.Hour
+	o.PollInterval = time.Hour // only the shutdown sends what is kept
+	o.EndDelay = time.Millisecond
+	px := startResetProxy(t, "127.0.0.1:"+strconv.Itoa(rs.port), []byte(endsScript.Hash()), []byte(o.RedisPrefix+"{u:alice}"))
+	o.State = px.url()
+	key, hash := mintKey(t)
+	g := newGov(t, o, userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":10,"max_tokens":1000}]}}`, ""))
+	u := identify(t, g, key)
+	tk := admitOK(t, g, u, Request{PromptTokens: 10, MaxTokens: 10}) // an estimate of 20
+	late := admitOK(t, g, u, Request{PromptTokens: 10, MaxTokens: 10})
+	idle(t, g)
+	tk.FirstToken()
+	px.arm(cutBefore)
+	tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 2})
+	recvWithin(t, px.fired, 3*time.Second, "the settlement's connection reset")
+	waitFor(t, func() bool {
+		g.rds.qmu.Lock()
+		defer g.rds.qmu.Unlock()
+		return len(g.rds.redo) == 1 && !g.rds.busy && len(g.rds.q) == 0
+	})
+	g.Close()
+	v, _ := rs.client(t).HMGet(context.Background(), o.RedisPrefix+"{u:alice}", "w1r", "w1k").Result()
+	if len(v) != 2 || v[0] != "2" || v[1] != "32000" {
+		t.Fatalf("the day's requests and milli-tokens %v after the router closed, want the usage and the estimate in flight [2 32000]", v)
+	}
+	// A request ending after the router closed cannot be settled: counted.
+	closed := metrics.GetOrCreateCounter(`infera_governance_state_settlements_dropped_total{reason="closed"}`)
+	before := closed.Get()
+	late.Done(Usage{})
+	if got := closed.Get() - before; got != 1 {
+		t.Fatalf("%d settlements counted as dropped at close, want the one of the request ending after it", got)
+	}
+}
