@@ -696,7 +696,11 @@ func (x *redoRelease) end() endKind {
 // (a settlement) whole, tokens and slot, whether it may have run or not:
 // its mark makes it count once (finishLua).
 func (r *redisState) keepFailedEnds(parts []*scriptCall, err error) {
-	unsent := notSent(err)
+	// An error reply for the whole script (LOADING while Redis loads its
+	// AOF or dump after a restart, BUSY, READONLY, an OOM refusal) means
+	// it did not run: each end runs under pcall, so no error raised
+	// while they run fails the script.
+	unsent := notSent(err) || isScriptError(err)
 	for _, x := range parts {
 		switch x.end {
 		case endRelease:

@@ -1,11 +1,13 @@
 package govern
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -330,5 +332,166 @@ func TestRedisASettlementKeptToSendAgainLandsWhenTheRouterCloses(t *testing.T) {
 	late.Done(Usage{})
 	if got := closed.Get() - before; got != 1 {
 		t.Fatalf("%d settlements counted as dropped at close, want the one of the request ending after it", got)
+	}
+}
+
+// loadingProxy is a loopback TCP proxy in front of a redis-server that,
+// while loading is set, answers every command of a chunk holding each
+// trigger with Redis's LOADING error instead of forwarding it, as a Redis
+// restarted with persistence answers while it loads its dataset.
+type loadingProxy struct {
+	addr    string
+	target  string
+	trigger [][]byte
+	loading atomic.Bool
+	refused atomic.Int64 // chunks answered LOADING
+}
+
+func startLoadingProxy(t *testing.T, target string, trigger ...[]byte) *loadingProxy {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &loadingProxy{addr: ln.Addr().String(), target: target, trigger: trigger}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp4", p.target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, u)
+			mu.Unlock()
+			// Both directions write to c.
+			var wmu sync.Mutex
+			go func() { // client -> Redis
+				defer u.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					if err != nil {
+						return
+					}
+					if p.loading.Load() && p.matches(buf[:n]) {
+						p.refused.Add(1)
+						wmu.Lock()
+						for range countCommands(buf[:n]) {
+							c.Write([]byte("-LOADING Redis is loading the dataset in memory\r\n"))
+						}
+						wmu.Unlock()
+						continue
+					}
+					if _, err := u.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+			}()
+			go func() { // Redis -> client
+				defer c.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := u.Read(buf)
+					if err != nil {
+						return
+					}
+					wmu.Lock()
+					_, err = c.Write(buf[:n])
+					wmu.Unlock()
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p
+}
+
+func (p *loadingProxy) url() string { return "redis://" + p.addr + "/0" }
+
+func (p *loadingProxy) matches(b []byte) bool {
+	for _, x := range p.trigger {
+		if !bytes.Contains(b, x) {
+			return false
+		}
+	}
+	return true
+}
+
+// countCommands counts the commands (RESP arrays of bulk strings) in b,
+// a whole pipeline.
+func countCommands(b []byte) int {
+	n := 0
+	for len(b) > 0 && b[0] == '*' {
+		i := bytes.Index(b, []byte("\r\n"))
+		args, _ := strconv.Atoi(string(b[1:i]))
+		b = b[i+2:]
+		for range args {
+			i = bytes.Index(b, []byte("\r\n"))
+			l, _ := strconv.Atoi(string(b[1:i]))
+			b = b[i+2+l+2:]
+		}
+		n++
+	}
+	return n
+}
+
+// A settlement that Redis refused with an error reply (LOADING: restarted
+// with its AOF or its dump, it is still loading; any error reply for the
+// whole script) never ran: it is sent again until it lands, however long
+// Redis takes, not dropped after the minute that bounds the copies that
+// may have run. Before, a load longer than that minute dropped it (counted
+// as expired), its request keeping its estimate.
+func TestRedisASettlementRefusedWhileRedisLoadsLandsOnceItHasLoaded(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.LeaseTTL = time.Hour
+	o.EndDelay = time.Millisecond
+	px := startLoadingProxy(t, "127.0.0.1:"+strconv.Itoa(rs.port), []byte(endsScript.Hash()), []byte(o.RedisPrefix+"{u:alice}"))
+	o.State = px.url()
+	key, hash := mintKey(t)
+	g := newGov(t, o, userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":10,"max_tokens":1000}]}}`, ""))
+	g.rds.settleFor = 300 * time.Millisecond
+	u := identify(t, g, key)
+	tk := admitOK(t, g, u, Request{PromptTokens: 10, MaxTokens: 10}) // an estimate of 20
+	idle(t, g)
+	tk.FirstToken()
+	px.loading.Store(true)
+	start := time.Now()
+	tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 2})
+	deadline := start.Add(3 * time.Second)
+	for px.refused.Load() < 5 || time.Since(start) < 3*g.rds.settleFor { // loading for 3 times the resend limit
+		if time.Now().After(deadline) {
+			t.Fatalf("%d copies of the settlement refused while loading, want it sent again", px.refused.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	px.loading.Store(false) // loaded
+	h := rs.client(t)
+	deadline = time.Now().Add(3 * time.Second)
+	for {
+		v, _ := h.HMGet(context.Background(), o.RedisPrefix+"{u:alice}", "w1r", "w1k").Result()
+		if len(v) == 2 && v[0] == "1" && v[1] == "12000" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the day's requests and milli-tokens %v once Redis loaded, want the usage [1 12000]", v)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
