@@ -1350,8 +1350,11 @@ func (r *redisState) unadmit(err error, st *userState, t *template, e estimate, 
 // expired. The return (releaseLua) removes nothing when the call did not
 // run. (An admission's are unadmit's.)
 func (r *redisState) undoSlots(err error, member, msg string, sets ...string) {
-	if errors.Is(err, errStateClosed) || errors.Is(err, errStateStalled) || len(sets) == 0 {
-		return // never sent: in a stall, those would fill redo and evict real returns
+	if errors.Is(err, errStateClosed) || errors.Is(err, errStateStalled) || notSent(err) || len(sets) == 0 {
+		// Never sent (closed, failed at once in a stall, or it could not
+		// connect): under load in a stall or an outage, those would fill
+		// redo and evict real returns and settlements.
+		return
 	}
 	mStateUndone.Inc()
 	args := []any{member, r.wake, msg}

@@ -495,3 +495,58 @@ func TestRedisASettlementRefusedWhileRedisLoadsLandsOnceItHasLoaded(t *testing.T
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Seat acquisitions that cannot reach Redis (it is down, connections
+// refused: admitted uncounted, fail open) never ran, so they keep nothing
+// to give back: under load over an outage their returns filled the list
+// of ends kept for Redis's return (2 entries each) and evicted the
+// settlements of the requests that ended meanwhile, which kept their
+// estimates for good.
+func TestRedisSeatCallsThatCouldNotReachRedisKeepNoReturns(t *testing.T) {
+	rs := startRedis(t)
+	px := startOutageProxy(t, "127.0.0.1:"+strconv.Itoa(rs.port))
+	o := redisOptions(t, rs)
+	o.State = px.url()
+	o.LeaseTTL = time.Hour // no renewals in the way
+	key, hash := mintKey(t)
+	c := userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":100,"max_tokens":100000}]}}`,
+		`"rate_limit":{"overall_concurrency":100}`)
+	g := newGov(t, o, c)
+	g.rds.maxRedo = 8
+	u := identify(t, g, key)
+	r := Request{PromptTokens: 10, MaxTokens: 10} // an estimate of 20
+	const n = 4
+	var tks []Ticket
+	for range n {
+		tk := admitOK(t, g, u, r)
+		tk.FirstToken()
+		tks = append(tks, tk)
+	}
+	syncState(t, g)
+	px.cut()
+	for _, tk := range tks { // settled while Redis is down: kept
+		tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 2}) // 12 of its 20
+	}
+	waitFor(t, func() bool { g.rds.qmu.Lock(); defer g.rds.qmu.Unlock(); return len(g.rds.redo) == n })
+	for range 20 { // fail open: uncounted
+		s, _, rej := g.TryAcquire([]Target{w1}, PhaseMixed)
+		if rej != nil {
+			t.Fatalf("seat refused while Redis is down: %v, want fail open", rej)
+		}
+		s.Done()
+	}
+	idle(t, g)
+	px.restore()
+	h := rs.client(t)
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		v, _ := h.HMGet(context.Background(), o.RedisPrefix+"{u:alice}", "w1r", "w1k").Result()
+		if len(v) == 2 && v[0] == "4" && v[1] == "48000" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the day's requests and milli-tokens %v once Redis is back, want the usage [4 48000]", v)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
