@@ -632,6 +632,13 @@ func (r *redisState) takeAllRedo() []*scriptCall {
 	return out
 }
 
+// redoLen is the number of returns kept for sending again.
+func (r *redisState) redoLen() int {
+	r.qmu.Lock()
+	defer r.qmu.Unlock()
+	return len(r.redo)
+}
+
 // dropRedo counts what is still kept for sending again as the router
 // closes (its last pipeline failed): never sent.
 func (r *redisState) dropRedo() {
@@ -986,9 +993,20 @@ func (r *redisState) dispatch() {
 					batch := r.takeLocked()
 					r.qmu.Unlock()
 					// What is kept to send again goes now, ahead: nothing
-					// would carry it later.
-					if batch = append(r.takeAllRedo(), batch...); len(batch) > 0 {
+					// would carry it later (maxRedoAhead per pipeline).
+					kept := r.takeAllRedo()
+					n := min(len(kept), maxRedoAhead)
+					if batch = append(kept[:n:n], batch...); len(batch) > 0 {
 						r.exec(batch, true)
+					}
+					// The rest, while Redis takes them (a failure is kept
+					// in redo, and the rest goes with it).
+					for kept = kept[n:]; len(kept) > 0 && r.redoLen() == 0; kept = kept[n:] {
+						n = min(len(kept), maxRedoAhead)
+						r.exec(kept[:n:n], true)
+					}
+					for _, c := range kept {
+						droppedAtClose(&redoRelease{kind: c.end, keys: c.keys, args: c.args})
 					}
 					r.dropRedo()
 					return
