@@ -327,7 +327,12 @@ end
 // its arguments; KEYS its keys, end after end. Each end runs on its own
 // (pcall): one that fails (an OOM write refused, a key of the wrong type)
 // does not keep the others from running. It returns the number of ends
-// that failed and the first error.
+// that failed, the first error, and the positions (1-based) of the ends
+// Redis refused (a write refused: READONLY on a replica, OOM under
+// maxmemory), to send again: each end's first write comes before any
+// other, so one refused there changed nothing, and one refused later (an
+// OOM crossed between two writes) set its mark first (finishLua), which a
+// copy finds.
 //
 // Past the deadline (Redis's clock, TIME: the copy was held in a
 // connection or a proxy's buffer) a settlement (finish) may run after the
@@ -345,6 +350,7 @@ local function settleLate(K, A)
 end
 local ki, ai = 1, 2
 local failed, first = 0, ''
+local refused, e = {}, 0
 local late = false
 if #ARGV > 1 then
   if redis.replicate_commands then redis.replicate_commands() end -- TIME before writes (Redis < 5)
@@ -359,9 +365,12 @@ while ai <= #ARGV do
   for i = 0, na - 1 do A[i + 1] = ARGV[ai + i] end
   ki, ai = ki + nk, ai + na
   local ok, err
+  local again = true
+  e = e + 1
   if kind == 'f' and late then
     ok, err = pcall(settleLate, K, A)
     if ok then ok, err = false, 'a settlement ran past its deadline (its slot returned, its counters not): is this router\'s clock behind the state store\'s?' end
+    again = false -- not sent again: a copy would be late too
   elseif kind == 'f' then ok, err = pcall(finish, K, A, false)
   elseif kind == 'u' then ok, err = pcall(finish, K, A, true)
   elseif kind == 'm' then ok, err = pcall(migrate, K, A)
@@ -370,9 +379,10 @@ while ai <= #ARGV do
   if not ok then
     failed = failed + 1
     if first == '' then first = tostring(type(err) == 'table' and (err.err or err[1]) or err) end
+    if again then refused[#refused + 1] = e end
   end
 end
-return {failed, first}
+return {failed, first, refused}
 `)
 
 // endKind names an end in endsScript.
@@ -699,15 +709,14 @@ func (x *redoRelease) end() endKind {
 }
 
 // keepFailedEnds keeps for sending again the returns of the ends of an
-// endsScript call that failed with err: a return as it is; a finish
-// (a settlement) whole, tokens and slot, whether it may have run or not:
-// its mark makes it count once (finishLua).
-func (r *redisState) keepFailedEnds(parts []*scriptCall, err error) {
-	// An error reply for the whole script (LOADING while Redis loads its
-	// AOF or dump after a restart, BUSY, READONLY, an OOM refusal) means
-	// it did not run: each end runs under pcall, so no error raised
-	// while they run fails the script.
-	unsent := notSent(err) || isScriptError(err)
+// endsScript call that failed: a return as it is; a finish (a
+// settlement) whole, tokens and slot, whether it may have run or not: its
+// mark makes it count once (finishLua). unsent: they did not run (the
+// call could not connect; or Redis answered it with an error reply for the
+// whole script, LOADING while it loads its AOF or dump after a restart,
+// BUSY, READONLY, since each end runs under pcall and no error raised
+// while they run fails the script; or it refused them as they ran).
+func (r *redisState) keepFailedEnds(parts []*scriptCall, unsent bool) {
 	for _, x := range parts {
 		switch x.end {
 		case endRelease:
@@ -1175,12 +1184,21 @@ func (r *redisState) exec(batch []*scriptCall, probe bool) {
 		res, err := c.cmd.Slice()
 		if err != nil {
 			answered = false
-			r.keepFailedEnds(c.parts, err)
+			r.keepFailedEnds(c.parts, notSent(err) || isScriptError(err))
 		}
-		if err == nil && len(res) == 2 {
+		if err == nil && len(res) == 3 {
 			if n, _ := res[0].(int64); n > 0 {
 				err = fmt.Errorf("%d of the batch's ends failed: %v", n, res[1])
 			}
+			// The ends Redis refused changed nothing: sent again.
+			pos, _ := res[2].([]any)
+			var again []*scriptCall
+			for _, p := range pos {
+				if i, ok := p.(int64); ok && i >= 1 && int(i) <= len(c.parts) {
+					again = append(again, c.parts[i-1])
+				}
+			}
+			r.keepFailedEnds(again, true)
 		}
 		if err != nil {
 			r.failed("end", err, true)

@@ -550,3 +550,45 @@ func TestRedisSeatCallsThatCouldNotReachRedisKeepNoReturns(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A settlement that Redis refuses as it runs (a primary demoted to a
+// read-only replica by a failover, answering READONLY to writes; a write
+// refused under maxmemory) changed nothing: it is sent again until Redis
+// takes it. Before, it was counted as an error and dropped, its request
+// keeping its estimate for good.
+func TestRedisASettlementRefusedByARedisThatCannotWriteLandsOnceItCan(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.LeaseTTL = time.Hour
+	o.EndDelay = time.Millisecond
+	key, hash := mintKey(t)
+	g := newGov(t, o, userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":10,"max_tokens":1000}]}}`, ""))
+	u := identify(t, g, key)
+	tk := admitOK(t, g, u, Request{PromptTokens: 10, MaxTokens: 10}) // an estimate of 20
+	tk.FirstToken()
+	syncState(t, g)
+	h := rs.client(t)
+	bg := context.Background()
+	if err := h.ReplicaOf(bg, "127.0.0.1", "1").Err(); err != nil { // read-only, its data kept
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.ReplicaOf(bg, "NO", "ONE") })
+	errs := mStateErrors.Get()
+	tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 2})
+	waitFor(t, func() bool { return mStateErrors.Get() > errs }) // refused
+	time.Sleep(100 * time.Millisecond)
+	if err := h.ReplicaOf(bg, "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		v, _ := h.HMGet(bg, o.RedisPrefix+"{u:alice}", "w1r", "w1k").Result()
+		if len(v) == 2 && v[0] == "1" && v[1] == "12000" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the day's requests and milli-tokens %v once Redis writes again, want the usage [1 12000]", v)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
