@@ -449,8 +449,8 @@ type redisState struct {
 	// stalled is the time (Unix ns) until which a call fails at once,
 	// 0 while Redis answers (mayCall).
 	stalled atomic.Int64
-	// settleFor is settleResend, maxRedo the bound of redo, callLife
-	// callLife (tests shorten them before any call).
+	// settleFor is settleResend, maxRedo the bound of redo, callLife the
+	// constant callLife (tests shorten them before any call).
 	settleFor time.Duration
 	maxRedo   int
 	callLife  time.Duration
@@ -523,18 +523,19 @@ const (
 	settleResend = settleMark / 2
 )
 
-// callLife bounds how late Redis may run an admission (and a settlement,
-// endsScript): it carries a
-// deadline, callLife after the router made it (the router's clock), and
-// one that Redis reads past it (Redis's clock, TIME: a call held in a
-// stalled connection, a proxy's buffer, a TCP retransmission) takes
-// nothing (admitLua). Its return, should its answer be lost, sets the
+// callLife bounds how late Redis may run an admission or a settlement:
+// each carries a deadline, callLife after the router made or sent it (the
+// router's clock), and one that Redis reads past it (Redis's clock, TIME:
+// a call held in a stalled connection, a proxy's buffer, a TCP
+// retransmission) takes nothing (admitLua) or changes no counter
+// (endsScript). An admission's return, should its answer be lost, sets the
 // ticket's mark for settleMark from when it runs, after the admission was
 // made, so an admission that runs after its return finds the mark as long
 // as callLife plus the router's clock's lead on Redis's stays below
-// settleMark: exact for clocks up to 90 s apart. A router's clock more
-// than callLife behind Redis's has every admission refused as late (an
-// error: on_state_error decides).
+// settleMark: exact for a lead up to 90 s (28 s for settlements, above).
+// A router's clock more than callLife behind Redis's has every admission
+// refused as late (an error: on_state_error decides) and its settlements'
+// counters left as they are.
 const callLife = 30 * time.Second
 
 // maxRedo bounds the returns kept for sending again (Redis down for long
