@@ -624,3 +624,48 @@ func TestRedisASettlementRunAfterItsMarkExpiredCountsOnce(t *testing.T) {
 		}
 	}
 }
+
+// A router whose clock runs behind Redis's by more than a call's life
+// (here: a life of -1 s, every call past its deadline on arrival) has its
+// admissions refused as late, taking nothing (on_state_error decides), and
+// its settlements change no counter but return their slot: nothing is
+// charged that its return could not find.
+func TestRedisCallsPastTheirDeadlineTakeNothingButReturnTheirSlot(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.LeaseTTL = time.Hour
+	o.EndDelay = time.Millisecond
+	key, hash := mintKey(t)
+	c := userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":10},
+		"quota":{"enabled":true,"windows":[{"period":"day","max_requests":10,"max_tokens":1000}]}}`, "")
+	c.UserLimit.OnStateError = "closed"
+	g := newGov(t, o, c)
+	u := identify(t, g, key)
+	h := rs.client(t)
+	bg := context.Background()
+	hk := o.RedisPrefix + "{u:alice}"
+	tk := admitOK(t, g, u, Request{PromptTokens: 10, MaxTokens: 10}) // an estimate of 20
+	tk.FirstToken()
+	syncState(t, g)
+	g.rds.callLife = -time.Second
+	errs := mStateErrors.Get()
+	admitRejected(t, g, u, Request{PromptTokens: 10, MaxTokens: 10}, CodeStateUnavailable)
+	tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 2})
+	syncState(t, g)
+	if mStateErrors.Get()-errs < 2 {
+		t.Errorf("%d state errors, want the late admission's and the late settlement's", mStateErrors.Get()-errs)
+	}
+	v, _ := h.HMGet(bg, hk, "w1r", "w1k").Result()
+	if len(v) != 2 || v[0] != "1" || v[1] != "20000" {
+		t.Errorf("the day's requests and milli-tokens %v, want the first admission's alone [1 20000]", v)
+	}
+	if n := h.ZCard(bg, hk+":seats").Val(); n != 0 {
+		t.Errorf("%d slots taken after the late settlement", n)
+	}
+	g.rds.qmu.Lock()
+	n := len(g.rds.redo)
+	g.rds.qmu.Unlock()
+	if n != 0 {
+		t.Errorf("%d ends kept to send again: a late settlement is not", n)
+	}
+}
