@@ -715,8 +715,8 @@ func (x *redoRelease) end() endKind {
 // mark makes it count once (finishLua). unsent: they did not run (the
 // call could not connect; or Redis answered it with an error reply for the
 // whole script, LOADING while it loads its AOF or dump after a restart,
-// BUSY, READONLY, since each end runs under pcall and no error raised
-// while they run fails the script; or it refused them as they ran).
+// BUSY, since each end runs under pcall and no error raised while they
+// run fails the script; or it refused them as they ran, READONLY, OOM).
 func (r *redisState) keepFailedEnds(parts []*scriptCall, unsent bool) {
 	for _, x := range parts {
 		switch x.end {
