@@ -24,6 +24,7 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/internal/lockout"
 	"github.com/infera/infera/internal/logx"
+	"github.com/infera/infera/internal/realip"
 )
 
 // Options configures the configuration center. Fields map to `infera
@@ -75,12 +76,17 @@ type Options struct {
 	// besides IP addresses, localhost and the machine's name (a leading
 	// dot allows subdomains, "*" any name): see hostAllowed.
 	AllowedHosts []string
+	// TrustedProxies are --trusted-proxies: addresses and CIDR networks
+	// of proxies whose X-Forwarded-For names the client (internal/realip),
+	// for the wrong-key lockout and the audit log. Empty: every client is
+	// its TCP peer.
+	TrustedProxies []string
 }
 
 // OptionsFromFlags maps `infera serve` flags to Options.
 func OptionsFromFlags(f *config.Serve, store *config.Store) Options {
 	o := Options{Store: store, State: f.State, SnapshotDir: f.PersistSnapshotDir, SealKey: f.AdminSealKey,
-		AllowedHosts: append([]string{f.AdminHost}, f.AdminAllowedHosts...)}
+		AllowedHosts: append([]string{f.AdminHost}, f.AdminAllowedHosts...), TrustedProxies: f.TrustedProxies}
 	switch {
 	case f.AdminKey != "":
 		o.Key, o.KeyLabel = f.AdminKey, "admin-key"
@@ -130,6 +136,8 @@ type Admin struct {
 	once sync.Once
 
 	fails *lockout.Guard // wrong keys per client address (api.go)
+	// trusted are Options.TrustedProxies; nil: trust no one.
+	trusted *realip.Proxies
 }
 
 // pendingChange tells the store's change hook who made the change it sees.
@@ -201,8 +209,13 @@ func New(o Options) (*Admin, error) {
 	if o.KeyLabel == "" {
 		o.KeyLabel = "admin-key"
 	}
+	trusted, err := realip.Parse(o.TrustedProxies)
+	if err != nil {
+		return nil, fmt.Errorf("--trusted-proxies: %w", err)
+	}
 	seal := newSealer(o.SealKey, o.Key, o.OlderKeys...)
 	a := &Admin{
+		trusted:  trusted,
 		o:        o,
 		store:    o.Store,
 		seal:     seal,

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"reflect"
 	"slices"
@@ -139,15 +140,15 @@ func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) htt
 			// origin, key header and all: refused before the key is
 			// checked or counted, so it can neither guess nor lock the
 			// operator out.
-			authLog.Warn("admin request refused: its Host is not one this listener answers for (--admin-allowed-hosts)", "remote", r.RemoteAddr, "path", r.URL.Path)
+			authLog.Warn("admin request refused: its Host is not one this listener answers for (--admin-allowed-hosts)", "remote", a.remote(r), "path", r.URL.Path)
 			writeJSON(w, http.StatusMisdirectedRequest, errBody("", "this admin listener does not answer for the request's Host; name it with --admin-allowed-hosts"))
 			return
 		}
-		ip, _ := lockout.KeyOfString(r.RemoteAddr) // an IPv6 client counts as its /64
+		ip := lockout.Key(a.client(r)) // an IPv6 client counts as its /64
 		if wait, locked := a.fails.Locked(ip); locked {
 			// Too many wrong keys from this address: the key is not even
 			// checked until the window ends (no guessing at any speed).
-			authLog.Warn("admin request refused: too many wrong keys from this address", "remote", r.RemoteAddr, "path", r.URL.Path)
+			authLog.Warn("admin request refused: too many wrong keys from this address", "remote", a.remote(r), "path", r.URL.Path)
 			w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
 			writeJSON(w, http.StatusTooManyRequests, errBody("", "too many wrong admin keys from this address; retry later"))
 			return
@@ -161,7 +162,7 @@ func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) htt
 				a.fails.Failed(ip)
 			}
 			// The presented key is never logged or echoed.
-			authLog.Warn("admin request refused: bad or missing key", "remote", r.RemoteAddr, "path", r.URL.Path)
+			authLog.Warn("admin request refused: bad or missing key", "remote", a.remote(r), "path", r.URL.Path)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="infera admin"`)
 			writeJSON(w, http.StatusUnauthorized, errBody("", "missing or wrong admin key: send Authorization: Bearer <admin key>"))
 			return
@@ -181,7 +182,37 @@ func bearer(h string) (string, bool) {
 }
 
 func (a *Admin) who(r *http.Request) actor {
-	return actor{Who: a.o.KeyLabel, Remote: r.RemoteAddr}
+	return actor{Who: a.o.KeyLabel, Remote: a.remote(r)}
+}
+
+// client is the request's client address: the TCP peer's, or when the
+// peer is one of --trusted-proxies, the rightmost X-Forwarded-For address
+// not itself trusted (internal/realip, as on the data path). Invalid when
+// the peer's address is not an IP address.
+func (a *Admin) client(r *http.Request) netip.Addr {
+	peer, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		// Not host:port (a test's, or a listener of another kind).
+		bare, _ := netip.ParseAddr(r.RemoteAddr)
+		return bare.Unmap()
+	}
+	if a.trusted == nil {
+		return peer.Addr().Unmap()
+	}
+	return a.trusted.ClientString(peer.Addr(), r.Header.Values("X-Forwarded-For"))
+}
+
+// remote names the client for a log line or the audit log: the peer's
+// host:port, or behind a trusted proxy "client (via host:port)".
+func (a *Admin) remote(r *http.Request) string {
+	if a.trusted == nil {
+		return r.RemoteAddr
+	}
+	c := a.client(r)
+	if peer, err := netip.ParseAddrPort(r.RemoteAddr); err != nil || !c.IsValid() || c == peer.Addr().Unmap().WithZone("") {
+		return r.RemoteAddr
+	}
+	return c.String() + " (via " + r.RemoteAddr + ")"
 }
 
 func securityHeaders(h http.Handler) http.Handler {

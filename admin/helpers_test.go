@@ -41,6 +41,8 @@ type envOpts struct {
 	// syncInterval is how often a Redis replica compares versions
 	// (0: 200 ms).
 	syncInterval time.Duration
+	// trustedProxies is Options.TrustedProxies (--trusted-proxies).
+	trustedProxies []string
 }
 
 func newEnv(t testing.TB, o envOpts) *env {
@@ -76,7 +78,8 @@ func newEnv(t testing.TB, o envOpts) *env {
 	if o.key == "" {
 		o.key = testKey
 	}
-	opts := Options{Store: e.store, Key: o.key, SealKey: o.sealKey, State: o.state, SnapshotDir: o.snapshotDir, Fleet: o.fleet, SyncInterval: 200 * time.Millisecond}
+	opts := Options{Store: e.store, Key: o.key, SealKey: o.sealKey, State: o.state, SnapshotDir: o.snapshotDir, Fleet: o.fleet, SyncInterval: 200 * time.Millisecond,
+		TrustedProxies: o.trustedProxies}
 	if o.syncInterval != 0 {
 		opts.SyncInterval = o.syncInterval
 	}

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/infera/infera/internal/realip"
 )
 
 // Serve holds the process-level flags of `infera serve`.
@@ -29,6 +31,10 @@ type Serve struct {
 	// router authenticates (--api-key or users).
 	AuthLockoutFailures int           `help:"Wrong API keys (--api-key or a user's) from one client address within --auth-lockout-window that lock the address out for that window: 429 with Retry-After, whatever key it sends; 0 (the default) turns the lockout off: behind a proxy or NAT every client has one address." default:"0" env:"INFERA_AUTH_LOCKOUT_FAILURES"`
 	AuthLockoutWindow   time.Duration `help:"Time within which --auth-lockout-failures wrong keys lock an address out (counted from the first), and how long the lockout lasts (from the last)." default:"1m" env:"INFERA_AUTH_LOCKOUT_WINDOW"`
+	// TrustedProxies are the load balancers whose X-Forwarded-For names
+	// the client (internal/realip): the address the lockouts count and
+	// the access log and audit log report.
+	TrustedProxies []string `help:"Load balancers and proxies (comma-separated IP addresses and CIDR networks, IPv4 and IPv6) whose X-Forwarded-For names the client: a request from one of them counts as the rightmost X-Forwarded-For address not itself listed (the wrong-key lockouts, the access log, the admin audit log); empty (the default): every client is its TCP peer and X-Forwarded-For is ignored." env:"INFERA_TRUSTED_PROXIES" sep:","`
 
 	RouterTokenizerPath string `help:"Directory with tokenizer.json and tokenizer_config.json used for KV-aware routing." env:"INFERA_ROUTER_TOKENIZER_PATH"`
 	// RouterTokenizeMaxBytes bounds the router's tokenization work per
@@ -149,6 +155,9 @@ func (s *Serve) Validate() error {
 		// Retry-After is whole seconds; a lockout of days would let one
 		// guesser behind a NAT shut its neighbours out for as long.
 		return fmt.Errorf("--auth-lockout-window %v: want 1s to 24h", s.AuthLockoutWindow)
+	}
+	if _, err := realip.Parse(s.TrustedProxies); err != nil {
+		return fmt.Errorf("--trusted-proxies: %w", err)
 	}
 	if s.StateEndDelay < 0 || s.StateEndDelay > MaxStateEndDelay {
 		// Lease renewals ride with the ends (govern): a delay near the

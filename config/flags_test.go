@@ -122,3 +122,22 @@ func TestServeFlagsRefuseAStateEndDelayPastOneSecond(t *testing.T) {
 		}
 	}
 }
+
+// --trusted-proxies takes IP addresses and CIDR networks of either family;
+// anything else refuses the start with a message naming the flag and the
+// entry.
+func TestServeFlagsRefuseMalformedTrustedProxies(t *testing.T) {
+	base := func(list ...string) *Serve {
+		return &Serve{Port: 8000, MaxBodyBytes: 1, BreakerCooldownS: 1, BreakerMaxCooldownS: 2, ConfigPoll: 1, MaxInflightBodyBytes: 1, KVBlockSize: 16,
+			TrustedProxies: list}
+	}
+	if err := base("10.0.0.0/8", " 192.0.2.7", "2001:db8::/32", "::1", "").Validate(); err != nil {
+		t.Fatalf("good list refused: %v", err)
+	}
+	for _, bad := range []string{"lb.internal", "10.0.0.1/8", "10.0.0", "fe80::1%eth0", "10.0.0.0/33", "[::1]", "10.0.0.1:80"} {
+		err := base("10.0.0.0/8", bad).Validate()
+		if err == nil || !strings.Contains(err.Error(), "--trusted-proxies") || !strings.Contains(err.Error(), bad) {
+			t.Errorf("%q: %v; want an error naming --trusted-proxies and the entry", bad, err)
+		}
+	}
+}

@@ -129,3 +129,35 @@ func TestTwoStaticWorkersNamingOneEngineRefuseTheStart(t *testing.T) {
 		t.Fatalf("after the refused reload: %d workers, a at %s", n, g.Fleet().Get("a").URL)
 	}
 }
+
+// --trusted-proxies comes from the flag or INFERA_TRUSTED_PROXIES, comma
+// separated; a malformed entry refuses the start, naming it.
+func TestTrustedProxiesComeFromTheFlagOrTheEnvironmentAndAreChecked(t *testing.T) {
+	t.Setenv("INFERA_TRUSTED_PROXIES", "10.0.0.0/8, 2001:db8::/32")
+	if f := parseServe(t); strings.Join(f.TrustedProxies, "|") != "10.0.0.0/8| 2001:db8::/32" {
+		t.Fatalf("from the environment: %q", f.TrustedProxies)
+	}
+	if f := parseServe(t, "--trusted-proxies", "192.0.2.7,::1"); strings.Join(f.TrustedProxies, "|") != "192.0.2.7|::1" {
+		t.Fatalf("the flag over the environment: %q", f.TrustedProxies)
+	}
+	// kong runs Serve.Validate while parsing, as main does.
+	var c struct {
+		Serve config.Serve `cmd:""`
+	}
+	p, err := kong.New(&c, append(config.KongOptions(), kong.Name("infera"), kong.Exit(func(int) { t.Fatal("exit") }))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.Parse([]string{"serve", "--trusted-proxies", "10.0.0.0/8,lb.internal", "--admin-port", "0"})
+	if err == nil || !strings.Contains(err.Error(), "--trusted-proxies") || !strings.Contains(err.Error(), `"lb.internal" is not an IP address`) {
+		t.Fatalf("--trusted-proxies lb.internal: %v; want an error naming the flag and the entry", err)
+	}
+	// gateway.New (an embedding caller) checks it too.
+	c.Serve.TrustedProxies = []string{"10.0.0.1/8"}
+	if g, err := New(&c.Serve); err == nil || !strings.Contains(err.Error(), "10.0.0.0/8") {
+		if g != nil {
+			g.Close()
+		}
+		t.Fatalf("gateway.New with --trusted-proxies 10.0.0.1/8: %v; want an error offering 10.0.0.0/8", err)
+	}
+}

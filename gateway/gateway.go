@@ -23,6 +23,7 @@ import (
 	"github.com/infera/infera/internal/certs"
 	"github.com/infera/infera/internal/holdhup"
 	"github.com/infera/infera/internal/logx"
+	"github.com/infera/infera/internal/realip"
 	"github.com/infera/infera/kv"
 	"github.com/infera/infera/kvroute"
 	"github.com/infera/infera/mirror"
@@ -86,6 +87,9 @@ func New(f *config.Serve) (*Gateway, error) {
 	redis.SetLogger(logx.NewRedis()) // the Redis client's own lines go through slog
 	if err := f.Validate(); err != nil {
 		return nil, err
+	}
+	if p, _ := realip.Parse(f.TrustedProxies); p != nil {
+		slog.Info("clients behind trusted proxies are the address their X-Forwarded-For names", "trusted_proxies", p.String())
 	}
 	policy, ok := sched.ParsePolicy(f.RouterPolicy)
 	if !ok {

@@ -393,9 +393,3 @@ func appendRequestIDHeader(dst, id []byte) []byte {
 	dst = append(dst, id...)
 	return append(dst, "\r\n"...)
 }
-
-// clientAddr is the client's IP address (none on a non-TCP connection).
-func clientAddr(ctx *fasthttp.RequestCtx) netip.Addr {
-	a, _ := netip.AddrFromSlice(ctx.RemoteIP())
-	return a
-}

@@ -200,3 +200,46 @@ func TestARightKeyIsCheckedWithoutAllocating(t *testing.T) {
 		t.Fatalf("another address locked out: %.2f allocs per request, want at most fasthttp's 1", n)
 	}
 }
+
+// Behind --trusted-proxies, finding the client in X-Forwarded-For (for
+// the lockout and the access log) allocates nothing either: the header
+// is read in place, over several lines.
+func TestAClientBehindATrustedProxyIsFoundWithoutAllocating(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.APIKey, f.AuthLockoutFailures, f.AuthLockoutWindow = "sk-right-0123456789", 3, time.Minute
+	f.TrustedProxies = []string{"10.0.0.0/8", "127.0.0.1", "2001:db8:ffff::/48"}
+	l := NewAccessLog(io.Discard)
+	t.Cleanup(func() { l.Close() })
+	r := startRouterWith(t, f, nil, func(o *Options) { o.AccessLog = l }, up.url)
+	hc, req := benchClient(t, r.url, false)
+	req.Header.Set("Authorization", "Bearer "+f.APIKey)
+	req.Header.Add("X-Forwarded-For", "198.51.100.1, [2001:db8::7]:5555")
+	req.Header.Add("X-Forwarded-For", "10.1.1.1, 2001:db8:ffff::1")
+	resp := fasthttp.AcquireResponse()
+	do := func() {
+		if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+			t.Fatal(err, resp.StatusCode())
+		}
+	}
+	for i := 0; i < 200; i++ {
+		do()
+	}
+	if n := testing.AllocsPerRun(2000, do); n > 1.05 {
+		t.Fatalf("%.2f allocs per request, want at most fasthttp's 1", n)
+	}
+	for i := 0; i < 3; i++ {
+		r.srv.fails.Failed(netip.MustParseAddr("10.1.2.3"))
+	}
+	if n := testing.AllocsPerRun(2000, do); n > 1.05 {
+		t.Fatalf("another address locked out: %.2f allocs per request, want at most fasthttp's 1", n)
+	}
+	// The requests measured were the header's client's: locking its /64
+	// out refuses them.
+	for i := 0; i < 3; i++ {
+		r.srv.fails.Failed(netip.MustParseAddr("2001:db8::"))
+	}
+	if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 429 {
+		t.Fatalf("2001:db8::/64 locked out: %v %d, want 429", err, resp.StatusCode())
+	}
+}

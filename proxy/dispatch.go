@@ -579,7 +579,7 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 	}
 	rs.scanUsage(rs.rbuf[:n])
 	if rs.proto.passesResponses() && status < 300 && rs.ext.cur == nil {
-		c := respCred{addr: clientAddr(ctx)}
+		c := respCred{addr: s.clientIP(ctx)}
 		if u := rs.gov.user; u != nil {
 			c = respCred{user: u.Name()}
 		}

@@ -12,8 +12,9 @@ import (
 
 // Wrong keys lock a client address out (--auth-lockout-failures within
 // --auth-lockout-window; internal/lockout keeps the bounded table). The
-// address is the TCP peer's, an IPv6 client's /64: the router knows no
-// trusted front proxy, so X-Forwarded-For and Forwarded are never read.
+// address is the client's (clientaddr.go: the TCP peer's, or behind
+// --trusted-proxies the one X-Forwarded-For names), an IPv6 client's /64.
+// Forwarded (RFC 7239) is never read.
 
 var (
 	// mLockoutRefused counts requests refused because their address was
@@ -30,8 +31,14 @@ func (s *Server) wrongKey(ctx *fasthttp.RequestCtx, ip netip.Addr, k []byte) {
 		return
 	}
 	mLockouts.Inc()
-	// The address and the count, never the key.
-	lockoutLog.Warn("client address locked out: too many wrong API keys", "remote", ctx.RemoteAddr().String(),
+	// The address and the count, never the key; behind a trusted proxy,
+	// the proxy's address too.
+	if s.trusted == nil {
+		lockoutLog.Warn("client address locked out: too many wrong API keys", "remote", ctx.RemoteAddr().String(),
+			"failures", s.flags.AuthLockoutFailures, "for", s.fails.Window().String())
+		return
+	}
+	lockoutLog.Warn("client address locked out: too many wrong API keys", "remote", s.clientIP(ctx).String(), "peer", ctx.RemoteAddr().String(),
 		"failures", s.flags.AuthLockoutFailures, "for", s.fails.Window().String())
 }
 

@@ -302,7 +302,7 @@ func (s *Server) answered(ctx *fasthttp.RequestCtx, rs *reqState) {
 	}
 	rs.acc.status = ctx.Response.StatusCode()
 	if s.access != nil {
-		rs.acc.on, rs.acc.client = true, clientAddr(ctx)
+		rs.acc.on, rs.acc.client = true, s.clientIP(ctx)
 		if rs.acc.status >= 400 && !rs.handedOff {
 			rs.acc.noteErrorCode(ctx.Response.Body())
 		}

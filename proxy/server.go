@@ -23,6 +23,7 @@ import (
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/govern"
 	"github.com/infera/infera/internal/lockout"
+	"github.com/infera/infera/internal/realip"
 	"github.com/infera/infera/mirror"
 	"github.com/infera/infera/protocol"
 	"github.com/infera/infera/sched"
@@ -137,8 +138,11 @@ type Server struct {
 	keyBytes  []byte
 	// fails counts wrong keys per client address (--auth-lockout-*,
 	// lockout.go); nil: off.
-	fails  *lockout.Guard
-	bodies bodyBudget
+	fails *lockout.Guard
+	// trusted are --trusted-proxies, whose X-Forwarded-For names the
+	// client (clientaddr.go); nil: every client is its TCP peer.
+	trusted *realip.Proxies
+	bodies  bodyBudget
 
 	ext        *externals         // split proxy entries and member gateways (external.go)
 	splitter   upstreams.Splitter // weight strategy draws
@@ -174,6 +178,9 @@ func New(o Options) *Server {
 		s.respAff.records = o.Governor.Records() // nil without --state redis (respshared.go)
 	}
 	s.fails = lockout.New(lockout.Options{Max: f.AuthLockoutFailures, Window: f.AuthLockoutWindow})
+	// Refused at start when malformed (config.Serve.Validate); a list that
+	// does not parse trusts no one.
+	s.trusted, _ = realip.Parse(f.TrustedProxies)
 	s.bodies.limit = f.MaxInflightBodyBytes
 	if s.bodies.limit <= 0 {
 		s.bodies.limit = 256 << 20
@@ -601,7 +608,7 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*govern.User, bool) {
 	}
 	var ip netip.Addr
 	if s.fails != nil {
-		ip, _ = lockout.KeyOf(ctx.RemoteAddr())
+		ip = s.lockoutKey(ctx) // the TCP peer's, or X-Forwarded-For's behind --trusted-proxies
 		if wait, locked := s.fails.Locked(ip); locked {
 			writeLockedOut(ctx, wait)
 			return nil, false
