@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net"
 	"net/netip"
 
 	"github.com/infera/infera/internal/lockout"
@@ -21,6 +22,16 @@ func (s *Server) clientIP(ctx *fasthttp.RequestCtx) netip.Addr {
 		return a.Unmap()
 	}
 	return s.trusted.Client(a, ctx.Request.Header.PeekAll(fasthttp.HeaderXForwardedFor))
+}
+
+// peerIP is the TCP peer's address, unmapped (invalid on a connection
+// that is not TCP): the address the router appends to X-Forwarded-For.
+func peerIP(ctx *fasthttp.RequestCtx) netip.Addr {
+	if t, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
+		a, _ := netip.AddrFromSlice(t.IP)
+		return a.Unmap()
+	}
+	return netip.Addr{}
 }
 
 // lockoutKey is the address the wrong-key lockout counts the client as

@@ -39,7 +39,7 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 		c.method = methodGET // respstored.go
 	}
 	c.begin = rs.start
-	rs.hdr = appendForwardHeaders(rs.hdr[:0], &ctx.Request.Header, s.authOn(), rs.proto.mode == protoConvert)
+	rs.hdr = appendForwardHeaders(rs.hdr[:0], &ctx.Request.Header, peerIP(ctx), s.authOn(), rs.proto.mode == protoConvert)
 	rs.hdr = appendRequestIDHeader(rs.hdr, rs.reqID)
 	c.stream = r.Stream
 	t := &cfg.Timeouts

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"net/netip"
+
 	"github.com/infera/infera/internal/h1"
 	"github.com/valyala/fasthttp"
 )
@@ -111,16 +113,22 @@ func eqFold(b []byte, s string) bool { return h1.EqFold(b, s) }
 // the router's own x-worker-instance-id / x-prefill-instance-id; and the
 // client's credentials when the router consumed them (stripAuth). A body
 // the router wrote itself (a converted protocol: jsonBody) goes as JSON,
-// whatever type the client's had.
-func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, stripAuth, jsonBody bool) []byte {
+// whatever type the client's had. X-Forwarded-For goes as one line, with
+// peer, the address the request came from, appended
+// (appendXForwardedFor).
+func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, peer netip.Addr, stripAuth, jsonBody bool) []byte {
 	// Every Connection line: RFC 9110 reads them as one list (Peek gave the
 	// first only, and a header the second named reached the engine).
 	conns := h.PeekAll("Connection")
 	if jsonBody {
 		dst = append(dst, "Content-Type: application/json\r\n"...)
 	}
+	xff := false // the client sent X-Forwarded-For
 	for k, v := range h.All() {
 		switch {
+		case eqFold(k, fasthttp.HeaderXForwardedFor):
+			xff = true
+			continue
 		case isHopHeader(k), eqFold(k, "Host"), eqFold(k, "Content-Length"), eqFold(k, "Expect"),
 			eqFold(k, hdrWorkerID), eqFold(k, hdrPrefillID), eqFold(k, hdrRequestID): // the router's request id follows
 			continue
@@ -139,7 +147,49 @@ func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, stripAuth, json
 		dst = append(dst, v...)
 		dst = append(dst, "\r\n"...)
 	}
-	return dst
+	if xff && namedInAny(conns, []byte(fasthttp.HeaderXForwardedFor)) {
+		xff = false // hop-by-hop by the client's word: the engine gets the peer alone
+	}
+	return appendXForwardedFor(dst, h, xff, peer)
+}
+
+// appendXForwardedFor appends the X-Forwarded-For line the engine gets:
+// the client's lines (when xff) joined as one list (RFC 9110 section 5.3),
+// then peer, the address the router received the request from, as
+// nginx's $proxy_add_x_forwarded_for, Envoy and Go's
+// httputil.ReverseProxy write it. An engine or router that trusts this one
+// (uvicorn's --forwarded-allow-ips, --trusted-proxies) so finds the
+// client in the rightmost address, which the client cannot write. Empty
+// lines and lines with control bytes are left out; no line at all when
+// nothing is left (a connection that is not TCP, without the header).
+func appendXForwardedFor(dst []byte, h *fasthttp.RequestHeader, xff bool, peer netip.Addr) []byte {
+	start := len(dst)
+	dst = append(dst, fasthttp.HeaderXForwardedFor+": "...)
+	n := len(dst)
+	if xff {
+		for k, v := range h.All() {
+			if !eqFold(k, fasthttp.HeaderXForwardedFor) {
+				continue
+			}
+			if v = h1.TrimOWS(v); len(v) == 0 || !validHeaderValue(v) {
+				continue
+			}
+			if len(dst) > n {
+				dst = append(dst, ", "...)
+			}
+			dst = append(dst, v...)
+		}
+	}
+	if peer.IsValid() {
+		if len(dst) > n {
+			dst = append(dst, ", "...)
+		}
+		dst = peer.Unmap().WithZone("").AppendTo(dst)
+	}
+	if len(dst) == n {
+		return dst[:start]
+	}
+	return append(dst, "\r\n"...)
 }
 
 // namedInAny reports whether k is named in one of the values vs.
