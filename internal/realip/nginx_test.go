@@ -39,8 +39,10 @@ func startNginxRealip(t *testing.T, trusted ...string) string {
 	for _, p := range trusted {
 		fmt.Fprintf(&from, "    set_real_ip_from %s;\n", p)
 	}
+	// One process (no master): the test's kill stops all of it (a killed
+	// master leaves its workers running).
 	conf := fmt.Sprintf(`daemon off;
-worker_processes 1;
+master_process off;
 pid %[1]s/nginx.pid;
 error_log %[1]s/logs/error.log warn;
 events { worker_connections 64; }
