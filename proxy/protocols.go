@@ -949,8 +949,9 @@ func (rs *reqState) scanUsage(b []byte) {
 		return // a stored Response's usage was counted when it was generated
 	}
 	if rs.proto.mode != protoPassthrough {
-		rs.usage.lines = rs.sreq.Stream // a stream's usage chunk is told by its line (judge)
-		rs.usage.once = !rs.parsed.continuousUsage
+		rs.usage.lines = rs.sreq.Stream            // a stream's usage chunk is told by its line (judge)
+		rs.usage.once = !rs.parsed.continuousUsage // as forwarded (afterParse)
+		rs.usage.single = rs.parsed.generations() == 1
 		rs.usage.scan(b)
 		return
 	}

@@ -53,6 +53,14 @@ type usage struct {
 	// choices (SGLang before its choices:[] usage chunk, TGI and other
 	// OpenAI-compatible engines put it on the chunk with finish_reason).
 	once bool
+	// single: the request generates one sequence (n and best_of 1, one
+	// prompt), so with continuous usage the usage on the chunk whose
+	// finish_reason is set is the whole answer's count: vLLM's
+	// serving_chat.py and serving_completion.py put the prompt and that
+	// choice's tokens so far on it, after its last tokens. With more
+	// sequences it counts one choice's tokens, and only the usage chunk
+	// sums them.
+	single bool
 	// hit: the last scan read a whole usage object with numbers, its key
 	// at hitKey and its end at hitEnd in the read scanned (a key at a
 	// negative offset began in the carry, at the end of the read before);
@@ -65,6 +73,7 @@ type usage struct {
 	// boundary cut), and pend that it holds a whole usage object that no
 	// choices preceded: judged at the line's end.
 	lch    uint8
+	lfin   uint8 // what it says of a finish_reason (finished)
 	ltail  [choicesSpan]byte
 	nltail int
 	pend   bool
@@ -137,39 +146,19 @@ func (u *usage) parseAPI(b []byte, api protocol.API) {
 func (u *usage) parse(b []byte) {
 	i := lastIndex(b, keyUsage)
 	if i >= 0 {
-		obj := b[i+len(keyUsage):]
-		n, okPrompt := intAfter(obj, keyPrompt)
-		if okPrompt {
-			u.prompt, u.seen = n, true
-		}
-		n, okCompletion := intAfter(obj, keyCompletion)
-		if okCompletion {
-			u.completion, u.seen = n, true
-		}
-		numbers := okPrompt || okCompletion
-		end := objectEnd(obj)
-		if !numbers && end >= 0 {
-			// vLLM's rerank answers before its RerankUsage had
-			// prompt_tokens: {"total_tokens":N}, all of them prompt.
-			if n, ok := intAfter(obj[:end], keyTotal); ok {
-				u.prompt, u.seen, numbers = n, true, true
-			}
-		}
-		if n, ok := intAfter(obj, keyCached); ok {
-			u.cached = n
-		}
-		if numbers {
-			// These numbers are the usage now: final once judged.
-			u.whole, u.final, u.pend = end >= 0, false, false
-			if u.hit = u.whole; u.hit {
-				u.hitKey, u.hitEnd = u.off+i, u.off+i+len(keyUsage)+end
-			}
-		}
+		end := objectEnd(b[i+len(keyUsage):])
 		if end < 0 && len(b)-i <= usageCarry {
-			// Cut: carried last, as b may be the carry itself (scanAPI).
+			// Cut, and read whole with the next read: its numbers are
+			// read then, and those of the usage before it in b now (a
+			// finish_reason chunk's, say, before a usage chunk's start).
+			if j := lastIndex(b[:i], keyUsage); j >= 0 {
+				u.take(b[:i], j, objectEnd(b[j+len(keyUsage):i]))
+			}
+			// Carried last, as b may be the carry itself (scanAPI).
 			u.ncarry = copy(u.carry[:], b[i:])
 			return
 		}
+		u.take(b, i, end)
 	}
 	// The next key may be cut: carry a tail of b (after the key found)
 	// that begins it.
@@ -184,6 +173,38 @@ func (u *usage) parse(b []byte) {
 		if bytes.HasSuffix(b, keyUsage[:k]) {
 			u.ncarry = copy(u.carry[:], b[len(b)-k:])
 			return
+		}
+	}
+}
+
+// take records the numbers of the usage object whose key is at b[i:] and
+// whose value is end bytes long (objectEnd; -1: cut by b's end).
+func (u *usage) take(b []byte, i, end int) {
+	obj := b[i+len(keyUsage):]
+	n, okPrompt := intAfter(obj, keyPrompt)
+	if okPrompt {
+		u.prompt, u.seen = n, true
+	}
+	n, okCompletion := intAfter(obj, keyCompletion)
+	if okCompletion {
+		u.completion, u.seen = n, true
+	}
+	numbers := okPrompt || okCompletion
+	if !numbers && end >= 0 {
+		// vLLM's rerank answers before its RerankUsage had
+		// prompt_tokens: {"total_tokens":N}, all of them prompt.
+		if n, ok := intAfter(obj[:end], keyTotal); ok {
+			u.prompt, u.seen, numbers = n, true, true
+		}
+	}
+	if n, ok := intAfter(obj, keyCached); ok {
+		u.cached = n
+	}
+	if numbers {
+		// These numbers are the usage now: final once judged.
+		u.whole, u.final, u.pend = end >= 0, false, false
+		if u.hit = u.whole; u.hit {
+			u.hitKey, u.hitEnd = u.off+i, u.off+i+len(keyUsage)+end
 		}
 	}
 }
@@ -261,10 +282,14 @@ func intAfter(b, key []byte) (int, bool) {
 // SGLang, llama.cpp, OpenAI: "choices":[]), null or absent, as
 // protocol.UsageFilter takes it; a chunk with choices (vLLM's
 // continuous_usage_stats) tells the usage so far, when the request asked
-// for it; else (once) the engine sends no usage but its final count,
-// whatever its chunk holds. The chunk's line may come in parts: what its start said of choices is kept from the read before
-// (lch), and a usage object that no choices preceded waits for its line's
-// end (pend). It allocates nothing.
+// for it, except on the chunk whose finish_reason is set when the request
+// generates one sequence (single): that usage counts the whole answer
+// already, so a stream cut before its usage chunk is charged it; else
+// (once) the engine sends no usage but its final count, whatever its
+// chunk holds. The chunk's line may come in parts: what its start said of
+// choices and finish_reason is kept from the read before (lch, lfin), and
+// a usage object that no choices preceded waits for its line's end
+// (pend). It allocates nothing.
 func (u *usage) judge(b []byte) {
 	if u.once {
 		// Every usage is the final count: no line to follow (the usual
@@ -276,7 +301,7 @@ func (u *usage) judge(b []byte) {
 	if u.pend && !u.hit {
 		if i := lineBreak(b); i >= 0 {
 			u.pend = false
-			u.final = finalChoices(u.lineChoices(b[:i]))
+			u.final = u.finalLine(u.lineChoices(b[:i]), u.lineFinished(b[:i]))
 		}
 	}
 	if u.hit {
@@ -287,13 +312,13 @@ func (u *usage) judge(b []byte) {
 	rest := b
 	if i := lastLineBreak(b); i >= 0 {
 		rest = b[i+1:]
-		u.lch, u.nltail = choicesAbsent, 0
+		u.lch, u.lfin, u.nltail = choicesAbsent, choicesAbsent, 0
 		if len(rest) == 0 {
 			return // the common end of a read: an event's
 		}
-		u.lch = choices(rest)
+		u.lch, u.lfin = choices(rest), finished(rest)
 	} else {
-		u.lch = u.lineChoices(b)
+		u.lch, u.lfin = u.lineChoices(b), u.lineFinished(b)
 	}
 	if len(rest) >= choicesSpan {
 		u.nltail = copy(u.ltail[:], rest[len(rest)-choicesSpan:])
@@ -309,25 +334,37 @@ func (u *usage) judgeHit(b []byte) {
 	k, e := max(u.hitKey, 0), max(u.hitEnd, 0)
 	// What its line says of choices before it: in b, or from the reads
 	// before when the line began there.
-	var c uint8
+	var c, f uint8
 	if i := lastLineBreak(b[:k]); i >= 0 {
-		c = choices(b[i+1 : k])
+		c, f = choices(b[i+1:k]), finished(b[i+1:k])
 	} else {
-		c = u.lineChoices(b[:k])
+		c, f = u.lineChoices(b[:k]), u.lineFinished(b[:k])
 	}
 	switch c {
 	case choicesSome:
-		return // final stays false
+		// The usage so far, or the whole count on the finish_reason
+		// chunk of a single sequence (its choices, finish_reason in
+		// them, come before its usage).
+		u.final = u.finalLine(c, f)
+		return
 	case choicesNone:
 		u.final = true
 		return
 	}
 	// No choices before the usage: the rest of its line tells.
 	if i := lineBreak(b[e:]); i >= 0 {
-		u.final = finalChoices(choices(b[e : e+i]))
+		u.final = u.finalLine(choices(b[e:e+i]), finished(b[e:e+i]))
 		return
 	}
 	u.pend = true
+}
+
+// finalLine reports whether a usage object on a chunk whose whole line
+// says c of its choices and f of a finish_reason is the engine's final
+// count: the usage chunk's (no choices), or with continuous usage that of
+// a single sequence's finish_reason chunk (single).
+func (u *usage) finalLine(c, f uint8) bool {
+	return c == choicesAbsent || c == choicesNone || c == choicesSome && f == finishSet && u.single
 }
 
 // lineChoices is what the line kept from the reads before (lch, ltail),
@@ -351,6 +388,28 @@ func (u *usage) lineChoices(p []byte) uint8 {
 		return cj
 	}
 	return c
+}
+
+// lineFinished is what the line kept from the reads before (lfin, ltail),
+// followed by p, says of a finish_reason (finished).
+func (u *usage) lineFinished(p []byte) uint8 {
+	if u.lfin == finishNull || u.lfin == finishSet {
+		return u.lfin
+	}
+	f := finished(p)
+	if f == finishNull || f == finishSet {
+		return f
+	}
+	if u.nltail == 0 {
+		return f
+	}
+	var w [2 * choicesSpan]byte
+	n := copy(w[:], u.ltail[:u.nltail])
+	n += copy(w[n:], p[:min(len(p), choicesSpan)])
+	if fj := finished(w[:n]); fj != choicesAbsent {
+		return fj
+	}
+	return f
 }
 
 // lineBreak is the index of the first line break (LF or CR) in p, or -1.
@@ -389,11 +448,39 @@ const (
 	choicesCut                 // the key, and the part ends before its value tells
 )
 
-// finalChoices reports whether a usage chunk whose whole line says c of
-// its choices is the engine's final count.
-func finalChoices(c uint8) bool { return c == choicesAbsent || c == choicesNone }
+// What a part of an event's data says of a finish_reason (finished): the
+// values of choices, read alike.
+const (
+	finishNull = choicesNone // "finish_reason":null
+	finishSet  = choicesSome // any other value: the choice ended
+)
 
-var keyChoices = []byte(`"choices"`)
+var (
+	keyChoices = []byte(`"choices"`)
+	keyFinish  = []byte(`"finish_reason"`)
+)
+
+// finished reads the value of the first "finish_reason" key in p, a part
+// of a chat or completions chunk's line: choicesAbsent without one,
+// finishNull, finishSet, or choicesCut when p ends before its value.
+func finished(p []byte) uint8 {
+	i := jsonscan.IndexKey(p, keyFinish)
+	if i < 0 {
+		return choicesAbsent
+	}
+	v := p[i+len(keyFinish):]
+	j := 0
+	for j < len(v) && (v[j] == ' ' || v[j] == ':' || v[j] == '\t') {
+		j++
+	}
+	if j == len(v) {
+		return choicesCut
+	}
+	if v[j] == 'n' {
+		return finishNull
+	}
+	return finishSet
+}
 
 // choices reads the value of the "choices" key in p, a part of a chat
 // chunk's line (a key escaped in a string does not match).

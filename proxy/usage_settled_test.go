@@ -12,8 +12,9 @@ import (
 // the stream ends early after it) once the engine's final usage object was
 // read whole: a chat or completions stream's usage chunk, with no choices
 // ([] or null, absent), not the usage so far on a chunk with choices
-// (vLLM's continuous_usage_stats), nor a usage object cut by the end of
-// what was read. Wherever reads cut the stream, it is settled exactly
+// (vLLM's continuous_usage_stats) unless it is on the finish_reason
+// chunk of a request that generates one sequence (then it counts the whole
+// answer), nor a usage object cut by the end of what was read. Wherever reads cut the stream, it is settled exactly
 // from the end of that object (or, when no choices precede the usage in
 // its chunk, from the end of the chunk's line) on.
 func TestAStreamsUsageIsSettledFromItsFinalUsageChunkOn(t *testing.T) {
@@ -33,20 +34,29 @@ func TestAStreamsUsageIsSettledFromItsFinalUsageChunkOn(t *testing.T) {
 		from string
 		// once: the request did not ask for continuous usage
 		once bool
+		// single: the request generates one sequence
+		single bool
 	}{
-		{"include_usage", text("a", "") + text(`the \"choices\":[] of it`, "") + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", final, false},
-		{"null usage on every chunk (OpenAI)", text("a", `,"usage":null`) + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", final, false},
-		{"continuous usage", text("a", soFar(1)) + text("b", soFar(2)) + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", final, false},
-		{"continuous usage, choices spaced", strings.ReplaceAll(text("a", soFar(1))+head+`"choices" : [ ],`+final+"}\n\n", `"choices":[{`, `"choices": [ {`), final, false},
-		{"null choices", text("a", soFar(1)) + head + `"choices":null,` + final + "}\n\n", final, false},
-		{"usage before choices", text("a", soFar(1)) + head + final + `,"choices":[]}` + "\n\ndata: [DONE]\n\n", final + `,"choices":[]}` + "\n", false},
-		{"no choices key", text("a", soFar(1)) + "data: {" + final + "}\r\n\r\ndata: [DONE]\r\n\r\n", final + "}\r", false},
+		{"include_usage", text("a", "") + text(`the \"choices\":[] of it`, "") + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", final, false, false},
+		{"null usage on every chunk (OpenAI)", text("a", `,"usage":null`) + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", final, false, false},
+		{"continuous usage", text("a", soFar(1)) + text("b", soFar(2)) + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", final, false, false},
+		{"continuous usage, choices spaced", strings.ReplaceAll(text("a", soFar(1))+head+`"choices" : [ ],`+final+"}\n\n", `"choices":[{`, `"choices": [ {`), final, false, false},
+		{"null choices", text("a", soFar(1)) + head + `"choices":null,` + final + "}\n\n", final, false, false},
+		{"usage before choices", text("a", soFar(1)) + head + final + `,"choices":[]}` + "\n\ndata: [DONE]\n\n", final + `,"choices":[]}` + "\n", false, false},
+		{"no choices key", text("a", soFar(1)) + "data: {" + final + "}\r\n\r\ndata: [DONE]\r\n\r\n", final + "}\r", false, false},
 		{name: "no continuous usage asked: the usage on the finish_reason chunk", stream: text("a", "") + head + `"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],` + final + "}\n\ndata: [DONE]\n\n", from: final, once: true},
 		{name: "no continuous usage asked: the usage before the finish_reason chunk's choices", stream: text("a", `,"usage":null`) + head + final + `,"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\ndata: [DONE]\n\n", from: final, once: true},
 		{name: "continuous usage: the usage so far on the finish_reason chunk", stream: text("a", soFar(1)) + head + `"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],` + strings.TrimPrefix(soFar(2), ",") + "}\n\ndata: [DONE]\n\n"},
+		{name: "continuous usage, one sequence: the usage on the finish_reason chunk", stream: text("a", soFar(1)) + head + `"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null}],` + final + "}\n\n" + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", from: final, single: true},
+		{name: "continuous usage, one sequence, spaced: the usage on the finish_reason chunk", stream: text("a", soFar(1)) + head + `"choices": [{"index": 0, "delta": {}, "finish_reason" : "length"}], ` + final + "}\n\n" + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", from: final, single: true},
+		{name: "continuous usage, one sequence: the usage so far before the finish_reason chunk", stream: text("a", soFar(1)) + text("b", soFar(2)) + head + `"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\ndata: [DONE]\n\n", single: true},
+		{name: "continuous usage, one sequence: the usage before the finish_reason chunk's choices", stream: text("a", soFar(1)) + head + final + `,"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\ndata: [DONE]\n\n", from: final + `,"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n", single: true},
+		{name: "continuous usage, several sequences: one's finish_reason chunk", stream: text("a", soFar(1)) + head + `"choices":[{"index":1,"delta":{},"finish_reason":"stop"}],` + strings.TrimPrefix(soFar(2), ",") + "}\n\n" + head + `"choices":[],` + final + "}\n\ndata: [DONE]\n\n", from: final},
+		{name: "continuous usage, one legacy completion: the usage on the finish_reason chunk", stream: "data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"a\",\"logprobs\":null,\"finish_reason\":null}],\"usage\":{\"prompt_tokens\":1234,\"completion_tokens\":1,\"total_tokens\":1235}}\n\n" +
+			"data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"b\",\"logprobs\":null,\"finish_reason\":\"length\",\"stop_reason\":null}]," + final + "}\n\ndata: [DONE]\n\n", from: final, single: true},
 		{name: "a long usage object, every details field", stream: text("a", "") + head + `"choices":[],` + longUsage + "}\n\ndata: [DONE]\n\n", from: longUsage},
 		{"legacy completions", "data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"a\",\"finish_reason\":\"length\"}]}\n\n" +
-			"data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[]," + final + "}\n\ndata: [DONE]\n\n", final, false},
+			"data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[]," + final + "}\n\ndata: [DONE]\n\n", final, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := []byte(tc.stream)
@@ -68,7 +78,7 @@ func TestAStreamsUsageIsSettledFromItsFinalUsageChunkOn(t *testing.T) {
 					if raceEnabled && j > i+40 && j < len(b) && (j-i)%8 != 0 {
 						continue
 					}
-					u := usage{lines: true, once: tc.once}
+					u := usage{lines: true, once: tc.once, single: tc.single}
 					u.scan(b[:i])
 					check(&u, i, fmt.Sprintf("cut at %d", i))
 					u.scan(b[i:j])
@@ -79,7 +89,7 @@ func TestAStreamsUsageIsSettledFromItsFinalUsageChunkOn(t *testing.T) {
 					}
 				}
 			}
-			u := usage{lines: true, once: tc.once}
+			u := usage{lines: true, once: tc.once, single: tc.single}
 			for i := range b {
 				u.scan(b[i : i+1])
 				check(&u, i+1, "byte by byte")
