@@ -1013,8 +1013,8 @@ func (u *usage) parseProtocol(b []byte, api protocol.API) {
 		start := api == protocol.Anthropic && u.inMessageStart(b[off:i])
 		if end < 0 {
 			u.applyProtocol(obj, api, start, false)
-			if len(b)-i <= usageCarry {
-				u.ncarry = copy(u.carry[:], b[i:])
+			if len(b)-i <= usageMax {
+				u.carryCut(b[i:])
 			}
 			return
 		}

@@ -32,8 +32,13 @@ type usage struct {
 	// object (or its key), up to usageCarry bytes: the next chunk is
 	// scanned joined to it, here (its second half is the join's room, so
 	// that no read allocates or copies a large buffer onto its stack).
+	// A cut object longer than that, up to usageMax bytes, is carried in
+	// big instead (inBig), made for the first one (2 x usageMax: a rare
+	// stream's, the rest never allocate it).
 	carry  [2 * usageCarry]byte
 	ncarry int
+	big    []byte
+	inBig  bool
 	// inStart: the last Anthropic event type named so far is
 	// message_start (parseProtocol), for a usage object whose event began
 	// in an earlier read.
@@ -83,11 +88,16 @@ type usage struct {
 // with some spaces) cut by a read boundary.
 const choicesSpan = 32
 
-// usageCarry bounds the bytes carried over a read boundary: a usage object
-// is 100-250 bytes compact (OpenAI's, vLLM's, SGLang's, with details), and
-// over 450 with every details field spaced as Python's json.dumps spaces
-// it; one longer than this is never read whole.
-const usageCarry = 1024
+// usageCarry bounds the bytes carried over a read boundary in usage's own
+// array: a usage object is 100-250 bytes compact (OpenAI's, vLLM's,
+// SGLang's, with details), and over 450 with every details field spaced
+// as Python's json.dumps spaces it. usageMax bounds the ones carried at
+// all (in big): an engine may add fields of its own (per-request metrics,
+// cost details); one longer than this, cut by a read, is never read whole.
+const (
+	usageCarry = 1024
+	usageMax   = 8 << 10
+)
 
 var (
 	keyUsage      = []byte(`"usage"`)
@@ -110,20 +120,35 @@ func (u *usage) scanAPI(b []byte, api protocol.API) {
 		// The Anthropic event type b begins in: b is read again below,
 		// from its start, after this reading moved past it.
 		inStart := u.inStart
-		n := u.ncarry
-		u.off = -n
-		n += copy(u.carry[n:], b)
-		u.ncarry = 0
-		u.parseAPI(u.carry[:n], api) // a carry it takes moves down in place
-		u.off = 0
-		if u.ncarry > 0 && len(b) <= usageCarry {
-			// Still cut, and b is all in the carry now.
-			if u.lines && api == protocol.Chat {
-				u.judge(b)
+		for joined := 0; u.ncarry > 0; {
+			// The carry, then as much of b as its buffer holds: the
+			// buffer begins off bytes into b (before it: negative).
+			buf := u.carry[:]
+			if u.inBig {
+				buf = u.big[:cap(u.big)]
 			}
-			return
+			n := u.ncarry
+			u.off = joined - n
+			k := copy(buf[n:], b[joined:])
+			joined += k
+			u.ncarry, u.inBig = 0, false
+			u.parseAPI(buf[:n+k], api) // a carry it takes moves down in place
+			if u.ncarry > 0 && joined == len(b) {
+				// Still cut, and b is all in the carry now.
+				u.off = 0
+				if u.lines && api == protocol.Chat {
+					u.judge(b)
+				}
+				return
+			}
+			if k == 0 {
+				break // a full buffer (cannot be: parse carries no more than usageMax)
+			}
+			// Still cut with more of b to join (an object longer than
+			// the room of usage's own array): again, in big.
 		}
-		u.ncarry = 0
+		u.off = 0
+		u.ncarry, u.inBig = 0, false
 		u.inStart = inStart
 	}
 	u.parseAPI(b, api)
@@ -147,7 +172,7 @@ func (u *usage) parse(b []byte) {
 	i := lastIndex(b, keyUsage)
 	if i >= 0 {
 		end := objectEnd(b[i+len(keyUsage):])
-		if end < 0 && len(b)-i <= usageCarry {
+		if end < 0 && len(b)-i <= usageMax {
 			// Cut, and read whole with the next read: its numbers are
 			// read then, and those of the usage before it in b now (a
 			// finish_reason chunk's, say, before a usage chunk's start).
@@ -155,7 +180,7 @@ func (u *usage) parse(b []byte) {
 				u.take(b[:i], j, objectEnd(b[j+len(keyUsage):i]))
 			}
 			// Carried last, as b may be the carry itself (scanAPI).
-			u.ncarry = copy(u.carry[:], b[i:])
+			u.carryCut(b[i:])
 			return
 		}
 		u.take(b, i, end)
@@ -175,6 +200,20 @@ func (u *usage) parse(b []byte) {
 			return
 		}
 	}
+}
+
+// carryCut carries p, a usage object cut from its key on, of at most
+// usageMax bytes, to the next scan: in usage's own array when it fits,
+// else in big. p may be in the carry itself (a copy moves it down).
+func (u *usage) carryCut(p []byte) {
+	if len(p) <= usageCarry {
+		u.ncarry, u.inBig = copy(u.carry[:], p), false
+		return
+	}
+	if u.big == nil {
+		u.big = make([]byte, 0, 2*usageMax)
+	}
+	u.ncarry, u.inBig = copy(u.big[:cap(u.big)], p), true
 }
 
 // take records the numbers of the usage object whose key is at b[i:] and
