@@ -99,9 +99,9 @@ func (s *Static) modelsTimeout() time.Duration {
 // waits ModelsTimeout at most, however many do not answer. A worker that
 // has not answered joins without models and Run asks it again.
 func (s *Static) Apply(cfg *config.Config) {
-	fetched := map[string][]string{}
-	s.fetchModels(missingModels(StaticRecords(s.workers, s.models, cfg), s.fl), time.Now().Add(s.modelsTimeout()), func(url string, models []string) {
-		fetched[url] = models
+	fetched := map[string]modelList{}
+	s.fetchModels(missingModels(StaticRecords(s.workers, s.models, cfg), s.fl), time.Now().Add(s.modelsTimeout()), func(url string, ml modelList) {
+		fetched[url] = ml
 	})
 	s.apply(func() *config.Config { return cfg }, fetched)
 }
@@ -124,17 +124,19 @@ func (s *Static) Changed(cfg *config.Config) {
 // called under the lock (so that a sync with an older config never
 // follows one with a newer); a record without models takes fetched's for
 // its URL, else (not asked, or no answer) those of the live worker at the
-// same URL. It reports whether some worker was left without models.
-func (s *Static) apply(cfg func() *config.Config, fetched map[string][]string) (missing bool) {
+// same URL, and with them the engine's max_model_len. It reports whether
+// some worker was left without models.
+func (s *Static) apply(cfg func() *config.Config, fetched map[string]modelList) (missing bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rs := StaticRecords(s.workers, s.models, cfg())
 	for i := range rs {
 		if len(rs[i].Models) == 0 {
-			rs[i].Models = fetched[rs[i].URL]
-		}
-		if len(rs[i].Models) == 0 {
-			rs[i].Models = knownModels(s.fl, &rs[i])
+			ml := fetched[rs[i].URL]
+			if len(ml.ids) == 0 {
+				ml = knownModels(s.fl, &rs[i])
+			}
+			rs[i].Models, rs[i].MaxModelLen = ml.ids, ml.maxLen
 		}
 		missing = missing || len(rs[i].Models) == 0
 	}
@@ -146,11 +148,18 @@ func (s *Static) apply(cfg func() *config.Config, fetched map[string][]string) (
 
 // knownModels returns the models of the live worker r names, if it has the
 // same URL.
-func knownModels(fl *fleet.Fleet, r *fleet.Record) []string {
+func knownModels(fl *fleet.Fleet, r *fleet.Record) modelList {
 	if w := fl.Get(r.ID); w != nil && w.URL == r.URL && len(w.Models) > 0 {
-		return w.Models
+		return modelList{w.Models, w.MaxModelLen()}
 	}
-	return nil
+	return modelList{}
+}
+
+// modelList is what an engine's /v1/models says: its model ids, and the
+// largest max_model_len among them (vLLM's ModelCard; 0 when none says).
+type modelList struct {
+	ids    []string
+	maxLen int
 }
 
 // missingModels returns the URLs of the records without models that fl
@@ -160,7 +169,7 @@ func missingModels(rs []fleet.Record, fl *fleet.Fleet) []string {
 	seen := map[string]bool{}
 	for i := range rs {
 		r := &rs[i]
-		if len(r.Models) > 0 || seen[r.URL] || knownModels(fl, r) != nil {
+		if len(r.Models) > 0 || seen[r.URL] || knownModels(fl, r).ids != nil {
 			continue
 		}
 		seen[r.URL] = true
@@ -176,13 +185,13 @@ func missingModels(rs []fleet.Record, fl *fleet.Fleet) []string {
 // deadline it returns then at the latest: the asks not begun are not
 // made, and those still running are left to end on their own timeout,
 // their answers dropped.
-func (s *Static) fetchModels(urls []string, deadline time.Time, got func(url string, models []string)) {
+func (s *Static) fetchModels(urls []string, deadline time.Time, got func(url string, ml modelList)) {
 	if len(urls) == 0 {
 		return
 	}
 	type answer struct {
 		url    string
-		models []string
+		models modelList
 	}
 	answers := make(chan answer, len(urls)) // never blocks a late ask
 	sem := make(chan struct{}, fetchParallel)
@@ -222,12 +231,12 @@ const fetchParallel = 64
 
 // learnedModels returns the URLs of the records without models whose live
 // worker learned its models, with those models.
-func learnedModels(rs []fleet.Record, fl *fleet.Fleet) map[string][]string {
-	known := map[string][]string{}
+func learnedModels(rs []fleet.Record, fl *fleet.Fleet) map[string]modelList {
+	known := map[string]modelList{}
 	for i := range rs {
 		if len(rs[i].Models) == 0 {
-			if ms := knownModels(fl, &rs[i]); ms != nil {
-				known[rs[i].URL] = ms
+			if ml := knownModels(fl, &rs[i]); ml.ids != nil {
+				known[rs[i].URL] = ml
 			}
 		}
 	}
@@ -252,7 +261,7 @@ func (s *Static) Run(load func() *config.Config) {
 		}
 		rs := StaticRecords(s.workers, s.models, load())
 		urls := missingModels(rs, s.fl)
-		var known map[string][]string
+		var known map[string]modelList
 		if time.Since(lastRefresh) >= s.refresh {
 			lastRefresh = time.Now()
 			known = learnedModels(rs, s.fl)
@@ -262,15 +271,16 @@ func (s *Static) Run(load func() *config.Config) {
 				}
 			}
 		}
-		fetched := map[string][]string{}
-		s.fetchModels(urls, time.Time{}, func(url string, models []string) {
-			if len(models) == 0 || slices.Equal(models, known[url]) {
+		fetched := map[string]modelList{}
+		s.fetchModels(urls, time.Time{}, func(url string, ml modelList) {
+			k, had := known[url]
+			if len(ml.ids) == 0 || slices.Equal(ml.ids, k.ids) && ml.maxLen == k.maxLen {
 				return
 			}
-			if known[url] != nil {
-				slog.Info("static worker's models changed", "url", url, "was", known[url], "now", models)
+			if had {
+				slog.Info("static worker's models changed", "url", url, "was", k.ids, "now", ml.ids, "max_model_len", ml.maxLen)
 			}
-			fetched[url] = models
+			fetched[url] = ml
 			select {
 			case <-s.stop:
 			default:
@@ -413,9 +423,9 @@ func workerSpec(spec string) (id, url string) {
 	return id, url
 }
 
-// fetch asks a worker for its model ids (empty on failure), within
-// ModelsTimeout, its dial within ConnectTimeout.
-func (s *Static) fetch(base string) []string {
+// fetch asks a worker for its model ids (empty on failure) and
+// max_model_len, within ModelsTimeout, its dial within ConnectTimeout.
+func (s *Static) fetch(base string) modelList {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -427,24 +437,29 @@ func (s *Static) fetch(base string) []string {
 	}
 	if err != nil {
 		slog.Warn("cannot list worker models; pass --worker-model", "url", base, "err", err)
-		return nil
+		return modelList{}
 	}
 	return parseModelList(resp.Body())
 }
 
-func parseModelList(b []byte) []string {
+// parseModelList reads an OpenAI model list; vLLM's entries (ModelCard)
+// also give max_model_len, the longest sequence, prompt and output, the
+// engine serves (a LoRA's is its base model's).
+func parseModelList(b []byte) modelList {
 	var v struct {
 		Data []struct {
-			ID string `json:"id"`
+			ID     string `json:"id"`
+			MaxLen int    `json:"max_model_len"`
 		} `json:"data"`
 	}
 	if err := json.Unmarshal(b, &v); err != nil {
-		return nil
+		return modelList{}
 	}
-	var out []string
+	var out modelList
 	for _, m := range v.Data {
 		if m.ID != "" {
-			out = append(out, m.ID)
+			out.ids = append(out.ids, m.ID)
+			out.maxLen = max(out.maxLen, m.MaxLen)
 		}
 	}
 	return out

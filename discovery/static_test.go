@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -172,5 +173,58 @@ func TestCheckSameEngineOnlyOverHTTP(t *testing.T) {
 	}
 	if err := CheckSameEngine([]string{"a=H:80", "b=http://h"}, &config.Config{}, "http"); err == nil {
 		t.Fatal("H:80 and http://h are one engine")
+	}
+}
+
+// A static worker asked for its models records its engine's max_model_len
+// (the largest its /v1/models lists, as vLLM's ModelCard gives it; 0
+// without one), keeps it through a transient /v1/models failure, and
+// learns a new one on a refresh without being replaced (its breaker, load
+// and KV entries kept).
+func TestAStaticWorkerLearnsItsEnginesMaxModelLen(t *testing.T) {
+	var maxLen atomic.Int64
+	maxLen.Store(4096)
+	var fail atomic.Bool
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		if fail.Load() {
+			ctx.SetStatusCode(503)
+			return
+		}
+		ctx.SetBodyString(`{"object":"list","data":[{"id":"m","object":"model","max_model_len":` + strconv.FormatInt(maxLen.Load(), 10) +
+			`},{"id":"m-lora","object":"model","parent":"m","max_model_len":1024},{"id":"other","object":"model"}]}`)
+	}}
+	go srv.Serve(ln)
+	defer srv.Shutdown()
+	fl := fleet.NewFleet(fleet.BreakerConfig{Threshold: 3})
+	defer fl.Close()
+	st := NewStatic(fl, []string{"a=http://" + ln.Addr().String()}, nil)
+	st.retry, st.refresh = 20*time.Millisecond, 50*time.Millisecond
+	st.Apply(config.Default())
+	w1 := fl.Get("a")
+	if w1 == nil || w1.MaxModelLen() != 4096 {
+		t.Fatalf("max_model_len %v, want 4096", w1)
+	}
+	fail.Store(true)
+	st.Apply(config.Default()) // a reload while /v1/models fails
+	if w := fl.Get("a"); w != w1 || w.MaxModelLen() != 4096 {
+		t.Fatalf("after a failed ask: the same worker %v, max_model_len %d", w == w1, w.MaxModelLen())
+	}
+	fail.Store(false)
+	maxLen.Store(32768) // restarted with a longer context
+	go st.Run(config.Default)
+	defer st.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for w1.MaxModelLen() != 32768 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if w := fl.Get("a"); w != w1 || w.MaxModelLen() != 32768 {
+		t.Fatalf("after a refresh: the same worker %v, max_model_len %d, want 32768", w == w1, w.MaxModelLen())
+	}
+	if got := parseModelList([]byte(`{"data":[{"id":"m"}]}`)); got.maxLen != 0 || len(got.ids) != 1 {
+		t.Fatalf("a model list without max_model_len: %+v", got)
 	}
 }

@@ -248,6 +248,7 @@ func (f *Fleet) upsertLocked(r Record) error {
 	if old := f.byID[r.ID]; old != nil {
 		if sameEndpoint(&old.Record, &r) {
 			old.draining.Store(r.Status == StatusDraining)
+			old.maxModelLen.Store(int64(max(r.MaxModelLen, 0)))
 			old.Record.Status, old.Record.Version = r.Status, r.Version
 			return nil
 		}
@@ -296,6 +297,7 @@ func (f *Fleet) newWorker(r Record) (*Worker, error) {
 		DPSize:           r.DPSize,
 		Record:           r,
 	}
+	w.maxModelLen.Store(int64(max(r.MaxModelLen, 0)))
 	if u.Port() == "" {
 		if w.TLS {
 			w.Addr += ":443"

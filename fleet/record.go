@@ -24,6 +24,11 @@ type Record struct {
 	KVEventsEndpoint string `json:"kv_events_endpoint,omitempty"`
 	KVReplayEndpoint string `json:"kv_replay_endpoint,omitempty"`
 	BlockSize        int    `json:"block_size,omitempty"`
+	// MaxModelLen is the longest sequence (prompt and output) the engine
+	// serves, from its /v1/models (vLLM's max_model_len; the largest
+	// among its models); 0 when unknown. It bounds what a request without
+	// an output limit may generate. A change keeps the Worker.
+	MaxModelLen int `json:"max_model_len,omitempty"`
 	// DPSize is the engine's data-parallel size: vLLM publishes rank r's KV
 	// events on the endpoint's port + r (and replays on the replay port + r).
 	DPSize int `json:"dp_size,omitempty"`

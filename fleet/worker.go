@@ -116,6 +116,9 @@ type Worker struct {
 
 	draining atomic.Bool
 	removed  atomic.Bool
+	// maxModelLen: the record's MaxModelLen, kept up to date when a
+	// record with the same endpoint changes it (MaxModelLen).
+	maxModelLen atomic.Int64
 
 	// metrics resolved once at registration.
 	mRequests *metrics.Counter
@@ -241,6 +244,10 @@ func HandoffTaken(p, d *Worker) {
 
 // Draining reports whether the worker is draining (no new requests).
 func (w *Worker) Draining() bool { return w.draining.Load() }
+
+// MaxModelLen is the longest sequence (prompt and output) the engine
+// serves, as its /v1/models told (Record.MaxModelLen); 0 when unknown.
+func (w *Worker) MaxModelLen() int { return int(w.maxModelLen.Load()) }
 
 // Removed reports whether the worker has left the fleet.
 func (w *Worker) Removed() bool { return w.removed.Load() }

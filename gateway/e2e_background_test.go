@@ -14,11 +14,13 @@ import (
 // A background Response is charged its estimate when it is created, and
 // keeps it: the create is answered at once "queued" with "usage": null and
 // the engine generates it afterwards, where the router reads no usage. The
-// estimate is the prompt's plus max_output_tokens, or without it the
-// router's default output estimate (1024 tokens), not the prompt alone (the
-// quota was charged ~15 tokens for a generation of up to the engine's
-// default, so a user could generate without limit). Repeated creates are
-// refused once the user's token quota is used.
+// estimate is the prompt's plus max_output_tokens, or without it (and
+// without the engine's max_model_len: the worker's models are given, so
+// its /v1/models is not read) the router's default output estimate (1024
+// tokens), not the prompt alone (the quota was charged ~15 tokens for a
+// generation of up to the engine's default, so a user could generate
+// without limit). Repeated creates are refused once the user's token quota
+// is used.
 func TestABackgroundResponseIsChargedItsEstimateAndTheQuotaRefusesMore(t *testing.T) {
 	s1, e1 := startEngine(t, "--speedup", "50", "--native-protocols")
 	key, hash := newKey(t)
@@ -27,7 +29,7 @@ func TestABackgroundResponseIsChargedItsEstimateAndTheQuotaRefusesMore(t *testin
 		"user_limit": {"templates": [{"name": "t", "default": true,
 			"quota": {"enabled": true, "windows": [{"period": "day", "max_tokens": 3000}]}}]},
 		"users": [{"name": "bg-alice", "keys": [%q]}]}`, hash))
-	_, r := startServe(t, "--workers", e1, "--config", cfg)
+	_, r := startServe(t, "--workers", e1, "--worker-model", "sim-model", "--config", cfg)
 	series := `infera_user_quota_tokens_total{user="bg-alice"}`
 	create := func(body string) (int, map[string]any) {
 		t.Helper()
@@ -174,5 +176,65 @@ func TestABackgroundResponseIsRefusedToAUserWithAConcurrencyLimit(t *testing.T) 
 		if resp.StatusCode != c.code || c.code == 403 && (v.Error.Code != "background_not_allowed" || v.Error.Param != "background" || v.Error.Type != "permission_error") {
 			t.Fatalf("background %s: %d %s, want %d", c.bg, resp.StatusCode, b, c.code)
 		}
+	}
+}
+
+// A background Response without max_output_tokens, whose user template
+// sets no output estimate, is estimated with what its engine may generate:
+// the max_model_len the engine's /v1/models tells (vLLM's ModelCard; here
+// the simulated engine's 200 blocks of 16 tokens, 3200) less the prompt's
+// estimate, so its charge, prompt and output, is 3200 tokens. It was
+// charged the router's default output estimate (1024 and the prompt's),
+// though vLLM's default max_tokens is max_model_len less the prompt.
+// Through a NATS or etcd worker sidecar the same number travels in the
+// worker's record (max_model_len).
+func TestABackgroundResponseIsEstimatedWithWhatTheModelsContextLeaves(t *testing.T) {
+	s1, e1 := startEngine(t, "--speedup", "50", "--native-protocols", "--kv-capacity-blocks", "200")
+	resp, err := http.Get(e1 + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	models, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(models), `"max_model_len":3200`) {
+		t.Fatalf("the engine's /v1/models: %s", models)
+	}
+	key, hash := newKey(t)
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, fmt.Sprintf(`{"protocol":{"responses_passthrough":true},
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"quota": {"enabled": true, "windows": [{"period": "day", "max_tokens": 100000}]}}]},
+		"users": [{"name": "bg-dave", "keys": [%q]}]}`, hash))
+	_, r := startServe(t, "--workers", e1, "--config", cfg)
+	series := `infera_user_quota_tokens_total{user="bg-dave"}`
+	create := func(body string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", r+"/v1/responses", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), `"queued"`) {
+			t.Fatalf("create: %d %s", resp.StatusCode, b)
+		}
+		for deadline := time.Now().Add(10 * time.Second); s1.Stats().Active != 0; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the background generation does not end: %+v", s1.Stats())
+			}
+		}
+	}
+	create(`{"model":"sim-model","input":"hello","background":true}`)
+	if c := metricF(t, r, series); c != 3200 {
+		t.Fatalf("a background create without max_output_tokens charged %v tokens, want the model's max_model_len (3200: its prompt's estimate and the output left)", c)
+	}
+	// With max_output_tokens, that limit.
+	create(`{"model":"sim-model","input":"hello","max_output_tokens":300,"background":true}`)
+	const prompt = 40 // above the router's estimate of this small body's prompt
+	if c := metricF(t, r, series) - 3200; c < 300 || c > 300+prompt {
+		t.Fatalf("a background create with max_output_tokens 300 charged %v tokens, want 300 and its prompt's", c)
 	}
 }

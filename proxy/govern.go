@@ -102,12 +102,15 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqStat
 	if rs.proto.background && req.MaxTokens == 0 {
 		// The engine generates a background Response where the router
 		// reads no usage: it is charged its estimate for good. Without
-		// max_output_tokens, its output is estimated as any request's
-		// without max_tokens: with the user template's
-		// rate.default_output_tokens, else the router's default.
+		// max_output_tokens, its output is estimated with the user
+		// template's rate.default_output_tokens, else with what the
+		// engine may generate (vLLM's default max_tokens: max_model_len
+		// less the prompt), else the router's default.
 		req.MaxTokens = s.sched.DefaultMaxTokens
 		if d := u.DefaultOutputTokens(); d > 0 {
 			req.MaxTokens = int(d)
+		} else if l := s.modelMaxLen(cfg, rs.parsed.model); l > 0 {
+			req.MaxTokens = max(l-max(r.PromptTokens, 0), 1)
 		}
 	}
 	if rs.acc.kind == kindCountTokens {
@@ -130,6 +133,26 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqStat
 	}
 	rs.gov.tk, rs.gov.lim = tk, tk.Limits()
 	return true
+}
+
+// modelMaxLen is the largest max_model_len the routable workers serving
+// model (as named, or the served model model routing resolves it to) told
+// in their /v1/models (fleet.Worker.MaxModelLen); 0 when none did. The
+// background Responses without an output limit ask it (admit), not the
+// request path of others.
+func (s *Server) modelMaxLen(cfg *config.Config, model []byte) int {
+	v := s.sched.Fleet.View()
+	ws := v.ByModel[string(model)]
+	if len(ws) == 0 {
+		if m := s.sched.ServedModel(cfg, model); m != "" {
+			ws = v.ByModel[m]
+		}
+	}
+	n := 0
+	for _, w := range ws {
+		n = max(n, w.MaxModelLen())
+	}
+	return n
 }
 
 // errUserRefused is acquire's error when the request's deferred admission

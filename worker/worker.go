@@ -314,15 +314,15 @@ func (s *Sidecar) buildRecord(ctx context.Context) error {
 	if u, err := url.Parse(adv); err == nil && u.Hostname() != "" {
 		advHost = u.Hostname()
 	}
-	models := c.Models
+	models, maxLen := c.Models, 0
 	if len(models) == 0 {
 		var err error
-		if models, err = s.engineModels(ctx); err != nil {
+		if models, maxLen, err = s.engineModels(ctx); err != nil {
 			return err
 		}
 	}
 	s.rec = fleet.Record{
-		ID: id, URL: strings.TrimRight(adv, "/"), Models: models, Service: c.Service, Role: c.Role,
+		ID: id, URL: strings.TrimRight(adv, "/"), Models: models, MaxModelLen: maxLen, Service: c.Service, Role: c.Role,
 		KVEventsEndpoint: advertiseEndpoint(c.KVEventsEndpoint, advHost),
 		KVReplayEndpoint: advertiseEndpoint(c.KVReplayEndpoint, advHost), BlockSize: c.BlockSize, DPSize: c.DPSize,
 		RequestTransport: c.RequestTransport, KVEventTransport: c.KVEventTransport,
@@ -346,35 +346,40 @@ func advertiseEndpoint(ep, host string) string {
 	return ep
 }
 
-func (s *Sidecar) engineModels(ctx context.Context) ([]string, error) {
+// engineModels asks the engine for its model ids and the largest
+// max_model_len among them (vLLM's ModelCard; 0 when none says).
+func (s *Sidecar) engineModels(ctx context.Context) ([]string, int, error) {
 	u := strings.TrimRight(s.c.EngineURL, "/") + "/v1/models"
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	resp, err := s.hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("cannot ask the engine for its models (set --models): %w", err)
+		return nil, 0, fmt.Errorf("cannot ask the engine for its models (set --models): %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("engine %s answered %s (set --models)", u, resp.Status)
+		return nil, 0, fmt.Errorf("engine %s answered %s (set --models)", u, resp.Status)
 	}
 	var ml struct {
 		Data []struct {
-			ID string `json:"id"`
+			ID     string `json:"id"`
+			MaxLen int    `json:"max_model_len"`
 		} `json:"data"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&ml); err != nil {
-		return nil, fmt.Errorf("cannot decode %s: %w", u, err)
+		return nil, 0, fmt.Errorf("cannot decode %s: %w", u, err)
 	}
 	var out []string
+	maxLen := 0
 	for _, m := range ml.Data {
 		if m.ID != "" {
 			out = append(out, m.ID)
+			maxLen = max(maxLen, m.MaxLen)
 		}
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("engine %s lists no models (set --models)", u)
+		return nil, 0, fmt.Errorf("engine %s lists no models (set --models)", u)
 	}
-	return out, nil
+	return out, maxLen, nil
 }
 
 func (s *Sidecar) startNATS(ctx context.Context) error {

@@ -44,7 +44,7 @@ func (e *fakeEngine) handler() http.Handler {
 		w.Write([]byte("ok"))
 	})
 	mux.HandleFunc("/v1/models", func(w http.ResponseWriter, r *http.Request) {
-		w.Write([]byte(`{"object":"list","data":[{"id":"llama-3","object":"model"},{"id":"llama-3-lora"}]}`))
+		w.Write([]byte(`{"object":"list","data":[{"id":"llama-3","object":"model","max_model_len":8192},{"id":"llama-3-lora"}]}`))
 	})
 	mux.HandleFunc("/admin/stats", func(w http.ResponseWriter, r *http.Request) {
 		if !e.stats {
@@ -239,6 +239,7 @@ func TestFlags(t *testing.T) {
 
 // TestDrainOverNATS: a long stream in flight when DRAINING is set completes,
 // the record shows DRAINING meanwhile, and the worker is then deregistered.
+// Its record carries the engine's max_model_len from its /v1/models.
 func TestDrainOverNATS(t *testing.T) {
 	e := testsrv.StartEtcd(t)
 	ns := testsrv.StartNATS(t)
@@ -258,6 +259,9 @@ func TestDrainOverNATS(t *testing.T) {
 	r, _ := sink.get("wn1")
 	if len(r.Models) != 2 || r.Models[0] != "llama-3" || r.RequestTransport != "nats" || r.Status != fleet.StatusActive {
 		t.Fatalf("record %+v", r)
+	}
+	if r.MaxModelLen != 8192 { // the engine's, through the record in etcd
+		t.Fatalf("record's max_model_len %d, want the engine's 8192", r.MaxModelLen)
 	}
 
 	nc, err := nats.Connect(ns.URL)
