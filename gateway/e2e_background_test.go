@@ -48,9 +48,11 @@ func TestABackgroundResponseIsChargedItsEstimateAndTheQuotaRefusesMore(t *testin
 		}
 		return resp.StatusCode, v
 	}
-	settle := func() {
+	// settle waits until the engine has completed n generations: a create
+	// is answered while its generation may still be queued, not yet active.
+	settle := func(n uint64) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); s1.Stats().Active != 0; time.Sleep(10 * time.Millisecond) {
+		for deadline := time.Now().Add(10 * time.Second); s1.Stats().Completed < n || s1.Stats().Active != 0; time.Sleep(10 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatalf("the background generations do not end: %+v", s1.Stats())
 			}
@@ -62,7 +64,7 @@ func TestABackgroundResponseIsChargedItsEstimateAndTheQuotaRefusesMore(t *testin
 	if code != 200 || v["status"] != "queued" || v["usage"] != nil {
 		t.Fatalf("create: %d %v", code, v)
 	}
-	settle()
+	settle(1)
 	c1 := metricF(t, r, series)
 	if c1 < 300 || c1 > 300+prompt {
 		t.Fatalf("a background create with max_output_tokens 300 charged %v tokens, want its estimate (300 and its prompt's)", c1)
@@ -88,7 +90,7 @@ func TestABackgroundResponseIsChargedItsEstimateAndTheQuotaRefusesMore(t *testin
 	if code != 200 || v["status"] != "queued" {
 		t.Fatalf("create: %d %v", code, v)
 	}
-	settle()
+	settle(2)
 	c2 := metricF(t, r, series) - c1
 	if c2 < 1024 || c2 > 1024+prompt {
 		t.Fatalf("a background create without max_output_tokens charged %v tokens, want its estimate (1024 and its prompt's)", c2)
@@ -133,7 +135,7 @@ func TestABackgroundResponseIsEstimatedWithItsTemplatesDefaultOutput(t *testing.
 	if resp.StatusCode != 200 || !strings.Contains(string(b), `"queued"`) {
 		t.Fatalf("create: %d %s", resp.StatusCode, b)
 	}
-	for deadline := time.Now().Add(10 * time.Second); s1.Stats().Active != 0; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); s1.Stats().Completed < 1 || s1.Stats().Active != 0; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the background generation does not end: %+v", s1.Stats())
 		}
