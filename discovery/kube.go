@@ -74,6 +74,9 @@ type KubeWatcher struct {
 	// sink holds, when several routed Pods advertise it; loop only.
 	owner map[string]string
 	rv    string
+	// servedAt is when the API server answered the last watch 200,
+	// zero if it did not; loop only.
+	servedAt time.Time
 
 	workers workerCount
 	// denied holds the API server's refusal of the watch (403) while
@@ -176,6 +179,12 @@ var errOverdueWatch = errors.New("watch overdue")
 
 const shortWatch = time.Second
 
+// kubeBackoffReset is how long a watch must have been served (answered
+// 200) for the retry delay to start over when it ends, whatever ended
+// it: client-go's reflector resets its backoff after 2 min without one
+// (wait.Backoff.DelayWithReset). A variable for tests.
+var kubeBackoffReset = 2 * time.Minute
+
 // errWatchThrottled is a watch the API server refused with 429 Too Many
 // Requests (API Priority and Fairness shedding load), or ended with an
 // ERROR event saying it is shedding load or timed out (429 or reason
@@ -234,6 +243,12 @@ func (w *KubeWatcher) loop(ctx context.Context) {
 		err := w.watch(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if !w.servedAt.IsZero() && time.Since(w.servedAt) > kubeBackoffReset {
+			// The API server served this watch for the reset period:
+			// whatever ended it, it is retried after the first delay,
+			// not the one grown while the server flapped before.
+			delay = 0
 		}
 		switch {
 		case err == nil:
@@ -525,6 +540,7 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 	// Timed from the request, as client-go's reflector does: a proxy
 	// may hold the headers of a quiet watch until the server ends it.
 	began := time.Now()
+	w.servedAt = time.Time{}
 	resp, err := w.c.do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -551,6 +567,7 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 	}
 	w.setDenied(nil)
 	w.setHealth(true, nil)
+	w.servedAt = time.Now()
 	dec := json.NewDecoder(bufio.NewReaderSize(resp.Body, 64<<10))
 	for events := 0; ; events++ {
 		var ev kubeEvent
