@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -196,6 +197,24 @@ var errWatchThrottled = errors.New("watch throttled")
 // API server is restarting, or not up yet.
 var errWatchRefused = errors.New("watch refused")
 
+// errStreamCut is a watch stream whose connection failed mid-way (see
+// streamCut): resumed from the last resource version, not relisted.
+var errStreamCut = errors.New("watch stream cut")
+
+// streamCut reports whether err, met reading a watch stream, is its
+// connection ending or failing rather than bytes that are no watch event:
+// an end of stream (whole or mid-event), a reset, a closed connection, a
+// timeout (ETIMEDOUT: TCP keepalive gave the peer up), any error of the
+// connection (*net.OpError). These are what apimachinery's IsProbableEOF
+// and IsTimeout take for the end of a watch (watch.StreamWatcher); an
+// event that does not decode ends it with an error, which relists.
+func streamCut(err error) bool {
+	var op *net.OpError
+	var ne net.Error
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.As(err, &op) || (errors.As(err, &ne) && ne.Timeout())
+}
+
 // errWatchForbidden is a watch the API server refused with 403 (RBAC
 // grants list but not watch).
 var errWatchForbidden = errors.New("watch forbidden")
@@ -292,6 +311,15 @@ func (w *KubeWatcher) loop(ctx context.Context) {
 			w.st.log.Warn("kubernetes discovery: the API server refused the watch's connection; retrying it with a delay", "err", err)
 			delay = backoff(delay, 10*time.Second)
 			sleep(ctx, delay)
+		case errors.Is(err, errStreamCut):
+			// Resumed from rv at once: a relist from every router
+			// whose connection to the API server broke is the load a
+			// server just reachable again needs least, and its history
+			// since rv is usually still there (else the watch is
+			// answered 410, which relists). The delay is kept: a cut
+			// is no sign of health (one served kubeBackoffReset
+			// started it over above).
+			w.st.log.Warn("kubernetes discovery: the watch stream was cut; resuming it from its resource version", "rv", w.rv, "err", err)
 		case errors.Is(err, errWatchForbidden):
 			// Served by relists (the list is allowed), reported by
 			// Health until a watch is allowed again.
@@ -572,24 +600,25 @@ func (w *KubeWatcher) watch(ctx context.Context) error {
 	for events := 0; ; events++ {
 		var ev kubeEvent
 		if err := dec.Decode(&ev); err != nil {
-			// A stream cut mid-way (the API server restarting, a
-			// proxy closing it: io.ErrUnexpectedEOF, a reset) ended
-			// the watch as an end of stream does, the events read so
-			// far applied: it is resumed from rv, as client-go's
-			// stream watcher takes a probable EOF for the watch's end.
-			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
-				if ctx.Err() == nil && overdue.Load() {
-					return overdueErr()
-				}
-				if events == 0 && time.Since(began) < shortWatch {
-					return errShortWatch
-				}
-				return nil
-			}
 			if ctx.Err() == nil && overdue.Load() {
 				return overdueErr()
 			}
-			return fmt.Errorf("watch stream: %w", err)
+			if !streamCut(err) {
+				return fmt.Errorf("watch stream: %w", err) // relisted
+			}
+			// The server's end of the stream, or a stream cut mid-way
+			// (the API server restarting, a proxy closing it, a reset,
+			// a TCP keepalive timeout), with the events read so far
+			// applied: it is resumed from rv, as client-go's stream
+			// watcher takes a probable EOF or a timeout for the
+			// watch's end.
+			if events == 0 && time.Since(began) < shortWatch {
+				return errShortWatch
+			}
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("%w: %w", errStreamCut, err)
 		}
 		if err := w.apply(&ev); err != nil {
 			return err

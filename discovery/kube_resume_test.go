@@ -3,10 +3,14 @@ package discovery
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -88,4 +92,154 @@ func TestKubeAWatchHealthyPastTheResetPeriodStartsTheRetryDelayOver(t *testing.T
 	}
 	f.set(pod("p2", "w2"), false)
 	waitFor(t, 5*time.Second, "w2 seen by the watch", func() bool { _, ok := sink.get("w2"); return ok })
+}
+
+// timingOutConn is a client connection whose reads fail as the kernel
+// fails them once TCP keepalive gave its peer up (ETIMEDOUT) after
+// timeOut is called: a dead API server's connection without the 30 s of
+// unanswered probes, which loopback cannot produce (its kernel answers
+// them).
+type timingOutConn struct {
+	net.Conn
+	dead atomic.Bool
+}
+
+func (c *timingOutConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if err != nil && c.dead.Load() {
+		return n, &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError("read", syscall.ETIMEDOUT)}
+	}
+	return n, err
+}
+
+func (c *timingOutConn) timeOut() {
+	c.dead.Store(true)
+	c.SetReadDeadline(time.Now()) // wakes the blocked read
+}
+
+// A watch stream cut mid-way by its connection (a reset, a close in the
+// middle of an event, a keepalive timeout: ETIMEDOUT) is resumed at once
+// by a watch from the last resource version seen, an event's or a
+// bookmark's, with no relist, as client-go's stream watcher ends such a
+// watch as the server's own end (apimachinery's IsProbableEOF and
+// IsTimeout); only a 410 Gone relists. A keepalive timeout relisted: a
+// full Pod list from every router whose connection to a lost API server
+// timed out.
+func TestKubeAWatchStreamCutByItsConnectionIsResumedFromTheLastResourceVersion(t *testing.T) {
+	type req struct {
+		watch bool
+		rv    string
+	}
+	reqs := make(chan req, 16)
+	cut := make(chan struct{}) // the test has seen what the watch sent
+	var watches atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		reqs <- req{q.Get("watch") != "", q.Get("resourceVersion")}
+		if q.Get("watch") == "" {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"kind":"PodList","metadata":{"resourceVersion":"10"},"items":[%s]}`, kubePodJSON("p1", "w1", 9))
+			return
+		}
+		conn, buf, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+		chunk := func(s string) { fmt.Fprintf(buf, "%x\r\n%s\r\n", len(s), s); buf.Flush() }
+		wait := func() {
+			select {
+			case <-cut:
+			case <-time.After(10 * time.Second):
+			}
+		}
+		switch watches.Add(1) {
+		case 1: // an event and a bookmark, then the connection reset
+			chunk(`{"type":"ADDED","object":` + kubePodJSON("p2", "w2", 11) + "}\n")
+			chunk(`{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"15"}}}` + "\n")
+			wait()
+			conn.(*net.TCPConn).SetLinger(0) // RST
+		case 2: // an event, then closed in the middle of the next one
+			chunk(`{"type":"ADDED","object":` + kubePodJSON("p3", "w3", 16) + "}\n")
+			wait()
+			chunk(`{"type":"ADDED","object":{"kind":"Pod","metadata":{"name":"p4","resourceVersion":"17"`)
+		case 3: // a bookmark, then the client's read times out (ETIMEDOUT)
+			chunk(`{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"20"}}}` + "\n")
+			conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+			buf.ReadByte() // until the client closes the connection
+		default: // served until the end of the test
+			wait()
+		}
+	}))
+	defer srv.Close()
+	sink := newMemSink()
+	w, err := NewKubeWatcher(&KubeConfig{Server: srv.URL, Token: "tok"}, KubeWatcherConfig{Namespace: "infera"}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []*timingOutConn
+	tr := w.c.hc.Transport.(*http.Transport)
+	dial := tr.DialContext
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		tc := &timingOutConn{Conn: c}
+		mu.Lock()
+		conns = append(conns, tc)
+		mu.Unlock()
+		return tc, nil
+	}
+	w.Start()
+	defer w.Close()
+	defer close(cut)
+	next := func(what string, want req) {
+		t.Helper()
+		select {
+		case got := <-reqs:
+			if got != want {
+				kind := "a list"
+				if got.watch {
+					kind = "a watch"
+				}
+				t.Fatalf("%s: the next request is %s from resourceVersion %q, want a watch from %q", what, kind, got.rv, want.rv)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: no request within 5 s", what)
+		}
+	}
+	next("start", req{false, ""})
+	next("after the list", req{true, "10"})
+	waitFor(t, 5*time.Second, "w2 seen", func() bool { _, ok := sink.get("w2"); return ok })
+	time.Sleep(200 * time.Millisecond) // the bookmark read with it
+	cut <- struct{}{}
+	next("after a reset", req{true, "15"})
+	waitFor(t, 5*time.Second, "w3 seen", func() bool { _, ok := sink.get("w3"); return ok })
+	cut <- struct{}{}
+	next("after a close in the middle of an event", req{true, "16"})
+	time.Sleep(200 * time.Millisecond) // the bookmark read
+	mu.Lock()
+	for _, c := range conns {
+		c.timeOut()
+	}
+	mu.Unlock()
+	next("after a keepalive timeout", req{true, "20"})
+	if n := sink.len(); n != 3 {
+		t.Fatalf("the sink holds %d workers, want w1, w2, w3", n)
+	}
+	if ok, d := w.Health(); !ok {
+		t.Fatalf("health %q after the watch resumed", d)
+	}
+}
+
+// kubePodJSON is a routable Pod of the given resource version whose
+// record names id.
+func kubePodJSON(name, id string, rv int) string {
+	ann := strings.ReplaceAll(recJSON(id), `"`, `\"`)
+	return fmt.Sprintf(`{"kind":"Pod","apiVersion":"v1","metadata":{"name":%q,"namespace":"infera","resourceVersion":"%d","annotations":{%q:"%s"}},`+
+		`"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}`, name, rv, DefaultAnnotation, ann)
 }
