@@ -22,7 +22,7 @@ const BackendStatic = "static"
 
 // Static keeps a fleet equal to the static worker list: --workers (with
 // --worker-model) plus the config snapshot's workers. Workers listed
-// without models are asked for their /v1/models, all at once, each ask
+// without models are asked for their /v1/models, 64 at a time, each ask
 // bounded by ConnectTimeout (its dial) and ModelsTimeout (the whole
 // exchange); until they answer they are retried every few seconds, and a
 // worker that already learned its models keeps them through a transient
@@ -95,9 +95,10 @@ func (s *Static) modelsTimeout() time.Duration {
 }
 
 // Apply makes the fleet the static list under cfg, first asking the
-// workers listed without models for them (at start), all at once: it
-// waits ModelsTimeout at most, however many do not answer. A worker that
-// has not answered joins without models and Run asks it again.
+// workers listed without models for them (at start): it waits
+// ModelsTimeout at most, however many do not answer, and asks every one of
+// them before then (fetchModels). A worker that has not answered joins
+// without models and Run asks it again.
 func (s *Static) Apply(cfg *config.Config) {
 	fetched := map[string]modelList{}
 	s.fetchModels(missingModels(StaticRecords(s.workers, s.models, cfg), s.fl), time.Now().Add(s.modelsTimeout()), func(url string, ml modelList) {
@@ -178,13 +179,16 @@ func missingModels(rs []fleet.Record, fl *fleet.Fleet) []string {
 	return urls
 }
 
-// fetchModels asks each URL for its models, up to fetchParallel at once
-// (each ask bounded by ModelsTimeout, so a worker that never answers holds
+// fetchModels asks each URL for its models, up to fetchParallel at once,
+// each ask bounded by ModelsTimeout (so a worker that never answers holds
 // up no other beyond that), and calls got with each answer as it comes
-// (from the calling goroutine, holding no lock). With a non-zero
-// deadline it returns then at the latest: the asks not begun are not
-// made, and those still running are left to end on their own timeout,
-// their answers dropped.
+// (from the calling goroutine, holding no lock). With a non-zero deadline
+// it returns then at the latest, and each ask is also bounded by its share
+// of the time left (see askTimeout), so that every URL is asked before the
+// deadline however many never answer: with the whole deadline per ask, 64
+// that never answered held every slot until it passed, and the URLs after
+// them were not asked. The asks still running at the deadline are left to
+// end on their own timeout, their answers dropped.
 func (s *Static) fetchModels(urls []string, deadline time.Time, got func(url string, ml modelList)) {
 	if len(urls) == 0 {
 		return
@@ -198,15 +202,19 @@ func (s *Static) fetchModels(urls []string, deadline time.Time, got func(url str
 	quit := make(chan struct{})
 	defer close(quit)
 	go func() {
-		for _, u := range urls {
+		for i, u := range urls {
 			select {
 			case sem <- struct{}{}:
 			case <-quit:
 				return
 			}
+			timeout := s.modelsTimeout()
+			if !deadline.IsZero() {
+				timeout = askTimeout(timeout, time.Until(deadline), len(urls)-i)
+			}
 			go func() {
 				defer func() { <-sem }()
-				answers <- answer{u, s.fetch(u)}
+				answers <- answer{u, s.fetch(u, timeout)}
 			}()
 		}
 	}()
@@ -228,6 +236,22 @@ func (s *Static) fetchModels(urls []string, deadline time.Time, got func(url str
 
 // fetchParallel bounds the /v1/models requests in flight at once.
 const fetchParallel = 64
+
+// minAsk is the least time an ask made before a deadline is given.
+const minAsk = 100 * time.Millisecond
+
+// askTimeout bounds an ask begun with left before the deadline and
+// unasked URLs (this one included) still to ask, fetchParallel at once:
+// full, the ask's own timeout, unless the waves of fetchParallel asks
+// still needed, each taking its whole timeout, would not all begin before
+// the deadline; then an equal share of the time left for each wave (at
+// least minAsk). An engine that answers does so in milliseconds; one that
+// needs longer than its share at start is asked again by Run, with its
+// full timeout.
+func askTimeout(full, left time.Duration, unasked int) time.Duration {
+	waves := (unasked + fetchParallel - 1) / fetchParallel
+	return max(min(full, left/time.Duration(waves)), minAsk)
+}
 
 // learnedModels returns the URLs of the records without models whose live
 // worker learned its models, with those models.
@@ -424,14 +448,14 @@ func workerSpec(spec string) (id, url string) {
 }
 
 // fetch asks a worker for its model ids (empty on failure) and
-// max_model_len, within ModelsTimeout, its dial within ConnectTimeout.
-func (s *Static) fetch(base string) modelList {
+// max_model_len, within timeout, its dial within ConnectTimeout.
+func (s *Static) fetch(base string, timeout time.Duration) modelList {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.SetRequestURI(base + "/v1/models")
-	err := s.client.DoTimeout(req, resp, s.modelsTimeout())
+	err := s.client.DoTimeout(req, resp, timeout)
 	if err == nil && resp.StatusCode() != 200 {
 		err = fmt.Errorf("status %d", resp.StatusCode())
 	}
