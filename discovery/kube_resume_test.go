@@ -131,7 +131,8 @@ func TestKubeAWatchStreamCutByItsConnectionIsResumedFromTheLastResourceVersion(t
 		rv    string
 	}
 	reqs := make(chan req, 16)
-	cut := make(chan struct{}) // the test has seen what the watch sent
+	cut := make(chan struct{})     // the test has seen what the watch sent
+	sent := make(chan struct{}, 1) // the third watch sent its bookmark
 	var watches atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
@@ -167,6 +168,7 @@ func TestKubeAWatchStreamCutByItsConnectionIsResumedFromTheLastResourceVersion(t
 			chunk(`{"type":"ADDED","object":{"kind":"Pod","metadata":{"name":"p4","resourceVersion":"17"`)
 		case 3: // a bookmark, then the client's read times out (ETIMEDOUT)
 			chunk(`{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"20"}}}` + "\n")
+			sent <- struct{}{}
 			conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 			buf.ReadByte() // until the client closes the connection
 		default: // served until the end of the test
@@ -221,6 +223,11 @@ func TestKubeAWatchStreamCutByItsConnectionIsResumedFromTheLastResourceVersion(t
 	waitFor(t, 5*time.Second, "w3 seen", func() bool { _, ok := sink.get("w3"); return ok })
 	cut <- struct{}{}
 	next("after a close in the middle of an event", req{true, "16"})
+	select {
+	case <-sent:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the third watch sent no bookmark")
+	}
 	time.Sleep(200 * time.Millisecond) // the bookmark read
 	mu.Lock()
 	for _, c := range conns {
