@@ -58,6 +58,9 @@ type usage struct {
 	// choices (SGLang before its choices:[] usage chunk, TGI and other
 	// OpenAI-compatible engines put it on the chunk with finish_reason).
 	once bool
+	// follow: the stream's lines are followed although once, as the
+	// engine sends the usage so far unasked (judge).
+	follow bool
 	// single: the request generates one sequence (n and best_of 1, one
 	// prompt), so with continuous usage the usage on the chunk whose
 	// finish_reason is set is the whole answer's count: vLLM's
@@ -330,12 +333,21 @@ func intAfter(b, key []byte) (int, bool) {
 // a usage object that no choices preceded waits for its line's end
 // (pend). It allocates nothing.
 func (u *usage) judge(b []byte) {
-	if u.once {
+	if u.once && !u.follow {
 		// Every usage is the final count: no line to follow (the usual
-		// stream, which asked no continuous usage).
-		u.final = u.final || u.hit
-		u.hit = false
-		return
+		// stream, which asked no continuous usage). Unless the engine sends
+		// the usage so far unasked (vLLM's --enable-force-include-usage
+		// makes should_include_usage (True, True)): a usage on a chunk whose
+		// choices, before it in this read, have a null finish_reason. From
+		// then on the stream's lines are followed as continuous usage's.
+		if !u.hit {
+			return
+		}
+		if !u.generating(b) {
+			u.final, u.hit = true, false
+			return
+		}
+		u.follow = true
 	}
 	if u.pend && !u.hit {
 		if i := lineBreak(b); i >= 0 {
@@ -396,6 +408,20 @@ func (u *usage) judgeHit(b []byte) {
 		return
 	}
 	u.pend = true
+}
+
+// generating reports whether the usage object of the read b at hitKey
+// follows, on its line in b, choices whose finish_reason is null: the
+// usage so far, on a chunk that says the answer goes on. Anything else
+// (a usage chunk, a finish_reason set, a line begun in an earlier read,
+// which no line following tells here) is taken as the final count.
+func (u *usage) generating(b []byte) bool {
+	k := max(u.hitKey, 0)
+	i := lastLineBreak(b[:k])
+	if i < 0 {
+		return false
+	}
+	return choices(b[i+1:k]) == choicesSome && finished(b[i+1:k]) == finishNull
 }
 
 // finalLine reports whether a usage object on a chunk whose whole line

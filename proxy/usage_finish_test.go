@@ -177,3 +177,81 @@ func TestAClientLeavingAtTheFinishReasonChunkIsChargedTheEnginesUsage(t *testing
 		}
 	}
 }
+
+// An engine that puts the usage so far on every chunk although the
+// router asked no continuous usage (vLLM started with
+// --enable-force-include-usage: should_include_usage returns (True, True)
+// in vLLM's serve utils) sends, on every chunk still generating, a count
+// of the answer so far. A client that leaves in the middle is charged the
+// estimate (no whole count was read), and one that stays to the end its
+// usage chunk's count. The first chunk's usage was taken as the final
+// count: the client that left was charged the count of the last chunk the
+// router read (16 tokens) for a generation that went on.
+func TestAnEngineSendingUsageOnEveryChunkUnaskedIsNotChargedItsFirstCount(t *testing.T) {
+	const (
+		chunk = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,%s}],\"usage\":{\"prompt_tokens\":11,\"total_tokens\":%d,\"completion_tokens\":%d}}\n\n"
+		usage = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"total_tokens\":14,\"completion_tokens\":3}}\n\ndata: [DONE]\n\n"
+	)
+	for _, stay := range []bool{false, true} {
+		t.Run(fmt.Sprintf("client stays %v", stay), func(t *testing.T) {
+			gone := make(chan struct{})
+			up := startRaw(t, func(_ int, req string, c net.Conn) {
+				send := func(s string) error {
+					_, err := fmt.Fprintf(c, "%x\r\n%s\r\n", len(s), s)
+					return err
+				}
+				c.Write([]byte(sseHead))
+				// Each chunk on its own write, as an engine flushes them.
+				send(fmt.Sprintf(chunk, `"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null`, 11, 0))
+				send(fmt.Sprintf(chunk, `"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null`, 13, 2))
+				if !stay {
+					// Once the client left, one more chunk still generating:
+					// the router fails its write and ends the request.
+					select {
+					case <-gone:
+					case <-time.After(5 * time.Second):
+						return
+					}
+					send(fmt.Sprintf(chunk, `"delta":{"content":" there"},"logprobs":null,"finish_reason":null`, 16, 5))
+					time.Sleep(200 * time.Millisecond)
+					return
+				}
+				send(fmt.Sprintf(chunk, `"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null`, 14, 3))
+				send(usage)
+				send("")
+			})
+			sr := startSettleRouter(t, ``, up.url)
+			body := `{"model":"m","max_tokens":1000,"stream":true,"messages":[{"role":"user","content":"hello"}]}`
+			c, err := net.Dial("tcp", strings.TrimPrefix(sr.r.url, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+				sr.key, len(body), body)
+			leaveAt := `"content":"Hi"`
+			if stay {
+				leaveAt = "[DONE]"
+			}
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			var got []byte
+			buf := make([]byte, 64<<10)
+			for !strings.Contains(string(got), leaveAt) {
+				k, err := c.Read(buf)
+				got = append(got, buf[:k]...)
+				if err != nil {
+					t.Fatalf("the client read %q before %v, without %q", got, err, leaveAt)
+				}
+			}
+			if stay {
+				sr.checkCached(t, endComplete, true, 0)
+				c.Close()
+				return
+			}
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+			time.Sleep(50 * time.Millisecond) // the reset reached the router's socket
+			close(gone)
+			sr.checkCached(t, endClientGone, false, 0)
+		})
+	}
+}
