@@ -569,16 +569,11 @@ func (r *redisState) keep(x redoRelease) {
 	if k := out.kind; k == endFinish || k == endUnadmit {
 		mStateSettleEvicted.Inc()
 	}
-	if out.renewal {
+	if r.renewalHeld(&out) {
 		// The return of a member whose renewal may run late: lost only
 		// if the member was returned meanwhile (r.mu after r.qmu: never
 		// both held).
-		r.mu.Lock()
-		_, held := r.leases[out.args[0].(string)]
-		r.mu.Unlock()
-		if held {
-			return
-		}
+		return
 	}
 	if out.releases() {
 		mStateReleaseEvicted.Inc()
@@ -630,17 +625,24 @@ func (r *redisState) takeAllRedo() []*scriptCall {
 		if x.expired(now) {
 			continue
 		}
-		if x.renewal {
-			r.mu.Lock()
-			_, held := r.leases[x.args[0].(string)]
-			r.mu.Unlock()
-			if held {
-				continue
-			}
+		if r.renewalHeld(x) {
+			continue
 		}
 		out = append(out, &scriptCall{end: x.end(), keys: x.keys, args: x.args, until: x.until})
 	}
 	return out
+}
+
+// renewalHeld reports whether x is the return of a renewal whose member
+// this router still holds. It takes r.mu: the caller holds not r.qmu.
+func (r *redisState) renewalHeld(x *redoRelease) bool {
+	if !x.renewal {
+		return false
+	}
+	r.mu.Lock()
+	_, held := r.leases[x.args[0].(string)]
+	r.mu.Unlock()
+	return held
 }
 
 // redoLen is the number of returns kept for sending again.
