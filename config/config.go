@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"reflect"
 	"strings"
 
 	"github.com/infera/infera/fleet"
@@ -302,7 +301,6 @@ func Parse(data []byte) (*Config, error) { return ParseWith(data, nil) }
 // codec opens each at its entry and address. Without a codec, or where it
 // cannot open one, a sealed secret is refused at its path.
 func ParseWith(data []byte, codec SecretCodec) (*Config, error) {
-	c := Default()
 	// A UTF-8 byte order mark (some Windows editors write one) is ignored,
 	// as RFC 8259 section 8.1 allows.
 	data = bytes.TrimSpace(bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")))
@@ -312,13 +310,9 @@ func ParseWith(data []byte, codec SecretCodec) (*Config, error) {
 	if data[0] != '{' {
 		return nil, &FieldError{Msg: "config must be a JSON object"}
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(c); err != nil {
-		return nil, decodeError(err, data, reflect.TypeFor[Config]())
-	}
-	if dec.More() || dec.InputOffset() != int64(len(data)) {
-		return nil, &FieldError{Msg: fmt.Sprintf("unexpected data after the JSON object at byte %d", dec.InputOffset())}
+	c, err := decodeConfig(data, Default)
+	if err != nil {
+		return nil, err
 	}
 	if err := RepeatedKey(data, ""); err != nil {
 		return nil, err
