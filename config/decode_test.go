@@ -136,7 +136,7 @@ func TestParseDoesNotCopyTheDocument(t *testing.T) {
 	t.Logf("document %d bytes: Parse allocated %d (%.2fx)", n, total, float64(total)/float64(n))
 	// Measured: 7.0x (the users' structs, grown as the list is read, their
 	// strings and key slices, validation); 9.7x with the Decoder's buffer.
-	if total > 84*n/10 {
+	if total > 84*n/10 && !raceEnabled {
 		t.Errorf("Parse allocated %.2fx the document: want at most 8.4x", float64(total)/float64(n))
 	}
 }

@@ -455,17 +455,42 @@ func EncodeBound(c *Config, f func(owner, address, key string) (string, error)) 
 func EncodeJSON(c *Config, literal func(path, key string) (string, error)) ([]byte, error) {
 	// Sized like the last encoding: a large config is encoded several
 	// times per admin write, and growing the buffer copied it each time.
-	hint := encodeSizeHint.Load()
+	hint := encodeHintFor(len(c.Users))
 	b, err := encodeValue(make([]byte, 0, hint+hint/8+512), reflect.ValueOf(c).Elem(), "", literal)
 	if err != nil {
 		return nil, fmt.Errorf("cannot encode config: %w", err)
 	}
-	encodeSizeHint.Store(int64(len(b)))
+	if len(c.Users) >= hintUsers {
+		encodeSizeHint.Store(&encodedSize{bytes: len(b), users: len(c.Users)})
+	}
 	return b, nil
 }
 
-// encodeSizeHint is the length of the last EncodeJSON.
-var encodeSizeHint atomic.Int64
+// encodedSize is the length of an EncodeJSON and the users of its config.
+type encodedSize struct{ bytes, users int }
+
+// encodeSizeHint is the encodedSize of the last EncodeJSON of a config of
+// at least hintUsers users.
+var encodeSizeHint atomic.Pointer[encodedSize]
+
+// hintUsers is how many users a config must have for its encoding to tell
+// the size of one user's.
+const hintUsers = 100
+
+// encodeHintFor is the size to reserve for encoding a config of users
+// users: that of the last large one's encoding, scaled by the users (the
+// bulk of a large config). Reserving the last size whatever the config
+// made the encoding of an empty config after one of 50,000 users hold
+// 9 MB (an import's audit entry encodes both, the old one first), and the
+// next encoding of the 50,000 grow from the small one's size (reallocated
+// at every step: 100 MB allocated by an import's encodings).
+func encodeHintFor(users int) int {
+	h := encodeSizeHint.Load()
+	if h == nil {
+		return 0
+	}
+	return int(int64(h.bytes) * int64(users+1) / int64(h.users+1))
+}
 
 func encodeValue(b []byte, v reflect.Value, path string, literal func(path, key string) (string, error)) ([]byte, error) {
 	t := v.Type()

@@ -1,0 +1,6 @@
+//go:build race
+
+package config
+
+// raceEnabled: the race detector changes what a test allocates.
+const raceEnabled = true
