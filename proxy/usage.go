@@ -61,6 +61,8 @@ type usage struct {
 	// follow: the stream's lines are followed although once, as the
 	// engine sends the usage so far unasked (judge).
 	follow bool
+	// midLine: the last read of a once stream ended inside a line.
+	midLine bool
 	// single: the request generates one sequence (n and best_of 1, one
 	// prompt), so with continuous usage the usage on the chunk whose
 	// finish_reason is set is the whole answer's count: vLLM's
@@ -340,11 +342,10 @@ func (u *usage) judge(b []byte) {
 		// makes should_include_usage (True, True)): a usage on a chunk whose
 		// choices, before it in this read, have a null finish_reason. From
 		// then on the stream's lines are followed as continuous usage's.
-		if !u.hit {
-			return
-		}
-		if !u.generating(b) {
-			u.final, u.hit = true, false
+		if !u.hit || !u.generating(b) {
+			u.final = u.final || u.hit
+			u.hit = false
+			u.midLine = len(b) > 0 && b[len(b)-1] != '\n' && b[len(b)-1] != '\r'
 			return
 		}
 		u.follow = true
@@ -411,14 +412,15 @@ func (u *usage) judgeHit(b []byte) {
 }
 
 // generating reports whether the usage object of the read b at hitKey
-// follows, on its line in b, choices whose finish_reason is null: the
-// usage so far, on a chunk that says the answer goes on. Anything else
-// (a usage chunk, a finish_reason set, a line begun in an earlier read,
-// which no line following tells here) is taken as the final count.
+// follows, on its line, choices whose finish_reason is null: the usage so
+// far, on a chunk that says the answer goes on. Its line begins in b, or
+// at b's start when the read before ended a line (midLine false). Anything
+// else (a usage chunk, a finish_reason set, a line begun in an earlier
+// read, which no line following tells here) is taken as the final count.
 func (u *usage) generating(b []byte) bool {
 	k := max(u.hitKey, 0)
 	i := lastLineBreak(b[:k])
-	if i < 0 {
+	if i < 0 && u.midLine {
 		return false
 	}
 	return choices(b[i+1:k]) == choicesSome && finished(b[i+1:k]) == finishNull

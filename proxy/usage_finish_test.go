@@ -186,14 +186,17 @@ func TestAClientLeavingAtTheFinishReasonChunkIsChargedTheEnginesUsage(t *testing
 // estimate (no whole count was read), and one that stays to the end its
 // usage chunk's count. The first chunk's usage was taken as the final
 // count: the client that left was charged the count of the last chunk the
-// router read (16 tokens) for a generation that went on.
+// router read (16 tokens) for a generation that went on; and when each
+// chunk came in a read of its own, its line beginning the read, the first
+// chunk's usage was still taken as final.
 func TestAnEngineSendingUsageOnEveryChunkUnaskedIsNotChargedItsFirstCount(t *testing.T) {
 	const (
 		chunk = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,%s}],\"usage\":{\"prompt_tokens\":11,\"total_tokens\":%d,\"completion_tokens\":%d}}\n\n"
 		usage = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"total_tokens\":14,\"completion_tokens\":3}}\n\ndata: [DONE]\n\n"
 	)
-	for _, stay := range []bool{false, true} {
-		t.Run(fmt.Sprintf("client stays %v", stay), func(t *testing.T) {
+	for _, tc := range []struct{ stay, apart bool }{{false, false}, {false, true}, {true, false}} {
+		stay := tc.stay
+		t.Run(fmt.Sprintf("client stays %v, chunks read apart %v", stay, tc.apart), func(t *testing.T) {
 			gone := make(chan struct{})
 			up := startRaw(t, func(_ int, req string, c net.Conn) {
 				send := func(s string) error {
@@ -201,8 +204,13 @@ func TestAnEngineSendingUsageOnEveryChunkUnaskedIsNotChargedItsFirstCount(t *tes
 					return err
 				}
 				c.Write([]byte(sseHead))
-				// Each chunk on its own write, as an engine flushes them.
+				// Each chunk on its own write, as an engine flushes them;
+				// apart, far enough apart that the router reads each alone
+				// (a read that begins with the chunk's line).
 				send(fmt.Sprintf(chunk, `"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null`, 11, 0))
+				if tc.apart {
+					time.Sleep(100 * time.Millisecond)
+				}
 				send(fmt.Sprintf(chunk, `"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null`, 13, 2))
 				if !stay {
 					// Once the client left, one more chunk still generating:
