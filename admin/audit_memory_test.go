@@ -20,6 +20,9 @@ func TestAnAuditDiffOfManyUsersAllocatesLittleBesideTheEncodings(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds 20,000 users")
 	}
+	if raceEnabled {
+		t.Skip("measures memory, which the race detector changes")
+	}
 	s := newSealer("", testKey)
 	parse := func(doc string) *config.Config {
 		c, err := config.Parse([]byte(doc))
