@@ -436,47 +436,37 @@ func (u *usage) finalLine(c, f uint8) bool {
 
 // lineChoices is what the line kept from the reads before (lch, ltail),
 // followed by p, says of its choices.
-func (u *usage) lineChoices(p []byte) uint8 {
-	if u.lch == choicesNone || u.lch == choicesSome {
-		return u.lch
-	}
-	c := choices(p)
-	if c == choicesNone || c == choicesSome {
-		return c
-	}
-	if u.nltail == 0 {
-		return c
-	}
-	// A key, or its value, cut by the read boundary: read it joined.
-	var w [2 * choicesSpan]byte
-	n := copy(w[:], u.ltail[:u.nltail])
-	n += copy(w[n:], p[:min(len(p), choicesSpan)])
-	if cj := choices(w[:n]); cj != choicesAbsent {
-		return cj
-	}
-	return c
-}
+func (u *usage) lineChoices(p []byte) uint8 { return u.lineSays(u.lch, p, false) }
 
 // lineFinished is what the line kept from the reads before (lfin, ltail),
 // followed by p, says of a finish_reason (finished).
-func (u *usage) lineFinished(p []byte) uint8 {
-	if u.lfin == finishNull || u.lfin == finishSet {
-		return u.lfin
+func (u *usage) lineFinished(p []byte) uint8 { return u.lineSays(u.lfin, p, true) }
+
+// lineSays is what the line says of its choices, or with fin of a
+// finish_reason (their values read alike): kept, what the reads before
+// told, when it told; else what p tells; else, when a key or its value was
+// cut by the read boundary, what the line's kept tail joined to p tells.
+func (u *usage) lineSays(kept uint8, p []byte, fin bool) uint8 {
+	read := func(q []byte) uint8 {
+		if fin {
+			return finished(q)
+		}
+		return choices(q)
 	}
-	f := finished(p)
-	if f == finishNull || f == finishSet {
-		return f
+	if kept == choicesNone || kept == choicesSome {
+		return kept
 	}
-	if u.nltail == 0 {
-		return f
+	c := read(p)
+	if c == choicesNone || c == choicesSome || u.nltail == 0 {
+		return c
 	}
 	var w [2 * choicesSpan]byte
 	n := copy(w[:], u.ltail[:u.nltail])
 	n += copy(w[n:], p[:min(len(p), choicesSpan)])
-	if fj := finished(w[:n]); fj != choicesAbsent {
-		return fj
+	if cj := read(w[:n]); cj != choicesAbsent {
+		return cj
 	}
-	return f
+	return c
 }
 
 // lineBreak is the index of the first line break (LF or CR) in p, or -1.
