@@ -37,6 +37,10 @@ type Serve struct {
 	TrustedProxies []string `help:"Load balancers and proxies (comma-separated IP addresses and CIDR networks, IPv4 and IPv6) whose X-Forwarded-For names the client: a request from one of them counts as the rightmost X-Forwarded-For address not itself listed (the wrong-key lockouts, the access log, the admin audit log); empty (the default): every client is its TCP peer and X-Forwarded-For is ignored." env:"INFERA_TRUSTED_PROXIES" sep:","`
 
 	RouterTokenizerPath string `help:"Directory with tokenizer.json and tokenizer_config.json used for KV-aware routing." env:"INFERA_ROUTER_TOKENIZER_PATH"`
+	// RouterDefaultChatTemplateKwargs mirrors the engines' vLLM
+	// --default-chat-template-kwargs, so that the router renders chats as
+	// they do (tokenizer.HF.SetDefaultKwargs).
+	RouterDefaultChatTemplateKwargs string `help:"The engines' --default-chat-template-kwargs (a JSON object, vLLM's flag): chats are rendered with these under their own chat_template_kwargs, as the engines render them (e.g. {\"enable_thinking\": false} for a Qwen3 fleet started with thinking off). Needs --router-tokenizer-path." env:"INFERA_ROUTER_DEFAULT_CHAT_TEMPLATE_KWARGS"`
 	// RouterTokenizeMaxBytes bounds the router's tokenization work per
 	// request: a real tokenizer costs up to about 1 us per byte on text its
 	// caches do not know (one long word, random letters).

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/infera/infera/jinja"
 )
 
 // Answer shaping (--reasoning, --tool-calls): chat answers that reason
@@ -76,31 +78,47 @@ type toolWire struct {
 
 // wantsThinking reports whether a chat request asks the model to reason:
 // chat_template_kwargs.enable_thinking given, or else a reasoning_effort
-// other than none/minimal. enable_thinking is read as the chat template
-// reads it: Qwen3's closes the thinking block only when `enable_thinking
-// is false`, jinja's test for the boolean false alone, so any other value
-// the template gets ("false", 0, "no", true) leaves the model thinking; a
-// null or "auto" is dropped before the template (vLLM's merge_kwargs,
-// tokenizer.HF.render), as if not given. The key is matched exactly, as
-// the template's variable is named.
-func wantsThinking(w *chatWire) bool {
+// other than none/minimal, or else the server's default enable_thinking
+// (def: --default-chat-template-kwargs; the request's effort sets
+// enable_thinking over the defaults, as vLLM's build_chat_params does).
+// enable_thinking is read as the chat template reads it: Qwen3's closes
+// the thinking block only when `enable_thinking is false`, jinja's test
+// for the boolean false alone, so any other value the template gets
+// ("false", 0, "no", true, a default's null) leaves the model thinking; a
+// request's null or "auto" is dropped before the template (vLLM's
+// merge_kwargs, tokenizer.HF.render), as if not given. The key is matched
+// exactly, as the template's variable is named.
+func wantsThinking(w *chatWire, def *jinja.Object) bool {
+	named := false
 	var kw map[string]json.RawMessage
 	if json.Unmarshal(w.ChatTemplateKwargs, &kw) == nil {
-		if v, ok := kw["enable_thinking"]; ok && !isNull(v) {
+		if v, ok := kw["enable_thinking"]; ok {
+			named = true
 			var s string
-			if json.Unmarshal(v, &s) != nil || s != "auto" {
+			if !isNull(v) && (json.Unmarshal(v, &s) != nil || s != "auto") {
 				return string(bytes.TrimSpace(v)) != "false"
 			}
 		}
 	}
+	if w.ReasoningEffort != nil && !named {
+		return effortThinks(*w.ReasoningEffort)
+	}
+	if v, ok := def.Get("enable_thinking"); ok {
+		return v.Kind() != jinja.KindBool || v.Truth()
+	}
 	if w.ReasoningEffort != nil {
-		switch *w.ReasoningEffort {
-		case "", "none", "minimal":
-			return false
-		}
-		return true
+		return effortThinks(*w.ReasoningEffort)
 	}
 	return false
+}
+
+// effortThinks reports whether a reasoning_effort asks the model to reason.
+func effortThinks(effort string) bool {
+	switch effort {
+	case "", "none", "minimal":
+		return false
+	}
+	return true
 }
 
 // chooseTool returns the tool call a model with tools would make: none when

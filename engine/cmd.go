@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -59,6 +60,8 @@ type Cmd struct {
 
 	DefaultMaxTokens int    `name:"default-max-tokens" help:"Tokens generated when a request sets no max_tokens." default:"256" env:"INFERA_ENGINE_DEFAULT_MAX_TOKENS"`
 	Tokenizer        string `help:"Hugging Face tokenizer directory; empty uses the built-in Simple tokenizer." default:"" env:"INFERA_ENGINE_TOKENIZER"`
+	// DefaultChatTemplateKwargs is vLLM's flag of the same name.
+	DefaultChatTemplateKwargs string `name:"default-chat-template-kwargs" help:"Default chat_template_kwargs (a JSON object), merged under each request's as vLLM's flag of the same name merges them, e.g. {\"enable_thinking\": false}. Needs --tokenizer." default:"" env:"INFERA_ENGINE_DEFAULT_CHAT_TEMPLATE_KWARGS"`
 
 	KVEventsEndpoint string `name:"kv-events-endpoint" help:"ZMQ PUB bind address for KV cache events, e.g. tcp://*:5557; empty disables." default:"" env:"INFERA_ENGINE_KV_EVENTS_ENDPOINT"`
 	KVReplayEndpoint string `name:"kv-replay-endpoint" help:"ZMQ ROUTER bind address for KV event replay; empty disables." default:"" env:"INFERA_ENGINE_KV_REPLAY_ENDPOINT"`
@@ -144,7 +147,16 @@ func (c *Cmd) Config() (Config, error) {
 		if err != nil {
 			return Config{}, fmt.Errorf("cannot load tokenizer from %q: %w", c.Tokenizer, err)
 		}
+		if d, ok := tok.(interface{ SetDefaultKwargs([]byte) error }); ok {
+			if err := d.SetDefaultKwargs([]byte(c.DefaultChatTemplateKwargs)); err != nil {
+				return Config{}, fmt.Errorf("--default-chat-template-kwargs: %w", err)
+			}
+		} else if c.DefaultChatTemplateKwargs != "" {
+			return Config{}, errors.New("--default-chat-template-kwargs needs a tokenizer with a chat template (--tokenizer)")
+		}
 		cfg.Tokenizer = tok
+	} else if c.DefaultChatTemplateKwargs != "" {
+		return Config{}, errors.New("--default-chat-template-kwargs needs --tokenizer: the built-in tokenizer has no chat template")
 	}
 	if role == RolePrefill {
 		addr := net.JoinHostPort(c.Host, strconv.Itoa(kvServerPort(c.BootstrapPort, mode)))

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 
 	"github.com/infera/infera/internal/jsonscan"
+	"github.com/infera/infera/jinja"
 	"github.com/infera/infera/tokenizer"
 )
 
@@ -268,6 +269,15 @@ func maxTokensOf(v ...*int64) (int, error) {
 
 // parseChat decodes a chat completion request and appends its prompt tokens
 // to dst. text is a scratch buffer for the rendered prompt.
+// defaultKwargs returns tok's default chat_template_kwargs
+// (--default-chat-template-kwargs), nil without.
+func defaultKwargs(tok tokenizer.Tokenizer) *jinja.Object {
+	if h, ok := tok.(*tokenizer.HF); ok {
+		return h.DefaultKwargs()
+	}
+	return nil
+}
+
 func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) (genRequest, []uint32, []byte, error) {
 	var w chatWire
 	if err := json.Unmarshal(body, &w); err != nil {
@@ -331,7 +341,7 @@ func parseChat(body []byte, tok tokenizer.Tokenizer, dst []uint32, text []byte) 
 		return genRequest{}, dst, text, err
 	}
 	g := genRequest{chat: true, model: w.Model, stream: w.Stream.on, maxTokens: mt,
-		thinking: wantsThinking(&w), tool: chooseTool(&w), format: formatPieces(w.ResponseFormat)}
+		thinking: wantsThinking(&w, defaultKwargs(tok)), tool: chooseTool(&w), format: formatPieces(w.ResponseFormat)}
 	if w.StreamOptions != nil {
 		g.includeUsage, g.continuousUsage = w.StreamOptions.IncludeUsage, w.StreamOptions.ContinuousUsage
 	}

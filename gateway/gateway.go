@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -169,15 +170,18 @@ func New(f *config.Serve) (*Gateway, error) {
 	g.sched.BlockSize = f.KVBlockSize
 	g.sched.Latest = store.Load
 	go g.sched.Run(g.ctx, store.Load)
+	if f.RouterDefaultChatTemplateKwargs != "" && f.RouterTokenizerPath == "" {
+		return nil, errors.New("--router-default-chat-template-kwargs needs --router-tokenizer-path: the built-in tokenizer has no chat template")
+	}
 	if policy == sched.PolicyKVAware {
 		if err := g.setupKV(); err != nil {
 			return nil, err
 		}
 	} else if f.RouterTokenizerPath != "" {
 		// Without kv-aware routing the tokenizer still serves /tokenize.
-		t, err := tokenizer.Load(f.RouterTokenizerPath)
+		t, err := loadTokenizer(f)
 		if err != nil {
-			return nil, fmt.Errorf("--router-tokenizer-path: %w", err)
+			return nil, err
 		}
 		g.tok = t
 		slog.Info("tokenizer loaded for /tokenize; prompts are not hashed (--router-policy is not kv-aware)")
@@ -323,15 +327,28 @@ func (g *Gateway) Fleet() *fleet.Fleet { return g.fleet }
 // Workers returns the number of workers known (for the startup log).
 func (g *Gateway) Workers() int { return len(g.fleet.View().All) }
 
+// loadTokenizer loads --router-tokenizer-path with the engines' default
+// chat_template_kwargs (--router-default-chat-template-kwargs).
+func loadTokenizer(f *config.Serve) (*tokenizer.HF, error) {
+	t, err := tokenizer.Load(f.RouterTokenizerPath)
+	if err != nil {
+		return nil, fmt.Errorf("--router-tokenizer-path: %w", err)
+	}
+	if err := t.SetDefaultKwargs([]byte(f.RouterDefaultChatTemplateKwargs)); err != nil {
+		return nil, fmt.Errorf("--router-default-chat-template-kwargs: %w", err)
+	}
+	return t, nil
+}
+
 // setupKV builds the KV-aware path: the router's tokenizer, the radix index
 // fed by KV events (ZMQ per worker, or one NATS subscription), and the cost
 // function. It must run before workers are added (the manager is a hook).
 func (g *Gateway) setupKV() error {
 	f := g.flags
 	if f.RouterTokenizerPath != "" {
-		t, err := tokenizer.Load(f.RouterTokenizerPath)
+		t, err := loadTokenizer(f)
 		if err != nil {
-			return fmt.Errorf("--router-tokenizer-path: %w", err)
+			return err
 		}
 		g.tok = t
 	} else {

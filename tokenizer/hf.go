@@ -50,6 +50,9 @@ type HF struct {
 	tools        toolsCache
 	kwargs       toolsCache // parsed chat_template_kwargs objects, as tools
 	args         toolsCache // decoded tool call arguments, as tools
+	// defaults: the server's default chat_template_kwargs (vLLM's
+	// --default-chat-template-kwargs), under every request's (SetDefaultKwargs).
+	defaults *jinja.Object
 }
 
 type addedToken struct {
@@ -770,6 +773,42 @@ func (h *HF) RenderChatJSON(dst []byte, messages, tools []byte, addGenerationPro
 var applyChatTemplateParams = [...]string{"conversation", "chat_template", "continue_final_message", "tokenize",
 	"padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
 
+// SetDefaultKwargs sets the chat_template_kwargs every chat is rendered
+// with under its own, as vLLM's --default-chat-template-kwargs does
+// (OnlineRenderer.preprocess_chat: renderers.merge_kwargs puts the
+// request's tools over the defaults, then ChatParams.with_defaults the
+// request's kwargs and fields over both, dropping the request's null and
+// "auto" values but not the defaults'). js is a JSON object; null or empty
+// clears the defaults. Keys naming what the template does not get as a
+// variable (chat_template, tokenize, conversation, messages) are refused:
+// the engine would render another template or return tokens. Call it
+// before the first render: it is not safe beside rendering.
+func (h *HF) SetDefaultKwargs(js []byte) error {
+	js = bytes.TrimSpace(js)
+	if len(js) == 0 || string(js) == "null" {
+		h.defaults = nil
+		return nil
+	}
+	v, err := jinja.FromJSONMax(js, MaxToolValues)
+	if err != nil {
+		return fmt.Errorf("default chat_template_kwargs: %w", err)
+	}
+	if v.Kind() != jinja.KindObject {
+		return errors.New("default chat_template_kwargs must be a JSON object")
+	}
+	for _, k := range v.Object().Keys() {
+		switch k {
+		case "chat_template", "tokenize", "conversation", "messages":
+			return fmt.Errorf("default chat_template_kwargs: %q is not a template variable (the engine would render another template or return tokens)", k)
+		}
+	}
+	h.defaults = v.Object()
+	return nil
+}
+
+// DefaultKwargs returns the defaults SetDefaultKwargs set (nil: none).
+func (h *HF) DefaultKwargs() *jinja.Object { return h.defaults }
+
 // render renders the template with msgs, tools, documents (None when
 // absent, as transformers passes them), add_generation_prompt and the
 // special tokens, then extra's keys (chat_template_kwargs) over them as
@@ -802,6 +841,35 @@ func (h *HF) render(dst []byte, cv *chatVars, msgs, tools, docs jinja.Value, add
 	vars.Set("add_generation_prompt", jinja.Bool(addGen))
 	vars.Set("bos_token", jinja.String(h.bosToken))
 	vars.Set("eos_token", jinja.String(h.eosToken))
+	if h.defaults != nil {
+		toolsGiven := !tools.IsUndefined() && tools.Kind() != jinja.KindNull
+	defaults:
+		for _, k := range h.defaults.Keys() {
+			switch k {
+			case "add_generation_prompt":
+				continue // the request's own, always given
+			case "tools":
+				if toolsGiven {
+					continue // the request's tools are merged over the defaults
+				}
+			case "documents":
+				if docsGiven {
+					continue
+				}
+			case "reasoning_effort":
+				if effort != "" {
+					continue
+				}
+			}
+			for _, p := range applyChatTemplateParams {
+				if k == p {
+					continue defaults
+				}
+			}
+			v, _ := h.defaults.Get(k)
+			vars.Set(k, v) // a default's null stays: merge_kwargs filters only the request's
+		}
+	}
 	if extra != nil {
 	keys:
 		for _, k := range extra.Keys() {
