@@ -842,60 +842,11 @@ func (h *HF) render(dst []byte, cv *chatVars, msgs, tools, docs jinja.Value, add
 	vars.Set("bos_token", jinja.String(h.bosToken))
 	vars.Set("eos_token", jinja.String(h.eosToken))
 	if h.defaults != nil {
-		toolsGiven := !tools.IsUndefined() && tools.Kind() != jinja.KindNull
-	defaults:
-		for _, k := range h.defaults.Keys() {
-			switch k {
-			case "add_generation_prompt":
-				continue // the request's own, always given
-			case "tools":
-				if toolsGiven {
-					continue // the request's tools are merged over the defaults
-				}
-			case "documents":
-				if docsGiven {
-					continue
-				}
-			case "reasoning_effort":
-				if effort != "" {
-					continue
-				}
-			}
-			for _, p := range applyChatTemplateParams {
-				if k == p {
-					continue defaults
-				}
-			}
-			v, _ := h.defaults.Get(k)
-			vars.Set(k, v) // a default's null stays: merge_kwargs filters only the request's
-		}
+		toolsGiven := tools.Kind() != jinja.KindNull
+		setKwargs(vars, h.defaults, false, toolsGiven, docsGiven, effort)
 	}
 	if extra != nil {
-	keys:
-		for _, k := range extra.Keys() {
-			switch k {
-			case "add_generation_prompt":
-				continue // the request's own, always given (default true)
-			case "documents":
-				if docsGiven {
-					continue
-				}
-			case "reasoning_effort":
-				if effort != "" {
-					continue
-				}
-			}
-			for _, p := range applyChatTemplateParams {
-				if k == p {
-					continue keys
-				}
-			}
-			v, _ := extra.Get(k)
-			if v.Kind() == jinja.KindNull || v.Kind() == jinja.KindString && v.Str() == "auto" {
-				continue // merge_kwargs' unset values
-			}
-			vars.Set(k, v)
-		}
+		setKwargs(vars, extra, true, false, docsGiven, effort)
 	}
 	if effort != "" {
 		vars.Set("reasoning_effort", jinja.String(effort))
@@ -910,4 +861,42 @@ func (h *HF) render(dst []byte, cv *chatVars, msgs, tools, docs jinja.Value, add
 		return dst, fmt.Errorf("cannot render chat template: %w", err)
 	}
 	return out, nil
+}
+
+// setKwargs sets kw's keys as template variables, but not those the
+// request's own fields win over (its add_generation_prompt, documents and
+// reasoning_effort when given) nor apply_chat_template's own parameters.
+// request: kw is the request's chat_template_kwargs, whose null and "auto"
+// values are dropped (merge_kwargs' unset values); else kw is the server's
+// defaults, under the request's tools too (toolsGiven) and kept whole.
+func setKwargs(vars, kw *jinja.Object, request, toolsGiven, docsGiven bool, effort string) {
+keys:
+	for _, k := range kw.Keys() {
+		switch k {
+		case "add_generation_prompt":
+			continue // the request's own, always given (default true)
+		case "tools":
+			if toolsGiven {
+				continue
+			}
+		case "documents":
+			if docsGiven {
+				continue
+			}
+		case "reasoning_effort":
+			if effort != "" {
+				continue
+			}
+		}
+		for _, p := range applyChatTemplateParams {
+			if k == p {
+				continue keys
+			}
+		}
+		v, _ := kw.Get(k)
+		if request && (v.Kind() == jinja.KindNull || v.Kind() == jinja.KindString && v.Str() == "auto") {
+			continue
+		}
+		vars.Set(k, v)
+	}
 }
