@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -446,6 +448,12 @@ type redisState struct {
 	execs atomic.Uint64
 	// flushing: a call of flushRedo is out.
 	flushing atomic.Bool
+	// refusals counts the answers in a row in which Redis refused ends
+	// (READONLY, OOM: refuseBackoff), and holdRedo is the time (Unix ns)
+	// before which what is kept in redo is not sent again (0: no hold).
+	// Only exec writes them (one pipeline at a time).
+	refusals atomic.Int32
+	holdRedo atomic.Int64
 	// stalled is the time (Unix ns) until which a call fails at once,
 	// 0 while Redis answers (mayCall).
 	stalled atomic.Int64
@@ -580,6 +588,47 @@ func (r *redisState) keep(x redoRelease) {
 	}
 }
 
+// While Redis refuses ends as they run (READONLY from a primary a
+// failover demoted, OOM under maxmemory with noeviction), what is kept in
+// redo is sent again after a backoff that doubles with each answer that
+// refuses ends, from refuseBackoff up to maxRefuseBackoff, each step drawn
+// in its upper half (jitter: routers refused together do not come back
+// together), instead of ahead of every pipeline and at every poll: a
+// Redis in trouble is not hammered (a refused end was sent again after
+// every answered pipeline, ends-only pipelines included: one router sent
+// a refused settlement 52,851 to 65,036 times in 2 s,
+// TestRedisEndsRedisKeepsRefusingAreSentAgainWithBackoff). The first answer that
+// lands an end other than a release (which OOM does not refuse) ends it.
+// The cap stays well below settleResend, so a settlement that may have run
+// is still sent again several times before it is dropped.
+const (
+	refuseBackoff    = 200 * time.Millisecond
+	maxRefuseBackoff = 5 * time.Second
+)
+
+// refused notes an answer in which Redis refused ends: what redo keeps
+// waits for the next step of the backoff.
+func (r *redisState) refused() {
+	n := min(r.refusals.Add(1), 16)
+	d := min(refuseBackoff<<(n-1), maxRefuseBackoff)
+	d = d/2 + mrand.N(d/2+1)
+	r.holdRedo.Store(time.Now().Add(d).UnixNano())
+}
+
+// wrote notes an answer in which Redis took ends: the backoff is over.
+func (r *redisState) wrote() {
+	if r.refusals.Load() != 0 {
+		r.refusals.Store(0)
+		r.holdRedo.Store(0)
+	}
+}
+
+// redoHeld reports whether what redo keeps waits for the backoff.
+func (r *redisState) redoHeld() bool {
+	hold := r.holdRedo.Load()
+	return hold != 0 && time.Now().UnixNano() < hold
+}
+
 // maxRedoAhead bounds the ended returns that go ahead of one pipeline's
 // calls (the rest follow once it is answered, resendRedo).
 const maxRedoAhead = 1024
@@ -588,6 +637,9 @@ const maxRedoAhead = 1024
 // to send ahead of a pipeline's calls. Sending one early is safe: its
 // slot or seat was taken, and a return removes nothing twice.
 func (r *redisState) takeEndedRedo() []*scriptCall {
+	if r.redoHeld() {
+		return nil
+	}
 	r.qmu.Lock()
 	defer r.qmu.Unlock()
 	var out []*scriptCall
@@ -757,6 +809,9 @@ func (r *redisState) keepFailedEnds(parts []*scriptCall, unsent bool) {
 // resendRedo queues again the returns kept before pipeline n, which
 // Redis answered (they then run after whatever Redis read before it).
 func (r *redisState) resendRedo(n uint64) {
+	if r.redoHeld() {
+		return // sent once the backoff's step is over (flushRedo, or ahead of a pipeline)
+	}
 	r.qmu.Lock()
 	var again []redoRelease
 	keep := r.redo[:0]
@@ -1173,6 +1228,7 @@ func (r *redisState) exec(batch []*scriptCall, probe bool) {
 		send(again)
 	}
 	answered, timedOut := true, false
+	refusedEnds, wroteEnds := false, false
 	for _, c := range wire {
 		if err := c.cmd.Err(); err != nil && !isScriptError(err) {
 			timedOut = timedOut || isTimeout(err)
@@ -1193,7 +1249,8 @@ func (r *redisState) exec(batch []*scriptCall, probe bool) {
 			if n, _ := res[0].(int64); n > 0 {
 				err = fmt.Errorf("%d of the batch's ends failed: %v", n, res[1])
 			}
-			// The ends Redis refused changed nothing: sent again.
+			// The ends Redis refused changed nothing: sent again, after
+			// the backoff's next step.
 			pos, _ := res[2].([]any)
 			var again []*scriptCall
 			for _, p := range pos {
@@ -1202,10 +1259,22 @@ func (r *redisState) exec(batch []*scriptCall, probe bool) {
 				}
 			}
 			r.keepFailedEnds(again, true)
+			switch {
+			case len(again) > 0:
+				refusedEnds = true
+			case slices.ContainsFunc(c.parts, func(x *scriptCall) bool { return x.end != endRelease }):
+				wroteEnds = true
+			}
 		}
 		if err != nil {
 			r.failed("end", err, true)
 		}
+	}
+	switch {
+	case refusedEnds:
+		r.refused()
+	case wroteEnds:
+		r.wrote()
 	}
 	switch {
 	case answered:
@@ -1214,6 +1283,15 @@ func (r *redisState) exec(batch []*scriptCall, probe bool) {
 	case timedOut:
 		r.stalled.Store(time.Now().Add(stallHold).UnixNano())
 	}
+}
+
+// refusedWrite reports whether err is Redis refusing a script's first
+// write (READONLY on a replica; OOM, which Redis raises only before a
+// script's first write): the script changed nothing, and Redis answered
+// it, so it does not run later. A call refused so keeps no return: under
+// a lasting refusal every admission's would fill redo.
+func refusedWrite(err error) bool {
+	return redis.HasErrorPrefix(err, "READONLY") || redis.HasErrorPrefix(err, "OOM")
 }
 
 // isScriptError reports whether err is Redis's answer (a script's error),
@@ -1369,7 +1447,7 @@ func (r *redisState) admitFailed(res []int64, n int, args []any) error {
 // (closed, failed at once in a stall, or it could not connect) took
 // nothing.
 func (r *redisState) unadmit(err error, st *userState, t *template, e estimate, now int64, keys []string, member, smember string, skeys []string) {
-	if errors.Is(err, errStateClosed) || errors.Is(err, errStateStalled) || notSent(err) {
+	if errors.Is(err, errStateClosed) || errors.Is(err, errStateStalled) || notSent(err) || refusedWrite(err) {
 		return
 	}
 	mStateUndone.Inc()
@@ -1389,7 +1467,7 @@ func (r *redisState) unadmit(err error, st *userState, t *template, e estimate, 
 // expired. The return (releaseLua) removes nothing when the call did not
 // run. (An admission's are unadmit's.)
 func (r *redisState) undoSlots(err error, member, msg string, sets ...string) {
-	if errors.Is(err, errStateClosed) || errors.Is(err, errStateStalled) || notSent(err) || len(sets) == 0 {
+	if errors.Is(err, errStateClosed) || errors.Is(err, errStateStalled) || notSent(err) || refusedWrite(err) || len(sets) == 0 {
 		// Never sent (closed, failed at once in a stall, or it could not
 		// connect): under load in a stall or an outage, those would fill
 		// redo and evict real returns and settlements.
@@ -1593,7 +1671,7 @@ func (r *redisState) loop() {
 // it) stayed taken for every router until its lease expired. Not in a
 // stall's hold: its probe carries them.
 func (r *redisState) flushRedo() {
-	if until := r.stalled.Load(); until != 0 && time.Now().UnixNano() < until {
+	if until := r.stalled.Load(); until != 0 && time.Now().UnixNano() < until || r.redoHeld() {
 		return
 	}
 	r.qmu.Lock()

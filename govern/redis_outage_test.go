@@ -592,3 +592,107 @@ func TestRedisASettlementRefusedByARedisThatCannotWriteLandsOnceItCan(t *testing
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Ends that Redis keeps refusing (a primary demoted to a read-only
+// replica answering READONLY, writes refused under maxmemory) are sent
+// again with a backoff that doubles while Redis refuses them (from
+// 200 ms, jittered, up to 5 s), not ahead of every
+// pipeline and every poll; an admission Redis refused as read-only took
+// nothing and keeps no return. Once Redis writes again they land, and
+// the backoff starts over. Before, the refused settlement rode in every
+// admission's pipeline and every poll, and every admission refused left
+// a return of its own kept and sent again with it, filling the list.
+func TestRedisEndsRedisKeepsRefusingAreSentAgainWithBackoff(t *testing.T) {
+	rs := startRedis(t)
+	for _, how := range []string{"READONLY", "OOM"} {
+		t.Run(how, func(t *testing.T) { testEndsRefusedWithBackoff(t, rs, how) })
+	}
+}
+
+func testEndsRefusedWithBackoff(t *testing.T, rs *redisServer, how string) {
+	o := redisOptions(t, rs)
+	o.LeaseTTL = time.Hour
+	o.EndDelay = time.Millisecond
+	key, hash := mintKey(t)
+	g := newGov(t, o, userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":1000,"max_tokens":100000}]}}`, ""))
+	u := identify(t, g, key)
+	r := Request{PromptTokens: 10, MaxTokens: 10} // an estimate of 20
+	tk := admitOK(t, g, u, r)
+	tk.FirstToken()
+	syncState(t, g)
+	h := rs.client(t)
+	bg := context.Background()
+	refuse := func(on bool) {
+		t.Helper()
+		var err error
+		switch {
+		case how == "READONLY" && on:
+			err = h.ReplicaOf(bg, "127.0.0.1", "1").Err() // read-only, its data kept
+		case how == "READONLY":
+			err = h.ReplicaOf(bg, "NO", "ONE").Err()
+		case on: // every write that may grow memory refused
+			if err = h.ConfigSet(bg, "maxmemory-policy", "noeviction").Err(); err == nil {
+				err = h.ConfigSet(bg, "maxmemory", "1").Err()
+			}
+		default:
+			err = h.ConfigSet(bg, "maxmemory", "0").Err()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	refuse(true)
+	t.Cleanup(func() { refuse(false) })
+	undone := mStateUndone.Get()
+	tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 2})
+	waitFor(t, func() bool { return g.rds.redoLen() == 1 }) // refused, kept
+	// 2 s of traffic: an admission every 5 ms at most, each refused
+	// and admitted uncounted (on_state_error open).
+	start := time.Now()
+	n := 0
+	for ; n < 400 && time.Since(start) < 2*time.Second; n++ {
+		if tk, rej := g.Admit(bg, u, r); rej == nil {
+			tk.Done(Usage{})
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	took := time.Since(start)
+	// 200, 400, 800, 1600 ms at most: 5 sends in 2 s at most, 10 with margin.
+	sent := mStateUndone.Get() - undone
+	t.Logf("sent again %d times in %v under %d admissions", sent, took, n)
+	if sent > 10 {
+		t.Errorf("the refused ends were sent again (or returns queued) %d times in %v under %d admissions, want a backoff", sent, took, n)
+	}
+	if k := g.rds.redoLen(); k > 1 {
+		t.Errorf("%d ends kept after %d admissions refused, want the settlement's only", k, n)
+	}
+	refuse(false)
+	deadline := time.Now().Add(8 * time.Second) // the last step (5 s at most) and margin
+	for {
+		v, _ := h.HMGet(bg, o.RedisPrefix+"{u:alice}", "w1r", "w1k").Result()
+		if len(v) == 2 && v[0] == "1" && v[1] == "12000" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the day's requests and milli-tokens %v once Redis writes again, want the usage [1 12000]", v)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	waitFor(t, func() bool { return g.rds.redoLen() == 0 })
+	// Landed: the backoff starts over, and the next end Redis refuses is
+	// sent again within the first step, not the last.
+	tk = admitOK(t, g, u, r)
+	tk.FirstToken()
+	syncState(t, g)
+	refuse(true)
+	tk.Done(Usage{})
+	waitFor(t, func() bool { return g.rds.redoLen() == 1 })
+	undone = mStateUndone.Get()
+	refused := time.Now()
+	for mStateUndone.Get() == undone {
+		if time.Since(refused) > time.Second {
+			t.Fatal("a refused end not sent again within 1 s after the last ones landed: the backoff did not start over")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
