@@ -52,7 +52,7 @@ import (
 // already (a late admission counts there, and its end is settled there).
 //
 // An admission that takes something records it in the mark ("a" and the
-// start of the window it counted in per period, for settleMark), so that
+// start of the window it counted in per period, for admitRecord), so that
 // its return after an ambiguous failure (endUnadmit: its answer lost)
 // gives back exactly what it took; one that finds the mark set runs after
 // that return (it was held in a stalled connection): it takes nothing and
@@ -143,7 +143,7 @@ local function admit(h, seats, mark, A)
   for _, w in ipairs(wins) do out[6 + w[1]] = w[2] end
   return out
 end
-`, CodeConcurrencyUser, CodeRPM, CodeTPM, CodeQuotaRequests5h, CodeQuotaTokens5h, settleMark.Milliseconds(), admitArgc)
+`, CodeConcurrencyUser, CodeRPM, CodeTPM, CodeQuotaRequests5h, CodeQuotaTokens5h, admitRecord.Milliseconds(), admitArgc)
 
 // admitArgc is the number of the admission's arguments, admitRes of its
 // results.
@@ -530,6 +530,18 @@ const (
 	settleMark   = 2 * time.Minute
 	settleResend = settleMark / 2
 )
+
+// admitRecord is how long an admission's record (the "a" mark, admitLua)
+// lives in Redis: until its request's settlement replaces it with the
+// settled mark, or its return (endUnadmit) does. The return of an
+// admission whose answer was lost is sent until it lands, however late
+// (Redis unreachable for long), and gives back only the slot and the seat
+// once the record is gone: the record must outlive it. It lived
+// settleMark (2 minutes) before, so a return that landed later left the
+// refused request's quota and bucket charges for good. A record costs
+// about 200 bytes for the life of its request (24 h at most, the
+// requests of a router that died before settling them included).
+const admitRecord = 24 * time.Hour
 
 // callLife bounds how late Redis may run an admission or a settlement:
 // each carries a deadline, callLife after the router made or sent it (the

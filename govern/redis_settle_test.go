@@ -669,3 +669,74 @@ func TestRedisCallsPastTheirDeadlineTakeNothingButReturnTheirSlot(t *testing.T) 
 		t.Errorf("%d ends kept to send again: a late settlement is not", n)
 	}
 }
+
+// An admission whose answer a connection reset lost is given back by its
+// return, sent until it lands; when Redis cannot take the return for long
+// (an outage, a partition), it lands long after the admission ran, and
+// must still give back everything the admission took: its record, the
+// windows it counted in, outlives the time a return may be kept. Redis's
+// 2 minutes and 1 second are played here by taking them off the record's
+// remaining TTL, as they would have run down. Before, the record lived 2
+// minutes from the admission: a later return found none and gave back
+// only the slot, leaving the refused request counted in the day window and
+// its RPM and TPM takes charged.
+func TestRedisAnAdmissionsReturnLandingMinutesLateGivesBackWhatItTook(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.LeaseTTL = time.Hour                                             // no renewals in the way
+	o.PollInterval = time.Hour                                         // the kept return waits for the next call
+	o.EndDelay = time.Millisecond                                      // the return goes at once, and is cut
+	clk := newFakeClock(time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)) // buckets do not refill: exact levels
+	o.Now = clk.Now
+	px := startResetProxy(t, "127.0.0.1:"+strconv.Itoa(rs.port), []byte(o.RedisPrefix+"{u:alice}"))
+	o.State = px.url()
+	key, hash := mintKey(t)
+	const rpm, tpm = 1000, 1000000
+	c := userConfig(t, hash, `{"name":"t","rate":{"enabled":true,"rpm":1000,"tpm":1000000},
+		"quota":{"enabled":true,"windows":[{"period":"day","max_requests":1000,"max_tokens":1000000}]}}`, "")
+	c.UserLimit.OnStateError = "closed"
+	g := newGov(t, o, c)
+	u := identify(t, g, key)
+	h := rs.client(t)
+	bg := context.Background()
+	hk := o.RedisPrefix + "{u:alice}"
+	// The admission runs, its answer is lost; its return is cut before
+	// Redis reads it, and kept.
+	px.armCuts(cut{cutAfter, [][]byte{[]byte(admitScript.Hash())}}, cut{cutBefore, [][]byte{[]byte(endsScript.Hash())}})
+	if _, rej := g.Admit(bg, u, Request{PromptTokens: 10, MaxTokens: 10}); rej == nil || rej.Code != CodeStateUnavailable {
+		t.Fatalf("admission cut: %v, want %s", rej, CodeStateUnavailable)
+	}
+	recvWithin(t, px.fired, 3*time.Second, "the admission's connection reset")
+	recvWithin(t, px.fired, 3*time.Second, "the return's connection reset")
+	waitFor(t, func() bool { return g.rds.redoLen() == 1 })
+	if v := h.HGet(bg, hk, "w1r").Val(); v != "1" {
+		t.Fatalf("the day counts %q requests after the admission ran, want 1", v)
+	}
+	marks := h.Keys(bg, hk+":f:*").Val()
+	if len(marks) != 1 {
+		t.Fatalf("marks %v, want the admission's record", marks)
+	}
+	const late = 2*time.Minute + time.Second
+	if left := h.PTTL(bg, marks[0]).Val(); left > late {
+		h.PExpire(bg, marks[0], left-late)
+	} else {
+		h.Del(bg, marks[0])
+	}
+	syncState(t, g) // the return goes ahead of this call
+	if n := g.rds.redoLen(); n != 0 {
+		t.Fatalf("%d ends still kept after Redis answered", n)
+	}
+	v, err := h.HMGet(bg, hk, "w1r", "w1k", "rl", "tl").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []any{"0", "0", strconv.Itoa(rpm), strconv.Itoa(tpm)}
+	for i, name := range []string{"day's requests", "day's milli-tokens", "RPM level", "TPM level"} {
+		if v[i] != want[i] {
+			t.Errorf("%s %v after a refused request's return landed %v after its admission, want %v", name, v[i], late, want[i])
+		}
+	}
+	if m := h.Get(bg, marks[0]).Val(); m != "1" {
+		t.Errorf("the ticket's mark %q after its return, want the return's (1)", m)
+	}
+}
