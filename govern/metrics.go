@@ -37,7 +37,7 @@ var (
 	mStateFailShut   = metrics.NewCounter(`infera_governance_state_fail_total{mode="closed"}`)
 	// mStateUndone counts the returns queued for calls that failed after
 	// they were sent (which may have run, or still run when Redis reads
-	// them): a seat's (undoSlots), an admission's (unadmit).
+	// them): a seat's (undoSeat), an admission's (unadmit).
 	mStateUndone = metrics.NewCounter(`infera_governance_state_undone_total`)
 	// mStateSettleExpired counts the settlements of requests (finishLua)
 	// that failed ambiguously and did not land within settleResend: no

@@ -36,6 +36,8 @@ import (
 //	<p>{rl}:i:<instance>:<c> sorted set: seats of counter c (overall,
 //	<p>{rl}:s:<service>:<c>  prefill, decode) of an instance, a service or
 //	<p>{rl}:g:<c>            the gateway; member = seat id, score = expiry
+//	<p>{rl}:f:<seat id>      string: "1", the mark of the return of a
+//	                         seat call whose answer was lost (undoSeat)
 //	<p>wake                  pub/sub channel: "u:<user>" or "rl" when a
 //	                         slot or seat is given back
 
@@ -197,7 +199,24 @@ end
 
 var (
 	admitScript = redis.NewScript(admitLua + `return admit(KEYS[1], KEYS[2], KEYS[3], ARGV)`)
-	seatScript  = redis.NewScript(seatLua + `return seat(KEYS, ARGV)`)
+	// seatScript is a seat acquisition on its own: KEYS seatLua's, then
+	// the call's mark; ARGV seatLua's, then its deadline (Unix ms,
+	// callLife after it was made). A call that finds its mark set runs
+	// after its return (undoSeat: its answer was lost, it was held in a
+	// stalled connection or a proxy's buffer) and takes nothing: {-1, 0,
+	// 0}. One that Redis reads past its deadline (by Redis's clock, TIME)
+	// may run after its return's mark expired: it takes nothing and
+	// returns {-2, Redis's time (ms), 0}.
+	seatScript = redis.NewScript(seatLua + `
+local K = {}
+for i = 1, #KEYS - 1 do K[i] = KEYS[i] end
+if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return {-1, 0, 0} end
+if redis.replicate_commands then redis.replicate_commands() end -- TIME before writes (Redis < 5)
+local clock = redis.call('TIME')
+local rnow = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+if rnow > tonumber(ARGV[10]) then return {-2, rnow, 0} end
+return seat(K, ARGV)
+`)
 	// admitSeatScript is a request's admission and its first seat in one
 	// step (one round trip): KEYS the user's 3, then 3 per seat
 	// candidate; ARGV the admission's admitArgc, then the seat's. The seat
@@ -284,11 +303,19 @@ end
 `
 
 // releaseLua removes a member from the sets K and announces it: A member,
-// channel, message.
+// channel, message. The return of a seat call whose answer was lost
+// (undoSeat) has a fourth argument, its mark's TTL (ms), and the call's
+// mark last in K: it sets the mark first (its first write: one refused
+// there changed nothing), so that the call, should Redis run it later,
+// finds it and takes nothing (seatScript).
 const releaseLua = `
 local function release(K, A)
-  local n = 0
-  for _, k in ipairs(K) do n = n + redis.call('ZREM', k, A[1]) end
+  local n, last = 0, #K
+  if A[4] then
+    redis.call('SET', K[last], '1', 'PX', A[4])
+    last = last - 1
+  end
+  for i = 1, last do n = n + redis.call('ZREM', K[i], A[1]) end
   if n > 0 then redis.call('PUBLISH', A[2], A[3]) end
 end
 `
@@ -1471,24 +1498,30 @@ func (r *redisState) unadmit(err error, st *userState, t *template, e estimate, 
 	r.end(endUnadmit, k, args)
 }
 
-// undoSlots queues the return of the seat member a failed seat call may
-// have taken in sets: a call that timed out (Redis stalled past the
-// client's timeout) still runs when Redis reads it, and the request,
-// refused (fail closed) or admitted uncounted (fail open), would never
-// return it: every request would meet the phantom until its lease
-// expired. The return (releaseLua) removes nothing when the call did not
-// run. (An admission's are unadmit's.)
-func (r *redisState) undoSlots(err error, member, msg string, sets ...string) {
-	if errors.Is(err, errStateClosed) || errors.Is(err, errStateStalled) || notSent(err) || refusedWrite(err) || len(sets) == 0 {
+// undoSeat queues the return of the seat member a failed seat call
+// (seatScript) may have taken in sets: a call that timed out (Redis
+// stalled past the client's timeout) or whose connection was reset after
+// it was sent still runs when Redis reads it, and the request, refused
+// (fail closed) or admitted uncounted (fail open), would never return it:
+// every request would meet the phantom until its lease expired. The
+// return (releaseLua) removes nothing when the call did not run, and sets
+// the call's mark (for settleMark) first: a call Redis runs after both of
+// its returns (held in a stalled connection or a proxy's buffer) finds it
+// and takes nothing, and one that runs after the mark expired is past its
+// deadline (callLife, as an admission's). (An admission's are unadmit's.)
+func (r *redisState) undoSeat(err error, member, mark string, sets []string) {
+	if errors.Is(err, errStateClosed) || errors.Is(err, errStateStalled) || notSent(err) || refusedWrite(err) {
 		// Never sent (closed, failed at once in a stall, or it could not
-		// connect): under load in a stall or an outage, those would fill
-		// redo and evict real returns and settlements.
+		// connect), or refused as it wrote: under load in a stall or an
+		// outage, those would fill redo and evict real returns and
+		// settlements.
 		return
 	}
 	mStateUndone.Inc()
-	args := []any{member, r.wake, msg}
-	r.end(endRelease, sets, args)
-	r.keepRedo(sets, args, false) // once more when Redis answers again
+	keys := append(sets[:len(sets):len(sets)], mark)
+	args := []any{member, r.wake, "rl", settleMark.Milliseconds()}
+	r.end(endRelease, keys, args)
+	r.keepRedo(keys, args, false) // once more when Redis answers again
 }
 
 // finishUser queues ts's reconciliation in Redis (an end: it rides in the
@@ -1972,13 +2005,22 @@ func (r *redisState) seated(res []int64, rl *rlConf, cands []levels, ph Phase, m
 // and the code of the first full counter.
 func (r *redisState) acquireSeat(rl *rlConf, cands []levels, ph Phase, dry bool) (*seatState, int, Code, error) {
 	keys, args, member := r.seatArgs(rl, cands, ph, dry)
+	sets := keys
+	mark := r.prefix + "{rl}:f:" + member
+	keys = append(keys[:len(keys):len(keys)], mark)
+	// The deadline is the real clock's (callLife), as an admission's.
+	args = append(args, time.Now().Add(r.callLife).UnixMilli())
 	res, err := r.call(seatScript, keys, args...).Int64Slice()
 	if err != nil {
-		r.undoSlots(err, member, "rl", keys...)
+		r.undoSeat(err, member, mark, sets)
 		return nil, -1, CodeNone, err
 	}
-	if len(res) != 3 {
-		return nil, -1, CodeNone, fmt.Errorf("seat script returned %d values", len(res))
+	if len(res) == 3 && res[0] == -2 {
+		late := time.Duration(res[1]-args[len(args)-1].(int64)) * time.Millisecond
+		return nil, -1, CodeNone, fmt.Errorf("the state store ran the seat call %v past its deadline (%v after it was made, by its clock and this router's): is this router's clock behind the state store's?", late, late+r.callLife)
+	}
+	if len(res) != 3 || res[0] < 0 {
+		return nil, -1, CodeNone, fmt.Errorf("seat script returned %d values (%v)", len(res), res)
 	}
 	ss, i, code := r.seated(res, rl, cands, ph, member)
 	return ss, i, code, nil

@@ -740,3 +740,54 @@ func TestRedisAnAdmissionsReturnLandingMinutesLateGivesBackWhatItTook(t *testing
 		t.Errorf("the ticket's mark %q after its return, want the return's (1)", m)
 	}
 }
+
+// A seat call whose answer a connection reset lost is given back: a
+// release queued at the failure, and sent once more after Redis answers a
+// later pipeline. If Redis runs the call after both (held in a stalled
+// connection or a proxy's buffer), it must take nothing: the first return
+// to run leaves a mark that the call finds, and once that mark has
+// expired (2 minutes in Redis; expired here at once) the call is past its
+// deadline, callLife after it was made (shortened here), by Redis's
+// clock. Before, it took its seat for a whole lease, a phantom seat for
+// every router until LeaseTTL ran out.
+func TestRedisASeatCallRunAfterItsReturnsTakesNothing(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.LeaseTTL = time.Hour // no renewals in the way; a phantom would stay an hour
+	o.EndDelay = time.Millisecond
+	px := startResetProxy(t, "127.0.0.1:"+strconv.Itoa(rs.port), []byte(o.RedisPrefix+"{rl}"))
+	o.State = px.url()
+	g := newGov(t, o, parseConfig(t, `{"rate_limit":{"overall_concurrency":1,"on_state_error":"closed"}}`))
+	const life = 300 * time.Millisecond
+	h := rs.client(t)
+	bg := context.Background()
+	set := o.RedisPrefix + "{rl}:i:w1:overall"
+	for _, markExpired := range []bool{false, true} {
+		if markExpired {
+			g.rds.callLife = life
+		}
+		px.armCuts(cut{cutLate, [][]byte{[]byte(seatScript.Hash())}})
+		made := time.Now()
+		if _, _, rej := g.TryAcquire([]Target{w1}, PhaseMixed); rej == nil || rej.Code != CodeStateUnavailable {
+			t.Fatalf("mark expired %v: seat call cut: %v, want %s", markExpired, rej, CodeStateUnavailable)
+		}
+		recvWithin(t, px.fired, 3*time.Second, "the seat call's connection reset")
+		// Both returns land: the one queued at the failure, and the one
+		// sent again once Redis answered a later pipeline.
+		idle(t, g)
+		syncState(t, g)
+		waitFor(t, func() bool { return g.rds.redoLen() == 0 })
+		if markExpired {
+			for _, k := range h.Keys(bg, o.RedisPrefix+"{rl}:f:*").Val() {
+				h.Del(bg, k) // their 2 minutes are over
+			}
+			time.Sleep(time.Until(made.Add(2 * life)))
+		}
+		px.runLate() // Redis runs the seat call now
+		if n := h.ZCard(bg, set).Val(); n != 0 {
+			t.Fatalf("mark expired %v: %s holds %d members after the seat call's returns ran before it", markExpired, set, n)
+		}
+		acquireOK(t, g, []Target{w1}, PhaseMixed, 0).Done()
+		syncState(t, g)
+	}
+}
