@@ -244,6 +244,14 @@ return r
 // it may have run) finds it set ("1") and changes nothing, whichever copy
 // Redis runs first.
 //
+// A settlement that finds no record (its admission's, admitLua) settles
+// no counter, only the slot: the admission is not in this Redis. It was
+// restarted without persistence (or lost the key to an eviction policy)
+// since, and the windows and buckets it holds began afresh without the
+// request: a refund or a reconciliation applied to them would take from
+// requests admitted after the restart, below zero at worst. (Or the
+// request outlived admitRecord: it keeps its estimate.)
+//
 // undo (endUnadmit) is the return of an admission whose answer was lost:
 // its request was refused or admitted uncounted. The periods' starts are
 // then the ones the admission recorded in the mark, and a mark without
@@ -258,13 +266,11 @@ local function finish(K, A, undo)
   if m == '1' then return end
   redis.call('SET', K[3], '1', 'PX', A[15])
   local starts = {A[11], A[12], A[13], A[14]}
-  if undo then
-    if m then
-      local p = 0
-      for s in string.gmatch(m, '%d+') do p = p + 1; starts[p] = s end
-    else
-      starts = nil
-    end
+  if not m then
+    starts = nil
+  elseif undo then
+    local p = 0
+    for s in string.gmatch(m, '%d+') do p = p + 1; starts[p] = s end
   end
   local now = tonumber(A[3])
   local served = A[4] == '1'
