@@ -576,7 +576,8 @@ const (
 // requests of a router that died before settling them included).
 const admitRecord = 24 * time.Hour
 
-// callLife bounds how late Redis may run an admission or a settlement:
+// callLife bounds how late Redis may run an admission, a seat call
+// (seatScript) or a settlement:
 // each carries a deadline, callLife after the router made or sent it (the
 // router's clock), and one that Redis reads past it (Redis's clock, TIME:
 // a call held in a stalled connection, a proxy's buffer, a TCP
