@@ -577,12 +577,11 @@ const (
 const admitRecord = 24 * time.Hour
 
 // callLife bounds how late Redis may run an admission, a seat call
-// (seatScript) or a settlement:
-// each carries a deadline, callLife after the router made or sent it (the
-// router's clock), and one that Redis reads past it (Redis's clock, TIME:
-// a call held in a stalled connection, a proxy's buffer, a TCP
-// retransmission) takes nothing (admitLua) or changes no counter
-// (endsScript). An admission's return, should its answer be lost, sets the
+// (seatScript) or a settlement: each carries a deadline, callLife after
+// the router made or sent it (the router's clock), and one that Redis
+// reads past it (Redis's clock, TIME: a call held in a stalled
+// connection, a proxy's buffer, a TCP retransmission) takes nothing
+// (admitLua, seatScript) or changes no counter (endsScript). An admission's return, should its answer be lost, sets the
 // ticket's mark for settleMark from when it runs, after the admission was
 // made, so an admission that runs after its return finds the mark as long
 // as callLife plus the router's clock's lead on Redis's stays below
@@ -642,11 +641,12 @@ func (r *redisState) keep(x redoRelease) {
 // together), instead of ahead of every pipeline and at every poll: a
 // Redis in trouble is not hammered (a refused end was sent again after
 // every answered pipeline, ends-only pipelines included: one router sent
-// a refused settlement 52,851 to 65,036 times in 2 s,
-// TestRedisEndsRedisKeepsRefusingAreSentAgainWithBackoff). The first answer that
-// lands an end other than a release (which OOM does not refuse) ends it.
-// The cap stays well below settleResend, so a settlement that may have run
-// is still sent again several times before it is dropped.
+// a refused settlement 52,851 to 65,036 times in 2 s in
+// TestRedisEndsRedisKeepsRefusingAreSentAgainWithBackoff). The first
+// answer that lands an end other than a release (which OOM does not
+// refuse) ends it. The cap stays well below settleResend, so a settlement
+// that may have run is still sent again several times before it is
+// dropped.
 const (
 	refuseBackoff    = 200 * time.Millisecond
 	maxRefuseBackoff = 5 * time.Second
