@@ -1333,7 +1333,8 @@ func (r *redisState) exec(batch []*scriptCall, probe bool) {
 
 // refusedWrite reports whether err is Redis refusing a script's first
 // write (READONLY on a replica; OOM, which Redis raises only before a
-// script's first write): the script changed nothing, and Redis answered
+// script's first write: scriptVerifyOOM in Redis's script.c checks
+// SCRIPT_WRITE_DIRTY): the script changed nothing, and Redis answered
 // it, so it does not run later. A call refused so keeps no return: under
 // a lasting refusal every admission's would fill redo.
 func refusedWrite(err error) bool {
