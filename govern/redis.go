@@ -634,7 +634,9 @@ func (r *redisState) keep(x redoRelease) {
 }
 
 // While Redis refuses ends as they run (READONLY from a primary a
-// failover demoted, OOM under maxmemory with noeviction), what is kept in
+// failover demoted, OOM under maxmemory with noeviction) or answers their
+// whole call with an error (LOADING its AOF or dump after a restart, BUSY
+// behind a long script: sent again at every poll before), what is kept in
 // redo is sent again after a backoff that doubles with each answer that
 // refuses ends, from refuseBackoff up to maxRefuseBackoff, each step drawn
 // in its upper half (jitter: routers refused together do not come back
@@ -1290,6 +1292,9 @@ func (r *redisState) exec(batch []*scriptCall, probe bool) {
 		if err != nil {
 			answered = false
 			r.keepFailedEnds(c.parts, notSent(err) || isScriptError(err))
+			// An error reply for the whole call (LOADING, BUSY) refused
+			// them all: the same backoff.
+			refusedEnds = refusedEnds || isScriptError(err) && len(c.parts) > 0
 		}
 		if err == nil && len(res) == 3 {
 			if n, _ := res[0].(int64); n > 0 {
