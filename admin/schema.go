@@ -251,6 +251,7 @@ var fieldMeta = map[string]meta{
 	"protocol.reasoning_map.thinking_off_efforts": {label: "Thinking off for", options: efforts},
 	"protocol.reasoning_map.budget_low_max":       {label: "Low budget up to", unit: "tokens"},
 	"protocol.reasoning_map.budget_medium_max":    {label: "Medium budget up to", unit: "tokens"},
+	"protocol.responses_state_ttl_s":              {label: "Stored responses TTL (Redis)", unit: "s", help: "With --state redis: how long a stored Response's record (its engine and user) stays in Redis after its create, so other routers find it. 0 means a day; 60 s to 30 days. Applies to the records made after a change."},
 
 	"debug":                 {label: "Debug", group: "Advanced"},
 	"debug.decision_header": {label: "Decision header", help: "Add X-Infera-Worker and X-Infera-Route to responses."},

@@ -1,6 +1,9 @@
 package config
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Protocol is the "Protocol and conversion" section (JSON "protocol"): which
 // client protocols the engines speak natively, how the others are converted
@@ -33,6 +36,33 @@ type Protocol struct {
 	// ReasoningMap tunes the map mode (and the Anthropic thinking budget
 	// thresholds used by every mode).
 	ReasoningMap ReasoningMap `json:"reasoning_map"`
+	// ResponsesStateTTLSeconds is how long the state store (--state redis)
+	// keeps the record of a stored Response's id (which engine holds it,
+	// for whom) after the create that made it, so that other routers find
+	// it (docs/protocols.md, "Stored responses across routers"). A change
+	// applies to the records made after it. 0 means the default, a day
+	// (DefaultResponsesStateTTLSeconds).
+	ResponsesStateTTLSeconds float64 `json:"responses_state_ttl_s"`
+}
+
+// Bounds of protocol.responses_state_ttl_s: a record shorter than a minute
+// would be gone before a background response's first polls, one longer
+// than 30 days outlives any engine's store (vLLM keeps its responses in
+// memory) while Redis holds it.
+const (
+	DefaultResponsesStateTTLSeconds = 86400
+	MinResponsesStateTTLSeconds     = 60
+	MaxResponsesStateTTLSeconds     = 30 * 86400
+)
+
+// ResponsesStateTTL is protocol.responses_state_ttl_s as a Duration, its
+// default for 0.
+func (p *Protocol) ResponsesStateTTL() time.Duration {
+	s := p.ResponsesStateTTLSeconds
+	if s == 0 {
+		s = DefaultResponsesStateTTLSeconds
+	}
+	return time.Duration(s * float64(time.Second))
 }
 
 // ReasoningMap is the reasoning-effort mapping table.
@@ -87,6 +117,7 @@ func defaultProtocol() Protocol {
 			BudgetLowMax:       DefaultBudgetLowMax,
 			BudgetMediumMax:    DefaultBudgetMediumMax,
 		},
+		ResponsesStateTTLSeconds: DefaultResponsesStateTTLSeconds,
 	}
 }
 
@@ -115,6 +146,10 @@ func (p *Protocol) validate() error {
 	}
 	if m.BudgetMediumMax < 0 || m.BudgetMediumMax > 1<<30 {
 		return fieldErr("protocol.reasoning_map.budget_medium_max", "must be in [0, %d]", 1<<30)
+	}
+	if ttl := p.ResponsesStateTTLSeconds; ttl != 0 && !(ttl >= MinResponsesStateTTLSeconds && ttl <= MaxResponsesStateTTLSeconds) {
+		return fieldErr("protocol.responses_state_ttl_s", "%g: want 0 (the default, %d) or [%d, %d] s", ttl,
+			DefaultResponsesStateTTLSeconds, MinResponsesStateTTLSeconds, MaxResponsesStateTTLSeconds)
 	}
 	low, med := m.BudgetLowMax, m.BudgetMediumMax
 	if low == 0 {

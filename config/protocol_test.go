@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestProtocolSectionParsesAndValidates(t *testing.T) {
@@ -37,6 +38,24 @@ func TestProtocolSectionParsesAndValidates(t *testing.T) {
 			t.Errorf("%s: got %v, want %s: ...%s...", doc, err, path, msg)
 		}
 	}
+	ok(`{}`, func(p Protocol) {
+		if p.ResponsesStateTTL() != 24*time.Hour {
+			t.Errorf("the responses state TTL defaults to %v, want a day", p.ResponsesStateTTL())
+		}
+	})
+	ok(`{"protocol":{"responses_state_ttl_s":0}}`, func(p Protocol) {
+		if p.ResponsesStateTTL() != 24*time.Hour {
+			t.Errorf("a responses state TTL of 0 is %v, want the default", p.ResponsesStateTTL())
+		}
+	})
+	ok(`{"protocol":{"responses_state_ttl_s":3600.5}}`, func(p Protocol) {
+		if p.ResponsesStateTTL() != 3600500*time.Millisecond {
+			t.Errorf("the responses state TTL: %v", p.ResponsesStateTTL())
+		}
+	})
+	bad(`{"protocol":{"responses_state_ttl_s":59}}`, "protocol.responses_state_ttl_s", "[60, 2592000]")
+	bad(`{"protocol":{"responses_state_ttl_s":-1}}`, "protocol.responses_state_ttl_s", "want 0")
+	bad(`{"protocol":{"responses_state_ttl_s":2592001}}`, "protocol.responses_state_ttl_s", "[60, 2592000]")
 	bad(`{"protocol":{"reasoning_effort_mode":"auto"}}`, "protocol.reasoning_effort_mode", "passthrough, map or drop")
 	bad(`{"protocol":{"reasoning_map":{"target":"qwen"}}}`, "protocol.reasoning_map.target", "enable_thinking")
 	bad(`{"protocol":{"reasoning_map":{"thinking_off_efforts":["low","max"]}}}`, "protocol.reasoning_map.thinking_off_efforts[1]", "max")

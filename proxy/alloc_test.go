@@ -130,7 +130,7 @@ func TestEmbeddingsZeroAlloc(t *testing.T) {
 func TestLearningAnEscapedResponseIDDoesNotAllocate(t *testing.T) {
 	var a respAffinity
 	w := &fleet.Worker{ID: "a", URL: "http://10.0.0.1:8000", Addr: "10.0.0.1:8000"}
-	a.learn([]byte(`{"id":"resp_Abc"}`), w, respCred{user: "u"})
+	a.learn([]byte(`{"id":"resp_Abc"}`), w, respCred{user: "u"}, 0)
 	for _, head := range []string{
 		`{"id":"resp_\u0041bc","object":"response"}`,
 		"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"\\u0072esp_Abc\"",
@@ -138,7 +138,7 @@ func TestLearningAnEscapedResponseIDDoesNotAllocate(t *testing.T) {
 		`{"id":"resp_\u0041` + strings.Repeat("x", 300) + `"}`, // one escape, decodes past respIDMax
 	} {
 		b := []byte(head)
-		if n := testing.AllocsPerRun(100, func() { a.learn(b, w, respCred{user: "u"}) }); n != 0 {
+		if n := testing.AllocsPerRun(100, func() { a.learn(b, w, respCred{user: "u"}, 0) }); n != 0 {
 			t.Fatalf("%s: %v allocations", head, n)
 		}
 	}
@@ -151,7 +151,7 @@ func TestLearningAnEscapedResponseIDDoesNotAllocate(t *testing.T) {
 func TestLookingUpAnEscapedPreviousResponseIDDoesNotAllocate(t *testing.T) {
 	var a respAffinity
 	w := &fleet.Worker{ID: "a", URL: "http://10.0.0.1:8000", Addr: "10.0.0.1:8000"}
-	a.learn([]byte(`{"id":"resp_Abc"}`), w, respCred{user: "u"})
+	a.learn([]byte(`{"id":"resp_Abc"}`), w, respCred{user: "u"}, 0)
 	for _, body := range []string{
 		`{"model":"m","previous_response_id":"resp_Abc"}`,
 		`{"model":"m","previous_response_id":"resp_\u0041bc"}`,

@@ -583,7 +583,7 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		if u := rs.gov.user; u != nil {
 			c = respCred{user: u.Name()}
 		}
-		rs.proto.resp.start(&s.respAff, rs.rbuf[:n], d.Worker, c) // respaffinity.go
+		rs.proto.resp.start(&s.respAff, rs.rbuf[:n], d.Worker, c, cfg.Protocol.ResponsesStateTTL()) // respaffinity.go
 	}
 	first := rs.rbuf[:n]
 	if status >= 400 {

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/fleet"
@@ -87,9 +88,11 @@ type respOwner struct {
 func (o *respOwner) held() int { return len(o.ids) - o.head }
 
 // learn records the response id in head, the start of an answer, as
-// answered by w for the credential c. It reports whether head held the
-// answer's id, kept or not (one not kept ends the scan: respScan).
-func (a *respAffinity) learn(head []byte, w *fleet.Worker, c respCred) bool {
+// answered by w for the credential c; with the state store, for ttl there
+// (protocol.responses_state_ttl_s; 0: its default). It reports whether
+// head held the answer's id, kept or not (one not kept ends the scan:
+// respScan).
+func (a *respAffinity) learn(head []byte, w *fleet.Worker, c respCred, ttl time.Duration) bool {
 	var buf [respIDDecodeMax]byte
 	id, found := responseID(&buf, head)
 	if id == nil || w == nil {
@@ -100,7 +103,7 @@ func (a *respAffinity) learn(head []byte, w *fleet.Worker, c respCred) bool {
 		if _, ok := a.local(id); ok {
 			return true // no round trip for an id known here (the first engine keeps it, below)
 		}
-		e = a.share(id, e)
+		e = a.share(id, e, ttl)
 	}
 	a.keep(id, e, c)
 	return true
@@ -224,18 +227,19 @@ type respScan struct {
 	a     *respAffinity // nil: not scanning
 	w     *fleet.Worker
 	cred  respCred
+	ttl   time.Duration
 	head  []byte
 	reads int
 }
 
 // start learns the id in an answer's first read from w, or starts
 // gathering its head when the first read holds none (an id there but not
-// kept ends it: no later read can change it).
-func (sc *respScan) start(a *respAffinity, first []byte, w *fleet.Worker, c respCred) {
-	if a.learn(first, w, c) || len(first) >= respScanMax {
+// kept ends it: no later read can change it). ttl is learn's.
+func (sc *respScan) start(a *respAffinity, first []byte, w *fleet.Worker, c respCred, ttl time.Duration) {
+	if a.learn(first, w, c, ttl) || len(first) >= respScanMax {
 		return
 	}
-	sc.a, sc.w, sc.cred, sc.reads = a, w, c, 0
+	sc.a, sc.w, sc.cred, sc.ttl, sc.reads = a, w, c, ttl, 0
 	sc.head = append(sc.head[:0], first...)
 }
 
@@ -247,7 +251,7 @@ func (sc *respScan) more(p []byte) {
 	}
 	sc.head = append(sc.head, p[:min(len(p), respScanMax-len(sc.head))]...)
 	sc.reads++
-	if sc.a.learn(sc.head, sc.w, sc.cred) || len(sc.head) >= respScanMax || sc.reads >= respScanReads {
+	if sc.a.learn(sc.head, sc.w, sc.cred, sc.ttl) || len(sc.head) >= respScanMax || sc.reads >= respScanReads {
 		sc.a, sc.w, sc.cred = nil, nil, respCred{}
 	}
 }

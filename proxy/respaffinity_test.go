@@ -242,7 +242,7 @@ func TestResponsesAffinityIsBounded(t *testing.T) {
 	var a respAffinity
 	w := &fleetWorkerStub
 	for i := 0; i < respAffinityMax+10; i++ {
-		a.learn([]byte(fmt.Sprintf(`{"id":"resp_%d"}`, i)), w, respCred{})
+		a.learn([]byte(fmt.Sprintf(`{"id":"resp_%d"}`, i)), w, respCred{}, 0)
 	}
 	if len(a.m) != respAffinityMax || a.heap[0].held() != respAffinityMax {
 		t.Fatalf("%d ids, %d held", len(a.m), a.heap[0].held())
@@ -264,10 +264,10 @@ func TestOneCredentialCannotPushOutAnothersResponseIDs(t *testing.T) {
 	w := &fleetWorkerStub
 	alice, bob := respCred{user: "alice"}, respCred{addr: netip.MustParseAddr("10.1.1.1")}
 	for i := 0; i < 100; i++ {
-		a.learn([]byte(fmt.Sprintf(`{"id":"resp_alice_%d"}`, i)), w, alice)
+		a.learn([]byte(fmt.Sprintf(`{"id":"resp_alice_%d"}`, i)), w, alice, 0)
 	}
 	for i := 0; i < 2*respAffinityMax; i++ {
-		a.learn([]byte(fmt.Sprintf(`{"id":"resp_bob_%d"}`, i)), w, bob)
+		a.learn([]byte(fmt.Sprintf(`{"id":"resp_bob_%d"}`, i)), w, bob, 0)
 	}
 	if len(a.m) != respAffinityMax {
 		t.Fatalf("%d ids kept", len(a.m))
@@ -288,11 +288,11 @@ func TestOneCredentialCannotPushOutAnothersResponseIDs(t *testing.T) {
 	// largest, so the table ends even (64 ids among bob and 8 others).
 	a = respAffinity{limit: 64}
 	for i := 0; i < 64; i++ {
-		a.learn([]byte(fmt.Sprintf(`{"id":"resp_big_%d"}`, i)), w, bob)
+		a.learn([]byte(fmt.Sprintf(`{"id":"resp_big_%d"}`, i)), w, bob, 0)
 	}
 	for c := 0; c < 8; c++ {
 		for i := 0; i < 8; i++ {
-			a.learn([]byte(fmt.Sprintf(`{"id":"resp_%d_%d"}`, c, i)), w, respCred{user: fmt.Sprint(c)})
+			a.learn([]byte(fmt.Sprintf(`{"id":"resp_%d_%d"}`, c, i)), w, respCred{user: fmt.Sprint(c)}, 0)
 		}
 	}
 	if len(a.m) != 64 {
@@ -336,7 +336,7 @@ func TestResponsesAffinityTableStaysConsistent(t *testing.T) {
 	rnd := rand.New(rand.NewSource(1))
 	for i := 0; i < 20000; i++ {
 		c := respCred{user: fmt.Sprint(rnd.Intn(1 + rnd.Intn(40)))}
-		a.learn([]byte(fmt.Sprintf(`{"id":"resp_%d"}`, rnd.Intn(30000))), w, c)
+		a.learn([]byte(fmt.Sprintf(`{"id":"resp_%d"}`, rnd.Intn(30000))), w, c, 0)
 		if i%997 == 0 {
 			checkRespHeap(t, &a)
 		}
@@ -353,7 +353,7 @@ func BenchmarkRespAffinityLearn(b *testing.B) {
 	creds := []respCred{{user: "a"}, {user: "b"}, {addr: netip.MustParseAddr("10.0.0.1")}}
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
-		a.learn(ids[i%len(ids)], &fleetWorkerStub, creds[i%len(creds)])
+		a.learn(ids[i%len(ids)], &fleetWorkerStub, creds[i%len(creds)], 0)
 	}
 }
 
@@ -367,8 +367,8 @@ func TestAResponseIDKeepsTheEngineThatAnsweredItFirst(t *testing.T) {
 	var a respAffinity
 	first := &fleet.Worker{ID: "a", URL: "http://10.0.0.1:8000", Addr: "10.0.0.1:8000"}
 	other := &fleet.Worker{ID: "b", URL: "http://10.0.0.2:8000", Addr: "10.0.0.2:8000"}
-	a.learn([]byte(`{"id":"resp_victim"}`), first, respCred{user: "victim"})
-	a.learn([]byte(`{"id":"resp_victim"}`), other, respCred{user: "other"})
+	a.learn([]byte(`{"id":"resp_victim"}`), first, respCred{user: "victim"}, 0)
+	a.learn([]byte(`{"id":"resp_victim"}`), other, respCred{user: "other"}, 0)
 	if got, _ := a.lookupRef([]byte(`{"previous_response_id":"resp_victim"}`)); got != first.Ref() {
 		t.Fatalf("the follow-up goes to %v, want the first engine %v", got, first.Ref())
 	}
@@ -506,7 +506,7 @@ func TestAResponseIDIsLookedForInTheAnswersHead(t *testing.T) {
 		var sc respScan
 		b := []byte(body)
 		first := b[:min(read, len(b))]
-		sc.start(&a, first, w, respCred{})
+		sc.start(&a, first, w, respCred{}, 0)
 		for b = b[len(first):]; len(b) > 0; {
 			k := min(read, len(b))
 			sc.more(b[:k])
@@ -536,7 +536,7 @@ func BenchmarkRespScanMore(b *testing.B) {
 	rest := []byte("event: response.created\ndata: {\"response\":{\"id\":\"resp_x\"}}\n\n")
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
-		sc.start(&a, first, &fleetWorkerStub, respCred{})
+		sc.start(&a, first, &fleetWorkerStub, respCred{}, 0)
 		sc.more(rest)
 		sc.reset()
 	}
@@ -843,7 +843,7 @@ func TestAnEscapedPreviousResponseIDNamesItsDecodedID(t *testing.T) {
 	w := &fleet.Worker{ID: "a", URL: "http://10.0.0.1:8000", Addr: "10.0.0.1:8000"}
 	long := "resp_" + strings.Repeat("x", 123) // 128 bytes, the longest kept
 	for _, id := range []string{"resp_Abc", "resp_a/b", long} {
-		a.learn([]byte(`{"id":"`+id+`"}`), w, respCred{user: "u"})
+		a.learn([]byte(`{"id":"`+id+`"}`), w, respCred{user: "u"}, 0)
 	}
 	f := func(prev string, want fleet.Ref) {
 		t.Helper()
@@ -879,8 +879,8 @@ func FuzzPreviousResponseIDLookup(f *testing.F) {
 			return
 		}
 		var a respAffinity
-		a.learn([]byte(`{"id":"x"}`), w, respCred{}) // the table is not empty
-		a.learn([]byte(`{"id":`+string(mustJSON(v.ID))+`}`), w, respCred{})
+		a.learn([]byte(`{"id":"x"}`), w, respCred{}, 0) // the table is not empty
+		a.learn([]byte(`{"id":`+string(mustJSON(v.ID))+`}`), w, respCred{}, 0)
 		got, _ := a.lookupRef(body)
 		want := fleet.Ref{}
 		var buf [respIDDecodeMax]byte
@@ -1064,7 +1064,7 @@ func TestAnIDNotKeptEndsTheScan(t *testing.T) {
 		"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":null,",
 	} {
 		sc.reset()
-		sc.start(&a, []byte(first), w, respCred{})
+		sc.start(&a, []byte(first), w, respCred{}, 0)
 		if sc.a != nil {
 			t.Errorf("%.50q: still scanning", first)
 		}
@@ -1075,7 +1075,7 @@ func TestAnIDNotKeptEndsTheScan(t *testing.T) {
 	// An id that has not come yet is waited for.
 	for _, first := range []string{"retry: 3000\n\n", `{"object":"response","instructions":"long`, `{"id":"resp_ab`} {
 		sc.reset()
-		sc.start(&a, []byte(first), w, respCred{})
+		sc.start(&a, []byte(first), w, respCred{}, 0)
 		if sc.a == nil {
 			t.Errorf("%q: not scanning", first)
 		}

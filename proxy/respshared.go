@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
 )
 
@@ -23,15 +24,6 @@ import (
 // router's memory only; on a lookup the id is unknown here, as without
 // Redis (a retrieve or cancel is 404, a follow-up routed as any request);
 // both are counted.
-
-// respSharedTTL is how long Redis keeps a record after the create that
-// made it. The memory table keeps an id until 65,536 newer ones push it
-// out (hours to days, depending on the traffic) and the engine keeps a
-// response as long as it runs (vLLM) or for its last 4,096 (the simulated
-// engine): a day covers a conversation's follow-ups and a background
-// response's polls while bounding Redis's memory to a day's creates
-// (about 250 bytes each).
-const respSharedTTL = 24 * time.Hour
 
 // respSharedPrefix prefixes the records' keys (after --state's prefix).
 const respSharedPrefix = "resp:"
@@ -63,15 +55,26 @@ func decodeRespRecord(b []byte) (respEntry, error) {
 	return respEntry{ref: fleet.Ref{ID: r.Worker, Addr: r.Addr}, user: r.User}, nil
 }
 
-// share records e for the response id in Redis unless Redis has a record
-// of it, and returns the entry to keep: the record Redis holds (e, or an
-// earlier router's), or e when Redis cannot be asked.
-func (a *respAffinity) share(id []byte, e respEntry) respEntry {
+// share records e for the response id in Redis for ttl (0: the default of
+// protocol.responses_state_ttl_s) unless Redis has a record of it, and
+// returns the entry to keep: the record Redis holds (e, or an earlier
+// router's), or e when Redis cannot be asked.
+//
+// How long: the memory table keeps an id until 65,536 newer ones push it
+// out (hours to days, depending on the traffic) and the engine keeps a
+// response as long as it runs (vLLM) or for its last 4,096 (the simulated
+// engine); the default day covers a conversation's follow-ups and a
+// background response's polls while bounding Redis's memory to a day's
+// creates (about 250 bytes each).
+func (a *respAffinity) share(id []byte, e respEntry, ttl time.Duration) respEntry {
+	if ttl <= 0 {
+		ttl = config.DefaultResponsesStateTTLSeconds * time.Second
+	}
 	v, err := json.Marshal(respRecord{Worker: e.ref.ID, Addr: e.ref.Addr, User: e.user})
 	if err != nil {
 		panic("BUG: a response record does not encode: " + err.Error())
 	}
-	got, err := a.records.Keep(respSharedPrefix+string(id), v, respSharedTTL)
+	got, err := a.records.Keep(respSharedPrefix+string(id), v, ttl)
 	if err == nil {
 		var first respEntry
 		if first, err = decodeRespRecord(got); err == nil {

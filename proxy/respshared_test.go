@@ -21,13 +21,13 @@ func TestRoutersSharingRedisKeepAResponsesFirstEngine(t *testing.T) {
 	b.records = newGovernorAt(t, rd.URL, config.Default()).Records()
 	first := &fleet.Worker{ID: "a", URL: "http://10.0.0.1:8000", Addr: "10.0.0.1:8000"}
 	other := &fleet.Worker{ID: "b", URL: "http://10.0.0.2:8000", Addr: "10.0.0.2:8000"}
-	a.learn([]byte(`{"id":"resp_victim"}`), first, respCred{user: "victim"})
-	b.learn([]byte(`{"id":"resp_victim"}`), other, respCred{user: "other"})
+	a.learn([]byte(`{"id":"resp_victim"}`), first, respCred{user: "victim"}, 0)
+	b.learn([]byte(`{"id":"resp_victim"}`), other, respCred{user: "other"}, 0)
 	want := respEntry{ref: first.Ref(), user: "victim"}
 	if e, ok := b.local([]byte("resp_victim")); !ok || e != want {
 		t.Fatalf("the second router keeps %+v %v, want the first record %+v", e, ok, want)
 	}
-	a.learn([]byte(`{"id":"resp_shared"}`), other, respCred{user: "u"})
+	a.learn([]byte(`{"id":"resp_shared"}`), other, respCred{user: "u"}, 0)
 	found := mRespSharedFound.Get()
 	if e, ok := b.find([]byte("resp_shared")); !ok || e.ref != other.Ref() || e.user != "u" {
 		t.Fatalf("the second router finds %+v %v", e, ok)
@@ -57,7 +57,7 @@ func TestARouterWhoseRedisIsDownKeepsItsOwnResponses(t *testing.T) {
 	rd.Stop()
 	w := &fleet.Worker{ID: "a", URL: "http://10.0.0.1:8000", Addr: "10.0.0.1:8000"}
 	records, lookups := mRespSharedRecordErrors.Get(), mRespSharedLookupErrors.Get()
-	a.learn([]byte(`{"id":"resp_mine"}`), w, respCred{user: "u"})
+	a.learn([]byte(`{"id":"resp_mine"}`), w, respCred{user: "u"}, 0)
 	if e, ok := a.find([]byte("resp_mine")); !ok || e.ref != w.Ref() {
 		t.Fatalf("its own id: %+v %v", e, ok)
 	}
