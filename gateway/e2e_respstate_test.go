@@ -86,3 +86,54 @@ func TestAStoredResponsesRecordLivesItsConfiguredTTL(t *testing.T) {
 		t.Fatalf("a record made before the reload: %d ms left, want its hour", ms)
 	}
 }
+
+// Routers sharing Redis share their configuration too (the management
+// data lives there), so they change mode together: after a switch from
+// passthrough to conversion mode (Responses converted to chat completions:
+// the router stores nothing, and the ids it answers are its own), the
+// records the passthrough era left in Redis, for a day, and in the routers'
+// memory are not found: a retrieve or a cancel is vLLM's 404, as for any
+// id in conversion mode, without asking Redis. Before, a router that had
+// not seen the id found its record in Redis and sent the retrieve to that
+// engine, and the router that had seen it sent it from its memory.
+func TestARouterInConversionModeDoesNotFindPassthroughResponses(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	_, e1 := startEngine(t, "--native-protocols")
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, `{"protocol":{"responses_passthrough":true}}`)
+	serve := func() *child {
+		return startChild(t, "serve", 0, "--workers", "e1="+e1, "--config", cfg, "--config-poll", "20ms", "--state", rd.URL)
+	}
+	a, b := serve(), serve()
+	id := respCreate(t, a, "")
+	other := respCreate(t, a, "")
+	if code, _, from := respCall(t, b, "GET", "/v1/responses/"+other, "", ""); code != 200 || from == "" {
+		t.Fatalf("retrieve through the other router in passthrough mode: %d from %q", code, from)
+	}
+	writeConfig(t, cfg, `{"protocol":{"responses_passthrough":false}}`)
+	converts := func(r *child) bool {
+		code, got, _ := respCall(t, r, "POST", "/v1/responses", `{"model":"sim-model","input":"hi","max_output_tokens":2,"background":true}`, "")
+		return code == 400 && strings.Contains(got, "background")
+	}
+	for deadline := time.Now().Add(10 * time.Second); !converts(a) || !converts(b); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the routers did not switch to conversion mode")
+		}
+	}
+	found, missing := `infera_protocol_response_state_lookups_total{result="found"}`, `infera_protocol_response_state_lookups_total{result="missing"}`
+	before := metricF(t, b.url, found) + metricF(t, b.url, missing)
+	for _, r := range []*child{b, a} {
+		notFound := "Response with id '" + id + "' not found."
+		for _, c := range []struct{ method, path string }{{"GET", "/v1/responses/" + id}, {"POST", "/v1/responses/" + id + "/cancel"}} {
+			if code, got, from := respCall(t, r, c.method, c.path, "", ""); code != 404 || from != "" || !strings.Contains(got, notFound) {
+				t.Fatalf("%s %s through a router in conversion mode: %d from %q %s", c.method, c.path, code, from, got)
+			}
+		}
+	}
+	if code, _, from := respCall(t, b, "GET", "/v1/responses/"+other, "", ""); code != 404 || from != "" {
+		t.Fatalf("an id the router had read from Redis, in conversion mode: %d from %q", code, from)
+	}
+	if got := metricF(t, b.url, found) + metricF(t, b.url, missing) - before; got != 0 {
+		t.Fatalf("a router in conversion mode asked Redis %v times", got)
+	}
+}

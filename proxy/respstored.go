@@ -21,8 +21,9 @@ import (
 // request path (dispatch), pinned there as a follow-up is (full: waits for
 // its seat; on trial or open: 503; draining: 410; failed: not retried
 // elsewhere). The table is this router's memory and, with --state redis,
-// the records other routers share there (respshared.go). An id the table
-// does not hold, holds for another user, or holds for an engine no longer
+// the records other routers share there (respshared.go); it is asked in
+// passthrough mode only. An id the table
+// does not hold, any id in conversion mode, holds for another user, or holds for an engine no longer
 // in the fleet, is answered here as vLLM answers an id it does not hold (404): no other
 // engine asked would know it either, and asking every engine would let
 // anyone who guesses ids probe the whole fleet. The request needs the key
@@ -104,7 +105,18 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx, kind int) {
 		return
 	}
 	_, id, _ := responseByIDKind(ctx.Path())
-	e, known := s.respAff.find(id)
+	cfg := s.store.Load()
+	var e respEntry
+	known := false
+	if cfg.Protocol.ResponsesPassthrough {
+		// In conversion mode the router stores nothing and the ids it
+		// answers are its own: an id of the table (learned in
+		// passthrough, here before a reload or by another router
+		// sharing Redis) names a response the engines were asked to
+		// store in a mode this router does not serve. Neither memory nor
+		// Redis is asked.
+		e, known = s.respAff.find(id)
+	}
 	if known && e.user != "" && (user == nil || user.Name() != e.user) {
 		known = false // another user's: not this one's to read or cancel
 	}
@@ -119,7 +131,6 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx, kind int) {
 		return
 	}
 	mPrevResponseRouted.Inc()
-	cfg := s.store.Load()
 	r := &rs.sreq
 	r.Prefer = e.ref
 	// The engine's own model names it a candidate of model routing.
