@@ -137,3 +137,57 @@ func TestARouterInConversionModeDoesNotFindPassthroughResponses(t *testing.T) {
 		t.Fatalf("a router in conversion mode asked Redis %v times", got)
 	}
 }
+
+// A retrieve or cancel naming an id the router does not hold is admitted
+// (counted against the user's limits) before Redis is asked for it: a
+// client sending ids it made up costs Redis at most one lookup per
+// request its limits admit, and the rest are refused 429 without one. An
+// id found in Redis is still served. Before, every such request cost a
+// Redis lookup before its admission (50 made-up ids: 50 lookups, with an
+// rpm of 5).
+func TestAnUnknownResponseIDIsLookedUpOnlyForAnAdmittedRequest(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	_, e1 := startEngine(t, "--native-protocols")
+	key, hash := newKey(t)
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, fmt.Sprintf(`{"protocol":{"responses_passthrough":true},
+		"user_limit": {"templates": [{"name": "five", "rate": {"enabled": true, "rpm": 5}}]},
+		"users": [{"name": "ids-ivy", "keys": [%q], "template": "five"}]}`, hash))
+	serve := func() *child {
+		return startChild(t, "serve", 0, "--workers", "e1="+e1, "--config", cfg, "--state", rd.URL)
+	}
+	a, b := serve(), serve()
+	id := respCreate(t, a, key) // one of the five
+	lookups := func() float64 {
+		return metricF(t, b.url, `infera_protocol_response_state_lookups_total{result="found"}`) +
+			metricF(t, b.url, `infera_protocol_response_state_lookups_total{result="missing"}`) +
+			metricF(t, b.url, `infera_protocol_response_state_errors_total{op="lookup"}`)
+	}
+	if code, _, from := respCall(t, b, "GET", "/v1/responses/"+id, "", key); code != 200 || from == "" {
+		t.Fatalf("retrieve through B of an id A created: %d from %q", code, from)
+	}
+	codes := map[int]int{}
+	for i := range 50 {
+		path := fmt.Sprintf("/v1/responses/resp_madeup%04d", i)
+		if i%2 == 1 {
+			path += "/cancel"
+		}
+		method := "GET"
+		if i%2 == 1 {
+			method = "POST"
+		}
+		code, _, _ := respCall(t, b, method, path, "", key)
+		codes[code]++
+	}
+	if got := lookups(); codes[404] == 50 {
+		t.Fatalf("50 made-up ids with an rpm of 5 (2 used): all 404, none refused; %v Redis lookups", got)
+	}
+	if codes[404]+codes[429] != 50 || codes[429] < 45 {
+		t.Fatalf("50 made-up ids with an rpm of 5 (2 used): %v, want 404s then 429s", codes)
+	}
+	// One lookup for the id A created, one per made-up id admitted (404),
+	// none for a refused one (429).
+	if got, want := lookups(), float64(1+codes[404]); got != want {
+		t.Fatalf("B asked Redis %v times, want %v (%v answers)", got, want, codes)
+	}
+}

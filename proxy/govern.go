@@ -135,6 +135,27 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqStat
 	return true
 }
 
+// admitNow is admit for a request that must be admitted before it asks
+// the state store anything (a stored Response's retrieve or cancel whose
+// id only Redis may hold: respstored.go): a deferred admission runs now,
+// alone, instead of with the first acquisition's seat. ok is false when
+// the request was answered.
+func (s *Server) admitNow(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState) bool {
+	if !s.admit(ctx, cfg, rs) {
+		return false
+	}
+	if !rs.gov.deferred {
+		return true
+	}
+	s.watch(ctx, rs) // a queued request whose client leaves is removed at once
+	if err := s.admitDeferred(rs); err != nil {
+		s.live.remove(rs)
+		s.writeRejection(ctx, rs, rs.gov.refused)
+		return false
+	}
+	return true
+}
+
 // modelMaxLen is the largest max_model_len the routable workers serving
 // model (as named, or the served model model routing resolves it to) told
 // in their /v1/models (fleet.Worker.MaxModelLen); 0 when none did. The

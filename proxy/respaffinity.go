@@ -392,6 +392,13 @@ func (a *respAffinity) find(id []byte) (respEntry, bool) {
 	return a.fetch(id)
 }
 
+// shared reports whether the response id, not in this router's memory,
+// may be in the state store: there is one, and the id is one learn could
+// have recorded.
+func (a *respAffinity) shared(id []byte) bool {
+	return a.records != nil && validRequestID(id) && len(id) <= respIDMax
+}
+
 // local is find in this router's memory only.
 func (a *respAffinity) local(id []byte) (respEntry, bool) {
 	if a.n.Load() == 0 {

@@ -89,7 +89,7 @@ func (a *respAffinity) share(id []byte, e respEntry, ttl time.Duration) respEntr
 // fetch looks the response id up in Redis, and keeps what it finds in
 // memory too.
 func (a *respAffinity) fetch(id []byte) (respEntry, bool) {
-	if !validRequestID(id) || len(id) > respIDMax {
+	if !a.shared(id) {
 		return respEntry{}, false // never learned, so never recorded
 	}
 	b, err := a.records.Find(respSharedPrefix + string(id))

@@ -106,8 +106,12 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx, kind int) {
 	}
 	_, id, _ := responseByIDKind(ctx.Path())
 	cfg := s.store.Load()
+	r := &rs.sreq
+	q := ctx.URI().QueryArgs()
+	r.Stream = kind == kindResponseGet && jsonscan.LaxBool(q.Peek("stream")) == 't'
+	rs.body = rs.body[:0]
 	var e respEntry
-	known := false
+	known, admitted := false, false
 	if cfg.Protocol.ResponsesPassthrough {
 		// In conversion mode the router stores nothing and the ids it
 		// answers are its own: an id of the table (learned in
@@ -115,7 +119,16 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx, kind int) {
 		// sharing Redis) names a response the engines were asked to
 		// store in a mode this router does not serve. Neither memory nor
 		// Redis is asked.
-		e, known = s.respAff.find(id)
+		if e, known = s.respAff.local(id); !known && s.respAff.shared(id) {
+			// A round trip to Redis: only for a request its user's
+			// limits admit, so that made-up ids cost Redis no more
+			// lookups than the user may send requests.
+			if !s.admitNow(ctx, cfg, rs) {
+				return
+			}
+			admitted = true
+			e, known = s.respAff.fetch(id)
+		}
 	}
 	if known && e.user != "" && (user == nil || user.Name() != e.user) {
 		known = false // another user's: not this one's to read or cancel
@@ -127,11 +140,16 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx, kind int) {
 		}
 	}
 	if !known {
+		if admitted {
+			// Answered, as the engine would answer it: the request
+			// counts against the user's limits (Done refunds a ticket
+			// no answer began).
+			rs.gov.committed(fasthttp.StatusNotFound)
+		}
 		writeResponseNotFound(ctx, id)
 		return
 	}
 	mPrevResponseRouted.Inc()
-	r := &rs.sreq
 	r.Prefer = e.ref
 	// The engine's own model names it a candidate of model routing.
 	if len(w.Models) > 0 {
@@ -139,10 +157,7 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx, kind int) {
 		r.Model = rs.parsed.modelBuf
 	}
 	rs.parsed.model = r.Model
-	q := ctx.URI().QueryArgs()
-	r.Stream = kind == kindResponseGet && jsonscan.LaxBool(q.Peek("stream")) == 't'
-	rs.body = rs.body[:0]
-	if !s.admit(ctx, cfg, rs) {
+	if !admitted && !s.admit(ctx, cfg, rs) {
 		return
 	}
 	rs.path = append(rs.path[:0], pathResponsesPrefix...)
