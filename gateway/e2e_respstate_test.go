@@ -4,10 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -189,5 +192,112 @@ func TestAnUnknownResponseIDIsLookedUpOnlyForAnAdmittedRequest(t *testing.T) {
 	// none for a refused one (429).
 	if got, want := lookups(), float64(1+codes[404]); got != want {
 		t.Fatalf("B asked Redis %v times, want %v (%v answers)", got, want, codes)
+	}
+}
+
+// slowLink forwards loopback TCP connections to addr, holding every read
+// from the client side for delay before it passes it on (a router whose
+// link to Redis is slow); its address is returned.
+func slowLink(t *testing.T, addr string, delay time.Duration) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	track := func(c net.Conn) {
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+	}
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", addr)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			track(c)
+			track(up)
+			wg.Add(2)
+			go func() { // client -> Redis, delayed
+				defer wg.Done()
+				defer up.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 {
+						time.Sleep(delay)
+						if _, werr := up.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+			go func() { // Redis -> client
+				defer wg.Done()
+				defer c.Close()
+				io.Copy(c, up)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// A stored Response's id reaches the client only once its record is in
+// Redis: a client that reads it from router A and sends its retrieve and
+// a follow-up to router B at once finds it there, even when A's link to
+// Redis is slow (every command A sends reaches Redis 100 ms late). This is
+// why the relay waits for the record's round trip before it writes the
+// answer's first bytes: relayed first and recorded meanwhile, B answered
+// 404 and routed the follow-up by load.
+func TestAStoredResponsesIDReachesTheClientOnlyOnceRecorded(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	s1, e1 := startEngine(t, "--native-protocols")
+	_, e2 := startEngine(t, "--native-protocols")
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, `{"protocol":{"responses_passthrough":true}}`)
+	u, err := url.Parse(rd.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := *u
+	slow.Host = slowLink(t, u.Host, 100*time.Millisecond)
+	workers := "e1=" + e1 + ",e2=" + e2
+	a := startChild(t, "serve", 0, "--workers", "e1="+e1, "--config", cfg, "--state", slow.String())
+	b := startChild(t, "serve", 0, "--workers", workers, "--config", cfg, "--state", rd.URL, "--router-policy", "round-robin")
+	for i := range 3 {
+		id := respCreate(t, a, "")
+		if code, got, from := respCall(t, b, "GET", "/v1/responses/"+id, "", ""); code != 200 || from != s1.ID() {
+			t.Fatalf("create %d: its retrieve through B at once: %d from %q %s", i, code, from, got)
+		}
+		id = respCreate(t, a, "")
+		for range 2 { // round-robin would send one of two unknown ids to e2
+			code, got, from := respCall(t, b, "POST", "/v1/responses", `{"model":"sim-model","input":"and?","max_output_tokens":2,"previous_response_id":"`+id+`"}`, "")
+			if code != 200 || from != s1.ID() {
+				t.Fatalf("create %d: its follow-up through B at once: %d from %q %s", i, code, from, got)
+			}
+			id = respCreate(t, a, "")
+		}
 	}
 }

@@ -103,6 +103,12 @@ func (a *respAffinity) learn(head []byte, w *fleet.Worker, c respCred, ttl time.
 		if _, ok := a.local(id); ok {
 			return true // no round trip for an id known here (the first engine keeps it, below)
 		}
+		// Recorded before the answer's first bytes are relayed (the
+		// caller writes them after learn), on purpose: a client that
+		// reads the id and asks another router at once must find the
+		// record there; in the background, the record raced the client
+		// and lost behind a slow link to Redis
+		// (TestAStoredResponsesIDReachesTheClientOnlyOnceRecorded).
 		e = a.share(id, e, ttl)
 	}
 	a.keep(id, e, c)
