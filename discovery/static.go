@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strings"
@@ -24,11 +25,11 @@ const BackendStatic = "static"
 // --worker-model) plus the config snapshot's workers. Workers listed
 // without models are asked for their /v1/models, 64 at a time, each ask
 // bounded by ConnectTimeout (its dial) and ModelsTimeout (the whole
-// exchange); until they answer they are retried every few seconds, and a
-// worker that already learned its models keeps them through a transient
-// /v1/models failure. Learned models are asked again every
-// StaticModelsRefresh: an engine restarted behind the same URL with
-// another model is then routed to for the new one.
+// exchange); until they answer each is asked again after its own backoff
+// (1-5 s, see Run), and a worker that already learned its models keeps
+// them through a transient /v1/models failure. Learned models are asked
+// again every StaticModelsRefresh: an engine restarted behind the same URL
+// with another model is then routed to for the new one.
 type Static struct {
 	// ConnectTimeout bounds dialing a worker to ask its /v1/models (the
 	// router's --connect-timeout); default 3 s. Set before Apply.
@@ -47,10 +48,10 @@ type Static struct {
 	wake    chan struct{} // Run: ask the workers without models now
 	stop    chan struct{}
 	once    sync.Once
-	// retry and refresh are Run's periods (tests shorten them): asking
-	// the workers whose models are not known yet, and again those that
-	// learned theirs.
-	retry, refresh time.Duration
+	// retry and retryMax bound Run's backoff for a worker whose models
+	// are not known yet, refresh is its period for those that learned
+	// theirs (tests shorten them).
+	retry, retryMax, refresh time.Duration
 }
 
 // StaticModelsRefresh is how often Run asks the static workers listed
@@ -65,7 +66,7 @@ var _ Backend = (*Static)(nil)
 // NewStatic returns the static backend for fl.
 func NewStatic(fl *fleet.Fleet, workers, workerModels []string) *Static {
 	s := &Static{fl: fl, workers: workers, models: workerModels, wake: make(chan struct{}, 1), stop: make(chan struct{}),
-		retry: 5 * time.Second, refresh: StaticModelsRefresh}
+		retry: time.Second, retryMax: 5 * time.Second, refresh: StaticModelsRefresh}
 	s.client = &fasthttp.Client{
 		// The dial takes the request's remaining time: bounded by it
 		// and by ConnectTimeout. A host that never answers the SYN
@@ -253,65 +254,201 @@ func askTimeout(full, left time.Duration, unasked int) time.Duration {
 	return max(min(full, left/time.Duration(waves)), minAsk)
 }
 
-// learnedModels returns the URLs of the records without models whose live
-// worker learned its models, with those models.
-func learnedModels(rs []fleet.Record, fl *fleet.Fleet) map[string]modelList {
-	known := map[string]modelList{}
-	for i := range rs {
-		if len(rs[i].Models) == 0 {
-			if ml := knownModels(fl, &rs[i]); ml.ids != nil {
-				known[rs[i].URL] = ml
+// Run asks, in the background until stopped, the static workers listed
+// without models, each on its own schedule, so that however many do not
+// answer, one that comes up is asked within seconds. A worker whose models
+// are not known is asked at once (at Run's start, and after a Changed that
+// added it), then after a backoff that doubles from retry (1 s) to
+// retryMax (5 s), each wait drawn between its half and itself (workers
+// that failed together are not asked together again); one that learned
+// its models is asked again every refresh (a failed ask keeps them). At
+// most fetchParallel asks run at once, each bounded by ModelsTimeout, and
+// fastAsks of them are kept for the workers whose last ask of Run ended
+// within slowAsk (refused at once, as an engine not started yet is, or
+// answering): those asked for the first time, and those whose last ask
+// held its slot longer (a host dropping SYNs, an engine that accepts and
+// never answers), take the others, so a worker that failed fast is never
+// queued behind the slow ones. Due asks start earliest first, in list
+// order when due together. load returns
+// the current config snapshot; each new answer is synced into the fleet
+// with the config current when it came (an answer naming the models
+// already known changes nothing).
+//
+// The asks were made in rounds: every 5 s all the workers without models,
+// 64 at a time, the next round only once the slowest ask of this one had
+// ended. With hundreds that hung, a round took a whole ModelsTimeout per 64
+// of them, and an engine that came up waited for the rest of the round and
+// its turn in the next (TestAStaticWorkerThatComesUpIsAskedPromptlyWhileHundredsHang).
+func (s *Static) Run(load func() *config.Config) {
+	asks := map[string]*staticAsk{}
+	// Each ask sends its one answer here, without blocking: the buffer
+	// holds as many as may run at once, so none is left blocked when Run
+	// stops.
+	answers := make(chan staticAnswer, fetchParallel)
+	var running, runningSlow int
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	var due []*staticAsk
+	rescan := true
+	for {
+		now := time.Now()
+		if rescan {
+			s.scanAsks(asks, load(), now)
+			rescan = false
+		}
+		due = due[:0]
+		for _, a := range asks {
+			if !a.busy && !a.next.After(now) {
+				due = append(due, a)
 			}
 		}
-	}
-	return known
-}
-
-// Run asks the static workers whose models are not known yet, every 5 s
-// and at once after a Changed that left some, and every refresh those that
-// learned theirs, until stopped. load returns the current config snapshot;
-// each new answer is synced into the fleet with the config current when it
-// came (an answer naming the models already known changes nothing).
-func (s *Static) Run(load func() *config.Config) {
-	t := time.NewTicker(min(s.retry, s.refresh))
-	defer t.Stop()
-	lastRefresh := time.Now()
-	for {
+		slices.SortFunc(due, func(a, b *staticAsk) int {
+			if c := a.next.Compare(b.next); c != 0 {
+				return c
+			}
+			return a.order - b.order
+		})
+		for _, a := range due {
+			slow := !a.fast
+			if running == fetchParallel || slow && runningSlow == fetchParallel-fastAsks {
+				continue // it starts when an ask ends
+			}
+			a.busy = true
+			running++
+			if slow {
+				runningSlow++
+			}
+			go func(url string, slow bool) {
+				start := time.Now()
+				ml := s.fetch(url, s.modelsTimeout())
+				answers <- staticAnswer{url: url, ml: ml, took: time.Since(start), slow: slow}
+			}(a.url, slow)
+		}
+		// Wake at the next ask due that is not running (one queued for a
+		// slot starts when an ask ends), and every retryMax at least to
+		// read the workers' list again.
+		wait := s.retryMax
+		for _, a := range asks {
+			if !a.busy && a.next.After(now) {
+				wait = min(wait, a.next.Sub(now))
+			}
+		}
+		timer.Reset(wait)
 		select {
 		case <-s.stop:
 			return
-		case <-t.C:
+		case <-timer.C:
+			rescan = true
 		case <-s.wake:
-		}
-		rs := StaticRecords(s.workers, s.models, load())
-		urls := missingModels(rs, s.fl)
-		var known map[string]modelList
-		if time.Since(lastRefresh) >= s.refresh {
-			lastRefresh = time.Now()
-			known = learnedModels(rs, s.fl)
-			for u := range known {
-				if !slices.Contains(urls, u) {
-					urls = append(urls, u)
-				}
+			rescan = true
+		case an := <-answers:
+			running--
+			if an.slow {
+				runningSlow--
+			}
+			if a := asks[an.url]; a != nil && a.busy {
+				s.answered(a, an, load, time.Now())
 			}
 		}
-		fetched := map[string]modelList{}
-		s.fetchModels(urls, time.Time{}, func(url string, ml modelList) {
-			k, had := known[url]
-			if len(ml.ids) == 0 || slices.Equal(ml.ids, k.ids) && ml.maxLen == k.maxLen {
-				return
-			}
-			if had {
-				slog.Info("static worker's models changed", "url", url, "was", k.ids, "now", ml.ids, "max_model_len", ml.maxLen)
-			}
-			fetched[url] = ml
-			select {
-			case <-s.stop:
-			default:
-				s.apply(load, fetched)
-			}
-		})
 	}
+}
+
+// staticAsk is Run's schedule for one static worker URL listed without
+// models.
+type staticAsk struct {
+	id    string // the worker's, whose known models a failed ask keeps
+	url   string
+	order int       // its place in the list
+	next  time.Time // when to ask it next
+	fails int       // asks failed in a row
+	fast  bool      // its last ask ended within slowAsk
+	busy  bool      // an ask of it is running
+}
+
+// staticAnswer is what one ask of Run got.
+type staticAnswer struct {
+	url  string
+	ml   modelList
+	took time.Duration
+	slow bool // it ran as a slow ask
+}
+
+// fastAsks is the part of fetchParallel kept for the asks of workers whose
+// last ask ended within slowAsk.
+const fastAsks = 16
+
+// slowAsk is how long an ask may hold its slot for its worker to be
+// asked next among the fast ones: an engine that is up answers, and one
+// that is not listening is refused, in milliseconds.
+const slowAsk = 500 * time.Millisecond
+
+// scanAsks makes asks the URLs of cfg's static records without models: a
+// new URL is asked at once, unless its worker knows its models (a
+// --workers entry that answered Apply): then after refresh; a URL no
+// longer listed is dropped (the answer of its running ask is ignored).
+func (s *Static) scanAsks(asks map[string]*staticAsk, cfg *config.Config, now time.Time) {
+	rs := StaticRecords(s.workers, s.models, cfg)
+	listed := make(map[string]bool, len(asks))
+	for i := range rs {
+		r := &rs[i]
+		if len(r.Models) > 0 || listed[r.URL] {
+			continue
+		}
+		listed[r.URL] = true
+		if a := asks[r.URL]; a != nil {
+			a.order = i
+			continue
+		}
+		a := &staticAsk{id: r.ID, url: r.URL, order: i, next: now}
+		if knownModels(s.fl, r).ids != nil {
+			a.next = now.Add(s.refresh)
+		}
+		asks[r.URL] = a
+	}
+	for u := range asks {
+		if !listed[u] {
+			delete(asks, u)
+		}
+	}
+}
+
+// answered schedules a's next ask after an, and syncs the fleet with a new
+// answer.
+func (s *Static) answered(a *staticAsk, an staticAnswer, load func() *config.Config, now time.Time) {
+	a.busy, a.fast = false, an.took < slowAsk
+	known := knownModels(s.fl, &fleet.Record{ID: a.id, URL: a.url})
+	switch {
+	case len(an.ml.ids) > 0:
+		a.fails = 0
+		a.next = now.Add(s.refresh)
+	case known.ids != nil:
+		// A transient failure: it keeps its models, asked again at
+		// its refresh.
+		a.next = now.Add(s.refresh)
+		return
+	default:
+		a.fails++
+		a.next = now.Add(s.backoff(a.fails))
+		return
+	}
+	if slices.Equal(an.ml.ids, known.ids) && an.ml.maxLen == known.maxLen {
+		return
+	}
+	if known.ids != nil {
+		slog.Info("static worker's models changed", "url", a.url, "was", known.ids, "now", an.ml.ids, "max_model_len", an.ml.maxLen)
+	}
+	s.apply(load, map[string]modelList{a.url: an.ml})
+}
+
+// backoff is the wait before the next ask of a worker whose asks failed
+// fails times in a row: retry doubled for each failure after the first,
+// at most retryMax, drawn between its half and itself.
+func (s *Static) backoff(fails int) time.Duration {
+	d := s.retryMax
+	if fails < 32 {
+		d = min(s.retry<<(fails-1), s.retryMax)
+	}
+	return d/2 + rand.N(d/2+1)
 }
 
 // Start implements Backend (the list is applied by Apply).

@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -138,4 +139,97 @@ func TestEveryStaticWorkerIsAskedBeforeTheStartsDeadline(t *testing.T) {
 	go func() { defer close(done); st.Run(config.Default) }()
 	defer func() { st.Close(); <-done }()
 	waitFor(t, 5*time.Second, "the hung workers serving once they answer", func() bool { return len(fl.View().ByModel["late"]) == hung })
+}
+
+// hangingServers starts n TCP servers that accept every connection and
+// never answer (engines that hang), counting the connections open across
+// all of them in open and their most at once in peak (the asks running).
+func hangingServers(t *testing.T, n int) (urls []string, open, peak *atomic.Int64) {
+	t.Helper()
+	open, peak = new(atomic.Int64), new(atomic.Int64)
+	for range n {
+		ln, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					o := open.Add(1)
+					for p := peak.Load(); o > p && !peak.CompareAndSwap(p, o); p = peak.Load() {
+					}
+					io.Copy(io.Discard, c) // until the asker gives up
+					open.Add(-1)
+				}()
+			}
+		}()
+		urls = append(urls, "http://"+ln.Addr().String())
+	}
+	return urls, open, peak
+}
+
+// An engine listed before 320 that hang, and answering 503 at first (it
+// is loading its model), is asked again on its own backoff in the
+// background, not once per round of all the others: once it is ready it
+// serves within its backoff's cap, 5 s, while the asks of those that hang
+// run 48 at a time (64 at most of any). The asks were made in rounds,
+// every worker without models, 64 at a time, each hanging one holding its
+// slot a whole ModelsTimeout (2 s here, 3 s by default): a round took 12 s
+// and the engine, asked first in each, waited for the next.
+func TestAStaticWorkerThatComesUpIsAskedPromptlyWhileHundredsHang(t *testing.T) {
+	const hung = 320
+	var up atomic.Bool
+	var asked atomic.Int64
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
+		asked.Add(1)
+		if !up.Load() {
+			ctx.SetStatusCode(503)
+			return
+		}
+		ctx.SetBodyString(`{"object":"list","data":[{"id":"loaded","object":"model"}]}`)
+	}}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown() })
+	urls, _, peak := hangingServers(t, hung)
+	workers := []string{"loading=http://" + ln.Addr().String()}
+	for i, u := range urls {
+		workers = append(workers, fmt.Sprintf("hung%d=%s", i, u))
+	}
+	fl := fleet.NewFleet(fleet.BreakerConfig{})
+	defer fl.Close()
+	st := NewStatic(fl, workers, nil)
+	st.ModelsTimeout = 2 * time.Second
+	st.retry = 100 * time.Millisecond
+	st.Apply(config.Default())
+	if w := fl.Get("loading"); w == nil || len(w.Models) != 0 {
+		t.Fatalf("loading: %v, want listed without models while it answers 503", w)
+	}
+	atStart := asked.Load()
+	done := make(chan struct{})
+	go func() { defer close(done); st.Run(config.Default) }()
+	defer func() { st.Close(); <-done }()
+	waitFor(t, 5*time.Second, "the background's first ask of the loading engine", func() bool { return asked.Load() > atStart })
+	time.Sleep(500 * time.Millisecond) // the start's last asks ended
+	peak.Store(0)
+	time.Sleep(2500 * time.Millisecond) // rounds, or backoffs, that find it loading
+	up.Store(true)
+	ready := time.Now()
+	waitFor(t, 10*time.Second, "the loaded engine serving", func() bool { return len(fl.View().ByModel["loaded"]) == 1 })
+	if took := time.Since(ready); took > 5*time.Second+500*time.Millisecond {
+		t.Fatalf("the engine served %v after it was ready (asked %d times), want within its backoff's cap, 5 s", took.Round(time.Millisecond), asked.Load())
+	}
+	if p := peak.Load(); p > fetchParallel {
+		t.Fatalf("%d asks of the hanging workers at once, bound %d", p, fetchParallel)
+	}
+	t.Logf("served %v after it was ready; %d asks of the hanging workers at once at most", time.Since(ready).Round(time.Millisecond), peak.Load())
 }
