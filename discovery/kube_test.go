@@ -35,6 +35,11 @@ type fakeKube struct {
 	httpGone bool
 	notify   chan struct{}
 	kill     chan struct{}
+	// gone, closed by outage, ends the open watches: an outage's
+	// httptest.Server.Close waits for every handler running, and a
+	// watch that reconnected between CloseClientConnections and Close
+	// held it until its timeoutSeconds.
+	gone chan struct{}
 	// bookmarkEvery, when set, sends a BOOKMARK that often on an open
 	// watch, as the API server does about every minute.
 	bookmarkEvery time.Duration
@@ -52,7 +57,7 @@ type fakeEv struct {
 }
 
 func newFakeKube(token string) *fakeKube {
-	return &fakeKube{token: token, rv: 100, pods: map[string]map[string]any{}, notify: make(chan struct{}), kill: make(chan struct{})}
+	return &fakeKube{token: token, rv: 100, pods: map[string]map[string]any{}, notify: make(chan struct{}), kill: make(chan struct{}), gone: make(chan struct{})}
 }
 
 type podSpec struct {
@@ -133,6 +138,10 @@ func (f *fakeKube) expire(httpGone bool) {
 	close(f.kill)
 	f.kill = make(chan struct{})
 }
+
+// outage ends the open watches, and those that reconnect, before the
+// test server is closed.
+func (f *fakeKube) outage() { close(f.gone) }
 
 // compact makes every resource version so far too old, as etcd's
 // compaction does, leaving open watches running: the next watch from an
@@ -332,6 +341,8 @@ func (f *fakeKube) watch(w http.ResponseWriter, r *http.Request, ns, sel string)
 			return
 		case <-r.Context().Done():
 			return
+		case <-f.gone:
+			return
 		}
 	}
 }
@@ -433,6 +444,7 @@ func TestKubeListWatch(t *testing.T) {
 	f.set(ready("p9", strp(recJSON("w9"))), false)
 	waitFor(t, 5*time.Second, "w9", has("w9"))
 	n := sink.len()
+	f.outage()
 	srv.CloseClientConnections()
 	srv.Close()
 	waitFor(t, 5*time.Second, "health degraded", func() bool { ok, _ := w.Health(); return !ok })
