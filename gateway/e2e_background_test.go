@@ -240,3 +240,52 @@ func TestABackgroundResponseIsEstimatedWithWhatTheModelsContextLeaves(t *testing
 		t.Fatalf("a background create with max_output_tokens 300 charged %v tokens, want 300 and its prompt's", c)
 	}
 }
+
+// A background Response without max_output_tokens for an alias that model
+// routing sends by service (a model mapping, or a canary rule) is
+// estimated with the max_model_len of the workers of those services, the
+// largest of them (its engine may be any of them, and the charge is never
+// settled: a smaller one would leave output uncharged): 3200, of the
+// engine of 200 blocks beside one of 100 (1600). No worker serves the
+// alias by name, so none was found and it was charged the router's
+// default output estimate (1024 and its prompt's).
+func TestABackgroundResponseForAnAliasIsEstimatedWithItsServicesContext(t *testing.T) {
+	s1, e1 := startEngine(t, "--speedup", "50", "--native-protocols", "--kv-capacity-blocks", "200")
+	s2, e2 := startEngine(t, "--speedup", "50", "--native-protocols", "--kv-capacity-blocks", "100")
+	key, hash := newKey(t)
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, fmt.Sprintf(`{"protocol":{"responses_passthrough":true},
+		"workers": [{"id": "long", "url": %q, "service": "svc-long"}, {"id": "short", "url": %q, "service": "svc-short"}],
+		"model_routing": {"enabled": true, "mappings": [{"pattern": "house-*", "services": ["svc-long", "svc-short"]}]},
+		"canary": {"enabled": true, "rules": [{"model": "canary-model", "targets": [{"service": "svc-long", "weight": 1}, {"service": "svc-short", "weight": 1}]}]},
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"quota": {"enabled": true, "windows": [{"period": "day", "max_tokens": 100000}]}}]},
+		"users": [{"name": "bg-erin", "keys": [%q]}]}`, e1, e2, hash))
+	_, r := startServe(t, "--config", cfg)
+	series := `infera_user_quota_tokens_total{user="bg-erin"}`
+	charged := 0.0
+	for _, model := range []string{"house-assistant", "canary-model"} {
+		req, _ := http.NewRequest("POST", r+"/v1/responses", strings.NewReader(`{"model":"`+model+`","input":"hello","background":true}`))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), `"queued"`) {
+			t.Fatalf("create %s: %d %s", model, resp.StatusCode, b)
+		}
+		for deadline := time.Now().Add(10 * time.Second); s1.Stats().Active != 0 || s2.Stats().Active != 0; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the background generation does not end: %+v %+v", s1.Stats(), s2.Stats())
+			}
+		}
+		c := metricF(t, r, series)
+		if c-charged != 3200 {
+			t.Fatalf("a background create for %s without max_output_tokens charged %v tokens, want its services' largest max_model_len (3200)", model, c-charged)
+		}
+		charged = c
+	}
+}

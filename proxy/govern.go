@@ -156,21 +156,19 @@ func (s *Server) admitNow(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 	return true
 }
 
-// modelMaxLen is the largest max_model_len the routable workers serving
-// model (as named, or the served model model routing resolves it to) told
-// in their /v1/models (fleet.Worker.MaxModelLen); 0 when none did. The
+// modelMaxLen is the largest max_model_len the routable workers route may
+// send model to told in their /v1/models (fleet.Worker.MaxModelLen); 0
+// when none did. Those workers are found as route finds them
+// (sched.Serving): by a canary rule or a model mapping (an alias, which no
+// worker serves by name), else by the model served under that name, in
+// another notation or by fuzzy match, else the default model. The largest,
+// not the smallest: the engine may be any of them and the estimate is
+// never settled, so a smaller one would leave output uncharged. The
 // background Responses without an output limit ask it (admit), not the
 // request path of others.
 func (s *Server) modelMaxLen(cfg *config.Config, model []byte) int {
-	v := s.sched.Fleet.View()
-	ws := v.ByModel[string(model)]
-	if len(ws) == 0 {
-		if m := s.sched.ServedModel(cfg, model); m != "" {
-			ws = v.ByModel[m]
-		}
-	}
 	n := 0
-	for _, w := range ws {
+	for _, w := range s.sched.Serving(cfg, model, nil) {
 		n = max(n, w.MaxModelLen())
 	}
 	return n

@@ -564,6 +564,31 @@ func (s *Scheduler) directModel(c *compiled, v *fleet.View, w *fleet.Worker, nam
 	return notationOf(w, name)
 }
 
+// Serving appends to dst the routable workers route may send the model
+// name to under cfg (the default model's when name is empty): a canary
+// rule's or a model mapping's services' workers (an alias), else those of
+// the served model it names (exactly, in another notation, by fuzzy
+// match), else the default model's; dst when none. It decides as route
+// does (routesTo), without taking a canary rule's turn. It costs a pass
+// over the fleet: not for every request (a background Response's
+// estimate asks it).
+func (s *Scheduler) Serving(cfg *config.Config, name []byte, dst []*fleet.Worker) []*fleet.Worker {
+	if len(name) > maxModelNameLen {
+		return dst
+	}
+	v := s.Fleet.View()
+	c := s.compiled(cfg)
+	if len(name) == 0 && cfg.ModelRouting.Enabled {
+		name = c.defaultModel
+	}
+	for _, w := range v.Routable {
+		if _, ok := s.routesTo(c, v, w, name); ok {
+			dst = append(dst, w)
+		}
+	}
+	return dst
+}
+
 // routesTo reports whether route sends the name to w among its
 // candidates, and the model it resolves (as route's), without advancing
 // a canary rule's sequence.
