@@ -289,3 +289,74 @@ func TestABackgroundResponseForAnAliasIsEstimatedWithItsServicesContext(t *testi
 		charged = c
 	}
 }
+
+// On a long-context model (the simulated engine's default: 8192 blocks of
+// 16 tokens, max_model_len 131072) a background Response without
+// max_output_tokens is charged the whole context, 131072 tokens, whatever
+// it generates: the charge is never settled, and vLLM's default
+// max_tokens is what the context leaves, so anything less would let
+// output go uncharged. A user with a daily quota of 200000 tokens gets one
+// such create, and the next is refused (429 quota_tokens_day) while one
+// with max_output_tokens is served. The operator's bound is the template's
+// output estimate, rate.default_output_tokens with rate.enabled (RPM and
+// TPM may stay 0, no limit): hot-reloaded, the next create is charged it
+// (2000 and its prompt), and output beyond it is not charged.
+func TestABackgroundResponseOnALongContextIsChargedItsContextUnlessTheTemplateBoundsIt(t *testing.T) {
+	clearOfMidnight(t, "UTC", 30*time.Second) // its day quota is counted whole
+	s1, e1 := startEngine(t, "--speedup", "50", "--native-protocols")
+	key, hash := newKey(t)
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	write := func(rate string) {
+		writeConfig(t, cfg, fmt.Sprintf(`{"protocol":{"responses_passthrough":true},
+			"user_limit": {"timezone": "UTC", "templates": [{"name": "t", "default": true, %s
+				"quota": {"enabled": true, "windows": [{"period": "day", "max_tokens": 200000}]}}]},
+			"users": [{"name": "bg-frank", "keys": [%q]}]}`, rate, hash))
+	}
+	write("")
+	rt, r := startServe(t, "--workers", e1, "--config", cfg, "--config-poll", "20ms")
+	series := `infera_user_quota_tokens_total{user="bg-frank"}`
+	create := func(body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", r+"/v1/responses", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for deadline := time.Now().Add(10 * time.Second); s1.Stats().Active != 0; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the background generation does not end: %+v", s1.Stats())
+			}
+		}
+		return resp.StatusCode, string(b)
+	}
+	const bg = `{"model":"sim-model","input":"hello","background":true}`
+	if code, b := create(bg); code != 200 || !strings.Contains(b, `"queued"`) {
+		t.Fatalf("create: %d %s", code, b)
+	}
+	if c := metricF(t, r, series); c != 131072 {
+		t.Fatalf("a background create without max_output_tokens charged %v tokens, want the model's max_model_len (131072)", c)
+	}
+	if code, b := create(bg); code != 429 || !strings.Contains(b, "quota_tokens_day") {
+		t.Fatalf("a second create without max_output_tokens past the quota's 200000: %d %s, want 429 quota_tokens_day", code, b)
+	}
+	if code, b := create(`{"model":"sim-model","input":"hello","max_output_tokens":300,"background":true}`); code != 200 {
+		t.Fatalf("a create with max_output_tokens 300: %d %s", code, b)
+	}
+	before := metricF(t, r, series)
+	write(`"rate": {"enabled": true, "default_output_tokens": 2000},`)
+	waitUntil(t, "the reload", func() bool {
+		c := rt.store.Load()
+		return c.UserLimit.Templates[0].Rate.Enabled && rt.gov.Applied() == c
+	})
+	if code, b := create(bg); code != 200 {
+		t.Fatalf("a create without max_output_tokens under the template's estimate: %d %s", code, b)
+	}
+	const prompt = 40 // above the router's estimate of this small body's prompt
+	if c := metricF(t, r, series) - before; c < 2000 || c > 2000+prompt {
+		t.Fatalf("a background create without max_output_tokens charged %v tokens under an output estimate of 2000, want 2000 and its prompt's", c)
+	}
+}
