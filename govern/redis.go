@@ -434,7 +434,7 @@ const (
 // allScripts are loaded at start and whenever Redis answers NOSCRIPT,
 // endsScript first: a router that finds one of the others loaded finds
 // it loaded too, so a batch's call never runs while its ends are refused.
-var allScripts = []*redis.Script{endsScript, admitScript, seatScript, admitSeatScript, statusScript, keepScript, findScript}
+var allScripts = []*redis.Script{endsScript, admitScript, seatScript, admitSeatScript, statusScript, keepScript, findScript, failScript, lockedScript}
 
 // redisState keeps the counters in Redis.
 //

@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/testsrv"
 	"github.com/valyala/fasthttp"
 )
 
@@ -198,6 +200,54 @@ func TestARightKeyIsCheckedWithoutAllocating(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(2000, do); n > 1.05 {
 		t.Fatalf("another address locked out: %.2f allocs per request, want at most fasthttp's 1", n)
+	}
+}
+
+// With the lockout shared through Redis (--state redis), a request with
+// the right key neither allocates for it nor asks Redis: with no lockout
+// in force, and with another address locked out through Redis.
+func TestARightKeyCostsNoAllocationNorRedisCallWithASharedLockout(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	up := startUpstream(t, okHandler)
+	f := lockoutFlags(3, time.Minute)
+	r, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
+	other, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
+	hc, req := benchClient(t, r.url, false)
+	req.Header.Set("Authorization", "Bearer "+f.APIKey)
+	resp := fasthttp.AcquireResponse()
+	do := func() {
+		if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
+			t.Fatal(err, resp.StatusCode())
+		}
+	}
+	for i := 0; i < 200; i++ {
+		do()
+	}
+	trips := metrics.GetOrCreateCounter("infera_governance_state_round_trips_total")
+	before := trips.Get()
+	if n := testing.AllocsPerRun(2000, do); n > 1.05 {
+		t.Fatalf("no lockout in force: %.2f allocs per request, want at most fasthttp's 1", n)
+	}
+	if got := trips.Get() - before; got != 0 {
+		t.Fatalf("no lockout in force: right keys cost %d Redis round trips, want 0", got)
+	}
+	for i := 0; i < 3; i++ {
+		chatFrom(t, "127.9.5.1", other.url, "sk-guess")
+	}
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, ok := r.srv.fails.Locked(netip.MustParseAddr("127.9.5.1")); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the lockout another router began did not reach this one")
+		}
+	}
+	mid := trips.Get()
+	if n := testing.AllocsPerRun(2000, do); n > 1.05 {
+		t.Fatalf("another address locked out: %.2f allocs per request, want at most fasthttp's 1", n)
+	}
+	if got := trips.Get() - mid; got != 0 {
+		t.Fatalf("another address locked out: right keys cost %d Redis round trips, want 0", got)
 	}
 }
 

@@ -139,6 +139,9 @@ type Server struct {
 	// fails counts wrong keys per client address (--auth-lockout-*,
 	// lockout.go); nil: off.
 	fails *lockout.Guard
+	// shared counts them in Redis with the other routers (--state redis,
+	// lockout.go); nil: this router alone.
+	shared *govern.Lockouts
 	// trusted are --trusted-proxies, whose X-Forwarded-For names the
 	// client (clientaddr.go); nil: every client is its TCP peer.
 	trusted *realip.Proxies
@@ -178,6 +181,11 @@ func New(o Options) *Server {
 		s.respAff.records = o.Governor.Records() // nil without --state redis (respshared.go)
 	}
 	s.fails = lockout.New(lockout.Options{Max: f.AuthLockoutFailures, Window: f.AuthLockoutWindow})
+	if s.fails != nil && o.Governor != nil {
+		if s.shared = o.Governor.Lockouts("api"); s.shared != nil {
+			s.watchLockouts()
+		}
+	}
 	// Refused at start when malformed (config.Serve.Validate); a list that
 	// does not parse trusts no one.
 	s.trusted, _ = realip.Parse(f.TrustedProxies)

@@ -163,6 +163,46 @@ func (g *Guard) Failed(a netip.Addr) bool {
 	return g.count(b, now)
 }
 
+// Lock locks a out for d from now, or keeps the lockout in force if it
+// ends later: a lockout learned from elsewhere (other routers sharing the
+// state store). It takes a's place in the table as Failed does (a
+// tracked window, or its bucket when the shard holds only open windows).
+// It reports whether a was not locked out before.
+func (g *Guard) Lock(a netip.Addr, d time.Duration) bool {
+	if g == nil || d <= 0 {
+		return false
+	}
+	now := g.now().UnixNano()
+	until := now + int64(d)
+	h := g.hash(a)
+	s := &g.shards[h&(nShards-1)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, tracked := s.m[a]
+	if !tracked && len(s.m) >= g.per && now >= s.sweep {
+		s.sweepEnded(now, g.window)
+	}
+	if tracked || len(s.m) < g.per {
+		fresh := g.impose(&w, now, until)
+		s.m[a] = w
+		return fresh
+	}
+	return g.impose(&s.buckets[(h>>32)%bucketsPerShard], now, until)
+}
+
+// impose makes w a lockout until until, unless it is one ending later.
+// Lock must be held.
+func (g *Guard) impose(w *win, now, until int64) bool {
+	fresh := w.n < g.max || now >= w.until
+	if !fresh && w.until >= until {
+		return false
+	}
+	w.n, w.until = g.max, until
+	for u := g.until.Load(); u < until && !g.until.CompareAndSwap(u, until); u = g.until.Load() {
+	}
+	return fresh
+}
+
 // open returns a new window starting now. Lock must be held.
 func (g *Guard) open(now int64) win { return win{until: now + g.window} }
 

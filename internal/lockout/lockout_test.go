@@ -262,3 +262,63 @@ func TestAShardRefilledAfterASweepIsSweptAgain(t *testing.T) {
 		t.Fatal("a shard full of ended windows did not make room")
 	}
 }
+
+// A lockout learned from elsewhere (another router) locks the address for
+// the time it was given, not longer than one in force already, and ends
+// like any other: its wrong keys count again from zero after it.
+func TestALockoutLearnedFromElsewhereHoldsForItsTime(t *testing.T) {
+	g, c := newGuard(3, 0)
+	a := addr(1)
+	if !g.Lock(a, 20*time.Second) {
+		t.Fatal("a fresh lockout reported as one in force")
+	}
+	if left, ok := g.Locked(a); !ok || left != 20*time.Second {
+		t.Fatalf("locked %v for %v, want 20s", ok, left)
+	}
+	if g.Lock(a, 10*time.Second) {
+		t.Fatal("a shorter lockout over one in force reported as fresh")
+	}
+	if left, _ := g.Locked(a); left != 20*time.Second {
+		t.Fatalf("a shorter lockout shortened it to %v", left)
+	}
+	g.Lock(a, 30*time.Second)
+	if left, _ := g.Locked(a); left != 30*time.Second {
+		t.Fatalf("a longer lockout left it at %v", left)
+	}
+	if g.Failed(a) {
+		t.Fatal("a wrong key during the lockout began another")
+	}
+	c.add(30 * time.Second)
+	if _, ok := g.Locked(a); ok {
+		t.Fatal("still locked after its time")
+	}
+	for i := 0; i < 2; i++ {
+		if g.Failed(a) {
+			t.Fatalf("locked again after %d wrong keys", i+1)
+		}
+	}
+	if !g.Failed(a) {
+		t.Fatal("the third wrong key after the lockout did not lock")
+	}
+	var off *Guard
+	if off.Lock(a, time.Second) {
+		t.Fatal("an off guard locked")
+	}
+}
+
+// Lockouts learned in a full shard, past its tracked addresses, lock the
+// addresses' shared windows, as their wrong keys would.
+func TestALockoutLearnedInAFullShardLocksItsBucket(t *testing.T) {
+	g, _ := newGuard(5, nShards) // one tracked address per shard
+	as := sameShard(g, 2)
+	g.Failed(as[0]) // the shard's one tracked window, open
+	if !g.Lock(as[1], time.Minute) {
+		t.Fatal("not locked")
+	}
+	if _, ok := g.Locked(as[1]); !ok {
+		t.Fatal("an untracked address learned locked is not refused")
+	}
+	if _, ok := g.Locked(as[0]); ok {
+		t.Fatal("the tracked address was locked with it")
+	}
+}

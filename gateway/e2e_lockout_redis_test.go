@@ -1,0 +1,81 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/internal/testsrv"
+)
+
+// chatFromAddr posts a chat request with key from the loopback source
+// address ip to the router at url, and returns the status and body.
+func chatFromAddr(t *testing.T, ip, url, key string) (int, string) {
+	t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 5 * time.Second}
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, n, a string) (net.Conn, error) { return d.DialContext(ctx, n, a) }}}
+	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(chatJSON("sim-model", "hi", 2, false)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+key)
+	res, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("from %s: %v", ip, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+// Two `infera serve` processes sharing a redis-server count one address's
+// wrong keys together: two through each lock it out on both (each alone
+// saw two of --auth-lockout-failures 4), its right key refused, another
+// address served; a router started afterwards (a restart) refuses it
+// from its first request.
+func TestE2EWrongKeysThroughTwoRoutersSharingRedisLockTheAddressOut(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	_, eng := startEngine(t, "--speedup", "50")
+	const key, guesser, other = "sk-right-0123456789abcdef", "127.9.7.1", "127.9.7.2"
+	args := []string{"--workers", "e1=" + eng, "--state", rd.URL, "--api-key", key,
+		"--auth-lockout-failures", "4", "--auth-lockout-window", "30s"}
+	r1 := startChild(t, "serve", 0, args...)
+	r2 := startChild(t, "serve", 0, args...)
+	for i := 0; i < 4; i++ {
+		r := []*child{r1, r2}[i%2]
+		if st, body := chatFromAddr(t, guesser, r.url, fmt.Sprintf("sk-guess-%d", i)); st != 401 {
+			t.Fatalf("wrong key %d: %d %s", i+1, st, body)
+		}
+	}
+	locked := func(name, url string) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Second)
+		for {
+			st, body := chatFromAddr(t, guesser, url, key)
+			if st == 429 && strings.Contains(body, "auth_lockout") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s answers the locked address's right key %d %s", name, st, body)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if st, body := chatFromAddr(t, other, url, key); st != 200 {
+			t.Fatalf("%s: another address got %d %s", name, st, body)
+		}
+	}
+	locked("router 1", r1.url)
+	locked("router 2", r2.url)
+	r1.stop()
+	r3 := startChild(t, "serve", 0, args...)
+	if st, body := chatFromAddr(t, guesser, r3.url, key); st != 429 || !strings.Contains(body, "auth_lockout") {
+		t.Fatalf("a router started during the lockout answers the locked address's right key %d %s", st, body)
+	}
+	if n := metricF(t, r2.url, "infera_auth_lockouts_total") + metricF(t, r3.url, "infera_auth_lockouts_total"); n != 1 {
+		t.Fatalf("lockouts begun on routers 2 and 3: %v, want 1 (router 2 counted the fourth wrong key)", n)
+	}
+}

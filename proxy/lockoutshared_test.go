@@ -1,0 +1,231 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/infera/infera/config"
+	"github.com/infera/infera/govern"
+	"github.com/infera/infera/internal/testsrv"
+)
+
+// sharedLockoutRouter starts a router with the lockout flags f whose
+// governor keeps its state in the Redis at url; it returns the router and
+// its governor.
+func sharedLockoutRouter(t *testing.T, f *config.Serve, url, upstream string) (*testRouter, *govern.Governor) {
+	t.Helper()
+	g := newGovernorAt(t, url, config.Default())
+	r := startRouterWith(t, f, nil, func(o *Options) { o.Governor = g }, upstream)
+	return r, g
+}
+
+// waitStatus sends chat requests with key from ip to url until one answers
+// want, for up to two seconds (a lockout another router began reaches
+// this one through Redis's pub/sub), and returns the last answer.
+func waitStatus(t *testing.T, ip, url, key string, want int) srcAnswer {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		a := chatFrom(t, ip, url, key)
+		if a.status == want || time.Now().After(deadline) {
+			return a
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Wrong keys from one address spread over two routers sharing Redis count
+// together: the address is locked out on both once their sum reaches
+// --auth-lockout-failures (each router alone saw half, and locked
+// nothing), its right key refused on both; other addresses are served.
+// The lockout began once (one router counts it). A right key costs no
+// Redis round trip, nor does a refused request of a locked address.
+func TestWrongKeysSpreadOverRoutersSharingRedisLockTheAddressOnEvery(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	up := startUpstream(t, okHandler)
+	f := lockoutFlags(4, 30*time.Second)
+	a, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
+	b, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
+	const guesser, other = "127.9.4.1", "127.9.4.2"
+	locks := mLockouts.Get()
+	for i := 0; i < 4; i++ {
+		r := a
+		if i%2 == 1 {
+			r = b
+		}
+		if got := chatFrom(t, guesser, r.url, fmt.Sprintf("sk-guess-%d", i)); got.status != 401 {
+			t.Fatalf("wrong key %d: %d %s", i+1, got.status, got.body)
+		}
+	}
+	for name, r := range map[string]*testRouter{"the router of the last wrong key": b, "the other router": a} {
+		got := waitStatus(t, guesser, r.url, f.APIKey, 429)
+		if got.status != 429 || !strings.Contains(got.body, "auth_lockout") {
+			t.Fatalf("%s answers the locked address's right key %d %s", name, got.status, got.body)
+		}
+		if ra, _ := strconv.Atoi(got.hdr.Get("Retry-After")); ra < 25 || ra > 30 {
+			t.Fatalf("%s: Retry-After %q, want the rest of the 30 s lockout", name, got.hdr.Get("Retry-After"))
+		}
+		if got := chatFrom(t, other, r.url, f.APIKey); got.status != 200 {
+			t.Fatalf("%s: another address got %d %s", name, got.status, got.body)
+		}
+	}
+	if got := mLockouts.Get() - locks; got != 1 {
+		t.Fatalf("%d lockouts begun, want 1", got)
+	}
+	trips := metrics.GetOrCreateCounter("infera_governance_state_round_trips_total")
+	before := trips.Get()
+	for _, r := range []*testRouter{a, b} {
+		for i := 0; i < 5; i++ {
+			if got := chatFrom(t, other, r.url, f.APIKey); got.status != 200 {
+				t.Fatalf("a right key: %d %s", got.status, got.body)
+			}
+			if got := chatFrom(t, guesser, r.url, "sk-guess-more"); got.status != 429 {
+				t.Fatalf("the locked address: %d %s", got.status, got.body)
+			}
+		}
+	}
+	if got := trips.Get() - before; got != 0 {
+		t.Fatalf("right keys and a locked address's requests cost %d Redis round trips, want 0", got)
+	}
+}
+
+// A router started while an address is locked out (a restart, or a new
+// replica) refuses it from its first request, its right key included.
+func TestARestartedRouterStillRefusesALockedAddress(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	up := startUpstream(t, okHandler)
+	f := lockoutFlags(3, 30*time.Second)
+	a, ga := sharedLockoutRouter(t, f, rd.URL, up.url)
+	const guesser = "127.9.4.3"
+	for i := 0; i < 3; i++ {
+		chatFrom(t, guesser, a.url, fmt.Sprintf("sk-guess-%d", i))
+	}
+	if got := chatFrom(t, guesser, a.url, f.APIKey); got.status != 429 {
+		t.Fatalf("not locked: %d %s", got.status, got.body)
+	}
+	a.srv.Shutdown()
+	ga.Close()
+	restarted, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
+	if got := chatFrom(t, guesser, restarted.url, f.APIKey); got.status != 429 || !strings.Contains(got.body, "auth_lockout") {
+		t.Fatalf("the restarted router answers the locked address's right key %d %s", got.status, got.body)
+	}
+	if got := chatFrom(t, "127.9.4.4", restarted.url, f.APIKey); got.status != 200 {
+		t.Fatalf("another address: %d %s", got.status, got.body)
+	}
+}
+
+// Redis holds the addresses and their counts, never a key nor anything
+// made of one, and each entry for no longer than the window.
+func TestRedisHoldsTheAddressAndItsCountNeverTheKey(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	up := startUpstream(t, okHandler)
+	f := lockoutFlags(3, 20*time.Second)
+	a, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
+	const guesser = "127.9.4.5"
+	wrong := []string{"sk-secret-guess-alpha", "sk-secret-guess-bravo"}
+	for _, k := range wrong {
+		chatFrom(t, guesser, a.url, k)
+	}
+	sendFrom(t, "127.9.4.6", a.url, "POST", "/v1/chat/completions", chatBody, "x-api-key", "sk-secret-guess-other")
+	for i := 0; i < 3; i++ {
+		sendFrom(t, "127.9.4.7", a.url, "POST", "/v1/chat/completions", chatBody, "x-api-key", "sk-secret-guess-locks")
+	}
+	c := redis.NewClient(&redis.Options{Addr: rd.Addr, MaxRetries: -1})
+	defer c.Close()
+	ctx := context.Background()
+	keys, err := c.Keys(ctx, "*lockout*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 4 {
+		t.Fatalf("lockout keys %q, want three counts and the set of lockouts", keys)
+	}
+	var dump strings.Builder
+	for _, k := range keys {
+		dump.WriteString(k + "\n")
+		switch typ := c.Type(ctx, k).Val(); typ {
+		case "string":
+			dump.WriteString(c.Get(ctx, k).Val() + "\n")
+		case "zset":
+			dump.WriteString(strings.Join(c.ZRange(ctx, k, 0, -1).Val(), "\n") + "\n")
+		default:
+			t.Fatalf("%s is a %s", k, typ)
+		}
+		if ttl := c.PTTL(ctx, k).Val(); ttl <= 0 || ttl > 20*time.Second {
+			t.Fatalf("%s lives %v, want at most the 20 s window", k, ttl)
+		}
+	}
+	for _, want := range []string{"lockout:api:127.9.4.5\n2\n", "lockout:api:127.9.4.6\n1\n", "lockout:api:127.9.4.7\n3\n", "lockout:api:locked\n127.9.4.7\n"} {
+		if !strings.Contains(dump.String(), want) {
+			t.Fatalf("Redis holds\n%s\nwithout %q", dump.String(), want)
+		}
+	}
+	if strings.Contains(dump.String(), "secret") || strings.Contains(dump.String(), "sk-") {
+		t.Fatalf("Redis holds a key:\n%s", dump.String())
+	}
+}
+
+// With Redis down each router counts the wrong keys it sees by itself, as
+// without Redis (an address is locked out by the router that saw
+// --auth-lockout-failures of them, the other still serves it), and each
+// wrong key Redis could not count is counted in the metric.
+func TestWithRedisDownEachRouterLocksOutByItself(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	up := startUpstream(t, okHandler)
+	f := lockoutFlags(3, 30*time.Second)
+	a, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
+	b, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
+	rd.Stop()
+	const guesser = "127.9.4.8"
+	errs := mLockoutStateCountErrors.Get()
+	for i := 0; i < 3; i++ {
+		if got := chatFrom(t, guesser, a.url, fmt.Sprintf("sk-guess-%d", i)); got.status != 401 {
+			t.Fatalf("wrong key %d: %d %s", i+1, got.status, got.body)
+		}
+	}
+	if got := mLockoutStateCountErrors.Get() - errs; got != 3 {
+		t.Fatalf("%d wrong keys counted as not shared, want 3", got)
+	}
+	if got := chatFrom(t, guesser, a.url, f.APIKey); got.status != 429 {
+		t.Fatalf("the router that saw the wrong keys: %d %s", got.status, got.body)
+	}
+	if got := chatFrom(t, guesser, b.url, f.APIKey); got.status != 200 {
+		t.Fatalf("the other router: %d %s", got.status, got.body)
+	}
+}
+
+// A router whose subscription to the lockouts broke (Redis unreachable a
+// moment, a connection killed) reads the lockouts in force again once it
+// is made anew: one begun meanwhile, whose message it missed, is refused
+// too.
+func TestARouterReadsTheLockoutsAgainWhenItsSubscriptionIsMadeAnew(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	up := startUpstream(t, okHandler)
+	f := lockoutFlags(3, 30*time.Second)
+	a, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
+	const guesser = "127.9.4.9"
+	if _, err := rd.Do("CLIENT", "KILL", "TYPE", "pubsub"); err != nil {
+		t.Fatal(err)
+	}
+	// A lockout no message tells (as one published while the
+	// subscription was down): only the set of lockouts holds it.
+	now, err := rd.Do("EVAL", "local t = redis.call('TIME') return t[1] * 1000 + math.floor(t[2] / 1000)", "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, _ := strconv.ParseInt(now, 10, 64)
+	if _, err := rd.Do("ZADD", "infera:lockout:api:locked", strconv.FormatInt(ms+30_000, 10), guesser); err != nil {
+		t.Fatal(err)
+	}
+	got := waitStatus(t, guesser, a.url, f.APIKey, 429)
+	if got.status != 429 {
+		t.Fatalf("a lockout begun while the subscription was down: %d %s", got.status, got.body)
+	}
+}
