@@ -39,6 +39,7 @@ type Lockouts struct {
 	count   string // key prefix of the counts
 	set     string
 	channel string
+	maxRead int // maxLockedRead (tests lower it)
 }
 
 // Lockouts returns the shared lockout table named table ("api": the front
@@ -48,7 +49,7 @@ func (g *Governor) Lockouts(table string) *Lockouts {
 		return nil
 	}
 	p := g.rds.prefix + "lockout:" + table
-	return &Lockouts{r: g.rds, count: p + ":", set: p + ":locked", channel: p}
+	return &Lockouts{r: g.rds, count: p + ":", set: p + ":locked", channel: p, maxRead: maxLockedRead}
 }
 
 // failLua counts a wrong key: KEYS are the address's count and the set of
@@ -79,14 +80,20 @@ return {1, win}
 
 var failScript = redis.NewScript(failLua)
 
-// lockedScript answers the lockouts in force in KEYS[1]: address, ms left,
-// and so on.
+// maxLockedRead bounds the lockouts a router reads at once (Locked): the
+// latest to end, past what a router's table holds one by one (its
+// shared windows then all locked) and whatever a flood of addresses
+// wrote meanwhile.
+const maxLockedRead = 1 << 16
+
+// lockedScript answers the lockouts in force in KEYS[1], at most ARGV[1]
+// of them, the latest to end first: address, ms left, and so on.
 var lockedScript = redis.NewScript(`
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local v = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+local v = redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
 local out = {}
 for i = 1, #v, 2 do
   out[#out + 1] = v[i]
@@ -112,10 +119,10 @@ func (l *Lockouts) Failed(a netip.Addr, limit int, window time.Duration) (left t
 	return time.Duration(v[1]) * time.Millisecond, v[0] == 1, nil
 }
 
-// Locked calls fn with every lockout in force in Redis and how long it
-// has left.
+// Locked calls fn with every lockout in force in Redis (up to
+// maxLockedRead, the latest to end) and how long it has left.
 func (l *Lockouts) Locked(fn func(a netip.Addr, left time.Duration)) error {
-	v, err := l.r.call(lockedScript, []string{l.set}).StringSlice()
+	v, err := l.r.call(lockedScript, []string{l.set}, l.maxRead).StringSlice()
 	if err != nil {
 		return err
 	}

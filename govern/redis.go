@@ -40,6 +40,8 @@ import (
 //	                         seat call whose answer was lost (undoSeat)
 //	<p>wake                  pub/sub channel: "u:<user>" or "rl" when a
 //	                         slot or seat is given back
+//	<p>resp:<id>             a stored Response's record (records.go)
+//	<p>lockout:<table>...    wrong keys per client address (lockout.go)
 
 // admitLua is the user admission: KEYS are the user's hash, slot set and
 // the ticket's mark (finishLua), A its arguments (admitArgs): now, member,

@@ -1,0 +1,63 @@
+package govern
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+)
+
+// A shared lockout table counts an address's wrong keys up to the limit,
+// reports the key that locked it once, does not count a locked address
+// further, and lists the lockouts in force, the latest to end first, up
+// to its bound.
+func TestSharedLockoutsCountLockAndListTheLatestFirst(t *testing.T) {
+	rd := startRedis(t)
+	g := newGov(t, Options{State: rd.url()}, nil)
+	l := g.Lockouts("t")
+	a := netip.MustParseAddr("192.0.2.1")
+	for i := 0; i < 2; i++ {
+		if left, began, err := l.Failed(a, 3, 10*time.Second); err != nil || began || left != 0 {
+			t.Fatalf("wrong key %d: %v %v %v", i+1, left, began, err)
+		}
+	}
+	left, began, err := l.Failed(a, 3, 10*time.Second)
+	if err != nil || !began || left != 10*time.Second {
+		t.Fatalf("the third wrong key: %v %v %v", left, began, err)
+	}
+	left, began, err = l.Failed(a, 3, 10*time.Second)
+	if err != nil || began || left <= 9*time.Second || left > 10*time.Second {
+		t.Fatalf("a wrong key of a locked address: %v %v %v", left, began, err)
+	}
+	c := rd.client(t)
+	if n, _ := c.Get(t.Context(), "infera:lockout:t:192.0.2.1").Int(); n != 3 {
+		t.Fatalf("count %d after a locked address's wrong key, want 3", n)
+	}
+	b, d := netip.MustParseAddr("2001:db8::"), netip.MustParseAddr("192.0.2.3")
+	l.Failed(b, 1, 30*time.Second)
+	l.Failed(d, 1, 20*time.Second)
+	l.maxRead = 2
+	var got []netip.Addr
+	if err := l.Locked(func(a netip.Addr, left time.Duration) {
+		got = append(got, a)
+		if left <= 0 || left > 30*time.Second {
+			t.Fatalf("%v: %v left", a, left)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0] != b || got[1] != d {
+		t.Fatalf("lockouts read %v, want the two latest to end, %v then %v", got, b, d)
+	}
+}
+
+func TestALockoutMessageIsAnAddressAndItsTimeLeft(t *testing.T) {
+	a, left, err := parseLockout("2001:db8:1:2:: 1500")
+	if err != nil || a != netip.MustParseAddr("2001:db8:1:2::") || left != 1500*time.Millisecond {
+		t.Fatalf("%v %v %v", a, left, err)
+	}
+	for _, bad := range []string{"", "192.0.2.1", "192.0.2.1 0", "192.0.2.1 -5", "host 100", "192.0.2.1 1e3"} {
+		if _, _, err := parseLockout(bad); err == nil {
+			t.Fatalf("%q parsed", bad)
+		}
+	}
+}
