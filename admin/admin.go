@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/govern"
 	"github.com/infera/infera/internal/lockout"
 	"github.com/infera/infera/internal/logx"
 	"github.com/infera/infera/internal/realip"
@@ -136,6 +137,9 @@ type Admin struct {
 	once sync.Once
 
 	fails *lockout.Guard // wrong keys per client address (api.go)
+	// shared counts them in Redis with the other routers (lockout.go);
+	// nil: this process alone.
+	shared *govern.Lockouts
 	// trusted are Options.TrustedProxies; nil: trust no one.
 	trusted *realip.Proxies
 }

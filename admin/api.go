@@ -159,7 +159,7 @@ func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) htt
 				// Only a key presented counts as a guess: a request without
 				// one (a CORS preflight, a page's no-cors request from
 				// another origin) must not lock the operator out.
-				a.fails.Failed(ip)
+				a.wrongKey(ip) // here, and in Redis with --state (lockout.go)
 			}
 			// The presented key is never logged or echoed.
 			authLog.Warn("admin request refused: bad or missing key", "remote", a.remote(r), "path", r.URL.Path)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -77,5 +78,71 @@ func TestE2EWrongKeysThroughTwoRoutersSharingRedisLockTheAddressOut(t *testing.T
 	}
 	if n := metricF(t, r2.url, "infera_auth_lockouts_total") + metricF(t, r3.url, "infera_auth_lockouts_total"); n != 1 {
 		t.Fatalf("lockouts begun on routers 2 and 3: %v, want 1 (router 2 counted the fourth wrong key)", n)
+	}
+}
+
+// adminFromAddr sends GET /api/version with key to the admin listener at
+// url from the loopback source address ip, and returns the status.
+func adminFromAddr(t *testing.T, ip, url, key string) (int, string) {
+	t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 5 * time.Second}
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, n, a string) (net.Conn, error) { return d.DialContext(ctx, n, a) }}}
+	req, _ := http.NewRequest("GET", url+"/api/version", nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	res, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("from %s: %v", ip, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+// The admin listeners of two `infera serve` processes sharing a
+// redis-server count one address's wrong admin keys together: five
+// through each (of the admin API's 10 a minute) lock it out on both, the
+// right admin key refused, another address served; an admin listener
+// started afterwards refuses it from its first request.
+func TestE2EWrongAdminKeysThroughTwoRoutersSharingRedisLockTheAddressOut(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	_, eng := startEngine(t, "--speedup", "50")
+	const guesser, other = "127.9.7.3", "127.9.7.4"
+	serve := func() (router *child, admin string) {
+		port := testsrv.FreePort(t)
+		c := startChild(t, "serve", 0, "--workers", "e1="+eng, "--state", rd.URL,
+			"--admin-port", strconv.Itoa(port), "--admin-key", e2eAdminKey)
+		return c, "http://127.0.0.1:" + strconv.Itoa(port)
+	}
+	r1, a1 := serve()
+	_, a2 := serve()
+	for i := 0; i < 10; i++ {
+		if st, body := adminFromAddr(t, guesser, []string{a1, a2}[i%2], fmt.Sprintf("wrong-admin-key-%d", i)); st != 401 {
+			t.Fatalf("wrong admin key %d: %d %s", i+1, st, body)
+		}
+	}
+	locked := func(name, url string) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Second)
+		for {
+			st, body := adminFromAddr(t, guesser, url, e2eAdminKey)
+			if st == 429 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s answers the locked address's right admin key %d %s", name, st, body)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if st, body := adminFromAddr(t, other, url, e2eAdminKey); st != 200 {
+			t.Fatalf("%s: another address got %d %s", name, st, body)
+		}
+	}
+	locked("admin listener 1", a1)
+	locked("admin listener 2", a2)
+	r1.stop()
+	_, a3 := serve()
+	if st, body := adminFromAddr(t, guesser, a3, e2eAdminKey); st != 429 {
+		t.Fatalf("an admin listener started during the lockout answers the locked address's right key %d %s", st, body)
 	}
 }

@@ -28,6 +28,9 @@ func (g *Gateway) setupGovern() error {
 		return err
 	}
 	g.gov = gov
+	// With --state redis the admin listeners of the routers sharing it
+	// count wrong admin keys together (admin/lockout.go).
+	g.admin.ShareLockouts(gov.Lockouts("admin"))
 	if err := gov.Apply(g.store.Load()); err != nil {
 		return fmt.Errorf("governance: %w", err)
 	}

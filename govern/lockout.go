@@ -43,7 +43,8 @@ type Lockouts struct {
 }
 
 // Lockouts returns the shared lockout table named table ("api": the front
-// door), nil with in-process counters (no --state).
+// door's; "admin": the admin listener's), nil with in-process counters
+// (no --state).
 func (g *Governor) Lockouts(table string) *Lockouts {
 	if g.rds == nil {
 		return nil
