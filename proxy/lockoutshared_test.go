@@ -27,11 +27,12 @@ func sharedLockoutRouter(t *testing.T, f *config.Serve, url, upstream string) (*
 }
 
 // waitStatus sends chat requests with key from ip to url until one answers
-// want, for up to two seconds (a lockout another router began reaches
-// this one through Redis's pub/sub), and returns the last answer.
+// want, for up to five seconds (a lockout another router began reaches
+// this one through Redis's pub/sub; one missed is read again a second
+// after the subscription is made anew), and returns the last answer.
 func waitStatus(t *testing.T, ip, url, key string, want int) srcAnswer {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
 	for {
 		a := chatFrom(t, ip, url, key)
 		if a.status == want || time.Now().After(deadline) {
