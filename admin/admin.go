@@ -136,6 +136,10 @@ type Admin struct {
 	wg   sync.WaitGroup
 	once sync.Once
 
+	// etags counts the ETags computed (etag): each encodes the whole
+	// config, so an answer computes its own once.
+	etags atomic.Uint64
+
 	fails *lockout.Guard // wrong keys per client address (api.go)
 	// shared counts them in Redis with the other routers (lockout.go);
 	// nil: this process alone.
@@ -383,6 +387,7 @@ func (a *Admin) checkKey(k string) bool {
 // etag is the version and a digest of the content, so a version number
 // from before a restart never matches a different config.
 func (a *Admin) etag(c *config.Config, v uint64) string {
+	a.etags.Add(1)
 	data, err := a.seal.encodeRedacted(c)
 	if err != nil {
 		panic("BUG: " + err.Error())

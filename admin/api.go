@@ -385,9 +385,14 @@ func (a *Admin) ifMatch(r *http.Request, required bool) (uint64, error) {
 	return 0, &errConflict{have: ver, msg: msg}
 }
 
-func (a *Admin) setVersionHeaders(w http.ResponseWriter, c *config.Config, v uint64) {
-	w.Header().Set("ETag", a.etag(c, v))
+// setVersionHeaders sets the ETag and X-Config-Version of config c at
+// version v, and returns the ETag for an answer that also gives it in its
+// body: computing it encodes the whole config.
+func (a *Admin) setVersionHeaders(w http.ResponseWriter, c *config.Config, v uint64) string {
+	etag := a.etag(c, v)
+	w.Header().Set("ETag", etag)
 	w.Header().Set("X-Config-Version", strconv.FormatUint(v, 10))
+	return etag
 }
 
 // sections returns the JSON names of config.Config's fields, in order.
@@ -427,8 +432,8 @@ type Version struct {
 
 func (a *Admin) getVersion(w http.ResponseWriter, r *http.Request) error {
 	c, v := a.store.Current()
-	a.setVersionHeaders(w, c, v)
-	writeJSON(w, http.StatusOK, Version{Version: v, ETag: a.etag(c, v), Storage: a.st.kind(), ConfigPath: a.store.Path(),
+	etag := a.setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusOK, Version{Version: v, ETag: etag, Storage: a.st.kind(), ConfigPath: a.store.Path(),
 		Snapshots: a.snaps != nil, Started: a.started, KeyLabel: a.o.KeyLabel})
 	return nil
 }
@@ -797,8 +802,8 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 	}
 	// Its audit entry is recorded before the next import starts.
 	a.audit.drain()
-	a.setVersionHeaders(w, c, v)
-	writeJSON(w, http.StatusOK, map[string]any{"version": v, "etag": a.etag(c, v), "storage": a.st.kind()})
+	etag := a.setVersionHeaders(w, c, v)
+	writeJSON(w, http.StatusOK, map[string]any{"version": v, "etag": etag, "storage": a.st.kind()})
 	return nil
 }
 

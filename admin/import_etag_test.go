@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -104,4 +105,30 @@ func TestAMisspeltDryRunParameterNeverImports(t *testing.T) {
 	if r := e.do("POST", "/api/backup/import?dry_run=1", string(exp.body)); r.status != 200 || e.etag() != before {
 		t.Fatalf("dry_run=1: %d %s", r.status, r.body)
 	}
+}
+
+// An import's answer gives its ETag in the header and in the body from one
+// computation, which encodes the whole config (an import of 50,000 users
+// encoded them twice more to answer), and so does GET /api/version.
+func TestAnAnswerComputesItsETagOnce(t *testing.T) {
+	e := newEnv(t, envOpts{file: `{}`})
+	e.put("session_affinity", `{"enabled":true}`, 200)
+	exp := e.do("GET", "/api/backup/export", "")
+	e.put("session_affinity", `{"enabled":false}`, 200)
+	f := func(method, path, body string) {
+		t.Helper()
+		before := e.a.etags.Load()
+		r := e.do(method, path, body)
+		var got struct {
+			ETag string `json:"etag"`
+		}
+		if r.status != 200 || json.Unmarshal(r.body, &got) != nil || got.ETag == "" || got.ETag != r.etag {
+			t.Fatalf("%s %s: %d, ETag %q, body %s", method, path, r.status, r.etag, r.body)
+		}
+		if n := e.a.etags.Load() - before; n != 1 {
+			t.Errorf("%s %s: %d ETags computed, want 1", method, path, n)
+		}
+	}
+	f("POST", "/api/backup/import", string(exp.body))
+	f("GET", "/api/version", "")
 }
