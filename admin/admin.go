@@ -126,7 +126,7 @@ type Admin struct {
 	pending atomic.Pointer[pendingChange]
 	// importing is held by the import (or dry run) running: they run one
 	// at a time, from reading the body to recording the audit entry, so
-	// that their peaks of memory (5 to 8 times the body each, see
+	// that their peaks of memory (5 to 7 times the body each, see
 	// postImport) do not add up.
 	importing chan struct{}
 

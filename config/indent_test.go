@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -67,4 +69,45 @@ func TestAppendIndentIndentsAsJSONIndent(t *testing.T) {
 		t.Fatal(err)
 	}
 	f(string(data))
+}
+
+// Apply indents the config file as it writes it, in chunks, and keeps
+// the digest of what it wrote: the file is MarshalFile's, byte for byte,
+// and the store takes it for the bytes it wrote (no hand edit).
+func TestApplyWritesTheFileMarshalFileRenders(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "infera.json")
+	if err := os.WriteFile(path, []byte(`{}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := Default()
+	for i := range 2000 { // several chunks of indentChunk
+		c.Users = append(c.Users, User{Name: fmt.Sprintf("user-%05d@example.com", i), Template: "standard", Enabled: true})
+	}
+	c.UserLimit.Templates = []QuotaTemplate{DefaultQuotaTemplate()}
+	c.UserLimit.Templates[0].Name = "standard"
+	if _, err := s.Apply(c, 0); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := MarshalFile(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want) < 2*indentChunk || !bytes.Equal(got, want) {
+		t.Fatalf("the file (%d bytes) is not MarshalFile's (%d bytes)", len(got), len(want))
+	}
+	if s.lastSum != sumOf(got) || !s.FileServes() {
+		t.Fatal("the store does not take the file it wrote for its own")
+	}
+	v := s.Version()
+	if changed, err := s.Reload(); changed || err != nil || s.Version() != v {
+		t.Fatalf("reload of the file Apply wrote: changed %v, %v, version %d -> %d", changed, err, v, s.Version())
+	}
 }

@@ -2,8 +2,10 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -43,17 +45,23 @@ type Store struct {
 	cur  atomic.Pointer[Config]
 	ver  atomic.Uint64
 
-	mu       sync.Mutex // serializes every change
-	lastData []byte     // the file bytes the current config came from or was written as
-	badData  []byte     // file bytes that did not parse, already reported (nil: none)
-	badErr   error      // why badData was refused
-	lastStat fileStamp  // the file as the poll last saw it
+	mu sync.Mutex // serializes every change
+	// lastSum is the digest of the file bytes the current config came
+	// from or was written as, and lastCfg the config they hold (read from
+	// them, or written as them): the bytes themselves, kept to tell a hand
+	// edit, were as large as the config (an import of 50,000 users kept
+	// 11 MB of them besides the config, which lastCfg usually is).
+	lastSum  fileSum
+	lastCfg  *Config
+	badData  []byte    // file bytes that did not parse, already reported (nil: none)
+	badErr   error     // why badData was refused
+	lastStat fileStamp // the file as the poll last saw it
 	onChange []func(old, cur *Config)
 	// sink, when set, receives configs read from the file instead of a local
 	// swap (shared storage: the change comes back through Replace).
 	sink func(c *Config, refsOnly bool) error
 	// storing counts the reloads whose config the sink is storing (its
-	// bytes are lastData already, but do not serve yet); refsRefused is a
+	// bytes are lastSum's already, but do not serve yet); refsRefused is a
 	// rotation (the references read again) the sink could not store.
 	storing     int
 	refsRefused bool
@@ -122,7 +130,7 @@ func OpenWith(path string, codec SecretCodec) (*Store, error) {
 	}
 	s := NewStore(path, c)
 	s.codec = codec
-	s.lastData, s.lastStat = data, st
+	s.lastSum, s.lastCfg, s.lastStat = sumOf(data), c, st
 	return s, nil
 }
 
@@ -264,14 +272,11 @@ func (s *Store) Apply(c *Config, ifVersion uint64) (uint64, error) {
 		return 0, &VersionConflict{Want: ifVersion, Have: have}
 	}
 	if s.path != "" && s.sink == nil {
-		data, err := MarshalFileWith(c, s.codec)
+		sum, err := writeFileOf(s.path, c, s.codec)
 		if err != nil {
-			return 0, err
-		}
-		if err := WriteFileAtomic(s.path, data, 0o644); err != nil {
 			return 0, fmt.Errorf("cannot write config back to %q (the change was not applied): %w", s.path, err)
 		}
-		s.lastData, s.badData = data, nil
+		s.lastSum, s.lastCfg, s.badData = sum, c, nil
 		if fi, err := os.Stat(s.path); err == nil {
 			s.lastStat = stampOf(fi)
 		}
@@ -293,7 +298,8 @@ func (s *Store) pickUpHandEditLocked() error {
 	if err != nil {
 		return fmt.Errorf("cannot read config file %q: %v", s.path, err)
 	}
-	if bytes.Equal(data, s.lastData) {
+	sum := sumOf(data)
+	if sum == s.lastSum {
 		return nil
 	}
 	c, err := s.parseLocked(data)
@@ -301,7 +307,7 @@ func (s *Store) pickUpHandEditLocked() error {
 		return fmt.Errorf("the config file %q was edited by hand and does not parse (%v): fix or revert it first", s.path, err)
 	}
 	same := s.sameSettingsLocked(c) && SameSecrets(c, s.cur.Load())
-	s.lastData, s.badData = data, nil
+	s.lastSum, s.lastCfg, s.badData = sum, c, nil
 	if statErr == nil {
 		s.lastStat = st
 	}
@@ -341,6 +347,46 @@ func MarshalFileWith(c *Config, codec SecretCodec) ([]byte, error) {
 	return append(out, '\n'), nil
 }
 
+// writeFileOf writes c to the config file at path as MarshalFileWith
+// renders it, atomically (WriteFileAtomic), and returns the sum of the
+// bytes written: the file is indented as it is written, so that only the
+// compact encoding is held, not the file's bytes too.
+func writeFileOf(path string, c *Config, codec SecretCodec) (fileSum, error) {
+	var data []byte
+	var err error
+	if codec != nil {
+		data, err = EncodeBound(c, codec.Seal)
+	} else {
+		data, err = EncodeJSON(c, nil)
+	}
+	if err != nil {
+		return fileSum{}, err
+	}
+	h := sha256.New()
+	n := 0
+	err = writeFileAtomic(path, 0o644, func(f io.Writer) error {
+		w := indenter{dst: make([]byte, 0, indentChunk+64), out: io.MultiWriter(f, h)}
+		w.indent(data)
+		w.put('\n')
+		w.flush()
+		n = w.n
+		return w.err
+	})
+	if err != nil {
+		return fileSum{}, err
+	}
+	if n == 0 {
+		return fileSum{}, nil
+	}
+	sum := fileSum{n: n}
+	h.Sum(sum.sum[:0])
+	return sum, nil
+}
+
+// indentChunk is how many indented bytes an indenter with out holds
+// before it writes them.
+const indentChunk = 64 << 10
+
 // appendIndent appends valid JSON src, with no white space after its
 // value, indented as json.Indent(dst, src, "", "  ") indents it.
 func appendIndent(dst, src []byte) []byte {
@@ -358,11 +404,14 @@ func indentedLen(src []byte) int {
 
 // indenter writes src indented (into dst), or only counts the bytes it
 // would write (count: into n), so the size and the bytes come from one
-// walk of the JSON.
+// walk of the JSON. With out, dst is written to out whenever it holds
+// indentChunk bytes (and by flush), n counting what was written.
 type indenter struct {
 	dst   []byte
 	n     int
 	count bool
+	out   io.Writer
+	err   error // out's first error
 }
 
 func (w *indenter) put(b ...byte) {
@@ -371,6 +420,9 @@ func (w *indenter) put(b ...byte) {
 		return
 	}
 	w.dst = append(w.dst, b...)
+	if w.out != nil && len(w.dst) >= indentChunk {
+		w.flush()
+	}
 }
 
 func (w *indenter) newline(depth int) {
@@ -382,6 +434,18 @@ func (w *indenter) newline(depth int) {
 	for range depth {
 		w.dst = append(w.dst, ' ', ' ')
 	}
+	if w.out != nil && len(w.dst) >= indentChunk {
+		w.flush()
+	}
+}
+
+// flush writes dst to out.
+func (w *indenter) flush() {
+	if w.err == nil {
+		_, w.err = w.out.Write(w.dst)
+	}
+	w.n += len(w.dst)
+	w.dst = w.dst[:0]
 }
 
 func (w *indenter) indent(src []byte) {
@@ -746,7 +810,15 @@ func appendJSON(b []byte, v any) ([]byte, error) {
 // keeps its permissions; a new one gets perm. When path is a symlink, the
 // file it points to is written (in that file's directory) and the link
 // stays, as editors do.
-func WriteFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	return writeFileAtomic(path, perm, func(f io.Writer) error {
+		_, err := f.Write(data)
+		return err
+	})
+}
+
+// writeFileAtomic is WriteFileAtomic of what write writes to the file.
+func writeFileAtomic(path string, perm os.FileMode, write func(f io.Writer) error) (err error) {
 	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSymlink != 0 {
 		target, err := filepath.EvalSymlinks(path)
 		if err != nil {
@@ -769,7 +841,7 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
 			os.Remove(tmp)
 		}
 	}()
-	if _, err = f.Write(data); err != nil {
+	if err = write(f); err != nil {
 		return err
 	}
 	if err = f.Chmod(perm); err != nil {
@@ -847,7 +919,7 @@ func (s *Store) FileServes() bool {
 	if s.storing > 0 || s.refsRefused || s.badData != nil && bytes.Equal(data, s.badData) {
 		return false
 	}
-	return bytes.Equal(data, s.lastData)
+	return sumOf(data) == s.lastSum
 }
 
 func (s *Store) reload(asked bool) (bool, error) {
@@ -862,7 +934,8 @@ func (s *Store) reload(asked bool) (bool, error) {
 		slog.Error("config reload rejected; keeping previous config", "path", s.path, "err", err)
 		return false, err
 	}
-	unchanged := bytes.Equal(data, s.lastData)
+	sum := sumOf(data)
+	unchanged := sum == s.lastSum
 	if unchanged && !(asked && hasSecretRefs(data)) {
 		// A broken edit reverted: the same broken bytes again later are a
 		// new edit, to be reported and counted again.
@@ -886,7 +959,7 @@ func (s *Store) reload(asked bool) (bool, error) {
 	}
 	c, err := s.parseLocked(data)
 	if err != nil {
-		// lastData stays the good file's: an admin write must still see
+		// lastSum stays the good file's: an admin write must still see
 		// this hand edit as unapplied and refuse to overwrite it.
 		s.badData, s.badErr = data, err
 		s.mu.Unlock()
@@ -904,7 +977,7 @@ func (s *Store) reload(asked bool) (bool, error) {
 		// file was written, on every replica.)
 		unchanged = true
 	}
-	s.lastData, s.badData, s.refsRefused = data, nil, false
+	s.lastSum, s.lastCfg, s.badData, s.refsRefused = sum, c, nil, false
 	if unchanged && s.sink == nil && SameSecrets(c, s.cur.Load()) {
 		// Read again only for its references, and none resolves to
 		// another key: no new version (it made every ETag an operator
@@ -923,7 +996,7 @@ func (s *Store) reload(asked bool) (bool, error) {
 		s.refsRefused = err != nil && unchanged
 		if err != nil && !unchanged {
 			// Try again on the next poll (or SIGHUP).
-			s.lastData, s.lastStat = nil, fileStamp{size: -1}
+			s.lastSum, s.lastCfg, s.lastStat = fileSum{}, nil, fileStamp{size: -1}
 		}
 		s.mu.Unlock()
 		if err != nil {
@@ -1091,20 +1164,35 @@ func (c *Config) validateStartup() error {
 // has the settings of the bytes the store last read or wrote (secret
 // references compared as written, literal secrets by value): the file was
 // rewritten, not edited. Lock must be held.
+//
+// The settings of those bytes are lastCfg's, the config read from them or
+// written as them (a config written and read back has the same file:
+// TestMarshalFileRoundTrips).
 func (s *Store) sameSettingsLocked(c *Config) bool {
-	if s.lastData == nil {
-		return false
-	}
-	prev, err := ParseWith(s.lastData, s.codec)
-	if err != nil {
+	if s.lastCfg == nil {
 		return false
 	}
 	a, err := MarshalFile(c)
 	if err != nil {
 		return false
 	}
-	b, err := MarshalFile(prev)
+	b, err := MarshalFile(s.lastCfg)
 	return err == nil && bytes.Equal(a, b)
+}
+
+// fileSum identifies the bytes of a config file: their length and SHA-256
+// digest. The zero value stands for no bytes read, which an empty file
+// matches (as the bytes kept before, nil, were equal to an empty file's).
+type fileSum struct {
+	n   int
+	sum [sha256.Size]byte
+}
+
+func sumOf(data []byte) fileSum {
+	if len(data) == 0 {
+		return fileSum{}
+	}
+	return fileSum{n: len(data), sum: sha256.Sum256(data)}
 }
 
 // SameSecrets reports whether x and y, configs of the same document, hold
