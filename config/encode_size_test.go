@@ -44,3 +44,32 @@ func TestAnEncodingReservesAboutWhatItWrites(t *testing.T) {
 		}
 	}
 }
+
+// TestAnEncodingAllocatesNothingPerListMember encodes a config of 2,000
+// users and one of 4,000: the list is encoded member by member, from the
+// member where it lies (appendPlain), so the allocations do not grow with
+// the members. Each member was copied to the heap to be handed to
+// encoding/json (reflect.Value.Interface of an addressable struct):
+// one allocation of a User per user and per encoding.
+func TestAnEncodingAllocatesNothingPerListMember(t *testing.T) {
+	if raceEnabled {
+		t.Skip("counts allocations, which the race detector changes")
+	}
+	allocs := func(users int) float64 {
+		c, err := Parse(usersDoc(users))
+		if err != nil {
+			t.Fatal(err)
+		}
+		EncodeJSON(c, nil) // the size hint
+		return testing.AllocsPerRun(5, func() {
+			if _, err := EncodeJSON(c, nil); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	few, many := allocs(2000), allocs(4000)
+	t.Logf("allocations per encoding: %.0f for 2,000 users, %.0f for 4,000", few, many)
+	if many-few > 20 {
+		t.Errorf("2,000 more users cost %.0f more allocations per encoding: want none per user", many-few)
+	}
+}

@@ -3,6 +3,7 @@ package config
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -491,8 +492,9 @@ func (w *indenter) indent(src []byte) {
 }
 
 var (
-	secretType    = reflect.TypeFor[Secret]()
-	marshalerType = reflect.TypeFor[json.Marshaler]()
+	secretType        = reflect.TypeFor[Secret]()
+	marshalerType     = reflect.TypeFor[json.Marshaler]()
+	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
 )
 
 // EncodeBound is EncodeJSON with each literal secret replaced by what f
@@ -562,7 +564,7 @@ func encodeValue(b []byte, v reflect.Value, path string, literal func(path, key 
 		// No secret below: encoding/json writes what the walk below would,
 		// without a path string and a Marshal call per setting (a users
 		// list of 10,000 took millions of allocations per encoding).
-		return appendPlain(b, v.Interface())
+		return appendPlain(b, v)
 	}
 	if t == secretType {
 		s := v.Interface().(Secret)
@@ -695,8 +697,8 @@ var plainEncoding = true
 var plainTypes sync.Map // reflect.Type -> bool
 
 // plainType reports whether encoding/json encodes a value of type t exactly
-// as encodeValue's walk does: no Secret and no JSON marshaler anywhere in
-// it, no interface (whose value could hold one), no embedded field, and
+// as encodeValue's walk does, and a pointer to it as the value: no Secret
+// and no JSON or text marshaler anywhere in it, no interface (whose value could hold one), no embedded field, and
 // maps keyed by strings.
 func plainType(t reflect.Type) bool {
 	if p, ok := plainTypes.Load(t); ok {
@@ -708,7 +710,8 @@ func plainType(t reflect.Type) bool {
 }
 
 func plainTypeIn(t reflect.Type, seen map[reflect.Type]bool) bool {
-	if t == secretType || t.Implements(marshalerType) || reflect.PointerTo(t).Implements(marshalerType) {
+	if t == secretType || t.Implements(marshalerType) || reflect.PointerTo(t).Implements(marshalerType) ||
+		t.Implements(textMarshalerType) || reflect.PointerTo(t).Implements(textMarshalerType) {
 		return false
 	}
 	if seen[t] {
@@ -760,17 +763,22 @@ func joinPath(path, name string) string {
 	return path + "." + name
 }
 
-// appendPlain appends v as json.Marshal encodes it, without Marshal's
-// copy of the whole encoding. A list is encoded member by member, so
-// encoding/json's buffer holds one member, not the whole list (its pool is
-// emptied by every GC, and regrowing it for a list of 10,000 users cost
-// twice the list per encoding).
-func appendPlain(b []byte, v any) ([]byte, error) {
+// appendPlain appends rv, of a plain type, as json.Marshal encodes it,
+// without Marshal's copy of the whole encoding. A list is encoded member
+// by member, so encoding/json's buffer holds one member, not the whole
+// list (its pool is emptied by every GC, and regrowing it for a list of
+// 10,000 users cost twice the list per encoding).
+//
+// encoding/json is handed a pointer to the value where it lies (a list's
+// members always, others when addressable): Interface of an addressable
+// struct copies it to the heap, which was one allocation of a User per
+// user and per encoding. A plain type has no marshaler, on its values
+// or its pointers, so the pointer encodes as the value.
+func appendPlain(b []byte, rv reflect.Value) ([]byte, error) {
 	w := appendWriter{b: b}
 	enc := json.NewEncoder(&w)
-	rv := reflect.ValueOf(v)
 	if rv.Kind() != reflect.Slice || rv.IsNil() || rv.Type().Elem().Kind() == reflect.Uint8 {
-		if err := enc.Encode(v); err != nil {
+		if err := enc.Encode(inPlace(rv)); err != nil {
 			return nil, err
 		}
 		return w.b[:len(w.b)-1], nil // Encode ends the value with a newline
@@ -780,12 +788,20 @@ func appendPlain(b []byte, v any) ([]byte, error) {
 		if i > 0 {
 			w.b = append(w.b, ',')
 		}
-		if err := enc.Encode(rv.Index(i).Interface()); err != nil {
+		if err := enc.Encode(rv.Index(i).Addr().Interface()); err != nil {
 			return nil, err
 		}
 		w.b = w.b[:len(w.b)-1]
 	}
 	return append(w.b, ']'), nil
+}
+
+// inPlace is a pointer to rv when it is addressable, else rv's value.
+func inPlace(rv reflect.Value) any {
+	if rv.CanAddr() {
+		return rv.Addr().Interface()
+	}
+	return rv.Interface()
 }
 
 type appendWriter struct{ b []byte }
