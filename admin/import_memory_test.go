@@ -136,10 +136,11 @@ func TestImportMemoryIsASmallMultipleOfTheBody(t *testing.T) {
 	if len(e.store.Load().Users) != 20000 {
 		t.Fatalf("%d users imported", len(e.store.Load().Users))
 	}
-	// Measured: 12.6x allocated, and a peak of 5.1x to 5.6x (it depends
+	// Measured: 9.8x allocated, and a peak of 4.4x to 6.1x (it depends
 	// on when the collector runs); 14.7x and 6.4x to 6.5x while the store
-	// kept the config file's bytes and the answer computed its ETag
-	// twice. 25.8x and 8x to 9x while the config was
+	// kept the config file's bytes, the answer computed its ETag twice,
+	// each encoding copied every user and the decode grew the users list
+	// step by step. 25.8x and 8x to 9x while the config was
 	// decoded through a json.Decoder (a copy of the document in its
 	// buffer), each encoding reserved the previous one's size (the
 	// audit's encoding of the empty config held the export's size, the
@@ -303,7 +304,7 @@ func TestADryRunListsAtMostTheAuditsChangesAndCountsTheRest(t *testing.T) {
 
 // TestConcurrentImportsDoNotAddUpTheirPeaks sends eight imports of the
 // export of 20,000 users at once: they run one at a time, so the heap
-// grows by a bound that does not depend on how many wait (measured 8.4x to
+// grows by a bound that does not depend on how many wait (measured 8.1x to
 // 9.4x; 9.8x to 10.5x while the store kept the config file's bytes; 12x to 13x with the json.Decoder's copy and encodings sized like
 // the previous one, 20x to 22x before the config file was written into a
 // buffer of its size: the first import's 20,000 users stay live, and the
@@ -366,7 +367,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // peak (HeapAlloc sampled every millisecond) is within about a tenth of
 // the most the import holds live at once, so it hardly depends on when
 // the collector runs, and bounds it with a margin of half what was
-// measured: 2.9x to 3.5x the body (3.8x to 4.1x while the store kept
+// measured: 2.6x to 3.5x the body (3.8x to 4.1x while the store kept
 // the config file's bytes and the import held them whole; 4.6x to 5.0x
 // with the json.Decoder's copy of the document and encodings sized like
 // the previous one). Of that, the import keeps the config it made (1x,
