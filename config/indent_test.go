@@ -111,3 +111,51 @@ func TestApplyWritesTheFileMarshalFileRenders(t *testing.T) {
 		t.Fatalf("reload of the file Apply wrote: changed %v, %v, version %d -> %d", changed, err, v, s.Version())
 	}
 }
+
+// The store tells a hand edit by the digest of the file's bytes and the
+// settings of a config it keeps for them: without shared storage, that is
+// the config serving, whatever happened to the file (a config read from a
+// rewritten file with the same settings is not kept beside it).
+func TestTheStoreKeepsNoConfigBesideTheOneServing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "infera.json")
+	write := func(doc string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`{"session_affinity":{"enabled":true}}`)
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string) {
+		t.Helper()
+		if s.lastCfg != s.Load() {
+			t.Fatalf("%s: the store keeps a config beside the one serving", what)
+		}
+	}
+	check("open")
+	write(`{"session_affinity": {"enabled": true}}`) // rewritten, same settings
+	if changed, err := s.Reload(); changed || err != nil {
+		t.Fatalf("rewrite: changed %v, %v", changed, err)
+	}
+	check("a rewrite")
+	write(`{"session_affinity":{"enabled":false}}`)
+	if changed, err := s.Reload(); !changed || err != nil {
+		t.Fatalf("edit: changed %v, %v", changed, err)
+	}
+	check("an edit")
+	c := *s.Load()
+	c.SessionAffinity.Enabled = true
+	if _, err := s.Apply(&c, 0); err != nil {
+		t.Fatal(err)
+	}
+	check("an apply")
+	write(`{"session_affinity":{"enabled":true} }`) // rewritten behind the store
+	c2 := *s.Load()
+	if _, err := s.Apply(&c2, 0); err != nil {
+		t.Fatal(err)
+	}
+	check("an apply over a rewrite")
+}

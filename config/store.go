@@ -48,10 +48,11 @@ type Store struct {
 
 	mu sync.Mutex // serializes every change
 	// lastSum is the digest of the file bytes the current config came
-	// from or was written as, and lastCfg the config they hold (read from
-	// them, or written as them): the bytes themselves, kept to tell a hand
-	// edit, were as large as the config (an import of 50,000 users kept
-	// 11 MB of them besides the config, which lastCfg usually is).
+	// from or was written as, and lastCfg a config with their settings
+	// (read from them, or written as them; the one serving when it has
+	// them, so that no other is kept): the bytes themselves, kept to tell
+	// a hand edit, were as large as the config (an import of 50,000 users
+	// kept 11 MB of them besides the config).
 	lastSum  fileSum
 	lastCfg  *Config
 	badData  []byte    // file bytes that did not parse, already reported (nil: none)
@@ -308,7 +309,10 @@ func (s *Store) pickUpHandEditLocked() error {
 		return fmt.Errorf("the config file %q was edited by hand and does not parse (%v): fix or revert it first", s.path, err)
 	}
 	same := s.sameSettingsLocked(c) && SameSecrets(c, s.cur.Load())
-	s.lastSum, s.lastCfg, s.badData = sum, c, nil
+	s.lastSum, s.badData = sum, nil
+	if !same {
+		s.lastCfg = c // swapped in below; else lastCfg has c's settings
+	}
 	if statErr == nil {
 		s.lastStat = st
 	}
@@ -993,7 +997,10 @@ func (s *Store) reload(asked bool) (bool, error) {
 		// file was written, on every replica.)
 		unchanged = true
 	}
-	s.lastSum, s.lastCfg, s.badData, s.refsRefused = sum, c, nil, false
+	s.lastSum, s.badData, s.refsRefused = sum, nil, false
+	if !unchanged {
+		s.lastCfg = c // else lastCfg has c's settings; c is kept if it serves (below)
+	}
 	if unchanged && s.sink == nil && SameSecrets(c, s.cur.Load()) {
 		// Read again only for its references, and none resolves to
 		// another key: no new version (it made every ETag an operator
@@ -1034,6 +1041,7 @@ func (s *Store) reload(asked bool) (bool, error) {
 		}
 		return true, nil
 	}
+	s.lastCfg = c
 	s.swap(c, s.ver.Load()+1)
 	s.mu.Unlock()
 	reloadsOK.Inc()
