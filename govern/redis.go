@@ -479,7 +479,10 @@ type redisState struct {
 	// another connection while Redis stalled), and a return that failed
 	// (Redis down) left its member in Redis's sets. execs numbers the
 	// pipelines sent.
+	// rets holds the plain returns of slots and seats among them
+	// (endRelease), apart: a full list loses those first (keep).
 	redo  []redoRelease
+	rets  []redoRelease
 	execs atomic.Uint64
 	// flushing: a call of flushRedo is out.
 	flushing atomic.Bool
@@ -593,13 +596,22 @@ const admitRecord = 24 * time.Hour
 // counters left as they are.
 const callLife = 30 * time.Second
 
-// maxRedo bounds the returns kept for sending again (Redis down for long
-// under load): past it the oldest go, and their members expire with their
-// lease (counted in
-// infera_governance_state_releases_dropped_total{reason="evicted"}); a
-// settlement evicted (a request's, or an admission's return) leaves its
-// request's estimate charged, and is counted
-// (infera_governance_state_settlements_dropped_total{reason="evicted"}).
+// maxRedo bounds the ends kept for sending again (Redis down, or refusing
+// writes, for long under load). Past it one goes, the one whose loss
+// costs least: the oldest plain return of a slot or a seat (rets), whose
+// member frees itself when its lease runs out (LeaseTTL after its return
+// at most: its last renewal came before it; the oldest is the likeliest
+// to have run out already), counted in
+// infera_governance_state_releases_dropped_total{reason="evicted"}; only
+// when none is kept, the oldest settlement (a request's, or an
+// admission's return), whose request keeps its estimate charged (a
+// refunded one its request count) for good, counted in
+// infera_governance_state_settlements_dropped_total{reason="evicted"}
+// (and in the releases' when it held a slot or a seat). Settlements are
+// not merged to take less room: each one's mark in Redis (finishLua) is
+// what makes a copy that may have run count once, and its admission's
+// record there what keeps it from settling counters a Redis restarted
+// without persistence began afresh, both per request.
 const maxRedo = 1 << 14
 
 // keepRedo keeps a return to send again once Redis answers (redo).
@@ -611,12 +623,23 @@ func (r *redisState) keep(x redoRelease) {
 	x.after = r.execs.Load()
 	var out redoRelease
 	r.qmu.Lock()
-	evicted := len(r.redo) >= r.maxRedo
-	if evicted {
-		out = r.redo[0]
-		r.redo = r.redo[1:]
+	if x.end() == endRelease {
+		r.rets = append(r.rets, x)
+	} else {
+		r.redo = append(r.redo, x)
 	}
-	r.redo = append(r.redo, x)
+	evicted := len(r.redo)+len(r.rets) > r.maxRedo
+	if evicted {
+		if len(r.rets) > 0 {
+			out = r.rets[0]
+			r.rets[0] = redoRelease{}
+			r.rets = r.rets[1:]
+		} else {
+			out = r.redo[0]
+			r.redo[0] = redoRelease{}
+			r.redo = r.redo[1:]
+		}
+	}
 	r.qmu.Unlock()
 	if !evicted {
 		return
@@ -633,6 +656,18 @@ func (r *redisState) keep(x redoRelease) {
 	if out.releases() {
 		mStateReleaseEvicted.Inc()
 	}
+}
+
+// keptLocked is the number of ends kept for sending again. qmu must be
+// held.
+func (r *redisState) keptLocked() int { return len(r.redo) + len(r.rets) }
+
+// takeKept takes every end kept for sending again, the plain returns
+// first. qmu must be held.
+func (r *redisState) takeKept() []redoRelease {
+	kept := append(r.rets, r.redo...)
+	r.rets, r.redo = nil, nil
+	return kept
 }
 
 // While Redis refuses ends as they run (READONLY from a primary a
@@ -693,20 +728,24 @@ func (r *redisState) takeEndedRedo() []*scriptCall {
 	r.qmu.Lock()
 	defer r.qmu.Unlock()
 	var out []*scriptCall
-	keep := r.redo[:0]
 	now := time.Now()
-	for _, x := range r.redo {
-		if x.expired(now) {
-			continue
+	take := func(kept []redoRelease) []redoRelease {
+		keep := kept[:0]
+		for _, x := range kept {
+			if x.expired(now) {
+				continue
+			}
+			if x.ended && len(out) < maxRedoAhead {
+				out = append(out, &scriptCall{end: x.end(), keys: x.keys, args: x.args, until: x.until})
+			} else {
+				keep = append(keep, x)
+			}
 		}
-		if x.ended && len(out) < maxRedoAhead {
-			out = append(out, &scriptCall{end: x.end(), keys: x.keys, args: x.args, until: x.until})
-		} else {
-			keep = append(keep, x)
-		}
+		clear(kept[len(keep):])
+		return keep
 	}
-	clear(r.redo[len(keep):])
-	r.redo = keep
+	r.rets = take(r.rets)
+	r.redo = take(r.redo)
 	return out
 }
 
@@ -717,8 +756,7 @@ func (r *redisState) takeEndedRedo() []*scriptCall {
 // longer held.
 func (r *redisState) takeAllRedo() []*scriptCall {
 	r.qmu.Lock()
-	kept := r.redo
-	r.redo = nil
+	kept := r.takeKept()
 	r.qmu.Unlock()
 	now := time.Now()
 	var out []*scriptCall
@@ -751,15 +789,14 @@ func (r *redisState) renewalHeld(x *redoRelease) bool {
 func (r *redisState) redoLen() int {
 	r.qmu.Lock()
 	defer r.qmu.Unlock()
-	return len(r.redo)
+	return r.keptLocked()
 }
 
 // dropRedo counts what is still kept for sending again as the router
 // closes (its last pipeline failed): never sent.
 func (r *redisState) dropRedo() {
 	r.qmu.Lock()
-	kept := r.redo
-	r.redo = nil
+	kept := r.takeKept()
 	r.qmu.Unlock()
 	for i := range kept {
 		droppedAtClose(&kept[i])
@@ -864,15 +901,20 @@ func (r *redisState) resendRedo(n uint64) {
 	}
 	r.qmu.Lock()
 	var again []redoRelease
-	keep := r.redo[:0]
-	for _, x := range r.redo {
-		if x.after < n {
-			again = append(again, x)
-		} else {
-			keep = append(keep, x)
+	take := func(kept []redoRelease) []redoRelease {
+		keep := kept[:0]
+		for _, x := range kept {
+			if x.after < n {
+				again = append(again, x)
+			} else {
+				keep = append(keep, x)
+			}
 		}
+		clear(kept[len(keep):])
+		return keep
 	}
-	r.redo = keep
+	r.rets = take(r.rets)
+	r.redo = take(r.redo)
 	r.qmu.Unlock()
 	now := time.Now()
 	for _, x := range again {
@@ -1735,7 +1777,7 @@ func (r *redisState) flushRedo() {
 		return
 	}
 	r.qmu.Lock()
-	idle := len(r.redo) > 0 && !r.busy && len(r.q) == 0 && !r.closed
+	idle := r.keptLocked() > 0 && !r.busy && len(r.q) == 0 && !r.closed
 	r.qmu.Unlock()
 	if !idle || !r.flushing.CompareAndSwap(false, true) {
 		return

@@ -152,7 +152,7 @@ func TestRedisRenewalsThatCouldNotReachRedisKeepNothing(t *testing.T) {
 	time.Sleep(600 * time.Millisecond) // renewals fail to connect
 	g.rds.qmu.Lock()
 	n := 0
-	for _, x := range g.rds.redo {
+	for _, x := range g.rds.rets {
 		if x.renewal {
 			n++
 		}
@@ -319,7 +319,7 @@ func TestRedisASettlementKeptToSendAgainLandsWhenTheRouterCloses(t *testing.T) {
 	waitFor(t, func() bool {
 		g.rds.qmu.Lock()
 		defer g.rds.qmu.Unlock()
-		return len(g.rds.redo) == 1 && !g.rds.busy && len(g.rds.q) == 0
+		return g.rds.keptLocked() == 1 && !g.rds.busy && len(g.rds.q) == 0
 	})
 	g.Close()
 	v, _ := rs.client(t).HMGet(context.Background(), o.RedisPrefix+"{u:alice}", "w1r", "w1k").Result()
@@ -527,7 +527,7 @@ func TestRedisSeatCallsThatCouldNotReachRedisKeepNoReturns(t *testing.T) {
 	for _, tk := range tks { // settled while Redis is down: kept
 		tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 2}) // 12 of its 20
 	}
-	waitFor(t, func() bool { g.rds.qmu.Lock(); defer g.rds.qmu.Unlock(); return len(g.rds.redo) == n })
+	waitFor(t, func() bool { g.rds.qmu.Lock(); defer g.rds.qmu.Unlock(); return g.rds.keptLocked() == n })
 	for range 20 { // fail open: uncounted
 		s, _, rej := g.TryAcquire([]Target{w1}, PhaseMixed)
 		if rej != nil {
@@ -737,5 +737,87 @@ func TestRedisEndsRefusedWholeWhileRedisLoadsAreSentAgainWithBackoff(t *testing.
 			t.Fatalf("the day's requests and milli-tokens %v once Redis loaded, want the usage [1 12000]", v)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// While Redis refuses ends (here read-only: a primary demoted by a
+// failover), the ends kept for sending again are bounded (16,384,
+// shortened here to 16); past it what goes is what costs least: the
+// returns of seats, which free themselves when their lease runs out,
+// before settlements, whose requests would keep their estimates charged
+// for good. 12 requests end (a settlement holding a user slot, and a seat
+// return each: 24 ends for 16 places): the 8 oldest seat returns go,
+// counted; once Redis writes again every settlement lands (the quota
+// counts each request's usage, every user slot is free) and only the 8
+// evicted seats stay taken, until their lease. Before, the 8 oldest ends
+// went whatever they were: the settlements of 4 requests were lost.
+func TestRedisAFullResendListLosesSeatReturnsBeforeSettlements(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.LeaseTTL = time.Hour // no renewals in the way; an evicted seat stays
+	o.EndDelay = time.Millisecond
+	key, hash := mintKey(t)
+	c := userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":100},"quota":{"enabled":true,"windows":[{"period":"day","max_requests":100,"max_tokens":100000}]}}`,
+		`"rate_limit":{"overall_concurrency":100}`)
+	g := newGov(t, o, c)
+	g.rds.maxRedo = 16
+	u := identify(t, g, key)
+	const n = 12
+	var tks []Ticket
+	var seats []Seat
+	for range n {
+		tk := admitOK(t, g, u, Request{PromptTokens: 10, MaxTokens: 10}) // an estimate of 20
+		tk.FirstToken()
+		tks = append(tks, tk)
+		seats = append(seats, acquireOK(t, g, []Target{w1}, PhaseMixed, 0))
+	}
+	syncState(t, g)
+	h := rs.client(t)
+	bg := context.Background()
+	if err := h.ReplicaOf(bg, "127.0.0.1", "1").Err(); err != nil { // read-only, its data kept
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.ReplicaOf(bg, "NO", "ONE") })
+	settleEvicted, releaseEvicted := mStateSettleEvicted.Get(), mStateReleaseEvicted.Get()
+	evicted := func() uint64 {
+		return mStateSettleEvicted.Get() - settleEvicted + mStateReleaseEvicted.Get() - releaseEvicted
+	}
+	for i := range n { // ended while Redis refuses writes: kept, 8 evicted
+		tks[i].Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 2}) // 12 of its 20
+		seats[i].Done()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for evicted() < 2*n-16 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d ends evicted, want %d (%d kept for 16 places)", evicted(), 2*n-16, 2*n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := h.ReplicaOf(bg, "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	hk := o.RedisPrefix + "{u:alice}"
+	want := []any{strconv.Itoa(n), strconv.Itoa(n * 12 * 1000)} // every request charged its usage
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		v, _ := h.HMGet(bg, hk, "w1r", "w1k").Result()
+		if len(v) == 2 && v[0] == want[0] && v[1] == want[1] && h.ZCard(bg, hk+":seats").Val() == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the day's requests and milli-tokens %v and %d user slots taken once Redis writes again, want %v and none (settlements lost: %d)",
+				v, h.ZCard(bg, hk+":seats").Val(), want, mStateSettleEvicted.Get()-settleEvicted)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	waitFor(t, func() bool { return g.rds.redoLen() == 0 })
+	if got := mStateSettleEvicted.Get() - settleEvicted; got != 0 {
+		t.Errorf("%d settlements evicted, want none (seat returns go first)", got)
+	}
+	if got := mStateReleaseEvicted.Get() - releaseEvicted; got != 2*n-16 {
+		t.Errorf("%d releases evicted, want %d", got, 2*n-16)
+	}
+	if got := h.ZCard(bg, o.RedisPrefix+"{rl}:i:w1:overall").Val(); got != 2*n-16 {
+		t.Errorf("%d seats still taken, want the %d whose return was evicted", got, 2*n-16)
 	}
 }

@@ -275,7 +275,7 @@ func TestRedisASettlementOnAResetConnectionCountsExactlyOnce(t *testing.T) {
 			syncState(t, g)
 			g.rds.qmu.Lock()
 			defer g.rds.qmu.Unlock()
-			return len(g.rds.redo) == 0
+			return g.rds.keptLocked() == 0
 		})
 	}
 	h := rs.client(t)
@@ -339,7 +339,7 @@ func TestRedisASettlementIsNotSentAgainOnceItsMarkMayHaveExpired(t *testing.T) {
 	}
 	syncState(t, g)
 	g.rds.qmu.Lock()
-	n := len(g.rds.redo)
+	n := g.rds.keptLocked()
 	g.rds.qmu.Unlock()
 	if n != 0 {
 		t.Fatalf("%d ends kept to send again", n)
@@ -439,7 +439,7 @@ func TestRedisAnAdmissionOnAResetConnectionChargesNothing(t *testing.T) {
 			t.Fatalf("request %d: %v, want admitted and counted", i, rej)
 		}
 		idle(t, g) // what the router gives back for the cut admission has landed
-		waitFor(t, func() bool { g.rds.qmu.Lock(); defer g.rds.qmu.Unlock(); return len(g.rds.redo) == 0 })
+		waitFor(t, func() bool { g.rds.qmu.Lock(); defer g.rds.qmu.Unlock(); return g.rds.keptLocked() == 0 })
 		if mode == cutLate {
 			p.runLate() // the admission runs now, after it was given back
 		}
@@ -523,7 +523,7 @@ func TestRedisAnAdmissionRunAfterItsReturnsMarkExpiredChargesNothing(t *testing.
 		}
 		// Its return has landed: the ticket's mark is set.
 		idle(t, g)
-		waitFor(t, func() bool { g.rds.qmu.Lock(); defer g.rds.qmu.Unlock(); return len(g.rds.redo) == 0 })
+		waitFor(t, func() bool { g.rds.qmu.Lock(); defer g.rds.qmu.Unlock(); return g.rds.keptLocked() == 0 })
 		marks := h.Keys(bg, hk+":f:*").Val()
 		if len(marks) != 1 || h.Get(bg, marks[0]).Val() != "1" {
 			t.Fatalf("seat %v: marks %v, want the return's", withSeat, marks)
@@ -596,7 +596,7 @@ func TestRedisASettlementRunAfterItsMarkExpiredCountsOnce(t *testing.T) {
 		waitFor(t, func() bool {
 			g.rds.qmu.Lock()
 			defer g.rds.qmu.Unlock()
-			return len(g.rds.redo) == 0 && !g.rds.busy && len(g.rds.q) == 0
+			return g.rds.keptLocked() == 0 && !g.rds.busy && len(g.rds.q) == 0
 		})
 		marks := h.Keys(bg, hk+":f:*").Val()
 		if len(marks) != 1 || h.Get(bg, marks[0]).Val() != "1" {
@@ -663,7 +663,7 @@ func TestRedisCallsPastTheirDeadlineTakeNothingButReturnTheirSlot(t *testing.T) 
 		t.Errorf("%d slots taken after the late settlement", n)
 	}
 	g.rds.qmu.Lock()
-	n := len(g.rds.redo)
+	n := g.rds.keptLocked()
 	g.rds.qmu.Unlock()
 	if n != 0 {
 		t.Errorf("%d ends kept to send again: a late settlement is not", n)

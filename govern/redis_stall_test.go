@@ -248,7 +248,7 @@ func TestRedisCallsFailedAtOnceInAStallKeepNoReturns(t *testing.T) {
 		admitOK(t, g1, u1, Request{}).Done(Usage{}) // failed at once: never sent
 	}
 	g1.rds.qmu.Lock()
-	kept := len(g1.rds.redo)
+	kept := g1.rds.keptLocked()
 	g1.rds.qmu.Unlock()
 	if kept > 2 {
 		t.Errorf("%d returns kept for sending again, want those of the call that timed out", kept)
@@ -294,7 +294,7 @@ func TestRedisTheFirstRequestsAfterARestartMeetNoPhantomSlotOrSeat(t *testing.T)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		g.rds.qmu.Lock()
-		n := len(g.rds.redo)
+		n := g.rds.keptLocked()
 		g.rds.qmu.Unlock()
 		if n >= 2 {
 			break
