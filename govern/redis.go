@@ -479,8 +479,9 @@ type redisState struct {
 	// another connection while Redis stalled), and a return that failed
 	// (Redis down) left its member in Redis's sets. execs numbers the
 	// pipelines sent.
-	// rets holds the plain returns of slots and seats among them
-	// (endRelease), apart: a full list loses those first (keep).
+	// rets holds those among them that change no counter, only a slot's
+	// or a seat's set (slotOnly), apart: a full list loses those first
+	// (keep).
 	redo  []redoRelease
 	rets  []redoRelease
 	execs atomic.Uint64
@@ -598,7 +599,8 @@ const callLife = 30 * time.Second
 
 // maxRedo bounds the ends kept for sending again (Redis down, or refusing
 // writes, for long under load). Past it one goes, the one whose loss
-// costs least: the oldest plain return of a slot or a seat (rets), whose
+// costs least: the oldest end that only returns a slot or a seat (rets:
+// a return, or a settlement that changes no counter, slotOnly), whose
 // member frees itself when its lease runs out (LeaseTTL after its return
 // at most: its last renewal came before it; the oldest is the likeliest
 // to have run out already), counted in
@@ -623,7 +625,7 @@ func (r *redisState) keep(x redoRelease) {
 	x.after = r.execs.Load()
 	var out redoRelease
 	r.qmu.Lock()
-	if x.end() == endRelease {
+	if x.slotOnly() {
 		r.rets = append(r.rets, x)
 	} else {
 		r.redo = append(r.redo, x)
@@ -644,7 +646,7 @@ func (r *redisState) keep(x redoRelease) {
 	if !evicted {
 		return
 	}
-	if k := out.kind; k == endFinish || k == endUnadmit {
+	if k := out.kind; (k == endFinish || k == endUnadmit) && !out.slotOnly() {
 		mStateSettleEvicted.Inc()
 	}
 	if r.renewalHeld(&out) {
@@ -656,6 +658,49 @@ func (r *redisState) keep(x redoRelease) {
 	if out.releases() {
 		mStateReleaseEvicted.Inc()
 	}
+}
+
+// slotOnly reports whether x changes no counter in Redis, only (at most)
+// a slot's or a seat's set: a return (endRelease), or a settlement that
+// refunds no request (its request was served, or took no RPM token and
+// counted in no quota window) and corrects no token count (its usage was
+// its estimate, or its TPM bucket and quota windows are off): what a
+// user with only a concurrency limit settles. Lost, it leaves at most a
+// member that expires with its lease (rets).
+func (x *redoRelease) slotOnly() bool {
+	switch x.end() {
+	case endRelease:
+		return true
+	case endFinish:
+	default:
+		return false
+	}
+	// finishLua's arguments: member, conc, now, served, rpm cap, tpm cap,
+	// tpm delta, quota delta, channel, message, the periods' starts.
+	a := x.args
+	if len(a) < 10+int(numPeriods) {
+		return false
+	}
+	windows := false
+	for _, v := range a[10 : 10+numPeriods] {
+		windows = windows || argInt(v) != 0
+	}
+	served := argInt(a[3]) == 1
+	refunds := !served && (argInt(a[4]) != 0 || windows)
+	corrects := argInt(a[5]) != 0 && argInt(a[6]) != 0 || windows && argInt(a[7]) != 0
+	return !refunds && !corrects
+}
+
+// argInt is a script's integer argument (int or int64); anything else
+// is taken for a nonzero value.
+func argInt(v any) int64 {
+	switch n := v.(type) {
+	case int:
+		return int64(n)
+	case int64:
+		return n
+	}
+	return 1
 }
 
 // keptLocked is the number of ends kept for sending again. qmu must be

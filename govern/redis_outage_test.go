@@ -821,3 +821,105 @@ func TestRedisAFullResendListLosesSeatReturnsBeforeSettlements(t *testing.T) {
 		t.Errorf("%d seats still taken, want the %d whose return was evicted", got, 2*n-16)
 	}
 }
+
+// A settlement that changes no counter (its request served, its usage
+// its estimate: what a user with only a concurrency limit settles) only
+// returns its slot: a full list of ends kept for sending again loses it
+// before a settlement that corrects a count. 4 requests end with less than
+// their estimate, then 8 with exactly it, while Redis is read-only, for 8
+// places: the 4 slot-only settlements kept last go, counted as slot
+// returns, not as settlements, and once Redis writes again the 4
+// corrections land (the quota counts each request's usage). Before, the
+// 4 oldest settlements went, the corrections among them, their requests
+// keeping their estimates.
+func TestRedisAFullResendListLosesSettlementsThatChangeNoCounterFirst(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.LeaseTTL = time.Hour // no renewals in the way; an evicted slot stays
+	o.EndDelay = time.Millisecond
+	key, hash := mintKey(t)
+	c := userConfig(t, hash, `{"name":"t","concurrency":{"enabled":true,"limit":100},"quota":{"enabled":true,"windows":[{"period":"day","max_requests":100,"max_tokens":100000}]}}`, "")
+	g := newGov(t, o, c)
+	g.rds.maxRedo = 8
+	u := identify(t, g, key)
+	const n = 12
+	var tks []Ticket
+	for range n {
+		tk := admitOK(t, g, u, Request{PromptTokens: 10, MaxTokens: 10}) // an estimate of 20
+		tk.FirstToken()
+		tks = append(tks, tk)
+	}
+	syncState(t, g)
+	h := rs.client(t)
+	bg := context.Background()
+	if err := h.ReplicaOf(bg, "127.0.0.1", "1").Err(); err != nil { // read-only, its data kept
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.ReplicaOf(bg, "NO", "ONE") })
+	settleEvicted, releaseEvicted := mStateSettleEvicted.Get(), mStateReleaseEvicted.Get()
+	for i, tk := range tks { // ended while Redis refuses writes: kept, 4 evicted
+		if i < 4 {
+			tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 2}) // 12 of its 20
+		} else {
+			tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 10}) // its 20
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for mStateReleaseEvicted.Get()-releaseEvicted < n-8 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d slot returns evicted, want %d (%d kept for 8 places)", mStateReleaseEvicted.Get()-releaseEvicted, n-8, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := h.ReplicaOf(bg, "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	hk := o.RedisPrefix + "{u:alice}"
+	want := []any{strconv.Itoa(n), strconv.Itoa((4*12 + 8*20) * 1000)} // every request charged its usage
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		v, _ := h.HMGet(bg, hk, "w1r", "w1k").Result()
+		if len(v) == 2 && v[0] == want[0] && v[1] == want[1] && g.rds.redoLen() == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the day's requests and milli-tokens %v once Redis writes again, want %v (settlements evicted: %d)",
+				v, want, mStateSettleEvicted.Get()-settleEvicted)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := mStateSettleEvicted.Get() - settleEvicted; got != 0 {
+		t.Errorf("%d settlements counted as evicted, want none (those evicted changed no counter)", got)
+	}
+	if got := mStateReleaseEvicted.Get() - releaseEvicted; got != n-8 {
+		t.Errorf("%d slot returns counted as evicted, want %d", got, n-8)
+	}
+	if got := h.ZCard(bg, hk+":seats").Val(); got != n-8 {
+		t.Errorf("%d user slots still taken, want the %d whose settlement was evicted", got, n-8)
+	}
+}
+
+// slotOnly tells a settlement that changes a counter (a refund, a token
+// correction where its rule is on) from one that only returns its slot.
+func TestRedisSettlementsThatChangeNoCounterAreSlotOnly(t *testing.T) {
+	f := func(served int, rpmCap, tpmCap, tpmDelta, quotaDelta int64, day int64, want bool) {
+		t.Helper()
+		x := redoRelease{kind: endFinish, args: []any{"m", 1, int64(1), served, rpmCap, tpmCap, tpmDelta, quotaDelta, "wake", "u:a", 0, day, 0, 0, int64(120000)}}
+		if got := x.slotOnly(); got != want {
+			t.Fatalf("served %d rpm %d tpm %d/%d quota %d day %d: slot only %v, want %v", served, rpmCap, tpmCap, tpmDelta, quotaDelta, day, got, want)
+		}
+	}
+	f(1, 60, 1000, 0, 0, 1700000000, true)  // served, its estimate exactly
+	f(1, 0, 0, -8, -8000, 0, true)          // corrections with their rules off
+	f(1, 0, 1000, -8, 0, 0, false)          // a TPM correction
+	f(1, 0, 0, 0, -8000, 1700000000, false) // a quota correction
+	f(0, 60, 0, 0, 0, 0, false)             // an RPM refund
+	f(0, 0, 0, 0, 0, 1700000000, false)     // a request count refund
+	f(0, 0, 0, 0, 0, 0, true)               // refused, no rule to refund
+	if x := (redoRelease{kind: endUnadmit}); x.slotOnly() {
+		t.Fatal("an admission's return is slot only, want not: it gives back what the admission took")
+	}
+	if x := (redoRelease{}); !x.slotOnly() {
+		t.Fatal("a return is not slot only")
+	}
+}
