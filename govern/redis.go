@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/infera/infera/internal/logx"
 	"github.com/redis/go-redis/v9"
@@ -482,9 +483,11 @@ type redisState struct {
 	// rets holds those among them that change no counter, only a slot's
 	// or a seat's set (slotOnly), apart: a full list loses those first
 	// (keep).
-	redo  []redoRelease
-	rets  []redoRelease
-	execs atomic.Uint64
+	// keptBytes is about the memory they hold (redoRelease.size).
+	redo      []redoRelease
+	rets      []redoRelease
+	keptBytes int
+	execs     atomic.Uint64
 	// flushing: a call of flushRedo is out.
 	flushing atomic.Bool
 	// refusals counts the answers in a row in which Redis refused ends
@@ -496,11 +499,13 @@ type redisState struct {
 	// stalled is the time (Unix ns) until which a call fails at once,
 	// 0 while Redis answers (mayCall).
 	stalled atomic.Int64
-	// settleFor is settleResend, maxRedo the bound of redo, callLife the
-	// constant callLife (tests shorten them before any call).
-	settleFor time.Duration
-	maxRedo   int
-	callLife  time.Duration
+	// settleFor is settleResend, maxRedo and maxRedoBytes the bounds of
+	// redo, callLife the constant callLife (tests shorten them before any
+	// call).
+	settleFor    time.Duration
+	maxRedo      int
+	maxRedoBytes int
+	callLife     time.Duration
 
 	kick chan struct{}
 	ps   *redis.PubSub
@@ -548,6 +553,8 @@ type redoRelease struct {
 	// kind is the end to send: endRelease (releaseLua) unless it is a
 	// whole reconciliation (endFinish, a settlement).
 	kind endKind
+	// size is about the bytes x holds (keep).
+	size int
 	// until is when a settlement that may have run stops being sent
 	// again (settleResend after its first ambiguous failure): past it, its
 	// mark may have expired in Redis, and a copy that runs would count it
@@ -597,11 +604,14 @@ const admitRecord = 24 * time.Hour
 // counters left as they are.
 const callLife = 30 * time.Second
 
-// maxRedo bounds the ends kept for sending again (Redis down, or refusing
-// writes, for long under load). Past it one goes, the one whose loss
-// costs least: the oldest end that only returns a slot or a seat (rets:
-// a return, or a settlement that changes no counter, slotOnly), whose
-// member frees itself when its lease runs out (LeaseTTL after its return
+// maxRedoBytes bounds the memory of the ends kept for sending again (Redis
+// down, or refusing writes, for long under load), and maxRedo their
+// number: an end costs by what it holds (sizeOf: its keys and arguments,
+// about 670 bytes for a settlement, 370 for a seat's return), so 16 MiB
+// keep about 25,000 settlements (16,384 ends of any kind before). Past
+// either one goes, the one whose loss costs least: the oldest end that
+// only returns a slot or a seat (rets: a return, or a settlement that
+// changes no counter, slotOnly), whose member frees itself when its lease runs out (LeaseTTL after its return
 // at most: its last renewal came before it; the oldest is the likeliest
 // to have run out already), counted in
 // infera_governance_state_releases_dropped_total{reason="evicted"}; only
@@ -614,7 +624,28 @@ const callLife = 30 * time.Second
 // what makes a copy that may have run count once, and its admission's
 // record there what keeps it from settling counters a Redis restarted
 // without persistence began afresh, both per request.
-const maxRedo = 1 << 14
+const (
+	maxRedoBytes = 16 << 20
+	maxRedo      = 1 << 17
+)
+
+// sizeOf is about the bytes x holds in redo: the struct, its keys and
+// arguments (16 bytes each in their slices, and their strings' bytes, or
+// 8 for a number boxed in an interface).
+func (x *redoRelease) sizeOf() int {
+	n := int(unsafe.Sizeof(*x)) + 16*(len(x.keys)+len(x.args))
+	for _, k := range x.keys {
+		n += len(k)
+	}
+	for _, a := range x.args {
+		if s, ok := a.(string); ok {
+			n += 16 + len(s)
+		} else {
+			n += 8
+		}
+	}
+	return n
+}
 
 // keepRedo keeps a return to send again once Redis answers (redo).
 func (r *redisState) keepRedo(keys []string, args []any, ended bool) {
@@ -623,33 +654,44 @@ func (r *redisState) keepRedo(keys []string, args []any, ended bool) {
 
 func (r *redisState) keep(x redoRelease) {
 	x.after = r.execs.Load()
-	var out redoRelease
+	x.size = x.sizeOf()
+	var evicted []redoRelease
 	r.qmu.Lock()
 	if x.slotOnly() {
 		r.rets = append(r.rets, x)
 	} else {
 		r.redo = append(r.redo, x)
 	}
-	evicted := len(r.redo)+len(r.rets) > r.maxRedo
-	if evicted {
-		if len(r.rets) > 0 {
-			out = r.rets[0]
-			r.rets[0] = redoRelease{}
-			r.rets = r.rets[1:]
-		} else {
-			out = r.redo[0]
-			r.redo[0] = redoRelease{}
-			r.redo = r.redo[1:]
-		}
+	r.keptBytes += x.size
+	for r.keptLocked() > r.maxRedo || r.keptBytes > r.maxRedoBytes {
+		evicted = append(evicted, r.evictLocked())
 	}
 	r.qmu.Unlock()
-	if !evicted {
-		return
+	for i := range evicted {
+		r.evicted(&evicted[i])
 	}
+}
+
+// evictLocked takes the end to lose from a full list: the oldest that
+// only returns a slot or a seat, else the oldest. qmu must be held.
+func (r *redisState) evictLocked() redoRelease {
+	q := &r.redo
+	if len(r.rets) > 0 {
+		q = &r.rets
+	}
+	out := (*q)[0]
+	(*q)[0] = redoRelease{}
+	*q = (*q)[1:]
+	r.keptBytes -= out.size
+	return out
+}
+
+// evicted counts out, an end evicted from a full list.
+func (r *redisState) evicted(out *redoRelease) {
 	if k := out.kind; (k == endFinish || k == endUnadmit) && !out.slotOnly() {
 		mStateSettleEvicted.Inc()
 	}
-	if r.renewalHeld(&out) {
+	if r.renewalHeld(out) {
 		// The return of a member whose renewal may run late: lost only
 		// if the member was returned meanwhile (r.mu after r.qmu: never
 		// both held).
@@ -711,7 +753,7 @@ func (r *redisState) keptLocked() int { return len(r.redo) + len(r.rets) }
 // first. qmu must be held.
 func (r *redisState) takeKept() []redoRelease {
 	kept := append(r.rets, r.redo...)
-	r.rets, r.redo = nil, nil
+	r.rets, r.redo, r.keptBytes = nil, nil, 0
 	return kept
 }
 
@@ -778,9 +820,11 @@ func (r *redisState) takeEndedRedo() []*scriptCall {
 		keep := kept[:0]
 		for _, x := range kept {
 			if x.expired(now) {
+				r.keptBytes -= x.size
 				continue
 			}
 			if x.ended && len(out) < maxRedoAhead {
+				r.keptBytes -= x.size
 				out = append(out, &scriptCall{end: x.end(), keys: x.keys, args: x.args, until: x.until})
 			} else {
 				keep = append(keep, x)
@@ -951,6 +995,7 @@ func (r *redisState) resendRedo(n uint64) {
 		for _, x := range kept {
 			if x.after < n {
 				again = append(again, x)
+				r.keptBytes -= x.size
 			} else {
 				keep = append(keep, x)
 			}
@@ -1063,22 +1108,23 @@ func newRedisState(g *Governor, o Options) (*redisState, error) {
 		return nil, err
 	}
 	r := &redisState{
-		g:         g,
-		c:         redis.NewClient(ro),
-		prefix:    o.RedisPrefix,
-		wake:      o.RedisPrefix + "wake",
-		id:        hex.EncodeToString(rid[:]),
-		ttl:       o.LeaseTTL,
-		leases:    map[string][]string{},
-		seats:     map[string]*seatState{},
-		dirty:     map[*userState]struct{}{},
-		qwake:     make(chan struct{}, 1),
-		delay:     o.EndDelay,
-		settleFor: settleResend,
-		maxRedo:   maxRedo,
-		callLife:  callLife,
-		kick:      make(chan struct{}, 1),
-		log:       logx.Throttle{Every: 10 * time.Second},
+		g:            g,
+		c:            redis.NewClient(ro),
+		prefix:       o.RedisPrefix,
+		wake:         o.RedisPrefix + "wake",
+		id:           hex.EncodeToString(rid[:]),
+		ttl:          o.LeaseTTL,
+		leases:       map[string][]string{},
+		seats:        map[string]*seatState{},
+		dirty:        map[*userState]struct{}{},
+		qwake:        make(chan struct{}, 1),
+		delay:        o.EndDelay,
+		settleFor:    settleResend,
+		maxRedo:      maxRedo,
+		maxRedoBytes: maxRedoBytes,
+		callLife:     callLife,
+		kick:         make(chan struct{}, 1),
+		log:          logx.Throttle{Every: 10 * time.Second},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()

@@ -923,3 +923,110 @@ func TestRedisSettlementsThatChangeNoCounterAreSlotOnly(t *testing.T) {
 		t.Fatal("a return is not slot only")
 	}
 }
+
+// The ends kept for sending again are bounded by the memory they hold
+// (16 MiB, about 500 bytes a settlement), not by their number: 20,000
+// requests that end while Redis is read-only (a primary demoted by a
+// failover) are all kept, and once Redis writes again every one is
+// charged its usage, none evicted. Before, the list kept 16,384 ends of
+// any size (about 16 s of requests at 1,000 a second): 3,616 settlements
+// were evicted, their requests keeping their estimates.
+func TestRedisAnOutageKeepsEndsByTheirBytesNotTheirNumber(t *testing.T) {
+	rs := startRedis(t)
+	o := redisOptions(t, rs)
+	o.LeaseTTL = time.Hour // no renewals in the way
+	o.EndDelay = time.Millisecond
+	key, hash := mintKey(t)
+	c := userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":100000,"max_tokens":10000000}]}}`, "")
+	g := newGov(t, o, c)
+	u := identify(t, g, key)
+	const n = 20000
+	tks := make([]Ticket, 0, n)
+	for range n {
+		tk := admitOK(t, g, u, Request{PromptTokens: 10, MaxTokens: 10}) // an estimate of 20
+		tk.FirstToken()
+		tks = append(tks, tk)
+	}
+	syncState(t, g)
+	h := rs.client(t)
+	bg := context.Background()
+	if err := h.ReplicaOf(bg, "127.0.0.1", "1").Err(); err != nil { // read-only, its data kept
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.ReplicaOf(bg, "NO", "ONE") })
+	evicted := mStateSettleEvicted.Get()
+	for _, tk := range tks { // ended while Redis refuses writes: kept
+		tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 2}) // 12 of its 20
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for g.rds.redoLen() < n || mStateSettleEvicted.Get() != evicted {
+		if time.Now().After(deadline) || mStateSettleEvicted.Get() != evicted {
+			t.Fatalf("%d settlements kept, %d evicted, want all %d kept", g.rds.redoLen(), mStateSettleEvicted.Get()-evicted, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := h.ReplicaOf(bg, "NO", "ONE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	hk := o.RedisPrefix + "{u:alice}"
+	want := []any{strconv.Itoa(n), strconv.Itoa(n * 12 * 1000)} // every request charged its usage
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		v, _ := h.HMGet(bg, hk, "w1r", "w1k").Result()
+		if len(v) == 2 && v[0] == want[0] && v[1] == want[1] && g.rds.redoLen() == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the day's requests and milli-tokens %v once Redis writes again (%d ends still kept), want %v", v, g.rds.redoLen(), want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := mStateSettleEvicted.Get() - evicted; got != 0 {
+		t.Errorf("%d settlements evicted, want none", got)
+	}
+	g.rds.qmu.Lock()
+	b := g.rds.keptBytes
+	g.rds.qmu.Unlock()
+	if b != 0 {
+		t.Errorf("%d bytes counted as kept with nothing kept", b)
+	}
+}
+
+// Past the bound in bytes the oldest ends go until the rest fit: 12
+// settlements for the bytes of 10 keep the 10 newest, and a seat's return,
+// smaller, takes the room of half a settlement.
+func TestRedisTheResendListIsBoundedInBytes(t *testing.T) {
+	settlement := func(i int) redoRelease {
+		m := "ticket-" + strconv.Itoa(1000+i)
+		return redoRelease{kind: endFinish, ended: true, keys: []string{"p:{u:a}", "p:{u:a}:seats", "p:{u:a}:f:" + m},
+			args: []any{m, 0, int64(1765000000000), 1, 0, 0, int64(-8), int64(-8000), "p:wake", "u:a", int64(1764979200000), 0, 0, 0, int64(120000)}}
+	}
+	one := settlement(0)
+	size := one.sizeOf()
+	r := &redisState{maxRedo: 1 << 20, maxRedoBytes: 10 * size, leases: map[string][]string{}}
+	evicted := mStateSettleEvicted.Get()
+	for i := range 12 {
+		r.keep(settlement(i))
+	}
+	if got := mStateSettleEvicted.Get() - evicted; got != 2 || len(r.redo) != 10 || r.keptBytes != 10*size {
+		t.Fatalf("%d evicted, %d kept in %d bytes, want 2, 10 in %d", got, len(r.redo), r.keptBytes, 10*size)
+	}
+	if m := r.redo[0].args[0]; m != "ticket-1002" {
+		t.Fatalf("the oldest kept is %v, want ticket-1002", m)
+	}
+	seat := redoRelease{ended: true, keys: []string{"p:{rl}:i:w1:overall"}, args: []any{"seat-1", "p:wake", "rl"}}
+	if s := seat.sizeOf(); 2*s > size {
+		t.Fatalf("a seat's return counts %d bytes, a settlement %d: want under half", s, size)
+	}
+	r.maxRedoBytes += seat.sizeOf()
+	r.keep(seat)
+	if got := mStateSettleEvicted.Get() - evicted; got != 2 || r.keptLocked() != 11 {
+		t.Fatalf("%d evicted, %d kept, want 2 and 11 (the seat's return fits its own bytes)", got, r.keptLocked())
+	}
+	r.qmu.Lock()
+	r.takeKept()
+	r.qmu.Unlock()
+	if r.keptBytes != 0 {
+		t.Fatalf("%d bytes counted with nothing kept", r.keptBytes)
+	}
+}

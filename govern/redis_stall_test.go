@@ -244,7 +244,7 @@ func TestRedisCallsFailedAtOnceInAStallKeepNoReturns(t *testing.T) {
 	t.Cleanup(cont)
 	start := time.Now()
 	admitOK(t, g1, u1, Request{}).Done(Usage{}) // times out: admitted uncounted
-	for range maxRedo + 100 {
+	for range 1<<14 + 100 {
 		admitOK(t, g1, u1, Request{}).Done(Usage{}) // failed at once: never sent
 	}
 	g1.rds.qmu.Lock()
