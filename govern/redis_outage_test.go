@@ -925,14 +925,21 @@ func TestRedisSettlementsThatChangeNoCounterAreSlotOnly(t *testing.T) {
 }
 
 // The ends kept for sending again are bounded by the memory they hold
-// (16 MiB, about 500 bytes a settlement), not by their number: 20,000
-// requests that end while Redis is read-only (a primary demoted by a
-// failover) are all kept, and once Redis writes again every one is
-// charged its usage, none evicted. Before, the list kept 16,384 ends of
-// any size (about 16 s of requests at 1,000 a second): 3,616 settlements
-// were evicted, their requests keeping their estimates.
+// (16 MiB, about 670 bytes a settlement), not by their number: 20,000
+// requests that end while Redis refuses writes (read-only, a primary
+// demoted by a failover; OOM under maxmemory) are all kept, and once
+// Redis writes again every one is charged its usage, none evicted.
+// Before, the list kept 16,384 ends of any size (about 16 s of requests
+// at 1,000 a second): 3,616 settlements were evicted, their requests
+// keeping their estimates.
 func TestRedisAnOutageKeepsEndsByTheirBytesNotTheirNumber(t *testing.T) {
 	rs := startRedis(t)
+	for _, how := range []string{"READONLY", "OOM"} {
+		t.Run(how, func(t *testing.T) { testOutageKeepsEndsByBytes(t, rs, how) })
+	}
+}
+
+func testOutageKeepsEndsByBytes(t *testing.T, rs *redisServer, how string) {
 	o := redisOptions(t, rs)
 	o.LeaseTTL = time.Hour // no renewals in the way
 	o.EndDelay = time.Millisecond
@@ -950,10 +957,27 @@ func TestRedisAnOutageKeepsEndsByTheirBytesNotTheirNumber(t *testing.T) {
 	syncState(t, g)
 	h := rs.client(t)
 	bg := context.Background()
-	if err := h.ReplicaOf(bg, "127.0.0.1", "1").Err(); err != nil { // read-only, its data kept
-		t.Fatal(err)
+	refuse := func(on bool) {
+		t.Helper()
+		var err error
+		switch {
+		case how == "READONLY" && on:
+			err = h.ReplicaOf(bg, "127.0.0.1", "1").Err() // read-only, its data kept
+		case how == "READONLY":
+			err = h.ReplicaOf(bg, "NO", "ONE").Err()
+		case on: // every write that may grow memory refused
+			if err = h.ConfigSet(bg, "maxmemory-policy", "noeviction").Err(); err == nil {
+				err = h.ConfigSet(bg, "maxmemory", "1").Err()
+			}
+		default:
+			err = h.ConfigSet(bg, "maxmemory", "0").Err()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
-	t.Cleanup(func() { h.ReplicaOf(bg, "NO", "ONE") })
+	refuse(true)
+	t.Cleanup(func() { refuse(false) })
 	evicted := mStateSettleEvicted.Get()
 	for _, tk := range tks { // ended while Redis refuses writes: kept
 		tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 2}) // 12 of its 20
@@ -965,9 +989,7 @@ func TestRedisAnOutageKeepsEndsByTheirBytesNotTheirNumber(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err := h.ReplicaOf(bg, "NO", "ONE").Err(); err != nil {
-		t.Fatal(err)
-	}
+	refuse(false)
 	hk := o.RedisPrefix + "{u:alice}"
 	want := []any{strconv.Itoa(n), strconv.Itoa(n * 12 * 1000)} // every request charged its usage
 	deadline = time.Now().Add(20 * time.Second)
