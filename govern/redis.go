@@ -479,11 +479,10 @@ type redisState struct {
 	// still runs when Redis reads it, possibly after its undo (sent on
 	// another connection while Redis stalled), and a return that failed
 	// (Redis down) left its member in Redis's sets. execs numbers the
-	// pipelines sent.
-	// rets holds those among them that change no counter, only a slot's
-	// or a seat's set (slotOnly), apart: a full list loses those first
-	// (keep).
-	// keptBytes is about the memory they hold (redoRelease.size).
+	// pipelines sent. rets holds those among them that change no
+	// counter, only a slot's or a seat's set (slotOnly), apart: a full
+	// list loses those first (keep). keptBytes is about the memory both
+	// hold (redoRelease.size).
 	redo      []redoRelease
 	rets      []redoRelease
 	keptBytes int
@@ -611,9 +610,10 @@ const callLife = 30 * time.Second
 // keep about 25,000 settlements (16,384 ends of any kind before). Past
 // either one goes, the one whose loss costs least: the oldest end that
 // only returns a slot or a seat (rets: a return, or a settlement that
-// changes no counter, slotOnly), whose member frees itself when its lease runs out (LeaseTTL after its return
-// at most: its last renewal came before it; the oldest is the likeliest
-// to have run out already), counted in
+// changes no counter, slotOnly), whose member frees itself when its
+// lease runs out (LeaseTTL after its return at most: its last renewal
+// came before it; the oldest is the likeliest to have run out already),
+// counted in
 // infera_governance_state_releases_dropped_total{reason="evicted"}; only
 // when none is kept, the oldest settlement (a request's, or an
 // admission's return), whose request keeps its estimate charged (a
@@ -749,8 +749,8 @@ func argInt(v any) int64 {
 // held.
 func (r *redisState) keptLocked() int { return len(r.redo) + len(r.rets) }
 
-// takeKept takes every end kept for sending again, the plain returns
-// first. qmu must be held.
+// takeKept takes every end kept for sending again, those that only
+// return a slot or a seat first. qmu must be held.
 func (r *redisState) takeKept() []redoRelease {
 	kept := append(r.rets, r.redo...)
 	r.rets, r.redo, r.keptBytes = nil, nil, 0
