@@ -301,3 +301,59 @@ func TestAStoredResponsesIDReachesTheClientOnlyOnceRecorded(t *testing.T) {
 		}
 	}
 }
+
+// A follow-up (a create with previous_response_id) naming an id the
+// router's memory does not hold is admitted against its user's limits
+// before Redis is asked for it: a user at 1 request a minute sending
+// creates that name made-up ids costs Redis no more lookups than the
+// requests it is admitted, and the rest are refused 429 without one.
+// Another user's id, found only in Redis, is still answered 404 and does
+// not count against the limits (its admission is given back): the same
+// user's follow-ups of three of alice's ids are each 404, not 429, and
+// the first made-up id after them is still admitted. Before,
+// every such create cost a Redis lookup before its admission.
+func TestAnUnknownPreviousResponseIDIsLookedUpOnlyForAnAdmittedRequest(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	_, e1 := startEngine(t, "--native-protocols")
+	alice, ah := newKey(t)
+	bob, bh := newKey(t)
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, fmt.Sprintf(`{"protocol":{"responses_passthrough":true},
+		"user_limit": {"templates": [{"name": "one", "rate": {"enabled": true, "rpm": 1}}]},
+		"users": [{"name": "pv-alice", "keys": [%q]}, {"name": "pv-bob", "keys": [%q], "template": "one"}]}`, ah, bh))
+	serve := func() *child {
+		return startChild(t, "serve", 0, "--workers", "e1="+e1, "--config", cfg, "--state", rd.URL)
+	}
+	a, b := serve(), serve()
+	lookups := func() float64 {
+		return metricF(t, b.url, `infera_protocol_response_state_lookups_total{result="found"}`) +
+			metricF(t, b.url, `infera_protocol_response_state_lookups_total{result="missing"}`) +
+			metricF(t, b.url, `infera_protocol_response_state_errors_total{op="lookup"}`)
+	}
+	follow := func(prev string) string {
+		return `{"model":"sim-model","input":"and?","max_output_tokens":2,"previous_response_id":"` + prev + `"}`
+	}
+	for i := range 3 {
+		id := respCreate(t, a, alice)
+		// 404 each time, never 429: the one request a minute bob may
+		// send is given back each time.
+		code, got, from := respCall(t, b, "POST", "/v1/responses", follow(id), bob)
+		if code != 404 || from != "" || !strings.Contains(got, "Response with id '"+id+"' not found.") {
+			t.Fatalf("bob's follow-up %d of alice's response through B: %d from %q %s", i, code, from, got)
+		}
+	}
+	base := lookups()
+	if base != 3 {
+		t.Fatalf("B asked Redis %v times for alice's 3 ids, want 3", base)
+	}
+	codes := map[int]int{}
+	for i := range 30 {
+		prev := fmt.Sprintf("resp_%016x%04d", time.Now().UnixNano(), i)
+		code, _, _ := respCall(t, b, "POST", "/v1/responses", follow(prev), bob)
+		codes[code]++
+	}
+	admitted := 30 - codes[429]
+	if got := lookups() - base; got > float64(admitted) || admitted < 1 || codes[429] < 28 {
+		t.Fatalf("30 creates naming made-up ids at 1 rpm: %v; B asked Redis %v times for %d admitted", codes, got, admitted)
+	}
+}

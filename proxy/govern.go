@@ -141,9 +141,13 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqStat
 // alone, instead of with the first acquisition's seat. ok is false when
 // the request was answered.
 func (s *Server) admitNow(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState) bool {
-	if !s.admit(ctx, cfg, rs) {
-		return false
-	}
+	return s.admit(ctx, cfg, rs) && s.admitPending(ctx, rs)
+}
+
+// admitPending runs an admitted request's deferred admission now, alone
+// (admitNow; a follow-up whose previous_response_id only Redis may hold:
+// previousShared). ok is false when the request was answered.
+func (s *Server) admitPending(ctx *fasthttp.RequestCtx, rs *reqState) bool {
 	if !rs.gov.deferred {
 		return true
 	}

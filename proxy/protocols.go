@@ -92,6 +92,10 @@ type protoState struct {
 	// resp gathers the head of a passthrough Responses answer whose id
 	// did not come with the first read (respaffinity.go).
 	resp respScan
+	// prev is a passthrough follow-up's previous_response_id (decoded)
+	// that this router's memory does not hold and Redis may: looked up
+	// once the request is admitted (previousShared). Empty otherwise.
+	prev []byte
 
 	meta   protocol.Meta
 	conv   *protocol.StreamConverter // while a converted stream is relayed
@@ -115,6 +119,7 @@ func (p *protoState) reset() {
 		meta:   p.meta,
 		filter: p.filter,
 		resp:   p.resp,
+		prev:   p.prev[:0],
 		buf:    trimBuf(p.buf),
 		out:    trimBuf(p.out),
 		in:     trimBuf(p.in),
@@ -352,10 +357,17 @@ func (s *Server) frontDoor(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *req
 					writeResponseNotFound(ctx, id)
 					return nil, 0, 0, false
 				}
-				if e.ref.ID == "" {
-					mPrevResponseUnknown.Inc()
-				} else {
+				switch {
+				case e.ref.ID != "":
 					mPrevResponseRouted.Inc()
+				case s.respAff.shared(id):
+					// Redis may hold it: asked once the request is
+					// admitted (previousShared), so that made-up ids
+					// cost Redis no more lookups than the user may
+					// send requests.
+					p.prev = append(p.prev[:0], id...)
+				default:
+					mPrevResponseUnknown.Inc()
 				}
 			}
 			rs.sreq.Prefer = e.ref

@@ -436,6 +436,9 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	if !s.admit(ctx, cfg, rs) { // user limits (govern.go), before anything is spent on the request
 		return
 	}
+	if len(rs.proto.prev) > 0 && !s.previousShared(ctx, rs) { // after the admission (respshared.go)
+		return
+	}
 	if cfg.SmartModelSelection.Enabled && !poolingKind(kind) {
 		asked := s.selectModel(cfg, rs) // smart.go: may change r.Model before model routing
 		if asked {

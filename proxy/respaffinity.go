@@ -271,9 +271,10 @@ func (sc *respScan) reset() {
 	*sc = respScan{head: h}
 }
 
-// lookup returns what the table keeps of the response a Responses body's
-// previous_response_id names (the zero entry when it names none or one not
-// known), that id as the engine reads it (decoded into buf; nil when the
+// lookup returns what this router's memory keeps of the response a
+// Responses body's previous_response_id names (the zero entry when it
+// names none or one not held there: the state store is asked after the
+// request's admission, previousShared), that id as the engine reads it (decoded into buf; nil when the
 // body names none), and whether the body asks the engine not to store its
 // answer ("store" false, or 0, "false", "off"... as jsonscan.LaxBool reads
 // it, or null: nothing to learn from the answer; absent is true).
@@ -313,7 +314,7 @@ func (a *respAffinity) lookup(buf *[respIDDecodeMax]byte, body []byte) (e respEn
 		}
 	}
 	if len(id) > 0 {
-		e, _ = a.find(id)
+		e, _ = a.local(id)
 	}
 	return e, id, noStore
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/valyala/fasthttp"
 )
 
 // The Responses table shared through the state store (docs/protocols.md,
@@ -109,4 +110,36 @@ func (a *respAffinity) fetch(id []byte) (respEntry, bool) {
 	mRespSharedFound.Inc()
 	// Another request may have kept it meanwhile: the first entry stays.
 	return a.keep(id, e, respCred{fetched: true}), true
+}
+
+// previousShared looks a passthrough follow-up's previous_response_id
+// that this router's memory does not hold (rs.proto.prev, left by
+// frontDoor) up in Redis, once the request is admitted: a lookup is a
+// round trip, so made-up ids cost Redis no more lookups than the requests
+// their user's limits admit (a refused one is answered 429 before it asks,
+// as a retrieve of such an id is: respstored.go). A deferred admission
+// runs now, alone. An id Redis holds for another user is answered 404, as
+// one in memory is before any limit is asked; the request is answered
+// before anything is committed, so its admission is given back when its
+// state is released (govState.end) and the refusal does not count against
+// the user's limits either. An id Redis does not hold is routed as any
+// request. ok is false when the request was answered.
+func (s *Server) previousShared(ctx *fasthttp.RequestCtx, rs *reqState) bool {
+	if !s.admitPending(ctx, rs) {
+		return false
+	}
+	id := rs.proto.prev
+	e, ok := s.respAff.fetch(id)
+	if !ok {
+		mPrevResponseUnknown.Inc()
+		return true
+	}
+	if e.user != "" && (rs.gov.user == nil || rs.gov.user.Name() != e.user) {
+		mBadRequests.Inc()
+		writeResponseNotFound(ctx, id)
+		return false
+	}
+	mPrevResponseRouted.Inc()
+	rs.sreq.Prefer = e.ref
+	return true
 }
