@@ -357,3 +357,59 @@ func TestAnUnknownPreviousResponseIDIsLookedUpOnlyForAnAdmittedRequest(t *testin
 		t.Fatalf("30 creates naming made-up ids at 1 rpm: %v; B asked Redis %v times for %d admitted", codes, got, admitted)
 	}
 }
+
+// A router in passthrough mode whose fleet has prefill/decode workers
+// converts its Responses creates (the PD legs speak chat completions): the
+// ids it then answers are its own and a follow-up is refused, as in
+// conversion mode. Its retrieves and cancels follow suit: an id recorded
+// before the pair joined (in the router's memory, or in Redis by another
+// router) is vLLM's 404, and neither memory nor Redis is asked. Before,
+// the router that had not seen the id found its record in Redis and sent
+// the retrieve to its engine, while a follow-up of the same id was refused.
+func TestARouterConvertingForPDPairsDoesNotFindPassthroughResponses(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	_, e1 := startEngine(t, "--native-protocols")
+	_, ep := startEngine(t)
+	_, ed := startEngine(t)
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, `{"protocol":{"responses_passthrough":true},"pd":{"mode":"vllm"}}`)
+	serve := func() *child {
+		return startChild(t, "serve", 0, "--workers", "e1="+e1, "--config", cfg, "--config-poll", "20ms", "--state", rd.URL)
+	}
+	a, b := serve(), serve()
+	id := respCreate(t, a, "")
+	other := respCreate(t, a, "")
+	if code, _, from := respCall(t, b, "GET", "/v1/responses/"+other, "", ""); code != 200 || from == "" {
+		t.Fatalf("retrieve through the other router before the pair joined: %d from %q", code, from)
+	}
+	writeConfig(t, cfg, fmt.Sprintf(`{"protocol":{"responses_passthrough":true},"pd":{"mode":"vllm"},
+		"workers":[{"id":"p0","url":%q,"role":"prefill","models":["sim-model"]},
+			{"id":"d0","url":%q,"role":"decode","models":["sim-model"]}]}`, ep, ed))
+	converts := func(r *child) bool {
+		code, got, _ := respCall(t, r, "POST", "/v1/responses", `{"model":"sim-model","input":"hi","max_output_tokens":2,"background":true}`, "")
+		return code == 400 && strings.Contains(got, "background")
+	}
+	for deadline := time.Now().Add(10 * time.Second); !converts(a) || !converts(b); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the routers did not convert once the pair joined")
+		}
+	}
+	if code, got, _ := respCall(t, a, "POST", "/v1/responses", `{"model":"sim-model","input":"and?","max_output_tokens":2,"previous_response_id":"`+id+`"}`, ""); code != 400 || !strings.Contains(got, "previous_response_id") {
+		t.Fatalf("a follow-up through a router converting for the pair: %d %s", code, got)
+	}
+	found, missing := `infera_protocol_response_state_lookups_total{result="found"}`, `infera_protocol_response_state_lookups_total{result="missing"}`
+	before := metricF(t, b.url, found) + metricF(t, b.url, missing)
+	for _, r := range []*child{b, a} {
+		for _, x := range []string{id, other} {
+			notFound := "Response with id '" + x + "' not found."
+			for _, c := range []struct{ method, path string }{{"GET", "/v1/responses/" + x}, {"POST", "/v1/responses/" + x + "/cancel"}} {
+				if code, got, from := respCall(t, r, c.method, c.path, "", ""); code != 404 || from != "" || !strings.Contains(got, notFound) {
+					t.Fatalf("%s %s through a router converting for the pair: %d from %q %s", c.method, c.path, code, from, got)
+				}
+			}
+		}
+	}
+	if got := metricF(t, b.url, found) + metricF(t, b.url, missing) - before; got != 0 {
+		t.Fatalf("a router converting for the pair asked Redis %v times", got)
+	}
+}

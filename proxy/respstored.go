@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/internal/jsonscan"
 	"github.com/infera/infera/protocol"
@@ -21,10 +22,10 @@ import (
 // request path (dispatch), pinned there as a follow-up is (full: waits for
 // its seat; on trial or open: 503; draining: 410; failed: not retried
 // elsewhere). The table is this router's memory and, with --state redis,
-// the records other routers share there (respshared.go); it is asked in
-// passthrough mode only. An id the table
-// does not hold, any id in conversion mode, holds for another user, or holds for an engine no longer
-// in the fleet, is answered here as vLLM answers an id it does not hold (404): no other
+// the records other routers share there (respshared.go); it is asked
+// only while Responses are passed through (storesResponses). An id the
+// table does not hold, any id while they are converted, one it holds for
+// another user, or for an engine no longer in the fleet, is answered here as vLLM answers an id it does not hold (404): no other
 // engine asked would know it either, and asking every engine would let
 // anyone who guesses ids probe the whole fleet. The request needs the key
 // as any other; it generates nothing, so it counts as a request against
@@ -112,13 +113,14 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx, kind int) {
 	rs.body = rs.body[:0]
 	var e respEntry
 	known, admitted := false, false
-	if cfg.Protocol.ResponsesPassthrough {
-		// In conversion mode the router stores nothing and the ids it
-		// answers are its own: an id of the table (learned in
-		// passthrough, here before a reload or by another router
-		// sharing Redis) names a response the engines were asked to
-		// store in a mode this router does not serve. Neither memory nor
-		// Redis is asked.
+	if s.storesResponses(cfg) {
+		// In conversion mode (set, or in effect while the fleet has
+		// prefill/decode workers) the router stores nothing and the ids
+		// it answers are its own: an id of the table (learned in
+		// passthrough, here before a reload or before the pair joined,
+		// or by another router sharing Redis) names a response the
+		// engines were asked to store in a mode this router does not
+		// serve now. Neither memory nor Redis is asked.
 		if e, known = s.respAff.local(id); !known && s.respAff.shared(id) {
 			// A round trip to Redis: only for a request its user's
 			// limits admit, so that made-up ids cost Redis no more
@@ -173,6 +175,15 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx, kind int) {
 		}
 	}
 	s.dispatch(ctx, cfg, rs)
+}
+
+// storesResponses reports whether Responses creates are passed through
+// to the engines, which store them, under cfg: passthrough mode, and no
+// prefill/decode worker in the fleet (frontDoor converts them while there
+// is one: the PD legs speak chat completions). Otherwise the router
+// stores nothing, and a retrieve or cancel looks nothing up.
+func (s *Server) storesResponses(cfg *config.Config) bool {
+	return cfg.Protocol.ResponsesPassthrough && s.sched.Fleet.View().PD == 0
 }
 
 // heldName names what a request pinned to the engine holding a Response
