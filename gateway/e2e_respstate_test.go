@@ -413,3 +413,62 @@ func TestARouterConvertingForPDPairsDoesNotFindPassthroughResponses(t *testing.T
 		t.Fatalf("a router converting for the pair asked Redis %v times", got)
 	}
 }
+
+// Without users (or for a user without limits) nothing bounds the
+// requests a client sends, and a router that has not seen an id asks
+// Redis once for it: one lookup per retrieve, cancel or follow-up naming a
+// made-up id, never more (no fan-out, no retry), so made-up ids cost Redis
+// what they cost the router, one request each. The ids are not remembered
+// as missing: an id another router records meanwhile is found at once.
+func TestWithoutLimitsEachUnknownResponseIDCostsOneLookup(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	_, e1 := startEngine(t, "--native-protocols")
+	cfg := filepath.Join(t.TempDir(), "infera.json")
+	writeConfig(t, cfg, `{"protocol":{"responses_passthrough":true}}`)
+	serve := func() *child {
+		return startChild(t, "serve", 0, "--workers", "e1="+e1, "--config", cfg, "--state", rd.URL)
+	}
+	a, b := serve(), serve()
+	missing := `infera_protocol_response_state_lookups_total{result="missing"}`
+	before := metricF(t, b.url, missing)
+	const n = 30
+	for i := range n {
+		id := fmt.Sprintf("resp_madeup%016x%04d", time.Now().UnixNano(), i)
+		var code int
+		switch i % 3 {
+		case 0:
+			code, _, _ = respCall(t, b, "GET", "/v1/responses/"+id, "", "")
+		case 1:
+			code, _, _ = respCall(t, b, "POST", "/v1/responses/"+id+"/cancel", "", "")
+		default:
+			code, _, _ = respCall(t, b, "POST", "/v1/responses", `{"model":"sim-model","input":"and?","max_output_tokens":2,"previous_response_id":"`+id+`"}`, "")
+		}
+		if code != 404 {
+			t.Fatalf("request %d naming a made-up id: %d, want 404", i, code)
+		}
+	}
+	if got := metricF(t, b.url, missing) - before; got != n {
+		t.Fatalf("%d requests naming made-up ids asked Redis %v times, want %d", n, got, n)
+	}
+	// An id B was just told is missing is found through B once its
+	// record is in Redis (as when another router records an id a client
+	// chose while it is retrieved): misses are not remembered.
+	id := respCreate(t, a, "")
+	key := "infera:resp:" + id
+	rec, err := rd.Do("GET", key)
+	if err != nil || rec == "" {
+		t.Fatalf("A's record of %s: %q %v", id, rec, err)
+	}
+	if _, err := rd.Do("DEL", key); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, _ := respCall(t, b, "GET", "/v1/responses/"+id, "", ""); code != 404 {
+		t.Fatalf("retrieve through B without the record: %d", code)
+	}
+	if _, err := rd.Do("SET", key, rec); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, from := respCall(t, b, "GET", "/v1/responses/"+id, "", ""); code != 200 || from == "" {
+		t.Fatalf("retrieve through B once the record is back: %d from %q", code, from)
+	}
+}
