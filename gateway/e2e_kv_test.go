@@ -174,12 +174,18 @@ func TestE2EKVAwareWithHFTokenizer(t *testing.T) {
 	sys := strings.Repeat("You are a meticulous assistant who answers in French. ", 30)
 	for c := 0; c < 4; c++ {
 		first := fmt.Sprintf(`{"model":"sim-model","max_tokens":3,"messages":[{"role":"system","content":%q},{"role":"user","content":"Question %d?"}]}`, sys+fmt.Sprint(c), c)
+		before := rt.kvIndex.Stats().Entries
 		resp, b := doPost(t, r+"/v1/chat/completions", first)
 		if resp.StatusCode != 200 {
 			t.Fatalf("%d %s", resp.StatusCode, b)
 		}
 		w1 := resp.Header.Get("X-Infera-Worker")
-		time.Sleep(150 * time.Millisecond)
+		// The engine's KV event of the prompt (its blocks past the
+		// system prompt the conversations share are new) reaches the
+		// index: a fixed sleep was too short on a loaded machine.
+		for deadline := time.Now().Add(10 * time.Second); rt.kvIndex.Stats().Entries <= before && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
 		follow := strings.Replace(first, `}]}`, `},{"role":"assistant","content":"Réponse."},{"role":"user","content":"Et ensuite ?"}]}`, 1)
 		resp, b = doPost(t, r+"/v1/chat/completions", follow)
 		var cr chatResp
