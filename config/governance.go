@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -296,6 +297,10 @@ type User struct {
 
 // UnmarshalJSON decodes a user with Enabled defaulting to true.
 func (u *User) UnmarshalJSON(b []byte) error {
+	if v, ok := plainUser(b); ok {
+		*u = v
+		return nil
+	}
 	type plain User
 	v := plain{Enabled: true}
 	if userKeysExact(b) {
@@ -310,6 +315,123 @@ func (u *User) UnmarshalJSON(b []byte) error {
 	}
 	*u = User(v)
 	return nil
+}
+
+// plainUser decodes the user object b by hand when it is written as the
+// config is written back: each key a field's own name, at most once, each
+// value a string without escapes, a list of such strings, true, false or
+// null. It decodes it as encoding/json would (null leaves a field as it
+// is, [] is an empty list, not nil) and allocates only the strings and the
+// lists: a json.Unmarshal per user, with its decoder state and a heap copy
+// of the user, was most of what decoding a config of many users
+// allocated. ok is false for anything else (escapes, another key, a
+// repeated key, a number...), which UnmarshalJSON leaves to encoding/json:
+// its result and its errors are theirs.
+func plainUser(b []byte) (u User, ok bool) {
+	u.Enabled = true
+	var seen [len(userFieldNames)]bool
+	end, err := jsonscan.WalkMembers(b, 0, func(raw []byte, vs int) (int, error) {
+		f := -1
+		for i, name := range userFieldNames {
+			if string(raw) == name {
+				f = i
+				break
+			}
+		}
+		if f < 0 || seen[f] {
+			return vs, errNotPlain
+		}
+		seen[f] = true
+		if b[vs] == 'n' {
+			return jsonscan.SkipValue(b, vs, 0) // null: as it is
+		}
+		switch f {
+		case 0, 2: // name, template
+			s, ve, ok := plainString(b, vs)
+			if !ok {
+				return vs, errNotPlain
+			}
+			if f == 0 {
+				u.Name = s
+			} else {
+				u.Template = s
+			}
+			return ve, nil
+		case 1, 3: // keys, models
+			list, ve, ok := plainStrings(b, vs)
+			if !ok {
+				return vs, errNotPlain
+			}
+			if f == 1 {
+				u.Keys = list
+			} else {
+				u.Models = list
+			}
+			return ve, nil
+		default: // enabled
+			if b[vs] != 't' && b[vs] != 'f' {
+				return vs, errNotPlain
+			}
+			u.Enabled = b[vs] == 't'
+			return jsonscan.SkipValue(b, vs, 0)
+		}
+	})
+	if err != nil || jsonscan.SkipSpace(b, end) != len(b) {
+		return User{}, false
+	}
+	return u, true
+}
+
+// errNotPlain ends plainUser's walk.
+var errNotPlain = errors.New("not a plain user")
+
+// plainString reads the string at b[i] when it has no escapes (its bytes
+// are then its value), and returns it and the index after it.
+func plainString(b []byte, i int) (string, int, bool) {
+	raw, next, ok := plainRaw(b, i)
+	if !ok {
+		return "", i, false
+	}
+	return string(raw), next, true
+}
+
+// plainRaw is plainString's bytes, in b.
+func plainRaw(b []byte, i int) ([]byte, int, bool) {
+	if b[i] != '"' {
+		return nil, i, false
+	}
+	raw, next, err := jsonscan.ScanString(b, i)
+	if err != nil || jsonscan.HasEscape(raw) {
+		return nil, i, false
+	}
+	return raw, next, true
+}
+
+// plainStrings reads the list of plain strings (plainString) at b[i] into
+// a slice of its length ([] into an empty one, as encoding/json does), and
+// returns it and the index after it.
+func plainStrings(b []byte, i int) ([]string, int, bool) {
+	if b[i] != '[' {
+		return nil, i, false
+	}
+	n := 0
+	end, err := jsonscan.WalkArray(b, i, 1, func(vs, _ int) error {
+		if _, _, ok := plainRaw(b, vs); !ok {
+			return errNotPlain
+		}
+		n++
+		return nil
+	})
+	if err != nil {
+		return nil, i, false
+	}
+	list := make([]string, 0, n)
+	jsonscan.WalkArray(b, i, 1, func(vs, _ int) error {
+		raw, _, _ := plainRaw(b, vs)
+		list = append(list, string(raw))
+		return nil
+	})
+	return list, end, true
 }
 
 // userKeysExact reports whether b is an object whose keys are all, as
