@@ -136,8 +136,9 @@ type Admin struct {
 	wg   sync.WaitGroup
 	once sync.Once
 
-	// etags counts the ETags computed (etag): each encodes the whole
-	// config, so an answer computes its own once.
+	// etags counts the ETags computed by encoding the config (etag): an
+	// answer computes its own at most once, and none for the config an
+	// audit entry just encoded.
 	etags atomic.Uint64
 
 	fails *lockout.Guard // wrong keys per client address (api.go)
@@ -386,13 +387,21 @@ func (a *Admin) checkKey(k string) bool {
 
 // etag is the version and a digest of the content, so a version number
 // from before a restart never matches a different config.
+//
+// The digest is the one the audit took of c's encoding when it recorded
+// the change that made c (an import's audit entry encodes the new config
+// before the answer gives its ETag), or the one computed for the last ETag
+// given: a config is encoded for its ETag only when neither is c's.
 func (a *Admin) etag(c *config.Config, v uint64) string {
-	a.etags.Add(1)
-	data, err := a.seal.encodeRedacted(c)
-	if err != nil {
-		panic("BUG: " + err.Error())
+	sum, ok := a.seal.redactedDigestOf(c)
+	if !ok {
+		a.etags.Add(1)
+		data, err := a.seal.encodeRedacted(c)
+		if err != nil {
+			panic("BUG: " + err.Error())
+		}
+		sum = a.seal.noteRedacted(c, data)
 	}
-	sum := sha256.Sum256(data)
 	return `"` + strconv.FormatUint(v, 10) + "-" + hex.EncodeToString(sum[:6]) + `"`
 }
 

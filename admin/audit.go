@@ -370,6 +370,7 @@ func flatten(s *sealer, c *config.Config) (map[string]string, map[string][]strin
 	if err != nil {
 		return m, order
 	}
+	s.noteRedacted(c, data) // the ETag of c (Admin.etag), if asked next
 	doc, err := decodeDoc(data)
 	if err != nil {
 		return m, order
@@ -442,6 +443,9 @@ func flattenChanged(s *sealer, old, cur *config.Config, bud *memberBudget) (a ma
 	}
 	da, err1 := s.encodeRedacted(old)
 	db, err2 := s.encodeRedacted(cur)
+	if err2 == nil {
+		s.noteRedacted(cur, db) // the ETag of cur (Admin.etag), if asked next
+	}
 	secA, ok1 := topSections(da)
 	secB, ok2 := topSections(db)
 	if err1 != nil || err2 != nil || !ok1 || !ok2 {

@@ -17,7 +17,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unicode/utf8"
+	"weak"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/internal/jsonscan"
@@ -109,6 +111,42 @@ type sealer struct {
 	aead  cipher.AEAD   // seals, and opens first
 	old   []cipher.AEAD // also open: the admin key's, when a seal key is set
 	fpKey []byte        // keys fingerprints (of the key that seals)
+
+	// redactedSum is the digest of the last redacted encoding noted
+	// (noteRedacted), for the config it encodes.
+	redactedSum atomic.Pointer[redactedDigest]
+}
+
+// redactedDigest is the SHA-256 of cfg's redacted encoding. cfg is weak:
+// the digest keeps no config alive (a config replaced by an import of
+// 50,000 users would stay live beside it). A config is never changed once
+// parsed (the store swaps whole configs), so its encoding is a function of
+// the pointer, for as long as the config lives.
+type redactedDigest struct {
+	cfg weak.Pointer[config.Config]
+	sum [sha256.Size]byte
+}
+
+// noteRedacted returns the SHA-256 of data, the redacted encoding of c
+// (encodeRedacted), and remembers it for c.
+func (s *sealer) noteRedacted(c *config.Config, data []byte) [sha256.Size]byte {
+	sum := sha256.Sum256(data)
+	if s != nil {
+		s.redactedSum.Store(&redactedDigest{cfg: weak.Make(c), sum: sum})
+	}
+	return sum
+}
+
+// redactedDigestOf returns the digest noteRedacted remembers for c, if it
+// is c's.
+func (s *sealer) redactedDigestOf(c *config.Config) ([sha256.Size]byte, bool) {
+	if s == nil {
+		return [sha256.Size]byte{}, false
+	}
+	if d := s.redactedSum.Load(); d != nil && d.cfg.Value() == c {
+		return d.sum, true
+	}
+	return [sha256.Size]byte{}, false
 }
 
 // newSealer seals with the first non-empty key of sealKey and adminKey and
