@@ -6,6 +6,7 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -530,7 +531,11 @@ func (u *UserLimit) validate(c *Config) error {
 		}
 	}
 	users := make(map[string]bool, len(c.Users))
-	keyIDs := make(map[string]bool)
+	nkeys := 0
+	for i := range c.Users {
+		nkeys += len(c.Users[i].Keys)
+	}
+	keyIDs := make(map[string]bool, nkeys)
 	for i := range c.Users {
 		us := &c.Users[i]
 		// The paths are made only for an error: a config of 10,000 users
@@ -560,14 +565,18 @@ func (u *UserLimit) validate(c *Config) error {
 				// Do not echo it: it is a secret.
 				return fieldErr(kp(), "is an API key in clear; store its hash (infera key hash) instead, and consider the key leaked")
 			}
-			h, err := ParseKeyHash(k)
-			if err != nil {
-				return fieldErr(kp(), "%v", err)
+			id, ok := plainKeyHashID(k)
+			if !ok {
+				h, err := ParseKeyHash(k)
+				if err != nil {
+					return fieldErr(kp(), "%v", err)
+				}
+				id = h.ID
 			}
-			if keyIDs[h.ID] {
-				return fieldErr(kp(), "key id %s is used twice", h.ID)
+			if keyIDs[id] {
+				return fieldErr(kp(), "key id %s is used twice", id)
 			}
-			keyIDs[h.ID] = true
+			keyIDs[id] = true
 		}
 	}
 	return nil
@@ -760,6 +769,42 @@ func ParseKeyHash(s string) (KeyHash, error) {
 	}
 	copy(h.Sum[:], sum)
 	return h, nil
+}
+
+// plainKeyHashID returns the key id of s, without allocating, when s is a
+// key hash as infera writes it: the prefix, the key id, and the salt and
+// digest in unpadded base64url without line breaks. ParseKeyHash takes
+// every such s (base64 of those lengths decodes to 16 and 32 bytes
+// whatever its characters of the alphabet), and decides the rest (it
+// also takes line breaks, which base64 skips). Validation checked every
+// key of every user with ParseKeyHash: a split and two decoded slices
+// per key.
+func plainKeyHashID(s string) (string, bool) {
+	const (
+		saltLen = (KeySaltBytes*8 + 5) / 6 // 22
+		sumLen  = (sha256.Size*8 + 5) / 6  // 43
+		idEnd   = len(KeyHashPrefix) + KeyIDLen
+	)
+	if len(s) != idEnd+1+saltLen+1+sumLen || s[:len(KeyHashPrefix)] != KeyHashPrefix ||
+		s[idEnd] != '$' || s[idEnd+1+saltLen] != '$' {
+		return "", false
+	}
+	id := s[len(KeyHashPrefix):idEnd]
+	if !validKeyID(id) || !base64URLRaw(s[idEnd+1:idEnd+1+saltLen]) || !base64URLRaw(s[idEnd+1+saltLen+1:]) {
+		return "", false
+	}
+	return id, true
+}
+
+// base64URLRaw reports whether s is all of the base64url alphabet.
+func base64URLRaw(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // LooksLikeKey reports whether s has the shape of an API key in clear.
