@@ -696,8 +696,8 @@ func (a *Admin) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 // the config it compared against (for If-Match on the import).
 //
 // Imports (dry runs too) run one at a time, the body read included: one
-// holds up to about 3 times its body live, and grows the heap by about 5
-// to 7 times it with the default GOGC (TestAnImportHoldsAFewTimesItsBodyLive,
+// holds up to about 3 times its body live, and grows the heap by about 3
+// to 5 times it with the default GOGC (TestAnImportHoldsAFewTimesItsBodyLive,
 // TestImportMemoryIsASmallMultipleOfTheBody, BenchmarkImportMemory50000Users),
 // and maxSnapshotBytes bounds the body. One waiting for another gives up
 // when its client does.

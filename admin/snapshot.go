@@ -38,9 +38,9 @@ const (
 	// about 245 bytes a user (one key, a template: 27 MB for 110,000
 	// users, which 16 MiB refused); 64 MiB takes about 270,000 such
 	// users. An import holds up to about 3 times its body live and grows
-	// the heap by 5 to 7 times it with the default GOGC
+	// the heap by about 5 times it with the default GOGC
 	// (TestAnImportHoldsAFewTimesItsBodyLive,
-	// TestImportMemoryIsASmallMultipleOfTheBody), so about 450 MB at this
+	// TestImportMemoryIsASmallMultipleOfTheBody), so about 320 MB at this
 	// bound, and imports run one at a time (postImport): 256 MiB let one
 	// import grow the heap by several GB.
 	maxSnapshotBytes = 64 << 20
