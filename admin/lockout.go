@@ -14,7 +14,8 @@ import (
 // router sharing it count one address's wrong keys together: a lockout
 // any of them begins holds on all, and on a router started during it. The
 // table stays the first check (a locked address and a right key cost no
-// Redis call); only a wrong key asks Redis. Redis holds the address and
+// Redis call); only a wrong key is sent to Redis, and its 401 does not
+// wait for the answer. Redis holds the address and
 // its count, never a key. When Redis cannot be asked the wrong key counts
 // in this process alone, as without Redis, and the failure is counted.
 
@@ -24,6 +25,9 @@ var (
 	// force (at start, on reconnecting).
 	mLockoutStateCountErrors = metrics.NewCounter(`infera_admin_auth_lockout_state_errors_total{op="count"}`)
 	mLockoutStateSyncErrors  = metrics.NewCounter(`infera_admin_auth_lockout_state_errors_total{op="sync"}`)
+	// mLockoutStateDropped counts wrong admin keys not sent to Redis:
+	// 4096 waited already (counted in this process alone).
+	mLockoutStateDropped = metrics.NewCounter(`infera_admin_auth_lockout_state_dropped_total`)
 )
 
 // ShareLockouts counts wrong admin keys in l too (the governor's
@@ -36,26 +40,40 @@ func (a *Admin) ShareLockouts(l *govern.Lockouts) {
 		return
 	}
 	a.shared = l
+	l.Start(maxAuthFailures, authWindow, a.counted)
 	l.Watch(func(ip netip.Addr, left time.Duration) { a.fails.Lock(ip, left) }, func(err error) {
 		mLockoutStateSyncErrors.Inc()
 		authLog.Warn("cannot read the admin lockouts in force from the state store: until it answers, this process knows only its own", "err", err)
 	})
 }
 
-// wrongKey counts a wrong admin key from ip, here and in Redis, whose
-// lockout then holds here too.
+// wrongKey counts a wrong admin key from ip, here, and sends it to Redis
+// without waiting (counted): the 401 is this process's table's.
 func (a *Admin) wrongKey(ip netip.Addr) {
-	a.fails.Failed(ip)
+	began := a.fails.Failed(ip)
 	if a.shared == nil {
 		return
 	}
-	left, _, err := a.shared.Failed(ip, maxAuthFailures, authWindow)
-	if err != nil {
+	x := govern.Guess{Addr: ip}
+	if began {
+		wait, _ := a.fails.Locked(ip)
+		x.Until = time.Now().Add(wait).UnixNano()
+	}
+	if !a.shared.Send(x) {
+		mLockoutStateDropped.Inc()
+		authLog.Warn("too many wrong admin keys wait for the state store: one counted by this process alone")
+	}
+}
+
+// counted is Redis's answer about a wrong admin key: its lockout then
+// holds here too.
+func (a *Admin) counted(c govern.Counted) {
+	if c.Err != nil {
 		mLockoutStateCountErrors.Inc()
-		authLog.Warn("cannot count a wrong admin key in the state store: counted by this process alone", "err", err)
+		authLog.Warn("cannot count a wrong admin key in the state store: counted by this process alone", "err", c.Err)
 		return
 	}
-	if left > 0 {
-		a.fails.Lock(ip, left)
+	if c.Left > 0 {
+		a.fails.Lock(c.Addr, c.Left)
 	}
 }

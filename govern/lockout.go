@@ -40,6 +40,10 @@ type Lockouts struct {
 	set     string
 	channel string
 	maxRead int // maxLockedRead (tests lower it)
+	// queue bounds the wrong keys Send holds for Redis: sendQueue (tests
+	// lower it before Start).
+	queue int
+	q     chan Guess
 }
 
 // Lockouts returns the shared lockout table named table ("api": the front
@@ -50,36 +54,56 @@ func (g *Governor) Lockouts(table string) *Lockouts {
 		return nil
 	}
 	p := g.rds.prefix + "lockout:" + table
-	return &Lockouts{r: g.rds, count: p + ":", set: p + ":locked", channel: p, maxRead: maxLockedRead}
+	return &Lockouts{r: g.rds, count: p + ":", set: p + ":locked", channel: p, maxRead: maxLockedRead, queue: sendQueue}
 }
 
-// failLua counts a wrong key: KEYS are the address's count and the set of
-// lockouts, ARGV the max, the window (ms), the address and the channel. It
-// returns {1 if this key locked the address, ms the lockout has left (0:
-// not locked)}. An address locked already is not counted again.
+// failLua counts wrong keys: KEYS are each key's address's count, then
+// the set of lockouts; ARGV the max, the window (ms) and the channel, then
+// each key's address. It returns per key {1 if this key locked the
+// address, ms the lockout has left (0: not locked)}. An address locked
+// already is not counted again.
 var failLua = `
 if redis.replicate_commands then redis.replicate_commands() end -- TIME before writes (Redis < 5)
-local max, win = tonumber(ARGV[1]), tonumber(ARGV[2])
-local n = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
-if n >= max then
-  local left = redis.call('PTTL', KEYS[1])
-  if left > 0 then return {0, left} end
-  redis.call('DEL', KEYS[1]) -- no TTL (written by hand): a fresh window
-end
-n = redis.call('INCR', KEYS[1])
-if n == 1 then redis.call('PEXPIRE', KEYS[1], win) end
-if n < max then return {0, 0} end
-redis.call('PEXPIRE', KEYS[1], win)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-redis.call('ZADD', KEYS[2], now + win, ARGV[3])
-if redis.call('PTTL', KEYS[2]) < win then redis.call('PEXPIRE', KEYS[2], win) end
-redis.call('PUBLISH', ARGV[4], ARGV[3] .. ' ' .. win)
-return {1, win}
+local max, win, ch = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local set = KEYS[#KEYS]
+local out = {}
+local function fail(k, a)
+  local n = tonumber(redis.call('GET', k) or '0') or 0
+  if n >= max then
+    local left = redis.call('PTTL', k)
+    if left > 0 then return 0, left end
+    redis.call('DEL', k) -- no TTL (written by hand): a fresh window
+  end
+  n = redis.call('INCR', k)
+  if n == 1 then redis.call('PEXPIRE', k, win) end
+  if n < max then return 0, 0 end
+  redis.call('PEXPIRE', k, win)
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
+  redis.call('ZADD', set, now + win, a)
+  if redis.call('PTTL', set) < win then redis.call('PEXPIRE', set, win) end
+  redis.call('PUBLISH', ch, a .. ' ' .. win)
+  return 1, win
+end
+for i = 1, #KEYS - 1 do
+  local began, left = fail(KEYS[i], ARGV[3 + i])
+  out[#out + 1] = began
+  out[#out + 1] = left
+end
+return out
 `
 
 var failScript = redis.NewScript(failLua)
+
+const (
+	// sendQueue bounds the wrong keys waiting to be counted in Redis
+	// (Send): past it, under a flood while Redis is slow or down, they
+	// are dropped (counted in this router's table alone).
+	sendQueue = 4096
+	// sendBatch is the most wrong keys counted in one script call.
+	sendBatch = 128
+)
 
 // maxLockedRead bounds the lockouts a router reads at once (Locked): the
 // latest to end, past what a router's table holds one by one (its
@@ -104,20 +128,111 @@ return out
 `)
 
 // Failed counts a wrong key from the address a (a lockout key: an IPv4
-// address or an IPv6 /64) against limit within window. It returns how long
-// a is locked out for from now (0: not locked), and whether this key
-// locked it (once per lockout, across routers).
+// address or an IPv6 /64) against limit within window, and waits for the
+// answer. It returns how long a is locked out for from now (0: not
+// locked), and whether this key locked it (once per lockout, across
+// routers).
 func (l *Lockouts) Failed(a netip.Addr, limit int, window time.Duration) (left time.Duration, began bool, err error) {
-	as := a.String()
-	ms := max(window.Milliseconds(), 1)
-	v, err := l.r.call(failScript, []string{l.count + as, l.set}, max(limit, 1), ms, as, l.channel).Int64Slice()
-	if err != nil {
-		return 0, false, err
+	c := l.fail(nil, []Guess{{Addr: a}}, limit, window)[0]
+	return c.Left, c.Began, c.Err
+}
+
+// A Guess is a wrong key to count in Redis (Send).
+type Guess struct {
+	// Addr is the client's lockout address (lockout.Key).
+	Addr netip.Addr
+	// Until is when the lockout this router's own table began with this
+	// key ends (Unix ns; 0: it began none).
+	Until int64
+	// Peer is the caller's to keep (the TCP peer, for a log line).
+	Peer netip.AddrPort
+}
+
+// Counted is Redis's answer about a Guess (Start's fn).
+type Counted struct {
+	Guess
+	// Left is how long Addr is locked out for, from the answer (0: not
+	// locked out in Redis).
+	Left time.Duration
+	// Began: this key began Addr's lockout (once across routers).
+	Began bool
+	// Err: Redis could not count the key.
+	Err error
+}
+
+// Start has the wrong keys given to Send counted in Redis against limit
+// within window, from a goroutine of its own that runs until the governor
+// closes, and calls fn with each answer (from that goroutine, in order).
+// Call it once, before Send.
+func (l *Lockouts) Start(limit int, window time.Duration, fn func(Counted)) {
+	l.q = make(chan Guess, max(l.queue, 1))
+	g := l.r.g
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		batch := make([]Guess, 0, sendBatch)
+		var out []Counted
+		for {
+			select {
+			case <-g.stop:
+				return
+			case x := <-l.q:
+				batch = append(batch[:0], x)
+			}
+		more:
+			for len(batch) < sendBatch {
+				select {
+				case x := <-l.q:
+					batch = append(batch, x)
+				default:
+					break more
+				}
+			}
+			out = l.fail(out[:0], batch, limit, window)
+			for _, c := range out {
+				fn(c)
+			}
+		}
+	}()
+}
+
+// Send queues the wrong key x to be counted in Redis (Start), without
+// waiting: the caller answers its client from its own table meanwhile. It
+// reports false, and drops x, when sendQueue keys wait already (Redis
+// slow or unreachable under a flood).
+func (l *Lockouts) Send(x Guess) bool {
+	select {
+	case l.q <- x:
+		return true
+	default:
+		return false
 	}
-	if len(v) != 2 {
-		return 0, false, fmt.Errorf("BUG: the lockout script answered %d values", len(v))
+}
+
+// fail counts the wrong keys gs in one script call and appends the
+// answers to dst.
+func (l *Lockouts) fail(dst []Counted, gs []Guess, limit int, window time.Duration) []Counted {
+	keys := make([]string, 0, len(gs)+1)
+	args := make([]any, 0, 3+len(gs))
+	args = append(args, max(limit, 1), max(window.Milliseconds(), 1), l.channel)
+	for _, x := range gs {
+		as := x.Addr.String()
+		keys = append(keys, l.count+as)
+		args = append(args, as)
 	}
-	return time.Duration(v[1]) * time.Millisecond, v[0] == 1, nil
+	keys = append(keys, l.set)
+	v, err := l.r.call(failScript, keys, args...).Int64Slice()
+	if err == nil && len(v) != 2*len(gs) {
+		err = fmt.Errorf("BUG: the lockout script answered %d values for %d keys", len(v), len(gs))
+	}
+	for i, x := range gs {
+		c := Counted{Guess: x, Err: err}
+		if err == nil {
+			c.Left, c.Began = time.Duration(v[2*i+1])*time.Millisecond, v[2*i] == 1
+		}
+		dst = append(dst, c)
+	}
+	return dst
 }
 
 // Locked calls fn with every lockout in force in Redis (up to

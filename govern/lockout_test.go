@@ -2,6 +2,8 @@ package govern
 
 import (
 	"net/netip"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -59,5 +61,42 @@ func TestALockoutMessageIsAnAddressAndItsTimeLeft(t *testing.T) {
 		if _, _, err := parseLockout(bad); err == nil {
 			t.Fatalf("%q parsed", bad)
 		}
+	}
+}
+
+// Wrong keys sent to Redis wait in a bounded queue: while Redis does not
+// answer, at most the queue and one script call's batch are held, the
+// rest refused at once (the caller counts them by itself); each one held
+// is answered once Redis answers or fails.
+func TestWrongKeysWaitingForRedisAreBoundedAndTheRestRefused(t *testing.T) {
+	rd := startRedis(t)
+	g := newGov(t, Options{State: rd.url()}, nil)
+	l := g.Lockouts("t")
+	l.queue = 4
+	var answered atomic.Int64
+	l.Start(1000, time.Minute, func(Counted) { answered.Add(1) })
+	rd.cmd.Process.Signal(syscall.SIGSTOP)
+	stopped := true
+	defer func() {
+		if stopped {
+			rd.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	accepted := 0
+	for i := 0; i < 1000; i++ {
+		if l.Send(Guess{Addr: netip.AddrFrom4([4]byte{192, 0, byte(i >> 8), byte(i)})}) {
+			accepted++
+		}
+	}
+	if accepted > l.queue+sendBatch || accepted == 0 {
+		t.Fatalf("%d of 1000 wrong keys held while Redis does not answer, want 1 to %d", accepted, l.queue+sendBatch)
+	}
+	rd.cmd.Process.Signal(syscall.SIGCONT)
+	stopped = false
+	for deadline := time.Now().Add(10 * time.Second); answered.Load() < int64(accepted) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := answered.Load(); n != int64(accepted) {
+		t.Fatalf("%d answers for %d wrong keys held", n, accepted)
 	}
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"net"
 	"net/netip"
 	"time"
 
@@ -22,10 +23,14 @@ import (
 // and read again by a router that starts or reconnects. The in-memory
 // table stays the first check, and the only one a request with a key
 // takes unless the key is wrong: a locked address is refused without a
-// round trip, and a right key costs none. Only a wrong key asks Redis
-// (one script in the governance's pipelines). When Redis cannot be asked
-// the wrong key still counts in this router's table, which then locks by
-// itself (per process, as without Redis), and the failure is counted.
+// round trip, and a right key costs none. Only a wrong key is sent to
+// Redis (one script in the governance's pipelines, for up to 128 keys),
+// and its 401 does not wait for it: the table answers, and Redis's answer
+// (a lockout the routers' sum began) locks the address here when it
+// comes. When Redis cannot be asked the wrong key still counts in this
+// router's table, which then locks by itself (per process, as without
+// Redis), and the failure is counted; so is a key dropped because 4096
+// wait for Redis already.
 
 var (
 	// mLockoutRefused counts requests refused because their address was
@@ -37,7 +42,10 @@ var (
 	// the lockouts in force that failed (at start, or on reconnecting).
 	mLockoutStateCountErrors = metrics.NewCounter(`infera_auth_lockout_state_errors_total{op="count"}`)
 	mLockoutStateSyncErrors  = metrics.NewCounter(`infera_auth_lockout_state_errors_total{op="sync"}`)
-	lockoutLog               = &logx.Throttle{Every: time.Second}
+	// mLockoutStateDropped counts wrong keys not sent to Redis: sendQueue
+	// of them waited already (counted by this router alone).
+	mLockoutStateDropped = metrics.NewCounter(`infera_auth_lockout_state_dropped_total`)
+	lockoutLog           = &logx.Throttle{Every: time.Second}
 	// lockoutStateLog says Redis failed (apart: an outage's lines must not
 	// hide the lockouts' own).
 	lockoutStateLog = &logx.Throttle{Every: 10 * time.Second}
@@ -45,52 +53,74 @@ var (
 
 // wrongKey counts the key k, which was wrong, against the client address
 // ip. A request without a key (a CORS preflight, a probe) is no guess.
+// With the lockout shared, the key is also sent to Redis without waiting
+// (counted): the client's 401 is decided by this router's table.
 func (s *Server) wrongKey(ctx *fasthttp.RequestCtx, ip netip.Addr, k []byte) {
 	if len(k) == 0 {
 		return
 	}
 	began := s.fails.Failed(ip)
+	var peer netip.AddrPort
+	if t, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
+		peer = t.AddrPort()
+	}
 	if s.shared != nil {
-		began = s.sharedWrongKey(ip, began)
+		x := govern.Guess{Addr: ip, Peer: peer}
+		if began {
+			wait, _ := s.fails.Locked(ip)
+			x.Until = time.Now().Add(wait).UnixNano()
+		}
+		if s.shared.Send(x) {
+			return // counted tells the rest
+		}
+		mLockoutStateDropped.Inc()
+		lockoutStateLog.Warn("too many wrong API keys wait for the state store: one counted by this router alone")
 	}
-	if !began {
-		return
+	if began {
+		s.lockoutBegan(ip, peer)
 	}
+}
+
+// lockoutBegan counts and logs a lockout of ip begun here (peer: the TCP
+// peer of the key that began it).
+func (s *Server) lockoutBegan(ip netip.Addr, peer netip.AddrPort) {
 	mLockouts.Inc()
 	// The address and the count, never the key; behind a trusted proxy,
 	// the proxy's address too.
 	if s.trusted == nil {
-		lockoutLog.Warn("client address locked out: too many wrong API keys", "remote", ctx.RemoteAddr().String(),
+		lockoutLog.Warn("client address locked out: too many wrong API keys", "remote", peer.String(),
 			"failures", s.flags.AuthLockoutFailures, "for", s.fails.Window().String())
 		return
 	}
-	lockoutLog.Warn("client address locked out: too many wrong API keys", "remote", s.clientIP(ctx).String(), "peer", ctx.RemoteAddr().String(),
+	lockoutLog.Warn("client address locked out: too many wrong API keys", "remote", ip.String(), "peer", peer.String(),
 		"failures", s.flags.AuthLockoutFailures, "for", s.fails.Window().String())
 }
 
-// sharedWrongKey counts a wrong key from ip in Redis, after this router's
-// table counted it (local: that count began a lockout here), and locks ip
-// here for what Redis says is left of its lockout. It reports whether a
-// lockout began with this key: Redis's word (once across routers), or,
-// when Redis has ip unlocked (its window began earlier, elsewhere, and
-// ended) or cannot be asked, this router's.
-func (s *Server) sharedWrongKey(ip netip.Addr, local bool) bool {
-	left, began, err := s.shared.Failed(ip, s.flags.AuthLockoutFailures, s.fails.Window())
-	if err != nil {
+// counted is Redis's answer about a wrong key this router counted: ip is
+// locked here for what Redis says is left of its lockout. A lockout began
+// with the key by Redis's word (once across routers), or, when Redis has
+// the address unlocked (its window began earlier, elsewhere, and ended) or
+// could not count it, by this router's table.
+func (s *Server) counted(c govern.Counted) {
+	began := c.Until != 0
+	switch {
+	case c.Err != nil:
 		mLockoutStateCountErrors.Inc()
-		lockoutStateLog.Warn("cannot count a wrong API key in the state store: counted by this router alone", "err", err)
-		return local
+		lockoutStateLog.Warn("cannot count a wrong API key in the state store: counted by this router alone", "err", c.Err)
+	case c.Left > 0:
+		s.fails.Lock(c.Addr, c.Left)
+		began = c.Began
 	}
-	if left <= 0 {
-		return local
+	if began {
+		s.lockoutBegan(c.Addr, c.Peer)
 	}
-	s.fails.Lock(ip, left)
-	return began
 }
 
 // watchLockouts locks here every address the routers sharing Redis lock
-// out, those locked now and those locked from now on.
+// out, those locked now and those locked from now on, and starts sending
+// this router's wrong keys to Redis.
 func (s *Server) watchLockouts() {
+	s.shared.Start(s.flags.AuthLockoutFailures, s.fails.Window(), s.counted)
 	s.shared.Watch(func(a netip.Addr, left time.Duration) { s.fails.Lock(a, left) }, func(err error) {
 		mLockoutStateSyncErrors.Inc()
 		lockoutStateLog.Warn("cannot read the lockouts in force from the state store: until it answers, this router knows only its own", "err", err)

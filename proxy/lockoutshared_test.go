@@ -141,6 +141,13 @@ func TestRedisHoldsTheAddressAndItsCountNeverTheKey(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: rd.Addr, MaxRetries: -1})
 	defer c.Close()
 	ctx := context.Background()
+	// The wrong keys reach Redis a moment after their 401s: wait for the
+	// last address's third.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if c.Get(ctx, "infera:lockout:api:127.9.4.7").Val() == "3" {
+			break
+		}
+	}
 	keys, err := c.Keys(ctx, "*lockout*").Result()
 	if err != nil {
 		t.Fatal(err)
@@ -191,6 +198,11 @@ func TestWithRedisDownEachRouterLocksOutByItself(t *testing.T) {
 			t.Fatalf("wrong key %d: %d %s", i+1, got.status, got.body)
 		}
 	}
+	// Sent to Redis without waiting: the failures are counted a moment
+	// after the 401s.
+	for deadline := time.Now().Add(5 * time.Second); mLockoutStateCountErrors.Get()-errs < 3 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if got := mLockoutStateCountErrors.Get() - errs; got != 3 {
 		t.Fatalf("%d wrong keys counted as not shared, want 3", got)
 	}
@@ -228,5 +240,63 @@ func TestARouterReadsTheLockoutsAgainWhenItsSubscriptionIsMadeAnew(t *testing.T)
 	got := waitStatus(t, guesser, a.url, f.APIKey, 429)
 	if got.status != 429 {
 		t.Fatalf("a lockout begun while the subscription was down: %d %s", got.status, got.body)
+	}
+}
+
+// busyRedis keeps the redis-server rd busy for d (a Lua loop: every other
+// client waits, as in a stall), from a goroutine; it returns once the
+// loop runs, and the returned channel is closed when it ended.
+func busyRedis(t *testing.T, rd *testsrv.Redis, d time.Duration) <-chan struct{} {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rd.Do("EVAL", `local s = redis.call('TIME')
+repeat local n = redis.call('TIME') until (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > tonumber(ARGV[1])
+return 1`, "0", strconv.FormatInt(d.Microseconds(), 10))
+	}()
+	// Wait until a PING on a fresh connection goes unanswered.
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		c := redis.NewClient(&redis.Options{Addr: rd.Addr, MaxRetries: -1, ReadTimeout: 20 * time.Millisecond})
+		err := c.Ping(context.Background()).Err()
+		c.Close()
+		if err != nil {
+			return done
+		}
+	}
+	t.Fatal("redis-server never became busy")
+	return done
+}
+
+// A wrong key is answered 401 at once, from this router's table, even
+// while Redis stalls: its count is sent to Redis without the client
+// waiting for the answer. The count still reaches Redis once it answers.
+func TestAWrongKeyIsAnsweredWithoutWaitingForRedis(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	up := startUpstream(t, okHandler)
+	f := lockoutFlags(5, 30*time.Second)
+	a, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
+	const guesser = "127.9.4.10"
+	done := busyRedis(t, rd, 1500*time.Millisecond)
+	start := time.Now()
+	got := chatFrom(t, guesser, a.url, "sk-guess-stalled")
+	if took := time.Since(start); got.status != 401 || took > 300*time.Millisecond {
+		t.Fatalf("a wrong key while Redis stalls: %d after %v, want 401 at once", got.status, took)
+	}
+	<-done
+	// Redis counts wrong keys again once the stall's hold ended (a second
+	// after the timeout).
+	for i := 0; ; i++ {
+		ip := fmt.Sprintf("127.9.5.%d", 10+i)
+		if got := chatFrom(t, ip, a.url, "sk-guess-after"); got.status != 401 {
+			t.Fatalf("a wrong key after the stall: %d %s", got.status, got.body)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if n, _ := rd.Do("GET", "infera:lockout:api:"+ip); n == "1" {
+			break
+		}
+		if i == 50 {
+			t.Fatal("Redis counts no wrong key 5 s after the stall")
+		}
 	}
 }
