@@ -59,9 +59,17 @@ func (g *Governor) Lockouts(table string) *Lockouts {
 
 // failLua counts wrong keys: KEYS are each key's address's count, then
 // the set of lockouts; ARGV the max, the window (ms) and the channel, then
-// each key's address. It returns per key {1 if this key locked the
-// address, ms the lockout has left (0: not locked)}. An address locked
-// already is not counted again.
+// per key its address and how long the lockout the caller's own table
+// began with it has left (ms; 0: none). It returns per key {1 if this key
+// locked the address, ms the lockout has left (0: not locked)}. An
+// address locked already is not counted again.
+//
+// The caller's own lockout is imposed when Redis's count has none as long
+// (the two count from different first keys: Redis from the address's
+// first on any router, a router from its own first), so that a lockout
+// any router begins holds on all with the same end: the count is set to
+// the max for its time, and it is added to the set and published as one
+// Redis's count began.
 var failLua = `
 if redis.replicate_commands then redis.replicate_commands() end -- TIME before writes (Redis < 5)
 local t = redis.call('TIME')
@@ -69,25 +77,39 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local max, win, ch = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local set = KEYS[#KEYS]
 local out = {}
-local function fail(k, a)
+local function fail(k, a, loc)
+  local began, left, tell = 0, 0, false
   local n = tonumber(redis.call('GET', k) or '0') or 0
   if n >= max then
-    local left = redis.call('PTTL', k)
-    if left > 0 then return 0, left end
-    redis.call('DEL', k) -- no TTL (written by hand): a fresh window
+    left = redis.call('PTTL', k)
+    if left <= 0 then
+      left = 0
+      redis.call('DEL', k) -- no TTL (written by hand): a fresh window
+    end
   end
-  n = redis.call('INCR', k)
-  if n == 1 then redis.call('PEXPIRE', k, win) end
-  if n < max then return 0, 0 end
-  redis.call('PEXPIRE', k, win)
-  redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
-  redis.call('ZADD', set, now + win, a)
-  if redis.call('PTTL', set) < win then redis.call('PEXPIRE', set, win) end
-  redis.call('PUBLISH', ch, a .. ' ' .. win)
-  return 1, win
+  if left == 0 then
+    n = redis.call('INCR', k)
+    if n == 1 then redis.call('PEXPIRE', k, win) end
+    if n >= max then
+      redis.call('PEXPIRE', k, win)
+      began, left, tell = 1, win, true
+    end
+  end
+  if loc > left then
+    if left == 0 then began = 1 end
+    left, tell = loc, true
+    redis.call('SET', k, max, 'PX', loc)
+  end
+  if tell then
+    redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
+    redis.call('ZADD', set, now + left, a)
+    if redis.call('PTTL', set) < left then redis.call('PEXPIRE', set, left) end
+    redis.call('PUBLISH', ch, a .. ' ' .. left)
+  end
+  return began, left
 end
 for i = 1, #KEYS - 1 do
-  local began, left = fail(KEYS[i], ARGV[3 + i])
+  local began, left = fail(KEYS[i], ARGV[2 + 2 * i], tonumber(ARGV[3 + 2 * i]))
   out[#out + 1] = began
   out[#out + 1] = left
 end
@@ -142,7 +164,8 @@ type Guess struct {
 	// Addr is the client's lockout address (lockout.Key).
 	Addr netip.Addr
 	// Until is when the lockout this router's own table began with this
-	// key ends (Unix ns; 0: it began none).
+	// key ends (Unix ns; 0: it began none). Redis imposes what is left of
+	// it on every router when its own count has no lockout as long.
 	Until int64
 	// Peer is the caller's to keep (the TCP peer, for a log line).
 	Peer netip.AddrPort
@@ -213,12 +236,17 @@ func (l *Lockouts) Send(x Guess) bool {
 // answers to dst.
 func (l *Lockouts) fail(dst []Counted, gs []Guess, limit int, window time.Duration) []Counted {
 	keys := make([]string, 0, len(gs)+1)
-	args := make([]any, 0, 3+len(gs))
+	args := make([]any, 0, 3+2*len(gs))
 	args = append(args, max(limit, 1), max(window.Milliseconds(), 1), l.channel)
+	now := time.Now().UnixNano()
 	for _, x := range gs {
 		as := x.Addr.String()
+		var loc int64 // ms left of the caller's own lockout
+		if x.Until > now {
+			loc = (x.Until - now + int64(time.Millisecond) - 1) / int64(time.Millisecond)
+		}
 		keys = append(keys, l.count+as)
-		args = append(args, as)
+		args = append(args, as, loc)
 	}
 	keys = append(keys, l.set)
 	v, err := l.r.call(failScript, keys, args...).Int64Slice()

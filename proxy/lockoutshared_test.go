@@ -300,3 +300,66 @@ func TestAWrongKeyIsAnsweredWithoutWaitingForRedis(t *testing.T) {
 		}
 	}
 }
+
+// A lockout one router's own count begins is told to every router, with
+// the same end, even when Redis's count has not reached the limit: Redis
+// counts the window from the address's first wrong key on any router, a
+// router from its own first, so the two windows differ. Here the first
+// wrong key, on router b, opens Redis's window; the next, on a, opens a's
+// own a little later; once Redis's window ended, two more through a lock
+// the address on a (three in a's window) while Redis counts two.
+func TestALockoutOneRoutersCountBeginsHoldsOnEveryRouter(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	up := startUpstream(t, okHandler)
+	const window = 3 * time.Second
+	f := lockoutFlags(3, window)
+	a, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
+	b, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
+	const guesser = "127.9.4.11"
+	key := "infera:lockout:api:" + guesser
+	count := func(want string) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			n, _ := rd.Do("GET", key)
+			if n == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("Redis counts %q, want %q", n, want)
+			}
+		}
+	}
+	first := time.Now()
+	chatFrom(t, guesser, b.url, "sk-guess-0")
+	count("1")
+	time.Sleep(window / 2)
+	chatFrom(t, guesser, a.url, "sk-guess-1")
+	count("2")
+	time.Sleep(time.Until(first.Add(window + 200*time.Millisecond)))
+	count("") // Redis's window ended; a's has half of it to go
+	locks := mLockouts.Get()
+	for i := 2; i < 4; i++ {
+		if got := chatFrom(t, guesser, a.url, fmt.Sprintf("sk-guess-%d", i)); got.status != 401 {
+			t.Fatalf("wrong key %d: %d %s", i+1, got.status, got.body)
+		}
+	}
+	if got := chatFrom(t, guesser, a.url, f.APIKey); got.status != 429 {
+		t.Fatalf("the router whose own count reached the limit: %d %s", got.status, got.body)
+	}
+	got := waitStatus(t, guesser, b.url, f.APIKey, 429)
+	if got.status != 429 || !strings.Contains(got.body, "auth_lockout") {
+		t.Fatalf("the other router answers the address router a locked out %d %s", got.status, got.body)
+	}
+	if ra, _ := strconv.Atoi(got.hdr.Get("Retry-After")); ra < 1 || ra > 3 {
+		t.Fatalf("the other router: Retry-After %q, want the rest of router a's %v lockout", got.hdr.Get("Retry-After"), window)
+	}
+	if n, _ := rd.Do("ZSCORE", "infera:lockout:api:locked", guesser); n == "" {
+		t.Fatal("the lockout is not in Redis's set of lockouts in force (a router started now would not know it)")
+	}
+	for deadline := time.Now().Add(5 * time.Second); mLockouts.Get()-locks < 1 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := mLockouts.Get() - locks; got != 1 {
+		t.Fatalf("%d lockouts begun, want 1", got)
+	}
+}
