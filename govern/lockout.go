@@ -59,10 +59,11 @@ func (g *Governor) Lockouts(table string) *Lockouts {
 
 // failLua counts wrong keys: KEYS are each key's address's count, then
 // the set of lockouts; ARGV the max, the window (ms) and the channel, then
-// per key its address and how long the lockout the caller's own table
-// began with it has left (ms; 0: none). It returns per key {1 if this key
-// locked the address, ms the lockout has left (0: not locked)}. An
-// address locked already is not counted again.
+// per key its address, how long the lockout the caller's own table began
+// with it has left (ms; 0: none), and 1 to count it (0: only impose that
+// lockout, sent again after Redis could not be asked). It returns per key
+// {1 if this key locked the address, ms the lockout has left (0: not
+// locked)}. An address locked already is not counted again.
 //
 // The caller's own lockout is imposed when Redis's count has none as long
 // (the two count from different first keys: Redis from the address's
@@ -77,7 +78,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local max, win, ch = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local set = KEYS[#KEYS]
 local out = {}
-local function fail(k, a, loc)
+local function fail(k, a, loc, count)
   local began, left, tell = 0, 0, false
   local n = tonumber(redis.call('GET', k) or '0') or 0
   if n >= max then
@@ -87,7 +88,7 @@ local function fail(k, a, loc)
       redis.call('DEL', k) -- no TTL (written by hand): a fresh window
     end
   end
-  if left == 0 then
+  if left == 0 and count then
     n = redis.call('INCR', k)
     if n == 1 then redis.call('PEXPIRE', k, win) end
     if n >= max then
@@ -109,7 +110,8 @@ local function fail(k, a, loc)
   return began, left
 end
 for i = 1, #KEYS - 1 do
-  local began, left = fail(KEYS[i], ARGV[2 + 2 * i], tonumber(ARGV[3 + 2 * i]))
+  local j = 1 + 3 * i
+  local began, left = fail(KEYS[i], ARGV[j], tonumber(ARGV[j + 1]), ARGV[j + 2] == '1')
   out[#out + 1] = began
   out[#out + 1] = left
 end
@@ -169,6 +171,8 @@ type Guess struct {
 	Until int64
 	// Peer is the caller's to keep (the TCP peer, for a log line).
 	Peer netip.AddrPort
+	// resend: a lockout sent again (Until), not a wrong key to count.
+	resend bool
 }
 
 // Counted is Redis's answer about a Guess (Start's fn).
@@ -187,6 +191,11 @@ type Counted struct {
 // within window, from a goroutine of its own that runs until the governor
 // closes, and calls fn with each answer (from that goroutine, in order).
 // Call it once, before Send.
+//
+// A lockout the caller's table began with a key Redis could not count
+// (unreachable, stalled) is kept, up to sendQueue of them, and sent again
+// every second, and after every batch Redis answered, until Redis takes
+// it or it ends: the other routers then hold it too.
 func (l *Lockouts) Start(limit int, window time.Duration, fn func(Counted)) {
 	l.q = make(chan Guess, max(l.queue, 1))
 	g := l.r.g
@@ -195,28 +204,72 @@ func (l *Lockouts) Start(limit int, window time.Duration, fn func(Counted)) {
 		defer g.wg.Done()
 		batch := make([]Guess, 0, sendBatch)
 		var out []Counted
+		unsent := make(map[netip.Addr]int64) // lockout ends (Unix ns)
+		retry := time.NewTimer(time.Hour)
+		retry.Stop()
 		for {
 			select {
 			case <-g.stop:
+				retry.Stop()
 				return
+			case <-retry.C:
+				out = l.resendLockouts(out, batch, unsent, limit, window)
 			case x := <-l.q:
 				batch = append(batch[:0], x)
-			}
-		more:
-			for len(batch) < sendBatch {
-				select {
-				case x := <-l.q:
-					batch = append(batch, x)
-				default:
-					break more
+			more:
+				for len(batch) < sendBatch {
+					select {
+					case x := <-l.q:
+						batch = append(batch, x)
+					default:
+						break more
+					}
+				}
+				out = l.fail(out[:0], batch, limit, window)
+				answered := false
+				for _, c := range out {
+					if c.Err != nil && c.Until != 0 && (len(unsent) < l.queue || unsent[c.Addr] != 0) {
+						unsent[c.Addr] = max(unsent[c.Addr], c.Until)
+					}
+					answered = answered || c.Err == nil
+					fn(c)
+				}
+				if answered && len(unsent) > 0 {
+					out = l.resendLockouts(out, batch, unsent, limit, window)
 				}
 			}
-			out = l.fail(out[:0], batch, limit, window)
-			for _, c := range out {
-				fn(c)
+			if len(unsent) > 0 {
+				retry.Reset(time.Second)
 			}
 		}
 	}()
+}
+
+// resendLockouts sends again the lockouts in unsent still in force, and
+// forgets those Redis took or that ended. buf and out are scratch.
+func (l *Lockouts) resendLockouts(out []Counted, buf []Guess, unsent map[netip.Addr]int64, limit int, window time.Duration) []Counted {
+	now := time.Now().UnixNano()
+	buf = buf[:0]
+	for a, until := range unsent {
+		if until <= now {
+			delete(unsent, a)
+			continue
+		}
+		buf = append(buf, Guess{Addr: a, Until: until, resend: true})
+		if len(buf) == sendBatch {
+			break
+		}
+	}
+	if len(buf) == 0 {
+		return out
+	}
+	out = l.fail(out[:0], buf, limit, window)
+	for _, c := range out {
+		if c.Err == nil && unsent[c.Addr] == c.Until {
+			delete(unsent, c.Addr)
+		}
+	}
+	return out
 }
 
 // Send queues the wrong key x to be counted in Redis (Start), without
@@ -236,7 +289,7 @@ func (l *Lockouts) Send(x Guess) bool {
 // answers to dst.
 func (l *Lockouts) fail(dst []Counted, gs []Guess, limit int, window time.Duration) []Counted {
 	keys := make([]string, 0, len(gs)+1)
-	args := make([]any, 0, 3+2*len(gs))
+	args := make([]any, 0, 3+3*len(gs))
 	args = append(args, max(limit, 1), max(window.Milliseconds(), 1), l.channel)
 	now := time.Now().UnixNano()
 	for _, x := range gs {
@@ -245,8 +298,12 @@ func (l *Lockouts) fail(dst []Counted, gs []Guess, limit int, window time.Durati
 		if x.Until > now {
 			loc = (x.Until - now + int64(time.Millisecond) - 1) / int64(time.Millisecond)
 		}
+		count := 1
+		if x.resend {
+			count = 0
+		}
 		keys = append(keys, l.count+as)
-		args = append(args, as, loc)
+		args = append(args, as, loc, count)
 	}
 	keys = append(keys, l.set)
 	v, err := l.r.call(failScript, keys, args...).Int64Slice()

@@ -363,3 +363,45 @@ func TestALockoutOneRoutersCountBeginsHoldsOnEveryRouter(t *testing.T) {
 		t.Fatalf("%d lockouts begun, want 1", got)
 	}
 }
+
+// A lockout a router began by itself while Redis was unreachable is sent
+// to Redis once it answers again: the other routers, and the set of
+// lockouts in force (read by a router that starts), then hold it too.
+func TestALockoutBegunWhileRedisWasDownReachesEveryRouterOnceItIsBack(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	up := startUpstream(t, okHandler)
+	f := lockoutFlags(3, 30*time.Second)
+	a, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
+	b, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
+	const guesser = "127.9.4.12"
+	rd.Stop()
+	errs := mLockoutStateCountErrors.Get()
+	for i := 0; i < 3; i++ {
+		if got := chatFrom(t, guesser, a.url, fmt.Sprintf("sk-guess-%d", i)); got.status != 401 {
+			t.Fatalf("wrong key %d: %d %s", i+1, got.status, got.body)
+		}
+	}
+	if got := chatFrom(t, guesser, a.url, f.APIKey); got.status != 429 {
+		t.Fatalf("the router that saw the wrong keys: %d %s", got.status, got.body)
+	}
+	for deadline := time.Now().Add(5 * time.Second); mLockoutStateCountErrors.Get()-errs < 3 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := chatFrom(t, guesser, b.url, f.APIKey); got.status != 200 {
+		t.Fatalf("the other router while Redis is down: %d %s", got.status, got.body)
+	}
+	rd.Start() // empty: no persistence
+	got := waitStatus(t, guesser, b.url, f.APIKey, 429)
+	if got.status != 429 || !strings.Contains(got.body, "auth_lockout") {
+		t.Fatalf("the other router once Redis is back answers the address router a locked out %d %s", got.status, got.body)
+	}
+	if ra, _ := strconv.Atoi(got.hdr.Get("Retry-After")); ra < 20 || ra > 30 {
+		t.Fatalf("the other router: Retry-After %q, want the rest of router a's 30 s lockout", got.hdr.Get("Retry-After"))
+	}
+	if n, _ := rd.Do("ZSCORE", "infera:lockout:api:locked", guesser); n == "" {
+		t.Fatal("the lockout is not in Redis's set of lockouts in force")
+	}
+	if got := chatFrom(t, "127.9.4.13", b.url, f.APIKey); got.status != 200 {
+		t.Fatalf("another address: %d %s", got.status, got.body)
+	}
+}
