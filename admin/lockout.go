@@ -28,6 +28,9 @@ var (
 	// mLockoutStateDropped counts wrong admin keys not sent to Redis:
 	// 4096 waited already (counted in this process alone).
 	mLockoutStateDropped = metrics.NewCounter(`infera_admin_auth_lockout_state_dropped_total`)
+	// mLockoutStateFull counts wrong admin keys Redis did not count: it
+	// counts 262,144 new addresses in the window already.
+	mLockoutStateFull = metrics.NewCounter(`infera_admin_auth_lockout_state_full_total`)
 )
 
 // ShareLockouts counts wrong admin keys in l too (the governor's
@@ -71,6 +74,10 @@ func (a *Admin) counted(c govern.Counted) {
 	if c.Err != nil {
 		mLockoutStateCountErrors.Inc()
 		authLog.Warn("cannot count a wrong admin key in the state store: counted by this process alone", "err", c.Err)
+		return
+	}
+	if c.Full {
+		mLockoutStateFull.Inc()
 		return
 	}
 	if c.Left > 0 {

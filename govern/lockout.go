@@ -26,11 +26,17 @@ import (
 //	lockout:<table>:locked     sorted set: addresses locked out, scored
 //	                           by the lockout's end (Redis's clock, ms);
 //	                           its TTL is the window of its latest lockout
+//	lockout:<table>:addresses  string: the addresses given a count in
+//	                           the window from the first (its TTL);
+//	                           past maxLockoutAddrs a new address is not
+//	                           counted in Redis
 //	lockout:<table>            pub/sub channel: "<address> <ms left>" when
 //	                           a lockout begins
 //
 // So Redis keeps at most two entries per address with a wrong key in the
-// last window, and every entry ends a window after its last write. The
+// last window, at most 3 x maxLockoutAddrs addresses (a count lives less
+// than two windows), and every entry ends at most a window after its
+// last write. The
 // caller keeps its in-memory table as the first check and asks Redis only
 // about wrong keys: a locked address costs no round trip, nor does a right
 // key on an address that is not locked.
@@ -38,12 +44,16 @@ type Lockouts struct {
 	r       *redisState
 	count   string // key prefix of the counts
 	set     string
+	made    string // the count of addresses counted in this window
 	channel string
 	maxRead int // maxLockedRead (tests lower it)
 	// queue bounds the wrong keys Send holds for Redis: sendQueue (tests
 	// lower it before Start).
 	queue int
 	q     chan Guess
+	// maxAddrs bounds the addresses Redis counts per window:
+	// maxLockoutAddrs (tests lower it).
+	maxAddrs int
 }
 
 // Lockouts returns the shared lockout table named table ("api": the front
@@ -54,16 +64,19 @@ func (g *Governor) Lockouts(table string) *Lockouts {
 		return nil
 	}
 	p := g.rds.prefix + "lockout:" + table
-	return &Lockouts{r: g.rds, count: p + ":", set: p + ":locked", channel: p, maxRead: maxLockedRead, queue: sendQueue}
+	return &Lockouts{r: g.rds, count: p + ":", set: p + ":locked", made: p + ":addresses", channel: p, maxRead: maxLockedRead, queue: sendQueue, maxAddrs: maxLockoutAddrs}
 }
 
 // failLua counts wrong keys: KEYS are each key's address's count, then
-// the set of lockouts; ARGV the max, the window (ms) and the channel, then
-// per key its address, how long the lockout the caller's own table began
-// with it has left (ms; 0: none), and 1 to count it (0: only impose that
-// lockout, sent again after Redis could not be asked). It returns per key
-// {1 if this key locked the address, ms the lockout has left (0: not
-// locked)}. An address locked already is not counted again.
+// the count of addresses counted in this window, then the set of
+// lockouts; ARGV the max, the window (ms), the channel and the most
+// addresses counted per window, then per key its address, how long the
+// lockout the caller's own table began with it has left (ms; 0: none),
+// and 1 to count it (0: only impose that lockout, sent again after Redis
+// could not be asked). It returns per key {1 if this key locked the
+// address (2: not counted, the window's addresses are at their most), ms
+// the lockout has left (0: not locked)}. An address locked already is not
+// counted again.
 //
 // The caller's own lockout is imposed when Redis's count has none as long
 // (the two count from different first keys: Redis from the address's
@@ -71,16 +84,33 @@ func (g *Governor) Lockouts(table string) *Lockouts {
 // any router begins holds on all with the same end: the count is set to
 // the max for its time, and it is added to the set and published as one
 // Redis's count began.
+//
+// The addresses: each one whose count key is made counts in KEYS[#KEYS-1]
+// for the window from the first (a fixed window); past the most, a new
+// address gets no key (a lockout the caller began for it is published,
+// and written nowhere). A count key lives less than two windows (a window
+// from the first wrong key, then from the one that locked), so at most
+// three such windows' addresses hold a key at once.
 var failLua = `
 if redis.replicate_commands then redis.replicate_commands() end -- TIME before writes (Redis < 5)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local max, win, ch = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
-local set = KEYS[#KEYS]
+local max, win, ch, most = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local made, set = KEYS[#KEYS - 1], KEYS[#KEYS]
 local out = {}
 local function fail(k, a, loc, count)
   local began, left, tell = 0, 0, false
-  local n = tonumber(redis.call('GET', k) or '0') or 0
+  local cur = redis.call('GET', k)
+  if not cur then
+    if (tonumber(redis.call('GET', made) or '0') or 0) >= most then
+      if loc > 0 then redis.call('PUBLISH', ch, a .. ' ' .. loc) end
+      return 2, 0
+    end
+    if count or loc > 0 then
+      if redis.call('INCR', made) == 1 then redis.call('PEXPIRE', made, win) end
+    end
+  end
+  local n = tonumber(cur or '0') or 0
   if n >= max then
     left = redis.call('PTTL', k)
     if left <= 0 then
@@ -109,8 +139,8 @@ local function fail(k, a, loc, count)
   end
   return began, left
 end
-for i = 1, #KEYS - 1 do
-  local j = 1 + 3 * i
+for i = 1, #KEYS - 2 do
+  local j = 2 + 3 * i
   local began, left = fail(KEYS[i], ARGV[j], tonumber(ARGV[j + 1]), ARGV[j + 2] == '1')
   out[#out + 1] = began
   out[#out + 1] = left
@@ -121,6 +151,8 @@ return out
 var failScript = redis.NewScript(failLua)
 
 const (
+	// maxLockoutAddrs bounds the new addresses Redis counts per window.
+	maxLockoutAddrs = 1 << 18
 	// sendQueue bounds the wrong keys waiting to be counted in Redis
 	// (Send): past it, under a flood while Redis is slow or down, they
 	// are dropped (counted in this router's table alone).
@@ -178,6 +210,9 @@ type Guess struct {
 // Counted is Redis's answer about a Guess (Start's fn).
 type Counted struct {
 	Guess
+	// Full: Redis counts maxLockoutAddrs new addresses in this window
+	// already, and did not count this one (the caller counts it alone).
+	Full bool
 	// Left is how long Addr is locked out for, from the answer (0: not
 	// locked out in Redis).
 	Left time.Duration
@@ -288,9 +323,9 @@ func (l *Lockouts) Send(x Guess) bool {
 // fail counts the wrong keys gs in one script call and appends the
 // answers to dst.
 func (l *Lockouts) fail(dst []Counted, gs []Guess, limit int, window time.Duration) []Counted {
-	keys := make([]string, 0, len(gs)+1)
-	args := make([]any, 0, 3+3*len(gs))
-	args = append(args, max(limit, 1), max(window.Milliseconds(), 1), l.channel)
+	keys := make([]string, 0, len(gs)+2)
+	args := make([]any, 0, 4+3*len(gs))
+	args = append(args, max(limit, 1), max(window.Milliseconds(), 1), l.channel, max(l.maxAddrs, 1))
 	now := time.Now().UnixNano()
 	for _, x := range gs {
 		as := x.Addr.String()
@@ -305,7 +340,7 @@ func (l *Lockouts) fail(dst []Counted, gs []Guess, limit int, window time.Durati
 		keys = append(keys, l.count+as)
 		args = append(args, as, loc, count)
 	}
-	keys = append(keys, l.set)
+	keys = append(keys, l.made, l.set)
 	v, err := l.r.call(failScript, keys, args...).Int64Slice()
 	if err == nil && len(v) != 2*len(gs) {
 		err = fmt.Errorf("BUG: the lockout script answered %d values for %d keys", len(v), len(gs))
@@ -313,7 +348,7 @@ func (l *Lockouts) fail(dst []Counted, gs []Guess, limit int, window time.Durati
 	for i, x := range gs {
 		c := Counted{Guess: x, Err: err}
 		if err == nil {
-			c.Left, c.Began = time.Duration(v[2*i+1])*time.Millisecond, v[2*i] == 1
+			c.Left, c.Began, c.Full = time.Duration(v[2*i+1])*time.Millisecond, v[2*i] == 1, v[2*i] == 2
 		}
 		dst = append(dst, c)
 	}

@@ -2,6 +2,7 @@ package govern
 
 import (
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -98,5 +99,50 @@ func TestWrongKeysWaitingForRedisAreBoundedAndTheRestRefused(t *testing.T) {
 	}
 	if n := answered.Load(); n != int64(accepted) {
 		t.Fatalf("%d answers for %d wrong keys held", n, accepted)
+	}
+}
+
+// Redis counts at most maxAddrs new addresses per window: past it a new
+// address's wrong key is not counted there (Full: the caller counts it by
+// itself) and leaves no key, while the addresses counted already go on
+// counting; a lockout the caller began for an uncounted address is still
+// published to the other routers, and written nowhere.
+func TestRedisCountsABoundedNumberOfAddressesPerWindow(t *testing.T) {
+	rd := startRedis(t)
+	g := newGov(t, Options{State: rd.url()}, nil)
+	l := g.Lockouts("t")
+	l.maxAddrs = 2
+	a, b, c := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("192.0.2.3")
+	for _, x := range []netip.Addr{a, b} {
+		if got := l.fail(nil, []Guess{{Addr: x}}, 3, time.Minute)[0]; got.Err != nil || got.Full {
+			t.Fatalf("%v: %+v", x, got)
+		}
+	}
+	cl := rd.client(t)
+	ps := cl.Subscribe(t.Context(), "infera:lockout:t")
+	defer ps.Close()
+	if _, err := ps.Receive(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	until := time.Now().Add(time.Minute).UnixNano()
+	got := l.fail(nil, []Guess{{Addr: c}, {Addr: c, Until: until}, {Addr: a}}, 3, time.Minute)
+	if got[0].Err != nil || !got[0].Full || got[1].Err != nil || !got[1].Full {
+		t.Fatalf("a third address: %+v, want not counted (full)", got[:2])
+	}
+	if n := cl.Exists(t.Context(), "infera:lockout:t:192.0.2.3").Val(); n != 0 {
+		t.Fatal("Redis holds a count for the address past the bound")
+	}
+	if s := cl.ZScore(t.Context(), "infera:lockout:t:locked", "192.0.2.3").Err(); s == nil {
+		t.Fatal("Redis holds a lockout for the address past the bound")
+	}
+	if got[2].Err != nil || got[2].Full {
+		t.Fatalf("an address counted already: %+v", got[2])
+	}
+	if n, _ := cl.Get(t.Context(), "infera:lockout:t:192.0.2.1").Int(); n != 2 {
+		t.Fatalf("an address counted already counts %d, want 2", n)
+	}
+	m, err := ps.ReceiveMessage(t.Context())
+	if err != nil || !strings.HasPrefix(m.Payload, "192.0.2.3 ") {
+		t.Fatalf("the lockout of an address past the bound published %v %v", m, err)
 	}
 }

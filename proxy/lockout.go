@@ -45,7 +45,10 @@ var (
 	// mLockoutStateDropped counts wrong keys not sent to Redis: sendQueue
 	// of them waited already (counted by this router alone).
 	mLockoutStateDropped = metrics.NewCounter(`infera_auth_lockout_state_dropped_total`)
-	lockoutLog           = &logx.Throttle{Every: time.Second}
+	// mLockoutStateFull counts wrong keys Redis did not count: it counts
+	// 262,144 new addresses in the window already.
+	mLockoutStateFull = metrics.NewCounter(`infera_auth_lockout_state_full_total`)
+	lockoutLog        = &logx.Throttle{Every: time.Second}
 	// lockoutStateLog says Redis failed (apart: an outage's lines must not
 	// hide the lockouts' own).
 	lockoutStateLog = &logx.Throttle{Every: 10 * time.Second}
@@ -107,6 +110,9 @@ func (s *Server) counted(c govern.Counted) {
 	case c.Err != nil:
 		mLockoutStateCountErrors.Inc()
 		lockoutStateLog.Warn("cannot count a wrong API key in the state store: counted by this router alone", "err", c.Err)
+	case c.Full:
+		mLockoutStateFull.Inc()
+		lockoutStateLog.Warn("the state store counts wrong API keys of as many addresses as it may in this window: a new one counted by this router alone")
 	case c.Left > 0:
 		s.fails.Lock(c.Addr, c.Left)
 		began = c.Began

@@ -152,8 +152,8 @@ func TestRedisHoldsTheAddressAndItsCountNeverTheKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(keys) != 4 {
-		t.Fatalf("lockout keys %q, want three counts and the set of lockouts", keys)
+	if len(keys) != 5 {
+		t.Fatalf("lockout keys %q, want three counts, the count of addresses and the set of lockouts", keys)
 	}
 	var dump strings.Builder
 	for _, k := range keys {
@@ -170,7 +170,7 @@ func TestRedisHoldsTheAddressAndItsCountNeverTheKey(t *testing.T) {
 			t.Fatalf("%s lives %v, want at most the 20 s window", k, ttl)
 		}
 	}
-	for _, want := range []string{"lockout:api:127.9.4.5\n2\n", "lockout:api:127.9.4.6\n1\n", "lockout:api:127.9.4.7\n3\n", "lockout:api:locked\n127.9.4.7\n"} {
+	for _, want := range []string{"lockout:api:127.9.4.5\n2\n", "lockout:api:127.9.4.6\n1\n", "lockout:api:127.9.4.7\n3\n", "lockout:api:locked\n127.9.4.7\n", "lockout:api:addresses\n3\n"} {
 		if !strings.Contains(dump.String(), want) {
 			t.Fatalf("Redis holds\n%s\nwithout %q", dump.String(), want)
 		}
