@@ -280,31 +280,34 @@ func (l *Lockouts) Start(limit int, window time.Duration, fn func(Counted)) {
 	}()
 }
 
-// resendLockouts sends again the lockouts in unsent still in force, and
-// forgets those Redis took or that ended. buf and out are scratch.
+// resendLockouts sends again the lockouts in unsent still in force,
+// sendBatch per script call until Redis fails one, and forgets those Redis
+// took or that ended. buf and out are scratch.
 func (l *Lockouts) resendLockouts(out []Counted, buf []Guess, unsent map[netip.Addr]int64, limit int, window time.Duration) []Counted {
-	now := time.Now().UnixNano()
-	buf = buf[:0]
-	for a, until := range unsent {
-		if until <= now {
-			delete(unsent, a)
-			continue
+	for {
+		now := time.Now().UnixNano()
+		buf = buf[:0]
+		for a, until := range unsent {
+			if until <= now {
+				delete(unsent, a)
+				continue
+			}
+			buf = append(buf, Guess{Addr: a, Until: until, resend: true})
+			if len(buf) == sendBatch {
+				break
+			}
 		}
-		buf = append(buf, Guess{Addr: a, Until: until, resend: true})
-		if len(buf) == sendBatch {
-			break
+		if len(buf) == 0 {
+			return out
 		}
-	}
-	if len(buf) == 0 {
-		return out
-	}
-	out = l.fail(out[:0], buf, limit, window)
-	for _, c := range out {
-		if c.Err == nil && unsent[c.Addr] == c.Until {
+		out = l.fail(out[:0], buf, limit, window)
+		for _, c := range out {
+			if c.Err != nil {
+				return out // kept, for the next try
+			}
 			delete(unsent, c.Addr)
 		}
 	}
-	return out
 }
 
 // Send queues the wrong key x to be counted in Redis (Start), without

@@ -91,7 +91,11 @@ func (s *Server) lockoutBegan(ip netip.Addr, peer netip.AddrPort) {
 	// The address and the count, never the key; behind a trusted proxy,
 	// the proxy's address too.
 	if s.trusted == nil {
-		lockoutLog.Warn("client address locked out: too many wrong API keys", "remote", peer.String(),
+		remote := ip.String() // a listener whose peers are not TCP
+		if peer.IsValid() {
+			remote = peer.String()
+		}
+		lockoutLog.Warn("client address locked out: too many wrong API keys", "remote", remote,
 			"failures", s.flags.AuthLockoutFailures, "for", s.fails.Window().String())
 		return
 	}
