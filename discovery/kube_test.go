@@ -272,8 +272,13 @@ func (f *fakeKube) watch(w http.ResponseWriter, r *http.Request, ns, sel string)
 		return
 	}
 	timeout, _ := strconv.Atoi(r.URL.Query().Get("timeoutSeconds"))
+	// The kill channel is taken with the check of from: an expire after
+	// the check must end this watch. Taken again in the loop below, one
+	// that came while the head and the first BOOKMARK were sent was
+	// missed, and the watch stayed open (with no event, as the changes
+	// of an expiry are silent) until its timeoutSeconds, minutes.
 	f.mu.Lock()
-	gone, httpGone, minRV := from < f.minRV, f.httpGone, f.minRV
+	gone, httpGone, minRV, kill := from < f.minRV, f.httpGone, f.minRV, f.kill
 	f.mu.Unlock()
 	if gone && httpGone {
 		writeStatus(w, 410, "Expired", fmt.Sprintf("too old resource version: %d (%d)", from, minRV))
@@ -324,7 +329,7 @@ func (f *fakeKube) watch(w http.ResponseWriter, r *http.Request, ns, sel string)
 			b, _ := json.Marshal(map[string]any{"type": ev.typ, "object": ev.obj})
 			lines = append(lines, append(b, '\n'))
 		}
-		notify, kill := f.notify, f.kill
+		notify := f.notify
 		f.mu.Unlock()
 		for _, l := range lines {
 			w.Write(l)
