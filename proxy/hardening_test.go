@@ -359,7 +359,10 @@ func TestSecretsNeverLoggedOrEchoed(t *testing.T) {
 			t.Fatalf("response echoes the secret: %q", got)
 		}
 	}
-	time.Sleep(50 * time.Millisecond)
+	// Every request's state is released (its log lines written) before
+	// the logs are read: a fixed sleep could read them too early on a
+	// loaded machine and pass whatever they held.
+	waitFor(t, func() bool { return r.srv.states.n.Load() == 0 }, "requests ended")
 	if l := logs.String(); strings.Contains(l, "SECRET") {
 		t.Fatalf("logs contain the secret:\n%s", l)
 	}
@@ -1798,7 +1801,9 @@ func TestAFilteredStreamEndedByDoneThenCutIsComplete(t *testing.T) {
 	f.RequestMaxRetries = 0
 	r := startRouter(t, f, nil, up.url)
 	_, b := postH(t, r.url+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
-	time.Sleep(30 * time.Millisecond)
+	// The request's end (its state released after the breaker is told),
+	// not a fixed sleep, before the worker's failures are read.
+	waitFor(t, func() bool { return r.srv.states.n.Load() == 0 }, "the request ended")
 	if _, fails := r.fl.Get("w0").Counts(); strings.Contains(b, `"error"`) || !strings.Contains(b, "data: [DONE]") || fails != 0 {
 		t.Fatalf("a stream ended by [DONE] got an error event or blamed the worker (failures %d):\n%q", fails, b)
 	}
