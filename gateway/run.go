@@ -44,7 +44,7 @@ func (g *Gateway) Run(ctx context.Context, ln net.Listener) error {
 		defer t.Stop()
 		watchdog = t.C
 	}
-	if holdhup.Pending() {
+	if holdhup.Pending() && !hupQueued(sig) {
 		sig <- syscall.SIGHUP // one sent while the router started: act on it now
 	}
 	// A config applied after a rejected reload (the file fixed and picked
@@ -200,4 +200,23 @@ func monotonicUsec() int64 {
 		return 0
 	}
 	return ts.Sec*1_000_000 + ts.Nsec/1000
+}
+
+// hupQueued reports whether sig already holds a SIGHUP, keeping what it
+// holds in order. A SIGHUP that arrived after signal.Notify registered sig
+// and before holdhup.Pending was read reached both: the router reloaded
+// twice for it, the second time possibly reading a file its writer had
+// just truncated (a flaky TestARejectedReloadsStatusEndsWhenTheFixedFileIsLoaded).
+// One reload covers every SIGHUP queued before it reads the file.
+func hupQueued(sig chan os.Signal) bool {
+	found := false
+	for n := len(sig); n > 0; n-- {
+		s := <-sig
+		found = found || s == syscall.SIGHUP
+		select {
+		case sig <- s:
+		default: // full of signals that came meanwhile: s was one of a burst
+		}
+	}
+	return found
 }
