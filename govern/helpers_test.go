@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -145,9 +146,17 @@ func (s *redisServer) start() {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := c.Ping(ctx).Err()
+		info, err := c.Info(ctx, "server").Result()
 		cancel()
 		if err == nil {
+			// The server answering must be this one: a restart on the
+			// same port races other tests' servers for it (-p 3), and a
+			// ping answered by another test's server passed for a
+			// restart whose own server could not bind.
+			if !strings.Contains(info, "process_id:"+strconv.Itoa(s.cmd.Process.Pid)+"\r") {
+				log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+				s.t.Fatalf("another process answers on port %d (taken while this test's redis-server restarted); its log:\n%s", s.port, log)
+			}
 			return
 		}
 		if time.Now().After(deadline) {
