@@ -337,13 +337,7 @@ func MarshalFile(c *Config) ([]byte, error) { return MarshalFileWith(c, nil) }
 // MarshalFileWith is MarshalFile with literal secrets sealed by codec,
 // each for its entry and address (nil: in clear).
 func MarshalFileWith(c *Config, codec SecretCodec) ([]byte, error) {
-	var data []byte
-	var err error
-	if codec != nil {
-		data, err = EncodeBound(c, codec.Seal)
-	} else {
-		data, err = EncodeJSON(c, nil)
-	}
+	data, err := compactOf(c, codec)
 	if err != nil {
 		return nil, err
 	}
@@ -355,18 +349,21 @@ func MarshalFileWith(c *Config, codec SecretCodec) ([]byte, error) {
 	return append(out, '\n'), nil
 }
 
+// compactOf is the compact encoding of c the config file holds, with
+// literal secrets sealed by codec (nil: in clear).
+func compactOf(c *Config, codec SecretCodec) ([]byte, error) {
+	if codec != nil {
+		return EncodeBound(c, codec.Seal)
+	}
+	return EncodeJSON(c, nil)
+}
+
 // writeFileOf writes c to the config file at path as MarshalFileWith
 // renders it, atomically (WriteFileAtomic), and returns the sum of the
 // bytes written: the file is indented as it is written, so that only the
 // compact encoding is held, not the file's bytes too.
 func writeFileOf(path string, c *Config, codec SecretCodec) (fileSum, error) {
-	var data []byte
-	var err error
-	if codec != nil {
-		data, err = EncodeBound(c, codec.Seal)
-	} else {
-		data, err = EncodeJSON(c, nil)
-	}
+	data, err := compactOf(c, codec)
 	if err != nil {
 		return fileSum{}, err
 	}

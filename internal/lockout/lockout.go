@@ -135,6 +135,21 @@ func (g *Guard) Failed(a netip.Addr) bool {
 		return false
 	}
 	now := g.now().UnixNano()
+	return g.at(a, now, func(w *win) bool {
+		if now >= w.until {
+			*w = g.open(now) // a new window, or the last one ended
+		}
+		return g.count(w, now)
+	})
+}
+
+// at runs f on a's window under its shard's lock: a's tracked window (a
+// new, zero one when the shard has room for it), or, when every tracked
+// window of the shard is still open (a flood from more addresses than are
+// tracked), the bucket a falls in. No window is given up for a, which
+// would let an address guess again once others pushed its count out; a
+// bucket that locks locks every untracked address that falls in it.
+func (g *Guard) at(a netip.Addr, now int64, f func(w *win) bool) bool {
 	h := g.hash(a)
 	s := &g.shards[h&(nShards-1)]
 	s.mu.Lock()
@@ -144,23 +159,11 @@ func (g *Guard) Failed(a netip.Addr) bool {
 		s.sweepEnded(now, g.window)
 	}
 	if tracked || len(s.m) < g.per {
-		if !tracked || now >= w.until {
-			w = g.open(now)
-		}
-		locked := g.count(&w, now)
+		r := f(&w)
 		s.m[a] = w
-		return locked
+		return r
 	}
-	// Every tracked window of the shard is still open (a flood from more
-	// addresses than are tracked): no window is given up for a, which
-	// would let an address guess again once others pushed its count out;
-	// a counts in its bucket instead. A bucket that locks locks every
-	// untracked address that falls in it.
-	b := &s.buckets[(h>>32)%bucketsPerShard]
-	if now >= b.until {
-		*b = g.open(now)
-	}
-	return g.count(b, now)
+	return f(&s.buckets[(h>>32)%bucketsPerShard])
 }
 
 // Lock locks a out for d from now, or keeps the lockout in force if it
@@ -174,20 +177,7 @@ func (g *Guard) Lock(a netip.Addr, d time.Duration) bool {
 	}
 	now := g.now().UnixNano()
 	until := now + int64(d)
-	h := g.hash(a)
-	s := &g.shards[h&(nShards-1)]
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w, tracked := s.m[a]
-	if !tracked && len(s.m) >= g.per && now >= s.sweep {
-		s.sweepEnded(now, g.window)
-	}
-	if tracked || len(s.m) < g.per {
-		fresh := g.impose(&w, now, until)
-		s.m[a] = w
-		return fresh
-	}
-	return g.impose(&s.buckets[(h>>32)%bucketsPerShard], now, until)
+	return g.at(a, now, func(w *win) bool { return g.impose(w, now, until) })
 }
 
 // impose makes w a lockout until until, unless it is one ending later.
