@@ -66,6 +66,12 @@ type Governor struct {
 
 	stop chan struct{}
 	wg   sync.WaitGroup
+
+	// flushers run when Close begins, before stop closes, while Redis
+	// still takes calls (Lockouts.Start's flush).
+	flushMu  sync.Mutex
+	flushers []func()
+	closing  bool // Close has run the flushers: none is added
 }
 
 // New returns a Governor serving an empty configuration (no users, no
@@ -122,6 +128,13 @@ func (g *Governor) Close() error {
 	case <-g.stop:
 		return nil
 	default:
+	}
+	g.flushMu.Lock()
+	fs := g.flushers
+	g.flushers, g.closing = nil, true
+	g.flushMu.Unlock()
+	for _, f := range fs {
+		f()
 	}
 	close(g.stop)
 	g.wg.Wait()

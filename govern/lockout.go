@@ -230,13 +230,22 @@ type Counted struct {
 // A lockout the caller's table began with a key Redis could not count
 // (unreachable, stalled) is kept, up to sendQueue of them, and sent again
 // every second, and after every batch Redis answered, until Redis takes
-// it or it ends: the other routers then hold it too.
+// it or it ends: the other routers then hold it too. When the governor
+// closes, the keys still queued and the lockouts kept are sent once more
+// (flush).
 func (l *Lockouts) Start(limit int, window time.Duration, fn func(Counted)) {
-	l.q = make(chan Guess, max(l.queue, 1))
 	g := l.r.g
-	g.wg.Add(1)
+	quit, done := make(chan struct{}), make(chan struct{})
+	g.flushMu.Lock()
+	if g.closing {
+		g.flushMu.Unlock()
+		return // Send refuses every key (no queue): the caller counts them alone
+	}
+	l.q = make(chan Guess, max(l.queue, 1))
+	g.flushers = append(g.flushers, func() { close(quit); <-done })
+	g.flushMu.Unlock()
 	go func() {
-		defer g.wg.Done()
+		defer close(done)
 		batch := make([]Guess, 0, sendBatch)
 		var out []Counted
 		unsent := make(map[netip.Addr]int64) // lockout ends (Unix ns)
@@ -244,8 +253,9 @@ func (l *Lockouts) Start(limit int, window time.Duration, fn func(Counted)) {
 		retry.Stop()
 		for {
 			select {
-			case <-g.stop:
+			case <-quit:
 				retry.Stop()
+				l.flush(out, batch, unsent, limit, window, fn)
 				return
 			case <-retry.C:
 				out = l.resendLockouts(out, batch, unsent, limit, window)
@@ -278,6 +288,41 @@ func (l *Lockouts) Start(limit int, window time.Duration, fn func(Counted)) {
 			}
 		}
 	}()
+}
+
+// flush counts in Redis, when the governor closes, the wrong keys Send
+// queued and not yet sent, and sends the lockouts waiting to be sent
+// again, so that a router shut down (a restart, a rolling upgrade) right
+// after the key that began a lockout leaves it in Redis for the others
+// and for its successor. It stops at the first call Redis fails (down or
+// stalled: the shutdown waits for at most one call's timeout). fn is told
+// each answer, as from Start.
+func (l *Lockouts) flush(out []Counted, batch []Guess, unsent map[netip.Addr]int64, limit int, window time.Duration, fn func(Counted)) {
+	for left := cap(l.q); left > 0; left -= len(batch) { // keys Send adds meanwhile wait no longer
+		batch = batch[:0]
+	drain:
+		for len(batch) < sendBatch {
+			select {
+			case x := <-l.q:
+				batch = append(batch, x)
+			default:
+				break drain
+			}
+		}
+		if len(batch) == 0 {
+			break
+		}
+		out = l.fail(out[:0], batch, limit, window)
+		for _, c := range out {
+			fn(c)
+		}
+		if out[0].Err != nil {
+			return
+		}
+	}
+	if len(unsent) > 0 {
+		l.resendLockouts(out, batch, unsent, limit, window)
+	}
 }
 
 // resendLockouts sends again the lockouts in unsent still in force,

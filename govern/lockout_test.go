@@ -146,3 +146,34 @@ func TestRedisCountsABoundedNumberOfAddressesPerWindow(t *testing.T) {
 		t.Fatalf("the lockout of an address past the bound published %v %v", m, err)
 	}
 }
+
+// A router that closes right after the wrong key that began a lockout
+// (a restart, a rolling upgrade) leaves its wrong keys counted and the
+// lockout in Redis, for the other routers and for its successor: the
+// keys still waiting to be sent are sent when the governor closes.
+func TestWrongKeysQueuedWhenTheGovernorClosesAreCountedInRedis(t *testing.T) {
+	rd := startRedis(t)
+	c := rd.client(t)
+	for i := 0; i < 10; i++ {
+		g := newGov(t, Options{State: rd.url()}, nil)
+		l := g.Lockouts("t")
+		l.Start(3, time.Minute, func(Counted) {})
+		a := netip.AddrFrom4([4]byte{192, 0, 2, byte(i)})
+		for k := 0; k < 3; k++ {
+			x := Guess{Addr: a}
+			if k == 2 {
+				x.Until = time.Now().Add(time.Minute).UnixNano()
+			}
+			if !l.Send(x) {
+				t.Fatal("a wrong key refused by an empty queue")
+			}
+		}
+		g.Close()
+		if n, _ := c.Get(t.Context(), "infera:lockout:t:"+a.String()).Int(); n != 3 {
+			t.Fatalf("round %d: Redis counts %d wrong keys of %v after the governor closed, want 3", i, n, a)
+		}
+		if err := c.ZScore(t.Context(), "infera:lockout:t:locked", a.String()).Err(); err != nil {
+			t.Fatalf("round %d: the lockout of %v is not in Redis: %v", i, a, err)
+		}
+	}
+}
