@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -51,6 +52,13 @@ type Lockouts struct {
 	// lower it before Start).
 	queue int
 	q     chan Guess
+	// mu guards unsent: the lockouts the caller's table began that Redis
+	// has not taken yet (their key's call failed, or Send dropped the
+	// key), by their end (Unix ns), at most queue of them; wake tells
+	// Start's goroutine that Send added one.
+	mu     sync.Mutex
+	unsent map[netip.Addr]int64
+	wake   chan struct{}
 	// maxAddrs bounds the addresses Redis counts per window:
 	// maxLockoutAddrs (tests lower it).
 	maxAddrs int
@@ -64,7 +72,8 @@ func (g *Governor) Lockouts(table string) *Lockouts {
 		return nil
 	}
 	p := g.rds.prefix + "lockout:" + table
-	return &Lockouts{r: g.rds, count: p + ":", set: p + ":locked", made: p + ":addresses", channel: p, maxRead: maxLockedRead, queue: sendQueue, maxAddrs: maxLockoutAddrs}
+	return &Lockouts{r: g.rds, count: p + ":", set: p + ":locked", made: p + ":addresses", channel: p, maxRead: maxLockedRead,
+		queue: sendQueue, maxAddrs: maxLockoutAddrs, unsent: make(map[netip.Addr]int64), wake: make(chan struct{}, 1)}
 }
 
 // failLua counts wrong keys: KEYS are each key's address's count, then
@@ -228,11 +237,11 @@ type Counted struct {
 // Call it once, before Send.
 //
 // A lockout the caller's table began with a key Redis could not count
-// (unreachable, stalled) is kept, up to sendQueue of them, and sent again
-// every second, and after every batch Redis answered, until Redis takes
-// it or it ends: the other routers then hold it too. When the governor
-// closes, the keys still queued and the lockouts kept are sent once more
-// (flush).
+// (unreachable, stalled) or Send dropped (the queue full) is kept, up to
+// sendQueue of them, and sent again every second, and after every batch
+// Redis answered, until Redis takes it or it ends: the other routers then
+// hold it too. When the governor closes, the keys still queued and the
+// lockouts kept are sent once more (flush).
 func (l *Lockouts) Start(limit int, window time.Duration, fn func(Counted)) {
 	g := l.r.g
 	quit, done := make(chan struct{}), make(chan struct{})
@@ -248,17 +257,17 @@ func (l *Lockouts) Start(limit int, window time.Duration, fn func(Counted)) {
 		defer close(done)
 		batch := make([]Guess, 0, sendBatch)
 		var out []Counted
-		unsent := make(map[netip.Addr]int64) // lockout ends (Unix ns)
 		retry := time.NewTimer(time.Hour)
 		retry.Stop()
 		for {
 			select {
 			case <-quit:
 				retry.Stop()
-				l.flush(out, batch, unsent, limit, window, fn)
+				l.flush(out, batch, limit, window, fn)
 				return
 			case <-retry.C:
-				out = l.resendLockouts(out, batch, unsent, limit, window)
+				out = l.resendLockouts(out, batch, limit, window)
+			case <-l.wake: // Send kept a lockout: arm retry
 			case x := <-l.q:
 				batch = append(batch[:0], x)
 			more:
@@ -273,17 +282,17 @@ func (l *Lockouts) Start(limit int, window time.Duration, fn func(Counted)) {
 				out = l.fail(out[:0], batch, limit, window)
 				answered := false
 				for _, c := range out {
-					if c.Err != nil && c.Until != 0 && (len(unsent) < l.queue || unsent[c.Addr] != 0) {
-						unsent[c.Addr] = max(unsent[c.Addr], c.Until)
+					if c.Err != nil && c.Until != 0 {
+						l.keep(c.Addr, c.Until)
 					}
 					answered = answered || c.Err == nil
 					fn(c)
 				}
-				if answered && len(unsent) > 0 {
-					out = l.resendLockouts(out, batch, unsent, limit, window)
+				if answered && l.kept() > 0 {
+					out = l.resendLockouts(out, batch, limit, window)
 				}
 			}
-			if len(unsent) > 0 {
+			if l.kept() > 0 {
 				retry.Reset(time.Second)
 			}
 		}
@@ -297,7 +306,7 @@ func (l *Lockouts) Start(limit int, window time.Duration, fn func(Counted)) {
 // and for its successor. It stops at the first call Redis fails (down or
 // stalled: the shutdown waits for at most one call's timeout). fn is told
 // each answer, as from Start.
-func (l *Lockouts) flush(out []Counted, batch []Guess, unsent map[netip.Addr]int64, limit int, window time.Duration, fn func(Counted)) {
+func (l *Lockouts) flush(out []Counted, batch []Guess, limit int, window time.Duration, fn func(Counted)) {
 	for left := cap(l.q); left > 0; left -= len(batch) { // keys Send adds meanwhile wait no longer
 		batch = batch[:0]
 	drain:
@@ -320,21 +329,40 @@ func (l *Lockouts) flush(out []Counted, batch []Guess, unsent map[netip.Addr]int
 			return
 		}
 	}
-	if len(unsent) > 0 {
-		l.resendLockouts(out, batch, unsent, limit, window)
+	if l.kept() > 0 {
+		l.resendLockouts(out, batch, limit, window)
 	}
 }
 
-// resendLockouts sends again the lockouts in unsent still in force,
+// keep notes the lockout of a until until (Unix ns) to be sent again,
+// unless sendQueue others wait already.
+func (l *Lockouts) keep(a netip.Addr, until int64) {
+	l.mu.Lock()
+	if u, ok := l.unsent[a]; ok || len(l.unsent) < l.queue {
+		l.unsent[a] = max(u, until)
+	}
+	l.mu.Unlock()
+}
+
+// kept is the number of lockouts waiting to be sent again.
+func (l *Lockouts) kept() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.unsent)
+}
+
+// resendLockouts sends again the lockouts kept (unsent) still in force,
 // sendBatch per script call until Redis fails one, and forgets those Redis
-// took or that ended. buf and out are scratch.
-func (l *Lockouts) resendLockouts(out []Counted, buf []Guess, unsent map[netip.Addr]int64, limit int, window time.Duration) []Counted {
+// took (unless kept meanwhile with a later end) or that ended. buf and out
+// are scratch.
+func (l *Lockouts) resendLockouts(out []Counted, buf []Guess, limit int, window time.Duration) []Counted {
 	for {
 		now := time.Now().UnixNano()
 		buf = buf[:0]
-		for a, until := range unsent {
+		l.mu.Lock()
+		for a, until := range l.unsent {
 			if until <= now {
-				delete(unsent, a)
+				delete(l.unsent, a)
 				continue
 			}
 			buf = append(buf, Guess{Addr: a, Until: until, resend: true})
@@ -342,30 +370,44 @@ func (l *Lockouts) resendLockouts(out []Counted, buf []Guess, unsent map[netip.A
 				break
 			}
 		}
+		l.mu.Unlock()
 		if len(buf) == 0 {
 			return out
 		}
 		out = l.fail(out[:0], buf, limit, window)
-		for _, c := range out {
-			if c.Err != nil {
-				return out // kept, for the next try
-			}
-			delete(unsent, c.Addr)
+		if out[0].Err != nil {
+			return out // kept, for the next try
 		}
+		l.mu.Lock()
+		for _, c := range out {
+			if l.unsent[c.Addr] <= c.Until {
+				delete(l.unsent, c.Addr)
+			}
+		}
+		l.mu.Unlock()
 	}
 }
 
 // Send queues the wrong key x to be counted in Redis (Start), without
 // waiting: the caller answers its client from its own table meanwhile. It
 // reports false, and drops x, when sendQueue keys wait already (Redis
-// slow or unreachable under a flood).
+// slow or unreachable under a flood); the lockout x began (Until), if
+// any, is then kept as one Redis could not count, and sent once the
+// queue drains (Start).
 func (l *Lockouts) Send(x Guess) bool {
 	select {
 	case l.q <- x:
 		return true
 	default:
-		return false
 	}
+	if x.Until != 0 && l.q != nil {
+		l.keep(x.Addr, x.Until)
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
+	return false
 }
 
 // fail counts the wrong keys gs in one script call and appends the

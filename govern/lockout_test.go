@@ -177,3 +177,53 @@ func TestWrongKeysQueuedWhenTheGovernorClosesAreCountedInRedis(t *testing.T) {
 		}
 	}
 }
+
+// A lockout this router's table began with a wrong key that Send dropped
+// (the queue full while Redis does not answer) is kept as one Redis could
+// not count: once Redis answers and the queue drains, it reaches the set
+// of lockouts in force (read by a router that starts) with its end.
+func TestALockoutWhoseWrongKeyTheFullQueueDroppedReachesRedis(t *testing.T) {
+	rd := startRedis(t)
+	g := newGov(t, Options{State: rd.url()}, nil)
+	l := g.Lockouts("t")
+	l.queue = 4
+	l.Start(1000, time.Minute, func(Counted) {})
+	rd.cmd.Process.Signal(syscall.SIGSTOP)
+	stopped := true
+	defer func() {
+		if stopped {
+			rd.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	// Fill the queue, then send the wrong key that began a lockout: it is
+	// dropped (a key accepted would be kept after its call failed, which
+	// is not what this test checks, so try again until one is dropped).
+	var dropped netip.Addr
+	until := time.Now().Add(time.Minute).UnixNano()
+	for i := 0; i < 20 && !dropped.IsValid(); i++ {
+		for k := 0; k < 1000 && l.Send(Guess{Addr: netip.AddrFrom4([4]byte{198, 51, byte(k >> 8), byte(k)})}); k++ {
+		}
+		a := netip.AddrFrom4([4]byte{192, 0, 2, byte(i)})
+		if !l.Send(Guess{Addr: a, Until: until}) {
+			dropped = a
+		}
+	}
+	if !dropped.IsValid() {
+		t.Fatal("a full queue never dropped a wrong key")
+	}
+	rd.cmd.Process.Signal(syscall.SIGCONT)
+	stopped = false
+	c := rd.client(t)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		end, err := c.ZScore(t.Context(), "infera:lockout:t:locked", dropped.String()).Result()
+		if err == nil {
+			if left := time.Until(time.UnixMilli(int64(end))); left < 50*time.Second || left > time.Minute+time.Second {
+				t.Fatalf("the lockout reached Redis with %v left, want the rest of the caller's minute", left)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the lockout begun with a dropped wrong key is not in Redis 5 s after it answers again: %v", err)
+		}
+	}
+}

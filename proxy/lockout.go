@@ -30,7 +30,9 @@ import (
 // comes. When Redis cannot be asked the wrong key still counts in this
 // router's table, which then locks by itself (per process, as without
 // Redis), and the failure is counted; so is a key dropped because 4096
-// wait for Redis already.
+// wait for Redis already. A lockout such a key began here is kept and
+// sent to Redis later (govern.Lockouts.Start), once it answers or the
+// queue drains.
 
 var (
 	// mLockoutRefused counts requests refused because their address was
