@@ -26,7 +26,10 @@ import (
 //	                           lockout (from the wrong key that locked it)
 //	lockout:<table>:locked     sorted set: addresses locked out, scored
 //	                           by the lockout's end (Redis's clock, ms);
-//	                           its TTL is the window of its latest lockout
+//	                           its TTL is the window of its latest
+//	                           lockout; one of an address not counted
+//	                           (past maxLockoutAddrs) is added while it
+//	                           holds fewer than maxLockedRead in force
 //	lockout:<table>:addresses  string: the addresses given a count in
 //	                           the window from the first (its TTL);
 //	                           past maxLockoutAddrs a new address is not
@@ -36,8 +39,9 @@ import (
 //
 // So Redis keeps at most two entries per address with a wrong key in the
 // last window, at most 3 x maxLockoutAddrs addresses (a count lives less
-// than two windows), and every entry ends at most a window after its
-// last write. The
+// than two windows), plus at most maxLockedRead lockouts of addresses not
+// counted, and every entry ends at most a window after its last write.
+// The
 // caller keeps its in-memory table as the first check and asks Redis only
 // about wrong keys: a locked address costs no round trip, nor does a right
 // key on an address that is not locked.
@@ -62,6 +66,10 @@ type Lockouts struct {
 	// maxAddrs bounds the addresses Redis counts per window:
 	// maxLockoutAddrs (tests lower it).
 	maxAddrs int
+	// maxStored bounds the lockouts in force the set may hold when one of
+	// an address Redis does not count is added: maxLockedRead (tests
+	// lower it).
+	maxStored int
 }
 
 // Lockouts returns the shared lockout table named table ("api": the front
@@ -73,13 +81,15 @@ func (g *Governor) Lockouts(table string) *Lockouts {
 	}
 	p := g.rds.prefix + "lockout:" + table
 	return &Lockouts{r: g.rds, count: p + ":", set: p + ":locked", made: p + ":addresses", channel: p, maxRead: maxLockedRead,
-		queue: sendQueue, maxAddrs: maxLockoutAddrs, unsent: make(map[netip.Addr]int64), wake: make(chan struct{}, 1)}
+		queue: sendQueue, maxAddrs: maxLockoutAddrs, maxStored: maxLockedRead, unsent: make(map[netip.Addr]int64), wake: make(chan struct{}, 1)}
 }
 
 // failLua counts wrong keys: KEYS are each key's address's count, then
 // the count of addresses counted in this window, then the set of
-// lockouts; ARGV the max, the window (ms), the channel and the most
-// addresses counted per window, then per key its address, how long the
+// lockouts; ARGV the max, the window (ms), the channel, the most
+// addresses counted per window and the most lockouts in force the set may
+// hold when one of an address not counted is added, then per key its
+// address, how long the
 // lockout the caller's own table began with it has left (ms; 0: none),
 // and 1 to count it (0: only impose that lockout, sent again after Redis
 // could not be asked). It returns per key {1 if this key locked the
@@ -96,15 +106,18 @@ func (g *Governor) Lockouts(table string) *Lockouts {
 //
 // The addresses: each one whose count key is made counts in KEYS[#KEYS-1]
 // for the window from the first (a fixed window); past the most, a new
-// address gets no key (a lockout the caller began for it is published,
-// and written nowhere). A count key lives less than two windows (a window
-// from the first wrong key, then from the one that locked), so at most
-// three such windows' addresses hold a key at once.
+// address gets no count key. A lockout the caller began for it is
+// published, and added to the set (the later end kept) when the set holds
+// fewer lockouts in force than ARGV[5] or holds this address already: a
+// router started afterwards reads it, and the set stays bounded. A count
+// key lives less than two windows (a window from the first wrong key,
+// then from the one that locked), so at most three such windows'
+// addresses hold a key at once.
 var failLua = `
 if redis.replicate_commands then redis.replicate_commands() end -- TIME before writes (Redis < 5)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local max, win, ch, most = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local max, win, ch, most, room = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local made, set = KEYS[#KEYS - 1], KEYS[#KEYS]
 local out = {}
 local function fail(k, a, loc, count)
@@ -112,7 +125,15 @@ local function fail(k, a, loc, count)
   local cur = redis.call('GET', k)
   if not cur then
     if (tonumber(redis.call('GET', made) or '0') or 0) >= most then
-      if loc > 0 then redis.call('PUBLISH', ch, a .. ' ' .. loc) end
+      if loc > 0 then
+        redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
+        local had = tonumber(redis.call('ZSCORE', set, a) or '-1')
+        if had >= 0 or redis.call('ZCARD', set) < room then
+          if had < now + loc then redis.call('ZADD', set, now + loc, a) end
+          if redis.call('PTTL', set) < loc then redis.call('PEXPIRE', set, loc) end
+        end
+        redis.call('PUBLISH', ch, a .. ' ' .. loc)
+      end
       return 2, 0
     end
     if count or loc > 0 then
@@ -149,7 +170,7 @@ local function fail(k, a, loc, count)
   return began, left
 end
 for i = 1, #KEYS - 2 do
-  local j = 2 + 3 * i
+  local j = 3 + 3 * i
   local began, left = fail(KEYS[i], ARGV[j], tonumber(ARGV[j + 1]), ARGV[j + 2] == '1')
   out[#out + 1] = began
   out[#out + 1] = left
@@ -173,7 +194,9 @@ const (
 // maxLockedRead bounds the lockouts a router reads at once (Locked): the
 // latest to end, past what a router's table holds one by one (its
 // shared windows then all locked) and whatever a flood of addresses
-// wrote meanwhile.
+// wrote meanwhile. It also bounds the set when a lockout of an address
+// Redis does not count is added (failLua): more than a router reads would
+// tell a router that starts nothing more.
 const maxLockedRead = 1 << 16
 
 // lockedScript answers the lockouts in force in KEYS[1], at most ARGV[1]
@@ -220,7 +243,9 @@ type Guess struct {
 type Counted struct {
 	Guess
 	// Full: Redis counts maxLockoutAddrs new addresses in this window
-	// already, and did not count this one (the caller counts it alone).
+	// already, and did not count this one (the caller counts it alone;
+	// the lockout it began, if any, is published and stored while the
+	// set has room).
 	Full bool
 	// Left is how long Addr is locked out for, from the answer (0: not
 	// locked out in Redis).
@@ -414,8 +439,8 @@ func (l *Lockouts) Send(x Guess) bool {
 // answers to dst.
 func (l *Lockouts) fail(dst []Counted, gs []Guess, limit int, window time.Duration) []Counted {
 	keys := make([]string, 0, len(gs)+2)
-	args := make([]any, 0, 4+3*len(gs))
-	args = append(args, max(limit, 1), max(window.Milliseconds(), 1), l.channel, max(l.maxAddrs, 1))
+	args := make([]any, 0, 5+3*len(gs))
+	args = append(args, max(limit, 1), max(window.Milliseconds(), 1), l.channel, max(l.maxAddrs, 1), max(l.maxStored, 1))
 	now := time.Now().UnixNano()
 	for _, x := range gs {
 		as := x.Addr.String()

@@ -106,7 +106,7 @@ func TestWrongKeysWaitingForRedisAreBoundedAndTheRestRefused(t *testing.T) {
 // address's wrong key is not counted there (Full: the caller counts it by
 // itself) and leaves no key, while the addresses counted already go on
 // counting; a lockout the caller began for an uncounted address is still
-// published to the other routers, and written nowhere.
+// published to the other routers.
 func TestRedisCountsABoundedNumberOfAddressesPerWindow(t *testing.T) {
 	rd := startRedis(t)
 	g := newGov(t, Options{State: rd.url()}, nil)
@@ -131,9 +131,6 @@ func TestRedisCountsABoundedNumberOfAddressesPerWindow(t *testing.T) {
 	}
 	if n := cl.Exists(t.Context(), "infera:lockout:t:192.0.2.3").Val(); n != 0 {
 		t.Fatal("Redis holds a count for the address past the bound")
-	}
-	if s := cl.ZScore(t.Context(), "infera:lockout:t:locked", "192.0.2.3").Err(); s == nil {
-		t.Fatal("Redis holds a lockout for the address past the bound")
 	}
 	if got[2].Err != nil || got[2].Full {
 		t.Fatalf("an address counted already: %+v", got[2])
@@ -225,5 +222,47 @@ func TestALockoutWhoseWrongKeyTheFullQueueDroppedReachesRedis(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the lockout begun with a dropped wrong key is not in Redis 5 s after it answers again: %v", err)
 		}
+	}
+}
+
+// A lockout the caller's table began for an address Redis does not count
+// (maxAddrs new addresses in the window already) is stored in the set of
+// lockouts in force, so that a router started afterwards reads it, while
+// the set holds fewer than maxStored lockouts in force: the set stays
+// bounded (past it the lockout is only published). An address stored
+// already keeps the later end.
+func TestALockoutPastTheAddressBoundIsStoredWhileTheSetHasRoom(t *testing.T) {
+	rd := startRedis(t)
+	g := newGov(t, Options{State: rd.url()}, nil)
+	l := g.Lockouts("t")
+	l.maxAddrs, l.maxStored = 1, 2
+	if got := l.fail(nil, []Guess{{Addr: netip.MustParseAddr("192.0.2.1")}}, 3, time.Minute)[0]; got.Err != nil || got.Full {
+		t.Fatalf("the first address: %+v", got)
+	}
+	c, d, e := netip.MustParseAddr("192.0.2.3"), netip.MustParseAddr("192.0.2.4"), netip.MustParseAddr("192.0.2.5")
+	soon, later := time.Now().Add(20*time.Second).UnixNano(), time.Now().Add(time.Minute).UnixNano()
+	got := l.fail(nil, []Guess{{Addr: c, Until: soon}, {Addr: d, Until: soon}, {Addr: c, Until: later}, {Addr: e, Until: later}}, 3, time.Minute)
+	for _, x := range got {
+		if x.Err != nil || !x.Full {
+			t.Fatalf("an address past the bound: %+v, want not counted (full)", x)
+		}
+	}
+	// A router started now reads the lockouts in force.
+	started := newGov(t, Options{State: rd.url()}, nil).Lockouts("t")
+	read := map[netip.Addr]time.Duration{}
+	if err := started.Locked(func(a netip.Addr, left time.Duration) { read[a] = left }); err != nil {
+		t.Fatal(err)
+	}
+	if left := read[c]; left < 50*time.Second || left > time.Minute {
+		t.Fatalf("a router started later reads %v left for %v, want the later end (a minute); it read %v", left, c, read)
+	}
+	if left := read[d]; left < 10*time.Second || left > 20*time.Second {
+		t.Fatalf("a router started later reads %v left for %v, want 20 s; it read %v", left, d, read)
+	}
+	if _, ok := read[e]; ok || len(read) != 2 {
+		t.Fatalf("the set holds %v, want at most 2 lockouts in force (%v not stored)", read, e)
+	}
+	if ttl := rd.client(t).PTTL(t.Context(), "infera:lockout:t:locked").Val(); ttl < 50*time.Second {
+		t.Fatalf("the set of lockouts expires in %v, before its latest lockout ends", ttl)
 	}
 }
