@@ -145,6 +145,8 @@ func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) htt
 			return
 		}
 		ip := lockout.Key(a.client(r)) // an IPv6 client counts as its /64
+		// Redis's answers about ip's wrong keys sent before (lockout.go).
+		a.fails.Await(ip, answerWait)
 		if wait, locked := a.fails.Locked(ip); locked {
 			// Too many wrong keys from this address: the key is not even
 			// checked until the window ends (no guessing at any speed).

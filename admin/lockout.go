@@ -15,7 +15,9 @@ import (
 // any of them begins holds on all, and on a router started during it. The
 // table stays the first check (a locked address and a right key cost no
 // Redis call); only a wrong key is sent to Redis, and its 401 does not
-// wait for the answer. Redis holds the address and
+// wait for the answer, but the address's next request waits for it (at
+// most answerWait), so that a lockout it tells holds for that request.
+// Redis holds the address and
 // its count, never a key. When Redis cannot be asked the wrong key counts
 // in this process alone, as without Redis, and the failure is counted.
 
@@ -32,6 +34,11 @@ var (
 	// counts 262,144 new addresses in the window already.
 	mLockoutStateFull = metrics.NewCounter(`infera_admin_auth_lockout_state_full_total`)
 )
+
+// answerWait bounds how long an address's request waits for Redis's
+// answers about its wrong keys (lockout.Guard.Await): the state store's
+// call timeout. Past it the request goes on, checked here alone.
+const answerWait = time.Second
 
 // ShareLockouts counts wrong admin keys in l too (the governor's
 // Lockouts("admin"); nil: this process alone) and locks here every
@@ -62,15 +69,22 @@ func (a *Admin) wrongKey(ip netip.Addr) {
 		wait, _ := a.fails.Locked(ip)
 		x.Until = time.Now().Add(wait).UnixNano()
 	}
+	x.Held = a.fails.Hold(ip) // before Send: the answer may come first
 	if !a.shared.Send(x) {
+		if x.Held {
+			a.fails.Release(ip)
+		}
 		mLockoutStateDropped.Inc()
 		authLog.Warn("too many wrong admin keys wait for the state store: one counted by this process alone")
 	}
 }
 
 // counted is Redis's answer about a wrong admin key: its lockout then
-// holds here too.
+// holds here too, and the address's requests are no longer held for it.
 func (a *Admin) counted(c govern.Counted) {
+	if c.Held {
+		defer a.fails.Release(c.Addr) // after Lock: the request waiting sees it
+	}
 	if c.Err != nil {
 		mLockoutStateCountErrors.Inc()
 		authLog.Warn("cannot count a wrong admin key in the state store: counted by this process alone", "err", c.Err)

@@ -235,6 +235,9 @@ type Guess struct {
 	Until int64
 	// Peer is the caller's to keep (the TCP peer, for a log line).
 	Peer netip.AddrPort
+	// Held is the caller's to keep (its table holds the address's next
+	// requests until the answer: lockout.Guard.Hold).
+	Held bool
 	// resend: a lockout sent again (Until), not a wrong key to count.
 	resend bool
 }

@@ -405,3 +405,36 @@ func TestALockoutBegunWhileRedisWasDownReachesEveryRouterOnceItIsBack(t *testing
 		t.Fatalf("another address: %d %s", got.status, got.body)
 	}
 }
+
+// The router whose wrong key brings an address's shared count to
+// --auth-lockout-failures answers that key 401 at once, and holds the
+// address's next request until Redis's answer arrives: that request is
+// refused as locked out, its right key included, even while Redis is slow
+// to answer. Another address's right key is not held meanwhile.
+func TestTheNextRequestAfterTheKeyThatLocksTheAddressIsRefused(t *testing.T) {
+	rd := testsrv.StartRedis(t)
+	up := startUpstream(t, okHandler)
+	f := lockoutFlags(4, 30*time.Second)
+	a, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
+	const guesser, other = "127.9.4.14", "127.9.4.15"
+	// Three wrong keys counted through other routers.
+	if _, err := rd.Do("SET", "infera:lockout:api:"+guesser, "3", "PX", "30000"); err != nil {
+		t.Fatal(err)
+	}
+	done := busyRedis(t, rd, 500*time.Millisecond)
+	start := time.Now()
+	if got := chatFrom(t, guesser, a.url, "sk-guess-fourth"); got.status != 401 || time.Since(start) > 300*time.Millisecond {
+		t.Fatalf("the fourth wrong key: %d after %v, want 401 at once", got.status, time.Since(start))
+	}
+	if got := chatFrom(t, other, a.url, f.APIKey); got.status != 200 || time.Since(start) > 300*time.Millisecond {
+		t.Fatalf("another address's right key: %d after %v, want 200 at once", got.status, time.Since(start))
+	}
+	got := chatFrom(t, guesser, a.url, f.APIKey)
+	if got.status != 429 || !strings.Contains(got.body, "auth_lockout") {
+		t.Fatalf("the locked address's next request, its right key, on the router of the key that locked it: %d %s", got.status, got.body)
+	}
+	if ra, _ := strconv.Atoi(got.hdr.Get("Retry-After")); ra < 25 || ra > 30 {
+		t.Fatalf("Retry-After %q, want the rest of the 30 s lockout", got.hdr.Get("Retry-After"))
+	}
+	<-done
+}

@@ -617,6 +617,8 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*govern.User, bool) {
 	var ip netip.Addr
 	if s.fails != nil {
 		ip = s.lockoutKey(ctx) // the TCP peer's, or X-Forwarded-For's behind --trusted-proxies
+		// Redis's answers about ip's wrong keys sent before (lockout.go).
+		s.fails.Await(ip, answerWait)
 		if wait, locked := s.fails.Locked(ip); locked {
 			writeLockedOut(ctx, wait)
 			return nil, false

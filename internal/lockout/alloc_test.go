@@ -5,6 +5,7 @@ package lockout
 import (
 	"net"
 	"testing"
+	"time"
 )
 
 // Locked, on the path every authenticated request takes, allocates
@@ -26,5 +27,21 @@ func TestLockedDoesNotAllocate(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(1000, check); n != 0 {
 		t.Fatalf("a lockout in force: %.1f allocs", n)
+	}
+}
+
+// Await, on the same path, allocates nothing: with no key held anywhere
+// (one atomic load) and with one held for another address (a lookup).
+func TestAwaitDoesNotAllocate(t *testing.T) {
+	g, _ := newGuard(3, 0)
+	a := addr(7)
+	await := func() { g.Await(a, time.Second) }
+	if n := testing.AllocsPerRun(1000, await); n != 0 {
+		t.Fatalf("no key held: %.1f allocs", n)
+	}
+	g.Failed(addr(1))
+	g.Hold(addr(1))
+	if n := testing.AllocsPerRun(1000, await); n != 0 {
+		t.Fatalf("a key held for another address: %.1f allocs", n)
 	}
 }

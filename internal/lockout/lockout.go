@@ -49,7 +49,10 @@ type Guard struct {
 	per    int    // tracked addresses per shard
 	// until is the latest end of a lockout set (Unix nanoseconds): from
 	// then on no address is locked out, and Locked looks nothing up.
-	until  atomic.Int64
+	until atomic.Int64
+	// held is the number of wrong keys Hold noted and Release did not
+	// yet (all windows): while 0, Await looks nothing up.
+	held   atomic.Int64
 	shards [nShards]shard
 }
 
@@ -65,10 +68,14 @@ type shard struct {
 }
 
 // win is a window: n wrong keys, ending at until (Unix nanoseconds).
-// Once n reaches max it is a lockout, until counted from that key.
+// Once n reaches max it is a lockout, until counted from that key. held
+// is the address's wrong keys sent to a shared table whose answer has not
+// come (Hold, Release); a window holding some is not dropped when it ends
+// until a shard's sweep.
 type win struct {
 	until int64
 	n     int32
+	held  int32
 }
 
 // New returns a Guard, or nil when o.Max is 0 (off).
@@ -115,7 +122,7 @@ func (g *Guard) Locked(a netip.Addr) (time.Duration, bool) {
 		if w.n >= g.max {
 			left = w.until - now
 		}
-		if now >= w.until {
+		if now >= w.until && w.held == 0 {
 			delete(s.m, a)
 		}
 	} else if b := &s.buckets[(h>>32)%bucketsPerShard]; b.n >= g.max {
@@ -137,7 +144,7 @@ func (g *Guard) Failed(a netip.Addr) bool {
 	now := g.now().UnixNano()
 	return g.at(a, now, func(w *win) bool {
 		if now >= w.until {
-			*w = g.open(now) // a new window, or the last one ended
+			w.until, w.n = now+g.window, 0 // a new window, or the last one ended
 		}
 		return g.count(w, now)
 	})
@@ -156,7 +163,7 @@ func (g *Guard) at(a netip.Addr, now int64, f func(w *win) bool) bool {
 	defer s.mu.Unlock()
 	w, tracked := s.m[a]
 	if !tracked && len(s.m) >= g.per && now >= s.sweep {
-		s.sweepEnded(now, g.window)
+		g.sweepEnded(s, now)
 	}
 	if tracked || len(s.m) < g.per {
 		r := f(&w)
@@ -193,9 +200,6 @@ func (g *Guard) impose(w *win, now, until int64) bool {
 	return fresh
 }
 
-// open returns a new window starting now. Lock must be held.
-func (g *Guard) open(now int64) win { return win{until: now + g.window} }
-
 // count adds a wrong key to w; the key that reaches max starts a lockout
 // of a whole window. Lock must be held.
 func (g *Guard) count(w *win, now int64) bool {
@@ -212,19 +216,98 @@ func (g *Guard) count(w *win, now int64) bool {
 	return true
 }
 
-// sweepEnded drops the ended windows of a full shard and notes when the
-// earliest window can end: the earliest of the rest, or of one opened from
-// now on (a window or lockout lasts a whole window). Lock must be held.
-func (s *shard) sweepEnded(now, window int64) {
-	next := now + window
+// sweepEnded drops the ended windows of the full shard s (those holding
+// keys whose answer never came included: their requests are held no
+// more) and notes when the earliest window can end: the earliest of the
+// rest, or of one opened from now on (a window or lockout lasts a whole
+// window). s's lock must be held.
+func (g *Guard) sweepEnded(s *shard, now int64) {
+	next := now + g.window
 	for k, w := range s.m {
 		if now >= w.until {
+			g.held.Add(-int64(w.held))
 			delete(s.m, k)
 		} else {
 			next = min(next, w.until)
 		}
 	}
 	s.sweep = next
+}
+
+// Hold notes that a wrong key of a was sent to a shared table (other
+// routers' count) and that its answer, which may lock a out, has not come:
+// until Release, a's requests wait in Await. Only an address tracked one
+// by one is held (not one counted in a shared window); Hold reports
+// whether a was, and then Release must follow, once.
+func (g *Guard) Hold(a netip.Addr) bool {
+	if g == nil {
+		return false
+	}
+	return g.tracked(a, func(w *win) {
+		w.held++
+		g.held.Add(1)
+	})
+}
+
+// Release notes that the answer about a wrong key Hold noted came (after
+// the lockout it told, if any, was imposed with Lock).
+func (g *Guard) Release(a netip.Addr) {
+	if g == nil {
+		return
+	}
+	g.tracked(a, func(w *win) {
+		if w.held > 0 {
+			w.held--
+			g.held.Add(-1)
+		}
+	})
+}
+
+// Await waits while a has wrong keys held (Hold) whose answer has not
+// come, for at most d, polling: a lockout one of those answers begins
+// then holds for a's request that follows, which Locked checks next. It
+// takes one atomic load and does not allocate while no key is held
+// anywhere.
+func (g *Guard) Await(a netip.Addr, d time.Duration) {
+	if g == nil || g.held.Load() == 0 {
+		return
+	}
+	var deadline time.Time
+	for g.isHeld(a) {
+		now := time.Now()
+		if deadline.IsZero() {
+			deadline = now.Add(d)
+		} else if !now.Before(deadline) {
+			return
+		}
+		time.Sleep(awaitPoll)
+	}
+}
+
+// awaitPoll is how often Await looks whether the answers came.
+const awaitPoll = 500 * time.Microsecond
+
+// isHeld reports whether a holds keys whose answer has not come.
+func (g *Guard) isHeld(a netip.Addr) bool {
+	s := &g.shards[g.hash(a)&(nShards-1)]
+	s.mu.Lock()
+	w := s.m[a]
+	s.mu.Unlock()
+	return w.held > 0
+}
+
+// tracked runs f on a's tracked window, under its shard's lock, and
+// reports whether a has one.
+func (g *Guard) tracked(a netip.Addr, f func(w *win)) bool {
+	s := &g.shards[g.hash(a)&(nShards-1)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, ok := s.m[a]
+	if ok {
+		f(&w)
+		s.m[a] = w
+	}
+	return ok
 }
 
 // Len is the number of addresses tracked one by one.

@@ -322,3 +322,66 @@ func TestALockoutLearnedInAFullShardLocksItsBucket(t *testing.T) {
 		t.Fatal("the tracked address was locked with it")
 	}
 }
+
+// An address whose wrong key was sent to a shared table (Hold) has its
+// next request wait (Await) until the answer came (Release), for at most
+// the time given; other addresses do not wait. Hold and Release pair up,
+// Hold only for an address tracked one by one.
+func TestAnAddressWaitsForTheAnswerAboutItsWrongKeySentElsewhere(t *testing.T) {
+	g, _ := newGuard(3, 0)
+	a, b, other := addr(1), addr(2), addr(3)
+	g.Failed(a)
+	if !g.Hold(a) {
+		t.Fatal("a tracked address was not held")
+	}
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		g.Lock(a, time.Minute)
+		g.Release(a)
+	}()
+	start := time.Now()
+	g.Await(other, 5*time.Second)
+	if took := time.Since(start); took > 50*time.Millisecond {
+		t.Fatalf("another address waited %v", took)
+	}
+	g.Await(a, 5*time.Second)
+	if took := time.Since(start); took < 100*time.Millisecond || took > 2*time.Second {
+		t.Fatalf("the held address waited %v, want until its answer (100 ms)", took)
+	}
+	if _, locked := g.Locked(a); !locked {
+		t.Fatal("the lockout the answer told does not hold for the request that waited")
+	}
+	g.Failed(b)
+	g.Hold(b) // its answer never comes
+	start = time.Now()
+	g.Await(b, 50*time.Millisecond)
+	if took := time.Since(start); took < 50*time.Millisecond || took > time.Second {
+		t.Fatalf("an address whose answer never comes waited %v, want 50 ms", took)
+	}
+	g.Release(b)
+	g.Release(b) // once too often: no effect
+	if n := g.held.Load(); n != 0 {
+		t.Fatalf("%d keys held after their answers", n)
+	}
+	if g.Hold(addr(99)) {
+		t.Fatal("an address with no window was held")
+	}
+}
+
+// A window whose keys are held is not dropped when it ends until their
+// answer comes, and a sweep of its full shard drops it with its count.
+func TestAHeldWindowOutlivesItsEndUntilTheAnswerOrASweep(t *testing.T) {
+	g, c := newGuard(5, nShards) // one tracked address per shard
+	as := sameShard(g, 2)
+	g.Failed(as[0])
+	g.Hold(as[0])
+	c.add(2 * time.Minute)
+	g.Locked(as[0]) // drops an ended window, not this one
+	if !g.isHeld(as[0]) {
+		t.Fatal("an ended window with a key held was dropped before its answer")
+	}
+	g.Failed(as[1]) // the shard is full: the sweep drops the ended window
+	if g.isHeld(as[0]) || g.held.Load() != 0 {
+		t.Fatalf("after a sweep: held %v, %d keys held", g.isHeld(as[0]), g.held.Load())
+	}
+}
