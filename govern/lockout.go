@@ -331,10 +331,12 @@ func (l *Lockouts) Start(limit int, window time.Duration, fn func(Counted)) {
 // queued and not yet sent, and sends the lockouts waiting to be sent
 // again, so that a router shut down (a restart, a rolling upgrade) right
 // after the key that began a lockout leaves it in Redis for the others
-// and for its successor. It stops at the first call Redis fails (down or
-// stalled: the shutdown waits for at most one call's timeout). fn is told
-// each answer, as from Start.
+// and for its successor. It stops calling Redis at the first call Redis
+// fails (down or stalled: the shutdown waits for at most one call's
+// timeout) and answers the keys after it with that call's error, unsent.
+// fn is told each answer, as from Start: every key queued is answered.
 func (l *Lockouts) flush(out []Counted, batch []Guess, limit int, window time.Duration, fn func(Counted)) {
+	var failed error                                     // the first call Redis failed: the rest are answered with it, unsent
 	for left := cap(l.q); left > 0; left -= len(batch) { // keys Send adds meanwhile wait no longer
 		batch = batch[:0]
 	drain:
@@ -349,15 +351,20 @@ func (l *Lockouts) flush(out []Counted, batch []Guess, limit int, window time.Du
 		if len(batch) == 0 {
 			break
 		}
-		out = l.fail(out[:0], batch, limit, window)
-		for _, c := range out {
-			fn(c)
+		if failed == nil {
+			out = l.fail(out[:0], batch, limit, window)
+			failed = out[0].Err
+		} else {
+			out = out[:0]
+			for _, x := range batch {
+				out = append(out, Counted{Guess: x, Err: failed})
+			}
 		}
-		if out[0].Err != nil {
-			return
+		for _, c := range out {
+			fn(c) // answered, a failure too: the caller's table waits for none
 		}
 	}
-	if l.kept() > 0 {
+	if failed == nil && l.kept() > 0 {
 		l.resendLockouts(out, batch, limit, window)
 	}
 }

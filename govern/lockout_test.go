@@ -266,3 +266,32 @@ func TestALockoutPastTheAddressBoundIsStoredWhileTheSetHasRoom(t *testing.T) {
 		t.Fatalf("the set of lockouts expires in %v, before its latest lockout ends", ttl)
 	}
 }
+
+// When Redis fails the governor's last calls (it closes while Redis
+// stalls), every wrong key still queued is answered, with the error:
+// none is left waiting (the caller's table holds an address's next
+// request until its key is answered).
+func TestEveryQueuedWrongKeyIsAnsweredWhenTheGovernorClosesWhileRedisFails(t *testing.T) {
+	rd := startRedis(t)
+	g := newGov(t, Options{State: rd.url()}, nil)
+	l := g.Lockouts("t")
+	var answered, failed atomic.Int64
+	l.Start(3, time.Minute, func(c Counted) {
+		answered.Add(1)
+		if c.Err != nil {
+			failed.Add(1)
+		}
+	})
+	rd.cmd.Process.Signal(syscall.SIGSTOP)
+	defer rd.cmd.Process.Signal(syscall.SIGCONT)
+	const n = 1000
+	for i := 0; i < n; i++ {
+		if !l.Send(Guess{Addr: netip.AddrFrom4([4]byte{192, 0, byte(i >> 8), byte(i)})}) {
+			t.Fatalf("wrong key %d refused by a queue of %d", i+1, sendQueue)
+		}
+	}
+	g.Close()
+	if a, f := answered.Load(), failed.Load(); a != n || f == 0 {
+		t.Fatalf("%d of %d wrong keys answered (%d failed) when the governor closed while Redis stalled", a, n, f)
+	}
+}
