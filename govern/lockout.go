@@ -336,8 +336,10 @@ func (l *Lockouts) Start(limit int, window time.Duration, fn func(Counted)) {
 // timeout) and answers the keys after it with that call's error, unsent.
 // fn is told each answer, as from Start: every key queued is answered.
 func (l *Lockouts) flush(out []Counted, batch []Guess, limit int, window time.Duration, fn func(Counted)) {
-	var failed error                                     // the first call Redis failed: the rest are answered with it, unsent
-	for left := cap(l.q); left > 0; left -= len(batch) { // keys Send adds meanwhile wait no longer
+	// failed: the first call Redis failed; the rest are answered with it,
+	// unsent. Keys Send adds meanwhile wait no longer than the queue's size.
+	var failed error
+	for left := cap(l.q); left > 0; left -= len(batch) {
 		batch = batch[:0]
 	drain:
 		for len(batch) < sendBatch {
