@@ -2,37 +2,12 @@ package admin
 
 import (
 	"context"
-	"os/exec"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
-
-// startRedisDir starts redis-server on port with its data in dir: it loads
-// the RDB in dir at start, as a real restart from persistence does. It
-// writes no RDB of its own (only an explicit SAVE does).
-func startRedisDir(t *testing.T, port int, dir string) *exec.Cmd {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Fatal(err) // startRedis, called first, skips without it
-	}
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port)})
-	defer c.Close()
-	for i := 0; c.Ping(context.Background()).Err() != nil; i++ {
-		if i > 100 {
-			t.Fatal("redis-server did not start")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return cmd
-}
 
 // Redis restarted from its persistence (an RDB written a little before a
 // crash, or a failover to a replica behind the primary) comes back with an
@@ -48,11 +23,7 @@ func startRedisDir(t *testing.T, port int, dir string) *exec.Cmd {
 // through would have restarted the versions below what the replicas
 // held, so they would never have adopted it.
 func TestRedisRestoredWithOlderDataGetsTheReplicasDataBack(t *testing.T) {
-	rs := startRedis(t) // picks the port; restarted below with a fixed dir
-	rs.stop()
-	dir := t.TempDir()
-	cmd := startRedisDir(t, rs.port, dir)
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	rs := startRedis(t)
 	a := newEnv(t, envOpts{state: rs.url()})
 	b := newEnv(t, envOpts{state: rs.url()})
 	if r := a.do("POST", "/api/users", `{"name":"dave"}`); r.status != 201 {
@@ -71,9 +42,7 @@ func TestRedisRestoredWithOlderDataGetsTheReplicasDataBack(t *testing.T) {
 	eventually(t, 2*time.Second, "B adopts", func() bool { return b.store.Load().Debug.DecisionHeader })
 	vb := b.store.Version()
 	// Crash (no save at shutdown) and restart from the RDB.
-	cmd.Process.Kill()
-	cmd.Wait()
-	cmd = startRedisDir(t, rs.port, dir)
+	rs.restart()
 	// Redis came back at rdbVer; a replica that reconnects at once may
 	// already have written its data back (at vb) before this read.
 	if v, err := c.HGet(context.Background(), "infera:admin:data", "version").Uint64(); err != nil || v != rdbVer && v != vb {

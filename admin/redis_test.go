@@ -16,58 +16,81 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/testsrv"
 	"github.com/redis/go-redis/v9"
 )
 
 // redisServer is a real redis-server on a free loopback port, without
-// persistence (a restart loses everything: the hardest case).
+// persistence (a restart loses everything: the hardest case), behind a
+// testsrv.Front that holds the port clients dial for the whole test; each
+// start runs the server on a fresh port of its own behind it. A restart on
+// the server's own port could lose it to another test's server in the
+// instant between the stop and the start (go test -p).
 type redisServer struct {
-	t    testing.TB
-	port int
-	cmd  *exec.Cmd
+	t     testing.TB
+	port  int    // the front's: what clients dial
+	dir   string // its data (an RDB there is loaded at start)
+	cmd   *exec.Cmd
+	front *testsrv.Front
 }
 
 func startRedis(t testing.TB) *redisServer {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
+	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("INFERA_REQUIRE_SERVERS") == "1" {
 			t.Fatal("redis-server not installed (apt-get install -y redis-server)")
 		}
 		t.Skip("redis-server not installed (apt-get install -y redis-server); INFERA_REQUIRE_SERVERS=1 makes this a failure")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &redisServer{t: t, port: ln.Addr().(*net.TCPAddr).Port}
-	ln.Close()
-	r.start(bin)
+	f := testsrv.NewFront(t)
+	r := &redisServer{t: t, port: f.Port, dir: t.TempDir(), front: f}
+	r.start()
 	t.Cleanup(r.stop)
 	return r
 }
 
-func (r *redisServer) start(bin string) {
+// start starts the server on a fresh port, with the RDB in r.dir if there
+// is one, and puts it behind the front.
+func (r *redisServer) start() {
 	r.t.Helper()
-	r.cmd = exec.Command(bin, "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", r.t.TempDir())
-	if err := r.cmd.Start(); err != nil {
-		r.t.Fatal(err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: r.addr()})
-	defer c.Close()
-	for i := 0; ; i++ {
-		if c.Ping(context.Background()).Err() == nil {
+	for attempt := 0; ; attempt++ {
+		port := testsrv.FreePort(r.t)
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		r.cmd = exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", r.dir)
+		r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // no orphan if the test binary dies
+		if err := r.cmd.Start(); err != nil {
+			r.t.Fatal(err)
+		}
+		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		var pid string
+		for i := 0; i <= 100; i++ {
+			if info, err := c.Info(context.Background(), "server").Result(); err == nil {
+				pid = info
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		c.Close()
+		// The server answering must be this one, not another process
+		// that took the fresh port first (then this one exited).
+		if strings.Contains(pid, "process_id:"+strconv.Itoa(r.cmd.Process.Pid)+"\r") {
+			r.front.Up(addr)
 			return
 		}
-		if i > 100 {
+		r.cmd.Process.Kill()
+		r.cmd.Wait()
+		r.cmd = nil
+		if attempt == 3 {
 			r.t.Fatal("redis-server did not start")
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
+// stop kills the server (a crash: nothing saved): connecting is refused
+// until the next start, and the connections clients had end.
 func (r *redisServer) stop() {
 	if r.cmd != nil && r.cmd.Process != nil {
+		r.front.Down()
 		r.cmd.Process.Kill()
 		r.cmd.Wait()
 		r.cmd = nil
@@ -76,8 +99,7 @@ func (r *redisServer) stop() {
 
 func (r *redisServer) restart() {
 	r.stop()
-	bin, _ := exec.LookPath("redis-server")
-	r.start(bin)
+	r.start()
 }
 
 func (r *redisServer) addr() string { return fmt.Sprintf("127.0.0.1:%d", r.port) }

@@ -770,7 +770,7 @@ func TestE2EAdminSnapshotsRestoreAndSkipACorruptNewest(t *testing.T) {
 // it back from a replica and writes work again; import on one replica
 // (Import to Redis) reaches both.
 func TestE2EAdminReplicasConvergeThroughRedis(t *testing.T) {
-	rs := testsrv.StartRedis(t)
+	rs := testsrv.StartStoppableRedis(t)
 	_, e1 := startEngine(t, "--speedup", "50")
 	args := []string{"--workers", "engine-a=" + e1, "--worker-model", "sim-model", "--state", rs.URL, "--router-policy", "round-robin"}
 	a := startAdminServe(t, args...)

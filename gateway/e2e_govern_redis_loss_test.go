@@ -15,7 +15,7 @@ import (
 // again, so the other router refuses the user's next request; they free
 // when the stream ends.
 func TestE2EGovernRedisRestartedEmptyCountsTheStreamsInFlightAgain(t *testing.T) {
-	rd := testsrv.StartRedis(t)
+	rd := testsrv.StartStoppableRedis(t)
 	_, eng := startEngine(t) // real time: the held stream lasts about 25 s, far past the test
 	k, h := newKey(t)
 	cfg := filepath.Join(t.TempDir(), "infera.json")

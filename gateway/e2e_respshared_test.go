@@ -28,7 +28,7 @@ import (
 // it knows. Before, B answered 404 for every id A had created (the table
 // was each router's memory).
 func TestRoutersSharingRedisShareTheirStoredResponses(t *testing.T) {
-	rd := testsrv.StartRedis(t)
+	rd := testsrv.StartStoppableRedis(t)
 	s1, e1 := startEngine(t, "--native-protocols") // real time: 12 ms a token
 	s2, e2 := startEngine(t, "--native-protocols")
 	engines := map[string]*engine.Server{s1.ID(): s1, s2.ID(): s2}

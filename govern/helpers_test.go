@@ -3,7 +3,6 @@ package govern
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/freeport"
+	"github.com/infera/infera/internal/testsrv"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -101,31 +102,31 @@ func identify(t testing.TB, g *Governor, key string) *User {
 	return u
 }
 
-// redisServer is a real redis-server on a free loopback port.
+// redisServer is a real redis-server on a free loopback port, behind a
+// testsrv.Front: port is the front's, which the test holds from start to
+// end, and each start runs the server on a fresh port of its own behind
+// it. A restart on the server's own port could lose it to another test's
+// server in the instant between the stop and the start (go test -p).
 type redisServer struct {
-	t    testing.TB
-	port int
-	dir  string
-	cmd  *exec.Cmd
+	t      testing.TB
+	port   int // the front's: what clients dial
+	bport  int // the running server's own
+	dir    string
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has exited
+	front  *testsrv.Front
 }
 
 func startRedis(t testing.TB) *redisServer {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
+	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatal("redis-server not installed (apt-get install -y redis-server)")
 		}
 		t.Skip("redis-server not installed (apt-get install -y redis-server)")
 	}
-	_ = bin
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	s := &redisServer{t: t, port: port, dir: t.TempDir()}
+	f := testsrv.NewFront(t)
+	s := &redisServer{t: t, port: f.Port, dir: t.TempDir(), front: f}
 	s.start()
 	t.Cleanup(s.stop)
 	return s
@@ -133,15 +134,41 @@ func startRedis(t testing.TB) *redisServer {
 
 func (s *redisServer) url() string { return "redis://127.0.0.1:" + strconv.Itoa(s.port) + "/0" }
 
+// start starts the server (with the dump in its directory, if a test
+// saved one) on a fresh port and puts it behind the front.
 func (s *redisServer) start() {
 	s.t.Helper()
-	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir, "--protected-mode", "no", "--logfile", filepath.Join(s.dir, "redis.log"))
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // no orphan if the test binary dies
-	if err := s.cmd.Start(); err != nil {
+	for attempt := 0; ; attempt++ {
+		err := s.launch()
+		if err == nil {
+			s.front.Up("127.0.0.1:" + strconv.Itoa(s.bport))
+			return
+		}
+		log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+		if attempt < 3 && strings.Contains(string(log), "Address already in use") {
+			os.Truncate(filepath.Join(s.dir, "redis.log"), 0) // another process took the fresh port first
+			continue
+		}
+		s.t.Fatalf("%v; its log:\n%s", err, log)
+	}
+}
+
+// launch runs redis-server on a fresh port and waits until it answers.
+func (s *redisServer) launch() error {
+	port, err := freeport.Get()
+	if err != nil {
 		s.t.Fatal(err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(s.port), MaxRetries: -1})
+	s.bport = port
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir, "--protected-mode", "no", "--logfile", filepath.Join(s.dir, "redis.log"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // no orphan if the test binary dies
+	if err := cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), MaxRetries: -1})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -149,30 +176,39 @@ func (s *redisServer) start() {
 		info, err := c.Info(ctx, "server").Result()
 		cancel()
 		if err == nil {
-			// The server answering must be this one: a restart on the
-			// same port races other tests' servers for it (-p 3), and a
-			// ping answered by another test's server passed for a
-			// restart whose own server could not bind.
-			if !strings.Contains(info, "process_id:"+strconv.Itoa(s.cmd.Process.Pid)+"\r") {
-				log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-				s.t.Fatalf("another process answers on port %d (taken while this test's redis-server restarted); its log:\n%s", s.port, log)
+			// The server answering must be this one, not another
+			// process that took the port first.
+			if !strings.Contains(info, "process_id:"+strconv.Itoa(cmd.Process.Pid)+"\r") {
+				cmd.Process.Kill()
+				<-exited
+				return fmt.Errorf("another process answers on port %d", port)
 			}
-			return
+			s.cmd, s.exited = cmd, exited
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("redis-server exited before it answered")
+		default:
 		}
 		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log")) // a failed bind, ...
-			s.t.Fatalf("redis-server did not answer: %v; its log:\n%s", err, log)
+			cmd.Process.Kill()
+			<-exited
+			return fmt.Errorf("redis-server did not answer: %v", err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
+// stop kills the server: connecting is refused until the next start, and
+// the connections clients had end.
 func (s *redisServer) stop() {
 	if s.cmd == nil {
 		return
 	}
+	s.front.Down()
 	s.cmd.Process.Kill()
-	s.cmd.Wait()
+	<-s.exited
 	s.cmd = nil
 }
 

@@ -185,7 +185,7 @@ func TestRedisHoldsTheAddressAndItsCountNeverTheKey(t *testing.T) {
 // --auth-lockout-failures of them, the other still serves it), and each
 // wrong key Redis could not count is counted in the metric.
 func TestWithRedisDownEachRouterLocksOutByItself(t *testing.T) {
-	rd := testsrv.StartRedis(t)
+	rd := testsrv.StartStoppableRedis(t)
 	up := startUpstream(t, okHandler)
 	f := lockoutFlags(3, 30*time.Second)
 	a, _ := sharedLockoutRouter(t, f, rd.URL, up.url)
@@ -368,7 +368,7 @@ func TestALockoutOneRoutersCountBeginsHoldsOnEveryRouter(t *testing.T) {
 // to Redis once it answers again: the other routers, and the set of
 // lockouts in force (read by a router that starts), then hold it too.
 func TestALockoutBegunWhileRedisWasDownReachesEveryRouterOnceItIsBack(t *testing.T) {
-	rd := testsrv.StartRedis(t)
+	rd := testsrv.StartStoppableRedis(t)
 	up := startUpstream(t, okHandler)
 	f := lockoutFlags(3, 30*time.Second)
 	a, _ := sharedLockoutRouter(t, f, rd.URL, up.url)

@@ -51,7 +51,7 @@ func TestRoutersSharingRedisKeepAResponsesFirstEngine(t *testing.T) {
 // With Redis down, an id is learned into the router's memory (its record
 // failed, counted) and a lookup of an id not there is unknown (counted).
 func TestARouterWhoseRedisIsDownKeepsItsOwnResponses(t *testing.T) {
-	rd := testsrv.StartRedis(t)
+	rd := testsrv.StartStoppableRedis(t)
 	var a respAffinity
 	a.records = newGovernorAt(t, rd.URL, config.Default()).Records()
 	rd.Stop()

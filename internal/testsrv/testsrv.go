@@ -3,7 +3,10 @@
 // StartEtcd, StartNATS and StartRedis launch /usr/bin/etcd,
 // /usr/sbin/nats-server and /usr/bin/redis-server on free loopback ports
 // with temporary data directories, wait until they answer, and stop them in
-// t.Cleanup. Stop and Restart simulate outages.
+// t.Cleanup. Stop and Restart simulate outages. A Front holds a port for a
+// whole test and relays to a server that moves to a fresh port on each
+// start (StartStoppableRedis), so a restart never races other tests for
+// its port.
 // When a binary is missing the test is skipped, unless INFERA_REQUIRE_SERVERS
 // is 1, in which case it fails.
 //
@@ -76,9 +79,11 @@ type proc struct {
 
 	// repick, when set, moves the server to new free ports (rewriting
 	// args); the first start calls it when another process took a port
-	// between FreePort and the bind. Restarts keep their ports.
-	repick  func()
-	started bool
+	// between FreePort and the bind. Restarts keep their ports, unless
+	// everyStart (a server behind a Front, which moves on every start).
+	repick     func()
+	everyStart bool
+	started    bool
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -98,7 +103,7 @@ func (p *proc) start(ready func() error) {
 			p.started = true
 			return
 		}
-		if !p.started && p.repick != nil && attempt < 3 && bytes.Contains(exited, []byte("address already in use")) {
+		if (!p.started || p.everyStart) && p.repick != nil && attempt < 3 && bytes.Contains(exited, []byte("address already in use")) {
 			p.repick()
 			os.Truncate(p.log, 0)
 			continue

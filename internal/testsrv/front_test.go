@@ -1,0 +1,122 @@
+package testsrv
+
+import (
+	"bufio"
+	"errors"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// echoServer answers each line with the same line plus its own name.
+func echoServer(t *testing.T, name string) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					l, err := br.ReadString('\n')
+					if err != nil {
+						return
+					}
+					c.Write([]byte(name + ":" + l))
+				}
+			}()
+		}
+	}()
+	return ln
+}
+
+func roundTrip(c net.Conn) (string, error) {
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("hi\n")); err != nil {
+		return "", err
+	}
+	return bufio.NewReader(c).ReadString('\n')
+}
+
+// Between Down and Up the front's port is refused to clients and to any
+// other process that wants to listen on it; Down cuts the relayed
+// connections and Up reaches the new backend.
+func TestFrontHoldsItsPortWhileDownAndCutsItsConnections(t *testing.T) {
+	a, b := echoServer(t, "a"), echoServer(t, "b")
+	f := NewFront(t)
+	if _, err := net.DialTimeout("tcp", f.Addr, time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("a front not yet up: dial %v, want connection refused", err)
+	}
+	f.Up(a.Addr().String())
+	c, err := net.DialTimeout("tcp", f.Addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got, err := roundTrip(c); got != "a:hi\n" {
+		t.Fatalf("through the front: %q %v", got, err)
+	}
+
+	f.Down()
+	if _, err := roundTrip(c); err == nil {
+		t.Fatal("a connection relayed before Down still works after it")
+	}
+	if _, err := net.DialTimeout("tcp", f.Addr, time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("a front that is down: dial %v, want connection refused", err)
+	}
+	if ln, err := net.Listen("tcp", f.Addr); err == nil {
+		ln.Close()
+		t.Fatalf("another listener took the port of a front that is down")
+	}
+	if ln, err := net.Listen("tcp", "0.0.0.0:"+f.Addr[len("127.0.0.1:"):]); err == nil {
+		ln.Close()
+		t.Fatalf("a wildcard listener took the port of a front that is down")
+	}
+
+	f.Up(b.Addr().String())
+	c2, err := net.DialTimeout("tcp", f.Addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if got, err := roundTrip(c2); got != "b:hi\n" {
+		t.Fatalf("through the front after Up on a new backend: %q %v", got, err)
+	}
+}
+
+// A stoppable Redis keeps its address across restarts while the server
+// behind it moves, and a restart empties it.
+func TestStoppableRedisKeepsItsAddressAcrossRestarts(t *testing.T) {
+	r := StartStoppableRedis(t)
+	addr, backend := r.Addr, r.backend
+	if addr == backend {
+		t.Fatalf("the address clients use is the server's own: %s", addr)
+	}
+	if _, err := r.Do("SET", "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	r.Restart()
+	if r.Addr != addr || r.backend == backend {
+		t.Fatalf("after a restart: address %s (was %s), server %s (was %s)", r.Addr, addr, r.backend, backend)
+	}
+	if got, err := r.Do("EXISTS", "k"); got != "0" || err != nil {
+		t.Fatalf("EXISTS k after a restart: %q %v, want 0 (empty)", got, err)
+	}
+	r.Stop()
+	if _, err := r.Do("PING"); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("PING a stopped Redis: %v, want connection refused", err)
+	}
+	r.Start()
+	if got, err := r.Do("PING"); got != "PONG" || err != nil {
+		t.Fatalf("PING after Start: %q %v", got, err)
+	}
+}
