@@ -525,7 +525,7 @@ func EncodeBound(c *Config, f func(owner, address, key string) (string, error)) 
 func EncodeJSON(c *Config, literal func(path, key string) (string, error)) ([]byte, error) {
 	// Sized like the last encoding: a large config is encoded several
 	// times per admin write, and growing the buffer copied it each time.
-	hint := encodeHintFor(len(c.Users))
+	hint := encodeHintFor(c.Users)
 	b, err := encodeValue(make([]byte, 0, hint+hint/8+512), reflect.ValueOf(c).Elem(), "", literal)
 	if err != nil {
 		return nil, fmt.Errorf("cannot encode config: %w", err)
@@ -547,19 +547,51 @@ var encodeSizeHint atomic.Pointer[encodedSize]
 // the size of one user's.
 const hintUsers = 100
 
-// encodeHintFor is the size to reserve for encoding a config of users
-// users: that of the last large one's encoding, scaled by the users (the
-// bulk of a large config). Reserving the last size whatever the config
-// made the encoding of an empty config after one of 50,000 users hold
-// 9 MB (an import's audit entry encodes both, the old one first), and the
-// next encoding of the 50,000 grow from the small one's size (reallocated
-// at every step: 100 MB allocated by an import's encodings).
-func encodeHintFor(users int) int {
+// encodeHintFor is the size to reserve for encoding a config of users:
+// that of the last large one's encoding, scaled by the users (the bulk of
+// a large config). Reserving the last size whatever the config made the
+// encoding of an empty config after one of 50,000 users hold 9 MB (an
+// import's audit entry encodes both, the old one first), and the next
+// encoding of the 50,000 grow from the small one's size (reallocated at
+// every step: 100 MB allocated by an import's encodings). Before any
+// large encoding (a router started on a small config that takes an import
+// of many users) it is what the users take written as EncodeJSON writes
+// them (usersJSONLen): starting from 512 bytes, the first encoding grew a
+// quarter at a time, which allocated about five times what it wrote.
+func encodeHintFor(users []User) int {
 	h := encodeSizeHint.Load()
 	if h == nil {
-		return 0
+		if len(users) < hintUsers {
+			return 0
+		}
+		return usersJSONLen(users)
 	}
-	return int(int64(h.bytes) * int64(users+1) / int64(h.users+1))
+	return int(int64(h.bytes) * int64(len(users)+1) / int64(h.users+1))
+}
+
+// usersJSONLen is about the length of users encoded as EncodeJSON encodes
+// them (encoding/json's field order and names): at most two bytes a user
+// over it when no string needs an escape (user names and key hashes never
+// do), short by the escapes otherwise.
+func usersJSONLen(users []User) int {
+	// {"name":"","keys":[],"template":"","enabled":false}, and a comma
+	// between users.
+	const fixed = len(`{"name":"","keys":[],"template":"","enabled":false},`)
+	n := 2
+	for i := range users {
+		u := &users[i]
+		n += fixed + len(u.Name) + len(u.Template)
+		for _, k := range u.Keys {
+			n += len(k) + 3
+		}
+		if len(u.Models) > 0 {
+			n += len(`,"models":[]`)
+			for _, m := range u.Models {
+				n += len(m) + 3
+			}
+		}
+	}
+	return n
 }
 
 func encodeValue(b []byte, v reflect.Value, path string, literal func(path, key string) (string, error)) ([]byte, error) {
