@@ -168,7 +168,9 @@ type actor struct {
 type storage interface {
 	// commit stores c when the current version is ifVersion (0: any) and
 	// returns the new version. The store serves c when commit returns.
-	commit(c *config.Config, ifVersion uint64, who actor) (uint64, error)
+	// checked says c passed Store.Check and has not changed since: it is
+	// not validated and checked again.
+	commit(c *config.Config, ifVersion uint64, who actor, checked bool) (uint64, error)
 	// kind is file, memory or redis.
 	kind() string
 	start(a *Admin)
@@ -179,7 +181,10 @@ type storage interface {
 // atomically) or in memory.
 type local struct{ store *config.Store }
 
-func (l local) commit(c *config.Config, ifVersion uint64, _ actor) (uint64, error) {
+func (l local) commit(c *config.Config, ifVersion uint64, _ actor, checked bool) (uint64, error) {
+	if checked {
+		return l.store.ApplyChecked(c, ifVersion)
+	}
 	return l.store.Apply(c, ifVersion)
 }
 
@@ -465,7 +470,8 @@ func (a *Admin) changeChecked(who actor, action string, ifVersion uint64, checke
 			return nil, 0, &errConflict{have: ver, msg: fmt.Sprintf("the config changed since version %d (now %d): reload and apply your change again", ifVersion, ver)}
 		}
 		next := checked
-		if checked == nil || ver != checkedVer {
+		asChecked := checked != nil && ver == checkedVer
+		if !asChecked {
 			curData, err := encodeClear(cur)
 			if err != nil {
 				return nil, 0, err
@@ -494,7 +500,9 @@ func (a *Admin) changeChecked(who actor, action string, ifVersion uint64, checke
 			}
 		}
 		a.pending.Store(&pendingChange{cfg: next, who: who, action: action})
-		nv, err := a.st.commit(next, ver, who)
+		// The config checked by the caller (Store.Check) is stored as it
+		// is: nothing above changes it.
+		nv, err := a.st.commit(next, ver, who, asChecked)
 		a.pending.Store(nil)
 		var vc *config.VersionConflict
 		if errors.As(err, &vc) {

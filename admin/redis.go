@@ -134,7 +134,7 @@ func newRedisStorage(a *Admin) (*redisStorage, error) {
 		}
 		a.pending.Store(&pendingChange{cfg: c, who: actor{Who: "config file"}, action: "reload"})
 		defer a.pending.Store(nil)
-		_, err := r.commit(c, 0, actor{Who: "config file"})
+		_, err := r.commit(c, 0, actor{Who: "config file"}, false)
 		return err
 	})
 	ok = true
@@ -243,12 +243,14 @@ func (r *redisStorage) seed(c *config.Config, version uint64, who actor) (bool, 
 	return n == 1, nil
 }
 
-func (r *redisStorage) commit(c *config.Config, ifVersion uint64, who actor) (uint64, error) {
+func (r *redisStorage) commit(c *config.Config, ifVersion uint64, who actor, checked bool) (uint64, error) {
 	// What this router's flags make unusable (static workers under etcd
 	// discovery, say) is refused here as the file store's Apply refuses it:
 	// Redis's answer comes back through Replace, which checks nothing.
-	if err := r.a.store.Check(c); err != nil {
-		return 0, err
+	if !checked {
+		if err := r.a.store.Check(c); err != nil {
+			return 0, err
+		}
 	}
 	data, err := r.a.seal.encodeSealed(c)
 	if err != nil {

@@ -154,7 +154,7 @@ func TestRedisReplicasConverge(t *testing.T) {
 	// conflict too (the compare-and-set is in Redis, not in B's memory).
 	cfg, v := b.store.Current()
 	a.put("debug", `{"decision_header":true}`, 200)
-	if _, err := b.a.st.commit(cfg, v, actor{Who: "test"}); err == nil {
+	if _, err := b.a.st.commit(cfg, v, actor{Who: "test"}, false); err == nil {
 		t.Fatal("commit on a stale version succeeded in Redis")
 	}
 	// Users created on one replica authenticate on the other's config.

@@ -530,7 +530,7 @@ func (a *Admin) restoreNewerThanFile() error {
 		return nil
 	}
 	a.pending.Store(&pendingChange{cfg: c, who: actor{Who: "startup"}, action: "restore " + info.Name})
-	_, err = a.st.commit(c, 0, actor{Who: "startup"})
+	_, err = a.st.commit(c, 0, actor{Who: "startup"}, false)
 	a.pending.Store(nil)
 	if err != nil {
 		slog.Error("snapshot not restored; serving the config file", "config", path, "snapshot", info.Name, "err", err)

@@ -258,9 +258,24 @@ func (s *Store) Apply(c *Config, ifVersion uint64) (uint64, error) {
 	if err := c.Validate(); err != nil {
 		return 0, err
 	}
+	return s.apply(c, ifVersion, true)
+}
+
+// ApplyChecked is Apply of a config that Check accepted and that has not
+// changed since: Validate and the check of SetCheck, which depend on
+// nothing but c (the check is set once, at start), are not run again. An
+// admin import checks its config before its dry run answers and before
+// the snapshot taken ahead of it; Apply then ran both again (for 50,000
+// users each Validate allocates about 3.5 MB).
+func (s *Store) ApplyChecked(c *Config, ifVersion uint64) (uint64, error) {
+	return s.apply(c, ifVersion, false)
+}
+
+// apply is Apply once c is valid, running the check of SetCheck if check.
+func (s *Store) apply(c *Config, ifVersion uint64, check bool) (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.check != nil {
+	if check && s.check != nil {
 		if err := s.check(c); err != nil {
 			return 0, err
 		}
