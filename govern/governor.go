@@ -258,7 +258,14 @@ type winLimit struct {
 func (g *Governor) Apply(c *config.Config) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	s := &snapshot{keys: map[string]*keyRecord{}, users: map[string]*User{}, replaced: make(chan struct{})}
+	// The maps are made at their size: grown entry by entry, they left
+	// their smaller tables behind (3.4 MB for 20,000 users, a third of
+	// what Apply keeps; TestApplyingManyUsersAllocatesLittleBesideWhatItKeeps).
+	nkeys := 0
+	for i := range c.Users {
+		nkeys += len(c.Users[i].Keys)
+	}
+	s := &snapshot{keys: make(map[string]*keyRecord, nkeys), users: make(map[string]*User, len(c.Users)), replaced: make(chan struct{})}
 	ul := c.UserLimit
 	tz := ul.Timezone
 	if tz == "" {
