@@ -80,9 +80,6 @@ func (r *Redis) Start() {
 
 func (r *Redis) start() {
 	r.p.t.Helper()
-	if r.p.started && r.front != nil {
-		r.p.repick()
-	}
 	r.p.start(func() error {
 		_, err := r.do(r.backend, "PING")
 		return err

@@ -5,8 +5,8 @@
 // with temporary data directories, wait until they answer, and stop them in
 // t.Cleanup. Stop and Restart simulate outages. A Front holds a port for a
 // whole test and relays to a server that moves to a fresh port on each
-// start (StartStoppableRedis), so a restart never races other tests for
-// its port.
+// start (every etcd and NATS server, and StartStoppableRedis), so a
+// restart never races other tests for its port.
 // When a binary is missing the test is skipped, unless INFERA_REQUIRE_SERVERS
 // is 1, in which case it fails.
 //
@@ -69,7 +69,8 @@ func FreePort(t testing.TB) int {
 }
 
 // proc is one server process that can be stopped and started again with the
-// same arguments (and so the same ports and data).
+// same arguments (and so the same ports and data), or, with everyStart, on
+// fresh ports behind a Front.
 type proc struct {
 	t    testing.TB
 	name string
@@ -80,7 +81,8 @@ type proc struct {
 	// repick, when set, moves the server to new free ports (rewriting
 	// args); the first start calls it when another process took a port
 	// between FreePort and the bind. Restarts keep their ports, unless
-	// everyStart (a server behind a Front, which moves on every start).
+	// everyStart (a server behind a Front, which moves on every start:
+	// start calls repick before each start after the first).
 	repick     func()
 	everyStart bool
 	started    bool
@@ -96,6 +98,9 @@ func (p *proc) start(ready func() error) {
 	defer p.mu.Unlock()
 	if p.cmd != nil {
 		return
+	}
+	if p.started && p.everyStart {
+		p.repick()
 	}
 	for attempt := 0; ; attempt++ {
 		exited := p.launch(ready)
@@ -177,11 +182,19 @@ func tail(b []byte, n int) string {
 	return string(b)
 }
 
-// Etcd is a running etcd server.
+// Etcd is a running etcd server behind a Front: Endpoint stays the same
+// for the whole test while each start runs etcd on fresh ports of its own
+// (its data kept, unless RestartEmpty). A restart on etcd's own ports
+// could lose them to another test's server in the instant between the
+// stop and the start (go test -p runs packages at once).
 type Etcd struct {
-	// Endpoint is host:port of the client listener.
+	// Endpoint is host:port of the client listener (the front's); etcd
+	// advertises it as its client URL.
 	Endpoint string
+	backend  string // etcd's own client listener
+	data     string // its data directory
 	p        *proc
+	front    *Front
 	certs    *Certs
 }
 
@@ -189,7 +202,8 @@ type Etcd struct {
 func StartEtcd(t testing.TB) *Etcd { t.Helper(); return StartEtcdTLS(t, nil) }
 
 // StartEtcdTLS starts etcd serving clients over TLS with certs (client
-// certificates required) when certs is not nil.
+// certificates required) when certs is not nil. The front relays TCP, so
+// the TLS handshake is the client's with etcd.
 func StartEtcdTLS(t testing.TB, certs *Certs) *Etcd {
 	t.Helper()
 	need(t, EtcdBin)
@@ -198,19 +212,26 @@ func StartEtcdTLS(t testing.TB, certs *Certs) *Etcd {
 	if certs != nil {
 		scheme = "https"
 	}
-	e := &Etcd{certs: certs}
-	e.p = &proc{t: t, name: "etcd", bin: EtcdBin, log: filepath.Join(dir, "etcd.log")}
+	e := &Etcd{certs: certs, front: NewFront(t)}
+	e.Endpoint = e.front.Addr
+	e.p = &proc{t: t, name: "etcd", bin: EtcdBin, log: filepath.Join(dir, "etcd.log"), everyStart: true}
 	picks := 0
 	e.p.repick = func() {
 		cport, pport := FreePort(t), FreePort(t)
 		curl := fmt.Sprintf("%s://127.0.0.1:%d", scheme, cport)
 		purl := fmt.Sprintf("http://127.0.0.1:%d", pport)
-		e.Endpoint = fmt.Sprintf("127.0.0.1:%d", cport)
-		picks++ // a fresh data directory: a failed start may have written the old peer URL
+		e.backend = fmt.Sprintf("127.0.0.1:%d", cport)
+		if !e.p.started {
+			// A fresh data directory: a failed first start may have
+			// written the old peer URL. A restart keeps its data (a
+			// single member starts from it whatever its new peer port).
+			picks++
+			e.data = filepath.Join(dir, "data"+strconv.Itoa(picks))
+		}
 		e.p.args = []string{
 			"--name", "default",
-			"--data-dir", filepath.Join(dir, "data"+strconv.Itoa(picks)),
-			"--listen-client-urls", curl, "--advertise-client-urls", curl,
+			"--data-dir", e.data,
+			"--listen-client-urls", curl, "--advertise-client-urls", scheme + "://" + e.Endpoint,
 			"--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
 			"--initial-cluster", "default=" + purl,
 			"--log-level", "warn",
@@ -226,7 +247,8 @@ func StartEtcdTLS(t testing.TB, certs *Certs) *Etcd {
 	return e
 }
 
-// Start starts a stopped server again with the same ports and data.
+// Start starts a stopped server again with its data, at the same
+// Endpoint.
 func (e *Etcd) Start() {
 	e.p.t.Helper()
 	hc := &http.Client{Timeout: time.Second}
@@ -242,8 +264,9 @@ func (e *Etcd) Start() {
 		}
 		hc.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}
 	}
+	defer hc.CloseIdleConnections()
 	e.p.start(func() error {
-		resp, err := hc.Get(scheme + "://" + e.Endpoint + "/health")
+		resp, err := hc.Get(scheme + "://" + e.backend + "/health")
 		if err != nil {
 			return err
 		}
@@ -253,51 +276,62 @@ func (e *Etcd) Start() {
 		}
 		return nil
 	})
+	e.front.Up(e.backend)
 }
 
-// Stop stops the server (an outage); Start brings it back.
-func (e *Etcd) Stop() { e.p.stop() }
+// Stop stops the server (an outage): connecting to Endpoint is refused and
+// the connections open to it end. Start brings it back.
+func (e *Etcd) Stop() {
+	e.front.Down()
+	e.p.stop()
+}
 
 // Restart stops and starts the server.
-func (e *Etcd) Restart() { e.Stop(); e.Start() }
+func (e *Etcd) Restart() { e.p.t.Helper(); e.Stop(); e.Start() }
 
-// RestartEmpty stops the server and starts it again on the same ports with
-// an empty data directory: a single-member etcd without persistent storage
-// coming back, its revision counter starting over.
+// RestartEmpty stops the server and starts it again at the same Endpoint
+// with an empty data directory: a single-member etcd without persistent
+// storage coming back, its revision counter starting over.
 func (e *Etcd) RestartEmpty() {
 	e.p.t.Helper()
 	e.Stop()
-	for i, a := range e.p.args {
-		if a == "--data-dir" {
-			e.p.args[i+1] += "-empty"
-		}
-	}
+	e.data += "-empty"
 	e.Start()
 }
 
-// NATS is a running nats-server.
+// NATS is a running nats-server behind a Front: URL stays the same for
+// the whole test while each start runs the server on a fresh port of its
+// own. A restart on the server's own port could lose it to another test's
+// server in the instant between the stop and the start (go test -p runs
+// packages at once). The front relays TCP, so INFO, CONNECT, TLS and
+// authentication are the client's with the server.
 type NATS struct {
-	// URL is nats://127.0.0.1:port.
-	URL  string
-	addr string
-	p    *proc
+	// URL is nats://127.0.0.1:port (the front's); the server advertises
+	// it as its client URL (--client_advertise: what a cluster's INFO
+	// connect_urls tell clients).
+	URL     string
+	backend string // the server's own address
+	p       *proc
+	front   *Front
 }
 
 // StartNATS starts a nats-server on a free loopback port.
 func StartNATS(t testing.TB) *NATS { t.Helper(); return StartNATSArgs(t) }
 
 // StartNATSArgs is StartNATS with extra nats-server arguments (a cluster
-// node's --cluster, --routes, ...).
+// node's --cluster, --routes, ...). Ports in extra (a cluster port) stay
+// the same across restarts.
 func StartNATSArgs(t testing.TB, extra ...string) *NATS {
 	t.Helper()
 	need(t, NATSBin)
 	dir := t.TempDir()
-	n := &NATS{}
-	n.p = &proc{t: t, name: "nats-server", bin: NATSBin, log: filepath.Join(dir, "nats.log")}
+	n := &NATS{front: NewFront(t)}
+	n.URL = "nats://" + n.front.Addr
+	n.p = &proc{t: t, name: "nats-server", bin: NATSBin, log: filepath.Join(dir, "nats.log"), everyStart: true}
 	n.p.repick = func() {
 		port := FreePort(t)
-		n.URL, n.addr = fmt.Sprintf("nats://127.0.0.1:%d", port), "127.0.0.1:"+strconv.Itoa(port)
-		n.p.args = append([]string{"-a", "127.0.0.1", "-p", strconv.Itoa(port)}, extra...)
+		n.backend = "127.0.0.1:" + strconv.Itoa(port)
+		n.p.args = append([]string{"-a", "127.0.0.1", "-p", strconv.Itoa(port), "--client_advertise", n.front.Addr}, extra...)
 	}
 	n.p.repick()
 	n.Start()
@@ -305,29 +339,37 @@ func StartNATSArgs(t testing.TB, extra ...string) *NATS {
 	return n
 }
 
-// Start starts a stopped server again on the same port.
+// Start starts a stopped server again at the same URL.
 func (n *NATS) Start() {
 	n.p.t.Helper()
-	n.p.start(func() error {
-		c, err := net.DialTimeout("tcp", n.addr, time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		c.SetReadDeadline(time.Now().Add(time.Second))
-		buf := make([]byte, 4)
-		if _, err := c.Read(buf); err != nil || string(buf) != "INFO" {
-			return fmt.Errorf("no INFO banner: %v", err)
-		}
-		return nil
-	})
+	n.p.start(func() error { return natsReady(n.backend) })
+	n.front.Up(n.backend)
 }
 
-// Stop stops the server.
-func (n *NATS) Stop() { n.p.stop() }
+// natsReady is nil once the server at addr sends its INFO banner.
+func natsReady(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	buf := make([]byte, 4)
+	if _, err := c.Read(buf); err != nil || string(buf) != "INFO" {
+		return fmt.Errorf("no INFO banner: %v", err)
+	}
+	return nil
+}
+
+// Stop stops the server (an outage): connecting to URL is refused and the
+// connections open to it end.
+func (n *NATS) Stop() {
+	n.front.Down()
+	n.p.stop()
+}
 
 // Restart stops and starts the server.
-func (n *NATS) Restart() { n.Stop(); n.Start() }
+func (n *NATS) Restart() { n.p.t.Helper(); n.Stop(); n.Start() }
 
 // Silent starts a TCP server on loopback that accepts connections and
 // holds them open without reading or writing (a TLS server that never

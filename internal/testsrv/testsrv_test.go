@@ -18,7 +18,7 @@ func TestFirstStartMovesToNewPortsWhenOneIsTaken(t *testing.T) {
 	}
 	defer taken.Close()
 	dir := t.TempDir()
-	n := &NATS{}
+	n := &NATS{front: NewFront(t)}
 	n.p = &proc{t: t, name: "nats-server", bin: NATSBin, log: filepath.Join(dir, "nats.log")}
 	picks := 0
 	n.p.repick = func() {
@@ -27,14 +27,14 @@ func TestFirstStartMovesToNewPortsWhenOneIsTaken(t *testing.T) {
 			port = taken.Addr().(*net.TCPAddr).Port
 		}
 		picks++
-		n.URL, n.addr = fmt.Sprintf("nats://127.0.0.1:%d", port), "127.0.0.1:"+strconv.Itoa(port)
+		n.URL, n.backend = fmt.Sprintf("nats://127.0.0.1:%d", port), "127.0.0.1:"+strconv.Itoa(port)
 		n.p.args = []string{"-a", "127.0.0.1", "-p", strconv.Itoa(port)}
 	}
 	n.p.repick()
 	n.Start()
 	defer n.Stop()
-	if picks != 2 || n.addr == taken.Addr().String() {
-		t.Fatalf("picks %d, addr %s (taken %s)", picks, n.addr, taken.Addr())
+	if picks != 2 || n.backend == taken.Addr().String() {
+		t.Fatalf("picks %d, addr %s (taken %s)", picks, n.backend, taken.Addr())
 	}
 	n.Restart() // restarts keep the port
 	if picks != 2 {
