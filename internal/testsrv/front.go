@@ -119,20 +119,22 @@ func (f *Front) Up(backend string) {
 	go f.accept(ln)
 }
 
-// Down stops listening (connecting is refused; the port stays held) and
-// cuts every connection relayed so far.
+// Down stops listening (connecting is refused; the port stays held), then
+// cuts every connection relayed so far: in that order, as a server that
+// stops closes its listener first, so a client that dials again the
+// moment its connection ends is refused, not accepted and then reset.
 func (f *Front) Down() {
 	f.mu.Lock()
 	ln := f.ln
 	f.ln = nil
+	if ln != nil {
+		ln.Close()
+	}
 	for c := range f.conns {
 		c.Close()
 	}
 	f.conns = map[net.Conn]struct{}{}
 	f.mu.Unlock()
-	if ln != nil {
-		ln.Close()
-	}
 	f.wg.Wait()
 }
 

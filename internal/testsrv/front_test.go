@@ -3,6 +3,7 @@ package testsrv
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"net"
 	"syscall"
 	"testing"
@@ -118,5 +119,43 @@ func TestStoppableRedisKeepsItsAddressAcrossRestarts(t *testing.T) {
 	r.Start()
 	if got, err := r.Do("PING"); got != "PONG" || err != nil {
 		t.Fatalf("PING after Start: %q %v", got, err)
+	}
+}
+
+// A front going down stops listening before it cuts the connections it
+// relays, as a server that stops closes its listener first: a client
+// that dials again the moment its connection ends is refused, not
+// accepted and then reset (which a client may take for another failure
+// than a server that is down).
+func TestAFrontRefusesAClientThatReconnectsTheMomentItsConnectionIsCut(t *testing.T) {
+	a := echoServer(t, "a")
+	f := NewFront(t)
+	for i := 0; i < 100; i++ {
+		f.Up(a.Addr().String())
+		c, err := net.DialTimeout("tcp", f.Addr, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := roundTrip(c); err != nil {
+			t.Fatal(err)
+		}
+		redial := make(chan error, 1)
+		go func() {
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			c.Read(make([]byte, 1)) // ends when Down cuts it
+			c.Close()
+			c2, err := net.DialTimeout("tcp", f.Addr, time.Second)
+			if err != nil {
+				redial <- err
+				return
+			}
+			_, err = roundTrip(c2)
+			c2.Close()
+			redial <- fmt.Errorf("accepted, then %v", err)
+		}()
+		f.Down()
+		if err := <-redial; !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("cycle %d: dialing the moment the front cut the connection: %v, want connection refused", i, err)
+		}
 	}
 }
