@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/testsrv"
 )
 
 // A service account allowed to list Pods but not to watch them (a Role
@@ -484,17 +485,22 @@ func TestKubeAWatchEndedByAThrottlingErrorEventIsRetriedWithoutARelist(t *testin
 // server just back up.
 func TestKubeAWatchOfARestartingAPIServerResumesFromItsResourceVersion(t *testing.T) {
 	f := newFakeKube("tok")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	serve := func(ln net.Listener) *http.Server {
+	// The API server's address is a front's, held for the whole test: a
+	// server restarted on its own port could find it taken by another
+	// test (go test -p) in the 700 ms it is down.
+	front := testsrv.NewFront(t)
+	addr := front.Addr
+	serve := func() *http.Server {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
 		s := &http.Server{Handler: f}
 		go s.Serve(ln)
+		front.Up(ln.Addr().String())
 		return s
 	}
-	s := serve(ln)
+	s := serve()
 	defer func() { s.Close() }()
 	pod := func(name, id string) podSpec {
 		return podSpec{ns: "infera", name: name, labels: workerLabels, phase: "Running", ready: true, ann: strp(recJSON(id))}
@@ -514,15 +520,12 @@ func TestKubeAWatchOfARestartingAPIServerResumesFromItsResourceVersion(t *testin
 	}
 	waitFor(t, 2*time.Second, "the watch", func() bool { return f.watches.Load() == 1 })
 
-	s.Close() // the API server goes down: its watch broken, connections refused
+	front.Down() // the API server goes down: its watch broken, connections refused
+	s.Close()
 	waitFor(t, 2*time.Second, "health saying the API is unreachable", func() bool { ok, _ := w.Health(); return !ok })
 	f.set(pod("p2", "w2"), false) // changed while it is down
 	time.Sleep(700 * time.Millisecond)
-	ln, err = net.Listen("tcp", addr)
-	if err != nil {
-		t.Skipf("cannot listen on %s again: %v", addr, err)
-	}
-	s = serve(ln)
+	s = serve()
 	waitFor(t, 5*time.Second, "healthy once the API server is back", func() bool { ok, _ := w.Health(); return ok })
 	waitFor(t, 5*time.Second, "the change made while down, seen by the resumed watch", func() bool { _, ok := sink.get("w2"); return ok })
 	if n := f.lists.Load(); n != 1 {
