@@ -3,7 +3,6 @@ package govern
 import (
 	"bytes"
 	"context"
-	"io"
 	"net"
 	"strconv"
 	"sync"
@@ -12,80 +11,33 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/internal/testsrv"
 )
 
 // outageProxy is a loopback TCP proxy in front of a redis-server that can
-// make it unreachable (every connection closed, new ones refused: the
-// listener is closed) and reachable again on the same port, with its data.
+// make it unreachable (every connection closed, new ones refused) and
+// reachable again at the same address, with its data: a testsrv.Front
+// whose backend stays the server. The front holds its port while the
+// server is cut off; a proxy that closed its listener and listened again
+// could find its port taken by another test meanwhile (go test -p).
 type outageProxy struct {
-	t      *testing.T
-	addr   string
+	front  *testsrv.Front
 	target string
-	mu     sync.Mutex
-	ln     net.Listener
-	conns  []net.Conn
 }
 
 func startOutageProxy(t *testing.T, target string) *outageProxy {
-	p := &outageProxy{t: t, target: target}
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.addr = ln.Addr().String()
-	p.serve(ln)
-	t.Cleanup(p.cut)
+	p := &outageProxy{front: testsrv.NewFront(t), target: target}
+	p.front.Up(target)
 	return p
 }
 
-func (p *outageProxy) url() string { return "redis://" + p.addr + "/0" }
-
-func (p *outageProxy) serve(ln net.Listener) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp4", p.target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, u)
-			p.mu.Unlock()
-			go func() { io.Copy(u, c); u.Close(); c.Close() }()
-			go func() { io.Copy(c, u); u.Close(); c.Close() }()
-		}
-	}()
-}
+func (p *outageProxy) url() string { return "redis://" + p.front.Addr + "/0" }
 
 // cut makes Redis unreachable: connecting is refused.
-func (p *outageProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-}
+func (p *outageProxy) cut() { p.front.Down() }
 
 // restore makes Redis reachable again.
-func (p *outageProxy) restore() {
-	ln, err := net.Listen("tcp4", p.addr)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	p.serve(ln)
-}
+func (p *outageProxy) restore() { p.front.Up(p.target) }
 
 // Requests that end while Redis cannot be reached (down, or a partition)
 // are refunded or reconciled once it answers again, when their end never
