@@ -81,6 +81,11 @@ type Request struct {
 	// FirstByte, when set, bounds the wait for the head and the first body
 	// chunk: past it Do (or the first Next) fails with ErrIdleTimeout.
 	FirstByte time.Time
+	// Once: the request may reach the engine once only (a PD leg whose KV
+	// the engine holds once it takes it). The worker then does not write
+	// it again on a fresh connection when a reused keep-alive connection
+	// to its engine closed under it (HdrOnce).
+	Once bool
 }
 
 // Client sends requests to workers over NATS and streams their replies.
@@ -490,6 +495,9 @@ func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream
 	m.Header.Set(HdrMethod, method)
 	m.Header.Set(HdrPath, req.Path)
 	m.Header.Set(HdrProbe, "1") // c.prefix+"*" takes <prefix>probe too (probeToken)
+	if req.Once {
+		m.Header.Set(HdrOnce, "1")
+	}
 	if int64(len(req.Body)+hsize+len(req.Path)+128) > c.nc.MaxPayload() {
 		if ctr != nil {
 			ctr.Add(-1)

@@ -131,8 +131,6 @@ func expectHead(info httptrace.GotConnInfo) {
 	}
 }
 
-// judgedTrace is the trace of every engine request (see judgedConn).
-var judgedTrace = &httptrace.ClientTrace{GotConn: expectHead}
 
 // dialJudged dials the engine (and, for an https engine, runs TLS under
 // the judgement) for net/http's Transport.

@@ -103,72 +103,34 @@ func TestTheWorkerJudgesEveryAnswerOnAKeptAliveConnection(t *testing.T) {
 	}
 }
 
-// The worker never sends a request to its engine twice: net/http replays a
-// request on a reused connection that closed after the write with no answer
-// when the request looks idempotent, and a client's Idempotency-Key header
-// (passed through, as any) made a POST look so. A PD leg sent twice holds a
-// bootstrap room or reads freed KV; the router retries on another worker
-// itself. Here the engine answers each connection's first request and drops
-// its second unanswered: the second request reached it twice.
-func TestTheWorkerNeverReplaysARequestToItsEngine(t *testing.T) {
-	const ok = `{"id":"x"}`
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	var got atomic.Int32
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for n := 0; ; n++ {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					io.ReadAll(req.Body)
-					got.Add(1)
-					if n > 0 {
-						return // read, then closed unanswered
-					}
-					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(ok), ok)
-				}
-			}()
-		}
-	}()
-	ns := testsrv.StartNATS(t)
-	cli, err := NewClient(ClientConfig{Conn: connect(t, ns.URL), IdleTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	srv, err := NewServer(ServerConfig{Conn: connect(t, ns.URL), WorkerID: "once", EngineURL: "http://" + ln.Addr().String()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Close)
+// The worker never sends a request the router sends once (Request.Once: a
+// PD leg) to its engine twice: net/http replays a request on a reused
+// connection that closed after the write with no answer when the request
+// looks idempotent, and a client's Idempotency-Key header (passed through,
+// as any) made a POST look so. A PD leg sent twice holds a bootstrap room or
+// reads freed KV; the router retries on another worker itself. Here the
+// engine answers each connection's first request and drops its second
+// unanswered: the second request reached it twice. It fails as an engine
+// that broke before a head (ErrEngine).
+func TestTheWorkerNeverReplaysARequestSentOnceToItsEngine(t *testing.T) {
+	e := startReuseClosingEngine(t)
+	cli := reuseRig(t, e.url)
 	for i := 0; i < 2; i++ {
-		s, err := cli.Do(context.Background(), "once", &Request{Path: "/v1/chat/completions", Body: []byte(`{"n":1}`),
-			Header: http.Header{"Idempotency-Key": {fmt.Sprint("k", i)}}})
-		if err == nil {
-			for {
-				if _, err := s.Next(); err != nil {
-					break
-				}
+		s, err := cli.Do(ctxTimeout(t, 10*time.Second), "w1", &Request{Path: "/v1/chat/completions", Body: []byte(`{"n":1}`),
+			Header: http.Header{"Idempotency-Key": {fmt.Sprint("k", i)}}, Once: true})
+		if i == 1 {
+			if !errors.Is(err, ErrEngine) {
+				t.Fatalf("err %v, want ErrEngine", err)
 			}
-			s.Close()
+			break
 		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, s)
+		s.Close()
 	}
-	if n := got.Load(); n != 2 {
+	if n := e.got.Load(); n != 2 {
 		t.Fatalf("the engine got %d requests for 2 sent", n)
 	}
 }

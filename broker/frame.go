@@ -41,6 +41,9 @@ const (
 	// HdrReason, on an error reply with status 502, says how the engine
 	// exchange failed (the Reason* values).
 	HdrReason = "Infera-Reason"
+	// HdrOnce, "1" on a request, says it may reach the engine once only
+	// (Request.Once).
+	HdrOnce = "Infera-Once"
 	// HdrInstance is a KV-event relay's instance id (see the package doc).
 	HdrInstance = "Infera-Instance"
 

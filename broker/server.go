@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -29,6 +30,9 @@ var (
 	mSrvRequests = WorkerMetrics.NewCounter(`infera_worker_nats_requests_total`)
 	mSrvRejected = WorkerMetrics.NewCounter(`infera_worker_nats_requests_rejected_total`)
 	mSrvCanceled = WorkerMetrics.NewCounter(`infera_worker_nats_requests_canceled_total`)
+	// mSrvStaleRetries counts requests sent to the engine again on
+	// another connection: the reused one had been closed (engineDo).
+	mSrvStaleRetries = WorkerMetrics.NewCounter(`infera_worker_engine_stale_conn_retries_total`)
 	// mSrvReaderGone counts requests cancelled because the router that
 	// asked was gone (its inbox had no subscriber).
 	mSrvReaderGone = WorkerMetrics.NewCounter(`infera_worker_nats_requests_reader_gone_total`)
@@ -563,6 +567,68 @@ func engineFailure(err error) string {
 	return ReasonBroken
 }
 
+// engineDo sends req with body to the engine. A reused keep-alive
+// connection that the engine had closed (it ends or resets before any byte
+// of an answer: the engine closed it as idle while the request went out)
+// is no engine that could not be reached: the request goes again, once, on
+// another connection, as the router's HTTP transport sends it
+// (proxy/transport_http.go); a request the router sends once (HdrOnce) only
+// if none of it was written.
+func (s *Server) engineDo(ctx context.Context, req *http.Request, body []byte, once bool) (*http.Response, error) {
+	for try := 0; ; try++ {
+		var ex exchange
+		r := req.WithContext(httptrace.WithClientTrace(ctx, ex.trace()))
+		r.Body, r.ContentLength = http.NoBody, int64(len(body))
+		if len(body) > 0 {
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		// Never replayed by net/http (no GetBody): a client's
+		// Idempotency-Key (passed through) made a POST replayable, and a
+		// reused connection that closed after the write got it sent again,
+		// a PD leg twice. The replay is this loop's, by the router's rules.
+		resp, err := s.hc.Do(r)
+		if err == nil || try > 0 || ctx.Err() != nil || !ex.reused.Load() || ex.answered.Load() ||
+			!staleConn(err) || once && ex.wrote.Load() {
+			return resp, err
+		}
+		mSrvStaleRetries.Inc()
+	}
+}
+
+// exchange is what the trace of one engine request saw.
+type exchange struct {
+	reused   atomic.Bool // the connection had carried an earlier request
+	wrote    atomic.Bool // the request was written whole
+	answered atomic.Bool // a byte of an answer was read
+}
+
+func (ex *exchange) trace() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			expectHead(info)
+			ex.reused.Store(info.Reused)
+		},
+		WroteRequest: func(w httptrace.WroteRequestInfo) {
+			if w.Err == nil {
+				ex.wrote.Store(true)
+			}
+		},
+		GotFirstResponseByte: func() { ex.answered.Store(true) },
+	}
+}
+
+// staleConn reports the error of an engine request whose connection ended
+// or was reset before an answer (net/http's "server closed idle
+// connection" included), not a head the router's rules refuse.
+func staleConn(err error) bool {
+	if h1.Invalid(err) {
+		return false
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		strings.Contains(err.Error(), "server closed idle connection")
+}
+
 // errShutdown is why a request aborted by Close failed.
 var errShutdown = errors.New("the worker shut down with the request in flight")
 
@@ -653,7 +719,7 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 		s.reply(m.Reply, 0, KindError, http.StatusBadRequest, fmt.Sprintf("bad path %q", path), nil, nil)
 		return
 	}
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, judgedTrace), method, s.engine+path, bytes.NewReader(m.Data))
+	req, err := http.NewRequestWithContext(ctx, method, s.engine+path, nil)
 	if err != nil {
 		s.reply(m.Reply, 0, KindError, http.StatusBadRequest, err.Error(), nil, nil)
 		return
@@ -663,13 +729,7 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 			req.Header[k] = vs
 		}
 	}
-	req.ContentLength = int64(len(m.Data))
-	// Never replayed by net/http: a client's Idempotency-Key (passed
-	// through) made a POST replayable, and a reused connection that closed
-	// after the write got it sent again, a PD leg twice. The router retries
-	// a request that got no answer on another worker itself.
-	req.GetBody = nil
-	resp, err := s.hc.Do(req)
+	resp, err := s.engineDo(ctx, req, m.Data, m.Header.Get(HdrOnce) == "1")
 	if err != nil {
 		if err = s.answerErr(ctx, err); err != nil {
 			s.stopProbing(id) // the router has its answer once this is out

@@ -5,6 +5,7 @@
 package gateway
 
 import (
+	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -545,4 +547,106 @@ func TestE2EAMalformedAnswerIsJudgedAlikeOverEveryTransport(t *testing.T) {
 			t.Errorf("%s: over http the client got %q, over nats %q", name, got["http"][name], got["nats"][name])
 		}
 	}
+}
+
+// reuseClosingEngine answers model "m" on keep-alive connections, and
+// closes a connection when a second chat request comes on it, after
+// reading it: an engine closing an idle keep-alive connection just as it
+// is reused, which a loaded machine hits at random (the engine of
+// TestE2EAMalformedAnswerIsJudgedAlikeOverEveryTransport closes after each
+// answer, and the next request could find the connection pooled still).
+func startReuseClosingEngine(t *testing.T) (url string, chats *atomic.Int32) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	chats = new(atomic.Int32)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				br := bufio.NewReader(c)
+				served := false
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					body := "ok"
+					switch req.URL.Path {
+					case "/v1/models":
+						body = `{"object":"list","data":[{"id":"m","object":"model"}]}`
+					case "/v1/chat/completions":
+						chats.Add(1)
+						if served {
+							return
+						}
+						served = true
+						body = `{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`
+					}
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String(), chats
+}
+
+// An engine that closes a reused keep-alive connection as a request comes
+// on it answers that request on a fresh connection over either transport:
+// the HTTP transport sent it again; over NATS the worker failed it as an
+// engine it could not reach, and the client of a one-worker fleet got 503
+// no_workers_reachable (at random on a loaded machine, where the engine
+// closed the connection after its answer and the worker's client had not
+// seen it yet).
+func TestE2EAReusedEngineConnectionClosedUnderARequestIsAnsweredAlikeOverEveryTransport(t *testing.T) {
+	eachTransport(t, func(t *testing.T, transport string, common []string) {
+		url, chats := startReuseClosingEngine(t)
+		if transport == "nats" {
+			startWorker(t, append([]string{"--id", "reuse0", "--engine-url", url, "--models", "m", "--lease-ttl", "2s"}, common...)...)
+		} else {
+			common = []string{"--workers", url, "--worker-model", "m"}
+		}
+		rt, r := startServe(t, append([]string{"--request-max-retries", "0"}, common...)...)
+		waitRoutable(t, rt, 1)
+		for i := 0; i < 3; i++ {
+			st, body, el, err := postTimed(r+"/v1/chat/completions", `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"x"}]}`, 8*time.Second)
+			if err != nil {
+				t.Fatalf("request %d: %v after %v", i, err, el)
+			}
+			if st != 200 {
+				t.Fatalf("request %d over %s: %d %s", i, transport, st, body)
+			}
+		}
+		// Each request after the first came on a reused connection, which
+		// the engine closed: it read it twice.
+		if n := chats.Load(); n != 5 {
+			t.Errorf("the engine read %d chat requests, want 5", n)
+		}
+	})
 }

@@ -39,7 +39,7 @@ func (t *natsTransport) roundTrip(c *call) (upResponse, *failure) {
 	forEachHeaderLine(c.hdr, func(k, v []byte) { hdr.Add(string(k), string(v)) })
 	req := &broker.Request{
 		Method: string(c.method), Path: string(c.path), Header: hdr, Body: c.body,
-		FirstByte: c.firstByte, Deadline: c.total, Start: c.begin,
+		FirstByte: c.firstByte, Deadline: c.total, Start: c.begin, Once: c.once,
 	}
 	if c.stream {
 		req.Idle = c.idle
