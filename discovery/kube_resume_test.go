@@ -160,6 +160,7 @@ func TestKubeAWatchStreamCutByItsConnectionIsResumedFromTheLastResourceVersion(t
 		case 1: // an event and a bookmark, then the connection reset
 			chunk(`{"type":"ADDED","object":` + kubePodJSON("p2", "w2", 11) + "}\n")
 			chunk(`{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"15"}}}` + "\n")
+			chunk(`{"type":"ADDED","object":` + kubeMarkerJSON() + "}\n") // the bookmark was read
 			wait()
 			conn.(*net.TCPConn).SetLinger(0) // RST
 		case 2: // an event, then closed in the middle of the next one
@@ -168,6 +169,7 @@ func TestKubeAWatchStreamCutByItsConnectionIsResumedFromTheLastResourceVersion(t
 			chunk(`{"type":"ADDED","object":{"kind":"Pod","metadata":{"name":"p4","resourceVersion":"17"`)
 		case 3: // a bookmark, then the client's read times out (ETIMEDOUT)
 			chunk(`{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"20"}}}` + "\n")
+			chunk(`{"type":"DELETED","object":` + kubeMarkerJSON() + "}\n") // the bookmark was read
 			sent <- struct{}{}
 			conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 			buf.ReadByte() // until the client closes the connection
@@ -217,7 +219,8 @@ func TestKubeAWatchStreamCutByItsConnectionIsResumedFromTheLastResourceVersion(t
 	next("start", req{false, ""})
 	next("after the list", req{true, "10"})
 	waitFor(t, 5*time.Second, "w2 seen", func() bool { _, ok := sink.get("w2"); return ok })
-	time.Sleep(200 * time.Millisecond) // the bookmark read with it
+	// The marker came after the bookmark: the bookmark was read.
+	waitFor(t, 5*time.Second, "the marker seen", func() bool { _, ok := sink.get("mark"); return ok })
 	cut <- struct{}{}
 	next("after a reset", req{true, "15"})
 	waitFor(t, 5*time.Second, "w3 seen", func() bool { _, ok := sink.get("w3"); return ok })
@@ -228,7 +231,7 @@ func TestKubeAWatchStreamCutByItsConnectionIsResumedFromTheLastResourceVersion(t
 	case <-time.After(5 * time.Second):
 		t.Fatal("the third watch sent no bookmark")
 	}
-	time.Sleep(200 * time.Millisecond) // the bookmark read
+	waitFor(t, 5*time.Second, "the marker gone", func() bool { _, ok := sink.get("mark"); return !ok }) // the bookmark read
 	mu.Lock()
 	for _, c := range conns {
 		c.timeOut()
@@ -241,6 +244,16 @@ func TestKubeAWatchStreamCutByItsConnectionIsResumedFromTheLastResourceVersion(t
 	if ok, d := w.Health(); !ok {
 		t.Fatalf("health %q after the watch resumed", d)
 	}
+}
+
+// kubeMarkerJSON is a routable Pod whose record names id "mark", with no
+// resource version: its event, sent after a bookmark, is seen by the test
+// once the bookmark before it was read, and leaves the watch's resource
+// version the bookmark's.
+func kubeMarkerJSON() string {
+	ann := strings.ReplaceAll(recJSON("mark"), `"`, `\"`)
+	return fmt.Sprintf(`{"kind":"Pod","apiVersion":"v1","metadata":{"name":"marker","namespace":"infera","annotations":{%q:"%s"}},`+
+		`"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}`, DefaultAnnotation, ann)
 }
 
 // kubePodJSON is a routable Pod of the given resource version whose

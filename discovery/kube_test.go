@@ -688,12 +688,18 @@ func TestKubeTwoPodsAdvertisingOneEngineAreRoutedOnce(t *testing.T) {
 		return len(v.All) == 1 && v.All[0].ID == other
 	})
 	// A third Pod on that engine waits; a relist that no longer lists the
-	// routed Pod routes it at once.
+	// routed Pod routes it at once. A Pod of another engine, added after
+	// it, joins: its event came after p3's, which was applied by then.
 	f.set(pod("p3", "c"), false)
-	time.Sleep(200 * time.Millisecond)
-	if v := fl.View(); len(v.All) != 1 || v.All[0].ID != other {
+	p4 := pod("p4", "d")
+	p4.ann = strp(`{"id":"d","url":"http://10.0.0.8:8100","models":["m"],"status":"ACTIVE"}`)
+	f.set(p4, false)
+	waitFor(t, 5*time.Second, "d, of another engine, joins", func() bool { return fl.Get("d") != nil })
+	if fl.Get("c") != nil || fl.Get(other) == nil {
 		t.Fatalf("p3 joined beside %s", other)
 	}
+	f.del("infera", "p4")
+	waitFor(t, 5*time.Second, "d leaves with its Pod", func() bool { return fl.Get("d") == nil })
 	f.mu.Lock()
 	f.rv++
 	delete(f.pods, "infera/"+otherPod) // silently: only a relist sees it
