@@ -243,7 +243,12 @@ func TestAnOlderRegistrationsDrainLeavesTheNewerOnesRecord(t *testing.T) {
 	if err := old.Deregister(ctx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second) // events, if any, reach the watcher
+	// A record put after the drain comes to the watcher after its events,
+	// if any: once it is seen, they were applied.
+	if _, err := cli.Put(ctx, DefaultEtcdPrefix+"mark", `{"id":"mark","url":"http://127.0.0.1:8109","models":["m"]}`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "a record put after the drain", func() bool { _, ok := sink.get("mark"); return ok })
 	if r, ok := sink.get("w1"); !ok || r.URL != "http://127.0.0.1:8101" || r.Status == fleet.StatusDraining {
 		t.Fatalf("after the old sidecar drained, the fleet has w1 %v %+v; want the new sidecar's ACTIVE record", ok, r)
 	}
