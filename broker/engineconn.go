@@ -131,7 +131,6 @@ func expectHead(info httptrace.GotConnInfo) {
 	}
 }
 
-
 // dialJudged dials the engine (and, for an https engine, runs TLS under
 // the judgement) for net/http's Transport.
 func dialJudged(d *net.Dialer, tlsCfg *tls.Config) (plain, withTLS func(ctx context.Context, network, addr string) (net.Conn, error)) {
