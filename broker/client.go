@@ -84,7 +84,7 @@ type Request struct {
 	// Once: the request may reach the engine once only (a PD leg whose KV
 	// the engine holds once it takes it). The worker then does not write
 	// it again on a fresh connection when a reused keep-alive connection
-	// to its engine closed under it (HdrOnce).
+	// to its engine closed under it (HdrResend is not set).
 	Once bool
 }
 
@@ -495,8 +495,8 @@ func (c *Client) Do(ctx context.Context, workerID string, req *Request) (*Stream
 	m.Header.Set(HdrMethod, method)
 	m.Header.Set(HdrPath, req.Path)
 	m.Header.Set(HdrProbe, "1") // c.prefix+"*" takes <prefix>probe too (probeToken)
-	if req.Once {
-		m.Header.Set(HdrOnce, "1")
+	if !req.Once {
+		m.Header.Set(HdrResend, "1")
 	}
 	if int64(len(req.Body)+hsize+len(req.Path)+128) > c.nc.MaxPayload() {
 		if ctr != nil {

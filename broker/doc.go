@@ -25,10 +25,11 @@
 //	Infera-Probe   "1": the router's inbox subscription is a wildcard over
 //	               the reply subject's last token, so the worker may probe
 //	               it (below)
-//	Infera-Once    "1": the request may reach the engine once only (a PD
-//	               leg): after a reused engine connection closed under it,
-//	               the worker sends it again on another one only if none
-//	               of it was written
+//	Infera-Resend  "1": after a reused engine connection closed under the
+//	               request, the worker may send it again on another one;
+//	               without it (a PD leg, which may reach the engine once
+//	               only, or a router older than the worker) it sends it
+//	               again only if none of it was written
 //	<other>        forwarded HTTP request headers (names starting with
 //	               "Infera-" are reserved and never forwarded)
 //

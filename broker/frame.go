@@ -41,9 +41,11 @@ const (
 	// HdrReason, on an error reply with status 502, says how the engine
 	// exchange failed (the Reason* values).
 	HdrReason = "Infera-Reason"
-	// HdrOnce, "1" on a request, says it may reach the engine once only
-	// (Request.Once).
-	HdrOnce = "Infera-Once"
+	// HdrResend, "1" on a request, says the worker may write it again on
+	// a fresh engine connection when a reused one closed under it (not
+	// Request.Once). A request without it (a Once one, or one from a
+	// router older than the worker) is written at most once.
+	HdrResend = "Infera-Resend"
 	// HdrInstance is a KV-event relay's instance id (see the package doc).
 	HdrInstance = "Infera-Instance"
 

@@ -572,7 +572,7 @@ func engineFailure(err error) string {
 // of an answer: the engine closed it as idle while the request went out)
 // is no engine that could not be reached: the request goes again, once, on
 // another connection, as the router's HTTP transport sends it
-// (proxy/transport_http.go); a request the router sends once (HdrOnce) only
+// (proxy/transport_http.go); a request the router sends once (no HdrResend) only
 // if none of it was written.
 func (s *Server) engineDo(ctx context.Context, req *http.Request, body []byte, once bool) (*http.Response, error) {
 	for try := 0; ; try++ {
@@ -729,7 +729,7 @@ func (s *Server) serve(ctx context.Context, m *nats.Msg, id string) {
 			req.Header[k] = vs
 		}
 	}
-	resp, err := s.engineDo(ctx, req, m.Data, m.Header.Get(HdrOnce) == "1")
+	resp, err := s.engineDo(ctx, req, m.Data, m.Header.Get(HdrResend) != "1")
 	if err != nil {
 		if err = s.answerErr(ctx, err); err != nil {
 			s.stopProbing(id) // the router has its answer once this is out
