@@ -297,16 +297,7 @@ func (l *Lockouts) Start(limit int, window time.Duration, fn func(Counted)) {
 				out = l.resendLockouts(out, batch, limit, window)
 			case <-l.wake: // Send kept a lockout: arm retry
 			case x := <-l.q:
-				batch = append(batch[:0], x)
-			more:
-				for len(batch) < sendBatch {
-					select {
-					case x := <-l.q:
-						batch = append(batch, x)
-					default:
-						break more
-					}
-				}
+				batch = l.take(append(batch[:0], x))
 				out = l.fail(out[:0], batch, limit, window)
 				answered := false
 				for _, c := range out {
@@ -327,6 +318,20 @@ func (l *Lockouts) Start(limit int, window time.Duration, fn func(Counted)) {
 	}()
 }
 
+// take appends to batch the keys waiting in the queue, without waiting,
+// until it holds sendBatch (one script call's).
+func (l *Lockouts) take(batch []Guess) []Guess {
+	for len(batch) < sendBatch {
+		select {
+		case x := <-l.q:
+			batch = append(batch, x)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
 // flush counts in Redis, when the governor closes, the wrong keys Send
 // queued and not yet sent, and sends the lockouts waiting to be sent
 // again, so that a router shut down (a restart, a rolling upgrade) right
@@ -340,16 +345,7 @@ func (l *Lockouts) flush(out []Counted, batch []Guess, limit int, window time.Du
 	// unsent. Keys Send adds meanwhile wait no longer than the queue's size.
 	var failed error
 	for left := cap(l.q); left > 0; left -= len(batch) {
-		batch = batch[:0]
-	drain:
-		for len(batch) < sendBatch {
-			select {
-			case x := <-l.q:
-				batch = append(batch, x)
-			default:
-				break drain
-			}
-		}
+		batch = l.take(batch[:0])
 		if len(batch) == 0 {
 			break
 		}
