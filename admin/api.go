@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/govern"
 	"github.com/infera/infera/internal/lockout"
 	"github.com/infera/infera/internal/logx"
 )
@@ -146,7 +147,7 @@ func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) htt
 		}
 		ip := lockout.Key(a.client(r)) // an IPv6 client counts as its /64
 		// Redis's answers about ip's wrong keys sent before (lockout.go).
-		a.fails.Await(ip, answerWait)
+		a.fails.Await(ip, govern.AnswerWait)
 		if wait, locked := a.fails.Locked(ip); locked {
 			// Too many wrong keys from this address: the key is not even
 			// checked until the window ends (no guessing at any speed).

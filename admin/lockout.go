@@ -16,7 +16,7 @@ import (
 // table stays the first check (a locked address and a right key cost no
 // Redis call); only a wrong key is sent to Redis, and its 401 does not
 // wait for the answer, but the address's next request waits for it (at
-// most answerWait), so that a lockout it tells holds for that request.
+// most govern.AnswerWait), so that a lockout it tells holds for that request.
 // Redis holds the address and
 // its count, never a key. When Redis cannot be asked the wrong key counts
 // in this process alone, as without Redis, and the failure is counted.
@@ -34,11 +34,6 @@ var (
 	// counts 262,144 new addresses in the window already.
 	mLockoutStateFull = metrics.NewCounter(`infera_admin_auth_lockout_state_full_total`)
 )
-
-// answerWait bounds how long an address's request waits for Redis's
-// answers about its wrong keys (lockout.Guard.Await): the state store's
-// call timeout. Past it the request goes on, checked here alone.
-const answerWait = time.Second
 
 // ShareLockouts counts wrong admin keys in l too (the governor's
 // Lockouts("admin"); nil: this process alone) and locks here every
@@ -64,16 +59,7 @@ func (a *Admin) wrongKey(ip netip.Addr) {
 	if a.shared == nil {
 		return
 	}
-	x := govern.Guess{Addr: ip}
-	if began {
-		wait, _ := a.fails.Locked(ip)
-		x.Until = time.Now().Add(wait).UnixNano()
-	}
-	x.Held = a.fails.Hold(ip) // before Send: the answer may come first
-	if !a.shared.Send(x) {
-		if x.Held {
-			a.fails.Release(ip)
-		}
+	if !a.shared.Report(a.fails, govern.Guess{Addr: ip}, began) {
 		mLockoutStateDropped.Inc()
 		authLog.Warn("too many wrong admin keys wait for the state store: one counted by this process alone")
 	}

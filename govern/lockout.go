@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/infera/infera/internal/lockout"
 )
 
 // Lockouts is a wrong-key lockout table (internal/lockout's rule: Max
@@ -419,6 +421,34 @@ func (l *Lockouts) resendLockouts(out []Counted, buf []Guess, limit int, window 
 		}
 		l.mu.Unlock()
 	}
+}
+
+// AnswerWait bounds how long an address's request waits for Redis's
+// answers about its wrong keys sent before (lockout.Guard.Await): the
+// state store's call timeout, within which a call is answered or fails
+// (and then fails at once while Redis stalls). Past it the request goes
+// on, checked by the caller's table alone.
+const AnswerWait = callTimeout
+
+// Report sends the wrong key x to be counted in Redis (Send), that the
+// caller's table t counted already (began: it began x.Addr's lockout
+// there, whose end goes with it): the address is held in t until the
+// answer (t.Hold; the caller's fn, given Counted.Held, releases it after
+// imposing the lockout the answer tells). It reports false, and releases
+// the hold, when the key was dropped (the queue is full).
+func (l *Lockouts) Report(t *lockout.Guard, x Guess, began bool) bool {
+	if began {
+		wait, _ := t.Locked(x.Addr)
+		x.Until = time.Now().Add(wait).UnixNano()
+	}
+	x.Held = t.Hold(x.Addr) // before Send: the answer may come first
+	if l.Send(x) {
+		return true
+	}
+	if x.Held {
+		t.Release(x.Addr)
+	}
+	return false
 }
 
 // Send queues the wrong key x to be counted in Redis (Start), without

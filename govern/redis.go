@@ -1080,13 +1080,16 @@ func isTimeout(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
 
+// callTimeout bounds one call to Redis (the client's read timeout).
+const callTimeout = time.Second
+
 func newRedisState(g *Governor, o Options) (*redisState, error) {
 	ro, err := redis.ParseURL(o.State)
 	if err != nil {
 		return nil, fmt.Errorf("cannot parse --state: %w", logx.StripURL(err)) // url.Parse's errors quote the URL, password included
 	}
 	ro.DialTimeout = time.Second
-	ro.ReadTimeout = time.Second
+	ro.ReadTimeout = callTimeout
 	ro.WriteTimeout = time.Second
 	// No retries: go-redis resends a whole pipeline after a read timeout,
 	// which Redis has usually run already (admissions and ends counted

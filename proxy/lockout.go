@@ -28,7 +28,7 @@ import (
 // and its 401 does not wait for it: the table answers, and Redis's answer
 // (a lockout the routers' sum began) locks the address here when it
 // comes. Until then the address's next requests here wait for it (at
-// most answerWait; lockout.Guard.Hold, Await), so that the key after the
+// most govern.AnswerWait; lockout.Guard.Hold, Await), so that the key after the
 // one that locked it is not let through meanwhile. When Redis cannot be asked the wrong key still counts in this
 // router's table, which then locks by itself (per process, as without
 // Redis), and the failure is counted; so is a key dropped because 4096
@@ -58,13 +58,6 @@ var (
 	lockoutStateLog = &logx.Throttle{Every: 10 * time.Second}
 )
 
-// answerWait bounds how long an address's request waits for Redis's
-// answers about its wrong keys sent before (lockout.Guard.Await): the
-// state store's call timeout, within which a call is answered or fails
-// (and then fails at once while Redis stalls). Past it the request goes
-// on, checked by this router's table alone.
-const answerWait = time.Second
-
 // wrongKey counts the key k, which was wrong, against the client address
 // ip. A request without a key (a CORS preflight, a probe) is no guess.
 // With the lockout shared, the key is also sent to Redis without waiting
@@ -79,17 +72,8 @@ func (s *Server) wrongKey(ctx *fasthttp.RequestCtx, ip netip.Addr, k []byte) {
 		peer = t.AddrPort()
 	}
 	if s.shared != nil {
-		x := govern.Guess{Addr: ip, Peer: peer}
-		if began {
-			wait, _ := s.fails.Locked(ip)
-			x.Until = time.Now().Add(wait).UnixNano()
-		}
-		x.Held = s.fails.Hold(ip) // before Send: the answer may come first
-		if s.shared.Send(x) {
+		if s.shared.Report(s.fails, govern.Guess{Addr: ip, Peer: peer}, began) {
 			return // counted tells the rest
-		}
-		if x.Held {
-			s.fails.Release(ip)
 		}
 		mLockoutStateDropped.Inc()
 		lockoutStateLog.Warn("too many wrong API keys wait for the state store: one counted by this router alone")

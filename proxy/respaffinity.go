@@ -274,9 +274,9 @@ func (sc *respScan) reset() {
 // lookup returns what this router's memory keeps of the response a
 // Responses body's previous_response_id names (the zero entry when it
 // names none or one not held there: the state store is asked after the
-// request's admission, previousShared), that id as the engine reads it (decoded into buf; nil when the
-// body names none), and whether the body asks the engine not to store its
-// answer ("store" false, or 0, "false", "off"... as jsonscan.LaxBool reads
+// request's admission, previousShared), that id as the engine reads it
+// (decoded into buf; nil when the body names none), and whether the body
+// asks the engine not to store its answer ("store" false, or 0, "false", "off"... as jsonscan.LaxBool reads
 // it, or null: nothing to learn from the answer; absent is true).
 func (a *respAffinity) lookup(buf *[respIDDecodeMax]byte, body []byte) (e respEntry, id []byte, noStore bool) {
 	var prev []byte

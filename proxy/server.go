@@ -618,7 +618,7 @@ func (s *Server) authenticate(ctx *fasthttp.RequestCtx) (*govern.User, bool) {
 	if s.fails != nil {
 		ip = s.lockoutKey(ctx) // the TCP peer's, or X-Forwarded-For's behind --trusted-proxies
 		// Redis's answers about ip's wrong keys sent before (lockout.go).
-		s.fails.Await(ip, answerWait)
+		s.fails.Await(ip, govern.AnswerWait)
 		if wait, locked := s.fails.Locked(ip); locked {
 			writeLockedOut(ctx, wait)
 			return nil, false
