@@ -45,7 +45,12 @@ type Governor struct {
 	// applied is the config Apply made current last (Applied).
 	applied atomic.Pointer[config.Config]
 
-	mu     sync.Mutex // serializes Apply; guards states
+	mu sync.Mutex // serializes Apply and the making of a user's state; guards states, gone and metrics
+	// states are the counters of the configured users that have sent a
+	// request since they were added (Governor.state makes them then, not
+	// Apply: a user that never sends one costs its User and key record
+	// alone). For the current snapshot s, s.users[name].st holds
+	// states[name] whenever there is one.
 	states map[string]*userState
 	// gone keeps the counters of users a reload removed, so that adding
 	// one back does not hand it a fresh quota (with Redis they are keyed
@@ -55,6 +60,9 @@ type Governor struct {
 	goneOrder []goneEntry
 	goneSeq   uint64
 	cals      map[string]*calendar
+	// metrics are the per-user series of the first
+	// user_limit.metrics_max_users users, by name. Guarded by mu.
+	metrics map[string]*userMetrics
 
 	seats seatLimiter
 	rds   *redisState // nil: in-process counters
@@ -98,6 +106,7 @@ func New(o Options) (*Governor, error) {
 		opts:    o,
 		states:  map[string]*userState{},
 		cals:    map[string]*calendar{},
+		metrics: map[string]*userMetrics{},
 		userSet: metrics.NewSet(),
 		stop:    make(chan struct{}),
 	}
@@ -196,9 +205,12 @@ type User struct {
 	// even one whose capabilities are all off (tmpl nil then).
 	tmplName string
 	models   *modelSet // nil: every model
-	st       *userState
-	m        *userMetrics // nil: beyond user_limit.metrics_max_users
-	snap     *snapshot    // the configuration it belongs to
+	// st is the user's counters: nil until its first request that needs
+	// them (Governor.state), then the same for every snapshot's User of
+	// this user. Set once.
+	st   atomic.Pointer[userState]
+	m    *userMetrics // nil: beyond user_limit.metrics_max_users
+	snap *snapshot    // the configuration it belongs to
 }
 
 // Name returns the user's name.
@@ -299,18 +311,20 @@ func (g *Governor) Apply(c *config.Config) error {
 	if maxUsers == 0 {
 		maxUsers = 100
 	}
-	states := make(map[string]*userState, len(c.Users))
+	// Only users with counters have a state: those that sent a request
+	// (or were given one back from gone).
+	states := make(map[string]*userState, min(len(c.Users), len(g.states)+len(g.gone)))
 	for i := range c.Users {
 		cu := &c.Users[i]
+		u := &User{name: cu.Name, enabled: cu.Enabled, tmpl: def, models: compileModels(cu.Models), snap: s}
 		st := g.states[cu.Name]
 		if st == nil {
 			st = g.gone[cu.Name] // removed earlier: taken back below
 		}
-		if st == nil {
-			st = newUserState(cu.Name)
+		if st != nil {
+			states[cu.Name] = st
+			u.st.Store(st)
 		}
-		states[cu.Name] = st
-		u := &User{name: cu.Name, enabled: cu.Enabled, tmpl: def, st: st, models: compileModels(cu.Models), snap: s}
 		if cu.Template != "" {
 			u.tmpl = tmpls[cu.Template]
 			if u.tmpl == nil {
@@ -337,25 +351,25 @@ func (g *Governor) Apply(c *config.Config) error {
 	}
 	s.authUsers = len(c.Users) > 0
 	// Nothing fails from here on.
-	for i := range c.Users {
-		st := states[c.Users[i].Name]
-		switch {
-		case i < maxUsers && st.m == nil:
-			st.m = newUserMetrics(g.userSet, st.name)
-		case i >= maxUsers && st.m != nil:
-			st.m.unregister(g.userSet)
-			st.m = nil
+	ms := make(map[string]*userMetrics, min(len(c.Users), maxUsers))
+	for i := range c.Users[:min(len(c.Users), maxUsers)] {
+		name := c.Users[i].Name
+		m := g.metrics[name]
+		if m == nil {
+			m = newUserMetrics(g.userSet, name)
 		}
-		s.users[st.name].m = st.m
+		delete(g.metrics, name)
+		ms[name] = m
+		s.users[name].m = m
 	}
+	for _, m := range g.metrics { // users removed, or beyond maxUsers now
+		m.unregister(g.userSet)
+	}
+	g.metrics = ms
 	var removed []*userState
 	for name, st := range g.states {
 		if states[name] == nil {
 			removed = append(removed, st) // its queued requests are refused below
-			if st.m != nil {
-				st.m.unregister(g.userSet)
-				st.m = nil
-			}
 		}
 	}
 	g.states = states

@@ -43,7 +43,7 @@ func TestAdmissionsTellTheBucketsTheyLeft(t *testing.T) {
 				}
 				queued <- tk
 			}()
-			waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 1 })
+			waitFor(t, func() bool { return queuedOf(u) == 1 })
 			clk.Advance(3 * time.Second) // 50 tokens and 0.15 requests flow back
 			tk.FirstToken()
 			tk.Done(Usage{})

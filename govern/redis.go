@@ -1495,8 +1495,9 @@ func (r *redisState) member() string {
 	return r.id + ":" + strconv.FormatUint(r.seq.Add(1), 36)
 }
 
-func (r *redisState) userKeys(st *userState) (string, string) {
-	h := r.prefix + "{u:" + st.name + "}"
+// userKeys are the Redis keys of the counters of the user named name.
+func (r *redisState) userKeys(name string) (string, string) {
+	h := r.prefix + "{u:" + name + "}"
 	return h, h + ":seats"
 }
 
@@ -1521,7 +1522,7 @@ func (r *redisState) ctx() (context.Context, context.CancelFunc) {
 // admitArgs returns the keys and arguments of ts's admission (admitLua)
 // and the member its concurrency slot would take.
 func (r *redisState) admitArgs(st *userState, t *template, cs *calState, e estimate, dry bool, now int64) ([]string, []any, string) {
-	hk, sk := r.userKeys(st)
+	hk, sk := r.userKeys(st.name)
 	nowMS := now / 1e6
 	member := r.member()
 	args := make([]any, 0, admitArgc+9)
@@ -1688,7 +1689,8 @@ func (r *redisState) finishUser(ts *ticketState, served bool, u Usage, now int64
 	default:
 		tpmCharge, quotaCharge = ts.tpmEst, ts.quotaEst
 	}
-	hk, sk := r.userKeys(ts.u.st)
+	st := ts.u.st.Load()
+	hk, sk := r.userKeys(st.name)
 	rpmCap, tpmCap := int64(0), int64(0) // 0: not taken, or off now
 	rpm, tpm := ts.rates()
 	if ts.rpm {
@@ -1698,7 +1700,7 @@ func (r *redisState) finishUser(ts *ticketState, served bool, u Usage, now int64
 		tpmCap = tpm
 	}
 	args := make([]any, 0, 15)
-	args = append(args, ts.member, b01(ts.conc), now/1e6, b01(served), rpmCap, tpmCap, tpmCharge-ts.tpmEst, quotaCharge-ts.quotaEst, r.wake, "u:"+ts.u.st.name)
+	args = append(args, ts.member, b01(ts.conc), now/1e6, b01(served), rpmCap, tpmCap, tpmCharge-ts.tpmEst, quotaCharge-ts.quotaEst, r.wake, "u:"+st.name)
 	for p := range numPeriods {
 		if ts.win[p].on {
 			args = append(args, ts.win[p].start)
@@ -1714,7 +1716,7 @@ func (r *redisState) finishUser(ts *ticketState, served bool, u Usage, now int64
 	}
 	r.end(endFinish, []string{hk, sk, ts.mark}, args)
 	if ts.conc {
-		r.kickUser(ts.u.st) // a local waiter may take the slot at once (its call runs after this end)
+		r.kickUser(st) // a local waiter may take the slot at once (its call runs after this end)
 	}
 }
 
@@ -1722,7 +1724,7 @@ func (r *redisState) finishUser(ts *ticketState, served bool, u Usage, now int64
 // the request's first seat in the same script (AdmitAcquire), and does not
 // wait in the user's queue (sa.queue).
 func (g *Governor) admitRemote(ctx context.Context, s *snapshot, u *User, t *template, ts *ticketState, cs *calState, r Request, e estimate, dry bool, now int64, sa *seatAsk) (Ticket, *Rejection) {
-	st := u.st
+	st := g.state(u)
 	if t.concQueue && !dry {
 		st.mu.Lock()
 		if st.q.n > 0 { // no overtaking the queue
@@ -1955,7 +1957,7 @@ func (r *redisState) pumpUsers() {
 				st.mu.Unlock()
 				break
 			}
-			if rej := s.revoked(st, &w.r); rej != nil {
+			if rej := s.revoked(st.name, &w.r); rej != nil {
 				if w.state == waiting {
 					st.q.remove(w)
 					w.state, w.rej = rejected, rej

@@ -298,7 +298,7 @@ func TestRedisUserQueueAcrossRoutersDropsLeavers(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	left := make(chan *Rejection)
 	go func() { _, rej := g2.Admit(ctx, u2, Request{}); left <- rej }()
-	waitFor(t, func() bool { u2.st.mu.Lock(); defer u2.st.mu.Unlock(); return u2.st.q.n == 1 })
+	waitFor(t, func() bool { return queuedOf(u2) == 1 })
 	served := make(chan Ticket)
 	go func() {
 		tk, rej := g2.Admit(context.Background(), u2, Request{})
@@ -307,12 +307,12 @@ func TestRedisUserQueueAcrossRoutersDropsLeavers(t *testing.T) {
 		}
 		served <- tk
 	}()
-	waitFor(t, func() bool { u2.st.mu.Lock(); defer u2.st.mu.Unlock(); return u2.st.q.n == 2 })
+	waitFor(t, func() bool { return queuedOf(u2) == 2 })
 	cancel()
 	if rej := <-left; rej == nil {
 		t.Fatal("the leaving client was admitted")
 	}
-	waitFor(t, func() bool { u2.st.mu.Lock(); defer u2.st.mu.Unlock(); return u2.st.q.n == 1 })
+	waitFor(t, func() bool { return queuedOf(u2) == 1 })
 	holder.Done(Usage{})
 	tk := <-served
 	short, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -664,7 +664,7 @@ func TestARedisUserWaiterThatLeavesDuringThePumpGivesItsSlotBack(t *testing.T) {
 		tk.Done(Usage{})
 		res <- rej
 	}()
-	waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 1 })
+	waitFor(t, func() bool { return queuedOf(u) == 1 })
 	time.Sleep(100 * time.Millisecond)
 	busy := busyRedis(t, rs, 600)
 	holder.Done(Usage{}) // kicks the queue loop: its admission for the waiter blocks in Redis
@@ -676,9 +676,7 @@ func TestARedisUserWaiterThatLeavesDuringThePumpGivesItsSlotBack(t *testing.T) {
 	recvWithin(t, busy, 5*time.Second, "the busy script")
 	time.Sleep(300 * time.Millisecond)
 	syncState(t, g)
-	u.st.mu.Lock()
-	n := u.st.q.n
-	u.st.mu.Unlock()
+	n := queuedOf(u)
 	held := rs.client(t).ZCard(context.Background(), o.RedisPrefix+"{u:alice}:seats").Val()
 	if n != 0 || held != 0 {
 		t.Errorf("after everyone left: user queue n=%d, slots held in Redis=%d; want 0", n, held)

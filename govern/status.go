@@ -72,18 +72,22 @@ func (g *Governor) UserStatus(name string) (UserStatus, error) {
 	us.Template, us.DryRun = t.name, t.dry || s.userDry
 	now := g.now().UnixNano()
 	cs := s.cal.state(now / 1e9)
-	st := u.st
+	// A user without a state has sent no request here: nothing counted,
+	// nothing queued (with Redis, other routers' counts are read).
+	st := u.st.Load()
 	var rpm, tpm bucket
 	var win [numPeriods]winCount
 	if g.rds != nil {
 		var err error
-		if rpm, tpm, win, us.Active, err = g.rds.userCounters(st, now); err != nil {
+		if rpm, tpm, win, us.Active, err = g.rds.userCounters(name, now); err != nil {
 			return UserStatus{}, err
 		}
-		st.mu.Lock()
-		us.Queued = st.q.n
-		st.mu.Unlock()
-	} else {
+		if st != nil {
+			st.mu.Lock()
+			us.Queued = st.q.n
+			st.mu.Unlock()
+		}
+	} else if st != nil {
 		st.mu.Lock()
 		rpm, tpm, win, us.Active, us.Queued = st.rpm, st.tpm, st.win, st.active, st.q.n
 		st.mu.Unlock()
@@ -149,8 +153,8 @@ var statusFields = func() []any {
 // written (the caller refills them to now), the quota windows and the
 // slots held. It is queued behind the ends already queued (one round
 // trip): a request that ended before it is counted as ended.
-func (r *redisState) userCounters(st *userState, now int64) (rpm, tpm bucket, win [numPeriods]winCount, active int, err error) {
-	hk, sk := r.userKeys(st)
+func (r *redisState) userCounters(name string, now int64) (rpm, tpm bucket, win [numPeriods]winCount, active int, err error) {
+	hk, sk := r.userKeys(name)
 	args := append([]any{now / 1e6}, statusFields...)
 	v, err := r.call(statusScript, []string{hk, sk}, args...).Slice()
 	if err != nil {

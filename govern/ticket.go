@@ -132,7 +132,7 @@ func (t Ticket) Done(u Usage) {
 	if ts.remote {
 		g.rds.finishUser(ts, served, u, now)
 	} else if g.rds == nil {
-		st := ts.u.st
+		st := ts.u.st.Load()
 		st.mu.Lock()
 		st.finishLocked(ts, served, u, now)
 		if ts.conc {

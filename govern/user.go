@@ -89,12 +89,12 @@ func milli(x float64) int64 {
 	return int64(math.Ceil(x * 1000))
 }
 
-// userState is a user's counters (in process) and admission queue. It
+// userState is a user's counters (in process) and admission queue. It is
+// made when the user's first request needs it (Governor.state), and
 // outlives reloads while the user exists.
 type userState struct {
 	name    string
-	m       *userMetrics // guarded by Governor.mu
-	goneSeq uint64       // its last removal by a reload (Governor.keepGone); guarded by Governor.mu
+	goneSeq uint64 // its last removal by a reload (Governor.keepGone); guarded by Governor.mu
 
 	mu     sync.Mutex
 	active int // requests holding a concurrency slot
@@ -107,6 +107,53 @@ type userState struct {
 type winCount struct{ start, req, tok int64 }
 
 func newUserState(name string) *userState { return &userState{name: name} }
+
+// state returns u's counters, made at its first request that needs them:
+// a configured user that sends none costs no state (about 200 bytes each;
+// with 50,000 users imported they were half of what the governance kept,
+// TestAppliedUsersWithoutRequestsKeepNoCounters). Once made, it is one
+// load.
+func (g *Governor) state(u *User) *userState {
+	if st := u.st.Load(); st != nil {
+		return st
+	}
+	return g.makeState(u)
+}
+
+// makeState finds or makes the state of u's user, as Apply would have
+// given it: the one of its name that a request through another snapshot's
+// User made (a reload may have run since u was identified), the one kept
+// for it when a reload removed it, else a fresh one. It is stored in u
+// and in the current snapshot's User of that name, so that the next Apply
+// and every later request find it.
+func (g *Governor) makeState(u *User) *userState {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if st := u.st.Load(); st != nil {
+		return st
+	}
+	cur := g.snap.Load().users[u.name]
+	st := g.states[u.name]
+	switch {
+	case st != nil:
+	case cur == nil:
+		// A reload removed the user after u was identified: its counters
+		// are those kept for it, or new ones kept as a removed user's
+		// would have been, for the user added back.
+		if st = g.gone[u.name]; st == nil {
+			st = newUserState(u.name)
+			g.keepGone([]*userState{st})
+		}
+	default:
+		st = newUserState(u.name)
+		g.states[u.name] = st
+	}
+	if cur != nil {
+		cur.st.Store(st)
+	}
+	u.st.Store(st)
+	return st
+}
 
 // bucket is a token bucket refilled continuously at capacity per minute.
 type bucket struct {
@@ -289,7 +336,8 @@ func (st *userState) finishLocked(ts *ticketState, served bool, u Usage, now int
 // the old limit), or its admission's when its user is gone.
 func (ts *ticketState) rates() (rpm, tpm int64) {
 	t := ts.t
-	if u := ts.g.snap.Load().users[ts.u.st.name]; u != nil && u.st == ts.u.st {
+	st := ts.u.st.Load()
+	if u := ts.g.snap.Load().users[st.name]; u != nil && u.st.Load() == st {
 		if u.tmpl == nil {
 			return 0, 0
 		}
@@ -379,10 +427,10 @@ func (g *Governor) admit(ctx context.Context, u *User, r Request, sa *seatAsk) (
 			if !dry {
 				u.rejected()
 				rej := g.outsidePeriod(s.cal, t.periods, now)
-				if (t.rpm > 0 || t.tpm > 0) && g.rds == nil && u.st != nil {
+				if (t.rpm > 0 || t.tpm > 0) && g.rds == nil {
 					// The buckets as they stand, as other refusals tell
 					// them (Redis's are not read for a refusal made here).
-					st := u.st
+					st := g.state(u)
 					st.mu.Lock()
 					if t.rpm > 0 {
 						st.rpm.refill(t.rpm, now)
@@ -409,7 +457,7 @@ func (g *Governor) admit(ctx context.Context, u *User, r Request, sa *seatAsk) (
 	if g.rds != nil {
 		return g.admitRemote(ctx, s, u, t, ts, cs, r, e, dry, now, sa)
 	}
-	st := u.st
+	st := g.state(u)
 	st.mu.Lock()
 	f, retry := st.checkLocked(t, cs, now, e)
 	if t.concQueue && st.q.n > 0 {
@@ -456,7 +504,7 @@ func (g *Governor) outsidePeriod(cal *calendar, m *minuteMask, now int64) *Rejec
 
 // queueUser waits in st's queue. st.mu is held on entry and released.
 func (g *Governor) queueUser(ctx context.Context, u *User, t *template, ts *ticketState, r Request, e estimate) (Ticket, *Rejection) {
-	st := u.st
+	st := u.st.Load() // made by the admission that queues
 	if st.q.n >= t.concQueueSize {
 		st.mu.Unlock()
 		g.putTicket(ts)
@@ -518,7 +566,7 @@ func (g *Governor) pumpLocal(st *userState) {
 	now := g.now().UnixNano()
 	cs := s.cal.state(now / 1e9)
 	for w := st.q.head; w != nil; w = st.q.head {
-		if rej := s.revoked(st, &w.r); rej != nil {
+		if rej := s.revoked(st.name, &w.r); rej != nil {
 			st.q.remove(w)
 			w.state, w.rej = rejected, rej
 			w.ch <- struct{}{}
@@ -576,7 +624,7 @@ func (g *Governor) pumpLocal(st *userState) {
 // that template.
 func (g *Governor) outsideQueued(s *snapshot, st *userState, w *waiter, now int64) (*Rejection, *template) {
 	t := w.t
-	if u := s.users[st.name]; u != nil && u.st == st {
+	if u := s.users[st.name]; u != nil && u.st.Load() == st {
 		t = u.tmpl
 	}
 	if t == nil || t.periods == nil {
@@ -596,8 +644,8 @@ func (g *Governor) outsideQueued(s *snapshot, st *userState, w *waiter, now int6
 // revoked is the refusal of a queued request whose user a reload removed,
 // disabled or no longer allows its model (nil: still allowed), as a new
 // request of the user would be refused.
-func (s *snapshot) revoked(st *userState, r *Request) *Rejection {
-	u := s.users[st.name]
+func (s *snapshot) revoked(name string, r *Request) *Rejection {
+	u := s.users[name]
 	switch {
 	case u == nil:
 		return rejUserGone
@@ -614,7 +662,7 @@ func (s *snapshot) revoked(st *userState, r *Request) *Rejection {
 // longer allows it model); nil while it is still allowed. A request
 // waiting for a seat asks it (AcquireUnless).
 func (g *Governor) Revoked(u *User, model []byte) *Rejection {
-	return g.snap.Load().revoked(u.st, &Request{Model: model})
+	return g.snap.Load().revoked(u.name, &Request{Model: model})
 }
 
 // current returns the template w is served under and its estimate under
@@ -623,7 +671,7 @@ func (g *Governor) Revoked(u *User, model []byte) *Rejection {
 // user is gone from s it is the template w was queued with.
 func (w *waiter) current(s *snapshot, st *userState) (*template, estimate) {
 	u := s.users[st.name]
-	if u == nil || u.st != st || u.tmpl == w.t {
+	if u == nil || u.st.Load() != st || u.tmpl == w.t {
 		return w.t, w.e
 	}
 	t := u.tmpl
@@ -637,7 +685,7 @@ func (w *waiter) current(s *snapshot, st *userState) (*template, estimate) {
 // template's queue timeout (the one it was queued under when the user is
 // gone or no longer queues: the reload refuses it then).
 func (w *waiter) timeout(s *snapshot, st *userState) time.Duration {
-	if u := s.users[st.name]; u != nil && u.st == st && u.tmpl != nil && u.tmpl.concQueue {
+	if u := s.users[st.name]; u != nil && u.st.Load() == st && u.tmpl != nil && u.tmpl.concQueue {
 		return u.tmpl.concTimeout
 	}
 	return w.t.concTimeout

@@ -23,6 +23,18 @@ func admitOK(t testing.TB, g *Governor, u *User, r Request) Ticket {
 	return tk
 }
 
+// queuedOf is how many requests of u wait in its queue (0 before its
+// first request made its counters).
+func queuedOf(u *User) int {
+	st := u.st.Load()
+	if st == nil {
+		return 0
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.q.n
+}
+
 func admitRejected(t testing.TB, g *Governor, u *User, r Request, code Code) *Rejection {
 	t.Helper()
 	tk, rej := g.Admit(context.Background(), u, r)
@@ -63,10 +75,11 @@ func TestTPMPreDeductsMaxTokensOrTheDefaultAndReconcilesWithUsage(t *testing.T) 
 	g := newGov(t, Options{Now: clk.Now}, userConfig(t, hash, `{"name":"t","rate":{"enabled":true,"tpm":6000,"default_output_tokens":1000}}`, ""))
 	u := identify(t, g, key)
 	level := func() float64 {
-		u.st.mu.Lock()
-		defer u.st.mu.Unlock()
-		u.st.tpm.refill(6000, clk.Now().UnixNano())
-		return u.st.tpm.level
+		st := u.st.Load()
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		st.tpm.refill(6000, clk.Now().UnixNano())
+		return st.tpm.level
 	}
 	// No max_tokens: 500 prompt + 1000 default output pre-deducted.
 	a := admitOK(t, g, u, Request{PromptTokens: 500})
@@ -129,7 +142,7 @@ func TestQuotaWindowsCountRequestsAndWeightedTokensAndResetAtBoundaries(t *testi
 	if rej.RetryAfter != 3600 {
 		t.Fatalf("retry after %d, want 3600 (midnight)", rej.RetryAfter)
 	}
-	if w := u.st.win[periodWeek].tok; w != 3*170_000 {
+	if w := u.st.Load().win[periodWeek].tok; w != 3*170_000 {
 		t.Fatalf("week tokens %d milli, want %d", w, 3*170_000)
 	}
 	clk.Advance(time.Hour) // Thursday: a new day, the same week
@@ -254,7 +267,7 @@ func TestAQueuedRequestIsNotAdmittedOutsideTheAllowedPeriods(t *testing.T) {
 			}
 			got <- rej
 		}()
-		waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 1 })
+		waitFor(t, func() bool { return queuedOf(u) == 1 })
 		clk.Advance(time.Minute) // the allowed period ends while it waits
 		holder.Done(Usage{})
 		rej := recvWithin(t, got, 5*time.Second, "the queued request")
@@ -300,7 +313,7 @@ func TestUserQueueIsFIFOAndClientsThatLeaveAreRemovedAtOnce(t *testing.T) {
 			tk, rej := g.Admit(ctx, u, Request{})
 			results <- result{i, tk, rej}
 		}()
-		waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == i+1 })
+		waitFor(t, func() bool { return queuedOf(u) == i+1 })
 	}
 	// The queue is full: the next is refused at once.
 	rej := admitRejected(t, g, u, Request{}, CodeConcurrencyUser)
@@ -312,7 +325,7 @@ func TestUserQueueIsFIFOAndClientsThatLeaveAreRemovedAtOnce(t *testing.T) {
 	if r := <-results; r.i != 1 || r.rej == nil {
 		t.Fatalf("%+v", r)
 	}
-	waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 2 })
+	waitFor(t, func() bool { return queuedOf(u) == 2 })
 	holder.Done(Usage{})
 	r := <-results
 	if r.i != 0 || r.rej != nil {
@@ -509,7 +522,7 @@ func TestAReloadRaisingAUsersLimitAdmitsItsQueuedRequests(t *testing.T) {
 		defer holder.Done(Usage{})
 		got := make(chan *Rejection, 1)
 		go func() { tk, rej := g.Admit(context.Background(), u, Request{}); tk.Done(Usage{}); got <- rej }()
-		waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 1 })
+		waitFor(t, func() bool { return queuedOf(u) == 1 })
 		if err := g.Apply(userConfig(t, hash, concTemplate(4, 10000), "")); err != nil {
 			t.Fatal(err)
 		}
@@ -540,7 +553,7 @@ func TestAReloadLoweringAUsersLimitHoldsItsQueuedRequests(t *testing.T) {
 		for range 2 {
 			go func() { tk, _ := g.Admit(context.Background(), u, Request{}); got <- tk }()
 		}
-		waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 2 })
+		waitFor(t, func() bool { return queuedOf(u) == 2 })
 		if err := g.Apply(userConfig(t, hash, concTemplate(1, 10000), "")); err != nil {
 			t.Fatal(err)
 		}
@@ -580,7 +593,7 @@ func TestAReloadLiftingAUsersLimitsAdmitsItsQueuedRequests(t *testing.T) {
 			}
 			got <- tk
 		}()
-		waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 1 })
+		waitFor(t, func() bool { return queuedOf(u) == 1 })
 		if err := g.Apply(userConfig(t, hash, `{"name":"t"}`, "")); err != nil {
 			t.Fatal(err)
 		}
@@ -619,7 +632,7 @@ func TestAReloadRevokingAUserRefusesItsQueuedRequests(t *testing.T) {
 					}
 					got <- rej
 				}()
-				waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 1 })
+				waitFor(t, func() bool { return queuedOf(u) == 1 })
 				users := c.users
 				if strings.Contains(users, "%q") {
 					users = fmt.Sprintf(users, hash)
@@ -654,7 +667,7 @@ func TestAReloadSwitchingAUsersQueueToRejectRefusesItsQueuedRequests(t *testing.
 			}
 			got <- rej
 		}()
-		waitFor(t, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 1 })
+		waitFor(t, func() bool { return queuedOf(u) == 1 })
 		reject := strings.Replace(concTemplate(1, 30000), `"overlimit":"queue"`, `"overlimit":"reject"`, 1)
 		if err := g.Apply(userConfig(t, hash, reject, "")); err != nil {
 			t.Fatal(err)
@@ -754,7 +767,7 @@ func TestAReloadOfTheQueueTimeoutAppliesToQueuedRequests(t *testing.T) {
 			u := identify(t, g, key)
 			holder := admitOK(t, g, u, Request{})
 			defer holder.Done(Usage{})
-			wait(t, g, func() bool { u.st.mu.Lock(); defer u.st.mu.Unlock(); return u.st.q.n == 1 },
+			wait(t, g, func() bool { return queuedOf(u) == 1 },
 				func() *Rejection {
 					tk, rej := g.Admit(context.Background(), u, Request{})
 					if rej == nil {
@@ -924,7 +937,8 @@ func TestAUserRemovedAndAddedBackKeepsItsCounters(t *testing.T) {
 	})
 }
 
-// The counters of removed users are kept for the latest maxGone removals.
+// The counters of removed users are kept for the latest maxGone removals
+// (of users that had counters: that had sent a request).
 func TestTheCountersOfRemovedUsersAreBounded(t *testing.T) {
 	var sb strings.Builder
 	sb.WriteString(`{"users":[`)
@@ -937,6 +951,13 @@ func TestTheCountersOfRemovedUsersAreBounded(t *testing.T) {
 	sb.WriteString(`]}`)
 	all := parseConfig(t, sb.String())
 	g := newGov(t, Options{}, all)
+	// Counters are made at a user's first request: every user has sent one.
+	counted := func() {
+		for _, u := range g.snap.Load().users {
+			g.state(u)
+		}
+	}
+	counted()
 	for i := 0; i < 3; i++ { // remove all, add all back, remove all again
 		if err := g.Apply(parseConfig(t, `{"users":[]}`)); err != nil {
 			t.Fatal(err)
@@ -948,6 +969,7 @@ func TestTheCountersOfRemovedUsersAreBounded(t *testing.T) {
 			if err := g.Apply(all); err != nil {
 				t.Fatal(err)
 			}
+			counted()
 			if len(g.gone) != 0 {
 				t.Fatalf("round %d: %d kept after adding every user back", i, len(g.gone))
 			}

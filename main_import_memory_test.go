@@ -1,0 +1,199 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/infera/infera/govern"
+)
+
+const importTestAdminKey = "test-admin-key-0123456789"
+
+// routerChild is `infera serve` run by the test binary in a process of its
+// own (TestMain), on loopback.
+type routerChild struct {
+	port, adminPort int
+	out             *bytes.Buffer
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// startRouter starts a router on the config file cfg, with its admin API,
+// at the default GOGC, and waits (at most 20 s) until it serves /metrics.
+func startRouter(t *testing.T, cfg string) *routerChild {
+	t.Helper()
+	r := &routerChild{port: freePort(t), adminPort: freePort(t), out: &bytes.Buffer{}}
+	js, _ := json.Marshal([]string{"serve", "--host", "127.0.0.1", "--port", strconv.Itoa(r.port),
+		"--admin-port", strconv.Itoa(r.adminPort), "--admin-key", importTestAdminKey, "--config", cfg,
+		"--request-transport", "http", "--kv-event-transport", "zmq", "--discovery-backend", "static"})
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	env := []string{"INFERA_MAIN_CHILD_ARGS=" + string(js)}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GOGC=") && !strings.HasPrefix(kv, "GOMEMLIMIT=") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = r.out, r.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-done })
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := r.heap(); err == nil {
+			return r
+		}
+		select {
+		case <-done:
+			t.Fatalf("the router exited: %s", r.out)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the router does not answer: %s", r.out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// heap is go_memstats_heap_alloc_bytes of the router's /metrics.
+func (r *routerChild) heap() (uint64, error) {
+	resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(r.port) + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_heap_alloc_bytes "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			return uint64(f), err
+		}
+	}
+	return 0, fmt.Errorf("no go_memstats_heap_alloc_bytes in /metrics")
+}
+
+// admin sends an admin API request and returns the body of its 200 answer.
+func (r *routerChild) admin(t *testing.T, method, path string, body []byte) []byte {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://127.0.0.1:"+strconv.Itoa(r.adminPort)+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+importTestAdminKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s %s: %d %.300s", method, path, resp.StatusCode, b)
+	}
+	return b
+}
+
+// TestARoutersHeapPeaksBelowFourTimesAnImportsBody measures, as
+// docs/admin.md tells it, what the import of the export of 50,000 users
+// (about 12 MB) costs a router at the default GOGC: `infera serve
+// --config` on `{}`, the export POSTed to its admin API over loopback, the
+// heap (go_memstats_heap_alloc_bytes of /metrics) polled every 3 ms. Its
+// peak above the heap before the import was 4.2x to 4.4x the body while
+// the governance made every user's counters when it compiled the config
+// (4.7x to 5.0x in the measurements of the docs); 3.3x to 3.6x since they
+// are made at a user's first request.
+func TestARoutersHeapPeaksBelowFourTimesAnImportsBody(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds 50,000 users and runs two routers")
+	}
+	if raceEnabled {
+		t.Skip("measures memory, which the race detector changes")
+	}
+	dir := t.TempDir()
+	// The export comes from a router serving 50,000 users, as an operator
+	// makes it.
+	var sb strings.Builder
+	sb.WriteString(`{"user_limit":{"templates":[{"name":"standard","rate":{"enabled":true,"rpm":60}}]},"users":[`)
+	for i := range 50000 {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		_, h, err := govern.NewKey()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&sb, `{"name":"user-%05d@example.com","template":"standard","keys":[%q]}`, i, h)
+	}
+	sb.WriteString("]}")
+	full := filepath.Join(dir, "full.json")
+	if err := os.WriteFile(full, []byte(sb.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src := startRouter(t, full)
+	export := src.admin(t, "GET", "/api/backup/export", nil)
+	empty := filepath.Join(dir, "infera.json")
+	if err := os.WriteFile(empty, []byte(`{}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := startRouter(t, empty)
+	time.Sleep(300 * time.Millisecond) // its start settled
+	before, err := r.heap()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var top uint64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			if h, err := r.heap(); err == nil {
+				top = max(top, h)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(3 * time.Millisecond):
+			}
+		}
+	}()
+	start := time.Now()
+	r.admin(t, "POST", "/api/backup/import", export)
+	took := time.Since(start)
+	time.Sleep(100 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	n := uint64(len(export))
+	peak := top - min(before, top)
+	t.Logf("body %d bytes, imported in %v: heap %d before, peak %d above it (%.2fx the body)", n, took.Round(time.Millisecond), before, peak, float64(peak)/float64(n))
+	if peak >= 4*n {
+		t.Errorf("the router's heap grew by %.2fx the body during the import: want below 4x", float64(peak)/float64(n))
+	}
+}

@@ -1,0 +1,6 @@
+//go:build race
+
+package main
+
+// raceEnabled: the race detector changes what a test allocates.
+const raceEnabled = true
