@@ -183,7 +183,7 @@ func (s *Server) attemptExternal(ctx *fasthttp.RequestCtx, cfg *config.Config, r
 		// no credential).
 		extra = cfg.SessionAffinity.Header
 	}
-	rs.ext.hdr = upstreams.AppendHeaders(rs.ext.hdr[:0], &ctx.Request.Header, u.key, hop, extra, rs.reqID)
+	rs.ext.hdr = upstreams.AppendHeaders(rs.ext.hdr[:0], &ctx.Request.Header, u.key, hop, rs.proto.mode == protoConvert, extra, rs.reqID)
 	c.path, c.hdr = rs.ext.path, rs.ext.hdr
 	return s.attempt(ctx, cfg, rs, httpTransport{}, mayRetry, res)
 }

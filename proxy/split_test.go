@@ -1267,3 +1267,46 @@ func TestSplitUnavailableEntriesAreCountedByReason(t *testing.T) {
 		t.Fatalf("breaker_open counted %d after the probe, want still 1", got)
 	}
 }
+
+// A request the router converted (Anthropic Messages, OpenAI Responses)
+// reaches an external entry as the JSON the router wrote, so as
+// application/json whatever type the client's body was sent as, as it
+// reaches a local engine (TestAConvertedRequestReachesTheEngineAsJSON).
+// The external path forwarded the client's Content-Type: curl's form type
+// or text/plain went with a chat completions body, which an
+// OpenAI-compatible server that reads a body by its type need not take as JSON. A request
+// the router did not convert keeps the client's type.
+func TestAConvertedRequestReachesAnExternalUpstreamAsJSON(t *testing.T) {
+	e := &chatEngine{}
+	ext := startChatEngine(t, e)
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true, Weight: 0},
+		config.Proxy{Name: "ext", Address: ext.url + "/v1", Weight: 1},
+	)
+	r := startRouterWith(t, nil, cfg, nil, deadURL(t))
+	for _, ct := range []string{"application/x-www-form-urlencoded", "text/plain", ""} {
+		for _, c := range []struct{ path, body string }{
+			{"/v1/messages", anthropicBody},
+			{"/v1/responses", `{"model":"m","input":"hello","max_output_tokens":16}`},
+		} {
+			resp, b := postH(t, r.url+c.path, c.body, map[string]string{"Content-Type": ct})
+			if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != "split:ext" {
+				t.Fatalf("%s %q: %d %v %s", c.path, ct, resp.StatusCode, resp.Header, b)
+			}
+			got := e.last(t)
+			if got.path != "/v1/chat/completions" {
+				t.Fatalf("%s: the upstream got %s", c.path, got.path)
+			}
+			if v := got.hdr.Values("Content-Type"); len(v) != 1 || v[0] != "application/json" {
+				t.Fatalf("%s, client type %q: the upstream got Content-Type %q", c.path, ct, v)
+			}
+		}
+	}
+	resp, b := postH(t, r.url+"/v1/chat/completions", gptBody, map[string]string{"Content-Type": "application/json; charset=utf-8"})
+	if resp.StatusCode != 200 {
+		t.Fatalf("chat: %d %s", resp.StatusCode, b)
+	}
+	if v := e.last(t).hdr.Values("Content-Type"); len(v) != 1 || v[0] != "application/json; charset=utf-8" {
+		t.Fatalf("an unconverted request: the upstream got Content-Type %q", v)
+	}
+}

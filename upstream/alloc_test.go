@@ -46,7 +46,7 @@ func TestAppendHeadersAllocatesNothing(t *testing.T) {
 	dst := make([]byte, 0, 1024)
 	key := config.NewSecret("sk-upstream-key-0123456789")
 	if n := testing.AllocsPerRun(1000, func() {
-		dst = AppendHeaders(dst[:0], &in, key, true, "X-Session-Id", []byte("0123456789abcdef0123456789abcdef"))
+		dst = AppendHeaders(dst[:0], &in, key, true, false, "X-Session-Id", []byte("0123456789abcdef0123456789abcdef"))
 	}); n != 0 {
 		t.Fatalf("AppendHeaders: %v allocs/op, want 0", n)
 	}

@@ -26,7 +26,10 @@ var forwardedHeaders = [...]string{
 //     client's when it sent a usable one), and the header named by extra when it is not a
 //     credential, hop-by-hop or framing header (e.g. the session affinity
 //     header for a member gateway); "Content-Type: application/json" when
-//     the client sent none (the body is JSON);
+//     the client sent none (the body is JSON), or in place of the client's
+//     when jsonBody is true (the gateway wrote the body: a converted
+//     Anthropic Messages or Responses request, whatever type the client's
+//     own body was sent as);
 //   - "Authorization: Bearer <key>" when key is set;
 //   - HopHeader "1" when hop is true (global scheduling);
 //   - ForwardsHeader, the count the request arrived with plus one.
@@ -35,10 +38,10 @@ var forwardedHeaders = [...]string{
 // Forwarded/X-Forwarded-*, hop-by-hop headers and everything else never
 // pass. A value holding a control character is left out. It does not
 // allocate when dst has room.
-func AppendHeaders(dst []byte, in *fasthttp.RequestHeader, key config.Secret, hop bool, extra string, requestID []byte) []byte {
+func AppendHeaders(dst []byte, in *fasthttp.RequestHeader, key config.Secret, hop, jsonBody bool, extra string, requestID []byte) []byte {
 	for _, h := range forwardedHeaders {
 		v := in.Peek(h)
-		if len(v) == 0 && h == "Content-Type" {
+		if h == "Content-Type" && (len(v) == 0 || jsonBody) {
 			v = jsonType
 		}
 		dst = appendHeader(dst, h, v)

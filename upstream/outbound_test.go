@@ -69,7 +69,7 @@ func TestAppendHeadersSendsOnlyAllowedHeadersAndTheUpstreamKey(t *testing.T) {
 		}
 		return <-gotc
 	}
-	g := send(AppendHeaders(nil, &in, config.NewSecret("sk-upstream"), true, "X-Session-Id", []byte("req-1")), "/v1/chat/completions")
+	g := send(AppendHeaders(nil, &in, config.NewSecret("sk-upstream"), true, false, "X-Session-Id", []byte("req-1")), "/v1/chat/completions")
 	if g.uri != "/compatible/v1/chat/completions" || g.host != "api.example.com:8443" || g.body != body {
 		t.Fatalf("upstream got %s host %s body %s", g.uri, g.host, g.body)
 	}
@@ -102,7 +102,7 @@ func TestAppendHeadersSendsOnlyAllowedHeadersAndTheUpstreamKey(t *testing.T) {
 	in.Set(ForwardsHeader, "2")
 	for _, extra := range []string{"Authorization", "cookie", "x-api-key", "Host", "X-Infera-Hop", "X-Infera-Forwards", "Content-Length", "bad name"} {
 		in.Del("Content-Type")
-		g = send(AppendHeaders(nil, &in, config.Secret{}, false, extra, []byte("req-1")), "/v1/completions")
+		g = send(AppendHeaders(nil, &in, config.Secret{}, false, false, extra, []byte("req-1")), "/v1/completions")
 		if g.uri != "/compatible/v1/completions" {
 			t.Fatalf("uri %s", g.uri)
 		}
@@ -118,10 +118,33 @@ func TestAppendHeadersDropsControlCharacters(t *testing.T) {
 	in.DisableNormalizing()
 	in.Set("User-Agent", "a\x00b")
 	in.Set("Accept", "ok")
-	got := string(AppendHeaders(nil, &in, config.Secret{}, false, "", nil))
+	got := string(AppendHeaders(nil, &in, config.Secret{}, false, false, "", nil))
 	if strings.Contains(got, "User-Agent") || !strings.Contains(got, "Accept: ok\r\n") || strings.Contains(got, "X-Request-Id") {
 		t.Fatalf("block %q", got)
 	}
+}
+
+// A body the gateway wrote (jsonBody) goes as application/json in place of
+// the client's type; otherwise the client's type goes, and JSON when it
+// sent none.
+func TestAppendHeadersTypesAWrittenBodyAsJSON(t *testing.T) {
+	f := func(ct string, jsonBody bool, want string) {
+		t.Helper()
+		var in fasthttp.RequestHeader
+		if ct != "" {
+			in.Set("Content-Type", ct)
+		}
+		got := string(AppendHeaders(nil, &in, config.Secret{}, false, jsonBody, "", nil))
+		if strings.Count(got, "Content-Type: ") != 1 || !strings.Contains(got, "Content-Type: "+want+"\r\n") {
+			t.Fatalf("type %q, jsonBody %v: block %q, want Content-Type %q", ct, jsonBody, got, want)
+		}
+	}
+	f("text/plain", true, "application/json")
+	f("application/x-www-form-urlencoded", true, "application/json")
+	f("", true, "application/json")
+	f("text/plain", false, "text/plain")
+	f("application/json; charset=utf-8", false, "application/json; charset=utf-8")
+	f("", false, "application/json")
 }
 
 // Forwards reads the count a request arrived with, bounded by MaxForwards;
