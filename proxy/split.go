@@ -28,12 +28,22 @@ var (
 // retries across workers and global scheduling; an external entry is one
 // attempt through httpTransport, and takes no request rate limiting seat
 // (external upstreams follow their own limits). A request that arrived
-// forwarded upstream.MaxForwards times tries the local entries only.
+// forwarded upstream.MaxForwards times tries the local entries only; a
+// Responses follow-up whose previous response a local engine holds, the
+// first enabled local entry alone.
 func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries) {
 	sp := &cfg.SplitProxy
 	tbl := s.ext.splitTable(sp)
 	bound := -1
-	if sp.Strategy != config.SplitPrefix {
+	if i := activeLocal(sp); i >= 0 && s.pinnedLocal(&rs.sreq) {
+		// A Responses follow-up whose previous response a local engine
+		// holds (respaffinity.go) goes to the local fleet alone, whatever
+		// the weights or rules: an external upstream cannot know the id
+		// and would answer 404, hiding the local engine's own answer, as
+		// global scheduling never forwards it (pinnedLocal). Split by the
+		// weights, every other follow-up got an external entry's 404.
+		rs.ext.plan = append(rs.ext.plan[:0], i)
+	} else if sp.Strategy != config.SplitPrefix {
 		// A session keeps the entry it started on: only new sessions and
 		// requests without one take the splitter's next turn, so the
 		// weights split sessions, not turns (as a canary rule does).
@@ -100,6 +110,16 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		}
 	}
 	res.fleetDown = true // every entry of the plan was tried
+}
+
+// activeLocal returns the index of sp's first enabled local entry, or -1.
+func activeLocal(sp *config.SplitProxy) int {
+	for i := range sp.Proxies {
+		if p := &sp.Proxies[i]; p.Local && p.Active() {
+			return i
+		}
+	}
+	return -1
 }
 
 // splitBound returns the weight strategy's entry that rs's session is

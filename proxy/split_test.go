@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -1308,5 +1309,72 @@ func TestAConvertedRequestReachesAnExternalUpstreamAsJSON(t *testing.T) {
 	}
 	if v := e.last(t).hdr.Values("Content-Type"); len(v) != 1 || v[0] != "application/json; charset=utf-8" {
 		t.Fatalf("an unconverted request: the upstream got Content-Type %q", v)
+	}
+}
+
+// A Responses follow-up (passthrough) whose previous response a local
+// engine holds goes to that engine whatever the split proxy's weights or
+// rules say, and fails over to no external entry: an external upstream
+// cannot know the id and answers 404, as global scheduling never forwards
+// such a request (TestAFollowUpPinnedToALocalEngineIsNotForwardedToAnotherRegion).
+// The weights took it like any request: with local 1 and external 1,
+// every other follow-up reached the external entry and got its 404.
+func TestASplitResponsesFollowUpGoesToTheLocalEngineHoldingItsResponse(t *testing.T) {
+	local := storingResponsesEngine(t, "l")
+	ext := storingResponsesEngine(t, "x")
+	proxies := []config.Proxy{
+		{Local: true, Weight: 1, ModelRules: []string{"local-only"}},
+		{Name: "x", Address: ext.url, Weight: 1, ModelRules: []string{"m"}, Failover: true},
+	}
+	for _, strategy := range []config.SplitStrategy{config.SplitWeight, config.SplitPrefix} {
+		t.Run(string(strategy), func(t *testing.T) {
+			// The response is made under the weight strategy (every other
+			// request is local), then the strategy tested is applied: under
+			// prefix, model "m" is the external entry's.
+			weight := splitConfig(config.SplitWeight, proxies...)
+			weight.Protocol.ResponsesPassthrough = true
+			r := startRouterWith(t, nil, weight, nil, local.url)
+			post := func(body string) (*http.Response, string) {
+				t.Helper()
+				return postWith(t, r.url+"/v1/responses", body, nil)
+			}
+			id := ""
+			for i := 0; i < 4 && id == ""; i++ {
+				resp, b := post(`{"model":"m","input":"hello"}`)
+				var v struct{ ID string }
+				json.Unmarshal([]byte(b), &v)
+				if resp.StatusCode != 200 {
+					t.Fatalf("%d %s", resp.StatusCode, b)
+				}
+				if strings.HasPrefix(v.ID, "resp_l_") {
+					id = v.ID
+				}
+			}
+			if id == "" {
+				t.Fatal("no response from the local engine")
+			}
+			cfg := splitConfig(strategy, proxies...)
+			cfg.Protocol.ResponsesPassthrough = true
+			r.store.Set(cfg)
+			extHits := ext.hits.Load()
+			for i := 0; i < 6; i++ {
+				resp, b := post(`{"model":"m","input":"more","previous_response_id":"` + id + `"}`)
+				if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != "" || !strings.Contains(b, `"id":"resp_l_`) {
+					t.Fatalf("follow-up %d: %d upstream %q %s", i, resp.StatusCode, resp.Header.Get("X-Infera-Upstream"), b)
+				}
+			}
+			if n := ext.hits.Load() - extHits; n != 0 {
+				t.Fatalf("the external entry got %d follow-ups", n)
+			}
+			// A request naming no previous response is split as before.
+			seen := false
+			for i := 0; i < 4 && !seen; i++ {
+				resp, _ := post(`{"model":"m","input":"hello"}`)
+				seen = resp.Header.Get("X-Infera-Upstream") == "split:x"
+			}
+			if !seen {
+				t.Fatal("no request reached the external entry")
+			}
+		})
 	}
 }
