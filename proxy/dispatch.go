@@ -578,7 +578,10 @@ func (s *Server) commit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		eof = false // the relay tells a whole stream from a cut one (cutShort)
 	}
 	rs.scanUsage(rs.rbuf[:n])
-	if rs.proto.passesResponses() && status < 300 && rs.ext.cur == nil {
+	if rs.proto.passesResponses() && status < 300 && (rs.ext.cur == nil || rs.ext.cur.kind == extSplit) {
+		// A local engine's answer, or a split proxy entry's: its
+		// follow-ups go back to it (split.go). A member region's is
+		// learned there.
 		c := respCred{addr: s.clientIP(ctx)}
 		if u := rs.gov.user; u != nil {
 			c = respCred{user: u.Name()}

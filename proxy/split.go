@@ -30,7 +30,8 @@ var (
 // (external upstreams follow their own limits). A request that arrived
 // forwarded upstream.MaxForwards times tries the local entries only; a
 // Responses follow-up whose previous response a local engine holds, the
-// first enabled local entry alone.
+// first enabled local entry alone; one whose previous response an
+// external entry made, that entry alone.
 func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries) {
 	sp := &cfg.SplitProxy
 	tbl := s.ext.splitTable(sp)
@@ -42,6 +43,12 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		// and would answer 404, hiding the local engine's own answer, as
 		// global scheduling never forwards it (pinnedLocal). Split by the
 		// weights, every other follow-up got an external entry's 404.
+		rs.ext.plan = append(rs.ext.plan[:0], i)
+	} else if i := heldExternal(sp, tbl, &rs.sreq); i >= 0 {
+		// A follow-up of a response an external entry made goes back
+		// to that entry alone: no other upstream knows the id. Split by
+		// the weights, every other one reached the local engines and
+		// got their 404.
 		rs.ext.plan = append(rs.ext.plan[:0], i)
 	} else if sp.Strategy != config.SplitPrefix {
 		// A session keeps the entry it started on: only new sessions and
@@ -116,6 +123,21 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 func activeLocal(sp *config.SplitProxy) int {
 	for i := range sp.Proxies {
 		if p := &sp.Proxies[i]; p.Local && p.Active() {
+			return i
+		}
+	}
+	return -1
+}
+
+// heldExternal returns the index of the enabled external entry whose
+// upstream made the response r's previous_response_id names
+// (respaffinity.go learns split entries' answers too), or -1.
+func heldExternal(sp *config.SplitProxy, tbl *extTable, r *sched.Request) int {
+	if r.Prefer.ID == "" {
+		return -1
+	}
+	for i := range sp.Proxies {
+		if p := &sp.Proxies[i]; !p.Local && p.Active() && i < len(tbl.ups) && tbl.ups[i] != nil && r.Prefer.Is(tbl.ups[i].w) {
 			return i
 		}
 	}

@@ -1378,3 +1378,68 @@ func TestASplitResponsesFollowUpGoesToTheLocalEngineHoldingItsResponse(t *testin
 		})
 	}
 }
+
+// A Responses follow-up (passthrough) of a response an external entry
+// made goes back to that entry, whatever the weights or rules say, and
+// fails over to no other entry: only that upstream knows the id. The
+// gateway learned the ids of local answers alone, so the weights split
+// such follow-ups, and every other one reached the local engine and got
+// its 404.
+func TestASplitResponsesFollowUpGoesToTheExternalEntryThatMadeItsResponse(t *testing.T) {
+	local := storingResponsesEngine(t, "l")
+	ext := storingResponsesEngine(t, "x")
+	proxies := []config.Proxy{
+		{Local: true, Weight: 1, ModelRules: []string{"m"}},
+		{Name: "x", Address: ext.url, Weight: 1, ModelRules: []string{"external-only"}},
+	}
+	for _, strategy := range []config.SplitStrategy{config.SplitWeight, config.SplitPrefix} {
+		t.Run(string(strategy), func(t *testing.T) {
+			// The response is made under the weight strategy (every other
+			// request is the external entry's), then the strategy tested
+			// is applied: under prefix, model "m" is the local entry's.
+			weight := splitConfig(config.SplitWeight, proxies...)
+			weight.Protocol.ResponsesPassthrough = true
+			r := startRouterWith(t, nil, weight, nil, local.url)
+			post := func(body string) (*http.Response, string) {
+				t.Helper()
+				return postWith(t, r.url+"/v1/responses", body, nil)
+			}
+			id := ""
+			for i := 0; i < 4 && id == ""; i++ {
+				resp, b := post(`{"model":"m","input":"hello"}`)
+				var v struct{ ID string }
+				json.Unmarshal([]byte(b), &v)
+				if resp.StatusCode != 200 {
+					t.Fatalf("%d %s", resp.StatusCode, b)
+				}
+				if strings.HasPrefix(v.ID, "resp_x_") {
+					id = v.ID
+				}
+			}
+			if id == "" {
+				t.Fatal("no response from the external entry")
+			}
+			cfg := splitConfig(strategy, proxies...)
+			cfg.Protocol.ResponsesPassthrough = true
+			r.store.Set(cfg)
+			localHits := local.hits.Load()
+			for i := 0; i < 6; i++ {
+				resp, b := post(`{"model":"m","input":"more","previous_response_id":"` + id + `"}`)
+				if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != "split:x" || !strings.Contains(b, `"id":"resp_x_`) {
+					t.Fatalf("follow-up %d: %d upstream %q %s", i, resp.StatusCode, resp.Header.Get("X-Infera-Upstream"), b)
+				}
+			}
+			if n := local.hits.Load() - localHits; n != 0 {
+				t.Fatalf("the local engine got %d follow-ups", n)
+			}
+			// Once the entry is gone, a follow-up is routed as any request
+			// (the engine that gets it says the response is unknown).
+			gone := splitConfig(strategy, proxies[0])
+			gone.Protocol.ResponsesPassthrough = true
+			r.store.Set(gone)
+			if resp, b := post(`{"model":"m","input":"more","previous_response_id":"` + id + `"}`); resp.StatusCode != 404 || local.hits.Load() == localHits {
+				t.Fatalf("follow-up after the entry left: %d %s", resp.StatusCode, b)
+			}
+		})
+	}
+}
