@@ -429,8 +429,10 @@ func TestE2EMirrorTargetGetsCopiesWithoutClientCredentials(t *testing.T) {
 	sresp.Body.Close()
 	waitUntil(t, "three mirrored requests", func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == 3 })
 
+	// X-Request-Id: the request's id (the router's own here), never a
+	// credential.
 	allowed := map[string]bool{"Content-Type": true, "Accept": true, "User-Agent": true, "X-Infera-Mirror": true,
-		"Authorization": true, "Content-Length": true}
+		"Authorization": true, "Content-Length": true, "X-Request-Id": true}
 	want := map[string]bool{}
 	for _, b := range append(bodies, stream) {
 		want[strings.Replace(b, `"model":"sim-model"`, `"model":"canary-model"`, 1)] = true

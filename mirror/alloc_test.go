@@ -22,7 +22,7 @@ func TestOfferAllocatesNothingWhenNotMirrored(t *testing.T) {
 	path, body := []byte("/v1/chat/completions"), benchBody(4096)
 	f := func(name string, cfg *config.Mirror) {
 		t.Helper()
-		if n := testing.AllocsPerRun(1000, func() { m.Offer(cfg, path, body, false) }); n != 0 {
+		if n := testing.AllocsPerRun(1000, func() { m.Offer(cfg, path, body, nil, false) }); n != 0 {
 			t.Fatalf("%s: %v allocs/op, want 0", name, n)
 		}
 	}
@@ -37,7 +37,7 @@ func TestOfferAllocatesNothingWhenNotMirrored(t *testing.T) {
 	full := *cfg
 	full.SamplingRatio = 100
 	for i := 0; i < 4; i++ { // one in the sender, one at the dispatcher, one queued
-		m.Offer(&full, path, body, false)
+		m.Offer(&full, path, body, nil, false)
 	}
 	f("queue full", &full)
 }
@@ -62,6 +62,7 @@ func TestSendAllocatesOnlyTheStreamedBody(t *testing.T) {
 			j.cfg, j.stream, j.at = cfg, stream, time.Now()
 			j.path = append(j.path[:0], path...)
 			j.body = append(j.body[:0], body...)
+			j.reqID = append(j.reqID[:0], "0123456789abcdef0123456789abcdef"...)
 			m.send(j)
 			m.release(j)
 		}

@@ -80,6 +80,7 @@ type job struct {
 	cfg     *config.Mirror
 	path    []byte
 	body    []byte
+	reqID   []byte // the request's id: sent as X-Request-Id, logged as request_id
 	scratch []byte // the body with the model replaced
 	stream  bool
 	at      time.Time
@@ -103,7 +104,7 @@ func releaseJob(j *job) {
 	if cap(j.body) > maxPooledBody || cap(j.scratch) > maxPooledBody {
 		return
 	}
-	j.path, j.body, j.scratch = j.path[:0], j.body[:0], j.scratch[:0]
+	j.path, j.body, j.scratch, j.reqID = j.path[:0], j.body[:0], j.scratch[:0], j.reqID[:0]
 	jobPool.Put(j)
 }
 
@@ -184,13 +185,14 @@ func newMirror(o Options) *Mirror {
 }
 
 // Offer mirrors a request with probability cfg.SamplingRatio percent: it
-// copies path and body (the caller may reuse them as soon as Offer
-// returns) into a queued job and reports true, or reports false when the
+// copies path, body and reqID (the request's id, sent to the target as
+// X-Request-Id and logged as request_id; nil for none: the caller may
+// reuse them as soon as Offer returns) into a queued job and reports true, or reports false when the
 // request is not sampled, the queue is full (counted), mirroring is
 // disabled or the Mirror is closed. It never blocks, and allocates
 // nothing when the request is not sampled. cfg is the request's config
 // snapshot; it must stay unchanged (config snapshots are immutable).
-func (m *Mirror) Offer(cfg *config.Mirror, path, body []byte, stream bool) bool {
+func (m *Mirror) Offer(cfg *config.Mirror, path, body, reqID []byte, stream bool) bool {
 	if !cfg.Enabled || cfg.SamplingRatio <= 0 {
 		return false
 	}
@@ -205,7 +207,7 @@ func (m *Mirror) Offer(cfg *config.Mirror, path, body []byte, stream bool) bool 
 		m.m.droppedFull.Inc()
 		return false
 	}
-	need := int64(len(path) + len(body))
+	need := int64(len(path) + len(body) + len(reqID))
 	if m.held.Add(need) > cfg.BufferBytes() {
 		m.held.Add(-need)
 		m.m.droppedFull.Inc()
@@ -216,6 +218,7 @@ func (m *Mirror) Offer(cfg *config.Mirror, path, body []byte, stream bool) bool 
 	j.cfg = cfg
 	j.path = append(j.path[:0], path...)
 	j.body = append(j.body[:0], body...)
+	j.reqID = append(j.reqID[:0], reqID...)
 	j.stream = stream
 	j.at = time.Now()
 	select {

@@ -146,7 +146,8 @@ func TestMirrorForwardsCopiesWithItsTokenAndNoClientCredentials(t *testing.T) {
 	cfg.AuthToken = config.NewSecret("mirror-token-123")
 
 	front := &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
-		m.Offer(cfg, ctx.Path(), ctx.PostBody(), false)
+		// The request id the router gives Offer (here the client's).
+		m.Offer(cfg, ctx.Path(), ctx.PostBody(), ctx.Request.Header.Peek("X-Request-Id"), false)
 		ctx.SetBodyString("ok")
 	}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -171,6 +172,7 @@ func TestMirrorForwardsCopiesWithItsTokenAndNoClientCredentials(t *testing.T) {
 		req.Header.Set("X-Forwarded-For", "ip-SECRET")
 		req.Header.Set("X-Api-Key", "client-key-SECRET")
 		req.Header.Set("X-User", "user-SECRET")
+		req.Header.Set("X-Request-Id", fmt.Sprintf("req-%d", i))
 		req.SetBodyString(fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"request %d"}]}`, i))
 		if err := hc.Do(req, resp); err != nil || resp.StatusCode() != 200 {
 			t.Fatalf("front: %v %d", err, resp.StatusCode())
@@ -189,7 +191,7 @@ func TestMirrorForwardsCopiesWithItsTokenAndNoClientCredentials(t *testing.T) {
 		}
 		for k, vs := range r.header {
 			switch k {
-			case "Authorization", "Content-Type", "Accept", "User-Agent", "X-Infera-Mirror", "Content-Length":
+			case "Authorization", "Content-Type", "Accept", "User-Agent", "X-Infera-Mirror", "Content-Length", "X-Request-Id":
 			default:
 				t.Fatalf("target got header %s: %v, outside the mirror's list", k, vs)
 			}
@@ -210,6 +212,9 @@ func TestMirrorForwardsCopiesWithItsTokenAndNoClientCredentials(t *testing.T) {
 		}
 		if err := json.Unmarshal(r.body, &body); err != nil || body.Model != "m" || len(body.Messages) != 1 {
 			t.Fatalf("target got body %q (%v)", r.body, err)
+		}
+		if want := "req-" + strings.TrimPrefix(body.Messages[0].Content, "request "); r.header.Get("X-Request-Id") != want {
+			t.Fatalf("the copy of %q carried X-Request-Id %q, want %q", body.Messages[0].Content, r.header.Get("X-Request-Id"), want)
 		}
 		seen[body.Messages[0].Content] = true
 	}
@@ -247,7 +252,7 @@ func TestMirrorSubstitutesTheTargetModel(t *testing.T) {
 	cfg := mirrorCfg(tg.url)
 	cfg.TargetModel = "canary-v2"
 	body := []byte(`{"model":"prod","messages":[{"role":"user","content":"hi"}]}`)
-	m.Offer(cfg, []byte("/v1/chat/completions"), body, false)
+	m.Offer(cfg, []byte("/v1/chat/completions"), body, nil, false)
 	eventually(t, "mirrored", func() bool { return tg.hits.Load() == 1 })
 	if got := string(tg.received()[0].body); got != `{"model":"canary-v2","messages":[{"role":"user","content":"hi"}]}` {
 		t.Fatalf("target got %s", got)
@@ -266,7 +271,7 @@ func TestMirrorSamplingRatio(t *testing.T) {
 		c.SamplingRatio = ratio
 		before := m.m.sampled.Get()
 		for i := 0; i < n; i++ {
-			m.Offer(&c, []byte("/v1/completions"), []byte(`{}`), false)
+			m.Offer(&c, []byte("/v1/completions"), []byte(`{}`), nil, false)
 		}
 		// Sampled, whether queued or dropped for a full queue.
 		return int(m.m.sampled.Get() - before)
@@ -286,7 +291,7 @@ func TestMirrorSamplingRatio(t *testing.T) {
 	}
 	off := *cfg
 	off.Enabled = false
-	if m.Offer(&off, []byte("/v1/completions"), []byte(`{}`), false) {
+	if m.Offer(&off, []byte("/v1/completions"), []byte(`{}`), nil, false) {
 		t.Fatal("disabled mirror sampled")
 	}
 }
@@ -310,7 +315,7 @@ func TestMirrorQueueFullDrops(t *testing.T) {
 	// then the queue holds 3: at most 5 accepted of 20.
 	accepted := 0
 	for i := 0; i < 20; i++ {
-		if m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false) {
+		if m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), nil, false) {
 			accepted++
 		}
 		if i == 0 {
@@ -347,7 +352,7 @@ func TestMirrorByteBudgetDropsAndIsGivenBack(t *testing.T) {
 	cfg.MaxBufferBytes = 3*per + per/2 // room for 3 copies
 	accepted := 0
 	for i := 0; i < 10; i++ {
-		if m.Offer(cfg, path, body, false) {
+		if m.Offer(cfg, path, body, nil, false) {
 			accepted++
 		}
 	}
@@ -359,7 +364,7 @@ func TestMirrorByteBudgetDropsAndIsGivenBack(t *testing.T) {
 	}
 	close(release)
 	eventually(t, "the budget given back", func() bool { return m.held.Load() == 0 && m.m.ok.Get() == 3 })
-	if !m.Offer(cfg, path, body, false) {
+	if !m.Offer(cfg, path, body, nil, false) {
 		t.Fatal("offer refused once the budget was free")
 	}
 }
@@ -381,7 +386,7 @@ func TestMirrorTimeoutDropsExpiredRequests(t *testing.T) {
 	cfg.Concurrency = 1
 	cfg.LogRecording = true
 	for i := 0; i < 4; i++ {
-		if !m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false) {
+		if !m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), nil, false) {
 			t.Fatalf("offer %d refused", i)
 		}
 	}
@@ -433,7 +438,7 @@ func TestACopyExpiredBeforeItIsSentIsDroppedNotTimedOut(t *testing.T) {
 	cfg := mirrorCfg(tg.url)
 	cfg.TimeoutMS = 20
 	cfg.LogRecording = true
-	if !m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false) {
+	if !m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), nil, false) {
 		t.Fatal("offer refused")
 	}
 	eventually(t, "the copy accounted for", func() bool {
@@ -479,7 +484,7 @@ func TestMirrorConsumesStreamsToTheEndAndLogsThem(t *testing.T) {
 	cfg.LogRecording = true
 	cfg.AuthToken = config.NewSecret("tok-SECRET")
 	cfg.TargetModel = "v2"
-	m.Offer(cfg, []byte("/v1/chat/completions"), []byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true}}`), true)
+	m.Offer(cfg, []byte("/v1/chat/completions"), []byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true}}`), nil, true)
 	eventually(t, "the log line", func() bool { return len(lb.lines(t)) == 1 })
 	if !wroteAll.Load() {
 		t.Fatal("the target could not write its whole stream")
@@ -528,7 +533,7 @@ func TestMirrorRecordsErrorsAndFollowsReloads(t *testing.T) {
 	offer := func(addr string) {
 		cfg := mirrorCfg(addr) // a new snapshot per call, as reloads make
 		cfg.LogRecording = true
-		if !m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m","prompt":"x"}`), false) {
+		if !m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m","prompt":"x"}`), nil, false) {
 			t.Fatal("offer refused")
 		}
 	}
@@ -571,7 +576,7 @@ func TestMirrorCloseCancelsAndRefuses(t *testing.T) {
 	cfg := mirrorCfg(tg.url)
 	cfg.Concurrency = 1
 	for i := 0; i < 3; i++ {
-		m.Offer(cfg, []byte("/v1/completions"), []byte(`{}`), false)
+		m.Offer(cfg, []byte("/v1/completions"), []byte(`{}`), nil, false)
 	}
 	<-started
 	done := make(chan struct{})
@@ -581,7 +586,7 @@ func TestMirrorCloseCancelsAndRefuses(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Close did not return")
 	}
-	if m.Offer(cfg, []byte("/v1/completions"), []byte(`{}`), false) {
+	if m.Offer(cfg, []byte("/v1/completions"), []byte(`{}`), nil, false) {
 		t.Fatal("offer accepted after Close")
 	}
 	if got := m.m.droppedClose.Get(); got != 2 {
@@ -648,7 +653,7 @@ func TestMirrorRetriesAPooledConnectionTheTargetClosed(t *testing.T) {
 	cfg := mirrorCfg(rt.url)
 	cfg.LogRecording = true
 	for i := 1; i <= 3; i++ {
-		if !m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false) {
+		if !m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), nil, false) {
 			t.Fatal("offer refused")
 		}
 		eventually(t, "the log line", func() bool { return len(lb.lines(t)) == i })
@@ -702,7 +707,7 @@ func TestMirrorTimeoutCancelsAStreamInFlight(t *testing.T) {
 	cfg.TimeoutMS = 300
 	cfg.LogRecording = true
 	start := time.Now()
-	m.Offer(cfg, []byte("/v1/chat/completions"), []byte(`{"model":"m","stream":true}`), true)
+	m.Offer(cfg, []byte("/v1/chat/completions"), []byte(`{"model":"m","stream":true}`), nil, true)
 	select {
 	case err := <-ended:
 		if err == nil {
@@ -729,7 +734,7 @@ func TestMirrorCloseCancelsAStreamInFlight(t *testing.T) {
 	tg, ended := streamTarget(t)
 	m := New(Options{Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
 	cfg := mirrorCfg(tg.url)
-	m.Offer(cfg, []byte("/v1/chat/completions"), []byte(`{"model":"m","stream":true}`), true)
+	m.Offer(cfg, []byte("/v1/chat/completions"), []byte(`{"model":"m","stream":true}`), nil, true)
 	eventually(t, "the stream in flight", func() bool { return m.active.Load() == 1 && m.conns.len() == 1 })
 	time.Sleep(50 * time.Millisecond)
 	start := time.Now()
@@ -761,7 +766,7 @@ func TestMirrorDoesNotFollowRedirects(t *testing.T) {
 	cfg := mirrorCfg(tg.url)
 	cfg.LogRecording = true
 	cfg.AuthToken = config.NewSecret("tok")
-	m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false)
+	m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), nil, false)
 	eventually(t, "the log line", func() bool { return len(lb.lines(t)) == 1 })
 	if l := lb.lines(t)[0]; l["status"] != 307.0 || l["result"] != "http_error" {
 		t.Fatalf("log line %v", l)
@@ -785,7 +790,7 @@ func TestMirrorReadsLongAnswersToTheEnd(t *testing.T) {
 	cfg := mirrorCfg(tg.url)
 	cfg.LogRecording = true
 	for i := 1; i <= 2; i++ {
-		m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false)
+		m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), nil, false)
 		eventually(t, "the log line", func() bool { return len(lb.lines(t)) == i })
 	}
 	want := float64(len(`{"usage":{"prompt_tokens":1,"completion_tokens":2},"pad":""}`) + len(pad))
@@ -830,7 +835,7 @@ func TestMirrorAccountsForEverySampledRequestUnderLoad(t *testing.T) {
 				if (g+i)%40 == 0 {
 					cfg = cfgs[1]
 				}
-				m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), i%3 == 0)
+				m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), nil, i%3 == 0)
 				if n := m.workers.Load(); n > maxWorkers.Load() {
 					maxWorkers.Store(n)
 				}
@@ -896,7 +901,7 @@ func TestMirrorSendsOverTLSAndReusesTheConnection(t *testing.T) {
 	cfg.AuthToken = config.NewSecret("tls-token")
 	cfg.LogRecording = true
 	for i := 1; i <= 3; i++ {
-		m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false)
+		m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), nil, false)
 		eventually(t, "the log line", func() bool { return len(lb.lines(t)) == i })
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -957,7 +962,7 @@ func testAnswerBudget(t *testing.T, stream bool) {
 	runtime.GC()
 	runtime.ReadMemStats(&ms0)
 	for i := 0; i < 8; i++ {
-		if !m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), stream) {
+		if !m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), nil, stream) {
 			t.Fatalf("offer %d refused", i)
 		}
 	}
@@ -1001,7 +1006,7 @@ func TestMirrorQueueSizeHoldsWhileSendersOutnumberALoweredConcurrency(t *testing
 	wide := mirrorCfg(tg.url)
 	wide.Concurrency, wide.QueueSize, wide.TimeoutMS = 8, 100, 1000
 	for i := 0; i < 8; i++ {
-		m.Offer(wide, []byte("/v1/completions"), []byte(`{"model":"m"}`), false)
+		m.Offer(wide, []byte("/v1/completions"), []byte(`{"model":"m"}`), nil, false)
 		eventually(t, "a sender per job", func() bool { return m.active.Load() == int64(i+1) })
 	}
 	eventually(t, "the held jobs to time out", func() bool { return m.active.Load() == 0 })
@@ -1013,7 +1018,7 @@ func TestMirrorQueueSizeHoldsWhileSendersOutnumberALoweredConcurrency(t *testing
 	before := m.m.droppedFull.Get()
 	accepted := 0
 	for i := 0; i < 10; i++ {
-		if m.Offer(narrow, []byte("/v1/completions"), []byte(`{"model":"m"}`), false) {
+		if m.Offer(narrow, []byte("/v1/completions"), []byte(`{"model":"m"}`), nil, false) {
 			accepted++
 		}
 		time.Sleep(5 * time.Millisecond) // the idle senders take what is queued
@@ -1047,7 +1052,7 @@ func TestAMirrorOverTLSRetriesAConnectionTheTargetClosedWhileIdle(t *testing.T) 
 	cfg := mirrorCfg(srv.URL)
 	cfg.LogRecording = true
 	for i := 1; i <= 4; i++ {
-		m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false)
+		m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), nil, false)
 		eventually(t, "the log line", func() bool { return len(lb.lines(t)) == i })
 		time.Sleep(200 * time.Millisecond) // the target closes the idle connection
 	}
@@ -1080,7 +1085,7 @@ func TestMirrorSubstitutedCopiesCountInTheByteBudget(t *testing.T) {
 	path := []byte("/v1/completions")
 	per := int64(len(body) + len(path))
 	cfg.MaxBufferBytes = 2*per + per/2 // two request copies, or one with its substituted copy
-	if !m.Offer(cfg, path, body, false) {
+	if !m.Offer(cfg, path, body, nil, false) {
 		t.Fatal("first offer refused")
 	}
 	select {
@@ -1091,7 +1096,7 @@ func TestMirrorSubstitutedCopiesCountInTheByteBudget(t *testing.T) {
 	if h := m.held.Load(); h < per+int64(len(body)) {
 		t.Errorf("held %d bytes while a %d-byte request and its substituted copy are in flight", h, per)
 	}
-	if m.Offer(cfg, path, body, false) {
+	if m.Offer(cfg, path, body, nil, false) {
 		t.Fatalf("a second request was taken while the budget (%d) held both copies of the first (%d bytes counted)", cfg.MaxBufferBytes, m.held.Load())
 	}
 }
@@ -1121,10 +1126,10 @@ func TestARaisedMirrorConcurrencyAppliesToTheJobsAlreadyQueued(t *testing.T) {
 	narrow := mirrorCfg(tg.url)
 	narrow.Concurrency, narrow.TimeoutMS = 1, 30_000
 	m.Update(narrow)
-	m.Offer(narrow, []byte("/v1/completions"), []byte(`{"model":"held"}`), false)
+	m.Offer(narrow, []byte("/v1/completions"), []byte(`{"model":"held"}`), nil, false)
 	eventually(t, "the held job sent", func() bool { return held.Load() && m.active.Load() == 1 })
 	for i := 0; i < 3; i++ {
-		m.Offer(narrow, []byte("/v1/completions"), []byte(`{"model":"old"}`), false)
+		m.Offer(narrow, []byte("/v1/completions"), []byte(`{"model":"old"}`), nil, false)
 	}
 	time.Sleep(50 * time.Millisecond)
 	if n := tg.hits.Load(); n != 0 {
@@ -1134,14 +1139,14 @@ func TestARaisedMirrorConcurrencyAppliesToTheJobsAlreadyQueued(t *testing.T) {
 	wide.Concurrency, wide.TimeoutMS = 8, 30_000
 	m.Update(wide)
 	for i := 0; i < 3; i++ {
-		m.Offer(wide, []byte("/v1/completions"), []byte(`{"model":"new"}`), false)
+		m.Offer(wide, []byte("/v1/completions"), []byte(`{"model":"new"}`), nil, false)
 	}
 	eventually(t, "the six others sent beside the held one", func() bool { return tg.hits.Load() == 6 })
 	// Lowered again: the held request takes the only slot, so jobs
 	// sampled under the wide snapshot wait too.
 	m.Update(narrow)
 	for i := 0; i < 2; i++ {
-		m.Offer(wide, []byte("/v1/completions"), []byte(`{"model":"after"}`), false)
+		m.Offer(wide, []byte("/v1/completions"), []byte(`{"model":"after"}`), nil, false)
 	}
 	time.Sleep(100 * time.Millisecond)
 	if n := tg.hits.Load(); n != 6 {
@@ -1162,7 +1167,7 @@ func TestATargetStuckInTheTLSHandshakeTimesOut(t *testing.T) {
 	cfg.Concurrency = 1
 	cfg.LogRecording = true
 	for i := 1; i <= 2; i++ {
-		m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), false)
+		m.Offer(cfg, []byte("/v1/completions"), []byte(`{"model":"m"}`), nil, false)
 		eventually(t, fmt.Sprintf("the log line of request %d", i), func() bool { return len(lb.lines(t)) == i })
 	}
 	for _, l := range lb.lines(t) {
@@ -1197,7 +1202,7 @@ func TestDisablingMirroringDropsTheCopiesNotSentYet(t *testing.T) {
 	on := mirrorCfg(tg.url)
 	on.Concurrency, on.TimeoutMS = 1, 30_000
 	m.Update(on)
-	m.Offer(on, []byte("/v1/completions"), []byte(`{"model":"held"}`), false)
+	m.Offer(on, []byte("/v1/completions"), []byte(`{"model":"held"}`), nil, false)
 	eventually(t, "the held copy in flight", func() bool { return arrived.Load() == 1 && m.active.Load() == 1 })
 	// Senders beyond the one that is busy, idle, so that the next copies
 	// are taken and wait for the only slot (the waiting path), besides
@@ -1205,7 +1210,7 @@ func TestDisablingMirroringDropsTheCopiesNotSentYet(t *testing.T) {
 	m.spawn(3)
 	m.spawn(3)
 	for i := 0; i < 5; i++ {
-		if !m.Offer(on, []byte("/v1/completions"), []byte(`{"model":"queued"}`), false) {
+		if !m.Offer(on, []byte("/v1/completions"), []byte(`{"model":"queued"}`), nil, false) {
 			t.Fatal("a copy refused while mirroring is on")
 		}
 	}
@@ -1221,7 +1226,7 @@ func TestDisablingMirroringDropsTheCopiesNotSentYet(t *testing.T) {
 		t.Fatalf("%d copies reached the target, want 1 (the one in flight before mirroring was switched off)", n)
 	}
 	m.Update(on)
-	m.Offer(on, []byte("/v1/completions"), []byte(`{"model":"again"}`), false)
+	m.Offer(on, []byte("/v1/completions"), []byte(`{"model":"again"}`), nil, false)
 	eventually(t, "a copy sent once mirroring is on again", func() bool { return arrived.Load() == 2 })
 }
 
@@ -1268,7 +1273,7 @@ func TestMirrorTakesTheUsageOfMessagesAndResponsesAnswers(t *testing.T) {
 		{"/v1/responses", false, 7, 3},
 	}
 	for i, c := range cases {
-		m.Offer(cfg, []byte(c.path), []byte(`{"model":"m","max_tokens":8}`), c.stream)
+		m.Offer(cfg, []byte(c.path), []byte(`{"model":"m","max_tokens":8}`), nil, c.stream)
 		eventually(t, "the log line", func() bool { return len(lb.lines(t)) == i+1 })
 		l := lb.lines(t)[i]
 		if l["usage"] != true || l["prompt_tokens"] != c.prompt || l["completion_tokens"] != c.compl || l["path"] != c.path {
@@ -1329,7 +1334,7 @@ func TestMirrorCountsAnthropicCacheTokensAsPromptTokens(t *testing.T) {
 		{"/v1/responses", false, 50, 3},
 	}
 	for i, c := range cases {
-		m.Offer(cfg, []byte(c.path), []byte(`{"model":"m","max_tokens":8}`), c.stream)
+		m.Offer(cfg, []byte(c.path), []byte(`{"model":"m","max_tokens":8}`), nil, c.stream)
 		eventually(t, "the log line", func() bool { return len(lb.lines(t)) == i+1 })
 		l := lb.lines(t)[i]
 		if l["usage"] != true || l["prompt_tokens"] != c.prompt || l["completion_tokens"] != c.compl {

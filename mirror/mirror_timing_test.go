@@ -20,6 +20,9 @@ func benchBody(n int) []byte {
 	return []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", n) + `"}]}`)
 }
 
+// reqID is a request id as the router makes one (32 hex digits).
+var reqID = []byte("0123456789abcdef0123456789abcdef")
+
 // BenchmarkOffer is the cost of mirroring on the request path: at 0% the
 // sampling check, at 100% the copy of path and body into a pooled job and
 // the enqueue (the send is a no-op here so that the queue never fills and
@@ -38,7 +41,7 @@ func BenchmarkOffer(b *testing.B) {
 				b.SetBytes(int64(len(body)))
 				b.ReportAllocs()
 				for b.Loop() {
-					m.Offer(cfg, path, body, false)
+					m.Offer(cfg, path, body, reqID, false)
 				}
 				b.StopTimer()
 				if ratio == 100 {
@@ -64,7 +67,7 @@ func BenchmarkOfferRequestPath(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				if !m.Offer(cfg, path, body, false) {
+				if !m.Offer(cfg, path, body, reqID, false) {
 					b.Fatal("not queued")
 				}
 				m.release(<-m.q)

@@ -127,6 +127,7 @@ func (m *Mirror) sendJob(j *job) {
 	attrs := make([]slog.Attr, 0, 16)
 	attrs = append(attrs,
 		slog.Uint64("id", m.seq.Add(1)),
+		slog.String("request_id", string(j.reqID)),
 		slog.String("path", safePath(j.path)),
 		slog.Bool("stream", j.stream),
 		slog.String("target_model", cfg.TargetModel),
@@ -167,6 +168,7 @@ var (
 	strApplicationJSON = []byte("application/json")
 	strEventStream     = []byte("text/event-stream")
 	strAuthorization   = []byte("Authorization")
+	strRequestID       = []byte("X-Request-Id")
 	strDataPrefix      = []byte("data:")
 )
 
@@ -218,7 +220,8 @@ func (m *Mirror) do(s *sender, j *job, deadline time.Time, res *result) {
 	req.SetRequestURIBytes(s.url)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	// The whole header list (with Host and Content-Length): nothing from
-	// the client.
+	// the client but the request's id (its own when it sent a usable one:
+	// 1-128 visible ASCII characters, checked by the router).
 	req.Header.SetContentTypeBytes(strApplicationJSON)
 	if j.stream {
 		req.Header.SetBytesV("Accept", strEventStream)
@@ -227,6 +230,11 @@ func (m *Mirror) do(s *sender, j *job, deadline time.Time, res *result) {
 	}
 	req.Header.SetUserAgent("infera-mirror")
 	req.Header.Set(MirrorHeader, "1")
+	if len(j.reqID) > 0 {
+		// The request's id, as the engine got it: the target's log, the
+		// access log and this line name the same request.
+		req.Header.SetBytesKV(strRequestID, j.reqID)
+	}
 	if cfg.AuthToken.IsSet() {
 		s.bearer = cfg.AuthToken.AppendBearer(s.bearer[:0])
 		req.Header.SetBytesKV(strAuthorization, s.bearer)

@@ -1,7 +1,10 @@
 package proxy
 
 import (
+	"bytes"
+	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -83,4 +86,67 @@ func TestMessagesAndResponsesAreMirroredAtTheEnginesPath(t *testing.T) {
 		}
 		m.Close()
 	}
+}
+
+// A mirrored copy carries the request's id (X-Request-Id: the client's
+// when usable, else the router's own), and its log line names it
+// (request_id), so the copy's answer can be compared with the live one:
+// the access log, the engine's log and the target's log name the same
+// request. The copy carried no id and the line only the mirror's own
+// sequence number, so nothing joined a copy to the request it was made of.
+func TestAMirroredCopyCarriesTheRequestsID(t *testing.T) {
+	ids := make(chan string, 4)
+	target := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ids <- string(ctx.Request.Header.Peek("X-Request-Id"))
+		okHandler(ctx)
+	})
+	up := startUpstream(t, okHandler)
+	cfg := config.Default()
+	cfg.Mirror = config.Mirror{Enabled: true, TargetAddress: target.url, SamplingRatio: 100, LogRecording: true,
+		TimeoutMS: 5000, QueueSize: 16, Concurrency: 1, MaxBufferBytes: config.DefaultMirrorBufferBytes}
+	var log syncBuf
+	m := mirror.New(mirror.Options{Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	t.Cleanup(m.Close)
+	r := startRouterWith(t, nil, cfg, func(o *Options) { o.Mirror = m }, up.url)
+	for _, sent := range []string{"client-id-1", ""} {
+		hdr := map[string]string{}
+		if sent != "" {
+			hdr["X-Request-Id"] = sent
+		}
+		resp, b := postWith(t, r.url+"/v1/chat/completions", chatBody, hdr)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		id := resp.Header.Get("X-Request-Id")
+		if id == "" || sent != "" && id != sent {
+			t.Fatalf("the answer's id %q, sent %q", id, sent)
+		}
+		select {
+		case got := <-ids:
+			if got != id {
+				t.Fatalf("the copy carried X-Request-Id %q, want the request's %q", got, id)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no copy")
+		}
+		waitFor(t, func() bool { return strings.Contains(log.String(), "request_id="+id+" ") }, "the log line naming "+id)
+	}
+}
+
+// syncBuf is a bytes.Buffer safe for a logger's goroutine and the test's.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -463,7 +463,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		// copy; protocols.go may have converted it). A mirrored copy (from
 		// this gateway's mirror or another's) is never mirrored again: two
 		// gateways mirroring to each other do not bounce copies.
-		s.o.Mirror.Offer(&cfg.Mirror, canonicalPath(pathKind), rs.body, r.Stream)
+		s.o.Mirror.Offer(&cfg.Mirror, canonicalPath(pathKind), rs.body, rs.reqID, r.Stream)
 	}
 	rs.path = appendCanonicalPath(rs.path[:0], pathKind, ctx.URI().QueryString())
 	s.dispatch(ctx, cfg, rs)
