@@ -57,7 +57,18 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		if bound = s.splitBound(cfg, sp, tbl, rs); bound >= 0 {
 			rs.ext.plan = upstreams.PlanFrom(rs.ext.plan[:0], sp, bound)
 		} else {
-			rs.ext.plan = upstreams.Plan(rs.ext.plan[:0], sp, rs.sreq.Model, s.splitter.Next())
+			// An external entry whose breaker is open is left out of the
+			// draw (its share goes to the others): drawn, with no
+			// failover entry (the local one cannot be), its share was
+			// answered 503 while the others had room.
+			var down uint64
+			now := s.sched.Now()
+			for i, u := range tbl.ups {
+				if i < 64 && u != nil && !u.w.Breaker.Available(now) {
+					down |= 1 << i
+				}
+			}
+			rs.ext.plan = upstreams.PlanDrawn(rs.ext.plan[:0], sp, s.splitter.Next(), down)
 		}
 	} else {
 		rs.ext.plan = upstreams.Plan(rs.ext.plan[:0], sp, rs.sreq.Model, 0)

@@ -1443,3 +1443,36 @@ func TestASplitResponsesFollowUpGoesToTheExternalEntryThatMadeItsResponse(t *tes
 		})
 	}
 }
+
+// Under the weight strategy an external entry whose breaker is open is
+// left out of the draw while another weighted entry can take the request:
+// its share goes to the others by their weights, as a load balancer skips
+// a server it marked down, until its cooldown lets a request probe it. The
+// draw picked it anyway, and with no failover entry (the local entry
+// cannot be one) its share, half of every request here, was answered 503
+// no_upstreams while the local fleet was idle.
+func TestAnOpenExternalEntryIsLeftOutOfTheWeightedDraw(t *testing.T) {
+	local := startUpstream(t, okHandler)
+	bad := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(500) })
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true, Weight: 1},
+		config.Proxy{Name: "bad", Address: bad.url, Weight: 1},
+	)
+	r := startRouterWith(t, nil, cfg, nil, local.url)
+	u := r.srv.ext.splitTable(&r.store.Load().SplitProxy).ups[1]
+	for i := 0; i < 12 && u.w.Breaker.State() != fleet.BreakerOpen; i++ {
+		post(t, r.url+"/v1/chat/completions", chatBody)
+	}
+	if u.w.Breaker.State() != fleet.BreakerOpen || bad.hits.Load() != 3 {
+		t.Fatalf("bad breaker %d after %d requests", u.w.Breaker.State(), bad.hits.Load())
+	}
+	served := local.hits.Load()
+	for i := 0; i < 10; i++ {
+		if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 {
+			t.Fatalf("request %d with the entry open: %d %s", i, code, b)
+		}
+	}
+	if n := local.hits.Load() - served; n != 10 || bad.hits.Load() != 3 {
+		t.Fatalf("local served %d of 10, bad got %d requests in all", n, bad.hits.Load())
+	}
+}

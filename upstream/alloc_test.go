@@ -20,6 +20,7 @@ func TestPlanAndPickAllocateNothing(t *testing.T) {
 		dst = Plan(dst[:0], sp, model, s.Next())
 		sp.Strategy = config.SplitWeight
 		dst = Plan(dst[:0], sp, model, s.Next())
+		dst = PlanDrawn(dst[:0], sp, s.Next(), 1<<1)
 		sp.Strategy = config.SplitPrefix
 	}); n != 0 {
 		t.Fatalf("Plan: %v allocs/op, want 0", n)

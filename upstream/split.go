@@ -36,7 +36,25 @@ func Plan(dst []int, sp *config.SplitProxy, model []byte, r uint64) []int {
 	case config.SplitPrefix:
 		primary = matchPrefix(sp, model)
 	default: // weight; config validation refuses anything else
-		primary = pickWeighted(sp, r)
+		primary = pickWeighted(sp, r, 0)
+	}
+	return PlanFrom(dst, sp, primary)
+}
+
+// PlanDrawn is Plan under the weight strategy with the entries of down
+// (bit i is sp.Proxies[i]; the first 64 entries) left out of the primary
+// draw: unavailable external entries (breaker open), whose share goes to
+// the others by their weights, as a load balancer skips a server it
+// marked down. When every weighted entry is down the draw is Plan's. The
+// failover targets are Plan's too (a down one is skipped when tried). It
+// does not allocate when dst has room.
+func PlanDrawn(dst []int, sp *config.SplitProxy, r, down uint64) []int {
+	primary := -1
+	if down != 0 {
+		primary = pickWeighted(sp, r, down)
+	}
+	if primary < 0 {
+		primary = pickWeighted(sp, r, 0)
 	}
 	return PlanFrom(dst, sp, primary)
 }
@@ -77,11 +95,17 @@ func matchPrefix(sp *config.SplitProxy, model []byte) int {
 	return local
 }
 
-func pickWeighted(sp *config.SplitProxy, r uint64) int {
+// pickWeighted draws an enabled entry with a positive weight, leaving out
+// the entries of skip (bit i: entry i); -1 when none is left.
+func pickWeighted(sp *config.SplitProxy, r, skip uint64) int {
+	drawn := func(i int) bool {
+		p := &sp.Proxies[i]
+		return p.Active() && p.Weight > 0 && (i >= 64 || skip&(1<<i) == 0)
+	}
 	total := uint64(0)
 	for i := range sp.Proxies {
-		if p := &sp.Proxies[i]; p.Active() && p.Weight > 0 {
-			total += uint64(p.Weight)
+		if drawn(i) {
+			total += uint64(sp.Proxies[i].Weight)
 		}
 	}
 	if total == 0 {
@@ -91,7 +115,7 @@ func pickWeighted(sp *config.SplitProxy, r uint64) int {
 	x, _ := bits.Mul64(r, total)
 	for i := range sp.Proxies {
 		p := &sp.Proxies[i]
-		if !p.Active() || p.Weight <= 0 {
+		if !drawn(i) {
 			continue
 		}
 		if x < uint64(p.Weight) {

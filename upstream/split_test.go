@@ -43,6 +43,39 @@ func TestPlanWeightChoosesByWeightThenFailoverInListOrder(t *testing.T) {
 	f(1.0/6-1e-9, 0, 1, 2)
 }
 
+// PlanDrawn leaves the down entries out of the draw, their share going to
+// the others by weight; with every weighted entry down it draws as Plan.
+// The failover targets are Plan's.
+func TestPlanDrawnLeavesDownEntriesOutOfTheDraw(t *testing.T) {
+	sp := proxies(
+		config.Proxy{Local: true, Weight: 1},
+		config.Proxy{Name: "a", Address: "http://a", Weight: 3, Failover: true},
+		config.Proxy{Name: "c", Address: "http://c", Weight: 2},
+	)
+	f := func(frac float64, down uint64, want ...int) {
+		t.Helper()
+		r := uint64(frac * (1 << 63) * 2)
+		if got := PlanDrawn(nil, sp, r, down); !slices.Equal(got, want) {
+			t.Fatalf("r=%v down=%b: plan %v, want %v", frac, down, got, want)
+		}
+	}
+	f(0.5, 0, 1)              // Plan's: 3.0 of 6 is a
+	f(0.1, 1<<1, 0, 1)        // a down: local [0,1), c [1,3) of 3; 0.3 is local
+	f(0.5, 1<<1, 2, 1)        // 1.5 is c; a stays a failover target
+	f(0.9, 1<<1, 2, 1)        // 2.7 is c
+	f(0.5, 1<<1|1<<2, 0, 1)   // a and c down: local alone
+	f(0.5, 1<<0|1<<1|1<<2, 1) // all down: Plan's draw
+	// The shares: with a down, 1:2 between local and c in any window.
+	var s Splitter
+	n := [3]int{}
+	for i := 0; i < 300; i++ {
+		n[PlanDrawn(nil, sp, s.Next(), 1<<1)[0]]++
+	}
+	if n[1] != 0 || n[0] < 97 || n[0] > 103 || n[2] < 197 || n[2] > 203 {
+		t.Fatalf("shares %v of 300 with a down, want about 100/0/200", n)
+	}
+}
+
 func TestPlanPrefixMatchesRulesInListOrderElseLocal(t *testing.T) {
 	sp := &config.SplitProxy{Enabled: true, Strategy: config.SplitPrefix, Proxies: []config.Proxy{
 		{Name: "gpt", Address: "http://a", ModelRules: []string{"gpt-4o", "o1*"}, Failover: true},
