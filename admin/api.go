@@ -772,7 +772,10 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusOK, map[string]any{"valid": true, "snapshot_version": f.Version, "changes": changes, "more": more})
 		return nil
 	}
-	if a.snaps != nil {
+	// An import that changes nothing takes no snapshot: a copy of the
+	// current data would rotate out a distinct manual snapshot (the
+	// operator's own) for nothing.
+	if a.snaps != nil && !sameAs(cur, next) {
 		if _, err := a.snapshot(kindManual); err != nil {
 			return fmt.Errorf("cannot save the current data before the import (nothing changed): %w", err)
 		}

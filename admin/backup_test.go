@@ -563,3 +563,44 @@ func TestTheUnsealedKeysWarningIsGivenOnlyWhereKeysAreStored(t *testing.T) {
 		}
 	}
 }
+
+// An import that changes nothing (the current data imported again: a
+// second click on Import, a job that imports a reviewed file on a
+// schedule) takes no pre-import snapshot. It wrote a copy of the current
+// data each time, and rotation (keep per kind) deleted the oldest manual
+// snapshot for each copy: with keep 2, two such imports deleted the
+// operator's own snapshot of the data before the last real change.
+func TestAnImportThatChangesNothingTakesNoSnapshot(t *testing.T) {
+	e := newEnv(t, envOpts{file: `{}`, snapshotDir: t.TempDir(), backup: &config.Backup{IntervalSeconds: 3600, Keep: 2}})
+	mine := e.do("POST", "/api/backup", "")
+	if mine.status != 201 {
+		t.Fatalf("manual snapshot: %d %s", mine.status, mine.body)
+	}
+	var own SnapshotInfo
+	json.Unmarshal(mine.body, &own)
+	e.put("session_affinity", `{"enabled":true}`, 200)
+	exp := string(e.do("GET", "/api/backup/export", "").body)
+	v := e.store.Version()
+	for i := 0; i < 3; i++ {
+		if r := e.do("POST", "/api/backup/import", exp); r.status != 200 {
+			t.Fatalf("import %d of the current data: %d %s", i, r.status, r.body)
+		}
+	}
+	if e.store.Version() != v {
+		t.Fatalf("imports of the current data made version %d (was %d)", e.store.Version(), v)
+	}
+	var b Backup
+	json.Unmarshal(e.do("GET", "/api/backup", "").body, &b)
+	if len(b.Snapshots) != 1 || b.Snapshots[0].Name != own.Name {
+		t.Fatalf("after 3 imports that changed nothing the snapshots are %+v: want only the operator's %s", b.Snapshots, own.Name)
+	}
+	// An import that changes something still saves the data before it.
+	e.put("session_affinity", `{"enabled":false}`, 200)
+	if r := e.do("POST", "/api/backup/import", exp); r.status != 200 {
+		t.Fatalf("import: %d %s", r.status, r.body)
+	}
+	json.Unmarshal(e.do("GET", "/api/backup", "").body, &b)
+	if len(b.Snapshots) != 2 || !e.store.Load().SessionAffinity.Enabled {
+		t.Fatalf("an import that changed the data: snapshots %+v, session affinity %+v (want the pre-import snapshot and the import applied)", b.Snapshots, e.store.Load().SessionAffinity)
+	}
+}
