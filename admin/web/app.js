@@ -521,23 +521,44 @@ async function sectionPage(key) {
       ? h('div', { class: 'card' }, h('div', { class: 'grid' }, f.fields.map((sub) => fieldBox(sub, holder[key], key + '.' + sub.key))))
       : h('div', { class: 'card' }, listBox(f, holder, key)));
   };
+  // saving is true while a Save is on its way: a second click then sends
+  // nothing (sent with the same ETag, it was refused 409 and the page said
+  // "Not saved" about a section that was saved).
+  let saving = false;
   const save = async () => {
+    if (saving) return;
     const bad = badNumber(form);
     if (bad) { // sent, it would read as cleared: the default, saved
       showError(form, banner, bad);
       status.textContent = 'Not saved: fix the highlighted setting';
       return;
     }
-    const res = await api('PUT', '/api/config/' + key, holder[key], { 'If-Match': etag });
+    const sent = JSON.stringify(holder[key]);
+    saving = true;
+    status.textContent = 'Saving…';
+    let res;
+    try {
+      res = await api('PUT', '/api/config/' + key, sent, { 'If-Match': etag });
+    } finally {
+      saving = false;
+    }
     if (res.status === 200) {
       etag = res.etag;
-      holder[key] = res.data;
       banner.hidden = true;
       clearErrors(form);
+      toast('Saved: ' + f.label + ' is live (version ' + S.version + ')');
+      if (JSON.stringify(holder[key]) !== sent) {
+        // Edited while the Save was on its way: those edits stay on the
+        // form, unsaved, for the next Save (with the new ETag). Replacing
+        // the form with the answer dropped them without a word.
+        document.body.classList.add('dirty');
+        status.textContent = 'Saved version ' + S.version + ' · changes made while saving are not saved yet';
+        return;
+      }
+      holder[key] = res.data;
       render();
       document.body.classList.remove('dirty');
       status.textContent = 'Saved · version ' + S.version;
-      toast('Saved: ' + f.label + ' is live (version ' + S.version + ')');
     } else if (res.status === 409 && res.etag && res.etag !== etag) {
       // Another ETag: the configuration changed meanwhile. (Another 409,
       // such as a broken hand edit of the config file, says why below:
