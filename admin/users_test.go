@@ -253,3 +253,25 @@ func TestATemplateNamedInAnotherCase(t *testing.T) {
 		t.Fatalf("templates %+v", ts)
 	}
 }
+
+// A quota template bound to a user cannot be deleted, and the refusal says
+// which user holds it: it said only `no quota template named "gold"` at
+// users[1].template, and neither the API's users nor the console's users
+// page shows users by position.
+func TestDeletingABoundTemplateNamesTheUserBoundToIt(t *testing.T) {
+	e := newEnv(t, envOpts{file: `{"user_limit":{"templates":[{"name":"gold"},{"name":"silver"}]},
+		"users":[{"name":"alice","template":"silver"},{"name":"bob","template":"gold"}]}`})
+	check := func(what string, r resp) {
+		t.Helper()
+		p, msg := r.errPath(t)
+		if r.status != 400 || p != "users[1].template" || !strings.Contains(msg, `"bob"`) || !strings.Contains(msg, `"gold"`) {
+			t.Fatalf("%s: %d %s %q: want 400 at users[1].template naming bob and gold", what, r.status, p, msg)
+		}
+	}
+	check("DELETE /api/templates/gold", e.do("DELETE", "/api/templates/gold", "", "If-Match", "*"))
+	// The console's Quota templates page saves the whole section.
+	check("PUT /api/config/user_limit", e.do("PUT", "/api/config/user_limit", `{"templates":[{"name":"silver"}]}`, "If-Match", "*"))
+	if len(e.store.Load().UserLimit.Templates) != 2 {
+		t.Fatal("a refused deletion deleted the template")
+	}
+}

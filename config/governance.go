@@ -549,7 +549,9 @@ func (u *UserLimit) validate(c *Config) error {
 		}
 		users[us.Name] = true
 		if us.Template != "" && !templates[us.Template] {
-			return fieldErr(p()+".template", "no quota template named %q", us.Template)
+			// Named with its user: a template deleted while bound is
+			// refused here, and the user is what the operator must change.
+			return fieldErr(p()+".template", "no quota template named %q (bound to user %q)", us.Template, us.Name)
 		}
 		if len(us.Models) > MaxUserModels {
 			return fieldErr(p()+".models", "%d patterns: at most %d", len(us.Models), MaxUserModels)
