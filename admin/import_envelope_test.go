@@ -49,3 +49,27 @@ func TestAnImportReadsBytesThatAreNotUTF8AsEncodingJSONDoes(t *testing.T) {
 		t.Fatalf("imported users: %+v", u)
 	}
 }
+
+// An export saved by an editor that writes a UTF-8 byte order mark (the
+// Windows ones) imports through the API as through the console, whose
+// browser drops the mark as it reads the file: the API answered 400 "not
+// a snapshot: cannot parse JSON (invalid character 'ï' looking for
+// beginning of value)" for the file the console imported. RFC 8259 8.1
+// lets a parser ignore the mark.
+func TestAnExportSavedWithAByteOrderMarkImports(t *testing.T) {
+	e := newEnv(t, envOpts{file: `{}`})
+	e.put("session_affinity", `{"enabled":true}`, 200)
+	exp := e.do("GET", "/api/backup/export", "").body
+	e.put("session_affinity", `{"enabled":false}`, 200)
+	withBOM := "\ufeff" + string(exp)
+	if r := e.do("POST", "/api/backup/import?dry_run=1", withBOM); r.status != 200 {
+		t.Fatalf("dry run of an export with a byte order mark: %d %s", r.status, r.body)
+	}
+	if r := e.do("POST", "/api/backup/import", withBOM); r.status != 200 || !e.store.Load().SessionAffinity.Enabled {
+		t.Fatalf("import of an export with a byte order mark: %d %s", r.status, r.body)
+	}
+	// Anything else before the document is still refused.
+	if r := e.do("POST", "/api/backup/import", "\ufeff\ufeff"+string(exp)); r.status != 400 {
+		t.Fatalf("two byte order marks: %d %s", r.status, r.body)
+	}
+}

@@ -162,6 +162,10 @@ func (s *sealer) encodeSnapshot(c *config.Config, version uint64, kind string, n
 // (secrets still sealed: a slice of data, which must not change while it
 // is used) and header. It changes nothing.
 func decodeSnapshot(data []byte) ([]byte, *snapshotHeader, error) {
+	// A UTF-8 byte order mark (an editor's, on Windows) is ignored, as RFC
+	// 8259 8.1 allows and as the console's browser drops it reading the
+	// file: the same export imported there and not here.
+	data = bytes.TrimPrefix(data, []byte("\ufeff"))
 	if len(data) == 0 {
 		return nil, nil, &config.FieldError{Msg: "the snapshot is empty"}
 	}
