@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -335,7 +336,43 @@ func newBrowser(t *testing.T, opts ...chromedp.ExecAllocatorOption) context.Cont
 	if err := chromedp.Do(ctx); err != nil { // starts the browser, bound to ctx
 		t.Fatalf("cannot start %s: %v", bin, err)
 	}
+	failOnPageErrors(t, ctx)
 	return ctx
+}
+
+// failOnPageErrors fails the test, at its end, for what the console's page
+// wrote to the browser's console that is a fault of the page: an uncaught
+// exception or unhandled rejection, a console.error, or a browser log
+// entry other than a failed request (an error status the page asked for
+// and shows, such as a 400 for a bad value or a 409 for a stale ETag, is
+// logged by the browser as a failed resource, and is no fault).
+func failOnPageErrors(t *testing.T, ctx context.Context) {
+	t.Helper()
+	var mu sync.Mutex
+	var bad []string
+	go func() {
+		for m, err := range chromedp.Console(ctx) {
+			if err != nil {
+				return
+			}
+			switch {
+			case m.IsException(), m.Type == chromedp.ConsoleError && m.Source == "":
+			case m.Source != "" && m.Source != "network" && (m.Type == chromedp.ConsoleError || m.Type == chromedp.ConsoleWarning):
+			default:
+				continue
+			}
+			mu.Lock()
+			bad = append(bad, m.String())
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(bad) > 0 {
+			t.Errorf("the console's page wrote %d error(s) to the browser's console:\n%s", len(bad), strings.Join(bad, "\n"))
+		}
+	})
 }
 
 // shortTempDir is a temporary directory with a short path, removed at the

@@ -244,6 +244,7 @@ func TestE2EAdminConsoleDrivesTheRouter(t *testing.T) {
 	ag.wantChat("before any change", 200)
 
 	ctx := newBrowser(t, bin)
+	failOnPageErrors(t, ctx)
 	dl := t.TempDir()
 	step := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
@@ -461,6 +462,41 @@ func newBrowser(t *testing.T, bin string) context.Context {
 		t.Fatalf("cannot start %s: %v", bin, err)
 	}
 	return ctx
+}
+
+// failOnPageErrors fails the test, at its end, for what the console's page
+// wrote to the browser's console that is a fault of the page: an uncaught
+// exception or unhandled rejection, a console.error, or a browser log entry
+// other than a failed request (an error status the page asked for and
+// shows, a 400 for a bad value, is logged as a failed resource and is no
+// fault). As admin's browser tests do.
+func failOnPageErrors(t *testing.T, ctx context.Context) {
+	t.Helper()
+	var mu sync.Mutex
+	var bad []string
+	go func() {
+		for m, err := range chromedp.Console(ctx) {
+			if err != nil {
+				return
+			}
+			switch {
+			case m.IsException(), m.Type == chromedp.ConsoleError && m.Source == "":
+			case m.Source != "" && m.Source != "network" && (m.Type == chromedp.ConsoleError || m.Type == chromedp.ConsoleWarning):
+			default:
+				continue
+			}
+			mu.Lock()
+			bad = append(bad, m.String())
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(bad) > 0 {
+			t.Errorf("the console's page wrote %d error(s) to the browser's console:\n%s", len(bad), strings.Join(bad, "\n"))
+		}
+	})
 }
 
 // waitDownload returns the one exported snapshot downloaded into dir.
