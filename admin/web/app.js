@@ -45,6 +45,15 @@ function toast(msg) {
   t._timer = setTimeout(() => t.classList.remove('show'), 2600);
 }
 
+// SignedOut is what api() throws once the admin API refused the key and the
+// sign-in form is shown: it ends whatever the page was doing. It is no
+// fault of the page, so it is kept out of the browser's console, where
+// each refused call wrote "Uncaught (in promise) Error: unauthorized".
+class SignedOut extends Error {}
+window.addEventListener('unhandledrejection', (ev) => {
+  if (ev.reason instanceof SignedOut) ev.preventDefault();
+});
+
 async function api(method, path, body, headers) {
   const opts = { method, headers: Object.assign({ Authorization: 'Bearer ' + S.key }, headers || {}) };
   if (body !== undefined) {
@@ -60,8 +69,8 @@ async function api(method, path, body, headers) {
     // keeping what it showed.
     return { status: 0, ok: false, data: { error: { message: 'The admin API cannot be reached (' + e.message + '): is the router running?' } }, etag: null, text: '' };
   }
-  if (res.status === 401) { logout('Your admin key was refused.'); throw new Error('unauthorized'); }
-  if (res.status === 429) { logout(lockedOut(res)); throw new Error('locked out'); }
+  if (res.status === 401) { logout('Your admin key was refused.'); throw new SignedOut('unauthorized'); }
+  if (res.status === 429) { logout(lockedOut(res)); throw new SignedOut('locked out'); }
   const text = await res.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch (e) { data = { raw: text }; }
