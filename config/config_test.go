@@ -229,7 +229,11 @@ func TestAWorkerWithAnEmptyModelNameIsRefused(t *testing.T) {
 
 // Quota template names are path segments of the admin API and shown in
 // the console: printable, without '/', without surrounding spaces, at most
-// 64 bytes. A space inside ("Gold tier") is fine.
+// 64 bytes. A space inside ("Gold tier") is fine. Invisible characters
+// (format characters such as a zero-width space or a right-to-left
+// override, spaces other than ASCII's) were taken: "gold\u200b" shows as
+// "gold" in the console's template choice, so a user could be bound to a
+// look-alike of the template the operator meant.
 func TestQuotaTemplateNamesArePrintableAndBounded(t *testing.T) {
 	doc := func(name string) []byte {
 		b, _ := json.Marshal(name)
@@ -240,7 +244,8 @@ func TestQuotaTemplateNamesArePrintableAndBounded(t *testing.T) {
 			t.Errorf("%q refused: %v", name, err)
 		}
 	}
-	for _, name := range []string{"a/b", " gold", "gold ", "go\nld", "\x1b[31mred", strings.Repeat("x", 65), "\xff"} {
+	for _, name := range []string{"a/b", " gold", "gold ", "go\nld", "\x1b[31mred", strings.Repeat("x", 65), "\xff",
+		"gold\u200b", "\u202egold", "Gold\u00a0tier", "go\u2028ld", "gold\ufeff", "\u2066gold\u2069"} {
 		_, err := Parse(doc(name))
 		var fe *FieldError
 		if !errors.As(err, &fe) || fe.Path != "user_limit.templates[0].name" {

@@ -514,7 +514,7 @@ func (u *UserLimit) validate(c *Config) error {
 			return fieldErr(p+".name", "is required")
 		}
 		if !validTemplateName(t.Name) {
-			return fieldErr(p+".name", "%q: want 1-%d bytes of UTF-8 without control characters or '/', not starting or ending with a space", t.Name, maxTemplateName)
+			return fieldErr(p+".name", "%q: want 1-%d bytes of printable UTF-8 (no control or invisible characters, no space but ' ') without '/', not starting or ending with a space", t.Name, maxTemplateName)
 		}
 		if templates[t.Name] {
 			return fieldErr(p+".name", "duplicate template %q", t.Name)
@@ -686,7 +686,10 @@ func validTemplateName(s string) bool {
 		return false
 	}
 	for _, r := range s {
-		if r == '/' || unicode.IsControl(r) || r == utf8.RuneError {
+		// Printable (unicode.IsPrint: no control or format characters,
+		// no space but ASCII's): an invisible character made a name that
+		// looks like another in the console ("gold\u200b").
+		if r == '/' || !unicode.IsPrint(r) || r == utf8.RuneError {
 			return false
 		}
 	}
