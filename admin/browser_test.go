@@ -217,6 +217,17 @@ func TestConsoleInBrowser(t *testing.T) {
 			return err
 		}),
 		chromedp.Click(css("#export")))
+	// The export opens where the seal key is the same: the admin key only
+	// by default (it said "sealed with the admin key", also under
+	// --admin-seal-key, where the admin key opens nothing).
+	if card := text("main"); !strings.Contains(card, "--admin-seal-key") {
+		t.Fatalf("the backup page does not say which key seals an export's upstream secrets: %q", card)
+	}
+	// With --config the later of the file and the newest snapshot wins at
+	// start (docs/admin.md); it said the file always did.
+	if card := text("main"); strings.Contains(card, "then the file wins") {
+		t.Fatalf("the backup page says the config file always wins at start: %q", card)
+	}
 	var exported string
 	eventually(t, 10*time.Second, "export downloaded", func() bool {
 		m, _ := filepath.Glob(filepath.Join(dl, "infera-snapshot-*.json"))

@@ -832,13 +832,13 @@ async function backupPage() {
   const modeText = redis
     ? 'Management data lives in Redis, which keeps its own persistence: periodic backups are off. Import to Redis migrates a snapshot file from built-in storage.'
     : b.mode === 'snapshots'
-      ? 'Snapshots go to ' + b.dir + ' every ' + b.settings.interval_s + ' s when the data changed, keeping ' + b.settings.keep + ' per kind. On start the newest good snapshot is restored (unless a --config file is given: then the file wins).'
+      ? 'Snapshots go to ' + b.dir + ' every ' + b.settings.interval_s + ' s when the data changed, keeping ' + b.settings.keep + ' per kind. On start the newest good snapshot is restored; with a --config file, the later of the file and the snapshot wins.'
       : 'No backup directory: start with --persist-snapshot-dir to take periodic snapshots. Export and Import work anyway.';
   layout('backup', h('div', { class: 'page-head' }, h('h1', { text: 'Backup & restore' }), h('span', { class: 'tag', text: b.mode })),
     h('p', { class: 'lede', text: modeText }),
     banner,
     h('div', { class: 'card' }, h('h2', { text: 'Export' }),
-      h('p', { class: 'muted', text: 'Download a snapshot of all management data: every section, users and quota templates. API keys are in it only as salted hashes; upstream secrets are sealed with the admin key.' }),
+      h('p', { class: 'muted', text: 'Download a snapshot of all management data: every section, users and quota templates. API keys are in it only as salted hashes; upstream secrets are sealed with the seal key (--admin-seal-key, by default the admin key): the export restores on a gateway with the same one.' }),
       h('div', { class: 'actions' }, exportBtn, b.mode === 'snapshots' ? h('button', {
         id: 'snapshot-now', text: 'Take a snapshot now', onclick: async () => {
           const res = await api('POST', '/api/backup');
@@ -846,7 +846,7 @@ async function backupPage() {
         },
       }) : null)),
     h('div', { class: 'card' }, h('h2', { text: redis ? 'Import to Redis' : 'Import' }),
-      h('p', { class: 'muted', text: 'Restore a snapshot file. It is checked whole first (format, checksum, every setting); a bad file changes nothing. ' + (b.mode === 'snapshots' ? 'The current data is saved as a manual snapshot before the import.' : '') }),
+      h('p', { class: 'muted', text: 'Restore a snapshot file. It is checked whole first (format, checksum, every setting); a bad file changes nothing. ' + (b.mode === 'snapshots' ? 'The current data is saved as a manual snapshot before an import that changes it.' : '') }),
       fileInput, preview),
     b.mode === 'snapshots' ? h('div', { class: 'card' }, h('h2', { text: 'Stored snapshots' }), h('table', { id: 'snapshots' },
       h('thead', {}, h('tr', {}, ['Name', 'Kind', 'Taken', 'Size', ''].map((t) => h('th', { text: t })))),
