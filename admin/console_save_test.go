@@ -78,7 +78,7 @@ func TestASectionPageKeepsWhatIsTypedWhileItSaves(t *testing.T) {
 	n := puts.Load()
 	step("double click", set("#f-session_affinity_ttl_s", "700"),
 		chromedp.Evaluate[chromedp.Void](`document.querySelector('#save').click(); document.querySelector('#save').click()`),
-		chromedp.Sleep(1500*time.Millisecond))
+		saved, chromedp.Sleep(500*time.Millisecond))
 	shown, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(() => { const b = document.querySelector('#form-error'); return b.hidden ? '' : b.textContent; })() + '|' + document.querySelector('#save-status').textContent`))
 	if err != nil {
 		t.Fatal(err)
