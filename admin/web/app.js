@@ -791,11 +791,16 @@ async function backupPage() {
     const file = fileInput.files[0];
     if (!file) return;
     const text = await file.text();
+    // The field lets go of the file once it is read: choosing the same
+    // file again (fixed, or downloaded again) then checks it again. Kept,
+    // choosing it fired no change, and a refusal stayed whatever the file
+    // now held.
+    fileInput.value = '';
     const dry = await api('POST', '/api/backup/import?dry_run=1', text);
     if (!dry.ok) {
       const e = errOf(dry);
       banner.hidden = false;
-      banner.replaceChildren('This file cannot be imported; nothing was changed. ', e.path ? h('code', { text: e.path }) : '', ' ', e.message);
+      banner.replaceChildren(file.name + ' cannot be imported; nothing was changed. ', e.path ? h('code', { text: e.path }) : '', ' ', e.message);
       preview.replaceChildren();
       return;
     }
