@@ -54,6 +54,14 @@ window.addEventListener('unhandledrejection', (ev) => {
   if (ev.reason instanceof SignedOut) ev.preventDefault();
 });
 
+// apiURL makes an API path ('/api/...') relative to the page, as the
+// console's own files are: a front proxy may serve the admin listener under
+// a path prefix (https://host/infera-admin/), where '/api/...' reaches
+// whatever the proxy serves at its root.
+function apiURL(path) {
+  return path.replace(/^\//, '');
+}
+
 async function api(method, path, body, headers) {
   const opts = { method, headers: Object.assign({ Authorization: 'Bearer ' + S.key }, headers || {}) };
   if (body !== undefined) {
@@ -62,7 +70,7 @@ async function api(method, path, body, headers) {
   }
   let res;
   try {
-    res = await fetch(path, opts);
+    res = await fetch(apiURL(path), opts);
   } catch (e) {
     // The router is down or restarting (or the network is): an answer like
     // any failed one, so that every page says so instead of silently
@@ -139,7 +147,7 @@ function loginPage(msg) {
       S.key = input.value.trim();
       let r;
       try {
-        r = await fetch('/api/version', { headers: { Authorization: 'Bearer ' + S.key } });
+        r = await fetch(apiURL('/api/version'), { headers: { Authorization: 'Bearer ' + S.key } });
       } catch (e) {
         err.hidden = false;
         err.textContent = 'The admin API cannot be reached (' + e.message + '): is the router running?';
