@@ -87,8 +87,9 @@ type tries struct {
 	seatRej *govern.Rejection
 	// globalTried: global scheduling already had its go (forwardGlobal).
 	// globalBusy: the model is no local worker's, and the members serving
-	// it had no room.
-	globalTried, globalBusy bool
+	// it had no room. saturated: the request was counted in
+	// infera_global_saturated_total (countSaturated).
+	globalTried, globalBusy, saturated bool
 	// allConnect: every failure was a connection failure; fleetDown: no
 	// candidate is left (every one tried, or every breaker open).
 	allConnect, fleetDown bool
@@ -114,8 +115,11 @@ func (res *tries) refuser() *fleet.Worker {
 func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, res *tries, more bool) {
 	r := &rs.sreq
 	c := &rs.call
-	if s.globalOn(cfg) && !s.pinnedLocal(r) && s.localSaturated(cfg, r) && s.forwardGlobal(ctx, cfg, rs, res) {
-		return
+	if s.globalOn(cfg) && !s.pinnedLocal(r) && s.localSaturated(cfg, r) {
+		countSaturated(res)
+		if s.forwardGlobal(ctx, cfg, rs, res) {
+			return
+		}
 	}
 	if !poolingKind(rs.acc.kind) && !byIDKind(rs.acc.kind) && s.dispatchPD(ctx, cfg, rs, res) {
 		return // a prefill+decode pair took it (pd.go); pooling requests never split

@@ -141,27 +141,34 @@ func hasHeader(h *fasthttp.RequestHeader, k string) bool {
 // limit (free capacity 0, as the capacity endpoint computes it). With the
 // seats in Redis a request also finds out in its seat acquisition, and a
 // refusal forwards it then (seatRefused). Only called with global
-// scheduling on.
+// scheduling on; the caller counts a saturated request (countSaturated).
 func (s *Server) localSaturated(cfg *config.Config, r *sched.Request) bool {
-	var sat bool
 	if f := s.o.Saturated; f != nil {
-		sat = f(cfg, r)
-	} else if s.breakersOpen(r) {
-		sat = true
-	} else if s.gov != nil && !s.gov.Shared() {
-		sat = s.Saturated(cfg, r)
-	} else {
-		if !cfg.RateLimit.Limited() {
-			return false
-		}
-		v := s.sched.Fleet.View()
-		ws := v.ByModel[string(r.Model)]
-		sat = len(ws) > 0 && freeOf(&cfg.RateLimit, v, ws, s.sched.Now()) == 0
+		return f(cfg, r)
 	}
-	if sat {
+	if s.breakersOpen(r) {
+		return true
+	}
+	if s.gov != nil && !s.gov.Shared() {
+		return s.Saturated(cfg, r)
+	}
+	if !cfg.RateLimit.Limited() {
+		return false
+	}
+	v := s.sched.Fleet.View()
+	ws := v.ByModel[string(r.Model)]
+	return len(ws) > 0 && freeOf(&cfg.RateLimit, v, ws, s.sched.Now()) == 0
+}
+
+// countSaturated counts a request that found the local fleet saturated in
+// infera_global_saturated_total, once per request: one found saturated
+// before the scheduler and then refused its seat (no member took it) is
+// one request.
+func countSaturated(res *tries) {
+	if !res.saturated {
+		res.saturated = true
 		mGlobalSaturated.Inc()
 	}
-	return sat
 }
 
 // breakersOpen reports whether r's model has workers (by its exact name)

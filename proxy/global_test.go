@@ -517,3 +517,52 @@ func TestAModelServedOnlyByFullMembersIsBusyNotUnknown(t *testing.T) {
 		t.Fatalf("B's engine got %d requests", engB.hits.Load())
 	}
 }
+
+// infera_global_saturated_total counts requests, one per request that
+// found the local fleet saturated: a request that no member could take and
+// that request rate limiting then refused its seat counted twice (once
+// before the scheduler, once at the refusal), a forwarded one once.
+func TestASaturatedRequestCountsOnceInTheSaturatedMetric(t *testing.T) {
+	su := &sseUpstream{n: 2, gate: make(chan struct{})}
+	defer close(su.gate) // before the routers' shutdown (a cleanup) waits for the held stream
+	engA := startUpstream(t, su.handler)
+	engM := startUpstream(t, okHandler)
+	m := startRouterWith(t, nil, nil, nil, engM.url)
+	cfgA := globalConfig(config.Member{Name: "m", URL: m.url})
+	cfgA.RateLimit.OverallConcurrency = 1
+	g := newGovernor(t, cfgA)
+	pa := startPoller(t, &cfgA.GlobalScheduling)
+	a := startRouterWith(t, nil, cfgA, func(o *Options) { o.Poller = pa; o.Governor = g }, engA.url)
+	waitFor(t, func() bool { _, _, ok := pa.Members()[0].Report(); return ok }, "the member's report")
+	held, err := http.Post(a.url+"/v1/chat/completions", "application/json", strings.NewReader(streamBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Body.Close()
+	waitFor(t, func() bool { return a.fl.View().All[0].Load.Requests.Load() == 1 }, "A's seat taken")
+
+	// Forwarded: one count.
+	before := mGlobalSaturated.Get()
+	resp, body := postWith(t, a.url+"/v1/chat/completions", chatBody, nil)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != "global:m" {
+		t.Fatalf("forwarded: %d %s %v", resp.StatusCode, body, resp.Header)
+	}
+	if d := mGlobalSaturated.Get() - before; d != 1 {
+		t.Fatalf("a forwarded request counted %d times as saturated", d)
+	}
+
+	// No member qualifies: the seat is refused (429), still one count.
+	g2 := cfgA.GlobalScheduling
+	g2.MinFree = 1 << 20 // no report ever has that much room
+	if err := pa.Update(&g2); err != nil {
+		t.Fatal(err)
+	}
+	before = mGlobalSaturated.Get()
+	resp, body = postWith(t, a.url+"/v1/chat/completions", chatBody, nil)
+	if resp.StatusCode != 429 {
+		t.Fatalf("no member with room: %d %s %v", resp.StatusCode, body, resp.Header)
+	}
+	if d := mGlobalSaturated.Get() - before; d != 1 {
+		t.Fatalf("a request refused its seat after no member qualified counted %d times as saturated", d)
+	}
+}

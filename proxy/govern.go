@@ -366,7 +366,7 @@ func (s *Server) seatRefused(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *r
 	// The refusal is what the client gets, unless a later attempt fails.
 	res.seatRej, res.last, res.lastW = rej, nil, nil
 	if s.globalOn(cfg) && rej.Code != govern.CodeStateUnavailable && !s.pinnedLocal(&rs.sreq) {
-		mGlobalSaturated.Inc()
+		countSaturated(res)
 		s.forwardGlobal(ctx, cfg, rs, res)
 	}
 }
