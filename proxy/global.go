@@ -210,9 +210,10 @@ func (s *Server) handleCapacity(ctx *fasthttp.RequestCtx) {
 // capacityOf is the capacity report of fleet view v under cfg at now (unix
 // ns). Free counts the workers that take client requests (mixed and
 // prefill) whose breaker lets requests through; models are the served
-// models, and the names model routing and canary rules accept (wildcards
-// included; a default model accepts any name: "*", with dflt, the
-// default model's workers as model routing finds them).
+// models, and the names model routing, canary rules and smart model
+// selection accept (wildcards included; a default model accepts any name:
+// "*", with dflt, the default model's workers as model routing finds
+// them).
 func capacityOf(cfg *config.Config, v *fleet.View, now int64, dflt []*fleet.Worker) upstreams.Capacity {
 	rl := &cfg.RateLimit
 	c := upstreams.Capacity{Workers: len(v.Routable), Models: []upstreams.ModelCapacity{}}
@@ -221,13 +222,8 @@ func capacityOf(cfg *config.Config, v *fleet.View, now int64, dflt []*fleet.Work
 	}
 	c.Free = freeOf(rl, v, v.Routable, now)
 	add := func(name string, ws []*fleet.Worker) {
-		if name == "" || len(ws) == 0 {
+		if name == "" || len(ws) == 0 || listed(c.Models, name) {
 			return
-		}
-		for i := range c.Models {
-			if strings.EqualFold(c.Models[i].Name, name) {
-				return
-			}
 		}
 		c.Models = append(c.Models, upstreams.ModelCapacity{Name: name, Free: freeOf(rl, v, ws, now)})
 	}
@@ -260,7 +256,39 @@ func capacityOf(cfg *config.Config, v *fleet.View, now int64, dflt []*fleet.Work
 			add(strings.TrimSpace(r.Model), byServices(svcs)) // the name the rule matches
 		}
 	}
+	if sm := &cfg.SmartModelSelection; sm.Enabled {
+		// A name smart model selection takes is served as its tier's
+		// model, known only once the classifier answered: its room is the
+		// least among the tiers' models listed above (a tier no local
+		// worker serves does not count; none served, nothing is listed).
+		// Every name is taken when match_models is empty.
+		free := -1
+		for _, t := range [...]string{sm.Tiers.L1, sm.Tiers.L2, sm.Tiers.L3} {
+			if f := c.FreeFor([]byte(t)); f >= 0 && (free < 0 || f < free) {
+				free = f
+			}
+		}
+		names := sm.MatchModels
+		if len(names) == 0 {
+			names = []string{"*"}
+		}
+		for _, name := range names {
+			if free >= 0 && !listed(c.Models, name) {
+				c.Models = append(c.Models, upstreams.ModelCapacity{Name: name, Free: free})
+			}
+		}
+	}
 	return c
+}
+
+// listed reports whether models holds name (ASCII case ignored).
+func listed(models []upstreams.ModelCapacity, name string) bool {
+	for i := range models {
+		if strings.EqualFold(models[i].Name, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // freeOf is the free capacity of workers ws (a subset of v.Routable):

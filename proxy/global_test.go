@@ -2,9 +2,12 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -564,5 +567,94 @@ func TestASaturatedRequestCountsOnceInTheSaturatedMetric(t *testing.T) {
 	}
 	if d := mGlobalSaturated.Get() - before; d != 1 {
 		t.Fatalf("a request refused its seat after no member qualified counted %d times as saturated", d)
+	}
+}
+
+// getCapacity fetches a router's capacity report (no key).
+func getCapacity(t *testing.T, url string) upstreams.Capacity {
+	t.Helper()
+	resp, err := http.Get(url + upstreams.CapacityPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	c, err := upstreams.ParseCapacity(b)
+	if err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	return c
+}
+
+// The names smart model selection takes (match_models, as GET /v1/models
+// lists "auto") are in the capacity report, with the least room among
+// the tiers' models served here: the tier is known only once the
+// classifier answered. They were missing, so a region without smart model
+// selection answered 404 to a client asking for "auto" that a member
+// region with it would have served.
+func TestTheCapacityReportAdvertisesTheNamesSmartSelectionTakes(t *testing.T) {
+	cls := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`{"tier":"L2"}`) })
+	var gotModel atomic.Value
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		var b struct{ Model string }
+		json.Unmarshal(ctx.PostBody(), &b)
+		gotModel.Store(b.Model)
+		okHandler(ctx)
+	})
+	smart := func(match ...string) *config.Config {
+		cfg := config.Default()
+		cfg.Debug.DecisionHeader = true
+		cfg.RateLimit.OverallConcurrency = 3
+		cfg.SmartModelSelection = config.SmartModelSelection{Enabled: true, ClassifierURL: cls.url + "/v1/classify",
+			TimeoutMS: 10000, FallbackTier: "L1", MatchModels: match,
+			Tiers: config.TierModels{L1: "small", L2: "mid", L3: "elsewhere"}, MaxTextBytes: 8192}
+		return cfg
+	}
+	a := startRouterWith(t, nil, smart("auto", "smart-*"), nil, up.url)
+	a.fl.Remove("w0")
+	for i, m := range []string{"small", "mid", "mid"} {
+		if err := a.fl.Upsert(fleet.Record{ID: fmt.Sprintf("a%d", i), URL: up.url, Models: []string{m}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	free := func(c upstreams.Capacity) map[string]int {
+		out := map[string]int{}
+		for _, m := range c.Models {
+			out[m.Name] = m.Free
+		}
+		return out
+	}
+	want := map[string]int{"small": 3, "mid": 6, "auto": 3, "smart-*": 3}
+	if got := free(getCapacity(t, a.url)); !maps.Equal(got, want) {
+		t.Fatalf("capacity models %v, want %v", got, want)
+	}
+	// Every name is classified: any name is taken.
+	a.store.Set(smart())
+	want = map[string]int{"small": 3, "mid": 6, "*": 3}
+	if got := free(getCapacity(t, a.url)); !maps.Equal(got, want) {
+		t.Fatalf("empty match_models: capacity models %v, want %v", got, want)
+	}
+	// No tier's model is served here: nothing is advertised for it.
+	cfg := smart("auto")
+	cfg.SmartModelSelection.Tiers = config.TierModels{L1: "x", L2: "y", L3: "z"}
+	a.store.Set(cfg)
+	want = map[string]int{"small": 3, "mid": 6}
+	if got := free(getCapacity(t, a.url)); !maps.Equal(got, want) {
+		t.Fatalf("no tier served: capacity models %v, want %v", got, want)
+	}
+	a.store.Set(smart("auto"))
+
+	// A region without smart model selection forwards "auto" to A, which
+	// classifies it and serves the tier's model.
+	cfgB := globalConfig(config.Member{Name: "a", URL: a.url})
+	pb := startPoller(t, &cfgB.GlobalScheduling)
+	b := startRouterWith(t, nil, cfgB, func(o *Options) { o.Poller = pb }, up.url)
+	waitFor(t, func() bool {
+		c, _, ok := pb.Members()[0].Report()
+		return ok && c.FreeFor([]byte("auto")) > 0
+	}, "B's report of A listing auto")
+	resp, body := postWith(t, b.url+"/v1/chat/completions", `{"model":"auto","messages":[{"role":"user","content":"hi"}]}`, nil)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Upstream") != "global:a" || gotModel.Load() != "mid" {
+		t.Fatalf("auto asked of B: %d %s %v (the engine got model %v)", resp.StatusCode, body, resp.Header, gotModel.Load())
 	}
 }
