@@ -658,3 +658,51 @@ func TestTheCapacityReportAdvertisesTheNamesSmartSelectionTakes(t *testing.T) {
 		t.Fatalf("auto asked of B: %d %s %v (the engine got model %v)", resp.StatusCode, body, resp.Header, gotModel.Load())
 	}
 }
+
+// A model only a member region serves is not unknown because that member
+// failed a forward a moment ago: until its next report it takes no
+// forward, and a request for the model is answered 503 (busy, retry), not
+// 404 model_not_found, which SDKs do not retry. The failed forward
+// dropped the member's report, so every request until the next poll (a
+// second by default) was told the model does not exist.
+func TestAModelServedOnlyByAMemberThatJustFailedIsBusyNotUnknown(t *testing.T) {
+	var fail atomic.Bool
+	fail.Store(true)
+	engB := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if fail.Load() {
+			ctx.SetStatusCode(503)
+			ctx.SetBodyString(`{"error":{"message":"engine restarting","type":"server_error"}}`)
+			return
+		}
+		okHandler(ctx)
+	})
+	b := startRouterWith(t, nil, config.Default(), nil, engB.url)
+	cfgA := globalConfig(config.Member{Name: "b", URL: b.url})
+	cfgA.GlobalScheduling.PollIntervalMS, cfgA.GlobalScheduling.StaleAfterMS = 60000, 120000 // one poll in this test
+	pa := startPoller(t, &cfgA.GlobalScheduling)
+	a := startRouterWith(t, nil, cfgA, func(o *Options) { o.Poller = pa }, deadURL(t))
+	engA := startUpstream(t, okHandler)
+	a.fl.Remove("w0")
+	if err := a.fl.Upsert(fleet.Record{ID: "wa", URL: engA.url, Models: []string{"a-only"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { _, _, ok := pa.Members()[0].Report(); return ok }, "A's report of B")
+	resp, body := postWith(t, a.url+"/v1/chat/completions", chatBody, nil)
+	if resp.StatusCode != 503 || resp.Header.Get("X-Infera-Upstream") != "global:b" {
+		t.Fatalf("B's engine failing: %d %s %v", resp.StatusCode, body, resp.Header)
+	}
+	fail.Store(false)
+	resp, body = postWith(t, a.url+"/v1/chat/completions", chatBody, nil)
+	if resp.StatusCode != 503 || !strings.Contains(body, "global_capacity_exhausted") || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("the model's only member failed a moment ago: %d %s %v", resp.StatusCode, body, resp.Header)
+	}
+	checkOpenAIError(t, body)
+	// A model nobody serves is still unknown.
+	resp, body = postWith(t, a.url+"/v1/chat/completions", strings.Replace(chatBody, `"m"`, `"x"`, 1), nil)
+	if resp.StatusCode != 404 {
+		t.Fatalf("unserved model: %d %s", resp.StatusCode, body)
+	}
+	if n := engB.hits.Load(); n != 1 {
+		t.Fatalf("B's engine got %d requests, want the one that failed", n)
+	}
+}

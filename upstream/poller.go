@@ -54,6 +54,10 @@ type Member struct {
 
 	report    atomic.Pointer[report]
 	forwarded atomic.Int64 // forwarded since the last report
+	// failed: a forward to the member failed since its last report
+	// (Failed). It takes no forward until its next good poll, but its
+	// report still says which models it serves (Serves).
+	failed atomic.Bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -190,7 +194,7 @@ func (p *Poller) newMember(cm *config.Member, ep Endpoint) *Member {
 			return -1
 		}
 		r := m.report.Load()
-		if r == nil || time.Since(r.at) > ms(g.StaleAfterMS) {
+		if r == nil || m.failed.Load() || time.Since(r.at) > ms(g.StaleAfterMS) {
 			return -1
 		}
 		return float64(int64(r.cap.Free) - m.forwarded.Load())
@@ -279,6 +283,7 @@ func (p *Poller) poll(m *Member, g *config.GlobalScheduling) {
 	m.pollsOK.Inc()
 	m.report.Store(&report{at: time.Now(), cap: c})
 	m.forwarded.Store(0)
+	m.failed.Store(false)
 }
 
 func (p *Poller) fetch(m *Member, timeout time.Duration) (Capacity, error) {
@@ -324,8 +329,9 @@ func (p *Poller) Pick(model []byte) *Member {
 }
 
 // Serves reports whether a member's current report (not stale) lists
-// model, whatever its free capacity: a model served elsewhere whose members
-// have no room now is busy, not unknown.
+// model, whatever its free capacity, a member that failed a forward since
+// included: a model served elsewhere whose members have no room now, or
+// failed a moment ago, is busy, not unknown.
 func (p *Poller) Serves(model []byte) bool {
 	_, serves := p.scan(model)
 	return serves
@@ -351,6 +357,9 @@ func (p *Poller) scan(model []byte) (best *Member, serves bool) {
 			continue
 		}
 		serves = true
+		if m.failed.Load() {
+			continue
+		}
 		free := int64(f) - m.forwarded.Load()
 		if free < int64(g.MinFree) || best != nil && free <= bestFree {
 			continue
@@ -382,14 +391,15 @@ func (m *Member) Forwarded() {
 
 // Failed records that the member could not take a forwarded request
 // (unreachable, or an error before the first byte): it is no candidate
-// until its next successful poll.
-func (m *Member) Failed() { m.report.Store(nil) }
+// until its next successful poll. Its report still tells Serves which
+// models it serves (a request for one is busy, not unknown), not Report.
+func (m *Member) Failed() { m.failed.Store(true) }
 
 // Report returns the member's last report and its age, ok false when there
-// is none (never polled, or the last poll failed).
+// is none (never polled, the last poll failed, or a forward failed since).
 func (m *Member) Report() (c Capacity, age time.Duration, ok bool) {
 	r := m.report.Load()
-	if r == nil {
+	if r == nil || m.failed.Load() {
 		return Capacity{}, 0, false
 	}
 	return r.cap, time.Since(r.at), true
