@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/classify"
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/internal/logx"
 	"github.com/valyala/fasthttp"
@@ -18,8 +19,9 @@ import (
 
 // AccessLog writes one JSON line per inference request (--access-log):
 // when it ended, its request id, the client's address, the endpoint, the
-// status, the duration and time to first byte, the model asked for, the
-// worker or upstream that answered, the token usage the engine reported,
+// status, the duration and time to first byte, the model asked for, smart
+// model selection's tier, the worker or upstream that answered, the token
+// usage the engine reported,
 // the user and how the answer ended. Never a key, a header value other
 // than the request id, or any prompt or answer text.
 //
@@ -293,6 +295,15 @@ func (s *Server) logAccess(rs *reqState, end string) {
 	}
 	b = append(b, `,"stream":`...)
 	b = strconv.AppendBool(b, rs.parsed.stream)
+	if t := rs.ext.tier; t != classify.TierUnknown { // smart.go
+		b = append(b, `,"tier":"`...)
+		b = append(b, t.String()...)
+		if rs.ext.tierFallback {
+			b = append(b, `","tier_source":"fallback"`...)
+		} else {
+			b = append(b, `","tier_source":"classifier"`...)
+		}
+	}
 	if u := rs.ext.cur; u != nil {
 		b = append(b, `,"upstream":`...)
 		b = appendJSONString(b, u.label)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infera/infera/config"
 	"github.com/valyala/fasthttp"
 )
 
@@ -489,5 +490,46 @@ func TestTheAccessLogNamesTheModelOfACountTokensRequest(t *testing.T) {
 	got := byRequestID(lines())["count-1"]
 	if got == nil || got["path"] != "/v1/messages/count_tokens" || got["model"] != "m" {
 		t.Fatalf("want the count_tokens line to name model m: %v", got)
+	}
+}
+
+// A request smart model selection classified names its tier in the access
+// log, and whether the classifier chose it or it is the fallback tier (the
+// classifier failed): the line said "model":"auto" and nothing else of the
+// choice, which only the decision header (off by default) showed.
+func TestTheAccessLogNamesTheTierSmartSelectionChose(t *testing.T) {
+	cls := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if strings.Contains(string(ctx.PostBody()), "broken") {
+			ctx.SetStatusCode(500)
+			return
+		}
+		ctx.SetBodyString(`{"tier":"L3"}`)
+	})
+	up := startUpstream(t, okHandler)
+	r, lines, _ := accessRouter(t, "", up.url)
+	cfg := config.Default()
+	cfg.SmartModelSelection = config.SmartModelSelection{Enabled: true, ClassifierURL: cls.url + "/v1/classify",
+		TimeoutMS: 10000, FallbackTier: "L1", MatchModels: []string{"auto"},
+		Tiers: config.TierModels{L1: "m", L2: "m", L3: "m"}, MaxTextBytes: 8192}
+	r.store.Set(cfg)
+	for id, body := range map[string]string{
+		"classified": `{"model":"auto","messages":[{"role":"user","content":"hard"}]}`,
+		"fallback":   `{"model":"auto","messages":[{"role":"user","content":"broken"}]}`,
+		"asked-m":    `{"model":"m","messages":[{"role":"user","content":"hard"}]}`,
+	} {
+		if resp, b := send(t, "POST", r.url+"/v1/chat/completions", "", id, body); resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", id, resp.StatusCode, b)
+		}
+	}
+	got := byRequestID(lines())
+	for id, want := range map[string][3]any{
+		"classified": {"auto", "L3", "classifier"},
+		"fallback":   {"auto", "L1", "fallback"},
+		"asked-m":    {"m", nil, nil}, // not classified: no tier
+	} {
+		l := got[id]
+		if l == nil || l["model"] != want[0] || l["tier"] != want[1] || l["tier_source"] != want[2] {
+			t.Fatalf("%s: line %v, want model %v, tier %v from %v", id, l, want[0], want[1], want[2])
+		}
 	}
 }

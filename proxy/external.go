@@ -521,10 +521,11 @@ type extState struct {
 	// tier's model the request is forwarded as; modelBuf backs
 	// sched.Request.Model once rewritten. tierHeader: the answer, whatever
 	// it is, carries X-Infera-Tier (debug.decision_header; answered).
-	tier       classify.Tier
-	tierHeader bool
-	model      string
-	modelBuf   []byte
+	// tierFallback: the tier is the fallback tier (the classifier failed).
+	tier                     classify.Tier
+	tierHeader, tierFallback bool
+	model                    string
+	modelBuf                 []byte
 }
 
 func (e *extState) reset() {

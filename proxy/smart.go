@@ -22,7 +22,7 @@ func (s *Server) selectModel(cfg *config.Config, rs *reqState) bool {
 		return false
 	}
 	res := s.classifier.Classify(sm, r.Model, rs.parsed.text)
-	rs.ext.tier, rs.ext.tierHeader = res.Tier, cfg.Debug.DecisionHeader
+	rs.ext.tier, rs.ext.tierHeader, rs.ext.tierFallback = res.Tier, cfg.Debug.DecisionHeader, res.Fallback()
 	if res.Model == "" {
 		return true
 	}
