@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Global scheduling wire contract between gateways of different regions.
@@ -79,17 +80,74 @@ type ModelCapacity struct {
 }
 
 // FreeFor returns the free capacity for model: the largest Free among the
-// model entries whose name matches it (MatchGlob: anchored, ASCII case
-// ignored, '*' wildcard), or -1 when the gateway does not serve it.
+// model entries whose name matches it (as MatchGlob: anchored, ASCII case
+// ignored, '*' wildcard), or -1 when the gateway does not serve it. A
+// report comes from another gateway: matching takes time linear in each
+// name and the model (globFolded), where MatchGlob's backtracking takes
+// their product ("*aaa…ab" names cost seconds against a long model name).
+// It does not allocate for a model of up to MaxModelBytes.
 func (c *Capacity) FreeFor(model []byte) int {
+	var buf [MaxModelBytes]byte
+	low := appendLower(buf[:0], model)
 	best := -1
 	for i := range c.Models {
 		m := &c.Models[i]
-		if m.Free > best && MatchGlob(m.Name, model) {
+		if m.Free > best && globFolded(m.Name, low) {
 			best = m.Free
 		}
 	}
 	return best
+}
+
+// maxGlobSegment bounds a literal run of a pattern globFolded lowers on
+// the stack (report names are at most 256 bytes).
+const maxGlobSegment = 256
+
+// globFolded reports whether pattern matches s as MatchGlob does, s being
+// lowercased already (ASCII). The pattern's literal runs between '*'s are
+// matched in order: the first at the start of s, the last at its end, each
+// other one at its leftmost place after the previous one (leftmost is
+// exact for '*' alone: it leaves the most of s to the rest), found with
+// bytes.Index (linear time).
+func globFolded(pattern string, s []byte) bool {
+	star := strings.IndexByte(pattern, '*')
+	if star < 0 {
+		return equalFold(pattern, s)
+	}
+	if star > len(s) || !equalFold(pattern[:star], s[:star]) {
+		return false
+	}
+	s, rest := s[star:], pattern[star+1:]
+	var seg [maxGlobSegment]byte
+	for {
+		star = strings.IndexByte(rest, '*')
+		if star < 0 {
+			return len(rest) <= len(s) && equalFold(rest, s[len(s)-len(rest):])
+		}
+		part := rest[:star]
+		if len(part) > len(seg) {
+			// Longer than any report's name: the star before it and the
+			// rest of the pattern, as MatchGlob matches them.
+			return MatchGlob(pattern[len(pattern)-len(rest)-1:], s)
+		}
+		rest = rest[star+1:]
+		if part == "" {
+			continue
+		}
+		i := bytes.Index(s, appendLower(seg[:0], part))
+		if i < 0 {
+			return false
+		}
+		s = s[i+len(part):]
+	}
+}
+
+// appendLower appends s with ASCII letters lowercased.
+func appendLower[T string | []byte](dst []byte, s T) []byte {
+	for i := 0; i < len(s); i++ {
+		dst = append(dst, lower(s[i]))
+	}
+	return dst
 }
 
 // AppendJSON appends c as JSON (the capacity endpoint's body).

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseCapacity(t *testing.T) {
@@ -83,4 +84,83 @@ func FuzzParseCapacity(f *testing.F) {
 			c.FreeFor([]byte(c.Models[i].Name))
 		}
 	})
+}
+
+// A member's report is not trusted to be cheap to match: names such as
+// "*aaa…ab" against a client's 1024-byte model name took MatchGlob's
+// backtracking len(name) × len(model) steps each, and a report of 4096 of
+// them cost every forwarding decision for such a name 2.6 s of CPU
+// (measured on the shared test machine; Pick and Serves each scan the
+// reports). FreeFor matches in time linear in the name and the model.
+func TestFreeForTakesLinearTimeOnAHostileReport(t *testing.T) {
+	c := Capacity{}
+	for i := 0; i < MaxCapacityModels; i++ {
+		c.Models = append(c.Models, ModelCapacity{Name: "*" + strings.Repeat("a", 254) + "b", Free: 1})
+	}
+	model := []byte(strings.Repeat("a", MaxModelBytes))
+	start := time.Now()
+	got := c.FreeFor(model)
+	if d := time.Since(start); d > time.Second || got != -1 {
+		t.Fatalf("FreeFor = %d after %v", got, d)
+	}
+}
+
+// FreeFor's matcher agrees with MatchGlob (anchored, ASCII case ignored,
+// '*' any run of bytes) on every pattern and name over a small alphabet.
+func TestFreeForMatchesAsMatchGlob(t *testing.T) {
+	alphabet := []byte("aAb*-é")
+	var gen func(n int, f func(string))
+	gen = func(n int, f func(string)) {
+		f("")
+		if n == 0 {
+			return
+		}
+		gen(n-1, func(s string) {
+			for _, c := range alphabet {
+				f(s + string(c))
+			}
+		})
+	}
+	var pats, names []string
+	seen := map[string]bool{}
+	gen(4, func(s string) {
+		if !seen[s] {
+			seen[s] = true
+			pats = append(pats, s)
+			if !strings.Contains(s, "*") {
+				names = append(names, s)
+			}
+		}
+	})
+	for _, p := range pats {
+		c := Capacity{Models: []ModelCapacity{{Name: p, Free: 1}}}
+		for _, n := range names {
+			want := MatchGlob(p, []byte(n))
+			if got := c.FreeFor([]byte(n)) == 1; got != want {
+				t.Fatalf("pattern %q, model %q: FreeFor matched %v, MatchGlob %v", p, n, got, want)
+			}
+		}
+	}
+}
+
+// A literal run longer than globFolded lowers on the stack is matched by
+// MatchGlob from the star before it.
+func TestFreeForMatchesALongLiteralRunAsMatchGlob(t *testing.T) {
+	long := strings.Repeat("x", maxGlobSegment+1)
+	for _, tc := range []struct {
+		pat, model string
+		want       bool
+	}{
+		{"a*" + long + "*b", "a-" + long + "-b", true},
+		{"a*" + long + "*b", "A" + long + "B", true},
+		{"a*" + long + "*b", "a-" + long[1:] + "-b", false},
+		{"*" + long, "yy" + long, true},
+		{"*" + long + "*c*d", "y" + long + "cd", true},
+		{"*" + long + "*c*d", "y" + long + "dc", false},
+	} {
+		c := Capacity{Models: []ModelCapacity{{Name: tc.pat, Free: 1}}}
+		if got := c.FreeFor([]byte(tc.model)) == 1; got != tc.want || MatchGlob(tc.pat, []byte(tc.model)) != tc.want {
+			t.Fatalf("pattern of %d bytes, model of %d: matched %v, want %v", len(tc.pat), len(tc.model), got, tc.want)
+		}
+	}
 }
