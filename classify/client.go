@@ -41,6 +41,28 @@ func (o Outcome) String() string {
 	return outcomeNames[o]
 }
 
+// Source is where a request's tier came from: the source label of
+// infera_smart_selection_total.
+type Source uint8
+
+// Sources.
+const (
+	SourceClassifier       Source = iota // the classifier answered it
+	SourceFallback                       // fallback_tier: the classifier failed
+	SourcePreviousResponse               // the engine holding the request's previous response serves its model (Kept)
+	numSources
+)
+
+var sourceNames = [numSources]string{"classifier", "fallback", "previous_response"}
+
+// String returns the source's metric label.
+func (s Source) String() string {
+	if s >= numSources {
+		return "unknown"
+	}
+	return sourceNames[s]
+}
+
 // Result is a classification: the tier to use and its model.
 type Result struct {
 	// Tier is the classifier's tier, or the fallback tier.
@@ -50,18 +72,20 @@ type Result struct {
 	// Outcome says whether the classifier answered (OutcomeOK) or why the
 	// fallback tier was used.
 	Outcome Outcome
+	// Source says where Tier came from.
+	Source Source
 	// Latency is the time spent classifying.
 	Latency time.Duration
 }
 
 // Fallback reports whether the fallback tier was used.
-func (r Result) Fallback() bool { return r.Outcome != OutcomeOK }
+func (r Result) Fallback() bool { return r.Source == SourceFallback }
 
 // Metrics, resolved once.
 var (
 	mRequests [numOutcomes]*metrics.Counter
-	// mTiers[tier][0] counts the classifier's tiers, [1] the fallbacks.
-	mTiers   [numTiers][2]*metrics.Counter
+	// mTiers[tier][source] counts the tiers chosen, by their Source.
+	mTiers   [numTiers][numSources]*metrics.Counter
 	mLatency = metrics.NewHistogram(`infera_classifier_duration_seconds`)
 )
 
@@ -70,8 +94,9 @@ func init() {
 		mRequests[o] = metrics.NewCounter(fmt.Sprintf(`infera_classifier_requests_total{result=%q}`, o))
 	}
 	for t := TierL1; t < numTiers; t++ {
-		mTiers[t][0] = metrics.NewCounter(fmt.Sprintf(`infera_smart_selection_total{tier=%q,source="classifier"}`, t))
-		mTiers[t][1] = metrics.NewCounter(fmt.Sprintf(`infera_smart_selection_total{tier=%q,source="fallback"}`, t))
+		for src := Source(0); src < numSources; src++ {
+			mTiers[t][src] = metrics.NewCounter(fmt.Sprintf(`infera_smart_selection_total{tier=%q,source=%q}`, t, src))
+		}
 	}
 }
 
@@ -154,9 +179,9 @@ func (c *Client) Classify(cfg *config.SmartModelSelection, model, text []byte) R
 	lat := time.Since(start)
 	mLatency.Update(lat.Seconds())
 	mRequests[out].Inc()
-	src := 0
+	src := SourceClassifier
 	if out != OutcomeOK {
-		src = 1
+		src = SourceFallback
 		tier = ParseTier(cfg.FallbackTier)
 		if tier == TierUnknown {
 			tier = TierL2 // validation requires a fallback tier; never index out of range
@@ -165,7 +190,20 @@ func (c *Client) Classify(cfg *config.SmartModelSelection, model, text []byte) R
 			"outcome", out.String(), "status", status, "fallback", tier.String(), "latency", lat)
 	}
 	mTiers[tier][src].Inc()
-	return Result{Tier: tier, Model: cfg.Tiers.Model(tier.String()), Outcome: out, Latency: lat}
+	return Result{Tier: tier, Model: cfg.Tiers.Model(tier.String()), Outcome: out, Source: src, Latency: lat}
+}
+
+// Kept returns tier (L1, L2 or L3) and its model for a request whose tier
+// is not the classifier's to choose: a Responses follow-up kept on the
+// engine holding its previous response, which serves that tier's model
+// (another engine cannot know the response). The classifier is not asked;
+// infera_smart_selection_total{tier,source="previous_response"} counts it.
+func Kept(cfg *config.SmartModelSelection, tier Tier) Result {
+	if tier == TierUnknown || tier >= numTiers {
+		panic("BUG: classify.Kept without a tier")
+	}
+	mTiers[tier][SourcePreviousResponse].Inc()
+	return Result{Tier: tier, Model: cfg.Tiers.Model(tier.String()), Outcome: OutcomeOK, Source: SourcePreviousResponse}
 }
 
 func (c *Client) call(cfg *config.SmartModelSelection, model, text []byte, start time.Time) (Tier, Outcome, int) {

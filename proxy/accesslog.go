@@ -298,11 +298,9 @@ func (s *Server) logAccess(rs *reqState, end string) {
 	if t := rs.ext.tier; t != classify.TierUnknown { // smart.go
 		b = append(b, `,"tier":"`...)
 		b = append(b, t.String()...)
-		if rs.ext.tierFallback {
-			b = append(b, `","tier_source":"fallback"`...)
-		} else {
-			b = append(b, `","tier_source":"classifier"`...)
-		}
+		b = append(b, `","tier_source":"`...)
+		b = append(b, rs.ext.tierSource.String()...)
+		b = append(b, '"')
 	}
 	if u := rs.ext.cur; u != nil {
 		b = append(b, `,"upstream":`...)

@@ -521,11 +521,12 @@ type extState struct {
 	// tier's model the request is forwarded as; modelBuf backs
 	// sched.Request.Model once rewritten. tierHeader: the answer, whatever
 	// it is, carries X-Infera-Tier (debug.decision_header; answered).
-	// tierFallback: the tier is the fallback tier (the classifier failed).
-	tier                     classify.Tier
-	tierHeader, tierFallback bool
-	model                    string
-	modelBuf                 []byte
+	// tierSource: where the tier came from (the access log's tier_source).
+	tier       classify.Tier
+	tierSource classify.Source
+	tierHeader bool
+	model      string
+	modelBuf   []byte
 }
 
 func (e *extState) reset() {

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1087,4 +1088,67 @@ func (a *respAffinity) lookupRef(body []byte) (fleet.Ref, bool) {
 	var buf [respIDDecodeMax]byte
 	e, _, noStore := a.lookup(&buf, body)
 	return e.ref, noStore
+}
+
+// A Responses follow-up (passthrough) kept on the engine holding its
+// previous response is not moved to another tier's model by smart model
+// selection: another engine cannot know the id. It goes as the tier whose
+// model that engine serves (the highest, when it serves several), without
+// asking the classifier. It was classified like any request, and a
+// follow-up the classifier rated harder than its first turn was sent to
+// the larger model's engine, which answered 404 for the id.
+func TestASmartSelectedFollowUpStaysOnTheEngineHoldingItsResponse(t *testing.T) {
+	var asked atomic.Int64
+	cls := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		asked.Add(1)
+		if strings.Contains(string(ctx.PostBody()), "easy") {
+			ctx.SetBodyString(`{"tier":"L1"}`)
+			return
+		}
+		ctx.SetBodyString(`{"tier":"L3"}`)
+	})
+	small, big := storingResponsesEngine(t, "small"), storingResponsesEngine(t, "big")
+	cfg := config.Default()
+	cfg.Debug.DecisionHeader = true
+	cfg.Protocol.ResponsesPassthrough = true
+	cfg.SmartModelSelection = config.SmartModelSelection{Enabled: true, ClassifierURL: cls.url + "/v1/classify",
+		TimeoutMS: 10000, FallbackTier: "L2", MatchModels: []string{"auto"},
+		Tiers: config.TierModels{L1: "small-model", L2: "small-model", L3: "big-model"}, MaxTextBytes: 8192}
+	r := startRouterWith(t, nil, cfg, nil, deadURL(t))
+	r.fl.Remove("w0")
+	for id, u := range map[string]string{"small-model": small.url, "big-model": big.url} {
+		if err := r.fl.Upsert(fleet.Record{ID: id, URL: u, Models: []string{id}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	post := func(body string) (*http.Response, string) {
+		resp, err := http.Post(r.url+"/v1/responses", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	resp, body := post(`{"model":"auto","input":"easy"}`)
+	var v struct{ ID string }
+	json.Unmarshal([]byte(body), &v)
+	if resp.StatusCode != 200 || !strings.HasPrefix(v.ID, "resp_small") || resp.Header.Get("X-Infera-Tier") != "L1" {
+		t.Fatalf("first turn: %d %s %v", resp.StatusCode, body, resp.Header)
+	}
+	before := asked.Load()
+	resp, body = post(`{"model":"auto","input":"now prove it","previous_response_id":"` + v.ID + `"}`)
+	var w struct{ ID string }
+	json.Unmarshal([]byte(body), &w)
+	if resp.StatusCode != 200 || !strings.HasPrefix(w.ID, "resp_small") || resp.Header.Get("X-Infera-Tier") != "L2" {
+		t.Fatalf("follow-up: %d %s %v (big's engine got %d requests)", resp.StatusCode, body, resp.Header, big.hits.Load())
+	}
+	if n := asked.Load() - before; n != 0 {
+		t.Fatalf("the classifier was asked %d times for a follow-up whose engine decides its tier", n)
+	}
+	// A request without previous_response_id is classified as before.
+	resp, body = post(`{"model":"auto","input":"now prove it"}`)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Infera-Tier") != "L3" || big.hits.Load() != 1 {
+		t.Fatalf("new conversation: %d %s %v", resp.StatusCode, body, resp.Header)
+	}
 }
