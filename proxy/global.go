@@ -259,13 +259,21 @@ func capacityOf(cfg *config.Config, v *fleet.View, now int64, dflt []*fleet.Work
 	if sm := &cfg.SmartModelSelection; sm.Enabled {
 		// A name smart model selection takes is served as its tier's
 		// model, known only once the classifier answered: its room is the
-		// least among the tiers' models listed above (a tier no local
-		// worker serves does not count; none served, nothing is listed).
-		// Every name is taken when match_models is empty.
-		free := -1
+		// least among the tiers' models listed above. A tier whose model
+		// the split proxy sends to an external upstream has no room to
+		// count here; a tier served neither way leaves the names out (a
+		// request forwarded here, classified into it, could go nowhere:
+		// a forwarded request is not forwarded again). Every name is
+		// taken when match_models is empty.
+		free, all := -1, true
 		for _, t := range [...]string{sm.Tiers.L1, sm.Tiers.L2, sm.Tiers.L3} {
-			if f := c.FreeFor([]byte(t)); f >= 0 && (free < 0 || f < free) {
-				free = f
+			switch f := c.FreeFor([]byte(t)); {
+			case f >= 0:
+				if free < 0 || f < free {
+					free = f
+				}
+			case !splitExternal(&cfg.SplitProxy, t):
+				all = false
 			}
 		}
 		names := sm.MatchModels
@@ -273,12 +281,23 @@ func capacityOf(cfg *config.Config, v *fleet.View, now int64, dflt []*fleet.Work
 			names = []string{"*"}
 		}
 		for _, name := range names {
-			if free >= 0 && !listed(c.Models, name) {
+			if all && free >= 0 && !listed(c.Models, name) {
 				c.Models = append(c.Models, upstreams.ModelCapacity{Name: name, Free: free})
 			}
 		}
 	}
 	return c
+}
+
+// splitExternal reports whether the split proxy sends a request for model
+// to an external upstream first.
+func splitExternal(sp *config.SplitProxy, model string) bool {
+	if !sp.Enabled {
+		return false
+	}
+	var buf [8]int
+	p := upstreams.Plan(buf[:0], sp, []byte(model), 0)
+	return len(p) > 0 && !sp.Proxies[p[0]].Local
 }
 
 // listed reports whether models holds name (ASCII case ignored).

@@ -591,7 +591,9 @@ func getCapacity(t *testing.T, url string) upstreams.Capacity {
 // the tiers' models served here: the tier is known only once the
 // classifier answered. They were missing, so a region without smart model
 // selection answered 404 to a client asking for "auto" that a member
-// region with it would have served.
+// region with it would have served. A tier served neither here nor by the
+// split proxy leaves them out: a request forwarded here and classified
+// into it could go nowhere.
 func TestTheCapacityReportAdvertisesTheNamesSmartSelectionTakes(t *testing.T) {
 	cls := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`{"tier":"L2"}`) })
 	var gotModel atomic.Value
@@ -607,7 +609,7 @@ func TestTheCapacityReportAdvertisesTheNamesSmartSelectionTakes(t *testing.T) {
 		cfg.RateLimit.OverallConcurrency = 3
 		cfg.SmartModelSelection = config.SmartModelSelection{Enabled: true, ClassifierURL: cls.url + "/v1/classify",
 			TimeoutMS: 10000, FallbackTier: "L1", MatchModels: match,
-			Tiers: config.TierModels{L1: "small", L2: "mid", L3: "elsewhere"}, MaxTextBytes: 8192}
+			Tiers: config.TierModels{L1: "small", L2: "mid", L3: "mid"}, MaxTextBytes: 8192}
 		return cfg
 	}
 	a := startRouterWith(t, nil, smart("auto", "smart-*"), nil, up.url)
@@ -634,13 +636,30 @@ func TestTheCapacityReportAdvertisesTheNamesSmartSelectionTakes(t *testing.T) {
 	if got := free(getCapacity(t, a.url)); !maps.Equal(got, want) {
 		t.Fatalf("empty match_models: capacity models %v, want %v", got, want)
 	}
-	// No tier's model is served here: nothing is advertised for it.
+	// A tier's model is served neither here nor by the split proxy:
+	// nothing is advertised.
 	cfg := smart("auto")
-	cfg.SmartModelSelection.Tiers = config.TierModels{L1: "x", L2: "y", L3: "z"}
+	cfg.SmartModelSelection.Tiers.L3 = "elsewhere"
 	a.store.Set(cfg)
 	want = map[string]int{"small": 3, "mid": 6}
 	if got := free(getCapacity(t, a.url)); !maps.Equal(got, want) {
-		t.Fatalf("no tier served: capacity models %v, want %v", got, want)
+		t.Fatalf("a tier served nowhere: capacity models %v, want %v", got, want)
+	}
+	// The split proxy sends it to an external upstream: the local tiers'
+	// room is advertised.
+	cfg = smart("auto")
+	cfg.SmartModelSelection.Tiers.L3 = "elsewhere"
+	cfg.SplitProxy = config.SplitProxy{Enabled: true, Strategy: config.SplitPrefix, Proxies: []config.Proxy{
+		{Local: true, ModelRules: []string{"small", "mid"}},
+		{Name: "ext", Address: up.url, ModelRules: []string{"elsewhere"}},
+	}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	a.store.Set(cfg)
+	want = map[string]int{"small": 3, "mid": 6, "auto": 3}
+	if got := free(getCapacity(t, a.url)); !maps.Equal(got, want) {
+		t.Fatalf("a tier served by the split proxy: capacity models %v, want %v", got, want)
 	}
 	a.store.Set(smart("auto"))
 
