@@ -407,3 +407,35 @@ func TestPollerPicksNoMemberForAModelNameLongerThanAnyGatewayServes(t *testing.T
 		t.Fatalf("a %d-byte model name was forwarded to %q", len(longest)+1, got)
 	}
 }
+
+// With min_free 0 a member reporting no room is still chosen, once per
+// report: what was forwarded to it since counts against its room, so the
+// next pick finds it below 0 (docs/upstreams.md, min_free).
+func TestAMemberWithoutRoomTakesOneForwardPerReportAtMinFreeZero(t *testing.T) {
+	a := startMember(t, "k", capFor(0, "m"))
+	p := NewPoller()
+	defer p.Close()
+	g := gsConfig(a.member("a"))
+	g.PollIntervalMS, g.StaleAfterMS = 60000, 60000 // one poll: the forwarded count is not reset
+	g.MinFree = 0
+	if err := p.Update(g); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a's report", func() bool { _, _, ok := p.Members()[0].Report(); return ok })
+	m := p.Pick([]byte("m"))
+	if m == nil {
+		t.Fatal("a member reporting 0 free was not picked at min_free 0")
+	}
+	m.Forwarded()
+	if got := pickName(p, "m"); got != "" {
+		t.Fatalf("picked %q again before its next report", got)
+	}
+	g2 := *g
+	g2.MinFree = 1
+	if err := p.Update(&g2); err != nil {
+		t.Fatal(err)
+	}
+	if got := pickName(p, "m"); got != "" {
+		t.Fatalf("min_free 1: picked %q, which reports 0 free", got)
+	}
+}
