@@ -725,3 +725,42 @@ func TestAModelServedOnlyByAMemberThatJustFailedIsBusyNotUnknown(t *testing.T) {
 		t.Fatalf("B's engine got %d requests, want the one that failed", n)
 	}
 }
+
+// A model only a member region serves is busy, not unknown, while that
+// region is briefly down (a restart): its last report, until it is
+// stale_after_ms old, still says which models it serves, though it is
+// chosen for none. A failed poll dropped the whole report, and every
+// request for the model got 404 model_not_found, which SDKs do not retry,
+// from the first failed poll on. Once the report is stale the model is
+// unknown again.
+func TestAModelServedOnlyByAMemberBrieflyDownIsBusyNotUnknown(t *testing.T) {
+	engB := startUpstream(t, okHandler)
+	b := startRouterWith(t, nil, config.Default(), nil, engB.url)
+	cfgA := globalConfig(config.Member{Name: "b", URL: b.url})
+	cfgA.GlobalScheduling.PollIntervalMS, cfgA.GlobalScheduling.StaleAfterMS = 20, 1500
+	pa := startPoller(t, &cfgA.GlobalScheduling)
+	a := startRouterWith(t, nil, cfgA, func(o *Options) { o.Poller = pa }, deadURL(t))
+	engA := startUpstream(t, okHandler)
+	a.fl.Remove("w0")
+	if err := a.fl.Upsert(fleet.Record{ID: "wa", URL: engA.url, Models: []string{"a-only"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { _, _, ok := pa.Members()[0].Report(); return ok }, "A's report of B")
+	if resp, body := postWith(t, a.url+"/v1/chat/completions", chatBody, nil); resp.StatusCode != 200 {
+		t.Fatalf("B up: %d %s", resp.StatusCode, body)
+	}
+	b.srv.Shutdown()
+	down := time.Now()
+	failed := metricValue(t, a.url, `infera_global_capacity_polls_total{member="b",result="error"}`)
+	waitFor(t, func() bool {
+		return metricValue(t, a.url, `infera_global_capacity_polls_total{member="b",result="error"}`) != failed
+	}, "a failed poll of B")
+	resp, body := postWith(t, a.url+"/v1/chat/completions", chatBody, nil)
+	if time.Since(down) < 1200*time.Millisecond && (resp.StatusCode != 503 || !strings.Contains(body, "global_capacity_exhausted") || resp.Header.Get("Retry-After") == "") {
+		t.Fatalf("B down for %v: %d %s %v", time.Since(down), resp.StatusCode, body, resp.Header)
+	}
+	time.Sleep(time.Until(down.Add(1700 * time.Millisecond)))
+	if resp, body := postWith(t, a.url+"/v1/chat/completions", chatBody, nil); resp.StatusCode != 404 {
+		t.Fatalf("B's last report stale: %d %s", resp.StatusCode, body)
+	}
+}

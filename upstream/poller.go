@@ -21,9 +21,11 @@ import (
 // config.GlobalScheduling: one goroutine per member GETs its CapacityPath
 // every poll_interval_ms (with 10% jitter), authenticated with the
 // member's API key, bounded by poll_timeout_ms. A failed poll (network
-// error, non-200 answer, invalid report) clears the member's report, so a
+// error, non-200 answer, invalid report) marks the member failed, so a
 // member that went down stops being a candidate at once rather than after
-// stale_after_ms.
+// stale_after_ms; its last report still tells Serves which models it
+// serves until it is stale (a region restarting serves them again soon:
+// busy, not unknown).
 //
 // Pick runs on the request path (only when the local fleet is saturated):
 // it reads atomics and allocates nothing.
@@ -54,9 +56,10 @@ type Member struct {
 
 	report    atomic.Pointer[report]
 	forwarded atomic.Int64 // forwarded since the last report
-	// failed: a forward to the member failed since its last report
-	// (Failed). It takes no forward until its next good poll, but its
-	// report still says which models it serves (Serves).
+	// failed: a poll of the member, or a forward to it (Failed), failed
+	// since its last good report. It takes no forward until its next good
+	// poll, but its report, until stale, still says which models it
+	// serves (Serves).
 	failed atomic.Bool
 
 	ctx    context.Context
@@ -276,7 +279,7 @@ func (p *Poller) poll(m *Member, g *config.GlobalScheduling) {
 	}
 	if err != nil {
 		m.pollsErr.Inc()
-		m.report.Store(nil)
+		m.failed.Store(true) // no candidate; its models stay known until its report is stale
 		m.logThrottle.Warn("global scheduling: capacity poll failed", "member", m.name, "err", err.Error())
 		return
 	}
@@ -329,9 +332,9 @@ func (p *Poller) Pick(model []byte) *Member {
 }
 
 // Serves reports whether a member's current report (not stale) lists
-// model, whatever its free capacity, a member that failed a forward since
-// included: a model served elsewhere whose members have no room now, or
-// failed a moment ago, is busy, not unknown.
+// model, whatever its free capacity, a member whose poll or forward failed
+// since included: a model served elsewhere whose members have no room now,
+// or failed a moment ago, is busy, not unknown.
 func (p *Poller) Serves(model []byte) bool {
 	_, serves := p.scan(model)
 	return serves
@@ -396,7 +399,7 @@ func (m *Member) Forwarded() {
 func (m *Member) Failed() { m.failed.Store(true) }
 
 // Report returns the member's last report and its age, ok false when there
-// is none (never polled, the last poll failed, or a forward failed since).
+// is none (never polled), or the last poll or a forward failed since.
 func (m *Member) Report() (c Capacity, age time.Duration, ok bool) {
 	r := m.report.Load()
 	if r == nil || m.failed.Load() {
