@@ -505,6 +505,9 @@ type redisState struct {
 	maxRedo      int
 	maxRedoBytes int
 	callLife     time.Duration
+	// probed, when set (tests, before any call), is told how long each
+	// pipeline sent as a stall's probe took (exec), whoever sent it.
+	probed func(time.Duration)
 
 	kick chan struct{}
 	ps   *redis.PubSub
@@ -1362,6 +1365,10 @@ func (r *redisState) exec(batch []*scriptCall, probe bool) {
 		mStateUndone.Add(len(ahead))
 		batch = append(ahead, batch...)
 	}
+	var probeStart time.Time
+	if probe && r.probed != nil {
+		probeStart = time.Now()
+	}
 	ctx, cancel := r.ctx()
 	defer cancel()
 	wire := make([]*scriptCall, 0, len(batch))
@@ -1471,6 +1478,9 @@ func (r *redisState) exec(batch []*scriptCall, probe bool) {
 		r.resendRedo(n)
 	case timedOut:
 		r.stalled.Store(time.Now().Add(stallHold).UnixNano())
+	}
+	if !probeStart.IsZero() {
+		r.probed(time.Since(probeStart))
 	}
 }
 

@@ -3,7 +3,9 @@ package govern
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -122,12 +124,22 @@ func TestRedisStallFailsCallsAtOnceAfterTheFirstTimeout(t *testing.T) {
 // fails at once; a probe waits one timeout (1 s), no more. A probe waited
 // three: behind an end-only pipeline the stall's hold let out (one
 // timeout), then its own on a new connection, whose handshake go-redis
-// timed out and retried on another connection (two).
+// timed out and retried on another connection (two). The probe is an
+// admission, or the ends queued meanwhile (the dispatcher sends them as
+// the probe when the hold ends before an admission comes): every probe is
+// timed (probed), whoever sends it, and the stall has at least one.
 func TestRedisAStallsProbeWaitsOneTimeout(t *testing.T) {
 	rs := startRedis(t)
 	key, hash := mintKey(t)
 	o := redisOptions(t, rs)
 	g := newGov(t, o, userConfig(t, hash, `{"name":"t","rate":{"enabled":true,"rpm":100000}}`, ""))
+	var pmu sync.Mutex
+	var probes []time.Duration
+	g.rds.probed = func(d time.Duration) {
+		pmu.Lock()
+		probes = append(probes, d)
+		pmu.Unlock()
+	}
 	u := identify(t, g, key)
 	admitOK(t, g, u, Request{}).Done(Usage{})
 	if err := rs.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
@@ -156,9 +168,22 @@ func TestRedisAStallsProbeWaitsOneTimeout(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	pmu.Lock()
+	inStall := slices.Clone(probes) // a probe still out is answered after cont
+	pmu.Unlock()
 	cont()
 	if worst > 1500*time.Millisecond {
 		t.Fatalf("an admission in the stall waited %v, want at most one timeout; the admissions that waited: %s", worst, strings.Join(waits, "; "))
+	}
+	// The hold (1 s) follows each timeout (1 s): probes at about 2 s and
+	// 4 s into the stall.
+	if len(inStall) == 0 {
+		t.Fatalf("no probe in a stall of 6 s; the admissions that waited: %s", strings.Join(waits, "; "))
+	}
+	for i, d := range inStall {
+		if d > 1500*time.Millisecond {
+			t.Fatalf("probe %d of the stall waited %v, want at most one timeout (probes: %v; the admissions that waited: %s)", i, d, inStall, strings.Join(waits, "; "))
+		}
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
