@@ -1,6 +1,8 @@
 package discovery
 
 import (
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +17,9 @@ type memSink struct {
 	syncs int
 	// upserts and removes count the calls per worker id.
 	upserts, removes map[string]int
+	// lists holds the ids the sink held after each call, sorted and
+	// joined by commas, in call order.
+	lists []string
 }
 
 func newMemSink() *memSink {
@@ -34,6 +39,7 @@ func (s *memSink) Sync(rs []fleet.Record) []error {
 		}
 		s.m[r.ID] = r
 	}
+	s.noteLocked()
 	return errs
 }
 
@@ -44,6 +50,7 @@ func (s *memSink) Upsert(r fleet.Record) error {
 	s.mu.Lock()
 	s.m[r.ID] = r
 	s.upserts[r.ID]++
+	s.noteLocked()
 	s.mu.Unlock()
 	return nil
 }
@@ -52,7 +59,32 @@ func (s *memSink) Remove(id string) {
 	s.mu.Lock()
 	delete(s.m, id)
 	s.removes[id]++
+	s.noteLocked()
 	s.mu.Unlock()
+}
+
+// noteLocked appends the ids held now to lists. s.mu must be held.
+func (s *memSink) noteLocked() {
+	ids := make([]string, 0, len(s.m))
+	for id := range s.m {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	s.lists = append(s.lists, strings.Join(ids, ","))
+}
+
+// mark returns the number of calls so far, for listsSince.
+func (s *memSink) mark() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.lists)
+}
+
+// listsSince returns the ids the sink held after each call since mark.
+func (s *memSink) listsSince(mark int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.lists[mark:])
 }
 
 func (s *memSink) get(id string) (fleet.Record, bool) {
