@@ -110,6 +110,41 @@ func waitHTTPKey(ctx context.Context, p *Proc, url, key string, timeout time.Dur
 	return fmt.Errorf("%s not ready after %v (last: %s)", name, timeout, last)
 }
 
+// WaitListenAddr waits until the process logs a line with msg and an
+// addr attribute (slog's text or default format), and returns that
+// address: what a server started with --port 0 bound ("infera serving",
+// "infera engine listening"). It fails when the process exits first or
+// timeout passes.
+func (p *Proc) WaitListenAddr(ctx context.Context, msg string, timeout time.Duration) (string, error) {
+	want := []byte(msg)
+	deadline := time.Now().Add(timeout)
+	for {
+		exited := p.Exited() // before the read: a line logged before the exit is seen
+		if b, err := os.ReadFile(p.log); err == nil {
+			for _, line := range bytes.Split(b, []byte("\n")) {
+				if !bytes.Contains(line, want) {
+					continue
+				}
+				if _, a, ok := bytes.Cut(line, []byte(" addr=")); ok {
+					a, _, _ = bytes.Cut(a, []byte(" "))
+					return string(a), nil
+				}
+			}
+		}
+		if exited {
+			return "", fmt.Errorf("%s exited (%v) before it logged %q; log tail:\n%s", p.Name, p.err, msg, p.LogTail(2000))
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("%s did not log %q within %v; log tail:\n%s", p.Name, msg, timeout, p.LogTail(2000))
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // Group stops a set of processes together.
 type Group struct {
 	mu    sync.Mutex

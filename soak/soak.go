@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	"time"
 
 	"github.com/infera/infera/bench"
+	"github.com/infera/infera/internal/tcpfront"
 )
 
 // Cmd is `infera soak`.
@@ -88,9 +90,14 @@ func (c *Cmd) Run() error {
 	return nil
 }
 
+// engineProc is one engine and its worker sidecar. The engine listens on
+// a port of its own (--port 0, a fresh one at each start) behind front,
+// whose address the worker and the fault calls use: a restart keeps it,
+// and no other process can take it while the engine is down.
 type engineProc struct {
-	id   string
-	port int
+	id    string
+	front *tcpfront.Front
+	url   string // http://front.Addr
 
 	// mu guards eng, worker and down: a restart replaces the processes
 	// while the chaos loop picks its next victim.
@@ -98,6 +105,47 @@ type engineProc struct {
 	eng    *bench.Proc
 	worker *bench.Proc
 	down   bool // killed, not yet restarted: no chaos event picks it
+}
+
+// newEngineProc returns engine id, not started, with the front that
+// holds its address.
+func newEngineProc(id string) (*engineProc, error) {
+	f, err := tcpfront.New()
+	if err != nil {
+		return nil, err
+	}
+	return &engineProc{id: id, front: f, url: "http://" + f.Addr}, nil
+}
+
+// startEngine starts e's engine on a fresh port of its own and, once it
+// answers, puts it behind e's front.
+func (e *engineProc) startEngine(ctx context.Context, dir, bin string) (*bench.Proc, error) {
+	p, err := bench.StartProc(e.id, dir, bin, "engine", "--port", "0", "--id", e.id, "--speedup", "20")
+	if err != nil {
+		return nil, err
+	}
+	addr, err := p.WaitListenAddr(ctx, "infera engine listening", 20*time.Second)
+	if err == nil {
+		err = bench.WaitHTTP(ctx, p, "http://"+addr+"/health", 20*time.Second, nil)
+	}
+	if err == nil {
+		err = e.front.Up(addr)
+	}
+	if err != nil {
+		p.Stop()
+		return nil, err
+	}
+	return p, nil
+}
+
+// kill kills e's engine and worker (SIGKILL) and takes its front down,
+// as the engine's own port goes: connections cut, connecting refused.
+func (e *engineProc) kill(eng, w *bench.Proc) {
+	eng.Signal(syscall.SIGKILL)
+	if w != nil {
+		w.Signal(syscall.SIGKILL)
+	}
+	e.front.Down()
 }
 
 // procs returns e's processes, or nils while it is down.
@@ -126,37 +174,74 @@ func (c *Cmd) run(ctx context.Context, log io.Writer) (*Report, error) {
 	var g bench.Group
 	defer g.StopAll()
 
-	// etcd and NATS.
-	cport, _ := bench.FreePort()
-	pport, _ := bench.FreePort()
-	etcdURL := "http://127.0.0.1:" + strconv.Itoa(cport)
-	etcd, err := bench.StartProc("etcd", dir, c.Etcd, "--name", "soak", "--data-dir", filepath.Join(dir, "etcd"),
-		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
-		"--listen-peer-urls", "http://127.0.0.1:"+strconv.Itoa(pport), "--initial-advertise-peer-urls", "http://127.0.0.1:"+strconv.Itoa(pport),
-		"--initial-cluster", "soak=http://127.0.0.1:"+strconv.Itoa(pport), "--log-level", "warn")
-	if err != nil {
-		return nil, err
-	}
-	g.Add(etcd)
-	if err := bench.WaitHTTP(ctx, etcd, etcdURL+"/health", 20*time.Second, nil); err != nil {
-		return nil, err
-	}
-	nport, _ := bench.FreePort()
-	natsURL := "nats://127.0.0.1:" + strconv.Itoa(nport)
-	startNATS := func() (*bench.Proc, error) {
-		p, err := bench.StartProc("nats", dir, c.NATS, "-a", "127.0.0.1", "-p", strconv.Itoa(nport))
+	// etcd (never restarted: on free ports, other ones if another process
+	// took one before it bound them) and NATS.
+	var etcdEP string
+	for attempt := 1; ; attempt++ {
+		cport, err := bench.FreePort()
 		if err != nil {
 			return nil, err
 		}
-		time.Sleep(300 * time.Millisecond)
-		return p, nil
+		pport, err := bench.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		etcdEP = "127.0.0.1:" + strconv.Itoa(cport)
+		etcdURL, peerURL := "http://"+etcdEP, "http://127.0.0.1:"+strconv.Itoa(pport)
+		etcd, err := bench.StartProc("etcd", dir, c.Etcd, "--name", "soak", "--data-dir", filepath.Join(dir, "etcd"),
+			"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
+			"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
+			"--initial-cluster", "soak="+peerURL, "--log-level", "warn")
+		if err != nil {
+			return nil, err
+		}
+		g.Add(etcd)
+		err = bench.WaitHTTP(ctx, etcd, etcdURL+"/health", 20*time.Second, nil)
+		if err == nil {
+			break
+		}
+		if !etcd.Exited() || attempt == 5 {
+			return nil, err
+		}
+		os.RemoveAll(filepath.Join(dir, "etcd"))
+	}
+	// NATS behind a front, which keeps the broker's address across its
+	// restart: it starts on a fresh port each time (another one if another
+	// process took it first) and advertises the front's.
+	nfront, err := tcpfront.New()
+	if err != nil {
+		return nil, err
+	}
+	defer nfront.Close()
+	natsURL := "nats://" + nfront.Addr
+	startNATS := func() (*bench.Proc, error) {
+		for attempt := 1; ; attempt++ {
+			port, err := bench.FreePort()
+			if err != nil {
+				return nil, err
+			}
+			backend := "127.0.0.1:" + strconv.Itoa(port)
+			p, err := bench.StartProc("nats", dir, c.NATS, "-a", "127.0.0.1", "-p", strconv.Itoa(port), "--client_advertise", nfront.Addr)
+			if err != nil {
+				return nil, err
+			}
+			if err = waitNATS(ctx, p, backend, 20*time.Second); err == nil {
+				if err = nfront.Up(backend); err == nil {
+					return p, nil
+				}
+			}
+			exited := p.Exited() // it could not bind: another process took the port
+			p.Stop()
+			if !exited || attempt == 5 {
+				return nil, err
+			}
+		}
 	}
 	nats, err := startNATS()
 	if err != nil {
 		return nil, err
 	}
 	var natsMu sync.Mutex
-	etcdEP := "127.0.0.1:" + strconv.Itoa(cport)
 	common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcdEP, "--request-transport", "nats",
 		"--kv-event-transport", "zmq", "--nats-url", natsURL}
 
@@ -164,16 +249,14 @@ func (c *Cmd) run(ctx context.Context, log io.Writer) (*Report, error) {
 	engines := make([]*engineProc, c.Engines)
 	startEngine := func(i int) error {
 		e := engines[i]
-		p, err := bench.StartProc(e.id, dir, bin, "engine", "--port", strconv.Itoa(e.port), "--id", e.id, "--speedup", "20")
+		p, err := e.startEngine(ctx, dir, bin)
 		if err != nil {
-			return err
-		}
-		if err := bench.WaitHTTP(ctx, p, "http://127.0.0.1:"+strconv.Itoa(e.port)+"/health", 20*time.Second, nil); err != nil {
 			return err
 		}
 		w, err := bench.StartProc(e.id+"-worker", dir, bin, append([]string{"worker", "--id", e.id,
-			"--engine-url", "http://127.0.0.1:" + strconv.Itoa(e.port), "--lease-ttl", "3s"}, common...)...)
+			"--engine-url", e.url, "--lease-ttl", "3s"}, common...)...)
 		if err != nil {
+			e.front.Down()
 			p.Stop()
 			return err
 		}
@@ -183,8 +266,12 @@ func (c *Cmd) run(ctx context.Context, log io.Writer) (*Report, error) {
 		return nil
 	}
 	for i := range engines {
-		port, _ := bench.FreePort()
-		engines[i] = &engineProc{id: "soak-" + strconv.Itoa(i), port: port}
+		e, err := newEngineProc("soak-" + strconv.Itoa(i))
+		if err != nil {
+			return nil, err
+		}
+		defer e.front.Close()
+		engines[i] = e
 		if err := startEngine(i); err != nil {
 			return nil, err
 		}
@@ -212,15 +299,18 @@ func (c *Cmd) run(ctx context.Context, log io.Writer) (*Report, error) {
 		os.Rename(tmp, cfgPath)
 	}
 	writeCfg(0)
-	rport, _ := bench.FreePort()
-	routerURL := "http://127.0.0.1:" + strconv.Itoa(rport)
-	router, err := bench.StartProc("router", dir, bin, append([]string{"serve", "--host", "127.0.0.1", "--port", strconv.Itoa(rport),
+	router, err := bench.StartProc("router", dir, bin, append([]string{"serve", "--host", "127.0.0.1", "--port", "0",
 		"--config", cfgPath, "--config-poll", "500ms", "--admin-port", "0", "--router-policy", "kv-aware",
 		"--breaker-cooldown-s", "2", "--request-max-retries", "2", "--nats-req-idle-timeout", "15s"}, common...)...)
 	if err != nil {
 		return nil, err
 	}
 	g.Add(router)
+	raddr, err := router.WaitListenAddr(ctx, "infera serving", 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	routerURL := "http://" + raddr
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var h struct {
@@ -305,6 +395,7 @@ func (c *Cmd) run(ctx context.Context, log io.Writer) (*Report, error) {
 				natsRestarted = true
 				note("NATS broker restart")
 				natsMu.Lock()
+				nfront.Down() // the broker's connections end, and connecting is refused
 				nats.Stop()
 				time.Sleep(2 * time.Second)
 				nats, err = startNATS()
@@ -336,8 +427,7 @@ func (c *Cmd) run(ctx context.Context, log io.Writer) (*Report, error) {
 				e.mu.Lock()
 				e.down = true
 				e.mu.Unlock()
-				eng.Signal(syscall.SIGKILL)
-				w.Signal(syscall.SIGKILL)
+				e.kill(eng, w)
 				go func(i int) {
 					time.Sleep(8 * time.Second)
 					if err := startEngine(i); err != nil {
@@ -350,12 +440,12 @@ func (c *Cmd) run(ctx context.Context, log io.Writer) (*Report, error) {
 				go func() { time.Sleep(15 * time.Second); eng.Signal(syscall.SIGCONT) }()
 			case 2:
 				note("500 storm on " + e.id + " for 20 s")
-				setFault(e.port, `{"mode":"error","status":500,"rate":0.7}`)
-				go func(port int) { time.Sleep(20 * time.Second); setFault(port, `{"mode":"none"}`) }(e.port)
+				setFault(e.url, `{"mode":"error","status":500,"rate":0.7}`)
+				go func(url string) { time.Sleep(20 * time.Second); setFault(url, `{"mode":"none"}`) }(e.url)
 			case 3:
 				note("streams cut mid-way on " + e.id + " for 20 s")
-				setFault(e.port, `{"mode":"close-mid-stream","after_tokens":3,"rate":0.5}`)
-				go func(port int) { time.Sleep(20 * time.Second); setFault(port, `{"mode":"none"}`) }(e.port)
+				setFault(e.url, `{"mode":"close-mid-stream","after_tokens":3,"rate":0.5}`)
+				go func(url string) { time.Sleep(20 * time.Second); setFault(url, `{"mode":"none"}`) }(e.url)
 			}
 			k++
 		}
@@ -478,8 +568,9 @@ func (a *answerChoices) finished() bool {
 	return false
 }
 
-func setFault(port int, f string) {
-	resp, err := http.Post("http://127.0.0.1:"+strconv.Itoa(port)+"/admin/fault", "application/json", strings.NewReader(f))
+// setFault sets the fault of the engine at url (its front).
+func setFault(url string, f string) {
+	resp, err := http.Post(url+"/admin/fault", "application/json", strings.NewReader(f))
 	if err == nil {
 		resp.Body.Close()
 	}
@@ -508,4 +599,31 @@ func routerMemory(pid int, url string) (float64, int) {
 		}
 	}
 	return rss, g
+}
+
+// waitNATS waits until the broker p at addr greets a connection with its
+// INFO line, or p exits, or timeout passes.
+func waitNATS(ctx context.Context, p *bench.Proc, addr string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			line, _ := bufio.NewReader(c).ReadString('\n')
+			c.Close()
+			if strings.HasPrefix(line, "INFO ") {
+				return nil
+			}
+		}
+		if p.Exited() {
+			return fmt.Errorf("nats-server exited before it answered on %s: %s", addr, p.LogTail(2000))
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("nats-server not answering on %s after %v: %s", addr, timeout, p.LogTail(2000))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

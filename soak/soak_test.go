@@ -3,11 +3,17 @@ package soak
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -24,12 +30,7 @@ func TestShortSoakLosesNothing(t *testing.T) {
 			t.Skip(b + " missing")
 		}
 	}
-	bin := filepath.Join(t.TempDir(), "infera")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	cmd.Dir = ".."
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := buildInfera(t)
 	c := &Cmd{Duration: 30 * time.Second, Engines: 3, Clients: 8, StreamPct: 70, ChaosEvery: 5 * time.Second,
 		ReloadEvery: 3 * time.Second, InferaBin: bin, Etcd: "/usr/bin/etcd", NATS: "/usr/sbin/nats-server", Seed: 7}
 	var log bytes.Buffer
@@ -40,6 +41,88 @@ func TestShortSoakLosesNothing(t *testing.T) {
 	t.Logf("%+v", rep)
 	if rep.Lost != 0 || rep.Duplicated != 0 || rep.OK == 0 || len(rep.Chaos) < 4 {
 		t.Fatalf("lost %d duplicated %d ok %d chaos %v\n%s", rep.Lost, rep.Duplicated, rep.OK, rep.Chaos, log.String())
+	}
+}
+
+var built struct {
+	once     sync.Once
+	dir, bin string
+	err      error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// buildInfera builds the infera binary, once for the package's tests.
+func buildInfera(t *testing.T) string {
+	t.Helper()
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "infera-soak-test-"); built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "infera")
+		cmd := exec.Command("go", "build", "-o", built.bin, ".")
+		cmd.Dir = ".."
+		if out, err := cmd.CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("build: %v\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.bin
+}
+
+// An engine the soak kills is restarted at the address its worker and the
+// router know, even when another process wants that port meanwhile: it
+// restarted on its old port, which any process could take in the 8 s it
+// was down (the restart then failed, and the engine stayed down for the
+// rest of the run).
+func TestAnEngineKilledAndRestartedKeepsItsAddress(t *testing.T) {
+	bin, dir := buildInfera(t), t.TempDir()
+	ctx := context.Background()
+	e, err := newEngineProc("soak-t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.front.Close()
+	health := func() (int, string, error) {
+		resp, err := http.Get(e.url + "/health")
+		if err != nil {
+			return 0, "", err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("X-Infera-Engine-Id"), nil
+	}
+	eng, err := e.startEngine(ctx, dir, bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, id, err := health(); code != 200 || id != "soak-t" {
+		t.Fatalf("the engine at %s: %d %q %v", e.url, code, id, err)
+	}
+	e.kill(eng, nil)
+	eng.Stop() // reaped
+	if _, _, err := health(); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("the killed engine's address: %v, want connection refused", err)
+	}
+	// Another server wants the port while the engine is down.
+	if ln, err := net.Listen("tcp", strings.TrimPrefix(e.url, "http://")); err == nil {
+		defer ln.Close()
+		t.Errorf("another server took the address of the engine that is down")
+	}
+	eng, err = e.startEngine(ctx, dir, bin)
+	if err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	defer eng.Stop()
+	if code, id, err := health(); code != 200 || id != "soak-t" {
+		t.Fatalf("the restarted engine at %s: %d %q %v", e.url, code, id, err)
 	}
 }
 

@@ -1,4 +1,4 @@
-package testsrv
+package tcpfront
 
 import (
 	"bufio"
@@ -40,6 +40,23 @@ func echoServer(t *testing.T, name string) net.Listener {
 	return ln
 }
 
+func newFront(t *testing.T) *Front {
+	t.Helper()
+	f, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	return f
+}
+
+func up(t *testing.T, f *Front, backend string) {
+	t.Helper()
+	if err := f.Up(backend); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func roundTrip(c net.Conn) (string, error) {
 	c.SetDeadline(time.Now().Add(2 * time.Second))
 	if _, err := c.Write([]byte("hi\n")); err != nil {
@@ -53,11 +70,11 @@ func roundTrip(c net.Conn) (string, error) {
 // connections and Up reaches the new backend.
 func TestFrontHoldsItsPortWhileDownAndCutsItsConnections(t *testing.T) {
 	a, b := echoServer(t, "a"), echoServer(t, "b")
-	f := NewFront(t)
+	f := newFront(t)
 	if _, err := net.DialTimeout("tcp", f.Addr, time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("a front not yet up: dial %v, want connection refused", err)
 	}
-	f.Up(a.Addr().String())
+	up(t, f, a.Addr().String())
 	c, err := net.DialTimeout("tcp", f.Addr, time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -83,7 +100,7 @@ func TestFrontHoldsItsPortWhileDownAndCutsItsConnections(t *testing.T) {
 		t.Fatalf("a wildcard listener took the port of a front that is down")
 	}
 
-	f.Up(b.Addr().String())
+	up(t, f, b.Addr().String())
 	c2, err := net.DialTimeout("tcp", f.Addr, time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -94,34 +111,6 @@ func TestFrontHoldsItsPortWhileDownAndCutsItsConnections(t *testing.T) {
 	}
 }
 
-// A stoppable Redis keeps its address across restarts while the server
-// behind it moves, and a restart empties it.
-func TestStoppableRedisKeepsItsAddressAcrossRestarts(t *testing.T) {
-	r := StartStoppableRedis(t)
-	addr, backend := r.Addr, r.backend
-	if addr == backend {
-		t.Fatalf("the address clients use is the server's own: %s", addr)
-	}
-	if _, err := r.Do("SET", "k", "v"); err != nil {
-		t.Fatal(err)
-	}
-	r.Restart()
-	if r.Addr != addr || r.backend == backend {
-		t.Fatalf("after a restart: address %s (was %s), server %s (was %s)", r.Addr, addr, r.backend, backend)
-	}
-	if got, err := r.Do("EXISTS", "k"); got != "0" || err != nil {
-		t.Fatalf("EXISTS k after a restart: %q %v, want 0 (empty)", got, err)
-	}
-	r.Stop()
-	if _, err := r.Do("PING"); !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Fatalf("PING a stopped Redis: %v, want connection refused", err)
-	}
-	r.Start()
-	if got, err := r.Do("PING"); got != "PONG" || err != nil {
-		t.Fatalf("PING after Start: %q %v", got, err)
-	}
-}
-
 // A front going down stops listening before it cuts the connections it
 // relays, as a server that stops closes its listener first: a client
 // that dials again the moment its connection ends is refused, not
@@ -129,9 +118,9 @@ func TestStoppableRedisKeepsItsAddressAcrossRestarts(t *testing.T) {
 // than a server that is down).
 func TestAFrontRefusesAClientThatReconnectsTheMomentItsConnectionIsCut(t *testing.T) {
 	a := echoServer(t, "a")
-	f := NewFront(t)
+	f := newFront(t)
 	for i := 0; i < 100; i++ {
-		f.Up(a.Addr().String())
+		up(t, f, a.Addr().String())
 		c, err := net.DialTimeout("tcp", f.Addr, time.Second)
 		if err != nil {
 			t.Fatal(err)
