@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -37,13 +36,9 @@ func TestTheRouterSurvivesItsLogReaderGoingAway(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(`{}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	js, _ := json.Marshal([]string{"serve", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--admin-port", "0",
+	// --port 0: the router binds a port of its own and says which in its
+	// "infera serving" line.
+	js, _ := json.Marshal([]string{"serve", "--host", "127.0.0.1", "--port", "0", "--admin-port", "0",
 		"--workers", "a=http://127.0.0.1:1", "--worker-model", "sim-model", "--config", cfg, "--config-poll", "100ms"})
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -60,12 +55,17 @@ func TestTheRouterSurvivesItsLogReaderGoingAway(t *testing.T) {
 	go func() { cmd.Wait(); close(done) }()
 	t.Cleanup(func() { cmd.Process.Kill(); <-done })
 	sc := bufio.NewScanner(r) // the log reader sees the router start, then goes away
-	for sc.Scan() {
-		if strings.Contains(sc.Text(), "infera serving") {
-			break
+	addr := ""
+	for addr == "" && sc.Scan() {
+		if l := sc.Text(); strings.Contains(l, "infera serving") {
+			_, a, _ := strings.Cut(l, " addr=")
+			addr, _, _ = strings.Cut(a, " ")
 		}
 	}
 	r.Close()
+	if addr == "" {
+		t.Fatal("the router never said where it serves")
+	}
 	// Something the router logs: a config reload.
 	if err := os.WriteFile(cfg, []byte(`{"debug":{"decision_header":true}}`), 0o600); err != nil {
 		t.Fatal(err)
@@ -76,7 +76,7 @@ func TestTheRouterSurvivesItsLogReaderGoingAway(t *testing.T) {
 		t.Fatalf("the router died when its log reader went away: %v (signal %v)", cmd.ProcessState, ws.Signal())
 	case <-time.After(2 * time.Second):
 	}
-	c, err := net.DialTimeout("tcp4", "127.0.0.1:"+strconv.Itoa(port), time.Second)
+	c, err := net.DialTimeout("tcp4", addr, time.Second)
 	if err != nil {
 		t.Fatalf("the router no longer serves: %v", err)
 	}

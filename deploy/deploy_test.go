@@ -216,9 +216,8 @@ func TestTheUnitsSystemCallFilterAllowsWhatTheRouterCalls(t *testing.T) {
 	cfg := filepath.Join(dir, "infera.json")
 	os.WriteFile(cfg, []byte(fmt.Sprintf(`{"workers":[{"id":"e1","url":"http://%s","models":["sim-model"],"kv_events_endpoint":"tcp://127.0.0.1:%d"}]}`,
 		eng, testsrv.FreePort(t))), 0o644)
-	port := testsrv.FreePort(t)
 	trace := filepath.Join(dir, "strace.out")
-	cmd := exec.Command("strace", "-f", "-qq", "-o", trace, bin, "serve", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+	cmd := exec.Command("strace", "-f", "-qq", "-o", trace, bin, "serve", "--host", "127.0.0.1", "--port", "0",
 		"--admin-port", "0", "--config", cfg, "--router-policy", "kv-aware")
 	logf, err := os.Create(filepath.Join(dir, "router.log"))
 	if err != nil {
@@ -241,7 +240,28 @@ func TestTheUnitsSystemCallFilterAllowsWhatTheRouterCalls(t *testing.T) {
 			t.Logf("router log:\n%s", b)
 		}
 	}()
-	url := "http://127.0.0.1:" + strconv.Itoa(port)
+	// --port 0: the router says where it listens in its "infera serving"
+	// line.
+	url := ""
+	for deadline := time.Now().Add(30 * time.Second); url == ""; time.Sleep(50 * time.Millisecond) {
+		b, _ := os.ReadFile(logf.Name())
+		for _, l := range strings.Split(string(b), "\n") {
+			if _, a, ok := strings.Cut(l, `msg="infera serving" addr=`); ok {
+				a, _, _ = strings.Cut(a, " ")
+				url = "http://" + a
+			}
+		}
+		select {
+		case <-exited:
+			if url == "" {
+				t.Fatalf("the router exited while starting: %v", waitErr)
+			}
+		default:
+		}
+		if url == "" && time.Now().After(deadline) {
+			t.Fatal("the router never said where it serves")
+		}
+	}
 	var served bool
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !served; time.Sleep(100 * time.Millisecond) {
 		select {

@@ -31,10 +31,14 @@ func TestE2ETLSFrontDoorAndAdminWithCertificateRenewalOnSIGHUP(t *testing.T) {
 	}
 
 	_, e1 := startEngine(t, "--speedup", "50")
-	port, adminPort := freePort(t), freePort(t)
-	url := "https://127.0.0.1:" + strconv.Itoa(port)
-	r := launchChild(t, "serve", url, "serve-tls.log", []string{"--workers", e1, "--tls-cert-file", cert, "--tls-key-file", key,
-		"--api-key", "tls-key", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--admin-port", strconv.Itoa(adminPort)})
+	// The front door binds a port of its own (--port 0, read from the
+	// log); --admin-port 0 turns the admin listener off, so its port is
+	// picked free beforehand.
+	adminPort := freePort(t)
+	r := launchChild(t, "serve", "", "serve-tls.log", []string{"--workers", e1, "--tls-cert-file", cert, "--tls-key-file", key,
+		"--api-key", "tls-key", "--host", "127.0.0.1", "--port", "0", "--admin-port", strconv.Itoa(adminPort)})
+	url := "https://" + r.listenAddr(t)
+	r.url = url
 	waitUntil(t, "the router answers over HTTPS", func() bool {
 		resp, err := newClient().Get(url + "/health")
 		if err == nil {

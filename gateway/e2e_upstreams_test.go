@@ -78,6 +78,7 @@ func runChild(role string) int {
 		defer g.Close()
 		ln, err := net.Listen("tcp", net.JoinHostPort(f.Host, strconv.Itoa(f.Port)))
 		if err == nil {
+			slog.Info("infera serving", "addr", ln.Addr().String()) // as main: where --port 0 bound
 			err = g.Run(context.Background(), ln)
 		}
 		if err != nil {
@@ -111,17 +112,22 @@ type child struct {
 func freePort(t *testing.T) int { t.Helper(); return testsrv.FreePort(t) }
 
 // startChild runs `infera <role> args... --host 127.0.0.1 --port port`
-// (port 0: a free one) and waits until it answers GET /health.
+// and waits until it answers GET /health. With port 0 the child binds a
+// port of its own and the address comes from its log (listenAddr): a port
+// picked free beforehand could be taken by another process before the
+// child binds it.
 func startChild(t *testing.T, role string, port int, args ...string) *child {
 	t.Helper()
-	if port == 0 {
-		port = freePort(t)
+	c := launchChild(t, role, "", role+".log", append(args, "--host", "127.0.0.1", "--port", strconv.Itoa(port)))
+	if port != 0 {
+		c.url = "http://127.0.0.1:" + strconv.Itoa(port)
+	} else {
+		c.url = "http://" + c.listenAddr(t)
 	}
-	c := launchChild(t, role, "http://127.0.0.1:"+strconv.Itoa(port), role+"-"+strconv.Itoa(port)+".log",
-		append(args, "--host", "127.0.0.1", "--port", strconv.Itoa(port)))
 	deadline := time.Now().Add(30 * time.Second)
+	hc := &http.Client{Timeout: 2 * time.Second} // a server that accepts and never answers must not hang the test
 	for {
-		resp, err := http.Get(c.url + "/health")
+		resp, err := hc.Get(c.url + "/health")
 		if err == nil {
 			resp.Body.Close()
 			return c
@@ -188,6 +194,38 @@ func (c *child) stop() {
 	case <-time.After(10 * time.Second):
 		c.cmd.Process.Kill()
 		<-c.done
+	}
+}
+
+// listenAddr waits for the line in which the child says where it listens
+// ("infera serving" or "infera classify listening", with addr=) and
+// returns the address.
+func (c *child) listenAddr(t *testing.T) string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		exited := false
+		select {
+		case <-c.done:
+			exited = true // the log is complete
+		default:
+		}
+		for _, line := range strings.Split(c.logText(), "\n") {
+			if !strings.Contains(line, `msg="infera serving"`) && !strings.Contains(line, `msg="infera classify listening"`) {
+				continue
+			}
+			if _, a, ok := strings.Cut(line, " addr="); ok {
+				a, _, _ = strings.Cut(a, " ")
+				return a
+			}
+		}
+		if exited {
+			t.Fatalf("the child exited before it said where it listens: %s", c.logText())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the child did not say where it listens within 30 s: %s", c.logText())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -292,7 +330,7 @@ func TestE2ESplitProxyFailoverToAnotherGateway(t *testing.T) {
 	engX, eX := startEngine(t, "--speedup", "50", "--model", "gpt-4o")
 	engY, eY := startEngine(t, "--speedup", "50", "--model", "gpt-4o")
 	ext := startChild(t, "serve", 0, "--workers", "x="+eX, "--api-key", "ext-key", "--router-policy", "round-robin")
-	dead := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	dead := "http://" + testsrv.NewFront(t).Addr // held, never up: connecting is refused
 	cfgPath := filepath.Join(t.TempDir(), "infera.json")
 	writeConfig(t, cfgPath, fmt.Sprintf(`{"debug":{"decision_header":true},
 	  "split_proxy":{"enabled":true,"strategy":"prefix","proxies":[

@@ -8,13 +8,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/infera/infera/internal/testsrv"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -24,10 +24,11 @@ import (
 // watcher and Run were up. A config reloader, a log rotator or an operator
 // sending it during a slow start killed the router.
 func TestSIGHUPDuringStartupDoesNotKillTheRouter(t *testing.T) {
-	port := freePort(t)
-	c := launchChild(t, "serve", "http://127.0.0.1:"+strconv.Itoa(port), "serve.log", []string{
-		"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--admin-port", "0",
-		"--discovery-backend", "etcd", "--etcd-endpoint", "127.0.0.1:" + strconv.Itoa(freePort(t)), "--request-transport", "http", "--kv-event-transport", "zmq",
+	// The router's port is its own (--port 0: never dialled here); etcd's
+	// is held and never up, so connecting is refused for the whole test.
+	c := launchChild(t, "serve", "", "serve.log", []string{
+		"--host", "127.0.0.1", "--port", "0", "--admin-port", "0",
+		"--discovery-backend", "etcd", "--etcd-endpoint", testsrv.NewFront(t).Addr, "--request-transport", "http", "--kv-event-transport", "zmq",
 	})
 	// Wait until the child is inside New (its first log lines), then HUP it.
 	deadline := time.Now().Add(10 * time.Second)
@@ -91,7 +92,7 @@ func TestTheRedisClientsOwnLinesGoThroughSlog(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(freePort(t)), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	c := redis.NewClient(&redis.Options{Addr: testsrv.NewFront(t).Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond}) // held, never up
 	defer c.Close()
 	if c.Ping(context.Background()).Err() == nil {
 		t.Fatal("a closed port answered")
