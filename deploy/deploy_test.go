@@ -305,10 +305,31 @@ func TestTheUnitsSystemCallFilterAllowsWhatTheRouterCalls(t *testing.T) {
 		t.Fatalf("the trace holds no accept: %d calls", len(used))
 	}
 	for c := range used {
+		if impossibleSyscall(c) {
+			// strace lost track of a thread's syscall entry and exit (a
+			// thread ending as the router stops, on a loaded machine)
+			// and printed a register that holds no syscall number: seen
+			// once as syscall_0x653d. No kernel has such a call.
+			t.Logf("strace printed %s, no system call number: ignored", c)
+			continue
+		}
 		if !allowed[c] {
 			t.Errorf("the router calls %s, which the unit's SystemCallFilter= denies (the process would be killed with SIGSYS)", c)
 		}
 	}
+}
+
+// impossibleSyscall reports strace's name for an unknown system call
+// number (syscall_0x<hex>) when the number is above any Linux system
+// call's: x86_64 and arm64 number theirs below 1024. An unknown number in
+// that range (a call newer than this strace) is a real call, and checked.
+func impossibleSyscall(name string) bool {
+	h, ok := strings.CutPrefix(name, "syscall_0x")
+	if !ok {
+		return false
+	}
+	n, err := strconv.ParseUint(h, 16, 64)
+	return err == nil && n >= 1024
 }
 
 // unitSyscalls is the set of system calls the unit's SystemCallFilter=
@@ -434,5 +455,19 @@ func TestTheInstallStepsEnvironmentFileIsNotWorldReadable(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(env); !strings.Contains(string(b), "INFERA_API_KEY=") {
 		t.Fatalf("the step wrote %q", b)
+	}
+}
+
+// The system call filter check ignores only the names strace gives numbers
+// no kernel uses; a call newer than strace (an unknown number in range) is
+// still checked.
+func TestOnlyImpossibleSyscallNumbersAreIgnored(t *testing.T) {
+	for name, want := range map[string]bool{
+		"syscall_0x653d": true, "syscall_0x400": true,
+		"syscall_0x3ff": false, "syscall_0x1c3": false, "read": false, "syscall_0xzz": false,
+	} {
+		if got := impossibleSyscall(name); got != want {
+			t.Errorf("impossibleSyscall(%q) = %v, want %v", name, got, want)
+		}
 	}
 }
