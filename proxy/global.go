@@ -59,14 +59,19 @@ func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 	tbl := s.ext.memberTable(&cfg.GlobalScheduling)
 	fr := tries{allConnect: true}
 	picked := false
-	for range tbl.ups {
+	// Each turn either ends the walk or drops the member it picked: at
+	// most one turn per member the poller knows (the request's snapshot
+	// may list fewer, a reload having added some since).
+	for range s.o.Poller.Members() {
 		m := s.o.Poller.Pick(rs.sreq.Model)
 		if m == nil {
 			break
 		}
-		u := tbl.member(m.Name())
+		u := s.memberUpstream(tbl, m.Name())
 		if u == nil {
-			m.Failed() // the poller has a newer member list than this request's snapshot
+			// Neither this request's snapshot nor the current one has
+			// it: a reload is removing it.
+			m.Failed()
 			continue
 		}
 		if !u.w.Breaker.Available(s.sched.Now()) {
@@ -105,6 +110,23 @@ func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		res.last, res.lastW, res.allConnect, res.fleetDown = fr.last, fr.lastW, res.allConnect && fr.allConnect, true
 	}
 	return false
+}
+
+// memberUpstream returns the upstream of the member named name: tbl's (the
+// request's snapshot), else the current snapshot's. The poller follows the
+// current config, so a member a reload added after the request read its
+// snapshot (while the classifier held it, say) is picked for it; it is
+// reached as the current config has it, as a stale snapshot's members are
+// (staleTable). It used to be marked failed until its next good poll,
+// a healthy new member losing the requests of that window too.
+func (s *Server) memberUpstream(tbl *extTable, name string) *extUpstream {
+	if u := tbl.member(name); u != nil {
+		return u
+	}
+	if cur := &s.store.Load().GlobalScheduling; tbl.src != any(cur) {
+		return s.ext.memberTable(cur).member(name)
+	}
+	return nil
 }
 
 // pinnedLocal reports whether r is a Responses follow-up kept on the local
