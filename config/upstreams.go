@@ -171,6 +171,15 @@ type GlobalScheduling struct {
 	// MinFree is the free capacity a member must report (less what was
 	// forwarded to it since) to be a candidate. Default 1.
 	MinFree int `json:"min_free"`
+	// ForwardStreamFirstPacketMS bounds the wait for a forwarded stream's
+	// first event (the member's time to first token): past it the forward
+	// fails over and the member is marked failed, as a failed poll marks
+	// it. 0: only timeouts.stream_first_packet_s. Default 30000.
+	ForwardStreamFirstPacketMS float64 `json:"forward_stream_first_packet_ms"`
+	// ForwardNonStreamFirstByteMS is the same bound for a forwarded
+	// non-streamed request, whose first byte comes with the whole answer.
+	// 0: only timeouts.non_stream_total_s. Default 300000.
+	ForwardNonStreamFirstByteMS float64 `json:"forward_non_stream_first_byte_ms"`
 }
 
 // Member is one gateway of another region.
@@ -272,7 +281,8 @@ func defaultMirror() Mirror {
 }
 
 func defaultGlobalScheduling() GlobalScheduling {
-	return GlobalScheduling{PollIntervalMS: 1000, PollTimeoutMS: 500, StaleAfterMS: 5000, MinFree: 1}
+	return GlobalScheduling{PollIntervalMS: 1000, PollTimeoutMS: 500, StaleAfterMS: 5000, MinFree: 1,
+		ForwardStreamFirstPacketMS: 30000, ForwardNonStreamFirstByteMS: 300000}
 }
 
 func defaultSmartModelSelection() SmartModelSelection {
@@ -472,6 +482,12 @@ func (g *GlobalScheduling) validate() error {
 	}
 	if g.MinFree < 0 {
 		return fieldErr("global_scheduling.min_free", "must be >= 0")
+	}
+	if err := millis("global_scheduling.forward_stream_first_packet_ms", g.ForwardStreamFirstPacketMS); err != nil {
+		return err
+	}
+	if err := millis("global_scheduling.forward_non_stream_first_byte_ms", g.ForwardNonStreamFirstByteMS); err != nil {
+		return err
 	}
 	return nil
 }

@@ -239,6 +239,10 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 			c.firstByte = fb
 		}
 	}
+	forwardBound := false
+	if u := rs.ext.cur; u != nil && u.kind == extMember {
+		c.firstByte, forwardBound = forwardFirstByte(&cfg.GlobalScheduling, r.Stream, now, c.firstByte)
+	}
 	up, f := tr.roundTrip(c)
 	if f == nil && rs.ext.cur != nil && refusesGateway(up.status()) {
 		// The client's credentials never reach an external upstream: its
@@ -282,6 +286,11 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 		// the first byte can still go to another worker.
 		n, rerr := readFirst(rs, c, up, status)
 		if rerr == nil || rerr == io.EOF {
+			if forwardBound && !r.Stream {
+				// The rest of a non-streamed answer has the request's
+				// own bound (the relay arms a stream's reads itself).
+				up.setReadDeadline(c.total)
+			}
 			s.live.remove(rs)
 			rs.lease.FirstToken()
 			rs.ttft = time.Since(rs.start)

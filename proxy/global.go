@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/config"
@@ -110,6 +111,31 @@ func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		res.last, res.lastW, res.allConnect, res.fleetDown = fr.last, fr.lastW, res.allConnect && fr.allConnect, true
 	}
 	return false
+}
+
+// forwardFirstByte returns the first-byte deadline of an attempt started
+// at now on a member gateway: fb (the timeouts section's) or, when sooner,
+// the forward's own bound (global_scheduling.forward_stream_first_packet_ms
+// for a stream, forward_non_stream_first_byte_ms otherwise), and whether
+// the forward's bound is the one. A member that answers its capacity polls
+// but hangs on forwarded requests held each client for the general
+// timeouts (300 s to a stream's first packet, 900 s for a non-streamed
+// answer); past its own bound the forward fails as a timeout (the
+// member's fault), the member is dropped until its next good poll, and
+// the request goes on as after any failed forward.
+func forwardFirstByte(g *config.GlobalScheduling, stream bool, now, fb time.Time) (time.Time, bool) {
+	ms := g.ForwardNonStreamFirstByteMS
+	if stream {
+		ms = g.ForwardStreamFirstPacketMS
+	}
+	if ms <= 0 {
+		return fb, false
+	}
+	d := now.Add(time.Duration(ms * float64(time.Millisecond)))
+	if fb.IsZero() || d.Before(fb) {
+		return d, true
+	}
+	return fb, false
 }
 
 // memberUpstream returns the upstream of the member named name: tbl's (the
