@@ -23,15 +23,20 @@ type Outcome uint8
 
 // Outcomes; everything but OutcomeOK used the fallback tier.
 const (
-	OutcomeOK        Outcome = iota // the classifier answered a tier
-	OutcomeTimeout                  // no answer within timeout_ms
-	OutcomeError                    // the classifier could not be reached, or the connection failed
-	OutcomeBadStatus                // it answered a status other than 200
-	OutcomeBadAnswer                // it answered 200 with something else than a tier
+	OutcomeOK          Outcome = iota // the classifier answered a tier
+	OutcomeTimeout                    // no answer within timeout_ms
+	OutcomeError                      // the classifier could not be reached, or the connection failed
+	OutcomeBadStatus                  // it answered a status other than 200
+	OutcomeBadAnswer                  // it answered 200 with something else than a tier
+	OutcomeBreakerOpen                // not asked: its breaker is open (breaker.go)
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"ok", "timeout", "error", "bad_status", "bad_answer"}
+// numCalls is the number of outcomes of a call (infera_classifier_requests_total);
+// OutcomeBreakerOpen is none.
+const numCalls = OutcomeBreakerOpen
+
+var outcomeNames = [numOutcomes]string{"ok", "timeout", "error", "bad_status", "bad_answer", "breaker_open"}
 
 // String returns the outcome's metric label.
 func (o Outcome) String() string {
@@ -83,14 +88,23 @@ func (r Result) Fallback() bool { return r.Source == SourceFallback }
 
 // Metrics, resolved once.
 var (
-	mRequests [numOutcomes]*metrics.Counter
+	mRequests [numCalls]*metrics.Counter
+	// mSkipped counts the requests that took the fallback tier without
+	// asking (the breaker open); mTrips the breaker's openings, a failed
+	// probe's included.
+	mSkipped = metrics.NewCounter(`infera_classifier_breaker_skipped_total`)
+	mTrips   = metrics.NewCounter(`infera_classifier_breaker_trips_total`)
+	// breakerGauge is the state of the breaker of the classifier last
+	// asked or skipped (infera_classifier_breaker_state).
+	breakerGauge atomic.Int32
+	_            = metrics.NewGauge(`infera_classifier_breaker_state`, func() float64 { return float64(breakerGauge.Load()) })
 	// mTiers[tier][source] counts the tiers chosen, by their Source.
 	mTiers   [numTiers][numSources]*metrics.Counter
 	mLatency = metrics.NewHistogram(`infera_classifier_duration_seconds`)
 )
 
 func init() {
-	for o := Outcome(0); o < numOutcomes; o++ {
+	for o := Outcome(0); o < numCalls; o++ {
 		mRequests[o] = metrics.NewCounter(fmt.Sprintf(`infera_classifier_requests_total{result=%q}`, o))
 	}
 	for t := TierL1; t < numTiers; t++ {
@@ -100,7 +114,12 @@ func init() {
 	}
 }
 
-var logThrottle = logx.Throttle{Every: 10 * time.Second}
+var (
+	logThrottle = logx.Throttle{Every: 10 * time.Second}
+	// tripLog is the breaker's own: a classifier failing every call must
+	// not hide its openings.
+	tripLog = logx.Throttle{Every: time.Second}
+)
 
 // Applies reports whether smart model selection applies to a request for
 // model: the section is enabled and model matches one of match_models
@@ -155,6 +174,7 @@ func (ts *targets) find(rawURL string) *target {
 type target struct {
 	url  string
 	hc   *fasthttp.HostClient
+	br   breaker
 	host string
 	// uri is the whole URL: a path alone leaves the request's scheme
 	// http, and a TLS HostClient refuses such a request without sending it
@@ -171,14 +191,38 @@ var scratchPool = sync.Pool{New: func() any { return new([]byte) }}
 // than a tier. It never returns an error: smart model selection never fails
 // a request. Call it only when Applies.
 //
+// The classifier of each URL has a breaker (breaker.go): while it is open
+// the classifier is not asked, and the fallback tier is returned at once
+// (OutcomeBreakerOpen).
+//
 // Metrics: infera_classifier_requests_total{result},
-// infera_classifier_duration_seconds, infera_smart_selection_total{tier,source}.
+// infera_classifier_duration_seconds, infera_smart_selection_total{tier,source},
+// infera_classifier_breaker_state, infera_classifier_breaker_trips_total,
+// infera_classifier_breaker_skipped_total.
 func (c *Client) Classify(cfg *config.SmartModelSelection, model, text []byte) Result {
 	start := time.Now()
-	tier, out, status := c.call(cfg, model, text, start)
+	tier, out, status := TierUnknown, OutcomeError, 0
+	if t, err := c.target(cfg.ClassifierURL); err == nil {
+		ok, probe := t.br.admit(cfg, start.UnixNano())
+		if ok {
+			tier, out, status = c.call(t, cfg, model, text, start)
+			if t.br.done(cfg, time.Now().UnixNano(), out == OutcomeOK, probe) {
+				mTrips.Inc()
+				tripLog.Warn("smart model selection: classifier breaker open, requests take the fallback tier without asking it",
+					"outcome", out.String(), "probe", probe, "cooldown", cooldown(cfg, t.br.backoff.Load()))
+			}
+		} else {
+			out = OutcomeBreakerOpen
+		}
+		breakerGauge.Store(t.br.state.Load())
+	}
 	lat := time.Since(start)
-	mLatency.Update(lat.Seconds())
-	mRequests[out].Inc()
+	if out == OutcomeBreakerOpen {
+		mSkipped.Inc()
+	} else {
+		mLatency.Update(lat.Seconds())
+		mRequests[out].Inc()
+	}
 	src := SourceClassifier
 	if out != OutcomeOK {
 		src = SourceFallback
@@ -186,8 +230,10 @@ func (c *Client) Classify(cfg *config.SmartModelSelection, model, text []byte) R
 		if tier == TierUnknown {
 			tier = TierL2 // validation requires a fallback tier; never index out of range
 		}
-		logThrottle.Warn("smart model selection: classifier failed, using the fallback tier",
-			"outcome", out.String(), "status", status, "fallback", tier.String(), "latency", lat)
+		if out != OutcomeBreakerOpen {
+			logThrottle.Warn("smart model selection: classifier failed, using the fallback tier",
+				"outcome", out.String(), "status", status, "fallback", tier.String(), "latency", lat)
+		}
 	}
 	mTiers[tier][src].Inc()
 	return Result{Tier: tier, Model: cfg.Tiers.Model(tier.String()), Outcome: out, Source: src, Latency: lat}
@@ -206,11 +252,7 @@ func Kept(cfg *config.SmartModelSelection, tier Tier) Result {
 	return Result{Tier: tier, Model: cfg.Tiers.Model(tier.String()), Outcome: OutcomeOK, Source: SourcePreviousResponse}
 }
 
-func (c *Client) call(cfg *config.SmartModelSelection, model, text []byte, start time.Time) (Tier, Outcome, int) {
-	t, err := c.target(cfg.ClassifierURL)
-	if err != nil {
-		return TierUnknown, OutcomeError, 0
-	}
+func (c *Client) call(t *target, cfg *config.SmartModelSelection, model, text []byte, start time.Time) (Tier, Outcome, int) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	buf := scratchPool.Get().(*[]byte)
@@ -246,7 +288,7 @@ func (c *Client) call(cfg *config.SmartModelSelection, model, text []byte, start
 	if timeout <= 0 {
 		timeout = 300 * time.Millisecond
 	}
-	err = t.hc.DoDeadline(req, resp, start.Add(timeout))
+	err := t.hc.DoDeadline(req, resp, start.Add(timeout))
 	switch {
 	case err == nil:
 	case errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) || isNetTimeout(err):

@@ -1,7 +1,8 @@
 // Package classify is smart model selection's classifier: the HTTP contract
 // between the router and a classification service, the client the request
 // path calls (Client.Classify: a tier per request, a fallback tier on any
-// failure, bounded by a timeout), and a reference classifier server (Cmd,
+// failure, bounded by a timeout, skipped while the classifier's breaker is
+// open: breaker.go), and a reference classifier server (Cmd,
 // mounted as `infera classify`: a heuristic on prompt length and keywords)
 // so that the feature works out of the box and in tests.
 //

@@ -218,6 +218,17 @@ type SmartModelSelection struct {
 	// last bytes are kept; the full length is sent as text_bytes).
 	// Default 8192.
 	MaxTextBytes int `json:"max_text_bytes"`
+	// BreakerFailureThreshold is the number of classifier calls in a row
+	// that fail (timeout, error, a status other than 200, an answer that
+	// is no tier) before the classifier is skipped: requests take the
+	// fallback tier at once for the cooldown, then one request probes it.
+	// 0 disables the breaker. Default 3.
+	BreakerFailureThreshold int `json:"breaker_failure_threshold"`
+	// BreakerCooldownMS is how long the classifier is skipped once the
+	// breaker opens; it doubles after each failed probe, up to
+	// BreakerMaxCooldownMS. Defaults 5000 and 60000.
+	BreakerCooldownMS    float64 `json:"breaker_cooldown_ms"`
+	BreakerMaxCooldownMS float64 `json:"breaker_max_cooldown_ms"`
 }
 
 // TierModels maps the L1/L2/L3 tiers to model names.
@@ -286,7 +297,8 @@ func defaultGlobalScheduling() GlobalScheduling {
 }
 
 func defaultSmartModelSelection() SmartModelSelection {
-	return SmartModelSelection{TimeoutMS: 300, FallbackTier: "L2", MaxTextBytes: 8192}
+	return SmartModelSelection{TimeoutMS: 300, FallbackTier: "L2", MaxTextBytes: 8192,
+		BreakerFailureThreshold: 3, BreakerCooldownMS: 5000, BreakerMaxCooldownMS: 60000}
 }
 
 // validateUpstreams validates the four sections and their interplay. The
@@ -514,6 +526,18 @@ func (s *SmartModelSelection) validate() error {
 		}
 	default:
 		return fieldErr("smart_model_selection.fallback_tier", "%q: want L1, L2 or L3", s.FallbackTier)
+	}
+	if s.BreakerFailureThreshold < 0 || s.BreakerFailureThreshold > 1<<20 {
+		return fieldErr("smart_model_selection.breaker_failure_threshold", "must be in [0, %d] (0: no breaker)", 1<<20)
+	}
+	if err := millis("smart_model_selection.breaker_cooldown_ms", s.BreakerCooldownMS); err != nil {
+		return err
+	}
+	if err := millis("smart_model_selection.breaker_max_cooldown_ms", s.BreakerMaxCooldownMS); err != nil {
+		return err
+	}
+	if s.BreakerMaxCooldownMS < s.BreakerCooldownMS {
+		return fieldErr("smart_model_selection.breaker_max_cooldown_ms", "%g is below breaker_cooldown_ms (%g)", s.BreakerMaxCooldownMS, s.BreakerCooldownMS)
 	}
 	if s.MaxTextBytes < 0 || s.MaxTextBytes > 1<<24 {
 		return fieldErr("smart_model_selection.max_text_bytes", "must be in [1, %d]", 1<<24)

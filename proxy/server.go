@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -782,6 +783,21 @@ func (s *Server) untriedWorker(r *sched.Request) bool {
 	return false
 }
 
+// classifierHealth is the health of smart model selection's classifier:
+// not ok while its breaker is open or half-open (requests take the
+// fallback tier without asking it, but for the probe).
+func (s *Server) classifierHealth(sm *config.SmartModelSelection) (bool, string) {
+	st := s.classifier.Breaker(sm, time.Now())
+	switch st.State {
+	case classify.BreakerOpen:
+		return false, fmt.Sprintf("breaker open: requests take the fallback tier %s without asking the classifier; probe in %.1fs",
+			sm.FallbackTier, st.ProbeIn.Seconds())
+	case classify.BreakerHalfOpen:
+		return false, "breaker half-open: one request probes the classifier, the others take the fallback tier " + sm.FallbackTier
+	}
+	return true, "breaker closed"
+}
+
 // handleHealth answers 200 "ok" when some worker is routable and its
 // breaker lets requests through and every component is up, 200 "degraded"
 // when every routable worker's breaker is open (requests are still
@@ -809,6 +825,14 @@ func (s *Server) handleHealth(ctx *fasthttp.RequestCtx) {
 			compDown = true
 			requiredDown = requiredDown || slices.Contains(s.o.HealthRequired, n)
 		}
+	}
+	if sm := &s.store.Load().SmartModelSelection; sm.Enabled {
+		// Smart model selection's classifier, while the section is on:
+		// down (degraded) while its breaker is open.
+		ok, detail := s.classifierHealth(sm)
+		names = append(names, "classifier")
+		comps = append(comps, comp{ok, detail})
+		compDown = compDown || !ok
 	}
 	status := "ok"
 	switch {
