@@ -475,7 +475,7 @@ func (b *reqBody) parseMessagesAt(d []byte, vs int) (int, error) {
 			switch string(key) {
 			case "content":
 				sp.content = span{s - vs, e - vs}
-				return b.appendContent(d, s, e)
+				b.appendContent(d, s, e)
 			case "role":
 				sp.role = span{s - vs, e - vs}
 			case "name":
@@ -502,8 +502,14 @@ func (b *reqBody) parseMessagesAt(d []byte, vs int) (int, error) {
 	})
 }
 
-// appendContent appends a message content (string or array of parts) to text.
-func (b *reqBody) appendContent(d []byte, s, e int) error {
+// appendContent appends a message content to text, after a '\n' when
+// text is not empty: a string as it is, an array of parts as the engine
+// flattens it for its chat template (appendTextParts: the text of its text
+// part types only, as vLLM's chat_utils reads them); an array with no text
+// appends nothing. The prefix hash, the token estimate and the smart
+// model selection's classifier read this text: text an engine ignores (an
+// image part's stray "text") must not steer them.
+func (b *reqBody) appendContent(d []byte, s, e int) {
 	switch d[s] {
 	case '"':
 		if len(b.text) > 0 {
@@ -511,24 +517,15 @@ func (b *reqBody) appendContent(d []byte, s, e int) error {
 		}
 		b.text = unescape(b.text, d[s+1:e-1])
 	case '[':
-		_, err := forEachElem(d, s, func(ps, pe int) error {
-			if d[ps] != '{' {
-				return nil
-			}
-			_, err := forEachField(d, ps, func(k []byte, ks, ke int) error {
-				if string(k) == "text" && d[ks] == '"' {
-					if len(b.text) > 0 {
-						b.text = append(b.text, '\n')
-					}
-					b.text = unescape(b.text, d[ks+1:ke-1])
-				}
-				return nil
-			})
-			return err
-		})
-		return err
+		n := len(b.text)
+		if n > 0 {
+			b.text = append(b.text, '\n')
+		}
+		b.text, _ = appendTextParts(b.text, d, s, nil, false)
+		if len(b.text) == n+1 && n > 0 {
+			b.text = b.text[:n] // no text: no separator either
+		}
 	}
-	return nil
 }
 
 func (b *reqBody) parsePrompt(d []byte) error {

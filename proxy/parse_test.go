@@ -353,3 +353,34 @@ func TestATokenIDPromptKeepsItsLeadingIDsAndCountsAll(t *testing.T) {
 		t.Fatalf("promptTokens = %d, want %d", got, n)
 	}
 }
+
+// The text routing reads from a chat (prefix hashing, the token estimate,
+// smart model selection's classifier) is the text the engine reads from
+// its contents: vLLM's chat_utils takes the text of its text part types
+// only ("text", "input_text" and "output_text" their "text", "refusal" its
+// "refusal", "thinking" its "thinking"), the last of duplicate keys, and
+// joins the non-empty ones with "\n"; a media part's stray "text" is not
+// read.
+func TestChatTextIsTheTextTheEngineReadsFromContentParts(t *testing.T) {
+	f := func(messages, want string) {
+		t.Helper()
+		var b reqBody
+		if err := b.parse([]byte(`{"model":"m","messages":`+messages+`}`), kindChat); err != nil {
+			t.Fatalf("parse(%s): %v", messages, err)
+		}
+		if string(b.text) != want {
+			t.Errorf("messages %s: text %q, want %q", messages, b.text, want)
+		}
+	}
+	f(`[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AA=="},"text":"HIDDEN"},{"type":"text","text":"VISIBLE"}]}]`, "VISIBLE")
+	f(`[{"role":"user","content":[{"type":"input_image","image_url":"http://x/i.png","text":"HIDDEN"},{"type":"input_audio","input_audio":{"data":"AA==","format":"wav"},"text":"HIDDEN"},{"type":"video_url","video_url":{"url":"v"},"text":"HIDDEN"},{"type":"input_text","text":"a"}]}]`, "a")
+	f(`[{"role":"assistant","content":[{"type":"refusal","refusal":"No.","text":"HIDDEN"}]}]`, "No.")
+	f(`[{"role":"assistant","content":[{"type":"thinking","thinking":"hmm","text":"HIDDEN"},{"type":"output_text","text":"ok"}]}]`, "hmm\nok")
+	f(`[{"role":"user","content":[{"type":"no_such_part","text":"HIDDEN"},{"text":"HIDDEN"},{"type":"text","text":"t"}]}]`, "t")
+	f(`[{"role":"user","content":[{"type":"text","text":"HIDDEN","text":"last"}]}]`, "last")
+	f(`[{"role":"user","content":[{"type":"image_url","type":"text","text":"shown"},{"type":"text","type":"image_url","text":"HIDDEN","image_url":{"url":"u"}}]}]`, "shown")
+	f(`[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":""},{"type":"text","text":null},{"type":"refusal","refusal":null},{"type":"text","text":"b"}]}]`, "a\nb")
+	f(`[{"role":"user","content":[{"t\u0079pe":"t\u0065xt","te\u0078t":"esc"}]}]`, "esc")
+	f(`[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]},{"role":"user","content":"q"}]`, "q")
+	f(`[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"u"}]}]`, "s\nu")
+}
