@@ -122,43 +122,49 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *
 // "refusal") and "thinking" (its "thinking"), each a {"type": "text"}
 // part; one whose text is null or absent is dropped, except that an
 // "input_text", "output_text" or "thinking" part stays a part (its text
-// None) for a template that loops.
+// None) for a template that loops. A plain string element is a text
+// part too (chat_utils: "Handle plain text parts").
 func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep bool) ([]byte, []tokenizer.ContentPart) {
 	n := 0
 	forEachElem(d, i, func(ps, pe int) error {
-		if d[ps] != '{' {
-			return nil
-		}
-		var typ, text, refusal, thinking span
-		forEachField(d, ps, func(k []byte, ks, ke int) error {
-			switch string(k) {
-			case "type":
-				typ = span{ks, ke}
-			case "text":
-				text = span{ks, ke}
-			case "refusal":
-				refusal = span{ks, ke}
-			case "thinking":
-				thinking = span{ks, ke}
-			}
-			return nil
-		})
-		if m := partModality(d[typ.s:typ.e]); m != "" {
-			if keep {
-				parts = append(parts, tokenizer.ContentPart{Type: m})
-			}
-			return nil
-		}
-		t := d[typ.s:typ.e]
+		var text span
 		keepNone := false
-		switch {
-		case isJSONString(t, "text"):
-		case isJSONString(t, "input_text"), isJSONString(t, "output_text"):
-			keepNone = true
-		case isJSONString(t, "refusal"):
-			text = refusal
-		case isJSONString(t, "thinking"):
-			text, keepNone = thinking, true
+		switch d[ps] {
+		case '"':
+			text = span{ps, pe} // a plain string is a text part
+		case '{':
+			var typ, refusal, thinking span
+			forEachField(d, ps, func(k []byte, ks, ke int) error {
+				switch string(k) {
+				case "type":
+					typ = span{ks, ke}
+				case "text":
+					text = span{ks, ke}
+				case "refusal":
+					refusal = span{ks, ke}
+				case "thinking":
+					thinking = span{ks, ke}
+				}
+				return nil
+			})
+			if m := partModality(d[typ.s:typ.e]); m != "" {
+				if keep {
+					parts = append(parts, tokenizer.ContentPart{Type: m})
+				}
+				return nil
+			}
+			t := d[typ.s:typ.e]
+			switch {
+			case isJSONString(t, "text"):
+			case isJSONString(t, "input_text"), isJSONString(t, "output_text"):
+				keepNone = true
+			case isJSONString(t, "refusal"):
+				text = refusal
+			case isJSONString(t, "thinking"):
+				text, keepNone = thinking, true
+			default:
+				return nil
+			}
 		default:
 			return nil
 		}

@@ -100,12 +100,19 @@ func decodeMessagesWalk(msgs []tokenizer.Message, d []byte, arena *[]byte) ([]to
 			case "content":
 				m.NoContent, m.ContentArray, m.Parts = d[s] == 'n', false, nil
 				if d[s] == '[' {
-					// vLLM: "\n".join of the non-empty texts of type "text"
-					// parts; the parts as vLLM keeps them for a template
+					// vLLM: "\n".join of the non-empty texts of its text
+					// parts (plain strings included); the parts as vLLM keeps them for a template
 					// that loops over the content.
 					m.ContentArray = true
 					var texts []string
 					forEachElem(d, s, func(ps, pe int) error {
+						if d[ps] == '"' { // a plain string: a text part
+							v := string(unescape(nil, d[ps+1:pe-1]))
+							m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "text", Text: v})
+							if v != "" {
+								texts = append(texts, v)
+							}
+						}
 						if d[ps] == '{' {
 							var typ string
 							vals := map[string]string{} // text, refusal, thinking

@@ -660,3 +660,55 @@ func TestTextPartTypesRenderAsVLLMParsesThem(t *testing.T) {
 		t.Fatalf("parts: router encoded %q, want %q", tok.Decode(got), want)
 	}
 }
+
+// A content array may hold plain strings beside part objects: vLLM's
+// chat_utils takes each as a text part (_parse_chat_message_content_part:
+// "Handle plain text parts"), joined with the others by "\n" for a
+// template that takes content as a string, {"type": "text", "text": ...}
+// for one that loops over the parts. Routing reads them so: the prompt
+// text and Qwen3's render, and a looping template's parts (Qwen2.5-VL's).
+func TestPlainStringPartsAreTextAsTheEngineReadsThem(t *testing.T) {
+	const content = `["a",{"type":"text","text":"b"},"","c\u00e9",{"type":"image_url","image_url":{"url":"data:x"}},"d"]`
+	body := `{"model":"m","messages":[{"role":"user","content":` + content + `}]}`
+	var b reqBody
+	if err := b.parse([]byte(body), kindChat); err != nil {
+		t.Fatal(err)
+	}
+	if string(b.text) != "a\nb\ncé\nd" {
+		t.Errorf("prompt text %q, want %q", b.text, "a\nb\ncé\nd")
+	}
+
+	dir := qwen3Dir(t)
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, f, nil, up.url)
+	want := "<|im_start|>user\na\nb\ncé\nd<|im_end|>\n<|im_start|>assistant\n"
+	if got := routerTokens(t, r.url, body); !slices.Equal(got, tok.Encode(nil, []byte(want))) {
+		t.Errorf("Qwen3: router encoded %q, want %q", tok.Decode(got), want)
+	}
+
+	tpl, err := os.ReadFile("../jinja/testdata/templates/hfjs-Qwen-Qwen2.5-VL-7B-Instruct.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vl := t.TempDir()
+	abs, _ := filepath.Abs(filepath.Join(dir, "tokenizer.json"))
+	cfg, _ := json.Marshal(map[string]string{"chat_template": string(tpl), "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"})
+	if os.Symlink(abs, filepath.Join(vl, "tokenizer.json")) != nil || os.WriteFile(filepath.Join(vl, "tokenizer_config.json"), cfg, 0o644) != nil {
+		t.Fatal("cannot write the tokenizer")
+	}
+	if tok, err = tokenizer.Load(vl); err != nil {
+		t.Fatal(err)
+	}
+	f.RouterTokenizerPath = vl
+	r = startRouter(t, f, nil, up.url)
+	want = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nabcé<|vision_start|><|image_pad|><|vision_end|>d<|im_end|>\n<|im_start|>assistant\n"
+	if got := routerTokens(t, r.url, body); !slices.Equal(got, tok.Encode(nil, []byte(want))) {
+		t.Errorf("parts: router encoded %q, want %q", tok.Decode(got), want)
+	}
+}
