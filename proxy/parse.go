@@ -460,7 +460,9 @@ func hasEscape(raw []byte) bool {
 }
 
 // parseMessagesAt walks (and validates) the messages array at d[vs],
-// collecting the text of the contents, and returns the index after it. A
+// collecting the text of the contents (of each message the last content
+// key, as the engine's JSON decoder keeps it), and returns the index after
+// it. A
 // message that is not an object is recorded (b.msgErr) rather than
 // returned, so that malformed JSON later in the body is reported as such.
 func (b *reqBody) parseMessagesAt(d []byte, vs int) (int, error) {
@@ -474,8 +476,7 @@ func (b *reqBody) parseMessagesAt(d []byte, vs int) (int, error) {
 		_, err := forEachField(d, ms, func(key []byte, s, e int) error {
 			switch string(key) {
 			case "content":
-				sp.content = span{s - vs, e - vs}
-				b.appendContent(d, s, e)
+				sp.content = span{s - vs, e - vs} // the last copy, as the engine reads it
 			case "role":
 				sp.role = span{s - vs, e - vs}
 			case "name":
@@ -491,6 +492,9 @@ func (b *reqBody) parseMessagesAt(d []byte, vs int) (int, error) {
 			}
 			return nil
 		})
+		if err == nil && sp.content.e > 0 {
+			b.appendContent(d, vs+sp.content.s, vs+sp.content.e)
+		}
 		// Routing renders at most maxRouteMessages messages: the rest are
 		// only weighed (a 32 MiB body may hold a million).
 		if len(b.msgSpans) < maxRouteMessages {

@@ -133,6 +133,9 @@ func FuzzParseBody(f *testing.F) {
 					// encoding/json keeps the last duplicate key; so do we.
 					t.Fatalf("model %q, encoding/json says %q", b.model, v.Model)
 				}
+				if want, ok := engineChatText(data); kind == kindChat && ok && string(b.text) != want {
+					t.Fatalf("chat text %q, the engine reads %q: %q", b.text, want, data)
+				}
 				if g := b.generations(); g < 1 || g > 1<<20 {
 					t.Fatalf("generations %d out of [1, 2^20]: %q", g, data)
 				}
@@ -142,6 +145,67 @@ func FuzzParseBody(f *testing.F) {
 			}
 		}
 	})
+}
+
+// engineChatText is the reference for a chat's prompt text, written with
+// encoding/json (exact keys, the last of duplicates): the messages'
+// contents each after a "\n" unless the text is still empty, a content array flattened as vLLM's chat_utils
+// flattens it (its plain strings and the texts of its text part types,
+// the non-empty ones joined by "\n"; an array with no text adds nothing).
+func engineChatText(data []byte) (string, bool) {
+	var body map[string]json.RawMessage
+	if json.Unmarshal(data, &body) != nil {
+		return "", false
+	}
+	var msgs []map[string]json.RawMessage
+	if json.Unmarshal(body["messages"], &msgs) != nil {
+		return "", false
+	}
+	var out []byte
+	add := func(s string) { // after a '\n' unless nothing came before
+		if len(out) > 0 {
+			out = append(out, '\n')
+		}
+		out = append(out, s...)
+	}
+	for _, m := range msgs {
+		c := bytes.TrimSpace(m["content"])
+		var s string
+		if len(c) > 0 && c[0] == '"' && json.Unmarshal(c, &s) == nil {
+			add(s)
+			continue
+		}
+		var parts []json.RawMessage
+		if len(c) == 0 || c[0] != '[' || json.Unmarshal(c, &parts) != nil {
+			continue
+		}
+		var texts []string
+		for _, p := range parts {
+			p = bytes.TrimSpace(p)
+			if p[0] == '"' {
+				if json.Unmarshal(p, &s) == nil && s != "" {
+					texts = append(texts, s)
+				}
+				continue
+			}
+			var part map[string]json.RawMessage
+			if json.Unmarshal(p, &part) != nil {
+				continue
+			}
+			var typ string
+			if t := bytes.TrimSpace(part["type"]); len(t) == 0 || t[0] != '"' || json.Unmarshal(t, &typ) != nil {
+				continue
+			}
+			key := map[string]string{"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}[typ]
+			if v := bytes.TrimSpace(part[key]); key != "" && len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil && s != "" {
+				texts = append(texts, s)
+			}
+		}
+		if len(texts) > 0 {
+			add(strings.Join(texts, "\n"))
+		}
+	}
+	return string(out), true
 }
 
 func deep(d []byte) bool {
@@ -383,4 +447,24 @@ func TestChatTextIsTheTextTheEngineReadsFromContentParts(t *testing.T) {
 	f(`[{"role":"user","content":[{"t\u0079pe":"t\u0065xt","te\u0078t":"esc"}]}]`, "esc")
 	f(`[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]},{"role":"user","content":"q"}]`, "q")
 	f(`[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"u"}]}]`, "s\nu")
+}
+
+// A message that repeats its content key is read as the engine's JSON
+// decoder reads it (Python's json, encoding/json): the last copy counts,
+// for the prompt text as for the template render.
+func TestARepeatedContentKeyIsReadAsItsLastCopy(t *testing.T) {
+	f := func(messages, want string) {
+		t.Helper()
+		var b reqBody
+		if err := b.parse([]byte(`{"model":"m","messages":`+messages+`}`), kindChat); err != nil {
+			t.Fatalf("parse(%s): %v", messages, err)
+		}
+		if string(b.text) != want {
+			t.Errorf("messages %s: text %q, want %q", messages, b.text, want)
+		}
+	}
+	f(`[{"role":"user","content":"HIDDEN","content":"VISIBLE"}]`, "VISIBLE")
+	f(`[{"role":"user","content":[{"type":"text","text":"HIDDEN"}],"content":"VISIBLE"}]`, "VISIBLE")
+	f(`[{"role":"user","content":"HIDDEN","role":"user","content":null},{"role":"user","content":"q"}]`, "q")
+	f(`[{"content":"HIDDEN","role":"user","c\u006fntent":[{"type":"text","text":"VISIBLE"}]}]`, "VISIBLE")
 }
