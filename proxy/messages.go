@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"math/bits"
 	"unsafe"
 
 	"github.com/infera/infera/tokenizer"
@@ -134,6 +135,8 @@ func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep boo
 			text = span{ps, pe} // a plain string is a text part
 		case '{':
 			var typ, refusal, thinking span
+			var media uint // untypedMedia's keys the part holds
+			byKeys := false
 			forEachField(d, ps, func(k []byte, ks, ke int) error {
 				switch string(k) {
 				case "type":
@@ -144,9 +147,30 @@ func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep boo
 					refusal = span{ks, ke}
 				case "thinking":
 					thinking = span{ks, ke}
+				case "uuid":
+					byKeys = d[ks] != 'n' // the last copy counts
+				default:
+					for j, mk := range untypedMedia {
+						if string(k) == mk[0] {
+							if mk[0] == "input_audio" && d[ks] == 'n' {
+								media &^= 1 << j // only when not None
+							} else {
+								media |= 1 << j
+							}
+						}
+					}
 				}
 				return nil
 			})
+			if byKeys || typ.e == typ.s || d[typ.s] == 'n' {
+				// Read by its keys (chat_utils: a missing type, or a
+				// uuid): the first media key it holds; with none the
+				// engine refuses the part.
+				if m := untypedMedia[bits.TrailingZeros(media)%len(untypedMedia)][1]; media != 0 && m != "" && keep {
+					parts = append(parts, tokenizer.ContentPart{Type: m})
+				}
+				return nil
+			}
 			if m := partModality(d[typ.s:typ.e]); m != "" {
 				if keep {
 					parts = append(parts, tokenizer.ContentPart{Type: m})
@@ -214,6 +238,14 @@ func partModality(typ []byte) string {
 // partModalities are vLLM's media content part types and their modality.
 var partModalities = [...][2]string{{"image_url", "image"}, {"input_image", "image"}, {"image_pil", "image"},
 	{"image_embeds", "image"}, {"audio_url", "audio"}, {"input_audio", "audio"}, {"audio_embeds", "audio"}, {"video_url", "video"}}
+
+// untypedMedia are the keys by which vLLM reads a content part without a
+// type (or with a uuid), in the order it tries them
+// (_parse_chat_message_content_mm_part), with their modality; a
+// prompt_embeds part renders no media part ("": it needs the engine's
+// --enable-prompt-embeds).
+var untypedMedia = [...][2]string{{"image_url", "image"}, {"image_pil", "image"}, {"image_embeds", "image"},
+	{"audio_embeds", "audio"}, {"prompt_embeds", ""}, {"audio_url", "audio"}, {"input_audio", "audio"}, {"video_url", "video"}}
 
 // isJSONString reports whether the JSON value v is a string that decodes to
 // s (len(s) <= 32).

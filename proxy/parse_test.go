@@ -196,6 +196,9 @@ func engineChatText(data []byte) (string, bool) {
 			if t := bytes.TrimSpace(part["type"]); len(t) == 0 || t[0] != '"' || json.Unmarshal(t, &typ) != nil {
 				continue
 			}
+			if u := bytes.TrimSpace(part["uuid"]); len(u) > 0 && string(u) != "null" {
+				continue // read by its media keys: no text
+			}
 			key := map[string]string{"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}[typ]
 			if v := bytes.TrimSpace(part[key]); key != "" && len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil && s != "" {
 				texts = append(texts, s)

@@ -118,19 +118,40 @@ func decodeMessagesWalk(msgs []tokenizer.Message, d []byte, arena *[]byte) ([]to
 							vals := map[string]string{} // text, refusal, thinking
 							strs := map[string]bool{}   // ... given as a string
 							nulls := map[string]bool{}  // ... given as null
+							typed, uuid := false, false
+							keys := map[string]bool{} // present (input_audio: not null)
 							forEachField(d, ps, func(k []byte, ks, ke int) error {
 								v := "" // the last of duplicate keys counts
 								if d[ks] == '"' {
 									v = string(unescape(nil, d[ks+1:ke-1]))
 								}
+								keys[string(k)] = string(k) != "input_audio" || d[ks] != 'n'
 								switch string(k) {
+								case "uuid":
+									uuid = d[ks] != 'n'
 								case "type":
-									typ = v
+									typ, typed = v, d[ks] != 'n'
+									if !typed {
+										typ = ""
+									}
 								case "text", "refusal", "thinking":
 									vals[string(k)], strs[string(k)], nulls[string(k)] = v, d[ks] == '"', d[ks] == 'n'
 								}
 								return nil
 							})
+							if !typed || uuid {
+								// vLLM reads it by its keys, in this order.
+								for _, mk := range [][2]string{{"image_url", "image"}, {"image_pil", "image"}, {"image_embeds", "image"},
+									{"audio_embeds", "audio"}, {"prompt_embeds", ""}, {"audio_url", "audio"}, {"input_audio", "audio"}, {"video_url", "video"}} {
+									if keys[mk[0]] {
+										if mk[1] != "" {
+											m.Parts = append(m.Parts, tokenizer.ContentPart{Type: mk[1]})
+										}
+										break
+									}
+								}
+								return nil
+							}
 							key, keepNone := "", false // vLLM's TEXT_PART_TYPES
 							switch typ {
 							case "image_url", "input_image", "image_pil", "image_embeds":

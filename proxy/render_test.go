@@ -692,16 +692,7 @@ func TestPlainStringPartsAreTextAsTheEngineReadsThem(t *testing.T) {
 		t.Errorf("Qwen3: router encoded %q, want %q", tok.Decode(got), want)
 	}
 
-	tpl, err := os.ReadFile("../jinja/testdata/templates/hfjs-Qwen-Qwen2.5-VL-7B-Instruct.jinja")
-	if err != nil {
-		t.Fatal(err)
-	}
-	vl := t.TempDir()
-	abs, _ := filepath.Abs(filepath.Join(dir, "tokenizer.json"))
-	cfg, _ := json.Marshal(map[string]string{"chat_template": string(tpl), "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"})
-	if os.Symlink(abs, filepath.Join(vl, "tokenizer.json")) != nil || os.WriteFile(filepath.Join(vl, "tokenizer_config.json"), cfg, 0o644) != nil {
-		t.Fatal("cannot write the tokenizer")
-	}
+	vl := qwenVLDir(t)
 	if tok, err = tokenizer.Load(vl); err != nil {
 		t.Fatal(err)
 	}
@@ -710,5 +701,60 @@ func TestPlainStringPartsAreTextAsTheEngineReadsThem(t *testing.T) {
 	want = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nabcé<|vision_start|><|image_pad|><|vision_end|>d<|im_end|>\n<|im_start|>assistant\n"
 	if got := routerTokens(t, r.url, body); !slices.Equal(got, tok.Encode(nil, []byte(want))) {
 		t.Errorf("parts: router encoded %q, want %q", tok.Decode(got), want)
+	}
+}
+
+// qwenVLDir is Qwen3's tokenizer with Qwen2.5-VL's chat template, which
+// loops over a message's content parts.
+func qwenVLDir(t *testing.T) string {
+	t.Helper()
+	tpl, err := os.ReadFile("../jinja/testdata/templates/hfjs-Qwen-Qwen2.5-VL-7B-Instruct.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vl := t.TempDir()
+	abs, _ := filepath.Abs(filepath.Join(qwen3Dir(t), "tokenizer.json"))
+	cfg, _ := json.Marshal(map[string]string{"chat_template": string(tpl), "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>"})
+	if os.Symlink(abs, filepath.Join(vl, "tokenizer.json")) != nil || os.WriteFile(filepath.Join(vl, "tokenizer_config.json"), cfg, 0o644) != nil {
+		t.Fatal("cannot write the tokenizer")
+	}
+	return vl
+}
+
+// A media part may name its media without a type, and a part with a uuid
+// is read by its keys whatever its type: vLLM's chat_utils
+// (_parse_chat_message_content_mm_part) takes the first of image_url,
+// image_pil, image_embeds, audio_embeds, prompt_embeds, audio_url,
+// input_audio (not null) and video_url the part holds. A template that
+// loops over the parts gets it as {"type": "image"} ("audio", "video"),
+// as for a typed part.
+func TestUntypedMediaPartsRenderAsTheEngineReadsThem(t *testing.T) {
+	vl := qwenVLDir(t)
+	tok, err := tokenizer.Load(vl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", vl
+	r := startRouter(t, f, nil, up.url)
+	const img, vid = "<|vision_start|><|image_pad|><|vision_end|>", "<|vision_start|><|video_pad|><|vision_end|>"
+	for _, tc := range []struct{ parts, want string }{
+		{`{"image_url":{"url":"data:x"}},{"type":"text","text":"a"}`, img + "a"},
+		{`{"type":null,"image_url":"http://x/i.png"},{"type":"text","text":"a"}`, img + "a"},
+		{`{"type":"text","uuid":"u1","video_url":{"url":"v"},"text":"HIDDEN"},{"type":"text","text":"a"}`, vid + "a"},
+		{`{"type":"image_url","uuid":"u1","image_url":{"url":"i"}},{"type":"text","text":"a"}`, img + "a"},
+		{`{"video_url":"v","image_url":"i"},{"type":"text","text":"a"}`, img + "a"},
+		{`{"uuid":null,"image_url":{"url":"i"}},{"type":"text","text":"a"}`, img + "a"},
+	} {
+		body := `{"model":"m","messages":[{"role":"user","content":[` + tc.parts + `]}]}`
+		var b reqBody
+		if err := b.parse([]byte(body), kindChat); err != nil || string(b.text) != "a" {
+			t.Errorf("%s: prompt text %q (%v), want %q", tc.parts, b.text, err, "a")
+		}
+		want := "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n" + tc.want + "<|im_end|>\n<|im_start|>assistant\n"
+		if got := routerTokens(t, r.url, body); !slices.Equal(got, tok.Encode(nil, []byte(want))) {
+			t.Errorf("%s: router encoded %q, want %q", tc.parts, tok.Decode(got), want)
+		}
 	}
 }
