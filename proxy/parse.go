@@ -34,8 +34,9 @@ type reqBody struct {
 	continuousUsage bool
 	maxTokens       int // -1 when absent
 	// choices is how many completions the engine generates per prompt: the
-	// larger of n and best_of (1 when absent or not a positive integer:
-	// the engine refuses those); prompts is how many prompts a completion
+	// larger of n and best_of, the last copy of each as the engine reads
+	// it (1 when absent, null or not a positive integer: the engine
+	// refuses those); prompts is how many prompts a completion
 	// body batches (1 for a chat).
 	choices, prompts int
 	// text is the prompt text: the completion prompt, or the chat messages'
@@ -206,6 +207,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 	var perr error
 	var seen uint
 	maxCompletion := -2
+	nChoices, bestOf := 1, 1
 	once := func(bit uint, name string) bool {
 		if seen&bit != 0 {
 			if perr == nil {
@@ -341,8 +343,15 @@ func (b *reqBody) parse(d []byte, kind int) error {
 		case "tools":
 			b.toolsStart, b.toolsEnd = vs, ve // the last, as the engine reads it
 		case "n", "best_of":
-			if n, ok := parseInt(v); ok && n > b.choices {
-				b.choices = min(n, 1<<16)
+			// The last copy of each counts, as the engine reads it.
+			c := 1
+			if n, ok := parseInt(v); ok && n > 0 {
+				c = min(n, 1<<16)
+			}
+			if key[0] == 'n' {
+				nChoices = c
+			} else {
+				bestOf = c
 			}
 		case "input", "query", "text_1":
 			name := "input"
@@ -404,6 +413,7 @@ func (b *reqBody) parse(d []byte, kind int) error {
 	if maxCompletion >= 0 {
 		b.maxTokens = maxCompletion
 	}
+	b.choices = max(nChoices, bestOf)
 	if b.model == nil {
 		return errNoModel
 	}

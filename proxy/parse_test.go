@@ -330,6 +330,12 @@ func TestParseCountsTheGenerationsOfABody(t *testing.T) {
 		{kindCompletion, `{"model":"m","prompt":[[1,2],[3]],"best_of":3,"n":2}`, 6},
 		{kindCompletion, `{"model":"m","prompt":[1,2,3],"n":4}`, 4},
 		{kindCompletion, `{"model":"m","prompt":["a"],"n":99999999}`, 1 << 16},
+		// A repeated n or best_of counts by its last copy, as the
+		// engine's JSON decoder keeps it.
+		{kindChat, `{"model":"m","n":5,"n":1,"messages":[{"role":"user","content":"hi"}]}`, 1},
+		{kindChat, `{"model":"m","n":5,"n":null,"messages":[{"role":"user","content":"hi"}]}`, 1},
+		{kindCompletion, `{"model":"m","prompt":"p","best_of":4,"n":2,"best_of":2}`, 2},
+		{kindCompletion, `{"model":"m","prompt":"p","n":1,"n":3}`, 3},
 	} {
 		var b reqBody
 		if err := b.parse([]byte(tc.body), tc.kind); err != nil {
