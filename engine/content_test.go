@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/infera/infera/tokenizer"
@@ -29,7 +30,7 @@ func TestContentPartsRenderJoinedAsTheRouterJoinsThem(t *testing.T) {
 	f(`null`, "")
 	f(`[{"type":"text","text":"Describe"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"this image"}]`, "Describe\nthis image")
 	f(`[{"type":"text","text":""},{"type":"text","text":"a"},{"type":"text","text":""},{"type":"text","text":"b"}]`, "a\nb")
-	f(`[{"text":"untyped"},{"type":"image_url","text":"not text"},{"type":"text","text":"only"}]`, "only")
+	f(`[{"type":"image_url","text":"not text"},{"type":"text","text":"only"}]`, "only")
 	f(`[{"type":"\u0074ext","text":"escaped type"}]`, "escaped type")
 	// vLLM's other text part types (chat_utils' TEXT_PART_TYPES), which
 	// the engine, as the router, skipped: Responses-style input_text and
@@ -38,8 +39,10 @@ func TestContentPartsRenderJoinedAsTheRouterJoinsThem(t *testing.T) {
 		`{"type":"output_text"},{"type":"refusal","text":"not its key"},{"type":"output_text","text":"o"}]`, "a\nr\nt\no")
 	// Keys are read exactly, as vLLM's part.get("text") and the router read
 	// them; encoding/json took "Text" and "TYPE" too (a chat the router
-	// counted 8 tokens, the engine 14).
-	f(`[{"type":"text","Text":"zzz"},{"TYPE":"text","text":"yyy"},{"type":"refusal","Refusal":"xxx"},{"type":"text","text":"w"}]`, "w")
+	// counted 8 tokens, the engine 14). A part whose only type key is
+	// "TYPE" has no type: vLLM reads it by its keys and refuses it
+	// (TestContentArraysAreReadAsVLLMAndTheRouterReadThem).
+	f(`[{"type":"text","Text":"zzz"},{"type":"refusal","Refusal":"xxx"},{"type":"text","text":"w"}]`, "w")
 }
 
 // bosSimple is the Simple tokenizer with a BOS (id 7) before a plain
@@ -170,4 +173,58 @@ func render(t *testing.T, body string) (string, error) {
 	t.Helper()
 	_, _, text, err := parseChat([]byte(body), tokenizer.Simple{}, nil, nil)
 	return string(text), err
+}
+
+// A content array is read as vLLM reads it and as the router reads it
+// (proxy.appendTextParts): a plain string is a text part; a part without
+// a type, or with a non-null uuid, is read by its keys (the first media
+// key makes it a media part, its text unread), and one with no media key
+// is refused. The engine refused plain strings (a 400 where vLLM and the
+// router take the chat) and read a uuid'd media part's text.
+func TestContentArraysAreReadAsVLLMAndTheRouterReadThem(t *testing.T) {
+	render := func(content string) (string, []tokenizer.ContentPart, error) {
+		body := `{"messages":[{"role":"user","content":` + content + `}],"add_generation_prompt":false}`
+		_, _, text, err := parseChat([]byte(body), tokenizer.Simple{}, nil, nil)
+		if err != nil {
+			return "", nil, err
+		}
+		var m tokenizer.Message
+		if err := flattenContent(&m, []byte(content)); err != nil {
+			return "", nil, err
+		}
+		return string(text), m.Parts, nil
+	}
+	for _, c := range []struct {
+		content, want string
+		parts         []string
+	}{
+		{`["a",{"type":"text","text":"b"}]`, "a\nb", []string{"text", "text"}},
+		{`[{"image_url":{"url":"x"}},{"type":"text","text":"t"}]`, "t", []string{"image", "text"}},
+		{`[{"type":"text","uuid":"u","video_url":{"url":"v"},"text":"HIDDEN"},{"type":"text","text":"t"}]`, "t", []string{"video", "text"}},
+		{`[{"type":"text","uuid":null,"text":"kept"}]`, "kept", []string{"text"}},
+		{`[{"input_audio":null,"audio_url":{"url":"a"}},"s"]`, "s", []string{"audio", "text"}},
+		{`[{"prompt_embeds":"e"},"s"]`, "s", []string{"text"}},
+	} {
+		got, parts, err := render(c.content)
+		if err != nil {
+			t.Errorf("%s: %v", c.content, err)
+			continue
+		}
+		want := "<|im_start|>user\n" + c.want + "<|im_end|>\n"
+		if got != want {
+			t.Errorf("%s: rendered %q, want %q", c.content, got, want)
+		}
+		var types []string
+		for _, p := range parts {
+			types = append(types, p.Type)
+		}
+		if strings.Join(types, ",") != strings.Join(c.parts, ",") {
+			t.Errorf("%s: parts %v, want %v", c.content, types, c.parts)
+		}
+	}
+	for _, bad := range []string{`[{"text":"untyped"}]`, `[{"TYPE":"text","text":"yyy"}]`, `[{"type":null,"text":"t"}]`, `[{"type":"text","uuid":"u","text":"t"}]`} {
+		if _, _, err := render(bad); err == nil {
+			t.Errorf("%s: taken; vLLM refuses a part read by its keys that holds no media", bad)
+		}
+	}
 }

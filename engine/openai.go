@@ -230,12 +230,46 @@ type contentPart struct {
 	Text     *string
 	Refusal  *string
 	Thinking *string
+	// byKeys is the modality of a part vLLM reads by its keys (no type,
+	// or a non-null uuid): "image", "audio", "video", or "" for one that
+	// renders no media part (prompt_embeds).
+	byKeys   string
+	readKeys bool
 }
+
+// untypedMedia are the keys by which vLLM reads a content part without a
+// type (or with a non-null uuid), in the order it tries them
+// (_parse_chat_message_content_mm_part in vllm/entrypoints/chat_utils.py),
+// with their modality, as the router reads them (proxy.untypedMedia).
+var untypedMedia = [...][2]string{{"image_url", "image"}, {"image_pil", "image"}, {"image_embeds", "image"},
+	{"audio_embeds", "audio"}, {"prompt_embeds", ""}, {"audio_url", "audio"}, {"input_audio", "audio"}, {"video_url", "video"}}
 
 // UnmarshalJSON reads the part's keys exactly as vLLM's chat_utils reads
 // them (part.get("text"), ...): encoding/json would also take "Text" or
-// "TYPE", which vLLM and the router ignore.
+// "TYPE", which vLLM and the router ignore. A plain string is a text part
+// (vLLM's "Handle plain text parts"); a part without a type, or with a
+// non-null uuid, is read by its keys: the first media key it holds makes
+// it a media part whatever its type and text say, and one holding none is
+// refused, as vLLM refuses it.
 func (p *contentPart) UnmarshalJSON(b []byte) error {
+	*p = contentPart{Type: "text"}
+	if b = bytes.TrimSpace(b); len(b) > 0 && b[0] == '"' {
+		return json.Unmarshal(b, &p.Text)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	typ, uuid := m["type"], m["uuid"]
+	if isNull(typ) || !isNull(uuid) {
+		for _, mk := range untypedMedia {
+			if v, ok := m[mk[0]]; ok && (mk[0] != "input_audio" || !isNull(v)) {
+				*p = contentPart{readKeys: true, byKeys: mk[1]}
+				return nil
+			}
+		}
+		return errors.New("a content part without a type (or with a uuid) holds no media")
+	}
 	*p = contentPart{}
 	return unmarshalExact(b, map[string]any{"type": &p.Type, "text": &p.Text, "refusal": &p.Refusal, "thinking": &p.Thinking})
 }
@@ -372,6 +406,12 @@ func flattenContent(m *tokenizer.Message, raw json.RawMessage) error {
 		n := 0
 		m.ContentArray = true
 		for _, p := range parts {
+			if p.readKeys {
+				if p.byKeys != "" {
+					m.Parts = append(m.Parts, tokenizer.ContentPart{Type: p.byKeys})
+				}
+				continue
+			}
 			switch p.Type {
 			case "image_url", "input_image", "image_pil", "image_embeds":
 				m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "image"})
