@@ -448,7 +448,7 @@ const casRetryFor = 10 * time.Second
 // infera_config_applies_total{result="ok"} (a refused one is counted by
 // the API route, countRefused).
 func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(doc map[string]any) error) (*config.Config, uint64, error) {
-	return a.changeChecked(who, action, ifVersion, nil, 0, mutate)
+	return a.changeChecked(who, action, ifVersion, nil, 0, mutate, nil)
 }
 
 // changeChecked is change with checked, the config mutate makes from the
@@ -457,7 +457,14 @@ func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(d
 // without building and parsing the document again (a second parse of an
 // import was a third of what it allocated); once another has landed,
 // mutate makes the change as in change.
-func (a *Admin) changeChecked(who actor, action string, ifVersion uint64, checked *config.Config, checkedVer uint64, mutate func(doc map[string]any) error) (*config.Config, uint64, error) {
+//
+// before, if not nil, runs under the admin lock just before each commit
+// with the config and version the commit replaces (an import's snapshot of
+// the data it replaces): no other write of this admin can land between the
+// two, and a hand edit picked up meanwhile fails the commit, which is then
+// retried (before again, on the new base) or refused. An error from before
+// changes nothing.
+func (a *Admin) changeChecked(who actor, action string, ifVersion uint64, checked *config.Config, checkedVer uint64, mutate func(doc map[string]any) error, before func(cur *config.Config, ver uint64) error) (*config.Config, uint64, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := a.syncFile(); err != nil {
@@ -497,6 +504,11 @@ func (a *Admin) changeChecked(who actor, action string, ifVersion uint64, checke
 		if why := a.startupFixed(); why != "" {
 			if name := startupChanged(cur, next); name != "" {
 				return nil, 0, startupErr(name, why)
+			}
+		}
+		if before != nil {
+			if err := before(cur, ver); err != nil {
+				return nil, 0, err
 			}
 		}
 		a.pending.Store(&pendingChange{cfg: next, who: who, action: action})

@@ -772,13 +772,25 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusOK, map[string]any{"valid": true, "snapshot_version": f.Version, "changes": changes, "more": more})
 		return nil
 	}
-	// An import that changes nothing takes no snapshot: a copy of the
-	// current data would rotate out a distinct manual snapshot (the
-	// operator's own) for nothing.
-	if a.snaps != nil && !sameAs(cur, next) {
-		if _, err := a.snapshot(kindManual); err != nil {
+	// The current data is saved as a manual snapshot under the admin
+	// lock, right before the commit that replaces it (changeChecked's
+	// before): taken here, ahead of the lock, a write landing in between
+	// (an import without If-Match applies over it) was replaced without
+	// any snapshot holding it. An import that changes nothing takes no
+	// snapshot (changeChecked commits nothing): a copy of the current data
+	// would rotate out a distinct manual snapshot (the operator's own) for
+	// nothing.
+	var snapped *config.Config
+	var snappedVer uint64
+	before := func(cur *config.Config, ver uint64) error {
+		if a.snaps == nil || (snapped == cur && snappedVer == ver) {
+			return nil
+		}
+		if _, err := a.snapshotOf(kindManual, cur, ver); err != nil {
 			return fmt.Errorf("cannot save the current data before the import (nothing changed): %w", err)
 		}
+		snapped, snappedVer = cur, ver
+		return nil
 	}
 	// Import the config checked above while its base is current; when
 	// another change landed since (an import without If-Match), the
@@ -796,7 +808,7 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 			doc[k] = val
 		}
 		return nil
-	})
+	}, before)
 	if err != nil {
 		var fe *config.FieldError
 		if errors.As(err, &fe) {

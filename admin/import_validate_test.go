@@ -62,7 +62,7 @@ func TestAnImportChecksItsConfigOnceBeforeItStoresIt(t *testing.T) {
 		_, _, err = e.a.changeChecked(actor{Who: "test"}, "import", 0, next, ver-1, func(doc map[string]any) error {
 			doc["session_affinity"].(map[string]any)["enabled"] = next.SessionAffinity.Enabled
 			return nil
-		})
+		}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

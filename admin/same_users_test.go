@@ -39,7 +39,7 @@ func TestAChangeComparesUsersWithoutEncodingThem(t *testing.T) {
 	got, gotVer, err := e.a.changeChecked(actor{Who: "test"}, "import", 0, next, ver, func(map[string]any) error {
 		t.Error("the change was made again")
 		return nil
-	})
+	}, nil)
 	runtime.ReadMemStats(&after)
 	if err != nil || got != cur || gotVer != ver {
 		t.Fatalf("a change to the same config: %v, version %d (was %d), the config serving kept: %v", err, gotVer, ver, got == cur)

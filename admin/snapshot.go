@@ -399,6 +399,24 @@ func (a *Admin) snapshot(kind string) (info SnapshotInfo, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c, v := a.store.Current()
+	return a.snapshotLocked(kind, c, v)
+}
+
+// snapshotOf stores a snapshot of c, the config of version v (an import's
+// snapshot of the data it replaces, taken under the admin lock).
+func (a *Admin) snapshotOf(kind string, c *config.Config, v uint64) (SnapshotInfo, error) {
+	s := a.snaps
+	if s == nil {
+		return SnapshotInfo{}, errors.New("no snapshot directory: start with --persist-snapshot-dir")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return a.snapshotLocked(kind, c, v)
+}
+
+// snapshotLocked stores a snapshot of c at version v. s.mu must be held.
+func (a *Admin) snapshotLocked(kind string, c *config.Config, v uint64) (info SnapshotInfo, err error) {
+	s := a.snaps
 	if kind == kindAuto {
 		clear, err := encodeClear(c)
 		if err != nil {
