@@ -199,7 +199,7 @@ function nav(active) {
   const groups = {};
   const order = ['Scheduling', 'Routing', 'Protection', 'Advanced', 'Fleet'];
   for (const s of S.schema) {
-    if (s.key === 'users') continue;
+    if (Object.hasOwn(ownPage, s.key)) continue;
     (groups[s.group || 'Advanced'] = groups[s.group || 'Advanced'] || []).push(['section/' + s.key, s.label]);
   }
   const link = ([href, label]) => h('a', { href: '#/' + href, class: active === href ? 'active' : null, 'data-nav': href, text: label });
@@ -221,6 +221,12 @@ function layout(active, ...content) {
   return main;
 }
 
+// ownPage names the sections the console edits on a page of their own,
+// never as a settings form: users holds each user's stored key hashes,
+// which the console never shows (Users & keys shows keys by id), so
+// #/section/users opens that page.
+const ownPage = { users: 'users' };
+
 function route() {
   if (document.body.classList.contains('dirty') && location.hash !== S.hash) {
     if (!confirm('Discard your unsaved changes?')) { history.replaceState(null, '', S.hash || '#/fleet'); return; }
@@ -229,7 +235,12 @@ function route() {
   clearTimers();
   document.body.classList.remove('dirty');
   const hash = location.hash.replace(/^#\//, '') || 'fleet';
-  const [page, arg] = hash.split('/');
+  let [page, arg] = hash.split('/');
+  if (page === 'section' && Object.hasOwn(ownPage, arg)) {
+    page = ownPage[arg];
+    history.replaceState(null, '', '#/' + page);
+    S.hash = location.hash;
+  }
   if (page === 'section' && arg) return sectionPage(arg);
   if (page === 'users') return usersPage();
   if (page === 'backup') return backupPage();
@@ -523,7 +534,7 @@ function showError(root, banner, e) {
 
 async function sectionPage(key) {
   document.body.classList.remove('dirty');
-  const f = S.schema.find((s) => s.key === key);
+  const f = Object.hasOwn(ownPage, key) ? null : S.schema.find((s) => s.key === key);
   if (!f) return layout('', h('div', { class: 'banner error', text: 'No section ' + key }));
   const r = await api('GET', '/api/config/' + key);
   if (location.hash !== '#/section/' + key) return; // left while the section loaded
