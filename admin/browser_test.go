@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,23 +14,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/internal/browsertest"
 )
-
-// findChromium returns the browser binary, or skips (fails with
-// INFERA_REQUIRE_BROWSER=1) when there is none.
-func findChromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("INFERA_REQUIRE_BROWSER") == "1" {
-		t.Fatal("no chromium found and INFERA_REQUIRE_BROWSER=1: apt-get install -y chromium")
-	}
-	t.Skip("browser test skipped: no chromium on PATH (apt-get install -y chromium; INFERA_REQUIRE_BROWSER=1 makes this a failure)")
-	return ""
-}
 
 // TestConsoleInBrowser drives the console in headless Chromium the way an
 // operator would: sign in, edit a section (a bad value shows its error next
@@ -321,7 +304,7 @@ func TestTheConsoleSaysWhyTheAdminAPIRefusedTheSignIn(t *testing.T) {
 // and returns the context of its tab (60 s); it skips without Chromium.
 func newBrowser(t *testing.T, opts ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
-	bin := findChromium(t)
+	bin := browsertest.FindChromium(t)
 	actx, cancel := chromedp.NewExecAllocator(context.Background(), append([]chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(bin),
 		chromedp.Headless,
@@ -337,7 +320,7 @@ func newBrowser(t *testing.T, opts ...chromedp.ExecAllocatorOption) context.Cont
 		chromedp.UserDataDir(t.TempDir()),
 		// Chromium keeps its singleton socket in a directory of its own
 		// under TMPDIR, which a killed browser leaves behind: one per run.
-		chromedp.Env("TMPDIR=" + shortTempDir(t)),
+		chromedp.Env("TMPDIR=" + browsertest.ShortTempDir(t)),
 	}, opts...)...)
 	t.Cleanup(cancel)
 	ctx, cancel2 := chromedp.NewContext(actx)
@@ -347,54 +330,6 @@ func newBrowser(t *testing.T, opts ...chromedp.ExecAllocatorOption) context.Cont
 	if err := chromedp.Do(ctx); err != nil { // starts the browser, bound to ctx
 		t.Fatalf("cannot start %s: %v", bin, err)
 	}
-	failOnPageErrors(t, ctx)
+	browsertest.FailOnPageErrors(t, ctx)
 	return ctx
-}
-
-// failOnPageErrors fails the test, at its end, for what the console's page
-// wrote to the browser's console that is a fault of the page: an uncaught
-// exception or unhandled rejection, a console.error, or a browser log
-// entry other than a failed request (an error status the page asked for
-// and shows, such as a 400 for a bad value or a 409 for a stale ETag, is
-// logged by the browser as a failed resource, and is no fault).
-func failOnPageErrors(t *testing.T, ctx context.Context) {
-	t.Helper()
-	var mu sync.Mutex
-	var bad []string
-	go func() {
-		for m, err := range chromedp.Console(ctx) {
-			if err != nil {
-				return
-			}
-			switch {
-			case m.IsException(), m.Type == chromedp.ConsoleError && m.Source == "":
-			case m.Source != "" && m.Source != "network" && (m.Type == chromedp.ConsoleError || m.Type == chromedp.ConsoleWarning):
-			default:
-				continue
-			}
-			mu.Lock()
-			bad = append(bad, m.String())
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(bad) > 0 {
-			t.Errorf("the console's page wrote %d error(s) to the browser's console:\n%s", len(bad), strings.Join(bad, "\n"))
-		}
-	})
-}
-
-// shortTempDir is a temporary directory with a short path, removed at the
-// end of the test: a socket path (Chromium's singleton socket) must fit
-// 108 bytes, which t.TempDir's, named after the test, may not.
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "chr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
 }

@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -30,6 +29,7 @@ import (
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/govern"
+	"github.com/infera/infera/internal/browsertest"
 	"github.com/infera/infera/internal/testsrv"
 )
 
@@ -218,7 +218,7 @@ func waitChat(t *testing.T, router string, d time.Duration, what string, want in
 // created and its key used; a backup is exported, the config changed, and
 // the backup imported back, which restores the router's behaviour.
 func TestE2EAdminConsoleDrivesTheRouter(t *testing.T) {
-	bin := findChromium(t)
+	bin := browsertest.FindChromium(t)
 	// Two engines publishing KV events, routed kv-aware: the fleet page
 	// shows their KV blocks.
 	var workers []string
@@ -244,7 +244,7 @@ func TestE2EAdminConsoleDrivesTheRouter(t *testing.T) {
 	ag.wantChat("before any change", 200)
 
 	ctx := newBrowser(t, bin)
-	failOnPageErrors(t, ctx)
+	browsertest.FailOnPageErrors(t, ctx)
 	dl := t.TempDir()
 	step := func(what string, steps ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
@@ -418,22 +418,6 @@ func saveScreenshot(t *testing.T, ctx context.Context, name string) {
 	}
 }
 
-// findChromium returns the browser binary, or skips (fails with
-// INFERA_REQUIRE_BROWSER=1) when there is none.
-func findChromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("INFERA_REQUIRE_BROWSER") == "1" {
-		t.Fatal("no chromium found and INFERA_REQUIRE_BROWSER=1: apt-get install -y chromium")
-	}
-	t.Skip("browser test skipped: no chromium on PATH (apt-get install -y chromium; INFERA_REQUIRE_BROWSER=1 makes this a failure)")
-	return ""
-}
-
 // newBrowser starts headless Chromium for the test (stopped at its end)
 // and returns its context, bounded to 60 s.
 func newBrowser(t *testing.T, bin string) context.Context {
@@ -453,7 +437,7 @@ func newBrowser(t *testing.T, bin string) context.Context {
 		chromedp.UserDataDir(t.TempDir()),
 		// Chromium keeps its singleton socket in a directory of its own
 		// under TMPDIR, which a killed browser leaves behind: one per run.
-		chromedp.Env("TMPDIR="+shortTempDir(t)),
+		chromedp.Env("TMPDIR="+browsertest.ShortTempDir(t)),
 	)
 	ctx, cancel2 := chromedp.NewContext(actx)
 	ctx, cancel3 := context.WithTimeout(ctx, 60*time.Second)
@@ -462,41 +446,6 @@ func newBrowser(t *testing.T, bin string) context.Context {
 		t.Fatalf("cannot start %s: %v", bin, err)
 	}
 	return ctx
-}
-
-// failOnPageErrors fails the test, at its end, for what the console's page
-// wrote to the browser's console that is a fault of the page: an uncaught
-// exception or unhandled rejection, a console.error, or a browser log entry
-// other than a failed request (an error status the page asked for and
-// shows, a 400 for a bad value, is logged as a failed resource and is no
-// fault). As admin's browser tests do.
-func failOnPageErrors(t *testing.T, ctx context.Context) {
-	t.Helper()
-	var mu sync.Mutex
-	var bad []string
-	go func() {
-		for m, err := range chromedp.Console(ctx) {
-			if err != nil {
-				return
-			}
-			switch {
-			case m.IsException(), m.Type == chromedp.ConsoleError && m.Source == "":
-			case m.Source != "" && m.Source != "network" && (m.Type == chromedp.ConsoleError || m.Type == chromedp.ConsoleWarning):
-			default:
-				continue
-			}
-			mu.Lock()
-			bad = append(bad, m.String())
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(bad) > 0 {
-			t.Errorf("the console's page wrote %d error(s) to the browser's console:\n%s", len(bad), strings.Join(bad, "\n"))
-		}
-	})
 }
 
 // waitDownload returns the one exported snapshot downloaded into dir.
@@ -1011,19 +960,6 @@ func TestFleetViewRuleHitsAreGovernsCounters(t *testing.T) {
 	}
 	over.Done()
 	held.Done()
-}
-
-// shortTempDir is a temporary directory with a short path, removed at the
-// end of the test: a socket path (Chromium's singleton socket) must fit
-// 108 bytes, which t.TempDir's, named after the test, may not.
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "chr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
 }
 
 // With the config in Redis, a router with etcd discovery refuses an admin

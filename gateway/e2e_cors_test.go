@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/infera/infera/internal/browsertest"
 )
 
 // A web page in a real browser calls the router from another origin:
@@ -15,7 +17,7 @@ import (
 // X-Request-Id header, and a 401's error body; a page of an origin not
 // listed is refused by the browser before anything is sent with its key.
 func TestE2EBrowserPageOfAnAllowedOriginCallsTheAPI(t *testing.T) {
-	bin := findChromium(t)
+	bin := browsertest.FindChromium(t)
 	page := func() *httptest.Server {
 		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/html")
