@@ -53,7 +53,9 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 	}
 	s.watch(ctx, rs)
 	res := tries{allConnect: true}
-	if cfg.SplitProxy.Enabled && !byIDKind(rs.acc.kind) { // a stored Response is a local engine's
+	if cfg.SplitProxy.Enabled && (!byIDKind(rs.acc.kind) || s.heldByEntry(cfg, r.Prefer)) {
+		// A stored Response is a local engine's, but one an external
+		// entry made: the split proxy sends it to that entry alone.
 		s.dispatchSplit(ctx, cfg, rs, &res)
 	} else {
 		s.dispatchLocal(ctx, cfg, rs, &res, false)

@@ -21,7 +21,10 @@ import (
 // Responses affinity table keeps for it (respaffinity.go), through the one
 // request path (dispatch), pinned there as a follow-up is (full: waits for
 // its seat; on trial or open: 503; draining: 410; failed: not retried
-// elsewhere). The table is this router's memory and, with --state redis,
+// elsewhere); a response an external split proxy entry made, to that entry
+// alone while it is enabled at the same address (dispatchSplit), as the
+// request that made it went there: the entry's key, never the client's
+// credentials (attemptExternal), the retrieve's query kept. The table is this router's memory and, with --state redis,
 // the records other routers share there (respshared.go); it is asked
 // only while Responses are passed through (storesResponses). An id the
 // table does not hold, any id while they are converted, one it holds for
@@ -138,7 +141,12 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx, kind int) {
 	var w *fleet.Worker
 	if known {
 		if w = s.sched.Fleet.Get(e.ref.ID); w == nil || !e.ref.Is(w) {
-			known = false // its engine left the fleet, and the response with it
+			// Not a fleet engine's: an enabled external split proxy
+			// entry's, at the address that made it (split.go learns
+			// their answers), is sent there; otherwise its engine left
+			// the fleet, and the response with it.
+			w = nil
+			known = s.heldByEntry(cfg, e.ref)
 		}
 	}
 	if !known {
@@ -153,8 +161,9 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx, kind int) {
 	}
 	mPrevResponseRouted.Inc()
 	r.Prefer = e.ref
-	// The engine's own model names it a candidate of model routing.
-	if len(w.Models) > 0 {
+	// The engine's own model names it a candidate of model routing (an
+	// external entry's request names none: it is pinned to the entry).
+	if w != nil && len(w.Models) > 0 {
 		rs.parsed.modelBuf = append(rs.parsed.modelBuf[:0], w.Models[0]...)
 		r.Model = rs.parsed.modelBuf
 	}
@@ -175,6 +184,17 @@ func (s *Server) handleResponseByID(ctx *fasthttp.RequestCtx, kind int) {
 		}
 	}
 	s.dispatch(ctx, cfg, rs)
+}
+
+// heldByEntry reports whether ref is the upstream of an enabled external
+// split proxy entry of cfg (split proxy on): a response it made is
+// retrieved and cancelled there (dispatchSplit sends the request to that
+// entry alone).
+func (s *Server) heldByEntry(cfg *config.Config, ref fleet.Ref) bool {
+	if !cfg.SplitProxy.Enabled || ref.ID == "" {
+		return false
+	}
+	return heldExternal(&cfg.SplitProxy, s.ext.splitTable(&cfg.SplitProxy), ref) >= 0
 }
 
 // storesResponses reports whether Responses creates are passed through

@@ -7,6 +7,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/config"
+	"github.com/infera/infera/fleet"
 	"github.com/infera/infera/sched"
 	upstreams "github.com/infera/infera/upstream"
 	"github.com/valyala/fasthttp"
@@ -44,7 +45,7 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		// global scheduling never forwards it (pinnedLocal). Split by the
 		// weights, every other follow-up got an external entry's 404.
 		rs.ext.plan = append(rs.ext.plan[:0], i)
-	} else if i := heldExternal(sp, tbl, &rs.sreq); i >= 0 {
+	} else if i := heldExternal(sp, tbl, rs.sreq.Prefer); i >= 0 {
 		// A follow-up of a response an external entry made goes back
 		// to that entry alone: no other upstream knows the id. Split by
 		// the weights, every other one reached the local engines and
@@ -141,14 +142,15 @@ func activeLocal(sp *config.SplitProxy) int {
 }
 
 // heldExternal returns the index of the enabled external entry whose
-// upstream made the response r's previous_response_id names
+// upstream is ref, the one that made the response a follow-up's
+// previous_response_id names or a retrieve or cancel is for
 // (respaffinity.go learns split entries' answers too), or -1.
-func heldExternal(sp *config.SplitProxy, tbl *extTable, r *sched.Request) int {
-	if r.Prefer.ID == "" {
+func heldExternal(sp *config.SplitProxy, tbl *extTable, ref fleet.Ref) int {
+	if ref.ID == "" {
 		return -1
 	}
 	for i := range sp.Proxies {
-		if p := &sp.Proxies[i]; !p.Local && p.Active() && i < len(tbl.ups) && tbl.ups[i] != nil && r.Prefer.Is(tbl.ups[i].w) {
+		if p := &sp.Proxies[i]; !p.Local && p.Active() && i < len(tbl.ups) && tbl.ups[i] != nil && ref.Is(tbl.ups[i].w) {
 			return i
 		}
 	}
@@ -203,7 +205,8 @@ func (s *Server) splitBound(cfg *config.Config, sp *config.SplitProxy, tbl *extT
 // standalone worker (refused while its breaker is open), the request path
 // under its base URL (the client's query is dropped), the header block of
 // upstream.AppendHeaders (its key, never the client's credentials; the hop
-// header when forwarding to a member gateway), our HTTP/1.1 transport.
+// header when forwarding to a member gateway), our HTTP/1.1 transport. The
+// query of a stored Response's retrieve is kept.
 // An unavailable upstream returns attemptFailed without a failure.
 func (s *Server) attemptExternal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, u *extUpstream, hop, mayRetry bool, res *tries) attemptResult {
 	if ok, onTrial := rs.lease.AcquireExternal(u.w, s.sched.Now); !ok {
@@ -225,7 +228,10 @@ func (s *Server) attemptExternal(ctx *fasthttp.RequestCtx, cfg *config.Config, r
 	c := &rs.call
 	rs.ext.cur = u
 	path := rs.path
-	if i := bytes.IndexByte(path, '?'); i >= 0 {
+	if i := bytes.IndexByte(path, '?'); i >= 0 && !byIDKind(rs.acc.kind) {
+		// The client's query is dropped, but a retrieve's (stream,
+		// starting_after: cleaned in handleResponseByID), which the
+		// entry's API reads as a local engine does.
 		path = path[:i]
 	}
 	rs.ext.path = u.ep.AppendPath(rs.ext.path[:0], path)
