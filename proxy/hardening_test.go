@@ -1447,6 +1447,9 @@ func TestATokenIDPromptIsRoutedByPrefix(t *testing.T) {
 	cfg := config.Default()
 	cfg.PrefixCache.Enabled = true
 	cfg.Debug.DecisionHeader = true
+	// What is checked is the layer, not the decision's time: on a loaded
+	// machine the default 50 ms wait was once exceeded (sched-timeout).
+	cfg.SchedTimeout.WaitTimeoutMS = 5000
 	f := defaultFlags()
 	f.RouterPolicy = "least-requests"
 	r := startRouter(t, f, cfg, a.url, b.url)
