@@ -165,6 +165,8 @@ var fieldMeta = map[string]meta{
 	"global_scheduling.min_free":                         {label: "Minimum free capacity"},
 	"global_scheduling.forward_stream_first_packet_ms":   {label: "Forwarded stream first packet timeout", unit: "ms", help: "A member that sends no first event within it is marked failed and the request fails over; 0: the general timeouts only."},
 	"global_scheduling.forward_non_stream_first_byte_ms": {label: "Forwarded non-stream first byte timeout", unit: "ms", help: "A member that sends no answer within it is marked failed and the request fails over; 0: the general timeouts only."},
+	"global_scheduling.forward_failure_backoff_ms":       {label: "Failed member backoff", unit: "ms", help: "A member whose forward failed (unreachable, timeout, 5xx) takes no forward for this long, whatever its polls say; then one request tries it. Doubles after a failed try; 0: until its next good poll only."},
+	"global_scheduling.forward_failure_max_backoff_ms":   {label: "Failed member max backoff", unit: "ms"},
 
 	"smart_model_selection":                           {label: "Smart model selection", group: "Routing", help: "A classifier picks the L1/L2/L3 tier model per request (cost optimisation). Incompatible with weight-based splitting."},
 	"smart_model_selection.enabled":                   {label: "Enabled"},

@@ -180,6 +180,15 @@ type GlobalScheduling struct {
 	// non-streamed request, whose first byte comes with the whole answer.
 	// 0: only timeouts.non_stream_total_s. Default 300000.
 	ForwardNonStreamFirstByteMS float64 `json:"forward_non_stream_first_byte_ms"`
+	// ForwardFailureBackoffMS is how long a member whose forward failed as
+	// its fault (unreachable, a timeout, an invalid answer, 5xx, the
+	// gateway's key refused) takes no forward, whatever its capacity
+	// polls say; then one forward tries it: its success readmits the
+	// member, its failure keeps it out for twice as long, up to
+	// ForwardFailureMaxBackoffMS. 0: a failed forward drops the member
+	// until its next good poll only. Defaults 5000 and 60000.
+	ForwardFailureBackoffMS    float64 `json:"forward_failure_backoff_ms"`
+	ForwardFailureMaxBackoffMS float64 `json:"forward_failure_max_backoff_ms"`
 }
 
 // Member is one gateway of another region.
@@ -293,7 +302,8 @@ func defaultMirror() Mirror {
 
 func defaultGlobalScheduling() GlobalScheduling {
 	return GlobalScheduling{PollIntervalMS: 1000, PollTimeoutMS: 500, StaleAfterMS: 5000, MinFree: 1,
-		ForwardStreamFirstPacketMS: 30000, ForwardNonStreamFirstByteMS: 300000}
+		ForwardStreamFirstPacketMS: 30000, ForwardNonStreamFirstByteMS: 300000,
+		ForwardFailureBackoffMS: 5000, ForwardFailureMaxBackoffMS: 60000}
 }
 
 func defaultSmartModelSelection() SmartModelSelection {
@@ -500,6 +510,15 @@ func (g *GlobalScheduling) validate() error {
 	}
 	if err := millis("global_scheduling.forward_non_stream_first_byte_ms", g.ForwardNonStreamFirstByteMS); err != nil {
 		return err
+	}
+	if err := millis("global_scheduling.forward_failure_backoff_ms", g.ForwardFailureBackoffMS); err != nil {
+		return err
+	}
+	if err := millis("global_scheduling.forward_failure_max_backoff_ms", g.ForwardFailureMaxBackoffMS); err != nil {
+		return err
+	}
+	if g.ForwardFailureMaxBackoffMS < g.ForwardFailureBackoffMS {
+		return fieldErr("global_scheduling.forward_failure_max_backoff_ms", "%g is below forward_failure_backoff_ms (%g)", g.ForwardFailureMaxBackoffMS, g.ForwardFailureBackoffMS)
 	}
 	return nil
 }
