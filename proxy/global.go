@@ -166,6 +166,13 @@ func forwardFirstByte(g *config.GlobalScheduling, stream bool, now, fb time.Time
 	if stream {
 		ms = g.ForwardStreamFirstPacketMS
 	}
+	return soonerFirstByte(ms, now, fb)
+}
+
+// soonerFirstByte returns the first-byte deadline of an attempt started at
+// now: fb, or now plus ms when that is sooner (and ms positive), and
+// whether the latter is the one.
+func soonerFirstByte(ms float64, now, fb time.Time) (time.Time, bool) {
 	if ms <= 0 {
 		return fb, false
 	}
