@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -25,28 +24,55 @@ const importTestAdminKey = "test-admin-key-0123456789"
 // routerChild is `infera serve` run by the test binary in a process of its
 // own (TestMain), on loopback.
 type routerChild struct {
-	port, adminPort int
-	out             *bytes.Buffer
-	stop            func() // kills the router and waits for it (also at the test's end)
+	url, adminURL string // http://host:port of the front door and of the admin API
+	out           *logBuffer
+	stop          func() // kills the router and waits for it (also at the test's end)
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+// logBuffer is a child's output, written by exec's copying goroutine while
+// the test reads it.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// addr returns the addr= field of the first log line with msg ("" until
+// there is one).
+func (l *logBuffer) addr(msg string) string {
+	for _, line := range strings.Split(l.String(), "\n") {
+		if !strings.Contains(line, `msg="`+msg+`"`) {
+			continue
+		}
+		if _, a, ok := strings.Cut(line, " addr="); ok {
+			a, _, _ = strings.Cut(a, " ")
+			return a
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ""
 }
 
 // startRouter starts a router on the config file cfg, with its admin API,
 // at the default GOGC, and waits (at most 20 s) until it serves /metrics.
+// The front door and the admin listener bind ports of their own (--port
+// 0, --admin-port=-1) and the router's log says which: a port picked free
+// beforehand could be taken by another process before the router binds it.
 func startRouter(t *testing.T, cfg string) *routerChild {
 	t.Helper()
-	r := &routerChild{port: freePort(t), adminPort: freePort(t), out: &bytes.Buffer{}}
-	js, _ := json.Marshal([]string{"serve", "--host", "127.0.0.1", "--port", strconv.Itoa(r.port),
-		"--admin-port", strconv.Itoa(r.adminPort), "--admin-key", importTestAdminKey, "--config", cfg,
+	r := &routerChild{out: &logBuffer{}}
+	js, _ := json.Marshal([]string{"serve", "--host", "127.0.0.1", "--port", "0",
+		"--admin-port=-1", "--admin-key", importTestAdminKey, "--config", cfg,
 		"--request-transport", "http", "--kv-event-transport", "zmq", "--discovery-backend", "static"})
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	env := []string{"INFERA_MAIN_CHILD_ARGS=" + string(js)}
@@ -66,8 +92,18 @@ func startRouter(t *testing.T, cfg string) *routerChild {
 	t.Cleanup(r.stop)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if _, err := r.heap(); err == nil {
-			return r
+		if r.url == "" {
+			if a := r.out.addr("infera serving"); a != "" {
+				r.url = "http://" + a
+			}
+		}
+		if r.adminURL == "" {
+			r.adminURL = strings.TrimSuffix(r.out.addr("admin API and console listening"), "/")
+		}
+		if r.url != "" && r.adminURL != "" {
+			if _, err := r.heap(); err == nil {
+				return r
+			}
 		}
 		select {
 		case <-done:
@@ -83,7 +119,7 @@ func startRouter(t *testing.T, cfg string) *routerChild {
 
 // heap is go_memstats_heap_alloc_bytes of the router's /metrics.
 func (r *routerChild) heap() (uint64, error) {
-	resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(r.port) + "/metrics")
+	resp, err := http.Get(r.url + "/metrics")
 	if err != nil {
 		return 0, err
 	}
@@ -101,7 +137,7 @@ func (r *routerChild) heap() (uint64, error) {
 // admin sends an admin API request and returns the body of its 200 answer.
 func (r *routerChild) admin(t *testing.T, method, path string, body []byte) []byte {
 	t.Helper()
-	req, err := http.NewRequest(method, "http://127.0.0.1:"+strconv.Itoa(r.adminPort)+path, bytes.NewReader(body))
+	req, err := http.NewRequest(method, r.adminURL+path, bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

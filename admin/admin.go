@@ -97,7 +97,11 @@ func OptionsFromFlags(f *config.Serve, store *config.Store) Options {
 	}
 	o.OlderKeys = olderKeys(f)
 	if f.AdminPort != 0 {
-		o.Addr = net.JoinHostPort(f.AdminHost, strconv.Itoa(f.AdminPort))
+		port := f.AdminPort
+		if port == config.AdminPortAny {
+			port = 0 // the kernel picks; Start logs the address
+		}
+		o.Addr = net.JoinHostPort(f.AdminHost, strconv.Itoa(port))
 		if o.Key != "" && len(o.Key) < minKeyLen {
 			slog.Warn("the admin key is short: anyone who reaches the admin listener may guess it; use 32 random characters or more (infera key)",
 				"length", len(o.Key), "admin_host", f.AdminHost)

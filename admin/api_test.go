@@ -3,6 +3,7 @@ package admin
 import (
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -473,6 +474,45 @@ func TestOptionsFromFlags(t *testing.T) {
 	f.AdminHost, f.AdminPort = "::1", 9000
 	if o = OptionsFromFlags(f, st); o.Addr != "[::1]:9000" {
 		t.Fatalf("IPv6 host: %q", o.Addr)
+	}
+}
+
+// --admin-port=-1 opens the admin listener on a free port the kernel
+// picks, and Addr (as the startup log line) tells which.
+func TestAdminPortMinusOneListensOnAFreePort(t *testing.T) {
+	f := &config.Serve{Port: 8000, MaxBodyBytes: 1, BreakerCooldownS: 1, BreakerMaxCooldownS: 2, ConfigPoll: 1, MaxInflightBodyBytes: 1, KVBlockSize: 16,
+		AdminHost: "127.0.0.1", AdminPort: config.AdminPortAny, AdminKey: "admin-key-0123456789abcdef"}
+	if err := f.Validate(); err != nil {
+		t.Fatalf("--admin-port=-1 refused: %v", err)
+	}
+	for _, p := range []int{-2, 65536} {
+		g := *f
+		g.AdminPort = p
+		if err := g.Validate(); err == nil {
+			t.Fatalf("--admin-port %d accepted", p)
+		}
+	}
+	a, err := New(OptionsFromFlags(f, config.NewStore("", nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addr, ok := a.Addr().(*net.TCPAddr)
+	if !ok || addr.Port == 0 || !addr.IP.IsLoopback() {
+		t.Fatalf("admin listener at %v", a.Addr())
+	}
+	req, _ := http.NewRequest("GET", "http://"+addr.String()+"/api/config", nil)
+	req.Header.Set("Authorization", "Bearer admin-key-0123456789abcdef")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Fatalf("GET /api/config at %s: %d", addr, res.StatusCode)
 	}
 }
 

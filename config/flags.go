@@ -105,7 +105,7 @@ type Serve struct {
 	State              string        `help:"Where counters and management data live: empty for in-process, or redis://[:password@]host:port[/db]." env:"INFERA_STATE"`
 	StateEndDelay      time.Duration `help:"With --state redis: how long a finished request's counter updates (reconciliation, seats given back) may wait in this router to ride in the next admission's round trip before they are sent alone; other routers see them at most this (plus a round trip) late. 0 sends them as soon as the connection is free; at most 1s." default:"2ms" env:"INFERA_STATE_END_DELAY"`
 	AdminHost          string        `help:"Admin API and console listen address (loopback by default)." default:"127.0.0.1" env:"INFERA_ADMIN_HOST"`
-	AdminPort          int           `help:"Admin API and console port; 0 disables the admin listener." default:"8081" env:"INFERA_ADMIN_PORT"`
+	AdminPort          int           `help:"Admin API and console port; 0 disables the admin listener; --admin-port=-1 binds a free port the kernel picks (the startup log line 'admin API and console listening' gives the address)." default:"8081" env:"INFERA_ADMIN_PORT"`
 	AdminAllowedHosts  []string      `help:"Host names the admin API answers for besides IP addresses, localhost, this machine's name and --admin-host (a leading dot allows subdomains, * any name); an API request naming another Host is refused (DNS rebinding)." env:"INFERA_ADMIN_ALLOWED_HOSTS" sep:","`
 	AdminKey           string        `help:"Key for the admin API ('Authorization: Bearer <key>'); defaults to --api-key. Without either the admin listener stays off." env:"INFERA_ADMIN_KEY"`
 	AdminSealKey       string        `help:"Key that seals upstream secrets in snapshots, exports and Redis; defaults to the admin key. Set it apart so that holders of the admin key cannot open exports; secrets the admin key sealed are still read." env:"INFERA_ADMIN_SEAL_KEY"`
@@ -121,6 +121,13 @@ func (s *Serve) BreakerCooldown() time.Duration {
 func (s *Serve) BreakerMaxCooldown() time.Duration {
 	return time.Duration(s.BreakerMaxCooldownS * float64(time.Second))
 }
+
+// AdminPortAny is the --admin-port that binds the admin listener to a free
+// port the kernel picks (0 already turns the listener off). Several
+// routers on one host, and tests that start routers as processes, use it
+// instead of a port picked free beforehand, which another process may
+// take before the router binds it; the router logs the address it bound.
+const AdminPortAny = -1
 
 // MaxStateEndDelay bounds --state-end-delay: ends (and, riding with them,
 // lease renewals) wait at most this in the router.
@@ -195,8 +202,8 @@ func (s *Serve) Validate() error {
 	if s.MaxConns < 0 || s.MaxInflightBodyBytes <= 0 {
 		return fmt.Errorf("--max-conns must be >= 0 and --max-inflight-body-bytes positive")
 	}
-	if s.AdminPort < 0 || s.AdminPort > 65535 {
-		return fmt.Errorf("--admin-port %d out of range", s.AdminPort)
+	if s.AdminPort < AdminPortAny || s.AdminPort > 65535 {
+		return fmt.Errorf("--admin-port %d out of range (0: off, -1: a free port)", s.AdminPort)
 	}
 	for _, k := range []struct{ flag, v, allowed string }{
 		{"--discovery-backend", s.DiscoveryBackend, "kubernetes, etcd, static"},

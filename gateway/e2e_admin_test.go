@@ -52,11 +52,11 @@ type adminGateway struct {
 	once   sync.Once
 }
 
-// startAdminServe runs `infera serve args... --admin-port <free>
-// --admin-key <key>`.
+// startAdminServe runs `infera serve args... --admin-port=-1 --admin-key
+// <key>`: the admin listener binds a port of its own.
 func startAdminServe(t *testing.T, args ...string) *adminGateway {
 	t.Helper()
-	args = append(args, "--admin-port", strconv.Itoa(testsrv.FreePort(t)), "--admin-key", e2eAdminKey)
+	args = append(args, "--admin-port=-1", "--admin-key", e2eAdminKey)
 	f := parseServe(t, args...)
 	g, err := New(f)
 	if err != nil {

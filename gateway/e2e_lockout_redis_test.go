@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -121,10 +120,9 @@ func TestE2EWrongAdminKeysThroughTwoRoutersSharingRedisLockTheAddressOut(t *test
 	_, eng := startEngine(t, "--speedup", "50")
 	const guesser, other = "127.9.7.3", "127.9.7.4"
 	serve := func() (router *child, admin string) {
-		port := testsrv.FreePort(t)
 		c := startChild(t, "serve", 0, "--workers", "e1="+eng, "--state", rd.URL,
-			"--admin-port", strconv.Itoa(port), "--admin-key", e2eAdminKey)
-		return c, "http://127.0.0.1:" + strconv.Itoa(port)
+			"--admin-port=-1", "--admin-key", e2eAdminKey)
+		return c, c.adminAddr(t)
 	}
 	r1, a1 := serve()
 	_, a2 := serve()

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -31,12 +30,10 @@ func TestE2ETLSFrontDoorAndAdminWithCertificateRenewalOnSIGHUP(t *testing.T) {
 	}
 
 	_, e1 := startEngine(t, "--speedup", "50")
-	// The front door binds a port of its own (--port 0, read from the
-	// log); --admin-port 0 turns the admin listener off, so its port is
-	// picked free beforehand.
-	adminPort := freePort(t)
+	// The front door and the admin listener bind ports of their own
+	// (--port 0, --admin-port=-1), read from the log.
 	r := launchChild(t, "serve", "", "serve-tls.log", []string{"--workers", e1, "--tls-cert-file", cert, "--tls-key-file", key,
-		"--api-key", "tls-key", "--host", "127.0.0.1", "--port", "0", "--admin-port", strconv.Itoa(adminPort)})
+		"--api-key", "tls-key", "--host", "127.0.0.1", "--port", "0", "--admin-port=-1"})
 	url := "https://" + r.listenAddr(t)
 	r.url = url
 	waitUntil(t, "the router answers over HTTPS", func() bool {
@@ -61,7 +58,10 @@ func TestE2ETLSFrontDoorAndAdminWithCertificateRenewalOnSIGHUP(t *testing.T) {
 		}
 		return resp.TLS.PeerCertificates[0].SerialNumber.Int64()
 	}
-	admin := "https://127.0.0.1:" + strconv.Itoa(adminPort) + "/api/config"
+	admin := r.adminAddr(t) + "/api/config"
+	if !strings.HasPrefix(admin, "https://127.0.0.1:") {
+		t.Fatalf("admin listener at %s", admin)
+	}
 	if serial(url+"/v1/chat/completions") != 2 || serial(admin) != 2 {
 		t.Fatal("not the server certificate")
 	}

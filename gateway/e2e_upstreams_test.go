@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -202,6 +203,21 @@ func (c *child) stop() {
 // returns the address.
 func (c *child) listenAddr(t *testing.T) string {
 	t.Helper()
+	return c.loggedAddr(t, `msg="infera serving"`, `msg="infera classify listening"`)
+}
+
+// adminAddr waits for the line in which a router started with
+// --admin-port=-1 says where its admin listener listens and returns its
+// URL (http://host:port, https with TLS), without the trailing slash.
+func (c *child) adminAddr(t *testing.T) string {
+	t.Helper()
+	return strings.TrimSuffix(c.loggedAddr(t, `msg="admin API and console listening"`), "/")
+}
+
+// loggedAddr waits for a log line holding one of msgs and returns the
+// value of its addr= field.
+func (c *child) loggedAddr(t *testing.T, msgs ...string) string {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		exited := false
@@ -211,7 +227,7 @@ func (c *child) listenAddr(t *testing.T) string {
 		default:
 		}
 		for _, line := range strings.Split(c.logText(), "\n") {
-			if !strings.Contains(line, `msg="infera serving"`) && !strings.Contains(line, `msg="infera classify listening"`) {
+			if !slices.ContainsFunc(msgs, func(m string) bool { return strings.Contains(line, m) }) {
 				continue
 			}
 			if _, a, ok := strings.Cut(line, " addr="); ok {
@@ -220,10 +236,10 @@ func (c *child) listenAddr(t *testing.T) string {
 			}
 		}
 		if exited {
-			t.Fatalf("the child exited before it said where it listens: %s", c.logText())
+			t.Fatalf("the child exited before it said where it listens (%s): %s", strings.Join(msgs, ", "), c.logText())
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the child did not say where it listens within 30 s: %s", c.logText())
+			t.Fatalf("the child did not say where it listens (%s) within 30 s: %s", strings.Join(msgs, ", "), c.logText())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
