@@ -236,6 +236,12 @@ func TestPollerDropsMembersThatFailTimeOutOrGoStale(t *testing.T) {
 	if err := p.Update(g2); err != nil {
 		t.Fatal(err)
 	}
+	// A poll that began before the reload has the old 100 ms timeout:
+	// hanging, it would fail and clear the report. The second poll the
+	// member sees from now on began after the first ended (a member's
+	// polls run one at a time), so after this point: with g2's timeout.
+	n := a.polls.Load()
+	eventually(t, "a poll begun after the reload", func() bool { return a.polls.Load() >= n+2 })
 	eventually(t, "a picked", func() bool { return pickName(p, "m") == "a" })
 	a.hang.Store(true)
 	eventually(t, "stale report ignored", func() bool { return pickName(p, "m") == "" })
@@ -249,6 +255,8 @@ func TestPollerFollowsReloads(t *testing.T) {
 	a := startMember(t, "k", capFor(4, "m"))
 	b := startMember(t, "k", capFor(8, "m"))
 	p := NewPoller()
+	var sent atomic.Int64
+	p.client.Transport = countingTransport{&sent, p.client.Transport}
 	if err := p.Update(gsConfig(a.member("a"))); err != nil {
 		t.Fatal(err)
 	}
@@ -301,11 +309,25 @@ func TestPollerFollowsReloads(t *testing.T) {
 	if err := p.Update(gsConfig(a.member("a"))); err == nil {
 		t.Fatal("Update after Close accepted")
 	}
-	n = b.polls.Load()
+	// Counted where the poller sends them: a request it sent before Close
+	// (and gave up on) may reach a member's handler later, on a loaded
+	// machine.
+	n = sent.Load()
 	time.Sleep(60 * time.Millisecond)
-	if b.polls.Load() != n {
+	if sent.Load() != n {
 		t.Fatal("polls continue after Close")
 	}
+}
+
+// countingTransport counts the requests a Poller sends.
+type countingTransport struct {
+	n    *atomic.Int64
+	next http.RoundTripper
+}
+
+func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return c.next.RoundTrip(r)
 }
 
 // A reload that shortens poll_interval_ms applies to members already
