@@ -223,8 +223,7 @@ func TestE2EAdminConsoleDrivesTheRouter(t *testing.T) {
 	// shows their KV blocks.
 	var workers []string
 	for _, id := range []string{"engine-a", "engine-b"} {
-		ep := fmt.Sprintf("tcp://127.0.0.1:%d", testsrv.FreePort(t))
-		_, url := startEngine(t, "--speedup", "50", "--kv-events-endpoint", ep, "--block-size", "16")
+		_, url, ep := startKVEngine(t, "--speedup", "50", "--block-size", "16")
 		workers = append(workers, fmt.Sprintf(`{"id":%q,"url":%q,"models":["sim-model"],"kv_events_endpoint":%q,"block_size":16}`, id, url, ep))
 	}
 	cfgPath := filepath.Join(t.TempDir(), "infera.json")
@@ -830,8 +829,7 @@ func TestE2EAdminReplicasConvergeThroughRedis(t *testing.T) {
 // its status, breaker and load, the KV blocks of the kv-aware index, and
 // an excluded status while its breaker is open.
 func TestE2EAdminFleetViewIsTheGateways(t *testing.T) {
-	ep := fmt.Sprintf("tcp://127.0.0.1:%d", testsrv.FreePort(t))
-	_, e1 := startEngine(t, "--speedup", "50", "--kv-events-endpoint", ep, "--block-size", "16")
+	_, e1, ep := startKVEngine(t, "--speedup", "50", "--block-size", "16")
 	ln, _ := netListen(t)
 	dead := "http://" + ln.Addr().String()
 	ln.Close()

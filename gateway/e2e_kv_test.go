@@ -21,8 +21,7 @@ import (
 func TestE2EKVAwareRouting(t *testing.T) {
 	var workers []string
 	for i := 0; i < 4; i++ {
-		ep := fmt.Sprintf("tcp://127.0.0.1:%d", testsrv.FreePort(t))
-		_, url := startEngine(t, "--speedup", "50", "--kv-events-endpoint", ep, "--block-size", "16")
+		_, url, ep := startKVEngine(t, "--speedup", "50", "--block-size", "16")
 		workers = append(workers, fmt.Sprintf(`{"id":"e%d","url":%q,"models":["sim-model"],"kv_events_endpoint":%q,"block_size":16}`, i, url, ep))
 	}
 	cfgPath := filepath.Join(t.TempDir(), "infera.json")
@@ -110,8 +109,7 @@ func TestE2EKVEventsOverNATS(t *testing.T) {
 	etcd := testsrv.StartEtcd(t)
 	nsrv := testsrv.StartNATS(t)
 	for i := 0; i < 3; i++ {
-		ep := fmt.Sprintf("tcp://127.0.0.1:%d", testsrv.FreePort(t))
-		_, url := startEngine(t, "--speedup", "50", "--kv-events-endpoint", ep)
+		_, url, ep := startKVEngine(t, "--speedup", "50")
 		startWorker(t, "--id", fmt.Sprintf("n%d", i), "--engine-url", url, "--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
 			"--request-transport", "http", "--kv-event-transport", "nats", "--nats-url", nsrv.URL, "--kv-events-endpoint", ep, "--block-size", "16")
 	}
@@ -162,8 +160,7 @@ func TestE2EKVAwareWithHFTokenizer(t *testing.T) {
 	}
 	var workers []string
 	for i := 0; i < 2; i++ {
-		ep := fmt.Sprintf("tcp://127.0.0.1:%d", testsrv.FreePort(t))
-		_, url := startEngine(t, "--speedup", "50", "--kv-events-endpoint", ep, "--tokenizer", dir)
+		_, url, ep := startKVEngine(t, "--speedup", "50", "--tokenizer", dir)
 		workers = append(workers, fmt.Sprintf(`{"id":"q%d","url":%q,"models":["sim-model"],"kv_events_endpoint":%q,"block_size":16}`, i, url, ep))
 	}
 	cfgPath := filepath.Join(t.TempDir(), "infera.json")
@@ -234,8 +231,7 @@ func TestE2ETwoSidecarsWithOneIDOverNATSIndexOneEngine(t *testing.T) {
 		}
 	}
 	for i := 0; i < 2; i++ {
-		ep := fmt.Sprintf("tcp://127.0.0.1:%d", testsrv.FreePort(t))
-		_, url := startEngine(t, "--speedup", "50", "--kv-events-endpoint", ep)
+		_, url, ep := startKVEngine(t, "--speedup", "50")
 		urls = append(urls, url)
 		startWorker(t, "--id", "dup", "--engine-url", url, "--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
 			"--request-transport", "http", "--kv-event-transport", "nats", "--nats-url", nsrv.URL, "--kv-events-endpoint", ep, "--block-size", "16")

@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/infera/infera/internal/testsrv"
 )
 
 // End-to-end tests of the protocol front doors (docs/protocols.md) through
@@ -68,8 +66,7 @@ func TestE2EPassthroughReachesTheEnginesOwnPath(t *testing.T) {
 func TestE2EProtocolFollowUpLandsOnThePrefixHolder(t *testing.T) {
 	var workers []string
 	for i := 0; i < 4; i++ {
-		ep := fmt.Sprintf("tcp://127.0.0.1:%d", testsrv.FreePort(t))
-		_, url := startEngine(t, "--speedup", "50", "--kv-events-endpoint", ep, "--block-size", "16")
+		_, url, ep := startKVEngine(t, "--speedup", "50", "--block-size", "16")
 		workers = append(workers, fmt.Sprintf(`{"id":"e%d","url":%q,"models":["sim-model"],"kv_events_endpoint":%q,"block_size":16}`, i, url, ep))
 	}
 	cfgPath := filepath.Join(t.TempDir(), "infera.json")

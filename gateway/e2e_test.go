@@ -22,6 +22,28 @@ import (
 // from the same flags as `infera engine`.
 func startEngine(t *testing.T, args ...string) (*engine.Server, string) {
 	t.Helper()
+	s, url, _ := launchEngine(t, args...)
+	return s, url
+}
+
+// startKVEngine is startEngine publishing KV events on a ZMQ endpoint the
+// engine binds itself (tcp://127.0.0.1:*, a port ZMQ picks), returned as
+// ep: a port picked free beforehand could be taken by another process
+// before the engine binds it.
+func startKVEngine(t *testing.T, args ...string) (s *engine.Server, url, ep string) {
+	t.Helper()
+	s, url, sink := launchEngine(t, append(args, "--kv-events-endpoint", "tcp://127.0.0.1:*")...)
+	pub, ok := sink.(*engine.Publisher)
+	if !ok || !strings.HasPrefix(pub.Endpoint(), "tcp://127.0.0.1:") || strings.HasSuffix(pub.Endpoint(), ":*") {
+		t.Fatalf("the engine's KV event publisher: %T %v", sink, sink)
+	}
+	return s, url, pub.Endpoint()
+}
+
+// launchEngine is startEngine, also returning the engine's KV event sink
+// (nil without --kv-events-endpoint).
+func launchEngine(t *testing.T, args ...string) (*engine.Server, string, engine.KVEventSink) {
+	t.Helper()
 	var c struct {
 		Engine engine.Cmd `cmd:""`
 	}
@@ -49,7 +71,7 @@ func startEngine(t *testing.T, args ...string) (*engine.Server, string) {
 	}
 	go s.Serve(ln)
 	t.Cleanup(func() { s.Close() })
-	return s, "http://" + ln.Addr().String()
+	return s, "http://" + ln.Addr().String(), cfg.Sink
 }
 
 // startServe runs the router exactly as `infera serve args...` wires it.
