@@ -87,7 +87,9 @@ func serveEngine(t testing.TB, e *fakeEngine) string {
 
 // TestMain doubles as a launchable engine: with INFERA_TEST_ENGINE_ADDR
 // set the binary serves a fake engine there (healthy once the file named by
-// INFERA_TEST_ENGINE_READY exists) until SIGTERM.
+// INFERA_TEST_ENGINE_READY exists) until SIGTERM. With
+// INFERA_TEST_ENGINE_ADDR_FILE set it writes the address it bound there
+// (for port 0).
 func TestMain(m *testing.M) {
 	if addr := os.Getenv("INFERA_TEST_ENGINE_ADDR"); addr != "" {
 		e := &fakeEngine{}
@@ -103,6 +105,13 @@ func TestMain(m *testing.M) {
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			os.Exit(3)
+		}
+		if f := os.Getenv("INFERA_TEST_ENGINE_ADDR_FILE"); f != "" {
+			// Written whole, then renamed: the test never reads half an
+			// address.
+			if os.WriteFile(f+".tmp", []byte(ln.Addr().String()), 0o644) != nil || os.Rename(f+".tmp", f) != nil {
+				os.Exit(4)
+			}
 		}
 		go http.Serve(ln, e.handler())
 		ch := make(chan os.Signal, 1)
@@ -363,18 +372,27 @@ func TestDrainHTTPStats(t *testing.T) {
 
 // TestLaunchedEngine: the engine command after -- is launched, the worker
 // registers only once /health answers 200, and Drain stops the engine.
+//
+// --engine-url must be known before the engine starts, and a port picked
+// free for the engine could be taken before it binds: the worker is given
+// a testsrv.Front (a port held for the whole test), and the engine binds
+// port 0 and writes the address it got to a file; the front relays to it
+// from then on (refusing connections until then, as a port nothing
+// listens on yet).
 func TestLaunchedEngine(t *testing.T) {
 	e := testsrv.StartEtcd(t)
 	sink := watchEtcd(t, e.Endpoint)
-	port := testsrv.FreePort(t)
-	ready := filepath.Join(t.TempDir(), "ready")
-	t.Setenv("INFERA_TEST_ENGINE_ADDR", fmt.Sprintf("127.0.0.1:%d", port))
+	front := testsrv.NewFront(t)
+	dir := t.TempDir()
+	ready, addrFile := filepath.Join(dir, "ready"), filepath.Join(dir, "addr")
+	t.Setenv("INFERA_TEST_ENGINE_ADDR", "127.0.0.1:0")
+	t.Setenv("INFERA_TEST_ENGINE_ADDR_FILE", addrFile)
 	t.Setenv("INFERA_TEST_ENGINE_READY", ready)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := parse(t, "--id", "wl1", "--engine-url", fmt.Sprintf("http://127.0.0.1:%d", port), "--etcd-endpoint", e.Endpoint, noBroker,
+	c := parse(t, "--id", "wl1", "--engine-url", "http://"+front.Addr, "--etcd-endpoint", e.Endpoint, noBroker,
 		"--drain-propagation", "0s", "--drain-grace", "0s", "--engine-stop-timeout", "5s", "--", self, "-test.run=^$")
 	type res struct {
 		s   *Sidecar
@@ -382,6 +400,12 @@ func TestLaunchedEngine(t *testing.T) {
 	}
 	started := make(chan res, 1)
 	go func() { s, err := c.Start(context.Background()); started <- res{s, err} }()
+	var engineAddr []byte
+	waitFor(t, 10*time.Second, "the engine's address", func() bool {
+		engineAddr, err = os.ReadFile(addrFile)
+		return err == nil
+	})
+	front.Up(string(engineAddr))
 	time.Sleep(700 * time.Millisecond)
 	if _, ok := sink.get("wl1"); ok {
 		t.Fatal("registered before the engine was healthy")
