@@ -110,8 +110,6 @@ type child struct {
 	done chan struct{}
 }
 
-func freePort(t *testing.T) int { t.Helper(); return testsrv.FreePort(t) }
-
 // startChild runs `infera <role> args... --host 127.0.0.1 --port port`
 // and waits until it answers GET /health. With port 0 the child binds a
 // port of its own and the address comes from its log (listenAddr): a port
@@ -540,8 +538,12 @@ func TestE2EGlobalSchedulingTwoRegions(t *testing.T) {
 	engA, eA := startEngine(t, "--model", "shared")
 	engB, eB := startEngine(t, "--model", "shared")
 	engBOnly, eBOnly := startEngine(t, "--speedup", "50", "--model", "b-only")
-	portA, portB := freePort(t), freePort(t)
-	urlA, urlB := fmt.Sprintf("http://127.0.0.1:%d", portA), fmt.Sprintf("http://127.0.0.1:%d", portB)
+	// Each region's config names the other's URL, so one of them must be
+	// known before that region starts: A reaches B through a front (a
+	// port the test holds from now on); both routers bind ports of their
+	// own (--port 0) and the front relays to B once B says where it is.
+	// A port picked free for B could be taken before B binds it.
+	frontB := testsrv.NewFront(t)
 	dir := t.TempDir()
 	region := func(name, member, memberURL, memberKey string) string {
 		p := filepath.Join(dir, name+".json")
@@ -550,10 +552,11 @@ func TestE2EGlobalSchedulingTwoRegions(t *testing.T) {
 		    "members":[{"name":%q,"url":%q,"api_key":%q}]}}`, member, memberURL, memberKey))
 		return p
 	}
-	startChild(t, "serve", portA, "--workers", "a1="+eA, "--config", region("a", "b", urlB, "key-b"),
-		"--api-key", "key-a", "--router-policy", "round-robin")
-	startChild(t, "serve", portB, "--workers", "b1="+eB+",b2="+eBOnly, "--config", region("b", "a", urlA, "key-a"),
-		"--api-key", "key-b", "--router-policy", "round-robin")
+	urlA := startChild(t, "serve", 0, "--workers", "a1="+eA, "--config", region("a", "b", "http://"+frontB.Addr, "key-b"),
+		"--api-key", "key-a", "--router-policy", "round-robin").url
+	urlB := startChild(t, "serve", 0, "--workers", "b1="+eB+",b2="+eBOnly, "--config", region("b", "a", urlA, "key-a"),
+		"--api-key", "key-b", "--router-policy", "round-robin").url
+	frontB.Up(strings.TrimPrefix(urlB, "http://"))
 	keyA := map[string]string{"Authorization": "Bearer key-a"}
 	keyB := map[string]string{"Authorization": "Bearer key-b"}
 
