@@ -402,7 +402,10 @@ func ctxTimeout(t *testing.T, d time.Duration) context.Context {
 func TestEngineDown(t *testing.T) {
 	ns := testsrv.StartNATS(t)
 	wnc, cnc := connect(t, ns.URL), connect(t, ns.URL)
-	srv, err := NewServer(ServerConfig{Conn: wnc, WorkerID: "w9", EngineURL: "http://127.0.0.1:" + strconv.Itoa(testsrv.FreePort(t))})
+	// An engine that is down: a port held and never listened on refuses
+	// connections, as a port picked free and closed would until another
+	// process took it.
+	srv, err := NewServer(ServerConfig{Conn: wnc, WorkerID: "w9", EngineURL: "http://" + testsrv.NewFront(t).Addr})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -214,8 +214,11 @@ func TestTheUnitsSystemCallFilterAllowsWhatTheRouterCalls(t *testing.T) {
 	}
 	eng := startEngine(t)
 	cfg := filepath.Join(dir, "infera.json")
-	os.WriteFile(cfg, []byte(fmt.Sprintf(`{"workers":[{"id":"e1","url":"http://%s","models":["sim-model"],"kv_events_endpoint":"tcp://127.0.0.1:%d"}]}`,
-		eng, testsrv.FreePort(t))), 0o644)
+	// A KV event endpoint nothing publishes on: a port held and never
+	// listened on (a port picked free could be another process's by the
+	// time the router connects).
+	os.WriteFile(cfg, []byte(fmt.Sprintf(`{"workers":[{"id":"e1","url":"http://%s","models":["sim-model"],"kv_events_endpoint":"tcp://%s"}]}`,
+		eng, testsrv.NewFront(t).Addr)), 0o644)
 	trace := filepath.Join(dir, "strace.out")
 	cmd := exec.Command("strace", "-f", "-qq", "-o", trace, bin, "serve", "--host", "127.0.0.1", "--port", "0",
 		"--admin-port", "0", "--config", cfg, "--router-policy", "kv-aware")
