@@ -3,7 +3,6 @@ package broker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -212,12 +211,13 @@ func TestRepliesAfterCloseAreDroppedWithoutASecondCancel(t *testing.T) {
 }
 
 // cutProxy relays TCP to target; cut drops every connection and refuses
-// new ones until heal.
+// new ones until heal. A proxy without a target (yet: to) refuses too.
 type cutProxy struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	down  bool
-	conns []net.Conn
+	ln     net.Listener
+	mu     sync.Mutex
+	target string
+	down   bool
+	conns  []net.Conn
 }
 
 func newCutProxy(t *testing.T, target string) *cutProxy {
@@ -225,7 +225,7 @@ func newCutProxy(t *testing.T, target string) *cutProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &cutProxy{ln: ln}
+	p := &cutProxy{ln: ln, target: target}
 	t.Cleanup(func() { ln.Close(); p.cut() })
 	go func() {
 		for {
@@ -235,8 +235,8 @@ func newCutProxy(t *testing.T, target string) *cutProxy {
 			}
 			p.mu.Lock()
 			var u net.Conn
-			if !p.down {
-				u, _ = net.DialTimeout("tcp", target, time.Second)
+			if !p.down && p.target != "" {
+				u, _ = net.DialTimeout("tcp", p.target, time.Second)
 			}
 			if u == nil {
 				p.mu.Unlock()
@@ -266,6 +266,9 @@ func (p *cutProxy) cut() {
 
 func (p *cutProxy) heal() { p.mu.Lock(); p.down = false; p.mu.Unlock() }
 
+// to sets the address new connections are relayed to.
+func (p *cutProxy) to(target string) { p.mu.Lock(); p.target = target; p.mu.Unlock() }
+
 // A router on one NATS server of a cluster, its worker on the other. The
 // route between the servers drops for half a second during a 4 s prefill
 // while both ends stay connected: a probe or two bounce, nothing is lost,
@@ -274,14 +277,17 @@ func TestARouteThatDropsForAMomentDoesNotEndAWaitingRequest(t *testing.T) {
 	old := probeEvery
 	probeEvery = time.Second
 	t.Cleanup(func() { probeEvery = old })
-	ca, cb := testsrv.FreePort(t), testsrv.FreePort(t)
-	pa := newCutProxy(t, fmt.Sprintf("127.0.0.1:%d", ca))
-	pb := newCutProxy(t, fmt.Sprintf("127.0.0.1:%d", cb))
+	// The servers bind route ports of their own (-1) and say which
+	// (RouteAddr); each advertises the proxy in front of it, which
+	// relays there once it is known.
+	pa, pb := newCutProxy(t, ""), newCutProxy(t, "")
 	nb := testsrv.StartNATSArgs(t, "-n", "B", "--cluster_name", "c",
-		"--cluster", fmt.Sprintf("nats://127.0.0.1:%d", cb), "--cluster_advertise", pb.addr())
+		"--cluster", "nats://127.0.0.1:-1", "--cluster_advertise", pb.addr())
+	pb.to(nb.RouteAddr())
 	na := testsrv.StartNATSArgs(t, "-n", "A", "--cluster_name", "c",
-		"--cluster", fmt.Sprintf("nats://127.0.0.1:%d", ca), "--cluster_advertise", pa.addr(),
+		"--cluster", "nats://127.0.0.1:-1", "--cluster_advertise", pa.addr(),
 		"--routes", "nats://"+pb.addr())
+	pa.to(na.RouteAddr())
 	eng := startEngine(t)
 	srv, err := NewServer(ServerConfig{Conn: connect(t, na.URL), WorkerID: "w1", EngineURL: eng.URL})
 	if err != nil {

@@ -3,7 +3,6 @@ package testsrv
 import (
 	"context"
 	"net"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -66,10 +65,11 @@ func TestNATSStoppedByATestKeepsItsAddressFromOtherServers(t *testing.T) {
 // (INFO connect_urls): those are the addresses tests use, which stay
 // reachable across restarts, not the servers' own.
 func TestNATSClusterAdvertisesTheAddressesClientsUse(t *testing.T) {
-	ca, cb := FreePort(t), FreePort(t)
-	b := StartNATSArgs(t, "-n", "B", "--cluster_name", "c", "--cluster", "nats://127.0.0.1:"+itoa(cb))
-	a := StartNATSArgs(t, "-n", "A", "--cluster_name", "c", "--cluster", "nats://127.0.0.1:"+itoa(ca),
-		"--routes", "nats://127.0.0.1:"+itoa(cb))
+	// Route ports the servers pick (-1) and say (RouteAddr): a port
+	// picked free beforehand could be taken before the server binds it.
+	b := StartNATSArgs(t, "-n", "B", "--cluster_name", "c", "--cluster", "nats://127.0.0.1:-1")
+	a := StartNATSArgs(t, "-n", "A", "--cluster_name", "c", "--cluster", "nats://127.0.0.1:-1",
+		"--routes", "nats://"+b.RouteAddr())
 	nc, err := nats.Connect(a.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -156,5 +156,3 @@ func watchSees(ctx context.Context, wch clientv3.WatchChan, key string) bool {
 		}
 	}
 }
-
-func itoa(i int) string { return strconv.Itoa(i) }

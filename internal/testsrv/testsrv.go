@@ -90,6 +90,9 @@ type proc struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
+	// logFrom is where the current start's output begins in log (the
+	// file keeps the earlier starts').
+	logFrom int64
 }
 
 func (p *proc) start(ready func() error) {
@@ -124,6 +127,9 @@ func (p *proc) launch(ready func() error) []byte {
 	lf, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		p.t.Fatalf("cannot open %s log: %v", p.name, err)
+	}
+	if fi, err := lf.Stat(); err == nil {
+		p.logFrom = fi.Size()
 	}
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Stdout, cmd.Stderr = lf, lf
@@ -320,7 +326,8 @@ func StartNATS(t testing.TB) *NATS { t.Helper(); return StartNATSArgs(t) }
 
 // StartNATSArgs is StartNATS with extra nats-server arguments (a cluster
 // node's --cluster, --routes, ...). Ports in extra (a cluster port) stay
-// the same across restarts.
+// the same across restarts; a cluster port of -1 is one the server picks
+// (RouteAddr).
 func StartNATSArgs(t testing.TB, extra ...string) *NATS {
 	t.Helper()
 	need(t, NATSBin)
@@ -337,6 +344,37 @@ func StartNATSArgs(t testing.TB, extra ...string) *NATS {
 	n.Start()
 	t.Cleanup(n.Stop)
 	return n
+}
+
+// RouteAddr returns host:port of the server's route (cluster) listener
+// in its current start, from the line in which the server says where it
+// listens for route connections; it waits for that line up to 10 s. A
+// cluster port given as -1 (--cluster nats://127.0.0.1:-1) is one the
+// server binds itself, which no other process can take before it does
+// (a port picked free beforehand can be); it changes on every start.
+func (n *NATS) RouteAddr() string {
+	n.p.t.Helper()
+	const prefix = "Listening for route connections on "
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n.p.mu.Lock()
+		from := n.p.logFrom
+		n.p.mu.Unlock()
+		b, _ := os.ReadFile(n.p.log)
+		if int64(len(b)) >= from {
+			b = b[from:]
+		}
+		if i := bytes.LastIndex(b, []byte(prefix)); i >= 0 {
+			rest := b[i+len(prefix):]
+			if j := bytes.IndexByte(rest, '\n'); j >= 0 {
+				return string(bytes.TrimSpace(rest[:j]))
+			}
+		}
+		if time.Now().After(deadline) {
+			n.p.t.Fatalf("nats-server did not say where it listens for routes within 10 s: %s", tail(b, 2000))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // Start starts a stopped server again at the same URL.
