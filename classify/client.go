@@ -4,8 +4,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,10 +96,6 @@ var (
 	// probe's included.
 	mSkipped = metrics.NewCounter(`infera_classifier_breaker_skipped_total`)
 	mTrips   = metrics.NewCounter(`infera_classifier_breaker_trips_total`)
-	// breakerGauge is the state of the breaker of the classifier last
-	// asked or skipped (infera_classifier_breaker_state).
-	breakerGauge atomic.Int32
-	_            = metrics.NewGauge(`infera_classifier_breaker_state`, func() float64 { return float64(breakerGauge.Load()) })
 	// mTiers[tier][source] counts the tiers chosen, by their Source.
 	mTiers   [numTiers][numSources]*metrics.Counter
 	mLatency = metrics.NewHistogram(`infera_classifier_duration_seconds`)
@@ -144,10 +142,15 @@ func Applies(cfg *config.SmartModelSelection, model []byte) bool {
 // Client calls the classifier named by the config snapshot it is given.
 // It keeps one keep-alive connection pool for the current classifier URL
 // and replaces it when a reload changes the URL. Safe for concurrent use;
-// the zero value is ready. Close releases idle connections.
+// the zero value is ready. Close releases idle connections and removes
+// the client's series from /metrics.
 type Client struct {
 	mu  sync.Mutex // serializes target changes
 	cur atomic.Pointer[targets]
+	// ms holds the client's per-classifier series
+	// (infera_classifier_breaker_state{classifier}), made with the first
+	// target; nil before. Lock mu to read or set it.
+	ms *metrics.Set
 }
 
 // targets are the pools of the last two classifier URLs used: requests of
@@ -172,10 +175,14 @@ func (ts *targets) find(rawURL string) *target {
 }
 
 type target struct {
-	url  string
-	hc   *fasthttp.HostClient
-	br   breaker
-	host string
+	url string
+	// label is the infera_classifier_breaker_state label of the
+	// classifier: its URL without the query and fragment (where a token
+	// may ride; user info is refused by validation), quoted.
+	label string
+	hc    *fasthttp.HostClient
+	br    breaker
+	host  string
 	// uri is the whole URL: a path alone leaves the request's scheme
 	// http, and a TLS HostClient refuses such a request without sending it
 	// (ErrHostClientRedirectToDifferentScheme).
@@ -197,7 +204,8 @@ var scratchPool = sync.Pool{New: func() any { return new([]byte) }}
 //
 // Metrics: infera_classifier_requests_total{result},
 // infera_classifier_duration_seconds, infera_smart_selection_total{tier,source},
-// infera_classifier_breaker_state, infera_classifier_breaker_trips_total,
+// infera_classifier_breaker_state{classifier} (Client's own series),
+// infera_classifier_breaker_trips_total,
 // infera_classifier_breaker_skipped_total.
 func (c *Client) Classify(cfg *config.SmartModelSelection, model, text []byte) Result {
 	start := time.Now()
@@ -214,7 +222,6 @@ func (c *Client) Classify(cfg *config.SmartModelSelection, model, text []byte) R
 		} else {
 			out = OutcomeBreakerOpen
 		}
-		breakerGauge.Store(t.br.state.Load())
 	}
 	lat := time.Since(start)
 	if out == OutcomeBreakerOpen {
@@ -332,7 +339,8 @@ func (c *Client) target(rawURL string) (*target, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &target{url: rawURL, host: ep.Host, uri: u.Scheme + "://" + ep.Host + u.RequestURI()}
+	t := &target{url: rawURL, host: ep.Host, uri: u.Scheme + "://" + ep.Host + u.RequestURI(),
+		label: strconv.Quote(u.Scheme + "://" + ep.Host + u.EscapedPath())}
 	isTLS := ep.TLS
 	var tlsConf *tls.Config
 	if isTLS {
@@ -382,6 +390,11 @@ func (c *Client) target(rawURL string) (*target, error) {
 	if ep.TLS {
 		t.hc.TLSConfig = tlsConf
 	}
+	if c.ms == nil {
+		c.ms = metrics.NewSet()
+		c.ms.RegisterMetricsWriter(c.writeMetrics)
+		metrics.RegisterSet(c.ms)
+	}
 	next := &targets{cur: t}
 	if old := c.cur.Load(); old != nil {
 		next.prev = old.cur
@@ -393,8 +406,30 @@ func (c *Client) target(rawURL string) (*target, error) {
 	return t, nil
 }
 
-// Close closes the idle connections to the classifier.
+// writeMetrics writes the state of the breaker of each classifier the
+// client holds a pool for: the current URL's and the previous one's, which
+// requests of an older snapshot still use.
+func (c *Client) writeMetrics(w io.Writer) {
+	ts := c.cur.Load()
+	if ts == nil {
+		return
+	}
+	metrics.WriteMetadataIfNeeded(w, "infera_classifier_breaker_state", "gauge")
+	for _, t := range [2]*target{ts.cur, ts.prev} {
+		if t != nil {
+			fmt.Fprintf(w, "infera_classifier_breaker_state{classifier=%s} %d\n", t.label, t.br.state.Load())
+		}
+	}
+}
+
+// Close closes the idle connections to the classifier and removes the
+// client's series from /metrics.
 func (c *Client) Close() {
+	c.mu.Lock()
+	if c.ms != nil {
+		metrics.UnregisterSet(c.ms, true)
+	}
+	c.mu.Unlock()
 	if ts := c.cur.Load(); ts != nil {
 		ts.cur.hc.CloseIdleConnections()
 		if ts.prev != nil {
