@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/breaker"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/internal/logx"
 	"github.com/infera/infera/internal/netpeek"
@@ -181,7 +182,7 @@ type target struct {
 	// may ride; user info is refused by validation), quoted.
 	label string
 	hc    *fasthttp.HostClient
-	br    breaker
+	br    breaker.Breaker
 	host  string
 	// uri is the whole URL: a path alone leaves the request's scheme
 	// http, and a TLS HostClient refuses such a request without sending it
@@ -211,13 +212,14 @@ func (c *Client) Classify(cfg *config.SmartModelSelection, model, text []byte) R
 	start := time.Now()
 	tier, out, status := TierUnknown, OutcomeError, 0
 	if t, err := c.target(cfg.ClassifierURL); err == nil {
-		ok, probe := t.br.admit(cfg, start.UnixNano())
+		bs := breakerSettings(cfg)
+		ok, probe, _ := t.br.Admit(bs, start.UnixNano())
 		if ok {
 			tier, out, status = c.call(t, cfg, model, text, start)
-			if t.br.done(cfg, time.Now().UnixNano(), out == OutcomeOK, probe) {
+			if record(&t.br, bs, time.Now().UnixNano(), out == OutcomeOK, probe) {
 				mTrips.Inc()
 				tripLog.Warn("smart model selection: classifier breaker open, requests take the fallback tier without asking it",
-					"outcome", out.String(), "probe", probe, "cooldown", cooldown(cfg, t.br.backoff.Load()))
+					"outcome", out.String(), "probe", probe, "cooldown", t.br.Cooldown(bs))
 			}
 		} else {
 			out = OutcomeBreakerOpen
@@ -417,7 +419,7 @@ func (c *Client) writeMetrics(w io.Writer) {
 	metrics.WriteMetadataIfNeeded(w, "infera_classifier_breaker_state", "gauge")
 	for _, t := range [2]*target{ts.cur, ts.prev} {
 		if t != nil {
-			fmt.Fprintf(w, "infera_classifier_breaker_state{classifier=%s} %d\n", t.label, t.br.state.Load())
+			fmt.Fprintf(w, "infera_classifier_breaker_state{classifier=%s} %d\n", t.label, t.br.State())
 		}
 	}
 }
