@@ -1,9 +1,12 @@
 package classify
 
 import (
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/breaker"
 	"github.com/infera/infera/config"
 )
@@ -58,4 +61,33 @@ func TestClassifierBreakerOpensProbesAndFollowsReloads(t *testing.T) {
 		record(&b, breakerSettings(cfg), ms(702), false, false)
 	}
 	admit(ms(703), true, false)
+}
+
+// Without Current, /metrics shows the breaker of the classifier last
+// added, labelled with its URL without the query; after Close, nothing.
+func TestTheBreakerSeriesOfAClientWithoutCurrentIsTheLastClassifiers(t *testing.T) {
+	bad := serve(t, &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) })})
+	var c Client
+	series := func() string {
+		var b strings.Builder
+		metrics.WritePrometheus(&b, false)
+		var out []string
+		for _, l := range strings.Split(b.String(), "\n") {
+			if strings.HasPrefix(l, "infera_classifier_breaker_state{") && strings.Contains(l, bad) {
+				out = append(out, l)
+			}
+		}
+		return strings.Join(out, "|")
+	}
+	cfg := smartCfg(bad + "/v1/classify?key=q-sekret")
+	cfg.BreakerFailureThreshold, cfg.BreakerCooldownMS, cfg.BreakerMaxCooldownMS = 1, 60000, 60000
+	c.Classify(cfg, []byte("auto"), []byte("hi"))
+	want := `infera_classifier_breaker_state{classifier="` + bad + `/v1/classify"} 2`
+	if got := series(); got != want {
+		t.Fatalf("series %q, want %q", got, want)
+	}
+	c.Close()
+	if got := series(); got != "" {
+		t.Fatalf("after Close: %q", got)
+	}
 }

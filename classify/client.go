@@ -146,11 +146,18 @@ func Applies(cfg *config.SmartModelSelection, model []byte) bool {
 // the zero value is ready. Close releases idle connections and removes
 // the client's series from /metrics.
 type Client struct {
+	// Current, when set, returns the smart_model_selection section in
+	// force: /metrics then shows the breaker of its classifier, as /health
+	// does (Breaker), and nothing while the section is disabled. Unset,
+	// /metrics shows the breaker of the classifier last added. Set it
+	// before the first call.
+	Current func() *config.SmartModelSelection
+
 	mu  sync.Mutex // serializes target changes
 	cur atomic.Pointer[targets]
-	// ms holds the client's per-classifier series
-	// (infera_classifier_breaker_state{classifier}), made with the first
-	// target; nil before. Lock mu to read or set it.
+	// ms holds the client's series (infera_classifier_breaker_state
+	// {classifier}, writeMetrics), made with the first target; nil before.
+	// Lock mu to read or set it.
 	ms *metrics.Set
 }
 
@@ -178,8 +185,7 @@ func (ts *targets) find(rawURL string) *target {
 type target struct {
 	url string
 	// label is the infera_classifier_breaker_state label of the
-	// classifier: its URL without the query and fragment (where a token
-	// may ride; user info is refused by validation), quoted.
+	// classifier (breakerLabel).
 	label string
 	hc    *fasthttp.HostClient
 	br    breaker.Breaker
@@ -205,7 +211,7 @@ var scratchPool = sync.Pool{New: func() any { return new([]byte) }}
 //
 // Metrics: infera_classifier_requests_total{result},
 // infera_classifier_duration_seconds, infera_smart_selection_total{tier,source},
-// infera_classifier_breaker_state{classifier} (Client's own series),
+// infera_classifier_breaker_state{classifier} (Client.Current),
 // infera_classifier_breaker_trips_total,
 // infera_classifier_breaker_skipped_total.
 func (c *Client) Classify(cfg *config.SmartModelSelection, model, text []byte) Result {
@@ -341,8 +347,8 @@ func (c *Client) target(rawURL string) (*target, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &target{url: rawURL, host: ep.Host, uri: u.Scheme + "://" + ep.Host + u.RequestURI(),
-		label: strconv.Quote(u.Scheme + "://" + ep.Host + u.EscapedPath())}
+	t := &target{url: rawURL, host: ep.Host, uri: u.Scheme + "://" + ep.Host + u.RequestURI()}
+	t.label, _ = breakerLabel(rawURL)
 	isTLS := ep.TLS
 	var tlsConf *tls.Config
 	if isTLS {
@@ -408,20 +414,49 @@ func (c *Client) target(rawURL string) (*target, error) {
 	return t, nil
 }
 
-// writeMetrics writes the state of the breaker of each classifier the
-// client holds a pool for: the current URL's and the previous one's, which
-// requests of an older snapshot still use.
+// breakerLabel is the infera_classifier_breaker_state label of the
+// classifier at rawURL, quoted: the URL without its query and fragment,
+// where a token may ride (user info is refused by validation), with the
+// host as requests name it.
+func breakerLabel(rawURL string) (string, bool) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Hostname() == "" {
+		return "", false
+	}
+	ep, err := upstream.ParseEndpoint((&url.URL{Scheme: u.Scheme, Host: u.Host}).String())
+	if err != nil {
+		return "", false
+	}
+	return strconv.Quote(u.Scheme + "://" + ep.Host + u.EscapedPath()), true
+}
+
+// writeMetrics writes the state of the breaker of the classifier in force
+// (Current), or of the one last added.
 func (c *Client) writeMetrics(w io.Writer) {
-	ts := c.cur.Load()
-	if ts == nil {
-		return
+	var label string
+	var st breaker.State
+	if c.Current != nil {
+		cfg := c.Current()
+		if cfg == nil || !cfg.Enabled || cfg.ClassifierURL == "" {
+			return
+		}
+		if t := c.cur.Load().find(cfg.ClassifierURL); t != nil {
+			label = t.label
+		} else if l, ok := breakerLabel(cfg.ClassifierURL); ok {
+			label = l // not asked yet: closed
+		} else {
+			return
+		}
+		st = c.Breaker(cfg, time.Now()).State
+	} else {
+		ts := c.cur.Load()
+		if ts == nil {
+			return
+		}
+		label, st = ts.cur.label, ts.cur.br.State()
 	}
 	metrics.WriteMetadataIfNeeded(w, "infera_classifier_breaker_state", "gauge")
-	for _, t := range [2]*target{ts.cur, ts.prev} {
-		if t != nil {
-			fmt.Fprintf(w, "infera_classifier_breaker_state{classifier=%s} %d\n", t.label, t.br.State())
-		}
-	}
+	fmt.Fprintf(w, "infera_classifier_breaker_state{classifier=%s} %d\n", label, st)
 }
 
 // Close closes the idle connections to the classifier and removes the

@@ -166,14 +166,15 @@ func TestAClassifierThatHangsIsSkippedUntilAProbeFindsItBack(t *testing.T) {
 	}
 }
 
-// Each classifier has its own infera_classifier_breaker_state series,
-// labelled with its URL without the query (where a token may ride) and
-// never with its API key: after a reload from a classifier whose breaker
-// opened to one that answers, /metrics shows both (requests of the old
-// snapshot still use the first), and the series go when the router shuts
-// down. The gauge was process-wide: one unlabelled value, the state of
-// whichever classifier was asked last, so the open breaker disappeared
-// from /metrics as soon as another classifier answered.
+// The classifier's breaker series is labelled with its URL without the
+// query (where a token may ride) and never with its API key, and follows
+// the config in force as /health does: after a reload from a classifier
+// whose breaker opened to one that answers, /metrics shows the new one's
+// state and no longer the old one's (an alert on it would fire forever);
+// disabling smart model selection removes the series; the series goes when
+// the router shuts down. The gauge was process-wide: one unlabelled value,
+// the state of whichever classifier was asked last, kept while the section
+// was disabled.
 func TestEachClassifierHasItsOwnBreakerStateSeries(t *testing.T) {
 	bad := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(fasthttp.StatusInternalServerError) })
 	good := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`{"tier":"L1"}`) })
@@ -199,19 +200,33 @@ func TestEachClassifierHasItsOwnBreakerStateSeries(t *testing.T) {
 			t.Fatalf("status %d tier %q, want 200 %s", resp.StatusCode, tier, want)
 		}
 	}
+	badSeries := `infera_classifier_breaker_state{classifier="` + bad.url + `/v1/classify"}`
+	goodSeries := `infera_classifier_breaker_state{classifier="` + good.url + `/v1/classify"}`
 	send("L2") // the classifier answers 500: its breaker opens
+	if v := metricValue(t, r.url, badSeries); v != "2" {
+		t.Fatalf("%s = %q, want 2 (open)", badSeries, v)
+	}
 	c := *cfg
 	c.SmartModelSelection.ClassifierURL = good.url + "/v1/classify"
 	r.store.Set(&c)
 	send("L1")
-
-	badSeries := `infera_classifier_breaker_state{classifier="` + bad.url + `/v1/classify"}`
-	goodSeries := `infera_classifier_breaker_state{classifier="` + good.url + `/v1/classify"}`
-	if v := metricValue(t, r.url, badSeries); v != "2" {
-		t.Fatalf("%s = %q, want 2 (open)", badSeries, v)
-	}
 	if v := metricValue(t, r.url, goodSeries); v != "0" {
 		t.Fatalf("%s = %q, want 0 (closed)", goodSeries, v)
+	}
+	if v := metricValue(t, r.url, badSeries); v != "" {
+		t.Fatalf("after the reload to another classifier, the old one's series is still there: %s %s", badSeries, v)
+	}
+	// Back to the first classifier, its breaker still open; then the
+	// section disabled: no series.
+	r.store.Set(cfg)
+	if v := metricValue(t, r.url, badSeries); v != "2" {
+		t.Fatalf("%s = %q after the reload back, want 2 (open)", badSeries, v)
+	}
+	off := *cfg
+	off.SmartModelSelection.Enabled = false
+	r.store.Set(&off)
+	if v := metricValue(t, r.url, badSeries); v != "" {
+		t.Fatalf("smart model selection disabled, yet %s %s", badSeries, v)
 	}
 	resp, err := http.Get(r.url + "/metrics")
 	if err != nil {

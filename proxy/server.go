@@ -207,6 +207,9 @@ func New(o Options) *Server {
 	}
 	if s.classifier = o.Classifier; s.classifier == nil {
 		s.classifier, s.ownClassif = &classify.Client{}, true
+		if s.store != nil {
+			s.classifier.Current = func() *config.SmartModelSelection { return &s.store.Load().SmartModelSelection }
+		}
 	}
 	if o.NATS != nil {
 		s.nats = &natsTransport{bc: o.NATS, connected: o.NATSConnected}
