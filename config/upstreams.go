@@ -47,6 +47,21 @@ type SplitProxy struct {
 	// number of external upstreams. List order is the order of prefix
 	// matching and of failover.
 	Proxies []Proxy `json:"proxies"`
+	// NonStreamFirstByteMS bounds the wait for an external entry's answer
+	// to a non-streamed request (its first byte comes with the whole
+	// answer), within timeouts.non_stream_total_s: past it the attempt
+	// fails as the entry's timeout and the request fails over. A stream's
+	// first packet has timeouts.stream_first_packet_s. 0: only
+	// timeouts.non_stream_total_s. Default 300000.
+	NonStreamFirstByteMS float64 `json:"non_stream_first_byte_ms"`
+	// TimeoutBackoffMS is how long an external entry that timed out before
+	// its first byte is left out of the plans (the weighted draw, failover,
+	// a session bound to it); then one request tries it: its answer
+	// readmits the entry, its failure keeps it out for twice as long, up
+	// to TimeoutMaxBackoffMS. 0: only the entry's breaker keeps it out.
+	// Defaults 5000 and 60000.
+	TimeoutBackoffMS    float64 `json:"timeout_backoff_ms"`
+	TimeoutMaxBackoffMS float64 `json:"timeout_max_backoff_ms"`
 }
 
 // Proxy is one entry of the split proxy list.
@@ -180,6 +195,15 @@ type GlobalScheduling struct {
 	// non-streamed request, whose first byte comes with the whole answer.
 	// 0: only timeouts.non_stream_total_s. Default 300000.
 	ForwardNonStreamFirstByteMS float64 `json:"forward_non_stream_first_byte_ms"`
+	// ForwardFailureBackoffMS is how long a member whose forward failed as
+	// its fault (unreachable, a timeout, an invalid answer, 5xx, the
+	// gateway's key refused) takes no forward, whatever its capacity
+	// polls say; then one forward tries it: its success readmits the
+	// member, its failure keeps it out for twice as long, up to
+	// ForwardFailureMaxBackoffMS. 0: a failed forward drops the member
+	// until its next good poll only. Defaults 5000 and 60000.
+	ForwardFailureBackoffMS    float64 `json:"forward_failure_backoff_ms"`
+	ForwardFailureMaxBackoffMS float64 `json:"forward_failure_max_backoff_ms"`
 }
 
 // Member is one gateway of another region.
@@ -285,7 +309,9 @@ func (c *Config) AppendSecretSlots(dst []SecretSlot) []SecretSlot {
 }
 
 // Default values of the four sections; config.Default() uses them.
-func defaultSplitProxy() SplitProxy { return SplitProxy{Strategy: SplitWeight} }
+func defaultSplitProxy() SplitProxy {
+	return SplitProxy{Strategy: SplitWeight, NonStreamFirstByteMS: 300000, TimeoutBackoffMS: 5000, TimeoutMaxBackoffMS: 60000}
+}
 
 func defaultMirror() Mirror {
 	return Mirror{TimeoutMS: 60000, QueueSize: 1024, Concurrency: 64, MaxBufferBytes: DefaultMirrorBufferBytes}
@@ -293,7 +319,8 @@ func defaultMirror() Mirror {
 
 func defaultGlobalScheduling() GlobalScheduling {
 	return GlobalScheduling{PollIntervalMS: 1000, PollTimeoutMS: 500, StaleAfterMS: 5000, MinFree: 1,
-		ForwardStreamFirstPacketMS: 30000, ForwardNonStreamFirstByteMS: 300000}
+		ForwardStreamFirstPacketMS: 30000, ForwardNonStreamFirstByteMS: 300000,
+		ForwardFailureBackoffMS: 5000, ForwardFailureMaxBackoffMS: 60000}
 }
 
 func defaultSmartModelSelection() SmartModelSelection {
@@ -333,6 +360,21 @@ func (s *SplitProxy) validate() error {
 		}
 	default:
 		return fieldErr("split_proxy.strategy", "%q: want weight or prefix", s.Strategy)
+	}
+	for _, f := range []struct {
+		path string
+		v    float64
+	}{
+		{"split_proxy.non_stream_first_byte_ms", s.NonStreamFirstByteMS},
+		{"split_proxy.timeout_backoff_ms", s.TimeoutBackoffMS},
+		{"split_proxy.timeout_max_backoff_ms", s.TimeoutMaxBackoffMS},
+	} {
+		if err := millis(f.path, f.v); err != nil {
+			return err
+		}
+	}
+	if s.TimeoutMaxBackoffMS < s.TimeoutBackoffMS {
+		return fieldErr("split_proxy.timeout_max_backoff_ms", "%g is below timeout_backoff_ms (%g)", s.TimeoutMaxBackoffMS, s.TimeoutBackoffMS)
 	}
 	if !s.Enabled && len(s.Proxies) == 0 {
 		return nil
@@ -500,6 +542,15 @@ func (g *GlobalScheduling) validate() error {
 	}
 	if err := millis("global_scheduling.forward_non_stream_first_byte_ms", g.ForwardNonStreamFirstByteMS); err != nil {
 		return err
+	}
+	if err := millis("global_scheduling.forward_failure_backoff_ms", g.ForwardFailureBackoffMS); err != nil {
+		return err
+	}
+	if err := millis("global_scheduling.forward_failure_max_backoff_ms", g.ForwardFailureMaxBackoffMS); err != nil {
+		return err
+	}
+	if g.ForwardFailureMaxBackoffMS < g.ForwardFailureBackoffMS {
+		return fieldErr("global_scheduling.forward_failure_max_backoff_ms", "%g is below forward_failure_backoff_ms (%g)", g.ForwardFailureMaxBackoffMS, g.ForwardFailureBackoffMS)
 	}
 	return nil
 }

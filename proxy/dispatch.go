@@ -242,8 +242,8 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 		}
 	}
 	forwardBound := false
-	if u := rs.ext.cur; u != nil && u.kind == extMember {
-		c.firstByte, forwardBound = forwardFirstByte(&cfg.GlobalScheduling, r.Stream, now, c.firstByte)
+	if u := rs.ext.cur; u != nil {
+		c.firstByte, forwardBound = externalFirstByte(cfg, u.kind, r.Stream, now, c.firstByte)
 	}
 	up, f := tr.roundTrip(c)
 	if f == nil && rs.ext.cur != nil && refusesGateway(up.status()) {

@@ -158,6 +158,10 @@ type extUpstream struct {
 	key   config.Secret
 	w     *fleet.Worker
 	pool  *httpPool
+	// out keeps a split entry out of the plans after a first-byte timeout
+	// (split_proxy.timeout_backoff_ms: split.go, splitOutcome); members
+	// have theirs in the poller (upstream.Member).
+	out upstreams.Backoff
 	// series names registered for this upstream (unregistered when it goes)
 	series []string
 }
@@ -431,6 +435,7 @@ func (e *externals) newUpstream(kind extKind, w extSpec) (*extUpstream, error) {
 		failures = e.counter(u, `infera_split_proxy_failures_total`+lbl)
 		e.gauge(u, `infera_split_proxy_breaker_state`+lbl, func() float64 { return float64(u.w.Breaker.State()) })
 		e.gauge(u, `infera_split_proxy_active_requests`+lbl, func() float64 { return float64(u.w.Load.Requests.Load()) })
+		e.gauge(u, `infera_split_proxy_backoff_state`+lbl, func() float64 { return float64(u.out.State()) })
 	default:
 		// Forwarded requests are counted by the poller
 		// (infera_global_forwarded_total{member}).

@@ -38,8 +38,9 @@ func (s *Server) globalOn(cfg *config.Config) bool {
 
 // forwardGlobal forwards a request the local fleet cannot take now to the
 // member with the most free capacity for its model, trying each member at
-// most once (a member that fails before the first byte is dropped until its
-// next capacity report). It returns true when the request is settled: an
+// most once (a member that fails before the first byte as its fault is out
+// for its backoff, forward_failure_backoff_ms, then tried by one request;
+// one that fails otherwise is dropped until its next capacity report). It returns true when the request is settled: an
 // answer was committed, or the client left. Otherwise (a forwarded request,
 // no member qualifies, every member failed) the caller answers as it would
 // without global scheduling; when the local fleet had no worker at all
@@ -80,9 +81,16 @@ func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 			m.Failed()
 			continue
 		}
+		ok, trial := m.Admit()
+		if !ok {
+			continue // another request took its trial: Pick skips it now
+		}
 		picked = true
 		m.Forwarded()
-		switch s.attemptExternal(ctx, cfg, rs, u, true, true, &fr) {
+		prev := fr.last
+		ar := s.attemptExternal(ctx, cfg, rs, u, true, true, &fr)
+		memberOutcome(m, trial, ar, prev, fr.last)
+		switch ar {
 		case attemptCommitted:
 			res.committed = true
 			return true
@@ -91,7 +99,6 @@ func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 			return true
 		}
 		mGlobalFailed.Inc()
-		m.Failed()
 	}
 	if !picked {
 		mGlobalNoMember.Inc()
@@ -113,6 +120,36 @@ func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 	return false
 }
 
+// memberOutcome tells member m how a forward to it went (ar; f the
+// request's last failure, prev the one before the forward): a failure that
+// is its fault (unreachable, a timeout, an invalid answer, 5xx, the
+// gateway's key refused) keeps it out for its backoff
+// (forward_failure_backoff_ms), whatever its polls say; an answer, a 4xx
+// relayed included, is a success (its trial's readmits it); anything else
+// (a 429, the router's own connection limit, its breaker taken meanwhile,
+// the client gone) says nothing of it: a failed forward drops it until its
+// next good poll, as before, and a trial is handed to the next request.
+func memberOutcome(m *upstreams.Member, trial bool, ar attemptResult, prev, f *failure) {
+	switch {
+	case ar == attemptCommitted:
+		m.ForwardSucceeded(trial)
+		return
+	case f == nil || f == prev:
+		m.ForwardAbandoned(trial) // nothing was sent (AcquireExternal refused)
+	case f.outcome() == sched.OutcomeFault:
+		m.ForwardFailed(trial)
+		return
+	case f.kind == failStatus && f.status < 500 && f.status != fasthttp.StatusTooManyRequests:
+		m.ForwardSucceeded(trial) // its 4xx answer, relayed
+		return
+	default:
+		m.ForwardAbandoned(trial)
+	}
+	if ar == attemptFailed {
+		m.Failed()
+	}
+}
+
 // forwardFirstByte returns the first-byte deadline of an attempt started
 // at now on a member gateway: fb (the timeouts section's) or, when sooner,
 // the forward's own bound (global_scheduling.forward_stream_first_packet_ms
@@ -121,13 +158,21 @@ func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 // but hangs on forwarded requests held each client for the general
 // timeouts (300 s to a stream's first packet, 900 s for a non-streamed
 // answer); past its own bound the forward fails as a timeout (the
-// member's fault), the member is dropped until its next good poll, and
-// the request goes on as after any failed forward.
+// member's fault), the member is out for its backoff
+// (forward_failure_backoff_ms, memberOutcome), and the request goes on as
+// after any failed forward.
 func forwardFirstByte(g *config.GlobalScheduling, stream bool, now, fb time.Time) (time.Time, bool) {
 	ms := g.ForwardNonStreamFirstByteMS
 	if stream {
 		ms = g.ForwardStreamFirstPacketMS
 	}
+	return soonerFirstByte(ms, now, fb)
+}
+
+// soonerFirstByte returns the first-byte deadline of an attempt started at
+// now: fb, or now plus ms when that is sooner (and ms positive), and
+// whether the latter is the one.
+func soonerFirstByte(ms float64, now, fb time.Time) (time.Time, bool) {
 	if ms <= 0 {
 		return fb, false
 	}

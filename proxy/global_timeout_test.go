@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -110,5 +112,95 @@ func TestAForwardToAMemberThatHangsFailsOverAfterItsFirstByteBound(t *testing.T)
 	}
 	if took < 300*time.Millisecond || took > 3*time.Second || hung.hits.Load() != 2 {
 		t.Fatalf("non-stream answered in %v (hung member's engine %d), want the 300 ms bound and a little", took, hung.hits.Load())
+	}
+}
+
+// A member region that answers its capacity polls but never answers a
+// forwarded request stays out for global_scheduling.forward_failure_backoff_ms
+// after a failed forward, whatever its polls say, and is then tried with
+// one request: under steady traffic it holds about one request per backoff
+// window. Its good polls used to readmit it a poll interval after each
+// failure, so every poll interval another request waited out the forward
+// bound on it (here up to --breaker-failure-threshold of them before its
+// breaker opened; one per poll with the breaker off). A member that recovers
+// is used again once its trial succeeds.
+func TestAMemberWhoseForwardsFailStaysOutForItsBackoffDespiteGoodPolls(t *testing.T) {
+	for _, threshold := range []int{3, 0} {
+		t.Run(fmt.Sprintf("breaker_threshold_%d", threshold), func(t *testing.T) {
+			var healthy atomic.Bool
+			release := make(chan struct{})
+			eng := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+				if healthy.Load() {
+					okHandler(ctx)
+					return
+				}
+				select {
+				case <-release:
+				case <-time.After(10 * time.Second):
+				}
+			})
+			t.Cleanup(func() { close(release) }) // before the servers stop (LIFO)
+			// b reports the most room (no limit: 256), c 100 seats.
+			b := startRouterWith(t, nil, config.Default(), nil, eng.url)
+			engC := startUpstream(t, okHandler)
+			cfgC := config.Default()
+			cfgC.RateLimit.OverallConcurrency = 100
+			c := startRouterWith(t, nil, cfgC, nil, engC.url)
+
+			cfgA := globalConfig(config.Member{Name: "b", URL: b.url}, config.Member{Name: "c", URL: c.url})
+			g := &cfgA.GlobalScheduling
+			g.ForwardNonStreamFirstByteMS = 150
+			g.ForwardFailureBackoffMS, g.ForwardFailureMaxBackoffMS = 1500, 1500
+			pa := startPoller(t, g)
+			fa := defaultFlags()
+			fa.BreakerFailureThreshold = threshold
+			a := startRouterWith(t, fa, cfgA, func(o *Options) { o.Poller = pa }, deadURL(t))
+			a.fl.Remove("w0") // no local worker: every request is forwarded
+			waitFor(t, func() bool {
+				_, _, ok1 := pa.Members()[0].Report()
+				_, _, ok2 := pa.Members()[1].Report()
+				return ok1 && ok2
+			}, "A's reports of b and c")
+
+			cl := &http.Client{Timeout: 5 * time.Second}
+			send := func() string {
+				t.Helper()
+				resp, err := cl.Post(a.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Fatalf("%d %s", resp.StatusCode, got)
+				}
+				return resp.Header.Get("X-Infera-Upstream")
+			}
+			// Steady traffic for 2 s (b's polls come every 20 ms): b is
+			// tried first, then again once its backoff (1.5 s) is over.
+			start := time.Now()
+			for i := 0; i < 400 && time.Since(start) < 2*time.Second; i++ {
+				send()
+				time.Sleep(10 * time.Millisecond)
+			}
+			if n := eng.hits.Load(); n < 1 || n > 2 {
+				t.Fatalf("the hung member took %d requests in 2 s of traffic, want 1 and its trial after the 1.5 s backoff", n)
+			}
+			// Recovered: its next trial succeeds and it takes the traffic
+			// again (it reports the most room).
+			healthy.Store(true)
+			deadline := time.Now().Add(5 * time.Second)
+			for send() != "global:b" {
+				if time.Now().After(deadline) {
+					t.Fatal("the recovered member was not used again")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			for i := 0; i < 5; i++ {
+				if got := send(); got != "global:b" {
+					t.Fatalf("after its trial, request %d went to %q", i, got)
+				}
+			}
+		})
 	}
 }

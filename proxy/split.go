@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"slices"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/config"
@@ -19,7 +20,70 @@ var (
 	// half-open with its one probe already in flight.
 	mSplitUnavailableOpen  = metrics.NewCounter(`infera_split_proxy_unavailable_total{reason="breaker_open"}`)
 	mSplitUnavailableTrial = metrics.NewCounter(`infera_split_proxy_unavailable_total{reason="probe_in_flight"}`)
+	// An external entry skipped: out after a first-byte timeout
+	// (split_proxy.timeout_backoff_ms), or its one trial in flight.
+	mSplitUnavailableBackoff = metrics.NewCounter(`infera_split_proxy_unavailable_total{reason="timeout_backoff"}`)
 )
+
+// externalFirstByte returns the first-byte deadline of an attempt on an
+// external upstream of kind k started at now, fb being the timeouts
+// section's (timeouts.stream_first_packet_s for a stream, the request's
+// total otherwise), and whether the upstream's own bound is the one: a
+// member's (forwardFirstByte), or for a split entry's non-streamed answer
+// split_proxy.non_stream_first_byte_ms. Bounded only by
+// timeouts.non_stream_total_s, a hung entry held each non-streamed request
+// 900 s, and its expiry was the request's own deadline (no failover, not
+// the entry's fault: its breaker never counted it).
+func externalFirstByte(cfg *config.Config, k extKind, stream bool, now, fb time.Time) (time.Time, bool) {
+	if k == extMember {
+		return forwardFirstByte(&cfg.GlobalScheduling, stream, now, fb)
+	}
+	if stream {
+		return fb, false
+	}
+	return soonerFirstByte(cfg.SplitProxy.NonStreamFirstByteMS, now, fb)
+}
+
+// splitBackoff returns the timeout backoff settings of sp.
+func splitBackoff(sp *config.SplitProxy) (base, max time.Duration) {
+	return msDuration(sp.TimeoutBackoffMS), msDuration(sp.TimeoutMaxBackoffMS)
+}
+
+func msDuration(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+
+// entryDown reports whether external entry u is left out at now (unix
+// ns): its breaker open (within its cooldown, or its probe in flight), or
+// out after a first-byte timeout (its backoff not over, or its trial in
+// flight).
+func entryDown(sp *config.SplitProxy, u *extUpstream, now int64) bool {
+	base, max := splitBackoff(sp)
+	return !u.w.Breaker.Available(now) || !u.out.Ready(now, base, max)
+}
+
+// splitOutcome tells external entry u's timeout backoff how an attempt on
+// it went (ar; f the request's last failure, prev the one before the
+// attempt): a first-byte timeout puts it out for
+// split_proxy.timeout_backoff_ms from now (unix ns), and so does any fault of its trial (a
+// failed trial doubles the backoff); an answer (a 4xx relayed included)
+// ends its trial; anything else (nothing sent, the client gone, a 429)
+// hands the trial to the next request.
+func splitOutcome(sp *config.SplitProxy, u *extUpstream, now int64, trial bool, ar attemptResult, prev, f *failure) {
+	switch {
+	case ar == attemptCommitted:
+		u.out.Succeeded(trial)
+	case f == nil || f == prev:
+		u.out.Abandon(trial)
+	case f.kind == failTimeout || trial && f.outcome() == sched.OutcomeFault:
+		base, _ := splitBackoff(sp)
+		if u.out.Failed(now, trial, base) {
+			upstreamLog.Warn("split proxy: external entry left out after a timeout", "proxy", u.name, "backoff_ms", sp.TimeoutBackoffMS)
+		}
+	case f.kind == failStatus && f.status < 500 && f.status != 429:
+		u.out.Succeeded(trial)
+	default:
+		u.out.Abandon(trial)
+	}
+}
 
 // dispatchSplit tries the split proxy's plan for the request
 // (upstream.Plan): the primary entry (by weight, or by model rules), then
@@ -62,10 +126,11 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 			// draw (its share goes to the others): drawn, with no
 			// failover entry (the local one cannot be), its share was
 			// answered 503 while the others had room.
+			// So is one out after a first-byte timeout (entryDown).
 			var down uint64
 			now := s.sched.Now()
 			for i, u := range tbl.ups {
-				if i < 64 && u != nil && !u.w.Breaker.Available(now) {
+				if i < 64 && u != nil && entryDown(sp, u, now) {
 					down |= 1 << i
 				}
 			}
@@ -192,7 +257,7 @@ func (s *Server) splitBound(cfg *config.Config, sp *config.SplitProxy, tbl *extT
 		// worker whose id happens to be "split:<name>" is the local
 		// entry's, not that entry's.
 		if u := tbl.ups[i]; u != nil && w.Idx < 0 && u.w.ID == w.ID {
-			if !u.w.Breaker.Available(s.sched.Now()) {
+			if entryDown(sp, u, s.sched.Now()) {
 				return -1
 			}
 			return i
@@ -209,6 +274,25 @@ func (s *Server) splitBound(cfg *config.Config, sp *config.SplitProxy, tbl *extT
 // query of a stored Response's retrieve is kept.
 // An unavailable upstream returns attemptFailed without a failure.
 func (s *Server) attemptExternal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, u *extUpstream, hop, mayRetry bool, res *tries) attemptResult {
+	if u.kind != extSplit {
+		return s.attemptExternalOnce(ctx, cfg, rs, u, hop, mayRetry, res)
+	}
+	// A split entry out after a first-byte timeout is skipped until its
+	// backoff is over; then this request may be its trial.
+	base, max := splitBackoff(&cfg.SplitProxy)
+	ok, trial := u.out.Admit(s.sched.Now(), base, max)
+	if !ok {
+		mSplitUnavailableBackoff.Inc()
+		return attemptFailed
+	}
+	prev := res.last
+	ar := s.attemptExternalOnce(ctx, cfg, rs, u, hop, mayRetry, res)
+	splitOutcome(&cfg.SplitProxy, u, s.sched.Now(), trial, ar, prev, res.last)
+	return ar
+}
+
+// attemptExternalOnce is attemptExternal past the split entry's backoff.
+func (s *Server) attemptExternalOnce(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqState, u *extUpstream, hop, mayRetry bool, res *tries) attemptResult {
 	if ok, onTrial := rs.lease.AcquireExternal(u.w, s.sched.Now); !ok {
 		if u.kind == extSplit {
 			if onTrial {

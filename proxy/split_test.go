@@ -94,7 +94,7 @@ func (rc *recorder) all() []recorded {
 func splitConfig(strategy config.SplitStrategy, proxies ...config.Proxy) *config.Config {
 	cfg := config.Default()
 	cfg.Debug.DecisionHeader = true
-	cfg.SplitProxy = config.SplitProxy{Enabled: true, Strategy: strategy, Proxies: proxies}
+	cfg.SplitProxy.Enabled, cfg.SplitProxy.Strategy, cfg.SplitProxy.Proxies = true, strategy, proxies
 	return cfg
 }
 

@@ -27,6 +27,14 @@ import (
 // serves until it is stale (a region restarting serves them again soon:
 // busy, not unknown).
 //
+// A member whose forward failed as its fault (ForwardFailed) is out for
+// forward_failure_backoff_ms, whatever its polls say: a member that
+// answers its polls but hangs on forwarded requests would otherwise be
+// readmitted by its next poll, and every poll interval another request
+// would wait out the forward's bound on it. Then Pick gives one request
+// its trial (Admit); its success readmits the member, its failure doubles
+// the backoff, up to forward_failure_max_backoff_ms (Backoff).
+//
 // Pick runs on the request path (only when the local fleet is saturated):
 // it reads atomics and allocates nothing.
 //
@@ -36,6 +44,7 @@ import (
 //	infera_global_capacity_polls_total{member,result="ok"|"error"}
 //	infera_global_member_free{member}       free capacity as Pick sees it (-1: no fresh report)
 //	infera_global_forwarded_total{member}   requests the dispatch forwarded to it
+//	infera_global_member_backoff_state{member} 0 in, 1 on trial, 2 out after failed forwards
 type Poller struct {
 	client *http.Client
 	set    *metrics.Set
@@ -61,6 +70,10 @@ type Member struct {
 	// poll, but its report, until stale, still says which models it
 	// serves (Serves).
 	failed atomic.Bool
+	// out keeps the member out after forwards that failed as its fault,
+	// good polls or not (ForwardFailed).
+	out Backoff
+	cfg *atomic.Pointer[config.GlobalScheduling] // the poller's
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -183,7 +196,7 @@ func (p *Poller) Update(g *config.GlobalScheduling) error {
 }
 
 func (p *Poller) newMember(cm *config.Member, ep Endpoint) *Member {
-	m := &Member{name: cm.Name, url: cm.URL, key: cm.APIKey, ep: ep, wake: make(chan struct{}, 1)}
+	m := &Member{name: cm.Name, url: cm.URL, key: cm.APIKey, ep: ep, wake: make(chan struct{}, 1), cfg: &p.cfg}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.logThrottle.Every = 30 * time.Second
 	m.lbl = fmt.Sprintf(`{member=%q`, cm.Name)
@@ -197,23 +210,25 @@ func (p *Poller) newMember(cm *config.Member, ep Endpoint) *Member {
 			return -1
 		}
 		r := m.report.Load()
-		if r == nil || m.failed.Load() || time.Since(r.at) > ms(g.StaleAfterMS) {
+		if r == nil || m.failed.Load() || !m.ready(g, time.Now()) || time.Since(r.at) > ms(g.StaleAfterMS) {
 			return -1
 		}
 		return float64(int64(r.cap.Free) - m.forwarded.Load())
 	})
+	p.set.NewGauge(names[4], func() float64 { return float64(m.out.State()) })
 	return m
 }
 
 // seriesNames returns the names of the member's series: polls ok, polls
-// failed, forwarded, free. A member that leaves the config takes them off
+// failed, forwarded, free, backoff state. A member that leaves the config takes them off
 // /metrics.
-func (m *Member) seriesNames() [4]string {
-	return [4]string{
+func (m *Member) seriesNames() [5]string {
+	return [5]string{
 		`infera_global_capacity_polls_total` + m.lbl + `,result="ok"}`,
 		`infera_global_capacity_polls_total` + m.lbl + `,result="error"}`,
 		`infera_global_forwarded_total` + m.lbl + `}`,
 		`infera_global_member_free` + m.lbl + `}`,
+		`infera_global_member_backoff_state` + m.lbl + `}`,
 	}
 }
 
@@ -360,7 +375,7 @@ func (p *Poller) scan(model []byte) (best *Member, serves bool) {
 			continue
 		}
 		serves = true
-		if m.failed.Load() {
+		if m.failed.Load() || !m.ready(g, now) {
 			continue
 		}
 		free := int64(f) - m.forwarded.Load()
@@ -392,17 +407,60 @@ func (m *Member) Forwarded() {
 	m.forwardedTotal.Inc()
 }
 
-// Failed records that the member could not take a forwarded request
-// (unreachable, or an error before the first byte): it is no candidate
-// until its next successful poll. Its report still tells Serves which
-// models it serves (a request for one is busy, not unknown), not Report.
+// Failed records that the member could not take a forwarded request for
+// a reason that is not its fault (it answered 429, the router's own
+// connection limit, nothing was sent): it is no candidate until its next
+// successful poll. Its report still tells Serves which models it serves
+// (a request for one is busy, not unknown), not Report.
 func (m *Member) Failed() { m.failed.Store(true) }
 
+// Admit is called for the member Pick returned, just before the request is
+// forwarded: ok is false when another request took its trial meanwhile;
+// trial is true when this forward is the member's trial after its backoff,
+// which the caller ends with exactly one of ForwardSucceeded,
+// ForwardFailed or ForwardAbandoned.
+func (m *Member) Admit() (ok, trial bool) {
+	g := m.cfg.Load()
+	if g == nil {
+		return true, false
+	}
+	return m.out.Admit(time.Now().UnixNano(), ms(g.ForwardFailureBackoffMS), ms(g.ForwardFailureMaxBackoffMS))
+}
+
+// ForwardSucceeded records a forward the member answered: its trial's
+// success readmits it.
+func (m *Member) ForwardSucceeded(trial bool) { m.out.Succeeded(trial) }
+
+// ForwardFailed records a forward that failed as the member's fault
+// (unreachable, a timeout, an invalid answer, 5xx, the gateway's key
+// refused): the member is out for its backoff, whatever its polls say
+// (without a backoff, until its next good poll, as Failed).
+func (m *Member) ForwardFailed(trial bool) {
+	m.failed.Store(true)
+	if g := m.cfg.Load(); g != nil {
+		m.out.Failed(time.Now().UnixNano(), trial, ms(g.ForwardFailureBackoffMS))
+	}
+}
+
+// ForwardAbandoned ends a trial that said nothing of the member: the next
+// request tries it.
+func (m *Member) ForwardAbandoned(trial bool) { m.out.Abandon(trial) }
+
+// ready reports whether the member's forward backoff lets a request
+// through at now (its trial included).
+func (m *Member) ready(g *config.GlobalScheduling, now time.Time) bool {
+	return m.out.Ready(now.UnixNano(), ms(g.ForwardFailureBackoffMS), ms(g.ForwardFailureMaxBackoffMS))
+}
+
 // Report returns the member's last report and its age, ok false when there
-// is none (never polled), or the last poll or a forward failed since.
+// is none (never polled), the last poll or a forward failed since, or it
+// is out after failed forwards.
 func (m *Member) Report() (c Capacity, age time.Duration, ok bool) {
 	r := m.report.Load()
 	if r == nil || m.failed.Load() {
+		return Capacity{}, 0, false
+	}
+	if g := m.cfg.Load(); g != nil && !m.ready(g, time.Now()) {
 		return Capacity{}, 0, false
 	}
 	return r.cap, time.Since(r.at), true
