@@ -4,13 +4,16 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/infera/infera/breaker"
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/internal/logx"
 	"github.com/infera/infera/internal/netpeek"
@@ -94,10 +97,6 @@ var (
 	// probe's included.
 	mSkipped = metrics.NewCounter(`infera_classifier_breaker_skipped_total`)
 	mTrips   = metrics.NewCounter(`infera_classifier_breaker_trips_total`)
-	// breakerGauge is the state of the breaker of the classifier last
-	// asked or skipped (infera_classifier_breaker_state).
-	breakerGauge atomic.Int32
-	_            = metrics.NewGauge(`infera_classifier_breaker_state`, func() float64 { return float64(breakerGauge.Load()) })
 	// mTiers[tier][source] counts the tiers chosen, by their Source.
 	mTiers   [numTiers][numSources]*metrics.Counter
 	mLatency = metrics.NewHistogram(`infera_classifier_duration_seconds`)
@@ -144,10 +143,22 @@ func Applies(cfg *config.SmartModelSelection, model []byte) bool {
 // Client calls the classifier named by the config snapshot it is given.
 // It keeps one keep-alive connection pool for the current classifier URL
 // and replaces it when a reload changes the URL. Safe for concurrent use;
-// the zero value is ready. Close releases idle connections.
+// the zero value is ready. Close releases idle connections and removes
+// the client's series from /metrics.
 type Client struct {
+	// Current, when set, returns the smart_model_selection section in
+	// force: /metrics then shows the breaker of its classifier, as /health
+	// does (Breaker), and nothing while the section is disabled. Unset,
+	// /metrics shows the breaker of the classifier last added. Set it
+	// before the first call.
+	Current func() *config.SmartModelSelection
+
 	mu  sync.Mutex // serializes target changes
 	cur atomic.Pointer[targets]
+	// ms holds the client's series (infera_classifier_breaker_state
+	// {classifier}, writeMetrics), made with the first target; nil before.
+	// Lock mu to read or set it.
+	ms *metrics.Set
 }
 
 // targets are the pools of the last two classifier URLs used: requests of
@@ -172,10 +183,13 @@ func (ts *targets) find(rawURL string) *target {
 }
 
 type target struct {
-	url  string
-	hc   *fasthttp.HostClient
-	br   breaker
-	host string
+	url string
+	// label is the infera_classifier_breaker_state label of the
+	// classifier (breakerLabel).
+	label string
+	hc    *fasthttp.HostClient
+	br    breaker.Breaker
+	host  string
 	// uri is the whole URL: a path alone leaves the request's scheme
 	// http, and a TLS HostClient refuses such a request without sending it
 	// (ErrHostClientRedirectToDifferentScheme).
@@ -197,24 +211,25 @@ var scratchPool = sync.Pool{New: func() any { return new([]byte) }}
 //
 // Metrics: infera_classifier_requests_total{result},
 // infera_classifier_duration_seconds, infera_smart_selection_total{tier,source},
-// infera_classifier_breaker_state, infera_classifier_breaker_trips_total,
+// infera_classifier_breaker_state{classifier} (Client.Current),
+// infera_classifier_breaker_trips_total,
 // infera_classifier_breaker_skipped_total.
 func (c *Client) Classify(cfg *config.SmartModelSelection, model, text []byte) Result {
 	start := time.Now()
 	tier, out, status := TierUnknown, OutcomeError, 0
 	if t, err := c.target(cfg.ClassifierURL); err == nil {
-		ok, probe := t.br.admit(cfg, start.UnixNano())
+		bs := breakerSettings(cfg)
+		ok, probe, _ := t.br.Admit(bs, start.UnixNano())
 		if ok {
 			tier, out, status = c.call(t, cfg, model, text, start)
-			if t.br.done(cfg, time.Now().UnixNano(), out == OutcomeOK, probe) {
+			if record(&t.br, bs, time.Now().UnixNano(), out == OutcomeOK, probe) {
 				mTrips.Inc()
 				tripLog.Warn("smart model selection: classifier breaker open, requests take the fallback tier without asking it",
-					"outcome", out.String(), "probe", probe, "cooldown", cooldown(cfg, t.br.backoff.Load()))
+					"outcome", out.String(), "probe", probe, "cooldown", t.br.Cooldown(bs))
 			}
 		} else {
 			out = OutcomeBreakerOpen
 		}
-		breakerGauge.Store(t.br.state.Load())
 	}
 	lat := time.Since(start)
 	if out == OutcomeBreakerOpen {
@@ -333,6 +348,7 @@ func (c *Client) target(rawURL string) (*target, error) {
 		return nil, err
 	}
 	t := &target{url: rawURL, host: ep.Host, uri: u.Scheme + "://" + ep.Host + u.RequestURI()}
+	t.label, _ = breakerLabel(rawURL)
 	isTLS := ep.TLS
 	var tlsConf *tls.Config
 	if isTLS {
@@ -382,6 +398,11 @@ func (c *Client) target(rawURL string) (*target, error) {
 	if ep.TLS {
 		t.hc.TLSConfig = tlsConf
 	}
+	if c.ms == nil {
+		c.ms = metrics.NewSet()
+		c.ms.RegisterMetricsWriter(c.writeMetrics)
+		metrics.RegisterSet(c.ms)
+	}
 	next := &targets{cur: t}
 	if old := c.cur.Load(); old != nil {
 		next.prev = old.cur
@@ -393,8 +414,59 @@ func (c *Client) target(rawURL string) (*target, error) {
 	return t, nil
 }
 
-// Close closes the idle connections to the classifier.
+// breakerLabel is the infera_classifier_breaker_state label of the
+// classifier at rawURL, quoted: the URL without its query and fragment,
+// where a token may ride (user info is refused by validation), with the
+// host as requests name it.
+func breakerLabel(rawURL string) (string, bool) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Hostname() == "" {
+		return "", false
+	}
+	ep, err := upstream.ParseEndpoint((&url.URL{Scheme: u.Scheme, Host: u.Host}).String())
+	if err != nil {
+		return "", false
+	}
+	return strconv.Quote(u.Scheme + "://" + ep.Host + u.EscapedPath()), true
+}
+
+// writeMetrics writes the state of the breaker of the classifier in force
+// (Current), or of the one last added.
+func (c *Client) writeMetrics(w io.Writer) {
+	var label string
+	var st breaker.State
+	if c.Current != nil {
+		cfg := c.Current()
+		if cfg == nil || !cfg.Enabled || cfg.ClassifierURL == "" {
+			return
+		}
+		if t := c.cur.Load().find(cfg.ClassifierURL); t != nil {
+			label = t.label
+		} else if l, ok := breakerLabel(cfg.ClassifierURL); ok {
+			label = l // not asked yet: closed
+		} else {
+			return
+		}
+		st = c.Breaker(cfg, time.Now()).State
+	} else {
+		ts := c.cur.Load()
+		if ts == nil {
+			return
+		}
+		label, st = ts.cur.label, ts.cur.br.State()
+	}
+	metrics.WriteMetadataIfNeeded(w, "infera_classifier_breaker_state", "gauge")
+	fmt.Fprintf(w, "infera_classifier_breaker_state{classifier=%s} %d\n", label, st)
+}
+
+// Close closes the idle connections to the classifier and removes the
+// client's series from /metrics.
 func (c *Client) Close() {
+	c.mu.Lock()
+	if c.ms != nil {
+		metrics.UnregisterSet(c.ms, true)
+	}
+	c.mu.Unlock()
 	if ts := c.cur.Load(); ts != nil {
 		ts.cur.hc.CloseIdleConnections()
 		if ts.prev != nil {

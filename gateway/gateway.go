@@ -394,7 +394,7 @@ func (g *Gateway) setupUpstreams() error {
 	// router dials workers and external endpoints (and within the
 	// request's mirror.timeout_ms when that is shorter).
 	g.mirror = mirror.New(mirror.Options{ConnectTimeout: g.flags.ConnectTimeout})
-	g.classifier = &classify.Client{}
+	g.classifier = &classify.Client{Current: func() *config.SmartModelSelection { return &g.store.Load().SmartModelSelection }}
 	g.poller = upstream.NewPoller()
 	if err := g.poller.Update(&g.store.Load().GlobalScheduling); err != nil {
 		return fmt.Errorf("global_scheduling: %w", err)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"github.com/infera/infera/config"
 	"github.com/valyala/fasthttp"
 )
@@ -123,7 +124,7 @@ func TestAClassifierThatHangsIsSkippedUntilAProbeFindsItBack(t *testing.T) {
 	if c, ok := h.Components["classifier"]; h.Status != "degraded" || !ok || c.OK || !strings.Contains(c.Detail, "breaker open") {
 		t.Fatalf("health with the breaker open: %+v", h)
 	}
-	if v := metricValue(t, r.url, `infera_classifier_breaker_state`); v != "2" {
+	if v := metricValue(t, r.url, `infera_classifier_breaker_state{classifier="`+cls.url+`/v1/classify"}`); v != "2" {
 		t.Fatalf("breaker state with the breaker open %s", v)
 	}
 	for i, want := range []float64{1, 5, 3, 8} {
@@ -145,7 +146,7 @@ func TestAClassifierThatHangsIsSkippedUntilAProbeFindsItBack(t *testing.T) {
 	if h := getHealth(t, r.url); h.Status != "ok" || !h.Components["classifier"].OK {
 		t.Fatalf("health after the probe: %+v", h)
 	}
-	if v := metricValue(t, r.url, `infera_classifier_breaker_state`); v != "0" {
+	if v := metricValue(t, r.url, `infera_classifier_breaker_state{classifier="`+cls.url+`/v1/classify"}`); v != "0" {
 		t.Fatalf("breaker state after the probe %s", v)
 	}
 
@@ -162,5 +163,86 @@ func TestAClassifierThatHangsIsSkippedUntilAProbeFindsItBack(t *testing.T) {
 	}
 	if n := cls.hits.Load() - asked; n != 4 {
 		t.Fatalf("without a breaker the classifier was asked %d times, want 4", n)
+	}
+}
+
+// The classifier's breaker series is labelled with its URL without the
+// query (where a token may ride) and never with its API key, and follows
+// the config in force as /health does: after a reload from a classifier
+// whose breaker opened to one that answers, /metrics shows the new one's
+// state and no longer the old one's (an alert on it would fire forever);
+// disabling smart model selection removes the series; the series goes when
+// the router shuts down. The gauge was process-wide: one unlabelled value,
+// the state of whichever classifier was asked last, kept while the section
+// was disabled.
+func TestEachClassifierHasItsOwnBreakerStateSeries(t *testing.T) {
+	bad := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.SetStatusCode(fasthttp.StatusInternalServerError) })
+	good := startUpstream(t, func(ctx *fasthttp.RequestCtx) { ctx.SetBodyString(`{"tier":"L1"}`) })
+	eng := startUpstream(t, okHandler)
+	cfg := config.Default()
+	cfg.Debug.DecisionHeader = true
+	cfg.SmartModelSelection = config.SmartModelSelection{Enabled: true, ClassifierURL: bad.url + "/v1/classify?token=url-sekret",
+		ClassifierAPIKey: config.NewSecret("key-sekret"),
+		TimeoutMS:        2000, FallbackTier: "L2", MatchModels: []string{"auto"},
+		Tiers: config.TierModels{L1: "m", L2: "m", L3: "m"}, MaxTextBytes: 8192,
+		BreakerFailureThreshold: 1, BreakerCooldownMS: 60000, BreakerMaxCooldownMS: 60000}
+	r := startRouterWith(t, nil, cfg, nil, eng.url)
+	send := func(want string) {
+		t.Helper()
+		resp, err := http.Post(r.url+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"auto","messages":[{"role":"user","content":"hello"}],"max_tokens":4}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if tier := resp.Header.Get("X-Infera-Tier"); resp.StatusCode != 200 || tier != want {
+			t.Fatalf("status %d tier %q, want 200 %s", resp.StatusCode, tier, want)
+		}
+	}
+	badSeries := `infera_classifier_breaker_state{classifier="` + bad.url + `/v1/classify"}`
+	goodSeries := `infera_classifier_breaker_state{classifier="` + good.url + `/v1/classify"}`
+	send("L2") // the classifier answers 500: its breaker opens
+	if v := metricValue(t, r.url, badSeries); v != "2" {
+		t.Fatalf("%s = %q, want 2 (open)", badSeries, v)
+	}
+	c := *cfg
+	c.SmartModelSelection.ClassifierURL = good.url + "/v1/classify"
+	r.store.Set(&c)
+	send("L1")
+	if v := metricValue(t, r.url, goodSeries); v != "0" {
+		t.Fatalf("%s = %q, want 0 (closed)", goodSeries, v)
+	}
+	if v := metricValue(t, r.url, badSeries); v != "" {
+		t.Fatalf("after the reload to another classifier, the old one's series is still there: %s %s", badSeries, v)
+	}
+	// Back to the first classifier, its breaker still open; then the
+	// section disabled: no series.
+	r.store.Set(cfg)
+	if v := metricValue(t, r.url, badSeries); v != "2" {
+		t.Fatalf("%s = %q after the reload back, want 2 (open)", badSeries, v)
+	}
+	off := *cfg
+	off.SmartModelSelection.Enabled = false
+	r.store.Set(&off)
+	if v := metricValue(t, r.url, badSeries); v != "" {
+		t.Fatalf("smart model selection disabled, yet %s %s", badSeries, v)
+	}
+	resp, err := http.Get(r.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(all), "sekret") {
+		t.Fatal("/metrics shows the classifier's token or API key")
+	}
+	if err := r.srv.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	var buf strings.Builder
+	metrics.WritePrometheus(&buf, false)
+	if strings.Contains(buf.String(), badSeries) || strings.Contains(buf.String(), goodSeries) {
+		t.Fatal("the classifiers' breaker series outlived the router")
 	}
 }

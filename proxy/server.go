@@ -86,7 +86,7 @@ type Options struct {
 	// Mirror copies sampled requests (traffic mirroring); nil: none.
 	Mirror *mirror.Mirror
 	// Classifier asks smart model selection's classifier; nil: a client
-	// of the server's own.
+	// of the server's own (closed by Shutdown; the caller closes its own).
 	Classifier *classify.Client
 	// Poller knows the member gateways' capacity (global scheduling); nil:
 	// requests are never forwarded.
@@ -151,6 +151,7 @@ type Server struct {
 	ext        *externals         // split proxy entries and member gateways (external.go)
 	splitter   upstreams.Splitter // weight strategy draws
 	classifier *classify.Client
+	ownClassif bool // classifier is the server's own: Shutdown closes it
 
 	proto protoFront // conversion options per config snapshot (protocols.go)
 	// respAff routes Responses follow-ups to the worker that answered
@@ -205,7 +206,10 @@ func New(o Options) *Server {
 		s.store.OnChange(func(_, cur *config.Config) { s.ext.sync(cur) })
 	}
 	if s.classifier = o.Classifier; s.classifier == nil {
-		s.classifier = &classify.Client{}
+		s.classifier, s.ownClassif = &classify.Client{}, true
+		if s.store != nil {
+			s.classifier.Current = func() *config.SmartModelSelection { return &s.store.Load().SmartModelSelection }
+		}
 	}
 	if o.NATS != nil {
 		s.nats = &natsTransport{bc: o.NATS, connected: o.NATSConnected}
@@ -347,6 +351,9 @@ func (s *Server) ShutdownContext(ctx context.Context) error {
 	if err == nil {
 		s.live.close()
 		s.ext.close()
+		if s.ownClassif {
+			s.classifier.Close()
+		}
 	}
 	return err
 }

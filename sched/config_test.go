@@ -79,7 +79,7 @@ func TestTripRatioChanged(t *testing.T) {
 		for i := 0; i < failed; i++ {
 			b.done(st, now, true, false, m)
 		}
-		if open := b.state.Load() == sbOpen; open != wantOpen {
+		if open := b.br.State() == sbOpen; open != wantOpen {
 			t.Fatalf("ratio %.2f ok %d failed %d: open=%v", ratio, ok, failed, open)
 		}
 	}

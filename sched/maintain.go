@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/infera/infera/breaker"
 	"github.com/infera/infera/config"
 )
 
@@ -79,13 +80,13 @@ type Stats struct {
 	PrefixEvictions  uint64
 	AffinityEntries  int64
 	HitRateCeiling   float64
-	SchedBreaker     int32
+	SchedBreaker     breaker.State
 	SchedBreakerTrip uint64
 }
 
 // Stats returns current counters.
 func (s *Scheduler) Stats() Stats {
-	st := Stats{PrefixBudget: -1, HitRateCeiling: s.m.Ceiling(), SchedBreaker: s.sb.state.Load(), SchedBreakerTrip: s.sb.trips.Load()}
+	st := Stats{PrefixBudget: -1, HitRateCeiling: s.m.Ceiling(), SchedBreaker: s.sb.br.State(), SchedBreakerTrip: s.sb.trips.Load()}
 	if p := s.pidx.Load(); p != nil {
 		st.PrefixBlocks, st.PrefixBytes = p.Len(), p.Bytes()
 		if b := p.budget.Load(); b < 1<<62 {

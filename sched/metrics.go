@@ -55,7 +55,7 @@ func newSchedMetrics(s *Scheduler) *schedMetrics {
 	m.mPrompt = set.NewCounter(`infera_prefix_prompt_bytes_total`)
 	m.mSeen = set.NewCounter(`infera_prefix_seen_bytes_total`)
 
-	set.NewGauge(`infera_sched_breaker_state`, func() float64 { return float64(s.sb.state.Load()) })
+	set.NewGauge(`infera_sched_breaker_state`, func() float64 { return float64(s.sb.br.State()) })
 	set.NewGauge(`infera_prefix_hit_rate_ceiling`, func() float64 { return m.Ceiling() })
 	set.NewGauge(`infera_prefix_index_blocks`, func() float64 {
 		if p := s.pidx.Load(); p != nil {

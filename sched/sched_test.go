@@ -373,7 +373,7 @@ func TestBreakerWindowRolls(t *testing.T) {
 	for i := 0; i < 9; i++ {
 		b.done(st, now, true, false, m)
 	}
-	if b.state.Load() != sbClosed {
+	if b.br.State() != sbClosed {
 		t.Fatalf("tripped under 10 samples")
 	}
 	// 11 seconds later the old failures left the window.
@@ -382,7 +382,7 @@ func TestBreakerWindowRolls(t *testing.T) {
 		b.done(st, now, false, false, m)
 	}
 	b.done(st, now, true, false, m)
-	if b.state.Load() != sbClosed {
+	if b.br.State() != sbClosed {
 		t.Fatalf("stale failures counted")
 	}
 }
