@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -86,6 +87,47 @@ type SnapshotInfo struct {
 	Time    time.Time `json:"time"`
 	Size    int64     `json:"size"`
 	Version uint64    `json:"version,omitempty"`
+
+	// seq is the snapshot's place among those named in its millisecond
+	// (the name's -N, 0 without one): see snapshotNewer.
+	seq int
+}
+
+// snapshotNewer reports whether x was written after y: a later time, or
+// in the same millisecond a greater seq. write names the snapshots of one
+// millisecond with one counter across both kinds (no suffix, then -1, -2,
+// ...), so this is the order of writing; comparing the names as strings
+// put "-manual.json", the first, after "-manual-1.json", and "-10" before
+// "-9", and listing, rotation and the restore of the newest took the
+// wrong one. Two names of one seq (two kinds in a millisecond, written
+// before the counter was shared) are told apart by name.
+func snapshotNewer(x, y SnapshotInfo) bool {
+	if !x.Time.Equal(y.Time) {
+		return x.Time.After(y.Time)
+	}
+	if x.seq != y.seq {
+		return x.seq > y.seq
+	}
+	return x.Name > y.Name
+}
+
+// parseSnapshotName returns the kind, time and seq a snapshot's file name
+// holds (ok false: not a snapshot's name).
+func parseSnapshotName(name string) (kind string, t time.Time, seq int, ok bool) {
+	m := snapshotName.FindStringSubmatch(name)
+	if m == nil {
+		return "", time.Time{}, 0, false
+	}
+	t, err := time.Parse(snapshotTimeLayout, m[1])
+	if err != nil {
+		return "", time.Time{}, 0, false
+	}
+	if m[3] != "" {
+		if seq, err = strconv.Atoi(m[3][1:]); err != nil || seq < 1 {
+			return "", time.Time{}, 0, false
+		}
+	}
+	return m[2], t, seq, true
 }
 
 var snapshotName = regexp.MustCompile(`^snapshot-(\d{8}T\d{6}\.\d{3}Z)-(auto|manual)(-\d+)?\.json$`)
@@ -96,6 +138,10 @@ const snapshotTimeLayout = "20060102T150405.000Z"
 type snapshots struct {
 	dir  string
 	seal *sealer
+
+	// now is the clock snapshots are named and stamped by (tests stop
+	// it to write many in one millisecond); nil: time.Now.
+	now func() time.Time
 
 	mu      sync.Mutex
 	lastSum [32]byte // clear encoding of the newest snapshot's config
@@ -116,26 +162,17 @@ func (s *snapshots) list() ([]SnapshotInfo, error) {
 	}
 	var out []SnapshotInfo
 	for _, e := range ents {
-		m := snapshotName.FindStringSubmatch(e.Name())
-		if m == nil || !e.Type().IsRegular() {
+		kind, t, seq, ok := parseSnapshotName(e.Name())
+		if !ok || !e.Type().IsRegular() {
 			continue
 		}
-		t, err := time.Parse(snapshotTimeLayout, m[1])
-		if err != nil {
-			continue
-		}
-		info := SnapshotInfo{Name: e.Name(), Kind: m[2], Time: t}
+		info := SnapshotInfo{Name: e.Name(), Kind: kind, Time: t, seq: seq}
 		if fi, err := e.Info(); err == nil {
 			info.Size = fi.Size()
 		}
 		out = append(out, info)
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if !out[i].Time.Equal(out[j].Time) {
-			return out[i].Time.After(out[j].Time)
-		}
-		return out[i].Name > out[j].Name
-	})
+	sort.Slice(out, func(i, j int) bool { return snapshotNewer(out[i], out[j]) })
 	return out, nil
 }
 
@@ -332,18 +369,18 @@ func (s *snapshots) read(name string, base *config.Config) (*config.Config, *sna
 // write stores a snapshot of c (temp file, fsync, rename) and rotates the
 // snapshots of each kind down to keep. Lock must be held.
 func (s *snapshots) write(c *config.Config, version uint64, kind string, keep int) (SnapshotInfo, error) {
-	now := time.Now().UTC()
+	now := time.Now()
+	if s.now != nil {
+		now = s.now()
+	}
+	now = now.UTC()
 	data, err := s.seal.encodeSnapshot(c, version, kind, now)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	base := "snapshot-" + now.Format(snapshotTimeLayout) + "-" + kind
-	name := base + ".json"
-	for i := 1; ; i++ {
-		if _, err := os.Lstat(filepath.Join(s.dir, name)); errors.Is(err, os.ErrNotExist) {
-			break
-		}
-		name = fmt.Sprintf("%s-%d.json", base, i)
+	name, err := s.nameAt(now, kind)
+	if err != nil {
+		return SnapshotInfo{}, err
 	}
 	if err := config.WriteFileAtomic(filepath.Join(s.dir, name), data, 0o600); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("cannot write snapshot %q: %w", name, err)
@@ -356,6 +393,39 @@ func (s *snapshots) write(c *config.Config, version uint64, kind string, keep in
 	s.rotate(kindAuto, keep)
 	s.rotate(kindManual, keep)
 	return SnapshotInfo{Name: name, Kind: kind, Time: now, Size: int64(len(data)), Version: version}, nil
+}
+
+// nameAt names a new snapshot of kind taken at now: the first of its
+// millisecond has no suffix, the next ones -1, -2, ... counted across both
+// kinds from the newest stored (snapshotNewer orders them so). The newest
+// of a millisecond is never rotated out (each kind keeps its newest), so
+// a name is never used twice: taking the first free one, as before, wrote
+// the suffix-less name again once rotation had deleted it, and that
+// snapshot, the oldest by name, was rotated out at once. Lock must be
+// held.
+func (s *snapshots) nameAt(now time.Time, kind string) (string, error) {
+	list, err := s.list()
+	if err != nil {
+		return "", err
+	}
+	at := now.Truncate(time.Millisecond)
+	seq := 0
+	for _, info := range list {
+		if info.Time.Equal(at) {
+			seq = max(seq, info.seq+1)
+		}
+	}
+	base := "snapshot-" + now.Format(snapshotTimeLayout) + "-" + kind
+	for ; ; seq++ {
+		name := base + ".json"
+		if seq > 0 {
+			name = base + "-" + strconv.Itoa(seq) + ".json"
+		}
+		// Not a regular file (list skips it), yet in the way.
+		if _, err := os.Lstat(filepath.Join(s.dir, name)); errors.Is(err, os.ErrNotExist) {
+			return name, nil
+		}
+	}
 }
 
 // rotate deletes the oldest snapshots of kind beyond keep.
