@@ -440,6 +440,10 @@ func (e *errUnavailable) Error() string {
 }
 func (e *errUnavailable) Unwrap() error { return e.err }
 
+// maxUnlockedBefore is how many times changeChecked runs its before with
+// the admin lock released (see there) before it runs it under the lock.
+const maxUnlockedBefore = 3
+
 // casRetryFor bounds how long an unconditional change retries when other
 // replicas keep committing first.
 const casRetryFor = 10 * time.Second
@@ -462,12 +466,19 @@ func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(d
 // import was a third of what it allocated); once another has landed,
 // mutate makes the change as in change.
 //
-// before, if not nil, runs under the admin lock just before each commit
-// with the config and version the commit replaces (an import's snapshot of
-// the data it replaces): no other write of this admin can land between the
-// two, and a hand edit picked up meanwhile fails the commit, which is then
-// retried (before again, on the new base) or refused. An error from before
-// changes nothing.
+// before, if not nil, runs before each commit with the config and version
+// the commit replaces (an import's snapshot of the data it replaces), and
+// the commit happens only if that config and version are still current
+// when before returns: no write can land between the two. It runs with
+// the admin lock released (a snapshot's fsync, which every other admin
+// write waited for while it ran under the lock), so other writes may land
+// meanwhile: the change is then made again on the new base, before runs
+// again (it must tell the base it already ran for, and discard what it
+// made for a base no commit followed), or, with ifVersion, refused. After
+// maxUnlockedBefore such tries lost to other writes, before runs under the
+// lock, so a stream of writes cannot keep a change from committing. A hand
+// edit picked up meanwhile fails the commit, which is then retried or
+// refused the same way. An error from before changes nothing.
 func (a *Admin) changeChecked(who actor, action string, ifVersion uint64, checked *config.Config, checkedVer uint64, mutate func(doc map[string]any) error, before func(cur *config.Config, ver uint64) error) (*config.Config, uint64, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -475,6 +486,7 @@ func (a *Admin) changeChecked(who actor, action string, ifVersion uint64, checke
 		return nil, 0, err
 	}
 	var deadline time.Time
+	unlocked := 0 // runs of before outside the lock
 	for attempt := 0; ; attempt++ {
 		cur, ver := a.store.Current()
 		if ifVersion != 0 && ifVersion != ver {
@@ -511,7 +523,21 @@ func (a *Admin) changeChecked(who actor, action string, ifVersion uint64, checke
 			}
 		}
 		if before != nil {
-			if err := before(cur, ver); err != nil {
+			if unlocked < maxUnlockedBefore {
+				unlocked++
+				err := func() error {
+					a.mu.Unlock()
+					defer a.mu.Lock()
+					return before(cur, ver)
+				}()
+				if err != nil {
+					return nil, 0, err
+				}
+				if c, v := a.store.Current(); c != cur || v != ver {
+					attempt-- // not a conflict of the commit
+					continue
+				}
+			} else if err := before(cur, ver); err != nil {
 				return nil, 0, err
 			}
 		}

@@ -772,25 +772,35 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusOK, map[string]any{"valid": true, "snapshot_version": f.Version, "changes": changes, "more": more})
 		return nil
 	}
-	// The current data is saved as a manual snapshot under the admin
-	// lock, right before the commit that replaces it (changeChecked's
-	// before): taken here, ahead of the lock, a write landing in between
-	// (an import without If-Match applies over it) was replaced without
-	// any snapshot holding it. An import that changes nothing takes no
-	// snapshot (changeChecked commits nothing): a copy of the current data
-	// would rotate out a distinct manual snapshot (the operator's own) for
-	// nothing.
-	var snapped *config.Config
-	var snappedVer uint64
-	before := func(cur *config.Config, ver uint64) error {
-		if a.snaps == nil || (snapped == cur && snappedVer == ver) {
+	// The current data is saved as a manual snapshot right before the
+	// commit that replaces it (changeChecked's before), and the import
+	// commits only over the data the snapshot holds: taken ahead of the
+	// change, a write landing in between (an import without If-Match
+	// applies over it) was replaced without any snapshot holding it. The
+	// snapshot is written outside the admin lock (other writes do not
+	// wait for its fsync); a write that lands meanwhile makes the import
+	// go again on the new data with a new snapshot (or refuses it, with
+	// If-Match), and the snapshot no import followed is deleted
+	// (preImportSnapshot). An import that changes nothing takes no
+	// snapshot (changeChecked commits nothing): a copy of the current
+	// data would rotate out a distinct manual snapshot (the operator's
+	// own) for nothing.
+	var snap *preImportSnapshot
+	var before func(cur *config.Config, ver uint64) error
+	if a.snaps != nil {
+		before = func(cur *config.Config, ver uint64) error {
+			if snap.of(cur, ver) {
+				return nil
+			}
+			snap.drop()
+			snap = nil
+			p, err := a.takePreImportSnapshot(cur, ver)
+			if err != nil {
+				return fmt.Errorf("cannot save the current data before the import (nothing changed): %w", err)
+			}
+			snap = p
 			return nil
 		}
-		if _, err := a.snapshotOf(kindManual, cur, ver); err != nil {
-			return fmt.Errorf("cannot save the current data before the import (nothing changed): %w", err)
-		}
-		snapped, snappedVer = cur, ver
-		return nil
 	}
 	// Import the config checked above while its base is current; when
 	// another change landed since (an import without If-Match), the
@@ -809,6 +819,16 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		}
 		return nil
 	}, before)
+	var unavailable *errUnavailable
+	if err == nil || errors.As(err, &unavailable) && unavailable.maybeApplied {
+		// Imported over the snapshot's data, or maybe (a storage that
+		// did not answer in time may still apply it).
+		snap.keep()
+	} else {
+		// Nothing was imported over it (with If-Match, another write
+		// landed while it was written).
+		snap.drop()
+	}
 	if err != nil {
 		var fe *config.FieldError
 		if errors.As(err, &fe) {

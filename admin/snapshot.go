@@ -142,6 +142,10 @@ type snapshots struct {
 	// now is the clock snapshots are named and stamped by (tests stop
 	// it to write many in one millisecond); nil: time.Now.
 	now func() time.Time
+	// writeFile stores a snapshot's bytes (tests slow it down); nil:
+	// config.WriteFileAtomic (temp file, fsync, rename, fsync of the
+	// directory).
+	writeFile func(path string, data []byte, perm os.FileMode) error
 
 	mu      sync.Mutex
 	lastSum [32]byte // clear encoding of the newest snapshot's config
@@ -369,6 +373,18 @@ func (s *snapshots) read(name string, base *config.Config) (*config.Config, *sna
 // write stores a snapshot of c (temp file, fsync, rename) and rotates the
 // snapshots of each kind down to keep. Lock must be held.
 func (s *snapshots) write(c *config.Config, version uint64, kind string, keep int) (SnapshotInfo, error) {
+	info, _, err := s.writeUnrotated(c, version, kind)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	s.rotateAll(keep)
+	return info, nil
+}
+
+// writeUnrotated stores a snapshot of c (temp file, fsync, rename) and
+// returns it with the lastSum it replaced. Lock must be held.
+func (s *snapshots) writeUnrotated(c *config.Config, version uint64, kind string) (SnapshotInfo, [32]byte, error) {
+	prev := s.lastSum
 	now := time.Now()
 	if s.now != nil {
 		now = s.now()
@@ -376,23 +392,31 @@ func (s *snapshots) write(c *config.Config, version uint64, kind string, keep in
 	now = now.UTC()
 	data, err := s.seal.encodeSnapshot(c, version, kind, now)
 	if err != nil {
-		return SnapshotInfo{}, err
+		return SnapshotInfo{}, prev, err
 	}
 	name, err := s.nameAt(now, kind)
 	if err != nil {
-		return SnapshotInfo{}, err
+		return SnapshotInfo{}, prev, err
 	}
-	if err := config.WriteFileAtomic(filepath.Join(s.dir, name), data, 0o600); err != nil {
-		return SnapshotInfo{}, fmt.Errorf("cannot write snapshot %q: %w", name, err)
+	writeFile := config.WriteFileAtomic
+	if s.writeFile != nil {
+		writeFile = s.writeFile
+	}
+	if err := writeFile(filepath.Join(s.dir, name), data, 0o600); err != nil {
+		return SnapshotInfo{}, prev, fmt.Errorf("cannot write snapshot %q: %w", name, err)
 	}
 	if clear, err := encodeClear(c); err == nil {
 		s.lastSum = sha256.Sum256(clear)
 	}
-	// Both kinds: a lowered keep prunes the manual snapshots too at the
-	// next cycle (they waited for the next manual one).
+	return SnapshotInfo{Name: name, Kind: kind, Time: now, Size: int64(len(data)), Version: version}, prev, nil
+}
+
+// rotateAll rotates the snapshots of both kinds down to keep: a lowered
+// keep prunes the manual snapshots too at the next cycle (they waited for
+// the next manual one). Lock must be held.
+func (s *snapshots) rotateAll(keep int) {
 	s.rotate(kindAuto, keep)
 	s.rotate(kindManual, keep)
-	return SnapshotInfo{Name: name, Kind: kind, Time: now, Size: int64(len(data)), Version: version}, nil
 }
 
 // nameAt names a new snapshot of kind taken at now: the first of its
@@ -472,16 +496,77 @@ func (a *Admin) snapshot(kind string) (info SnapshotInfo, err error) {
 	return a.snapshotLocked(kind, c, v)
 }
 
-// snapshotOf stores a snapshot of c, the config of version v (an import's
-// snapshot of the data it replaces, taken under the admin lock).
-func (a *Admin) snapshotOf(kind string, c *config.Config, v uint64) (SnapshotInfo, error) {
+// preImportSnapshot is the manual snapshot an import takes of the data it
+// replaces, cur at version ver, before its commit (postImport, through
+// changeChecked's before). It is written outside the admin lock, so other
+// admin writes go on while its file is written and fsynced, and the
+// import commits only if the store is still at cur and ver once it is
+// written (changeChecked): when another write landed meanwhile, the
+// import goes again on the new data with a new snapshot, and this one,
+// which no import followed, is dropped. Rotation waits until the import
+// commits (keep): a snapshot written and then dropped would otherwise
+// have rotated out an older one for nothing.
+type preImportSnapshot struct {
+	a        *Admin
+	info     SnapshotInfo
+	cur      *config.Config
+	ver      uint64
+	keepN    int
+	prevSum  [32]byte // the snapshots' lastSum before this one
+	clearSum [32]byte // its own
+}
+
+// takePreImportSnapshot writes the pre-import snapshot of c, the config of
+// version v. The admin lock need not be held.
+func (a *Admin) takePreImportSnapshot(c *config.Config, v uint64) (*preImportSnapshot, error) {
 	s := a.snaps
 	if s == nil {
-		return SnapshotInfo{}, errors.New("no snapshot directory: start with --persist-snapshot-dir")
+		return nil, errors.New("no snapshot directory: start with --persist-snapshot-dir")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return a.snapshotLocked(kind, c, v)
+	info, prev, err := s.writeUnrotated(c, v, kindManual)
+	if err != nil {
+		return nil, err
+	}
+	slog.Info("snapshot written", "name", info.Name, "kind", kindManual, "version", v, "before", "import")
+	return &preImportSnapshot{a: a, info: info, cur: c, ver: v, keepN: a.o.Backup(c).Keep, prevSum: prev, clearSum: s.lastSum}, nil
+}
+
+// of reports whether p is the snapshot of c at version v.
+func (p *preImportSnapshot) of(c *config.Config, v uint64) bool {
+	return p != nil && p.cur == c && p.ver == v
+}
+
+// keep rotates the snapshots now that the import committed over p's data.
+func (p *preImportSnapshot) keep() {
+	if p == nil {
+		return
+	}
+	s := p.a.snaps
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rotateAll(p.keepN)
+}
+
+// drop deletes p, which no import followed (another write landed first),
+// and gives the snapshots back the lastSum before it when no snapshot was
+// written since.
+func (p *preImportSnapshot) drop() {
+	if p == nil {
+		return
+	}
+	s := p.a.snaps
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := os.Remove(filepath.Join(s.dir, p.info.Name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		slog.Error("cannot delete a pre-import snapshot no import followed", "name", p.info.Name, "err", err)
+		return
+	}
+	if s.lastSum == p.clearSum {
+		s.lastSum = p.prevSum
+	}
+	slog.Info("pre-import snapshot deleted: another write landed before the import", "name", p.info.Name, "version", p.ver)
 }
 
 // snapshotLocked stores a snapshot of c at version v. s.mu must be held.
