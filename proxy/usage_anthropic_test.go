@@ -63,9 +63,10 @@ func TestAnAnthropicStreamCutAnywhereBeforeItsMessageDeltaHasNoKnownUsage(t *tes
 	cut := len(b) - len(`"usage":{"output_tokens":7}}`+"\n\n")
 	input := bytes.Index(b, []byte(`"output_tokens":0}`)) + len(`"output_tokens":0}`) // message_start's usage read
 	for i := 0; i <= cut; i++ {
+		var first usage
+		first.scanProtocol(b[:i], protocol.Anthropic)
 		for j := i; j <= cut; j++ {
-			var u usage
-			u.scanProtocol(b[:i], protocol.Anthropic)
+			u := first.clone()
 			u.scanProtocol(b[i:j], protocol.Anthropic)
 			if u.seen || j >= input && u.prompt != 39 {
 				t.Fatalf("read up to %d and %d, before message_delta's usage: seen %v prompt %d completion %d", i, j, u.seen, u.prompt, u.completion)

@@ -61,31 +61,36 @@ func TestAStreamsUsageIsSettledFromItsFinalUsageChunkOn(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := []byte(tc.stream)
 			from := strings.Index(tc.stream, tc.from) + len(tc.from)
-			check := func(u *usage, read int, how string) {
+			// how and its args say where the stream was cut (formatted
+			// only on a failure: this runs for every pair of cuts).
+			check := func(u *usage, read int, how string, args ...any) {
 				t.Helper()
 				want := tc.from != "" && read >= from
 				if got := u.settled(true); got != want {
-					t.Fatalf("%s: %d of %d bytes read (settled from %d on): settled %v, want %v (%+v)", how, read, len(b), from, got, want, *u)
+					t.Fatalf("%s: %d of %d bytes read (settled from %d on): settled %v, want %v (%+v)", fmt.Sprintf(how, args...), read, len(b), from, got, want, *u)
 				}
 				if want && (u.prompt != 1234 || u.completion != 567 || u.cached != 89) {
-					t.Fatalf("%s: settled with %d %d %d", how, u.prompt, u.completion, u.cached)
+					t.Fatalf("%s: settled with %d %d %d", fmt.Sprintf(how, args...), u.prompt, u.completion, u.cached)
 				}
 			}
 			for i := 0; i <= len(b); i++ {
+				// The first cut's state, scanned once and copied for
+				// every second cut.
+				first := usage{lines: true, once: tc.once, single: tc.single}
+				first.scan(b[:i])
+				check(&first, i, "cut at %d", i)
 				for j := i; j <= len(b); j++ {
 					// Under the race detector (ten times slower) the
 					// second cuts past 40 bytes are sampled, every 8th.
 					if raceEnabled && j > i+40 && j < len(b) && (j-i)%8 != 0 {
 						continue
 					}
-					u := usage{lines: true, once: tc.once, single: tc.single}
-					u.scan(b[:i])
-					check(&u, i, fmt.Sprintf("cut at %d", i))
+					u := first.clone()
 					u.scan(b[i:j])
-					check(&u, j, fmt.Sprintf("cut at %d and %d", i, j))
+					check(&u, j, "cut at %d and %d", i, j)
 					if j < i+40 {
 						u.scan(b[j:])
-						check(&u, len(b), fmt.Sprintf("cut at %d and %d, then the rest", i, j))
+						check(&u, len(b), "cut at %d and %d, then the rest", i, j)
 					}
 				}
 			}
@@ -172,9 +177,10 @@ func TestAUsageObjectCutOrPartialIsNotSettled(t *testing.T) {
 		b := []byte(c.stream)
 		from := strings.Index(c.stream, c.from) + len(c.from)
 		for i := 0; i <= len(b); i++ {
+			var first usage
+			first.scanProtocol(b[:i], c.api)
 			for j := i; j <= len(b); j++ {
-				var u usage
-				u.scanProtocol(b[:i], c.api)
+				u := first.clone()
 				u.scanProtocol(b[i:j], c.api)
 				if got := u.settled(true); got != (j >= from) {
 					t.Fatalf("%v stream cut at %d and %d (settled from %d on): settled %v (%+v)", c.api, i, j, from, got, u)
@@ -182,4 +188,15 @@ func TestAUsageObjectCutOrPartialIsNotSettled(t *testing.T) {
 			}
 		}
 	}
+}
+
+// clone is a copy of u that shares no memory with it: scanning one leaves
+// the other as it was (big, the one reference, is copied whole, to its
+// capacity, as scan reads it).
+func (u *usage) clone() usage {
+	c := *u
+	if u.big != nil {
+		c.big = append(make([]byte, 0, cap(u.big)), u.big[:cap(u.big)]...)[:len(u.big)]
+	}
+	return c
 }
