@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,9 +25,21 @@ import (
 	"github.com/infera/infera/worker"
 )
 
-// startWorker runs `infera worker args...` in-process.
+// startWorker runs `infera worker args...` in-process. The test's end
+// drains it, after the router that used it stopped (a router started after
+// it stops first): there is no router left to see DRAINING, nor a request
+// in flight, so unless args set them that drain neither waits for its
+// propagation (1 s by default) nor for a grace period in place of an
+// unknown in-flight count (5 s). A test that drains a worker itself, with
+// a router watching, sets --drain-propagation.
 func startWorker(t *testing.T, args ...string) *worker.Sidecar {
 	t.Helper()
+	if !slices.Contains(args, "--drain-propagation") {
+		args = append(args, "--drain-propagation", "0s")
+	}
+	if !slices.Contains(args, "--drain-grace") {
+		args = append(args, "--drain-grace", "0s")
+	}
 	var c struct {
 		Worker worker.Cmd `cmd:""`
 	}
@@ -96,7 +109,7 @@ func TestE2ENATSTransportAndDrain(t *testing.T) {
 	eng2, e2 := startEngine(t, "--speedup", "20")
 	common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
 		"--request-transport", "nats", "--kv-event-transport", "zmq", "--nats-url", nsrv.URL, "--lease-ttl", "2s"}
-	w1 := startWorker(t, append([]string{"--id", "w1", "--engine-url", e1, "--drain-timeout", "20s"}, common...)...)
+	w1 := startWorker(t, append([]string{"--id", "w1", "--engine-url", e1, "--drain-timeout", "20s", "--drain-propagation", "1s"}, common...)...)
 	startWorker(t, append([]string{"--id", "w2", "--engine-url", e2}, common...)...)
 	rt, r := startServe(t, "--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
 		"--request-transport", "nats", "--kv-event-transport", "zmq", "--nats-url", nsrv.URL, "--router-policy", "round-robin")
