@@ -34,6 +34,56 @@ type upstream struct {
 	ln   net.Listener
 	hits atomic.Int64
 	srv  *fasthttp.Server
+
+	// live holds the state of each connection the server has not closed
+	// yet (ConnState), for stop.
+	mu   sync.Mutex
+	live map[net.Conn]fasthttp.ConnState
+}
+
+// connState records c's state for stop.
+func (u *upstream) connState(c net.Conn, st fasthttp.ConnState) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if st == fasthttp.StateClosed || st == fasthttp.StateHijacked {
+		delete(u.live, c)
+		return
+	}
+	u.live[c] = st
+}
+
+// stop shuts the server down. Shutdown closes the idle connections (the
+// router's pooled ones), then finds them still counted open, as their
+// goroutines end a moment later, and waits for its next poll, 100 ms
+// later: for each upstream of each test. stop closes the idle connections
+// first and waits (at most a second) until the server is done with them
+// (StateClosed comes after the server stops counting a connection open),
+// so that Shutdown finds them gone; Shutdown still waits, as before, for
+// any other connection.
+func (u *upstream) stop() {
+	u.mu.Lock()
+	var idle []net.Conn
+	for c, st := range u.live {
+		if st == fasthttp.StateIdle {
+			idle = append(idle, c)
+			c.Close()
+		}
+	}
+	u.mu.Unlock()
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		u.mu.Lock()
+		n := 0
+		for _, c := range idle {
+			if _, ok := u.live[c]; ok {
+				n++
+			}
+		}
+		u.mu.Unlock()
+		if n == 0 {
+			break
+		}
+	}
+	u.srv.Shutdown()
 }
 
 func startUpstream(t testing.TB, h fasthttp.RequestHandler) *upstream {
@@ -42,13 +92,13 @@ func startUpstream(t testing.TB, h fasthttp.RequestHandler) *upstream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &upstream{url: "http://" + ln.Addr().String(), ln: ln}
+	u := &upstream{url: "http://" + ln.Addr().String(), ln: ln, live: map[net.Conn]fasthttp.ConnState{}}
 	u.srv = &fasthttp.Server{Handler: func(ctx *fasthttp.RequestCtx) {
 		u.hits.Add(1)
 		h(ctx)
-	}, CloseOnShutdown: true}
+	}, CloseOnShutdown: true, ConnState: u.connState}
 	go u.srv.Serve(ln)
-	t.Cleanup(func() { u.srv.Shutdown() })
+	t.Cleanup(u.stop)
 	return u
 }
 
