@@ -110,12 +110,48 @@ func rawClient(t *testing.T, url, req string, wait time.Duration) string {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(wait))
+	end := time.Now().Add(wait)
+	c.SetDeadline(end)
 	if _, err := c.Write([]byte(req)); err != nil {
 		t.Fatal(err)
 	}
-	b, _ := io.ReadAll(c)
-	return string(b)
+	// Everything the router sends until it closes the connection or wait
+	// ends; or, once what was read holds one whole response framed by its
+	// length and a kept-alive connection then stays quiet for
+	// rawClientQuiet, that (anything written after it in the same go
+	// arrives meanwhile).
+	var b []byte
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := c.Read(buf)
+		b = append(b, buf[:n]...)
+		if err != nil {
+			return string(b)
+		}
+		if quiet := time.Now().Add(rawClientQuiet); wholeResponse(b) && quiet.Before(end) {
+			c.SetReadDeadline(quiet)
+		}
+	}
+}
+
+// rawClientQuiet is how long rawClient waits for more bytes after a whole
+// response.
+const rawClientQuiet = 300 * time.Millisecond
+
+// wholeResponse tells whether b begins with one whole HTTP response whose
+// body is framed by Content-Length or chunked (or has none): one whose
+// body ends with the connection is never whole.
+func wholeResponse(b []byte) bool {
+	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(b)), nil)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	if resp.ContentLength < 0 && len(resp.TransferEncoding) == 0 && resp.StatusCode >= 200 && resp.StatusCode != 204 && resp.StatusCode != 304 {
+		return false
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	return err == nil
 }
 
 // captureLogs routes slog to a buffer for the test.
