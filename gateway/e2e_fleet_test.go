@@ -28,17 +28,19 @@ import (
 // startWorker runs `infera worker args...` in-process. The test's end
 // drains it, after the router that used it stopped (a router started after
 // it stops first): there is no router left to see DRAINING, nor a request
-// in flight, so unless args set them that drain neither waits for its
-// propagation (1 s by default) nor for a grace period in place of an
-// unknown in-flight count (5 s). A test that drains a worker itself, with
-// a router watching, sets --drain-propagation.
+// of the test in flight, so unless args set them that drain neither waits
+// for its propagation (1 s by default) nor for a grace period in place of
+// an unknown in-flight count (5 s), and waits at most a second for what
+// its engine still counts active (a hung engine's request, the KV blocks a
+// vLLM prefill engine holds for a decode that never pulled them). A test
+// that drains a worker itself, with a router watching, sets
+// --drain-propagation (and --drain-timeout when it waits for a request).
 func startWorker(t *testing.T, args ...string) *worker.Sidecar {
 	t.Helper()
-	if !slices.Contains(args, "--drain-propagation") {
-		args = append(args, "--drain-propagation", "0s")
-	}
-	if !slices.Contains(args, "--drain-grace") {
-		args = append(args, "--drain-grace", "0s")
+	for _, d := range [][2]string{{"--drain-propagation", "0s"}, {"--drain-grace", "0s"}, {"--drain-timeout", "1s"}} {
+		if !slices.Contains(args, d[0]) {
+			args = append(args, d[0], d[1])
+		}
 	}
 	var c struct {
 		Worker worker.Cmd `cmd:""`
