@@ -124,19 +124,24 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *
 // part; one whose text is null or absent is dropped, except that an
 // "input_text", "output_text" or "thinking" part stays a part (its text
 // None) for a template that loops. A plain string element is a text
-// part too (chat_utils: "Handle plain text parts").
+// part too (chat_utils: "Handle plain text parts"). A "tool_reference"
+// part (or an untyped one with a tool_reference key and no media key)
+// gives its "name" as a text, and stays a tool_reference part (its name
+// in Text, None kept) for a template that loops (MM_PARSER_MAP's
+// "tool_reference").
 func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep bool) ([]byte, []tokenizer.ContentPart) {
 	n := 0
 	forEachElem(d, i, func(ps, pe int) error {
 		var text span
 		keepNone := false
+		ptype := "text" // the part's type for a template that loops
 		switch d[ps] {
 		case '"':
 			text = span{ps, pe} // a plain string is a text part
 		case '{':
-			var typ, refusal, thinking span
+			var typ, refusal, thinking, name span
 			var media uint // untypedMedia's keys the part holds
-			byKeys := false
+			byKeys, toolRef := false, false
 			forEachField(d, ps, func(k []byte, ks, ke int) error {
 				switch string(k) {
 				case "type":
@@ -147,6 +152,10 @@ func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep boo
 					refusal = span{ks, ke}
 				case "thinking":
 					thinking = span{ks, ke}
+				case "name":
+					name = span{ks, ke}
+				case "tool_reference":
+					toolRef = true
 				case "uuid":
 					byKeys = d[ks] != 'n' // the last copy counts
 				default:
@@ -164,8 +173,13 @@ func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep boo
 			})
 			if byKeys || typ.e == typ.s || d[typ.s] == 'n' {
 				// Read by its keys (chat_utils: a missing type, or a
-				// uuid): the first media key it holds; with none the
+				// uuid): the first media key it holds, else a
+				// tool_reference key (the part's name); with none the
 				// engine refuses the part.
+				if media == 0 && toolRef {
+					text, ptype, keepNone = name, "tool_reference", true
+					break
+				}
 				if m := untypedMedia[bits.TrailingZeros(media)%len(untypedMedia)][1]; media != 0 && m != "" && keep {
 					parts = append(parts, tokenizer.ContentPart{Type: m})
 				}
@@ -186,6 +200,10 @@ func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep boo
 				text = refusal
 			case isJSONString(t, "thinking"):
 				text, keepNone = thinking, true
+			case isJSONString(t, "tool_reference"):
+				// Its name, kept as a tool_reference part for a
+				// template that loops (one that expands deferred tools).
+				text, ptype, keepNone = name, "tool_reference", true
 			default:
 				return nil
 			}
@@ -194,7 +212,7 @@ func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep boo
 		}
 		if text.e == text.s || d[text.s] == 'n' {
 			if keepNone && keep {
-				parts = append(parts, tokenizer.ContentPart{Type: "text", NullText: true})
+				parts = append(parts, tokenizer.ContentPart{Type: ptype, NullText: true})
 			}
 			return nil
 		}
@@ -203,7 +221,7 @@ func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep boo
 		}
 		if text.e-text.s == 2 {
 			if keep {
-				parts = append(parts, tokenizer.ContentPart{Type: "text"})
+				parts = append(parts, tokenizer.ContentPart{Type: ptype})
 			}
 			return nil
 		}
@@ -214,7 +232,7 @@ func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep boo
 		start := len(a)
 		a = unescape(a, d[text.s+1:text.e-1])
 		if keep {
-			parts = append(parts, tokenizer.ContentPart{Type: "text", Text: arenaString(a[start:])})
+			parts = append(parts, tokenizer.ContentPart{Type: ptype, Text: arenaString(a[start:])})
 		}
 		return nil
 	})

@@ -193,13 +193,26 @@ func engineChatText(data []byte) (string, bool) {
 				continue
 			}
 			var typ string
-			if t := bytes.TrimSpace(part["type"]); len(t) == 0 || t[0] != '"' || json.Unmarshal(t, &typ) != nil {
+			t := bytes.TrimSpace(part["type"])
+			if u := bytes.TrimSpace(part["uuid"]); len(t) == 0 || string(t) == "null" || len(u) > 0 && string(u) != "null" {
+				// Read by its keys: a media part (no text), else a
+				// tool_reference one.
+				typ = "tool_reference"
+				for _, k := range []string{"image_url", "image_pil", "image_embeds", "audio_embeds", "prompt_embeds", "audio_url", "video_url"} {
+					if _, ok := part[k]; ok {
+						typ = ""
+					}
+				}
+				if v := bytes.TrimSpace(part["input_audio"]); len(v) > 0 && string(v) != "null" {
+					typ = ""
+				}
+				if _, ok := part["tool_reference"]; !ok {
+					typ = ""
+				}
+			} else if t[0] != '"' || json.Unmarshal(t, &typ) != nil {
 				continue
 			}
-			if u := bytes.TrimSpace(part["uuid"]); len(u) > 0 && string(u) != "null" {
-				continue // read by its media keys: no text
-			}
-			key := map[string]string{"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}[typ]
+			key := map[string]string{"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking", "tool_reference": "name"}[typ]
 			if v := bytes.TrimSpace(part[key]); key != "" && len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil && s != "" {
 				texts = append(texts, s)
 			}
