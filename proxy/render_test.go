@@ -674,8 +674,8 @@ func TestPlainStringPartsAreTextAsTheEngineReadsThem(t *testing.T) {
 	if err := b.parse([]byte(body), kindChat); err != nil {
 		t.Fatal(err)
 	}
-	if string(b.text) != "a\nb\ncé\nd" {
-		t.Errorf("prompt text %q, want %q", b.text, "a\nb\ncé\nd")
+	if want := mediaMark("IMAGE", `"data:x"`) + "\na\nb\ncé\nd"; string(b.text) != want {
+		t.Errorf("prompt text %q, want %q", b.text, want)
 	}
 
 	dir := qwen3Dir(t)
@@ -739,18 +739,18 @@ func TestUntypedMediaPartsRenderAsTheEngineReadsThem(t *testing.T) {
 	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", vl
 	r := startRouter(t, f, nil, up.url)
 	const img, vid = "<|vision_start|><|image_pad|><|vision_end|>", "<|vision_start|><|video_pad|><|vision_end|>"
-	for _, tc := range []struct{ parts, want string }{
-		{`{"image_url":{"url":"data:x"}},{"type":"text","text":"a"}`, img + "a"},
-		{`{"type":null,"image_url":"http://x/i.png"},{"type":"text","text":"a"}`, img + "a"},
-		{`{"type":"text","uuid":"u1","video_url":{"url":"v"},"text":"HIDDEN"},{"type":"text","text":"a"}`, vid + "a"},
-		{`{"type":"image_url","uuid":"u1","image_url":{"url":"i"}},{"type":"text","text":"a"}`, img + "a"},
-		{`{"video_url":"v","image_url":"i"},{"type":"text","text":"a"}`, img + "a"},
-		{`{"uuid":null,"image_url":{"url":"i"}},{"type":"text","text":"a"}`, img + "a"},
+	for _, tc := range []struct{ parts, want, text string }{
+		{`{"image_url":{"url":"data:x"}},{"type":"text","text":"a"}`, img + "a", mediaMark("IMAGE", `"data:x"`)},
+		{`{"type":null,"image_url":"http://x/i.png"},{"type":"text","text":"a"}`, img + "a", mediaMark("IMAGE", `"http://x/i.png"`)},
+		{`{"type":"text","uuid":"u1","video_url":{"url":"v"},"text":"HIDDEN"},{"type":"text","text":"a"}`, vid + "a", mediaMark("VIDEO", `"u1"`)},
+		{`{"type":"image_url","uuid":"u1","image_url":{"url":"i"}},{"type":"text","text":"a"}`, img + "a", mediaMark("IMAGE", `"u1"`)},
+		{`{"video_url":"v","image_url":"i"},{"type":"text","text":"a"}`, img + "a", mediaMark("IMAGE", `"i"`)},
+		{`{"uuid":null,"image_url":{"url":"i"}},{"type":"text","text":"a"}`, img + "a", mediaMark("IMAGE", `"i"`)},
 	} {
 		body := `{"model":"m","messages":[{"role":"user","content":[` + tc.parts + `]}]}`
 		var b reqBody
-		if err := b.parse([]byte(body), kindChat); err != nil || string(b.text) != "a" {
-			t.Errorf("%s: prompt text %q (%v), want %q", tc.parts, b.text, err, "a")
+		if err := b.parse([]byte(body), kindChat); err != nil || string(b.text) != tc.text+"\na" {
+			t.Errorf("%s: prompt text %q (%v), want %q", tc.parts, b.text, err, tc.text+"\na")
 		}
 		want := "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n" + tc.want + "<|im_end|>\n<|im_start|>assistant\n"
 		if got := routerTokens(t, r.url, body); !slices.Equal(got, tok.Encode(nil, []byte(want))) {
