@@ -286,20 +286,28 @@ func (c *conv) anthropicMessages(r anthropicReq) error {
 	preserve := c.opt.PreserveSystemPosition
 	msgs := c.v(r.messages)
 	// System content: the top-level field, then (unless preserved in
-	// place) every in-array system message, as one message at the front.
+	// place) every in-array system message, as one message at the front,
+	// their texts concatenated as vLLM's _convert_system_message does
+	// (vllm/entrypoints/anthropic/serving.py at 0001948b: "".join); none
+	// when they hold no text.
 	sysOpen := false
 	addSys := func(v []byte, a at) error {
 		if isNull(v) {
 			return nil
 		}
-		if !sysOpen {
+		opened := !sysOpen
+		undo := c.mark()
+		if opened {
 			c.beginMsg("system")
 			c.out = append(c.out, `,"content":"`...)
 			sysOpen = true
-		} else {
-			c.out = append(c.out, `\n`...)
 		}
-		return c.textContent(v, a)
+		wrote, err := c.textContent(v, a)
+		if err == nil && opened && !wrote {
+			c.undo(undo)
+			sysOpen = false
+		}
+		return err
 	}
 	if r.system.ok() {
 		if err := addSys(c.v(r.system), -1); err != nil {
@@ -383,9 +391,10 @@ func (c *conv) anthropicMessages(r anthropicReq) error {
 			run.add(content, i, vs, ve)
 			return nil
 		}
+		// Kept even when it holds no text: it parts the runs around it.
 		c.beginMsg("system")
 		c.out = append(c.out, `,"content":"`...)
-		if err := c.textContent(content, at(i)); err != nil {
+		if _, err := c.textContent(content, at(i)); err != nil {
 			return err
 		}
 		c.out = append(c.out, `"}`...)
@@ -518,17 +527,26 @@ func msgFields(msg []byte) (role, content []byte) {
 	return
 }
 
-// textContent writes the text of v (a string, or an array of text blocks)
-// as the body of an open JSON string; blocks are joined with '\n'.
-func (c *conv) textContent(v []byte, a at) error {
+// billingHeader starts the text block in which Claude Code sends a
+// per-request attribution hash with its system prompt.
+const billingHeader = "x-anthropic-billing-header"
+
+// textContent writes the text of a system value v (a string, or an array
+// of text blocks) as the body of an open JSON string, and reports whether
+// it wrote any. Blocks are concatenated, and empty ones and those that
+// start with Claude Code's billing header are left out, as vLLM's
+// Messages API converter does (vllm/entrypoints/anthropic/serving.py at
+// 0001948b, _convert_system_message: the header's hash changes with every
+// request and would end the engine's cached prefix there).
+func (c *conv) textContent(v []byte, a at) (bool, error) {
 	if raw, ok := rawStr(v); ok {
 		c.out = append(c.out, raw...)
-		return nil
+		return len(raw) > 0, nil
 	}
 	if v[0] != '[' {
-		return a.err(" must be a string or an array of text blocks")
+		return false, a.err(" must be a string or an array of text blocks")
 	}
-	n := 0
+	wrote := false
 	err := elems(v, func(vs, ve int) error {
 		b := v[vs:ve]
 		if b[0] != '{' {
@@ -542,14 +560,27 @@ func (c *conv) textContent(v []byte, a at) error {
 		if !ok {
 			return a.err(": a text block needs a string text")
 		}
-		if n > 0 {
-			c.out = append(c.out, `\n`...)
+		if len(raw) == 0 || hasDecodedPrefix(raw, billingHeader) {
+			return nil
 		}
-		n++
+		wrote = true
 		c.out = append(c.out, raw...)
 		return nil
 	})
-	return jsonErr2(err)
+	return wrote, jsonErr2(err)
+}
+
+// convMark is a point of a conversion's output to go back to.
+type convMark struct {
+	n, nMsg       int
+	lastAssistant bool
+}
+
+func (c *conv) mark() convMark { return convMark{len(c.out), c.nMsg, c.lastAssistant} }
+
+// undo takes the output back to m.
+func (c *conv) undo(m convMark) {
+	c.out, c.nMsg, c.lastAssistant = c.out[:m.n], m.nMsg, m.lastAssistant
 }
 
 // jsonErr2 is jsonErr that keeps nil nil.

@@ -34,7 +34,7 @@ func TestAnthropicRequestFieldsConvertToChat(t *testing.T) {
 	f("system string", opt, `{"model":"m","max_tokens":1,"system":"be brief","messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"max_tokens":1}`)
 	f("system blocks joined", opt, `{"model":"m","max_tokens":1,"system":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}},{"type":"text","text":"b"}],"messages":[{"role":"user","content":"hi"}]}`,
-		`{"model":"m","messages":[{"role":"system","content":"a\nb"},{"role":"user","content":"hi"}],"max_tokens":1}`)
+		`{"model":"m","messages":[{"role":"system","content":"ab"},{"role":"user","content":"hi"}],"max_tokens":1}`)
 	// Structured outputs (the SDK's messages.parse) become a strict named
 	// json_schema; so does the beta's top-level output_format; a tool's
 	// strict is kept.
@@ -46,7 +46,7 @@ func TestAnthropicRequestFieldsConvertToChat(t *testing.T) {
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"},"strict":true}}]}`)
 	moved := `{"model":"m","max_tokens":1,"system":"top","messages":[{"role":"user","content":"a"},{"role":"system","content":"mid"},{"role":"user","content":"b"}]}`
 	f("in-array system moved to the front (the user turns it parted are one)", opt, moved,
-		`{"model":"m","messages":[{"role":"system","content":"top\nmid"},{"role":"user","content":"a\nb"}],"max_tokens":1}`)
+		`{"model":"m","messages":[{"role":"system","content":"topmid"},{"role":"user","content":"a\nb"}],"max_tokens":1}`)
 	keep := opt
 	keep.PreserveSystemPosition = true
 	f("in-array system kept in place", keep, moved,
@@ -182,4 +182,50 @@ func TestCountTokensNeedsNoMaxTokensAndRendersThePrompt(t *testing.T) {
 	if got := string(AppendCountTokens(nil, 123)); got != `{"input_tokens":123}` {
 		t.Errorf("count answer %s", got)
 	}
+}
+
+// A Messages request's system prompt reaches the engine as vLLM's own
+// Messages API front door writes it (vllm/entrypoints/anthropic/serving.py
+// at 0001948b, _convert_system_message): the texts of its text blocks and
+// of the in-array system messages moved to the front concatenated, empty
+// blocks and Claude Code's billing header block (a per-request hash, which
+// would end the engine's cached prefix at the start of every request) left
+// out, and no system message when no text remains. The converter joined
+// them with "\n" and kept the header: every Claude Code request through the
+// router had a prompt of its own from its first system block on.
+func TestAMessagesSystemPromptIsWrittenAsVLLMWritesIt(t *testing.T) {
+	f := func(name string, opt Options, system, messages, want string) {
+		t.Helper()
+		var m Meta
+		in := `{"model":"m","max_tokens":1,` + system + `"messages":` + messages + `}`
+		got, err := AnthropicToChat(nil, []byte(in), &opt, &m)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			return
+		}
+		if want = `{"model":"m","messages":` + want + `,"max_tokens":1}`; !jsonEqual(got, []byte(want)) {
+			t.Errorf("%s:\n got %s\nwant %s", name, got, want)
+		}
+	}
+	opt := DefaultOptions()
+	const hi = `[{"role":"user","content":"hi"}]`
+	f("Claude Code's blocks", opt, `"system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1.3; cch=5f3a;"},`+
+		`{"type":"text","text":"You are Claude Code.","cache_control":{"type":"ephemeral"}},{"type":"text","text":""},{"type":"text","text":"\nBe brief."}],`, hi,
+		`[{"role":"system","content":"You are Claude Code.\nBe brief."},{"role":"user","content":"hi"}]`)
+	f("the header escaped", opt, `"system":[{"type":"text","text":"\u0078-anthropic-billing-header\u003a h"},{"type":"text","text":"s"}],`, hi,
+		`[{"role":"system","content":"s"},{"role":"user","content":"hi"}]`)
+	f("not the header", opt, `"system":[{"type":"text","text":"x-anthropic-billing-heade"},{"type":"text","text":"s"}],`, hi,
+		`[{"role":"system","content":"x-anthropic-billing-heades"},{"role":"user","content":"hi"}]`)
+	f("the header only", opt, `"system":[{"type":"text","text":"x-anthropic-billing-header: h"}],`, hi, hi)
+	f("an empty system", opt, `"system":"",`, hi, hi)
+	f("no text but in the array", opt, `"system":[],`, `[{"role":"system","content":[{"type":"text","text":""}]},{"role":"user","content":"hi"},{"role":"system","content":"late"}]`,
+		`[{"role":"system","content":"late"},{"role":"user","content":"hi"}]`)
+	keep := opt
+	keep.PreserveSystemPosition = true
+	f("kept in place", keep, `"system":[{"type":"text","text":"x-anthropic-billing-header: h"}],`,
+		`[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"system","content":[{"type":"text","text":"s"},{"type":"text","text":"t"}]},{"role":"system","content":""},{"role":"user","content":"c"}]`,
+		`[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"system","content":"st"},{"role":"system","content":""},{"role":"user","content":"c"}]`)
+	// One with no text still parts the user turns around it.
+	f("kept in place, empty", keep, "", `[{"role":"user","content":"a"},{"role":"system","content":[{"type":"text","text":"x-anthropic-billing-header: h"}]},{"role":"user","content":"c"}]`,
+		`[{"role":"user","content":"a"},{"role":"system","content":""},{"role":"user","content":"c"}]`)
 }
