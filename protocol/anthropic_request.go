@@ -702,13 +702,15 @@ func (c *conv) userToolResults(content []byte, a at) (nOther int, images bool, e
 			}
 			images = images || has
 			c.out = append(c.out, `"}`...)
+			c.toolReferences(idRaw, inner)
 		case strIs(typ, "text"), strIs(typ, "document"):
 			nOther++
 		case strIs(typ, "image"):
 			nOther++
 			images = true
-		case strIs(typ, "thinking"), strIs(typ, "redacted_thinking"):
-			// not meaningful in a user turn; dropped
+		case strIs(typ, "thinking"), strIs(typ, "redacted_thinking"), strIs(typ, "tool_reference"):
+			// not meaningful in a user turn; dropped (vLLM expands tool
+			// references only inside a tool_result)
 		default:
 			return a.err(": unsupported content block type")
 		}
@@ -913,9 +915,69 @@ func documentText(b []byte, a at) ([]byte, error) {
 	return raw, nil
 }
 
+// toolReferences writes the tool_reference blocks of a tool_result's
+// content inner (references to deferred tools, as Claude Code's tool
+// search returns them) as vLLM's Messages front door does
+// (vllm/entrypoints/anthropic/serving.py at 0001948b,
+// _convert_user_tool_result): one more tool message for the call, its
+// content {"type": "tool_reference", "name": N} parts, N a block's
+// tool_name, else its name (blocks with neither are left out). A chat
+// template that loops over content parts expands them.
+func (c *conv) toolReferences(idRaw, inner []byte) {
+	if len(inner) == 0 || inner[0] != '[' {
+		return
+	}
+	n := 0
+	elems(inner, func(vs, ve int) error {
+		b := inner[vs:ve]
+		if b[0] != '{' {
+			return nil
+		}
+		var typ, toolName, name []byte
+		fields(b, func(k []byte, s, e int) error {
+			switch string(k) {
+			case "type":
+				typ = b[s:e]
+			case "tool_name":
+				toolName = b[s:e]
+			case "name":
+				name = b[s:e]
+			}
+			return nil
+		})
+		if !strIs(typ, "tool_reference") {
+			return nil
+		}
+		ref, ok := rawStr(toolName)
+		if !ok || len(ref) == 0 {
+			ref, ok = rawStr(name)
+		}
+		if !ok || len(ref) == 0 {
+			return nil
+		}
+		if n == 0 {
+			c.beginMsg("tool")
+			c.out = append(c.out, `,"tool_call_id":"`...)
+			c.out = append(c.out, idRaw...)
+			c.out = append(c.out, `","content":[`...)
+		} else {
+			c.out = append(c.out, ',')
+		}
+		n++
+		c.out = append(c.out, `{"type":"tool_reference","name":"`...)
+		c.out = append(c.out, ref...)
+		c.out = append(c.out, `"}`...)
+		return nil
+	})
+	if n > 0 {
+		c.out = append(c.out, "]}"...)
+	}
+}
+
 // toolResultText writes the text of a tool_result's content (a string or
 // text blocks joined with '\n') into an open JSON string and reports
-// whether it holds images (written later, in the user message).
+// whether it holds images (written later, in the user message);
+// tool_reference blocks are written apart (toolReferences).
 func (c *conv) toolResultText(v []byte, a at) (images bool, err error) {
 	if v == nil || isNull(v) {
 		return false, nil
@@ -939,6 +1001,8 @@ func (c *conv) toolResultText(v []byte, a at) (images bool, err error) {
 			return err
 		case strIs(typ, "image"):
 			images = true
+			return nil
+		case strIs(typ, "tool_reference"):
 			return nil
 		case typ != nil:
 			return a.err(": unsupported block type in tool_result content")

@@ -229,3 +229,33 @@ func TestAMessagesSystemPromptIsWrittenAsVLLMWritesIt(t *testing.T) {
 	f("kept in place, empty", keep, "", `[{"role":"user","content":"a"},{"role":"system","content":[{"type":"text","text":"x-anthropic-billing-header: h"}]},{"role":"user","content":"c"}]`,
 		`[{"role":"user","content":"a"},{"role":"system","content":""},{"role":"user","content":"c"}]`)
 }
+
+// A tool_result may return references to deferred tools (Claude Code's
+// tool search answers with {"type": "tool_reference", "tool_name": ...}
+// blocks). vLLM's Messages front door (vllm/entrypoints/anthropic/serving.py
+// at 0001948b, _convert_user_tool_result) writes them as one more tool
+// message for the call, its content tool_reference parts named by
+// tool_name, else name, for the chat template to expand; a tool_reference
+// block outside a tool_result is left out. The converter answered 400
+// ("unsupported block type in tool_result content").
+func TestToolReferencesInAToolResultBecomeAToolMessageAsVLLMWritesThem(t *testing.T) {
+	opt := DefaultOptions()
+	var m Meta
+	in := `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"find a tool"},` +
+		`{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"tool_search","input":{"q":"weather"}}]},` +
+		`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"found"},` +
+		`{"type":"tool_reference","tool_name":"get_weather"},{"type":"tool_reference","tool_name":"","name":"get_time"},{"type":"tool_reference"}]},` +
+		`{"type":"tool_reference","tool_name":"dropped"},{"type":"text","text":"go on"}]}]}`
+	got, err := AnthropicToChat(nil, []byte(in), &opt, &m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"model":"m","messages":[{"role":"user","content":"find a tool"},` +
+		`{"role":"assistant","content":"","tool_calls":[{"id":"t1","type":"function","function":{"name":"tool_search","arguments":"{\"q\":\"weather\"}"}}]},` +
+		`{"role":"tool","tool_call_id":"t1","content":"found"},` +
+		`{"role":"tool","tool_call_id":"t1","content":[{"type":"tool_reference","name":"get_weather"},{"type":"tool_reference","name":"get_time"}]},` +
+		`{"role":"user","content":"go on"}],"max_tokens":1}`
+	if !jsonEqual(got, []byte(want)) {
+		t.Errorf("\n got %s\nwant %s", got, want)
+	}
+}
