@@ -731,8 +731,8 @@ func (c *conv) userText(content []byte, a at, n *int) error {
 	err := elems(content, func(vs, ve int) error {
 		b := content[vs:ve]
 		raw, typ, err := textBlock(b, a)
-		if err != nil || typ != nil {
-			return err
+		if err != nil || typ != nil || len(raw) == 0 {
+			return err // an empty block adds nothing, as in vLLM
 		}
 		c.textSep(n)
 		c.out = append(c.out, raw...)
@@ -764,13 +764,17 @@ func (c *conv) userParts(content []byte, a at, n *int) error {
 			if !ok {
 				return a.err(": a text block needs a string text")
 			}
-			c.textPart(n, raw)
+			if len(raw) > 0 {
+				c.textPart(n, raw)
+			}
 		case strIs(typ, "document"):
 			raw, err := documentText(b, a)
 			if err != nil {
 				return err
 			}
-			c.textPart(n, raw)
+			if len(raw) > 0 {
+				c.textPart(n, raw)
+			}
 		case strIs(typ, "image"):
 			return c.imagePart(n, b, a)
 		case strIs(typ, "tool_result"):
@@ -1051,8 +1055,10 @@ func (c *conv) anthropicAssistant(run turnIter) error {
 				if !ok {
 					return a.err(": a text block needs a string text")
 				}
-				c.textSep(&n)
-				c.out = append(c.out, raw...)
+				if len(raw) > 0 { // an empty block adds nothing, as in vLLM
+					c.textSep(&n)
+					c.out = append(c.out, raw...)
+				}
 			case strIs(typ, "thinking"):
 				nThink++
 			case strIs(typ, "tool_use"):
@@ -1069,8 +1075,8 @@ func (c *conv) anthropicAssistant(run turnIter) error {
 	}
 	c.out = append(c.out, '"')
 	if nThink > 0 {
+		// Concatenated, as vLLM's "".join(reasoning_parts).
 		c.out = append(c.out, `,"reasoning_content":"`...)
-		n := 0
 		for t := run; ; {
 			content, _, ok := t.next()
 			if !ok {
@@ -1092,7 +1098,6 @@ func (c *conv) anthropicAssistant(run turnIter) error {
 					return nil
 				})
 				if raw, ok := rawStr(th); ok && strIs(typ, "thinking") {
-					c.textSep(&n)
 					c.out = append(c.out, raw...)
 				}
 				return nil

@@ -259,3 +259,34 @@ func TestToolReferencesInAToolResultBecomeAToolMessageAsVLLMWritesThem(t *testin
 		t.Errorf("\n got %s\nwant %s", got, want)
 	}
 }
+
+// A Messages turn's text and thinking blocks are joined as vLLM's
+// Messages front door joins them (vllm/entrypoints/anthropic/serving.py at
+// 0001948b, _convert_block and _convert_message_content): an empty text
+// block adds nothing (`block.type == "text" and block.text`), and the
+// thinking blocks of an assistant turn are concatenated
+// ("".join(reasoning_parts)). The converter wrote "a\n\nb" for an empty
+// block between two texts (vLLM renders "a\nb") and joined thinking
+// blocks with "\n".
+func TestMessagesTextAndThinkingBlocksAreJoinedAsVLLMJoinsThem(t *testing.T) {
+	opt := DefaultOptions()
+	f := func(name, messages, want string) {
+		t.Helper()
+		var m Meta
+		got, err := AnthropicToChat(nil, []byte(`{"model":"m","max_tokens":1,"messages":`+messages+`}`), &opt, &m)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			return
+		}
+		if want = `{"model":"m","messages":` + want + `,"max_tokens":1}`; !jsonEqual(got, []byte(want)) {
+			t.Errorf("%s:\n got %s\nwant %s", name, got, want)
+		}
+	}
+	f("empty text blocks", `[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":""},{"type":"text","text":"b"}]}]`,
+		`[{"role":"user","content":"a\nb"}]`)
+	f("empty text blocks beside an image", `[{"role":"user","content":[{"type":"text","text":""},{"type":"image","source":{"type":"url","url":"u"}},{"type":"text","text":"b"}]}]`,
+		`[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}},{"type":"text","text":"b"}]}]`)
+	f("thinking blocks", `[{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"thinking","thinking":"x","signature":"s"},`+
+		`{"type":"thinking","thinking":"y","signature":"s"},{"type":"text","text":""},{"type":"text","text":"t"}]},{"role":"user","content":"more"}]`,
+		`[{"role":"user","content":"q"},{"role":"assistant","content":"t","reasoning_content":"xy"},{"role":"user","content":"more"}]`)
+}
