@@ -119,10 +119,12 @@ func ResponsesToChat(dst, body []byte, opt *Options, m *Meta) ([]byte, error) {
 			return fail(badRequest("instructions", "instructions must be a string"))
 		}
 		m.setEcho(echoInstructions, c.v(r.instructions))
-		c.beginMsg("system")
-		c.out = append(c.out, `,"content":"`...)
-		c.out = append(c.out, raw...)
-		c.out = append(c.out, `"}`...)
+		if len(raw) > 0 { // "" gives no system message, as in vLLM
+			c.beginMsg("system")
+			c.out = append(c.out, `,"content":"`...)
+			c.out = append(c.out, raw...)
+			c.out = append(c.out, `"}`...)
+		}
 	}
 	if err := c.responsesInput(c.v(r.input)); err != nil {
 		return fail(err)
@@ -450,8 +452,10 @@ func (c *conv) moveBack(from, to int) {
 }
 
 // textParts writes the text of a content value (a string or an array
-// of input_text/output_text/refusal parts) into an open JSON string; field
-// names the value in errors (".content", ".output").
+// of input_text/output_text/refusal parts) into an open JSON string, the
+// non-empty texts joined by "\n" as vLLM's chat_utils joins a content's
+// parts for a template that takes a string; field names the value in
+// errors (".content", ".output").
 func (c *conv) textParts(v []byte, it item, field string) error {
 	if raw, ok := rawStr(v); ok {
 		c.out = append(c.out, raw...)
@@ -482,6 +486,9 @@ func (c *conv) textParts(v []byte, it item, field string) error {
 		raw, ok := rawStr(text)
 		if !ok {
 			return it.err(": a text part needs a string text")
+		}
+		if len(raw) == 0 {
+			return nil
 		}
 		if n > 0 {
 			c.out = append(c.out, `\n`...)

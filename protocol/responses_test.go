@@ -189,3 +189,33 @@ func TestResponsesReasoningItemsReachTheTemplateAsVLLMPassesThem(t *testing.T) {
 	f("content given twice: two messages", `{"role":"assistant","content":"a"},{"role":"assistant","content":"b"}`,
 		`{"role":"assistant","content":"a"},{"role":"assistant","content":"b"}`)
 }
+
+// Empty texts add nothing to a Responses request's prompt, as vLLM's
+// /v1/responses builds it: empty instructions give no system message
+// (vllm/entrypoints/openai/responses/utils.py at 01ca842d,
+// construct_input_messages: `if request_instructions:`), and an empty text
+// part is left out of the string a content's parts are joined into
+// (chat_utils at 001eadcf, `if parse_res:` in
+// _parse_chat_message_content_parts). The converter wrote an empty system
+// message (a template with a default system prompt then rendered none) and
+// "\na" for ["", "a"].
+func TestResponsesEmptyTextsAddNothingAsInVLLM(t *testing.T) {
+	opt := DefaultOptions()
+	f := func(in, want string) {
+		t.Helper()
+		var m Meta
+		got, err := ResponsesToChat(nil, []byte(in), &opt, &m)
+		if err != nil {
+			t.Errorf("%s: %v", in, err)
+			return
+		}
+		if !jsonEqual(got, []byte(want)) {
+			t.Errorf("%s:\n got %s\nwant %s", in, got, want)
+		}
+	}
+	f(`{"model":"g","instructions":"","input":"hi"}`, `{"model":"g","messages":[{"role":"user","content":"hi"}]}`)
+	f(`{"model":"g","input":[{"role":"user","content":[{"type":"input_text","text":""},{"type":"input_text","text":"a"},{"type":"input_text","text":""},{"type":"input_text","text":"b"}]}]}`,
+		`{"model":"g","messages":[{"role":"user","content":"a\nb"}]}`)
+	f(`{"model":"g","input":[{"role":"user","content":"q"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":""},{"type":"input_text","text":"r"}]}]}`,
+		`{"model":"g","messages":[{"role":"user","content":"q"},{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}]}`)
+}
