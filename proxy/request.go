@@ -93,7 +93,7 @@ func (rs *reqState) Reset() {
 	rs.lease.Reset()
 	rs.call = call{}
 	rs.scratch = rs.scratch[:0]
-	rs.usage = usage{}
+	rs.usage.reset()
 	// A burst of big prompts must not pin memory in the pool either.
 	rs.tokens, rs.render, rs.arena = trimIDs(rs.tokens), trimBuf(rs.render), trimBuf(rs.arena)
 	if rs.msgs = rs.msgs[:0]; cap(rs.msgs) > maxRouteMessages {

@@ -78,7 +78,7 @@ func TestAStreamsUsageIsSettledFromItsFinalUsageChunkOn(t *testing.T) {
 					if raceEnabled && j > i+40 && j < len(b) && (j-i)%8 != 0 {
 						continue
 					}
-					u := usage{lines: true, once: tc.once, single: tc.single}
+					u := usage{usageState: usageState{lines: true, once: tc.once, single: tc.single}}
 					u.scan(b[:i])
 					check(&u, i, fmt.Sprintf("cut at %d", i))
 					u.scan(b[i:j])
@@ -89,7 +89,7 @@ func TestAStreamsUsageIsSettledFromItsFinalUsageChunkOn(t *testing.T) {
 					}
 				}
 			}
-			u := usage{lines: true, once: tc.once, single: tc.single}
+			u := usage{usageState: usageState{lines: true, once: tc.once, single: tc.single}}
 			for i := range b {
 				u.scan(b[i : i+1])
 				check(&u, i+1, "byte by byte")

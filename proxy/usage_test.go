@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"reflect"
 	"testing"
 
 	"github.com/infera/infera/protocol"
@@ -219,5 +220,32 @@ func TestUsageWithOnlyTotalTokensIsPromptTokens(t *testing.T) {
 	check(scanChunks(b), "whole")
 	for i := 0; i <= len(b); i++ {
 		check(scanChunks(b[:i], b[i:]), fmt.Sprintf("cut at %d", i))
+	}
+}
+
+// TestUsageResetForgetsACutUsageObject: a pooled request state's usage
+// keeps its carry array from answer to answer (reset clears usageState
+// only), so a usage object the last answer left cut must not reach the
+// next answer's scan; and every field of usage but that array is in the
+// state reset clears.
+func TestUsageResetForgetsACutUsageObject(t *testing.T) {
+	var u usage
+	u.scan([]byte(`{"id":"a","usage":{"prompt_tokens":1234,"completion_tok`))
+	if u.ncarry == 0 {
+		t.Fatal("the cut usage object was not carried")
+	}
+	u.reset()
+	u.scan([]byte(`ens":567}}`))
+	if u.seen || u.prompt != 0 || u.completion != 0 || u.ncarry != 0 {
+		t.Fatalf("the last answer's cut usage object reached the next one: %+v", u.usageState)
+	}
+	u.scan([]byte(`{"id":"b","usage":{"prompt_tokens":7,"completion_tokens":1}}`))
+	if !u.seen || u.prompt != 7 || u.completion != 1 {
+		t.Fatalf("the next answer's usage: %+v", u.usageState)
+	}
+
+	ut := reflect.TypeOf(usage{})
+	if ut.NumField() != 2 || ut.Field(0).Name != "usageState" || ut.Field(1).Name != "carry" {
+		t.Fatalf("usage has fields outside usageState that reset would not clear: %v", ut)
 	}
 }
