@@ -299,20 +299,22 @@ func objectEnd(b []byte) int {
 		}
 		return i + 4 // null (or anything else: nothing to wait for)
 	}
+	// From one '}' to the next only braces open: count them (vectorised)
+	// and close one at each '}'.
 	depth := 0
-	for ; i < len(b); i++ {
-		switch b[i] {
-		case '{':
-			depth++
-		case '}':
-			depth--
-			if depth == 0 {
-				return i + 1
-			}
+	for {
+		j := bytes.IndexByte(b[i:], '}')
+		if j < 0 {
+			return -1
+		}
+		depth += bytes.Count(b[i:i+j], openBrace) - 1
+		if i += j + 1; depth == 0 {
+			return i
 		}
 	}
-	return -1
 }
+
+var openBrace = []byte{'{'}
 
 func intAfter(b, key []byte) (int, bool) {
 	i := jsonscan.IndexKey(b, key)
