@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"net/netip"
-
 	"github.com/infera/infera/internal/h1"
 	"github.com/valyala/fasthttp"
 )
@@ -117,7 +115,7 @@ func eqFold(b []byte, s string) bool { return h1.EqFold(b, s) }
 // whatever type the client's had. X-Forwarded-For goes as one line, with
 // peer, the address the request came from, appended
 // (appendXForwardedFor).
-func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, peer netip.Addr, stripAuth, jsonBody bool) []byte {
+func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, peer []byte, stripAuth, jsonBody bool) []byte {
 	if jsonBody {
 		dst = append(dst, "Content-Type: application/json\r\n"...)
 	}
@@ -263,14 +261,15 @@ func forwardClass(k []byte) int {
 
 // appendXForwardedFor appends the X-Forwarded-For line the engine gets:
 // the client's lines (when xff) joined as one list (RFC 9110 section 5.3),
-// then peer, the address the router received the request from, as
+// then peer, the text of the address the router received the request
+// from (peerText), as
 // nginx's $proxy_add_x_forwarded_for, Envoy and Go's
 // httputil.ReverseProxy write it. An engine or router that trusts this one
 // (uvicorn's --forwarded-allow-ips, --trusted-proxies) so finds the
 // client in the rightmost address, which the client cannot write. Empty
 // lines and lines with control bytes are left out; no line at all when
 // nothing is left (a connection that is not TCP, without the header).
-func appendXForwardedFor(dst []byte, h *fasthttp.RequestHeader, xff bool, peer netip.Addr) []byte {
+func appendXForwardedFor(dst []byte, h *fasthttp.RequestHeader, xff bool, peer []byte) []byte {
 	start := len(dst)
 	dst = append(dst, fasthttp.HeaderXForwardedFor+": "...)
 	n := len(dst)
@@ -288,11 +287,11 @@ func appendXForwardedFor(dst []byte, h *fasthttp.RequestHeader, xff bool, peer n
 			dst = append(dst, v...)
 		}
 	}
-	if peer.IsValid() {
+	if len(peer) > 0 {
 		if len(dst) > n {
 			dst = append(dst, ", "...)
 		}
-		dst = peer.Unmap().WithZone("").AppendTo(dst)
+		dst = append(dst, peer...)
 	}
 	if len(dst) == n {
 		return dst[:start]

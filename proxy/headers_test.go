@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/infera/infera/internal/h1"
 	"github.com/valyala/fasthttp"
 )
 
@@ -45,7 +46,34 @@ func appendForwardHeadersOneRuleAtATime(dst []byte, h *fasthttp.RequestHeader, p
 	if xff && namedInAny(conns, []byte(fasthttp.HeaderXForwardedFor)) {
 		xff = false
 	}
-	return appendXForwardedFor(dst, h, xff, peer)
+	// The X-Forwarded-For line, the peer's address formatted here.
+	start := len(dst)
+	dst = append(dst, fasthttp.HeaderXForwardedFor+": "...)
+	n := len(dst)
+	if xff {
+		for k, v := range h.All() {
+			if !eqFold(k, fasthttp.HeaderXForwardedFor) {
+				continue
+			}
+			if v = h1.TrimOWS(v); len(v) == 0 || !validHeaderValue(v) {
+				continue
+			}
+			if len(dst) > n {
+				dst = append(dst, ", "...)
+			}
+			dst = append(dst, v...)
+		}
+	}
+	if peer.IsValid() {
+		if len(dst) > n {
+			dst = append(dst, ", "...)
+		}
+		dst = peer.Unmap().WithZone("").AppendTo(dst)
+	}
+	if len(dst) == n {
+		return dst[:start]
+	}
+	return append(dst, "\r\n"...)
 }
 
 // TestTheForwardedHeadersAreThoseEachRuleLeaves: for requests with every
@@ -53,7 +81,8 @@ func appendForwardHeadersOneRuleAtATime(dst []byte, h *fasthttp.RequestHeader, p
 // own, credentials, X-Forwarded-For, headers a Connection line names
 // before or after it, "Connection: close"), the engine gets the lines the
 // rules one at a time give, with and without a consumed key and a
-// converted body.
+// converted body, and with the peer's address (none, IPv4, IPv4-mapped,
+// IPv6, with a zone) formatted as it always was.
 func TestTheForwardedHeadersAreThoseEachRuleLeaves(t *testing.T) {
 	lines := []string{
 		"Content-Type: application/json",
@@ -85,7 +114,7 @@ func TestTheForwardedHeadersAreThoseEachRuleLeaves(t *testing.T) {
 		"Connection: X-Forwarded-For",
 		"Connection: x-session-id, accept",
 	}
-	peer := netip.MustParseAddr("192.0.2.7")
+	peers := []netip.Addr{{}, netip.MustParseAddr("192.0.2.7"), netip.MustParseAddr("::ffff:192.0.2.8"), netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("fe80::1%eth0")}
 	n := 0
 	for mask := 0; mask < 1<<len(lines); mask += 1 + mask/7 {
 		for ci, conn := range conns {
@@ -108,9 +137,10 @@ func TestTheForwardedHeadersAreThoseEachRuleLeaves(t *testing.T) {
 				if err := req.Read(bufio.NewReader(strings.NewReader(sb.String()))); err != nil {
 					t.Fatal(err)
 				}
+				peer := peers[n%len(peers)]
 				for _, stripAuth := range []bool{false, true} {
 					for _, jsonBody := range []bool{false, true} {
-						got := string(appendForwardHeaders([]byte("GET"), &req.Header, peer, stripAuth, jsonBody))
+						got := string(appendForwardHeaders([]byte("GET"), &req.Header, appendPeerText(nil, peer), stripAuth, jsonBody))
 						want := string(appendForwardHeadersOneRuleAtATime([]byte("GET"), &req.Header, peer, stripAuth, jsonBody))
 						if got != want {
 							t.Fatalf("request\n%s\nstripAuth %v jsonBody %v: got\n%s\nwant\n%s", sb.String(), stripAuth, jsonBody, got, want)
