@@ -6,8 +6,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,7 +32,7 @@ func TestKVRelay(t *testing.T) {
 	}
 	defer pub.Close()
 	pub.SetLinger(0)
-	port := bindAnyPort(t, pub)
+	port := testsrv.BindZMQ(t, pub)
 
 	var mu sync.Mutex
 	var got []kvFrame
@@ -195,24 +193,4 @@ func TestKVRelayDataParallel(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// bindAnyPort binds sock to a loopback port ZMQ picks (tcp://127.0.0.1:*,
-// so that no other process can take it between a pick and the bind) and
-// returns the port.
-func bindAnyPort(t *testing.T, sock *zmq.Socket) int {
-	t.Helper()
-	if err := sock.Bind("tcp://127.0.0.1:*"); err != nil {
-		t.Fatal(err)
-	}
-	ep, err := sock.GetLastEndpoint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, p, _ := strings.Cut(strings.TrimPrefix(ep, "tcp://"), ":")
-	port, err := strconv.Atoi(p)
-	if err != nil || port == 0 {
-		t.Fatalf("bound to %q", ep)
-	}
-	return port
 }

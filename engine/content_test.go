@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -226,5 +227,36 @@ func TestContentArraysAreReadAsVLLMAndTheRouterReadThem(t *testing.T) {
 		if _, _, err := render(bad); err == nil {
 			t.Errorf("%s: taken; vLLM refuses a part read by its keys that holds no media", bad)
 		}
+	}
+}
+
+// A tool_reference part gives its name, as vLLM's chat_utils reads it
+// (MM_PARSER_MAP["tool_reference"] at vllm 001eadcf) and as the router
+// reads it (proxy.TestAToolReferencePartIsReadAsItsName): a text for a
+// template that takes content as a string, a tool_reference part for one
+// that loops. A part without a type is one when it has a tool_reference
+// key and no media key. The engine read none, and refused the untyped one.
+func TestAToolReferencePartIsReadAsItsName(t *testing.T) {
+	f := func(content, want string) {
+		t.Helper()
+		body := `{"messages":[{"role":"user","content":` + content + `}],"add_generation_prompt":false}`
+		_, _, text, err := parseChat([]byte(body), tokenizer.Simple{}, nil, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", content, err)
+		}
+		if got := string(text); got != "<|im_start|>user\n"+want+"<|im_end|>\n" {
+			t.Fatalf("%s: rendered %q, want content %q", content, got, want)
+		}
+	}
+	f(`[{"type":"tool_reference","name":"get_weather"},{"type":"text","text":"q"}]`, "get_weather\nq")
+	f(`[{"type":"tool_reference","name":null},{"type":"tool_reference","name":""},{"type":"tool_reference"},"q"]`, "q")
+	f(`[{"tool_reference":{},"name":"n"},{"type":"text","uuid":"u","tool_reference":1,"name":"m","text":"HIDDEN"}]`, "n\nm")
+
+	var m tokenizer.Message
+	if err := flattenContent(&m, []byte(`[{"type":"tool_reference","name":"a"},{"type":"tool_reference","name":null}]`)); err != nil {
+		t.Fatal(err)
+	}
+	if want := []tokenizer.ContentPart{{Type: "tool_reference", Text: "a"}, {Type: "tool_reference", NullText: true}}; !slices.Equal(m.Parts, want) {
+		t.Errorf("parts %+v, want %+v", m.Parts, want)
 	}
 }

@@ -230,6 +230,8 @@ type contentPart struct {
 	Text     *string
 	Refusal  *string
 	Thinking *string
+	// Name is a tool_reference part's name.
+	Name *string
 	// byKeys is the modality of a part vLLM reads by its keys (no type,
 	// or a non-null uuid): "image", "audio", "video", or "" for one that
 	// renders no media part (prompt_embeds).
@@ -249,8 +251,9 @@ var untypedMedia = [...][2]string{{"image_url", "image"}, {"image_pil", "image"}
 // "TYPE", which vLLM and the router ignore. A plain string is a text part
 // (vLLM's "Handle plain text parts"); a part without a type, or with a
 // non-null uuid, is read by its keys: the first media key it holds makes
-// it a media part whatever its type and text say, and one holding none is
-// refused, as vLLM refuses it.
+// it a media part whatever its type and text say, else a tool_reference
+// key makes it a tool_reference part (its name), and one holding neither
+// is refused, as vLLM refuses it.
 func (p *contentPart) UnmarshalJSON(b []byte) error {
 	*p = contentPart{Type: "text"}
 	if b = bytes.TrimSpace(b); len(b) > 0 && b[0] == '"' {
@@ -268,10 +271,18 @@ func (p *contentPart) UnmarshalJSON(b []byte) error {
 				return nil
 			}
 		}
+		if _, ok := m["tool_reference"]; ok {
+			*p = contentPart{Type: "tool_reference"}
+			return unmarshalExact(b, map[string]any{"name": &p.Name})
+		}
 		return errors.New("a content part without a type (or with a uuid) holds no media")
 	}
 	*p = contentPart{}
-	return unmarshalExact(b, map[string]any{"type": &p.Type, "text": &p.Text, "refusal": &p.Refusal, "thinking": &p.Thinking})
+	fields := map[string]any{"type": &p.Type, "text": &p.Text, "refusal": &p.Refusal, "thinking": &p.Thinking}
+	if t := ""; json.Unmarshal(typ, &t) == nil && t == "tool_reference" {
+		fields["name"] = &p.Name
+	}
+	return unmarshalExact(b, fields)
 }
 
 // errBadRequest marks client errors (400).
@@ -424,7 +435,7 @@ func flattenContent(m *tokenizer.Message, raw json.RawMessage) error {
 			// a text part; a null text drops a "text" or "refusal" part,
 			// and the others only from the joined string.
 			var text *string
-			keepNone := false
+			keepNone, ptype := false, "text"
 			switch p.Type {
 			case "text":
 				text = p.Text
@@ -434,16 +445,20 @@ func flattenContent(m *tokenizer.Message, raw json.RawMessage) error {
 				text = p.Refusal
 			case "thinking":
 				text, keepNone = p.Thinking, true
+			case "tool_reference":
+				// Its name: a text for a template that takes a
+				// string, a tool_reference part for one that loops.
+				text, keepNone, ptype = p.Name, true, "tool_reference"
 			default:
 				continue
 			}
 			if text == nil {
 				if keepNone {
-					m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "text", NullText: true})
+					m.Parts = append(m.Parts, tokenizer.ContentPart{Type: ptype, NullText: true})
 				}
 				continue
 			}
-			m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "text", Text: *text})
+			m.Parts = append(m.Parts, tokenizer.ContentPart{Type: ptype, Text: *text})
 			if *text == "" {
 				continue
 			}

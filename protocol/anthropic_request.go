@@ -286,20 +286,28 @@ func (c *conv) anthropicMessages(r anthropicReq) error {
 	preserve := c.opt.PreserveSystemPosition
 	msgs := c.v(r.messages)
 	// System content: the top-level field, then (unless preserved in
-	// place) every in-array system message, as one message at the front.
+	// place) every in-array system message, as one message at the front,
+	// their texts concatenated as vLLM's _convert_system_message does
+	// (vllm/entrypoints/anthropic/serving.py at 0001948b: "".join); none
+	// when they hold no text.
 	sysOpen := false
 	addSys := func(v []byte, a at) error {
 		if isNull(v) {
 			return nil
 		}
-		if !sysOpen {
+		opened := !sysOpen
+		undo := c.mark()
+		if opened {
 			c.beginMsg("system")
 			c.out = append(c.out, `,"content":"`...)
 			sysOpen = true
-		} else {
-			c.out = append(c.out, `\n`...)
 		}
-		return c.textContent(v, a)
+		wrote, err := c.textContent(v, a)
+		if err == nil && opened && !wrote {
+			c.undo(undo)
+			sysOpen = false
+		}
+		return err
 	}
 	if r.system.ok() {
 		if err := addSys(c.v(r.system), -1); err != nil {
@@ -383,9 +391,10 @@ func (c *conv) anthropicMessages(r anthropicReq) error {
 			run.add(content, i, vs, ve)
 			return nil
 		}
+		// Kept even when it holds no text: it parts the runs around it.
 		c.beginMsg("system")
 		c.out = append(c.out, `,"content":"`...)
-		if err := c.textContent(content, at(i)); err != nil {
+		if _, err := c.textContent(content, at(i)); err != nil {
 			return err
 		}
 		c.out = append(c.out, `"}`...)
@@ -518,17 +527,26 @@ func msgFields(msg []byte) (role, content []byte) {
 	return
 }
 
-// textContent writes the text of v (a string, or an array of text blocks)
-// as the body of an open JSON string; blocks are joined with '\n'.
-func (c *conv) textContent(v []byte, a at) error {
+// billingHeader starts the text block in which Claude Code sends a
+// per-request attribution hash with its system prompt.
+const billingHeader = "x-anthropic-billing-header"
+
+// textContent writes the text of a system value v (a string, or an array
+// of text blocks) as the body of an open JSON string, and reports whether
+// it wrote any. Blocks are concatenated, and empty ones and those that
+// start with Claude Code's billing header are left out, as vLLM's
+// Messages API converter does (vllm/entrypoints/anthropic/serving.py at
+// 0001948b, _convert_system_message: the header's hash changes with every
+// request and would end the engine's cached prefix there).
+func (c *conv) textContent(v []byte, a at) (bool, error) {
 	if raw, ok := rawStr(v); ok {
 		c.out = append(c.out, raw...)
-		return nil
+		return len(raw) > 0, nil
 	}
 	if v[0] != '[' {
-		return a.err(" must be a string or an array of text blocks")
+		return false, a.err(" must be a string or an array of text blocks")
 	}
-	n := 0
+	wrote := false
 	err := elems(v, func(vs, ve int) error {
 		b := v[vs:ve]
 		if b[0] != '{' {
@@ -542,14 +560,27 @@ func (c *conv) textContent(v []byte, a at) error {
 		if !ok {
 			return a.err(": a text block needs a string text")
 		}
-		if n > 0 {
-			c.out = append(c.out, `\n`...)
+		if len(raw) == 0 || hasDecodedPrefix(raw, billingHeader) {
+			return nil
 		}
-		n++
+		wrote = true
 		c.out = append(c.out, raw...)
 		return nil
 	})
-	return jsonErr2(err)
+	return wrote, jsonErr2(err)
+}
+
+// convMark is a point of a conversion's output to go back to.
+type convMark struct {
+	n, nMsg       int
+	lastAssistant bool
+}
+
+func (c *conv) mark() convMark { return convMark{len(c.out), c.nMsg, c.lastAssistant} }
+
+// undo takes the output back to m.
+func (c *conv) undo(m convMark) {
+	c.out, c.nMsg, c.lastAssistant = c.out[:m.n], m.nMsg, m.lastAssistant
 }
 
 // jsonErr2 is jsonErr that keeps nil nil.
@@ -671,13 +702,15 @@ func (c *conv) userToolResults(content []byte, a at) (nOther int, images bool, e
 			}
 			images = images || has
 			c.out = append(c.out, `"}`...)
+			c.toolReferences(idRaw, inner)
 		case strIs(typ, "text"), strIs(typ, "document"):
 			nOther++
 		case strIs(typ, "image"):
 			nOther++
 			images = true
-		case strIs(typ, "thinking"), strIs(typ, "redacted_thinking"):
-			// not meaningful in a user turn; dropped
+		case strIs(typ, "thinking"), strIs(typ, "redacted_thinking"), strIs(typ, "tool_reference"):
+			// not meaningful in a user turn; dropped (vLLM expands tool
+			// references only inside a tool_result)
 		default:
 			return a.err(": unsupported content block type")
 		}
@@ -698,8 +731,8 @@ func (c *conv) userText(content []byte, a at, n *int) error {
 	err := elems(content, func(vs, ve int) error {
 		b := content[vs:ve]
 		raw, typ, err := textBlock(b, a)
-		if err != nil || typ != nil {
-			return err
+		if err != nil || typ != nil || len(raw) == 0 {
+			return err // an empty block adds nothing, as in vLLM
 		}
 		c.textSep(n)
 		c.out = append(c.out, raw...)
@@ -731,13 +764,17 @@ func (c *conv) userParts(content []byte, a at, n *int) error {
 			if !ok {
 				return a.err(": a text block needs a string text")
 			}
-			c.textPart(n, raw)
+			if len(raw) > 0 {
+				c.textPart(n, raw)
+			}
 		case strIs(typ, "document"):
 			raw, err := documentText(b, a)
 			if err != nil {
 				return err
 			}
-			c.textPart(n, raw)
+			if len(raw) > 0 {
+				c.textPart(n, raw)
+			}
 		case strIs(typ, "image"):
 			return c.imagePart(n, b, a)
 		case strIs(typ, "tool_result"):
@@ -882,9 +919,69 @@ func documentText(b []byte, a at) ([]byte, error) {
 	return raw, nil
 }
 
+// toolReferences writes the tool_reference blocks of a tool_result's
+// content inner (references to deferred tools, as Claude Code's tool
+// search returns them) as vLLM's Messages front door does
+// (vllm/entrypoints/anthropic/serving.py at 0001948b,
+// _convert_user_tool_result): one more tool message for the call, its
+// content {"type": "tool_reference", "name": N} parts, N a block's
+// tool_name, else its name (blocks with neither are left out). A chat
+// template that loops over content parts expands them.
+func (c *conv) toolReferences(idRaw, inner []byte) {
+	if len(inner) == 0 || inner[0] != '[' {
+		return
+	}
+	n := 0
+	elems(inner, func(vs, ve int) error {
+		b := inner[vs:ve]
+		if b[0] != '{' {
+			return nil
+		}
+		var typ, toolName, name []byte
+		fields(b, func(k []byte, s, e int) error {
+			switch string(k) {
+			case "type":
+				typ = b[s:e]
+			case "tool_name":
+				toolName = b[s:e]
+			case "name":
+				name = b[s:e]
+			}
+			return nil
+		})
+		if !strIs(typ, "tool_reference") {
+			return nil
+		}
+		ref, ok := rawStr(toolName)
+		if !ok || len(ref) == 0 {
+			ref, ok = rawStr(name)
+		}
+		if !ok || len(ref) == 0 {
+			return nil
+		}
+		if n == 0 {
+			c.beginMsg("tool")
+			c.out = append(c.out, `,"tool_call_id":"`...)
+			c.out = append(c.out, idRaw...)
+			c.out = append(c.out, `","content":[`...)
+		} else {
+			c.out = append(c.out, ',')
+		}
+		n++
+		c.out = append(c.out, `{"type":"tool_reference","name":"`...)
+		c.out = append(c.out, ref...)
+		c.out = append(c.out, `"}`...)
+		return nil
+	})
+	if n > 0 {
+		c.out = append(c.out, "]}"...)
+	}
+}
+
 // toolResultText writes the text of a tool_result's content (a string or
 // text blocks joined with '\n') into an open JSON string and reports
-// whether it holds images (written later, in the user message).
+// whether it holds images (written later, in the user message);
+// tool_reference blocks are written apart (toolReferences).
 func (c *conv) toolResultText(v []byte, a at) (images bool, err error) {
 	if v == nil || isNull(v) {
 		return false, nil
@@ -908,6 +1005,8 @@ func (c *conv) toolResultText(v []byte, a at) (images bool, err error) {
 			return err
 		case strIs(typ, "image"):
 			images = true
+			return nil
+		case strIs(typ, "tool_reference"):
 			return nil
 		case typ != nil:
 			return a.err(": unsupported block type in tool_result content")
@@ -956,8 +1055,10 @@ func (c *conv) anthropicAssistant(run turnIter) error {
 				if !ok {
 					return a.err(": a text block needs a string text")
 				}
-				c.textSep(&n)
-				c.out = append(c.out, raw...)
+				if len(raw) > 0 { // an empty block adds nothing, as in vLLM
+					c.textSep(&n)
+					c.out = append(c.out, raw...)
+				}
 			case strIs(typ, "thinking"):
 				nThink++
 			case strIs(typ, "tool_use"):
@@ -974,8 +1075,8 @@ func (c *conv) anthropicAssistant(run turnIter) error {
 	}
 	c.out = append(c.out, '"')
 	if nThink > 0 {
+		// Concatenated, as vLLM's "".join(reasoning_parts).
 		c.out = append(c.out, `,"reasoning_content":"`...)
-		n := 0
 		for t := run; ; {
 			content, _, ok := t.next()
 			if !ok {
@@ -997,7 +1098,6 @@ func (c *conv) anthropicAssistant(run turnIter) error {
 					return nil
 				})
 				if raw, ok := rawStr(th); ok && strIs(typ, "thinking") {
-					c.textSep(&n)
 					c.out = append(c.out, raw...)
 				}
 				return nil

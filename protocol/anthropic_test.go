@@ -34,7 +34,7 @@ func TestAnthropicRequestFieldsConvertToChat(t *testing.T) {
 	f("system string", opt, `{"model":"m","max_tokens":1,"system":"be brief","messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"max_tokens":1}`)
 	f("system blocks joined", opt, `{"model":"m","max_tokens":1,"system":[{"type":"text","text":"a","cache_control":{"type":"ephemeral"}},{"type":"text","text":"b"}],"messages":[{"role":"user","content":"hi"}]}`,
-		`{"model":"m","messages":[{"role":"system","content":"a\nb"},{"role":"user","content":"hi"}],"max_tokens":1}`)
+		`{"model":"m","messages":[{"role":"system","content":"ab"},{"role":"user","content":"hi"}],"max_tokens":1}`)
 	// Structured outputs (the SDK's messages.parse) become a strict named
 	// json_schema; so does the beta's top-level output_format; a tool's
 	// strict is kept.
@@ -46,7 +46,7 @@ func TestAnthropicRequestFieldsConvertToChat(t *testing.T) {
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"},"strict":true}}]}`)
 	moved := `{"model":"m","max_tokens":1,"system":"top","messages":[{"role":"user","content":"a"},{"role":"system","content":"mid"},{"role":"user","content":"b"}]}`
 	f("in-array system moved to the front (the user turns it parted are one)", opt, moved,
-		`{"model":"m","messages":[{"role":"system","content":"top\nmid"},{"role":"user","content":"a\nb"}],"max_tokens":1}`)
+		`{"model":"m","messages":[{"role":"system","content":"topmid"},{"role":"user","content":"a\nb"}],"max_tokens":1}`)
 	keep := opt
 	keep.PreserveSystemPosition = true
 	f("in-array system kept in place", keep, moved,
@@ -182,4 +182,111 @@ func TestCountTokensNeedsNoMaxTokensAndRendersThePrompt(t *testing.T) {
 	if got := string(AppendCountTokens(nil, 123)); got != `{"input_tokens":123}` {
 		t.Errorf("count answer %s", got)
 	}
+}
+
+// A Messages request's system prompt reaches the engine as vLLM's own
+// Messages API front door writes it (vllm/entrypoints/anthropic/serving.py
+// at 0001948b, _convert_system_message): the texts of its text blocks and
+// of the in-array system messages moved to the front concatenated, empty
+// blocks and Claude Code's billing header block (a per-request hash, which
+// would end the engine's cached prefix at the start of every request) left
+// out, and no system message when no text remains. The converter joined
+// them with "\n" and kept the header: every Claude Code request through the
+// router had a prompt of its own from its first system block on.
+func TestAMessagesSystemPromptIsWrittenAsVLLMWritesIt(t *testing.T) {
+	f := func(name string, opt Options, system, messages, want string) {
+		t.Helper()
+		var m Meta
+		in := `{"model":"m","max_tokens":1,` + system + `"messages":` + messages + `}`
+		got, err := AnthropicToChat(nil, []byte(in), &opt, &m)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			return
+		}
+		if want = `{"model":"m","messages":` + want + `,"max_tokens":1}`; !jsonEqual(got, []byte(want)) {
+			t.Errorf("%s:\n got %s\nwant %s", name, got, want)
+		}
+	}
+	opt := DefaultOptions()
+	const hi = `[{"role":"user","content":"hi"}]`
+	f("Claude Code's blocks", opt, `"system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1.3; cch=5f3a;"},`+
+		`{"type":"text","text":"You are Claude Code.","cache_control":{"type":"ephemeral"}},{"type":"text","text":""},{"type":"text","text":"\nBe brief."}],`, hi,
+		`[{"role":"system","content":"You are Claude Code.\nBe brief."},{"role":"user","content":"hi"}]`)
+	f("the header escaped", opt, `"system":[{"type":"text","text":"\u0078-anthropic-billing-header\u003a h"},{"type":"text","text":"s"}],`, hi,
+		`[{"role":"system","content":"s"},{"role":"user","content":"hi"}]`)
+	f("not the header", opt, `"system":[{"type":"text","text":"x-anthropic-billing-heade"},{"type":"text","text":"s"}],`, hi,
+		`[{"role":"system","content":"x-anthropic-billing-heades"},{"role":"user","content":"hi"}]`)
+	f("the header only", opt, `"system":[{"type":"text","text":"x-anthropic-billing-header: h"}],`, hi, hi)
+	f("an empty system", opt, `"system":"",`, hi, hi)
+	f("no text but in the array", opt, `"system":[],`, `[{"role":"system","content":[{"type":"text","text":""}]},{"role":"user","content":"hi"},{"role":"system","content":"late"}]`,
+		`[{"role":"system","content":"late"},{"role":"user","content":"hi"}]`)
+	keep := opt
+	keep.PreserveSystemPosition = true
+	f("kept in place", keep, `"system":[{"type":"text","text":"x-anthropic-billing-header: h"}],`,
+		`[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"system","content":[{"type":"text","text":"s"},{"type":"text","text":"t"}]},{"role":"system","content":""},{"role":"user","content":"c"}]`,
+		`[{"role":"user","content":"a"},{"role":"assistant","content":"b"},{"role":"system","content":"st"},{"role":"system","content":""},{"role":"user","content":"c"}]`)
+	// One with no text still parts the user turns around it.
+	f("kept in place, empty", keep, "", `[{"role":"user","content":"a"},{"role":"system","content":[{"type":"text","text":"x-anthropic-billing-header: h"}]},{"role":"user","content":"c"}]`,
+		`[{"role":"user","content":"a"},{"role":"system","content":""},{"role":"user","content":"c"}]`)
+}
+
+// A tool_result may return references to deferred tools (Claude Code's
+// tool search answers with {"type": "tool_reference", "tool_name": ...}
+// blocks). vLLM's Messages front door (vllm/entrypoints/anthropic/serving.py
+// at 0001948b, _convert_user_tool_result) writes them as one more tool
+// message for the call, its content tool_reference parts named by
+// tool_name, else name, for the chat template to expand; a tool_reference
+// block outside a tool_result is left out. The converter answered 400
+// ("unsupported block type in tool_result content").
+func TestToolReferencesInAToolResultBecomeAToolMessageAsVLLMWritesThem(t *testing.T) {
+	opt := DefaultOptions()
+	var m Meta
+	in := `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"find a tool"},` +
+		`{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"tool_search","input":{"q":"weather"}}]},` +
+		`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"found"},` +
+		`{"type":"tool_reference","tool_name":"get_weather"},{"type":"tool_reference","tool_name":"","name":"get_time"},{"type":"tool_reference"}]},` +
+		`{"type":"tool_reference","tool_name":"dropped"},{"type":"text","text":"go on"}]}]}`
+	got, err := AnthropicToChat(nil, []byte(in), &opt, &m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"model":"m","messages":[{"role":"user","content":"find a tool"},` +
+		`{"role":"assistant","content":"","tool_calls":[{"id":"t1","type":"function","function":{"name":"tool_search","arguments":"{\"q\":\"weather\"}"}}]},` +
+		`{"role":"tool","tool_call_id":"t1","content":"found"},` +
+		`{"role":"tool","tool_call_id":"t1","content":[{"type":"tool_reference","name":"get_weather"},{"type":"tool_reference","name":"get_time"}]},` +
+		`{"role":"user","content":"go on"}],"max_tokens":1}`
+	if !jsonEqual(got, []byte(want)) {
+		t.Errorf("\n got %s\nwant %s", got, want)
+	}
+}
+
+// A Messages turn's text and thinking blocks are joined as vLLM's
+// Messages front door joins them (vllm/entrypoints/anthropic/serving.py at
+// 0001948b, _convert_block and _convert_message_content): an empty text
+// block adds nothing (`block.type == "text" and block.text`), and the
+// thinking blocks of an assistant turn are concatenated
+// ("".join(reasoning_parts)). The converter wrote "a\n\nb" for an empty
+// block between two texts (vLLM renders "a\nb") and joined thinking
+// blocks with "\n".
+func TestMessagesTextAndThinkingBlocksAreJoinedAsVLLMJoinsThem(t *testing.T) {
+	opt := DefaultOptions()
+	f := func(name, messages, want string) {
+		t.Helper()
+		var m Meta
+		got, err := AnthropicToChat(nil, []byte(`{"model":"m","max_tokens":1,"messages":`+messages+`}`), &opt, &m)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			return
+		}
+		if want = `{"model":"m","messages":` + want + `,"max_tokens":1}`; !jsonEqual(got, []byte(want)) {
+			t.Errorf("%s:\n got %s\nwant %s", name, got, want)
+		}
+	}
+	f("empty text blocks", `[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":""},{"type":"text","text":"b"}]}]`,
+		`[{"role":"user","content":"a\nb"}]`)
+	f("empty text blocks beside an image", `[{"role":"user","content":[{"type":"text","text":""},{"type":"image","source":{"type":"url","url":"u"}},{"type":"text","text":"b"}]}]`,
+		`[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}},{"type":"text","text":"b"}]}]`)
+	f("thinking blocks", `[{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"thinking","thinking":"x","signature":"s"},`+
+		`{"type":"thinking","thinking":"y","signature":"s"},{"type":"text","text":""},{"type":"text","text":"t"}]},{"role":"user","content":"more"}]`,
+		`[{"role":"user","content":"q"},{"role":"assistant","content":"t","reasoning_content":"xy"},{"role":"user","content":"more"}]`)
 }

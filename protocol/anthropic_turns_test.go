@@ -60,7 +60,7 @@ func TestConsecutiveUserTurnsWithImagesBecomeOneMessage(t *testing.T) {
 		`{"role":"user","content":"1"},{"role":"user","content":"2"},{"role":"system","content":"s1"},{"role":"user","content":"3"},
 		{"role":"user","content":[{"type":"text","text":"4"}]},{"role":"system","content":"s2"},{"role":"user","content":"5"},
 		{"role":"system","content":"s3"},{"role":"user","content":[{"type":"image","source":{"type":"url","url":"u6"}}]},{"role":"user","content":"7"}`,
-		`{"role":"system","content":"s1\ns2\ns3"},{"role":"user","content":[{"type":"text","text":"1"},{"type":"text","text":"2"},{"type":"text","text":"3"},{"type":"text","text":"4"},{"type":"text","text":"5"},{"type":"image_url","image_url":{"url":"u6"}},{"type":"text","text":"7"}]}`)
+		`{"role":"system","content":"s1s2s3"},{"role":"user","content":[{"type":"text","text":"1"},{"type":"text","text":"2"},{"type":"text","text":"3"},{"type":"text","text":"4"},{"type":"text","text":"5"},{"type":"image_url","image_url":{"url":"u6"}},{"type":"text","text":"7"}]}`)
 	f("an empty turn adds nothing",
 		`{"role":"user","content":[]},{"role":"user","content":[{"type":"image","source":{"type":"url","url":"u"}}]},{"role":"user","content":[]}`,
 		`{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}`)

@@ -310,3 +310,55 @@ func compactJSON(dst, v []byte) []byte {
 	}
 	return dst
 }
+
+// hasDecodedPrefix reports whether the JSON string body raw decodes to a
+// string that starts with p, printable ASCII.
+func hasDecodedPrefix(raw []byte, p string) bool {
+	i := 0
+	for j := 0; j < len(p); j++ {
+		if i >= len(raw) {
+			return false
+		}
+		c := raw[i]
+		i++
+		if c == '\\' {
+			if i >= len(raw) {
+				return false
+			}
+			e := raw[i]
+			i++
+			switch e {
+			case '"', '\\', '/':
+				c = e
+			case 'u':
+				if i+4 > len(raw) {
+					return false
+				}
+				r := 0
+				for _, h := range raw[i : i+4] {
+					switch {
+					case h >= '0' && h <= '9':
+						r = r<<4 | int(h-'0')
+					case h >= 'a' && h <= 'f':
+						r = r<<4 | int(h-'a'+10)
+					case h >= 'A' && h <= 'F':
+						r = r<<4 | int(h-'A'+10)
+					default:
+						return false
+					}
+				}
+				i += 4
+				if r >= 0x80 {
+					return false // p is ASCII
+				}
+				c = byte(r)
+			default:
+				return false // a control character, which p does not hold
+			}
+		}
+		if c != p[j] {
+			return false
+		}
+	}
+	return true
+}

@@ -3,6 +3,7 @@ package protocol
 import (
 	"fmt"
 	"math"
+	"slices"
 )
 
 // ResponsesToChat converts an OpenAI Responses request body
@@ -118,10 +119,12 @@ func ResponsesToChat(dst, body []byte, opt *Options, m *Meta) ([]byte, error) {
 			return fail(badRequest("instructions", "instructions must be a string"))
 		}
 		m.setEcho(echoInstructions, c.v(r.instructions))
-		c.beginMsg("system")
-		c.out = append(c.out, `,"content":"`...)
-		c.out = append(c.out, raw...)
-		c.out = append(c.out, `"}`...)
+		if len(raw) > 0 { // "" gives no system message, as in vLLM
+			c.beginMsg("system")
+			c.out = append(c.out, `,"content":"`...)
+			c.out = append(c.out, raw...)
+			c.out = append(c.out, `"}`...)
+		}
 	}
 	if err := c.responsesInput(c.v(r.input)); err != nil {
 		return fail(err)
@@ -230,9 +233,15 @@ func (i item) err(msg string) *Error {
 	return badRequest("input", fmt.Sprintf("input[%d]%s", int(i), msg))
 }
 
-// responsesInput writes the input (a string, or an array of items).
-// Consecutive function_call items join the preceding assistant message as
-// its tool_calls, as chat expects.
+// responsesInput writes the input (a string, or an array of items) as
+// vLLM's Responses front door builds chat messages from it
+// (vllm/entrypoints/openai/responses/utils.py at 01ca842d,
+// _construct_message_from_response_item): a function_call joins the
+// assistant message just written as one of its tool_calls; a reasoning
+// item's text becomes that message's reasoning_content unless it has one
+// already (else it starts an assistant message of its own), and an
+// assistant message item fills the content of the assistant message a
+// reasoning item started.
 func (c *conv) responsesInput(in []byte) error {
 	if raw, ok := rawStr(in); ok {
 		c.beginMsg("user")
@@ -244,7 +253,11 @@ func (c *conv) responsesInput(in []byte) error {
 	if in[0] != '[' {
 		return badRequest("input", "input must be a string or an array of items")
 	}
-	asstOpen, asstCalls := false, 0
+	// The assistant message being written: its fields start at asstAt
+	// (after its role); it has content, reasoning, asstCalls tool calls
+	// (their array still open).
+	asstOpen, asstCalls, asstAt := false, 0, 0
+	asstContent, asstReasoning := false, false
 	closeAsst := func() {
 		if !asstOpen {
 			return
@@ -255,6 +268,11 @@ func (c *conv) responsesInput(in []byte) error {
 		c.out = append(c.out, '}')
 		asstOpen, asstCalls = false, 0
 	}
+	openAsst := func() {
+		c.beginMsg("assistant")
+		asstOpen, asstCalls, asstAt = true, 0, len(c.out)
+		asstContent, asstReasoning = false, false
+	}
 	idx := 0
 	err := elems(in, func(vs, ve int) error {
 		it := item(idx)
@@ -263,9 +281,11 @@ func (c *conv) responsesInput(in []byte) error {
 		if v[0] != '{' {
 			return it.err(" must be an object")
 		}
-		var typ, role, content, callID, name, args, output []byte
+		var typ, role, content, callID, name, args, output, summary []byte
 		fields(v, func(k []byte, s, e int) error {
 			switch string(k) {
+			case "summary":
+				summary = v[s:e]
 			case "type":
 				typ = v[s:e]
 			case "role":
@@ -290,14 +310,22 @@ func (c *conv) responsesInput(in []byte) error {
 			}
 			switch {
 			case strIs(role, "assistant"):
-				closeAsst()
-				c.beginMsg("assistant")
+				if !asstOpen || asstContent {
+					closeAsst()
+					openAsst()
+				}
+				// Written at the end, and moved before the tool calls
+				// when the message has some.
+				at := len(c.out)
 				c.out = append(c.out, `,"content":"`...)
 				if err := c.textParts(content, it, ".content"); err != nil {
 					return err
 				}
 				c.out = append(c.out, '"')
-				asstOpen = true
+				if asstCalls > 0 {
+					c.moveBack(at, asstAt)
+				}
+				asstContent = true
 			case strIs(role, "user"):
 				closeAsst()
 				return c.responsesUser(content, it)
@@ -320,9 +348,7 @@ func (c *conv) responsesInput(in []byte) error {
 				return it.err(": a function_call needs string call_id, name and arguments")
 			}
 			if !asstOpen {
-				c.beginMsg("assistant")
-				c.out = append(c.out, `,"content":""`...)
-				asstOpen = true
+				openAsst() // no content, as vLLM writes it
 			}
 			if asstCalls == 0 {
 				c.out = append(c.out, `,"tool_calls":[`...)
@@ -355,8 +381,24 @@ func (c *conv) responsesInput(in []byte) error {
 			}
 			c.out = append(c.out, `"}`...)
 		case strIs(typ, "reasoning"):
-			// Earlier reasoning is not sent back to the engine (chat
-			// templates drop past reasoning).
+			// Its text: the first content part's, else the first
+			// summary part's, else "" (encrypted content gives none).
+			text, ok := firstPartText(content)
+			if !ok {
+				text, _ = firstPartText(summary)
+			}
+			if asstOpen && asstReasoning || !asstOpen {
+				closeAsst()
+				openAsst()
+			}
+			at := len(c.out)
+			c.out = append(c.out, `,"reasoning_content":"`...)
+			c.out = append(c.out, text...)
+			c.out = append(c.out, '"')
+			if asstCalls > 0 {
+				c.moveBack(at, asstAt)
+			}
+			asstReasoning = true
 		case strIs(typ, "item_reference"):
 			return it.err(": item_reference is not supported: this gateway does not store items")
 		default:
@@ -371,9 +413,49 @@ func (c *conv) responsesInput(in []byte) error {
 	return nil
 }
 
+// firstPartText returns the raw text of the first part of a reasoning
+// item's content or summary v (the part's "text", "" when it has none, or
+// the part when it is a string); ok is false when v has no part.
+func firstPartText(v []byte) (text []byte, ok bool) {
+	if len(v) == 0 || v[0] != '[' {
+		return nil, false
+	}
+	elems(v, func(s, e int) error {
+		if ok {
+			return nil
+		}
+		ok = true
+		p := v[s:e]
+		if raw, isStr := rawStr(p); isStr {
+			text = raw
+		} else if p[0] == '{' {
+			fields(p, func(k []byte, s, e int) error {
+				if string(k) == "text" {
+					text, _ = rawStr(p[s:e])
+				}
+				return nil
+			})
+		}
+		return nil
+	})
+	return text, ok
+}
+
+// moveBack moves c.out[from:] to position to (to <= from), shifting what
+// lies between after it, without allocating.
+func (c *conv) moveBack(from, to int) {
+	b := c.out[to:]
+	n := len(c.out) - from
+	slices.Reverse(b)
+	slices.Reverse(b[:n])
+	slices.Reverse(b[n:])
+}
+
 // textParts writes the text of a content value (a string or an array
-// of input_text/output_text/refusal parts) into an open JSON string; field
-// names the value in errors (".content", ".output").
+// of input_text/output_text/refusal parts) into an open JSON string, the
+// non-empty texts joined by "\n" as vLLM's chat_utils joins a content's
+// parts for a template that takes a string; field names the value in
+// errors (".content", ".output").
 func (c *conv) textParts(v []byte, it item, field string) error {
 	if raw, ok := rawStr(v); ok {
 		c.out = append(c.out, raw...)
@@ -404,6 +486,9 @@ func (c *conv) textParts(v []byte, it item, field string) error {
 		raw, ok := rawStr(text)
 		if !ok {
 			return it.err(": a text part needs a string text")
+		}
+		if len(raw) == 0 {
+			return nil
 		}
 		if n > 0 {
 			c.out = append(c.out, `\n`...)

@@ -25,7 +25,7 @@ func TestResponsesRequestFieldsConvertToChat(t *testing.T) {
 		`{"model":"g","messages":[{"role":"system","content":"be nice"},{"role":"system","content":"dev"},{"role":"user","content":"hi"}]}`)
 	f("parts and images", `{"model":"g","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"look"},{"type":"input_image","image_url":"https://e.x/i.png","detail":"high"}]}]}`,
 		`{"model":"g","messages":[{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"https://e.x/i.png","detail":"high"}}]}]}`)
-	f("function calls join the assistant message; outputs become tool messages; reasoning dropped", `{"model":"g","input":[
+	f("function calls join the assistant message; outputs become tool messages; a reasoning item starts the assistant message", `{"model":"g","input":[
 		{"role":"user","content":"weather?"},
 		{"type":"reasoning","id":"rs_1","summary":[]},
 		{"type":"message","role":"assistant","content":[{"type":"output_text","text":"checking","annotations":[]}]},
@@ -35,9 +35,9 @@ func TestResponsesRequestFieldsConvertToChat(t *testing.T) {
 		{"type":"function_call_output","call_id":"c2","output":[{"type":"input_text","text":"rain"}]},
 		{"type":"function_call","call_id":"c3","name":"w","arguments":"{}"}]}`,
 		`{"model":"g","messages":[{"role":"user","content":"weather?"},
-		{"role":"assistant","content":"checking","tool_calls":[{"id":"c1","type":"function","function":{"name":"w","arguments":"{\"city\":\"Paris\"}"}},{"id":"c2","type":"function","function":{"name":"w","arguments":"{}"}}]},
+		{"role":"assistant","reasoning_content":"","content":"checking","tool_calls":[{"id":"c1","type":"function","function":{"name":"w","arguments":"{\"city\":\"Paris\"}"}},{"id":"c2","type":"function","function":{"name":"w","arguments":"{}"}}]},
 		{"role":"tool","tool_call_id":"c1","content":"sunny"},{"role":"tool","tool_call_id":"c2","content":"rain"},
-		{"role":"assistant","content":"","tool_calls":[{"id":"c3","type":"function","function":{"name":"w","arguments":"{}"}}]}]}`)
+		{"role":"assistant","tool_calls":[{"id":"c3","type":"function","function":{"name":"w","arguments":"{}"}}]}]}`)
 	f("settings", `{"model":"g","input":"x","max_output_tokens":64,"temperature":0.1,"top_p":0.5,"stream":true,"parallel_tool_calls":false,"user":"u","store":true,"truncation":"auto","include":["reasoning.encrypted_content"],"metadata":{"a":"b"},"service_tier":"auto","prompt_cache_key":"k"}`,
 		`{"model":"g","messages":[{"role":"user","content":"x"}],"max_tokens":64,"stream":true,"stream_options":{"include_usage":true},"temperature":0.1,"top_p":0.5,"parallel_tool_calls":false,"user":"u"}`)
 	f("safety_identifier as user", `{"model":"g","input":"x","safety_identifier":"s"}`, `{"model":"g","messages":[{"role":"user","content":"x"}],"user":"s"}`)
@@ -143,4 +143,79 @@ func TestStreamIsLaxOnlyWithLaxStream(t *testing.T) {
 	f(&lax, `"true"`, true, false)
 	f(&lax, `"OFF"`, false, false)
 	f(&lax, `0`, false, false)
+}
+
+// A Responses input's reasoning items reach the engine as vLLM's own
+// /v1/responses hands them to the chat template
+// (vllm/entrypoints/openai/responses/utils.py at 01ca842d,
+// _construct_message_from_response_item): the item's text (its first
+// content part's, else its first summary part's, else "") becomes the
+// reasoning of the assistant message just written when that has none,
+// else of an assistant message of its own; a function_call joins the
+// assistant message just written, which then has no content key; an
+// assistant message item fills the content of an assistant message that
+// has none. The converter dropped reasoning items, so a template that
+// renders the reasoning of the turns after the last user message (Qwen3's,
+// in a tool-calling loop) got another prompt than vLLM renders.
+func TestResponsesReasoningItemsReachTheTemplateAsVLLMPassesThem(t *testing.T) {
+	opt := DefaultOptions()
+	f := func(name, input, want string) {
+		t.Helper()
+		var m Meta
+		got, err := ResponsesToChat(nil, []byte(`{"model":"g","input":[{"role":"user","content":"q"},`+input+`]}`), &opt, &m)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			return
+		}
+		if want = `{"model":"g","messages":[{"role":"user","content":"q"},` + want + `]}`; !jsonEqual(got, []byte(want)) {
+			t.Errorf("%s:\n got %s\nwant %s", name, got, want)
+		}
+	}
+	const call = `{"type":"function_call","call_id":"c1","name":"w","arguments":"{}"}`
+	const chatCall = `{"id":"c1","type":"function","function":{"name":"w","arguments":"{}"}}`
+	f("a tool-calling loop",
+		`{"type":"reasoning","id":"rs_1","content":[{"type":"reasoning_text","text":"think \"A\""},{"type":"reasoning_text","text":"more"}],"summary":[{"type":"summary_text","text":"S"}]},`+call+`,`+
+			`{"type":"function_call_output","call_id":"c1","output":"sunny"},{"type":"reasoning","id":"rs_2","summary":[{"type":"summary_text","text":"think B"}]},`+
+			`{"type":"message","role":"assistant","content":[{"type":"output_text","text":"done"}]}`,
+		`{"role":"assistant","reasoning_content":"think \"A\"","tool_calls":[`+chatCall+`]},{"role":"tool","tool_call_id":"c1","content":"sunny"},`+
+			`{"role":"assistant","reasoning_content":"think B","content":"done"}`)
+	f("reasoning after the content joins it", `{"role":"assistant","content":"a"},{"type":"reasoning","summary":[],"content":[{"text":"r"}]},`+call,
+		`{"role":"assistant","content":"a","reasoning_content":"r","tool_calls":[`+chatCall+`]}`)
+	f("a second reasoning starts a message", `{"type":"reasoning","summary":["r1"]},{"type":"reasoning","summary":[]}`,
+		`{"role":"assistant","reasoning_content":"r1"},{"role":"assistant","reasoning_content":""}`)
+	f("after the calls", call+`,{"type":"reasoning","summary":[{"text":"r"}]},{"type":"message","role":"assistant","content":"c"},`+
+		`{"type":"function_call","call_id":"c2","name":"w","arguments":"{}"}`,
+		`{"role":"assistant","reasoning_content":"r","content":"c","tool_calls":[`+chatCall+`,{"id":"c2","type":"function","function":{"name":"w","arguments":"{}"}}]}`)
+	f("content given twice: two messages", `{"role":"assistant","content":"a"},{"role":"assistant","content":"b"}`,
+		`{"role":"assistant","content":"a"},{"role":"assistant","content":"b"}`)
+}
+
+// Empty texts add nothing to a Responses request's prompt, as vLLM's
+// /v1/responses builds it: empty instructions give no system message
+// (vllm/entrypoints/openai/responses/utils.py at 01ca842d,
+// construct_input_messages: `if request_instructions:`), and an empty text
+// part is left out of the string a content's parts are joined into
+// (chat_utils at 001eadcf, `if parse_res:` in
+// _parse_chat_message_content_parts). The converter wrote an empty system
+// message (a template with a default system prompt then rendered none) and
+// "\na" for ["", "a"].
+func TestResponsesEmptyTextsAddNothingAsInVLLM(t *testing.T) {
+	opt := DefaultOptions()
+	f := func(in, want string) {
+		t.Helper()
+		var m Meta
+		got, err := ResponsesToChat(nil, []byte(in), &opt, &m)
+		if err != nil {
+			t.Errorf("%s: %v", in, err)
+			return
+		}
+		if !jsonEqual(got, []byte(want)) {
+			t.Errorf("%s:\n got %s\nwant %s", in, got, want)
+		}
+	}
+	f(`{"model":"g","instructions":"","input":"hi"}`, `{"model":"g","messages":[{"role":"user","content":"hi"}]}`)
+	f(`{"model":"g","input":[{"role":"user","content":[{"type":"input_text","text":""},{"type":"input_text","text":"a"},{"type":"input_text","text":""},{"type":"input_text","text":"b"}]}]}`,
+		`{"model":"g","messages":[{"role":"user","content":"a\nb"}]}`)
+	f(`{"model":"g","input":[{"role":"user","content":"q"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":""},{"type":"input_text","text":"r"}]}]}`,
+		`{"model":"g","messages":[{"role":"user","content":"q"},{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}]}`)
 }

@@ -105,7 +105,9 @@ func (simEngine) answer(body []byte) (*simReq, simAnswer, string) {
 			return nil, simAnswer{}, fmt.Sprintf("engine: tool message for unknown call %q", m.ToolCallID)
 		}
 		var s string
-		if json.Unmarshal(m.Content, &s) == nil {
+		if len(m.Content) == 0 && m.Role == "assistant" && len(m.ToolCalls) > 0 {
+			// No content beside tool calls, as the chat API and vLLM allow.
+		} else if json.Unmarshal(m.Content, &s) == nil {
 			lastText = s
 		} else {
 			var parts []map[string]any

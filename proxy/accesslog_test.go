@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -530,6 +531,46 @@ func TestTheAccessLogNamesTheTierSmartSelectionChose(t *testing.T) {
 		l := got[id]
 		if l == nil || l["model"] != want[0] || l["tier"] != want[1] || l["tier_source"] != want[2] {
 			t.Fatalf("%s: line %v, want model %v, tier %v from %v", id, l, want[0], want[1], want[2])
+		}
+	}
+}
+
+// TestANewRequestIDIs32HexDigitsAfterWhatWasThere: appendRequestID writes
+// 32 lower-case hex digits after dst's bytes, and two ids differ.
+func TestANewRequestIDIs32HexDigitsAfterWhatWasThere(t *testing.T) {
+	a := appendRequestID([]byte("id="))
+	if len(a) != 3+32 || string(a[:3]) != "id=" {
+		t.Fatalf("%q", a)
+	}
+	for _, c := range a[3:] {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			t.Fatalf("not a hex digit in %q", a)
+		}
+	}
+	if b := appendRequestID(nil); len(b) != 32 || string(b) == string(a[3:]) {
+		t.Fatalf("%q after %q", b, a)
+	}
+}
+
+// TestNibblesAreWrittenAsHexDigitsLowestFirst: appendNibblesHex writes
+// what a digit-by-digit loop writes (the request id's format).
+func TestNibblesAreWrittenAsHexDigitsLowestFirst(t *testing.T) {
+	ref := func(v uint64) string {
+		var b []byte
+		for j := 0; j < 16; j++ {
+			b = append(b, "0123456789abcdef"[v&15])
+			v >>= 4
+		}
+		return string(b)
+	}
+	vs := []uint64{0, 1, 9, 10, 15, 16, 0xffffffffffffffff, 0x0123456789abcdef, 0xfedcba9876543210, 0xa0a0a0a0a0a0a0a0, 0x9999999999999999}
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 100000 {
+		vs = append(vs, r.Uint64())
+	}
+	for _, v := range vs {
+		if got, want := string(appendNibblesHex([]byte("x"), v)), "x"+ref(v); got != want {
+			t.Fatalf("%#x: %s, want %s", v, got, want)
 		}
 	}
 }

@@ -34,6 +34,25 @@ func peerIP(ctx *fasthttp.RequestCtx) netip.Addr {
 	return netip.Addr{}
 }
 
+// peerText is the text of peerIP: the connection's, formatted when it was
+// accepted (clientConn.peer), or else appended to dst now. Empty when the
+// connection is not TCP.
+func peerText(dst []byte, ctx *fasthttp.RequestCtx) []byte {
+	if c, ok := ctx.Conn().(*clientConn); ok {
+		return c.peer[:c.npeer]
+	}
+	return appendPeerText(dst, peerIP(ctx))
+}
+
+// appendPeerText appends the text of a, unmapped and without a zone
+// (nothing when a is invalid).
+func appendPeerText(dst []byte, a netip.Addr) []byte {
+	if !a.IsValid() {
+		return dst
+	}
+	return a.Unmap().WithZone("").AppendTo(dst)
+}
+
 // lockoutKey is the address the wrong-key lockout counts the client as
 // (lockout.Key: an IPv6 client's /64).
 func (s *Server) lockoutKey(ctx *fasthttp.RequestCtx) netip.Addr {

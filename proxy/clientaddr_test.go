@@ -2,12 +2,15 @@ package proxy
 
 import (
 	"fmt"
+	"net"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/infera/infera/internal/logx"
+	"github.com/valyala/fasthttp"
 )
 
 // chatVia sends a chat request from the loopback source address ip with
@@ -145,5 +148,45 @@ func TestTheAccessLogNamesTheClientBehindATrustedProxy(t *testing.T) {
 	}
 	if want := "203.0.113.5 127.0.0.2 127.0.0.1 2001:db8::5"; strings.Join(got, " ") != want {
 		t.Fatalf("access log clients %v, want %s", got, want)
+	}
+}
+
+// TestThePeerTextIsFormattedOncePerConnectionAsPeerIP: an accepted
+// connection keeps its peer's address as the text peerIP formats (each of
+// its requests forwards it in X-Forwarded-For), and a request on another
+// kind of connection gets the same text formatted on the spot.
+func TestThePeerTextIsFormattedOncePerConnectionAsPeerIP(t *testing.T) {
+	for _, a := range []string{"127.0.0.1", "::1"} {
+		ln, err := net.Listen("tcp", net.JoinHostPort(a, "0"))
+		if err != nil {
+			t.Skipf("no %s: %v", a, err)
+		}
+		l := &listener{Listener: ln}
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := l.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc := nc.(*clientConn)
+		var ctx fasthttp.RequestCtx
+		ctx.Init2(cc, nil, false)
+		if got, want := string(peerText(nil, &ctx)), appendPeerText(nil, peerIP(&ctx)); got != string(want) || got != a {
+			t.Fatalf("%s: the connection's peer text %q, peerIP's %q", a, got, want)
+		}
+		nc.Close()
+		c.Close()
+		ln.Close()
+	}
+	var req fasthttp.Request
+	for _, a := range []string{"192.0.2.7", "::ffff:192.0.2.8", "2001:db8::1"} {
+		var ctx fasthttp.RequestCtx
+		ctx.Init(&req, &net.TCPAddr{IP: net.ParseIP(a), Port: 9}, nil)
+		want := netip.MustParseAddr(a).Unmap().String()
+		if got := string(peerText(nil, &ctx)); got != want {
+			t.Fatalf("%s: %q, want %q", a, got, want)
+		}
 	}
 }

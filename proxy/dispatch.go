@@ -39,7 +39,8 @@ func (s *Server) dispatch(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqS
 		c.method = methodGET // respstored.go
 	}
 	c.begin = rs.start
-	rs.hdr = appendForwardHeaders(rs.hdr[:0], &ctx.Request.Header, peerIP(ctx), s.authOn(), rs.proto.mode == protoConvert)
+	var peer [maxPeerText]byte
+	rs.hdr = appendForwardHeaders(rs.hdr[:0], &ctx.Request.Header, peerText(peer[:0], ctx), s.authOn(), rs.proto.mode == protoConvert)
 	rs.hdr = appendRequestIDHeader(rs.hdr, rs.reqID)
 	c.stream = r.Stream
 	t := &cfg.Timeouts

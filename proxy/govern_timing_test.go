@@ -133,7 +133,7 @@ func admissionPath(b *testing.B, s *Server, ctx *fasthttp.RequestCtx) {
 	}
 	rs.lease.FirstToken()
 	rs.gov.committed(200)
-	rs.usage = usage{prompt: 200, cached: 150, completion: 80, seen: true}
+	rs.usage = usage{usageState: usageState{prompt: 200, cached: 150, completion: 80, seen: true}}
 	rs.lease.Done(sched.OutcomeSuccess)
 	s.releaseState(rs, endComplete)
 }

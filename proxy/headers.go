@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"net/netip"
-
 	"github.com/infera/infera/internal/h1"
 	"github.com/valyala/fasthttp"
 )
@@ -48,13 +46,14 @@ func isHopHeader(k []byte) bool {
 // workers, and only this router's (under debug.decision_header) may reach
 // the client.
 func isFramingOrOwnHeader(k []byte) bool {
-	if len(k) > len("Access-Control-") && eqFold(k[:len("Access-Control-")], "Access-Control-") {
+	// The first byte tells most names from both prefixes without a call.
+	if len(k) > len("Access-Control-") && k[0]|0x20 == 'a' && eqFold(k[:len("Access-Control-")], "Access-Control-") {
 		// The router alone answers CORS (--cors-allow-origins): vLLM and
 		// SGLang answer any Origin with Access-Control-Allow-Origin: *,
 		// which let every page read the answers of a router with CORS off.
 		return true
 	}
-	if len(k) > len("X-Infera-") && eqFold(k[:len("X-Infera-")], "X-Infera-") {
+	if len(k) > len("X-Infera-") && k[0]|0x20 == 'x' && eqFold(k[:len("X-Infera-")], "X-Infera-") {
 		switch r := k[len("X-Infera-"):]; len(r) {
 		case 4:
 			return eqFold(r, "Tier")
@@ -116,30 +115,51 @@ func eqFold(b []byte, s string) bool { return h1.EqFold(b, s) }
 // whatever type the client's had. X-Forwarded-For goes as one line, with
 // peer, the address the request came from, appended
 // (appendXForwardedFor).
-func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, peer netip.Addr, stripAuth, jsonBody bool) []byte {
-	// Every Connection line: RFC 9110 reads them as one list (Peek gave the
-	// first only, and a header the second named reached the engine).
-	conns := h.PeekAll("Connection")
+func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, peer []byte, stripAuth, jsonBody bool) []byte {
 	if jsonBody {
 		dst = append(dst, "Content-Type: application/json\r\n"...)
 	}
-	xff := false // the client sent X-Forwarded-For
+	start := len(dst)
+	dst, xff, conn := appendForwardLines(dst, h, nil, stripAuth, jsonBody)
+	if conn {
+		// A Connection line names headers that may come before it: again,
+		// with every Connection line's list (RFC 9110 reads them as one;
+		// Peek gave the first only, and a header the second named reached
+		// the engine). The lines All gave are the ones PeekAll gives,
+		// fasthttp's "close" it keeps aside included.
+		conns := h.PeekAll("Connection")
+		dst, xff, _ = appendForwardLines(dst[:start], h, conns, stripAuth, jsonBody)
+		if xff && namedInAny(conns, []byte(fasthttp.HeaderXForwardedFor)) {
+			xff = false // hop-by-hop by the client's word: the engine gets the peer alone
+		}
+	}
+	return appendXForwardedFor(dst, h, xff, peer)
+}
+
+// appendForwardLines appends the header lines appendForwardHeaders
+// forwards, leaving out those conns (the Connection lines' values) name.
+// xff: the client sent X-Forwarded-For; conn: it sent a Connection line.
+func appendForwardLines(dst []byte, h *fasthttp.RequestHeader, conns [][]byte, stripAuth, jsonBody bool) (_ []byte, xff, conn bool) {
 	for k, v := range h.All() {
-		switch {
-		case eqFold(k, fasthttp.HeaderXForwardedFor):
+		switch forwardClass(k) {
+		case fwdXFF:
 			xff = true
 			continue
-		case isHopHeader(k), eqFold(k, "Host"), eqFold(k, "Content-Length"), eqFold(k, "Expect"),
-			eqFold(k, hdrWorkerID), eqFold(k, hdrPrefillID), eqFold(k, hdrRequestID): // the router's request id follows
+		case fwdConnection:
+			conn = true
 			continue
-		case jsonBody && eqFold(k, "Content-Type"):
+		case fwdDrop:
 			continue
-		case stripAuth && isSecretHeader(k):
-			continue
-		case namedInAny(conns, k):
-			continue
+		case fwdContentType:
+			if jsonBody {
+				continue
+			}
+		case fwdSecret:
+			if stripAuth {
+				continue
+			}
 		}
-		if !validHeaderValue(v) || !validHeaderName(k) {
+		if namedInAny(conns, k) || !validHeaderValue(v) || !validHeaderName(k) {
 			continue
 		}
 		dst = append(dst, k...)
@@ -147,22 +167,109 @@ func appendForwardHeaders(dst []byte, h *fasthttp.RequestHeader, peer netip.Addr
 		dst = append(dst, v...)
 		dst = append(dst, "\r\n"...)
 	}
-	if xff && namedInAny(conns, []byte(fasthttp.HeaderXForwardedFor)) {
-		xff = false // hop-by-hop by the client's word: the engine gets the peer alone
+	return dst, xff, conn
+}
+
+// What appendForwardLines does with a request header (forwardClass).
+const (
+	fwdKeep        = iota
+	fwdDrop        // hop-by-hop, framing, or the router's own
+	fwdConnection  // Connection: hop-by-hop, and it names others
+	fwdXFF         // X-Forwarded-For: joined with the peer's address
+	fwdContentType // dropped when the router wrote the body
+	fwdSecret      // credentials: dropped when the router consumed them
+)
+
+// forwardClass sorts a request header name for appendForwardLines by its
+// length first: one comparison or two per header, not one per rule. The
+// names are isHopHeader's, isSecretHeader's and the router's own.
+func forwardClass(k []byte) int {
+	switch len(k) {
+	case 2:
+		if eqFold(k, "TE") {
+			return fwdDrop
+		}
+	case 4:
+		if eqFold(k, "Host") {
+			return fwdDrop
+		}
+	case 6:
+		if eqFold(k, "Expect") {
+			return fwdDrop
+		}
+	case 7:
+		if eqFold(k, "Upgrade") || eqFold(k, "Trailer") {
+			return fwdDrop
+		}
+	case 9:
+		if eqFold(k, "x-api-key") {
+			return fwdSecret
+		}
+	case 10:
+		if eqFold(k, "Connection") {
+			return fwdConnection
+		}
+		if eqFold(k, "Keep-Alive") {
+			return fwdDrop
+		}
+	case 12:
+		if eqFold(k, "Content-Type") {
+			return fwdContentType
+		}
+		if eqFold(k, hdrRequestID) { // the router's request id follows
+			return fwdDrop
+		}
+	case 13:
+		if eqFold(k, "Authorization") {
+			return fwdSecret
+		}
+	case 14:
+		if eqFold(k, "Content-Length") {
+			return fwdDrop
+		}
+	case 15:
+		if eqFold(k, fasthttp.HeaderXForwardedFor) {
+			return fwdXFF
+		}
+	case 16:
+		if eqFold(k, "Proxy-Connection") {
+			return fwdDrop
+		}
+	case 17:
+		if eqFold(k, "Transfer-Encoding") {
+			return fwdDrop
+		}
+	case 18:
+		if eqFold(k, "Proxy-Authenticate") {
+			return fwdDrop
+		}
+	case 19:
+		if eqFold(k, "Proxy-Authorization") {
+			return fwdDrop
+		}
+	case 20:
+		if eqFold(k, hdrWorkerID) {
+			return fwdDrop
+		}
+	case 21:
+		if eqFold(k, hdrPrefillID) {
+			return fwdDrop
+		}
 	}
-	return appendXForwardedFor(dst, h, xff, peer)
+	return fwdKeep
 }
 
 // appendXForwardedFor appends the X-Forwarded-For line the engine gets:
 // the client's lines (when xff) joined as one list (RFC 9110 section 5.3),
-// then peer, the address the router received the request from, as
+// then peer, the text of the address the router received the request
+// from (peerText), as
 // nginx's $proxy_add_x_forwarded_for, Envoy and Go's
 // httputil.ReverseProxy write it. An engine or router that trusts this one
 // (uvicorn's --forwarded-allow-ips, --trusted-proxies) so finds the
 // client in the rightmost address, which the client cannot write. Empty
 // lines and lines with control bytes are left out; no line at all when
 // nothing is left (a connection that is not TCP, without the header).
-func appendXForwardedFor(dst []byte, h *fasthttp.RequestHeader, xff bool, peer netip.Addr) []byte {
+func appendXForwardedFor(dst []byte, h *fasthttp.RequestHeader, xff bool, peer []byte) []byte {
 	start := len(dst)
 	dst = append(dst, fasthttp.HeaderXForwardedFor+": "...)
 	n := len(dst)
@@ -180,11 +287,11 @@ func appendXForwardedFor(dst []byte, h *fasthttp.RequestHeader, xff bool, peer n
 			dst = append(dst, v...)
 		}
 	}
-	if peer.IsValid() {
+	if len(peer) > 0 {
 		if len(dst) > n {
 			dst = append(dst, ", "...)
 		}
-		dst = peer.Unmap().WithZone("").AppendTo(dst)
+		dst = append(dst, peer...)
 	}
 	if len(dst) == n {
 		return dst[:start]

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -82,6 +83,12 @@ func (l *listener) Accept() (net.Conn, error) {
 				nc = tls.Server(raw, l.tls) // over sockio's reads and lazy deadlines, as upstream TLS
 			}
 			cc := &clientConn{Conn: nc, raw: raw, fd: netpeek.SockFD(c), tls: l.tls != nil, l: l}
+			if t, ok := cc.RemoteAddr().(*net.TCPAddr); ok {
+				a, _ := netip.AddrFromSlice(t.IP)
+				if p := appendPeerText(cc.peer[:0], a); len(p) <= len(cc.peer) {
+					cc.npeer = uint8(copy(cc.peer[:], p))
+				}
+			}
 			if l.max > 0 {
 				cc.open = &l.open
 			}
@@ -125,7 +132,16 @@ type clientConn struct {
 	// serving the connection reads it, so it needs no lock.
 	wireLeft  int64
 	wireBound bool
+	// peer[:npeer] is the text of the TCP peer's address (peerIP), as the
+	// engine gets it at the end of X-Forwarded-For: formatted once, when
+	// the connection is accepted, for all its requests (peerText).
+	peer  [maxPeerText]byte
+	npeer uint8
 }
+
+// maxPeerText bounds an address's text (an IPv6 address's is at most 39
+// bytes without a zone, which appendPeerText drops).
+const maxPeerText = 48
 
 // errWireBound is a chunked request that took more bytes than its bound
 // (boundWire).

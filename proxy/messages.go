@@ -2,9 +2,11 @@ package proxy
 
 import (
 	"math/bits"
+	"slices"
 	"unsafe"
 
 	"github.com/infera/infera/tokenizer"
+	"github.com/zeebo/xxh3"
 )
 
 // decodeMessages decodes the chat messages array d, whose fields the parse
@@ -117,84 +119,25 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *
 // part (its Text in a, which must not grow past its capacity:
 // decodeMessages' arena), and each image, audio or video part as its
 // modality, when keep is set (the tokenizer renders parts: they cost 32
-// bytes each, where a flattened part costs nothing). Text parts are
-// vLLM's TEXT_PART_TYPES (chat_utils' _parse_chat_message_content_part):
-// "text", "input_text" and "output_text" (their "text"), "refusal" (its
-// "refusal") and "thinking" (its "thinking"), each a {"type": "text"}
-// part; one whose text is null or absent is dropped, except that an
-// "input_text", "output_text" or "thinking" part stays a part (its text
-// None) for a template that loops. A plain string element is a text
-// part too (chat_utils: "Handle plain text parts").
+// bytes each, where a flattened part costs nothing). How a part is read
+// is readPart's.
 func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep bool) ([]byte, []tokenizer.ContentPart) {
 	n := 0
 	forEachElem(d, i, func(ps, pe int) error {
-		var text span
-		keepNone := false
-		switch d[ps] {
-		case '"':
-			text = span{ps, pe} // a plain string is a text part
-		case '{':
-			var typ, refusal, thinking span
-			var media uint // untypedMedia's keys the part holds
-			byKeys := false
-			forEachField(d, ps, func(k []byte, ks, ke int) error {
-				switch string(k) {
-				case "type":
-					typ = span{ks, ke}
-				case "text":
-					text = span{ks, ke}
-				case "refusal":
-					refusal = span{ks, ke}
-				case "thinking":
-					thinking = span{ks, ke}
-				case "uuid":
-					byKeys = d[ks] != 'n' // the last copy counts
-				default:
-					for j, mk := range untypedMedia {
-						if string(k) == mk[0] {
-							if mk[0] == "input_audio" && d[ks] == 'n' {
-								media &^= 1 << j // only when not None
-							} else {
-								media |= 1 << j
-							}
-						}
-					}
-				}
-				return nil
-			})
-			if byKeys || typ.e == typ.s || d[typ.s] == 'n' {
-				// Read by its keys (chat_utils: a missing type, or a
-				// uuid): the first media key it holds; with none the
-				// engine refuses the part.
-				if m := untypedMedia[bits.TrailingZeros(media)%len(untypedMedia)][1]; media != 0 && m != "" && keep {
-					parts = append(parts, tokenizer.ContentPart{Type: m})
-				}
-				return nil
+		p := readPart(d, ps, pe)
+		switch p.typ {
+		case "", "prompt_embeds":
+			return nil
+		case "image", "audio", "video":
+			if keep {
+				parts = append(parts, tokenizer.ContentPart{Type: p.typ})
 			}
-			if m := partModality(d[typ.s:typ.e]); m != "" {
-				if keep {
-					parts = append(parts, tokenizer.ContentPart{Type: m})
-				}
-				return nil
-			}
-			t := d[typ.s:typ.e]
-			switch {
-			case isJSONString(t, "text"):
-			case isJSONString(t, "input_text"), isJSONString(t, "output_text"):
-				keepNone = true
-			case isJSONString(t, "refusal"):
-				text = refusal
-			case isJSONString(t, "thinking"):
-				text, keepNone = thinking, true
-			default:
-				return nil
-			}
-		default:
 			return nil
 		}
+		text := p.text
 		if text.e == text.s || d[text.s] == 'n' {
-			if keepNone && keep {
-				parts = append(parts, tokenizer.ContentPart{Type: "text", NullText: true})
+			if p.keepNone && keep {
+				parts = append(parts, tokenizer.ContentPart{Type: p.typ, NullText: true})
 			}
 			return nil
 		}
@@ -203,7 +146,7 @@ func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep boo
 		}
 		if text.e-text.s == 2 {
 			if keep {
-				parts = append(parts, tokenizer.ContentPart{Type: "text"})
+				parts = append(parts, tokenizer.ContentPart{Type: p.typ})
 			}
 			return nil
 		}
@@ -214,38 +157,265 @@ func appendTextParts(a, d []byte, i int, parts []tokenizer.ContentPart, keep boo
 		start := len(a)
 		a = unescape(a, d[text.s+1:text.e-1])
 		if keep {
-			parts = append(parts, tokenizer.ContentPart{Type: "text", Text: arenaString(a[start:])})
+			parts = append(parts, tokenizer.ContentPart{Type: p.typ, Text: arenaString(a[start:])})
 		}
 		return nil
 	})
 	return a, parts
 }
 
-// partModality returns the modality vLLM renders a media content part of
-// type typ (raw JSON) as, or "".
-func partModality(typ []byte) string {
-	if len(typ) < 2 || typ[0] != '"' {
-		return ""
-	}
-	for _, m := range partModalities {
-		if isJSONString(typ, m[0]) {
-			return m[1]
+// appendRouteText appends the routing text of the content parts array at
+// d[i]: its text as appendTextParts flattens it, and a media marker
+// (mediaMarker) for each image, audio or video part, placed as vLLM's
+// chat_utils places a string content's media placeholders
+// (_get_full_multimodal_text_prompt, interleave_mm_strings off, its
+// default): all before the text, in the parts' order, each followed by
+// "\n" (the last one only when text follows); a prompt_embeds part's
+// marker stands in its place among the texts, as vLLM's
+// "<prompt_embeds>" does. The engine caches the tokens of a media item
+// under its content's hash, so requests with the same media must share
+// this text and requests with other media must part at it.
+func appendRouteText(a, d []byte, i int) []byte {
+	start, n, media := len(a), 0, 0
+	forEachElem(d, i, func(ps, pe int) error {
+		p := readPart(d, ps, pe)
+		switch p.typ {
+		case "":
+			return nil
+		case "image", "audio", "video":
+			media++
+			return nil
+		case "prompt_embeds":
+			if n > 0 {
+				a = append(a, '\n')
+			}
+			n++
+			a = appendMediaMarker(a, d, &p)
+			return nil
 		}
+		if t := p.text; t.e-t.s > 2 && d[t.s] == '"' {
+			if n > 0 {
+				a = append(a, '\n')
+			}
+			n++
+			a = unescape(a, d[t.s+1:t.e-1])
+		}
+		return nil
+	})
+	if media == 0 {
+		return a
 	}
-	return ""
+	// Make room for the markers before the text, then write them.
+	room := media * (mediaMarkerLen + 1)
+	if n == 0 {
+		room-- // no text: no separator after the last marker
+	}
+	textEnd := len(a)
+	a = slices.Grow(a, room)[:textEnd+room]
+	copy(a[start+room:], a[start:textEnd])
+	w := start
+	forEachElem(d, i, func(ps, pe int) error {
+		p := readPart(d, ps, pe)
+		if p.typ == "image" || p.typ == "audio" || p.typ == "video" {
+			var buf [mediaMarkerLen]byte
+			w += copy(a[w:], appendMediaMarker(buf[:0], d, &p))
+			if w < start+room {
+				a[w] = '\n'
+				w++
+			}
+		}
+		return nil
+	})
+	return a
 }
 
-// partModalities are vLLM's media content part types and their modality.
-var partModalities = [...][2]string{{"image_url", "image"}, {"input_image", "image"}, {"image_pil", "image"},
-	{"image_embeds", "image"}, {"audio_url", "audio"}, {"input_audio", "audio"}, {"audio_embeds", "audio"}, {"video_url", "video"}}
+// mediaMarkerLen is the length of an image, audio or video part's marker.
+const mediaMarkerLen = len("<##IMAGE:0123456789abcdef##>")
+
+// appendMediaMarker appends the routing text's marker of the media part p:
+// vLLM's generic placeholder for its modality (chat_utils'
+// MODALITY_PLACEHOLDERS_MAP: "<##IMAGE##>", "<##AUDIO##>", "<##VIDEO##>",
+// "<##PROMPT_EMBEDS##>") with the xxh3 hash of what names its media
+// (partRead.id) in 16 hex digits inside: "<##IMAGE:0123456789abcdef##>".
+func appendMediaMarker(dst, d []byte, p *partRead) []byte {
+	var name string
+	switch p.typ {
+	case "image":
+		name = "IMAGE"
+	case "audio":
+		name = "AUDIO"
+	case "video":
+		name = "VIDEO"
+	default:
+		name = "PROMPT_EMBEDS"
+	}
+	dst = append(dst, "<##"...)
+	dst = append(dst, name...)
+	dst = append(dst, ':')
+	h := xxh3.Hash(d[p.id.s:p.id.e])
+	for shift := 60; shift >= 0; shift -= 4 {
+		dst = append(dst, "0123456789abcdef"[h>>uint(shift)&15])
+	}
+	return append(dst, "##>"...)
+}
+
+// partRead is a content part as vLLM's chat_utils reads it
+// (_parse_chat_message_content_part).
+type partRead struct {
+	// typ is "text" (for any of vLLM's text part types),
+	// "tool_reference", a media modality ("image", "audio", "video"),
+	// "prompt_embeds", or "" for a part that gives nothing (an unknown
+	// type, which the engine refuses).
+	typ string
+	// text is a text part's text or a tool_reference's name, a JSON value
+	// (empty when absent); keepNone: an absent or null one still makes a
+	// part for a template that loops.
+	text     span
+	keepNone bool
+	// id is the JSON value that names a media part's media: its uuid when
+	// given (vLLM then identifies the media by it), else its source (a
+	// URL, the audio data, the embeddings).
+	id span
+}
+
+// readPart reads the content part d[ps:pe] as vLLM's chat_utils reads it.
+// Text parts are vLLM's TEXT_PART_TYPES (_parse_chat_message_content_part):
+// "text", "input_text" and "output_text" (their "text"), "refusal" (its
+// "refusal") and "thinking" (its "thinking"); one whose text is null or
+// absent makes no part, except that an "input_text", "output_text" or
+// "thinking" part stays a part (its text None) for a template that loops.
+// A plain string element is a text part too ("Handle plain text parts").
+// A "tool_reference" part gives its "name" (MM_PARSER_MAP), None kept. A
+// part without a type, or with a non-null uuid, is read by its keys
+// (_parse_chat_message_content_mm_part): the first media key it holds
+// (untypedMedia), else a tool_reference key (its name); with neither the
+// engine refuses it. The last of duplicate keys counts.
+func readPart(d []byte, ps, pe int) (p partRead) {
+	switch d[ps] {
+	case '"':
+		return partRead{typ: "text", text: span{ps, pe}}
+	case '{':
+	default:
+		return partRead{}
+	}
+	var typ, text, refusal, thinking, name, uuid, data span
+	var media uint                  // untypedMedia's keys the part holds
+	var src [len(untypedMedia)]span // their values
+	toolRef := false
+	forEachField(d, ps, func(k []byte, ks, ke int) error {
+		switch string(k) {
+		case "type":
+			typ = span{ks, ke}
+		case "text":
+			text = span{ks, ke}
+		case "refusal":
+			refusal = span{ks, ke}
+		case "thinking":
+			thinking = span{ks, ke}
+		case "name":
+			name = span{ks, ke}
+		case "data":
+			data = span{ks, ke}
+		case "tool_reference":
+			toolRef = true
+		case "uuid":
+			uuid = span{ks, ke}
+		default:
+			for j, mk := range untypedMedia {
+				if string(k) == mk[0] {
+					src[j] = span{ks, ke}
+					if mk[0] == "input_audio" && d[ks] == 'n' {
+						media &^= 1 << j // only when not None
+					} else {
+						media |= 1 << j
+					}
+				}
+			}
+		}
+		return nil
+	})
+	byUUID := uuid.e > uuid.s && d[uuid.s] != 'n'
+	var key int // the untypedMedia key that holds a media part's source
+	switch {
+	case byUUID || typ.e == typ.s || d[typ.s] == 'n':
+		switch {
+		case media != 0:
+			key = bits.TrailingZeros(media)
+			p.typ = untypedMedia[key][1]
+		case toolRef:
+			return partRead{typ: "tool_reference", text: name, keepNone: true}
+		default:
+			return partRead{}
+		}
+	default:
+		t := d[typ.s:typ.e]
+		if p.typ, key = partMedia(t); p.typ == "" {
+			switch {
+			case isJSONString(t, "text"):
+				return partRead{typ: "text", text: text}
+			case isJSONString(t, "input_text"), isJSONString(t, "output_text"):
+				return partRead{typ: "text", text: text, keepNone: true}
+			case isJSONString(t, "refusal"):
+				return partRead{typ: "text", text: refusal}
+			case isJSONString(t, "thinking"):
+				return partRead{typ: "text", text: thinking, keepNone: true}
+			case isJSONString(t, "tool_reference"):
+				return partRead{typ: "tool_reference", text: name, keepNone: true}
+			}
+			return partRead{}
+		}
+	}
+	switch {
+	case byUUID:
+		p.id = uuid
+	case p.typ == "prompt_embeds":
+		p.id = data
+	default:
+		p.id = src[key]
+		if v := p.id; v.e > v.s && d[v.s] == '{' {
+			// {"url": ...}: the URL names it.
+			forEachField(d, v.s, func(k []byte, ks, ke int) error {
+				if string(k) == "url" {
+					p.id = span{ks, ke}
+				}
+				return nil
+			})
+		}
+	}
+	return p
+}
+
+// partMedia returns the modality vLLM reads a media content part of type
+// typ (raw JSON) as, and the untypedMedia key that holds its source; ""
+// for another type.
+func partMedia(typ []byte) (string, int) {
+	if len(typ) < 2 || typ[0] != '"' {
+		return "", 0
+	}
+	for _, m := range partModalities {
+		if isJSONString(typ, m.typ) {
+			return untypedMedia[m.key][1], m.key
+		}
+	}
+	return "", 0
+}
+
+// partModalities are vLLM's media content part types (MM_PARSER_MAP) and
+// the untypedMedia key that holds their source (an input_image's
+// image_url; a prompt_embeds part's is its data).
+var partModalities = [...]struct {
+	typ string
+	key int
+}{{"image_url", 0}, {"input_image", 0}, {"image_pil", 1}, {"image_embeds", 2}, {"audio_embeds", 3},
+	{"prompt_embeds", 4}, {"audio_url", 5}, {"input_audio", 6}, {"video_url", 7}}
 
 // untypedMedia are the keys by which vLLM reads a content part without a
 // type (or with a uuid), in the order it tries them
 // (_parse_chat_message_content_mm_part), with their modality; a
-// prompt_embeds part renders no media part ("": it needs the engine's
-// --enable-prompt-embeds).
+// prompt_embeds part (it needs the engine's --enable-prompt-embeds)
+// renders no media part for a template.
 var untypedMedia = [...][2]string{{"image_url", "image"}, {"image_pil", "image"}, {"image_embeds", "image"},
-	{"audio_embeds", "audio"}, {"prompt_embeds", ""}, {"audio_url", "audio"}, {"input_audio", "audio"}, {"video_url", "video"}}
+	{"audio_embeds", "audio"}, {"prompt_embeds", "prompt_embeds"}, {"audio_url", "audio"}, {"input_audio", "audio"}, {"video_url", "video"}}
 
 // isJSONString reports whether the JSON value v is a string that decodes to
 // s (len(s) <= 32).

@@ -518,11 +518,13 @@ func (b *reqBody) parseMessagesAt(d []byte, vs int) (int, error) {
 
 // appendContent appends a message content to text, after a '\n' when
 // text is not empty: a string as it is, an array of parts as the engine
-// flattens it for its chat template (appendTextParts: the text of its text
-// part types only, as vLLM's chat_utils reads them); an array with no text
+// flattens it for its chat template (appendRouteText: the text of its text
+// part types only, as vLLM's chat_utils reads them, after a marker for
+// each media part that names its media); an array with no text or media
 // appends nothing. The prefix hash, the token estimate and the smart
 // model selection's classifier read this text: text an engine ignores (an
-// image part's stray "text") must not steer them.
+// image part's stray "text") must not steer them, and media the engine
+// caches apart must part the prefix.
 func (b *reqBody) appendContent(d []byte, s, e int) {
 	switch d[s] {
 	case '"':
@@ -535,7 +537,7 @@ func (b *reqBody) appendContent(d []byte, s, e int) {
 		if n > 0 {
 			b.text = append(b.text, '\n')
 		}
-		b.text, _ = appendTextParts(b.text, d, s, nil, false)
+		b.text = appendRouteText(b.text, d, s)
 		if len(b.text) == n+1 && n > 0 {
 			b.text = b.text[:n] // no text: no separator either
 		}

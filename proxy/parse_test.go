@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"slices"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/infera/infera/protocol"
 	"github.com/infera/infera/tokenizer"
+	"github.com/zeebo/xxh3"
 )
 
 func TestParseBody(t *testing.T) {
@@ -26,7 +28,7 @@ func TestParseBody(t *testing.T) {
 		}
 	}
 	f(kindChat, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, "m", false, -1, "hi")
-	f(kindChat, ` {"messages":[{"role":"system","content":"a\nb"},{"role":"user","content":[{"type":"text","text":"c"},{"type":"image_url","image_url":{"url":"x"}}]}],"stream":true,"model":"q\/w\u00e9","max_completion_tokens":7} `, "q/wé", true, 7, "a\nb\nc")
+	f(kindChat, ` {"messages":[{"role":"system","content":"a\nb"},{"role":"user","content":[{"type":"text","text":"c"},{"type":"image_url","image_url":{"url":"x"}}]}],"stream":true,"model":"q\/w\u00e9","max_completion_tokens":7} `, "q/wé", true, 7, "a\nb\n"+mediaMark("IMAGE", `"x"`)+"\nc")
 	f(kindChat, `{"model":"m","messages":[{"role":"user","content":null}],"stream":null,"max_tokens":null}`, "m", false, -1, "")
 	f(kindChat, `{"model":"m","messages":[{"role":"user","content":"\ud83d\ude00"}]}`, "m", false, -1, "😀")
 	f(kindCompletion, `{"model":"m","prompt":"once upon","max_tokens":0}`, "m", false, 0, "once upon")
@@ -179,9 +181,17 @@ func engineChatText(data []byte) (string, bool) {
 		if len(c) == 0 || c[0] != '[' || json.Unmarshal(c, &parts) != nil {
 			continue
 		}
-		var texts []string
+		var texts, marks []string
 		for _, p := range parts {
 			p = bytes.TrimSpace(p)
+			if m := engineMediaMark(p); m != "" {
+				if strings.HasPrefix(m, "<##PROMPT_EMBEDS") {
+					texts = append(texts, m) // in its place
+				} else {
+					marks = append(marks, m) // before the text
+				}
+				continue
+			}
 			if p[0] == '"' {
 				if json.Unmarshal(p, &s) == nil && s != "" {
 					texts = append(texts, s)
@@ -193,22 +203,89 @@ func engineChatText(data []byte) (string, bool) {
 				continue
 			}
 			var typ string
-			if t := bytes.TrimSpace(part["type"]); len(t) == 0 || t[0] != '"' || json.Unmarshal(t, &typ) != nil {
+			t := bytes.TrimSpace(part["type"])
+			if u := bytes.TrimSpace(part["uuid"]); len(t) == 0 || string(t) == "null" || len(u) > 0 && string(u) != "null" {
+				// Read by its keys: a media part (no text), else a
+				// tool_reference one.
+				typ = "tool_reference"
+				for _, k := range []string{"image_url", "image_pil", "image_embeds", "audio_embeds", "prompt_embeds", "audio_url", "video_url"} {
+					if _, ok := part[k]; ok {
+						typ = ""
+					}
+				}
+				if v := bytes.TrimSpace(part["input_audio"]); len(v) > 0 && string(v) != "null" {
+					typ = ""
+				}
+				if _, ok := part["tool_reference"]; !ok {
+					typ = ""
+				}
+			} else if t[0] != '"' || json.Unmarshal(t, &typ) != nil {
 				continue
 			}
-			if u := bytes.TrimSpace(part["uuid"]); len(u) > 0 && string(u) != "null" {
-				continue // read by its media keys: no text
-			}
-			key := map[string]string{"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}[typ]
+			key := map[string]string{"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking", "tool_reference": "name"}[typ]
 			if v := bytes.TrimSpace(part[key]); key != "" && len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil && s != "" {
 				texts = append(texts, s)
 			}
 		}
-		if len(texts) > 0 {
-			add(strings.Join(texts, "\n"))
+		if len(marks)+len(texts) > 0 {
+			add(strings.Join(append(marks, texts...), "\n"))
 		}
 	}
 	return string(out), true
+}
+
+// engineMediaMark is the reference for a media content part's marker in
+// the routing text: "" for a part that is not media, else
+// "<##IMAGE:%016x##>" (AUDIO, VIDEO, PROMPT_EMBEDS) with the xxh3 hash of
+// what names the media: the part's uuid when not null, else a
+// prompt_embeds part's data, else the value of its media key (the first
+// of vLLM's keys for a part read by its keys), or that value's url when it
+// is an object holding one. Written with encoding/json.
+func engineMediaMark(p []byte) string {
+	var part map[string]json.RawMessage
+	if len(p) == 0 || p[0] != '{' || json.Unmarshal(p, &part) != nil {
+		return ""
+	}
+	keys := []string{"image_url", "image_pil", "image_embeds", "audio_embeds", "prompt_embeds", "audio_url", "input_audio", "video_url"}
+	kinds := map[string]string{"image_url": "IMAGE", "input_image": "IMAGE", "image_pil": "IMAGE", "image_embeds": "IMAGE",
+		"audio_embeds": "AUDIO", "audio_url": "AUDIO", "input_audio": "AUDIO", "video_url": "VIDEO", "prompt_embeds": "PROMPT_EMBEDS"}
+	uuid := bytes.TrimSpace(part["uuid"])
+	byUUID := len(uuid) > 0 && string(uuid) != "null"
+	t := bytes.TrimSpace(part["type"])
+	var key string
+	if len(t) == 0 || string(t) == "null" || byUUID {
+		for _, k := range keys {
+			if v, ok := part[k]; ok && (k != "input_audio" || string(bytes.TrimSpace(v)) != "null") {
+				key = k
+				break
+			}
+		}
+	} else {
+		var typ string
+		if json.Unmarshal(t, &typ) == nil && kinds[typ] != "" {
+			key = typ
+		}
+	}
+	if key == "" {
+		return ""
+	}
+	kind := kinds[key]
+	if key == "input_image" {
+		key = "image_url"
+	}
+	id := bytes.TrimSpace(part[key])
+	switch {
+	case byUUID:
+		id = uuid
+	case kind == "PROMPT_EMBEDS":
+		id = bytes.TrimSpace(part["data"])
+	case len(id) > 0 && id[0] == '{':
+		var o map[string]json.RawMessage
+		if json.Unmarshal(id, &o) == nil && o["url"] != nil {
+			id = bytes.TrimSpace(o["url"])
+		}
+	}
+	return fmt.Sprintf("<##%s:%016x##>", kind, xxh3.Hash(id))
 }
 
 func deep(d []byte) bool {
@@ -445,17 +522,25 @@ func TestChatTextIsTheTextTheEngineReadsFromContentParts(t *testing.T) {
 			t.Errorf("messages %s: text %q, want %q", messages, b.text, want)
 		}
 	}
-	f(`[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AA=="},"text":"HIDDEN"},{"type":"text","text":"VISIBLE"}]}]`, "VISIBLE")
-	f(`[{"role":"user","content":[{"type":"input_image","image_url":"http://x/i.png","text":"HIDDEN"},{"type":"input_audio","input_audio":{"data":"AA==","format":"wav"},"text":"HIDDEN"},{"type":"video_url","video_url":{"url":"v"},"text":"HIDDEN"},{"type":"input_text","text":"a"}]}]`, "a")
+	f(`[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AA=="},"text":"HIDDEN"},{"type":"text","text":"VISIBLE"}]}]`,
+		mediaMark("IMAGE", `"data:image/png;base64,AA=="`)+"\nVISIBLE")
+	f(`[{"role":"user","content":[{"type":"input_image","image_url":"http://x/i.png","text":"HIDDEN"},{"type":"input_audio","input_audio":{"data":"AA==","format":"wav"},"text":"HIDDEN"},{"type":"video_url","video_url":{"url":"v"},"text":"HIDDEN"},{"type":"input_text","text":"a"}]}]`,
+		mediaMark("IMAGE", `"http://x/i.png"`)+"\n"+mediaMark("AUDIO", `{"data":"AA==","format":"wav"}`)+"\n"+mediaMark("VIDEO", `"v"`)+"\na")
 	f(`[{"role":"assistant","content":[{"type":"refusal","refusal":"No.","text":"HIDDEN"}]}]`, "No.")
 	f(`[{"role":"assistant","content":[{"type":"thinking","thinking":"hmm","text":"HIDDEN"},{"type":"output_text","text":"ok"}]}]`, "hmm\nok")
 	f(`[{"role":"user","content":[{"type":"no_such_part","text":"HIDDEN"},{"text":"HIDDEN"},{"type":"text","text":"t"}]}]`, "t")
 	f(`[{"role":"user","content":[{"type":"text","text":"HIDDEN","text":"last"}]}]`, "last")
-	f(`[{"role":"user","content":[{"type":"image_url","type":"text","text":"shown"},{"type":"text","type":"image_url","text":"HIDDEN","image_url":{"url":"u"}}]}]`, "shown")
+	f(`[{"role":"user","content":[{"type":"image_url","type":"text","text":"shown"},{"type":"text","type":"image_url","text":"HIDDEN","image_url":{"url":"u"}}]}]`, mediaMark("IMAGE", `"u"`)+"\nshown")
 	f(`[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":""},{"type":"text","text":null},{"type":"refusal","refusal":null},{"type":"text","text":"b"}]}]`, "a\nb")
 	f(`[{"role":"user","content":[{"t\u0079pe":"t\u0065xt","te\u0078t":"esc"}]}]`, "esc")
-	f(`[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]},{"role":"user","content":"q"}]`, "q")
+	f(`[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]},{"role":"user","content":"q"}]`, mediaMark("IMAGE", `"u"`)+"\nq")
 	f(`[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"u"}]}]`, "s\nu")
+}
+
+// mediaMark is a media part's marker in the routing text: the kind and
+// the xxh3 hash of the JSON value that names the media.
+func mediaMark(kind, id string) string {
+	return fmt.Sprintf("<##%s:%016x##>", kind, xxh3.Hash([]byte(id)))
 }
 
 // A message that repeats its content key is read as the engine's JSON
@@ -476,4 +561,61 @@ func TestARepeatedContentKeyIsReadAsItsLastCopy(t *testing.T) {
 	f(`[{"role":"user","content":[{"type":"text","text":"HIDDEN"}],"content":"VISIBLE"}]`, "VISIBLE")
 	f(`[{"role":"user","content":"HIDDEN","role":"user","content":null},{"role":"user","content":"q"}]`, "q")
 	f(`[{"content":"HIDDEN","role":"user","c\u006fntent":[{"type":"text","text":"VISIBLE"}]}]`, "VISIBLE")
+}
+
+// A chat's routing text marks each media part with what names its media,
+// where vLLM puts the media's placeholder in a string content: vLLM caches
+// the tokens of an image under the image's hash (its uuid when given), so
+// two chats with the same images share the engine's cache up to their
+// first difference, and chats with other images share it only up to the
+// image. The router dropped media parts from the routing text: a chat with
+// another image, or with none, read as the same prompt, and the prefix
+// layer sent it after a cache the engine does not have.
+func TestAChatsMediaPartsMarkItsRoutingText(t *testing.T) {
+	text := func(content string) string {
+		t.Helper()
+		var b reqBody
+		body := `{"model":"m","messages":[{"role":"system","content":"sys"},{"role":"user","content":` + content + `}]}`
+		if err := b.parse([]byte(body), kindChat); err != nil {
+			t.Fatalf("%s: %v", content, err)
+		}
+		return string(b.text)
+	}
+	imgA, imgB := mediaMark("IMAGE", `"http://x/a.png"`), mediaMark("IMAGE", `"http://x/b.png"`)
+	a := text(`[{"type":"text","text":"describe"},{"type":"image_url","image_url":{"url":"http://x/a.png"}}]`)
+	if want := "sys\n" + imgA + "\ndescribe"; a != want {
+		t.Errorf("text %q, want %q (the placeholders first, as vLLM's string content has them)", a, want)
+	}
+	// The same image, however the part names it: the same text.
+	for _, c := range []string{
+		`[{"type":"text","text":"describe"},{"type":"image_url","image_url":{"detail":"auto","url":"http://x/a.png"}}]`,
+		`[{"type":"text","text":"describe"},{"image_url":"http://x/a.png"}]`,
+		`[{"type":"text","text":"describe"},{"type":"input_image","image_url":"http://x/a.png"}]`,
+	} {
+		if got := text(c); got != a {
+			t.Errorf("%s: text %q, want %q", c, got, a)
+		}
+	}
+	// Another image, or none: the text parts at the image.
+	if got, want := text(`[{"type":"text","text":"describe"},{"type":"image_url","image_url":{"url":"http://x/b.png"}}]`), "sys\n"+imgB+"\ndescribe"; got != want {
+		t.Errorf("another image: text %q, want %q", got, want)
+	}
+	if got := text(`[{"type":"text","text":"describe"}]`); got != "sys\ndescribe" {
+		t.Errorf("no image: text %q", got)
+	}
+	// A uuid names the media, whatever its source says (vLLM uses it as
+	// the media's hash).
+	if got, want := text(`[{"type":"image_url","uuid":"img-1","image_url":{"url":"http://x/a.png"}},"describe"]`), "sys\n"+mediaMark("IMAGE", `"img-1"`)+"\ndescribe"; got != want {
+		t.Errorf("uuid: text %q, want %q", got, want)
+	}
+	// Several media, in their order; no text: markers only.
+	if got, want := text(`[{"type":"video_url","video_url":{"url":"v"}},{"type":"input_audio","input_audio":{"data":"AA==","format":"wav"}}]`),
+		"sys\n"+mediaMark("VIDEO", `"v"`)+"\n"+mediaMark("AUDIO", `{"data":"AA==","format":"wav"}`); got != want {
+		t.Errorf("media only: text %q, want %q", got, want)
+	}
+	// prompt_embeds stand in their place, as vLLM's "<prompt_embeds>".
+	if got, want := text(`["a",{"type":"prompt_embeds","data":"AAAA"},{"image_url":"i"},"b"]`),
+		"sys\n"+mediaMark("IMAGE", `"i"`)+"\na\n"+mediaMark("PROMPT_EMBEDS", `"AAAA"`)+"\nb"; got != want {
+		t.Errorf("prompt_embeds: text %q, want %q", got, want)
+	}
 }

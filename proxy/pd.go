@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"math/rand/v2"
@@ -992,15 +993,24 @@ func (p *pdDispatch) stashedInto(rs *reqState) {
 
 // appendRequestID appends a random request id (32 hex digits).
 func appendRequestID(dst []byte) []byte {
-	const hex = "0123456789abcdef"
+	return appendNibblesHex(appendNibblesHex(dst, rand.Uint64()), rand.Uint64())
+}
+
+// appendNibblesHex appends the 16 nibbles of v as lower-case hex digits,
+// the lowest nibble first, eight at a time: the nibbles spread one to a
+// byte, '0' added to each, and 'a'-'0'-10 more to those above 9.
+func appendNibblesHex(dst []byte, v uint64) []byte {
+	const ones = 0x0101010101010101
+	var b [16]byte
 	for i := 0; i < 2; i++ {
-		v := rand.Uint64()
-		for j := 0; j < 16; j++ {
-			dst = append(dst, hex[v&15])
-			v >>= 4
-		}
+		x := uint64(uint32(v >> (32 * i)))
+		x = (x | x<<16) & 0x0000ffff0000ffff
+		x = (x | x<<8) & 0x00ff00ff00ff00ff
+		x = (x | x<<4) & 0x0f0f0f0f0f0f0f0f
+		above9 := (x + 6*ones) >> 4 & ones
+		binary.LittleEndian.PutUint64(b[8*i:], x+'0'*ones+above9*('a'-'0'-10))
 	}
-	return dst
+	return append(dst, b[:]...)
 }
 
 // The legs' bodies. The client's body was validated by the parser; these

@@ -70,8 +70,33 @@ const (
 // whole to convert it (the converted answer is about as large).
 const maxConvertedAnswer = 32 << 20
 
-// protoState is one request's protocol state, pooled in reqState.
+// protoState is one request's protocol state, pooled in reqState. reset
+// clears protoFlags whole and the rest in place, keeping the buffers
+// (TestProtoStateResetClearsEveryField).
 type protoState struct {
+	protoFlags
+
+	// resp gathers the head of a passthrough Responses answer whose id
+	// did not come with the first read (respaffinity.go).
+	resp respScan
+	// prev is a passthrough follow-up's previous_response_id (decoded)
+	// that this router's memory does not hold and Redis may: looked up
+	// once the request is admitted (previousShared). Empty otherwise.
+	prev []byte
+
+	meta   protocol.Meta
+	filter protocol.UsageFilter
+
+	// buf holds a converted or rewritten body; it trades places with
+	// rs.body (swapBody), so both buffers stay pooled.
+	buf []byte
+	out []byte // the transformed answer (relay stage output, converted bodies)
+	in  []byte // a non-streamed answer read whole
+}
+
+// protoFlags is the part of protoState that holds no buffer: reset
+// clears it whole.
+type protoFlags struct {
 	api   protocol.API
 	mode  protoMode
 	stage stageKind // wanted for a 200 stream (set before dispatch)
@@ -89,41 +114,23 @@ type protoState struct {
 	// generates it afterwards, where no router reads its end: it is
 	// charged its estimate for good (admit, scanUsage).
 	background bool
-	// resp gathers the head of a passthrough Responses answer whose id
-	// did not come with the first read (respaffinity.go).
-	resp respScan
-	// prev is a passthrough follow-up's previous_response_id (decoded)
-	// that this router's memory does not hold and Redis may: looked up
-	// once the request is admitted (previousShared). Empty otherwise.
-	prev []byte
 
-	meta   protocol.Meta
-	conv   *protocol.StreamConverter // while a converted stream is relayed
-	filter protocol.UsageFilter
-
-	// buf holds a converted or rewritten body; it trades places with
-	// rs.body (swapBody), so both buffers stay pooled.
-	buf []byte
-	out []byte // the transformed answer (relay stage output, converted bodies)
-	in  []byte // a non-streamed answer read whole
+	conv *protocol.StreamConverter // while a converted stream is relayed
 }
 
+// reset clears p for the next request. Its meta, filter and resp reset
+// themselves in place: not copied out and back as a composite literal
+// would.
 func (p *protoState) reset() {
 	if p.conv != nil {
 		protocol.ReleaseStreamConverter(p.conv)
 	}
+	p.protoFlags = protoFlags{}
 	p.filter.Reset()
 	p.meta.Reset()
 	p.resp.reset()
-	*p = protoState{
-		meta:   p.meta,
-		filter: p.filter,
-		resp:   p.resp,
-		prev:   p.prev[:0],
-		buf:    trimBuf(p.buf),
-		out:    trimBuf(p.out),
-		in:     trimBuf(p.in),
-	}
+	p.prev = p.prev[:0]
+	p.buf, p.out, p.in = trimBuf(p.buf), trimBuf(p.out), trimBuf(p.in)
 }
 
 // trimBuf empties b, dropping it when it grew large (a burst of big

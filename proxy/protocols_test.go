@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -1347,5 +1348,31 @@ func TestCountTokensForAModelNothingServesIsNotFound(t *testing.T) {
 	f(defaulted, "nosuch", 200)
 	if e.count() != 0 {
 		t.Fatal("count_tokens reached the engine in conversion mode")
+	}
+}
+
+// TestProtoStateResetClearsEveryField: reset clears protoFlags whole and
+// empties the rest in place; a field added outside protoFlags must be
+// added to reset, and to this list.
+func TestProtoStateResetClearsEveryField(t *testing.T) {
+	var p protoState
+	p.api, p.mode, p.stage, p.relaying, p.coarse, p.noStore, p.background = protocol.Anthropic, protoConvert, stageFilter, true, true, true, true
+	p.prev = append(p.prev, "resp_1"...)
+	p.buf, p.out, p.in = append(p.buf, 'b'), append(p.out, 'o'), append(p.in, 'i')
+	p.meta.Model = append(p.meta.Model, 'm')
+	p.meta.MaxTokens = 7
+	p.resp.reads = 3
+	p.reset()
+	if p.protoFlags != (protoFlags{}) || len(p.prev)+len(p.buf)+len(p.out)+len(p.in)+len(p.meta.Model) != 0 ||
+		p.meta.MaxTokens != -1 || p.resp.reads != 0 || cap(p.buf) == 0 {
+		t.Fatalf("after reset: %+v", p)
+	}
+	var names []string
+	pt := reflect.TypeOf(protoState{})
+	for i := range pt.NumField() {
+		names = append(names, pt.Field(i).Name)
+	}
+	if got, want := strings.Join(names, ","), "protoFlags,resp,prev,meta,filter,buf,out,in"; got != want {
+		t.Fatalf("protoState's fields are %s, reset knows %s", got, want)
 	}
 }

@@ -134,7 +134,7 @@ func decodeMessagesWalk(msgs []tokenizer.Message, d []byte, arena *[]byte) ([]to
 									if !typed {
 										typ = ""
 									}
-								case "text", "refusal", "thinking":
+								case "text", "refusal", "thinking", "name":
 									vals[string(k)], strs[string(k)], nulls[string(k)] = v, d[ks] == '"', d[ks] == 'n'
 								}
 								return nil
@@ -147,12 +147,15 @@ func decodeMessagesWalk(msgs []tokenizer.Message, d []byte, arena *[]byte) ([]to
 										if mk[1] != "" {
 											m.Parts = append(m.Parts, tokenizer.ContentPart{Type: mk[1]})
 										}
-										break
+										return nil
 									}
 								}
-								return nil
+								if !keys["tool_reference"] {
+									return nil
+								}
+								typ = "tool_reference"
 							}
-							key, keepNone := "", false // vLLM's TEXT_PART_TYPES
+							key, keepNone, ptype := "", false, "text" // vLLM's TEXT_PART_TYPES, and tool_reference
 							switch typ {
 							case "image_url", "input_image", "image_pil", "image_embeds":
 								m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "image"})
@@ -168,16 +171,18 @@ func decodeMessagesWalk(msgs []tokenizer.Message, d []byte, arena *[]byte) ([]to
 								key = "refusal"
 							case "thinking":
 								key, keepNone = "thinking", true
+							case "tool_reference":
+								key, keepNone, ptype = "name", true, "tool_reference"
 							}
 							_, given := vals[key]
 							switch {
 							case key == "":
 							case !given || nulls[key]:
 								if keepNone {
-									m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "text", NullText: true})
+									m.Parts = append(m.Parts, tokenizer.ContentPart{Type: ptype, NullText: true})
 								}
 							case strs[key]:
-								m.Parts = append(m.Parts, tokenizer.ContentPart{Type: "text", Text: vals[key]})
+								m.Parts = append(m.Parts, tokenizer.ContentPart{Type: ptype, Text: vals[key]})
 								if vals[key] != "" {
 									texts = append(texts, vals[key])
 								}

@@ -674,8 +674,8 @@ func TestPlainStringPartsAreTextAsTheEngineReadsThem(t *testing.T) {
 	if err := b.parse([]byte(body), kindChat); err != nil {
 		t.Fatal(err)
 	}
-	if string(b.text) != "a\nb\ncé\nd" {
-		t.Errorf("prompt text %q, want %q", b.text, "a\nb\ncé\nd")
+	if want := mediaMark("IMAGE", `"data:x"`) + "\na\nb\ncé\nd"; string(b.text) != want {
+		t.Errorf("prompt text %q, want %q", b.text, want)
 	}
 
 	dir := qwen3Dir(t)
@@ -739,22 +739,76 @@ func TestUntypedMediaPartsRenderAsTheEngineReadsThem(t *testing.T) {
 	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", vl
 	r := startRouter(t, f, nil, up.url)
 	const img, vid = "<|vision_start|><|image_pad|><|vision_end|>", "<|vision_start|><|video_pad|><|vision_end|>"
-	for _, tc := range []struct{ parts, want string }{
-		{`{"image_url":{"url":"data:x"}},{"type":"text","text":"a"}`, img + "a"},
-		{`{"type":null,"image_url":"http://x/i.png"},{"type":"text","text":"a"}`, img + "a"},
-		{`{"type":"text","uuid":"u1","video_url":{"url":"v"},"text":"HIDDEN"},{"type":"text","text":"a"}`, vid + "a"},
-		{`{"type":"image_url","uuid":"u1","image_url":{"url":"i"}},{"type":"text","text":"a"}`, img + "a"},
-		{`{"video_url":"v","image_url":"i"},{"type":"text","text":"a"}`, img + "a"},
-		{`{"uuid":null,"image_url":{"url":"i"}},{"type":"text","text":"a"}`, img + "a"},
+	for _, tc := range []struct{ parts, want, text string }{
+		{`{"image_url":{"url":"data:x"}},{"type":"text","text":"a"}`, img + "a", mediaMark("IMAGE", `"data:x"`)},
+		{`{"type":null,"image_url":"http://x/i.png"},{"type":"text","text":"a"}`, img + "a", mediaMark("IMAGE", `"http://x/i.png"`)},
+		{`{"type":"text","uuid":"u1","video_url":{"url":"v"},"text":"HIDDEN"},{"type":"text","text":"a"}`, vid + "a", mediaMark("VIDEO", `"u1"`)},
+		{`{"type":"image_url","uuid":"u1","image_url":{"url":"i"}},{"type":"text","text":"a"}`, img + "a", mediaMark("IMAGE", `"u1"`)},
+		{`{"video_url":"v","image_url":"i"},{"type":"text","text":"a"}`, img + "a", mediaMark("IMAGE", `"i"`)},
+		{`{"uuid":null,"image_url":{"url":"i"}},{"type":"text","text":"a"}`, img + "a", mediaMark("IMAGE", `"i"`)},
 	} {
 		body := `{"model":"m","messages":[{"role":"user","content":[` + tc.parts + `]}]}`
 		var b reqBody
-		if err := b.parse([]byte(body), kindChat); err != nil || string(b.text) != "a" {
-			t.Errorf("%s: prompt text %q (%v), want %q", tc.parts, b.text, err, "a")
+		if err := b.parse([]byte(body), kindChat); err != nil || string(b.text) != tc.text+"\na" {
+			t.Errorf("%s: prompt text %q (%v), want %q", tc.parts, b.text, err, tc.text+"\na")
 		}
 		want := "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n" + tc.want + "<|im_end|>\n<|im_start|>assistant\n"
 		if got := routerTokens(t, r.url, body); !slices.Equal(got, tok.Encode(nil, []byte(want))) {
 			t.Errorf("%s: router encoded %q, want %q", tc.parts, tok.Decode(got), want)
 		}
+	}
+}
+
+// A tool_reference content part (a reference to a deferred tool, which
+// Claude Code sends in tool results) is read as vLLM's chat_utils reads it
+// (MM_PARSER_MAP["tool_reference"] at vllm 001eadcf: part.get("name")): for
+// a template that takes content as a string its name is a text, joined
+// with the others by "\n" (a null or empty name adds nothing); for one that
+// loops over the parts it stays {"type": "tool_reference", "name": ...},
+// and a tool message holding one keeps its parts (vLLM joins a tool
+// message's parts into a string only when all are text). A part without a
+// type is one when it has a tool_reference key and no media key. The
+// router read no text from such a part and gave a looping template nothing
+// for it.
+func TestAToolReferencePartIsReadAsItsName(t *testing.T) {
+	f := func(parts, want string) {
+		t.Helper()
+		var b reqBody
+		if err := b.parse([]byte(`{"model":"m","messages":[{"role":"user","content":[`+parts+`]}]}`), kindChat); err != nil {
+			t.Fatalf("%s: %v", parts, err)
+		}
+		if string(b.text) != want {
+			t.Errorf("%s: prompt text %q, want %q", parts, b.text, want)
+		}
+	}
+	f(`{"type":"tool_reference","name":"get_weather"},{"type":"text","text":"q"}`, "get_weather\nq")
+	f(`{"type":"tool_reference","name":"a","name":"b"}`, "b")
+	f(`{"type":"tool_reference","name":null},{"type":"tool_reference","name":""},{"type":"tool_reference"},"q"`, "q")
+	f(`{"tool_reference":{},"name":"n"},{"type":"text","uuid":"u","tool_reference":1,"name":"m","text":"HIDDEN"}`, "n\nm")
+	f(`{"type":"tool_reference","name":"n","text":"HIDDEN"}`, "n")
+
+	// A template that loops over the parts.
+	dir := t.TempDir()
+	abs, _ := filepath.Abs(filepath.Join(qwen3Dir(t), "tokenizer.json"))
+	const tpl = `{%- for m in messages %}{{ m.role }}:{%- if m.content is string %}{{ m.content }}{%- else %}` +
+		`{%- for p in m.content %}[{{ p.type }} {{ p.name }} {{ p.text }}]{%- endfor %}{%- endif %}|{%- endfor %}`
+	cfg, _ := json.Marshal(map[string]string{"chat_template": tpl, "eos_token": "<|im_end|>"})
+	if os.Symlink(abs, filepath.Join(dir, "tokenizer.json")) != nil || os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfg, 0o644) != nil {
+		t.Fatal("cannot write the tokenizer")
+	}
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := startUpstream(t, okHandler)
+	fl := defaultFlags()
+	fl.RouterPolicy, fl.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, fl, nil, up.url)
+	body := `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"q"},{"type":"tool_reference","name":"get_weather"},{"type":"tool_reference","name":null}]},` +
+		`{"role":"tool","tool_call_id":"c","content":[{"type":"tool_reference","name":"t1"}]},{"role":"tool","tool_call_id":"d","content":[{"type":"text","text":"r"}]}]}`
+	// jinja2 prints an undefined attribute as "" and None as "None".
+	want := "user:[text  q][tool_reference get_weather ][tool_reference None ]|tool:[tool_reference t1 ]|tool:r|"
+	if got := routerTokens(t, r.url, body); !slices.Equal(got, tok.Encode(nil, []byte(want))) {
+		t.Errorf("router encoded %q, want %q", tok.Decode(got), want)
 	}
 }

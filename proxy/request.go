@@ -93,7 +93,7 @@ func (rs *reqState) Reset() {
 	rs.lease.Reset()
 	rs.call = call{}
 	rs.scratch = rs.scratch[:0]
-	rs.usage = usage{}
+	rs.usage.reset()
 	// A burst of big prompts must not pin memory in the pool either.
 	rs.tokens, rs.render, rs.arena = trimIDs(rs.tokens), trimBuf(rs.render), trimBuf(rs.arena)
 	if rs.msgs = rs.msgs[:0]; cap(rs.msgs) > maxRouteMessages {
@@ -326,6 +326,11 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	// uncounted marks an answer of the router's own written here, before
 	// dispatch: infera_responses_total{class} learns it in the defer (the
 	// dispatch and protocol paths count theirs).
+	//
+	// The request's work is in serveInference, so that this function has
+	// one return and its defer is open-coded (a defer in a function with
+	// many returns goes through the runtime's defer records, for every
+	// request).
 	uncounted := false
 	defer func() {
 		if uncounted {
@@ -333,33 +338,36 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		}
 		s.answered(ctx, rs)
 	}()
+	uncounted = s.serveInference(ctx, rs, kind)
+}
+
+// serveInference serves the inference request rs holds (handleInference
+// answers it when this returns, or panics): it reports an answer of the
+// router's own written before dispatch, which the responses counter has
+// not counted (uncounted).
+func (s *Server) serveInference(ctx *fasthttp.RequestCtx, rs *reqState, kind int) (uncounted bool) {
 	if !ctx.IsPost() {
 		methodNotAllowed(ctx, "use POST", "POST")
-		uncounted = true
-		return
+		return true
 	}
 	if refuseHTTP10(ctx) {
-		uncounted = true
-		return
+		return true
 	}
 	user, ok := s.authenticate(ctx) // a refusal closes the connection, the body unread
 	if !ok {
-		uncounted = true
-		return
+		return true
 	}
 	rs.gov.user = user
 	if err := s.readBody(ctx, rs); err != nil {
 		s.writeBodyError(ctx, err)
-		uncounted = true
-		return
+		return true
 	}
 	if user != nil && s.gov.Stale(user) {
 		// A reload while the body arrived: the key is checked again, as a
 		// new request's (its user may be disabled, removed, or limited
 		// otherwise now).
 		if user, ok = s.authenticate(ctx); !ok {
-			uncounted = true
-			return
+			return true
 		}
 		rs.gov.user = user
 	}
@@ -368,7 +376,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	// routing parses, kind how; pathKind names the engine's path.
 	body, kind, pathKind, ok := s.frontDoor(ctx, cfg, rs, kind)
 	if !ok {
-		return
+		return false
 	}
 	err := rs.parsed.parse(body, kind)
 	if mr := &cfg.ModelRouting; err == errNoModel && mr.Enabled && mr.DefaultModel != "" && sameSlice(body, rs.body) {
@@ -377,7 +385,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		// (Not in passthrough, where the engine gets the client's own body.)
 		out := insertModel(make([]byte, 0, len(body)+len(mr.DefaultModel)+16), body, rs.parsed.objStart, mr.DefaultModel)
 		if !s.swapBody(ctx, rs, out) {
-			return
+			return false
 		}
 		body = out
 		err = rs.parsed.parse(body, kind)
@@ -390,17 +398,15 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		} else {
 			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, "malformed request body", "", "")
 		}
-		uncounted = true
-		return
+		return true
 	}
 	if u := rs.gov.user; u != nil && !s.allowsModel(cfg, u, rs.parsed.model) { // docs/governance.md#models-a-user-may-call
 		mModelNotAllowed.Inc()
 		writeError(ctx, fasthttp.StatusForbidden, typePermission, notAllowedModel(rs.parsed.model), "model", "model_not_allowed")
-		uncounted = true
-		return
+		return true
 	}
 	if body, ok = s.afterParse(ctx, cfg, rs, body, kind); !ok { // streaming usage (protocols.go)
-		return
+		return false
 	}
 	r := &rs.sreq
 	r.Model = rs.parsed.model
@@ -418,7 +424,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		r.SessionID = ctx.Request.Header.Peek(cfg.SessionAffinity.Header)
 		if err := s.sched.CheckSession(cfg, r); err != nil {
 			s.writeSchedError(ctx, r, err)
-			return
+			return false
 		}
 	}
 	if s.mode == sched.ModeDirect {
@@ -429,15 +435,14 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 		if err := s.hashPrompt(rs, body, kind); err != nil {
 			mBadRequests.Inc()
 			writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest, err.Error(), "messages", "")
-			uncounted = true
-			return
+			return true
 		}
 	}
 	if !s.admit(ctx, cfg, rs) { // user limits (govern.go), before anything is spent on the request
-		return
+		return false
 	}
 	if len(rs.proto.prev) > 0 && !s.previousShared(ctx, rs) { // after the admission (respshared.go)
-		return
+		return false
 	}
 	if cfg.SmartModelSelection.Enabled && !poolingKind(kind) {
 		asked := s.selectModel(cfg, rs) // smart.go: may change r.Model before model routing
@@ -447,7 +452,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 			// only once the liveness watchdog noticed).
 			if fd, tls := clientFD(ctx); fd >= 0 && clientLeft(fd, tls) {
 				dropClient(ctx)
-				return
+				return false
 			}
 		}
 		if u := rs.gov.user; u.LimitsModels() && rs.ext.model != "" && !s.allowsModel(cfg, u, r.Model) {
@@ -455,7 +460,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 			// refunded when the request state is released: nothing served).
 			mModelNotAllowed.Inc()
 			writeError(ctx, fasthttp.StatusForbidden, typePermission, notAllowedModel(r.Model)+" (chosen by smart model selection)", "model", "model_not_allowed")
-			return
+			return false
 		}
 	}
 	if cfg.Mirror.Enabled && s.o.Mirror != nil && len(ctx.Request.Header.Peek(mirror.MirrorHeader)) == 0 {
@@ -467,6 +472,7 @@ func (s *Server) handleInference(ctx *fasthttp.RequestCtx, kind int) {
 	}
 	rs.path = appendCanonicalPath(rs.path[:0], pathKind, ctx.URI().QueryString())
 	s.dispatch(ctx, cfg, rs)
+	return false
 }
 
 var (

@@ -493,6 +493,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		defer s.cors.decorate(ctx) // after the handler: an error answer resets the headers
 	}
+	s.route(ctx)
+}
+
+// route answers the request by its path. It is apart from handle so that
+// handle's returns are few enough for its defer to be open-coded (with
+// many, the runtime's defer records are pushed and popped per request,
+// CORS on or off).
+func (s *Server) route(ctx *fasthttp.RequestCtx) {
 	path := ctx.Path()
 	if kind, ok := inferenceKind(path); ok {
 		switch kind {

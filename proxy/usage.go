@@ -12,7 +12,26 @@ import (
 // user's quotas and TPM with it (govern.go), so it must be read right even
 // when the usage object arrives cut in two by a read boundary (a long
 // non-streaming body, or a stream's last event split over two TCP reads).
+//
+// Its state is usageState, cleared per request (reset); the carry array
+// stands apart: only its first ncarry bytes are ever read, so the 2 KiB
+// are not zeroed again for every request.
 type usage struct {
+	usageState
+
+	// carry holds the end of the last chunk scanned when it cut a usage
+	// object (or its key), up to usageCarry bytes: the next chunk is
+	// scanned joined to it, here (its second half is the join's room, so
+	// that no read allocates or copies a large buffer onto its stack).
+	// A cut object longer than that, up to usageMax bytes, is carried in
+	// big instead (inBig), made for the first one (2 x usageMax: a rare
+	// stream's, the rest never allocate it). Bytes past ncarry are
+	// garbage from an earlier request, never read.
+	carry [2 * usageCarry]byte
+}
+
+// usageState is usage but its carry's bytes.
+type usageState struct {
 	prompt, completion, cached int
 	seen                       bool
 	// whole: the numbers were read from a whole usage object (one cut by a
@@ -28,14 +47,7 @@ type usage struct {
 	// input: an Anthropic answer's input counts as last set (applyProtocol).
 	input protocol.AnthropicInput
 
-	// carry holds the end of the last chunk scanned when it cut a usage
-	// object (or its key), up to usageCarry bytes: the next chunk is
-	// scanned joined to it, here (its second half is the join's room, so
-	// that no read allocates or copies a large buffer onto its stack).
-	// A cut object longer than that, up to usageMax bytes, is carried in
-	// big instead (inBig), made for the first one (2 x usageMax: a rare
-	// stream's, the rest never allocate it).
-	carry  [2 * usageCarry]byte
+	// ncarry bytes of carry (or of big, inBig) are carried.
 	ncarry int
 	big    []byte
 	inBig  bool
@@ -287,20 +299,22 @@ func objectEnd(b []byte) int {
 		}
 		return i + 4 // null (or anything else: nothing to wait for)
 	}
+	// From one '}' to the next only braces open: count them (vectorised)
+	// and close one at each '}'.
 	depth := 0
-	for ; i < len(b); i++ {
-		switch b[i] {
-		case '{':
-			depth++
-		case '}':
-			depth--
-			if depth == 0 {
-				return i + 1
-			}
+	for {
+		j := bytes.IndexByte(b[i:], '}')
+		if j < 0 {
+			return -1
+		}
+		depth += bytes.Count(b[i:i+j], openBrace) - 1
+		if i += j + 1; depth == 0 {
+			return i
 		}
 	}
-	return -1
 }
+
+var openBrace = []byte{'{'}
 
 func intAfter(b, key []byte) (int, bool) {
 	i := jsonscan.IndexKey(b, key)
@@ -580,7 +594,11 @@ func choices(p []byte) uint8 {
 func (u *usage) settled(sse bool) bool { return u.seen && u.whole && (u.final || !sse) }
 
 // forget drops what was read: a partial answer's usage is not its own.
-func (u *usage) forget() { *u = usage{} }
+func (u *usage) forget() { u.reset() }
+
+// reset clears u for another answer (the carry's bytes are dead once
+// ncarry is 0).
+func (u *usage) reset() { u.usageState = usageState{} }
 
 // record counts the usage in the metrics and on the worker that served it
 // (nil when unknown), whose cached share of prompt tokens is its hit rate.

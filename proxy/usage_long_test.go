@@ -71,14 +71,14 @@ func TestAUsageObjectUpTo8KiBCutByReadsIsReadWhole(t *testing.T) {
 					step = 7
 				}
 				for i := 0; i <= len(c.b); i += step {
-					u := usage{lines: c.sse, once: true, single: true}
+					u := usage{usageState: usageState{lines: c.sse, once: true, single: true}}
 					c.scan(&u, c.b[:i])
 					check(&u, i, fmt.Sprintf("cut at %d", i))
 					c.scan(&u, c.b[i:])
 					check(&u, len(c.b), fmt.Sprintf("cut at %d, then the rest", i))
 					// Three reads: the second one ends 700 bytes on.
 					j := min(i+700, len(c.b))
-					u = usage{lines: c.sse, once: true, single: true}
+					u = usage{usageState: usageState{lines: c.sse, once: true, single: true}}
 					c.scan(&u, c.b[:i])
 					c.scan(&u, c.b[i:j])
 					check(&u, j, fmt.Sprintf("cut at %d and %d", i, j))

@@ -16,7 +16,7 @@ func TestJudgingAStreamsUsageDoesNotAllocate(t *testing.T) {
 	cuts := []int{30, 150, 254, 259, 275} // in a line, in the final chunk's choices value, before and in its usage
 	var u usage
 	n := testing.AllocsPerRun(200, func() {
-		u = usage{lines: true}
+		u = usage{usageState: usageState{lines: true}}
 		from := 0
 		for _, c := range cuts {
 			u.scan(stream[from:c])

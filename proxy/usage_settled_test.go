@@ -76,7 +76,7 @@ func TestAStreamsUsageIsSettledFromItsFinalUsageChunkOn(t *testing.T) {
 			for i := 0; i <= len(b); i++ {
 				// The first cut's state, scanned once and copied for
 				// every second cut.
-				first := usage{lines: true, once: tc.once, single: tc.single}
+				first := usage{usageState: usageState{lines: true, once: tc.once, single: tc.single}}
 				first.scan(b[:i])
 				check(&first, i, "cut at %d", i)
 				for j := i; j <= len(b); j++ {
@@ -94,7 +94,7 @@ func TestAStreamsUsageIsSettledFromItsFinalUsageChunkOn(t *testing.T) {
 					}
 				}
 			}
-			u := usage{lines: true, once: tc.once, single: tc.single}
+			u := usage{usageState: usageState{lines: true, once: tc.once, single: tc.single}}
 			for i := range b {
 				u.scan(b[i : i+1])
 				check(&u, i+1, "byte by byte")

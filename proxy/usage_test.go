@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"reflect"
 	"testing"
 
 	"github.com/infera/infera/protocol"
@@ -219,5 +220,96 @@ func TestUsageWithOnlyTotalTokensIsPromptTokens(t *testing.T) {
 	check(scanChunks(b), "whole")
 	for i := 0; i <= len(b); i++ {
 		check(scanChunks(b[:i], b[i:]), fmt.Sprintf("cut at %d", i))
+	}
+}
+
+// TestUsageResetForgetsACutUsageObject: a pooled request state's usage
+// keeps its carry array from answer to answer (reset clears usageState
+// only), so a usage object the last answer left cut must not reach the
+// next answer's scan; and every field of usage but that array is in the
+// state reset clears.
+func TestUsageResetForgetsACutUsageObject(t *testing.T) {
+	var u usage
+	u.scan([]byte(`{"id":"a","usage":{"prompt_tokens":1234,"completion_tok`))
+	if u.ncarry == 0 {
+		t.Fatal("the cut usage object was not carried")
+	}
+	u.reset()
+	u.scan([]byte(`ens":567}}`))
+	if u.seen || u.prompt != 0 || u.completion != 0 || u.ncarry != 0 {
+		t.Fatalf("the last answer's cut usage object reached the next one: %+v", u.usageState)
+	}
+	u.scan([]byte(`{"id":"b","usage":{"prompt_tokens":7,"completion_tokens":1}}`))
+	if !u.seen || u.prompt != 7 || u.completion != 1 {
+		t.Fatalf("the next answer's usage: %+v", u.usageState)
+	}
+
+	ut := reflect.TypeOf(usage{})
+	if ut.NumField() != 2 || ut.Field(0).Name != "usageState" || ut.Field(1).Name != "carry" {
+		t.Fatalf("usage has fields outside usageState that reset would not clear: %v", ut)
+	}
+}
+
+// objectEndWalk is objectEnd written as a walk over every byte: the
+// reference objectEnd's vectorised search must agree with.
+func objectEndWalk(b []byte) int {
+	i := 0
+	for i < len(b) && (b[i] == ' ' || b[i] == ':' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	if i == len(b) {
+		return -1
+	}
+	if b[i] != '{' {
+		if i+4 > len(b) {
+			return -1
+		}
+		return i + 4
+	}
+	depth := 0
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case '{':
+			depth++
+		case '}':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return -1
+}
+
+// TestTheUsageObjectEndsWhereItsBracesClose: objectEnd finds the end of
+// the value after a usage key as a walk over every byte does, for whole,
+// nested, cut and null values.
+func TestTheUsageObjectEndsWhereItsBracesClose(t *testing.T) {
+	f := func(in string, want int) {
+		t.Helper()
+		if got := objectEnd([]byte(in)); got != want {
+			t.Fatalf("objectEnd(%q) = %d, want %d", in, got, want)
+		}
+		if ref := objectEndWalk([]byte(in)); ref != want {
+			t.Fatalf("walk(%q) = %d, want %d", in, ref, want)
+		}
+	}
+	f(`:{"prompt_tokens":7}`, 20)
+	f(`: {"a":1,"d":{"c":3}},"x":{}`, 21)
+	f(`:{"a":{"b":{"c":{}}}}}`, 21)
+	f(`:{"a":{"b":1}`, -1)
+	f(`:{`, -1)
+	f(`:null,`, 5)
+	f(`:nu`, -1)
+	f(` : `, -1)
+	f(``, -1)
+	// Every cut of a body with nested objects, against the walk.
+	body := []byte(`:{"prompt_tokens":7,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":3,"x":{}},"total_tokens":8}}]}` + "\n\n")
+	for i := 0; i <= len(body); i++ {
+		for j := i; j <= len(body); j++ {
+			if got, ref := objectEnd(body[i:j]), objectEndWalk(body[i:j]); got != ref {
+				t.Fatalf("objectEnd(%q) = %d, walk %d", body[i:j], got, ref)
+			}
+		}
 	}
 }

@@ -156,11 +156,11 @@ func (cv *chatVars) contentParts(m *Message) jinja.Value {
 		for i := range m.Parts {
 			p := cv.object()
 			p.Set("type", jinja.String(m.Parts[i].Type))
-			if m.Parts[i].Type == "text" {
+			if k := partTextKey(m.Parts[i].Type); k != "" {
 				if m.Parts[i].NullText {
-					p.Set("text", jinja.Null())
+					p.Set(k, jinja.Null())
 				} else {
-					p.Set("text", jinja.String(m.Parts[i].Text))
+					p.Set(k, jinja.String(m.Parts[i].Text))
 				}
 			}
 			l.Append(jinja.ObjectValue(p))
@@ -172,6 +172,18 @@ func (cv *chatVars) contentParts(m *Message) jinja.Value {
 		l.Append(jinja.ObjectValue(p))
 	}
 	return l.Value()
+}
+
+// partTextKey is the key under which a part of type typ carries its Text
+// ("" for a media part): a tool_reference part names its tool.
+func partTextKey(typ string) string {
+	switch typ {
+	case "text":
+		return "text"
+	case "tool_reference":
+		return "name"
+	}
+	return ""
 }
 
 // joinPartTexts returns the texts of m's parts joined by "\n", empty ones

@@ -37,11 +37,13 @@ type Message struct {
 // template in the "openai" content format: {"type": "text", "text": Text}
 // for a text part (of any of vLLM's text part types: "text", "input_text",
 // "output_text", "refusal", "thinking"), {"type": Type} for media
-// ("image", "audio", "video").
+// ("image", "audio", "video"), and {"type": "tool_reference", "name":
+// Text} for a reference to a deferred tool (Type "tool_reference").
 type ContentPart struct {
 	Type, Text string
 	// NullText: the text is None (an "input_text", "output_text" or
-	// "thinking" part whose text is null or absent, which vLLM keeps).
+	// "thinking" part whose text is null or absent, which vLLM keeps), or
+	// the tool_reference's name is.
 	NullText bool
 }
 

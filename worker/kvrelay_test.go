@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -32,7 +30,7 @@ func TestKVRelayNATS(t *testing.T) {
 	}
 	defer pub.Close()
 	pub.SetLinger(0)
-	port := bindAnyPort(t, pub)
+	port := testsrv.BindZMQ(t, pub)
 	nc, err := nats.Connect(ns.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -75,24 +73,4 @@ func TestKVRelayNATS(t *testing.T) {
 	if want := "wk1|kv@wk1|92cb0001ff0a"; got.Load().(string) != want {
 		t.Fatalf("got %q, want %q", got.Load(), want)
 	}
-}
-
-// bindAnyPort binds sock to a loopback port ZMQ picks (tcp://127.0.0.1:*,
-// so that no other process can take it between a pick and the bind) and
-// returns the port.
-func bindAnyPort(t *testing.T, sock *zmq.Socket) int {
-	t.Helper()
-	if err := sock.Bind("tcp://127.0.0.1:*"); err != nil {
-		t.Fatal(err)
-	}
-	ep, err := sock.GetLastEndpoint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, p, _ := strings.Cut(strings.TrimPrefix(ep, "tcp://"), ":")
-	port, err := strconv.Atoi(p)
-	if err != nil || port == 0 {
-		t.Fatalf("bound to %q", ep)
-	}
-	return port
 }

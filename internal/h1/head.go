@@ -3,6 +3,7 @@ package h1
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"net"
 	"os"
@@ -205,10 +206,8 @@ func HeaderLine(line []byte) (name, val []byte, err error) {
 		return nil, nil, ErrMalformed // no name, or obsolete line folding
 	}
 	name = line[:colon]
-	for _, ch := range name {
-		if ch <= ' ' || ch >= 0x7f {
-			return nil, nil, ErrMalformed
-		}
+	if !plainName(name) {
+		return nil, nil, ErrMalformed
 	}
 	val = TrimOWS(line[colon+1:])
 	if !ValidValue(val) {
@@ -220,13 +219,51 @@ func HeaderLine(line []byte) (name, val []byte, err error) {
 // ValidValue reports whether v holds no control byte but HT (what net/http
 // takes in a header value; obs-text is taken).
 func ValidValue(v []byte) bool {
-	for _, ch := range v {
+	i := 0
+	// Eight bytes at a time while none is below ' ' or DEL (an HT, rare,
+	// is judged by the byte loop).
+	for ; len(v)-i >= 8; i += 8 {
+		x := binary.LittleEndian.Uint64(v[i:])
+		if hasLess(x, ' ') || hasZero(x^(lsb*0x7f)) {
+			break
+		}
+	}
+	for _, ch := range v[i:] {
 		if (ch < ' ' && ch != '\t') || ch == 0x7f {
 			return false
 		}
 	}
 	return true
 }
+
+// plainName reports whether a header name holds no space, control byte,
+// DEL or byte above it (what HeaderLine refuses in a name).
+func plainName(k []byte) bool {
+	i := 0
+	for ; len(k)-i >= 8; i += 8 {
+		x := binary.LittleEndian.Uint64(k[i:])
+		if x&(lsb*0x80) != 0 || hasLess(x, ' '+1) || hasZero(x^(lsb*0x7f)) {
+			return false
+		}
+	}
+	for _, ch := range k[i:] {
+		if ch <= ' ' || ch >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// lsb has the low bit of every byte of a word set: lsb*c is c in every byte.
+const lsb = 0x0101010101010101
+
+// hasLess reports whether a byte of x is below n (n <= 128). Exact: the
+// lowest such byte borrows from no byte below it, so its high bit is set
+// in x-n and clear in x.
+func hasLess(x uint64, n byte) bool { return (x-lsb*uint64(n))&^x&(lsb*0x80) != 0 }
+
+// hasZero reports whether a byte of x is zero.
+func hasZero(x uint64) bool { return hasLess(x, 1) }
 
 // TrimCRLF removes a trailing "\n" or "\r\n".
 func TrimCRLF(b []byte) []byte {
@@ -357,17 +394,52 @@ func parseContentLength(v []byte) (int64, bool) {
 	return n, true
 }
 
-// EqFold compares b and s as ASCII, ignoring case.
-func EqFold(b []byte, s string) bool {
-	if len(b) != len(s) {
+// EqFold compares b and s as ASCII, ignoring case: byte by byte, b[i]|0x20
+// is s[i]|0x20. Names of different lengths are told apart inline.
+func EqFold(b []byte, s string) bool { return len(b) == len(s) && eqFold(b, s) }
+
+// eqFold is EqFold for b and s of one length, eight bytes at a time (the
+// last eight overlapping the ones before when the length is not a
+// multiple).
+func eqFold(b []byte, s string) bool {
+	n := len(b)
+	if len(s) != n {
 		return false
 	}
-	for i := 0; i < len(b); i++ {
-		if b[i]|0x20 != s[i]|0x20 {
+	const fold = lsb * 0x20
+	if n < 8 {
+		if n < 4 {
+			for i := 0; i < n; i++ {
+				if b[i]|0x20 != s[i]|0x20 {
+					return false
+				}
+			}
+			return true
+		}
+		// The first four bytes and the last four, overlapping.
+		return (binary.LittleEndian.Uint32(b)^le32(s))&^0x20202020 == 0 &&
+			(binary.LittleEndian.Uint32(b[n-4:])^le32(s[n-4:]))&^0x20202020 == 0
+	}
+	for i := 0; i < n-8; i += 8 {
+		if (binary.LittleEndian.Uint64(b[i:])^le64(s[i:]))&^fold != 0 {
 			return false
 		}
 	}
-	return true
+	return (binary.LittleEndian.Uint64(b[n-8:])^le64(s[n-8:]))&^fold == 0
+}
+
+// le32 is binary.LittleEndian.Uint32 of a string's first four bytes.
+func le32(s string) uint32 {
+	_ = s[3]
+	return uint32(s[0]) | uint32(s[1])<<8 | uint32(s[2])<<16 | uint32(s[3])<<24
+}
+
+// le64 is binary.LittleEndian.Uint64 of a string's first eight bytes (one
+// load: the compiler combines the bytes').
+func le64(s string) uint64 {
+	_ = s[7]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
 }
 
 // EqFoldBytes compares a and b as ASCII, ignoring case.

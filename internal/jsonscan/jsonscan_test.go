@@ -3,6 +3,8 @@ package jsonscan
 import (
 	"encoding/json"
 	"errors"
+	"math/bits"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -221,5 +223,57 @@ func TestPlainWordAgreesWithTheByteTable(t *testing.T) {
 				t.Fatalf("byte %#x at %d: plainWord %v, table %v", c, pos, got, want)
 			}
 		}
+	}
+}
+
+// TestSpecialBytesFindsTheFirstByteTheTableRefuses: the lowest bit of
+// specialBytes' mask is in the first byte plainASCII refuses, whatever
+// follows it, and the mask is 0 when the table refuses none.
+func TestSpecialBytesFindsTheFirstByteTheTableRefuses(t *testing.T) {
+	check := func(w [8]byte) {
+		t.Helper()
+		x := uint64(0)
+		for k := 7; k >= 0; k-- {
+			x = x<<8 | uint64(w[k])
+		}
+		want := 8
+		for k, c := range w {
+			if !plainASCII[c] {
+				want = k
+				break
+			}
+		}
+		m := specialBytes(x)
+		got := 8
+		if m != 0 {
+			got = bits.TrailingZeros64(m) >> 3
+		}
+		if got != want {
+			t.Fatalf("%q: first special byte at %d, want %d", w, got, want)
+		}
+	}
+	tails := []byte{'a', '"', '\\', 0, 0x1f, 0x20, 0x7f, 0x80, 0xff, '!', '#', '[', ']'}
+	for c := 0; c < 256; c++ {
+		for pos := 0; pos < 8; pos++ {
+			for _, tail := range tails {
+				w := [8]byte{'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'}
+				w[pos] = byte(c)
+				for k := pos + 1; k < 8; k++ {
+					w[k] = tail
+				}
+				check(w)
+			}
+		}
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	for range 200000 {
+		var w [8]byte
+		for k := range w {
+			w[k] = tails[r.IntN(len(tails))]
+			if r.IntN(3) > 0 {
+				w[k] = byte(0x20 + r.IntN(0x60))
+			}
+		}
+		check(w)
 	}
 }

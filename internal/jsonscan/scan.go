@@ -3,6 +3,7 @@ package jsonscan
 import (
 	"encoding/binary"
 	"errors"
+	"math/bits"
 	"unicode/utf8"
 )
 
@@ -117,9 +118,15 @@ func ScanString(d []byte, i int) (raw []byte, next int, err error) {
 	i++
 	start := i
 	for i < len(d) {
-		// fast path: runs of plain ASCII, eight bytes at a time, then
-		// byte by byte up to the first byte that needs a look
-		for len(d)-i >= 8 && plainWord(binary.LittleEndian.Uint64(d[i:])) {
+		// fast path: runs of plain ASCII, eight bytes at a time; in the
+		// word that holds a byte that needs a look, straight to it (the
+		// lowest bit of specialBytes' mask); the last bytes of d, fewer
+		// than eight, one by one
+		for len(d)-i >= 8 {
+			if m := specialBytes(binary.LittleEndian.Uint64(d[i:])); m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				break
+			}
 			i += 8
 		}
 		for i < len(d) && plainASCII[d[i]] {
@@ -178,6 +185,23 @@ func plainWord(x uint64) bool {
 	q := x ^ ('"' * ones)
 	b := x ^ ('\\' * ones)
 	return ((x-0x20*ones)|(q-ones)|(b-ones))&highs == 0
+}
+
+// specialBytes is a mask whose lowest set bit is the high bit of the
+// first byte of x (in memory order) that is not plain ASCII (see
+// plainASCII); 0 when all eight are. Exact for the first: below it no
+// byte borrows (each is at least 0x20 and differs from '"' and '\\'),
+// and that byte sets its own high bit (a control byte minus 0x20, a quote
+// or backslash xored to 0 minus 1, or a high-bit byte itself); bits above
+// it may be set by a borrow and are not used.
+func specialBytes(x uint64) uint64 {
+	const (
+		ones  = 0x0101010101010101
+		highs = 0x8080808080808080
+	)
+	q := x ^ ('"' * ones)
+	b := x ^ ('\\' * ones)
+	return (x | (x - 0x20*ones) | (q - ones) | (b - ones)) & highs
 }
 
 // plainASCII marks the bytes a string can hold as themselves.
