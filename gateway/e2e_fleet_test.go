@@ -103,11 +103,14 @@ func TestE2EEtcdDiscoveryHTTP(t *testing.T) {
 
 // NATS request transport with etcd discovery; draining a worker during a
 // long stream loses nothing: the stream completes, new requests go to the
-// other worker.
+// other worker, and the drain ends only after the stream did. The stream
+// lasts about 3 s, past the drain's 1 s propagation wait: with a 36 ms
+// stream (speedup 20, 60 tokens) the test passed with the drain's wait
+// for requests in flight removed.
 func TestE2ENATSTransportAndDrain(t *testing.T) {
 	etcd := testsrv.StartEtcd(t)
 	nsrv := testsrv.StartNATS(t)
-	eng1, e1 := startEngine(t, "--speedup", "20")
+	eng1, e1 := startEngine(t) // 12 ms a token: the long stream's 250 take 3 s
 	eng2, e2 := startEngine(t, "--speedup", "20")
 	common := []string{"--discovery-backend", "etcd", "--etcd-endpoint", etcd.Endpoint,
 		"--request-transport", "nats", "--kv-event-transport", "zmq", "--nats-url", nsrv.URL, "--lease-ttl", "2s"}
@@ -128,6 +131,7 @@ func TestE2ENATSTransportAndDrain(t *testing.T) {
 	// A long stream on w1, then drain w1 while it runs.
 	before2 := eng2.Stats().Completed
 	var streamBody string
+	var streamEnd time.Time
 	var wg sync.WaitGroup
 	wg.Add(1)
 	started := make(chan struct{})
@@ -138,7 +142,7 @@ func TestE2ENATSTransportAndDrain(t *testing.T) {
 		for i := 0; i < 4; i++ {
 			before := eng1.Stats().Submitted
 			resp, err := http.Post(r+"/v1/chat/completions", "application/json", strings.NewReader(
-				`{"model":"sim-model","stream":true,"max_tokens":60,"messages":[{"role":"user","content":"long"}]}`))
+				`{"model":"sim-model","stream":true,"max_tokens":250,"messages":[{"role":"user","content":"long"}]}`))
 			if err != nil {
 				t.Error(err)
 				return
@@ -159,6 +163,7 @@ func TestE2ENATSTransportAndDrain(t *testing.T) {
 					break
 				}
 			}
+			streamEnd = time.Now()
 			resp.Body.Close()
 			streamBody = sb.String()
 			return
@@ -168,10 +173,13 @@ func TestE2ENATSTransportAndDrain(t *testing.T) {
 	}()
 	<-started
 	drained := make(chan error, 1)
+	var drainEnd time.Time
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
 		defer cancel()
-		drained <- w1.Drain(ctx)
+		err := w1.Drain(ctx)
+		drainEnd = time.Now()
+		drained <- err
 	}()
 	waitRoutable(t, rt, 1)
 	for i := 0; i < 4; i++ {
@@ -188,6 +196,9 @@ func TestE2ENATSTransportAndDrain(t *testing.T) {
 	}
 	if err := <-drained; err != nil {
 		t.Fatalf("drain: %v", err)
+	}
+	if drainEnd.Before(streamEnd) {
+		t.Fatalf("the drain ended %v before the stream it should wait for", streamEnd.Sub(drainEnd).Round(time.Millisecond))
 	}
 }
 
