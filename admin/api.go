@@ -699,8 +699,9 @@ func (a *Admin) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 // the config it compared against (for If-Match on the import).
 //
 // Imports (dry runs too) run one at a time, the body read included: one
-// holds up to about 3 times its body live, and grows the heap by about 3
-// to 5 times it with the default GOGC (TestAnImportHoldsAFewTimesItsBodyLive,
+// holds up to about 3 times its body live, and with the collector's target
+// lowered to GOGC=25 while it runs (lowerGC) grows the heap by about 3.5
+// times it (TestAnImportHoldsAFewTimesItsBodyLive,
 // TestImportMemoryIsASmallMultipleOfTheBody, BenchmarkImportMemory50000Users),
 // and maxSnapshotBytes bounds the body. One waiting for another gives up
 // when its client does.
@@ -711,6 +712,7 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 	case <-r.Context().Done():
 		return r.Context().Err()
 	}
+	defer lowerGC()()
 	base, err := a.ifMatch(r, false)
 	if err != nil {
 		return err
