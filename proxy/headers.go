@@ -13,26 +13,9 @@ const (
 
 // isHopHeader reports the hop-by-hop headers of RFC 9110 section 7.6.1 (and
 // their common relatives): meaningful for one connection only, so never
-// forwarded in either direction.
-func isHopHeader(k []byte) bool {
-	switch len(k) {
-	case 2:
-		return eqFold(k, "TE")
-	case 7:
-		return eqFold(k, "Upgrade") || eqFold(k, "Trailer")
-	case 10:
-		return eqFold(k, "Connection") || eqFold(k, "Keep-Alive")
-	case 16:
-		return eqFold(k, "Proxy-Connection")
-	case 17:
-		return eqFold(k, "Transfer-Encoding")
-	case 18:
-		return eqFold(k, "Proxy-Authenticate")
-	case 19:
-		return eqFold(k, "Proxy-Authorization")
-	}
-	return false
-}
+// forwarded in either direction. h1 tells them, as it reads an engine's
+// head.
+func isHopHeader(k []byte) bool { return h1.KindOf(k).Hop() }
 
 // isFramingOrOwnHeader reports response headers the router writes itself,
 // CORS's included, and those that speak for the engine's or provider's

@@ -151,8 +151,13 @@ func (u *httpUpstream) closeDelimited() bool {
 func (u *httpUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
 	c := u.conn()
 	for i := range c.Hdrs {
+		if c.Hdrs[i].Kind != h1.Other {
+			continue // hop-by-hop or framing, told when the head was read
+		}
+		// The value is valid: h1 refused control bytes in every value
+		// (relayableHeader's check of it).
 		k, v := c.Header(i)
-		if isHopHeader(k) || isFramingOrOwnHeader(k) || c.NamedByConnection(k) || !relayableHeader(k, v) {
+		if isFramingOrOwnHeader(k) || c.NamedByConnection(k) || !validHeaderName(k) {
 			continue
 		}
 		h.AddBytesKV(k, v)

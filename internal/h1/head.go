@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"math/bits"
 	"net"
 	"os"
 )
@@ -46,13 +47,88 @@ func Invalid(err error) bool {
 // Head is a response head: status, headers and framing.
 type Head struct {
 	Code       int
-	Buf        []byte   // the header block, copied out of the reader
-	Hdrs       [][4]int // key start, key end, value start, value end in Buf
+	Buf        []byte   // the header fields, copied out of the reader
+	Hdrs       []Field  // the header fields in order; no value holds a control byte but HT (ValidValue)
 	CType      [2]int   // Content-Type value span (0,0 = none)
 	ConnTokens [][2]int // spans of the tokens of Connection headers
 	CLen       int64    // -1 unknown
 	Chunked    bool
 	CloseAfter bool // Connection: close, HTTP/1.0, or no framing (read to EOF)
+
+	fieldLen int // bytes of names and values, which MaxHeaderLen bounds
+}
+
+// Field is a header field of a Head: the spans of its name and value in
+// Buf, and what its name is.
+type Field struct {
+	Name, Value [2]int
+	Kind        Kind
+}
+
+// Kind is what a header name is to HTTP/1.1, told once when the head is
+// read (KindOf): the framing headers, and the hop-by-hop ones (RFC 9110
+// section 7.6.1, and their common relatives), which are never relayed.
+type Kind uint8
+
+// Kinds of header names.
+const (
+	Other Kind = iota // an end-to-end header
+	ContentLength
+	ContentType
+	TransferEncoding // hop-by-hop
+	Connection       // hop-by-hop
+	HopByHop         // any other hop-by-hop header: Keep-Alive, TE, Trailer, Upgrade, Proxy-*
+)
+
+// Hop reports whether a header of kind k is meaningful for one connection
+// only, and so never forwarded in either direction.
+func (k Kind) Hop() bool { return k >= TransferEncoding }
+
+// KindOf tells what header name n is, by its length first: one comparison
+// or two per name, not one per kind.
+func KindOf(n []byte) Kind {
+	switch len(n) {
+	case 2:
+		if eqFold(n, "TE") {
+			return HopByHop
+		}
+	case 7:
+		if eqFold(n, "Upgrade") || eqFold(n, "Trailer") {
+			return HopByHop
+		}
+	case 10:
+		if eqFold(n, "Connection") {
+			return Connection
+		}
+		if eqFold(n, "Keep-Alive") {
+			return HopByHop
+		}
+	case 12:
+		if eqFold(n, "Content-Type") {
+			return ContentType
+		}
+	case 14:
+		if eqFold(n, "Content-Length") {
+			return ContentLength
+		}
+	case 16:
+		if eqFold(n, "Proxy-Connection") {
+			return HopByHop
+		}
+	case 17:
+		if eqFold(n, "Transfer-Encoding") {
+			return TransferEncoding
+		}
+	case 18:
+		if eqFold(n, "Proxy-Authenticate") {
+			return HopByHop
+		}
+	case 19:
+		if eqFold(n, "Proxy-Authorization") {
+			return HopByHop
+		}
+	}
+	return Other
 }
 
 // Reset clears h for the next response, keeping its buffers.
@@ -67,6 +143,7 @@ func (h *Head) Reset() {
 	}
 	h.CLen = -1
 	h.Chunked, h.CloseAfter = false, false
+	h.fieldLen = 0
 }
 
 // Read resets h and reads a response head from br. Interim answers (100
@@ -76,10 +153,17 @@ func (h *Head) Reset() {
 // Protocols is ErrUpgrade. A read error before any byte is returned as
 // is; after the first byte it is ErrHeadCut (a timeout stays a timeout).
 func (h *Head) Read(br *bufio.Reader) error {
+	lr := lineReader{br: br}
+	err := h.read(&lr)
+	lr.done()
+	return err
+}
+
+func (h *Head) read(lr *lineReader) error {
 	h.Reset()
 	interim, interimLen := 0, 0
 	for {
-		line, err := br.ReadSlice('\n')
+		line, err := lr.next()
 		if err != nil {
 			if err == bufio.ErrBufferFull {
 				return ErrHeaderSize
@@ -93,7 +177,7 @@ func (h *Head) Read(br *bufio.Reader) error {
 		if !ok {
 			return ErrMalformed
 		}
-		headLen, err := h.readHeaders(br)
+		headLen, err := h.readHeaders(lr)
 		if err != nil {
 			return headCut(err)
 		}
@@ -167,9 +251,9 @@ func ParseStatusLine(line []byte) (status int, http10, ok bool) {
 
 // readHeaders reads a header section into Buf and Hdrs; n is the number
 // of bytes it read.
-func (h *Head) readHeaders(br *bufio.Reader) (n int, err error) {
+func (h *Head) readHeaders(lr *lineReader) (n int, err error) {
 	for {
-		line, err := br.ReadSlice('\n')
+		line, err := lr.next()
 		if err != nil {
 			if err == bufio.ErrBufferFull {
 				return n, ErrHeaderSize
@@ -181,18 +265,67 @@ func (h *Head) readHeaders(br *bufio.Reader) (n int, err error) {
 		if len(line) == 0 {
 			return n, nil
 		}
-		if len(h.Hdrs) >= MaxHeaders || len(h.Buf)+len(line) > MaxHeaderLen {
+		if len(h.Hdrs) >= MaxHeaders || h.fieldLen+len(line) > MaxHeaderLen {
 			return n, ErrHeaderSize
 		}
-		name, val, err := HeaderLine(line)
-		if err != nil {
-			return n, err
+		colon, vs, ve, ok := splitField(line)
+		if !ok {
+			return n, ErrMalformed
 		}
-		off := len(h.Buf)
-		h.Buf = append(h.Buf, name...)
-		vs := len(h.Buf)
-		h.Buf = append(h.Buf, val...)
-		h.Hdrs = append(h.Hdrs, [4]int{off, vs, vs, len(h.Buf)})
+		h.add(line, colon, vs, ve)
+	}
+}
+
+// add copies the header field of line (splitField's offsets) into Buf and
+// Hdrs, its name and value in one piece with what separates them when
+// that is short (": "): Buf then never holds much more than MaxHeaderLen
+// bytes.
+func (h *Head) add(line []byte, colon, vs, ve int) {
+	h.fieldLen += colon + ve - vs
+	off := len(h.Buf)
+	if vs-colon <= 2 {
+		h.Buf = append(h.Buf, line[:ve]...)
+		vs, ve = off+vs, off+ve
+	} else {
+		h.Buf = append(h.Buf, line[:colon]...)
+		h.Buf = append(h.Buf, line[vs:ve]...)
+		vs, ve = off+colon, len(h.Buf)
+	}
+	h.Hdrs = append(h.Hdrs, Field{Name: [2]int{off, off + colon}, Value: [2]int{vs, ve}, Kind: KindOf(line[:colon])})
+}
+
+// lineReader reads the lines of a head from a bufio.Reader: those already
+// buffered in place, from one Peek, the others by ReadSlice, which waits
+// for them. The reader is where ReadSlice alone would have left it once
+// done is called.
+type lineReader struct {
+	br   *bufio.Reader
+	win  []byte // buffered bytes, from Peek
+	used int    // bytes of win read (not yet discarded)
+}
+
+// next returns the next line, '\n' included, as bufio.Reader.ReadSlice.
+func (r *lineReader) next() ([]byte, error) {
+	if i := bytes.IndexByte(r.win[r.used:], '\n'); i >= 0 {
+		line := r.win[r.used : r.used+i+1]
+		r.used += i + 1
+		return line, nil
+	}
+	r.done()
+	r.win = nil
+	line, err := r.br.ReadSlice('\n')
+	if err == nil {
+		// What came with the line: no fill, so line stays valid.
+		r.win, _ = r.br.Peek(r.br.Buffered())
+	}
+	return line, err
+}
+
+// done discards the lines read from the buffer.
+func (r *lineReader) done() {
+	if r.used > 0 {
+		r.br.Discard(r.used)
+		r.win, r.used = r.win[r.used:], 0
 	}
 }
 
@@ -201,34 +334,62 @@ func (h *Head) readHeaders(br *bufio.Reader) (n int, err error) {
 // obsolete line folding, a space or a control byte in the name, a control
 // byte in the value.
 func HeaderLine(line []byte) (name, val []byte, err error) {
-	colon := bytes.IndexByte(line, ':')
-	if colon <= 0 || line[0] == ' ' || line[0] == '\t' {
-		return nil, nil, ErrMalformed // no name, or obsolete line folding
-	}
-	name = line[:colon]
-	if !plainName(name) {
+	colon, vs, ve, ok := splitField(line)
+	if !ok {
 		return nil, nil, ErrMalformed
 	}
-	val = TrimOWS(line[colon+1:])
-	if !ValidValue(val) {
-		return nil, nil, ErrMalformed
+	return line[:colon], line[vs:ve], nil
+}
+
+// splitField is HeaderLine by offsets in line: the name is line[:colon],
+// the value line[vs:ve]; ok is false for a malformed line.
+func splitField(line []byte) (colon, vs, ve int, ok bool) {
+	// The first colon ends the name, unless a byte no name may hold (a
+	// space, HT, control byte, DEL or above) comes before it: one pass
+	// over the name finds the colon and judges the bytes before it.
+	colon = nameEnd(line)
+	if colon == 0 || colon == len(line) || line[colon] != ':' {
+		return 0, 0, 0, false // no name, obsolete line folding, a bad byte in the name, or no colon
 	}
-	return name, val, nil
+	vs, ve = colon+1, len(line)
+	for vs < ve && (line[vs] == ' ' || line[vs] == '\t') {
+		vs++
+	}
+	for ve > vs && (line[ve-1] == ' ' || line[ve-1] == '\t') {
+		ve--
+	}
+	return colon, vs, ve, ValidValue(line[vs:ve])
 }
 
 // ValidValue reports whether v holds no control byte but HT (what net/http
 // takes in a header value; obs-text is taken).
 func ValidValue(v []byte) bool {
-	i := 0
 	// Eight bytes at a time while none is below ' ' or DEL (an HT, rare,
-	// is judged by the byte loop).
-	for ; len(v)-i >= 8; i += 8 {
-		x := binary.LittleEndian.Uint64(v[i:])
-		if hasLess(x, ' ') || hasZero(x^(lsb*0x7f)) {
-			break
+	// is judged by the byte loop), the last eight overlapping the ones
+	// before; four and four overlapping below eight.
+	n := len(v)
+	switch {
+	case n >= 8:
+		for i := 0; i < n-8; i += 8 {
+			if !plainValueWord(binary.LittleEndian.Uint64(v[i:])) {
+				return validValueBytes(v[i:])
+			}
 		}
+		if !plainValueWord(binary.LittleEndian.Uint64(v[n-8:])) {
+			return validValueBytes(v[n-8:])
+		}
+		return true
+	case n >= 4 && plainValueWord(ends4(v)):
+		return true
 	}
-	for _, ch := range v[i:] {
+	return validValueBytes(v)
+}
+
+// plainValueWord reports whether no byte of x is below ' ' or DEL.
+func plainValueWord(x uint64) bool { return !hasLess(x, ' ') && !hasZero(x^(lsb*0x7f)) }
+
+func validValueBytes(v []byte) bool {
+	for _, ch := range v {
 		if (ch < ' ' && ch != '\t') || ch == 0x7f {
 			return false
 		}
@@ -237,21 +398,70 @@ func ValidValue(v []byte) bool {
 }
 
 // plainName reports whether a header name holds no space, control byte,
-// DEL or byte above it (what HeaderLine refuses in a name).
+// DEL or byte above it (what HeaderLine refuses in a name), eight bytes at
+// a time as ValidValue.
 func plainName(k []byte) bool {
-	i := 0
-	for ; len(k)-i >= 8; i += 8 {
-		x := binary.LittleEndian.Uint64(k[i:])
-		if x&(lsb*0x80) != 0 || hasLess(x, ' '+1) || hasZero(x^(lsb*0x7f)) {
-			return false
+	n := len(k)
+	switch {
+	case n >= 8:
+		for i := 0; i < n-8; i += 8 {
+			if !plainNameWord(binary.LittleEndian.Uint64(k[i:])) {
+				return false
+			}
 		}
+		return plainNameWord(binary.LittleEndian.Uint64(k[n-8:]))
+	case n >= 4:
+		return plainNameWord(ends4(k))
 	}
-	for _, ch := range k[i:] {
+	for _, ch := range k {
 		if ch <= ' ' || ch >= 0x7f {
 			return false
 		}
 	}
 	return true
+}
+
+// nameEnd returns the index of the first byte of b that is a colon or no
+// plainName byte, len(b) if there is none; eight bytes at a time, the last
+// eight overlapping the ones before.
+func nameEnd(b []byte) int {
+	n := len(b)
+	if n < 8 {
+		for i, c := range b {
+			if c <= ' ' || c >= 0x7f || c == ':' {
+				return i
+			}
+		}
+		return n
+	}
+	for i := 0; i < n-8; i += 8 {
+		if m := nameStops(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+			return i + bits.TrailingZeros64(m)/8
+		}
+	}
+	if m := nameStops(binary.LittleEndian.Uint64(b[n-8:])); m != 0 {
+		return n - 8 + bits.TrailingZeros64(m)/8
+	}
+	return n
+}
+
+// nameStops has the high bit set of the lowest byte of x that is a colon or
+// no plainName byte (and maybe of bytes above it, which nameEnd does not
+// look at): each term is exact in its lowest byte (hasLess), so their
+// union is in the lowest of all.
+func nameStops(x uint64) uint64 {
+	return x&(lsb*0x80) | lessBytes(x, ' '+1) | lessBytes(x^(lsb*0x7f), 1) | lessBytes(x^(lsb*':'), 1)
+}
+
+// plainNameWord reports whether every byte of x is above ' ' and below DEL.
+func plainNameWord(x uint64) bool {
+	return x&(lsb*0x80) == 0 && !hasLess(x, ' '+1) && !hasZero(x^(lsb*0x7f))
+}
+
+// ends4 packs the first four bytes of b (4 <= len(b) <= 8) and its last
+// four, overlapping, into one word: every byte of b is in it.
+func ends4(b []byte) uint64 {
+	return uint64(binary.LittleEndian.Uint32(b)) | uint64(binary.LittleEndian.Uint32(b[len(b)-4:]))<<32
 }
 
 // lsb has the low bit of every byte of a word set: lsb*c is c in every byte.
@@ -260,7 +470,11 @@ const lsb = 0x0101010101010101
 // hasLess reports whether a byte of x is below n (n <= 128). Exact: the
 // lowest such byte borrows from no byte below it, so its high bit is set
 // in x-n and clear in x.
-func hasLess(x uint64, n byte) bool { return (x-lsb*uint64(n))&^x&(lsb*0x80) != 0 }
+func hasLess(x uint64, n byte) bool { return lessBytes(x, n) != 0 }
+
+// lessBytes is hasLess's word: the high bit of the lowest byte of x below n
+// is set, and maybe those of bytes above it.
+func lessBytes(x uint64, n byte) uint64 { return (x - lsb*uint64(n)) &^ x & (lsb * 0x80) }
 
 // hasZero reports whether a byte of x is zero.
 func hasZero(x uint64) bool { return hasLess(x, 1) }
@@ -293,10 +507,11 @@ func (h *Head) frame() error {
 	h.CLen = -1
 	teSeen := false
 	var clv []byte // the first Content-Length value
-	for _, s := range h.Hdrs {
-		k, v := h.Buf[s[0]:s[1]], h.Buf[s[2]:s[3]]
-		switch {
-		case EqFold(k, "Content-Length"):
+	for i := range h.Hdrs {
+		f := &h.Hdrs[i]
+		switch f.Kind {
+		case ContentLength:
+			v := h.Buf[f.Value[0]:f.Value[1]]
 			// Several are spelt alike, as Go's net/http takes them (with
 			// which the worker reads its engine): 5 beside 05 is refused.
 			n, ok := parseContentLength(v)
@@ -304,20 +519,20 @@ func (h *Head) frame() error {
 				return ErrMalformed
 			}
 			clv, h.CLen = v, n
-		case EqFold(k, "Transfer-Encoding"):
+		case TransferEncoding:
 			// Exactly one transfer coding, chunked, as Go's net/http
 			// accepts: any other coding (gzip, chunked) would reach the
 			// client still coded, with nothing saying so; chunked twice
 			// is not HTTP (RFC 9112 6.1).
-			if teSeen || !EqFold(v, "chunked") {
+			if teSeen || !EqFold(h.Buf[f.Value[0]:f.Value[1]], "chunked") {
 				return ErrMalformed
 			}
 			teSeen = true
 			h.Chunked = true
-		case EqFold(k, "Connection"):
-			h.addConnTokens(s[2], s[3])
-		case EqFold(k, "Content-Type"):
-			h.CType = [2]int{s[2], s[3]}
+		case Connection:
+			h.addConnTokens(f.Value[0], f.Value[1])
+		case ContentType:
+			h.CType = f.Value
 		}
 	}
 	if teSeen && h.CLen >= 0 {
@@ -376,8 +591,8 @@ func (h *Head) NamedByConnection(k []byte) bool {
 
 // Header returns the i-th header's key and value.
 func (h *Head) Header(i int) ([]byte, []byte) {
-	s := h.Hdrs[i]
-	return h.Buf[s[0]:s[1]], h.Buf[s[2]:s[3]]
+	f := &h.Hdrs[i]
+	return h.Buf[f.Name[0]:f.Name[1]], h.Buf[f.Value[0]:f.Value[1]]
 }
 
 func parseContentLength(v []byte) (int64, bool) {

@@ -38,8 +38,27 @@ func plainNameBytewise(k []byte) bool {
 	return true
 }
 
-// TestTheWordChecksAgreeWithTheByteChecks: EqFold, ValidValue and
-// plainName (HeaderLine's name check) give what a byte-by-byte loop gives,
+func validNameBytewise(k []byte) bool {
+	for _, c := range k {
+		if !tokenChar[c] {
+			return false
+		}
+	}
+	return len(k) > 0
+}
+
+func nameEndBytewise(b []byte) int {
+	for i, c := range b {
+		if c <= ' ' || c >= 0x7f || c == ':' {
+			return i
+		}
+	}
+	return len(b)
+}
+
+// TestTheWordChecksAgreeWithTheByteChecks: EqFold, ValidValue, plainName,
+// nameEnd (HeaderLine's name checks) and ValidName give what a
+// byte-by-byte loop gives,
 // for every byte value at every position of lengths 0 to 40, and for
 // random strings.
 func TestTheWordChecksAgreeWithTheByteChecks(t *testing.T) {
@@ -53,6 +72,12 @@ func TestTheWordChecksAgreeWithTheByteChecks(t *testing.T) {
 		}
 		if got, want := plainName(b), plainNameBytewise(b); got != want {
 			t.Fatalf("plainName(%q) = %v, want %v", b, got, want)
+		}
+		if got, want := ValidName(b), validNameBytewise(b); got != want {
+			t.Fatalf("ValidName(%q) = %v, want %v", b, got, want)
+		}
+		if got, want := nameEnd(b), nameEndBytewise(b); got != want {
+			t.Fatalf("nameEnd(%q) = %v, want %v", b, got, want)
 		}
 	}
 	const name = "Proxy-Authorization-And-Some-More-Bytes-X"
