@@ -75,16 +75,13 @@ const (
 // Reset clears m for another request, keeping its buffers (up to 256 KiB
 // each).
 func (m *Meta) Reset() {
-	prev := reuse(m.PrevResponseID)
-	*m = Meta{
-		Model:     m.Model[:0],
-		ID:        m.ID[:0],
-		stops:     reuse(m.stops),
-		stopEnds:  m.stopEnds[:0],
-		echo:      reuse(m.echo), // echoed tools can be large
-		MaxTokens: -1,
-	}
-	m.PrevResponseID = prev
+	// Zeroed in place, then its buffers put back: a composite literal
+	// naming them would be built on the stack and copied over m.
+	model, id, prev, stops, stopEnds := m.Model[:0], m.ID[:0], reuse(m.PrevResponseID), reuse(m.stops), m.stopEnds[:0]
+	echo := reuse(m.echo) // echoed tools can be large
+	*m = Meta{}
+	m.Model, m.ID, m.PrevResponseID, m.stops, m.stopEnds, m.echo = model, id, prev, stops, stopEnds, echo
+	m.MaxTokens = -1
 }
 
 func (m *Meta) start(api API, prefix string) {

@@ -152,7 +152,9 @@ type UsageFilter struct {
 // Reset clears f for another stream, keeping its buffers (up to 256 KiB
 // each: a huge event's buffer is dropped).
 func (f *UsageFilter) Reset() {
-	*f = UsageFilter{carry: reuse(f.carry), scratch: reuse(f.scratch)}
+	carry, scratch := reuse(f.carry), reuse(f.scratch)
+	*f = UsageFilter{} // in place (a literal naming the buffers is copied over f)
+	f.carry, f.scratch = carry, scratch
 }
 
 var keyUsage = []byte(`"usage"`)

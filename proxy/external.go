@@ -535,7 +535,9 @@ type extState struct {
 }
 
 func (e *extState) reset() {
-	*e = extState{plan: e.plan[:0], path: e.path[:0], hdr: e.hdr[:0], modelBuf: e.modelBuf[:0]}
+	plan, path, hdr, modelBuf := e.plan[:0], e.path[:0], e.hdr[:0], e.modelBuf[:0]
+	*e = extState{} // in place (a literal naming the buffers is copied over e)
+	e.plan, e.path, e.hdr, e.modelBuf = plan, path, hdr, modelBuf
 }
 
 // forwardBody is the body of the attempt in flight: the client's, with the

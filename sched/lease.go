@@ -2,6 +2,7 @@ package sched
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/infera/infera/fleet"
@@ -65,8 +66,10 @@ type Lease struct {
 	// mu serializes FirstToken, Done and Attach (they may come from the
 	// handler and from the relay or a watchdog); uncontended in practice.
 	mu sync.Mutex
-	// state: 0 free, 1 held, 2 first token seen, 3 done.
-	state uint8
+	// state: 0 free, 1 held, 2 first token seen, 3 done. Written with mu
+	// held; Held reads it without (one load, no lock: it is asked two or
+	// three times per request, by the pooled state's release and resets).
+	state atomic.Uint32
 	// settled: the breaker already has its verdict (Verdict).
 	settled bool
 	// sent: the attempt went to the worker (Sent).
@@ -86,9 +89,7 @@ type FirstTokenObserver interface {
 // Held reports whether the lease holds a worker (Pick succeeded and Done
 // was not called yet).
 func (l *Lease) Held() bool {
-	l.mu.Lock()
-	s := l.state
-	l.mu.Unlock()
+	s := l.state.Load()
 	return s == 1 || s == 2
 }
 
@@ -106,7 +107,7 @@ func (l *Lease) acquire(d Decision, tokens, prefill, blocks int64, obs FirstToke
 	l.sent = false
 	d.Worker.Acquire(tokens, prefill, blocks)
 	l.mu.Lock()
-	l.state = 1
+	l.state.Store(1)
 	l.mu.Unlock()
 }
 
@@ -127,12 +128,13 @@ func (l *Lease) Sent() {
 func (l *Lease) Attach(s Seat) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if (l.state != 1 && l.state != 2) || l.nseat == maxSeats {
+	st := l.state.Load()
+	if (st != 1 && st != 2) || l.nseat == maxSeats {
 		return false
 	}
 	l.seats[l.nseat] = s
 	l.nseat++
-	if l.state == 2 {
+	if st == 2 {
 		s.FirstToken()
 	}
 	return true
@@ -144,10 +146,10 @@ func (l *Lease) Attach(s Seat) bool {
 func (l *Lease) FirstToken() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.state != 1 {
+	if l.state.Load() != 1 {
 		return
 	}
-	l.state = 2
+	l.state.Store(2)
 	w := l.Worker
 	w.FirstToken(l.prefill)
 	if l.obs != nil {
@@ -165,11 +167,11 @@ func (l *Lease) FirstToken() {
 func (l *Lease) Done(o Outcome) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	s := l.state
+	s := l.state.Load()
 	if s != 1 && s != 2 {
 		return
 	}
-	l.state = 3
+	l.state.Store(3)
 	w := l.Worker
 	w.Release(l.tokens, l.prefill, l.blocks, s == 2)
 	if !l.settled {
@@ -194,7 +196,7 @@ func (l *Lease) Done(o Outcome) {
 func (l *Lease) Verdict(o Outcome) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if (l.state != 1 && l.state != 2) || l.settled {
+	if s := l.state.Load(); (s != 1 && s != 2) || l.settled {
 		return
 	}
 	l.settled = true
@@ -221,8 +223,9 @@ func (l *Lease) Reset() {
 	}
 	l.Decision = Decision{}
 	l.tokens, l.prefill, l.blocks = 0, 0, 0
-	l.obs = nil
+	l.start, l.sent, l.nseat, l.obs = time.Time{}, false, 0, nil
 	l.mu.Lock()
-	l.state, l.settled = 0, false
+	l.state.Store(0)
+	l.settled = false
 	l.mu.Unlock()
 }

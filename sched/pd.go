@@ -132,8 +132,16 @@ type pdRoute struct {
 }
 
 func (p *pdRoute) reset() {
+	cands := p.emptied()
+	*p = pdRoute{}
+	p.cands = cands
+}
+
+// emptied returns cands cleared (no worker pinned by the pool) and
+// emptied, for the next request.
+func (p *pdRoute) emptied() []*fleet.Worker {
 	clear(p.cands)
-	*p = pdRoute{cands: p.cands[:0]}
+	return p.cands[:0]
 }
 
 // SetLeg selects the leg the next Acquire picks a worker for. prefill is

@@ -14,6 +14,7 @@ import (
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/fleet"
+	"github.com/infera/infera/internal/zerotest"
 )
 
 func TestMain(m *testing.M) {
@@ -616,5 +617,17 @@ func TestPickPrefersTheNamedWorker(t *testing.T) {
 		if d := pick(t, s, cfg, &Request{Model: []byte("m"), Prefer: ref}); d.Worker != nb {
 			t.Fatalf("after b's worker was replaced: %s", d.Worker.ID)
 		}
+	}
+}
+
+// TestRequestResetClearsEveryField: Reset leaves nothing a request set (every
+// field, also one added later: zerotest.Fill), keeping only the capacity
+// of its buffers.
+func TestRequestResetClearsEveryField(t *testing.T) {
+	r := &Request{}
+	zerotest.Fill(r)
+	r.Reset()
+	if d := zerotest.Dirty(r); len(d) > 0 {
+		t.Fatalf("after Reset, left from the last request: %s", zerotest.String(d))
 	}
 }
