@@ -132,7 +132,24 @@ func (s *Scheduler) route(c *compiled, v *fleet.View, r *Request, now int64, dst
 	if len(name) == 0 && c.cfg.ModelRouting.Enabled && len(c.defaultModel) > 0 {
 		name = c.defaultModel
 	}
+	if !c.cfg.Canary.Enabled && !c.cfg.ModelRouting.Enabled {
+		// Neither reads the lower-cased name: routeName's buffer for it
+		// (zeroed on every call) is not set up.
+		return s.routeExact(c, v, r, name, dst)
+	}
 	return s.routeName(c, v, r, name, now, dst)
+}
+
+// routeExact is routeName without model routing: the workers that serve
+// name as it is written (every routable worker for no name).
+func (s *Scheduler) routeExact(c *compiled, v *fleet.View, r *Request, name []byte, dst []*fleet.Worker) ([]*fleet.Worker, string, string, error) {
+	if len(name) == 0 {
+		return appendRole(dst, v.Routable, r), "", "", nil
+	}
+	if ws := v.ByModel[string(name)]; len(ws) > 0 {
+		return appendRole(dst, ws, r), "", "", nil
+	}
+	return dst, "", "", s.unknownModel(c, v, name)
 }
 
 // routeName is route for the model name (r's, or the default model).
@@ -161,13 +178,7 @@ func (s *Scheduler) routeName(c *compiled, v *fleet.View, r *Request, name []byt
 		}
 	}
 	if !mr.Enabled {
-		if len(name) == 0 {
-			return appendRole(dst, v.Routable, r), "", "", nil
-		}
-		if ws := v.ByModel[string(name)]; len(ws) > 0 {
-			return appendRole(dst, ws, r), "", "", nil
-		}
-		return dst, "", "", s.unknownModel(c, v, name)
+		return s.routeExact(c, v, r, name, dst)
 	}
 	for i := range c.mappings {
 		m := &c.mappings[i]

@@ -598,11 +598,13 @@ func (s *Scheduler) layers(cfg *config.Config, c *compiled, v *fleet.View, avail
 			}
 			reason = why
 			rebind = why != ReasonAffinityOverload
-		}
-	}
-	if deadline != 0 {
-		if now = s.Now(); now > deadline {
-			return s.timedOut(avail, rebind), now
+			// The clock is read again after a lookup only: without one,
+			// nothing ran since now was read.
+			if deadline != 0 {
+				if now = s.Now(); now > deadline {
+					return s.timedOut(avail, rebind), now
+				}
+			}
 		}
 	}
 	if r.LoadOnly {
