@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"strconv"
-
 	"github.com/infera/infera/internal/jsonscan"
 )
 
@@ -50,33 +48,53 @@ func forEachElem(d []byte, i int, f func(vs, ve int) error) (int, error) {
 	return jsonscan.WalkArray(d, i, maxDepth, f)
 }
 
-// walkArray validates the array at d[i] (nested depth deep), calling f, when
-// non-nil, for each element span. It returns the index after the array.
-func walkArray(d []byte, i, depth int, f func(vs, ve int) error) (int, error) {
-	return jsonscan.WalkArray(d, i, maxDepth-depth, f)
-}
-
 // walkObjectInline walks the top-level object at d[i] for callers that
 // parse some values themselves, so that a large value is scanned once, not
 // validated first and parsed again: f gets the decoded key and the value's
 // start; it returns the value's end, or -1 to let the walker skip (and
 // validate) the value.
 func walkObjectInline(d []byte, i int, f func(key []byte, vs int) (int, error)) (int, error) {
-	return jsonscan.WalkMembers(d, i, func(raw []byte, vs int) (int, error) {
-		ve, err := f(jsonscan.Key(raw), vs)
-		if err == nil && ve < 0 {
-			return jsonscan.SkipValue(d, vs, maxDepth-1)
-		}
-		return ve, err
-	})
+	return jsonscan.WalkObjectInline(d, i, maxDepth, f)
 }
 
+// walkElements walks the array at d[i] for callers that parse its
+// elements themselves: value gets an element's start and returns the index
+// after it, having validated it (walkObject, skipValue).
+func walkElements(d []byte, i int, value func(vs int) (int, error)) (int, error) {
+	return jsonscan.WalkElements(d, i, value)
+}
+
+// walkObject validates the object at d[i], nested depth deep (the object
+// itself at depth), calling f for each member (forEachField). It returns
+// the index after the object.
+func walkObject(d []byte, i, depth int, f func(key []byte, vs, ve int) error) (int, error) {
+	return jsonscan.WalkObject(d, i, maxDepth-depth, f)
+}
+
+// parseInt reads v as strconv.ParseInt(v, 10, 64) does (an optional
+// sign, then decimal digits) and returns it when it lies in [0, 1<<31].
 func parseInt(v []byte) (int, bool) {
-	n, err := strconv.ParseInt(string(v), 10, 64) // no alloc: compiler optimises string(v)
-	if err != nil || n < 0 || n > 1<<31 {
+	i := 0
+	if len(v) > 0 && (v[0] == '-' || v[0] == '+') {
+		i = 1
+	}
+	if i == len(v) {
 		return 0, false
 	}
-	return int(n), true
+	n := 0
+	for ; i < len(v); i++ {
+		c := v[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		if n = n*10 + int(c-'0'); n > 1<<31 {
+			return 0, false // too large, or not a number: refused either way
+		}
+	}
+	if v[0] == '-' && n != 0 {
+		return 0, false
+	}
+	return n, true
 }
 
 // appendJSONString appends s as a JSON string literal (invalid UTF-8 is

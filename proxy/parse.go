@@ -476,14 +476,19 @@ func hasEscape(raw []byte) bool {
 // message that is not an object is recorded (b.msgErr) rather than
 // returned, so that malformed JSON later in the body is reported as such.
 func (b *reqBody) parseMessagesAt(d []byte, vs int) (int, error) {
-	return walkArray(d, vs, 1, func(ms, me int) error {
+	// Each message is validated by the walk that reads it, so its bytes
+	// are scanned once; the array is at depth 1, its messages at 2.
+	return walkElements(d, vs, func(ms int) (int, error) {
 		if d[ms] != '{' {
-			b.msgErr = errMessages
-			return nil
+			me, err := skipValue(d, ms, 2)
+			if err == nil {
+				b.msgErr = errMessages
+			}
+			return me, err
 		}
 		b.nMessages++
 		var sp msgSpan
-		_, err := forEachField(d, ms, func(key []byte, s, e int) error {
+		me, err := walkObject(d, ms, 2, func(key []byte, s, e int) error {
 			switch string(key) {
 			case "content":
 				sp.content = span{s - vs, e - vs} // the last copy, as the engine reads it
@@ -502,7 +507,10 @@ func (b *reqBody) parseMessagesAt(d []byte, vs int) (int, error) {
 			}
 			return nil
 		})
-		if err == nil && sp.content.e > 0 {
+		if err != nil {
+			return me, err
+		}
+		if sp.content.e > 0 {
 			b.appendContent(d, vs+sp.content.s, vs+sp.content.e)
 		}
 		// Routing renders at most maxRouteMessages messages: the rest are
@@ -512,7 +520,7 @@ func (b *reqBody) parseMessagesAt(d []byte, vs int) (int, error) {
 		} else {
 			b.restSize += sp.size()
 		}
-		return err
+		return me, nil
 	})
 }
 

@@ -94,6 +94,26 @@ func TestAppendJSONString(t *testing.T) {
 	}
 }
 
+// parseInt reads what strconv.ParseInt reads, bounded to [0, 1<<31].
+func TestParseIntIsStrconvBounded(t *testing.T) {
+	ins := []string{"", "-", "+", "0", "-0", "+0", "00", "7", "+7", "-7", "42", "2147483647", "2147483648", "2147483649",
+		"-2147483648", "4294967296", "99999999999999999999", "9223372036854775807", "9223372036854775808",
+		"1.0", "1e3", "0x10", "1_000", " 5", "5 ", "٣", "12a", "a12", "--1", "+-1", `"4"`, "null", "true"}
+	for n := 1; n < 1<<40; n = n*3 + 1 {
+		ins = append(ins, strconv.Itoa(n), strconv.Itoa(n-1), "-"+strconv.Itoa(n))
+	}
+	for _, in := range ins {
+		want, err := strconv.ParseInt(in, 10, 64)
+		wantOK := err == nil && want >= 0 && want <= 1<<31
+		if !wantOK {
+			want = 0
+		}
+		if got, ok := parseInt([]byte(in)); ok != wantOK || got != int(want) {
+			t.Errorf("parseInt(%q) = %d, %v; strconv: %d, %v", in, got, ok, want, wantOK)
+		}
+	}
+}
+
 // FuzzParseBody checks the hand-written scanner against encoding/json: it
 // never panics, accepts exactly the valid JSON documents (up to its depth
 // limit), and extracts the same model string.

@@ -31,6 +31,14 @@ func TestScanningAllocatesNothing(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
+		if _, err := WalkObjectInline(d, 0, 256, func(key []byte, vs int) (int, error) {
+			if string(key) == "messages" {
+				return WalkElements(d, vs, func(s int) (int, error) { return WalkObject(d, s, 254, nil) })
+			}
+			return -1, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
 		raw, _, err := ScanString([]byte(`"caf\u00e9 \ud83d\ude00"`), 0)
 		if err != nil {
 			t.Fatal(err)

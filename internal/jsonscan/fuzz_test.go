@@ -47,6 +47,27 @@ func FuzzSkipValue(f *testing.F) {
 		if ok != valid && !(valid && tooDeep(d)) {
 			t.Fatalf("accepted %v, encoding/json and utf8 say %v: %q", ok, valid, d)
 		}
+		// The walkers that let a caller consume values accept what
+		// SkipValue accepts.
+		skip := func(vs int) (int, error) { return SkipValue(d, vs, maxLevels-1) }
+		var wok bool
+		switch i := SkipSpace(d, 0); {
+		case i < len(d) && d[i] == '{':
+			end, err := WalkObjectInline(d, 0, maxLevels, func([]byte, int) (int, error) { return -1, nil })
+			wok = err == nil && SkipSpace(d, end) == len(d)
+			end, err = WalkMembers(d, 0, func(_ []byte, vs int) (int, error) { return skip(vs) })
+			if mok := err == nil && SkipSpace(d, end) == len(d); mok != wok {
+				t.Fatalf("WalkMembers accepted %v, WalkObjectInline %v: %q", mok, wok, d)
+			}
+		case i < len(d) && d[i] == '[':
+			end, err := WalkElements(d, 0, skip)
+			wok = err == nil && SkipSpace(d, end) == len(d)
+		default:
+			wok = ok
+		}
+		if wok != ok {
+			t.Fatalf("SkipValue accepted %v, the inline walkers %v: %q", ok, wok, d)
+		}
 		if !ok {
 			return
 		}

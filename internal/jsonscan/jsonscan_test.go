@@ -154,6 +154,74 @@ func TestWalkMembersLetsTheCallerConsumeValues(t *testing.T) {
 	}
 }
 
+func TestWalkObjectInlineSkipsWhatTheCallerLeaves(t *testing.T) {
+	d := []byte(` {"mod\u0065l" : "m", "n":[1, {"x":2}] ,"o":{"p":null}} `)
+	var got []string
+	end, err := WalkObjectInline(d, 0, 3, func(key []byte, vs int) (int, error) {
+		got = append(got, string(key))
+		if string(key) == "n" {
+			return WalkArray(d, vs, 2, nil) // consumed by the caller
+		}
+		return -1, nil
+	})
+	if err != nil || SkipSpace(d, end) != len(d) {
+		t.Fatalf("end %d err %v", end, err)
+	}
+	if s := strings.Join(got, " "); s != "model n o" {
+		t.Errorf("keys %q", s)
+	}
+	// A value the walker skips gets levels-1: {"p":null} needs 2.
+	if _, err := WalkObjectInline(d, 0, 2, func([]byte, int) (int, error) { return -1, nil }); err != ErrSyntax {
+		t.Errorf("an object two deep with 2 levels: %v", err)
+	}
+	stop := errors.New("stop")
+	if _, err := WalkObjectInline(d, 0, 3, func([]byte, int) (int, error) { return 0, stop }); err != stop {
+		t.Errorf("the callback's error: %v", err)
+	}
+	for _, in := range []string{`{"a":`, `{"a":1,}`, `{"a":1 "b":2}`, `{"a":tru}`, `{"a"1}`, `{1:1}`, `[]`, `{"a":1`} {
+		if _, err := WalkObjectInline([]byte(in), 0, 3, func(_ []byte, vs int) (int, error) {
+			if vs >= len(in) {
+				t.Errorf("%q: value called at the end", in)
+			}
+			return -1, nil
+		}); err != ErrSyntax {
+			t.Errorf("%q: %v", in, err)
+		}
+	}
+}
+
+func TestWalkElementsLetsTheCallerConsumeElements(t *testing.T) {
+	d := []byte(` [ "a" , {"b":1},[2] ,3 ] `)
+	var got []string
+	end, err := WalkElements(d, 0, func(vs int) (int, error) {
+		ve, err := SkipValue(d, vs, 2)
+		got = append(got, string(d[vs:ve]))
+		return ve, err
+	})
+	if err != nil || SkipSpace(d, end) != len(d) {
+		t.Fatalf("end %d err %v", end, err)
+	}
+	if s := strings.Join(got, " "); s != `"a" {"b":1} [2] 3` {
+		t.Errorf("elements %q", s)
+	}
+	if end, err := WalkElements([]byte(`[ ]`), 0, func(vs int) (int, error) {
+		t.Error("called for an empty array")
+		return vs, nil
+	}); err != nil || end != 3 {
+		t.Errorf("empty array: end %d err %v", end, err)
+	}
+	for _, in := range []string{`[`, `[1,`, `[1 `, `[1,]`, `[1 2]`, `{}`, `[1}`} {
+		if _, err := WalkElements([]byte(in), 0, func(vs int) (int, error) {
+			if vs >= len(in) {
+				t.Errorf("%q: value called at the end", in)
+			}
+			return SkipValue([]byte(in), vs, 1)
+		}); err != ErrSyntax {
+			t.Errorf("%q: %v", in, err)
+		}
+	}
+}
+
 func TestKeyCopiesOnlyEscapedKeys(t *testing.T) {
 	raw := []byte("model")
 	if k := Key(raw); &k[0] != &raw[0] {

@@ -18,7 +18,7 @@ func IsSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\
 // SkipSpace returns the index of the first byte at or after d[i] that is not
 // white space (len(d) when there is none).
 func SkipSpace(d []byte, i int) int {
-	for i < len(d) && IsSpace(d[i]) {
+	for i < len(d) && d[i] <= ' ' && IsSpace(d[i]) { // most bytes are past ' ': one test
 		i++
 	}
 	return i
@@ -34,7 +34,7 @@ func SkipValue(d []byte, i, levels int) (int, error) {
 	}
 	switch c := d[i]; {
 	case c == '"':
-		_, j, err := ScanString(d, i)
+		_, j, _, err := scanString(d, i)
 		return j, err
 	case c == '{':
 		if levels <= 0 {
@@ -115,6 +115,13 @@ func ScanNumber(d []byte, i int) (int, error) {
 // Invalid UTF-8 and raw control characters are refused, so raw contents can
 // be pasted into any JSON output.
 func ScanString(d []byte, i int) (raw []byte, next int, err error) {
+	raw, next, _, err = scanString(d, i)
+	return raw, next, err
+}
+
+// scanString is ScanString that also tells whether the string holds an
+// escape (so that a key is decoded without a second look at its bytes).
+func scanString(d []byte, i int) (raw []byte, next int, escaped bool, err error) {
 	i++
 	start := i
 	for i < len(d) {
@@ -138,34 +145,35 @@ func ScanString(d []byte, i int) (raw []byte, next int, err error) {
 		c := d[i]
 		switch {
 		case c == '"':
-			return d[start:i], i + 1, nil
+			return d[start:i], i + 1, escaped, nil
 		case c == '\\':
+			escaped = true
 			i++
 			if i >= len(d) {
-				return nil, i, ErrSyntax
+				return nil, i, false, ErrSyntax
 			}
 			switch d[i] {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				i++
 			case 'u':
 				if len(d)-i < 5 || !isHex4(d[i+1:i+5]) {
-					return nil, i, ErrSyntax
+					return nil, i, false, ErrSyntax
 				}
 				i += 5
 			default:
-				return nil, i, ErrSyntax
+				return nil, i, false, ErrSyntax
 			}
 		case c < 0x20:
-			return nil, i, ErrSyntax
+			return nil, i, false, ErrSyntax
 		default:
 			r, n := utf8.DecodeRune(d[i:])
 			if r == utf8.RuneError && n == 1 {
-				return nil, i, ErrSyntax
+				return nil, i, false, ErrSyntax
 			}
 			i += n
 		}
 	}
-	return nil, i, ErrSyntax
+	return nil, i, false, ErrSyntax
 }
 
 // plainWord reports whether the eight bytes of x are all plain ASCII (see
