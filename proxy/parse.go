@@ -81,7 +81,13 @@ type reqBody struct {
 }
 
 func (b *reqBody) reset() {
-	*b = reqBody{modelBuf: trimBuf(b.modelBuf), text: trimBuf(b.text), tokenIDs: trimIDs(b.tokenIDs), idText: trimBuf(b.idText), msgSpans: b.msgSpans[:0], maxTokens: -1, choices: 1, prompts: 1}
+	// Cleared in place, then the buffers put back: a literal that reads
+	// *b is built in a temporary and copied over *b (typedmemmove), about
+	// four times the instructions.
+	modelBuf, text, tokenIDs, idText, msgSpans := trimBuf(b.modelBuf), trimBuf(b.text), trimIDs(b.tokenIDs), trimBuf(b.idText), b.msgSpans[:0]
+	*b = reqBody{}
+	b.modelBuf, b.text, b.tokenIDs, b.idText, b.msgSpans = modelBuf, text, tokenIDs, idText, msgSpans
+	b.maxTokens, b.choices, b.prompts = -1, 1, 1
 }
 
 // span is a JSON value's [s, e) in the messages array (so that moving the

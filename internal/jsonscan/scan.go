@@ -124,23 +124,25 @@ func ScanString(d []byte, i int) (raw []byte, next int, err error) {
 func scanString(d []byte, i int) (raw []byte, next int, escaped bool, err error) {
 	i++
 	start := i
-	for i < len(d) {
-		// fast path: runs of plain ASCII, eight bytes at a time; in the
-		// word that holds a byte that needs a look, straight to it (the
-		// lowest bit of specialBytes' mask); the last bytes of d, fewer
-		// than eight, one by one
-		for len(d)-i >= 8 {
-			if m := specialBytes(binary.LittleEndian.Uint64(d[i:])); m != 0 {
-				i += bits.TrailingZeros64(m) >> 3
-				break
+	for {
+		// To the next byte that needs a look: runs of plain ASCII eight
+		// bytes at a time, and in the word that holds such a byte,
+		// straight to it (the lowest bit of specialBytes' mask); the last
+		// bytes of d, fewer than eight, one by one.
+		if len(d)-i >= 8 {
+			m := specialBytes(binary.LittleEndian.Uint64(d[i:]))
+			if m == 0 {
+				i += 8
+				continue
 			}
-			i += 8
-		}
-		for i < len(d) && plainASCII[d[i]] {
-			i++
-		}
-		if i >= len(d) {
-			break
+			i += bits.TrailingZeros64(m) >> 3
+		} else {
+			for i < len(d) && plainASCII[d[i]] {
+				i++
+			}
+			if i >= len(d) {
+				return nil, i, false, ErrSyntax
+			}
 		}
 		c := d[i]
 		switch {
@@ -173,7 +175,6 @@ func scanString(d []byte, i int) (raw []byte, next int, escaped bool, err error)
 			i += n
 		}
 	}
-	return nil, i, false, ErrSyntax
 }
 
 // plainWord reports whether the eight bytes of x are all plain ASCII (see
