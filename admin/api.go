@@ -712,7 +712,9 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 	case <-r.Context().Done():
 		return r.Context().Err()
 	}
-	defer lowerGC()()
+	if r.ContentLength < 0 || r.ContentLength >= lowGCBodyBytes {
+		defer lowerGC()()
+	}
 	base, err := a.ifMatch(r, false)
 	if err != nil {
 		return err

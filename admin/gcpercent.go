@@ -15,6 +15,12 @@ import (
 // milliseconds, for an import that takes about a second.
 const importGCPercent = 25
 
+// lowGCBodyBytes is the body size from which an import lowers the
+// collector's target: below it the heap's growth is small in bytes
+// whatever GOGC, and the process-wide change is not worth its collections.
+// A body of unknown length (chunked) lowers it too.
+const lowGCBodyBytes = 1 << 20
+
 var lowGC struct {
 	sync.Mutex
 	n    int // imports running with the target lowered
