@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"reflect"
 	"slices"
@@ -110,6 +111,32 @@ func OptionsFromFlags(f *config.Serve, store *config.Store) Options {
 	return o
 }
 
+// The admin listener's deadlines (variables: tests shorten them).
+var (
+	// readTimeout bounds reading a request, its body included, and
+	// writeTimeout writing its answer (both from the end of its head): a
+	// client that trickles its bytes holds a connection no longer.
+	readTimeout  = 60 * time.Second
+	writeTimeout = 60 * time.Second
+	// transferTimeout replaces both, once the key is checked, for an
+	// import's body and an export's or a stored snapshot's download: up
+	// to 64 MiB (maxSnapshotBytes), which 60 s cut below about 1.1 MB/s
+	// (an import of a 4 MB export sent at 40 KB/s was answered 500 "i/o
+	// timeout"). 10 minutes take 64 MiB at about 110 KB/s.
+	transferTimeout = 10 * time.Minute
+)
+
+// longTransfer gives the request's body (read) and its answer the
+// transferTimeout from now.
+func longTransfer(w http.ResponseWriter, read bool) {
+	rc := http.NewResponseController(w)
+	d := time.Now().Add(transferTimeout)
+	if read {
+		rc.SetReadDeadline(d)
+	}
+	rc.SetWriteDeadline(d)
+}
+
 // minKeyLen is the admin key length below which the router warns at start.
 const minKeyLen = 16
 
@@ -127,7 +154,11 @@ type Admin struct {
 	// hostname is this machine's name, lower case (hostAllowed).
 	hostname string
 
-	mu      sync.Mutex // serializes changes made through the admin
+	mu sync.Mutex // serializes changes made through the admin
+	// closed is set by Close, under mu, before the last snapshot: a
+	// change that reaches its commit later is refused (errClosed), so no
+	// change lands after the snapshot that is to hold the last data.
+	closed  bool
 	pending atomic.Pointer[pendingChange]
 	// importing is held by the import (or dry run) running: they run one
 	// at a time, from reading the body to recording the audit entry, so
@@ -327,20 +358,25 @@ func (a *Admin) Start() error {
 	if a.o.Addr == "" || a.o.Key == "" {
 		return nil
 	}
-	ln, err := net.Listen("tcp", a.o.Addr)
+	ln, err := listen("tcp", a.o.Addr)
 	if err != nil {
 		return fmt.Errorf("cannot listen on admin address %s: %w", a.o.Addr, err)
 	}
 	scheme := "http"
 	if a.o.TLS != nil {
 		ln, scheme = tls.NewListener(ln, a.o.TLS), "https"
+	} else if !loopbackOnly(a.o.Addr, ln.Addr()) {
+		// Neither the host nor TLS changes at a reload (SIGHUP reloads
+		// the certificate of a listener that has one): once, here.
+		slog.Warn("the admin API listens beyond loopback without TLS: the admin key, minted API keys and every setting cross the network in clear; set --tls-cert-file and --tls-key-file, or --admin-host 127.0.0.1 behind a TLS proxy",
+			"admin_addr", a.o.Addr, "listening", ln.Addr().String())
 	}
 	a.ln = ln
 	a.srv = &http.Server{
 		Handler:           a.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       60 * time.Second,
-		WriteTimeout:      60 * time.Second,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          nil,
@@ -356,6 +392,27 @@ func (a *Admin) Start() error {
 	return nil
 }
 
+// listen opens the admin listener (a variable: a test of the warning for
+// an address beyond loopback listens on loopback all the same).
+var listen = net.Listen
+
+// loopbackOnly reports whether the admin listener, configured as addr
+// (--admin-host and --admin-port) and bound at bound, is reachable from
+// this machine alone: an IP address of the loopback network, or a name
+// (localhost) that was bound to one. No host, 0.0.0.0 and :: are every
+// interface.
+func loopbackOnly(addr string, bound net.Addr) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return false
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return ip.Unmap().IsLoopback()
+	}
+	tcp, ok := bound.(*net.TCPAddr)
+	return ok && tcp.IP.IsLoopback()
+}
+
 // Addr returns the listener's address (nil when off).
 func (a *Admin) Addr() net.Addr {
 	if a.ln == nil {
@@ -364,16 +421,38 @@ func (a *Admin) Addr() net.Addr {
 	return a.ln.Addr()
 }
 
+// shutdownGrace is how long Close lets requests in flight finish (a
+// variable: tests shorten it).
+var shutdownGrace = 5 * time.Second
+
+// errClosed refuses a change that reaches its commit after Close began.
+var errClosed = &httpError{status: http.StatusServiceUnavailable, msg: "the router is shutting down: nothing was changed; send it again once it is back"}
+
 // Close stops the listener and the loops, writing a last snapshot when the
 // data changed since the newest one.
+//
+// Requests in flight get shutdownGrace to finish; then their connections
+// are closed (an import still uploading fails reading its body), and a
+// change that reaches its commit after that is refused: a change either
+// lands before the last snapshot (which then holds it) or not at all.
+// Without the cut, an import uploading past the grace was read on and
+// committed after the last snapshot, and a restart from the snapshots
+// lost it although it had been answered 200.
 func (a *Admin) Close() error {
 	a.once.Do(func() {
 		close(a.stop)
 		if a.srv != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			a.srv.Shutdown(ctx)
+			ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+			if err := a.srv.Shutdown(ctx); err != nil {
+				a.srv.Close() // past the grace: cut what is still in flight
+			}
 			cancel()
 		}
+		// A change committing now finishes first (it holds mu); any
+		// later one is refused.
+		a.mu.Lock()
+		a.closed = true
+		a.mu.Unlock()
 		a.wg.Wait()
 		if a.snaps != nil {
 			if _, err := a.snapshot(kindAuto); err != nil {
@@ -482,6 +561,9 @@ func (a *Admin) change(who actor, action string, ifVersion uint64, mutate func(d
 func (a *Admin) changeChecked(who actor, action string, ifVersion uint64, checked *config.Config, checkedVer uint64, mutate func(doc map[string]any) error, before func(cur *config.Config, ver uint64) error) (*config.Config, uint64, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.closed {
+		return nil, 0, errClosed
+	}
 	if err := a.syncFile(); err != nil {
 		return nil, 0, err
 	}
@@ -540,6 +622,9 @@ func (a *Admin) changeChecked(who actor, action string, ifVersion uint64, checke
 			} else if err := before(cur, ver); err != nil {
 				return nil, 0, err
 			}
+		}
+		if a.closed { // Close began while before ran unlocked
+			return nil, 0, errClosed
 		}
 		a.pending.Store(&pendingChange{cfg: next, who: who, action: action})
 		// The config checked by the caller (Store.Check) is stored as it

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/infera/infera/config"
 	"github.com/infera/infera/govern"
@@ -62,9 +63,9 @@ func onlyParams(h func(w http.ResponseWriter, r *http.Request) error, names ...s
 				if len(names) > 0 {
 					want = "want " + strings.Join(names, ", ")
 				}
-				return &config.FieldError{Path: k, Msg: fmt.Sprintf("unknown query parameter %q: %s (nothing was changed)", k, want)}
+				return &config.FieldError{Path: echoName(k), Msg: fmt.Sprintf("unknown query parameter %s: %s (nothing was changed)", quoteName(k), want)}
 			case len(q[k]) > 1:
-				return &config.FieldError{Path: k, Msg: fmt.Sprintf("query parameter %q given %d times: give it once (nothing was changed)", k, len(q[k]))}
+				return &config.FieldError{Path: k, Msg: fmt.Sprintf("query parameter %s given %d times: give it once (nothing was changed)", quoteName(k), len(q[k]))}
 			}
 		}
 		return h(w, r)
@@ -117,9 +118,9 @@ func (a *Admin) Handler() http.Handler {
 		}
 		if len(allow) > 0 {
 			w.Header().Set("Allow", strings.Join(allow, ", "))
-			return &httpError{status: http.StatusMethodNotAllowed, msg: r.Method + " is not allowed on " + r.URL.Path + " (allowed: " + strings.Join(allow, ", ") + ")"}
+			return &httpError{status: http.StatusMethodNotAllowed, msg: echoName(r.Method) + " is not allowed on " + echoPath(r) + " (allowed: " + strings.Join(allow, ", ") + ")"}
 		}
-		return &httpError{status: http.StatusNotFound, msg: "no such endpoint: " + r.Method + " " + r.URL.Path}
+		return &httpError{status: http.StatusNotFound, msg: "no such endpoint: " + echoName(r.Method) + " " + echoPath(r)}
 	}))
 	mux.Handle("/", consoleHandler())
 	return securityHeaders(mux)
@@ -141,7 +142,7 @@ func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) htt
 			// origin, key header and all: refused before the key is
 			// checked or counted, so it can neither guess nor lock the
 			// operator out.
-			authLog.Warn("admin request refused: its Host is not one this listener answers for (--admin-allowed-hosts)", "remote", a.remote(r), "path", r.URL.Path)
+			authLog.Warn("admin request refused: its Host is not one this listener answers for (--admin-allowed-hosts)", "remote", a.remote(r), "path", echoPath(r))
 			writeJSON(w, http.StatusMisdirectedRequest, errBody("", "this admin listener does not answer for the request's Host; name it with --admin-allowed-hosts"))
 			return
 		}
@@ -151,7 +152,7 @@ func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) htt
 		if wait, locked := a.fails.Locked(ip); locked {
 			// Too many wrong keys from this address: the key is not even
 			// checked until the window ends (no guessing at any speed).
-			authLog.Warn("admin request refused: too many wrong keys from this address", "remote", a.remote(r), "path", r.URL.Path)
+			authLog.Warn("admin request refused: too many wrong keys from this address", "remote", a.remote(r), "path", echoPath(r))
 			w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
 			writeJSON(w, http.StatusTooManyRequests, errBody("", "too many wrong admin keys from this address; retry later"))
 			return
@@ -165,7 +166,7 @@ func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) htt
 				a.wrongKey(ip) // here, and in Redis with --state (lockout.go)
 			}
 			// The presented key is never logged or echoed.
-			authLog.Warn("admin request refused: bad or missing key", "remote", a.remote(r), "path", r.URL.Path)
+			authLog.Warn("admin request refused: bad or missing key", "remote", a.remote(r), "path", echoPath(r))
 			w.Header().Set("WWW-Authenticate", `Bearer realm="infera admin"`)
 			writeJSON(w, http.StatusUnauthorized, errBody("", "missing or wrong admin key: send Authorization: Bearer <admin key>"))
 			return
@@ -254,8 +255,9 @@ type errorDetail struct {
 	Version uint64 `json:"version,omitempty"`
 }
 
+// errBody is an error answer, bounded (clipPath, maxErrMessage).
 func errBody(path, msg string) errorJSON {
-	return errorJSON{Error: errorDetail{Path: path, Message: msg}}
+	return errorJSON{Error: errorDetail{Path: clipPath(path), Message: clip(msg, maxErrMessage)}}
 }
 
 func (a *Admin) writeErr(w http.ResponseWriter, err error) {
@@ -303,7 +305,26 @@ func writeRaw(w http.ResponseWriter, status int, data []byte) {
 
 // readBody reads a bounded request body.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	return io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	return b, bodyErr(w, err)
+}
+
+// bodyErr is a body's read error as the client is answered: a body that
+// did not arrive before the listener's read deadline is a 408 that says
+// so (it was a 500 carrying "read tcp ...: i/o timeout", or no answer at
+// all: the write deadline, from the same instant, had passed too), with a
+// few seconds to write it. A connection Close cut is the shutdown's 503,
+// not a failure to log.
+func bodyErr(w http.ResponseWriter, err error) error {
+	if errors.Is(err, net.ErrClosed) {
+		return errClosed // Close cut the connection past its grace
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		http.NewResponseController(w).SetWriteDeadline(time.Now().Add(5 * time.Second))
+		return &httpError{status: http.StatusRequestTimeout, msg: fmt.Sprintf(
+			"the body did not arrive in time (the admin listener reads a body for at most %s, an import's for %s): nothing was changed; send it again over a faster link", readTimeout, transferTimeout)}
+	}
+	return err
 }
 
 // readBodySized is readBody into one buffer of the announced length (up
@@ -320,7 +341,7 @@ func readBodySized(w http.ResponseWriter, r *http.Request, limit int64) ([]byte,
 	var buf bytes.Buffer
 	buf.Grow(int(r.ContentLength) + bytes.MinRead)
 	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
-	return buf.Bytes(), err
+	return buf.Bytes(), bodyErr(w, err)
 }
 
 // decodeAny decodes one JSON value keeping numbers exact.
@@ -503,7 +524,7 @@ func (s *sealer) sectionOf(c *config.Config, name string) (json.RawMessage, erro
 func (a *Admin) getSection(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("section")
 	if !isSection(name) {
-		return &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no config section %q (sections: %s)", name, strings.Join(sections(), ", "))}
+		return &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no config section %s (sections: %s)", quoteName(name), strings.Join(sections(), ", "))}
 	}
 	c, v := a.store.Current()
 	sec, err := a.seal.sectionOf(c, name)
@@ -521,7 +542,7 @@ func (a *Admin) getSection(w http.ResponseWriter, r *http.Request) error {
 func (a *Admin) writeSection(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("section")
 	if !isSection(name) {
-		return &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no config section %q (sections: %s)", name, strings.Join(sections(), ", "))}
+		return &httpError{status: http.StatusNotFound, msg: fmt.Sprintf("no config section %s (sections: %s)", quoteName(name), strings.Join(sections(), ", "))}
 	}
 	if why := a.startupFixed(); why != "" && slices.Contains(startupSections, name) {
 		return startupErr(name, why) // even one that would change nothing: the section cannot be edited here
@@ -574,16 +595,26 @@ func mergePatch(target, patch any) any {
 	if !ok {
 		t = map[string]any{}
 	}
+	// A patch key is matched against the target's own keys alone, through
+	// their case folds: the patch's keys differ from each other in any case
+	// (RepeatedKey refused the body otherwise), and comparing each with
+	// every key, the ones the patch had added included, made a patch of n
+	// unknown settings cost n*n/2 comparisons under the admin lock (350,000
+	// of them, 4 MB: over half an hour).
+	var own map[string]string // fold -> the target's key; built at the first key t lacks
 	for k, v := range p {
 		if _, ok := t[k]; !ok {
 			// Settings are matched ignoring case, as a PUT and the config
 			// file match them: a patch key in another case is that setting
 			// (kept beside it, the two read as one setting given twice).
-			for tk := range t {
-				if strings.EqualFold(tk, k) {
-					k = tk
-					break
+			if own == nil {
+				own = make(map[string]string, len(t))
+				for tk := range t {
+					own[foldKey(tk)] = tk
 				}
+			}
+			if tk, ok := own[foldKey(k)]; ok {
+				k = tk
 			}
 		}
 		if v == nil {
@@ -593,6 +624,22 @@ func mergePatch(target, patch any) any {
 		t[k] = mergePatch(t[k], v)
 	}
 	return t
+}
+
+// foldKey is s with each rune replaced by the least rune of its case
+// folding orbit (unicode.SimpleFold): two strings have the same foldKey
+// exactly when strings.EqualFold says they are equal.
+func foldKey(s string) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	for _, r := range s {
+		m := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			m = min(m, f)
+		}
+		b.WriteRune(m)
+	}
+	return b.String()
 }
 
 func (a *Admin) getFleet(w http.ResponseWriter, r *http.Request) error {
@@ -665,6 +712,7 @@ func (a *Admin) postBackup(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *Admin) getExport(w http.ResponseWriter, r *http.Request) error {
+	longTransfer(w, false) // up to 64 MiB too
 	c, v := a.store.Current()
 	now := time.Now().UTC()
 	data, err := a.seal.encodeSnapshot(c, v, kindExport, now)
@@ -687,6 +735,7 @@ func (a *Admin) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 	if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() {
 		return &httpError{status: http.StatusNotFound, msg: "no such snapshot"}
 	}
+	longTransfer(w, false)
 	http.ServeFile(w, r, path)
 	return nil
 }
@@ -706,6 +755,7 @@ func (a *Admin) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 // and maxSnapshotBytes bounds the body. One waiting for another gives up
 // when its client does.
 func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
+	longTransfer(w, true) // up to 64 MiB: 60 s cut it below 1.1 MB/s
 	select {
 	case a.importing <- struct{}{}:
 		defer func() { <-a.importing }()
@@ -724,6 +774,9 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	in, f, err := decodeSnapshot(body)
+	if err == nil {
+		err = unknownEnvelopeKey(body)
+	}
 	if err != nil {
 		return err
 	}
@@ -863,7 +916,7 @@ func flagParam(r *http.Request, name string) (bool, error) {
 	case "0", "false", "no", "off":
 		return false, nil
 	default:
-		return false, &config.FieldError{Path: name, Msg: fmt.Sprintf("%q: want true or false (1 or 0)", v)}
+		return false, &config.FieldError{Path: name, Msg: fmt.Sprintf("%s: want true or false (1 or 0)", quoteName(v))}
 	}
 }
 
@@ -873,12 +926,14 @@ func decodeStrictInto(data []byte, v any) error {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			// The name bounded (a body may be one 1 MiB field name), and
+			// never the value: it may be a key sent in the wrong field.
 			key, _ := strconv.Unquote(f)
 			path := config.UnknownFieldPath(data, v, key)
 			if path == "" {
 				path = key
 			}
-			return &config.FieldError{Path: path, Msg: "unknown field " + f}
+			return &config.FieldError{Path: path, Msg: "unknown field " + quoteName(key)}
 		}
 		return &config.FieldError{Msg: "cannot parse the body: " + err.Error()}
 	}

@@ -630,6 +630,23 @@ func checkObject(data []byte) error {
 // made an import of 50,000 users peak at 14 to 19 times its body.
 func (s *sealer) parseRefs(data []byte, cur, refs *config.Config) (*config.Config, error) {
 	data = validUTF8(data)
+	c, err := s.parseRefsOnce(data, cur, refs)
+	var fe *config.FieldError
+	if err != nil && errors.As(err, &fe) && strings.HasPrefix(fe.Msg, "cannot use number ") {
+		// A whole number written as 100.0 or 1e2 (see wholeNumber), or a
+		// number no setting of its type takes: once written plain, the
+		// document parses, or walkDoc says why not.
+		plain, werr := wholeNumbersWritten(data)
+		if werr != nil {
+			return nil, werr
+		}
+		return s.parseRefsOnce(plain, cur, refs)
+	}
+	return c, err
+}
+
+// parseRefsOnce is parseRefs of a document in valid UTF-8, as it is.
+func (s *sealer) parseRefsOnce(data []byte, cur, refs *config.Config) (*config.Config, error) {
 	take := secretTaker{s: s, cur: cur, refs: refs, held: newHeldSecrets()}
 	var edits []secretEdit
 	err := walkSecrets(data, jsonscan.SkipSpace(data, 0), reflect.TypeFor[config.Config](), "", func(path string, vs, ve int, v string) error {
@@ -828,7 +845,7 @@ func walkSecrets(d []byte, i int, t reflect.Type, path string, f func(path strin
 		_, err = jsonscan.WalkObject(d, i, walkLevels, func(key []byte, vs, _ int) error {
 			ft, ok := config.FieldType(t, string(key))
 			if !ok {
-				return &config.FieldError{Path: join(path, string(key)), Msg: fmt.Sprintf("unknown field %q", key)}
+				return &config.FieldError{Path: join(path, echoName(string(key))), Msg: "unknown field " + quoteName(string(key))}
 			}
 			return walkSecrets(d, vs, ft, join(path, string(key)), f)
 		})
@@ -910,7 +927,9 @@ var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
 // walkDoc walks a decoded JSON value along Go type t as encoding/json
 // would decode it, calling f (when non-nil) at every Secret and leaf and
 // replacing the value with what f returns. It reports the first unknown
-// field or JSON type that t cannot hold as a *config.FieldError.
+// field or JSON type that t cannot hold as a *config.FieldError. It writes
+// a whole-number setting given as 100.0 or 1e2 as 100 (wholeNumber), and
+// refuses one that is not whole or lies past its type's range.
 func walkDoc(v any, t reflect.Type, path string, f func(path string, t reflect.Type, v any) (any, error)) (any, error) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
@@ -936,7 +955,7 @@ func walkDoc(v any, t reflect.Type, path string, f func(path string, t reflect.T
 		for k, fv := range m {
 			ft, ok := config.FieldType(t, k)
 			if !ok {
-				return nil, &config.FieldError{Path: join(path, k), Msg: fmt.Sprintf("unknown field %q", k)}
+				return nil, &config.FieldError{Path: join(path, echoName(k)), Msg: "unknown field " + quoteName(k)}
 			}
 			nv, err := walkDoc(fv, ft, join(path, k), f)
 			if err != nil {
@@ -988,9 +1007,11 @@ func walkDoc(v any, t reflect.Type, path string, f func(path string, t reflect.T
 		if !ok {
 			return nil, typeErr(path, "a whole number", v)
 		}
-		if strings.ContainsAny(n.String(), ".eE") {
-			return nil, &config.FieldError{Path: path, Msg: fmt.Sprintf("%s: want a whole number", n)}
+		w, err := wholeNumber(n, t)
+		if err != nil {
+			return nil, &config.FieldError{Path: path, Msg: err.Error()}
 		}
+		v = w
 	case reflect.Float32, reflect.Float64:
 		if _, ok := v.(json.Number); !ok {
 			return nil, typeErr(path, "a number", v)

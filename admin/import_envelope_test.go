@@ -73,3 +73,36 @@ func TestAnExportSavedWithAByteOrderMarkImports(t *testing.T) {
 		t.Fatalf("two byte order marks: %d %s", r.status, r.body)
 	}
 }
+
+// A snapshot file's own keys are format, format_version, created_at, kind,
+// version, sha256 and config (any case, as they are read). Another was
+// ignored: a misspelt "sha256" ("sha_256", "checksum") imported a file
+// whose checksum was never compared, damaged or not, as if the key had
+// been removed on purpose. An import refuses it, its dry run too.
+func TestAnImportWithAnUnknownEnvelopeKeyIsRefused(t *testing.T) {
+	e := newEnv(t, envOpts{file: `{}`})
+	v := e.store.Version()
+	for _, c := range []struct{ body, path string }{
+		{`{"format":"infera-snapshot","format_version":1,"sha_256":"00","config":{"debug":{"decision_header":true}}}`, "sha_256"},
+		{`{"format":"infera-snapshot","format_version":1,"config":{},"checksum":"00"}`, "checksum"},
+		{`{"format":"infera-snapshot","format_version":1,"config":{},"extra":{"x":[1,2]}}`, "extra"},
+	} {
+		for _, q := range []string{"?dry_run=1", ""} {
+			r := e.do("POST", "/api/backup/import"+q, c.body)
+			if r.status != 400 {
+				t.Fatalf("%s%s: %d %.300s", c.body, q, r.status, r.body)
+			}
+			if p, msg := r.errPath(t); p != c.path || !strings.Contains(msg, "unknown key") {
+				t.Fatalf("%s%s: error at %q %q, want %q unknown key", c.body, q, p, msg, c.path)
+			}
+		}
+	}
+	if e.store.Version() != v {
+		t.Fatal("a refused import changed the config")
+	}
+	// The file's own keys, in any case, and a byte order mark before it.
+	ok := "\ufeff" + `{"Format":"infera-snapshot","FORMAT_VERSION":1,"created_at":"2026-12-01T06:00:00Z","kind":"export","version":3,"Sha256":"","config":{}}`
+	if r := e.do("POST", "/api/backup/import?dry_run=1", ok); r.status != 200 {
+		t.Fatalf("a snapshot file with its own keys: %d %s", r.status, r.body)
+	}
+}

@@ -170,6 +170,7 @@ var fieldMeta = map[string]meta{
 	"global_scheduling.forward_non_stream_first_byte_ms": {label: "Forwarded non-stream first byte timeout", unit: "ms", help: "A member that sends no answer within it is marked failed and the request fails over; 0: the general timeouts only."},
 	"global_scheduling.forward_failure_backoff_ms":       {label: "Failed member backoff", unit: "ms", help: "A member whose forward failed (unreachable, timeout, 5xx) takes no forward for this long, whatever its polls say; then one request tries it. Doubles after a failed try; 0: until its next good poll only."},
 	"global_scheduling.forward_failure_max_backoff_ms":   {label: "Failed member max backoff", unit: "ms"},
+	"global_scheduling.forward_stall_ms":                 {label: "Stalled member bound", unit: "ms", help: "A member with a forward waiting this long for its first byte, and no forward answered meanwhile, takes no new forward until it answers one; 0: off."},
 
 	"smart_model_selection":                           {label: "Smart model selection", group: "Routing", help: "A classifier picks the L1/L2/L3 tier model per request (cost optimisation). Incompatible with weight-based splitting."},
 	"smart_model_selection.enabled":                   {label: "Enabled"},

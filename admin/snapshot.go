@@ -252,6 +252,32 @@ func decodeSnapshot(data []byte) ([]byte, *snapshotHeader, error) {
 	return cfg, &f.snapshotHeader, nil
 }
 
+// envelopeKeys are a snapshot file's own keys (snapshotFile's JSON names).
+var envelopeKeys = [][]byte{[]byte("format"), []byte("format_version"), []byte("created_at"),
+	[]byte("kind"), []byte("version"), []byte("sha256"), []byte("config")}
+
+// unknownEnvelopeKey refuses an imported snapshot file (one that
+// decodeSnapshot read) holding a key of its own that is none of
+// envelopeKeys in any case, as encoding/json matches them: it was
+// ignored, and a misspelt "sha256" imported the file unchecked. Stored
+// snapshots, which this program wrote, are not held to it.
+func unknownEnvelopeKey(data []byte) error {
+	data = validUTF8(bytes.TrimPrefix(data, []byte("\ufeff")))
+	_, err := jsonscan.WalkObjectInline(data, 0, walkLevels, func(key []byte, vs int) (int, error) {
+		for _, k := range envelopeKeys {
+			if bytes.EqualFold(key, k) {
+				return -1, nil
+			}
+		}
+		name := string(key)
+		if len(name) > 64 { // the caller's text, told back bounded
+			name = strings.ToValidUTF8(name[:64], "") + "..."
+		}
+		return 0, &config.FieldError{Path: name, Msg: fmt.Sprintf("unknown key %q of a snapshot file: want format, format_version, created_at, kind, version, sha256 and config (nothing was changed; a misspelt sha256 left the checksum unchecked)", name)}
+	})
+	return err
+}
+
 // configSpan is the value of the file's config key in a snapshot file
 // that decoded (the last copy, which encoding/json keeps), nil if none.
 func configSpan(data []byte) []byte {

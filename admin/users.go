@@ -334,10 +334,7 @@ func readAddKeyBody(w http.ResponseWriter, r *http.Request) error {
 	}
 	fields := make([]string, 0, len(doc))
 	for k := range doc {
-		if len(k) > 64 { // the caller's text, told back bounded
-			k = strings.ToValidUTF8(k[:64], "") + "..."
-		}
-		fields = append(fields, strconv.Quote(k))
+		fields = append(fields, quoteName(k)) // the caller's text, told back bounded
 	}
 	sort.Strings(fields)
 	first, _ := strconv.Unquote(fields[0])

@@ -376,7 +376,7 @@ func (c *Config) Validate() error {
 		return fieldErr("session_affinity.header", "must not be empty")
 	}
 	if !ValidHeaderName(sa.Header) {
-		return fieldErr("session_affinity.header", "%q is not a valid header name", sa.Header)
+		return fieldErr("session_affinity.header", "%s is not a valid header name", quotedKey(sa.Header))
 	}
 	if credentialHeader(sa.Header) {
 		// Sessions would be keyed by the client's key: the affinity table

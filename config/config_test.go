@@ -254,6 +254,60 @@ func TestQuotaTemplateNamesArePrintableAndBounded(t *testing.T) {
 	}
 }
 
+// Characters Unicode says to render as nothing (Default_Ignorable_Code_Point
+// beyond the format characters: a combining grapheme joiner, the Hangul
+// fillers, Khmer's inherent vowels) and the blank braille cell are
+// printable to unicode.IsPrint, and were taken: "gold\u034f" and
+// "gold\u3164" show as "gold" in the console's template choice, beside the
+// real one. A variation selector after an ASCII character selects nothing
+// and shows as nothing too; after an emoji or an ideograph it is part of
+// the character and stays allowed.
+func TestQuotaTemplateNamesWithCharactersShownAsNothingAreRefused(t *testing.T) {
+	doc := func(name string) []byte {
+		b, _ := json.Marshal(name)
+		return []byte(`{"user_limit":{"templates":[{"name":` + string(b) + `}]}}`)
+	}
+	for _, name := range []string{"gold ❤️", "葛󠄀 tier", "café", "été"} {
+		if _, err := Parse(doc(name)); err != nil {
+			t.Errorf("%q refused: %v", name, err)
+		}
+	}
+	for _, name := range []string{"gold͏", "go͏ld", "goldㅤ", "ᅟgold", "goldᅠ", "goldﾠ",
+		"gold឴", "gold឵", "gold⠀", "Gold⠀tier", "gold️", "️gold", "gold󠄀"} {
+		_, err := Parse(doc(name))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Path != "user_limit.templates[0].name" {
+			t.Errorf("%+q: %v", name, err)
+		}
+	}
+}
+
+// A template's name is a path segment of /api/templates/{name}, and "."
+// and ".." are the two a path cannot carry: clients (curl, browsers,
+// fetch) remove them as dot segments (RFC 3986 5.2.4), and the admin's
+// router redirects what is left, so DELETE /api/templates/.. reached
+// /api/ and a template named ".." or "." could be read, replaced or
+// deleted only by percent-encoding its dots. Names that merely hold dots
+// stay valid.
+func TestQuotaTemplatesNamedDotOrDotDotAreRefused(t *testing.T) {
+	doc := func(name string) []byte {
+		b, _ := json.Marshal(name)
+		return []byte(`{"user_limit":{"templates":[{"name":` + string(b) + `}]}}`)
+	}
+	for _, name := range []string{"...", ".gold", "gold.", "v1..2", ". .", "a.b"} {
+		if _, err := Parse(doc(name)); err != nil {
+			t.Errorf("%q refused: %v", name, err)
+		}
+	}
+	for _, name := range []string{".", ".."} {
+		_, err := Parse(doc(name))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Path != "user_limit.templates[0].name" {
+			t.Errorf("%q: %v", name, err)
+		}
+	}
+}
+
 // A mapping pattern with surrounding spaces never matched a model name (they
 // are matched as written): it is refused instead of loading as a dead rule.
 func TestAMappingPatternWithSurroundingSpacesIsRefused(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"unicode"
 	"unicode/utf8"
 
@@ -102,7 +103,7 @@ func (r *repeatScan) value(i, levels int) (int, error) {
 			r.path = append(r.path, repeatStep{rs: k.rs, re: k.re})
 			if earlier >= 0 {
 				o := r.keys[earlier]
-				return j, fieldErr("", "repeated key (%q came earlier in the same object; only one copy would count): give each setting once", string(jsonscan.Key(d[o.rs:o.re])))
+				return j, fieldErr("", "repeated key (%s came earlier in the same object; only one copy would count): give each setting once", quotedKey(string(jsonscan.Key(d[o.rs:o.re]))))
 			}
 			r.keys = append(r.keys, k)
 			switch n := len(r.keys) - keys0; {
@@ -199,7 +200,7 @@ func walkRepeated(dec *json.Decoder, path string) error {
 			p := joinPath(path, k)
 			fk := string(foldKeyBytes(nil, []byte(k)))
 			if first, ok := seen[fk]; ok {
-				return fieldErr(p, "repeated key (%q came earlier in the same object; only one copy would count): give each setting once", first)
+				return fieldErr(p, "repeated key (%s came earlier in the same object; only one copy would count): give each setting once", quotedKey(first))
 			}
 			seen[fk] = k
 			if err := walkRepeated(dec, p); err != nil {
@@ -244,4 +245,22 @@ func foldKeyBytes(dst, k []byte) []byte {
 		i += n
 	}
 	return dst
+}
+
+// maxQuotedKey bounds the bytes of a key or a name an error repeats: the
+// admin API answers these errors, and a body may be one key (or one
+// user name, template name, header name) of megabytes.
+const maxQuotedKey = 64
+
+// quotedKey is key quoted for an error, cut to maxQuotedKey bytes (at a
+// character) with "..." when longer.
+func quotedKey(key string) string {
+	if len(key) > maxQuotedKey {
+		cut := maxQuotedKey
+		for cut > 0 && !utf8.RuneStart(key[cut]) {
+			cut--
+		}
+		key = key[:cut] + "..."
+	}
+	return strconv.Quote(key)
 }

@@ -325,6 +325,17 @@ async function rulesPage() {
   S.timers.push(setInterval(load, 2000));
 }
 
+// auditChanges is an audit entry's changes cell: the first 12 listed, and
+// how many more (those listed past 12, and the ones the entry left out,
+// more). The list may be empty or absent with more > 0: that read
+// changes.length of null, or counted 12 fewer than there were.
+function auditChanges(changes, more) {
+  const shown = changes.slice(0, 12);
+  const rest = changes.length - shown.length + more;
+  return h('td', {}, shown.map((c) => h('div', { class: 'mono' }, c.path + ': ', h('span', { class: 'muted', text: c.old }), ' → ', c.new)),
+    rest > 0 ? h('div', { class: 'muted', text: '… ' + rest + ' more' }) : null);
+}
+
 async function auditPage() {
   const r = await api('GET', '/api/audit?limit=200');
   if (location.hash !== '#/audit') return; // left while the log loaded
@@ -334,8 +345,7 @@ async function auditPage() {
     h('td', { text: 'v' + e.version }),
     h('td', {}, h('div', { text: e.who }), h('div', { class: 'muted', text: e.remote || '' })),
     h('td', { text: e.action }),
-    h('td', {}, (e.changes || []).slice(0, 12).map((c) => h('div', { class: 'mono' }, c.path + ': ', h('span', { class: 'muted', text: c.old }), ' → ', c.new)),
-      e.changes && e.changes.length > 12 || e.more ? h('div', { class: 'muted', text: '… ' + ((e.changes.length - 12) + (e.more || 0)) + ' more' }) : null)));
+    auditChanges(e.changes || [], e.more || 0)));
   layout('audit', h('div', { class: 'page-head' }, h('h1', { text: 'Audit log' })),
     h('p', { class: 'lede', text: 'Every change of the management data: who (which key, from where), when, and what changed. Secrets appear only as fingerprints.' }),
     h('div', { class: 'card' }, h('table', { id: 'audit' }, h('thead', {}, h('tr', {}, ['When', 'Version', 'Who', 'Action', 'Changes'].map((t) => h('th', { text: t })))),

@@ -4,8 +4,11 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/chromedp/chromedp"
 )
@@ -60,39 +63,86 @@ func ShortTempDir(t T) string {
 // Call it before the page loads (right after the browser starts): what the
 // page wrote before is not seen. Its cleanup must run before the browser's
 // context is cancelled, so register it after the browser's own cleanup.
+// The cleanup first has the page log a marker and waits until it is read
+// (up to flushWait): the console's messages are read in the order the page
+// wrote them, so every fault written before the test ended is counted. A
+// report taken at once missed a fault whose message was still on its way.
 func FailOnPageErrors(t T, ctx context.Context) {
 	t.Helper()
-	bad := watch(ctx)
+	w := watch(ctx)
 	t.Cleanup(func() {
-		if b := bad(); len(b) > 0 {
+		w.flush(ctx)
+		if b := w.faults(); len(b) > 0 {
 			t.Errorf("the console's page wrote %d error(s) to the browser's console:\n%s", len(b), strings.Join(b, "\n"))
 		}
 	})
 }
 
+// flushWait bounds the wait for a flush's marker (a page that is gone or
+// hangs never logs it: the report then has what was read by then).
+const flushWait = 5 * time.Second
+
+// watcher collects the page faults (see FailOnPageErrors) of a tab.
+type watcher struct {
+	mu   sync.Mutex
+	bad  []string
+	mark map[string]chan struct{} // flush markers not read yet
+}
+
+// flushes numbers the markers of a process's flushes.
+var flushes atomic.Int64
+
 // watch collects the page faults (see FailOnPageErrors) of ctx's tab until
-// ctx ends; the func returns those seen so far.
-func watch(ctx context.Context) func() []string {
-	var mu sync.Mutex
-	var bad []string
+// ctx ends.
+func watch(ctx context.Context) *watcher {
+	w := &watcher{mark: map[string]chan struct{}{}}
 	msgs := chromedp.Console(ctx) // subscribed now, read below
 	go func() {
 		for m, err := range msgs {
 			if err != nil {
 				return
 			}
-			if !isFault(m) {
-				continue
+			w.mu.Lock()
+			if ch, ok := w.mark[m.Text]; ok && m.Type == chromedp.ConsoleDebug && m.Source == "" {
+				close(ch)
+				delete(w.mark, m.Text)
+			} else if isFault(m) {
+				w.bad = append(w.bad, m.String())
 			}
-			mu.Lock()
-			bad = append(bad, m.String())
-			mu.Unlock()
+			w.mu.Unlock()
 		}
 	}()
-	return func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]string(nil), bad...)
+	return w
+}
+
+// faults returns the faults read so far.
+func (w *watcher) faults() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.bad...)
+}
+
+// flush has the page log a marker and waits until the watcher reads it:
+// every message the page wrote before is read by then.
+func (w *watcher) flush(ctx context.Context) {
+	marker := "browsertest-flush-" + strconv.FormatInt(flushes.Add(1), 10) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	ch := make(chan struct{})
+	w.mu.Lock()
+	w.mark[marker] = ch
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		delete(w.mark, marker)
+		w.mu.Unlock()
+	}()
+	fctx, cancel := context.WithTimeout(ctx, flushWait)
+	defer cancel()
+	if _, err := chromedp.Run(fctx, chromedp.Evaluate[bool]("console.debug("+strconv.Quote(marker)+"), true")); err != nil {
+		return
+	}
+	select {
+	case <-ch:
+	case <-fctx.Done():
 	}
 }
 

@@ -28,6 +28,28 @@ func (f *fakeT) end() {
 	}
 }
 
+// startBrowser starts the browser at bin for the test (a tab, bounded to
+// 60 s) and returns its context.
+func startBrowser(t *testing.T, bin string) context.Context {
+	t.Helper()
+	actx, cancel := chromedp.NewExecAllocator(context.Background(),
+		chromedp.ExecPath(bin), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.Env("TMPDIR="+ShortTempDir(t)))
+	t.Cleanup(cancel)
+	ctx, cancel2 := chromedp.NewContext(actx)
+	t.Cleanup(cancel2)
+	ctx, cancel3 := context.WithTimeout(ctx, 60*time.Second)
+	t.Cleanup(cancel3)
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("cannot start %s: %v", bin, err)
+	}
+	return ctx
+}
+
 // FailOnPageErrors fails a test for an uncaught exception, a console.error
 // and a Content-Security-Policy violation of the page, and not for a
 // console.log or a request the server answered 400 (a refusal the page
@@ -54,21 +76,7 @@ const s = document.createElement('script'); s.textContent = 'window.x = 1'; docu
 	}))
 	t.Cleanup(srv.Close)
 
-	actx, cancel := chromedp.NewExecAllocator(context.Background(),
-		chromedp.ExecPath(bin), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.Env("TMPDIR="+ShortTempDir(t)))
-	t.Cleanup(cancel)
-	ctx, cancel2 := chromedp.NewContext(actx)
-	t.Cleanup(cancel2)
-	ctx, cancel3 := context.WithTimeout(ctx, 30*time.Second)
-	t.Cleanup(cancel3)
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("cannot start %s: %v", bin, err)
-	}
+	ctx := startBrowser(t, bin)
 
 	// A clean page: a log line and a 400 answer.
 	clean := &fakeT{T: t}
@@ -86,7 +94,7 @@ const s = document.createElement('script'); s.textContent = 'window.x = 1'; docu
 	// A faulty page: each fault is reported.
 	faulty := &fakeT{T: t}
 	FailOnPageErrors(faulty, ctx)
-	seen := watch(ctx)
+	seen := watch(ctx).faults
 	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL+"/faulty")); err != nil {
 		t.Fatal(err)
 	}
@@ -119,5 +127,34 @@ const s = document.createElement('script'); s.textContent = 'window.x = 1'; docu
 	}
 	if !strings.Contains(faulty.errs[0], "wrote 3 error(s)") {
 		t.Errorf("the report counts other than the 3 faults:\n%s", faulty.errs[0])
+	}
+}
+
+// A fault the page writes just before the test ends is in the report: the
+// report waits until every message written before it is read. Taken at
+// once, it missed one still on its way (the watcher reads on a goroutine
+// of its own).
+func TestFailOnPageErrorsCountsAFaultWrittenJustBeforeTheEnd(t *testing.T) {
+	bin := FindChromium(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `<!doctype html><title>page</title><p>page</p>`)
+	}))
+	t.Cleanup(srv.Close)
+	ctx := startBrowser(t, bin)
+	if err := chromedp.Do(ctx, chromedp.Navigate(srv.URL)); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ {
+		ft := &fakeT{T: t}
+		FailOnPageErrors(ft, ctx)
+		for j := 0; j <= i%3; j++ {
+			if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](fmt.Sprintf("console.error('late-%d-%d'), true", i, j))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ft.end()
+		if len(ft.errs) != 1 || !strings.Contains(ft.errs[0], fmt.Sprintf("wrote %d error(s)", i%3+1)) {
+			t.Fatalf("round %d: %d error(s) written just before the end, reported: %q", i, i%3+1, ft.errs)
+		}
 	}
 }
