@@ -514,7 +514,7 @@ func (u *UserLimit) validate(c *Config) error {
 			return fieldErr(p+".name", "is required")
 		}
 		if !validTemplateName(t.Name) {
-			return fieldErr(p+".name", "%q: want 1-%d bytes of printable UTF-8 (no control or invisible characters, no space but ' ') without '/', not starting or ending with a space", t.Name, maxTemplateName)
+			return fieldErr(p+".name", "%s: want 1-%d bytes of printable UTF-8 (no control or invisible characters, no space but ' ') without '/', not starting or ending with a space, and not . or .. (a path segment of /api/templates/{name})", quotedKey(t.Name), maxTemplateName)
 		}
 		if templates[t.Name] {
 			return fieldErr(p+".name", "duplicate template %q", t.Name)
@@ -542,7 +542,7 @@ func (u *UserLimit) validate(c *Config) error {
 		// is validated several times per admin write.
 		p := func() string { return fmt.Sprintf("users[%d]", i) }
 		if !ValidUserName(us.Name) {
-			return fieldErr(p()+".name", "%q: want 1-%d of A-Z a-z 0-9 . _ @ + - starting with a letter or digit", us.Name, maxUserName)
+			return fieldErr(p()+".name", "%s: want 1-%d of A-Z a-z 0-9 . _ @ + - starting with a letter or digit", quotedKey(us.Name), maxUserName)
 		}
 		if users[us.Name] {
 			return fieldErr(p()+".name", "duplicate user %q", us.Name)
@@ -551,7 +551,7 @@ func (u *UserLimit) validate(c *Config) error {
 		if us.Template != "" && !templates[us.Template] {
 			// Named with its user: a template deleted while bound is
 			// refused here, and the user is what the operator must change.
-			return fieldErr(p()+".template", "no quota template named %q (bound to user %q)", us.Template, us.Name)
+			return fieldErr(p()+".template", "no quota template named %s (bound to user %q)", quotedKey(us.Template), us.Name)
 		}
 		if len(us.Models) > MaxUserModels {
 			return fieldErr(p()+".models", "%d patterns: at most %d", len(us.Models), MaxUserModels)
@@ -679,21 +679,48 @@ const maxTemplateName = 64
 
 // validTemplateName reports whether s may name a quota template: it is a
 // path segment of the admin API (/api/templates/{name}) and is shown in
-// the console and the logs, so it is printable UTF-8 without '/' and
-// without surrounding spaces; a console user may still write "Gold tier".
+// the console and the logs, so it is printable UTF-8 without '/', without
+// surrounding spaces, and not "." or ".."; a console user may still write
+// "Gold tier".
 func validTemplateName(s string) bool {
 	if s == "" || len(s) > maxTemplateName || !utf8.ValidString(s) || strings.TrimSpace(s) != s {
 		return false
 	}
+	if s == "." || s == ".." {
+		// Dot segments: clients remove them from a path, so no URL
+		// reaches /api/templates/{name} for such a name.
+		return false
+	}
+	prev := rune(-1)
 	for _, r := range s {
 		// Printable (unicode.IsPrint: no control or format characters,
 		// no space but ASCII's): an invisible character made a name that
 		// looks like another in the console ("gold\u200b").
-		if r == '/' || !unicode.IsPrint(r) || r == utf8.RuneError {
+		if r == '/' || !unicode.IsPrint(r) || r == utf8.RuneError || shownAsNothing(r, prev) {
 			return false
 		}
+		prev = r
 	}
 	return true
+}
+
+// shownAsNothing reports whether r, after prev (-1 at the start), is
+// printable to unicode.IsPrint yet drawn as nothing or as a blank: the
+// rest of Unicode's Default_Ignorable_Code_Point (a combining grapheme
+// joiner, the Hangul fillers, Khmer's inherent vowels), the blank braille
+// cell, and a variation selector that selects nothing (at the start or
+// after an ASCII character: "gold\ufe0f" shows as "gold"; after an emoji
+// or an ideograph it is part of the character).
+func shownAsNothing(r, prev rune) bool {
+	switch {
+	case r < utf8.RuneSelf:
+		return false
+	case r == '\u2800' || unicode.Is(unicode.Other_Default_Ignorable_Code_Point, r):
+		return true
+	case unicode.Is(unicode.Variation_Selector, r):
+		return prev < utf8.RuneSelf
+	}
+	return false
 }
 
 // ParseWeekday maps mon..sun (any case, or the full English name) to a

@@ -121,13 +121,14 @@ func (c *calendar) compute(now int64) *calState {
 // time.Date normalises them). Where a DST jump skips that time (zones whose
 // clocks go from 23:59 to 01:00), time.Date lands an hour beside it; the
 // boundary is then the jump itself, the first instant of the new day.
+// Where clocks go back over that time, it is its first occurrence (first).
 func (c *calendar) at(y int, m time.Month, d, h int) time.Time {
 	t := time.Date(y, m, d, h, 0, 0, 0, c.loc)
 	n := time.Date(y, m, d, h, 0, 0, 0, time.UTC) // the wall clock wanted, normalised (UTC has no jumps)
 	ny, nm, nd := n.Date()
 	nh := n.Hour()
 	if ty, tm, td := t.Date(); ty == ny && tm == nm && td == nd && t.Hour() == nh && t.Minute() == 0 {
-		return t
+		return c.first(t)
 	}
 	zs, ze := t.ZoneBounds()
 	if !ze.IsZero() && t.Hour() != nh && (t.Hour()+1)%24 == nh {
@@ -135,6 +136,27 @@ func (c *calendar) at(y int, m time.Month, d, h int) time.Time {
 	}
 	if !zs.IsZero() {
 		return zs // t is after it
+	}
+	return t
+}
+
+// first is the first instant whose wall clock reads what t's does. Where
+// clocks go back over it (Gaza's went from 01:00 back to 00:00 in 2020 and
+// 2021), that time comes twice, and time.Date may give the second one: the
+// day then began an hour late, its first hour counted in the day before.
+func (c *calendar) first(t time.Time) time.Time {
+	zs, _ := t.ZoneBounds()
+	if zs.IsZero() {
+		return t
+	}
+	_, off := t.Zone()
+	_, prev := zs.Add(-time.Second).Zone()
+	if prev <= off {
+		return t // the clocks went forward there, or the offset stayed
+	}
+	e := t.Add(-time.Duration(prev-off) * time.Second).In(c.loc)
+	if e.Before(zs) && e.Year() == t.Year() && e.YearDay() == t.YearDay() && e.Hour() == t.Hour() && e.Minute() == t.Minute() {
+		return e
 	}
 	return t
 }

@@ -28,7 +28,23 @@ func (l *Limits) Any() bool { return l.RPM > 0 || l.TPM > 0 }
 func bucketLeft(capacity int64, level float64) (left, reset int64) {
 	c := float64(capacity)
 	level = min(level, c)
-	return int64(math.Floor(max(level, 0))), int64(math.Ceil((c - level) * 60e9 / c))
+	return int64(math.Floor(max(level, 0))), waitNanos(math.Ceil((c - level) * 60e9 / c))
+}
+
+// maxWait bounds a wait, in nanoseconds: 146 years, far past any
+// Retry-After (retrySeconds caps it at 68 years), and room to round it up
+// without overflow. A bucket far below zero (behind a reservation of a
+// huge max_tokens, which a full bucket admits, or charged an engine's
+// absurd usage) is centuries away from full; converted unbounded, the
+// float overflowed int64 and a refusal told no Retry-After, a reset of 0.
+const maxWait = 1 << 62
+
+// waitNanos converts a wait in nanoseconds to int64, bounded by maxWait.
+func waitNanos(ns float64) int64 {
+	if !(ns < maxWait) { // NaN included
+		return maxWait
+	}
+	return int64(ns)
 }
 
 // limitsLocked returns st's buckets under t. They must have been brought
@@ -47,16 +63,16 @@ func (st *userState) limitsLocked(t *template) Limits {
 }
 
 // remoteLimits is limitsLocked for the levels the Redis admission script
-// returns (in millionths).
-func remoteLimits(t *template, rpmMicro, tpmMicro int64) Limits {
+// returns: each in whole units, then millionths.
+func remoteLimits(t *template, rpm, tpm []int64) Limits {
 	var l Limits
 	if t.rpm > 0 {
 		l.RPM = t.rpm
-		l.Requests, l.RequestsReset = bucketLeft(t.rpm, float64(rpmMicro)/1e6)
+		l.Requests, l.RequestsReset = bucketLeft(t.rpm, float64(rpm[0])+float64(rpm[1])/1e6)
 	}
 	if t.tpm > 0 {
 		l.TPM = t.tpm
-		l.Tokens, l.TokensReset = bucketLeft(t.tpm, float64(tpmMicro)/1e6)
+		l.Tokens, l.TokensReset = bucketLeft(t.tpm, float64(tpm[0])+float64(tpm[1])/1e6)
 	}
 	return l
 }

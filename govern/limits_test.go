@@ -229,3 +229,46 @@ func TestAPeriodRefusalTellsTheBuckets(t *testing.T) {
 		t.Fatalf("limits %+v, want %+v", rej.Limits, want)
 	}
 }
+
+// A TPM bucket far below zero (behind a reservation of a huge max_tokens,
+// which a full bucket admits, or a settlement with an engine's absurd
+// usage) is a wait of centuries: a refusal says so (Retry-After at its
+// bound, X-Should-Retry territory) and the bucket's reset is that long, not
+// a wrapped number (the nanoseconds overflowed int64: no Retry-After at
+// all, a reset of 0, or with Redis a random one).
+func TestATPMBucketFarBelowZeroTellsALongWaitNotAWrappedOne(t *testing.T) {
+	for _, state := range []string{"memory", "redis"} {
+		t.Run(state, func(t *testing.T) {
+			for _, how := range []string{"reservation", "usage"} {
+				key, hash := mintKey(t)
+				clk := newFakeClock(t0)
+				o := Options{Now: clk.Now}
+				if state == "redis" {
+					o = redisOptions(t, startRedis(t))
+					o.Now = clk.Now
+				}
+				g := newGov(t, o, userConfig(t, hash, `{"name":"t","rate":{"enabled":true,"tpm":1000}}`, ""))
+				u := identify(t, g, key)
+				big := admitOK(t, g, u, Request{PromptTokens: 10, MaxTokens: 1 << 40})
+				if how == "usage" {
+					big.FirstToken()
+					big.Done(Usage{Known: true, PromptTokens: 1 << 43, CompletionTokens: 1 << 43})
+					if state == "redis" {
+						syncState(t, g)
+					}
+				}
+				_, rej := g.Admit(context.Background(), u, Request{PromptTokens: 10, MaxTokens: 10})
+				if rej == nil || rej.Code != CodeTPM {
+					t.Fatalf("%s: %v, want %s", how, rej, CodeTPM)
+				}
+				if rej.RetryAfter < 1<<31-1 || rej.RetryAfterMS <= 0 {
+					t.Errorf("%s: Retry-After %d s (%d ms), want the bound, %d s: the bucket is refilled in centuries", how, rej.RetryAfter, rej.RetryAfterMS, 1<<31-1)
+				}
+				if l := rej.Limits; l.Tokens != 0 || l.TokensReset < 1<<62 {
+					t.Errorf("%s: limits %+v, want no tokens left and a reset of centuries", how, l)
+				}
+				big.Done(Usage{})
+			}
+		})
+	}
+}

@@ -51,8 +51,9 @@ import (
 // tokens, estimate, then its deadline (Unix ms, callLife after it was
 // made). It returns {failed rules (bit set of codes), RPM retry
 // ms, TPM retry ms, RPM level, TPM level, then per period the start of the
-// window it counts in (0: not taken)}, the levels in millionths as the
-// admission left them (0 when the rule is off); a window's start is a
+// window it counts in (0: not taken)}, each level as the admission left
+// it in two values, whole units (floor, at least -4e18) and millionths
+// (0 when the rule is off); a window's start is a
 // later one than the argument's when another router began that window
 // already (a late admission counts there, and its end is settled there).
 //
@@ -64,13 +65,21 @@ import (
 // returns {-1, ...}. One that Redis reads past its deadline (by Redis's
 // clock, TIME) may run after its return's mark expired: it takes nothing
 // and returns {-2, Redis's time (ms), ...} (callLife).
-var admitLua = fmt.Sprintf(`
+var admitLua = winCountLua + fmt.Sprintf(`
+local function level(l)
+  if l == nil or l ~= l then return 0, 0 end
+  if l < -4e18 then return -4e18, 0 end
+  local w = math.floor(l)
+  local m = math.floor((l - w) * 1000000 + 0.5)
+  if m >= 1000000 then return w + 1, 0 end
+  return w, m
+end
 local function admit(h, seats, mark, A)
-  if redis.call('EXISTS', mark) == 1 then return {-1, 0, 0, 0, 0, 0, 0, 0, 0} end
+  if redis.call('EXISTS', mark) == 1 then return {-1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} end
   if redis.replicate_commands then redis.replicate_commands() end -- TIME before writes (Redis < 5)
   local clock = redis.call('TIME')
   local rnow = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-  if rnow > tonumber(A[%[7]d]) then return {-2, rnow, 0, 0, 0, 0, 0, 0, 0} end
+  if rnow > tonumber(A[%[7]d]) then return {-2, rnow, 0, 0, 0, 0, 0, 0, 0, 0, 0} end
   local now = tonumber(A[1])
   local member = A[2]
   local exp = tonumber(A[3])
@@ -124,7 +133,7 @@ local function admit(h, seats, mark, A)
       end
       if maxr > 0 and r + 1 > maxr then fails = fails + 2^(%[4]d + p) end
       if maxk > 0 and k + e > maxk then fails = fails + 2^(%[5]d + p) end
-      wins[#wins + 1] = {p, start, r + 1, k + e}
+      wins[#wins + 1] = {p, start, r + 1, wincount(k + e)}
     end
   end
   if fails == 0 or dry then
@@ -144,17 +153,39 @@ local function admit(h, seats, mark, A)
     if rpm > 0 then rl = rl - 1 end
     if tpm > 0 then tl = tl - est end
   end
-  local out = {fails, math.ceil(rr), math.ceil(rt), math.floor((rl or 0) * 1000000 + 0.5), math.floor((tl or 0) * 1000000 + 0.5), 0, 0, 0, 0}
-  for _, w in ipairs(wins) do out[6 + w[1]] = w[2] end
+  -- Bounded to what an integer reply holds (a bucket far below zero:
+  -- maxWait); a level in whole units and millionths (a level in
+  -- millionths alone, capped at -9e12, told a reset hours short).
+  local rw, rm = level(rl)
+  local tw, tm = level(tl)
+  local out = {fails, math.ceil(math.min(rr, 4e15)), math.ceil(math.min(rt, 4e15)), rw, rm, tw, tm, 0, 0, 0, 0}
+  for _, w in ipairs(wins) do out[8 + w[1]] = w[2] end
   return out
 end
 `, CodeConcurrencyUser, CodeRPM, CodeTPM, CodeQuotaRequests5h, CodeQuotaTokens5h, admitRecord.Milliseconds(), admitArgc)
+
+// winCountLua writes a quota window's count of milli-tokens (a Lua
+// number) as Redis stores an integer, bounded to [0, maxWindowCount]:
+// Redis writes a Lua number of 1e17 or more with an exponent (1.2e+17),
+// which HINCRBY refused ("hash value is not an integer"), so every
+// settlement in that window failed from then on (a window without a token
+// limit, whose requests with a huge max_tokens each reserve up to
+// maxCount: about 90 of them in flight at once); and past 2^63 it would
+// overflow. Past 2^53 the sums are not exact (a few milli-tokens, far past
+// any limit).
+var winCountLua = fmt.Sprintf(`
+local function wincount(x)
+  if x ~= x or x < 0 then x = 0 end
+  if x > %[1]d then x = %[1]d end
+  return string.format('%%.0f', x)
+end
+`, maxWindowCount)
 
 // admitArgc is the number of the admission's arguments, admitRes of its
 // results.
 const (
 	admitArgc = 11 + 5*numPeriods
-	admitRes  = 5 + int(numPeriods)
+	admitRes  = 7 + int(numPeriods)
 )
 
 // seatLua takes a seat on the first candidate with room: K are 3 keys
@@ -296,7 +327,10 @@ local function finish(K, A, undo)
       local start = tonumber(starts[p + 1])
       if start ~= 0 and tonumber(redis.call('HGET', h, 'w' .. p .. 's')) == start then
         if not served then redis.call('HINCRBY', h, 'w' .. p .. 'r', -1) end
-        if qd ~= 0 then redis.call('HINCRBY', h, 'w' .. p .. 'k', qd) end
+        if qd ~= 0 then
+          local f = 'w' .. p .. 'k'
+          redis.call('HSET', h, f, wincount((tonumber(redis.call('HGET', h, f)) or 0) + qd))
+        end
       end
     end
   end
@@ -380,7 +414,7 @@ end
 // still held, an admission's return finds its mark or sets it, and a
 // renewal adds back a member for one lease at most (LeaseTTL after it was
 // made).
-var endsScript = redis.NewScript(finishLua + releaseLua + migrateLua + renewLua + `
+var endsScript = redis.NewScript(winCountLua + finishLua + releaseLua + migrateLua + renewLua + `
 local function settleLate(K, A)
   if A[2] == '1' and redis.call('ZREM', K[2], A[1]) == 1 then
     redis.call('PUBLISH', A[9], A[10])
@@ -1557,16 +1591,16 @@ func (r *redisState) admitArgs(st *userState, t *template, cs *calState, e estim
 // run).
 func (r *redisState) admitted(res []int64, t *template, ts *ticketState, cs *calState, e estimate, dry bool, now int64, member string, keys []string) (failures, int64) {
 	f := failures(res[0])
-	retry := max(res[1], res[2]) * 1e6
+	retry := min(max(res[1], res[2]), maxWait/1_000_000) * 1e6 // ms: a bucket far below zero waits centuries
 	if !dry {
-		ts.lim = remoteLimits(t, res[3], res[4])
+		ts.lim = remoteLimits(t, res[3:5], res[5:7])
 	}
 	// The start of the window each period counts in: this router's, or a
 	// later one another router began (this admission is late).
 	var start [numPeriods]int64
 	for p := range numPeriods {
 		start[p] = cs.win[p].start
-		if x := res[5+p]; x > start[p] {
+		if x := res[7+p]; x > start[p] {
 			start[p] = x
 		}
 		if f.has(quotaRequestsCode(p)) || f.has(quotaTokensCode(p)) {

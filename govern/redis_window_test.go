@@ -136,3 +136,81 @@ func TestALateRefusalRetriesAtTheEndOfTheMonthThatRefusedIt(t *testing.T) {
 		})
 	}
 }
+
+// A quota window without a token limit counts every reservation, up to
+// maxCount milli-tokens each (a huge max_tokens): with about 90 of them in
+// flight its count in Redis passed 1e17, which Redis writes from Lua as
+// 1.1258999068426e+17, and every settlement's HINCRBY in that window
+// failed from then on ("hash value is not an integer"): the requests kept
+// their reservations, the window's count stayed there. They are settled
+// exactly, in process and in Redis.
+func TestAWindowCountPast1e17IsStillSettled(t *testing.T) {
+	stores(t, func(t *testing.T, o Options) {
+		key, hash := mintKey(t)
+		g := newGov(t, o, userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"month","max_requests":100000}]}}`, ""))
+		u := identify(t, g, key)
+		huge := Request{PromptTokens: 1 << 40, MaxTokens: 1 << 31, Generations: 1 << 20}
+		var held []Ticket
+		for range 100 {
+			held = append(held, admitOK(t, g, u, huge))
+		}
+		for _, tk := range held {
+			tk.FirstToken()
+			tk.Done(Usage{Known: true, PromptTokens: 1, CompletionTokens: 1})
+		}
+		if g.rds != nil {
+			syncState(t, g)
+		}
+		st, err := g.UserStatus("alice")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w := st.Quota[0]; w.Requests != 100 || w.Tokens != 200 {
+			t.Fatalf("the month holds %d requests and %v tokens, want 100 and 200 (2 each)", w.Requests, w.Tokens)
+		}
+	})
+}
+
+// Past what an int64 holds (8,192 such reservations in flight) the count
+// stays at maxWindowCount: it wrapped to a negative count in process,
+// which a token limit added later by a reload would have taken for room.
+func TestAWindowCountIsBoundedNotWrapped(t *testing.T) {
+	key, hash := mintKey(t)
+	g := newGov(t, Options{}, userConfig(t, hash, `{"name":"t","quota":{"enabled":true,"windows":[{"period":"month","max_requests":100000}]}}`, ""))
+	u := identify(t, g, key)
+	huge := Request{PromptTokens: 1 << 40, MaxTokens: 1 << 31, Generations: 1 << 20}
+	for range 8200 {
+		admitOK(t, g, u, huge) // held
+	}
+	st, err := g.UserStatus("alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := st.Quota[0]; w.Tokens != float64(maxWindowCount)/1000 {
+		t.Fatalf("the month holds %v tokens, want the bound %v", w.Tokens, float64(maxWindowCount)/1000)
+	}
+}
+
+// A TPM bucket far below zero (behind a huge max_tokens, which a full
+// bucket admits) tells the same reset in Redis as in process: with a TPM
+// of 2^40, a reservation of 2^50 tokens refills in 1,024 minutes. Redis
+// reported its level capped at -9e12 (for its reply's millionths), so the
+// answer's x-ratelimit-reset-tokens said 9 minutes, and a refusal's too.
+func TestABucketFarBelowZeroTellsItsRealReset(t *testing.T) {
+	stores(t, func(t *testing.T, o Options) {
+		key, hash := mintKey(t)
+		clk := newFakeClock(t0)
+		o.Now = clk.Now
+		g := newGov(t, o, userConfig(t, hash, `{"name":"t","rate":{"enabled":true,"tpm":1099511627776}}`, ""))
+		u := identify(t, g, key)
+		tk := admitOK(t, g, u, Request{PromptTokens: 1 << 40, MaxTokens: 1 << 31, Generations: 1 << 20}) // held
+		want := int64(1024 * time.Minute)
+		if l := tk.Limits(); l.Tokens != 0 || l.TokensReset < want-int64(time.Millisecond) || l.TokensReset > want+int64(time.Millisecond) {
+			t.Fatalf("after the reservation: %d tokens left, full in %v; want 0, in %v", l.Tokens, time.Duration(l.TokensReset), time.Duration(want))
+		}
+		rej := admitRejected(t, g, u, Request{PromptTokens: 1}, CodeTPM)
+		if l := rej.Limits; l.TokensReset < want-int64(time.Millisecond) || l.TokensReset > want+int64(time.Millisecond) {
+			t.Fatalf("the refusal tells the bucket full in %v, want %v", time.Duration(l.TokensReset), time.Duration(want))
+		}
+	})
+}

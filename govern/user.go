@@ -76,6 +76,16 @@ func (t *template) estimate(r Request) estimate {
 // rest of its window.
 const maxCount = 1 << 50
 
+// maxWindowCount bounds a quota window's count of milli-tokens, in
+// process and in Redis (winCountLua): far above any limit (maxCount, and
+// max_tokens up to 2^40 tokens), with room below 2^63 for a settlement of
+// maxCount. A window with no token limit counts every reservation: 8,192
+// in flight at maxCount each wrapped an int64 to a negative count.
+const maxWindowCount = 1 << 62
+
+// addWindow adds d to a window count n, bounded to [0, maxWindowCount].
+func addWindow(n, d int64) int64 { return min(max(n+d, 0), maxWindowCount) }
+
 func (t *template) weighted(u Usage) int64 {
 	prompt := max(u.PromptTokens, 0)
 	cached := min(max(u.CachedTokens, 0), prompt)
@@ -182,7 +192,7 @@ func (b *bucket) wait(capacity int64, need float64) int64 {
 	if b.level >= need {
 		return 0
 	}
-	return int64((need - b.level) * 60e9 / float64(capacity))
+	return waitNanos((need - b.level) * 60e9 / float64(capacity))
 }
 
 // failures is a set of codes.
@@ -272,7 +282,7 @@ func (st *userState) takeLocked(t *template, cs *calState, e estimate, ts *ticke
 			}
 			c := &st.win[p]
 			c.req++
-			c.tok += e.quota
+			c.tok = addWindow(c.tok, e.quota)
 			ts.win[p] = takenWin{on: true, start: c.start}
 		}
 		ts.quotaEst = e.quota
@@ -322,7 +332,7 @@ func (st *userState) finishLocked(ts *ticketState, served bool, u Usage, now int
 		if !served {
 			st.win[p].req--
 		}
-		st.win[p].tok += quotaCharge - ts.quotaEst
+		st.win[p].tok = addWindow(st.win[p].tok, quotaCharge-ts.quotaEst)
 	}
 	if ts.conc {
 		st.active--

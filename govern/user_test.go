@@ -1024,3 +1024,67 @@ func TestAHugeEstimateIsRefusedNotWrapped(t *testing.T) {
 		}
 	})
 }
+
+// In a zone whose clocks go back over midnight (Gaza on 2020-10-24: 01:00
+// EEST became 00:00 EET, so 00:00-00:59 came twice) the day begins at the
+// first midnight: its first hour (EEST) counted in the day before, whose
+// window ended at the second midnight, a 25-hour day.
+func TestADayWhoseMidnightComesTwiceBeginsAtTheFirst(t *testing.T) {
+	loc, err := time.LoadLocation("Asia/Gaza")
+	if err != nil {
+		t.Skip(err)
+	}
+	first := time.Date(2020, 10, 23, 21, 0, 0, 0, time.UTC) // 00:00 EEST on the 24th
+	second := first.Add(time.Hour)                          // 00:00 EET, the clocks went back
+	for _, at := range []time.Time{first, second} {
+		if l := at.In(loc); l.Day() != 24 || l.Hour() != 0 || l.Minute() != 0 {
+			t.Skipf("the timezone data has no repeated midnight there (%s)", l)
+		}
+	}
+	c := newCalendar(loc)
+	end := time.Date(2020, 10, 25, 0, 0, 0, 0, loc).Unix()
+	for _, now := range []time.Time{first, first.Add(30 * time.Minute), second, second.Add(3 * time.Hour)} {
+		s := c.state(now.Unix())
+		if day := s.win[periodDay]; day.start != first.Unix() || day.end != end {
+			t.Errorf("at %s the day is %s .. %s, want %s .. the 25th", now.In(loc), time.Unix(day.start, 0).In(loc), time.Unix(day.end, 0).In(loc), first.In(loc))
+		}
+		if five := s.win[period5h]; five.start != first.Unix() {
+			t.Errorf("at %s the 5h window begins %s, want %s", now.In(loc), time.Unix(five.start, 0).In(loc), first.In(loc))
+		}
+	}
+	before := c.state(first.Unix() - 1800).win[periodDay] // 23:30 on the 23rd
+	if before.end != first.Unix() || before.end-before.start != 24*3600 {
+		t.Errorf("the 23rd is %s .. %s, want 24 hours to %s", time.Unix(before.start, 0).In(loc), time.Unix(before.end, 0).In(loc), first.In(loc))
+	}
+}
+
+// A daily quota in that zone: a request in the first hour of the 24th
+// counts in the 24th, not in the 23rd (whose one request it was refused
+// behind), and the 24th's second midnight begins nothing.
+func TestADailyQuotaCountsTheFirstOfTwoMidnightHoursInItsOwnDay(t *testing.T) {
+	if _, err := time.LoadLocation("Asia/Gaza"); err != nil {
+		t.Skip(err)
+	}
+	stores(t, func(t *testing.T, o Options) {
+		key, hash := mintKey(t)
+		first := time.Date(2020, 10, 23, 21, 0, 0, 0, time.UTC) // 00:00 EEST on the 24th
+		clk := newFakeClock(first.Add(-30 * time.Minute))
+		o.Now = clk.Now
+		c := parseConfig(t, fmt.Sprintf(`{
+			"user_limit": {"timezone": "Asia/Gaza", "templates": [{"name":"t","quota":{"enabled":true,"windows":[{"period":"day","max_requests":1}]}}]},
+			"users": [{"name": "alice", "keys": [%q], "template": "t"}]}`, hash))
+		g := newGov(t, o, c)
+		u := identify(t, g, key)
+		served := func() {
+			t.Helper()
+			tk := admitOK(t, g, u, Request{})
+			tk.FirstToken()
+			tk.Done(Usage{})
+		}
+		served()                             // 23:30 on the 23rd
+		clk.Set(first.Add(30 * time.Minute)) // 00:30 EEST on the 24th
+		served()
+		clk.Set(first.Add(90 * time.Minute)) // 00:30 EET, the same day
+		admitRejected(t, g, u, Request{}, CodeQuotaRequestsDay)
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -226,7 +227,7 @@ func (gs *govState) end(u *usage) {
 		PromptTokens:     u.prompt,
 		CachedTokens:     u.cached,
 		CompletionTokens: u.completion,
-		Known:            u.seen || gs.status >= 400,
+		Known:            u.known() || gs.status >= 400,
 	})
 }
 
@@ -257,6 +258,7 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 	// prompt: only the one kept does (Commit).
 	r.Tentative = true
 	defer func() { r.Gate, r.Tentative = nil, false }()
+	moved := 0
 	for round := 0; round < 3; round++ {
 		sg.reset()
 		if err := s.sched.Acquire(cfg, r, rs.scratch[:0], l); err != nil {
@@ -312,6 +314,14 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 		if err := s.admitDeferred(rs); err != nil {
 			return err
 		}
+		if rej == errAllFull && !g.Queues() {
+			// A reload switched the seats to reject, to dry run or off
+			// since the gate found every candidate full: the try that
+			// wait stood for decides. errAllFull is no answer: it reached
+			// clients as 429 with an empty message, rate limiting off
+			// (TestRequestsThatFindTheSeatsFullAreServedWhileReloadsLiftTheLimit).
+			seat, i, rej = g.TryAcquire(tg, ph)
+		}
 		if rej != nil {
 			if !g.Queues() || rej.Code == govern.CodeStateUnavailable {
 				return rej
@@ -323,7 +333,16 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 					return errUserRefused
 				}
 				if rej == govern.TargetsGone {
-					continue // every candidate left the fleet while it waited: pick again
+					// Every candidate left the fleet while it waited:
+					// pick again, as a new request would, without using
+					// up a round (each is a reload or discovery change;
+					// three of them answered 503 no_workers, the fleet
+					// serving: TestAQueuedRequestOutlivesReloadsThatMoveItsWorker).
+					if moved < maxTargetsGone {
+						moved++
+						round--
+					}
+					continue
 				}
 				return rej
 			}
@@ -338,7 +357,7 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 			seat.Done()
 			return err
 		}
-		if l.Worker == x {
+		if seatFits(l.Worker, x) {
 			s.sched.Commit(cfg, r, &l.Decision)
 			h.attach(l, seat)
 			return nil
@@ -350,6 +369,10 @@ func (s *Server) acquire(cfg *config.Config, rs *reqState, l *sched.Lease, h *se
 	}
 	return sched.ErrExhausted
 }
+
+// maxTargetsGone bounds how many times one request waiting for a seat
+// picks again because its candidates all left the fleet (acquire).
+const maxTargetsGone = 64
 
 // seatRefused records that request rate limiting refused the request a
 // local seat: the local fleet is saturated for it. Global scheduling may
@@ -422,12 +445,39 @@ func (s *Server) seatWaitStale(rs *reqState) *govern.Rejection {
 			return rej
 		}
 	}
+	var v *fleet.View
 	for _, w := range rs.gov.tw {
 		if !w.Removed() {
 			return nil
 		}
+		if v == nil {
+			v = s.sched.Fleet.View()
+		}
+		if successor(v, w) != nil {
+			return nil
+		}
 	}
 	return govern.TargetsGone
+}
+
+// seatFits reports whether a seat granted on x serves a lease of w: w is
+// x, or the worker a reload or the discovery put in x's place with the
+// same id, engine, service and role (another model list, say), whose seat
+// target and phase are x's. A request queued for a seat that only
+// accepted x itself left the queue at every such reload, and after three
+// was answered 503 no_workers (TestAQueuedRequestOutlivesReloadsThatReplaceItsWorker).
+func seatFits(w, x *fleet.Worker) bool {
+	return w == x || (w.Ref() == x.Ref() && w.Service == x.Service && w.Role == x.Role)
+}
+
+// successor returns the live worker of v that took the removed w's place
+// (seatFits), or nil.
+func successor(v *fleet.View, w *fleet.Worker) *fleet.Worker {
+	i := sort.Search(len(v.All), func(i int) bool { return v.All[i].ID >= w.ID })
+	if i < len(v.All) && v.All[i].ID == w.ID && seatFits(v.All[i], w) {
+		return v.All[i]
+	}
+	return nil
 }
 
 func target(w *fleet.Worker) govern.Target {
@@ -448,7 +498,8 @@ func phaseOf(w *fleet.Worker) govern.Phase {
 // seatGate is the scheduler's candidate filter (sched.Gate) under request
 // rate limiting: a worker without a free seat is full. It records the
 // candidates it is asked about, for the seat acquisition that follows.
-// With only set it leaves only that worker open (a seat was granted there).
+// With only set it leaves only that worker open (a seat was granted there),
+// or the one that replaced it (seatFits).
 type seatGate struct {
 	g     *govern.Governor
 	only  *fleet.Worker
@@ -470,7 +521,7 @@ var _ sched.Gate = (*seatGate)(nil)
 func (sg *seatGate) Full(w *fleet.Worker) bool {
 	f := false
 	if sg.only != nil {
-		f = w != sg.only
+		f = !seatFits(w, sg.only)
 	} else {
 		f = sg.g.Full(target(w), phaseOf(w))
 	}

@@ -147,3 +147,26 @@ func TestARequestTheUsersQuotaRefusesCostsNoClassifierCall(t *testing.T) {
 		t.Errorf("3 requests refused by the user's quota cost %d classifier calls", n)
 	}
 }
+
+// A client that asks vLLM for prompt_logprobs gets them after the usage
+// object of a chat answer, each prompt token's decoded_token among them:
+// a prompt with the word "usage" in it puts a string "usage" there. The
+// request is charged the engine's usage all the same; it was charged its
+// estimate (the prompt and default_output_tokens, 22 tokens here), however
+// long the engine generated (2,012 tokens).
+func TestPromptLogprobsNamingUsageDoNotHideTheEnginesUsage(t *testing.T) {
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"..."},"logprobs":null,"finish_reason":"length","stop_reason":null}],"usage":{"prompt_tokens":12,"total_tokens":2012,"completion_tokens":2000,"prompt_tokens_details":null},"prompt_logprobs":[null,{"31507":{"logprob":-9.1,"rank":812,"decoded_token":"usage"},"9707":{"logprob":-1.2,"rank":1,"decoded_token":"Hello"}}],"kv_transfer_params":null}`)
+	})
+	key, hash := mintKey(t)
+	r, _ := govRouter(t, nil, fmt.Sprintf(`{
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"quota": {"enabled": true, "windows": [{"period": "day", "max_tokens": 1000000}]},
+			"rate": {"enabled": true, "default_output_tokens": 16}}]},
+		"users": [{"name": "lp-user", "keys": [%q]}]}`, hash), up.url)
+	want(t, apiCall(t, r.url, key, `{"model":"m","messages":[{"role":"user","content":"usage"}],"prompt_logprobs":1}`), 200, "")
+	if v := metricFloat(t, r.url, `infera_user_quota_tokens_total{user="lp-user"}`); v != 2012 {
+		t.Fatalf("charged %v weighted tokens, want the engine's usage, 2012", v)
+	}
+}

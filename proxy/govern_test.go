@@ -910,3 +910,118 @@ func TestAReloadWhileADebugBodyArrivesAppliesToIt(t *testing.T) {
 		}
 	}
 }
+
+// An n the engine reads as an integer though it is written otherwise
+// (3.0, "3", 3e0: pydantic's lax int, as vLLM's request models read it)
+// makes as many completions as "n":3, and the router must charge them:
+// it read them as 1 and admitted, under a 1000-token daily quota, a
+// request the engine answers with 3 x 400 tokens.
+func TestAnNWrittenAsAFloatOrAStringIsChargedAsItsCompletions(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	key, hash := mintKey(t)
+	r, _ := govRouter(t, nil, fmt.Sprintf(`{
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"quota": {"enabled": true, "windows": [{"period": "day", "max_tokens": 1000}]}}]},
+		"users": [{"name": "lax-nina", "keys": [%q]}]}`, hash), up.url)
+	for _, n := range []string{`3`, `3.0`, `3e0`, `30e-1`, `"3"`, `" 3 "`, `"+3"`, `"\u0033"`, `"3.00"`, `"3_0"`} {
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":400,"n":` + n + `}`
+		if res := apiCall(t, r.url, key, body); res.status != 429 {
+			t.Errorf("n %s with max_tokens 400 under a 1000-token quota: %d %s, want 429", n, res.status, res.body)
+		}
+	}
+	if h := up.hits.Load(); h != 0 {
+		t.Errorf("the engine got %d requests the quota should have refused", h)
+	}
+	// What the engine refuses (or reads as 1) is still charged as one.
+	for _, n := range []string{`0`, `3.5`, `"x"`, `"3x"`, `null`, `true`, `[3]`} {
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":400,"n":` + n + `}`
+		if res := apiCall(t, r.url, key, body); res.status == 429 {
+			t.Errorf("n %s refused by the quota as more than one completion: %s", n, res.body)
+		}
+	}
+}
+
+// A passthrough body the converter refuses is routed on a minimal view
+// (routingView) that kept its output limit only when written as a plain
+// integer: "max_tokens":"100000" (which the engine's lax int reads as
+// 100000) was estimated at default_output_tokens, and a 5000-token quota
+// let through a request for 100,000.
+func TestAPassthroughOutputLimitWrittenAsAStringIsCharged(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	key, hash := mintKey(t)
+	r, _ := govRouter(t, nil, fmt.Sprintf(`{
+		"protocol": {"anthropic_passthrough": true, "responses_passthrough": true},
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"quota": {"enabled": true, "windows": [{"period": "day", "max_tokens": 5000}]}}]},
+		"users": [{"name": "pass-olga", "keys": [%q]}]}`, hash), up.url)
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/messages", `{"model":"m","max_tokens":"100000","messages":[{"role":"user","content":"hi"}]}`},
+		{"/v1/messages", `{"model":"m","max_tokens":" +100000 ","messages":[{"role":"user","content":"hi"}]}`},
+		{"/v1/responses", `{"model":"m","max_output_tokens":"100000","input":"hi"}`},
+		{"/v1/responses", `{"model":"m","max_output_tokens":"100000.0","input":"hi"}`},
+	} {
+		res := postPath(t, r.url, tc.path, key, tc.body)
+		if res.status != 429 {
+			t.Errorf("%s %s under a 5000-token quota: %d %s, want 429", tc.path, tc.body, res.status, res.body)
+		}
+	}
+	if h := up.hits.Load(); h != 0 {
+		t.Errorf("the engine got %d requests the quota should have refused", h)
+	}
+}
+
+// vLLM takes max_completion_tokens unless it is falsy ("max_completion_tokens
+// or max_tokens"): a max_completion_tokens of 0 leaves max_tokens in force.
+// The router took the 0 (no output limit: an estimate of the prompt alone)
+// and admitted, under a 5000-token quota, a request the engine lets
+// generate 100,000 tokens.
+func TestAZeroMaxCompletionTokensLeavesMaxTokensCharged(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	key, hash := mintKey(t)
+	r, _ := govRouter(t, nil, fmt.Sprintf(`{
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"quota": {"enabled": true, "windows": [{"period": "day", "max_tokens": 5000}]}}]},
+		"users": [{"name": "zero-pia", "keys": [%q]}]}`, hash), up.url)
+	for _, limits := range []string{`"max_completion_tokens":0,"max_tokens":100000`, `"max_tokens":100000,"max_completion_tokens":0`} {
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}],` + limits + `}`
+		if res := apiCall(t, r.url, key, body); res.status != 429 {
+			t.Errorf("%s under a 5000-token quota: %d %s, want 429", limits, res.status, res.body)
+		}
+	}
+	if h := up.hits.Load(); h != 0 {
+		t.Errorf("the engine got %d requests the quota should have refused", h)
+	}
+	// A max_completion_tokens above 0 still wins.
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":10,"max_tokens":100000}`
+	want(t, apiCall(t, r.url, key, body), 200, "")
+}
+
+// An output limit written otherwise than as a plain integer (100.0, 1e2,
+// "100": vLLM's lax int reads each as 100) is served and charged as that
+// integer; the router refused it with 400 "max_tokens must be a
+// non-negative integer", a request the engine serves.
+func TestAnOutputLimitWrittenAsAFloatOrAStringIsServedAndCharged(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	key, hash := mintKey(t)
+	r, _ := govRouter(t, nil, fmt.Sprintf(`{
+		"user_limit": {"templates": [{"name": "t", "default": true,
+			"quota": {"enabled": true, "windows": [{"period": "day", "max_tokens": 5000}]}}]},
+		"users": [{"name": "lax-rui", "keys": [%q]}]}`, hash), up.url)
+	for _, v := range []string{`100.0`, `1e2`, `"100"`, `" +100 "`} {
+		for _, field := range []string{"max_tokens", "max_completion_tokens"} {
+			body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"` + field + `":` + v + `}`
+			if res := apiCall(t, r.url, key, body); res.status != 200 {
+				t.Errorf("%s %s: %d %s, want 200", field, v, res.status, res.body)
+			}
+		}
+	}
+	for _, v := range []string{`100000.0`, `1e5`, `"100000"`} {
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":` + v + `}`
+		if res := apiCall(t, r.url, key, body); res.status != 429 {
+			t.Errorf("max_tokens %s under a 5000-token quota: %d %s, want 429", v, res.status, res.body)
+		}
+	}
+	if h := up.hits.Load(); h != 8 {
+		t.Errorf("the engine got %d requests, want the 8 within the quota", h)
+	}
+}

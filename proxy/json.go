@@ -1,6 +1,13 @@
 package proxy
 
 import (
+	"bytes"
+	"errors"
+	"math"
+	"strconv"
+	"unicode"
+	"unsafe"
+
 	"github.com/infera/infera/internal/jsonscan"
 )
 
@@ -95,6 +102,64 @@ func parseInt(v []byte) (int, bool) {
 		return 0, false
 	}
 	return n, true
+}
+
+// laxInt reads the JSON value v as vLLM's request models (pydantic's lax
+// int) read an int field, for a count the router must not read lower
+// than the engine does: an integer; a number with an integral value
+// (3.0, 3e0); a string of one, with white space around it, a '+', '_'
+// between digits, or a fraction of zeros ("3", " +3 ", "3.00"). It
+// returns it capped at 1<<31, or -1 for anything else (null, 3.5, "x",
+// a negative one).
+// A plain integer takes parseInt alone; the rest is hostile or rare.
+func laxInt(v []byte) int {
+	if n, ok := parseInt(v); ok {
+		return n
+	}
+	if len(v) == 0 {
+		return -1
+	}
+	if v[0] == '-' || v[0] >= '0' && v[0] <= '9' {
+		f, err := strconv.ParseFloat(unsafe.String(unsafe.SliceData(v), len(v)), 64)
+		if err != nil && !errors.Is(err, strconv.ErrRange) || f != math.Trunc(f) || f < 0 {
+			return -1
+		}
+		return int(min(f, 1<<31))
+	}
+	if v[0] != '"' {
+		return -1
+	}
+	var buf [64]byte
+	s := v[1 : len(v)-1]
+	if jsonscan.HasEscape(s) {
+		s = unescape(buf[:0], s)
+	}
+	s = bytes.TrimFunc(s, unicode.IsSpace)
+	if len(s) > 0 && s[0] == '+' {
+		s = s[1:]
+	}
+	if i := bytes.IndexByte(s, '.'); i >= 0 {
+		for _, c := range s[i+1:] {
+			if c != '0' {
+				return -1
+			}
+		}
+		s = s[:i]
+	}
+	n := 0
+	for i, c := range s {
+		switch {
+		case c >= '0' && c <= '9':
+			n = min(n*10+int(c-'0'), 1<<31)
+		case c == '_' && i > 0 && i < len(s)-1 && s[i-1] != '_':
+		default:
+			return -1
+		}
+	}
+	if len(s) == 0 {
+		return -1
+	}
+	return n
 }
 
 // appendJSONString appends s as a JSON string literal (invalid UTF-8 is

@@ -1324,7 +1324,7 @@ func sglangBatch(rs *reqState) (int, error) {
 		}
 	} else if b.msgEnd > b.msgStart {
 		if vs, ve, ok := topMember(d, "n"); ok {
-			if v, ok := parseInt(d[vs:ve]); ok && v > 1 {
+			if v := laxInt(d[vs:ve]); v > 1 { // as SGLang reads it: 3.0 and "3" too
 				n = v
 			}
 		}

@@ -563,6 +563,56 @@ func TestPDPushBootstrapDefaultsAndBatches(t *testing.T) {
 	noLoadLeft(t, r.fl)
 }
 
+// SGLang reads n as pydantic's lax int does (3.0 and "3" are 3) and
+// generates that many sequences, each needing its bootstrap room: the
+// router read such an n as 1 and sent one room (the legs of the other
+// sequences had none to meet in), and an n of 100000.0 went past the
+// batch bound.
+func TestAnSGLangNWrittenAsAFloatOrAStringGetsARoomPerSequence(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	h := func(ctx *fasthttp.RequestCtx) {
+		mu.Lock()
+		seen = append(seen, string(ctx.PostBody()))
+		mu.Unlock()
+		ctx.SetStatusCode(400)
+		ctx.SetBodyString(`{"error":{"message":"batch","type":"invalid_request_error"}}`)
+	}
+	p := startUpstream(t, h)
+	d := startUpstream(t, h)
+	r := startPDRouter(t, nil, pdConfig(t, func(c *config.Config) { c.PD.Mode = "sglang" }),
+		pdWorker("p", p.url, "prefill", ""), pdWorker("d", d.url, "decode", ""))
+	for _, n := range []string{`3.0`, `"3"`, `3e0`} {
+		mu.Lock()
+		from := len(seen)
+		mu.Unlock()
+		if code, b := post(t, r.url+"/v1/chat/completions", `{"model":"m","n":`+n+`,"messages":[{"role":"user","content":"x"}]}`); code != 400 {
+			t.Fatalf("n %s: %d %s", n, code, b)
+		}
+		ok := false
+		var got []string
+		for deadline := time.Now().Add(10 * time.Second); !ok && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			mu.Lock()
+			got = append(got[:0], seen[from:]...)
+			mu.Unlock()
+			for _, b := range got {
+				var m map[string]json.RawMessage
+				var rooms []uint64
+				if json.Unmarshal([]byte(b), &m) == nil && json.Unmarshal(m["bootstrap_room"], &rooms) == nil && len(rooms) == 3 {
+					ok = true
+				}
+			}
+		}
+		if !ok {
+			t.Errorf("n %s: no leg body with 3 bootstrap rooms among %q", n, got)
+		}
+	}
+	if code, b := post(t, r.url+"/v1/chat/completions", `{"model":"m","n":100000.0,"messages":[{"role":"user","content":"x"}]}`); code != 400 || !strings.Contains(b, "batch of more than") {
+		t.Errorf("n 100000.0: %d %s, want the batch refusal", code, b)
+	}
+	noLoadLeft(t, r.fl)
+}
+
 // SGLang failover: a failing prefill leg stops its decode leg at once (no
 // wait for the decode engine's KV timeout) and both legs go again with a
 // new room, the prefill to another prefill worker; a failing decode leg

@@ -34,6 +34,11 @@ type usage struct {
 type usageState struct {
 	prompt, completion, cached int
 	seen                       bool
+	// bad has a bit set (countBit) for each count whose value, as last
+	// set, was no token count (a negative number, a fraction, a string):
+	// the usage is then unknown (known), and the request keeps the
+	// router's estimate, however the other counts read.
+	bad uint8
 	// whole: the numbers were read from a whole usage object (one cut by a
 	// read boundary is read whole with the next read; until then its
 	// numbers may be cut too).
@@ -237,25 +242,29 @@ func (u *usage) carryCut(p []byte) {
 // whose value is end bytes long (objectEnd; -1: cut by b's end).
 func (u *usage) take(b []byte, i, end int) {
 	obj := b[i+len(keyUsage):]
-	n, okPrompt := intAfter(obj, keyPrompt)
-	if okPrompt {
-		u.prompt, u.seen = n, true
+	if end >= 0 {
+		// The object alone: a key after it is another object's (an
+		// engine's own metrics after its usage, with a cached_tokens the
+		// usage left out, set the cached share).
+		obj = obj[:end]
 	}
-	n, okCompletion := intAfter(obj, keyCompletion)
-	if okCompletion {
-		u.completion, u.seen = n, true
-	}
+	okPrompt := u.count(&u.prompt, bitPrompt, obj, keyPrompt)
+	okCompletion := u.count(&u.completion, bitCompletion, obj, keyCompletion)
 	numbers := okPrompt || okCompletion
-	if !numbers && end >= 0 {
+	switch {
+	case end < 0:
+	case !numbers:
 		// vLLM's rerank answers before its RerankUsage had
 		// prompt_tokens: {"total_tokens":N}, all of them prompt.
-		if n, ok := intAfter(obj[:end], keyTotal); ok {
-			u.prompt, u.seen, numbers = n, true, true
+		numbers = u.count(&u.prompt, bitPrompt, obj, keyTotal)
+	case !okCompletion && u.bad&bitPrompt == 0:
+		// No completion_tokens, and a total above the prompt: the rest
+		// of it was generated (charged as the prompt alone before).
+		if n, st := countAfter(obj, keyTotal); st == countOK && n > u.prompt {
+			u.completion = n - u.prompt
 		}
 	}
-	if n, ok := intAfter(obj, keyCached); ok {
-		u.cached = n
-	}
+	u.count(&u.cached, bitCached, obj, keyCached)
 	if numbers {
 		// These numbers are the usage now: final once judged.
 		u.whole, u.final, u.pend = end >= 0, false, false
@@ -265,21 +274,50 @@ func (u *usage) take(b []byte, i, end int) {
 	}
 }
 
-// lastIndex is bytes.LastIndex(b, key) by forward searches: bytes.Index
-// is vectorised where LastIndex hashes byte by byte (Rabin-Karp), and a
-// body or chunk holds the key once or not at all.
+// lastIndex is the last key in b: bytes.LastIndex(b, key) by forward
+// searches (bytes.Index is vectorised where LastIndex hashes byte by byte,
+// Rabin-Karp, and a body or chunk holds the key once or not at all) that
+// skips a string that is a value, not a key: one a colon does not follow.
+// vLLM's chat answer puts prompt_logprobs after its usage, each prompt
+// token's "decoded_token" among them, so a prompt with the word "usage"
+// put a string "usage" there that hid the usage before it. One that b ends
+// before its colon may be a key (cut: parse carries it).
 func lastIndex(b, key []byte) int {
-	i := jsonscan.IndexKey(b, key)
-	if i < 0 {
-		return -1
-	}
-	for {
-		j := jsonscan.IndexKey(b[i+1:], key)
+	last := -1
+	for off := 0; ; {
+		j := indexKey(b[off:], key)
 		if j < 0 {
+			return last
+		}
+		last = off + j
+		off = last + 1
+	}
+}
+
+// indexKey is the first key in p (isKey): a string that is a value is
+// skipped. A chunk's text comes before its finish_reason, so a chunk whose
+// text was the word finish_reason (a string "finish_reason", then '}') was
+// read as a finish_reason set: its usage so far was taken for the final
+// count, and a client leaving after it was charged that instead of the
+// estimate.
+func indexKey(p, key []byte) int {
+	for off := 0; ; {
+		j := jsonscan.IndexKey(p[off:], key)
+		if j < 0 {
+			return -1
+		}
+		if i := off + j; isKey(p[i+len(key):]) {
 			return i
 		}
-		i += 1 + j
+		off += j + 1
 	}
+}
+
+// isKey reports whether rest, what follows a quoted string, makes it an
+// object's key: JSON white space, then a colon or the end of what was read.
+func isKey(rest []byte) bool {
+	i := skipSpace(rest, 0)
+	return i == len(rest) || rest[i] == ':'
 }
 
 // objectEnd is the length of the value after a "usage" key in b (its
@@ -316,23 +354,167 @@ func objectEnd(b []byte) int {
 
 var openBrace = []byte{'{'}
 
-func intAfter(b, key []byte) (int, bool) {
-	i := jsonscan.IndexKey(b, key)
-	if i < 0 {
-		return 0, false
+// The bits of usage.bad, one per count.
+const (
+	bitPrompt uint8 = 1 << iota
+	bitCompletion
+	bitCached
+	bitInput // Anthropic's input counts: bitInput << part
+)
+
+// count sets *dst to the count after key in obj (countAfter), or sets bit
+// in bad when its value is no count, and reports whether the key had a
+// value other than null: the usage object holds that number. A count read
+// clears bit: each count stands as last set.
+func (u *usage) count(dst *int, bit uint8, obj, key []byte) bool {
+	n, st := countAfter(obj, key)
+	switch st {
+	case countOK:
+		*dst, u.seen = n, true
+		u.bad &^= bit
+	case countBad:
+		u.bad |= bit
 	}
-	i += len(key)
-	for i < len(b) && (b[i] == ' ' || b[i] == ':') {
-		i++
-	}
-	n, ok := 0, false
-	for i < len(b) && b[i] >= '0' && b[i] <= '9' && n < 1<<40 {
-		n = n*10 + int(b[i]-'0')
-		i++
-		ok = true
-	}
-	return n, ok
+	return st != countAbsent
 }
+
+// known reports whether the usage read is the engine's count, every
+// number of it a token count: the request is charged it (else it keeps
+// its estimate).
+func (u *usage) known() bool { return u.seen && u.bad == 0 }
+
+// What the value after a count's key is (countAfter).
+const (
+	countAbsent uint8 = iota // no key, or null
+	countOK                  // a token count
+	countBad                 // anything else: negative, a fraction, not a number
+)
+
+// maxUsageCount bounds a count read (far above any context): a larger
+// number counts as it, never wraps.
+const maxUsageCount = 1 << 40
+
+// countAfter reads the value after the first key in b as a token count, as
+// the engine's JSON encoder may write it: a whole number, also written
+// with a fraction of zeros or an exponent (1500.0, 1.5e3, 1E+3, which
+// Python's json writes for a float that holds a whole count), is that
+// number (capped at maxUsageCount); a negative number, a fraction (12.5,
+// 1.25e1), a string or any other value is countBad, so that such a count
+// never lowers a charge (read as its leading digits, 1.5e3 was 1 token,
+// and -5 was skipped, leaving the count before it). A number cut by the
+// end of b reads as far as it goes (a cut object is read again whole).
+// It allocates nothing.
+func countAfter(b, key []byte) (int, uint8) {
+	i := indexKey(b, key) // a string that is a value is no count's key
+	if i < 0 {
+		return 0, countAbsent
+	}
+	i = skipSpace(b, i+len(key))
+	if i < len(b) && b[i] == ':' {
+		i = skipSpace(b, i+1)
+	}
+	return parseCount(b[i:])
+}
+
+// parseCount reads the JSON number at p's start as a token count
+// (countAfter). The usual count, up to 12 plain digits that the next byte
+// ends, is read here; any other value by parseNumberCount (which took 250
+// instructions a JSON answer's usage where this loop takes about 100).
+func parseCount(p []byte) (int, uint8) {
+	n, i := 0, 0
+	for ; i < len(p) && i < 12 && p[i] >= '0' && p[i] <= '9'; i++ {
+		n = n*10 + int(p[i]-'0')
+	}
+	if i > 0 && i < len(p) && !continuesNumber(p[i]) {
+		return n, countOK
+	}
+	return parseNumberCount(p)
+}
+
+// continuesNumber reports whether c, after a number's leading digits, is
+// still part of it.
+func continuesNumber(c byte) bool {
+	return c >= '0' && c <= '9' || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-'
+}
+
+// parseNumberCount is parseCount for any value.
+func parseNumberCount(p []byte) (int, uint8) {
+	if bytes.HasPrefix(p, null) {
+		return 0, countAbsent
+	}
+	i := 0
+	neg := i < len(p) && p[i] == '-'
+	if neg {
+		i++
+	}
+	// The value is m x 10^exp; digits past m's 17 are dropped (lost: one
+	// of them was not 0), the value being far past maxUsageCount then.
+	var m uint64
+	exp, digits, lost := 0, false, false
+	digit := func(d byte, frac bool) {
+		digits = true
+		switch {
+		case m < 1e17:
+			m = m*10 + uint64(d-'0')
+			if frac {
+				exp--
+			}
+		default:
+			lost = lost || d != '0'
+			if !frac {
+				exp++
+			}
+		}
+	}
+	for ; i < len(p) && p[i] >= '0' && p[i] <= '9'; i++ {
+		digit(p[i], false)
+	}
+	if i < len(p) && p[i] == '.' {
+		for i++; i < len(p) && p[i] >= '0' && p[i] <= '9'; i++ {
+			digit(p[i], true)
+		}
+	}
+	if !digits {
+		return 0, countBad
+	}
+	if i < len(p) && (p[i] == 'e' || p[i] == 'E') {
+		i++
+		eneg := i < len(p) && p[i] == '-'
+		if i < len(p) && (p[i] == '-' || p[i] == '+') {
+			i++
+		}
+		e, edigits := 0, false
+		for ; i < len(p) && p[i] >= '0' && p[i] <= '9'; i++ {
+			e = min(e*10+int(p[i]-'0'), 1<<20)
+			edigits = true
+		}
+		if !edigits {
+			return 0, countBad
+		}
+		if eneg {
+			e = -e
+		}
+		exp += e
+	}
+	for exp < 0 && m != 0 && m%10 == 0 {
+		m /= 10
+		exp++
+	}
+	switch {
+	case m == 0:
+		return 0, countOK // 0, -0, 0e5, 0.000
+	case neg || exp < 0:
+		return 0, countBad
+	case lost:
+		return maxUsageCount, countOK
+	}
+	for ; exp > 0 && m <= maxUsageCount; exp-- {
+		m *= 10
+	}
+	return int(min(m, maxUsageCount)), countOK
+}
+
+var null = []byte("null")
 
 // judge tells whether the usage object a read b of a chat stream brought
 // (hit) is final: an engine sends its count of the whole answer once, in
@@ -535,7 +717,7 @@ var (
 // of a chat or completions chunk's line: choicesAbsent without one,
 // finishNull, finishSet, or choicesCut when p ends before its value.
 func finished(p []byte) uint8 {
-	i := jsonscan.IndexKey(p, keyFinish)
+	i := indexKey(p, keyFinish)
 	if i < 0 {
 		return choicesAbsent
 	}
@@ -556,7 +738,7 @@ func finished(p []byte) uint8 {
 // choices reads the value of the "choices" key in p, a part of a chat
 // chunk's line (a key escaped in a string does not match).
 func choices(p []byte) uint8 {
-	i := jsonscan.IndexKey(p, keyChoices)
+	i := indexKey(p, keyChoices)
 	if i < 0 {
 		return choicesAbsent
 	}
@@ -603,7 +785,7 @@ func (u *usage) reset() { u.usageState = usageState{} }
 // record counts the usage in the metrics and on the worker that served it
 // (nil when unknown), whose cached share of prompt tokens is its hit rate.
 func (u *usage) record(w *fleet.Worker) {
-	if !u.seen {
+	if !u.known() {
 		return
 	}
 	mPromptTokens.Add(u.prompt)

@@ -81,16 +81,33 @@ func FuzzUsageChunks(f *testing.F) {
 	})
 }
 
-func FuzzLastIndexIsBytesLastIndex(f *testing.F) {
+// lastKeyRef is lastIndex by bytes.LastIndex, stepping back over
+// occurrences a colon (after JSON white space) does not follow.
+func lastKeyRef(b, key []byte) int {
+	for end := len(b); ; {
+		i := bytes.LastIndex(b[:end], key)
+		if i < 0 {
+			return -1
+		}
+		if rest := bytes.TrimLeft(b[i+len(key):], " \t\r\n"); len(rest) == 0 || rest[0] == ':' {
+			return i
+		}
+		end = i + len(key) - 1
+	}
+}
+
+func FuzzLastIndexIsTheLastKeyOccurrence(f *testing.F) {
 	f.Add([]byte(`{"usage":{},"usage":{}}`), []byte(`"usage"`))
+	f.Add([]byte(`{"usage":{},"x":["usage"]}`), []byte(`"usage"`))
+	f.Add([]byte(`{"usage" :{},"usage"`), []byte(`"usage"`))
 	f.Add([]byte("aaaa"), []byte("aa"))
 	f.Add([]byte(""), []byte("x"))
 	f.Fuzz(func(t *testing.T, b, key []byte) {
 		if len(key) == 0 {
 			return
 		}
-		if got, want := lastIndex(b, key), bytes.LastIndex(b, key); got != want {
-			t.Fatalf("lastIndex(%q, %q) = %d, bytes.LastIndex says %d", b, key, got, want)
+		if got, want := lastIndex(b, key), lastKeyRef(b, key); got != want {
+			t.Fatalf("lastIndex(%q, %q) = %d, the reference says %d", b, key, got, want)
 		}
 	})
 }
@@ -309,6 +326,36 @@ func TestTheUsageObjectEndsWhereItsBracesClose(t *testing.T) {
 		for j := i; j <= len(body); j++ {
 			if got, ref := objectEnd(body[i:j]), objectEndWalk(body[i:j]); got != ref {
 				t.Fatalf("objectEnd(%q) = %d, walk %d", body[i:j], got, ref)
+			}
+		}
+	}
+}
+
+// vLLM's chat answer puts prompt_logprobs after its usage object, each
+// prompt token with its decoded_token: a prompt token "usage" (a client
+// writes the word) is a string "usage" after the usage object. It is a
+// value, not a key (no colon follows it), and must not hide the usage
+// before it: the request was charged its estimate instead of its usage,
+// so a client without max_tokens asking for prompt_logprobs generated up
+// to the context and was charged default_output_tokens.
+func TestAUsageStringAfterTheUsageObjectDoesNotHideIt(t *testing.T) {
+	bodies := []string{
+		`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1234,"total_tokens":1801,"completion_tokens":567,"prompt_tokens_details":{"cached_tokens":89}},"prompt_logprobs":[null,{"31507":{"logprob":-1.5,"rank":1,"decoded_token":"usage"}},{"11":{"logprob":-0.1,"rank":1,"decoded_token":"usage" }}]}`,
+		`{"id":"x","choices":[],"usage" : {"prompt_tokens":1234,"completion_tokens":567,"prompt_tokens_details":{"cached_tokens":89}},"prompt_logprobs":[{"1":{"decoded_token":"usage"}}],"kv_transfer_params":null}`,
+	}
+	for bi, body := range bodies {
+		b := []byte(body)
+		check := func(u usage, how string) {
+			t.Helper()
+			if !u.seen || u.prompt != 1234 || u.completion != 567 || u.cached != 89 {
+				t.Fatalf("body %d %s: %+v", bi, how, u.usageState)
+			}
+		}
+		check(scanChunks(b), "whole")
+		for i := 0; i <= len(b); i++ {
+			check(scanChunks(b[:i], b[i:]), fmt.Sprintf("cut at %d", i))
+			for j := i; j <= len(b) && j < i+40; j++ {
+				check(scanChunks(b[:i], b[i:j], b[j:]), fmt.Sprintf("cut at %d and %d", i, j))
 			}
 		}
 	}
