@@ -2,10 +2,12 @@ package discovery
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/infera/infera/internal/testsrv"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 )
 
 // TestEtcdTLSAndAuth: the TLS (CA, client cert/key) and auth (user,
@@ -13,7 +15,7 @@ import (
 func TestEtcdTLSAndAuth(t *testing.T) {
 	certs := testsrv.GenCerts(t)
 	e := testsrv.StartEtcdTLS(t, &certs)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	tlsCfg := EtcdConfig{Endpoints: []string{e.Endpoint}, CAFile: certs.CA, CertFile: certs.ClientCert, KeyFile: certs.ClientKey, RequestTimeout: 2 * time.Second}
 
@@ -34,15 +36,15 @@ func TestEtcdTLSAndAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	if _, err := admin.UserAdd(ctx, "root", "rootpw"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.UserGrantRole(ctx, "root", "root"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.AuthEnable(ctx); err != nil {
-		t.Fatal(err)
-	}
+	retryEtcdTimeouts(t, ctx, "add user root", func() error {
+		_, err := admin.UserAdd(ctx, "root", "rootpw")
+		if errors.Is(err, rpctypes.ErrUserAlreadyExist) {
+			return nil // an earlier try that timed out was applied after all
+		}
+		return err
+	})
+	retryEtcdTimeouts(t, ctx, "grant root", func() error { _, err := admin.UserGrantRole(ctx, "root", "root"); return err })
+	retryEtcdTimeouts(t, ctx, "enable auth", func() error { _, err := admin.AuthEnable(ctx); return err })
 
 	authCfg := tlsCfg
 	authCfg.Username, authCfg.Password = "root", "rootpw"
@@ -62,9 +64,7 @@ func TestEtcdTLSAndAuth(t *testing.T) {
 	}
 	defer cli.Close()
 	reg := NewEtcdRegistrar(cli, "", 5*time.Second)
-	if err := reg.Register(ctx, rec("tls1", "http://127.0.0.1:8100")); err != nil {
-		t.Fatal(err)
-	}
+	retryEtcdTimeouts(t, ctx, "register", func() error { return reg.Register(ctx, rec("tls1", "http://127.0.0.1:8100")) })
 	waitFor(t, 5*time.Second, "registered over TLS with auth", func() bool { _, ok := sink.get("tls1"); return ok })
 
 	// Wrong password: refused.
@@ -83,4 +83,25 @@ func TestEtcdTLSAndAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "deregistered", func() bool { _, ok := sink.get("tls1"); return !ok })
+}
+
+// retryEtcdTimeouts runs op again while etcd answers "request timed out"
+// (its proposal waited past etcd's request timeout, 7 s, for a disk sync,
+// which a CI machine running many test binaries at once can stall: CI
+// failed on AuthEnable so) or op's own shorter timeout ran out, as the
+// worker's registration loop does. The calls it wraps can be repeated;
+// any other error, or ctx ending, fails the test.
+func retryEtcdTimeouts(t *testing.T, ctx context.Context, what string, op func() error) {
+	t.Helper()
+	for {
+		err := op()
+		if err == nil {
+			return
+		}
+		timedOut := errors.Is(err, rpctypes.ErrTimeout) || errors.Is(err, context.DeadlineExceeded)
+		if !timedOut || ctx.Err() != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		t.Logf("%s: %v; trying again", what, err)
+	}
 }
