@@ -204,6 +204,12 @@ type GlobalScheduling struct {
 	// until its next good poll only. Defaults 5000 and 60000.
 	ForwardFailureBackoffMS    float64 `json:"forward_failure_backoff_ms"`
 	ForwardFailureMaxBackoffMS float64 `json:"forward_failure_max_backoff_ms"`
+	// ForwardStallMS: a member that has had a forward waiting for its
+	// first byte this long, and answered no forward meanwhile, takes no
+	// new forward until it answers one (or its waiting forwards end).
+	// The waiting forwards keep their own bounds. A member that is slow
+	// but answers keeps its requests. 0 turns it off. Default 10000.
+	ForwardStallMS float64 `json:"forward_stall_ms"`
 }
 
 // Member is one gateway of another region.
@@ -320,7 +326,7 @@ func defaultMirror() Mirror {
 func defaultGlobalScheduling() GlobalScheduling {
 	return GlobalScheduling{PollIntervalMS: 1000, PollTimeoutMS: 500, StaleAfterMS: 5000, MinFree: 1,
 		ForwardStreamFirstPacketMS: 30000, ForwardNonStreamFirstByteMS: 300000,
-		ForwardFailureBackoffMS: 5000, ForwardFailureMaxBackoffMS: 60000}
+		ForwardFailureBackoffMS: 5000, ForwardFailureMaxBackoffMS: 60000, ForwardStallMS: 10000}
 }
 
 func defaultSmartModelSelection() SmartModelSelection {
@@ -552,6 +558,9 @@ func (g *GlobalScheduling) validate() error {
 	if g.ForwardFailureMaxBackoffMS < g.ForwardFailureBackoffMS {
 		return fieldErr("global_scheduling.forward_failure_max_backoff_ms", "%g is below forward_failure_backoff_ms (%g)", g.ForwardFailureMaxBackoffMS, g.ForwardFailureBackoffMS)
 	}
+	if err := millis("global_scheduling.forward_stall_ms", g.ForwardStallMS); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -576,7 +585,7 @@ func (s *SmartModelSelection) validate() error {
 			return fieldErr("smart_model_selection.fallback_tier", "is required: L1, L2 or L3")
 		}
 	default:
-		return fieldErr("smart_model_selection.fallback_tier", "%q: want L1, L2 or L3", s.FallbackTier)
+		return fieldErr("smart_model_selection.fallback_tier", "%s: want L1, L2 or L3", quotedKey(s.FallbackTier))
 	}
 	if s.BreakerFailureThreshold < 0 || s.BreakerFailureThreshold > 1<<20 {
 		return fieldErr("smart_model_selection.breaker_failure_threshold", "must be in [0, %d] (0: no breaker)", 1<<20)
@@ -599,7 +608,7 @@ func (s *SmartModelSelection) validate() error {
 		}
 		if strings.TrimSpace(p) != p {
 			// Model names are matched as written: it would never match.
-			return fieldErr(fmt.Sprintf("smart_model_selection.match_models[%d]", i), "%q has leading or trailing spaces", p)
+			return fieldErr(fmt.Sprintf("smart_model_selection.match_models[%d]", i), "%s has leading or trailing spaces", quotedKey(p))
 		}
 	}
 	for _, t := range []struct{ path, model string }{
@@ -615,7 +624,7 @@ func (s *SmartModelSelection) validate() error {
 		}
 		if strings.TrimSpace(t.model) != t.model {
 			// The request is forwarded as this name: no worker serves it.
-			return fieldErr(t.path, "%q has leading or trailing spaces", t.model)
+			return fieldErr(t.path, "%s has leading or trailing spaces", quotedKey(t.model))
 		}
 	}
 	if s.Enabled {

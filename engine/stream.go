@@ -54,6 +54,10 @@ func (s *seq) poke() {
 
 var errInjectedClose = errors.New("fault injection: connection closed mid-stream")
 
+// streamLooked, when set (tests), runs in tokenStream.Read between its look
+// at the sequence and what it does with what it saw.
+var streamLooked func(*seq)
+
 // tokenStream is the SSE body of a streaming response. fasthttp reads it from
 // the connection's goroutine and writes each Read as one flushed chunk; a
 // failed write (client gone) ends in CloseWithError, which aborts the
@@ -95,8 +99,16 @@ func (t *tokenStream) Read(p []byte) (int, error) {
 			}
 			return 0, errInjectedClose
 		}
+		// ended first: a sequence completes by storing its count, then
+		// done, then ended, so one seen ended and then not done was
+		// aborted. Read after done and the count, ended took a sequence
+		// that completed in between for aborted, and its stream was cut.
+		ended := t.sq.ended.Load()
 		done := t.sq.done.Load()
 		n := int(t.sq.tokens.Load())
+		if streamLooked != nil {
+			streamLooked(t.sq)
+		}
 		if t.closeAfter >= 0 && n >= t.closeAfter {
 			// The fault cuts the stream after closeAfter tokens, also when
 			// the sequence finished before this writer caught up.
@@ -110,7 +122,7 @@ func (t *tokenStream) Read(p []byte) (int, error) {
 			t.render(n, true)
 			continue
 		}
-		if t.sq.ended.Load() { // aborted elsewhere (shutdown)
+		if ended { // and not done: aborted elsewhere (shutdown)
 			return 0, errors.New("generation aborted")
 		}
 		if t.sent > 0 {

@@ -65,10 +65,11 @@ type Fleet struct {
 	serial uint32
 	hooks  []Hook
 	view   atomic.Pointer[View]
-	// retired holds, by ID, the Load of removed workers with requests
-	// still in flight, for a worker added again with the same ID and
-	// address (Worker.Load).
-	retired map[string]retiredLoad
+	// retired holds, by engine (ID and address), the Load of removed
+	// workers with requests still in flight, for a worker added again
+	// with the same ID and address (Worker.Load), also after it was on
+	// another engine meanwhile.
+	retired map[Ref]*Load
 	// With onePerEngine (OneWorkerPerEngine), engines maps the
 	// EngineKey of each live worker's url to its id, and shadow holds, by
 	// id, the records left out because a live worker of another id names
@@ -82,7 +83,7 @@ type Fleet struct {
 
 // NewFleet returns an empty fleet whose workers use breaker settings bc.
 func NewFleet(bc BreakerConfig) *Fleet {
-	f := &Fleet{breaker: bc, byID: map[string]*Worker{}, retired: map[string]retiredLoad{},
+	f := &Fleet{breaker: bc, byID: map[string]*Worker{}, retired: map[Ref]*Load{},
 		engines: map[string]string{}, shadow: map[string]Record{}, ms: metrics.NewSet()}
 	metrics.RegisterSet(f.ms)
 	f.view.Store(&View{ByModel: map[string][]*Worker{}, ByService: map[string][]*Worker{}})
@@ -386,12 +387,6 @@ func (f *Fleet) unregisterMetrics(w *Worker) {
 	}
 }
 
-// retiredLoad is the Load of a removed worker that had requests in flight.
-type retiredLoad struct {
-	ref  Ref
-	load *Load
-}
-
 // busy reports whether requests still hold load units of l.
 func (l *Load) busy() bool {
 	return l.Requests.Load() != 0 || l.Tokens.Load() != 0 || l.PrefillTokens.Load() != 0 ||
@@ -402,13 +397,13 @@ func (l *Load) busy() bool {
 // address while w's requests still run, and forgets the retired loads
 // whose requests have all ended. Lock must be held.
 func (f *Fleet) retireLoad(w *Worker) {
-	for id, rl := range f.retired {
-		if !rl.load.busy() {
-			delete(f.retired, id)
+	for ref, l := range f.retired {
+		if !l.busy() {
+			delete(f.retired, ref)
 		}
 	}
 	if w.Load.busy() {
-		f.retired[w.ID] = retiredLoad{ref: w.Ref(), load: w.Load}
+		f.retired[w.Ref()] = w.Load
 	}
 }
 
@@ -418,11 +413,12 @@ func (f *Fleet) retireLoad(w *Worker) {
 // them, and their releases must land on the counters it reads), else a
 // fresh one. Lock must be held.
 func (f *Fleet) inheritLoad(id, addr string) *Load {
-	if rl, ok := f.retired[id]; ok {
-		delete(f.retired, id)
-		if rl.ref == (Ref{id, addr}) {
-			return rl.load
-		}
+	// Keyed by engine: a worker that moved to another engine and comes
+	// back finds the requests still running on this one (they were
+	// forgotten at the move, TestAWorkerMovedAwayAndBackCarriesItsInFlightLoad).
+	if l, ok := f.retired[Ref{id, addr}]; ok {
+		delete(f.retired, Ref{id, addr})
+		return l
 	}
 	return new(Load)
 }

@@ -83,3 +83,42 @@ func TestAReAddedWorkerCarriesItsInFlightLoad(t *testing.T) {
 	}
 	again.Release(1, 1, 1, false)
 }
+
+// A worker moved to another engine and back while requests it took on
+// the first still run carries them again on its return: they run on that
+// engine. The move forgot them, and the worker came back at 0.
+func TestAWorkerMovedAwayAndBackCarriesItsInFlightLoad(t *testing.T) {
+	f := NewFleet(BreakerConfig{})
+	defer f.Close()
+	at := func(host string) []Record {
+		return []Record{{ID: "a", URL: "http://" + host + ".test:1", Models: []string{"m"}}}
+	}
+	if errs := f.Sync(at("one")); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	first := f.Get("a")
+	for range 3 {
+		first.Acquire(100, 60, 7)
+	}
+	if errs := f.Sync(at("two")); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	moved := f.Get("a")
+	if got := loadCounts(moved); got != ([5]int64{}) {
+		t.Fatalf("the worker on another engine carries %v, want nothing", got)
+	}
+	moved.Acquire(10, 6, 1)
+	if errs := f.Sync(at("one")); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	back := f.Get("a")
+	if got, want := loadCounts(back), [5]int64{3, 300, 180, 21, 3}; got != want {
+		t.Fatalf("the worker back on its first engine carries %v, want the in-flight %v", got, want)
+	}
+	if errs := f.Sync(at("two")); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if got, want := loadCounts(f.Get("a")), [5]int64{1, 10, 6, 1, 1}; got != want {
+		t.Fatalf("the worker back on the second engine carries %v, want the in-flight %v", got, want)
+	}
+}

@@ -139,9 +139,13 @@ func ResponsesToChat(dst, body []byte, opt *Options, m *Meta) ([]byte, error) {
 			return fail(badRequest("max_output_tokens", "max_output_tokens must be an integer in [1, 2147483647]"))
 		}
 		m.MaxTokens = n
-		m.setEcho(echoMaxOutputTokens, c.v(r.maxOut))
+		// Written as an integer: 100.0 and 1e2 are accepted (as Python
+		// reads them) but are no integer to the router's parse of the
+		// chat body, or to an engine that decodes into an int.
 		c.out = append(c.out, `,"max_tokens":`...)
-		c.out = append(c.out, c.v(r.maxOut)...)
+		at := len(c.out)
+		c.out = appendInt(c.out, n)
+		m.setEcho(echoMaxOutputTokens, c.out[at:])
 	}
 	if m.Stream {
 		c.out = append(c.out, `,"stream":true,"stream_options":{"include_usage":true}`...)

@@ -316,7 +316,7 @@ func (s *Server) logAccess(rs *reqState, end string) {
 		b = append(b, `,"prefill_worker":`...)
 		b = appendJSONString(b, w.ID)
 	}
-	if u := &rs.usage; u.seen {
+	if u := &rs.usage; u.known() {
 		b = append(b, `,"prompt_tokens":`...)
 		b = strconv.AppendInt(b, int64(u.prompt), 10)
 		b = append(b, `,"completion_tokens":`...)

@@ -254,11 +254,16 @@ func (s *Server) attempt(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSt
 		f = &failure{kind: failUpstreamAuth, cause: fmt.Errorf("%s answered %d to the gateway's credentials", rs.ext.cur.label, up.status())}
 		c.cancel.unset()
 		up.finish(false)
-	} else if f == nil && rs.ext.cur != nil && up.status() >= 300 && up.status() < 400 {
+	} else if f == nil && up.status() >= 300 && up.status() < 400 {
 		// A redirect is no answer to relay: a client following its
-		// Location would send its request to the provider past the
-		// gateway. An invalid response, the upstream's fault.
-		f = fail(failProtocol, fmt.Errorf("%s answered a redirect (%d)", rs.ext.cur.label, up.status()))
+		// Location would send its request past the gateway (its keys,
+		// limits and quotas), to the provider or to an engine's own
+		// address. An invalid response, the upstream's fault.
+		label := "the engine"
+		if rs.ext.cur != nil {
+			label = rs.ext.cur.label
+		}
+		f = fail(failProtocol, fmt.Errorf("%s answered %d: a redirect (3xx) is no answer to relay", label, up.status()))
 		c.cancel.unset()
 		up.finish(false)
 	}

@@ -427,28 +427,37 @@ func (e *externals) newUpstream(kind extKind, w extSpec) (*extUpstream, error) {
 	}
 	u := &extUpstream{kind: kind, name: w.name, raw: w.raw, ep: ep, key: w.key}
 	var requests, failures *metrics.Counter
+	var lbl string
 	switch kind {
 	case extSplit:
 		u.label = "split:" + w.name
-		lbl := fmt.Sprintf(`{proxy=%q}`, w.name)
+		lbl = fmt.Sprintf(`{proxy=%q}`, w.name)
 		requests = e.counter(u, `infera_split_proxy_requests_total`+lbl)
 		failures = e.counter(u, `infera_split_proxy_failures_total`+lbl)
-		e.gauge(u, `infera_split_proxy_breaker_state`+lbl, func() float64 { return float64(u.w.Breaker.State()) })
-		e.gauge(u, `infera_split_proxy_active_requests`+lbl, func() float64 { return float64(u.w.Load.Requests.Load()) })
-		e.gauge(u, `infera_split_proxy_backoff_state`+lbl, func() float64 { return float64(u.out.State()) })
 	default:
 		// Forwarded requests are counted by the poller
 		// (infera_global_forwarded_total{member}).
 		u.label = "global:" + w.name
-		lbl := fmt.Sprintf(`{member=%q}`, w.name)
+		lbl = fmt.Sprintf(`{member=%q}`, w.name)
 		failures = e.counter(u, `infera_global_forward_failures_total`+lbl)
-		e.gauge(u, `infera_global_member_breaker_state`+lbl, func() float64 { return float64(u.w.Breaker.State()) })
-		e.gauge(u, `infera_global_forward_active_requests`+lbl, func() float64 { return float64(u.w.Load.Requests.Load()) })
 	}
 	u.w = fleet.NewStandalone(u.label, &e.bc, requests, failures)
 	u.w.URL, u.w.Addr, u.w.TLS = w.raw, ep.Addr, ep.TLS
 	u.pool = newExtPool(&ep, e.maxConns, e.connectTimeout)
 	u.w.Client = u.pool
+	// The gauges read u from a scrape as soon as they exist: only a whole
+	// u is published (registered before u.w was set, a scrape during a
+	// reload that added an entry read a nil worker, a panic that ended the
+	// router: TestScrapesDuringReloadsThatAddSplitEntriesSeeWholeEntries).
+	switch kind {
+	case extSplit:
+		e.gauge(u, `infera_split_proxy_breaker_state`+lbl, func() float64 { return float64(u.w.Breaker.State()) })
+		e.gauge(u, `infera_split_proxy_active_requests`+lbl, func() float64 { return float64(u.w.Load.Requests.Load()) })
+		e.gauge(u, `infera_split_proxy_backoff_state`+lbl, func() float64 { return float64(u.out.State()) })
+	default:
+		e.gauge(u, `infera_global_member_breaker_state`+lbl, func() float64 { return float64(u.w.Breaker.State()) })
+		e.gauge(u, `infera_global_forward_active_requests`+lbl, func() float64 { return float64(u.w.Load.Requests.Load()) })
+	}
 	return u, nil
 }
 

@@ -88,7 +88,9 @@ func (s *Server) forwardGlobal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		picked = true
 		m.Forwarded()
 		prev := fr.last
+		m.Sending()
 		ar := s.attemptExternal(ctx, cfg, rs, u, true, true, &fr)
+		m.Sent(memberAnswered(ar, prev, fr.last))
 		memberOutcome(m, trial, ar, prev, fr.last)
 		switch ar {
 		case attemptCommitted:
@@ -148,6 +150,23 @@ func memberOutcome(m *upstreams.Member, trial bool, ar attemptResult, prev, f *f
 	if ar == attemptFailed {
 		m.Failed()
 	}
+}
+
+// memberAnswered reports whether a forward got an answer from the member
+// (ar; f the request's last failure, prev the one before the forward): a
+// committed one, or an answer that was not relayed as one (a status the
+// dispatch fails over on, a refusal of the gateway's key, an invalid
+// answer). A timeout, an unreachable member, a client that left or
+// nothing sent is none: the member's stall clock (upstream.Member.Sent)
+// runs on.
+func memberAnswered(ar attemptResult, prev, f *failure) bool {
+	if ar == attemptCommitted {
+		return true
+	}
+	if f == nil || f == prev {
+		return false
+	}
+	return f.kind == failStatus || f.kind == failUpstreamAuth || f.kind == failProtocol
 }
 
 // forwardFirstByte returns the first-byte deadline of an attempt started

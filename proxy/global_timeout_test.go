@@ -204,3 +204,98 @@ func TestAMemberWhoseForwardsFailStaysOutForItsBackoffDespiteGoodPolls(t *testin
 		})
 	}
 }
+
+// A member that answers its capacity polls but hangs on forwarded requests
+// is skipped for new requests once a forward has waited
+// forward_stall_ms for its first byte with none answered, long before the
+// forward's own bound; once it answers again it takes requests again. It
+// took every request its report had room for until the first forward
+// reached its bound (here 10 s; 30 s for a stream, 300 s otherwise by
+// default), each good poll making room again.
+func TestAStalledMemberTakesNoNewForwardsUntilItAnswers(t *testing.T) {
+	var healthy atomic.Bool
+	release := make(chan struct{})
+	hung := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		if !healthy.Load() {
+			select {
+			case <-release:
+			case <-time.After(15 * time.Second):
+			}
+		}
+		okHandler(ctx)
+	})
+	t.Cleanup(func() {
+		if !healthy.Swap(true) {
+			close(release)
+		}
+	}) // before the servers stop (LIFO)
+	// b reports the most room (no limit: 256 per worker), c 100 seats.
+	b := startRouterWith(t, nil, config.Default(), nil, hung.url)
+	engC := startUpstream(t, okHandler)
+	cfgC := config.Default()
+	cfgC.RateLimit.OverallConcurrency = 100
+	c := startRouterWith(t, nil, cfgC, nil, engC.url)
+
+	cfgA := globalConfig(config.Member{Name: "b", URL: b.url}, config.Member{Name: "c", URL: c.url})
+	g := &cfgA.GlobalScheduling
+	g.PollIntervalMS = 20 // b's good polls keep coming
+	g.ForwardNonStreamFirstByteMS = 10000
+	g.ForwardStallMS = 200
+	pa := startPoller(t, g)
+	a := startRouterWith(t, nil, cfgA, func(o *Options) { o.Poller = pa }, deadURL(t))
+	a.fl.Remove("w0") // no local worker: every request is forwarded
+	waitFor(t, func() bool {
+		_, _, ok1 := pa.Members()[0].Report()
+		_, _, ok2 := pa.Members()[1].Report()
+		return ok1 && ok2
+	}, "A's reports of b and c")
+
+	send := func(cl *http.Client) (string, error) {
+		resp, err := cl.Post(a.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+		if err != nil {
+			return "", err
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(got) != okJSON {
+			return "", fmt.Errorf("%d %s", resp.StatusCode, got)
+		}
+		return resp.Header.Get("X-Infera-Upstream"), nil
+	}
+	first := make(chan string, 1)
+	go func() {
+		up, err := send(&http.Client{Timeout: 20 * time.Second})
+		if err != nil {
+			up = err.Error()
+		}
+		first <- up
+	}()
+	waitFor(t, func() bool { return hung.hits.Load() == 1 }, "the first forward on the hung member")
+	waitFor(t, func() bool {
+		return metricValue(t, a.url, `infera_global_member_stalled{member="b"}`) == "1"
+	}, "b stalled")
+	cl := &http.Client{Timeout: 3 * time.Second}
+	for i := range 5 {
+		start := time.Now()
+		up, err := send(cl)
+		if err != nil || up != "global:c" || time.Since(start) > time.Second {
+			t.Fatalf("request %d after b stalled: %q %v in %v (the hung member's engine got %d)", i, up, err, time.Since(start), hung.hits.Load())
+		}
+	}
+	if n := hung.hits.Load(); n != 1 {
+		t.Fatalf("the hung member's engine got %d requests, want 1", n)
+	}
+	// b answers its forward: it takes requests again (it reports the most
+	// room), and was never put out for a backoff.
+	healthy.Store(true)
+	close(release)
+	if up := <-first; up != "global:b" {
+		t.Fatalf("the first request: %q, want global:b", up)
+	}
+	if up, err := send(cl); err != nil || up != "global:b" {
+		t.Fatalf("after b answered: %q %v, want global:b", up, err)
+	}
+	if v := metricValue(t, a.url, `infera_global_member_stalled{member="b"}`); v != "0" {
+		t.Fatalf("b's stalled gauge %q after it answered", v)
+	}
+}

@@ -445,6 +445,53 @@ func TestHopByHopHeadersStrippedBothWays(t *testing.T) {
 	}
 }
 
+// A header name that reads as a framing, hop-by-hop, credential or router
+// header once '_' is taken for '-' (as CGI and WSGI environments and nginx
+// with underscores_in_headers take it) is dropped both ways, as the name it
+// reads as would be; other names with underscores pass.
+func TestUnderscoreSpellingsOfSpecialHeadersAreDroppedBothWays(t *testing.T) {
+	var got atomic.Pointer[string]
+	up := startRaw(t, func(n int, req string, c net.Conn) {
+		got.Store(&req)
+		body := okJSON
+		c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" +
+			"Content_Length: 9999\r\nTransfer_Encoding: chunked\r\nKeep_Alive: timeout=1\r\nSet_Cookie: a=b\r\n" +
+			"X_Infera_Worker: w-evil\r\nAccess_Control_Allow_Origin: *\r\nX_Request_Id: rid-evil\r\nX_Engine_Kept: yes\r\n" +
+			"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body))
+	})
+	r := startRouter(t, nil, nil, up.url)
+	req := "POST /v1/chat/completions HTTP/1.1\r\nHost: client.example\r\n" +
+		"Content_Length: 9999\r\nTransfer_Encoding: chunked\r\nX_Forwarded_For: 6.6.6.6\r\nProxy_Authorization: Basic Zm9vOmJhcg==\r\n" +
+		"X_Worker_Instance_Id: w9\r\nX_Request_Id: rid-evil\r\nContent_Type: text/evil\r\nX_Client_Kept: yes\r\n" +
+		"Content-Length: " + strconv.Itoa(len(chatBody)) + "\r\n\r\n" + chatBody
+	resp := rawClient(t, r.url, req, 2*time.Second)
+	seen := got.Load()
+	if seen == nil {
+		t.Fatalf("engine never got the request; client saw %q", resp)
+	}
+	head, _, _ := strings.Cut(*seen, "\r\n\r\n")
+	for _, h := range []string{"content_length", "transfer_encoding", "x_forwarded_for", "6.6.6.6", "proxy_authorization", "x_worker_instance_id", "rid-evil", "text/evil"} {
+		if strings.Contains(strings.ToLower(head), h) {
+			t.Fatalf("engine received %q:\n%s", h, head)
+		}
+	}
+	if !strings.Contains(strings.ToLower(head), "x_client_kept: yes") { // fasthttp writes it X_client_kept
+		t.Fatalf("a header with an underscore that is no special name was dropped:\n%s", head)
+	}
+	rhead, _, _ := strings.Cut(resp, "\r\n\r\n")
+	if !strings.HasPrefix(rhead, "HTTP/1.1 200") {
+		t.Fatalf("client got:\n%s", resp)
+	}
+	for _, h := range []string{"content_length", "transfer_encoding", "keep_alive", "set_cookie", "w-evil", "access_control", "rid-evil"} {
+		if strings.Contains(strings.ToLower(rhead), h) {
+			t.Fatalf("client received %q:\n%s", h, rhead)
+		}
+	}
+	if !strings.Contains(strings.ToLower(rhead), "x_engine_kept: yes") {
+		t.Fatalf("a response header with an underscore that is no special name was dropped:\n%s", rhead)
+	}
+}
+
 // 5. An engine that honours Upgrade and answers 101 does not get its
 // tunnel pooled: the client gets 502 and the next request goes out on a
 // fresh connection.
@@ -1533,6 +1580,34 @@ func TestANonChunkedTransferEncodingIsRefusedAndCloses(t *testing.T) {
 	}
 }
 
+// The refusal of a non-chunked Transfer-Encoding is an answer like any
+// other: it carries the request id (the client's, on an inference
+// endpoint; Anthropic's Request-Id and request_id on /v1/messages) and an
+// access-log line. It carried none.
+func TestANonChunkedTransferEncodingRefusalCarriesTheRequestID(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r, lines, _ := accessRouter(t, "", up.url)
+	for _, tc := range []struct{ path, id, want string }{
+		{"/v1/chat/completions", "te-chat", "\r\nX-Request-Id: te-chat\r\n"},
+		{"/v1/messages", "te-msg", "\r\nRequest-Id: te-msg\r\n"},
+		{"/v1/models", "te-models", "\r\nX-Request-Id: te-models\r\n"},
+	} {
+		got := rawClient(t, r.url, "POST "+tc.path+" HTTP/1.1\r\nHost: x\r\nX-Request-Id: "+tc.id+"\r\nTransfer-Encoding: identity\r\nContent-Length: 2\r\n\r\n{}", 3*time.Second)
+		if !strings.HasPrefix(got, "HTTP/1.1 400 ") || !strings.Contains(got, tc.want) {
+			t.Errorf("%s: want a 400 with %q, got %q", tc.path, tc.want, got)
+		}
+		if tc.path == "/v1/messages" && !strings.HasSuffix(got, `"request_id":"te-msg"}`) {
+			t.Errorf("%s: the Anthropic error names no request_id: %q", tc.path, got)
+		}
+	}
+	ids := byRequestID(lines())
+	for _, id := range []string{"te-chat", "te-msg"} {
+		if ids[id] == nil {
+			t.Errorf("no access-log line for the 400 of request %s (lines: %v)", id, ids)
+		}
+	}
+}
+
 // A prompt of token ids is kept for routing only up to maxRouteIDs: a body
 // of 16 M ids once took about 7x its size in copies (the ids, the tokens
 // hashed, the prefix layer's bytes). The engine still gets every id, and
@@ -2073,5 +2148,76 @@ func TestFasthttpsOwnErrorAnswersCarryARequestID(t *testing.T) {
 	if !strings.HasPrefix(got, "HTTP/1.1 400") || !strings.Contains(got, "\r\nX-Request-Id: my-id-1\r\n") || !strings.Contains(got, "\r\nRequest-Id: my-id-1\r\n") ||
 		!strings.HasSuffix(got, `{"type":"error","error":{"type":"invalid_request_error","message":"malformed HTTP request"},"request_id":"my-id-1"}`) {
 		t.Fatalf("a bad Host on /v1/messages:\n%s", got)
+	}
+}
+
+// Over NATS the sidecar relays the engine's headers as they came; the
+// router drops the same ones it drops over HTTP, underscore spellings of
+// them included.
+func TestARelayedAnswersHeadersOverNATSAreFilteredAsOverHTTP(t *testing.T) {
+	src := http.Header{}
+	for _, kv := range [][2]string{
+		{"Content_Length", "9999"}, {"Transfer_Encoding", "chunked"}, {"Keep_Alive", "timeout=1"}, {"Set_Cookie", "a=b"},
+		{"X_Infera_Worker", "w-evil"}, {"Access_Control_Allow_Origin", "*"}, {"X_Request_Id", "rid-evil"},
+		{"Keep-Alive", "timeout=1"}, {"Set-Cookie", "a=b"}, {"Connection", "X-Private"}, {"X-Private", "p"},
+		{"X_Engine_Kept", "yes"}, {"X-Kept", "yes"},
+	} {
+		src[kv[0]] = []string{kv[1]}
+	}
+	var h fasthttp.ResponseHeader
+	copyRelayedHeaders(&h, src)
+	var got []string
+	for k, v := range h.All() {
+		if string(k) != "Content-Type" { // fasthttp's default
+			got = append(got, string(k)+": "+string(v))
+		}
+	}
+	slices.Sort(got)
+	if want := []string{"X-Kept: yes", "X_engine_kept: yes"}; !slices.Equal(got, want) {
+		t.Fatalf("client would get %q, want %q", got, want)
+	}
+}
+
+// A completion given as vLLM's prompt_embeds (base64 tensors, with vLLM's
+// --enable-prompt-embeds), with no prompt, is served under both policies,
+// streamed or not, its body reaching the engine as written (a stream's
+// with the usage request the router adds). It was refused with 400
+// "prompt is required".
+func TestACompletionGivenAsPromptEmbedsReachesTheEngine(t *testing.T) {
+	const embeds = `"UEsDBAAACAgAAAAAAAAAAAAAAAAAAAAAAAAQABIAYXJjaGl2ZS9kYXRhLnBrbEZCDgBaWlpa"`
+	var got atomic.Pointer[string]
+	up := startUpstream(t, func(ctx *fasthttp.RequestCtx) {
+		b := string(ctx.PostBody())
+		got.Store(&b)
+		if strings.Contains(b, `"stream":true`) {
+			ctx.SetContentType("text/event-stream")
+			ctx.SetBodyString(`data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"stop"}]}` + "\n\n" +
+				`data: {"id":"c","object":"text_completion","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1,"total_tokens":8}}` + "\n\ndata: [DONE]\n\n")
+			return
+		}
+		ctx.SetContentType("application/json")
+		ctx.SetBodyString(`{"id":"c","object":"text_completion","choices":[{"index":0,"text":"hi","finish_reason":"stop"}],"usage":{"prompt_tokens":7,"completion_tokens":1,"total_tokens":8}}`)
+	})
+	for _, policy := range []string{"round-robin", "kv-aware"} {
+		f := defaultFlags()
+		f.RouterPolicy = policy
+		r := startRouterGov(t, f, nil, nil, up.url)
+		for _, body := range []string{
+			`{"model":"m","prompt_embeds":` + embeds + `,"max_tokens":4}`,
+			`{"model":"m","prompt_embeds":[` + embeds + `,` + embeds + `],"prompt":null,"max_tokens":4}`,
+			`{"model":"m","prompt_embeds":` + embeds + `,"max_tokens":4,"stream":true}`,
+		} {
+			code, b := post(t, r.url+"/v1/completions", body)
+			if code != 200 || !strings.Contains(b, `"hi"`) {
+				t.Fatalf("%s: %s: %d %s", policy, body, code, trunc(b))
+			}
+			seen := got.Load()
+			if seen == nil || !strings.Contains(*seen, embeds) {
+				t.Fatalf("%s: the engine got %q", policy, *seen)
+			}
+			if !strings.Contains(body, `"stream":true`) && *seen != body {
+				t.Fatalf("%s: the engine got %s, want the client's body %s", policy, *seen, body)
+			}
+		}
 	}
 }

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"bytes"
+
 	"github.com/infera/infera/internal/h1"
 	"github.com/valyala/fasthttp"
 )
@@ -88,6 +90,40 @@ func isSecretHeader(k []byte) bool {
 
 func eqFold(b []byte, s string) bool { return h1.EqFold(b, s) }
 
+// droppedResponseHeader reports an engine's response header the client never
+// gets by its name: hop-by-hop, framing, or the router's own.
+func droppedResponseHeader(k []byte) bool { return isHopHeader(k) || isFramingOrOwnHeader(k) }
+
+// underscoreAlias reports whether k, a header name with an underscore in
+// it, reads as a name the router treats specially once each '_' is taken
+// for '-' (Content_Length, Transfer_Encoding, X_Forwarded_For): on a
+// request, a name forwardClassOf does not keep; on a response
+// (response), a name droppedResponseHeader drops. Such a name is dropped
+// where the name it reads as would be, in either direction: a server that
+// takes '_' for '-' (CGI and WSGI environments name both
+// HTTP_CONTENT_LENGTH; nginx drops such headers by default for this,
+// underscores_in_headers) would read it as that header, a second
+// Content-Length or a client-written X-Forwarded-For behind the router's
+// back. Other names with underscores pass. Past 64 bytes only the first 64
+// are read: no special name is that long, and the Access-Control- prefix
+// is in them.
+func underscoreAlias(k []byte, response bool) bool {
+	if bytes.IndexByte(k, '_') < 0 {
+		return false
+	}
+	var b [64]byte
+	n := copy(b[:], k)
+	for i, c := range b[:n] {
+		if c == '_' {
+			b[i] = '-'
+		}
+	}
+	if response {
+		return droppedResponseHeader(b[:n])
+	}
+	return forwardClassOf(b[:n]) != fwdKeep
+}
+
 // appendForwardHeaders appends the client's request headers that go to the
 // engine, as "Name: value\r\n" lines. Left out: hop-by-hop headers and the
 // headers the client's Connection header names; Host, Content-Length and
@@ -163,10 +199,22 @@ const (
 	fwdSecret      // credentials: dropped when the router consumed them
 )
 
-// forwardClass sorts a request header name for appendForwardLines by its
-// length first: one comparison or two per header, not one per rule. The
-// names are isHopHeader's, isSecretHeader's and the router's own.
+// forwardClass sorts a request header name for appendForwardLines. A name
+// that reads as one of the names below once '_' is taken for '-'
+// (Transfer_Encoding, X_Forwarded_For, x_api_key) is dropped
+// (underscoreAlias).
 func forwardClass(k []byte) int {
+	c := forwardClassOf(k)
+	if c == fwdKeep && underscoreAlias(k, false) {
+		return fwdDrop
+	}
+	return c
+}
+
+// forwardClassOf sorts a request header name by its length first: one
+// comparison or two per header, not one per rule. The names are
+// isHopHeader's, isSecretHeader's and the router's own.
+func forwardClassOf(k []byte) int {
 	switch len(k) {
 	case 2:
 		if eqFold(k, "TE") {

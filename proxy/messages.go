@@ -78,6 +78,10 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *
 					case "type":
 						tc.Type = str(span{ks, ke})
 					case "function":
+						// The last "function" counts, whole, as for
+						// the engine's JSON decoder: nothing of an
+						// earlier one is kept (it was merged in).
+						tc.Function.Name, tc.Function.Arguments = "", ""
 						forEachField(d, ks, func(fk []byte, fs, fe int) error {
 							switch string(fk) {
 							case "name":
@@ -93,6 +97,8 @@ func decodeMessages(msgs []tokenizer.Message, d []byte, spans []msgSpan, arena *
 									start := len(a)
 									a = append(a, d[fs:fe]...)
 									tc.Function.Arguments = arenaString(a[start:])
+								default:
+									tc.Function.Arguments = "" // over an earlier duplicate's
 								}
 							}
 							return nil

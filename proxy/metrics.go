@@ -57,4 +57,5 @@ var (
 	mLingeringCloses   = metrics.NewCounter(`infera_client_lingering_closes_total`)
 	mClientGoneWaiting = metrics.NewCounter(`infera_client_disconnects_waiting_total`)
 	mClientErrors      = metrics.NewCounter(`infera_http_client_errors_total`)
+	mBodyPanics        = metrics.NewCounter(`infera_response_body_panics_total`)
 )

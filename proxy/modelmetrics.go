@@ -93,7 +93,7 @@ func countModel(rs *reqState) {
 	default:
 		m.resp[0].Inc()
 	}
-	if u := &rs.usage; u.seen {
+	if u := &rs.usage; u.known() {
 		m.prompt.Add(u.prompt)
 		m.completion.Add(u.completion)
 		m.cached.Add(u.cached)

@@ -44,6 +44,10 @@ type reqBody struct {
 	text []byte
 	// promptTokens counts token ids when the prompt is given as ids.
 	promptTokens int
+	// embeds is how many prompts a completion's prompt_embeds gives
+	// (vLLM's, base64 tensors: a string or an array of them); their
+	// length in tokens is not read (usage tells it after).
+	embeds int
 	// tokenIDs holds a token-id prompt (completions) for kv-aware hashing;
 	// idText is its text for the prefix layer (sched.AppendTokenPrompt).
 	tokenIDs []uint32
@@ -136,7 +140,8 @@ var (
 	errMaxTokens     = &badRequestError{msg: "max_tokens must be a non-negative integer", param: "max_tokens"}
 	errNoMessages    = &badRequestError{msg: "messages is required and must be a non-empty array", param: "messages"}
 	errMessages      = &badRequestError{msg: "messages must be an array of objects", param: "messages"}
-	errNoPrompt      = &badRequestError{msg: "prompt is required", param: "prompt"}
+	errNoPrompt      = &badRequestError{msg: "prompt (or prompt_embeds) is required", param: "prompt"}
+	errEmbedsType    = &badRequestError{msg: "prompt_embeds must be a base64 string or an array of them", param: "prompt_embeds"}
 	errPromptType    = &badRequestError{msg: "prompt must be a string, an array of strings, or an array of token ids", param: "prompt"}
 	errEmptyPrompt   = &badRequestError{msg: "prompt must not be empty: give a non-empty string, or a non-empty array of non-empty strings or token-id arrays", param: "prompt"}
 	errMalformedJSON = &badRequestError{msg: "malformed JSON in request body"}
@@ -154,6 +159,7 @@ const (
 	rkPrompt
 	rkInput // input, query, text_1
 	rkAux   // documents, text_2
+	rkPromptEmbeds
 )
 
 func duplicateKey(name string) error {
@@ -165,7 +171,7 @@ func duplicateKey(name string) error {
 var readKeys = [...][]byte{[]byte("model"), []byte("stream"), []byte("max_tokens"), []byte("max_completion_tokens"),
 	[]byte("messages"), []byte("prompt"), []byte("stream_options"), []byte("tools"), []byte("n"), []byte("best_of"),
 	[]byte("input"), []byte("encoding_format"), []byte("dimensions"), []byte("query"), []byte("documents"),
-	[]byte("top_n"), []byte("text_1"), []byte("text_2"), []byte("include_usage")}
+	[]byte("top_n"), []byte("text_1"), []byte("text_2"), []byte("include_usage"), []byte("prompt_embeds")}
 
 // foldedKey returns the key of readKeys that key is a case variant of
 // ("Model", "MAX_TOKENS", "max_to\u212aens" with the Kelvin sign), or
@@ -255,6 +261,10 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			if kind != kindChat {
 				return -1, nil
 			}
+		case "prompt_embeds":
+			if kind != kindCompletion {
+				return -1, nil
+			}
 		case "add_special_tokens":
 			if kind != kindChat && kind != kindCompletion {
 				return -1, nil
@@ -315,13 +325,17 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			if v[0] == 'n' {
 				return ve, nil
 			}
-			n, ok := parseInt(v)
-			if !ok {
+			// Read as the engine reads an int (vLLM's lax int: 100.0,
+			// 1e2 and "100" are 100; a plain integer takes parseInt
+			// alone): refused, such a limit failed requests the engine
+			// serves.
+			n := laxInt(v)
+			if n < 0 {
 				perr = errMaxTokens
 				return ve, nil
 			}
 			if completion {
-				maxCompletion = n // wins over max_tokens, as in vLLM and OpenAI
+				maxCompletion = n // wins over max_tokens unless 0, as in vLLM
 			} else {
 				b.maxTokens = n
 			}
@@ -346,12 +360,21 @@ func (b *reqBody) parse(d []byte, kind int) error {
 			if once(rkPrompt, "prompt") {
 				b.promptStart, b.promptEnd = vs, ve
 			}
+		case "prompt_embeds":
+			if once(rkPromptEmbeds, "prompt_embeds") {
+				if n, ok := countEmbeds(d, vs); ok {
+					b.embeds = n
+				} else if perr == nil {
+					perr = errEmbedsType
+				}
+			}
 		case "tools":
 			b.toolsStart, b.toolsEnd = vs, ve // the last, as the engine reads it
 		case "n", "best_of":
-			// The last copy of each counts, as the engine reads it.
+			// The last copy of each counts, read as the engine reads
+			// an int (3.0 and "3" are 3).
 			c := 1
-			if n, ok := parseInt(v); ok && n > 0 {
+			if n := laxInt(v); n > 0 {
 				c = min(n, 1<<16)
 			}
 			if key[0] == 'n' {
@@ -416,7 +439,9 @@ func (b *reqBody) parse(d []byte, kind int) error {
 	if perr != nil {
 		return perr
 	}
-	if maxCompletion >= 0 {
+	if maxCompletion > 0 {
+		// vLLM reads "max_completion_tokens or max_tokens": a 0 (or
+		// null) leaves max_tokens in force.
 		b.maxTokens = maxCompletion
 	}
 	b.choices = max(nChoices, bestOf)
@@ -558,7 +583,42 @@ func (b *reqBody) appendContent(d []byte, s, e int) {
 	}
 }
 
+// countEmbeds counts the prompts of a prompt_embeds value at d[vs:]: a
+// string is one, an array of strings as many as it holds, null none.
+func countEmbeds(d []byte, vs int) (int, bool) {
+	switch d[vs] {
+	case 'n':
+		return 0, true
+	case '"':
+		return 1, true
+	case '[':
+		n := 0
+		_, err := forEachElem(d, vs, func(s, e int) error {
+			if d[s] != '"' {
+				return errEmbedsType
+			}
+			n++
+			return nil
+		})
+		return n, err == nil
+	}
+	return 0, false
+}
+
+// parsePrompt reads a completion's prompt, and counts its prompts with
+// those of prompt_embeds: vLLM takes either or both (the embeddings'
+// prompts first), and a prompt of null with embeddings as none.
 func (b *reqBody) parsePrompt(d []byte) error {
+	if b.embeds > 0 && (b.promptEnd == 0 || d[b.promptStart] == 'n') {
+		b.prompts = b.embeds
+		return nil
+	}
+	err := b.parseTextPrompt(d)
+	b.prompts += b.embeds
+	return err
+}
+
+func (b *reqBody) parseTextPrompt(d []byte) error {
 	if b.promptEnd == 0 {
 		return errNoPrompt
 	}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -32,6 +33,16 @@ func TestParseBody(t *testing.T) {
 	f(kindChat, `{"model":"m","messages":[{"role":"user","content":null}],"stream":null,"max_tokens":null}`, "m", false, -1, "")
 	f(kindChat, `{"model":"m","messages":[{"role":"user","content":"\ud83d\ude00"}]}`, "m", false, -1, "😀")
 	f(kindCompletion, `{"model":"m","prompt":"once upon","max_tokens":0}`, "m", false, 0, "once upon")
+	// max_completion_tokens wins unless it is 0 ("max_completion_tokens or
+	// max_tokens" in vLLM).
+	f(kindChat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":9,"max_completion_tokens":3}`, "m", false, 3, "hi")
+	f(kindChat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":9,"max_completion_tokens":0}`, "m", false, 9, "hi")
+	f(kindChat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}`, "m", false, -1, "hi")
+	// Read as vLLM's lax int reads it: 100.0, 1e2 and "100" are 100.
+	for _, v := range []string{`100.0`, `1e2`, `"100"`, `" +100 "`, `"1_00"`} {
+		f(kindChat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":`+v+`}`, "m", false, 100, "hi")
+		f(kindChat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":`+v+`}`, "m", false, 100, "hi")
+	}
 	f(kindCompletion, `{"model":"m","prompt":["a","b"]}`, "m", false, -1, "a\nb")
 	f(kindCompletion, `{"model":"m","prompt":[1,2,3]}`, "m", false, -1, "")
 
@@ -75,6 +86,10 @@ func TestParseBody(t *testing.T) {
 	bad(kindChat, `{"model":"m","messages":[1]}`, errMessages)
 	bad(kindChat, `{"model":"m","messages":{}}`, errNoMessages)
 	bad(kindChat, `{"model":"m","max_tokens":1.5,"messages":[{}]}`, errMaxTokens)
+	bad(kindChat, `{"model":"m","max_tokens":"1.5","messages":[{}]}`, errMaxTokens)
+	bad(kindChat, `{"model":"m","max_tokens":-1,"messages":[{}]}`, errMaxTokens)
+	bad(kindChat, `{"model":"m","max_tokens":"x","messages":[{}]}`, errMaxTokens)
+	bad(kindChat, `{"model":"m","max_tokens":true,"messages":[{}]}`, errMaxTokens)
 	bad(kindChat, `{"model":"m","stream":2,"messages":[{}]}`, errStreamType)
 	bad(kindCompletion, `{"model":"m","prompt":[1,"a"]}`, errPromptType)
 	bad(kindCompletion, `{"model":"m","prompt":[-1]}`, errPromptType)
@@ -129,6 +144,7 @@ func FuzzParseBody(f *testing.F) {
 		embedBody, `{"model":"m","input":[[1,2],[3]],"dimensions":8}`, `{"model":"m","input":[1,2,3],"encoding_format":null}`,
 		`{"model":"m","input":""}`, `{"model":"m","input":[[]]}`, `{"model":"m","input":["a",1]}`,
 		rerankBody, scoreBody, `{"model":"m","text_1":["a","b"],"text_2":["c","d"]}`, `{"model":"m","query":"q","documents":[{"text":"d"}],"top_n":null}`,
+		`{"model":"m","prompt_embeds":["AA","BB"],"prompt":null}`, `{"model":"m","prompt_embeds":"AA","prompt":"x"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -433,6 +449,24 @@ func TestParseCountsTheGenerationsOfABody(t *testing.T) {
 		{kindChat, `{"model":"m","n":5,"n":null,"messages":[{"role":"user","content":"hi"}]}`, 1},
 		{kindCompletion, `{"model":"m","prompt":"p","best_of":4,"n":2,"best_of":2}`, 2},
 		{kindCompletion, `{"model":"m","prompt":"p","n":1,"n":3}`, 3},
+		// An n or best_of written otherwise than as an integer counts
+		// as the engine's lax int reads it.
+		{kindChat, `{"model":"m","n":3.0,"messages":[{"role":"user","content":"hi"}]}`, 3},
+		{kindChat, `{"model":"m","n":"3","messages":[{"role":"user","content":"hi"}]}`, 3},
+		{kindChat, `{"model":"m","n":" +3.00 ","messages":[{"role":"user","content":"hi"}]}`, 3},
+		{kindCompletion, `{"model":"m","prompt":"p","best_of":4e0}`, 4},
+		{kindCompletion, `{"model":"m","prompt":"p","best_of":1e300}`, 1 << 16},
+		{kindChat, `{"model":"m","n":"-3","messages":[{"role":"user","content":"hi"}]}`, 1},
+		{kindChat, `{"model":"m","n":3.5,"messages":[{"role":"user","content":"hi"}]}`, 1},
+		{kindChat, `{"model":"m","n":"3.5","messages":[{"role":"user","content":"hi"}]}`, 1},
+		{kindChat, `{"model":"m","n":"_3","messages":[{"role":"user","content":"hi"}]}`, 1},
+		// vLLM's prompt_embeds (base64 tensors) are prompts too, with
+		// or instead of prompt.
+		{kindCompletion, `{"model":"m","prompt_embeds":"AAAA"}`, 1},
+		{kindCompletion, `{"model":"m","prompt_embeds":["AAAA","BBBB"],"n":2}`, 4},
+		{kindCompletion, `{"model":"m","prompt":null,"prompt_embeds":["AAAA"]}`, 1},
+		{kindCompletion, `{"model":"m","prompt":["a","b"],"prompt_embeds":["AAAA"]}`, 3},
+		{kindCompletion, `{"model":"m","prompt":"a","prompt_embeds":null}`, 1},
 	} {
 		var b reqBody
 		if err := b.parse([]byte(tc.body), tc.kind); err != nil {
@@ -637,5 +671,40 @@ func TestAChatsMediaPartsMarkItsRoutingText(t *testing.T) {
 	if got, want := text(`["a",{"type":"prompt_embeds","data":"AAAA"},{"image_url":"i"},"b"]`),
 		"sys\n"+mediaMark("IMAGE", `"i"`)+"\na\n"+mediaMark("PROMPT_EMBEDS", `"AAAA"`)+"\nb"; got != want {
 		t.Errorf("prompt_embeds: text %q, want %q", got, want)
+	}
+}
+
+func TestACompletionWithPromptEmbedsAloneIsServedAndBadOnesAreRefused(t *testing.T) {
+	for _, tc := range []struct {
+		body, param string // param: the refusal's, "" when served
+	}{
+		{`{"model":"m","prompt_embeds":"AAAA"}`, ""},
+		{`{"model":"m","prompt_embeds":["AAAA","BBBB"]}`, ""},
+		{`{"model":"m","prompt_embeds":5}`, "prompt_embeds"},
+		{`{"model":"m","prompt_embeds":["AAAA",5]}`, "prompt_embeds"},
+		{`{"model":"m","prompt_embeds":{"a":1}}`, "prompt_embeds"},
+		{`{"model":"m","prompt_embeds":"AAAA","prompt_embeds":"BBBB"}`, "prompt_embeds"},
+		{`{"model":"m","Prompt_Embeds":"AAAA","prompt":"x"}`, "prompt_embeds"},
+		{`{"model":"m","prompt_embeds":[]}`, "prompt"},
+		{`{"model":"m","prompt_embeds":null}`, "prompt"},
+		{`{"model":"m","prompt":null,"prompt_embeds":[]}`, "prompt"},
+	} {
+		var b reqBody
+		err := b.parse([]byte(tc.body), kindCompletion)
+		var br *badRequestError
+		switch {
+		case tc.param == "" && err != nil:
+			t.Errorf("%s: %v, want it served", tc.body, err)
+		case tc.param != "" && (!errors.As(err, &br) || br.param != tc.param):
+			t.Errorf("%s: %v, want a 400 on %s", tc.body, err, tc.param)
+		}
+		if tc.param == "" && (len(b.text) != 0 || b.estimateTokens() != 0) {
+			t.Errorf("%s: text %q, estimate %d: embeddings have no text", tc.body, b.text, b.estimateTokens())
+		}
+	}
+	// A chat's top-level prompt_embeds is no field of a chat: the engine's business.
+	var b reqBody
+	if err := b.parse([]byte(`{"model":"m","prompt_embeds":5,"messages":[{"role":"user","content":"hi"}]}`), kindChat); err != nil {
+		t.Errorf("chat with prompt_embeds: %v", err)
 	}
 }

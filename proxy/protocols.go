@@ -585,12 +585,12 @@ var base64Char = func() (t [256]bool) {
 }()
 
 // routingView appends a minimal chat body that routes like body: its model,
-// stream flag and output limit (max_tokens or max_output_tokens, when a
-// plain integer), an empty prompt (afterParse estimates it from the body's
+// stream flag and output limit (max_tokens or max_output_tokens, when the
+// engine reads it as an integer), an empty prompt (afterParse estimates it from the body's
 // size). For passthrough requests the converter refused.
 func routingView(dst, body []byte) ([]byte, error) {
-	var model, maxOut []byte
-	stream := false
+	var model []byte
+	stream, maxOut := false, -1
 	i := skipSpace(body, 0)
 	end, err := forEachField(body, i, func(key []byte, vs, ve int) error {
 		switch string(key) {
@@ -599,8 +599,11 @@ func routingView(dst, body []byte) ([]byte, error) {
 		case "stream":
 			stream = jsonscan.LaxBool(body[vs:ve]) == 't' // as the engine reads it
 		case "max_tokens", "max_output_tokens":
-			if _, ok := parseInt(body[vs:ve]); ok {
-				maxOut = body[vs:ve]
+			// Read as the engine's lax int reads it ("100000" too),
+			// and written plain for parse: the last copy counts.
+			maxOut = -1
+			if n := laxInt(body[vs:ve]); n >= 0 {
+				maxOut = n
 			}
 		}
 		return nil
@@ -617,9 +620,9 @@ func routingView(dst, body []byte) ([]byte, error) {
 	if stream {
 		dst = append(dst, `"stream":true,`...)
 	}
-	if maxOut != nil {
+	if maxOut >= 0 {
 		dst = append(dst, `"max_tokens":`...)
-		dst = append(dst, maxOut...)
+		dst = strconv.AppendInt(dst, int64(maxOut), 10)
 		dst = append(dst, ',')
 	}
 	return append(dst, `"messages":[{"role":"user","content":""}]}`...), nil
@@ -1087,38 +1090,27 @@ const markerLen = 15
 // Anthropic stream sends it once, in message_delta; a Responses stream in
 // its terminal event), settled however the stream ends after it.
 func (u *usage) applyProtocol(obj []byte, api protocol.API, start, whole bool) {
-	n, okOut := intAfter(obj, keyOutputTokens)
-	if okOut && !start {
-		u.completion, u.seen = n, true
-	}
+	seen := u.seen // a count of message_start's tells no usage yet
+	okOut := !start && u.count(&u.completion, bitCompletion, obj, keyOutputTokens)
+	in := false
 	if api == protocol.Anthropic {
 		// Each input count as last set (null or absent leaves it); the
 		// cache reads are the cache hits, the cache writes computed.
-		in := false
 		for part, key := range anthropicInputKeys {
-			if n, ok := intAfter(obj, key); ok {
-				u.input[part], in = n, true
-			}
-		}
-		if !start && (in || okOut) {
-			u.whole, u.final = whole, whole
+			in = u.count(&u.input[part], bitInput<<part, obj, key) || in
 		}
 		if in {
 			u.prompt, u.cached = u.input.Total(), u.input[protocol.AnthropicCacheRead]
-			u.seen = u.seen || !start
 		}
-		return
+	} else {
+		in = u.count(&u.prompt, bitPrompt, obj, keyInputTokens)
+		if in {
+			u.count(&u.cached, bitCached, obj, keyCached)
+		}
 	}
-	in, okIn := intAfter(obj, keyInputTokens)
-	if !start && (okIn || okOut) {
+	u.seen = seen || !start && (in || okOut)
+	if !start && (in || okOut) {
 		u.whole, u.final = whole, whole
-	}
-	if okIn {
-		u.prompt = in
-		u.seen = u.seen || !start
-		if cached, ok := intAfter(obj, keyCached); ok {
-			u.cached = cached
-		}
 	}
 }
 

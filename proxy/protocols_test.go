@@ -290,6 +290,36 @@ func TestMessagesStreamConverted(t *testing.T) {
 	}
 }
 
+// A max_output_tokens written as an integral float (100.0, 1e2) is one the
+// converter accepts, as Python and vLLM do; the converted body carried it
+// as written, and the router's own parse of that body refused it: 400
+// "max_tokens must be a non-negative integer", naming a parameter the
+// client never sent. In passthrough the routing view was the same.
+func TestAResponsesMaxOutputTokensWrittenAsAFloatIsServed(t *testing.T) {
+	for _, pass := range []bool{false, true} {
+		e := &chatEngine{}
+		up := startChatEngine(t, e)
+		cfg := config.Default()
+		cfg.Protocol.ResponsesPassthrough = pass
+		r := startRouter(t, nil, cfg, up.url)
+		for _, v := range []string{"100.0", "1e2"} {
+			body := `{"model":"m","input":"hello","max_output_tokens":` + v + `}`
+			resp, b := postH(t, r.url+"/v1/responses", body, nil)
+			if resp.StatusCode != 200 {
+				t.Errorf("passthrough %v, max_output_tokens %s: %d %s", pass, v, resp.StatusCode, b)
+				continue
+			}
+			want := `{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":100}`
+			if pass {
+				want = body
+			}
+			if got := e.last(t); got.body != want {
+				t.Errorf("passthrough %v: the engine got %s, want %s", pass, got.body, want)
+			}
+		}
+	}
+}
+
 func TestResponsesConvertedToChatAndBack(t *testing.T) {
 	e := &chatEngine{}
 	up := startChatEngine(t, e)

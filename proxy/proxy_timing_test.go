@@ -23,8 +23,12 @@ func benchClient(b testing.TB, url string, stream bool) (*fasthttp.HostClient, *
 }
 
 // benchNonStream sends b.N small chat requests to url, reporting allocs.
-func benchNonStream(b *testing.B, url string) {
+func benchNonStream(b *testing.B, url string) { benchNonStreamBody(b, url, chatBody) }
+
+// benchNonStreamBody sends b.N chat requests of body to url.
+func benchNonStreamBody(b *testing.B, url, body string) {
 	hc, req := benchClient(b, url, false)
+	req.SetBodyString(body)
 	resp := fasthttp.AcquireResponse()
 	b.ReportAllocs()
 	b.ResetTimer()

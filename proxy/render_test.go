@@ -812,3 +812,52 @@ func TestAToolReferencePartIsReadAsItsName(t *testing.T) {
 		t.Errorf("router encoded %q, want %q", tok.Decode(got), want)
 	}
 }
+
+// A tool call or a tool whose object names "function" twice is rendered
+// with the last one, whole, as the engine's JSON decoder (Python's
+// json.loads: the last duplicate key wins) hands it to the template. The
+// router merged the tool call's: a last "function" without arguments, or
+// with arguments that are not JSON text, kept the first one's arguments,
+// so the routing hash was not of the prompt the engine rendered.
+func TestADuplicateFunctionKeyIsReadAsTheEngineReadsIt(t *testing.T) {
+	dir := qwen3Dir(t)
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.RouterPolicy, f.RouterTokenizerPath = "kv-aware", dir
+	r := startRouter(t, f, nil, up.url)
+	tokenize := func(body string) string {
+		t.Helper()
+		code, b := post(t, r.url+"/tokenize", body)
+		if code != 200 {
+			t.Fatalf("/tokenize: %d %s", code, b)
+		}
+		return b
+	}
+	call := func(function string) string {
+		return tokenize(`{"model":"m","messages":[{"role":"user","content":"Weather in Paris?"},` +
+			`{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function",` + function + `}]},` +
+			`{"role":"tool","tool_call_id":"c1","content":"18 C"}]}`)
+	}
+	for _, c := range []struct{ dup, last string }{
+		{`"function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"},"function":{"name":"get_weather"}`,
+			`"function":{"name":"get_weather"}`},
+		{`"function":{"name":"old","arguments":"{\"a\":1}"},"function":{"name":"get_weather","arguments":5}`,
+			`"function":{"name":"get_weather","arguments":5}`},
+		{`"function":{"name":"get_weather","arguments":"{\"a\":1}","arguments":"{\"city\":\"Paris\"}"}`,
+			`"function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}`},
+		{`"function":{"name":"get_weather","arguments":"{\"a\":1}"},"function":null,"function":{"name":"get_weather","arguments":"{}"}`,
+			`"function":{"name":"get_weather","arguments":"{}"}`},
+	} {
+		if got, want := call(c.dup), call(c.last); got != want {
+			t.Errorf("tool call %s: the router encoded %s, want %s", c.dup, got, want)
+		}
+	}
+	tools := func(tools string) string {
+		return tokenize(`{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":` + tools + `}`)
+	}
+	dup := `[{"type":"function","function":{"name":"a","description":"x","parameters":{}},"function":{"name":"f","description":"d"}}]`
+	last := `[{"type":"function","function":{"name":"f","description":"d"}}]`
+	if got, want := tools(dup), tools(last); got != want {
+		t.Errorf("tools %s: the router encoded %s, want %s", dup, got, want)
+	}
+}

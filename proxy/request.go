@@ -168,8 +168,20 @@ var (
 // readBody reads the request body into rs.body incrementally: memory grows
 // with the bytes that actually arrive, within --max-body-bytes and the
 // in-flight budget, and a client that stops sending is cut at
-// --body-timeout.
+// --body-timeout. A chunked body's trailer fields are dropped
+// (dropTrailers), those read before an error too: no header the router
+// reads after the body comes from them.
 func (s *Server) readBody(ctx *fasthttp.RequestCtx, rs *reqState) error {
+	chunked := ctx.Request.Header.ContentLength() == -1
+	err := s.readBodyBytes(ctx, rs)
+	if chunked {
+		dropTrailers(&ctx.Request.Header)
+	}
+	return err
+}
+
+// readBodyBytes is readBody's reading.
+func (s *Server) readBodyBytes(ctx *fasthttp.RequestCtx, rs *reqState) error {
 	h := &ctx.Request.Header
 	cl := h.ContentLength() // -1 chunked, -2 none
 	limit := int64(s.flags.MaxBodyBytes)

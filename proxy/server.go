@@ -455,6 +455,14 @@ func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 	default:
 		writeErrorAPI(ctx, api, fasthttp.StatusBadRequest, typeInvalidRequest, "malformed HTTP request", "", "bad_request")
 	}
+	s.answeredEarly(ctx, path)
+}
+
+// answeredEarly finishes an answer the router wrote before a handler took
+// the request (path is its request target's path, empty when unknown):
+// an inference endpoint's as any other's (the client's id, Anthropic's
+// Request-Id and request_id, the access log), another's with its id.
+func (s *Server) answeredEarly(ctx *fasthttp.RequestCtx, path []byte) {
 	if kind, ok := inferenceKind(path); ok {
 		rs := s.acquireState()
 		rs.start = time.Now()
@@ -485,6 +493,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		closeUnread(ctx)
 		writeError(ctx, fasthttp.StatusBadRequest, typeInvalidRequest,
 			"Transfer-Encoding other than chunked: the request's length is unknown", "", "bad_request")
+		s.answeredEarly(ctx, ctx.Path())
 		return
 	}
 	if s.cors != nil { // cors.go

@@ -145,6 +145,7 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		rs.ext.plan = slices.DeleteFunc(rs.ext.plan, func(i int) bool { return !sp.Proxies[i].Local })
 	}
 	plan := rs.ext.plan
+	gone, local := false, false
 	for i, idx := range plan {
 		if i > 0 {
 			mSplitFailovers.Inc()
@@ -152,6 +153,7 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 		more := i < len(plan)-1
 		u := tbl.ups[idx]
 		if sp.Proxies[idx].Local {
+			local = true
 			s.dispatchLocal(ctx, cfg, rs, res, more)
 			if w := res.refuser(); w != nil && w.Idx >= 0 {
 				// The local worker of the last attempt refused the
@@ -171,7 +173,12 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 			continue
 		}
 		if u == nil {
-			continue // an address config validation should have refused
+			// Gone from the config in force: a reload removed the entry,
+			// or turned the split proxy off, after this request read its
+			// config (while the classifier answered, say). An address
+			// config validation refused never gets here.
+			gone = true
+			continue
 		}
 		ar := s.attemptExternal(ctx, cfg, rs, u, false, more, res)
 		if ar != attemptCommitted && idx == bound && res.last != nil && res.lastW == u.w && res.last.refusal() {
@@ -193,8 +200,20 @@ func (s *Server) dispatchSplit(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 			return
 		}
 	}
+	if gone && !local && !res.stop && localTakes(&s.store.Load().SplitProxy) {
+		// The local fleet is where the config in force sends what the
+		// removed entries had: such a request was answered 503
+		// no_upstreams, the local engines idle
+		// (TestARequestRoutedToASplitEntryAReloadRemovedIsServedLocally).
+		s.dispatchLocal(ctx, cfg, rs, res, false)
+		return
+	}
 	res.fleetDown = true // every entry of the plan was tried
 }
+
+// localTakes reports whether the local fleet takes traffic under sp: the
+// split proxy is off, or one of its local entries is enabled.
+func localTakes(sp *config.SplitProxy) bool { return !sp.Enabled || activeLocal(sp) >= 0 }
 
 // activeLocal returns the index of sp's first enabled local entry, or -1.
 func activeLocal(sp *config.SplitProxy) int {

@@ -72,7 +72,11 @@ func (httpTransport) roundTrip(c *call) (upResponse, *failure) {
 		written := err == nil
 		if written {
 			err = uc.readHead()
-		} else if uc.earlyAnswer(err, deadline) && !(reused && try == 0 && uc.Code == 408) {
+		} else if eerr := uc.earlyAnswer(err, deadline); eerr != nil {
+			// Nothing usable came (err stays the write's), or what came
+			// is no HTTP response (an invalid one, as after the body).
+			err = eerr
+		} else if !(reused && try == 0 && uc.Code == 408) {
 			// The engine answered before taking all of the request (413
 			// to a body over its limit, say): that answer is the
 			// engine's, not a connection failure. A 408 on a reused
@@ -157,7 +161,7 @@ func (u *httpUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
 		// The value is valid: h1 refused control bytes in every value
 		// (relayableHeader's check of it).
 		k, v := c.Header(i)
-		if isFramingOrOwnHeader(k) || c.NamedByConnection(k) || !validHeaderName(k) {
+		if isFramingOrOwnHeader(k) || c.NamedByConnection(k) || !validHeaderName(k) || underscoreAlias(k, true) {
 			continue
 		}
 		h.AddBytesKV(k, v)

@@ -158,14 +158,18 @@ func (u *natsUpstream) header(name []byte) []byte {
 	return nil
 }
 
-func (u *natsUpstream) copyHeaders(h *fasthttp.ResponseHeader) {
+func (u *natsUpstream) copyHeaders(h *fasthttp.ResponseHeader) { copyRelayedHeaders(h, u.st.Header()) }
+
+// copyRelayedHeaders adds to h the headers of src, an engine's answer
+// relayed by its sidecar, that reach the client.
+func copyRelayedHeaders(h *fasthttp.ResponseHeader, src http.Header) {
 	var conn []byte
-	if v := u.st.Header().Get("Connection"); v != "" {
+	if v := src.Get("Connection"); v != "" {
 		conn = []byte(v)
 	}
-	for k, vs := range u.st.Header() {
+	for k, vs := range src {
 		kb := []byte(k)
-		if isHopHeader(kb) || isFramingOrOwnHeader(kb) || (conn != nil && namedIn(conn, kb)) {
+		if droppedResponseHeader(kb) || (conn != nil && namedIn(conn, kb)) || underscoreAlias(kb, true) {
 			continue
 		}
 		for _, v := range vs {

@@ -40,6 +40,11 @@ const (
 	upMaxConnTokens   = h1.MaxConnTokens
 )
 
+// upTLSQuietWait bounds the read of bytes found on an idle TLS connection
+// (tlsQuiet): they are in the socket already. A variable: a test makes the
+// check run late.
+var upTLSQuietWait = 10 * time.Millisecond
+
 var (
 	errUpMalformed  = h1.ErrMalformed
 	errUpUpgrade    = h1.ErrUpgrade
@@ -136,7 +141,6 @@ func (p *httpPool) dial(deadline time.Time) (*upConn, error) {
 	fd := netpeek.SockFD(nc)
 	nc = sockio.Wrap(nc) // TLS runs on top of it
 	if p.tlsCfg != nil {
-		fd = -1 // TLS sends records of its own (session tickets): bytes seen by a peek are no stray response
 		tc := tls.Client(nc, p.tlsCfg)
 		if !deadline.IsZero() {
 			tc.SetDeadline(deadline)
@@ -150,6 +154,9 @@ func (p *httpPool) dial(deadline time.Time) (*upConn, error) {
 	}
 	c := acquireUpConn()
 	c.fd = fd
+	// TLS sends records of its own (session tickets): bytes a peek finds
+	// are read through TLS before they are taken for a stray response.
+	c.tls = p.tlsCfg != nil
 	c.nc, c.pool = nc, p
 	c.br.Reset(nc)
 	return c, nil
@@ -223,7 +230,8 @@ func (p *httpPool) closeIdle(dead bool) {
 // state of its response.
 type upConn struct {
 	nc        net.Conn
-	fd        int // socket descriptor for idle checks; -1 when unknown (TLS)
+	fd        int  // socket descriptor for idle checks; -1 when unknown
+	tls       bool // TLS runs over the socket (tlsQuiet)
 	br        *bufio.Reader
 	wbuf      []byte
 	pool      *httpPool
@@ -283,7 +291,8 @@ func (c *upConn) resetResponse() {
 
 // quiet reports whether an idle connection is still open and nothing
 // arrived on it since its last response (an engine that sends an extra,
-// unsolicited response poisons the connection: it is closed, never reused).
+// unsolicited response poisons the connection: it is closed, never reused;
+// over TLS, bytes found are read through TLS first, tlsQuiet).
 // A connection an abort closed is not quiet: its descriptor number may
 // already belong to another socket, so it is not peeked at; the peek runs
 // under abortMu, so no abort closes the descriptor during it.
@@ -292,9 +301,42 @@ func (c *upConn) quiet() bool {
 		return false
 	}
 	c.abortMu.Lock()
-	ok := !c.aborted && c.nc != nil && netpeek.Peek(c.fd) == netpeek.Empty
+	ok := false
+	if !c.aborted && c.nc != nil {
+		switch netpeek.Peek(c.fd) {
+		case netpeek.Empty:
+			ok = true
+		case netpeek.Data:
+			ok = c.tls && c.tlsQuiet()
+		}
+	}
 	c.abortMu.Unlock()
 	return ok
+}
+
+// tlsQuiet reports whether the bytes that arrived on an idle TLS
+// connection are TLS records of its own (session tickets, which the TLS
+// client takes in), not a response: it reads them, waiting at most
+// upTLSQuietWait (they are in the socket already) for what they hold. A
+// timeout leaves the TLS connection usable (crypto/tls keeps no timeout
+// error); the read deadline is the connection's again after it. abortMu
+// must be held.
+//
+// Anything it cannot tell is not quiet, and the connection is closed: bytes
+// that are not whole records (a record still arriving, which the read could
+// take half of and leave the rest to the next request), and bytes still in
+// the socket after the read (its deadline passed before it ran: a check
+// descheduled under load took a response for silence). What it cannot see
+// is a record that starts arriving during the read, as a response that
+// arrives after the peek of a plain connection.
+func (c *upConn) tlsQuiet() bool {
+	if netpeek.TLSRecords(c.fd) < 0 {
+		return false
+	}
+	c.nc.SetReadDeadline(time.Now().Add(upTLSQuietWait))
+	_, err := c.br.Peek(1)
+	c.nc.SetReadDeadline(c.deadline)
+	return c.br.Buffered() == 0 && isTimeout(err) && netpeek.Peek(c.fd) == netpeek.Empty
 }
 
 // abort closes the connection from another goroutine (the client left):
@@ -387,11 +429,14 @@ func (c *upConn) readHead() error {
 // pipe) with the answer already in its socket. Only those two errors are
 // taken: the peer is gone, so all it sent is there, and the read is
 // bounded by upEarlyAnswerWait anyway (the deadline is deadline again
-// afterwards). It reports whether a complete head was read; the
-// connection is never reused after it.
-func (c *upConn) earlyAnswer(werr error, deadline time.Time) bool {
+// afterwards). It returns nil when a complete head was read; the error of
+// a head h1 refuses (a 101, an interim answer alone, a head cut part-way:
+// the engine answered something that is no response, as it would have
+// after the body); werr when nothing usable came. The connection is never
+// reused after it.
+func (c *upConn) earlyAnswer(werr error, deadline time.Time) error {
 	if !errors.Is(werr, syscall.ECONNRESET) && !errors.Is(werr, syscall.EPIPE) || c.wasAborted() {
-		return false
+		return werr
 	}
 	d := time.Now().Add(upEarlyAnswerWait)
 	if !deadline.IsZero() && deadline.Before(d) {
@@ -401,10 +446,13 @@ func (c *upConn) earlyAnswer(werr error, deadline time.Time) bool {
 	err := c.readHead()
 	c.setDeadline(deadline)
 	if err != nil {
-		return false
+		if h1.Invalid(err) {
+			return err
+		}
+		return werr
 	}
 	c.CloseAfter = true // the request was not all sent
-	return true
+	return nil
 }
 
 // bodyState is where the body reader is in the response framing.

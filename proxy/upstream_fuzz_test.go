@@ -71,6 +71,7 @@ func TestUpstreamResponseParsing(t *testing.T) {
 	bad("HTTP/1.1 200 OK\r\n Folded: x\r\n\r\n")
 	bad("HTTP/2 200\r\n\r\n")
 	bad("HTTP/1.1 20 OK\r\n\r\n")
+	bad("HTTP/1.1 600 OK\r\nContent-Length: 2\r\n\r\nok") // RFC 9110 section 15: invalid
 	bad("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel")
 	bad("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
 	bad("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n")

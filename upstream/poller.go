@@ -45,6 +45,18 @@ import (
 //	infera_global_member_free{member}       free capacity as Pick sees it (-1: no fresh report)
 //	infera_global_forwarded_total{member}   requests the dispatch forwarded to it
 //	infera_global_member_backoff_state{member} 0 in, 1 on trial, 2 out after failed forwards
+//	infera_global_member_stalled{member}    1 while it is stalled (forward_stall_ms)
+//
+// A member that answers its polls but no forward (its engines hang behind
+// a live gateway) took every forward its report had room for until the
+// first of them reached its bound (forward_stream_first_packet_ms, 30 s,
+// or forward_non_stream_first_byte_ms, 300 s), each good poll making room
+// again. Once a forward has waited forward_stall_ms for its first byte
+// with no forward answered since, the member is stalled: Pick skips it
+// until one of its forwards is answered, or none waits any more (the
+// waiting ones then failed, and its backoff took over). A member that is
+// slow under load still answers some forward now and then, which keeps
+// it in.
 type Poller struct {
 	client *http.Client
 	set    *metrics.Set
@@ -73,7 +85,10 @@ type Member struct {
 	// out keeps the member out after forwards that failed as its fault,
 	// good polls or not (ForwardFailed).
 	out Backoff
-	cfg *atomic.Pointer[config.GlobalScheduling] // the poller's
+	// stall tells a member that takes forwards and answers none
+	// (Sending, Sent, stalled).
+	stall stallClock
+	cfg   *atomic.Pointer[config.GlobalScheduling] // the poller's
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -210,25 +225,33 @@ func (p *Poller) newMember(cm *config.Member, ep Endpoint) *Member {
 			return -1
 		}
 		r := m.report.Load()
-		if r == nil || m.failed.Load() || !m.ready(g, time.Now()) || time.Since(r.at) > ms(g.StaleAfterMS) {
+		now := time.Now()
+		if r == nil || m.failed.Load() || !m.ready(g, now) || m.stall.stalled(now.UnixNano(), ms(g.ForwardStallMS)) || now.Sub(r.at) > ms(g.StaleAfterMS) {
 			return -1
 		}
 		return float64(int64(r.cap.Free) - m.forwarded.Load())
 	})
 	p.set.NewGauge(names[4], func() float64 { return float64(m.out.State()) })
+	p.set.NewGauge(names[5], func() float64 {
+		if g := p.cfg.Load(); g != nil && m.stall.stalled(time.Now().UnixNano(), ms(g.ForwardStallMS)) {
+			return 1
+		}
+		return 0
+	})
 	return m
 }
 
 // seriesNames returns the names of the member's series: polls ok, polls
-// failed, forwarded, free, backoff state. A member that leaves the config takes them off
-// /metrics.
-func (m *Member) seriesNames() [5]string {
-	return [5]string{
+// failed, forwarded, free, backoff state, stalled. A member that leaves
+// the config takes them off /metrics.
+func (m *Member) seriesNames() [6]string {
+	return [6]string{
 		`infera_global_capacity_polls_total` + m.lbl + `,result="ok"}`,
 		`infera_global_capacity_polls_total` + m.lbl + `,result="error"}`,
 		`infera_global_forwarded_total` + m.lbl + `}`,
 		`infera_global_member_free` + m.lbl + `}`,
 		`infera_global_member_backoff_state` + m.lbl + `}`,
+		`infera_global_member_stalled` + m.lbl + `}`,
 	}
 }
 
@@ -375,7 +398,7 @@ func (p *Poller) scan(model []byte) (best *Member, serves bool) {
 			continue
 		}
 		serves = true
-		if m.failed.Load() || !m.ready(g, now) {
+		if m.failed.Load() || !m.ready(g, now) || m.stall.stalled(now.UnixNano(), ms(g.ForwardStallMS)) {
 			continue
 		}
 		free := int64(f) - m.forwarded.Load()
@@ -445,6 +468,17 @@ func (m *Member) ForwardFailed(trial bool) {
 // ForwardAbandoned ends a trial that said nothing of the member: the next
 // request tries it.
 func (m *Member) ForwardAbandoned(trial bool) { m.out.Abandon(trial) }
+
+// Sending records a forward about to be sent to the member; Sent ends it
+// (exactly once), answered when the member answered it (a response head,
+// whatever its status; not a timeout, an unreachable member or a client
+// that left). Between the two the forward waits for its first byte, and
+// a member whose forwards wait forward_stall_ms with none answered is
+// skipped (stalled).
+func (m *Member) Sending() { m.stall.sending(time.Now().UnixNano()) }
+
+// Sent ends a forward Sending began (see there).
+func (m *Member) Sent(answered bool) { m.stall.sent(time.Now().UnixNano(), answered) }
 
 // ready reports whether the member's forward backoff lets a request
 // through at now (its trial included).

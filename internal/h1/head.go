@@ -234,16 +234,25 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// ParseStatusLine parses "HTTP/1.x NNN reason".
+// ParseStatusLine parses "HTTP/1.x NNN reason". A code outside 100-599
+// is no answer (RFC 9110 section 15: invalid, to be taken as a 5xx): the
+// router would have relayed a 600 to its client as it came. The reason
+// phrase holds no control byte but HT (RFC 9112 section 4: HTAB, SP,
+// VCHAR, obs-text): a CR inside it (a bare CR, which RFC 9112 section 2.2
+// lets a recipient read as a line end) would split the line where another
+// reader of the same bytes does not.
 func ParseStatusLine(line []byte) (status int, http10, ok bool) {
 	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || (line[7] != '0' && line[7] != '1') || line[8] != ' ' {
 		return 0, false, false
 	}
 	d := line[9:12]
-	if d[0] < '1' || d[0] > '9' || d[1] < '0' || d[1] > '9' || d[2] < '0' || d[2] > '9' {
+	if d[0] < '1' || d[0] > '5' || d[1] < '0' || d[1] > '9' || d[2] < '0' || d[2] > '9' {
 		return 0, false, false
 	}
 	if len(line) > 12 && line[12] != ' ' && line[12] != '\r' && line[12] != '\n' {
+		return 0, false, false
+	}
+	if len(line) > 12 && !ValidValue(TrimCRLF(line[12:])) {
 		return 0, false, false
 	}
 	return int(d[0]-'0')*100 + int(d[1]-'0')*10 + int(d[2]-'0'), line[7] == '0', true

@@ -142,3 +142,29 @@ func TestHeaderLineRefusesWhatItRefusedByteByByte(t *testing.T) {
 		}
 	}
 }
+
+func TestAStatusLineWithAControlByteInItsReasonIsMalformed(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		code int
+		ok   bool
+	}{
+		{"HTTP/1.1 200 OK\r\n", 200, true},
+		{"HTTP/1.1 200\r\n", 200, true},
+		{"HTTP/1.1 200 \r\n", 200, true},
+		{"HTTP/1.1 200\n", 200, true},
+		{"HTTP/1.0 404 Not\tFound \xff\r\n", 404, true}, // HTAB and obs-text
+		{"HTTP/1.1 200 O\rK\r\n", 0, false},
+		{"HTTP/1.1 200 OK\r\r\n", 0, false},
+		{"HTTP/1.1 200\rX\r\n", 0, false},
+		{"HTTP/1.1 200 O\x00K\r\n", 0, false},
+		{"HTTP/1.1 200 O\x7fK\r\n", 0, false},
+		{"HTTP/1.1 200 O\nK\r\n", 0, false},
+		{"HTTP/1.1 600 OK\r\n", 0, false},
+	} {
+		code, _, ok := ParseStatusLine([]byte(tc.line))
+		if ok != tc.ok || code != tc.code {
+			t.Errorf("%q: %d %v, want %d %v", tc.line, code, ok, tc.code, tc.ok)
+		}
+	}
+}

@@ -62,3 +62,27 @@ func PeerClosed(fd int) bool {
 	const tcpClose, tcpCloseWait = 7, 8 // include/net/tcp_states.h
 	return n > 0 && (info[0] == tcpCloseWait || info[0] == tcpClose)
 }
+
+// TLSRecords reports how many bytes wait on fd when they are whole TLS
+// records (wholeRecords), and -1 otherwise: a record still arriving, more
+// than tlsPeekMax bytes, nothing, or an error. One recv with MSG_PEEK, no
+// allocation. fd < 0 reports -1.
+func TLSRecords(fd int) int {
+	if fd < 0 {
+		return -1
+	}
+	var b [tlsPeekMax]byte
+	n, errno := peekInto(fd, b[:])
+	if errno != 0 || n == 0 || n == len(b) {
+		return -1
+	}
+	return wholeRecords(b[:n])
+}
+
+// peekInto copies what waits on fd into b without taking it (recv with
+// MSG_PEEK|MSG_DONTWAIT).
+func peekInto(fd int, b []byte) (int, syscall.Errno) {
+	n, _, errno := syscall.RawSyscall6(syscall.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)),
+		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+	return int(n), errno
+}

@@ -12,3 +12,6 @@ func Peek(fd int) State { return Empty }
 
 // PeerClosed reports false (unsupported).
 func PeerClosed(fd int) bool { return false }
+
+// TLSRecords reports -1 (unsupported).
+func TLSRecords(fd int) int { return -1 }
