@@ -934,9 +934,13 @@ func testOutageKeepsEndsByBytes(t *testing.T, rs *redisServer, how string) {
 	for _, tk := range tks { // ended while Redis refuses writes: kept
 		tk.Done(Usage{Known: true, PromptTokens: 10, CompletionTokens: 2}) // 12 of its 20
 	}
-	deadline := time.Now().Add(20 * time.Second)
+	// 20,000 ends take seconds to go round under the race detector on a
+	// loaded machine (a CI run took 40 s): each wait fails once nothing
+	// moved for 20 s (four of the backoff's 5 s steps), not at a fixed
+	// time.
+	stuck := progressClock(20 * time.Second)
 	for g.rds.redoLen() < n || mStateSettleEvicted.Get() != evicted {
-		if time.Now().After(deadline) || mStateSettleEvicted.Get() != evicted {
+		if stuck(g.rds.redoLen()) || mStateSettleEvicted.Get() != evicted {
 			t.Fatalf("%d settlements kept, %d evicted, want all %d kept", g.rds.redoLen(), mStateSettleEvicted.Get()-evicted, n)
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -944,13 +948,13 @@ func testOutageKeepsEndsByBytes(t *testing.T, rs *redisServer, how string) {
 	refuse(false)
 	hk := o.RedisPrefix + "{u:alice}"
 	want := []any{strconv.Itoa(n), strconv.Itoa(n * 12 * 1000)} // every request charged its usage
-	deadline = time.Now().Add(20 * time.Second)
+	stuck = progressClock(20 * time.Second)
 	for {
 		v, _ := h.HMGet(bg, hk, "w1r", "w1k").Result()
 		if len(v) == 2 && v[0] == want[0] && v[1] == want[1] && g.rds.redoLen() == 0 {
 			break
 		}
-		if time.Now().After(deadline) {
+		if stuck(g.rds.redoLen()) {
 			t.Fatalf("the day's requests and milli-tokens %v once Redis writes again (%d ends still kept), want %v", v, g.rds.redoLen(), want)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -963,6 +967,19 @@ func testOutageKeepsEndsByBytes(t *testing.T, rs *redisServer, how string) {
 	g.rds.qmu.Unlock()
 	if b != 0 {
 		t.Errorf("%d bytes counted as kept with nothing kept", b)
+	}
+}
+
+// progressClock returns a check that reports true once the value it is
+// given has not changed for d: a wait on a long piece of work fails when
+// the work stops, not when a slow machine has not finished it yet.
+func progressClock(d time.Duration) func(v int) bool {
+	last, since := -1, time.Now()
+	return func(v int) bool {
+		if v != last {
+			last, since = v, time.Now()
+		}
+		return time.Since(since) > d
 	}
 }
 
