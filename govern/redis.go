@@ -1620,9 +1620,9 @@ func (r *redisState) admitted(res []int64, t *template, ts *ticketState, cs *cal
 		ts.conc = t.concLimit > 0
 		ts.rpm = t.rpm > 0
 		ts.tpm = t.tpm > 0
-		ts.tpmEst = e.tpm
+		ts.tpmEst, ts.tpmPrompt = e.tpm, e.tpmPrompt
 		if t.quota {
-			ts.quotaEst = e.quota
+			ts.quotaEst, ts.quotaPrompt = e.quota, e.quotaPrompt
 			for p := range numPeriods {
 				if t.win[p].on {
 					ts.win[p] = takenWin{on: true, start: start[p]}
@@ -1723,16 +1723,7 @@ func (r *redisState) undoSeat(err error, member, mark string, sets []string) {
 // finishUser queues ts's reconciliation in Redis (an end: it rides in the
 // next round trip).
 func (r *redisState) finishUser(ts *ticketState, served bool, u Usage, now int64) {
-	t := ts.t
-	var tpmCharge, quotaCharge int64
-	switch {
-	case !served:
-	case u.Known:
-		tpmCharge = int64(max(u.PromptTokens, 0) + max(u.CompletionTokens, 0))
-		quotaCharge = t.weighted(u)
-	default:
-		tpmCharge, quotaCharge = ts.tpmEst, ts.quotaEst
-	}
+	tpmCharge, quotaCharge := ts.charges(served, u)
 	st := ts.u.st.Load()
 	hk, sk := r.userKeys(st.name)
 	rpmCap, tpmCap := int64(0), int64(0) // 0: not taken, or off now

@@ -26,11 +26,13 @@ type ticketState struct {
 	conc bool // holds a concurrency slot
 	rpm  bool
 	tpm  bool
-	// tpmEst and quotaEst are the pre-deductions (tokens, milli weighted tokens).
-	tpmEst, quotaEst int64
-	win              [numPeriods]takenWin
-	at               int64 // admission time, ns
-	lim              Limits
+	// tpmEst and quotaEst are the pre-deductions (tokens, milli weighted
+	// tokens); tpmPrompt and quotaPrompt their prompt parts (estimate).
+	tpmEst, quotaEst       int64
+	tpmPrompt, quotaPrompt int64
+	win                    [numPeriods]takenWin
+	at                     int64 // admission time, ns
+	lim                    Limits
 
 	// Redis: the member of the user's seat set, the key of its mark
 	// (finishLua), and whether the remote counters were touched (false
@@ -56,7 +58,7 @@ func (g *Governor) getTicket(u *User, t *template) *ticketState {
 	ts.u, ts.t = u, t
 	ts.at, ts.lim = 0, Limits{}
 	ts.conc, ts.rpm, ts.tpm, ts.remote = false, false, false, false
-	ts.tpmEst, ts.quotaEst = 0, 0
+	ts.tpmEst, ts.quotaEst, ts.tpmPrompt, ts.quotaPrompt = 0, 0, 0, 0
 	ts.win = [numPeriods]takenWin{}
 	ts.member, ts.mark = "", ""
 	return ts
@@ -96,10 +98,13 @@ func (t Ticket) FirstToken() {
 }
 
 // Done ends the request and returns what it holds. A request that never
-// reached FirstToken (it failed before the first byte, or was abandoned)
-// is refunded: its request counts and pre-deductions are given back. A
-// served request is reconciled with u when u.Known (the difference to
-// the estimate is refunded or charged), else it keeps its estimate.
+// reached FirstToken (it failed before the first byte, or never reached an
+// engine) is refunded: its request counts and pre-deductions are given
+// back; unless u.Abandoned (an engine had it when its client left), which
+// settles it as served, charged its estimate's prompt part when the usage
+// is not known. A served request is reconciled with u when u.Known (the
+// difference to the estimate is refunded or charged), else it keeps its
+// estimate.
 func (t Ticket) Done(u Usage) {
 	ts := t.ts
 	if ts == nil {
@@ -116,17 +121,17 @@ func (t Ticket) Done(u Usage) {
 		}
 	}
 	served := s&tkServed != 0
+	if served {
+		u.Abandoned = false // its answer began: the estimate stays, as for any served request
+	} else if u.Abandoned {
+		served = true // it counts, charged its prompt (charges)
+	}
 	g := ts.g
 	// Buckets are refilled lazily: reconciling at the admission time (a
 	// no-op refill when the bucket moved since) spares a clock read.
 	now := ts.at
 	if m := ts.u.m; m != nil && served {
-		var w int64
-		if u.Known {
-			w = ts.t.weighted(u)
-		} else {
-			w = ts.quotaEst
-		}
+		_, w := ts.charges(served, u)
 		m.tokens.Add(float64(w) / 1000)
 	}
 	if ts.remote {
@@ -142,6 +147,23 @@ func (t Ticket) Done(u Usage) {
 	}
 	ts.u, ts.t = nil, nil
 	g.ticketPool.Put(ts)
+}
+
+// charges returns what replaces ts's pre-deductions at its end (tokens,
+// milli weighted tokens): nothing when it is refunded (not served); the
+// usage when the engine reported it; else the estimate's prompt part for
+// a request abandoned before its first byte (Usage.Abandoned), the whole
+// estimate for a served one.
+func (ts *ticketState) charges(served bool, u Usage) (tpm, quota int64) {
+	switch {
+	case !served:
+		return 0, 0
+	case u.Known:
+		return int64(max(u.PromptTokens, 0) + max(u.CompletionTokens, 0)), ts.t.weighted(u)
+	case u.Abandoned:
+		return ts.tpmPrompt, ts.quotaPrompt
+	}
+	return ts.tpmEst, ts.quotaEst
 }
 
 // active reports whether t still holds its state (tests).

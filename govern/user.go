@@ -42,12 +42,28 @@ type Usage struct {
 	// Known: the engine reported usage. Without it a served request keeps
 	// its pre-deducted estimate.
 	Known bool
+	// Abandoned: the request was written to an engine and then abandoned
+	// before its first byte (its client left). Such a request, never
+	// served, is settled as a served one all the same: its request counts
+	// (quota requests, RPM) stay taken, and it is charged the usage when
+	// Known, else its estimate's prompt part (only the completion part is
+	// refunded). The engine did the prefill (all of a non-streamed
+	// answer's generation, even) before the router could cancel it: a
+	// refund would let a client that leaves just before each answer run
+	// the engines free of any limit. Set it only then: a request that
+	// failed before its first byte (an engine's error, no engine reached)
+	// or never reached an engine is refunded entirely. Once the request
+	// was served (Ticket.FirstToken) it changes nothing.
+	Abandoned bool
 }
 
 // estimate is what an admission pre-deducts.
 type estimate struct {
 	tpm   int64 // tokens
 	quota int64 // milli weighted tokens
+	// tpmPrompt and quotaPrompt are the prompt's part of tpm and quota:
+	// what an abandoned request is charged (Usage.Abandoned).
+	tpmPrompt, quotaPrompt int64
 }
 
 func (t *template) estimate(r Request) estimate {
@@ -60,10 +76,12 @@ func (t *template) estimate(r Request) estimate {
 	}
 	out *= int64(max(r.Generations, 1))
 	p := int64(max(r.PromptTokens, 0))
-	return estimate{
+	e := estimate{
 		tpm:   min(p+out, maxCount),
 		quota: milli(float64(p)*t.wPrompt + float64(out)*t.wOut),
 	}
+	e.tpmPrompt, e.quotaPrompt = min(p, e.tpm), min(milli(float64(p)*t.wPrompt), e.quota)
+	return e
 }
 
 // maxCount bounds an estimate or a charge, in tokens or milli weighted
@@ -285,7 +303,7 @@ func (st *userState) takeLocked(t *template, cs *calState, e estimate, ts *ticke
 			c.tok = addWindow(c.tok, e.quota)
 			ts.win[p] = takenWin{on: true, start: c.start}
 		}
-		ts.quotaEst = e.quota
+		ts.quotaEst, ts.quotaPrompt = e.quota, e.quotaPrompt
 	}
 	if t.rpm > 0 {
 		st.rpm.level--
@@ -295,7 +313,7 @@ func (st *userState) takeLocked(t *template, cs *calState, e estimate, ts *ticke
 		st.tpm.level -= float64(e.tpm)
 		ts.tpm = true
 	}
-	ts.tpmEst = e.tpm
+	ts.tpmEst, ts.tpmPrompt = e.tpm, e.tpmPrompt
 	if t.concLimit > 0 {
 		st.active++
 		ts.conc = true
@@ -305,16 +323,7 @@ func (st *userState) takeLocked(t *template, cs *calState, e estimate, ts *ticke
 // finishLocked reconciles ts with the usage (or refunds it when nothing
 // was served) and returns its concurrency slot. Lock must be held.
 func (st *userState) finishLocked(ts *ticketState, served bool, u Usage, now int64) {
-	t := ts.t
-	var tpmCharge, quotaCharge int64 // what replaces the estimates
-	switch {
-	case !served:
-	case u.Known:
-		tpmCharge = int64(max(u.PromptTokens, 0) + max(u.CompletionTokens, 0))
-		quotaCharge = t.weighted(u)
-	default:
-		tpmCharge, quotaCharge = ts.tpmEst, ts.quotaEst
-	}
+	tpmCharge, quotaCharge := ts.charges(served, u) // what replaces the estimates
 	rpm, tpm := ts.rates()
 	if ts.rpm && !served && rpm > 0 {
 		st.rpm.refill(rpm, now)

@@ -217,8 +217,24 @@ func served(status int) bool { return status < 500 && status != fasthttp.StatusT
 // end ends the request's ticket (releaseState, exactly once per request):
 // reconciled with the usage the engine reported, or, when it reported none,
 // as govern documents (a served request keeps its estimate). Another error
-// answer of the engine (4xx) counts the request and no tokens.
-func (gs *govState) end(u *usage) {
+// answer of the engine (4xx) counts the request and no tokens. A request
+// with no answer is refunded, unless its client left (the liveness
+// watchdog cancelled gs.ctx) after an engine was sent it (sent: the
+// request's call wrote it, call.wrote): that one counts, and is charged
+// its prompt (govern.Usage.Abandoned). A client leaving just before each
+// answer, after the engine's prefill or a non-streamed answer's whole
+// generation, escaped every limit when it was refunded.
+func (gs *govState) end(u *usage, sent bool) {
+	if gs.status == 0 && sent && gs.ctx.Err() != nil {
+		gs.tk.Done(govern.Usage{
+			PromptTokens:     u.prompt,
+			CachedTokens:     u.cached,
+			CompletionTokens: u.completion,
+			Known:            u.known(),
+			Abandoned:        true,
+		})
+		return
+	}
 	if !served(gs.status) || gs.status == 0 {
 		gs.tk.Done(govern.Usage{})
 		return

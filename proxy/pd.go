@@ -798,6 +798,8 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 		p.pc.cancel.abort()
 		<-p.done
 		pf := p.pfail // the goroutine has ended: no lock needed
+		// The prefill engine may have had the request alone (govState.end).
+		c.wrote = c.wrote || p.pc.wrote
 		if up != nil {
 			switch {
 			case ok: // the decode answered, but the prefill had failed

@@ -125,9 +125,9 @@ func (s *Server) releaseState(rs *reqState, end string) {
 	if rs.lease.Held() {
 		panic("BUG: request state released while its lease is held")
 	}
-	s.live.remove(rs)     // whatever path ended it: the watchdog must not abort a pooled state
-	rs.gov.end(&rs.usage) // the request is over: its ticket ends here, once
-	countModel(rs)        // modelmetrics.go
+	s.live.remove(rs)                    // whatever path ended it: the watchdog must not abort a pooled state
+	rs.gov.end(&rs.usage, rs.call.wrote) // the request is over: its ticket ends here, once
+	countModel(rs)                       // modelmetrics.go
 	if rs.acc.on {
 		s.logAccess(rs, end)
 	}

@@ -14,7 +14,8 @@ import (
 // (classified: whose fault, whether another worker may take the request,
 // what the client is told), so the dispatch loop never inspects transport
 // specific errors. A transport calls c.lease.Sent once it contacts the
-// worker (not when it refuses the attempt before: a spent budget).
+// worker (not when it refuses the attempt before: a spent budget), and
+// sets c.wrote once the worker was sent the whole request.
 type transport interface {
 	roundTrip(c *call) (upResponse, *failure)
 }
@@ -82,6 +83,13 @@ type call struct {
 	// it was written: a reused connection closed without an answer may be
 	// an engine that took the request and then dropped it.
 	once bool
+	// wrote: an attempt on this call wrote the request to its engine (the
+	// connection took all of it, or the broker published it). The
+	// transports set it and nothing clears it between attempts: the
+	// request's own call (reqState.call) tells at its end whether any
+	// engine was sent the request, which a client that leaves before the
+	// first byte is charged for (govState.end).
+	wrote bool
 
 	cancel abortSlot
 }

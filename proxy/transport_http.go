@@ -71,6 +71,7 @@ func (httpTransport) roundTrip(c *call) (upResponse, *failure) {
 		err = uc.writeRequest(c.method, c.path, c.hdr, c.body)
 		written := err == nil
 		if written {
+			c.wrote = true
 			err = uc.readHead()
 		} else if eerr := uc.earlyAnswer(err, deadline); eerr != nil {
 			// Nothing usable came (err stays the write's), or what came

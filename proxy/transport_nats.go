@@ -45,6 +45,9 @@ func (t *natsTransport) roundTrip(c *call) (upResponse, *failure) {
 		req.Idle = c.idle
 	}
 	st, err := t.bc.Do(ctx, c.lease.Worker.ID, req)
+	// Published: answered, or cancelled while the router waited for the
+	// answer (Do fails before it publishes on other errors than these).
+	c.wrote = c.wrote || err == nil || errors.Is(err, context.Canceled)
 	if err != nil {
 		cancel()
 		c.cancel.set(nil)
