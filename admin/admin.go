@@ -124,17 +124,25 @@ var (
 	// (an import of a 4 MB export sent at 40 KB/s was answered 500 "i/o
 	// timeout"). 10 minutes take 64 MiB at about 110 KB/s.
 	transferTimeout = 10 * time.Minute
+	// importIdleTimeout cuts an import's body (408) once no byte of it
+	// arrived for that long, within the transferTimeout: imports run one
+	// at a time, and a client that announced a body and sent nothing (or
+	// a byte a minute) held the slot, and every import waiting for it,
+	// for the whole transferTimeout. A slow upload that keeps moving
+	// still has the transferTimeout (idleBody).
+	importIdleTimeout = 60 * time.Second
 )
 
 // longTransfer gives the request's body (read) and its answer the
-// transferTimeout from now.
-func longTransfer(w http.ResponseWriter, read bool) {
+// transferTimeout from now, and returns that deadline.
+func longTransfer(w http.ResponseWriter, read bool) time.Time {
 	rc := http.NewResponseController(w)
 	d := time.Now().Add(transferTimeout)
 	if read {
 		rc.SetReadDeadline(d)
 	}
 	rc.SetWriteDeadline(d)
+	return d
 }
 
 // minKeyLen is the admin key length below which the router warns at start.

@@ -322,26 +322,68 @@ func bodyErr(w http.ResponseWriter, err error) error {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		http.NewResponseController(w).SetWriteDeadline(time.Now().Add(5 * time.Second))
 		return &httpError{status: http.StatusRequestTimeout, msg: fmt.Sprintf(
-			"the body did not arrive in time (the admin listener reads a body for at most %s, an import's for %s): nothing was changed; send it again over a faster link", readTimeout, transferTimeout)}
+			"the body did not arrive in time (the admin listener reads a body for at most %s, an import's for %s with at most %s without a byte): nothing was changed; send it again over a faster link", readTimeout, transferTimeout, importIdleTimeout)}
 	}
 	return err
 }
 
-// readBodySized is readBody into one buffer of the announced length (up
-// to limit), where io.ReadAll grows one by doubling: a large body then
-// costs once its size, not about three times.
+// readImportBody is readBody for an import, whose body has until end (the
+// transferTimeout, longTransfer) but is cut once no byte of it arrived for
+// importIdleTimeout (idleBody). It reads into one buffer of the announced
+// length (up to limit), where io.ReadAll grows one by doubling: a large
+// body then costs once its size, not about three times.
 // A body announced larger than limit is refused before it is read.
-func readBodySized(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+func readImportBody(w http.ResponseWriter, r *http.Request, limit int64, end time.Time) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, &http.MaxBytesError{Limit: limit}
 	}
+	body := &idleBody{r: http.MaxBytesReader(w, r.Body, limit), rc: http.NewResponseController(w), end: end}
+	body.extend()
+	var b []byte
+	var err error
 	if r.ContentLength <= 0 {
-		return readBody(w, r, limit)
+		b, err = io.ReadAll(body)
+	} else {
+		var buf bytes.Buffer
+		buf.Grow(int(r.ContentLength) + bytes.MinRead)
+		_, err = buf.ReadFrom(body)
+		b = buf.Bytes()
 	}
-	var buf bytes.Buffer
-	buf.Grow(int(r.ContentLength) + bytes.MinRead)
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
-	return buf.Bytes(), bodyErr(w, err)
+	if err == nil {
+		// Past the body's end the server reads the connection in the
+		// background (to see the client go), under this deadline: the
+		// import's work must not cancel its own request importIdleTimeout
+		// after the last byte.
+		body.rc.SetReadDeadline(end)
+	}
+	return b, bodyErr(w, err)
+}
+
+// idleBody is an import's body that moves the connection's read deadline
+// to importIdleTimeout from now (never past end) each time bytes arrive:
+// a client that stops sending is cut then, one that keeps sending has
+// until end.
+type idleBody struct {
+	r   io.Reader
+	rc  *http.ResponseController
+	end time.Time
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if n > 0 {
+		b.extend()
+	}
+	return n, err
+}
+
+// extend sets the read deadline importIdleTimeout from now, or at end.
+func (b *idleBody) extend() {
+	d := time.Now().Add(importIdleTimeout)
+	if d.After(b.end) {
+		d = b.end
+	}
+	b.rc.SetReadDeadline(d) // not supported by a test's recorder: no bound there
 }
 
 // decodeAny decodes one JSON value keeping numbers exact.
@@ -753,9 +795,10 @@ func (a *Admin) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 // times it (TestAnImportHoldsAFewTimesItsBodyLive,
 // TestImportMemoryIsASmallMultipleOfTheBody, BenchmarkImportMemory50000Users),
 // and maxSnapshotBytes bounds the body. One waiting for another gives up
-// when its client does.
+// when its client does; one whose body stops arriving is cut after
+// importIdleTimeout, so a silent client holds the others up no longer.
 func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
-	longTransfer(w, true) // up to 64 MiB: 60 s cut it below 1.1 MB/s
+	end := longTransfer(w, true) // up to 64 MiB: 60 s cut it below 1.1 MB/s
 	select {
 	case a.importing <- struct{}{}:
 		defer func() { <-a.importing }()
@@ -769,7 +812,7 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body, err := readBodySized(w, r, maxSnapshotBytes)
+	body, err := readImportBody(w, r, maxSnapshotBytes, end)
 	if err != nil {
 		return err
 	}

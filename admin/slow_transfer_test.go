@@ -73,9 +73,11 @@ func trickle(t *testing.T, addr, method, path string, body []byte, spread time.D
 // body within 60 s: below about 1.1 MB/s (a 4 MB export sent at 40 KB/s,
 // through a tunnel to a remote router) the import was cut and answered
 // 500 "read tcp ...: i/o timeout". Once its key is checked, an import's
-// body and answer have the transfer timeout instead.
+// body and answer have the transfer timeout instead. The idle bound
+// (importIdleTimeout, 1 s here) does not cut a body that keeps moving.
 func TestAnImportSlowerThanTheReadTimeoutIsImported(t *testing.T) {
 	shortDeadlines(t, time.Second, 30*time.Second)
+	shortIdle(t, time.Second)
 	a, addr := listening(t)
 	next, err := config.Parse([]byte(`{"session_affinity":{"ttl_s":77}}`))
 	if err != nil {
@@ -87,7 +89,7 @@ func TestAnImportSlowerThanTheReadTimeoutIsImported(t *testing.T) {
 	}
 	status, body := trickle(t, addr, "POST", "/api/backup/import", snap, 2500*time.Millisecond)
 	if status != http.StatusOK {
-		t.Fatalf("an import sent over 2.5 s (read timeout 1 s): %d %s", status, body)
+		t.Fatalf("an import sent over 2.5 s (read timeout and idle bound 1 s): %d %s", status, body)
 	}
 	if got := a.store.Load().SessionAffinity.TTLSeconds; got != 77 {
 		t.Fatalf("ttl_s %v after the import, want 77", got)
