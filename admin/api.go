@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 	"unicode"
 
@@ -172,6 +173,11 @@ func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) htt
 			return
 		}
 		if err := h(w, r); err != nil {
+			if errors.Is(err, errBodyEnded) {
+				// The client left: not the router's failure (the proxy
+				// counts such a client, it does not report an error).
+				slog.Info("admin request abandoned: its body ended early (the client closed its connection); nothing was changed", "remote", a.remote(r), "path", echoPath(r))
+			}
 			a.writeErr(w, err)
 		}
 	})
@@ -309,15 +315,26 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	return b, bodyErr(w, err)
 }
 
+// errBodyEnded answers a request whose body ended before the length it
+// announced (or before its last chunk): its client closed (or reset) the
+// connection half way. That is the client leaving, not the router
+// failing: it was a 500 and an ERROR line ("admin request failed
+// err=\"unexpected EOF\""); it is a 400 (to a client that is most likely
+// gone) and an INFO line (authed).
+var errBodyEnded = &httpError{status: http.StatusBadRequest, msg: "the request body ended early: the connection closed before the length it announced arrived; nothing was changed"}
+
 // bodyErr is a body's read error as the client is answered: a body that
 // did not arrive before the listener's read deadline is a 408 that says
 // so (it was a 500 carrying "read tcp ...: i/o timeout", or no answer at
 // all: the write deadline, from the same instant, had passed too), with a
 // few seconds to write it. A connection Close cut is the shutdown's 503,
-// not a failure to log.
+// not a failure to log; a body its client cut is errBodyEnded.
 func bodyErr(w http.ResponseWriter, err error) error {
 	if errors.Is(err, net.ErrClosed) {
 		return errClosed // Close cut the connection past its grace
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+		return errBodyEnded
 	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		http.NewResponseController(w).SetWriteDeadline(time.Now().Add(5 * time.Second))
