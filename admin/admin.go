@@ -388,6 +388,7 @@ func (a *Admin) Start() error {
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          nil,
+		ConnContext:       withConn, // a queued import watches its client (untilClientLeaves)
 	}
 	a.wg.Add(1)
 	go func() {

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -173,10 +174,17 @@ func (a *Admin) authed(h func(w http.ResponseWriter, r *http.Request) error) htt
 			return
 		}
 		if err := h(w, r); err != nil {
-			if errors.Is(err, errBodyEnded) {
-				// The client left: not the router's failure (the proxy
-				// counts such a client, it does not report an error).
-				slog.Info("admin request abandoned: its body ended early (the client closed its connection); nothing was changed", "remote", a.remote(r), "path", echoPath(r))
+			// A client that left is not the router's failure (the proxy
+			// counts such a client, it does not report an error).
+			why := ""
+			switch {
+			case errors.Is(err, errBodyEnded):
+				why = "its body ended early (the client closed its connection)"
+			case errors.Is(err, errLeftWaiting):
+				why = "its client closed the connection while it waited for the import running"
+			}
+			if why != "" {
+				slog.Info("admin request abandoned: "+why+"; nothing was changed", "remote", a.remote(r), "path", echoPath(r))
 			}
 			a.writeErr(w, err)
 		}
@@ -853,12 +861,11 @@ func (a *Admin) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 // importIdleTimeout, so a silent client holds the others up no longer.
 func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 	end := longTransfer(w, true) // up to 64 MiB: 60 s cut it below 1.1 MB/s
-	select {
-	case a.importing <- struct{}{}:
-		defer func() { <-a.importing }()
-	case <-r.Context().Done():
-		return r.Context().Err()
+	release, err := a.takeImportSlot(r)
+	if err != nil {
+		return err
 	}
+	defer release()
 	if r.ContentLength < 0 || r.ContentLength >= lowGCBodyBytes {
 		defer lowerGC()()
 	}
@@ -997,6 +1004,38 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 	etag := a.setVersionHeaders(w, c, v)
 	writeJSON(w, http.StatusOK, map[string]any{"version": v, "etag": etag, "storage": a.st.kind()})
 	return nil
+}
+
+// takeImportSlot waits for the import slot (a.importing) and returns the
+// function that gives it back. A wait ends without it, errLeftWaiting,
+// once r's client closed its connection (untilClientLeaves): a client
+// that sent its import and left no longer has it run, for nobody, ahead
+// of the imports still waiting. The wait is one blocking select: the
+// runtime queues the goroutines blocked sending on a channel first in,
+// first out, so the slot goes to the waiting imports in their order of
+// arrival, which a loop waking to check the client would lose
+// (TestQueuedImportsRunInTheirOrderOfArrival).
+func (a *Admin) takeImportSlot(r *http.Request) (release func(), err error) {
+	release = func() { <-a.importing }
+	select {
+	case a.importing <- struct{}{}:
+		return release, nil
+	default:
+	}
+	ctx, stop := untilClientLeaves(r)
+	defer stop()
+	select {
+	case a.importing <- struct{}{}:
+		if context.Cause(ctx) == errLeftWaiting { // both at once: the client left all the same
+			release()
+			return nil, errLeftWaiting
+		}
+		return release, nil
+	case <-ctx.Done():
+		// Either way the client is gone (net/http ends r's context when
+		// it sees the connection close).
+		return nil, errLeftWaiting
+	}
 }
 
 // flagParam reads a boolean query parameter: absent is false; present
