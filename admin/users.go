@@ -188,6 +188,23 @@ func readUserInput(w http.ResponseWriter, r *http.Request) (userInput, error) {
 	return in, nil
 }
 
+// userErr points a validation error of users[i], the user a POST
+// /api/users or PUT /api/users/{name} wrote, at the body's field (name,
+// template, models[1]): the config's path named a position in the users
+// list that the client never sent. An error elsewhere (another user, a
+// hand edit) keeps its path.
+func userErr(err error, i int) error {
+	fe, ok := err.(*config.FieldError)
+	if !ok || i < 0 {
+		return err
+	}
+	rest, ok := strings.CutPrefix(fe.Path, fmt.Sprintf("users[%d]", i))
+	if !ok || rest != "" && rest[0] != '.' && rest[0] != '[' {
+		return err // users[1] is not users[10]
+	}
+	return &config.FieldError{Path: strings.TrimPrefix(rest, "."), Msg: fe.Msg}
+}
+
 // users returns the users list of a working document.
 func users(doc map[string]any) []any {
 	l, _ := doc["users"].([]any)
@@ -218,6 +235,7 @@ func (a *Admin) createUser(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	enabled := in.Enabled == nil || *in.Enabled
+	idx := -1
 	c, v, err := a.change(a.who(r), "create user "+in.Name, base, func(doc map[string]any) error {
 		if in.Name != "" && userIndex(doc, in.Name) >= 0 {
 			return &httpError{status: http.StatusConflict, msg: fmt.Sprintf("user %q exists", in.Name)}
@@ -232,11 +250,12 @@ func (a *Admin) createUser(w http.ResponseWriter, r *http.Request) error {
 		if in.Models != nil && len(*in.Models) > 0 {
 			u["models"] = stringsAny(*in.Models)
 		}
+		idx = len(users(doc))
 		doc["users"] = append(users(doc), u)
 		return nil
 	})
 	if err != nil {
-		return err
+		return userErr(err, idx)
 	}
 	u, _ := findUser(c, in.Name)
 	a.setVersionHeaders(w, c, v)
@@ -261,12 +280,13 @@ func (a *Admin) putUser(w http.ResponseWriter, r *http.Request) error {
 	if in.Name != "" && in.Name != name {
 		return &config.FieldError{Path: "name", Msg: "renaming a user is not supported: create the new user and delete the old one"}
 	}
+	idx := -1
 	c, v, err := a.change(a.who(r), "update user "+name, base, func(doc map[string]any) error {
-		i := userIndex(doc, name)
-		if i < 0 {
+		idx = userIndex(doc, name)
+		if idx < 0 {
 			return &httpError{status: http.StatusNotFound, msg: "no such user"}
 		}
-		m := users(doc)[i].(map[string]any)
+		m := users(doc)[idx].(map[string]any)
 		if in.Template != nil {
 			m["template"] = *in.Template
 		}
@@ -283,7 +303,7 @@ func (a *Admin) putUser(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	})
 	if err != nil {
-		return err
+		return userErr(err, idx)
 	}
 	u, _ := findUser(c, name)
 	a.setVersionHeaders(w, c, v)
