@@ -953,7 +953,7 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 			if snap.of(cur, ver) {
 				return nil
 			}
-			snap.drop()
+			snap.drop(droppedOvertaken)
 			snap = nil
 			p, err := a.takePreImportSnapshot(cur, ver)
 			if err != nil {
@@ -986,9 +986,18 @@ func (a *Admin) postImport(w http.ResponseWriter, r *http.Request) error {
 		// did not answer in time may still apply it).
 		snap.keep()
 	} else {
-		// Nothing was imported over it (with If-Match, another write
-		// landed while it was written).
-		snap.drop()
+		// Nothing was imported over it: with If-Match, another write
+		// landed while it was written; or Close began meanwhile; or the
+		// import, made again over such a write, was refused.
+		var conflict *errConflict
+		switch {
+		case errors.Is(err, errClosed):
+			snap.drop(droppedShutdown)
+		case errors.As(err, &conflict):
+			snap.drop(droppedOvertaken)
+		default:
+			snap.drop(droppedRefused)
+		}
 	}
 	if err != nil {
 		var fe *config.FieldError

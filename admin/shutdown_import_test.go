@@ -102,3 +102,58 @@ func TestAnImportStillUploadingAtShutdownIsNotCommittedAfterTheLastSnapshot(t *t
 		t.Fatalf("restored threshold %d, the router served %d", n, threshold(store))
 	}
 }
+
+// An import whose commit the shutdown refuses (Close began while its
+// pre-import snapshot was being written) deletes that snapshot, and the
+// log said "another write landed before the import": it now says the
+// router is shutting down.
+func TestAnImportRefusedAtShutdownSaysSoInTheLog(t *testing.T) {
+	logs := captureLogs(t)
+	dir := t.TempDir()
+	e := newEnv(t, envOpts{snapshotDir: dir})
+	if r := e.do("POST", "/api/users", `{"name":"a"}`); r.status != 201 {
+		t.Fatalf("create a: %d %s", r.status, r.body)
+	}
+	exp := e.do("GET", "/api/backup/export", "")
+	if r := e.do("DELETE", "/api/users/a", "", "If-Match", "*"); r.status != 204 {
+		t.Fatalf("delete a: %d %s", r.status, r.body)
+	}
+	started, release := slowSnapshotWrites(t, e)
+	defer release()
+	imported := make(chan resp, 1)
+	go func() { imported <- e.do("POST", "/api/backup/import", string(exp.body)) }()
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the import wrote no snapshot")
+	}
+	closed := make(chan struct{})
+	go func() { e.a.Close(); close(closed) }()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		e.a.mu.Lock()
+		c := e.a.closed
+		e.a.mu.Unlock()
+		if c {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Close did not begin in 5 s")
+		}
+	}
+	release()
+	if r := <-imported; r.status != http.StatusServiceUnavailable {
+		t.Fatalf("an import whose commit came after Close began: %d %s, want 503", r.status, r.body)
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	got := logs.String()
+	if !strings.Contains(got, "pre-import snapshot deleted") || !strings.Contains(got, "shutting down") || strings.Contains(got, "another write landed") {
+		t.Fatalf("the log of an import refused at shutdown:\n%s", got)
+	}
+	if snaps := manualSnapshots(t, e, dir); len(snaps) != 0 {
+		t.Fatalf("the refused import left %d manual snapshots: %+v", len(snaps), snaps)
+	}
+}

@@ -575,10 +575,21 @@ func (p *preImportSnapshot) keep() {
 	s.rotateAll(p.keepN)
 }
 
-// drop deletes p, which no import followed (another write landed first),
-// and gives the snapshots back the lastSum before it when no snapshot was
-// written since.
-func (p *preImportSnapshot) drop() {
+// dropReason is why no import followed a pre-import snapshot (drop), as
+// the log says it.
+type dropReason string
+
+// Drop reasons.
+const (
+	droppedOvertaken dropReason = "another write landed before the import"
+	droppedShutdown  dropReason = "the router is shutting down: the import was refused"
+	droppedRefused   dropReason = "the import was refused (its answer says why)"
+)
+
+// drop deletes p, which no import followed (why: droppedOvertaken,
+// droppedShutdown, droppedRefused), and gives the snapshots back the
+// lastSum before it when no snapshot was written since.
+func (p *preImportSnapshot) drop(why dropReason) {
 	if p == nil {
 		return
 	}
@@ -592,7 +603,7 @@ func (p *preImportSnapshot) drop() {
 	if s.lastSum == p.clearSum {
 		s.lastSum = p.prevSum
 	}
-	slog.Info("pre-import snapshot deleted: another write landed before the import", "name", p.info.Name, "version", p.ver)
+	slog.Info("pre-import snapshot deleted: "+string(why), "name", p.info.Name, "version", p.ver)
 }
 
 // snapshotLocked stores a snapshot of c at version v. s.mu must be held.
