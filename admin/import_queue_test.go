@@ -2,10 +2,12 @@ package admin
 
 import (
 	"bufio"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -149,5 +151,55 @@ func TestQueuedImportsRunInTheirOrderOfArrival(t *testing.T) {
 	}
 	if got := a.store.Load().SessionAffinity.TTLSeconds; got != 54 {
 		t.Fatalf("ttl_s %v after the imports, want the last one's 54", got)
+	}
+}
+
+// Over TLS the wait watches the TCP connection under it: a client's
+// close_notify arrives as a record ahead of its FIN, so the socket's TCP
+// state tells, not a peek.
+func TestAQueuedImportOverTLSGivesUpWhenItsClientLeaves(t *testing.T) {
+	logs := captureLogs(t)
+	shortDeadlines(t, 20*time.Second, 20*time.Second)
+	ts := httptest.NewUnstartedServer(http.NotFoundHandler())
+	ts.StartTLS()
+	certs := ts.TLS.Certificates
+	client := ts.Client().Transport.(*http.Transport).TLSClientConfig
+	ts.Close()
+	a, err := New(Options{Store: config.NewStore("", nil), Addr: "127.0.0.1:0", Key: testKey, TLS: &tls.Config{Certificates: certs}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	addr := a.Addr().String()
+	send := func(snap []byte, n int) net.Conn {
+		t.Helper()
+		c, err := tls.Dial("tcp", addr, client)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		fmt.Fprintf(c, "POST /api/backup/import HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n", testKey, len(snap))
+		c.Write(snap[:n])
+		return c
+	}
+	snapA, snapB := snapshotOf(t, a, 44), snapshotOf(t, a, 55)
+	ca := send(snapA, 10)
+	waitImporting(t, a)
+	cb := send(snapB, len(snapB))
+	time.Sleep(300 * time.Millisecond)
+	cb.Close()
+	if !waitLog(logs, "while it waited", 3*time.Second) {
+		t.Fatal("an import queued over TLS did not give up in 3 s after its client left")
+	}
+	ca.Write(snapA[10:])
+	if status, body := importAnswer(t, ca, 10*time.Second); status != http.StatusOK {
+		t.Fatalf("import A: %d %s", status, body)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if got := a.store.Load().SessionAffinity.TTLSeconds; got != 44 {
+		t.Fatalf("ttl_s %v, want A's 44: B, whose client left, ran", got)
 	}
 }
