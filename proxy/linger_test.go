@@ -119,6 +119,39 @@ func TestABodyPastTheBodyTimeoutGets408(t *testing.T) {
 	}
 }
 
+// A chunked body that stops arriving gets the same 408 request_timeout at
+// --body-timeout wherever it stops: inside a chunk's data, and inside its
+// framing too (a chunk size, its extension, the CRLF after its data).
+// fasthttp wraps a read error in the framing in ErrBrokenChunk, which does
+// not unwrap, so the deadline there was taken for a broken body: 400
+// bad_request "request body not received".
+func TestAChunkedBodyStalledInItsFramingGets408(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.BodyTimeout = 300 * time.Millisecond
+	r := startRouter(t, f, nil, up.url)
+	for _, c := range []struct{ name, path, sent, code string }{
+		{"in a chunk's data", "/v1/chat/completions", "a\r\n{\"a\":", `"code":"request_timeout"`},
+		{"in a chunk size", "/v1/chat/completions", "5", `"code":"request_timeout"`},
+		{"in a chunk extension", "/v1/chat/completions", "5;x=y", `"code":"request_timeout"`},
+		{"before the CRLF after a chunk", "/v1/chat/completions", "5\r\n{\"a\":", `"code":"request_timeout"`},
+		{"before the CRLF after a chunk, Anthropic", "/v1/messages", "5\r\n{\"a\":", "not received within --body-timeout"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conn := dialRouter(t, r.url)
+			fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%s", c.path, c.sent)
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 408 || !resp.Close || !bytes.Contains(b, []byte(c.code)) {
+				t.Fatalf("%d (close %v) %s", resp.StatusCode, resp.Close, b)
+			}
+		})
+	}
+}
+
 // --body-timeout 0 is the default 60 s, as --header-timeout 0 is its
 // default: the body is not left under the head's deadline. It was, so a
 // body still arriving when --header-timeout (10 s) ran out got 408 "not

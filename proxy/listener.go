@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -132,6 +133,9 @@ type clientConn struct {
 	// serving the connection reads it, so it needs no lock.
 	wireLeft  int64
 	wireBound bool
+	// wireTimedOut says a read under the bound met the read deadline
+	// (wireTimeout); the same goroutine sets and reads it.
+	wireTimedOut bool
 	// peer[:npeer] is the text of the TCP peer's address (peerIP), as the
 	// engine gets it at the end of X-Forwarded-For: formatted once, when
 	// the connection is accepted, for all its requests (peerText).
@@ -161,6 +165,9 @@ func (c *clientConn) Read(b []byte) (int, error) {
 	}
 	n, err := c.Conn.Read(b)
 	c.wireLeft -= int64(n)
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		c.wireTimedOut = true
+	}
 	return n, err
 }
 
@@ -173,7 +180,7 @@ func (c *clientConn) Read(b []byte) (int, error) {
 // then been read whole, by the handler or by fasthttp's discard, or the
 // connection closes.
 func (c *clientConn) boundWire(chunked bool, n int64) {
-	c.wireLeft, c.wireBound = n, chunked
+	c.wireLeft, c.wireBound, c.wireTimedOut = n, chunked, false
 }
 
 // endWireBound is the server's ConnState hook: a connection gone idle
@@ -189,6 +196,13 @@ func endWireBound(nc net.Conn, st fasthttp.ConnState) {
 
 // wireSpent reports whether boundWire's bound is used up.
 func (c *clientConn) wireSpent() bool { return c.wireBound && c.wireLeft <= 0 }
+
+// wireTimeout reports whether a read of a chunked request's body met the
+// read deadline (--body-timeout). fasthttp wraps a read error met in the
+// chunk framing (a chunk size, its extension, the CRLF after its data) in
+// ErrBrokenChunk, which does not unwrap: without this the deadline there
+// reads as a broken body.
+func (c *clientConn) wireTimeout() bool { return c.wireBound && c.wireTimedOut }
 
 // Close closes the connection and, the first time, gives its slot back. A
 // connection whose request body was left unread lingers instead: closing

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -254,8 +255,14 @@ func (s *Server) readBodyBytes(ctx *fasthttp.RequestCtx, rs *reqState) error {
 		}
 		if err != nil {
 			rs.body = buf
-			if c, ok := ctx.Conn().(*clientConn); ok && c.wireSpent() {
-				return errBodyTooLarge // its chunk framing (handle); fasthttp's chunk errors do not unwrap
+			if c, ok := ctx.Conn().(*clientConn); ok {
+				// fasthttp's chunk errors do not unwrap: the connection tells.
+				if c.wireSpent() {
+					return errBodyTooLarge // its chunk framing (handle)
+				}
+				if c.wireTimeout() {
+					return os.ErrDeadlineExceeded // --body-timeout in the chunk framing
+				}
 			}
 			return err
 		}
