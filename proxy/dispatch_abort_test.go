@@ -506,6 +506,38 @@ func TestALaterHTTP1MinorVersionIsServedAsHTTP11(t *testing.T) {
 	}
 }
 
+// A request line naming an HTTP major version other than 1 (HTTP/2.0 or
+// HTTP/3.0 written in HTTP/1 syntax, HTTP/0.9) gets 505 HTTP Version Not
+// Supported, in its path's shape, and the connection closes, on every
+// endpoint, as Go's net/http and nginx answer it. fasthttp reads any
+// HTTP/d.d as HTTP/1.0: /health, /v1/models and /metrics answered it 200
+// and an inference request got 426 "need HTTP/1.1" with Upgrade: HTTP/1.1.
+func TestAnHTTPMajorVersionOtherThanOneGets505(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	r := startRouter(t, nil, nil, up.url)
+	for _, proto := range []string{"HTTP/2.0", "HTTP/3.0", "HTTP/0.9"} {
+		for _, path := range []string{"/health", "/v1/models", "/metrics", "/v1/chat/completions", "/v1/messages"} {
+			req := "GET " + path + " " + proto + "\r\nHost: x\r\n\r\n"
+			if strings.HasPrefix(path, "/v1/") && path != "/v1/models" {
+				req = "POST " + path + " " + proto + "\r\nHost: x\r\nContent-Length: " + strconv.Itoa(len(chatBody)) + "\r\n\r\n" + chatBody
+			}
+			resp := rawClient(t, r.url, req, 3*time.Second)
+			if !strings.HasPrefix(resp, "HTTP/1.1 505") || !strings.Contains(resp, "Connection: close") || !strings.Contains(resp, "HTTP version not supported") {
+				t.Fatalf("%s over %s: %q", path, proto, resp)
+			}
+			if strings.Contains(path, "messages") != strings.Contains(resp, `"type":"error"`) {
+				t.Fatalf("%s over %s: the error is not in the path's shape: %q", path, proto, resp)
+			}
+		}
+	}
+	// HTTP/1.0 and HTTP/1.1 are still served.
+	for _, proto := range []string{"HTTP/1.0", "HTTP/1.1"} {
+		if resp := rawClient(t, r.url, "GET /health "+proto+"\r\nHost: x\r\nConnection: close\r\n\r\n", 3*time.Second); !strings.HasPrefix(resp, "HTTP/1.1 200") {
+			t.Fatalf("GET /health over %s: %q", proto, resp)
+		}
+	}
+}
+
 // A converted stream request (Messages, Responses) whose engine answers
 // with one plain JSON chat completion gets that answer as its protocol's
 // whole stream: the client asked for events and its SDK reads nothing

@@ -923,6 +923,12 @@ func laterHTTP1(proto []byte) bool {
 	return len(proto) == 8 && string(proto[:7]) == "HTTP/1." && proto[7] >= '2' && proto[7] <= '9'
 }
 
+// isHTTP1 reports whether proto, a request line's version (fasthttp's
+// HTTP/d.d), is HTTP/1.x.
+func isHTTP1(proto []byte) bool {
+	return len(proto) == 8 && string(proto[:7]) == "HTTP/1."
+}
+
 // refuseHTTP10 answers 426 to a request older than HTTP/1.1 and reports
 // whether it did: streams and relayed bodies go out chunked, which
 // HTTP/1.0 does not know (fasthttp cannot end a body by closing instead).

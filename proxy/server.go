@@ -483,6 +483,18 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		// (one-byte chunks of a body of a third of the limit pass).
 		c.boundWire(ctx.Request.Header.ContentLength() == -1, 2*int64(s.flags.MaxBodyBytes)+64<<10)
 	}
+	if h := &ctx.Request.Header; !h.IsHTTP11() && !isHTTP1(h.Protocol()) {
+		// fasthttp reads any HTTP/d.d request line as HTTP/1.0: HTTP/2.0
+		// or HTTP/0.9 in HTTP/1 syntax is a version this server does not
+		// speak (RFC 9110 section 15.6.6), as Go's net/http and nginx
+		// answer it.
+		mBadRequests.Inc()
+		closeUnread(ctx)
+		writeError(ctx, fasthttp.StatusHTTPVersionNotSupported, typeInvalidRequest,
+			"HTTP version not supported: send HTTP/1.1", "", "http_version_not_supported")
+		s.answeredEarly(ctx, ctx.Path())
+		return
+	}
 	if h := &ctx.Request.Header; h.ContentLength() != -1 && (h.ContentLength() <= 0 || h.ConnectionClose()) &&
 		hasTransferEncoding(h.RawHeaders()) {
 		// fasthttp accepts Transfer-Encoding: identity and drops it, leaving
