@@ -202,6 +202,13 @@ func (s *Serve) Validate() error {
 	if s.MaxConns < 0 || s.MaxInflightBodyBytes <= 0 {
 		return fmt.Errorf("--max-conns must be >= 0 and --max-inflight-body-bytes positive")
 	}
+	if s.MaxInflightBodyBytes < int64(s.MaxBodyBytes) {
+		// The budget holds every request's body at once: a body larger than
+		// all of it is never read, and would get a 503 "retry later" on
+		// every try, not the 413 it deserves.
+		return fmt.Errorf("--max-inflight-body-bytes %d is below --max-body-bytes %d: a body between them could never be read; raise the first or lower the second",
+			s.MaxInflightBodyBytes, s.MaxBodyBytes)
+	}
 	if s.AdminPort < AdminPortAny || s.AdminPort > 65535 {
 		return fmt.Errorf("--admin-port %d out of range (0: off, -1: a free port)", s.AdminPort)
 	}

@@ -141,3 +141,19 @@ func TestServeFlagsRefuseMalformedTrustedProxies(t *testing.T) {
 		}
 	}
 }
+
+// --max-inflight-body-bytes below --max-body-bytes is refused at start: a
+// body between the two can never be read (the budget is all requests'
+// bodies together), yet it was accepted and every such body got 503
+// "overloaded; retry later", which the SDKs retry, uploading it again.
+func TestServeFlagsRefuseABodyBudgetBelowTheBodyLimit(t *testing.T) {
+	f := &Serve{Port: 8000, MaxBodyBytes: 2000, BreakerCooldownS: 1, BreakerMaxCooldownS: 2, ConfigPoll: 1, MaxInflightBodyBytes: 1000, KVBlockSize: 16}
+	err := f.Validate()
+	if err == nil || !strings.Contains(err.Error(), "--max-inflight-body-bytes") || !strings.Contains(err.Error(), "--max-body-bytes") {
+		t.Fatalf("a budget of 1000 bytes under --max-body-bytes 2000: %v", err)
+	}
+	f.MaxInflightBodyBytes = 2000
+	if err := f.Validate(); err != nil {
+		t.Fatalf("a budget as large as --max-body-bytes refused: %v", err)
+	}
+}
