@@ -214,6 +214,10 @@ type accessEntry struct {
 	// failure (a stream read whole that holds the engine's error event):
 	// it ends upstream_error.
 	failed bool
+	// method is the request's method, kept for the debug line
+	// (debuglog.go) when --log-level is debug.
+	method  [16]byte
+	nmethod int
 }
 
 // maxErrorCode bounds the error code the access log shows.

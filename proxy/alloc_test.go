@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"io"
+	"log/slog"
 	"net/netip"
 	"strings"
 	"testing"
@@ -29,6 +30,28 @@ func TestNonStreamZeroAlloc(t *testing.T) {
 	// With the access log on: the line is built in the request's pooled
 	// buffer and appended to the log's.
 	t.Run("access-log", func(t *testing.T) { testZeroAlloc(t, "round-robin", true) })
+	// --log-level info under a handler that would take debug lines: the
+	// router builds none (debuglog.go), in either policy.
+	for _, policy := range []string{"round-robin", "kv-aware"} {
+		t.Run("log-level-info/"+policy, func(t *testing.T) {
+			old := slog.Default()
+			slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelDebug})))
+			t.Cleanup(func() { slog.SetDefault(old) })
+			testZeroAllocLevel(t, policy, false, "info")
+		})
+	}
+}
+
+// With --log-level debug the request's debug line is built (allocations
+// are acceptable then): the check above holds because the level is read
+// before anything is built, not because no line is logged.
+func TestDebugLevelBuildsItsLineOnlyWhenOn(t *testing.T) {
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	if n := proxiedAllocs(t, "round-robin", false, "debug"); n < 2 {
+		t.Fatalf("%.2f allocs per request with --log-level debug: no debug line was built", n)
+	}
 }
 
 // With the real Qwen3 tokenizer and chat template, a chat with a system
@@ -65,9 +88,21 @@ func TestKVAwareQwen3ChatWithToolsZeroAlloc(t *testing.T) {
 // testZeroAlloc: under kv-aware (the default policy) the chat prompt is also
 // decoded, rendered, tokenized, hashed and matched against the KV index.
 func testZeroAlloc(t *testing.T, policy string, accessLog bool) {
+	testZeroAllocLevel(t, policy, accessLog, "")
+}
+
+// testZeroAllocLevel is testZeroAlloc at --log-level level.
+func testZeroAllocLevel(t *testing.T, policy string, accessLog bool, level string) {
+	if n := proxiedAllocs(t, policy, accessLog, level); n > 1.05 {
+		t.Fatalf("%.2f allocs per proxied request, want at most fasthttp's 1", n)
+	}
+}
+
+// proxiedAllocs measures the allocations per proxied non-streaming request.
+func proxiedAllocs(t *testing.T, policy string, accessLog bool, level string) float64 {
 	up := startUpstream(t, okHandler)
 	f := defaultFlags()
-	f.RouterPolicy = policy
+	f.RouterPolicy, f.LogLevel = policy, level
 	var r *testRouter
 	if accessLog {
 		l := NewAccessLog(io.Discard)
@@ -86,9 +121,7 @@ func testZeroAlloc(t *testing.T, policy string, accessLog bool) {
 	for i := 0; i < 200; i++ { // warm pools and connections
 		do()
 	}
-	if n := testing.AllocsPerRun(2000, do); n > 1.05 {
-		t.Fatalf("%.2f allocs per proxied request, want at most fasthttp's 1", n)
-	}
+	return testing.AllocsPerRun(2000, do)
 }
 
 // Embeddings, rerank and score requests allocate nothing in the router in

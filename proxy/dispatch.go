@@ -154,11 +154,14 @@ func (s *Server) dispatchLocal(ctx *fasthttp.RequestCtx, cfg *config.Config, rs 
 			}
 			return
 		}
+		d := &rs.lease.Decision
 		if attempt > 0 {
 			mRetries.Inc()
 			rs.acc.retries++
+			if s.debug {
+				logDebugRetry(rs, "", res.lastW, res.last, d.Worker.ID) // debuglog.go
+			}
 		}
-		d := &rs.lease.Decision
 		if d.Reason == sched.ReasonAllBreakersOpen {
 			res.fleetDown = true
 		}

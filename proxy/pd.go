@@ -271,8 +271,9 @@ func (o *pdOutcome) failed(leg sched.Leg, w *fleet.Worker, f *failure, left bool
 }
 
 // retried counts the retry a failure allowed (failed), once the attempt
-// that follows it holds its leases.
-func (o *pdOutcome) retried() {
+// that follows it holds its leases (p's prefill lease, if any, and dl, the
+// decode lease); with debug on it is logged.
+func (s *Server) retried(rs *reqState, o *pdOutcome, p *pdDispatch, dl *sched.Lease) {
 	if !o.retrying {
 		return
 	}
@@ -280,6 +281,13 @@ func (o *pdOutcome) retried() {
 	mPDRetries[o.retryLeg].Inc()
 	mRetries.Inc()
 	o.acc.retries++
+	if s.debug {
+		next := dl.Worker.ID
+		if pw := p.pl.Worker; pw != nil && p.pl.Held() {
+			next = pw.ID + "+" + next // prefill+decode
+		}
+		logDebugRetry(rs, o.retryLeg.String(), o.lastW, o.last, next) // debuglog.go
+	}
 }
 
 // pdAcquire takes the lease of r's next leg; on error the outcome is
@@ -412,7 +420,7 @@ func (s *Server) pdPull(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			p.pl.Done(sched.OutcomeNeutral)
 			return
 		}
-		o.retried()
+		s.retried(rs, &o, p, &rs.lease)
 		if needPrefill {
 			f := s.pullPrefill(cfg, rs, p, total)
 			if f != nil {
@@ -712,7 +720,7 @@ func (s *Server) pdPush(ctx *fasthttp.RequestCtx, cfg *config.Config, rs *reqSta
 			p.pl.Done(sched.OutcomeNeutral)
 			return
 		}
-		o.retried()
+		s.retried(rs, &o, p, &rs.lease)
 		// One room per sequence, uniform in [0, 2^63-1], fresh per attempt
 		// and the same in both legs' bodies.
 		p.rooms = p.rooms[:0]

@@ -132,6 +132,9 @@ func (s *Server) releaseState(rs *reqState, end string) {
 	if rs.acc.on {
 		s.logAccess(rs, end)
 	}
+	if s.debug {
+		s.logDebugRequest(rs, end) // debuglog.go
+	}
 	s.bodies.release(rs.reserved)
 	rs.Reset()
 	s.pool.Put(rs)
@@ -320,11 +323,14 @@ func (s *Server) answered(ctx *fasthttp.RequestCtx, rs *reqState) {
 		rs.gov.rlBuf = setRateLimitHeaders(ctx, &rs.gov.lim, rs.gov.rlBuf)
 	}
 	rs.acc.status = ctx.Response.StatusCode()
+	if s.debug {
+		rs.acc.noteMethod(ctx.Method()) // debuglog.go
+	}
 	if s.access != nil {
 		rs.acc.on, rs.acc.client = true, s.clientIP(ctx)
-		if rs.acc.status >= 400 && !rs.handedOff {
-			rs.acc.noteErrorCode(ctx.Response.Body())
-		}
+	}
+	if (s.access != nil || s.debug) && rs.acc.status >= 400 && !rs.handedOff {
+		rs.acc.noteErrorCode(ctx.Response.Body())
 	}
 	if !rs.handedOff {
 		end := endComplete

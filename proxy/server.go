@@ -130,6 +130,9 @@ type Server struct {
 	gov    *govern.Governor
 	// access is the access log (accesslog.go); nil: off.
 	access *AccessLog
+	// debug: --log-level debug, read before a debug line is built
+	// (debuglog.go); false, the request path does nothing for them.
+	debug bool
 	// cors answers browser pages of allowed origins (cors.go); nil: off.
 	cors *cors
 
@@ -172,7 +175,7 @@ func New(o Options) *Server {
 	}
 	f := o.Flags
 	s := &Server{o: o, flags: f, store: o.Store, sched: o.Sched, live: newLiveness(), gov: o.Governor, access: o.AccessLog,
-		cors: newCORS(f.CORSAllowOrigins)}
+		cors: newCORS(f.CORSAllowOrigins), debug: f.LogLevel == "debug"}
 	s.policy, _ = sched.ParsePolicy(f.RouterPolicy)
 	s.mode, _ = sched.ParseMode(f.RouterMode)
 	if f.APIKey != "" {

@@ -327,6 +327,9 @@ func (s *Server) attemptExternalOnce(ctx *fasthttp.RequestCtx, cfg *config.Confi
 		// entry's): a retry, as across workers.
 		mRetries.Inc()
 		rs.acc.retries++
+		if s.debug {
+			logDebugRetry(rs, "", res.lastW, res.last, u.label) // debuglog.go
+		}
 	}
 	c := &rs.call
 	rs.ext.cur = u
