@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding"
 	"encoding/json"
@@ -172,6 +173,10 @@ func (s *Store) Replace(c *Config, version uint64) {
 func (s *Store) swap(c *Config, version uint64) {
 	old := s.cur.Swap(c)
 	s.ver.Store(version)
+	if old != nil && slog.Default().Enabled(context.Background(), slog.LevelDebug) {
+		// Section names only: a section's values may hold keys.
+		slog.Debug("config changed", "version", version, "sections", ChangedSections(old, c))
+	}
 	for _, f := range s.onChange {
 		f(old, c)
 	}

@@ -248,6 +248,9 @@ func (f *Fleet) upsertLocked(r Record) error {
 	}
 	if old := f.byID[r.ID]; old != nil {
 		if sameEndpoint(&old.Record, &r) {
+			if old.Record.Status != r.Status || old.Record.Version != r.Version || old.maxModelLen.Load() != int64(max(r.MaxModelLen, 0)) {
+				slog.Debug("worker updated", "id", r.ID, "status", r.Status, "version", r.Version, "max_model_len", r.MaxModelLen)
+			}
 			old.draining.Store(r.Status == StatusDraining)
 			old.maxModelLen.Store(int64(max(r.MaxModelLen, 0)))
 			old.Record.Status, old.Record.Version = r.Status, r.Version

@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"log/slog"
@@ -542,11 +543,16 @@ func (ws *workerState) stop() {
 	close(ws.done)
 }
 
-// logf logs at most once per 10 seconds per worker.
+// logf logs at most once per 10 seconds per worker at warning level; the
+// lines that throttle holds back go out at debug level (--log-level debug
+// shows every gap and decode error).
 func (ws *workerState) logf(msg string, args ...any) {
 	now := time.Now().UnixNano()
 	last := ws.lastLog.Load()
 	if now-last < int64(10*time.Second) || !ws.lastLog.CompareAndSwap(last, now) {
+		if slog.Default().Enabled(context.Background(), slog.LevelDebug) {
+			slog.Debug(msg, append([]any{"worker", ws.w.ID}, args...)...)
+		}
 		return
 	}
 	slog.Warn(msg, append([]any{"worker", ws.w.ID}, args...)...)

@@ -51,7 +51,9 @@ func init() {
 // (runFeed), and recreates the socket after errors.
 func (ws *workerState) runZMQ() {
 	ep := connectEndpoint(ws.w.KVEventsEndpoint, ws.w.Addr)
+	defer slog.Debug("KV event subscriber stopped", "worker", ws.w.ID, "endpoint", ep)
 	for !ws.stopped.Load() {
+		slog.Debug("KV event subscriber subscribing", "worker", ws.w.ID, "endpoint", ep, "ranks", max(1, ws.w.DPSize))
 		err := ws.subscribeOnce(ep)
 		if err == nil || ws.stopped.Load() {
 			return
@@ -140,6 +142,7 @@ func (ws *workerState) subscribeOnce(ep string) error {
 				if err := sock.Connect(eps[r]); err != nil {
 					return fmt.Errorf("cannot connect SUB to %q: %w", eps[r], err)
 				}
+				slog.Debug("KV event subscriber reconnecting to a rank", "worker", ws.w.ID, "endpoint", eps[r], "rank", r)
 				redial[r], pending = time.Time{}, pending-1
 			}
 		}
@@ -174,6 +177,7 @@ func (ws *workerState) subscribeOnce(ep string) error {
 				return fmt.Errorf("publisher %s disconnected (it stopped, or sent a message over %d bytes)", addr, maxMessageBytes)
 			}
 			if redial[r].IsZero() {
+				slog.Debug("KV event publisher disconnected", "worker", ws.w.ID, "endpoint", eps[r], "rank", r)
 				ws.logf("KV event publisher disconnected (it stopped, or sent a message over the size limit), reconnecting", "endpoint", eps[r], "max_bytes", maxMessageBytes)
 				_ = sock.Disconnect(eps[r]) // gone already when ZMQ dropped it
 				redial[r], pending = time.Now().Add(ws.m.cfg.ReconnectDelay), pending+1
