@@ -5,7 +5,10 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
+
+	"github.com/infera/infera/config"
 )
 
 // postKey posts body to url with the API key.
@@ -73,6 +76,38 @@ func TestDebugLevelLogsEachRequestsWorkerAndStatus(t *testing.T) {
 	for _, level := range []string{"", "info"} {
 		if out := run(level); strings.Contains(out, "msg=request") {
 			t.Errorf("level %q: debug lines logged:\n%s", level, out)
+		}
+	}
+}
+
+// A PD pair's retry is logged with its leg and the pair that takes it
+// over; the request's line names both workers.
+func TestDebugLevelLogsAPDRetryWithItsLeg(t *testing.T) {
+	logs := captureLogs(t)
+	var pl, dl legLog
+	var fail, ok atomic.Int32
+	fail.Store(503)
+	p0, p1 := startUpstream(t, vllmPrefill(&pl, "engine-p0", &fail)), startUpstream(t, vllmPrefill(&pl, "engine-p1", &ok))
+	d0 := startUpstream(t, decodeEngine(&dl, "kv_transfer_params", &ok))
+	f := defaultFlags()
+	f.LogLevel = "debug"
+	const boot = `{"pd_mode":"vllm","bootstrap_port":8998}`
+	r := startPDRouter(t, f, pdConfig(t, func(c *config.Config) { c.PD.Mode = "vllm" }),
+		pdWorker("p0", p0.url, "prefill", boot), pdWorker("p1", p1.url, "prefill", boot), pdWorker("d0", d0.url, "decode", ""))
+	r.fl.View().ByID([]byte("p1")).Acquire(1, 0, 1) // p0 first
+	code, b := post(t, r.url+"/v1/chat/completions", chatBody)
+	r.fl.View().ByID([]byte("p1")).Release(1, 0, 1, false)
+	if code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	r.srv.Shutdown()
+	out := logs.String()
+	for _, re := range []string{
+		`level=DEBUG msg="request retried" request_id=\w+ leg=prefill failed_worker=p0 failure=upstream_error failed_status=503 next=p1\+d0 retry=1`,
+		`level=DEBUG msg=request request_id=\w+ method=POST path=/v1/chat/completions status=200 duration=\S+ model=m worker=d0 prefill_worker=p1 layer=\w+ .*retries=1 end=complete`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("no line matching %s in:\n%s", re, out)
 		}
 	}
 }
