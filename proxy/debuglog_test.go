@@ -111,3 +111,30 @@ func TestDebugLevelLogsAPDRetryWithItsLeg(t *testing.T) {
 		}
 	}
 }
+
+// The split proxy's failover from the local fleet to an external entry is
+// a retry: logged with the local worker that failed and the entry next.
+func TestDebugLevelLogsASplitFailover(t *testing.T) {
+	logs := captureLogs(t)
+	ext := startUpstream(t, okHandler)
+	cfg := splitConfig(config.SplitWeight,
+		config.Proxy{Local: true, Weight: 1},
+		config.Proxy{Name: "ext", Address: ext.url, Failover: true},
+	)
+	f := defaultFlags()
+	f.LogLevel = "debug"
+	r := startRouterWith(t, f, cfg, nil, deadURL(t))
+	if code, b := post(t, r.url+"/v1/chat/completions", chatBody); code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	r.srv.Shutdown()
+	out := logs.String()
+	for _, re := range []string{
+		`level=DEBUG msg="request retried" request_id=\w+ failed_worker=w0 failure=upstream_unreachable next=split:ext retry=1`,
+		`level=DEBUG msg=request request_id=\w+ method=POST path=/v1/chat/completions status=200 duration=\S+ model=m worker=split:ext retries=1 end=complete`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("no line matching %s in:\n%s", re, out)
+		}
+	}
+}
