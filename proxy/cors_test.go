@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -180,5 +182,52 @@ func TestAnswersThatDependOnOriginAlwaysSayVaryOrigin(t *testing.T) {
 		if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Vary"), "Origin") {
 			t.Errorf("GET /v1/models with Origin %q: %d, Vary %q", origin, resp.StatusCode, resp.Header.Values("Vary"))
 		}
+	}
+}
+
+// With origins listed, the answers the router writes before its handler
+// runs carry the CORS headers and Vary: Origin as every other answer does
+// (docs/security.md): the 400 for a Transfer-Encoding other than chunked,
+// the 505 for another HTTP major version, fasthttp's 400 for a head whose
+// Host it cannot parse, the 413 before a 100 Continue, and, with only Vary
+// (Origin is not read yet), the 503 over --max-conns. They had none.
+func TestEveryEarlyAnswerCarriesTheCORSHeaders(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.MaxBodyBytes = 1 << 20
+	f.CORSAllowOrigins = []string{"https://app.example.com"}
+	r := startRouter(t, f, nil, up.url)
+	origin := "Origin: https://app.example.com\r\n"
+	for _, tc := range []struct{ name, req, status string }{
+		{"transfer-encoding identity", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + origin + "Transfer-Encoding: identity\r\nContent-Length: 2\r\n\r\n{}", "400"},
+		{"transfer-encoding identity, other path", "POST /nope HTTP/1.1\r\nHost: x\r\n" + origin + "Transfer-Encoding: identity\r\nContent-Length: 2\r\n\r\n{}", "400"},
+		{"HTTP/2.0", "GET /v1/models HTTP/2.0\r\nHost: x\r\n" + origin + "\r\n", "505"},
+		{"HTTP/0.9 on an inference path", "POST /v1/messages HTTP/0.9\r\nHost: x\r\n" + origin + "Content-Length: 2\r\n\r\n{}", "505"},
+		{"unparsable Host", "POST /v1/chat/completions HTTP/1.1\r\nHost: [::1\r\n" + origin + "Content-Length: 2\r\n\r\n{}", "400"},
+		{"413 before 100 Continue", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + origin + "Expect: 100-continue\r\nContent-Length: 99999999\r\n\r\n", "413"},
+		{"413 before 100 Continue, other path", "POST /tokenize HTTP/1.1\r\nHost: x\r\n" + origin + "Expect: 100-continue\r\nContent-Length: 99999999\r\n\r\n", "413"},
+	} {
+		got := rawClient(t, r.url, tc.req, 3*time.Second)
+		head, _, _ := strings.Cut(got, "\r\n\r\n")
+		if !strings.HasPrefix(head, "HTTP/1.1 "+tc.status) || !strings.Contains(head, "\r\nVary: Origin") ||
+			!strings.Contains(head, "\r\nAccess-Control-Allow-Origin: https://app.example.com") ||
+			!strings.Contains(head, "\r\nAccess-Control-Expose-Headers: X-Request-Id") {
+			t.Errorf("%s: want %s with the CORS headers and Vary: Origin, got\n%s", tc.name, tc.status, head)
+		}
+	}
+
+	f2 := defaultFlags()
+	f2.MaxConns = 1
+	f2.CORSAllowOrigins = []string{"https://app.example.com"}
+	r2 := startRouter(t, f2, nil, up.url)
+	hold, err := net.Dial("tcp4", strings.TrimPrefix(r2.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close()
+	time.Sleep(100 * time.Millisecond)
+	got := rawClient(t, r2.url, "GET /v1/models HTTP/1.1\r\nHost: x\r\n"+origin+"\r\n", 3*time.Second)
+	if head, _, _ := strings.Cut(got, "\r\n\r\n"); !strings.HasPrefix(head, "HTTP/1.1 503") || !strings.Contains(head, "\r\nVary: Origin\r\n") {
+		t.Errorf("over --max-conns: want 503 with Vary: Origin, got\n%s", head)
 	}
 }

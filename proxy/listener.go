@@ -34,6 +34,8 @@ type listener struct {
 	// would answer in plain text).
 	max  int64
 	open atomic.Int64
+	// refusal is the answer written to a connection over max.
+	refusal []byte
 
 	// conns holds the connections open now, for cutAll.
 	mu    sync.Mutex
@@ -55,11 +57,16 @@ func (l *listener) cutAll() int {
 
 // tooManyConns is the answer to a connection over --max-conns (the request
 // is not read: its path, and so its protocol, are not known).
-var tooManyConns = func() []byte {
+var tooManyConns, tooManyConnsVary = refusalAnswer(""), refusalAnswer("Vary: Origin\r\n")
+
+// refusalAnswer is the answer to a connection over --max-conns with the
+// header lines extra ("Vary: Origin\r\n" with --cors-allow-origins listing
+// origins).
+func refusalAnswer(extra string) []byte {
 	body := `{"error":{"message":"too many open connections (--max-conns); retry","type":"` + typeUnavailable + `","param":null,"code":"too_many_connections"}}`
 	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) +
-		"\r\nRetry-After: 1\r\nConnection: close\r\n\r\n" + body)
-}()
+		"\r\nRetry-After: 1\r\n" + extra + "Connection: close\r\n\r\n" + body)
+}
 
 var acceptLog = &logx.Throttle{Every: 5 * time.Second}
 
@@ -73,7 +80,7 @@ func (l *listener) Accept() (net.Conn, error) {
 				mConnsRefused.Inc()
 				if l.tls == nil { // a TLS client would need a handshake first
 					c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-					c.Write(tooManyConns)
+					c.Write(l.refusal)
 				}
 				c.Close()
 				continue

@@ -283,16 +283,10 @@ func (s *Server) handleExpect(ctx *fasthttp.RequestCtx) int {
 		mBadRequests.Inc()
 		s.writeBodyTooLarge(ctx)
 		countStatus(fasthttp.StatusRequestEntityTooLarge)
-		if kind, ok := inferenceKind(ctx.Path()); ok {
-			// An inference request's answer, as any other's: its request
-			// id and its access-log line (it had neither: the handler
-			// never runs after this hook's answer).
-			rs := s.acquireState()
-			rs.start = time.Now()
-			takeRequestID(ctx, rs)
-			rs.acc.kind = kind
-			s.answered(ctx, rs)
-		}
+		// Its request id, its CORS headers and, on an inference endpoint,
+		// its access-log line: the handler never runs after this hook's
+		// answer.
+		s.answeredEarly(ctx, ctx.Path())
 		return fasthttp.StatusRequestEntityTooLarge
 	}
 	return fasthttp.StatusContinue
@@ -337,7 +331,12 @@ func (s *Server) writeBodyTooLarge(ctx *fasthttp.RequestCtx) {
 // stop the server.
 func (s *Server) Serve(ln net.Listener) error {
 	go s.live.run()
-	l := &listener{Listener: ln, tls: s.o.TLS, max: int64(maxConns(s.flags.MaxConns))}
+	l := &listener{Listener: ln, tls: s.o.TLS, max: int64(maxConns(s.flags.MaxConns)), refusal: tooManyConns}
+	if s.cors != nil && len(s.cors.origins) > 0 {
+		// Written before the request is read: its Origin is unknown, so
+		// no Access-Control-Allow-Origin, but the Vary every answer carries.
+		l.refusal = tooManyConnsVary
+	}
 	s.lst.Store(l)
 	return s.srv.Serve(l)
 }
@@ -466,6 +465,12 @@ func (s *Server) handleServerError(ctx *fasthttp.RequestCtx, err error) {
 // an inference endpoint's as any other's (the client's id, Anthropic's
 // Request-Id and request_id, the access log), another's with its id.
 func (s *Server) answeredEarly(ctx *fasthttp.RequestCtx, path []byte) {
+	if s.cors != nil {
+		// What every answer carries with origins listed (cors.go): the
+		// handler's deferred decoration never runs for these. When
+		// fasthttp reset the request, Origin is unknown: Vary alone.
+		s.cors.decorate(ctx)
+	}
 	if kind, ok := inferenceKind(path); ok {
 		rs := s.acquireState()
 		rs.start = time.Now()
