@@ -2221,3 +2221,61 @@ func TestACompletionGivenAsPromptEmbedsReachesTheEngine(t *testing.T) {
 		}
 	}
 }
+
+// A request with Expect: 100-continue whose answer does not depend on its
+// body (an unknown path, a method the endpoint does not take, a missing or
+// wrong key, an HTTP version refused) is answered at once, with no 100
+// Continue, and the connection closes without its body being read. A 404
+// was preceded by a 100 Continue and the router waited for the body before
+// answering; an HTTP/1.0 request waited for its body before its 426.
+func TestARequestThatExpectsContinueIsAnsweredAtOnceWhenItsBodyCannotMatter(t *testing.T) {
+	up := startUpstream(t, okHandler)
+	f := defaultFlags()
+	f.APIKey = "sk-expect"
+	r := startRouter(t, f, nil, up.url)
+	key := "Authorization: Bearer sk-expect\r\n"
+	for _, tc := range []struct{ name, head, status, shape string }{
+		{"unknown path", "POST /nope HTTP/1.1\r\nHost: x\r\n" + key, "404", `"code":"unknown_path"`},
+		{"unknown Anthropic path", "POST /v1/messages/nope HTTP/1.1\r\nHost: x\r\n" + key, "404", `"type":"not_found_error"`},
+		{"wrong method", "PUT /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + key, "405", `"code":"method_not_allowed"`},
+		{"no key", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", "401", `"code":"invalid_api_key"`},
+		{"wrong key", "POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: wrong\r\n", "401", `"type":"authentication_error"`},
+		{"wrong key on /tokenize", "POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n", "401", `"code":"invalid_api_key"`},
+		// HTTP/1.0 has no 100 Continue (RFC 9110 10.1.1), but its client
+		// may hold its body back for one: the 426 waited for the body.
+		{"HTTP/1.0", "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\n" + key, "426", `"code":"http_version_not_supported"`},
+		{"HTTP/1.0 with a query", "POST /v1/messages?beta=true HTTP/1.0\r\nHost: x\r\n" + key, "426", `"type":"invalid_request_error"`},
+		{"HTTP/2.0", "POST /v1/chat/completions HTTP/2.0\r\nHost: x\r\n" + key, "505", `"code":"http_version_not_supported"`},
+	} {
+		c, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		c.SetDeadline(start.Add(time.Second))
+		fmt.Fprintf(c, "%sContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", tc.head, len(chatBody))
+		got, err := io.ReadAll(c) // the answer, then the close
+		c.Close()
+		if err != nil || !strings.HasPrefix(string(got), "HTTP/1.1 "+tc.status+" ") || strings.Contains(string(got), "100 Continue") ||
+			!strings.Contains(string(got), tc.shape) || !strings.Contains(strings.ToLower(string(got)), "connection: close") {
+			t.Errorf("%s: want %s at once, no 100 Continue, then a close; got after %v (%v):\n%s", tc.name, tc.status, time.Since(start), err, got)
+		}
+	}
+	// A request whose answer depends on its body still gets the 100.
+	c, err := net.Dial("tcp4", strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", key, len(chatBody))
+	br := bufio.NewReader(c)
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 100 ") {
+		t.Fatalf("with the key: want 100 Continue first, got %q %v", line, err)
+	}
+	br.ReadString('\n')
+	c.Write([]byte(chatBody))
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200 ") {
+		t.Fatalf("with the key: want 200 after the body, got %q %v", line, err)
+	}
+}

@@ -264,6 +264,7 @@ func New(o Options) *Server {
 		Logger:                serverLogger{},
 		ErrorHandler:          s.handleServerError,
 		ExpectHandler:         s.handleExpect,
+		HeaderReceived:        headerReceived,
 		ConnState:             endWireBound,
 		CloseOnShutdown:       true,
 		// Nothing reads ctx.Time(): no clock read per request for it.
@@ -273,23 +274,121 @@ func New(o Options) *Server {
 }
 
 // handleExpect answers a request with Expect: 100-continue before its
-// body: a Content-Length over --max-body-bytes gets its 413 (in the
-// client's shape) instead of a 100 Continue that invites a body the router
-// would refuse after its first 8 KiB (RFC 9110 10.1.1: a server may answer
-// a final status instead). fasthttp then closes the connection without
-// calling the handler.
+// body when its answer does not depend on it (RFC 9110 10.1.1: a server
+// may answer a final status instead of 100 Continue): a Content-Length
+// over --max-body-bytes gets its 413 (instead of a 100 Continue that
+// invites a body the router would refuse after its first 8 KiB), an
+// unknown path its 404, an inference endpoint a method it does not take
+// its 405, and a missing or wrong key its 401 (or a locked-out address its
+// 429), in the client's shape. fasthttp then closes the connection without
+// calling the handler or reading the body. Anything else gets the 100.
 func (s *Server) handleExpect(ctx *fasthttp.RequestCtx) int {
-	if n := ctx.Request.Header.ContentLength(); s.flags.MaxBodyBytes > 0 && n > s.flags.MaxBodyBytes {
+	path := ctx.Path()
+	kind, inference := inferenceKind(path)
+	switch {
+	case s.flags.MaxBodyBytes > 0 && ctx.Request.Header.ContentLength() > s.flags.MaxBodyBytes:
 		mBadRequests.Inc()
 		s.writeBodyTooLarge(ctx)
 		countStatus(fasthttp.StatusRequestEntityTooLarge)
-		// Its request id, its CORS headers and, on an inference endpoint,
-		// its access-log line: the handler never runs after this hook's
-		// answer.
-		s.answeredEarly(ctx, ctx.Path())
-		return fasthttp.StatusRequestEntityTooLarge
+	case !inference:
+		switch pathKey(s, path) {
+		case keyNone:
+			return fasthttp.StatusContinue
+		case keyUnknownPath:
+			writeUnknownPath(ctx, path)
+			if apiOfPath(path) == protocol.Anthropic { // its ids are set
+				closeUnread(ctx)
+				if s.cors != nil {
+					s.cors.decorate(ctx)
+				}
+				return fasthttp.StatusNotFound
+			}
+		default:
+			if !s.authorized(ctx) {
+				break
+			}
+			return fasthttp.StatusContinue
+		}
+	default:
+		if allow := inferenceMethod(kind); string(ctx.Method()) != allow {
+			methodNotAllowed(ctx, "use "+allow, allow) // as the handler answers it
+		} else if s.authorized(ctx) {
+			return fasthttp.StatusContinue
+		}
+		countStatus(ctx.Response.StatusCode())
 	}
-	return fasthttp.StatusContinue
+	// The client may send its body anyway (curl does after 1 s): the
+	// connection lingers after the answer instead of being reset.
+	closeUnread(ctx)
+	// Its request id, its CORS headers and, on an inference endpoint,
+	// its access-log line: the handler never runs after this hook's
+	// answer.
+	s.answeredEarly(ctx, path)
+	return ctx.Response.StatusCode()
+}
+
+// headerReceived drops the body of an HTTP/1.0 request to an inference
+// endpoint that expects 100 Continue, before fasthttp reads its first
+// bytes: HTTP/1.0 gets 426 there (or 405) whatever its body, and fasthttp,
+// which ignores the expectation in HTTP/1.0 (RFC 9110 10.1.1), waited for
+// the first min(Content-Length, 8 KiB) of a body its client holds back
+// for a 100 that never comes. The connection closes after the answer, so
+// the body is never read as a request. Only the raw path of an inference
+// endpoint is looked at: another path's answer may depend on the body.
+func headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	if h.IsHTTP11() || h.ContentLength() <= 0 || laterHTTP1(h.Protocol()) ||
+		!bytes.EqualFold(h.PeekBytes(hdrExpect), str100Continue) {
+		return fasthttp.RequestConfig{}
+	}
+	path := h.RequestURI()
+	if i := bytes.IndexByte(path, '?'); i >= 0 {
+		path = path[:i]
+	}
+	if _, ok := inferenceKind(path); ok {
+		h.SetContentLength(0)
+		h.SetConnectionClose()
+	}
+	return fasthttp.RequestConfig{}
+}
+
+var (
+	hdrExpect      = []byte("Expect")
+	str100Continue = []byte("100-continue")
+)
+
+// inferenceMethod is the method an inference endpoint of kind takes.
+func inferenceMethod(kind int) string {
+	if kind == kindResponseGet {
+		return fasthttp.MethodGet
+	}
+	return fasthttp.MethodPost
+}
+
+// What route asks of a request to a path other than an inference
+// endpoint's before it could read its body (pathKey).
+const (
+	keyNone        = iota // nothing: served without a key (health, metrics)
+	keyChecked            // the client's key
+	keyUnknownPath        // no such path: 404
+)
+
+// pathKey is what route asks of a request to path (no inference
+// endpoint's) before its body: it must list the paths route serves.
+func pathKey(s *Server, path []byte) int {
+	switch string(path) {
+	case "/health", "/healthz", "/readyz", "/metrics",
+		"/v1/models": // a GET (else 405 before the key)
+		return keyNone
+	case "/tokenize", "/detokenize", "/debug/route", upstreams.CapacityPath:
+		return keyChecked
+	}
+	if id, ok := bytes.CutPrefix(path, modelsPrefix); ok && len(id) > 0 {
+		return keyChecked
+	}
+	if s.o.Extra[string(path)] != nil {
+		return keyChecked
+	}
+	return keyUnknownPath
 }
 
 // inferenceKind is the kind of an inference endpoint's path (handle's
@@ -607,6 +706,11 @@ func (s *Server) route(ctx *fasthttp.RequestCtx) {
 		}
 		return
 	}
+	writeUnknownPath(ctx, path)
+}
+
+// writeUnknownPath answers a path the router does not serve: 404.
+func writeUnknownPath(ctx *fasthttp.RequestCtx, path []byte) {
 	writeError(ctx, fasthttp.StatusNotFound, typeNotFound, "unknown path", "", "unknown_path")
 	if apiOfPath(path) == protocol.Anthropic {
 		// Anthropic's answers carry a request id (header and error body),
