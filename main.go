@@ -81,7 +81,15 @@ func (c *serveCmd) Run() error {
 	addr := net.JoinHostPort(f.Host, strconv.Itoa(f.Port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("cannot listen on %s: %w", addr, err)
+		// Name the listener: the admin one is open by now, and when it
+		// took the port the bare address said nothing of it.
+		why := ""
+		if a := g.Admin().Addr(); a != nil {
+			if tcp, ok := a.(*net.TCPAddr); ok && tcp.Port == f.Port {
+				why = " (the admin listener, --admin-port, holds that port)"
+			}
+		}
+		return fmt.Errorf("cannot listen on %s for the API (--host, --port)%s: %w", addr, why, err)
 	}
 	slog.Info("infera serving", "addr", ln.Addr().String(), "workers", g.Workers(),
 		"policy", f.RouterPolicy, "mode", f.RouterMode, "discovery", f.DiscoveryBackend,

@@ -368,7 +368,7 @@ func (a *Admin) Start() error {
 	}
 	ln, err := listen("tcp", a.o.Addr)
 	if err != nil {
-		return fmt.Errorf("cannot listen on admin address %s: %w", a.o.Addr, err)
+		return fmt.Errorf("cannot listen on admin address %s for the admin API and console (--admin-host, --admin-port): %w", a.o.Addr, err)
 	}
 	scheme := "http"
 	if a.o.TLS != nil {
